@@ -1,0 +1,88 @@
+// The attention backend interface every implementation sits behind.
+//
+// Host protocol: check -> workspace size -> plan (init_forward_metadata, once per forward, shared
+// by all layers) -> run (forward_extend / forward_decode, per layer). Run never allocates or
+// synchronises, so it is CUDA-graph capturable.
+#pragma once
+
+#include <memory>
+
+#include "attnkit/attention_layer.h"
+#include "attnkit/forward_batch.h"
+#include "attnkit/kv_cache.h"
+#include "attnkit/status.h"
+#include "attnkit/tensor.h"
+
+namespace attnkit {
+
+struct BackendDescriptor;
+
+// Everything a backend is built with: fixed for its lifetime.
+struct BackendContext {
+  Device device;
+  StreamHandle stream = nullptr;
+  int num_q_heads = 0;  // per rank
+  int num_kv_heads = 0;
+  int qk_head_dim = 0;
+  int v_head_dim = 0;
+  bool is_mla = false;
+  int kv_lora_rank = 0;
+  int qk_rope_head_dim = 0;
+  DType q_dtype = DType::kBF16;  // q / k / v / out activations
+  int page_size = 1;
+  int max_batch_size = 0;
+  int max_context_len = 0;
+  int num_layers = 0;
+  ReqToTokenPool* req_to_token_pool = nullptr;
+  KVPool* kv_pool = nullptr;
+  int speculative_num_draft_tokens = 0;
+  int speculative_topk = 0;
+  int num_threads = 0;  // CPU backends: 0 = from OMP_NUM_THREADS / hardware
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  virtual const BackendDescriptor& descriptor() const = 0;
+
+  // Once per forward, before the layers run.
+  virtual Status init_forward_metadata(const ForwardBatch& batch) = 0;
+  // q [T, Hq, Dqk], k [T, Hkv, Dqk], v [T, Hkv, Dv], out [T, Hq, Dv] (caller-allocated).
+  // save_kv: write k/v at out_cache_loc first. k/v may be empty: everything is read from the pool.
+  // lse: optional f32 [T, Hq] natural-log log-sum-exp of the (scaled, capped) logits.
+  virtual Status forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const AttentionLayer& layer,
+                                const ForwardBatch& batch, bool save_kv,
+                                const TensorView& lse = {}) = 0;
+  virtual Status forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const AttentionLayer& layer,
+                                const ForwardBatch& batch, bool save_kv,
+                                const TensorView& lse = {}) = 0;
+  // IDLE -> nothing; DECODE -> forward_decode; every other mode -> forward_extend.
+  Status forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
+                 bool save_kv = true, const TensorView& lse = {});
+
+  // CUDA graphs: static buffers once; capture writes metadata into them; replay refreshes them in
+  // place (no allocation, no host sync). Backends without graph support return kUnsupported.
+  virtual Status init_cuda_graph_state(int max_bs, int max_num_tokens);
+  virtual Status init_forward_metadata_capture_cuda_graph(int bs, int num_tokens,
+                                                          const TensorView& req_pool_indices,
+                                                          const TensorView& seq_lens,
+                                                          const TensorView& encoder_lens,
+                                                          ForwardMode mode, const SpecInfo* spec);
+  virtual Status init_forward_metadata_replay_cuda_graph(
+      int bs, const TensorView& req_pool_indices, const TensorView& seq_lens,
+      int64_t seq_lens_sum, const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec,
+      const int32_t* seq_lens_host);
+  virtual int cuda_graph_seq_len_fill_value() const { return 1; }
+};
+
+// Shared input validation for forward_extend / forward_decode: shapes, dtypes, devices, head
+// counts vs the layer, lengths vs pool capacity. Every backend calls it before any launch.
+Status validate_forward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const AttentionLayer& layer,
+                               const ForwardBatch& batch, bool save_kv, const TensorView& lse,
+                               Device device);
+
+}  // namespace attnkit

@@ -1,0 +1,161 @@
+// Paged KV cache: request->token table, page allocator, MHA and MLA pools.
+//
+// Layout (token-major, one buffer per layer): slot t lives in page t / page_size at offset
+// t % page_size. Page 0 (slots 0..page_size-1) is reserved for dummy writes (padded CUDA-graph
+// rows), so every per-layer buffer holds size + page_size rows and usable pages are 1..num_pages.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "attnkit/status.h"
+#include "attnkit/tensor.h"
+
+namespace attnkit {
+
+// int32 [max_reqs + 1, max_context_len]; entry [r, i] = pool slot of token i of request r.
+// Row 0 is reserved (padded CUDA-graph rows point at it) and is never handed out.
+class ReqToTokenPool {
+ public:
+  static Result<std::unique_ptr<ReqToTokenPool>> create(int max_reqs, int max_context_len,
+                                                        Device device);
+  Result<int> alloc();           // a free request row in [1, max_reqs]
+  Status free(int row);          // error on row 0, out of range or double free
+  int available() const;
+  int max_reqs() const { return max_reqs_; }
+  int max_context_len() const { return max_context_len_; }
+  Device device() const { return buffer_.device(); }
+  TensorView table() const;      // int32 [max_reqs + 1, max_context_len] on device()
+  // Writes slots[0..n) into row `row` at columns [start, start + n); checks bounds and that each
+  // slot fits int32. Synchronous host->device copy for CUDA pools.
+  Status write(int row, int start, std::span<const int64_t> slots);
+  // Host mirror of the table (always up to date with write()).
+  const int32_t* host_row(int row) const;
+
+ private:
+  int max_reqs_ = 0;
+  int max_context_len_ = 0;
+  Buffer buffer_;
+  std::vector<int32_t> host_;
+  std::vector<int> free_rows_;
+  std::vector<uint8_t> in_use_;
+};
+
+// Free list of page ids 1..num_pages (page 0 reserved). Slots are int64.
+class PageAllocator {
+ public:
+  PageAllocator(int64_t num_pages, int page_size);
+  int page_size() const { return page_size_; }
+  int64_t num_pages() const { return num_pages_; }
+  int64_t available_pages() const { return static_cast<int64_t>(free_pages_.size()); }
+  int64_t available_slots() const { return available_pages() * page_size_; }
+
+  // For each request r with prefix_lens[r] cached tokens growing to seq_lens[r] tokens, returns the
+  // slots of the new tokens (concatenated in request order). last_loc[r] is the slot of the last
+  // cached token (-1 when prefix_lens[r] == 0). The partial last page is filled first, then whole
+  // new pages, then a new partial page. Running out is kOutOfMemory naming the counts; on error
+  // nothing is allocated.
+  Result<std::vector<int64_t>> alloc_extend(std::span<const int32_t> prefix_lens,
+                                            std::span<const int32_t> seq_lens,
+                                            std::span<const int64_t> last_loc);
+  // One new token per request; seq_lens are the lengths including the new token.
+  Result<std::vector<int64_t>> alloc_decode(std::span<const int32_t> seq_lens,
+                                            std::span<const int64_t> last_loc);
+  Result<std::vector<int64_t>> alloc_pages(int64_t n);  // whole pages (page ids)
+  // Frees the pages that hold these slots (each page once). Error on a page that is not allocated
+  // (double free) or page 0; on error nothing is freed.
+  Status free_slots(std::span<const int64_t> slots);
+  Status free_pages(std::span<const int64_t> pages);
+  bool is_allocated(int64_t page) const;
+
+ private:
+  int64_t num_pages_ = 0;
+  int page_size_ = 1;
+  std::vector<int64_t> free_pages_;  // stack; lowest ids handed out first
+  std::vector<uint8_t> allocated_;   // [num_pages + 1]
+};
+
+struct KVPoolConfig {
+  int num_layers = 0;
+  int64_t size = 0;  // usable token slots (a multiple of page_size); buffers hold size + page_size
+  int page_size = 1;
+  DType dtype = DType::kBF16;  // storage dtype: bf16, f16, f32, fp8_e4m3, fp8_e5m2, fp4_e2m1
+  Device device;
+  // MHA
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int v_head_dim = 0;
+  // MLA (num_kv_heads = 1, row = kv_lora_rank + qk_rope_head_dim)
+  int kv_lora_rank = 0;
+  int qk_rope_head_dim = 0;
+};
+
+class KVPool {
+ public:
+  virtual ~KVPool() = default;
+  const KVPoolConfig& config() const { return config_; }
+  int64_t rows() const { return config_.size + config_.page_size; }
+  int page_size() const { return config_.page_size; }
+  DType dtype() const { return config_.dtype; }
+  Device device() const { return config_.device; }
+  virtual bool is_mla() const = 0;
+  // Scatter new k/v rows ([T, heads, dim], any float dtype) into slots loc (int64 [T]) of `layer`,
+  // quantising to the pool dtype (fp8: x / scale; fp4: per-16 block scales). Checks shapes, dtypes
+  // and that every slot is in [page_size, rows) before writing anything (CPU pools; CUDA pools
+  // check on the device only with ATTNKIT_CHECK_INDICES=1).
+  virtual Status set_kv(int layer, const TensorView& loc, const TensorView& k, const TensorView& v,
+                        float k_scale, float v_scale, StreamHandle stream) = 0;
+
+ protected:
+  explicit KVPool(KVPoolConfig config) : config_(std::move(config)) {}
+  KVPoolConfig config_;
+};
+
+class MHAKVPool final : public KVPool {
+ public:
+  static Result<std::unique_ptr<MHAKVPool>> create(const KVPoolConfig& config);
+  bool is_mla() const override { return false; }
+  TensorView k_buffer(int layer) const;  // [rows, num_kv_heads, head_dim] (fp4: logical dims)
+  TensorView v_buffer(int layer) const;  // [rows, num_kv_heads, v_head_dim]
+  // fp4 only: fp8_e4m3 block scales [rows, num_kv_heads, head_dim / 16]; empty otherwise.
+  // Dequantised value = fp4 code * block scale * k_scale.
+  TensorView k_scale_buffer(int layer) const;
+  TensorView v_scale_buffer(int layer) const;
+  Status set_kv(int layer, const TensorView& loc, const TensorView& k, const TensorView& v,
+                float k_scale, float v_scale, StreamHandle stream) override;
+
+ private:
+  explicit MHAKVPool(KVPoolConfig config) : KVPool(std::move(config)) {}
+  std::vector<Buffer> k_, v_, k_scales_, v_scales_;
+};
+
+class MLAKVPool final : public KVPool {
+ public:
+  static Result<std::unique_ptr<MLAKVPool>> create(const KVPoolConfig& config);
+  bool is_mla() const override { return true; }
+  int row_dim() const { return config_.kv_lora_rank + config_.qk_rope_head_dim; }
+  TensorView kv_buffer(int layer) const;  // [rows, 1, kv_lora_rank + qk_rope_head_dim]
+  // V is a view of the first kv_lora_rank columns of kv_buffer (strided; no extra memory).
+  TensorView v_view(int layer) const;     // [rows, 1, kv_lora_rank], row stride = row_dim()
+  TensorView scale_buffer(int layer) const;  // fp4 only: [rows, 1, row_dim / 16] fp8_e4m3
+  // k: [T, 1, row_dim]; v is ignored (may be empty) since V lives inside the K row.
+  Status set_kv(int layer, const TensorView& loc, const TensorView& k, const TensorView& v,
+                float k_scale, float v_scale, StreamHandle stream) override;
+
+ private:
+  explicit MLAKVPool(KVPoolConfig config) : KVPool(std::move(config)) {}
+  std::vector<Buffer> kv_, scales_;
+};
+
+// Views for backends.
+// Token indices of request r: req_to_token[r, 0:len] (backends without native paging).
+// Page table of request r: req_to_token[r, ::page_size] / page_size (natively paged backends).
+// Host helper: builds the page table [bs, max_pages] (int32, padded with 0) from the host mirror.
+Result<std::vector<int32_t>> build_page_table_host(const ReqToTokenPool& pool,
+                                                   std::span<const int32_t> req_pool_indices,
+                                                   std::span<const int32_t> seq_lens,
+                                                   int page_size, int* max_pages_out);
+
+}  // namespace attnkit

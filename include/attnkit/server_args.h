@@ -1,0 +1,46 @@
+// Server flags relevant to attention, with SGLang's spellings and defaults.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnkit/status.h"
+
+namespace attnkit {
+
+struct ServerArgs {
+  // --attention-backend / --prefill-attention-backend / --decode-attention-backend
+  std::optional<std::string> attention_backend;
+  std::optional<std::string> prefill_attention_backend;
+  std::optional<std::string> decode_attention_backend;
+  // --page-size (SGLang default 1; some backends force their own)
+  std::optional<int> page_size;
+  // --kv-cache-dtype: auto, bf16, fp16 (alias float16), fp8_e4m3, fp8_e5m2, fp4_e2m1
+  std::string kv_cache_dtype = "auto";
+  // --disable-cuda-graph
+  bool disable_cuda_graph = false;
+  // --chunked-prefill-size (-1 = off; SGLang picks per device otherwise)
+  std::optional<int> chunked_prefill_size;
+  // --speculative-algorithm (EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM) and its knobs
+  std::optional<std::string> speculative_algorithm;
+  std::optional<int> speculative_num_steps;
+  std::optional<int> speculative_eagle_topk;
+  std::optional<int> speculative_num_draft_tokens;
+  // --speculative-attention-mode: prefill (default) or decode
+  std::string speculative_attention_mode = "prefill";
+  // --linear-attn-backend (default triton) and per-phase overrides
+  std::string linear_attn_backend = "triton";
+  std::optional<std::string> linear_attn_decode_backend;
+  std::optional<std::string> linear_attn_prefill_backend;
+  // --enable-mixed-chunk, --disable-radix-cache
+  bool enable_mixed_chunk = false;
+  bool disable_radix_cache = false;
+  // --tp-size
+  int tp_size = 1;
+  // --mem-fraction-static etc. are engine concerns and live elsewhere.
+
+  bool speculative_enabled() const { return speculative_algorithm.has_value(); }
+};
+
+}  // namespace attnkit
