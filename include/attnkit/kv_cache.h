@@ -28,10 +28,12 @@ class ReqToTokenPool {
   int max_context_len() const { return max_context_len_; }
   Device device() const { return buffer_.device(); }
   TensorView table() const;      // int32 [max_reqs + 1, max_context_len] on device()
-  // Writes slots[0..n) into row `row` at columns [start, start + n); checks bounds and that each
-  // slot fits int32. Synchronous host->device copy for CUDA pools.
+  // Writes slots[0..n) into row `row` (in [1, max_reqs]; row 0 stays all zeros) at columns
+  // [start, start + n); checks bounds and that each slot is in [0, INT32_MAX]. Nothing is written
+  // on error. Synchronous host->device copy of the written range for CUDA pools.
   Status write(int row, int start, std::span<const int64_t> slots);
-  // Host mirror of the table (always up to date with write()).
+  // Host mirror of row `row` (max_context_len entries, always up to date with write()); for CPU
+  // pools this is the table itself. nullptr when row is outside [0, max_reqs].
   const int32_t* host_row(int row) const;
 
  private:
@@ -46,6 +48,9 @@ class ReqToTokenPool {
 // Free list of page ids 1..num_pages (page 0 reserved). Slots are int64.
 class PageAllocator {
  public:
+  // Validating factory: num_pages >= 0 and page_size >= 1, else kInvalidArgument.
+  static Result<PageAllocator> create(int64_t num_pages, int page_size);
+  // Clamps num_pages to >= 0 and page_size to >= 1; prefer create() for untrusted input.
   PageAllocator(int64_t num_pages, int page_size);
   int page_size() const { return page_size_; }
   int64_t num_pages() const { return num_pages_; }
@@ -60,6 +65,9 @@ class PageAllocator {
   Result<std::vector<int64_t>> alloc_extend(std::span<const int32_t> prefix_lens,
                                             std::span<const int32_t> seq_lens,
                                             std::span<const int64_t> last_loc);
+  // Validation (kInvalidArgument naming the request): equal span lengths, 0 <= prefix_len <=
+  // seq_len; prefix_len == 0 needs last_loc == -1; prefix_len > 0 needs last_loc >= page_size, its
+  // page allocated and last_loc % page_size == (prefix_len - 1) % page_size.
   // One new token per request; seq_lens are the lengths including the new token.
   Result<std::vector<int64_t>> alloc_decode(std::span<const int32_t> seq_lens,
                                             std::span<const int64_t> last_loc);
@@ -101,10 +109,13 @@ class KVPool {
   DType dtype() const { return config_.dtype; }
   Device device() const { return config_.device; }
   virtual bool is_mla() const = 0;
-  // Scatter new k/v rows ([T, heads, dim], any float dtype) into slots loc (int64 [T]) of `layer`,
-  // quantising to the pool dtype (fp8: x / scale; fp4: per-16 block scales). Checks shapes, dtypes
-  // and that every slot is in [page_size, rows) before writing anything (CPU pools; CUDA pools
-  // check on the device only with ATTNKIT_CHECK_INDICES=1).
+  // Scatter new k/v rows ([T, heads, dim] in f32, f16 or bf16, innermost stride 1) into slots loc
+  // (contiguous int64 [T]) of `layer`, quantising to the pool dtype (bf16/f16/f32: RNE, scale not
+  // applied; fp8: RNE(x / scale); fp4: per-16 block scales, see fp4_block_scale_code). Checks
+  // layer, shapes, dtypes, devices and scales (finite, > 0) before writing anything; CPU pools also
+  // check that every slot is in [page_size, rows) first (CUDA pools check slots on the device only
+  // with ATTNKIT_CHECK_INDICES=1, and accept page-0 dummy slots). CUDA pools in a build without
+  // CUDA return kNotBuilt.
   virtual Status set_kv(int layer, const TensorView& loc, const TensorView& k, const TensorView& v,
                         float k_scale, float v_scale, StreamHandle stream) = 0;
 
@@ -149,6 +160,17 @@ class MLAKVPool final : public KVPool {
   std::vector<Buffer> kv_, scales_;
 };
 
+// ---- fp4 KV helpers (shared by the CPU pool, the CUDA kernel's tests and CPU backends) ----
+// The fp8_e4m3 block scale of a group of 16 values with max |x| = amax under layer scale
+// `layer_scale`: the smallest e4m3 value >= (amax / 6) / layer_scale (rounded up so that no code
+// saturates), clamped to 448; 0 when amax == 0 or not finite-positive.
+uint8_t fp4_block_scale_code(float amax, float layer_scale);
+// Dequantised value of element [slot, head, d] of a host KV buffer ([rows, H, D], any KV dtype,
+// any strides) with its fp4 block scales ([rows, H, D / 16] fp8_e4m3; ignored for other dtypes):
+// bf16/f16/f32 -> the value; fp8 -> value * layer_scale; fp4 -> code * block * layer_scale.
+float load_kv_value_host(const TensorView& buffer, const TensorView& scales, int64_t slot,
+                         int64_t head, int64_t d, float layer_scale);
+
 // Views for backends.
 // Token indices of request r: req_to_token[r, 0:len] (backends without native paging).
 // Page table of request r: req_to_token[r, ::page_size] / page_size (natively paged backends).
@@ -157,5 +179,27 @@ Result<std::vector<int32_t>> build_page_table_host(const ReqToTokenPool& pool,
                                                    std::span<const int32_t> req_pool_indices,
                                                    std::span<const int32_t> seq_lens,
                                                    int page_size, int* max_pages_out);
+// Validation for build_page_table_host: equal span lengths, page_size >= 1, rows in
+// [0, max_reqs], seq_lens in [0, max_context_len], and every page-start entry a multiple of
+// page_size. max_pages is at least 1 so the table is never zero-width (padding is page 0).
+
+// Token-level indices (backends without native paging): request b covers
+// req_to_token[req_pool_indices[b], kv_start[b] : seq_lens[b]] (kv_start empty = all zero; used
+// for encoder prefixes and sliding windows). kv_indptr has bs + 1 entries; kv_indices holds the
+// slots of all requests back to back.
+struct TokenIndices {
+  std::vector<int32_t> kv_indptr;   // [bs + 1]
+  std::vector<int32_t> kv_indices;  // [kv_indptr[bs]]
+};
+Result<TokenIndices> build_token_indices_host(const ReqToTokenPool& pool,
+                                              std::span<const int32_t> req_pool_indices,
+                                              std::span<const int32_t> seq_lens,
+                                              std::span<const int32_t> kv_start = {});
+
+// last_loc for PageAllocator::alloc_extend from the host mirror: req_to_token[r, prefix_len - 1],
+// or -1 when prefix_len == 0.
+Result<std::vector<int64_t>> last_locs_host(const ReqToTokenPool& pool,
+                                            std::span<const int32_t> req_pool_indices,
+                                            std::span<const int32_t> prefix_lens);
 
 }  // namespace attnkit

@@ -49,6 +49,7 @@ struct FeatureRow {
   bool multimodal = false;            // non-causal encoder attention
   bool chunked_prefix_cache = false;  // MLA
   std::vector<int> head_dims;         // qk head dims compiled in (empty = any)
+  bool fp8_e4m3_only = false;         // fp8 KV only as fp8_e4m3 (fa3, trtllm_mla, nsa)
 };
 
 struct BackendDescriptor {
@@ -62,6 +63,10 @@ struct BackendDescriptor {
   bool cuda_graph = false;
   bool decode_role = true;   // may serve as the decode backend
   bool prefill_role = true;  // may serve as the prefill backend
+  // CUDA only: the prefill role needs a narrower compute-capability range than the decode role
+  // (trtllm_mha: decode on SM90/100/120, prefill on SM100 only). 0 = same as the bounds above.
+  int prefill_min_compute_capability = 0;
+  int prefill_max_compute_capability = 0;
   // Built and runnable in this binary. When false, not_built_reason says why ("needs ROCm",
   // "not implemented yet", "built without CUDA").
   bool built = false;
@@ -71,6 +76,22 @@ struct BackendDescriptor {
   const FeatureRow* row(AttentionKind kind) const {
     return kind == AttentionKind::kMHA ? (mha ? &*mha : nullptr) : (mla ? &*mla : nullptr);
   }
+  bool runs_on(Platform p) const;
+};
+
+// One GDN (gated delta net) linear-attention kernel backend, chosen by --linear-attn-backend and
+// per phase by --linear-attn-decode-backend / --linear-attn-prefill-backend.
+struct LinearAttnDescriptor {
+  std::string name;            // the flag value: "triton", "cutedsl"
+  std::string implementation;  // one line: what this project's implementation is
+  std::vector<Platform> platforms;
+  int min_compute_capability = 0;  // CUDA only
+  bool decode = false;             // one token per request, recurrent state update
+  bool extend = false;             // chunked prefill: output + final state + per-chunk states
+  bool target_verify = false;      // speculative verify over the draft tokens
+  bool built = false;
+  std::string not_built_reason;
+
   bool runs_on(Platform p) const;
 };
 
@@ -85,8 +106,16 @@ class BackendRegistry {
   Result<std::unique_ptr<AttentionBackend>> create(std::string_view name,
                                                    const BackendContext& ctx) const;
 
+  // GDN linear-attention kernel backends.
+  Status add_linear(LinearAttnDescriptor descriptor);  // error on a duplicate name
+  const LinearAttnDescriptor* find_linear(std::string_view name) const;
+  Result<const LinearAttnDescriptor*> get_linear(std::string_view name) const;
+  const std::vector<LinearAttnDescriptor>& linear_all() const { return linear_; }
+  std::vector<std::string> linear_names() const;
+
  private:
   std::vector<BackendDescriptor> descriptors_;
+  std::vector<LinearAttnDescriptor> linear_;
 };
 
 // The process-wide registry with every backend of DESIGN.md section 4 registered (explicitly, on

@@ -51,18 +51,18 @@ struct TensorView {
   bool defined() const { return data != nullptr; }
   int64_t numel() const;
   int64_t size(int dim) const { return shape[static_cast<size_t>(dim < 0 ? dim + ndim : dim)]; }
-  int64_t stride(int dim) const {
-    return strides[static_cast<size_t>(dim < 0 ? dim + ndim : dim)];
-  }
+  int64_t stride(int dim) const { return strides[static_cast<size_t>(dim < 0 ? dim + ndim : dim)]; }
   bool is_contiguous() const;
   int64_t storage_bytes() const;  // bytes spanned by a contiguous view
   template <typename T>
   T* data_as() const {
     return static_cast<T*>(data);
   }
-  // View of rows [begin, end) along dim 0.
+  // View of rows [begin, end) along dim 0, clamped to [0, size(0)] like Python slicing. Returns an
+  // undefined view (data == nullptr) for a 0-d view, or for fp4 when row `begin` starts mid-byte.
   TensorView slice0(int64_t begin, int64_t end) const;
-  // Same data, new contiguous shape (requires is_contiguous() and equal numel).
+  // Same data, new contiguous shape (requires is_contiguous() and equal numel; one extent may be -1
+  // and is inferred).
   Result<TensorView> reshape(std::initializer_list<int64_t> shape) const;
   // "bf16[4, 8, 128] cuda:0"
   std::string describe() const;
@@ -91,6 +91,8 @@ class Buffer {
   void* data() const { return data_; }
   int64_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  // Contiguous view of the buffer; undefined (data == nullptr) when the shape needs more bytes than
+  // the buffer holds.
   TensorView view(DType dtype, std::initializer_list<int64_t> shape) const;
 
  private:
@@ -105,10 +107,14 @@ Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_devi
 // Copies a contiguous view into another of identical dtype and shape.
 Status copy_tensor(const TensorView& dst, const TensorView& src);
 // Fills every element of a float view with a float value (NaN poisoning for tests); any device.
+// Host views may be strided; device views must be contiguous (filled through a host staging copy).
 Status fill_float(const TensorView& t, float value);
 
 // ---- DLPack ----
 // Borrow a DLPack tensor (does not take ownership; the DLManagedTensor must outlive the view).
+// Narrow floats use the DLPack 1.1 wire codes (float8_e4m3fn 10, float8_e5m2 12, float4_e2m1fn 17
+// with bits 4) even though the installed header (0.6) does not name them. Devices: kDLCPU,
+// kDLCUDAHost (as cpu), kDLCUDA.
 Result<TensorView> from_dlpack(const DLManagedTensor* tensor);
 // Export a view; the returned tensor's deleter frees only the DLPack wrapper, not the data.
 Result<DLManagedTensor*> to_dlpack(const TensorView& view);

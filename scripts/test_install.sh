@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs a built attnkit tree into a temporary prefix and builds + runs a consumer project that
+# uses find_package(attnkit). Usage: scripts/test_install.sh BUILD_DIR
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "$1" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+cuda_args=()
+if grep -q '^CMAKE_CUDA_COMPILER:' "$build/CMakeCache.txt" 2>/dev/null; then
+  cuda_args=(-DCMAKE_CUDA_COMPILER="$(grep '^CMAKE_CUDA_COMPILER:' "$build/CMakeCache.txt" | cut -d= -f2)")
+fi
+cmake -S "$src/tests/consumer" -B "$tmp/build" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+  "${cuda_args[@]}" >/dev/null
+cmake --build "$tmp/build" >/dev/null
+"$tmp/build/consumer"
