@@ -21,13 +21,13 @@ class ReqToTokenPool {
  public:
   static Result<std::unique_ptr<ReqToTokenPool>> create(int max_reqs, int max_context_len,
                                                         Device device);
-  Result<int> alloc();           // a free request row in [1, max_reqs]
-  Status free(int row);          // error on row 0, out of range or double free
+  Result<int> alloc();   // a free request row in [1, max_reqs]
+  Status free(int row);  // error on row 0, out of range or double free
   int available() const;
   int max_reqs() const { return max_reqs_; }
   int max_context_len() const { return max_context_len_; }
   Device device() const { return buffer_.device(); }
-  TensorView table() const;      // int32 [max_reqs + 1, max_context_len] on device()
+  TensorView table() const;  // int32 [max_reqs + 1, max_context_len] on device()
   // Writes slots[0..n) into row `row` (in [1, max_reqs]; row 0 stays all zeros) at columns
   // [start, start + n); checks bounds and that each slot is in [0, INT32_MAX]. Nothing is written
   // on error. Synchronous host->device copy of the written range for CUDA pools.
@@ -127,6 +127,16 @@ class KVPool {
 class MHAKVPool final : public KVPool {
  public:
   static Result<std::unique_ptr<MHAKVPool>> create(const KVPoolConfig& config);
+  // A pool over caller-owned per-layer buffers (src/kv/kv_pool_external.cpp): k[l] / v[l] are
+  // contiguous [size + page_size, num_kv_heads, head_dim / v_head_dim] views of config.dtype on
+  // config.device (one per layer); fp4 also needs k_scales / v_scales ([rows, H, D / 16]
+  // fp8_e4m3), other dtypes leave them empty. Nothing is copied or zeroed; the pool never frees the
+  // memory, which must outlive it. Errors name the layer, the view and what was expected.
+  static Result<std::unique_ptr<MHAKVPool>> wrap(const KVPoolConfig& config,
+                                                 std::span<const TensorView> k,
+                                                 std::span<const TensorView> v,
+                                                 std::span<const TensorView> k_scales = {},
+                                                 std::span<const TensorView> v_scales = {});
   bool is_mla() const override { return false; }
   TensorView k_buffer(int layer) const;  // [rows, num_kv_heads, head_dim] (fp4: logical dims)
   TensorView v_buffer(int layer) const;  // [rows, num_kv_heads, v_head_dim]
@@ -145,11 +155,17 @@ class MHAKVPool final : public KVPool {
 class MLAKVPool final : public KVPool {
  public:
   static Result<std::unique_ptr<MLAKVPool>> create(const KVPoolConfig& config);
+  // A pool over caller-owned per-layer buffers: kv[l] is a contiguous [size + page_size, 1,
+  // kv_lora_rank + qk_rope_head_dim] view of config.dtype on config.device; fp4 also needs
+  // scales[l] ([rows, 1, row_dim / 16] fp8_e4m3). The pool never frees the memory.
+  static Result<std::unique_ptr<MLAKVPool>> wrap(const KVPoolConfig& config,
+                                                 std::span<const TensorView> kv,
+                                                 std::span<const TensorView> scales = {});
   bool is_mla() const override { return true; }
   int row_dim() const { return config_.kv_lora_rank + config_.qk_rope_head_dim; }
   TensorView kv_buffer(int layer) const;  // [rows, 1, kv_lora_rank + qk_rope_head_dim]
   // V is a view of the first kv_lora_rank columns of kv_buffer (strided; no extra memory).
-  TensorView v_view(int layer) const;     // [rows, 1, kv_lora_rank], row stride = row_dim()
+  TensorView v_view(int layer) const;        // [rows, 1, kv_lora_rank], row stride = row_dim()
   TensorView scale_buffer(int layer) const;  // fp4 only: [rows, 1, row_dim / 16] fp8_e4m3
   // k: [T, 1, row_dim]; v is ignored (may be empty) since V lives inside the K row.
   Status set_kv(int layer, const TensorView& loc, const TensorView& k, const TensorView& v,
@@ -177,8 +193,8 @@ float load_kv_value_host(const TensorView& buffer, const TensorView& scales, int
 // Host helper: builds the page table [bs, max_pages] (int32, padded with 0) from the host mirror.
 Result<std::vector<int32_t>> build_page_table_host(const ReqToTokenPool& pool,
                                                    std::span<const int32_t> req_pool_indices,
-                                                   std::span<const int32_t> seq_lens,
-                                                   int page_size, int* max_pages_out);
+                                                   std::span<const int32_t> seq_lens, int page_size,
+                                                   int* max_pages_out);
 // Validation for build_page_table_host: equal span lengths, page_size >= 1, rows in
 // [0, max_reqs], seq_lens in [0, max_context_len], and every page-start entry a multiple of
 // page_size. max_pages is at least 1 so the table is never zero-width (padding is page 0).

@@ -31,15 +31,15 @@ namespace attnkit {
 struct RadixNode;  // opaque
 
 struct PrefixMatch {
-  int64_t length = 0;          // matched tokens (a multiple of page_size)
-  std::vector<int64_t> slots;  // [length] pool slots of the matched tokens
+  int64_t length = 0;              // matched tokens (a multiple of page_size)
+  std::vector<int64_t> slots;      // [length] pool slots of the matched tokens
   RadixNode* last_node = nullptr;  // node ending at the match (the root when length == 0)
 };
 
 struct InsertResult {
-  int64_t aligned_len = 0;  // tokens.size() cut to a multiple of page_size; slots past it are the
-                            // caller's (the partial tail page), never touched by the cache
-  int64_t prefix_len = 0;   // tokens already cached before this insert (multiple of page_size)
+  int64_t aligned_len = 0;   // tokens.size() cut to a multiple of page_size; slots past it are the
+                             // caller's (the partial tail page), never touched by the cache
+  int64_t prefix_len = 0;    // tokens already cached before this insert (multiple of page_size)
   int64_t inserted_len = 0;  // aligned_len - prefix_len: new tokens now owned by the cache
   // Caller slots of already-cached pages that hold different slots in the tree: the caller still
   // owns these pages and should free them (the tree keeps its own copy).
@@ -91,8 +91,8 @@ class RadixCache {
   PageAllocator* allocator_ = nullptr;
   int page_size_ = 1;
   std::unique_ptr<RadixNode> root_;
-  uint64_t clock_ = 0;    // logical LRU time
-  uint64_t next_id_ = 0;  // node creation counter
+  uint64_t clock_ = 0;                       // logical LRU time
+  uint64_t next_id_ = 0;                     // node creation counter
   std::unordered_set<int64_t> owned_pages_;  // pool pages held by the tree
   int64_t evictable_size_ = 0;
   int64_t protected_size_ = 0;

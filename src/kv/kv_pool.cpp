@@ -1,0 +1,381 @@
+// MHAKVPool and MLAKVPool: per-layer token-major buffers, config validation and set_kv (host
+// scatter with quantisation; CUDA pools hand the scatter to detail::set_kv_cuda).
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "attnkit/kv_cache.h"
+#include "kv/set_kv_cuda.h"
+
+namespace attnkit {
+
+namespace {
+
+// Largest finite fp8_e4m3 value (S.1111.110) and its code.
+constexpr uint8_t kE4M3MaxCode = 0x7E;
+// Largest fp4_e2m1 magnitude; block scales map a group's amax onto it.
+constexpr float kFp4Max = 6.0f;
+
+std::string cfg_error(const char* field, int64_t value, const std::string& accepted) {
+  return std::string("KVPoolConfig.") + field + " " + std::to_string(value) + " " + accepted;
+}
+
+bool is_kv_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kF32:
+    case DType::kFP8E4M3:
+    case DType::kFP8E5M2:
+    case DType::kFP4E2M1:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Status validate_common(const KVPoolConfig& c) {
+  if (c.num_layers < 1) {
+    return Status::invalid_argument(cfg_error("num_layers", c.num_layers, "must be >= 1"));
+  }
+  if (c.page_size < 1) {
+    return Status::invalid_argument(cfg_error("page_size", c.page_size, "must be >= 1"));
+  }
+  if (c.size < 1 || c.size % c.page_size != 0) {
+    return Status::invalid_argument(cfg_error(
+        "size", c.size, "must be a positive multiple of page_size " + std::to_string(c.page_size)));
+  }
+  if (!is_kv_dtype(c.dtype)) {
+    return Status::invalid_argument(std::string("KVPoolConfig.dtype ") + dtype_name(c.dtype) +
+                                    " is not a KV cache dtype (bf16, f16, f32, fp8_e4m3, "
+                                    "fp8_e5m2, fp4_e2m1)");
+  }
+  return Status::ok();
+}
+
+Status check_fp4_dim(const KVPoolConfig& c, const char* field, int64_t value) {
+  if (c.dtype == DType::kFP4E2M1 && value % kFp4GroupSize != 0) {
+    return Status::invalid_argument(cfg_error(
+        field, value, "must be a multiple of " + std::to_string(kFp4GroupSize) + " for fp4_e2m1"));
+  }
+  return Status::ok();
+}
+
+// A buffer of `numel` values of `dtype`; host memory is zeroed (device memory starts undefined).
+Result<Buffer> allocate_kv(Device device, DType dtype, int64_t numel) {
+  const int64_t bytes = dtype_storage_bytes(dtype, numel);
+  ATTNKIT_ASSIGN_OR_RETURN(Buffer buffer, Buffer::allocate(device, bytes));
+  if (device.is_cpu()) std::memset(buffer.data(), 0, static_cast<size_t>(bytes));
+  return buffer;
+}
+
+TensorView view_of(const Buffer& buffer, DType dtype, int64_t rows, int64_t heads, int64_t dim) {
+  if (buffer.data() == nullptr) return TensorView();
+  return TensorView(buffer.data(), dtype, buffer.device(), {rows, heads, dim});
+}
+
+// Checks loc (contiguous int64 [T] on `device`); returns T.
+Result<int64_t> check_loc(const TensorView& loc, Device device) {
+  ATTNKIT_RETURN_IF_ERROR(check_ndim(loc, "loc", 1, "[tokens]"));
+  ATTNKIT_RETURN_IF_ERROR(check_dtype(loc, "loc", {DType::kI64}));
+  ATTNKIT_RETURN_IF_ERROR(check_device(loc, "loc", device));
+  ATTNKIT_RETURN_IF_ERROR(check_contiguous(loc, "loc"));
+  return loc.size(0);
+}
+
+Status check_src(const TensorView& t, const char* name, int64_t tokens, int64_t heads, int64_t dim,
+                 Device device) {
+  ATTNKIT_RETURN_IF_ERROR(check_ndim(t, name, 3, "[tokens, heads, dim]"));
+  ATTNKIT_RETURN_IF_ERROR(check_dtype(t, name, {DType::kF32, DType::kF16, DType::kBF16}));
+  ATTNKIT_RETURN_IF_ERROR(check_shape(t, name, {tokens, heads, dim}, "[tokens, heads, dim]"));
+  ATTNKIT_RETURN_IF_ERROR(check_device(t, name, device));
+  if (t.numel() > 0 && t.data == nullptr) {
+    return Status::invalid_argument(std::string(name) + ": " + t.describe() + " has no data");
+  }
+  if (dim > 1 && t.stride(2) != 1) {
+    return Status::invalid_argument(std::string(name) + ": innermost stride " +
+                                    std::to_string(t.stride(2)) + " must be 1 (" + t.describe() +
+                                    ")");
+  }
+  return Status::ok();
+}
+
+Status check_scale(float scale, const char* name) {
+  if (!std::isfinite(scale) || scale <= 0.0f) {
+    return Status::invalid_argument(std::string(name) + " " + std::to_string(scale) +
+                                    " must be finite and > 0");
+  }
+  return Status::ok();
+}
+
+// Every slot must be a usable row: [page_size, rows). Page 0 is reserved for device dummy writes.
+Status check_slots_host(const TensorView& loc, int64_t page_size, int64_t rows) {
+  const int64_t* slots = loc.data_as<const int64_t>();
+  for (int64_t t = 0; t < loc.size(0); ++t) {
+    if (slots[t] < page_size || slots[t] >= rows) {
+      return Status::invalid_argument("loc[" + std::to_string(t) +
+                                      "] = " + std::to_string(slots[t]) +
+                                      " is outside the usable slots [" + std::to_string(page_size) +
+                                      ", " + std::to_string(rows) + ") (page 0 is reserved)");
+    }
+  }
+  return Status::ok();
+}
+
+// Host scatter of src [T, H, D] into dst [rows, H, D] at loc, quantising to dst.dtype.
+void scatter_host(const TensorView& dst, const TensorView& dst_scales, const TensorView& loc,
+                  const TensorView& src, float scale) {
+  const int64_t tokens = src.size(0);
+  const int64_t heads = src.size(1);
+  const int64_t dim = src.size(2);
+  const int64_t* slots = loc.data_as<const int64_t>();
+  const DType dtype = dst.dtype;
+  const bool fp8 = dtype_is_fp8(dtype);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t src_row = t * src.stride(0) + h * src.stride(1);
+      const int64_t dst_row = slots[t] * dst.stride(0) + h * dst.stride(1);
+      if (dtype != DType::kFP4E2M1) {
+        for (int64_t d = 0; d < dim; ++d) {
+          const float x = load_as_float(src.data, src.dtype, src_row + d);
+          store_from_float(dst.data, dtype, dst_row + d, fp8 ? x / scale : x);
+        }
+        continue;
+      }
+      // fp4: one e4m3 block scale per group of kFp4GroupSize values of this [t, h] row.
+      auto* packed = static_cast<uint8_t*>(dst.data) + dst_row / 2;
+      auto* block_scales = static_cast<uint8_t*>(dst_scales.data) +
+                           slots[t] * dst_scales.stride(0) + h * dst_scales.stride(1);
+      for (int64_t g = 0; g < dim / kFp4GroupSize; ++g) {
+        float values[kFp4GroupSize];
+        float amax = 0.0f;
+        for (int i = 0; i < kFp4GroupSize; ++i) {
+          values[i] = load_as_float(src.data, src.dtype, src_row + g * kFp4GroupSize + i);
+          const float a = std::fabs(values[i]);
+          if (a > amax) amax = a;  // NaN compares false and is ignored
+        }
+        const uint8_t block_code = fp4_block_scale_code(amax, scale);
+        block_scales[g * dst_scales.stride(2)] = block_code;
+        const float block = fp8_e4m3_to_float(block_code);
+        const float denom = block * scale;
+        for (int i = 0; i < kFp4GroupSize; i += 2) {
+          const uint8_t lo = block == 0.0f ? 0 : float_to_fp4_e2m1(values[i] / denom);
+          const uint8_t hi = block == 0.0f ? 0 : float_to_fp4_e2m1(values[i + 1] / denom);
+          packed[(g * kFp4GroupSize + i) / 2] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+      }
+    }
+  }
+}
+
+// Writes src into dst at loc on the pool's device. Inputs are already validated (slots too for
+// CPU pools).
+Status scatter(const TensorView& dst, const TensorView& dst_scales, const TensorView& loc,
+               const TensorView& src, float scale, StreamHandle stream) {
+  if (dst.device.is_cpu()) {
+    scatter_host(dst, dst_scales, loc, src, scale);
+    return Status::ok();
+  }
+#ifdef ATTNKIT_WITH_CUDA
+  return detail::set_kv_cuda(dst, dst_scales, loc, src, scale, stream);
+#else
+  (void)stream;
+  return Status::not_built("set_kv: the pool is on " + dst.device.to_string() +
+                           " but attnkit was built without CUDA (ATTNKIT_CUDA=OFF)");
+#endif
+}
+
+Status check_layer(int layer, int num_layers) {
+  if (layer < 0 || layer >= num_layers) {
+    return Status::invalid_argument("layer " + std::to_string(layer) + " is outside [0, " +
+                                    std::to_string(num_layers) + ")");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+uint8_t fp4_block_scale_code(float amax, float layer_scale) {
+  if (!(amax > 0.0f) || !(layer_scale > 0.0f)) return 0;
+  const float exact = (amax / kFp4Max) / layer_scale;
+  if (!(exact < fp8_e4m3_to_float(kE4M3MaxCode))) return kE4M3MaxCode;
+  uint8_t code = float_to_fp8_e4m3(exact);
+  // Positive e4m3 codes are ordered like their values: step up once if RNE rounded down.
+  if (fp8_e4m3_to_float(code) < exact) ++code;
+  return code;
+}
+
+float load_kv_value_host(const TensorView& buffer, const TensorView& scales, int64_t slot,
+                         int64_t head, int64_t d, float layer_scale) {
+  const int64_t index = slot * buffer.stride(0) + head * buffer.stride(1) + d * buffer.stride(2);
+  const float value = load_as_float(buffer.data, buffer.dtype, index);
+  if (dtype_is_fp8(buffer.dtype)) return value * layer_scale;
+  if (buffer.dtype != DType::kFP4E2M1) return value;
+  const int64_t scale_index =
+      slot * scales.stride(0) + head * scales.stride(1) + (d / kFp4GroupSize) * scales.stride(2);
+  const float block = fp8_e4m3_to_float(static_cast<const uint8_t*>(scales.data)[scale_index]);
+  return value * block * layer_scale;
+}
+
+// ---------------------------------------------------------------------------------------------
+// MHAKVPool
+
+Result<std::unique_ptr<MHAKVPool>> MHAKVPool::create(const KVPoolConfig& config) {
+  ATTNKIT_RETURN_IF_ERROR(validate_common(config));
+  if (config.num_kv_heads < 1) {
+    return Status::invalid_argument(cfg_error("num_kv_heads", config.num_kv_heads, "must be >= 1"));
+  }
+  if (config.head_dim < 1) {
+    return Status::invalid_argument(cfg_error("head_dim", config.head_dim, "must be >= 1"));
+  }
+  if (config.v_head_dim < 1) {
+    return Status::invalid_argument(cfg_error("v_head_dim", config.v_head_dim, "must be >= 1"));
+  }
+  ATTNKIT_RETURN_IF_ERROR(check_fp4_dim(config, "head_dim", config.head_dim));
+  ATTNKIT_RETURN_IF_ERROR(check_fp4_dim(config, "v_head_dim", config.v_head_dim));
+
+  auto pool = std::unique_ptr<MHAKVPool>(new MHAKVPool(config));
+  const int64_t rows = pool->rows();
+  const int64_t heads = config.num_kv_heads;
+  const bool fp4 = config.dtype == DType::kFP4E2M1;
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    ATTNKIT_ASSIGN_OR_RETURN(
+        Buffer k, allocate_kv(config.device, config.dtype, rows * heads * config.head_dim));
+    ATTNKIT_ASSIGN_OR_RETURN(
+        Buffer v, allocate_kv(config.device, config.dtype, rows * heads * config.v_head_dim));
+    pool->k_.push_back(std::move(k));
+    pool->v_.push_back(std::move(v));
+    if (fp4) {
+      ATTNKIT_ASSIGN_OR_RETURN(Buffer ks,
+                               allocate_kv(config.device, DType::kFP8E4M3,
+                                           rows * heads * (config.head_dim / kFp4GroupSize)));
+      ATTNKIT_ASSIGN_OR_RETURN(Buffer vs,
+                               allocate_kv(config.device, DType::kFP8E4M3,
+                                           rows * heads * (config.v_head_dim / kFp4GroupSize)));
+      pool->k_scales_.push_back(std::move(ks));
+      pool->v_scales_.push_back(std::move(vs));
+    }
+  }
+  return pool;
+}
+
+TensorView MHAKVPool::k_buffer(int layer) const {
+  if (layer < 0 || layer >= config_.num_layers) return TensorView();
+  return view_of(k_[static_cast<size_t>(layer)], config_.dtype, rows(), config_.num_kv_heads,
+                 config_.head_dim);
+}
+
+TensorView MHAKVPool::v_buffer(int layer) const {
+  if (layer < 0 || layer >= config_.num_layers) return TensorView();
+  return view_of(v_[static_cast<size_t>(layer)], config_.dtype, rows(), config_.num_kv_heads,
+                 config_.v_head_dim);
+}
+
+TensorView MHAKVPool::k_scale_buffer(int layer) const {
+  if (layer < 0 || layer >= config_.num_layers || k_scales_.empty()) return TensorView();
+  return view_of(k_scales_[static_cast<size_t>(layer)], DType::kFP8E4M3, rows(),
+                 config_.num_kv_heads, config_.head_dim / kFp4GroupSize);
+}
+
+TensorView MHAKVPool::v_scale_buffer(int layer) const {
+  if (layer < 0 || layer >= config_.num_layers || v_scales_.empty()) return TensorView();
+  return view_of(v_scales_[static_cast<size_t>(layer)], DType::kFP8E4M3, rows(),
+                 config_.num_kv_heads, config_.v_head_dim / kFp4GroupSize);
+}
+
+Status MHAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k, const TensorView& v,
+                         float k_scale, float v_scale, StreamHandle stream) {
+  ATTNKIT_RETURN_IF_ERROR(check_layer(layer, config_.num_layers));
+  ATTNKIT_ASSIGN_OR_RETURN(const int64_t tokens, check_loc(loc, device()));
+  ATTNKIT_RETURN_IF_ERROR(
+      check_src(k, "k", tokens, config_.num_kv_heads, config_.head_dim, device()));
+  ATTNKIT_RETURN_IF_ERROR(
+      check_src(v, "v", tokens, config_.num_kv_heads, config_.v_head_dim, device()));
+  ATTNKIT_RETURN_IF_ERROR(check_scale(k_scale, "k_scale"));
+  ATTNKIT_RETURN_IF_ERROR(check_scale(v_scale, "v_scale"));
+  if (tokens == 0) return Status::ok();
+  if (device().is_cpu()) ATTNKIT_RETURN_IF_ERROR(check_slots_host(loc, page_size(), rows()));
+  ATTNKIT_RETURN_IF_ERROR(scatter(k_buffer(layer), k_scale_buffer(layer), loc, k, k_scale, stream));
+  return scatter(v_buffer(layer), v_scale_buffer(layer), loc, v, v_scale, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// MLAKVPool
+
+Result<std::unique_ptr<MLAKVPool>> MLAKVPool::create(const KVPoolConfig& config) {
+  ATTNKIT_RETURN_IF_ERROR(validate_common(config));
+  if (config.kv_lora_rank < 1) {
+    return Status::invalid_argument(cfg_error("kv_lora_rank", config.kv_lora_rank, "must be >= 1"));
+  }
+  if (config.qk_rope_head_dim < 1) {
+    return Status::invalid_argument(
+        cfg_error("qk_rope_head_dim", config.qk_rope_head_dim, "must be >= 1"));
+  }
+  if (config.num_kv_heads != 0 && config.num_kv_heads != 1) {
+    return Status::invalid_argument(
+        cfg_error("num_kv_heads", config.num_kv_heads, "must be 1 (or 0 = 1) for MLA"));
+  }
+  const int row_dim = config.kv_lora_rank + config.qk_rope_head_dim;
+  if (config.head_dim != 0 && config.head_dim != row_dim) {
+    return Status::invalid_argument(cfg_error(
+        "head_dim", config.head_dim,
+        "must be 0 or kv_lora_rank + qk_rope_head_dim = " + std::to_string(row_dim) + " for MLA"));
+  }
+  if (config.v_head_dim != 0 && config.v_head_dim != config.kv_lora_rank) {
+    return Status::invalid_argument(
+        cfg_error("v_head_dim", config.v_head_dim,
+                  "must be 0 or kv_lora_rank " + std::to_string(config.kv_lora_rank) + " for MLA"));
+  }
+  ATTNKIT_RETURN_IF_ERROR(check_fp4_dim(config, "kv_lora_rank", config.kv_lora_rank));
+  ATTNKIT_RETURN_IF_ERROR(check_fp4_dim(config, "qk_rope_head_dim", config.qk_rope_head_dim));
+
+  KVPoolConfig normalized = config;
+  normalized.num_kv_heads = 1;
+  normalized.head_dim = row_dim;
+  normalized.v_head_dim = config.kv_lora_rank;
+  auto pool = std::unique_ptr<MLAKVPool>(new MLAKVPool(normalized));
+  const int64_t rows = pool->rows();
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    ATTNKIT_ASSIGN_OR_RETURN(Buffer kv, allocate_kv(config.device, config.dtype, rows * row_dim));
+    pool->kv_.push_back(std::move(kv));
+    if (config.dtype == DType::kFP4E2M1) {
+      ATTNKIT_ASSIGN_OR_RETURN(
+          Buffer s, allocate_kv(config.device, DType::kFP8E4M3, rows * (row_dim / kFp4GroupSize)));
+      pool->scales_.push_back(std::move(s));
+    }
+  }
+  return pool;
+}
+
+TensorView MLAKVPool::kv_buffer(int layer) const {
+  if (layer < 0 || layer >= config_.num_layers) return TensorView();
+  return view_of(kv_[static_cast<size_t>(layer)], config_.dtype, rows(), 1, row_dim());
+}
+
+TensorView MLAKVPool::v_view(int layer) const {
+  TensorView view = kv_buffer(layer);
+  if (!view.defined()) return view;
+  view.shape[2] = config_.kv_lora_rank;  // strides stay those of the full row
+  return view;
+}
+
+TensorView MLAKVPool::scale_buffer(int layer) const {
+  if (layer < 0 || layer >= config_.num_layers || scales_.empty()) return TensorView();
+  return view_of(scales_[static_cast<size_t>(layer)], DType::kFP8E4M3, rows(), 1,
+                 row_dim() / kFp4GroupSize);
+}
+
+Status MLAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k,
+                         const TensorView& /*v*/, float k_scale, float /*v_scale*/,
+                         StreamHandle stream) {
+  ATTNKIT_RETURN_IF_ERROR(check_layer(layer, config_.num_layers));
+  ATTNKIT_ASSIGN_OR_RETURN(const int64_t tokens, check_loc(loc, device()));
+  ATTNKIT_RETURN_IF_ERROR(check_src(k, "k", tokens, 1, row_dim(), device()));
+  ATTNKIT_RETURN_IF_ERROR(check_scale(k_scale, "k_scale"));
+  if (tokens == 0) return Status::ok();
+  if (device().is_cpu()) ATTNKIT_RETURN_IF_ERROR(check_slots_host(loc, page_size(), rows()));
+  return scatter(kv_buffer(layer), scale_buffer(layer), loc, k, k_scale, stream);
+}
+
+}  // namespace attnkit

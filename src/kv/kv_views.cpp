@@ -1,0 +1,120 @@
+// Host helpers that turn req_to_token rows into what backends consume: page tables (natively paged
+// backends), flattened token indices (token-level backends) and last_loc for the allocator.
+#include <algorithm>
+#include <string>
+
+#include "attnkit/kv_cache.h"
+
+namespace attnkit {
+
+namespace {
+
+Status check_rows_and_lens(const char* fn, const ReqToTokenPool& pool,
+                           std::span<const int32_t> req_pool_indices, std::span<const int32_t> lens,
+                           const char* lens_name) {
+  if (req_pool_indices.size() != lens.size()) {
+    return Status::invalid_argument(
+        std::string(fn) + ": req_pool_indices (" + std::to_string(req_pool_indices.size()) +
+        ") and " + lens_name + " (" + std::to_string(lens.size()) + ") must have the same length");
+  }
+  for (size_t b = 0; b < lens.size(); ++b) {
+    if (req_pool_indices[b] < 0 || req_pool_indices[b] > pool.max_reqs()) {
+      return Status::invalid_argument(std::string(fn) + ": req_pool_indices[" + std::to_string(b) +
+                                      "] = " + std::to_string(req_pool_indices[b]) +
+                                      " is outside [0, " + std::to_string(pool.max_reqs()) + "]");
+    }
+    if (lens[b] < 0 || lens[b] > pool.max_context_len()) {
+      return Status::invalid_argument(std::string(fn) + ": " + lens_name + "[" + std::to_string(b) +
+                                      "] = " + std::to_string(lens[b]) +
+                                      " is outside [0, max_context_len " +
+                                      std::to_string(pool.max_context_len()) + "]");
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::vector<int32_t>> build_page_table_host(const ReqToTokenPool& pool,
+                                                   std::span<const int32_t> req_pool_indices,
+                                                   std::span<const int32_t> seq_lens, int page_size,
+                                                   int* max_pages_out) {
+  constexpr const char* kFn = "build_page_table_host";
+  if (page_size < 1) {
+    return Status::invalid_argument(std::string(kFn) + ": page_size " + std::to_string(page_size) +
+                                    " must be >= 1");
+  }
+  ATTNKIT_RETURN_IF_ERROR(check_rows_and_lens(kFn, pool, req_pool_indices, seq_lens, "seq_lens"));
+  int max_pages = 1;  // never zero-width; padding entries are page 0
+  for (const int32_t len : seq_lens)
+    max_pages = std::max(max_pages, (len + page_size - 1) / page_size);
+  const size_t bs = seq_lens.size();
+  std::vector<int32_t> table(bs * static_cast<size_t>(max_pages), 0);
+  for (size_t b = 0; b < bs; ++b) {
+    const int32_t* row = pool.host_row(req_pool_indices[b]);
+    const int pages = (seq_lens[b] + page_size - 1) / page_size;
+    for (int p = 0; p < pages; ++p) {
+      const int32_t slot = row[static_cast<size_t>(p) * static_cast<size_t>(page_size)];
+      if (slot % page_size != 0) {
+        return Status::invalid_argument(
+            std::string(kFn) + ": req_to_token[" + std::to_string(req_pool_indices[b]) + ", " +
+            std::to_string(p * page_size) + "] = " + std::to_string(slot) +
+            " is not at a page start (page_size " + std::to_string(page_size) + ")");
+      }
+      table[b * static_cast<size_t>(max_pages) + static_cast<size_t>(p)] = slot / page_size;
+    }
+  }
+  if (max_pages_out != nullptr) *max_pages_out = max_pages;
+  return table;
+}
+
+Result<TokenIndices> build_token_indices_host(const ReqToTokenPool& pool,
+                                              std::span<const int32_t> req_pool_indices,
+                                              std::span<const int32_t> seq_lens,
+                                              std::span<const int32_t> kv_start) {
+  constexpr const char* kFn = "build_token_indices_host";
+  ATTNKIT_RETURN_IF_ERROR(check_rows_and_lens(kFn, pool, req_pool_indices, seq_lens, "seq_lens"));
+  if (!kv_start.empty() && kv_start.size() != seq_lens.size()) {
+    return Status::invalid_argument(std::string(kFn) + ": kv_start (" +
+                                    std::to_string(kv_start.size()) + ") must be empty or match " +
+                                    "seq_lens (" + std::to_string(seq_lens.size()) + ")");
+  }
+  TokenIndices out;
+  out.kv_indptr.assign(seq_lens.size() + 1, 0);
+  int64_t total = 0;
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    const int32_t start = kv_start.empty() ? 0 : kv_start[b];
+    if (start < 0 || start > seq_lens[b]) {
+      return Status::invalid_argument(std::string(kFn) + ": kv_start[" + std::to_string(b) +
+                                      "] = " + std::to_string(start) + " is outside [0, seq_len " +
+                                      std::to_string(seq_lens[b]) + "]");
+    }
+    total += seq_lens[b] - start;
+    if (total > INT32_MAX) {
+      return Status::invalid_argument(std::string(kFn) + ": " + std::to_string(total) +
+                                      " indices overflow int32 kv_indptr");
+    }
+    out.kv_indptr[b + 1] = static_cast<int32_t>(total);
+  }
+  out.kv_indices.reserve(static_cast<size_t>(total));
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    const int32_t* row = pool.host_row(req_pool_indices[b]);
+    const int32_t start = kv_start.empty() ? 0 : kv_start[b];
+    out.kv_indices.insert(out.kv_indices.end(), row + start, row + seq_lens[b]);
+  }
+  return out;
+}
+
+Result<std::vector<int64_t>> last_locs_host(const ReqToTokenPool& pool,
+                                            std::span<const int32_t> req_pool_indices,
+                                            std::span<const int32_t> prefix_lens) {
+  ATTNKIT_RETURN_IF_ERROR(
+      check_rows_and_lens("last_locs_host", pool, req_pool_indices, prefix_lens, "prefix_lens"));
+  std::vector<int64_t> out(prefix_lens.size(), -1);
+  for (size_t b = 0; b < prefix_lens.size(); ++b) {
+    if (prefix_lens[b] > 0) out[b] = pool.host_row(req_pool_indices[b])[prefix_lens[b] - 1];
+  }
+  return out;
+}
+
+}  // namespace attnkit

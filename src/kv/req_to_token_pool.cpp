@@ -1,0 +1,118 @@
+// ReqToTokenPool: the int32 [max_reqs + 1, max_context_len] request -> slot table.
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "attnkit/kv_cache.h"
+
+namespace attnkit {
+
+namespace {
+
+constexpr int64_t kMaxSlotInt32 = std::numeric_limits<int32_t>::max();
+
+}  // namespace
+
+Result<std::unique_ptr<ReqToTokenPool>> ReqToTokenPool::create(int max_reqs, int max_context_len,
+                                                               Device device) {
+  if (max_reqs < 1) {
+    return Status::invalid_argument("max_reqs " + std::to_string(max_reqs) +
+                                    " must be >= 1 (row 0 is reserved on top of it)");
+  }
+  if (max_context_len < 1) {
+    return Status::invalid_argument("max_context_len " + std::to_string(max_context_len) +
+                                    " must be >= 1");
+  }
+  const int64_t entries = (static_cast<int64_t>(max_reqs) + 1) * max_context_len;
+  const int64_t bytes = entries * static_cast<int64_t>(sizeof(int32_t));
+  ATTNKIT_ASSIGN_OR_RETURN(Buffer buffer, Buffer::allocate(device, bytes));
+
+  auto pool = std::unique_ptr<ReqToTokenPool>(new ReqToTokenPool());
+  pool->max_reqs_ = max_reqs;
+  pool->max_context_len_ = max_context_len;
+  pool->buffer_ = std::move(buffer);
+  if (device.is_cpu()) {
+    std::memset(pool->buffer_.data(), 0, static_cast<size_t>(bytes));
+  } else {
+    // The host mirror starts zeroed; push it so the device table matches (row 0 -> slot 0).
+    pool->host_.assign(static_cast<size_t>(entries), 0);
+    ATTNKIT_RETURN_IF_ERROR(
+        copy_bytes(pool->buffer_.data(), device, pool->host_.data(), Device::cpu(), bytes));
+  }
+  pool->in_use_.assign(static_cast<size_t>(max_reqs) + 1, 0);
+  pool->free_rows_.reserve(static_cast<size_t>(max_reqs));
+  for (int row = max_reqs; row >= 1; --row) pool->free_rows_.push_back(row);  // lowest at back
+  return pool;
+}
+
+Result<int> ReqToTokenPool::alloc() {
+  if (free_rows_.empty()) {
+    return Status::out_of_memory("ReqToTokenPool: all " + std::to_string(max_reqs_) +
+                                 " request rows are in use");
+  }
+  const int row = free_rows_.back();
+  free_rows_.pop_back();
+  in_use_[static_cast<size_t>(row)] = 1;
+  return row;
+}
+
+Status ReqToTokenPool::free(int row) {
+  if (row < 1 || row > max_reqs_) {
+    return Status::invalid_argument("ReqToTokenPool::free: row " + std::to_string(row) +
+                                    " is outside [1, " + std::to_string(max_reqs_) +
+                                    "] (row 0 is reserved)");
+  }
+  if (!in_use_[static_cast<size_t>(row)]) {
+    return Status::invalid_argument("ReqToTokenPool::free: row " + std::to_string(row) +
+                                    " is not allocated (double free?)");
+  }
+  in_use_[static_cast<size_t>(row)] = 0;
+  free_rows_.push_back(row);
+  return Status::ok();
+}
+
+int ReqToTokenPool::available() const { return static_cast<int>(free_rows_.size()); }
+
+TensorView ReqToTokenPool::table() const {
+  return buffer_.view(DType::kI32, {static_cast<int64_t>(max_reqs_) + 1, max_context_len_});
+}
+
+const int32_t* ReqToTokenPool::host_row(int row) const {
+  if (row < 0 || row > max_reqs_) return nullptr;
+  const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(max_context_len_);
+  if (buffer_.device().is_cpu()) return static_cast<const int32_t*>(buffer_.data()) + offset;
+  return host_.data() + offset;
+}
+
+Status ReqToTokenPool::write(int row, int start, std::span<const int64_t> slots) {
+  if (row < 1 || row > max_reqs_) {
+    return Status::invalid_argument("ReqToTokenPool::write: row " + std::to_string(row) +
+                                    " is outside [1, " + std::to_string(max_reqs_) +
+                                    "] (row 0 is reserved)");
+  }
+  const int64_t n = static_cast<int64_t>(slots.size());
+  if (start < 0 || static_cast<int64_t>(start) + n > max_context_len_) {
+    return Status::invalid_argument("ReqToTokenPool::write: columns [" + std::to_string(start) +
+                                    ", " + std::to_string(static_cast<int64_t>(start) + n) +
+                                    ") do not fit in [0, max_context_len " +
+                                    std::to_string(max_context_len_) + ")");
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = slots[static_cast<size_t>(i)];
+    if (slot < 0 || slot > kMaxSlotInt32) {
+      return Status::invalid_argument("ReqToTokenPool::write: slots[" + std::to_string(i) +
+                                      "] = " + std::to_string(slot) + " is outside [0, INT32_MAX]");
+    }
+  }
+  if (n == 0) return Status::ok();
+  const size_t offset =
+      static_cast<size_t>(row) * static_cast<size_t>(max_context_len_) + static_cast<size_t>(start);
+  const bool on_cpu = buffer_.device().is_cpu();
+  int32_t* mirror = on_cpu ? static_cast<int32_t*>(buffer_.data()) + offset : host_.data() + offset;
+  for (int64_t i = 0; i < n; ++i) mirror[i] = static_cast<int32_t>(slots[static_cast<size_t>(i)]);
+  if (on_cpu) return Status::ok();
+  return copy_bytes(static_cast<int32_t*>(buffer_.data()) + offset, buffer_.device(), mirror,
+                    Device::cpu(), n * static_cast<int64_t>(sizeof(int32_t)));
+}
+
+}  // namespace attnkit

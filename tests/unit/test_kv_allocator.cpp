@@ -1,0 +1,417 @@
+// PageAllocator, ReqToTokenPool and the host view helpers (page table, token indices, last_loc).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "attnkit/kv_cache.h"
+
+namespace attnkit {
+namespace {
+
+using Slots = std::vector<int64_t>;
+
+// Pages touched by a list of slots, in order of first appearance.
+std::vector<int64_t> pages_of(const Slots& slots, int page_size) {
+  std::vector<int64_t> pages;
+  for (int64_t s : slots) {
+    if (pages.empty() || pages.back() != s / page_size) pages.push_back(s / page_size);
+  }
+  return pages;
+}
+
+class AllocatorPageSize : public ::testing::TestWithParam<int> {};
+
+INSTANTIATE_TEST_SUITE_P(PageSizes, AllocatorPageSize, ::testing::Values(1, 16, 24, 64, 128),
+                         [](const auto& info) { return "ps" + std::to_string(info.param); });
+
+TEST_P(AllocatorPageSize, FreshExtendUsesWholePagesThenAPartialPage) {
+  const int ps = GetParam();
+  PageAllocator alloc(8, ps);
+  const int32_t len = 2 * ps + (ps + 1) / 2;  // 2.5 pages (3 pages for ps 1: 3 tokens)
+  const std::vector<int32_t> prefix{0}, seq{len};
+  const Slots last{-1};
+  auto r = alloc.alloc_extend(prefix, seq, last);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const Slots& slots = *r;
+  ASSERT_EQ(static_cast<int32_t>(slots.size()), len);
+  const int64_t expected_pages = (len + ps - 1) / ps;
+  EXPECT_EQ(alloc.available_pages(), 8 - expected_pages);
+  for (int32_t i = 0; i < len; ++i) {
+    EXPECT_GE(slots[i], ps) << "slot in reserved page 0 at token " << i;
+    EXPECT_EQ(slots[i] % ps, i % ps) << "token " << i << " is not at its page offset";
+    if (i % ps != 0) EXPECT_EQ(slots[i], slots[i - 1] + 1) << "token " << i;
+  }
+  // Lowest page ids first.
+  const auto pages = pages_of(slots, ps);
+  for (size_t p = 0; p < pages.size(); ++p) EXPECT_EQ(pages[p], static_cast<int64_t>(p) + 1);
+}
+
+TEST_P(AllocatorPageSize, ExtendFillsThePartialLastPageFirst) {
+  const int ps = GetParam();
+  PageAllocator alloc(16, ps);
+  const int32_t first_len = ps + std::max(1, ps / 3);  // ends inside page 2 (ps > 1)
+  auto first =
+      alloc.alloc_extend(std::vector<int32_t>{0}, std::vector<int32_t>{first_len}, Slots{-1});
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  const int64_t last_loc = first->back();
+  const int64_t pages_before = alloc.available_pages();
+
+  const int32_t grow = 2 * ps + 3;
+  auto second = alloc.alloc_extend(std::vector<int32_t>{first_len},
+                                   std::vector<int32_t>{first_len + grow}, Slots{last_loc});
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
+  ASSERT_EQ(static_cast<int32_t>(second->size()), grow);
+  const int64_t room = (first_len % ps == 0) ? 0 : ps - first_len % ps;
+  for (int64_t i = 0; i < room; ++i) EXPECT_EQ((*second)[i], last_loc + 1 + i) << "fill " << i;
+  for (int32_t i = 0; i < grow; ++i) {
+    EXPECT_EQ((*second)[i] % ps, (first_len + i) % ps) << "token " << first_len + i;
+  }
+  const int64_t new_pages = (grow - room + ps - 1) / ps;
+  EXPECT_EQ(alloc.available_pages(), pages_before - new_pages);
+}
+
+TEST_P(AllocatorPageSize, DecodeCrossesPageBoundaries) {
+  const int ps = GetParam();
+  PageAllocator alloc(64, ps);
+  Slots all;
+  int64_t last = -1;
+  const int total = 3 * ps + 2;
+  for (int32_t len = 1; len <= total; ++len) {
+    auto r = alloc.alloc_decode(std::vector<int32_t>{len}, Slots{last});
+    ASSERT_TRUE(r.is_ok()) << "len " << len << ": " << r.status().to_string();
+    ASSERT_EQ(r->size(), 1u);
+    last = r->front();
+    all.push_back(last);
+    EXPECT_EQ(last % ps, (len - 1) % ps) << "len " << len;
+  }
+  EXPECT_EQ(alloc.available_pages(), 64 - (total + ps - 1) / ps);
+  EXPECT_EQ(std::set<int64_t>(all.begin(), all.end()).size(), all.size()) << "slot reused";
+}
+
+TEST_P(AllocatorPageSize, RequestsNeverSharePages) {
+  const int ps = GetParam();
+  PageAllocator alloc(4096 / ps + 64, ps);
+  std::mt19937 rng(1234 + ps);
+  std::uniform_int_distribution<int32_t> len_dist(1, 3 * ps + 5);
+  const int bs = 7;
+  std::vector<int32_t> prefix(bs), seq(bs);
+  Slots last(bs, -1);
+  std::vector<Slots> owned(bs);
+  // Several rounds of extends and decodes for the whole batch, all in one call each round.
+  for (int round = 0; round < 6; ++round) {
+    for (int b = 0; b < bs; ++b) {
+      prefix[b] = seq[b];
+      seq[b] = prefix[b] + (round % 2 == 0 ? len_dist(rng) : 1);
+    }
+    auto r = alloc.alloc_extend(prefix, seq, last);
+    ASSERT_TRUE(r.is_ok()) << "round " << round << ": " << r.status().to_string();
+    size_t pos = 0;
+    for (int b = 0; b < bs; ++b) {
+      for (int32_t i = prefix[b]; i < seq[b]; ++i) owned[b].push_back((*r)[pos++]);
+      last[b] = owned[b].back();
+    }
+    ASSERT_EQ(pos, r->size());
+  }
+  std::map<int64_t, int> page_owner;
+  for (int b = 0; b < bs; ++b) {
+    for (size_t i = 0; i < owned[b].size(); ++i) {
+      const int64_t page = owned[b][i] / ps;
+      EXPECT_NE(page, 0) << "request " << b << " got page 0";
+      EXPECT_EQ(owned[b][i] % ps, static_cast<int64_t>(i % ps))
+          << "request " << b << " token " << i;
+      auto [it, inserted] = page_owner.emplace(page, b);
+      if (!inserted) EXPECT_EQ(it->second, b) << "page " << page << " shared";
+    }
+  }
+}
+
+TEST_P(AllocatorPageSize, OutOfPagesNamesCountsAndAllocatesNothing) {
+  const int ps = GetParam();
+  PageAllocator alloc(5, ps);
+  ASSERT_TRUE(alloc.alloc_pages(2).is_ok());
+  // 3 pages free; ask for 2 requests x 2 pages.
+  auto r = alloc.alloc_extend(std::vector<int32_t>{0, 0}, std::vector<int32_t>{2 * ps, 2 * ps},
+                              Slots{-1, -1});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(r.status().message().find("4 new pages"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("only 3"), std::string::npos) << r.status().message();
+  EXPECT_EQ(alloc.available_pages(), 3);
+  for (int64_t page = 3; page <= 5; ++page) EXPECT_FALSE(alloc.is_allocated(page));
+  auto pages = alloc.alloc_pages(4);
+  ASSERT_FALSE(pages.is_ok());
+  EXPECT_EQ(pages.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_EQ(alloc.available_pages(), 3);
+}
+
+TEST_P(AllocatorPageSize, PageZeroIsNeverHandedOut) {
+  const int ps = GetParam();
+  const int64_t num_pages = 9;
+  PageAllocator alloc(num_pages, ps);
+  auto r = alloc.alloc_extend(std::vector<int32_t>{0},
+                              std::vector<int32_t>{int32_t(num_pages) * ps}, Slots{-1});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  std::set<int64_t> pages;
+  for (int64_t s : *r) pages.insert(s / ps);
+  EXPECT_EQ(static_cast<int64_t>(pages.size()), num_pages);
+  EXPECT_EQ(*pages.begin(), 1);
+  EXPECT_EQ(*pages.rbegin(), num_pages);
+  EXPECT_FALSE(alloc.is_allocated(0));
+  EXPECT_EQ(alloc.available_slots(), 0);
+  auto more = alloc.alloc_decode(std::vector<int32_t>{1}, Slots{-1});
+  EXPECT_EQ(more.status().code(), StatusCode::kOutOfMemory);
+}
+
+TEST_P(AllocatorPageSize, FreeSlotsFreesEachPageOnceAndDetectsDoubleFree) {
+  const int ps = GetParam();
+  PageAllocator alloc(6, ps);
+  auto r = alloc.alloc_extend(std::vector<int32_t>{0}, std::vector<int32_t>{3 * ps}, Slots{-1});
+  ASSERT_TRUE(r.is_ok());
+  const Slots first_page(r->begin(), r->begin() + ps);
+  ASSERT_TRUE(alloc.free_slots(first_page).is_ok());
+  EXPECT_EQ(alloc.available_pages(), 4);
+  EXPECT_FALSE(alloc.is_allocated(1));
+  // Second free of the same page, mixed with a live page: error, and the live page stays.
+  Slots mixed = first_page;
+  mixed.push_back((*r)[2 * ps]);
+  Status st = alloc.free_slots(mixed);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("page 1"), std::string::npos) << st.message();
+  EXPECT_TRUE(alloc.is_allocated(3));
+  EXPECT_EQ(alloc.available_pages(), 4);
+  // Freed page is handed out again first (lowest id).
+  auto again = alloc.alloc_pages(1);
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(again->front(), 1);
+  // Page 0 and out-of-range pages are errors.
+  EXPECT_FALSE(alloc.free_pages(std::vector<int64_t>{0}).is_ok());
+  EXPECT_FALSE(alloc.free_pages(std::vector<int64_t>{7}).is_ok());
+  EXPECT_FALSE(alloc.free_slots(Slots{ps - 1}).is_ok());
+  EXPECT_FALSE(alloc.free_pages(std::vector<int64_t>{2, 2}).is_ok());
+  EXPECT_TRUE(alloc.is_allocated(2));
+}
+
+TEST(PageAllocator, ValidatesInputs) {
+  const int ps = 16;
+  PageAllocator alloc(8, ps);
+  auto base = alloc.alloc_extend(std::vector<int32_t>{0}, std::vector<int32_t>{20}, Slots{-1});
+  ASSERT_TRUE(base.is_ok());
+  const int64_t last = base->back();  // token 19 -> page offset 3
+  const int64_t avail = alloc.available_pages();
+  auto expect_invalid = [&](Result<Slots> r, const std::string& needle) {
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+    EXPECT_EQ(alloc.available_pages(), avail);
+  };
+  expect_invalid(
+      alloc.alloc_extend(std::vector<int32_t>{0, 0}, std::vector<int32_t>{1}, Slots{-1, -1}),
+      "same length");
+  expect_invalid(
+      alloc.alloc_extend(std::vector<int32_t>{20}, std::vector<int32_t>{19}, Slots{last}),
+      "seq_len 19");
+  expect_invalid(
+      alloc.alloc_extend(std::vector<int32_t>{21}, std::vector<int32_t>{30}, Slots{last}),
+      "offset");
+  expect_invalid(alloc.alloc_extend(std::vector<int32_t>{4}, std::vector<int32_t>{30}, Slots{3}),
+                 "last_loc 3");
+  expect_invalid(
+      alloc.alloc_extend(std::vector<int32_t>{4}, std::vector<int32_t>{30}, Slots{5 * ps + 3}),
+      "not allocated");
+  expect_invalid(alloc.alloc_extend(std::vector<int32_t>{0}, std::vector<int32_t>{3}, Slots{7}),
+                 "must be -1");
+  expect_invalid(alloc.alloc_extend(std::vector<int32_t>{-1}, std::vector<int32_t>{3}, Slots{-1}),
+                 "prefix_len -1");
+  expect_invalid(alloc.alloc_extend(std::vector<int32_t>{20, 20}, std::vector<int32_t>{22, 22},
+                                    Slots{last, last}),
+                 "both fill page");
+  expect_invalid(alloc.alloc_decode(std::vector<int32_t>{0}, Slots{-1}), "seq_len 0");
+  EXPECT_EQ(alloc.alloc_pages(-1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(PageAllocator::create(-1, 16).is_ok());
+  EXPECT_FALSE(PageAllocator::create(4, 0).is_ok());
+  auto ok = PageAllocator::create(4, 24);
+  ASSERT_TRUE(ok.is_ok());
+  EXPECT_EQ(ok->available_slots(), 4 * 24);
+}
+
+TEST(PageAllocator, ExtendOfZeroNewTokensAllocatesNothing) {
+  PageAllocator alloc(4, 16);
+  auto base = alloc.alloc_extend(std::vector<int32_t>{0}, std::vector<int32_t>{16}, Slots{-1});
+  ASSERT_TRUE(base.is_ok());
+  auto r = alloc.alloc_extend(std::vector<int32_t>{16, 0}, std::vector<int32_t>{16, 0},
+                              Slots{base->back(), -1});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r->empty());
+  EXPECT_EQ(alloc.available_pages(), 3);
+}
+
+// ---- ReqToTokenPool ----
+
+TEST(ReqToTokenPool, AllocFreeAndRowZeroReserved) {
+  auto pool = ReqToTokenPool::create(3, 32, Device::cpu());
+  ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+  ReqToTokenPool& p = **pool;
+  EXPECT_EQ(p.available(), 3);
+  std::set<int> rows;
+  for (int i = 0; i < 3; ++i) {
+    auto r = p.alloc();
+    ASSERT_TRUE(r.is_ok());
+    EXPECT_GE(*r, 1);
+    EXPECT_LE(*r, 3);
+    rows.insert(*r);
+  }
+  EXPECT_EQ(rows.size(), 3u);
+  EXPECT_EQ(p.alloc().status().code(), StatusCode::kOutOfMemory);
+  EXPECT_TRUE(p.free(2).is_ok());
+  Status twice = p.free(2);
+  EXPECT_EQ(twice.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(twice.message().find("row 2"), std::string::npos) << twice.message();
+  EXPECT_FALSE(p.free(0).is_ok());
+  EXPECT_FALSE(p.free(4).is_ok());
+  EXPECT_EQ(p.available(), 1);
+  EXPECT_EQ(*p.alloc(), 2);
+
+  const TensorView table = p.table();
+  EXPECT_EQ(table.dtype, DType::kI32);
+  EXPECT_EQ(table.size(0), 4);
+  EXPECT_EQ(table.size(1), 32);
+  EXPECT_FALSE(ReqToTokenPool::create(0, 32, Device::cpu()).is_ok());
+  EXPECT_FALSE(ReqToTokenPool::create(2, 0, Device::cpu()).is_ok());
+}
+
+TEST(ReqToTokenPool, WriteChecksBoundsAndWritesNothingOnError) {
+  auto pool = ReqToTokenPool::create(2, 8, Device::cpu()).value();
+  const int row = pool->alloc().value();
+  ASSERT_TRUE(pool->write(row, 2, Slots{40, 41, 42}).is_ok());
+  const int32_t* host = pool->host_row(row);
+  ASSERT_NE(host, nullptr);
+  EXPECT_EQ(host[2], 40);
+  EXPECT_EQ(host[4], 42);
+  // The device table (host memory here) sees the same values.
+  const TensorView table = pool->table();
+  EXPECT_EQ(table.data_as<int32_t>()[row * 8 + 3], 41);
+
+  const std::vector<int32_t> before(host, host + 8);
+  Status past_end = pool->write(row, 6, Slots{1, 2, 3});
+  EXPECT_EQ(past_end.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(past_end.message().find("max_context_len 8"), std::string::npos);
+  Status too_big = pool->write(row, 0, Slots{5, int64_t{1} << 32});
+  EXPECT_NE(too_big.message().find("slots[1]"), std::string::npos) << too_big.message();
+  EXPECT_FALSE(pool->write(row, 0, Slots{-3}).is_ok());
+  EXPECT_FALSE(pool->write(row, -1, Slots{3}).is_ok());
+  EXPECT_FALSE(pool->write(0, 0, Slots{3}).is_ok());
+  EXPECT_FALSE(pool->write(3, 0, Slots{3}).is_ok());
+  EXPECT_EQ(std::vector<int32_t>(host, host + 8), before);
+  const int32_t* row0 = pool->host_row(0);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(row0[i], 0);
+  EXPECT_EQ(pool->host_row(3), nullptr);
+}
+
+// ---- host views, driven by a small scheduler simulation ----
+
+class ViewsPageSize : public ::testing::TestWithParam<int> {};
+INSTANTIATE_TEST_SUITE_P(PageSizes, ViewsPageSize, ::testing::Values(1, 16, 24, 64),
+                         [](const auto& info) { return "ps" + std::to_string(info.param); });
+
+TEST_P(ViewsPageSize, PageTableAndTokenIndicesMatchReqToToken) {
+  const int ps = GetParam();
+  const int ctx = 6 * ps + 7;
+  auto pool = ReqToTokenPool::create(4, ctx, Device::cpu()).value();
+  PageAllocator alloc(64, ps);
+  std::mt19937 rng(99 + ps);
+  const int bs = 3;
+  std::vector<int32_t> rows(bs), lens(bs, 0);
+  for (int b = 0; b < bs; ++b) rows[b] = pool->alloc().value();
+  // Extend each request twice (second time after a prefix), then decode a few steps.
+  for (int step = 0; step < 6; ++step) {
+    std::vector<int32_t> prefix = lens, seq(bs);
+    for (int b = 0; b < bs; ++b) {
+      const int32_t grow =
+          step < 2 ? std::uniform_int_distribution<int32_t>(1, 2 * ps + 3)(rng) : 1;
+      seq[b] = prefix[b] + grow;
+    }
+    auto last = last_locs_host(*pool, rows, prefix);
+    ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+    auto slots = alloc.alloc_extend(prefix, seq, *last);
+    ASSERT_TRUE(slots.is_ok()) << slots.status().to_string();
+    size_t pos = 0;
+    for (int b = 0; b < bs; ++b) {
+      const size_t n = static_cast<size_t>(seq[b] - prefix[b]);
+      ASSERT_TRUE(pool->write(rows[b], prefix[b], std::span<const int64_t>(slots->data() + pos, n))
+                      .is_ok());
+      pos += n;
+    }
+    lens = seq;
+  }
+  // Pad the batch with a CUDA-graph style row 0 of length 1.
+  std::vector<int32_t> rows_padded = rows, lens_padded = lens;
+  rows_padded.push_back(0);
+  lens_padded.push_back(1);
+  int max_pages = -1;
+  auto table = build_page_table_host(*pool, rows_padded, lens_padded, ps, &max_pages);
+  ASSERT_TRUE(table.is_ok()) << table.status().to_string();
+  const int32_t longest = *std::max_element(lens.begin(), lens.end());
+  EXPECT_EQ(max_pages, (longest + ps - 1) / ps);
+  for (int b = 0; b < bs; ++b) {
+    const int32_t* row = pool->host_row(rows[b]);
+    for (int32_t i = 0; i < lens[b]; ++i) {
+      const int32_t page = (*table)[b * max_pages + i / ps];
+      EXPECT_EQ(row[i], page * ps + i % ps) << "request " << b << " token " << i;
+    }
+    for (int p = (lens[b] + ps - 1) / ps; p < max_pages; ++p) {
+      EXPECT_EQ((*table)[b * max_pages + p], 0) << "padding of request " << b;
+    }
+  }
+  EXPECT_EQ((*table)[bs * max_pages], 0);
+
+  std::vector<int32_t> start{0, 3, lens[2]};
+  auto idx = build_token_indices_host(*pool, rows, lens, start);
+  ASSERT_TRUE(idx.is_ok()) << idx.status().to_string();
+  ASSERT_EQ(idx->kv_indptr.size(), static_cast<size_t>(bs + 1));
+  for (int b = 0; b < bs; ++b) {
+    ASSERT_EQ(idx->kv_indptr[b + 1] - idx->kv_indptr[b], lens[b] - start[b]);
+    const int32_t* row = pool->host_row(rows[b]);
+    for (int32_t i = start[b]; i < lens[b]; ++i) {
+      EXPECT_EQ(idx->kv_indices[idx->kv_indptr[b] + i - start[b]], row[i]);
+    }
+  }
+  EXPECT_EQ(static_cast<int32_t>(idx->kv_indices.size()), idx->kv_indptr[bs]);
+}
+
+TEST(KVViews, ValidateInputs) {
+  auto pool = ReqToTokenPool::create(2, 32, Device::cpu()).value();
+  const int row = pool->alloc().value();
+  ASSERT_TRUE(pool->write(row, 0, Slots{17, 18, 19}).is_ok());  // not page aligned for ps 16
+  int max_pages = 0;
+  auto misaligned = build_page_table_host(*pool, std::vector<int32_t>{row}, std::vector<int32_t>{3},
+                                          16, &max_pages);
+  ASSERT_FALSE(misaligned.is_ok());
+  EXPECT_NE(misaligned.status().message().find("= 17"), std::string::npos)
+      << misaligned.status().message();
+  EXPECT_FALSE(
+      build_page_table_host(*pool, std::vector<int32_t>{3}, std::vector<int32_t>{3}, 1, &max_pages)
+          .is_ok());
+  EXPECT_FALSE(build_page_table_host(*pool, std::vector<int32_t>{row}, std::vector<int32_t>{33}, 1,
+                                     &max_pages)
+                   .is_ok());
+  EXPECT_FALSE(build_page_table_host(*pool, std::vector<int32_t>{row}, std::vector<int32_t>{3}, 0,
+                                     &max_pages)
+                   .is_ok());
+  EXPECT_FALSE(build_token_indices_host(*pool, std::vector<int32_t>{row}, std::vector<int32_t>{3},
+                                        std::vector<int32_t>{4})
+                   .is_ok());
+  EXPECT_FALSE(
+      build_token_indices_host(*pool, std::vector<int32_t>{row, row}, std::vector<int32_t>{3})
+          .is_ok());
+  auto last = last_locs_host(*pool, std::vector<int32_t>{row, row}, std::vector<int32_t>{3, 0});
+  ASSERT_TRUE(last.is_ok());
+  EXPECT_EQ((*last)[0], 19);
+  EXPECT_EQ((*last)[1], -1);
+}
+
+}  // namespace
+}  // namespace attnkit
