@@ -27,8 +27,8 @@ Result<SpeculativeAttentionMode> parse_speculative_attention_mode(std::string_vi
 struct HybridOptions {
   bool speculative_enabled = false;
   SpeculativeAttentionMode speculative_attention_mode = SpeculativeAttentionMode::kPrefill;
-  bool is_mla = false;         // which feature row of the descriptors applies
-  int page_size = 1;           // shared by both backends
+  bool is_mla = false;            // which feature row of the descriptors applies
+  int page_size = 1;              // shared by both backends
   DType kv_dtype = DType::kBF16;  // shared KV storage dtype
 };
 

@@ -82,6 +82,10 @@ class Buffer {
  public:
   Buffer() = default;
   static Result<Buffer> allocate(Device device, int64_t bytes);
+  // A non-owning Buffer over caller memory (bytes at data on device): views work as for an owned
+  // buffer, and destruction frees nothing. The caller keeps the memory alive for the Buffer's life.
+  static Buffer borrow(void* data, int64_t bytes, Device device);
+  bool owns_memory() const { return owned_; }
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -100,6 +104,7 @@ class Buffer {
   void* data_ = nullptr;
   int64_t bytes_ = 0;
   Device device_;
+  bool owned_ = true;
 };
 
 // Copies bytes between any two devices (cudaMemcpy when CUDA is involved; synchronous).

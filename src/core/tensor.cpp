@@ -298,12 +298,22 @@ Result<Buffer> Buffer::allocate(Device device, int64_t bytes) {
 #endif
 }
 
+Buffer Buffer::borrow(void* data, int64_t bytes, Device device) {
+  Buffer buffer;
+  buffer.data_ = data;
+  buffer.bytes_ = data == nullptr || bytes < 0 ? 0 : bytes;
+  buffer.device_ = device;
+  buffer.owned_ = false;
+  return buffer;
+}
+
 Buffer::~Buffer() { release(); }
 
 Buffer::Buffer(Buffer&& other) noexcept
-    : data_(other.data_), bytes_(other.bytes_), device_(other.device_) {
+    : data_(other.data_), bytes_(other.bytes_), device_(other.device_), owned_(other.owned_) {
   other.data_ = nullptr;
   other.bytes_ = 0;
+  other.owned_ = true;
 }
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
@@ -312,14 +322,16 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = other.data_;
     bytes_ = other.bytes_;
     device_ = other.device_;
+    owned_ = other.owned_;
     other.data_ = nullptr;
     other.bytes_ = 0;
+    other.owned_ = true;
   }
   return *this;
 }
 
 void Buffer::release() {
-  if (data_ != nullptr) {
+  if (data_ != nullptr && owned_) {
     if (device_.is_cpu()) {
       std::free(data_);
     } else {
@@ -331,6 +343,7 @@ void Buffer::release() {
   }
   data_ = nullptr;
   bytes_ = 0;
+  owned_ = true;
 }
 
 TensorView Buffer::view(DType dtype, std::initializer_list<int64_t> shape) const {

@@ -1,0 +1,372 @@
+// Benchmark case files (bench/cases/*.json): a sweep description expanded into BenchCase points.
+//
+//   {
+//     "kind": "decode",                       // decode | extend | mla_decode
+//     "description": "free text",
+//     "fixed": {"q_heads": 32, "kv_heads": 8},  // applied to every point
+//     "sweep": {                               // cartesian product, first key outermost
+//       "batch": [1, 16], "kv_len": [1024, 4096], "page_size": [1, 16, 64],
+//       "heads": [[32, 8], [32, 32]],          // [q_heads, kv_heads] pairs (GQA sweeps)
+//       "head_dim": [128], "kv_dtype": ["bf16", "fp8_e4m3"]
+//     },
+//     "cases": [{"batch": 1, "kv_len": 16384}]  // optional explicit points (merged over "fixed")
+//   }
+//
+// Parameters: batch, page_size, dtype (q/k/v/out: f32, f16, bf16), kv_dtype (bf16, f16, f32,
+// fp8_e4m3, fp8_e5m2, fp4_e2m1, auto = dtype), q_heads, kv_heads, heads, head_dim, v_head_dim
+// (default head_dim); decode and mla_decode: kv_len; extend: prefix_len (default 0), new_tokens,
+// causal (default true); mla_decode: kv_lora_rank (default 512), qk_rope_head_dim (default 64), no
+// kv_heads / head_dim / v_head_dim (they follow from the rank). Errors name the file, the key
+// and what is accepted.
+//
+// Header-only so that tests/unit/test_bench_formulas.cpp can check the parser without the CLI.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attnkit/dtype.h"
+#include "attnkit/status.h"
+#include "bench_formulas.h"
+
+namespace attnkit::bench {
+
+struct CaseFile {
+  std::string source;  // path or "<inline>"
+  BenchKind kind = BenchKind::kDecode;
+  std::string description;
+  std::vector<BenchCase> cases;
+};
+
+namespace case_file_detail {
+
+using Json = nlohmann::ordered_json;
+
+inline Result<BenchKind> parse_kind(std::string_view s) {
+  if (s == "decode") return BenchKind::kDecode;
+  if (s == "extend") return BenchKind::kExtend;
+  if (s == "mla_decode") return BenchKind::kMlaDecode;
+  return Status::invalid_argument("kind \"" + std::string(s) +
+                                  "\" is not a benchmark kind (decode, extend, mla_decode)");
+}
+
+inline bool key_allowed(BenchKind kind, const std::string& key) {
+  static const char* const kCommon[] = {"batch", "page_size", "dtype", "kv_dtype", "q_heads"};
+  for (const char* k : kCommon) {
+    if (key == k) return true;
+  }
+  switch (kind) {
+    case BenchKind::kDecode:
+      return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
+             key == "kv_len";
+    case BenchKind::kExtend:
+      return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
+             key == "prefix_len" || key == "new_tokens" || key == "causal";
+    case BenchKind::kMlaDecode:
+      return key == "kv_len" || key == "kv_lora_rank" || key == "qk_rope_head_dim";
+  }
+  return false;
+}
+
+inline const char* allowed_keys(BenchKind kind) {
+  switch (kind) {
+    case BenchKind::kDecode:
+      return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
+             "kv_len";
+    case BenchKind::kExtend:
+      return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
+             "prefix_len, new_tokens, causal";
+    case BenchKind::kMlaDecode:
+      return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lora_rank, qk_rope_head_dim";
+  }
+  return "";
+}
+
+// Integer parameter >= min_value.
+inline Status get_int(const Json& v, const std::string& where, int min_value, int* out) {
+  if (!v.is_number_integer()) {
+    return Status::invalid_argument(
+        where + ": expected an integer >= " + std::to_string(min_value) + ", got " + v.dump());
+  }
+  const int64_t x = v.get<int64_t>();
+  if (x < min_value || x > INT32_MAX) {
+    return Status::invalid_argument(where + ": " + v.dump() +
+                                    " is out of range (accepted: " + std::to_string(min_value) +
+                                    " to " + std::to_string(INT32_MAX) + ")");
+  }
+  *out = static_cast<int>(x);
+  return Status::ok();
+}
+
+// What a point's assignments said beyond the BenchCase fields.
+struct ParseState {
+  bool v_head_dim_set = false;  // else v_head_dim = head_dim
+  bool kv_dtype_auto = false;   // kv_dtype "auto": the activation dtype, resolved at the end
+};
+
+// Sets one parameter of `c` from a JSON value; `where` names it for messages ("sweep.batch[2]").
+inline Status apply_param(BenchCase* c, ParseState* state, const std::string& key, const Json& v,
+                          const std::string& where) {
+  if (key == "batch") return get_int(v, where, 1, &c->batch);
+  if (key == "page_size") return get_int(v, where, 1, &c->page_size);
+  if (key == "q_heads") return get_int(v, where, 1, &c->q_heads);
+  if (key == "kv_heads") return get_int(v, where, 1, &c->kv_heads);
+  if (key == "head_dim") return get_int(v, where, 1, &c->head_dim);
+  if (key == "kv_len") return get_int(v, where, 1, &c->kv_len);
+  if (key == "prefix_len") return get_int(v, where, 0, &c->prefix_len);
+  if (key == "new_tokens") return get_int(v, where, 1, &c->new_tokens);
+  if (key == "kv_lora_rank") return get_int(v, where, 1, &c->kv_lora_rank);
+  if (key == "qk_rope_head_dim") return get_int(v, where, 0, &c->qk_rope_head_dim);
+  if (key == "v_head_dim") {
+    state->v_head_dim_set = true;
+    return get_int(v, where, 1, &c->v_head_dim);
+  }
+  if (key == "heads") {
+    if (!v.is_array() || v.size() != 2) {
+      return Status::invalid_argument(where + ": expected a [q_heads, kv_heads] pair, got " +
+                                      v.dump());
+    }
+    ATTNKIT_RETURN_IF_ERROR(get_int(v[0], where + "[0] (q_heads)", 1, &c->q_heads));
+    return get_int(v[1], where + "[1] (kv_heads)", 1, &c->kv_heads);
+  }
+  if (key == "causal") {
+    if (!v.is_boolean()) {
+      return Status::invalid_argument(where + ": expected true or false, got " + v.dump());
+    }
+    c->causal = v.get<bool>();
+    return Status::ok();
+  }
+  if (key == "dtype" || key == "kv_dtype") {
+    if (!v.is_string()) {
+      return Status::invalid_argument(where + ": expected a dtype name string, got " + v.dump());
+    }
+    const std::string name = v.get<std::string>();
+    if (key == "kv_dtype") state->kv_dtype_auto = name == "auto";
+    if (key == "kv_dtype" && name == "auto") return Status::ok();
+    Result<DType> d = parse_dtype(name);
+    const bool ok_act = d.is_ok() && (*d == DType::kF32 || *d == DType::kF16 || *d == DType::kBF16);
+    const bool ok_kv = d.is_ok() && dtype_is_float(*d);
+    if (key == "dtype" && !ok_act) {
+      return Status::invalid_argument(where + ": \"" + name +
+                                      "\" is not an activation dtype (f32, f16, bf16)");
+    }
+    if (key == "kv_dtype" && !ok_kv) {
+      return Status::invalid_argument(
+          where + ": \"" + name +
+          "\" is not a KV dtype (auto, bf16, f16, f32, fp8_e4m3, fp8_e5m2, fp4_e2m1)");
+    }
+    (key == "dtype" ? c->dtype : c->kv_dtype) = *d;
+    return Status::ok();
+  }
+  return Status::internal(where + ": parameter has no handler");
+}
+
+inline std::string case_name(const BenchCase& c) {
+  std::ostringstream s;
+  s << bench_kind_name(c.kind) << "_b" << c.batch;
+  if (c.kind == BenchKind::kExtend) {
+    s << "_pre" << c.prefix_len << "_new" << c.new_tokens;
+  } else {
+    s << "_kv" << c.kv_len;
+  }
+  s << "_p" << c.page_size << "_h" << c.q_heads;
+  if (c.kind != BenchKind::kMlaDecode) s << "x" << c.kv_heads;
+  s << "_d" << c.head_dim;
+  if (c.v_head_dim != c.head_dim) s << "v" << c.v_head_dim;
+  s << "_kv" << dtype_name(c.kv_dtype);
+  if (c.dtype != DType::kBF16) s << "_act" << dtype_name(c.dtype);
+  if (c.kind == BenchKind::kExtend && !c.causal) s << "_bidir";
+  return s.str();
+}
+
+// Checks a fully assigned point and fills derived fields.
+inline Status finish_case(BenchCase* c, const ParseState& state, const std::string& where) {
+  if (state.kv_dtype_auto) c->kv_dtype = c->dtype;
+  if (c->kind == BenchKind::kMlaDecode) {
+    c->kv_heads = 1;
+    c->head_dim = c->kv_lora_rank + c->qk_rope_head_dim;
+    c->v_head_dim = c->kv_lora_rank;
+  } else if (!state.v_head_dim_set) {
+    c->v_head_dim = c->head_dim;
+  }
+  auto missing = [&](const char* key) {
+    return Status::invalid_argument(where + ": \"" + key + "\" is required for kind " +
+                                    bench_kind_name(c->kind) +
+                                    " (set it in fixed, sweep or cases)");
+  };
+  if (c->q_heads == 0) return missing("q_heads");
+  if (c->kind != BenchKind::kMlaDecode) {
+    if (c->kv_heads == 0) return missing("kv_heads");
+    if (c->head_dim == 0) return missing("head_dim");
+    if (c->q_heads % c->kv_heads != 0) {
+      return Status::invalid_argument(where + ": q_heads " + std::to_string(c->q_heads) +
+                                      " is not a multiple of kv_heads " +
+                                      std::to_string(c->kv_heads));
+    }
+  }
+  if (c->kind == BenchKind::kExtend) {
+    if (c->new_tokens == 0) return missing("new_tokens");
+  } else if (c->kv_len == 0) {
+    return missing("kv_len");
+  }
+  c->name = case_name(*c);
+  return Status::ok();
+}
+
+}  // namespace case_file_detail
+
+// Parses a case file's text; `source` names it in messages.
+inline Result<CaseFile> parse_case_file_text(const std::string& text, const std::string& source) {
+  using case_file_detail::Json;
+  Json root;
+  try {
+    root = Json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    return Status::invalid_argument(source + ": not valid JSON: " + e.what());
+  }
+  if (!root.is_object()) {
+    return Status::invalid_argument(source + ": expected a JSON object at the top level");
+  }
+  CaseFile file;
+  file.source = source;
+  for (const auto& [key, value] : root.items()) {
+    if (key != "kind" && key != "description" && key != "fixed" && key != "sweep" &&
+        key != "cases") {
+      return Status::invalid_argument(source + ": unknown top-level key \"" + key +
+                                      "\" (accepted: kind, description, fixed, sweep, cases)");
+    }
+  }
+  if (!root.contains("kind") || !root["kind"].is_string()) {
+    return Status::invalid_argument(source +
+                                    ": \"kind\" must be a string (decode, extend, mla_decode)");
+  }
+  Result<BenchKind> kind = case_file_detail::parse_kind(root["kind"].get<std::string>());
+  if (!kind) return Status::invalid_argument(source + ": " + kind.status().message());
+  file.kind = *kind;
+  if (root.contains("description") && root["description"].is_string()) {
+    file.description = root["description"].get<std::string>();
+  }
+  if (!root.contains("sweep") && !root.contains("cases")) {
+    return Status::invalid_argument(source + ": needs \"sweep\" or \"cases\" (or both)");
+  }
+
+  BenchCase base;
+  base.kind = file.kind;
+  if (file.kind == BenchKind::kMlaDecode) {
+    base.kv_lora_rank = 512;
+    base.qk_rope_head_dim = 64;
+  }
+  case_file_detail::ParseState base_state;
+  auto check_object = [&](const Json& obj, const std::string& where) -> Status {
+    if (!obj.is_object()) {
+      return Status::invalid_argument(source + ": " + where + ": expected an object, got " +
+                                      obj.dump());
+    }
+    for (const auto& [key, value] : obj.items()) {
+      if (!case_file_detail::key_allowed(file.kind, key)) {
+        return Status::invalid_argument(
+            source + ": " + where + "." + key + ": unknown parameter for kind " +
+            bench_kind_name(file.kind) +
+            " (accepted: " + case_file_detail::allowed_keys(file.kind) + ")");
+      }
+    }
+    return Status::ok();
+  };
+  if (root.contains("fixed")) {
+    ATTNKIT_RETURN_IF_ERROR(check_object(root["fixed"], "fixed"));
+    for (const auto& [key, value] : root["fixed"].items()) {
+      ATTNKIT_RETURN_IF_ERROR(
+          case_file_detail::apply_param(&base, &base_state, key, value, source + ": fixed." + key));
+    }
+  }
+
+  if (root.contains("sweep")) {
+    const Json& sweep = root["sweep"];
+    ATTNKIT_RETURN_IF_ERROR(check_object(sweep, "sweep"));
+    std::vector<std::string> keys;
+    for (const auto& [key, value] : sweep.items()) {
+      if (!value.is_array() || value.empty()) {
+        return Status::invalid_argument(source + ": sweep." + key +
+                                        ": expected a non-empty array of values, got " +
+                                        value.dump());
+      }
+      keys.push_back(key);
+    }
+    // Odometer over the sweep keys; the last key varies fastest.
+    std::vector<size_t> index(keys.size(), 0);
+    bool done = false;
+    while (!done) {
+      BenchCase c = base;
+      case_file_detail::ParseState state = base_state;
+      std::string where = source + ": sweep point {";
+      for (size_t k = 0; k < keys.size(); ++k) {
+        where += (k ? ", " : "") + keys[k] + "=" + sweep[keys[k]][index[k]].dump();
+      }
+      where += "}";
+      for (size_t k = 0; k < keys.size(); ++k) {
+        ATTNKIT_RETURN_IF_ERROR(case_file_detail::apply_param(
+            &c, &state, keys[k], sweep[keys[k]][index[k]],
+            source + ": sweep." + keys[k] + "[" + std::to_string(index[k]) + "]"));
+      }
+      ATTNKIT_RETURN_IF_ERROR(case_file_detail::finish_case(&c, state, where));
+      file.cases.push_back(std::move(c));
+      done = true;
+      for (size_t k = keys.size(); k-- > 0;) {
+        if (++index[k] < sweep[keys[k]].size()) {
+          done = false;
+          break;
+        }
+        index[k] = 0;
+      }
+    }
+  }
+
+  if (root.contains("cases")) {
+    const Json& cases = root["cases"];
+    if (!cases.is_array()) {
+      return Status::invalid_argument(source + ": \"cases\" must be an array of objects");
+    }
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const std::string where = "cases[" + std::to_string(i) + "]";
+      ATTNKIT_RETURN_IF_ERROR(check_object(cases[i], where));
+      BenchCase c = base;
+      case_file_detail::ParseState state = base_state;
+      for (const auto& [key, value] : cases[i].items()) {
+        ATTNKIT_RETURN_IF_ERROR(case_file_detail::apply_param(&c, &state, key, value,
+                                                              source + ": " + where + "." + key));
+      }
+      ATTNKIT_RETURN_IF_ERROR(case_file_detail::finish_case(&c, state, source + ": " + where));
+      file.cases.push_back(std::move(c));
+    }
+  }
+  if (file.cases.empty()) {
+    return Status::invalid_argument(source + ": the file describes no cases");
+  }
+  return file;
+}
+
+// Reads and parses a case file from disk.
+inline Result<CaseFile> load_case_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::not_found("case file " + path + " cannot be opened");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_case_file_text(text.str(), path);
+}
+
+// Cases whose name contains `filter` (all when empty).
+inline std::vector<BenchCase> filter_cases(const std::vector<BenchCase>& cases,
+                                           std::string_view filter) {
+  std::vector<BenchCase> out;
+  for (const BenchCase& c : cases) {
+    if (filter.empty() || c.name.find(filter) != std::string::npos) out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace attnkit::bench

@@ -1,0 +1,50 @@
+// Machine ceilings measured in the same run as the cases, and the cache sizes that decide how many
+// rotating input copies a case needs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "attnkit/status.h"
+#include "attnkit/tensor.h"
+
+namespace attnkit::bench {
+
+struct Ceiling {
+  std::string name;    // "cpu_copy", "cuda_d2d_copy", "cpu_bf16_dot_peak", "cpu_fp32_fma_peak"
+  std::string method;  // one line: how it was measured
+  double bytes = 0;    // copy ceilings: bytes counted per repetition (read + written)
+  double gbs = 0;      // copy ceilings: best repetition
+  double median_gbs = 0;
+  double flops = 0;   // compute ceilings: FLOPs per repetition
+  double tflops = 0;  // compute ceilings: best repetition
+  double median_tflops = 0;
+};
+
+// Last-level cache of the host in bytes: the highest-level unified cache of cpu0 from
+// /sys/devices/system/cpu/cpu0/cache (what lscpu reports), else sysconf(_SC_LEVEL3_CACHE_SIZE),
+// else 0. `source` says which.
+int64_t host_llc_bytes(std::string* source);
+// Device L2 in bytes (cudaDevAttrL2CacheSize); 0 without CUDA.
+Result<int64_t> cuda_l2_bytes(int ordinal);
+
+// Bytes the rotating inputs of one case must exceed: CPU 2 x LLC and at least kMinCpuRotateBytes;
+// CUDA 2 x L2.
+inline constexpr int64_t kMinCpuRotateBytes = int64_t{256} << 20;
+Result<int64_t> default_rotate_bytes(Device device, std::string* why);
+
+// STREAM-like copy: every OpenMP thread memcpy's its share of a buffer of `buffer_bytes` (2 x LLC
+// or more) into a second one; bytes counted = 2 x buffer_bytes (read + write). Best and median of
+// `reps` repetitions after one untimed pass (first touch).
+Result<Ceiling> measure_cpu_copy(int64_t buffer_bytes, int reps);
+// Peak arithmetic of the host's vector units, every OpenMP thread running independent chains of
+// dependent-free multiply-adds from registers (no memory traffic): AVX512-BF16 vdpbf16ps (64 FLOPs
+// per instruction: 32 bf16 products + 32 adds into 16 fp32 lanes) when the CPU has it, else AVX2
+// FMA on fp32 (16 FLOPs per instruction); kUnsupported without AVX2. The compute ceiling for CPU
+// prefill (a machine with AMX would need an AMX tile loop instead; this one reports AVX-512).
+Result<Ceiling> measure_cpu_compute_peak(bool has_avx512_bf16, bool has_avx2, int reps);
+// cudaMemcpy device-to-device of `buffer_bytes` (>= 1 GiB) timed with CUDA events; bytes counted
+// = 2 x buffer_bytes.
+Result<Ceiling> measure_cuda_copy(int ordinal, int64_t buffer_bytes, int reps);
+
+}  // namespace attnkit::bench

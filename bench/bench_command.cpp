@@ -1,0 +1,377 @@
+// `attnkit bench` (backends x case file: verify, time, report) and `attnkit run` (one case of the
+// shared table or a JSON CaseSpec, with --verify).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnkit/device.h"
+#include "attnkit/registry.h"
+#include "bench/bench_case_file.h"
+#include "bench/bench_ceilings.h"
+#include "bench/bench_report.h"
+#include "bench/bench_runner.h"
+#include "bench/bench_spec_json.h"
+#include "harness/case_runner.h"
+#include "tools/attnkit/commands.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace attnkit {
+namespace {
+
+// CPU defaults are small because one CPU call of a sweep point takes milliseconds to seconds;
+// CUDA calls take microseconds, so more samples cost nothing.
+constexpr int kCpuWarmup = 2;
+constexpr int kCpuIters = 7;
+constexpr int kCudaWarmup = 10;
+constexpr int kCudaIters = 50;
+constexpr int kCpuCopyReps = 5;
+constexpr int kCudaCopyReps = 10;
+constexpr int kCpuPeakReps = 5;
+constexpr int64_t kCudaCopyBytes = int64_t{1} << 30;  // >= 1 GiB, far beyond any L2
+
+struct BenchArgs {
+  std::string backends;
+  std::string cases;
+  std::string device;
+  bool verify = false;
+  std::string json_path;
+  std::string csv_path;
+  int warmup = -1;
+  int iters = -1;
+  std::string filter;
+  int64_t rotate_mib = 0;
+  int max_copies = 512;
+  double gemm_tflops = 0;
+  bool list = false;
+};
+
+struct RunArgs {
+  std::string backend;
+  std::string case_arg;
+  std::string device;
+  bool verify = false;
+  bool save_kv = false;
+  int layers = 2;
+  bool list_cases = false;
+};
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// "cpu", "cuda" or "cuda:N"; empty = a CUDA device when this build and machine have one.
+Device resolve_device(const std::string& name, DeviceInfo* info) {
+  if (name.empty() || name.rfind("cuda", 0) == 0) {
+    int ordinal = 0;
+    if (name.size() > 5 && name[4] == ':') ordinal = std::atoi(name.c_str() + 5);
+    Result<DeviceInfo> cuda = detect_cuda(ordinal);
+    if (cuda) {
+      *info = *cuda;
+      return Device::cuda(ordinal);
+    }
+    if (!name.empty()) cli_fail("--device " + name + ": " + cuda.status().to_string());
+  } else if (name != "cpu") {
+    cli_fail("--device " + name + " is not a device (accepted: cpu, cuda, cuda:N)");
+  }
+  *info = detect_cpu();
+  return Device::cpu();
+}
+
+// The CPU copy ceiling's buffer: max(2 x LLC, kMinCpuRotateBytes), whatever --rotate-mib says, so
+// that the ceiling always streams from memory.
+int64_t cpu_copy_bytes() {
+  return std::max(2 * bench::host_llc_bytes(nullptr), bench::kMinCpuRotateBytes);
+}
+
+int omp_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+void bench_main(const BenchArgs& args) {
+  const BackendRegistry& registry = builtin_registry();
+  bench::BenchRun run;
+  run.command = bench::current_command_line();
+  run.date = bench::utc_now_iso8601();
+  run.load_start = bench::host_load_average();
+  const Device device = resolve_device(args.device, &run.device_info);
+  run.device = device.to_string();
+  run.threads = omp_threads();
+
+  Result<bench::CaseFile> file = bench::load_case_file(args.cases);
+  if (!file) cli_fail("--cases: " + file.status().to_string());
+  const std::vector<bench::BenchCase> cases = bench::filter_cases(file->cases, args.filter);
+  if (cases.empty()) {
+    cli_fail("--filter \"" + args.filter + "\" matches none of the " +
+             std::to_string(file->cases.size()) + " cases of " + args.cases);
+  }
+  run.cases_file = args.cases;
+  run.case_file_description = file->description;
+  run.filter = args.filter;
+  int name_width = 4;
+  for (const bench::BenchCase& c : cases) {
+    name_width = std::max(name_width, static_cast<int>(c.name.size()));
+  }
+  if (args.list) {
+    for (const bench::BenchCase& c : cases) std::cout << c.name << "\n";
+    return;
+  }
+
+  std::vector<const BackendDescriptor*> backends;
+  for (const std::string& name : split_commas(args.backends)) {
+    if (name == "all") {
+      for (const BackendDescriptor& d : registry.all()) {
+        if (d.built && d.runs_on(run.device_info.platform)) backends.push_back(&d);
+      }
+      continue;
+    }
+    Result<const BackendDescriptor*> d = registry.get(name);
+    if (!d) cli_fail("--backend: " + d.status().to_string());
+    backends.push_back(*d);
+  }
+  if (backends.empty()) cli_fail("--backend " + args.backends + " names no backend runnable here");
+  for (const BackendDescriptor* d : backends) run.backends.push_back(d->name);
+
+  bench::RunSettings& settings = run.settings;
+  settings.device = device;
+  settings.verify = args.verify;
+  settings.warmup = args.warmup >= 0 ? args.warmup : (device.is_cuda() ? kCudaWarmup : kCpuWarmup);
+  settings.iters = args.iters > 0 ? args.iters : (device.is_cuda() ? kCudaIters : kCpuIters);
+  settings.max_copies = args.max_copies;
+  if (args.rotate_mib > 0) {
+    settings.rotate_bytes = args.rotate_mib << 20;
+    run.rotate_why = "--rotate-mib " + std::to_string(args.rotate_mib);
+  } else {
+    Result<int64_t> rotate = bench::default_rotate_bytes(device, &run.rotate_why);
+    if (!rotate) cli_fail("rotation size: " + rotate.status().to_string());
+    settings.rotate_bytes = *rotate;
+  }
+
+  std::cerr << "attnkit bench: " << run.device_info.name << " (" << run.device << "), "
+            << cases.size() << " cases x " << backends.size() << " backends, rotate "
+            << (settings.rotate_bytes >> 20) << " MiB (" << run.rotate_why << ")\n";
+  // Ceilings, measured before the cases in the same process.
+  bench::CeilingRates rates;
+  Result<bench::Ceiling> copy =
+      device.is_cuda() ? bench::measure_cuda_copy(device.ordinal, kCudaCopyBytes, kCudaCopyReps)
+                       : bench::measure_cpu_copy(cpu_copy_bytes(), kCpuCopyReps);
+  if (!copy) cli_fail("copy-bandwidth ceiling: " + copy.status().to_string());
+  run.ceilings.push_back(*copy);
+  rates.copy_name = copy->name;
+  rates.copy_gbs = copy->gbs;
+  if (args.gemm_tflops > 0) {
+    bench::Ceiling given;
+    given.name = "gemm_given";
+    given.method =
+        "--gemm-tflops on the command line (e.g. gemm_bf16 of torch_peers.py in the "
+        "same device command)";
+    given.tflops = args.gemm_tflops;
+    given.median_tflops = args.gemm_tflops;
+    run.ceilings.push_back(given);
+  } else if (device.is_cpu()) {
+    Result<bench::Ceiling> peak = bench::measure_cpu_compute_peak(
+        run.device_info.has_avx512_bf16, run.device_info.has_avx2, kCpuPeakReps);
+    if (!peak) cli_fail("compute ceiling: " + peak.status().to_string());
+    run.ceilings.push_back(*peak);
+  }
+  if (run.ceilings.back().tflops > 0) {
+    rates.compute_name = run.ceilings.back().name;
+    rates.compute_tflops = run.ceilings.back().tflops;
+  }
+  std::cout << "# " << run.device_info.name << " " << run.device << ", " << run.date << "\n";
+  for (const bench::Ceiling& c : run.ceilings) {
+    std::cout << "# ceiling " << c.name << ": "
+              << (c.gbs > 0 ? std::to_string(c.gbs) + " GB/s"
+                            : std::to_string(c.tflops) + " TFLOP/s")
+              << " (" << c.method << ")\n";
+  }
+  std::cout << bench::table_header(name_width) << "\n" << std::flush;
+
+  const size_t total = cases.size() * backends.size();
+  size_t done = 0;
+  int failures = 0;
+  for (const BackendDescriptor* d : backends) {
+    for (const bench::BenchCase& c : cases) {
+      ++done;
+      std::cerr << "[" << done << "/" << total << "] " << d->name << " " << c.name << " ..."
+                << std::endl;
+      const auto t0 = std::chrono::steady_clock::now();
+      bench::CaseResult r = bench::run_case(*d, c, settings, run.device_info, rates);
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::cerr << "[" << done << "/" << total << "] " << bench::case_status_name(r.status)
+                << " in " << seconds << " s" << std::endl;
+      if (r.status == bench::CaseStatus::kFailed || r.status == bench::CaseStatus::kMismatch) {
+        ++failures;
+      }
+      std::cout << bench::table_row(r, name_width) << "\n" << std::flush;
+      run.results.push_back(std::move(r));
+    }
+  }
+
+  run.load_end = bench::host_load_average();
+  if (device.is_cpu()) {
+    std::cout << "# load average (1/5/15 min) at start " << run.load_start << ", at end "
+              << run.load_end << " on " << run.device_info.cpu_threads << " hardware threads\n";
+  }
+  if (!args.json_path.empty()) {
+    const Status s = bench::write_text_file(args.json_path, bench::to_json(run).dump(1) + "\n");
+    if (!s.is_ok()) cli_fail("--json: " + s.to_string());
+    std::cerr << "wrote " << args.json_path << "\n";
+  }
+  if (!args.csv_path.empty()) {
+    const Status s = bench::write_text_file(args.csv_path, bench::to_csv(run));
+    if (!s.is_ok()) cli_fail("--csv: " + s.to_string());
+    std::cerr << "wrote " << args.csv_path << "\n";
+  }
+  if (failures > 0) {
+    std::cerr << "attnkit bench: " << failures << " case(s) failed or mismatched\n";
+    throw CLI::RuntimeError(1);
+  }
+}
+
+void run_main(const RunArgs& args) {
+  if (args.list_cases) {
+    for (const harness::CaseSpec& c : harness::shared_case_table()) {
+      std::cout << c.describe() << "\n";
+    }
+    return;
+  }
+  if (args.backend.empty() || args.case_arg.empty()) {
+    cli_fail("run: --backend and --case are required (or --list-cases)");
+  }
+  harness::CaseSpec spec;
+  if (!args.case_arg.empty() && args.case_arg.front() == '{') {
+    Result<harness::CaseSpec> parsed = bench::parse_case_spec_json(args.case_arg);
+    if (!parsed) cli_fail("--case: " + parsed.status().to_string());
+    spec = std::move(*parsed);
+  } else {
+    const harness::CaseSpec* found = harness::find_case(args.case_arg);
+    if (found == nullptr) {
+      cli_fail("--case \"" + args.case_arg +
+               "\" is neither a JSON CaseSpec nor a name in the shared case table (see "
+               "`attnkit run --list-cases`)");
+    }
+    spec = *found;
+  }
+  DeviceInfo info;
+  const Device device = resolve_device(args.device, &info);
+  Result<const BackendDescriptor*> d = builtin_registry().get(args.backend);
+  if (!d) cli_fail("--backend: " + d.status().to_string());
+  std::cout << "case:    " << spec.describe() << "\n"
+            << "backend: " << (*d)->name << " on " << info.name << " (" << device.to_string()
+            << ")\n";
+  const std::string reason = harness::skip_reason(**d, spec, info);
+  if (!reason.empty()) cli_fail((*d)->name + " cannot run " + spec.name + ": " + reason);
+
+  harness::PrepareOptions options;
+  options.num_layers = args.layers;
+  Result<harness::PreparedCase> prepared = harness::prepare_case(spec, device, options);
+  if (!prepared) cli_fail("prepare_case: " + prepared.status().to_string());
+  auto backend = harness::create_backend_for_case(**d, *prepared);
+  if (!backend) cli_fail("create backend: " + backend.status().to_string());
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = harness::run_backend(**backend, *prepared, args.save_kv);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!s.is_ok()) cli_fail("run: " + s.to_string());
+  std::cout << "ran:     " << prepared->layers.size() << " layers, save_kv "
+            << (args.save_kv ? "on" : "off") << ", " << ms
+            << " ms wall (first call, includes metadata; use `attnkit bench` for timings)\n";
+  if (!args.verify) {
+    std::cout << "verify:  not requested (--verify compares with the fp64 reference)\n";
+    return;
+  }
+  Result<harness::Comparison> cmp = harness::compare_with_reference(*prepared);
+  if (!cmp) cli_fail("compare_with_reference: " + cmp.status().to_string());
+  std::cout << "verify:  " << (cmp->passed() ? "PASS" : "FAIL") << " " << cmp->summary() << "\n";
+  if (!cmp->passed()) throw CLI::RuntimeError(1);
+}
+
+}  // namespace
+
+void register_bench_commands(CLI::App& app) {
+  auto bench_args = std::make_shared<BenchArgs>();
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "Benchmark backends over a case file: optional verification against the fp64 reference, "
+      "median time over rotating inputs, GB/s and TFLOP/s from bench/bench_formulas.h, the ratio "
+      "to the measured copy bandwidth, table on stdout, JSON/CSV files");
+  bench
+      ->add_option("--backend", bench_args->backends,
+                   "Backend flag name(s), comma-separated, or 'all' (every built backend for "
+                   "the device)")
+      ->required();
+  bench->add_option("--cases", bench_args->cases, "Case file (bench/cases/*.json)")->required();
+  bench->add_option("--device", bench_args->device,
+                    "cpu, cuda or cuda:N (default: cuda if present)");
+  bench->add_flag("--verify", bench_args->verify,
+                  "Compare each case with the fp64 reference once before timing; a mismatch "
+                  "fails the case");
+  bench->add_option("--json", bench_args->json_path, "Write the results as JSON (for plot.py)");
+  bench->add_option("--csv", bench_args->csv_path, "Write the results as CSV");
+  bench
+      ->add_option("--warmup", bench_args->warmup,
+                   "Untimed calls before timing (default: CPU " + std::to_string(kCpuWarmup) +
+                       ", CUDA " + std::to_string(kCudaWarmup) + ")")
+      ->check(CLI::NonNegativeNumber);
+  bench
+      ->add_option("--iters", bench_args->iters,
+                   "Timed calls; the median is reported "
+                   "(default: CPU " +
+                       std::to_string(kCpuIters) + ", CUDA " + std::to_string(kCudaIters) + ")")
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--filter", bench_args->filter, "Only cases whose name contains this");
+  bench
+      ->add_option("--rotate-mib", bench_args->rotate_mib,
+                   "Bytes the rotating input copies must exceed, in MiB (default: CPU max(2 x "
+                   "LLC, 256 MiB), CUDA 2 x L2)")
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--max-copies", bench_args->max_copies, "Cap on rotating copies per case")
+      ->check(CLI::PositiveNumber);
+  bench
+      ->add_option("--gemm-tflops", bench_args->gemm_tflops,
+                   "Compute ceiling for extend ratios, in TFLOP/s (default: CPU measures its "
+                   "vector peak; CUDA has none unless given, e.g. torch_peers.py's gemm_bf16)")
+      ->check(CLI::PositiveNumber);
+  bench->add_flag("--list", bench_args->list, "Print the (filtered) case names and exit");
+  bench->callback([bench_args] { bench_main(*bench_args); });
+
+  auto run_args = std::make_shared<RunArgs>();
+  CLI::App* run = app.add_subcommand(
+      "run", "Run one case (a JSON CaseSpec or a name from the shared case table) on one backend");
+  run->add_option("--backend", run_args->backend, "Backend flag name");
+  run->add_option("--case", run_args->case_arg,
+                  "A name from the shared case table or a JSON CaseSpec ('{\"mode\": \"decode\", "
+                  "\"prefix_lens\": [100], ...}')");
+  run->add_option("--device", run_args->device, "cpu, cuda or cuda:N (default: cuda if present)");
+  run->add_flag("--verify", run_args->verify, "Compare with the fp64 reference and print it");
+  run->add_flag("--save-kv", run_args->save_kv,
+                "Let the backend write the new k/v (default: the runner writes them)");
+  run->add_option("--layers", run_args->layers, "Layers with independent data")
+      ->check(CLI::PositiveNumber);
+  run->add_flag("--list-cases", run_args->list_cases, "List the shared case table and exit");
+  run->callback([run_args] { run_main(*run_args); });
+}
+
+}  // namespace attnkit

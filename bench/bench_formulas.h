@@ -1,0 +1,155 @@
+// The benchmark's workload description and the written formulas for the FLOPs and bytes of one
+// attention call. Every rate `attnkit bench` prints (GB/s, TFLOP/s) comes from these functions;
+// docs/PERF.md quotes them.
+//
+// Header-only so that tests/unit/test_bench_formulas.cpp can check them without the CLI.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnkit/dtype.h"
+
+namespace attnkit::bench {
+
+enum class BenchKind {
+  kDecode,     // one query token per request over its whole cached sequence (MHA / GQA / MQA)
+  kExtend,     // new tokens per request over a cached prefix plus themselves
+  kMlaDecode,  // absorbed MLA decode: q [bs, H, rank + rope], one shared latent KV row per token
+};
+
+inline const char* bench_kind_name(BenchKind kind) {
+  switch (kind) {
+    case BenchKind::kDecode:
+      return "decode";
+    case BenchKind::kExtend:
+      return "extend";
+    case BenchKind::kMlaDecode:
+      return "mla_decode";
+  }
+  return "unknown";
+}
+
+// One point of a sweep. Every request of the batch has the same lengths.
+struct BenchCase {
+  std::string name;
+  BenchKind kind = BenchKind::kDecode;
+  int batch = 1;
+  // Decode / MLA decode: sequence length per request including the new token (ForwardBatch
+  // seq_lens). Extend: unused.
+  int kv_len = 0;
+  int prefix_len = 0;  // extend: cached tokens per request
+  int new_tokens = 0;  // extend: new tokens per request
+  bool causal = true;  // extend: causal over the new tokens; false = bidirectional (encoder)
+  int q_heads = 0;
+  int kv_heads = 0;  // MLA: 1
+  int head_dim = 0;  // qk head dim; MLA: kv_lora_rank + qk_rope_head_dim
+  int v_head_dim = 0;
+  int kv_lora_rank = 0;      // MLA only
+  int qk_rope_head_dim = 0;  // MLA only
+  int page_size = 1;
+  DType dtype = DType::kBF16;     // q, new k/v and out
+  DType kv_dtype = DType::kBF16;  // KV pool storage
+
+  int num_tokens() const { return kind == BenchKind::kExtend ? batch * new_tokens : batch; }
+  // Tokens per request held in the KV pool.
+  int seq_len() const { return kind == BenchKind::kExtend ? prefix_len + new_tokens : kv_len; }
+};
+
+// Bytes of n stored values of `dtype`, including the fp4 block scales: fp4_e2m1 packs two values
+// per byte and adds one fp8_e4m3 scale byte per kFp4GroupSize (16) values.
+inline int64_t stored_bytes(DType dtype, int64_t n) {
+  const int64_t data = (n * dtype_bits(dtype) + 7) / 8;
+  const int64_t scales = dtype == DType::kFP4E2M1 ? (n + kFp4GroupSize - 1) / kFp4GroupSize : 0;
+  return data + scales;
+}
+
+// Bytes of one token's cached K and V (one layer):
+//   MHA: kv_heads x head_dim (K) + kv_heads x v_head_dim (V), at the pool dtype incl. fp4 scales.
+//   MLA: one latent row of kv_lora_rank + qk_rope_head_dim values; V is a view of its first
+//        kv_lora_rank columns, so it is read once and counted once.
+inline int64_t kv_bytes_per_token(const BenchCase& c) {
+  if (c.kind == BenchKind::kMlaDecode) {
+    return stored_bytes(c.kv_dtype, static_cast<int64_t>(c.kv_lora_rank + c.qk_rope_head_dim));
+  }
+  return stored_bytes(c.kv_dtype, static_cast<int64_t>(c.kv_heads) * c.head_dim) +
+         stored_bytes(c.kv_dtype, static_cast<int64_t>(c.kv_heads) * c.v_head_dim);
+}
+
+// (query, key) pairs one request attends to, summed over its queries.
+//   decode: 1 query x seq_len keys.
+//   extend, causal: new token i (0-based) sees prefix + i + 1 keys, so the sum is
+//     new * prefix + new * (new + 1) / 2; only visible pairs count.
+//   extend, bidirectional: new * (prefix + new).
+inline int64_t attended_pairs_per_request(const BenchCase& c) {
+  if (c.kind != BenchKind::kExtend) return c.kv_len;
+  const int64_t p = c.prefix_len;
+  const int64_t n = c.new_tokens;
+  return c.causal ? n * p + n * (n + 1) / 2 : n * (p + n);
+}
+
+// FLOPs of one call: 2 * head_dim for the q.k dot product and 2 * v_head_dim for the p.V
+// accumulation per attended pair and q head (softmax work is not counted):
+//   FLOPs = 2 * (head_dim + v_head_dim) * q_heads * sum over requests of attended pairs.
+// With head_dim == v_head_dim this is the usual 4 * pairs * heads * head_dim. MLA decode counts the
+// 576-wide q.k and the 512-wide p.V of the absorbed form.
+inline double attention_flops(const BenchCase& c) {
+  return 2.0 * (c.head_dim + c.v_head_dim) * static_cast<double>(c.q_heads) *
+         static_cast<double>(c.batch) * static_cast<double>(attended_pairs_per_request(c));
+}
+
+// Bytes of one call (the minimum traffic a kernel must move). The benchmark runs the way the shared
+// harness does: the pool already holds every token (history and new), k/v are passed empty with
+// save_kv = false, so every key and value is read from the pool:
+//   bytes = K+V of all seq_len tokens of every request (kv_bytes_per_token each, at the pool dtype)
+//         + q [T, q_heads, head_dim] read + out [T, q_heads, v_head_dim] written (activation dtype)
+// with T = batch for decode and batch x new_tokens for extend; seq_len = kv_len for decode and
+// prefix_len + new_tokens for extend. Page-table and index reads are not counted (4 bytes per page
+// or token against >= 64 bytes of KV per token per head).
+inline double attention_bytes(const BenchCase& c) {
+  const int64_t act = dtype_bits(c.dtype) / 8;
+  const int64_t t = c.num_tokens();
+  const int64_t q_bytes = t * c.q_heads * c.head_dim * act;
+  const int64_t out_bytes = t * c.q_heads * c.v_head_dim * act;
+  const int64_t kv_bytes = static_cast<int64_t>(c.batch) * c.seq_len() * kv_bytes_per_token(c);
+  return static_cast<double>(kv_bytes + q_bytes + out_bytes);
+}
+
+// Which rate a case is judged by: decode is memory-bound (GB/s vs copy bandwidth), extend is
+// compute-bound (TFLOP/s).
+inline bool is_memory_bound(const BenchCase& c) { return c.kind != BenchKind::kExtend; }
+
+// Rates from a time in milliseconds.
+inline double gb_per_s(double bytes, double ms) { return ms > 0 ? bytes / (ms * 1e-3) / 1e9 : 0; }
+inline double tflop_per_s(double flops, double ms) {
+  return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0;
+}
+
+// How many copies of the inputs (q, out and one KV layer each) rotate so that one pass over all of
+// them touches at least `rotate_bytes`: ceil(rotate_bytes / attention_bytes), clamped to
+// [1, max_copies]. Example: 768 MiB over a 16.8 MB case -> 48 copies.
+inline int rotation_copies(const BenchCase& c, double rotate_bytes, int max_copies) {
+  const double per_copy = attention_bytes(c);
+  if (per_copy <= 0) return 1;
+  // Clamp in double before converting so that huge ratios cannot overflow int.
+  const double needed = std::ceil(rotate_bytes / per_copy);
+  if (needed >= static_cast<double>(max_copies)) return max_copies;
+  return needed < 1.0 ? 1 : static_cast<int>(needed);
+}
+
+// Median of a sample (the mean of the two middle values for an even count); 0 when empty.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  const double hi = v[mid];
+  if (v.size() % 2 == 1) return hi;
+  const double lo = *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid));
+  return 0.5 * (lo + hi);
+}
+
+}  // namespace attnkit::bench

@@ -1,0 +1,251 @@
+#include "bench/bench_report.h"
+
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace attnkit::bench {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string fixed(double v, int precision) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", precision, v);
+  return buf;
+}
+
+std::string pad(const std::string& s, int width, bool right) {
+  if (static_cast<int>(s.size()) >= width) return s;
+  const std::string fill(static_cast<size_t>(width) - s.size(), ' ');
+  return right ? fill + s : s + fill;
+}
+
+bool needs_shell_quote(const std::string& arg) {
+  if (arg.empty()) return true;
+  for (char ch : arg) {
+    const bool plain = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                       (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.' ||
+                       ch == '/' || ch == '=' || ch == ',' || ch == ':' || ch == '+';
+    if (!plain) return true;
+  }
+  return false;
+}
+
+std::string shell_quote(const std::string& arg) {
+  if (!needs_shell_quote(arg)) return arg;
+  std::string out = "'";
+  for (char ch : arg) {
+    if (ch == '\'') {
+      out += "'\\''";
+    } else {
+      out += ch;
+    }
+  }
+  return out + "'";
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"') out += '"';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+Json case_params(const BenchCase& c) {
+  Json p;
+  p["batch"] = c.batch;
+  if (c.kind == BenchKind::kExtend) {
+    p["prefix_len"] = c.prefix_len;
+    p["new_tokens"] = c.new_tokens;
+    p["causal"] = c.causal;
+  } else {
+    p["kv_len"] = c.kv_len;
+  }
+  p["q_heads"] = c.q_heads;
+  p["kv_heads"] = c.kv_heads;
+  p["head_dim"] = c.head_dim;
+  p["v_head_dim"] = c.v_head_dim;
+  if (c.kind == BenchKind::kMlaDecode) {
+    p["kv_lora_rank"] = c.kv_lora_rank;
+    p["qk_rope_head_dim"] = c.qk_rope_head_dim;
+  }
+  p["page_size"] = c.page_size;
+  p["dtype"] = dtype_name(c.dtype);
+  p["kv_dtype"] = dtype_name(c.kv_dtype);
+  return p;
+}
+
+}  // namespace
+
+std::string table_header(int name_width) {
+  return pad("backend", 14, false) + " " + pad("case", name_width, false) + " " +
+         pad("ms", 10, true) + " " + pad("GB/s", 9, true) + " " + pad("%ceil", 6, true) + " " +
+         pad("TFLOP/s", 8, true) + " " + pad("copies", 6, true) + "  status";
+}
+
+std::string table_row(const CaseResult& r, int name_width) {
+  std::string line = pad(r.backend, 14, false) + " " + pad(r.bench_case.name, name_width, false);
+  if (r.status != CaseStatus::kOk) {
+    return line + "  " + case_status_name(r.status) + ": " + r.message;
+  }
+  line += " " + pad(fixed(r.ms_median, 4), 10, true) + " " + pad(fixed(r.gbs, 2), 9, true) + " " +
+          pad(r.ceiling_ratio > 0 ? fixed(100.0 * r.ceiling_ratio, 1) : "-", 6, true) + " " +
+          pad(fixed(r.tflops, 4), 8, true) + " " + pad(std::to_string(r.copies), 6, true) + "  ok";
+  if (r.verified) line += " (verified: rel_l2 " + fixed(r.rel_l2, 6) + ")";
+  return line;
+}
+
+Json to_json(const BenchRun& run) {
+  Json j;
+  j["schema"] = kBenchJsonSchema;
+  j["command"] = run.command;
+  j["date"] = run.date;
+  Json dev;
+  dev["device"] = run.device;
+  dev["name"] = run.device_info.name;
+  dev["platform"] = platform_name(run.device_info.platform);
+  if (run.device_info.platform == Platform::kCUDA) {
+    dev["compute_capability"] = run.device_info.compute_capability;
+    dev["sm_count"] = run.device_info.sm_count;
+  }
+  dev["cpu_threads"] = run.device_info.cpu_threads;
+  dev["omp_threads"] = run.threads;
+  dev["avx512"] = run.device_info.has_avx512;
+  dev["avx512_bf16"] = run.device_info.has_avx512_bf16;
+  dev["amx_bf16"] = run.device_info.has_amx_bf16;
+  dev["load_average_start"] = run.load_start;
+  dev["load_average_end"] = run.load_end;
+  j["device"] = dev;
+  Json settings;
+  settings["cases_file"] = run.cases_file;
+  settings["description"] = run.case_file_description;
+  settings["backends"] = run.backends;
+  settings["filter"] = run.filter;
+  settings["warmup"] = run.settings.warmup;
+  settings["iters"] = run.settings.iters;
+  settings["rotate_bytes"] = run.settings.rotate_bytes;
+  settings["rotate_why"] = run.rotate_why;
+  settings["max_copies"] = run.settings.max_copies;
+  settings["verify"] = run.settings.verify;
+  settings["timer"] = run.device == "cpu" ? "std::chrono::steady_clock per call, median"
+                                          : "CUDA events per call, median";
+  j["settings"] = settings;
+  Json ceilings = Json::array();
+  for (const Ceiling& c : run.ceilings) {
+    Json x = {{"name", c.name}, {"method", c.method}};
+    if (c.gbs > 0) {
+      x["bytes"] = c.bytes;
+      x["gbs"] = c.gbs;
+      x["median_gbs"] = c.median_gbs;
+    }
+    if (c.tflops > 0) {
+      x["flops"] = c.flops;
+      x["tflops"] = c.tflops;
+      x["median_tflops"] = c.median_tflops;
+    }
+    ceilings.push_back(x);
+  }
+  j["ceilings"] = ceilings;
+  Json results = Json::array();
+  for (const CaseResult& r : run.results) {
+    Json x;
+    x["backend"] = r.backend;
+    x["case"] = r.bench_case.name;
+    x["kind"] = bench_kind_name(r.bench_case.kind);
+    x["params"] = case_params(r.bench_case);
+    x["status"] = case_status_name(r.status);
+    x["message"] = r.message;
+    x["bound"] = is_memory_bound(r.bench_case) ? "memory" : "compute";
+    x["flops"] = r.flops;
+    x["bytes"] = r.bytes;
+    if (r.status == CaseStatus::kOk) {
+      x["copies"] = r.copies;
+      x["warmup"] = r.warmup;
+      x["iters"] = r.iters;
+      x["ms_median"] = r.ms_median;
+      x["ms_min"] = r.ms_min;
+      x["ms_max"] = r.ms_max;
+      x["gbs"] = r.gbs;
+      x["tflops"] = r.tflops;
+      x["ceiling"] = r.ceiling;
+      x["ceiling_ratio"] = r.ceiling_ratio;
+    }
+    if (r.verified)
+      x["verify"] = {{"rel_l2", r.rel_l2},
+                     {"max_abs", r.max_abs},
+                     {"passed", r.status != CaseStatus::kMismatch}};
+    results.push_back(x);
+  }
+  j["results"] = results;
+  return j;
+}
+
+std::string to_csv(const BenchRun& run) {
+  std::ostringstream s;
+  s << "backend,case,kind,batch,kv_len,prefix_len,new_tokens,causal,q_heads,kv_heads,head_dim,"
+       "v_head_dim,page_size,dtype,kv_dtype,status,copies,ms_median,ms_min,ms_max,flops,bytes,"
+       "gbs,tflops,ceiling,ceiling_ratio,rel_l2,message\n";
+  for (const CaseResult& r : run.results) {
+    const BenchCase& c = r.bench_case;
+    const bool ok = r.status == CaseStatus::kOk;
+    s << csv_field(r.backend) << ',' << c.name << ',' << bench_kind_name(c.kind) << ',' << c.batch
+      << ',' << c.kv_len << ',' << c.prefix_len << ',' << c.new_tokens << ',' << (c.causal ? 1 : 0)
+      << ',' << c.q_heads << ',' << c.kv_heads << ',' << c.head_dim << ',' << c.v_head_dim << ','
+      << c.page_size << ',' << dtype_name(c.dtype) << ',' << dtype_name(c.kv_dtype) << ','
+      << case_status_name(r.status) << ',' << (ok ? std::to_string(r.copies) : "") << ','
+      << (ok ? fixed(r.ms_median, 6) : "") << ',' << (ok ? fixed(r.ms_min, 6) : "") << ','
+      << (ok ? fixed(r.ms_max, 6) : "") << ',' << fixed(r.flops, 0) << ',' << fixed(r.bytes, 0)
+      << ',' << (ok ? fixed(r.gbs, 3) : "") << ',' << (ok ? fixed(r.tflops, 5) : "") << ','
+      << csv_field(r.ceiling) << ',' << (ok && r.ceiling_ratio > 0 ? fixed(r.ceiling_ratio, 4) : "")
+      << ',' << (r.verified ? fixed(r.rel_l2, 8) : "") << ',' << csv_field(r.message) << '\n';
+  }
+  return s.str();
+}
+
+Status write_text_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return Status::not_found("cannot open " + path + " for writing");
+  out << text;
+  out.close();
+  if (!out) return Status::internal("writing " + path + " failed");
+  return Status::ok();
+}
+
+std::string current_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string out;
+  size_t start = 0;
+  while (start < all.size()) {
+    size_t end = all.find('\0', start);
+    if (end == std::string::npos) end = all.size();
+    if (!out.empty()) out += ' ';
+    out += shell_quote(all.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string host_load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  if (!(in >> a >> b >> c)) return "";
+  return a + " " + b + " " + c;
+}
+
+std::string utc_now_iso8601() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace attnkit::bench

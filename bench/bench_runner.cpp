@@ -1,0 +1,227 @@
+#include "bench/bench_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#ifdef ATTNKIT_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace attnkit::bench {
+namespace {
+
+#ifdef ATTNKIT_WITH_CUDA
+Status cuda_check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return Status::ok();
+  return Status::cuda_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// Owns two CUDA events.
+class EventPair {
+ public:
+  Status create() {
+    ATTNKIT_RETURN_IF_ERROR(cuda_check(cudaEventCreate(&start_), "cudaEventCreate"));
+    return cuda_check(cudaEventCreate(&stop_), "cudaEventCreate");
+  }
+  ~EventPair() {
+    if (start_) cudaEventDestroy(start_);
+    if (stop_) cudaEventDestroy(stop_);
+  }
+  cudaEvent_t start() const { return start_; }
+  cudaEvent_t stop() const { return stop_; }
+
+ private:
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+};
+#endif
+
+// One forward call on rotating copy `index % layers`: k/v empty, save_kv off (the pool holds
+// every token), as harness::run_backend does.
+Status forward_copy(AttentionBackend& backend, harness::PreparedCase& prepared, int index) {
+  harness::LayerData& l = prepared.layers[static_cast<size_t>(index) % prepared.layers.size()];
+  return backend.forward(l.q, TensorView(), TensorView(), l.out, l.layer, prepared.batch,
+                         /*save_kv=*/false, TensorView());
+}
+
+// Writes the new tokens' k/v into every copy's pool layer (what run_backend does before calling a
+// backend with save_kv off), so that all keys the timed calls read are real values.
+Status write_new_tokens(harness::PreparedCase& prepared) {
+  for (const harness::LayerData& l : prepared.layers) {
+    if (!l.save_kv_allowed || l.k.empty()) continue;
+    ATTNKIT_RETURN_IF_ERROR(prepared.kv_pool->set_kv(l.layer.layer_id, prepared.batch.out_cache_loc,
+                                                     l.k, l.v, l.layer.k_scale, l.layer.v_scale,
+                                                     prepared.batch.stream));
+  }
+  return Status::ok();
+}
+
+Timing summarize(std::vector<double> ms) {
+  Timing t;
+  t.ms_median = median(ms);
+  t.ms_min = *std::min_element(ms.begin(), ms.end());
+  t.ms_max = *std::max_element(ms.begin(), ms.end());
+  return t;
+}
+
+}  // namespace
+
+const char* case_status_name(CaseStatus status) {
+  switch (status) {
+    case CaseStatus::kOk:
+      return "ok";
+    case CaseStatus::kSkipped:
+      return "skipped";
+    case CaseStatus::kFailed:
+      return "failed";
+    case CaseStatus::kMismatch:
+      return "mismatch";
+  }
+  return "unknown";
+}
+
+harness::CaseSpec to_case_spec(const BenchCase& c) {
+  const bool extend = c.kind == BenchKind::kExtend;
+  // Decode: kv_len - 1 cached tokens plus the new one.
+  const int prefix = extend ? c.prefix_len : c.kv_len - 1;
+  const int new_len = extend ? c.new_tokens : 1;
+  harness::CaseSpec spec = harness::make_uniform_case(
+      c.name, extend ? ForwardMode::kExtend : ForwardMode::kDecode, c.batch, prefix, new_len,
+      c.q_heads, c.kv_heads, c.head_dim, c.page_size, c.dtype, c.kv_dtype);
+  spec.v_head_dim = c.v_head_dim;
+  if (extend && !c.causal) spec.type = AttentionType::kEncoderOnly;
+  if (c.kind == BenchKind::kMlaDecode) {
+    spec.mla = true;
+    spec.num_kv_heads = 1;
+    spec.kv_lora_rank = c.kv_lora_rank;
+    spec.qk_rope_head_dim = c.qk_rope_head_dim;
+    spec.head_dim = c.kv_lora_rank + c.qk_rope_head_dim;
+    spec.v_head_dim = c.kv_lora_rank;
+  }
+  return spec;
+}
+
+Result<Timing> time_forward(AttentionBackend& backend, harness::PreparedCase& prepared, int warmup,
+                            int iters) {
+  if (prepared.layers.empty() || iters <= 0 || warmup < 0) {
+    return Status::invalid_argument("time_forward: needs layers (got " +
+                                    std::to_string(prepared.layers.size()) + "), iters > 0 (got " +
+                                    std::to_string(iters) + ") and warmup >= 0 (got " +
+                                    std::to_string(warmup) + ")");
+  }
+  ATTNKIT_RETURN_IF_ERROR(write_new_tokens(prepared));
+  ATTNKIT_RETURN_IF_ERROR(backend.init_forward_metadata(prepared.batch));
+  for (int i = 0; i < warmup; ++i) ATTNKIT_RETURN_IF_ERROR(forward_copy(backend, prepared, i));
+  std::vector<double> ms;
+  ms.reserve(static_cast<size_t>(iters));
+#ifdef ATTNKIT_WITH_CUDA
+  if (prepared.device.is_cuda()) {
+    auto stream = static_cast<cudaStream_t>(prepared.batch.stream);
+    ATTNKIT_RETURN_IF_ERROR(cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+    EventPair events;
+    ATTNKIT_RETURN_IF_ERROR(events.create());
+    for (int i = 0; i < iters; ++i) {
+      ATTNKIT_RETURN_IF_ERROR(
+          cuda_check(cudaEventRecord(events.start(), stream), "cudaEventRecord"));
+      ATTNKIT_RETURN_IF_ERROR(forward_copy(backend, prepared, warmup + i));
+      ATTNKIT_RETURN_IF_ERROR(
+          cuda_check(cudaEventRecord(events.stop(), stream), "cudaEventRecord"));
+      ATTNKIT_RETURN_IF_ERROR(
+          cuda_check(cudaEventSynchronize(events.stop()), "cudaEventSynchronize (forward)"));
+      float elapsed = 0;
+      ATTNKIT_RETURN_IF_ERROR(cuda_check(
+          cudaEventElapsedTime(&elapsed, events.start(), events.stop()), "cudaEventElapsedTime"));
+      ms.push_back(elapsed);
+    }
+    return summarize(std::move(ms));
+  }
+#endif
+  if (!prepared.device.is_cpu()) {
+    return Status::not_built("time_forward: device " + prepared.device.to_string() +
+                             " needs a CUDA build");
+  }
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ATTNKIT_RETURN_IF_ERROR(forward_copy(backend, prepared, warmup + i));
+    const auto t1 = std::chrono::steady_clock::now();
+    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return summarize(std::move(ms));
+}
+
+CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
+                    const RunSettings& settings, const DeviceInfo& device_info,
+                    const CeilingRates& ceilings) {
+  CaseResult r;
+  r.backend = descriptor.name;
+  r.bench_case = c;
+  r.flops = attention_flops(c);
+  r.bytes = attention_bytes(c);
+  r.warmup = settings.warmup;
+  r.iters = settings.iters;
+  const harness::CaseSpec spec = to_case_spec(c);
+  const std::string reason = harness::skip_reason(descriptor, spec, device_info);
+  if (!reason.empty()) {
+    r.status = CaseStatus::kSkipped;
+    r.message = reason;
+    return r;
+  }
+  auto fail = [&](const Status& s, const char* stage) {
+    r.status = CaseStatus::kFailed;
+    r.message = std::string(stage) + ": " + s.to_string();
+    return r;
+  };
+
+  if (settings.verify) {
+    harness::PrepareOptions options;
+    options.num_layers = 1;
+    Result<harness::PreparedCase> prepared = harness::prepare_case(spec, settings.device, options);
+    if (!prepared) return fail(prepared.status(), "verify prepare_case");
+    auto backend = harness::create_backend_for_case(descriptor, *prepared);
+    if (!backend) return fail(backend.status(), "verify create backend");
+    const Status run = harness::run_backend(**backend, *prepared, /*save_kv=*/false);
+    if (!run.is_ok()) return fail(run, "verify run");
+    Result<harness::Comparison> cmp = harness::compare_with_reference(*prepared);
+    if (!cmp) return fail(cmp.status(), "verify compare");
+    r.verified = true;
+    r.rel_l2 = cmp->rel_l2;
+    r.max_abs = cmp->max_abs;
+    r.message = cmp->summary();
+    if (!cmp->passed()) {
+      r.status = CaseStatus::kMismatch;
+      return r;
+    }
+  }
+
+  harness::PrepareOptions options;
+  options.num_layers =
+      rotation_copies(c, static_cast<double>(settings.rotate_bytes), settings.max_copies);
+  options.request_lse = false;
+  options.poison = false;
+  options.snapshot_pool = false;
+  r.copies = options.num_layers;
+  Result<harness::PreparedCase> prepared = harness::prepare_case(spec, settings.device, options);
+  if (!prepared) return fail(prepared.status(), "prepare_case");
+  auto backend = harness::create_backend_for_case(descriptor, *prepared);
+  if (!backend) return fail(backend.status(), "create backend");
+  Result<Timing> timing = time_forward(**backend, *prepared, settings.warmup, settings.iters);
+  if (!timing) return fail(timing.status(), "timing");
+  r.ms_median = timing->ms_median;
+  r.ms_min = timing->ms_min;
+  r.ms_max = timing->ms_max;
+  r.gbs = gb_per_s(r.bytes, r.ms_median);
+  r.tflops = tflop_per_s(r.flops, r.ms_median);
+  if (is_memory_bound(c)) {
+    r.ceiling = ceilings.copy_name;
+    r.ceiling_ratio = ceilings.copy_gbs > 0 ? r.gbs / ceilings.copy_gbs : 0;
+  } else {
+    r.ceiling = ceilings.compute_name;
+    r.ceiling_ratio = ceilings.compute_tflops > 0 ? r.tflops / ceilings.compute_tflops : 0;
+  }
+  return r;
+}
+
+}  // namespace attnkit::bench

@@ -1,0 +1,79 @@
+// Runs one benchmark case on one backend: optional verification against the fp64 reference, then
+// timing over rotating input copies (CUDA events on CUDA, steady_clock on the CPU).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnkit/device.h"
+#include "attnkit/registry.h"
+#include "attnkit/tensor.h"
+#include "bench/bench_formulas.h"
+#include "harness/case_runner.h"
+
+namespace attnkit::bench {
+
+struct RunSettings {
+  Device device;
+  int warmup = 3;
+  int iters = 10;
+  int64_t rotate_bytes = 0;  // rotating copies must touch at least this many bytes
+  int max_copies = 512;      // cap on rotating copies (tiny cases)
+  bool verify = false;
+};
+
+enum class CaseStatus { kOk, kSkipped, kFailed, kMismatch };
+const char* case_status_name(CaseStatus status);
+
+struct CaseResult {
+  std::string backend;
+  BenchCase bench_case;
+  CaseStatus status = CaseStatus::kOk;
+  std::string message;  // skip reason, error or verification summary
+  int copies = 0;
+  int warmup = 0;
+  int iters = 0;
+  double ms_median = 0;
+  double ms_min = 0;
+  double ms_max = 0;
+  double flops = 0;
+  double bytes = 0;
+  double gbs = 0;
+  double tflops = 0;
+  // Memory-bound cases: gbs / the copy ceiling; compute-bound: tflops / the compute ceiling; 0 when
+  // that ceiling is unknown.
+  double ceiling_ratio = 0;
+  std::string ceiling;  // name of the ceiling the ratio is taken against
+  bool verified = false;
+  double rel_l2 = 0;
+  double max_abs = 0;
+};
+
+// The shared harness's CaseSpec for a benchmark point (uniform lengths, shuffled pages, seed 0).
+harness::CaseSpec to_case_spec(const BenchCase& c);
+
+// The rates the ratios are taken against (0 = not measured).
+struct CeilingRates {
+  std::string copy_name;
+  double copy_gbs = 0;
+  std::string compute_name;
+  double compute_tflops = 0;
+};
+
+// Verifies (when settings.verify) and times `c` on the backend `descriptor` describes.
+CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
+                    const RunSettings& settings, const DeviceInfo& device_info,
+                    const CeilingRates& ceilings);
+
+// Median/min/max wall time in ms of `iters` forward calls after `warmup`, cycling over the layers
+// of `prepared` (one rotating copy each). The backend's metadata is initialised once.
+struct Timing {
+  double ms_median = 0;
+  double ms_min = 0;
+  double ms_max = 0;
+};
+Result<Timing> time_forward(AttentionBackend& backend, harness::PreparedCase& prepared, int warmup,
+                            int iters);
+
+}  // namespace attnkit::bench

@@ -1,0 +1,161 @@
+#include "bench/bench_spec_json.h"
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace attnkit::bench {
+namespace {
+
+using Json = nlohmann::json;
+
+Status bad(const std::string& key, const Json& v, const char* accepted) {
+  return Status::invalid_argument("case spec: \"" + key + "\" = " + v.dump() +
+                                  " (accepted: " + accepted + ")");
+}
+
+Status get_int(const std::string& key, const Json& v, int* out) {
+  if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX) {
+    return bad(key, v, "an integer");
+  }
+  *out = v.get<int>();
+  return Status::ok();
+}
+
+Status get_int_list(const std::string& key, const Json& v, std::vector<int>* out) {
+  if (!v.is_array()) return bad(key, v, "an array of integers");
+  out->clear();
+  for (const Json& x : v) {
+    int value = 0;
+    ATTNKIT_RETURN_IF_ERROR(get_int(key, x, &value));
+    out->push_back(value);
+  }
+  return Status::ok();
+}
+
+Status get_bool(const std::string& key, const Json& v, bool* out) {
+  if (!v.is_boolean()) return bad(key, v, "true or false");
+  *out = v.get<bool>();
+  return Status::ok();
+}
+
+Status get_dtype(const std::string& key, const Json& v, DType* out) {
+  if (!v.is_string()) return bad(key, v, "a dtype name such as bf16, f16, f32, fp8_e4m3");
+  Result<DType> d = parse_dtype(v.get<std::string>());
+  if (!d) return bad(key, v, "a dtype name such as bf16, f16, f32, fp8_e4m3");
+  *out = *d;
+  return Status::ok();
+}
+
+Status get_mode(const std::string& key, const Json& v, ForwardMode* out) {
+  constexpr ForwardMode kModes[] = {ForwardMode::kExtend,       ForwardMode::kDecode,
+                                    ForwardMode::kMixed,        ForwardMode::kIdle,
+                                    ForwardMode::kTargetVerify, ForwardMode::kDraftExtend};
+  if (v.is_string()) {
+    for (ForwardMode m : kModes) {
+      if (v.get<std::string>() == forward_mode_name(m)) {
+        *out = m;
+        return Status::ok();
+      }
+    }
+  }
+  return bad(key, v, "extend, decode, mixed, idle, target_verify, draft_extend");
+}
+
+}  // namespace
+
+Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
+  Json root;
+  try {
+    root = Json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    return Status::invalid_argument(std::string("case spec: not valid JSON: ") + e.what());
+  }
+  if (!root.is_object()) {
+    return Status::invalid_argument("case spec: expected a JSON object of CaseSpec fields");
+  }
+  harness::CaseSpec spec;
+  spec.name = "custom";
+  for (const auto& [key, v] : root.items()) {
+    Status s;
+    if (key == "name") {
+      if (!v.is_string()) return bad(key, v, "a string of [A-Za-z0-9_]");
+      spec.name = v.get<std::string>();
+    } else if (key == "mode") {
+      s = get_mode(key, v, &spec.mode);
+    } else if (key == "page_size") {
+      s = get_int(key, v, &spec.page_size);
+    } else if (key == "prefix_lens") {
+      s = get_int_list(key, v, &spec.prefix_lens);
+    } else if (key == "new_lens") {
+      s = get_int_list(key, v, &spec.new_lens);
+    } else if (key == "num_q_heads") {
+      s = get_int(key, v, &spec.num_q_heads);
+    } else if (key == "num_kv_heads") {
+      s = get_int(key, v, &spec.num_kv_heads);
+    } else if (key == "head_dim") {
+      s = get_int(key, v, &spec.head_dim);
+    } else if (key == "v_head_dim") {
+      s = get_int(key, v, &spec.v_head_dim);
+    } else if (key == "q_dtype") {
+      s = get_dtype(key, v, &spec.q_dtype);
+    } else if (key == "kv_dtype") {
+      s = get_dtype(key, v, &spec.kv_dtype);
+    } else if (key == "sliding_window") {
+      s = get_int(key, v, &spec.sliding_window);
+    } else if (key == "logit_cap") {
+      if (!v.is_number()) return bad(key, v, "a number (0 = off)");
+      spec.logit_cap = v.get<float>();
+    } else if (key == "sinks") {
+      s = get_bool(key, v, &spec.sinks);
+    } else if (key == "type") {
+      if (v == "decoder") {
+        spec.type = AttentionType::kDecoder;
+      } else if (v == "encoder_only") {
+        spec.type = AttentionType::kEncoderOnly;
+      } else {
+        return bad(key, v, "decoder, encoder_only");
+      }
+    } else if (key == "cross_attention") {
+      s = get_bool(key, v, &spec.cross_attention);
+    } else if (key == "encoder_lens") {
+      s = get_int_list(key, v, &spec.encoder_lens);
+    } else if (key == "spec_draft_tokens") {
+      s = get_int(key, v, &spec.spec_draft_tokens);
+    } else if (key == "spec_topk") {
+      s = get_int(key, v, &spec.spec_topk);
+    } else if (key == "mla") {
+      s = get_bool(key, v, &spec.mla);
+    } else if (key == "kv_lora_rank") {
+      s = get_int(key, v, &spec.kv_lora_rank);
+    } else if (key == "qk_rope_head_dim") {
+      s = get_int(key, v, &spec.qk_rope_head_dim);
+    } else if (key == "shuffle_pages") {
+      s = get_bool(key, v, &spec.shuffle_pages);
+    } else if (key == "seed") {
+      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
+        return bad(key, v, "a non-negative integer");
+      }
+      spec.seed = v.get<uint64_t>();
+    } else {
+      return Status::invalid_argument(
+          "case spec: unknown key \"" + key +
+          "\" (accepted: name, mode, page_size, prefix_lens, new_lens, num_q_heads, num_kv_heads, "
+          "head_dim, v_head_dim, q_dtype, kv_dtype, sliding_window, logit_cap, sinks, type, "
+          "cross_attention, encoder_lens, spec_draft_tokens, spec_topk, mla, kv_lora_rank, "
+          "qk_rope_head_dim, shuffle_pages, seed)");
+    }
+    ATTNKIT_RETURN_IF_ERROR(s);
+  }
+  if (spec.prefix_lens.empty()) {
+    return Status::invalid_argument("case spec: \"prefix_lens\" must list one length per request");
+  }
+  // Decode: one new token per request unless given.
+  if (spec.new_lens.empty() && spec.mode == ForwardMode::kDecode) {
+    spec.new_lens.assign(spec.prefix_lens.size(), 1);
+  }
+  return spec;
+}
+
+}  // namespace attnkit::bench

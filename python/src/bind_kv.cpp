@@ -1,0 +1,371 @@
+// Bindings of the paged KV cache: ReqToTokenPool, PageAllocator, MHAKVPool and MLAKVPool (library
+// owned, or wrapped around caller buffers).
+#include <string>
+#include <utility>
+
+#include "wrappers.h"
+
+namespace attnkit::python {
+namespace {
+
+using namespace nb::literals;
+
+// Per-layer views from a list/tuple of arrays, or one array with a leading layer dimension.
+std::vector<TensorView> layer_views(nb::handle obj, const char* name, std::optional<DType> as,
+                                    std::vector<Array>* keep_alive) {
+  std::vector<TensorView> views;
+  Array stacked;
+  if (nb::try_cast<Array>(obj, stacked)) {
+    const TensorView all = to_view(stacked, name, as);
+    if (all.ndim != 4) {
+      raise_invalid(std::string(name) + ": one array must be [num_layers, rows, heads, dim], got " +
+                    all.describe() +
+                    " (or pass a list with one [rows, heads, dim] array per layer)");
+    }
+    keep_alive->push_back(stacked);
+    for (int64_t l = 0; l < all.size(0); ++l) {
+      TensorView v;
+      v.dtype = all.dtype;
+      v.device = all.device;
+      v.ndim = 3;
+      for (int d = 0; d < 3; ++d) {
+        v.shape[static_cast<size_t>(d)] = all.shape[static_cast<size_t>(d + 1)];
+        v.strides[static_cast<size_t>(d)] = all.strides[static_cast<size_t>(d + 1)];
+      }
+      v.data = static_cast<char*>(all.data) + dtype_storage_bytes(all.dtype, l * all.stride(0));
+      views.push_back(v);
+    }
+    return views;
+  }
+  if (!nb::isinstance<nb::sequence>(obj)) {
+    raise_invalid(std::string(name) +
+                  ": expected a list of per-layer arrays or one "
+                  "[num_layers, rows, heads, dim] array, got " +
+                  nb::cast<std::string>(nb::str(obj.type())));
+  }
+  size_t index = 0;
+  for (nb::handle item : obj) {
+    const std::string label = std::string(name) + "[" + std::to_string(index++) + "]";
+    Array array;
+    if (!nb::try_cast<Array>(item, array)) {
+      raise_invalid(label + ": not a DLPack array (" + nb::cast<std::string>(nb::str(item.type())) +
+                    ")");
+    }
+    views.push_back(to_view(array, label.c_str(), as));
+    keep_alive->push_back(array);
+  }
+  return views;
+}
+
+std::optional<DType> optional_dtype(nb::handle obj, const char* name) {
+  if (obj.is_none()) return std::nullopt;
+  return parse_dtype_arg(obj, name);
+}
+
+void bind_pool_common(nb::class_<PyKVPool>& cls) {
+  cls.def_prop_ro("num_layers", [](const PyKVPool& p) { return p.pool->config().num_layers; })
+      .def_prop_ro(
+          "size", [](const PyKVPool& p) { return p.pool->config().size; },
+          "Usable token slots (buffers hold size + page_size rows).")
+      .def_prop_ro("rows", [](const PyKVPool& p) { return p.pool->rows(); })
+      .def_prop_ro("page_size", [](const PyKVPool& p) { return p.pool->page_size(); })
+      .def_prop_ro("dtype",
+                   [](const PyKVPool& p) { return std::string(dtype_name(p.pool->dtype())); })
+      .def_prop_ro("device", [](const PyKVPool& p) { return p.pool->device().to_string(); })
+      .def_prop_ro("is_mla", [](const PyKVPool& p) { return p.pool->is_mla(); })
+      .def_prop_ro("num_kv_heads", [](const PyKVPool& p) { return p.pool->config().num_kv_heads; })
+      .def_prop_ro("head_dim", [](const PyKVPool& p) { return p.pool->config().head_dim; })
+      .def_prop_ro("v_head_dim", [](const PyKVPool& p) { return p.pool->config().v_head_dim; })
+      .def_prop_ro(
+          "owns_memory", [](const PyKVPool& p) { return p.keep_alive.empty(); },
+          "False for a pool made by wrap() over caller buffers.")
+      .def(
+          "set_kv",
+          [](PyKVPool& p, int layer, const Array& loc, const Array& k, std::optional<Array> v,
+             float k_scale, float v_scale, nb::handle stream) {
+            const TensorView loc_v = to_view(loc, "loc");
+            const TensorView k_v = to_view(k, "k");
+            const TensorView v_v = v ? to_view(*v, "v") : TensorView();
+            const StreamHandle s = parse_stream_arg(stream);
+            Status status;
+            {
+              nb::gil_scoped_release release;
+              status = p.pool->set_kv(layer, loc_v, k_v, v_v, k_scale, v_scale, s);
+            }
+            check(status);
+          },
+          "layer"_a, "loc"_a, "k"_a, "v"_a = nb::none(), "k_scale"_a = 1.0f, "v_scale"_a = 1.0f,
+          "stream"_a = nb::none(),
+          "Scatter k/v rows ([T, heads, dim], f32/f16/bf16) into slots loc (int64 [T]) of `layer`, "
+          "quantising to the pool dtype (fp8: x / scale). MLA pools ignore v.");
+}
+
+}  // namespace
+
+void bind_kv(nb::module_& m) {
+  nb::class_<PyReqToTokenPool>(m, "ReqToTokenPool",
+                               "int32 [max_reqs + 1, max_context_len] table: entry [r, i] is the "
+                               "pool slot of token i of request r. Row 0 is reserved.")
+      .def(
+          "__init__",
+          [](PyReqToTokenPool* self, int max_reqs, int max_context_len, nb::handle device) {
+            auto pool =
+                check(ReqToTokenPool::create(max_reqs, max_context_len, parse_device_arg(device)));
+            new (self) PyReqToTokenPool{std::move(pool)};
+          },
+          "max_reqs"_a, "max_context_len"_a, "device"_a = "cpu")
+      .def(
+          "alloc", [](PyReqToTokenPool& p) { return check(p.pool->alloc()); },
+          "A free request row in [1, max_reqs].")
+      .def(
+          "free", [](PyReqToTokenPool& p, int row) { check(p.pool->free(row)); }, "row"_a)
+      .def_prop_ro("available", [](const PyReqToTokenPool& p) { return p.pool->available(); })
+      .def_prop_ro("max_reqs", [](const PyReqToTokenPool& p) { return p.pool->max_reqs(); })
+      .def_prop_ro("max_context_len",
+                   [](const PyReqToTokenPool& p) { return p.pool->max_context_len(); })
+      .def_prop_ro("device", [](const PyReqToTokenPool& p) { return p.pool->device().to_string(); })
+      .def(
+          "write",
+          [](PyReqToTokenPool& p, int row, int start, nb::handle slots) {
+            const std::vector<int64_t> values = host_ints(slots, "slots");
+            check(p.pool->write(row, start, values));
+          },
+          "row"_a, "start"_a, "slots"_a,
+          "Write slots into row `row` at columns [start, start + len(slots)) (table and host "
+          "mirror).")
+      .def(
+          "table", [](PyReqToTokenPool& p) { return to_array(p.pool->table(), nb::find(&p)); },
+          "The table as a zero-copy DLPack array on the pool's device (write through write(), "
+          "which also updates the host mirror that planning reads).")
+      .def(
+          "host_row",
+          [](PyReqToTokenPool& p, int row) {
+            const int32_t* data = p.pool->host_row(row);
+            if (data == nullptr) {
+              raise_invalid("row " + std::to_string(row) + " is outside [0, " +
+                            std::to_string(p.pool->max_reqs()) + "]");
+            }
+            return numpy_array(std::vector<int32_t>(data, data + p.pool->max_context_len()));
+          },
+          "row"_a, "A NumPy copy of the host mirror of row `row`.");
+
+  nb::class_<PageAllocator>(m, "PageAllocator",
+                            "Free list of page ids 1..num_pages (page 0 is reserved).")
+      .def(
+          "__init__",
+          [](PageAllocator* self, int64_t num_pages, int page_size) {
+            new (self) PageAllocator(check(PageAllocator::create(num_pages, page_size)));
+          },
+          "num_pages"_a, "page_size"_a)
+      .def_prop_ro("page_size", &PageAllocator::page_size)
+      .def_prop_ro("num_pages", &PageAllocator::num_pages)
+      .def_prop_ro("available_pages", &PageAllocator::available_pages)
+      .def_prop_ro("available_slots", &PageAllocator::available_slots)
+      .def(
+          "alloc_extend",
+          [](PageAllocator& a, nb::handle prefix_lens, nb::handle seq_lens, nb::handle last_loc) {
+            const auto prefix = host_ints32(prefix_lens, "prefix_lens");
+            const auto seq = host_ints32(seq_lens, "seq_lens");
+            const auto last = host_ints(last_loc, "last_loc");
+            return numpy_array(check(a.alloc_extend(prefix, seq, last)));
+          },
+          "prefix_lens"_a, "seq_lens"_a, "last_loc"_a,
+          "Slots (int64) of the new tokens of every request, concatenated in request order.")
+      .def(
+          "alloc_decode",
+          [](PageAllocator& a, nb::handle seq_lens, nb::handle last_loc) {
+            const auto seq = host_ints32(seq_lens, "seq_lens");
+            const auto last = host_ints(last_loc, "last_loc");
+            return numpy_array(check(a.alloc_decode(seq, last)));
+          },
+          "seq_lens"_a, "last_loc"_a)
+      .def(
+          "alloc_pages",
+          [](PageAllocator& a, int64_t n) { return numpy_array(check(a.alloc_pages(n))); }, "n"_a)
+      .def(
+          "free_slots",
+          [](PageAllocator& a, nb::handle slots) {
+            check(a.free_slots(host_ints(slots, "slots")));
+          },
+          "slots"_a)
+      .def(
+          "free_pages",
+          [](PageAllocator& a, nb::handle pages) {
+            check(a.free_pages(host_ints(pages, "pages")));
+          },
+          "pages"_a)
+      .def("is_allocated", &PageAllocator::is_allocated, "page"_a);
+
+  m.def(
+      "last_locs",
+      [](PyReqToTokenPool& pool, nb::handle req_pool_indices, nb::handle prefix_lens) {
+        const auto rows = host_ints32(req_pool_indices, "req_pool_indices");
+        const auto prefix = host_ints32(prefix_lens, "prefix_lens");
+        return numpy_array(check(last_locs_host(*pool.pool, rows, prefix)));
+      },
+      "req_to_token_pool"_a, "req_pool_indices"_a, "prefix_lens"_a,
+      "last_loc for PageAllocator.alloc_extend: req_to_token[r, prefix_len - 1], or -1.");
+
+  nb::class_<PyKVPool> kv_pool(m, "KVPool", "Base class of MHAKVPool and MLAKVPool.");
+  bind_pool_common(kv_pool);
+
+  nb::class_<PyMHAKVPool, PyKVPool>(
+      m, "MHAKVPool",
+      "Per-layer K [rows, num_kv_heads, head_dim] and V [rows, num_kv_heads, v_head_dim] buffers, "
+      "rows = size + page_size (page 0 is reserved).")
+      .def(
+          "__init__",
+          [](PyMHAKVPool* self, int num_layers, int64_t size, int page_size, int num_kv_heads,
+             int head_dim, std::optional<int> v_head_dim, nb::handle dtype, nb::handle device) {
+            KVPoolConfig c;
+            c.num_layers = num_layers;
+            c.size = size;
+            c.page_size = page_size;
+            c.num_kv_heads = num_kv_heads;
+            c.head_dim = head_dim;
+            c.v_head_dim = v_head_dim.value_or(head_dim);
+            c.dtype = parse_dtype_arg(dtype, "dtype");
+            c.device = parse_device_arg(device);
+            auto pool = check(MHAKVPool::create(c));
+            new (self) PyMHAKVPool();
+            self->pool = std::move(pool);
+          },
+          "num_layers"_a, "size"_a, "page_size"_a, "num_kv_heads"_a, "head_dim"_a,
+          "v_head_dim"_a = nb::none(), "dtype"_a = "bf16", "device"_a = "cpu",
+          "A pool owned by attnkit (host memory zeroed; CUDA memory uninitialised).")
+      .def_static(
+          "wrap",
+          [](nb::handle k, nb::handle v, int page_size, nb::handle dtype, nb::handle k_scales,
+             nb::handle v_scales) {
+            auto result = std::make_unique<PyMHAKVPool>();
+            const std::optional<DType> as = optional_dtype(dtype, "dtype");
+            const std::vector<TensorView> kv = layer_views(k, "k", as, &result->keep_alive);
+            const std::vector<TensorView> vv = layer_views(v, "v", as, &result->keep_alive);
+            if (kv.empty()) raise_invalid("k: no layers given");
+            std::vector<TensorView> ks, vs;
+            if (!k_scales.is_none()) {
+              ks = layer_views(k_scales, "k_scales", DType::kFP8E4M3, &result->keep_alive);
+            }
+            if (!v_scales.is_none()) {
+              vs = layer_views(v_scales, "v_scales", DType::kFP8E4M3, &result->keep_alive);
+            }
+            const TensorView& first = kv.front();
+            if (first.ndim != 3 || vv.empty() || vv.front().ndim != 3) {
+              raise_invalid(
+                  "k / v: expected per-layer [rows, num_kv_heads, dim] arrays, got k[0] " +
+                  first.describe());
+            }
+            KVPoolConfig c;
+            c.num_layers = static_cast<int>(kv.size());
+            c.page_size = page_size;
+            c.size = first.size(0) - page_size;
+            c.num_kv_heads = static_cast<int>(first.size(1));
+            c.head_dim = static_cast<int>(first.size(2));
+            c.v_head_dim = static_cast<int>(vv.front().size(2));
+            c.dtype = first.dtype;
+            c.device = first.device;
+            result->pool = check(MHAKVPool::wrap(c, kv, vv, ks, vs));
+            return result;
+          },
+          "k"_a, "v"_a, "page_size"_a, "dtype"_a = nb::none(), "k_scales"_a = nb::none(),
+          "v_scales"_a = nb::none(),
+          "A pool over caller-owned buffers (zero-copy): k / v are lists with one contiguous "
+          "[size + page_size, num_kv_heads, dim] array per layer (or one [num_layers, ...] array). "
+          "dtype reinterprets raw storage (uint8 as fp8_e4m3 / fp8_e5m2 / packed fp4_e2m1, a "
+          "16-bit integer array as bf16 / f16). fp4 needs k_scales / v_scales (uint8 e4m3 codes, "
+          "[rows, heads, dim / 16]). The arrays stay referenced by the pool.")
+      .def(
+          "k_buffer",
+          [](PyMHAKVPool& p, int layer) { return to_array(p.mha().k_buffer(layer), nb::find(&p)); },
+          "layer"_a, "Zero-copy DLPack view (fp8/fp4 as uint8 storage).")
+      .def(
+          "v_buffer",
+          [](PyMHAKVPool& p, int layer) { return to_array(p.mha().v_buffer(layer), nb::find(&p)); },
+          "layer"_a)
+      .def(
+          "k_scale_buffer",
+          [](PyMHAKVPool& p, int layer) {
+            return to_array(p.mha().k_scale_buffer(layer), nb::find(&p));
+          },
+          "layer"_a, "fp4 pools only: e4m3 block scales (uint8) [rows, heads, head_dim / 16].")
+      .def(
+          "v_scale_buffer",
+          [](PyMHAKVPool& p, int layer) {
+            return to_array(p.mha().v_scale_buffer(layer), nb::find(&p));
+          },
+          "layer"_a);
+
+  nb::class_<PyMLAKVPool, PyKVPool>(
+      m, "MLAKVPool",
+      "Per-layer [rows, 1, kv_lora_rank + qk_rope_head_dim] latent buffer; V is a view of its "
+      "first kv_lora_rank columns.")
+      .def(
+          "__init__",
+          [](PyMLAKVPool* self, int num_layers, int64_t size, int page_size, int kv_lora_rank,
+             int qk_rope_head_dim, nb::handle dtype, nb::handle device) {
+            KVPoolConfig c;
+            c.num_layers = num_layers;
+            c.size = size;
+            c.page_size = page_size;
+            c.kv_lora_rank = kv_lora_rank;
+            c.qk_rope_head_dim = qk_rope_head_dim;
+            c.dtype = parse_dtype_arg(dtype, "dtype");
+            c.device = parse_device_arg(device);
+            auto pool = check(MLAKVPool::create(c));
+            new (self) PyMLAKVPool();
+            self->pool = std::move(pool);
+          },
+          "num_layers"_a, "size"_a, "page_size"_a, "kv_lora_rank"_a, "qk_rope_head_dim"_a,
+          "dtype"_a = "bf16", "device"_a = "cpu")
+      .def_static(
+          "wrap",
+          [](nb::handle kv, int page_size, int kv_lora_rank, nb::handle dtype, nb::handle scales) {
+            auto result = std::make_unique<PyMLAKVPool>();
+            const std::optional<DType> as = optional_dtype(dtype, "dtype");
+            const std::vector<TensorView> views = layer_views(kv, "kv", as, &result->keep_alive);
+            if (views.empty()) raise_invalid("kv: no layers given");
+            std::vector<TensorView> sv;
+            if (!scales.is_none()) {
+              sv = layer_views(scales, "scales", DType::kFP8E4M3, &result->keep_alive);
+            }
+            const TensorView& first = views.front();
+            if (first.ndim != 3) {
+              raise_invalid("kv: expected per-layer [rows, 1, row_dim] arrays, got kv[0] " +
+                            first.describe());
+            }
+            KVPoolConfig c;
+            c.num_layers = static_cast<int>(views.size());
+            c.page_size = page_size;
+            c.size = first.size(0) - page_size;
+            c.kv_lora_rank = kv_lora_rank;
+            c.qk_rope_head_dim = static_cast<int>(first.size(2)) - kv_lora_rank;
+            c.dtype = first.dtype;
+            c.device = first.device;
+            result->pool = check(MLAKVPool::wrap(c, views, sv));
+            return result;
+          },
+          "kv"_a, "page_size"_a, "kv_lora_rank"_a, "dtype"_a = nb::none(), "scales"_a = nb::none(),
+          "A pool over caller-owned latent buffers (zero-copy).")
+      .def_prop_ro("kv_lora_rank",
+                   [](const PyMLAKVPool& p) { return p.pool->config().kv_lora_rank; })
+      .def_prop_ro("qk_rope_head_dim",
+                   [](const PyMLAKVPool& p) { return p.pool->config().qk_rope_head_dim; })
+      .def(
+          "kv_buffer",
+          [](PyMLAKVPool& p, int layer) {
+            return to_array(p.mla().kv_buffer(layer), nb::find(&p));
+          },
+          "layer"_a)
+      .def(
+          "v_view",
+          [](PyMLAKVPool& p, int layer) { return to_array(p.mla().v_view(layer), nb::find(&p)); },
+          "layer"_a)
+      .def(
+          "scale_buffer",
+          [](PyMLAKVPool& p, int layer) {
+            return to_array(p.mla().scale_buffer(layer), nb::find(&p));
+          },
+          "layer"_a);
+}
+
+}  // namespace attnkit::python

@@ -1,0 +1,72 @@
+// Python-side owners of library objects. Each wrapper keeps alive the Python arrays whose memory
+// the library object points into (zero-copy), so a view never outlives its buffer.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "attnkit/attention_layer.h"
+#include "attnkit/backend.h"
+#include "attnkit/forward_batch.h"
+#include "attnkit/kv_cache.h"
+#include "attnkit/registry.h"
+#include "attnkit/selection.h"
+#include "common.h"
+
+namespace attnkit::python {
+
+struct PyReqToTokenPool {
+  std::unique_ptr<ReqToTokenPool> pool;
+};
+
+struct PyKVPool {
+  virtual ~PyKVPool() = default;
+  std::unique_ptr<KVPool> pool;
+  std::vector<Array> keep_alive;  // caller-owned buffers of a wrapped pool
+};
+struct PyMHAKVPool : PyKVPool {
+  MHAKVPool& mha() const { return static_cast<MHAKVPool&>(*pool); }
+};
+struct PyMLAKVPool : PyKVPool {
+  MLAKVPool& mla() const { return static_cast<MLAKVPool&>(*pool); }
+};
+
+struct PyAttentionLayer {
+  AttentionLayer layer;
+  std::optional<Array> sinks;
+};
+
+struct PySpecInfo {
+  SpecInfo spec;
+  std::optional<Array> custom_mask;
+  std::optional<Array> mask_indptr;
+};
+
+struct PyForwardBatch {
+  ForwardBatch batch;
+  std::vector<Array> keep_alive;  // the batch's tensors
+  nb::object req_to_token_pool;   // the pools it points at
+  nb::object kv_pool;
+};
+
+struct PyBackend {
+  std::unique_ptr<AttentionBackend> backend;
+  nb::object req_to_token_pool;
+  nb::object kv_pool;
+  // Static CUDA-graph buffers handed to capture/replay: the backend may keep their addresses.
+  std::vector<Array> graph_buffers;
+};
+
+// The descriptor as a dict (bind_selection.cpp); shared by Backend.descriptor and matrix().
+nb::dict descriptor_dict(const BackendDescriptor& d);
+// "extend", "decode", ... or an attnkit.ForwardMode value.
+ForwardMode parse_mode_arg(nb::handle obj);
+// The Selection inside an attnkit.Selection object, or nullptr when `obj` is not one.
+const Selection* selection_of(nb::handle obj);
+
+void bind_kv(nb::module_& m);
+void bind_backend(nb::module_& m);
+void bind_selection(nb::module_& m);
+
+}  // namespace attnkit::python

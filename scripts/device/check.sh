@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Runs ON the device machine from the repository root (carry .deps and .peers, made here by
+# scripts/device/prepare_deps.sh):
+#   run(carry=[".deps", ".peers"], command="bash scripts/device/check.sh")
+# Configures and builds with Ninja into build/device, runs `ctest -L gpu`, then the benchmark
+# (`attnkit bench`, when built) and the torch peers, writing logs and JSON under $OUT, and prints a
+# short table last.
+#
+# Environment knobs:
+#   ARCHS="90a-real"        CUDA architectures (add 80-real for the sm_80 path)
+#   STAGES="build test bench peers"   which stages to run
+#   BENCH_FILTER=""         passed to attnkit bench --filter
+#   CTEST_REGEX=""          passed to ctest -R
+#   BENCH_VERIFY=0          1: attnkit bench --verify (fp64 reference per case; slow for big cases)
+#   BENCH_TIMEOUT=240       seconds per case file
+#   BENCH_QUICK=0           1: scripts/device/triton_{decode,extend}_quick.json
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/out}"
+mkdir -p "$OUT"
+ARCHS="${ARCHS:-90a-real}"
+STAGES="${STAGES:-build test bench peers}"
+build="$root/build/device"
+summary="$OUT/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+# At most 8 files come back from $OUT: summary.txt build.log ctest.log bench.log bench_decode.json
+# bench_extend.json peers.log torch_peers.json.
+note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)  date: $(date -u +%Y-%m-%dT%H:%MZ)  commit: $(git rev-parse --short HEAD 2>/dev/null)"
+
+if has_stage build; then
+  t0=$(date +%s)
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DCMAKE_PREFIX_PATH="$root/.deps" \
+    -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
+    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
+    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$OUT/build.log" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ]; then tail -30 "$OUT/build.log"; note "configure: FAILED"; exit 1; fi
+  # The library, the CLI (bench) and every GPU test; the CPU unit tests run in CI, not here.
+  targets=(attnkit_cli)
+  for f in tests/gpu/test_*.cpp tests/gpu/test_*.cu; do
+    [ -f "$f" ] && targets+=("$(basename "${f%.*}")")
+  done
+  ninja -C "$build" -j16 -k 0 "${targets[@]}" >> "$OUT/build.log" 2>&1
+  rc=$?
+  note "build: rc=$rc in $(( $(date +%s) - t0 )) s"
+  # -k 0 keeps going: a target that fails to build (another backend mid-edit) is reported and the
+  # rest still run.
+  if [ $rc -ne 0 ]; then grep -E "error|FAILED" "$OUT/build.log" | head -30 | tee -a "$summary"; fi
+fi
+
+if has_stage test; then
+  t0=$(date +%s)
+  args=(-L gpu --output-on-failure --timeout 300 -j4)
+  [ -n "${CTEST_REGEX:-}" ] && args+=(-R "$CTEST_REGEX")
+  ctest --test-dir "$build" "${args[@]}" > "$OUT/ctest.log" 2>&1
+  rc=$?
+  grep -E "tests passed|tests failed|Total Test time" "$OUT/ctest.log" | tee -a "$summary"
+  grep -E "^\s*[0-9]+ - .*(Failed|SEGFAULT|Timeout|Exception)" "$OUT/ctest.log" | head -40 | tee -a "$summary"
+  skipped=$(grep -c "Skipped" "$OUT/ctest.log")
+  note "ctest: rc=$rc skipped=$skipped in $(( $(date +%s) - t0 )) s"
+fi
+
+cli="$build/tools/attnkit/attnkit"
+if has_stage bench && [ -x "$cli" ]; then
+  # BENCH_QUICK=1: the small case files next to this script instead of bench/cases/*.json.
+  for f in decode extend; do
+    cases="bench/cases/$f.json"
+    [ "${BENCH_QUICK:-0}" = 1 ] && cases="scripts/device/triton_${f}_quick.json"
+    [ -f "$cases" ] || continue
+    args=(bench --backend triton --cases "$cases" --device cuda
+          --json "$OUT/bench_$f.json")
+    [ "${BENCH_VERIFY:-0}" = 1 ] && args+=(--verify)
+    [ -n "${BENCH_FILTER:-}" ] && args+=(--filter "$BENCH_FILTER")
+    echo "=== bench $f: ${args[*]}" >> "$OUT/bench.log"
+    timeout "${BENCH_TIMEOUT:-240}" "$cli" "${args[@]}" >> "$OUT/bench.log" 2>&1
+    note "bench $f: rc=$?"
+  done
+fi
+
+if has_stage peers && [ -f .peers/torch_peers.py ]; then
+  PYTHONUNBUFFERED=1 OUT="$OUT" timeout "${PEERS_TIMEOUT:-300}" python3 .peers/torch_peers.py > "$OUT/peers.log" 2>&1
+  note "peers: rc=$?"
+fi
+
+echo "==================== summary ===================="
+cat "$summary"
+[ -f "$OUT/bench.log" ] && { echo "--- bench (tail) ---"; tail -40 "$OUT/bench.log"; }
+[ -f "$OUT/peers.log" ] && { echo "--- peers (ceilings + decode) ---"; grep -E "ceiling|decode" "$OUT/peers.log" | head -20; }
+exit 0

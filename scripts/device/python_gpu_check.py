@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""Checks every GPU attention backend built into the attnkit Python package against
+torch.nn.functional.scaled_dot_product_attention on K/V gathered from the paged cache.
+
+Everything goes through the Python bindings the way an engine would use them: the paged KV cache
+is a list of caller-owned torch CUDA tensors wrapped zero-copy (MHAKVPool.wrap), the request
+table and page allocator come from attnkit, the work runs on torch's current stream, and each
+case runs a prefill (extend), an extend over the cached prefix and a decode step, every layer
+compared with SDPA over the gathered (dequantised) keys and values. Covered: MHA, GQA, MQA, page
+sizes 1 / 16 / 64, a sliding window, fp8_e4m3 KV with layer scales, head dims 64 / 128 / 256, f16
+activations, long sequences (split-KV decode) and, for backends whose descriptor says so,
+CUDA-graph capture + replay of a decode step (bit-identical to eager, and right).
+
+Semantics of the reference (those of the library's torch_native oracle): every key, the new
+tokens' included, is read back from the pool after the forward stored it, so fp8 caches are
+compared against the dequantised stored values. Query i of request r sits at position prefix_r +
+i; key j is visible when j <= q_pos and (window < 0 or q_pos - j <= window).
+
+Tolerances are those of the C++ case harness: relative L2 <= 1e-2 for bf16 outputs (3e-3 f16),
+max-abs <= 4 * tol * max(1, max |reference|), no NaN/Inf (outputs and unused cache rows start
+as NaN, so a stray read shows).
+
+Usage (device machine):  python scripts/device/python_gpu_check.py [--backends triton,...]
+Exit status 0 when every case that ran passed. The last line reads "N passed, N failed, N skipped".
+"""
+
+import argparse
+import dataclasses
+import math
+import sys
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+import attnkit as ak
+
+DEVICE = "cuda"
+# Relative L2 tolerance per output dtype (src/harness/case_runner.cpp tolerance_for) and the
+# max-abs factor on top of it.
+REL_L2_TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
+MAX_ABS_FACTOR = 4.0
+# fp8 e4m3: unit roundoff 2^-4, smallest subnormal step 2^-9 (half of it is the absolute bound).
+E4M3_UNIT_ROUNDOFF = 2.0**-4
+E4M3_HALF_SUBNORMAL = 2.0**-10
+E4M3_NAN_CODE = 0x7F
+TORCH_DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16}
+NUM_LAYERS = 2
+MAX_CONTEXT = 2048
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    page_size: int
+    kv_dtype: str = "bf16"  # bf16 / f16 (the activation dtype) or fp8_e4m3
+    q_dtype: str = "bf16"
+    window: int = -1
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    prefill: tuple = (37, 1, 100, 64)
+    extend: tuple = (5, 17, 1, 3)
+
+
+CASES = [
+    Case("mha_page1", 8, 8, 128, 1),
+    Case("gqa4_page16", 32, 8, 128, 16),
+    Case("gqa8_page64_window63", 16, 2, 64, 64, window=63),
+    Case("mqa_page16_d256", 8, 1, 256, 16),
+    Case("gqa4_page16_f16", 32, 8, 128, 16, kv_dtype="f16", q_dtype="f16"),
+    Case("gqa4_page16_fp8", 32, 8, 128, 16, kv_dtype="fp8_e4m3", k_scale=0.25, v_scale=0.5),
+    Case("gqa4_page64_fp8_window31", 16, 4, 128, 64, kv_dtype="fp8_e4m3", window=31,
+         k_scale=0.5, v_scale=2.0),
+    Case("gqa4_page16_long_split_kv", 32, 8, 128, 16, prefill=(1013, 1, 1900), extend=(3, 1, 1)),
+]
+
+
+class Results:
+    def __init__(self):
+        self.passed = self.failed = self.skipped = 0
+
+    def report(self, status, label, detail=""):
+        print(f"{status:4} {label}{': ' + detail if detail else ''}", flush=True)
+        if status == "PASS":
+            self.passed += 1
+        elif status == "FAIL":
+            self.failed += 1
+        else:
+            self.skipped += 1
+
+
+def skip_reason(descriptor, case):
+    """Why the descriptor says this backend cannot run the case ("" = it can)."""
+    row = descriptor["mha"]
+    if row is None:
+        return "no MHA support"
+    sizes = row["native_page_sizes"]
+    if isinstance(sizes, list) and case.page_size not in sizes:
+        return f"page_size {case.page_size} not in {sizes}"
+    if case.kv_dtype.startswith("fp8") and not row["fp8_kv"]:
+        return "no fp8 KV cache"
+    if case.window >= 0 and not row["sliding_window"]:
+        return "no sliding window"
+    if row["head_dims"] and case.head_dim not in row["head_dims"]:
+        return f"head_dim {case.head_dim} not compiled (compiled: {row['head_dims']})"
+    return ""
+
+
+class Cache:
+    """Caller-owned paged KV cache in torch CUDA tensors, NaN-poisoned."""
+
+    def __init__(self, case):
+        self.case = case
+        total = sum(case.prefill) + sum(case.extend) + 4 * len(case.prefill)
+        self.num_pages = total // case.page_size + 2 * len(case.prefill) + 2
+        rows = (self.num_pages + 1) * case.page_size
+        shape = (rows, case.kv_heads, case.head_dim)
+        if case.kv_dtype == "fp8_e4m3":
+            self.k = [torch.full(shape, E4M3_NAN_CODE, dtype=torch.uint8, device=DEVICE)
+                      for _ in range(NUM_LAYERS)]
+            self.v = [torch.full(shape, E4M3_NAN_CODE, dtype=torch.uint8, device=DEVICE)
+                      for _ in range(NUM_LAYERS)]
+            self.pool = ak.MHAKVPool.wrap(self.k, self.v, page_size=case.page_size,
+                                          dtype="fp8_e4m3")
+        else:
+            kv_type = TORCH_DTYPE[case.kv_dtype]
+            self.k = [torch.full(shape, math.nan, dtype=kv_type, device=DEVICE)
+                      for _ in range(NUM_LAYERS)]
+            self.v = [torch.full(shape, math.nan, dtype=kv_type, device=DEVICE)
+                      for _ in range(NUM_LAYERS)]
+            self.pool = ak.MHAKVPool.wrap(self.k, self.v, page_size=case.page_size)
+        self.table = ak.ReqToTokenPool(len(case.prefill) + 2, MAX_CONTEXT, device=DEVICE)
+        self.pages = ak.PageAllocator(self.num_pages, case.page_size)
+        self.rows = [self.table.alloc() for _ in case.prefill]
+        self.lengths = [0] * len(case.prefill)
+
+    def dequantised(self, layer, slots):
+        """K and V of `slots` as float32 [n, kv_heads, dim], as the pool stores them."""
+        k, v = self.k[layer][slots], self.v[layer][slots]
+        if self.case.kv_dtype == "fp8_e4m3":
+            k = k.view(torch.float8_e4m3fn).float() * self.case.k_scale
+            v = v.view(torch.float8_e4m3fn).float() * self.case.v_scale
+        return k.float(), v.float()
+
+    def plan(self, new_lens, mode):
+        """Allocates slots, fills the request table, returns (batch, slots tensor, prefix)."""
+        prefix = list(self.lengths)
+        seq = [p + n for p, n in zip(prefix, new_lens)]
+        last = ak.last_locs(self.table, self.rows, prefix)
+        if mode == "decode":
+            slots = self.pages.alloc_decode(seq, last)
+        else:
+            slots = self.pages.alloc_extend(prefix, seq, last)
+        start = 0
+        for row, p, n in zip(self.rows, prefix, new_lens):
+            self.table.write(row, p, slots[start:start + n])
+            start += n
+        i32 = dict(dtype=torch.int32, device=DEVICE)
+        extend_args = {}
+        if mode != "decode":
+            starts = [sum(new_lens[:i]) for i in range(len(new_lens))]
+            extend_args = dict(extend_prefix_lens=torch.tensor(prefix, **i32),
+                               extend_seq_lens=torch.tensor(new_lens, **i32),
+                               extend_start_loc=torch.tensor(starts, **i32),
+                               extend_prefix_lens_host=prefix, extend_seq_lens_host=list(new_lens),
+                               extend_start_loc_host=starts)
+        positions = torch.cat([torch.arange(p, s, device=DEVICE) for p, s in zip(prefix, seq)])
+        slots_t = torch.from_numpy(slots).to(DEVICE)
+        batch = ak.ForwardBatch(mode, torch.tensor(self.rows, **i32), torch.tensor(seq, **i32),
+                                slots_t, self.table, self.pool, positions=positions,
+                                req_pool_indices_host=self.rows, seq_lens_host=seq,
+                                stream=torch.cuda.current_stream().cuda_stream, **extend_args)
+        return batch, slots_t, prefix
+
+    def commit(self, new_lens):
+        self.lengths = [p + n for p, n in zip(self.lengths, new_lens)]
+
+
+def sdpa_reference(q, k, v, prefix, scaling, window):
+    """q [n, Hq, D] at positions prefix..prefix+n-1 over k/v [L, Hkv, D] (float32)."""
+    group = q.shape[1] // k.shape[1]
+    kv_len = k.shape[0]
+    q_pos = torch.arange(prefix, prefix + q.shape[0], device=DEVICE)[:, None]
+    k_pos = torch.arange(kv_len, device=DEVICE)[None, :]
+    mask = k_pos <= q_pos
+    if window >= 0:
+        mask &= (q_pos - k_pos) <= window
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1), k.repeat_interleave(group, dim=1).transpose(0, 1),
+        v.repeat_interleave(group, dim=1).transpose(0, 1), attn_mask=mask, scale=scaling)
+    return out.transpose(0, 1)
+
+
+def compare(out, ref, dtype):
+    """'' when out matches ref within the harness tolerances, else a description."""
+    out = out.float()
+    bad = (~torch.isfinite(out)).sum().item()
+    diff = out - ref
+    rel = (diff.norm() / ref.norm().clamp_min(1e-30)).item()
+    max_abs = diff.abs().max().item()
+    tol = REL_L2_TOLERANCE[dtype]
+    abs_tol = MAX_ABS_FACTOR * tol * max(1.0, ref.abs().max().item())
+    summary = f"rel_l2 {rel:.2e} (tol {tol:.0e}) max_abs {max_abs:.2e} (tol {abs_tol:.2e})"
+    if bad or rel > tol or max_abs > abs_tol:
+        return f"{summary}, nan/inf {bad}"
+    return ""
+
+
+def check_stored(cache, layer, slots, k, v):
+    """set_kv / save_kv stored the new rows in the caller's tensors (zero-copy)."""
+    case = cache.case
+    if case.kv_dtype != "fp8_e4m3":
+        ok = torch.equal(cache.k[layer][slots], k) and torch.equal(cache.v[layer][slots], v)
+        return "" if ok else "stored k/v differ from the inputs"
+    stored_k, stored_v = cache.dequantised(layer, slots)
+    for stored, x, scale in ((stored_k, k, case.k_scale), (stored_v, v, case.v_scale)):
+        exact = x.float()
+        bound = E4M3_UNIT_ROUNDOFF * exact.abs() + E4M3_HALF_SUBNORMAL * scale
+        if not bool(((stored - exact).abs() <= bound).all()):
+            return "fp8 stored values are not RNE(x / scale)"
+    return ""
+
+
+def make_layer(case, layer_id):
+    return ak.AttentionLayer(case.q_heads, case.kv_heads, case.head_dim, layer_id=layer_id,
+                             sliding_window=case.window, k_scale=case.k_scale,
+                             v_scale=case.v_scale)
+
+
+def run_step(backend, cache, new_lens, mode, gen, results, label):
+    case = cache.case
+    dtype = TORCH_DTYPE[case.q_dtype]
+    batch, slots, prefix = cache.plan(new_lens, mode)
+    backend.init_forward_metadata(batch)
+    tokens = sum(new_lens)
+    failures = []
+    for layer_id in range(NUM_LAYERS):
+        layer = make_layer(case, layer_id)
+        q = torch.randn(tokens, case.q_heads, case.head_dim, generator=gen, device=DEVICE,
+                        dtype=dtype)
+        k = torch.randn(tokens, case.kv_heads, case.head_dim, generator=gen, device=DEVICE,
+                        dtype=dtype)
+        v = torch.randn(tokens, case.kv_heads, case.head_dim, generator=gen, device=DEVICE,
+                        dtype=dtype)
+        out = torch.full_like(q, math.nan)
+        forward = backend.forward_decode if mode == "decode" else backend.forward_extend
+        forward(q, k, v, out, layer, batch)
+        torch.cuda.synchronize()
+        stored = check_stored(cache, layer_id, slots, k, v)
+        if stored:
+            failures.append(f"layer {layer_id}: {stored}")
+        start = 0
+        for i, (row, p, n) in enumerate(zip(cache.rows, prefix, new_lens)):
+            row_slots = torch.from_numpy(cache.table.host_row(row)[:p + n]).long().to(DEVICE)
+            kk, vv = cache.dequantised(layer_id, row_slots)
+            ref = sdpa_reference(q[start:start + n], kk, vv, p, layer.scaling, case.window)
+            problem = compare(out[start:start + n], ref, dtype)
+            if problem:
+                failures.append(f"layer {layer_id} request {i} (prefix {p}, new {n}): {problem}")
+            start += n
+    cache.commit(new_lens)
+    results.report("FAIL" if failures else "PASS", f"{label} {mode} {list(new_lens)}",
+                   "; ".join(failures[:3]))
+
+
+def run_graph_decode(backend, cache, gen, results, label):
+    """Capture one decode step with placeholder metadata, replay it for the real batch, and
+    compare with eager execution (bit-identical) and with SDPA."""
+    case = cache.case
+    dtype = TORCH_DTYPE[case.q_dtype]
+    bs = len(cache.rows)
+    layer = make_layer(case, 0)
+    i32 = dict(dtype=torch.int32, device=DEVICE)
+    fill = backend.cuda_graph_seq_len_fill_value
+    # Static graph inputs. At capture time the lengths are placeholders (the backend's fill
+    # value); replay must refresh the metadata from the real lengths.
+    static_rows = torch.tensor(cache.rows, **i32)
+    static_seq = torch.full((bs,), fill, **i32)
+    static_loc = torch.zeros(bs, dtype=torch.int64, device=DEVICE)
+    q = torch.randn(bs, case.q_heads, case.head_dim, generator=gen, device=DEVICE, dtype=dtype)
+    k = torch.randn(bs, case.kv_heads, case.head_dim, generator=gen, device=DEVICE, dtype=dtype)
+    v = torch.randn(bs, case.kv_heads, case.head_dim, generator=gen, device=DEVICE, dtype=dtype)
+    out_graph = torch.full_like(q, math.nan)
+    backend.init_cuda_graph_state(bs, bs)
+    backend.init_forward_metadata_capture_cuda_graph(bs, bs, static_rows, static_seq, None,
+                                                     "decode", None)
+    capture_batch = ak.ForwardBatch("decode", static_rows, static_seq, static_loc, cache.table,
+                                    cache.pool, req_pool_indices_host=cache.rows,
+                                    seq_lens_host=[fill] * bs)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        capture_batch.stream = torch.cuda.current_stream().cuda_stream
+        backend.forward_decode(q, k, v, out_graph, layer, capture_batch)
+
+    batch, slots, prefix = cache.plan([1] * bs, "decode")
+    seq = [p + 1 for p in prefix]
+    static_seq.copy_(torch.tensor(seq, **i32))
+    static_loc.copy_(slots)
+    backend.init_forward_metadata_replay_cuda_graph(bs, static_rows, static_seq, sum(seq), None,
+                                                    "decode", None, seq_lens_host=seq)
+    graph.replay()
+    torch.cuda.synchronize()
+
+    out_eager = torch.full_like(q, math.nan)
+    backend.init_forward_metadata(batch)
+    backend.forward_decode(q, k, v, out_eager, layer, batch)
+    torch.cuda.synchronize()
+    failures = []
+    if not torch.equal(out_graph, out_eager):
+        diff = (out_graph.float() - out_eager.float()).abs().nan_to_num(math.inf).max().item()
+        failures.append(f"graph replay differs from eager (max |diff| {diff:.2e})")
+    for i, (row, p) in enumerate(zip(cache.rows, prefix)):
+        row_slots = torch.from_numpy(cache.table.host_row(row)[:p + 1]).long().to(DEVICE)
+        kk, vv = cache.dequantised(0, row_slots)
+        ref = sdpa_reference(q[i:i + 1], kk, vv, p, layer.scaling, case.window)
+        problem = compare(out_graph[i:i + 1], ref, dtype)
+        if problem:
+            failures.append(f"request {i}: {problem}")
+    cache.commit([1] * bs)
+    results.report("FAIL" if failures else "PASS", f"{label} cuda-graph decode",
+                   "; ".join(failures[:3]))
+
+
+def run_case(name, descriptor, case, results):
+    label = f"{name}/{case.name}"
+    reason = skip_reason(descriptor, case)
+    if reason:
+        results.report("SKIP", label, f"descriptor: {reason}")
+        return
+    cache = Cache(case)
+    try:
+        backend = ak.create_backend(name, kv_pool=cache.pool, req_to_token_pool=cache.table,
+                                    num_q_heads=case.q_heads, q_dtype=case.q_dtype,
+                                    stream=torch.cuda.current_stream().cuda_stream)
+    except (ak.UnsupportedError, ak.NotBuiltError) as e:
+        results.report("SKIP", label, f"{type(e).__name__}: {e}")
+        return
+    except ak.Error as e:
+        results.report("FAIL", label, f"create_backend: {type(e).__name__}: {e}")
+        return
+    gen = torch.Generator(device=DEVICE)
+    gen.manual_seed(sum(map(ord, label)))
+    try:
+        run_step(backend, cache, case.prefill, "extend", gen, results, label)
+        run_step(backend, cache, case.extend, "extend", gen, results, label)
+        run_step(backend, cache, [1] * len(case.prefill), "decode", gen, results, label)
+        if descriptor["cuda_graph"]:
+            run_graph_decode(backend, cache, gen, results, label)
+    except ak.Error as e:
+        results.report("FAIL", label, f"{type(e).__name__}: {e}")
+    except Exception:  # a crash in one backend must not hide the others' results
+        results.report("FAIL", label, traceback.format_exc(limit=3).replace("\n", " | "))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", help="comma-separated backend names (default: every GPU "
+                        "backend built into the package)")
+    parser.add_argument("--cases", help="comma-separated case names (default: all)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device visible to torch", file=sys.stderr)
+        return 2
+    print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__} | attnkit "
+          f"{ak.__version__} (built_with_cuda={ak.built_with_cuda})")
+    descriptors = {row["name"]: row for row in ak.matrix()}
+    names = (args.backends.split(",") if args.backends
+             else [n for n in ak.built_backends("cuda") if n != "torch_native"])
+    if not names:
+        print("no GPU backend is built into this attnkit package", file=sys.stderr)
+        return 2
+    cases = [c for c in CASES if not args.cases or c.name in args.cases.split(",")]
+    results = Results()
+    for name in names:
+        if name not in descriptors:
+            results.report("FAIL", name, "unknown backend")
+            continue
+        for case in cases:
+            run_case(name, descriptors[name], case, results)
+    print(f"{results.passed} passed, {results.failed} failed, {results.skipped} skipped")
+    return 1 if results.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+// AttentionBackend: mode routing, the default (unsupported) CUDA-graph methods and the shared input
+// validation every backend runs before any launch.
+#include "attnkit/backend.h"
+
+#include <cmath>
+#include <sstream>
+#include <string>
+
+#include "attnkit/registry.h"
+
+namespace attnkit {
+
+namespace {
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+std::string shape_string(std::initializer_list<int64_t> dims) {
+  std::ostringstream os;
+  os << "[";
+  bool first = true;
+  for (int64_t d : dims) {
+    os << (first ? "" : ", ") << d;
+    first = false;
+  }
+  os << "]";
+  return os.str();
+}
+
+// `t` must be a 3-D (or `dims.size()`-D) tensor of exactly `dims` with a unit innermost stride.
+Status check_exact(const TensorView& t, const char* name, std::initializer_list<int64_t> dims,
+                   const char* layout) {
+  bool ok = t.ndim == static_cast<int>(dims.size());
+  int i = 0;
+  for (int64_t d : dims) {
+    if (!ok) break;
+    ok = t.shape[static_cast<size_t>(i)] == d;
+    ++i;
+  }
+  if (!ok) {
+    return Status::invalid_argument(
+        cat(name, ": expected shape ", shape_string(dims), " ", layout, ", got ", t.describe()));
+  }
+  if (t.ndim > 0 && t.shape[static_cast<size_t>(t.ndim - 1)] > 1 && t.stride(-1) != 1) {
+    return Status::invalid_argument(
+        cat(name, ": the innermost stride must be 1, got ", t.stride(-1), " (", t.describe(), ")"));
+  }
+  return Status::ok();
+}
+
+Status check_on(const TensorView& t, const char* name, Device device) {
+  if (t.device != device) {
+    return Status::invalid_argument(cat(name, " is on ", t.device.to_string(),
+                                        " but the backend runs on ", device.to_string()));
+  }
+  return Status::ok();
+}
+
+bool is_activation_dtype(DType d) {
+  return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16;
+}
+
+Status check_layer(const AttentionLayer& layer) {
+  if (layer.num_q_heads <= 0 || layer.num_kv_heads <= 0) {
+    return Status::invalid_argument(cat("layer.num_q_heads ", layer.num_q_heads,
+                                        " and layer.num_kv_heads ", layer.num_kv_heads,
+                                        " must be > 0"));
+  }
+  if (layer.num_q_heads % layer.num_kv_heads != 0) {
+    return Status::invalid_argument(cat("layer.num_q_heads ", layer.num_q_heads,
+                                        " is not divisible by layer.num_kv_heads ",
+                                        layer.num_kv_heads, " (GQA needs whole groups)"));
+  }
+  if (layer.qk_head_dim <= 0 || layer.v_head_dim <= 0) {
+    return Status::invalid_argument(cat("layer.qk_head_dim ", layer.qk_head_dim,
+                                        " and layer.v_head_dim ", layer.v_head_dim,
+                                        " must be > 0"));
+  }
+  if (!(layer.scaling > 0.f) || !std::isfinite(layer.scaling)) {
+    return Status::invalid_argument(cat("layer.scaling ", layer.scaling,
+                                        " must be finite and > 0 (usually 1/sqrt(qk_head_dim))"));
+  }
+  if (layer.logit_cap < 0.f || !std::isfinite(layer.logit_cap)) {
+    return Status::invalid_argument(
+        cat("layer.logit_cap ", layer.logit_cap, " must be finite and >= 0 (0 = off)"));
+  }
+  if (layer.sliding_window < -1) {
+    return Status::invalid_argument(
+        cat("layer.sliding_window ", layer.sliding_window, " must be -1 (off) or >= 0"));
+  }
+  if (!(layer.k_scale > 0.f) || !(layer.v_scale > 0.f) || !std::isfinite(layer.k_scale) ||
+      !std::isfinite(layer.v_scale)) {
+    return Status::invalid_argument(cat("layer.k_scale ", layer.k_scale, " and layer.v_scale ",
+                                        layer.v_scale, " must be finite and > 0"));
+  }
+  if (layer.is_mla) {
+    const int row = layer.kv_lora_rank + layer.qk_rope_head_dim;
+    if (layer.kv_lora_rank <= 0 || layer.qk_rope_head_dim < 0) {
+      return Status::invalid_argument(cat("layer.kv_lora_rank ", layer.kv_lora_rank,
+                                          " must be > 0 and layer.qk_rope_head_dim ",
+                                          layer.qk_rope_head_dim, " >= 0 for MLA"));
+    }
+    if (layer.qk_head_dim == row) {  // absorbed
+      if (layer.num_kv_heads != 1 || layer.v_head_dim != layer.kv_lora_rank) {
+        return Status::invalid_argument(
+            cat("MLA absorbed layer (qk_head_dim ", layer.qk_head_dim,
+                " = kv_lora_rank + qk_rope_head_dim): needs num_kv_heads 1 (got ",
+                layer.num_kv_heads, ") and v_head_dim = kv_lora_rank ", layer.kv_lora_rank,
+                " (got ", layer.v_head_dim, ")"));
+      }
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status AttentionBackend::forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const AttentionLayer& layer,
+                                 const ForwardBatch& batch, bool save_kv, const TensorView& lse) {
+  switch (batch.mode) {
+    case ForwardMode::kIdle:
+      return Status::ok();
+    case ForwardMode::kDecode:
+      return forward_decode(q, k, v, out, layer, batch, save_kv, lse);
+    case ForwardMode::kExtend:
+    case ForwardMode::kMixed:
+    case ForwardMode::kTargetVerify:
+    case ForwardMode::kDraftExtend:
+      return forward_extend(q, k, v, out, layer, batch, save_kv, lse);
+  }
+  return Status::invalid_argument(
+      cat("batch.mode ", static_cast<int>(batch.mode), " is not a ForwardMode"));
+}
+
+Status AttentionBackend::init_cuda_graph_state(int /*max_bs*/, int /*max_num_tokens*/) {
+  return Status::unsupported(descriptor().name + " does not support CUDA graphs");
+}
+
+Status AttentionBackend::init_forward_metadata_capture_cuda_graph(
+    int /*bs*/, int /*num_tokens*/, const TensorView& /*req_pool_indices*/,
+    const TensorView& /*seq_lens*/, const TensorView& /*encoder_lens*/, ForwardMode /*mode*/,
+    const SpecInfo* /*spec*/) {
+  return Status::unsupported(descriptor().name + " does not support CUDA graphs");
+}
+
+Status AttentionBackend::init_forward_metadata_replay_cuda_graph(
+    int /*bs*/, const TensorView& /*req_pool_indices*/, const TensorView& /*seq_lens*/,
+    int64_t /*seq_lens_sum*/, const TensorView& /*encoder_lens*/, ForwardMode /*mode*/,
+    const SpecInfo* /*spec*/, const int32_t* /*seq_lens_host*/) {
+  return Status::unsupported(descriptor().name + " does not support CUDA graphs");
+}
+
+Status validate_forward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const AttentionLayer& layer,
+                               const ForwardBatch& batch, bool save_kv, const TensorView& lse,
+                               Device device) {
+  ATTNKIT_RETURN_IF_ERROR(check_layer(layer));
+  if (batch.mode == ForwardMode::kIdle) return Status::ok();
+  ATTNKIT_RETURN_IF_ERROR(batch.validate());
+
+  const int64_t t = batch.num_tokens;
+  const int64_t hq = layer.num_q_heads;
+  const int64_t hkv = layer.num_kv_heads;
+  const int64_t dqk = layer.qk_head_dim;
+  const int64_t dv = layer.v_head_dim;
+  const bool mla_absorbed =
+      layer.is_mla && layer.qk_head_dim == layer.kv_lora_rank + layer.qk_rope_head_dim;
+  const bool mla_prefill = layer.is_mla && !mla_absorbed;
+
+  // Activations.
+  if (!q.defined()) return Status::invalid_argument("q is missing (null data)");
+  if (!is_activation_dtype(q.dtype)) {
+    return Status::invalid_argument(
+        cat("q: dtype ", dtype_name(q.dtype), " is not supported (expected f32, f16 or bf16)"));
+  }
+  ATTNKIT_RETURN_IF_ERROR(check_exact(q, "q", {t, hq, dqk}, "[tokens, q_heads, qk_head_dim]"));
+  ATTNKIT_RETURN_IF_ERROR(check_on(q, "q", device));
+  if (!out.defined()) return Status::invalid_argument("out is missing (null data)");
+  if (out.dtype != q.dtype) {
+    return Status::invalid_argument(
+        cat("out: dtype ", dtype_name(out.dtype), " must equal q's dtype ", dtype_name(q.dtype)));
+  }
+  ATTNKIT_RETURN_IF_ERROR(check_exact(out, "out", {t, hq, dv}, "[tokens, q_heads, v_head_dim]"));
+  ATTNKIT_RETURN_IF_ERROR(check_on(out, "out", device));
+
+  const bool k_given = k.defined();
+  const bool v_given = v.defined();
+  if (k_given) {
+    if (k.dtype != q.dtype) {
+      return Status::invalid_argument(
+          cat("k: dtype ", dtype_name(k.dtype), " must equal q's dtype ", dtype_name(q.dtype)));
+    }
+    ATTNKIT_RETURN_IF_ERROR(check_exact(k, "k", {t, hkv, dqk}, "[tokens, kv_heads, qk_head_dim]"));
+    ATTNKIT_RETURN_IF_ERROR(check_on(k, "k", device));
+  }
+  if (v_given) {
+    if (v.dtype != q.dtype) {
+      return Status::invalid_argument(
+          cat("v: dtype ", dtype_name(v.dtype), " must equal q's dtype ", dtype_name(q.dtype)));
+    }
+    ATTNKIT_RETURN_IF_ERROR(check_exact(v, "v", {t, hkv, dv}, "[tokens, kv_heads, v_head_dim]"));
+    ATTNKIT_RETURN_IF_ERROR(check_on(v, "v", device));
+  }
+  if (lse.defined()) {
+    if (lse.dtype != DType::kF32) {
+      return Status::invalid_argument(cat("lse: dtype ", dtype_name(lse.dtype), " must be f32"));
+    }
+    ATTNKIT_RETURN_IF_ERROR(check_exact(lse, "lse", {t, hq}, "[tokens, q_heads]"));
+    ATTNKIT_RETURN_IF_ERROR(check_on(lse, "lse", device));
+  }
+  if (layer.sinks.defined()) {
+    if (layer.sinks.dtype != DType::kF32) {
+      return Status::invalid_argument(
+          cat("layer.sinks: dtype ", dtype_name(layer.sinks.dtype), " must be f32"));
+    }
+    ATTNKIT_RETURN_IF_ERROR(check_exact(layer.sinks, "layer.sinks", {hq}, "[q_heads]"));
+    ATTNKIT_RETURN_IF_ERROR(check_on(layer.sinks, "layer.sinks", device));
+  }
+
+  // What save_kv needs.
+  if (save_kv) {
+    if (layer.is_cross_attention) {
+      return Status::invalid_argument(
+          "save_kv is true for a cross-attention layer: its keys are the encoder tokens already "
+          "in the pool (write them with kv_pool->set_kv during the encoder pass)");
+    }
+    if (mla_prefill) {
+      return Status::invalid_argument(
+          cat("save_kv is true for an MLA non-absorbed layer (qk_head_dim ", dqk,
+              " != kv_lora_rank + qk_rope_head_dim ", layer.kv_lora_rank + layer.qk_rope_head_dim,
+              "): write the latent row with kv_pool->set_kv instead"));
+    }
+    if (!k_given || (!v_given && !mla_absorbed)) {
+      return Status::invalid_argument(cat("save_kv is true but ", !k_given ? "k" : "v",
+                                          " is missing: both k and v of the new tokens are "
+                                          "needed to write the cache"));
+    }
+  }
+  if (mla_prefill && (!k_given || !v_given)) {
+    return Status::invalid_argument(
+        cat("MLA non-absorbed layer (qk_head_dim ", dqk, ", v_head_dim ", dv,
+            "): k and v of the new tokens are required (the latent pool is not read)"));
+  }
+  if (layer.is_cross_attention && batch.encoder_lens_host.empty()) {
+    return Status::invalid_argument(
+        "layer.is_cross_attention is set but batch.encoder_lens_host is empty");
+  }
+
+  // The pool must match the layer.
+  const KVPool* pool = batch.kv_pool;
+  if (pool == nullptr) return Status::invalid_argument("batch.kv_pool is null");
+  if (pool->device() != device) {
+    return Status::invalid_argument(cat("batch.kv_pool is on ", pool->device().to_string(),
+                                        " but the backend runs on ", device.to_string()));
+  }
+  const KVPoolConfig& cfg = pool->config();
+  if (t > cfg.size) {
+    return Status::invalid_argument(
+        cat("batch.num_tokens ", t, " exceeds the KV pool's usable slots ", cfg.size));
+  }
+  if (layer.layer_id < 0 || layer.layer_id >= cfg.num_layers) {
+    return Status::invalid_argument(cat("layer.layer_id ", layer.layer_id,
+                                        " is outside the KV pool's layers [0, ", cfg.num_layers,
+                                        ")"));
+  }
+  if (pool->is_mla() != layer.is_mla) {
+    return Status::invalid_argument(cat("layer.is_mla ", layer.is_mla ? "true" : "false",
+                                        " does not match the KV pool (",
+                                        pool->is_mla() ? "MLA" : "MHA", ")"));
+  }
+  if (layer.is_mla) {
+    if (cfg.kv_lora_rank != layer.kv_lora_rank || cfg.qk_rope_head_dim != layer.qk_rope_head_dim) {
+      return Status::invalid_argument(cat(
+          "layer kv_lora_rank ", layer.kv_lora_rank, " / qk_rope_head_dim ", layer.qk_rope_head_dim,
+          " do not match the MLA pool's ", cfg.kv_lora_rank, " / ", cfg.qk_rope_head_dim));
+    }
+  } else {
+    if (cfg.num_kv_heads != hkv || cfg.head_dim != dqk || cfg.v_head_dim != dv) {
+      return Status::invalid_argument(
+          cat("layer (num_kv_heads ", hkv, ", qk_head_dim ", dqk, ", v_head_dim ", dv,
+              ") does not match the KV pool (num_kv_heads ", cfg.num_kv_heads, ", head_dim ",
+              cfg.head_dim, ", v_head_dim ", cfg.v_head_dim, ")"));
+    }
+  }
+  if (batch.req_to_token_pool != nullptr && batch.req_to_token_pool->device() != device) {
+    return Status::invalid_argument(cat("batch.req_to_token_pool is on ",
+                                        batch.req_to_token_pool->device().to_string(),
+                                        " but the backend runs on ", device.to_string()));
+  }
+  const std::pair<const TensorView*, const char*> batch_tensors[] = {
+      {&batch.req_pool_indices, "batch.req_pool_indices"},
+      {&batch.seq_lens, "batch.seq_lens"},
+      {&batch.out_cache_loc, "batch.out_cache_loc"},
+      {&batch.positions, "batch.positions"},
+      {&batch.extend_prefix_lens, "batch.extend_prefix_lens"},
+      {&batch.extend_seq_lens, "batch.extend_seq_lens"},
+      {&batch.extend_start_loc, "batch.extend_start_loc"},
+      {&batch.encoder_lens, "batch.encoder_lens"},
+      {&batch.spec.custom_mask, "batch.spec.custom_mask"},
+      {&batch.spec.mask_indptr, "batch.spec.mask_indptr"},
+  };
+  for (const auto& [tensor, name] : batch_tensors) {
+    if (tensor->defined()) ATTNKIT_RETURN_IF_ERROR(check_on(*tensor, name, device));
+  }
+  return Status::ok();
+}
+
+}  // namespace attnkit

@@ -1,0 +1,284 @@
+// ForwardMode names and ForwardBatch::validate.
+#include "attnkit/forward_batch.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace attnkit {
+
+const char* forward_mode_name(ForwardMode mode) {
+  switch (mode) {
+    case ForwardMode::kExtend:
+      return "extend";
+    case ForwardMode::kDecode:
+      return "decode";
+    case ForwardMode::kMixed:
+      return "mixed";
+    case ForwardMode::kIdle:
+      return "idle";
+    case ForwardMode::kTargetVerify:
+      return "target_verify";
+    case ForwardMode::kDraftExtend:
+      return "draft_extend";
+  }
+  return "unknown";
+}
+
+namespace {
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+// A device tensor mirrored by a host array: when defined it must be a 1-D `dtype` of n elements.
+Status check_array(const TensorView& t, const char* name, DType dtype, int64_t n, bool required) {
+  if (!t.defined()) {
+    if (required && n > 0) {
+      return Status::invalid_argument(
+          cat("ForwardBatch.", name, " is missing: expected ", dtype_name(dtype), "[", n, "]"));
+    }
+    return Status::ok();
+  }
+  if (t.dtype != dtype || t.ndim != 1 || t.shape[0] != n) {
+    return Status::invalid_argument(cat("ForwardBatch.", name, ": expected ", dtype_name(dtype),
+                                        "[", n, "], got ", t.describe()));
+  }
+  return Status::ok();
+}
+
+Status check_host_size(size_t size, const char* name, int64_t n) {
+  if (static_cast<int64_t>(size) != n) {
+    return Status::invalid_argument(
+        cat("ForwardBatch.", name, " has ", size, " entries, expected batch_size ", n));
+  }
+  return Status::ok();
+}
+
+bool check_indices_enabled() {
+  const char* env = std::getenv("ATTNKIT_CHECK_INDICES");
+  return env != nullptr && env[0] == '1';
+}
+
+}  // namespace
+
+Status ForwardBatch::validate() const {
+  if (batch_size < 0) {
+    return Status::invalid_argument(cat("ForwardBatch.batch_size ", batch_size, " must be >= 0"));
+  }
+  if (num_tokens < 0) {
+    return Status::invalid_argument(cat("ForwardBatch.num_tokens ", num_tokens, " must be >= 0"));
+  }
+  if (mode == ForwardMode::kIdle) {
+    if (num_tokens != 0) {
+      return Status::invalid_argument(
+          cat("ForwardBatch.num_tokens ", num_tokens, " must be 0 in mode idle"));
+    }
+    return Status::ok();
+  }
+  const int64_t bs = batch_size;
+  ATTNKIT_RETURN_IF_ERROR(
+      check_host_size(req_pool_indices_host.size(), "req_pool_indices_host", bs));
+  ATTNKIT_RETURN_IF_ERROR(check_host_size(seq_lens_host.size(), "seq_lens_host", bs));
+  ATTNKIT_RETURN_IF_ERROR(check_array(req_pool_indices, "req_pool_indices", DType::kI32, bs, true));
+  ATTNKIT_RETURN_IF_ERROR(check_array(seq_lens, "seq_lens", DType::kI32, bs, true));
+  ATTNKIT_RETURN_IF_ERROR(
+      check_array(out_cache_loc, "out_cache_loc", DType::kI64, num_tokens, true));
+  ATTNKIT_RETURN_IF_ERROR(check_array(positions, "positions", DType::kI64, num_tokens, false));
+
+  const bool verify = mode == ForwardMode::kTargetVerify;
+  int draft = 0;
+  if (verify) {
+    if (!has_spec) {
+      return Status::invalid_argument("ForwardBatch.has_spec is false in mode target_verify");
+    }
+    draft = spec.draft_token_num;
+    if (draft <= 0) {
+      return Status::invalid_argument(
+          cat("ForwardBatch.spec.draft_token_num ", draft, " must be > 0 in mode target_verify"));
+    }
+    if (spec.topk < 1) {
+      return Status::invalid_argument(cat("ForwardBatch.spec.topk ", spec.topk, " must be >= 1"));
+    }
+    if (static_cast<int64_t>(num_tokens) != bs * draft) {
+      return Status::invalid_argument(cat("ForwardBatch.num_tokens ", num_tokens,
+                                          " must equal batch_size * spec.draft_token_num = ",
+                                          bs * draft, " in mode target_verify"));
+    }
+  }
+
+  // Encoder lengths (optional).
+  const bool has_encoder = !encoder_lens_host.empty();
+  if (has_encoder) {
+    ATTNKIT_RETURN_IF_ERROR(check_host_size(encoder_lens_host.size(), "encoder_lens_host", bs));
+  }
+  ATTNKIT_RETURN_IF_ERROR(check_array(encoder_lens, "encoder_lens", DType::kI32, bs, false));
+  if (encoder_lens.defined() && !has_encoder) {
+    return Status::invalid_argument(
+        "ForwardBatch.encoder_lens is set but encoder_lens_host is empty");
+  }
+
+  int64_t sum = 0;
+  for (int64_t r = 0; r < bs; ++r) {
+    if (seq_lens_host[r] < 0) {
+      return Status::invalid_argument(
+          cat("ForwardBatch.seq_lens_host[", r, "] = ", seq_lens_host[r], " must be >= 0"));
+    }
+    if (has_encoder && encoder_lens_host[r] < 0) {
+      return Status::invalid_argument(
+          cat("ForwardBatch.encoder_lens_host[", r, "] = ", encoder_lens_host[r], " must be >= 0"));
+    }
+    sum += seq_lens_host[r];
+  }
+  if (seq_lens_sum != sum) {
+    return Status::invalid_argument(cat("ForwardBatch.seq_lens_sum ", seq_lens_sum,
+                                        " does not match the sum of seq_lens_host ", sum));
+  }
+
+  if (mode == ForwardMode::kDecode) {
+    if (num_tokens != batch_size) {
+      return Status::invalid_argument(cat("ForwardBatch.num_tokens ", num_tokens,
+                                          " must equal batch_size ", batch_size,
+                                          " in mode decode"));
+    }
+    for (int64_t r = 0; r < bs; ++r) {
+      if (seq_lens_host[r] < 1) {
+        return Status::invalid_argument(
+            cat("ForwardBatch.seq_lens_host[", r, "] = ", seq_lens_host[r],
+                " must be >= 1 in mode decode (it counts the new token)"));
+      }
+    }
+  } else if (!verify || !extend_seq_lens_host.empty() || !extend_prefix_lens_host.empty()) {
+    // Extend modes: per-request prefix and new-token counts (optional for target_verify, where
+    // seq_lens and spec.draft_token_num say the same).
+    ATTNKIT_RETURN_IF_ERROR(
+        check_host_size(extend_prefix_lens_host.size(), "extend_prefix_lens_host", bs));
+    ATTNKIT_RETURN_IF_ERROR(
+        check_host_size(extend_seq_lens_host.size(), "extend_seq_lens_host", bs));
+    ATTNKIT_RETURN_IF_ERROR(
+        check_array(extend_prefix_lens, "extend_prefix_lens", DType::kI32, bs, true));
+    ATTNKIT_RETURN_IF_ERROR(check_array(extend_seq_lens, "extend_seq_lens", DType::kI32, bs, true));
+    ATTNKIT_RETURN_IF_ERROR(
+        check_array(extend_start_loc, "extend_start_loc", DType::kI32, bs, false));
+    if (!extend_start_loc_host.empty()) {
+      ATTNKIT_RETURN_IF_ERROR(
+          check_host_size(extend_start_loc_host.size(), "extend_start_loc_host", bs));
+    }
+    int64_t tokens = 0;
+    for (int64_t r = 0; r < bs; ++r) {
+      const int32_t prefix = extend_prefix_lens_host[r];
+      const int32_t n = extend_seq_lens_host[r];
+      if (prefix < 0 || n < 0) {
+        return Status::invalid_argument(cat("ForwardBatch request ", r, ": extend_prefix_len ",
+                                            prefix, " and extend_seq_len ", n, " must be >= 0"));
+      }
+      if (!extend_start_loc_host.empty() && extend_start_loc_host[r] != tokens) {
+        return Status::invalid_argument(cat("ForwardBatch.extend_start_loc_host[", r,
+                                            "] = ", extend_start_loc_host[r], " must be ", tokens,
+                                            " (the sum of the earlier extend_seq_lens)"));
+      }
+      if (verify) {
+        if (n != draft || prefix != seq_lens_host[r]) {
+          return Status::invalid_argument(
+              cat("ForwardBatch request ", r, " (target_verify): extend_seq_len ", n,
+                  " must equal spec.draft_token_num ", draft, " and extend_prefix_len ", prefix,
+                  " must equal seq_len ", seq_lens_host[r], " (the committed prefix)"));
+        }
+      } else if (seq_lens_host[r] != prefix + n) {
+        return Status::invalid_argument(cat("ForwardBatch request ", r, ": seq_len ",
+                                            seq_lens_host[r], " must equal extend_prefix_len ",
+                                            prefix, " + extend_seq_len ", n));
+      }
+      tokens += n;
+    }
+    if (tokens != num_tokens) {
+      return Status::invalid_argument(cat("ForwardBatch.num_tokens ", num_tokens,
+                                          " does not match the sum of extend_seq_lens ", tokens));
+    }
+  }
+
+  // Speculative tree mask.
+  if (has_spec && spec.custom_mask.defined()) {
+    if (spec.custom_mask.dtype != DType::kU8) {
+      return Status::invalid_argument(
+          cat("ForwardBatch.spec.custom_mask: expected uint8, got ", spec.custom_mask.describe()));
+    }
+    ATTNKIT_RETURN_IF_ERROR(
+        check_host_size(spec.mask_indptr_host.size(), "spec.mask_indptr_host", bs + 1));
+    ATTNKIT_RETURN_IF_ERROR(
+        check_array(spec.mask_indptr, "spec.mask_indptr", DType::kI64, bs + 1, true));
+    if (verify) {
+      for (int64_t r = 0; r < bs; ++r) {
+        const int64_t expected = static_cast<int64_t>(draft) * (seq_lens_host[r] + draft);
+        const int64_t got = spec.mask_indptr_host[r + 1] - spec.mask_indptr_host[r];
+        if (spec.mask_indptr_host[r] < 0 || got != expected) {
+          return Status::invalid_argument(cat("ForwardBatch.spec.mask_indptr_host: request ", r,
+                                              " spans ", got, " mask bytes from ",
+                                              spec.mask_indptr_host[r],
+                                              ", expected N * (prefix + N) = ", expected, " (N ",
+                                              draft, ", prefix ", seq_lens_host[r], ")"));
+        }
+      }
+    }
+    if (spec.mask_indptr_host[bs] > spec.custom_mask.numel()) {
+      return Status::invalid_argument(
+          cat("ForwardBatch.spec.mask_indptr_host[", bs, "] = ", spec.mask_indptr_host[bs],
+              " is past the end of spec.custom_mask (", spec.custom_mask.numel(), " bytes)"));
+    }
+  } else if (verify && spec.topk > 1) {
+    return Status::invalid_argument(cat("ForwardBatch.spec.custom_mask is missing: spec.topk ",
+                                        spec.topk, " > 1 needs the tree mask"));
+  }
+
+  // Capacity of the request table and the KV pool.
+  if (bs > 0 && req_to_token_pool == nullptr) {
+    return Status::invalid_argument("ForwardBatch.req_to_token_pool is null");
+  }
+  if (bs > 0 && kv_pool == nullptr) {
+    return Status::invalid_argument("ForwardBatch.kv_pool is null");
+  }
+  if (req_to_token_pool == nullptr) return Status::ok();
+  const int max_reqs = req_to_token_pool->max_reqs();
+  const int max_context = req_to_token_pool->max_context_len();
+  for (int64_t r = 0; r < bs; ++r) {
+    const int32_t row = req_pool_indices_host[r];
+    if (row < 1 || row > max_reqs) {
+      return Status::invalid_argument(cat("ForwardBatch.req_pool_indices_host[", r, "] = ", row,
+                                          " is outside the request table rows [1, ", max_reqs,
+                                          "]"));
+    }
+    const int64_t encoder = has_encoder ? encoder_lens_host[r] : 0;
+    const int64_t row_len = encoder + seq_lens_host[r] + (verify ? draft : 0);
+    if (row_len > max_context) {
+      return Status::invalid_argument(
+          cat("ForwardBatch request ", r, ": encoder_len ", encoder, " + seq_len ",
+              seq_lens_host[r], verify ? cat(" + draft_token_num ", draft) : std::string(), " = ",
+              row_len, " exceeds max_context_len ", max_context, " of req_to_token_pool"));
+    }
+  }
+  if (check_indices_enabled()) {
+    if (kv_pool == nullptr) return Status::ok();
+    const int64_t lo = kv_pool->page_size();
+    const int64_t hi = kv_pool->rows();
+    for (int64_t r = 0; r < bs; ++r) {
+      const int32_t* row = req_to_token_pool->host_row(req_pool_indices_host[r]);
+      const int64_t encoder = has_encoder ? encoder_lens_host[r] : 0;
+      const int64_t row_len = encoder + seq_lens_host[r] + (verify ? draft : 0);
+      for (int64_t i = 0; row != nullptr && i < row_len; ++i) {
+        if (row[i] < lo || row[i] >= hi) {
+          return Status::invalid_argument(
+              cat("req_to_token[", req_pool_indices_host[r], ", ", i, "] = ", row[i], " (request ",
+                  r, ") is outside the KV pool slots [", lo, ", ", hi, ")"));
+        }
+      }
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace attnkit

@@ -1,0 +1,761 @@
+// The `flashinfer` backend: host side. Input checks, the per-forward plan (build_work_plan on the
+// host lengths, uploaded through pinned staging into a preallocated device workspace), the
+// per-layer launches and the CUDA-graph trio. Kernels live in kernels/.
+//
+// Host protocol: init_forward_metadata plans once per forward; forward_extend / forward_decode
+// fill a PagedParams and launch (no allocation, no synchronisation). For CUDA graphs the plan
+// lives in a fixed workspace sized by init_cuda_graph_state; the captured grid is the workspace's
+// capacity (CTAs past the plan's item count exit) and replay rewrites the plan in place from
+// seq_lens_host with the same planner as eager execution, so replay and eager runs split every
+// request identically and give bit-identical outputs.
+#include "backends/flashinfer/flashinfer_backend.h"
+
+#ifdef ATTNKIT_WITH_CUDA
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "attnkit/registry.h"
+#include "backends/flashinfer/kernels/flashinfer_kernels.h"
+#include "backends/flashinfer/kernels/mla_fp4_portable.h"
+#include "backends/flashinfer/kernels/work_plan.h"
+#include "backends/triton/kernels/simt_layout.h"
+#include "backends/triton/kernels/split_plan.h"
+#include "backends/triton/kernels/triton_kernels.h"
+#include "backends/triton/triton_backend.h"
+#include "cuda/common/cuda_check.cuh"
+#include "cuda/common/dispatch.h"
+#include "cuda/common/metadata_kernels.h"
+#include "cuda/common/online_softmax.cuh"
+
+namespace attnkit {
+namespace {
+
+using flashinfer::PagedParams;
+using flashinfer::PlanConfig;
+using flashinfer::PlanRequest;
+using flashinfer::TileShape;
+using flashinfer::WorkPlan;
+
+constexpr int kMinComputeCapability = 80;
+constexpr int kVecElems = 8;  // 16-byte accesses of bf16/f16 rows
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// A grow-only device buffer of one element type.
+template <typename T>
+struct DeviceArray {
+  Buffer buffer;
+  int64_t capacity = 0;
+  T* data() const { return static_cast<T*>(buffer.data()); }
+  Status reserve(Device device, int64_t n) {
+    if (n <= capacity) return Status::ok();
+    ATTNKIT_ASSIGN_OR_RETURN(buffer, Buffer::allocate(device, std::max<int64_t>(n, 1) *
+                                                                  static_cast<int64_t>(sizeof(T))));
+    capacity = n;
+    return Status::ok();
+  }
+};
+
+// Pinned host staging for plan uploads. An event marks the last copy out of it, so the next plan
+// is written only after the previous upload has been consumed.
+class PinnedStaging {
+ public:
+  PinnedStaging() = default;
+  PinnedStaging(const PinnedStaging&) = delete;
+  PinnedStaging& operator=(const PinnedStaging&) = delete;
+  ~PinnedStaging() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+    if (host_ != nullptr) cudaFreeHost(host_);
+  }
+  // Copies words to dst (device) on stream through the staging buffer.
+  Status upload(const std::vector<int32_t>& words, int32_t* dst, StreamHandle stream) {
+    if (event_ == nullptr)
+      ATTNKIT_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    ATTNKIT_CUDA_TRY(cudaEventSynchronize(event_));
+    const int64_t n = static_cast<int64_t>(words.size());
+    if (n > capacity_) {
+      if (host_ != nullptr) ATTNKIT_CUDA_TRY(cudaFreeHost(host_));
+      host_ = nullptr;
+      ATTNKIT_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_),
+                                      static_cast<size_t>(n) * sizeof(int32_t)));
+      capacity_ = n;
+    }
+    std::copy(words.begin(), words.end(), host_);
+    ATTNKIT_CUDA_TRY(cudaMemcpyAsync(dst, host_, static_cast<size_t>(n) * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, cuda::to_stream(stream)));
+    ATTNKIT_CUDA_TRY(cudaEventRecord(event_, cuda::to_stream(stream)));
+    return Status::ok();
+  }
+
+ private:
+  int32_t* host_ = nullptr;
+  int64_t capacity_ = 0;
+  cudaEvent_t event_ = nullptr;
+};
+
+// Everything a forward's layers share.
+struct Plan {
+  bool valid = false;
+  bool portable = false;  // this forward runs on the portable SIMT path (the triton backend)
+  bool mla_fp4 = false;   // this forward runs MLA over an fp4 pool (run_mla_fp4_portable)
+  ForwardMode mode = ForwardMode::kIdle;
+  int bs = 0;
+  TileShape shape = TileShape::kDecode;
+  int grid_items = 0;  // CTAs per kv head launched
+  bool merge = false;  // launch the split-KV merge
+  bool split = false;  // some request is split (stats)
+  const int32_t* words = nullptr;
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
+};
+
+bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
+int log2_exact(int v) {
+  int s = 0;
+  while ((1 << s) < v) ++s;
+  return s;
+}
+
+Status check_vec_aligned(const TensorView& t, const char* name) {
+  const bool ok = reinterpret_cast<uintptr_t>(t.data) % (kVecElems * 2) == 0 &&
+                  t.stride(0) % kVecElems == 0 && t.stride(1) % kVecElems == 0;
+  if (!ok) {
+    return Status::unsupported(std::string("flashinfer: ") + name + " " + t.describe() +
+                               " needs 16-byte aligned rows (strides multiples of 8 elements)");
+  }
+  return Status::ok();
+}
+
+class FlashInferBackend final : public AttentionBackend {
+ public:
+  FlashInferBackend(const BackendContext& ctx, int sm_count, int cc,
+                    std::unique_ptr<AttentionBackend> portable, std::string portable_reason)
+      : ctx_(ctx),
+        sm_count_(sm_count),
+        cc_(cc),
+        portable_(std::move(portable)),
+        ctx_portable_reason_(std::move(portable_reason)) {}
+
+  const BackendDescriptor& descriptor() const override {
+    return *builtin_registry().find("flashinfer");
+  }
+
+  Status init_forward_metadata(const ForwardBatch& batch) override;
+  Status forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const AttentionLayer& layer,
+                        const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
+    return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/false);
+  }
+  Status forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const AttentionLayer& layer,
+                        const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
+    return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/true);
+  }
+
+  Status init_cuda_graph_state(int max_bs, int max_num_tokens) override;
+  Status init_forward_metadata_capture_cuda_graph(int bs, int num_tokens,
+                                                  const TensorView& req_pool_indices,
+                                                  const TensorView& seq_lens,
+                                                  const TensorView& encoder_lens, ForwardMode mode,
+                                                  const SpecInfo* spec) override;
+  Status init_forward_metadata_replay_cuda_graph(int bs, const TensorView& req_pool_indices,
+                                                 const TensorView& seq_lens, int64_t seq_lens_sum,
+                                                 const TensorView& encoder_lens, ForwardMode mode,
+                                                 const SpecInfo* spec,
+                                                 const int32_t* seq_lens_host) override;
+
+  const FlashInferStats& stats() const { return stats_; }
+
+  // MLA absorbed over an fp4 pool: the portable SIMT kernel's fp4 instantiation, planned here as
+  // the triton backend plans MLA (token indices, query layout, split extent).
+  bool mla_fp4_context(const ForwardBatch& batch) const {
+    return ctx_.is_mla && batch.kv_pool != nullptr && batch.kv_pool->dtype() == DType::kFP4E2M1 &&
+           ctx_.qk_head_dim == ctx_.kv_lora_rank + ctx_.qk_rope_head_dim;
+  }
+
+ private:
+  StreamHandle stream_for(const ForwardBatch& batch) const {
+    return batch.stream != nullptr ? batch.stream : ctx_.stream;
+  }
+  // The single answer to "tensor cores or the portable path" for this forward: "" = tensor cores.
+  std::string portable_reason(const ForwardBatch& batch) const;
+  PlanConfig plan_config(TileShape shape, bool allow_split) const {
+    PlanConfig c;
+    c.shape = shape;
+    c.num_kv_heads = ctx_.num_kv_heads;
+    c.group = ctx_.num_q_heads / ctx_.num_kv_heads;
+    c.target_ctas = flashinfer::kTargetCtasPerSm * sm_count_;
+    c.allow_split = allow_split;
+    return c;
+  }
+  Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+             const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
+             const TensorView& lse, bool decode);
+  Status plan_mla_fp4(const ForwardBatch& batch);
+  Status run_mla_fp4(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
+                     bool save_kv, const TensorView& lse, bool decode);
+  Status portable_or_error(const char* what) const {
+    if (portable_ == nullptr) {
+      return Status::unsupported("flashinfer: " + std::string(what) +
+                                 " needs the portable path, which is unavailable here (" +
+                                 ctx_portable_reason_ + ")");
+    }
+    return Status::ok();
+  }
+
+  BackendContext ctx_;
+  int sm_count_ = 0;
+  int cc_ = 0;
+  std::unique_ptr<AttentionBackend> portable_;
+  std::string ctx_portable_reason_;  // non-empty: every forward is portable
+  Plan plan_;
+  FlashInferStats stats_;
+
+  // Eager workspace (grow-only; only init_forward_metadata resizes it).
+  std::vector<int32_t> words_;
+  DeviceArray<int32_t> plan_words_;
+  DeviceArray<float> partial_out_, partial_lse_;
+  PinnedStaging staging_;
+
+  // MLA fp4 workspace.
+  DeviceArray<int32_t> mla_indptr_, mla_indices_, mla_q_layout_;
+  std::vector<int32_t> mla_q_layout_host_;
+  int mla_grid_splits_ = 1;
+  int mla_max_splits_ = 1;
+  int mla_max_q_len_ = 0;
+
+  // CUDA-graph workspace (fixed addresses for the captured kernels).
+  bool graph_ready_ = false;
+  bool graph_portable_ = false;
+  int graph_max_bs_ = 0;
+  int graph_bs_ = 0;
+  int64_t graph_items_ = 0;
+  DeviceArray<int32_t> graph_words_;
+  DeviceArray<float> graph_partial_out_, graph_partial_lse_;
+};
+
+std::string FlashInferBackend::portable_reason(const ForwardBatch& batch) const {
+  if (!ctx_portable_reason_.empty()) return ctx_portable_reason_;
+  if (!batch.encoder_lens_host.empty()) return "encoder / cross-attention batch";
+  if (batch.kv_pool != nullptr) {
+    const DType kv = batch.kv_pool->dtype();
+    if (kv != ctx_.q_dtype && !dtype_is_fp8(kv)) {
+      return std::string("KV dtype ") + dtype_name(kv) + " with q dtype " +
+             dtype_name(ctx_.q_dtype);
+    }
+  }
+  return "";
+}
+
+Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
+  plan_ = Plan{};
+  plan_.mode = batch.mode;
+  if (batch.mode == ForwardMode::kIdle) {
+    plan_.valid = true;
+    return Status::ok();
+  }
+  ATTNKIT_RETURN_IF_ERROR(batch.validate());
+  if (batch.req_to_token_pool == nullptr) {
+    return Status::invalid_argument("flashinfer: ForwardBatch.req_to_token_pool is null");
+  }
+  const int bs = batch.batch_size;
+  plan_.bs = bs;
+  if (mla_fp4_context(batch)) return plan_mla_fp4(batch);
+  if (!portable_reason(batch).empty()) {
+    ATTNKIT_RETURN_IF_ERROR(portable_or_error(portable_reason(batch).c_str()));
+    ATTNKIT_RETURN_IF_ERROR(portable_->init_forward_metadata(batch));
+    plan_.portable = true;
+    plan_.valid = true;
+    return Status::ok();
+  }
+
+  const bool decode = batch.mode == ForwardMode::kDecode;
+  const bool verify = batch.mode == ForwardMode::kTargetVerify;
+  std::vector<PlanRequest> reqs(static_cast<size_t>(bs));
+  int32_t start = 0;
+  for (int r = 0; r < bs; ++r) {
+    PlanRequest& q = reqs[static_cast<size_t>(r)];
+    const int32_t seq = batch.seq_lens_host[static_cast<size_t>(r)];
+    if (decode) {
+      q.q_start = r;
+      q.q_len = 1;
+      q.kv_len = seq;
+    } else {
+      const bool have_extend = !batch.extend_seq_lens_host.empty();
+      q.q_len = have_extend ? batch.extend_seq_lens_host[static_cast<size_t>(r)]
+                            : batch.spec.draft_token_num;
+      q.q_start = have_extend && !batch.extend_start_loc_host.empty()
+                      ? batch.extend_start_loc_host[static_cast<size_t>(r)]
+                      : start;
+      // seq_lens counts the new tokens, except in verify where the drafts follow the prefix.
+      q.kv_len = verify ? seq + q.q_len : seq;
+    }
+    start += q.q_len;
+  }
+  const TileShape shape = decode ? TileShape::kDecode : TileShape::kPrefill;
+  ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
+                           flashinfer::build_work_plan(reqs, plan_config(shape, decode)));
+  wp.serialize(&words_);
+  const StreamHandle stream = stream_for(batch);
+  ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
+  ATTNKIT_RETURN_IF_ERROR(staging_.upload(words_, plan_words_.data(), stream));
+  if (wp.num_partials > 0) {
+    const int64_t rows = static_cast<int64_t>(wp.num_partials) * ctx_.num_q_heads;
+    ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
+    ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, rows));
+  }
+  plan_.shape = shape;
+  plan_.grid_items = static_cast<int>(wp.items.size());
+  plan_.merge = wp.any_split;
+  plan_.split = wp.any_split;
+  plan_.words = plan_words_.data();
+  plan_.partial_out = partial_out_.data();
+  plan_.partial_lse = partial_lse_.data();
+  plan_.valid = true;
+  return Status::ok();
+}
+
+Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const AttentionLayer& layer,
+                              const ForwardBatch& batch, bool save_kv, const TensorView& lse,
+                              bool decode) {
+  ATTNKIT_RETURN_IF_ERROR(
+      validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
+  if (batch.mode == ForwardMode::kIdle || batch.num_tokens == 0) return Status::ok();
+  if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size) {
+    return Status::invalid_argument(
+        "flashinfer: forward called without a matching init_forward_metadata (mode " +
+        std::string(forward_mode_name(batch.mode)) + ", batch_size " + str(batch.batch_size) + ")");
+  }
+  if (plan_.mla_fp4) {
+    ++stats_.portable_calls;
+    return run_mla_fp4(q, k, v, out, layer, batch, save_kv, lse, decode);
+  }
+  if (plan_.portable) {
+    ++stats_.portable_calls;
+    return decode ? portable_->forward_decode(q, k, v, out, layer, batch, save_kv, lse)
+                  : portable_->forward_extend(q, k, v, out, layer, batch, save_kv, lse);
+  }
+  if (batch.kv_pool == nullptr || batch.kv_pool->is_mla()) {
+    return Status::invalid_argument("flashinfer: ForwardBatch.kv_pool must be an MHA pool");
+  }
+  if (layer.is_cross_attention) {
+    return Status::invalid_argument(
+        "flashinfer: layer " + str(layer.layer_id) +
+        " is a cross-attention layer but the batch has no encoder_lens");
+  }
+  if (layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.qk_head_dim ||
+      layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads) {
+    return Status::invalid_argument(
+        "flashinfer: layer " + str(layer.layer_id) + " (heads " + str(layer.num_q_heads) + "/" +
+        str(layer.num_kv_heads) + ", dims " + str(layer.qk_head_dim) + "/" + str(layer.v_head_dim) +
+        ") differs from the backend context (heads " + str(ctx_.num_q_heads) + "/" +
+        str(ctx_.num_kv_heads) + ", dim " + str(ctx_.qk_head_dim) + ")");
+  }
+  if (q.dtype != ctx_.q_dtype || out.dtype != ctx_.q_dtype) {
+    return Status::invalid_argument(
+        std::string("flashinfer: q ") + dtype_name(q.dtype) + " / out " + dtype_name(out.dtype) +
+        " differ from the context's q dtype " + dtype_name(ctx_.q_dtype));
+  }
+  ATTNKIT_RETURN_IF_ERROR(check_vec_aligned(q, "q"));
+  ATTNKIT_RETURN_IF_ERROR(check_vec_aligned(out, "out"));
+
+  auto& pool = static_cast<MHAKVPool&>(*batch.kv_pool);
+  const StreamHandle stream = stream_for(batch);
+  if (save_kv && k.defined()) {
+    ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
+                                        layer.v_scale, stream));
+  }
+  const TensorView kbuf = pool.k_buffer(layer.layer_id);
+  const TensorView vbuf = pool.v_buffer(layer.layer_id);
+  const DType kv_dtype = pool.dtype();
+  const bool quant = dtype_is_fp8(kv_dtype);
+
+  PagedParams p;
+  p.q = q.data;
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.out = out.data;
+  p.o_stride_token = out.stride(0);
+  p.o_stride_head = out.stride(1);
+  if (lse.defined()) {
+    p.lse = lse.data_as<float>();
+    p.lse_stride_token = lse.stride(0);
+    p.lse_stride_head = lse.stride(1);
+  }
+  p.k_pool = kbuf.data;
+  p.v_pool = vbuf.data;
+  p.k_stride_row = kbuf.stride(0);
+  p.k_stride_head = kbuf.stride(1);
+  p.v_stride_row = vbuf.stride(0);
+  p.v_stride_head = vbuf.stride(1);
+  const TensorView table = batch.req_to_token_pool->table();
+  p.req_to_token = table.data_as<const int32_t>();
+  p.req_to_token_stride = table.stride(0);
+  p.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
+  p.page_size = pool.page_size();
+  p.page_shift = is_power_of_two(p.page_size) ? log2_exact(p.page_size) : -1;
+  p.plan = plan_.words;
+  p.bs = batch.batch_size;
+  if (batch.mode == ForwardMode::kTargetVerify && batch.spec.custom_mask.defined()) {
+    p.custom_mask = batch.spec.custom_mask.data_as<const uint8_t>();
+    p.mask_indptr = batch.spec.mask_indptr.data_as<const int64_t>();
+  }
+  if (layer.sinks.defined()) p.sinks = layer.sinks.data_as<const float>();
+  p.partial_out = plan_.partial_out;
+  p.partial_lse = plan_.partial_lse;
+  p.num_q_heads = layer.num_q_heads;
+  p.num_kv_heads = layer.num_kv_heads;
+  p.group = layer.num_q_heads / layer.num_kv_heads;
+  // fp8 stores x / scale: k_scale folds into the logit scale, v_scale into the output.
+  const float k_scale = quant ? layer.k_scale : 1.f;
+  p.scale = layer.scaling * k_scale;
+  p.scale_log2 = p.scale * cuda::kLog2e;
+  p.logit_cap = layer.logit_cap;
+  p.v_scale = quant ? layer.v_scale : 1.f;
+  p.sliding_window = layer.sliding_window;
+  p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
+
+  ++stats_.native_calls;
+  if (plan_.split) ++stats_.split_calls;
+  const int grid = plan_.grid_items;
+  const bool merge = plan_.merge;
+  const TileShape shape = plan_.shape;
+  return dispatch_value<flashinfer::NativeHeadDims>(
+      ctx_.qk_head_dim, "flashinfer: head_dim", [&]<int kD>() -> Status {
+        if constexpr (!flashinfer::head_dim_compiled(kD)) {
+          return Status::unsupported("flashinfer: head_dim " + str(kD) + " is not compiled in");
+        } else if (shape == TileShape::kDecode) {
+          return flashinfer::run_paged<kD, TileShape::kDecode>(p, q.dtype, kv_dtype, grid, merge,
+                                                               stream);
+        } else {
+          return flashinfer::run_paged<kD, TileShape::kPrefill>(p, q.dtype, kv_dtype, grid, merge,
+                                                                stream);
+        }
+      });
+}
+
+// ---- MLA over an fp4 pool (portable SIMT kernel, planned like the triton backend) ----
+
+Status FlashInferBackend::plan_mla_fp4(const ForwardBatch& batch) {
+  if (!batch.encoder_lens_host.empty()) {
+    return Status::unsupported("flashinfer: MLA with encoder lengths is not supported");
+  }
+  const int bs = batch.batch_size;
+  const bool decode = batch.mode == ForwardMode::kDecode;
+  const bool verify = batch.mode == ForwardMode::kTargetVerify;
+  const bool pool_prefix_is_seq = decode || (verify && batch.extend_prefix_lens_host.empty());
+  const StreamHandle stream = stream_for(batch);
+  const TensorView table = batch.req_to_token_pool->table();
+  cuda::TokenIndexArgs idx;
+  idx.req_to_token = table.data_as<const int32_t>();
+  idx.req_to_token_stride = table.stride(0);
+  idx.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
+  idx.bs = bs;
+  idx.len = pool_prefix_is_seq ? batch.seq_lens.data_as<const int32_t>()
+                               : batch.extend_prefix_lens.data_as<const int32_t>();
+  const std::vector<int32_t>& lens =
+      pool_prefix_is_seq ? batch.seq_lens_host : batch.extend_prefix_lens_host;
+  int64_t total = 0;
+  for (int32_t n : lens) total += n;
+  ATTNKIT_RETURN_IF_ERROR(mla_indptr_.reserve(ctx_.device, bs + 1));
+  ATTNKIT_RETURN_IF_ERROR(mla_indices_.reserve(ctx_.device, total));
+  idx.kv_indptr = mla_indptr_.data();
+  idx.kv_indices = mla_indices_.data();
+  ATTNKIT_RETURN_IF_ERROR(cuda::build_token_indices(idx, stream));
+
+  const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
+  const int tile = triton::simt::gqa_tile(ctx_.qk_head_dim, ctx_.v_head_dim);
+  const int head_blocks = ctx_.num_kv_heads * ((group + tile - 1) / tile);
+  mla_max_splits_ = triton::plan_max_splits(sm_count_, head_blocks);
+  mla_grid_splits_ = 1;
+  mla_max_q_len_ = 0;
+  plan_.partial_out = nullptr;
+  plan_.partial_lse = nullptr;
+  if (decode) {
+    for (int32_t n : batch.seq_lens_host) {
+      mla_grid_splits_ =
+          std::max(mla_grid_splits_, triton::split_count(n, mla_max_splits_, triton::kMinChunk));
+    }
+    if (mla_grid_splits_ > 1) {
+      const int64_t rows =
+          static_cast<int64_t>(mla_grid_splits_) * batch.num_tokens * ctx_.num_q_heads;
+      ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
+      ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, rows));
+      plan_.partial_out = partial_out_.data();
+      plan_.partial_lse = partial_lse_.data();
+    }
+  } else {
+    mla_q_layout_host_.assign(2 * static_cast<size_t>(bs), 0);
+    int32_t start = 0;
+    for (int r = 0; r < bs; ++r) {
+      const int32_t n = batch.extend_seq_lens_host.empty()
+                            ? batch.spec.draft_token_num
+                            : batch.extend_seq_lens_host[static_cast<size_t>(r)];
+      mla_q_layout_host_[static_cast<size_t>(r)] = start;
+      mla_q_layout_host_[static_cast<size_t>(bs + r)] = n;
+      mla_max_q_len_ = std::max(mla_max_q_len_, static_cast<int>(n));
+      start += n;
+    }
+    ATTNKIT_RETURN_IF_ERROR(mla_q_layout_.reserve(ctx_.device, 2 * static_cast<int64_t>(bs)));
+    ATTNKIT_CUDA_TRY(cudaMemcpyAsync(mla_q_layout_.data(), mla_q_layout_host_.data(),
+                                     mla_q_layout_host_.size() * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, cuda::to_stream(stream)));
+  }
+  plan_.mla_fp4 = true;
+  plan_.valid = true;
+  return Status::ok();
+}
+
+Status FlashInferBackend::run_mla_fp4(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const TensorView& out, const AttentionLayer& layer,
+                                      const ForwardBatch& batch, bool save_kv,
+                                      const TensorView& lse, bool decode) {
+  if (!layer.is_mla || layer.qk_head_dim != triton::kMlaHeadDimQK ||
+      layer.v_head_dim != triton::kMlaHeadDimV || !batch.kv_pool->is_mla()) {
+    return Status::unsupported("flashinfer: fp4 MLA needs the absorbed head dims " +
+                               str(triton::kMlaHeadDimQK) + "/" + str(triton::kMlaHeadDimV) +
+                               " and an MLA pool, got " + str(layer.qk_head_dim) + "/" +
+                               str(layer.v_head_dim));
+  }
+  if (lse.defined() && lse.stride(1) != 1) {
+    return Status::unsupported("flashinfer: fp4 MLA needs lse with a unit head stride");
+  }
+  auto& pool = static_cast<MLAKVPool&>(*batch.kv_pool);
+  const StreamHandle stream = stream_for(batch);
+  if (save_kv && k.defined()) {
+    ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
+                                        layer.v_scale, stream));
+  }
+  const TensorView kbuf = pool.kv_buffer(layer.layer_id);
+  const TensorView vbuf = pool.v_view(layer.layer_id);
+  const TensorView scales = pool.scale_buffer(layer.layer_id);
+  triton::AttentionParams p;
+  p.q = q.data;
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.out = out.data;
+  p.o_stride_token = out.stride(0);
+  p.o_stride_head = out.stride(1);
+  if (lse.defined()) {
+    p.lse = lse.data_as<float>();
+    p.lse_stride_token = lse.stride(0);
+  }
+  p.k_pool = kbuf.data;
+  p.v_pool = vbuf.data;
+  p.k_stride_row = kbuf.stride(0);
+  p.k_stride_head = kbuf.stride(1);
+  p.v_stride_row = vbuf.stride(0);
+  p.v_stride_head = vbuf.stride(1);
+  p.k_scales = scales.data_as<const uint8_t>();
+  p.v_scales = p.k_scales;  // V is the first kv_lora_rank columns of the K row
+  p.ks_stride_row = p.vs_stride_row = scales.stride(0);
+  p.ks_stride_head = p.vs_stride_head = scales.stride(1);
+  p.kv_indptr = mla_indptr_.data();
+  p.kv_indices = mla_indices_.data();
+  p.bs = batch.batch_size;
+  p.num_tokens = batch.num_tokens;
+  p.num_q_heads = layer.num_q_heads;
+  p.num_kv_heads = layer.num_kv_heads;
+  p.group_size = layer.num_q_heads / layer.num_kv_heads;
+  p.causal = 1;
+  p.is_decode = decode ? 1 : 0;
+  p.sliding_window = layer.sliding_window;
+  p.logit_cap = layer.logit_cap;
+  // The stored row is x / k_scale for both K and its V columns.
+  p.sm_scale = layer.scaling * layer.k_scale;
+  p.v_scale = layer.k_scale;
+  if (layer.sinks.defined()) p.sinks = layer.sinks.data_as<const float>();
+  int grid_splits = 1;
+  if (decode) {
+    p.max_splits = mla_grid_splits_ > 1 ? mla_max_splits_ : 1;
+    p.min_chunk = triton::kMinChunk;
+    p.partial_out = plan_.partial_out;
+    p.partial_lse = plan_.partial_lse;
+    grid_splits = p.max_splits > 1 ? mla_grid_splits_ : 1;
+  } else {
+    const int bs = batch.batch_size;
+    p.q_start = mla_q_layout_.data();
+    p.q_len = mla_q_layout_.data() + bs;
+    p.has_new_keys = 1;
+    p.new_slots = batch.out_cache_loc.data_as<const int64_t>();
+    if (batch.mode == ForwardMode::kTargetVerify && batch.spec.custom_mask.defined()) {
+      p.custom_mask = batch.spec.custom_mask.data_as<const uint8_t>();
+      p.mask_indptr = batch.spec.mask_indptr.data_as<const int64_t>();
+    }
+  }
+  return flashinfer::run_mla_fp4_portable(p, q.dtype, !decode, grid_splits, stream);
+}
+
+// ---- CUDA graphs (decode) ----
+
+Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
+  if (max_bs < 1 || max_num_tokens < max_bs) {
+    return Status::invalid_argument("flashinfer: init_cuda_graph_state(max_bs " + str(max_bs) +
+                                    ", max_num_tokens " + str(max_num_tokens) +
+                                    ") needs max_bs >= 1 and max_num_tokens >= max_bs");
+  }
+  if (!ctx_portable_reason_.empty()) {
+    ATTNKIT_RETURN_IF_ERROR(portable_or_error(ctx_portable_reason_.c_str()));
+    graph_portable_ = true;
+    graph_ready_ = true;
+    return portable_->init_cuda_graph_state(max_bs, max_num_tokens);
+  }
+  const PlanConfig cfg = plan_config(TileShape::kDecode, true);
+  graph_items_ = flashinfer::max_decode_items(max_bs, cfg);
+  const int64_t words = WorkPlan::words_for(max_bs, graph_items_);
+  ATTNKIT_RETURN_IF_ERROR(graph_words_.reserve(ctx_.device, words));
+  // An all-zero plan (no work items) until the first replay writes one.
+  ATTNKIT_CUDA_TRY(
+      cudaMemset(graph_words_.data(), 0, static_cast<size_t>(words) * sizeof(int32_t)));
+  const int64_t rows = graph_items_ * ctx_.num_q_heads;  // partials <= items
+  ATTNKIT_RETURN_IF_ERROR(graph_partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
+  ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(ctx_.device, rows));
+  graph_max_bs_ = max_bs;
+  graph_ready_ = true;
+  graph_portable_ = false;
+  return Status::ok();
+}
+
+Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
+    int bs, int num_tokens, const TensorView& req_pool_indices, const TensorView& seq_lens,
+    const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec) {
+  if (!graph_ready_)
+    return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
+  if (graph_portable_) {
+    ATTNKIT_RETURN_IF_ERROR(portable_->init_forward_metadata_capture_cuda_graph(
+        bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, mode, spec));
+    plan_ = Plan{};
+    plan_.valid = true;
+    plan_.portable = true;
+    plan_.mode = mode;
+    plan_.bs = bs;
+    return Status::ok();
+  }
+  if (mode != ForwardMode::kDecode) {
+    return Status::unsupported(std::string("flashinfer: CUDA graphs cover decode, not ") +
+                               forward_mode_name(mode));
+  }
+  if (encoder_lens.defined()) {
+    return Status::unsupported("flashinfer: CUDA graphs with encoder lengths are not supported");
+  }
+  if (bs < 1 || bs > graph_max_bs_) {
+    return Status::invalid_argument("flashinfer: graph batch size " + str(bs) + " is outside [1, " +
+                                    str(graph_max_bs_) + "]");
+  }
+  // Nothing is copied here (this may run inside the capture): the kernels read the plan from
+  // the fixed workspace, which every replay rewrites before the graph launches.
+  plan_ = Plan{};
+  plan_.valid = true;
+  plan_.mode = mode;
+  plan_.bs = bs;
+  plan_.shape = TileShape::kDecode;
+  plan_.grid_items = static_cast<int>(graph_items_);
+  plan_.merge = true;
+  plan_.words = graph_words_.data();
+  plan_.partial_out = graph_partial_out_.data();
+  plan_.partial_lse = graph_partial_lse_.data();
+  graph_bs_ = bs;
+  return Status::ok();
+}
+
+Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
+    int bs, const TensorView& req_pool_indices, const TensorView& seq_lens, int64_t seq_lens_sum,
+    const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec,
+    const int32_t* seq_lens_host) {
+  if (!graph_ready_)
+    return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
+  if (graph_portable_) {
+    return portable_->init_forward_metadata_replay_cuda_graph(
+        bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, mode, spec, seq_lens_host);
+  }
+  if (mode != ForwardMode::kDecode) {
+    return Status::unsupported(std::string("flashinfer: CUDA graphs cover decode, not ") +
+                               forward_mode_name(mode));
+  }
+  if (bs != graph_bs_) {
+    return Status::invalid_argument("flashinfer: replay batch size " + str(bs) +
+                                    " differs from the captured batch size " + str(graph_bs_));
+  }
+  if (seq_lens_host == nullptr) {
+    return Status::invalid_argument(
+        "flashinfer: replay needs seq_lens_host (the split plan is computed on the host)");
+  }
+  std::vector<PlanRequest> reqs(static_cast<size_t>(bs));
+  for (int r = 0; r < bs; ++r) {
+    reqs[static_cast<size_t>(r)] = PlanRequest{r, 1, seq_lens_host[r]};
+  }
+  ATTNKIT_ASSIGN_OR_RETURN(
+      WorkPlan wp, flashinfer::build_work_plan(reqs, plan_config(TileShape::kDecode, true)));
+  if (static_cast<int64_t>(wp.items.size()) > graph_items_) {
+    return Status::internal("flashinfer: replay plan has " + str(wp.items.size()) +
+                            " work items, above the graph capacity " + str(graph_items_));
+  }
+  wp.serialize(&words_);
+  return staging_.upload(words_, graph_words_.data(), ctx_.stream);
+}
+
+}  // namespace
+
+const FlashInferStats* flashinfer_stats(const AttentionBackend& backend) {
+  const auto* fi = dynamic_cast<const FlashInferBackend*>(&backend);
+  return fi != nullptr ? &fi->stats() : nullptr;
+}
+
+Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const BackendContext& ctx) {
+  if (!ctx.device.is_cuda()) {
+    return Status::invalid_argument("flashinfer: BackendContext.device " + ctx.device.to_string() +
+                                    " is not a CUDA device");
+  }
+  if (ctx.num_kv_heads < 1 || ctx.num_q_heads < 1 || ctx.num_q_heads % ctx.num_kv_heads != 0) {
+    return Status::invalid_argument("flashinfer: num_q_heads " + str(ctx.num_q_heads) +
+                                    " must be a positive multiple of num_kv_heads " +
+                                    str(ctx.num_kv_heads));
+  }
+  int sm_count = 0, major = 0, minor = 0;
+  ATTNKIT_CUDA_TRY(
+      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, ctx.device.ordinal));
+  ATTNKIT_CUDA_TRY(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device.ordinal));
+  ATTNKIT_CUDA_TRY(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ctx.device.ordinal));
+  const int cc = major * 10 + minor;
+
+  // Context-level reasons for the portable path (per-forward ones: portable_reason()).
+  std::string reason;
+  if (cc < kMinComputeCapability) {
+    reason = "compute capability " + str(cc) + " < " + str(kMinComputeCapability);
+  } else if (ctx.is_mla) {
+    reason = "MLA";
+  } else if (ctx.q_dtype != DType::kBF16 && ctx.q_dtype != DType::kF16) {
+    reason = std::string("q dtype ") + dtype_name(ctx.q_dtype);
+  } else if (ctx.qk_head_dim != ctx.v_head_dim) {
+    reason = "qk_head_dim " + str(ctx.qk_head_dim) + " != v_head_dim " + str(ctx.v_head_dim);
+  } else if (!flashinfer::NativeHeadDims::contains(ctx.qk_head_dim) ||
+             !flashinfer::head_dim_compiled(ctx.qk_head_dim)) {
+    reason = "head_dim " + str(ctx.qk_head_dim) +
+             " (tensor-core head dims built: " + flashinfer::NativeHeadDims::to_string() +
+             " within ATTNKIT_HEAD_DIMS)";
+  }
+  // The portable path serves those contexts, encoder batches and non-fp8 KV of another dtype.
+  std::unique_ptr<AttentionBackend> portable;
+  Result<std::unique_ptr<AttentionBackend>> made = create_triton_backend(ctx);
+  if (made.is_ok()) {
+    portable = std::move(made).value();
+  } else if (!reason.empty()) {
+    return Status(made.status().code(),
+                  "flashinfer: " + reason +
+                      " needs the portable path, which failed: " + made.status().message());
+  }
+  return std::unique_ptr<AttentionBackend>(
+      new FlashInferBackend(ctx, sm_count, cc, std::move(portable), std::move(reason)));
+}
+
+}  // namespace attnkit
+
+#endif  // ATTNKIT_WITH_CUDA

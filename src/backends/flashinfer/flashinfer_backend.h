@@ -1,0 +1,31 @@
+// Factory for the `flashinfer` backend (CUDA builds only); its descriptor lives in
+// src/registry/builtin.cpp.
+//
+// Tensor-core (mma.sync m16n8k16, SM80+) paged attention with a plan/run split: the plan (work
+// items, load-balanced split-KV for decode) is computed once per forward from the host lengths and
+// uploaded into a preallocated workspace; every layer only launches. Decode packs the GQA head
+// group into the MMA M dimension and reads pages in place through req_to_token[r, ::page_size].
+// Combinations outside the tensor-core kernels (MLA, f32 activations, encoder / cross-attention
+// batches, head dims not compiled in, SM < 80) run on the portable SIMT kernels of the triton
+// backend; flashinfer_stats() says which path ran.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "attnkit/backend.h"
+
+namespace attnkit {
+
+Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const BackendContext& ctx);
+
+// Per-layer call counters of a flashinfer backend.
+struct FlashInferStats {
+  int64_t native_calls = 0;    // tensor-core kernels
+  int64_t portable_calls = 0;  // delegated to the portable SIMT path
+  int64_t split_calls = 0;     // native calls whose plan split some request (merge ran)
+};
+// The counters of a backend made by create_flashinfer_backend; nullptr for any other backend.
+const FlashInferStats* flashinfer_stats(const AttentionBackend& backend);
+
+}  // namespace attnkit

@@ -1,0 +1,38 @@
+// Host-facing entry points of the flashinfer backend's kernels (no CUDA types). Each head dim is
+// compiled in its own translation units (paged_attention_hd<d>_{decode,prefill}.cu), present only
+// when <d> is in ATTNKIT_HEAD_DIMS (the instantiation budget).
+#pragma once
+
+#include "attnkit/dtype.h"
+#include "attnkit/status.h"
+#include "attnkit/tensor.h"
+#include "backends/flashinfer/kernels/paged_params.h"
+#include "cuda/common/dispatch.h"
+
+namespace attnkit::flashinfer {
+
+// Head dims the tensor-core kernels are written for (any multiple of 16 up to 256 works; these
+// are the translation units that exist).
+using NativeHeadDims = ValueList<64, 80, 96, 128, 256>;
+
+// Whether head dim d is compiled into this binary (in NativeHeadDims and in the CMake list).
+constexpr bool head_dim_compiled(int d) {
+#ifdef ATTNKIT_HEAD_DIMS_LIST
+  constexpr int kBuilt[] = {ATTNKIT_HEAD_DIMS_LIST};
+  bool in_cmake = false;
+  for (int b : kBuilt) in_cmake = in_cmake || b == d;
+  return in_cmake && NativeHeadDims::contains(d);
+#else
+  (void)d;
+  return false;
+#endif
+}
+
+// Paged attention over the work items of p.plan (grid_items CTAs per kv head; a CUDA-graph grid
+// may be larger than the plan: extra CTAs exit), then the split-KV merge when `merge`.
+// q: bf16 / f16; KV: the q dtype, fp8_e4m3 or fp8_e5m2.
+template <int kD, TileShape kShape>
+Status run_paged(const PagedParams& p, DType q_dtype, DType kv_dtype, int grid_items, bool merge,
+                 StreamHandle stream);
+
+}  // namespace attnkit::flashinfer

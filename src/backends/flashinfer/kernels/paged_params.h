@@ -1,0 +1,101 @@
+// The data the flashinfer backend's paged attention kernels read: the per-forward plan (requests
+// and work items, written by the host planner into a preallocated workspace) and the per-layer
+// Params POD passed as `const __grid_constant__`. Plain C++ (no CUDA types), shared by host and
+// device.
+//
+// Vocabulary:
+//  * packed row: GQA heads are packed into the MMA M dimension. Row i of a request covers token
+//    i / group and q head kv_head * group + i % group, so one CTA serves a whole head group.
+//  * key k of a request is decoder token k of its req_to_token row; its pool slot comes from the
+//    page table req_to_token[row, ::page_size] read in place:
+//      slot(k) = req_to_token[row, k - k % page_size] + k % page_size
+//    (every page-start entry is page-aligned, so no per-token index list is ever built).
+#pragma once
+
+#include <cstdint>
+
+namespace attnkit::flashinfer {
+
+// Tile shapes the planner must agree on with the kernels' Traits.
+inline constexpr int kMmaRows = 16;            // rows of one warp's m16n8k16 tile
+inline constexpr int kDecodeWarpsN = 4;        // decode: warps split the keys of a tile
+inline constexpr int kDecodeKeysPerWarp = 16;  // one PV k-step per warp and tile
+inline constexpr int kDecodeTileKeys = kDecodeWarpsN * kDecodeKeysPerWarp;  // 64
+inline constexpr int kDecodeTileRows = kMmaRows;                            // 16
+inline constexpr int kPrefillWarpsM = 4;  // prefill: warps split the rows of a tile
+inline constexpr int kPrefillTileRows = kPrefillWarpsM * kMmaRows;  // 64
+
+// Which tile shape a forward uses: decode (one query token per request, few packed rows, warps
+// along the keys) or prefill (many packed rows, warps along the rows).
+enum class TileShape : int32_t { kDecode = 0, kPrefill = 1 };
+
+// One request of the forward (8 int32 words).
+struct RequestPlan {
+  int32_t q_start = 0;       // first of its tokens in [0, T)
+  int32_t q_len = 0;         // its new tokens (decode: 1; verify: N)
+  int32_t kv_len = 0;        // keys in the pool: cached prefix + new tokens
+  int32_t num_splits = 1;    // split-KV chunks; 1 = the attention kernel writes out/lse itself
+  int32_t partial_base = 0;  // first partial row of the request when num_splits > 1
+  int32_t reserved[3] = {0, 0, 0};
+};
+
+// One CTA's work (8 int32 words): packed rows [q_row_begin, q_row_begin + tile rows) of one
+// request, keys [kv_begin, kv_end) (before the layer's causal / window clip).
+struct WorkItem {
+  int32_t request = -1;  // -1: padding of a CUDA-graph grid (the CTA exits)
+  int32_t q_row_begin = 0;
+  int32_t kv_begin = 0;
+  int32_t kv_end = 0;
+  int32_t split = 0;  // index among the request's splits
+  int32_t reserved[3] = {0, 0, 0};
+};
+
+// Plan buffer layout (int32 words): [kPlanHeaderWords header][bs RequestPlan][items WorkItem].
+// header[0] = number of valid work items (CTAs with blockIdx.x >= it exit: graph grids are padded).
+inline constexpr int kPlanHeaderWords = 8;
+inline constexpr int kRequestWords = static_cast<int>(sizeof(RequestPlan) / sizeof(int32_t));
+inline constexpr int kItemWords = static_cast<int>(sizeof(WorkItem) / sizeof(int32_t));
+static_assert(sizeof(RequestPlan) == 32 && sizeof(WorkItem) == 32, "plan records are 8 words");
+
+// Per-layer launch parameters. Strides are in elements.
+struct PagedParams {
+  const void* q = nullptr;  // [T, Hq, D] bf16/f16
+  int64_t q_stride_token = 0, q_stride_head = 0;
+  void* out = nullptr;  // [T, Hq, D] q dtype
+  int64_t o_stride_token = 0, o_stride_head = 0;
+  float* lse = nullptr;  // [T, Hq] f32 natural-log LSE; nullptr = not requested
+  int64_t lse_stride_token = 0, lse_stride_head = 0;
+
+  const void* k_pool = nullptr;  // [rows, Hkv, D] pool dtype (q dtype, fp8_e4m3 or fp8_e5m2)
+  const void* v_pool = nullptr;  // [rows, Hkv, D]
+  int64_t k_stride_row = 0, k_stride_head = 0;
+  int64_t v_stride_row = 0, v_stride_head = 0;
+
+  const int32_t* req_to_token = nullptr;  // [max_reqs + 1, req_to_token_stride]
+  int64_t req_to_token_stride = 0;
+  const int32_t* req_pool_indices = nullptr;  // [bs] row of each request
+  int page_size = 1;
+  int page_shift = 0;  // log2(page_size) when page_size is a power of two, else -1
+
+  const int32_t* plan = nullptr;  // header + [bs] RequestPlan + [items] WorkItem (see above)
+  int bs = 0;
+
+  const uint8_t* custom_mask = nullptr;  // verify tree mask; request r: [q_len, kv_len] bytes
+  const int64_t* mask_indptr = nullptr;  // [bs + 1] offsets of each request's block
+  const float* sinks = nullptr;          // [Hq] per-head sink logit; nullptr = off
+
+  float* partial_out = nullptr;  // [partials, Hq, D] f32, normalised partial outputs
+  float* partial_lse = nullptr;  // [partials, Hq] f32, log2-domain LSE of each partial
+
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int group = 1;            // num_q_heads / num_kv_heads
+  float scale_log2 = 0.f;   // scaling * k_scale * log2(e): logits straight to the exp2 domain
+  float scale = 0.f;        // scaling * k_scale (soft-cap path)
+  float logit_cap = 0.f;    // cap * tanh(x / cap); 0 = off
+  float v_scale = 1.f;      // fp8 KV: folded into the output
+  int sliding_window = -1;  // key k visible from query position p when p - k <= window
+  int causal = 1;           // 1: key k visible when k <= query position
+};
+
+}  // namespace attnkit::flashinfer

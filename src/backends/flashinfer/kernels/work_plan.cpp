@@ -1,0 +1,131 @@
+// Host planner of the flashinfer backend (see work_plan.h for the heuristic and worked examples).
+#include "backends/flashinfer/kernels/work_plan.h"
+
+#include <algorithm>
+#include <string>
+
+namespace attnkit::flashinfer {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int tile_rows(TileShape shape) {
+  return shape == TileShape::kDecode ? kDecodeTileRows : kPrefillTileRows;
+}
+
+// CTAs per kv head when every request is cut into chunks of `chunk` keys.
+int64_t chunked_items(std::span<const PlanRequest> requests, int group, int rows_per_tile,
+                      int64_t chunk) {
+  int64_t n = 0;
+  for (const PlanRequest& r : requests) {
+    const int64_t q_tiles = ceil_div(static_cast<int64_t>(r.q_len) * group, rows_per_tile);
+    n += q_tiles * std::max<int64_t>(1, ceil_div(r.kv_len, chunk));
+  }
+  return n;
+}
+
+}  // namespace
+
+void WorkPlan::serialize(std::vector<int32_t>* words) const {
+  const int64_t bs = static_cast<int64_t>(requests.size());
+  const int64_t n = static_cast<int64_t>(items.size());
+  words->assign(static_cast<size_t>(words_for(bs, n)), 0);
+  (*words)[0] = static_cast<int32_t>(n);
+  int32_t* at = words->data() + kPlanHeaderWords;
+  for (const RequestPlan& r : requests) {
+    std::copy_n(reinterpret_cast<const int32_t*>(&r), kRequestWords, at);
+    at += kRequestWords;
+  }
+  for (const WorkItem& w : items) {
+    std::copy_n(reinterpret_cast<const int32_t*>(&w), kItemWords, at);
+    at += kItemWords;
+  }
+}
+
+Result<WorkPlan> build_work_plan(std::span<const PlanRequest> requests, const PlanConfig& config) {
+  if (config.num_kv_heads < 1 || config.group < 1 || config.target_ctas < 1) {
+    return Status::invalid_argument("flashinfer plan: num_kv_heads " +
+                                    std::to_string(config.num_kv_heads) + ", group " +
+                                    std::to_string(config.group) + " and target_ctas " +
+                                    std::to_string(config.target_ctas) + " must all be >= 1");
+  }
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const PlanRequest& q = requests[r];
+    if (q.q_len < 0 || q.kv_len < 0 || q.q_start < 0 || q.q_len > q.kv_len) {
+      return Status::invalid_argument(
+          "flashinfer plan: request " + std::to_string(r) + " has q_start " +
+          std::to_string(q.q_start) + ", q_len " + std::to_string(q.q_len) + ", kv_len " +
+          std::to_string(q.kv_len) + " (needs 0 <= q_len <= kv_len, q_start >= 0)");
+    }
+  }
+  const int rows_per_tile = tile_rows(config.shape);
+  WorkPlan plan;
+  plan.requests.resize(requests.size());
+
+  // Decode split: the smallest tile-aligned chunk that keeps the grid within target_ctas.
+  int64_t chunk = 0;
+  if (config.shape == TileShape::kDecode && config.allow_split && !requests.empty()) {
+    int64_t max_len = 0;
+    for (const PlanRequest& r : requests) max_len = std::max<int64_t>(max_len, r.kv_len);
+    const int64_t per_head_target = config.target_ctas / config.num_kv_heads;
+    const int64_t unsplit =
+        chunked_items(requests, config.group, rows_per_tile, std::max<int64_t>(max_len, 1));
+    if (unsplit < per_head_target && max_len > kMinSplitChunk) {
+      int64_t lo = kMinSplitChunk / kDecodeTileKeys;  // in tiles
+      int64_t hi = ceil_div(max_len, kDecodeTileKeys);
+      while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (chunked_items(requests, config.group, rows_per_tile, mid * kDecodeTileKeys) <=
+            per_head_target) {
+          hi = mid;
+        } else {
+          lo = mid + 1;
+        }
+      }
+      if (lo * kDecodeTileKeys < max_len) chunk = lo * kDecodeTileKeys;
+    }
+  }
+  plan.chunk = static_cast<int>(chunk);
+
+  int32_t partials = 0;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const PlanRequest& in = requests[r];
+    RequestPlan& out = plan.requests[r];
+    out.q_start = in.q_start;
+    out.q_len = in.q_len;
+    out.kv_len = in.kv_len;
+    const int64_t rows = static_cast<int64_t>(in.q_len) * config.group;
+    const int64_t q_tiles = ceil_div(rows, rows_per_tile);
+    const int64_t splits = chunk > 0 ? std::max<int64_t>(1, ceil_div(in.kv_len, chunk)) : 1;
+    out.num_splits = static_cast<int32_t>(splits);
+    if (splits > 1) {
+      out.partial_base = partials;
+      partials += static_cast<int32_t>(splits);
+      plan.any_split = true;
+    }
+    for (int64_t t = 0; t < q_tiles; ++t) {
+      for (int64_t s = 0; s < splits; ++s) {
+        WorkItem w;
+        w.request = static_cast<int32_t>(r);
+        w.q_row_begin = static_cast<int32_t>(t * rows_per_tile);
+        w.kv_begin = static_cast<int32_t>(splits > 1 ? s * chunk : 0);
+        w.kv_end = static_cast<int32_t>(splits > 1 ? std::min<int64_t>(in.kv_len, (s + 1) * chunk)
+                                                   : in.kv_len);
+        w.split = static_cast<int32_t>(s);
+        plan.items.push_back(w);
+      }
+    }
+  }
+  plan.num_partials = partials;
+  return plan;
+}
+
+int64_t max_decode_items(int max_bs, const PlanConfig& config) {
+  // Unsplit: one item per (request, q tile). Split: the chunk keeps num_kv_heads * items within
+  // target_ctas.
+  const int64_t q_tiles = ceil_div(config.group, kDecodeTileRows);
+  return std::max<int64_t>(static_cast<int64_t>(max_bs) * q_tiles,
+                           config.target_ctas / std::max(1, config.num_kv_heads));
+}
+
+}  // namespace attnkit::flashinfer

@@ -1,0 +1,537 @@
+// intel_amx: the CPU attention backend (host protocol, planning and ISA dispatch). The kernels are
+// in kernels/: one vector implementation instantiated per ISA (scalar, AVX2, AVX-512,
+// AVX-512-BF16) and the AMX-BF16 extend kernel.
+#include "backends/intel_amx/intel_amx_backend.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attnkit/registry.h"
+#include "backends/intel_amx/kernels/cpu_attention_params.h"
+
+#ifdef ATTNKIT_WITH_OPENMP
+#include <omp.h>
+#endif
+
+namespace attnkit {
+namespace {
+
+using cpu_attention::CpuAttentionParams;
+using cpu_attention::CpuRequest;
+using cpu_attention::DecodeItem;
+using cpu_attention::DecodeMerge;
+using cpu_attention::DecodeWork;
+using cpu_attention::ExtendItem;
+using cpu_attention::ExtendWork;
+using cpu_attention::ThreadScratch;
+
+constexpr const char* kIsaEnvVar = "ATTNKIT_CPU_ISA";
+constexpr CpuIsa kAllIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16,
+                               CpuIsa::kAmx};
+
+// Decode split-KV heuristic: aim for kDecodeItemsPerThread work items per thread so dynamic
+// scheduling evens out ragged lengths, but never split below kMinSplitKeys keys (the merge and the
+// per-item query load must stay small next to the keys read).
+// Example: bs 1, 32k keys, 8 kv heads, 16 threads: 262144 head-keys / 64 items = 4096-key chunks,
+// 8 splits per head, 64 items. bs 8, 4k keys, 8 kv heads, 2 threads: chunk 32768 >= 4096 keys, so
+// no split: 64 items (one per request and head).
+constexpr int kDecodeItemsPerThread = 4;
+constexpr int kMinSplitKeys = 256;
+// Extend items of the vector kernels: this many query tokens (all heads of the group).
+constexpr int kVectorExtendTokensPerItem = 16;
+constexpr int kExtendItemsPerThread = 4;
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int default_num_threads(int requested) {
+  if (requested > 0) return requested;
+#ifdef ATTNKIT_WITH_OPENMP
+  return std::max(1, omp_get_max_threads());
+#else
+  return 1;
+#endif
+}
+
+bool kv_dtype_supported(DType d) {
+  return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32 || d == DType::kFP8E4M3 ||
+         d == DType::kFP8E5M2;
+}
+
+Status check_head_dim(int dim, const char* name) {
+  if (dim > 0 && dim % cpu_attention::kHeadDimMultiple == 0 && dim <= cpu_attention::kMaxHeadDim) {
+    return Status::ok();
+  }
+  return Status::unsupported(
+      cat(name, " ", dim, " is not supported by intel_amx (needs a multiple of ",
+          cpu_attention::kHeadDimMultiple, " up to ", cpu_attention::kMaxHeadDim, ")"));
+}
+
+// The work of one forward for one key set (self-attention over decoder tokens, or
+// cross-attention over encoder tokens): shared by every layer of that kind.
+struct Plan {
+  std::vector<CpuRequest> requests;
+  std::vector<DecodeItem> decode_items;
+  std::vector<DecodeMerge> decode_merges;
+  std::vector<ExtendItem> extend_items;
+  int32_t num_partials = 0;
+};
+
+class IntelAmxBackend final : public AttentionBackend {
+ public:
+  IntelAmxBackend(const BackendContext& ctx, CpuIsa isa, const BackendDescriptor& descriptor)
+      : ctx_(ctx),
+        isa_(isa),
+        descriptor_(descriptor),
+        num_threads_(default_num_threads(ctx.num_threads)) {}
+
+  // Per-thread scratch for the context's head counts and dims: sized once here, reused by every
+  // forward (the kernels never allocate).
+  Status init() {
+    const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
+    int64_t floats =
+        cpu_attention::vector_scratch_layout(group, ctx_.qk_head_dim, ctx_.v_head_dim).total;
+    if (isa_ == CpuIsa::kAmx) {
+      floats = std::max(floats,
+                        cpu_attention::amx_scratch_layout(ctx_.qk_head_dim, ctx_.v_head_dim).total);
+    }
+    scratch_stride_ = floats;
+    ATTNKIT_ASSIGN_OR_RETURN(
+        scratch_, Buffer::allocate(Device::cpu(),
+                                   floats * num_threads_ * static_cast<int64_t>(sizeof(float))));
+    return Status::ok();
+  }
+
+  const BackendDescriptor& descriptor() const override { return descriptor_; }
+  CpuIsa isa() const { return isa_; }
+
+  Status init_forward_metadata(const ForwardBatch& batch) override {
+    planned_ = false;
+    if (batch.mode == ForwardMode::kIdle) return Status::ok();
+    ATTNKIT_RETURN_IF_ERROR(batch.validate());
+    ATTNKIT_RETURN_IF_ERROR(check_spec(batch));
+    build_requests(batch, /*cross=*/false, &self_);
+    has_cross_ = !batch.encoder_lens_host.empty();
+    if (has_cross_) build_requests(batch, /*cross=*/true, &cross_);
+    const bool decode = batch.mode == ForwardMode::kDecode;
+    decode ? plan_decode(&self_) : plan_extend(&self_);
+    if (has_cross_) decode ? plan_decode(&cross_) : plan_extend(&cross_);
+    const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
+    const int32_t partials = std::max(self_.num_partials, has_cross_ ? cross_.num_partials : 0);
+    partial_out_.resize(static_cast<size_t>(partials) * group * ctx_.v_head_dim);
+    partial_lse_.resize(static_cast<size_t>(partials) * group);
+    planned_mode_ = batch.mode;
+    planned_batch_size_ = batch.batch_size;
+    planned_ = true;
+    return Status::ok();
+  }
+
+  Status forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const AttentionLayer& layer,
+                        const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
+    if (batch.mode == ForwardMode::kDecode) {
+      return Status::invalid_argument(
+          "forward_extend called with batch.mode decode (use forward_decode or forward)");
+    }
+    CpuAttentionParams p;
+    ATTNKIT_RETURN_IF_ERROR(prepare(q, k, v, out, layer, batch, save_kv, lse, &p));
+    if (batch.num_tokens == 0) return Status::ok();
+    const Plan& plan = layer.is_cross_attention ? cross_ : self_;
+    const ExtendWork work{&plan.requests, &plan.extend_items};
+    const ThreadScratch ts = thread_scratch();
+    switch (isa_) {
+      case CpuIsa::kAmx:
+        // The tiles take bf16 operands: f16/f32 activations would lose precision their callers
+        // expect, so those run the f32 vector kernel.
+        if (q.dtype == DType::kBF16) {
+          cpu_attention::extend_amx(p, work, ts);
+        } else {
+          cpu_attention::extend_avx512_bf16(p, work, ts);
+        }
+        break;
+      case CpuIsa::kAvx512Bf16:
+        cpu_attention::extend_avx512_bf16(p, work, ts);
+        break;
+      case CpuIsa::kAvx512:
+        cpu_attention::extend_avx512(p, work, ts);
+        break;
+      case CpuIsa::kAvx2:
+        cpu_attention::extend_avx2(p, work, ts);
+        break;
+      case CpuIsa::kScalar:
+        cpu_attention::extend_scalar(p, work, ts);
+        break;
+    }
+    return Status::ok();
+  }
+
+  Status forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const AttentionLayer& layer,
+                        const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
+    if (batch.mode != ForwardMode::kDecode) {
+      return Status::invalid_argument(cat("forward_decode called with batch.mode ",
+                                          forward_mode_name(batch.mode), " (needs decode)"));
+    }
+    CpuAttentionParams p;
+    ATTNKIT_RETURN_IF_ERROR(prepare(q, k, v, out, layer, batch, save_kv, lse, &p));
+    if (batch.num_tokens == 0) return Status::ok();
+    const Plan& plan = layer.is_cross_attention ? cross_ : self_;
+    const DecodeWork work{&plan.requests, &plan.decode_items, &plan.decode_merges,
+                          partial_out_.data(), partial_lse_.data()};
+    const ThreadScratch ts = thread_scratch();
+    switch (isa_) {
+      case CpuIsa::kAmx:
+      case CpuIsa::kAvx512Bf16:
+        cpu_attention::decode_avx512_bf16(p, work, ts);
+        break;
+      case CpuIsa::kAvx512:
+        cpu_attention::decode_avx512(p, work, ts);
+        break;
+      case CpuIsa::kAvx2:
+        cpu_attention::decode_avx2(p, work, ts);
+        break;
+      case CpuIsa::kScalar:
+        cpu_attention::decode_scalar(p, work, ts);
+        break;
+    }
+    if (!plan.decode_merges.empty()) cpu_attention::merge_decode_partials(p, work, num_threads_);
+    return Status::ok();
+  }
+
+ private:
+  ThreadScratch thread_scratch() {
+    return {static_cast<float*>(scratch_.data()), scratch_stride_, num_threads_};
+  }
+
+  static Status check_spec(const ForwardBatch& batch) {
+    if (batch.mode != ForwardMode::kTargetVerify) return Status::ok();
+    if (batch.spec.topk > 1) {
+      return Status::unsupported(cat("intel_amx does not support speculative verify trees (topk ",
+                                     batch.spec.topk,
+                                     "; supported: topk 1, a chain verified causally)"));
+    }
+    return Status::ok();
+  }
+
+  // Requests of the batch. Request r's req_to_token row holds its encoder tokens first, then its
+  // decoder tokens: self-attention keys start after the encoder tokens, cross-attention keys are
+  // the encoder tokens (all visible: the kernels run them non-causal without a window).
+  static void build_requests(const ForwardBatch& batch, bool cross, Plan* plan) {
+    const int bs = batch.batch_size;
+    plan->requests.resize(static_cast<size_t>(bs));
+    int32_t q_start = 0;
+    for (int r = 0; r < bs; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      CpuRequest& rq = plan->requests[i];
+      const int32_t encoder_len = batch.encoder_lens_host.empty() ? 0 : batch.encoder_lens_host[i];
+      rq.req_row = batch.req_pool_indices_host[i];
+      rq.key_offset = cross ? 0 : encoder_len;
+      const int32_t seq_len = batch.seq_lens_host[i];
+      switch (batch.mode) {
+        case ForwardMode::kDecode:
+          rq.seq_len = seq_len;
+          rq.num_queries = 1;
+          rq.first_q_pos = seq_len - 1;
+          break;
+        case ForwardMode::kTargetVerify:  // seq_len is the committed prefix; the drafts follow it
+          rq.num_queries = batch.spec.draft_token_num;
+          rq.seq_len = seq_len + rq.num_queries;
+          rq.first_q_pos = seq_len;
+          break;
+        default:
+          rq.seq_len = seq_len;
+          rq.num_queries = batch.extend_seq_lens_host[i];
+          rq.first_q_pos = batch.extend_prefix_lens_host[i];
+          break;
+      }
+      if (cross) rq.seq_len = encoder_len;
+      rq.q_start = q_start;
+      q_start += rq.num_queries;
+    }
+  }
+
+  void plan_decode(Plan* plan) const {
+    plan->decode_items.clear();
+    plan->decode_merges.clear();
+    const int hkv = ctx_.num_kv_heads;
+    int64_t head_keys = 0;
+    for (const CpuRequest& rq : plan->requests) head_keys += static_cast<int64_t>(rq.seq_len) * hkv;
+    const int64_t target_items = static_cast<int64_t>(num_threads_) * kDecodeItemsPerThread;
+    const int64_t chunk =
+        ceil_div(std::max<int64_t>(kMinSplitKeys, ceil_div(head_keys, target_items)),
+                 cpu_attention::kKeyBlock) *
+        cpu_attention::kKeyBlock;
+    int32_t partials = 0;
+    for (int32_t r = 0; r < static_cast<int32_t>(plan->requests.size()); ++r) {
+      const int32_t len = plan->requests[static_cast<size_t>(r)].seq_len;
+      const int32_t splits = static_cast<int32_t>(std::max<int64_t>(1, ceil_div(len, chunk)));
+      for (int32_t h = 0; h < hkv; ++h) {
+        if (splits == 1) {
+          plan->decode_items.push_back({r, h, 0, len, -1});
+          continue;
+        }
+        plan->decode_merges.push_back({r, h, partials, splits});
+        for (int32_t s = 0; s < splits; ++s) {
+          const int32_t begin = static_cast<int32_t>(s * chunk);
+          const int32_t end = static_cast<int32_t>(std::min<int64_t>(len, begin + chunk));
+          plan->decode_items.push_back({r, h, begin, end, partials++});
+        }
+      }
+    }
+    plan->num_partials = partials;
+  }
+
+  void plan_extend(Plan* plan) const {
+    std::vector<ExtendItem>& items = plan->extend_items;
+    items.clear();
+    const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
+    int rows_per_item = kVectorExtendTokensPerItem * group;
+    if (isa_ == CpuIsa::kAmx) {
+      // Largest item (best reuse of each packed K/V block) that still leaves
+      // kExtendItemsPerThread items per thread. Example: one 2048-token request, group 4, 8 kv
+      // heads, 16 threads: 8192 rows per head / 256 = 32 items per head, 256 >= 64 items: 256.
+      int64_t total_rows = 0;
+      for (const CpuRequest& rq : plan->requests) total_rows += rq.num_queries * group;
+      const int64_t wanted = static_cast<int64_t>(num_threads_) * kExtendItemsPerThread;
+      rows_per_item = cpu_attention::kAmxRowsPerItem;
+      while (rows_per_item > cpu_attention::kAmxMinRowsPerItem &&
+             ceil_div(total_rows, rows_per_item) * ctx_.num_kv_heads < wanted) {
+        rows_per_item /= 2;
+      }
+    }
+    for (int32_t r = 0; r < static_cast<int32_t>(plan->requests.size()); ++r) {
+      const int32_t rows = plan->requests[static_cast<size_t>(r)].num_queries * group;
+      for (int32_t h = 0; h < ctx_.num_kv_heads; ++h) {
+        for (int32_t row = 0; row < rows; row += rows_per_item) {
+          items.push_back({r, h, row, std::min(rows, row + rows_per_item)});
+        }
+      }
+    }
+    // Most keys first (the last query blocks of long causal requests), so dynamic scheduling
+    // does not end on one long item.
+    auto keys_of = [&](const ExtendItem& it) {
+      const CpuRequest& rq = plan->requests[static_cast<size_t>(it.request)];
+      return std::min(rq.seq_len, rq.first_q_pos + (it.row_end - 1) / group + 1);
+    };
+    std::stable_sort(items.begin(), items.end(), [&](const ExtendItem& a, const ExtendItem& b) {
+      return keys_of(a) > keys_of(b);
+    });
+  }
+
+  // Validation, the cache write and the kernel parameters shared by extend and decode.
+  Status prepare(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
+                 bool save_kv, const TensorView& lse, CpuAttentionParams* p) {
+    ATTNKIT_RETURN_IF_ERROR(
+        validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, Device::cpu()));
+    if (layer.is_mla) {
+      return Status::unsupported("intel_amx does not support MLA layers (layer.is_mla is true)");
+    }
+    if (!planned_ || planned_mode_ != batch.mode || planned_batch_size_ != batch.batch_size) {
+      return Status::invalid_argument(
+          cat("intel_amx: init_forward_metadata was not called for this batch (mode ",
+              forward_mode_name(batch.mode), ", batch_size ", batch.batch_size, ")"));
+    }
+    if (layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads ||
+        layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.v_head_dim) {
+      return Status::invalid_argument(cat("layer heads/dims (", layer.num_q_heads, "/",
+                                          layer.num_kv_heads, ", d ", layer.qk_head_dim, "/",
+                                          layer.v_head_dim, ") differ from the backend context (",
+                                          ctx_.num_q_heads, "/", ctx_.num_kv_heads, ", d ",
+                                          ctx_.qk_head_dim, "/", ctx_.v_head_dim, ")"));
+    }
+    const auto* pool = dynamic_cast<const MHAKVPool*>(batch.kv_pool);
+    if (pool == nullptr) return Status::unsupported("intel_amx needs an MHA KV pool");
+    const DType kv_dtype = pool->dtype();
+    if (!kv_dtype_supported(kv_dtype)) {
+      return Status::unsupported(cat("KV cache dtype ", dtype_name(kv_dtype),
+                                     " is not supported by intel_amx (supported: bf16, f16, f32, "
+                                     "fp8_e4m3, fp8_e5m2)"));
+    }
+    if (batch.req_to_token_pool == nullptr) {
+      return Status::invalid_argument("batch.req_to_token_pool is null");
+    }
+    if (save_kv && batch.num_tokens > 0) {
+      ATTNKIT_RETURN_IF_ERROR(batch.kv_pool->set_kv(layer.layer_id, batch.out_cache_loc, k, v,
+                                                    layer.k_scale, layer.v_scale, nullptr));
+    }
+
+    const TensorView kb = pool->k_buffer(layer.layer_id);
+    const TensorView vb = pool->v_buffer(layer.layer_id);
+    const TensorView table = batch.req_to_token_pool->table();
+    p->q = q.data;
+    p->q_token_stride = q.stride(0);
+    p->q_head_stride = q.stride(1);
+    p->out = out.data;
+    p->out_token_stride = out.stride(0);
+    p->out_head_stride = out.stride(1);
+    p->lse = lse.defined() ? lse.data_as<float>() : nullptr;
+    p->lse_token_stride = lse.defined() ? lse.stride(0) : 0;
+    p->lse_head_stride = lse.defined() ? lse.stride(1) : 0;
+    p->act_dtype = q.dtype;
+    p->k_cache = kb.data;
+    p->v_cache = vb.data;
+    p->k_row_stride = kb.stride(0);
+    p->k_head_stride = kb.stride(1);
+    p->v_row_stride = vb.stride(0);
+    p->v_head_stride = vb.stride(1);
+    p->kv_dtype = kv_dtype;
+    p->req_to_token = table.data_as<const int32_t>();
+    p->req_to_token_stride = table.stride(0);
+    p->num_q_heads = layer.num_q_heads;
+    p->num_kv_heads = layer.num_kv_heads;
+    p->head_dim = layer.qk_head_dim;
+    p->v_head_dim = layer.v_head_dim;
+    const bool fp8 = dtype_is_fp8(kv_dtype);
+    const float widen = kv_dtype == DType::kFP8E4M3 ? cpu_attention::kFp8E4M3ViaF16Scale : 1.f;
+    p->score_scale = layer.scaling * (fp8 ? layer.k_scale * widen : 1.f);
+    p->value_scale = fp8 ? layer.v_scale * widen : 1.f;
+    p->logit_cap = layer.logit_cap;
+    p->sliding_window = layer.is_cross_attention ? -1 : layer.sliding_window;
+    p->causal = layer.type == AttentionType::kDecoder && !layer.is_cross_attention;
+    p->sinks = layer.sinks.defined() ? layer.sinks.data_as<const float>() : nullptr;
+    return Status::ok();
+  }
+
+  BackendContext ctx_;
+  CpuIsa isa_;
+  const BackendDescriptor& descriptor_;
+  int num_threads_;
+  Buffer scratch_;
+  int64_t scratch_stride_ = 0;
+
+  bool planned_ = false;
+  ForwardMode planned_mode_ = ForwardMode::kIdle;
+  int planned_batch_size_ = 0;
+  Plan self_;
+  Plan cross_;
+  bool has_cross_ = false;
+  std::vector<float> partial_out_;
+  std::vector<float> partial_lse_;
+};
+
+Result<CpuIsa> choose_isa(const IntelAmxOptions& options) {
+  const DeviceInfo cpu = detect_cpu();
+  std::optional<CpuIsa> forced = options.isa;
+  const char* env = std::getenv(kIsaEnvVar);
+  if (!forced && env != nullptr && env[0] != '\0') {
+    Result<CpuIsa> parsed = parse_cpu_isa(env);
+    if (!parsed) return Status::invalid_argument(cat(kIsaEnvVar, ": ", parsed.status().message()));
+    forced = *parsed;
+  }
+  if (!forced) return best_cpu_isa(cpu);
+  if (!cpu_isa_supported(*forced, cpu)) {
+    return Status::unsupported(cat("intel_amx: instruction set ", cpu_isa_name(*forced),
+                                   " was requested but this CPU (", cpu.name, ") provides up to ",
+                                   cpu_isa_name(best_cpu_isa(cpu))));
+  }
+  return *forced;
+}
+
+}  // namespace
+
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return "scalar";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+    case CpuIsa::kAvx512Bf16:
+      return "avx512_bf16";
+    case CpuIsa::kAmx:
+      return "amx";
+  }
+  return "unknown";
+}
+
+Result<CpuIsa> parse_cpu_isa(std::string_view name) {
+  for (CpuIsa isa : kAllIsas) {
+    if (name == cpu_isa_name(isa)) return isa;
+  }
+  return Status::invalid_argument(cat("CPU instruction set '", name,
+                                      "' is not known (expected amx, avx512_bf16, avx512, avx2 or "
+                                      "scalar)"));
+}
+
+bool cpu_isa_supported(CpuIsa isa, const DeviceInfo& cpu) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return true;
+    case CpuIsa::kAvx2:
+      return cpu.has_avx2;
+    case CpuIsa::kAvx512:
+      return cpu.has_avx512;
+    case CpuIsa::kAvx512Bf16:
+      return cpu.has_avx512 && cpu.has_avx512_bf16;
+    case CpuIsa::kAmx:
+      return cpu.has_avx512 && cpu.has_avx512_bf16 && cpu.has_amx_bf16;
+  }
+  return false;
+}
+
+CpuIsa best_cpu_isa(const DeviceInfo& cpu) {
+  CpuIsa best = CpuIsa::kScalar;
+  for (CpuIsa isa : kAllIsas) {
+    if (cpu_isa_supported(isa, cpu)) best = isa;
+  }
+  return best;
+}
+
+Result<std::unique_ptr<AttentionBackend>> create_intel_amx_backend(const BackendContext& ctx) {
+  return create_intel_amx_backend_with_options(ctx, IntelAmxOptions{});
+}
+
+Result<std::unique_ptr<AttentionBackend>> create_intel_amx_backend_with_options(
+    const BackendContext& ctx, const IntelAmxOptions& options) {
+  if (!ctx.device.is_cpu()) {
+    return Status::invalid_argument(
+        cat("intel_amx runs on the CPU; ctx.device is ", ctx.device.to_string()));
+  }
+  if (ctx.is_mla) return Status::unsupported("intel_amx does not support MLA (ctx.is_mla is true)");
+  if (ctx.num_q_heads <= 0 || ctx.num_kv_heads <= 0 || ctx.num_q_heads % ctx.num_kv_heads != 0) {
+    return Status::invalid_argument(cat("ctx heads ", ctx.num_q_heads, "/", ctx.num_kv_heads,
+                                        ": need num_q_heads a positive multiple of num_kv_heads"));
+  }
+  ATTNKIT_RETURN_IF_ERROR(check_head_dim(ctx.qk_head_dim, "qk_head_dim"));
+  ATTNKIT_RETURN_IF_ERROR(check_head_dim(ctx.v_head_dim, "v_head_dim"));
+  if (ctx.num_threads < 0) {
+    return Status::invalid_argument(
+        cat("ctx.num_threads ", ctx.num_threads, " is negative (0 = OpenMP default)"));
+  }
+  if (ctx.kv_pool != nullptr && !kv_dtype_supported(ctx.kv_pool->dtype())) {
+    return Status::unsupported(cat("KV cache dtype ", dtype_name(ctx.kv_pool->dtype()),
+                                   " is not supported by intel_amx (supported: bf16, f16, f32, "
+                                   "fp8_e4m3, fp8_e5m2)"));
+  }
+  ATTNKIT_ASSIGN_OR_RETURN(const CpuIsa isa, choose_isa(options));
+  const BackendDescriptor* descriptor = builtin_registry().find("intel_amx");
+  if (descriptor == nullptr) {
+    return Status::internal("intel_amx is missing from the builtin registry");
+  }
+  auto backend = std::make_unique<IntelAmxBackend>(ctx, isa, *descriptor);
+  ATTNKIT_RETURN_IF_ERROR(backend->init());
+  return std::unique_ptr<AttentionBackend>(std::move(backend));
+}
+
+Result<CpuIsa> intel_amx_backend_isa(const AttentionBackend& backend) {
+  const auto* amx = dynamic_cast<const IntelAmxBackend*>(&backend);
+  if (amx == nullptr) {
+    return Status::invalid_argument(
+        cat("backend ", backend.descriptor().name, " is not intel_amx"));
+  }
+  return amx->isa();
+}
+
+}  // namespace attnkit

@@ -1,0 +1,527 @@
+// AMX-BF16 extend/prefill kernel of intel_amx.
+//
+// One work item = (request, kv head, kAmxRowsPerItem query rows), where a row is a (query token,
+// head of the GQA group) pair, so the heads of a group share every packed K/V block.
+//   stage Q rows as bf16 [rows, Dp] (zero padded: Dp = D rounded up to the 32-element tile depth)
+//   for each block of kAmxKeyBlock keys in the item's visible range:
+//     gather K/V token rows through req_to_token, convert to bf16 (stage),
+//     pack K^T into VNNI tiles (16x16 dword transpose) and V into VNNI tiles (row-pair interleave)
+//     for each 16-row tile that sees any key of the block:
+//       S[16, kAmxKeyBlock] = Q . K^T                  (tmm0-3 accumulate, tmm4 = Q, tmm5 = K)
+//       online softmax of S in f32 (AVX-512), P -> bf16, rescale O rows whose max grew by more
+//       than kRescaleThreshold (else the stale max is kept: p <= 2^threshold stays exact in f32)
+//       O[16, Dvp] += P . V                             (tmm0-3 = O tiles, tmm4 = P, tmm5 = V)
+//     S of the next tile is issued before the softmax of the current one (two S buffers), so
+//     the tile unit works while the vector units run the softmax.
+//   O / l -> out, lse.
+// The tile permission is requested by detect_cpu() (arch_prctl ARCH_REQ_XCOMP_PERM); the backend
+// selects this kernel only when that succeeded. Each work item loads the tile configuration and
+// releases the tiles when done.
+// GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which -Wuninitialized
+// reports at every inlined use; the header lines are exempted, nothing else.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#ifdef ATTNKIT_WITH_OPENMP
+#include <omp.h>
+#endif
+
+#include "backends/intel_amx/kernels/cpu_attention_params.h"
+#include "backends/intel_amx/kernels/storage_types.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
+#include "backends/intel_amx/kernels/vec_avx512.h"
+
+namespace attnkit::cpu_attention {
+namespace {
+
+using V = VecAvx512;
+
+constexpr int kTileRows = 16;      // rows of every tile
+constexpr int kTileRowBytes = 64;  // bytes per tile row
+constexpr int kTileDepth = 32;     // bf16 elements per tile row: the K depth of one dot
+constexpr int kTileCols = 16;      // f32 columns of a result tile (and dwords of a B tile row)
+constexpr int kKeyTiles = kAmxKeyBlock / kTileCols;    // result tiles of S across the key block
+constexpr int kScoreTilesPerPass = 4;                  // S tiles held in tmm0-3 during Q . K^T
+constexpr int kKeyChunks = kAmxKeyBlock / kTileDepth;  // dot depths of P . V across the block
+constexpr int kMaxRowTiles = kAmxRowsPerItem / kTileRows;
+constexpr int kOutTilesPerPass = 4;  // O tiles held in tmm0-3 during P . V
+constexpr int kPaletteAmx = 1;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// log2 units: the running max is only raised (and O rescaled) when a block's max exceeds it by
+// more.
+constexpr float kRescaleThreshold = 8.f;
+static_assert(kKeyTiles % kScoreTilesPerPass == 0, "QK fills tmm0-3 with S tiles per pass");
+static_assert(kAmxKeyBlock % kTileDepth == 0 && kAmxRowsPerItem % kTileRows == 0);
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 0;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Every tile 16 rows x 64 bytes; tmm0-5 are used.
+void load_tile_config() {
+  constexpr int kTilesUsed = 6;
+  TileConfig cfg;
+  cfg.palette_id = kPaletteAmx;
+  for (int t = 0; t < kTilesUsed; ++t) {
+    cfg.colsb[t] = kTileRowBytes;
+    cfg.rows[t] = kTileRows;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// Lanes [lo, hi) of a 16-lane vector (either bound may lie outside 0..16).
+__mmask16 lane_range(int lo, int hi) {
+  lo = std::clamp(lo, 0, V::kWidth);
+  hi = std::clamp(hi, 0, V::kWidth);
+  if (hi <= lo) return 0;
+  const uint32_t width = static_cast<uint32_t>(hi - lo);
+  return static_cast<__mmask16>(((1u << width) - 1u) << lo);
+}
+
+// 2^x for x <= kRescaleThreshold, relative error < 5e-5 (degree-4 Taylor on |f| <= 1/2): the
+// probabilities are rounded to bf16 (relative step 2^-8) before P . V anyway.
+V::F exp2_probability(V::F x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, V::set1(kExp2Floor), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, V::set1(kExp2Floor));
+  const V::F n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const V::F f = V::sub(x, n);
+  V::F p = V::fma(V::set1(kExp2C4), f, V::set1(kExp2C3));
+  p = V::fma(p, f, V::set1(kExp2C2));
+  p = V::fma(p, f, V::set1(kExp2C1));
+  p = V::fma(p, f, V::set1(1.f));
+  return _mm512_maskz_scalef_ps(live, p, n);
+}
+
+// dst[0, n) = bf16(src[0, n)) (round to nearest even), then zeros up to n_padded. n % 16 == 0.
+template <class S>
+void convert_row_bf16(const typename S::T* src, int n, int n_padded, uint16_t* dst) {
+  if constexpr (std::is_same_v<S, StoreBf16>) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(uint16_t));
+  } else {
+    for (int d = 0; d < n; d += V::kWidth) {
+      const __m256bh h = _mm512_cvtneps_pbh(V::template load_as<S>(src + d));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), reinterpret_cast<const __m256i&>(h));
+    }
+  }
+  std::fill(dst + n, dst + n_padded, uint16_t{0});
+}
+
+void convert_act_row_bf16(const void* base, DType dtype, int64_t offset, int n, int n_padded,
+                          uint16_t* dst) {
+  switch (dtype) {
+    case DType::kBF16:
+      return convert_row_bf16<StoreBf16>(static_cast<const uint16_t*>(base) + offset, n, n_padded,
+                                         dst);
+    case DType::kF16:
+      return convert_row_bf16<StoreF16>(static_cast<const uint16_t*>(base) + offset, n, n_padded,
+                                        dst);
+    default:
+      return convert_row_bf16<StoreF32>(static_cast<const float*>(base) + offset, n, n_padded, dst);
+  }
+}
+
+// out[j] = column j of the 16x16 dword matrix in[0..15] (row i = in[i]).
+void transpose_16x16_epi32(const __m512i in[16], __m512i out[16]) {
+  __m512i t[16];
+  __m512i u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+  // u[4g + e], 128-bit lane L: rows 4g .. 4g + 3 at column 4L + e.
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  constexpr int kEvenLanes = 0x88;  // lanes (a0, a2, b0, b2)
+  constexpr int kOddLanes = 0xDD;   // lanes (a1, a3, b1, b3)
+  for (int e = 0; e < 4; ++e) {
+    const __m512i a = _mm512_shuffle_i32x4(u[e], u[4 + e], kEvenLanes);
+    const __m512i b = _mm512_shuffle_i32x4(u[e], u[4 + e], kOddLanes);
+    const __m512i c = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], kEvenLanes);
+    const __m512i d = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], kOddLanes);
+    out[e] = _mm512_shuffle_i32x4(a, c, kEvenLanes);
+    out[4 + e] = _mm512_shuffle_i32x4(b, d, kEvenLanes);
+    out[8 + e] = _mm512_shuffle_i32x4(a, c, kOddLanes);
+    out[12 + e] = _mm512_shuffle_i32x4(b, d, kOddLanes);
+  }
+}
+
+struct AmxScratch {
+  uint16_t* q;         // [kAmxRowsPerItem, dp]
+  uint16_t* k_stage;   // [kAmxKeyBlock, dp]
+  uint16_t* k_packed;  // [dp / 32][kKeyTiles] tiles of [16 dword rows][16 keys]
+  uint16_t* v_stage;   // [kAmxKeyBlock, dvp]
+  uint16_t* v_packed;  // [kKeyChunks][dvp / 16] tiles of [16 key pairs][16 columns x 2]
+  float* s;            // [16, kAmxKeyBlock]
+  uint16_t* p;         // [kAmxRowsPerItem, kAmxKeyBlock]
+  float* o;            // [kAmxRowsPerItem, dvp]
+  float* m;            // [kAmxRowsPerItem]
+  float* l;            // [kAmxRowsPerItem]
+};
+
+AmxScratch carve(const ThreadScratch& ts, int tid, const AmxScratchLayout& lay) {
+  float* b = ts.base + tid * ts.stride;
+  auto bf = [&](int64_t off) { return reinterpret_cast<uint16_t*>(b + off); };
+  return {bf(lay.q), bf(lay.k_stage), bf(lay.k_packed), bf(lay.v_stage), bf(lay.v_packed),
+          b + lay.s, bf(lay.p),       b + lay.o,        b + lay.m,       b + lay.l};
+}
+
+// Per-row facts of an item.
+struct RowInfo {
+  int token = 0;  // query index within the request
+  int head = 0;   // q head
+  int lo = 0;     // visible keys [lo, hi)
+  int hi = 0;
+};
+
+template <class S>
+class AmxExtend {
+ public:
+  using T = typename S::T;
+
+  AmxExtend(const CpuAttentionParams& p)
+      : p_(p),
+        dp_(round_up(p.head_dim, kTileDepth)),
+        dvp_(round_up(p.v_head_dim, kTileCols)),
+        capped_(p.logit_cap > 0.f),
+        pre_cap_(capped_ ? p.score_scale / p.logit_cap : p.score_scale),
+        post_cap_(capped_ ? p.logit_cap * kLog2e : kLog2e) {}
+
+  void run_item(const CpuRequest& rq, const ExtendItem& it, const AmxScratch& sc) {
+    const int group = p_.group();
+    const int nr = it.row_end - it.row_begin;
+    const int row_tiles = (nr + kTileRows - 1) / kTileRows;
+    const int rows_padded = row_tiles * kTileRows;
+    RowInfo rows[kAmxRowsPerItem];
+    int tile_lo[kMaxRowTiles];
+    int tile_hi[kMaxRowTiles];
+    std::fill(tile_lo, tile_lo + kMaxRowTiles, std::numeric_limits<int>::max());
+    std::fill(tile_hi, tile_hi + kMaxRowTiles, 0);
+    for (int r = 0; r < rows_padded; ++r) {
+      uint16_t* q_row = sc.q + static_cast<int64_t>(r) * dp_;
+      if (r >= nr) {
+        std::fill(q_row, q_row + dp_, uint16_t{0});
+        rows[r] = {0, 0, 0, 0};
+        continue;
+      }
+      const int flat = it.row_begin + r;
+      RowInfo& ri = rows[r];
+      ri.token = flat / group;
+      ri.head = it.kv_head * group + flat % group;
+      visible_keys(p_, rq.first_q_pos + ri.token, rq.seq_len, &ri.lo, &ri.hi);
+      if (ri.hi > ri.lo) {
+        tile_lo[r / kTileRows] = std::min(tile_lo[r / kTileRows], ri.lo);
+        tile_hi[r / kTileRows] = std::max(tile_hi[r / kTileRows], ri.hi);
+      }
+      const int64_t q_off =
+          (rq.q_start + ri.token) * p_.q_token_stride + ri.head * p_.q_head_stride;
+      convert_act_row_bf16(p_.q, p_.act_dtype, q_off, p_.head_dim, dp_, q_row);
+    }
+    int k_lo = std::numeric_limits<int>::max();
+    int k_hi = 0;
+    for (int t = 0; t < row_tiles; ++t) {
+      k_lo = std::min(k_lo, tile_lo[t]);
+      k_hi = std::max(k_hi, tile_hi[t]);
+    }
+    std::fill(sc.m, sc.m + rows_padded, kNegInf);
+    std::fill(sc.l, sc.l + rows_padded, 0.f);
+    std::fill(sc.o, sc.o + static_cast<int64_t>(rows_padded) * dvp_, 0.f);
+
+    const int32_t* slots = rq.slots(p_);
+    float* s_buf[2] = {sc.s, sc.s + kTileRows * kAmxKeyBlock};
+    for (int k0 = k_lo; k0 < k_hi; k0 += kAmxKeyBlock) {
+      const int n = std::min(kAmxKeyBlock, k_hi - k0);
+      int active[kMaxRowTiles];
+      int num_active = 0;
+      for (int t = 0; t < row_tiles; ++t) {
+        if (tile_hi[t] > k0 && tile_lo[t] < k0 + n) active[num_active++] = t;
+      }
+      if (num_active == 0) continue;
+      stage_and_pack(slots + k0, n, it.kv_head, sc);
+      scores_tile(sc, active[0], s_buf[0]);
+      for (int a = 0; a < num_active; ++a) {
+        if (a + 1 < num_active) scores_tile(sc, active[a + 1], s_buf[(a + 1) & 1]);
+        softmax_tile(sc, active[a], k0, n, rows, nr, s_buf[a & 1]);
+        pv_tile(sc, active[a]);
+      }
+    }
+    for (int r = 0; r < nr; ++r) {
+      finalize_rows(p_, rq.q_start + rows[r].token, rows[r].head, 1, sc.m + r, sc.l + r,
+                    sc.o + static_cast<int64_t>(r) * dvp_, dvp_);
+    }
+  }
+
+ private:
+  // Gathers n key/value rows (slots [0, n)) of kv head h into bf16 stages (zero rows after n)
+  // and packs them into the VNNI tile layouts.
+  void stage_and_pack(const int32_t* slots, int n, int h, const AmxScratch& sc) {
+    const T* k_base = static_cast<const T*>(p_.k_cache) + h * p_.k_head_stride;
+    const T* v_base = static_cast<const T*>(p_.v_cache) + h * p_.v_head_stride;
+    for (int t = 0; t < kAmxKeyBlock; ++t) {
+      uint16_t* ks = sc.k_stage + static_cast<int64_t>(t) * dp_;
+      uint16_t* vs = sc.v_stage + static_cast<int64_t>(t) * dvp_;
+      if (t >= n) {
+        std::fill(ks, ks + dp_, uint16_t{0});
+        std::fill(vs, vs + dvp_, uint16_t{0});
+        continue;
+      }
+      const int64_t slot = slots[t];
+      convert_row_bf16<S>(k_base + slot * p_.k_row_stride, p_.head_dim, dp_, ks);
+      convert_row_bf16<S>(v_base + slot * p_.v_row_stride, p_.v_head_dim, dvp_, vs);
+    }
+    // K^T: tile (c, kt) row r (d pair 2r, 2r+1 of depth chunk c), column j (key kt * 16 + j).
+    const int depth_chunks = dp_ / kTileDepth;
+    for (int c = 0; c < depth_chunks; ++c) {
+      for (int kt = 0; kt < kKeyTiles; ++kt) {
+        __m512i in[kTileRows];
+        __m512i out[kTileRows];
+        for (int j = 0; j < kTileRows; ++j) {
+          in[j] = _mm512_loadu_si512(sc.k_stage + static_cast<int64_t>(kt * kTileCols + j) * dp_ +
+                                     c * kTileDepth);
+        }
+        transpose_16x16_epi32(in, out);
+        uint16_t* tile = k_tile(sc, c, kt);
+        for (int r = 0; r < kTileRows; ++r) _mm512_storeu_si512(tile + r * kTileDepth, out[r]);
+      }
+    }
+    // V: tile (kc, j) row r = keys (kc * 32 + 2r, + 1) interleaved over columns j * 16 .. + 16.
+    const int col_tiles = dvp_ / kTileCols;
+    for (int kc = 0; kc < kKeyChunks; ++kc) {
+      for (int j = 0; j < col_tiles; ++j) {
+        uint16_t* tile = v_tile(sc, kc, j);
+        for (int r = 0; r < kTileRows; ++r) {
+          const uint16_t* even =
+              sc.v_stage + static_cast<int64_t>(kc * kTileDepth + 2 * r) * dvp_ + j * kTileCols;
+          const __m512i a =
+              _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even)));
+          const __m512i b = _mm512_cvtepu16_epi32(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + dvp_)));
+          _mm512_storeu_si512(tile + r * kTileDepth, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+        }
+      }
+    }
+  }
+
+  uint16_t* k_tile(const AmxScratch& sc, int c, int kt) const {
+    return sc.k_packed + static_cast<int64_t>(c * kKeyTiles + kt) * kTileRows * kTileDepth;
+  }
+  uint16_t* v_tile(const AmxScratch& sc, int kc, int j) const {
+    return sc.v_packed + static_cast<int64_t>(kc * (dvp_ / kTileCols) + j) * kTileRows * kTileDepth;
+  }
+
+  // s[16, kAmxKeyBlock] = Q rows of tile t . K^T of the block, kScoreTilesPerPass key tiles per
+  // pass.
+  void scores_tile(const AmxScratch& sc, int t, float* s) {
+    const int q_stride = dp_ * static_cast<int>(sizeof(uint16_t));
+    const uint16_t* q_tile = sc.q + static_cast<int64_t>(t) * kTileRows * dp_;
+    constexpr int kSStride = kAmxKeyBlock * sizeof(float);
+    for (int kt = 0; kt < kKeyTiles; kt += kScoreTilesPerPass) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int c = 0; c < dp_ / kTileDepth; ++c) {
+        _tile_loadd(4, q_tile + c * kTileDepth, q_stride);
+        _tile_loadd(5, k_tile(sc, c, kt + 0), kTileRowBytes);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(5, k_tile(sc, c, kt + 1), kTileRowBytes);
+        _tile_dpbf16ps(1, 4, 5);
+        _tile_loadd(5, k_tile(sc, c, kt + 2), kTileRowBytes);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_loadd(5, k_tile(sc, c, kt + 3), kTileRowBytes);
+        _tile_dpbf16ps(3, 4, 5);
+      }
+      float* s_pass = s + kt * kTileCols;
+      _tile_stored(0, s_pass + 0 * kTileCols, kSStride);
+      _tile_stored(1, s_pass + 1 * kTileCols, kSStride);
+      _tile_stored(2, s_pass + 2 * kTileCols, kSStride);
+      _tile_stored(3, s_pass + 3 * kTileCols, kSStride);
+    }
+  }
+
+  // Online softmax of the 16 score rows of tile t (keys k0 .. k0 + n): P rows in bf16, m/l
+  // updated, O rows rescaled. Row maxima, the new running max and the rescale factors of all 16
+  // rows are computed as vectors (one lane per row).
+  void softmax_tile(const AmxScratch& sc, int t, int k0, int n, const RowInfo* rows, int nr,
+                    float* s) {
+    constexpr int kVecs = kAmxKeyBlock / V::kWidth;
+    static_assert(kTileRows == V::kWidth, "one lane per row of the tile");
+    alignas(64) float block_max[kTileRows];
+    int live_lo[kTileRows];
+    int live_hi[kTileRows];
+    for (int i = 0; i < kTileRows; ++i) {
+      const int r = t * kTileRows + i;
+      const int j_lo = r < nr ? std::max(rows[r].lo - k0, 0) : 0;
+      const int j_hi = r < nr ? std::min(rows[r].hi - k0, n) : 0;
+      live_lo[i] = j_lo;
+      live_hi[i] = std::max(j_hi, j_lo);
+      float* s_row = s + i * kAmxKeyBlock;
+      V::F mx = V::set1(kNegInf);
+      for (int v = 0; v < kVecs; ++v) {
+        V::F y = V::mul(V::load(s_row + v * V::kWidth), V::set1(pre_cap_));
+        if (capped_) y = V::tanh(y);
+        const __mmask16 lanes = lane_range(live_lo[i] - v * V::kWidth, live_hi[i] - v * V::kWidth);
+        const V::F x = _mm512_mask_mul_ps(V::set1(kNegInf), lanes, y, V::set1(post_cap_));
+        V::store(s_row + v * V::kWidth, x);
+        mx = V::max(mx, x);
+      }
+      block_max[i] = V::reduce_max(mx);
+    }
+    float* m_tile = sc.m + t * kTileRows;
+    float* l_tile = sc.l + t * kTileRows;
+    const V::F m_old = V::load(m_tile);
+    const V::F b_max = V::load(block_max);
+    // Raise the max only where the block's max exceeds it by more than the threshold (always for
+    // a row's first keys: -inf + threshold = -inf).
+    const __mmask16 raise =
+        _mm512_cmp_ps_mask(b_max, V::add(m_old, V::set1(kRescaleThreshold)), _CMP_GT_OQ);
+    const V::F m_new = _mm512_mask_blend_ps(raise, m_old, b_max);
+    alignas(64) float alpha[kTileRows];
+    V::store(alpha, _mm512_mask_blend_ps(raise, V::set1(1.f), V::exp2(V::sub(m_old, m_new))));
+    V::store(m_tile, m_new);
+    for (int i = 0; i < kTileRows; ++i) {
+      const int r = t * kTileRows + i;
+      uint16_t* p_row = sc.p + static_cast<int64_t>(r) * kAmxKeyBlock;
+      if (live_hi[i] == live_lo[i]) {
+        std::fill(p_row, p_row + kAmxKeyBlock, uint16_t{0});
+        continue;
+      }
+      const float* s_row = s + i * kAmxKeyBlock;
+      const V::F m_vec = V::set1(m_tile[i]);
+      V::F sum = V::zero();
+      for (int v = 0; v < kVecs; ++v) {
+        const V::F e = exp2_probability(V::sub(V::load(s_row + v * V::kWidth), m_vec));
+        sum = V::add(sum, e);
+        const __m256bh h = _mm512_cvtneps_pbh(e);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_row + v * V::kWidth),
+                            reinterpret_cast<const __m256i&>(h));
+      }
+      l_tile[i] = l_tile[i] * alpha[i] + V::reduce_add(sum);
+      if (alpha[i] != 1.f) {
+        float* o_row = sc.o + static_cast<int64_t>(r) * dvp_;
+        const V::F a = V::set1(alpha[i]);
+        for (int d = 0; d < dvp_; d += V::kWidth)
+          V::store(o_row + d, V::mul(V::load(o_row + d), a));
+      }
+    }
+  }
+
+  // O rows of tile t += P . V over the key block, kOutTilesPerPass output tiles at a time.
+  void pv_tile(const AmxScratch& sc, int t) {
+    const int col_tiles = dvp_ / kTileCols;
+    const int o_stride = dvp_ * static_cast<int>(sizeof(float));
+    constexpr int kPStride = kAmxKeyBlock * sizeof(uint16_t);
+    float* o_tile = sc.o + static_cast<int64_t>(t) * kTileRows * dvp_;
+    const uint16_t* p_tile = sc.p + static_cast<int64_t>(t) * kTileRows * kAmxKeyBlock;
+    for (int j0 = 0; j0 < col_tiles; j0 += kOutTilesPerPass) {
+      const int cnt = std::min(kOutTilesPerPass, col_tiles - j0);
+      float* o0 = o_tile + j0 * kTileCols;
+      _tile_loadd(0, o0, o_stride);
+      if (cnt > 1) _tile_loadd(1, o0 + kTileCols, o_stride);
+      if (cnt > 2) _tile_loadd(2, o0 + 2 * kTileCols, o_stride);
+      if (cnt > 3) _tile_loadd(3, o0 + 3 * kTileCols, o_stride);
+      for (int kc = 0; kc < kKeyChunks; ++kc) {
+        _tile_loadd(4, p_tile + kc * kTileDepth, kPStride);
+        _tile_loadd(5, v_tile(sc, kc, j0), kTileRowBytes);
+        _tile_dpbf16ps(0, 4, 5);
+        if (cnt > 1) {
+          _tile_loadd(5, v_tile(sc, kc, j0 + 1), kTileRowBytes);
+          _tile_dpbf16ps(1, 4, 5);
+        }
+        if (cnt > 2) {
+          _tile_loadd(5, v_tile(sc, kc, j0 + 2), kTileRowBytes);
+          _tile_dpbf16ps(2, 4, 5);
+        }
+        if (cnt > 3) {
+          _tile_loadd(5, v_tile(sc, kc, j0 + 3), kTileRowBytes);
+          _tile_dpbf16ps(3, 4, 5);
+        }
+      }
+      _tile_stored(0, o0, o_stride);
+      if (cnt > 1) _tile_stored(1, o0 + kTileCols, o_stride);
+      if (cnt > 2) _tile_stored(2, o0 + 2 * kTileCols, o_stride);
+      if (cnt > 3) _tile_stored(3, o0 + 3 * kTileCols, o_stride);
+    }
+  }
+
+  const CpuAttentionParams& p_;
+  const int dp_;
+  const int dvp_;
+  const bool capped_;
+  const float pre_cap_;
+  const float post_cap_;
+};
+
+template <class S>
+void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
+  const AmxScratchLayout lay = amx_scratch_layout(p.head_dim, p.v_head_dim);
+  const std::vector<ExtendItem>& items = *w.items;
+  const int num_items = static_cast<int>(items.size());
+#pragma omp parallel num_threads(ts.num_threads)
+  {
+#ifdef ATTNKIT_WITH_OPENMP
+    const int tid = omp_get_thread_num();
+#else
+    const int tid = 0;
+#endif
+    const AmxScratch sc = carve(ts, tid, lay);
+    AmxExtend<S> kernel(p);
+    load_tile_config();
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < num_items; ++i) {
+      kernel.run_item((*w.requests)[items[i].request], items[i], sc);
+    }
+    _tile_release();
+  }
+}
+
+void extend_entry(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
+  switch (p.kv_dtype) {
+    case DType::kBF16:
+      return run<StoreBf16>(p, w, ts);
+    case DType::kF16:
+      return run<StoreF16>(p, w, ts);
+    case DType::kF32:
+      return run<StoreF32>(p, w, ts);
+    case DType::kFP8E4M3:
+      return run<StoreFp8E4M3>(p, w, ts);
+    case DType::kFP8E5M2:
+      return run<StoreFp8E5M2>(p, w, ts);
+    default:
+      return;  // the backend rejects every other KV dtype before planning
+  }
+}
+
+}  // namespace
+}  // namespace attnkit::cpu_attention
+#pragma GCC pop_options
+
+namespace attnkit::cpu_attention {
+
+void extend_amx(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& s) {
+  extend_entry(p, w, s);
+}
+
+}  // namespace attnkit::cpu_attention

@@ -1,0 +1,99 @@
+// AVX2 + FMA + F16C traits for the vector attention kernels. Include only from a translation unit
+// compiled with those features enabled (see kernels_avx2.cpp).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "backends/intel_amx/kernels/storage_types.h"
+
+namespace attnkit::cpu_attention {
+namespace {
+
+struct VecAvx2 {
+  using F = __m256;
+  static constexpr int kWidth = 8;
+  static constexpr bool kHasBf16Dot = false;
+
+  static F zero() { return _mm256_setzero_ps(); }
+  static F set1(float x) { return _mm256_set1_ps(x); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, F x) { _mm256_storeu_ps(p, x); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static float reduce_add(F x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static float reduce_max(F x) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+
+  // 2^x; x < kExp2Floor (including -inf) gives 0.
+  static F exp2(F x) {
+    constexpr float kExp2Ceil = 127.f;
+    constexpr int kF32ExponentBias = 127;
+    constexpr int kF32MantissaBits = 23;
+    const F live = _mm256_cmp_ps(x, set1(kExp2Floor), _CMP_GE_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, set1(kExp2Floor)), set1(kExp2Ceil));
+    const F n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const F f = sub(x, n);
+    F p = fma(set1(kExp2C6), f, set1(kExp2C5));
+    p = fma(p, f, set1(kExp2C4));
+    p = fma(p, f, set1(kExp2C3));
+    p = fma(p, f, set1(kExp2C2));
+    p = fma(p, f, set1(kExp2C1));
+    p = fma(p, f, set1(1.f));
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(kF32ExponentBias)),
+        kF32MantissaBits);
+    return _mm256_and_ps(live, mul(p, _mm256_castsi256_ps(e)));
+  }
+
+  static F tanh(F y) {
+    constexpr float kTanhSaturation = 40.f;
+    const F sign = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+    const F a = _mm256_andnot_ps(sign, y);
+    const F e = exp2(_mm256_min_ps(mul(a, set1(2.f * kLog2e)), set1(kTanhSaturation)));
+    const F t = sub(set1(1.f), _mm256_div_ps(set1(2.f), add(e, set1(1.f))));
+    return _mm256_or_ps(t, _mm256_and_ps(sign, y));
+  }
+
+  template <class S>
+  static F load_as(const typename S::T* p) {
+    if constexpr (std::is_same_v<S, StoreF32>) {
+      return _mm256_loadu_ps(p);
+    } else if constexpr (std::is_same_v<S, StoreBf16>) {
+      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(w, kBf16ToF32Shift));
+    } else if constexpr (std::is_same_v<S, StoreF16>) {
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    } else {
+      const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+      __m128i h;
+      if constexpr (std::is_same_v<S, StoreFp8E5M2>) {
+        h = _mm_slli_epi16(b, kFp8E5M2ToF16Shift);
+      } else {
+        const __m128i sign =
+            _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(kFp8SignMask)), kFp8SignToF16Shift);
+        const __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(kFp8E4M3MagnitudeMask)),
+                                           kFp8E4M3ToF16Shift);
+        h = _mm_or_si128(sign, mag);
+      }
+      return _mm256_cvtph_ps(h);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace attnkit::cpu_attention

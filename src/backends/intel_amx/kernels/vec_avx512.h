@@ -1,0 +1,112 @@
+// AVX-512 (F/BW/VL + F16C) traits for the vector attention kernels. Include only from a
+// translation unit compiled with those features enabled (see kernels_avx512.cpp).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "backends/intel_amx/kernels/storage_types.h"
+
+namespace attnkit::cpu_attention {
+namespace {
+
+struct VecAvx512 {
+  using F = __m512;
+  static constexpr int kWidth = 16;
+  static constexpr bool kHasBf16Dot = false;
+
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float x) { return _mm512_set1_ps(x); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, F x) { _mm512_storeu_ps(p, x); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static float reduce_add(F x) { return _mm512_reduce_add_ps(x); }
+  static float reduce_max(F x) { return _mm512_reduce_max_ps(x); }
+
+  // out[i] = sum of the lanes of v[i] for 16 vectors: a transpose-and-add tree (45 shuffles and
+  // adds instead of 16 horizontal reductions of ~8 each).
+  static void reduce_add_16(const F* v, float* out) {
+    F quad[4];
+    for (int q = 0; q < 4; ++q) {
+      const F* w = v + 4 * q;
+      const F s01 = add(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+      const F s23 = add(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
+      // Per 128-bit lane L: the partial sums of w[0..3] over that lane's four elements.
+      quad[q] = add(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xEE));
+    }
+    constexpr int kEvenLanes = 0x88;  // 128-bit lanes (a0, a2, b0, b2)
+    constexpr int kOddLanes = 0xDD;   // 128-bit lanes (a1, a3, b1, b3)
+    const F h01 = add(_mm512_shuffle_f32x4(quad[0], quad[1], kEvenLanes),
+                      _mm512_shuffle_f32x4(quad[0], quad[1], kOddLanes));
+    const F h23 = add(_mm512_shuffle_f32x4(quad[2], quad[3], kEvenLanes),
+                      _mm512_shuffle_f32x4(quad[2], quad[3], kOddLanes));
+    store(out, add(_mm512_shuffle_f32x4(h01, h23, kEvenLanes),
+                   _mm512_shuffle_f32x4(h01, h23, kOddLanes)));
+  }
+
+  // 2^x; x <= kExp2Floor (including -inf) gives 0.
+  static F exp2(F x) {
+    const __mmask16 live = _mm512_cmp_ps_mask(x, set1(kExp2Floor), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, set1(kExp2Floor));
+    const F n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const F f = sub(x, n);
+    F p = fma(set1(kExp2C6), f, set1(kExp2C5));
+    p = fma(p, f, set1(kExp2C4));
+    p = fma(p, f, set1(kExp2C3));
+    p = fma(p, f, set1(kExp2C2));
+    p = fma(p, f, set1(kExp2C1));
+    p = fma(p, f, set1(1.f));
+    return _mm512_maskz_scalef_ps(live, p, n);
+  }
+
+  // tanh(y) = sign(y) * (1 - 2 / (exp(2|y|) + 1)); 2|y|log2(e) is clamped where tanh is 1 in f32.
+  static F tanh(F y) {
+    constexpr float kTanhSaturation = 40.f;
+    const __m512i sign_mask = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+    const __m512i bits = _mm512_castps_si512(y);
+    const F a = _mm512_castsi512_ps(_mm512_andnot_si512(sign_mask, bits));
+    const F e = exp2(_mm512_min_ps(mul(a, set1(2.f * kLog2e)), set1(kTanhSaturation)));
+    const F t = sub(set1(1.f), _mm512_div_ps(set1(2.f), add(e, set1(1.f))));
+    return _mm512_castsi512_ps(
+        _mm512_or_si512(_mm512_castps_si512(t), _mm512_and_si512(sign_mask, bits)));
+  }
+
+  // Widen kWidth consecutive elements to f32.
+  template <class S>
+  static F load_as(const typename S::T* p) {
+    if constexpr (std::is_same_v<S, StoreF32>) {
+      return _mm512_loadu_ps(p);
+    } else if constexpr (std::is_same_v<S, StoreBf16>) {
+      const __m512i w =
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(w, kBf16ToF32Shift));
+    } else if constexpr (std::is_same_v<S, StoreF16>) {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    } else {
+      const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      return _mm512_cvtph_ps(fp8_to_f16_bits<S>(b));
+    }
+  }
+
+  template <class S>
+  static __m256i fp8_to_f16_bits(__m256i b) {
+    if constexpr (std::is_same_v<S, StoreFp8E5M2>) {
+      return _mm256_slli_epi16(b, kFp8E5M2ToF16Shift);
+    } else {
+      const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(kFp8SignMask)),
+                                             kFp8SignToF16Shift);
+      const __m256i mag = _mm256_slli_epi16(
+          _mm256_and_si256(b, _mm256_set1_epi16(kFp8E4M3MagnitudeMask)), kFp8E4M3ToF16Shift);
+      return _mm256_or_si256(sign, mag);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace attnkit::cpu_attention

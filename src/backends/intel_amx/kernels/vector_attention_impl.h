@@ -1,0 +1,321 @@
+// The vector attention kernels (decode and the non-AMX extend), written once over an ISA traits
+// type V (vec_scalar.h, vec_avx2.h, vec_avx512.h) and a KV storage tag S (storage_types.h).
+//
+// Include this only from a per-ISA translation unit, after its `#pragma GCC target` and its traits
+// header: everything here has internal linkage, so each ISA gets its own copy and no inline
+// function compiled for AVX-512 can be picked by the linker for a caller on an older CPU.
+//
+// Algorithm (one query token, the heads g of one GQA group, keys [k_begin, k_end)):
+//   for each block of kKeyBlock keys (token rows read straight from the pool via req_to_token):
+//     s[g][t] = log2(e) * cap(score_scale * q[g] . k[t])          (heads of the group share k[t])
+//     m' = max(m, max_t s);  alpha = 2^(m - m');  p = 2^(s - m');  l = l * alpha + sum_t p
+//     acc[g] = acc[g] * alpha + sum_t p[g][t] * v[t]
+// Each K/V row is loaded once per block and used by every head of the group.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "backends/intel_amx/kernels/cpu_attention_params.h"
+#include "backends/intel_amx/kernels/storage_types.h"
+
+#ifdef ATTNKIT_WITH_OPENMP
+#include <omp.h>
+#endif
+
+namespace attnkit::cpu_attention {
+namespace {
+
+// Heads of a GQA group whose dot products / accumulators are kept in registers together.
+constexpr int kHeadTile = 4;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline int thread_id() {
+#ifdef ATTNKIT_WITH_OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+struct VectorScratch {
+  float* q;
+  uint16_t* q_bf16;
+  float* acc;
+  float* scores;
+  float* m;
+  float* l;
+  float* alpha;
+};
+
+inline VectorScratch carve_vector_scratch(const ThreadScratch& ts, int tid,
+                                          const VectorScratchLayout& lay) {
+  float* base = ts.base + tid * ts.stride;
+  return {base + lay.q,    reinterpret_cast<uint16_t*>(base + lay.q_bf16),
+          base + lay.acc,  base + lay.scores,
+          base + lay.m,    base + lay.l,
+          base + lay.alpha};
+}
+
+inline void reset_state(const VectorScratch& sc, int n_heads, int v_head_dim) {
+  std::fill(sc.m, sc.m + n_heads, kNegInf);
+  std::fill(sc.l, sc.l + n_heads, 0.f);
+  std::fill(sc.acc, sc.acc + static_cast<int64_t>(n_heads) * v_head_dim, 0.f);
+}
+
+// out[j * kKeyBlock + t] = q[j] . k_rows[t] for kN heads and the block's n keys (0 after n);
+// q [kN, D] f32 (or q_bf16 [kN, D]).
+template <class V, class S, bool kBf16Dot, int kN>
+inline void qk_block(const typename S::T* const* k_rows, int n, const float* q,
+                     const uint16_t* q_bf16, int d_len, float* out) {
+  typename V::F dots[kN][kKeyBlock];
+  for (int t = 0; t < kKeyBlock; ++t) {
+    typename V::F acc[kN];
+    for (int j = 0; j < kN; ++j) acc[j] = V::zero();
+    if (t < n) {
+      const typename S::T* k = k_rows[t];
+      if constexpr (kBf16Dot) {
+        int d = 0;
+        for (; d + V::kBf16PerDot <= d_len; d += V::kBf16PerDot) {
+          const auto kk = V::load_bf16_pairs(k + d);
+          for (int j = 0; j < kN; ++j) {
+            acc[j] = V::dot_bf16(acc[j], V::load_bf16_pairs(q_bf16 + j * d_len + d), kk);
+          }
+        }
+        if (d < d_len) {
+          const auto kk = V::load_bf16_half(k + d);
+          for (int j = 0; j < kN; ++j) {
+            acc[j] = V::dot_bf16(acc[j], V::load_bf16_half(q_bf16 + j * d_len + d), kk);
+          }
+        }
+      } else {
+        for (int d = 0; d < d_len; d += V::kWidth) {
+          const typename V::F kk = V::template load_as<S>(k + d);
+          for (int j = 0; j < kN; ++j) acc[j] = V::fma(V::load(q + j * d_len + d), kk, acc[j]);
+        }
+      }
+    }
+    for (int j = 0; j < kN; ++j) dots[j][t] = acc[j];
+  }
+  for (int j = 0; j < kN; ++j) {
+    if constexpr (requires { V::reduce_add_16(dots[j], out); }) {
+      static_assert(kKeyBlock == 16);
+      V::reduce_add_16(dots[j], out + j * kKeyBlock);
+    } else {
+      for (int t = 0; t < kKeyBlock; ++t) out[j * kKeyBlock + t] = V::reduce_add(dots[j][t]);
+    }
+  }
+}
+
+// acc[j] = acc[j] * alpha[j] + sum_t p[j * kKeyBlock + t] * v_rows[t][d .. d + kWidth).
+template <class V, class S, int kN>
+inline void pv_tile(const typename S::T* const* v_rows, int n, int d, const float* p,
+                    const float* alpha, float* acc, int64_t acc_stride) {
+  typename V::F a[kN];
+  for (int j = 0; j < kN; ++j) a[j] = V::mul(V::load(acc + j * acc_stride), V::set1(alpha[j]));
+  for (int t = 0; t < n; ++t) {
+    const typename V::F vv = V::template load_as<S>(v_rows[t] + d);
+    for (int j = 0; j < kN; ++j) a[j] = V::fma(V::set1(p[j * kKeyBlock + t]), vv, a[j]);
+  }
+  for (int j = 0; j < kN; ++j) V::store(acc + j * acc_stride, a[j]);
+}
+
+// Prefetches the cache lines of one pool row (the next key block's K/V rows are gathered through
+// req_to_token, which the hardware prefetchers cannot follow).
+inline void prefetch_row(const void* row, int64_t bytes) {
+  constexpr int64_t kLineBytes = 64;
+  const char* c = static_cast<const char*>(row);
+  for (int64_t off = 0; off < bytes; off += kLineBytes) __builtin_prefetch(c + off);
+}
+
+// Calls f.template operator()<kN>(g0) for head tiles of up to kHeadTile heads.
+template <class F>
+inline void for_head_tiles(int n_heads, F&& f) {
+  int g0 = 0;
+  for (; g0 + kHeadTile <= n_heads; g0 += kHeadTile) f.template operator()<kHeadTile>(g0);
+  switch (n_heads - g0) {
+    case 3:
+      f.template operator()<3>(g0);
+      break;
+    case 2:
+      f.template operator()<2>(g0);
+      break;
+    case 1:
+      f.template operator()<1>(g0);
+      break;
+    default:
+      break;
+  }
+}
+
+// Online-softmax attention of n_heads query rows (sc.q / sc.q_bf16) of kv head `kv_head` over the
+// keys [k_begin, k_end) of one request (slots: its req_to_token row). Updates sc.m/l/acc.
+template <class V, class S, bool kBf16Dot>
+void attend_span(const CpuAttentionParams& p, const int32_t* slots, int kv_head, int n_heads,
+                 int k_begin, int k_end, const VectorScratch& sc) {
+  using T = typename S::T;
+  static_assert(kKeyBlock % V::kWidth == 0);
+  const int d_len = p.head_dim;
+  const int dv_len = p.v_head_dim;
+  const T* k_base = static_cast<const T*>(p.k_cache) + kv_head * p.k_head_stride;
+  const T* v_base = static_cast<const T*>(p.v_cache) + kv_head * p.v_head_stride;
+  const bool capped = p.logit_cap > 0.f;
+  const typename V::F pre_cap = V::set1(capped ? p.score_scale / p.logit_cap : p.score_scale);
+  const typename V::F post_cap = V::set1(capped ? p.logit_cap * kLog2e : kLog2e);
+  const T* k_rows[kKeyBlock];
+  const T* v_rows[kKeyBlock];
+
+  for (int k0 = k_begin; k0 < k_end; k0 += kKeyBlock) {
+    const int n = std::min(kKeyBlock, k_end - k0);
+    for (int t = 0; t < n; ++t) {
+      const int64_t slot = slots[k0 + t];
+      k_rows[t] = k_base + slot * p.k_row_stride;
+      v_rows[t] = v_base + slot * p.v_row_stride;
+    }
+    const int next_end = std::min(k_end, k0 + 2 * kKeyBlock);
+    for (int j = k0 + kKeyBlock; j < next_end; ++j) {
+      const int64_t slot = slots[j];
+      prefetch_row(k_base + slot * p.k_row_stride, d_len * static_cast<int64_t>(sizeof(T)));
+      prefetch_row(v_base + slot * p.v_row_stride, dv_len * static_cast<int64_t>(sizeof(T)));
+    }
+    for_head_tiles(n_heads, [&]<int kN>(int g0) {
+      qk_block<V, S, kBf16Dot, kN>(k_rows, n, sc.q + g0 * d_len, sc.q_bf16 + g0 * d_len, d_len,
+                                   sc.scores + g0 * kKeyBlock);
+    });
+    for (int g = 0; g < n_heads; ++g) {
+      float* s = sc.scores + g * kKeyBlock;
+      for (int t = 0; t < kKeyBlock; t += V::kWidth) {
+        typename V::F x = V::mul(V::load(s + t), pre_cap);
+        if (capped) x = V::tanh(x);
+        V::store(s + t, V::mul(x, post_cap));
+      }
+      std::fill(s + n, s + kKeyBlock, kNegInf);
+      typename V::F mx = V::load(s);
+      for (int t = V::kWidth; t < kKeyBlock; t += V::kWidth) mx = V::max(mx, V::load(s + t));
+      const float m_new = std::max(sc.m[g], V::reduce_max(mx));
+      const typename V::F m_vec = V::set1(m_new);
+      typename V::F sum = V::zero();
+      for (int t = 0; t < kKeyBlock; t += V::kWidth) {
+        const typename V::F e = V::exp2(V::sub(V::load(s + t), m_vec));
+        V::store(s + t, e);
+        sum = V::add(sum, e);
+      }
+      const float alpha = sc.m[g] == kNegInf ? 0.f : std::exp2(sc.m[g] - m_new);
+      sc.alpha[g] = alpha;
+      sc.l[g] = sc.l[g] * alpha + V::reduce_add(sum);
+      sc.m[g] = m_new;
+    }
+    for (int d = 0; d < dv_len; d += V::kWidth) {
+      for_head_tiles(n_heads, [&]<int kN>(int g0) {
+        pv_tile<V, S, kN>(v_rows, n, d, sc.scores + g0 * kKeyBlock, sc.alpha + g0,
+                          sc.acc + g0 * dv_len + d, dv_len);
+      });
+    }
+  }
+}
+
+template <class V, class S, bool kBf16Dot>
+void run_decode(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& ts) {
+  const int group = p.group();
+  const VectorScratchLayout lay = vector_scratch_layout(group, p.head_dim, p.v_head_dim);
+  const std::vector<DecodeItem>& items = *w.items;
+  const int num_items = static_cast<int>(items.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ts.num_threads)
+  for (int i = 0; i < num_items; ++i) {
+    const VectorScratch sc = carve_vector_scratch(ts, thread_id(), lay);
+    const DecodeItem& it = items[i];
+    const CpuRequest& rq = (*w.requests)[it.request];
+    const int hq0 = it.kv_head * group;
+    load_query_rows(p, rq.q_start, hq0, group, sc.q, kBf16Dot ? sc.q_bf16 : nullptr);
+    reset_state(sc, group, p.v_head_dim);
+    int lo = 0;
+    int hi = 0;
+    visible_keys(p, rq.first_q_pos, rq.seq_len, &lo, &hi);
+    attend_span<V, S, kBf16Dot>(p, rq.slots(p), it.kv_head, group, std::max(lo, it.k_begin),
+                                std::min(hi, it.k_end), sc);
+    if (it.partial < 0) {
+      finalize_rows(p, rq.q_start, hq0, group, sc.m, sc.l, sc.acc, p.v_head_dim);
+      continue;
+    }
+    float* po = w.partial_out + static_cast<int64_t>(it.partial) * group * p.v_head_dim;
+    float* pl = w.partial_lse + static_cast<int64_t>(it.partial) * group;
+    for (int g = 0; g < group; ++g) {
+      const bool empty = sc.l[g] == 0.f;
+      const float inv_l = empty ? 0.f : 1.f / sc.l[g];
+      pl[g] = empty ? kNegInf : sc.m[g] + std::log2(sc.l[g]);
+      for (int d = 0; d < p.v_head_dim; ++d) {
+        po[g * p.v_head_dim + d] = sc.acc[g * p.v_head_dim + d] * inv_l;
+      }
+    }
+  }
+}
+
+template <class V, class S, bool kBf16Dot>
+void run_extend(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
+  const int group = p.group();
+  const VectorScratchLayout lay = vector_scratch_layout(group, p.head_dim, p.v_head_dim);
+  const std::vector<ExtendItem>& items = *w.items;
+  const int num_items = static_cast<int>(items.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ts.num_threads)
+  for (int i = 0; i < num_items; ++i) {
+    const VectorScratch sc = carve_vector_scratch(ts, thread_id(), lay);
+    const ExtendItem& it = items[i];
+    const CpuRequest& rq = (*w.requests)[it.request];
+    const int32_t* slots = rq.slots(p);
+    for (int row = it.row_begin; row < it.row_end;) {
+      const int token = row / group;
+      const int g_begin = row - token * group;
+      const int g_end = std::min(group, it.row_end - token * group);
+      const int n_heads = g_end - g_begin;
+      const int hq0 = it.kv_head * group + g_begin;
+      int lo = 0;
+      int hi = 0;
+      visible_keys(p, rq.first_q_pos + token, rq.seq_len, &lo, &hi);
+      load_query_rows(p, rq.q_start + token, hq0, n_heads, sc.q, kBf16Dot ? sc.q_bf16 : nullptr);
+      reset_state(sc, n_heads, p.v_head_dim);
+      attend_span<V, S, kBf16Dot>(p, slots, it.kv_head, n_heads, lo, hi, sc);
+      finalize_rows(p, rq.q_start + token, hq0, n_heads, sc.m, sc.l, sc.acc, p.v_head_dim);
+      row += n_heads;
+    }
+  }
+}
+
+// Runtime KV dtype -> storage tag. The bf16 dot product applies when both q and K are bf16.
+template <class V, template <class, class, bool> class Run, class Work>
+void dispatch_kv(const CpuAttentionParams& p, const Work& w, const ThreadScratch& ts) {
+  switch (p.kv_dtype) {
+    case DType::kBF16:
+      if constexpr (V::kHasBf16Dot) {
+        if (p.act_dtype == DType::kBF16) return Run<V, StoreBf16, true>::run(p, w, ts);
+      }
+      return Run<V, StoreBf16, false>::run(p, w, ts);
+    case DType::kF16:
+      return Run<V, StoreF16, false>::run(p, w, ts);
+    case DType::kF32:
+      return Run<V, StoreF32, false>::run(p, w, ts);
+    case DType::kFP8E4M3:
+      return Run<V, StoreFp8E4M3, false>::run(p, w, ts);
+    case DType::kFP8E5M2:
+      return Run<V, StoreFp8E5M2, false>::run(p, w, ts);
+    default:
+      return;  // the backend rejects every other KV dtype before planning
+  }
+}
+
+template <class V, class S, bool kBf16Dot>
+struct DecodeRunner {
+  static void run(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& ts) {
+    run_decode<V, S, kBf16Dot>(p, w, ts);
+  }
+};
+
+template <class V, class S, bool kBf16Dot>
+struct ExtendRunner {
+  static void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
+    run_extend<V, S, kBf16Dot>(p, w, ts);
+  }
+};
+
+}  // namespace
+}  // namespace attnkit::cpu_attention

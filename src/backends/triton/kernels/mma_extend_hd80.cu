@@ -1,0 +1,8 @@
+// Tensor-core extend instantiation for head dim 80 (empty unless 80 is in ATTNKIT_HEAD_DIMS).
+#include "backends/triton/kernels/mma_extend_launch.cuh"
+
+#ifdef ATTNKIT_HEAD_DIM_80
+namespace attnkit::triton {
+template Status run_mma_extend<80>(AttentionParams, DType, DType, int, StreamHandle);
+}  // namespace attnkit::triton
+#endif

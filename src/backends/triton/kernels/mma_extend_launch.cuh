@@ -1,0 +1,65 @@
+// Definition of run_mma_extend<kD>: dtype dispatch and launch of the tensor-core extend kernel.
+// Included by one small translation unit per head dim.
+#pragma once
+
+#include <string>
+
+#include "backends/triton/kernels/mma_extend.cuh"
+#include "backends/triton/kernels/triton_kernels.h"
+#include "cuda/common/cuda_check.cuh"
+
+namespace attnkit::triton {
+
+template <int kD, DType kQ, DType kKV>
+Status launch_mma_extend(const AttentionParams& p, int max_q_len, StreamHandle stream) {
+  using Traits = MmaExtendTraits<kD, kQ, kKV>;
+  using Kernel = MmaExtendKernel<Traits>;
+  const int smem = static_cast<int>(Kernel::smem_bytes());
+  // Opting in to more than 48 KB of dynamic shared memory is a per-function attribute; setting
+  // it is idempotent and not a stream operation, so it is done once per instantiation.
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      mma_extend_kernel<Traits>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  ATTNKIT_CUDA_TRY(attr);
+  const int m_tiles = (max_q_len + Traits::kBlockM - 1) / Traits::kBlockM;
+  if (m_tiles == 0 || p.bs == 0) return Status::ok();
+  const dim3 grid(p.bs * m_tiles, p.num_q_heads);
+  mma_extend_kernel<Traits><<<grid, Traits::kThreads, smem, cuda::to_stream(stream)>>>(p);
+  ATTNKIT_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+template <int kD, DType kQ>
+Status launch_mma_extend_kv(const AttentionParams& p, DType kv_dtype, int max_q_len,
+                            StreamHandle stream) {
+  switch (kv_dtype) {
+    case kQ:
+      return launch_mma_extend<kD, kQ, kQ>(p, max_q_len, stream);
+    case DType::kFP8E4M3:
+      return launch_mma_extend<kD, kQ, DType::kFP8E4M3>(p, max_q_len, stream);
+    case DType::kFP8E5M2:
+      return launch_mma_extend<kD, kQ, DType::kFP8E5M2>(p, max_q_len, stream);
+    case DType::kFP4E2M1:
+      return launch_mma_extend<kD, kQ, DType::kFP4E2M1>(p, max_q_len, stream);
+    default:
+      return Status::unsupported(std::string("triton: kv cache dtype ") + dtype_name(kv_dtype) +
+                                 " with " + dtype_name(kQ) +
+                                 " activations (accepted: the activation dtype, fp8_e4m3, "
+                                 "fp8_e5m2, fp4_e2m1)");
+  }
+}
+
+template <int kD>
+Status run_mma_extend(AttentionParams p, DType q_dtype, DType kv_dtype, int max_q_len,
+                      StreamHandle stream) {
+  switch (q_dtype) {
+    case DType::kBF16:
+      return launch_mma_extend_kv<kD, DType::kBF16>(p, kv_dtype, max_q_len, stream);
+    case DType::kF16:
+      return launch_mma_extend_kv<kD, DType::kF16>(p, kv_dtype, max_q_len, stream);
+    default:
+      return Status::unsupported(
+          std::string("triton: the tensor-core extend takes bf16/f16, not ") + dtype_name(q_dtype));
+  }
+}
+
+}  // namespace attnkit::triton

@@ -1,0 +1,41 @@
+// Host-facing entry points of the triton backend's kernels (no CUDA types). Each head-dim pair is
+// compiled in its own translation unit (simt_attention_hd*.cu, mma_extend_hd*.cu); which pairs
+// exist is decided by the ATTNKIT_HEAD_DIMS_LIST compile definition (the instantiation budget).
+#pragma once
+
+#include "attnkit/dtype.h"
+#include "attnkit/status.h"
+#include "attnkit/tensor.h"
+#include "backends/triton/kernels/attention_params.h"
+#include "cuda/common/dispatch.h"
+
+namespace attnkit::triton {
+
+// MHA head dims compiled in. Host (C++) sources see the CMake list; CUDA sources get one
+// ATTNKIT_HEAD_DIM_<d> define per dim instead, and each simt_attention_hd<d>.cu is empty unless
+// its define is set, so only the host dispatcher uses this list.
+#ifdef ATTNKIT_HEAD_DIMS_LIST
+using HeadDimList = ValueList<ATTNKIT_HEAD_DIMS_LIST>;
+#else
+using HeadDimList = ValueList<>;
+#endif
+// MLA absorbed (kv_lora_rank + qk_rope_head_dim / kv_lora_rank) and MLA non-absorbed prefill.
+inline constexpr int kMlaHeadDimQK = 576;
+inline constexpr int kMlaHeadDimV = 512;
+inline constexpr int kMlaPrefillHeadDimQK = 192;
+inline constexpr int kMlaPrefillHeadDimV = 128;
+
+// SIMT attention: decode (extend = false; with p.max_splits > 1 followed by the merge kernel) or
+// extend. grid_splits is the launched split extent (<= p.max_splits; 1 for extend).
+// Fills p.group_tiles. Activations: bf16, f16, f32; pool: the activation dtype, fp8_e4m3,
+// fp8_e5m2 or fp4_e2m1 (MLA: the activation dtype only).
+template <int kDqk, int kDv>
+Status run_simt(AttentionParams p, DType q_dtype, DType kv_dtype, bool extend, int grid_splits,
+                StreamHandle stream);
+
+// Tensor-core extend (SM80+, bf16/f16 activations, MHA head dims <= 256).
+template <int kD>
+Status run_mma_extend(AttentionParams p, DType q_dtype, DType kv_dtype, int max_q_len,
+                      StreamHandle stream);
+
+}  // namespace attnkit::triton

@@ -1,0 +1,606 @@
+// The `triton` backend: portable CUDA attention (SM75+). Host side: input checks, the per-forward
+// plan (token indices, query layout, split-KV extent) written into preallocated workspace, the
+// per-layer launches, and the CUDA-graph trio. Kernels live in kernels/.
+//
+// Host protocol: init_forward_metadata (once per forward) builds the flattened token indices of
+// the pool keys with a GPU kernel and uploads the query layout; forward_extend / forward_decode
+// (per layer) only fill an AttentionParams and launch. With CUDA graphs, the plan lives in static
+// buffers sized by init_cuda_graph_state; capture and replay refresh them in place.
+#include "backends/triton/triton_backend.h"
+
+#ifdef ATTNKIT_WITH_CUDA
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "attnkit/registry.h"
+#include "backends/triton/kernels/attention_params.h"
+#include "backends/triton/kernels/simt_layout.h"
+#include "backends/triton/kernels/split_plan.h"
+#include "backends/triton/kernels/triton_kernels.h"
+#include "cuda/common/cuda_check.cuh"
+#include "cuda/common/dispatch.h"
+#include "cuda/common/metadata_kernels.h"
+
+namespace attnkit {
+namespace {
+
+using triton::AttentionParams;
+
+constexpr int kMinComputeCapability = 75;
+constexpr int kTensorCoreComputeCapability = 80;  // mma.sync m16n8k16 bf16/f16
+
+bool is_quantized(DType d) { return dtype_is_fp8(d) || d == DType::kFP4E2M1; }
+
+// A grow-only device buffer of one element type.
+template <typename T>
+struct DeviceArray {
+  Buffer buffer;
+  int64_t capacity = 0;
+  T* data() const { return static_cast<T*>(buffer.data()); }
+  Status reserve(Device device, int64_t n) {
+    if (n <= capacity) return Status::ok();
+    ATTNKIT_ASSIGN_OR_RETURN(buffer, Buffer::allocate(device, std::max<int64_t>(n, 1) *
+                                                                  static_cast<int64_t>(sizeof(T))));
+    capacity = n;
+    return Status::ok();
+  }
+};
+
+// Token indices of one key set (self-attention prefix or cross-attention encoder keys).
+struct IndexSet {
+  DeviceArray<int32_t> indptr;   // [bs + 1]
+  DeviceArray<int32_t> indices;  // [total]
+};
+
+// Everything a forward's layers share.
+struct Plan {
+  bool valid = false;
+  ForwardMode mode = ForwardMode::kIdle;
+  int bs = 0;
+  int num_tokens = 0;
+  const int32_t* self_indptr = nullptr;
+  const int32_t* self_indices = nullptr;
+  const int32_t* cross_indptr = nullptr;  // nullptr = no encoder
+  const int32_t* cross_indices = nullptr;
+  const int32_t* q_start = nullptr;  // [bs] extend modes
+  const int32_t* q_len = nullptr;    // [bs]
+  int max_q_len = 0;
+  int grid_splits = 1;  // decode: launched split extent
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
+  const int32_t* zero_indptr = nullptr;  // [bs + 1] zeros: no pool keys (MLA prefill)
+};
+
+class TritonBackend final : public AttentionBackend {
+ public:
+  TritonBackend(const BackendContext& ctx, int sm_count, int compute_capability)
+      : ctx_(ctx), sm_count_(sm_count), cc_(compute_capability) {
+    const int dqk = ctx.is_mla ? ctx.kv_lora_rank + ctx.qk_rope_head_dim : ctx.qk_head_dim;
+    const int dv = ctx.is_mla ? ctx.kv_lora_rank : ctx.v_head_dim;
+    const int group = ctx.num_kv_heads > 0 ? ctx.num_q_heads / ctx.num_kv_heads : 1;
+    const int tile = triton::simt::gqa_tile(dqk, dv);
+    head_blocks_ = std::max(1, ctx.num_kv_heads) * ((group + tile - 1) / tile);
+    max_splits_ = triton::plan_max_splits(sm_count_, head_blocks_);
+  }
+
+  const BackendDescriptor& descriptor() const override {
+    return *builtin_registry().find("triton");
+  }
+
+  Status init_forward_metadata(const ForwardBatch& batch) override;
+  Status forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const AttentionLayer& layer,
+                        const ForwardBatch& batch, bool save_kv, const TensorView& lse) override;
+  Status forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const AttentionLayer& layer,
+                        const ForwardBatch& batch, bool save_kv, const TensorView& lse) override;
+
+  Status init_cuda_graph_state(int max_bs, int max_num_tokens) override;
+  Status init_forward_metadata_capture_cuda_graph(int bs, int num_tokens,
+                                                  const TensorView& req_pool_indices,
+                                                  const TensorView& seq_lens,
+                                                  const TensorView& encoder_lens, ForwardMode mode,
+                                                  const SpecInfo* spec) override;
+  Status init_forward_metadata_replay_cuda_graph(int bs, const TensorView& req_pool_indices,
+                                                 const TensorView& seq_lens, int64_t seq_lens_sum,
+                                                 const TensorView& encoder_lens, ForwardMode mode,
+                                                 const SpecInfo* spec,
+                                                 const int32_t* seq_lens_host) override;
+
+ private:
+  StreamHandle stream_for(const ForwardBatch& batch) const {
+    return batch.stream != nullptr ? batch.stream : ctx_.stream;
+  }
+  Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+             const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
+             const TensorView& lse, bool decode);
+  Status graph_metadata(int bs, const TensorView& req_pool_indices, const TensorView& seq_lens,
+                        ForwardMode mode, const SpecInfo* spec, StreamHandle stream);
+  // Keys a decode query sees: the whole sequence, or the window's last window + 1 tokens.
+  int decode_splits(int seq_len, int window) const;
+
+  BackendContext ctx_;
+  int sm_count_ = 0;
+  int cc_ = 0;
+  int head_blocks_ = 1;
+  int max_splits_ = 1;
+  Plan plan_;
+
+  // Eager workspace (grow-only; only init_forward_metadata resizes it).
+  IndexSet self_, cross_;
+  DeviceArray<int32_t> q_start_, zeros_;
+  DeviceArray<float> partial_out_, partial_lse_;
+  std::vector<int32_t> q_layout_host_;  // [2 * bs]: q_start then q_len
+
+  // CUDA-graph state (fixed addresses for the captured kernels).
+  bool graph_ready_ = false;
+  int graph_max_bs_ = 0;
+  int graph_max_tokens_ = 0;
+  IndexSet graph_self_;
+  DeviceArray<int32_t> graph_q_start_, graph_q_len_;
+  DeviceArray<float> graph_partial_out_, graph_partial_lse_;
+  int graph_draft_tokens_ = 0;
+};
+
+int TritonBackend::decode_splits(int seq_len, int window) const {
+  const int n = window >= 0 ? std::min(seq_len, window + 1) : seq_len;
+  return triton::split_count(n, max_splits_, triton::kMinChunk);
+}
+
+Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
+  plan_ = Plan{};
+  plan_.mode = batch.mode;
+  if (batch.mode == ForwardMode::kIdle) {
+    plan_.valid = true;
+    return Status::ok();
+  }
+  ATTNKIT_RETURN_IF_ERROR(batch.validate());
+  if (batch.req_to_token_pool == nullptr) {
+    return Status::invalid_argument("triton: ForwardBatch.req_to_token_pool is null");
+  }
+  const StreamHandle stream = stream_for(batch);
+  const Device dev = ctx_.device;
+  const int bs = batch.batch_size;
+  const bool decode = batch.mode == ForwardMode::kDecode;
+  const bool verify = batch.mode == ForwardMode::kTargetVerify;
+  const bool has_encoder = !batch.encoder_lens_host.empty();
+  plan_.bs = bs;
+  plan_.num_tokens = batch.num_tokens;
+
+  const TensorView table = batch.req_to_token_pool->table();
+  cuda::TokenIndexArgs idx;
+  idx.req_to_token = table.data_as<const int32_t>();
+  idx.req_to_token_stride = table.stride(0);
+  idx.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
+  idx.bs = bs;
+
+  // Self-attention keys from the pool: decode: the whole sequence; verify: the committed prefix;
+  // other extends: the cached prefix. Decoder tokens follow the encoder tokens in the row.
+  int64_t self_total = 0;
+  const bool verify_without_extend_arrays = verify && batch.extend_prefix_lens_host.empty();
+  const std::vector<int32_t>& prefix_host = (decode || verify_without_extend_arrays)
+                                                ? batch.seq_lens_host
+                                                : batch.extend_prefix_lens_host;
+  for (int32_t n : prefix_host) self_total += n;
+  ATTNKIT_RETURN_IF_ERROR(self_.indptr.reserve(dev, bs + 1));
+  ATTNKIT_RETURN_IF_ERROR(self_.indices.reserve(dev, self_total));
+  idx.start = has_encoder ? batch.encoder_lens.data_as<const int32_t>() : nullptr;
+  idx.len = (decode || verify_without_extend_arrays)
+                ? batch.seq_lens.data_as<const int32_t>()
+                : batch.extend_prefix_lens.data_as<const int32_t>();
+  idx.kv_indptr = self_.indptr.data();
+  idx.kv_indices = self_.indices.data();
+  ATTNKIT_RETURN_IF_ERROR(cuda::build_token_indices(idx, stream));
+  plan_.self_indptr = self_.indptr.data();
+  plan_.self_indices = self_.indices.data();
+
+  if (has_encoder) {
+    int64_t enc_total = 0;
+    for (int32_t n : batch.encoder_lens_host) enc_total += n;
+    ATTNKIT_RETURN_IF_ERROR(cross_.indptr.reserve(dev, bs + 1));
+    ATTNKIT_RETURN_IF_ERROR(cross_.indices.reserve(dev, enc_total));
+    idx.start = nullptr;
+    idx.len = batch.encoder_lens.data_as<const int32_t>();
+    idx.kv_indptr = cross_.indptr.data();
+    idx.kv_indices = cross_.indices.data();
+    ATTNKIT_RETURN_IF_ERROR(cuda::build_token_indices(idx, stream));
+    plan_.cross_indptr = cross_.indptr.data();
+    plan_.cross_indices = cross_.indices.data();
+  }
+
+  if (decode) {
+    // Split extent from the host lengths; the kernels recompute each request's own split count.
+    int splits = 1;
+    for (int r = 0; r < bs; ++r)
+      splits = std::max(splits, decode_splits(batch.seq_lens_host[r], -1));
+    plan_.grid_splits = splits;
+    if (splits > 1) {
+      const int64_t rows = static_cast<int64_t>(splits) * batch.num_tokens * ctx_.num_q_heads;
+      const int dv = ctx_.is_mla ? ctx_.kv_lora_rank : ctx_.v_head_dim;
+      ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(dev, rows * dv));
+      ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(dev, rows));
+      plan_.partial_out = partial_out_.data();
+      plan_.partial_lse = partial_lse_.data();
+    }
+  } else {
+    // Query layout: request r's tokens are [q_start[r], q_start[r] + q_len[r]).
+    q_layout_host_.assign(2 * static_cast<size_t>(bs), 0);
+    int32_t start = 0;
+    for (int r = 0; r < bs; ++r) {
+      const int32_t n = batch.extend_seq_lens_host.empty() ? batch.spec.draft_token_num
+                                                           : batch.extend_seq_lens_host[r];
+      q_layout_host_[r] = start;
+      q_layout_host_[bs + r] = n;
+      plan_.max_q_len = std::max(plan_.max_q_len, n);
+      start += n;
+    }
+    ATTNKIT_RETURN_IF_ERROR(q_start_.reserve(dev, 2 * static_cast<int64_t>(bs)));
+    ATTNKIT_CUDA_TRY(cudaMemcpyAsync(q_start_.data(), q_layout_host_.data(),
+                                     q_layout_host_.size() * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, cuda::to_stream(stream)));
+    plan_.q_start = q_start_.data();
+    plan_.q_len = q_start_.data() + bs;
+    ATTNKIT_RETURN_IF_ERROR(zeros_.reserve(dev, bs + 1));
+    ATTNKIT_CUDA_TRY(
+        cudaMemsetAsync(zeros_.data(), 0, (bs + 1) * sizeof(int32_t), cuda::to_stream(stream)));
+    plan_.zero_indptr = zeros_.data();
+  }
+  plan_.valid = true;
+  return Status::ok();
+}
+
+Status TritonBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& out, const AttentionLayer& layer,
+                                     const ForwardBatch& batch, bool save_kv,
+                                     const TensorView& lse) {
+  return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/false);
+}
+
+Status TritonBackend::forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& out, const AttentionLayer& layer,
+                                     const ForwardBatch& batch, bool save_kv,
+                                     const TensorView& lse) {
+  return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/true);
+}
+
+Status TritonBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const AttentionLayer& layer,
+                          const ForwardBatch& batch, bool save_kv, const TensorView& lse,
+                          bool decode) {
+  ATTNKIT_RETURN_IF_ERROR(
+      validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
+  if (batch.mode == ForwardMode::kIdle || batch.num_tokens == 0) return Status::ok();
+  if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size) {
+    return Status::invalid_argument(
+        "triton: forward called without a matching init_forward_metadata (mode " +
+        std::string(forward_mode_name(batch.mode)) + ", batch_size " +
+        std::to_string(batch.batch_size) + ")");
+  }
+  if (batch.kv_pool == nullptr)
+    return Status::invalid_argument("triton: ForwardBatch.kv_pool is null");
+  KVPool& pool = *batch.kv_pool;
+  const StreamHandle stream = stream_for(batch);
+  const bool mla_absorbed =
+      layer.is_mla && layer.qk_head_dim == layer.kv_lora_rank + layer.qk_rope_head_dim;
+  const bool mla_prefill = layer.is_mla && !mla_absorbed;
+  const bool cross = layer.is_cross_attention;
+  if (cross && plan_.cross_indptr == nullptr) {
+    return Status::invalid_argument(
+        "triton: layer " + std::to_string(layer.layer_id) +
+        " is a cross-attention layer but the batch has no encoder_lens");
+  }
+  if (mla_prefill && decode) {
+    return Status::unsupported("triton: MLA decode needs the absorbed head dim " +
+                               std::to_string(layer.kv_lora_rank + layer.qk_rope_head_dim) +
+                               ", got qk_head_dim " + std::to_string(layer.qk_head_dim));
+  }
+  if (mla_prefill && !k.defined()) {
+    return Status::invalid_argument(
+        "triton: MLA non-absorbed prefill reads the new tokens' k/v, which are empty");
+  }
+  if (cc_ < kMinComputeCapability) {
+    return Status::unsupported("triton: compute capability " + std::to_string(cc_) +
+                               " is below the minimum " + std::to_string(kMinComputeCapability));
+  }
+
+  // The cache write comes first; cross-attention and MLA prefill layers never write.
+  if (save_kv && k.defined() && !cross && !mla_prefill) {
+    ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
+                                        layer.v_scale, stream));
+  }
+
+  AttentionParams p;
+  p.q = q.data;
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.out = out.data;
+  p.o_stride_token = out.stride(0);
+  p.o_stride_head = out.stride(1);
+  if (lse.defined()) {
+    p.lse = lse.data_as<float>();
+    p.lse_stride_token = lse.stride(0);
+  }
+  const DType kv_dtype = pool.dtype();
+  const bool quant = is_quantized(kv_dtype);
+  TensorView kbuf, vbuf, kscale, vscale;
+  if (pool.is_mla()) {
+    const auto& mla = static_cast<const MLAKVPool&>(pool);
+    kbuf = mla.kv_buffer(layer.layer_id);
+    vbuf = mla.v_view(layer.layer_id);
+    kscale = mla.scale_buffer(layer.layer_id);
+    vscale = kscale;
+  } else {
+    const auto& mha = static_cast<const MHAKVPool&>(pool);
+    kbuf = mha.k_buffer(layer.layer_id);
+    vbuf = mha.v_buffer(layer.layer_id);
+    kscale = mha.k_scale_buffer(layer.layer_id);
+    vscale = mha.v_scale_buffer(layer.layer_id);
+  }
+  p.k_pool = kbuf.data;
+  p.v_pool = vbuf.data;
+  p.k_stride_row = kbuf.stride(0);
+  p.k_stride_head = kbuf.stride(1);
+  p.v_stride_row = vbuf.stride(0);
+  p.v_stride_head = vbuf.stride(1);
+  if (kv_dtype == DType::kFP4E2M1) {
+    p.k_scales = kscale.data_as<const uint8_t>();
+    p.v_scales = vscale.data_as<const uint8_t>();
+    p.ks_stride_row = kscale.stride(0);
+    p.ks_stride_head = kscale.stride(1);
+    p.vs_stride_row = vscale.stride(0);
+    p.vs_stride_head = vscale.stride(1);
+  }
+
+  p.bs = batch.batch_size;
+  p.num_tokens = batch.num_tokens;
+  p.num_q_heads = layer.num_q_heads;
+  p.num_kv_heads = layer.num_kv_heads;
+  p.group_size = layer.num_q_heads / layer.num_kv_heads;
+  p.sliding_window = cross ? -1 : layer.sliding_window;
+  p.causal = (cross || layer.type == AttentionType::kEncoderOnly) ? 0 : 1;
+  p.is_decode = decode ? 1 : 0;
+  p.logit_cap = layer.logit_cap;
+  // fp8/fp4 store x / scale: k_scale folds into the softmax scale, v_scale into the output
+  // (MLA: V is the same stored row as K, so it is dequantised with k_scale).
+  const float k_scale = quant ? layer.k_scale : 1.f;
+  const float v_scale = quant ? (pool.is_mla() ? layer.k_scale : layer.v_scale) : 1.f;
+  p.sm_scale = layer.scaling * k_scale;
+  p.v_scale = v_scale;
+  if (layer.sinks.defined()) p.sinks = layer.sinks.data_as<const float>();
+
+  p.kv_indptr = cross ? plan_.cross_indptr : plan_.self_indptr;
+  p.kv_indices = cross ? plan_.cross_indices : plan_.self_indices;
+  const int dqk = layer.qk_head_dim;
+  const int dv = layer.v_head_dim;
+  if (!decode) {
+    p.q_start = plan_.q_start;
+    p.q_len = plan_.q_len;
+    p.has_new_keys = cross ? 0 : 1;
+    if (mla_prefill) {
+      // Plain MHA over the new tokens: an all-zero indptr gives every request zero pool keys.
+      p.kv_indptr = plan_.zero_indptr;
+      p.kv_indices = nullptr;
+    }
+    // New keys: the contiguous inputs when they hold exactly what the pool holds (unquantised
+    // pool of the activation dtype) or when the pool is not involved (MLA prefill); else the
+    // pool at out_cache_loc.
+    const bool inputs_exact = k.defined() && kv_dtype == q.dtype;
+    if (mla_prefill || (inputs_exact && !cross)) {
+      p.k_new = k.data;
+      p.v_new = v.data;
+      p.kn_stride_token = k.stride(0);
+      p.kn_stride_head = k.stride(1);
+      p.vn_stride_token = v.stride(0);
+      p.vn_stride_head = v.stride(1);
+    }
+    p.new_slots = batch.out_cache_loc.data_as<const int64_t>();
+    // Verify: the tree mask when given (required for topk > 1); a topk-1 chain without a mask is
+    // plain causal attention over the drafts.
+    if (batch.mode == ForwardMode::kTargetVerify && batch.spec.custom_mask.defined()) {
+      p.custom_mask = batch.spec.custom_mask.data_as<const uint8_t>();
+      p.mask_indptr = batch.spec.mask_indptr.data_as<const int64_t>();
+    }
+  } else {
+    p.max_splits = cross ? 1 : max_splits_;
+    p.min_chunk = triton::kMinChunk;
+    p.partial_out = plan_.partial_out;
+    p.partial_lse = plan_.partial_lse;
+    if (plan_.grid_splits <= 1) p.max_splits = 1;
+  }
+
+  const int grid_splits = decode ? (p.max_splits > 1 ? plan_.grid_splits : 1) : 1;
+  if (mla_absorbed) {
+    if (dqk != triton::kMlaHeadDimQK || dv != triton::kMlaHeadDimV) {
+      return Status::unsupported("triton: MLA head dims " + std::to_string(dqk) + "/" +
+                                 std::to_string(dv) + " are not compiled in (built: 576/512)");
+    }
+    return triton::run_simt<triton::kMlaHeadDimQK, triton::kMlaHeadDimV>(
+        p, q.dtype, kv_dtype, !decode, grid_splits, stream);
+  }
+  if (mla_prefill) {
+    if (dqk != triton::kMlaPrefillHeadDimQK || dv != triton::kMlaPrefillHeadDimV) {
+      return Status::unsupported("triton: MLA prefill head dims " + std::to_string(dqk) + "/" +
+                                 std::to_string(dv) + " are not compiled in (built: 192/128)");
+    }
+    return triton::run_simt<triton::kMlaPrefillHeadDimQK, triton::kMlaPrefillHeadDimV>(
+        p, q.dtype, q.dtype, true, 1, stream);
+  }
+  if (dqk != dv) {
+    return Status::unsupported("triton: qk_head_dim " + std::to_string(dqk) + " != v_head_dim " +
+                               std::to_string(dv) +
+                               " is only supported for MLA (576/512, 192/128)");
+  }
+  // Extend on tensor cores where the architecture and dtype allow (the SIMT kernel covers SM75,
+  // f32 activations and decode).
+  const bool tensor_cores = !decode && cc_ >= kTensorCoreComputeCapability &&
+                            (q.dtype == DType::kBF16 || q.dtype == DType::kF16) &&
+                            (kv_dtype == q.dtype || quant);
+  return dispatch_value<triton::HeadDimList>(dqk, "triton: head_dim", [&]<int kD>() {
+    if (tensor_cores)
+      return triton::run_mma_extend<kD>(p, q.dtype, kv_dtype, plan_.max_q_len, stream);
+    return triton::run_simt<kD, kD>(p, q.dtype, kv_dtype, !decode, grid_splits, stream);
+  });
+}
+
+// ---- CUDA graphs ----
+
+Status TritonBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
+  if (max_bs < 1 || max_num_tokens < max_bs) {
+    return Status::invalid_argument(
+        "triton: init_cuda_graph_state(max_bs " + std::to_string(max_bs) + ", max_num_tokens " +
+        std::to_string(max_num_tokens) + ") needs max_bs >= 1 and max_num_tokens >= max_bs");
+  }
+  if (ctx_.req_to_token_pool == nullptr) {
+    return Status::invalid_argument("triton: BackendContext.req_to_token_pool is null");
+  }
+  const Device dev = ctx_.device;
+  const int64_t max_ctx = ctx_.req_to_token_pool->max_context_len();
+  ATTNKIT_RETURN_IF_ERROR(graph_self_.indptr.reserve(dev, max_bs + 1));
+  ATTNKIT_RETURN_IF_ERROR(graph_self_.indices.reserve(dev, static_cast<int64_t>(max_bs) * max_ctx));
+  ATTNKIT_RETURN_IF_ERROR(graph_q_start_.reserve(dev, max_bs));
+  ATTNKIT_RETURN_IF_ERROR(graph_q_len_.reserve(dev, max_bs));
+  const int dv = ctx_.is_mla ? ctx_.kv_lora_rank : ctx_.v_head_dim;
+  // Decode rows: one token per request, split extent max_splits_.
+  const int64_t rows = static_cast<int64_t>(max_splits_) * max_bs * ctx_.num_q_heads;
+  ATTNKIT_RETURN_IF_ERROR(graph_partial_out_.reserve(dev, rows * dv));
+  ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(dev, rows));
+  graph_max_bs_ = max_bs;
+  graph_max_tokens_ = max_num_tokens;
+  graph_draft_tokens_ = 0;
+  graph_ready_ = true;
+  return Status::ok();
+}
+
+Status TritonBackend::graph_metadata(int bs, const TensorView& req_pool_indices,
+                                     const TensorView& seq_lens, ForwardMode mode,
+                                     const SpecInfo* spec, StreamHandle stream) {
+  if (!graph_ready_) {
+    return Status::invalid_argument("triton: init_cuda_graph_state was not called");
+  }
+  if (bs < 1 || bs > graph_max_bs_) {
+    return Status::invalid_argument("triton: graph batch size " + std::to_string(bs) +
+                                    " is outside [1, " + std::to_string(graph_max_bs_) + "]");
+  }
+  const bool verify = mode == ForwardMode::kTargetVerify;
+  if (mode != ForwardMode::kDecode && !verify) {
+    return Status::unsupported(std::string("triton: CUDA graphs cover decode and target_verify, "
+                                           "not ") +
+                               forward_mode_name(mode));
+  }
+  if (verify && (spec == nullptr || spec->draft_token_num < 1)) {
+    return Status::invalid_argument("triton: target_verify graph needs spec.draft_token_num >= 1");
+  }
+  const TensorView table = ctx_.req_to_token_pool->table();
+  cuda::TokenIndexArgs idx;
+  idx.req_to_token = table.data_as<const int32_t>();
+  idx.req_to_token_stride = table.stride(0);
+  idx.req_pool_indices = req_pool_indices.data_as<const int32_t>();
+  idx.len = seq_lens.data_as<const int32_t>();
+  idx.bs = bs;
+  idx.kv_indptr = graph_self_.indptr.data();
+  idx.kv_indices = graph_self_.indices.data();
+  ATTNKIT_RETURN_IF_ERROR(cuda::build_token_indices(idx, stream));
+
+  plan_ = Plan{};
+  plan_.mode = mode;
+  plan_.bs = bs;
+  plan_.self_indptr = graph_self_.indptr.data();
+  plan_.self_indices = graph_self_.indices.data();
+  if (verify) {
+    const int n = spec->draft_token_num;
+    if (static_cast<int64_t>(bs) * n > graph_max_tokens_) {
+      return Status::invalid_argument("triton: verify graph needs " + std::to_string(bs * n) +
+                                      " tokens, more than max_num_tokens " +
+                                      std::to_string(graph_max_tokens_));
+    }
+    if (n != graph_draft_tokens_) {
+      // The query layout of a verify batch depends only on N: uploaded once per N.
+      std::vector<int32_t> layout(2 * static_cast<size_t>(graph_max_bs_));
+      for (int r = 0; r < graph_max_bs_; ++r) {
+        layout[r] = r * n;
+        layout[graph_max_bs_ + r] = n;
+      }
+      ATTNKIT_CUDA_TRY(cudaMemcpyAsync(graph_q_start_.data(), layout.data(),
+                                       graph_max_bs_ * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                       cuda::to_stream(stream)));
+      ATTNKIT_CUDA_TRY(cudaMemcpyAsync(graph_q_len_.data(), layout.data() + graph_max_bs_,
+                                       graph_max_bs_ * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                       cuda::to_stream(stream)));
+      ATTNKIT_CUDA_TRY(cudaStreamSynchronize(cuda::to_stream(stream)));
+      graph_draft_tokens_ = n;
+    }
+    plan_.num_tokens = bs * n;
+    plan_.q_start = graph_q_start_.data();
+    plan_.q_len = graph_q_len_.data();
+    plan_.max_q_len = n;
+  } else {
+    plan_.num_tokens = bs;
+    plan_.grid_splits = max_splits_;
+    plan_.partial_out = graph_partial_out_.data();
+    plan_.partial_lse = graph_partial_lse_.data();
+  }
+  plan_.valid = true;
+  return Status::ok();
+}
+
+Status TritonBackend::init_forward_metadata_capture_cuda_graph(
+    int bs, int num_tokens, const TensorView& req_pool_indices, const TensorView& seq_lens,
+    const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec) {
+  (void)num_tokens;
+  if (encoder_lens.defined()) {
+    return Status::unsupported("triton: CUDA graphs with encoder lengths are not supported");
+  }
+  return graph_metadata(bs, req_pool_indices, seq_lens, mode, spec, ctx_.stream);
+}
+
+Status TritonBackend::init_forward_metadata_replay_cuda_graph(
+    int bs, const TensorView& req_pool_indices, const TensorView& seq_lens, int64_t seq_lens_sum,
+    const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec,
+    const int32_t* seq_lens_host) {
+  (void)seq_lens_sum;
+  (void)seq_lens_host;
+  if (encoder_lens.defined()) {
+    return Status::unsupported("triton: CUDA graphs with encoder lengths are not supported");
+  }
+  return graph_metadata(bs, req_pool_indices, seq_lens, mode, spec, ctx_.stream);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<AttentionBackend>> create_triton_backend(const BackendContext& ctx) {
+  if (!ctx.device.is_cuda()) {
+    return Status::invalid_argument("triton: BackendContext.device " + ctx.device.to_string() +
+                                    " is not a CUDA device");
+  }
+  if (ctx.num_kv_heads < 1 || ctx.num_q_heads < 1 || ctx.num_q_heads % ctx.num_kv_heads != 0) {
+    return Status::invalid_argument("triton: num_q_heads " + std::to_string(ctx.num_q_heads) +
+                                    " must be a positive multiple of num_kv_heads " +
+                                    std::to_string(ctx.num_kv_heads));
+  }
+  int sm_count = 0, major = 0, minor = 0;
+  ATTNKIT_CUDA_TRY(
+      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, ctx.device.ordinal));
+  ATTNKIT_CUDA_TRY(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device.ordinal));
+  ATTNKIT_CUDA_TRY(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ctx.device.ordinal));
+  const int cc = major * 10 + minor;
+  if (cc < kMinComputeCapability) {
+    return Status::unsupported("triton: compute capability " + std::to_string(cc) +
+                               " is below the minimum " + std::to_string(kMinComputeCapability));
+  }
+  if (!ctx.is_mla && !triton::HeadDimList::contains(ctx.qk_head_dim)) {
+    return Status::unsupported("triton: head_dim " + std::to_string(ctx.qk_head_dim) +
+                               " is not compiled in (built: " + triton::HeadDimList::to_string() +
+                               ")");
+  }
+  return std::unique_ptr<AttentionBackend>(new TritonBackend(ctx, sm_count, cc));
+}
+
+}  // namespace attnkit
+
+#endif  // ATTNKIT_WITH_CUDA

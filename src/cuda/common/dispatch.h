@@ -1,0 +1,61 @@
+// Runtime-to-compile-time dispatch over a constexpr value list.
+//
+// The list is the single definition of what is instantiated: dispatching a value that is not in it
+// returns kUnsupported naming the value and the list, so "supported?" and "which kernel" are
+// answered by the same code.
+//
+//   using HeadDims = ValueList<64, 128>;
+//   Status s = dispatch_value<HeadDims>(layer.qk_head_dim, "qk_head_dim", [&]<int kD>() {
+//     return launch<kD>(params);
+//   });
+#pragma once
+
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "attnkit/status.h"
+
+namespace attnkit {
+
+template <auto... kValues>
+struct ValueList {
+  static constexpr int size = sizeof...(kValues);
+  static constexpr bool contains(auto v) { return ((v == kValues) || ...); }
+  static std::string to_string() {
+    std::ostringstream os;
+    int i = 0;
+    ((os << (i++ ? ", " : "") << static_cast<long long>(kValues)), ...);
+    return os.str();
+  }
+};
+
+namespace detail {
+template <auto kFirst, auto... kRest, typename V, typename F>
+Status dispatch_value_impl(ValueList<kFirst, kRest...>, V value, const char* name, F&& f,
+                           const std::string& all) {
+  if (value == kFirst) return f.template operator()<kFirst>();
+  if constexpr (sizeof...(kRest) > 0) {
+    return dispatch_value_impl(ValueList<kRest...>{}, value, name, std::forward<F>(f), all);
+  } else {
+    std::ostringstream os;
+    os << name << " " << static_cast<long long>(value) << " is not compiled in (built: " << all
+       << ")";
+    return Status::unsupported(os.str());
+  }
+}
+}  // namespace detail
+
+// Calls f.template operator()<kValue>() for the list entry equal to `value`; otherwise returns
+// kUnsupported: "<name> <value> is not compiled in (built: <list>)".
+template <typename List, typename V, typename F>
+Status dispatch_value(V value, const char* name, F&& f) {
+  if constexpr (List::size == 0) {
+    return Status::unsupported(std::string(name) + " " + std::to_string(value) +
+                               " is not compiled in (empty list)");
+  } else {
+    return detail::dispatch_value_impl(List{}, value, name, std::forward<F>(f), List::to_string());
+  }
+}
+
+}  // namespace attnkit

@@ -1,0 +1,57 @@
+// Online softmax state (running max + running denominator) and the merge of partial states.
+//
+// Logits are kept in the log2 domain: a kernel multiplies the softmax scale by kLog2e once, so
+// every exponential is a single exp2f. The natural-log LSE of a state is (m + log2(d)) / kLog2e.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+namespace attnkit::cuda {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+// Running max of a state that has seen no key. Finite so that exp2(m_old - m_new) never sees
+// (-inf) - (-inf); any real logit is far above it.
+inline constexpr float kNoKeyMax = -1e30f;
+
+struct SoftmaxState {
+  float m = kNoKeyMax;  // running max of log2-domain logits
+  float d = 0.f;        // sum of exp2(logit - m)
+
+  // Raises the running max to include `new_max`; returns the factor to rescale accumulators by.
+  __device__ __forceinline__ float rescale_to(float new_max) {
+    const float m_new = fmaxf(m, new_max);
+    const float factor = exp2f(m - m_new);
+    d *= factor;
+    m = m_new;
+    return factor;
+  }
+  // Adds one logit already below/at m (after rescale_to); returns its weight.
+  __device__ __forceinline__ float add(float logit) {
+    const float p = exp2f(logit - m);
+    d += p;
+    return p;
+  }
+  __device__ __forceinline__ bool empty() const { return d == 0.f; }
+  // Natural-log LSE; -inf when no key was seen.
+  __device__ __forceinline__ float lse() const {
+    return d > 0.f ? (m + log2f(d)) * kLn2 : -INFINITY;
+  }
+};
+
+// Merges state b into a: returns (scale_a, scale_b) for the accumulators so that
+// acc = acc_a * scale_a + acc_b * scale_b is relative to the merged max.
+struct MergeFactors {
+  float a, b;
+};
+__device__ __forceinline__ MergeFactors merge_states(SoftmaxState& a, const SoftmaxState& b) {
+  const float m = fmaxf(a.m, b.m);
+  const MergeFactors f{exp2f(a.m - m), exp2f(b.m - m)};
+  a.d = a.d * f.a + b.d * f.b;
+  a.m = m;
+  return f;
+}
+
+}  // namespace attnkit::cuda

@@ -1,0 +1,1215 @@
+// The shared case table, case preparation, the runner and the comparison with the fp64 reference.
+#include "harness/case_runner.h"
+
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <sstream>
+#include <utility>
+
+#include "backends/torch_native/torch_native_backend.h"
+
+namespace attnkit::harness {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// max-abs bound = kMaxAbsFactor * rel-L2 tolerance * max(1, max |reference|).
+constexpr double kMaxAbsFactor = 4.0;
+// Request rows beyond the batch size, so shuffled rows leave gaps in the request table.
+constexpr int kSpareRequestRows = 2;
+// Guard bytes after every output tensor.
+constexpr int64_t kCanaryBytes = 64;
+constexpr uint8_t kCanaryByte = 0xA5;
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+std::string join(const std::vector<int>& v) {
+  std::ostringstream os;
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
+  return os.str();
+}
+
+bool is_quantised(DType d) { return dtype_is_fp8(d) || d == DType::kFP4E2M1; }
+
+// A contiguous view with a runtime shape.
+TensorView make_view(void* data, DType dtype, Device device, const std::vector<int64_t>& shape) {
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.ndim = static_cast<int>(shape.size());
+  int64_t stride = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    t.shape[static_cast<size_t>(d)] = shape[static_cast<size_t>(d)];
+    t.strides[static_cast<size_t>(d)] = stride;
+    stride *= shape[static_cast<size_t>(d)];
+  }
+  return t;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+}
+
+// Allocates a tensor on `device` and fills it from host bytes (nullptr = leave uninitialised).
+Result<TensorView> upload_bytes(std::vector<Buffer>& storage, Device device, DType dtype,
+                                const std::vector<int64_t>& shape, const void* host) {
+  const int64_t bytes = std::max<int64_t>(dtype_storage_bytes(dtype, numel_of(shape)), 1);
+  ATTNKIT_ASSIGN_OR_RETURN(Buffer buffer, Buffer::allocate(device, bytes));
+  TensorView view = make_view(buffer.data(), dtype, device, shape);
+  if (host != nullptr) {
+    ATTNKIT_RETURN_IF_ERROR(copy_bytes(buffer.data(), device, host, Device::cpu(),
+                                       dtype_storage_bytes(dtype, numel_of(shape))));
+  }
+  storage.push_back(std::move(buffer));
+  return view;
+}
+
+// An uninitialised output tensor followed by kCanaryBytes of kCanaryByte; the canary's address is
+// recorded so compare_with_reference can check that nothing wrote past the tensor.
+Result<TensorView> output_with_canary(PreparedCase& pc, DType dtype,
+                                      const std::vector<int64_t>& shape) {
+  const int64_t bytes = dtype_storage_bytes(dtype, numel_of(shape));
+  ATTNKIT_ASSIGN_OR_RETURN(Buffer buffer, Buffer::allocate(pc.device, bytes + kCanaryBytes));
+  const std::vector<uint8_t> canary(kCanaryBytes, kCanaryByte);
+  void* at = static_cast<uint8_t*>(buffer.data()) + bytes;
+  ATTNKIT_RETURN_IF_ERROR(copy_bytes(at, pc.device, canary.data(), Device::cpu(), kCanaryBytes));
+  pc.canaries.push_back(at);
+  TensorView view = make_view(buffer.data(), dtype, pc.device, shape);
+  pc.storage.push_back(std::move(buffer));
+  return view;
+}
+
+template <typename T>
+Result<TensorView> upload(std::vector<Buffer>& storage, Device device, DType dtype,
+                          const std::vector<T>& host) {
+  return upload_bytes(storage, device, dtype, {static_cast<int64_t>(host.size())}, host.data());
+}
+
+// Float values encoded in `dtype` (f32/f16/bf16) and uploaded.
+Result<TensorView> upload_floats(std::vector<Buffer>& storage, Device device, DType dtype,
+                                 const std::vector<int64_t>& shape,
+                                 const std::vector<float>& values) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(dtype_storage_bytes(dtype, numel_of(shape))));
+  for (size_t i = 0; i < values.size(); ++i) {
+    store_from_float(bytes.data(), dtype, static_cast<int64_t>(i), values[i]);
+  }
+  return upload_bytes(storage, device, dtype, shape, bytes.data());
+}
+
+std::vector<float> normal_values(std::mt19937_64& rng, int64_t n, float mean = 0.f) {
+  std::normal_distribution<float> dist(mean, 1.f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// A host copy of a contiguous tensor (same shape and dtype).
+Result<TensorView> to_host(std::vector<Buffer>& storage, const TensorView& t) {
+  if (!t.defined()) return t;
+  if (!t.is_contiguous()) {
+    return Status::invalid_argument("to_host: " + t.describe() + " is not contiguous");
+  }
+  std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.ndim);
+  ATTNKIT_ASSIGN_OR_RETURN(TensorView h,
+                           upload_bytes(storage, Device::cpu(), t.dtype, shape, nullptr));
+  ATTNKIT_RETURN_IF_ERROR(copy_bytes(h.data, Device::cpu(), t.data, t.device, t.storage_bytes()));
+  return h;
+}
+
+// The per-layer buffers of a pool (k, v and fp4 scales; MLA: the row and its scales).
+std::vector<TensorView> pool_buffers(const KVPool& pool, int layer) {
+  std::vector<TensorView> out;
+  if (pool.is_mla()) {
+    const auto& mla = static_cast<const MLAKVPool&>(pool);
+    out = {mla.kv_buffer(layer), mla.scale_buffer(layer)};
+  } else {
+    const auto& mha = static_cast<const MHAKVPool&>(pool);
+    out = {mha.k_buffer(layer), mha.v_buffer(layer), mha.k_scale_buffer(layer),
+           mha.v_scale_buffer(layer)};
+  }
+  std::erase_if(out, [](const TensorView& t) { return !t.defined(); });
+  return out;
+}
+
+Result<std::unique_ptr<KVPool>> create_pool(const KVPoolConfig& cfg, bool mla) {
+  if (mla) {
+    ATTNKIT_ASSIGN_OR_RETURN(std::unique_ptr<MLAKVPool> p, MLAKVPool::create(cfg));
+    return std::unique_ptr<KVPool>(std::move(p));
+  }
+  ATTNKIT_ASSIGN_OR_RETURN(std::unique_ptr<MHAKVPool> p, MHAKVPool::create(cfg));
+  return std::unique_ptr<KVPool>(std::move(p));
+}
+
+Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
+  const auto bad = [&](const std::string& what) {
+    return Status::invalid_argument("case " + s.name + ": " + what);
+  };
+  const int bs = s.batch_size();
+  const bool verify = s.mode == ForwardMode::kTargetVerify;
+  if (s.mode == ForwardMode::kIdle) return bad("mode idle has no work to prepare");
+  if (bs < 1) return bad("prefix_lens is empty (batch size must be >= 1)");
+  if (!verify && static_cast<int>(s.new_lens.size()) != bs) {
+    return bad(cat("new_lens has ", s.new_lens.size(), " entries, prefix_lens ", bs));
+  }
+  for (int r = 0; r < bs; ++r) {
+    if (s.prefix_lens[static_cast<size_t>(r)] < 0) return bad(cat("prefix_lens[", r, "] < 0"));
+    if (!verify && s.new_lens[static_cast<size_t>(r)] < (s.mode == ForwardMode::kDecode ? 1 : 0)) {
+      return bad(cat("new_lens[", r, "] = ", s.new_lens[static_cast<size_t>(r)], " is invalid"));
+    }
+    if (s.mode == ForwardMode::kDecode && s.new_lens[static_cast<size_t>(r)] != 1) {
+      return bad(cat("decode needs new_lens all 1, new_lens[", r,
+                     "] = ", s.new_lens[static_cast<size_t>(r)]));
+    }
+  }
+  if (s.page_size < 1) return bad(cat("page_size ", s.page_size, " must be >= 1"));
+  if (s.num_q_heads < 1 || s.num_kv_heads < 1 || s.num_q_heads % s.num_kv_heads != 0) {
+    return bad(cat("heads ", s.num_q_heads, "/", s.num_kv_heads,
+                   " must be positive with num_q_heads divisible by num_kv_heads"));
+  }
+  if (s.head_dim < 1 || s.v_head_dim < 1) {
+    return bad(cat("head dims ", s.head_dim, "/", s.v_head_dim, " must be >= 1"));
+  }
+  if (s.q_dtype != DType::kF32 && s.q_dtype != DType::kF16 && s.q_dtype != DType::kBF16) {
+    return bad(cat("q_dtype ", dtype_name(s.q_dtype), " must be f32, f16 or bf16"));
+  }
+  if (s.cross_attention && static_cast<int>(s.encoder_lens.size()) != bs) {
+    return bad(cat("cross_attention needs encoder_lens for each of the ", bs, " requests"));
+  }
+  if (!s.cross_attention && !s.encoder_lens.empty()) {
+    return bad("encoder_lens given without cross_attention");
+  }
+  if (verify && (s.spec_draft_tokens < 1 || s.spec_topk < 1)) {
+    return bad(cat("target_verify needs spec_draft_tokens >= 1 and spec_topk >= 1, got ",
+                   s.spec_draft_tokens, " / ", s.spec_topk));
+  }
+  if (s.mla) {
+    if (s.kv_lora_rank < 1 || s.qk_rope_head_dim < 1) {
+      return bad("mla needs kv_lora_rank and qk_rope_head_dim >= 1");
+    }
+    if (s.mla_absorbed() && (s.num_kv_heads != 1 || s.v_head_dim != s.kv_lora_rank)) {
+      return bad("MLA absorbed needs num_kv_heads 1 and v_head_dim = kv_lora_rank");
+    }
+    if (!s.mla_absorbed() && s.mode != ForwardMode::kExtend) {
+      return bad("MLA non-absorbed (prefill) cases must use mode extend");
+    }
+  }
+  if (o.num_layers < 1) return bad(cat("num_layers ", o.num_layers, " must be >= 1"));
+  if (o.spare_pages < 0) return bad(cat("spare_pages ", o.spare_pages, " must be >= 0"));
+  return Status::ok();
+}
+
+// Float tolerance of a round trip through the KV dtype (rel L2 of one [token, head] row).
+double kv_roundtrip_tolerance(DType kv, DType q) {
+  double t = 0.0;
+  switch (kv) {
+    case DType::kF32:
+      t = 1e-6;
+      break;
+    case DType::kF16:
+      t = 1e-3;
+      break;
+    case DType::kBF16:
+      t = 8e-3;
+      break;
+    case DType::kFP8E4M3:
+      t = 0.07;
+      break;
+    case DType::kFP8E5M2:
+      t = 0.14;
+      break;
+    default:
+      t = 0.25;  // fp4 e2m1 with per-16 block scales
+      break;
+  }
+  return std::max(t, kv == q ? 0.0 : 1e-6);
+}
+
+// Host mirror of a prepared case: pools, request table, batch and layer tensors on the CPU.
+struct HostMirror {
+  std::vector<Buffer> storage;
+  std::unique_ptr<KVPool> own_pool;
+  std::unique_ptr<ReqToTokenPool> own_table;
+  const KVPool* pool = nullptr;
+  ForwardBatch batch;
+  std::vector<AttentionLayer> layers;
+  std::vector<TensorView> q, k, v, out, lse;
+};
+
+Result<HostMirror> make_host_mirror(const PreparedCase& pc) {
+  HostMirror m;
+  if (pc.device.is_cpu()) {
+    m.pool = pc.kv_pool.get();
+    m.batch = pc.batch;
+    for (const LayerData& ld : pc.layers) {
+      m.layers.push_back(ld.layer);
+      m.q.push_back(ld.q);
+      m.k.push_back(ld.k);
+      m.v.push_back(ld.v);
+      m.out.push_back(ld.out);
+      m.lse.push_back(ld.lse);
+    }
+    return m;
+  }
+  KVPoolConfig cfg = pc.kv_pool->config();
+  cfg.device = Device::cpu();
+  ATTNKIT_ASSIGN_OR_RETURN(m.own_pool, create_pool(cfg, pc.kv_pool->is_mla()));
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const std::vector<TensorView> src = pool_buffers(*pc.kv_pool, l);
+    const std::vector<TensorView> dst = pool_buffers(*m.own_pool, l);
+    for (size_t i = 0; i < src.size(); ++i) ATTNKIT_RETURN_IF_ERROR(copy_tensor(dst[i], src[i]));
+  }
+  m.pool = m.own_pool.get();
+  const ReqToTokenPool& table = *pc.req_to_token;
+  ATTNKIT_ASSIGN_OR_RETURN(
+      m.own_table,
+      ReqToTokenPool::create(table.max_reqs(), table.max_context_len(), Device::cpu()));
+  for (int32_t row : pc.rows) {
+    const int32_t* src = table.host_row(row);
+    std::vector<int64_t> slots(src, src + table.max_context_len());
+    ATTNKIT_RETURN_IF_ERROR(m.own_table->write(row, 0, slots));
+  }
+  m.batch = pc.batch;
+  m.batch.kv_pool = m.own_pool.get();
+  m.batch.req_to_token_pool = m.own_table.get();
+  m.batch.stream = nullptr;
+  for (TensorView* t :
+       {&m.batch.req_pool_indices, &m.batch.seq_lens, &m.batch.out_cache_loc, &m.batch.positions,
+        &m.batch.extend_prefix_lens, &m.batch.extend_seq_lens, &m.batch.extend_start_loc,
+        &m.batch.encoder_lens, &m.batch.spec.custom_mask, &m.batch.spec.mask_indptr}) {
+    ATTNKIT_ASSIGN_OR_RETURN(*t, to_host(m.storage, *t));
+  }
+  for (const LayerData& ld : pc.layers) {
+    AttentionLayer layer = ld.layer;
+    ATTNKIT_ASSIGN_OR_RETURN(layer.sinks, to_host(m.storage, ld.layer.sinks));
+    m.layers.push_back(layer);
+    for (auto [dst, src] : {std::pair{&m.q, &ld.q},
+                            {&m.k, &ld.k},
+                            {&m.v, &ld.v},
+                            {&m.out, &ld.out},
+                            {&m.lse, &ld.lse}}) {
+      ATTNKIT_ASSIGN_OR_RETURN(TensorView h, to_host(m.storage, *src));
+      dst->push_back(h);
+    }
+  }
+  return m;
+}
+
+Result<reference::ReferenceOutput> reference_of(const HostMirror& m, const PreparedCase& pc,
+                                                int l) {
+  const bool mla_prefill = pc.spec.mla && !pc.spec.mla_absorbed();
+  const TensorView k = mla_prefill ? m.k[static_cast<size_t>(l)] : TensorView();
+  const TensorView v = mla_prefill ? m.v[static_cast<size_t>(l)] : TensorView();
+  return reference::compute_attention_fp64(m.q[static_cast<size_t>(l)], k, v,
+                                           m.layers[static_cast<size_t>(l)], m.batch);
+}
+
+double load3(const TensorView& t, int64_t i, int64_t h, int64_t d) {
+  return load_as_float(t.data, t.dtype, i * t.stride(0) + h * t.stride(1) + d * t.stride(2));
+}
+
+// Pool integrity of one layer: rows outside the new slots must equal the snapshot; new rows must
+// dequantise to the new k/v within the KV dtype's tolerance.
+void check_pool_layer(const HostMirror& m, const PreparedCase& pc, int l, Comparison* c) {
+  const LayerData& ld = pc.layers[static_cast<size_t>(l)];
+  const std::vector<TensorView> bufs = pool_buffers(*m.pool, l);
+  std::vector<uint8_t> is_new(static_cast<size_t>(m.pool->rows()), 0);
+  if (ld.save_kv_allowed) {
+    for (int64_t slot : pc.out_cache_loc) is_new[static_cast<size_t>(slot)] = 1;
+  }
+  if (!pc.pool_snapshot.empty()) {
+    const std::vector<uint8_t>& snap = pc.pool_snapshot[static_cast<size_t>(l)];
+    size_t offset = 0;
+    for (const TensorView& b : bufs) {
+      const int64_t bytes = b.storage_bytes();
+      const int64_t row_bytes = bytes / m.pool->rows();
+      const auto* cur = static_cast<const uint8_t*>(b.data);
+      for (int64_t row = 0; row < m.pool->rows(); ++row) {
+        if (is_new[static_cast<size_t>(row)]) continue;
+        if (std::memcmp(cur + row * row_bytes, snap.data() + offset + row * row_bytes,
+                        static_cast<size_t>(row_bytes)) != 0) {
+          ++c->pool_stray_writes;
+        }
+      }
+      offset += static_cast<size_t>(bytes);
+    }
+  }
+  if (!ld.save_kv_allowed) return;
+  // New rows against the k/v the layer was given.
+  const TensorView& k = m.k[static_cast<size_t>(l)];
+  const TensorView& v = m.v[static_cast<size_t>(l)];
+  const double tol = kv_roundtrip_tolerance(pc.spec.kv_dtype, pc.spec.q_dtype);
+  const AttentionLayer& layer = ld.layer;
+  const auto row_ok = [&](const TensorView& buf, const TensorView& scales, const TensorView& src,
+                          int64_t t, int64_t h, int64_t dim, float scale) {
+    double err = 0.0, norm = 0.0;
+    for (int64_t d = 0; d < dim; ++d) {
+      const double x = load3(src, t, h, d);
+      const double y =
+          load_kv_value_host(buf, scales, pc.out_cache_loc[static_cast<size_t>(t)], h, d, scale);
+      if (!std::isfinite(y)) return false;
+      err += (x - y) * (x - y);
+      norm += x * x;
+    }
+    return std::sqrt(err) <= tol * std::sqrt(norm) + std::numeric_limits<float>::min();
+  };
+  for (int64_t t = 0; t < pc.num_tokens; ++t) {
+    if (m.pool->is_mla()) {
+      if (!row_ok(bufs[0], bufs.size() > 1 ? bufs[1] : TensorView(), k, t, 0, k.size(2),
+                  layer.k_scale)) {
+        ++c->pool_bad_new_values;
+      }
+      continue;
+    }
+    const auto& mha = static_cast<const MHAKVPool&>(*m.pool);
+    for (int64_t h = 0; h < k.size(1); ++h) {
+      if (!row_ok(mha.k_buffer(l), mha.k_scale_buffer(l), k, t, h, k.size(2), layer.k_scale) ||
+          !row_ok(mha.v_buffer(l), mha.v_scale_buffer(l), v, t, h, v.size(2), layer.v_scale)) {
+        ++c->pool_bad_new_values;
+      }
+    }
+  }
+}
+
+// seed mixing for per-layer streams (splitmix64 increment).
+constexpr uint64_t kSeedStride = 0x9E3779B97F4A7C15ull;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// CaseSpec and the table
+
+std::string CaseSpec::describe() const {
+  std::ostringstream os;
+  os << name << ": " << forward_mode_name(mode) << " bs " << batch_size() << " page " << page_size
+     << " heads " << num_q_heads << "/" << num_kv_heads << " d " << head_dim << "/" << v_head_dim
+     << " q " << dtype_name(q_dtype) << " kv " << dtype_name(kv_dtype) << " prefix ["
+     << join(prefix_lens) << "]";
+  if (mode != ForwardMode::kTargetVerify) os << " new [" << join(new_lens) << "]";
+  if (sliding_window >= 0) os << " window " << sliding_window;
+  if (logit_cap > 0.f) os << " softcap " << logit_cap;
+  if (sinks) os << " sinks";
+  if (type == AttentionType::kEncoderOnly) os << " bidirectional";
+  if (cross_attention) os << " cross (encoder [" << join(encoder_lens) << "])";
+  if (mode == ForwardMode::kTargetVerify || mode == ForwardMode::kDraftExtend) {
+    os << " drafts " << spec_draft_tokens << " topk " << spec_topk;
+  }
+  if (mla) os << " mla " << kv_lora_rank << "+" << qk_rope_head_dim;
+  if (!shuffle_pages) os << " contiguous";
+  return os.str();
+}
+
+void PrintTo(const CaseSpec& spec, std::ostream* os) { *os << spec.describe(); }
+
+const std::vector<CaseSpec>& shared_case_table() {
+  static const std::vector<CaseSpec> table = [] {
+    std::vector<CaseSpec> t;
+    const auto add = [&t](std::string name, ForwardMode mode, int page, std::vector<int> prefix,
+                          std::vector<int> fresh) -> CaseSpec& {
+      CaseSpec c;
+      c.name = std::move(name);
+      c.mode = mode;
+      c.page_size = page;
+      c.prefix_lens = std::move(prefix);
+      c.new_lens = std::move(fresh);
+      c.seed = 1000 + t.size();
+      t.push_back(std::move(c));
+      return t.back();
+    };
+    const auto heads = [](CaseSpec& c, int hq, int hkv, int d) {
+      c.num_q_heads = hq;
+      c.num_kv_heads = hkv;
+      c.head_dim = d;
+      c.v_head_dim = d;
+    };
+    const auto mla = [](CaseSpec& c, int hq, bool absorbed) {
+      constexpr int kLora = 512, kRope = 64, kNope = 128, kV = 128;
+      c.mla = true;
+      c.kv_lora_rank = kLora;
+      c.qk_rope_head_dim = kRope;
+      c.num_q_heads = hq;
+      c.num_kv_heads = absorbed ? 1 : hq;
+      c.head_dim = absorbed ? kLora + kRope : kNope + kRope;
+      c.v_head_dim = absorbed ? kLora : kV;
+    };
+    using M = ForwardMode;
+    const std::vector<int> decode_prefix = {16, 0, 96, 1012};  // kv_len 17, 1, 97, 1013
+    const std::vector<int> ones4 = {1, 1, 1, 1};
+
+    // ---- extend: page sizes, ragged and odd lengths (kv_len % page != 0) ----
+    add("extend_page1_gqa4", M::kExtend, 1, {0, 5, 17}, {7, 1, 33});
+    add("extend_page16_ragged", M::kExtend, 16, {17, 0, 33}, {97, 5, 1});
+    add("extend_page64_ragged", M::kExtend, 64, {64, 1, 0}, {17, 63, 40});
+    add("extend_page128", M::kExtend, 128, {130, 0}, {5, 97});
+    add("extend_page24_nonpow2", M::kExtend, 24, {25, 48, 0}, {23, 1, 50});
+    add("extend_page16_contiguous", M::kExtend, 16, {20, 3}, {12, 30}).shuffle_pages = false;
+    heads(add("extend_long_1013", M::kExtend, 16, {0}, {1013}), 4, 2, 64);
+    // ---- head counts and dims ----
+    heads(add("extend_group1_d64", M::kExtend, 16, {10, 3}, {20, 9}), 8, 8, 64);
+    heads(add("extend_group8_d256", M::kExtend, 16, {9, 0}, {12, 17}), 16, 2, 256);
+    heads(add("extend_mqa_d128", M::kExtend, 1, {21, 2}, {8, 13}), 8, 1, 128);
+    // ---- features ----
+    add("extend_window8_page16", M::kExtend, 16, {40, 3, 0}, {25, 10, 17}).sliding_window = 8;
+    add("extend_softcap", M::kExtend, 16, {19, 0}, {14, 23}).logit_cap = 2.f;
+    add("extend_sinks", M::kExtend, 16, {12, 0}, {9, 30}).sinks = true;
+    add("extend_fp8_e4m3_kv", M::kExtend, 16, {33, 7}, {20, 9}).kv_dtype = DType::kFP8E4M3;
+    add("extend_fp8_e5m2_kv", M::kExtend, 1, {33, 7}, {20, 9}).kv_dtype = DType::kFP8E5M2;
+    add("extend_fp4_kv", M::kExtend, 16, {40, 0}, {17, 12}).kv_dtype = DType::kFP4E2M1;
+    {
+      CaseSpec& c = add("extend_f16", M::kExtend, 16, {13, 2}, {19, 6});
+      c.q_dtype = c.kv_dtype = DType::kF16;
+    }
+    {
+      CaseSpec& c = add("extend_f32", M::kExtend, 1, {13, 2}, {19, 6});
+      c.q_dtype = c.kv_dtype = DType::kF32;
+    }
+    add("extend_encoder_bidirectional", M::kExtend, 1, {0, 0}, {19, 7}).type =
+        AttentionType::kEncoderOnly;
+    {
+      CaseSpec& c = add("extend_cross_attention", M::kExtend, 16, {0, 5}, {7, 3});
+      c.cross_attention = true;
+      c.encoder_lens = {13, 30};
+    }
+    // ---- mixed (chunked prefill + decode rows; kv_len 0 and 1 inside the batch) ----
+    add("mixed_page16", M::kMixed, 16, {0, 1, 0, 30, 45}, {20, 1, 1, 1, 7});
+    add("mixed_page1_window", M::kMixed, 1, {0, 1, 37, 12}, {9, 1, 1, 5}).sliding_window = 16;
+    {
+      CaseSpec& c = add("draft_extend_page1", M::kDraftExtend, 1, {10, 20}, {4, 4});
+      c.spec_draft_tokens = 4;
+      c.spec_topk = 1;
+    }
+    // ---- decode ----
+    add("decode_page1", M::kDecode, 1, decode_prefix, ones4);
+    add("decode_page16", M::kDecode, 16, decode_prefix, ones4);
+    add("decode_page64", M::kDecode, 64, decode_prefix, ones4);
+    add("decode_page128", M::kDecode, 128, decode_prefix, ones4);
+    add("decode_page24_nonpow2", M::kDecode, 24, decode_prefix, ones4);
+    heads(add("decode_group1_d64", M::kDecode, 16, decode_prefix, ones4), 8, 8, 64);
+    heads(add("decode_group8_d256", M::kDecode, 16, decode_prefix, ones4), 16, 2, 256);
+    heads(add("decode_mqa_d128", M::kDecode, 64, decode_prefix, ones4), 8, 1, 128);
+    add("decode_window32", M::kDecode, 16, decode_prefix, ones4).sliding_window = 32;
+    add("decode_softcap", M::kDecode, 16, decode_prefix, ones4).logit_cap = 2.f;
+    add("decode_sinks", M::kDecode, 16, decode_prefix, ones4).sinks = true;
+    add("decode_fp8_e4m3_kv", M::kDecode, 16, decode_prefix, ones4).kv_dtype = DType::kFP8E4M3;
+    add("decode_fp8_e5m2_kv", M::kDecode, 16, decode_prefix, ones4).kv_dtype = DType::kFP8E5M2;
+    add("decode_fp8_e4m3_page64", M::kDecode, 64, decode_prefix, ones4).kv_dtype = DType::kFP8E4M3;
+    add("decode_fp4_kv", M::kDecode, 16, decode_prefix, ones4).kv_dtype = DType::kFP4E2M1;
+    {
+      CaseSpec& c = add("decode_f16", M::kDecode, 16, decode_prefix, ones4);
+      c.q_dtype = c.kv_dtype = DType::kF16;
+    }
+    {
+      CaseSpec& c = add("decode_f32", M::kDecode, 1, decode_prefix, ones4);
+      c.q_dtype = c.kv_dtype = DType::kF32;
+    }
+    {
+      CaseSpec& c = add("decode_cross_attention", M::kDecode, 16, {4, 0, 20}, {1, 1, 1});
+      c.cross_attention = true;
+      c.encoder_lens = {30, 17, 1};
+    }
+    {
+      std::vector<int> prefix(16);
+      for (size_t i = 0; i < prefix.size(); ++i) prefix[i] = static_cast<int>(37 * i % 211);
+      add("decode_batch16_page16", M::kDecode, 16, prefix, std::vector<int>(16, 1));
+    }
+    // ---- speculative verify (tree masks) ----
+    const auto verify = [&](std::string name, int page, std::vector<int> prefix, int n,
+                            int topk) -> CaseSpec& {
+      CaseSpec& c = add(std::move(name), M::kTargetVerify, page, std::move(prefix), {});
+      c.spec_draft_tokens = n;
+      c.spec_topk = topk;
+      return c;
+    };
+    verify("verify_topk1_page1", 1, {10, 33}, 4, 1);
+    verify("verify_topk1_page16", 16, {10, 33, 1}, 5, 1);
+    verify("verify_topk4_page1", 1, {15, 40, 1}, 8, 4);
+    verify("verify_topk4_page16", 16, {15, 40}, 6, 4);
+    // ---- MLA ----
+    mla(add("mla_decode_page1", M::kDecode, 1, {0, 40, 200}, {1, 1, 1}), 16, true);
+    mla(add("mla_decode_page64", M::kDecode, 64, {63, 130, 1012}, {1, 1, 1}), 16, true);
+    mla(add("mla_decode_page128", M::kDecode, 128, {127, 300}, {1, 1}), 16, true);
+    {
+      CaseSpec& c = add("mla_decode_fp8_e4m3_page64", M::kDecode, 64, {63, 130}, {1, 1});
+      mla(c, 16, true);
+      c.kv_dtype = DType::kFP8E4M3;
+    }
+    {
+      CaseSpec& c = add("mla_decode_fp4_page64", M::kDecode, 64, {63, 130}, {1, 1});
+      mla(c, 16, true);
+      c.kv_dtype = DType::kFP4E2M1;
+    }
+    mla(add("mla_extend_absorbed_page1", M::kExtend, 1, {20, 0}, {5, 9}), 16, true);
+    mla(add("mla_prefill_192_128", M::kExtend, 64, {0, 0}, {37, 64}), 16, false);
+    mla(verify("mla_verify_topk1_page1", 1, {12, 30}, 3, 1), 16, true);
+    mla(verify("mla_verify_topk4_page1", 1, {12, 30}, 6, 4), 16, true);
+    return t;
+  }();
+  return table;
+}
+
+const CaseSpec* find_case(std::string_view name) {
+  for (const CaseSpec& c : shared_case_table()) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+CaseSpec make_uniform_case(std::string name, ForwardMode mode, int batch_size, int prefix_len,
+                           int new_len, int num_q_heads, int num_kv_heads, int head_dim,
+                           int page_size, DType q_dtype, DType kv_dtype) {
+  CaseSpec c;
+  c.name = std::move(name);
+  c.mode = mode;
+  c.page_size = page_size;
+  c.prefix_lens.assign(static_cast<size_t>(batch_size), prefix_len);
+  c.new_lens.assign(static_cast<size_t>(batch_size), mode == ForwardMode::kDecode ? 1 : new_len);
+  c.num_q_heads = num_q_heads;
+  c.num_kv_heads = num_kv_heads;
+  c.head_dim = head_dim;
+  c.v_head_dim = head_dim;
+  c.q_dtype = q_dtype;
+  c.kv_dtype = kv_dtype;
+  c.seed = 1;
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// prepare_case
+
+BackendContext PreparedCase::context() const {
+  BackendContext ctx;
+  ctx.device = device;
+  ctx.num_q_heads = spec.num_q_heads;
+  ctx.num_kv_heads = spec.num_kv_heads;
+  ctx.qk_head_dim = spec.head_dim;
+  ctx.v_head_dim = spec.v_head_dim;
+  ctx.is_mla = spec.mla;
+  ctx.kv_lora_rank = spec.kv_lora_rank;
+  ctx.qk_rope_head_dim = spec.qk_rope_head_dim;
+  ctx.q_dtype = spec.q_dtype;
+  ctx.page_size = spec.page_size;
+  ctx.max_batch_size = spec.batch_size();
+  ctx.max_context_len = req_to_token ? req_to_token->max_context_len() : 0;
+  ctx.num_layers = options.num_layers;
+  ctx.req_to_token_pool = req_to_token.get();
+  ctx.kv_pool = kv_pool.get();
+  ctx.speculative_num_draft_tokens = spec.spec_draft_tokens;
+  ctx.speculative_topk = spec.spec_topk;
+  return ctx;
+}
+
+Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
+                                  const PrepareOptions& options) {
+  ATTNKIT_RETURN_IF_ERROR(check_spec(spec, options));
+  PreparedCase pc;
+  pc.spec = spec;
+  pc.options = options;
+  pc.device = device;
+  std::mt19937_64 rng(spec.seed);
+  const int bs = spec.batch_size();
+  const int ps = spec.page_size;
+  const bool verify = spec.mode == ForwardMode::kTargetVerify;
+  const bool mla_prefill = spec.mla && !spec.mla_absorbed();
+
+  // Per-request lengths.
+  std::vector<int32_t> enc(bs), prefix(bs), fresh(bs), seq(bs);
+  std::vector<int64_t> row_len(bs);
+  for (int r = 0; r < bs; ++r) {
+    const auto i = static_cast<size_t>(r);
+    enc[i] = spec.cross_attention ? spec.encoder_lens[i] : 0;
+    prefix[i] = spec.prefix_lens[i];
+    fresh[i] = verify ? spec.spec_draft_tokens : spec.new_lens[i];
+    seq[i] = verify ? prefix[i] : prefix[i] + fresh[i];
+    row_len[i] = enc[i] + prefix[i] + fresh[i];
+    pc.kv_lens.push_back(prefix[i] + fresh[i]);
+  }
+  pc.num_tokens = std::accumulate(fresh.begin(), fresh.end(), 0);
+
+  // Pages: every request owns whole pages; spare pages stay allocated but unused.
+  int64_t needed = 0;
+  for (int64_t len : row_len) needed += (len + ps - 1) / ps;
+  const int64_t num_pages = std::max<int64_t>(needed + options.spare_pages, 1);
+  pc.allocator = std::make_unique<PageAllocator>(num_pages, ps);
+  ATTNKIT_ASSIGN_OR_RETURN(std::vector<int64_t> pages, pc.allocator->alloc_pages(num_pages));
+  if (spec.shuffle_pages) {
+    std::shuffle(pages.begin(), pages.end(), rng);
+  } else {
+    std::sort(pages.begin(), pages.end());
+  }
+  std::vector<std::vector<int64_t>> slots(bs);
+  size_t next_page = 0;
+  for (int r = 0; r < bs; ++r) {
+    auto& s = slots[static_cast<size_t>(r)];
+    for (int64_t j = 0; j < row_len[static_cast<size_t>(r)]; ++j) {
+      if (j % ps == 0) ++next_page;
+      s.push_back(pages[next_page - 1] * ps + j % ps);
+    }
+  }
+
+  // Request table.
+  const int64_t max_row = *std::max_element(row_len.begin(), row_len.end());
+  const int max_context = static_cast<int>(((max_row + ps - 1) / ps + 1) * ps);
+  const int max_reqs = bs + kSpareRequestRows;
+  ATTNKIT_ASSIGN_OR_RETURN(pc.req_to_token, ReqToTokenPool::create(max_reqs, max_context, device));
+  std::vector<int32_t> rows;
+  for (int i = 0; i < max_reqs; ++i) {
+    ATTNKIT_ASSIGN_OR_RETURN(int row, pc.req_to_token->alloc());
+    rows.push_back(row);
+  }
+  if (spec.shuffle_pages) {
+    std::shuffle(rows.begin(), rows.end(), rng);
+  } else {
+    std::sort(rows.begin(), rows.end());
+  }
+  rows.resize(static_cast<size_t>(bs));
+  pc.rows = rows;
+  for (int r = 0; r < bs; ++r) {
+    ATTNKIT_RETURN_IF_ERROR(
+        pc.req_to_token->write(rows[static_cast<size_t>(r)], 0, slots[static_cast<size_t>(r)]));
+  }
+
+  // KV pool, poisoned with NaN.
+  KVPoolConfig cfg;
+  cfg.num_layers = options.num_layers;
+  cfg.size = num_pages * ps;
+  cfg.page_size = ps;
+  cfg.dtype = spec.kv_dtype;
+  cfg.device = device;
+  if (spec.mla) {
+    cfg.num_kv_heads = 1;
+    cfg.kv_lora_rank = spec.kv_lora_rank;
+    cfg.qk_rope_head_dim = spec.qk_rope_head_dim;
+  } else {
+    cfg.num_kv_heads = spec.num_kv_heads;
+    cfg.head_dim = spec.head_dim;
+    cfg.v_head_dim = spec.v_head_dim;
+  }
+  ATTNKIT_ASSIGN_OR_RETURN(pc.kv_pool, create_pool(cfg, spec.mla));
+  if (options.poison) {
+    for (int l = 0; l < options.num_layers; ++l) {
+      for (const TensorView& b : pool_buffers(*pc.kv_pool, l)) {
+        ATTNKIT_RETURN_IF_ERROR(fill_float(b, kNaN));
+      }
+    }
+  }
+  const int64_t row_dim = spec.mla ? spec.kv_lora_rank + spec.qk_rope_head_dim : 0;
+  const int64_t hist_heads = spec.mla ? 1 : spec.num_kv_heads;
+  const int64_t hist_k_dim = spec.mla ? row_dim : spec.head_dim;
+
+  // History slots: encoder tokens and the cached decoder prefix of every request.
+  std::vector<int64_t> hist_slots;
+  for (int r = 0; r < bs; ++r) {
+    const auto& s = slots[static_cast<size_t>(r)];
+    hist_slots.insert(hist_slots.end(), s.begin(),
+                      s.begin() + enc[static_cast<size_t>(r)] + prefix[static_cast<size_t>(r)]);
+  }
+  for (int r = 0; r < bs; ++r) {
+    const auto i = static_cast<size_t>(r);
+    for (int j = 0; j < fresh[i]; ++j) {
+      pc.out_cache_loc.push_back(slots[i][static_cast<size_t>(enc[i] + prefix[i] + j)]);
+    }
+  }
+  const int64_t n_hist = static_cast<int64_t>(hist_slots.size());
+  const int64_t t = pc.num_tokens;
+  ATTNKIT_ASSIGN_OR_RETURN(TensorView hist_loc,
+                           upload(pc.storage, device, DType::kI64, hist_slots));
+
+  // Layers.
+  const bool quantised = is_quantised(spec.kv_dtype);
+  for (int l = 0; l < options.num_layers; ++l) {
+    std::mt19937_64 lrng(spec.seed + kSeedStride * static_cast<uint64_t>(l + 1));
+    LayerData ld;
+    AttentionLayer& layer = ld.layer;
+    layer.layer_id = l;
+    layer.num_q_heads = spec.num_q_heads;
+    layer.num_kv_heads = spec.num_kv_heads;
+    layer.qk_head_dim = spec.head_dim;
+    layer.v_head_dim = spec.v_head_dim;
+    layer.scaling = 1.f / std::sqrt(static_cast<float>(spec.head_dim));
+    layer.logit_cap = spec.logit_cap;
+    layer.sliding_window = spec.sliding_window;
+    layer.type = spec.type;
+    layer.is_cross_attention = spec.cross_attention && l % 2 == 1;
+    layer.is_mla = spec.mla;
+    layer.kv_lora_rank = spec.kv_lora_rank;
+    layer.qk_rope_head_dim = spec.qk_rope_head_dim;
+    if (quantised) {
+      // Distinct non-unit scales per layer exercise the scale folding.
+      layer.k_scale = 0.5f + 0.25f * static_cast<float>(l);
+      layer.v_scale = spec.mla ? layer.k_scale : 0.75f + 0.5f * static_cast<float>(l);
+    }
+    if (spec.sinks) {
+      ATTNKIT_ASSIGN_OR_RETURN(layer.sinks,
+                               upload_floats(pc.storage, device, DType::kF32, {spec.num_q_heads},
+                                             normal_values(lrng, spec.num_q_heads, 1.f)));
+    }
+    ld.save_kv_allowed = !layer.is_cross_attention && !mla_prefill;
+
+    // History K/V (f32 source; the pool quantises).
+    if (n_hist > 0) {
+      ATTNKIT_ASSIGN_OR_RETURN(
+          TensorView hk,
+          upload_floats(pc.storage, device, DType::kF32, {n_hist, hist_heads, hist_k_dim},
+                        normal_values(lrng, n_hist * hist_heads * hist_k_dim)));
+      TensorView hv;
+      if (!spec.mla) {
+        ATTNKIT_ASSIGN_OR_RETURN(
+            hv,
+            upload_floats(pc.storage, device, DType::kF32, {n_hist, hist_heads, spec.v_head_dim},
+                          normal_values(lrng, n_hist * hist_heads * spec.v_head_dim)));
+      }
+      ATTNKIT_RETURN_IF_ERROR(
+          pc.kv_pool->set_kv(l, hist_loc, hk, hv, layer.k_scale, layer.v_scale, nullptr));
+    }
+
+    // New tokens.
+    ATTNKIT_ASSIGN_OR_RETURN(
+        ld.q, upload_floats(pc.storage, device, spec.q_dtype, {t, spec.num_q_heads, spec.head_dim},
+                            normal_values(lrng, t * spec.num_q_heads * spec.head_dim)));
+    const std::vector<float> kvals = normal_values(lrng, t * spec.num_kv_heads * spec.head_dim);
+    ATTNKIT_ASSIGN_OR_RETURN(ld.k, upload_floats(pc.storage, device, spec.q_dtype,
+                                                 {t, spec.num_kv_heads, spec.head_dim}, kvals));
+    std::vector<float> vvals;
+    if (spec.mla_absorbed()) {  // V = the first kv_lora_rank columns of the row
+      for (int64_t i = 0; i < t; ++i) {
+        vvals.insert(vvals.end(), kvals.begin() + i * spec.head_dim,
+                     kvals.begin() + i * spec.head_dim + spec.v_head_dim);
+      }
+    } else {
+      vvals = normal_values(lrng, t * spec.num_kv_heads * spec.v_head_dim);
+    }
+    ATTNKIT_ASSIGN_OR_RETURN(ld.v, upload_floats(pc.storage, device, spec.q_dtype,
+                                                 {t, spec.num_kv_heads, spec.v_head_dim}, vvals));
+    ATTNKIT_ASSIGN_OR_RETURN(
+        ld.out, output_with_canary(pc, spec.q_dtype, {t, spec.num_q_heads, spec.v_head_dim}));
+    if (options.poison) ATTNKIT_RETURN_IF_ERROR(fill_float(ld.out, kNaN));
+    if (options.request_lse) {
+      ATTNKIT_ASSIGN_OR_RETURN(ld.lse, output_with_canary(pc, DType::kF32, {t, spec.num_q_heads}));
+      if (options.poison) ATTNKIT_RETURN_IF_ERROR(fill_float(ld.lse, kNaN));
+    }
+    pc.layers.push_back(std::move(ld));
+  }
+
+  // Verify trees: random parents (topk 1: a chain), depth and the ancestry mask. The tree has its
+  // own random stream so the data does not depend on shuffle_pages.
+  std::mt19937_64 tree_rng(spec.seed ^ kSeedStride);
+  std::vector<int64_t> positions;
+  std::vector<uint8_t> mask;
+  std::vector<int64_t> mask_indptr = {0};
+  for (int r = 0; r < bs; ++r) {
+    const auto i = static_cast<size_t>(r);
+    if (!verify) {
+      for (int j = 0; j < fresh[i]; ++j) positions.push_back(prefix[i] + j);
+      continue;
+    }
+    const int n = spec.spec_draft_tokens;
+    std::vector<int> parent(static_cast<size_t>(n), -1), depth(static_cast<size_t>(n), 0);
+    for (int j = 1; j < n; ++j) {
+      std::uniform_int_distribution<int> pick(0, j - 1);
+      parent[static_cast<size_t>(j)] = spec.spec_topk == 1 ? j - 1 : pick(tree_rng);
+      depth[static_cast<size_t>(j)] =
+          depth[static_cast<size_t>(parent[static_cast<size_t>(j)])] + 1;
+    }
+    const int cols = prefix[i] + n;
+    for (int j = 0; j < n; ++j) {
+      std::vector<uint8_t> mrow(static_cast<size_t>(cols), 0);
+      std::fill(mrow.begin(), mrow.begin() + prefix[i], 1);
+      for (int a = j; a >= 0; a = parent[static_cast<size_t>(a)]) {
+        mrow[static_cast<size_t>(prefix[i] + a)] = 1;
+      }
+      mask.insert(mask.end(), mrow.begin(), mrow.end());
+      positions.push_back(prefix[i] + depth[static_cast<size_t>(j)]);
+      pc.verify_depth.push_back(depth[static_cast<size_t>(j)]);
+    }
+    mask_indptr.push_back(static_cast<int64_t>(mask.size()));
+  }
+
+  // ForwardBatch.
+  ForwardBatch& b = pc.batch;
+  b.mode = spec.mode;
+  b.batch_size = bs;
+  b.num_tokens = static_cast<int>(t);
+  b.req_pool_indices_host = rows;
+  b.seq_lens_host = seq;
+  b.seq_lens_sum = std::accumulate(seq.begin(), seq.end(), int64_t{0});
+  ATTNKIT_ASSIGN_OR_RETURN(b.req_pool_indices, upload(pc.storage, device, DType::kI32, rows));
+  ATTNKIT_ASSIGN_OR_RETURN(b.seq_lens, upload(pc.storage, device, DType::kI32, seq));
+  ATTNKIT_ASSIGN_OR_RETURN(b.out_cache_loc,
+                           upload(pc.storage, device, DType::kI64, pc.out_cache_loc));
+  ATTNKIT_ASSIGN_OR_RETURN(b.positions, upload(pc.storage, device, DType::kI64, positions));
+  if (spec.mode != ForwardMode::kDecode) {
+    std::vector<int32_t> start(bs);
+    std::exclusive_scan(fresh.begin(), fresh.end(), start.begin(), 0);
+    b.extend_prefix_lens_host = prefix;
+    b.extend_seq_lens_host = fresh;
+    b.extend_start_loc_host = start;
+    ATTNKIT_ASSIGN_OR_RETURN(b.extend_prefix_lens, upload(pc.storage, device, DType::kI32, prefix));
+    ATTNKIT_ASSIGN_OR_RETURN(b.extend_seq_lens, upload(pc.storage, device, DType::kI32, fresh));
+    ATTNKIT_ASSIGN_OR_RETURN(b.extend_start_loc, upload(pc.storage, device, DType::kI32, start));
+  }
+  if (spec.cross_attention) {
+    b.encoder_lens_host = enc;
+    ATTNKIT_ASSIGN_OR_RETURN(b.encoder_lens, upload(pc.storage, device, DType::kI32, enc));
+  }
+  if (verify || spec.mode == ForwardMode::kDraftExtend) {
+    b.has_spec = true;
+    b.spec.draft_token_num = spec.spec_draft_tokens;
+    b.spec.topk = spec.spec_topk;
+    b.spec.num_steps = std::max(spec.spec_draft_tokens - 1, 1);
+  }
+  if (verify) {
+    ATTNKIT_ASSIGN_OR_RETURN(b.spec.custom_mask, upload(pc.storage, device, DType::kU8, mask));
+    ATTNKIT_ASSIGN_OR_RETURN(b.spec.mask_indptr,
+                             upload(pc.storage, device, DType::kI64, mask_indptr));
+    b.spec.mask_indptr_host = mask_indptr;
+  }
+  b.req_to_token_pool = pc.req_to_token.get();
+  b.kv_pool = pc.kv_pool.get();
+  ATTNKIT_RETURN_IF_ERROR(b.validate());
+
+  if (options.snapshot_pool) {
+    for (int l = 0; l < options.num_layers; ++l) {
+      std::vector<uint8_t> bytes;
+      for (const TensorView& buf : pool_buffers(*pc.kv_pool, l)) {
+        const size_t at = bytes.size();
+        bytes.resize(at + static_cast<size_t>(buf.storage_bytes()));
+        ATTNKIT_RETURN_IF_ERROR(
+            copy_bytes(bytes.data() + at, Device::cpu(), buf.data, device, buf.storage_bytes()));
+      }
+      pc.pool_snapshot.push_back(std::move(bytes));
+    }
+  }
+  return pc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// run_backend
+
+Status run_backend(AttentionBackend& backend, PreparedCase& pc, bool save_kv) {
+  ATTNKIT_RETURN_IF_ERROR(backend.init_forward_metadata(pc.batch));
+  const bool mla_prefill = pc.spec.mla && !pc.spec.mla_absorbed();
+  for (LayerData& ld : pc.layers) {
+    const bool save = save_kv && ld.save_kv_allowed;
+    if (!save && ld.save_kv_allowed) {
+      ATTNKIT_RETURN_IF_ERROR(pc.kv_pool->set_kv(ld.layer.layer_id, pc.batch.out_cache_loc, ld.k,
+                                                 ld.v, ld.layer.k_scale, ld.layer.v_scale,
+                                                 nullptr));
+    }
+    const bool pass_kv = save || mla_prefill;
+    ATTNKIT_RETURN_IF_ERROR(backend.forward(ld.q, pass_kv ? ld.k : TensorView(),
+                                            pass_kv ? ld.v : TensorView(), ld.out, ld.layer,
+                                            pc.batch, save, ld.lse));
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparison
+
+double tolerance_for(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return 1e-2;
+    case DType::kF16:
+      return 3e-3;
+    default:
+      return 1e-4;
+  }
+}
+
+bool Comparison::passed() const {
+  return nan_inf_count == 0 && rel_l2 <= tolerance && max_abs <= max_abs_tolerance &&
+         lse_max_abs <= lse_tolerance && pool_stray_writes == 0 && pool_bad_new_values == 0 &&
+         canaries_damaged == 0;
+}
+
+std::string Comparison::summary() const {
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "rel_l2 %.3e (tol %.1e) max_abs %.3e (tol %.2e) lse %.3e (tol %.1e) nan/inf %lld "
+                "pool stray rows %lld bad new rows %lld canaries damaged %lld worst layer %d",
+                rel_l2, tolerance, max_abs, max_abs_tolerance, lse_max_abs, lse_tolerance,
+                static_cast<long long>(nan_inf_count), static_cast<long long>(pool_stray_writes),
+                static_cast<long long>(pool_bad_new_values),
+                static_cast<long long>(canaries_damaged), worst_layer);
+  return buf;
+}
+
+Result<ReferenceResult> reference_for_layer(const PreparedCase& prepared, int layer) {
+  if (layer < 0 || layer >= static_cast<int>(prepared.layers.size())) {
+    return Status::invalid_argument(
+        cat("layer ", layer, " is outside [0, ", prepared.layers.size(), ")"));
+  }
+  ATTNKIT_ASSIGN_OR_RETURN(HostMirror m, make_host_mirror(prepared));
+  ATTNKIT_ASSIGN_OR_RETURN(reference::ReferenceOutput ref, reference_of(m, prepared, layer));
+  return ReferenceResult{std::move(ref.out), std::move(ref.lse)};
+}
+
+Result<Comparison> compare_with_reference(const PreparedCase& pc) {
+  ATTNKIT_ASSIGN_OR_RETURN(HostMirror m, make_host_mirror(pc));
+  Comparison c;
+  c.tolerance = tolerance_for(pc.spec.q_dtype);
+  c.lse_tolerance = pc.options.request_lse ? c.tolerance : kInf;
+  double max_ref = 0.0;
+  double worst_ratio = -1.0;
+  for (int l = 0; l < static_cast<int>(pc.layers.size()); ++l) {
+    ATTNKIT_ASSIGN_OR_RETURN(reference::ReferenceOutput ref, reference_of(m, pc, l));
+    const TensorView& out = m.out[static_cast<size_t>(l)];
+    const int64_t t = out.size(0), hq = out.size(1), dv = out.size(2);
+    double err2 = 0.0, ref2 = 0.0, max_abs = 0.0;
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t h = 0; h < hq; ++h) {
+        for (int64_t d = 0; d < dv; ++d) {
+          const double y = load3(out, i, h, d);
+          const double x = ref.out[static_cast<size_t>((i * hq + h) * dv + d)];
+          if (!std::isfinite(y)) {
+            ++c.nan_inf_count;
+            continue;
+          }
+          err2 += (y - x) * (y - x);
+          ref2 += x * x;
+          max_abs = std::max(max_abs, std::fabs(y - x));
+          max_ref = std::max(max_ref, std::fabs(x));
+        }
+      }
+    }
+    const double rel = ref2 > 0.0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+    c.max_abs = std::max(c.max_abs, max_abs);
+    c.elements = t * hq * dv;
+    if (rel / c.tolerance > worst_ratio) {
+      worst_ratio = rel / c.tolerance;
+      c.rel_l2 = rel;
+      c.worst_layer = l;
+    }
+    const TensorView& lse = m.lse[static_cast<size_t>(l)];
+    if (lse.defined()) {
+      for (int64_t i = 0; i < t; ++i) {
+        for (int64_t h = 0; h < hq; ++h) {
+          const double y = lse.data_as<const float>()[i * lse.stride(0) + h * lse.stride(1)];
+          const double x = ref.lse[static_cast<size_t>(i * hq + h)];
+          if (std::isinf(x) && y == x) continue;  // no visible key on both sides
+          if (!std::isfinite(y)) {
+            ++c.nan_inf_count;
+            continue;
+          }
+          c.lse_max_abs = std::max(c.lse_max_abs, std::fabs(y - x));
+        }
+      }
+    }
+    check_pool_layer(m, pc, l, &c);
+  }
+  c.max_abs_tolerance = kMaxAbsFactor * c.tolerance * std::max(1.0, max_ref);
+  std::vector<uint8_t> guard(kCanaryBytes);
+  for (const void* at : pc.canaries) {
+    ATTNKIT_RETURN_IF_ERROR(copy_bytes(guard.data(), Device::cpu(), at, pc.device, kCanaryBytes));
+    if (std::any_of(guard.begin(), guard.end(), [](uint8_t x) { return x != kCanaryByte; })) {
+      ++c.canaries_damaged;
+    }
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// skip_reason / create
+
+std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
+                        const DeviceInfo& device) {
+  if (!d.built) return d.name + " is not built: " + d.not_built_reason;
+  if (!d.runs_on(device.platform)) {
+    return d.name + " does not run on " + platform_name(device.platform) + " (" + device.name + ")";
+  }
+  if (device.platform == Platform::kCUDA) {
+    if (device.compute_capability < d.min_compute_capability) {
+      return cat(d.name, " needs compute capability >= ", d.min_compute_capability, ", device has ",
+                 device.compute_capability);
+    }
+    if (d.max_compute_capability > 0 && device.compute_capability > d.max_compute_capability) {
+      return cat(d.name, " supports compute capability <= ", d.max_compute_capability,
+                 ", device has ", device.compute_capability);
+    }
+  }
+  if (spec.mode == ForwardMode::kDecode && !d.decode_role) {
+    return d.name + " cannot serve decode";
+  }
+  if (spec.mode != ForwardMode::kDecode && !d.prefill_role) {
+    return d.name + " cannot serve extend/prefill";
+  }
+  const FeatureRow* row = d.row(spec.kind());
+  if (row == nullptr) {
+    return d.name + " has no " + attention_kind_name(spec.kind()) + " support";
+  }
+  if (!row->pages.allows(spec.page_size)) {
+    return cat(d.name, " does not support page_size ", spec.page_size, " (", row->pages.to_string(),
+               ")");
+  }
+  if (dtype_is_fp8(spec.kv_dtype) && !row->fp8_kv) {
+    return cat(d.name, " does not support ", dtype_name(spec.kv_dtype), " KV");
+  }
+  if (spec.kv_dtype == DType::kFP4E2M1 && !row->fp4_kv) {
+    return d.name + " does not support fp4_e2m1 KV";
+  }
+  const bool spec_mode =
+      spec.mode == ForwardMode::kTargetVerify || spec.mode == ForwardMode::kDraftExtend;
+  if (spec_mode && spec.spec_topk <= 1 && !row->spec_topk1) {
+    return d.name + " does not support speculative decoding (topk 1)";
+  }
+  if (spec_mode && spec.spec_topk > 1) {
+    if (!row->spec_topk_gt1) return cat(d.name, " does not support spec topk ", spec.spec_topk);
+    if (row->topk_gt1_needs_page1 && spec.page_size != 1) {
+      return cat(d.name, " supports spec topk > 1 only with page_size 1, not ", spec.page_size);
+    }
+  }
+  if (spec.sliding_window >= 0 && !row->sliding_window) {
+    return d.name + " does not support sliding window attention";
+  }
+  if (spec.type == AttentionType::kEncoderOnly && !row->multimodal) {
+    return d.name + " does not support bidirectional (encoder / multimodal) attention";
+  }
+  if (!row->head_dims.empty() && std::find(row->head_dims.begin(), row->head_dims.end(),
+                                           spec.head_dim) == row->head_dims.end()) {
+    return cat(d.name, " is not built for head_dim ", spec.head_dim, " (has ", join(row->head_dims),
+               ")");
+  }
+  return "";
+}
+
+Result<std::unique_ptr<AttentionBackend>> create_backend_for_case(
+    const BackendDescriptor& descriptor, const PreparedCase& prepared) {
+  if (!descriptor.create) {
+    return Status::not_built(
+        descriptor.name + " has no factory in this build" +
+        (descriptor.not_built_reason.empty() ? std::string() : ": " + descriptor.not_built_reason));
+  }
+  return descriptor.create(prepared.context());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Peers and merging
+
+Result<ContiguousKV> make_contiguous_kv(const PreparedCase& pc, int layer, DType dtype,
+                                        Device device) {
+  if (layer < 0 || layer >= static_cast<int>(pc.layers.size())) {
+    return Status::invalid_argument(
+        cat("layer ", layer, " is outside [0, ", pc.layers.size(), ")"));
+  }
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
+    return Status::invalid_argument(cat("dtype ", dtype_name(dtype), " must be f32, f16 or bf16"));
+  }
+  ATTNKIT_ASSIGN_OR_RETURN(HostMirror m, make_host_mirror(pc));
+  const AttentionLayer& al = pc.layers[static_cast<size_t>(layer)].layer;
+  const int64_t hkv = pc.spec.mla ? 1 : pc.spec.num_kv_heads;
+  const int64_t dk =
+      pc.spec.mla ? pc.spec.kv_lora_rank + pc.spec.qk_rope_head_dim : pc.spec.head_dim;
+  const int64_t dv = pc.spec.mla ? pc.spec.kv_lora_rank : pc.spec.v_head_dim;
+  TensorView kbuf, kscale, vbuf, vscale;
+  float v_scale = al.v_scale;
+  if (m.pool->is_mla()) {
+    const auto& mla = static_cast<const MLAKVPool&>(*m.pool);
+    kbuf = vbuf = mla.kv_buffer(layer);
+    kscale = vscale = mla.scale_buffer(layer);
+    v_scale = al.k_scale;
+  } else {
+    const auto& mha = static_cast<const MHAKVPool&>(*m.pool);
+    kbuf = mha.k_buffer(layer);
+    kscale = mha.k_scale_buffer(layer);
+    vbuf = mha.v_buffer(layer);
+    vscale = mha.v_scale_buffer(layer);
+  }
+  ContiguousKV out;
+  out.cu_seqlens_host = {0};
+  std::vector<float> kv_k, kv_v;
+  for (int r = 0; r < pc.spec.batch_size(); ++r) {
+    const int32_t* row = m.batch.req_to_token_pool->host_row(pc.rows[static_cast<size_t>(r)]);
+    const int64_t enc = pc.spec.cross_attention ? pc.spec.encoder_lens[static_cast<size_t>(r)] : 0;
+    const int32_t len = pc.kv_lens[static_cast<size_t>(r)];
+    for (int32_t j = 0; j < len; ++j) {
+      const int64_t slot = row[enc + j];
+      for (int64_t h = 0; h < hkv; ++h) {
+        for (int64_t d = 0; d < dk; ++d) {
+          kv_k.push_back(load_kv_value_host(kbuf, kscale, slot, h, d, al.k_scale));
+        }
+        for (int64_t d = 0; d < dv; ++d) {
+          kv_v.push_back(load_kv_value_host(vbuf, vscale, slot, h, d, v_scale));
+        }
+      }
+    }
+    out.cu_seqlens_host.push_back(out.cu_seqlens_host.back() + len);
+    out.max_seqlen = std::max(out.max_seqlen, len);
+  }
+  const int64_t total = out.cu_seqlens_host.back();
+  std::vector<Buffer> storage;
+  ATTNKIT_ASSIGN_OR_RETURN(out.k, upload_floats(storage, device, dtype, {total, hkv, dk}, kv_k));
+  ATTNKIT_ASSIGN_OR_RETURN(out.v, upload_floats(storage, device, dtype, {total, hkv, dv}, kv_v));
+  ATTNKIT_ASSIGN_OR_RETURN(out.cu_seqlens,
+                           upload(storage, device, DType::kI32, out.cu_seqlens_host));
+  out.k_storage = std::move(storage[0]);
+  out.v_storage = std::move(storage[1]);
+  out.cu_seqlens_storage = std::move(storage[2]);
+  return out;
+}
+
+Status merge_attention_states(const TensorView& out_a, const TensorView& lse_a,
+                              const TensorView& out_b, const TensorView& lse_b,
+                              const TensorView& out, const TensorView& lse) {
+  for (const auto& [tensor, name] :
+       {std::pair{&out_a, "out_a"}, {&out_b, "out_b"}, {&out, "out"}}) {
+    if (!tensor->defined() || tensor->ndim != 3 || !tensor->device.is_cpu() ||
+        !dtype_is_float(tensor->dtype) || tensor->shape != out_a.shape) {
+      return Status::invalid_argument(cat(name,
+                                          ": expected a host float tensor [T, H, D] shaped "
+                                          "like out_a ",
+                                          out_a.describe(), ", got ", tensor->describe()));
+    }
+  }
+  const int64_t t = out_a.size(0), h = out_a.size(1), d = out_a.size(2);
+  for (const auto& [tensor, name] :
+       {std::pair{&lse_a, "lse_a"}, {&lse_b, "lse_b"}, {&lse, "lse"}}) {
+    if (!tensor->defined() || tensor->ndim != 2 || !tensor->device.is_cpu() ||
+        tensor->dtype != DType::kF32 || tensor->size(0) != t || tensor->size(1) != h) {
+      return Status::invalid_argument(
+          cat(name, ": expected a host f32 tensor [", t, ", ", h, "], got ", tensor->describe()));
+    }
+  }
+  const auto lse_at = [](const TensorView& x, int64_t i, int64_t j) -> float& {
+    return x.data_as<float>()[i * x.stride(0) + j * x.stride(1)];
+  };
+  std::vector<double> a(static_cast<size_t>(d)), b(static_cast<size_t>(d));
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = 0; j < h; ++j) {
+      const double la = lse_at(lse_a, i, j), lb = lse_at(lse_b, i, j);
+      for (int64_t k = 0; k < d; ++k) {
+        a[static_cast<size_t>(k)] = load3(out_a, i, j, k);
+        b[static_cast<size_t>(k)] = load3(out_b, i, j, k);
+      }
+      const double mx = std::max(la, lb);
+      double wa = 0.0, wb = 0.0, merged = -kInf;
+      if (mx != -kInf) {
+        const double sum = std::exp(la - mx) + std::exp(lb - mx);
+        merged = mx + std::log(sum);
+        wa = std::exp(la - merged);
+        wb = std::exp(lb - merged);
+      }
+      for (int64_t k = 0; k < d; ++k) {
+        const double v = wa * a[static_cast<size_t>(k)] + wb * b[static_cast<size_t>(k)];
+        store_from_float(out.data, out.dtype,
+                         i * out.stride(0) + j * out.stride(1) + k * out.stride(2),
+                         static_cast<float>(v));
+      }
+      lse_at(lse, i, j) = static_cast<float>(merged);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace attnkit::harness

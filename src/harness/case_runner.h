@@ -1,0 +1,222 @@
+// The shared attention case table and its runner: used by the tests of every backend, by
+// `attnkit bench --verify` and by the README demo.
+//
+// Flow:  prepare_case(spec, device)  -> PreparedCase (pools, page tables, random K/V history,
+//                                        random q/k/v, ForwardBatch, NaN-poisoned outputs)
+//        run_backend(backend, prepared, save_kv)   -> init_forward_metadata + forward per layer
+//        compare_with_reference(prepared)          -> fp64 torch_native reference on the host
+//        skip_reason(descriptor, spec, device)     -> "" when the descriptor says it can run
+//
+// Conventions the table relies on (every backend must follow them):
+//  * Row layout: request r's req_to_token row holds encoder_lens[r] encoder tokens first (0 when
+//    the case has no encoder), then its decoder tokens. seq_lens counts decoder tokens only
+//    (TARGET_VERIFY: the committed prefix only, the N drafts follow it in the row).
+//  * Positions: new token i of request r has position prefix_r + i (TARGET_VERIFY: prefix_r +
+//    tree depth in `positions`; masking uses the tree mask); a key's position is its decoder index.
+//  * Self-attention keys are decoder tokens [0, prefix_r + new_r); cross-attention keys are the
+//    encoder tokens [0, encoder_lens[r]) with no causal mask and no window.
+//  * Window: key j visible from a query at position p when p - j <= sliding_window (encoder-only:
+//    |p - j| <= sliding_window). Sinks join the softmax denominator only, and the returned lse is
+//    the natural log of that full denominator: lse = log(sum_j exp(logit_j) + exp(sink_h)).
+//  * fp8 KV: logits use the dequantised keys (stored * k_scale), outputs the dequantised values
+//    (stored * v_scale); fp4: code * block scale * layer scale. Non-quantised pools ignore scales.
+//  * Layers: every case runs `num_layers` layers with independent data. With cross_attention the
+//    odd layers are cross-attention layers (they read encoder K/V from the pool; save_kv is off
+//    for them), the even layers self-attention over the decoder tokens.
+//  * MLA absorbed (head_dim = kv_lora_rank + qk_rope_head_dim, v_head_dim = kv_lora_rank): one KV
+//    head, pool row [latent | rope], V = the first kv_lora_rank columns of the row.
+//  * MLA non-absorbed prefill (mla with head_dim != kv_lora_rank + qk_rope_head_dim, e.g. 192/128):
+//    plain MHA over the new tokens' k/v (causal within the request); the MLA pool is not read and
+//    save_kv is off. A cached prefix is handled by the caller: attend to decompressed prefix chunks
+//    with reference::mha_varlen_fp64(causal=false) (or a backend's equivalent) and merge the
+//    (out, lse) pairs with merge_attention_states below.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attnkit/attention_layer.h"
+#include "attnkit/backend.h"
+#include "attnkit/device.h"
+#include "attnkit/dtype.h"
+#include "attnkit/forward_batch.h"
+#include "attnkit/kv_cache.h"
+#include "attnkit/registry.h"
+#include "attnkit/status.h"
+#include "attnkit/tensor.h"
+
+namespace attnkit::harness {
+
+// One declarative attention case. Lengths are per request.
+struct CaseSpec {
+  std::string name;  // [A-Za-z0-9_]: doubles as the gtest parameter name
+  ForwardMode mode = ForwardMode::kExtend;
+  int page_size = 1;
+  std::vector<int> prefix_lens;  // cached decoder tokens before this forward (decode: kv_len - 1)
+  std::vector<int> new_lens;     // new tokens (decode: all 1; TARGET_VERIFY: ignored, uses N)
+  int num_q_heads = 8;
+  int num_kv_heads = 2;
+  int head_dim = 128;             // qk head dim (MLA absorbed: 576; MLA prefill: 192)
+  int v_head_dim = 128;           // (MLA absorbed: 512; MLA prefill: 128)
+  DType q_dtype = DType::kBF16;   // q / k / v / out
+  DType kv_dtype = DType::kBF16;  // pool storage dtype
+  int sliding_window = -1;
+  float logit_cap = 0.f;
+  bool sinks = false;
+  AttentionType type = AttentionType::kDecoder;
+  bool cross_attention = false;
+  std::vector<int> encoder_lens;  // per request; non-empty only with cross_attention
+  int spec_draft_tokens = 0;      // TARGET_VERIFY: N drafts per request
+  int spec_topk = 0;              // 1 = chain, > 1 = tree (needs the custom mask)
+  bool mla = false;
+  int kv_lora_rank = 0;       // MLA: 512
+  int qk_rope_head_dim = 0;   // MLA: 64
+  bool shuffle_pages = true;  // random non-contiguous page tables and request rows
+  uint64_t seed = 0;
+
+  int batch_size() const { return static_cast<int>(prefix_lens.size()); }
+  // MLA with the [latent | rope] row as the key (decode / absorbed extend).
+  bool mla_absorbed() const { return mla && head_dim == kv_lora_rank + qk_rope_head_dim; }
+  AttentionKind kind() const { return mla ? AttentionKind::kMLA : AttentionKind::kMHA; }
+  // One line: "extend_p16_gqa4: extend bs 3 page 16 heads 8/2 d 128/128 q bf16 kv bf16 ...".
+  std::string describe() const;
+};
+
+// How GoogleTest prints a case parameter: its one-line description.
+void PrintTo(const CaseSpec& spec, std::ostream* os);
+
+// The table of DESIGN.md section 8 (page sizes 1/16/64/128/24, ragged and odd lengths, kv_len 0
+// and 1 in a mixed batch, GQA 1/4/8 and MQA, head dims 64/128/256, MLA 576/512 and 192/128,
+// window, soft-cap, sinks, fp8 e4m3/e5m2 and fp4 KV, verify trees topk 1 and > 1, encoder and
+// cross attention; decode, extend, mixed, draft extend). Names are unique.
+const std::vector<CaseSpec>& shared_case_table();
+// nullptr when absent.
+const CaseSpec* find_case(std::string_view name);
+
+struct PrepareOptions {
+  int num_layers = 2;         // independent K/V, q/k/v and outputs per layer (bench: rotation)
+  bool request_lse = true;    // run_backend passes an lse tensor and compare checks it
+  bool poison = true;         // NaN-fill outputs, lse and the whole pool before writing history
+  bool snapshot_pool = true;  // keep a host copy of the pool to detect stray writes
+  int spare_pages = 3;        // allocated-but-unused pages mixed into the page tables' range
+};
+
+// Everything one layer call needs; tensors live on PreparedCase::device.
+struct LayerData {
+  AttentionLayer layer;
+  TensorView q;    // [T, Hq, Dqk]   q_dtype
+  TensorView k;    // [T, Hkv, Dqk]  q_dtype (new tokens; MLA absorbed: [T, 1, row])
+  TensorView v;    // [T, Hkv, Dv]   q_dtype (MLA absorbed: [T, 1, kv_lora_rank], V part of k)
+  TensorView out;  // [T, Hq, Dv]    q_dtype, NaN-poisoned
+  TensorView lse;  // [T, Hq]        f32, NaN-poisoned; empty unless request_lse
+  bool save_kv_allowed = true;  // false for cross-attention and MLA non-absorbed layers
+};
+
+struct PreparedCase {
+  CaseSpec spec;
+  PrepareOptions options;
+  Device device;
+  int num_tokens = 0;  // T
+  std::unique_ptr<ReqToTokenPool> req_to_token;
+  std::unique_ptr<KVPool> kv_pool;  // MHAKVPool or MLAKVPool on `device`
+  std::unique_ptr<PageAllocator> allocator;
+  ForwardBatch batch;  // device tensors + host copies; points at the pools above
+  std::vector<LayerData> layers;
+  // Host-side facts about the case.
+  std::vector<int32_t> rows;           // req_to_token row of each request
+  std::vector<int32_t> kv_lens;        // decoder keys each request's queries see in the pool
+  std::vector<int64_t> out_cache_loc;  // host copy of batch.out_cache_loc
+  std::vector<int32_t> verify_depth;   // TARGET_VERIFY: tree depth of each draft (per token)
+  std::vector<std::vector<uint8_t>> pool_snapshot;  // per layer: all pool bytes after history
+  std::vector<Buffer> storage;                      // owns the memory behind batch and layers
+  std::vector<void*> canaries;  // guard bytes after each out / lse tensor (on `device`)
+
+  // The context a backend for this case is created with.
+  BackendContext context() const;
+};
+
+// Builds the case on `device` (CPU or CUDA). Errors name the spec field that is inconsistent.
+Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
+                                  const PrepareOptions& options = {});
+
+// init_forward_metadata once, then forward() for every layer. save_kv = false: the runner writes
+// the new k/v into the pool itself (kv_pool->set_kv) so the backend reads everything from the
+// pool and receives empty k/v. Layers with save_kv_allowed = false always run with save_kv off.
+Status run_backend(AttentionBackend& backend, PreparedCase& prepared, bool save_kv);
+
+// Worst layer's numbers.
+struct Comparison {
+  double rel_l2 = 0.0;              // ||out - ref||_2 / ||ref||_2
+  double max_abs = 0.0;             // max |out - ref|
+  int64_t nan_inf_count = 0;        // non-finite values in out (and lse)
+  double lse_max_abs = 0.0;         // max |lse - ref_lse| (0 when lse not requested)
+  int64_t pool_stray_writes = 0;    // pool bytes changed outside the new tokens' slots
+  int64_t pool_bad_new_values = 0;  // new-token rows not matching k/v within kv-dtype tolerance
+  int64_t canaries_damaged = 0;     // output / lse tensors written past their end
+  double tolerance = 0.0;           // rel L2 bound (from q dtype)
+  double max_abs_tolerance = 0.0;   // max-abs bound (tolerance scaled by the reference's magnitude)
+  double lse_tolerance = 0.0;
+  int worst_layer = 0;
+  int64_t elements = 0;  // out elements compared per layer
+
+  bool passed() const;
+  // "rel_l2 1.2e-03 (tol 1.0e-02) max_abs 4.1e-03 (tol 1.2e-01) lse 2.0e-05 nan 0 stray 0 ..."
+  std::string summary() const;
+};
+
+// rel L2 tolerance for outputs in `dtype`: bf16 1e-2, f16 3e-3, f32 1e-4.
+double tolerance_for(DType dtype);
+
+// Copies outputs, q, k/v and the pool to the host and compares against the fp64 torch_native
+// reference evaluated on the pool as it is after the run (fp8/fp4 KV: the same dequantised cache).
+Result<Comparison> compare_with_reference(const PreparedCase& prepared);
+
+// The fp64 reference outputs of one layer ([T, Hq, Dv] and [T, Hq]), from the current pool.
+struct ReferenceResult {
+  std::vector<double> out;
+  std::vector<double> lse;
+};
+Result<ReferenceResult> reference_for_layer(const PreparedCase& prepared, int layer);
+
+// Why `descriptor` cannot run `spec` on `device`, derived only from the descriptor (built flag,
+// platforms, compute capability, roles and the MHA/MLA FeatureRow); empty = runnable.
+std::string skip_reason(const BackendDescriptor& descriptor, const CaseSpec& spec,
+                        const DeviceInfo& device);
+
+// Creates the backend through descriptor.create with prepared.context().
+Result<std::unique_ptr<AttentionBackend>> create_backend_for_case(
+    const BackendDescriptor& descriptor, const PreparedCase& prepared);
+
+// ---- helpers for the bench and peers ----
+
+// A uniform case: bs requests, each with `prefix_len` cached and `new_len` new tokens.
+CaseSpec make_uniform_case(std::string name, ForwardMode mode, int batch_size, int prefix_len,
+                           int new_len, int num_q_heads, int num_kv_heads, int head_dim,
+                           int page_size, DType q_dtype, DType kv_dtype);
+
+// Dense copy of one layer's self-attention keys/values for contiguous-KV peers (cuDNN, FA2):
+// request r's keys [0, kv_lens[r]) concatenated, dequantised, in `dtype`, on `device`.
+struct ContiguousKV {
+  Buffer k_storage, v_storage, cu_seqlens_storage;
+  TensorView k;           // [total_kv, Hkv, Dqk]
+  TensorView v;           // [total_kv, Hkv, Dv]
+  TensorView cu_seqlens;  // int32 [bs + 1]
+  std::vector<int32_t> cu_seqlens_host;
+  int max_seqlen = 0;
+};
+Result<ContiguousKV> make_contiguous_kv(const PreparedCase& prepared, int layer, DType dtype,
+                                        Device device);
+
+// Merges two partial attention results over disjoint key sets (natural-log lse):
+//   lse = log(exp(lse_a) + exp(lse_b)),  out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse)
+// Host f32/f16/bf16 tensors: out_* [T, H, D], lse_* f32 [T, H]; results may alias a. An lse of
+// -inf (no keys) contributes nothing.
+Status merge_attention_states(const TensorView& out_a, const TensorView& lse_a,
+                              const TensorView& out_b, const TensorView& lse_b,
+                              const TensorView& out, const TensorView& lse);
+
+}  // namespace attnkit::harness

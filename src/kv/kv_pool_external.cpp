@@ -1,0 +1,204 @@
+// MHAKVPool::wrap and MLAKVPool::wrap: KV pools over caller-owned memory (a serving engine's own
+// allocator, PyTorch tensors through DLPack). The pool holds non-owning Buffers, so every accessor,
+// set_kv and every backend work on it exactly as on a pool from create().
+#include <sstream>
+#include <string>
+
+#include "attnkit/kv_cache.h"
+
+namespace attnkit {
+namespace {
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+bool is_kv_storage_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kF32:
+    case DType::kFP8E4M3:
+    case DType::kFP8E5M2:
+    case DType::kFP4E2M1:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Status check_positive(const char* field, int64_t value) {
+  if (value < 1) {
+    return Status::invalid_argument(cat("KVPoolConfig.", field, " ", value, " must be >= 1"));
+  }
+  return Status::ok();
+}
+
+// The fields every wrapped pool needs, checked like create() checks them.
+Status validate_config(const KVPoolConfig& c) {
+  ATTNKIT_RETURN_IF_ERROR(check_positive("num_layers", c.num_layers));
+  ATTNKIT_RETURN_IF_ERROR(check_positive("page_size", c.page_size));
+  if (c.size < 1 || c.size % c.page_size != 0) {
+    return Status::invalid_argument(cat("KVPoolConfig.size ", c.size,
+                                        " must be a positive multiple of page_size ", c.page_size));
+  }
+  if (!is_kv_storage_dtype(c.dtype)) {
+    return Status::invalid_argument(cat("KVPoolConfig.dtype ", dtype_name(c.dtype),
+                                        " is not a KV cache dtype (bf16, f16, f32, fp8_e4m3, "
+                                        "fp8_e5m2, fp4_e2m1)"));
+  }
+  return Status::ok();
+}
+
+Status check_fp4_multiple(const KVPoolConfig& c, const char* field, int64_t value) {
+  if (c.dtype == DType::kFP4E2M1 && value % kFp4GroupSize != 0) {
+    return Status::invalid_argument(cat("KVPoolConfig.", field, " ", value,
+                                        " must be a multiple of ", kFp4GroupSize, " for fp4_e2m1"));
+  }
+  return Status::ok();
+}
+
+Status check_count(const char* name, size_t got, int num_layers) {
+  if (static_cast<int64_t>(got) != num_layers) {
+    return Status::invalid_argument(
+        cat(name, ": got ", got, " per-layer views, expected num_layers ", num_layers));
+  }
+  return Status::ok();
+}
+
+// Checks view `name`[layer] against the pool's layout and returns a non-owning Buffer over it.
+Result<Buffer> borrow_view(const TensorView& view, const char* name, int layer, DType dtype,
+                           Device device, int64_t rows, int64_t heads, int64_t dim) {
+  const std::string label = cat(name, "[", layer, "]");
+  if (!view.defined()) {
+    return Status::invalid_argument(cat(label, " is missing (null data)"));
+  }
+  if (view.dtype != dtype) {
+    return Status::invalid_argument(cat(label, ": dtype ", dtype_name(view.dtype),
+                                        " must be the pool dtype ", dtype_name(dtype), " (",
+                                        view.describe(), ")"));
+  }
+  if (view.device != device) {
+    return Status::invalid_argument(
+        cat(label, ": on ", view.device.to_string(), ", the pool is on ", device.to_string()));
+  }
+  if (view.ndim != 3 || view.shape[0] != rows || view.shape[1] != heads || view.shape[2] != dim) {
+    return Status::invalid_argument(cat(label, ": expected shape [", rows, ", ", heads, ", ", dim,
+                                        "] ([size + page_size, heads, dim]), got ",
+                                        view.describe()));
+  }
+  if (!view.is_contiguous()) {
+    return Status::invalid_argument(
+        cat(label, ": must be contiguous, got strides of ", view.describe()));
+  }
+  return Buffer::borrow(view.data, view.storage_bytes(), device);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<MHAKVPool>> MHAKVPool::wrap(const KVPoolConfig& config,
+                                                   std::span<const TensorView> k,
+                                                   std::span<const TensorView> v,
+                                                   std::span<const TensorView> k_scales,
+                                                   std::span<const TensorView> v_scales) {
+  ATTNKIT_RETURN_IF_ERROR(validate_config(config));
+  ATTNKIT_RETURN_IF_ERROR(check_positive("num_kv_heads", config.num_kv_heads));
+  ATTNKIT_RETURN_IF_ERROR(check_positive("head_dim", config.head_dim));
+  ATTNKIT_RETURN_IF_ERROR(check_positive("v_head_dim", config.v_head_dim));
+  ATTNKIT_RETURN_IF_ERROR(check_fp4_multiple(config, "head_dim", config.head_dim));
+  ATTNKIT_RETURN_IF_ERROR(check_fp4_multiple(config, "v_head_dim", config.v_head_dim));
+  ATTNKIT_RETURN_IF_ERROR(check_count("k", k.size(), config.num_layers));
+  ATTNKIT_RETURN_IF_ERROR(check_count("v", v.size(), config.num_layers));
+  const bool fp4 = config.dtype == DType::kFP4E2M1;
+  if (fp4) {
+    ATTNKIT_RETURN_IF_ERROR(check_count("k_scales", k_scales.size(), config.num_layers));
+    ATTNKIT_RETURN_IF_ERROR(check_count("v_scales", v_scales.size(), config.num_layers));
+  } else if (!k_scales.empty() || !v_scales.empty()) {
+    return Status::invalid_argument(
+        cat("k_scales / v_scales are only used by fp4_e2m1 pools; "
+            "the pool dtype is ",
+            dtype_name(config.dtype)));
+  }
+
+  auto pool = std::unique_ptr<MHAKVPool>(new MHAKVPool(config));
+  const int64_t rows = pool->rows();
+  const int64_t heads = config.num_kv_heads;
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    const auto l = static_cast<size_t>(layer);
+    ATTNKIT_ASSIGN_OR_RETURN(Buffer kb, borrow_view(k[l], "k", layer, config.dtype, config.device,
+                                                    rows, heads, config.head_dim));
+    ATTNKIT_ASSIGN_OR_RETURN(Buffer vb, borrow_view(v[l], "v", layer, config.dtype, config.device,
+                                                    rows, heads, config.v_head_dim));
+    pool->k_.push_back(std::move(kb));
+    pool->v_.push_back(std::move(vb));
+    if (!fp4) continue;
+    ATTNKIT_ASSIGN_OR_RETURN(
+        Buffer ks, borrow_view(k_scales[l], "k_scales", layer, DType::kFP8E4M3, config.device, rows,
+                               heads, config.head_dim / kFp4GroupSize));
+    ATTNKIT_ASSIGN_OR_RETURN(
+        Buffer vs, borrow_view(v_scales[l], "v_scales", layer, DType::kFP8E4M3, config.device, rows,
+                               heads, config.v_head_dim / kFp4GroupSize));
+    pool->k_scales_.push_back(std::move(ks));
+    pool->v_scales_.push_back(std::move(vs));
+  }
+  return pool;
+}
+
+Result<std::unique_ptr<MLAKVPool>> MLAKVPool::wrap(const KVPoolConfig& config,
+                                                   std::span<const TensorView> kv,
+                                                   std::span<const TensorView> scales) {
+  ATTNKIT_RETURN_IF_ERROR(validate_config(config));
+  ATTNKIT_RETURN_IF_ERROR(check_positive("kv_lora_rank", config.kv_lora_rank));
+  ATTNKIT_RETURN_IF_ERROR(check_positive("qk_rope_head_dim", config.qk_rope_head_dim));
+  if (config.num_kv_heads != 0 && config.num_kv_heads != 1) {
+    return Status::invalid_argument(
+        cat("KVPoolConfig.num_kv_heads ", config.num_kv_heads, " must be 1 (or 0 = 1) for MLA"));
+  }
+  const int row_dim = config.kv_lora_rank + config.qk_rope_head_dim;
+  if (config.head_dim != 0 && config.head_dim != row_dim) {
+    return Status::invalid_argument(cat("KVPoolConfig.head_dim ", config.head_dim,
+                                        " must be 0 or kv_lora_rank + qk_rope_head_dim = ", row_dim,
+                                        " for MLA"));
+  }
+  if (config.v_head_dim != 0 && config.v_head_dim != config.kv_lora_rank) {
+    return Status::invalid_argument(cat("KVPoolConfig.v_head_dim ", config.v_head_dim,
+                                        " must be 0 or kv_lora_rank ", config.kv_lora_rank,
+                                        " for MLA"));
+  }
+  ATTNKIT_RETURN_IF_ERROR(check_fp4_multiple(config, "kv_lora_rank", config.kv_lora_rank));
+  ATTNKIT_RETURN_IF_ERROR(check_fp4_multiple(config, "qk_rope_head_dim", config.qk_rope_head_dim));
+  ATTNKIT_RETURN_IF_ERROR(check_count("kv", kv.size(), config.num_layers));
+  const bool fp4 = config.dtype == DType::kFP4E2M1;
+  if (fp4) {
+    ATTNKIT_RETURN_IF_ERROR(check_count("scales", scales.size(), config.num_layers));
+  } else if (!scales.empty()) {
+    return Status::invalid_argument(
+        cat("scales are only used by fp4_e2m1 pools; the pool dtype "
+            "is ",
+            dtype_name(config.dtype)));
+  }
+
+  KVPoolConfig normalized = config;
+  normalized.num_kv_heads = 1;
+  normalized.head_dim = row_dim;
+  normalized.v_head_dim = config.kv_lora_rank;
+  auto pool = std::unique_ptr<MLAKVPool>(new MLAKVPool(normalized));
+  const int64_t rows = pool->rows();
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    const auto l = static_cast<size_t>(layer);
+    ATTNKIT_ASSIGN_OR_RETURN(
+        Buffer b, borrow_view(kv[l], "kv", layer, config.dtype, config.device, rows, 1, row_dim));
+    pool->kv_.push_back(std::move(b));
+    if (!fp4) continue;
+    ATTNKIT_ASSIGN_OR_RETURN(
+        Buffer s, borrow_view(scales[l], "scales", layer, DType::kFP8E4M3, config.device, rows, 1,
+                              row_dim / kFp4GroupSize));
+    pool->scales_.push_back(std::move(s));
+  }
+  return pool;
+}
+
+}  // namespace attnkit

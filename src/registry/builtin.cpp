@@ -1,0 +1,383 @@
+// The built-in backend descriptors: one per flag of DESIGN.md section 4, plus the GDN
+// linear-attention kernels. These rows are the single statement of what each backend supports;
+// selection, validation, `attnkit matrix` and the runtime checks all read them.
+#include <utility>
+
+#include "attnkit/registry.h"
+#include "backends/intel_amx/intel_amx_backend.h"
+#include "backends/torch_native/torch_native_backend.h"
+#ifdef ATTNKIT_WITH_CUDA
+#include "backends/flashinfer/flashinfer_backend.h"
+#include "backends/triton/triton_backend.h"
+#endif
+
+namespace attnkit {
+namespace {
+
+// Head dims compiled into the CUDA MHA kernels (CMake ATTNKIT_HEAD_DIMS); empty = any.
+std::vector<int> cuda_head_dims() {
+#ifdef ATTNKIT_HEAD_DIMS_LIST
+  return {ATTNKIT_HEAD_DIMS_LIST};
+#else
+  return {};
+#endif
+}
+
+// Why a backend is missing from this binary.
+constexpr const char* kNotImplemented = "not implemented yet";
+constexpr const char* kNeedsRocm = "needs ROCm";
+constexpr const char* kNeedsNpu = "needs an Ascend NPU";
+constexpr const char* kNeedsXpu = "needs an Intel XPU";
+
+PageRule any_pages() { return PageRule{PageRule::Kind::kAny, {}}; }
+PageRule token_pages() { return PageRule{PageRule::Kind::kTokenOnly, {}}; }
+PageRule fixed_pages(std::vector<int> sizes) {
+  return PageRule{PageRule::Kind::kFixed, std::move(sizes)};
+}
+
+// MHA row in DESIGN.md's column order:
+// page>1 native / FP8 KV / FP4 KV / spec topk=1 / topk>1 / sliding window / multimodal.
+FeatureRow mha_row(PageRule pages, bool fp8, bool fp4, bool topk1, bool topk_gt1, bool window,
+                   bool multimodal) {
+  FeatureRow r;
+  r.pages = std::move(pages);
+  r.fp8_kv = fp8;
+  r.fp4_kv = fp4;
+  r.spec_topk1 = topk1;
+  r.spec_topk_gt1 = topk_gt1;
+  r.sliding_window = window;
+  r.multimodal = multimodal;
+  return r;
+}
+
+// MLA row in DESIGN.md's column order:
+// native page sizes / FP8 KV / FP4 KV / chunked prefix cache / spec topk=1 / topk>1.
+FeatureRow mla_row(PageRule pages, bool fp8, bool fp4, bool chunked_prefix, bool topk1,
+                   bool topk_gt1) {
+  FeatureRow r;
+  r.pages = std::move(pages);
+  r.fp8_kv = fp8;
+  r.fp4_kv = fp4;
+  r.chunked_prefix_cache = chunked_prefix;
+  r.spec_topk1 = topk1;
+  r.spec_topk_gt1 = topk_gt1;
+  return r;
+}
+
+BackendDescriptor cuda_descriptor(std::string name, std::string implementation, int min_cc,
+                                  int max_cc = 0) {
+  BackendDescriptor d;
+  d.name = std::move(name);
+  d.implementation = std::move(implementation);
+  d.platforms = {Platform::kCUDA};
+  d.min_compute_capability = min_cc;
+  d.max_compute_capability = max_cc;
+  d.cuda_graph = true;
+  d.built = false;
+  d.not_built_reason = kNotImplemented;
+  return d;
+}
+
+BackendDescriptor torch_native() {
+  BackendDescriptor d;
+  d.name = "torch_native";
+  // One fp64 host implementation; on CUDA it stages the layer's pool and inputs through the host
+  // (a correctness reference, not a fast path).
+  d.implementation =
+      "plain reference (CPU; CUDA by host staging), fp64 accumulation, the correctness oracle";
+  d.platforms = {Platform::kCPU, Platform::kCUDA};
+  d.mha = mha_row(token_pages(), true, true, false, false, false, true);
+  d.cuda_graph = false;
+  d.built = true;
+  d.create = create_torch_native_backend;
+  return d;
+}
+
+BackendDescriptor intel_amx() {
+  // Head dims: multiples of 16 (the bf16 tile and vector width) up to 256.
+  constexpr int kAmxHeadDimStep = 16;
+  constexpr int kAmxMaxHeadDim = 256;
+  BackendDescriptor d;
+  d.name = "intel_amx";
+  d.implementation =
+      "CPU: AMX-BF16 tiles + AVX-512, OpenMP; falls back to AVX-512/AVX2 paths when AMX is "
+      "absent";
+  d.platforms = {Platform::kCPU};
+  // Beyond SGLang's row (all "no"): fp8 e4m3/e5m2 KV, verify chains (topk 1), sliding window and
+  // encoder / cross attention, all checked against the reference on every ISA path.
+  d.mha = mha_row(token_pages(), true, false, true, false, true, true);
+  for (int dim = kAmxHeadDimStep; dim <= kAmxMaxHeadDim; dim += kAmxHeadDimStep) {
+    d.mha->head_dims.push_back(dim);
+  }
+  d.cuda_graph = false;
+#if defined(__x86_64__) || defined(_M_X64)
+  d.built = true;
+  d.create = create_intel_amx_backend;
+#else
+  d.built = false;
+  d.not_built_reason = "needs an x86-64 CPU";
+#endif
+  return d;
+}
+
+BackendDescriptor triton() {
+  constexpr int kMinCc = 75;
+  BackendDescriptor d = cuda_descriptor(
+      "triton",
+      "portable CUDA (SM75+), split-KV decode + two-loop extend; the universal GPU fallback",
+      kMinCc);
+  d.mha = mha_row(token_pages(), true, true, true, true, true, true);
+  d.mha->head_dims = cuda_head_dims();
+  d.mla = mla_row(any_pages(), false, false, false, true, true);
+  d.mla->topk_gt1_needs_page1 = true;
+  // SGLang's Triton kernels also run on ROCm (its MLA fallback there); a HIP build is planned.
+  d.platforms.push_back(Platform::kROCm);
+#ifdef ATTNKIT_WITH_CUDA
+  d.built = true;
+  d.not_built_reason.clear();
+  d.create = create_triton_backend;
+#else
+  d.not_built_reason = "built without CUDA";
+#endif
+  return d;
+}
+
+BackendDescriptor flashinfer() {
+  constexpr int kMinCc = 80;
+  BackendDescriptor d = cuda_descriptor(
+      "flashinfer",
+      "tensor-core (mma.sync, SM80+) plan/run kernels, load-balanced split-KV, GQA-packed "
+      "decode; page-1 MLA decode/extend",
+      kMinCc);
+  d.mha = mha_row(any_pages(), true, false, true, true, true, false);
+  d.mha->head_dims = cuda_head_dims();
+  d.mla = mla_row(token_pages(), false, true, true, true, false);
+#ifdef ATTNKIT_WITH_CUDA
+  d.built = true;
+  d.not_built_reason.clear();
+  d.create = create_flashinfer_backend;
+#else
+  d.not_built_reason = "built without CUDA";
+#endif
+  return d;
+}
+
+BackendDescriptor fa3() {
+  constexpr int kMinCc = 80;
+  constexpr int kMaxCc = 90;
+  BackendDescriptor d = cuda_descriptor(
+      "fa3",
+      "Hopper (SM90) warp-specialised wgmma + TMA pipeline; also SM80 via the flashinfer-style "
+      "path; MLA: wgmma decode + non-absorbed prefill (qk 192 / v 128)",
+      kMinCc, kMaxCc);
+  d.mha = mha_row(any_pages(), true, false, true, true, true, true);
+  d.mha->head_dims = cuda_head_dims();
+  d.mha->fp8_e4m3_only = true;
+  d.mla = mla_row(any_pages(), false, false, true, true, true);
+  d.mla->topk_gt1_needs_page1 = true;
+  return d;
+}
+
+BackendDescriptor fa4() {
+  constexpr int kMinCc = 90;
+  constexpr int kPage = 128;
+  BackendDescriptor d = cuda_descriptor(
+      "fa4",
+      "FA3 structure plus FA4's softmax tricks (conditional rescale, polynomial exp2) on SM90; "
+      "MHA page_size must be 128",
+      kMinCc);
+  d.mha = mha_row(fixed_pages({kPage}), false, true, true, true, false, true);
+  d.mha->head_dims = cuda_head_dims();
+  d.mha->topk_gt1_needs_page1 = true;
+  d.mla = mla_row(token_pages(), false, true, true, false, false);
+  return d;
+}
+
+BackendDescriptor flex_attention() {
+  constexpr int kMinCc = 80;
+  BackendDescriptor d = cuda_descriptor(
+      "flex_attention", "one templated kernel taking C++ score_mod/mask_mod functors", kMinCc);
+  d.mha = mha_row(token_pages(), false, true, false, false, false, false);
+  d.mha->head_dims = cuda_head_dims();
+  d.cuda_graph = false;
+  return d;
+}
+
+BackendDescriptor trtllm_mha() {
+  constexpr int kMinCc = 90;
+  constexpr int kPrefillMinCc = 100;
+  constexpr int kPrefillMaxCc = 109;
+  BackendDescriptor d = cuda_descriptor(
+      "trtllm_mha", "XQA-style GQA decode for SM90 (decode role only on SM90; prefill needs SM100)",
+      kMinCc);
+  d.mha = mha_row(fixed_pages({16, 32, 64}), true, true, true, false, true, false);
+  d.mha->head_dims = cuda_head_dims();
+  d.prefill_min_compute_capability = kPrefillMinCc;
+  d.prefill_max_compute_capability = kPrefillMaxCc;
+  return d;
+}
+
+BackendDescriptor dual_chunk_flash_attn() {
+  constexpr int kMinCc = 80;
+  BackendDescriptor d = cuda_descriptor(
+      "dual_chunk_flash_attn",
+      "dual-chunk attention (intra/succ/inter chunks merged by LSE) for long-context models",
+      kMinCc);
+  d.mha = mha_row(any_pages(), false, false, false, false, false, false);
+  d.mha->head_dims = cuda_head_dims();
+  return d;
+}
+
+BackendDescriptor flashmla() {
+  constexpr int kMinCc = 90;
+  BackendDescriptor d = cuda_descriptor(
+      "flashmla",
+      "Hopper MLA decode, 64 heads per CTA, split-KV with a tile-scheduler plan, page 64, fp8 "
+      "variant",
+      kMinCc);
+  d.mla = mla_row(fixed_pages({64}), true, true, true, true, false);
+  return d;
+}
+
+BackendDescriptor cutlass_mla() {
+  constexpr int kMinCc = 100;
+  constexpr int kMaxCc = 109;
+  BackendDescriptor d =
+      cuda_descriptor("cutlass_mla", "MLA decode with 128-token pages", kMinCc, kMaxCc);
+  d.mla = mla_row(fixed_pages({128}), true, true, true, true, false);
+  return d;
+}
+
+BackendDescriptor trtllm_mla() {
+  constexpr int kMinCc = 100;
+  constexpr int kMaxCc = 109;
+  BackendDescriptor d = cuda_descriptor(
+      "trtllm_mla", "Blackwell only (SM100): descriptor + selection only until hardware exists",
+      kMinCc, kMaxCc);
+  d.mla = mla_row(fixed_pages({32, 64}), true, true, true, true, false);
+  d.mla->fp8_e4m3_only = true;
+  return d;
+}
+
+BackendDescriptor nsa() {
+  constexpr int kMinCc = 90;
+  BackendDescriptor d = cuda_descriptor(
+      "nsa",
+      "DeepSeek-V3.2 sparse attention: indexer top-k + sparse MLA; page 64; dense one-shot MHA "
+      "for short prefills (max kv len <= index_topk)",
+      kMinCc);
+  d.mla = mla_row(fixed_pages({64}), true, false, false, false, false);
+  d.mla->fp8_e4m3_only = true;
+  return d;
+}
+
+BackendDescriptor other_platform(std::string name, std::string implementation, Platform platform,
+                                 const char* reason) {
+  BackendDescriptor d;
+  d.name = std::move(name);
+  d.implementation = std::move(implementation);
+  d.platforms = {platform};
+  d.cuda_graph = false;
+  d.built = false;
+  d.not_built_reason = reason;
+  return d;
+}
+
+BackendDescriptor aiter() {
+  BackendDescriptor d =
+      other_platform("aiter", "ROCm (AMD Instinct) kernels: descriptor only, not buildable here",
+                     Platform::kROCm, kNeedsRocm);
+  d.mha = mha_row(any_pages(), true, false, true, true, false, true);
+  d.mha->topk_gt1_needs_page1 = true;
+  d.mla = mla_row(token_pages(), true, false, false, true, false);
+  d.cuda_graph = true;  // HIP graphs
+  return d;
+}
+
+BackendDescriptor wave() {
+  BackendDescriptor d =
+      other_platform("wave", "ROCm Wave kernels: descriptor only, not buildable here",
+                     Platform::kROCm, kNeedsRocm);
+  d.mha = mha_row(any_pages(), false, false, false, false, false, false);
+  d.cuda_graph = true;  // HIP graphs
+  return d;
+}
+
+BackendDescriptor ascend() {
+  constexpr int kPage = 128;
+  BackendDescriptor d =
+      other_platform("ascend", "Ascend NPU kernels: descriptor only, not buildable here",
+                     Platform::kNPU, kNeedsNpu);
+  d.mha = mha_row(fixed_pages({kPage}), false, false, true, false, false, true);
+  d.mla = mla_row(fixed_pages({kPage}), false, false, false, false, false);
+  return d;
+}
+
+BackendDescriptor intel_xpu() {
+  BackendDescriptor d =
+      other_platform("intel_xpu", "Intel XPU (XMX) kernels: descriptor only, not buildable here",
+                     Platform::kXPU, kNeedsXpu);
+  d.mha = mha_row(fixed_pages({32, 64, 128}), false, false, false, false, true, false);
+  return d;
+}
+
+LinearAttnDescriptor gdn_triton() {
+  constexpr int kMinCc = 75;
+  LinearAttnDescriptor d;
+  d.name = "triton";
+  d.implementation =
+      "portable GDN kernels (CUDA + CPU): recurrent decode, chunked extend with per-chunk "
+      "states, tree-aware target verify";
+  d.platforms = {Platform::kCPU, Platform::kCUDA};
+  d.min_compute_capability = kMinCc;
+  d.decode = true;
+  d.extend = true;
+  d.target_verify = true;
+  d.built = false;
+  d.not_built_reason = kNotImplemented;
+  return d;
+}
+
+LinearAttnDescriptor gdn_cutedsl() {
+  constexpr int kMinCc = 90;
+  LinearAttnDescriptor d;
+  d.name = "cutedsl";
+  d.implementation = "CuTe-style fused GDN decode (SM90+), decode only";
+  d.platforms = {Platform::kCUDA};
+  d.min_compute_capability = kMinCc;
+  d.decode = true;
+  d.built = false;
+  d.not_built_reason = kNotImplemented;
+  return d;
+}
+
+}  // namespace
+
+Status register_builtin_backends(BackendRegistry& registry) {
+  // Registration order is the row order of `attnkit matrix`.
+  BackendDescriptor all[] = {
+      torch_native(),
+      intel_amx(),
+      triton(),
+      flashinfer(),
+      fa3(),
+      fa4(),
+      flex_attention(),
+      trtllm_mha(),
+      dual_chunk_flash_attn(),
+      flashmla(),
+      cutlass_mla(),
+      trtllm_mla(),
+      nsa(),
+      aiter(),
+      wave(),
+      ascend(),
+      intel_xpu(),
+  };
+  for (BackendDescriptor& d : all) ATTNKIT_RETURN_IF_ERROR(registry.add(std::move(d)));
+  ATTNKIT_RETURN_IF_ERROR(registry.add_linear(gdn_triton()));
+  ATTNKIT_RETURN_IF_ERROR(registry.add_linear(gdn_cutedsl()));
+  return Status::ok();
+}
+
+}  // namespace attnkit

@@ -1,0 +1,375 @@
+// The flashinfer backend against the fp64 reference: the shared case table, long split-KV decode
+// batches, CUDA-graph replay (bit-identical to eager) and the host planner (gpu label).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnkit/device.h"
+#include "attnkit/registry.h"
+#include "backends/flashinfer/flashinfer_backend.h"
+#include "backends/flashinfer/kernels/work_plan.h"
+#include "harness/case_runner.h"
+
+namespace attnkit {
+namespace {
+
+using harness::CaseSpec;
+using harness::PreparedCase;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// The registered descriptor with this binary's factory: the tests exercise the backend whether or
+// not the registry row already says it is built, and skip exactly what the row excludes.
+BackendDescriptor flashinfer_descriptor() {
+  BackendDescriptor d = *builtin_registry().find("flashinfer");
+  d.built = true;
+  d.not_built_reason.clear();
+  d.create = create_flashinfer_backend;
+  return d;
+}
+
+DeviceInfo cuda_device() {
+  Result<DeviceInfo> dev = detect_cuda(0);
+  return dev.is_ok() ? dev.value() : DeviceInfo{};
+}
+
+// Whether a case must run on the tensor-core kernels (everything else may use the portable path).
+bool expects_native(const CaseSpec& s) {
+  const bool q_ok = s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16;
+  const bool kv_ok =
+      s.kv_dtype == s.q_dtype || s.kv_dtype == DType::kFP8E4M3 || s.kv_dtype == DType::kFP8E5M2;
+  return !s.mla && q_ok && kv_ok && !s.cross_attention && s.head_dim == s.v_head_dim;
+}
+
+void run_and_compare(const CaseSpec& spec, bool save_kv, bool* split_seen = nullptr) {
+  SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv"));
+  Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  Result<std::unique_ptr<AttentionBackend>> backend = create_flashinfer_backend(pc->context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  const Status run = harness::run_backend(**backend, *pc, save_kv);
+  ASSERT_TRUE(run.is_ok()) << run.to_string();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Result<harness::Comparison> cmp = harness::compare_with_reference(*pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_TRUE(cmp->passed()) << cmp->summary();
+  const FlashInferStats* stats = flashinfer_stats(**backend);
+  ASSERT_NE(stats, nullptr);
+  if (expects_native(spec)) {
+    EXPECT_EQ(stats->portable_calls, 0) << "a tensor-core case ran on the portable path";
+    EXPECT_EQ(stats->native_calls, static_cast<int64_t>(pc->layers.size()));
+  }
+  if (split_seen != nullptr) *split_seen = stats->split_calls > 0;
+}
+
+class FlashInferCaseTest : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(FlashInferCaseTest, MatchesReference) {
+  const CaseSpec& spec = GetParam();
+  const DeviceInfo dev = cuda_device();
+  ASSERT_EQ(dev.platform, Platform::kCUDA) << "no CUDA device";
+  const std::string reason = harness::skip_reason(flashinfer_descriptor(), spec, dev);
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  run_and_compare(spec, /*save_kv=*/true);
+  run_and_compare(spec, /*save_kv=*/false);
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedTable, FlashInferCaseTest,
+                         ::testing::ValuesIn(harness::shared_case_table()),
+                         [](const ::testing::TestParamInfo<CaseSpec>& info) {
+                           return info.param.name;
+                         });
+
+// Long, uneven decode batches: the planner splits them and the merge runs.
+CaseSpec long_decode(std::string name, std::vector<int> prefix, int page, DType kv) {
+  CaseSpec c;
+  c.name = std::move(name);
+  c.mode = ForwardMode::kDecode;
+  c.page_size = page;
+  c.prefix_lens = std::move(prefix);
+  c.new_lens.assign(c.prefix_lens.size(), 1);
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.kv_dtype = kv;
+  c.seed = 77;
+  return c;
+}
+
+TEST(FlashInferSplitTest, LongUnevenDecodeSplitsAndMatches) {
+  bool split = false;
+  run_and_compare(long_decode("long_bf16", {4999, 100, 2047, 0}, 16, DType::kBF16), true, &split);
+  EXPECT_TRUE(split) << "the planner did not split a 5000-key request";
+}
+
+TEST(FlashInferSplitTest, LongFp8DecodeWithSinksAndWindow) {
+  CaseSpec c = long_decode("long_fp8", {3000, 7, 1500}, 64, DType::kFP8E4M3);
+  c.sinks = true;
+  run_and_compare(c, true);
+  c.sinks = false;
+  c.sliding_window = 700;
+  c.kv_dtype = DType::kFP8E5M2;
+  c.page_size = 24;
+  run_and_compare(c, false);
+  c.sliding_window = -1;
+  c.logit_cap = 3.f;
+  c.kv_dtype = DType::kBF16;
+  c.page_size = 1;
+  run_and_compare(c, true);
+}
+
+TEST(FlashInferSplitTest, WideGroupUsesSeveralQueryTiles) {
+  CaseSpec c = long_decode("mqa32", {900, 33}, 16, DType::kBF16);
+  c.num_q_heads = 32;
+  c.num_kv_heads = 1;
+  c.head_dim = c.v_head_dim = 64;
+  run_and_compare(c, true);
+  c.mode = ForwardMode::kExtend;
+  c.prefix_lens = {300, 0};
+  c.new_lens = {40, 77};
+  run_and_compare(c, true);
+}
+
+// fp4 MLA runs layer by layer in either order: every layer's output is finite and matches.
+int64_t non_finite_outputs(const harness::LayerData& ld) {
+  std::vector<uint16_t> host(static_cast<size_t>(ld.out.numel()));
+  EXPECT_TRUE(
+      copy_bytes(host.data(), Device::cpu(), ld.out.data, ld.out.device, ld.out.storage_bytes())
+          .is_ok());
+  int64_t bad = 0;
+  for (uint16_t b : host) bad += std::isfinite(bf16_bits_to_float(b)) ? 0 : 1;
+  return bad;
+}
+
+TEST(FlashInferMlaTest, Fp4LayersInEitherOrder) {
+  const CaseSpec* spec = harness::find_case("mla_decode_fp4_page64");
+  ASSERT_NE(spec, nullptr);
+  for (bool reverse : {false, true}) {
+    Result<PreparedCase> pc = harness::prepare_case(*spec, Device::cuda(0));
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    Result<std::unique_ptr<AttentionBackend>> backend = create_flashinfer_backend(pc->context());
+    ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+    ASSERT_TRUE((*backend)->init_forward_metadata(pc->batch).is_ok());
+    const int n = static_cast<int>(pc->layers.size());
+    for (int i = 0; i < n; ++i) {
+      harness::LayerData& ld = pc->layers[static_cast<size_t>(reverse ? n - 1 - i : i)];
+      ASSERT_TRUE(pc->kv_pool
+                      ->set_kv(ld.layer.layer_id, pc->batch.out_cache_loc, ld.k, ld.v,
+                               ld.layer.k_scale, ld.layer.v_scale, nullptr)
+                      .is_ok());
+      const Status s = (*backend)->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer,
+                                           pc->batch, false, ld.lse);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int l = 0; l < n; ++l) {
+      EXPECT_EQ(non_finite_outputs(pc->layers[static_cast<size_t>(l)]), 0)
+          << "layer " << l << (reverse ? " (run last-first)" : " (run first-last)");
+    }
+  }
+}
+
+// ---- CUDA graphs: replay equals eager bit for bit ----
+
+struct HostOutputs {
+  std::vector<std::vector<uint8_t>> out, lse;
+};
+
+HostOutputs copy_outputs(const PreparedCase& pc) {
+  HostOutputs h;
+  for (const harness::LayerData& ld : pc.layers) {
+    std::vector<uint8_t> o(static_cast<size_t>(ld.out.storage_bytes()));
+    EXPECT_TRUE(
+        copy_bytes(o.data(), Device::cpu(), ld.out.data, ld.out.device, ld.out.storage_bytes())
+            .is_ok());
+    h.out.push_back(std::move(o));
+    std::vector<uint8_t> l(static_cast<size_t>(ld.lse.storage_bytes()));
+    EXPECT_TRUE(
+        copy_bytes(l.data(), Device::cpu(), ld.lse.data, ld.lse.device, ld.lse.storage_bytes())
+            .is_ok());
+    h.lse.push_back(std::move(l));
+  }
+  return h;
+}
+
+void graph_matches_eager(const CaseSpec& spec) {
+  SCOPED_TRACE(spec.describe());
+  Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0));
+  ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
+  PreparedCase& pc = *prepared;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  BackendContext ctx = pc.context();
+  ctx.stream = stream;
+  pc.batch.stream = stream;
+  Result<std::unique_ptr<AttentionBackend>> made = create_flashinfer_backend(ctx);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  AttentionBackend& backend = **made;
+
+  ASSERT_TRUE(harness::run_backend(backend, pc, /*save_kv=*/false).is_ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const HostOutputs eager = copy_outputs(pc);
+  Result<harness::Comparison> cmp = harness::compare_with_reference(pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_TRUE(cmp->passed()) << cmp->summary();
+  for (harness::LayerData& ld : pc.layers) {
+    ASSERT_TRUE(fill_float(ld.out, kNaN).is_ok());
+    ASSERT_TRUE(fill_float(ld.lse, kNaN).is_ok());
+  }
+
+  const int bs = pc.batch.batch_size;
+  ASSERT_TRUE(backend.init_cuda_graph_state(bs, bs).is_ok());
+  const Status cap = backend.init_forward_metadata_capture_cuda_graph(
+      bs, bs, pc.batch.req_pool_indices, pc.batch.seq_lens, TensorView(), ForwardMode::kDecode,
+      nullptr);
+  ASSERT_TRUE(cap.is_ok()) << cap.to_string();
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  for (harness::LayerData& ld : pc.layers) {
+    const Status s = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
+                                     /*save_kv=*/false, ld.lse);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  // Two replays: the second proves the refreshed plan does not depend on leftover state.
+  for (int rep = 0; rep < 2; ++rep) {
+    const Status replay = backend.init_forward_metadata_replay_cuda_graph(
+        bs, pc.batch.req_pool_indices, pc.batch.seq_lens, pc.batch.seq_lens_sum, TensorView(),
+        ForwardMode::kDecode, nullptr, pc.batch.seq_lens_host.data());
+    ASSERT_TRUE(replay.is_ok()) << replay.to_string();
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const HostOutputs replayed = copy_outputs(pc);
+  for (size_t l = 0; l < eager.out.size(); ++l) {
+    EXPECT_TRUE(eager.out[l] == replayed.out[l]) << "layer " << l << ": out differs from eager";
+    EXPECT_TRUE(eager.lse[l] == replayed.lse[l]) << "layer " << l << ": lse differs from eager";
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(FlashInferGraphTest, DecodeReplayIsBitIdenticalToEager) {
+  for (const char* name : {"decode_page16", "decode_batch16_page16", "decode_fp8_e4m3_kv",
+                           "decode_sinks", "decode_group8_d256"}) {
+    const CaseSpec* c = harness::find_case(name);
+    ASSERT_NE(c, nullptr) << name;
+    graph_matches_eager(*c);
+  }
+  graph_matches_eager(long_decode("graph_long", {4999, 100, 2047, 0}, 16, DType::kBF16));
+}
+
+// ---- the host planner ----
+
+std::vector<flashinfer::PlanRequest> decode_requests(const std::vector<int>& lens) {
+  std::vector<flashinfer::PlanRequest> r;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    r.push_back({static_cast<int32_t>(i), 1, static_cast<int32_t>(lens[i])});
+  }
+  return r;
+}
+
+flashinfer::PlanConfig h100_decode() {
+  constexpr int kH100Sms = 132;
+  flashinfer::PlanConfig c;
+  c.shape = flashinfer::TileShape::kDecode;
+  c.num_kv_heads = 8;
+  c.group = 4;
+  c.target_ctas = flashinfer::kTargetCtasPerSm * kH100Sms;
+  return c;
+}
+
+// Every request's items cover [0, kv_len) in order, without gaps or overlap.
+void expect_cover(const flashinfer::WorkPlan& plan) {
+  std::vector<int> next(plan.requests.size(), 0);
+  for (const flashinfer::WorkItem& w : plan.items) {
+    ASSERT_GE(w.request, 0);
+    EXPECT_EQ(w.kv_begin, next[static_cast<size_t>(w.request)]);
+    EXPECT_GE(w.kv_end, w.kv_begin);
+    next[static_cast<size_t>(w.request)] = w.kv_end;
+  }
+  for (size_t r = 0; r < next.size(); ++r) EXPECT_EQ(next[r], plan.requests[r].kv_len);
+}
+
+TEST(FlashInferPlanTest, WorkedExamplesOfTheHeader) {
+  const flashinfer::PlanConfig cfg = h100_decode();
+  {
+    auto plan = flashinfer::build_work_plan(decode_requests(std::vector<int>(16, 4096)), cfg);
+    ASSERT_TRUE(plan.is_ok());
+    EXPECT_EQ(plan->chunk, 2048);
+    EXPECT_EQ(plan->items.size(), 32u);
+    expect_cover(*plan);
+  }
+  {
+    auto plan = flashinfer::build_work_plan(decode_requests({32768}), cfg);
+    ASSERT_TRUE(plan.is_ok());
+    EXPECT_EQ(plan->chunk, 1024);
+    EXPECT_EQ(plan->requests[0].num_splits, 32);
+    expect_cover(*plan);
+  }
+  {
+    auto plan = flashinfer::build_work_plan(decode_requests({16384, 1000, 300, 20}), cfg);
+    ASSERT_TRUE(plan.is_ok());
+    EXPECT_EQ(plan->chunk, 576);
+    EXPECT_EQ(plan->requests[0].num_splits, 29);
+    EXPECT_EQ(plan->requests[1].num_splits, 2);
+    EXPECT_EQ(plan->requests[2].num_splits, 1);
+    EXPECT_EQ(plan->requests[3].num_splits, 1);
+    EXPECT_EQ(plan->num_partials, 31);
+    EXPECT_LE(static_cast<int64_t>(plan->items.size()) * cfg.num_kv_heads, cfg.target_ctas);
+    expect_cover(*plan);
+  }
+  {
+    auto plan = flashinfer::build_work_plan(decode_requests(std::vector<int>(64, 4096)), cfg);
+    ASSERT_TRUE(plan.is_ok());
+    EXPECT_EQ(plan->chunk, 0);
+    EXPECT_FALSE(plan->any_split);
+    EXPECT_EQ(plan->items.size(), 64u);
+  }
+}
+
+TEST(FlashInferPlanTest, GraphCapacityBoundsEveryPlan) {
+  const flashinfer::PlanConfig cfg = h100_decode();
+  for (int bs : {1, 3, 16, 40}) {
+    for (int len : {1, 255, 4096, 70000}) {
+      std::vector<int> lens(static_cast<size_t>(bs), len);
+      lens[0] = 1;
+      auto plan = flashinfer::build_work_plan(decode_requests(lens), cfg);
+      ASSERT_TRUE(plan.is_ok());
+      EXPECT_LE(static_cast<int64_t>(plan->items.size()), flashinfer::max_decode_items(bs, cfg));
+      expect_cover(*plan);
+    }
+  }
+}
+
+TEST(FlashInferPlanTest, PrefillTilesPackedRows) {
+  flashinfer::PlanConfig cfg = h100_decode();
+  cfg.shape = flashinfer::TileShape::kPrefill;
+  std::vector<flashinfer::PlanRequest> reqs = {{0, 17, 40}, {17, 0, 5}, {17, 16, 16}};
+  auto plan = flashinfer::build_work_plan(reqs, cfg);
+  ASSERT_TRUE(plan.is_ok());
+  // 17 tokens x group 4 = 68 rows -> 2 tiles of 64; 0 tokens -> none; 64 rows -> 1 tile.
+  ASSERT_EQ(plan->items.size(), 3u);
+  EXPECT_EQ(plan->items[1].q_row_begin, flashinfer::kPrefillTileRows);
+  EXPECT_EQ(plan->items[2].request, 2);
+  EXPECT_FALSE(plan->any_split);
+}
+
+TEST(FlashInferPlanTest, RejectsBadLengths) {
+  std::vector<flashinfer::PlanRequest> reqs = {{0, 5, 3}};
+  auto plan = flashinfer::build_work_plan(reqs, h100_decode());
+  ASSERT_FALSE(plan.is_ok());
+  EXPECT_NE(plan.status().message().find("request 0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace attnkit

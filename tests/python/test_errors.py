@@ -1,0 +1,124 @@
+"""Library errors surface as attnkit.Error subclasses carrying the library's message."""
+
+import numpy as np
+import pytest
+
+import attnkit as ak
+
+
+def small_setup(page_size=4, kv_dtype="f32"):
+    pool = ak.MHAKVPool(1, 8 * page_size, page_size, 2, 64, dtype=kv_dtype)
+    table = ak.ReqToTokenPool(4, 64)
+    return pool, table
+
+
+def test_error_hierarchy_and_codes():
+    assert issubclass(ak.Error, RuntimeError)
+    assert issubclass(ak.InvalidArgumentError, ak.Error)
+    assert issubclass(ak.InvalidArgumentError, ValueError)
+    assert issubclass(ak.NotFoundError, LookupError)
+    assert issubclass(ak.OutOfMemoryError, MemoryError)
+    assert ak.InvalidArgumentError.code == "invalid_argument"
+    assert ak.UnsupportedError.code == "unsupported"
+    assert ak.NotBuiltError.code == "not_built"
+
+
+def test_invalid_pool_config_names_the_field_and_value():
+    with pytest.raises(ak.InvalidArgumentError) as info:
+        ak.MHAKVPool(1, 10, 4, 2, 64)
+    assert str(info.value) == "KVPoolConfig.size 10 must be a positive multiple of page_size 4"
+    assert info.value.code == "invalid_argument"
+    assert isinstance(info.value, ValueError)
+
+
+def test_unknown_backend_lists_valid_names():
+    pool, table = small_setup()
+    with pytest.raises(ak.NotFoundError) as info:
+        ak.create_backend("no_such_backend", kv_pool=pool, req_to_token_pool=table,
+                          num_q_heads=4, q_dtype="f32")
+    message = str(info.value)
+    assert 'attention backend "no_such_backend" is not known' in message
+    assert "torch_native" in message and "triton" in message
+
+
+def test_backend_not_built_or_wrong_platform_says_why():
+    pool, table = small_setup()
+    with pytest.raises((ak.NotBuiltError, ak.UnsupportedError)) as info:
+        ak.create_backend("fa3", kv_pool=pool, req_to_token_pool=table, num_q_heads=4,
+                          q_dtype="f32")
+    assert "fa3" in str(info.value)
+
+
+def test_page_allocator_out_of_pages():
+    allocator = ak.PageAllocator(2, 4)
+    with pytest.raises(ak.OutOfMemoryError) as info:
+        allocator.alloc_extend([0], [100], [-1])
+    assert "page" in str(info.value)
+    assert allocator.available_pages == 2  # nothing allocated on error
+
+
+def test_forward_batch_rejects_int64_lengths_naming_the_field():
+    pool, table = small_setup()
+    row = table.alloc()
+    with pytest.raises(ak.InvalidArgumentError) as info:
+        ak.ForwardBatch("extend", np.array([row], dtype=np.int32), np.array([3], dtype=np.int64),
+                        np.array([4, 5, 6], dtype=np.int64), table, pool,
+                        extend_prefix_lens=np.zeros(1, dtype=np.int32),
+                        extend_seq_lens=np.array([3], dtype=np.int32))
+    assert "ForwardBatch.seq_lens" in str(info.value)
+    assert "int64" in str(info.value)
+
+
+def test_forward_with_wrong_q_shape_names_q():
+    pool, table = small_setup()
+    backend = ak.create_backend("torch_native", kv_pool=pool, req_to_token_pool=table,
+                                num_q_heads=4, q_dtype="f32")
+    row = table.alloc()
+    slots = np.array([4, 5, 6], dtype=np.int64)
+    table.write(row, 0, slots)
+    batch = ak.ForwardBatch("extend", np.array([row], dtype=np.int32),
+                            np.array([3], dtype=np.int32), slots, table, pool,
+                            extend_prefix_lens=np.zeros(1, dtype=np.int32),
+                            extend_seq_lens=np.array([3], dtype=np.int32))
+    backend.init_forward_metadata(batch)
+    layer = ak.AttentionLayer(4, 2, 64)
+    q = np.ones((3, 5, 64), dtype=np.float32)  # 5 heads, the layer says 4
+    k = np.ones((3, 2, 64), dtype=np.float32)
+    out = np.full((3, 4, 64), np.nan, dtype=np.float32)
+    with pytest.raises(ak.InvalidArgumentError) as info:
+        backend.forward_extend(q, k, k, out, layer, batch)
+    assert str(info.value).startswith("q:")
+    assert np.isnan(out).all()  # checks happen before anything runs
+
+
+def test_wrap_rejects_mismatched_layer_buffer():
+    k = [np.zeros((12, 2, 64), np.float32), np.zeros((12, 2, 32), np.float32)]
+    v = [np.zeros((12, 2, 64), np.float32), np.zeros((12, 2, 64), np.float32)]
+    with pytest.raises(ak.InvalidArgumentError) as info:
+        ak.MHAKVPool.wrap(k, v, page_size=4)
+    assert str(info.value).startswith("k[1]: expected shape [12, 2, 64]")
+
+
+def test_set_kv_rejects_reserved_page_zero_slot():
+    pool, _ = small_setup()
+    k = np.ones((1, 2, 64), np.float32)
+    with pytest.raises(ak.InvalidArgumentError) as info:
+        pool.set_kv(0, np.array([1], dtype=np.int64), k, k)
+    assert "page 0 is reserved" in str(info.value)
+
+
+def test_bad_device_and_dtype_arguments():
+    with pytest.raises(ak.InvalidArgumentError, match='device "gpu7"'):
+        ak.ReqToTokenPool(2, 8, device="gpu7")
+    with pytest.raises(ak.InvalidArgumentError, match="dtype"):
+        ak.MHAKVPool(1, 8, 4, 2, 64, dtype="float128")
+
+
+def test_resolve_errors_name_the_flag():
+    llama = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256,
+             "num_attention_heads": 4, "num_key_value_heads": 2}
+    with pytest.raises(ak.InvalidArgumentError) as info:
+        ak.resolve(llama, "sm90", attention_backend="bogus")
+    assert '--attention-backend "bogus"' in str(info.value)
+    with pytest.raises(ak.InvalidArgumentError, match="unknown server argument"):
+        ak.resolve(llama, "sm90", attention_backendd="fa3")

@@ -1,0 +1,292 @@
+// AttentionBackend routing and defaults, validate_forward_inputs, ForwardBatch::validate, and
+// torch_native's handling of bad input: every error names the argument and the value.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "attnkit/backend.h"
+#include "attnkit/registry.h"
+#include "backends/torch_native/torch_native_backend.h"
+#include "harness/case_runner.h"
+
+namespace attnkit {
+namespace {
+
+using harness::PreparedCase;
+
+// Asserts `s` failed with kInvalidArgument (or `code`) and its message contains `needle`.
+void expect_error(const Status& s, const std::string& needle,
+                  StatusCode code = StatusCode::kInvalidArgument) {
+  EXPECT_EQ(s.code(), code) << s.to_string();
+  EXPECT_NE(s.message().find(needle), std::string::npos)
+      << "message \"" << s.message() << "\" lacks \"" << needle << "\"";
+}
+
+class RecordingBackend final : public AttentionBackend {
+ public:
+  const BackendDescriptor& descriptor() const override {
+    static const BackendDescriptor d = [] {
+      BackendDescriptor x;
+      x.name = "recording";
+      return x;
+    }();
+    return d;
+  }
+  Status init_forward_metadata(const ForwardBatch&) override { return Status::ok(); }
+  Status forward_extend(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                        const AttentionLayer&, const ForwardBatch&, bool,
+                        const TensorView&) override {
+    ++extend_calls;
+    return Status::ok();
+  }
+  Status forward_decode(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                        const AttentionLayer&, const ForwardBatch&, bool,
+                        const TensorView&) override {
+    ++decode_calls;
+    return Status::ok();
+  }
+  int extend_calls = 0;
+  int decode_calls = 0;
+};
+
+TEST(BackendInterface, ForwardRoutesByMode) {
+  const struct {
+    ForwardMode mode;
+    int extend, decode;
+  } expected[] = {{ForwardMode::kIdle, 0, 0},         {ForwardMode::kDecode, 0, 1},
+                  {ForwardMode::kExtend, 1, 0},       {ForwardMode::kMixed, 1, 0},
+                  {ForwardMode::kTargetVerify, 1, 0}, {ForwardMode::kDraftExtend, 1, 0}};
+  for (const auto& e : expected) {
+    RecordingBackend b;
+    ForwardBatch batch;
+    batch.mode = e.mode;
+    ASSERT_TRUE(b.forward({}, {}, {}, {}, AttentionLayer(), batch).is_ok());
+    EXPECT_EQ(b.extend_calls, e.extend) << forward_mode_name(e.mode);
+    EXPECT_EQ(b.decode_calls, e.decode) << forward_mode_name(e.mode);
+  }
+}
+
+TEST(BackendInterface, DefaultCudaGraphMethodsAreUnsupported) {
+  RecordingBackend b;
+  const std::string msg = "recording does not support CUDA graphs";
+  expect_error(b.init_cuda_graph_state(8, 8), msg, StatusCode::kUnsupported);
+  expect_error(
+      b.init_forward_metadata_capture_cuda_graph(1, 1, {}, {}, {}, ForwardMode::kDecode, nullptr),
+      msg, StatusCode::kUnsupported);
+  expect_error(b.init_forward_metadata_replay_cuda_graph(1, {}, {}, 0, {}, ForwardMode::kDecode,
+                                                         nullptr, nullptr),
+               msg, StatusCode::kUnsupported);
+  EXPECT_EQ(b.cuda_graph_seq_len_fill_value(), 1);
+
+  BackendContext ctx;
+  Result<std::unique_ptr<AttentionBackend>> tn = create_torch_native_backend(ctx);
+  ASSERT_TRUE(tn.is_ok());
+  expect_error((*tn)->init_cuda_graph_state(8, 8), "torch_native does not support CUDA graphs",
+               StatusCode::kUnsupported);
+}
+
+TEST(BackendInterface, ForwardModeNames) {
+  EXPECT_STREQ(forward_mode_name(ForwardMode::kExtend), "extend");
+  EXPECT_STREQ(forward_mode_name(ForwardMode::kDecode), "decode");
+  EXPECT_STREQ(forward_mode_name(ForwardMode::kMixed), "mixed");
+  EXPECT_STREQ(forward_mode_name(ForwardMode::kIdle), "idle");
+  EXPECT_STREQ(forward_mode_name(ForwardMode::kTargetVerify), "target_verify");
+  EXPECT_STREQ(forward_mode_name(ForwardMode::kDraftExtend), "draft_extend");
+}
+
+TEST(BackendInterface, TorchNativeRejectsCudaContext) {
+  BackendContext ctx;
+  ctx.device = Device::cuda(0);
+  expect_error(create_torch_native_backend(ctx).status(), "CPU only", StatusCode::kUnsupported);
+}
+
+// ---- validate_forward_inputs on a real prepared batch (8 q heads / 2 kv heads, d 128) ----
+
+class ValidateInputs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Result<PreparedCase> pc =
+        harness::prepare_case(*harness::find_case("extend_page16_ragged"), Device::cpu());
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    pc_ = std::make_unique<PreparedCase>(std::move(pc).value());
+  }
+  Status validate(bool save_kv = true) const {
+    const harness::LayerData& l = pc_->layers[0];
+    return validate_forward_inputs(q_ ? *q_ : l.q, l.k, l.v, out_ ? *out_ : l.out, layer(),
+                                   pc_->batch, save_kv, lse_ ? *lse_ : l.lse, Device::cpu());
+  }
+  AttentionLayer& layer() const { return pc_->layers[0].layer; }
+  std::unique_ptr<PreparedCase> pc_;
+  std::optional<TensorView> q_, out_, lse_;
+};
+
+TEST_F(ValidateInputs, AcceptsThePreparedCase) { EXPECT_TRUE(validate().is_ok()); }
+
+TEST_F(ValidateInputs, HeadCountsMustDivide) {
+  layer().num_q_heads = 6;
+  layer().num_kv_heads = 4;
+  expect_error(validate(), "layer.num_q_heads 6 is not divisible by layer.num_kv_heads 4");
+}
+
+TEST_F(ValidateInputs, WrongQShape) {
+  TensorView q = pc_->layers[0].q;
+  q.shape[2] = 64;
+  q_ = q;
+  expect_error(validate(), "q: expected shape [");
+  expect_error(validate(), "128]");
+}
+
+TEST_F(ValidateInputs, OutDtypeMustMatchQ) {
+  TensorView out = pc_->layers[0].out;
+  out.dtype = DType::kF32;
+  out_ = out;
+  expect_error(validate(), "out: dtype f32 must equal q's dtype bf16");
+}
+
+TEST_F(ValidateInputs, LseMustBeF32) {
+  TensorView lse = pc_->layers[0].lse;
+  lse.dtype = DType::kBF16;
+  lse_ = lse;
+  expect_error(validate(), "lse: dtype bf16 must be f32");
+}
+
+TEST_F(ValidateInputs, SaveKvNeedsK) {
+  const harness::LayerData& l = pc_->layers[0];
+  expect_error(validate_forward_inputs(l.q, TensorView(), l.v, l.out, layer(), pc_->batch, true,
+                                       l.lse, Device::cpu()),
+               "save_kv is true but k is missing");
+  EXPECT_TRUE(validate_forward_inputs(l.q, TensorView(), TensorView(), l.out, layer(), pc_->batch,
+                                      false, l.lse, Device::cpu())
+                  .is_ok());
+}
+
+TEST_F(ValidateInputs, DeviceMismatch) {
+  TensorView q = pc_->layers[0].q;
+  q.device = Device::cuda(0);
+  q_ = q;
+  expect_error(validate(), "q is on cuda:0 but the backend runs on cpu");
+}
+
+TEST_F(ValidateInputs, LayerMustMatchPool) {
+  layer().layer_id = 5;
+  expect_error(validate(), "layer.layer_id 5 is outside the KV pool's layers [0, 2)");
+  layer().layer_id = 0;
+  layer().v_head_dim = 64;
+  TensorView out = pc_->layers[0].out;
+  out.shape[2] = 64;
+  out_ = out;
+  const harness::LayerData& l = pc_->layers[0];
+  expect_error(validate_forward_inputs(l.q, TensorView(), TensorView(), out, layer(), pc_->batch,
+                                       false, l.lse, Device::cpu()),
+               "does not match the KV pool");
+}
+
+TEST_F(ValidateInputs, CrossAttentionCannotSaveKv) {
+  layer().is_cross_attention = true;
+  pc_->batch.encoder_lens_host.assign(static_cast<size_t>(pc_->batch.batch_size), 0);
+  expect_error(validate(), "save_kv is true for a cross-attention layer");
+}
+
+TEST_F(ValidateInputs, TokenCountMustMatchBatch) {
+  ForwardBatch& b = pc_->batch;
+  b.num_tokens += 1;
+  expect_error(validate(),
+               "ForwardBatch.out_cache_loc: expected int64[" + std::to_string(b.num_tokens) + "]");
+  b.num_tokens -= 1;
+  b.extend_seq_lens_host[0] += 1;
+  b.extend_prefix_lens_host[0] -= 1;
+  b.extend_start_loc_host.clear();
+  expect_error(validate(), "ForwardBatch.num_tokens " + std::to_string(b.num_tokens) +
+                               " does not match the sum of extend_seq_lens " +
+                               std::to_string(b.num_tokens + 1));
+}
+
+TEST_F(ValidateInputs, RequestRowOutOfRange) {
+  pc_->batch.req_pool_indices_host[0] = 99;
+  expect_error(validate(), "req_pool_indices_host[0] = 99 is outside the request table rows [1, ");
+}
+
+TEST_F(ValidateInputs, SequencePastContextCapacity) {
+  ForwardBatch& b = pc_->batch;
+  const int grow = pc_->req_to_token->max_context_len();
+  b.seq_lens_host[1] += grow;
+  b.extend_prefix_lens_host[1] += grow;
+  b.seq_lens_sum += grow;
+  expect_error(validate(), "exceeds max_context_len");
+}
+
+TEST_F(ValidateInputs, InconsistentExtendArrays) {
+  pc_->batch.extend_start_loc_host[1] += 1;
+  expect_error(validate(), "ForwardBatch.extend_start_loc_host[1] = ");
+  pc_->batch.extend_start_loc_host[1] -= 1;
+  pc_->batch.seq_lens_host[0] += 1;
+  pc_->batch.seq_lens_sum += 1;
+  expect_error(validate(), "must equal extend_prefix_len");
+  pc_->batch.seq_lens_sum += 5;
+  expect_error(validate(), "ForwardBatch.seq_lens_sum");
+}
+
+// ---- torch_native on bad input: errors, never a crash ----
+
+TEST(TorchNativeBadInput, OutOfRangeSlotViaSetKv) {
+  Result<PreparedCase> pc =
+      harness::prepare_case(*harness::find_case("decode_page16"), Device::cpu());
+  ASSERT_TRUE(pc.is_ok());
+  const int64_t bad = pc->kv_pool->rows() + 3;
+  pc->batch.out_cache_loc.data_as<int64_t>()[0] = bad;
+  auto b = std::move(create_torch_native_backend(pc->context())).value();
+  const Status s = harness::run_backend(*b, *pc, /*save_kv=*/true);
+  expect_error(s, "loc[0] = " + std::to_string(bad) + " is outside the usable slots");
+}
+
+TEST(TorchNativeBadInput, PageTablePastThePool) {
+  Result<PreparedCase> pc =
+      harness::prepare_case(*harness::find_case("extend_page16_ragged"), Device::cpu());
+  ASSERT_TRUE(pc.is_ok());
+  const int64_t bad = pc->kv_pool->rows() + 16;
+  const int32_t row = pc->rows[0];
+  ASSERT_TRUE(pc->req_to_token->write(row, 2, std::vector<int64_t>{bad}).is_ok());
+  auto b = std::move(create_torch_native_backend(pc->context())).value();
+  const Status s = harness::run_backend(*b, *pc, /*save_kv=*/false);
+  expect_error(s, "req_to_token[" + std::to_string(row) + ", 2] = " + std::to_string(bad) +
+                      " (request 0) is outside the KV pool slots");
+}
+
+TEST(TorchNativeBadInput, WrongEntryPointForMode) {
+  Result<PreparedCase> pc =
+      harness::prepare_case(*harness::find_case("extend_page1_gqa4"), Device::cpu());
+  ASSERT_TRUE(pc.is_ok());
+  auto b = std::move(create_torch_native_backend(pc->context())).value();
+  const harness::LayerData& l = pc->layers[0];
+  expect_error(b->forward_decode(l.q, l.k, l.v, l.out, l.layer, pc->batch, true, l.lse),
+               "forward_decode called with a extend batch");
+}
+
+TEST(TorchNativeBadInput, VerifyNeedsConsistentMask) {
+  Result<PreparedCase> pc =
+      harness::prepare_case(*harness::find_case("verify_topk4_page1"), Device::cpu());
+  ASSERT_TRUE(pc.is_ok());
+  pc->batch.spec.mask_indptr_host[1] += 1;
+  auto b = std::move(create_torch_native_backend(pc->context())).value();
+  expect_error(harness::run_backend(*b, *pc, true),
+               "ForwardBatch.spec.mask_indptr_host: request 0");
+  pc->batch.spec.mask_indptr_host[1] -= 1;
+  pc->batch.spec.custom_mask = TensorView();
+  expect_error(harness::run_backend(*b, *pc, true), "spec.topk 4 > 1 needs the tree mask");
+}
+
+TEST(TorchNativeBadInput, MlaPrefillCannotSaveKv) {
+  Result<PreparedCase> pc =
+      harness::prepare_case(*harness::find_case("mla_prefill_192_128"), Device::cpu());
+  ASSERT_TRUE(pc.is_ok());
+  auto b = std::move(create_torch_native_backend(pc->context())).value();
+  ASSERT_TRUE(b->init_forward_metadata(pc->batch).is_ok());
+  const harness::LayerData& l = pc->layers[0];
+  expect_error(b->forward(l.q, l.k, l.v, l.out, l.layer, pc->batch, true, l.lse),
+               "save_kv is true for an MLA non-absorbed layer");
+  expect_error(b->forward(l.q, TensorView(), TensorView(), l.out, l.layer, pc->batch, false, l.lse),
+               "k and v of the new tokens are required");
+}
+
+}  // namespace
+}  // namespace attnkit

@@ -1,0 +1,169 @@
+// `attnkit bench` and `attnkit run` end to end through the binary (ATTNKIT_CLI_PATH): a tiny
+// verified CPU sweep whose JSON/CSV must carry the formula values, and the error paths.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "../../bench/bench_case_file.h"
+#include "../../bench/bench_formulas.h"
+
+namespace attnkit::bench {
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  f << text;
+}
+
+CliRun run_cli(const std::string& args) {
+  static int counter = 0;
+  const std::string err_path =
+      ::testing::TempDir() + "attnkit_bench_cli_err_" + std::to_string(counter++) + ".txt";
+  const std::string cmd =
+      std::string("'") + ATTNKIT_CLI_PATH + "' " + args + " 2>'" + err_path + "'";
+  CliRun r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = read_text(err_path);
+  std::remove(err_path.c_str());
+  return r;
+}
+
+// Two small decode points (ragged page fill: 33 and 40 tokens at page 16) and one causal extend.
+constexpr const char* kDecodeFile = R"({
+  "kind": "decode",
+  "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
+  "sweep": {"batch": [2], "kv_len": [33, 40]}
+})";
+constexpr const char* kExtendFile = R"({
+  "kind": "extend",
+  "fixed": {"q_heads": 4, "kv_heads": 1, "head_dim": 64, "page_size": 16},
+  "cases": [{"batch": 2, "prefix_len": 5, "new_tokens": 9}]
+})";
+
+TEST(BenchCli, VerifiedCpuSweepWritesFormulaValues) {
+  const std::string dir = ::testing::TempDir();
+  const std::string cases = dir + "bench_cli_decode.json";
+  const std::string json = dir + "bench_cli_decode_out.json";
+  const std::string csv = dir + "bench_cli_decode_out.csv";
+  write_text(cases, kDecodeFile);
+  const CliRun r = run_cli("bench --backend torch_native --cases '" + cases +
+                           "' --device cpu --verify --rotate-mib 1 --warmup 1 --iters 2 --json '" +
+                           json + "' --csv '" + csv + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("decode_b2_kv33_p16_h4x2_d64_kvbf16"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("[2/2]"), std::string::npos) << "progress lines on stderr: " << r.err;
+
+  Result<CaseFile> file = parse_case_file_text(kDecodeFile, "inline");
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  const nlohmann::json doc = nlohmann::json::parse(read_text(json));
+  EXPECT_EQ(doc["schema"], "attnkit-bench/1");
+  EXPECT_NE(doc["command"].get<std::string>().find("--cases"), std::string::npos);
+  EXPECT_EQ(doc["device"]["device"], "cpu");
+  ASSERT_GE(doc["ceilings"].size(), 1u);
+  EXPECT_EQ(doc["ceilings"][0]["name"], "cpu_copy");
+  EXPECT_GT(doc["ceilings"][0]["gbs"].get<double>(), 0.0);
+  ASSERT_EQ(doc["results"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const nlohmann::json& x = doc["results"][i];
+    const BenchCase& c = file->cases[i];
+    EXPECT_EQ(x["case"], c.name);
+    EXPECT_EQ(x["status"], "ok") << x["message"];
+    EXPECT_TRUE(x["verify"]["passed"].get<bool>());
+    EXPECT_DOUBLE_EQ(x["bytes"].get<double>(), attention_bytes(c));
+    EXPECT_DOUBLE_EQ(x["flops"].get<double>(), attention_flops(c));
+    const double ms = x["ms_median"].get<double>();
+    ASSERT_GT(ms, 0.0);
+    EXPECT_NEAR(x["gbs"].get<double>(), gb_per_s(attention_bytes(c), ms), 1e-9);
+    EXPECT_GE(x["copies"].get<int>(), 1);
+    EXPECT_EQ(x["ceiling"], "cpu_copy");
+  }
+  const std::string csv_text = read_text(csv);
+  EXPECT_EQ(std::count(csv_text.begin(), csv_text.end(), '\n'), 3) << csv_text;
+}
+
+TEST(BenchCli, ExtendIsJudgedAgainstTheComputeCeiling) {
+  const std::string dir = ::testing::TempDir();
+  const std::string cases = dir + "bench_cli_extend.json";
+  const std::string json = dir + "bench_cli_extend_out.json";
+  write_text(cases, kExtendFile);
+  const CliRun r = run_cli("bench --backend torch_native --cases '" + cases +
+                           "' --device cpu --rotate-mib 1 --warmup 0 --iters 1 --gemm-tflops 2 "
+                           "--json '" +
+                           json + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const nlohmann::json doc = nlohmann::json::parse(read_text(json));
+  ASSERT_EQ(doc["results"].size(), 1u);
+  const nlohmann::json& x = doc["results"][0];
+  EXPECT_EQ(x["bound"], "compute");
+  EXPECT_EQ(x["ceiling"], "gemm_given");
+  EXPECT_NEAR(x["ceiling_ratio"].get<double>(), x["tflops"].get<double>() / 2.0, 1e-12);
+}
+
+TEST(BenchCli, ErrorsExitNonZeroWithAMessage) {
+  const std::string dir = ::testing::TempDir();
+  CliRun r = run_cli("bench --backend torch_native --cases /nonexistent/cases.json --device cpu");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("cannot be opened"), std::string::npos) << r.err;
+
+  const std::string cases = dir + "bench_cli_errors.json";
+  write_text(cases, kDecodeFile);
+  r = run_cli("bench --backend torch_native --cases '" + cases + "' --device cpu --filter nomatch");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("matches none"), std::string::npos) << r.err;
+
+  r = run_cli("bench --backend no_such_backend --cases '" + cases + "' --device cpu");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no_such_backend"), std::string::npos) << r.err;
+
+  const std::string bad = dir + "bench_cli_bad.json";
+  write_text(bad, R"({"kind": "decode", "sweep": {"kv_len": [0]}})");
+  r = run_cli("bench --backend torch_native --cases '" + bad + "' --device cpu");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("sweep.kv_len[0]"), std::string::npos) << r.err;
+
+  r = run_cli("run --backend torch_native --case no_such_case --device cpu");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no_such_case"), std::string::npos) << r.err;
+
+  r = run_cli(
+      "run --backend torch_native --case '{\"mode\": \"decode\", \"colour\": 1}' --device cpu");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("colour"), std::string::npos) << r.err;
+}
+
+TEST(BenchCli, RunVerifiesOneJsonCase) {
+  const CliRun r = run_cli(
+      "run --backend torch_native --device cpu --verify --case '{\"mode\": \"decode\", "
+      "\"page_size\": 16, \"prefix_lens\": [20, 3], \"num_q_heads\": 4, \"num_kv_heads\": 2, "
+      "\"head_dim\": 64, \"v_head_dim\": 64}'");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("verify:  PASS"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace attnkit::bench

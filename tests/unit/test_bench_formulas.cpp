@@ -1,0 +1,249 @@
+// The benchmark's FLOP/byte formulas against hand-computed values, and case-file parsing.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "../../bench/bench_case_file.h"
+#include "../../bench/bench_formulas.h"
+
+namespace attnkit::bench {
+namespace {
+
+BenchCase decode_case(int batch, int kv_len, int hq, int hkv, int d, DType kv_dtype) {
+  BenchCase c;
+  c.kind = BenchKind::kDecode;
+  c.batch = batch;
+  c.kv_len = kv_len;
+  c.q_heads = hq;
+  c.kv_heads = hkv;
+  c.head_dim = d;
+  c.v_head_dim = d;
+  c.kv_dtype = kv_dtype;
+  return c;
+}
+
+BenchCase extend_case(int batch, int prefix, int new_tokens, int hq, int hkv, int d, bool causal) {
+  BenchCase c;
+  c.kind = BenchKind::kExtend;
+  c.batch = batch;
+  c.prefix_len = prefix;
+  c.new_tokens = new_tokens;
+  c.causal = causal;
+  c.q_heads = hq;
+  c.kv_heads = hkv;
+  c.head_dim = d;
+  c.v_head_dim = d;
+  return c;
+}
+
+TEST(BenchFormulas, StoredBytesCountsFp4Scales) {
+  EXPECT_EQ(stored_bytes(DType::kBF16, 128), 256);
+  EXPECT_EQ(stored_bytes(DType::kF32, 3), 12);
+  EXPECT_EQ(stored_bytes(DType::kFP8E4M3, 128), 128);
+  // 128 fp4 values: 64 data bytes + 8 scale bytes (one per 16 values).
+  EXPECT_EQ(stored_bytes(DType::kFP4E2M1, 128), 72);
+  // 17 values: ceil(17 / 2) = 9 data bytes, ceil(17 / 16) = 2 scales.
+  EXPECT_EQ(stored_bytes(DType::kFP4E2M1, 17), 11);
+}
+
+TEST(BenchFormulas, KvBytesPerToken) {
+  // 8 kv heads x 128 x 2 bytes for K, the same for V.
+  EXPECT_EQ(kv_bytes_per_token(decode_case(1, 1, 32, 8, 128, DType::kBF16)), 4096);
+  EXPECT_EQ(kv_bytes_per_token(decode_case(1, 1, 32, 8, 128, DType::kFP8E5M2)), 2048);
+  // 1024 fp4 values per tensor: 512 + 64 scale bytes, K and V.
+  EXPECT_EQ(kv_bytes_per_token(decode_case(1, 1, 32, 8, 128, DType::kFP4E2M1)), 1152);
+  BenchCase v_differs = decode_case(1, 1, 16, 2, 192, DType::kBF16);
+  v_differs.v_head_dim = 128;
+  EXPECT_EQ(kv_bytes_per_token(v_differs), 2 * 192 * 2 + 2 * 128 * 2);
+  BenchCase mla;
+  mla.kind = BenchKind::kMlaDecode;
+  mla.kv_lora_rank = 512;
+  mla.qk_rope_head_dim = 64;
+  mla.kv_dtype = DType::kBF16;
+  // One 576-wide latent row; V is inside it and is not counted twice.
+  EXPECT_EQ(kv_bytes_per_token(mla), 1152);
+}
+
+TEST(BenchFormulas, DecodeBytesAndFlops) {
+  const BenchCase c = decode_case(4, 1024, 32, 8, 128, DType::kBF16);
+  // KV 4 x 1024 x 4096 = 16777216; q and out 4 x 32 x 128 x 2 = 32768 each.
+  EXPECT_DOUBLE_EQ(attention_bytes(c), 16777216.0 + 32768.0 + 32768.0);
+  // 2 x (128 + 128) x 32 heads x 4 requests x 1024 keys.
+  EXPECT_DOUBLE_EQ(attention_flops(c), 67108864.0);
+  EXPECT_TRUE(is_memory_bound(c));
+}
+
+TEST(BenchFormulas, ExtendPairsCountOnlyVisibleKeys) {
+  // Causal, prefix 3, 4 new tokens: the new tokens see 4, 5, 6, 7 keys.
+  EXPECT_EQ(attended_pairs_per_request(extend_case(1, 3, 4, 1, 1, 8, true)), 22);
+  EXPECT_EQ(attended_pairs_per_request(extend_case(1, 3, 4, 1, 1, 8, false)), 28);
+  // Brute-force count against the closed form over a grid of lengths.
+  for (int prefix : {0, 1, 5, 64}) {
+    for (int n : {1, 2, 7, 33}) {
+      int64_t visible = 0;
+      for (int q = 0; q < n; ++q) {
+        for (int k = 0; k < prefix + n; ++k) visible += (k <= prefix + q) ? 1 : 0;
+      }
+      EXPECT_EQ(attended_pairs_per_request(extend_case(1, prefix, n, 1, 1, 8, true)), visible)
+          << "prefix " << prefix << " new " << n;
+    }
+  }
+}
+
+TEST(BenchFormulas, ExtendBytesAndFlops) {
+  const BenchCase c = extend_case(2, 3, 4, 2, 1, 8, true);
+  // 2 x (8 + 8) per pair and head, 2 heads, 2 requests, 22 pairs each.
+  EXPECT_DOUBLE_EQ(attention_flops(c), 2816.0);
+  // KV: 2 requests x 7 tokens x (1 head x 8 x 2 bytes x 2) = 448; q and out: 8 tokens x 2 heads x
+  // 8 x 2 bytes = 256 each.
+  EXPECT_DOUBLE_EQ(attention_bytes(c), 448.0 + 256.0 + 256.0);
+  EXPECT_FALSE(is_memory_bound(c));
+  // The usual 4 * pairs * heads * head_dim when head_dim == v_head_dim.
+  const BenchCase big = extend_case(1, 0, 4096, 32, 8, 128, true);
+  EXPECT_DOUBLE_EQ(attention_flops(big), 4.0 * (4096.0 * 4097.0 / 2.0) * 32.0 * 128.0);
+}
+
+TEST(BenchFormulas, MlaDecodeBytesAndFlops) {
+  BenchCase c;
+  c.kind = BenchKind::kMlaDecode;
+  c.batch = 2;
+  c.kv_len = 10;
+  c.q_heads = 16;
+  c.kv_heads = 1;
+  c.kv_lora_rank = 512;
+  c.qk_rope_head_dim = 64;
+  c.head_dim = 576;
+  c.v_head_dim = 512;
+  // 2 x (576 + 512) x 16 heads x 2 requests x 10 keys.
+  EXPECT_DOUBLE_EQ(attention_flops(c), 696320.0);
+  // KV 2 x 10 x 1152; q 2 x 16 x 576 x 2; out 2 x 16 x 512 x 2.
+  EXPECT_DOUBLE_EQ(attention_bytes(c), 23040.0 + 36864.0 + 32768.0);
+}
+
+TEST(BenchFormulas, RatesRotationAndMedian) {
+  EXPECT_DOUBLE_EQ(gb_per_s(1e9, 1000.0), 1.0);
+  EXPECT_DOUBLE_EQ(tflop_per_s(2e12, 500.0), 4.0);
+  const BenchCase c = decode_case(1, 1, 1, 1, 8, DType::kBF16);
+  const double bytes = attention_bytes(c);  // 32 + 16 + 16 = 64
+  EXPECT_DOUBLE_EQ(bytes, 64.0);
+  EXPECT_EQ(rotation_copies(c, 10 * bytes, 100), 10);
+  EXPECT_EQ(rotation_copies(c, 10.5 * bytes, 100), 11);
+  EXPECT_EQ(rotation_copies(c, 1e12, 100), 100);
+  EXPECT_EQ(rotation_copies(c, 1.0, 100), 1);
+  EXPECT_DOUBLE_EQ(median({5.0, 1.0, 3.0}), 3.0);
+  EXPECT_DOUBLE_EQ(median({4.0, 1.0, 3.0, 2.0}), 2.5);
+}
+
+// ---- case files ----
+
+TEST(BenchCaseFile, SweepIsACartesianProductInFileOrder) {
+  const std::string text = R"({
+    "kind": "decode",
+    "fixed": {"q_heads": 32, "kv_heads": 8, "head_dim": 128},
+    "sweep": {"batch": [1, 4], "kv_len": [512, 2048, 4096], "kv_dtype": ["auto"]},
+    "cases": [{"batch": 2, "kv_len": 7, "heads": [16, 16], "v_head_dim": 64, "dtype": "f16"}]
+  })";
+  Result<CaseFile> f = parse_case_file_text(text, "t.json");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  ASSERT_EQ(f->cases.size(), 7u);
+  EXPECT_EQ(f->cases[0].batch, 1);
+  EXPECT_EQ(f->cases[0].kv_len, 512);
+  EXPECT_EQ(f->cases[1].kv_len, 2048);
+  EXPECT_EQ(f->cases[3].batch, 4);
+  EXPECT_EQ(f->cases[5].kv_len, 4096);
+  EXPECT_EQ(f->cases[0].v_head_dim, 128);
+  EXPECT_EQ(f->cases[0].kv_dtype, DType::kBF16);
+  EXPECT_EQ(f->cases[0].name, "decode_b1_kv512_p1_h32x8_d128_kvbf16");
+  const BenchCase& x = f->cases[6];
+  EXPECT_EQ(x.q_heads, 16);
+  EXPECT_EQ(x.kv_heads, 16);
+  EXPECT_EQ(x.v_head_dim, 64);
+  EXPECT_EQ(x.dtype, DType::kF16);
+  EXPECT_EQ(filter_cases(f->cases, "kv2048").size(), 2u);
+  EXPECT_EQ(filter_cases(f->cases, "").size(), 7u);
+}
+
+TEST(BenchCaseFile, MlaDerivesHeadDims) {
+  Result<CaseFile> f = parse_case_file_text(
+      R"({"kind": "mla_decode", "sweep": {"q_heads": [16], "batch": [8], "kv_len": [100]}})",
+      "mla.json");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  ASSERT_EQ(f->cases.size(), 1u);
+  EXPECT_EQ(f->cases[0].kv_heads, 1);
+  EXPECT_EQ(f->cases[0].head_dim, 576);
+  EXPECT_EQ(f->cases[0].v_head_dim, 512);
+}
+
+struct BadFile {
+  const char* text;
+  const char* expected_in_message;
+};
+
+TEST(BenchCaseFile, ErrorsNameTheProblem) {
+  const std::vector<BadFile> bad = {
+      {"{not json", "not valid JSON"},
+      {"[1, 2]", "JSON object"},
+      {R"({"sweep": {"batch": [1]}})", "\"kind\""},
+      {R"({"kind": "prefill", "sweep": {}})", "prefill"},
+      {R"({"kind": "decode", "sweeps": {}})", "sweeps"},
+      {R"({"kind": "decode"})", "needs \"sweep\" or \"cases\""},
+      {R"({"kind": "decode", "sweep": {"prefix_len": [1]}})", "prefix_len"},
+      {R"({"kind": "decode", "sweep": {"batch": 4}})", "sweep.batch"},
+      {R"({"kind": "decode", "sweep": {"batch": []}})", "non-empty array"},
+      {R"({"kind": "decode", "fixed": {"q_heads": 8, "kv_heads": 8, "head_dim": 64},
+           "sweep": {"kv_len": [16, -3]}})",
+       "sweep.kv_len[1]"},
+      {R"({"kind": "decode", "fixed": {"q_heads": 8, "kv_heads": 3, "head_dim": 64},
+           "sweep": {"kv_len": [16]}})",
+       "not a multiple of kv_heads"},
+      {R"({"kind": "decode", "fixed": {"q_heads": 8, "kv_heads": 8, "head_dim": 64},
+           "sweep": {"batch": [1]}})",
+       "\"kv_len\" is required"},
+      {R"({"kind": "decode", "fixed": {"q_heads": 8, "kv_heads": 8, "head_dim": 64, "kv_len": 4},
+           "sweep": {"kv_dtype": ["int8"]}})",
+       "not a KV dtype"},
+      {R"({"kind": "decode", "fixed": {"dtype": "fp8_e4m3"}, "sweep": {}})",
+       "not an activation dtype"},
+      {R"({"kind": "decode", "sweep": {"heads": [[32]]}})", "[q_heads, kv_heads] pair"},
+      {R"({"kind": "extend", "sweep": {"causal": ["yes"]}})", "true or false"},
+      {R"({"kind": "mla_decode", "sweep": {"head_dim": [576]}})", "unknown parameter"},
+      {R"({"kind": "extend", "fixed": {"q_heads": 8, "kv_heads": 8, "head_dim": 64},
+           "cases": [{"prefix_len": 4}]})",
+       "\"new_tokens\" is required"},
+      {R"({"kind": "extend", "cases": {"new_tokens": 4}})", "array of objects"},
+  };
+  for (const BadFile& b : bad) {
+    Result<CaseFile> f = parse_case_file_text(b.text, "bad.json");
+    ASSERT_FALSE(f.is_ok()) << b.text;
+    EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument) << b.text;
+    EXPECT_NE(f.status().message().find(b.expected_in_message), std::string::npos)
+        << "message: " << f.status().message()
+        << "\nexpected to contain: " << b.expected_in_message;
+    EXPECT_EQ(f.status().message().rfind("bad.json", 0), 0u) << f.status().message();
+  }
+}
+
+TEST(BenchCaseFile, MissingFileIsNotFound) {
+  Result<CaseFile> f = load_case_file("/nonexistent/attnkit/cases.json");
+  ASSERT_FALSE(f.is_ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kNotFound);
+}
+
+TEST(BenchCaseFile, ShippedCaseFilesParse) {
+  const std::string dir = std::string(ATTNKIT_SOURCE_DIR) + "/bench/cases/";
+  for (const char* name :
+       {"decode.json", "extend.json", "mla_decode.json", "cpu_decode.json", "cpu_prefill.json"}) {
+    Result<CaseFile> f = load_case_file(dir + name);
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    EXPECT_FALSE(f->cases.empty()) << name;
+    for (size_t i = 0; i < f->cases.size(); ++i) {
+      for (size_t j = i + 1; j < f->cases.size(); ++j) {
+        EXPECT_NE(f->cases[i].name, f->cases[j].name) << name << ": duplicate case name";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attnkit::bench

@@ -1,0 +1,215 @@
+// The `attnkit` binary (ATTNKIT_CLI_PATH): the matrix golden file, `select` output, `backends`,
+// --help, and one-line error messages with a non-zero exit for bad flags and values.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs the CLI with `args` (already shell-quoted where needed).
+CliRun run_cli(const std::string& args) {
+  static int counter = 0;
+  const std::string err_path =
+      ::testing::TempDir() + "attnkit_cli_err_" + std::to_string(counter++) + ".txt";
+  const std::string cmd =
+      std::string("'") + ATTNKIT_CLI_PATH + "' " + args + " 2>'" + err_path + "'";
+  CliRun r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = read_file(err_path);
+  std::remove(err_path.c_str());
+  return r;
+}
+
+std::string config(const std::string& name) {
+  return std::string("--model-config '") + ATTNKIT_TEST_DATA_DIR + "/configs/" + name + ".json'";
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+void expect_one_line_error(const CliRun& r) {
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("attnkit", 0), 0u) << r.err;
+}
+
+TEST(Cli, MatrixMarkdownMatchesDocs) {
+  const CliRun r = run_cli("matrix --format md");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string golden = read_file(std::string(ATTNKIT_SOURCE_DIR) + "/docs/support_matrix.md");
+  ASSERT_FALSE(golden.empty()) << "docs/support_matrix.md is missing";
+  EXPECT_EQ(r.out, golden) << "docs/support_matrix.md is stale: run scripts/gen_docs.sh";
+}
+
+TEST(Cli, MatrixDefaultsToMarkdownAndHasAllTables) {
+  const CliRun r = run_cli("matrix");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("## MHA"), std::string::npos);
+  EXPECT_NE(r.out.find("## MLA"), std::string::npos);
+  EXPECT_NE(r.out.find("## Linear attention (GDN)"), std::string::npos);
+  EXPECT_NE(r.out.find("| `trtllm_mha` |"), std::string::npos);
+  EXPECT_NE(r.out.find("| 16,32,64 |"), std::string::npos);
+}
+
+TEST(Cli, MatrixJsonParses) {
+  const CliRun r = run_cli("matrix --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_TRUE(j.contains("backends"));
+  EXPECT_EQ(j["backends"].size(), 17u);
+  EXPECT_EQ(j["backends"][0]["name"], "torch_native");
+  EXPECT_EQ(j["linear_attention"].size(), 2u);
+}
+
+TEST(Cli, MatrixBadFormatListsValidValues) {
+  const CliRun r = run_cli("matrix --format html");
+  expect_one_line_error(r);
+  EXPECT_NE(r.err.find("html"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("md"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("json"), std::string::npos) << r.err;
+}
+
+TEST(Cli, SelectPrintsDecisionAndReasons) {
+  const CliRun r = run_cli("select " + config("llama-3.1-8b-instruct") + " --device sm90");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("prefill backend:      fa3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode backend:       fa3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("reasons:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("generic default: MHA on Hopper"), std::string::npos) << r.out;
+}
+
+TEST(Cli, SelectHybridJson) {
+  const CliRun r = run_cli("select " + config("deepseek-r1") +
+                           " --device sm100 --attention-backend trtllm_mla "
+                           "--prefill-attention-backend fa4 --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["prefill_backend"], "fa4");
+  EXPECT_EQ(j["decode_backend"], "trtllm_mla");
+  EXPECT_EQ(j["page_size"], 64);
+  EXPECT_EQ(j["hybrid"], true);
+}
+
+TEST(Cli, SelectSpeculativeAndPageFlags) {
+  const CliRun r = run_cli("select " + config("llama-3.1-8b-instruct") +
+                           " --device sm90 --attention-backend fa3 --page-size 16 "
+                           "--speculative-algorithm EAGLE --speculative-eagle-topk 4 "
+                           "--speculative-num-steps 5 --speculative-num-draft-tokens 8 "
+                           "--kv-cache-dtype fp8_e4m3 --chunked-prefill-size 4096 --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["page_size"], 16);
+  EXPECT_EQ(j["kv_cache_dtype"], "fp8_e4m3");
+  EXPECT_EQ(j["speculative"]["topk"], 4);
+  EXPECT_EQ(j["chunked_prefill_size"], 4096);
+}
+
+TEST(Cli, SelectRuleErrorIsOneLine) {
+  const CliRun r = run_cli("select " + config("llama-3.1-8b-instruct") +
+                           " --device sm90 --attention-backend trtllm_mha");
+  expect_one_line_error(r);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--attention-backend trtllm_mha cannot run prefill"), std::string::npos)
+      << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+TEST(Cli, SelectUnknownBackendListsValidValues) {
+  const CliRun r =
+      run_cli("select " + config("llama-3.1-8b-instruct") + " --attention-backend flashattn");
+  expect_one_line_error(r);
+  EXPECT_NE(r.err.find("--attention-backend"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("flashattn"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("trtllm_mla"), std::string::npos) << r.err;
+}
+
+TEST(Cli, SelectUnknownDeviceListsValidValues) {
+  const CliRun r = run_cli("select " + config("llama-3.1-8b-instruct") + " --device h100");
+  expect_one_line_error(r);
+  EXPECT_NE(r.err.find("sm90"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("cpu-noamx"), std::string::npos) << r.err;
+}
+
+TEST(Cli, SelectUnknownFlagListsValidOptions) {
+  const CliRun r = run_cli("select " + config("llama-3.1-8b-instruct") + " --attn-backend fa3");
+  expect_one_line_error(r);
+  EXPECT_NE(r.err.find("--attn-backend"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("valid options:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--attention-backend"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--speculative-eagle-topk"), std::string::npos) << r.err;
+}
+
+TEST(Cli, SelectBadKvDtypeListsValidValues) {
+  const CliRun r = run_cli("select " + config("llama-3.1-8b-instruct") + " --kv-cache-dtype int8");
+  expect_one_line_error(r);
+  EXPECT_NE(r.err.find("fp8_e4m3"), std::string::npos) << r.err;
+}
+
+TEST(Cli, SelectMissingConfigIsAnError) {
+  CliRun r = run_cli("select --device sm90");
+  expect_one_line_error(r);
+  EXPECT_NE(r.err.find("--model-config"), std::string::npos) << r.err;
+  r = run_cli("select --model-config /nonexistent/config.json");
+  expect_one_line_error(r);
+}
+
+TEST(Cli, UnknownSubcommandListsSubcommands) {
+  const CliRun r = run_cli("selekt");
+  expect_one_line_error(r);
+  EXPECT_NE(r.err.find("valid subcommands: matrix, select, backends"), std::string::npos) << r.err;
+  const CliRun none = run_cli("");
+  expect_one_line_error(none);
+}
+
+TEST(Cli, HelpEverywhere) {
+  for (const char* args : {"--help", "matrix --help", "select --help", "backends --help"}) {
+    const CliRun r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << args << ": " << r.out;
+  }
+  const CliRun r = run_cli("select --help");
+  EXPECT_NE(r.out.find("--speculative-attention-mode"), std::string::npos);
+  EXPECT_NE(r.out.find("--linear-attn-prefill-backend"), std::string::npos);
+}
+
+TEST(Cli, BackendsSaysWhatIsBuiltAndWhy) {
+  const CliRun r = run_cli("backends");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("torch_native"), std::string::npos);
+  EXPECT_NE(r.out.find("needs ROCm"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("needs an Ascend NPU"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cutedsl"), std::string::npos) << r.out;
+}
+
+}  // namespace

@@ -1,0 +1,371 @@
+// intel_amx against the fp64 reference: the shared case table on every instruction-set path
+// (amx, avx512_bf16, avx512, avx2, scalar; paths this CPU lacks are skipped with the reason), plus
+// targeted cases (split-KV of one long sequence, GQA 8, page sizes 1/16/64/24, window, soft-cap,
+// sinks, fp8 KV, f16/f32 activations) and the rejection of unsupported inputs.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnkit/backend.h"
+#include "attnkit/device.h"
+#include "attnkit/registry.h"
+#include "backends/intel_amx/intel_amx_backend.h"
+#include "harness/case_runner.h"
+
+namespace attnkit {
+namespace {
+
+using harness::CaseSpec;
+using harness::PreparedCase;
+
+constexpr CpuIsa kIsas[] = {CpuIsa::kAmx, CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2,
+                            CpuIsa::kScalar};
+// More threads than the CI machine's cores, so split-KV and dynamic scheduling are exercised.
+constexpr int kTestThreads = 4;
+
+const DeviceInfo& host_cpu() {
+  static const DeviceInfo cpu = detect_cpu();
+  return cpu;
+}
+
+std::string isa_skip_reason(CpuIsa isa) {
+  if (cpu_isa_supported(isa, host_cpu())) return "";
+  return std::string("this CPU (") + host_cpu().name + ") does not provide " + cpu_isa_name(isa) +
+         " (best: " + cpu_isa_name(best_cpu_isa(host_cpu())) + ")";
+}
+
+Result<std::unique_ptr<AttentionBackend>> make_backend(const PreparedCase& pc, CpuIsa isa,
+                                                       int threads = kTestThreads) {
+  BackendContext ctx = pc.context();
+  ctx.num_threads = threads;
+  IntelAmxOptions options;
+  options.isa = isa;
+  return create_intel_amx_backend_with_options(ctx, options);
+}
+
+// Prepares `spec`, runs it on `isa` and compares every layer with the fp64 reference.
+void expect_matches_reference(const CaseSpec& spec, CpuIsa isa, bool save_kv,
+                              int threads = kTestThreads) {
+  Result<PreparedCase> pc = harness::prepare_case(spec, Device::cpu());
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  Result<std::unique_ptr<AttentionBackend>> backend = make_backend(*pc, isa, threads);
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  Result<CpuIsa> used = intel_amx_backend_isa(**backend);
+  ASSERT_TRUE(used.is_ok());
+  ASSERT_EQ(*used, isa);
+  const Status st = harness::run_backend(**backend, *pc, save_kv);
+  ASSERT_TRUE(st.is_ok()) << spec.describe() << ": " << st.to_string();
+  Result<harness::Comparison> cmp = harness::compare_with_reference(*pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_TRUE(cmp->passed()) << cpu_isa_name(isa) << " " << spec.describe() << ": "
+                             << cmp->summary();
+}
+
+std::string param_name(CpuIsa isa, const std::string& rest) {
+  return std::string(cpu_isa_name(isa)) + "_" + rest;
+}
+
+// ---- the shared case table on every ISA path ----
+
+class IntelAmxCaseTable : public ::testing::TestWithParam<std::tuple<CpuIsa, std::string>> {};
+
+TEST_P(IntelAmxCaseTable, MatchesReference) {
+  const auto& [isa, name] = GetParam();
+  const std::string no_isa = isa_skip_reason(isa);
+  if (!no_isa.empty()) GTEST_SKIP() << no_isa;
+  const CaseSpec* spec = harness::find_case(name);
+  ASSERT_NE(spec, nullptr);
+  const BackendDescriptor* descriptor = builtin_registry().find("intel_amx");
+  ASSERT_NE(descriptor, nullptr);
+  const std::string reason = harness::skip_reason(*descriptor, *spec, host_cpu());
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  expect_matches_reference(*spec, isa, /*save_kv=*/true);
+}
+
+std::vector<std::string> table_names() {
+  std::vector<std::string> names;
+  for (const CaseSpec& c : harness::shared_case_table()) names.push_back(c.name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPaths, IntelAmxCaseTable,
+                         ::testing::Combine(::testing::ValuesIn(kIsas),
+                                            ::testing::ValuesIn(table_names())),
+                         [](const auto& info) {
+                           return param_name(std::get<0>(info.param), std::get<1>(info.param));
+                         });
+
+// ---- targeted cases, per ISA ----
+
+class IntelAmxTargeted : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    const std::string no_isa = isa_skip_reason(GetParam());
+    if (!no_isa.empty()) GTEST_SKIP() << no_isa;
+  }
+};
+
+CaseSpec make_case(std::string name, ForwardMode mode, int page, std::vector<int> prefix,
+                   std::vector<int> fresh, int hq = 8, int hkv = 2, int d = 128) {
+  CaseSpec c;
+  c.name = std::move(name);
+  c.mode = mode;
+  c.page_size = page;
+  c.prefix_lens = std::move(prefix);
+  c.new_lens = std::move(fresh);
+  c.num_q_heads = hq;
+  c.num_kv_heads = hkv;
+  c.head_dim = d;
+  c.v_head_dim = d;
+  c.seed = 7;
+  return c;
+}
+
+// One request of ~5k keys with few heads: the decode plan splits it into several chunks per
+// head (merged by LSE), so every thread works on the one sequence.
+TEST_P(IntelAmxTargeted, LongSingleSequenceDecodeSplitsAcrossThreads) {
+  expect_matches_reference(make_case("long_decode", ForwardMode::kDecode, 16, {4999}, {1}),
+                           GetParam(), true);
+  CaseSpec windowed = make_case("long_decode_window", ForwardMode::kDecode, 16, {4999}, {1});
+  windowed.sliding_window = 700;  // most split chunks see no key at all
+  expect_matches_reference(windowed, GetParam(), true);
+}
+
+TEST_P(IntelAmxTargeted, Gqa8DecodeAndExtend) {
+  expect_matches_reference(
+      make_case("gqa8_decode", ForwardMode::kDecode, 16, {300, 77, 1}, {1, 1, 1}, 32, 4),
+      GetParam(), true);
+  expect_matches_reference(
+      make_case("gqa8_extend", ForwardMode::kExtend, 16, {40, 0}, {70, 33}, 32, 4), GetParam(),
+      true);
+}
+
+TEST_P(IntelAmxTargeted, PageSizes) {
+  for (int page : {1, 16, 64, 24}) {
+    SCOPED_TRACE(page);
+    expect_matches_reference(
+        make_case("pages_decode", ForwardMode::kDecode, page, {130, 63, 7}, {1, 1, 1}), GetParam(),
+        true);
+    expect_matches_reference(
+        make_case("pages_extend", ForwardMode::kExtend, page, {65, 0, 24}, {40, 90, 1}), GetParam(),
+        false);
+  }
+}
+
+TEST_P(IntelAmxTargeted, SlidingWindow) {
+  for (int window : {0, 1, 8, 100}) {
+    SCOPED_TRACE(window);
+    CaseSpec extend = make_case("window_extend", ForwardMode::kExtend, 16, {150, 0}, {90, 40});
+    extend.sliding_window = window;
+    expect_matches_reference(extend, GetParam(), true);
+    CaseSpec decode = make_case("window_decode", ForwardMode::kDecode, 1, {150, 3}, {1, 1});
+    decode.sliding_window = window;
+    expect_matches_reference(decode, GetParam(), true);
+  }
+}
+
+TEST_P(IntelAmxTargeted, SoftCapAndSinks) {
+  CaseSpec cap = make_case("softcap", ForwardMode::kExtend, 16, {50, 0}, {70, 20});
+  cap.logit_cap = 1.5f;
+  expect_matches_reference(cap, GetParam(), true);
+  CaseSpec sinks = make_case("sinks", ForwardMode::kDecode, 16, {600, 5}, {1, 1});
+  sinks.sinks = true;
+  expect_matches_reference(sinks, GetParam(), true);
+}
+
+TEST_P(IntelAmxTargeted, Fp8KvCache) {
+  for (DType kv : {DType::kFP8E4M3, DType::kFP8E5M2}) {
+    SCOPED_TRACE(dtype_name(kv));
+    CaseSpec decode = make_case("fp8_decode", ForwardMode::kDecode, 16, {700, 40}, {1, 1});
+    decode.kv_dtype = kv;
+    expect_matches_reference(decode, GetParam(), true);
+    CaseSpec extend = make_case("fp8_extend", ForwardMode::kExtend, 64, {100, 0}, {50, 77});
+    extend.kv_dtype = kv;
+    expect_matches_reference(extend, GetParam(), true);
+  }
+}
+
+TEST_P(IntelAmxTargeted, ActivationAndKvDtypes) {
+  for (DType act : {DType::kF16, DType::kF32}) {
+    SCOPED_TRACE(dtype_name(act));
+    CaseSpec extend = make_case("act_extend", ForwardMode::kExtend, 16, {30, 0}, {40, 17});
+    extend.q_dtype = act;
+    extend.kv_dtype = act;
+    expect_matches_reference(extend, GetParam(), true);
+    CaseSpec decode = make_case("act_decode", ForwardMode::kDecode, 16, {300, 9}, {1, 1});
+    decode.q_dtype = act;
+    decode.kv_dtype = act;
+    expect_matches_reference(decode, GetParam(), true);
+  }
+  CaseSpec mixed = make_case("bf16_q_f16_kv", ForwardMode::kExtend, 16, {30, 0}, {40, 17});
+  mixed.kv_dtype = DType::kF16;
+  expect_matches_reference(mixed, GetParam(), true);
+}
+
+// Encoder-decoder batches: self-attention layers skip the encoder tokens at the start of each
+// row, cross-attention layers attend to exactly those (non-causal, no window), also split-KV.
+TEST_P(IntelAmxTargeted, CrossAttentionAndEncoderOnly) {
+  for (ForwardMode mode : {ForwardMode::kExtend, ForwardMode::kDecode}) {
+    SCOPED_TRACE(forward_mode_name(mode));
+    const bool decode = mode == ForwardMode::kDecode;
+    CaseSpec c = make_case("cross", mode, 16, {9, 0},
+                           decode ? std::vector<int>{1, 1} : std::vector<int>{12, 30});
+    c.cross_attention = true;
+    c.encoder_lens = {1500, 33};
+    c.sliding_window = 4;  // applies to the self-attention layers only
+    expect_matches_reference(c, GetParam(), false);
+  }
+  CaseSpec enc = make_case("encoder_only", ForwardMode::kExtend, 1, {0, 0}, {70, 9});
+  enc.type = AttentionType::kEncoderOnly;
+  expect_matches_reference(enc, GetParam(), true);
+  enc.sliding_window = 5;
+  expect_matches_reference(enc, GetParam(), true);
+}
+
+TEST_P(IntelAmxTargeted, HeadDims) {
+  for (int d : {64, 80, 96, 256}) {
+    SCOPED_TRACE(d);
+    expect_matches_reference(
+        make_case("dims_extend", ForwardMode::kExtend, 16, {20, 0}, {33, 9}, 4, 2, d), GetParam(),
+        true);
+    expect_matches_reference(
+        make_case("dims_decode", ForwardMode::kDecode, 16, {200, 9}, {1, 1}, 4, 2, d), GetParam(),
+        true);
+  }
+}
+
+TEST_P(IntelAmxTargeted, OneThreadAndManyThreads) {
+  const CaseSpec c = make_case("threads", ForwardMode::kExtend, 16, {100, 3}, {64, 120});
+  expect_matches_reference(c, GetParam(), true, 1);
+  expect_matches_reference(c, GetParam(), true, 7);
+}
+
+// The table's cases for the features intel_amx supports beyond SGLang's row (sliding window, fp8
+// KV, TARGET_VERIFY chains with topk 1), run whatever the descriptor says.
+TEST_P(IntelAmxTargeted, TableCasesBeyondSglangRow) {
+  int ran = 0;
+  for (const CaseSpec& c : harness::shared_case_table()) {
+    const bool chain_verify = c.mode == ForwardMode::kTargetVerify && c.spec_topk == 1;
+    const bool fp8 = c.kv_dtype == DType::kFP8E4M3 || c.kv_dtype == DType::kFP8E5M2;
+    if (c.mla || c.spec_topk > 1 || !(chain_verify || fp8 || c.sliding_window >= 0)) continue;
+    SCOPED_TRACE(c.name);
+    expect_matches_reference(c, GetParam(), true);
+    ++ran;
+  }
+  EXPECT_GT(ran, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPaths, IntelAmxTargeted, ::testing::ValuesIn(kIsas),
+                         [](const auto& info) { return std::string(cpu_isa_name(info.param)); });
+
+// ---- rejected inputs ----
+
+PreparedCase prepare_or_die(const CaseSpec& spec) {
+  Result<PreparedCase> pc = harness::prepare_case(spec, Device::cpu());
+  EXPECT_TRUE(pc.is_ok()) << pc.status().to_string();
+  return std::move(pc).value();
+}
+
+void expect_error_mentions(const Status& st, StatusCode code, const std::string& needle) {
+  EXPECT_EQ(st.code(), code) << st.to_string();
+  EXPECT_NE(st.message().find(needle), std::string::npos) << st.to_string();
+}
+
+TEST(IntelAmxRejects, Fp4KvCache) {
+  CaseSpec c = make_case("fp4", ForwardMode::kDecode, 16, {40}, {1});
+  c.kv_dtype = DType::kFP4E2M1;
+  PreparedCase pc = prepare_or_die(c);
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_FALSE(backend.is_ok());
+  expect_error_mentions(backend.status(), StatusCode::kUnsupported, "fp4_e2m1");
+}
+
+TEST(IntelAmxRejects, Mla) {
+  const CaseSpec* spec = harness::find_case("mla_decode_page1");
+  ASSERT_NE(spec, nullptr);
+  PreparedCase pc = prepare_or_die(*spec);
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_FALSE(backend.is_ok());
+  expect_error_mentions(backend.status(), StatusCode::kUnsupported, "MLA");
+}
+
+TEST(IntelAmxRejects, HeadDimNotMultipleOf16) {
+  PreparedCase pc = prepare_or_die(make_case("d72", ForwardMode::kDecode, 16, {40}, {1}, 4, 2, 72));
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_FALSE(backend.is_ok());
+  expect_error_mentions(backend.status(), StatusCode::kUnsupported, "qk_head_dim 72");
+}
+
+TEST(IntelAmxRejects, SpecTreeMask) {
+  const CaseSpec* tree = nullptr;
+  for (const CaseSpec& c : harness::shared_case_table()) {
+    if (c.mode == ForwardMode::kTargetVerify && c.spec_topk > 1 && !c.mla) tree = &c;
+  }
+  ASSERT_NE(tree, nullptr) << "the shared table has no MHA verify tree (topk > 1)";
+  PreparedCase pc = prepare_or_die(*tree);
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  expect_error_mentions((*backend)->init_forward_metadata(pc.batch), StatusCode::kUnsupported,
+                        "topk " + std::to_string(tree->spec_topk));
+}
+
+TEST(IntelAmxRejects, ForwardWithoutMetadata) {
+  PreparedCase pc = prepare_or_die(make_case("nometa", ForwardMode::kDecode, 16, {40}, {1}));
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  const harness::LayerData& ld = pc.layers[0];
+  const Status st = (*backend)->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer,
+                                        pc.batch, /*save_kv=*/false, ld.lse);
+  expect_error_mentions(st, StatusCode::kInvalidArgument, "init_forward_metadata");
+}
+
+TEST(IntelAmxRejects, BadShapesAreNamed) {
+  PreparedCase pc = prepare_or_die(make_case("shape", ForwardMode::kDecode, 16, {40}, {1}));
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  ASSERT_TRUE((*backend)->init_forward_metadata(pc.batch).is_ok());
+  const harness::LayerData& ld = pc.layers[0];
+  TensorView bad_out = ld.out;
+  bad_out.shape[2] = ld.out.shape[2] / 2;
+  const Status st = (*backend)->forward(ld.q, TensorView(), TensorView(), bad_out, ld.layer,
+                                        pc.batch, /*save_kv=*/false, ld.lse);
+  expect_error_mentions(st, StatusCode::kInvalidArgument, "out");
+}
+
+TEST(IntelAmxIsa, ParsesNamesAndRejectsUnknown) {
+  for (CpuIsa isa : kIsas) {
+    Result<CpuIsa> parsed = parse_cpu_isa(cpu_isa_name(isa));
+    ASSERT_TRUE(parsed.is_ok());
+    EXPECT_EQ(*parsed, isa);
+  }
+  Result<CpuIsa> bad = parse_cpu_isa("sse9");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("sse9"), std::string::npos);
+}
+
+TEST(IntelAmxIsa, BestIsaFollowsFeatures) {
+  DeviceInfo cpu;
+  EXPECT_EQ(best_cpu_isa(cpu), CpuIsa::kScalar);
+  cpu.has_avx2 = true;
+  EXPECT_EQ(best_cpu_isa(cpu), CpuIsa::kAvx2);
+  cpu.has_avx512 = true;
+  EXPECT_EQ(best_cpu_isa(cpu), CpuIsa::kAvx512);
+  cpu.has_avx512_bf16 = true;
+  EXPECT_EQ(best_cpu_isa(cpu), CpuIsa::kAvx512Bf16);
+  cpu.has_amx_bf16 = true;
+  EXPECT_EQ(best_cpu_isa(cpu), CpuIsa::kAmx);
+}
+
+TEST(IntelAmxIsa, ForcingAMissingIsaIsAnError) {
+  const CpuIsa best = best_cpu_isa(host_cpu());
+  if (best == CpuIsa::kAmx) GTEST_SKIP() << "this CPU provides every level";
+  PreparedCase pc = prepare_or_die(make_case("force", ForwardMode::kDecode, 16, {40}, {1}));
+  Result<std::unique_ptr<AttentionBackend>> backend = make_backend(pc, CpuIsa::kAmx);
+  ASSERT_FALSE(backend.is_ok());
+  expect_error_mentions(backend.status(), StatusCode::kUnsupported, "amx");
+}
+
+}  // namespace
+}  // namespace attnkit

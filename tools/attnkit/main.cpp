@@ -1,0 +1,84 @@
+// `attnkit`: the command-line tool. Subcommands register themselves through
+// tools/attnkit/commands.h. Every error ends as one line on stderr ("attnkit: ...") and a non-zero
+// exit status.
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "tools/attnkit/commands.h"
+
+namespace {
+
+// The subcommand the user reached (the deepest parsed one), or the root.
+const CLI::App* active_app(const CLI::App& root) {
+  const CLI::App* app = &root;
+  for (;;) {
+    const std::vector<CLI::App*> subs = app->get_subcommands();
+    if (subs.empty()) return app;
+    app = subs.back();
+  }
+}
+
+std::string valid_options(const CLI::App& app) {
+  std::string out;
+  for (const CLI::Option* o : app.get_options()) {
+    if (!out.empty()) out += ", ";
+    out += o->get_name(false, true);
+  }
+  return out;
+}
+
+std::string valid_subcommands(const CLI::App& app) {
+  std::string out;
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    if (!out.empty()) out += ", ";
+    out += sub->get_name();
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace attnkit {
+
+[[noreturn]] void cli_fail(const std::string& message) {
+  std::cerr << "attnkit: " << message << "\n";
+  throw CLI::RuntimeError(1);
+}
+
+}  // namespace attnkit
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "attnkit: attention backends for LLM inference (SGLang's --attention-backend vocabulary).\n"
+      "Support matrices, backend selection for a model and device, benchmarks and demos.",
+      "attnkit"};
+  app.require_subcommand(1, 1);
+  attnkit::register_matrix_command(app);
+  attnkit::register_select_command(app);
+  attnkit::register_backends_command(app);
+  attnkit::register_bench_commands(app);
+  attnkit::register_demo_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help (of the root or of a subcommand)
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // the subcommand already printed its one-line error
+  } catch (const CLI::ParseError& e) {
+    const CLI::App* where = active_app(app);
+    const std::string cmd = where == &app ? std::string("attnkit") : "attnkit " + where->get_name();
+    std::string message = cmd + ": " + e.what();
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+      message += where == &app && app.get_subcommands().empty()
+                     ? "; valid subcommands: " + valid_subcommands(app)
+                     : "; valid options: " + valid_options(*where);
+    } else if (where == &app && app.get_subcommands().empty()) {
+      message += "; valid subcommands: " + valid_subcommands(app);
+    }
+    std::cerr << message << " (see " << cmd << " --help)\n";
+    return e.get_exit_code() == 0 ? 1 : e.get_exit_code();
+  }
+  return 0;
+}
