@@ -131,6 +131,12 @@ def ceiling_lines(runs, peer_ceilings, kind):
     return lines
 
 
+def device_label(device):
+    if device.get("platform") == "cpu":
+        return f"{device['name']} ({device.get('omp_threads', '?')} threads)"
+    return device["name"]
+
+
 def plot_kind(runs, peers, peer_ceilings, kind, out_path, log_scale):
     import matplotlib
 
@@ -159,7 +165,7 @@ def plot_kind(runs, peers, peer_ceilings, kind, out_path, log_scale):
     ax.set_ylabel(unit)
     if log_scale:
         ax.set_yscale("log")
-    devices = ", ".join(sorted({r["device"]["name"] for r in runs}))
+    devices = ", ".join(sorted({device_label(r["device"]) for r in runs}))
     dates = ", ".join(sorted({r["date"][:10] for r in runs}))
     ax.set_title(f"attnkit {kind} - {devices} - {dates}")
     ax.legend(fontsize=7, ncol=2)

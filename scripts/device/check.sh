@@ -14,6 +14,9 @@
 #   BENCH_VERIFY=0          1: attnkit bench --verify (fp64 reference per case; slow for big cases)
 #   BENCH_TIMEOUT=240       seconds per case file
 #   BENCH_QUICK=0           1: scripts/device/triton_{decode,extend}_quick.json
+#   BENCH_BACKENDS="triton,flashinfer"   backends timed by attnkit bench
+#   stage "python": builds the Python extension in the same tree and runs
+#                   scripts/device/python_gpu_check.py (torch SDPA as the oracle)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -72,7 +75,7 @@ if has_stage bench && [ -x "$cli" ]; then
     cases="bench/cases/$f.json"
     [ "${BENCH_QUICK:-0}" = 1 ] && cases="scripts/device/triton_${f}_quick.json"
     [ -f "$cases" ] || continue
-    args=(bench --backend triton --cases "$cases" --device cuda
+    args=(bench --backend "${BENCH_BACKENDS:-triton,flashinfer}" --cases "$cases" --device cuda
           --json "$OUT/bench_$f.json")
     [ "${BENCH_VERIFY:-0}" = 1 ] && args+=(--verify)
     [ -n "${BENCH_FILTER:-}" ] && args+=(--filter "$BENCH_FILTER")
@@ -80,6 +83,18 @@ if has_stage bench && [ -x "$cli" ]; then
     timeout "${BENCH_TIMEOUT:-240}" "$cli" "${args[@]}" >> "$OUT/bench.log" 2>&1
     note "bench $f: rc=$?"
   done
+fi
+
+if has_stage python; then
+  t0=$(date +%s)
+  { cmake -S . -B "$build" -DATTNKIT_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" &&
+    ninja -C "$build" -j16 _attnkit; } >> "$OUT/ctest.log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    PYTHONPATH="$build/python" timeout 240 python3 scripts/device/python_gpu_check.py >> "$OUT/ctest.log" 2>&1
+    rc=$?
+  fi
+  note "python gpu check: rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E 'passed|failed' "$OUT/ctest.log" | tail -1)"
 fi
 
 if has_stage peers && [ -f .peers/torch_peers.py ]; then

@@ -94,11 +94,21 @@ TEST(BackendInterface, ForwardModeNames) {
   EXPECT_STREQ(forward_mode_name(ForwardMode::kDraftExtend), "draft_extend");
 }
 
+#ifdef ATTNKIT_WITH_CUDA
+// CUDA builds stage through a host mirror of the pool, which needs the pool to mirror.
+TEST(BackendInterface, TorchNativeCudaContextNeedsThePool) {
+  BackendContext ctx;
+  ctx.device = Device::cuda(0);
+  expect_error(create_torch_native_backend(ctx).status(), "ctx.kv_pool",
+               StatusCode::kInvalidArgument);
+}
+#else
 TEST(BackendInterface, TorchNativeRejectsCudaContext) {
   BackendContext ctx;
   ctx.device = Device::cuda(0);
   expect_error(create_torch_native_backend(ctx).status(), "CPU only", StatusCode::kUnsupported);
 }
+#endif
 
 // ---- validate_forward_inputs on a real prepared batch (8 q heads / 2 kv heads, d 128) ----
 

@@ -2,6 +2,7 @@
 // --help, and one-line error messages with a non-zero exit for bad flags and values.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -27,9 +28,10 @@ std::string read_file(const std::string& path) {
 
 // Runs the CLI with `args` (already shell-quoted where needed).
 CliRun run_cli(const std::string& args) {
+  // ctest runs every test in its own process, several at once: the pid keeps the files apart.
   static int counter = 0;
-  const std::string err_path =
-      ::testing::TempDir() + "attnkit_cli_err_" + std::to_string(counter++) + ".txt";
+  const std::string err_path = ::testing::TempDir() + "attnkit_cli_err_" +
+                               std::to_string(getpid()) + "_" + std::to_string(counter++) + ".txt";
   const std::string cmd =
       std::string("'") + ATTNKIT_CLI_PATH + "' " + args + " 2>'" + err_path + "'";
   CliRun r;

@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "attnkit/registry.h"
+#ifdef ATTNKIT_WITH_CUDA
+#include "cuda/common/cuda_check.cuh"
+#endif
 
 namespace attnkit {
 namespace reference {
@@ -404,22 +407,96 @@ Status mha_varlen_fp64(const TensorView& q, const TensorView& k, const TensorVie
 
 namespace {
 
+constexpr int64_t kMinStagingBytes = 1;
+
 // Used only when the registry has no "torch_native" entry (e.g. a partial build).
 const BackendDescriptor& fallback_descriptor() {
   static const BackendDescriptor* descriptor = [] {
     auto* d = new BackendDescriptor();
     d->name = "torch_native";
     d->implementation = "fp64 CPU reference (correctness oracle)";
+#ifdef ATTNKIT_WITH_CUDA
+    d->platforms = {Platform::kCPU, Platform::kCUDA};
+#else
     d->platforms = {Platform::kCPU};
+#endif
     d->built = true;
     return d;
   }();
   return *descriptor;
 }
 
+// Waits for all work on the context's CUDA device (every stream: the caller's q/k/v producers,
+// the cache write, and the pageable host->device copies of the results).
+Status synchronize_device(Device device) {
+#ifdef ATTNKIT_WITH_CUDA
+  int previous = -1;
+  ATTNKIT_CUDA_TRY(cudaGetDevice(&previous));
+  if (previous != device.ordinal) ATTNKIT_CUDA_TRY(cudaSetDevice(device.ordinal));
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (previous != device.ordinal) ATTNKIT_CUDA_TRY(cudaSetDevice(previous));
+  ATTNKIT_CUDA_TRY(err);
+  return Status::ok();
+#else
+  return Status::not_built("torch_native: synchronising " + device.to_string() +
+                           " needs CUDA, but attnkit was built without CUDA");
+#endif
+}
+
+// Pools with the same layout (the device may differ).
+bool same_pool_layout(const KVPool& a, const KVPool& b) {
+  const KVPoolConfig& x = a.config();
+  const KVPoolConfig& y = b.config();
+  return a.is_mla() == b.is_mla() && x.num_layers == y.num_layers && x.size == y.size &&
+         x.page_size == y.page_size && x.dtype == y.dtype && x.num_kv_heads == y.num_kv_heads &&
+         x.head_dim == y.head_dim && x.v_head_dim == y.v_head_dim &&
+         x.kv_lora_rank == y.kv_lora_rank && x.qk_rope_head_dim == y.qk_rope_head_dim;
+}
+
+// The per-layer buffers of a pool: k, v and their fp4 block scales (MHA), or the [latent | rope]
+// row and its fp4 block scales (MLA). Scale views are empty for non-fp4 pools.
+std::vector<TensorView> layer_buffers(const KVPool& pool, int layer) {
+  if (pool.is_mla()) {
+    const auto& mla = static_cast<const MLAKVPool&>(pool);
+    return {mla.kv_buffer(layer), mla.scale_buffer(layer)};
+  }
+  const auto& mha = static_cast<const MHAKVPool&>(pool);
+  return {mha.k_buffer(layer), mha.v_buffer(layer), mha.k_scale_buffer(layer),
+          mha.v_scale_buffer(layer)};
+}
+
+Result<std::unique_ptr<KVPool>> create_host_pool_like(const KVPool& pool) {
+  KVPoolConfig config = pool.config();
+  config.device = Device::cpu();
+  if (pool.is_mla()) {
+    ATTNKIT_ASSIGN_OR_RETURN(std::unique_ptr<MLAKVPool> mla, MLAKVPool::create(config));
+    return std::unique_ptr<KVPool>(std::move(mla));
+  }
+  ATTNKIT_ASSIGN_OR_RETURN(std::unique_ptr<MHAKVPool> mha, MHAKVPool::create(config));
+  return std::unique_ptr<KVPool>(std::move(mha));
+}
+
+// What the fp64 host path reads and writes for one layer call: the caller's own tensors on a CPU
+// context, host copies of them on a CUDA context.
+struct HostCall {
+  TensorView q, k, v, out, lse;
+  const AttentionLayer* layer = nullptr;
+  const ForwardBatch* batch = nullptr;
+};
+
 class TorchNativeBackend final : public AttentionBackend {
  public:
   explicit TorchNativeBackend(const BackendContext& ctx) : ctx_(ctx) {}
+
+  // CUDA contexts: the host mirror of ctx.kv_pool (and of the request table when given).
+  Status init_host_mirrors() {
+    if (ctx_.device.is_cpu()) return Status::ok();
+    ATTNKIT_RETURN_IF_ERROR(ensure_pool_mirror(*ctx_.kv_pool));
+    if (ctx_.req_to_token_pool != nullptr) {
+      ATTNKIT_RETURN_IF_ERROR(ensure_table_mirror(*ctx_.req_to_token_pool));
+    }
+    return Status::ok();
+  }
 
   const BackendDescriptor& descriptor() const override {
     const BackendDescriptor* found = builtin_registry().find("torch_native");
@@ -448,6 +525,9 @@ class TorchNativeBackend final : public AttentionBackend {
   }
 
  private:
+  // One code path for both devices: validate, write the cache, (CUDA: stage the inputs and the
+  // layer's pool through the host), compute in fp64 on the host, store in q's dtype, (CUDA: copy
+  // out and lse back).
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse) {
@@ -455,12 +535,24 @@ class TorchNativeBackend final : public AttentionBackend {
         validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
     if (batch.mode == ForwardMode::kIdle) return Status::ok();
     if (save_kv) {
+      const StreamHandle stream = batch.stream != nullptr ? batch.stream : ctx_.stream;
       ATTNKIT_RETURN_IF_ERROR(batch.kv_pool->set_kv(layer.layer_id, batch.out_cache_loc, k, v,
-                                                    layer.k_scale, layer.v_scale, ctx_.stream));
+                                                    layer.k_scale, layer.v_scale, stream));
     }
-    ATTNKIT_ASSIGN_OR_RETURN(reference::ReferenceOutput ref,
-                             reference::compute_attention_fp64(q, k, v, layer, batch));
-    const int64_t t = batch.num_tokens;
+    const bool staged = ctx_.device.is_cuda();
+    HostCall call{q, k, v, out, lse, &layer, &batch};
+    if (staged) ATTNKIT_RETURN_IF_ERROR(stage_inputs(q, k, v, out, layer, batch, lse, &call));
+    ATTNKIT_ASSIGN_OR_RETURN(
+        reference::ReferenceOutput ref,
+        reference::compute_attention_fp64(call.q, call.k, call.v, *call.layer, *call.batch));
+    store_results(ref, *call.layer, call.batch->num_tokens, call.out, call.lse);
+    if (staged) ATTNKIT_RETURN_IF_ERROR(unstage_outputs(out, lse, call));
+    return Status::ok();
+  }
+
+  // Writes the fp64 result into host out [T, Hq, Dv] (q's dtype) and lse [T, Hq] (f32, optional).
+  static void store_results(const reference::ReferenceOutput& ref, const AttentionLayer& layer,
+                            int64_t t, const TensorView& out, const TensorView& lse) {
     const int64_t hq = layer.num_q_heads;
     const int64_t dv = layer.v_head_dim;
     for (int64_t i = 0; i < t; ++i) {
@@ -477,20 +569,178 @@ class TorchNativeBackend final : public AttentionBackend {
         }
       }
     }
+  }
+
+  // ---- CUDA staging (host copies; synchronous) ----
+  //
+  // torch_native is the eager correctness reference, not a serving path: unlike every other
+  // backend it synchronises and allocates (staging buffers grow on demand, the pool mirror is
+  // rebuilt when the batch brings a pool of another layout) inside forward. It never supports
+  // CUDA graphs (its descriptor says so).
+
+  Status ensure_pool_mirror(const KVPool& pool) {
+    if (host_pool_ != nullptr && same_pool_layout(*host_pool_, pool)) return Status::ok();
+    ATTNKIT_ASSIGN_OR_RETURN(host_pool_, create_host_pool_like(pool));
     return Status::ok();
   }
 
+  Status ensure_table_mirror(const ReqToTokenPool& table) {
+    if (host_table_ != nullptr && host_table_->max_reqs() == table.max_reqs() &&
+        host_table_->max_context_len() == table.max_context_len()) {
+      return Status::ok();
+    }
+    ATTNKIT_ASSIGN_OR_RETURN(
+        host_table_,
+        ReqToTokenPool::create(table.max_reqs(), table.max_context_len(), Device::cpu()));
+    return Status::ok();
+  }
+
+  // A host copy of every byte `t` spans (same shape and strides, so strided views keep the bytes
+  // between their elements) in the next staging buffer, grown on demand; undefined stays
+  // undefined.
+  Result<TensorView> stage_view(const TensorView& t, const char* name) {
+    if (!t.defined()) return TensorView();
+    for (int d = 0; d < t.ndim; ++d) {
+      if (t.stride(d) < 0) {
+        return Status::invalid_argument(reference::cat(name, ": ", t.describe(), " has stride ",
+                                                       t.stride(d), " in dim ", d,
+                                                       "; torch_native stages only views with "
+                                                       "non-negative strides"));
+      }
+    }
+    const int64_t bytes = t.storage_bytes();
+    if (staging_used_ == staging_.size()) staging_.emplace_back();
+    Buffer& buffer = staging_[staging_used_++];
+    // A defined view of zero elements still needs a non-null pointer.
+    const int64_t capacity = std::max<int64_t>(bytes, kMinStagingBytes);
+    if (buffer.bytes() < capacity) {
+      ATTNKIT_ASSIGN_OR_RETURN(buffer, Buffer::allocate(Device::cpu(), capacity));
+    }
+    TensorView host = t;
+    host.data = buffer.data();
+    host.device = Device::cpu();
+    if (bytes > 0) {
+      ATTNKIT_RETURN_IF_ERROR(copy_bytes(host.data, host.device, t.data, t.device, bytes));
+    }
+    return host;
+  }
+
+  Status stage_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
+                      const TensorView& lse, HostCall* call) {
+    // The caller's producers of q/k/v and the cache write above may still be running.
+    ATTNKIT_RETURN_IF_ERROR(synchronize_device(ctx_.device));
+    ATTNKIT_RETURN_IF_ERROR(ensure_pool_mirror(*batch.kv_pool));
+    if (batch.req_to_token_pool == nullptr) {
+      return Status::invalid_argument("batch.req_to_token_pool is null");
+    }
+    ATTNKIT_RETURN_IF_ERROR(ensure_table_mirror(*batch.req_to_token_pool));
+
+    // The layer's pool buffers, byte for byte (MLA prefill never reads the pool).
+    const std::vector<TensorView> src = layer_buffers(*batch.kv_pool, layer.layer_id);
+    const std::vector<TensorView> dst = layer_buffers(*host_pool_, layer.layer_id);
+    for (size_t i = 0; i < src.size(); ++i) {
+      if (!src[i].defined()) continue;
+      ATTNKIT_RETURN_IF_ERROR(copy_bytes(dst[i].data, Device::cpu(), src[i].data, src[i].device,
+                                         src[i].storage_bytes()));
+    }
+
+    // The requests' req_to_token rows from the device table's host mirror. Rows outside
+    // [1, max_reqs] are left alone: row 0 is all zeros in both tables, and an invalid row reads
+    // as missing in the mirror too, so the host path reports it.
+    const ReqToTokenPool& table = *batch.req_to_token_pool;
+    std::vector<int64_t> slots(static_cast<size_t>(table.max_context_len()));
+    for (const int32_t row : batch.req_pool_indices_host) {
+      if (row < 1 || row > table.max_reqs()) continue;
+      const int32_t* entries = table.host_row(row);
+      std::copy(entries, entries + table.max_context_len(), slots.begin());
+      ATTNKIT_RETURN_IF_ERROR(host_table_->write(row, 0, slots));
+    }
+
+    staging_used_ = 0;
+    ATTNKIT_ASSIGN_OR_RETURN(call->q, stage_view(q, "q"));
+    ATTNKIT_ASSIGN_OR_RETURN(call->k, stage_view(k, "k"));
+    ATTNKIT_ASSIGN_OR_RETURN(call->v, stage_view(v, "v"));
+    // out and lse are downloaded too so that the bytes between a strided view's elements survive
+    // the copy back.
+    ATTNKIT_ASSIGN_OR_RETURN(call->out, stage_view(out, "out"));
+    ATTNKIT_ASSIGN_OR_RETURN(call->lse, stage_view(lse, "lse"));
+
+    host_layer_ = layer;
+    ATTNKIT_ASSIGN_OR_RETURN(host_layer_.sinks, stage_view(layer.sinks, "layer.sinks"));
+
+    host_batch_ = batch;  // the host length arrays come along
+    host_batch_.kv_pool = host_pool_.get();
+    host_batch_.req_to_token_pool = host_table_.get();
+    host_batch_.stream = nullptr;
+    const std::pair<TensorView ForwardBatch::*, const char*> batch_tensors[] = {
+        {&ForwardBatch::req_pool_indices, "batch.req_pool_indices"},
+        {&ForwardBatch::seq_lens, "batch.seq_lens"},
+        {&ForwardBatch::out_cache_loc, "batch.out_cache_loc"},
+        {&ForwardBatch::positions, "batch.positions"},
+        {&ForwardBatch::extend_prefix_lens, "batch.extend_prefix_lens"},
+        {&ForwardBatch::extend_seq_lens, "batch.extend_seq_lens"},
+        {&ForwardBatch::extend_start_loc, "batch.extend_start_loc"},
+        {&ForwardBatch::encoder_lens, "batch.encoder_lens"},
+    };
+    for (const auto& [member, name] : batch_tensors) {
+      ATTNKIT_ASSIGN_OR_RETURN(host_batch_.*member, stage_view(batch.*member, name));
+    }
+    ATTNKIT_ASSIGN_OR_RETURN(host_batch_.spec.custom_mask,
+                             stage_view(batch.spec.custom_mask, "batch.spec.custom_mask"));
+    ATTNKIT_ASSIGN_OR_RETURN(host_batch_.spec.mask_indptr,
+                             stage_view(batch.spec.mask_indptr, "batch.spec.mask_indptr"));
+    call->layer = &host_layer_;
+    call->batch = &host_batch_;
+    return Status::ok();
+  }
+
+  Status unstage_outputs(const TensorView& out, const TensorView& lse, const HostCall& call) {
+    ATTNKIT_RETURN_IF_ERROR(
+        copy_bytes(out.data, out.device, call.out.data, Device::cpu(), out.storage_bytes()));
+    if (lse.defined()) {
+      ATTNKIT_RETURN_IF_ERROR(
+          copy_bytes(lse.data, lse.device, call.lse.data, Device::cpu(), lse.storage_bytes()));
+    }
+    // cudaMemcpy from pageable host memory may return before the device holds the data; later
+    // work on the caller's (possibly non-blocking) stream must see it.
+    return synchronize_device(ctx_.device);
+  }
+
   BackendContext ctx_;
+  // CUDA contexts only.
+  std::unique_ptr<KVPool> host_pool_;           // host mirror of the device pool (same config)
+  std::unique_ptr<ReqToTokenPool> host_table_;  // host copy of the batch's req_to_token rows
+  std::vector<Buffer> staging_;                 // host staging buffers, grown on demand
+  size_t staging_used_ = 0;
+  AttentionLayer host_layer_;  // the layer with host sinks
+  ForwardBatch host_batch_;    // the batch on the host mirrors
 };
 
 }  // namespace
 
 Result<std::unique_ptr<AttentionBackend>> create_torch_native_backend(const BackendContext& ctx) {
-  if (!ctx.device.is_cpu()) {
-    return Status::unsupported("torch_native runs on the CPU only; device " +
-                               ctx.device.to_string() + " was requested");
+  if (ctx.device.is_cuda()) {
+#ifdef ATTNKIT_WITH_CUDA
+    if (ctx.kv_pool == nullptr) {
+      return Status::invalid_argument(
+          "ctx.kv_pool is null: torch_native on " + ctx.device.to_string() +
+          " builds a host mirror of the pool at creation, so the context needs the KV pool");
+    }
+    if (ctx.kv_pool->device() != ctx.device) {
+      return Status::invalid_argument("ctx.kv_pool is on " + ctx.kv_pool->device().to_string() +
+                                      " but the context's device is " + ctx.device.to_string());
+    }
+#else
+    return Status::unsupported(
+        "torch_native runs on the CPU only in this build (attnkit was "
+        "built without CUDA); device " +
+        ctx.device.to_string() + " was requested");
+#endif
   }
-  return std::unique_ptr<AttentionBackend>(new TorchNativeBackend(ctx));
+  auto backend = std::make_unique<TorchNativeBackend>(ctx);
+  ATTNKIT_RETURN_IF_ERROR(backend->init_host_mirrors());
+  return std::unique_ptr<AttentionBackend>(std::move(backend));
 }
 
 }  // namespace attnkit

@@ -101,7 +101,7 @@ struct PagedTraits {
 // Decode is issue-bound at 8 warps per SM: 2 stages (74 KB at d 128) let 3 CTAs share an SM, with
 // 3 x 32 KB of K/V still in flight per SM.
 inline constexpr int kDecodeMaxStages = 2;
-inline constexpr int kDecodeMinBlocks = 3;
+inline constexpr int kDecodeMinBlocks = kDecodeCtasPerSm;
 inline constexpr int kPrefillMaxStages = 2;
 inline constexpr int kPrefillMinBlocks = 1;
 inline constexpr int kPrefillKeysPerWarpLargeD = 32;  // d > 128: keeps O + S within the registers

@@ -22,6 +22,9 @@ inline constexpr int kDecodeWarpsN = 4;        // decode: warps split the keys o
 inline constexpr int kDecodeKeysPerWarp = 16;  // one PV k-step per warp and tile
 inline constexpr int kDecodeTileKeys = kDecodeWarpsN * kDecodeKeysPerWarp;  // 64
 inline constexpr int kDecodeTileRows = kMmaRows;                            // 16
+// Decode CTAs resident per SM at d <= 128 (2 stages, 74 KB of shared memory, <= 170 registers):
+// the kernel's __launch_bounds__ and the planner's grid target both use it.
+inline constexpr int kDecodeCtasPerSm = 3;
 inline constexpr int kPrefillWarpsM = 4;  // prefill: warps split the rows of a tile
 inline constexpr int kPrefillTileRows = kPrefillWarpsM * kMmaRows;  // 64
 

@@ -9,7 +9,7 @@
 //   ctas(chunk) = num_kv_heads * q_tiles * sum_r ceil(kv_len_r / chunk)
 //   chunk       = min { c = k * tile, c >= min_chunk : ctas(c) <= target_ctas }, else no split
 //
-// Worked example (H100: 132 SMs, target 2 CTAs per SM = 264; 32 q / 8 kv heads so q_tiles 1):
+// Worked example (H100/H200: 132 SMs, target 2 CTAs per SM = 264; 32 q / 8 kv heads so q_tiles 1):
 //   * bs 16, kv 4096: 16 * 8 = 128 CTAs unsplit; chunk 2048 gives 256 <= 264 -> 2 chunks each.
 //   * bs 1, kv 32768: chunk 1024 gives 8 * 32 = 256 -> 32 chunks of 1024 keys.
 //   * bs 4, kv 16384 / 1000 / 300 / 20: chunk 576 -> 29 + 2 + 1 + 1 chunks (8 * 33 = 264): the
@@ -28,6 +28,8 @@
 
 namespace attnkit::flashinfer {
 
+// Grid target per SM. Measured with this value (see ../PERF_NOTES.md); the decode kernel holds
+// kDecodeCtasPerSm CTAs per SM, so raising the target to it is the next experiment.
 inline constexpr int kTargetCtasPerSm = 2;
 inline constexpr int kMinSplitChunk = 256;  // keys: the merge's extra traffic stays ~1% of the read
 

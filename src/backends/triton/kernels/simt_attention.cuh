@@ -178,7 +178,14 @@ struct SimtKernel {
 #pragma unroll
         for (int i = 0; i < kVK; ++i) {
           const int e = (i * kTPR + lane_in_row) * kVecElems;
-          Elem::convert(kraw[u][i], kscale_row[u], e, kf[i]);
+          // Padding lanes past the row (e >= kDqk) and invisible keys hold zero codes, but their
+          // fp4 block-scale bytes belong to the next slot (possibly unwritten NaN): never read them.
+          if (valid[u] && e < Traits::kDqk) {
+            Elem::convert(kraw[u][i], kscale_row[u], e, kf[i]);
+          } else {
+#pragma unroll
+            for (int x = 0; x < kVecElems; ++x) kf[i][x] = 0.f;
+          }
         }
 #pragma unroll
         for (int h = 0; h < kTile; ++h) {
@@ -210,10 +217,12 @@ struct SimtKernel {
 #pragma unroll
         for (int i = 0; i < kVV; ++i) {
           const int e = (i * kTPR + lane_in_row) * kVecElems;
-          Elem::convert(vraw[u][i], vscale_row[u], e, vf[i]);
-          // An invisible key has weight 0, but its zero codes times an unread (possibly NaN)
-          // fp4 block scale would still poison the accumulator: clear it.
-          if (!valid[u]) {
+          // An invisible key has weight 0 and padding lanes (e >= kDv) are never stored, but
+          // their zero codes times an unread (possibly NaN) fp4 block scale would still poison
+          // the accumulator: clear them instead of converting.
+          if (valid[u] && e < Traits::kDv) {
+            Elem::convert(vraw[u][i], vscale_row[u], e, vf[i]);
+          } else {
 #pragma unroll
             for (int x = 0; x < kVecElems; ++x) vf[i][x] = 0.f;
           }
