@@ -71,10 +71,12 @@ class AttentionBackend {
                                                           const TensorView& seq_lens,
                                                           const TensorView& encoder_lens,
                                                           ForwardMode mode, const SpecInfo* spec);
-  virtual Status init_forward_metadata_replay_cuda_graph(
-      int bs, const TensorView& req_pool_indices, const TensorView& seq_lens,
-      int64_t seq_lens_sum, const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec,
-      const int32_t* seq_lens_host);
+  virtual Status init_forward_metadata_replay_cuda_graph(int bs, const TensorView& req_pool_indices,
+                                                         const TensorView& seq_lens,
+                                                         int64_t seq_lens_sum,
+                                                         const TensorView& encoder_lens,
+                                                         ForwardMode mode, const SpecInfo* spec,
+                                                         const int32_t* seq_lens_host);
   virtual int cuda_graph_seq_len_fill_value() const { return 1; }
 };
 

@@ -13,17 +13,17 @@ enum class Platform { kCPU, kCUDA, kROCm, kNPU, kXPU };
 const char* platform_name(Platform platform);
 
 struct DeviceInfo {
-  std::string name;                 // "NVIDIA H200", "virtual sm90", "Intel Xeon ..."
+  std::string name;  // "NVIDIA H200", "virtual sm90", "Intel Xeon ..."
   Platform platform = Platform::kCPU;
-  int compute_capability = 0;       // CUDA only: major * 10 + minor (90 for Hopper)
-  int sm_count = 0;                 // CUDA only
+  int compute_capability = 0;           // CUDA only: major * 10 + minor (90 for Hopper)
+  int sm_count = 0;                     // CUDA only
   int max_shared_memory_per_block = 0;  // bytes, opt-in limit (CUDA only)
-  int cuda_runtime_version = 0;     // e.g. 13000 (CUDA only)
+  int cuda_runtime_version = 0;         // e.g. 13000 (CUDA only)
   // CPU features (of the host, also reported for CUDA devices).
   bool has_avx2 = false;
-  bool has_avx512 = false;          // AVX-512 F + BW + VL
+  bool has_avx512 = false;  // AVX-512 F + BW + VL
   bool has_avx512_bf16 = false;
-  bool has_amx_bf16 = false;        // CPU supports it AND the OS granted the tile permission
+  bool has_amx_bf16 = false;  // CPU supports it AND the OS granted the tile permission
   int cpu_threads = 1;
   bool is_virtual = false;
 

@@ -46,7 +46,8 @@ uint8_t float_to_fp8_e4m3(float x);
 float fp8_e4m3_to_float(uint8_t bits);
 uint8_t float_to_fp8_e5m2(float x);
 float fp8_e5m2_to_float(uint8_t bits);
-// fp4 e2m1 code (4 bits): values {0, 0.5, 1, 1.5, 2, 3, 4, 6} with sign; saturates to +-6, NaN -> +6.
+// fp4 e2m1 code (4 bits): values {0, 0.5, 1, 1.5, 2, 3, 4, 6} with sign; saturates to +-6, NaN ->
+// +6.
 uint8_t float_to_fp4_e2m1(float x);
 float fp4_e2m1_to_float(uint8_t code);
 

@@ -28,7 +28,7 @@ inline bool is_decode(ForwardMode m) { return m == ForwardMode::kDecode; }
 // Speculative-decoding inputs (TARGET_VERIFY / DRAFT_EXTEND / draft decode).
 struct SpecInfo {
   int draft_token_num = 0;  // N draft tokens per request in TARGET_VERIFY
-  int topk = 1;             // 1 = chain (plain causal over drafts works); > 1 = tree, needs the mask
+  int topk = 1;  // 1 = chain (plain causal over drafts works); > 1 = tree, needs the mask
   int num_steps = 0;
   // uint8 flat buffer; request r's block is row-major [N, prefix_r + N] starting at
   // mask_indptr[r]: prefix columns all 1, draft columns hold the tree ancestry (including self).

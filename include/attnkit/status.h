@@ -29,7 +29,9 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status ok() { return Status(); }
-  static Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status invalid_argument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status unsupported(std::string m) { return {StatusCode::kUnsupported, std::move(m)}; }
   static Status not_built(std::string m) { return {StatusCode::kNotBuilt, std::move(m)}; }
   static Status out_of_memory(std::string m) { return {StatusCode::kOutOfMemory, std::move(m)}; }
@@ -53,7 +55,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!status_.is_ok() && "Result constructed from an ok Status without a value");
   }
@@ -89,15 +91,15 @@ class [[nodiscard]] Result {
 #define ATTNKIT_CONCAT_(a, b) ATTNKIT_CONCAT_INNER_(a, b)
 
 // Propagate a non-ok Status.
-#define ATTNKIT_RETURN_IF_ERROR(expr)                  \
-  do {                                                 \
-    ::attnkit::Status attnkit_status_ = (expr);        \
+#define ATTNKIT_RETURN_IF_ERROR(expr)                     \
+  do {                                                    \
+    ::attnkit::Status attnkit_status_ = (expr);           \
     if (!attnkit_status_.is_ok()) return attnkit_status_; \
   } while (0)
 
 // auto x = ...; from a Result<T>, propagating its error.
-#define ATTNKIT_ASSIGN_OR_RETURN(lhs, expr)                                   \
-  auto ATTNKIT_CONCAT_(attnkit_result_, __LINE__) = (expr);                   \
-  if (!ATTNKIT_CONCAT_(attnkit_result_, __LINE__).is_ok())                    \
-    return ATTNKIT_CONCAT_(attnkit_result_, __LINE__).status();               \
+#define ATTNKIT_ASSIGN_OR_RETURN(lhs, expr)                     \
+  auto ATTNKIT_CONCAT_(attnkit_result_, __LINE__) = (expr);     \
+  if (!ATTNKIT_CONCAT_(attnkit_result_, __LINE__).is_ok())      \
+    return ATTNKIT_CONCAT_(attnkit_result_, __LINE__).status(); \
   lhs = std::move(ATTNKIT_CONCAT_(attnkit_result_, __LINE__)).value()

@@ -1,7 +1,6 @@
 // The shared case table, case preparation, the runner and the comparison with the fp64 reference.
 #include "harness/case_runner.h"
 
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>

@@ -1,8 +1,8 @@
 // `attnkit bench` and `attnkit run` end to end through the binary (ATTNKIT_CLI_PATH): a tiny
 // verified CPU sweep whose JSON/CSV must carry the formula values, and the error paths.
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -37,9 +37,8 @@ void write_text(const std::string& path, const std::string& text) {
 
 CliRun run_cli(const std::string& args) {
   static int counter = 0;
-  const std::string err_path =
-      ::testing::TempDir() + "attnkit_bench_cli_err_" + std::to_string(getpid()) + "_" +
-      std::to_string(counter++) + ".txt";
+  const std::string err_path = ::testing::TempDir() + "attnkit_bench_cli_err_" +
+                               std::to_string(getpid()) + "_" + std::to_string(counter++) + ".txt";
   const std::string cmd =
       std::string("'") + ATTNKIT_CLI_PATH + "' " + args + " 2>'" + err_path + "'";
   CliRun r;

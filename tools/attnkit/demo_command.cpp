@@ -57,8 +57,7 @@ Status run_step(const char* title, harness::CaseSpec spec, const Selection& sele
   spec.page_size = selection.page_size;
   spec.kv_dtype = selection.kv_dtype;
   ATTNKIT_ASSIGN_OR_RETURN(harness::PreparedCase prepared, harness::prepare_case(spec, device));
-  ATTNKIT_ASSIGN_OR_RETURN(auto backend,
-                           create_selected_backend(selection, prepared.context()));
+  ATTNKIT_ASSIGN_OR_RETURN(auto backend, create_selected_backend(selection, prepared.context()));
   std::printf("\n%s\n  %s\n", title, spec.describe().c_str());
   std::printf("  requests:");
   for (int r = 0; r < spec.batch_size(); ++r) {
@@ -88,8 +87,7 @@ Status run_demo(const DemoOptions& opt, bool* passed) {
   ATTNKIT_ASSIGN_OR_RETURN(Selection selection, resolve(args, model, device_info));
   std::printf("attnkit demo on %s\n%s", device_info.name.c_str(), selection.to_text().c_str());
 
-  const Device device =
-      device_info.platform == Platform::kCUDA ? Device::cuda(0) : Device::cpu();
+  const Device device = device_info.platform == Platform::kCUDA ? Device::cuda(0) : Device::cpu();
   harness::CaseSpec mixed;
   mixed.name = "demo_mixed";
   mixed.mode = ForwardMode::kMixed;
@@ -112,7 +110,7 @@ Status run_demo(const DemoOptions& opt, bool* passed) {
   decode.seed = mixed.seed + 1;
   ATTNKIT_RETURN_IF_ERROR(run_step("step 2: decode", decode, selection, device, passed));
   std::printf("\n%s\n", *passed ? "demo: all outputs match the reference"
-                                 : "demo: MISMATCH against the reference");
+                                : "demo: MISMATCH against the reference");
   return Status::ok();
 }
 

@@ -1,4 +1,5 @@
-// Factory for the `triton` backend (CUDA builds only); its descriptor lives in src/registry/builtin.cpp.
+// Factory for the `triton` backend (CUDA builds only); its descriptor lives in
+// src/registry/builtin.cpp.
 #pragma once
 
 #include <memory>

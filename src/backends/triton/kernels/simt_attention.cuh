@@ -179,7 +179,8 @@ struct SimtKernel {
         for (int i = 0; i < kVK; ++i) {
           const int e = (i * kTPR + lane_in_row) * kVecElems;
           // Padding lanes past the row (e >= kDqk) and invisible keys hold zero codes, but their
-          // fp4 block-scale bytes belong to the next slot (possibly unwritten NaN): never read them.
+          // fp4 block-scale bytes belong to the next slot (possibly unwritten NaN): never read
+          // them.
           if (valid[u] && e < Traits::kDqk) {
             Elem::convert(kraw[u][i], kscale_row[u], e, kf[i]);
           } else {
