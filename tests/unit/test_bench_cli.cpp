@@ -1,10 +1,7 @@
 // `attnkit bench` and `attnkit run` end to end through the binary (ATTNKIT_CLI_PATH): a tiny
 // verified CPU sweep whose JSON/CSV must carry the formula values, and the error paths.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -13,45 +10,24 @@
 
 #include "../../bench/bench_case_file.h"
 #include "../../bench/bench_formulas.h"
+#include "support/cli_runner.h"
 
 namespace attnkit::bench {
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using attnkit::test_support::CliRun;
+
+CliRun run_cli(const std::string& args) {
+  return attnkit::test_support::run_cli(ATTNKIT_CLI_PATH, args);
+}
 
 std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return attnkit::test_support::read_text_file(path);
 }
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::trunc);
   f << text;
-}
-
-CliRun run_cli(const std::string& args) {
-  static int counter = 0;
-  const std::string err_path = ::testing::TempDir() + "attnkit_bench_cli_err_" +
-                               std::to_string(getpid()) + "_" + std::to_string(counter++) + ".txt";
-  const std::string cmd =
-      std::string("'") + ATTNKIT_CLI_PATH + "' " + args + " 2>'" + err_path + "'";
-  CliRun r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = read_text(err_path);
-  std::remove(err_path.c_str());
-  return r;
 }
 
 // Two small decode points (ragged page fill: 33 and 40 tokens at page 16) and one causal extend.

@@ -1,50 +1,24 @@
 // The `attnkit` binary (ATTNKIT_CLI_PATH): the matrix golden file, `select` output, `backends`,
 // --help, and one-line error messages with a non-zero exit for bad flags and values.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
+#include "support/cli_runner.h"
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using attnkit::test_support::CliRun;
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+CliRun run_cli(const std::string& args) {
+  return attnkit::test_support::run_cli(ATTNKIT_CLI_PATH, args);
 }
 
-// Runs the CLI with `args` (already shell-quoted where needed).
-CliRun run_cli(const std::string& args) {
-  // ctest runs every test in its own process, several at once: the pid keeps the files apart.
-  static int counter = 0;
-  const std::string err_path = ::testing::TempDir() + "attnkit_cli_err_" +
-                               std::to_string(getpid()) + "_" + std::to_string(counter++) + ".txt";
-  const std::string cmd =
-      std::string("'") + ATTNKIT_CLI_PATH + "' " + args + " 2>'" + err_path + "'";
-  CliRun r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = read_file(err_path);
-  std::remove(err_path.c_str());
-  return r;
+std::string read_file(const std::string& path) {
+  return attnkit::test_support::read_text_file(path);
 }
 
 std::string config(const std::string& name) {
