@@ -6,6 +6,7 @@
 #include <string>
 
 #include "attnkit/kv_cache.h"
+#include "kv/kv_pool_config.h"
 #include "kv/set_kv_cuda.h"
 
 namespace attnkit {
@@ -218,10 +219,9 @@ float load_kv_value_host(const TensorView& buffer, const TensorView& scales, int
   return value * block * layer_scale;
 }
 
-// ---------------------------------------------------------------------------------------------
-// MHAKVPool
+namespace detail {
 
-Result<std::unique_ptr<MHAKVPool>> MHAKVPool::create(const KVPoolConfig& config) {
+Status validate_mha_pool_config(const KVPoolConfig& config) {
   ATTNKIT_RETURN_IF_ERROR(validate_common(config));
   if (config.num_kv_heads < 1) {
     return Status::invalid_argument(cfg_error("num_kv_heads", config.num_kv_heads, "must be >= 1"));
@@ -234,7 +234,49 @@ Result<std::unique_ptr<MHAKVPool>> MHAKVPool::create(const KVPoolConfig& config)
   }
   ATTNKIT_RETURN_IF_ERROR(check_fp4_dim(config, "head_dim", config.head_dim));
   ATTNKIT_RETURN_IF_ERROR(check_fp4_dim(config, "v_head_dim", config.v_head_dim));
+  return Status::ok();
+}
 
+Result<KVPoolConfig> validate_mla_pool_config(const KVPoolConfig& config) {
+  ATTNKIT_RETURN_IF_ERROR(validate_common(config));
+  if (config.kv_lora_rank < 1) {
+    return Status::invalid_argument(cfg_error("kv_lora_rank", config.kv_lora_rank, "must be >= 1"));
+  }
+  if (config.qk_rope_head_dim < 1) {
+    return Status::invalid_argument(
+        cfg_error("qk_rope_head_dim", config.qk_rope_head_dim, "must be >= 1"));
+  }
+  if (config.num_kv_heads != 0 && config.num_kv_heads != 1) {
+    return Status::invalid_argument(
+        cfg_error("num_kv_heads", config.num_kv_heads, "must be 1 (or 0 = 1) for MLA"));
+  }
+  const int row_dim = config.kv_lora_rank + config.qk_rope_head_dim;
+  if (config.head_dim != 0 && config.head_dim != row_dim) {
+    return Status::invalid_argument(cfg_error(
+        "head_dim", config.head_dim,
+        "must be 0 or kv_lora_rank + qk_rope_head_dim = " + std::to_string(row_dim) + " for MLA"));
+  }
+  if (config.v_head_dim != 0 && config.v_head_dim != config.kv_lora_rank) {
+    return Status::invalid_argument(
+        cfg_error("v_head_dim", config.v_head_dim,
+                  "must be 0 or kv_lora_rank " + std::to_string(config.kv_lora_rank) + " for MLA"));
+  }
+  ATTNKIT_RETURN_IF_ERROR(check_fp4_dim(config, "kv_lora_rank", config.kv_lora_rank));
+  ATTNKIT_RETURN_IF_ERROR(check_fp4_dim(config, "qk_rope_head_dim", config.qk_rope_head_dim));
+  KVPoolConfig normalized = config;
+  normalized.num_kv_heads = 1;
+  normalized.head_dim = row_dim;
+  normalized.v_head_dim = config.kv_lora_rank;
+  return normalized;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// MHAKVPool
+
+Result<std::unique_ptr<MHAKVPool>> MHAKVPool::create(const KVPoolConfig& config) {
+  ATTNKIT_RETURN_IF_ERROR(detail::validate_mha_pool_config(config));
   auto pool = std::unique_ptr<MHAKVPool>(new MHAKVPool(config));
   const int64_t rows = pool->rows();
   const int64_t heads = config.num_kv_heads;
@@ -304,36 +346,8 @@ Status MHAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k, 
 // MLAKVPool
 
 Result<std::unique_ptr<MLAKVPool>> MLAKVPool::create(const KVPoolConfig& config) {
-  ATTNKIT_RETURN_IF_ERROR(validate_common(config));
-  if (config.kv_lora_rank < 1) {
-    return Status::invalid_argument(cfg_error("kv_lora_rank", config.kv_lora_rank, "must be >= 1"));
-  }
-  if (config.qk_rope_head_dim < 1) {
-    return Status::invalid_argument(
-        cfg_error("qk_rope_head_dim", config.qk_rope_head_dim, "must be >= 1"));
-  }
-  if (config.num_kv_heads != 0 && config.num_kv_heads != 1) {
-    return Status::invalid_argument(
-        cfg_error("num_kv_heads", config.num_kv_heads, "must be 1 (or 0 = 1) for MLA"));
-  }
-  const int row_dim = config.kv_lora_rank + config.qk_rope_head_dim;
-  if (config.head_dim != 0 && config.head_dim != row_dim) {
-    return Status::invalid_argument(cfg_error(
-        "head_dim", config.head_dim,
-        "must be 0 or kv_lora_rank + qk_rope_head_dim = " + std::to_string(row_dim) + " for MLA"));
-  }
-  if (config.v_head_dim != 0 && config.v_head_dim != config.kv_lora_rank) {
-    return Status::invalid_argument(
-        cfg_error("v_head_dim", config.v_head_dim,
-                  "must be 0 or kv_lora_rank " + std::to_string(config.kv_lora_rank) + " for MLA"));
-  }
-  ATTNKIT_RETURN_IF_ERROR(check_fp4_dim(config, "kv_lora_rank", config.kv_lora_rank));
-  ATTNKIT_RETURN_IF_ERROR(check_fp4_dim(config, "qk_rope_head_dim", config.qk_rope_head_dim));
-
-  KVPoolConfig normalized = config;
-  normalized.num_kv_heads = 1;
-  normalized.head_dim = row_dim;
-  normalized.v_head_dim = config.kv_lora_rank;
+  ATTNKIT_ASSIGN_OR_RETURN(const KVPoolConfig normalized, detail::validate_mla_pool_config(config));
+  const int row_dim = normalized.head_dim;
   auto pool = std::unique_ptr<MLAKVPool>(new MLAKVPool(normalized));
   const int64_t rows = pool->rows();
   for (int layer = 0; layer < config.num_layers; ++layer) {

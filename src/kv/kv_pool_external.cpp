@@ -5,6 +5,7 @@
 #include <string>
 
 #include "attnkit/kv_cache.h"
+#include "kv/kv_pool_config.h"
 
 namespace attnkit {
 namespace {
@@ -14,51 +15,6 @@ std::string cat(const Args&... args) {
   std::ostringstream os;
   (os << ... << args);
   return os.str();
-}
-
-bool is_kv_storage_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16:
-    case DType::kF16:
-    case DType::kF32:
-    case DType::kFP8E4M3:
-    case DType::kFP8E5M2:
-    case DType::kFP4E2M1:
-      return true;
-    default:
-      return false;
-  }
-}
-
-Status check_positive(const char* field, int64_t value) {
-  if (value < 1) {
-    return Status::invalid_argument(cat("KVPoolConfig.", field, " ", value, " must be >= 1"));
-  }
-  return Status::ok();
-}
-
-// The fields every wrapped pool needs, checked like create() checks them.
-Status validate_config(const KVPoolConfig& c) {
-  ATTNKIT_RETURN_IF_ERROR(check_positive("num_layers", c.num_layers));
-  ATTNKIT_RETURN_IF_ERROR(check_positive("page_size", c.page_size));
-  if (c.size < 1 || c.size % c.page_size != 0) {
-    return Status::invalid_argument(cat("KVPoolConfig.size ", c.size,
-                                        " must be a positive multiple of page_size ", c.page_size));
-  }
-  if (!is_kv_storage_dtype(c.dtype)) {
-    return Status::invalid_argument(cat("KVPoolConfig.dtype ", dtype_name(c.dtype),
-                                        " is not a KV cache dtype (bf16, f16, f32, fp8_e4m3, "
-                                        "fp8_e5m2, fp4_e2m1)"));
-  }
-  return Status::ok();
-}
-
-Status check_fp4_multiple(const KVPoolConfig& c, const char* field, int64_t value) {
-  if (c.dtype == DType::kFP4E2M1 && value % kFp4GroupSize != 0) {
-    return Status::invalid_argument(cat("KVPoolConfig.", field, " ", value,
-                                        " must be a multiple of ", kFp4GroupSize, " for fp4_e2m1"));
-  }
-  return Status::ok();
 }
 
 Status check_count(const char* name, size_t got, int num_layers) {
@@ -104,12 +60,7 @@ Result<std::unique_ptr<MHAKVPool>> MHAKVPool::wrap(const KVPoolConfig& config,
                                                    std::span<const TensorView> v,
                                                    std::span<const TensorView> k_scales,
                                                    std::span<const TensorView> v_scales) {
-  ATTNKIT_RETURN_IF_ERROR(validate_config(config));
-  ATTNKIT_RETURN_IF_ERROR(check_positive("num_kv_heads", config.num_kv_heads));
-  ATTNKIT_RETURN_IF_ERROR(check_positive("head_dim", config.head_dim));
-  ATTNKIT_RETURN_IF_ERROR(check_positive("v_head_dim", config.v_head_dim));
-  ATTNKIT_RETURN_IF_ERROR(check_fp4_multiple(config, "head_dim", config.head_dim));
-  ATTNKIT_RETURN_IF_ERROR(check_fp4_multiple(config, "v_head_dim", config.v_head_dim));
+  ATTNKIT_RETURN_IF_ERROR(detail::validate_mha_pool_config(config));
   ATTNKIT_RETURN_IF_ERROR(check_count("k", k.size(), config.num_layers));
   ATTNKIT_RETURN_IF_ERROR(check_count("v", v.size(), config.num_layers));
   const bool fp4 = config.dtype == DType::kFP4E2M1;
@@ -150,26 +101,8 @@ Result<std::unique_ptr<MHAKVPool>> MHAKVPool::wrap(const KVPoolConfig& config,
 Result<std::unique_ptr<MLAKVPool>> MLAKVPool::wrap(const KVPoolConfig& config,
                                                    std::span<const TensorView> kv,
                                                    std::span<const TensorView> scales) {
-  ATTNKIT_RETURN_IF_ERROR(validate_config(config));
-  ATTNKIT_RETURN_IF_ERROR(check_positive("kv_lora_rank", config.kv_lora_rank));
-  ATTNKIT_RETURN_IF_ERROR(check_positive("qk_rope_head_dim", config.qk_rope_head_dim));
-  if (config.num_kv_heads != 0 && config.num_kv_heads != 1) {
-    return Status::invalid_argument(
-        cat("KVPoolConfig.num_kv_heads ", config.num_kv_heads, " must be 1 (or 0 = 1) for MLA"));
-  }
-  const int row_dim = config.kv_lora_rank + config.qk_rope_head_dim;
-  if (config.head_dim != 0 && config.head_dim != row_dim) {
-    return Status::invalid_argument(cat("KVPoolConfig.head_dim ", config.head_dim,
-                                        " must be 0 or kv_lora_rank + qk_rope_head_dim = ", row_dim,
-                                        " for MLA"));
-  }
-  if (config.v_head_dim != 0 && config.v_head_dim != config.kv_lora_rank) {
-    return Status::invalid_argument(cat("KVPoolConfig.v_head_dim ", config.v_head_dim,
-                                        " must be 0 or kv_lora_rank ", config.kv_lora_rank,
-                                        " for MLA"));
-  }
-  ATTNKIT_RETURN_IF_ERROR(check_fp4_multiple(config, "kv_lora_rank", config.kv_lora_rank));
-  ATTNKIT_RETURN_IF_ERROR(check_fp4_multiple(config, "qk_rope_head_dim", config.qk_rope_head_dim));
+  ATTNKIT_ASSIGN_OR_RETURN(const KVPoolConfig normalized, detail::validate_mla_pool_config(config));
+  const int row_dim = normalized.head_dim;
   ATTNKIT_RETURN_IF_ERROR(check_count("kv", kv.size(), config.num_layers));
   const bool fp4 = config.dtype == DType::kFP4E2M1;
   if (fp4) {
@@ -181,10 +114,6 @@ Result<std::unique_ptr<MLAKVPool>> MLAKVPool::wrap(const KVPoolConfig& config,
             dtype_name(config.dtype)));
   }
 
-  KVPoolConfig normalized = config;
-  normalized.num_kv_heads = 1;
-  normalized.head_dim = row_dim;
-  normalized.v_head_dim = config.kv_lora_rank;
   auto pool = std::unique_ptr<MLAKVPool>(new MLAKVPool(normalized));
   const int64_t rows = pool->rows();
   for (int layer = 0; layer < config.num_layers; ++layer) {
