@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attnkit/registry.h"
+#include "backend/device_array.h"
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
 #include "backends/flashinfer/kernels/mla_fp4_portable.h"
 #include "backends/flashinfer/kernels/work_plan.h"
@@ -44,21 +45,6 @@ constexpr int kMinComputeCapability = 80;
 constexpr int kVecElems = 8;  // 16-byte accesses of bf16/f16 rows
 
 std::string str(int64_t v) { return std::to_string(v); }
-
-// A grow-only device buffer of one element type.
-template <typename T>
-struct DeviceArray {
-  Buffer buffer;
-  int64_t capacity = 0;
-  T* data() const { return static_cast<T*>(buffer.data()); }
-  Status reserve(Device device, int64_t n) {
-    if (n <= capacity) return Status::ok();
-    ATTNKIT_ASSIGN_OR_RETURN(buffer, Buffer::allocate(device, std::max<int64_t>(n, 1) *
-                                                                  static_cast<int64_t>(sizeof(T))));
-    capacity = n;
-    return Status::ok();
-  }
-};
 
 // Pinned host staging for plan uploads. An event marks the last copy out of it, so the next plan
 // is written only after the previous upload has been consumed.

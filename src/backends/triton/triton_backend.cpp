@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attnkit/registry.h"
+#include "backend/device_array.h"
 #include "backends/triton/kernels/attention_params.h"
 #include "backends/triton/kernels/simt_layout.h"
 #include "backends/triton/kernels/split_plan.h"
@@ -34,21 +35,6 @@ constexpr int kMinComputeCapability = 75;
 constexpr int kTensorCoreComputeCapability = 80;  // mma.sync m16n8k16 bf16/f16
 
 bool is_quantized(DType d) { return dtype_is_fp8(d) || d == DType::kFP4E2M1; }
-
-// A grow-only device buffer of one element type.
-template <typename T>
-struct DeviceArray {
-  Buffer buffer;
-  int64_t capacity = 0;
-  T* data() const { return static_cast<T*>(buffer.data()); }
-  Status reserve(Device device, int64_t n) {
-    if (n <= capacity) return Status::ok();
-    ATTNKIT_ASSIGN_OR_RETURN(buffer, Buffer::allocate(device, std::max<int64_t>(n, 1) *
-                                                                  static_cast<int64_t>(sizeof(T))));
-    capacity = n;
-    return Status::ok();
-  }
-};
 
 // Token indices of one key set (self-attention prefix or cross-attention encoder keys).
 struct IndexSet {
