@@ -87,6 +87,55 @@ __attribute__((target("avx2,fma"))) float fp32_fma_chains(int64_t iters) {
   return total;
 }
 
+constexpr int kAmxTileRows = 16;
+constexpr int kAmxTileRowBytes = 64;
+// Tile dot products per thread and repetition: 2^20 x 16384 FLOPs = 17 GFLOP, about 0.01 s per
+// core at the ~2 TFLOP/s of one core's tile unit.
+constexpr int64_t kAmxPeakIters = int64_t{1} << 18;  // x 4 tdpbf16ps
+
+struct alignas(64) AmxPeakConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+#ifndef ATTNKIT_AMX_EMULATE
+// `iters` rounds of 4 independent tdpbf16ps (2 x 2 blocking: C tiles 0-3, A tiles 4-5, B tiles
+// 6-7), operands loaded once: the tile unit's peak with no memory traffic. Returns one C value so
+// that nothing is optimised away. The caller holds the tile permission (detect_cpu()).
+__attribute__((target("amx-tile,amx-bf16"))) float amx_dot_chains(int64_t iters) {
+  AmxPeakConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = kAmxTileRowBytes;
+    cfg.rows[t] = kAmxTileRows;
+  }
+  _tile_loadconfig(&cfg);
+  // bf16 2^-10 everywhere: each dot adds 32 x 2^-20 per element, far from overflow.
+  alignas(64) uint16_t operand[kAmxTileRows * kAmxTileRowBytes / 2];
+  for (uint16_t& x : operand) x = 0x3a80;
+  alignas(64) float c[kAmxTileRows * kAmxTileRowBytes / 4];
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, operand, kAmxTileRowBytes);
+  _tile_loadd(5, operand, kAmxTileRowBytes);
+  _tile_loadd(6, operand, kAmxTileRowBytes);
+  _tile_loadd(7, operand, kAmxTileRowBytes);
+  for (int64_t i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, kAmxTileRowBytes);
+  _tile_release();
+  return c[0];
+}
+#endif
+
 }  // namespace
 
 int64_t host_llc_bytes(std::string* source) {
@@ -243,6 +292,55 @@ Result<Ceiling> measure_cpu_compute_peak(bool has_avx512_bf16, bool has_avx2, in
   c.tflops = *std::max_element(tflops.begin(), tflops.end());
   c.median_tflops = median(tflops);
   return c;
+}
+
+Result<Ceiling> measure_cpu_amx_peak(bool has_amx_bf16, int reps) {
+  if (reps <= 0) {
+    return Status::invalid_argument("measure_cpu_amx_peak: reps " + std::to_string(reps) +
+                                    " must be positive");
+  }
+#ifdef ATTNKIT_AMX_EMULATE
+  (void)has_amx_bf16;
+  return Status::unsupported(
+      "measure_cpu_amx_peak: built with ATTNKIT_AMX_EMULATE (no real tiles)");
+#else
+  if (!has_amx_bf16) {
+    return Status::unsupported(
+        "measure_cpu_amx_peak: the CPU (or the OS tile permission) provides no AMX-BF16");
+  }
+  // FLOPs of one tdpbf16ps: 16 x 16 results x 32 products x 2 (multiply + add).
+  constexpr double kTileDotFlops = 16.0 * 16.0 * 32.0 * 2.0;
+  constexpr int kDotsPerIter = 4;
+  int threads = 1;
+#ifdef _OPENMP
+  threads = omp_get_max_threads();
+#endif
+  auto pass = [&](int64_t iters) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
+#endif
+    for (int t = 0; t < threads; ++t) g_peak_sink = amx_dot_chains(iters);
+  };
+  pass(kAmxPeakIters / 16);  // wake the cores, the thread pool and the tile units
+  const double flops = static_cast<double>(threads) * static_cast<double>(kAmxPeakIters) *
+                       kDotsPerIter * kTileDotFlops;
+  std::vector<double> tflops;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pass(kAmxPeakIters);
+    const auto t1 = std::chrono::steady_clock::now();
+    tflops.push_back(
+        tflop_per_s(flops, std::chrono::duration<double, std::milli>(t1 - t0).count()));
+  }
+  Ceiling c;
+  c.name = "cpu_amx_bf16_peak";
+  c.method = "AMX tdpbf16ps, 4 independent 16x16 tiles (2x2 blocking) from registers x " +
+             std::to_string(threads) + " threads, best of " + std::to_string(reps);
+  c.flops = flops;
+  c.tflops = *std::max_element(tflops.begin(), tflops.end());
+  c.median_tflops = median(tflops);
+  return c;
+#endif
 }
 
 Result<Ceiling> measure_cuda_copy(int ordinal, int64_t buffer_bytes, int reps) {

@@ -11,7 +11,8 @@
 namespace attnkit::bench {
 
 struct Ceiling {
-  std::string name;    // "cpu_copy", "cuda_d2d_copy", "cpu_bf16_dot_peak", "cpu_fp32_fma_peak"
+  std::string name;    // "cpu_copy", "cuda_d2d_copy", "cpu_bf16_dot_peak", "cpu_fp32_fma_peak",
+                       // "cpu_amx_bf16_peak"
   std::string method;  // one line: how it was measured
   double bytes = 0;    // copy ceilings: bytes counted per repetition (read + written)
   double gbs = 0;      // copy ceilings: best repetition
@@ -41,8 +42,13 @@ Result<Ceiling> measure_cpu_copy(int64_t buffer_bytes, int reps);
 // dependent-free multiply-adds from registers (no memory traffic): AVX512-BF16 vdpbf16ps (64 FLOPs
 // per instruction: 32 bf16 products + 32 adds into 16 fp32 lanes) when the CPU has it, else AVX2
 // FMA on fp32 (16 FLOPs per instruction); kUnsupported without AVX2. The compute ceiling for CPU
-// prefill (a machine with AMX would need an AMX tile loop instead; this one reports AVX-512).
+// prefill on a CPU without AMX (measure_cpu_amx_peak is the ceiling where AMX exists).
 Result<Ceiling> measure_cpu_compute_peak(bool has_avx512_bf16, bool has_avx2, int reps);
+// Peak of the AMX tile unit: every OpenMP thread runs tdpbf16ps on 4 independent 16x16 f32 tiles
+// from tile registers (16384 FLOPs per instruction), no memory traffic. The compute ceiling for
+// CPU prefill on a machine with AMX-BF16; kUnsupported without it (or in an ATTNKIT_AMX_EMULATE
+// build).
+Result<Ceiling> measure_cpu_amx_peak(bool has_amx_bf16, int reps);
 // cudaMemcpy device-to-device of `buffer_bytes` (>= 1 GiB) timed with CUDA events; bytes counted
 // = 2 x buffer_bytes.
 Result<Ceiling> measure_cuda_copy(int ordinal, int64_t buffer_bytes, int reps);

@@ -196,6 +196,16 @@ void bench_main(const BenchArgs& args) {
     } else {  // extend ratios stay empty; the rest of the run is still meaningful
       std::cerr << "attnkit bench: no compute ceiling: " << peak.status().to_string() << "\n";
     }
+    // With AMX the tile unit's peak is the extend ceiling (pushed last: the ratios use it).
+    if (run.device_info.has_amx_bf16) {
+      Result<bench::Ceiling> amx =
+          bench::measure_cpu_amx_peak(run.device_info.has_amx_bf16, kCpuPeakReps);
+      if (amx) {
+        run.ceilings.push_back(*amx);
+      } else {
+        std::cerr << "attnkit bench: no AMX ceiling: " << amx.status().to_string() << "\n";
+      }
+    }
   }
   if (run.ceilings.back().tflops > 0) {
     rates.compute_name = run.ceilings.back().name;
@@ -355,7 +365,8 @@ void register_bench_commands(CLI::App& app) {
   bench
       ->add_option("--gemm-tflops", bench_args->gemm_tflops,
                    "Compute ceiling for extend ratios, in TFLOP/s (default: CPU measures its "
-                   "vector peak; CUDA has none unless given, e.g. torch_peers.py's gemm_bf16)")
+                   "AMX tile peak, else its vector peak; CUDA has none unless given, e.g. "
+                   "torch_peers.py's gemm_bf16)")
       ->check(CLI::PositiveNumber);
   bench->add_flag("--list", bench_args->list, "Print the (filtered) case names and exit");
   bench->callback([bench_args] { bench_main(*bench_args); });

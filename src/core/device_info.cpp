@@ -160,6 +160,10 @@ DeviceInfo detect_cpu() {
       }
       const bool cpu_amx = (edx7 & kLeaf7EdxAmxBf16) && (edx7 & kLeaf7EdxAmxTile);
       d.has_amx_bf16 = cpu_amx && request_amx_permission();
+#ifdef ATTNKIT_AMX_EMULATE
+      // Test-only build: the AMX kernel runs on a software model of the tiles (amx_tiles.h).
+      d.has_amx_bf16 = d.has_amx_bf16 || d.has_avx512_bf16;
+#endif
     }
   }
 #else

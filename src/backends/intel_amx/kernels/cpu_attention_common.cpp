@@ -85,10 +85,12 @@ VectorScratchLayout vector_scratch_layout(int group, int head_dim, int v_head_di
 }
 
 AmxScratchLayout amx_scratch_layout(int head_dim, int v_head_dim) {
+  // Q . K^T and P . V run on pairs of 16 x 16 result tiles: the depth of Q rows and the width of
+  // V rows are both padded to 32 bf16 (one 64-byte tile row).
   constexpr int64_t kTileDepth = 32;  // bf16 elements along K in one tile row of 64 bytes
-  constexpr int64_t kTileCols = 16;   // f32 columns of a result tile
+  constexpr int64_t kPairRows = 32;   // rows of the two row tiles that share each K/V tile load
   const int64_t dp = round_up(head_dim, kTileDepth);
-  const int64_t dvp = round_up(v_head_dim, kTileCols);
+  const int64_t dvp = round_up(v_head_dim, kTileDepth);
   AmxScratchLayout lay;
   int64_t cursor = 0;
   // bf16 pieces take half as many floats as elements.
@@ -97,7 +99,7 @@ AmxScratchLayout amx_scratch_layout(int head_dim, int v_head_dim) {
   lay.k_packed = take(&cursor, kAmxKeyBlock * dp / 2);
   lay.v_stage = take(&cursor, kAmxKeyBlock * dvp / 2);
   lay.v_packed = take(&cursor, kAmxKeyBlock * dvp / 2);
-  lay.s = take(&cursor, 2 * kTileCols * kAmxKeyBlock);  // double-buffered
+  lay.s = take(&cursor, 2 * kPairRows * kAmxKeyBlock);  // double-buffered
   lay.p = take(&cursor, kAmxRowsPerItem * kAmxKeyBlock / 2);
   lay.o = take(&cursor, kAmxRowsPerItem * dvp);
   lay.m = take(&cursor, kAmxRowsPerItem);

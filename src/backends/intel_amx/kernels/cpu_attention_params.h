@@ -137,9 +137,9 @@ struct AmxScratchLayout {
   int64_t q = 0;         // [kAmxRowsPerItem, Dp] bf16 query rows, Dp = D rounded up to 32
   int64_t k_stage = 0;   // [kAmxKeyBlock, Dp] bf16 key rows of the block
   int64_t k_packed = 0;  // [Dp / 32, kAmxKeyBlock / 16, 16, 32] bf16 VNNI tiles of K^T
-  int64_t v_stage = 0;   // [kAmxKeyBlock, Dvp] bf16 value rows, Dvp = Dv rounded up to 16
+  int64_t v_stage = 0;   // [kAmxKeyBlock, Dvp] bf16 value rows, Dvp = Dv rounded up to 32
   int64_t v_packed = 0;  // [kAmxKeyBlock / 32, Dvp / 16, 16, 32] bf16 VNNI tiles of V
-  int64_t s = 0;         // [2, 16, kAmxKeyBlock] f32 scores of two row tiles (double buffer)
+  int64_t s = 0;         // [2, 32, kAmxKeyBlock] f32 scores of a row-tile pair (double buffer)
   int64_t p = 0;         // [kAmxRowsPerItem, kAmxKeyBlock] bf16 probabilities
   int64_t o = 0;         // [kAmxRowsPerItem, Dvp] f32 unnormalised output
   int64_t m = 0;         // [kAmxRowsPerItem] running max (log2 domain)

@@ -2,21 +2,26 @@
 //
 // One work item = (request, kv head, kAmxRowsPerItem query rows), where a row is a (query token,
 // head of the GQA group) pair, so the heads of a group share every packed K/V block.
-//   stage Q rows as bf16 [rows, Dp] (zero padded: Dp = D rounded up to the 32-element tile depth)
+//   stage Q rows as bf16 [rows, Dp] (zero padded: Dp = D rounded up to the 32-element tile depth,
+//   rows rounded up to a pair of 16-row tiles)
 //   for each block of kAmxKeyBlock keys in the item's visible range:
-//     gather K/V token rows through req_to_token, convert to bf16 (stage),
-//     pack K^T into VNNI tiles (16x16 dword transpose) and V into VNNI tiles (row-pair interleave)
-//     for each 16-row tile that sees any key of the block:
-//       S[16, kAmxKeyBlock] = Q . K^T                  (tmm0-3 accumulate, tmm4 = Q, tmm5 = K)
+//     pack K^T into VNNI tiles (16x16 dword transpose) and V into VNNI tiles (row-pair interleave),
+//     reading bf16 pool rows in place (other dtypes, or dims that are not multiples of 32, are
+//     converted into a bf16 stage first)
+//     for each pair of 16-row tiles that sees any key of the block (2x2 register blocking: every
+//     K/V tile load feeds two row tiles, every Q/P tile load two key/column tiles):
+//       S[32, kAmxKeyBlock] = Q . K^T       (tmm0-3 = S tiles, tmm4-5 = Q tiles, tmm6-7 = K tiles)
 //       online softmax of S in f32 (AVX-512), P -> bf16, rescale O rows whose max grew by more
-//       than kRescaleThreshold (else the stale max is kept: p <= 2^threshold stays exact in f32)
-//       O[16, Dvp] += P . V                             (tmm0-3 = O tiles, tmm4 = P, tmm5 = V)
-//     S of the next tile is issued before the softmax of the current one (two S buffers), so
+//       than kRescaleThreshold (else the stale max is kept: p <= 2^threshold stays exact in f32);
+//       blocks that every row of a tile sees in full (no mask, no soft-cap) take a lean path
+//       O[32, Dvp] += P . V                 (tmm0-3 = O tiles, tmm4-5 = P tiles, tmm6-7 = V tiles)
+//     S of the next pair is issued before the softmax of the current one (two S buffers), so
 //     the tile unit works while the vector units run the softmax.
 //   O / l -> out, lse.
 // The tile permission is requested by detect_cpu() (arch_prctl ARCH_REQ_XCOMP_PERM); the backend
-// selects this kernel only when that succeeded. Each work item loads the tile configuration and
-// releases the tiles when done.
+// selects this kernel only when that succeeded. Each thread loads the tile configuration once per
+// call, runs with flush-to-zero / denormals-are-zero (as the tile unit itself does), and restores
+// its MXCSR and releases the tiles when done.
 // GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which -Wuninitialized
 // reports at every inlined use; the header lines are exempted, nothing else.
 #pragma GCC diagnostic push
@@ -42,6 +47,7 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
+#include "backends/intel_amx/kernels/amx_tiles.h"
 #include "backends/intel_amx/kernels/vec_avx512.h"
 
 namespace attnkit::cpu_attention {
@@ -53,18 +59,22 @@ constexpr int kTileRows = 16;      // rows of every tile
 constexpr int kTileRowBytes = 64;  // bytes per tile row
 constexpr int kTileDepth = 32;     // bf16 elements per tile row: the K depth of one dot
 constexpr int kTileCols = 16;      // f32 columns of a result tile (and dwords of a B tile row)
+constexpr int kPairRows = 2 * kTileRows;               // rows of a row-tile pair
 constexpr int kKeyTiles = kAmxKeyBlock / kTileCols;    // result tiles of S across the key block
-constexpr int kScoreTilesPerPass = 4;                  // S tiles held in tmm0-3 during Q . K^T
 constexpr int kKeyChunks = kAmxKeyBlock / kTileDepth;  // dot depths of P . V across the block
 constexpr int kMaxRowTiles = kAmxRowsPerItem / kTileRows;
-constexpr int kOutTilesPerPass = 4;  // O tiles held in tmm0-3 during P . V
 constexpr int kPaletteAmx = 1;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// MXCSR flush-to-zero (bit 15) and denormals-are-zero (bit 6).
+constexpr unsigned kMxcsrFtzDaz = 0x8040;
 // log2 units: the running max is only raised (and O rescaled) when a block's max exceeds it by
 // more.
 constexpr float kRescaleThreshold = 8.f;
-static_assert(kKeyTiles % kScoreTilesPerPass == 0, "QK fills tmm0-3 with S tiles per pass");
-static_assert(kAmxKeyBlock % kTileDepth == 0 && kAmxRowsPerItem % kTileRows == 0);
+static_assert(kKeyTiles % 2 == 0, "Q . K^T fills tmm0-3 with 2 x 2 S tiles per pass");
+static_assert(kAmxKeyBlock % kTileDepth == 0 && kAmxRowsPerItem % kPairRows == 0);
+static_assert(kAmxMinRowsPerItem % kPairRows == 0);
+// Zeros standing in for the key/value rows past the end of a block (read in place).
+alignas(64) constexpr uint16_t kZeroRow[kMaxHeadDim] = {};
 
 struct alignas(64) TileConfig {
   uint8_t palette_id = 0;
@@ -74,16 +84,16 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Every tile 16 rows x 64 bytes; tmm0-5 are used.
+// Every tile 16 rows x 64 bytes; tmm0-7 are used.
 void load_tile_config() {
-  constexpr int kTilesUsed = 6;
+  constexpr int kTilesUsed = 8;
   TileConfig cfg;
   cfg.palette_id = kPaletteAmx;
   for (int t = 0; t < kTilesUsed; ++t) {
     cfg.colsb[t] = kTileRowBytes;
     cfg.rows[t] = kTileRows;
   }
-  _tile_loadconfig(&cfg);
+  tile_config(&cfg);
 }
 
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
@@ -109,6 +119,18 @@ V::F exp2_probability(V::F x) {
   p = V::fma(p, f, V::set1(kExp2C1));
   p = V::fma(p, f, V::set1(1.f));
   return _mm512_maskz_scalef_ps(live, p, n);
+}
+
+// 2^x for finite x <= kRescaleThreshold (no -inf lanes: the full-block path), same polynomial;
+// arguments below -149 give 0 through scalef.
+V::F exp2_finite(V::F x) {
+  const V::F n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const V::F f = V::sub(x, n);
+  V::F p = V::fma(V::set1(kExp2C4), f, V::set1(kExp2C3));
+  p = V::fma(p, f, V::set1(kExp2C2));
+  p = V::fma(p, f, V::set1(kExp2C1));
+  p = V::fma(p, f, V::set1(1.f));
+  return _mm512_scalef_ps(p, n);
 }
 
 // dst[0, n) = bf16(src[0, n)) (round to nearest even), then zeros up to n_padded. n % 16 == 0.
@@ -172,9 +194,9 @@ struct AmxScratch {
   uint16_t* q;         // [kAmxRowsPerItem, dp]
   uint16_t* k_stage;   // [kAmxKeyBlock, dp]
   uint16_t* k_packed;  // [dp / 32][kKeyTiles] tiles of [16 dword rows][16 keys]
-  uint16_t* v_stage;   // [kAmxKeyBlock, dvp]
+  uint16_t* v_stage;   // [kAmxKeyBlock, dvp], dvp = Dv rounded up to 32
   uint16_t* v_packed;  // [kKeyChunks][dvp / 16] tiles of [16 key pairs][16 columns x 2]
-  float* s;            // [16, kAmxKeyBlock]
+  float* s;            // [2][32, kAmxKeyBlock]
   uint16_t* p;         // [kAmxRowsPerItem, kAmxKeyBlock]
   float* o;            // [kAmxRowsPerItem, dvp]
   float* m;            // [kAmxRowsPerItem]
@@ -201,24 +223,24 @@ class AmxExtend {
  public:
   using T = typename S::T;
 
-  AmxExtend(const CpuAttentionParams& p)
+  explicit AmxExtend(const CpuAttentionParams& p)
       : p_(p),
         dp_(round_up(p.head_dim, kTileDepth)),
-        dvp_(round_up(p.v_head_dim, kTileCols)),
+        dvp_(round_up(p.v_head_dim, kTileDepth)),
+        k_in_place_(std::is_same_v<S, StoreBf16> && p.head_dim % kTileDepth == 0),
+        v_in_place_(std::is_same_v<S, StoreBf16> && p.v_head_dim % kTileDepth == 0),
         capped_(p.logit_cap > 0.f),
         pre_cap_(capped_ ? p.score_scale / p.logit_cap : p.score_scale),
-        post_cap_(capped_ ? p.logit_cap * kLog2e : kLog2e) {}
+        post_cap_(capped_ ? p.logit_cap * kLog2e : kLog2e),
+        lean_ok_(!capped_ && p.score_scale > 0.f) {}
 
   void run_item(const CpuRequest& rq, const ExtendItem& it, const AmxScratch& sc) {
     const int group = p_.group();
     const int nr = it.row_end - it.row_begin;
-    const int row_tiles = (nr + kTileRows - 1) / kTileRows;
+    const int row_tiles = (nr + kPairRows - 1) / kPairRows * 2;
     const int rows_padded = row_tiles * kTileRows;
     RowInfo rows[kAmxRowsPerItem];
-    int tile_lo[kMaxRowTiles];
-    int tile_hi[kMaxRowTiles];
-    std::fill(tile_lo, tile_lo + kMaxRowTiles, std::numeric_limits<int>::max());
-    std::fill(tile_hi, tile_hi + kMaxRowTiles, 0);
+    TileKeys tiles[kMaxRowTiles];
     for (int r = 0; r < rows_padded; ++r) {
       uint16_t* q_row = sc.q + static_cast<int64_t>(r) * dp_;
       if (r >= nr) {
@@ -231,9 +253,12 @@ class AmxExtend {
       ri.token = flat / group;
       ri.head = it.kv_head * group + flat % group;
       visible_keys(p_, rq.first_q_pos + ri.token, rq.seq_len, &ri.lo, &ri.hi);
+      TileKeys& tk = tiles[r / kTileRows];
+      tk.all_lo = std::max(tk.all_lo, ri.lo);
+      tk.all_hi = std::min(tk.all_hi, ri.hi);
       if (ri.hi > ri.lo) {
-        tile_lo[r / kTileRows] = std::min(tile_lo[r / kTileRows], ri.lo);
-        tile_hi[r / kTileRows] = std::max(tile_hi[r / kTileRows], ri.hi);
+        tk.any_lo = std::min(tk.any_lo, ri.lo);
+        tk.any_hi = std::max(tk.any_hi, ri.hi);
       }
       const int64_t q_off =
           (rq.q_start + ri.token) * p_.q_token_stride + ri.head * p_.q_head_stride;
@@ -242,29 +267,38 @@ class AmxExtend {
     int k_lo = std::numeric_limits<int>::max();
     int k_hi = 0;
     for (int t = 0; t < row_tiles; ++t) {
-      k_lo = std::min(k_lo, tile_lo[t]);
-      k_hi = std::max(k_hi, tile_hi[t]);
+      k_lo = std::min(k_lo, tiles[t].any_lo);
+      k_hi = std::max(k_hi, tiles[t].any_hi);
     }
     std::fill(sc.m, sc.m + rows_padded, kNegInf);
     std::fill(sc.l, sc.l + rows_padded, 0.f);
     std::fill(sc.o, sc.o + static_cast<int64_t>(rows_padded) * dvp_, 0.f);
 
     const int32_t* slots = rq.slots(p_);
-    float* s_buf[2] = {sc.s, sc.s + kTileRows * kAmxKeyBlock};
+    float* s_buf[2] = {sc.s, sc.s + kPairRows * kAmxKeyBlock};
     for (int k0 = k_lo; k0 < k_hi; k0 += kAmxKeyBlock) {
       const int n = std::min(kAmxKeyBlock, k_hi - k0);
-      int active[kMaxRowTiles];
+      int active[kMaxRowTiles / 2];
       int num_active = 0;
-      for (int t = 0; t < row_tiles; ++t) {
-        if (tile_hi[t] > k0 && tile_lo[t] < k0 + n) active[num_active++] = t;
+      for (int t = 0; t < row_tiles; t += 2) {
+        if (tiles[t].sees(k0, n) || tiles[t + 1].sees(k0, n)) active[num_active++] = t;
       }
       if (num_active == 0) continue;
       stage_and_pack(slots + k0, n, it.kv_head, sc);
-      scores_tile(sc, active[0], s_buf[0]);
+      scores_pair(sc, active[0], s_buf[0]);
       for (int a = 0; a < num_active; ++a) {
-        if (a + 1 < num_active) scores_tile(sc, active[a + 1], s_buf[(a + 1) & 1]);
-        softmax_tile(sc, active[a], k0, n, rows, nr, s_buf[a & 1]);
-        pv_tile(sc, active[a]);
+        if (a + 1 < num_active) scores_pair(sc, active[a + 1], s_buf[(a + 1) & 1]);
+        const int t = active[a];
+        float* s = s_buf[a & 1];
+        for (int half = 0; half < 2; ++half) {
+          float* s_tile = s + half * kTileRows * kAmxKeyBlock;
+          if (lean_ok_ && n == kAmxKeyBlock && tiles[t + half].covers(k0, n)) {
+            softmax_tile_full(sc, t + half, s_tile);
+          } else {
+            softmax_tile(sc, t + half, k0, n, rows, nr, s_tile);
+          }
+        }
+        pv_pair(sc, t);
       }
     }
     for (int r = 0; r < nr; ++r) {
@@ -274,23 +308,47 @@ class AmxExtend {
   }
 
  private:
-  // Gathers n key/value rows (slots [0, n)) of kv head h into bf16 stages (zero rows after n)
-  // and packs them into the VNNI tile layouts.
-  void stage_and_pack(const int32_t* slots, int n, int h, const AmxScratch& sc) {
-    const T* k_base = static_cast<const T*>(p_.k_cache) + h * p_.k_head_stride;
-    const T* v_base = static_cast<const T*>(p_.v_cache) + h * p_.v_head_stride;
+  // Visible-key facts of one 16-row tile: the union [any_lo, any_hi) of its rows' ranges and the
+  // intersection [all_lo, all_hi) (every row sees those keys; padding rows see none).
+  struct TileKeys {
+    int any_lo = std::numeric_limits<int>::max();
+    int any_hi = 0;
+    int all_lo = 0;
+    int all_hi = std::numeric_limits<int>::max();
+    bool sees(int k0, int n) const { return any_hi > k0 && any_lo < k0 + n; }
+    bool covers(int k0, int n) const { return all_lo <= k0 && all_hi >= k0 + n; }
+  };
+
+  // Points rows[0, kAmxKeyBlock) at the n bf16 rows (slots [0, n)) of kv head h of `cache`, in
+  // place or converted into `stage`; rows past n point at zeros.
+  void gather_rows(const void* cache, int64_t row_stride, int64_t head_stride, const int32_t* slots,
+                   int n, int h, int dim, int dim_padded, bool in_place, uint16_t* stage,
+                   const uint16_t** rows) const {
+    const T* base = static_cast<const T*>(cache) + h * head_stride;
     for (int t = 0; t < kAmxKeyBlock; ++t) {
-      uint16_t* ks = sc.k_stage + static_cast<int64_t>(t) * dp_;
-      uint16_t* vs = sc.v_stage + static_cast<int64_t>(t) * dvp_;
       if (t >= n) {
-        std::fill(ks, ks + dp_, uint16_t{0});
-        std::fill(vs, vs + dvp_, uint16_t{0});
+        rows[t] = kZeroRow;
         continue;
       }
-      const int64_t slot = slots[t];
-      convert_row_bf16<S>(k_base + slot * p_.k_row_stride, p_.head_dim, dp_, ks);
-      convert_row_bf16<S>(v_base + slot * p_.v_row_stride, p_.v_head_dim, dvp_, vs);
+      const T* src = base + static_cast<int64_t>(slots[t]) * row_stride;
+      if (in_place) {
+        rows[t] = reinterpret_cast<const uint16_t*>(src);
+      } else {
+        uint16_t* dst = stage + static_cast<int64_t>(t) * dim_padded;
+        convert_row_bf16<S>(src, dim, dim_padded, dst);
+        rows[t] = dst;
+      }
     }
+  }
+
+  // Packs the block's n keys/values (slots [0, n)) of kv head h into the VNNI tile layouts.
+  void stage_and_pack(const int32_t* slots, int n, int h, const AmxScratch& sc) {
+    const uint16_t* k_rows[kAmxKeyBlock];
+    const uint16_t* v_rows[kAmxKeyBlock];
+    gather_rows(p_.k_cache, p_.k_row_stride, p_.k_head_stride, slots, n, h, p_.head_dim, dp_,
+                k_in_place_, sc.k_stage, k_rows);
+    gather_rows(p_.v_cache, p_.v_row_stride, p_.v_head_stride, slots, n, h, p_.v_head_dim, dvp_,
+                v_in_place_, sc.v_stage, v_rows);
     // K^T: tile (c, kt) row r (d pair 2r, 2r+1 of depth chunk c), column j (key kt * 16 + j).
     const int depth_chunks = dp_ / kTileDepth;
     for (int c = 0; c < depth_chunks; ++c) {
@@ -298,30 +356,44 @@ class AmxExtend {
         __m512i in[kTileRows];
         __m512i out[kTileRows];
         for (int j = 0; j < kTileRows; ++j) {
-          in[j] = _mm512_loadu_si512(sc.k_stage + static_cast<int64_t>(kt * kTileCols + j) * dp_ +
-                                     c * kTileDepth);
+          in[j] = _mm512_loadu_si512(k_rows[kt * kTileCols + j] + c * kTileDepth);
         }
         transpose_16x16_epi32(in, out);
         uint16_t* tile = k_tile(sc, c, kt);
         for (int r = 0; r < kTileRows; ++r) _mm512_storeu_si512(tile + r * kTileDepth, out[r]);
       }
     }
-    // V: tile (kc, j) row r = keys (kc * 32 + 2r, + 1) interleaved over columns j * 16 .. + 16.
-    const int col_tiles = dvp_ / kTileCols;
+    // V: tile (kc, j) row r = keys (kc * 32 + 2r, + 1) interleaved over columns j * 16 .. + 16;
+    // one permute per 16 columns interleaves 32-column halves of the even and odd rows.
+    const __m512i lo_pairs = pair_interleave_index(0);
+    const __m512i hi_pairs = pair_interleave_index(kTileCols);
+    const int col_pairs = dvp_ / kTileDepth;
     for (int kc = 0; kc < kKeyChunks; ++kc) {
-      for (int j = 0; j < col_tiles; ++j) {
-        uint16_t* tile = v_tile(sc, kc, j);
-        for (int r = 0; r < kTileRows; ++r) {
-          const uint16_t* even =
-              sc.v_stage + static_cast<int64_t>(kc * kTileDepth + 2 * r) * dvp_ + j * kTileCols;
-          const __m512i a =
-              _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even)));
-          const __m512i b = _mm512_cvtepu16_epi32(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + dvp_)));
-          _mm512_storeu_si512(tile + r * kTileDepth, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+      for (int r = 0; r < kTileRows; ++r) {
+        const uint16_t* even = v_rows[kc * kTileDepth + 2 * r];
+        const uint16_t* odd = v_rows[kc * kTileDepth + 2 * r + 1];
+        for (int cp = 0; cp < col_pairs; ++cp) {
+          const __m512i a = _mm512_loadu_si512(even + cp * kTileDepth);
+          const __m512i b = _mm512_loadu_si512(odd + cp * kTileDepth);
+          _mm512_storeu_si512(v_tile(sc, kc, 2 * cp) + r * kTileDepth,
+                              _mm512_permutex2var_epi16(a, lo_pairs, b));
+          _mm512_storeu_si512(v_tile(sc, kc, 2 * cp + 1) + r * kTileDepth,
+                              _mm512_permutex2var_epi16(a, hi_pairs, b));
         }
       }
     }
+  }
+
+  // Word indices (a[first], b[first], a[first + 1], b[first + 1], ...) for permutex2var_epi16:
+  // 16 columns of the even row (a) and the odd row (b) as bf16 pairs.
+  static __m512i pair_interleave_index(int first) {
+    alignas(64) uint16_t idx[2 * kTileCols];
+    constexpr int kSecondSource = 2 * kTileCols;  // word index 32 + i selects b[i]
+    for (int i = 0; i < kTileCols; ++i) {
+      idx[2 * i] = static_cast<uint16_t>(first + i);
+      idx[2 * i + 1] = static_cast<uint16_t>(kSecondSource + first + i);
+    }
+    return _mm512_load_si512(idx);
   }
 
   uint16_t* k_tile(const AmxScratch& sc, int c, int kt) const {
@@ -331,34 +403,53 @@ class AmxExtend {
     return sc.v_packed + static_cast<int64_t>(kc * (dvp_ / kTileCols) + j) * kTileRows * kTileDepth;
   }
 
-  // s[16, kAmxKeyBlock] = Q rows of tile t . K^T of the block, kScoreTilesPerPass key tiles per
-  // pass.
-  void scores_tile(const AmxScratch& sc, int t, float* s) {
+  // s[32, kAmxKeyBlock] = Q rows of tiles t, t + 1 . K^T of the block: 2 x 2 S tiles per pass.
+  void scores_pair(const AmxScratch& sc, int t, float* s) {
     const int q_stride = dp_ * static_cast<int>(sizeof(uint16_t));
-    const uint16_t* q_tile = sc.q + static_cast<int64_t>(t) * kTileRows * dp_;
+    const uint16_t* q0 = sc.q + static_cast<int64_t>(t) * kTileRows * dp_;
+    const uint16_t* q1 = q0 + static_cast<int64_t>(kTileRows) * dp_;
     constexpr int kSStride = kAmxKeyBlock * sizeof(float);
-    for (int kt = 0; kt < kKeyTiles; kt += kScoreTilesPerPass) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
+    float* s1 = s + kTileRows * kAmxKeyBlock;
+    for (int kt = 0; kt < kKeyTiles; kt += 2) {
+      tile_zero<0>();
+      tile_zero<1>();
+      tile_zero<2>();
+      tile_zero<3>();
       for (int c = 0; c < dp_ / kTileDepth; ++c) {
-        _tile_loadd(4, q_tile + c * kTileDepth, q_stride);
-        _tile_loadd(5, k_tile(sc, c, kt + 0), kTileRowBytes);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(5, k_tile(sc, c, kt + 1), kTileRowBytes);
-        _tile_dpbf16ps(1, 4, 5);
-        _tile_loadd(5, k_tile(sc, c, kt + 2), kTileRowBytes);
-        _tile_dpbf16ps(2, 4, 5);
-        _tile_loadd(5, k_tile(sc, c, kt + 3), kTileRowBytes);
-        _tile_dpbf16ps(3, 4, 5);
+        tile_load<4>(q0 + c * kTileDepth, q_stride);
+        tile_load<6>(k_tile(sc, c, kt), kTileRowBytes);
+        tile_dpbf16ps<0, 4, 6>();
+        tile_load<7>(k_tile(sc, c, kt + 1), kTileRowBytes);
+        tile_dpbf16ps<1, 4, 7>();
+        tile_load<5>(q1 + c * kTileDepth, q_stride);
+        tile_dpbf16ps<2, 5, 6>();
+        tile_dpbf16ps<3, 5, 7>();
       }
-      float* s_pass = s + kt * kTileCols;
-      _tile_stored(0, s_pass + 0 * kTileCols, kSStride);
-      _tile_stored(1, s_pass + 1 * kTileCols, kSStride);
-      _tile_stored(2, s_pass + 2 * kTileCols, kSStride);
-      _tile_stored(3, s_pass + 3 * kTileCols, kSStride);
+      tile_store<0>(s + kt * kTileCols, kSStride);
+      tile_store<1>(s + (kt + 1) * kTileCols, kSStride);
+      tile_store<2>(s1 + kt * kTileCols, kSStride);
+      tile_store<3>(s1 + (kt + 1) * kTileCols, kSStride);
     }
+  }
+
+  // Raises the running max of the 16 rows of tile t to block_max[i] where it exceeds it by more
+  // than kRescaleThreshold; alpha[i] = the factor the row's l and O must be scaled by.
+  void update_max(const AmxScratch& sc, int t, const float* block_max, float* alpha) {
+    float* m_tile = sc.m + t * kTileRows;
+    const V::F m_old = V::load(m_tile);
+    const V::F b_max = V::load(block_max);
+    // Always raised for a row's first keys: -inf + threshold = -inf.
+    const __mmask16 raise =
+        _mm512_cmp_ps_mask(b_max, V::add(m_old, V::set1(kRescaleThreshold)), _CMP_GT_OQ);
+    const V::F m_new = _mm512_mask_blend_ps(raise, m_old, b_max);
+    V::store(alpha, _mm512_mask_blend_ps(raise, V::set1(1.f), V::exp2(V::sub(m_old, m_new))));
+    V::store(m_tile, m_new);
+  }
+
+  void rescale_o_row(const AmxScratch& sc, int r, float alpha) {
+    float* o_row = sc.o + static_cast<int64_t>(r) * dvp_;
+    const V::F a = V::set1(alpha);
+    for (int d = 0; d < dvp_; d += V::kWidth) V::store(o_row + d, V::mul(V::load(o_row + d), a));
   }
 
   // Online softmax of the 16 score rows of tile t (keys k0 .. k0 + n): P rows in bf16, m/l
@@ -389,18 +480,10 @@ class AmxExtend {
       }
       block_max[i] = V::reduce_max(mx);
     }
-    float* m_tile = sc.m + t * kTileRows;
-    float* l_tile = sc.l + t * kTileRows;
-    const V::F m_old = V::load(m_tile);
-    const V::F b_max = V::load(block_max);
-    // Raise the max only where the block's max exceeds it by more than the threshold (always for
-    // a row's first keys: -inf + threshold = -inf).
-    const __mmask16 raise =
-        _mm512_cmp_ps_mask(b_max, V::add(m_old, V::set1(kRescaleThreshold)), _CMP_GT_OQ);
-    const V::F m_new = _mm512_mask_blend_ps(raise, m_old, b_max);
     alignas(64) float alpha[kTileRows];
-    V::store(alpha, _mm512_mask_blend_ps(raise, V::set1(1.f), V::exp2(V::sub(m_old, m_new))));
-    V::store(m_tile, m_new);
+    update_max(sc, t, block_max, alpha);
+    const float* m_tile = sc.m + t * kTileRows;
+    float* l_tile = sc.l + t * kTileRows;
     for (int i = 0; i < kTileRows; ++i) {
       const int r = t * kTileRows + i;
       uint16_t* p_row = sc.p + static_cast<int64_t>(r) * kAmxKeyBlock;
@@ -419,59 +502,90 @@ class AmxExtend {
                             reinterpret_cast<const __m256i&>(h));
       }
       l_tile[i] = l_tile[i] * alpha[i] + V::reduce_add(sum);
-      if (alpha[i] != 1.f) {
-        float* o_row = sc.o + static_cast<int64_t>(r) * dvp_;
-        const V::F a = V::set1(alpha[i]);
-        for (int d = 0; d < dvp_; d += V::kWidth)
-          V::store(o_row + d, V::mul(V::load(o_row + d), a));
-      }
+      if (alpha[i] != 1.f) rescale_o_row(sc, r, alpha[i]);
     }
   }
 
-  // O rows of tile t += P . V over the key block, kOutTilesPerPass output tiles at a time.
-  void pv_tile(const AmxScratch& sc, int t) {
+  // softmax_tile for a block every row of tile t sees in full, without soft-cap: the raw scores
+  // are only scanned for their max (score_scale > 0 keeps the order), and each probability is one
+  // FMA (scale, subtract the max) and one exp2 from the raw score; no masks.
+  void softmax_tile_full(const AmxScratch& sc, int t, const float* s) {
+    constexpr int kVecs = kAmxKeyBlock / V::kWidth;
+    static_assert(kVecs % 2 == 0, "probabilities are converted to bf16 32 at a time");
+    const float scale = pre_cap_ * post_cap_;  // score_scale * log2(e)
+    const V::F scale_vec = V::set1(scale);
+    alignas(64) float block_max[kTileRows];
+    for (int i = 0; i < kTileRows; ++i) {
+      const float* s_row = s + i * kAmxKeyBlock;
+      V::F mx = V::load(s_row);
+      for (int v = 1; v < kVecs; ++v) mx = V::max(mx, V::load(s_row + v * V::kWidth));
+      block_max[i] = V::reduce_max(mx);
+    }
+    V::store(block_max, V::mul(V::load(block_max), scale_vec));
+    alignas(64) float alpha[kTileRows];
+    update_max(sc, t, block_max, alpha);
+    const float* m_tile = sc.m + t * kTileRows;
+    float* l_tile = sc.l + t * kTileRows;
+    for (int i = 0; i < kTileRows; ++i) {
+      const int r = t * kTileRows + i;
+      uint16_t* p_row = sc.p + static_cast<int64_t>(r) * kAmxKeyBlock;
+      const float* s_row = s + i * kAmxKeyBlock;
+      const V::F neg_m = V::set1(-m_tile[i]);
+      V::F sum = V::zero();
+      for (int v = 0; v < kVecs; v += 2) {
+        const V::F e0 = exp2_finite(V::fma(V::load(s_row + v * V::kWidth), scale_vec, neg_m));
+        const V::F e1 = exp2_finite(V::fma(V::load(s_row + (v + 1) * V::kWidth), scale_vec, neg_m));
+        sum = V::add(sum, V::add(e0, e1));
+        const __m512bh h = _mm512_cvtne2ps_pbh(e1, e0);  // e0 in the low half
+        _mm512_storeu_si512(p_row + v * V::kWidth, reinterpret_cast<const __m512i&>(h));
+      }
+      l_tile[i] = l_tile[i] * alpha[i] + V::reduce_add(sum);
+      if (alpha[i] != 1.f) rescale_o_row(sc, r, alpha[i]);
+    }
+  }
+
+  // O rows of tiles t, t + 1 += P . V over the key block: 2 x 2 O tiles per pass.
+  void pv_pair(const AmxScratch& sc, int t) {
     const int col_tiles = dvp_ / kTileCols;
     const int o_stride = dvp_ * static_cast<int>(sizeof(float));
     constexpr int kPStride = kAmxKeyBlock * sizeof(uint16_t);
-    float* o_tile = sc.o + static_cast<int64_t>(t) * kTileRows * dvp_;
-    const uint16_t* p_tile = sc.p + static_cast<int64_t>(t) * kTileRows * kAmxKeyBlock;
-    for (int j0 = 0; j0 < col_tiles; j0 += kOutTilesPerPass) {
-      const int cnt = std::min(kOutTilesPerPass, col_tiles - j0);
-      float* o0 = o_tile + j0 * kTileCols;
-      _tile_loadd(0, o0, o_stride);
-      if (cnt > 1) _tile_loadd(1, o0 + kTileCols, o_stride);
-      if (cnt > 2) _tile_loadd(2, o0 + 2 * kTileCols, o_stride);
-      if (cnt > 3) _tile_loadd(3, o0 + 3 * kTileCols, o_stride);
+    float* o0 = sc.o + static_cast<int64_t>(t) * kTileRows * dvp_;
+    float* o1 = o0 + static_cast<int64_t>(kTileRows) * dvp_;
+    const uint16_t* p0 = sc.p + static_cast<int64_t>(t) * kTileRows * kAmxKeyBlock;
+    const uint16_t* p1 = p0 + kTileRows * kAmxKeyBlock;
+    for (int j = 0; j < col_tiles; j += 2) {
+      float* o0j = o0 + j * kTileCols;
+      float* o1j = o1 + j * kTileCols;
+      tile_load<0>(o0j, o_stride);
+      tile_load<1>(o0j + kTileCols, o_stride);
+      tile_load<2>(o1j, o_stride);
+      tile_load<3>(o1j + kTileCols, o_stride);
       for (int kc = 0; kc < kKeyChunks; ++kc) {
-        _tile_loadd(4, p_tile + kc * kTileDepth, kPStride);
-        _tile_loadd(5, v_tile(sc, kc, j0), kTileRowBytes);
-        _tile_dpbf16ps(0, 4, 5);
-        if (cnt > 1) {
-          _tile_loadd(5, v_tile(sc, kc, j0 + 1), kTileRowBytes);
-          _tile_dpbf16ps(1, 4, 5);
-        }
-        if (cnt > 2) {
-          _tile_loadd(5, v_tile(sc, kc, j0 + 2), kTileRowBytes);
-          _tile_dpbf16ps(2, 4, 5);
-        }
-        if (cnt > 3) {
-          _tile_loadd(5, v_tile(sc, kc, j0 + 3), kTileRowBytes);
-          _tile_dpbf16ps(3, 4, 5);
-        }
+        tile_load<4>(p0 + kc * kTileDepth, kPStride);
+        tile_load<6>(v_tile(sc, kc, j), kTileRowBytes);
+        tile_dpbf16ps<0, 4, 6>();
+        tile_load<7>(v_tile(sc, kc, j + 1), kTileRowBytes);
+        tile_dpbf16ps<1, 4, 7>();
+        tile_load<5>(p1 + kc * kTileDepth, kPStride);
+        tile_dpbf16ps<2, 5, 6>();
+        tile_dpbf16ps<3, 5, 7>();
       }
-      _tile_stored(0, o0, o_stride);
-      if (cnt > 1) _tile_stored(1, o0 + kTileCols, o_stride);
-      if (cnt > 2) _tile_stored(2, o0 + 2 * kTileCols, o_stride);
-      if (cnt > 3) _tile_stored(3, o0 + 3 * kTileCols, o_stride);
+      tile_store<0>(o0j, o_stride);
+      tile_store<1>(o0j + kTileCols, o_stride);
+      tile_store<2>(o1j, o_stride);
+      tile_store<3>(o1j + kTileCols, o_stride);
     }
   }
 
   const CpuAttentionParams& p_;
   const int dp_;
   const int dvp_;
+  const bool k_in_place_;  // bf16 K rows whose dim is a multiple of the tile depth: no staging
+  const bool v_in_place_;
   const bool capped_;
   const float pre_cap_;
   const float post_cap_;
+  const bool lean_ok_;  // softmax_tile_full applies to full blocks
 };
 
 template <class S>
@@ -488,12 +602,15 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
 #endif
     const AmxScratch sc = carve(ts, tid, lay);
     AmxExtend<S> kernel(p);
+    const unsigned mxcsr = _mm_getcsr();
+    _mm_setcsr(mxcsr | kMxcsrFtzDaz);
     load_tile_config();
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < num_items; ++i) {
       kernel.run_item((*w.requests)[items[i].request], items[i], sc);
     }
-    _tile_release();
+    tile_release();
+    _mm_setcsr(mxcsr);
   }
 }
 

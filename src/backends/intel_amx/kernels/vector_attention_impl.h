@@ -10,7 +10,9 @@
 //     s[g][t] = log2(e) * cap(score_scale * q[g] . k[t])          (heads of the group share k[t])
 //     m' = max(m, max_t s);  alpha = 2^(m - m');  p = 2^(s - m');  l = l * alpha + sum_t p
 //     acc[g] = acc[g] * alpha + sum_t p[g][t] * v[t]
-// Each K/V row is loaded once per block and used by every head of the group.
+// Each K/V row is loaded once per block and used by every head of the group. With the bf16 pair
+// dot product (kBf16Dot: AVX512-BF16, bf16 q, bf16 or fp8_e4m3 KV) q.k runs on bf16 pairs and
+// p.v on (p[t], p[t + 1]) x (v[t][d], v[t + 1][d]) pairs, p rounded to bf16 (as on the AMX path).
 #pragma once
 
 #include <algorithm>
@@ -78,15 +80,17 @@ inline void qk_block(const typename S::T* const* k_rows, int n, const float* q,
       if constexpr (kBf16Dot) {
         int d = 0;
         for (; d + V::kBf16PerDot <= d_len; d += V::kBf16PerDot) {
-          const auto kk = V::load_bf16_pairs(k + d);
+          const auto kk = V::template load_k_pairs<S>(k + d);
           for (int j = 0; j < kN; ++j) {
-            acc[j] = V::dot_bf16(acc[j], V::load_bf16_pairs(q_bf16 + j * d_len + d), kk);
+            acc[j] = V::dot_bf16(acc[j],
+                                 V::template load_k_pairs<StoreBf16>(q_bf16 + j * d_len + d), kk);
           }
         }
         if (d < d_len) {
-          const auto kk = V::load_bf16_half(k + d);
+          const auto kk = V::template load_k_half<S>(k + d);
           for (int j = 0; j < kN; ++j) {
-            acc[j] = V::dot_bf16(acc[j], V::load_bf16_half(q_bf16 + j * d_len + d), kk);
+            acc[j] =
+                V::dot_bf16(acc[j], V::template load_k_half<StoreBf16>(q_bf16 + j * d_len + d), kk);
           }
         }
       } else {
@@ -120,6 +124,27 @@ inline void pv_tile(const typename S::T* const* v_rows, int n, int d, const floa
   }
   for (int j = 0; j < kN; ++j) V::store(acc + j * acc_stride, a[j]);
 }
+
+// acc[j] = acc[j] * alpha[j] + sum_t p[j][t] * v_rows[t][d .. d + kWidth), two keys per bf16 pair
+// dot product; p_pairs [kN, kKeyBlock / 2] bf16 pairs (p[j][2i], p[j][2i + 1]); n is even (an odd
+// block's last row points at zeros, its probability is 0).
+template <class V, class S, int kN>
+inline void pv_tile_pairs(const typename S::T* const* v_rows, int n, int d, const uint32_t* p_pairs,
+                          const float* alpha, float* acc, int64_t acc_stride) {
+  constexpr int kPairsPerHead = kKeyBlock / 2;
+  typename V::F a[kN];
+  for (int j = 0; j < kN; ++j) a[j] = V::mul(V::load(acc + j * acc_stride), V::set1(alpha[j]));
+  for (int t = 0; t < n; t += 2) {
+    const auto vv = V::template load_v_pairs<S>(v_rows[t] + d, v_rows[t + 1] + d);
+    for (int j = 0; j < kN; ++j) {
+      a[j] = V::dot_bf16(a[j], V::broadcast_pair(p_pairs[j * kPairsPerHead + t / 2]), vv);
+    }
+  }
+  for (int j = 0; j < kN; ++j) V::store(acc + j * acc_stride, a[j]);
+}
+
+// Zeros standing in for the missing odd row of a key block (pv_tile_pairs), any storage type.
+alignas(64) constexpr float kZeroRow[kMaxHeadDim] = {};
 
 // Prefetches the cache lines of one pool row (the next key block's K/V rows are gathered through
 // req_to_token, which the hardware prefetchers cannot follow).
@@ -206,11 +231,27 @@ void attend_span(const CpuAttentionParams& p, const int32_t* slots, int kv_head,
       sc.l[g] = sc.l[g] * alpha + V::reduce_add(sum);
       sc.m[g] = m_new;
     }
-    for (int d = 0; d < dv_len; d += V::kWidth) {
+    if constexpr (kBf16Dot) {
+      static_assert(kKeyBlock == V::kWidth, "one vector of probabilities per head and block");
+      const int n_even = n + (n & 1);
+      if (n_even != n) v_rows[n] = reinterpret_cast<const T*>(kZeroRow);
       for_head_tiles(n_heads, [&]<int kN>(int g0) {
-        pv_tile<V, S, kN>(v_rows, n, d, sc.scores + g0 * kKeyBlock, sc.alpha + g0,
-                          sc.acc + g0 * dv_len + d, dv_len);
+        alignas(64) uint32_t p_pairs[kN * kKeyBlock / 2];
+        for (int j = 0; j < kN; ++j) {
+          V::store_bf16_pairs(sc.scores + (g0 + j) * kKeyBlock, p_pairs + j * kKeyBlock / 2);
+        }
+        for (int d = 0; d < dv_len; d += V::kWidth) {
+          pv_tile_pairs<V, S, kN>(v_rows, n_even, d, p_pairs, sc.alpha + g0,
+                                  sc.acc + g0 * dv_len + d, dv_len);
+        }
       });
+    } else {
+      for (int d = 0; d < dv_len; d += V::kWidth) {
+        for_head_tiles(n_heads, [&]<int kN>(int g0) {
+          pv_tile<V, S, kN>(v_rows, n, d, sc.scores + g0 * kKeyBlock, sc.alpha + g0,
+                            sc.acc + g0 * dv_len + d, dv_len);
+        });
+      }
     }
   }
 }
@@ -281,7 +322,8 @@ void run_extend(const CpuAttentionParams& p, const ExtendWork& w, const ThreadSc
   }
 }
 
-// Runtime KV dtype -> storage tag. The bf16 dot product applies when both q and K are bf16.
+// Runtime KV dtype -> storage tag. The bf16 dot products apply when q is bf16 and K/V are bf16
+// or fp8_e4m3 (widened to bf16 exactly).
 template <class V, template <class, class, bool> class Run, class Work>
 void dispatch_kv(const CpuAttentionParams& p, const Work& w, const ThreadScratch& ts) {
   switch (p.kv_dtype) {
@@ -295,6 +337,9 @@ void dispatch_kv(const CpuAttentionParams& p, const Work& w, const ThreadScratch
     case DType::kF32:
       return Run<V, StoreF32, false>::run(p, w, ts);
     case DType::kFP8E4M3:
+      if constexpr (V::kHasBf16Dot) {
+        if (p.act_dtype == DType::kBF16) return Run<V, StoreFp8E4M3, true>::run(p, w, ts);
+      }
       return Run<V, StoreFp8E4M3, false>::run(p, w, ts);
     case DType::kFP8E5M2:
       return Run<V, StoreFp8E5M2, false>::run(p, w, ts);
