@@ -1,5 +1,6 @@
 // The AMX tile operations the extend kernel uses (tile_load<3>(...), tile_dpbf16ps<0, 4, 6>()),
-// thin wrappers of the hardware intrinsics. Include only from a translation unit compiled with amx-tile,amx-bf16 enabled.
+// thin wrappers of the hardware intrinsics. Include only from a translation unit compiled with
+// amx-tile,amx-bf16 enabled.
 //
 // Test-only: with ATTNKIT_AMX_EMULATE defined (a development build: -DATTNKIT_AMX_EMULATE in
 // CMAKE_CXX_FLAGS), the wrappers run a plain C++ model of the eight tile registers instead, and
