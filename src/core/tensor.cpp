@@ -8,6 +8,10 @@
 #include <sstream>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #ifdef ATTNKIT_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -17,6 +21,7 @@ namespace {
 
 // Host allocations are aligned (and padded) to one cache line, enough for any SIMD load.
 constexpr int64_t kHostAlignment = 64;
+constexpr int64_t kHostHugePageBytes = int64_t{2} << 20;  // x86-64 / arm64 transparent huge page
 constexpr int64_t kBitsPerByte = 8;
 
 std::string join_dims(const int64_t* dims, int n) {
@@ -262,14 +267,23 @@ Result<Buffer> Buffer::allocate(Device device, int64_t bytes) {
   buffer.bytes_ = bytes;
   if (bytes == 0) return buffer;
   if (device.is_cpu()) {
-    const int64_t padded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+    // Big buffers (KV pools, benchmark inputs) start on a 2 MiB boundary and ask for transparent
+    // huge pages: the CPU kernels gather 256-byte K/V head rows at a stride of Hkv rows, touching
+    // a new 4 KiB page every few keys, and the page walks cost more than the bytes.
+    const int64_t align = bytes >= kHostHugePageBytes ? kHostHugePageBytes : kHostAlignment;
+    const int64_t padded = (bytes + align - 1) / align * align;
     buffer.data_ = padded < bytes ? nullptr
-                                  : std::aligned_alloc(static_cast<size_t>(kHostAlignment),
+                                  : std::aligned_alloc(static_cast<size_t>(align),
                                                        static_cast<size_t>(padded));
     if (buffer.data_ == nullptr) {
       buffer.bytes_ = 0;
       return Status::out_of_memory("host allocation of " + std::to_string(bytes) + " bytes failed");
     }
+#if defined(__linux__)
+    // Advice only: without THP (or with it disabled) the buffer keeps 4 KiB pages.
+    if (align == kHostHugePageBytes)
+      madvise(buffer.data_, static_cast<size_t>(padded), MADV_HUGEPAGE);
+#endif
     return buffer;
   }
 #ifdef ATTNKIT_WITH_CUDA
