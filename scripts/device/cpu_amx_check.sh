@@ -4,8 +4,8 @@
 # path, then `attnkit bench --device cpu` (prefill: all cases; decode: batch 8, kv 4096, bf16 and
 # fp8_e4m3 KV) with all cores and with 2 threads, and torch_native on the bf16 decode point.
 # Every step has its own time limit so the whole stays under ~230 s. At most 8 files come back
-# from $OUT: build.log test_amx.log bench.log prefill_2t.json decode_all.json decode_2t.json
-# torch_native.json.
+# from $OUT: build.log test_amx.log bench.log prefill_all.json prefill_2t.json decode_all.json
+# decode_2t.json torch_native.json.
 #   run(carry=[".deps"], command="bash scripts/device/cpu_amx_check.sh")
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
