@@ -122,19 +122,26 @@ void load_query_rows(const CpuAttentionParams& p, int token, int hq0, int n, flo
   }
 }
 
+void row_epilogue(const CpuAttentionParams& p, int hq, float m, float l, float* factor,
+                  float* lse) {
+  float rescale = 1.f;
+  fold_sink(p, hq, &m, &l, &rescale);
+  if (l == 0.f) {
+    *factor = 0.f;
+    *lse = kNegInf;
+    return;
+  }
+  *factor = rescale * p.value_scale / l;
+  *lse = (m + std::log2(l)) * kLn2;
+}
+
 void finalize_rows(const CpuAttentionParams& p, int token, int hq0, int n, const float* m,
                    const float* l, const float* acc, int64_t acc_stride) {
   for (int j = 0; j < n; ++j) {
-    float mj = m[j];
-    float lj = l[j];
-    float rescale = 1.f;
-    fold_sink(p, hq0 + j, &mj, &lj, &rescale);
-    if (lj == 0.f) {
-      store_row(p, token, hq0 + j, acc + j * acc_stride, 0.f, kNegInf);
-      continue;
-    }
-    store_row(p, token, hq0 + j, acc + j * acc_stride, rescale * p.value_scale / lj,
-              (mj + std::log2(lj)) * kLn2);
+    float factor = 0.f;
+    float lse = 0.f;
+    row_epilogue(p, hq0 + j, m[j], l[j], &factor, &lse);
+    store_row(p, token, hq0 + j, acc + j * acc_stride, factor, lse);
   }
 }
 

@@ -184,6 +184,9 @@ void load_query_rows(const CpuAttentionParams& p, int token, int hq0, int n, flo
 // log2 units), acc [n, acc_stride] unnormalised; applies sinks and value_scale.
 void finalize_rows(const CpuAttentionParams& p, int token, int hq0, int n, const float* m,
                    const float* l, const float* acc, int64_t acc_stride);
+// The epilogue factors of one row from its online-softmax state (m in log2 units, l): out =
+// acc * *factor (sinks and value_scale folded in; 0 when l is 0) and the natural-log LSE.
+void row_epilogue(const CpuAttentionParams& p, int hq, float m, float l, float* factor, float* lse);
 // Combines the split-KV partials of every DecodeMerge of w (threads over merges).
 void merge_decode_partials(const CpuAttentionParams& p, const DecodeWork& w, int num_threads);
 

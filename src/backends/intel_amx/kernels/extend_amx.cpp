@@ -302,12 +302,32 @@ class AmxExtend {
       }
     }
     for (int r = 0; r < nr; ++r) {
-      finalize_rows(p_, rq.q_start + rows[r].token, rows[r].head, 1, sc.m + r, sc.l + r,
-                    sc.o + static_cast<int64_t>(r) * dvp_, dvp_);
+      const int token = rq.q_start + rows[r].token;
+      const float* o_row = sc.o + static_cast<int64_t>(r) * dvp_;
+      if (p_.act_dtype != DType::kBF16) {
+        finalize_rows(p_, token, rows[r].head, 1, sc.m + r, sc.l + r, o_row, dvp_);
+        continue;
+      }
+      store_row_bf16(token, rows[r].head, sc.m[r], sc.l[r], o_row);
     }
   }
 
  private:
+  // finalize_rows for one bf16 output row, 16 columns per conversion (v_head_dim % 16 == 0).
+  void store_row_bf16(int token, int hq, float m, float l, const float* o_row) const {
+    float factor = 0.f;
+    float lse = 0.f;
+    row_epilogue(p_, hq, m, l, &factor, &lse);
+    uint16_t* dst = static_cast<uint16_t*>(p_.out) + token * p_.out_token_stride +
+                    static_cast<int64_t>(hq) * p_.out_head_stride;
+    const V::F f = V::set1(factor);
+    for (int d = 0; d < p_.v_head_dim; d += V::kWidth) {
+      const __m256bh h = _mm512_cvtneps_pbh(V::mul(V::load(o_row + d), f));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), reinterpret_cast<const __m256i&>(h));
+    }
+    if (p_.lse != nullptr) p_.lse[token * p_.lse_token_stride + hq * p_.lse_head_stride] = lse;
+  }
+
   // Visible-key facts of one 16-row tile: the union [any_lo, any_hi) of its rows' ranges and the
   // intersection [all_lo, all_hi) (every row sees those keys; padding rows see none).
   struct TileKeys {
