@@ -66,15 +66,30 @@ inline void reset_state(const VectorScratch& sc, int n_heads, int v_head_dim) {
   std::fill(sc.acc, sc.acc + static_cast<int64_t>(n_heads) * v_head_dim, 0.f);
 }
 
+// Prefetches the cache lines of one pool row (the next key block's K/V rows are gathered through
+// req_to_token, which the hardware prefetchers cannot follow).
+inline void prefetch_row(const void* row, int64_t bytes) {
+  constexpr int64_t kLineBytes = 64;
+  const char* c = static_cast<const char*>(row);
+  for (int64_t off = 0; off < bytes; off += kLineBytes) __builtin_prefetch(c + off);
+}
+
 // out[j * kKeyBlock + t] = q[j] . k_rows[t] for kN heads and the block's n keys (0 after n);
-// q [kN, D] f32 (or q_bf16 [kN, D]).
+// q [kN, D] f32 (or q_bf16 [kN, D]). With key t it prefetches next_rows[t] (the K and V rows of
+// a key of the next block, or null; row_bytes[2] bytes each), spreading the prefetches over the
+// block's arithmetic instead of issuing them as one burst that stalls on the miss buffers.
 template <class V, class S, bool kBf16Dot, int kN>
 inline void qk_block(const typename S::T* const* k_rows, int n, const float* q,
-                     const uint16_t* q_bf16, int d_len, float* out) {
+                     const uint16_t* q_bf16, int d_len, const void* const* next_rows,
+                     const int64_t* row_bytes, float* out) {
   typename V::F dots[kN][kKeyBlock];
   for (int t = 0; t < kKeyBlock; ++t) {
     typename V::F acc[kN];
     for (int j = 0; j < kN; ++j) acc[j] = V::zero();
+    if (next_rows != nullptr && next_rows[2 * t] != nullptr) {
+      prefetch_row(next_rows[2 * t], row_bytes[0]);
+      prefetch_row(next_rows[2 * t + 1], row_bytes[1]);
+    }
     if (t < n) {
       const typename S::T* k = k_rows[t];
       if constexpr (kBf16Dot) {
@@ -146,14 +161,6 @@ inline void pv_tile_pairs(const typename S::T* const* v_rows, int n, int d, cons
 // Zeros standing in for the missing odd row of a key block (pv_tile_pairs), any storage type.
 alignas(64) constexpr float kZeroRow[kMaxHeadDim] = {};
 
-// Prefetches the cache lines of one pool row (the next key block's K/V rows are gathered through
-// req_to_token, which the hardware prefetchers cannot follow).
-inline void prefetch_row(const void* row, int64_t bytes) {
-  constexpr int64_t kLineBytes = 64;
-  const char* c = static_cast<const char*>(row);
-  for (int64_t off = 0; off < bytes; off += kLineBytes) __builtin_prefetch(c + off);
-}
-
 // Calls f.template operator()<kN>(g0) for head tiles of up to kHeadTile heads.
 template <class F>
 inline void for_head_tiles(int n_heads, F&& f) {
@@ -190,6 +197,8 @@ void attend_span(const CpuAttentionParams& p, const int32_t* slots, int kv_head,
   const typename V::F post_cap = V::set1(capped ? p.logit_cap * kLog2e : kLog2e);
   const T* k_rows[kKeyBlock];
   const T* v_rows[kKeyBlock];
+  const int64_t row_bytes[2] = {d_len * static_cast<int64_t>(sizeof(T)),
+                                dv_len * static_cast<int64_t>(sizeof(T))};
 
   for (int k0 = k_begin; k0 < k_end; k0 += kKeyBlock) {
     const int n = std::min(kKeyBlock, k_end - k0);
@@ -198,15 +207,21 @@ void attend_span(const CpuAttentionParams& p, const int32_t* slots, int kv_head,
       k_rows[t] = k_base + slot * p.k_row_stride;
       v_rows[t] = v_base + slot * p.v_row_stride;
     }
-    const int next_end = std::min(k_end, k0 + 2 * kKeyBlock);
-    for (int j = k0 + kKeyBlock; j < next_end; ++j) {
-      const int64_t slot = slots[j];
-      prefetch_row(k_base + slot * p.k_row_stride, d_len * static_cast<int64_t>(sizeof(T)));
-      prefetch_row(v_base + slot * p.v_row_stride, dv_len * static_cast<int64_t>(sizeof(T)));
+    // The next block's rows, prefetched by the first head tile's q.k.
+    const void* next_rows[2 * kKeyBlock];
+    for (int t = 0; t < kKeyBlock; ++t) {
+      const int j = k0 + kKeyBlock + t;
+      const bool in = j < k_end;
+      const int64_t slot = in ? slots[j] : 0;
+      next_rows[2 * t] = in ? k_base + slot * p.k_row_stride : nullptr;
+      next_rows[2 * t + 1] = in ? v_base + slot * p.v_row_stride : nullptr;
     }
+    bool first_tile = true;
     for_head_tiles(n_heads, [&]<int kN>(int g0) {
       qk_block<V, S, kBf16Dot, kN>(k_rows, n, sc.q + g0 * d_len, sc.q_bf16 + g0 * d_len, d_len,
+                                   first_tile ? next_rows : nullptr, row_bytes,
                                    sc.scores + g0 * kKeyBlock);
+      first_tile = false;
     });
     for (int g = 0; g < n_heads; ++g) {
       float* s = sc.scores + g * kKeyBlock;
