@@ -68,13 +68,23 @@ class TritonBackend final : public AttentionBackend {
     const int dqk = ctx.is_mla ? ctx.kv_lora_rank + ctx.qk_rope_head_dim : ctx.qk_head_dim;
     const int dv = ctx.is_mla ? ctx.kv_lora_rank : ctx.v_head_dim;
     const int group = ctx.num_kv_heads > 0 ? ctx.num_q_heads / ctx.num_kv_heads : 1;
-    const int tile = triton::simt::gqa_tile(dqk, dv);
+    // Blocks of one request and split: the tensor-core decode packs 16 q heads per block, the
+    // SIMT kernel simt::gqa_tile.
+    const int tile = decode_tensor_cores(ctx.q_dtype) ? triton::kMmaDecodeGroupTile
+                                                      : triton::simt::gqa_tile(dqk, dv);
     head_blocks_ = std::max(1, ctx.num_kv_heads) * ((group + tile - 1) / tile);
     max_splits_ = triton::plan_max_splits(sm_count_, head_blocks_);
   }
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("triton");
+  }
+
+  // Decode on tensor cores (run_mma_decode) for MHA with bf16/f16 activations on SM80+; the pool
+  // dtype (the activation dtype or fp8; fp4 stays SIMT) is checked per forward.
+  bool decode_tensor_cores(DType q_dtype) const {
+    return !ctx_.is_mla && cc_ >= kTensorCoreComputeCapability &&
+           (q_dtype == DType::kBF16 || q_dtype == DType::kF16);
   }
 
   Status init_forward_metadata(const ForwardBatch& batch) override;
@@ -422,11 +432,15 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   }
   // Extend on tensor cores where the architecture and dtype allow (the SIMT kernel covers SM75,
   // f32 activations and decode).
-  const bool tensor_cores = !decode && cc_ >= kTensorCoreComputeCapability &&
+  const bool tensor_cores = cc_ >= kTensorCoreComputeCapability &&
                             (q.dtype == DType::kBF16 || q.dtype == DType::kF16) &&
                             (kv_dtype == q.dtype || quant);
+  // Decode: fp4 pools and cross-attention stay on the SIMT kernel.
+  const bool mma_decode = decode && !cross && decode_tensor_cores(q.dtype) &&
+                          (kv_dtype == q.dtype || dtype_is_fp8(kv_dtype));
   return dispatch_value<triton::HeadDimList>(dqk, "triton: head_dim", [&]<int kD>() {
-    if (tensor_cores)
+    if (mma_decode) return triton::run_mma_decode<kD>(p, q.dtype, kv_dtype, grid_splits, stream);
+    if (tensor_cores && !decode)
       return triton::run_mma_extend<kD>(p, q.dtype, kv_dtype, plan_.max_q_len, stream);
     return triton::run_simt<kD, kD>(p, q.dtype, kv_dtype, !decode, grid_splits, stream);
   });

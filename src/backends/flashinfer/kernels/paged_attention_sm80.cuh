@@ -24,6 +24,7 @@
 
 #include "attnkit/dtype.h"
 #include "attnkit/status.h"
+#include "backends/flashinfer/kernels/paged_decode_sm80.cuh"
 #include "backends/flashinfer/kernels/paged_params.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
@@ -82,6 +83,7 @@ struct PagedTraits {
   static constexpr int kSmemBytes = kQBytes + (kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes);
 
   static constexpr int kMinBlocks = kMinBlocks_;  // __launch_bounds__ occupancy target
+  static constexpr bool kRingDecode = false;      // launched as paged_attention_kernel
   // Q's A fragments stay in registers (4 per k-step) unless the head dim makes that too costly.
   static constexpr bool kQInRegisters = kHeadDim <= 128;
   static constexpr int kKSteps = kHeadDim / kMmaK;        // QK^T steps over the head dim
@@ -96,19 +98,12 @@ struct PagedTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory above the SM90 opt-in limit");
 };
 
-// Decode: 16 packed rows, 4 warps along the keys, up to 4 stages (memory-bound: bytes in flight).
 // Prefill: 64 rows, 4 warps along the rows, 2 stages (2 CTAs per SM at d 128: 17 KB Q + 2 x 34 KB).
-// Decode is issue-bound at 8 warps per SM: 2 stages (74 KB at d 128) let 3 CTAs share an SM, with
-// 3 x 32 KB of K/V still in flight per SM.
-inline constexpr int kDecodeMaxStages = 2;
-inline constexpr int kDecodeMinBlocks = kDecodeCtasPerSm;
+// Decode has its own kernel (paged_decode_sm80.cuh).
 inline constexpr int kPrefillMaxStages = 2;
 inline constexpr int kPrefillMinBlocks = 1;
 inline constexpr int kPrefillKeysPerWarpLargeD = 32;  // d > 128: keeps O + S within the registers
 inline constexpr int kPrefillKeysPerWarp = 64;
-template <int kD, typename QT, DType kKv>
-using DecodeTraits = PagedTraits<kD, QT, kKv, 1, kDecodeWarpsN, kDecodeKeysPerWarp,
-                                 kDecodeMaxStages, (kD > 128 ? 1 : kDecodeMinBlocks)>;
 template <int kD, typename QT, DType kKv>
 using PrefillTraits = PagedTraits<kD, QT, kKv, kPrefillWarpsM, 1,
                                   (kD > 128 ? kPrefillKeysPerWarpLargeD : kPrefillKeysPerWarp),
@@ -662,10 +657,16 @@ __global__ void __launch_bounds__(kMergeThreads)
 template <typename Tr>
 Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   if (grid_items <= 0) return Status::ok();
-  const auto kernel = paged_attention_kernel<Tr>;
+  const auto kernel = [] {
+    if constexpr (Tr::kRingDecode) {
+      return paged_decode_ring_kernel<Tr>;
+    } else {
+      return paged_attention_kernel<Tr>;
+    }
+  }();
   ATTNKIT_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  // All of the unified L1/shared storage as shared memory: two decode CTAs per SM need 2 x 107 KB.
+  // All of the unified L1/shared storage as shared memory: two decode CTAs per SM need 2 x 110 KB.
   ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
   const dim3 grid(static_cast<unsigned>(grid_items), static_cast<unsigned>(p.num_kv_heads));
@@ -690,7 +691,7 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
                       bool merge, StreamHandle stream) {
   const auto with_q = [&]<typename QT>() -> Status {
     const auto with_kv = [&]<DType kKv>() -> Status {
-      using Tr = std::conditional_t<kShape == TileShape::kDecode, DecodeTraits<kD, QT, kKv>,
+      using Tr = std::conditional_t<kShape == TileShape::kDecode, RingDecodeTraits<kD, QT, kKv>,
                                     PrefillTraits<kD, QT, kKv>>;
       ATTNKIT_RETURN_IF_ERROR(launch_paged<Tr>(p, grid_items, stream));
       if (merge) return launch_merge<kD, QT>(p, stream);

@@ -1,0 +1,368 @@
+// Shared device core of the tensor-core paged decode used by the flashinfer backend (its plan
+// items, page table in place) and by the triton backend on SM80+ (its split-KV heuristic, flattened
+// token indices). Each backend keeps its own planning, key addressing and epilogue; this file only
+// streams one CTA's keys and runs the math. Decode: one query token, the GQA rows of one kv head
+// (<= 16) packed into the M dimension of mma.sync m16n8k16.
+//
+// Why this shape: decode reads every K/V byte once and does ~4 FLOP per byte, so it is bound by
+// the bytes each SM keeps in flight, not by math. A CTA's kWarps warps take the key range's 16-key
+// tiles round robin (warp w: tiles w, w + kWarps, ...); every warp owns kStages ring slots of K + V
+// filled by cp.async and never waits for another warp until the epilogue (only __syncwarp in the
+// main loop), keeping kStages - 1 tiles in flight while it computes one. At d 128 bf16: 3 stages
+// of 8.5 KB per warp, 110 KB per CTA, 2 CTAs (8 warps) per SM -> ~140 KB in flight per SM.
+// Pool slots of the next tile are looked up one tile ahead (one lookup per lane, spread to the
+// copying lanes with shuffles). S = Q K^T and O += P V run on mma.sync with ldmatrix fragments, Q
+// in registers (d <= 128), softmax online in the exp2 domain. fp8 tiles land raw in the ring and
+// their warp dequantises them into a per-warp bf16/f16 tile (the scales are the caller's: folded
+// into the logit scale and the output). The epilogue merges the warps' (m, d, O) in shared memory
+// and hands every (row, 8 columns) to the caller's writer.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "attnkit/dtype.h"
+#include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/online_softmax.cuh"
+
+namespace attnkit::cuda::ring {
+
+inline constexpr int kWarps = 4;
+inline constexpr int kKeys = 16;                  // keys of one warp tile (one PV k-step)
+inline constexpr int kTileKeys = kWarps * kKeys;  // keys of one round of the CTA's warps
+inline constexpr int kRows = 16;                  // packed q rows of a CTA
+// Shared memory of one CTA: 2 fit in the 228 KB of an SM90 multiprocessor (an SM80 one, 164 KB,
+// holds one).
+inline constexpr int kCtaSmemBudget = 110 * 1024;
+inline constexpr int kCtasPerSm = 2;
+inline constexpr int kMaxStages = 8;
+
+template <int kHeadDim_, typename QT_, DType kKvDType_>
+struct Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  using QT = QT_;  // __nv_bfloat16 or __half: activations and MMA operands
+  static constexpr DType kKvDType = kKvDType_;
+  static constexpr bool kQuant = kKvDType == DType::kFP8E4M3 || kKvDType == DType::kFP8E5M2;
+  static constexpr int kThreads = kWarps * 32;
+
+  static constexpr int kRowElems = kHeadDim + 8;  // padded QT row: ldmatrix rows hit distinct banks
+  static constexpr int kRowBytes = kRowElems * 2;
+  static constexpr int kKvElemBytes = kQuant ? 1 : 2;
+  static constexpr int kRawRowBytes = kQuant ? kHeadDim : kRowBytes;
+  static constexpr int kRawChunks = kHeadDim * kKvElemBytes / 16;  // 16-byte chunks of a row
+  static constexpr int kQChunks = kHeadDim * 2 / 16;
+
+  static constexpr int kQBytes = kRows * kRowBytes;
+  static constexpr int kStageBytes = 2 * kKeys * kRawRowBytes;           // K + V of one warp tile
+  static constexpr int kConvBytes = kQuant ? 2 * kKeys * kRowBytes : 0;  // dequantised K + V
+  static constexpr int kWarpBudget = (kCtaSmemBudget - kQBytes) / kWarps - kConvBytes;
+  static constexpr int kStagesFit = kWarpBudget / kStageBytes;
+  static constexpr int kStages =
+      kStagesFit < 2 ? 2 : (kStagesFit > kMaxStages ? kMaxStages : kStagesFit);
+  static constexpr int kWarpBytes = kStages * kStageBytes + kConvBytes;
+  static constexpr int kEpiBytes = kWarps * kRows * kHeadDim * 4 + 2 * kWarps * kRows * 4;
+  static constexpr int kMainBytes = kWarps * kWarpBytes;
+  static constexpr int kSmemBytes = kQBytes + (kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes);
+  static constexpr int kMinBlocks = kSmemBytes <= kCtaSmemBudget ? kCtasPerSm : 1;
+
+  static constexpr bool kQInRegisters = kHeadDim <= 128;
+  static constexpr int kKSteps = kHeadDim / kMmaK;
+  static constexpr int kDimTiles = kHeadDim / kMmaN;
+  static constexpr int kCopies = kKeys * kRawChunks;  // 16-byte copies per K (or V) tile
+  static constexpr int kCopiesPerLane = (kCopies + 31) / 32;
+
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16, <= 256");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory above the SM90 opt-in limit");
+};
+
+// One CTA's problem.
+struct Work {
+  int rows = 0;  // valid q rows (<= kRows); the others are zero and never written
+  int kv_begin = 0, kv_end = 0;
+  const uint8_t* k_base = nullptr;  // K of this kv head at pool row 0 (bytes)
+  const uint8_t* v_base = nullptr;
+  int64_t k_row_bytes = 0, v_row_bytes = 0;  // bytes between pool rows
+  float scale_log2 = 0.f;                    // logit scale (k_scale folded in) * log2(e)
+  float scale = 0.f;                         // soft-cap path
+  float logit_cap = 0.f;                     // 0 = off
+};
+
+// 16 fp8 values -> 16 QT values (exact: e4m3 and e5m2 embed in f16 and bf16).
+template <typename QT, DType kKv>
+__device__ __forceinline__ void dequant16(const uint4& raw, uint4 (&out)[2]) {
+  constexpr __nv_fp8_interpretation_t kInterp = kKv == DType::kFP8E4M3 ? __NV_E4M3 : __NV_E5M2;
+  const __nv_fp8x2_storage_t* src = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(src[i], kInterp));
+    if constexpr (std::is_same_v<QT, __half>) {
+      dst[i] = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+      dst[i] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+  }
+}
+
+// Streams keys [w.kv_begin, w.kv_end) for the w.rows q rows. q_row(r) -> const QT* of row r's
+// query (r < rows); slot_of(key) -> pool row (int32) of a key in range; write(r, col, acc, m, d)
+// receives row r's unnormalised output columns [col, col + 8), its log2-domain max m and
+// denominator d (d == 0: no visible key). Every thread of the CTA must call it (it has CTA
+// barriers).
+template <typename Tr, typename QRowFn, typename SlotFn, typename WriteFn>
+__device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_row, SlotFn slot_of,
+                                       WriteFn write) {
+  using QT = typename Tr::QT;
+  constexpr int kS = Tr::kStages;
+  QT* sq = reinterpret_cast<QT*>(smem);
+  uint8_t* main = smem + Tr::kQBytes;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  uint8_t* ring = main + warp * Tr::kWarpBytes;
+  QT* conv = reinterpret_cast<QT*>(ring + kS * Tr::kStageBytes);
+  const int kv_begin = w.kv_begin;
+  const int kv_end = w.kv_end;
+
+  const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kKeys - 1) / kKeys : 0;
+  const int my_tiles = num_tiles > warp ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
+
+  // Pool row of key (first key of local tile i) + lane % 16, or -1 past kv_end.
+  const auto lookup = [&](int i) -> int32_t {
+    const int key = kv_begin + (warp + i * kWarps) * kKeys + lane % kKeys;
+    return key < kv_end ? static_cast<int32_t>(slot_of(key)) : -1;
+  };
+  // K and V of local tile i -> ring slot i % kS; `slot` from lookup(i).
+  const auto issue = [&](int i, int32_t slot) {
+    uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
+#pragma unroll
+    for (int c0 = 0; c0 < Tr::kCopiesPerLane; ++c0) {
+      const int c = c0 * 32 + lane;
+      const int r = c / Tr::kRawChunks;
+      const int ch = c % Tr::kRawChunks;
+      const int64_t s = __shfl_sync(0xffffffffu, slot, r % 32);  // lane r looked key r up
+      if (Tr::kCopies % 32 == 0 || c < Tr::kCopies) {
+        const bool valid = s >= 0;
+        const uint8_t* ks = valid ? w.k_base + s * w.k_row_bytes + ch * 16 : w.k_base;
+        const uint8_t* vs = valid ? w.v_base + s * w.v_row_bytes + ch * 16 : w.v_base;
+        const int dst = r * Tr::kRawRowBytes + ch * 16;
+        cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
+        cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
+      }
+    }
+  };
+
+  // Prologue: kS - 1 tiles in flight per warp, then Q (plain loads overlapping them).
+  int32_t pending = my_tiles > 0 ? lookup(0) : -1;
+#pragma unroll
+  for (int i = 0; i < kS - 1; ++i) {
+    if (i < my_tiles) {
+      issue(i, pending);
+      pending = i + 1 < my_tiles ? lookup(i + 1) : -1;
+    }
+    cp_async_commit();
+  }
+  for (int c = threadIdx.x; c < kRows * Tr::kQChunks; c += Tr::kThreads) {
+    const int r = c / Tr::kQChunks;
+    const int ch = c % Tr::kQChunks;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < w.rows) v = *reinterpret_cast<const uint4*>(q_row(r) + ch * 8);
+    *reinterpret_cast<uint4*>(sq + r * Tr::kRowElems + ch * 8) = v;
+  }
+  __syncthreads();
+
+  const auto load_q_fragment = [&](int kk, uint32_t(&a)[4]) {
+    ldmatrix_x4(a, smem_addr(sq + (lane % 16) * Tr::kRowElems + kk * kMmaK + (lane / 16) * 8));
+  };
+  const int g = lane / 4;
+  const int tq = lane % 4;
+  uint32_t qf[Tr::kQInRegisters ? Tr::kKSteps : 1][4];
+  if constexpr (Tr::kQInRegisters) {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKSteps; ++kk) load_q_fragment(kk, qf[kk]);
+  }
+  float o[Tr::kDimTiles][4];
+#pragma unroll
+  for (int i = 0; i < Tr::kDimTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {kNoKeyMax, kNoKeyMax};
+  float d[2] = {0.f, 0.f};
+
+  for (int i = 0; i < my_tiles; ++i) {
+    // Refill the slot freed by tile i - 1 (every lane passed the __syncwarp after it).
+    if (i + kS - 1 < my_tiles) {
+      issue(i + kS - 1, pending);
+      pending = i + kS < my_tiles ? lookup(i + kS) : -1;
+    }
+    cp_async_commit();
+    cp_async_wait<kS - 1>();
+    __syncwarp();
+    const uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
+    const QT* sk;
+    const QT* sv;
+    if constexpr (Tr::kQuant) {
+      constexpr int kChunks16 = Tr::kHeadDim / 16;
+#pragma unroll
+      for (int c = lane; c < 2 * kKeys * kChunks16; c += 32) {
+        const int r = c / kChunks16;
+        const int ch = c % kChunks16;
+        const uint4 raw = *reinterpret_cast<const uint4*>(stage + r * Tr::kRawRowBytes + ch * 16);
+        uint4 vals[2];
+        dequant16<QT, Tr::kKvDType>(raw, vals);
+        uint4* dst = reinterpret_cast<uint4*>(conv + r * Tr::kRowElems + ch * 16);
+        dst[0] = vals[0];
+        dst[1] = vals[1];
+      }
+      __syncwarp();
+      sk = conv;
+      sv = conv + kKeys * Tr::kRowElems;
+    } else {
+      sk = reinterpret_cast<const QT*>(stage);
+      sv = reinterpret_cast<const QT*>(stage + kKeys * Tr::kRawRowBytes);
+    }
+    const int key0 = kv_begin + (warp + i * kWarps) * kKeys;
+
+    // S = Q K^T over the tile's 16 keys (two n-tiles of 8).
+    float s[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+      uint32_t a[4];
+      if constexpr (Tr::kQInRegisters) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) a[x] = qf[kk][x];
+      } else {
+        load_q_fragment(kk, a);
+      }
+      uint32_t b[4];
+      const int key = (lane / 16) * 8 + lane % 8;
+      ldmatrix_x4(b, smem_addr(sk + key * Tr::kRowElems + kk * kMmaK + ((lane / 8) % 2) * 8));
+      const uint32_t b0[2] = {b[0], b[1]};
+      const uint32_t b1[2] = {b[2], b[3]};
+      mma_m16n8k16<QT>(s[0], a, b0);
+      mma_m16n8k16<QT>(s[1], a, b1);
+    }
+
+    // Logits (soft-cap), the tail mask, online softmax (rescale only when the max grows).
+    const bool full = key0 + kKeys <= kv_end;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[n][e];
+        if (w.logit_cap > 0.f) {
+          x = w.logit_cap * tanhf(x * w.scale / w.logit_cap) * kLog2e;
+        } else {
+          x *= w.scale_log2;
+        }
+        if (!full && key0 + n * 8 + 2 * tq + (e & 1) >= kv_end) x = -INFINITY;
+        s[n][e] = x;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      if (tile_max[h] > m[h]) {
+        const float factor = exp2f(m[h] - tile_max[h]);
+        m[h] = tile_max[h];
+        d[h] *= factor;
+#pragma unroll
+        for (int x = 0; x < Tr::kDimTiles; ++x) {
+          o[x][2 * h] *= factor;
+          o[x][2 * h + 1] *= factor;
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pr = exp2f(s[n][e] - m[e / 2]);
+        s[n][e] = pr;
+        d[e / 2] += pr;
+      }
+    }
+
+    // O += P V: the two S n-tiles form the A fragment of one k-step.
+    const uint32_t a[4] = {pack2<QT>(s[0][0], s[0][1]), pack2<QT>(s[0][2], s[0][3]),
+                           pack2<QT>(s[1][0], s[1][1]), pack2<QT>(s[1][2], s[1][3])};
+    const int vkey = ((lane / 8) % 2) * 8 + lane % 8;
+#pragma unroll
+    for (int d2 = 0; d2 < Tr::kDimTiles / 2; ++d2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, smem_addr(sv + vkey * Tr::kRowElems + d2 * 16 + (lane / 16) * 8));
+      const uint32_t b0[2] = {b[0], b[1]};
+      const uint32_t b1[2] = {b[2], b[3]};
+      mma_m16n8k16<QT>(o[2 * d2], a, b0);
+      mma_m16n8k16<QT>(o[2 * d2 + 1], a, b1);
+    }
+    __syncwarp();  // every lane is done with slot i % kS before iteration i + 1 refills it
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the rings become the epilogue region
+
+  // Epilogue 1: every warp's (m, d, O) to shared memory.
+  float* epi_o = reinterpret_cast<float*>(main);         // [kWarps, kRows, kHeadDim]
+  float* epi_m = epi_o + kWarps * kRows * Tr::kHeadDim;  // [kWarps, kRows]
+  float* epi_d = epi_m + kWarps * kRows;                 // [kWarps, kRows]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
+    d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
+    const int r = g + h * 8;
+    float* orow = epi_o + (warp * kRows + r) * Tr::kHeadDim;
+#pragma unroll
+    for (int x = 0; x < Tr::kDimTiles; ++x) {
+      *reinterpret_cast<float2*>(orow + x * kMmaN + 2 * tq) =
+          make_float2(o[x][2 * h], o[x][2 * h + 1]);
+    }
+    if (tq == 0) {
+      epi_m[warp * kRows + r] = m[h];
+      epi_d[warp * kRows + r] = d[h];
+    }
+  }
+  __syncthreads();
+
+  // Epilogue 2: merge the warps per row, hand 8 columns at a time to the writer.
+  constexpr int kVecsPerRow = Tr::kHeadDim / 8;
+  for (int c = threadIdx.x; c < w.rows * kVecsPerRow; c += Tr::kThreads) {
+    const int r = c / kVecsPerRow;
+    const int col = (c % kVecsPerRow) * 8;
+    float mx = kNoKeyMax;
+#pragma unroll
+    for (int x = 0; x < kWarps; ++x) mx = fmaxf(mx, epi_m[x * kRows + r]);
+    float dsum = 0.f;
+    float acc[8] = {};
+#pragma unroll
+    for (int x = 0; x < kWarps; ++x) {
+      const float f = exp2f(epi_m[x * kRows + r] - mx);
+      dsum += epi_d[x * kRows + r] * f;
+      const float4* src =
+          reinterpret_cast<const float4*>(epi_o + (x * kRows + r) * Tr::kHeadDim + col);
+      const float4 x0 = src[0], x1 = src[1];
+      acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
+      acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
+    }
+    write(r, col, acc, mx, dsum);
+  }
+}
+
+// Packs 8 floats into 8 QT values and stores them (16 bytes).
+template <typename QT>
+__device__ __forceinline__ void store8(QT* dst, const float (&v)[8], float mul) {
+  uint4 raw;
+  uint32_t* u = reinterpret_cast<uint32_t*>(&raw);
+#pragma unroll
+  for (int x = 0; x < 4; ++x) u[x] = pack2<QT>(v[2 * x] * mul, v[2 * x + 1] * mul);
+  *reinterpret_cast<uint4*>(dst) = raw;
+}
+
+}  // namespace attnkit::cuda::ring
