@@ -13,9 +13,9 @@
 // Pool slots of the next tile are looked up one tile ahead (one lookup per lane, spread to the
 // copying lanes with shuffles). S = Q K^T and O += P V run on mma.sync with ldmatrix fragments, Q
 // in registers (d <= 128), softmax online in the exp2 domain. fp8 tiles land raw in the ring and
-// their warp dequantises them into a per-warp bf16/f16 tile (the scales are the caller's: folded
-// into the logit scale and the output). The epilogue merges the warps' (m, d, O) in shared memory
-// and hands every (row, 8 columns) to the caller's writer.
+// are converted in registers as their fragments are loaded (f16 MMAs; the scales are the
+// caller's: folded into the logit scale and the output). The epilogue merges the warps' (m, d, O)
+// in shared memory and hands every (row, 8 columns) to the caller's writer.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,28 +50,32 @@ struct Traits {
   static constexpr bool kQuant = kKvDType == DType::kFP8E4M3 || kKvDType == DType::kFP8E5M2;
   static constexpr int kThreads = kWarps * 32;
 
-  static constexpr int kRowElems = kHeadDim + 8;  // padded QT row: ldmatrix rows hit distinct banks
+  // MMA operand type: the activation type, or f16 for fp8 KV (fp8 -> f16x2 is one instruction
+  // and exact; Q is converted to f16 once, exact for |q| in [6.1e-5, 65504]).
+  using CT = std::conditional_t<kQuant, __half, QT>;
+  static constexpr int kRowElems = kHeadDim + 8;  // padded Q / K / V row of 16-bit elements
   static constexpr int kRowBytes = kRowElems * 2;
   static constexpr int kKvElemBytes = kQuant ? 1 : 2;
-  static constexpr int kRawRowBytes = kQuant ? kHeadDim : kRowBytes;
+  // Staged K/V row: 16-bit rows padded by 16 bytes, raw fp8 rows too (ldmatrix rows of one 8x8
+  // matrix then hit distinct banks).
+  static constexpr int kRawRowBytes = kQuant ? kHeadDim + 16 : kRowBytes;
   static constexpr int kRawChunks = kHeadDim * kKvElemBytes / 16;  // 16-byte chunks of a row
   static constexpr int kQChunks = kHeadDim * 2 / 16;
 
   static constexpr int kQBytes = kRows * kRowBytes;
-  static constexpr int kStageBytes = 2 * kKeys * kRawRowBytes;           // K + V of one warp tile
-  static constexpr int kConvBytes = kQuant ? 2 * kKeys * kRowBytes : 0;  // dequantised K + V
-  static constexpr int kWarpBudget = (kCtaSmemBudget - kQBytes) / kWarps - kConvBytes;
+  static constexpr int kStageBytes = 2 * kKeys * kRawRowBytes;  // K + V of one warp tile
+  static constexpr int kWarpBudget = (kCtaSmemBudget - kQBytes) / kWarps;
   static constexpr int kStagesFit = kWarpBudget / kStageBytes;
   static constexpr int kStages =
       kStagesFit < 2 ? 2 : (kStagesFit > kMaxStages ? kMaxStages : kStagesFit);
-  static constexpr int kWarpBytes = kStages * kStageBytes + kConvBytes;
+  static constexpr int kWarpBytes = kStages * kStageBytes;
   static constexpr int kEpiBytes = kWarps * kRows * kHeadDim * 4 + 2 * kWarps * kRows * 4;
   static constexpr int kMainBytes = kWarps * kWarpBytes;
   static constexpr int kSmemBytes = kQBytes + (kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes);
   static constexpr int kMinBlocks = kSmemBytes <= kCtaSmemBudget ? kCtasPerSm : 1;
 
   static constexpr bool kQInRegisters = kHeadDim <= 128;
-  static constexpr int kKSteps = kHeadDim / kMmaK;
+  static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
   static constexpr int kDimTiles = kHeadDim / kMmaN;
   static constexpr int kCopies = kKeys * kRawChunks;  // 16-byte copies per K (or V) tile
   static constexpr int kCopiesPerLane = (kCopies + 31) / 32;
@@ -92,24 +96,37 @@ struct Work {
   float logit_cap = 0.f;                     // 0 = off
 };
 
-// 16 fp8 values -> 16 QT values (exact: e4m3 and e5m2 embed in f16 and bf16).
-template <typename QT, DType kKv>
-__device__ __forceinline__ void dequant16(const uint4& raw, uint4 (&out)[2]) {
+// Two fp8 values (the low 16 bits of x) -> f16x2 (exact).
+template <DType kKv>
+__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t x) {
   constexpr __nv_fp8_interpretation_t kInterp = kKv == DType::kFP8E4M3 ? __NV_E4M3 : __NV_E5M2;
-  const __nv_fp8x2_storage_t* src = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
-  uint32_t* dst = reinterpret_cast<uint32_t*>(out);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(src[i], kInterp));
-    if constexpr (std::is_same_v<QT, __half>) {
-      dst[i] = *reinterpret_cast<const uint32_t*>(&h);
-    } else {
-      const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
-      dst[i] = *reinterpret_cast<const uint32_t*>(&b);
-    }
-  }
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x), kInterp);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+#endif
+}
+
+// fp8 K and V are used straight from the raw staged rows (no dequantised copy):
+//  * K: ldmatrix (b16) of 8 keys x 16 fp8 columns gives lane (g, t) the 4 bytes of columns
+//    4t..4t+3 of key g; they become the B fragment of QK^T under a column permutation inside each
+//    16-column k-step (logical k 2t, 2t+1 <-> columns 4t, 4t+1; 2t+8, 2t+9 <-> 4t+2, 4t+3). Q's A
+//    fragments are built with the same permutation, so the dot products are unchanged.
+//  * V: ldmatrix.trans gives lane (g, t) keys 2t, 2t+1 x columns 2g, 2g+1; a byte permute splits
+//    them into the B fragments of an "even columns" and an "odd columns" n-tile (FlashInfer's
+//    trick); the epilogue puts the output columns back in order.
 // Streams keys [w.kv_begin, w.kv_end) for the w.rows q rows. q_row(r) -> const QT* of row r's
 // query (r < rows); slot_of(key) -> pool row (int32) of a key in range; write(r, col, acc, m, d)
 // receives row r's unnormalised output columns [col, col + 8), its log2-domain max m and
@@ -119,13 +136,13 @@ template <typename Tr, typename QRowFn, typename SlotFn, typename WriteFn>
 __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_row, SlotFn slot_of,
                                        WriteFn write) {
   using QT = typename Tr::QT;
+  using CT = typename Tr::CT;
   constexpr int kS = Tr::kStages;
-  QT* sq = reinterpret_cast<QT*>(smem);
+  CT* sq = reinterpret_cast<CT*>(smem);
   uint8_t* main = smem + Tr::kQBytes;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   uint8_t* ring = main + warp * Tr::kWarpBytes;
-  QT* conv = reinterpret_cast<QT*>(ring + kS * Tr::kStageBytes);
   const int kv_begin = w.kv_begin;
   const int kv_end = w.kv_end;
 
@@ -172,15 +189,33 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     const int ch = c % Tr::kQChunks;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r < w.rows) v = *reinterpret_cast<const uint4*>(q_row(r) + ch * 8);
+    if constexpr (!std::is_same_v<CT, QT>) {  // bf16 q, f16 MMAs (fp8 KV)
+      uint32_t* u = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[x]));
+        const __half2 h = __floats2half2_rn(f.x, f.y);
+        u[x] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+    }
     *reinterpret_cast<uint4*>(sq + r * Tr::kRowElems + ch * 8) = v;
   }
   __syncthreads();
 
-  const auto load_q_fragment = [&](int kk, uint32_t(&a)[4]) {
-    ldmatrix_x4(a, smem_addr(sq + (lane % 16) * Tr::kRowElems + kk * kMmaK + (lane / 16) * 8));
-  };
   const int g = lane / 4;
   const int tq = lane % 4;
+  const auto load_q_fragment = [&](int kk, uint32_t(&a)[4]) {
+    if constexpr (Tr::kQuant) {  // the permuted columns of the fp8 K fragments (see above)
+      const CT* r0 = sq + g * Tr::kRowElems + kk * kMmaK + 4 * tq;
+      const CT* r1 = r0 + 8 * Tr::kRowElems;
+      a[0] = *reinterpret_cast<const uint32_t*>(r0);
+      a[1] = *reinterpret_cast<const uint32_t*>(r1);
+      a[2] = *reinterpret_cast<const uint32_t*>(r0 + 2);
+      a[3] = *reinterpret_cast<const uint32_t*>(r1 + 2);
+    } else {
+      ldmatrix_x4(a, smem_addr(sq + (lane % 16) * Tr::kRowElems + kk * kMmaK + (lane / 16) * 8));
+    }
+  };
   uint32_t qf[Tr::kQInRegisters ? Tr::kKSteps : 1][4];
   if constexpr (Tr::kQInRegisters) {
 #pragma unroll
@@ -202,50 +237,70 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     cp_async_wait<kS - 1>();
     __syncwarp();
     const uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
-    const QT* sk;
-    const QT* sv;
-    if constexpr (Tr::kQuant) {
-      constexpr int kChunks16 = Tr::kHeadDim / 16;
-#pragma unroll
-      for (int c = lane; c < 2 * kKeys * kChunks16; c += 32) {
-        const int r = c / kChunks16;
-        const int ch = c % kChunks16;
-        const uint4 raw = *reinterpret_cast<const uint4*>(stage + r * Tr::kRawRowBytes + ch * 16);
-        uint4 vals[2];
-        dequant16<QT, Tr::kKvDType>(raw, vals);
-        uint4* dst = reinterpret_cast<uint4*>(conv + r * Tr::kRowElems + ch * 16);
-        dst[0] = vals[0];
-        dst[1] = vals[1];
-      }
-      __syncwarp();
-      sk = conv;
-      sv = conv + kKeys * Tr::kRowElems;
-    } else {
-      sk = reinterpret_cast<const QT*>(stage);
-      sv = reinterpret_cast<const QT*>(stage + kKeys * Tr::kRawRowBytes);
-    }
+    const uint8_t* sk = stage;
+    const uint8_t* sv = stage + kKeys * Tr::kRawRowBytes;
     const int key0 = kv_begin + (warp + i * kWarps) * kKeys;
 
     // S = Q K^T over the tile's 16 keys (two n-tiles of 8).
     float s[2][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < Tr::kKSteps; ++kk) {
-      uint32_t a[4];
+    const auto q_frag = [&](int kk, uint32_t(&a)[4]) {
       if constexpr (Tr::kQInRegisters) {
 #pragma unroll
         for (int x = 0; x < 4; ++x) a[x] = qf[kk][x];
       } else {
         load_q_fragment(kk, a);
       }
-      uint32_t b[4];
+    };
+    if constexpr (Tr::kQuant) {
+      // Lane l addresses row (l / 16) * 8 + l % 8 (key), 16-byte chunk 2 kp + (l / 8) % 2.
       const int key = (lane / 16) * 8 + lane % 8;
-      ldmatrix_x4(b, smem_addr(sk + key * Tr::kRowElems + kk * kMmaK + ((lane / 8) % 2) * 8));
-      const uint32_t b0[2] = {b[0], b[1]};
-      const uint32_t b1[2] = {b[2], b[3]};
-      mma_m16n8k16<QT>(s[0], a, b0);
-      mma_m16n8k16<QT>(s[1], a, b1);
+#pragma unroll
+      for (int kp = 0; kp < Tr::kKSteps / 2; ++kp) {
+        uint32_t r[4];  // (keys 0-7, k-step 2kp), (0-7, 2kp+1), (8-15, 2kp), (8-15, 2kp+1)
+        ldmatrix_x4(r, smem_addr(sk + key * Tr::kRawRowBytes + (2 * kp + (lane / 8) % 2) * 16));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t a[4];
+          q_frag(2 * kp + h, a);
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            const uint32_t raw = r[2 * n + h];
+            const uint32_t b[2] = {fp8x2_to_f16x2<Tr::kKvDType>(raw),
+                                   fp8x2_to_f16x2<Tr::kKvDType>(raw >> 16)};
+            mma_m16n8k16<CT>(s[n], a, b);
+          }
+        }
+      }
+      if constexpr (Tr::kKSteps % 2 == 1) {  // last k-step alone (d 80)
+        constexpr int kk = Tr::kKSteps - 1;
+        uint32_t r[2];  // (keys 0-7, kk), (keys 8-15, kk); lanes 0-15 address
+        ldmatrix_x2(r,
+                    smem_addr(sk + ((lane / 8) % 2 * 8 + lane % 8) * Tr::kRawRowBytes + kk * 16));
+        uint32_t a[4];
+        q_frag(kk, a);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const uint32_t b[2] = {fp8x2_to_f16x2<Tr::kKvDType>(r[n]),
+                                 fp8x2_to_f16x2<Tr::kKvDType>(r[n] >> 16)};
+          mma_m16n8k16<CT>(s[n], a, b);
+        }
+      }
+    } else {
+      const CT* k16 = reinterpret_cast<const CT*>(sk);
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+        uint32_t a[4];
+        q_frag(kk, a);
+        uint32_t b[4];
+        const int key = (lane / 16) * 8 + lane % 8;
+        ldmatrix_x4(b, smem_addr(k16 + key * Tr::kRowElems + kk * kMmaK + ((lane / 8) % 2) * 8));
+        const uint32_t b0[2] = {b[0], b[1]};
+        const uint32_t b1[2] = {b[2], b[3]};
+        mma_m16n8k16<CT>(s[0], a, b0);
+        mma_m16n8k16<CT>(s[1], a, b1);
+      }
     }
 
     // Logits (soft-cap), the tail mask, online softmax (rescale only when the max grows).
@@ -292,17 +347,43 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     }
 
     // O += P V: the two S n-tiles form the A fragment of one k-step.
-    const uint32_t a[4] = {pack2<QT>(s[0][0], s[0][1]), pack2<QT>(s[0][2], s[0][3]),
-                           pack2<QT>(s[1][0], s[1][1]), pack2<QT>(s[1][2], s[1][3])};
+    const uint32_t a[4] = {pack2<CT>(s[0][0], s[0][1]), pack2<CT>(s[0][2], s[0][3]),
+                           pack2<CT>(s[1][0], s[1][1]), pack2<CT>(s[1][2], s[1][3])};
     const int vkey = ((lane / 8) % 2) * 8 + lane % 8;
+    if constexpr (Tr::kQuant) {
+      // o[2c] / o[2c + 1]: the even / odd columns of 16-column chunk c (see above).
+      const auto pv = [&](int c, uint32_t lo, uint32_t hi) {
+        const uint32_t be[2] = {fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0020)),
+                                fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0020))};
+        const uint32_t bo[2] = {fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0031)),
+                                fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0031))};
+        mma_m16n8k16<CT>(o[2 * c], a, be);
+        mma_m16n8k16<CT>(o[2 * c + 1], a, bo);
+      };
 #pragma unroll
-    for (int d2 = 0; d2 < Tr::kDimTiles / 2; ++d2) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, smem_addr(sv + vkey * Tr::kRowElems + d2 * 16 + (lane / 16) * 8));
-      const uint32_t b0[2] = {b[0], b[1]};
-      const uint32_t b1[2] = {b[2], b[3]};
-      mma_m16n8k16<QT>(o[2 * d2], a, b0);
-      mma_m16n8k16<QT>(o[2 * d2 + 1], a, b1);
+      for (int cp = 0; cp < Tr::kKSteps / 2; ++cp) {
+        uint32_t r[4];  // (keys 0-7, chunk 2cp), (8-15, 2cp), (0-7, 2cp+1), (8-15, 2cp+1)
+        ldmatrix_x4_trans(r, smem_addr(sv + vkey * Tr::kRawRowBytes + (2 * cp + lane / 16) * 16));
+        pv(2 * cp, r[0], r[1]);
+        pv(2 * cp + 1, r[2], r[3]);
+      }
+      if constexpr (Tr::kKSteps % 2 == 1) {
+        constexpr int c = Tr::kKSteps - 1;
+        uint32_t r[2];
+        ldmatrix_x2_trans(r, smem_addr(sv + vkey * Tr::kRawRowBytes + c * 16));
+        pv(c, r[0], r[1]);
+      }
+    } else {
+      const CT* v16 = reinterpret_cast<const CT*>(sv);
+#pragma unroll
+      for (int d2 = 0; d2 < Tr::kDimTiles / 2; ++d2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, smem_addr(v16 + vkey * Tr::kRowElems + d2 * 16 + (lane / 16) * 8));
+        const uint32_t b0[2] = {b[0], b[1]};
+        const uint32_t b1[2] = {b[2], b[3]};
+        mma_m16n8k16<CT>(o[2 * d2], a, b0);
+        mma_m16n8k16<CT>(o[2 * d2 + 1], a, b1);
+      }
     }
     __syncwarp();  // every lane is done with slot i % kS before iteration i + 1 refills it
   }
@@ -319,10 +400,18 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
     const int r = g + h * 8;
     float* orow = epi_o + (warp * kRows + r) * Tr::kHeadDim;
+    if constexpr (Tr::kQuant) {  // chunk c: columns 16c + 4t + {0, 1, 2, 3} = even, odd, even, odd
 #pragma unroll
-    for (int x = 0; x < Tr::kDimTiles; ++x) {
-      *reinterpret_cast<float2*>(orow + x * kMmaN + 2 * tq) =
-          make_float2(o[x][2 * h], o[x][2 * h + 1]);
+      for (int c = 0; c < Tr::kKSteps; ++c) {
+        *reinterpret_cast<float4*>(orow + c * 16 + 4 * tq) = make_float4(
+            o[2 * c][2 * h], o[2 * c + 1][2 * h], o[2 * c][2 * h + 1], o[2 * c + 1][2 * h + 1]);
+      }
+    } else {
+#pragma unroll
+      for (int x = 0; x < Tr::kDimTiles; ++x) {
+        *reinterpret_cast<float2*>(orow + x * kMmaN + 2 * tq) =
+            make_float2(o[x][2 * h], o[x][2 * h + 1]);
+      }
     }
     if (tq == 0) {
       epi_m[warp * kRows + r] = m[h];

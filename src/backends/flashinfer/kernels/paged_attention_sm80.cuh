@@ -618,16 +618,18 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int token = req.q_start;  // split requests have one query token
   const int64_t base = static_cast<int64_t>(req.partial_base) * p.num_q_heads + head;
   float mx = -INFINITY;
+  // Unrolled: several partials in flight per thread (a batch-1 merge is latency-bound).
+#pragma unroll 8
   for (int s = 0; s < req.num_splits; ++s) mx = fmaxf(mx, p.partial_lse[base + s * p.num_q_heads]);
   const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
   mx = fmaxf(mx, sink);
   float acc[kVec] = {};
   float dsum = 0.f;
   if (mx != -INFINITY) {
+#pragma unroll 4
     for (int s = 0; s < req.num_splits; ++s) {
       const int64_t row = base + s * p.num_q_heads;
-      const float w = exp2f(p.partial_lse[row] - mx);
-      if (w == 0.f) continue;
+      const float w = exp2f(p.partial_lse[row] - mx);  // 0 for an all-invisible split
       dsum += w;
       const float4* src = reinterpret_cast<const float4*>(p.partial_out + row * kHeadDim + col);
 #pragma unroll

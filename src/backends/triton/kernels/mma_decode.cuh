@@ -110,7 +110,7 @@ Status launch_mma_decode(AttentionParams p, int grid_splits, StreamHandle stream
   mma_decode_kernel<Tr><<<grid, Tr::kThreads, Tr::kSmemBytes, s>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   if (p.max_splits > 1) {
-    split_kv_merge_kernel<kD, kQ><<<p.num_tokens, kMergeThreads, 0, s>>>(p);
+    launch_split_kv_merge<kD, kQ>(p, s);
     ATTNKIT_CUDA_TRY(cudaGetLastError());
   }
   return Status::ok();
