@@ -3,7 +3,7 @@
 # CLI and the triton/flashinfer GPU tests, runs those tests, times the decode target shapes
 # (scripts/device/decode_targets.json) for triton and flashinfer, then the small decode peers
 # (copy ceiling, SDPA cuDNN / FA2 on contiguous KV). Knobs: STAGES="build test bench peers",
-# CTEST_REGEX (default 'triton|flashinfer'), CASES, ARCHS.
+# CTEST_REGEX (default '[Tt]riton|[Ff]lash[Ii]nfer'), CASES, CASES_B2B, ARCHS.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -28,7 +28,7 @@ if has build; then
 fi
 if has test; then
   t0=$(date +%s)
-  ctest --test-dir "$build" -L gpu -R "${CTEST_REGEX:-triton|flashinfer}" --output-on-failure \
+  ctest --test-dir "$build" -L gpu -R "${CTEST_REGEX:-[Tt]riton|[Ff]lash[Ii]nfer}" --output-on-failure \
     --timeout 200 -j4 > "$OUT/ctest.log" 2>&1
   rc=$?
   grep -E "tests passed|tests failed" "$OUT/ctest.log" | tee -a "$OUT/summary.txt"
@@ -41,10 +41,15 @@ if has bench; then
     --cases "${CASES:-scripts/device/decode_targets.json}" --device cuda \
     --json "$OUT/bench_decode.json" > "$OUT/bench.log" 2>&1
   echo "bench: rc=$?" | tee -a "$OUT/summary.txt"
+  timeout 90 "$build/tools/attnkit/attnkit" bench --backend triton,flashinfer \
+    --cases "${CASES_B2B:-scripts/device/decode_targets_b2b.json}" --device cuda --launches 10 \
+    --json "$OUT/bench_decode_b2b.json" > "$OUT/bench_b2b.log" 2>&1
+  echo "bench --launches 10: rc=$?" | tee -a "$OUT/summary.txt"
 fi
 if has peers; then
   PYTHONUNBUFFERED=1 OUT="$OUT" timeout 90 python3 scripts/device/decode_peers.py > "$OUT/peers.log" 2>&1
   echo "peers: rc=$?" | tee -a "$OUT/summary.txt"
 fi
-echo "=== bench ==="; cat "$OUT/bench.log" 2>/dev/null | tail -40
+echo "=== bench ==="; grep -E "^(triton|flashinfer) |ceiling" "$OUT/bench.log" 2>/dev/null
+echo "=== bench --launches 10 ==="; grep -E "^(triton|flashinfer) |ceiling" "$OUT/bench_b2b.log" 2>/dev/null
 echo "=== peers ==="; cat "$OUT/peers.log" 2>/dev/null | tail -12

@@ -10,12 +10,13 @@
 // filled by cp.async and never waits for another warp until the epilogue (only __syncwarp in the
 // main loop), keeping kStages - 1 tiles in flight while it computes one. At d 128 bf16: 3 stages
 // of 8.5 KB per warp, 110 KB per CTA, 2 CTAs (8 warps) per SM -> ~140 KB in flight per SM.
-// Pool slots of the next tile are looked up one tile ahead (one lookup per lane, spread to the
-// copying lanes with shuffles). S = Q K^T and O += P V run on mma.sync with ldmatrix fragments, Q
-// in registers (d <= 128), softmax online in the exp2 domain. fp8 tiles land raw in the ring and
-// are converted in registers as their fragments are loaded (f16 MMAs; the scales are the
-// caller's: folded into the logit scale and the output). The epilogue merges the warps' (m, d, O)
-// in shared memory and hands every (row, 8 columns) to the caller's writer.
+// Pool slots (page-table entries or token indices) reach shared memory by cp.async kS tiles
+// before their tile is issued, so no warp waits on a dependent index load. S = Q K^T and O += P V
+// run on mma.sync with ldmatrix fragments, Q in registers (d <= 128), softmax online in the exp2
+// domain. fp8 tiles land raw in the ring and are converted in registers as their fragments are
+// loaded (f16 MMAs; the scales are the caller's: folded into the logit scale and the output). The
+// epilogue merges the warps' (m, d, O) in shared memory and hands every (row, 8 columns) to the
+// caller's writer.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -46,6 +47,7 @@ template <int kHeadDim_, typename QT_, DType kKvDType_>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   using QT = QT_;  // __nv_bfloat16 or __half: activations and MMA operands
+  static constexpr DType kQDType = std::is_same_v<QT, __half> ? DType::kF16 : DType::kBF16;
   static constexpr DType kKvDType = kKvDType_;
   static constexpr bool kQuant = kKvDType == DType::kFP8E4M3 || kKvDType == DType::kFP8E5M2;
   static constexpr int kThreads = kWarps * 32;
@@ -65,10 +67,11 @@ struct Traits {
   static constexpr int kQBytes = kRows * kRowBytes;
   static constexpr int kStageBytes = 2 * kKeys * kRawRowBytes;  // K + V of one warp tile
   static constexpr int kWarpBudget = (kCtaSmemBudget - kQBytes) / kWarps;
-  static constexpr int kStagesFit = kWarpBudget / kStageBytes;
+  static constexpr int kSlotBytesPerStage = 2 * kKeys * 4;  // slot ring: 2 entries per stage
+  static constexpr int kStagesFit = kWarpBudget / (kStageBytes + kSlotBytesPerStage);
   static constexpr int kStages =
       kStagesFit < 2 ? 2 : (kStagesFit > kMaxStages ? kMaxStages : kStagesFit);
-  static constexpr int kWarpBytes = kStages * kStageBytes;
+  static constexpr int kWarpBytes = kStages * (kStageBytes + kSlotBytesPerStage);
   static constexpr int kEpiBytes = kWarps * kRows * kHeadDim * 4 + 2 * kWarps * kRows * 4;
   static constexpr int kMainBytes = kWarps * kWarpBytes;
   static constexpr int kSmemBytes = kQBytes + (kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes);
@@ -83,6 +86,20 @@ struct Traits {
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16, <= 256");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory above the SM90 opt-in limit");
 };
+
+// Where a key's pool row comes from: *word + add (a page-table entry plus the offset in the page,
+// or a flattened token index plus 0).
+struct SlotRef {
+  const int32_t* word;
+  int add;
+};
+
+// 4-byte asynchronous global->shared copy (cp.async.ca: 4 and 8 bytes go through L1).
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+#endif
+}
 
 // One CTA's problem.
 struct Work {
@@ -128,7 +145,7 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t add
 //    them into the B fragments of an "even columns" and an "odd columns" n-tile (FlashInfer's
 //    trick); the epilogue puts the output columns back in order.
 // Streams keys [w.kv_begin, w.kv_end) for the w.rows q rows. q_row(r) -> const QT* of row r's
-// query (r < rows); slot_of(key) -> pool row (int32) of a key in range; write(r, col, acc, m, d)
+// query (r < rows); slot_of(key) -> SlotRef of a key in range; write(r, col, acc, m, d)
 // receives row r's unnormalised output columns [col, col + 8), its log2-domain max m and
 // denominator d (d == 0: no visible key). Every thread of the CTA must call it (it has CTA
 // barriers).
@@ -149,24 +166,33 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kKeys - 1) / kKeys : 0;
   const int my_tiles = num_tiles > warp ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
 
-  // Pool row of key (first key of local tile i) + lane % 16, or -1 past kv_end.
-  const auto lookup = [&](int i) -> int32_t {
-    const int key = kv_begin + (warp + i * kWarps) * kKeys + lane % kKeys;
-    return key < kv_end ? static_cast<int32_t>(slot_of(key)) : -1;
+  // Slot words of local tile i (lanes 0-15, key tile_key0(i) + lane) -> slots[i % (2 kS)],
+  // fetched with cp.async kS tiles before the tile's data is issued: no warp ever waits on a
+  // page-table / index load (a dependent load per tile would cost one loaded memory round trip
+  // per tile).
+  int32_t* slots = reinterpret_cast<int32_t*>(ring + kS * Tr::kStageBytes);  // [2 kS][kKeys]
+  const auto tile_key0 = [&](int i) { return kv_begin + (warp + i * kWarps) * kKeys; };
+  const auto fetch_slots = [&](int i) {
+    const int key = tile_key0(i) + lane;
+    if (lane < kKeys && key < kv_end) {
+      cp_async_4(smem_addr(slots + (i % (2 * kS)) * kKeys + lane), slot_of(key).word);
+    }
   };
-  // K and V of local tile i -> ring slot i % kS; `slot` from lookup(i).
-  const auto issue = [&](int i, int32_t slot) {
+  // K and V of local tile i -> ring stage i % kS (keys past kv_end zero-filled).
+  const auto issue = [&](int i) {
     uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
+    const int key0 = tile_key0(i);
+    const int32_t* sl = slots + (i % (2 * kS)) * kKeys;
 #pragma unroll
     for (int c0 = 0; c0 < Tr::kCopiesPerLane; ++c0) {
       const int c = c0 * 32 + lane;
       const int r = c / Tr::kRawChunks;
       const int ch = c % Tr::kRawChunks;
-      const int64_t s = __shfl_sync(0xffffffffu, slot, r % 32);  // lane r looked key r up
       if (Tr::kCopies % 32 == 0 || c < Tr::kCopies) {
-        const bool valid = s >= 0;
-        const uint8_t* ks = valid ? w.k_base + s * w.k_row_bytes + ch * 16 : w.k_base;
-        const uint8_t* vs = valid ? w.v_base + s * w.v_row_bytes + ch * 16 : w.v_base;
+        const bool valid = key0 + r < kv_end;
+        const int64_t s = valid ? static_cast<int64_t>(sl[r] + slot_of(key0 + r).add) : 0;
+        const uint8_t* ks = w.k_base + s * w.k_row_bytes + ch * 16;
+        const uint8_t* vs = w.v_base + s * w.v_row_bytes + ch * 16;
         const int dst = r * Tr::kRawRowBytes + ch * 16;
         cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
         cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
@@ -174,13 +200,18 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     }
   };
 
-  // Prologue: kS - 1 tiles in flight per warp, then Q (plain loads overlapping them).
-  int32_t pending = my_tiles > 0 ? lookup(0) : -1;
+  // Prologue: the slots of tiles 0..kS-1, then kS - 1 tiles in flight per warp (group g: data of
+  // tile g + slots of tile g + kS), then Q (plain loads overlapping them).
+#pragma unroll
+  for (int i = 0; i < kS; ++i) fetch_slots(i);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncwarp();
 #pragma unroll
   for (int i = 0; i < kS - 1; ++i) {
     if (i < my_tiles) {
-      issue(i, pending);
-      pending = i + 1 < my_tiles ? lookup(i + 1) : -1;
+      issue(i);
+      fetch_slots(i + kS);
     }
     cp_async_commit();
   }
@@ -228,10 +259,11 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   float d[2] = {0.f, 0.f};
 
   for (int i = 0; i < my_tiles; ++i) {
-    // Refill the slot freed by tile i - 1 (every lane passed the __syncwarp after it).
+    // Refill the stage freed by tile i - 1 (every lane passed the __syncwarp after it); its slots
+    // came with group i - 1, complete since the last iteration's wait.
     if (i + kS - 1 < my_tiles) {
-      issue(i + kS - 1, pending);
-      pending = i + kS < my_tiles ? lookup(i + kS) : -1;
+      issue(i + kS - 1);
+      fetch_slots(i + 2 * kS - 1);
     }
     cp_async_commit();
     cp_async_wait<kS - 1>();
@@ -442,6 +474,24 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     }
     write(r, col, acc, mx, dsum);
   }
+}
+
+// Fused split-KV merge: called by every thread of a split CTA after its partial is written; true
+// in the CTA that finished last among the num_splits CTAs sharing `counter` (it then merges). The
+// last CTA resets the counter to 0, so the workspace is ready for the next launch (CUDA-graph
+// replays included). Partials must be read with ld.global.cg (__ldcg) after this.
+__device__ __forceinline__ bool last_split_cta(int* counter, int num_splits) {
+  __shared__ int last;
+  __threadfence();  // this CTA's partial is visible device-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int prev = atomicAdd(counter, 1);
+    last = prev == num_splits - 1;
+    if (last) *counter = 0;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
 }
 
 // Packs 8 floats into 8 QT values and stores them (16 bytes).

@@ -11,7 +11,8 @@
 // 1 x 4 (16 rows cover a head group, every warp streams its own quarter of the keys); prefill
 // 4 x 1 (64 rows, every warp sees all keys). Each warp keeps its own (m, d, O); the epilogue merges
 // the kWarpsN states in shared memory, then either writes out/lse (the request is not split) or a
-// normalised partial + log2 LSE for the split-KV merge kernel.
+// normalised partial + log2 LSE (split plans are decode-only, and decode runs
+// paged_decode_sm80.cuh, which merges them in its last split CTA).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -596,65 +597,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   PagedAttention<Tr>::run(p);
 }
 
-// Split-KV merge: out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max), plus the sink.
-// One thread merges 8 columns of one head; a CTA covers kMergeThreads / (kHeadDim / 8) heads.
-inline constexpr int kMergeThreads = 128;
-// grid: (bs, ceil(num_q_heads / heads per CTA)) block: (kMergeThreads)
-template <int kHeadDim, typename QT>
-__global__ void __launch_bounds__(kMergeThreads)
-    merge_splits_kernel(const __grid_constant__ PagedParams p) {
-  constexpr int kVec = 8;
-  constexpr int kThreadsPerHead = kHeadDim / kVec;
-  constexpr int kHeadsPerCta = kMergeThreads / kThreadsPerHead;
-  static_assert(kHeadsPerCta >= 1, "one head's columns fit in a merge CTA");
-  const int head = blockIdx.y * kHeadsPerCta + static_cast<int>(threadIdx.x) / kThreadsPerHead;
-  if (static_cast<int>(blockIdx.x) >= p.bs || head >= p.num_q_heads ||
-      static_cast<int>(threadIdx.x) >= kHeadsPerCta * kThreadsPerHead) {
-    return;
-  }
-  const RequestPlan& req = plan_request(p.plan, blockIdx.x);
-  if (req.num_splits <= 1) return;
-  const int col = (static_cast<int>(threadIdx.x) % kThreadsPerHead) * kVec;
-  const int token = req.q_start;  // split requests have one query token
-  const int64_t base = static_cast<int64_t>(req.partial_base) * p.num_q_heads + head;
-  float mx = -INFINITY;
-  // Unrolled: several partials in flight per thread (a batch-1 merge is latency-bound).
-#pragma unroll 8
-  for (int s = 0; s < req.num_splits; ++s) mx = fmaxf(mx, p.partial_lse[base + s * p.num_q_heads]);
-  const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
-  mx = fmaxf(mx, sink);
-  float acc[kVec] = {};
-  float dsum = 0.f;
-  if (mx != -INFINITY) {
-#pragma unroll 4
-    for (int s = 0; s < req.num_splits; ++s) {
-      const int64_t row = base + s * p.num_q_heads;
-      const float w = exp2f(p.partial_lse[row] - mx);  // 0 for an all-invisible split
-      dsum += w;
-      const float4* src = reinterpret_cast<const float4*>(p.partial_out + row * kHeadDim + col);
-#pragma unroll
-      for (int i = 0; i < kVec / 4; ++i) {
-        const float4 v = src[i];
-        acc[4 * i] += w * v.x;
-        acc[4 * i + 1] += w * v.y;
-        acc[4 * i + 2] += w * v.z;
-        acc[4 * i + 3] += w * v.w;
-      }
-    }
-    if (p.sinks != nullptr) dsum += exp2f(sink - mx);
-  }
-  const float inv = dsum > 0.f ? p.v_scale / dsum : 0.f;
-  float vals[kVec];
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) vals[i] = acc[i] * inv;
-  store_out8<QT>(static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col,
-                 vals);
-  if (col == 0 && p.lse != nullptr) {
-    p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-        dsum > 0.f ? (mx + log2f(dsum)) * kLn2 : -INFINITY;
-  }
-}
-
 // ---- launch ----
 template <typename Tr>
 Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
@@ -666,23 +608,23 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
       return paged_attention_kernel<Tr>;
     }
   }();
-  ATTNKIT_CUDA_TRY(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  // All of the unified L1/shared storage as shared memory: two decode CTAs per SM need 2 x 110 KB.
-  ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
-  const dim3 grid(static_cast<unsigned>(grid_items), static_cast<unsigned>(p.num_kv_heads));
+  // Per-function attributes, set once per instantiation (not stream operations): the dynamic
+  // shared memory and all of the unified L1/shared storage as shared memory (two decode CTAs per
+  // SM need 2 x 107 KB).
+  static const cudaError_t attr = [&] {
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+    }
+    return e;
+  }();
+  ATTNKIT_CUDA_TRY(attr);
+  const auto items = static_cast<unsigned>(grid_items);
+  const auto heads = static_cast<unsigned>(p.num_kv_heads);
+  const dim3 grid = Tr::kRingDecode ? dim3(heads, items) : dim3(items, heads);
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
-  ATTNKIT_CUDA_TRY(cudaGetLastError());
-  return Status::ok();
-}
-
-template <int kD, typename QT>
-Status launch_merge(const PagedParams& p, StreamHandle stream) {
-  constexpr int kHeadsPerCta = kMergeThreads / (kD / 8);
-  const dim3 grid(static_cast<unsigned>(p.bs),
-                  static_cast<unsigned>((p.num_q_heads + kHeadsPerCta - 1) / kHeadsPerCta));
-  merge_splits_kernel<kD, QT><<<grid, kMergeThreads, 0, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }
@@ -690,14 +632,12 @@ Status launch_merge(const PagedParams& p, StreamHandle stream) {
 // Picks the instantiation for (q dtype, kv dtype, tile shape); the default branches name the value.
 template <int kD, TileShape kShape>
 Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int grid_items,
-                      bool merge, StreamHandle stream) {
+                      StreamHandle stream) {
   const auto with_q = [&]<typename QT>() -> Status {
     const auto with_kv = [&]<DType kKv>() -> Status {
       using Tr = std::conditional_t<kShape == TileShape::kDecode, RingDecodeTraits<kD, QT, kKv>,
                                     PrefillTraits<kD, QT, kKv>>;
-      ATTNKIT_RETURN_IF_ERROR(launch_paged<Tr>(p, grid_items, stream));
-      if (merge) return launch_merge<kD, QT>(p, stream);
-      return Status::ok();
+      return launch_paged<Tr>(p, grid_items, stream);
     };
     switch (kv_dtype) {
       case DType::kFP8E4M3:

@@ -4,7 +4,8 @@
 // rings, mma.sync); this file adds what is flashinfer's own: the plan items, pool slots read in
 // place from the page table (slot(k) = req_to_token[row, k - k % page] + k % page, no per-token
 // index list), the sliding-window clip, and the epilogue (out/lse with sinks and v_scale, or the
-// split's normalised partial + log2 LSE for merge_splits_kernel).
+// split's normalised partial + log2 LSE, merged by the request's last split CTA: no second
+// launch).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,19 +28,21 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
 };
 
-// grid: (work items, num_kv_heads) block: (Tr::kThreads); dynamic smem Tr::kSmemBytes
+// grid: (num_kv_heads, work items) block: (Tr::kThreads); dynamic smem Tr::kSmemBytes. The kv heads
+// of one item are adjacent in launch order, so they stream the same pool rows (one slot holds all
+// heads) at about the same time: DRAM pages are opened once, not once per head.
 template <typename Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     paged_decode_ring_kernel(const __grid_constant__ PagedParams p) {
   using QT = typename Tr::QT;
   extern __shared__ __align__(16) uint8_t smem[];
-  if (static_cast<int>(blockIdx.x) >= p.plan[0]) return;
+  if (static_cast<int>(blockIdx.y) >= p.plan[0]) return;
   const WorkItem& item = *reinterpret_cast<const WorkItem*>(
-      p.plan + kPlanHeaderWords + p.bs * kRequestWords + blockIdx.x * kItemWords);
+      p.plan + kPlanHeaderWords + p.bs * kRequestWords + blockIdx.y * kItemWords);
   if (item.request < 0) return;
   const RequestPlan& req =
       reinterpret_cast<const RequestPlan*>(p.plan + kPlanHeaderWords)[item.request];
-  const int kv_head = blockIdx.y;
+  const int kv_head = blockIdx.x;
 
   cuda::ring::Work w;
   w.rows = min(cuda::ring::kRows, req.q_len * p.group - item.q_row_begin);
@@ -65,9 +68,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const auto q_row = [&](int r) {
     return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
   };
-  const auto slot_of = [&](int key) -> int32_t {
+  const auto slot_of = [&](int key) -> cuda::ring::SlotRef {
     const int off = p.page_shift >= 0 ? (key & (p.page_size - 1)) : key % p.page_size;
-    return table[key - off] + off;
+    return {table + (key - off), off};
   };
   const bool split = req.num_splits > 1;
   const auto write = [&](int r, int col, float(&acc)[8], float mx, float dsum) {
@@ -101,6 +104,55 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
   };
   cuda::ring::attend<Tr>(w, smem, q_row, slot_of, write);
+  if (!split) return;
+
+  // Fused split-KV merge: the request's last split CTA of this (q tile, kv head) merges the
+  // partials (out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - max), plus the sink).
+  const int q_tiles = (p.group + cuda::ring::kRows - 1) / cuda::ring::kRows;  // decode: q_len 1
+  int* counter =
+      p.split_counters +
+      (static_cast<int64_t>(item.request) * q_tiles + item.q_row_begin / cuda::ring::kRows) *
+          p.num_kv_heads +
+      kv_head;
+  if (!cuda::ring::last_split_cta(counter, req.num_splits)) return;
+  constexpr int kVecs = Tr::kHeadDim / 8;
+  for (int c = threadIdx.x; c < w.rows * kVecs; c += Tr::kThreads) {
+    const int r = c / kVecs;
+    const int col = (c % kVecs) * 8;
+    const int head = head_of(r);
+    const int64_t base = static_cast<int64_t>(req.partial_base) * p.num_q_heads + head;
+    float mx = -INFINITY;
+#pragma unroll 8
+    for (int s = 0; s < req.num_splits; ++s) {
+      mx = fmaxf(mx, __ldcg(p.partial_lse + base + s * p.num_q_heads));
+    }
+    const float sink = p.sinks != nullptr ? p.sinks[head] * cuda::kLog2e : -INFINITY;
+    mx = fmaxf(mx, sink);
+    float acc[8] = {};
+    float dsum = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll 4
+      for (int s = 0; s < req.num_splits; ++s) {
+        const int64_t row = base + s * p.num_q_heads;
+        const float wgt = exp2f(__ldcg(p.partial_lse + row) - mx);  // 0: all-invisible split
+        const float4* src =
+            reinterpret_cast<const float4*>(p.partial_out + row * Tr::kHeadDim + col);
+        const float4 x0 = __ldcg(src), x1 = __ldcg(src + 1);
+        dsum += wgt;
+        acc[0] += wgt * x0.x, acc[1] += wgt * x0.y, acc[2] += wgt * x0.z, acc[3] += wgt * x0.w;
+        acc[4] += wgt * x1.x, acc[5] += wgt * x1.y, acc[6] += wgt * x1.z, acc[7] += wgt * x1.w;
+      }
+      if (p.sinks != nullptr) dsum += exp2f(sink - mx);
+    }
+    const int token = token_of(r);
+    cuda::ring::store8<QT>(
+        static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col, acc,
+        dsum > 0.f ? p.v_scale / dsum : 0.f);
+    if (col == 0 && p.lse != nullptr) {
+      p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
+          dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
+    }
+  }
 }
 
 }  // namespace attnkit::flashinfer

@@ -92,6 +92,9 @@ struct PagedParams {
 
   float* partial_out = nullptr;  // [partials, Hq, D] f32, normalised partial outputs
   float* partial_lse = nullptr;  // [partials, Hq] f32, log2-domain LSE of each partial
+  // Decode: split CTAs finished per (request, q tile, kv head), [bs * q_tiles * Hkv] int32, zero
+  // between launches (the request's last split CTA merges in place and resets it).
+  int* split_counters = nullptr;
 
   int num_q_heads = 0;
   int num_kv_heads = 0;

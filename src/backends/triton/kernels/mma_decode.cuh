@@ -5,8 +5,9 @@
 // per-warp cp.async rings, mma.sync). What stays the triton backend's own: the split-KV heuristic
 // (split_plan.h, per request from its own length), the flattened token indices of the plan
 // (kv_indices: any page size), the decode variant (sliding window, soft-cap) and the epilogue
-// (finalize(): sinks, v_scale, LSE; or the partial + log2 LSE for split_kv_merge_kernel). SM75 and
-// the other dtypes keep the SIMT kernel (simt_attention.cuh).
+// (finalize(): sinks, v_scale, LSE; or the partial + log2 LSE, merged by the request's last split
+// CTA of the head block: no second launch). SM75 and the other dtypes keep the SIMT kernel
+// (simt_attention.cuh) and its merge kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,16 +27,18 @@ namespace attnkit::triton {
 
 static_assert(kMmaDecodeGroupTile == cuda::ring::kRows, "the host plans the ring core's tile");
 
-// grid: (grid_splits, num_kv_heads * group_tiles, T) block: (Tr::kThreads); smem Tr::kSmemBytes
+// grid: (num_kv_heads * group_tiles, grid_splits, T) block: (Tr::kThreads); smem Tr::kSmemBytes.
+// The kv heads of one (request, split) are adjacent in launch order, so they stream the same pool
+// rows (one slot holds all heads) at about the same time.
 template <typename Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     mma_decode_kernel(const __grid_constant__ AttentionParams p) {
   using QT = typename Tr::QT;
   extern __shared__ __align__(16) uint8_t smem[];
   const int token = blockIdx.z;  // decode: request b owns token b
-  const int kv_head = blockIdx.y / p.group_tiles;
-  const int tile = blockIdx.y % p.group_tiles;
-  const int split = blockIdx.x;
+  const int kv_head = blockIdx.x / p.group_tiles;
+  const int tile = blockIdx.x % p.group_tiles;
+  const int split = blockIdx.y;
   const int num_prefix = p.kv_indptr[token + 1] - p.kv_indptr[token];
   const AttentionVariant<false> var = AttentionVariant<false>::make(p, token, num_prefix, 0, 0);
   int k_begin = var.lo, k_end = var.hi;
@@ -67,7 +70,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const QT* q = static_cast<const QT*>(p.q) + token * p.q_stride_token;
   const int32_t* indices = p.kv_indices + p.kv_indptr[token];
   const auto q_row = [&](int r) { return q + (head0 + r) * p.q_stride_head; };
-  const auto slot_of = [&](int key) -> int32_t { return indices[key]; };
+  const auto slot_of = [&](int key) { return cuda::ring::SlotRef{indices + key, 0}; };
   const auto write = [&](int r, int col, float(&acc)[8], float mx, float dsum) {
     const int qh = head0 + r;
     if (num_splits == 1) {
@@ -86,8 +89,18 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     if (col == 0) p.partial_lse[row] = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
   };
   cuda::ring::attend<Tr>(w, smem, q_row, slot_of, write);
+  if (num_splits == 1) return;
+  // Fused merge: the last of the request's split CTAs of this head block merges the partials.
+  int* counter = p.split_counters + static_cast<int64_t>(token) * gridDim.x + blockIdx.x;
+  if (!cuda::ring::last_split_cta(counter, num_splits)) return;
+  constexpr int kVecs = Tr::kHeadDim / 8;
+  for (int c = threadIdx.x; c < w.rows * kVecs; c += Tr::kThreads) {
+    merge_split_columns<Tr::kHeadDim, Tr::kQDType>(p, token, head0 + c / kVecs, (c % kVecs) * 8,
+                                                   num_splits);
+  }
 }
 
+// p.split_counters: [T, num_kv_heads * ceil(group / 16)] zeros when p.max_splits > 1.
 template <int kD, DType kQ, DType kKV>
 Status launch_mma_decode(AttentionParams p, int grid_splits, StreamHandle stream) {
   using QT = typename cuda::ActivationType<kQ>::type;
@@ -105,14 +118,10 @@ Status launch_mma_decode(AttentionParams p, int grid_splits, StreamHandle stream
   ATTNKIT_CUDA_TRY(attr);
   p.group_tiles = (p.group_size + cuda::ring::kRows - 1) / cuda::ring::kRows;
   if (p.num_tokens == 0) return Status::ok();
-  const dim3 grid(grid_splits, p.num_kv_heads * p.group_tiles, p.num_tokens);
+  const dim3 grid(p.num_kv_heads * p.group_tiles, grid_splits, p.num_tokens);
   cudaStream_t s = cuda::to_stream(stream);
   mma_decode_kernel<Tr><<<grid, Tr::kThreads, Tr::kSmemBytes, s>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
-  if (p.max_splits > 1) {
-    launch_split_kv_merge<kD, kQ>(p, s);
-    ATTNKIT_CUDA_TRY(cudaGetLastError());
-  }
   return Status::ok();
 }
 
