@@ -1,4 +1,5 @@
-// Tensor-core paged attention (SM80+): one kernel template for decode and prefill/extend.
+// Tensor-core paged attention (SM80+): the prefill/extend kernel template, the launch helper and
+// the dtype dispatch of both tile shapes (decode runs paged_decode_sm80.cuh).
 //
 // A CTA serves one WorkItem (a tile of packed GQA rows of one request, a key range) for one kv
 // head. Keys stream through a cp.async multi-stage pipeline straight from the paged pool (slot of
@@ -7,8 +8,7 @@
 // shared memory and are dequantised (through registers) into a bf16/f16 tile before the MMAs;
 // k_scale is folded into the logit scale and v_scale into the output.
 //
-// Warp layout: kWarpsM warps along the rows x kWarpsN warps along the keys of a tile. Decode uses
-// 1 x 4 (16 rows cover a head group, every warp streams its own quarter of the keys); prefill
+// Warp layout: kWarpsM warps along the rows x kWarpsN warps along the keys of a tile; prefill uses
 // 4 x 1 (64 rows, every warp sees all keys). Each warp keeps its own (m, d, O); the epilogue merges
 // the kWarpsN states in shared memory, then either writes out/lse (the request is not split) or a
 // normalised partial + log2 LSE (split plans are decode-only, and decode runs
