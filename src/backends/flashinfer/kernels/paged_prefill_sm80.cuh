@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -45,7 +46,19 @@
 
 namespace attnkit::flashinfer {
 
-template <int kHeadDim_, typename QT_, DType kKvDType_>
+// Default tile configuration of a head dim: keys per shared-memory tile, keys per compute step
+// (S registers: kMTiles x kSubN / 2) and the cp.async ring depth.
+template <int kHeadDim>
+struct PrefillSm80Tile {
+  static constexpr int kTileN = kHeadDim >= 96 ? 32 : 64;
+  static constexpr int kSubN = kTileN;
+  static constexpr int kStages = 3;
+};
+
+template <int kHeadDim_, typename QT_, DType kKvDType_,
+          int kTileN_ = PrefillSm80Tile<kHeadDim_>::kTileN,
+          int kSubN_ = PrefillSm80Tile<kHeadDim_>::kSubN,
+          int kStages_ = PrefillSm80Tile<kHeadDim_>::kStages>
 struct PrefillSm80Traits {
   static constexpr int kHeadDim = kHeadDim_;
   using QT = QT_;
@@ -56,13 +69,13 @@ struct PrefillSm80Traits {
   static constexpr int kWarps = kPrefillTileRows / kWarpRows;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kTileM = kPrefillTileRows;
-  // Keys per tile: S (kMTiles x kTileN / 2 registers) + O must fit the 255 registers.
-  static constexpr int kTileN = kHeadDim >= 96 ? 32 : 64;
+  static constexpr int kTileN = kTileN_;  // keys per shared-memory tile (one barrier pair)
+  static constexpr int kSubN = kSubN_;    // keys per compute step: S + O fit the 255 registers
   static constexpr int kRowElems = kHeadDim + 8;  // padded smem row (QT elements)
   static constexpr int kRowBytes = kRowElems * static_cast<int>(sizeof(QT));
   static constexpr int kKSteps = kHeadDim / cuda::kMmaK;
-  static constexpr int kKeyTiles = kTileN / cuda::kMmaN;
-  static constexpr int kPvSteps = kTileN / cuda::kMmaK;
+  static constexpr int kKeyTiles = kSubN / cuda::kMmaN;
+  static constexpr int kPvSteps = kSubN / cuda::kMmaK;
   static constexpr int kDimTiles = kHeadDim / cuda::kMmaN;
   // Copy granule: 16 bytes of the pool (8 QT values, or 16 fp8 values -> 32 bytes in smem).
   static constexpr int kPoolElemBytes = kQuant ? 1 : static_cast<int>(sizeof(QT));
@@ -70,7 +83,7 @@ struct PrefillSm80Traits {
   static constexpr int kChunksPerRow = kHeadDim / kElemsPerChunk;
   static constexpr int kQChunksPerRow = kHeadDim * static_cast<int>(sizeof(QT)) / 16;
   static constexpr bool kQInRegisters = kMTiles * kKSteps * 4 <= 32;
-  static constexpr int kStages = 3;  // cp.async ring depth
+  static constexpr int kStages = kStages_;  // cp.async ring depth
   static constexpr int kQBytes = kTileM * kRowBytes;
   static constexpr int kStageBytes = 2 * kTileN * kRowBytes;  // K + V
   static constexpr int kSlotBytes = kStages * kTileN * static_cast<int>(sizeof(int32_t));
@@ -80,6 +93,7 @@ struct PrefillSm80Traits {
   static_assert(kTileM % kWarpRows == 0 && kWarps >= 1, "tile rows: whole warps");
   static_assert(kDimTiles % 2 == 0 && kKeyTiles % 2 == 0, "ldmatrix_x4 loads n-tile pairs");
   static_assert(kTileN <= kThreads, "one thread looks up each key slot of a tile");
+  static_assert(kTileN % kSubN == 0 && kStages >= 2, "whole key steps per tile, >= 2 stages");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory above the SM90 opt-in limit");
 };
 
@@ -88,6 +102,7 @@ struct PagedPrefill {
   using QT = typename Tr::QT;
   static constexpr int kD = Tr::kHeadDim;
   static constexpr int kBN = Tr::kTileN;
+  static constexpr int kSN = Tr::kSubN;
   static constexpr int kRE = Tr::kRowElems;
   static constexpr int kMT = Tr::kMTiles;
 
@@ -196,6 +211,14 @@ struct PagedPrefill {
         dst[i] = *reinterpret_cast<const uint32_t*>(&b);
       }
     }
+  }
+
+  // 2^x in one MUFU instruction (ex2.approx.ftz: ~2 ulp, -inf -> 0), as FlashAttention's
+  // fast-math build gets from exp2f; the softmax weights are rounded to 16 bits right after.
+  __device__ __forceinline__ static float exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
   }
 
   // Soft-capped log2-domain logit: cap * tanh(x * scale / cap), tanh(t) = 1 - 2 / (e^(2t) + 1)
@@ -332,15 +355,17 @@ struct PagedPrefill {
         }
       }
 
-      const bool warp_skip = n0 >= w_hi || n0 + kBN <= w_lo;
-      if (!warp_skip) {
+#pragma unroll
+      for (int sub = 0; sub < kBN / kSN; ++sub) {
+        const int ns = n0 + sub * kSN;                 // first key of this compute step
+        if (ns >= w_hi || ns + kSN <= w_lo) continue;  // none of the warp's rows sees it
         float s[kMT][Tr::kKeyTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
           for (int n = 0; n < Tr::kKeyTiles; ++n)
             s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
-        const uint32_t k_lane = k_lane0 + stage * Tr::kStageBytes;
+        const uint32_t k_lane = k_lane0 + stage * Tr::kStageBytes + sub * kSN * Tr::kRowBytes;
 #pragma unroll(Tr::kQInRegisters ? Tr::kKSteps : 1)
         for (int kk = 0; kk < Tr::kKSteps; ++kk) {
           uint32_t a[kMT][4];
@@ -383,7 +408,7 @@ struct PagedPrefill {
 #pragma unroll
               for (int x = 0; x < 4; ++x) s[mt][n][x] *= scale_log2;
         }
-        const bool full_tile = n0 >= w_lo_max && n0 + kBN <= w_hi_min;
+        const bool full_tile = ns >= w_lo_max && ns + kSN <= w_hi_min;
         if (!full_tile) {
 #pragma unroll
           for (int h = 0; h < 2 * kMT; ++h) {
@@ -402,7 +427,7 @@ struct PagedPrefill {
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const int x = 2 * (h % 2) + e;
-                const int key = n0 + n * 8 + 2 * t4 + e;
+                const int key = ns + n * 8 + 2 * t4 + e;
                 bool ok = key >= lo && key < hi;
                 if (mrow != nullptr && ok) ok = mrow[key] != 0;
                 if (!ok) s[mt][n][x] = -INFINITY;
@@ -419,22 +444,27 @@ struct PagedPrefill {
 #pragma unroll
             for (int x = 0; x < 4; ++x) mx[2 * mt + x / 2] = fmaxf(mx[2 * mt + x / 2], s[mt][n][x]);
         float f[2 * kMT];
+        bool grew = false;
 #pragma unroll
         for (int h = 0; h < 2 * kMT; ++h) {
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
           const float m_new = fmaxf(m_run[h], mx[h]);
-          f[h] = exp2f(m_run[h] - m_new);
+          f[h] = exp2_fast(m_run[h] - m_new);
+          grew = grew || m_new > m_run[h];
           m_run[h] = m_new;
           d_run[h] *= f[h];
         }
+        // O is rescaled only when some row's max grew (else every factor is exactly 1).
+        if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
+          for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-          for (int n = 0; n < Tr::kDimTiles; ++n) {
-            o[mt][n][0] *= f[2 * mt], o[mt][n][1] *= f[2 * mt];
-            o[mt][n][2] *= f[2 * mt + 1], o[mt][n][3] *= f[2 * mt + 1];
-          }
+            for (int n = 0; n < Tr::kDimTiles; ++n) {
+              o[mt][n][0] *= f[2 * mt], o[mt][n][1] *= f[2 * mt];
+              o[mt][n][2] *= f[2 * mt + 1], o[mt][n][3] *= f[2 * mt + 1];
+            }
+        }
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -442,12 +472,12 @@ struct PagedPrefill {
 #pragma unroll
             for (int x = 0; x < 4; ++x) {
               const int h = 2 * mt + x / 2;
-              const float pr = exp2f(s[mt][n][x] - m_run[h]);
+              const float pr = exp2_fast(s[mt][n][x] - m_run[h]);
               s[mt][n][x] = pr;
               d_run[h] += pr;  // per-thread partial sums; reduced across the quad at the end
             }
         // O += P V (the S accumulators of two key n-tiles form one A fragment).
-        const uint32_t v_lane = v_lane0 + stage * Tr::kStageBytes;
+        const uint32_t v_lane = v_lane0 + stage * Tr::kStageBytes + sub * kSN * Tr::kRowBytes;
 #pragma unroll
         for (int kk = 0; kk < Tr::kPvSteps; ++kk) {
           uint32_t pa[kMT][4];
@@ -560,6 +590,19 @@ Status launch_paged_prefill(const PagedParams& p, int grid_items, StreamHandle s
   return Status::ok();
 }
 
+// Tile-shape override for measurements (bf16, d 128 only): ATTNKIT_EXTEND_TILE = "64x32" (64-key
+// shared tiles computed in two 32-key steps, 2 stages) or "64x64" (64-key steps, 2 stages); unset
+// or anything else: the default PrefillSm80Tile<128> shape.
+inline int prefill_tile_override() {
+  static const int choice = [] {
+    const char* v = std::getenv("ATTNKIT_EXTEND_TILE");
+    if (v == nullptr) return 0;
+    const std::string s(v);
+    return s == "64x32" ? 1 : s == "64x64" ? 2 : 0;
+  }();
+  return choice;
+}
+
 // Picks the instantiation for (q dtype, kv dtype); the default branches name the value. The merge
 // runs when the plan split a request (prefill plans do not today; the epilogue supports it).
 template <int kD>
@@ -567,8 +610,21 @@ Status run_paged_prefill_sm80(const PagedParams& p, DType q_dtype, DType kv_dtyp
                               bool merge, StreamHandle stream) {
   const auto with_q = [&]<typename QT>() -> Status {
     const auto with_kv = [&]<DType kKv>() -> Status {
-      using Tr = PrefillSm80Traits<kD, QT, kKv>;
-      ATTNKIT_RETURN_IF_ERROR(launch_paged_prefill<Tr>(p, grid_items, stream));
+      const auto launch = [&]() -> Status {
+        if constexpr (kD == 128 && std::is_same_v<QT, __nv_bfloat16> && kKv == DType::kBF16) {
+          const int choice = prefill_tile_override();
+          if (choice == 1) {
+            return launch_paged_prefill<PrefillSm80Traits<kD, QT, kKv, 64, 32, 2>>(p, grid_items,
+                                                                                   stream);
+          }
+          if (choice == 2) {
+            return launch_paged_prefill<PrefillSm80Traits<kD, QT, kKv, 64, 64, 2>>(p, grid_items,
+                                                                                   stream);
+          }
+        }
+        return launch_paged_prefill<PrefillSm80Traits<kD, QT, kKv>>(p, grid_items, stream);
+      };
+      ATTNKIT_RETURN_IF_ERROR(launch());
       if (merge) return launch_merge<kD, QT>(p, stream);
       return Status::ok();
     };

@@ -32,7 +32,18 @@
 
 namespace attnkit::triton {
 
-template <int kHeadDim, DType kQ, DType kKV>
+// Default tile configuration of a head dim: keys per shared-memory tile, keys per compute step
+// (S registers: kMTiles x kSubN / 2) and the cp.async ring depth.
+template <int kHeadDim>
+struct MmaExtendTile {
+  static constexpr int kBlockN = kHeadDim >= 96 ? 32 : 64;
+  static constexpr int kSubN = kBlockN;
+  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+};
+
+template <int kHeadDim, DType kQ, DType kKV, int kTileN = MmaExtendTile<kHeadDim>::kBlockN,
+          int kSubTileN = MmaExtendTile<kHeadDim>::kSubN,
+          int kRingStages = MmaExtendTile<kHeadDim>::kStages>
 struct MmaExtendTraits {
   static constexpr int kD = kHeadDim;
   static constexpr DType kQDType = kQ;
@@ -42,25 +53,25 @@ struct MmaExtendTraits {
   static constexpr int kMTiles = kD <= 128 ? 2 : 1;  // 16-row MMA tiles per warp
   static constexpr int kWarpRows = kMTiles * cuda::kMmaM;
   static constexpr int kBlockM = kWarps * kWarpRows;  // 128 query rows (d 256: 64)
-  // Keys per tile: S (kMTiles x kBlockN / 2 registers) + O must fit the 255 registers.
-  static constexpr int kBlockN = kD >= 96 ? 32 : 64;
-  static constexpr int kPad = 8;                // elements: conflict-free ldmatrix rows
+  static constexpr int kBlockN = kTileN;   // keys per shared-memory tile (one barrier pair)
+  static constexpr int kSubN = kSubTileN;  // keys per compute step: S + O fit the 255 registers
+  static constexpr int kPad = 8;           // elements: conflict-free ldmatrix rows
   static constexpr int kRowStride = kD + kPad;  // smem row stride (elements)
-  static constexpr int kNTilesS = kBlockN / cuda::kMmaN;
+  static constexpr int kNTilesS = kSubN / cuda::kMmaN;
   static constexpr int kNTilesO = kD / cuda::kMmaN;
   static constexpr int kKStepsQK = kD / cuda::kMmaK;
-  static constexpr int kKStepsPV = kBlockN / cuda::kMmaK;
+  static constexpr int kKStepsPV = kSubN / cuda::kMmaK;
   static constexpr int kChunksPerRow = kD / cuda::kVecElems;  // 16-byte chunks
   static constexpr bool kNativeKV = kKV == kQ;
   // Q's A fragments stay in registers when they are few; else they are re-read by ldmatrix.
   static constexpr bool kQInRegisters = kMTiles * kKStepsQK * 4 <= 32;
-  // cp.async ring depth: 3 where two blocks per SM still fit (d <= 128), else 2.
-  static constexpr int kStages = kD <= 128 ? 3 : 2;
+  static constexpr int kStages = kRingStages;  // cp.async ring depth
   static constexpr int kSmemElems = (kBlockM + 2 * kStages * kBlockN) * kRowStride;
 
   static_assert(kQ == DType::kBF16 || kQ == DType::kF16, "tensor cores take bf16/f16");
   static_assert(kD % cuda::kMmaK == 0, "head dim must be a multiple of 16");
-  static_assert(kBlockN % (2 * cuda::kMmaN) == 0, "key tile must hold whole ldmatrix_x4 pairs");
+  static_assert(kSubN % (2 * cuda::kMmaN) == 0, "key step must hold whole ldmatrix_x4 pairs");
+  static_assert(kBlockN % kSubN == 0 && kStages >= 2, "whole key steps per tile, >= 2 stages");
   static_assert(kNTilesO % 2 == 0, "P.V loads V fragments in pairs of n-tiles");
   static_assert(2 * kBlockN <= kThreads, "one thread resolves each K/V row address of a tile");
 };
@@ -73,6 +84,7 @@ struct MmaExtendKernel {
   static constexpr int kD = Traits::kD;
   static constexpr int kBM = Traits::kBlockM;
   static constexpr int kBN = Traits::kBlockN;
+  static constexpr int kSN = Traits::kSubN;
   static constexpr int kRS = Traits::kRowStride;
   static constexpr int kMT = Traits::kMTiles;
   static constexpr uint32_t kStageBytes = 2 * kBN * kRS * sizeof(T);  // K + V of one stage
@@ -179,6 +191,14 @@ struct MmaExtendKernel {
       lo = max(0, q_pos - p.sliding_window);
       if (!p.causal) hi = min(hi, q_pos + p.sliding_window + 1);
     }
+  }
+
+  // 2^x in one MUFU instruction (ex2.approx.ftz: ~2 ulp, -inf -> 0), as FlashAttention's
+  // fast-math build gets from exp2f; the softmax weights are rounded to 16 bits right after.
+  __device__ __forceinline__ static float exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
   }
 
   // Soft-capped log2-domain logit of a raw q.k dot product (as AttentionVariant::logit).
@@ -324,8 +344,10 @@ struct MmaExtendKernel {
           cuda::cp_async_commit();
       }
 
-      const bool warp_skip = n0 >= w_hi || n0 + kBN <= w_lo;
-      if (!warp_skip) {
+#pragma unroll
+      for (int sub = 0; sub < kBN / kSN; ++sub) {
+        const int ns = n0 + sub * kSN;                 // first key of this compute step
+        if (ns >= w_hi || ns + kSN <= w_lo) continue;  // none of the warp's rows sees it
         // S = Q K^T.
         float s[kMT][Traits::kNTilesS][4];
 #pragma unroll
@@ -333,7 +355,7 @@ struct MmaExtendKernel {
 #pragma unroll
           for (int n = 0; n < Traits::kNTilesS; ++n)
             s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
-        const uint32_t k_lane = k_lane0 + stage * kStageBytes;
+        const uint32_t k_lane = k_lane0 + stage * kStageBytes + sub * kSN * kRS * sizeof(T);
 #pragma unroll(Traits::kQInRegisters ? Traits::kKStepsQK : 1)
         for (int kk = 0; kk < Traits::kKStepsQK; ++kk) {
           uint32_t a[kMT][4];
@@ -376,7 +398,7 @@ struct MmaExtendKernel {
 #pragma unroll
               for (int x = 0; x < 4; ++x) s[mt][n][x] *= scale_log2;
         }
-        const bool full_tile = n0 >= w_lo_max && n0 + kBN <= w_hi_min;
+        const bool full_tile = ns >= w_lo_max && ns + kSN <= w_hi_min;
         if (!full_tile) {
 #pragma unroll
           for (int h = 0; h < 2 * kMT; ++h) {
@@ -394,7 +416,7 @@ struct MmaExtendKernel {
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const int x = 2 * (h % 2) + e;
-                const int j = n0 + n * cuda::kMmaN + 2 * t4 + e;
+                const int j = ns + n * cuda::kMmaN + 2 * t4 + e;
                 bool ok = j >= lo && j < hi;
                 if (has_mask && ok) ok = mrow[j] != 0;
                 if (!ok) s[mt][n][x] = -INFINITY;
@@ -411,22 +433,27 @@ struct MmaExtendKernel {
 #pragma unroll
             for (int x = 0; x < 4; ++x) mx[2 * mt + x / 2] = fmaxf(mx[2 * mt + x / 2], s[mt][n][x]);
         float f[2 * kMT];
+        bool grew = false;
 #pragma unroll
         for (int h = 0; h < 2 * kMT; ++h) {
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
           const float m_new = fmaxf(m_run[h], mx[h]);
-          f[h] = exp2f(m_run[h] - m_new);
+          f[h] = exp2_fast(m_run[h] - m_new);
+          grew = grew || m_new > m_run[h];
           m_run[h] = m_new;
           d_run[h] *= f[h];
         }
+        // O is rescaled only when some row's max grew (else every factor is exactly 1).
+        if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
+          for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-          for (int n = 0; n < Traits::kNTilesO; ++n) {
-            o[mt][n][0] *= f[2 * mt], o[mt][n][1] *= f[2 * mt];
-            o[mt][n][2] *= f[2 * mt + 1], o[mt][n][3] *= f[2 * mt + 1];
-          }
+            for (int n = 0; n < Traits::kNTilesO; ++n) {
+              o[mt][n][0] *= f[2 * mt], o[mt][n][1] *= f[2 * mt];
+              o[mt][n][2] *= f[2 * mt + 1], o[mt][n][3] *= f[2 * mt + 1];
+            }
+        }
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -434,12 +461,12 @@ struct MmaExtendKernel {
 #pragma unroll
             for (int x = 0; x < 4; ++x) {
               const int h = 2 * mt + x / 2;
-              const float pr = exp2f(s[mt][n][x] - m_run[h]);
+              const float pr = exp2_fast(s[mt][n][x] - m_run[h]);
               s[mt][n][x] = pr;
               d_run[h] += pr;  // per-thread partial sums; reduced across the quad at the end
             }
         // O += P V (the S accumulators of two key n-tiles form one A fragment).
-        const uint32_t v_lane = v_lane0 + stage * kStageBytes;
+        const uint32_t v_lane = v_lane0 + stage * kStageBytes + sub * kSN * kRS * sizeof(T);
 #pragma unroll
         for (int kk = 0; kk < Traits::kKStepsPV; ++kk) {
           uint32_t pa[kMT][4];

@@ -2,6 +2,7 @@
 // Included by one small translation unit per head dim.
 #pragma once
 
+#include <cstdlib>
 #include <string>
 
 #include "backends/triton/kernels/mma_extend.cuh"
@@ -10,9 +11,21 @@
 
 namespace attnkit::triton {
 
-template <int kD, DType kQ, DType kKV>
-Status launch_mma_extend(const AttentionParams& p, int max_q_len, StreamHandle stream) {
-  using Traits = MmaExtendTraits<kD, kQ, kKV>;
+// Tile-shape override for measurements (bf16, d 128 only): ATTNKIT_EXTEND_TILE = "64x32" (64-key
+// shared tiles computed in two 32-key steps, 2 stages) or "64x64" (64-key steps, 2 stages); unset
+// or anything else: the default MmaExtendTile<128> shape.
+inline int extend_tile_override() {
+  static const int choice = [] {
+    const char* v = std::getenv("ATTNKIT_EXTEND_TILE");
+    if (v == nullptr) return 0;
+    const std::string s(v);
+    return s == "64x32" ? 1 : s == "64x64" ? 2 : 0;
+  }();
+  return choice;
+}
+
+template <typename Traits>
+Status launch_mma_extend_traits(const AttentionParams& p, int max_q_len, StreamHandle stream) {
   using Kernel = MmaExtendKernel<Traits>;
   const int smem = static_cast<int>(Kernel::smem_bytes());
   // Opting in to more than 48 KB of dynamic shared memory is a per-function attribute; setting
@@ -39,6 +52,23 @@ Status launch_mma_extend(const AttentionParams& p, int max_q_len, StreamHandle s
       <<<static_cast<unsigned>(blocks), Traits::kThreads, smem, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
+}
+
+template <int kD, DType kQ, DType kKV>
+Status launch_mma_extend(const AttentionParams& p, int max_q_len, StreamHandle stream) {
+  if constexpr (kD == 128 && kQ == DType::kBF16 && kKV == DType::kBF16) {
+    switch (extend_tile_override()) {
+      case 1:
+        return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV, 64, 32, 2>>(p, max_q_len,
+                                                                                 stream);
+      case 2:
+        return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV, 64, 64, 2>>(p, max_q_len,
+                                                                                 stream);
+      default:
+        break;
+    }
+  }
+  return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV>>(p, max_q_len, stream);
 }
 
 template <int kD, DType kQ>
