@@ -8,7 +8,8 @@
 //  * Warps: d <= 128: 4 warps x 32 rows (two 16-row MMA tiles per warp, so every K/V fragment
 //    loaded from shared memory feeds two MMAs); d 256: 8 warps x 16 rows (the O accumulators fill
 //    the registers).
-//  * Keys stream in tiles of kTileN through a 3-stage cp.async ring straight from the pool. The
+//  * Keys stream in tiles of kTileN through a 2- or 3-stage cp.async ring (PrefillSm80Tile)
+//  straight from the pool. The
 //    pool slot of key k is req_to_token[row, k - k % page] + k % page, read in place from the page
 //    table (no per-token index list); the slots of a tile are looked up an iteration before its
 //    copies are issued (the page-table loads are issued before the current tile's MMAs and
@@ -31,7 +32,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -46,19 +46,27 @@
 
 namespace attnkit::flashinfer {
 
-// Default tile configuration of a head dim: keys per shared-memory tile, keys per compute step
-// (S registers: kMTiles x kSubN / 2) and the cp.async ring depth.
-template <int kHeadDim>
+// Tile configuration of a head dim: keys per shared-memory tile (one barrier pair), keys per
+// compute step (S registers: kMTiles x kSubN / 2) and the cp.async ring depth. Measured on H200
+// (docs/perf/extend_notes.md): at d 128 with native-dtype KV, 64-key tiles and steps with 2 stages
+// beat 32-key tiles with 3 stages by 17% and two 32-key steps per 64-key tile by 8%, although
+// ptxas spills ~180 bytes per thread for it (outside the MMA loops' critical path, as measured).
+template <int kHeadDim, bool kNative>
 struct PrefillSm80Tile {
-  static constexpr int kTileN = kHeadDim >= 96 ? 32 : 64;
+  static constexpr bool kWide = kHeadDim == 128 && kNative;
+  static constexpr int kTileN = kWide || kHeadDim < 96 ? 64 : 32;
   static constexpr int kSubN = kTileN;
-  static constexpr int kStages = 3;
+  static constexpr int kStages = kWide ? 2 : 3;
 };
 
-template <int kHeadDim_, typename QT_, DType kKvDType_,
-          int kTileN_ = PrefillSm80Tile<kHeadDim_>::kTileN,
-          int kSubN_ = PrefillSm80Tile<kHeadDim_>::kSubN,
-          int kStages_ = PrefillSm80Tile<kHeadDim_>::kStages>
+template <
+    int kHeadDim_, typename QT_, DType kKvDType_,
+    int kTileN_ =
+        PrefillSm80Tile<kHeadDim_, kKvDType_ == DType::kBF16 || kKvDType_ == DType::kF16>::kTileN,
+    int kSubN_ =
+        PrefillSm80Tile<kHeadDim_, kKvDType_ == DType::kBF16 || kKvDType_ == DType::kF16>::kSubN,
+    int kStages_ =
+        PrefillSm80Tile<kHeadDim_, kKvDType_ == DType::kBF16 || kKvDType_ == DType::kF16>::kStages>
 struct PrefillSm80Traits {
   static constexpr int kHeadDim = kHeadDim_;
   using QT = QT_;
@@ -590,19 +598,6 @@ Status launch_paged_prefill(const PagedParams& p, int grid_items, StreamHandle s
   return Status::ok();
 }
 
-// Tile-shape override for measurements (bf16, d 128 only): ATTNKIT_EXTEND_TILE = "64x32" (64-key
-// shared tiles computed in two 32-key steps, 2 stages) or "64x64" (64-key steps, 2 stages); unset
-// or anything else: the default PrefillSm80Tile<128> shape.
-inline int prefill_tile_override() {
-  static const int choice = [] {
-    const char* v = std::getenv("ATTNKIT_EXTEND_TILE");
-    if (v == nullptr) return 0;
-    const std::string s(v);
-    return s == "64x32" ? 1 : s == "64x64" ? 2 : 0;
-  }();
-  return choice;
-}
-
 // Picks the instantiation for (q dtype, kv dtype); the default branches name the value. The merge
 // runs when the plan split a request (prefill plans do not today; the epilogue supports it).
 template <int kD>
@@ -610,21 +605,8 @@ Status run_paged_prefill_sm80(const PagedParams& p, DType q_dtype, DType kv_dtyp
                               bool merge, StreamHandle stream) {
   const auto with_q = [&]<typename QT>() -> Status {
     const auto with_kv = [&]<DType kKv>() -> Status {
-      const auto launch = [&]() -> Status {
-        if constexpr (kD == 128 && std::is_same_v<QT, __nv_bfloat16> && kKv == DType::kBF16) {
-          const int choice = prefill_tile_override();
-          if (choice == 1) {
-            return launch_paged_prefill<PrefillSm80Traits<kD, QT, kKv, 64, 32, 2>>(p, grid_items,
-                                                                                   stream);
-          }
-          if (choice == 2) {
-            return launch_paged_prefill<PrefillSm80Traits<kD, QT, kKv, 64, 64, 2>>(p, grid_items,
-                                                                                   stream);
-          }
-        }
-        return launch_paged_prefill<PrefillSm80Traits<kD, QT, kKv>>(p, grid_items, stream);
-      };
-      ATTNKIT_RETURN_IF_ERROR(launch());
+      using Tr = PrefillSm80Traits<kD, QT, kKv>;
+      ATTNKIT_RETURN_IF_ERROR(launch_paged_prefill<Tr>(p, grid_items, stream));
       if (merge) return launch_merge<kD, QT>(p, stream);
       return Status::ok();
     };

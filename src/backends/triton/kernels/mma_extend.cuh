@@ -32,18 +32,22 @@
 
 namespace attnkit::triton {
 
-// Default tile configuration of a head dim: keys per shared-memory tile, keys per compute step
-// (S registers: kMTiles x kSubN / 2) and the cp.async ring depth.
-template <int kHeadDim>
+// Tile configuration of a head dim: keys per shared-memory tile (one barrier pair), keys per
+// compute step (S registers: kMTiles x kSubN / 2) and the cp.async ring depth. Measured on H200
+// (docs/perf/extend_notes.md): at d 128 with native-dtype KV, 64-key tiles computed in two 32-key
+// steps with 2 stages beat 32-key tiles with 3 stages by 8% and 64-key steps (which spill) by 3%.
+template <int kHeadDim, bool kNativeKV>
 struct MmaExtendTile {
-  static constexpr int kBlockN = kHeadDim >= 96 ? 32 : 64;
-  static constexpr int kSubN = kBlockN;
-  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+  static constexpr bool kWide = kHeadDim == 128 && kNativeKV;
+  static constexpr int kBlockN = kWide || kHeadDim < 96 ? 64 : 32;
+  static constexpr int kSubN = kWide ? 32 : kBlockN;
+  static constexpr int kStages = kWide || kHeadDim > 128 ? 2 : 3;
 };
 
-template <int kHeadDim, DType kQ, DType kKV, int kTileN = MmaExtendTile<kHeadDim>::kBlockN,
-          int kSubTileN = MmaExtendTile<kHeadDim>::kSubN,
-          int kRingStages = MmaExtendTile<kHeadDim>::kStages>
+template <int kHeadDim, DType kQ, DType kKV,
+          int kTileN = MmaExtendTile<kHeadDim, kQ == kKV>::kBlockN,
+          int kSubTileN = MmaExtendTile<kHeadDim, kQ == kKV>::kSubN,
+          int kRingStages = MmaExtendTile<kHeadDim, kQ == kKV>::kStages>
 struct MmaExtendTraits {
   static constexpr int kD = kHeadDim;
   static constexpr DType kQDType = kQ;

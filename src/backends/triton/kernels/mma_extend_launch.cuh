@@ -2,7 +2,6 @@
 // Included by one small translation unit per head dim.
 #pragma once
 
-#include <cstdlib>
 #include <string>
 
 #include "backends/triton/kernels/mma_extend.cuh"
@@ -10,19 +9,6 @@
 #include "cuda/common/cuda_check.cuh"
 
 namespace attnkit::triton {
-
-// Tile-shape override for measurements (bf16, d 128 only): ATTNKIT_EXTEND_TILE = "64x32" (64-key
-// shared tiles computed in two 32-key steps, 2 stages) or "64x64" (64-key steps, 2 stages); unset
-// or anything else: the default MmaExtendTile<128> shape.
-inline int extend_tile_override() {
-  static const int choice = [] {
-    const char* v = std::getenv("ATTNKIT_EXTEND_TILE");
-    if (v == nullptr) return 0;
-    const std::string s(v);
-    return s == "64x32" ? 1 : s == "64x64" ? 2 : 0;
-  }();
-  return choice;
-}
 
 template <typename Traits>
 Status launch_mma_extend_traits(const AttentionParams& p, int max_q_len, StreamHandle stream) {
@@ -56,18 +42,6 @@ Status launch_mma_extend_traits(const AttentionParams& p, int max_q_len, StreamH
 
 template <int kD, DType kQ, DType kKV>
 Status launch_mma_extend(const AttentionParams& p, int max_q_len, StreamHandle stream) {
-  if constexpr (kD == 128 && kQ == DType::kBF16 && kKV == DType::kBF16) {
-    switch (extend_tile_override()) {
-      case 1:
-        return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV, 64, 32, 2>>(p, max_q_len,
-                                                                                 stream);
-      case 2:
-        return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV, 64, 64, 2>>(p, max_q_len,
-                                                                                 stream);
-      default:
-        break;
-    }
-  }
   return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV>>(p, max_q_len, stream);
 }
 
