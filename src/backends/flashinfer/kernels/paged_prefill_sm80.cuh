@@ -8,17 +8,18 @@
 //  * Warps: d <= 128: 4 warps x 32 rows (two 16-row MMA tiles per warp, so every K/V fragment
 //    loaded from shared memory feeds two MMAs); d 256: 8 warps x 16 rows (the O accumulators fill
 //    the registers).
-//  * Keys stream in tiles of kTileN through a 2- or 3-stage cp.async ring (PrefillSm80Tile)
-//  straight from the pool. The
-//    pool slot of key k is req_to_token[row, k - k % page] + k % page, read in place from the page
-//    table (no per-token index list); the slots of a tile are looked up an iteration before its
-//    copies are issued (the page-table loads are issued before the current tile's MMAs and
-//    published after them), so a copy never waits on a page-table load. fp8 tiles are dequantised
-//    in registers on the way in (k_scale folded into the logit scale, v_scale into the output).
+//  * Keys stream in tiles of kTileN (computed in steps of kSubN) through a 2- or 3-stage cp.async
+//    ring (PrefillSm80Tile) straight from the pool. The pool slot of key k is req_to_token[row, k -
+//    k % page] + k % page, read in place from the page table (no per-token index list); the slots
+//    of a tile are looked up an iteration before its copies are issued (the page-table loads are
+//    issued before the current tile's MMAs and published after them), so a copy never waits on a
+//    page-table load. fp8 tiles are dequantised in registers on the way in (k_scale folded into the
+//    logit scale, v_scale into the output).
 //  * Shared rows are padded by 16 bytes: the 8 row addresses of an ldmatrix hit 8 distinct bank
 //    groups. S = Q K^T and O += P V on mma.sync m16n8k16, f32 accumulators; S stays in registers
-//    and becomes the A operand of P V; exp2 with log2(e) folded into the scale.
-//  * Causal work: the block's key range stops at its last token's diagonal (make_tile); tiles
+//    and becomes the A operand of P V; exp2 with log2(e) folded into the scale; O is rescaled
+//    only when a row's running max grows.
+//  * Causal work: the block's key range stops at its last token's diagonal (token_range); tiles
 //    inside every row's visible range skip the per-element mask, and a warp skips the tiles none
 //    of its rows sees. Blocks run heaviest first: the plan lists a request's tiles from the first
 //    query rows on, and the kernel walks the items backwards (kv head fastest).

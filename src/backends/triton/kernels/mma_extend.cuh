@@ -12,7 +12,8 @@
 // iteration before their copies are issued (the kv_indices loads are issued before the current
 // tile's MMAs and consumed after them), so the copy issue never waits on a page-table load. S = Q
 // K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators; S stays in registers and becomes
-// the A operand of P V; exp2 with log2(e) folded into the scale.
+// the A operand of P V; exp2 with log2(e) folded into the scale; O is rescaled only when a row's
+// running max grows. A key tile may be computed in several steps of kSubN keys (MmaExtendTile).
 //
 // Causal work: a block's key range stops at its last row's diagonal; tiles inside every row's
 // visible range skip the per-element mask, and a warp skips a tile that none of its rows sees.
