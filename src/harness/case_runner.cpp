@@ -552,6 +552,16 @@ const std::vector<CaseSpec>& shared_case_table() {
     mla(add("mla_prefill_192_128", M::kExtend, 64, {0, 0}, {37, 64}), 16, false);
     mla(verify("mla_verify_topk1_page1", 1, {12, 30}, 3, 1), 16, true);
     mla(verify("mla_verify_topk4_page1", 1, {12, 30}, 6, 4), 16, true);
+    // ---- long extends: several query and key tiles per request (appended: earlier seeds keep) --
+    heads(add("extend_long_prefix_d128", M::kExtend, 16, {150, 0}, {300, 160}), 8, 2, 128);
+    heads(add("extend_long_d256", M::kExtend, 16, {70}, {300}), 8, 2, 256);
+    heads(add("extend_d80", M::kExtend, 16, {21, 0}, {40, 9}), 4, 2, 80);
+    heads(add("extend_d96", M::kExtend, 1, {5, 30}, {33, 17}), 4, 2, 96);
+    {
+      CaseSpec& c = add("extend_long_window_softcap", M::kExtend, 16, {200, 0}, {333, 150});
+      c.sliding_window = 100;
+      c.logit_cap = 5.f;
+    }
     return t;
   }();
   return table;

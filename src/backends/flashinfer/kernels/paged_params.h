@@ -29,7 +29,9 @@ inline constexpr int kDecodeTileRows = kMmaRows;                            // 1
 // __launch_bounds__ and the planner's grid target (kTargetCtasPerSm) both use it.
 inline constexpr int kDecodeCtasPerSm = 2;
 inline constexpr int kPrefillWarpsM = 4;  // prefill: warps split the rows of a tile
-inline constexpr int kPrefillTileRows = kPrefillWarpsM * kMmaRows;  // 64
+// Packed rows of one prefill work item (paged_prefill_sm80.cuh: 4 warps x 32 rows at d <= 128,
+// 8 warps x 16 rows at d 256).
+inline constexpr int kPrefillTileRows = 128;
 
 // Which tile shape a forward uses: decode (one query token per request, few packed rows, warps
 // along the keys) or prefill (many packed rows, warps along the rows).
