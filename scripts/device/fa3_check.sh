@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One device call for the fa3 backend (issue 6): build the fa3 test + CLI, run the fa3 GPU tests,
+# time fa3 (ping-pong on and off) and flashinfer with `attnkit bench` on
+# bench/cases/fa3_prefill.json, then the trimmed torch peers (scripts/device/fa3_peers.py).
+# Runs ON the device machine from the repository root with .deps and .peers beside it:
+#   cd .wt/fa3 && ln -sfn ../../.deps .deps && bash scripts/device/fa3_check.sh
+# Knobs: STAGES="build test bench peers", HEAD_DIMS="64;128;256", TEST_TIMEOUT=150.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/out}"
+mkdir -p "$OUT"
+STAGES="${STAGES:-build test bench peers}"
+build="$root/build/device"
+summary="$OUT/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
+note "device: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | head -1) date: $(date -u +%Y-%m-%dT%H:%MZ)"
+
+if has_stage build; then
+  t0=$(date +%s)
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a-real -DATTNKIT_HEAD_DIMS="${HEAD_DIMS:-64;128;256}" \
+    -DCMAKE_PREFIX_PATH="$root/.deps" -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
+    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
+    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$OUT/build.log" 2>&1 || {
+    tail -30 "$OUT/build.log"; exit 1; }
+  ninja -C "$build" -j16 test_fa3_cases attnkit_cli >> "$OUT/build.log" 2>&1
+  rc=$?
+  note "build: rc=$rc in $(( $(date +%s) - t0 )) s"
+  [ $rc -ne 0 ] && { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+fi
+
+tests="$build/tests/test_fa3_cases"
+[ -x "$tests" ] || tests=$(find "$build" -name test_fa3_cases -type f | head -1)
+if has_stage test; then
+  t0=$(date +%s)
+  timeout "${TEST_TIMEOUT:-150}" "$tests" --gtest_brief=1 > "$OUT/test.log" 2>&1
+  rc=$?
+  note "test (ping-pong on): rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED  \]" "$OUT/test.log" | head -20 | tee -a "$summary"
+  if [ $rc -ne 0 ]; then
+    grep -E "rel_l2|Failure|Expected|differs|ran on" "$OUT/test.log" | head -20 | tee -a "$summary"
+    t0=$(date +%s)
+    ATTNKIT_FA3_PINGPONG=0 timeout 120 "$tests" --gtest_brief=1 --gtest_filter='*Long*:*d128*:*page16*' > "$OUT/test_nopp.log" 2>&1
+    note "test (ping-pong off, subset): rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_nopp.log" | tr '\n' ' ')"
+    grep -E "rel_l2|Failure" "$OUT/test_nopp.log" | head -8 | tee -a "$summary"
+  fi
+fi
+
+cli="$build/tools/attnkit/attnkit"
+if has_stage bench && [ -x "$cli" ]; then
+  args=(bench --cases bench/cases/fa3_prefill.json --device cuda --warmup 3 --iters 10)
+  timeout 100 "$cli" "${args[@]}" --backend fa3,flashinfer --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  note "bench fa3,flashinfer: rc=$?"
+  ATTNKIT_FA3_PINGPONG=0 timeout 60 "$cli" "${args[@]}" --backend fa3 > "$OUT/bench_nopp.log" 2>&1
+  note "bench fa3 ping-pong off: rc=$?"
+fi
+
+if has_stage peers; then
+  PYTHONUNBUFFERED=1 OUT="$OUT" timeout 90 python3 scripts/device/fa3_peers.py > "$OUT/peers.log" 2>&1
+  note "peers: rc=$?"
+fi
+
+echo "==================== summary ===================="
+cat "$summary"
+for f in bench.log bench_nopp.log; do
+  [ -f "$OUT/$f" ] && { echo "--- $f ---"; grep -vE "^\s*$" "$OUT/$f" | tail -24; }
+done
+[ -f "$OUT/peers.log" ] && { echo "--- peers ---"; cat "$OUT/peers.log"; }
+exit 0
