@@ -38,10 +38,14 @@ if has_stage test; then
   t0=$(date +%s)
   timeout "${TEST_TIMEOUT:-90}" "$tests" --gtest_brief=1 > "$OUT/test.log" 2>&1
   rc=$?
-  note "test (ping-pong on): rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test.log" | tr '\n' ' ')"
+  note "test (default: overlap + ping-pong): rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]" "$OUT/test.log" | head -20 | tee -a "$summary"
-  if [ $rc -ne 0 ]; then
-    grep -E "rel_l2|Failure|Expected|differs|ran on" "$OUT/test.log" | head -20 | tee -a "$summary"
+  [ $rc -ne 0 ] && grep -E "rel_l2|Failure|Expected|differs|ran on" "$OUT/test.log" | head -20 | tee -a "$summary"
+  t0=$(date +%s)
+  ATTNKIT_FA3_OVERLAP=0 timeout 60 "$tests" --gtest_brief=1 --gtest_filter='*Long*:*d128*:*d256*:*page16*' > "$OUT/test_serial.log" 2>&1
+  note "test (serial schedule, subset): rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_serial.log" | tr '\n' ' ')"
+  grep -E "rel_l2|Failure" "$OUT/test_serial.log" | head -8 | tee -a "$summary"
+  if true; then
     t0=$(date +%s)
     ATTNKIT_FA3_PINGPONG=0 timeout 60 "$tests" --gtest_brief=1 --gtest_filter='*Long*:*d128*:*page16*' > "$OUT/test_nopp.log" 2>&1
     note "test (ping-pong off, subset): rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_nopp.log" | tr '\n' ' ')"
@@ -51,11 +55,22 @@ fi
 
 cli="$build/tools/attnkit/attnkit"
 if has_stage bench && [ -x "$cli" ]; then
+  # One bench.log: fa3 with each schedule variant (env knobs of the fa3 backend), then flashinfer.
   args=(bench --cases bench/cases/fa3_prefill.json --device cuda --warmup 3 --iters 10)
-  timeout "${BENCH_TIMEOUT:-80}" "$cli" "${args[@]}" --backend "${BENCH_BACKENDS:-fa3}" > "$OUT/bench.log" 2>&1
-  note "bench ${BENCH_BACKENDS:-fa3}: rc=$?"
-  ATTNKIT_FA3_PINGPONG=0 timeout 45 "$cli" "${args[@]}" --backend fa3 > "$OUT/bench_nopp.log" 2>&1
-  note "bench fa3 ping-pong off: rc=$?"
+  : > "$OUT/bench.log"
+  for variant in ${BENCH_VARIANTS:-default ATTNKIT_FA3_OVERLAP=0 ATTNKIT_FA3_PINGPONG=0}; do
+    echo "=== fa3 $variant" >> "$OUT/bench.log"
+    if [ "$variant" = default ]; then envs=(); else envs=("$variant"); fi
+    env "${envs[@]}" timeout "${BENCH_TIMEOUT:-60}" "$cli" "${args[@]}" --backend fa3 2>&1 |
+      grep -E "^fa3 |ceiling" >> "$OUT/bench.log"
+    note "bench fa3 $variant: rc=${PIPESTATUS[0]}"
+  done
+  if [ -n "${BENCH_OTHERS:-flashinfer}" ]; then
+    echo "=== ${BENCH_OTHERS:-flashinfer}" >> "$OUT/bench.log"
+    timeout 60 "$cli" "${args[@]}" --backend "${BENCH_OTHERS:-flashinfer}" --filter "${OTHERS_FILTER:-new8192}" 2>&1 |
+      grep -vE "^\[" >> "$OUT/bench.log"
+    note "bench ${BENCH_OTHERS:-flashinfer}: rc=${PIPESTATUS[0]}"
+  fi
 fi
 
 if has_stage peers; then
@@ -65,8 +80,6 @@ fi
 
 echo "==================== summary ===================="
 cat "$summary"
-for f in bench.log bench_nopp.log; do
-  [ -f "$OUT/$f" ] && { echo "--- $f ---"; grep -vE "^\s*$" "$OUT/$f" | tail -24; }
-done
+[ -f "$OUT/bench.log" ] && { echo "--- bench.log ---"; grep -vE "^\s*$" "$OUT/bench.log" | tail -50; }
 [ -f "$OUT/peers.log" ] && { echo "--- peers ---"; cat "$OUT/peers.log"; }
 exit 0

@@ -111,6 +111,11 @@ class Fa3Backend final : public AttentionBackend {
     const char* e = std::getenv("ATTNKIT_FA3_PINGPONG");
     return e == nullptr || std::string(e) != "0";
   }();
+  // ATTNKIT_FA3_OVERLAP=0: the serial per-block schedule instead of the intra-warpgroup overlap.
+  bool overlap_ = [] {
+    const char* e = std::getenv("ATTNKIT_FA3_OVERLAP");
+    return e == nullptr || std::string(e) != "0";
+  }();
 
   bool wgmma_plan_ = false;  // the current forward has a tile plan
   int plan_bs_ = 0;
@@ -262,6 +267,7 @@ Status Fa3Backend::run_wgmma(const TensorView& q, const TensorView& k, const Ten
   p.scale_log2 = layer.scaling * kLog2e;
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
   p.pingpong = pingpong_ ? 1 : 0;
+  p.overlap = overlap_ ? 1 : 0;
 
   ++stats_.wgmma_calls;
   return dispatch_value<fa3::WgmmaHeadDims>(

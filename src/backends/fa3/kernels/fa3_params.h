@@ -51,6 +51,7 @@ struct Fa3Params {
   float scale_log2 = 0.f;  // scaling * log2(e): logits straight to the exp2 domain
   int causal = 1;          // 1: key k visible when k <= query position; 0: every key
   int pingpong = 1;        // 1: the consumer warpgroups alternate their GEMMs (named barriers)
+  int overlap = 1;         // 1: softmax of block n overlaps the P V GEMM of block n + 1
 };
 
 }  // namespace attnkit::fa3

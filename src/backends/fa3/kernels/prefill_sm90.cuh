@@ -117,27 +117,10 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   const char* k_base = static_cast<const char*>(p.k_pool);
   const char* v_base = static_cast<const char*>(p.v_pool);
 
-  // Completion of a cp.async group is published one group late (wait_group 1), so two groups are
-  // in flight; `pending` is the barrier of the group not yet published.
-  uint32_t pending = 0;
-  auto commit = [&](uint32_t bar) {
-    cp_async_commit();
-    if (pending != 0) {
-      cp_async_wait<1>();
-      fence_proxy_async();
-      mbar_arrive(pending);
-    }
-    pending = bar;
-  };
-  auto flush = [&]() {
-    if (pending != 0) {
-      cp_async_wait<0>();
-      fence_proxy_async();
-      mbar_arrive(pending);
-      pending = 0;
-    }
-  };
-
+  // Each thread's cp.asyncs of a tile arrive on the tile's full barrier when they land
+  // (cp.async.mbarrier.arrive.noinc: counts as one of the barrier's 128 expected arrivals), so the
+  // producer never waits for its own copies: it runs ahead of the consumers by up to kStages key
+  // blocks, gated only by the empty barriers.
   int it = 0;
   int tcount = 0;
   const int units = p.num_tiles * p.num_q_heads;
@@ -146,6 +129,15 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
     const int kvh = t.head / p.group;
     const int32_t* pt = p.req_to_token +
                         static_cast<int64_t>(p.req_pool_indices[t.request]) * p.req_to_token_stride;
+    // The pool slot of row warp * kRowsPerWarp + lane of key block nb (-1: past kv_len, the row is
+    // zero-filled). Loaded one block ahead so the page-table latency hides behind the empty wait.
+    auto slot_of = [&](int nb) {
+      const int key = nb * Tr::kBlockN + warp * Tr::kRowsPerWarp + lane;
+      if (nb < 0 || lane >= Tr::kRowsPerWarp || key >= t.kv_len) return -1;
+      const int in_page = key % p.page_size;
+      return pt[key - in_page] + in_page;
+    };
+    int my_slot = slot_of(t.n_blocks - 1);
 
     // Q tile: row r = token m0 + r of the request (rows past q_len are zero-filled).
     mbar_wait(q_empty, (tcount & 1) ^ 1);
@@ -162,18 +154,11 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
                 : q_base;
       cp_async_16(sQ + swizzle_offset(Tr::kBlockM, row, chunk), src, valid ? 16 : 0);
     }
-    commit(q_full);
+    cp_async_arrive_noinc(q_full);
 
     for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
       const int stage = it % Tr::kStages;
       const uint32_t phase = (it / Tr::kStages) & 1;
-      // The slot of row warp * kRowsPerWarp + lane (-1: past kv_len, zero-filled).
-      const int my_key = nb * Tr::kBlockN + warp * Tr::kRowsPerWarp + lane;
-      int my_slot = -1;
-      if (lane < Tr::kRowsPerWarp && my_key < t.kv_len) {
-        const int in_page = my_key % p.page_size;
-        my_slot = pt[my_key - in_page] + in_page;
-      }
       mbar_wait(empty(stage), phase ^ 1);
       const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
       const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
@@ -196,160 +181,271 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
                   : pool;
           cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
         }
-        commit(kv == 0 ? k_full(stage) : v_full(stage));
+        cp_async_arrive_noinc(kv == 0 ? k_full(stage) : v_full(stage));
       }
+      my_slot = slot_of(nb - 1);
     }
-    flush();
   }
+  cp_async_wait<0>();
 }
 
 // ---- consumers ----
 
+// One consumer warpgroup's view of the pipeline: barriers, tiles, the ping-pong turn.
+template <typename Tr, bool kBf16>
+struct ConsumerCtx {
+  static constexpr int kD = Tr::kHeadDim;
+  static constexpr int kN = Tr::kBlockN;
+  static constexpr int kS = kN / 2;  // S accumulators per thread
+  static constexpr int kO = kD / 2;  // O accumulators per thread
+  uint32_t base, sQ, bars;
+  int g, warp, lane;
+  bool pingpong;
+
+  __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 16 + 24 * s; }
+  __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 16 + 24 * s + 8; }
+  __device__ __forceinline__ uint32_t empty(int s) const { return bars + 16 + 24 * s + 16; }
+  __device__ __forceinline__ uint32_t sK(int s) const {
+    return base + Tr::kKOffset + s * Tr::kKVBytes;
+  }
+  __device__ __forceinline__ uint32_t sV(int s) const {
+    return base + Tr::kVOffset + s * Tr::kKVBytes;
+  }
+  // Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barriers 1 and 2,
+  // 256 threads: 128 arrive from the other warpgroup, 128 sync here), so one's softmax runs while
+  // the other's wgmmas keep the tensor cores busy. Warpgroup 1 opens with a pass to warpgroup 0
+  // and skips its very last pass, so every sync has exactly one matching arrive.
+  __device__ __forceinline__ void turn_wait() const {
+    if (pingpong) asm volatile("bar.sync %0, 256;" ::"r"(1 + g) : "memory");
+  }
+  __device__ __forceinline__ void turn_pass() const {
+    if (pingpong) asm volatile("bar.arrive %0, 256;" ::"r"(2 - g) : "memory");
+  }
+
+  // Waits for block `it`'s K (or V) and makes the cp.async data visible to wgmma.
+  __device__ __forceinline__ void wait_full(uint32_t bar, int it) const {
+    sm90::mbar_wait(bar, (it / Tr::kStages) & 1);
+    sm90::fence_proxy_async();  // cp.async (generic proxy) data -> wgmma (async proxy) reads
+  }
+  __device__ __forceinline__ void issue_qk(float (&s)[kS], int stage) const {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      sm90::wgmma_ss<kN, kBf16, 0>(s, sm90::desc_k_major(sQ, Tr::kBlockM, kk),
+                                   sm90::desc_k_major(sK(stage), kN, kk), kk > 0 ? 1 : 0);
+    }
+  }
+  __device__ __forceinline__ void issue_pv(float (&o)[kO], const uint32_t (&pa)[kN / 16][4],
+                                           int stage) const {
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      sm90::wgmma_rs<kD, kBf16, 1>(o, pa[kk], sm90::desc_mn_major(sV(stage), kN, kk), 1);
+    }
+  }
+};
+
+// Online-softmax state of this thread's two rows (r, r + 8), exp2 domain.
+template <typename Tr, bool kBf16>
+struct RowSoftmax {
+  static constexpr int kN = Tr::kBlockN;
+  float m[2], l[2];
+
+  // Masks block nb of S (keys past kv_len; causal: keys after the row's position), turns it into
+  // P = exp2(S * scale_log2 - m_new) in place, updates m and l, returns the O rescale factors.
+  __device__ __forceinline__ void step(float (&s)[kN / 2], const Fa3Params& p, const TileInfo& t,
+                                       int nb, int g, int lane, int qpos0, float (&corr)[2]) {
+    const float kNegInf = -__int_as_float(0x7f800000);
+    const int n0 = nb * kN;
+    const bool need_mask =
+        n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+    if (need_mask) {
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = n0 + 8 * j + 2 * (lane % 4) + (e & 1);
+          const int qpos = qpos0 + 8 * (e >> 1);
+          const bool visible = key < t.kv_len && (!p.causal || key <= qpos);
+          if (!visible) s[4 * j + e] = kNegInf;
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx * p.scale_log2);
+      const float m_use = m_new == kNegInf ? 0.f : m_new;
+      corr[h] = sm90::exp2_approx(m[h] - m_use);  // m = -inf -> 0
+      m[h] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          const float v = sm90::exp2_approx(fmaf(s[4 * j + e], p.scale_log2, -m_use));
+          s[4 * j + e] = v;
+          sum += v;
+        }
+      }
+      l[h] = l[h] * corr[h] + sum;
+    }
+  }
+};
+
+// P (f32 accumulator layout) -> the wgmma A fragment (k-step kk: keys 16kk .. 16kk + 15).
+template <int kN, bool kBf16>
+__device__ __forceinline__ void pack_p(const float (&s)[kN / 2], uint32_t (&pa)[kN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk) {
+    pa[kk][0] = pack2<kBf16>(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = pack2<kBf16>(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack2<kBf16>(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack2<kBf16>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+template <int kD>
+__device__ __forceinline__ void rescale_o(float (&o)[kD / 2], const float (&corr)[2]) {
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j) {
+    o[4 * j + 0] *= corr[0];
+    o[4 * j + 1] *= corr[0];
+    o[4 * j + 2] *= corr[1];
+    o[4 * j + 3] *= corr[1];
+  }
+}
+
 template <typename Tr, bool kBf16>
 __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
+  using Ctx = ConsumerCtx<Tr, kBf16>;
   constexpr int kD = Tr::kHeadDim;
   constexpr int kN = Tr::kBlockN;
-  constexpr int kS = kN / 2;  // S accumulators per thread
-  constexpr int kO = kD / 2;  // O accumulators per thread
   const int tid = threadIdx.x - 128 * (g + 1);
-  const int warp = tid / 32, lane = tid % 32;
-  const uint32_t base = smem_addr(smem);
-  const uint32_t sQ = base + Tr::kQOffset + g * 64 * 128;  // this warpgroup's 64 rows
-  const uint32_t bars = base + Tr::kBarOffset;
-  const uint32_t q_full = bars, q_empty = bars + 8;
-  auto k_full = [&](int s) { return bars + 16 + 24 * s; };
-  auto v_full = [&](int s) { return bars + 16 + 24 * s + 8; };
-  auto empty = [&](int s) { return bars + 16 + 24 * s + 16; };
+  Ctx c;
+  c.base = smem_addr(smem);
+  c.sQ = c.base + Tr::kQOffset + g * 64 * 128;  // this warpgroup's 64 rows
+  c.bars = c.base + Tr::kBarOffset;
+  c.g = g;
+  c.warp = tid / 32;
+  c.lane = tid % 32;
+  c.pingpong = p.pingpong != 0;
+  const int lane = c.lane;
+  const uint32_t q_full = c.bars, q_empty = c.bars + 8;
   const float kNegInf = -__int_as_float(0x7f800000);
-  // Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barriers 1 and 2,
-  // 256 threads: 128 arrive from the other warpgroup, 128 sync here), so one's softmax runs while
-  // the other's wgmmas keep the tensor cores busy. Warpgroup 1 opens with a pass to warpgroup 0 and
-  // skips its very last pass, so every sync has exactly one matching arrive.
-  const bool pingpong = p.pingpong != 0;
-  auto turn_wait = [&]() {
-    if (pingpong) asm volatile("bar.sync %0, 256;" ::"r"(1 + g) : "memory");
-  };
-  auto turn_pass = [&]() {
-    if (pingpong) asm volatile("bar.arrive %0, 256;" ::"r"(2 - g) : "memory");
-  };
-  if (g == 1) turn_pass();
+  if (g == 1) c.turn_pass();
 
   int it = 0;
   int tcount = 0;
   const int units = p.num_tiles * p.num_q_heads;
   for (int unit = blockIdx.x; unit < units; unit += gridDim.x, ++tcount) {
     const TileInfo t = decode_tile<Tr>(p, unit);
+    const bool last_unit = unit + static_cast<int>(gridDim.x) >= units;
     // This thread's two rows (r, r + 8) within the tile and their query positions.
-    const int row0 = g * 64 + warp * 16 + lane / 4;
+    const int row0 = g * 64 + c.warp * 16 + lane / 4;
     const int qpos0 = t.causal_limit + row0;
-    float o[kO];
+    float o[Ctx::kO];
 #pragma unroll
-    for (int i = 0; i < kO; ++i) o[i] = 0.f;
-    float m[2] = {kNegInf, kNegInf};
-    float l[2] = {0.f, 0.f};
+    for (int i = 0; i < Ctx::kO; ++i) o[i] = 0.f;
+    RowSoftmax<Tr, kBf16> sm;
+    sm.m[0] = sm.m[1] = kNegInf;
+    sm.l[0] = sm.l[1] = 0.f;
+    float corr[2];
+    float s[Ctx::kS];
+    uint32_t pa[kN / 16][4];
 
     mbar_wait(q_full, tcount & 1);
-    for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
-      const int stage = it % Tr::kStages;
-      const uint32_t phase = (it / Tr::kStages) & 1;
-      const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
-      const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
-
-      float s[kS];
-      mbar_wait(k_full(stage), phase);
-      turn_wait();
+    fence_proxy_async();
+    if (p.overlap) {
+      // Intra-warpgroup overlap: S(next) = Q K(next)^T and O += P(cur) V(cur) are issued
+      // together; the softmax of S(next) runs while the P V GEMM is in flight.
+      int it_c = it;
+      int nb = t.n_blocks - 1;
+      c.wait_full(c.k_full(it_c % Tr::kStages), it_c);
+      c.turn_wait();
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        wgmma_ss<kN, kBf16, 0>(s, desc_k_major(sQ, Tr::kBlockM, kk), desc_k_major(sK, kN, kk),
-                               kk > 0 ? 1 : 0);
-      }
+      c.issue_qk(s, it_c % Tr::kStages);
       wgmma_commit();
-      turn_pass();
+      c.turn_pass();
       wgmma_wait<0>();
       fence_regs(s);
-      if (nb == 0) mbar_arrive(q_empty);  // the tile's last read of Q
-
-      // Mask: keys past kv_len, and (causal) keys after the row's position.
-      const int n0 = nb * kN;
-      const bool need_mask =
-          n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
-      if (need_mask) {
-#pragma unroll
-        for (int j = 0; j < kN / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = n0 + 8 * j + 2 * (lane % 4) + (e & 1);
-            const int qpos = qpos0 + 8 * (e >> 1);
-            const bool visible = key < t.kv_len && (!p.causal || key <= qpos);
-            if (!visible) s[4 * j + e] = kNegInf;
-          }
-        }
+      if (nb == 0) mbar_arrive(q_empty);
+      sm.step(s, p, t, nb, g, lane, qpos0, corr);
+      pack_p<kN, kBf16>(s, pa);
+      for (--nb; nb >= 0; --nb) {
+        const int it_n = it_c + 1;
+        const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
+        c.wait_full(c.k_full(stage_n), it_n);
+        c.wait_full(c.v_full(stage_c), it_c);
+        fence_regs(o);
+        c.turn_wait();
+        wgmma_fence();
+        c.issue_qk(s, stage_n);
+        wgmma_commit();
+        c.issue_pv(o, pa, stage_c);
+        wgmma_commit();
+        c.turn_pass();
+        wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
+        fence_regs(s);
+        if (nb == 0) mbar_arrive(q_empty);
+        sm.step(s, p, t, nb, g, lane, qpos0, corr);
+        wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(c.empty(stage_c));
+        pack_p<kN, kBf16>(s, pa);
+        rescale_o<kD>(o, corr);
+        it_c = it_n;
       }
-
-      // Online softmax over the two rows.
-      float corr[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = kNegInf;
-#pragma unroll
-        for (int j = 0; j < kN / 8; ++j) {
-          mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[h], mx * p.scale_log2);
-        const float m_use = m_new == kNegInf ? 0.f : m_new;
-        corr[h] = exp2_approx(m[h] - m_use);  // m = -inf -> 0
-        m[h] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < kN / 8; ++j) {
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            const float v = exp2_approx(fmaf(s[4 * j + e], p.scale_log2, -m_use));
-            s[4 * j + e] = v;
-            sum += v;
-          }
-        }
-        l[h] = l[h] * corr[h] + sum;
-      }
-      uint32_t pa[kN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kN / 16; ++kk) {
-        pa[kk][0] = pack2<kBf16>(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = pack2<kBf16>(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack2<kBf16>(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack2<kBf16>(s[8 * kk + 6], s[8 * kk + 7]);
-      }
-#pragma unroll
-      for (int j = 0; j < kD / 8; ++j) {
-        o[4 * j + 0] *= corr[0];
-        o[4 * j + 1] *= corr[0];
-        o[4 * j + 2] *= corr[1];
-        o[4 * j + 3] *= corr[1];
-      }
-
-      mbar_wait(v_full(stage), phase);
+      const int stage_c = it_c % Tr::kStages;
+      c.wait_full(c.v_full(stage_c), it_c);
       fence_regs(o);
-      turn_wait();
+      c.turn_wait();
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kN / 16; ++kk) {
-        wgmma_rs<kD, kBf16, 1>(o, pa[kk], desc_mn_major(sV, kN, kk), 1);
-      }
+      c.issue_pv(o, pa, stage_c);
       wgmma_commit();
-      if (g == 0 || nb > 0 || unit + static_cast<int>(gridDim.x) < units) turn_pass();
+      if (g == 0 || !last_unit) c.turn_pass();
       wgmma_wait<0>();
       fence_regs(o);
-      mbar_arrive(empty(stage));
+      mbar_arrive(c.empty(stage_c));
+      it = it_c + 1;
+    } else {
+      // Serial: S = Q K^T, softmax, O += P V, one block at a time.
+      for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
+        const int stage = it % Tr::kStages;
+        c.wait_full(c.k_full(stage), it);
+        c.turn_wait();
+        wgmma_fence();
+        c.issue_qk(s, stage);
+        wgmma_commit();
+        c.turn_pass();
+        wgmma_wait<0>();
+        fence_regs(s);
+        if (nb == 0) mbar_arrive(q_empty);  // the tile's last read of Q
+        sm.step(s, p, t, nb, g, lane, qpos0, corr);
+        pack_p<kN, kBf16>(s, pa);
+        rescale_o<kD>(o, corr);
+        c.wait_full(c.v_full(stage), it);
+        fence_regs(o);
+        c.turn_wait();
+        wgmma_fence();
+        c.issue_pv(o, pa, stage);
+        wgmma_commit();
+        if (g == 0 || nb > 0 || !last_unit) c.turn_pass();
+        wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(c.empty(stage));
+      }
     }
 
     // Epilogue: O / l, natural-log LSE.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float sum = l[h];
+      float sum = sm.l[h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
@@ -366,7 +462,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         }
         if (p.lse != nullptr && lane % 4 == 0) {
           constexpr float kLn2 = 0.693147180559945309f;
-          const float m_use = m[h] == kNegInf ? 0.f : m[h];
+          const float m_use = sm.m[h] == kNegInf ? 0.f : sm.m[h];
           p.lse[trow * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =
               sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
         }
