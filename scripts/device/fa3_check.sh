@@ -45,12 +45,10 @@ if has_stage test; then
   ATTNKIT_FA3_OVERLAP=0 timeout 60 "$tests" --gtest_brief=1 --gtest_filter='*Long*:*d128*:*d256*:*page16*' > "$OUT/test_serial.log" 2>&1
   note "test (serial schedule, subset): rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_serial.log" | tr '\n' ' ')"
   grep -E "rel_l2|Failure" "$OUT/test_serial.log" | head -8 | tee -a "$summary"
-  if true; then
-    t0=$(date +%s)
-    ATTNKIT_FA3_PINGPONG=0 timeout 60 "$tests" --gtest_brief=1 --gtest_filter='*Long*:*d128*:*page16*' > "$OUT/test_nopp.log" 2>&1
-    note "test (ping-pong off, subset): rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_nopp.log" | tr '\n' ' ')"
-    grep -E "rel_l2|Failure" "$OUT/test_nopp.log" | head -8 | tee -a "$summary"
-  fi
+  t0=$(date +%s)
+  ATTNKIT_FA3_TMA=0 timeout 60 "$tests" --gtest_brief=1 --gtest_filter='*Long*:*page64*:*page128*:*page16*' > "$OUT/test_notma.log" 2>&1
+  note "test (cp.async only, subset): rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_notma.log" | tr '\n' ' ')"
+  grep -E "rel_l2|Failure" "$OUT/test_notma.log" | head -8 | tee -a "$summary"
 fi
 
 cli="$build/tools/attnkit/attnkit"
@@ -58,18 +56,18 @@ if has_stage bench && [ -x "$cli" ]; then
   # One bench.log: fa3 with each schedule variant (env knobs of the fa3 backend), then flashinfer.
   args=(bench --cases bench/cases/fa3_prefill.json --device cuda --warmup 3 --iters 10)
   : > "$OUT/bench.log"
-  for variant in ${BENCH_VARIANTS:-default ATTNKIT_FA3_OVERLAP=0 ATTNKIT_FA3_PINGPONG=0}; do
+  for variant in ${BENCH_VARIANTS:-default ATTNKIT_FA3_TMA=0 ATTNKIT_FA3_OVERLAP=0 ATTNKIT_FA3_DIAG_NOLOAD=1}; do
     echo "=== fa3 $variant" >> "$OUT/bench.log"
     if [ "$variant" = default ]; then envs=(); else envs=("$variant"); fi
     env "${envs[@]}" timeout "${BENCH_TIMEOUT:-60}" "$cli" "${args[@]}" --backend fa3 2>&1 |
       grep -E "^fa3 |ceiling" >> "$OUT/bench.log"
     note "bench fa3 $variant: rc=${PIPESTATUS[0]}"
   done
-  if [ -n "${BENCH_OTHERS:-flashinfer}" ]; then
-    echo "=== ${BENCH_OTHERS:-flashinfer}" >> "$OUT/bench.log"
-    timeout 60 "$cli" "${args[@]}" --backend "${BENCH_OTHERS:-flashinfer}" --filter "${OTHERS_FILTER:-new8192}" 2>&1 |
+  if [ -n "${BENCH_OTHERS-flashinfer}" ]; then
+    echo "=== ${BENCH_OTHERS-flashinfer}" >> "$OUT/bench.log"
+    timeout 60 "$cli" "${args[@]}" --backend "${BENCH_OTHERS-flashinfer}" --filter "${OTHERS_FILTER:-new8192}" 2>&1 |
       grep -vE "^\[" >> "$OUT/bench.log"
-    note "bench ${BENCH_OTHERS:-flashinfer}: rc=${PIPESTATUS[0]}"
+    note "bench ${BENCH_OTHERS-flashinfer}: rc=${PIPESTATUS[0]}"
   fi
 fi
 

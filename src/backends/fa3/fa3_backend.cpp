@@ -10,10 +10,13 @@
 
 #ifdef ATTNKIT_WITH_CUDA
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -37,6 +40,60 @@ std::string str(int64_t v) { return std::to_string(v); }
 bool vec_aligned(const TensorView& t) {
   return reinterpret_cast<uintptr_t>(t.data) % (kVecElems * 2) == 0 &&
          t.stride(0) % kVecElems == 0 && t.stride(1) % kVecElems == 0;
+}
+
+// The driver's cuTensorMapEncodeTiled through the runtime (no libcuda link); nullptr if absent.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    constexpr unsigned kVersion = 12000;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, kVersion, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// Rows per TMA box for a pool of `page_size` (0: gather every block with cp.async). A box is one
+// page (or one key block of a larger page); pages of fewer than 8 rows would break the 1024-byte
+// alignment of the swizzled destination, and pages must tile the key block.
+int tma_rows_for(int page_size, int head_dim) {
+  constexpr int kMinRows = 8;
+  const int block = fa3::key_block(head_dim);
+  const bool pow2 = page_size > 0 && (page_size & (page_size - 1)) == 0;
+  if (!pow2 || page_size < kMinRows) return 0;
+  return std::min(page_size, block);
+}
+
+// Encodes buf [rows, Hkv, D] (strides in elements) as a 3D map {D, Hkv, rows}, box {64, 1, rows}.
+bool encode_pool_map(const TensorView& buf, DType dtype, int box_rows, fa3::TmaDesc* out) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  static_assert(sizeof(CUtensorMap) == sizeof(fa3::TmaDesc), "TMA descriptor size");
+  constexpr int kBoxCols = 64;  // one 128-byte swizzle line of bf16 / f16
+  constexpr int kElem = 2;
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(buf.size(2)),
+                              static_cast<cuuint64_t>(buf.size(1)),
+                              static_cast<cuuint64_t>(buf.size(0))};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(buf.stride(1) * kElem),
+                                 static_cast<cuuint64_t>(buf.stride(0) * kElem)};
+  const cuuint32_t box[3] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(
+      &map,
+      dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      buf.data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return false;
+  std::memcpy(out->words, &map, sizeof(map));
+  return true;
 }
 
 // Whether the forward mode's queries are "the last q_len keys of each request" (the wgmma
@@ -110,6 +167,16 @@ class Fa3Backend final : public AttentionBackend {
   bool pingpong_ = [] {
     const char* e = std::getenv("ATTNKIT_FA3_PINGPONG");
     return e == nullptr || std::string(e) != "0";
+  }();
+  // ATTNKIT_FA3_TMA=0: cp.async gathers for every key block (no TMA page boxes).
+  bool tma_ = [] {
+    const char* e = std::getenv("ATTNKIT_FA3_TMA");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  // ATTNKIT_FA3_DIAG_NOLOAD=1 (diagnostics, wrong results): K/V are never loaded.
+  bool diag_noload_ = [] {
+    const char* e = std::getenv("ATTNKIT_FA3_DIAG_NOLOAD");
+    return e != nullptr && std::string(e) == "1";
   }();
   // ATTNKIT_FA3_OVERLAP=0: the serial per-block schedule instead of the intra-warpgroup overlap.
   bool overlap_ = [] {
@@ -267,6 +334,13 @@ Status Fa3Backend::run_wgmma(const TensorView& q, const TensorView& k, const Ten
   p.scale_log2 = layer.scaling * kLog2e;
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
   p.pingpong = pingpong_ ? 1 : 0;
+  p.diag_noload = diag_noload_ ? 1 : 0;
+  p.tma_rows = tma_ ? tma_rows_for(p.page_size, ctx_.qk_head_dim) : 0;
+  if (p.tma_rows > 0 && (kbuf.stride(2) != 1 || vbuf.stride(2) != 1 ||
+                         !encode_pool_map(kbuf, q.dtype, p.tma_rows, &p.tma_k) ||
+                         !encode_pool_map(vbuf, q.dtype, p.tma_rows, &p.tma_v))) {
+    p.tma_rows = 0;  // the cp.async gather serves every block
+  }
   p.overlap = overlap_ ? 1 : 0;
 
   ++stats_.wgmma_calls;

@@ -25,6 +25,11 @@ __device__ __forceinline__ void mbar_init_fence() {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+// Arrives and adds `bytes` to the barrier's expected transaction count (TMA completes them).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
 // Blocks until the phase of parity `parity` has completed. A fresh barrier is in phase 0, so
 // waiting with parity 1 returns at once (the producer's first pass over its empty barriers).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
@@ -64,6 +69,17 @@ __device__ __forceinline__ void cp_async_wait() {
 // async-proxy reads (wgmma operands).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// TMA: one box of a 3D tensor map (its address in param / global space) into shared memory at
+// `dst`, completing `bytes` of transactions on `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, int c0, int c1, int c2,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4}], [%5];" ::"r"(dst),
+      "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
 }
 
 // ---- wgmma synchronisation ----

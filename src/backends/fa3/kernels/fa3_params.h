@@ -16,6 +16,14 @@
 namespace attnkit::fa3 {
 
 inline constexpr int kBlockM = 128;  // query rows per tile (2 consumer warpgroups x 64)
+// Keys per block of the pipeline (d 256 keeps it at 64 for the register budget).
+constexpr int key_block(int head_dim) { return head_dim <= 128 ? 128 : 64; }
+
+// Opaque copy of a CUtensorMap (the driver's 128-byte TMA descriptor), so that this header needs
+// no CUDA types; the kernel passes its address to cp.async.bulk.tensor.
+struct alignas(64) TmaDesc {
+  uint64_t words[16] = {};
+};
 
 // Plan layout (int32 words): [kPlanHeaderWords][bs x kRequestWords][tiles x kTileWords].
 // Request: q_start, q_len, kv_len, 0. Tile: request, m_block (tiles sorted by descending key
@@ -25,6 +33,15 @@ inline constexpr int kRequestWords = 4;
 inline constexpr int kTileWords = 2;
 
 struct Fa3Params {
+  // TMA descriptors of this layer's K / V buffers as 3D tensors {D, Hkv, rows} with boxes of
+  // {64, 1, tma_rows} in the 128-byte swizzle; tma_rows = 0: every key block is gathered with
+  // cp.async. With tma_rows > 0 (= min(page_size, key block); pages of >= 8 rows that tile the key
+  // block), full key blocks are loaded one page box at a time, the last partial block by cp.async
+  // (its rows past kv_len are zero-filled, never read from the pool).
+  TmaDesc tma_k, tma_v;
+  int tma_rows = 0;
+  int diag_noload = 0;  // diagnostics only: the producer loads nothing (timing of the math alone)
+
   const void* q = nullptr;  // [T, Hq, D] bf16/f16
   int64_t q_stride_token = 0, q_stride_head = 0;
   void* out = nullptr;  // [T, Hq, D] q dtype

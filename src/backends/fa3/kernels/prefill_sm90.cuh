@@ -33,7 +33,7 @@ struct PrefillTraits {
   static constexpr int kBlockM = fa3::kBlockM;
   // Registers per consumer thread: O kD/2 + S kBlockN/2 + P kBlockN/4 f32 words; d 256 keeps the
   // key block at 64 so that 128 + 32 + 16 fits under the 232-register budget.
-  static constexpr int kBlockN = kD <= 128 ? 128 : 64;
+  static constexpr int kBlockN = key_block(kD);
   // 3 stages fit at d <= 128 (d 128: Q 32 KB + 3 x 64 KB = 224 KB of the 227 KB per block).
   static constexpr int kStages = kD <= 128 ? 3 : 2;
   static constexpr int kConsumerWarpgroups = 2;
@@ -103,6 +103,7 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 template <typename Tr>
 __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
+  constexpr int kD = Tr::kHeadDim;
   constexpr int C = Tr::kChunksPerRow;
   const int tid = threadIdx.x;  // 0..127
   const int warp = tid / 32, lane = tid % 32;
@@ -162,26 +163,53 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
       mbar_wait(empty(stage), phase ^ 1);
       const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
       const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
+      if (p.diag_noload) {
+        mbar_arrive(k_full(stage));
+        mbar_arrive(v_full(stage));
+      } else if (p.tma_rows > 0 && (nb + 1) * Tr::kBlockN <= t.kv_len) {
+        // Full block, pages of tma_rows rows: the first thread of each page box issues its TMA
+        // copies; thread 0 arms the transaction count, every thread arrives once.
+        const int row = warp * Tr::kRowsPerWarp + lane;
+        const bool issuer = lane < Tr::kRowsPerWarp && row % p.tma_rows == 0;
 #pragma unroll
-      for (int kv = 0; kv < 2; ++kv) {
-        const char* pool = kv == 0 ? k_base : v_base;
-        const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
-        const int64_t head_off =
-            static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
-        const uint32_t tile = kv == 0 ? sK : sV;
-#pragma unroll 4
-        for (int pass = 0; pass < Tr::kKVPasses; ++pass) {
-          const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
-          const int chunk = lane % C;
-          const int slot = __shfl_sync(0xffffffffu, my_slot, r_in_warp);
-          const int row = warp * Tr::kRowsPerWarp + r_in_warp;
-          const char* src =
-              slot >= 0
-                  ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 8) * 2
-                  : pool;
-          cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
+        for (int kv = 0; kv < 2; ++kv) {
+          const uint32_t tile = kv == 0 ? sK : sV;
+          const uint32_t bar = kv == 0 ? k_full(stage) : v_full(stage);
+          if (issuer) {
+#pragma unroll
+            for (int cb = 0; cb < kD / 64; ++cb) {
+              tma_load_3d(tile + cb * Tr::kBlockN * 128 + row * 128, kv == 0 ? &p.tma_k : &p.tma_v,
+                          cb * 64, kvh, my_slot, bar);
+            }
+          }
+          if (tid == 0) {
+            mbar_arrive_expect_tx(bar, Tr::kKVBytes);
+          } else {
+            mbar_arrive(bar);
+          }
         }
-        cp_async_arrive_noinc(kv == 0 ? k_full(stage) : v_full(stage));
+      } else {
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+          const char* pool = kv == 0 ? k_base : v_base;
+          const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
+          const int64_t head_off =
+              static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
+          const uint32_t tile = kv == 0 ? sK : sV;
+#pragma unroll 4
+          for (int pass = 0; pass < Tr::kKVPasses; ++pass) {
+            const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
+            const int chunk = lane % C;
+            const int slot = __shfl_sync(0xffffffffu, my_slot, r_in_warp);
+            const int row = warp * Tr::kRowsPerWarp + r_in_warp;
+            const char* src =
+                slot >= 0
+                    ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 8) * 2
+                    : pool;
+            cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
+          }
+          cp_async_arrive_noinc(kv == 0 ? k_full(stage) : v_full(stage));
+        }
       }
       my_slot = slot_of(nb - 1);
     }
