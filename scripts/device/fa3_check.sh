@@ -56,12 +56,18 @@ if has_stage bench && [ -x "$cli" ]; then
   # One bench.log: fa3 with each schedule variant (env knobs of the fa3 backend), then flashinfer.
   args=(bench --cases bench/cases/fa3_prefill.json --device cuda --warmup 3 --iters 10)
   : > "$OUT/bench.log"
-  for variant in ${BENCH_VARIANTS:-default ATTNKIT_FA3_TMA=0 ATTNKIT_FA3_OVERLAP=0 ATTNKIT_FA3_DIAG_NOLOAD=1}; do
+  for variant in ${BENCH_VARIANTS:-default ATTNKIT_FA3_TMA=0 ATTNKIT_FA3_OVERLAP=0}; do
     echo "=== fa3 $variant" >> "$OUT/bench.log"
     if [ "$variant" = default ]; then envs=(); else envs=("$variant"); fi
     env "${envs[@]}" timeout "${BENCH_TIMEOUT:-60}" "$cli" "${args[@]}" --backend fa3 2>&1 |
       grep -E "^fa3 |ceiling" >> "$OUT/bench.log"
     note "bench fa3 $variant: rc=${PIPESTATUS[0]}"
+  done
+  # Time decomposition (wrong results): loads off, softmax off, GEMMs off, at 8k d 128.
+  for diag in ${DIAG_VARIANTS:-1 2 3 12 13}; do
+    echo "=== fa3 ATTNKIT_FA3_DIAG=$diag" >> "$OUT/bench.log"
+    ATTNKIT_FA3_DIAG=$diag timeout 30 "$cli" "${args[@]}" --backend fa3 --filter new8192_p16_h32x8_d128 2>&1 |
+      grep -E "^fa3 " >> "$OUT/bench.log"
   done
   if [ -n "${BENCH_OTHERS-flashinfer}" ]; then
     echo "=== ${BENCH_OTHERS-flashinfer}" >> "$OUT/bench.log"

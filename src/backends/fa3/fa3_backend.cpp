@@ -173,10 +173,10 @@ class Fa3Backend final : public AttentionBackend {
     const char* e = std::getenv("ATTNKIT_FA3_TMA");
     return e == nullptr || std::string(e) != "0";
   }();
-  // ATTNKIT_FA3_DIAG_NOLOAD=1 (diagnostics, wrong results): K/V are never loaded.
-  bool diag_noload_ = [] {
-    const char* e = std::getenv("ATTNKIT_FA3_DIAG_NOLOAD");
-    return e != nullptr && std::string(e) == "1";
+  // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
+  int diag_ = [] {
+    const char* e = std::getenv("ATTNKIT_FA3_DIAG");
+    return e != nullptr ? std::atoi(e) : 0;
   }();
   // ATTNKIT_FA3_OVERLAP=0: the serial per-block schedule instead of the intra-warpgroup overlap.
   bool overlap_ = [] {
@@ -334,7 +334,7 @@ Status Fa3Backend::run_wgmma(const TensorView& q, const TensorView& k, const Ten
   p.scale_log2 = layer.scaling * kLog2e;
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
   p.pingpong = pingpong_ ? 1 : 0;
-  p.diag_noload = diag_noload_ ? 1 : 0;
+  p.diag = diag_;
   p.tma_rows = tma_ ? tma_rows_for(p.page_size, ctx_.qk_head_dim) : 0;
   if (p.tma_rows > 0 && (kbuf.stride(2) != 1 || vbuf.stride(2) != 1 ||
                          !encode_pool_map(kbuf, q.dtype, p.tma_rows, &p.tma_k) ||

@@ -40,7 +40,9 @@ struct Fa3Params {
   // (its rows past kv_len are zero-filled, never read from the pool).
   TmaDesc tma_k, tma_v;
   int tma_rows = 0;
-  int diag_noload = 0;  // diagnostics only: the producer loads nothing (timing of the math alone)
+  // Diagnostics only (wrong results; timing decomposition): bit 1 = the producer loads nothing,
+  // 2 = no softmax (P = raw S), 4 = no P V GEMM, 8 = no Q K^T GEMM.
+  int diag = 0;
 
   const void* q = nullptr;  // [T, Hq, D] bf16/f16
   int64_t q_stride_token = 0, q_stride_head = 0;

@@ -163,7 +163,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
       mbar_wait(empty(stage), phase ^ 1);
       const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
       const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
-      if (p.diag_noload) {
+      if (p.diag & 1) {
         mbar_arrive(k_full(stage));
         mbar_arrive(v_full(stage));
       } else if (p.tma_rows > 0 && (nb + 1) * Tr::kBlockN <= t.kv_len) {
@@ -255,7 +255,9 @@ struct ConsumerCtx {
     sm90::mbar_wait(bar, (it / Tr::kStages) & 1);
     sm90::fence_proxy_async();  // cp.async (generic proxy) data -> wgmma (async proxy) reads
   }
+  int diag = 0;
   __device__ __forceinline__ void issue_qk(float (&s)[kS], int stage) const {
+    if (diag & 8) return;
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       sm90::wgmma_ss<kN, kBf16, 0>(s, sm90::desc_k_major(sQ, Tr::kBlockM, kk),
@@ -264,6 +266,7 @@ struct ConsumerCtx {
   }
   __device__ __forceinline__ void issue_pv(float (&o)[kO], const uint32_t (&pa)[kN / 16][4],
                                            int stage) const {
+    if (diag & 4) return;
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
       sm90::wgmma_rs<kD, kBf16, 1>(o, pa[kk], sm90::desc_mn_major(sV(stage), kN, kk), 1);
@@ -281,6 +284,10 @@ struct RowSoftmax {
   // P = exp2(S * scale_log2 - m_new) in place, updates m and l, returns the O rescale factors.
   __device__ __forceinline__ void step(float (&s)[kN / 2], const Fa3Params& p, const TileInfo& t,
                                        int nb, int g, int lane, int qpos0, float (&corr)[2]) {
+    if (p.diag & 2) {
+      corr[0] = corr[1] = 1.f;
+      return;
+    }
     const float kNegInf = -__int_as_float(0x7f800000);
     const int n0 = nb * kN;
     const bool need_mask =
@@ -363,6 +370,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
   c.warp = tid / 32;
   c.lane = tid % 32;
   c.pingpong = p.pingpong != 0;
+  c.diag = p.diag;
   const int lane = c.lane;
   const uint32_t q_full = c.bars, q_empty = c.bars + 8;
   const float kNegInf = -__int_as_float(0x7f800000);
