@@ -168,11 +168,13 @@ BackendDescriptor fa3() {
   constexpr int kMaxCc = 90;
   BackendDescriptor d = cuda_descriptor(
       "fa3",
-      "SM90: warp-specialised wgmma prefill/extend (cp.async page gather into a 128B-swizzled "
-      "mbarrier ring, 2 consumer warpgroups, P.V from registers, causal block skip, persistent "
-      "longest-first) for bf16/f16 MHA d 64/128/256 without window/soft-cap/sinks/fp8; decode, "
-      "verify, those features, d 80/96, encoder batches, SM80 and CUDA graphs run the flashinfer "
-      "mma.sync kernels; MLA runs the portable triton kernels",
+      "SM90: warp-specialised wgmma prefill/extend (TMA page boxes for pages of >= 8 rows, "
+      "cp.async page gather otherwise, into a 128B-swizzled mbarrier ring; 2 consumer warpgroups, "
+      "ping-pong + softmax/P.V overlap, P.V from registers, causal block skip, persistent "
+      "longest-first) for bf16/f16 MHA d 64/128/256, causal or bidirectional, without "
+      "window/soft-cap/sinks/fp8 KV; decode, target verify, those features, d 80/96, "
+      "cross-attention, SM80 and CUDA graphs run the flashinfer mma.sync kernels; MLA runs the "
+      "portable triton kernels",
       kMinCc, kMaxCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, true);
   d.mha->head_dims = cuda_head_dims();

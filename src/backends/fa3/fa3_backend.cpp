@@ -173,6 +173,11 @@ class Fa3Backend final : public AttentionBackend {
     const char* e = std::getenv("ATTNKIT_FA3_TMA");
     return e == nullptr || std::string(e) != "0";
   }();
+  // ATTNKIT_FA3_FENCE_TMA=0: no proxy fence after TMA-loaded blocks (see Fa3Params::fence_tma).
+  bool fence_tma_ = [] {
+    const char* e = std::getenv("ATTNKIT_FA3_FENCE_TMA");
+    return e == nullptr || std::string(e) != "0";
+  }();
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   int diag_ = [] {
     const char* e = std::getenv("ATTNKIT_FA3_DIAG");
@@ -335,6 +340,7 @@ Status Fa3Backend::run_wgmma(const TensorView& q, const TensorView& k, const Ten
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
   p.pingpong = pingpong_ ? 1 : 0;
   p.diag = diag_;
+  p.fence_tma = fence_tma_ ? 1 : 0;
   p.tma_rows = tma_ ? tma_rows_for(p.page_size, ctx_.qk_head_dim) : 0;
   if (p.tma_rows > 0 && (kbuf.stride(2) != 1 || vbuf.stride(2) != 1 ||
                          !encode_pool_map(kbuf, q.dtype, p.tma_rows, &p.tma_k) ||

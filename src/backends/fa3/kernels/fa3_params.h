@@ -40,6 +40,10 @@ struct Fa3Params {
   // (its rows past kv_len are zero-filled, never read from the pool).
   TmaDesc tma_k, tma_v;
   int tma_rows = 0;
+  // 1: the consumers fence (fence.proxy.async) after every full-barrier wait, TMA blocks too
+  // (measured default); 0: only after blocks gathered by cp.async (TMA writes are already in the
+  // async proxy that wgmma reads). Not yet measured: ATTNKIT_FA3_FENCE_TMA=0 is the A/B knob.
+  int fence_tma = 1;
   // Diagnostics only (wrong results; timing decomposition): bit 1 = the producer loads nothing,
   // 2 = no softmax (P = raw S), 4 = no P V GEMM, 8 = no Q K^T GEMM.
   int diag = 0;

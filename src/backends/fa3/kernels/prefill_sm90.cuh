@@ -87,6 +87,13 @@ __device__ __forceinline__ TileInfo decode_tile(const Fa3Params& p, int unit) {
   return t;
 }
 
+// Whether key block nb of tile t is loaded by TMA page boxes (else by the cp.async gather): the
+// producer's choice, recomputed by the consumers for their proxy fences.
+template <typename Tr>
+__device__ __forceinline__ bool block_uses_tma(const Fa3Params& p, const TileInfo& t, int nb) {
+  return p.tma_rows > 0 && (nb + 1) * Tr::kBlockN <= t.kv_len && (p.diag & 1) == 0;
+}
+
 template <bool kBf16>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
   if constexpr (kBf16) {
@@ -166,7 +173,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
       if (p.diag & 1) {
         mbar_arrive(k_full(stage));
         mbar_arrive(v_full(stage));
-      } else if (p.tma_rows > 0 && (nb + 1) * Tr::kBlockN <= t.kv_len) {
+      } else if (block_uses_tma<Tr>(p, t, nb)) {
         // Full block, pages of tma_rows rows: the first thread of each page box issues its TMA
         // copies; thread 0 arms the transaction count, every thread arrives once.
         const int row = warp * Tr::kRowsPerWarp + lane;
@@ -250,10 +257,11 @@ struct ConsumerCtx {
     if (pingpong) asm volatile("bar.arrive %0, 256;" ::"r"(2 - g) : "memory");
   }
 
-  // Waits for block `it`'s K (or V) and makes the cp.async data visible to wgmma.
-  __device__ __forceinline__ void wait_full(uint32_t bar, int it) const {
+  // Waits for block `it`'s K (or V); `fence`: make cp.async (generic proxy) data visible to the
+  // wgmma (async proxy) reads.
+  __device__ __forceinline__ void wait_full(uint32_t bar, int it, bool fence) const {
     sm90::mbar_wait(bar, (it / Tr::kStages) & 1);
-    sm90::fence_proxy_async();  // cp.async (generic proxy) data -> wgmma (async proxy) reads
+    if (fence) sm90::fence_proxy_async();
   }
   int diag = 0;
   __device__ __forceinline__ void issue_qk(float (&s)[kS], int stage) const {
@@ -396,13 +404,14 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
     uint32_t pa[kN / 16][4];
 
     mbar_wait(q_full, tcount & 1);
-    fence_proxy_async();
+    fence_proxy_async();  // Q always arrives by cp.async
+    auto fence_for = [&](int nb) { return p.fence_tma != 0 || !block_uses_tma<Tr>(p, t, nb); };
     if (p.overlap) {
       // Intra-warpgroup overlap: S(next) = Q K(next)^T and O += P(cur) V(cur) are issued
       // together; the softmax of S(next) runs while the P V GEMM is in flight.
       int it_c = it;
       int nb = t.n_blocks - 1;
-      c.wait_full(c.k_full(it_c % Tr::kStages), it_c);
+      c.wait_full(c.k_full(it_c % Tr::kStages), it_c, fence_for(nb));
       c.turn_wait();
       wgmma_fence();
       c.issue_qk(s, it_c % Tr::kStages);
@@ -416,8 +425,8 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       for (--nb; nb >= 0; --nb) {
         const int it_n = it_c + 1;
         const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
-        c.wait_full(c.k_full(stage_n), it_n);
-        c.wait_full(c.v_full(stage_c), it_c);
+        c.wait_full(c.k_full(stage_n), it_n, fence_for(nb));
+        c.wait_full(c.v_full(stage_c), it_c, fence_for(nb + 1));
         fence_regs(o);
         c.turn_wait();
         wgmma_fence();
@@ -438,7 +447,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         it_c = it_n;
       }
       const int stage_c = it_c % Tr::kStages;
-      c.wait_full(c.v_full(stage_c), it_c);
+      c.wait_full(c.v_full(stage_c), it_c, fence_for(0));
       fence_regs(o);
       c.turn_wait();
       wgmma_fence();
@@ -453,7 +462,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       // Serial: S = Q K^T, softmax, O += P V, one block at a time.
       for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
         const int stage = it % Tr::kStages;
-        c.wait_full(c.k_full(stage), it);
+        c.wait_full(c.k_full(stage), it, fence_for(nb));
         c.turn_wait();
         wgmma_fence();
         c.issue_qk(s, stage);
@@ -465,7 +474,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         pack_p<kN, kBf16>(s, pa);
         rescale_o<kD>(o, corr);
-        c.wait_full(c.v_full(stage), it);
+        c.wait_full(c.v_full(stage), it, fence_for(nb));
         fence_regs(o);
         c.turn_wait();
         wgmma_fence();
