@@ -24,6 +24,7 @@
 #include "attnkit/registry.h"
 #include "backend/device_array.h"
 #include "backends/fa3/kernels/fa3_kernels.h"
+#include "backends/fa3/kernels/tile_plan.h"
 #include "backends/flashinfer/flashinfer_backend.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/dispatch.h"
@@ -206,53 +207,28 @@ Status Fa3Backend::init_forward_metadata(const ForwardBatch& batch) {
   }
   // Requests (as the flashinfer planner reads them): q_len new tokens at q_start, kv_len keys.
   const int bs = batch.batch_size;
-  std::vector<int32_t> req(static_cast<size_t>(bs) * fa3::kRequestWords, 0);
-  struct Tile {
-    int32_t request, m_block, work;
-  };
-  std::vector<Tile> tiles;
+  std::vector<fa3::TileRequest> reqs(static_cast<size_t>(bs));
   int32_t start = 0;
   for (int r = 0; r < bs; ++r) {
     const size_t ur = static_cast<size_t>(r);
     const bool have_extend = !batch.extend_seq_lens_host.empty();
-    const int32_t q_len = have_extend ? batch.extend_seq_lens_host[ur] : batch.spec.draft_token_num;
-    const int32_t q_start = have_extend && !batch.extend_start_loc_host.empty()
-                                ? batch.extend_start_loc_host[ur]
-                                : start;
-    const int32_t kv_len = batch.seq_lens_host[ur];
-    if (q_len < 0 || kv_len < q_len) {
-      return Status::invalid_argument("fa3: request " + str(r) + " has " + str(q_len) +
-                                      " new tokens but seq_len " + str(kv_len) +
-                                      " (needs 0 <= new tokens <= seq_len)");
-    }
-    req[ur * fa3::kRequestWords + 0] = q_start;
-    req[ur * fa3::kRequestWords + 1] = q_len;
-    req[ur * fa3::kRequestWords + 2] = kv_len;
-    const int32_t prefix = kv_len - q_len;
-    for (int32_t m = 0; m * fa3::kBlockM < q_len; ++m) {
-      // Keys the tile reads under the causal mask: its longest row sees prefix + (m + 1) * 128.
-      tiles.push_back({r, m, std::min(kv_len, prefix + (m + 1) * fa3::kBlockM)});
-    }
-    start += q_len;
+    fa3::TileRequest& q = reqs[ur];
+    q.q_len = have_extend ? batch.extend_seq_lens_host[ur] : batch.spec.draft_token_num;
+    q.q_start = have_extend && !batch.extend_start_loc_host.empty()
+                    ? batch.extend_start_loc_host[ur]
+                    : start;
+    q.kv_len = batch.seq_lens_host[ur];
+    start += q.q_len;
   }
-  // Longest first: a persistent CTA strides through the list, so the heavy tiles start early
-  // and the short ones fill the tail (e.g. causal 8k: tile 63 reads 64 key blocks, tile 0 one).
-  std::stable_sort(tiles.begin(), tiles.end(),
-                   [](const Tile& a, const Tile& b) { return a.work > b.work; });
-  words_.assign(fa3::kPlanHeaderWords, 0);
-  words_[0] = static_cast<int32_t>(tiles.size());
-  words_.insert(words_.end(), req.begin(), req.end());
-  for (const Tile& t : tiles) {
-    words_.push_back(t.request);
-    words_.push_back(t.m_block);
-  }
+  ATTNKIT_ASSIGN_OR_RETURN(fa3::TilePlan plan, fa3::build_tile_plan(reqs));
+  words_ = std::move(plan.words);
   ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
   // Pageable source: the copy is staged before cudaMemcpyAsync returns, so words_ may be reused.
   ATTNKIT_CUDA_TRY(cudaMemcpyAsync(plan_words_.data(), words_.data(),
                                    words_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
                                    cuda::to_stream(stream_for(batch))));
   plan_bs_ = bs;
-  num_tiles_ = static_cast<int>(tiles.size());
+  num_tiles_ = plan.num_tiles;
   wgmma_plan_ = true;
   return Status::ok();
 }
