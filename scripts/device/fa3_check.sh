@@ -4,7 +4,10 @@
 # bench/cases/fa3_prefill.json, then the trimmed torch peers (scripts/device/fa3_peers.py).
 # Runs ON the device machine from the repository root with .deps and .peers beside it:
 #   cd .wt/fa3 && ln -sfn ../../.deps .deps && bash scripts/device/fa3_check.sh
-# Knobs: STAGES="build test bench peers", HEAD_DIMS="64;128;256", TEST_TIMEOUT=150.
+# Knobs: STAGES="build test bench peers", HEAD_DIMS="64;128;256", TEST_TIMEOUT=90,
+#   TEST_ENV="ATTNKIT_FA3_FENCE_TMA=0" (environment of the full test run), BENCH_VARIANTS (fa3 env
+#   settings timed one after another, "default" = none), DIAG_VARIANTS (ATTNKIT_FA3_DIAG bit sets
+#   timed at S 8k d 128), BENCH_OTHERS (other backends at S 8k; "" = none), BENCH_TIMEOUT=60.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -36,9 +39,10 @@ tests="$build/tests/test_fa3_cases"
 [ -x "$tests" ] || tests=$(find "$build" -name test_fa3_cases -type f | head -1)
 if has_stage test; then
   t0=$(date +%s)
-  timeout "${TEST_TIMEOUT:-90}" "$tests" --gtest_brief=1 > "$OUT/test.log" 2>&1
+  # shellcheck disable=SC2086
+  env ${TEST_ENV:-} timeout "${TEST_TIMEOUT:-90}" "$tests" --gtest_brief=1 > "$OUT/test.log" 2>&1
   rc=$?
-  note "test (default: overlap + ping-pong): rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test.log" | tr '\n' ' ')"
+  note "test (${TEST_ENV:-default}): rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]" "$OUT/test.log" | head -20 | tee -a "$summary"
   [ $rc -ne 0 ] && grep -E "rel_l2|Failure|Expected|differs|ran on" "$OUT/test.log" | head -20 | tee -a "$summary"
   t0=$(date +%s)
