@@ -45,7 +45,8 @@ struct Fa3Params {
   // async proxy that wgmma reads). Not yet measured: ATTNKIT_FA3_FENCE_TMA=0 is the A/B knob.
   int fence_tma = 1;
   // Diagnostics only (wrong results; timing decomposition): bit 1 = the producer loads nothing,
-  // 2 = no softmax (P = raw S), 4 = no P V GEMM, 8 = no Q K^T GEMM.
+  // 2 = no softmax (P = raw S). (GEMM-off bits are not offered: a branch around a wgmma makes
+  // ptxas serialise every wgmma of the kernel.)
   int diag = 0;
 
   const void* q = nullptr;  // [T, Hq, D] bf16/f16

@@ -263,9 +263,9 @@ struct ConsumerCtx {
     sm90::mbar_wait(bar, (it / Tr::kStages) & 1);
     if (fence) sm90::fence_proxy_async();
   }
-  int diag = 0;
+  // No branch may guard a wgmma: ptxas then serialises every wgmma of the kernel (C7520: a
+  // compiler-inserted warpgroup.arrive on a divergent path), which removes all GEMM overlap.
   __device__ __forceinline__ void issue_qk(float (&s)[kS], int stage) const {
-    if (diag & 8) return;
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       sm90::wgmma_ss<kN, kBf16, 0>(s, sm90::desc_k_major(sQ, Tr::kBlockM, kk),
@@ -274,7 +274,6 @@ struct ConsumerCtx {
   }
   __device__ __forceinline__ void issue_pv(float (&o)[kO], const uint32_t (&pa)[kN / 16][4],
                                            int stage) const {
-    if (diag & 4) return;
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
       sm90::wgmma_rs<kD, kBf16, 1>(o, pa[kk], sm90::desc_mn_major(sV(stage), kN, kk), 1);
@@ -378,7 +377,6 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
   c.warp = tid / 32;
   c.lane = tid % 32;
   c.pingpong = p.pingpong != 0;
-  c.diag = p.diag;
   const int lane = c.lane;
   const uint32_t q_full = c.bars, q_empty = c.bars + 8;
   const float kNegInf = -__int_as_float(0x7f800000);
