@@ -7,6 +7,7 @@
 #include "backends/intel_amx/intel_amx_backend.h"
 #include "backends/torch_native/torch_native_backend.h"
 #ifdef ATTNKIT_WITH_CUDA
+#include "backends/fa3/fa3_backend.h"
 #include "backends/flashinfer/flashinfer_backend.h"
 #include "backends/triton/triton_backend.h"
 #endif
@@ -168,14 +169,26 @@ BackendDescriptor fa3() {
   constexpr int kMaxCc = 90;
   BackendDescriptor d = cuda_descriptor(
       "fa3",
-      "Hopper (SM90) warp-specialised wgmma + TMA pipeline; also SM80 via the flashinfer-style "
-      "path; MLA: wgmma decode + non-absorbed prefill (qk 192 / v 128)",
+      "SM90: warp-specialised wgmma prefill/extend (TMA page boxes for pages of >= 8 rows, "
+      "cp.async page gather otherwise, into a 128B-swizzled mbarrier ring; 2 consumer warpgroups, "
+      "ping-pong + softmax/P.V overlap, P.V from registers, causal block skip, persistent "
+      "longest-first) for bf16/f16 MHA d 64/128/256, causal or bidirectional, without "
+      "window/soft-cap/sinks/fp8 KV; decode, target verify, those features, d 80/96, "
+      "cross-attention, SM80 and CUDA graphs run the flashinfer mma.sync kernels; MLA runs the "
+      "portable triton kernels",
       kMinCc, kMaxCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, true);
   d.mha->head_dims = cuda_head_dims();
   d.mha->fp8_e4m3_only = true;
   d.mla = mla_row(any_pages(), false, false, true, true, true);
   d.mla->topk_gt1_needs_page1 = true;
+#ifdef ATTNKIT_WITH_CUDA
+  d.built = true;
+  d.not_built_reason.clear();
+  d.create = create_fa3_backend;
+#else
+  d.not_built_reason = "built without CUDA";
+#endif
   return d;
 }
 
