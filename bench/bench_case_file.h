@@ -218,7 +218,7 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
   } else if (c->kv_len == 0) {
     return missing("kv_len");
   }
-  if (c->s_q > c->kv_len) {
+  if (c->kind == BenchKind::kMlaDecode && c->s_q > c->kv_len) {
     return Status::invalid_argument(where + ": s_q " + std::to_string(c->s_q) + " exceeds kv_len " +
                                     std::to_string(c->kv_len));
   }

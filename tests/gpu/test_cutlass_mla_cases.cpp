@@ -41,8 +41,7 @@ void run(const harness::CaseSpec& spec, bool save_kv) {
 TEST_P(CutlassMlaCases, SaveKv) { run(GetParam(), true); }
 TEST_P(CutlassMlaCases, ReadsPool) { run(GetParam(), false); }
 
-INSTANTIATE_TEST_SUITE_P(Cases, CutlassMlaCases,
-                         ::testing::ValuesIn(harness::shared_case_table()),
+INSTANTIATE_TEST_SUITE_P(Cases, CutlassMlaCases, ::testing::ValuesIn(harness::shared_case_table()),
                          test_support::case_param_name);
 
 }  // namespace

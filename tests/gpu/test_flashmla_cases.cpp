@@ -62,15 +62,13 @@ void run_and_compare(const CaseSpec& spec, bool save_kv) {
 
 TEST(FlashMlaKernels, LongUnevenBatchSplitsAndMatches) {
   // 4000 keys next to tiny requests: the scheduler splits the long one across many CTA-parts.
-  run_and_compare(mla_case("long_h16", ForwardMode::kDecode, 64, {4000, 3, 64, 130, 0}, 16,
-                           DType::kBF16),
-                  true);
-  run_and_compare(mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640}, 128,
-                           DType::kBF16),
-                  false);
-  run_and_compare(mla_case("long_h64_fp8", ForwardMode::kDecode, 64, {2500, 77}, 64,
-                           DType::kFP8E4M3),
-                  true);
+  run_and_compare(
+      mla_case("long_h16", ForwardMode::kDecode, 64, {4000, 3, 64, 130, 0}, 16, DType::kBF16),
+      true);
+  run_and_compare(
+      mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640}, 128, DType::kBF16), false);
+  run_and_compare(
+      mla_case("long_h64_fp8", ForwardMode::kDecode, 64, {2500, 77}, 64, DType::kFP8E4M3), true);
   run_and_compare(mla_case("h40_rows_not_tile_multiple", ForwardMode::kDecode, 64, {300, 900}, 40,
                            DType::kBF16),
                   true);
@@ -146,8 +144,7 @@ TEST(FlashMlaKernels, GraphReplayMatchesEagerBitwise) {
   ASSERT_TRUE(backend.init_cuda_graph_state(bs, bs).is_ok());
   ASSERT_TRUE(backend
                   .init_forward_metadata_capture_cuda_graph(bs, bs, batch.req_pool_indices,
-                                                            batch.seq_lens, {}, batch.mode,
-                                                            nullptr)
+                                                            batch.seq_lens, {}, batch.mode, nullptr)
                   .is_ok());
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);

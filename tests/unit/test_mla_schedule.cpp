@@ -74,7 +74,7 @@ TEST(MlaSchedule, WorkedExamples) {
   EXPECT_EQ(a.sched[3], 0);
   Schedule b = build({2048, 64}, 2);
   EXPECT_EQ(b.indptr, (std::vector<int32_t>{0, 2, 3}));
-  EXPECT_EQ(b.sched[3], 22);                // part 0 takes tiles [0, 22) of request 0
+  EXPECT_EQ(b.sched[3], 22);               // part 0 takes tiles [0, 22) of request 0
   EXPECT_EQ(b.sched[kSchedWords + 4], 1);  // part 1 starts with segment 1
 }
 

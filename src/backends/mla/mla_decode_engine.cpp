@@ -152,10 +152,11 @@ Status MlaDecodeEngine::init_graph(int max_bs, int max_num_tokens) {
 
 Status MlaDecodeEngine::plan_graph(int bs, const TensorView& seq_lens, ForwardMode mode,
                                    const SpecInfo* spec, StreamHandle stream) {
-  if (!graph_ready_) return Status::invalid_argument(owner_ + ": init_cuda_graph_state was not called");
+  if (!graph_ready_)
+    return Status::invalid_argument(owner_ + ": init_cuda_graph_state was not called");
   if (bs < 1 || bs > graph_max_bs_) {
-    return Status::invalid_argument(owner_ + ": graph batch size " + str(bs) +
-                                    " is outside [1, " + str(graph_max_bs_) + "]");
+    return Status::invalid_argument(owner_ + ": graph batch size " + str(bs) + " is outside [1, " +
+                                    str(graph_max_bs_) + "]");
   }
   const int s_q = queries_per_request(mode, spec);
   if (s_q < 1 || s_q > std::max(1, ctx_.speculative_num_draft_tokens) ||
@@ -167,8 +168,8 @@ Status MlaDecodeEngine::plan_graph(int bs, const TensorView& seq_lens, ForwardMo
                                     str(graph_max_tokens_) + ")");
   }
   plan_ = Plan{};
-  ATTNKIT_RETURN_IF_ERROR(schedule(mode, bs, s_q, seq_lens, graph_sched_.data(),
-                                   graph_split_indptr_.data(), stream));
+  ATTNKIT_RETURN_IF_ERROR(
+      schedule(mode, bs, s_q, seq_lens, graph_sched_.data(), graph_split_indptr_.data(), stream));
   plan_.valid = true;
   plan_.mode = mode;
   plan_.bs = bs;
@@ -191,17 +192,16 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   }
   if (!layer.is_mla || layer.qk_head_dim != kRowDim || layer.v_head_dim != kLatentDim ||
       layer.num_kv_heads != 1 || layer.num_q_heads != ctx_.num_q_heads) {
-    return Status::invalid_argument(owner_ + ": layer " + str(layer.layer_id) +
-                                    " is not the absorbed MLA layer of the context (qk " +
-                                    str(layer.qk_head_dim) + ", v " + str(layer.v_head_dim) +
-                                    ", heads " + str(layer.num_q_heads) + "/" +
-                                    str(layer.num_kv_heads) + "; expected 576/512, " +
-                                    str(ctx_.num_q_heads) + "/1)");
+    return Status::invalid_argument(
+        owner_ + ": layer " + str(layer.layer_id) +
+        " is not the absorbed MLA layer of the context (qk " + str(layer.qk_head_dim) + ", v " +
+        str(layer.v_head_dim) + ", heads " + str(layer.num_q_heads) + "/" +
+        str(layer.num_kv_heads) + "; expected 576/512, " + str(ctx_.num_q_heads) + "/1)");
   }
   if (layer.sliding_window >= 0 || layer.logit_cap > 0.f || layer.sinks.defined()) {
-    return Status::unsupported(owner_ +
-                               ": MLA decode supports no sliding window, soft-cap or sinks (layer " +
-                               str(layer.layer_id) + ")");
+    return Status::unsupported(
+        owner_ + ": MLA decode supports no sliding window, soft-cap or sinks (layer " +
+        str(layer.layer_id) + ")");
   }
   if (q.stride(2) != 1 || out.stride(2) != 1 || q.stride(1) % 8 != 0 || q.stride(0) % 8 != 0 ||
       reinterpret_cast<uintptr_t>(q.data) % 16 != 0 || out.stride(1) % 8 != 0 ||

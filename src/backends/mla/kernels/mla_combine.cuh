@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
       const int64_t prow = static_cast<int64_t>(first + s) * p.rows_per_req + m;
       const float w = exp2f(p.partial_lse[prow] - lse2);
       if (w == 0.f) continue;
-      const float4* src = reinterpret_cast<const float4*>(p.partial_out + prow * kLatentDim +
-                                                          lane * kPerLane);
+      const float4* src =
+          reinterpret_cast<const float4*>(p.partial_out + prow * kLatentDim + lane * kPerLane);
 #pragma unroll
       for (int v = 0; v < kPerLane / 4; ++v) {
         const float4 x = src[v];

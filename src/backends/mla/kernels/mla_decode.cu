@@ -1,7 +1,7 @@
 // The page-size dispatch, the schedule launch and the shared-memory requirement of the MLA decode
 // kernel family.
-#include "backends/mla/kernels/mla_decode.h"
 #include "backends/mla/kernels/mla_combine.cuh"
+#include "backends/mla/kernels/mla_decode.h"
 #include "backends/mla/kernels/mla_decode_mma.cuh"
 #include "cuda/common/cuda_check.cuh"
 
@@ -24,10 +24,9 @@ Status launch_schedule(const MlaDecodeParams& p, int32_t* sched, int32_t* split_
 }
 
 Status run_decode(const MlaDecodeParams& p, int page_size, DType kv_dtype, StreamHandle stream) {
-  ATTNKIT_RETURN_IF_ERROR(
-      dispatch_value<MlaPageSizes>(page_size, "mla decode: page_size", [&]<int kPage>() {
-        return run_decode_page<kPage>(p, kv_dtype, stream);
-      }));
+  ATTNKIT_RETURN_IF_ERROR(dispatch_value<MlaPageSizes>(
+      page_size, "mla decode: page_size",
+      [&]<int kPage>() { return run_decode_page<kPage>(p, kv_dtype, stream); }));
   const int64_t rows = static_cast<int64_t>(p.bs) * p.rows_per_req;
   const int blocks = static_cast<int>((rows + kCombineWarps - 1) / kCombineWarps);
   mla_combine_kernel<<<blocks, 32 * kCombineWarps, 0, cuda::to_stream(stream)>>>(p);

@@ -1,5 +1,6 @@
 // Definition of run_decode_page<kPage>: row-tile and KV-dtype dispatch and launch of the MLA
-// decode kernel (run_decode launches the combine after it). Included by one translation unit per page size.
+// decode kernel (run_decode launches the combine after it). Included by one translation unit per
+// page size.
 #pragma once
 
 #include <string>

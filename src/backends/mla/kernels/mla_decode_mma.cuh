@@ -44,10 +44,10 @@ struct MlaDecodeTraits {
   static constexpr int kSTiles = kSKeys / 8;
   static constexpr int kOCols = kLatentDim / kWarpsN;  // output columns per warp
   static constexpr int kOTiles = kOCols / 8;
-  static constexpr int kChunks = kRowDim * 2 / 16;      // 16-byte chunks of a bf16 row (72)
-  static constexpr int kFp8Chunks = kRowDim / 16;       // of an fp8 row (36)
-  static constexpr int kPChunks = kBlockN * 2 / 16;     // of a P row (8)
-  static constexpr int kKSteps = kRowDim / 16;          // QK^T k-steps (36)
+  static constexpr int kChunks = kRowDim * 2 / 16;   // 16-byte chunks of a bf16 row (72)
+  static constexpr int kFp8Chunks = kRowDim / 16;    // of an fp8 row (36)
+  static constexpr int kPChunks = kBlockN * 2 / 16;  // of a P row (8)
+  static constexpr int kKSteps = kRowDim / 16;       // QK^T k-steps (36)
   static constexpr int kTileBytes = kBlockN * kRowDim * 2;
   static constexpr int kStageBytes = kFp8 ? kBlockN * kRowDim : kTileBytes;
   static constexpr int kQBytes = kRows * kRowDim * 2;
@@ -176,8 +176,8 @@ struct MlaDecodeCta {
   // One request segment: tiles [t0, t1) of request b, query rows [row0, row0 + kRows).
   __device__ void run_segment(int b, int row0, int t0, int t1, bool whole, int partial) {
     const int kv_len = p.seq_lens[b] + p.kv_len_extra;
-    const int32_t* tok = p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) *
-                                              p.req_to_token_stride;
+    const int32_t* tok =
+        p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
     __syncthreads();  // the previous segment's readers are done with Q, the stages and P
     load_q(b, row0);
     load_tile(tok, kv_len, t0, 0);
@@ -197,7 +197,7 @@ struct MlaDecodeCta {
 #pragma unroll
     for (int t = 0; t < T::kOTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
     float row_max[2] = {cuda::kNoKeyMax, cuda::kNoKeyMax};
-    float row_sum[2] = {0.f, 0.f};  // over this warp's S columns only
+    float row_sum[2] = {0.f, 0.f};                               // over this warp's S columns only
     auto* red = reinterpret_cast<float*>(smem + T::kRedOffset);  // [kWarpsN][kRows]
     const uint32_t p_base = cuda::smem_addr(smem + T::kPOffset);
 
@@ -366,7 +366,8 @@ struct MlaDecodeCta {
         float* dst = p.partial_out + prow * kLatentDim + wn * T::kOCols + 2 * (lane & 3);
 #pragma unroll
         for (int t = 0; t < T::kOTiles; ++t) {
-          *reinterpret_cast<float2*>(dst + t * 8) = make_float2(o[t][2 * x] * inv, o[t][2 * x + 1] * inv);
+          *reinterpret_cast<float2*>(dst + t * 8) =
+              make_float2(o[t][2 * x] * inv, o[t][2 * x + 1] * inv);
         }
         if (wn == 0 && (lane & 3) == 0) p.partial_lse[prow] = lse2;
       }
@@ -380,8 +381,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     mla_decode_kernel(const __grid_constant__ MlaDecodeParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x;
-  MlaDecodeCta<Traits> cta{p, smem, tid, tid & 31, (tid >> 5) / Traits::kWarpsN,
-                           (tid >> 5) % Traits::kWarpsN};
+  MlaDecodeCta<Traits> cta{
+      p, smem, tid, tid & 31, (tid >> 5) / Traits::kWarpsN, (tid >> 5) % Traits::kWarpsN};
   const int32_t* s = p.sched + static_cast<int64_t>(blockIdx.x) * kSchedWords;
   const int row0 = blockIdx.y * Traits::kRows;
   const int last = s[2] < p.bs ? s[2] : p.bs - 1;

@@ -30,8 +30,8 @@ struct MlaDecodeParams {
   float* lse = nullptr;  // [T, H] natural log, optional
   int64_t lse_stride_token = 0;
 
-  const void* kv = nullptr;    // [rows, kRowDim] pool layer (bf16 or fp8_e4m3)
-  int64_t kv_stride_row = 0;   // elements
+  const void* kv = nullptr;               // [rows, kRowDim] pool layer (bf16 or fp8_e4m3)
+  int64_t kv_stride_row = 0;              // elements
   const int32_t* req_to_token = nullptr;  // [max_reqs + 1, max_context_len]
   int64_t req_to_token_stride = 0;
   const int32_t* req_pool_indices = nullptr;  // [bs]
@@ -41,13 +41,14 @@ struct MlaDecodeParams {
   int bs = 0;
   int s_q = 1;
   int num_heads = 0;
-  int rows_per_req = 0;   // s_q * num_heads
+  int rows_per_req = 0;    // s_q * num_heads
   float scale_log2 = 0.f;  // scaling * k_scale * log2(e)
   float v_scale = 1.f;     // applied to the output (fp8: k_scale, V shares the K row)
 
   // Plan (written on the device by the schedule kernel once per forward).
-  const int32_t* sched = nullptr;         // [num_parts, kSchedWords]
-  const int32_t* split_indptr = nullptr;  // [bs + 1] segments of request b: [indptr[b], indptr[b+1])
+  const int32_t* sched = nullptr;  // [num_parts, kSchedWords]
+  const int32_t* split_indptr =
+      nullptr;                   // [bs + 1] segments of request b: [indptr[b], indptr[b+1])
   float* partial_out = nullptr;  // [bs + num_parts, rows_per_req, kLatentDim] normalised
   float* partial_lse = nullptr;  // [bs + num_parts, rows_per_req] log2 domain
   int num_parts = 1;
