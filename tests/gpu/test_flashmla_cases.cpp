@@ -119,7 +119,8 @@ TEST(FlashMlaKernels, GraphReplayMatchesEagerBitwise) {
   ForwardBatch batch = pc.batch;
   batch.stream = stream;
   // The runner wrote the new tokens' k into the pool: every forward reads the pool.
-  ASSERT_TRUE(harness::run_backend(backend, pc, /*save_kv=*/false).is_ok());
+  const Status first = harness::run_backend(backend, pc, /*save_kv=*/false);
+  ASSERT_TRUE(first.is_ok()) << first.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
   const auto snapshot = [&](std::vector<std::vector<uint8_t>>* outs) {
@@ -132,7 +133,8 @@ TEST(FlashMlaKernels, GraphReplayMatchesEagerBitwise) {
     }
   };
   const auto eager = [&](std::vector<std::vector<uint8_t>>* outs) {
-    ASSERT_TRUE(backend.init_forward_metadata(batch).is_ok());
+    const Status planned = backend.init_forward_metadata(batch);
+    ASSERT_TRUE(planned.is_ok()) << planned.to_string();
     for (harness::LayerData& ld : pc.layers) {
       const Status s = backend.forward(ld.q, {}, {}, ld.out, ld.layer, batch, false, {});
       ASSERT_TRUE(s.is_ok()) << s.to_string();
@@ -163,6 +165,8 @@ TEST(FlashMlaKernels, GraphReplayMatchesEagerBitwise) {
                          cudaMemcpyHostToDevice),
               cudaSuccess);
     batch.seq_lens_host = lens;
+    batch.seq_lens_sum = 0;
+    for (int32_t n : lens) batch.seq_lens_sum += n;
     for (const harness::LayerData& ld : pc.layers) {
       ASSERT_EQ(cudaMemset(ld.out.data, 0xff, static_cast<size_t>(ld.out.storage_bytes())),
                 cudaSuccess);
@@ -177,6 +181,8 @@ TEST(FlashMlaKernels, GraphReplayMatchesEagerBitwise) {
     std::vector<std::vector<uint8_t>> replayed, eager_out;
     snapshot(&replayed);
     eager(&eager_out);
+    if (HasFatalFailure()) break;
+    ASSERT_EQ(replayed.size(), eager_out.size());
     for (size_t l = 0; l < replayed.size(); ++l) {
       EXPECT_EQ(std::memcmp(replayed[l].data(), eager_out[l].data(), replayed[l].size()), 0)
           << "layer " << l << " lengths " << lens[0] << "," << lens[1];
