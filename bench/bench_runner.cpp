@@ -94,6 +94,13 @@ harness::CaseSpec to_case_spec(const BenchCase& c) {
   spec.v_head_dim = c.v_head_dim;
   if (extend && !c.causal) spec.type = AttentionType::kEncoderOnly;
   if (c.kind == BenchKind::kMlaDecode) {
+    if (c.s_q > 1) {  // the drafts are the last s_q of kv_len keys
+      spec.mode = ForwardMode::kTargetVerify;
+      spec.prefix_lens.assign(static_cast<size_t>(c.batch), c.kv_len - c.s_q);
+      spec.new_lens.clear();
+      spec.spec_draft_tokens = c.s_q;
+      spec.spec_topk = 1;
+    }
     spec.mla = true;
     spec.num_kv_heads = 1;
     spec.kv_lora_rank = c.kv_lora_rank;

@@ -562,6 +562,15 @@ const std::vector<CaseSpec>& shared_case_table() {
       c.sliding_window = 100;
       c.logit_cap = 5.f;
     }
+    // 128 heads (two 64-row tiles per request), long uneven lengths (split-KV + combine), the
+    // multi-token verify chain on a page-64 pool and an fp8 page-128 cache.
+    mla(add("mla_decode_h128_page64", M::kDecode, 64, {1500, 63, 700}, {1, 1, 1}), 128, true);
+    mla(verify("mla_verify_topk1_page64", 64, {70, 200, 1}, 2, 1), 16, true);
+    {
+      CaseSpec& c = add("mla_decode_fp8_e4m3_h128_page128", M::kDecode, 128, {900, 5}, {1, 1});
+      mla(c, 128, true);
+      c.kv_dtype = DType::kFP8E4M3;
+    }
     return t;
   }();
   return table;

@@ -9,6 +9,7 @@
 #ifdef ATTNKIT_WITH_CUDA
 #include "backends/fa3/fa3_backend.h"
 #include "backends/flashinfer/flashinfer_backend.h"
+#include "backends/mla/mla_paged_backend.h"
 #include "backends/triton/triton_backend.h"
 #endif
 
@@ -149,7 +150,9 @@ BackendDescriptor flashinfer() {
   BackendDescriptor d = cuda_descriptor(
       "flashinfer",
       "tensor-core (mma.sync, SM80+) plan/run kernels, load-balanced split-KV, GQA-packed "
-      "decode; page-1 MLA decode/extend",
+      "decode; page-1 MLA: decode and verify (topk 1) on the shared tensor-core MLA kernels "
+      "(bf16 KV, needs 227 KiB shared memory per block: SM90), extend / 192-128 prefill / fp4 KV "
+      "on the portable SIMT kernels",
       kMinCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, false);
   d.mha->head_dims = cuda_head_dims();
@@ -246,19 +249,43 @@ BackendDescriptor flashmla() {
   constexpr int kMinCc = 90;
   BackendDescriptor d = cuda_descriptor(
       "flashmla",
-      "Hopper MLA decode, 64 heads per CTA, split-KV with a tile-scheduler plan, page 64, fp8 "
-      "variant",
+      "MLA decode on the shared tensor-core kernels (mma.sync, up to 64 query rows per CTA, "
+      "cp.async page-64 loader), split-KV with a device-side tile-scheduler plan + LSE combine, "
+      "bf16 and fp8_e4m3 latent cache, s_q 1 and verify topk 1; extend, 192/128 prefill and fp4 "
+      "KV via the portable SIMT kernels",
       kMinCc);
   d.mla = mla_row(fixed_pages({64}), true, true, true, true, false);
+  d.mla->fp8_e4m3_only = true;
+#ifdef ATTNKIT_WITH_CUDA
+  d.built = true;
+  d.not_built_reason.clear();
+  d.create = create_flashmla_backend;
+#else
+  d.not_built_reason = "built without CUDA";
+#endif
   return d;
 }
 
 BackendDescriptor cutlass_mla() {
   constexpr int kMinCc = 100;
   constexpr int kMaxCc = 109;
-  BackendDescriptor d =
-      cuda_descriptor("cutlass_mla", "MLA decode with 128-token pages", kMinCc, kMaxCc);
+  // Selection stays faithful to SGLang (cutlass_mla needs SM100) although the shared kernel
+  // family with its page-128 loader also runs on SM90, where its GPU tests exercise it.
+  BackendDescriptor d = cuda_descriptor(
+      "cutlass_mla",
+      "MLA decode with 128-token pages on the shared tensor-core MLA kernels (page-128 loader, "
+      "split-KV plan + LSE combine, bf16 and fp8_e4m3 cache); extend, 192/128 prefill and fp4 "
+      "KV via the portable SIMT kernels",
+      kMinCc, kMaxCc);
   d.mla = mla_row(fixed_pages({128}), true, true, true, true, false);
+  d.mla->fp8_e4m3_only = true;
+#ifdef ATTNKIT_WITH_CUDA
+  d.built = true;
+  d.not_built_reason.clear();
+  d.create = create_cutlass_mla_backend;
+#else
+  d.not_built_reason = "built without CUDA";
+#endif
   return d;
 }
 

@@ -23,6 +23,7 @@
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
 #include "backends/flashinfer/kernels/mla_fp4_portable.h"
 #include "backends/flashinfer/kernels/work_plan.h"
+#include "backends/mla/mla_decode_engine.h"
 #include "backends/triton/kernels/simt_layout.h"
 #include "backends/triton/kernels/split_plan.h"
 #include "backends/triton/kernels/triton_kernels.h"
@@ -86,8 +87,9 @@ class PinnedStaging {
 // Everything a forward's layers share.
 struct Plan {
   bool valid = false;
-  bool portable = false;  // this forward runs on the portable SIMT path (the triton backend)
-  bool mla_fp4 = false;   // this forward runs MLA over an fp4 pool (run_mla_fp4_portable)
+  bool portable = false;    // this forward runs on the portable SIMT path (the triton backend)
+  bool mla_fp4 = false;     // this forward runs MLA over an fp4 pool (run_mla_fp4_portable)
+  bool mla_native = false;  // this forward runs on the shared tensor-core MLA decode kernels
   ForwardMode mode = ForwardMode::kIdle;
   int bs = 0;
   TileShape shape = TileShape::kDecode;
@@ -131,12 +133,14 @@ Status check_vec_aligned(const TensorView& t, const char* name) {
 class FlashInferBackend final : public AttentionBackend {
  public:
   FlashInferBackend(const BackendContext& ctx, int sm_count, int cc,
-                    std::unique_ptr<AttentionBackend> portable, std::string portable_reason)
+                    std::unique_ptr<AttentionBackend> portable, std::string portable_reason,
+                    std::unique_ptr<mla::MlaDecodeEngine> mla_engine)
       : ctx_(ctx),
         sm_count_(sm_count),
         cc_(cc),
         portable_(std::move(portable)),
-        ctx_portable_reason_(std::move(portable_reason)) {}
+        ctx_portable_reason_(std::move(portable_reason)),
+        mla_engine_(std::move(mla_engine)) {}
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("flashinfer");
@@ -202,6 +206,11 @@ class FlashInferBackend final : public AttentionBackend {
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse, bool decode);
   Status plan_mla_fp4(const ForwardBatch& batch);
+  bool graph_mla_native(const TensorView& encoder_lens, ForwardMode mode,
+                        const SpecInfo* spec) const {
+    return mla_engine_ != nullptr && !encoder_lens.defined() &&
+           mla_engine_->why_not_graph(mode, spec).empty();
+  }
   Status run_mla_fp4(const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
                      bool save_kv, const TensorView& lse, bool decode);
@@ -219,6 +228,9 @@ class FlashInferBackend final : public AttentionBackend {
   int cc_ = 0;
   std::unique_ptr<AttentionBackend> portable_;
   std::string ctx_portable_reason_;  // non-empty: every forward is portable
+  // MLA contexts: absorbed decode / verify (topk 1) with a bf16 pool on the shared tensor-core MLA
+  // kernels (page-1 loader); nullptr when the device cannot run them.
+  std::unique_ptr<mla::MlaDecodeEngine> mla_engine_;
   Plan plan_;
   FlashInferStats stats_;
 
@@ -273,6 +285,12 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   }
   const int bs = batch.batch_size;
   plan_.bs = bs;
+  if (mla_engine_ != nullptr && mla_engine_->why_not(batch).empty()) {
+    ATTNKIT_RETURN_IF_ERROR(mla_engine_->plan(batch, stream_for(batch)));
+    plan_.mla_native = true;
+    plan_.valid = true;
+    return Status::ok();
+  }
   if (mla_fp4_context(batch)) return plan_mla_fp4(batch);
   if (!portable_reason(batch).empty()) {
     ATTNKIT_RETURN_IF_ERROR(portable_or_error(portable_reason(batch).c_str()));
@@ -341,6 +359,10 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     return Status::invalid_argument(
         "flashinfer: forward called without a matching init_forward_metadata (mode " +
         std::string(forward_mode_name(batch.mode)) + ", batch_size " + str(batch.batch_size) + ")");
+  }
+  if (plan_.mla_native) {
+    ++stats_.native_calls;
+    return mla_engine_->run(q, k, v, out, layer, batch, save_kv, lse, stream_for(batch));
   }
   if (plan_.mla_fp4) {
     ++stats_.portable_calls;
@@ -610,6 +632,9 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   }
   if (!ctx_portable_reason_.empty()) {
     ATTNKIT_RETURN_IF_ERROR(portable_or_error(ctx_portable_reason_.c_str()));
+    if (mla_engine_ != nullptr) {
+      ATTNKIT_RETURN_IF_ERROR(mla_engine_->init_graph(max_bs, max_num_tokens));
+    }
     graph_portable_ = true;
     graph_ready_ = true;
     return portable_->init_cuda_graph_state(max_bs, max_num_tokens);
@@ -638,6 +663,14 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec) {
   if (!graph_ready_)
     return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
+  if (graph_mla_native(encoder_lens, mode, spec)) {
+    plan_ = Plan{};
+    plan_.valid = true;
+    plan_.mla_native = true;
+    plan_.mode = mode;
+    plan_.bs = bs;
+    return mla_engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream);
+  }
   if (graph_portable_) {
     ATTNKIT_RETURN_IF_ERROR(portable_->init_forward_metadata_capture_cuda_graph(
         bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, mode, spec));
@@ -681,6 +714,9 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     const int32_t* seq_lens_host) {
   if (!graph_ready_)
     return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
+  if (graph_mla_native(encoder_lens, mode, spec)) {
+    return mla_engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream);
+  }
   if (graph_portable_) {
     return portable_->init_forward_metadata_replay_cuda_graph(
         bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, mode, spec, seq_lens_host);
@@ -763,8 +799,16 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const Backen
                   "flashinfer: " + reason +
                       " needs the portable path, which failed: " + made.status().message());
   }
-  return std::unique_ptr<AttentionBackend>(
-      new FlashInferBackend(ctx, sm_count, cc, std::move(portable), std::move(reason)));
+  // MLA decode on the shared tensor-core kernels where the device can run them.
+  std::unique_ptr<mla::MlaDecodeEngine> mla_engine;
+  if (ctx.is_mla) {
+    constexpr int kTokenPage = 1;
+    Result<std::unique_ptr<mla::MlaDecodeEngine>> engine =
+        mla::MlaDecodeEngine::create(ctx, "flashinfer", kTokenPage, /*allow_fp8=*/false);
+    if (engine.is_ok()) mla_engine = std::move(engine).value();
+  }
+  return std::unique_ptr<AttentionBackend>(new FlashInferBackend(
+      ctx, sm_count, cc, std::move(portable), std::move(reason), std::move(mla_engine)));
 }
 
 }  // namespace attnkit
