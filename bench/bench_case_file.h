@@ -15,7 +15,8 @@
 // Parameters: batch, page_size, dtype (q/k/v/out: f32, f16, bf16), kv_dtype (bf16, f16, f32,
 // fp8_e4m3, fp8_e5m2, fp4_e2m1, auto = dtype), q_heads, kv_heads, heads, head_dim, v_head_dim
 // (default head_dim); decode and mla_decode: kv_len; extend: prefix_len (default 0), new_tokens,
-// causal (default true); mla_decode: kv_lora_rank (default 512), qk_rope_head_dim (default 64), no
+// causal (default true); mla_decode: kv_lora_rank (default 512), qk_rope_head_dim (default 64), s_q
+// (default 1; > 1: a topk-1 verify chain of s_q tokens ending at kv_len), no
 // kv_heads / head_dim / v_head_dim (they follow from the rank). Errors name the file, the key
 // and what is accepted.
 //
@@ -68,7 +69,7 @@ inline bool key_allowed(BenchKind kind, const std::string& key) {
       return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
              key == "prefix_len" || key == "new_tokens" || key == "causal";
     case BenchKind::kMlaDecode:
-      return key == "kv_len" || key == "kv_lora_rank" || key == "qk_rope_head_dim";
+      return key == "kv_len" || key == "kv_lora_rank" || key == "qk_rope_head_dim" || key == "s_q";
   }
   return false;
 }
@@ -82,7 +83,8 @@ inline const char* allowed_keys(BenchKind kind) {
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
              "prefix_len, new_tokens, causal";
     case BenchKind::kMlaDecode:
-      return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lora_rank, qk_rope_head_dim";
+      return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lora_rank, qk_rope_head_dim, "
+             "s_q";
   }
   return "";
 }
@@ -122,6 +124,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   if (key == "new_tokens") return get_int(v, where, 1, &c->new_tokens);
   if (key == "kv_lora_rank") return get_int(v, where, 1, &c->kv_lora_rank);
   if (key == "qk_rope_head_dim") return get_int(v, where, 0, &c->qk_rope_head_dim);
+  if (key == "s_q") return get_int(v, where, 1, &c->s_q);
   if (key == "v_head_dim") {
     state->v_head_dim_set = true;
     return get_int(v, where, 1, &c->v_head_dim);
@@ -173,6 +176,7 @@ inline std::string case_name(const BenchCase& c) {
     s << "_pre" << c.prefix_len << "_new" << c.new_tokens;
   } else {
     s << "_kv" << c.kv_len;
+    if (c.s_q > 1) s << "_sq" << c.s_q;
   }
   s << "_p" << c.page_size << "_h" << c.q_heads;
   if (c.kind != BenchKind::kMlaDecode) s << "x" << c.kv_heads;
@@ -213,6 +217,10 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
     if (c->new_tokens == 0) return missing("new_tokens");
   } else if (c->kv_len == 0) {
     return missing("kv_len");
+  }
+  if (c->kind == BenchKind::kMlaDecode && c->s_q > c->kv_len) {
+    return Status::invalid_argument(where + ": s_q " + std::to_string(c->s_q) + " exceeds kv_len " +
+                                    std::to_string(c->kv_len));
   }
   c->name = case_name(*c);
   return Status::ok();

@@ -54,8 +54,14 @@ struct BenchCase {
   int page_size = 1;
   DType dtype = DType::kBF16;     // q, new k/v and out
   DType kv_dtype = DType::kBF16;  // KV pool storage
+  // MLA decode: query tokens per request. s_q > 1 is a topk-1 verify chain (TARGET_VERIFY): the
+  // last s_q of the kv_len keys are the drafts, draft i sees kv_len - s_q + 1 + i keys.
+  int s_q = 1;
 
-  int num_tokens() const { return kind == BenchKind::kExtend ? batch * new_tokens : batch; }
+  int num_tokens() const {
+    if (kind == BenchKind::kExtend) return batch * new_tokens;
+    return kind == BenchKind::kMlaDecode ? batch * s_q : batch;
+  }
   // Tokens per request held in the KV pool.
   int seq_len() const { return kind == BenchKind::kExtend ? prefix_len + new_tokens : kv_len; }
 };
@@ -85,7 +91,12 @@ inline int64_t kv_bytes_per_token(const BenchCase& c) {
 //   extend, causal: new token i (0-based) sees prefix + i + 1 keys, so the sum is
 //     new * prefix + new * (new + 1) / 2; only visible pairs count.
 //   extend, bidirectional: new * (prefix + new).
+//   MLA decode with s_q queries: s_q * kv_len - s_q * (s_q - 1) / 2.
 inline int64_t attended_pairs_per_request(const BenchCase& c) {
+  if (c.kind == BenchKind::kMlaDecode) {
+    const int64_t s = c.s_q;
+    return s * c.kv_len - s * (s - 1) / 2;
+  }
   if (c.kind != BenchKind::kExtend) return c.kv_len;
   const int64_t p = c.prefix_len;
   const int64_t n = c.new_tokens;

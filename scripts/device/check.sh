@@ -15,6 +15,10 @@
 #   BENCH_TIMEOUT=240       seconds per case file
 #   BENCH_QUICK=0           1: scripts/device/triton_{decode,extend}_quick.json
 #   BENCH_BACKENDS="triton,flashinfer"   backends timed by attnkit bench
+#   BENCH_KINDS="decode extend"          which case files the bench stage runs
+#   EXTEND_CASES=""         case file for the extend bench instead of the default / quick one
+#   TARGETS=""              ninja targets to build instead of the CLI + every GPU test
+#   PEERS_SCRIPT=".peers/torch_peers.py"   peers stage script (e.g. scripts/device/prefill_peers.py)
 #   stage "python": builds the Python extension in the same tree and runs
 #                   scripts/device/python_gpu_check.py (torch SDPA as the oracle)
 set -uo pipefail
@@ -48,6 +52,7 @@ if has_stage build; then
   for f in tests/gpu/test_*.cpp tests/gpu/test_*.cu; do
     [ -f "$f" ] && targets+=("$(basename "${f%.*}")")
   done
+  [ -n "${TARGETS:-}" ] && read -r -a targets <<< "$TARGETS"
   ninja -C "$build" -j16 -k 0 "${targets[@]}" >> "$OUT/build.log" 2>&1
   rc=$?
   note "build: rc=$rc in $(( $(date +%s) - t0 )) s"
@@ -69,8 +74,9 @@ if has_stage test; then
 fi
 
 # The torch peers first, so that the bench can report its ratio to their GEMM ceiling.
-if has_stage peers && [ -f .peers/torch_peers.py ]; then
-  PYTHONUNBUFFERED=1 OUT="$OUT" timeout "${PEERS_TIMEOUT:-300}" python3 .peers/torch_peers.py > "$OUT/peers.log" 2>&1
+peers_script="${PEERS_SCRIPT:-.peers/torch_peers.py}"
+if has_stage peers && [ -f "$peers_script" ]; then
+  PYTHONUNBUFFERED=1 OUT="$OUT" timeout "${PEERS_TIMEOUT:-300}" python3 "$peers_script" > "$OUT/peers.log" 2>&1
   note "peers: rc=$?"
 fi
 gemm_tflops=""
@@ -81,9 +87,10 @@ fi
 cli="$build/tools/attnkit/attnkit"
 if has_stage bench && [ -x "$cli" ]; then
   # BENCH_QUICK=1: the small case files next to this script instead of bench/cases/*.json.
-  for f in decode extend; do
+  for f in ${BENCH_KINDS:-decode extend}; do
     cases="bench/cases/$f.json"
     [ "${BENCH_QUICK:-0}" = 1 ] && cases="scripts/device/triton_${f}_quick.json"
+    [ "$f" = extend ] && [ -n "${EXTEND_CASES:-}" ] && cases="$EXTEND_CASES"
     [ -f "$cases" ] || continue
     args=(bench --backend "${BENCH_BACKENDS:-triton,flashinfer}" --cases "$cases" --device cuda
           --json "$OUT/bench_$f.json")
@@ -112,5 +119,5 @@ fi
 echo "==================== summary ===================="
 cat "$summary"
 [ -f "$OUT/bench.log" ] && { echo "--- bench (tail) ---"; tail -40 "$OUT/bench.log"; }
-[ -f "$OUT/peers.log" ] && { echo "--- peers (ceilings + decode) ---"; grep -E "ceiling|decode" "$OUT/peers.log" | head -20; }
+[ -f "$OUT/peers.log" ] && { echo "--- peers (ceilings + decode + prefill peers) ---"; grep -E "ceiling|decode|^peer" "$OUT/peers.log" | head -30; }
 exit 0

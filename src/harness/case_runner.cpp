@@ -552,6 +552,25 @@ const std::vector<CaseSpec>& shared_case_table() {
     mla(add("mla_prefill_192_128", M::kExtend, 64, {0, 0}, {37, 64}), 16, false);
     mla(verify("mla_verify_topk1_page1", 1, {12, 30}, 3, 1), 16, true);
     mla(verify("mla_verify_topk4_page1", 1, {12, 30}, 6, 4), 16, true);
+    // ---- long extends: several query and key tiles per request (appended: earlier seeds keep) --
+    heads(add("extend_long_prefix_d128", M::kExtend, 16, {150, 0}, {300, 160}), 8, 2, 128);
+    heads(add("extend_long_d256", M::kExtend, 16, {70}, {300}), 8, 2, 256);
+    heads(add("extend_d80", M::kExtend, 16, {21, 0}, {40, 9}), 4, 2, 80);
+    heads(add("extend_d96", M::kExtend, 1, {5, 30}, {33, 17}), 4, 2, 96);
+    {
+      CaseSpec& c = add("extend_long_window_softcap", M::kExtend, 16, {200, 0}, {333, 150});
+      c.sliding_window = 100;
+      c.logit_cap = 5.f;
+    }
+    // 128 heads (two 64-row tiles per request), long uneven lengths (split-KV + combine), the
+    // multi-token verify chain on a page-64 pool and an fp8 page-128 cache.
+    mla(add("mla_decode_h128_page64", M::kDecode, 64, {1500, 63, 700}, {1, 1, 1}), 128, true);
+    mla(verify("mla_verify_topk1_page64", 64, {70, 200, 1}, 2, 1), 16, true);
+    {
+      CaseSpec& c = add("mla_decode_fp8_e4m3_h128_page128", M::kDecode, 128, {900, 5}, {1, 1});
+      mla(c, 128, true);
+      c.kv_dtype = DType::kFP8E4M3;
+    }
     return t;
   }();
   return table;

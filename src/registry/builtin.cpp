@@ -7,7 +7,9 @@
 #include "backends/intel_amx/intel_amx_backend.h"
 #include "backends/torch_native/torch_native_backend.h"
 #ifdef ATTNKIT_WITH_CUDA
+#include "backends/fa3/fa3_backend.h"
 #include "backends/flashinfer/flashinfer_backend.h"
+#include "backends/mla/mla_paged_backend.h"
 #include "backends/triton/triton_backend.h"
 #endif
 
@@ -124,7 +126,8 @@ BackendDescriptor triton() {
   constexpr int kMinCc = 75;
   BackendDescriptor d = cuda_descriptor(
       "triton",
-      "portable CUDA (SM75+), split-KV decode + two-loop extend; the universal GPU fallback",
+      "portable CUDA (SM75+ SIMT; mma.sync on SM80+), split-KV decode + two-loop extend; the "
+      "universal GPU fallback",
       kMinCc);
   d.mha = mha_row(token_pages(), true, true, true, true, true, true);
   d.mha->head_dims = cuda_head_dims();
@@ -147,7 +150,9 @@ BackendDescriptor flashinfer() {
   BackendDescriptor d = cuda_descriptor(
       "flashinfer",
       "tensor-core (mma.sync, SM80+) plan/run kernels, load-balanced split-KV, GQA-packed "
-      "decode; page-1 MLA decode/extend",
+      "decode; page-1 MLA: decode and verify (topk 1) on the shared tensor-core MLA kernels "
+      "(bf16 KV, needs 227 KiB shared memory per block: SM90), extend / 192-128 prefill / fp4 KV "
+      "on the portable SIMT kernels",
       kMinCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, false);
   d.mha->head_dims = cuda_head_dims();
@@ -167,14 +172,26 @@ BackendDescriptor fa3() {
   constexpr int kMaxCc = 90;
   BackendDescriptor d = cuda_descriptor(
       "fa3",
-      "Hopper (SM90) warp-specialised wgmma + TMA pipeline; also SM80 via the flashinfer-style "
-      "path; MLA: wgmma decode + non-absorbed prefill (qk 192 / v 128)",
+      "SM90: warp-specialised wgmma prefill/extend (TMA page boxes for pages of >= 8 rows, "
+      "cp.async page gather otherwise, into a 128B-swizzled mbarrier ring; 2 consumer warpgroups, "
+      "ping-pong + softmax/P.V overlap, P.V from registers, causal block skip, persistent "
+      "longest-first) for bf16/f16 MHA d 64/128/256, causal or bidirectional, without "
+      "window/soft-cap/sinks/fp8 KV; decode, target verify, those features, d 80/96, "
+      "cross-attention, SM80 and CUDA graphs run the flashinfer mma.sync kernels; MLA runs the "
+      "portable triton kernels",
       kMinCc, kMaxCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, true);
   d.mha->head_dims = cuda_head_dims();
   d.mha->fp8_e4m3_only = true;
   d.mla = mla_row(any_pages(), false, false, true, true, true);
   d.mla->topk_gt1_needs_page1 = true;
+#ifdef ATTNKIT_WITH_CUDA
+  d.built = true;
+  d.not_built_reason.clear();
+  d.create = create_fa3_backend;
+#else
+  d.not_built_reason = "built without CUDA";
+#endif
   return d;
 }
 
@@ -232,19 +249,43 @@ BackendDescriptor flashmla() {
   constexpr int kMinCc = 90;
   BackendDescriptor d = cuda_descriptor(
       "flashmla",
-      "Hopper MLA decode, 64 heads per CTA, split-KV with a tile-scheduler plan, page 64, fp8 "
-      "variant",
+      "MLA decode on the shared tensor-core kernels (mma.sync, up to 64 query rows per CTA, "
+      "cp.async page-64 loader), split-KV with a device-side tile-scheduler plan + LSE combine, "
+      "bf16 and fp8_e4m3 latent cache, s_q 1 and verify topk 1; extend, 192/128 prefill and fp4 "
+      "KV via the portable SIMT kernels",
       kMinCc);
   d.mla = mla_row(fixed_pages({64}), true, true, true, true, false);
+  d.mla->fp8_e4m3_only = true;
+#ifdef ATTNKIT_WITH_CUDA
+  d.built = true;
+  d.not_built_reason.clear();
+  d.create = create_flashmla_backend;
+#else
+  d.not_built_reason = "built without CUDA";
+#endif
   return d;
 }
 
 BackendDescriptor cutlass_mla() {
   constexpr int kMinCc = 100;
   constexpr int kMaxCc = 109;
-  BackendDescriptor d =
-      cuda_descriptor("cutlass_mla", "MLA decode with 128-token pages", kMinCc, kMaxCc);
+  // Selection stays faithful to SGLang (cutlass_mla needs SM100) although the shared kernel
+  // family with its page-128 loader also runs on SM90, where its GPU tests exercise it.
+  BackendDescriptor d = cuda_descriptor(
+      "cutlass_mla",
+      "MLA decode with 128-token pages on the shared tensor-core MLA kernels (page-128 loader, "
+      "split-KV plan + LSE combine, bf16 and fp8_e4m3 cache); extend, 192/128 prefill and fp4 "
+      "KV via the portable SIMT kernels",
+      kMinCc, kMaxCc);
   d.mla = mla_row(fixed_pages({128}), true, true, true, true, false);
+  d.mla->fp8_e4m3_only = true;
+#ifdef ATTNKIT_WITH_CUDA
+  d.built = true;
+  d.not_built_reason.clear();
+  d.create = create_cutlass_mla_backend;
+#else
+  d.not_built_reason = "built without CUDA";
+#endif
   return d;
 }
 

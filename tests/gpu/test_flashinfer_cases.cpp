@@ -314,10 +314,11 @@ TEST(FlashInferPlanTest, GraphCapacityBoundsEveryPlan) {
 TEST(FlashInferPlanTest, PrefillTilesPackedRows) {
   flashinfer::PlanConfig cfg = h100_decode();
   cfg.shape = flashinfer::TileShape::kPrefill;
-  std::vector<flashinfer::PlanRequest> reqs = {{0, 17, 40}, {17, 0, 5}, {17, 16, 16}};
+  // One token more than a tile holds at group 4 -> 2 tiles; 0 tokens -> none; 64 rows -> 1 tile.
+  const int32_t n0 = flashinfer::kPrefillTileRows / 4 + 1;
+  std::vector<flashinfer::PlanRequest> reqs = {{0, n0, n0 + 23}, {n0, 0, 5}, {n0, 16, 16}};
   auto plan = flashinfer::build_work_plan(reqs, cfg);
   ASSERT_TRUE(plan.is_ok());
-  // 17 tokens x group 4 = 68 rows -> 2 tiles of 64; 0 tokens -> none; 64 rows -> 1 tile.
   ASSERT_EQ(plan->items.size(), 3u);
   EXPECT_EQ(plan->items[1].q_row_begin, flashinfer::kPrefillTileRows);
   EXPECT_EQ(plan->items[2].request, 2);

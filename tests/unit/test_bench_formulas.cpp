@@ -247,3 +247,29 @@ TEST(BenchCaseFile, ShippedCaseFilesParse) {
 
 }  // namespace
 }  // namespace attnkit::bench
+
+namespace attnkit::bench {
+namespace {
+
+TEST(BenchFormulas, MlaDecodeVerifyChainCountsEveryDraft) {
+  Result<CaseFile> f = parse_case_file_text(
+      R"({"kind": "mla_decode", "sweep": {"q_heads": [128], "batch": [2], "kv_len": [100],
+          "s_q": [1, 2]}})",
+      "<inline>");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  ASSERT_EQ(f->cases.size(), 2u);
+  const BenchCase& one = f->cases[0];
+  const BenchCase& two = f->cases[1];
+  EXPECT_EQ(two.name, "mla_decode_b2_kv100_sq2_p1_h128_d576v512_kvbf16");
+  EXPECT_EQ(attended_pairs_per_request(one), 100);
+  EXPECT_EQ(attended_pairs_per_request(two), 2 * 100 - 1);  // drafts see 99 and 100 keys
+  EXPECT_EQ(two.num_tokens(), 4);
+  EXPECT_DOUBLE_EQ(attention_flops(two), 2.0 * (576 + 512) * 128 * 2 * 199);
+  EXPECT_FALSE(parse_case_file_text(
+                   R"({"kind": "mla_decode", "cases": [{"q_heads": 16, "kv_len": 1, "s_q": 2}]})",
+                   "<inline>")
+                   .is_ok());
+}
+
+}  // namespace
+}  // namespace attnkit::bench

@@ -171,7 +171,7 @@ TEST(Registry, CreateChecksBuildPlatformKindAndPage) {
   BackendContext ctx;
   ctx.device = Device::cpu();
   ctx.page_size = 1;
-  Result<std::unique_ptr<AttentionBackend>> r = builtin_registry().create("flashmla", ctx);
+  Result<std::unique_ptr<AttentionBackend>> r = builtin_registry().create("trtllm_mla", ctx);
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotBuilt);
   EXPECT_NE(r.status().message().find("not implemented yet"), std::string::npos);

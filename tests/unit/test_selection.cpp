@@ -206,6 +206,37 @@ std::vector<Case> cases() {
          {"cutlass_mla", "cutlass_mla", 128, "auto", true}),
       err("cutlass_mla_needs_sm100", kDsR1, "sm90", backend("cutlass_mla"), kUnsupported,
           {"cutlass_mla", "needs CUDA sm100 family", "device is sm90"}),
+      ok("flashmla_page64_kept_without_warning", kDsR1, "sm90",
+         [](ServerArgs& a) {
+           a.attention_backend = "flashmla";
+           a.page_size = 64;
+         },
+         {"flashmla", "flashmla", 64, "auto", true}),
+      ok("flashmla_page128_forced_to_64", kDsR1, "sm90",
+         [](ServerArgs& a) {
+           a.attention_backend = "flashmla";
+           a.page_size = 128;
+         },
+         {"flashmla", "flashmla", 64, "auto", true, {"--page-size 128 -> 64"}}),
+      ok("cutlass_mla_page64_forced_to_128", kDsR1, "sm100",
+         [](ServerArgs& a) {
+           a.attention_backend = "cutlass_mla";
+           a.page_size = 64;
+         },
+         {"cutlass_mla", "cutlass_mla", 128, "auto", true, {"--page-size 64 -> 128"}}),
+      ok("cutlass_mla_page1_forced_to_128", kDsR1, "sm100",
+         [](ServerArgs& a) {
+           a.attention_backend = "cutlass_mla";
+           a.page_size = 1;
+         },
+         {"cutlass_mla", "cutlass_mla", 128, "auto", true, {"--page-size 1 -> 128"}}),
+      err("flashmla_fp8_e5m2_rejected", kDsR1, "sm90",
+          [](ServerArgs& a) {
+            a.attention_backend = "flashmla";
+            a.kv_cache_dtype = "fp8_e5m2";
+          },
+          kUnsupported,
+          {"fp8_e5m2 is not supported by --attention-backend flashmla", "fp8 KV only as fp8_e4m3"}),
       ok("trtllm_mla_page32_kept", kDsR1, "sm100",
          [](ServerArgs& a) {
            a.attention_backend = "trtllm_mla";
@@ -824,11 +855,11 @@ TEST(Selection, VirtualDeviceWarnsAboutUnbuiltBackend) {
   Result<ModelAttentionConfig> model = load(kDsR1);
   ASSERT_TRUE(model.is_ok());
   ServerArgs a;
-  a.attention_backend = "flashmla";
-  Result<Selection> s = resolve(a, *model, *device_by_name("sm90"));
+  a.attention_backend = "trtllm_mla";
+  Result<Selection> s = resolve(a, *model, *device_by_name("sm100"));
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   ASSERT_FALSE(s->warnings.empty());
-  EXPECT_NE(s->warnings.back().find("flashmla is not built in this binary (not implemented yet)"),
+  EXPECT_NE(s->warnings.back().find("trtllm_mla is not built in this binary (not implemented yet)"),
             std::string::npos)
       << s->warnings.back();
 }

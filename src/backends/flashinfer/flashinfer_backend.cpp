@@ -23,6 +23,7 @@
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
 #include "backends/flashinfer/kernels/mla_fp4_portable.h"
 #include "backends/flashinfer/kernels/work_plan.h"
+#include "backends/mla/mla_decode_engine.h"
 #include "backends/triton/kernels/simt_layout.h"
 #include "backends/triton/kernels/split_plan.h"
 #include "backends/triton/kernels/triton_kernels.h"
@@ -86,20 +87,33 @@ class PinnedStaging {
 // Everything a forward's layers share.
 struct Plan {
   bool valid = false;
-  bool portable = false;  // this forward runs on the portable SIMT path (the triton backend)
-  bool mla_fp4 = false;   // this forward runs MLA over an fp4 pool (run_mla_fp4_portable)
+  bool portable = false;    // this forward runs on the portable SIMT path (the triton backend)
+  bool mla_fp4 = false;     // this forward runs MLA over an fp4 pool (run_mla_fp4_portable)
+  bool mla_native = false;  // this forward runs on the shared tensor-core MLA decode kernels
   ForwardMode mode = ForwardMode::kIdle;
   int bs = 0;
   TileShape shape = TileShape::kDecode;
   int grid_items = 0;  // CTAs per kv head launched
-  bool merge = false;  // launch the split-KV merge
   bool split = false;  // some request is split (stats)
   const int32_t* words = nullptr;
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
+  int32_t* split_counters = nullptr;  // decode: [bs * q_tiles * Hkv] zeros (fused merge)
 };
 
 bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// Grows `a` to n counters; a new allocation is zeroed on `stream` (the decode kernel leaves the
+// counters zero after every launch).
+Status reserve_zeroed(DeviceArray<int32_t>& a, Device device, int64_t n, StreamHandle stream) {
+  const int64_t before = a.capacity;
+  ATTNKIT_RETURN_IF_ERROR(a.reserve(device, n));
+  if (a.capacity != before) {
+    ATTNKIT_CUDA_TRY(cudaMemsetAsync(a.data(), 0, static_cast<size_t>(a.capacity) * sizeof(int32_t),
+                                     cuda::to_stream(stream)));
+  }
+  return Status::ok();
+}
 int log2_exact(int v) {
   int s = 0;
   while ((1 << s) < v) ++s;
@@ -119,12 +133,14 @@ Status check_vec_aligned(const TensorView& t, const char* name) {
 class FlashInferBackend final : public AttentionBackend {
  public:
   FlashInferBackend(const BackendContext& ctx, int sm_count, int cc,
-                    std::unique_ptr<AttentionBackend> portable, std::string portable_reason)
+                    std::unique_ptr<AttentionBackend> portable, std::string portable_reason,
+                    std::unique_ptr<mla::MlaDecodeEngine> mla_engine)
       : ctx_(ctx),
         sm_count_(sm_count),
         cc_(cc),
         portable_(std::move(portable)),
-        ctx_portable_reason_(std::move(portable_reason)) {}
+        ctx_portable_reason_(std::move(portable_reason)),
+        mla_engine_(std::move(mla_engine)) {}
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("flashinfer");
@@ -169,6 +185,14 @@ class FlashInferBackend final : public AttentionBackend {
   }
   // The single answer to "tensor cores or the portable path" for this forward: "" = tensor cores.
   std::string portable_reason(const ForwardBatch& batch) const;
+  // Split counters of one decode request: one per (q tile, kv head).
+  int64_t decode_counters_per_request() const {
+    const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
+    return static_cast<int64_t>((group + flashinfer::kDecodeTileRows - 1) /
+                                flashinfer::kDecodeTileRows) *
+           std::max(1, ctx_.num_kv_heads);
+  }
+
   PlanConfig plan_config(TileShape shape, bool allow_split) const {
     PlanConfig c;
     c.shape = shape;
@@ -182,6 +206,11 @@ class FlashInferBackend final : public AttentionBackend {
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse, bool decode);
   Status plan_mla_fp4(const ForwardBatch& batch);
+  bool graph_mla_native(const TensorView& encoder_lens, ForwardMode mode,
+                        const SpecInfo* spec) const {
+    return mla_engine_ != nullptr && !encoder_lens.defined() &&
+           mla_engine_->why_not_graph(mode, spec).empty();
+  }
   Status run_mla_fp4(const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
                      bool save_kv, const TensorView& lse, bool decode);
@@ -199,6 +228,9 @@ class FlashInferBackend final : public AttentionBackend {
   int cc_ = 0;
   std::unique_ptr<AttentionBackend> portable_;
   std::string ctx_portable_reason_;  // non-empty: every forward is portable
+  // MLA contexts: absorbed decode / verify (topk 1) with a bf16 pool on the shared tensor-core MLA
+  // kernels (page-1 loader); nullptr when the device cannot run them.
+  std::unique_ptr<mla::MlaDecodeEngine> mla_engine_;
   Plan plan_;
   FlashInferStats stats_;
 
@@ -206,6 +238,7 @@ class FlashInferBackend final : public AttentionBackend {
   std::vector<int32_t> words_;
   DeviceArray<int32_t> plan_words_;
   DeviceArray<float> partial_out_, partial_lse_;
+  DeviceArray<int32_t> split_counters_;  // zeroed when allocated; the kernel leaves them zero
   PinnedStaging staging_;
 
   // MLA fp4 workspace.
@@ -223,6 +256,7 @@ class FlashInferBackend final : public AttentionBackend {
   int64_t graph_items_ = 0;
   DeviceArray<int32_t> graph_words_;
   DeviceArray<float> graph_partial_out_, graph_partial_lse_;
+  DeviceArray<int32_t> graph_split_counters_;
 };
 
 std::string FlashInferBackend::portable_reason(const ForwardBatch& batch) const {
@@ -251,6 +285,12 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   }
   const int bs = batch.batch_size;
   plan_.bs = bs;
+  if (mla_engine_ != nullptr && mla_engine_->why_not(batch).empty()) {
+    ATTNKIT_RETURN_IF_ERROR(mla_engine_->plan(batch, stream_for(batch)));
+    plan_.mla_native = true;
+    plan_.valid = true;
+    return Status::ok();
+  }
   if (mla_fp4_context(batch)) return plan_mla_fp4(batch);
   if (!portable_reason(batch).empty()) {
     ATTNKIT_RETURN_IF_ERROR(portable_or_error(portable_reason(batch).c_str()));
@@ -294,14 +334,16 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     const int64_t rows = static_cast<int64_t>(wp.num_partials) * ctx_.num_q_heads;
     ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
     ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, rows));
+    ATTNKIT_RETURN_IF_ERROR(
+        reserve_zeroed(split_counters_, ctx_.device, bs * decode_counters_per_request(), stream));
   }
   plan_.shape = shape;
   plan_.grid_items = static_cast<int>(wp.items.size());
-  plan_.merge = wp.any_split;
   plan_.split = wp.any_split;
   plan_.words = plan_words_.data();
   plan_.partial_out = partial_out_.data();
   plan_.partial_lse = partial_lse_.data();
+  plan_.split_counters = split_counters_.data();
   plan_.valid = true;
   return Status::ok();
 }
@@ -317,6 +359,10 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     return Status::invalid_argument(
         "flashinfer: forward called without a matching init_forward_metadata (mode " +
         std::string(forward_mode_name(batch.mode)) + ", batch_size " + str(batch.batch_size) + ")");
+  }
+  if (plan_.mla_native) {
+    ++stats_.native_calls;
+    return mla_engine_->run(q, k, v, out, layer, batch, save_kv, lse, stream_for(batch));
   }
   if (plan_.mla_fp4) {
     ++stats_.portable_calls;
@@ -395,6 +441,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   if (layer.sinks.defined()) p.sinks = layer.sinks.data_as<const float>();
   p.partial_out = plan_.partial_out;
   p.partial_lse = plan_.partial_lse;
+  p.split_counters = plan_.split_counters;
   p.num_q_heads = layer.num_q_heads;
   p.num_kv_heads = layer.num_kv_heads;
   p.group = layer.num_q_heads / layer.num_kv_heads;
@@ -410,18 +457,15 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   ++stats_.native_calls;
   if (plan_.split) ++stats_.split_calls;
   const int grid = plan_.grid_items;
-  const bool merge = plan_.merge;
   const TileShape shape = plan_.shape;
   return dispatch_value<flashinfer::NativeHeadDims>(
       ctx_.qk_head_dim, "flashinfer: head_dim", [&]<int kD>() -> Status {
         if constexpr (!flashinfer::head_dim_compiled(kD)) {
           return Status::unsupported("flashinfer: head_dim " + str(kD) + " is not compiled in");
         } else if (shape == TileShape::kDecode) {
-          return flashinfer::run_paged<kD, TileShape::kDecode>(p, q.dtype, kv_dtype, grid, merge,
-                                                               stream);
+          return flashinfer::run_paged<kD, TileShape::kDecode>(p, q.dtype, kv_dtype, grid, stream);
         } else {
-          return flashinfer::run_paged<kD, TileShape::kPrefill>(p, q.dtype, kv_dtype, grid, merge,
-                                                                stream);
+          return flashinfer::run_paged<kD, TileShape::kPrefill>(p, q.dtype, kv_dtype, grid, stream);
         }
       });
 }
@@ -588,6 +632,9 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   }
   if (!ctx_portable_reason_.empty()) {
     ATTNKIT_RETURN_IF_ERROR(portable_or_error(ctx_portable_reason_.c_str()));
+    if (mla_engine_ != nullptr) {
+      ATTNKIT_RETURN_IF_ERROR(mla_engine_->init_graph(max_bs, max_num_tokens));
+    }
     graph_portable_ = true;
     graph_ready_ = true;
     return portable_->init_cuda_graph_state(max_bs, max_num_tokens);
@@ -602,6 +649,9 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   const int64_t rows = graph_items_ * ctx_.num_q_heads;  // partials <= items
   ATTNKIT_RETURN_IF_ERROR(graph_partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
   ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(ctx_.device, rows));
+  ATTNKIT_RETURN_IF_ERROR(reserve_zeroed(graph_split_counters_, ctx_.device,
+                                         max_bs * decode_counters_per_request(), nullptr));
+  ATTNKIT_CUDA_TRY(cudaDeviceSynchronize());  // the counters are zero before any capture
   graph_max_bs_ = max_bs;
   graph_ready_ = true;
   graph_portable_ = false;
@@ -613,6 +663,14 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec) {
   if (!graph_ready_)
     return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
+  if (graph_mla_native(encoder_lens, mode, spec)) {
+    plan_ = Plan{};
+    plan_.valid = true;
+    plan_.mla_native = true;
+    plan_.mode = mode;
+    plan_.bs = bs;
+    return mla_engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream);
+  }
   if (graph_portable_) {
     ATTNKIT_RETURN_IF_ERROR(portable_->init_forward_metadata_capture_cuda_graph(
         bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, mode, spec));
@@ -642,10 +700,10 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   plan_.bs = bs;
   plan_.shape = TileShape::kDecode;
   plan_.grid_items = static_cast<int>(graph_items_);
-  plan_.merge = true;
   plan_.words = graph_words_.data();
   plan_.partial_out = graph_partial_out_.data();
   plan_.partial_lse = graph_partial_lse_.data();
+  plan_.split_counters = graph_split_counters_.data();
   graph_bs_ = bs;
   return Status::ok();
 }
@@ -656,6 +714,9 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     const int32_t* seq_lens_host) {
   if (!graph_ready_)
     return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
+  if (graph_mla_native(encoder_lens, mode, spec)) {
+    return mla_engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream);
+  }
   if (graph_portable_) {
     return portable_->init_forward_metadata_replay_cuda_graph(
         bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, mode, spec, seq_lens_host);
@@ -738,8 +799,16 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const Backen
                   "flashinfer: " + reason +
                       " needs the portable path, which failed: " + made.status().message());
   }
-  return std::unique_ptr<AttentionBackend>(
-      new FlashInferBackend(ctx, sm_count, cc, std::move(portable), std::move(reason)));
+  // MLA decode on the shared tensor-core kernels where the device can run them.
+  std::unique_ptr<mla::MlaDecodeEngine> mla_engine;
+  if (ctx.is_mla) {
+    constexpr int kTokenPage = 1;
+    Result<std::unique_ptr<mla::MlaDecodeEngine>> engine =
+        mla::MlaDecodeEngine::create(ctx, "flashinfer", kTokenPage, /*allow_fp8=*/false);
+    if (engine.is_ok()) mla_engine = std::move(engine).value();
+  }
+  return std::unique_ptr<AttentionBackend>(new FlashInferBackend(
+      ctx, sm_count, cc, std::move(portable), std::move(reason), std::move(mla_engine)));
 }
 
 }  // namespace attnkit

@@ -1,14 +1,14 @@
-// Paged attention instantiation: head dim 128, prefill tiles (empty unless 128 is in
-// ATTNKIT_HEAD_DIMS).
+// Paged attention instantiation: head dim 128, prefill kernel of paged_prefill_sm80.cuh (empty
+// unless 128 is in ATTNKIT_HEAD_DIMS).
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
-#include "backends/flashinfer/kernels/paged_attention_sm80.cuh"
+#include "backends/flashinfer/kernels/paged_prefill_sm80.cuh"
 
 #ifdef ATTNKIT_HEAD_DIM_128
 namespace attnkit::flashinfer {
 template <>
 Status run_paged<128, TileShape::kPrefill>(const PagedParams& p, DType q_dtype, DType kv_dtype,
-                                           int grid_items, bool merge, StreamHandle stream) {
-  return run_paged_impl<128, TileShape::kPrefill>(p, q_dtype, kv_dtype, grid_items, merge, stream);
+                                           int grid_items, StreamHandle stream) {
+  return run_paged_prefill_sm80<128>(p, q_dtype, kv_dtype, grid_items, stream);
 }
 }  // namespace attnkit::flashinfer
 #endif

@@ -1,14 +1,14 @@
-// Paged attention instantiation: head dim 80, prefill tiles (empty unless 80 is in
-// ATTNKIT_HEAD_DIMS).
+// Paged attention instantiation: head dim 80, prefill kernel of paged_prefill_sm80.cuh (empty
+// unless 80 is in ATTNKIT_HEAD_DIMS).
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
-#include "backends/flashinfer/kernels/paged_attention_sm80.cuh"
+#include "backends/flashinfer/kernels/paged_prefill_sm80.cuh"
 
 #ifdef ATTNKIT_HEAD_DIM_80
 namespace attnkit::flashinfer {
 template <>
 Status run_paged<80, TileShape::kPrefill>(const PagedParams& p, DType q_dtype, DType kv_dtype,
-                                          int grid_items, bool merge, StreamHandle stream) {
-  return run_paged_impl<80, TileShape::kPrefill>(p, q_dtype, kv_dtype, grid_items, merge, stream);
+                                          int grid_items, StreamHandle stream) {
+  return run_paged_prefill_sm80<80>(p, q_dtype, kv_dtype, grid_items, stream);
 }
 }  // namespace attnkit::flashinfer
 #endif

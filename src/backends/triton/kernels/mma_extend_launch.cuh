@@ -10,22 +10,39 @@
 
 namespace attnkit::triton {
 
-template <int kD, DType kQ, DType kKV>
-Status launch_mma_extend(const AttentionParams& p, int max_q_len, StreamHandle stream) {
-  using Traits = MmaExtendTraits<kD, kQ, kKV>;
+template <typename Traits>
+Status launch_mma_extend_traits(const AttentionParams& p, int max_q_len, StreamHandle stream) {
   using Kernel = MmaExtendKernel<Traits>;
   const int smem = static_cast<int>(Kernel::smem_bytes());
   // Opting in to more than 48 KB of dynamic shared memory is a per-function attribute; setting
   // it is idempotent and not a stream operation, so it is done once per instantiation.
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      mma_extend_kernel<Traits>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  // The shared-memory carveout is raised to its maximum so two blocks share an SM.
+  static const cudaError_t attr = [smem] {
+    const cudaError_t e = cudaFuncSetAttribute(mma_extend_kernel<Traits>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(mma_extend_kernel<Traits>,
+                                cudaFuncAttributePreferredSharedMemoryCarveout,
+                                cudaSharedmemCarveoutMaxShared);
+  }();
   ATTNKIT_CUDA_TRY(attr);
   const int m_tiles = (max_q_len + Traits::kBlockM - 1) / Traits::kBlockM;
   if (m_tiles == 0 || p.bs == 0) return Status::ok();
-  const dim3 grid(p.bs * m_tiles, p.num_q_heads);
-  mma_extend_kernel<Traits><<<grid, Traits::kThreads, smem, cuda::to_stream(stream)>>>(p);
+  // One-dimensional grid, numbered heaviest query tile first (see mma_extend.cuh).
+  const int64_t blocks = static_cast<int64_t>(p.bs) * m_tiles * p.num_q_heads;
+  if (blocks > 0x7fffffff) {
+    return Status::invalid_argument("triton: extend grid of " + std::to_string(blocks) +
+                                    " blocks (bs x query tiles x q heads) exceeds 2^31 - 1");
+  }
+  mma_extend_kernel<Traits>
+      <<<static_cast<unsigned>(blocks), Traits::kThreads, smem, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
+}
+
+template <int kD, DType kQ, DType kKV>
+Status launch_mma_extend(const AttentionParams& p, int max_q_len, StreamHandle stream) {
+  return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV>>(p, max_q_len, stream);
 }
 
 template <int kD, DType kQ>

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# One device call for the fa3 backend (issue 6): build the fa3 test + CLI, run the fa3 GPU tests,
+# time fa3 (ping-pong on and off) and flashinfer with `attnkit bench` on
+# bench/cases/fa3_prefill.json, then the trimmed torch peers (scripts/device/fa3_peers.py).
+# Runs ON the device machine from the repository root with .deps and .peers beside it:
+#   cd .wt/fa3 && ln -sfn ../../.deps .deps && bash scripts/device/fa3_check.sh
+# Knobs: STAGES="build test bench peers", HEAD_DIMS="64;128;256", TEST_TIMEOUT=90,
+#   TEST_ENV="ATTNKIT_FA3_FENCE_TMA=0" (environment of the full test run), BENCH_VARIANTS (fa3 env
+#   settings timed one after another, "default" = none), DIAG_VARIANTS (ATTNKIT_FA3_DIAG bit sets
+#   timed at S 8k d 128), BENCH_OTHERS (other backends at S 8k; "" = none), BENCH_TIMEOUT=60.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/out}"
+mkdir -p "$OUT"
+STAGES="${STAGES:-build test bench peers}"
+build="$root/build/device"
+summary="$OUT/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
+note "device: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | head -1) date: $(date -u +%Y-%m-%dT%H:%MZ)"
+
+if has_stage build; then
+  t0=$(date +%s)
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a-real -DATTNKIT_HEAD_DIMS="${HEAD_DIMS:-64;128;256}" \
+    -DCMAKE_PREFIX_PATH="$root/.deps" -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
+    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
+    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$OUT/build.log" 2>&1 || {
+    tail -30 "$OUT/build.log"; exit 1; }
+  ninja -C "$build" -j16 test_fa3_cases attnkit_cli >> "$OUT/build.log" 2>&1
+  rc=$?
+  note "build: rc=$rc in $(( $(date +%s) - t0 )) s"
+  [ $rc -ne 0 ] && { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+fi
+
+tests="$build/tests/test_fa3_cases"
+[ -x "$tests" ] || tests=$(find "$build" -name test_fa3_cases -type f | head -1)
+if has_stage test; then
+  t0=$(date +%s)
+  # shellcheck disable=SC2086
+  env ${TEST_ENV:-} timeout "${TEST_TIMEOUT:-90}" "$tests" --gtest_brief=1 > "$OUT/test.log" 2>&1
+  rc=$?
+  note "test (${TEST_ENV:-default}): rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED  \]" "$OUT/test.log" | head -20 | tee -a "$summary"
+  [ $rc -ne 0 ] && grep -E "rel_l2|Failure|Expected|differs|ran on" "$OUT/test.log" | head -20 | tee -a "$summary"
+  t0=$(date +%s)
+  ATTNKIT_FA3_OVERLAP=0 timeout 60 "$tests" --gtest_brief=1 --gtest_filter='*Long*:*d128*:*d256*:*page16*' > "$OUT/test_serial.log" 2>&1
+  note "test (serial schedule, subset): rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_serial.log" | tr '\n' ' ')"
+  grep -E "rel_l2|Failure" "$OUT/test_serial.log" | head -8 | tee -a "$summary"
+  t0=$(date +%s)
+  ATTNKIT_FA3_TMA=0 timeout 60 "$tests" --gtest_brief=1 --gtest_filter='*Long*:*page64*:*page128*:*page16*' > "$OUT/test_notma.log" 2>&1
+  note "test (cp.async only, subset): rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_notma.log" | tr '\n' ' ')"
+  grep -E "rel_l2|Failure" "$OUT/test_notma.log" | head -8 | tee -a "$summary"
+fi
+
+cli="$build/tools/attnkit/attnkit"
+if has_stage bench && [ -x "$cli" ]; then
+  # One bench.log: fa3 with each schedule variant (env knobs of the fa3 backend), then flashinfer.
+  args=(bench --cases bench/cases/fa3_prefill.json --device cuda --warmup 3 --iters 10)
+  : > "$OUT/bench.log"
+  for variant in ${BENCH_VARIANTS:-default ATTNKIT_FA3_TMA=0 ATTNKIT_FA3_OVERLAP=0}; do
+    echo "=== fa3 $variant" >> "$OUT/bench.log"
+    if [ "$variant" = default ]; then envs=(); else envs=("$variant"); fi
+    env "${envs[@]}" timeout "${BENCH_TIMEOUT:-60}" "$cli" "${args[@]}" --backend fa3 2>&1 |
+      grep -E "^fa3 |ceiling" >> "$OUT/bench.log"
+    note "bench fa3 $variant: rc=${PIPESTATUS[0]}"
+  done
+  # Time decomposition (wrong results): loads off, softmax off, GEMMs off, at 8k d 128.
+  for diag in ${DIAG_VARIANTS:-1 2 3 12 13}; do
+    echo "=== fa3 ATTNKIT_FA3_DIAG=$diag" >> "$OUT/bench.log"
+    ATTNKIT_FA3_DIAG=$diag timeout 30 "$cli" "${args[@]}" --backend fa3 --filter new8192_p16_h32x8_d128 2>&1 |
+      grep -E "^fa3 " >> "$OUT/bench.log"
+  done
+  if [ -n "${BENCH_OTHERS-flashinfer}" ]; then
+    echo "=== ${BENCH_OTHERS-flashinfer}" >> "$OUT/bench.log"
+    timeout 60 "$cli" "${args[@]}" --backend "${BENCH_OTHERS-flashinfer}" --filter "${OTHERS_FILTER:-new8192}" 2>&1 |
+      grep -vE "^\[" >> "$OUT/bench.log"
+    note "bench ${BENCH_OTHERS-flashinfer}: rc=${PIPESTATUS[0]}"
+  fi
+fi
+
+if has_stage peers; then
+  PYTHONUNBUFFERED=1 OUT="$OUT" timeout 60 python3 scripts/device/fa3_peers.py > "$OUT/peers.log" 2>&1
+  note "peers: rc=$?"
+fi
+
+echo "==================== summary ===================="
+cat "$summary"
+[ -f "$OUT/bench.log" ] && { echo "--- bench.log ---"; grep -vE "^\s*$" "$OUT/bench.log" | tail -50; }
+[ -f "$OUT/peers.log" ] && { echo "--- peers ---"; cat "$OUT/peers.log"; }
+exit 0

@@ -1,0 +1,73 @@
+"""Peers for the fa3 targets (issue 6), a trimmed .peers/torch_peers.py: the bf16 GEMM ceiling and
+PyTorch SDPA (cuDNN, FA2) prefill at the shapes of bench/cases/fa3_prefill.json (GQA 32/8, B x S =
+16k tokens), causal and bidirectional, timed the same way (median of 20 CUDA-event-timed calls
+after 5 warm-ups). No FlexAttention / decode (their torch.compile time does not fit one device
+call next to the build). Writes $OUT/fa3_peers.json; one line per case.
+"""
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+dev = torch.device("cuda")
+props = torch.cuda.get_device_properties(0)
+print(f"# {props.name} SMs={props.multi_processor_count} torch={torch.__version__} "
+      f"cudnn={torch.backends.cudnn.version()}", flush=True)
+results = []
+
+
+def bench(fn, iters=20, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        ts.append(s.elapsed_time(e))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def rec(name, shape, ms, tflops):
+    results.append(dict(name=name, shape=shape, ms=ms, tflops=tflops))
+    print(f"{name:12s} {shape:44s} {ms:8.3f} ms {tflops:7.1f} TFLOP/s", flush=True)
+
+
+a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+b = torch.randn_like(a)
+ms = bench(lambda: a @ b, iters=10)
+rec("gemm_bf16", "8192^3", ms, 2 * 8192**3 / ms / 1e9)
+del a, b
+
+cases = [(4, 4096, 128, True), (2, 8192, 128, True), (1, 16384, 128, True),
+         (4, 4096, 128, False), (2, 8192, 128, False), (1, 16384, 128, False),
+         (2, 8192, 64, True), (2, 8192, 256, True)]
+for B, S, d, causal in cases:
+    Hq, Hk = 32, 8
+    q = torch.randn(B, Hq, S, d, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(B, Hk, S, d, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(B, Hk, S, d, device=dev, dtype=torch.bfloat16)
+    kr = k.repeat_interleave(Hq // Hk, dim=1)
+    vr = v.repeat_interleave(Hq // Hk, dim=1)
+    flops = 4 * B * Hq * S * S * d / (2 if causal else 1)
+    shape = f"B={B} S={S} d={d} {'causal' if causal else 'bidir'}"
+    for name, be in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+                     ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel([be]):
+                ms = bench(lambda: F.scaled_dot_product_attention(q, kr, vr, is_causal=causal))
+            rec(name, shape, ms, flops / ms / 1e9)
+        except Exception as ex:  # noqa: BLE001
+            print(f"{name:12s} {shape:44s} unsupported: {str(ex)[:80]}", flush=True)
+    del q, k, v, kr, vr
+    torch.cuda.empty_cache()
+
+with open(os.path.join(os.environ.get("OUT", "."), "fa3_peers.json"), "w") as f:
+    json.dump(results, f, indent=1)

@@ -1,0 +1,55 @@
+# Torch SDPA peers (FlashAttention-2 and cuDNN backends) for the prefill shapes of
+# scripts/device/extend_prefill_quick.json: causal, GQA 32/8, bf16, no prefix. Writes
+# $OUT/prefill_peers.json and prints one line per measurement. Same timing method as
+# .peers/torch_peers.py (CUDA events, median after warm-up).
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def bench(fn, iters=20, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+results = []
+dev = "cuda"
+for B, S, d in [(4, 4096, 128), (2, 8192, 128), (1, 16384, 128), (4, 4096, 64), (1, 16384, 64),
+                (4, 4096, 256), (1, 16384, 256)]:
+    Hq, Hk = 32, 8
+    q = torch.randn(B, Hq, S, d, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(B, Hk, S, d, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(B, Hk, S, d, device=dev, dtype=torch.bfloat16)
+    kr = k.repeat_interleave(Hq // Hk, dim=1)
+    vr = v.repeat_interleave(Hq // Hk, dim=1)
+    flops = 4 * B * Hq * S * S * d / 2
+    for name, be in [("sdpa_flash", SDPBackend.FLASH_ATTENTION),
+                     ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)]:
+        try:
+            with sdpa_kernel([be]):
+                ms = bench(lambda: F.scaled_dot_product_attention(q, kr, vr, is_causal=True))
+            r = dict(name=name, B=B, S=S, d=d, ms=ms, tflops=flops / ms / 1e9)
+            results.append(r)
+            print(f"peer {name:11s} B={B} S={S} d={d}: {ms:8.3f} ms {r['tflops']:7.1f} TFLOP/s",
+                  flush=True)
+        except Exception as ex:  # a backend the build lacks
+            print(f"peer {name:11s} B={B} S={S} d={d}: unsupported: {str(ex)[:80]}")
+    del q, k, v, kr, vr
+    torch.cuda.empty_cache()
+with open(os.path.join(os.environ.get("OUT", "."), "prefill_peers.json"), "w") as f:
+    json.dump(results, f, indent=1)

@@ -1,0 +1,32 @@
+// Factory for the `fa3` backend (CUDA builds only); its descriptor lives in
+// src/registry/builtin.cpp.
+//
+// On SM90 (sm_90a code in the binary), extend / mixed / draft-extend forwards of MHA layers with
+// bf16 / f16 q and KV of the same dtype, head dim 64 / 128 / 256, and no sliding window, soft-cap,
+// sinks or encoder (cross-attention) tokens run the warp-specialised wgmma kernel
+// (kernels/prefill_sm90.cuh): cp.async page-table gather into a swizzled shared-memory ring,
+// mbarrier pipeline, two consumer warpgroups with wgmma QK^T and register-A P.V, causal block
+// skipping, persistent grid with longest-first tiles. Everything else -- decode, target verify,
+// window / soft-cap / sinks, fp8 KV, head dims 80 / 96, encoder batches, MLA, SM80, CUDA graphs --
+// runs on an owned `flashinfer` backend (mma.sync tensor-core kernels, which themselves hand MLA,
+// f32 and encoder batches to the portable triton kernels). fa3_stats() says which path ran.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "attnkit/backend.h"
+
+namespace attnkit {
+
+Result<std::unique_ptr<AttentionBackend>> create_fa3_backend(const BackendContext& ctx);
+
+// Per-layer call counters of an fa3 backend.
+struct Fa3Stats {
+  int64_t wgmma_calls = 0;       // the SM90 wgmma prefill kernel
+  int64_t flashinfer_calls = 0;  // delegated to the owned flashinfer backend
+};
+// The counters of a backend made by create_fa3_backend; nullptr for any other backend.
+const Fa3Stats* fa3_stats(const AttentionBackend& backend);
+
+}  // namespace attnkit

@@ -1,0 +1,40 @@
+// Host-facing entry points of the fa3 backend's SM90 kernels (no CUDA types). Each head dim is
+// its own translation unit (prefill_sm90_hd<d>.cu), compiled for sm_90a only.
+#pragma once
+
+#include "attnkit/dtype.h"
+#include "attnkit/status.h"
+#include "attnkit/tensor.h"
+#include "backends/fa3/kernels/fa3_params.h"
+#include "cuda/common/dispatch.h"
+
+namespace attnkit::fa3 {
+
+// Head dims of the wgmma prefill kernel.
+using WgmmaHeadDims = ValueList<64, 128, 256>;
+
+// Whether head dim d has a wgmma translation unit in this binary (in WgmmaHeadDims and in the
+// CMake ATTNKIT_HEAD_DIMS list; host code only).
+constexpr bool wgmma_head_dim_compiled(int d) {
+#ifdef ATTNKIT_HEAD_DIMS_LIST
+  constexpr int kBuilt[] = {ATTNKIT_HEAD_DIMS_LIST};
+  bool in_cmake = false;
+  for (int b : kBuilt) in_cmake = in_cmake || b == d;
+  return in_cmake && WgmmaHeadDims::contains(d);
+#else
+  (void)d;
+  return false;
+#endif
+}
+
+// Whether the wgmma kernel for head dim kD is in this binary as sm_90 machine code (false when
+// the library was built without 90a among its CUDA architectures).
+template <int kD>
+bool prefill_sm90_available();
+
+// Prefill/extend over the tiles of p.plan, persistent grid of min(units, sm_count) CTAs.
+// q dtype bf16 / f16; the pool holds the q dtype.
+template <int kD>
+Status run_prefill_sm90(const Fa3Params& p, DType q_dtype, int sm_count, StreamHandle stream);
+
+}  // namespace attnkit::fa3

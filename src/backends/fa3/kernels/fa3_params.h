@@ -1,0 +1,81 @@
+// The data the fa3 backend's SM90 prefill kernel reads: the per-forward plan (requests and
+// query tiles, written by the host planner into a device workspace) and the per-layer Params POD
+// passed as `const __grid_constant__`. Plain C++ (no CUDA types), shared by host and device.
+//
+// Vocabulary:
+//  * tile: kBlockM = 128 consecutive new tokens of one request and one q head (two consumer
+//    warpgroups of 64 rows each). Work unit u = tile * num_q_heads + q head, so the q heads of one
+//    kv head are neighbours in the schedule (their K/V reads share L2).
+//  * key k of a request is decoder token k of its req_to_token row; its pool slot comes from the
+//    page table read in place: slot(k) = req_to_token[row, k - k % page_size] + k % page_size.
+//  * query i (0-based among the request's q_len new tokens) sits at position kv_len - q_len + i.
+#pragma once
+
+#include <cstdint>
+
+namespace attnkit::fa3 {
+
+inline constexpr int kBlockM = 128;  // query rows per tile (2 consumer warpgroups x 64)
+// Keys per block of the pipeline (d 256 keeps it at 64 for the register budget).
+constexpr int key_block(int head_dim) { return head_dim <= 128 ? 128 : 64; }
+
+// Opaque copy of a CUtensorMap (the driver's 128-byte TMA descriptor), so that this header needs
+// no CUDA types; the kernel passes its address to cp.async.bulk.tensor.
+struct alignas(64) TmaDesc {
+  uint64_t words[16] = {};
+};
+
+// Plan layout (int32 words): [kPlanHeaderWords][bs x kRequestWords][tiles x kTileWords].
+// Request: q_start, q_len, kv_len, 0. Tile: request, m_block (tiles sorted by descending key
+// count, so a persistent CTA's static stride over the list takes the longest work first).
+inline constexpr int kPlanHeaderWords = 4;
+inline constexpr int kRequestWords = 4;
+inline constexpr int kTileWords = 2;
+
+struct Fa3Params {
+  // TMA descriptors of this layer's K / V buffers as 3D tensors {D, Hkv, rows} with boxes of
+  // {64, 1, tma_rows} in the 128-byte swizzle; tma_rows = 0: every key block is gathered with
+  // cp.async. With tma_rows > 0 (= min(page_size, key block); pages of >= 8 rows that tile the key
+  // block), full key blocks are loaded one page box at a time, the last partial block by cp.async
+  // (its rows past kv_len are zero-filled, never read from the pool).
+  TmaDesc tma_k, tma_v;
+  int tma_rows = 0;
+  // 1: the consumers fence (fence.proxy.async) after every full-barrier wait, TMA blocks too
+  // (measured default); 0: only after blocks gathered by cp.async (TMA writes are already in the
+  // async proxy that wgmma reads). Not yet measured: ATTNKIT_FA3_FENCE_TMA=0 is the A/B knob.
+  int fence_tma = 1;
+  // Diagnostics only (wrong results; timing decomposition): bit 1 = the producer loads nothing,
+  // 2 = no softmax (P = raw S). (GEMM-off bits are not offered: a branch around a wgmma makes
+  // ptxas serialise every wgmma of the kernel.)
+  int diag = 0;
+
+  const void* q = nullptr;  // [T, Hq, D] bf16/f16
+  int64_t q_stride_token = 0, q_stride_head = 0;
+  void* out = nullptr;  // [T, Hq, D] q dtype
+  int64_t o_stride_token = 0, o_stride_head = 0;
+  float* lse = nullptr;  // [T, Hq] f32 natural-log LSE; nullptr = not requested
+  int64_t lse_stride_token = 0, lse_stride_head = 0;
+
+  const void* k_pool = nullptr;  // [rows, Hkv, D] q dtype
+  const void* v_pool = nullptr;  // [rows, Hkv, D] q dtype
+  int64_t k_stride_row = 0, k_stride_head = 0;
+  int64_t v_stride_row = 0, v_stride_head = 0;
+
+  const int32_t* req_to_token = nullptr;  // [max_reqs + 1, req_to_token_stride]
+  int64_t req_to_token_stride = 0;
+  const int32_t* req_pool_indices = nullptr;  // [bs] row of each request
+  int page_size = 1;
+
+  const int32_t* plan = nullptr;  // header + [bs] requests + [num_tiles] tiles (see above)
+  int bs = 0;
+  int num_tiles = 0;
+
+  int num_q_heads = 0;
+  int group = 1;           // num_q_heads / num_kv_heads
+  float scale_log2 = 0.f;  // scaling * log2(e): logits straight to the exp2 domain
+  int causal = 1;          // 1: key k visible when k <= query position; 0: every key
+  int pingpong = 1;        // 1: the consumer warpgroups alternate their GEMMs (named barriers)
+  int overlap = 1;         // 1: softmax of block n overlaps the P V GEMM of block n + 1
+};
+
+}  // namespace attnkit::fa3

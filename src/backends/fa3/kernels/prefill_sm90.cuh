@@ -1,0 +1,549 @@
+// The fa3 backend's SM90 prefill/extend kernel: warp-specialised, one CTA per SM (persistent).
+//
+//   warpgroup 0 (producer, 40 registers): gathers the Q tile and the K/V tiles of every key block
+//     through the page table with 16-byte cp.async into a kStages-deep shared-memory ring laid
+//     out in the 128-byte swizzle that the wgmma descriptors read; completion is published on
+//     mbarriers (full) after a proxy fence, and a stage is refilled only after the consumers
+//     release it (empty).
+//   warpgroups 1, 2 (consumers, 232 registers): 64 query rows each. Per key block:
+//     S = Q K^T (wgmma m64nNk16, A and B from shared memory, f32 accumulators), causal / length
+//     mask, online softmax in registers (exp2 domain), P converted in registers to the A fragment,
+//     O += P V (wgmma with A from registers, V read MN-major through the transposing descriptor).
+//   Key blocks run from the last (the only ones that need the causal mask) down to the first.
+//
+// Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
+//   Q [kBlockM x D] | K [kStages][kBlockN x D] | V [kStages][kBlockN x D] | mbarriers
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backends/fa3/kernels/fa3_params.h"
+#include "cuda/sm90/sm90_primitives.cuh"
+#include "cuda/sm90/wgmma_sm90.cuh"
+
+namespace attnkit::fa3 {
+
+template <int kD, bool kBf16>
+struct PrefillTraits {
+  static_assert(kD == 64 || kD == 128 || kD == 256, "fa3 wgmma head dims: 64, 128, 256");
+  static constexpr int kHeadDim = kD;
+  static constexpr int kBlockM = fa3::kBlockM;
+  // Registers per consumer thread: O kD/2 + S kBlockN/2 + P kBlockN/4 f32 words; d 256 keeps the
+  // key block at 64 so that 128 + 32 + 16 fits under the 232-register budget.
+  static constexpr int kBlockN = key_block(kD);
+  // 3 stages fit at d <= 128 (d 128: Q 32 KB + 3 x 64 KB = 224 KB of the 227 KB per block).
+  static constexpr int kStages = kD <= 128 ? 3 : 2;
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(128 * kProducerRegs + 128 * kConsumerWarpgroups * kConsumerRegs <= 65536,
+                "register budget of one CTA per SM");
+  static constexpr int kChunksPerRow = kD / 8;  // 16-byte chunks
+  static constexpr int kQBytes = kBlockM * kD * 2;
+  static constexpr int kKVBytes = kBlockN * kD * 2;
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
+  static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
+  // q_full, q_empty, then per stage k_full, v_full, empty.
+  static constexpr int kNumBarriers = 2 + 3 * kStages;
+  static constexpr int kAlign = 1024;
+  static constexpr int kSmemBytes = kBarOffset + kNumBarriers * 8 + kAlign;
+  static_assert(kQBytes % kAlign == 0 && kKVBytes % kAlign == 0, "1024-byte swizzle atoms");
+  // Producer gather: each warp owns kBlockN / 4 rows of a K/V tile; one row's slot per lane.
+  static constexpr int kRowsPerWarp = kBlockN / 4;
+  static constexpr int kRowsPerPass = 32 / kChunksPerRow;  // rows one warp copies per pass
+  static_assert(kRowsPerWarp <= 32 && kChunksPerRow <= 32 && 32 % kChunksPerRow == 0, "gather");
+  static constexpr int kKVPasses = kRowsPerWarp / kRowsPerPass;
+  static constexpr int kQPasses = kBlockM * kChunksPerRow / 128;
+};
+
+// One work unit's geometry, decoded identically by producer and consumers.
+struct TileInfo {
+  int request, q_start, q_len, kv_len, m0, head, n_blocks, causal_limit;
+};
+
+template <typename Tr>
+__device__ __forceinline__ TileInfo decode_tile(const Fa3Params& p, int unit) {
+  TileInfo t;
+  const int tile = unit / p.num_q_heads;
+  t.head = unit - tile * p.num_q_heads;
+  const int32_t* tw = p.plan + kPlanHeaderWords + p.bs * kRequestWords + tile * kTileWords;
+  t.request = tw[0];
+  t.m0 = tw[1] * Tr::kBlockM;
+  const int32_t* rw = p.plan + kPlanHeaderWords + t.request * kRequestWords;
+  t.q_start = rw[0];
+  t.q_len = rw[1];
+  t.kv_len = rw[2];
+  // Last key any row of the tile may see (+1).
+  const int prefix = t.kv_len - t.q_len;
+  t.causal_limit = prefix + t.m0;  // position of the tile's first row
+  const int n_end = p.causal ? min(t.kv_len, prefix + t.m0 + Tr::kBlockM) : t.kv_len;
+  t.n_blocks = (n_end + Tr::kBlockN - 1) / Tr::kBlockN;
+  return t;
+}
+
+// Whether key block nb of tile t is loaded by TMA page boxes (else by the cp.async gather): the
+// producer's choice, recomputed by the consumers for their proxy fences.
+template <typename Tr>
+__device__ __forceinline__ bool block_uses_tma(const Fa3Params& p, const TileInfo& t, int nb) {
+  return p.tma_rows > 0 && (nb + 1) * Tr::kBlockN <= t.kv_len && (p.diag & 1) == 0;
+}
+
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  if constexpr (kBf16) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// ---- producer ----
+
+template <typename Tr>
+__device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
+  using namespace sm90;
+  constexpr int kD = Tr::kHeadDim;
+  constexpr int C = Tr::kChunksPerRow;
+  const int tid = threadIdx.x;  // 0..127
+  const int warp = tid / 32, lane = tid % 32;
+  const uint32_t base = smem_addr(smem);
+  const uint32_t sQ = base + Tr::kQOffset;
+  const uint32_t bars = base + Tr::kBarOffset;
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  auto k_full = [&](int s) { return bars + 16 + 24 * s; };
+  auto v_full = [&](int s) { return bars + 16 + 24 * s + 8; };
+  auto empty = [&](int s) { return bars + 16 + 24 * s + 16; };
+  const char* q_base = static_cast<const char*>(p.q);
+  const char* k_base = static_cast<const char*>(p.k_pool);
+  const char* v_base = static_cast<const char*>(p.v_pool);
+
+  // Each thread's cp.asyncs of a tile arrive on the tile's full barrier when they land
+  // (cp.async.mbarrier.arrive.noinc: counts as one of the barrier's 128 expected arrivals), so the
+  // producer never waits for its own copies: it runs ahead of the consumers by up to kStages key
+  // blocks, gated only by the empty barriers.
+  int it = 0;
+  int tcount = 0;
+  const int units = p.num_tiles * p.num_q_heads;
+  for (int unit = blockIdx.x; unit < units; unit += gridDim.x, ++tcount) {
+    const TileInfo t = decode_tile<Tr>(p, unit);
+    const int kvh = t.head / p.group;
+    const int32_t* pt = p.req_to_token +
+                        static_cast<int64_t>(p.req_pool_indices[t.request]) * p.req_to_token_stride;
+    // The pool slot of row warp * kRowsPerWarp + lane of key block nb (-1: past kv_len, the row is
+    // zero-filled). Loaded one block ahead so the page-table latency hides behind the empty wait.
+    auto slot_of = [&](int nb) {
+      const int key = nb * Tr::kBlockN + warp * Tr::kRowsPerWarp + lane;
+      if (nb < 0 || lane >= Tr::kRowsPerWarp || key >= t.kv_len) return -1;
+      const int in_page = key % p.page_size;
+      return pt[key - in_page] + in_page;
+    };
+    int my_slot = slot_of(t.n_blocks - 1);
+
+    // Q tile: row r = token m0 + r of the request (rows past q_len are zero-filled).
+    mbar_wait(q_empty, (tcount & 1) ^ 1);
+#pragma unroll 4
+    for (int i = 0; i < Tr::kQPasses; ++i) {
+      const int c = tid + 128 * i;
+      const int row = c / C, chunk = c % C;
+      const int token = t.m0 + row;
+      const bool valid = token < t.q_len;
+      const char* src =
+          valid ? q_base + ((static_cast<int64_t>(t.q_start + token) * p.q_stride_token +
+                             static_cast<int64_t>(t.head) * p.q_stride_head + chunk * 8) *
+                            2)
+                : q_base;
+      cp_async_16(sQ + swizzle_offset(Tr::kBlockM, row, chunk), src, valid ? 16 : 0);
+    }
+    cp_async_arrive_noinc(q_full);
+
+    for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
+      const int stage = it % Tr::kStages;
+      const uint32_t phase = (it / Tr::kStages) & 1;
+      mbar_wait(empty(stage), phase ^ 1);
+      const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
+      const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
+      if (p.diag & 1) {
+        mbar_arrive(k_full(stage));
+        mbar_arrive(v_full(stage));
+      } else if (block_uses_tma<Tr>(p, t, nb)) {
+        // Full block, pages of tma_rows rows: the first thread of each page box issues its TMA
+        // copies; thread 0 arms the transaction count, every thread arrives once.
+        const int row = warp * Tr::kRowsPerWarp + lane;
+        const bool issuer = lane < Tr::kRowsPerWarp && row % p.tma_rows == 0;
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+          const uint32_t tile = kv == 0 ? sK : sV;
+          const uint32_t bar = kv == 0 ? k_full(stage) : v_full(stage);
+          if (issuer) {
+#pragma unroll
+            for (int cb = 0; cb < kD / 64; ++cb) {
+              tma_load_3d(tile + cb * Tr::kBlockN * 128 + row * 128, kv == 0 ? &p.tma_k : &p.tma_v,
+                          cb * 64, kvh, my_slot, bar);
+            }
+          }
+          if (tid == 0) {
+            mbar_arrive_expect_tx(bar, Tr::kKVBytes);
+          } else {
+            mbar_arrive(bar);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+          const char* pool = kv == 0 ? k_base : v_base;
+          const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
+          const int64_t head_off =
+              static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
+          const uint32_t tile = kv == 0 ? sK : sV;
+#pragma unroll 4
+          for (int pass = 0; pass < Tr::kKVPasses; ++pass) {
+            const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
+            const int chunk = lane % C;
+            const int slot = __shfl_sync(0xffffffffu, my_slot, r_in_warp);
+            const int row = warp * Tr::kRowsPerWarp + r_in_warp;
+            const char* src =
+                slot >= 0
+                    ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 8) * 2
+                    : pool;
+            cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
+          }
+          cp_async_arrive_noinc(kv == 0 ? k_full(stage) : v_full(stage));
+        }
+      }
+      my_slot = slot_of(nb - 1);
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// ---- consumers ----
+
+// One consumer warpgroup's view of the pipeline: barriers, tiles, the ping-pong turn.
+template <typename Tr, bool kBf16>
+struct ConsumerCtx {
+  static constexpr int kD = Tr::kHeadDim;
+  static constexpr int kN = Tr::kBlockN;
+  static constexpr int kS = kN / 2;  // S accumulators per thread
+  static constexpr int kO = kD / 2;  // O accumulators per thread
+  uint32_t base, sQ, bars;
+  int g, warp, lane;
+  bool pingpong;
+
+  __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 16 + 24 * s; }
+  __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 16 + 24 * s + 8; }
+  __device__ __forceinline__ uint32_t empty(int s) const { return bars + 16 + 24 * s + 16; }
+  __device__ __forceinline__ uint32_t sK(int s) const {
+    return base + Tr::kKOffset + s * Tr::kKVBytes;
+  }
+  __device__ __forceinline__ uint32_t sV(int s) const {
+    return base + Tr::kVOffset + s * Tr::kKVBytes;
+  }
+  // Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barriers 1 and 2,
+  // 256 threads: 128 arrive from the other warpgroup, 128 sync here), so one's softmax runs while
+  // the other's wgmmas keep the tensor cores busy. Warpgroup 1 opens with a pass to warpgroup 0
+  // and skips its very last pass, so every sync has exactly one matching arrive.
+  __device__ __forceinline__ void turn_wait() const {
+    if (pingpong) asm volatile("bar.sync %0, 256;" ::"r"(1 + g) : "memory");
+  }
+  __device__ __forceinline__ void turn_pass() const {
+    if (pingpong) asm volatile("bar.arrive %0, 256;" ::"r"(2 - g) : "memory");
+  }
+
+  // Waits for block `it`'s K (or V); `fence`: make cp.async (generic proxy) data visible to the
+  // wgmma (async proxy) reads.
+  __device__ __forceinline__ void wait_full(uint32_t bar, int it, bool fence) const {
+    sm90::mbar_wait(bar, (it / Tr::kStages) & 1);
+    if (fence) sm90::fence_proxy_async();
+  }
+  // No branch may guard a wgmma: ptxas then serialises every wgmma of the kernel (C7520: a
+  // compiler-inserted warpgroup.arrive on a divergent path), which removes all GEMM overlap.
+  __device__ __forceinline__ void issue_qk(float (&s)[kS], int stage) const {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      sm90::wgmma_ss<kN, kBf16, 0>(s, sm90::desc_k_major(sQ, Tr::kBlockM, kk),
+                                   sm90::desc_k_major(sK(stage), kN, kk), kk > 0 ? 1 : 0);
+    }
+  }
+  __device__ __forceinline__ void issue_pv(float (&o)[kO], const uint32_t (&pa)[kN / 16][4],
+                                           int stage) const {
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      sm90::wgmma_rs<kD, kBf16, 1>(o, pa[kk], sm90::desc_mn_major(sV(stage), kN, kk), 1);
+    }
+  }
+};
+
+// Online-softmax state of this thread's two rows (r, r + 8), exp2 domain.
+template <typename Tr, bool kBf16>
+struct RowSoftmax {
+  static constexpr int kN = Tr::kBlockN;
+  float m[2], l[2];
+
+  // Masks block nb of S (keys past kv_len; causal: keys after the row's position), turns it into
+  // P = exp2(S * scale_log2 - m_new) in place, updates m and l, returns the O rescale factors.
+  __device__ __forceinline__ void step(float (&s)[kN / 2], const Fa3Params& p, const TileInfo& t,
+                                       int nb, int g, int lane, int qpos0, float (&corr)[2]) {
+    if (p.diag & 2) {
+      corr[0] = corr[1] = 1.f;
+      return;
+    }
+    const float kNegInf = -__int_as_float(0x7f800000);
+    const int n0 = nb * kN;
+    const bool need_mask =
+        n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+    if (need_mask) {
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = n0 + 8 * j + 2 * (lane % 4) + (e & 1);
+          const int qpos = qpos0 + 8 * (e >> 1);
+          const bool visible = key < t.kv_len && (!p.causal || key <= qpos);
+          if (!visible) s[4 * j + e] = kNegInf;
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx * p.scale_log2);
+      const float m_use = m_new == kNegInf ? 0.f : m_new;
+      corr[h] = sm90::exp2_approx(m[h] - m_use);  // m = -inf -> 0
+      m[h] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          const float v = sm90::exp2_approx(fmaf(s[4 * j + e], p.scale_log2, -m_use));
+          s[4 * j + e] = v;
+          sum += v;
+        }
+      }
+      l[h] = l[h] * corr[h] + sum;
+    }
+  }
+};
+
+// P (f32 accumulator layout) -> the wgmma A fragment (k-step kk: keys 16kk .. 16kk + 15).
+template <int kN, bool kBf16>
+__device__ __forceinline__ void pack_p(const float (&s)[kN / 2], uint32_t (&pa)[kN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk) {
+    pa[kk][0] = pack2<kBf16>(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = pack2<kBf16>(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack2<kBf16>(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack2<kBf16>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+template <int kD>
+__device__ __forceinline__ void rescale_o(float (&o)[kD / 2], const float (&corr)[2]) {
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j) {
+    o[4 * j + 0] *= corr[0];
+    o[4 * j + 1] *= corr[0];
+    o[4 * j + 2] *= corr[1];
+    o[4 * j + 3] *= corr[1];
+  }
+}
+
+template <typename Tr, bool kBf16>
+__device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int g) {
+  using namespace sm90;
+  using Ctx = ConsumerCtx<Tr, kBf16>;
+  constexpr int kD = Tr::kHeadDim;
+  constexpr int kN = Tr::kBlockN;
+  const int tid = threadIdx.x - 128 * (g + 1);
+  Ctx c;
+  c.base = smem_addr(smem);
+  c.sQ = c.base + Tr::kQOffset + g * 64 * 128;  // this warpgroup's 64 rows
+  c.bars = c.base + Tr::kBarOffset;
+  c.g = g;
+  c.warp = tid / 32;
+  c.lane = tid % 32;
+  c.pingpong = p.pingpong != 0;
+  const int lane = c.lane;
+  const uint32_t q_full = c.bars, q_empty = c.bars + 8;
+  const float kNegInf = -__int_as_float(0x7f800000);
+  if (g == 1) c.turn_pass();
+
+  int it = 0;
+  int tcount = 0;
+  const int units = p.num_tiles * p.num_q_heads;
+  for (int unit = blockIdx.x; unit < units; unit += gridDim.x, ++tcount) {
+    const TileInfo t = decode_tile<Tr>(p, unit);
+    const bool last_unit = unit + static_cast<int>(gridDim.x) >= units;
+    // This thread's two rows (r, r + 8) within the tile and their query positions.
+    const int row0 = g * 64 + c.warp * 16 + lane / 4;
+    const int qpos0 = t.causal_limit + row0;
+    float o[Ctx::kO];
+#pragma unroll
+    for (int i = 0; i < Ctx::kO; ++i) o[i] = 0.f;
+    RowSoftmax<Tr, kBf16> sm;
+    sm.m[0] = sm.m[1] = kNegInf;
+    sm.l[0] = sm.l[1] = 0.f;
+    float corr[2];
+    float s[Ctx::kS];
+    uint32_t pa[kN / 16][4];
+
+    mbar_wait(q_full, tcount & 1);
+    fence_proxy_async();  // Q always arrives by cp.async
+    auto fence_for = [&](int nb) { return p.fence_tma != 0 || !block_uses_tma<Tr>(p, t, nb); };
+    if (p.overlap) {
+      // Intra-warpgroup overlap: S(next) = Q K(next)^T and O += P(cur) V(cur) are issued
+      // together; the softmax of S(next) runs while the P V GEMM is in flight.
+      int it_c = it;
+      int nb = t.n_blocks - 1;
+      c.wait_full(c.k_full(it_c % Tr::kStages), it_c, fence_for(nb));
+      c.turn_wait();
+      wgmma_fence();
+      c.issue_qk(s, it_c % Tr::kStages);
+      wgmma_commit();
+      c.turn_pass();
+      wgmma_wait<0>();
+      fence_regs(s);
+      if (nb == 0) mbar_arrive(q_empty);
+      sm.step(s, p, t, nb, g, lane, qpos0, corr);
+      pack_p<kN, kBf16>(s, pa);
+      for (--nb; nb >= 0; --nb) {
+        const int it_n = it_c + 1;
+        const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
+        c.wait_full(c.k_full(stage_n), it_n, fence_for(nb));
+        c.wait_full(c.v_full(stage_c), it_c, fence_for(nb + 1));
+        fence_regs(o);
+        c.turn_wait();
+        wgmma_fence();
+        c.issue_qk(s, stage_n);
+        wgmma_commit();
+        c.issue_pv(o, pa, stage_c);
+        wgmma_commit();
+        c.turn_pass();
+        wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
+        fence_regs(s);
+        if (nb == 0) mbar_arrive(q_empty);
+        sm.step(s, p, t, nb, g, lane, qpos0, corr);
+        wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(c.empty(stage_c));
+        pack_p<kN, kBf16>(s, pa);
+        rescale_o<kD>(o, corr);
+        it_c = it_n;
+      }
+      const int stage_c = it_c % Tr::kStages;
+      c.wait_full(c.v_full(stage_c), it_c, fence_for(0));
+      fence_regs(o);
+      c.turn_wait();
+      wgmma_fence();
+      c.issue_pv(o, pa, stage_c);
+      wgmma_commit();
+      if (g == 0 || !last_unit) c.turn_pass();
+      wgmma_wait<0>();
+      fence_regs(o);
+      mbar_arrive(c.empty(stage_c));
+      it = it_c + 1;
+    } else {
+      // Serial: S = Q K^T, softmax, O += P V, one block at a time.
+      for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
+        const int stage = it % Tr::kStages;
+        c.wait_full(c.k_full(stage), it, fence_for(nb));
+        c.turn_wait();
+        wgmma_fence();
+        c.issue_qk(s, stage);
+        wgmma_commit();
+        c.turn_pass();
+        wgmma_wait<0>();
+        fence_regs(s);
+        if (nb == 0) mbar_arrive(q_empty);  // the tile's last read of Q
+        sm.step(s, p, t, nb, g, lane, qpos0, corr);
+        pack_p<kN, kBf16>(s, pa);
+        rescale_o<kD>(o, corr);
+        c.wait_full(c.v_full(stage), it, fence_for(nb));
+        fence_regs(o);
+        c.turn_wait();
+        wgmma_fence();
+        c.issue_pv(o, pa, stage);
+        wgmma_commit();
+        if (g == 0 || nb > 0 || !last_unit) c.turn_pass();
+        wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(c.empty(stage));
+      }
+    }
+
+    // Epilogue: O / l, natural-log LSE.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = sm.l[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const int token = t.m0 + row0 + 8 * h;
+      if (token < t.q_len) {
+        const int64_t trow = t.q_start + token;
+        auto* out = static_cast<uint32_t*>(p.out);
+        const int64_t obase =
+            (trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) / 2;
+#pragma unroll
+        for (int j = 0; j < kD / 8; ++j) {
+          const int col = 8 * j + 2 * (lane % 4);
+          out[obase + col / 2] = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+        }
+        if (p.lse != nullptr && lane % 4 == 0) {
+          constexpr float kLn2 = 0.693147180559945309f;
+          const float m_use = sm.m[h] == kNegInf ? 0.f : sm.m[h];
+          p.lse[trow * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =
+              sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
+        }
+      }
+    }
+  }
+}
+
+// grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
+template <int kD, bool kBf16>
+__global__ void __launch_bounds__(PrefillTraits<kD, kBf16>::kThreads, 1)
+    prefill_sm90_kernel(const __grid_constant__ Fa3Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = PrefillTraits<kD, kBf16>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = sm90::smem_addr(smem_raw);
+  uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);
+  const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(bars, 128);                                // q_full: producer threads
+    sm90::mbar_init(bars + 8, 128 * Tr::kConsumerWarpgroups);  // q_empty: consumer threads
+    for (int s = 0; s < Tr::kStages; ++s) {
+      sm90::mbar_init(bars + 16 + 24 * s, 128);                                 // k_full
+      sm90::mbar_init(bars + 16 + 24 * s + 8, 128);                             // v_full
+      sm90::mbar_init(bars + 16 + 24 * s + 16, 128 * Tr::kConsumerWarpgroups);  // empty
+    }
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    sm90::setmaxnreg_dec<Tr::kProducerRegs>();
+    producer<Tr>(p, smem);
+  } else {
+    sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
+    consumer<Tr, kBf16>(p, smem, wg - 1);
+  }
+#endif
+}
+
+}  // namespace attnkit::fa3

@@ -1,0 +1,56 @@
+// Launch glue of the SM90 prefill kernel (included by the per-head-dim translation units).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "backends/fa3/kernels/fa3_kernels.h"
+#include "backends/fa3/kernels/prefill_sm90.cuh"
+#include "cuda/common/cuda_check.cuh"
+
+namespace attnkit::fa3 {
+
+template <int kD, bool kBf16>
+Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream) {
+  using Tr = PrefillTraits<kD, kBf16>;
+  auto kernel = prefill_sm90_kernel<kD, kBf16>;
+  ATTNKIT_CUDA_TRY(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
+  if (units == 0) return Status::ok();
+  const int grid = static_cast<int>(std::min<int64_t>(units, sm_count));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
+  ATTNKIT_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+template <int kD>
+bool available_impl() {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, prefill_sm90_kernel<kD, true>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.binaryVersion == 90;
+}
+
+}  // namespace attnkit::fa3
+
+// Explicit instantiations of the host entry points for one head dim.
+#define ATTNKIT_FA3_PREFILL_SM90(kD)                                                              \
+  namespace attnkit::fa3 {                                                                        \
+  template <>                                                                                     \
+  bool prefill_sm90_available<kD>() {                                                             \
+    static const bool ok = available_impl<kD>();                                                  \
+    return ok;                                                                                    \
+  }                                                                                               \
+  template <>                                                                                     \
+  Status run_prefill_sm90<kD>(const Fa3Params& p, DType q_dtype, int sm_count,                    \
+                              StreamHandle stream) {                                              \
+    if (q_dtype == DType::kBF16) return launch_prefill_sm90<kD, true>(p, sm_count, stream);       \
+    if (q_dtype == DType::kF16) return launch_prefill_sm90<kD, false>(p, sm_count, stream);       \
+    return Status::unsupported(std::string("fa3: wgmma prefill q dtype ") + dtype_name(q_dtype) + \
+                               " (needs bf16 or f16)");                                           \
+  }                                                                                               \
+  }

@@ -1,0 +1,51 @@
+// Host-facing entry points of the shared MLA decode kernel family (no CUDA types). The page
+// sizes compiled in are kMlaPageSizes; each page size is its own translation unit
+// (mla_decode_page<P>.cu) instantiating the row tiles (16/32/64 query rows) x {bf16, fp8_e4m3}.
+#pragma once
+
+#include "attnkit/dtype.h"
+#include "attnkit/status.h"
+#include "attnkit/tensor.h"
+#include "backends/mla/kernels/mla_decode_params.h"
+#include "cuda/common/dispatch.h"
+
+namespace attnkit::mla {
+
+using MlaPageSizes = ValueList<1, 64, 128>;
+
+// Query rows per CTA for rows_per_req = s_q * heads rows: 16, 32 or 64.
+//   16 heads, s_q 1 -> 16 (one row tile); 16 heads, s_q 2 -> 32; 128 heads -> 64 (2 tiles).
+inline int rows_per_cta(int rows_per_req) {
+  if (rows_per_req <= 16) return 16;
+  if (rows_per_req <= 32) return 32;
+  return 64;
+}
+inline int row_tiles(int rows_per_req) {
+  const int r = rows_per_cta(rows_per_req);
+  return (rows_per_req + r - 1) / r;
+}
+// CTA-parts of the schedule: one CTA per SM in total (the kernel needs ~225 KiB of shared memory,
+// so one CTA fits an SM). H200, 132 SMs: 128 heads s_q 1 -> 2 row tiles -> 66 parts; 16 heads
+// -> 132 parts.
+inline int num_parts(int num_sms, int rows_per_req) {
+  const int parts = num_sms / row_tiles(rows_per_req);
+  return parts > 0 ? parts : 1;
+}
+
+// Largest dynamic shared memory any instantiation needs (bytes): the device's opt-in limit must
+// reach it.
+int max_smem_bytes();
+
+// Writes p.sched / p.split_indptr from p.seq_lens on `stream` (one tiny kernel).
+Status launch_schedule(const MlaDecodeParams& p, int32_t* sched, int32_t* split_indptr,
+                       StreamHandle stream);
+
+// The attention kernel, then the combine kernel (which only touches split requests). Needs
+// p.sched/p.split_indptr from launch_schedule and partial buffers for bs + num_parts segments.
+// kv_dtype: bf16 or fp8_e4m3; q/out bf16.
+Status run_decode(const MlaDecodeParams& p, int page_size, DType kv_dtype, StreamHandle stream);
+
+template <int kPage>
+Status run_decode_page(const MlaDecodeParams& p, DType kv_dtype, StreamHandle stream);
+
+}  // namespace attnkit::mla

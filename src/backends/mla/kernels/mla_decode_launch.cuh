@@ -1,0 +1,51 @@
+// Definition of run_decode_page<kPage>: row-tile and KV-dtype dispatch and launch of the MLA
+// decode kernel (run_decode launches the combine after it). Included by one translation unit per
+// page size.
+#pragma once
+
+#include <string>
+
+#include "backends/mla/kernels/mla_decode.h"
+#include "backends/mla/kernels/mla_decode_mma.cuh"
+#include "cuda/common/cuda_check.cuh"
+
+namespace attnkit::mla {
+
+template <int kWarpsM, int kPage, bool kFp8>
+Status launch_decode(const MlaDecodeParams& p, cudaStream_t s) {
+  using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8>;
+  static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
+  if (!attribute_set) {
+    ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_kernel<Traits>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          Traits::kSmemBytes));
+    attribute_set = true;
+  }
+  const dim3 grid(p.num_parts, (p.rows_per_req + Traits::kRows - 1) / Traits::kRows);
+  mla_decode_kernel<Traits><<<grid, Traits::kThreads, Traits::kSmemBytes, s>>>(p);
+  ATTNKIT_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+template <int kPage, bool kFp8>
+Status launch_rows(const MlaDecodeParams& p, cudaStream_t s) {
+  switch (rows_per_cta(p.rows_per_req)) {
+    case 16:
+      return launch_decode<1, kPage, kFp8>(p, s);
+    case 32:
+      return launch_decode<2, kPage, kFp8>(p, s);
+    default:
+      return launch_decode<4, kPage, kFp8>(p, s);
+  }
+}
+
+template <int kPage>
+Status run_decode_page(const MlaDecodeParams& p, DType kv_dtype, StreamHandle stream) {
+  cudaStream_t s = cuda::to_stream(stream);
+  if (kv_dtype == DType::kBF16) return launch_rows<kPage, false>(p, s);
+  if (kv_dtype == DType::kFP8E4M3) return launch_rows<kPage, true>(p, s);
+  return Status::unsupported(std::string("mla decode: kv cache dtype ") + dtype_name(kv_dtype) +
+                             " is not supported (accepted: bf16, fp8_e4m3)");
+}
+
+}  // namespace attnkit::mla

@@ -1,0 +1,398 @@
+// The shared tensor-core MLA decode kernel (mma.sync m16n8k16, bf16 inputs, f32 accumulation):
+// query heads packed into the MMA M dimension, the latent K/V tile of kBlockN keys loaded once
+// into shared memory with cp.async (double-buffered) through a paged loader whose page size is a
+// template parameter, QK^T over the 576-wide row and P.V over its first 512 columns, split-KV over
+// the tile schedule (mla_tile_scheduler.h) with partial outputs merged by mla_combine_kernel.
+//
+// Tile: kRows = 16 * kWarpsM query rows x kBlockN keys, 8 warps as kWarpsM x kWarpsN. Warp
+// (wm, wn) computes S for rows [16 wm, 16 wm + 16) x keys [wn * kSKeys, ...), the row maxima are
+// exchanged through shared memory, P (bf16) goes to shared memory, and the same warp accumulates
+// O for its 16 rows x kOCols output columns [wn * kOCols, ...) over all kBlockN keys.
+//   kWarpsM 4: 64 rows (32+ heads x s_q), S 16x32, O 16x256 per warp (128 f32 registers)
+//   kWarpsM 2: 32 rows, S 16x16, O 16x128;  kWarpsM 1: 16 rows (<= 16 heads), S 16x8, O 16x64.
+// fp8_e4m3 cache: the stage holds the raw bytes; each tile is converted to a bf16 tile in shared
+// memory once (exact), k_scale is folded into the softmax scale and v_scale into the output.
+//
+// Shared memory (kWarpsM 4): Q 72 KiB + 2 stages x 72 KiB (fp8: 2 x 36 KiB + a 72 KiB bf16 tile)
+// + P 8 KiB + 0.5 KiB row reductions = 224.5 KiB: needs the 227 KiB opt-in of SM90 (an A100's
+// 163 KiB is not enough; the engine checks the device's opt-in limit).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/mla/kernels/mla_decode_params.h"
+#include "backends/mla/kernels/mla_tile_scheduler.h"
+#include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/online_softmax.cuh"
+
+namespace attnkit::mla {
+
+template <int kWarpsM_, int kPage_, bool kFp8_>
+struct MlaDecodeTraits {
+  static constexpr int kWarpsM = kWarpsM_;
+  static constexpr int kPage = kPage_;
+  static constexpr bool kFp8 = kFp8_;
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kWarpsN = kWarps / kWarpsM;
+  static constexpr int kRows = 16 * kWarpsM;
+  static constexpr int kSKeys = kBlockN / kWarpsN;  // S columns per warp
+  static constexpr int kSTiles = kSKeys / 8;
+  static constexpr int kOCols = kLatentDim / kWarpsN;  // output columns per warp
+  static constexpr int kOTiles = kOCols / 8;
+  static constexpr int kChunks = kRowDim * 2 / 16;   // 16-byte chunks of a bf16 row (72)
+  static constexpr int kFp8Chunks = kRowDim / 16;    // of an fp8 row (36)
+  static constexpr int kPChunks = kBlockN * 2 / 16;  // of a P row (8)
+  static constexpr int kKSteps = kRowDim / 16;       // QK^T k-steps (36)
+  static constexpr int kTileBytes = kBlockN * kRowDim * 2;
+  static constexpr int kStageBytes = kFp8 ? kBlockN * kRowDim : kTileBytes;
+  static constexpr int kQBytes = kRows * kRowDim * 2;
+  static constexpr int kPBytes = kRows * kBlockN * 2;
+  static constexpr int kRedBytes = kWarpsN * kRows * 4;
+  static constexpr int kQOffset = 0;
+  static constexpr int kStageOffset = kQOffset + kQBytes;
+  static constexpr int kConvOffset = kStageOffset + 2 * kStageBytes;
+  static constexpr int kPOffset = kConvOffset + (kFp8 ? kTileBytes : 0);
+  static constexpr int kRedOffset = kPOffset + kPBytes;
+  static constexpr int kSmemBytes = kRedOffset + kRedBytes;
+  // The loader's thread mapping: thread t loads key t / kThreadsPerKey, chunks t % kThreadsPerKey
+  // + kThreadsPerKey * i, so each thread looks its slot up once per tile.
+  static constexpr int kThreadsPerKey = kThreads / kBlockN;
+
+  static_assert(kWarpsM == 1 || kWarpsM == 2 || kWarpsM == 4, "8 warps as kWarpsM x kWarpsN");
+  static_assert(kSTiles >= 1 && kOTiles % 2 == 0, "S and O tiles are whole mma tiles");
+  static_assert(kPage == 1 || kPage % kBlockN == 0, "a tile never straddles a page boundary");
+  static_assert(kChunks % 8 == 0 && kPChunks == 8, "the XOR swizzle stays inside a row");
+  static_assert(kThreads % kBlockN == 0 && kChunks % kThreadsPerKey == 0 &&
+                    kFp8Chunks % kThreadsPerKey == 0,
+                "loader mapping");
+};
+
+// Byte offset of 16-byte chunk c of row r in a swizzled tile of kRowChunks chunks per row: the
+// chunk index is XORed with r % 8 so that ldmatrix's 8 row addresses hit 8 different bank groups.
+template <int kRowChunks>
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return static_cast<uint32_t>((r * kRowChunks + (c ^ (r & 7))) * 16);
+}
+
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+}
+
+template <typename Traits>
+struct MlaDecodeCta {
+  using T = Traits;
+  const MlaDecodeParams& p;
+  uint8_t* smem;
+  int tid, lane, wm, wn;
+
+  __device__ uint32_t q_base() const { return cuda::smem_addr(smem + T::kQOffset); }
+  __device__ uint32_t stage_base(int s) const {
+    return cuda::smem_addr(smem + T::kStageOffset + s * T::kStageBytes);
+  }
+
+  // Q rows [row0, row0 + kRows) of request b into shared memory (padding rows zero-filled).
+  __device__ void load_q(int b, int row0) const {
+    const auto* q = static_cast<const uint8_t*>(p.q);
+    for (int idx = tid; idx < T::kRows * T::kChunks; idx += T::kThreads) {
+      const int r = idx / T::kChunks, c = idx % T::kChunks;
+      const int m = row0 + r;
+      const bool valid = m < p.rows_per_req;
+      const int token = b * p.s_q + (valid ? m / p.num_heads : 0);
+      const int h = valid ? m % p.num_heads : 0;
+      const uint8_t* src =
+          q + (token * p.q_stride_token + h * p.q_stride_head) * 2 + static_cast<int64_t>(c) * 16;
+      cuda::cp_async_16(q_base() + swz<T::kChunks>(r, c), valid ? src : q, valid ? 16 : 0);
+    }
+  }
+
+  // Keys [tile * kBlockN, +kBlockN) of the request whose token row is `tok` into stage s; keys at
+  // or past kv_len are zero-filled (never read: the pool's unused slots may hold NaN).
+  __device__ void load_tile(const int32_t* tok, int kv_len, int tile, int s) const {
+    const int key = tid / T::kThreadsPerKey;
+    const int j = tile * kBlockN + key;
+    const bool valid = j < kv_len;
+    int64_t slot = 0;
+    if (valid) {
+      if constexpr (T::kPage == 1) {
+        slot = tok[j];
+      } else {
+        // The tile lies inside one page: page start slot + offset.
+        slot = static_cast<int64_t>(tok[j - j % T::kPage]) + j % T::kPage;
+      }
+    }
+    constexpr int kElemBytes = T::kFp8 ? 1 : 2;
+    const auto* row = static_cast<const uint8_t*>(p.kv) + slot * p.kv_stride_row * kElemBytes;
+    const int src_bytes = valid ? 16 : 0;
+    const uint32_t base = stage_base(s);
+    if constexpr (T::kFp8) {
+#pragma unroll
+      for (int i = 0; i < T::kFp8Chunks / T::kThreadsPerKey; ++i) {
+        const int c = tid % T::kThreadsPerKey + T::kThreadsPerKey * i;
+        cuda::cp_async_16(base + (key * T::kFp8Chunks + c) * 16, row + c * 16, src_bytes);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < T::kChunks / T::kThreadsPerKey; ++i) {
+        const int c = tid % T::kThreadsPerKey + T::kThreadsPerKey * i;
+        cuda::cp_async_16(base + swz<T::kChunks>(key, c), row + c * 16, src_bytes);
+      }
+    }
+  }
+
+  // fp8 stage s -> the swizzled bf16 tile (exact: every e4m3 value is a bf16 value).
+  __device__ void convert_tile(int s) const {
+    const uint8_t* src = smem + T::kStageOffset + s * T::kStageBytes;
+    uint8_t* dst = smem + T::kConvOffset;
+    for (int idx = tid; idx < kBlockN * T::kFp8Chunks; idx += T::kThreads) {
+      const int key = idx / T::kFp8Chunks, c = idx % T::kFp8Chunks;
+      const uint4 raw = *reinterpret_cast<const uint4*>(src + idx * 16);
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+      uint32_t outw[8];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+#pragma unroll
+        for (int hlf = 0; hlf < 2; ++hlf) {
+          const __nv_fp8x2_storage_t pair =
+              static_cast<__nv_fp8x2_storage_t>((words[w] >> (16 * hlf)) & 0xffffu);
+          const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+          outw[w * 2 + hlf] = cuda::pack2<__nv_bfloat16>(f.x, f.y);
+        }
+      }
+      *reinterpret_cast<uint4*>(dst + swz<T::kChunks>(key, 2 * c)) =
+          make_uint4(outw[0], outw[1], outw[2], outw[3]);
+      *reinterpret_cast<uint4*>(dst + swz<T::kChunks>(key, 2 * c + 1)) =
+          make_uint4(outw[4], outw[5], outw[6], outw[7]);
+    }
+  }
+
+  // One request segment: tiles [t0, t1) of request b, query rows [row0, row0 + kRows).
+  __device__ void run_segment(int b, int row0, int t0, int t1, bool whole, int partial) {
+    const int kv_len = p.seq_lens[b] + p.kv_len_extra;
+    const int32_t* tok =
+        p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
+    __syncthreads();  // the previous segment's readers are done with Q, the stages and P
+    load_q(b, row0);
+    load_tile(tok, kv_len, t0, 0);
+    cuda::cp_async_commit();
+
+    // Rows of this thread: r_lo = 16 wm + lane / 4 and r_lo + 8; their key limits.
+    const int r_lo = 16 * wm + lane / 4;
+    int limit[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      const int m = row0 + r_lo + 8 * x;
+      const int i = m < p.rows_per_req ? m / p.num_heads : p.s_q - 1;
+      limit[x] = kv_len - (p.s_q - 1 - i);
+    }
+
+    float o[T::kOTiles][4];
+#pragma unroll
+    for (int t = 0; t < T::kOTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+    float row_max[2] = {cuda::kNoKeyMax, cuda::kNoKeyMax};
+    float row_sum[2] = {0.f, 0.f};                               // over this warp's S columns only
+    auto* red = reinterpret_cast<float*>(smem + T::kRedOffset);  // [kWarpsN][kRows]
+    const uint32_t p_base = cuda::smem_addr(smem + T::kPOffset);
+
+    for (int tile = t0; tile < t1; ++tile) {
+      const int s = (tile - t0) & 1;
+      cuda::cp_async_wait<0>();
+      __syncthreads();  // tile landed for everyone; the other stage is free
+      if (tile + 1 < t1) load_tile(tok, kv_len, tile + 1, s ^ 1);
+      cuda::cp_async_commit();
+      uint32_t kv_base = stage_base(s);
+      if constexpr (T::kFp8) {
+        convert_tile(s);
+        __syncthreads();
+        kv_base = cuda::smem_addr(smem + T::kConvOffset);
+      }
+
+      // ---- S = Q K^T for rows [16 wm, +16) x keys [wn * kSKeys, +kSKeys) ----
+      float acc[T::kSTiles][4];
+#pragma unroll
+      for (int t = 0; t < T::kSTiles; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+      const int a_row = 16 * wm + (lane & 7) + 8 * ((lane >> 3) & 1);
+      const int a_chunk = lane >> 4;
+#pragma unroll 4
+      for (int kk = 0; kk < T::kKSteps; ++kk) {
+        uint32_t a[4];
+        cuda::ldmatrix_x4(a, q_base() + swz<T::kChunks>(a_row, 2 * kk + a_chunk));
+        if constexpr (T::kSTiles == 1) {
+          uint32_t bf[2];
+          const int key = wn * T::kSKeys + (lane & 7);
+          ldmatrix_x2(bf, kv_base + swz<T::kChunks>(key, 2 * kk + ((lane >> 3) & 1)));
+          cuda::mma_m16n8k16<__nv_bfloat16>(acc[0], a, bf);
+        } else {
+#pragma unroll
+          for (int t = 0; t < T::kSTiles; t += 2) {
+            uint32_t bf[4];
+            const int key = wn * T::kSKeys + t * 8 + (lane & 7) + 8 * (lane >> 4);
+            cuda::ldmatrix_x4(bf, kv_base + swz<T::kChunks>(key, 2 * kk + ((lane >> 3) & 1)));
+            const uint32_t b0[2] = {bf[0], bf[1]};
+            const uint32_t b1[2] = {bf[2], bf[3]};
+            cuda::mma_m16n8k16<__nv_bfloat16>(acc[t], a, b0);
+            cuda::mma_m16n8k16<__nv_bfloat16>(acc[t + 1], a, b1);
+          }
+        }
+      }
+
+      // ---- mask, scale, tile row max across the kWarpsN warps sharing these rows ----
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int t = 0; t < T::kSTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int x = e >> 1;
+          const int j = tile * kBlockN + wn * T::kSKeys + t * 8 + 2 * (lane & 3) + (e & 1);
+          acc[t][e] = j < limit[x] ? acc[t][e] * p.scale_log2 : -INFINITY;
+          mx[x] = fmaxf(mx[x], acc[t][e]);
+        }
+      }
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
+        mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
+      }
+      if ((lane & 3) == 0) {
+        red[wn * T::kRows + r_lo] = mx[0];
+        red[wn * T::kRows + r_lo + 8] = mx[1];
+      }
+      __syncthreads();
+      float factor[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        float m_new = row_max[x];
+#pragma unroll
+        for (int w = 0; w < T::kWarpsN; ++w) m_new = fmaxf(m_new, red[w * T::kRows + r_lo + 8 * x]);
+        factor[x] = exp2f(row_max[x] - m_new);
+        row_max[x] = m_new;
+        row_sum[x] *= factor[x];
+      }
+
+      // ---- P = exp2(S - m) (bf16, to shared memory); rescale O ----
+#pragma unroll
+      for (int t = 0; t < T::kSTiles; ++t) {
+        const float p0 = exp2f(acc[t][0] - row_max[0]), p1 = exp2f(acc[t][1] - row_max[0]);
+        const float p2 = exp2f(acc[t][2] - row_max[1]), p3 = exp2f(acc[t][3] - row_max[1]);
+        row_sum[0] += p0 + p1;
+        row_sum[1] += p2 + p3;
+        const int chunk = (wn * T::kSKeys + t * 8) / 8;
+        const uint32_t in_chunk = (lane & 3) * 4;
+        uint8_t* pb = smem + T::kPOffset;
+        *reinterpret_cast<uint32_t*>(pb + swz<T::kPChunks>(r_lo, chunk) + in_chunk) =
+            cuda::pack2<__nv_bfloat16>(p0, p1);
+        *reinterpret_cast<uint32_t*>(pb + swz<T::kPChunks>(r_lo + 8, chunk) + in_chunk) =
+            cuda::pack2<__nv_bfloat16>(p2, p3);
+      }
+#pragma unroll
+      for (int t = 0; t < T::kOTiles; ++t) {
+        o[t][0] *= factor[0];
+        o[t][1] *= factor[0];
+        o[t][2] *= factor[1];
+        o[t][3] *= factor[1];
+      }
+      __syncthreads();  // P complete
+
+      // ---- O += P V: rows [16 wm, +16), columns [wn * kOCols, +kOCols), all kBlockN keys ----
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t a[4];
+        cuda::ldmatrix_x4(a, p_base + swz<T::kPChunks>(a_row, 2 * kk + a_chunk));
+        const int key = kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+        for (int t = 0; t < T::kOTiles; t += 2) {
+          uint32_t bf[4];
+          const int chunk = (wn * T::kOCols + t * 8) / 8 + (lane >> 4);
+          cuda::ldmatrix_x4_trans(bf, kv_base + swz<T::kChunks>(key, chunk));
+          const uint32_t b0[2] = {bf[0], bf[1]};
+          const uint32_t b1[2] = {bf[2], bf[3]};
+          cuda::mma_m16n8k16<__nv_bfloat16>(o[t], a, b0);
+          cuda::mma_m16n8k16<__nv_bfloat16>(o[t + 1], a, b1);
+        }
+      }
+    }
+
+    // ---- denominators: sum the kWarpsN partial row sums ----
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      row_sum[x] += __shfl_xor_sync(0xffffffffu, row_sum[x], 1);
+      row_sum[x] += __shfl_xor_sync(0xffffffffu, row_sum[x], 2);
+    }
+    __syncthreads();  // everyone is done reading the row maxima
+    if ((lane & 3) == 0) {
+      red[wn * T::kRows + r_lo] = row_sum[0];
+      red[wn * T::kRows + r_lo + 8] = row_sum[1];
+    }
+    __syncthreads();
+    float denom[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      denom[x] = 0.f;
+#pragma unroll
+      for (int w = 0; w < T::kWarpsN; ++w) denom[x] += red[w * T::kRows + r_lo + 8 * x];
+    }
+
+    // ---- epilogue: the final output (whole request) or a normalised partial ----
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      const int m = row0 + r_lo + 8 * x;
+      if (m >= p.rows_per_req) continue;
+      const bool any = denom[x] > 0.f;
+      const float inv = any ? 1.f / denom[x] : 0.f;
+      const float lse2 = any ? row_max[x] + log2f(denom[x]) : -INFINITY;
+      const int token = b * p.s_q + m / p.num_heads;
+      const int h = m % p.num_heads;
+      if (whole) {
+        auto* dst = static_cast<__nv_bfloat16*>(p.out) + token * p.o_stride_token +
+                    h * p.o_stride_head + wn * T::kOCols + 2 * (lane & 3);
+        const float scale = inv * p.v_scale;
+#pragma unroll
+        for (int t = 0; t < T::kOTiles; ++t) {
+          *reinterpret_cast<uint32_t*>(dst + t * 8) =
+              cuda::pack2<__nv_bfloat16>(o[t][2 * x] * scale, o[t][2 * x + 1] * scale);
+        }
+        if (p.lse != nullptr && wn == 0 && (lane & 3) == 0) {
+          p.lse[token * p.lse_stride_token + h] = any ? lse2 * cuda::kLn2 : -INFINITY;
+        }
+      } else {
+        const int64_t prow = static_cast<int64_t>(partial) * p.rows_per_req + m;
+        float* dst = p.partial_out + prow * kLatentDim + wn * T::kOCols + 2 * (lane & 3);
+#pragma unroll
+        for (int t = 0; t < T::kOTiles; ++t) {
+          *reinterpret_cast<float2*>(dst + t * 8) =
+              make_float2(o[t][2 * x] * inv, o[t][2 * x + 1] * inv);
+        }
+        if (wn == 0 && (lane & 3) == 0) p.partial_lse[prow] = lse2;
+      }
+    }
+  }
+};
+
+// grid: (num_parts, ceil(rows_per_req / kRows)) block: (kThreads), dynamic smem kSmemBytes.
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    mla_decode_kernel(const __grid_constant__ MlaDecodeParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int tid = threadIdx.x;
+  MlaDecodeCta<Traits> cta{
+      p, smem, tid, tid & 31, (tid >> 5) / Traits::kWarpsN, (tid >> 5) % Traits::kWarpsN};
+  const int32_t* s = p.sched + static_cast<int64_t>(blockIdx.x) * kSchedWords;
+  const int row0 = blockIdx.y * Traits::kRows;
+  const int last = s[2] < p.bs ? s[2] : p.bs - 1;
+  for (int b = s[0]; b <= last; ++b) {
+    const int kv_len = p.seq_lens[b] + p.kv_len_extra;
+    int t0, t1, partial;
+    if (!segment_of(s, p.split_indptr, b, kv_len, &t0, &t1, &partial)) continue;
+    const bool whole = t0 == 0 && t1 == num_tiles(kv_len);
+    cta.run_segment(b, row0, t0, t1, whole, partial);
+  }
+}
+
+}  // namespace attnkit::mla

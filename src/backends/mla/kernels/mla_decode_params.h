@@ -1,0 +1,57 @@
+// Parameters and plan layout of the shared tensor-core MLA decode kernel family (used by the
+// `flashmla` (page 64), `cutlass_mla` (page 128) and `flashinfer` (page 1) backends). One POD
+// passed as `const __grid_constant__`, shared by the host engine (plain C++) and the kernels.
+//
+// Absorbed MLA decode is MQA with up to 128 query heads over one latent KV head: every query row
+// is [kRowDim] = 512 latent + 64 rope, every pool row the same, V = the first kLatentDim columns.
+// A request contributes rows_per_req = s_q * num_heads query rows (row m: token m / num_heads,
+// head m % num_heads); query token i of s_q sees the keys [0, kv_len - (s_q - 1 - i)).
+#pragma once
+
+#include <cstdint>
+
+namespace attnkit::mla {
+
+inline constexpr int kLatentDim = 512;  // kv_lora_rank: V is the first kLatentDim columns
+inline constexpr int kRopeDim = 64;     // qk_rope_head_dim
+inline constexpr int kRowDim = kLatentDim + kRopeDim;
+inline constexpr int kBlockN = 64;  // keys per tile
+// Scheduler cost of starting one request segment (Q load, pipeline fill, epilogue), in tiles.
+inline constexpr int kFixedOverheadTiles = 5;
+// Words per CTA-part in the schedule: begin_req, begin_tile, end_req, end_tile (exclusive),
+// split index of the first segment.
+inline constexpr int kSchedWords = 5;
+
+struct MlaDecodeParams {
+  const void* q = nullptr;  // [T, H, kRowDim] bf16; token of (request b, query i) = b * s_q + i
+  int64_t q_stride_token = 0, q_stride_head = 0;
+  void* out = nullptr;  // [T, H, kLatentDim] bf16
+  int64_t o_stride_token = 0, o_stride_head = 0;
+  float* lse = nullptr;  // [T, H] natural log, optional
+  int64_t lse_stride_token = 0;
+
+  const void* kv = nullptr;               // [rows, kRowDim] pool layer (bf16 or fp8_e4m3)
+  int64_t kv_stride_row = 0;              // elements
+  const int32_t* req_to_token = nullptr;  // [max_reqs + 1, max_context_len]
+  int64_t req_to_token_stride = 0;
+  const int32_t* req_pool_indices = nullptr;  // [bs]
+  const int32_t* seq_lens = nullptr;          // [bs]
+  int kv_len_extra = 0;  // kv_len(b) = seq_lens[b] + kv_len_extra (verify: the N drafts)
+
+  int bs = 0;
+  int s_q = 1;
+  int num_heads = 0;
+  int rows_per_req = 0;    // s_q * num_heads
+  float scale_log2 = 0.f;  // scaling * k_scale * log2(e)
+  float v_scale = 1.f;     // applied to the output (fp8: k_scale, V shares the K row)
+
+  // Plan (written on the device by the schedule kernel once per forward).
+  const int32_t* sched = nullptr;  // [num_parts, kSchedWords]
+  const int32_t* split_indptr =
+      nullptr;                   // [bs + 1] segments of request b: [indptr[b], indptr[b+1])
+  float* partial_out = nullptr;  // [bs + num_parts, rows_per_req, kLatentDim] normalised
+  float* partial_lse = nullptr;  // [bs + num_parts, rows_per_req] log2 domain
+  int num_parts = 1;
+};
+
+}  // namespace attnkit::mla

@@ -1,0 +1,261 @@
+// Host side of the shared MLA decode kernel family (see mla_decode_engine.h).
+#include "backends/mla/mla_decode_engine.h"
+
+#ifdef ATTNKIT_WITH_CUDA
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "attnkit/kv_cache.h"
+#include "backends/mla/kernels/mla_decode.h"
+#include "cuda/common/cuda_check.cuh"
+#include "cuda/common/online_softmax.cuh"
+
+namespace attnkit::mla {
+namespace {
+
+constexpr int kMinComputeCapability = 80;  // mma.sync m16n8k16 bf16, cp.async
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Query tokens per request: decode 1, verify N.
+int queries_per_request(ForwardMode mode, const SpecInfo* spec) {
+  return mode == ForwardMode::kTargetVerify && spec != nullptr ? spec->draft_token_num : 1;
+}
+// Keys beyond seq_lens: verify's drafts follow the committed prefix in the row.
+int kv_len_extra(ForwardMode mode, int s_q) { return mode == ForwardMode::kTargetVerify ? s_q : 0; }
+
+}  // namespace
+
+Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendContext& ctx,
+                                                                 std::string owner, int page_size,
+                                                                 bool allow_fp8) {
+  if (!MlaPageSizes::contains(page_size)) {
+    return Status::unsupported(owner + ": MLA decode page_size " + str(page_size) +
+                               " is not compiled in (built: " + MlaPageSizes::to_string() + ")");
+  }
+  int sm_count = 0, major = 0, minor = 0, smem_optin = 0;
+  ATTNKIT_CUDA_TRY(
+      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, ctx.device.ordinal));
+  ATTNKIT_CUDA_TRY(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device.ordinal));
+  ATTNKIT_CUDA_TRY(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ctx.device.ordinal));
+  ATTNKIT_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                          ctx.device.ordinal));
+  const int cc = major * 10 + minor;
+  if (cc < kMinComputeCapability) {
+    return Status::unsupported(owner + ": the MLA decode kernels need compute capability >= " +
+                               str(kMinComputeCapability) + ", device has " + str(cc));
+  }
+  if (smem_optin < max_smem_bytes()) {
+    return Status::unsupported(owner + ": the MLA decode kernels need " + str(max_smem_bytes()) +
+                               " bytes of shared memory per block, the device allows " +
+                               str(smem_optin));
+  }
+  return std::unique_ptr<MlaDecodeEngine>(
+      new MlaDecodeEngine(ctx, std::move(owner), page_size, allow_fp8, sm_count));
+}
+
+std::string MlaDecodeEngine::why_not_common(ForwardMode mode, int topk, DType kv_dtype) const {
+  if (!ctx_.is_mla || ctx_.kv_lora_rank != kLatentDim || ctx_.qk_rope_head_dim != kRopeDim ||
+      ctx_.qk_head_dim != kRowDim || ctx_.v_head_dim != kLatentDim || ctx_.num_kv_heads != 1) {
+    return "not absorbed MLA 576/512 with one latent head";
+  }
+  if (mode != ForwardMode::kDecode && mode != ForwardMode::kTargetVerify) {
+    return std::string("mode ") + forward_mode_name(mode);
+  }
+  if (mode == ForwardMode::kTargetVerify && topk > 1) return "verify with topk " + str(topk);
+  if (ctx_.q_dtype != DType::kBF16) return std::string("q dtype ") + dtype_name(ctx_.q_dtype);
+  if (kv_dtype != DType::kBF16 && !(allow_fp8_ && kv_dtype == DType::kFP8E4M3)) {
+    return std::string("KV dtype ") + dtype_name(kv_dtype);
+  }
+  return "";
+}
+
+std::string MlaDecodeEngine::why_not(const ForwardBatch& batch) const {
+  if (batch.kv_pool == nullptr || !batch.kv_pool->is_mla()) return "no MLA pool";
+  if (!batch.encoder_lens_host.empty()) return "encoder lengths";
+  const std::string r = why_not_common(batch.mode, batch.spec.topk, batch.kv_pool->dtype());
+  if (!r.empty()) return r;
+  if (batch.mode == ForwardMode::kTargetVerify &&
+      (batch.spec.draft_token_num < 1 ||
+       batch.num_tokens != batch.batch_size * batch.spec.draft_token_num)) {
+    return "verify batch without N tokens per request";
+  }
+  return "";
+}
+
+std::string MlaDecodeEngine::why_not_graph(ForwardMode mode, const SpecInfo* spec) const {
+  if (ctx_.kv_pool == nullptr || !ctx_.kv_pool->is_mla()) return "no MLA pool in the context";
+  return why_not_common(mode, spec != nullptr ? spec->topk : 1, ctx_.kv_pool->dtype());
+}
+
+Status MlaDecodeEngine::schedule(ForwardMode mode, int bs, int s_q, const TensorView& seq_lens,
+                                 int32_t* sched, int32_t* split_indptr, StreamHandle stream) {
+  MlaDecodeParams p;
+  p.seq_lens = seq_lens.data_as<const int32_t>();
+  p.kv_len_extra = kv_len_extra(mode, s_q);
+  p.bs = bs;
+  p.num_parts = num_parts(sm_count_, s_q * ctx_.num_q_heads);
+  return launch_schedule(p, sched, split_indptr, stream);
+}
+
+Status MlaDecodeEngine::plan(const ForwardBatch& batch, StreamHandle stream) {
+  plan_ = Plan{};
+  const int bs = batch.batch_size;
+  const int s_q = queries_per_request(batch.mode, &batch.spec);
+  const int rows = s_q * ctx_.num_q_heads;
+  const int parts = num_parts(sm_count_, rows);
+  const Device dev = ctx_.device;
+  ATTNKIT_RETURN_IF_ERROR(sched_.reserve(dev, static_cast<int64_t>(parts) * kSchedWords));
+  ATTNKIT_RETURN_IF_ERROR(split_indptr_.reserve(dev, bs + 1));
+  const int64_t partial_rows = static_cast<int64_t>(bs + parts) * rows;
+  ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(dev, partial_rows * kLatentDim));
+  ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(dev, partial_rows));
+  ATTNKIT_RETURN_IF_ERROR(
+      schedule(batch.mode, bs, s_q, batch.seq_lens, sched_.data(), split_indptr_.data(), stream));
+  plan_.valid = true;
+  plan_.mode = batch.mode;
+  plan_.bs = bs;
+  plan_.s_q = s_q;
+  plan_.num_parts = parts;
+  plan_.sched = sched_.data();
+  plan_.split_indptr = split_indptr_.data();
+  plan_.partial_out = partial_out_.data();
+  plan_.partial_lse = partial_lse_.data();
+  return Status::ok();
+}
+
+Status MlaDecodeEngine::init_graph(int max_bs, int max_num_tokens) {
+  const Device dev = ctx_.device;
+  const int max_s_q = std::max(1, ctx_.speculative_num_draft_tokens);
+  int64_t partial_rows = 0;
+  int max_parts = 1;
+  for (int s_q : {1, max_s_q}) {
+    const int rows = s_q * ctx_.num_q_heads;
+    const int parts = num_parts(sm_count_, rows);
+    max_parts = std::max(max_parts, parts);
+    partial_rows = std::max(partial_rows, static_cast<int64_t>(max_bs + parts) * rows);
+  }
+  ATTNKIT_RETURN_IF_ERROR(graph_sched_.reserve(dev, static_cast<int64_t>(max_parts) * kSchedWords));
+  ATTNKIT_RETURN_IF_ERROR(graph_split_indptr_.reserve(dev, max_bs + 1));
+  ATTNKIT_RETURN_IF_ERROR(graph_partial_out_.reserve(dev, partial_rows * kLatentDim));
+  ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(dev, partial_rows));
+  graph_max_bs_ = max_bs;
+  graph_max_tokens_ = max_num_tokens;
+  graph_ready_ = true;
+  return Status::ok();
+}
+
+Status MlaDecodeEngine::plan_graph(int bs, const TensorView& seq_lens, ForwardMode mode,
+                                   const SpecInfo* spec, StreamHandle stream) {
+  if (!graph_ready_)
+    return Status::invalid_argument(owner_ + ": init_cuda_graph_state was not called");
+  if (bs < 1 || bs > graph_max_bs_) {
+    return Status::invalid_argument(owner_ + ": graph batch size " + str(bs) + " is outside [1, " +
+                                    str(graph_max_bs_) + "]");
+  }
+  const int s_q = queries_per_request(mode, spec);
+  if (s_q < 1 || s_q > std::max(1, ctx_.speculative_num_draft_tokens) ||
+      static_cast<int64_t>(bs) * s_q > graph_max_tokens_) {
+    return Status::invalid_argument(owner_ + ": graph verify with " + str(s_q) +
+                                    " draft tokens exceeds the graph state (speculative_num_draft_"
+                                    "tokens " +
+                                    str(ctx_.speculative_num_draft_tokens) + ", max_num_tokens " +
+                                    str(graph_max_tokens_) + ")");
+  }
+  plan_ = Plan{};
+  ATTNKIT_RETURN_IF_ERROR(
+      schedule(mode, bs, s_q, seq_lens, graph_sched_.data(), graph_split_indptr_.data(), stream));
+  plan_.valid = true;
+  plan_.mode = mode;
+  plan_.bs = bs;
+  plan_.s_q = s_q;
+  plan_.num_parts = num_parts(sm_count_, s_q * ctx_.num_q_heads);
+  plan_.sched = graph_sched_.data();
+  plan_.split_indptr = graph_split_indptr_.data();
+  plan_.partial_out = graph_partial_out_.data();
+  plan_.partial_lse = graph_partial_lse_.data();
+  return Status::ok();
+}
+
+Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const AttentionLayer& layer,
+                            const ForwardBatch& batch, bool save_kv, const TensorView& lse,
+                            StreamHandle stream) {
+  if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size) {
+    return Status::invalid_argument(owner_ +
+                                    ": MLA forward without a matching init_forward_metadata");
+  }
+  if (!layer.is_mla || layer.qk_head_dim != kRowDim || layer.v_head_dim != kLatentDim ||
+      layer.num_kv_heads != 1 || layer.num_q_heads != ctx_.num_q_heads) {
+    return Status::invalid_argument(
+        owner_ + ": layer " + str(layer.layer_id) +
+        " is not the absorbed MLA layer of the context (qk " + str(layer.qk_head_dim) + ", v " +
+        str(layer.v_head_dim) + ", heads " + str(layer.num_q_heads) + "/" +
+        str(layer.num_kv_heads) + "; expected 576/512, " + str(ctx_.num_q_heads) + "/1)");
+  }
+  if (layer.sliding_window >= 0 || layer.logit_cap > 0.f || layer.sinks.defined()) {
+    return Status::unsupported(
+        owner_ + ": MLA decode supports no sliding window, soft-cap or sinks (layer " +
+        str(layer.layer_id) + ")");
+  }
+  if (q.stride(2) != 1 || out.stride(2) != 1 || q.stride(1) % 8 != 0 || q.stride(0) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(q.data) % 16 != 0 || out.stride(1) % 8 != 0 ||
+      out.stride(0) % 8 != 0 || reinterpret_cast<uintptr_t>(out.data) % 16 != 0) {
+    return Status::unsupported(owner_ + ": MLA decode needs q " + q.describe() + " and out " +
+                               out.describe() + " with 16-byte aligned unit-stride rows");
+  }
+  if (lse.defined() && lse.stride(1) != 1) {
+    return Status::unsupported(owner_ + ": MLA decode needs lse with a unit head stride");
+  }
+  auto& pool = static_cast<MLAKVPool&>(*batch.kv_pool);
+  if (save_kv && k.defined()) {
+    ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
+                                        layer.v_scale, stream));
+  }
+  const TensorView kv = pool.kv_buffer(layer.layer_id);
+  const TensorView table = batch.req_to_token_pool->table();
+  const DType kv_dtype = pool.dtype();
+  const bool quant = kv_dtype == DType::kFP8E4M3;
+  MlaDecodeParams p;
+  p.q = q.data;
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.out = out.data;
+  p.o_stride_token = out.stride(0);
+  p.o_stride_head = out.stride(1);
+  if (lse.defined()) {
+    p.lse = lse.data_as<float>();
+    p.lse_stride_token = lse.stride(0);
+  }
+  p.kv = kv.data;
+  p.kv_stride_row = kv.stride(0);
+  p.req_to_token = table.data_as<const int32_t>();
+  p.req_to_token_stride = table.stride(0);
+  p.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
+  p.seq_lens = batch.seq_lens.data_as<const int32_t>();
+  p.kv_len_extra = kv_len_extra(batch.mode, plan_.s_q);
+  p.bs = batch.batch_size;
+  p.s_q = plan_.s_q;
+  p.num_heads = layer.num_q_heads;
+  p.rows_per_req = p.s_q * p.num_heads;
+  // fp8 stores x / k_scale: k_scale folds into the softmax scale and (V = the same row) into the
+  // output.
+  const float k_scale = quant ? layer.k_scale : 1.f;
+  p.scale_log2 = layer.scaling * k_scale * cuda::kLog2e;
+  p.v_scale = k_scale;
+  p.sched = plan_.sched;
+  p.split_indptr = plan_.split_indptr;
+  p.partial_out = plan_.partial_out;
+  p.partial_lse = plan_.partial_lse;
+  p.num_parts = plan_.num_parts;
+  return run_decode(p, page_size_, kv_dtype, stream);
+}
+
+}  // namespace attnkit::mla
+
+#endif  // ATTNKIT_WITH_CUDA

@@ -1,0 +1,87 @@
+// The host side of the shared tensor-core MLA decode kernel family: the backends `flashmla`
+// (page 64), `cutlass_mla` (page 128) and `flashinfer` (page 1) each own one engine for their
+// page size and route absorbed decode and verify (topk 1) forwards to it.
+//
+// Protocol: why_not(batch) (the single answer to "does this forward run here?"; "" = yes) ->
+// plan(batch) once per forward (reserves workspace, launches the schedule kernel that splits every
+// request's KV evenly across SMs) -> run(...) per layer (attention + LSE combine; no allocation,
+// no synchronisation). CUDA graphs: init_graph sizes a fixed workspace; plan_graph launches the
+// schedule kernel from the static seq_lens on the stream (no host work beyond the launch).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "attnkit/backend.h"
+#include "backend/device_array.h"
+
+namespace attnkit::mla {
+
+class MlaDecodeEngine {
+ public:
+  // owner: the backend name used in messages; page_size: the paged loader's compile-time page
+  // (1, 64, 128); allow_fp8: the owner's descriptor has FP8 KV for MLA. Fails (kUnsupported) with
+  // the reason when the device cannot run the kernels (compute capability < 80 or less than the
+  // kernels' shared memory per block).
+  static Result<std::unique_ptr<MlaDecodeEngine>> create(const BackendContext& ctx,
+                                                         std::string owner, int page_size,
+                                                         bool allow_fp8);
+
+  // Why this forward does not run on the engine ("" = it does): mode (decode, or target_verify
+  // with topk 1), encoder lengths, dtypes, head dims.
+  std::string why_not(const ForwardBatch& batch) const;
+  // The same answer for a CUDA-graph batch (pool dtype from the context).
+  std::string why_not_graph(ForwardMode mode, const SpecInfo* spec) const;
+
+  Status plan(const ForwardBatch& batch, StreamHandle stream);
+  Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+             const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
+             const TensorView& lse, StreamHandle stream);
+
+  Status init_graph(int max_bs, int max_num_tokens);
+  Status plan_graph(int bs, const TensorView& seq_lens, ForwardMode mode, const SpecInfo* spec,
+                    StreamHandle stream);
+
+  int page_size() const { return page_size_; }
+
+ private:
+  MlaDecodeEngine(const BackendContext& ctx, std::string owner, int page_size, bool allow_fp8,
+                  int sm_count)
+      : ctx_(ctx),
+        owner_(std::move(owner)),
+        page_size_(page_size),
+        allow_fp8_(allow_fp8),
+        sm_count_(sm_count) {}
+  std::string why_not_common(ForwardMode mode, int topk, DType kv_dtype) const;
+  Status schedule(ForwardMode mode, int bs, int s_q, const TensorView& seq_lens, int32_t* sched,
+                  int32_t* split_indptr, StreamHandle stream);
+
+  BackendContext ctx_;
+  std::string owner_;
+  int page_size_ = 1;
+  bool allow_fp8_ = false;
+  int sm_count_ = 0;
+
+  // The current forward's plan.
+  struct Plan {
+    bool valid = false;
+    ForwardMode mode = ForwardMode::kIdle;
+    int bs = 0;
+    int s_q = 1;
+    int num_parts = 1;
+    const int32_t* sched = nullptr;
+    const int32_t* split_indptr = nullptr;
+    float* partial_out = nullptr;
+    float* partial_lse = nullptr;
+  } plan_;
+
+  DeviceArray<int32_t> sched_, split_indptr_;
+  DeviceArray<float> partial_out_, partial_lse_;
+  bool graph_ready_ = false;
+  int graph_max_bs_ = 0;
+  int graph_max_tokens_ = 0;
+  DeviceArray<int32_t> graph_sched_, graph_split_indptr_;
+  DeviceArray<float> graph_partial_out_, graph_partial_lse_;
+};
+
+}  // namespace attnkit::mla

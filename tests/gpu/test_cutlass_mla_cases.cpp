@@ -1,0 +1,48 @@
+// The shared case table run by cutlass_mla (page 128) against the fp64 reference. The registry
+// row keeps SGLang's SM100 requirement for selection; the shared MLA kernel family behind it (the
+// page-128 loader) also runs on SM90, so this test lowers only the compute-capability floor of a
+// copy of the row and skips exactly what the rest of the row excludes.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "attnkit/registry.h"
+#include "backends/mla/mla_paged_backend.h"
+#include "harness/case_runner.h"
+#include "support/backend_case_test.h"
+
+namespace attnkit {
+namespace {
+
+constexpr int kKernelMinCc = 90;
+
+class CutlassMlaCases : public ::testing::TestWithParam<harness::CaseSpec> {};
+
+void run(const harness::CaseSpec& spec, bool save_kv) {
+  BackendDescriptor d = *builtin_registry().find("cutlass_mla");
+  EXPECT_EQ(d.min_compute_capability, 100) << "selection must keep SGLang's SM100 rule";
+  d.min_compute_capability = kKernelMinCc;
+  d.max_compute_capability = 0;
+  const std::string reason =
+      harness::skip_reason(d, spec, test_support::device_info_for(Device::cuda(0)));
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  Result<harness::PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  Result<std::unique_ptr<AttentionBackend>> b = create_cutlass_mla_backend(pc->context());
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  const Status s = harness::run_backend(**b, *pc, save_kv);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  Result<harness::Comparison> cmp = harness::compare_with_reference(*pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_EQ(cmp->nan_inf_count, 0) << cmp->summary();
+  EXPECT_TRUE(cmp->passed()) << spec.describe() << "\n" << cmp->summary();
+}
+
+TEST_P(CutlassMlaCases, SaveKv) { run(GetParam(), true); }
+TEST_P(CutlassMlaCases, ReadsPool) { run(GetParam(), false); }
+
+INSTANTIATE_TEST_SUITE_P(Cases, CutlassMlaCases, ::testing::ValuesIn(harness::shared_case_table()),
+                         test_support::case_param_name);
+
+}  // namespace
+}  // namespace attnkit

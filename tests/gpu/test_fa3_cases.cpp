@@ -1,0 +1,196 @@
+// The fa3 backend against the fp64 reference: the shared case table (every eligible extend case
+// must run on the SM90 wgmma kernel, the rest on the owned flashinfer backend), longer causal /
+// bidirectional prefills that cross several query tiles and key blocks, and decode CUDA-graph
+// replay through the delegated graph trio (gpu label).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnkit/device.h"
+#include "attnkit/registry.h"
+#include "backends/fa3/fa3_backend.h"
+#include "harness/case_runner.h"
+
+namespace attnkit {
+namespace {
+
+using harness::CaseSpec;
+using harness::PreparedCase;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+BackendDescriptor fa3_descriptor() {
+  BackendDescriptor d = *builtin_registry().find("fa3");
+  d.built = true;
+  d.not_built_reason.clear();
+  d.create = create_fa3_backend;
+  return d;
+}
+
+DeviceInfo cuda_device() {
+  Result<DeviceInfo> dev = detect_cuda(0);
+  return dev.is_ok() ? dev.value() : DeviceInfo{};
+}
+
+// Whether every layer of the case must run on the wgmma kernel (SM90 only).
+bool expects_wgmma(const CaseSpec& s, const DeviceInfo& dev) {
+  const bool mode_ok = s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kMixed ||
+                       s.mode == ForwardMode::kDraftExtend;
+  const bool dtype_ok =
+      (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.kv_dtype == s.q_dtype;
+  const bool dim_ok =
+      (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) && s.head_dim == s.v_head_dim;
+  return dev.compute_capability == 90 && mode_ok && dtype_ok && dim_ok && !s.mla &&
+         !s.cross_attention && s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks;
+}
+
+void run_and_compare(const CaseSpec& spec, bool save_kv) {
+  SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv"));
+  Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  Result<std::unique_ptr<AttentionBackend>> backend = create_fa3_backend(pc->context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  const Status run = harness::run_backend(**backend, *pc, save_kv);
+  ASSERT_TRUE(run.is_ok()) << run.to_string();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Result<harness::Comparison> cmp = harness::compare_with_reference(*pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_TRUE(cmp->passed()) << cmp->summary();
+  const Fa3Stats* stats = fa3_stats(**backend);
+  ASSERT_NE(stats, nullptr);
+  if (expects_wgmma(spec, cuda_device())) {
+    EXPECT_EQ(stats->flashinfer_calls, 0) << "a wgmma case ran on the flashinfer path";
+    EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(pc->layers.size()));
+  } else {
+    EXPECT_EQ(stats->wgmma_calls, 0) << "a case outside the wgmma kernel's scope ran on it";
+  }
+}
+
+class Fa3CaseTest : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(Fa3CaseTest, MatchesReference) {
+  const CaseSpec& spec = GetParam();
+  const DeviceInfo dev = cuda_device();
+  ASSERT_EQ(dev.platform, Platform::kCUDA) << "no CUDA device";
+  const std::string reason = harness::skip_reason(fa3_descriptor(), spec, dev);
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  run_and_compare(spec, /*save_kv=*/true);
+  run_and_compare(spec, /*save_kv=*/false);
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedTable, Fa3CaseTest,
+                         ::testing::ValuesIn(harness::shared_case_table()),
+                         [](const ::testing::TestParamInfo<CaseSpec>& info) {
+                           return info.param.name;
+                         });
+
+// ---- several query tiles (128 rows) and key blocks per request ----
+
+CaseSpec prefill(std::string name, std::vector<int> prefix, std::vector<int> fresh, int page,
+                 int hq, int hkv, int d) {
+  CaseSpec c;
+  c.name = std::move(name);
+  c.mode = ForwardMode::kExtend;
+  c.page_size = page;
+  c.prefix_lens = std::move(prefix);
+  c.new_lens = std::move(fresh);
+  c.num_q_heads = hq;
+  c.num_kv_heads = hkv;
+  c.head_dim = c.v_head_dim = d;
+  c.seed = 4242;
+  return c;
+}
+
+TEST(Fa3LongTest, CausalPrefillAcrossTilesAllHeadDims) {
+  for (int d : {64, 128, 256}) {
+    // 300 + 437: 4 query tiles, 6 key blocks of 128; 1: one row; 129: a tile of one row.
+    run_and_compare(
+        prefill("long_d" + std::to_string(d), {300, 0, 0, 77}, {437, 1, 129, 256}, 16, 8, 2, d),
+        true);
+  }
+  run_and_compare(prefill("long_page64", {640, 5}, {300, 200}, 64, 4, 1, 128), false);
+  run_and_compare(prefill("long_page1", {100}, {500}, 1, 4, 4, 128), true);
+}
+
+TEST(Fa3LongTest, BidirectionalAndF16) {
+  CaseSpec c = prefill("long_encoder", {0, 0}, {300, 129}, 16, 8, 2, 128);
+  c.type = AttentionType::kEncoderOnly;
+  run_and_compare(c, true);
+  c = prefill("long_f16", {200, 0}, {333, 64}, 16, 8, 2, 128);
+  c.q_dtype = c.kv_dtype = DType::kF16;
+  run_and_compare(c, true);
+  c.head_dim = c.v_head_dim = 256;
+  run_and_compare(c, false);
+}
+
+// ---- CUDA graphs (decode, delegated): replay equals eager bit for bit ----
+
+std::vector<std::vector<uint8_t>> copy_outputs(const PreparedCase& pc) {
+  std::vector<std::vector<uint8_t>> h;
+  for (const harness::LayerData& ld : pc.layers) {
+    for (const TensorView* t : {&ld.out, &ld.lse}) {
+      std::vector<uint8_t> b(static_cast<size_t>(t->storage_bytes()));
+      EXPECT_TRUE(
+          copy_bytes(b.data(), Device::cpu(), t->data, t->device, t->storage_bytes()).is_ok());
+      h.push_back(std::move(b));
+    }
+  }
+  return h;
+}
+
+TEST(Fa3GraphTest, DecodeReplayIsBitIdenticalToEager) {
+  const CaseSpec* spec = harness::find_case("decode_batch16_page16");
+  ASSERT_NE(spec, nullptr);
+  Result<PreparedCase> prepared = harness::prepare_case(*spec, Device::cuda(0));
+  ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
+  PreparedCase& pc = *prepared;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  BackendContext ctx = pc.context();
+  ctx.stream = stream;
+  pc.batch.stream = stream;
+  Result<std::unique_ptr<AttentionBackend>> made = create_fa3_backend(ctx);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  AttentionBackend& backend = **made;
+  ASSERT_TRUE(harness::run_backend(backend, pc, /*save_kv=*/false).is_ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const auto eager = copy_outputs(pc);
+  for (harness::LayerData& ld : pc.layers) {
+    ASSERT_TRUE(fill_float(ld.out, kNaN).is_ok());
+    ASSERT_TRUE(fill_float(ld.lse, kNaN).is_ok());
+  }
+  const int bs = pc.batch.batch_size;
+  ASSERT_TRUE(backend.init_cuda_graph_state(bs, bs).is_ok());
+  const Status cap = backend.init_forward_metadata_capture_cuda_graph(
+      bs, bs, pc.batch.req_pool_indices, pc.batch.seq_lens, TensorView(), ForwardMode::kDecode,
+      nullptr);
+  ASSERT_TRUE(cap.is_ok()) << cap.to_string();
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  for (harness::LayerData& ld : pc.layers) {
+    const Status s = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
+                                     /*save_kv=*/false, ld.lse);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  const Status replay = backend.init_forward_metadata_replay_cuda_graph(
+      bs, pc.batch.req_pool_indices, pc.batch.seq_lens, pc.batch.seq_lens_sum, TensorView(),
+      ForwardMode::kDecode, nullptr, pc.batch.seq_lens_host.data());
+  ASSERT_TRUE(replay.is_ok()) << replay.to_string();
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_TRUE(copy_outputs(pc) == eager) << "graph replay differs from eager";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace attnkit

@@ -1,0 +1,197 @@
+// The shared case table (src/harness/case_runner.h) run by the flashmla backend (page 64) on the
+// CUDA device against the fp64 reference, plus MLA-specific checks of the shared tensor-core MLA
+// decode kernels: long uneven batches that the tile scheduler splits, 128 heads with s_q 1..3
+// (verify chains), the fp8 cache, and CUDA-graph replay bit-identical to eager execution.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnkit/registry.h"
+#include "backends/mla/kernels/mla_tile_scheduler.h"
+#include "backends/mla/mla_paged_backend.h"
+#include "harness/case_runner.h"
+#include "support/backend_case_test.h"
+
+ATTNKIT_BACKEND_CASE_TESTS(FlashMlaCases, "flashmla", ::attnkit::Device::cuda(0));
+
+namespace attnkit {
+namespace {
+
+using harness::CaseSpec;
+using harness::PreparedCase;
+
+CaseSpec mla_case(std::string name, ForwardMode mode, int page, std::vector<int> prefix, int heads,
+                  DType kv) {
+  CaseSpec c;
+  c.name = std::move(name);
+  c.mode = mode;
+  c.page_size = page;
+  c.prefix_lens = std::move(prefix);
+  c.new_lens.assign(c.prefix_lens.size(), 1);
+  c.mla = true;
+  c.kv_lora_rank = 512;
+  c.qk_rope_head_dim = 64;
+  c.num_q_heads = heads;
+  c.num_kv_heads = 1;
+  c.head_dim = 576;
+  c.v_head_dim = 512;
+  c.kv_dtype = kv;
+  c.seed = 31;
+  return c;
+}
+
+void run_and_compare(const CaseSpec& spec, bool save_kv) {
+  SCOPED_TRACE(spec.describe());
+  Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  Result<std::unique_ptr<AttentionBackend>> backend = create_flashmla_backend(pc->context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  const Status run = harness::run_backend(**backend, *pc, save_kv);
+  ASSERT_TRUE(run.is_ok()) << run.to_string();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Result<harness::Comparison> cmp = harness::compare_with_reference(*pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_EQ(cmp->nan_inf_count, 0) << cmp->summary();
+  EXPECT_TRUE(cmp->passed()) << cmp->summary();
+}
+
+TEST(FlashMlaKernels, LongUnevenBatchSplitsAndMatches) {
+  // 4000 keys next to tiny requests: the scheduler splits the long one across many CTA-parts.
+  run_and_compare(
+      mla_case("long_h16", ForwardMode::kDecode, 64, {4000, 3, 64, 130, 0}, 16, DType::kBF16),
+      true);
+  run_and_compare(
+      mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640}, 128, DType::kBF16), false);
+  run_and_compare(
+      mla_case("long_h64_fp8", ForwardMode::kDecode, 64, {2500, 77}, 64, DType::kFP8E4M3), true);
+  run_and_compare(mla_case("h40_rows_not_tile_multiple", ForwardMode::kDecode, 64, {300, 900}, 40,
+                           DType::kBF16),
+                  true);
+}
+
+TEST(FlashMlaKernels, VerifyChainsMultiTokenQueries) {
+  for (int n : {2, 3}) {
+    for (int heads : {16, 128}) {
+      CaseSpec c = mla_case("verify", ForwardMode::kTargetVerify, 64, {1100, 7, 64}, heads,
+                            heads == 16 ? DType::kFP8E4M3 : DType::kBF16);
+      c.new_lens.clear();
+      c.spec_draft_tokens = n;
+      c.spec_topk = 1;
+      run_and_compare(c, true);
+    }
+  }
+}
+
+TEST(FlashMlaKernels, RejectsOtherPageSizes) {
+  Result<PreparedCase> pc = harness::prepare_case(
+      mla_case("page16", ForwardMode::kDecode, 16, {10}, 16, DType::kBF16), Device::cuda(0));
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  Result<std::unique_ptr<AttentionBackend>> backend = create_flashmla_backend(pc->context());
+  ASSERT_FALSE(backend.is_ok());
+  EXPECT_NE(backend.status().message().find("page_size 16"), std::string::npos)
+      << backend.status().to_string();
+}
+
+// CUDA graphs: a 2-layer decode step captured once, replayed after the lengths change in place;
+// every replay equals an eager run of the same batch bit for bit.
+TEST(FlashMlaKernels, GraphReplayMatchesEagerBitwise) {
+  CaseSpec spec =
+      mla_case("graph", ForwardMode::kDecode, 64, {2000, 5, 900, 300}, 128, DType::kBF16);
+  harness::PrepareOptions opt;
+  opt.request_lse = false;
+  opt.snapshot_pool = false;
+  Result<PreparedCase> pcr = harness::prepare_case(spec, Device::cuda(0), opt);
+  ASSERT_TRUE(pcr.is_ok()) << pcr.status().to_string();
+  PreparedCase& pc = *pcr;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  BackendContext ctx = pc.context();
+  ctx.stream = stream;
+  Result<std::unique_ptr<AttentionBackend>> br = create_flashmla_backend(ctx);
+  ASSERT_TRUE(br.is_ok()) << br.status().to_string();
+  AttentionBackend& backend = **br;
+  const int bs = spec.batch_size();
+  ForwardBatch batch = pc.batch;
+  batch.stream = stream;
+  // The runner wrote the new tokens' k into the pool: every forward reads the pool.
+  const Status first = harness::run_backend(backend, pc, /*save_kv=*/false);
+  ASSERT_TRUE(first.is_ok()) << first.to_string();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  const auto snapshot = [&](std::vector<std::vector<uint8_t>>* outs) {
+    outs->clear();
+    for (const harness::LayerData& ld : pc.layers) {
+      std::vector<uint8_t> host(static_cast<size_t>(ld.out.storage_bytes()));
+      ASSERT_EQ(cudaMemcpy(host.data(), ld.out.data, host.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      outs->push_back(std::move(host));
+    }
+  };
+  const auto eager = [&](std::vector<std::vector<uint8_t>>* outs) {
+    const Status planned = backend.init_forward_metadata(batch);
+    ASSERT_TRUE(planned.is_ok()) << planned.to_string();
+    for (harness::LayerData& ld : pc.layers) {
+      const Status s = backend.forward(ld.q, {}, {}, ld.out, ld.layer, batch, false, {});
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    snapshot(outs);
+  };
+
+  ASSERT_TRUE(backend.init_cuda_graph_state(bs, bs).is_ok());
+  ASSERT_TRUE(backend
+                  .init_forward_metadata_capture_cuda_graph(bs, bs, batch.req_pool_indices,
+                                                            batch.seq_lens, {}, batch.mode, nullptr)
+                  .is_ok());
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  for (harness::LayerData& ld : pc.layers) {
+    const Status s = backend.forward(ld.q, {}, {}, ld.out, ld.layer, batch, false, {});
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+  // New lengths (at most the prepared history) written in place.
+  for (const std::vector<int32_t>& lens :
+       {std::vector<int32_t>{1999, 6, 450, 301}, std::vector<int32_t>{64, 3, 1, 200}}) {
+    ASSERT_EQ(cudaMemcpy(batch.seq_lens.data, lens.data(), lens.size() * sizeof(int32_t),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    batch.seq_lens_host = lens;
+    batch.seq_lens_sum = 0;
+    for (int32_t n : lens) batch.seq_lens_sum += n;
+    for (const harness::LayerData& ld : pc.layers) {
+      ASSERT_EQ(cudaMemset(ld.out.data, 0xff, static_cast<size_t>(ld.out.storage_bytes())),
+                cudaSuccess);
+    }
+    ASSERT_TRUE(backend
+                    .init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices,
+                                                             batch.seq_lens, 0, {}, batch.mode,
+                                                             nullptr, lens.data())
+                    .is_ok());
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<std::vector<uint8_t>> replayed, eager_out;
+    snapshot(&replayed);
+    eager(&eager_out);
+    if (HasFatalFailure()) break;
+    ASSERT_EQ(replayed.size(), eager_out.size());
+    for (size_t l = 0; l < replayed.size(); ++l) {
+      EXPECT_EQ(std::memcmp(replayed[l].data(), eager_out[l].data(), replayed[l].size()), 0)
+          << "layer " << l << " lengths " << lens[0] << "," << lens[1];
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace attnkit

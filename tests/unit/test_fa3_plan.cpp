@@ -1,0 +1,70 @@
+// The fa3 host planner: plan layout, longest-first tile order (the header's worked example), empty
+// requests, and the error for inconsistent lengths.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "backends/fa3/kernels/fa3_params.h"
+#include "backends/fa3/kernels/tile_plan.h"
+
+namespace attnkit::fa3 {
+namespace {
+
+struct TileWords {
+  int32_t request, m_block;
+  bool operator==(const TileWords&) const = default;
+};
+
+std::vector<TileWords> tiles_of(const TilePlan& plan, int bs) {
+  std::vector<TileWords> t;
+  const size_t first = kPlanHeaderWords + static_cast<size_t>(bs) * kRequestWords;
+  for (size_t i = first; i + 1 < plan.words.size(); i += kTileWords) {
+    t.push_back({plan.words[i], plan.words[i + 1]});
+  }
+  return t;
+}
+
+TEST(Fa3PlanTest, WorkedExampleOfTheHeader) {
+  const std::vector<TileRequest> reqs = {{0, 300, 300}, {300, 1, 77}};
+  Result<TilePlan> plan = build_tile_plan(reqs);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->num_tiles, 4);
+  EXPECT_EQ(plan->words[0], 4);
+  ASSERT_EQ(plan->words.size(),
+            static_cast<size_t>(kPlanHeaderWords + 2 * kRequestWords + 4 * kTileWords));
+  // Requests: q_start, q_len, kv_len, 0.
+  EXPECT_EQ(plan->words[kPlanHeaderWords + 0], 0);
+  EXPECT_EQ(plan->words[kPlanHeaderWords + 1], 300);
+  EXPECT_EQ(plan->words[kPlanHeaderWords + 2], 300);
+  EXPECT_EQ(plan->words[kPlanHeaderWords + kRequestWords + 0], 300);
+  EXPECT_EQ(plan->words[kPlanHeaderWords + kRequestWords + 2], 77);
+  const std::vector<TileWords> expected = {{0, 2}, {0, 1}, {0, 0}, {1, 0}};
+  EXPECT_EQ(tiles_of(*plan, 2), expected);
+}
+
+TEST(Fa3PlanTest, PrefixRaisesEveryTileAndEmptyRequestsHaveNone) {
+  // A 1000-key prefix: every tile of request 1 reads more keys than request 0's longest tile.
+  const std::vector<TileRequest> reqs = {{0, 200, 200}, {200, 0, 5}, {200, 129, 1129}};
+  Result<TilePlan> plan = build_tile_plan(reqs);
+  ASSERT_TRUE(plan.is_ok());
+  const std::vector<TileWords> expected = {{2, 1}, {2, 0}, {0, 1}, {0, 0}};
+  EXPECT_EQ(tiles_of(*plan, 3), expected);
+}
+
+TEST(Fa3PlanTest, RejectsInconsistentLengths) {
+  const std::vector<TileRequest> reqs = {{0, 4, 4}, {4, 9, 3}};
+  Result<TilePlan> plan = build_tile_plan(reqs);
+  ASSERT_FALSE(plan.is_ok());
+  EXPECT_NE(plan.status().message().find("request 1"), std::string::npos)
+      << plan.status().message();
+}
+
+TEST(Fa3PlanTest, KeyBlockFollowsTheHeadDim) {
+  EXPECT_EQ(key_block(64), 128);
+  EXPECT_EQ(key_block(128), 128);
+  EXPECT_EQ(key_block(256), 64);
+}
+
+}  // namespace
+}  // namespace attnkit::fa3
