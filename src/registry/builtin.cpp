@@ -156,7 +156,8 @@ BackendDescriptor flashinfer() {
       kMinCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, false);
   d.mha->head_dims = cuda_head_dims();
-  d.mla = mla_row(token_pages(), false, true, true, true, false);
+  // chunked prefix cache: no (DESIGN says yes): no prefix-chunk + LSE-merge MLA prefill exists yet.
+  d.mla = mla_row(token_pages(), false, true, false, true, false);
 #ifdef ATTNKIT_WITH_CUDA
   d.built = true;
   d.not_built_reason.clear();
@@ -183,7 +184,8 @@ BackendDescriptor fa3() {
   d.mha = mha_row(any_pages(), true, false, true, true, true, true);
   d.mha->head_dims = cuda_head_dims();
   d.mha->fp8_e4m3_only = true;
-  d.mla = mla_row(any_pages(), false, false, true, true, true);
+  // chunked prefix cache: no (DESIGN says yes): no prefix-chunk + LSE-merge MLA prefill exists yet.
+  d.mla = mla_row(any_pages(), false, false, false, true, true);
   d.mla->topk_gt1_needs_page1 = true;
 #ifdef ATTNKIT_WITH_CUDA
   d.built = true;
@@ -254,7 +256,8 @@ BackendDescriptor flashmla() {
       "bf16 and fp8_e4m3 latent cache, s_q 1 and verify topk 1; extend, 192/128 prefill and fp4 "
       "KV via the portable SIMT kernels",
       kMinCc);
-  d.mla = mla_row(fixed_pages({64}), true, true, true, true, false);
+  // chunked prefix cache: no (DESIGN says yes): no prefix-chunk + LSE-merge MLA prefill exists yet.
+  d.mla = mla_row(fixed_pages({64}), true, true, false, true, false);
   d.mla->fp8_e4m3_only = true;
 #ifdef ATTNKIT_WITH_CUDA
   d.built = true;
@@ -277,7 +280,8 @@ BackendDescriptor cutlass_mla() {
       "split-KV plan + LSE combine, bf16 and fp8_e4m3 cache); extend, 192/128 prefill and fp4 "
       "KV via the portable SIMT kernels",
       kMinCc, kMaxCc);
-  d.mla = mla_row(fixed_pages({128}), true, true, true, true, false);
+  // chunked prefix cache: no (DESIGN says yes): no prefix-chunk + LSE-merge MLA prefill exists yet.
+  d.mla = mla_row(fixed_pages({128}), true, true, false, true, false);
   d.mla->fp8_e4m3_only = true;
 #ifdef ATTNKIT_WITH_CUDA
   d.built = true;
