@@ -15,6 +15,9 @@
 #   BENCH_TIMEOUT=240       seconds per case file
 #   BENCH_QUICK=0           1: scripts/device/triton_{decode,extend}_quick.json
 #   BENCH_BACKENDS="triton,flashinfer"   backends timed by attnkit bench
+#   BUILD_TARGETS=""        build stage: these ninja targets instead of the CLI + every GPU test
+#                           (e.g. "attnkit" when only the python stage follows)
+#   HEAD_DIMS=""            -DATTNKIT_HEAD_DIMS (e.g. "64;128;256"); empty = the CMake default
 #   stage "python": builds the Python extension in the same tree and runs
 #                   scripts/device/python_gpu_check.py (torch SDPA as the oracle)
 set -uo pipefail
@@ -40,7 +43,8 @@ if has_stage build; then
     -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DCMAKE_PREFIX_PATH="$root/.deps" \
     -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
     -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
-    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$OUT/build.log" 2>&1
+    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
+    ${HEAD_DIMS:+"-DATTNKIT_HEAD_DIMS=$HEAD_DIMS"} > "$OUT/build.log" 2>&1
   rc=$?
   if [ $rc -ne 0 ]; then tail -30 "$OUT/build.log"; note "configure: FAILED"; exit 1; fi
   # The library, the CLI (bench) and every GPU test; the CPU unit tests run in CI, not here.
@@ -48,6 +52,7 @@ if has_stage build; then
   for f in tests/gpu/test_*.cpp tests/gpu/test_*.cu; do
     [ -f "$f" ] && targets+=("$(basename "${f%.*}")")
   done
+  if [ -n "${BUILD_TARGETS:-}" ]; then read -r -a targets <<< "$BUILD_TARGETS"; fi
   ninja -C "$build" -j16 -k 0 "${targets[@]}" >> "$OUT/build.log" 2>&1
   rc=$?
   note "build: rc=$rc in $(( $(date +%s) - t0 )) s"
@@ -91,7 +96,8 @@ if has_stage python; then
     ninja -C "$build" -j16 _attnkit; } >> "$OUT/ctest.log" 2>&1
   rc=$?
   if [ $rc -eq 0 ]; then
-    PYTHONPATH="$build/python" timeout 240 python3 scripts/device/python_gpu_check.py >> "$OUT/ctest.log" 2>&1
+    PYTHONUNBUFFERED=1 PYTHONPATH="$build/python" timeout 240 python3 -X faulthandler \
+      scripts/device/python_gpu_check.py >> "$OUT/ctest.log" 2>&1
     rc=$?
   fi
   note "python gpu check: rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E 'passed|failed' "$OUT/ctest.log" | tail -1)"

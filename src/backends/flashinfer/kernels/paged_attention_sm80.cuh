@@ -559,8 +559,12 @@ struct PagedAttention {
       const int token = t.q_start + prow / p.group;
       const int head = t.kv_head * p.group + prow % p.group;
       if (split) {
+        // Partial row of (split, token): partial_base + split * q_len + token offset (decode:
+        // q_len 1; cascade passes write every token of a multi-token request).
         const int64_t prow_index =
-            static_cast<int64_t>(req.partial_base + split_index) * p.num_q_heads + head;
+            static_cast<int64_t>(req.partial_base + split_index * req.q_len + (token - t.q_start)) *
+                p.num_q_heads +
+            head;
         const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
         float* dst = p.partial_out + prow_index * Tr::kHeadDim + col;
 #pragma unroll
