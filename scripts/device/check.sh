@@ -73,6 +73,16 @@ if has_stage test; then
   note "ctest: rc=$rc skipped=$skipped in $(( $(date +%s) - t0 )) s"
 fi
 
+# The torch peers first, so that the bench can report its ratio to their GEMM ceiling.
+if has_stage peers && [ -f .peers/torch_peers.py ]; then
+  PYTHONUNBUFFERED=1 OUT="$OUT" timeout "${PEERS_TIMEOUT:-300}" python3 .peers/torch_peers.py > "$OUT/peers.log" 2>&1
+  note "peers: rc=$?"
+fi
+gemm_tflops=""
+if [ -f "$OUT/torch_peers.json" ]; then
+  gemm_tflops=$(python3 -c 'import json,sys; print(next((r["tflops"] for r in json.load(open(sys.argv[1])) if r.get("name") == "gemm_bf16"), ""))' "$OUT/torch_peers.json" 2>/dev/null)
+fi
+
 cli="$build/tools/attnkit/attnkit"
 if has_stage bench && [ -x "$cli" ]; then
   # BENCH_QUICK=1: the small case files next to this script instead of bench/cases/*.json.
@@ -84,6 +94,7 @@ if has_stage bench && [ -x "$cli" ]; then
           --json "$OUT/bench_$f.json")
     [ "${BENCH_VERIFY:-0}" = 1 ] && args+=(--verify)
     [ -n "${BENCH_FILTER:-}" ] && args+=(--filter "$BENCH_FILTER")
+    [ -n "$gemm_tflops" ] && args+=(--gemm-tflops "$gemm_tflops")
     echo "=== bench $f: ${args[*]}" >> "$OUT/bench.log"
     timeout "${BENCH_TIMEOUT:-240}" "$cli" "${args[@]}" >> "$OUT/bench.log" 2>&1
     note "bench $f: rc=$?"
@@ -103,10 +114,6 @@ if has_stage python; then
   note "python gpu check: rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E 'passed|failed' "$OUT/ctest.log" | tail -1)"
 fi
 
-if has_stage peers && [ -f .peers/torch_peers.py ]; then
-  PYTHONUNBUFFERED=1 OUT="$OUT" timeout "${PEERS_TIMEOUT:-300}" python3 .peers/torch_peers.py > "$OUT/peers.log" 2>&1
-  note "peers: rc=$?"
-fi
 
 echo "==================== summary ===================="
 cat "$summary"
