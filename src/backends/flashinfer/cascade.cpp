@@ -24,15 +24,21 @@ int64_t shared_prefix_len(std::span<const int32_t* const> rows, int64_t cap, int
     if (row == nullptr) return 0;
   }
   // Kernels read only the page-start entries (slot of key k = row[k - k % page] + k % page), so
-  // equal page starts mean equal keys for the whole page.
-  int64_t k = 0;
-  for (; k < cap; k += page_size) {
-    const int32_t first = rows[0][k];
-    bool same = true;
-    for (size_t r = 1; r < rows.size() && same; ++r) same = rows[r][k] == first;
-    if (!same) break;
+  // equal page starts mean equal keys for the whole page. Row by row, the shared run can only
+  // shrink: a batch without sharing costs one compare per request, a shared one a linear scan.
+  int64_t pages = (cap + page_size - 1) / page_size;
+  const int32_t* first = rows[0];
+  for (size_t r = 1; r < rows.size() && pages > 0; ++r) {
+    const int32_t* row = rows[r];
+    if (page_size == 1) {
+      pages = std::mismatch(first, first + pages, row).first - first;
+    } else {
+      int64_t p = 0;
+      while (p < pages && row[p * page_size] == first[p * page_size]) ++p;
+      pages = p;
+    }
   }
-  return std::min(k, cap);
+  return std::min(pages * page_size, cap);
 }
 
 #ifdef ATTNKIT_WITH_CUDA
