@@ -47,6 +47,7 @@ struct BenchArgs {
   std::string csv_path;
   int warmup = -1;
   int iters = -1;
+  int launches = 1;
   std::string filter;
   int64_t rotate_mib = 0;
   int max_copies = 512;
@@ -158,6 +159,7 @@ void bench_main(const BenchArgs& args) {
   settings.warmup = args.warmup >= 0 ? args.warmup : (device.is_cuda() ? kCudaWarmup : kCpuWarmup);
   settings.iters = args.iters > 0 ? args.iters : (device.is_cuda() ? kCudaIters : kCpuIters);
   settings.max_copies = args.max_copies;
+  settings.launches = args.launches;
   if (args.rotate_mib > 0) {
     settings.rotate_bytes = args.rotate_mib << 20;
     run.rotate_why = "--rotate-mib " + std::to_string(args.rotate_mib);
@@ -169,7 +171,11 @@ void bench_main(const BenchArgs& args) {
 
   std::cerr << "attnkit bench: " << run.device_info.name << " (" << run.device << "), "
             << cases.size() << " cases x " << backends.size() << " backends, rotate "
-            << (settings.rotate_bytes >> 20) << " MiB (" << run.rotate_why << ")\n";
+            << (settings.rotate_bytes >> 20) << " MiB (" << run.rotate_why << ")"
+            << (settings.launches > 1
+                    ? ", " + std::to_string(settings.launches) + " back-to-back forwards per sample"
+                    : std::string())
+            << "\n";
   // Ceilings, measured before the cases in the same process.
   bench::CeilingRates rates;
   Result<bench::Ceiling> copy =
@@ -343,6 +349,11 @@ void register_bench_commands(CLI::App& app) {
                    "Timed calls; the median is reported "
                    "(default: CPU " +
                        std::to_string(kCpuIters) + ", CUDA " + std::to_string(kCudaIters) + ")")
+      ->check(CLI::PositiveNumber);
+  bench
+      ->add_option("--launches", bench_args->launches,
+                   "CUDA: forwards enqueued back to back per timed sample, time divided by it "
+                   "(default 1: one forward, host launch latency included)")
       ->check(CLI::PositiveNumber);
   bench->add_option("--filter", bench_args->filter, "Only cases whose name contains this");
   bench

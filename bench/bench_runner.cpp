@@ -106,7 +106,11 @@ harness::CaseSpec to_case_spec(const BenchCase& c) {
 }
 
 Result<Timing> time_forward(AttentionBackend& backend, harness::PreparedCase& prepared, int warmup,
-                            int iters) {
+                            int iters, int launches) {
+  if (launches < 1) {
+    return Status::invalid_argument("time_forward: launches must be >= 1 (got " +
+                                    std::to_string(launches) + ")");
+  }
   if (prepared.layers.empty() || iters <= 0 || warmup < 0) {
     return Status::invalid_argument("time_forward: needs layers (got " +
                                     std::to_string(prepared.layers.size()) + "), iters > 0 (got " +
@@ -127,7 +131,9 @@ Result<Timing> time_forward(AttentionBackend& backend, harness::PreparedCase& pr
     for (int i = 0; i < iters; ++i) {
       ATTNKIT_RETURN_IF_ERROR(
           cuda_check(cudaEventRecord(events.start(), stream), "cudaEventRecord"));
-      ATTNKIT_RETURN_IF_ERROR(forward_copy(backend, prepared, warmup + i));
+      for (int j = 0; j < launches; ++j) {
+        ATTNKIT_RETURN_IF_ERROR(forward_copy(backend, prepared, warmup + i * launches + j));
+      }
       ATTNKIT_RETURN_IF_ERROR(
           cuda_check(cudaEventRecord(events.stop(), stream), "cudaEventRecord"));
       ATTNKIT_RETURN_IF_ERROR(
@@ -135,7 +141,7 @@ Result<Timing> time_forward(AttentionBackend& backend, harness::PreparedCase& pr
       float elapsed = 0;
       ATTNKIT_RETURN_IF_ERROR(cuda_check(
           cudaEventElapsedTime(&elapsed, events.start(), events.stop()), "cudaEventElapsedTime"));
-      ms.push_back(elapsed);
+      ms.push_back(elapsed / launches);
     }
     return summarize(std::move(ms));
   }
@@ -208,7 +214,8 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   if (!prepared) return fail(prepared.status(), "prepare_case");
   auto backend = harness::create_backend_for_case(descriptor, *prepared);
   if (!backend) return fail(backend.status(), "create backend");
-  Result<Timing> timing = time_forward(**backend, *prepared, settings.warmup, settings.iters);
+  Result<Timing> timing =
+      time_forward(**backend, *prepared, settings.warmup, settings.iters, settings.launches);
   if (!timing) return fail(timing.status(), "timing");
   r.ms_median = timing->ms_median;
   r.ms_min = timing->ms_min;

@@ -21,6 +21,10 @@ struct RunSettings {
   int64_t rotate_bytes = 0;  // rotating copies must touch at least this many bytes
   int max_copies = 512;      // cap on rotating copies (tiny cases)
   bool verify = false;
+  // CUDA: forwards enqueued back to back between the two timing events (the time is divided by
+  // it). 1 = each timed forward alone, host launch latency included; > 1 hides it behind the
+  // GPU work (kernel time).
+  int launches = 1;
 };
 
 enum class CaseStatus { kOk, kSkipped, kFailed, kMismatch };
@@ -67,13 +71,14 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
                     const CeilingRates& ceilings);
 
 // Median/min/max wall time in ms of `iters` forward calls after `warmup`, cycling over the layers
-// of `prepared` (one rotating copy each). The backend's metadata is initialised once.
+// of `prepared` (one rotating copy each). The backend's metadata is initialised once. CUDA: each
+// timed sample is `launches` back-to-back forwards, divided by `launches`.
 struct Timing {
   double ms_median = 0;
   double ms_min = 0;
   double ms_max = 0;
 };
 Result<Timing> time_forward(AttentionBackend& backend, harness::PreparedCase& prepared, int warmup,
-                            int iters);
+                            int iters, int launches = 1);
 
 }  // namespace attnkit::bench

@@ -124,7 +124,8 @@ BackendDescriptor triton() {
   constexpr int kMinCc = 75;
   BackendDescriptor d = cuda_descriptor(
       "triton",
-      "portable CUDA (SM75+), split-KV decode + two-loop extend; the universal GPU fallback",
+      "portable CUDA (SM75+ SIMT; mma.sync on SM80+), split-KV decode + two-loop extend; the "
+      "universal GPU fallback",
       kMinCc);
   d.mha = mha_row(token_pages(), true, true, true, true, true, true);
   d.mha->head_dims = cuda_head_dims();

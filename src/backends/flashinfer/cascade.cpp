@@ -102,24 +102,45 @@ Status Cascade::plan(const ForwardBatch& batch, std::span<const PlanRequest> req
     }
   }
 
-  // Pass 2: each request against its own keys [shared, kv_len), planned like the plain forward.
-  std::vector<PlanRequest> suffix_reqs(reqs.begin(), reqs.end());
-  for (PlanRequest& r : suffix_reqs) r.kv_len -= static_cast<int32_t>(shared);
-  PlanConfig suffix_config = config;
-  suffix_config.shape = shape;
-  ATTNKIT_ASSIGN_OR_RETURN(WorkPlan suffix, build_work_plan(suffix_reqs, suffix_config));
+  // Pass 2: each request against its own keys [shared, kv_len), on prefill tiles (their split
+  // path writes f32 partials and leaves the merge to us; the decode kernel merges in place).
+  // Decode requests are key-chunked like a split plan so that a long private suffix still
+  // spreads over the SMs; extend / verify tiles take their whole suffix (causal clip).
+  const bool decode = shape == TileShape::kDecode;
+  int64_t suffix_keys = 0;
+  for (const PlanRequest& r : reqs) suffix_keys += r.kv_len - shared;
+  const int64_t suffix_chunk = std::max<int64_t>(
+      kMinSplitChunk,
+      ceil_div(ceil_div(suffix_keys, per_head_target), kDecodeTileKeys) * kDecodeTileKeys);
+  WorkPlan suffix;
   int64_t partial_rows = chunks * tokens;
-  for (RequestPlan& r : suffix.requests) {
-    const int32_t n = r.num_splits;
-    r.kv_len += static_cast<int32_t>(shared);
-    r.reserved[0] = n;                       // the merge's count of suffix partials
-    r.num_splits = std::max<int32_t>(2, n);  // > 1: the kernel writes f32 partials
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const PlanRequest& in = reqs[i];
+    const int64_t own_keys = in.kv_len - shared;
+    const int64_t splits = decode ? std::max<int64_t>(1, ceil_div(own_keys, suffix_chunk)) : 1;
+    const int64_t chunk_len = decode ? suffix_chunk : std::max<int64_t>(own_keys, 1);
+    RequestPlan r;
+    r.q_start = in.q_start;
+    r.q_len = in.q_len;
+    r.kv_len = in.kv_len;
+    r.num_splits = static_cast<int32_t>(std::max<int64_t>(2, splits));  // > 1: f32 partials
     r.partial_base = static_cast<int32_t>(partial_rows);
-    partial_rows += static_cast<int64_t>(n) * r.q_len;
-  }
-  for (WorkItem& w : suffix.items) {
-    w.kv_begin += static_cast<int32_t>(shared);
-    w.kv_end += static_cast<int32_t>(shared);
+    r.reserved[0] = static_cast<int32_t>(splits);  // the merge's count of suffix partials
+    suffix.requests.push_back(r);
+    partial_rows += splits * in.q_len;
+    const int64_t q_tiles = ceil_div(static_cast<int64_t>(in.q_len) * group, kPrefillTileRows);
+    for (int64_t t = 0; t < q_tiles; ++t) {
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        WorkItem w;
+        w.request = static_cast<int32_t>(i);
+        w.q_row_begin = static_cast<int32_t>(t * kPrefillTileRows);
+        w.kv_begin = static_cast<int32_t>(shared + sp * chunk_len);
+        w.kv_end =
+            static_cast<int32_t>(std::min<int64_t>(in.kv_len, shared + (sp + 1) * chunk_len));
+        w.split = static_cast<int32_t>(sp);
+        suffix.items.push_back(w);
+      }
+    }
   }
   if (partial_rows * num_q_heads * head_dim > std::numeric_limits<int32_t>::max()) {
     return Status::ok();  // the plain plan serves batches whose partials would not fit int32 rows
@@ -162,7 +183,7 @@ Status Cascade::plan(const ForwardBatch& batch, std::span<const PlanRequest> req
 }
 
 Status Cascade::run(const PagedParams& p, DType q_dtype, DType kv_dtype, int head_dim,
-                    TileShape shape, StreamHandle stream) const {
+                    StreamHandle stream) const {
   if (!active_) return Status::internal("flashinfer cascade: run without an active plan");
   const int32_t* words = words_dev_.data();
   PagedParams shared = p;  // pass 1: the virtual request reads request 0's (shared) pages
@@ -176,7 +197,9 @@ Status Cascade::run(const PagedParams& p, DType q_dtype, DType kv_dtype, int hea
   shared.lse = nullptr;
   shared.partial_out = partial_out_.data();
   shared.partial_lse = partial_lse_.data();
-  PagedParams own = p;  // pass 2
+  shared.split_counters = nullptr;
+  PagedParams own = p;  // pass 2 (prefill tiles: no in-kernel merge, no counters)
+  own.split_counters = nullptr;
   own.plan = words + suffix_offset_;
   own.sinks = nullptr;
   own.lse = nullptr;
@@ -187,15 +210,10 @@ Status Cascade::run(const PagedParams& p, DType q_dtype, DType kv_dtype, int hea
       return Status::unsupported("flashinfer cascade: head_dim " + std::to_string(kD) +
                                  " is not compiled in");
     } else {
-      const Status first = run_paged<kD, TileShape::kPrefill>(shared, q_dtype, kv_dtype,
-                                                              prefix_items_, false, stream);
+      const Status first =
+          run_paged<kD, TileShape::kPrefill>(shared, q_dtype, kv_dtype, prefix_items_, stream);
       if (!first.is_ok()) return first;
-      if (shape == TileShape::kDecode) {
-        return run_paged<kD, TileShape::kDecode>(own, q_dtype, kv_dtype, suffix_items_, false,
-                                                 stream);
-      }
-      return run_paged<kD, TileShape::kPrefill>(own, q_dtype, kv_dtype, suffix_items_, false,
-                                                stream);
+      return run_paged<kD, TileShape::kPrefill>(own, q_dtype, kv_dtype, suffix_items_, stream);
     }
   };
   const Status ran =

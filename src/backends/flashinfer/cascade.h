@@ -8,8 +8,9 @@
 //           request, prefill tiles) attends to keys [0, P) of the shared prefix: no causal mask
 //           (every query sits after the prefix), split into key chunks for parallelism. Each
 //           (chunk, token, head) writes a normalised f32 partial + log2 LSE.
-//   pass 2  every request attends to its own suffix [P, kv_len) with the usual tiles (decode:
-//           split-KV chunks; extend / verify: causal or the tree mask), also as f32 partials.
+//   pass 2  every request attends to its own suffix [P, kv_len) on prefill tiles (decode: key
+//           chunks for long suffixes; extend / verify: causal or the tree mask), also as f32
+//           partials (the prefill kernel leaves split partials to the caller's merge).
 //   merge   out = sum_i w_i O_i / sum_i w_i, w_i = 2^(lse_i - max) over the partials of the token,
 //           plus the sink in the denominator, times v_scale; lse (natural log) when requested.
 //
@@ -56,8 +57,8 @@ class Cascade {
   int64_t shared_prefix() const { return shared_; }
 
   // Runs one layer: pass 1, pass 2 and the merge. p is the plain plan's fully filled PagedParams
-  // (q, out, lse, pool, table, mask, sinks, scales); shape: the plain plan's tile shape.
-  Status run(const PagedParams& p, DType q_dtype, DType kv_dtype, int head_dim, TileShape shape,
+  // (q, out, lse, pool, table, mask, sinks, scales).
+  Status run(const PagedParams& p, DType q_dtype, DType kv_dtype, int head_dim,
              StreamHandle stream) const;
 
   // K/V bytes one layer reads from the pool: plain plan vs cascade (bf16 = 2 bytes per element,

@@ -95,14 +95,26 @@ struct Plan {
   int bs = 0;
   TileShape shape = TileShape::kDecode;
   int grid_items = 0;  // CTAs per kv head launched
-  bool merge = false;  // launch the split-KV merge
   bool split = false;  // some request is split (stats)
   const int32_t* words = nullptr;
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
+  int32_t* split_counters = nullptr;  // decode: [bs * q_tiles * Hkv] zeros (fused merge)
 };
 
 bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// Grows `a` to n counters; a new allocation is zeroed on `stream` (the decode kernel leaves the
+// counters zero after every launch).
+Status reserve_zeroed(DeviceArray<int32_t>& a, Device device, int64_t n, StreamHandle stream) {
+  const int64_t before = a.capacity;
+  ATTNKIT_RETURN_IF_ERROR(a.reserve(device, n));
+  if (a.capacity != before) {
+    ATTNKIT_CUDA_TRY(cudaMemsetAsync(a.data(), 0, static_cast<size_t>(a.capacity) * sizeof(int32_t),
+                                     cuda::to_stream(stream)));
+  }
+  return Status::ok();
+}
 int log2_exact(int v) {
   int s = 0;
   while ((1 << s) < v) ++s;
@@ -173,6 +185,14 @@ class FlashInferBackend final : public AttentionBackend {
   }
   // The single answer to "tensor cores or the portable path" for this forward: "" = tensor cores.
   std::string portable_reason(const ForwardBatch& batch) const;
+  // Split counters of one decode request: one per (q tile, kv head).
+  int64_t decode_counters_per_request() const {
+    const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
+    return static_cast<int64_t>((group + flashinfer::kDecodeTileRows - 1) /
+                                flashinfer::kDecodeTileRows) *
+           std::max(1, ctx_.num_kv_heads);
+  }
+
   PlanConfig plan_config(TileShape shape, bool allow_split) const {
     PlanConfig c;
     c.shape = shape;
@@ -211,6 +231,7 @@ class FlashInferBackend final : public AttentionBackend {
   std::vector<int32_t> words_;
   DeviceArray<int32_t> plan_words_;
   DeviceArray<float> partial_out_, partial_lse_;
+  DeviceArray<int32_t> split_counters_;  // zeroed when allocated; the kernel leaves them zero
   PinnedStaging staging_;
 
   // MLA fp4 workspace.
@@ -239,6 +260,7 @@ class FlashInferBackend final : public AttentionBackend {
   }
   DeviceArray<int32_t> graph_words_;
   DeviceArray<float> graph_partial_out_, graph_partial_lse_;
+  DeviceArray<int32_t> graph_split_counters_;
 };
 
 std::string FlashInferBackend::portable_reason(const ForwardBatch& batch) const {
@@ -312,14 +334,16 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     const int64_t rows = static_cast<int64_t>(wp.num_partials) * ctx_.num_q_heads;
     ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
     ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, rows));
+    ATTNKIT_RETURN_IF_ERROR(
+        reserve_zeroed(split_counters_, ctx_.device, bs * decode_counters_per_request(), stream));
   }
   plan_.shape = shape;
   plan_.grid_items = static_cast<int>(wp.items.size());
-  plan_.merge = wp.any_split;
   plan_.split = wp.any_split;
   plan_.words = plan_words_.data();
   plan_.partial_out = partial_out_.data();
   plan_.partial_lse = partial_lse_.data();
+  plan_.split_counters = split_counters_.data();
   ATTNKIT_RETURN_IF_ERROR(cascade_.plan(batch, reqs, shape, plan_config(shape, decode),
                                         ctx_.num_q_heads, ctx_.qk_head_dim, ctx_.device,
                                         cascade_options, stream));
@@ -417,6 +441,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   if (layer.sinks.defined()) p.sinks = layer.sinks.data_as<const float>();
   p.partial_out = plan_.partial_out;
   p.partial_lse = plan_.partial_lse;
+  p.split_counters = plan_.split_counters;
   p.num_q_heads = layer.num_q_heads;
   p.num_kv_heads = layer.num_kv_heads;
   p.group = layer.num_q_heads / layer.num_kv_heads;
@@ -432,22 +457,19 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   ++stats_.native_calls;
   if (cascade_.active() && layer.sliding_window < 0) {  // windowed layers use the plain plan
     ++stats_.cascade_calls;
-    return cascade_.run(p, q.dtype, kv_dtype, ctx_.qk_head_dim, plan_.shape, stream);
+    return cascade_.run(p, q.dtype, kv_dtype, ctx_.qk_head_dim, stream);
   }
   if (plan_.split) ++stats_.split_calls;
   const int grid = plan_.grid_items;
-  const bool merge = plan_.merge;
   const TileShape shape = plan_.shape;
   return dispatch_value<flashinfer::NativeHeadDims>(
       ctx_.qk_head_dim, "flashinfer: head_dim", [&]<int kD>() -> Status {
         if constexpr (!flashinfer::head_dim_compiled(kD)) {
           return Status::unsupported("flashinfer: head_dim " + str(kD) + " is not compiled in");
         } else if (shape == TileShape::kDecode) {
-          return flashinfer::run_paged<kD, TileShape::kDecode>(p, q.dtype, kv_dtype, grid, merge,
-                                                               stream);
+          return flashinfer::run_paged<kD, TileShape::kDecode>(p, q.dtype, kv_dtype, grid, stream);
         } else {
-          return flashinfer::run_paged<kD, TileShape::kPrefill>(p, q.dtype, kv_dtype, grid, merge,
-                                                                stream);
+          return flashinfer::run_paged<kD, TileShape::kPrefill>(p, q.dtype, kv_dtype, grid, stream);
         }
       });
 }
@@ -633,6 +655,9 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   const int64_t rows = graph_items_ * ctx_.num_q_heads;  // partials <= items
   ATTNKIT_RETURN_IF_ERROR(graph_partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
   ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(ctx_.device, rows));
+  ATTNKIT_RETURN_IF_ERROR(reserve_zeroed(graph_split_counters_, ctx_.device,
+                                         max_bs * decode_counters_per_request(), nullptr));
+  ATTNKIT_CUDA_TRY(cudaDeviceSynchronize());  // the counters are zero before any capture
   graph_max_bs_ = max_bs;
   graph_ready_ = true;
   graph_portable_ = false;
@@ -675,7 +700,6 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   plan_.bs = bs;
   plan_.shape = TileShape::kDecode;
   plan_.grid_items = static_cast<int>(graph_items_);
-  plan_.merge = true;
   if (mode == ForwardMode::kTargetVerify) {
     // Verify runs prefill tiles without split (as eager verify does): bs * ceil(N * group / 64)
     // CTAs per kv head, every one of them real work on replay.
@@ -695,11 +719,11 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     }
     plan_.shape = TileShape::kPrefill;
     plan_.grid_items = static_cast<int>(items);
-    plan_.merge = false;
   }
   plan_.words = graph_words_.data();
   plan_.partial_out = graph_partial_out_.data();
   plan_.partial_lse = graph_partial_lse_.data();
+  plan_.split_counters = graph_split_counters_.data();
   graph_captured_.insert({static_cast<int>(mode), bs});
   return Status::ok();
 }

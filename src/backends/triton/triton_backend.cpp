@@ -36,6 +36,18 @@ constexpr int kTensorCoreComputeCapability = 80;  // mma.sync m16n8k16 bf16/f16
 
 bool is_quantized(DType d) { return dtype_is_fp8(d) || d == DType::kFP4E2M1; }
 
+// Grows `a` to n counters; a new allocation is zeroed on `stream` (the decode kernels leave the
+// counters zero after every launch).
+Status reserve_zeroed(DeviceArray<int32_t>& a, Device device, int64_t n, StreamHandle stream) {
+  const int64_t before = a.capacity;
+  ATTNKIT_RETURN_IF_ERROR(a.reserve(device, n));
+  if (a.capacity != before) {
+    ATTNKIT_CUDA_TRY(cudaMemsetAsync(a.data(), 0, static_cast<size_t>(a.capacity) * sizeof(int32_t),
+                                     cuda::to_stream(stream)));
+  }
+  return Status::ok();
+}
+
 // Token indices of one key set (self-attention prefix or cross-attention encoder keys).
 struct IndexSet {
   DeviceArray<int32_t> indptr;   // [bs + 1]
@@ -58,6 +70,7 @@ struct Plan {
   int grid_splits = 1;  // decode: launched split extent
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
+  int32_t* split_counters = nullptr;     // tensor-core decode: [bs, mma_head_blocks] zeros
   const int32_t* zero_indptr = nullptr;  // [bs + 1] zeros: no pool keys (MLA prefill)
 };
 
@@ -68,13 +81,25 @@ class TritonBackend final : public AttentionBackend {
     const int dqk = ctx.is_mla ? ctx.kv_lora_rank + ctx.qk_rope_head_dim : ctx.qk_head_dim;
     const int dv = ctx.is_mla ? ctx.kv_lora_rank : ctx.v_head_dim;
     const int group = ctx.num_kv_heads > 0 ? ctx.num_q_heads / ctx.num_kv_heads : 1;
-    const int tile = triton::simt::gqa_tile(dqk, dv);
+    // Blocks of one request and split: the tensor-core decode packs 16 q heads per block, the
+    // SIMT kernel simt::gqa_tile.
+    const int tile = decode_tensor_cores(ctx.q_dtype) ? triton::kMmaDecodeGroupTile
+                                                      : triton::simt::gqa_tile(dqk, dv);
     head_blocks_ = std::max(1, ctx.num_kv_heads) * ((group + tile - 1) / tile);
     max_splits_ = triton::plan_max_splits(sm_count_, head_blocks_);
+    mma_head_blocks_ = std::max(1, ctx.num_kv_heads) *
+                       ((group + triton::kMmaDecodeGroupTile - 1) / triton::kMmaDecodeGroupTile);
   }
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("triton");
+  }
+
+  // Decode on tensor cores (run_mma_decode) for MHA with bf16/f16 activations on SM80+; the pool
+  // dtype (the activation dtype or fp8; fp4 stays SIMT) is checked per forward.
+  bool decode_tensor_cores(DType q_dtype) const {
+    return !ctx_.is_mla && cc_ >= kTensorCoreComputeCapability &&
+           (q_dtype == DType::kBF16 || q_dtype == DType::kF16);
   }
 
   Status init_forward_metadata(const ForwardBatch& batch) override;
@@ -113,6 +138,7 @@ class TritonBackend final : public AttentionBackend {
   int sm_count_ = 0;
   int cc_ = 0;
   int head_blocks_ = 1;
+  int mma_head_blocks_ = 1;  // blocks of one request/split of the tensor-core decode
   int max_splits_ = 1;
   Plan plan_;
 
@@ -120,7 +146,8 @@ class TritonBackend final : public AttentionBackend {
   IndexSet self_, cross_;
   DeviceArray<int32_t> q_start_, zeros_;
   DeviceArray<float> partial_out_, partial_lse_;
-  std::vector<int32_t> q_layout_host_;  // [2 * bs]: q_start then q_len
+  DeviceArray<int32_t> split_counters_;  // zeroed when allocated; kernels leave them zero
+  std::vector<int32_t> q_layout_host_;   // [2 * bs]: q_start then q_len
 
   // CUDA-graph state (fixed addresses for the captured kernels).
   bool graph_ready_ = false;
@@ -129,6 +156,7 @@ class TritonBackend final : public AttentionBackend {
   IndexSet graph_self_;
   DeviceArray<int32_t> graph_q_start_, graph_q_len_;
   DeviceArray<float> graph_partial_out_, graph_partial_lse_;
+  DeviceArray<int32_t> graph_split_counters_;
   int graph_draft_tokens_ = 0;
 };
 
@@ -209,8 +237,11 @@ Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
       const int dv = ctx_.is_mla ? ctx_.kv_lora_rank : ctx_.v_head_dim;
       ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(dev, rows * dv));
       ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(dev, rows));
+      ATTNKIT_RETURN_IF_ERROR(reserve_zeroed(split_counters_, dev,
+                                             static_cast<int64_t>(bs) * mma_head_blocks_, stream));
       plan_.partial_out = partial_out_.data();
       plan_.partial_lse = partial_lse_.data();
+      plan_.split_counters = split_counters_.data();
     }
   } else {
     // Query layout: request r's tokens are [q_start[r], q_start[r] + q_len[r]).
@@ -395,6 +426,7 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     p.min_chunk = triton::kMinChunk;
     p.partial_out = plan_.partial_out;
     p.partial_lse = plan_.partial_lse;
+    p.split_counters = plan_.split_counters;
     if (plan_.grid_splits <= 1) p.max_splits = 1;
   }
 
@@ -422,11 +454,15 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   }
   // Extend on tensor cores where the architecture and dtype allow (the SIMT kernel covers SM75,
   // f32 activations and decode).
-  const bool tensor_cores = !decode && cc_ >= kTensorCoreComputeCapability &&
+  const bool tensor_cores = cc_ >= kTensorCoreComputeCapability &&
                             (q.dtype == DType::kBF16 || q.dtype == DType::kF16) &&
                             (kv_dtype == q.dtype || quant);
+  // Decode: fp4 pools and cross-attention stay on the SIMT kernel.
+  const bool mma_decode = decode && !cross && decode_tensor_cores(q.dtype) &&
+                          (kv_dtype == q.dtype || dtype_is_fp8(kv_dtype));
   return dispatch_value<triton::HeadDimList>(dqk, "triton: head_dim", [&]<int kD>() {
-    if (tensor_cores)
+    if (mma_decode) return triton::run_mma_decode<kD>(p, q.dtype, kv_dtype, grid_splits, stream);
+    if (tensor_cores && !decode)
       return triton::run_mma_extend<kD>(p, q.dtype, kv_dtype, plan_.max_q_len, stream);
     return triton::run_simt<kD, kD>(p, q.dtype, kv_dtype, !decode, grid_splits, stream);
   });
@@ -454,6 +490,9 @@ Status TritonBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
   const int64_t rows = static_cast<int64_t>(max_splits_) * max_bs * ctx_.num_q_heads;
   ATTNKIT_RETURN_IF_ERROR(graph_partial_out_.reserve(dev, rows * dv));
   ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(dev, rows));
+  ATTNKIT_RETURN_IF_ERROR(reserve_zeroed(graph_split_counters_, dev,
+                                         static_cast<int64_t>(max_bs) * mma_head_blocks_, nullptr));
+  ATTNKIT_CUDA_TRY(cudaDeviceSynchronize());  // the counters are zero before any capture
   graph_max_bs_ = max_bs;
   graph_max_tokens_ = max_num_tokens;
   graph_draft_tokens_ = 0;
@@ -528,6 +567,7 @@ Status TritonBackend::graph_metadata(int bs, const TensorView& req_pool_indices,
     plan_.grid_splits = max_splits_;
     plan_.partial_out = graph_partial_out_.data();
     plan_.partial_lse = graph_partial_lse_.data();
+    plan_.split_counters = graph_split_counters_.data();
   }
   plan_.valid = true;
   return Status::ok();

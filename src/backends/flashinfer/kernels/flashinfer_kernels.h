@@ -29,10 +29,11 @@ constexpr bool head_dim_compiled(int d) {
 }
 
 // Paged attention over the work items of p.plan (grid_items CTAs per kv head; a CUDA-graph grid
-// may be larger than the plan: extra CTAs exit), then the split-KV merge when `merge`.
+// may be larger than the plan: extra CTAs exit). Decode merges split requests in the kernel (the
+// last split CTA; p.split_counters).
 // q: bf16 / f16; KV: the q dtype, fp8_e4m3 or fp8_e5m2.
 template <int kD, TileShape kShape>
-Status run_paged(const PagedParams& p, DType q_dtype, DType kv_dtype, int grid_items, bool merge,
+Status run_paged(const PagedParams& p, DType q_dtype, DType kv_dtype, int grid_items,
                  StreamHandle stream);
 
 }  // namespace attnkit::flashinfer

@@ -7,8 +7,8 @@
 namespace attnkit::flashinfer {
 template <>
 Status run_paged<64, TileShape::kDecode>(const PagedParams& p, DType q_dtype, DType kv_dtype,
-                                         int grid_items, bool merge, StreamHandle stream) {
-  return run_paged_impl<64, TileShape::kDecode>(p, q_dtype, kv_dtype, grid_items, merge, stream);
+                                         int grid_items, StreamHandle stream) {
+  return run_paged_impl<64, TileShape::kDecode>(p, q_dtype, kv_dtype, grid_items, stream);
 }
 }  // namespace attnkit::flashinfer
 #endif

@@ -1,4 +1,5 @@
-// Tensor-core paged attention (SM80+): one kernel template for decode and prefill/extend.
+// Tensor-core paged attention (SM80+): the prefill/extend kernel template, the launch helper and
+// the dtype dispatch of both tile shapes (decode runs paged_decode_sm80.cuh).
 //
 // A CTA serves one WorkItem (a tile of packed GQA rows of one request, a key range) for one kv
 // head. Keys stream through a cp.async multi-stage pipeline straight from the paged pool (slot of
@@ -7,11 +8,12 @@
 // shared memory and are dequantised (through registers) into a bf16/f16 tile before the MMAs;
 // k_scale is folded into the logit scale and v_scale into the output.
 //
-// Warp layout: kWarpsM warps along the rows x kWarpsN warps along the keys of a tile. Decode uses
-// 1 x 4 (16 rows cover a head group, every warp streams its own quarter of the keys); prefill
+// Warp layout: kWarpsM warps along the rows x kWarpsN warps along the keys of a tile; prefill uses
 // 4 x 1 (64 rows, every warp sees all keys). Each warp keeps its own (m, d, O); the epilogue merges
 // the kWarpsN states in shared memory, then either writes out/lse (the request is not split) or a
-// normalised partial + log2 LSE for the split-KV merge kernel.
+// normalised partial + log2 LSE (plain split plans are decode-only and decode runs
+// paged_decode_sm80.cuh, which merges them in its last split CTA; the flashinfer cascade runs its
+// passes here with split plans and merges them itself, see ../cascade.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,6 +26,7 @@
 
 #include "attnkit/dtype.h"
 #include "attnkit/status.h"
+#include "backends/flashinfer/kernels/paged_decode_sm80.cuh"
 #include "backends/flashinfer/kernels/paged_params.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
@@ -82,6 +85,7 @@ struct PagedTraits {
   static constexpr int kSmemBytes = kQBytes + (kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes);
 
   static constexpr int kMinBlocks = kMinBlocks_;  // __launch_bounds__ occupancy target
+  static constexpr bool kRingDecode = false;      // launched as paged_attention_kernel
   // Q's A fragments stay in registers (4 per k-step) unless the head dim makes that too costly.
   static constexpr bool kQInRegisters = kHeadDim <= 128;
   static constexpr int kKSteps = kHeadDim / kMmaK;        // QK^T steps over the head dim
@@ -96,19 +100,12 @@ struct PagedTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory above the SM90 opt-in limit");
 };
 
-// Decode: 16 packed rows, 4 warps along the keys, up to 4 stages (memory-bound: bytes in flight).
 // Prefill: 64 rows, 4 warps along the rows, 2 stages (2 CTAs per SM at d 128: 17 KB Q + 2 x 34 KB).
-// Decode is issue-bound at 8 warps per SM: 2 stages (74 KB at d 128) let 3 CTAs share an SM, with
-// 3 x 32 KB of K/V still in flight per SM.
-inline constexpr int kDecodeMaxStages = 2;
-inline constexpr int kDecodeMinBlocks = kDecodeCtasPerSm;
+// Decode has its own kernel (paged_decode_sm80.cuh).
 inline constexpr int kPrefillMaxStages = 2;
 inline constexpr int kPrefillMinBlocks = 1;
 inline constexpr int kPrefillKeysPerWarpLargeD = 32;  // d > 128: keeps O + S within the registers
 inline constexpr int kPrefillKeysPerWarp = 64;
-template <int kD, typename QT, DType kKv>
-using DecodeTraits = PagedTraits<kD, QT, kKv, 1, kDecodeWarpsN, kDecodeKeysPerWarp,
-                                 kDecodeMaxStages, (kD > 128 ? 1 : kDecodeMinBlocks)>;
 template <int kD, typename QT, DType kKv>
 using PrefillTraits = PagedTraits<kD, QT, kKv, kPrefillWarpsM, 1,
                                   (kD > 128 ? kPrefillKeysPerWarpLargeD : kPrefillKeysPerWarp),
@@ -605,85 +602,34 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   PagedAttention<Tr>::run(p);
 }
 
-// Split-KV merge: out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max), plus the sink.
-// One thread merges 8 columns of one head; a CTA covers kMergeThreads / (kHeadDim / 8) heads.
-inline constexpr int kMergeThreads = 128;
-// grid: (bs, ceil(num_q_heads / heads per CTA)) block: (kMergeThreads)
-template <int kHeadDim, typename QT>
-__global__ void __launch_bounds__(kMergeThreads)
-    merge_splits_kernel(const __grid_constant__ PagedParams p) {
-  constexpr int kVec = 8;
-  constexpr int kThreadsPerHead = kHeadDim / kVec;
-  constexpr int kHeadsPerCta = kMergeThreads / kThreadsPerHead;
-  static_assert(kHeadsPerCta >= 1, "one head's columns fit in a merge CTA");
-  const int head = blockIdx.y * kHeadsPerCta + static_cast<int>(threadIdx.x) / kThreadsPerHead;
-  if (static_cast<int>(blockIdx.x) >= p.bs || head >= p.num_q_heads ||
-      static_cast<int>(threadIdx.x) >= kHeadsPerCta * kThreadsPerHead) {
-    return;
-  }
-  const RequestPlan& req = plan_request(p.plan, blockIdx.x);
-  if (req.num_splits <= 1) return;
-  const int col = (static_cast<int>(threadIdx.x) % kThreadsPerHead) * kVec;
-  const int token = req.q_start;  // split requests have one query token
-  const int64_t base = static_cast<int64_t>(req.partial_base) * p.num_q_heads + head;
-  float mx = -INFINITY;
-  for (int s = 0; s < req.num_splits; ++s) mx = fmaxf(mx, p.partial_lse[base + s * p.num_q_heads]);
-  const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
-  mx = fmaxf(mx, sink);
-  float acc[kVec] = {};
-  float dsum = 0.f;
-  if (mx != -INFINITY) {
-    for (int s = 0; s < req.num_splits; ++s) {
-      const int64_t row = base + s * p.num_q_heads;
-      const float w = exp2f(p.partial_lse[row] - mx);
-      if (w == 0.f) continue;
-      dsum += w;
-      const float4* src = reinterpret_cast<const float4*>(p.partial_out + row * kHeadDim + col);
-#pragma unroll
-      for (int i = 0; i < kVec / 4; ++i) {
-        const float4 v = src[i];
-        acc[4 * i] += w * v.x;
-        acc[4 * i + 1] += w * v.y;
-        acc[4 * i + 2] += w * v.z;
-        acc[4 * i + 3] += w * v.w;
-      }
-    }
-    if (p.sinks != nullptr) dsum += exp2f(sink - mx);
-  }
-  const float inv = dsum > 0.f ? p.v_scale / dsum : 0.f;
-  float vals[kVec];
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) vals[i] = acc[i] * inv;
-  store_out8<QT>(static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col,
-                 vals);
-  if (col == 0 && p.lse != nullptr) {
-    p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-        dsum > 0.f ? (mx + log2f(dsum)) * kLn2 : -INFINITY;
-  }
-}
-
 // ---- launch ----
 template <typename Tr>
 Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   if (grid_items <= 0) return Status::ok();
-  const auto kernel = paged_attention_kernel<Tr>;
-  ATTNKIT_CUDA_TRY(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  // All of the unified L1/shared storage as shared memory: two decode CTAs per SM need 2 x 107 KB.
-  ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
-  const dim3 grid(static_cast<unsigned>(grid_items), static_cast<unsigned>(p.num_kv_heads));
+  const auto kernel = [] {
+    if constexpr (Tr::kRingDecode) {
+      return paged_decode_ring_kernel<Tr>;
+    } else {
+      return paged_attention_kernel<Tr>;
+    }
+  }();
+  // Per-function attributes, set once per instantiation (not stream operations): the dynamic
+  // shared memory and all of the unified L1/shared storage as shared memory (two decode CTAs per
+  // SM need 2 x 107 KB).
+  static const cudaError_t attr = [&] {
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+    }
+    return e;
+  }();
+  ATTNKIT_CUDA_TRY(attr);
+  const auto items = static_cast<unsigned>(grid_items);
+  const auto heads = static_cast<unsigned>(p.num_kv_heads);
+  const dim3 grid = Tr::kRingDecode ? dim3(heads, items) : dim3(items, heads);
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
-  ATTNKIT_CUDA_TRY(cudaGetLastError());
-  return Status::ok();
-}
-
-template <int kD, typename QT>
-Status launch_merge(const PagedParams& p, StreamHandle stream) {
-  constexpr int kHeadsPerCta = kMergeThreads / (kD / 8);
-  const dim3 grid(static_cast<unsigned>(p.bs),
-                  static_cast<unsigned>((p.num_q_heads + kHeadsPerCta - 1) / kHeadsPerCta));
-  merge_splits_kernel<kD, QT><<<grid, kMergeThreads, 0, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }
@@ -691,14 +637,12 @@ Status launch_merge(const PagedParams& p, StreamHandle stream) {
 // Picks the instantiation for (q dtype, kv dtype, tile shape); the default branches name the value.
 template <int kD, TileShape kShape>
 Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int grid_items,
-                      bool merge, StreamHandle stream) {
+                      StreamHandle stream) {
   const auto with_q = [&]<typename QT>() -> Status {
     const auto with_kv = [&]<DType kKv>() -> Status {
-      using Tr = std::conditional_t<kShape == TileShape::kDecode, DecodeTraits<kD, QT, kKv>,
+      using Tr = std::conditional_t<kShape == TileShape::kDecode, RingDecodeTraits<kD, QT, kKv>,
                                     PrefillTraits<kD, QT, kKv>>;
-      ATTNKIT_RETURN_IF_ERROR(launch_paged<Tr>(p, grid_items, stream));
-      if (merge) return launch_merge<kD, QT>(p, stream);
-      return Status::ok();
+      return launch_paged<Tr>(p, grid_items, stream);
     };
     switch (kv_dtype) {
       case DType::kFP8E4M3:

@@ -17,14 +17,17 @@
 namespace attnkit::flashinfer {
 
 // Tile shapes the planner must agree on with the kernels' Traits.
-inline constexpr int kMmaRows = 16;            // rows of one warp's m16n8k16 tile
-inline constexpr int kDecodeWarpsN = 4;        // decode: warps split the keys of a tile
-inline constexpr int kDecodeKeysPerWarp = 16;  // one PV k-step per warp and tile
-inline constexpr int kDecodeTileKeys = kDecodeWarpsN * kDecodeKeysPerWarp;  // 64
+inline constexpr int kMmaRows = 16;  // rows of one warp's m16n8k16 tile
+// Decode (paged_decode_sm80.cuh over cuda/common/ring_decode.cuh, which static_asserts these):
+// kDecodeRingWarps warps per CTA, each streaming its own tiles of kDecodeRingKeys keys; the planner
+// cuts split chunks in multiples of one tile per warp.
+inline constexpr int kDecodeRingWarps = 4;
+inline constexpr int kDecodeRingKeys = 16;  // one PV k-step per warp tile
+inline constexpr int kDecodeTileKeys = kDecodeRingWarps * kDecodeRingKeys;  // 64
 inline constexpr int kDecodeTileRows = kMmaRows;                            // 16
-// Decode CTAs resident per SM at d <= 128 (2 stages, 74 KB of shared memory, <= 170 registers):
-// the kernel's __launch_bounds__ and the planner's grid target both use it.
-inline constexpr int kDecodeCtasPerSm = 3;
+// Decode CTAs resident per SM at d <= 128 (110 KB of shared memory each on SM90): the kernel's
+// __launch_bounds__ and the planner's grid target (kTargetCtasPerSm) both use it.
+inline constexpr int kDecodeCtasPerSm = 2;
 inline constexpr int kPrefillWarpsM = 4;  // prefill: warps split the rows of a tile
 inline constexpr int kPrefillTileRows = kPrefillWarpsM * kMmaRows;  // 64
 
@@ -89,6 +92,9 @@ struct PagedParams {
 
   float* partial_out = nullptr;  // [partials, Hq, D] f32, normalised partial outputs
   float* partial_lse = nullptr;  // [partials, Hq] f32, log2-domain LSE of each partial
+  // Decode: split CTAs finished per (request, q tile, kv head), [bs * q_tiles * Hkv] int32, zero
+  // between launches (the request's last split CTA merges in place and resets it).
+  int* split_counters = nullptr;
 
   int num_q_heads = 0;
   int num_kv_heads = 0;

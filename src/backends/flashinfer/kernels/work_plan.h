@@ -28,9 +28,8 @@
 
 namespace attnkit::flashinfer {
 
-// Grid target per SM. Measured with this value (see ../PERF_NOTES.md); the decode kernel holds
-// kDecodeCtasPerSm CTAs per SM, so raising the target to it is the next experiment.
-inline constexpr int kTargetCtasPerSm = 2;
+// Grid target per SM: one wave of the decode CTAs that fit on an SM (see ../PERF_NOTES.md).
+inline constexpr int kTargetCtasPerSm = kDecodeCtasPerSm;
 inline constexpr int kMinSplitChunk = 256;  // keys: the merge's extra traffic stays ~1% of the read
 
 struct PlanConfig {

@@ -24,7 +24,7 @@ Status launch_simt(AttentionParams p, bool extend, int grid_splits, StreamHandle
   }
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   if (!extend && p.max_splits > 1) {
-    split_kv_merge_kernel<kDv, kQ><<<p.num_tokens, kMergeThreads, 0, s>>>(p);
+    launch_split_kv_merge<kDv, kQ>(p, s);
     ATTNKIT_CUDA_TRY(cudaGetLastError());
   }
   return Status::ok();

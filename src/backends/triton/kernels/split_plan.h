@@ -8,16 +8,20 @@
 // rows of a CUDA-graph batch.
 //
 //   max_splits = clamp(ceil(kTargetBlocksPerSm * num_sms / head_blocks), 1, kMaxSplits)
-//                (head_blocks = kv_heads * ceil(group / gqa_tile): blocks of one request/split)
+//                (head_blocks = kv_heads * ceil(group / tile): blocks of one request/split; tile =
+//                16 q heads for the tensor-core decode, simt::gqa_tile for the SIMT kernel)
 //   splits(n)  = clamp(ceil(n / kMinChunk), 1, max_splits)
 //   chunk(n)   = round_up(ceil(n / splits(n)), kChunkAlign); the last split takes the remainder.
 //
-// Worked example (H100, 132 SMs; 32 q / 8 kv heads, d 128, so gqa_tile 8 covers the group of 4
-// and head_blocks = 8): max_splits = ceil(2 * 132 / 8) = 33.
-//   * bs 1, kv 16384: splits = min(64, 33) = 33, chunk = round_up(497, 16) = 512 -> 32 splits of
-//     512 keys: 8 * 32 = 256 blocks, about two per SM.
-//   * bs 16, kv 4096: splits = 16, chunk 256 -> 16 * 8 * 16 = 2048 blocks of 256 keys.
-//   * bs 4 with kv 16384, 1000, 300, 20: 32 / 4 / 2 / 1 splits of at most 512 / 256 / 160 / 20
+// kTargetBlocksPerSm is the tensor-core decode's residency (2 blocks of 110 KB shared memory per
+// SM90 multiprocessor); kMinChunk = 512 keys gives each of its 4 warps >= 8 tiles of 16 keys, so
+// the cp.async rings run mostly full rather than filling and draining.
+//
+// Worked example (H100/H200, 132 SMs; 32 q / 8 kv heads, d 128, so one 16-head tile covers the
+// group of 4 and head_blocks = 8): max_splits = ceil(2 * 132 / 8) = 33.
+//   * bs 1, kv 16384: splits = min(32, 33) = 32, chunk 512 -> 8 * 32 = 256 blocks, two per SM.
+//   * bs 16, kv 4096: splits = 8, chunk 512 -> 8 * 8 * 16 = 1024 blocks of 512 keys.
+//   * bs 4 with kv 16384, 1000, 300, 20: 32 / 2 / 1 / 1 splits of at most 512 / 512 / 300 / 20
 //     keys: the long request no longer decides the step time alone.
 #pragma once
 
@@ -31,7 +35,7 @@ namespace attnkit::triton {
 
 inline constexpr int kTargetBlocksPerSm = 2;
 inline constexpr int kMaxSplits = 64;
-inline constexpr int kMinChunk = 256;  // keys: the merge's extra traffic stays ~1% of the KV read
+inline constexpr int kMinChunk = 512;  // keys (see above); the merge's traffic stays < 1%
 inline constexpr int kChunkAlign = 16;
 
 inline int plan_max_splits(int num_sms, int head_blocks) {

@@ -1,5 +1,6 @@
 // Host-facing entry points of the triton backend's kernels (no CUDA types). Each head-dim pair is
-// compiled in its own translation unit (simt_attention_hd*.cu, mma_extend_hd*.cu); which pairs
+// compiled in its own translation unit (simt_attention_hd*.cu, mma_extend_hd*.cu,
+// mma_decode_hd*.cu); which pairs
 // exist is decided by the ATTNKIT_HEAD_DIMS_LIST compile definition (the instantiation budget).
 #pragma once
 
@@ -32,6 +33,16 @@ inline constexpr int kMlaPrefillHeadDimV = 128;
 template <int kDqk, int kDv>
 Status run_simt(AttentionParams p, DType q_dtype, DType kv_dtype, bool extend, int grid_splits,
                 StreamHandle stream);
+
+// q heads of one kv head per block of the tensor-core decode (the M dimension of its MMAs).
+inline constexpr int kMmaDecodeGroupTile = 16;
+
+// Tensor-core split-KV decode (SM80+, bf16/f16 activations, pool of the activation dtype or fp8,
+// MHA head dims <= 256), followed by the merge kernel when p.max_splits > 1. Fills p.group_tiles
+// (16 q heads per tile).
+template <int kD>
+Status run_mma_decode(AttentionParams p, DType q_dtype, DType kv_dtype, int grid_splits,
+                      StreamHandle stream);
 
 // Tensor-core extend (SM80+, bf16/f16 activations, MHA head dims <= 256).
 template <int kD>

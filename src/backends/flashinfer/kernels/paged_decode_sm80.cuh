@@ -1,0 +1,158 @@
+// The flashinfer backend's tensor-core paged decode (SM80+): one CTA per plan WorkItem (<= 16
+// packed GQA rows of one request, a key range of the load-balanced split) and kv head. The key
+// streaming and the math are the shared ring core (cuda/common/ring_decode.cuh: per-warp cp.async
+// rings, mma.sync); this file adds what is flashinfer's own: the plan items, pool slots read in
+// place from the page table (slot(k) = req_to_token[row, k - k % page] + k % page, no per-token
+// index list), the sliding-window clip, and the epilogue (out/lse with sinks and v_scale, or the
+// split's normalised partial + log2 LSE, merged by the request's last split CTA: no second
+// launch).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attnkit/dtype.h"
+#include "backends/flashinfer/kernels/paged_params.h"
+#include "cuda/common/ring_decode.cuh"
+
+namespace attnkit::flashinfer {
+
+static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda::ring::kKeys &&
+                  kDecodeTileRows == cuda::ring::kRows &&
+                  kDecodeCtasPerSm == cuda::ring::kCtasPerSm,
+              "the planner's decode tile is the ring core's");
+
+template <int kD, typename QT, DType kKv>
+struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
+  static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
+};
+
+// grid: (num_kv_heads, work items) block: (Tr::kThreads); dynamic smem Tr::kSmemBytes. The kv heads
+// of one item are adjacent in launch order, so they stream the same pool rows (one slot holds all
+// heads) at about the same time: DRAM pages are opened once, not once per head.
+template <typename Tr>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
+    paged_decode_ring_kernel(const __grid_constant__ PagedParams p) {
+  using QT = typename Tr::QT;
+  extern __shared__ __align__(16) uint8_t smem[];
+  if (static_cast<int>(blockIdx.y) >= p.plan[0]) return;
+  const WorkItem& item = *reinterpret_cast<const WorkItem*>(
+      p.plan + kPlanHeaderWords + p.bs * kRequestWords + blockIdx.y * kItemWords);
+  if (item.request < 0) return;
+  const RequestPlan& req =
+      reinterpret_cast<const RequestPlan*>(p.plan + kPlanHeaderWords)[item.request];
+  const int kv_head = blockIdx.x;
+
+  cuda::ring::Work w;
+  w.rows = min(cuda::ring::kRows, req.q_len * p.group - item.q_row_begin);
+  w.kv_begin = item.kv_begin;
+  w.kv_end = min(item.kv_end, req.kv_len);
+  // Decode: the query is the last key (causal keeps every key); the window clips the start.
+  if (p.sliding_window >= 0) w.kv_begin = max(w.kv_begin, req.kv_len - 1 - p.sliding_window);
+  w.k_base = static_cast<const uint8_t*>(p.k_pool) +
+             static_cast<int64_t>(kv_head) * p.k_stride_head * Tr::kKvElemBytes;
+  w.v_base = static_cast<const uint8_t*>(p.v_pool) +
+             static_cast<int64_t>(kv_head) * p.v_stride_head * Tr::kKvElemBytes;
+  w.k_row_bytes = p.k_stride_row * Tr::kKvElemBytes;
+  w.v_row_bytes = p.v_stride_row * Tr::kKvElemBytes;
+  w.scale_log2 = p.scale_log2;
+  w.scale = p.scale;
+  w.logit_cap = p.logit_cap;
+
+  const int32_t* table = p.req_to_token + static_cast<int64_t>(p.req_pool_indices[item.request]) *
+                                              p.req_to_token_stride;
+  const QT* q = static_cast<const QT*>(p.q);
+  const auto token_of = [&](int r) { return req.q_start + (item.q_row_begin + r) / p.group; };
+  const auto head_of = [&](int r) { return kv_head * p.group + (item.q_row_begin + r) % p.group; };
+  const auto q_row = [&](int r) {
+    return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
+  };
+  const auto slot_of = [&](int key) -> cuda::ring::SlotRef {
+    const int off = p.page_shift >= 0 ? (key & (p.page_size - 1)) : key % p.page_size;
+    return {table + (key - off), off};
+  };
+  const bool split = req.num_splits > 1;
+  const auto write = [&](int r, int col, float(&acc)[8], float mx, float dsum) {
+    const int head = head_of(r);
+    if (split) {
+      const int64_t prow =
+          static_cast<int64_t>(req.partial_base + item.split) * p.num_q_heads + head;
+      const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
+      float4* dst = reinterpret_cast<float4*>(p.partial_out + prow * Tr::kHeadDim + col);
+      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+      if (col == 0) p.partial_lse[prow] = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
+      return;
+    }
+    if (p.sinks != nullptr) {  // the sink joins the denominator only
+      const float sink = p.sinks[head] * cuda::kLog2e;
+      const float m2 = fmaxf(mx, sink);
+      const float f = exp2f(mx - m2);
+      dsum = dsum * f + exp2f(sink - m2);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) acc[x] *= f;
+      mx = m2;
+    }
+    const int token = token_of(r);
+    cuda::ring::store8<QT>(
+        static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col, acc,
+        dsum > 0.f ? p.v_scale / dsum : 0.f);
+    if (col == 0 && p.lse != nullptr) {
+      p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
+          dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
+    }
+  };
+  cuda::ring::attend<Tr>(w, smem, q_row, slot_of, write);
+  if (!split) return;
+
+  // Fused split-KV merge: the request's last split CTA of this (q tile, kv head) merges the
+  // partials (out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - max), plus the sink).
+  const int q_tiles = (p.group + cuda::ring::kRows - 1) / cuda::ring::kRows;  // decode: q_len 1
+  int* counter =
+      p.split_counters +
+      (static_cast<int64_t>(item.request) * q_tiles + item.q_row_begin / cuda::ring::kRows) *
+          p.num_kv_heads +
+      kv_head;
+  if (!cuda::ring::last_split_cta(counter, req.num_splits)) return;
+  constexpr int kVecs = Tr::kHeadDim / 8;
+  for (int c = threadIdx.x; c < w.rows * kVecs; c += Tr::kThreads) {
+    const int r = c / kVecs;
+    const int col = (c % kVecs) * 8;
+    const int head = head_of(r);
+    const int64_t base = static_cast<int64_t>(req.partial_base) * p.num_q_heads + head;
+    float mx = -INFINITY;
+#pragma unroll 8
+    for (int s = 0; s < req.num_splits; ++s) {
+      mx = fmaxf(mx, __ldcg(p.partial_lse + base + s * p.num_q_heads));
+    }
+    const float sink = p.sinks != nullptr ? p.sinks[head] * cuda::kLog2e : -INFINITY;
+    mx = fmaxf(mx, sink);
+    float acc[8] = {};
+    float dsum = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll 4
+      for (int s = 0; s < req.num_splits; ++s) {
+        const int64_t row = base + s * p.num_q_heads;
+        const float wgt = exp2f(__ldcg(p.partial_lse + row) - mx);  // 0: all-invisible split
+        const float4* src =
+            reinterpret_cast<const float4*>(p.partial_out + row * Tr::kHeadDim + col);
+        const float4 x0 = __ldcg(src), x1 = __ldcg(src + 1);
+        dsum += wgt;
+        acc[0] += wgt * x0.x, acc[1] += wgt * x0.y, acc[2] += wgt * x0.z, acc[3] += wgt * x0.w;
+        acc[4] += wgt * x1.x, acc[5] += wgt * x1.y, acc[6] += wgt * x1.z, acc[7] += wgt * x1.w;
+      }
+      if (p.sinks != nullptr) dsum += exp2f(sink - mx);
+    }
+    const int token = token_of(r);
+    cuda::ring::store8<QT>(
+        static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col, acc,
+        dsum > 0.f ? p.v_scale / dsum : 0.f);
+    if (col == 0 && p.lse != nullptr) {
+      p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
+          dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
+    }
+  }
+}
+
+}  // namespace attnkit::flashinfer

@@ -1,0 +1,159 @@
+// The triton backend's tensor-core split-KV decode (SM80+, bf16/f16 activations, pool of the
+// activation dtype or fp8). Triton's own grouped decode kernel runs its q-head group through
+// tl.dot; this is the CUDA C++ counterpart: one CTA per (split, kv head, 16-head tile of its GQA
+// group, request), the keys streamed by the shared ring core (cuda/common/ring_decode.cuh:
+// per-warp cp.async rings, mma.sync). What stays the triton backend's own: the split-KV heuristic
+// (split_plan.h, per request from its own length), the flattened token indices of the plan
+// (kv_indices: any page size), the decode variant (sliding window, soft-cap) and the epilogue
+// (finalize(): sinks, v_scale, LSE; or the partial + log2 LSE, merged by the request's last split
+// CTA of the head block: no second launch). SM75 and the other dtypes keep the SIMT kernel
+// (simt_attention.cuh) and its merge kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "backends/triton/kernels/attention_params.h"
+#include "backends/triton/kernels/attention_variant.cuh"
+#include "backends/triton/kernels/split_kv_merge.cuh"
+#include "backends/triton/kernels/split_plan.h"
+#include "backends/triton/kernels/triton_kernels.h"
+#include "cuda/common/cuda_check.cuh"
+#include "cuda/common/dtype_convert.cuh"
+#include "cuda/common/ring_decode.cuh"
+
+namespace attnkit::triton {
+
+static_assert(kMmaDecodeGroupTile == cuda::ring::kRows, "the host plans the ring core's tile");
+
+// grid: (num_kv_heads * group_tiles, grid_splits, T) block: (Tr::kThreads); smem Tr::kSmemBytes.
+// The kv heads of one (request, split) are adjacent in launch order, so they stream the same pool
+// rows (one slot holds all heads) at about the same time.
+template <typename Tr>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
+    mma_decode_kernel(const __grid_constant__ AttentionParams p) {
+  using QT = typename Tr::QT;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int token = blockIdx.z;  // decode: request b owns token b
+  const int kv_head = blockIdx.x / p.group_tiles;
+  const int tile = blockIdx.x % p.group_tiles;
+  const int split = blockIdx.y;
+  const int num_prefix = p.kv_indptr[token + 1] - p.kv_indptr[token];
+  const AttentionVariant<false> var = AttentionVariant<false>::make(p, token, num_prefix, 0, 0);
+  int k_begin = var.lo, k_end = var.hi;
+  int num_splits = 1;
+  if (p.max_splits > 1) {
+    const int n = max(0, k_end - k_begin);
+    const int chunk = split_chunk(n, p.max_splits, p.min_chunk);
+    num_splits = split_count(n, p.max_splits, p.min_chunk);
+    if (split >= num_splits) return;
+    k_begin += split * chunk;
+    k_end = min(k_end, k_begin + chunk);
+  }
+  const int head0 = kv_head * p.group_size + tile * cuda::ring::kRows;
+
+  cuda::ring::Work w;
+  w.rows = min(cuda::ring::kRows, p.group_size - tile * cuda::ring::kRows);
+  w.kv_begin = k_begin;
+  w.kv_end = k_end;
+  w.k_base = static_cast<const uint8_t*>(p.k_pool) +
+             static_cast<int64_t>(kv_head) * p.k_stride_head * Tr::kKvElemBytes;
+  w.v_base = static_cast<const uint8_t*>(p.v_pool) +
+             static_cast<int64_t>(kv_head) * p.v_stride_head * Tr::kKvElemBytes;
+  w.k_row_bytes = p.k_stride_row * Tr::kKvElemBytes;
+  w.v_row_bytes = p.v_stride_row * Tr::kKvElemBytes;
+  w.scale_log2 = var.scale_log2;
+  w.scale = var.sm_scale;
+  w.logit_cap = var.cap;
+
+  const QT* q = static_cast<const QT*>(p.q) + token * p.q_stride_token;
+  const int32_t* indices = p.kv_indices + p.kv_indptr[token];
+  const auto q_row = [&](int r) { return q + (head0 + r) * p.q_stride_head; };
+  const auto slot_of = [&](int key) { return cuda::ring::SlotRef{indices + key, 0}; };
+  const auto write = [&](int r, int col, float(&acc)[8], float mx, float dsum) {
+    const int qh = head0 + r;
+    if (num_splits == 1) {
+      const Finalized f = finalize(p, qh, mx, dsum);
+      cuda::ring::store8<QT>(
+          static_cast<QT*>(p.out) + token * p.o_stride_token + qh * p.o_stride_head + col, acc,
+          f.inv);
+      if (col == 0 && p.lse != nullptr) p.lse[token * p.lse_stride_token + qh] = f.lse;
+      return;
+    }
+    const int64_t row = (static_cast<int64_t>(split) * p.num_tokens + token) * p.num_q_heads + qh;
+    const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
+    float4* dst = reinterpret_cast<float4*>(p.partial_out + row * Tr::kHeadDim + col);
+    dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+    dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+    if (col == 0) p.partial_lse[row] = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
+  };
+  cuda::ring::attend<Tr>(w, smem, q_row, slot_of, write);
+  if (num_splits == 1) return;
+  // Fused merge: the last of the request's split CTAs of this head block merges the partials.
+  int* counter = p.split_counters + static_cast<int64_t>(token) * gridDim.x + blockIdx.x;
+  if (!cuda::ring::last_split_cta(counter, num_splits)) return;
+  constexpr int kVecs = Tr::kHeadDim / 8;
+  for (int c = threadIdx.x; c < w.rows * kVecs; c += Tr::kThreads) {
+    merge_split_columns<Tr::kHeadDim, Tr::kQDType>(p, token, head0 + c / kVecs, (c % kVecs) * 8,
+                                                   num_splits);
+  }
+}
+
+// p.split_counters: [T, num_kv_heads * ceil(group / 16)] zeros when p.max_splits > 1.
+template <int kD, DType kQ, DType kKV>
+Status launch_mma_decode(AttentionParams p, int grid_splits, StreamHandle stream) {
+  using QT = typename cuda::ActivationType<kQ>::type;
+  using Tr = cuda::ring::Traits<kD, QT, kKV>;
+  static const cudaError_t attr = [] {
+    cudaError_t e = cudaFuncSetAttribute(
+        mma_decode_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(mma_decode_kernel<Tr>,
+                               cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+    }
+    return e;
+  }();
+  ATTNKIT_CUDA_TRY(attr);
+  p.group_tiles = (p.group_size + cuda::ring::kRows - 1) / cuda::ring::kRows;
+  if (p.num_tokens == 0) return Status::ok();
+  const dim3 grid(p.num_kv_heads * p.group_tiles, grid_splits, p.num_tokens);
+  cudaStream_t s = cuda::to_stream(stream);
+  mma_decode_kernel<Tr><<<grid, Tr::kThreads, Tr::kSmemBytes, s>>>(p);
+  ATTNKIT_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+template <int kD, DType kQ>
+Status launch_mma_decode_kv(const AttentionParams& p, DType kv_dtype, int grid_splits,
+                            StreamHandle stream) {
+  switch (kv_dtype) {
+    case kQ:
+      return launch_mma_decode<kD, kQ, kQ>(p, grid_splits, stream);
+    case DType::kFP8E4M3:
+      return launch_mma_decode<kD, kQ, DType::kFP8E4M3>(p, grid_splits, stream);
+    case DType::kFP8E5M2:
+      return launch_mma_decode<kD, kQ, DType::kFP8E5M2>(p, grid_splits, stream);
+    default:
+      return Status::unsupported(std::string("triton: the tensor-core decode takes a KV pool of ") +
+                                 dtype_name(kQ) + ", fp8_e4m3 or fp8_e5m2, not " +
+                                 dtype_name(kv_dtype));
+  }
+}
+
+template <int kD>
+Status run_mma_decode(AttentionParams p, DType q_dtype, DType kv_dtype, int grid_splits,
+                      StreamHandle stream) {
+  switch (q_dtype) {
+    case DType::kBF16:
+      return launch_mma_decode_kv<kD, DType::kBF16>(p, kv_dtype, grid_splits, stream);
+    case DType::kF16:
+      return launch_mma_decode_kv<kD, DType::kF16>(p, kv_dtype, grid_splits, stream);
+    default:
+      return Status::unsupported(
+          std::string("triton: the tensor-core decode takes bf16/f16, not ") + dtype_name(q_dtype));
+  }
+}
+
+}  // namespace attnkit::triton

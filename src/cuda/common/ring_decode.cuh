@@ -1,0 +1,507 @@
+// Shared device core of the tensor-core paged decode used by the flashinfer backend (its plan
+// items, page table in place) and by the triton backend on SM80+ (its split-KV heuristic, flattened
+// token indices). Each backend keeps its own planning, key addressing and epilogue; this file only
+// streams one CTA's keys and runs the math. Decode: one query token, the GQA rows of one kv head
+// (<= 16) packed into the M dimension of mma.sync m16n8k16.
+//
+// Why this shape: decode reads every K/V byte once and does ~4 FLOP per byte, so it is bound by
+// the bytes each SM keeps in flight, not by math. A CTA's kWarps warps take the key range's 16-key
+// tiles round robin (warp w: tiles w, w + kWarps, ...); every warp owns kStages ring slots of K + V
+// filled by cp.async and never waits for another warp until the epilogue (only __syncwarp in the
+// main loop), keeping kStages - 1 tiles in flight while it computes one. At d 128 bf16: 3 stages
+// of 8.5 KB per warp, 110 KB per CTA, 2 CTAs (8 warps) per SM -> ~140 KB in flight per SM.
+// Pool slots (page-table entries or token indices) reach shared memory by cp.async kS tiles
+// before their tile is issued, so no warp waits on a dependent index load. S = Q K^T and O += P V
+// run on mma.sync with ldmatrix fragments, Q in registers (d <= 128), softmax online in the exp2
+// domain. fp8 tiles land raw in the ring and are converted in registers as their fragments are
+// loaded (f16 MMAs; the scales are the caller's: folded into the logit scale and the output). The
+// epilogue merges the warps' (m, d, O) in shared memory and hands every (row, 8 columns) to the
+// caller's writer.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "attnkit/dtype.h"
+#include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/online_softmax.cuh"
+
+namespace attnkit::cuda::ring {
+
+inline constexpr int kWarps = 4;
+inline constexpr int kKeys = 16;                  // keys of one warp tile (one PV k-step)
+inline constexpr int kTileKeys = kWarps * kKeys;  // keys of one round of the CTA's warps
+inline constexpr int kRows = 16;                  // packed q rows of a CTA
+// Shared memory of one CTA: 2 fit in the 228 KB of an SM90 multiprocessor (an SM80 one, 164 KB,
+// holds one).
+inline constexpr int kCtaSmemBudget = 110 * 1024;
+inline constexpr int kCtasPerSm = 2;
+inline constexpr int kMaxStages = 8;
+
+template <int kHeadDim_, typename QT_, DType kKvDType_>
+struct Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  using QT = QT_;  // __nv_bfloat16 or __half: activations and MMA operands
+  static constexpr DType kQDType = std::is_same_v<QT, __half> ? DType::kF16 : DType::kBF16;
+  static constexpr DType kKvDType = kKvDType_;
+  static constexpr bool kQuant = kKvDType == DType::kFP8E4M3 || kKvDType == DType::kFP8E5M2;
+  static constexpr int kThreads = kWarps * 32;
+
+  // MMA operand type: the activation type, or f16 for fp8 KV (fp8 -> f16x2 is one instruction
+  // and exact; Q is converted to f16 once, exact for |q| in [6.1e-5, 65504]).
+  using CT = std::conditional_t<kQuant, __half, QT>;
+  static constexpr int kRowElems = kHeadDim + 8;  // padded Q / K / V row of 16-bit elements
+  static constexpr int kRowBytes = kRowElems * 2;
+  static constexpr int kKvElemBytes = kQuant ? 1 : 2;
+  // Staged K/V row: 16-bit rows padded by 16 bytes, raw fp8 rows too (ldmatrix rows of one 8x8
+  // matrix then hit distinct banks).
+  static constexpr int kRawRowBytes = kQuant ? kHeadDim + 16 : kRowBytes;
+  static constexpr int kRawChunks = kHeadDim * kKvElemBytes / 16;  // 16-byte chunks of a row
+  static constexpr int kQChunks = kHeadDim * 2 / 16;
+
+  static constexpr int kQBytes = kRows * kRowBytes;
+  static constexpr int kStageBytes = 2 * kKeys * kRawRowBytes;  // K + V of one warp tile
+  static constexpr int kWarpBudget = (kCtaSmemBudget - kQBytes) / kWarps;
+  static constexpr int kSlotBytesPerStage = 2 * kKeys * 4;  // slot ring: 2 entries per stage
+  static constexpr int kStagesFit = kWarpBudget / (kStageBytes + kSlotBytesPerStage);
+  static constexpr int kStages =
+      kStagesFit < 2 ? 2 : (kStagesFit > kMaxStages ? kMaxStages : kStagesFit);
+  static constexpr int kWarpBytes = kStages * (kStageBytes + kSlotBytesPerStage);
+  static constexpr int kEpiBytes = kWarps * kRows * kHeadDim * 4 + 2 * kWarps * kRows * 4;
+  static constexpr int kMainBytes = kWarps * kWarpBytes;
+  static constexpr int kSmemBytes = kQBytes + (kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes);
+  static constexpr int kMinBlocks = kSmemBytes <= kCtaSmemBudget ? kCtasPerSm : 1;
+
+  static constexpr bool kQInRegisters = kHeadDim <= 128;
+  static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
+  static constexpr int kDimTiles = kHeadDim / kMmaN;
+  static constexpr int kCopies = kKeys * kRawChunks;  // 16-byte copies per K (or V) tile
+  static constexpr int kCopiesPerLane = (kCopies + 31) / 32;
+
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16, <= 256");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory above the SM90 opt-in limit");
+};
+
+// Where a key's pool row comes from: *word + add (a page-table entry plus the offset in the page,
+// or a flattened token index plus 0).
+struct SlotRef {
+  const int32_t* word;
+  int add;
+};
+
+// 4-byte asynchronous global->shared copy (cp.async.ca: 4 and 8 bytes go through L1).
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+#endif
+}
+
+// One CTA's problem.
+struct Work {
+  int rows = 0;  // valid q rows (<= kRows); the others are zero and never written
+  int kv_begin = 0, kv_end = 0;
+  const uint8_t* k_base = nullptr;  // K of this kv head at pool row 0 (bytes)
+  const uint8_t* v_base = nullptr;
+  int64_t k_row_bytes = 0, v_row_bytes = 0;  // bytes between pool rows
+  float scale_log2 = 0.f;                    // logit scale (k_scale folded in) * log2(e)
+  float scale = 0.f;                         // soft-cap path
+  float logit_cap = 0.f;                     // 0 = off
+};
+
+// Two fp8 values (the low 16 bits of x) -> f16x2 (exact).
+template <DType kKv>
+__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t x) {
+  constexpr __nv_fp8_interpretation_t kInterp = kKv == DType::kFP8E4M3 ? __NV_E4M3 : __NV_E5M2;
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x), kInterp);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+#endif
+}
+
+// fp8 K and V are used straight from the raw staged rows (no dequantised copy):
+//  * K: ldmatrix (b16) of 8 keys x 16 fp8 columns gives lane (g, t) the 4 bytes of columns
+//    4t..4t+3 of key g; they become the B fragment of QK^T under a column permutation inside each
+//    16-column k-step (logical k 2t, 2t+1 <-> columns 4t, 4t+1; 2t+8, 2t+9 <-> 4t+2, 4t+3). Q's A
+//    fragments are built with the same permutation, so the dot products are unchanged.
+//  * V: ldmatrix.trans gives lane (g, t) keys 2t, 2t+1 x columns 2g, 2g+1; a byte permute splits
+//    them into the B fragments of an "even columns" and an "odd columns" n-tile (FlashInfer's
+//    trick); the epilogue puts the output columns back in order.
+// Streams keys [w.kv_begin, w.kv_end) for the w.rows q rows. q_row(r) -> const QT* of row r's
+// query (r < rows); slot_of(key) -> SlotRef of a key in range; write(r, col, acc, m, d)
+// receives row r's unnormalised output columns [col, col + 8), its log2-domain max m and
+// denominator d (d == 0: no visible key). Every thread of the CTA must call it (it has CTA
+// barriers).
+template <typename Tr, typename QRowFn, typename SlotFn, typename WriteFn>
+__device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_row, SlotFn slot_of,
+                                       WriteFn write) {
+  using QT = typename Tr::QT;
+  using CT = typename Tr::CT;
+  constexpr int kS = Tr::kStages;
+  CT* sq = reinterpret_cast<CT*>(smem);
+  uint8_t* main = smem + Tr::kQBytes;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  uint8_t* ring = main + warp * Tr::kWarpBytes;
+  const int kv_begin = w.kv_begin;
+  const int kv_end = w.kv_end;
+
+  const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kKeys - 1) / kKeys : 0;
+  const int my_tiles = num_tiles > warp ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
+
+  // Slot words of local tile i (lanes 0-15, key tile_key0(i) + lane) -> slots[i % (2 kS)],
+  // fetched with cp.async kS tiles before the tile's data is issued: no warp ever waits on a
+  // page-table / index load (a dependent load per tile would cost one loaded memory round trip
+  // per tile).
+  int32_t* slots = reinterpret_cast<int32_t*>(ring + kS * Tr::kStageBytes);  // [2 kS][kKeys]
+  const auto tile_key0 = [&](int i) { return kv_begin + (warp + i * kWarps) * kKeys; };
+  const auto fetch_slots = [&](int i) {
+    const int key = tile_key0(i) + lane;
+    if (lane < kKeys && key < kv_end) {
+      cp_async_4(smem_addr(slots + (i % (2 * kS)) * kKeys + lane), slot_of(key).word);
+    }
+  };
+  // K and V of local tile i -> ring stage i % kS (keys past kv_end zero-filled).
+  const auto issue = [&](int i) {
+    uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
+    const int key0 = tile_key0(i);
+    const int32_t* sl = slots + (i % (2 * kS)) * kKeys;
+#pragma unroll
+    for (int c0 = 0; c0 < Tr::kCopiesPerLane; ++c0) {
+      const int c = c0 * 32 + lane;
+      const int r = c / Tr::kRawChunks;
+      const int ch = c % Tr::kRawChunks;
+      if (Tr::kCopies % 32 == 0 || c < Tr::kCopies) {
+        const bool valid = key0 + r < kv_end;
+        const int64_t s = valid ? static_cast<int64_t>(sl[r] + slot_of(key0 + r).add) : 0;
+        const uint8_t* ks = w.k_base + s * w.k_row_bytes + ch * 16;
+        const uint8_t* vs = w.v_base + s * w.v_row_bytes + ch * 16;
+        const int dst = r * Tr::kRawRowBytes + ch * 16;
+        cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
+        cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
+      }
+    }
+  };
+
+  // Prologue: the slots of tiles 0..kS-1, then kS - 1 tiles in flight per warp (group g: data of
+  // tile g + slots of tile g + kS), then Q (plain loads overlapping them).
+#pragma unroll
+  for (int i = 0; i < kS; ++i) fetch_slots(i);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kS - 1; ++i) {
+    if (i < my_tiles) {
+      issue(i);
+      fetch_slots(i + kS);
+    }
+    cp_async_commit();
+  }
+  for (int c = threadIdx.x; c < kRows * Tr::kQChunks; c += Tr::kThreads) {
+    const int r = c / Tr::kQChunks;
+    const int ch = c % Tr::kQChunks;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < w.rows) v = *reinterpret_cast<const uint4*>(q_row(r) + ch * 8);
+    if constexpr (!std::is_same_v<CT, QT>) {  // bf16 q, f16 MMAs (fp8 KV)
+      uint32_t* u = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[x]));
+        const __half2 h = __floats2half2_rn(f.x, f.y);
+        u[x] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+    }
+    *reinterpret_cast<uint4*>(sq + r * Tr::kRowElems + ch * 8) = v;
+  }
+  __syncthreads();
+
+  const int g = lane / 4;
+  const int tq = lane % 4;
+  const auto load_q_fragment = [&](int kk, uint32_t(&a)[4]) {
+    if constexpr (Tr::kQuant) {  // the permuted columns of the fp8 K fragments (see above)
+      const CT* r0 = sq + g * Tr::kRowElems + kk * kMmaK + 4 * tq;
+      const CT* r1 = r0 + 8 * Tr::kRowElems;
+      a[0] = *reinterpret_cast<const uint32_t*>(r0);
+      a[1] = *reinterpret_cast<const uint32_t*>(r1);
+      a[2] = *reinterpret_cast<const uint32_t*>(r0 + 2);
+      a[3] = *reinterpret_cast<const uint32_t*>(r1 + 2);
+    } else {
+      ldmatrix_x4(a, smem_addr(sq + (lane % 16) * Tr::kRowElems + kk * kMmaK + (lane / 16) * 8));
+    }
+  };
+  uint32_t qf[Tr::kQInRegisters ? Tr::kKSteps : 1][4];
+  if constexpr (Tr::kQInRegisters) {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKSteps; ++kk) load_q_fragment(kk, qf[kk]);
+  }
+  float o[Tr::kDimTiles][4];
+#pragma unroll
+  for (int i = 0; i < Tr::kDimTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {kNoKeyMax, kNoKeyMax};
+  float d[2] = {0.f, 0.f};
+
+  for (int i = 0; i < my_tiles; ++i) {
+    // Refill the stage freed by tile i - 1 (every lane passed the __syncwarp after it); its slots
+    // came with group i - 1, complete since the last iteration's wait.
+    if (i + kS - 1 < my_tiles) {
+      issue(i + kS - 1);
+      fetch_slots(i + 2 * kS - 1);
+    }
+    cp_async_commit();
+    cp_async_wait<kS - 1>();
+    __syncwarp();
+    const uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
+    const uint8_t* sk = stage;
+    const uint8_t* sv = stage + kKeys * Tr::kRawRowBytes;
+    const int key0 = kv_begin + (warp + i * kWarps) * kKeys;
+
+    // S = Q K^T over the tile's 16 keys (two n-tiles of 8).
+    float s[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    const auto q_frag = [&](int kk, uint32_t(&a)[4]) {
+      if constexpr (Tr::kQInRegisters) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) a[x] = qf[kk][x];
+      } else {
+        load_q_fragment(kk, a);
+      }
+    };
+    if constexpr (Tr::kQuant) {
+      // Lane l addresses row (l / 16) * 8 + l % 8 (key), 16-byte chunk 2 kp + (l / 8) % 2.
+      const int key = (lane / 16) * 8 + lane % 8;
+#pragma unroll
+      for (int kp = 0; kp < Tr::kKSteps / 2; ++kp) {
+        uint32_t r[4];  // (keys 0-7, k-step 2kp), (0-7, 2kp+1), (8-15, 2kp), (8-15, 2kp+1)
+        ldmatrix_x4(r, smem_addr(sk + key * Tr::kRawRowBytes + (2 * kp + (lane / 8) % 2) * 16));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t a[4];
+          q_frag(2 * kp + h, a);
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            const uint32_t raw = r[2 * n + h];
+            const uint32_t b[2] = {fp8x2_to_f16x2<Tr::kKvDType>(raw),
+                                   fp8x2_to_f16x2<Tr::kKvDType>(raw >> 16)};
+            mma_m16n8k16<CT>(s[n], a, b);
+          }
+        }
+      }
+      if constexpr (Tr::kKSteps % 2 == 1) {  // last k-step alone (d 80)
+        constexpr int kk = Tr::kKSteps - 1;
+        uint32_t r[2];  // (keys 0-7, kk), (keys 8-15, kk); lanes 0-15 address
+        ldmatrix_x2(r,
+                    smem_addr(sk + ((lane / 8) % 2 * 8 + lane % 8) * Tr::kRawRowBytes + kk * 16));
+        uint32_t a[4];
+        q_frag(kk, a);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const uint32_t b[2] = {fp8x2_to_f16x2<Tr::kKvDType>(r[n]),
+                                 fp8x2_to_f16x2<Tr::kKvDType>(r[n] >> 16)};
+          mma_m16n8k16<CT>(s[n], a, b);
+        }
+      }
+    } else {
+      const CT* k16 = reinterpret_cast<const CT*>(sk);
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+        uint32_t a[4];
+        q_frag(kk, a);
+        uint32_t b[4];
+        const int key = (lane / 16) * 8 + lane % 8;
+        ldmatrix_x4(b, smem_addr(k16 + key * Tr::kRowElems + kk * kMmaK + ((lane / 8) % 2) * 8));
+        const uint32_t b0[2] = {b[0], b[1]};
+        const uint32_t b1[2] = {b[2], b[3]};
+        mma_m16n8k16<CT>(s[0], a, b0);
+        mma_m16n8k16<CT>(s[1], a, b1);
+      }
+    }
+
+    // Logits (soft-cap), the tail mask, online softmax (rescale only when the max grows).
+    const bool full = key0 + kKeys <= kv_end;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[n][e];
+        if (w.logit_cap > 0.f) {
+          x = w.logit_cap * tanhf(x * w.scale / w.logit_cap) * kLog2e;
+        } else {
+          x *= w.scale_log2;
+        }
+        if (!full && key0 + n * 8 + 2 * tq + (e & 1) >= kv_end) x = -INFINITY;
+        s[n][e] = x;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      if (tile_max[h] > m[h]) {
+        const float factor = exp2f(m[h] - tile_max[h]);
+        m[h] = tile_max[h];
+        d[h] *= factor;
+#pragma unroll
+        for (int x = 0; x < Tr::kDimTiles; ++x) {
+          o[x][2 * h] *= factor;
+          o[x][2 * h + 1] *= factor;
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pr = exp2f(s[n][e] - m[e / 2]);
+        s[n][e] = pr;
+        d[e / 2] += pr;
+      }
+    }
+
+    // O += P V: the two S n-tiles form the A fragment of one k-step.
+    const uint32_t a[4] = {pack2<CT>(s[0][0], s[0][1]), pack2<CT>(s[0][2], s[0][3]),
+                           pack2<CT>(s[1][0], s[1][1]), pack2<CT>(s[1][2], s[1][3])};
+    const int vkey = ((lane / 8) % 2) * 8 + lane % 8;
+    if constexpr (Tr::kQuant) {
+      // o[2c] / o[2c + 1]: the even / odd columns of 16-column chunk c (see above).
+      const auto pv = [&](int c, uint32_t lo, uint32_t hi) {
+        const uint32_t be[2] = {fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0020)),
+                                fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0020))};
+        const uint32_t bo[2] = {fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0031)),
+                                fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0031))};
+        mma_m16n8k16<CT>(o[2 * c], a, be);
+        mma_m16n8k16<CT>(o[2 * c + 1], a, bo);
+      };
+#pragma unroll
+      for (int cp = 0; cp < Tr::kKSteps / 2; ++cp) {
+        uint32_t r[4];  // (keys 0-7, chunk 2cp), (8-15, 2cp), (0-7, 2cp+1), (8-15, 2cp+1)
+        ldmatrix_x4_trans(r, smem_addr(sv + vkey * Tr::kRawRowBytes + (2 * cp + lane / 16) * 16));
+        pv(2 * cp, r[0], r[1]);
+        pv(2 * cp + 1, r[2], r[3]);
+      }
+      if constexpr (Tr::kKSteps % 2 == 1) {
+        constexpr int c = Tr::kKSteps - 1;
+        uint32_t r[2];
+        ldmatrix_x2_trans(r, smem_addr(sv + vkey * Tr::kRawRowBytes + c * 16));
+        pv(c, r[0], r[1]);
+      }
+    } else {
+      const CT* v16 = reinterpret_cast<const CT*>(sv);
+#pragma unroll
+      for (int d2 = 0; d2 < Tr::kDimTiles / 2; ++d2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, smem_addr(v16 + vkey * Tr::kRowElems + d2 * 16 + (lane / 16) * 8));
+        const uint32_t b0[2] = {b[0], b[1]};
+        const uint32_t b1[2] = {b[2], b[3]};
+        mma_m16n8k16<CT>(o[2 * d2], a, b0);
+        mma_m16n8k16<CT>(o[2 * d2 + 1], a, b1);
+      }
+    }
+    __syncwarp();  // every lane is done with slot i % kS before iteration i + 1 refills it
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the rings become the epilogue region
+
+  // Epilogue 1: every warp's (m, d, O) to shared memory.
+  float* epi_o = reinterpret_cast<float*>(main);         // [kWarps, kRows, kHeadDim]
+  float* epi_m = epi_o + kWarps * kRows * Tr::kHeadDim;  // [kWarps, kRows]
+  float* epi_d = epi_m + kWarps * kRows;                 // [kWarps, kRows]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
+    d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
+    const int r = g + h * 8;
+    float* orow = epi_o + (warp * kRows + r) * Tr::kHeadDim;
+    if constexpr (Tr::kQuant) {  // chunk c: columns 16c + 4t + {0, 1, 2, 3} = even, odd, even, odd
+#pragma unroll
+      for (int c = 0; c < Tr::kKSteps; ++c) {
+        *reinterpret_cast<float4*>(orow + c * 16 + 4 * tq) = make_float4(
+            o[2 * c][2 * h], o[2 * c + 1][2 * h], o[2 * c][2 * h + 1], o[2 * c + 1][2 * h + 1]);
+      }
+    } else {
+#pragma unroll
+      for (int x = 0; x < Tr::kDimTiles; ++x) {
+        *reinterpret_cast<float2*>(orow + x * kMmaN + 2 * tq) =
+            make_float2(o[x][2 * h], o[x][2 * h + 1]);
+      }
+    }
+    if (tq == 0) {
+      epi_m[warp * kRows + r] = m[h];
+      epi_d[warp * kRows + r] = d[h];
+    }
+  }
+  __syncthreads();
+
+  // Epilogue 2: merge the warps per row, hand 8 columns at a time to the writer.
+  constexpr int kVecsPerRow = Tr::kHeadDim / 8;
+  for (int c = threadIdx.x; c < w.rows * kVecsPerRow; c += Tr::kThreads) {
+    const int r = c / kVecsPerRow;
+    const int col = (c % kVecsPerRow) * 8;
+    float mx = kNoKeyMax;
+#pragma unroll
+    for (int x = 0; x < kWarps; ++x) mx = fmaxf(mx, epi_m[x * kRows + r]);
+    float dsum = 0.f;
+    float acc[8] = {};
+#pragma unroll
+    for (int x = 0; x < kWarps; ++x) {
+      const float f = exp2f(epi_m[x * kRows + r] - mx);
+      dsum += epi_d[x * kRows + r] * f;
+      const float4* src =
+          reinterpret_cast<const float4*>(epi_o + (x * kRows + r) * Tr::kHeadDim + col);
+      const float4 x0 = src[0], x1 = src[1];
+      acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
+      acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
+    }
+    write(r, col, acc, mx, dsum);
+  }
+}
+
+// Fused split-KV merge: called by every thread of a split CTA after its partial is written; true
+// in the CTA that finished last among the num_splits CTAs sharing `counter` (it then merges). The
+// last CTA resets the counter to 0, so the workspace is ready for the next launch (CUDA-graph
+// replays included). Partials must be read with ld.global.cg (__ldcg) after this.
+__device__ __forceinline__ bool last_split_cta(int* counter, int num_splits) {
+  __shared__ int last;
+  __threadfence();  // this CTA's partial is visible device-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int prev = atomicAdd(counter, 1);
+    last = prev == num_splits - 1;
+    if (last) *counter = 0;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+// Packs 8 floats into 8 QT values and stores them (16 bytes).
+template <typename QT>
+__device__ __forceinline__ void store8(QT* dst, const float (&v)[8], float mul) {
+  uint4 raw;
+  uint32_t* u = reinterpret_cast<uint32_t*>(&raw);
+#pragma unroll
+  for (int x = 0; x < 4; ++x) u[x] = pack2<QT>(v[2 * x] * mul, v[2 * x + 1] * mul);
+  *reinterpret_cast<uint4*>(dst) = raw;
+}
+
+}  // namespace attnkit::cuda::ring
