@@ -15,10 +15,11 @@
 // Parameters: batch, page_size, dtype (q/k/v/out: f32, f16, bf16), kv_dtype (bf16, f16, f32,
 // fp8_e4m3, fp8_e5m2, fp4_e2m1, auto = dtype), q_heads, kv_heads, heads, head_dim, v_head_dim
 // (default head_dim); decode and mla_decode: kv_len; extend: prefix_len (default 0), new_tokens,
-// causal (default true); mla_decode: kv_lora_rank (default 512), qk_rope_head_dim (default 64), s_q
-// (default 1; > 1: a topk-1 verify chain of s_q tokens ending at kv_len), no
-// kv_heads / head_dim / v_head_dim (they follow from the rank). Errors name the file, the key
-// and what is accepted.
+// causal (default true); decode and extend: shared_prefix (default 0: leading tokens shared by
+// every request, a multiple of page_size); mla_decode: kv_lora_rank (default 512),
+// qk_rope_head_dim (default 64), s_q (default 1; > 1: a topk-1 verify chain of s_q tokens ending
+// at kv_len), no kv_heads / head_dim / v_head_dim (they follow from the rank). Errors name the
+// file, the key and what is accepted.
 //
 // Header-only so that tests/unit/test_bench_formulas.cpp can check the parser without the CLI.
 #pragma once
@@ -64,10 +65,11 @@ inline bool key_allowed(BenchKind kind, const std::string& key) {
   switch (kind) {
     case BenchKind::kDecode:
       return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
-             key == "kv_len";
+             key == "kv_len" || key == "shared_prefix";
     case BenchKind::kExtend:
       return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
-             key == "prefix_len" || key == "new_tokens" || key == "causal";
+             key == "prefix_len" || key == "new_tokens" || key == "causal" ||
+             key == "shared_prefix";
     case BenchKind::kMlaDecode:
       return key == "kv_len" || key == "kv_lora_rank" || key == "qk_rope_head_dim" || key == "s_q";
   }
@@ -78,10 +80,10 @@ inline const char* allowed_keys(BenchKind kind) {
   switch (kind) {
     case BenchKind::kDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
-             "kv_len";
+             "kv_len, shared_prefix";
     case BenchKind::kExtend:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
-             "prefix_len, new_tokens, causal";
+             "prefix_len, new_tokens, causal, shared_prefix";
     case BenchKind::kMlaDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lora_rank, qk_rope_head_dim, "
              "s_q";
@@ -121,6 +123,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   if (key == "head_dim") return get_int(v, where, 1, &c->head_dim);
   if (key == "kv_len") return get_int(v, where, 1, &c->kv_len);
   if (key == "prefix_len") return get_int(v, where, 0, &c->prefix_len);
+  if (key == "shared_prefix") return get_int(v, where, 0, &c->shared_prefix);
   if (key == "new_tokens") return get_int(v, where, 1, &c->new_tokens);
   if (key == "kv_lora_rank") return get_int(v, where, 1, &c->kv_lora_rank);
   if (key == "qk_rope_head_dim") return get_int(v, where, 0, &c->qk_rope_head_dim);
@@ -185,6 +188,7 @@ inline std::string case_name(const BenchCase& c) {
   s << "_kv" << dtype_name(c.kv_dtype);
   if (c.dtype != DType::kBF16) s << "_act" << dtype_name(c.dtype);
   if (c.kind == BenchKind::kExtend && !c.causal) s << "_bidir";
+  if (c.shared_prefix > 0) s << "_shared" << c.shared_prefix;
   return s.str();
 }
 

@@ -52,6 +52,10 @@ struct BenchCase {
   int kv_lora_rank = 0;      // MLA only
   int qk_rope_head_dim = 0;  // MLA only
   int page_size = 1;
+  // Decode / extend: leading tokens every request shares with request 0 (the same pages, as a
+  // radix cache hands out a common prompt); a multiple of page_size. Bytes and FLOPs below count
+  // every request's keys as if private, so a shared case's GB/s is the effective rate.
+  int shared_prefix = 0;
   DType dtype = DType::kBF16;     // q, new k/v and out
   DType kv_dtype = DType::kBF16;  // KV pool storage
   // MLA decode: query tokens per request. s_q > 1 is a topk-1 verify chain (TARGET_VERIFY): the

@@ -16,9 +16,11 @@
 #   BENCH_QUICK=0           1: scripts/device/triton_{decode,extend}_quick.json
 #   BENCH_BACKENDS="triton,flashinfer"   backends timed by attnkit bench
 #   BENCH_KINDS="decode extend"          which case files the bench stage runs
+#   BENCH_RUNS=""           extra bench runs "label=backends=casefile ..." (own backends per file)
 #   EXTEND_CASES=""         case file for the extend bench instead of the default / quick one
-#   TARGETS=""              ninja targets to build instead of the CLI + every GPU test
+#   TARGETS="" (or BUILD_TARGETS)  ninja targets to build instead of the CLI + every GPU test
 #   PEERS_SCRIPT=".peers/torch_peers.py"   peers stage script (e.g. scripts/device/prefill_peers.py)
+#   HEAD_DIMS=""            -DATTNKIT_HEAD_DIMS (e.g. "64;128;256"); empty = the CMake default
 #   stage "python": builds the Python extension in the same tree and runs
 #                   scripts/device/python_gpu_check.py (torch SDPA as the oracle)
 set -uo pipefail
@@ -44,7 +46,8 @@ if has_stage build; then
     -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DCMAKE_PREFIX_PATH="$root/.deps" \
     -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
     -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
-    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$OUT/build.log" 2>&1
+    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
+    ${HEAD_DIMS:+"-DATTNKIT_HEAD_DIMS=$HEAD_DIMS"} > "$OUT/build.log" 2>&1
   rc=$?
   if [ $rc -ne 0 ]; then tail -30 "$OUT/build.log"; note "configure: FAILED"; exit 1; fi
   # The library, the CLI (bench) and every GPU test; the CPU unit tests run in CI, not here.
@@ -52,6 +55,7 @@ if has_stage build; then
   for f in tests/gpu/test_*.cpp tests/gpu/test_*.cu; do
     [ -f "$f" ] && targets+=("$(basename "${f%.*}")")
   done
+  TARGETS="${TARGETS:-${BUILD_TARGETS:-}}"
   [ -n "${TARGETS:-}" ] && read -r -a targets <<< "$TARGETS"
   ninja -C "$build" -j16 -k 0 "${targets[@]}" >> "$OUT/build.log" 2>&1
   rc=$?
@@ -101,6 +105,16 @@ if has_stage bench && [ -x "$cli" ]; then
     timeout "${BENCH_TIMEOUT:-240}" "$cli" "${args[@]}" >> "$OUT/bench.log" 2>&1
     note "bench $f: rc=$?"
   done
+  # BENCH_RUNS="label=backends=casefile ...": extra bench runs, each with its own backends and
+  # case file (e.g. "mla=flashmla,triton=scripts/device/mla_decode_quick.json").
+  for spec in ${BENCH_RUNS:-}; do
+    IFS='=' read -r label backends cases <<< "$spec"
+    args=(bench --backend "$backends" --cases "$cases" --device cuda --json "$OUT/bench_$label.json")
+    [ -n "$gemm_tflops" ] && args+=(--gemm-tflops "$gemm_tflops")
+    echo "=== bench $label: ${args[*]}" >> "$OUT/bench.log"
+    timeout "${BENCH_TIMEOUT:-240}" "$cli" "${args[@]}" >> "$OUT/bench.log" 2>&1
+    note "bench $label: rc=$?"
+  done
 fi
 
 if has_stage python; then
@@ -109,7 +123,8 @@ if has_stage python; then
     ninja -C "$build" -j16 _attnkit; } >> "$OUT/ctest.log" 2>&1
   rc=$?
   if [ $rc -eq 0 ]; then
-    PYTHONPATH="$build/python" timeout 240 python3 scripts/device/python_gpu_check.py >> "$OUT/ctest.log" 2>&1
+    PYTHONUNBUFFERED=1 PYTHONPATH="$build/python" timeout 240 python3 -X faulthandler \
+      scripts/device/python_gpu_check.py >> "$OUT/ctest.log" 2>&1
     rc=$?
   fi
   note "python gpu check: rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E 'passed|failed' "$OUT/ctest.log" | tail -1)"

@@ -189,6 +189,13 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
   if (!s.cross_attention && !s.encoder_lens.empty()) {
     return bad("encoder_lens given without cross_attention");
   }
+  if (s.shared_prefix < 0 || s.shared_prefix % s.page_size != 0 ||
+      (s.shared_prefix > 0 && s.cross_attention) ||
+      s.shared_prefix > *std::min_element(s.prefix_lens.begin(), s.prefix_lens.end())) {
+    return bad(cat("shared_prefix ", s.shared_prefix,
+                   " must be a multiple of page_size, at most every prefix_lens[r], and 0 with "
+                   "cross_attention"));
+  }
   if (verify && (s.spec_draft_tokens < 1 || s.spec_topk < 1)) {
     return bad(cat("target_verify needs spec_draft_tokens >= 1 and spec_topk >= 1, got ",
                    s.spec_draft_tokens, " / ", s.spec_topk));
@@ -406,6 +413,7 @@ std::string CaseSpec::describe() const {
   }
   if (mla) os << " mla " << kv_lora_rank << "+" << qk_rope_head_dim;
   if (!shuffle_pages) os << " contiguous";
+  if (shared_prefix > 0) os << " shared " << shared_prefix;
   return os.str();
 }
 
@@ -673,6 +681,10 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
       if (j % ps == 0) ++next_page;
       s.push_back(pages[next_page - 1] * ps + j % ps);
     }
+  }
+  // Shared prefix: the other requests point at request 0's pages (their own stay unused).
+  for (int r = 1; r < bs; ++r) {
+    std::copy_n(slots[0].begin(), spec.shared_prefix, slots[static_cast<size_t>(r)].begin());
   }
 
   // Request table.

@@ -76,6 +76,9 @@ struct CaseSpec {
   int kv_lora_rank = 0;       // MLA: 512
   int qk_rope_head_dim = 0;   // MLA: 64
   bool shuffle_pages = true;  // random non-contiguous page tables and request rows
+  // Requests 1.. reuse request 0's first shared_prefix decoder tokens (its pages, as a radix
+  // cache shares a common prompt); a multiple of page_size, <= every prefix_lens[r].
+  int shared_prefix = 0;
   uint64_t seed = 0;
 
   int batch_size() const { return static_cast<int>(prefix_lens.size()); }

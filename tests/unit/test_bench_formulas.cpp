@@ -164,6 +164,21 @@ TEST(BenchCaseFile, SweepIsACartesianProductInFileOrder) {
   EXPECT_EQ(filter_cases(f->cases, "").size(), 7u);
 }
 
+TEST(BenchCaseFile, SharedPrefixReachesTheCaseSpec) {
+  Result<CaseFile> f = parse_case_file_text(R"({"kind": "decode",
+    "fixed": {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 16},
+    "cases": [{"batch": 16, "kv_len": 4352, "shared_prefix": 4096}]})",
+                                            "s.json");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  ASSERT_EQ(f->cases.size(), 1u);
+  EXPECT_EQ(f->cases[0].shared_prefix, 4096);
+  EXPECT_EQ(f->cases[0].name, "decode_b16_kv4352_p16_h32x8_d128_kvbf16_shared4096");
+  EXPECT_FALSE(parse_case_file_text(R"({"kind": "mla_decode", "fixed": {"q_heads": 16},
+    "cases": [{"batch": 1, "kv_len": 64, "shared_prefix": 32}]})",
+                                    "m.json")
+                   .is_ok());
+}
+
 TEST(BenchCaseFile, MlaDerivesHeadDims) {
   Result<CaseFile> f = parse_case_file_text(
       R"({"kind": "mla_decode", "sweep": {"q_heads": [16], "batch": [8], "kv_len": [100]}})",
@@ -232,8 +247,8 @@ TEST(BenchCaseFile, MissingFileIsNotFound) {
 
 TEST(BenchCaseFile, ShippedCaseFilesParse) {
   const std::string dir = std::string(ATTNKIT_SOURCE_DIR) + "/bench/cases/";
-  for (const char* name :
-       {"decode.json", "extend.json", "mla_decode.json", "cpu_decode.json", "cpu_prefill.json"}) {
+  for (const char* name : {"decode.json", "extend.json", "mla_decode.json", "cpu_decode.json",
+                           "cpu_prefill.json", "cascade.json"}) {
     Result<CaseFile> f = load_case_file(dir + name);
     ASSERT_TRUE(f.is_ok()) << f.status().to_string();
     EXPECT_FALSE(f->cases.empty()) << name;

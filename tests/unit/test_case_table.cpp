@@ -409,5 +409,34 @@ TEST(PrepareCase, RejectsInconsistentSpecs) {
             std::string::npos);
 }
 
+// shared_prefix: requests 1.. read request 0's first pages (what the flashinfer cascade detects);
+// the reference reads the same table, so any backend still has to match it.
+TEST(PrepareCase, SharedPrefixPointsEveryRequestAtRequestZerosPages) {
+  CaseSpec c = harness::make_uniform_case("shared", ForwardMode::kDecode, 3, 40, 1, 4, 2, 64, 8,
+                                          DType::kF32, DType::kF32);
+  c.shared_prefix = 32;
+  Result<PreparedCase> pc = harness::prepare_case(c, Device::cpu());
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  const int32_t* row0 = pc->req_to_token->host_row(pc->rows[0]);
+  for (size_t r = 1; r < pc->rows.size(); ++r) {
+    const int32_t* row = pc->req_to_token->host_row(pc->rows[r]);
+    EXPECT_TRUE(std::equal(row0, row0 + 32, row)) << "request " << r;
+    EXPECT_NE(row[32], row0[32]) << "request " << r << ": only the prefix is shared";
+  }
+  Result<std::unique_ptr<AttentionBackend>> b = create_torch_native_backend(pc->context());
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  ASSERT_TRUE(harness::run_backend(**b, *pc, true).is_ok());
+  Result<harness::Comparison> cmp = harness::compare_with_reference(*pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_TRUE(cmp->passed()) << cmp->summary();
+  for (int bad : {36, 48, -8}) {  // not a page multiple, beyond a prefix, negative
+    c.shared_prefix = bad;
+    Result<PreparedCase> r = harness::prepare_case(c, Device::cpu());
+    ASSERT_FALSE(r.is_ok()) << bad;
+    EXPECT_NE(r.status().message().find("shared_prefix " + std::to_string(bad)), std::string::npos)
+        << r.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace attnkit

@@ -15,11 +15,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnkit/registry.h"
 #include "backend/device_array.h"
+#include "backends/flashinfer/cascade.h"
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
 #include "backends/flashinfer/kernels/mla_fp4_portable.h"
 #include "backends/flashinfer/kernels/work_plan.h"
@@ -171,6 +174,7 @@ class FlashInferBackend final : public AttentionBackend {
                                                  const int32_t* seq_lens_host) override;
 
   const FlashInferStats& stats() const { return stats_; }
+  FlashInferCascadeOptions cascade_options;
 
   // MLA absorbed over an fp4 pool: the portable SIMT kernel's fp4 instantiation, planned here as
   // the triton backend plans MLA (token indices, query layout, split extent).
@@ -233,6 +237,7 @@ class FlashInferBackend final : public AttentionBackend {
   std::unique_ptr<mla::MlaDecodeEngine> mla_engine_;
   Plan plan_;
   FlashInferStats stats_;
+  flashinfer::Cascade cascade_;  // shared-prefix plans of this forward (cascade.h)
 
   // Eager workspace (grow-only; only init_forward_metadata resizes it).
   std::vector<int32_t> words_;
@@ -252,8 +257,19 @@ class FlashInferBackend final : public AttentionBackend {
   bool graph_ready_ = false;
   bool graph_portable_ = false;
   int graph_max_bs_ = 0;
-  int graph_bs_ = 0;
   int64_t graph_items_ = 0;
+  std::set<std::pair<int, int>> graph_captured_;  // (mode, bs) of the captured graphs
+  // Target verify: a prefill-tile plan of bs requests x N drafts (no split); its item count.
+  int64_t verify_items(int bs, int draft_tokens) const {
+    const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
+    return static_cast<int64_t>(bs) *
+           ((static_cast<int64_t>(draft_tokens) * group + flashinfer::kPrefillTileRows - 1) /
+            flashinfer::kPrefillTileRows);
+  }
+  int draft_tokens(const SpecInfo* spec) const {
+    return spec != nullptr && spec->draft_token_num > 0 ? spec->draft_token_num
+                                                        : ctx_.speculative_num_draft_tokens;
+  }
   DeviceArray<int32_t> graph_words_;
   DeviceArray<float> graph_partial_out_, graph_partial_lse_;
   DeviceArray<int32_t> graph_split_counters_;
@@ -274,6 +290,8 @@ std::string FlashInferBackend::portable_reason(const ForwardBatch& batch) const 
 
 Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   plan_ = Plan{};
+  cascade_.reset();
+  stats_.cascade_shared_prefix = 0;
   plan_.mode = batch.mode;
   if (batch.mode == ForwardMode::kIdle) {
     plan_.valid = true;
@@ -344,6 +362,10 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   plan_.partial_out = partial_out_.data();
   plan_.partial_lse = partial_lse_.data();
   plan_.split_counters = split_counters_.data();
+  ATTNKIT_RETURN_IF_ERROR(cascade_.plan(batch, reqs, shape, plan_config(shape, decode),
+                                        ctx_.num_q_heads, ctx_.qk_head_dim, ctx_.device,
+                                        cascade_options, stream));
+  stats_.cascade_shared_prefix = cascade_.active() ? cascade_.shared_prefix() : 0;
   plan_.valid = true;
   return Status::ok();
 }
@@ -455,6 +477,10 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
 
   ++stats_.native_calls;
+  if (cascade_.active() && layer.sliding_window < 0) {  // windowed layers use the plain plan
+    ++stats_.cascade_calls;
+    return cascade_.run(p, q.dtype, kv_dtype, ctx_.qk_head_dim, stream);
+  }
   if (plan_.split) ++stats_.split_calls;
   const int grid = plan_.grid_items;
   const TileShape shape = plan_.shape;
@@ -622,7 +648,7 @@ Status FlashInferBackend::run_mla_fp4(const TensorView& q, const TensorView& k, 
   return flashinfer::run_mla_fp4_portable(p, q.dtype, !decode, grid_splits, stream);
 }
 
-// ---- CUDA graphs (decode) ----
+// ---- CUDA graphs (decode and target verify) ----
 
 Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
   if (max_bs < 1 || max_num_tokens < max_bs) {
@@ -641,6 +667,11 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   }
   const PlanConfig cfg = plan_config(TileShape::kDecode, true);
   graph_items_ = flashinfer::max_decode_items(max_bs, cfg);
+  // Target verify (N = speculative_num_draft_tokens, or max_num_tokens / max_bs when unset).
+  const int n = ctx_.speculative_num_draft_tokens > 0 ? ctx_.speculative_num_draft_tokens
+                                                      : max_num_tokens / max_bs;
+  graph_items_ = std::max(graph_items_, verify_items(max_bs, n));
+  graph_captured_.clear();
   const int64_t words = WorkPlan::words_for(max_bs, graph_items_);
   ATTNKIT_RETURN_IF_ERROR(graph_words_.reserve(ctx_.device, words));
   // An all-zero plan (no work items) until the first replay writes one.
@@ -681,9 +712,10 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     plan_.bs = bs;
     return Status::ok();
   }
-  if (mode != ForwardMode::kDecode) {
-    return Status::unsupported(std::string("flashinfer: CUDA graphs cover decode, not ") +
-                               forward_mode_name(mode));
+  if (mode != ForwardMode::kDecode && mode != ForwardMode::kTargetVerify) {
+    return Status::unsupported(
+        std::string("flashinfer: CUDA graphs cover decode and target_verify, not ") +
+        forward_mode_name(mode));
   }
   if (encoder_lens.defined()) {
     return Status::unsupported("flashinfer: CUDA graphs with encoder lengths are not supported");
@@ -692,6 +724,7 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     return Status::invalid_argument("flashinfer: graph batch size " + str(bs) + " is outside [1, " +
                                     str(graph_max_bs_) + "]");
   }
+  cascade_.reset();  // graphs run the plain plan
   // Nothing is copied here (this may run inside the capture): the kernels read the plan from
   // the fixed workspace, which every replay rewrites before the graph launches.
   plan_ = Plan{};
@@ -700,11 +733,31 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   plan_.bs = bs;
   plan_.shape = TileShape::kDecode;
   plan_.grid_items = static_cast<int>(graph_items_);
+  if (mode == ForwardMode::kTargetVerify) {
+    // Verify runs prefill tiles without split (as eager verify does): bs * ceil(N * group / 64)
+    // CTAs per kv head, every one of them real work on replay.
+    const int n = draft_tokens(spec);
+    if (n < 1 || static_cast<int64_t>(bs) * n > num_tokens) {
+      return Status::invalid_argument(
+          "flashinfer: target_verify graph of bs " + str(bs) +
+          " needs spec.draft_token_num >= 1 with bs * N <= num_tokens " + str(num_tokens) +
+          ", got N " + str(n));
+    }
+    const int64_t items = verify_items(bs, n);
+    if (items > graph_items_) {
+      return Status::invalid_argument(
+          "flashinfer: target_verify graph of bs " + str(bs) + " x " + str(n) + " drafts needs " +
+          str(items) + " work items, above the " + str(graph_items_) +
+          " init_cuda_graph_state sized (set speculative_num_draft_tokens or max_num_tokens)");
+    }
+    plan_.shape = TileShape::kPrefill;
+    plan_.grid_items = static_cast<int>(items);
+  }
   plan_.words = graph_words_.data();
   plan_.partial_out = graph_partial_out_.data();
   plan_.partial_lse = graph_partial_lse_.data();
   plan_.split_counters = graph_split_counters_.data();
-  graph_bs_ = bs;
+  graph_captured_.insert({static_cast<int>(mode), bs});
   return Status::ok();
 }
 
@@ -721,24 +774,25 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     return portable_->init_forward_metadata_replay_cuda_graph(
         bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, mode, spec, seq_lens_host);
   }
-  if (mode != ForwardMode::kDecode) {
-    return Status::unsupported(std::string("flashinfer: CUDA graphs cover decode, not ") +
-                               forward_mode_name(mode));
-  }
-  if (bs != graph_bs_) {
-    return Status::invalid_argument("flashinfer: replay batch size " + str(bs) +
-                                    " differs from the captured batch size " + str(graph_bs_));
+  if (graph_captured_.count({static_cast<int>(mode), bs}) == 0) {
+    return Status::invalid_argument("flashinfer: no " + std::string(forward_mode_name(mode)) +
+                                    " graph of batch size " + str(bs) + " was captured");
   }
   if (seq_lens_host == nullptr) {
     return Status::invalid_argument(
         "flashinfer: replay needs seq_lens_host (the split plan is computed on the host)");
   }
+  // The same requests and planner as eager init_forward_metadata, so every CTA does the same work.
+  const bool verify = mode == ForwardMode::kTargetVerify;
+  const int n = verify ? draft_tokens(spec) : 1;
   std::vector<PlanRequest> reqs(static_cast<size_t>(bs));
   for (int r = 0; r < bs; ++r) {
-    reqs[static_cast<size_t>(r)] = PlanRequest{r, 1, seq_lens_host[r]};
+    // verify: seq_lens counts the cached prefix, the N drafts follow it.
+    reqs[static_cast<size_t>(r)] = PlanRequest{r * n, n, seq_lens_host[r] + (verify ? n : 0)};
   }
-  ATTNKIT_ASSIGN_OR_RETURN(
-      WorkPlan wp, flashinfer::build_work_plan(reqs, plan_config(TileShape::kDecode, true)));
+  const TileShape shape = verify ? TileShape::kPrefill : TileShape::kDecode;
+  ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
+                           flashinfer::build_work_plan(reqs, plan_config(shape, !verify)));
   if (static_cast<int64_t>(wp.items.size()) > graph_items_) {
     return Status::internal("flashinfer: replay plan has " + str(wp.items.size()) +
                             " work items, above the graph capacity " + str(graph_items_));
@@ -752,6 +806,22 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
 const FlashInferStats* flashinfer_stats(const AttentionBackend& backend) {
   const auto* fi = dynamic_cast<const FlashInferBackend*>(&backend);
   return fi != nullptr ? &fi->stats() : nullptr;
+}
+
+Status set_flashinfer_cascade(AttentionBackend& backend, const FlashInferCascadeOptions& options) {
+  auto* fi = dynamic_cast<FlashInferBackend*>(&backend);
+  if (fi == nullptr) {
+    return Status::invalid_argument("set_flashinfer_cascade: backend " +
+                                    std::string(backend.descriptor().name) +
+                                    " is not a flashinfer backend");
+  }
+  if (options.min_batch < 0 || options.min_shared_prefix < 0) {
+    return Status::invalid_argument("set_flashinfer_cascade: min_batch " + str(options.min_batch) +
+                                    " and min_shared_prefix " + str(options.min_shared_prefix) +
+                                    " must be >= 0");
+  }
+  fi->cascade_options = options;
+  return Status::ok();
 }
 
 Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const BackendContext& ctx) {

@@ -19,13 +19,27 @@ namespace attnkit {
 
 Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const BackendContext& ctx);
 
+// Engine-facing policy of the shared-prefix cascade (backends/flashinfer/cascade.h says how the
+// shared prefix is found and what runs).
+struct FlashInferCascadeOptions {
+  bool enabled = true;
+  int min_batch = 2;            // requests sharing the prefix
+  int min_shared_prefix = 256;  // keys; below it the extra pass and the merge cost more than the
+                                // prefix re-reads they save
+};
+
 // Per-layer call counters of a flashinfer backend.
 struct FlashInferStats {
-  int64_t native_calls = 0;    // tensor-core kernels
-  int64_t portable_calls = 0;  // delegated to the portable SIMT path
-  int64_t split_calls = 0;     // native calls whose plan split some request (merge ran)
+  int64_t native_calls = 0;           // tensor-core kernels
+  int64_t portable_calls = 0;         // delegated to the portable SIMT path
+  int64_t split_calls = 0;            // native calls whose plan split some request (merge ran)
+  int64_t cascade_calls = 0;          // native calls that ran the shared-prefix cascade
+  int64_t cascade_shared_prefix = 0;  // shared prefix (keys) of the last forward's cascade, or 0
 };
 // The counters of a backend made by create_flashinfer_backend; nullptr for any other backend.
 const FlashInferStats* flashinfer_stats(const AttentionBackend& backend);
+// Sets the cascade policy (backends/flashinfer/cascade.h) of a flashinfer backend, from the next
+// init_forward_metadata on; kInvalidArgument for any other backend or a negative threshold.
+Status set_flashinfer_cascade(AttentionBackend& backend, const FlashInferCascadeOptions& options);
 
 }  // namespace attnkit

@@ -11,8 +11,9 @@
 // Warp layout: kWarpsM warps along the rows x kWarpsN warps along the keys of a tile; prefill uses
 // 4 x 1 (64 rows, every warp sees all keys). Each warp keeps its own (m, d, O); the epilogue merges
 // the kWarpsN states in shared memory, then either writes out/lse (the request is not split) or a
-// normalised partial + log2 LSE (split plans are decode-only, and decode runs
-// paged_decode_sm80.cuh, which merges them in its last split CTA).
+// normalised partial + log2 LSE (plain split plans are decode-only and decode runs
+// paged_decode_sm80.cuh, which merges them in its last split CTA; the flashinfer cascade runs its
+// passes here with split plans and merges them itself, see ../cascade.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -555,8 +556,12 @@ struct PagedAttention {
       const int token = t.q_start + prow / p.group;
       const int head = t.kv_head * p.group + prow % p.group;
       if (split) {
+        // Partial row of (split, token): partial_base + split * q_len + token offset (decode:
+        // q_len 1; cascade passes write every token of a multi-token request).
         const int64_t prow_index =
-            static_cast<int64_t>(req.partial_base + split_index) * p.num_q_heads + head;
+            static_cast<int64_t>(req.partial_base + split_index * req.q_len + (token - t.q_start)) *
+                p.num_q_heads +
+            head;
         const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
         float* dst = p.partial_out + prow_index * Tr::kHeadDim + col;
 #pragma unroll

@@ -1,0 +1,36 @@
+// The cascade merge of the flashinfer backend (see backends/flashinfer/cascade.h): host-facing
+// entry point, no CUDA types.
+#pragma once
+
+#include <cstdint>
+
+#include "attnkit/dtype.h"
+#include "attnkit/status.h"
+#include "attnkit/tensor.h"
+
+namespace attnkit::flashinfer {
+
+struct CascadeMergeParams {
+  // Pass-2 plan (header + [bs] RequestPlan): q_start, q_len, partial_base and, in reserved[0], the
+  // request's number of suffix partials.
+  const int32_t* suffix_plan = nullptr;
+  const int32_t* token_request = nullptr;  // [tokens] request of each token
+  int bs = 0;
+  int tokens = 0;
+  int prefix_chunks = 0;  // pass-1 partial rows of token t: c * tokens + t, c < prefix_chunks
+  const float* partial_out = nullptr;  // [rows, Hq, D] normalised partial outputs
+  const float* partial_lse = nullptr;  // [rows, Hq] log2-domain LSE
+  void* out = nullptr;                 // [T, Hq, D] q dtype
+  int64_t o_stride_token = 0, o_stride_head = 0;
+  float* lse = nullptr;  // [T, Hq] natural log; nullptr = not requested
+  int64_t lse_stride_token = 0, lse_stride_head = 0;
+  const float* sinks = nullptr;  // [Hq]; nullptr = off
+  float v_scale = 1.f;
+  int num_q_heads = 0;
+  int head_dim = 0;  // multiple of 8
+};
+
+// out[t] = the LSE-weighted merge of every partial of token t (+ sink, x v_scale).
+Status cascade_merge(const CascadeMergeParams& p, DType q_dtype, StreamHandle stream);
+
+}  // namespace attnkit::flashinfer

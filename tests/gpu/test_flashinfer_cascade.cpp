@@ -1,0 +1,300 @@
+// The flashinfer backend's shared-prefix cascade and its target-verify CUDA graphs (gpu label):
+//  * batches whose page tables share a prefix run the cascade (pass over the shared prefix for all
+//    queries at once, per-request suffix pass, LSE merge), match the fp64 reference and the plain
+//    (non-cascade) path of the same backend;
+//  * target-verify capture + replay gives outputs bit-identical to eager verify.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnkit/kv_cache.h"
+#include "backends/flashinfer/cascade.h"
+#include "backends/flashinfer/flashinfer_backend.h"
+#include "harness/case_runner.h"
+
+namespace attnkit {
+namespace {
+
+using harness::CaseSpec;
+using harness::PreparedCase;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Rewrites requests 1.. so that their first `shared` keys are request 0's (the pages a radix cache
+// hands to requests with a common prompt). shared must not exceed any request's cached prefix.
+void share_prefix(PreparedCase& pc, int shared) {
+  const int32_t* row0 = pc.req_to_token->host_row(pc.rows[0]);
+  const std::vector<int64_t> slots(row0, row0 + shared);
+  for (size_t r = 1; r < pc.rows.size(); ++r) {
+    ASSERT_TRUE(pc.req_to_token->write(pc.rows[r], 0, slots).is_ok());
+  }
+}
+
+std::vector<float> host_floats(const TensorView& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  std::vector<uint8_t> raw(static_cast<size_t>(t.storage_bytes()));
+  EXPECT_TRUE(copy_bytes(raw.data(), Device::cpu(), t.data, t.device, t.storage_bytes()).is_ok());
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = static_cast<float>(load_as_float(raw.data(), t.dtype, static_cast<int64_t>(i)));
+  }
+  return v;
+}
+
+struct RunResult {
+  std::vector<std::vector<float>> out, lse;
+  FlashInferStats stats;
+};
+
+// Runs the case (already prepared, prefix shared) with the cascade on or off and checks it
+// against the fp64 reference.
+RunResult run_case(PreparedCase& pc, bool cascade, int min_shared_prefix = 256) {
+  RunResult r;
+  for (harness::LayerData& ld : pc.layers) {
+    EXPECT_TRUE(fill_float(ld.out, kNaN).is_ok());
+    EXPECT_TRUE(fill_float(ld.lse, kNaN).is_ok());
+  }
+  Result<std::unique_ptr<AttentionBackend>> made = create_flashinfer_backend(pc.context());
+  EXPECT_TRUE(made.is_ok()) << made.status().to_string();
+  if (!made.is_ok()) return r;
+  FlashInferCascadeOptions opt;
+  opt.enabled = cascade;
+  opt.min_shared_prefix = min_shared_prefix;
+  EXPECT_TRUE(set_flashinfer_cascade(**made, opt).is_ok());
+  const Status run = harness::run_backend(**made, pc, /*save_kv=*/false);
+  EXPECT_TRUE(run.is_ok()) << run.to_string();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Result<harness::Comparison> cmp = harness::compare_with_reference(pc);
+  EXPECT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  if (cmp.is_ok())
+    EXPECT_TRUE(cmp->passed()) << (cascade ? "cascade: " : "plain: ") << cmp->summary();
+  r.stats = *flashinfer_stats(**made);
+  for (const harness::LayerData& ld : pc.layers) {
+    r.out.push_back(host_floats(ld.out));
+    r.lse.push_back(host_floats(ld.lse));
+  }
+  return r;
+}
+
+// The cascade runs (shared prefix detected), matches the reference, and agrees with the plain path
+// to within one bf16/f16 rounding of the output (the two differ only in summation order).
+void cascade_matches_plain(const CaseSpec& spec, int shared, bool expect_cascade = true) {
+  SCOPED_TRACE(spec.describe() + " shared " + std::to_string(shared));
+  Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0));
+  ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
+  PreparedCase& pc = *prepared;
+  share_prefix(pc, shared);
+  const RunResult plain = run_case(pc, false);
+  const RunResult cas = run_case(pc, true);
+  EXPECT_EQ(plain.stats.cascade_calls, 0);
+  if (!expect_cascade) {
+    EXPECT_EQ(cas.stats.cascade_calls, 0);
+    return;
+  }
+  EXPECT_EQ(cas.stats.cascade_calls, static_cast<int64_t>(pc.layers.size()));
+  EXPECT_GE(cas.stats.cascade_shared_prefix, shared - spec.page_size + 1);
+  EXPECT_LE(cas.stats.cascade_shared_prefix, shared + spec.page_size - 1);
+  const double ulp = spec.q_dtype == DType::kF16 ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
+  for (size_t l = 0; l < plain.out.size(); ++l) {
+    double worst = 0, worst_lse = 0;
+    for (size_t i = 0; i < plain.out[l].size(); ++i) {
+      const double a = plain.out[l][i], b = cas.out[l][i];
+      ASSERT_TRUE(std::isfinite(b)) << "layer " << l << " element " << i;
+      worst = std::max(worst, std::abs(a - b) / std::max(1.0, std::abs(a)));
+    }
+    for (size_t i = 0; i < plain.lse[l].size(); ++i) {
+      worst_lse =
+          std::max(worst_lse, static_cast<double>(std::abs(plain.lse[l][i] - cas.lse[l][i])));
+    }
+    EXPECT_LE(worst, 2 * ulp) << "layer " << l << ": cascade vs plain output";
+    EXPECT_LE(worst_lse, 1e-3) << "layer " << l << ": cascade vs plain lse";
+  }
+}
+
+CaseSpec base(std::string name, ForwardMode mode, int page, std::vector<int> prefix,
+              std::vector<int> fresh) {
+  CaseSpec c;
+  c.name = std::move(name);
+  c.mode = mode;
+  c.page_size = page;
+  c.prefix_lens = std::move(prefix);
+  c.new_lens = std::move(fresh);
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.seed = 1234;
+  return c;
+}
+
+TEST(FlashInferCascadeTest, DecodeSharedPrefix) {
+  cascade_matches_plain(
+      base("casc_decode_p16", ForwardMode::kDecode, 16,
+           {1500, 1800, 1300, 2047, 1100, 1600, 1240, 1999}, std::vector<int>(8, 1)),
+      1024);
+  // Long shared prefix, short private suffixes (parallel sampling of one prompt).
+  cascade_matches_plain(
+      base("casc_decode_p1_long", ForwardMode::kDecode, 1, {4100, 4097, 4130, 4096}, {1, 1, 1, 1}),
+      4096);
+}
+
+TEST(FlashInferCascadeTest, DecodeFp8SinksSoftcapGqa8) {
+  CaseSpec c = base("casc_decode_fp8", ForwardMode::kDecode, 64, {900, 1400, 777}, {1, 1, 1});
+  c.kv_dtype = DType::kFP8E4M3;
+  c.sinks = true;
+  cascade_matches_plain(c, 768);
+  c.name = "casc_decode_softcap_g8_d256";
+  c.kv_dtype = DType::kBF16;
+  c.sinks = false;
+  c.logit_cap = 5.f;
+  c.num_q_heads = 16;
+  c.num_kv_heads = 2;
+  c.head_dim = c.v_head_dim = 256;
+  cascade_matches_plain(c, 704);
+}
+
+TEST(FlashInferCascadeTest, ExtendAndF16) {
+  cascade_matches_plain(base("casc_extend", ForwardMode::kExtend, 16, {700, 512, 900}, {37, 64, 5}),
+                        512);
+  CaseSpec c = base("casc_extend_f16_d64", ForwardMode::kExtend, 1, {300, 333}, {70, 1});
+  c.q_dtype = c.kv_dtype = DType::kF16;
+  c.head_dim = c.v_head_dim = 64;
+  cascade_matches_plain(c, 300);
+}
+
+TEST(FlashInferCascadeTest, TargetVerifyTreeMask) {
+  const CaseSpec* v = harness::find_case("verify_topk4_page16");
+  ASSERT_NE(v, nullptr);
+  CaseSpec c = *v;
+  c.name = "casc_verify_topk4";
+  c.prefix_lens = {600, 700, 650};
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  cascade_matches_plain(c, 592);
+}
+
+TEST(FlashInferCascadeTest, WindowShortPrefixAndSingleRequestStayPlain) {
+  CaseSpec c = base("casc_window", ForwardMode::kDecode, 16, {1500, 1700}, {1, 1});
+  c.sliding_window = 300;
+  cascade_matches_plain(c, 1024, /*expect_cascade=*/false);
+  cascade_matches_plain(base("casc_short", ForwardMode::kDecode, 16, {1500, 1700}, {1, 1}), 128,
+                        /*expect_cascade=*/false);
+  cascade_matches_plain(base("casc_single", ForwardMode::kDecode, 16, {1500}, {1}), 1024,
+                        /*expect_cascade=*/false);
+}
+
+// ---- target-verify CUDA graphs: replay equals eager bit for bit ----
+
+void verify_graph_matches_eager(const CaseSpec& spec) {
+  SCOPED_TRACE(spec.describe());
+  Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0));
+  ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
+  PreparedCase& pc = *prepared;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  BackendContext ctx = pc.context();
+  ctx.stream = stream;
+  pc.batch.stream = stream;
+  Result<std::unique_ptr<AttentionBackend>> made = create_flashinfer_backend(ctx);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  AttentionBackend& backend = **made;
+
+  ASSERT_TRUE(harness::run_backend(backend, pc, /*save_kv=*/false).is_ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  std::vector<std::vector<float>> eager_out, eager_lse;
+  for (const harness::LayerData& ld : pc.layers) {
+    eager_out.push_back(host_floats(ld.out));
+    eager_lse.push_back(host_floats(ld.lse));
+  }
+  Result<harness::Comparison> cmp = harness::compare_with_reference(pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_TRUE(cmp->passed()) << cmp->summary();
+  for (harness::LayerData& ld : pc.layers) {
+    ASSERT_TRUE(fill_float(ld.out, kNaN).is_ok());
+    ASSERT_TRUE(fill_float(ld.lse, kNaN).is_ok());
+  }
+
+  const int bs = pc.batch.batch_size;
+  const int tokens = pc.batch.num_tokens;
+  // A decode graph captured first on the same backend must not disturb the verify graph.
+  ASSERT_TRUE(backend.init_cuda_graph_state(bs, tokens).is_ok());
+  const Status cap = backend.init_forward_metadata_capture_cuda_graph(
+      bs, tokens, pc.batch.req_pool_indices, pc.batch.seq_lens, TensorView(),
+      ForwardMode::kTargetVerify, &pc.batch.spec);
+  ASSERT_TRUE(cap.is_ok()) << cap.to_string();
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  for (harness::LayerData& ld : pc.layers) {
+    const Status s = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
+                                     /*save_kv=*/false, ld.lse);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 2; ++rep) {
+    const Status replay = backend.init_forward_metadata_replay_cuda_graph(
+        bs, pc.batch.req_pool_indices, pc.batch.seq_lens, pc.batch.seq_lens_sum, TensorView(),
+        ForwardMode::kTargetVerify, &pc.batch.spec, pc.batch.seq_lens_host.data());
+    ASSERT_TRUE(replay.is_ok()) << replay.to_string();
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  for (size_t l = 0; l < pc.layers.size(); ++l) {
+    const std::vector<float> out = host_floats(pc.layers[l].out);
+    const std::vector<float> lse = host_floats(pc.layers[l].lse);
+    EXPECT_EQ(std::memcmp(out.data(), eager_out[l].data(), out.size() * sizeof(float)), 0)
+        << "layer " << l << ": out differs from eager";
+    EXPECT_EQ(std::memcmp(lse.data(), eager_lse[l].data(), lse.size() * sizeof(float)), 0)
+        << "layer " << l << ": lse differs from eager";
+  }
+  // A batch size that was not captured is refused.
+  EXPECT_FALSE(backend
+                   .init_forward_metadata_replay_cuda_graph(
+                       bs + 1, pc.batch.req_pool_indices, pc.batch.seq_lens, pc.batch.seq_lens_sum,
+                       TensorView(), ForwardMode::kTargetVerify, &pc.batch.spec,
+                       pc.batch.seq_lens_host.data())
+                   .is_ok());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(FlashInferVerifyGraphTest, ReplayIsBitIdenticalToEager) {
+  for (const char* name :
+       {"verify_topk1_page1", "verify_topk1_page16", "verify_topk4_page1", "verify_topk4_page16"}) {
+    const CaseSpec* c = harness::find_case(name);
+    ASSERT_NE(c, nullptr) << name;
+    verify_graph_matches_eager(*c);
+  }
+  CaseSpec wide = *harness::find_case("verify_topk4_page16");
+  wide.name = "verify_graph_gqa4_long";
+  wide.prefix_lens = {3000, 17, 1200, 640};
+  wide.num_q_heads = 32;
+  wide.num_kv_heads = 8;
+  verify_graph_matches_eager(wide);
+}
+
+// ---- the shared-prefix detector (host) ----
+
+TEST(FlashInferCascadePlanTest, SharedPrefixFromPageStarts) {
+  const std::vector<int32_t> a = {16, 17, 18, 19, 32, 33, 34, 35, 48, 49};
+  std::vector<int32_t> b = a;
+  b[8] = 64;  // third page differs
+  const std::vector<const int32_t*> rows = {a.data(), b.data()};
+  EXPECT_EQ(flashinfer::shared_prefix_len(rows, 10, 4), 8);
+  EXPECT_EQ(flashinfer::shared_prefix_len(rows, 6, 4), 6);  // capped by the shortest prefix
+  b[1] = 99;  // not a page start: ignored by the kernels, so still shared at page 4
+  EXPECT_EQ(flashinfer::shared_prefix_len(rows, 10, 4), 8);
+  EXPECT_EQ(flashinfer::shared_prefix_len(rows, 10, 1), 1);
+  const std::vector<const int32_t*> one = {a.data()};
+  EXPECT_EQ(flashinfer::shared_prefix_len(one, 10, 4), 0);
+}
+
+}  // namespace
+}  // namespace attnkit
