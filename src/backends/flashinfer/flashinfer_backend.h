@@ -22,7 +22,9 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const Backen
 // Engine-facing policy of the shared-prefix cascade (backends/flashinfer/cascade.h says how the
 // shared prefix is found and what runs).
 struct FlashInferCascadeOptions {
-  bool enabled = true;
+  // Off by default: the GPU tests of the merged prefill kernel have not passed yet (see
+  // docs/perf/python_notes.md); engines opt in with set_flashinfer_cascade.
+  bool enabled = false;
   int min_batch = 2;            // requests sharing the prefix
   int min_shared_prefix = 256;  // keys; below it the extra pass and the merge cost more than the
                                 // prefix re-reads they save

@@ -537,8 +537,12 @@ struct PagedPrefill {
       float(&acc)[Tr::kDimTiles][4] = o[h / 2];
       const int c0 = 2 * (h % 2);
       if (split) {
+        // Partial row of (split, token): partial_base + split * q_len + token offset (the
+        // flashinfer cascade's passes write every token of a multi-token request).
         const int64_t prow_index =
-            static_cast<int64_t>(req.partial_base + split_index) * p.num_q_heads + head;
+            static_cast<int64_t>(req.partial_base + split_index * req.q_len + (token - t.q_start)) *
+                p.num_q_heads +
+            head;
         const float inv = d > 0.f ? 1.f / d : 0.f;
         float* dst = p.partial_out + prow_index * kD;
 #pragma unroll
