@@ -33,12 +33,12 @@ constexpr const char* kIsaEnvVar = "ATTNKIT_CPU_ISA";
 constexpr CpuIsa kAllIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16,
                                CpuIsa::kAmx};
 
-// Decode split-KV heuristic: aim for kDecodeItemsPerThread work items per thread so dynamic
-// scheduling evens out ragged lengths, but never split below kMinSplitKeys keys (the merge and the
-// per-item query load must stay small next to the keys read).
-// Example: bs 1, 32k keys, 8 kv heads, 16 threads: 262144 head-keys / 64 items = 4096-key chunks,
-// 8 splits per head, 64 items. bs 8, 4k keys, 8 kv heads, 2 threads: chunk 32768 >= 4096 keys, so
-// no split: 64 items (one per request and head).
+// Decode split-KV heuristic: a decode item covers every kv head of a key range of one request
+// (its pool rows are read whole, in order). Aim for kDecodeItemsPerThread items per thread so
+// dynamic scheduling evens out ragged lengths, but never split below kMinSplitKeys keys (the
+// merge and the per-item query load must stay small next to the keys read).
+// Example: bs 1, 32k keys, 16 threads: 32768 keys / 64 items = 512-key chunks, 64 items.
+// bs 8, 4k keys, 2 threads: chunk 32768 / 8 = 4096 keys, so no split: 8 items (one per request).
 constexpr int kDecodeItemsPerThread = 4;
 constexpr int kMinSplitKeys = 256;
 // Extend items of the vector kernels: this many query tokens (all heads of the group).
@@ -98,9 +98,10 @@ class IntelAmxBackend final : public AttentionBackend {
   // Per-thread scratch for the context's head counts and dims: sized once here, reused by every
   // forward (the kernels never allocate).
   Status init() {
-    const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
+    // Decode keeps the state of every q head (extend only a group's).
     int64_t floats =
-        cpu_attention::vector_scratch_layout(group, ctx_.qk_head_dim, ctx_.v_head_dim).total;
+        cpu_attention::vector_scratch_layout(ctx_.num_q_heads, ctx_.qk_head_dim, ctx_.v_head_dim)
+            .total;
     if (isa_ == CpuIsa::kAmx) {
       floats = std::max(floats,
                         cpu_attention::amx_scratch_layout(ctx_.qk_head_dim, ctx_.v_head_dim).total);
@@ -264,29 +265,30 @@ class IntelAmxBackend final : public AttentionBackend {
     plan->decode_items.clear();
     plan->decode_merges.clear();
     const int hkv = ctx_.num_kv_heads;
-    int64_t head_keys = 0;
-    for (const CpuRequest& rq : plan->requests) head_keys += static_cast<int64_t>(rq.seq_len) * hkv;
+    int64_t keys = 0;
+    for (const CpuRequest& rq : plan->requests) keys += rq.seq_len;
     const int64_t target_items = static_cast<int64_t>(num_threads_) * kDecodeItemsPerThread;
-    const int64_t chunk =
-        ceil_div(std::max<int64_t>(kMinSplitKeys, ceil_div(head_keys, target_items)),
-                 cpu_attention::kKeyBlock) *
-        cpu_attention::kKeyBlock;
+    const int64_t chunk = ceil_div(std::max<int64_t>(kMinSplitKeys, ceil_div(keys, target_items)),
+                                   cpu_attention::kKeyBlock) *
+                          cpu_attention::kKeyBlock;
     int32_t partials = 0;
     for (int32_t r = 0; r < static_cast<int32_t>(plan->requests.size()); ++r) {
       const int32_t len = plan->requests[static_cast<size_t>(r)].seq_len;
       const int32_t splits = static_cast<int32_t>(std::max<int64_t>(1, ceil_div(len, chunk)));
-      for (int32_t h = 0; h < hkv; ++h) {
-        if (splits == 1) {
-          plan->decode_items.push_back({r, h, 0, len, -1});
-          continue;
-        }
-        plan->decode_merges.push_back({r, h, partials, splits});
-        for (int32_t s = 0; s < splits; ++s) {
-          const int32_t begin = static_cast<int32_t>(s * chunk);
-          const int32_t end = static_cast<int32_t>(std::min<int64_t>(len, begin + chunk));
-          plan->decode_items.push_back({r, h, begin, end, partials++});
-        }
+      if (splits == 1) {
+        plan->decode_items.push_back({r, 0, len, -1, 0});
+        continue;
       }
+      // Partial slots of request r: [partials, partials + hkv * splits), head-major.
+      for (int32_t h = 0; h < hkv; ++h) {
+        plan->decode_merges.push_back({r, h, partials + h * splits, splits});
+      }
+      for (int32_t s = 0; s < splits; ++s) {
+        const int32_t begin = static_cast<int32_t>(s * chunk);
+        const int32_t end = static_cast<int32_t>(std::min<int64_t>(len, begin + chunk));
+        plan->decode_items.push_back({r, begin, end, partials + s, splits});
+      }
+      partials += hkv * splits;
     }
     plan->num_partials = partials;
   }

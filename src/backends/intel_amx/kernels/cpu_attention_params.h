@@ -90,15 +90,16 @@ inline void visible_keys(const CpuAttentionParams& p, int q_pos, int seq_len, in
   }
 }
 
-// Decode: keys [k_begin, k_end) of (request, kv head). When a request is split into several
-// chunks, each writes f32 partial output + log2-sum-exp to scratch slot `partial` and a merge pass
+// Decode: keys [k_begin, k_end) of one request, every kv head (the pool rows of those keys are
+// read once, whole). When a request is split into several chunks, each writes f32 partial output
+// + log2-sum-exp of kv head h to scratch slot partial + h * partial_head_stride and a merge pass
 // combines them; partial == -1 writes the final output directly.
 struct DecodeItem {
   int32_t request = 0;
-  int32_t kv_head = 0;
   int32_t k_begin = 0;
   int32_t k_end = 0;
   int32_t partial = -1;
+  int32_t partial_head_stride = 0;
 };
 
 // Merge of the chunks partial_begin .. partial_begin + num_partials - 1 of (request, kv head).

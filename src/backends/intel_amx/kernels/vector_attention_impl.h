@@ -71,24 +71,27 @@ inline void reset_state(const VectorScratch& sc, int n_heads, int v_head_dim) {
 inline void prefetch_row(const void* row, int64_t bytes) {
   constexpr int64_t kLineBytes = 64;
   const char* c = static_cast<const char*>(row);
-  for (int64_t off = 0; off < bytes; off += kLineBytes) __builtin_prefetch(c + off);
+  // Into L2 (locality 2, prefetcht1): a block ahead over all kv heads is 64 KiB of K/V at
+  // 8 heads x d 128 bf16, more than L1 holds.
+  for (int64_t off = 0; off < bytes; off += kLineBytes) __builtin_prefetch(c + off, 0, 2);
 }
 
 // out[j * kKeyBlock + t] = q[j] . k_rows[t] for kN heads and the block's n keys (0 after n);
 // q [kN, D] f32 (or q_bf16 [kN, D]). With key t it prefetches next_rows[t] (the K and V rows of
-// a key of the next block, or null; row_bytes[2] bytes each), spreading the prefetches over the
-// block's arithmetic instead of issuing them as one burst that stalls on the miss buffers.
+// a key of the next block, or null; row_bytes[2] bytes each; the V row only when prefetch_v),
+// spreading the prefetches over the block's arithmetic instead of issuing them as one burst that
+// stalls on the miss buffers.
 template <class V, class S, bool kBf16Dot, int kN>
 inline void qk_block(const typename S::T* const* k_rows, int n, const float* q,
                      const uint16_t* q_bf16, int d_len, const void* const* next_rows,
-                     const int64_t* row_bytes, float* out) {
+                     const int64_t* row_bytes, bool prefetch_v, float* out) {
   typename V::F dots[kN][kKeyBlock];
   for (int t = 0; t < kKeyBlock; ++t) {
     typename V::F acc[kN];
     for (int j = 0; j < kN; ++j) acc[j] = V::zero();
     if (next_rows != nullptr && next_rows[2 * t] != nullptr) {
       prefetch_row(next_rows[2 * t], row_bytes[0]);
-      prefetch_row(next_rows[2 * t + 1], row_bytes[1]);
+      if (prefetch_v) prefetch_row(next_rows[2 * t + 1], row_bytes[1]);
     }
     if (t < n) {
       const typename S::T* k = k_rows[t];
@@ -181,6 +184,96 @@ inline void for_head_tiles(int n_heads, F&& f) {
   }
 }
 
+// Loop-invariant pieces of one call: the soft-cap factors and the K/V row sizes in bytes.
+template <class V, class T>
+struct BlockConsts {
+  bool capped;
+  typename V::F pre_cap;
+  typename V::F post_cap;
+  int64_t row_bytes[2];
+
+  explicit BlockConsts(const CpuAttentionParams& p)
+      : capped(p.logit_cap > 0.f),
+        pre_cap(V::set1(capped ? p.score_scale / p.logit_cap : p.score_scale)),
+        post_cap(V::set1(capped ? p.logit_cap * kLog2e : kLog2e)),
+        row_bytes{p.head_dim * static_cast<int64_t>(sizeof(T)),
+                  p.v_head_dim * static_cast<int64_t>(sizeof(T))} {}
+};
+
+// One key block (n <= kKeyBlock keys, rows k_rows/v_rows of one kv head) for the n_heads query
+// rows of sc (sc.q / sc.q_bf16 / sc.acc / sc.m / sc.l / sc.alpha point at that kv head's rows;
+// sc.scores is [n_heads, kKeyBlock] scratch). next_rows (2 * kKeyBlock pointers or null) are
+// prefetched by the first head tile's q.k. v_rows must have room for kKeyBlock entries.
+template <class V, class S, bool kBf16Dot>
+inline void attend_block(const CpuAttentionParams& p, const BlockConsts<V, typename S::T>& c,
+                         const typename S::T** k_rows, const typename S::T** v_rows, int n,
+                         const void* const* next_rows, int n_heads, const VectorScratch& sc) {
+  using T = typename S::T;
+  const int d_len = p.head_dim;
+  const int dv_len = p.v_head_dim;
+  bool first_tile = true;
+  for_head_tiles(n_heads, [&]<int kN>(int g0) {
+    qk_block<V, S, kBf16Dot, kN>(k_rows, n, sc.q + g0 * d_len, sc.q_bf16 + g0 * d_len, d_len,
+                                 first_tile ? next_rows : nullptr, c.row_bytes, !kBf16Dot,
+                                 sc.scores + g0 * kKeyBlock);
+    first_tile = false;
+  });
+  for (int g = 0; g < n_heads; ++g) {
+    float* s = sc.scores + g * kKeyBlock;
+    for (int t = 0; t < kKeyBlock; t += V::kWidth) {
+      typename V::F x = V::mul(V::load(s + t), c.pre_cap);
+      if (c.capped) x = V::tanh(x);
+      V::store(s + t, V::mul(x, c.post_cap));
+    }
+    std::fill(s + n, s + kKeyBlock, kNegInf);
+    typename V::F mx = V::load(s);
+    for (int t = V::kWidth; t < kKeyBlock; t += V::kWidth) mx = V::max(mx, V::load(s + t));
+    const float m_new = std::max(sc.m[g], V::reduce_max(mx));
+    const typename V::F m_vec = V::set1(m_new);
+    typename V::F sum = V::zero();
+    for (int t = 0; t < kKeyBlock; t += V::kWidth) {
+      const typename V::F e = V::exp2(V::sub(V::load(s + t), m_vec));
+      V::store(s + t, e);
+      sum = V::add(sum, e);
+    }
+    const float alpha = sc.m[g] == kNegInf ? 0.f : std::exp2(sc.m[g] - m_new);
+    sc.alpha[g] = alpha;
+    sc.l[g] = sc.l[g] * alpha + V::reduce_add(sum);
+    sc.m[g] = m_new;
+  }
+  if constexpr (kBf16Dot) {
+    static_assert(kKeyBlock == V::kWidth, "one vector of probabilities per head and block");
+    const int n_even = n + (n & 1);
+    if (n_even != n) v_rows[n] = reinterpret_cast<const T*>(kZeroRow);
+    for_head_tiles(n_heads, [&]<int kN>(int g0) {
+      alignas(64) uint32_t p_pairs[kN * kKeyBlock / 2];
+      for (int j = 0; j < kN; ++j) {
+        V::store_bf16_pairs(sc.scores + (g0 + j) * kKeyBlock, p_pairs + j * kKeyBlock / 2);
+      }
+      // The first head tile prefetches the next block's V slices here (q.k did the K slices),
+      // spread over the column chunks, so the P.V phase keeps memory requests in flight too.
+      const int chunks = dv_len / V::kWidth;
+      for (int dc = 0; dc < chunks; ++dc) {
+        if (g0 == 0 && next_rows != nullptr) {
+          for (int t = dc * kKeyBlock / chunks; t < (dc + 1) * kKeyBlock / chunks; ++t) {
+            if (next_rows[2 * t + 1] != nullptr) prefetch_row(next_rows[2 * t + 1], c.row_bytes[1]);
+          }
+        }
+        const int d = dc * V::kWidth;
+        pv_tile_pairs<V, S, kN>(v_rows, n_even, d, p_pairs, sc.alpha + g0, sc.acc + g0 * dv_len + d,
+                                dv_len);
+      }
+    });
+  } else {
+    for (int d = 0; d < dv_len; d += V::kWidth) {
+      for_head_tiles(n_heads, [&]<int kN>(int g0) {
+        pv_tile<V, S, kN>(v_rows, n, d, sc.scores + g0 * kKeyBlock, sc.alpha + g0,
+                          sc.acc + g0 * dv_len + d, dv_len);
+      });
+    }
+  }
+}
+
 // Online-softmax attention of n_heads query rows (sc.q / sc.q_bf16) of kv head `kv_head` over the
 // keys [k_begin, k_end) of one request (slots: its req_to_token row). Updates sc.m/l/acc.
 template <class V, class S, bool kBf16Dot>
@@ -188,18 +281,11 @@ void attend_span(const CpuAttentionParams& p, const int32_t* slots, int kv_head,
                  int k_begin, int k_end, const VectorScratch& sc) {
   using T = typename S::T;
   static_assert(kKeyBlock % V::kWidth == 0);
-  const int d_len = p.head_dim;
-  const int dv_len = p.v_head_dim;
   const T* k_base = static_cast<const T*>(p.k_cache) + kv_head * p.k_head_stride;
   const T* v_base = static_cast<const T*>(p.v_cache) + kv_head * p.v_head_stride;
-  const bool capped = p.logit_cap > 0.f;
-  const typename V::F pre_cap = V::set1(capped ? p.score_scale / p.logit_cap : p.score_scale);
-  const typename V::F post_cap = V::set1(capped ? p.logit_cap * kLog2e : kLog2e);
+  const BlockConsts<V, T> c(p);
   const T* k_rows[kKeyBlock];
   const T* v_rows[kKeyBlock];
-  const int64_t row_bytes[2] = {d_len * static_cast<int64_t>(sizeof(T)),
-                                dv_len * static_cast<int64_t>(sizeof(T))};
-
   for (int k0 = k_begin; k0 < k_end; k0 += kKeyBlock) {
     const int n = std::min(kKeyBlock, k_end - k0);
     for (int t = 0; t < n; ++t) {
@@ -216,65 +302,85 @@ void attend_span(const CpuAttentionParams& p, const int32_t* slots, int kv_head,
       next_rows[2 * t] = in ? k_base + slot * p.k_row_stride : nullptr;
       next_rows[2 * t + 1] = in ? v_base + slot * p.v_row_stride : nullptr;
     }
-    bool first_tile = true;
-    for_head_tiles(n_heads, [&]<int kN>(int g0) {
-      qk_block<V, S, kBf16Dot, kN>(k_rows, n, sc.q + g0 * d_len, sc.q_bf16 + g0 * d_len, d_len,
-                                   first_tile ? next_rows : nullptr, row_bytes,
-                                   sc.scores + g0 * kKeyBlock);
-      first_tile = false;
-    });
-    for (int g = 0; g < n_heads; ++g) {
-      float* s = sc.scores + g * kKeyBlock;
-      for (int t = 0; t < kKeyBlock; t += V::kWidth) {
-        typename V::F x = V::mul(V::load(s + t), pre_cap);
-        if (capped) x = V::tanh(x);
-        V::store(s + t, V::mul(x, post_cap));
-      }
-      std::fill(s + n, s + kKeyBlock, kNegInf);
-      typename V::F mx = V::load(s);
-      for (int t = V::kWidth; t < kKeyBlock; t += V::kWidth) mx = V::max(mx, V::load(s + t));
-      const float m_new = std::max(sc.m[g], V::reduce_max(mx));
-      const typename V::F m_vec = V::set1(m_new);
-      typename V::F sum = V::zero();
-      for (int t = 0; t < kKeyBlock; t += V::kWidth) {
-        const typename V::F e = V::exp2(V::sub(V::load(s + t), m_vec));
-        V::store(s + t, e);
-        sum = V::add(sum, e);
-      }
-      const float alpha = sc.m[g] == kNegInf ? 0.f : std::exp2(sc.m[g] - m_new);
-      sc.alpha[g] = alpha;
-      sc.l[g] = sc.l[g] * alpha + V::reduce_add(sum);
-      sc.m[g] = m_new;
+    attend_block<V, S, kBf16Dot>(p, c, k_rows, v_rows, n, next_rows, n_heads, sc);
+  }
+}
+
+// Decode of one request over the keys [k_begin, k_end) for ALL kv heads (sc holds the state of
+// every q head: q/acc/m/l/alpha [Hq, ...]). The key blocks are the outer loop and the kv heads
+// the inner one, so each block's pool rows (Hkv * D elements per token, contiguous; a page of
+// tokens is one contiguous span) are consumed completely while they are in cache, instead of one
+// head's 256-byte slice per row per pass. While head h works on a block it prefetches head h's
+// slice of the next block's rows.
+template <class V, class S, bool kBf16Dot>
+void attend_span_all_heads(const CpuAttentionParams& p, const int32_t* slots, int k_begin,
+                           int k_end, const VectorScratch& sc) {
+  using T = typename S::T;
+  static_assert(kKeyBlock % V::kWidth == 0);
+  const int group = p.group();
+  const T* k_cache = static_cast<const T*>(p.k_cache);
+  const T* v_cache = static_cast<const T*>(p.v_cache);
+  const BlockConsts<V, T> c(p);
+  const T* k_rows[kKeyBlock];
+  const T* v_rows[kKeyBlock];
+  const void* next_rows[2 * kKeyBlock];
+  int64_t k_off[kKeyBlock];
+  int64_t v_off[kKeyBlock];
+  int64_t next_k_off[kKeyBlock];
+  int64_t next_v_off[kKeyBlock];
+  for (int k0 = k_begin; k0 < k_end; k0 += kKeyBlock) {
+    const int n = std::min(kKeyBlock, k_end - k0);
+    for (int t = 0; t < n; ++t) {
+      const int64_t slot = slots[k0 + t];
+      k_off[t] = slot * p.k_row_stride;
+      v_off[t] = slot * p.v_row_stride;
     }
-    if constexpr (kBf16Dot) {
-      static_assert(kKeyBlock == V::kWidth, "one vector of probabilities per head and block");
-      const int n_even = n + (n & 1);
-      if (n_even != n) v_rows[n] = reinterpret_cast<const T*>(kZeroRow);
-      for_head_tiles(n_heads, [&]<int kN>(int g0) {
-        alignas(64) uint32_t p_pairs[kN * kKeyBlock / 2];
-        for (int j = 0; j < kN; ++j) {
-          V::store_bf16_pairs(sc.scores + (g0 + j) * kKeyBlock, p_pairs + j * kKeyBlock / 2);
-        }
-        for (int d = 0; d < dv_len; d += V::kWidth) {
-          pv_tile_pairs<V, S, kN>(v_rows, n_even, d, p_pairs, sc.alpha + g0,
-                                  sc.acc + g0 * dv_len + d, dv_len);
-        }
-      });
-    } else {
-      for (int d = 0; d < dv_len; d += V::kWidth) {
-        for_head_tiles(n_heads, [&]<int kN>(int g0) {
-          pv_tile<V, S, kN>(v_rows, n, d, sc.scores + g0 * kKeyBlock, sc.alpha + g0,
-                            sc.acc + g0 * dv_len + d, dv_len);
-        });
+    const int n_next = std::clamp(k_end - (k0 + kKeyBlock), 0, kKeyBlock);
+    for (int t = 0; t < n_next; ++t) {
+      const int64_t slot = slots[k0 + kKeyBlock + t];
+      next_k_off[t] = slot * p.k_row_stride;
+      next_v_off[t] = slot * p.v_row_stride;
+    }
+    for (int h = 0; h < p.num_kv_heads; ++h) {
+      const T* k_base = k_cache + h * p.k_head_stride;
+      const T* v_base = v_cache + h * p.v_head_stride;
+      for (int t = 0; t < n; ++t) {
+        k_rows[t] = k_base + k_off[t];
+        v_rows[t] = v_base + v_off[t];
       }
+      // Pass h prefetches the (key, head) slices h * kKeyBlock .. + kKeyBlock - 1 of the next
+      // block in key-major order, so the prefetch stream walks each pool row (and page) in
+      // address order, which the hardware prefetchers can follow; over the Hkv passes every slice
+      // of the next block is prefetched once.
+      for (int t = 0; t < kKeyBlock; ++t) {
+        const int c = h * kKeyBlock + t;
+        const int key = c / p.num_kv_heads;
+        const int head = c - key * p.num_kv_heads;
+        const bool in = key < n_next;
+        next_rows[2 * t] = in ? k_cache + head * p.k_head_stride + next_k_off[key] : nullptr;
+        next_rows[2 * t + 1] = in ? v_cache + head * p.v_head_stride + next_v_off[key] : nullptr;
+      }
+      const int hq0 = h * group;
+      const VectorScratch head_sc{sc.q + hq0 * p.head_dim,
+                                  sc.q_bf16 + hq0 * p.head_dim,
+                                  sc.acc + hq0 * p.v_head_dim,
+                                  sc.scores,
+                                  sc.m + hq0,
+                                  sc.l + hq0,
+                                  sc.alpha + hq0};
+      attend_block<V, S, kBf16Dot>(p, c, k_rows, v_rows, n, next_rows, group, head_sc);
     }
   }
 }
 
+// Decode: one item = one request's key range [k_begin, k_end) for every kv head (so the pool rows
+// of those keys are streamed once, whole). Split items write per-head partials: head h of split s
+// goes to partial slot it.partial + h * it.partial_head_stride.
 template <class V, class S, bool kBf16Dot>
 void run_decode(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& ts) {
-  const int group = p.group();
-  const VectorScratchLayout lay = vector_scratch_layout(group, p.head_dim, p.v_head_dim);
+  const int hq = p.num_q_heads;
+  const int dv = p.v_head_dim;
+  const VectorScratchLayout lay = vector_scratch_layout(hq, p.head_dim, dv);
   const std::vector<DecodeItem>& items = *w.items;
   const int num_items = static_cast<int>(items.size());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ts.num_threads)
@@ -282,26 +388,28 @@ void run_decode(const CpuAttentionParams& p, const DecodeWork& w, const ThreadSc
     const VectorScratch sc = carve_vector_scratch(ts, thread_id(), lay);
     const DecodeItem& it = items[i];
     const CpuRequest& rq = (*w.requests)[it.request];
-    const int hq0 = it.kv_head * group;
-    load_query_rows(p, rq.q_start, hq0, group, sc.q, kBf16Dot ? sc.q_bf16 : nullptr);
-    reset_state(sc, group, p.v_head_dim);
+    load_query_rows(p, rq.q_start, 0, hq, sc.q, kBf16Dot ? sc.q_bf16 : nullptr);
+    reset_state(sc, hq, dv);
     int lo = 0;
     int hi = 0;
     visible_keys(p, rq.first_q_pos, rq.seq_len, &lo, &hi);
-    attend_span<V, S, kBf16Dot>(p, rq.slots(p), it.kv_head, group, std::max(lo, it.k_begin),
-                                std::min(hi, it.k_end), sc);
+    attend_span_all_heads<V, S, kBf16Dot>(p, rq.slots(p), std::max(lo, it.k_begin),
+                                          std::min(hi, it.k_end), sc);
     if (it.partial < 0) {
-      finalize_rows(p, rq.q_start, hq0, group, sc.m, sc.l, sc.acc, p.v_head_dim);
+      finalize_rows(p, rq.q_start, 0, hq, sc.m, sc.l, sc.acc, dv);
       continue;
     }
-    float* po = w.partial_out + static_cast<int64_t>(it.partial) * group * p.v_head_dim;
-    float* pl = w.partial_lse + static_cast<int64_t>(it.partial) * group;
-    for (int g = 0; g < group; ++g) {
-      const bool empty = sc.l[g] == 0.f;
-      const float inv_l = empty ? 0.f : 1.f / sc.l[g];
-      pl[g] = empty ? kNegInf : sc.m[g] + std::log2(sc.l[g]);
-      for (int d = 0; d < p.v_head_dim; ++d) {
-        po[g * p.v_head_dim + d] = sc.acc[g * p.v_head_dim + d] * inv_l;
+    const int group = p.group();
+    for (int h = 0; h < p.num_kv_heads; ++h) {
+      const int64_t slot = it.partial + static_cast<int64_t>(h) * it.partial_head_stride;
+      float* po = w.partial_out + slot * group * dv;
+      float* pl = w.partial_lse + slot * group;
+      for (int g = 0; g < group; ++g) {
+        const int q = h * group + g;
+        const bool empty = sc.l[q] == 0.f;
+        const float inv_l = empty ? 0.f : 1.f / sc.l[q];
+        pl[g] = empty ? kNegInf : sc.m[q] + std::log2(sc.l[q]);
+        for (int d = 0; d < dv; ++d) po[g * dv + d] = sc.acc[q * dv + d] * inv_l;
       }
     }
   }
