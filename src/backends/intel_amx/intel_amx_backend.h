@@ -2,8 +2,9 @@
 //
 // intel_amx is the CPU backend: extend/prefill computes Q.K^T and P.V on AMX-BF16 tiles (K/V rows
 // gathered through req_to_token and packed into the VNNI tile layout per key block), decode runs
-// AVX-512 (vdpbf16ps where AVX512-BF16 exists) split over (request, kv head, kv chunk) and merged
-// by log-sum-exp, the heads of a GQA group share every K/V load, and softmax is online in f32.
+// AVX-512 (vdpbf16ps where AVX512-BF16 exists) split over (request, kv chunk), each item covering
+// every kv head so the pool rows stream whole, merged by log-sum-exp; the heads of a GQA group
+// share every K/V load, and softmax is online in f32.
 // It reads the pool through token indices, so any page size works. Supported: MHA, decode /
 // extend / mixed / draft extend / TARGET_VERIFY with topk 1 (chain), causal decoder and
 // bidirectional encoder-only attention, cross-attention (encoder tokens at the start of each
