@@ -23,6 +23,7 @@
 
 #include "attnkit/registry.h"
 #include "backend/device_array.h"
+#include "backend/kernel_params.h"
 #include "backends/fa3/kernels/fa3_kernels.h"
 #include "backends/fa3/kernels/tile_plan.h"
 #include "backends/flashinfer/flashinfer_backend.h"
@@ -285,27 +286,9 @@ Status Fa3Backend::run_wgmma(const TensorView& q, const TensorView& k, const Ten
   }
 
   fa3::Fa3Params p;
-  p.q = q.data;
-  p.q_stride_token = q.stride(0);
-  p.q_stride_head = q.stride(1);
-  p.out = out.data;
-  p.o_stride_token = out.stride(0);
-  p.o_stride_head = out.stride(1);
-  if (lse.defined()) {
-    p.lse = lse.data_as<float>();
-    p.lse_stride_token = lse.stride(0);
-    p.lse_stride_head = lse.stride(1);
-  }
-  p.k_pool = kbuf.data;
-  p.v_pool = vbuf.data;
-  p.k_stride_row = kbuf.stride(0);
-  p.k_stride_head = kbuf.stride(1);
-  p.v_stride_row = vbuf.stride(0);
-  p.v_stride_head = vbuf.stride(1);
-  const TensorView table = batch.req_to_token_pool->table();
-  p.req_to_token = table.data_as<const int32_t>();
-  p.req_to_token_stride = table.stride(0);
-  p.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
+  detail::set_io_params(p, q, out, lse);
+  detail::set_kv_pool_params(p, kbuf, vbuf);
+  detail::set_page_table_params(p, batch);
   p.page_size = pool.page_size();
   p.plan = plan_words_.data();
   p.bs = batch.batch_size;

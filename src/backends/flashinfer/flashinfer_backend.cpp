@@ -22,6 +22,7 @@
 
 #include "attnkit/registry.h"
 #include "backend/device_array.h"
+#include "backend/kernel_params.h"
 #include "backends/flashinfer/cascade.h"
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
 #include "backends/flashinfer/kernels/mla_fp4_portable.h"
@@ -431,27 +432,9 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   const bool quant = dtype_is_fp8(kv_dtype);
 
   PagedParams p;
-  p.q = q.data;
-  p.q_stride_token = q.stride(0);
-  p.q_stride_head = q.stride(1);
-  p.out = out.data;
-  p.o_stride_token = out.stride(0);
-  p.o_stride_head = out.stride(1);
-  if (lse.defined()) {
-    p.lse = lse.data_as<float>();
-    p.lse_stride_token = lse.stride(0);
-    p.lse_stride_head = lse.stride(1);
-  }
-  p.k_pool = kbuf.data;
-  p.v_pool = vbuf.data;
-  p.k_stride_row = kbuf.stride(0);
-  p.k_stride_head = kbuf.stride(1);
-  p.v_stride_row = vbuf.stride(0);
-  p.v_stride_head = vbuf.stride(1);
-  const TensorView table = batch.req_to_token_pool->table();
-  p.req_to_token = table.data_as<const int32_t>();
-  p.req_to_token_stride = table.stride(0);
-  p.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
+  detail::set_io_params(p, q, out, lse);
+  detail::set_kv_pool_params(p, kbuf, vbuf);
+  detail::set_page_table_params(p, batch);
   p.page_size = pool.page_size();
   p.page_shift = is_power_of_two(p.page_size) ? log2_exact(p.page_size) : -1;
   p.plan = plan_.words;
@@ -592,22 +575,8 @@ Status FlashInferBackend::run_mla_fp4(const TensorView& q, const TensorView& k, 
   const TensorView vbuf = pool.v_view(layer.layer_id);
   const TensorView scales = pool.scale_buffer(layer.layer_id);
   triton::AttentionParams p;
-  p.q = q.data;
-  p.q_stride_token = q.stride(0);
-  p.q_stride_head = q.stride(1);
-  p.out = out.data;
-  p.o_stride_token = out.stride(0);
-  p.o_stride_head = out.stride(1);
-  if (lse.defined()) {
-    p.lse = lse.data_as<float>();
-    p.lse_stride_token = lse.stride(0);
-  }
-  p.k_pool = kbuf.data;
-  p.v_pool = vbuf.data;
-  p.k_stride_row = kbuf.stride(0);
-  p.k_stride_head = kbuf.stride(1);
-  p.v_stride_row = vbuf.stride(0);
-  p.v_stride_head = vbuf.stride(1);
+  detail::set_io_params(p, q, out, lse);
+  detail::set_kv_pool_params(p, kbuf, vbuf);
   p.k_scales = scales.data_as<const uint8_t>();
   p.v_scales = p.k_scales;  // V is the first kv_lora_rank columns of the K row
   p.ks_stride_row = p.vs_stride_row = scales.stride(0);

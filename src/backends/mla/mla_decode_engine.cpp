@@ -9,6 +9,7 @@
 #include <string>
 
 #include "attnkit/kv_cache.h"
+#include "backend/kernel_params.h"
 #include "backends/mla/kernels/mla_decode.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/online_softmax.cuh"
@@ -222,16 +223,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   const DType kv_dtype = pool.dtype();
   const bool quant = kv_dtype == DType::kFP8E4M3;
   MlaDecodeParams p;
-  p.q = q.data;
-  p.q_stride_token = q.stride(0);
-  p.q_stride_head = q.stride(1);
-  p.out = out.data;
-  p.o_stride_token = out.stride(0);
-  p.o_stride_head = out.stride(1);
-  if (lse.defined()) {
-    p.lse = lse.data_as<float>();
-    p.lse_stride_token = lse.stride(0);
-  }
+  detail::set_io_params(p, q, out, lse);
   p.kv = kv.data;
   p.kv_stride_row = kv.stride(0);
   p.req_to_token = table.data_as<const int32_t>();

@@ -18,6 +18,7 @@
 
 #include "attnkit/registry.h"
 #include "backend/device_array.h"
+#include "backend/kernel_params.h"
 #include "backends/triton/kernels/attention_params.h"
 #include "backends/triton/kernels/simt_layout.h"
 #include "backends/triton/kernels/split_plan.h"
@@ -331,16 +332,7 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   }
 
   AttentionParams p;
-  p.q = q.data;
-  p.q_stride_token = q.stride(0);
-  p.q_stride_head = q.stride(1);
-  p.out = out.data;
-  p.o_stride_token = out.stride(0);
-  p.o_stride_head = out.stride(1);
-  if (lse.defined()) {
-    p.lse = lse.data_as<float>();
-    p.lse_stride_token = lse.stride(0);
-  }
+  detail::set_io_params(p, q, out, lse);
   const DType kv_dtype = pool.dtype();
   const bool quant = is_quantized(kv_dtype);
   TensorView kbuf, vbuf, kscale, vscale;
@@ -357,12 +349,7 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     kscale = mha.k_scale_buffer(layer.layer_id);
     vscale = mha.v_scale_buffer(layer.layer_id);
   }
-  p.k_pool = kbuf.data;
-  p.v_pool = vbuf.data;
-  p.k_stride_row = kbuf.stride(0);
-  p.k_stride_head = kbuf.stride(1);
-  p.v_stride_row = vbuf.stride(0);
-  p.v_stride_head = vbuf.stride(1);
+  detail::set_kv_pool_params(p, kbuf, vbuf);
   if (kv_dtype == DType::kFP4E2M1) {
     p.k_scales = kscale.data_as<const uint8_t>();
     p.v_scales = vscale.data_as<const uint8_t>();

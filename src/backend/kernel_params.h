@@ -1,0 +1,50 @@
+// Fills the fields that the CUDA kernels' parameter structs share (triton::AttentionParams,
+// flashinfer::PagedParams, fa3::Fa3Params, the MLA decode params): the q / out / lse addresses
+// and strides, the layer's K and V pool buffers, and the batch's page table. A struct that lacks a
+// field (e.g. a per-head LSE stride) is simply not given it.
+#pragma once
+
+#include <cstdint>
+
+#include "attnkit/forward_batch.h"
+#include "attnkit/tensor.h"
+
+namespace attnkit::detail {
+
+// q [T, Hq, d], out [T, Hq, dv] and, when defined, lse [T, Hq] (fp32).
+template <typename Params>
+void set_io_params(Params& p, const TensorView& q, const TensorView& out, const TensorView& lse) {
+  p.q = q.data;
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.out = out.data;
+  p.o_stride_token = out.stride(0);
+  p.o_stride_head = out.stride(1);
+  if (lse.defined()) {
+    p.lse = lse.data_as<float>();
+    p.lse_stride_token = lse.stride(0);
+    if constexpr (requires { p.lse_stride_head; }) p.lse_stride_head = lse.stride(1);
+  }
+}
+
+// The layer's K and V pool buffers [slots, Hkv, d].
+template <typename Params>
+void set_kv_pool_params(Params& p, const TensorView& kbuf, const TensorView& vbuf) {
+  p.k_pool = kbuf.data;
+  p.v_pool = vbuf.data;
+  p.k_stride_row = kbuf.stride(0);
+  p.k_stride_head = kbuf.stride(1);
+  p.v_stride_row = vbuf.stride(0);
+  p.v_stride_head = vbuf.stride(1);
+}
+
+// req_to_token (read in place as the page table) and the batch's request rows.
+template <typename Params>
+void set_page_table_params(Params& p, const ForwardBatch& batch) {
+  const TensorView table = batch.req_to_token_pool->table();
+  p.req_to_token = table.data_as<const int32_t>();
+  p.req_to_token_stride = table.stride(0);
+  p.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
+}
+
+}  // namespace attnkit::detail
