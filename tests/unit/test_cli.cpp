@@ -45,6 +45,25 @@ TEST(Cli, MatrixMarkdownMatchesDocs) {
   EXPECT_EQ(r.out, golden) << "docs/support_matrix.md is stale: run scripts/gen_docs.sh";
 }
 
+// README.md carries the same tables between its matrix markers: without the title line and its
+// blank line, sections one level down ("## " -> "### ").
+TEST(Cli, ReadmeMatrixMatchesDocs) {
+  const CliRun r = run_cli("matrix --format md");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string expected = r.out.substr(r.out.find("\n\n") + 2);
+  for (size_t at = 0; (at = expected.find("## ", at)) != std::string::npos; at += 4) {
+    if (at == 0 || expected[at - 1] == '\n') expected.insert(at, "#");
+  }
+  const std::string readme = read_file(std::string(ATTNKIT_SOURCE_DIR) + "/README.md");
+  const std::string begin = "<!-- matrix:begin -->\n";
+  const size_t a = readme.find(begin);
+  const size_t b = readme.find("<!-- matrix:end -->");
+  ASSERT_NE(a, std::string::npos) << "README.md has no matrix:begin marker";
+  ASSERT_NE(b, std::string::npos) << "README.md has no matrix:end marker";
+  EXPECT_EQ(readme.substr(a + begin.size(), b - a - begin.size()), expected)
+      << "README.md's support matrix is stale: run scripts/gen_docs.sh";
+}
+
 TEST(Cli, MatrixDefaultsToMarkdownAndHasAllTables) {
   const CliRun r = run_cli("matrix");
   ASSERT_EQ(r.exit_code, 0) << r.err;
