@@ -28,6 +28,7 @@
 #include "backends/fa3/kernels/tile_plan.h"
 #include "backends/flashinfer/flashinfer_backend.h"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/device_attributes.h"
 #include "cuda/common/dispatch.h"
 
 namespace attnkit {
@@ -331,14 +332,10 @@ Result<std::unique_ptr<AttentionBackend>> create_fa3_backend(const BackendContex
     return Status::invalid_argument("fa3: BackendContext.device " + ctx.device.to_string() +
                                     " is not a CUDA device");
   }
-  int sm_count = 0, major = 0, minor = 0;
-  ATTNKIT_CUDA_TRY(
-      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, ctx.device.ordinal));
-  ATTNKIT_CUDA_TRY(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device.ordinal));
-  ATTNKIT_CUDA_TRY(
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ctx.device.ordinal));
-  const int cc = major * 10 + minor;
+  cuda::DeviceAttributes attrs;
+  ATTNKIT_RETURN_IF_ERROR(cuda::query_device_attributes(ctx.device.ordinal, &attrs));
+  const int sm_count = attrs.sm_count;
+  const int cc = attrs.compute_capability;
   // The flashinfer backend serves every forward the wgmma kernel does not (and checks the
   // context: heads, dims, dtypes).
   Result<std::unique_ptr<AttentionBackend>> inner = create_flashinfer_backend(ctx);

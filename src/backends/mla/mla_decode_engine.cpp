@@ -12,6 +12,7 @@
 #include "backend/kernel_params.h"
 #include "backends/mla/kernels/mla_decode.h"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/device_attributes.h"
 #include "cuda/common/online_softmax.cuh"
 
 namespace attnkit::mla {
@@ -37,16 +38,11 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
     return Status::unsupported(owner + ": MLA decode page_size " + str(page_size) +
                                " is not compiled in (built: " + MlaPageSizes::to_string() + ")");
   }
-  int sm_count = 0, major = 0, minor = 0, smem_optin = 0;
-  ATTNKIT_CUDA_TRY(
-      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, ctx.device.ordinal));
-  ATTNKIT_CUDA_TRY(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device.ordinal));
-  ATTNKIT_CUDA_TRY(
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ctx.device.ordinal));
-  ATTNKIT_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                          ctx.device.ordinal));
-  const int cc = major * 10 + minor;
+  cuda::DeviceAttributes attrs;
+  ATTNKIT_RETURN_IF_ERROR(cuda::query_device_attributes(ctx.device.ordinal, &attrs));
+  const int sm_count = attrs.sm_count;
+  const int cc = attrs.compute_capability;
+  const int smem_optin = attrs.max_smem_per_block_optin;
   if (cc < kMinComputeCapability) {
     return Status::unsupported(owner + ": the MLA decode kernels need compute capability >= " +
                                str(kMinComputeCapability) + ", device has " + str(cc));

@@ -24,6 +24,7 @@
 #include "backends/triton/kernels/split_plan.h"
 #include "backends/triton/kernels/triton_kernels.h"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/device_attributes.h"
 #include "cuda/common/dispatch.h"
 #include "cuda/common/metadata_kernels.h"
 
@@ -594,14 +595,10 @@ Result<std::unique_ptr<AttentionBackend>> create_triton_backend(const BackendCon
                                     " must be a positive multiple of num_kv_heads " +
                                     std::to_string(ctx.num_kv_heads));
   }
-  int sm_count = 0, major = 0, minor = 0;
-  ATTNKIT_CUDA_TRY(
-      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, ctx.device.ordinal));
-  ATTNKIT_CUDA_TRY(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device.ordinal));
-  ATTNKIT_CUDA_TRY(
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ctx.device.ordinal));
-  const int cc = major * 10 + minor;
+  cuda::DeviceAttributes attrs;
+  ATTNKIT_RETURN_IF_ERROR(cuda::query_device_attributes(ctx.device.ordinal, &attrs));
+  const int sm_count = attrs.sm_count;
+  const int cc = attrs.compute_capability;
   if (cc < kMinComputeCapability) {
     return Status::unsupported("triton: compute capability " + std::to_string(cc) +
                                " is below the minimum " + std::to_string(kMinComputeCapability));
