@@ -89,6 +89,17 @@ if [ -f "$OUT/torch_peers.json" ]; then
 fi
 
 cli="$build/tools/attnkit/attnkit"
+# One bench run: run_bench LABEL BACKENDS CASES [extra bench args...] -> $OUT/bench_LABEL.json.
+run_bench() {
+  local label=$1 backends=$2 cases=$3
+  shift 3
+  local args=(bench --backend "$backends" --cases "$cases" --device cuda
+              --json "$OUT/bench_$label.json" "$@")
+  [ -n "$gemm_tflops" ] && args+=(--gemm-tflops "$gemm_tflops")
+  echo "=== bench $label: ${args[*]}" >> "$OUT/bench.log"
+  timeout "${BENCH_TIMEOUT:-240}" "$cli" "${args[@]}" >> "$OUT/bench.log" 2>&1
+  note "bench $label: rc=$?"
+}
 if has_stage bench && [ -x "$cli" ]; then
   # BENCH_QUICK=1: the small case files next to this script instead of bench/cases/*.json.
   for f in ${BENCH_KINDS:-decode extend}; do
@@ -96,24 +107,16 @@ if has_stage bench && [ -x "$cli" ]; then
     [ "${BENCH_QUICK:-0}" = 1 ] && cases="scripts/device/triton_${f}_quick.json"
     [ "$f" = extend ] && [ -n "${EXTEND_CASES:-}" ] && cases="$EXTEND_CASES"
     [ -f "$cases" ] || continue
-    args=(bench --backend "${BENCH_BACKENDS:-triton,flashinfer}" --cases "$cases" --device cuda
-          --json "$OUT/bench_$f.json")
-    [ "${BENCH_VERIFY:-0}" = 1 ] && args+=(--verify)
-    [ -n "${BENCH_FILTER:-}" ] && args+=(--filter "$BENCH_FILTER")
-    [ -n "$gemm_tflops" ] && args+=(--gemm-tflops "$gemm_tflops")
-    echo "=== bench $f: ${args[*]}" >> "$OUT/bench.log"
-    timeout "${BENCH_TIMEOUT:-240}" "$cli" "${args[@]}" >> "$OUT/bench.log" 2>&1
-    note "bench $f: rc=$?"
+    extra=()
+    [ "${BENCH_VERIFY:-0}" = 1 ] && extra+=(--verify)
+    [ -n "${BENCH_FILTER:-}" ] && extra+=(--filter "$BENCH_FILTER")
+    run_bench "$f" "${BENCH_BACKENDS:-triton,flashinfer}" "$cases" "${extra[@]}"
   done
   # BENCH_RUNS="label=backends=casefile ...": extra bench runs, each with its own backends and
   # case file (e.g. "mla=flashmla,triton=scripts/device/mla_decode_quick.json").
   for spec in ${BENCH_RUNS:-}; do
     IFS='=' read -r label backends cases <<< "$spec"
-    args=(bench --backend "$backends" --cases "$cases" --device cuda --json "$OUT/bench_$label.json")
-    [ -n "$gemm_tflops" ] && args+=(--gemm-tflops "$gemm_tflops")
-    echo "=== bench $label: ${args[*]}" >> "$OUT/bench.log"
-    timeout "${BENCH_TIMEOUT:-240}" "$cli" "${args[@]}" >> "$OUT/bench.log" 2>&1
-    note "bench $label: rc=$?"
+    run_bench "$label" "$backends" "$cases"
   done
 fi
 
