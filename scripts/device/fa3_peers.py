@@ -11,28 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from peer_timing import bench  # same directory
+
 dev = torch.device("cuda")
 props = torch.cuda.get_device_properties(0)
 print(f"# {props.name} SMs={props.multi_processor_count} torch={torch.__version__} "
       f"cudnn={torch.backends.cudnn.version()}", flush=True)
 results = []
-
-
-def bench(fn, iters=20, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e))
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def rec(name, shape, ms, tflops):
