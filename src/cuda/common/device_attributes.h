@@ -11,7 +11,7 @@ namespace attnkit::cuda {
 
 struct DeviceAttributes {
   int sm_count = 0;
-  int compute_capability = 0;  // major * 10 + minor (90 for Hopper)
+  int compute_capability = 0;        // major * 10 + minor (90 for Hopper)
   int max_smem_per_block_optin = 0;  // bytes of dynamic shared memory a block may opt in to
 };
 
