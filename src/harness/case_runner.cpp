@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "backends/torch_native/torch_native_backend.h"
+#include "harness/mla_prefix_expander.h"
 
 namespace attnkit::harness {
 namespace {
@@ -210,6 +211,12 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
     if (!s.mla_absorbed() && s.mode != ForwardMode::kExtend) {
       return bad("MLA non-absorbed (prefill) cases must use mode extend");
     }
+  }
+  if (s.mla_prefix_chunk < 0 ||
+      (s.mla_prefix_chunk > 0 && (!s.mla || s.mla_absorbed() || s.num_kv_heads != s.num_q_heads))) {
+    return bad(cat("mla_prefix_chunk ", s.mla_prefix_chunk,
+                   " must be 0, or > 0 only for MLA non-absorbed cases with num_kv_heads = "
+                   "num_q_heads"));
   }
   if (o.num_layers < 1) return bad(cat("num_layers ", o.num_layers, " must be >= 1"));
   if (o.spare_pages < 0) return bad(cat("spare_pages ", o.spare_pages, " must be >= 0"));
@@ -414,6 +421,7 @@ std::string CaseSpec::describe() const {
   if (mla) os << " mla " << kv_lora_rank << "+" << qk_rope_head_dim;
   if (!shuffle_pages) os << " contiguous";
   if (shared_prefix > 0) os << " shared " << shared_prefix;
+  if (mla_prefix_chunk > 0) os << " prefix chunks of " << mla_prefix_chunk;
   return os.str();
 }
 
@@ -578,6 +586,27 @@ const std::vector<CaseSpec>& shared_case_table() {
       CaseSpec& c = add("mla_decode_fp8_e4m3_h128_page128", M::kDecode, 128, {900, 5}, {1, 1});
       mla(c, 128, true);
       c.kv_dtype = DType::kFP8E4M3;
+    }
+    // MLA chunked prefix cache (192/128 prefill over a cached prefix): long prefixes over many
+    // chunks (24 at page 1), fp8 latent rows (7), one chunk (page 128).
+    {
+      CaseSpec& c = add("mla_prefill_prefix_chunks_page1", M::kExtend, 1, {700, 0, 1500, 63},
+                        {40, 17, 64, 5});
+      mla(c, 16, false);
+      c.mla_prefix_chunk = 256;
+    }
+    {
+      CaseSpec& c =
+          add("mla_prefill_prefix_chunks_page64_fp8", M::kExtend, 64, {1000, 130}, {24, 50});
+      mla(c, 16, false);
+      c.kv_dtype = DType::kFP8E4M3;
+      c.mla_prefix_chunk = 300;
+    }
+    {
+      CaseSpec& c =
+          add("mla_prefill_prefix_one_chunk_page128", M::kExtend, 128, {900, 257, 0}, {16, 31, 9});
+      mla(c, 16, false);
+      c.mla_prefix_chunk = 4096;
     }
     return t;
   }();
@@ -785,6 +814,13 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
                                              normal_values(lrng, spec.num_q_heads, 1.f)));
     }
     ld.save_kv_allowed = !layer.is_cross_attention && !mla_prefill;
+    if (spec.mla_prefix_chunk > 0) {
+      if (pc.mla_prefix == nullptr) {
+        pc.mla_prefix = std::make_unique<MlaPrefixDecompressor>(
+            make_test_mla_prefix_decompressor(spec.mla_prefix_chunk, spec.kv_lora_rank));
+      }
+      layer.mla_prefix = pc.mla_prefix.get();
+    }
 
     // History K/V (f32 source; the pool quantises).
     if (n_hist > 0) {
@@ -1102,6 +1138,9 @@ std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
   }
   if (spec.sliding_window >= 0 && !row->sliding_window) {
     return d.name + " does not support sliding window attention";
+  }
+  if (spec.mla_prefix_chunk > 0 && !row->chunked_prefix_cache) {
+    return d.name + " does not support the MLA chunked prefix cache";
   }
   if (spec.type == AttentionType::kEncoderOnly && !row->multimodal) {
     return d.name + " does not support bidirectional (encoder / multimodal) attention";

@@ -28,6 +28,7 @@
 #include "backends/flashinfer/kernels/mla_fp4_portable.h"
 #include "backends/flashinfer/kernels/work_plan.h"
 #include "backends/mla/mla_decode_engine.h"
+#include "backends/mla/mla_prefix_cache.h"
 #include "backends/triton/kernels/simt_layout.h"
 #include "backends/triton/kernels/split_plan.h"
 #include "backends/triton/kernels/triton_kernels.h"
@@ -145,7 +146,8 @@ class FlashInferBackend final : public AttentionBackend {
         cc_(cc),
         portable_(std::move(portable)),
         ctx_portable_reason_(std::move(portable_reason)),
-        mla_engine_(std::move(mla_engine)) {}
+        mla_engine_(std::move(mla_engine)),
+        prefix_cache_(ctx.device) {}
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("flashinfer");
@@ -237,6 +239,8 @@ class FlashInferBackend final : public AttentionBackend {
   // MLA contexts: absorbed decode / verify (topk 1) with a bf16 pool on the shared tensor-core MLA
   // kernels (page-1 loader); nullptr when the device cannot run them.
   std::unique_ptr<mla::MlaDecodeEngine> mla_engine_;
+  // MLA non-absorbed prefill layers with layer.mla_prefix (the chunked prefix cache).
+  mla::MlaPrefixCacheRunner prefix_cache_;
   Plan plan_;
   FlashInferStats stats_;
   flashinfer::Cascade cascade_;  // shared-prefix plans of this forward (cascade.h)
@@ -383,6 +387,10 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     return Status::invalid_argument(
         "flashinfer: forward called without a matching init_forward_metadata (mode " +
         std::string(forward_mode_name(batch.mode)) + ", batch_size " + str(batch.batch_size) + ")");
+  }
+  if (layer.mla_prefix != nullptr) {
+    ++stats_.portable_calls;
+    return prefix_cache_.run(q, k, v, out, layer, batch, lse, stream_for(batch));
   }
   if (plan_.mla_native) {
     ++stats_.native_calls;

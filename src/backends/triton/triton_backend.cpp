@@ -317,6 +317,11 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
                                std::to_string(layer.kv_lora_rank + layer.qk_rope_head_dim) +
                                ", got qk_head_dim " + std::to_string(layer.qk_head_dim));
   }
+  if (layer.mla_prefix != nullptr) {
+    return Status::unsupported(
+        "triton: the MLA chunked prefix cache (layer.mla_prefix) is not supported by this backend "
+        "(its MLA row says no; flashinfer, fa3, flashmla and cutlass_mla support it)");
+  }
   if (mla_prefill && !k.defined()) {
     return Status::invalid_argument(
         "triton: MLA non-absorbed prefill reads the new tokens' k/v, which are empty");

@@ -76,6 +76,9 @@ struct AttentionParams {
   int min_chunk = 0;
   float* partial_out = nullptr;  // [max_splits, T, Hq, Dv] f32, normalised per split
   float* partial_lse = nullptr;  // [max_splits, T, Hq] f32, log2 domain
+  // 1: a request with a single split writes that split's partial (split 0; no sink, no v_scale)
+  // instead of out/lse, for a caller that merges partial results (the MLA chunked prefix cache).
+  int partial_single = 0;
   // Tensor-core decode only: split CTAs finished per (token, head block), [T, gridDim.x] int32,
   // zero between launches (the last split CTA merges in place and resets it).
   int* split_counters = nullptr;

@@ -374,7 +374,7 @@ struct SimtKernel {
         for (int x = 0; x < kVecElems; ++x) o[x] += smem.acc[g][h][e + x] * w;
       }
       const int qh = head0 + h;
-      if (num_splits == 1) {
+      if (num_splits == 1 && p.partial_single == 0) {
         const Finalized f = finalize(p, qh, m, d);
 #pragma unroll
         for (int x = 0; x < kVecElems; ++x) o[x] *= f.inv;
