@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "attnkit/registry.h"
 #include "backend/device_array.h"
 #include "backend/kernel_params.h"
+#include "backends/fa3/prefill_sm90_engine.h"
 #include "backends/flashinfer/cascade.h"
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
 #include "backends/flashinfer/kernels/mla_fp4_portable.h"
@@ -139,13 +141,15 @@ class FlashInferBackend final : public AttentionBackend {
  public:
   FlashInferBackend(const BackendContext& ctx, int sm_count, int cc,
                     std::unique_ptr<AttentionBackend> portable, std::string portable_reason,
-                    std::unique_ptr<mla::MlaDecodeEngine> mla_engine)
+                    std::unique_ptr<mla::MlaDecodeEngine> mla_engine,
+                    std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill)
       : ctx_(ctx),
         sm_count_(sm_count),
         cc_(cc),
         portable_(std::move(portable)),
         ctx_portable_reason_(std::move(portable_reason)),
-        mla_engine_(std::move(mla_engine)) {}
+        mla_engine_(std::move(mla_engine)),
+        sm90_prefill_(std::move(sm90_prefill)) {}
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("flashinfer");
@@ -237,6 +241,9 @@ class FlashInferBackend final : public AttentionBackend {
   // MLA contexts: absorbed decode / verify (topk 1) with a bf16 pool on the shared tensor-core MLA
   // kernels (page-1 loader); nullptr when the device cannot run them.
   std::unique_ptr<mla::MlaDecodeEngine> mla_engine_;
+  // SM90: the wgmma prefill kernel for eligible extend layers (shared with the fa3 backend);
+  // nullptr on other devices, when the build lacks sm_90a code or when turned off.
+  std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill_;
   Plan plan_;
   FlashInferStats stats_;
   flashinfer::Cascade cascade_;  // shared-prefix plans of this forward (cascade.h)
@@ -293,6 +300,7 @@ std::string FlashInferBackend::portable_reason(const ForwardBatch& batch) const 
 Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   plan_ = Plan{};
   cascade_.reset();
+  if (sm90_prefill_ != nullptr) sm90_prefill_->drop_plan();
   stats_.cascade_shared_prefix = 0;
   plan_.mode = batch.mode;
   if (batch.mode == ForwardMode::kIdle) {
@@ -364,6 +372,8 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   plan_.partial_out = partial_out_.data();
   plan_.partial_lse = partial_lse_.data();
   plan_.split_counters = split_counters_.data();
+  // SM90 wgmma tiles for the extend layers it takes (the plan above serves the others).
+  if (sm90_prefill_ != nullptr) ATTNKIT_RETURN_IF_ERROR(sm90_prefill_->plan(batch, stream));
   ATTNKIT_RETURN_IF_ERROR(cascade_.plan(batch, reqs, shape, plan_config(shape, decode),
                                         ctx_.num_q_heads, ctx_.qk_head_dim, ctx_.device,
                                         cascade_options, stream));
@@ -426,6 +436,12 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   if (save_kv && k.defined()) {
     ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
                                         layer.v_scale, stream));
+  }
+  if (!decode && sm90_prefill_ != nullptr &&
+      sm90_prefill_->why_not_layer(q, out, layer, batch).empty()) {
+    ++stats_.native_calls;
+    ++stats_.wgmma_calls;
+    return sm90_prefill_->run(q, out, lse, layer, batch, stream);
   }
   const TensorView kbuf = pool.k_buffer(layer.layer_id);
   const TensorView vbuf = pool.v_buffer(layer.layer_id);
@@ -695,6 +711,7 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
                                     str(graph_max_bs_) + "]");
   }
   cascade_.reset();  // graphs run the plain plan
+  if (sm90_prefill_ != nullptr) sm90_prefill_->drop_plan();
   // Nothing is copied here (this may run inside the capture): the kernels read the plan from
   // the fixed workspace, which every replay rewrites before the graph launches.
   plan_ = Plan{};
@@ -795,6 +812,11 @@ Status set_flashinfer_cascade(AttentionBackend& backend, const FlashInferCascade
 }
 
 Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const BackendContext& ctx) {
+  return create_flashinfer_backend_with(ctx, FlashInferOptions{});
+}
+
+Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
+    const BackendContext& ctx, const FlashInferOptions& options) {
   if (!ctx.device.is_cuda()) {
     return Status::invalid_argument("flashinfer: BackendContext.device " + ctx.device.to_string() +
                                     " is not a CUDA device");
@@ -843,8 +865,21 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const Backen
         mla::MlaDecodeEngine::create(ctx, "flashinfer", kTokenPage, /*allow_fp8=*/false);
     if (engine.is_ok()) mla_engine = std::move(engine).value();
   }
-  return std::unique_ptr<AttentionBackend>(new FlashInferBackend(
-      ctx, sm_count, cc, std::move(portable), std::move(reason), std::move(mla_engine)));
+  // SM90 prefill on the wgmma kernel (nullptr elsewhere; ATTNKIT_FLASHINFER_SM90_PREFILL=0: off).
+  std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill;
+  const char* sm90_env = std::getenv("ATTNKIT_FLASHINFER_SM90_PREFILL");
+  if (reason.empty() && options.sm90_prefill &&
+      (sm90_env == nullptr || std::string(sm90_env) != "0")) {
+    sm90_prefill = fa3::PrefillSm90Engine::create(ctx, sm_count, cc, nullptr);
+  }
+  auto* fi = new FlashInferBackend(ctx, sm_count, cc, std::move(portable), std::move(reason),
+                                   std::move(mla_engine), std::move(sm90_prefill));
+  // ATTNKIT_FLASHINFER_CASCADE=1 / 0: the cascade's default policy for processes that cannot call
+  // set_flashinfer_cascade (the bench's cascade A/B); unset = FlashInferCascadeOptions{}.
+  if (const char* e = std::getenv("ATTNKIT_FLASHINFER_CASCADE"); e != nullptr && *e != '\0') {
+    fi->cascade_options.enabled = std::string(e) != "0";
+  }
+  return std::unique_ptr<AttentionBackend>(fi);
 }
 
 }  // namespace attnkit

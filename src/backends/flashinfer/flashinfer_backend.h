@@ -5,6 +5,17 @@
 // items, load-balanced split-KV for decode) is computed once per forward from the host lengths and
 // uploaded into a preallocated workspace; every layer only launches. Decode packs the GQA head
 // group into the MMA M dimension and reads pages in place through req_to_token[r, ::page_size].
+//
+// Which kernel runs a prefill / extend layer:
+//  * SM90 (sm_90a code in the binary): extend / mixed / draft-extend forwards of bf16/f16 MHA with
+//    KV of the q dtype, head dim 64 / 128 / 256, causal (or bidirectional encoder-only layers),
+//    any page size, no sliding window / soft-cap / sinks -> the SM90 wgmma kernel of the fa3
+//    backend through the shared engine (backends/fa3/prefill_sm90_engine.h), as upstream FlashInfer
+//    runs its FA3-based templates on SM90. ATTNKIT_FLASHINFER_SM90_PREFILL=0 turns this off (A/B).
+//  * everything else (SM80/SM89, window, soft-cap, sinks, fp8 KV, target verify tree masks,
+//    head dims 80 / 96, layers of a shape other than the context's): the mma.sync prefill kernel
+//    (kernels/paged_prefill_sm80.cuh). A shared-prefix cascade, when active, serves the layers
+//    the wgmma kernel does not take. Decode always runs the mma.sync decode kernel.
 // Combinations outside the tensor-core kernels (MLA, f32 activations, encoder / cross-attention
 // batches, head dims not compiled in, SM < 80) run on the portable SIMT kernels of the triton
 // backend; flashinfer_stats() says which path ran.
@@ -19,6 +30,15 @@ namespace attnkit {
 
 Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const BackendContext& ctx);
 
+// Construction options (create_flashinfer_backend uses the defaults).
+struct FlashInferOptions {
+  // SM90: route eligible prefill / extend layers to the wgmma kernel (see above). The fa3 backend,
+  // which owns a flashinfer backend and routes to the same kernel itself, turns it off.
+  bool sm90_prefill = true;
+};
+Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
+    const BackendContext& ctx, const FlashInferOptions& options);
+
 // Engine-facing policy of the shared-prefix cascade (backends/flashinfer/cascade.h says how the
 // shared prefix is found and what runs).
 struct FlashInferCascadeOptions {
@@ -32,7 +52,8 @@ struct FlashInferCascadeOptions {
 
 // Per-layer call counters of a flashinfer backend.
 struct FlashInferStats {
-  int64_t native_calls = 0;           // tensor-core kernels
+  int64_t native_calls = 0;           // tensor-core kernels (mma.sync, or wgmma on SM90)
+  int64_t wgmma_calls = 0;            // native calls that ran the SM90 wgmma prefill kernel
   int64_t portable_calls = 0;         // delegated to the portable SIMT path
   int64_t split_calls = 0;            // native calls whose plan split some request (merge ran)
   int64_t cascade_calls = 0;          // native calls that ran the shared-prefix cascade
