@@ -22,7 +22,8 @@ STAGES="${STAGES:-build test peers bench}" \
   CTEST_REGEX="${CTEST_REGEX:-FlashInfer|Fa3|Triton}" BENCH_KINDS=extend EXTEND_CASES="$cases" \
   BENCH_BACKENDS="${BENCH_BACKENDS:-triton,flashinfer,fa3}" BENCH_TIMEOUT="${BENCH_TIMEOUT:-100}" \
   PEERS_SCRIPT=scripts/device/prefill_peers.py PEERS_TIMEOUT=60 \
-  bash scripts/device/check.sh > "$OUT/check.log" 2>&1
+  timeout "${CHECK_TIMEOUT:-205}" bash scripts/device/check.sh > "$OUT/check.log" 2>&1
+echo "check.sh: rc=$? ($(( $(date +%s) - t_start )) s)" | tee -a "$OUT/summary.txt"
 
 cli=build/device/tools/attnkit/attnkit
 bench() {  # bench LABEL TIMEOUT ENV... -- ARGS...
@@ -38,11 +39,11 @@ bench() {  # bench LABEL TIMEOUT ENV... -- ARGS...
 }
 if [ -x "$cli" ]; then
   if [ "${CASCADE:-1}" = 1 ]; then
-    bench cascade_off 45 ATTNKIT_FLASHINFER_CASCADE=0 -- --backend flashinfer --cases bench/cases/cascade.json
-    bench cascade_on 45 ATTNKIT_FLASHINFER_CASCADE=1 -- --backend flashinfer --cases bench/cases/cascade.json
+    bench cascade_off 25 ATTNKIT_FLASHINFER_CASCADE=0 -- --backend flashinfer --cases bench/cases/cascade.json
+    bench cascade_on 25 ATTNKIT_FLASHINFER_CASCADE=1 -- --backend flashinfer --cases bench/cases/cascade.json
   fi
   if [ "${SKIP_AB:-0}" != 1 ]; then
-    bench mmasync 60 ATTNKIT_FLASHINFER_SM90_PREFILL=0 -- --backend flashinfer --cases "$cases"
+    bench mmasync 25 ATTNKIT_FLASHINFER_SM90_PREFILL=0 -- --backend flashinfer --cases "$cases"
   fi
 fi
 
