@@ -874,10 +874,14 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
   }
   auto* fi = new FlashInferBackend(ctx, sm_count, cc, std::move(portable), std::move(reason),
                                    std::move(mla_engine), std::move(sm90_prefill));
-  // ATTNKIT_FLASHINFER_CASCADE=1 / 0: the cascade's default policy for processes that cannot call
-  // set_flashinfer_cascade (the bench's cascade A/B); unset = FlashInferCascadeOptions{}.
+  // ATTNKIT_FLASHINFER_CASCADE (for processes that cannot call set_flashinfer_cascade: the bench's
+  // cascade A/B): 0 = off; 1 = on for fp8 KV and every forward mode too (the size thresholds of
+  // FlashInferCascadeOptions stay); unset = FlashInferCascadeOptions{}.
   if (const char* e = std::getenv("ATTNKIT_FLASHINFER_CASCADE"); e != nullptr && *e != '\0') {
-    fi->cascade_options.enabled = std::string(e) != "0";
+    const bool on = std::string(e) != "0";
+    fi->cascade_options.enabled = on;
+    fi->cascade_options.fp8_kv = on;
+    fi->cascade_options.all_modes = on;
   }
   return std::unique_ptr<AttentionBackend>(fi);
 }
