@@ -10,6 +10,9 @@ compared with SDPA over the gathered (dequantised) keys and values. Covered: MHA
 sizes 1 / 16 / 64, a sliding window, fp8_e4m3 KV with layer scales, head dims 64 / 128 / 256, f16
 activations, long sequences (split-KV decode) and, for backends whose descriptor says so,
 CUDA-graph capture + replay of a decode step (bit-identical to eager, and right).
+MLA backends (DeepSeek-style absorbed attention: q [T, H, 576] against one shared latent row of
+576 = 512 + 64 per token, V = its first 512 columns) run the MLA cases on an MLAKVPool wrapped over
+torch tensors: pages 1 / 64 / 128, 16 and 128 heads, bf16 and fp8_e4m3 latent caches.
 
 Semantics of the reference (those of the library's torch_native oracle): every key, the new
 tokens' included, is read back from the pool after the forward stored it, so fp8 caches are
@@ -109,13 +112,18 @@ def skip_reason(descriptor, case):
     return ""
 
 
+def pages_needed(case):
+    """Pages for every step of a case (prefill, extend, decode, graph decode) with slack."""
+    total = sum(case.prefill) + sum(case.extend) + 4 * len(case.prefill)
+    return total // case.page_size + 2 * len(case.prefill) + 2
+
+
 class Cache:
     """Caller-owned paged KV cache in torch CUDA tensors, NaN-poisoned."""
 
     def __init__(self, case):
         self.case = case
-        total = sum(case.prefill) + sum(case.extend) + 4 * len(case.prefill)
-        self.num_pages = total // case.page_size + 2 * len(case.prefill) + 2
+        self.num_pages = pages_needed(case)
         rows = (self.num_pages + 1) * case.page_size
         shape = (rows, case.kv_heads, case.head_dim)
         if case.kv_dtype == "fp8_e4m3":
@@ -132,6 +140,11 @@ class Cache:
             self.v = [torch.full(shape, math.nan, dtype=kv_type, device=DEVICE)
                       for _ in range(NUM_LAYERS)]
             self.pool = ak.MHAKVPool.wrap(self.k, self.v, page_size=case.page_size)
+        self.init_requests()
+
+    def init_requests(self):
+        """The request table and page allocator over the pool, one table row per request."""
+        case = self.case
         self.table = ak.ReqToTokenPool(len(case.prefill) + 2, MAX_CONTEXT, device=DEVICE)
         self.pages = ak.PageAllocator(self.num_pages, case.page_size)
         self.rows = [self.table.alloc() for _ in case.prefill]
@@ -356,6 +369,201 @@ def run_case(name, descriptor, case, results):
         results.report("FAIL", label, traceback.format_exc(limit=3).replace("\n", " | "))
 
 
+MLA_LORA = 512
+MLA_ROPE = 64
+MLA_ROW = MLA_LORA + MLA_ROPE
+MLA_SCALING = 192**-0.5  # DeepSeek: 1/sqrt(qk_nope 128 + qk_rope 64)
+
+
+@dataclasses.dataclass
+class MLACase:
+    name: str
+    q_heads: int
+    page_size: int
+    kv_dtype: str = "bf16"
+    k_scale: float = 1.0
+    prefill: tuple = (37, 1, 300, 64)
+    extend: tuple = (5, 17, 1, 3)
+
+
+MLA_CASES = [
+    MLACase("mla_h16_page1", 16, 1),
+    MLACase("mla_h16_page64", 16, 64),
+    MLACase("mla_h128_page64", 128, 64, prefill=(200, 65), extend=(3, 1)),
+    MLACase("mla_h16_page128", 16, 128),
+    MLACase("mla_h16_page64_fp8", 16, 64, kv_dtype="fp8_e4m3", k_scale=0.5),
+    MLACase("mla_h64_page64_long_split_kv", 64, 64, prefill=(1900, 3), extend=(2, 1)),
+]
+
+
+def mla_skip_reason(descriptor, case):
+    row = descriptor["mla"]
+    if row is None:
+        return "no MLA support"
+    sizes = row["native_page_sizes"]
+    if isinstance(sizes, list) and case.page_size not in sizes:
+        return f"page_size {case.page_size} not in {sizes}"
+    if case.kv_dtype.startswith("fp8") and not row["fp8_kv"]:
+        return "no fp8 KV cache"
+    return ""
+
+
+class MLACache(Cache):
+    """Caller-owned latent cache [rows, 1, 576] per layer in torch CUDA tensors, NaN-poisoned."""
+
+    def __init__(self, case):
+        self.case = case
+        self.num_pages = pages_needed(case)
+        shape = ((self.num_pages + 1) * case.page_size, 1, MLA_ROW)
+        if case.kv_dtype == "fp8_e4m3":
+            self.kv = [torch.full(shape, E4M3_NAN_CODE, dtype=torch.uint8, device=DEVICE)
+                       for _ in range(NUM_LAYERS)]
+            self.pool = ak.MLAKVPool.wrap(self.kv, page_size=case.page_size,
+                                          kv_lora_rank=MLA_LORA, dtype="fp8_e4m3")
+        else:
+            self.kv = [torch.full(shape, math.nan, dtype=torch.bfloat16, device=DEVICE)
+                       for _ in range(NUM_LAYERS)]
+            self.pool = ak.MLAKVPool.wrap(self.kv, page_size=case.page_size,
+                                          kv_lora_rank=MLA_LORA)
+        self.init_requests()
+
+    def latent(self, layer, slots):
+        """The stored latent rows of `slots` as float32 [n, 576] (dequantised)."""
+        kv = self.kv[layer][slots][:, 0]
+        if self.case.kv_dtype == "fp8_e4m3":
+            return kv.view(torch.float8_e4m3fn).float() * self.case.k_scale
+        return kv.float()
+
+
+def mla_layer(case, layer_id):
+    return ak.AttentionLayer(case.q_heads, 1, MLA_ROW, MLA_LORA, layer_id=layer_id,
+                             scaling=MLA_SCALING, is_mla=True, kv_lora_rank=MLA_LORA,
+                             qk_rope_head_dim=MLA_ROPE, k_scale=case.k_scale,
+                             v_scale=case.k_scale)
+
+
+def mla_inputs(case, tokens, gen):
+    q = torch.randn(tokens, case.q_heads, MLA_ROW, generator=gen, device=DEVICE,
+                    dtype=torch.bfloat16)
+    k = torch.randn(tokens, 1, MLA_ROW, generator=gen, device=DEVICE, dtype=torch.bfloat16)
+    v = k[..., :MLA_LORA].contiguous()  # V = the first kv_lora_rank columns of the row
+    return q, k, v, torch.full((tokens, case.q_heads, MLA_LORA), math.nan, device=DEVICE,
+                               dtype=torch.bfloat16)
+
+
+def mla_check_request(cache, layer_id, row, prefix, q, out):
+    """'' when out [n, H, 512] matches SDPA over the request's stored latent rows."""
+    n = q.shape[0]
+    slots = torch.from_numpy(cache.table.host_row(row)[:prefix + n]).long().to(DEVICE)
+    latent = cache.latent(layer_id, slots)[:, None, :]
+    ref = sdpa_reference(q, latent, latent[..., :MLA_LORA], prefix, MLA_SCALING, -1)
+    return compare(out, ref, torch.bfloat16)
+
+
+def run_mla_step(backend, cache, new_lens, mode, gen, results, label):
+    case = cache.case
+    batch, slots, prefix = cache.plan(new_lens, mode)
+    backend.init_forward_metadata(batch)
+    failures = []
+    for layer_id in range(NUM_LAYERS):
+        layer = mla_layer(case, layer_id)
+        q, k, v, out = mla_inputs(case, sum(new_lens), gen)
+        forward = backend.forward_decode if mode == "decode" else backend.forward_extend
+        forward(q, k, v, out, layer, batch)
+        torch.cuda.synchronize()
+        if case.kv_dtype == "bf16" and not torch.equal(cache.kv[layer_id][slots], k):
+            failures.append(f"layer {layer_id}: stored latent rows differ from k")
+        start = 0
+        for i, (row, p, n) in enumerate(zip(cache.rows, prefix, new_lens)):
+            problem = mla_check_request(cache, layer_id, row, p, q[start:start + n],
+                                        out[start:start + n])
+            if problem:
+                failures.append(f"layer {layer_id} request {i} (prefix {p}, new {n}): {problem}")
+            start += n
+    cache.commit(new_lens)
+    results.report("FAIL" if failures else "PASS", f"{label} {mode} {list(new_lens)}",
+                   "; ".join(failures[:3]))
+
+
+def run_mla_graph_decode(backend, cache, gen, results, label):
+    """MLA decode captured with placeholder lengths, replayed for the real batch: bit-identical
+    to eager and right."""
+    case = cache.case
+    bs = len(cache.rows)
+    layer = mla_layer(case, 0)
+    i32 = dict(dtype=torch.int32, device=DEVICE)
+    fill = backend.cuda_graph_seq_len_fill_value
+    static_rows = torch.tensor(cache.rows, **i32)
+    static_seq = torch.full((bs,), fill, **i32)
+    static_loc = torch.zeros(bs, dtype=torch.int64, device=DEVICE)
+    q, k, v, out_graph = mla_inputs(case, bs, gen)
+    backend.init_cuda_graph_state(bs, bs)
+    backend.init_forward_metadata_capture_cuda_graph(bs, bs, static_rows, static_seq, None,
+                                                     "decode", None)
+    capture_batch = ak.ForwardBatch("decode", static_rows, static_seq, static_loc, cache.table,
+                                    cache.pool, req_pool_indices_host=cache.rows,
+                                    seq_lens_host=[fill] * bs)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        capture_batch.stream = torch.cuda.current_stream().cuda_stream
+        backend.forward_decode(q, k, v, out_graph, layer, capture_batch)
+    batch, slots, prefix = cache.plan([1] * bs, "decode")
+    seq = [p + 1 for p in prefix]
+    static_seq.copy_(torch.tensor(seq, **i32))
+    static_loc.copy_(slots)
+    backend.init_forward_metadata_replay_cuda_graph(bs, static_rows, static_seq, sum(seq), None,
+                                                    "decode", None, seq_lens_host=seq)
+    graph.replay()
+    torch.cuda.synchronize()
+    out_eager = torch.full_like(out_graph, math.nan)
+    backend.init_forward_metadata(batch)
+    backend.forward_decode(q, k, v, out_eager, layer, batch)
+    torch.cuda.synchronize()
+    failures = []
+    if not torch.equal(out_graph, out_eager):
+        diff = (out_graph.float() - out_eager.float()).abs().nan_to_num(math.inf).max().item()
+        failures.append(f"graph replay differs from eager (max |diff| {diff:.2e})")
+    for i, (row, p) in enumerate(zip(cache.rows, prefix)):
+        problem = mla_check_request(cache, 0, row, p, q[i:i + 1], out_graph[i:i + 1])
+        if problem:
+            failures.append(f"request {i}: {problem}")
+    cache.commit([1] * bs)
+    results.report("FAIL" if failures else "PASS", f"{label} cuda-graph decode",
+                   "; ".join(failures[:3]))
+
+
+def run_mla_case(name, descriptor, case, results):
+    label = f"{name}/{case.name}"
+    reason = mla_skip_reason(descriptor, case)
+    if reason:
+        results.report("SKIP", label, f"descriptor: {reason}")
+        return
+    cache = MLACache(case)
+    try:
+        backend = ak.create_backend(name, kv_pool=cache.pool, req_to_token_pool=cache.table,
+                                    num_q_heads=case.q_heads, q_dtype="bf16",
+                                    stream=torch.cuda.current_stream().cuda_stream)
+    except (ak.UnsupportedError, ak.NotBuiltError) as e:
+        results.report("SKIP", label, f"{type(e).__name__}: {e}")
+        return
+    except ak.Error as e:
+        results.report("FAIL", label, f"create_backend: {type(e).__name__}: {e}")
+        return
+    gen = torch.Generator(device=DEVICE)
+    gen.manual_seed(sum(map(ord, label)))
+    try:
+        run_mla_step(backend, cache, case.prefill, "extend", gen, results, label)
+        run_mla_step(backend, cache, case.extend, "extend", gen, results, label)
+        run_mla_step(backend, cache, [1] * len(case.prefill), "decode", gen, results, label)
+        if descriptor["cuda_graph"]:
+            run_mla_graph_decode(backend, cache, gen, results, label)
+    except ak.Error as e:
+        results.report("FAIL", label, f"{type(e).__name__}: {e}")
+    except Exception:  # a crash in one backend must not hide the others' results
+        results.report("FAIL", label, traceback.format_exc(limit=3).replace("\n", " | "))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", help="comma-separated backend names (default: every GPU "
@@ -373,7 +581,9 @@ def main():
     if not names:
         print("no GPU backend is built into this attnkit package", file=sys.stderr)
         return 2
-    cases = [c for c in CASES if not args.cases or c.name in args.cases.split(",")]
+    wanted = args.cases.split(",") if args.cases else None
+    cases = [c for c in CASES if not wanted or c.name in wanted]
+    mla_cases = [c for c in MLA_CASES if not wanted or c.name in wanted]
     results = Results()
     for name in names:
         if name not in descriptors:
@@ -381,6 +591,8 @@ def main():
             continue
         for case in cases:
             run_case(name, descriptors[name], case, results)
+        for case in mla_cases:
+            run_mla_case(name, descriptors[name], case, results)
     print(f"{results.passed} passed, {results.failed} failed, {results.skipped} skipped")
     return 1 if results.failed else 0
 
