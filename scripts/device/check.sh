@@ -8,6 +8,10 @@
 #
 # Environment knobs:
 #   ARCHS="90a-real"        CUDA architectures (add 80-real for the sm_80 path)
+#   BUILD_DIR=build/device  the build tree (a second one for other ARCHS keeps both incremental)
+#   ATTNKIT_EMULATE_CC=75|80 (environment, read by the library): host dispatch as on SM75 / SM80;
+#                           with ARCHS="75-virtual;80-virtual" the driver JIT-compiles that PTX, so
+#                           the older architecture's device code runs on this GPU (core/emulated_cc.h)
 #   STAGES="build test bench peers"   which stages to run
 #   BENCH_FILTER=""         passed to attnkit bench --filter
 #   CTEST_REGEX=""          passed to ctest -R
@@ -33,7 +37,7 @@ OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
 ARCHS="${ARCHS:-90a-real}"
 STAGES="${STAGES:-build test bench peers}"
-build="$root/build/device"
+build="${BUILD_DIR:-$root/build/device}"
 summary="$OUT/summary.txt"
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
