@@ -191,6 +191,43 @@ class Cache:
     def commit(self, new_lens):
         self.lengths = [p + n for p, n in zip(self.lengths, new_lens)]
 
+    def layer(self, layer_id):
+        case = self.case
+        return ak.AttentionLayer(case.q_heads, case.kv_heads, case.head_dim, layer_id=layer_id,
+                                 sliding_window=case.window, k_scale=case.k_scale,
+                                 v_scale=case.v_scale)
+
+    def inputs(self, tokens, gen):
+        case = self.case
+        dtype = TORCH_DTYPE[case.q_dtype]
+        shape = dict(generator=gen, device=DEVICE, dtype=dtype)
+        q = torch.randn(tokens, case.q_heads, case.head_dim, **shape)
+        k = torch.randn(tokens, case.kv_heads, case.head_dim, **shape)
+        v = torch.randn(tokens, case.kv_heads, case.head_dim, **shape)
+        return q, k, v, torch.full_like(q, math.nan)
+
+    def check_stored(self, layer, slots, k, v):
+        """set_kv / save_kv stored the new rows in the caller's tensors (zero-copy)."""
+        case = self.case
+        if case.kv_dtype != "fp8_e4m3":
+            ok = torch.equal(self.k[layer][slots], k) and torch.equal(self.v[layer][slots], v)
+            return "" if ok else "stored k/v differ from the inputs"
+        stored_k, stored_v = self.dequantised(layer, slots)
+        for stored, x, scale in ((stored_k, k, case.k_scale), (stored_v, v, case.v_scale)):
+            exact = x.float()
+            bound = E4M3_UNIT_ROUNDOFF * exact.abs() + E4M3_HALF_SUBNORMAL * scale
+            if not bool(((stored - exact).abs() <= bound).all()):
+                return "fp8 stored values are not RNE(x / scale)"
+        return ""
+
+    def check_request(self, layer, row, prefix, q, out):
+        """'' when out matches SDPA over the request's stored (dequantised) keys and values."""
+        n = q.shape[0]
+        row_slots = torch.from_numpy(self.table.host_row(row)[:prefix + n]).long().to(DEVICE)
+        kk, vv = self.dequantised(layer.layer_id, row_slots)
+        ref = sdpa_reference(q, kk, vv, prefix, layer.scaling, self.case.window)
+        return compare(out, ref, TORCH_DTYPE[self.case.q_dtype])
+
 
 def sdpa_reference(q, k, v, prefix, scaling, window):
     """q [n, Hq, D] at positions prefix..prefix+n-1 over k/v [L, Hkv, D] (float32)."""
@@ -222,152 +259,7 @@ def compare(out, ref, dtype):
     return ""
 
 
-def check_stored(cache, layer, slots, k, v):
-    """set_kv / save_kv stored the new rows in the caller's tensors (zero-copy)."""
-    case = cache.case
-    if case.kv_dtype != "fp8_e4m3":
-        ok = torch.equal(cache.k[layer][slots], k) and torch.equal(cache.v[layer][slots], v)
-        return "" if ok else "stored k/v differ from the inputs"
-    stored_k, stored_v = cache.dequantised(layer, slots)
-    for stored, x, scale in ((stored_k, k, case.k_scale), (stored_v, v, case.v_scale)):
-        exact = x.float()
-        bound = E4M3_UNIT_ROUNDOFF * exact.abs() + E4M3_HALF_SUBNORMAL * scale
-        if not bool(((stored - exact).abs() <= bound).all()):
-            return "fp8 stored values are not RNE(x / scale)"
-    return ""
-
-
-def make_layer(case, layer_id):
-    return ak.AttentionLayer(case.q_heads, case.kv_heads, case.head_dim, layer_id=layer_id,
-                             sliding_window=case.window, k_scale=case.k_scale,
-                             v_scale=case.v_scale)
-
-
-def run_step(backend, cache, new_lens, mode, gen, results, label):
-    case = cache.case
-    dtype = TORCH_DTYPE[case.q_dtype]
-    batch, slots, prefix = cache.plan(new_lens, mode)
-    backend.init_forward_metadata(batch)
-    tokens = sum(new_lens)
-    failures = []
-    for layer_id in range(NUM_LAYERS):
-        layer = make_layer(case, layer_id)
-        q = torch.randn(tokens, case.q_heads, case.head_dim, generator=gen, device=DEVICE,
-                        dtype=dtype)
-        k = torch.randn(tokens, case.kv_heads, case.head_dim, generator=gen, device=DEVICE,
-                        dtype=dtype)
-        v = torch.randn(tokens, case.kv_heads, case.head_dim, generator=gen, device=DEVICE,
-                        dtype=dtype)
-        out = torch.full_like(q, math.nan)
-        forward = backend.forward_decode if mode == "decode" else backend.forward_extend
-        forward(q, k, v, out, layer, batch)
-        torch.cuda.synchronize()
-        stored = check_stored(cache, layer_id, slots, k, v)
-        if stored:
-            failures.append(f"layer {layer_id}: {stored}")
-        start = 0
-        for i, (row, p, n) in enumerate(zip(cache.rows, prefix, new_lens)):
-            row_slots = torch.from_numpy(cache.table.host_row(row)[:p + n]).long().to(DEVICE)
-            kk, vv = cache.dequantised(layer_id, row_slots)
-            ref = sdpa_reference(q[start:start + n], kk, vv, p, layer.scaling, case.window)
-            problem = compare(out[start:start + n], ref, dtype)
-            if problem:
-                failures.append(f"layer {layer_id} request {i} (prefix {p}, new {n}): {problem}")
-            start += n
-    cache.commit(new_lens)
-    results.report("FAIL" if failures else "PASS", f"{label} {mode} {list(new_lens)}",
-                   "; ".join(failures[:3]))
-
-
-def run_graph_decode(backend, cache, gen, results, label):
-    """Capture one decode step with placeholder metadata, replay it for the real batch, and
-    compare with eager execution (bit-identical) and with SDPA."""
-    case = cache.case
-    dtype = TORCH_DTYPE[case.q_dtype]
-    bs = len(cache.rows)
-    layer = make_layer(case, 0)
-    i32 = dict(dtype=torch.int32, device=DEVICE)
-    fill = backend.cuda_graph_seq_len_fill_value
-    # Static graph inputs. At capture time the lengths are placeholders (the backend's fill
-    # value); replay must refresh the metadata from the real lengths.
-    static_rows = torch.tensor(cache.rows, **i32)
-    static_seq = torch.full((bs,), fill, **i32)
-    static_loc = torch.zeros(bs, dtype=torch.int64, device=DEVICE)
-    q = torch.randn(bs, case.q_heads, case.head_dim, generator=gen, device=DEVICE, dtype=dtype)
-    k = torch.randn(bs, case.kv_heads, case.head_dim, generator=gen, device=DEVICE, dtype=dtype)
-    v = torch.randn(bs, case.kv_heads, case.head_dim, generator=gen, device=DEVICE, dtype=dtype)
-    out_graph = torch.full_like(q, math.nan)
-    backend.init_cuda_graph_state(bs, bs)
-    backend.init_forward_metadata_capture_cuda_graph(bs, bs, static_rows, static_seq, None,
-                                                     "decode", None)
-    capture_batch = ak.ForwardBatch("decode", static_rows, static_seq, static_loc, cache.table,
-                                    cache.pool, req_pool_indices_host=cache.rows,
-                                    seq_lens_host=[fill] * bs)
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        capture_batch.stream = torch.cuda.current_stream().cuda_stream
-        backend.forward_decode(q, k, v, out_graph, layer, capture_batch)
-
-    batch, slots, prefix = cache.plan([1] * bs, "decode")
-    seq = [p + 1 for p in prefix]
-    static_seq.copy_(torch.tensor(seq, **i32))
-    static_loc.copy_(slots)
-    backend.init_forward_metadata_replay_cuda_graph(bs, static_rows, static_seq, sum(seq), None,
-                                                    "decode", None, seq_lens_host=seq)
-    graph.replay()
-    torch.cuda.synchronize()
-
-    out_eager = torch.full_like(q, math.nan)
-    backend.init_forward_metadata(batch)
-    backend.forward_decode(q, k, v, out_eager, layer, batch)
-    torch.cuda.synchronize()
-    failures = []
-    if not torch.equal(out_graph, out_eager):
-        diff = (out_graph.float() - out_eager.float()).abs().nan_to_num(math.inf).max().item()
-        failures.append(f"graph replay differs from eager (max |diff| {diff:.2e})")
-    for i, (row, p) in enumerate(zip(cache.rows, prefix)):
-        row_slots = torch.from_numpy(cache.table.host_row(row)[:p + 1]).long().to(DEVICE)
-        kk, vv = cache.dequantised(0, row_slots)
-        ref = sdpa_reference(q[i:i + 1], kk, vv, p, layer.scaling, case.window)
-        problem = compare(out_graph[i:i + 1], ref, dtype)
-        if problem:
-            failures.append(f"request {i}: {problem}")
-    cache.commit([1] * bs)
-    results.report("FAIL" if failures else "PASS", f"{label} cuda-graph decode",
-                   "; ".join(failures[:3]))
-
-
-def run_case(name, descriptor, case, results):
-    label = f"{name}/{case.name}"
-    reason = skip_reason(descriptor, case)
-    if reason:
-        results.report("SKIP", label, f"descriptor: {reason}")
-        return
-    cache = Cache(case)
-    try:
-        backend = ak.create_backend(name, kv_pool=cache.pool, req_to_token_pool=cache.table,
-                                    num_q_heads=case.q_heads, q_dtype=case.q_dtype,
-                                    stream=torch.cuda.current_stream().cuda_stream)
-    except (ak.UnsupportedError, ak.NotBuiltError) as e:
-        results.report("SKIP", label, f"{type(e).__name__}: {e}")
-        return
-    except ak.Error as e:
-        results.report("FAIL", label, f"create_backend: {type(e).__name__}: {e}")
-        return
-    gen = torch.Generator(device=DEVICE)
-    gen.manual_seed(sum(map(ord, label)))
-    try:
-        run_step(backend, cache, case.prefill, "extend", gen, results, label)
-        run_step(backend, cache, case.extend, "extend", gen, results, label)
-        run_step(backend, cache, [1] * len(case.prefill), "decode", gen, results, label)
-        if descriptor["cuda_graph"]:
-            run_graph_decode(backend, cache, gen, results, label)
-    except ak.Error as e:
-        results.report("FAIL", label, f"{type(e).__name__}: {e}")
-    except Exception:  # a crash in one backend must not hide the others' results
-        results.report("FAIL", label, traceback.format_exc(limit=3).replace("\n", " | "))
-
+# ---- MLA (absorbed 576 / 512 over one latent row per token) ----
 
 MLA_LORA = 512
 MLA_ROPE = 64
@@ -434,49 +326,60 @@ class MLACache(Cache):
             return kv.view(torch.float8_e4m3fn).float() * self.case.k_scale
         return kv.float()
 
+    def layer(self, layer_id):
+        case = self.case
+        return ak.AttentionLayer(case.q_heads, 1, MLA_ROW, MLA_LORA, layer_id=layer_id,
+                                 scaling=MLA_SCALING, is_mla=True, kv_lora_rank=MLA_LORA,
+                                 qk_rope_head_dim=MLA_ROPE, k_scale=case.k_scale,
+                                 v_scale=case.k_scale)
 
-def mla_layer(case, layer_id):
-    return ak.AttentionLayer(case.q_heads, 1, MLA_ROW, MLA_LORA, layer_id=layer_id,
-                             scaling=MLA_SCALING, is_mla=True, kv_lora_rank=MLA_LORA,
-                             qk_rope_head_dim=MLA_ROPE, k_scale=case.k_scale,
-                             v_scale=case.k_scale)
+    def inputs(self, tokens, gen):
+        case = self.case
+        q = torch.randn(tokens, case.q_heads, MLA_ROW, generator=gen, device=DEVICE,
+                        dtype=torch.bfloat16)
+        k = torch.randn(tokens, 1, MLA_ROW, generator=gen, device=DEVICE, dtype=torch.bfloat16)
+        v = k[..., :MLA_LORA].contiguous()  # V = the first kv_lora_rank columns of the row
+        return q, k, v, torch.full((tokens, case.q_heads, MLA_LORA), math.nan, device=DEVICE,
+                                   dtype=torch.bfloat16)
+
+    def check_stored(self, layer_id, slots, k, v):
+        """save_kv stored k as the latent row (fp8: RNE(k / k_scale)) in the caller's tensors."""
+        if self.case.kv_dtype != "fp8_e4m3":
+            ok = torch.equal(self.kv[layer_id][slots], k)
+            return "" if ok else "stored latent rows differ from k"
+        exact = k[:, 0].float()
+        bound = E4M3_UNIT_ROUNDOFF * exact.abs() + E4M3_HALF_SUBNORMAL * self.case.k_scale
+        if not bool(((self.latent(layer_id, slots) - exact).abs() <= bound).all()):
+            return "fp8 stored latent rows are not RNE(k / k_scale)"
+        return ""
+
+    def check_request(self, layer, row, prefix, q, out):
+        """'' when out [n, H, 512] matches SDPA over the request's stored latent rows."""
+        n = q.shape[0]
+        slots = torch.from_numpy(self.table.host_row(row)[:prefix + n]).long().to(DEVICE)
+        latent = self.latent(layer.layer_id, slots)[:, None, :]
+        ref = sdpa_reference(q, latent, latent[..., :MLA_LORA], prefix, layer.scaling, -1)
+        return compare(out, ref, torch.bfloat16)
 
 
-def mla_inputs(case, tokens, gen):
-    q = torch.randn(tokens, case.q_heads, MLA_ROW, generator=gen, device=DEVICE,
-                    dtype=torch.bfloat16)
-    k = torch.randn(tokens, 1, MLA_ROW, generator=gen, device=DEVICE, dtype=torch.bfloat16)
-    v = k[..., :MLA_LORA].contiguous()  # V = the first kv_lora_rank columns of the row
-    return q, k, v, torch.full((tokens, case.q_heads, MLA_LORA), math.nan, device=DEVICE,
-                               dtype=torch.bfloat16)
+# ---- the steps every case runs (MHA or MLA through the cache's hooks) ----
 
-
-def mla_check_request(cache, layer_id, row, prefix, q, out):
-    """'' when out [n, H, 512] matches SDPA over the request's stored latent rows."""
-    n = q.shape[0]
-    slots = torch.from_numpy(cache.table.host_row(row)[:prefix + n]).long().to(DEVICE)
-    latent = cache.latent(layer_id, slots)[:, None, :]
-    ref = sdpa_reference(q, latent, latent[..., :MLA_LORA], prefix, MLA_SCALING, -1)
-    return compare(out, ref, torch.bfloat16)
-
-
-def run_mla_step(backend, cache, new_lens, mode, gen, results, label):
-    case = cache.case
+def run_step(backend, cache, new_lens, mode, gen, results, label):
     batch, slots, prefix = cache.plan(new_lens, mode)
     backend.init_forward_metadata(batch)
     failures = []
     for layer_id in range(NUM_LAYERS):
-        layer = mla_layer(case, layer_id)
-        q, k, v, out = mla_inputs(case, sum(new_lens), gen)
+        layer = cache.layer(layer_id)
+        q, k, v, out = cache.inputs(sum(new_lens), gen)
         forward = backend.forward_decode if mode == "decode" else backend.forward_extend
         forward(q, k, v, out, layer, batch)
         torch.cuda.synchronize()
-        if case.kv_dtype == "bf16" and not torch.equal(cache.kv[layer_id][slots], k):
-            failures.append(f"layer {layer_id}: stored latent rows differ from k")
+        stored = cache.check_stored(layer_id, slots, k, v)
+        if stored:
+            failures.append(f"layer {layer_id}: {stored}")
         start = 0
         for i, (row, p, n) in enumerate(zip(cache.rows, prefix, new_lens)):
-            problem = mla_check_request(cache, layer_id, row, p, q[start:start + n],
-                                        out[start:start + n])
+            problem = cache.check_request(layer, row, p, q[start:start + n], out[start:start + n])
             if problem:
                 failures.append(f"layer {layer_id} request {i} (prefix {p}, new {n}): {problem}")
             start += n
@@ -485,18 +388,19 @@ def run_mla_step(backend, cache, new_lens, mode, gen, results, label):
                    "; ".join(failures[:3]))
 
 
-def run_mla_graph_decode(backend, cache, gen, results, label):
-    """MLA decode captured with placeholder lengths, replayed for the real batch: bit-identical
-    to eager and right."""
-    case = cache.case
+def run_graph_decode(backend, cache, gen, results, label):
+    """Capture one decode step with placeholder metadata, replay it for the real batch, and
+    compare with eager execution (bit-identical) and with SDPA."""
     bs = len(cache.rows)
-    layer = mla_layer(case, 0)
+    layer = cache.layer(0)
     i32 = dict(dtype=torch.int32, device=DEVICE)
     fill = backend.cuda_graph_seq_len_fill_value
+    # Static graph inputs. At capture time the lengths are placeholders (the backend's fill
+    # value); replay must refresh the metadata from the real lengths.
     static_rows = torch.tensor(cache.rows, **i32)
     static_seq = torch.full((bs,), fill, **i32)
     static_loc = torch.zeros(bs, dtype=torch.int64, device=DEVICE)
-    q, k, v, out_graph = mla_inputs(case, bs, gen)
+    q, k, v, out_graph = cache.inputs(bs, gen)
     backend.init_cuda_graph_state(bs, bs)
     backend.init_forward_metadata_capture_cuda_graph(bs, bs, static_rows, static_seq, None,
                                                      "decode", None)
@@ -508,6 +412,7 @@ def run_mla_graph_decode(backend, cache, gen, results, label):
     with torch.cuda.graph(graph):
         capture_batch.stream = torch.cuda.current_stream().cuda_stream
         backend.forward_decode(q, k, v, out_graph, layer, capture_batch)
+
     batch, slots, prefix = cache.plan([1] * bs, "decode")
     seq = [p + 1 for p in prefix]
     static_seq.copy_(torch.tensor(seq, **i32))
@@ -516,6 +421,7 @@ def run_mla_graph_decode(backend, cache, gen, results, label):
                                                     "decode", None, seq_lens_host=seq)
     graph.replay()
     torch.cuda.synchronize()
+
     out_eager = torch.full_like(out_graph, math.nan)
     backend.init_forward_metadata(batch)
     backend.forward_decode(q, k, v, out_eager, layer, batch)
@@ -525,7 +431,7 @@ def run_mla_graph_decode(backend, cache, gen, results, label):
         diff = (out_graph.float() - out_eager.float()).abs().nan_to_num(math.inf).max().item()
         failures.append(f"graph replay differs from eager (max |diff| {diff:.2e})")
     for i, (row, p) in enumerate(zip(cache.rows, prefix)):
-        problem = mla_check_request(cache, 0, row, p, q[i:i + 1], out_graph[i:i + 1])
+        problem = cache.check_request(layer, row, p, q[i:i + 1], out_graph[i:i + 1])
         if problem:
             failures.append(f"request {i}: {problem}")
     cache.commit([1] * bs)
@@ -533,16 +439,18 @@ def run_mla_graph_decode(backend, cache, gen, results, label):
                    "; ".join(failures[:3]))
 
 
-def run_mla_case(name, descriptor, case, results):
+def run_case(name, descriptor, case, results):
     label = f"{name}/{case.name}"
-    reason = mla_skip_reason(descriptor, case)
+    is_mla = isinstance(case, MLACase)
+    reason = (mla_skip_reason if is_mla else skip_reason)(descriptor, case)
     if reason:
         results.report("SKIP", label, f"descriptor: {reason}")
         return
-    cache = MLACache(case)
+    cache = MLACache(case) if is_mla else Cache(case)
     try:
         backend = ak.create_backend(name, kv_pool=cache.pool, req_to_token_pool=cache.table,
-                                    num_q_heads=case.q_heads, q_dtype="bf16",
+                                    num_q_heads=case.q_heads,
+                                    q_dtype="bf16" if is_mla else case.q_dtype,
                                     stream=torch.cuda.current_stream().cuda_stream)
     except (ak.UnsupportedError, ak.NotBuiltError) as e:
         results.report("SKIP", label, f"{type(e).__name__}: {e}")
@@ -553,11 +461,11 @@ def run_mla_case(name, descriptor, case, results):
     gen = torch.Generator(device=DEVICE)
     gen.manual_seed(sum(map(ord, label)))
     try:
-        run_mla_step(backend, cache, case.prefill, "extend", gen, results, label)
-        run_mla_step(backend, cache, case.extend, "extend", gen, results, label)
-        run_mla_step(backend, cache, [1] * len(case.prefill), "decode", gen, results, label)
+        run_step(backend, cache, case.prefill, "extend", gen, results, label)
+        run_step(backend, cache, case.extend, "extend", gen, results, label)
+        run_step(backend, cache, [1] * len(case.prefill), "decode", gen, results, label)
         if descriptor["cuda_graph"]:
-            run_mla_graph_decode(backend, cache, gen, results, label)
+            run_graph_decode(backend, cache, gen, results, label)
     except ak.Error as e:
         results.report("FAIL", label, f"{type(e).__name__}: {e}")
     except Exception:  # a crash in one backend must not hide the others' results
@@ -592,7 +500,7 @@ def main():
         for case in cases:
             run_case(name, descriptors[name], case, results)
         for case in mla_cases:
-            run_mla_case(name, descriptors[name], case, results)
+            run_case(name, descriptors[name], case, results)
     print(f"{results.passed} passed, {results.failed} failed, {results.skipped} skipped")
     return 1 if results.failed else 0
 
