@@ -1,6 +1,40 @@
 // The MLA chunked prefix cache runner (see mla_prefix_cache.h).
 #include "backends/mla/mla_prefix_cache.h"
 
+#include <algorithm>
+
+namespace attnkit::mla {
+
+PrefixChunkLayout plan_prefix_chunks(const std::vector<int32_t>& prefix_lens, int chunk_tokens) {
+  PrefixChunkLayout l;
+  const int bs = static_cast<int>(prefix_lens.size());
+  l.chunk_len = std::max(1, chunk_tokens / std::max(1, bs));
+  int max_prefix = 0;
+  for (int32_t n : prefix_lens) max_prefix = std::max(max_prefix, static_cast<int>(n));
+  l.chunks = (max_prefix + l.chunk_len - 1) / l.chunk_len;
+  l.indptr.assign(static_cast<size_t>(l.chunks) * (bs + 1), 0);
+  l.tokens.assign(static_cast<size_t>(l.chunks), 0);
+  for (int c = 0; c < l.chunks; ++c) {
+    int32_t* indptr = &l.indptr[static_cast<size_t>(c) * (bs + 1)];
+    for (int r = 0; r < bs; ++r) {
+      const int32_t len =
+          std::clamp(prefix_lens[static_cast<size_t>(r)] - c * l.chunk_len, 0, l.chunk_len);
+      indptr[r + 1] = indptr[r] + len;
+    }
+    l.tokens[static_cast<size_t>(c)] = indptr[bs];
+  }
+  return l;
+}
+
+MergeStep merge_step(int acc, bool last) {
+  MergeStep m;
+  m.first = acc == 0 ? 0 : 1;  // (acc, 1) or (1, acc)
+  m.dst = last ? -1 : (acc == 0 ? 2 : 0);
+  return m;
+}
+
+}  // namespace attnkit::mla
+
 #ifdef ATTNKIT_WITH_CUDA
 
 #include <cuda_runtime.h>
@@ -67,16 +101,15 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
   const int64_t es = dtype_storage_bytes(act, 1);
   const cudaStream_t s = cuda::to_stream(stream);
 
-  // Chunk layout: per-request chunk length L, chunk c covers prefix positions [c L, (c + 1) L).
-  const int chunk_len = std::max(1, layer.mla_prefix->chunk_tokens / std::max(1, bs));
-  int max_prefix = 0;
-  for (int32_t n : batch.extend_prefix_lens_host) max_prefix = std::max(max_prefix, n);
-  const int chunks = (max_prefix + chunk_len - 1) / chunk_len;
+  // Chunk layout (plan_prefix_chunks) and the meta buffer:
+  // [bs] q_start, [bs] q_len, [bs + 1] zeros, then [chunks][bs + 1] chunk offsets.
+  const PrefixChunkLayout layout =
+      plan_prefix_chunks(batch.extend_prefix_lens_host, layer.mla_prefix->chunk_tokens);
+  const int chunk_len = layout.chunk_len;
+  const int chunks = layout.chunks;
   const int64_t cap = static_cast<int64_t>(chunk_len) * bs;
   last_num_chunks_ = chunks;
-
-  // meta: [bs] q_start, [bs] q_len, [bs + 1] zeros, then [chunks][bs + 1] chunk offsets.
-  meta_host_.assign(static_cast<size_t>(3 * bs + 1 + static_cast<int64_t>(chunks) * (bs + 1)), 0);
+  meta_host_.assign(static_cast<size_t>(3 * bs + 1), 0);
   int32_t start = 0;
   for (int r = 0; r < bs; ++r) {
     const int32_t n = batch.extend_seq_lens_host[static_cast<size_t>(r)];
@@ -86,17 +119,8 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
     meta_host_[static_cast<size_t>(bs + r)] = n;
     start += n;
   }
-  const size_t chunk_base = static_cast<size_t>(3 * bs + 1);
-  std::vector<int32_t> chunk_tokens(static_cast<size_t>(chunks), 0);
-  for (int c = 0; c < chunks; ++c) {
-    int32_t* indptr = &meta_host_[chunk_base + static_cast<size_t>(c) * (bs + 1)];
-    for (int r = 0; r < bs; ++r) {
-      const int32_t pre = batch.extend_prefix_lens_host[static_cast<size_t>(r)];
-      const int32_t len = std::clamp(pre - c * chunk_len, 0, chunk_len);
-      indptr[r + 1] = indptr[r] + len;
-    }
-    chunk_tokens[static_cast<size_t>(c)] = indptr[bs];
-  }
+  const size_t chunk_base = meta_host_.size();
+  meta_host_.insert(meta_host_.end(), layout.indptr.begin(), layout.indptr.end());
   ATTNKIT_RETURN_IF_ERROR(meta_.reserve(device_, static_cast<int64_t>(meta_host_.size())));
   ATTNKIT_CUDA_TRY(cudaMemcpyAsync(meta_.data(), meta_host_.data(),
                                    meta_host_.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
@@ -198,7 +222,7 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
   int acc = 0;  // slot of the running merge: 0 or 2; chunk partials always land in slot 1
   for (int c = 0; c < chunks; ++c) {
     const int32_t* indptr = meta_.data() + chunk_base + static_cast<size_t>(c) * (bs + 1);
-    const int n = chunk_tokens[static_cast<size_t>(c)];
+    const int n = layout.tokens[static_cast<size_t>(c)];
     PrefixGatherParams g;
     g.pool = kv.data;
     g.pool_stride_row = kv.stride(0);
@@ -235,18 +259,17 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
         (triton::run_simt<triton::kMlaPrefillHeadDimQK, triton::kMlaPrefillHeadDimV>(
             p, act, act, /*extend=*/true, 1, stream)));
 
-    const int first = acc == 0 ? 0 : 1;  // rows (acc, 1) or (1, acc): adjacent slots
-    if (c + 1 == chunks) return merge_to_out(first, 2);
+    const MergeStep step = merge_step(acc, c + 1 == chunks);
+    if (step.dst < 0) return merge_to_out(step.first, 2);
     flashinfer::CascadeMergeParams f = m;
     f.prefix_chunks = 2;
-    f.partial_out = slot_out(first);
-    f.partial_lse = slot_lse(first);
-    const int dst = acc == 0 ? 2 : 0;
-    f.merged_partial_out = slot_out(dst);
-    f.merged_partial_lse = slot_lse(dst);
+    f.partial_out = slot_out(step.first);
+    f.partial_lse = slot_lse(step.first);
+    f.merged_partial_out = slot_out(step.dst);
+    f.merged_partial_lse = slot_lse(step.dst);
     f.out = out.data;  // unused with merged_partial_out
     ATTNKIT_RETURN_IF_ERROR(flashinfer::cascade_merge(f, act, stream));
-    acc = dst;
+    acc = step.dst;
   }
   return Status::ok();
 }

@@ -14,6 +14,7 @@
 // tokens; nothing grows with the prefix beyond the per-chunk offsets.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,26 @@
 #include "backend/device_array.h"
 
 namespace attnkit::mla {
+
+// Host plan of the prefix chunks (SGLang's layout): per-request chunk length
+// chunk_len = max(1, chunk_tokens / bs); chunk c holds request r's prefix positions
+// [c chunk_len, min((c + 1) chunk_len, prefix_r)); chunks = ceil(max prefix / chunk_len).
+struct PrefixChunkLayout {
+  int chunk_len = 1;
+  int chunks = 0;
+  std::vector<int32_t> indptr;  // [chunks][bs + 1] chunk-local token offsets per request
+  std::vector<int32_t> tokens;  // [chunks] tokens of each chunk (<= chunk_len * bs)
+};
+PrefixChunkLayout plan_prefix_chunks(const std::vector<int32_t>& prefix_lens, int chunk_tokens);
+
+// The three-slot merge ring: the running partial sits in slot `acc` (0 or 2), every chunk lands in
+// slot 1; the merge reads the two adjacent slots [first, first + 2) and writes slot `dst` (the one
+// not read), or the output when dst == -1 (the last chunk).
+struct MergeStep {
+  int first = 0;
+  int dst = -1;
+};
+MergeStep merge_step(int acc, bool last);
 
 class MlaPrefixCacheRunner {
  public:
