@@ -45,8 +45,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   int num_splits = 1;
   if (p.max_splits > 1) {
     const int n = max(0, k_end - k_begin);
-    const int chunk = split_chunk(n, p.max_splits, p.min_chunk);
-    num_splits = split_count(n, p.max_splits, p.min_chunk);
+    const int min_chunk = forward_min_chunk(p);
+    const int chunk = split_chunk(n, p.max_splits, min_chunk);
+    num_splits = split_count(n, p.max_splits, min_chunk);
     if (split >= num_splits) return;
     k_begin += split * chunk;
     k_end = min(k_end, k_begin + chunk);
@@ -61,8 +62,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
              static_cast<int64_t>(kv_head) * p.k_stride_head * Tr::kKvElemBytes;
   w.v_base = static_cast<const uint8_t*>(p.v_pool) +
              static_cast<int64_t>(kv_head) * p.v_stride_head * Tr::kKvElemBytes;
-  w.k_row_bytes = p.k_stride_row * Tr::kKvElemBytes;
-  w.v_row_bytes = p.v_stride_row * Tr::kKvElemBytes;
+  w.k_row_bytes = static_cast<uint32_t>(p.k_stride_row * Tr::kKvElemBytes);  // < 2^32: host check
+  w.v_row_bytes = static_cast<uint32_t>(p.v_stride_row * Tr::kKvElemBytes);
   w.scale_log2 = var.scale_log2;
   w.scale = var.sm_scale;
   w.logit_cap = var.cap;
