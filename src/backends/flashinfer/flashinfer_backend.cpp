@@ -25,7 +25,7 @@
 #include "backend/kernel_params.h"
 #include "backends/flashinfer/cascade.h"
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
-#include "backends/flashinfer/kernels/mla_fp4_portable.h"
+#include "backends/flashinfer/kernels/mla_quantized_portable.h"
 #include "backends/flashinfer/kernels/work_plan.h"
 #include "backends/mla/mla_decode_engine.h"
 #include "backends/triton/kernels/simt_layout.h"
@@ -93,9 +93,9 @@ class PinnedStaging {
 // Everything a forward's layers share.
 struct Plan {
   bool valid = false;
-  bool portable = false;    // this forward runs on the portable SIMT path (the triton backend)
-  bool mla_fp4 = false;     // this forward runs MLA over an fp4 pool (run_mla_fp4_portable)
-  bool mla_native = false;  // this forward runs on the shared tensor-core MLA decode kernels
+  bool portable = false;       // this forward runs on the portable SIMT path (the triton backend)
+  bool mla_quantized = false;  // MLA over an fp4 / fp8_e4m3 pool (run_mla_quantized_portable)
+  bool mla_native = false;     // this forward runs on the shared tensor-core MLA decode kernels
   ForwardMode mode = ForwardMode::kIdle;
   int bs = 0;
   TileShape shape = TileShape::kDecode;
@@ -179,10 +179,14 @@ class FlashInferBackend final : public AttentionBackend {
   const FlashInferStats& stats() const { return stats_; }
   FlashInferCascadeOptions cascade_options;
 
-  // MLA absorbed over an fp4 pool: the portable SIMT kernel's fp4 instantiation, planned here as
-  // the triton backend plans MLA (token indices, query layout, split extent).
-  bool mla_fp4_context(const ForwardBatch& batch) const {
-    return ctx_.is_mla && batch.kv_pool != nullptr && batch.kv_pool->dtype() == DType::kFP4E2M1 &&
+  // MLA absorbed over an fp4_e2m1 or fp8_e4m3 pool that the tensor-core MLA engine does not take
+  // (fp4; fp8 extend / prefill for `flashmla` and `cutlass_mla`, whose engines decode fp8
+  // natively): the portable SIMT kernel's quantised instantiations, planned here as the triton
+  // backend plans MLA (token indices, query layout, split extent).
+  bool mla_quantized_context(const ForwardBatch& batch) const {
+    if (!ctx_.is_mla || batch.kv_pool == nullptr) return false;
+    const DType kv = batch.kv_pool->dtype();
+    return (kv == DType::kFP4E2M1 || kv == DType::kFP8E4M3) &&
            ctx_.qk_head_dim == ctx_.kv_lora_rank + ctx_.qk_rope_head_dim;
   }
 
@@ -212,15 +216,16 @@ class FlashInferBackend final : public AttentionBackend {
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse, bool decode);
-  Status plan_mla_fp4(const ForwardBatch& batch);
+  Status plan_mla_quantized(const ForwardBatch& batch);
   bool graph_mla_native(const TensorView& encoder_lens, ForwardMode mode,
                         const SpecInfo* spec) const {
     return mla_engine_ != nullptr && !encoder_lens.defined() &&
            mla_engine_->why_not_graph(mode, spec).empty();
   }
-  Status run_mla_fp4(const TensorView& q, const TensorView& k, const TensorView& v,
-                     const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
-                     bool save_kv, const TensorView& lse, bool decode);
+  Status run_mla_quantized(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const TensorView& out, const AttentionLayer& layer,
+                           const ForwardBatch& batch, bool save_kv, const TensorView& lse,
+                           bool decode);
   Status portable_or_error(const char* what) const {
     if (portable_ == nullptr) {
       return Status::unsupported("flashinfer: " + std::string(what) +
@@ -249,7 +254,7 @@ class FlashInferBackend final : public AttentionBackend {
   DeviceArray<int32_t> split_counters_;  // zeroed when allocated; the kernel leaves them zero
   PinnedStaging staging_;
 
-  // MLA fp4 workspace.
+  // Quantised-MLA workspace.
   DeviceArray<int32_t> mla_indptr_, mla_indices_, mla_q_layout_;
   std::vector<int32_t> mla_q_layout_host_;
   int mla_grid_splits_ = 1;
@@ -312,7 +317,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     plan_.valid = true;
     return Status::ok();
   }
-  if (mla_fp4_context(batch)) return plan_mla_fp4(batch);
+  if (mla_quantized_context(batch)) return plan_mla_quantized(batch);
   if (!portable_reason(batch).empty()) {
     ATTNKIT_RETURN_IF_ERROR(portable_or_error(portable_reason(batch).c_str()));
     ATTNKIT_RETURN_IF_ERROR(portable_->init_forward_metadata(batch));
@@ -389,9 +394,9 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     ++stats_.native_calls;
     return mla_engine_->run(q, k, v, out, layer, batch, save_kv, lse, stream_for(batch));
   }
-  if (plan_.mla_fp4) {
+  if (plan_.mla_quantized) {
     ++stats_.portable_calls;
-    return run_mla_fp4(q, k, v, out, layer, batch, save_kv, lse, decode);
+    return run_mla_quantized(q, k, v, out, layer, batch, save_kv, lse, decode);
   }
   if (plan_.portable) {
     ++stats_.portable_calls;
@@ -489,9 +494,9 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
       });
 }
 
-// ---- MLA over an fp4 pool (portable SIMT kernel, planned like the triton backend) ----
+// ---- MLA over an fp4 / fp8_e4m3 pool (portable SIMT kernel, planned like the triton backend) --
 
-Status FlashInferBackend::plan_mla_fp4(const ForwardBatch& batch) {
+Status FlashInferBackend::plan_mla_quantized(const ForwardBatch& batch) {
   if (!batch.encoder_lens_host.empty()) {
     return Status::unsupported("flashinfer: MLA with encoder lengths is not supported");
   }
@@ -556,24 +561,24 @@ Status FlashInferBackend::plan_mla_fp4(const ForwardBatch& batch) {
                                      mla_q_layout_host_.size() * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, cuda::to_stream(stream)));
   }
-  plan_.mla_fp4 = true;
+  plan_.mla_quantized = true;
   plan_.valid = true;
   return Status::ok();
 }
 
-Status FlashInferBackend::run_mla_fp4(const TensorView& q, const TensorView& k, const TensorView& v,
-                                      const TensorView& out, const AttentionLayer& layer,
-                                      const ForwardBatch& batch, bool save_kv,
-                                      const TensorView& lse, bool decode) {
+Status FlashInferBackend::run_mla_quantized(const TensorView& q, const TensorView& k,
+                                            const TensorView& v, const TensorView& out,
+                                            const AttentionLayer& layer, const ForwardBatch& batch,
+                                            bool save_kv, const TensorView& lse, bool decode) {
   if (!layer.is_mla || layer.qk_head_dim != triton::kMlaHeadDimQK ||
       layer.v_head_dim != triton::kMlaHeadDimV || !batch.kv_pool->is_mla()) {
-    return Status::unsupported("flashinfer: fp4 MLA needs the absorbed head dims " +
+    return Status::unsupported("flashinfer: quantised-KV MLA needs the absorbed head dims " +
                                str(triton::kMlaHeadDimQK) + "/" + str(triton::kMlaHeadDimV) +
                                " and an MLA pool, got " + str(layer.qk_head_dim) + "/" +
                                str(layer.v_head_dim));
   }
   if (lse.defined() && lse.stride(1) != 1) {
-    return Status::unsupported("flashinfer: fp4 MLA needs lse with a unit head stride");
+    return Status::unsupported("flashinfer: quantised-KV MLA needs lse with a unit head stride");
   }
   auto& pool = static_cast<MLAKVPool&>(*batch.kv_pool);
   const StreamHandle stream = stream_for(batch);
@@ -583,14 +588,17 @@ Status FlashInferBackend::run_mla_fp4(const TensorView& q, const TensorView& k, 
   }
   const TensorView kbuf = pool.kv_buffer(layer.layer_id);
   const TensorView vbuf = pool.v_view(layer.layer_id);
-  const TensorView scales = pool.scale_buffer(layer.layer_id);
   triton::AttentionParams p;
   detail::set_io_params(p, q, out, lse);
   detail::set_kv_pool_params(p, kbuf, vbuf);
-  p.k_scales = scales.data_as<const uint8_t>();
-  p.v_scales = p.k_scales;  // V is the first kv_lora_rank columns of the K row
-  p.ks_stride_row = p.vs_stride_row = scales.stride(0);
-  p.ks_stride_head = p.vs_stride_head = scales.stride(1);
+  const DType kv_dtype = pool.dtype();
+  if (kv_dtype == DType::kFP4E2M1) {
+    const TensorView scales = pool.scale_buffer(layer.layer_id);
+    p.k_scales = scales.data_as<const uint8_t>();
+    p.v_scales = p.k_scales;  // V is the first kv_lora_rank columns of the K row
+    p.ks_stride_row = p.vs_stride_row = scales.stride(0);
+    p.ks_stride_head = p.vs_stride_head = scales.stride(1);
+  }
   p.kv_indptr = mla_indptr_.data();
   p.kv_indices = mla_indices_.data();
   p.bs = batch.batch_size;
@@ -624,7 +632,7 @@ Status FlashInferBackend::run_mla_fp4(const TensorView& q, const TensorView& k, 
       p.mask_indptr = batch.spec.mask_indptr.data_as<const int64_t>();
     }
   }
-  return flashinfer::run_mla_fp4_portable(p, q.dtype, !decode, grid_splits, stream);
+  return flashinfer::run_mla_quantized_portable(p, q.dtype, kv_dtype, !decode, grid_splits, stream);
 }
 
 // ---- CUDA graphs (decode and target verify) ----
