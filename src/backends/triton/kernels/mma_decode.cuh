@@ -3,11 +3,11 @@
 // tl.dot; this is the CUDA C++ counterpart: one CTA per (split, kv head, 16-head tile of its GQA
 // group, request), the keys streamed by the shared ring core (cuda/common/ring_decode.cuh:
 // per-warp cp.async rings, mma.sync). What stays the triton backend's own: the split-KV heuristic
-// (split_plan.h, per request from its own length), the flattened token indices of the plan
-// (kv_indices: any page size), the decode variant (sliding window, soft-cap) and the epilogue
-// (finalize(): sinks, v_scale, LSE; or the partial + log2 LSE, merged by the request's last split
-// CTA of the head block: no second launch). SM75 and the other dtypes keep the SIMT kernel
-// (simt_attention.cuh) and its merge kernel.
+// (split_plan.h: a per-forward chunk floor, then per request from its own length), the flattened
+// token indices of the plan (kv_indices: any page size), the decode variant (sliding window,
+// soft-cap) and the epilogue (finalize(): sinks, v_scale, LSE; or the partial + log2 LSE, merged by
+// the request's last split CTA of the head block: no second launch). SM75 and the other dtypes keep
+// the SIMT kernel (simt_attention.cuh) and its merge kernel.
 #pragma once
 
 #include <cuda_runtime.h>
