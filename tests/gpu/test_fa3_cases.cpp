@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 #include "attnkit/device.h"
 #include "attnkit/registry.h"
 #include "backends/fa3/fa3_backend.h"
+#include "backends/fa3/kernels/fa3_params.h"
 #include "harness/case_runner.h"
 
 namespace attnkit {
@@ -49,6 +51,16 @@ bool expects_wgmma(const CaseSpec& s, const DeviceInfo& dev) {
          !s.cross_attention && s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks;
 }
 
+// The key block the wgmma kernel must have used: ATTNKIT_FA3_BLOCK_N where the run sets it to a
+// block instantiated for the head dim (the device script runs the tests again with the
+// non-default blocks), else the default for (d, causal).
+int expected_block_n(const CaseSpec& s) {
+  const char* e = std::getenv("ATTNKIT_FA3_BLOCK_N");
+  const int env = e != nullptr ? std::atoi(e) : 0;
+  if (fa3::block_n_supported(s.head_dim, env)) return env;
+  return fa3::default_block_n(s.head_dim, s.type != AttentionType::kEncoderOnly);
+}
+
 void run_and_compare(const CaseSpec& spec, bool save_kv) {
   SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv"));
   Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
@@ -66,6 +78,7 @@ void run_and_compare(const CaseSpec& spec, bool save_kv) {
   if (expects_wgmma(spec, cuda_device())) {
     EXPECT_EQ(stats->flashinfer_calls, 0) << "a wgmma case ran on the flashinfer path";
     EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(pc->layers.size()));
+    EXPECT_EQ(stats->last_block_n, expected_block_n(spec));
   } else {
     EXPECT_EQ(stats->wgmma_calls, 0) << "a case outside the wgmma kernel's scope ran on it";
   }
@@ -115,12 +128,21 @@ TEST(Fa3LongTest, CausalPrefillAcrossTilesAllHeadDims) {
   }
   run_and_compare(prefill("long_page64", {640, 5}, {300, 200}, 64, 4, 1, 128), false);
   run_and_compare(prefill("long_page1", {100}, {500}, 1, 4, 4, 128), true);
+  // d 256 blocks of 80 keys: TMA boxes of 16 rows inside 64-row pages, partial last blocks.
+  run_and_compare(prefill("long_d256_page64", {333, 0}, {300, 161}, 64, 4, 2, 256), true);
 }
 
 TEST(Fa3LongTest, BidirectionalAndF16) {
   CaseSpec c = prefill("long_encoder", {0, 0}, {300, 129}, 16, 8, 2, 128);
   c.type = AttentionType::kEncoderOnly;
   run_and_compare(c, true);
+  // Bidirectional d 128 runs 176-key blocks: 16-row TMA boxes in 64-row pages, and the gather.
+  for (int page : {64, 1}) {
+    c = prefill("long_encoder_page" + std::to_string(page), {0, 0, 0}, {700, 177, 5}, page, 4, 2,
+                128);
+    c.type = AttentionType::kEncoderOnly;
+    run_and_compare(c, page == 64);
+  }
   c = prefill("long_f16", {200, 0}, {333, 64}, 16, 8, 2, 128);
   c.q_dtype = c.kv_dtype = DType::kF16;
   run_and_compare(c, true);

@@ -62,15 +62,17 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// Rows per TMA box for a pool of `page_size` (0: gather every block with cp.async). A box is one
-// page (or one key block of a larger page); pages of fewer than 8 rows would break the 1024-byte
-// alignment of the swizzled destination, and pages must tile the key block.
-int tma_rows_for(int page_size, int head_dim) {
+// Rows per TMA box for a pool of `page_size` and key blocks of `block_n` (0: gather every block
+// with cp.async). A box is one page, or the largest power of two dividing the key block when that
+// is smaller (128-key blocks: one block of a larger page; 176 / 80: 16 rows), so that a box never
+// crosses a page; pages of fewer than 8 rows would break the 1024-byte alignment of the swizzled
+// destination.
+int tma_rows_for(int page_size, int block_n) {
   constexpr int kMinRows = 8;
-  const int block = fa3::key_block(head_dim);
   const bool pow2 = page_size > 0 && (page_size & (page_size - 1)) == 0;
   if (!pow2 || page_size < kMinRows) return 0;
-  return std::min(page_size, block);
+  const int rows = std::min(page_size, block_n & -block_n);
+  return rows >= kMinRows ? rows : 0;
 }
 
 // Encodes buf [rows, Hkv, D] (strides in elements) as a 3D map {D, Hkv, rows}, box {64, 1, rows}.
@@ -176,14 +178,26 @@ class Fa3Backend final : public AttentionBackend {
     const char* e = std::getenv("ATTNKIT_FA3_TMA");
     return e == nullptr || std::string(e) != "0";
   }();
-  // ATTNKIT_FA3_FENCE_TMA=0: no proxy fence after TMA-loaded blocks (see Fa3Params::fence_tma).
+  // ATTNKIT_FA3_FENCE_TMA=1: a proxy fence after TMA-loaded blocks too (see
+  // Fa3Params::fence_tma).
   bool fence_tma_ = [] {
     const char* e = std::getenv("ATTNKIT_FA3_FENCE_TMA");
-    return e == nullptr || std::string(e) != "0";
+    return e != nullptr && std::string(e) == "1";
   }();
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   int diag_ = [] {
     const char* e = std::getenv("ATTNKIT_FA3_DIAG");
+    return e != nullptr ? std::atoi(e) : 0;
+  }();
+  // ATTNKIT_FA3_SCHED=0: plain-stride persistent schedule instead of the zigzag.
+  bool zigzag_ = [] {
+    const char* e = std::getenv("ATTNKIT_FA3_SCHED");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  // ATTNKIT_FA3_BLOCK_N=<keys> (A/B tuning): the key block of the wgmma kernel for the head dims
+  // it is instantiated for (fa3::block_n_supported); the others keep fa3::default_block_n.
+  int block_n_env_ = [] {
+    const char* e = std::getenv("ATTNKIT_FA3_BLOCK_N");
     return e != nullptr ? std::atoi(e) : 0;
   }();
   // ATTNKIT_FA3_OVERLAP=0: the serial per-block schedule instead of the intra-warpgroup overlap.
@@ -301,7 +315,11 @@ Status Fa3Backend::run_wgmma(const TensorView& q, const TensorView& k, const Ten
   p.pingpong = pingpong_ ? 1 : 0;
   p.diag = diag_;
   p.fence_tma = fence_tma_ ? 1 : 0;
-  p.tma_rows = tma_ ? tma_rows_for(p.page_size, ctx_.qk_head_dim) : 0;
+  p.sched = zigzag_ ? 1 : 0;
+  const int block_n = fa3::block_n_supported(ctx_.qk_head_dim, block_n_env_)
+                          ? block_n_env_
+                          : fa3::default_block_n(ctx_.qk_head_dim, p.causal != 0);
+  p.tma_rows = tma_ ? tma_rows_for(p.page_size, block_n) : 0;
   if (p.tma_rows > 0 && (kbuf.stride(2) != 1 || vbuf.stride(2) != 1 ||
                          !encode_pool_map(kbuf, q.dtype, p.tma_rows, &p.tma_k) ||
                          !encode_pool_map(vbuf, q.dtype, p.tma_rows, &p.tma_v))) {
@@ -310,10 +328,11 @@ Status Fa3Backend::run_wgmma(const TensorView& q, const TensorView& k, const Ten
   p.overlap = overlap_ ? 1 : 0;
 
   ++stats_.wgmma_calls;
+  stats_.last_block_n = block_n;
   return dispatch_value<fa3::WgmmaHeadDims>(
       ctx_.qk_head_dim, "fa3: wgmma head_dim", [&]<int kD>() -> Status {
         if constexpr (fa3::wgmma_head_dim_compiled(kD)) {
-          return fa3::run_prefill_sm90<kD>(p, q.dtype, sm_count_, stream);
+          return fa3::run_prefill_sm90<kD>(p, q.dtype, block_n, sm_count_, stream);
         } else {
           return Status::unsupported("fa3: wgmma head_dim " + str(kD) + " is not compiled in");
         }

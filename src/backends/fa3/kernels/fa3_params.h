@@ -16,8 +16,29 @@
 namespace attnkit::fa3 {
 
 inline constexpr int kBlockM = 128;  // query rows per tile (2 consumer warpgroups x 64)
-// Keys per block of the pipeline (d 256 keeps it at 64 for the register budget).
-constexpr int key_block(int head_dim) { return head_dim <= 128 ? 128 : 64; }
+// Keys per block of the pipeline (kBlockN), per head dim: the instantiated kernels are
+//   d 64: 128;  d 128: 128 and 176;  d 256: 64 and 80.
+// The O accumulators (d / 2 per thread), S (kBlockN / 2) and P (kBlockN / 4) share the consumers'
+// 232 registers, so wider key blocks fit at smaller d; 176 and 80 are FlashAttention-3's choices
+// (d 128 non-causal, d 256), with 2 shared-memory stages.
+constexpr bool block_n_supported(int head_dim, int block_n) {
+  switch (head_dim) {
+    case 64:
+      return block_n == 128;
+    case 128:
+      return block_n == 128 || block_n == 176;
+    case 256:
+      return block_n == 64 || block_n == 80;
+    default:
+      return false;
+  }
+}
+// The default key block of head dim d (causal: whether the layer is causal).
+constexpr int default_block_n(int head_dim, bool causal) {
+  if (head_dim == 256) return 80;
+  if (head_dim == 128 && !causal) return 176;
+  return 128;
+}
 
 // Opaque copy of a CUtensorMap (the driver's 128-byte TMA descriptor), so that this header needs
 // no CUDA types; the kernel passes its address to cp.async.bulk.tensor.
@@ -35,15 +56,20 @@ inline constexpr int kTileWords = 2;
 struct Fa3Params {
   // TMA descriptors of this layer's K / V buffers as 3D tensors {D, Hkv, rows} with boxes of
   // {64, 1, tma_rows} in the 128-byte swizzle; tma_rows = 0: every key block is gathered with
-  // cp.async. With tma_rows > 0 (= min(page_size, key block); pages of >= 8 rows that tile the key
-  // block), full key blocks are loaded one page box at a time, the last partial block by cp.async
-  // (its rows past kv_len are zero-filled, never read from the pool).
+  // cp.async. With tma_rows > 0 (power-of-two pages of >= 8 rows: min(page_size, the largest power
+  // of two dividing the key block), so that every box lies in one page), full key blocks are
+  // loaded one box at a time, the last partial block by cp.async (its rows past kv_len are
+  // zero-filled, never read from the pool).
   TmaDesc tma_k, tma_v;
   int tma_rows = 0;
-  // 1: the consumers fence (fence.proxy.async) after every full-barrier wait, TMA blocks too
-  // (measured default); 0: only after blocks gathered by cp.async (TMA writes are already in the
-  // async proxy that wgmma reads). Not yet measured: ATTNKIT_FA3_FENCE_TMA=0 is the A/B knob.
-  int fence_tma = 1;
+  // 0: the consumers fence (fence.proxy.async) only after blocks gathered by cp.async: TMA
+  // writes are async-proxy writes made visible by the mbarrier's completion, which is what wgmma
+  // reads (CUTLASS / FlashAttention-3 fence no TMA tile either); 1: after every full-barrier wait
+  // (ATTNKIT_FA3_FENCE_TMA=1, the A/B knob).
+  int fence_tma = 0;
+  // Persistent schedule (see unit_at in prefill_sm90.cuh): 1 zigzag (default), 0 plain stride
+  // (ATTNKIT_FA3_SCHED=0).
+  int sched = 1;
   // Diagnostics only (wrong results; timing decomposition): bit 1 = the producer loads nothing,
   // 2 = no softmax (P = raw S). (GEMM-off bits are not offered: a branch around a wgmma makes
   // ptxas serialise every wgmma of the kernel.)
