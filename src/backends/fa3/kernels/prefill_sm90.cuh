@@ -353,30 +353,49 @@ struct RowSoftmax {
         }
       }
     }
+    // Both rows at once with independent partial chains (max: 2 per row, sum: 4 per row): the
+    // softmax is one warp's latency-bound sequence on its scheduler while the other warpgroup's
+    // GEMMs run, so the dependent FMNMX / FADD chains are kept short.
+    constexpr int kJ = kN / 8;
+    static_assert(kJ % 2 == 0, "key block: a multiple of 16");
+    float mx[2][2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = kNegInf;
+      mx[h][0] = fmaxf(s[2 * h], s[2 * h + 1]);
+      mx[h][1] = fmaxf(s[4 + 2 * h], s[4 + 2 * h + 1]);
+    }
 #pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
-        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    for (int j = 2; j < kJ; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h][j & 1] = fmaxf(mx[h][j & 1], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
       }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[h], mx * p.scale_log2);
-      const float m_use = m_new == kNegInf ? 0.f : m_new;
-      corr[h] = sm90::exp2_approx(m[h] - m_use);  // m = -inf -> 0
+    }
+    float m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float r = fmaxf(mx[h][0], mx[h][1]);
+      r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 1));
+      r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 2));
+      const float m_new = fmaxf(m[h], r * p.scale_log2);
+      m_use[h] = m_new == kNegInf ? 0.f : m_new;
+      corr[h] = sm90::exp2_approx(m[h] - m_use[h]);  // m = -inf -> 0
       m[h] = m_new;
-      float sum = 0.f;
+    }
+    float sum[2][4] = {};
 #pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
+    for (int j = 0; j < kJ; ++j) {
 #pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          const float v = sm90::exp2_approx(fmaf(s[4 * j + e], p.scale_log2, -m_use));
-          s[4 * j + e] = v;
-          sum += v;
-        }
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        const float v = sm90::exp2_approx(fmaf(s[4 * j + e], p.scale_log2, -m_use[h]));
+        s[4 * j + e] = v;
+        sum[h][(j & 1) * 2 + (e & 1)] += v;
       }
-      l[h] = l[h] * corr[h] + sum;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] = l[h] * corr[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
     }
   }
 };
