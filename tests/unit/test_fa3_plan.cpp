@@ -60,16 +60,13 @@ TEST(Fa3PlanTest, RejectsInconsistentLengths) {
       << plan.status().message();
 }
 
-TEST(Fa3PlanTest, KeyBlockFollowsTheHeadDimAndMask) {
-  EXPECT_EQ(default_block_n(64, true), 128);
-  EXPECT_EQ(default_block_n(64, false), 128);
-  EXPECT_EQ(default_block_n(128, true), 128);
-  EXPECT_EQ(default_block_n(128, false), 176);
-  EXPECT_EQ(default_block_n(256, true), 80);
-  for (int d : {64, 128, 256}) {
-    for (bool causal : {true, false}) EXPECT_TRUE(block_n_supported(d, default_block_n(d, causal)));
-  }
+TEST(Fa3PlanTest, KeyBlockFollowsTheHeadDim) {
+  EXPECT_EQ(default_block_n(64), 128);
+  EXPECT_EQ(default_block_n(128), 128);
+  EXPECT_EQ(default_block_n(256), 80);
+  for (int d : {64, 128, 256}) EXPECT_TRUE(block_n_supported(d, default_block_n(d)));
   EXPECT_TRUE(block_n_supported(256, 64));
+  EXPECT_FALSE(block_n_supported(128, 176));
   EXPECT_FALSE(block_n_supported(128, 80));
   EXPECT_FALSE(block_n_supported(96, 128));
 }

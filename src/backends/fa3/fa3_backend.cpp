@@ -64,9 +64,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // Rows per TMA box for a pool of `page_size` and key blocks of `block_n` (0: gather every block
 // with cp.async). A box is one page, or the largest power of two dividing the key block when that
-// is smaller (128-key blocks: one block of a larger page; 176 / 80: 16 rows), so that a box never
-// crosses a page; pages of fewer than 8 rows would break the 1024-byte alignment of the swizzled
-// destination.
+// is smaller (128-key blocks: one block of a larger page; 80-key blocks: 16 rows), so that a box
+// never crosses a page; pages of fewer than 8 rows would break the 1024-byte alignment of the
+// swizzled destination.
 int tma_rows_for(int page_size, int block_n) {
   constexpr int kMinRows = 8;
   const bool pow2 = page_size > 0 && (page_size & (page_size - 1)) == 0;
@@ -178,11 +178,10 @@ class Fa3Backend final : public AttentionBackend {
     const char* e = std::getenv("ATTNKIT_FA3_TMA");
     return e == nullptr || std::string(e) != "0";
   }();
-  // ATTNKIT_FA3_FENCE_TMA=1: a proxy fence after TMA-loaded blocks too (see
-  // Fa3Params::fence_tma).
+  // ATTNKIT_FA3_FENCE_TMA=0: no proxy fence after TMA-loaded blocks (see Fa3Params::fence_tma).
   bool fence_tma_ = [] {
     const char* e = std::getenv("ATTNKIT_FA3_FENCE_TMA");
-    return e != nullptr && std::string(e) == "1";
+    return e == nullptr || std::string(e) != "0";
   }();
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   int diag_ = [] {
@@ -318,7 +317,7 @@ Status Fa3Backend::run_wgmma(const TensorView& q, const TensorView& k, const Ten
   p.sched = zigzag_ ? 1 : 0;
   const int block_n = fa3::block_n_supported(ctx_.qk_head_dim, block_n_env_)
                           ? block_n_env_
-                          : fa3::default_block_n(ctx_.qk_head_dim, p.causal != 0);
+                          : fa3::default_block_n(ctx_.qk_head_dim);
   p.tma_rows = tma_ ? tma_rows_for(p.page_size, block_n) : 0;
   if (p.tma_rows > 0 && (kbuf.stride(2) != 1 || vbuf.stride(2) != 1 ||
                          !encode_pool_map(kbuf, q.dtype, p.tma_rows, &p.tma_k) ||

@@ -7,7 +7,7 @@
 // (kernels/prefill_sm90.cuh): TMA page boxes or a cp.async page-table gather into a swizzled
 // shared-memory ring, mbarrier pipeline, two consumer warpgroups with wgmma QK^T and register-A
 // P.V, causal block skipping, persistent zigzag grid over longest-first tiles; key blocks of 128
-// (d 64, causal d 128), 176 (bidirectional d 128) or 80 (d 256). Everything else -- decode, target
+// (d 64 / 128) or 80 (d 256). Everything else -- decode, target
 // verify, window / soft-cap / sinks, fp8 KV, head dims 80 / 96, encoder batches, MLA, SM80, CUDA
 // graphs -- runs on an owned `flashinfer` backend (mma.sync tensor-core kernels, which themselves
 // hand MLA, f32 and encoder batches to the portable triton kernels). fa3_stats() says which path

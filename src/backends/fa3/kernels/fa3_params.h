@@ -17,28 +17,24 @@ namespace attnkit::fa3 {
 
 inline constexpr int kBlockM = 128;  // query rows per tile (2 consumer warpgroups x 64)
 // Keys per block of the pipeline (kBlockN), per head dim: the instantiated kernels are
-//   d 64: 128;  d 128: 128 and 176;  d 256: 64 and 80.
+//   d 64: 128;  d 128: 128;  d 256: 80 (default) and 64.
 // The O accumulators (d / 2 per thread), S (kBlockN / 2) and P (kBlockN / 4) share the consumers'
-// 232 registers, so wider key blocks fit at smaller d; 176 and 80 are FlashAttention-3's choices
-// (d 128 non-causal, d 256), with 2 shared-memory stages.
+// 232 registers. d 256: 80 keys (2 shared-memory stages, FlashAttention-3's choice) measured 1.14x
+// the 64-key block (docs/perf/fa3_notes.md, 2026-11-22 05:31Z). A 176-key block for
+// bidirectional d 128 (2 stages) measured 0.66-0.77x the 128-key block (3 stages) and was dropped.
 constexpr bool block_n_supported(int head_dim, int block_n) {
   switch (head_dim) {
     case 64:
-      return block_n == 128;
     case 128:
-      return block_n == 128 || block_n == 176;
+      return block_n == 128;
     case 256:
       return block_n == 64 || block_n == 80;
     default:
       return false;
   }
 }
-// The default key block of head dim d (causal: whether the layer is causal).
-constexpr int default_block_n(int head_dim, bool causal) {
-  if (head_dim == 256) return 80;
-  if (head_dim == 128 && !causal) return 176;
-  return 128;
-}
+// The default key block of head dim d.
+constexpr int default_block_n(int head_dim) { return head_dim == 256 ? 80 : 128; }
 
 // Opaque copy of a CUtensorMap (the driver's 128-byte TMA descriptor), so that this header needs
 // no CUDA types; the kernel passes its address to cp.async.bulk.tensor.
@@ -62,11 +58,13 @@ struct Fa3Params {
   // zero-filled, never read from the pool).
   TmaDesc tma_k, tma_v;
   int tma_rows = 0;
-  // 0: the consumers fence (fence.proxy.async) only after blocks gathered by cp.async: TMA
-  // writes are async-proxy writes made visible by the mbarrier's completion, which is what wgmma
-  // reads (CUTLASS / FlashAttention-3 fence no TMA tile either); 1: after every full-barrier wait
-  // (ATTNKIT_FA3_FENCE_TMA=1, the A/B knob).
-  int fence_tma = 0;
+  // 1: the consumers fence (fence.proxy.async) after every full-barrier wait, TMA blocks too; 0:
+  // only after blocks gathered by cp.async (TMA writes are async-proxy writes made visible by the
+  // mbarrier's completion, which is what wgmma reads; CUTLASS / FlashAttention-3 fence no TMA
+  // tile). Both are correct; 1 measured 1-6% faster at 3 of 4 shapes in one run (cause not
+  // understood, see docs/perf/fa3_notes.md), so it is the default; ATTNKIT_FA3_FENCE_TMA=0 is the
+  // A/B knob.
+  int fence_tma = 1;
   // Persistent schedule (see unit_at in prefill_sm90.cuh): 1 zigzag (default), 0 plain stride
   // (ATTNKIT_FA3_SCHED=0).
   int sched = 1;

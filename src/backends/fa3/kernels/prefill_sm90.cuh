@@ -45,7 +45,7 @@ struct PrefillTraits {
   static constexpr int kKVBytes = kBlockN * kD * 2;
   static constexpr int kAlign = 1024;
   // As many stages as fit in the 227 KB a block may opt into (at most 3): d 128 / N 128: Q 32 KB
-  // + 3 x 64 KB; d 128 / N 176 and d 256: 2.
+  // + 3 x 64 KB; d 256 / N 80: Q 64 KB + 2 x 80 KB.
   static constexpr int kSmemLimit = 227 * 1024;
   static constexpr int kStagesFit = (kSmemLimit - kAlign - 256 - kQBytes) / (2 * kKVBytes);
   static constexpr int kStages = kStagesFit > 3 ? 3 : kStagesFit;

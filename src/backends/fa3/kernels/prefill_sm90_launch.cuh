@@ -29,9 +29,7 @@ Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream
 
 // Key blocks instantiated per head dim (block_n_supported in fa3_params.h says the same).
 template <int kD>
-using BlockNs =
-    std::conditional_t<kD == 64, ValueList<128>,
-                       std::conditional_t<kD == 128, ValueList<128, 176>, ValueList<64, 80>>>;
+using BlockNs = std::conditional_t<kD == 256, ValueList<80, 64>, ValueList<128>>;
 
 template <int kD>
 Status launch_prefill_sm90_n(const Fa3Params& p, DType q_dtype, int block_n, int sm_count,
@@ -48,7 +46,7 @@ Status launch_prefill_sm90_n(const Fa3Params& p, DType q_dtype, int block_n, int
 template <int kD>
 bool available_impl() {
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, prefill_sm90_kernel<kD, default_block_n(kD, true), true>) !=
+  if (cudaFuncGetAttributes(&attr, prefill_sm90_kernel<kD, default_block_n(kD), true>) !=
       cudaSuccess) {
     (void)cudaGetLastError();
     return false;
