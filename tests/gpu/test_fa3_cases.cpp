@@ -61,10 +61,14 @@ int expected_block_n(const CaseSpec& s) {
   return fa3::default_block_n(s.head_dim);
 }
 
-void run_and_compare(const CaseSpec& spec, bool save_kv) {
-  SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv"));
+// logit_mult scales every layer's softmax scaling (kernel and reference alike): large logits make
+// the running row maximum jump between key blocks (the O-rescale paths).
+void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f) {
+  SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv") + " logit x" +
+               std::to_string(logit_mult));
   Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
   ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  for (harness::LayerData& ld : pc->layers) ld.layer.scaling *= logit_mult;
   Result<std::unique_ptr<AttentionBackend>> backend = create_fa3_backend(pc->context());
   ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
   const Status run = harness::run_backend(**backend, *pc, save_kv);
@@ -148,6 +152,16 @@ TEST(Fa3LongTest, BidirectionalAndF16) {
   run_and_compare(c, true);
   c.head_dim = c.v_head_dim = 256;
   run_and_compare(c, false);
+}
+
+TEST(Fa3LongTest, LargeLogitsRescaleAcrossBlocks) {
+  // Logits of standard deviation ~12: block maxima differ by far more than the lazy-rescale
+  // threshold (8 in log2 units), so both the kept-maximum and the raised-maximum paths run.
+  run_and_compare(prefill("large_logits", {200, 0}, {600, 300}, 16, 8, 2, 128), true, 12.f);
+  CaseSpec c = prefill("large_logits_encoder", {0}, {500}, 64, 4, 1, 128);
+  c.type = AttentionType::kEncoderOnly;
+  run_and_compare(c, true, 12.f);
+  run_and_compare(prefill("large_logits_d256", {100}, {300}, 16, 4, 2, 256), true, 12.f);
 }
 
 // ---- CUDA graphs (decode, delegated): replay equals eager bit for bit ----

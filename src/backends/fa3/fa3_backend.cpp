@@ -199,6 +199,11 @@ class Fa3Backend final : public AttentionBackend {
     const char* e = std::getenv("ATTNKIT_FA3_BLOCK_N");
     return e != nullptr ? std::atoi(e) : 0;
   }();
+  // ATTNKIT_FA3_LAZY_RESCALE=1: lazy O rescale (see Fa3Params::lazy_rescale).
+  bool lazy_rescale_ = [] {
+    const char* e = std::getenv("ATTNKIT_FA3_LAZY_RESCALE");
+    return e != nullptr && std::string(e) == "1";
+  }();
   // ATTNKIT_FA3_OVERLAP=0: the serial per-block schedule instead of the intra-warpgroup overlap.
   bool overlap_ = [] {
     const char* e = std::getenv("ATTNKIT_FA3_OVERLAP");
@@ -325,6 +330,7 @@ Status Fa3Backend::run_wgmma(const TensorView& q, const TensorView& k, const Ten
     p.tma_rows = 0;  // the cp.async gather serves every block
   }
   p.overlap = overlap_ ? 1 : 0;
+  p.lazy_rescale = lazy_rescale_ ? 1 : 0;
 
   ++stats_.wgmma_calls;
   stats_.last_block_n = block_n;

@@ -100,6 +100,10 @@ struct Fa3Params {
   int causal = 1;          // 1: key k visible when k <= query position; 0: every key
   int pingpong = 1;        // 1: the consumer warpgroups alternate their GEMMs (named barriers)
   int overlap = 1;         // 1: softmax of block n overlaps the P V GEMM of block n + 1
+  // 1: lazy O rescale (ATTNKIT_FA3_LAZY_RESCALE=1; not yet measured or device-tested): the row
+  // maximum is raised only when it grows by more than 8 (log2), and O *= corr is skipped when no
+  // row of the warp changed it.
+  int lazy_rescale = 0;
 };
 
 }  // namespace attnkit::fa3

@@ -323,6 +323,16 @@ struct ConsumerCtx {
   }
 };
 
+// Lazy rescale threshold (log2 units): the running maximum is raised only when a block's maximum
+// exceeds it by more than this (FlashAttention-4's conditional rescaling).
+inline constexpr float kLazyRescaleLog2 = 8.f;
+
+// O *= corr, skipped with p.lazy_rescale when no row of the warp changed its maximum (corr == 1
+// for all: exact; a warp-uniform branch, no wgmma inside).
+template <int kD>
+__device__ __forceinline__ void rescale_o_if_needed(float (&o)[kD / 2], const float (&corr)[2],
+                                                    int lazy);
+
 // Online-softmax state of this thread's two rows (r, r + 8), exp2 domain.
 template <typename Tr, bool kBf16>
 struct RowSoftmax {
@@ -377,9 +387,14 @@ struct RowSoftmax {
       float r = fmaxf(mx[h][0], mx[h][1]);
       r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 1));
       r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 2));
-      const float m_new = fmaxf(m[h], r * p.scale_log2);
+      const float m_cand = fmaxf(m[h], r * p.scale_log2);
+      // Lazy rescale (p.lazy_rescale): keep the running maximum while the block's maximum exceeds
+      // it by at most kLazyRescaleLog2 (P <= 2^8 then; O, l and the LSE use the same maximum, so
+      // the result is exact after the final normalisation).
+      const bool keep = p.lazy_rescale != 0 && m[h] != kNegInf && m_cand - m[h] <= kLazyRescaleLog2;
+      const float m_new = keep ? m[h] : m_cand;
       m_use[h] = m_new == kNegInf ? 0.f : m_new;
-      corr[h] = sm90::exp2_approx(m[h] - m_use[h]);  // m = -inf -> 0
+      corr[h] = keep ? 1.f : sm90::exp2_approx(m[h] - m_use[h]);  // m = -inf -> 0
       m[h] = m_new;
     }
     float sum[2][4] = {};
@@ -421,6 +436,13 @@ __device__ __forceinline__ void rescale_o(float (&o)[kD / 2], const float (&corr
     o[4 * j + 2] *= corr[1];
     o[4 * j + 3] *= corr[1];
   }
+}
+
+template <int kD>
+__device__ __forceinline__ void rescale_o_if_needed(float (&o)[kD / 2], const float (&corr)[2],
+                                                    int lazy) {
+  if (lazy != 0 && __all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) return;
+  rescale_o<kD>(o, corr);
 }
 
 template <typename Tr, bool kBf16>
@@ -503,7 +525,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         fence_regs(o);
         mbar_arrive(c.empty(stage_c));
         pack_p<kN, kBf16>(s, pa);
-        rescale_o<kD>(o, corr);
+        rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
         it_c = it_n;
       }
       const int stage_c = it_c % Tr::kStages;
@@ -533,7 +555,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         if (nb == 0) mbar_arrive(q_empty);  // the tile's last read of Q
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         pack_p<kN, kBf16>(s, pa);
-        rescale_o<kD>(o, corr);
+        rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
         c.wait_full(c.v_full(stage), it, fence_for(nb));
         fence_regs(o);
         c.turn_wait();
