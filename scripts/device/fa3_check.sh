@@ -10,7 +10,8 @@
 #   another, "default" = none; "ENV=VALUE@filter" times only the cases whose name contains
 #   filter), DIAG_VARIANTS (ATTNKIT_FA3_DIAG bit sets timed at S 8k d 128), BENCH_OTHERS (other
 #   backends at S 8k; "" = none), BENCH_TIMEOUT=60, NCU_FILTER (case of the ncu stage: one launch
-#   of fa3 under Nsight Compute, --clock-control none).
+#   of fa3 under Nsight Compute, --clock-control none), NCU_ARGS (extra ncu arguments, e.g.
+#   "--section SourceCounters --print-details all"), NCU_TIMEOUT=60.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -97,9 +98,10 @@ if has_stage ncu && [ -x "$cli" ]; then
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   if [ -n "$ncu_bin" ]; then
     t0=$(date +%s)
+    # shellcheck disable=SC2086
     timeout "${NCU_TIMEOUT:-60}" "$ncu_bin" --clock-control none -k regex:prefill_sm90 -c 1 \
       --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis ${NCU_ARGS:-} \
       "$cli" bench --cases bench/cases/fa3_prefill.json --device cuda --warmup 0 --iters 1 \
       --backend fa3 --filter "${NCU_FILTER:-new8192_p16_h32x8_d128_kvbf16}" > "$OUT/ncu.log" 2>&1
     note "ncu: rc=$? in $(( $(date +%s) - t0 )) s"
