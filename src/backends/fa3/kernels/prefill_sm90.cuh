@@ -579,13 +579,15 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       const int token = t.m0 + row0 + 8 * h;
       if (token < t.q_len) {
         const int64_t trow = t.q_start + token;
-        auto* out = static_cast<uint32_t*>(p.out);
-        const int64_t obase =
-            (trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) / 2;
+        // One base address per row (element offsets are even and non-negative: 16-byte aligned
+        // rows), then column pairs 8j + 2 (lane % 4) at compile-time offsets.
+        uint32_t* dst =
+            static_cast<uint32_t*>(p.out) +
+            ((trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) >> 1) +
+            lane % 4;
 #pragma unroll
         for (int j = 0; j < kD / 8; ++j) {
-          const int col = 8 * j + 2 * (lane % 4);
-          out[obase + col / 2] = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+          dst[4 * j] = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
         }
         if (p.lse != nullptr && lane % 4 == 0) {
           constexpr float kLn2 = 0.693147180559945309f;
