@@ -579,6 +579,23 @@ const std::vector<CaseSpec>& shared_case_table() {
       mla(c, 128, true);
       c.kv_dtype = DType::kFP8E4M3;
     }
+    // Absorbed MLA extend over quantised latent caches (`flashmla` / `cutlass_mla` decode fp8 on
+    // their engines and send extend to the portable kernels; fp4 is portable throughout).
+    {
+      CaseSpec& c = add("mla_extend_fp8_e4m3_page64", M::kExtend, 64, {70, 0, 130}, {9, 33, 1});
+      mla(c, 16, true);
+      c.kv_dtype = DType::kFP8E4M3;
+    }
+    {
+      CaseSpec& c = add("mla_extend_fp4_page64", M::kExtend, 64, {70, 0}, {9, 33});
+      mla(c, 16, true);
+      c.kv_dtype = DType::kFP4E2M1;
+    }
+    {
+      CaseSpec& c = add("mla_extend_fp8_e4m3_page128", M::kExtend, 128, {200, 5}, {17, 4});
+      mla(c, 16, true);
+      c.kv_dtype = DType::kFP8E4M3;
+    }
     return t;
   }();
   return table;
