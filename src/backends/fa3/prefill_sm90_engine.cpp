@@ -57,19 +57,6 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// Rows per TMA box for a pool of `page_size` and key blocks of `block_n` (0: gather every block
-// with cp.async). A box is one page, or the largest power of two dividing the key block when that
-// is smaller (128-key blocks: one block of a larger page; 80-key blocks: 16 rows), so that a box
-// never crosses a page; pages of fewer than 8 rows would break the 1024-byte alignment of the
-// swizzled destination.
-int tma_rows_for(int page_size, int block_n) {
-  constexpr int kMinRows = 8;
-  const bool pow2 = page_size > 0 && (page_size & (page_size - 1)) == 0;
-  if (!pow2 || page_size < kMinRows) return 0;
-  const int rows = std::min(page_size, block_n & -block_n);
-  return rows >= kMinRows ? rows : 0;
-}
-
 // Encodes buf [rows, Hkv, D] (strides in elements) as a 3D map {D, Hkv, rows}, box {64, 1, rows}.
 bool encode_pool_map(const TensorView& buf, DType dtype, int box_rows, TmaDesc* out) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();

@@ -36,6 +36,28 @@ constexpr bool block_n_supported(int head_dim, int block_n) {
 // The default key block of head dim d.
 constexpr int default_block_n(int head_dim) { return head_dim == 256 ? 80 : 128; }
 
+// Rows per TMA box for a pool of `page_size` and key blocks of `block_n` (0: gather every block
+// with cp.async). A box is one page, or the largest power of two dividing the key block when that
+// is smaller (128-key blocks: one block of a larger page; 80-key blocks: 16 rows), so that a box
+// never crosses a page; pages of fewer than 8 rows (or not a power of two) would break the
+// 1024-byte alignment of the swizzled destination.
+constexpr int tma_rows_for(int page_size, int block_n) {
+  constexpr int kMinRows = 8;
+  const bool pow2 = page_size > 0 && (page_size & (page_size - 1)) == 0;
+  if (!pow2 || page_size < kMinRows) return 0;
+  const int block_pow2 = block_n & -block_n;
+  const int rows = page_size < block_pow2 ? page_size : block_pow2;
+  return rows >= kMinRows ? rows : 0;
+}
+
+// The persistent schedule: the work unit CTA `cta` of `grid` takes in round `round` (units are
+// sorted longest-first by the planner). zigzag: even rounds go 0..grid-1, odd rounds back, so the
+// CTA that got a round's longest unit gets the next round's shortest; else a plain stride. A CTA
+// stops at its first unit >= the unit count (later rounds only hold larger indices).
+constexpr int schedule_unit(int round, int cta, int grid, bool zigzag) {
+  return round * grid + ((zigzag && (round & 1)) ? grid - 1 - cta : cta);
+}
+
 // Opaque copy of a CUtensorMap (the driver's 128-byte TMA descriptor), so that this header needs
 // no CUDA types; the kernel passes its address to cp.async.bulk.tensor.
 struct alignas(64) TmaDesc {

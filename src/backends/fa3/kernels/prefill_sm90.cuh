@@ -69,12 +69,10 @@ struct PrefillTraits {
   static constexpr int kQPasses = kBlockM * kChunksPerRow / 128;
 };
 
-// The persistent schedule: CTA b takes unit round * G + b in even rounds and round * G + (G - 1 -
-// b) in odd rounds when p.sched == 1 (zigzag: with units sorted longest-first, the CTA that got
-// the longest unit of one round gets the shortest of the next), round * G + b otherwise.
+// This CTA's work unit in `round` (schedule_unit in fa3_params.h; p.sched 1: zigzag).
 __device__ __forceinline__ int unit_at(const Fa3Params& p, int round) {
-  const int g = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
-  return round * g + ((p.sched == 1 && (round & 1)) ? g - 1 - b : b);
+  return schedule_unit(round, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+                       p.sched == 1);
 }
 
 // One work unit's geometry, decoded identically by producer and consumers.
