@@ -15,6 +15,7 @@
 #   STAGES="build test bench peers"   which stages to run
 #   BENCH_FILTER=""         passed to attnkit bench --filter
 #   CTEST_REGEX=""          passed to ctest -R
+#   CTEST_JOBS=4            ctest -j
 #   BENCH_VERIFY=0          1: attnkit bench --verify (fp64 reference per case; slow for big cases)
 #   BENCH_TIMEOUT=240       seconds per case file
 #   BENCH_QUICK=0           1: scripts/device/triton_{decode,extend}_quick.json
@@ -74,7 +75,7 @@ fi
 
 if has_stage test; then
   t0=$(date +%s)
-  args=(-L gpu --output-on-failure --timeout 300 -j4)
+  args=(-L gpu --output-on-failure --timeout 300 -j"${CTEST_JOBS:-4}")
   [ -n "${CTEST_REGEX:-}" ] && args+=(-R "$CTEST_REGEX")
   ctest --test-dir "$build" "${args[@]}" > "$OUT/ctest.log" 2>&1
   rc=$?

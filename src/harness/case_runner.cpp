@@ -9,6 +9,7 @@
 #include <ostream>
 #include <random>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "backends/torch_native/torch_native_backend.h"
@@ -100,6 +101,9 @@ Result<TensorView> upload(std::vector<Buffer>& storage, Device device, DType dty
 Result<TensorView> upload_floats(std::vector<Buffer>& storage, Device device, DType dtype,
                                  const std::vector<int64_t>& shape,
                                  const std::vector<float>& values) {
+  if (dtype == DType::kF32) {  // the history K/V of big benchmark cases: no per-element convert
+    return upload_bytes(storage, device, dtype, shape, values.data());
+  }
   std::vector<uint8_t> bytes(static_cast<size_t>(dtype_storage_bytes(dtype, numel_of(shape))));
   for (size_t i = 0; i < values.size(); ++i) {
     store_from_float(bytes.data(), dtype, static_cast<int64_t>(i), values[i]);
@@ -111,6 +115,50 @@ std::vector<float> normal_values(std::mt19937_64& rng, int64_t n, float mean = 0
   std::normal_distribution<float> dist(mean, 1.f);
   std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// splitmix64: the counter-based mixer behind fast_normal_values.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// N(mean, 1) values from a counter-based generator (Box-Muller over splitmix64 of seed + index),
+// filled by all hardware threads: the same values for a seed on every machine and thread count,
+// at a small fraction of std::normal_distribution's cost. For benchmark inputs of hundreds of
+// millions of values (PrepareOptions::fast_inputs); the tests keep normal_values.
+std::vector<float> fast_normal_values(uint64_t seed, int64_t n, float mean = 0.f) {
+  std::vector<float> v(static_cast<size_t>(n));
+  constexpr double kTwoPi = 6.283185307179586;
+  constexpr double kUnit = 1.0 / 9007199254740992.0;  // 2^-53
+  auto fill = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin & ~int64_t{1}; i < end; i += 2) {
+      const uint64_t bits = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(i)));
+      const uint64_t bits2 = splitmix64(bits);
+      const double u1 = (static_cast<double>(bits >> 11) + 1.0) * kUnit;  // (0, 1]
+      const double u2 = static_cast<double>(bits2 >> 11) * kUnit;
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      if (i >= begin)
+        v[static_cast<size_t>(i)] = mean + static_cast<float>(r * std::cos(kTwoPi * u2));
+      if (i + 1 < end) {
+        v[static_cast<size_t>(i + 1)] = mean + static_cast<float>(r * std::sin(kTwoPi * u2));
+      }
+    }
+  };
+  constexpr int64_t kPerThread = int64_t{1} << 20;
+  const int64_t threads =
+      std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), n / kPerThread + 1);
+  if (threads <= 1) {
+    fill(0, n);
+    return v;
+  }
+  std::vector<std::thread> pool;
+  const int64_t chunk = ((n + threads - 1) / threads + 1) & ~int64_t{1};  // even boundaries
+  for (int64_t b = 0; b < n; b += chunk) pool.emplace_back(fill, b, std::min(n, b + chunk));
+  for (std::thread& th : pool) th.join();
   return v;
 }
 
@@ -776,6 +824,11 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
   const bool quantised = is_quantised(spec.kv_dtype);
   for (int l = 0; l < options.num_layers; ++l) {
     std::mt19937_64 lrng(spec.seed + kSeedStride * static_cast<uint64_t>(l + 1));
+    // Benchmarks draw their (large) inputs from the counter-based generator, seeded from lrng.
+    auto normals = [&](int64_t n, float mean = 0.f) {
+      return options.fast_inputs ? fast_normal_values(lrng(), n, mean)
+                                 : normal_values(lrng, n, mean);
+    };
     LayerData ld;
     AttentionLayer& layer = ld.layer;
     layer.layer_id = l;
@@ -799,7 +852,7 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
     if (spec.sinks) {
       ATTNKIT_ASSIGN_OR_RETURN(layer.sinks,
                                upload_floats(pc.storage, device, DType::kF32, {spec.num_q_heads},
-                                             normal_values(lrng, spec.num_q_heads, 1.f)));
+                                             normals(spec.num_q_heads, 1.f)));
     }
     ld.save_kv_allowed = !layer.is_cross_attention && !mla_prefill;
 
@@ -808,13 +861,12 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
       ATTNKIT_ASSIGN_OR_RETURN(
           TensorView hk,
           upload_floats(pc.storage, device, DType::kF32, {n_hist, hist_heads, hist_k_dim},
-                        normal_values(lrng, n_hist * hist_heads * hist_k_dim)));
+                        normals(n_hist * hist_heads * hist_k_dim)));
       TensorView hv;
       if (!spec.mla) {
-        ATTNKIT_ASSIGN_OR_RETURN(
-            hv,
-            upload_floats(pc.storage, device, DType::kF32, {n_hist, hist_heads, spec.v_head_dim},
-                          normal_values(lrng, n_hist * hist_heads * spec.v_head_dim)));
+        ATTNKIT_ASSIGN_OR_RETURN(hv, upload_floats(pc.storage, device, DType::kF32,
+                                                   {n_hist, hist_heads, spec.v_head_dim},
+                                                   normals(n_hist * hist_heads * spec.v_head_dim)));
       }
       ATTNKIT_RETURN_IF_ERROR(
           pc.kv_pool->set_kv(l, hist_loc, hk, hv, layer.k_scale, layer.v_scale, nullptr));
@@ -823,8 +875,8 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
     // New tokens.
     ATTNKIT_ASSIGN_OR_RETURN(
         ld.q, upload_floats(pc.storage, device, spec.q_dtype, {t, spec.num_q_heads, spec.head_dim},
-                            normal_values(lrng, t * spec.num_q_heads * spec.head_dim)));
-    const std::vector<float> kvals = normal_values(lrng, t * spec.num_kv_heads * spec.head_dim);
+                            normals(t * spec.num_q_heads * spec.head_dim)));
+    const std::vector<float> kvals = normals(t * spec.num_kv_heads * spec.head_dim);
     ATTNKIT_ASSIGN_OR_RETURN(ld.k, upload_floats(pc.storage, device, spec.q_dtype,
                                                  {t, spec.num_kv_heads, spec.head_dim}, kvals));
     std::vector<float> vvals;
@@ -834,7 +886,7 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
                      kvals.begin() + i * spec.head_dim + spec.v_head_dim);
       }
     } else {
-      vvals = normal_values(lrng, t * spec.num_kv_heads * spec.v_head_dim);
+      vvals = normals(t * spec.num_kv_heads * spec.v_head_dim);
     }
     ATTNKIT_ASSIGN_OR_RETURN(ld.v, upload_floats(pc.storage, device, spec.q_dtype,
                                                  {t, spec.num_kv_heads, spec.v_head_dim}, vvals));

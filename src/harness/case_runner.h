@@ -106,6 +106,7 @@ struct PrepareOptions {
   bool poison = true;         // NaN-fill outputs, lse and the whole pool before writing history
   bool snapshot_pool = true;  // keep a host copy of the pool to detect stray writes
   int spare_pages = 3;        // allocated-but-unused pages mixed into the page tables' range
+  bool fast_inputs = false;   // counter-based, multi-threaded random inputs (bench: big cases)
 };
 
 // Everything one layer call needs; tensors live on PreparedCase::device.

@@ -35,6 +35,7 @@
 #include "backends/triton/kernels/triton_kernels.h"
 #include "backends/triton/triton_backend.h"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/decode_tuning.h"
 #include "cuda/common/device_attributes.h"
 #include "cuda/common/dispatch.h"
 #include "cuda/common/metadata_kernels.h"
@@ -212,7 +213,7 @@ class FlashInferBackend final : public AttentionBackend {
     c.shape = shape;
     c.num_kv_heads = ctx_.num_kv_heads;
     c.group = ctx_.num_q_heads / ctx_.num_kv_heads;
-    c.target_ctas = flashinfer::kTargetCtasPerSm * sm_count_;
+    c.target_ctas = cuda::decode_blocks_per_sm(flashinfer::kTargetCtasPerSm) * sm_count_;
     c.allow_split = allow_split;
     return c;
   }
@@ -489,6 +490,14 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   if (plan_.split) ++stats_.split_calls;
   const int grid = plan_.grid_items;
   const TileShape shape = plan_.shape;
+  if (shape == TileShape::kDecode) {
+    const int64_t row_bytes = std::max(dtype_storage_bytes(kv_dtype, kbuf.stride(0)),
+                                       dtype_storage_bytes(kv_dtype, vbuf.stride(0)));
+    if (row_bytes >= (int64_t{1} << 32)) {
+      return Status::unsupported("flashinfer: KV pool rows of " + str(row_bytes) +
+                                 " bytes; the decode kernel takes row strides below 4 GiB");
+    }
+  }
   return dispatch_value<flashinfer::NativeHeadDims>(
       ctx_.qk_head_dim, "flashinfer: head_dim", [&]<int kD>() -> Status {
         if constexpr (!flashinfer::head_dim_compiled(kD)) {
