@@ -180,7 +180,8 @@ BackendDescriptor fa3() {
       "SM90: warp-specialised wgmma prefill/extend (TMA page boxes for pages of >= 8 rows, "
       "cp.async page gather otherwise, into a 128B-swizzled mbarrier ring; 2 consumer warpgroups, "
       "ping-pong + softmax/P.V overlap, P.V from registers, causal block skip, persistent "
-      "longest-first) for bf16/f16 MHA d 64/128/256, causal or bidirectional, without "
+      "zigzag over longest-first tiles, key blocks of 128 / 80 at d 256) for bf16/f16 MHA d "
+      "64/128/256, causal or bidirectional, without "
       "window/soft-cap/sinks/fp8 KV; decode, target verify, those features, d 80/96, "
       "cross-attention, SM80 and CUDA graphs run the flashinfer mma.sync kernels; MLA runs the "
       "portable triton kernels and flashinfer's MLA chunked prefix cache",

@@ -96,6 +96,7 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
                                         layer.v_scale, stream));
   }
   ++stats_.wgmma_calls;
+  stats_.last_block_n = wgmma_->block_n();
   return wgmma_->run(q, out, lse, layer, batch, stream);
 }
 

@@ -57,17 +57,6 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// Rows per TMA box for a pool of `page_size` (0: gather every block with cp.async). A box is one
-// page (or one key block of a larger page); pages of fewer than 8 rows would break the 1024-byte
-// alignment of the swizzled destination, and pages must tile the key block.
-int tma_rows_for(int page_size, int head_dim) {
-  constexpr int kMinRows = 8;
-  const int block = key_block(head_dim);
-  const bool pow2 = page_size > 0 && (page_size & (page_size - 1)) == 0;
-  if (!pow2 || page_size < kMinRows) return 0;
-  return std::min(page_size, block);
-}
-
 // Encodes buf [rows, Hkv, D] (strides in elements) as a 3D map {D, Hkv, rows}, box {64, 1, rows}.
 bool encode_pool_map(const TensorView& buf, DType dtype, int box_rows, TmaDesc* out) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -134,6 +123,12 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->tma_ = env_on("ATTNKIT_FA3_TMA");
   e->fence_tma_ = env_on("ATTNKIT_FA3_FENCE_TMA");
   e->overlap_ = env_on("ATTNKIT_FA3_OVERLAP");
+  e->zigzag_ = env_on("ATTNKIT_FA3_SCHED");
+  const char* lazy = std::getenv("ATTNKIT_FA3_LAZY_RESCALE");
+  e->lazy_rescale_ = lazy != nullptr && std::string(lazy) == "1";
+  const char* block_n = std::getenv("ATTNKIT_FA3_BLOCK_N");
+  const int want = block_n != nullptr ? std::atoi(block_n) : 0;
+  e->block_n_ = block_n_supported(ctx.qk_head_dim, want) ? want : default_block_n(ctx.qk_head_dim);
   const char* diag = std::getenv("ATTNKIT_FA3_DIAG");
   e->diag_ = diag != nullptr ? std::atoi(diag) : 0;
   return e;
@@ -233,7 +228,9 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   p.pingpong = pingpong_ ? 1 : 0;
   p.diag = diag_;
   p.fence_tma = fence_tma_ ? 1 : 0;
-  p.tma_rows = tma_ ? tma_rows_for(p.page_size, ctx_.qk_head_dim) : 0;
+  p.sched = zigzag_ ? 1 : 0;
+  p.lazy_rescale = lazy_rescale_ ? 1 : 0;
+  p.tma_rows = tma_ ? tma_rows_for(p.page_size, block_n_) : 0;
   if (p.tma_rows > 0 && (kbuf.stride(2) != 1 || vbuf.stride(2) != 1 ||
                          !encode_pool_map(kbuf, q.dtype, p.tma_rows, &p.tma_k) ||
                          !encode_pool_map(vbuf, q.dtype, p.tma_rows, &p.tma_v))) {
@@ -243,7 +240,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   return dispatch_value<WgmmaHeadDims>(
       ctx_.qk_head_dim, "wgmma prefill: head_dim", [&]<int kD>() -> Status {
         if constexpr (wgmma_head_dim_compiled(kD)) {
-          return run_prefill_sm90<kD>(p, q.dtype, sm_count_, stream);
+          return run_prefill_sm90<kD>(p, q.dtype, block_n_, sm_count_, stream);
         } else {
           return Status::unsupported("wgmma prefill: head_dim " + str(kD) + " is not compiled in");
         }

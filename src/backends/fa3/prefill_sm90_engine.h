@@ -46,6 +46,9 @@ class PrefillSm90Engine {
   // Runs one layer (why_not_layer must be ""): the pool already holds every key.
   Status run(const TensorView& q, const TensorView& out, const TensorView& lse,
              const AttentionLayer& layer, const ForwardBatch& batch, StreamHandle stream);
+  // Keys per block of the kernel this engine launches (default_block_n of the head dim, or
+  // ATTNKIT_FA3_BLOCK_N where block_n_supported).
+  int block_n() const { return block_n_; }
 
  private:
   PrefillSm90Engine(const BackendContext& ctx, int sm_count) : ctx_(ctx), sm_count_(sm_count) {}
@@ -55,11 +58,17 @@ class PrefillSm90Engine {
   // A/B knobs (environment, read once per engine): ATTNKIT_FA3_PINGPONG=0 (no GEMM alternation of
   // the consumer warpgroups), ATTNKIT_FA3_TMA=0 (cp.async gathers for every key block),
   // ATTNKIT_FA3_FENCE_TMA=0 (no proxy fence after TMA blocks), ATTNKIT_FA3_OVERLAP=0 (serial
-  // schedule), ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
+  // schedule), ATTNKIT_FA3_SCHED=0 (plain-stride persistent schedule instead of the zigzag),
+  // ATTNKIT_FA3_LAZY_RESCALE=1 (lazy O rescale, Fa3Params::lazy_rescale),
+  // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
+  // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   bool pingpong_ = true;
   bool tma_ = true;
   bool fence_tma_ = true;
   bool overlap_ = true;
+  bool zigzag_ = true;
+  bool lazy_rescale_ = false;
+  int block_n_ = 128;
   int diag_ = 0;
 
   bool planned_ = false;
