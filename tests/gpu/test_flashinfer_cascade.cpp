@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "attnkit/device.h"
 #include "attnkit/kv_cache.h"
 #include "backends/flashinfer/cascade.h"
 #include "backends/flashinfer/flashinfer_backend.h"
@@ -95,19 +96,16 @@ RunResult run_case(PreparedCase& pc, bool cascade, int min_shared_prefix = 256,
 // Whether the case's layers run on the SM90 wgmma prefill kernel instead (bf16/f16 extend, KV of
 // the q dtype, d 64/128/256, no window / soft-cap / sinks, on an SM90 device).
 bool sm90_wgmma(const CaseSpec& s) {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    return false;
-  }
+  // The library's view of the device (ATTNKIT_EMULATE_CC included), as the backend decides.
+  const Result<DeviceInfo> dev = detect_cuda(0);
+  if (!dev) return false;
   const bool mode_ok = s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kMixed ||
                        s.mode == ForwardMode::kDraftExtend;
   const bool dtype_ok =
       (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.kv_dtype == s.q_dtype;
   const bool dim_ok =
       (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) && s.head_dim == s.v_head_dim;
-  return major * 10 + minor == 90 && mode_ok && dtype_ok && dim_ok && !s.mla &&
+  return dev->compute_capability == 90 && mode_ok && dtype_ok && dim_ok && !s.mla &&
          s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks;
 }
 
