@@ -124,22 +124,29 @@ struct VecAvx512Bf16 : VecAvx512 {
 
 // ---- Decode fast path: bf16 q, bf16 or fp8_e4m3 KV, head_dim == v_head_dim == kD ----
 //
-// One item = one request's key range, every kv head (as run_decode). Per key block (16 keys) and
-// kv head, each tile of up to kMaxTileHeads query heads of the GQA group runs
-//   q.k:     q of the tile in registers, one K slice load per 32 elements feeds every head; the
-//            16 keys' partial vectors are reduced by one transpose-and-add tree per head;
-//   softmax: in registers (masked lanes -inf, one vector exp2 for the tile's rescale factors);
+// One item = one request's key range, every kv head (as run_decode). Per key block (16 keys):
+//   q.k:     key-major over all kv heads (fast_qk_key_major): each pool row's head slices are read
+//            in address order, so a page of K is one sequential stream; every K load feeds the
+//            GQA group's heads (q from L1); the partial vectors go to the thread's scratch;
+//   then per kv head, tiles of up to kMaxTileHeads query heads (fast_tile_block):
+//   softmax: one transpose-and-add tree per head turns the partial vectors into 16 scores, then
+//            everything stays in registers (masked lanes -inf, one vector exp2 for the rescale
+//            factors, no scalar libm call);
 //   P.V:     32 columns of two V rows per step, interleaved into bf16 pairs with one
 //            vpunpcklwd / vpunpckhwd each (no widening loads), so the f32 accumulators hold the
 //            columns of each 32-column chunk in unpack order: lane L of the low half is column
 //            8 * (L / 4) + L % 4, of the high half that plus 4. unpermute_acc restores the order
 //            once per item, before the epilogue.
-// While kv head h works on a block it prefetches h's share of the next block's (key, head) slices
-// in address order (as attend_span_all_heads).
-#ifndef ATTNKIT_FAST_PF
-#define ATTNKIT_FAST_PF 3
-#endif
-constexpr int kFastPrefetchBlocks = ATTNKIT_FAST_PF;
+// The K rows kFastPrefetchBlocks blocks ahead are prefetched row by row during q.k, the V slices
+// spread over the P.V passes of the kv heads in address order.
+// How many key blocks ahead the next K/V rows are prefetched, and with which hint. Measured on the
+// 2-core Zen 5 dev VM (1 thread, b8 kv4096, alternating runs): prefetcht1 (into L2) made this
+// kernel 1.3-2x slower than prefetcht0 or prefetchnta; 2 blocks and 1 block were within the noise.
+constexpr int kFastPrefetchBlocks = 2;
+inline void fast_prefetch(const void* row, int64_t bytes) {
+  const char* c = static_cast<const char*>(row);
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+}
 template <int kD>
 constexpr int kMaxTileHeads = kD <= 128 ? 4 : 2;
 
@@ -161,31 +168,17 @@ inline __m512i load_row32(const typename S::T* p) {
   }
 }
 
+// Softmax and P.V of one key block for kN query heads of one kv head: dots [kN][kKeyBlock] q.k
+// partial vectors (from fast_qk_key_major), v_rows the block's V slices of that kv head (zeros
+// after n), acc/m/l the heads' state; pf_v (or null) the next V slices to prefetch.
 template <class S, int kD, int kN>
-__attribute__((noinline)) void fast_tile_block(const FastConsts& c,
-                                               const typename S::T* const* k_rows,
+__attribute__((noinline)) void fast_tile_block(const FastConsts& c, const __m512* dots_in,
                                                const typename S::T* const* v_rows, int n,
-                                               const uint16_t* q, float* acc, float* m, float* l,
-                                               const void* const* pf_k, const void* const* pf_v,
-                                               int64_t pf_bytes) {
+                                               float* acc, float* m, float* l,
+                                               const void* const* pf_v, int64_t pf_bytes) {
   using V = VecAvx512Bf16;
   constexpr int kC = kD / 32;
-  __m512bh qv[kN][kC];
-  for (int j = 0; j < kN; ++j) {
-    for (int cc = 0; cc < kC; ++cc) qv[j][cc] = V::as_bh(_mm512_loadu_si512(q + j * kD + 32 * cc));
-  }
-  alignas(64) __m512 dots[kN][kKeyBlock];
-  for (int t = 0; t < kKeyBlock; ++t) {
-    if (pf_k != nullptr && pf_k[t] != nullptr) prefetch_row(pf_k[t], pf_bytes);
-    __m512 a[kN];
-    for (int j = 0; j < kN; ++j) a[j] = _mm512_setzero_ps();
-    const typename S::T* k = k_rows[t];
-    for (int cc = 0; cc < kC; ++cc) {
-      const __m512bh kk = V::load_k_pairs<S>(k + 32 * cc);
-      for (int j = 0; j < kN; ++j) a[j] = _mm512_dpbf16_ps(a[j], qv[j][cc], kk);
-    }
-    for (int j = 0; j < kN; ++j) dots[j][t] = a[j];
-  }
+  const auto* dots = reinterpret_cast<const __m512(*)[kKeyBlock]>(dots_in);
   const __mmask16 valid = static_cast<__mmask16>(n >= kKeyBlock ? 0xFFFF : (1u << n) - 1);
   const __m512 neg_inf = _mm512_set1_ps(kNegInf);
   __m512 pr[kN];
@@ -216,11 +209,10 @@ __attribute__((noinline)) void fast_tile_block(const FastConsts& c,
   constexpr int kG = kN <= 2 ? std::min(kC, 2) : 1;
   const int pairs = (n + 1) / 2;
   for (int c0 = 0; c0 < kC; c0 += kG) {
-    if (pf_v != nullptr) {
-      for (int t = c0 * kKeyBlock / kC; t < (c0 + kG) * kKeyBlock / kC; ++t) {
-        if (pf_v[t] != nullptr) prefetch_row(pf_v[t], pf_bytes);
-      }
-    }
+    // This group's share of the next block's V slices, one slice per step of the pair loop below
+    // (spread out: a burst of prefetches stalls on the miss buffers).
+    const int pf_begin = c0 * kKeyBlock / kC;
+    const int pf_count = kG * kKeyBlock / kC;
     // Opaque to the optimiser, so the broadcasts below are not hoisted out of this loop (and
     // spilled): they are cheap loads where they are.
     const uint32_t* ppg = &pp[0][0];
@@ -234,7 +226,11 @@ __attribute__((noinline)) void fast_tile_block(const FastConsts& c,
         hi[j][g] = V::mul(V::load(acc + j * kD + 32 * (c0 + g) + 16), a);
       }
     }
-    for (int i = 0; i < pairs; ++i) {
+    for (int i = 0; i < std::max(pairs, pf_count); ++i) {
+      if (pf_v != nullptr && i < pf_count && pf_v[pf_begin + i] != nullptr) {
+        fast_prefetch(pf_v[pf_begin + i], pf_bytes);
+      }
+      if (i >= pairs) continue;
       __m512bh b[kN];
       for (int j = 0; j < kN; ++j) b[j] = V::broadcast_pair(ppg[j * (kKeyBlock / 2) + i]);
       for (int g = 0; g < kG; ++g) {
@@ -252,6 +248,67 @@ __attribute__((noinline)) void fast_tile_block(const FastConsts& c,
       for (int g = 0; g < kG; ++g) {
         V::store(acc + j * kD + 32 * (c0 + g), lo[j][g]);
         V::store(acc + j * kD + 32 * (c0 + g) + 16, hi[j][g]);
+      }
+    }
+  }
+}
+
+// dots[j * kKeyBlock] = the q.k partial vector of query head j (of kN, q [kN][kD]) with one K
+// slice.
+template <class S, int kD, int kN>
+inline void qk_heads_row(const typename S::T* k, const uint16_t* q, __m512* dots) {
+  using V = VecAvx512Bf16;
+  constexpr int kC = kD / 32;
+  __m512 a[kN];
+  for (int j = 0; j < kN; ++j) a[j] = _mm512_setzero_ps();
+  for (int cc = 0; cc < kC; ++cc) {
+    const __m512bh kk = V::load_k_pairs<S>(k + 32 * cc);
+    for (int j = 0; j < kN; ++j) {
+      a[j] = _mm512_dpbf16_ps(a[j], V::as_bh(_mm512_loadu_si512(q + j * kD + 32 * cc)), kk);
+    }
+  }
+  for (int j = 0; j < kN; ++j) dots[j * kKeyBlock] = a[j];
+}
+
+// q.k of one key block (pool row offsets k_off, n keys) for every q head, key-major: row t's
+// slices of all kv heads are read in address order (a page of K is one sequential stream); q
+// [Hq][kD] comes from L1. dots [Hq][kKeyBlock] partial vectors (zero for keys t >= n). Prefetches
+// the K rows at next_k_off (n_next keys), one row per key.
+template <class S, int kD>
+__attribute__((noinline)) void fast_qk_key_major(const CpuAttentionParams& p, const int64_t* k_off,
+                                                 int n, const int64_t* next_k_off, int n_next,
+                                                 const uint16_t* q, __m512* dots) {
+  using T = typename S::T;
+  const int hkv = p.num_kv_heads;
+  const int group = p.group();
+  const T* k_cache = static_cast<const T*>(p.k_cache);
+  const int64_t slice_bytes = kD * static_cast<int64_t>(sizeof(T));
+  for (int t = 0; t < kKeyBlock; ++t) {
+    if (t >= n) {
+      for (int hq = 0; hq < p.num_q_heads; ++hq) dots[hq * kKeyBlock + t] = _mm512_setzero_ps();
+      continue;
+    }
+    for (int h = 0; h < hkv; ++h) {
+      if (t < n_next) fast_prefetch(k_cache + h * p.k_head_stride + next_k_off[t], slice_bytes);
+      const T* k = k_cache + h * p.k_head_stride + k_off[t];
+      int g0 = 0;
+      for (; g0 + 4 <= group; g0 += 4) {
+        const int hq = h * group + g0;
+        qk_heads_row<S, kD, 4>(k, q + static_cast<int64_t>(hq) * kD, dots + hq * kKeyBlock + t);
+      }
+      const int hq = h * group + g0;
+      switch (group - g0) {
+        case 3:
+          qk_heads_row<S, kD, 3>(k, q + static_cast<int64_t>(hq) * kD, dots + hq * kKeyBlock + t);
+          break;
+        case 2:
+          qk_heads_row<S, kD, 2>(k, q + static_cast<int64_t>(hq) * kD, dots + hq * kKeyBlock + t);
+          break;
+        case 1:
+          qk_heads_row<S, kD, 1>(k, q + static_cast<int64_t>(hq) * kD, dots + hq * kKeyBlock + t);
+          break;
+        default:
+          break;
       }
     }
   }
@@ -276,12 +333,11 @@ inline void unpermute_acc(float* acc, int n_rows) {
 
 template <class S, int kD>
 void fast_span(const CpuAttentionParams& p, const FastConsts& c, const int32_t* slots, int k_begin,
-               int k_end, const uint16_t* q, float* acc, float* m, float* l) {
+               int k_end, const uint16_t* q, float* acc, float* m, float* l, __m512* dots) {
   using T = typename S::T;
   constexpr int kTile = kMaxTileHeads<kD>;
   const int hkv = p.num_kv_heads;
   const int group = p.group();
-  const T* k_cache = static_cast<const T*>(p.k_cache);
   const T* v_cache = static_cast<const T*>(p.v_cache);
   const T* zero = reinterpret_cast<const T*>(kZeroRow);
   const int64_t slice_bytes = kD * static_cast<int64_t>(sizeof(T));
@@ -289,9 +345,7 @@ void fast_span(const CpuAttentionParams& p, const FastConsts& c, const int32_t* 
   int64_t v_off[kKeyBlock];
   int64_t next_k_off[kKeyBlock];
   int64_t next_v_off[kKeyBlock];
-  const T* k_rows[kKeyBlock];
   const T* v_rows[kKeyBlock];
-  const void* pf_k[kKeyBlock];
   const void* pf_v[kKeyBlock];
   for (int k0 = k_begin; k0 < k_end; k0 += kKeyBlock) {
     const int n = std::min(kKeyBlock, k_end - k0);
@@ -307,48 +361,40 @@ void fast_span(const CpuAttentionParams& p, const FastConsts& c, const int32_t* 
       next_k_off[t] = slot * p.k_row_stride;
       next_v_off[t] = slot * p.v_row_stride;
     }
+    fast_qk_key_major<S, kD>(p, k_off, n, next_k_off, n_next, q, dots);
     for (int h = 0; h < hkv; ++h) {
-      const T* k_base = k_cache + h * p.k_head_stride;
       const T* v_base = v_cache + h * p.v_head_stride;
-      for (int t = 0; t < kKeyBlock; ++t) {
-        k_rows[t] = t < n ? k_base + k_off[t] : zero;
-        v_rows[t] = t < n ? v_base + v_off[t] : zero;
-      }
+      for (int t = 0; t < kKeyBlock; ++t) v_rows[t] = t < n ? v_base + v_off[t] : zero;
+      // Pass h prefetches the next V block's (key, head) slices h * kKeyBlock .. + kKeyBlock - 1
+      // in key-major order, so the prefetches walk each pool row (and page) in address order;
+      // over the Hkv passes every slice is prefetched once.
       for (int t = 0; t < kKeyBlock; ++t) {
         const int sl = h * kKeyBlock + t;
         const int key = sl / hkv;
         const int head = sl - key * hkv;
-        const bool in = key < n_next;
-        pf_k[t] = in ? k_cache + head * p.k_head_stride + next_k_off[key] : nullptr;
-        pf_v[t] = in ? v_cache + head * p.v_head_stride + next_v_off[key] : nullptr;
+        pf_v[t] = key < n_next ? v_cache + head * p.v_head_stride + next_v_off[key] : nullptr;
       }
       for (int g0 = 0; g0 < group; g0 += kTile) {
         const int hq = h * group + g0;
-        const bool first = g0 == 0;
-        const void* const* pk = first ? pf_k : nullptr;
-        const void* const* pv = first ? pf_v : nullptr;
-        const uint16_t* qh = q + static_cast<int64_t>(hq) * kD;
+        const void* const* pv = g0 == 0 ? pf_v : nullptr;
+        const __m512* dh = dots + hq * kKeyBlock;
         float* ah = acc + static_cast<int64_t>(hq) * kD;
         switch (std::min(kTile, group - g0)) {
           case 4:
             if constexpr (kTile >= 4) {
-              fast_tile_block<S, kD, 4>(c, k_rows, v_rows, n, qh, ah, m + hq, l + hq, pk, pv,
-                                        slice_bytes);
+              fast_tile_block<S, kD, 4>(c, dh, v_rows, n, ah, m + hq, l + hq, pv, slice_bytes);
             }
             break;
           case 3:
             if constexpr (kTile >= 3) {
-              fast_tile_block<S, kD, 3>(c, k_rows, v_rows, n, qh, ah, m + hq, l + hq, pk, pv,
-                                        slice_bytes);
+              fast_tile_block<S, kD, 3>(c, dh, v_rows, n, ah, m + hq, l + hq, pv, slice_bytes);
             }
             break;
           case 2:
-            fast_tile_block<S, kD, 2>(c, k_rows, v_rows, n, qh, ah, m + hq, l + hq, pk, pv,
-                                      slice_bytes);
+            fast_tile_block<S, kD, 2>(c, dh, v_rows, n, ah, m + hq, l + hq, pv, slice_bytes);
             break;
           default:
-            fast_tile_block<S, kD, 1>(c, k_rows, v_rows, n, qh, ah, m + hq, l + hq, pk, pv,
-                                      slice_bytes);
+            fast_tile_block<S, kD, 1>(c, dh, v_rows, n, ah, m + hq, l + hq, pv, slice_bytes);
             break;
         }
       }
@@ -387,7 +433,7 @@ void fast_decode(const CpuAttentionParams& p, const DecodeWork& w, const ThreadS
     int hi = 0;
     visible_keys(p, rq.first_q_pos, rq.seq_len, &lo, &hi);
     fast_span<S, kD>(p, c, rq.slots(p), std::max(lo, it.k_begin), std::min(hi, it.k_end), q, acc, m,
-                     l);
+                     l, reinterpret_cast<__m512*>(base + lay.dots));
     unpermute_acc<kD>(acc, hq);
     if (it.partial < 0) {
       finalize_rows(p, rq.q_start, 0, hq, m, l, acc, kD);
