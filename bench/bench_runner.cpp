@@ -216,6 +216,7 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   options.request_lse = false;
   options.poison = false;
   options.snapshot_pool = false;
+  options.fast_inputs = true;
   r.copies = options.num_layers;
   Result<harness::PreparedCase> prepared = harness::prepare_case(spec, settings.device, options);
   if (!prepared) return fail(prepared.status(), "prepare_case");

@@ -1,6 +1,9 @@
 // Per-layer description handed to every backend call.
 #pragma once
 
+#include <functional>
+
+#include "attnkit/status.h"
 #include "attnkit/tensor.h"
 
 namespace attnkit {
@@ -8,6 +11,23 @@ namespace attnkit {
 enum class AttentionType {
   kDecoder,      // causal over the sequence
   kEncoderOnly,  // bidirectional (encoders, vision towers: the "multimodal" column)
+};
+
+// MLA chunked prefix cache (DESIGN.md section 4): how a non-absorbed MLA prefill layer (e.g. qk
+// 192 / v 128) reads its cached prefix. The pool holds the prefix only as latent rows
+// [kv_lora_rank | qk_rope_head_dim]; the backend gathers at most `chunk_tokens` of them (over the
+// whole batch) at a time, `expand` decompresses them into per-head keys/values (the model's
+// kv_b_proj + the shared rope part), the new tokens attend each chunk without a mask and the
+// partial results are merged by LSE with the new tokens' causal self-attention. No temporary is
+// proportional to the whole prefix.
+struct MlaPrefixDecompressor {
+  int chunk_tokens = 0;  // >= 1: prefix tokens (all requests together) decompressed per chunk
+  // latent [n, kv_lora_rank + qk_rope_head_dim] in q's dtype (fp8 pools dequantised with
+  // k_scale) -> k [n, num_q_heads, qk_head_dim], v [n, num_q_heads, v_head_dim] in q's dtype,
+  // all contiguous on the backend's device, enqueued on `stream` (host tensors for CPU backends).
+  std::function<Status(const TensorView& latent, const TensorView& k, const TensorView& v,
+                       StreamHandle stream)>
+      expand;
 };
 
 struct AttentionLayer {
@@ -34,6 +54,10 @@ struct AttentionLayer {
   bool is_mla = false;
   int kv_lora_rank = 0;
   int qk_rope_head_dim = 0;
+  // MLA non-absorbed layers only: when set, the new tokens also attend their cached prefix
+  // (extend_prefix_lens) through the chunked prefix cache above; needs a backend whose MLA row has
+  // "chunked prefix cache". nullptr: the new tokens attend only each other.
+  const MlaPrefixDecompressor* mla_prefix = nullptr;
 
   int gqa_group() const { return num_kv_heads > 0 ? num_q_heads / num_kv_heads : 0; }
 };

@@ -8,14 +8,19 @@
 #
 # Environment knobs:
 #   ARCHS="90a-real"        CUDA architectures (add 80-real for the sm_80 path)
+#   BUILD_DIR=build/device  the build tree (a second one for other ARCHS keeps both incremental)
+#   ATTNKIT_EMULATE_CC=75|80 (environment, read by the library): host dispatch as on SM75 / SM80;
+#                           with ARCHS="75-virtual;80-virtual" the driver JIT-compiles that PTX, so
+#                           the older architecture's device code runs on this GPU (core/emulated_cc.h)
 #   STAGES="build test bench peers"   which stages to run
 #   BENCH_FILTER=""         passed to attnkit bench --filter
 #   CTEST_REGEX=""          passed to ctest -R
+#   CTEST_JOBS=4            ctest -j
 #   BENCH_VERIFY=0          1: attnkit bench --verify (fp64 reference per case; slow for big cases)
 #   BENCH_TIMEOUT=240       seconds per case file
 #   BENCH_QUICK=0           1: scripts/device/triton_{decode,extend}_quick.json
 #   BENCH_BACKENDS="triton,flashinfer"   backends timed by attnkit bench
-#   BENCH_KINDS="decode extend"          which case files the bench stage runs
+#   BENCH_KINDS="decode extend"          which case files the bench stage runs (set empty: none)
 #   BENCH_RUNS=""           extra bench runs "label=backends=casefile ..." (own backends per file)
 #   EXTEND_CASES=""         case file for the extend bench instead of the default / quick one
 #   TARGETS="" (or BUILD_TARGETS)  ninja targets to build instead of the CLI + every GPU test
@@ -23,6 +28,9 @@
 #   HEAD_DIMS=""            -DATTNKIT_HEAD_DIMS (e.g. "64;128;256"); empty = the CMake default
 #   stage "python": builds the Python extension in the same tree and runs
 #                   scripts/device/python_gpu_check.py (torch SDPA as the oracle)
+#   stage "pip":    `pip install --no-build-isolation --no-index .` (offline, as docs/python.md
+#                   says; wheels carried in .whl are installed first when present) into /tmp/ak,
+#                   then the same GPU check against the installed package
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -30,7 +38,7 @@ OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
 ARCHS="${ARCHS:-90a-real}"
 STAGES="${STAGES:-build test bench peers}"
-build="$root/build/device"
+build="${BUILD_DIR:-$root/build/device}"
 summary="$OUT/summary.txt"
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -67,7 +75,7 @@ fi
 
 if has_stage test; then
   t0=$(date +%s)
-  args=(-L gpu --output-on-failure --timeout 300 -j4)
+  args=(-L gpu --output-on-failure --timeout 300 -j"${CTEST_JOBS:-4}")
   [ -n "${CTEST_REGEX:-}" ] && args+=(-R "$CTEST_REGEX")
   ctest --test-dir "$build" "${args[@]}" > "$OUT/ctest.log" 2>&1
   rc=$?
@@ -102,7 +110,7 @@ run_bench() {
 }
 if has_stage bench && [ -x "$cli" ]; then
   # BENCH_QUICK=1: the small case files next to this script instead of bench/cases/*.json.
-  for f in ${BENCH_KINDS:-decode extend}; do
+  for f in ${BENCH_KINDS-decode extend}; do
     cases="bench/cases/$f.json"
     [ "${BENCH_QUICK:-0}" = 1 ] && cases="scripts/device/triton_${f}_quick.json"
     [ "$f" = extend ] && [ -n "${EXTEND_CASES:-}" ] && cases="$EXTEND_CASES"
@@ -133,6 +141,30 @@ if has_stage python; then
   note "python gpu check: rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E 'passed|failed' "$OUT/ctest.log" | tail -1)"
 fi
 
+if has_stage pip; then
+  t0=$(date +%s)
+  site=/tmp/ak-site
+  rm -rf "$site" /tmp/ak && mkdir -p "$site"
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target "$site" .whl/*.whl >> "$OUT/ctest.log" 2>&1
+  fi
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" CMAKE_BUILD_PARALLEL_LEVEL=16 \
+    CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$ARCHS ${HEAD_DIMS:+-DATTNKIT_HEAD_DIMS=$HEAD_DIMS} \
+-DCMAKE_PREFIX_PATH=$root/.deps -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
+-DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20" \
+    timeout 420 python3 -m pip install --no-build-isolation --no-index --no-deps --target /tmp/ak . \
+    > "$OUT/pip.log" 2>&1
+  rc=$?
+  note "pip install (offline): rc=$rc in $(( $(date +%s) - t0 )) s"
+  [ $rc -ne 0 ] && tail -20 "$OUT/pip.log" | tee -a "$summary"
+  if [ $rc -eq 0 ]; then
+    t0=$(date +%s)
+    (cd /tmp && PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/ak:$site" timeout 240 python3 -X faulthandler \
+      "$root/scripts/device/python_gpu_check.py") >> "$OUT/ctest.log" 2>&1
+    rc=$?
+    note "python gpu check (pip-installed package): rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E 'passed|failed' "$OUT/ctest.log" | tail -1)"
+  fi
+fi
 
 echo "==================== summary ===================="
 cat "$summary"

@@ -4,10 +4,14 @@
 # bench/cases/fa3_prefill.json, then the trimmed torch peers (scripts/device/fa3_peers.py).
 # Runs ON the device machine from the repository root with .deps and .peers beside it:
 #   cd .wt/fa3 && ln -sfn ../../.deps .deps && bash scripts/device/fa3_check.sh
-# Knobs: STAGES="build test bench peers", HEAD_DIMS="64;128;256", TEST_TIMEOUT=90,
-#   TEST_ENV="ATTNKIT_FA3_FENCE_TMA=0" (environment of the full test run), BENCH_VARIANTS (fa3 env
-#   settings timed one after another, "default" = none), DIAG_VARIANTS (ATTNKIT_FA3_DIAG bit sets
-#   timed at S 8k d 128), BENCH_OTHERS (other backends at S 8k; "" = none), BENCH_TIMEOUT=60.
+# Knobs: STAGES="build test bench ncu peers", HEAD_DIMS="64;128;256", TEST_TIMEOUT=90,
+#   TEST_ENV="ATTNKIT_FA3_FENCE_TMA=1" (environment of the full test run), TEST_SUBSETS (extra
+#   test runs "ENV=VALUE:gtest_filter ..."), BENCH_VARIANTS (fa3 env settings timed one after
+#   another, "default" = none; "ENV=VALUE@filter" times only the cases whose name contains
+#   filter), DIAG_VARIANTS (ATTNKIT_FA3_DIAG bit sets timed at S 8k d 128), BENCH_OTHERS (other
+#   backends at S 8k; "" = none), BENCH_TIMEOUT=60, NCU_FILTER (case of the ncu stage: one launch
+#   of fa3 under Nsight Compute, --clock-control none), NCU_ARGS (extra ncu arguments, e.g.
+#   "--section SourceCounters --print-details all"), NCU_TIMEOUT=60.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -45,14 +49,16 @@ if has_stage test; then
   note "test (${TEST_ENV:-default}): rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]" "$OUT/test.log" | head -20 | tee -a "$summary"
   [ $rc -ne 0 ] && grep -E "rel_l2|Failure|Expected|differs|ran on" "$OUT/test.log" | head -20 | tee -a "$summary"
-  t0=$(date +%s)
-  ATTNKIT_FA3_OVERLAP=0 timeout 60 "$tests" --gtest_brief=1 --gtest_filter='*Long*:*d128*:*d256*:*page16*' > "$OUT/test_serial.log" 2>&1
-  note "test (serial schedule, subset): rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_serial.log" | tr '\n' ' ')"
-  grep -E "rel_l2|Failure" "$OUT/test_serial.log" | head -8 | tee -a "$summary"
-  t0=$(date +%s)
-  ATTNKIT_FA3_TMA=0 timeout 60 "$tests" --gtest_brief=1 --gtest_filter='*Long*:*page64*:*page128*:*page16*' > "$OUT/test_notma.log" 2>&1
-  note "test (cp.async only, subset): rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_notma.log" | tr '\n' ' ')"
-  grep -E "rel_l2|Failure" "$OUT/test_notma.log" | head -8 | tee -a "$summary"
+  set -f  # gtest filters hold '*'
+  for subset in ${TEST_SUBSETS-ATTNKIT_FA3_OVERLAP=0:*Long*:*d128*:*d256*:*page16* ATTNKIT_FA3_TMA=0:*Long*:*page64*:*page128*:*page16*}; do
+    env_kv=${subset%%:*}
+    filt=${subset#*:}
+    t0=$(date +%s)
+    env "$env_kv" timeout 60 "$tests" --gtest_brief=1 --gtest_filter="$filt" > "$OUT/test_subset.log" 2>&1
+    note "test ($env_kv, $filt): rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_subset.log" | tr '\n' ' ')"
+    grep -E "rel_l2|Failure|Expected|Which is" "$OUT/test_subset.log" | head -8 | tee -a "$summary"
+  done
+  set +f
 fi
 
 cli="$build/tools/attnkit/attnkit"
@@ -62,10 +68,12 @@ if has_stage bench && [ -x "$cli" ]; then
   : > "$OUT/bench.log"
   for variant in ${BENCH_VARIANTS:-default ATTNKIT_FA3_TMA=0 ATTNKIT_FA3_OVERLAP=0}; do
     echo "=== fa3 $variant" >> "$OUT/bench.log"
+    filt=()
+    if [[ "$variant" == *@* ]]; then filt=(--filter "${variant#*@}"); variant=${variant%@*}; fi
     if [ "$variant" = default ]; then envs=(); else envs=("$variant"); fi
-    env "${envs[@]}" timeout "${BENCH_TIMEOUT:-60}" "$cli" "${args[@]}" --backend fa3 2>&1 |
-      grep -E "^fa3 |ceiling" >> "$OUT/bench.log"
-    note "bench fa3 $variant: rc=${PIPESTATUS[0]}"
+    env "${envs[@]}" timeout "${BENCH_TIMEOUT:-60}" "$cli" "${args[@]}" "${filt[@]}" --backend fa3 2>&1 |
+      grep -E "^fa3 |ceiling|rror" >> "$OUT/bench.log"
+    note "bench fa3 $variant ${filt[*]}: rc=${PIPESTATUS[0]}"
   done
   # Time decomposition (wrong results): loads off, softmax off, GEMMs off, at 8k d 128.
   for diag in ${DIAG_VARIANTS:-1 2 3 12 13}; do
@@ -86,8 +94,25 @@ if has_stage peers; then
   note "peers: rc=$?"
 fi
 
+if has_stage ncu && [ -x "$cli" ]; then
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [ -n "$ncu_bin" ]; then
+    t0=$(date +%s)
+    # shellcheck disable=SC2086
+    timeout "${NCU_TIMEOUT:-60}" "$ncu_bin" --clock-control none -k regex:prefill_sm90 -c 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis ${NCU_ARGS:-} \
+      "$cli" bench --cases bench/cases/fa3_prefill.json --device cuda --warmup 0 --iters 1 \
+      --backend fa3 --filter "${NCU_FILTER:-new8192_p16_h32x8_d128_kvbf16}" > "$OUT/ncu.log" 2>&1
+    note "ncu: rc=$? in $(( $(date +%s) - t0 )) s"
+  else
+    note "ncu: not found"
+  fi
+fi
+
 echo "==================== summary ===================="
 cat "$summary"
 [ -f "$OUT/bench.log" ] && { echo "--- bench.log ---"; grep -vE "^\s*$" "$OUT/bench.log" | tail -50; }
+[ -f "$OUT/ncu.log" ] && { echo "--- ncu ---"; grep -E "Throughput|Pipe|Stall|Issued|Eligible|Active Warps|L2 Hit|Duration|SM Frequency|Warp Cycles|No Eligible|One or More" "$OUT/ncu.log" | head -40; }
 [ -f "$OUT/peers.log" ] && { echo "--- peers ---"; cat "$OUT/peers.log"; }
 exit 0

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # One device run for the MLA backends (issue 7): build only their targets, run their GPU tests
-# (MLA cases of flashmla, cutlass_mla and flashinfer) and the MLA decode benchmark with the copy
-# ceiling measured in the same process. Run from the repository root with .deps carried:
-#   MLA_BENCH_BACKENDS=flashmla,triton MLA_CASES=scripts/device/mla_decode_quick.json \
-#     bash scripts/device/mla_run.sh
+# (every case of flashmla and cutlass_mla, the MLA cases of flashinfer and fa3, the chunked prefix
+# cache tests, the graph test) and the MLA decode benchmark with the copy ceiling measured in the
+# same process. Run from the repository root with .deps carried:
+#   bash scripts/device/mla_run.sh
+# Knobs: MLA_PATCH=<file> applies a patch first (e.g. scripts/device/patches/
+# mla_decode_q_in_regs.patch, the unverified decode-kernel variant); MLA_BENCH_BACKENDS
+# (flashmla), MLA_CASES (scripts/device/mla_decode_quick.json), MLA_SKIP_BENCH=1,
+# MLA_TEST_TIMEOUT (120 s per test binary), MLA_BENCH_TIMEOUT (150 s).
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 B=build/mla
 echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) date: $(date -u +%FT%TZ)"
+if [ -n "${MLA_PATCH:-}" ]; then
+  { git apply "$MLA_PATCH" 2>/dev/null || patch -p1 < "$MLA_PATCH"; } && echo "applied $MLA_PATCH" ||
+    { echo "patch $MLA_PATCH failed"; exit 1; }
+fi
 t0=$(date +%s)
 cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a-real -DCMAKE_PREFIX_PATH="$PWD/.deps" \
@@ -16,19 +24,21 @@ cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
   -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
   -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$OUT/build.log" 2>&1
 ninja -C $B -j16 attnkit_cli test_flashmla_cases test_cutlass_mla_cases test_flashinfer_cases \
-  >> "$OUT/build.log" 2>&1
+  test_fa3_cases test_mla_prefix_cache >> "$OUT/build.log" 2>&1
 echo "build rc=$? in $(( $(date +%s) - t0 )) s"
 grep -m8 -E "error" "$OUT/build.log"
-for t in flashmla_cases cutlass_mla_cases flashinfer_cases; do
+for t in mla_prefix_cache flashmla_cases cutlass_mla_cases flashinfer_cases fa3_cases; do
   filter='*'
-  [ "$t" = flashinfer_cases ] && filter='*mla*'
-  timeout "${MLA_TEST_TIMEOUT:-60}" "$B/tests/test_$t" --gtest_filter="$filter" > "$OUT/$t.log" 2>&1
-  echo "$t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]|tests ran' "$OUT/$t.log" | tr '\n' ' ')"
+  case $t in flashinfer_cases | fa3_cases) filter='*mla*:*Mla*' ;; esac
+  t1=$(date +%s)
+  timeout "${MLA_TEST_TIMEOUT:-120}" "$B/tests/test_$t" --gtest_filter="$filter" > "$OUT/$t.log" 2>&1
+  echo "$t rc=$? $(( $(date +%s) - t1 )) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]|tests ran|SKIPPED \] [0-9]' "$OUT/$t.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \] .*\." "$OUT/$t.log" | head -12
   grep -E "rel_l2|Failure|error" "$OUT/$t.log" | head -6
 done
-timeout "${MLA_BENCH_TIMEOUT:-100}" "$B/tools/attnkit/attnkit" bench \
-  --backend "${MLA_BENCH_BACKENDS:-flashmla,triton}" \
+[ "${MLA_SKIP_BENCH:-0}" = 1 ] && exit 0
+timeout "${MLA_BENCH_TIMEOUT:-150}" "$B/tools/attnkit/attnkit" bench \
+  --backend "${MLA_BENCH_BACKENDS:-flashmla}" \
   --cases "${MLA_CASES:-scripts/device/mla_decode_quick.json}" --device cuda --warmup 3 \
   --iters 10 --json "$OUT/mla_bench.json" > "$OUT/bench.log" 2>&1
 echo "bench rc=$?"

@@ -14,8 +14,8 @@ from peer_timing import bench  # same directory
 
 results = []
 dev = "cuda"
-for B, S, d in [(4, 4096, 128), (2, 8192, 128), (1, 16384, 128), (4, 4096, 64), (1, 16384, 64),
-                (4, 4096, 256), (1, 16384, 256)]:
+for B, S, d in [(4, 4096, 128), (2, 8192, 128), (1, 16384, 128), (4, 4096, 64), (2, 8192, 64),
+                (1, 16384, 64), (4, 4096, 256), (2, 8192, 256), (1, 16384, 256)]:
     Hq, Hk = 32, 8
     q = torch.randn(B, Hq, S, d, device=dev, dtype=torch.bfloat16)
     k = torch.randn(B, Hk, S, d, device=dev, dtype=torch.bfloat16)

@@ -10,6 +10,9 @@ compared with SDPA over the gathered (dequantised) keys and values. Covered: MHA
 sizes 1 / 16 / 64, a sliding window, fp8_e4m3 KV with layer scales, head dims 64 / 128 / 256, f16
 activations, long sequences (split-KV decode) and, for backends whose descriptor says so,
 CUDA-graph capture + replay of a decode step (bit-identical to eager, and right).
+MLA backends (DeepSeek-style absorbed attention: q [T, H, 576] against one shared latent row of
+576 = 512 + 64 per token, V = its first 512 columns) run the MLA cases on an MLAKVPool wrapped over
+torch tensors: pages 1 / 64 / 128, 16 and 128 heads, bf16 and fp8_e4m3 latent caches.
 
 Semantics of the reference (those of the library's torch_native oracle): every key, the new
 tokens' included, is read back from the pool after the forward stored it, so fp8 caches are
@@ -109,13 +112,18 @@ def skip_reason(descriptor, case):
     return ""
 
 
+def pages_needed(case):
+    """Pages for every step of a case (prefill, extend, decode, graph decode) with slack."""
+    total = sum(case.prefill) + sum(case.extend) + 4 * len(case.prefill)
+    return total // case.page_size + 2 * len(case.prefill) + 2
+
+
 class Cache:
     """Caller-owned paged KV cache in torch CUDA tensors, NaN-poisoned."""
 
     def __init__(self, case):
         self.case = case
-        total = sum(case.prefill) + sum(case.extend) + 4 * len(case.prefill)
-        self.num_pages = total // case.page_size + 2 * len(case.prefill) + 2
+        self.num_pages = pages_needed(case)
         rows = (self.num_pages + 1) * case.page_size
         shape = (rows, case.kv_heads, case.head_dim)
         if case.kv_dtype == "fp8_e4m3":
@@ -132,6 +140,11 @@ class Cache:
             self.v = [torch.full(shape, math.nan, dtype=kv_type, device=DEVICE)
                       for _ in range(NUM_LAYERS)]
             self.pool = ak.MHAKVPool.wrap(self.k, self.v, page_size=case.page_size)
+        self.init_requests()
+
+    def init_requests(self):
+        """The request table and page allocator over the pool, one table row per request."""
+        case = self.case
         self.table = ak.ReqToTokenPool(len(case.prefill) + 2, MAX_CONTEXT, device=DEVICE)
         self.pages = ak.PageAllocator(self.num_pages, case.page_size)
         self.rows = [self.table.alloc() for _ in case.prefill]
@@ -178,6 +191,43 @@ class Cache:
     def commit(self, new_lens):
         self.lengths = [p + n for p, n in zip(self.lengths, new_lens)]
 
+    def layer(self, layer_id):
+        case = self.case
+        return ak.AttentionLayer(case.q_heads, case.kv_heads, case.head_dim, layer_id=layer_id,
+                                 sliding_window=case.window, k_scale=case.k_scale,
+                                 v_scale=case.v_scale)
+
+    def inputs(self, tokens, gen):
+        case = self.case
+        dtype = TORCH_DTYPE[case.q_dtype]
+        shape = dict(generator=gen, device=DEVICE, dtype=dtype)
+        q = torch.randn(tokens, case.q_heads, case.head_dim, **shape)
+        k = torch.randn(tokens, case.kv_heads, case.head_dim, **shape)
+        v = torch.randn(tokens, case.kv_heads, case.head_dim, **shape)
+        return q, k, v, torch.full_like(q, math.nan)
+
+    def check_stored(self, layer, slots, k, v):
+        """set_kv / save_kv stored the new rows in the caller's tensors (zero-copy)."""
+        case = self.case
+        if case.kv_dtype != "fp8_e4m3":
+            ok = torch.equal(self.k[layer][slots], k) and torch.equal(self.v[layer][slots], v)
+            return "" if ok else "stored k/v differ from the inputs"
+        stored_k, stored_v = self.dequantised(layer, slots)
+        for stored, x, scale in ((stored_k, k, case.k_scale), (stored_v, v, case.v_scale)):
+            exact = x.float()
+            bound = E4M3_UNIT_ROUNDOFF * exact.abs() + E4M3_HALF_SUBNORMAL * scale
+            if not bool(((stored - exact).abs() <= bound).all()):
+                return "fp8 stored values are not RNE(x / scale)"
+        return ""
+
+    def check_request(self, layer, row, prefix, q, out):
+        """'' when out matches SDPA over the request's stored (dequantised) keys and values."""
+        n = q.shape[0]
+        row_slots = torch.from_numpy(self.table.host_row(row)[:prefix + n]).long().to(DEVICE)
+        kk, vv = self.dequantised(layer.layer_id, row_slots)
+        ref = sdpa_reference(q, kk, vv, prefix, layer.scaling, self.case.window)
+        return compare(out, ref, TORCH_DTYPE[self.case.q_dtype])
+
 
 def sdpa_reference(q, k, v, prefix, scaling, window):
     """q [n, Hq, D] at positions prefix..prefix+n-1 over k/v [L, Hkv, D] (float32)."""
@@ -209,55 +259,127 @@ def compare(out, ref, dtype):
     return ""
 
 
-def check_stored(cache, layer, slots, k, v):
-    """set_kv / save_kv stored the new rows in the caller's tensors (zero-copy)."""
-    case = cache.case
-    if case.kv_dtype != "fp8_e4m3":
-        ok = torch.equal(cache.k[layer][slots], k) and torch.equal(cache.v[layer][slots], v)
-        return "" if ok else "stored k/v differ from the inputs"
-    stored_k, stored_v = cache.dequantised(layer, slots)
-    for stored, x, scale in ((stored_k, k, case.k_scale), (stored_v, v, case.v_scale)):
-        exact = x.float()
-        bound = E4M3_UNIT_ROUNDOFF * exact.abs() + E4M3_HALF_SUBNORMAL * scale
-        if not bool(((stored - exact).abs() <= bound).all()):
-            return "fp8 stored values are not RNE(x / scale)"
+# ---- MLA (absorbed 576 / 512 over one latent row per token) ----
+
+MLA_LORA = 512
+MLA_ROPE = 64
+MLA_ROW = MLA_LORA + MLA_ROPE
+MLA_SCALING = 192**-0.5  # DeepSeek: 1/sqrt(qk_nope 128 + qk_rope 64)
+
+
+@dataclasses.dataclass
+class MLACase:
+    name: str
+    q_heads: int
+    page_size: int
+    kv_dtype: str = "bf16"
+    k_scale: float = 1.0
+    prefill: tuple = (37, 1, 300, 64)
+    extend: tuple = (5, 17, 1, 3)
+
+
+MLA_CASES = [
+    MLACase("mla_h16_page1", 16, 1),
+    MLACase("mla_h16_page64", 16, 64),
+    MLACase("mla_h128_page64", 128, 64, prefill=(200, 65), extend=(3, 1)),
+    MLACase("mla_h16_page128", 16, 128),
+    MLACase("mla_h16_page64_fp8", 16, 64, kv_dtype="fp8_e4m3", k_scale=0.5),
+    MLACase("mla_h64_page64_long_split_kv", 64, 64, prefill=(1900, 3), extend=(2, 1)),
+]
+
+
+def mla_skip_reason(descriptor, case):
+    row = descriptor["mla"]
+    if row is None:
+        return "no MLA support"
+    sizes = row["native_page_sizes"]
+    if isinstance(sizes, list) and case.page_size not in sizes:
+        return f"page_size {case.page_size} not in {sizes}"
+    if case.kv_dtype.startswith("fp8") and not row["fp8_kv"]:
+        return "no fp8 KV cache"
     return ""
 
 
-def make_layer(case, layer_id):
-    return ak.AttentionLayer(case.q_heads, case.kv_heads, case.head_dim, layer_id=layer_id,
-                             sliding_window=case.window, k_scale=case.k_scale,
-                             v_scale=case.v_scale)
+class MLACache(Cache):
+    """Caller-owned latent cache [rows, 1, 576] per layer in torch CUDA tensors, NaN-poisoned."""
 
+    def __init__(self, case):
+        self.case = case
+        self.num_pages = pages_needed(case)
+        shape = ((self.num_pages + 1) * case.page_size, 1, MLA_ROW)
+        if case.kv_dtype == "fp8_e4m3":
+            self.kv = [torch.full(shape, E4M3_NAN_CODE, dtype=torch.uint8, device=DEVICE)
+                       for _ in range(NUM_LAYERS)]
+            self.pool = ak.MLAKVPool.wrap(self.kv, page_size=case.page_size,
+                                          kv_lora_rank=MLA_LORA, dtype="fp8_e4m3")
+        else:
+            self.kv = [torch.full(shape, math.nan, dtype=torch.bfloat16, device=DEVICE)
+                       for _ in range(NUM_LAYERS)]
+            self.pool = ak.MLAKVPool.wrap(self.kv, page_size=case.page_size,
+                                          kv_lora_rank=MLA_LORA)
+        self.init_requests()
+
+    def latent(self, layer, slots):
+        """The stored latent rows of `slots` as float32 [n, 576] (dequantised)."""
+        kv = self.kv[layer][slots][:, 0]
+        if self.case.kv_dtype == "fp8_e4m3":
+            return kv.view(torch.float8_e4m3fn).float() * self.case.k_scale
+        return kv.float()
+
+    def layer(self, layer_id):
+        case = self.case
+        return ak.AttentionLayer(case.q_heads, 1, MLA_ROW, MLA_LORA, layer_id=layer_id,
+                                 scaling=MLA_SCALING, is_mla=True, kv_lora_rank=MLA_LORA,
+                                 qk_rope_head_dim=MLA_ROPE, k_scale=case.k_scale,
+                                 v_scale=case.k_scale)
+
+    def inputs(self, tokens, gen):
+        case = self.case
+        q = torch.randn(tokens, case.q_heads, MLA_ROW, generator=gen, device=DEVICE,
+                        dtype=torch.bfloat16)
+        k = torch.randn(tokens, 1, MLA_ROW, generator=gen, device=DEVICE, dtype=torch.bfloat16)
+        v = k[..., :MLA_LORA].contiguous()  # V = the first kv_lora_rank columns of the row
+        return q, k, v, torch.full((tokens, case.q_heads, MLA_LORA), math.nan, device=DEVICE,
+                                   dtype=torch.bfloat16)
+
+    def check_stored(self, layer_id, slots, k, v):
+        """save_kv stored k as the latent row (fp8: RNE(k / k_scale)) in the caller's tensors."""
+        if self.case.kv_dtype != "fp8_e4m3":
+            ok = torch.equal(self.kv[layer_id][slots], k)
+            return "" if ok else "stored latent rows differ from k"
+        exact = k[:, 0].float()
+        bound = E4M3_UNIT_ROUNDOFF * exact.abs() + E4M3_HALF_SUBNORMAL * self.case.k_scale
+        if not bool(((self.latent(layer_id, slots) - exact).abs() <= bound).all()):
+            return "fp8 stored latent rows are not RNE(k / k_scale)"
+        return ""
+
+    def check_request(self, layer, row, prefix, q, out):
+        """'' when out [n, H, 512] matches SDPA over the request's stored latent rows."""
+        n = q.shape[0]
+        slots = torch.from_numpy(self.table.host_row(row)[:prefix + n]).long().to(DEVICE)
+        latent = self.latent(layer.layer_id, slots)[:, None, :]
+        ref = sdpa_reference(q, latent, latent[..., :MLA_LORA], prefix, layer.scaling, -1)
+        return compare(out, ref, torch.bfloat16)
+
+
+# ---- the steps every case runs (MHA or MLA through the cache's hooks) ----
 
 def run_step(backend, cache, new_lens, mode, gen, results, label):
-    case = cache.case
-    dtype = TORCH_DTYPE[case.q_dtype]
     batch, slots, prefix = cache.plan(new_lens, mode)
     backend.init_forward_metadata(batch)
-    tokens = sum(new_lens)
     failures = []
     for layer_id in range(NUM_LAYERS):
-        layer = make_layer(case, layer_id)
-        q = torch.randn(tokens, case.q_heads, case.head_dim, generator=gen, device=DEVICE,
-                        dtype=dtype)
-        k = torch.randn(tokens, case.kv_heads, case.head_dim, generator=gen, device=DEVICE,
-                        dtype=dtype)
-        v = torch.randn(tokens, case.kv_heads, case.head_dim, generator=gen, device=DEVICE,
-                        dtype=dtype)
-        out = torch.full_like(q, math.nan)
+        layer = cache.layer(layer_id)
+        q, k, v, out = cache.inputs(sum(new_lens), gen)
         forward = backend.forward_decode if mode == "decode" else backend.forward_extend
         forward(q, k, v, out, layer, batch)
         torch.cuda.synchronize()
-        stored = check_stored(cache, layer_id, slots, k, v)
+        stored = cache.check_stored(layer_id, slots, k, v)
         if stored:
             failures.append(f"layer {layer_id}: {stored}")
         start = 0
         for i, (row, p, n) in enumerate(zip(cache.rows, prefix, new_lens)):
-            row_slots = torch.from_numpy(cache.table.host_row(row)[:p + n]).long().to(DEVICE)
-            kk, vv = cache.dequantised(layer_id, row_slots)
-            ref = sdpa_reference(q[start:start + n], kk, vv, p, layer.scaling, case.window)
-            problem = compare(out[start:start + n], ref, dtype)
+            problem = cache.check_request(layer, row, p, q[start:start + n], out[start:start + n])
             if problem:
                 failures.append(f"layer {layer_id} request {i} (prefix {p}, new {n}): {problem}")
             start += n
@@ -269,10 +391,8 @@ def run_step(backend, cache, new_lens, mode, gen, results, label):
 def run_graph_decode(backend, cache, gen, results, label):
     """Capture one decode step with placeholder metadata, replay it for the real batch, and
     compare with eager execution (bit-identical) and with SDPA."""
-    case = cache.case
-    dtype = TORCH_DTYPE[case.q_dtype]
     bs = len(cache.rows)
-    layer = make_layer(case, 0)
+    layer = cache.layer(0)
     i32 = dict(dtype=torch.int32, device=DEVICE)
     fill = backend.cuda_graph_seq_len_fill_value
     # Static graph inputs. At capture time the lengths are placeholders (the backend's fill
@@ -280,10 +400,7 @@ def run_graph_decode(backend, cache, gen, results, label):
     static_rows = torch.tensor(cache.rows, **i32)
     static_seq = torch.full((bs,), fill, **i32)
     static_loc = torch.zeros(bs, dtype=torch.int64, device=DEVICE)
-    q = torch.randn(bs, case.q_heads, case.head_dim, generator=gen, device=DEVICE, dtype=dtype)
-    k = torch.randn(bs, case.kv_heads, case.head_dim, generator=gen, device=DEVICE, dtype=dtype)
-    v = torch.randn(bs, case.kv_heads, case.head_dim, generator=gen, device=DEVICE, dtype=dtype)
-    out_graph = torch.full_like(q, math.nan)
+    q, k, v, out_graph = cache.inputs(bs, gen)
     backend.init_cuda_graph_state(bs, bs)
     backend.init_forward_metadata_capture_cuda_graph(bs, bs, static_rows, static_seq, None,
                                                      "decode", None)
@@ -305,7 +422,7 @@ def run_graph_decode(backend, cache, gen, results, label):
     graph.replay()
     torch.cuda.synchronize()
 
-    out_eager = torch.full_like(q, math.nan)
+    out_eager = torch.full_like(out_graph, math.nan)
     backend.init_forward_metadata(batch)
     backend.forward_decode(q, k, v, out_eager, layer, batch)
     torch.cuda.synchronize()
@@ -314,10 +431,7 @@ def run_graph_decode(backend, cache, gen, results, label):
         diff = (out_graph.float() - out_eager.float()).abs().nan_to_num(math.inf).max().item()
         failures.append(f"graph replay differs from eager (max |diff| {diff:.2e})")
     for i, (row, p) in enumerate(zip(cache.rows, prefix)):
-        row_slots = torch.from_numpy(cache.table.host_row(row)[:p + 1]).long().to(DEVICE)
-        kk, vv = cache.dequantised(0, row_slots)
-        ref = sdpa_reference(q[i:i + 1], kk, vv, p, layer.scaling, case.window)
-        problem = compare(out_graph[i:i + 1], ref, dtype)
+        problem = cache.check_request(layer, row, p, q[i:i + 1], out_graph[i:i + 1])
         if problem:
             failures.append(f"request {i}: {problem}")
     cache.commit([1] * bs)
@@ -327,14 +441,16 @@ def run_graph_decode(backend, cache, gen, results, label):
 
 def run_case(name, descriptor, case, results):
     label = f"{name}/{case.name}"
-    reason = skip_reason(descriptor, case)
+    is_mla = isinstance(case, MLACase)
+    reason = (mla_skip_reason if is_mla else skip_reason)(descriptor, case)
     if reason:
         results.report("SKIP", label, f"descriptor: {reason}")
         return
-    cache = Cache(case)
+    cache = MLACache(case) if is_mla else Cache(case)
     try:
         backend = ak.create_backend(name, kv_pool=cache.pool, req_to_token_pool=cache.table,
-                                    num_q_heads=case.q_heads, q_dtype=case.q_dtype,
+                                    num_q_heads=case.q_heads,
+                                    q_dtype="bf16" if is_mla else case.q_dtype,
                                     stream=torch.cuda.current_stream().cuda_stream)
     except (ak.UnsupportedError, ak.NotBuiltError) as e:
         results.report("SKIP", label, f"{type(e).__name__}: {e}")
@@ -373,13 +489,17 @@ def main():
     if not names:
         print("no GPU backend is built into this attnkit package", file=sys.stderr)
         return 2
-    cases = [c for c in CASES if not args.cases or c.name in args.cases.split(",")]
+    wanted = args.cases.split(",") if args.cases else None
+    cases = [c for c in CASES if not wanted or c.name in wanted]
+    mla_cases = [c for c in MLA_CASES if not wanted or c.name in wanted]
     results = Results()
     for name in names:
         if name not in descriptors:
             results.report("FAIL", name, "unknown backend")
             continue
         for case in cases:
+            run_case(name, descriptors[name], case, results)
+        for case in mla_cases:
             run_case(name, descriptors[name], case, results)
     print(f"{results.passed} passed, {results.failed} failed, {results.skipped} skipped")
     return 1 if results.failed else 0

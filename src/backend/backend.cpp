@@ -114,6 +114,26 @@ Status check_layer(const AttentionLayer& layer) {
       }
     }
   }
+  if (layer.mla_prefix != nullptr) {
+    if (!layer.is_mla || layer.qk_head_dim == layer.kv_lora_rank + layer.qk_rope_head_dim) {
+      return Status::invalid_argument(
+          cat("layer.mla_prefix is set on a layer that is not an MLA non-absorbed (prefill) layer "
+              "(is_mla ",
+              layer.is_mla, ", qk_head_dim ", layer.qk_head_dim, ")"));
+    }
+    if (layer.mla_prefix->chunk_tokens < 1 || !layer.mla_prefix->expand) {
+      return Status::invalid_argument(cat("layer.mla_prefix: chunk_tokens ",
+                                          layer.mla_prefix->chunk_tokens,
+                                          " must be >= 1 and expand must be set"));
+    }
+    if (layer.num_kv_heads != layer.num_q_heads || layer.qk_head_dim <= layer.qk_rope_head_dim) {
+      return Status::invalid_argument(cat(
+          "layer.mla_prefix: the decompressed prefix has one key head per query head "
+          "(num_kv_heads ",
+          layer.num_kv_heads, " must equal num_q_heads ", layer.num_q_heads, ") and qk_head_dim ",
+          layer.qk_head_dim, " must exceed qk_rope_head_dim ", layer.qk_rope_head_dim));
+    }
+  }
   return Status::ok();
 }
 
@@ -240,6 +260,12 @@ Status validate_forward_inputs(const TensorView& q, const TensorView& k, const T
                                           " is missing: both k and v of the new tokens are "
                                           "needed to write the cache"));
     }
+  }
+  if (layer.mla_prefix != nullptr &&
+      (batch.extend_prefix_lens_host.empty() || !batch.encoder_lens_host.empty())) {
+    return Status::invalid_argument(
+        "layer.mla_prefix (MLA chunked prefix cache) needs an extend batch with "
+        "extend_prefix_lens_host and no encoder_lens");
   }
   if (mla_prefill && (!k_given || !v_given)) {
     return Status::invalid_argument(

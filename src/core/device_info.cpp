@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "attnkit/device.h"
+#include "core/emulated_cc.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -206,6 +207,8 @@ Result<DeviceInfo> detect_cuda(int ordinal) {
   d.sm_count = prop.multiProcessorCount;
   d.max_shared_memory_per_block = static_cast<int>(prop.sharedMemPerBlockOptin);
   d.cuda_runtime_version = runtime;
+  ATTNKIT_RETURN_IF_ERROR(detail::apply_emulated_compute_capability(
+      &d.compute_capability, &d.max_shared_memory_per_block));
   return d;
 #else
   (void)ordinal;

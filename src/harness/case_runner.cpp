@@ -9,9 +9,11 @@
 #include <ostream>
 #include <random>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "backends/torch_native/torch_native_backend.h"
+#include "harness/mla_prefix_expander.h"
 
 namespace attnkit::harness {
 namespace {
@@ -100,6 +102,9 @@ Result<TensorView> upload(std::vector<Buffer>& storage, Device device, DType dty
 Result<TensorView> upload_floats(std::vector<Buffer>& storage, Device device, DType dtype,
                                  const std::vector<int64_t>& shape,
                                  const std::vector<float>& values) {
+  if (dtype == DType::kF32) {  // the history K/V of big benchmark cases: no per-element convert
+    return upload_bytes(storage, device, dtype, shape, values.data());
+  }
   std::vector<uint8_t> bytes(static_cast<size_t>(dtype_storage_bytes(dtype, numel_of(shape))));
   for (size_t i = 0; i < values.size(); ++i) {
     store_from_float(bytes.data(), dtype, static_cast<int64_t>(i), values[i]);
@@ -111,6 +116,50 @@ std::vector<float> normal_values(std::mt19937_64& rng, int64_t n, float mean = 0
   std::normal_distribution<float> dist(mean, 1.f);
   std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// splitmix64: the counter-based mixer behind fast_normal_values.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// N(mean, 1) values from a counter-based generator (Box-Muller over splitmix64 of seed + index),
+// filled by all hardware threads: the same values for a seed on every machine and thread count,
+// at a small fraction of std::normal_distribution's cost. For benchmark inputs of hundreds of
+// millions of values (PrepareOptions::fast_inputs); the tests keep normal_values.
+std::vector<float> fast_normal_values(uint64_t seed, int64_t n, float mean = 0.f) {
+  std::vector<float> v(static_cast<size_t>(n));
+  constexpr double kTwoPi = 6.283185307179586;
+  constexpr double kUnit = 1.0 / 9007199254740992.0;  // 2^-53
+  auto fill = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin & ~int64_t{1}; i < end; i += 2) {
+      const uint64_t bits = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(i)));
+      const uint64_t bits2 = splitmix64(bits);
+      const double u1 = (static_cast<double>(bits >> 11) + 1.0) * kUnit;  // (0, 1]
+      const double u2 = static_cast<double>(bits2 >> 11) * kUnit;
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      if (i >= begin)
+        v[static_cast<size_t>(i)] = mean + static_cast<float>(r * std::cos(kTwoPi * u2));
+      if (i + 1 < end) {
+        v[static_cast<size_t>(i + 1)] = mean + static_cast<float>(r * std::sin(kTwoPi * u2));
+      }
+    }
+  };
+  constexpr int64_t kPerThread = int64_t{1} << 20;
+  const int64_t threads =
+      std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), n / kPerThread + 1);
+  if (threads <= 1) {
+    fill(0, n);
+    return v;
+  }
+  std::vector<std::thread> pool;
+  const int64_t chunk = ((n + threads - 1) / threads + 1) & ~int64_t{1};  // even boundaries
+  for (int64_t b = 0; b < n; b += chunk) pool.emplace_back(fill, b, std::min(n, b + chunk));
+  for (std::thread& th : pool) th.join();
   return v;
 }
 
@@ -210,6 +259,12 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
     if (!s.mla_absorbed() && s.mode != ForwardMode::kExtend) {
       return bad("MLA non-absorbed (prefill) cases must use mode extend");
     }
+  }
+  if (s.mla_prefix_chunk < 0 ||
+      (s.mla_prefix_chunk > 0 && (!s.mla || s.mla_absorbed() || s.num_kv_heads != s.num_q_heads))) {
+    return bad(cat("mla_prefix_chunk ", s.mla_prefix_chunk,
+                   " must be 0, or > 0 only for MLA non-absorbed cases with num_kv_heads = "
+                   "num_q_heads"));
   }
   if (o.num_layers < 1) return bad(cat("num_layers ", o.num_layers, " must be >= 1"));
   if (o.spare_pages < 0) return bad(cat("spare_pages ", o.spare_pages, " must be >= 0"));
@@ -414,6 +469,7 @@ std::string CaseSpec::describe() const {
   if (mla) os << " mla " << kv_lora_rank << "+" << qk_rope_head_dim;
   if (!shuffle_pages) os << " contiguous";
   if (shared_prefix > 0) os << " shared " << shared_prefix;
+  if (mla_prefix_chunk > 0) os << " prefix chunks of " << mla_prefix_chunk;
   return os.str();
 }
 
@@ -578,6 +634,44 @@ const std::vector<CaseSpec>& shared_case_table() {
       CaseSpec& c = add("mla_decode_fp8_e4m3_h128_page128", M::kDecode, 128, {900, 5}, {1, 1});
       mla(c, 128, true);
       c.kv_dtype = DType::kFP8E4M3;
+    }
+    // Absorbed MLA extend over quantised latent caches (`flashmla` / `cutlass_mla` decode fp8 on
+    // their engines and send extend to the portable kernels; fp4 is portable throughout).
+    {
+      CaseSpec& c = add("mla_extend_fp8_e4m3_page64", M::kExtend, 64, {70, 0, 130}, {9, 33, 1});
+      mla(c, 16, true);
+      c.kv_dtype = DType::kFP8E4M3;
+    }
+    {
+      CaseSpec& c = add("mla_extend_fp4_page64", M::kExtend, 64, {70, 0}, {9, 33});
+      mla(c, 16, true);
+      c.kv_dtype = DType::kFP4E2M1;
+    }
+    {
+      CaseSpec& c = add("mla_extend_fp8_e4m3_page128", M::kExtend, 128, {200, 5}, {17, 4});
+      mla(c, 16, true);
+      c.kv_dtype = DType::kFP8E4M3;
+    }
+    // MLA chunked prefix cache (192/128 prefill over a cached prefix): long prefixes over many
+    // chunks (24 at page 1), fp8 latent rows (7), one chunk (page 128).
+    {
+      CaseSpec& c = add("mla_prefill_prefix_chunks_page1", M::kExtend, 1, {700, 0, 1500, 63},
+                        {40, 17, 64, 5});
+      mla(c, 16, false);
+      c.mla_prefix_chunk = 256;
+    }
+    {
+      CaseSpec& c =
+          add("mla_prefill_prefix_chunks_page64_fp8", M::kExtend, 64, {1000, 130}, {24, 50});
+      mla(c, 16, false);
+      c.kv_dtype = DType::kFP8E4M3;
+      c.mla_prefix_chunk = 300;
+    }
+    {
+      CaseSpec& c =
+          add("mla_prefill_prefix_one_chunk_page128", M::kExtend, 128, {900, 257, 0}, {16, 31, 9});
+      mla(c, 16, false);
+      c.mla_prefix_chunk = 4096;
     }
     return t;
   }();
@@ -759,6 +853,11 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
   const bool quantised = is_quantised(spec.kv_dtype);
   for (int l = 0; l < options.num_layers; ++l) {
     std::mt19937_64 lrng(spec.seed + kSeedStride * static_cast<uint64_t>(l + 1));
+    // Benchmarks draw their (large) inputs from the counter-based generator, seeded from lrng.
+    auto normals = [&](int64_t n, float mean = 0.f) {
+      return options.fast_inputs ? fast_normal_values(lrng(), n, mean)
+                                 : normal_values(lrng, n, mean);
+    };
     LayerData ld;
     AttentionLayer& layer = ld.layer;
     layer.layer_id = l;
@@ -782,22 +881,28 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
     if (spec.sinks) {
       ATTNKIT_ASSIGN_OR_RETURN(layer.sinks,
                                upload_floats(pc.storage, device, DType::kF32, {spec.num_q_heads},
-                                             normal_values(lrng, spec.num_q_heads, 1.f)));
+                                             normals(spec.num_q_heads, 1.f)));
     }
     ld.save_kv_allowed = !layer.is_cross_attention && !mla_prefill;
+    if (spec.mla_prefix_chunk > 0) {
+      if (pc.mla_prefix == nullptr) {
+        pc.mla_prefix = std::make_unique<MlaPrefixDecompressor>(
+            make_test_mla_prefix_decompressor(spec.mla_prefix_chunk, spec.kv_lora_rank));
+      }
+      layer.mla_prefix = pc.mla_prefix.get();
+    }
 
     // History K/V (f32 source; the pool quantises).
     if (n_hist > 0) {
       ATTNKIT_ASSIGN_OR_RETURN(
           TensorView hk,
           upload_floats(pc.storage, device, DType::kF32, {n_hist, hist_heads, hist_k_dim},
-                        normal_values(lrng, n_hist * hist_heads * hist_k_dim)));
+                        normals(n_hist * hist_heads * hist_k_dim)));
       TensorView hv;
       if (!spec.mla) {
-        ATTNKIT_ASSIGN_OR_RETURN(
-            hv,
-            upload_floats(pc.storage, device, DType::kF32, {n_hist, hist_heads, spec.v_head_dim},
-                          normal_values(lrng, n_hist * hist_heads * spec.v_head_dim)));
+        ATTNKIT_ASSIGN_OR_RETURN(hv, upload_floats(pc.storage, device, DType::kF32,
+                                                   {n_hist, hist_heads, spec.v_head_dim},
+                                                   normals(n_hist * hist_heads * spec.v_head_dim)));
       }
       ATTNKIT_RETURN_IF_ERROR(
           pc.kv_pool->set_kv(l, hist_loc, hk, hv, layer.k_scale, layer.v_scale, nullptr));
@@ -806,8 +911,8 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
     // New tokens.
     ATTNKIT_ASSIGN_OR_RETURN(
         ld.q, upload_floats(pc.storage, device, spec.q_dtype, {t, spec.num_q_heads, spec.head_dim},
-                            normal_values(lrng, t * spec.num_q_heads * spec.head_dim)));
-    const std::vector<float> kvals = normal_values(lrng, t * spec.num_kv_heads * spec.head_dim);
+                            normals(t * spec.num_q_heads * spec.head_dim)));
+    const std::vector<float> kvals = normals(t * spec.num_kv_heads * spec.head_dim);
     ATTNKIT_ASSIGN_OR_RETURN(ld.k, upload_floats(pc.storage, device, spec.q_dtype,
                                                  {t, spec.num_kv_heads, spec.head_dim}, kvals));
     std::vector<float> vvals;
@@ -817,7 +922,7 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
                      kvals.begin() + i * spec.head_dim + spec.v_head_dim);
       }
     } else {
-      vvals = normal_values(lrng, t * spec.num_kv_heads * spec.v_head_dim);
+      vvals = normals(t * spec.num_kv_heads * spec.v_head_dim);
     }
     ATTNKIT_ASSIGN_OR_RETURN(ld.v, upload_floats(pc.storage, device, spec.q_dtype,
                                                  {t, spec.num_kv_heads, spec.v_head_dim}, vvals));
@@ -1102,6 +1207,9 @@ std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
   }
   if (spec.sliding_window >= 0 && !row->sliding_window) {
     return d.name + " does not support sliding window attention";
+  }
+  if (spec.mla_prefix_chunk > 0 && !row->chunked_prefix_cache) {
+    return d.name + " does not support the MLA chunked prefix cache";
   }
   if (spec.type == AttentionType::kEncoderOnly && !row->multimodal) {
     return d.name + " does not support bidirectional (encoder / multimodal) attention";

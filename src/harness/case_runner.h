@@ -26,10 +26,10 @@
 //  * MLA absorbed (head_dim = kv_lora_rank + qk_rope_head_dim, v_head_dim = kv_lora_rank): one KV
 //    head, pool row [latent | rope], V = the first kv_lora_rank columns of the row.
 //  * MLA non-absorbed prefill (mla with head_dim != kv_lora_rank + qk_rope_head_dim, e.g. 192/128):
-//    plain MHA over the new tokens' k/v (causal within the request); the MLA pool is not read and
-//    save_kv is off. A cached prefix is handled by the caller: attend to decompressed prefix chunks
-//    with reference::mha_varlen_fp64(causal=false) (or a backend's equivalent) and merge the
-//    (out, lse) pairs with merge_attention_states below.
+//    plain MHA over the new tokens' k/v (causal within the request); save_kv is off. With
+//    mla_prefix_chunk > 0 the layers carry an MlaPrefixDecompressor (chunked prefix cache): the
+//    new tokens also see their cached prefix, read from the pool as latent rows and decompressed
+//    by the test expander (mla_prefix_expander.h); otherwise the MLA pool is not read.
 #pragma once
 
 #include <cstdint>
@@ -79,6 +79,10 @@ struct CaseSpec {
   // Requests 1.. reuse request 0's first shared_prefix decoder tokens (its pages, as a radix
   // cache shares a common prompt); a multiple of page_size, <= every prefix_lens[r].
   int shared_prefix = 0;
+  // MLA non-absorbed prefill: > 0 = the new tokens also attend their cached prefix through the
+  // chunked prefix cache (AttentionLayer::mla_prefix with the test expander of
+  // mla_prefix_expander.h), at most this many prefix tokens per chunk; 0 = new tokens only.
+  int mla_prefix_chunk = 0;
   uint64_t seed = 0;
 
   int batch_size() const { return static_cast<int>(prefix_lens.size()); }
@@ -106,6 +110,7 @@ struct PrepareOptions {
   bool poison = true;         // NaN-fill outputs, lse and the whole pool before writing history
   bool snapshot_pool = true;  // keep a host copy of the pool to detect stray writes
   int spare_pages = 3;        // allocated-but-unused pages mixed into the page tables' range
+  bool fast_inputs = false;   // counter-based, multi-threaded random inputs (bench: big cases)
 };
 
 // Everything one layer call needs; tensors live on PreparedCase::device.
@@ -137,6 +142,8 @@ struct PreparedCase {
   std::vector<std::vector<uint8_t>> pool_snapshot;  // per layer: all pool bytes after history
   std::vector<Buffer> storage;                      // owns the memory behind batch and layers
   std::vector<void*> canaries;  // guard bytes after each out / lse tensor (on `device`)
+  // spec.mla_prefix_chunk > 0: the decompressor every layer's AttentionLayer::mla_prefix points to.
+  std::unique_ptr<MlaPrefixDecompressor> mla_prefix;
 
   // The context a backend for this case is created with.
   BackendContext context() const;

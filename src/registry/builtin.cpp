@@ -150,14 +150,18 @@ BackendDescriptor flashinfer() {
   BackendDescriptor d = cuda_descriptor(
       "flashinfer",
       "tensor-core (mma.sync, SM80+) plan/run kernels, load-balanced split-KV, GQA-packed "
-      "decode; page-1 MLA: decode and verify (topk 1) on the shared tensor-core MLA kernels "
+      "decode; SM90 prefill/extend of bf16/f16 MHA d 64/128/256 with KV of the q dtype and no "
+      "window/soft-cap/sinks runs the fa3 wgmma kernel (shared engine), everything else (SM80, "
+      "those features, fp8 KV, verify masks, d 80/96) the mma.sync prefill kernel; page-1 MLA: "
+      "decode and verify (topk 1) on the shared tensor-core MLA kernels "
       "(bf16 KV, needs 227 KiB shared memory per block: SM90), extend / 192-128 prefill / fp4 KV "
-      "on the portable SIMT kernels",
+      "on the portable SIMT kernels; MLA chunked prefix cache (prefix chunks gathered, "
+      "decompressed by the caller's expander, attended on the SIMT kernel, LSE-merged by the "
+      "cascade merge kernel)",
       kMinCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, false);
   d.mha->head_dims = cuda_head_dims();
-  // chunked prefix cache: no (DESIGN says yes): no prefix-chunk + LSE-merge MLA prefill exists yet.
-  d.mla = mla_row(token_pages(), false, true, false, true, false);
+  d.mla = mla_row(token_pages(), false, true, true, true, false);
 #ifdef ATTNKIT_WITH_CUDA
   d.built = true;
   d.not_built_reason.clear();
@@ -176,16 +180,16 @@ BackendDescriptor fa3() {
       "SM90: warp-specialised wgmma prefill/extend (TMA page boxes for pages of >= 8 rows, "
       "cp.async page gather otherwise, into a 128B-swizzled mbarrier ring; 2 consumer warpgroups, "
       "ping-pong + softmax/P.V overlap, P.V from registers, causal block skip, persistent "
-      "longest-first) for bf16/f16 MHA d 64/128/256, causal or bidirectional, without "
+      "zigzag over longest-first tiles, key blocks of 128 / 80 at d 256) for bf16/f16 MHA d "
+      "64/128/256, causal or bidirectional, without "
       "window/soft-cap/sinks/fp8 KV; decode, target verify, those features, d 80/96, "
       "cross-attention, SM80 and CUDA graphs run the flashinfer mma.sync kernels; MLA runs the "
-      "portable triton kernels",
+      "portable triton kernels and flashinfer's MLA chunked prefix cache",
       kMinCc, kMaxCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, true);
   d.mha->head_dims = cuda_head_dims();
   d.mha->fp8_e4m3_only = true;
-  // chunked prefix cache: no (DESIGN says yes): no prefix-chunk + LSE-merge MLA prefill exists yet.
-  d.mla = mla_row(any_pages(), false, false, false, true, true);
+  d.mla = mla_row(any_pages(), false, false, true, true, true);
   d.mla->topk_gt1_needs_page1 = true;
 #ifdef ATTNKIT_WITH_CUDA
   d.built = true;
@@ -253,11 +257,10 @@ BackendDescriptor flashmla() {
       "flashmla",
       "MLA decode on the shared tensor-core kernels (mma.sync, up to 64 query rows per CTA, "
       "cp.async page-64 loader), split-KV with a device-side tile-scheduler plan + LSE combine, "
-      "bf16 and fp8_e4m3 latent cache, s_q 1 and verify topk 1; extend, 192/128 prefill and fp4 "
-      "KV via the portable SIMT kernels",
+      "bf16 and fp8_e4m3 latent cache, s_q 1 and verify topk 1; extend, 192/128 prefill (with "
+      "the chunked prefix cache) and fp4 KV via the portable SIMT kernels",
       kMinCc);
-  // chunked prefix cache: no (DESIGN says yes): no prefix-chunk + LSE-merge MLA prefill exists yet.
-  d.mla = mla_row(fixed_pages({64}), true, true, false, true, false);
+  d.mla = mla_row(fixed_pages({64}), true, true, true, true, false);
   d.mla->fp8_e4m3_only = true;
 #ifdef ATTNKIT_WITH_CUDA
   d.built = true;
@@ -277,11 +280,10 @@ BackendDescriptor cutlass_mla() {
   BackendDescriptor d = cuda_descriptor(
       "cutlass_mla",
       "MLA decode with 128-token pages on the shared tensor-core MLA kernels (page-128 loader, "
-      "split-KV plan + LSE combine, bf16 and fp8_e4m3 cache); extend, 192/128 prefill and fp4 "
-      "KV via the portable SIMT kernels",
+      "split-KV plan + LSE combine, bf16 and fp8_e4m3 cache); extend, 192/128 prefill (with the "
+      "chunked prefix cache) and fp4 KV via the portable SIMT kernels",
       kMinCc, kMaxCc);
-  // chunked prefix cache: no (DESIGN says yes): no prefix-chunk + LSE-merge MLA prefill exists yet.
-  d.mla = mla_row(fixed_pages({128}), true, true, false, true, false);
+  d.mla = mla_row(fixed_pages({128}), true, true, true, true, false);
   d.mla->fp8_e4m3_only = true;
 #ifdef ATTNKIT_WITH_CUDA
   d.built = true;

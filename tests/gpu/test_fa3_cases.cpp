@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 #include "attnkit/device.h"
 #include "attnkit/registry.h"
 #include "backends/fa3/fa3_backend.h"
+#include "backends/fa3/kernels/fa3_params.h"
 #include "harness/case_runner.h"
 
 namespace attnkit {
@@ -49,10 +51,24 @@ bool expects_wgmma(const CaseSpec& s, const DeviceInfo& dev) {
          !s.cross_attention && s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks;
 }
 
-void run_and_compare(const CaseSpec& spec, bool save_kv) {
-  SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv"));
+// The key block the wgmma kernel must have used: ATTNKIT_FA3_BLOCK_N where the run sets it to a
+// block instantiated for the head dim (the device script runs the tests again with the
+// non-default blocks), else the default for (d, causal).
+int expected_block_n(const CaseSpec& s) {
+  const char* e = std::getenv("ATTNKIT_FA3_BLOCK_N");
+  const int env = e != nullptr ? std::atoi(e) : 0;
+  if (fa3::block_n_supported(s.head_dim, env)) return env;
+  return fa3::default_block_n(s.head_dim);
+}
+
+// logit_mult scales every layer's softmax scaling (kernel and reference alike): large logits make
+// the running row maximum jump between key blocks (the O-rescale paths).
+void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f) {
+  SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv") + " logit x" +
+               std::to_string(logit_mult));
   Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
   ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  for (harness::LayerData& ld : pc->layers) ld.layer.scaling *= logit_mult;
   Result<std::unique_ptr<AttentionBackend>> backend = create_fa3_backend(pc->context());
   ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
   const Status run = harness::run_backend(**backend, *pc, save_kv);
@@ -66,6 +82,7 @@ void run_and_compare(const CaseSpec& spec, bool save_kv) {
   if (expects_wgmma(spec, cuda_device())) {
     EXPECT_EQ(stats->flashinfer_calls, 0) << "a wgmma case ran on the flashinfer path";
     EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(pc->layers.size()));
+    EXPECT_EQ(stats->last_block_n, expected_block_n(spec));
   } else {
     EXPECT_EQ(stats->wgmma_calls, 0) << "a case outside the wgmma kernel's scope ran on it";
   }
@@ -115,17 +132,36 @@ TEST(Fa3LongTest, CausalPrefillAcrossTilesAllHeadDims) {
   }
   run_and_compare(prefill("long_page64", {640, 5}, {300, 200}, 64, 4, 1, 128), false);
   run_and_compare(prefill("long_page1", {100}, {500}, 1, 4, 4, 128), true);
+  // d 256 blocks of 80 keys: TMA boxes of 16 rows inside 64-row pages, partial last blocks.
+  run_and_compare(prefill("long_d256_page64", {333, 0}, {300, 161}, 64, 4, 2, 256), true);
 }
 
 TEST(Fa3LongTest, BidirectionalAndF16) {
   CaseSpec c = prefill("long_encoder", {0, 0}, {300, 129}, 16, 8, 2, 128);
   c.type = AttentionType::kEncoderOnly;
   run_and_compare(c, true);
+  // Bidirectional, several tiles and key blocks: TMA boxes in 64-row pages, and the page-1 gather.
+  for (int page : {64, 1}) {
+    c = prefill("long_encoder_page" + std::to_string(page), {0, 0, 0}, {700, 177, 5}, page, 4, 2,
+                128);
+    c.type = AttentionType::kEncoderOnly;
+    run_and_compare(c, page == 64);
+  }
   c = prefill("long_f16", {200, 0}, {333, 64}, 16, 8, 2, 128);
   c.q_dtype = c.kv_dtype = DType::kF16;
   run_and_compare(c, true);
   c.head_dim = c.v_head_dim = 256;
   run_and_compare(c, false);
+}
+
+TEST(Fa3LongTest, LargeLogitsRescaleAcrossBlocks) {
+  // Logits of standard deviation ~12: block maxima differ by far more than the lazy-rescale
+  // threshold (8 in log2 units), so both the kept-maximum and the raised-maximum paths run.
+  run_and_compare(prefill("large_logits", {200, 0}, {600, 300}, 16, 8, 2, 128), true, 12.f);
+  CaseSpec c = prefill("large_logits_encoder", {0}, {500}, 64, 4, 1, 128);
+  c.type = AttentionType::kEncoderOnly;
+  run_and_compare(c, true, 12.f);
+  run_and_compare(prefill("large_logits_d256", {100}, {300}, 16, 4, 2, 256), true, 12.f);
 }
 
 // ---- CUDA graphs (decode, delegated): replay equals eager bit for bit ----

@@ -55,7 +55,11 @@ struct RunResult {
 
 // Runs the case (already prepared, prefix shared) with the cascade on or off and checks it
 // against the fp64 reference.
-RunResult run_case(PreparedCase& pc, bool cascade, int min_shared_prefix = 256) {
+// cascade: set_flashinfer_cascade with every forward mode, fp8 KV, batches >= 2 and prefixes >=
+// min_shared_prefix (the mechanism under test); defaults: the backend as created (the default
+// policy of FlashInferCascadeOptions).
+RunResult run_case(PreparedCase& pc, bool cascade, int min_shared_prefix = 256,
+                   bool defaults = false) {
   RunResult r;
   for (harness::LayerData& ld : pc.layers) {
     EXPECT_TRUE(fill_float(ld.out, kNaN).is_ok());
@@ -64,10 +68,15 @@ RunResult run_case(PreparedCase& pc, bool cascade, int min_shared_prefix = 256) 
   Result<std::unique_ptr<AttentionBackend>> made = create_flashinfer_backend(pc.context());
   EXPECT_TRUE(made.is_ok()) << made.status().to_string();
   if (!made.is_ok()) return r;
-  FlashInferCascadeOptions opt;
-  opt.enabled = cascade;
-  opt.min_shared_prefix = min_shared_prefix;
-  EXPECT_TRUE(set_flashinfer_cascade(**made, opt).is_ok());
+  if (!defaults) {
+    FlashInferCascadeOptions opt;
+    opt.enabled = cascade;
+    opt.min_batch = 2;
+    opt.min_shared_prefix = min_shared_prefix;
+    opt.fp8_kv = true;
+    opt.all_modes = true;
+    EXPECT_TRUE(set_flashinfer_cascade(**made, opt).is_ok());
+  }
   const Status run = harness::run_backend(**made, pc, /*save_kv=*/false);
   EXPECT_TRUE(run.is_ok()) << run.to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -81,6 +90,25 @@ RunResult run_case(PreparedCase& pc, bool cascade, int min_shared_prefix = 256) 
     r.lse.push_back(host_floats(ld.lse));
   }
   return r;
+}
+
+// Whether the case's layers run on the SM90 wgmma prefill kernel instead (bf16/f16 extend, KV of
+// the q dtype, d 64/128/256, no window / soft-cap / sinks, on an SM90 device).
+bool sm90_wgmma(const CaseSpec& s) {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    return false;
+  }
+  const bool mode_ok = s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kMixed ||
+                       s.mode == ForwardMode::kDraftExtend;
+  const bool dtype_ok =
+      (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.kv_dtype == s.q_dtype;
+  const bool dim_ok =
+      (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) && s.head_dim == s.v_head_dim;
+  return major * 10 + minor == 90 && mode_ok && dtype_ok && dim_ok && !s.mla &&
+         s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks;
 }
 
 // The cascade runs (shared prefix detected), matches the reference, and agrees with the plain path
@@ -98,7 +126,12 @@ void cascade_matches_plain(const CaseSpec& spec, int shared, bool expect_cascade
     EXPECT_EQ(cas.stats.cascade_calls, 0);
     return;
   }
-  EXPECT_EQ(cas.stats.cascade_calls, static_cast<int64_t>(pc.layers.size()));
+  // On SM90 the wgmma prefill kernel takes the eligible extend layers before the cascade
+  // (flashinfer_backend.h); the cascade serves the rest.
+  const int64_t layers = static_cast<int64_t>(pc.layers.size());
+  EXPECT_EQ(cas.stats.wgmma_calls, sm90_wgmma(spec) ? layers : 0);
+  EXPECT_EQ(cas.stats.cascade_calls, layers - cas.stats.wgmma_calls);
+  if (cas.stats.cascade_calls == 0) return;
   EXPECT_GE(cas.stats.cascade_shared_prefix, shared - spec.page_size + 1);
   EXPECT_LE(cas.stats.cascade_shared_prefix, shared + spec.page_size - 1);
   const double ulp = spec.q_dtype == DType::kF16 ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
@@ -165,6 +198,18 @@ TEST(FlashInferCascadeTest, ExtendAndF16) {
   c.q_dtype = c.kv_dtype = DType::kF16;
   c.head_dim = c.v_head_dim = 64;
   cascade_matches_plain(c, 300);
+  // Soft-capped extend layers stay off the SM90 wgmma kernel: the cascade runs on every device.
+  CaseSpec cap =
+      base("casc_extend_softcap", ForwardMode::kExtend, 16, {700, 512, 900}, {37, 64, 5});
+  cap.logit_cap = 30.f;
+  cascade_matches_plain(cap, 512);
+  cap.name = "casc_extend_softcap_f16_d64";
+  cap.page_size = 1;
+  cap.prefix_lens = {300, 333};
+  cap.new_lens = {70, 1};
+  cap.q_dtype = cap.kv_dtype = DType::kF16;
+  cap.head_dim = cap.v_head_dim = 64;
+  cascade_matches_plain(cap, 300);
 }
 
 TEST(FlashInferCascadeTest, TargetVerifyTreeMask) {
@@ -186,6 +231,38 @@ TEST(FlashInferCascadeTest, WindowShortPrefixAndSingleRequestStayPlain) {
                         /*expect_cascade=*/false);
   cascade_matches_plain(base("casc_single", ForwardMode::kDecode, 16, {1500}, {1}), 1024,
                         /*expect_cascade=*/false);
+}
+
+// The default policy (no set_flashinfer_cascade call): decode batches of >= 16 requests sharing
+// >= 4096 keys of a bf16 pool cascade; fp8 pools, extend forwards and smaller batches stay plain.
+TEST(FlashInferCascadeTest, DefaultPolicy) {
+  const FlashInferCascadeOptions defaults;
+  EXPECT_TRUE(defaults.enabled);
+  auto run_default = [](const CaseSpec& spec, int shared, bool expect) {
+    SCOPED_TRACE(spec.describe() + " default policy, shared " + std::to_string(shared));
+    Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0));
+    ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
+    share_prefix(*prepared, shared);
+    const RunResult r = run_case(*prepared, true, 0, /*defaults=*/true);
+    const int64_t layers = static_cast<int64_t>(prepared->layers.size());
+    EXPECT_EQ(r.stats.cascade_calls, expect ? layers : 0);
+  };
+  CaseSpec c = base("casc_default_b16", ForwardMode::kDecode, 16, std::vector<int>(16, 4351),
+                    std::vector<int>(16, 1));
+  c.prefix_lens[3] = 4200;
+  run_default(c, 4096, true);
+  c.name = "casc_default_b16_short";
+  run_default(c, 2048, false);  // shared prefix below 4096 keys
+  c.name = "casc_default_fp8";
+  c.kv_dtype = DType::kFP8E4M3;
+  run_default(c, 4096, false);  // fp8 KV
+  CaseSpec small = base("casc_default_b8", ForwardMode::kDecode, 16, std::vector<int>(8, 4351),
+                        std::vector<int>(8, 1));
+  run_default(small, 4096, false);  // fewer than 16 requests
+  CaseSpec ext = base("casc_default_extend", ForwardMode::kExtend, 16, std::vector<int>(16, 4100),
+                      std::vector<int>(16, 3));
+  ext.logit_cap = 30.f;           // off the SM90 wgmma kernel, so only the policy decides
+  run_default(ext, 4096, false);  // extend forward
 }
 
 // ---- target-verify CUDA graphs: replay equals eager bit for bit ----

@@ -47,11 +47,26 @@ bool expects_native(const CaseSpec& s) {
   return !s.mla && q_ok && kv_ok && !s.cross_attention && s.head_dim == s.v_head_dim;
 }
 
-void run_and_compare(const CaseSpec& spec, bool save_kv, bool* split_seen = nullptr) {
-  SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv"));
+// Whether every layer of the case must run on the SM90 wgmma prefill kernel (flashinfer_backend.h
+// says when it routes there).
+bool expects_wgmma(const CaseSpec& s) {
+  const bool mode_ok = s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kMixed ||
+                       s.mode == ForwardMode::kDraftExtend;
+  const bool dim_ok = s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256;
+  return cuda_device().compute_capability == 90 && expects_native(s) && mode_ok && dim_ok &&
+         s.kv_dtype == s.q_dtype && s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks;
+}
+
+void run_and_compare(const CaseSpec& spec, bool save_kv, bool* split_seen = nullptr,
+                     bool sm90_prefill = true) {
+  SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv") +
+               (sm90_prefill ? "" : " sm90 prefill off"));
   Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
   ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
-  Result<std::unique_ptr<AttentionBackend>> backend = create_flashinfer_backend(pc->context());
+  FlashInferOptions options;
+  options.sm90_prefill = sm90_prefill;
+  Result<std::unique_ptr<AttentionBackend>> backend =
+      create_flashinfer_backend_with(pc->context(), options);
   ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
   const Status run = harness::run_backend(**backend, *pc, save_kv);
   ASSERT_TRUE(run.is_ok()) << run.to_string();
@@ -64,6 +79,12 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, bool* split_seen = null
   if (expects_native(spec)) {
     EXPECT_EQ(stats->portable_calls, 0) << "a tensor-core case ran on the portable path";
     EXPECT_EQ(stats->native_calls, static_cast<int64_t>(pc->layers.size()));
+  }
+  if (sm90_prefill && expects_wgmma(spec)) {
+    EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(pc->layers.size()))
+        << "an SM90 prefill case did not run on the wgmma kernel";
+  } else {
+    EXPECT_EQ(stats->wgmma_calls, 0) << "a case outside the wgmma kernel's scope ran on it";
   }
   if (split_seen != nullptr) *split_seen = stats->split_calls > 0;
 }
@@ -133,6 +154,41 @@ TEST(FlashInferSplitTest, WideGroupUsesSeveralQueryTiles) {
   c.prefix_lens = {300, 0};
   c.new_lens = {40, 77};
   run_and_compare(c, true);
+}
+
+// ---- SM90: prefill on the wgmma kernel and on the mma.sync kernel (the fallback) ----
+
+CaseSpec prefill(std::string name, std::vector<int> prefix, std::vector<int> fresh, int page,
+                 int hq, int hkv, int d) {
+  CaseSpec c;
+  c.name = std::move(name);
+  c.mode = ForwardMode::kExtend;
+  c.page_size = page;
+  c.prefix_lens = std::move(prefix);
+  c.new_lens = std::move(fresh);
+  c.num_q_heads = hq;
+  c.num_kv_heads = hkv;
+  c.head_dim = c.v_head_dim = d;
+  c.seed = 5151;
+  return c;
+}
+
+TEST(FlashInferPrefillPathsTest, LongCausalPrefillBothKernelsAllHeadDims) {
+  for (int d : {64, 128, 256}) {
+    // Several 128-row wgmma tiles / key blocks, a one-row request, a prefix over pages of 16.
+    const CaseSpec c =
+        prefill("fi_long_d" + std::to_string(d), {300, 0, 0, 77}, {437, 1, 129, 256}, 16, 8, 2, d);
+    run_and_compare(c, true);
+    run_and_compare(c, false, nullptr, /*sm90_prefill=*/false);
+  }
+  CaseSpec f16 = prefill("fi_long_f16_page1", {100, 33}, {500, 64}, 1, 4, 4, 128);
+  f16.q_dtype = f16.kv_dtype = DType::kF16;
+  run_and_compare(f16, true);
+  run_and_compare(prefill("fi_long_page64", {640, 5}, {300, 200}, 64, 4, 1, 128), false);
+  // A soft-capped layer stays on mma.sync (wgmma_calls 0) on every device.
+  CaseSpec cap = prefill("fi_long_softcap", {200}, {300}, 16, 8, 2, 128);
+  cap.logit_cap = 20.f;
+  run_and_compare(cap, true);
 }
 
 // ---- CUDA graphs: replay equals eager bit for bit ----

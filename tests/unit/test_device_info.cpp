@@ -1,9 +1,11 @@
 // DeviceInfo: host CPU detection, CUDA detection without a GPU / without CUDA, virtual devices.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "attnkit/device.h"
+#include "core/emulated_cc.h"
 
 namespace attnkit {
 namespace {
@@ -101,6 +103,40 @@ TEST(DeviceInfo, PlatformNames) {
   EXPECT_STREQ(platform_name(Platform::kROCm), "rocm");
   EXPECT_STREQ(platform_name(Platform::kNPU), "npu");
   EXPECT_STREQ(platform_name(Platform::kXPU), "xpu");
+}
+
+// ATTNKIT_EMULATE_CC caps the compute capability and the opt-in shared memory by the named
+// generation, never raises them, and rejects an unknown value by name.
+TEST(DeviceInfo, EmulatedComputeCapability) {
+  struct Restore {
+    ~Restore() { unsetenv("ATTNKIT_EMULATE_CC"); }
+  } restore;
+  constexpr int kH200Smem = 227 * 1024;
+  int cc = 90, smem = kH200Smem;
+  unsetenv("ATTNKIT_EMULATE_CC");
+  ASSERT_TRUE(detail::apply_emulated_compute_capability(&cc, &smem).is_ok());
+  EXPECT_EQ(cc, 90);
+  EXPECT_EQ(smem, kH200Smem);
+
+  setenv("ATTNKIT_EMULATE_CC", "80", 1);
+  ASSERT_TRUE(detail::apply_emulated_compute_capability(&cc, &smem).is_ok());
+  EXPECT_EQ(cc, 80);
+  EXPECT_EQ(smem, 163 * 1024);
+
+  setenv("ATTNKIT_EMULATE_CC", "75", 1);
+  ASSERT_TRUE(detail::apply_emulated_compute_capability(&cc, &smem).is_ok());
+  EXPECT_EQ(cc, 75);
+  EXPECT_EQ(smem, 64 * 1024);
+
+  setenv("ATTNKIT_EMULATE_CC", "90", 1);  // above the (now emulated) 75: unchanged
+  ASSERT_TRUE(detail::apply_emulated_compute_capability(&cc, &smem).is_ok());
+  EXPECT_EQ(cc, 75);
+
+  setenv("ATTNKIT_EMULATE_CC", "sm_80", 1);
+  const Status bad = detail::apply_emulated_compute_capability(&cc, &smem);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.message().find("ATTNKIT_EMULATE_CC=sm_80"), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("75, 80"), std::string::npos) << bad.message();
 }
 
 }  // namespace

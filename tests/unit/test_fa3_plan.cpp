@@ -1,5 +1,6 @@
 // The fa3 host planner: plan layout, longest-first tile order (the header's worked example), empty
-// requests, and the error for inconsistent lengths.
+// requests, the error for inconsistent lengths; key blocks, TMA box rows and the persistent
+// schedule (fa3_params.h).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -61,9 +62,59 @@ TEST(Fa3PlanTest, RejectsInconsistentLengths) {
 }
 
 TEST(Fa3PlanTest, KeyBlockFollowsTheHeadDim) {
-  EXPECT_EQ(key_block(64), 128);
-  EXPECT_EQ(key_block(128), 128);
-  EXPECT_EQ(key_block(256), 64);
+  EXPECT_EQ(default_block_n(64), 128);
+  EXPECT_EQ(default_block_n(128), 128);
+  EXPECT_EQ(default_block_n(256), 80);
+  for (int d : {64, 128, 256}) EXPECT_TRUE(block_n_supported(d, default_block_n(d)));
+  EXPECT_TRUE(block_n_supported(256, 64));
+  EXPECT_FALSE(block_n_supported(128, 176));
+  EXPECT_FALSE(block_n_supported(128, 80));
+  EXPECT_FALSE(block_n_supported(96, 128));
+}
+
+TEST(Fa3PlanTest, TmaBoxesNeverCrossAPage) {
+  EXPECT_EQ(tma_rows_for(16, 128), 16);
+  EXPECT_EQ(tma_rows_for(64, 128), 64);
+  EXPECT_EQ(tma_rows_for(256, 128), 128);  // one key block of a larger page
+  EXPECT_EQ(tma_rows_for(64, 80), 16);     // 80 = 5 x 16: 16-row boxes inside 64-row pages
+  EXPECT_EQ(tma_rows_for(8, 80), 8);
+  EXPECT_EQ(tma_rows_for(1, 128), 0);  // gathered
+  EXPECT_EQ(tma_rows_for(4, 128), 0);
+  EXPECT_EQ(tma_rows_for(24, 128), 0);  // not a power of two
+  for (int page : {8, 16, 32, 64, 128, 256, 1024}) {
+    for (int block : {64, 80, 128}) {
+      const int rows = tma_rows_for(page, block);
+      ASSERT_GT(rows, 0);
+      EXPECT_EQ(block % rows, 0) << page << " " << block;  // boxes tile the key block
+      EXPECT_EQ(page % rows, 0) << page << " " << block;   // and stay inside one page
+    }
+  }
+}
+
+TEST(Fa3PlanTest, PersistentScheduleCoversEveryUnitOnce) {
+  for (bool zigzag : {false, true}) {
+    for (int grid : {1, 2, 7, 132}) {
+      for (int units : {0, 1, 5, 131, 132, 133, 263, 264, 1000, 4096}) {
+        std::vector<int> seen(static_cast<size_t>(units), 0);
+        for (int cta = 0; cta < grid; ++cta) {
+          int prev = -1;
+          for (int r = 0, u = schedule_unit(0, cta, grid, zigzag); u < units;
+               u = schedule_unit(++r, cta, grid, zigzag)) {
+            EXPECT_GT(u, prev);
+            prev = u;
+            ++seen[static_cast<size_t>(u)];
+          }
+        }
+        for (int u = 0; u < units; ++u) {
+          EXPECT_EQ(seen[static_cast<size_t>(u)], 1)
+              << "unit " << u << " of " << units << " grid " << grid << " zigzag " << zigzag;
+        }
+      }
+    }
+  }
+  // Zigzag: CTA 0 takes units 0, 2G - 1, 2G, ...
+  EXPECT_EQ(schedule_unit(1, 0, 132, true), 263);
+  EXPECT_EQ(schedule_unit(2, 0, 132, true), 264);
 }
 
 }  // namespace

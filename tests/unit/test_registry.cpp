@@ -36,14 +36,14 @@ struct MlaRow {
   const char* pages;
   bool fp8, fp4, chunked, topk1, topk_gt1, topk_gt1_page1;
 };
-// Departure from DESIGN.md: the built flashinfer / flashmla / cutlass_mla / fa3 MLA rows say "no"
-// to the chunked prefix cache until an MLA prefill over prefix chunks merged by LSE exists.
+// The chunked prefix cache column is DESIGN.md's: flashinfer / flashmla / cutlass_mla / fa3 run
+// it (mla_prefix_cache.h; GPU case table: mla_prefill_prefix_*), triton does not.
 constexpr MlaRow kMla[] = {
-    {"flashinfer", "no (token indices)", false, true, false, true, false, false},
-    {"flashmla", "64", true, true, false, true, false, false},
-    {"cutlass_mla", "128", true, true, false, true, false, false},
+    {"flashinfer", "no (token indices)", false, true, true, true, false, false},
+    {"flashmla", "64", true, true, true, true, false, false},
+    {"cutlass_mla", "128", true, true, true, true, false, false},
     {"trtllm_mla", "32,64", true, true, true, true, false, false},
-    {"fa3", "any", false, false, false, true, true, true},
+    {"fa3", "any", false, false, true, true, true, true},
     {"triton", "any", false, false, false, true, true, true},
     {"fa4", "no (token indices)", false, true, true, false, false, false},
 };

@@ -4,12 +4,15 @@
 // On SM90 (sm_90a code in the binary), extend / mixed / draft-extend forwards of MHA layers with
 // bf16 / f16 q and KV of the same dtype, head dim 64 / 128 / 256, and no sliding window, soft-cap,
 // sinks or encoder (cross-attention) tokens run the warp-specialised wgmma kernel
-// (kernels/prefill_sm90.cuh): cp.async page-table gather into a swizzled shared-memory ring,
-// mbarrier pipeline, two consumer warpgroups with wgmma QK^T and register-A P.V, causal block
-// skipping, persistent grid with longest-first tiles. Everything else -- decode, target verify,
-// window / soft-cap / sinks, fp8 KV, head dims 80 / 96, encoder batches, MLA, SM80, CUDA graphs --
-// runs on an owned `flashinfer` backend (mma.sync tensor-core kernels, which themselves hand MLA,
-// f32 and encoder batches to the portable triton kernels). fa3_stats() says which path ran.
+// (kernels/prefill_sm90.cuh through the engine of prefill_sm90_engine.h, which the flashinfer
+// backend's SM90 prefill shares): TMA page boxes or a cp.async page-table gather into a swizzled
+// shared-memory ring, mbarrier pipeline, two consumer warpgroups with wgmma QK^T and register-A
+// P.V, causal block skipping, persistent zigzag grid over longest-first tiles, key blocks of 128
+// (d 64 / 128) or 80 (d 256). Everything else -- decode,
+// target verify, window / soft-cap / sinks, fp8 KV, head dims 80 / 96, encoder batches, MLA, SM80,
+// CUDA graphs -- runs on an owned `flashinfer` backend (mma.sync tensor-core kernels, which
+// themselves hand MLA, f32 and encoder batches to the portable triton kernels). fa3_stats() says
+// which path ran.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +28,7 @@ Result<std::unique_ptr<AttentionBackend>> create_fa3_backend(const BackendContex
 struct Fa3Stats {
   int64_t wgmma_calls = 0;       // the SM90 wgmma prefill kernel
   int64_t flashinfer_calls = 0;  // delegated to the owned flashinfer backend
+  int last_block_n = 0;          // key block of the last wgmma call (fa3::default_block_n)
 };
 // The counters of a backend made by create_fa3_backend; nullptr for any other backend.
 const Fa3Stats* fa3_stats(const AttentionBackend& backend);

@@ -56,7 +56,9 @@ Status Cascade::plan(const ForwardBatch& batch, std::span<const PlanRequest> req
   shared_ = 0;
   const int bs = static_cast<int>(reqs.size());
   if (!options.enabled || bs < std::max(2, options.min_batch) ||
+      (!options.all_modes && batch.mode != ForwardMode::kDecode) ||
       batch.req_to_token_pool == nullptr || batch.kv_pool == nullptr ||
+      (!options.fp8_kv && dtype_is_fp8(batch.kv_pool->dtype())) ||
       batch.req_pool_indices_host.size() != reqs.size()) {
     return Status::ok();
   }

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <utility>
@@ -23,16 +24,19 @@
 #include "attnkit/registry.h"
 #include "backend/device_array.h"
 #include "backend/kernel_params.h"
+#include "backends/fa3/prefill_sm90_engine.h"
 #include "backends/flashinfer/cascade.h"
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
-#include "backends/flashinfer/kernels/mla_fp4_portable.h"
+#include "backends/flashinfer/kernels/mla_quantized_portable.h"
 #include "backends/flashinfer/kernels/work_plan.h"
 #include "backends/mla/mla_decode_engine.h"
+#include "backends/mla/mla_prefix_cache.h"
 #include "backends/triton/kernels/simt_layout.h"
 #include "backends/triton/kernels/split_plan.h"
 #include "backends/triton/kernels/triton_kernels.h"
 #include "backends/triton/triton_backend.h"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/decode_tuning.h"
 #include "cuda/common/device_attributes.h"
 #include "cuda/common/dispatch.h"
 #include "cuda/common/metadata_kernels.h"
@@ -92,9 +96,9 @@ class PinnedStaging {
 // Everything a forward's layers share.
 struct Plan {
   bool valid = false;
-  bool portable = false;    // this forward runs on the portable SIMT path (the triton backend)
-  bool mla_fp4 = false;     // this forward runs MLA over an fp4 pool (run_mla_fp4_portable)
-  bool mla_native = false;  // this forward runs on the shared tensor-core MLA decode kernels
+  bool portable = false;       // this forward runs on the portable SIMT path (the triton backend)
+  bool mla_quantized = false;  // MLA over an fp4 / fp8_e4m3 pool (run_mla_quantized_portable)
+  bool mla_native = false;     // this forward runs on the shared tensor-core MLA decode kernels
   ForwardMode mode = ForwardMode::kIdle;
   int bs = 0;
   TileShape shape = TileShape::kDecode;
@@ -139,13 +143,16 @@ class FlashInferBackend final : public AttentionBackend {
  public:
   FlashInferBackend(const BackendContext& ctx, int sm_count, int cc,
                     std::unique_ptr<AttentionBackend> portable, std::string portable_reason,
-                    std::unique_ptr<mla::MlaDecodeEngine> mla_engine)
+                    std::unique_ptr<mla::MlaDecodeEngine> mla_engine,
+                    std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill)
       : ctx_(ctx),
         sm_count_(sm_count),
         cc_(cc),
         portable_(std::move(portable)),
         ctx_portable_reason_(std::move(portable_reason)),
-        mla_engine_(std::move(mla_engine)) {}
+        mla_engine_(std::move(mla_engine)),
+        prefix_cache_(ctx.device),
+        sm90_prefill_(std::move(sm90_prefill)) {}
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("flashinfer");
@@ -178,10 +185,14 @@ class FlashInferBackend final : public AttentionBackend {
   const FlashInferStats& stats() const { return stats_; }
   FlashInferCascadeOptions cascade_options;
 
-  // MLA absorbed over an fp4 pool: the portable SIMT kernel's fp4 instantiation, planned here as
-  // the triton backend plans MLA (token indices, query layout, split extent).
-  bool mla_fp4_context(const ForwardBatch& batch) const {
-    return ctx_.is_mla && batch.kv_pool != nullptr && batch.kv_pool->dtype() == DType::kFP4E2M1 &&
+  // MLA absorbed over an fp4_e2m1 or fp8_e4m3 pool that the tensor-core MLA engine does not take
+  // (fp4; fp8 extend / prefill for `flashmla` and `cutlass_mla`, whose engines decode fp8
+  // natively): the portable SIMT kernel's quantised instantiations, planned here as the triton
+  // backend plans MLA (token indices, query layout, split extent).
+  bool mla_quantized_context(const ForwardBatch& batch) const {
+    if (!ctx_.is_mla || batch.kv_pool == nullptr) return false;
+    const DType kv = batch.kv_pool->dtype();
+    return (kv == DType::kFP4E2M1 || kv == DType::kFP8E4M3) &&
            ctx_.qk_head_dim == ctx_.kv_lora_rank + ctx_.qk_rope_head_dim;
   }
 
@@ -204,22 +215,23 @@ class FlashInferBackend final : public AttentionBackend {
     c.shape = shape;
     c.num_kv_heads = ctx_.num_kv_heads;
     c.group = ctx_.num_q_heads / ctx_.num_kv_heads;
-    c.target_ctas = flashinfer::kTargetCtasPerSm * sm_count_;
+    c.target_ctas = cuda::decode_blocks_per_sm(flashinfer::kTargetCtasPerSm) * sm_count_;
     c.allow_split = allow_split;
     return c;
   }
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse, bool decode);
-  Status plan_mla_fp4(const ForwardBatch& batch);
+  Status plan_mla_quantized(const ForwardBatch& batch);
   bool graph_mla_native(const TensorView& encoder_lens, ForwardMode mode,
                         const SpecInfo* spec) const {
     return mla_engine_ != nullptr && !encoder_lens.defined() &&
            mla_engine_->why_not_graph(mode, spec).empty();
   }
-  Status run_mla_fp4(const TensorView& q, const TensorView& k, const TensorView& v,
-                     const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
-                     bool save_kv, const TensorView& lse, bool decode);
+  Status run_mla_quantized(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const TensorView& out, const AttentionLayer& layer,
+                           const ForwardBatch& batch, bool save_kv, const TensorView& lse,
+                           bool decode);
   Status portable_or_error(const char* what) const {
     if (portable_ == nullptr) {
       return Status::unsupported("flashinfer: " + std::string(what) +
@@ -237,6 +249,11 @@ class FlashInferBackend final : public AttentionBackend {
   // MLA contexts: absorbed decode / verify (topk 1) with a bf16 pool on the shared tensor-core MLA
   // kernels (page-1 loader); nullptr when the device cannot run them.
   std::unique_ptr<mla::MlaDecodeEngine> mla_engine_;
+  // MLA non-absorbed prefill layers with layer.mla_prefix (the chunked prefix cache).
+  mla::MlaPrefixCacheRunner prefix_cache_;
+  // SM90: the wgmma prefill kernel for eligible extend layers (shared with the fa3 backend);
+  // nullptr on other devices, when the build lacks sm_90a code or when turned off.
+  std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill_;
   Plan plan_;
   FlashInferStats stats_;
   flashinfer::Cascade cascade_;  // shared-prefix plans of this forward (cascade.h)
@@ -248,7 +265,7 @@ class FlashInferBackend final : public AttentionBackend {
   DeviceArray<int32_t> split_counters_;  // zeroed when allocated; the kernel leaves them zero
   PinnedStaging staging_;
 
-  // MLA fp4 workspace.
+  // Quantised-MLA workspace.
   DeviceArray<int32_t> mla_indptr_, mla_indices_, mla_q_layout_;
   std::vector<int32_t> mla_q_layout_host_;
   int mla_grid_splits_ = 1;
@@ -293,6 +310,7 @@ std::string FlashInferBackend::portable_reason(const ForwardBatch& batch) const 
 Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   plan_ = Plan{};
   cascade_.reset();
+  if (sm90_prefill_ != nullptr) sm90_prefill_->drop_plan();
   stats_.cascade_shared_prefix = 0;
   plan_.mode = batch.mode;
   if (batch.mode == ForwardMode::kIdle) {
@@ -311,7 +329,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     plan_.valid = true;
     return Status::ok();
   }
-  if (mla_fp4_context(batch)) return plan_mla_fp4(batch);
+  if (mla_quantized_context(batch)) return plan_mla_quantized(batch);
   if (!portable_reason(batch).empty()) {
     ATTNKIT_RETURN_IF_ERROR(portable_or_error(portable_reason(batch).c_str()));
     ATTNKIT_RETURN_IF_ERROR(portable_->init_forward_metadata(batch));
@@ -364,6 +382,8 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   plan_.partial_out = partial_out_.data();
   plan_.partial_lse = partial_lse_.data();
   plan_.split_counters = split_counters_.data();
+  // SM90 wgmma tiles for the extend layers it takes (the plan above serves the others).
+  if (sm90_prefill_ != nullptr) ATTNKIT_RETURN_IF_ERROR(sm90_prefill_->plan(batch, stream));
   ATTNKIT_RETURN_IF_ERROR(cascade_.plan(batch, reqs, shape, plan_config(shape, decode),
                                         ctx_.num_q_heads, ctx_.qk_head_dim, ctx_.device,
                                         cascade_options, stream));
@@ -384,13 +404,17 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
         "flashinfer: forward called without a matching init_forward_metadata (mode " +
         std::string(forward_mode_name(batch.mode)) + ", batch_size " + str(batch.batch_size) + ")");
   }
+  if (layer.mla_prefix != nullptr) {
+    ++stats_.portable_calls;
+    return prefix_cache_.run(q, k, v, out, layer, batch, lse, stream_for(batch));
+  }
   if (plan_.mla_native) {
     ++stats_.native_calls;
     return mla_engine_->run(q, k, v, out, layer, batch, save_kv, lse, stream_for(batch));
   }
-  if (plan_.mla_fp4) {
+  if (plan_.mla_quantized) {
     ++stats_.portable_calls;
-    return run_mla_fp4(q, k, v, out, layer, batch, save_kv, lse, decode);
+    return run_mla_quantized(q, k, v, out, layer, batch, save_kv, lse, decode);
   }
   if (plan_.portable) {
     ++stats_.portable_calls;
@@ -426,6 +450,12 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   if (save_kv && k.defined()) {
     ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
                                         layer.v_scale, stream));
+  }
+  if (!decode && sm90_prefill_ != nullptr &&
+      sm90_prefill_->why_not_layer(q, out, layer, batch).empty()) {
+    ++stats_.native_calls;
+    ++stats_.wgmma_calls;
+    return sm90_prefill_->run(q, out, lse, layer, batch, stream);
   }
   const TensorView kbuf = pool.k_buffer(layer.layer_id);
   const TensorView vbuf = pool.v_buffer(layer.layer_id);
@@ -468,6 +498,14 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   if (plan_.split) ++stats_.split_calls;
   const int grid = plan_.grid_items;
   const TileShape shape = plan_.shape;
+  if (shape == TileShape::kDecode) {
+    const int64_t row_bytes = std::max(dtype_storage_bytes(kv_dtype, kbuf.stride(0)),
+                                       dtype_storage_bytes(kv_dtype, vbuf.stride(0)));
+    if (row_bytes >= (int64_t{1} << 32)) {
+      return Status::unsupported("flashinfer: KV pool rows of " + str(row_bytes) +
+                                 " bytes; the decode kernel takes row strides below 4 GiB");
+    }
+  }
   return dispatch_value<flashinfer::NativeHeadDims>(
       ctx_.qk_head_dim, "flashinfer: head_dim", [&]<int kD>() -> Status {
         if constexpr (!flashinfer::head_dim_compiled(kD)) {
@@ -480,9 +518,9 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
       });
 }
 
-// ---- MLA over an fp4 pool (portable SIMT kernel, planned like the triton backend) ----
+// ---- MLA over an fp4 / fp8_e4m3 pool (portable SIMT kernel, planned like the triton backend) --
 
-Status FlashInferBackend::plan_mla_fp4(const ForwardBatch& batch) {
+Status FlashInferBackend::plan_mla_quantized(const ForwardBatch& batch) {
   if (!batch.encoder_lens_host.empty()) {
     return Status::unsupported("flashinfer: MLA with encoder lengths is not supported");
   }
@@ -547,24 +585,24 @@ Status FlashInferBackend::plan_mla_fp4(const ForwardBatch& batch) {
                                      mla_q_layout_host_.size() * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, cuda::to_stream(stream)));
   }
-  plan_.mla_fp4 = true;
+  plan_.mla_quantized = true;
   plan_.valid = true;
   return Status::ok();
 }
 
-Status FlashInferBackend::run_mla_fp4(const TensorView& q, const TensorView& k, const TensorView& v,
-                                      const TensorView& out, const AttentionLayer& layer,
-                                      const ForwardBatch& batch, bool save_kv,
-                                      const TensorView& lse, bool decode) {
+Status FlashInferBackend::run_mla_quantized(const TensorView& q, const TensorView& k,
+                                            const TensorView& v, const TensorView& out,
+                                            const AttentionLayer& layer, const ForwardBatch& batch,
+                                            bool save_kv, const TensorView& lse, bool decode) {
   if (!layer.is_mla || layer.qk_head_dim != triton::kMlaHeadDimQK ||
       layer.v_head_dim != triton::kMlaHeadDimV || !batch.kv_pool->is_mla()) {
-    return Status::unsupported("flashinfer: fp4 MLA needs the absorbed head dims " +
+    return Status::unsupported("flashinfer: quantised-KV MLA needs the absorbed head dims " +
                                str(triton::kMlaHeadDimQK) + "/" + str(triton::kMlaHeadDimV) +
                                " and an MLA pool, got " + str(layer.qk_head_dim) + "/" +
                                str(layer.v_head_dim));
   }
   if (lse.defined() && lse.stride(1) != 1) {
-    return Status::unsupported("flashinfer: fp4 MLA needs lse with a unit head stride");
+    return Status::unsupported("flashinfer: quantised-KV MLA needs lse with a unit head stride");
   }
   auto& pool = static_cast<MLAKVPool&>(*batch.kv_pool);
   const StreamHandle stream = stream_for(batch);
@@ -574,14 +612,17 @@ Status FlashInferBackend::run_mla_fp4(const TensorView& q, const TensorView& k, 
   }
   const TensorView kbuf = pool.kv_buffer(layer.layer_id);
   const TensorView vbuf = pool.v_view(layer.layer_id);
-  const TensorView scales = pool.scale_buffer(layer.layer_id);
   triton::AttentionParams p;
   detail::set_io_params(p, q, out, lse);
   detail::set_kv_pool_params(p, kbuf, vbuf);
-  p.k_scales = scales.data_as<const uint8_t>();
-  p.v_scales = p.k_scales;  // V is the first kv_lora_rank columns of the K row
-  p.ks_stride_row = p.vs_stride_row = scales.stride(0);
-  p.ks_stride_head = p.vs_stride_head = scales.stride(1);
+  const DType kv_dtype = pool.dtype();
+  if (kv_dtype == DType::kFP4E2M1) {
+    const TensorView scales = pool.scale_buffer(layer.layer_id);
+    p.k_scales = scales.data_as<const uint8_t>();
+    p.v_scales = p.k_scales;  // V is the first kv_lora_rank columns of the K row
+    p.ks_stride_row = p.vs_stride_row = scales.stride(0);
+    p.ks_stride_head = p.vs_stride_head = scales.stride(1);
+  }
   p.kv_indptr = mla_indptr_.data();
   p.kv_indices = mla_indices_.data();
   p.bs = batch.batch_size;
@@ -615,7 +656,7 @@ Status FlashInferBackend::run_mla_fp4(const TensorView& q, const TensorView& k, 
       p.mask_indptr = batch.spec.mask_indptr.data_as<const int64_t>();
     }
   }
-  return flashinfer::run_mla_fp4_portable(p, q.dtype, !decode, grid_splits, stream);
+  return flashinfer::run_mla_quantized_portable(p, q.dtype, kv_dtype, !decode, grid_splits, stream);
 }
 
 // ---- CUDA graphs (decode and target verify) ----
@@ -695,6 +736,7 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
                                     str(graph_max_bs_) + "]");
   }
   cascade_.reset();  // graphs run the plain plan
+  if (sm90_prefill_ != nullptr) sm90_prefill_->drop_plan();
   // Nothing is copied here (this may run inside the capture): the kernels read the plan from
   // the fixed workspace, which every replay rewrites before the graph launches.
   plan_ = Plan{};
@@ -795,6 +837,11 @@ Status set_flashinfer_cascade(AttentionBackend& backend, const FlashInferCascade
 }
 
 Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const BackendContext& ctx) {
+  return create_flashinfer_backend_with(ctx, FlashInferOptions{});
+}
+
+Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
+    const BackendContext& ctx, const FlashInferOptions& options) {
   if (!ctx.device.is_cuda()) {
     return Status::invalid_argument("flashinfer: BackendContext.device " + ctx.device.to_string() +
                                     " is not a CUDA device");
@@ -843,8 +890,25 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const Backen
         mla::MlaDecodeEngine::create(ctx, "flashinfer", kTokenPage, /*allow_fp8=*/false);
     if (engine.is_ok()) mla_engine = std::move(engine).value();
   }
-  return std::unique_ptr<AttentionBackend>(new FlashInferBackend(
-      ctx, sm_count, cc, std::move(portable), std::move(reason), std::move(mla_engine)));
+  // SM90 prefill on the wgmma kernel (nullptr elsewhere; ATTNKIT_FLASHINFER_SM90_PREFILL=0: off).
+  std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill;
+  const char* sm90_env = std::getenv("ATTNKIT_FLASHINFER_SM90_PREFILL");
+  if (reason.empty() && options.sm90_prefill &&
+      (sm90_env == nullptr || std::string(sm90_env) != "0")) {
+    sm90_prefill = fa3::PrefillSm90Engine::create(ctx, sm_count, cc, nullptr);
+  }
+  auto* fi = new FlashInferBackend(ctx, sm_count, cc, std::move(portable), std::move(reason),
+                                   std::move(mla_engine), std::move(sm90_prefill));
+  // ATTNKIT_FLASHINFER_CASCADE (for processes that cannot call set_flashinfer_cascade: the bench's
+  // cascade A/B): 0 = off; 1 = on for fp8 KV and every forward mode too (the size thresholds of
+  // FlashInferCascadeOptions stay); unset = FlashInferCascadeOptions{}.
+  if (const char* e = std::getenv("ATTNKIT_FLASHINFER_CASCADE"); e != nullptr && *e != '\0') {
+    const bool on = std::string(e) != "0";
+    fi->cascade_options.enabled = on;
+    fi->cascade_options.fp8_kv = on;
+    fi->cascade_options.all_modes = on;
+  }
+  return std::unique_ptr<AttentionBackend>(fi);
 }
 
 }  // namespace attnkit

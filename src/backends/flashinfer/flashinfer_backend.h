@@ -5,6 +5,17 @@
 // items, load-balanced split-KV for decode) is computed once per forward from the host lengths and
 // uploaded into a preallocated workspace; every layer only launches. Decode packs the GQA head
 // group into the MMA M dimension and reads pages in place through req_to_token[r, ::page_size].
+//
+// Which kernel runs a prefill / extend layer:
+//  * SM90 (sm_90a code in the binary): extend / mixed / draft-extend forwards of bf16/f16 MHA with
+//    KV of the q dtype, head dim 64 / 128 / 256, causal (or bidirectional encoder-only layers),
+//    any page size, no sliding window / soft-cap / sinks -> the SM90 wgmma kernel of the fa3
+//    backend through the shared engine (backends/fa3/prefill_sm90_engine.h), as upstream FlashInfer
+//    runs its FA3-based templates on SM90. ATTNKIT_FLASHINFER_SM90_PREFILL=0 turns this off (A/B).
+//  * everything else (SM80/SM89, window, soft-cap, sinks, fp8 KV, target verify tree masks,
+//    head dims 80 / 96, layers of a shape other than the context's): the mma.sync prefill kernel
+//    (kernels/paged_prefill_sm80.cuh). A shared-prefix cascade, when active, serves the layers
+//    the wgmma kernel does not take. Decode always runs the mma.sync decode kernel.
 // Combinations outside the tensor-core kernels (MLA, f32 activations, encoder / cross-attention
 // batches, head dims not compiled in, SM < 80) run on the portable SIMT kernels of the triton
 // backend; flashinfer_stats() says which path ran.
@@ -19,20 +30,37 @@ namespace attnkit {
 
 Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const BackendContext& ctx);
 
+// Construction options (create_flashinfer_backend uses the defaults).
+struct FlashInferOptions {
+  // SM90: route eligible prefill / extend layers to the wgmma kernel (see above). The fa3 backend,
+  // which owns a flashinfer backend and routes to the same kernel itself, turns it off.
+  bool sm90_prefill = true;
+};
+Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
+    const BackendContext& ctx, const FlashInferOptions& options);
+
 // Engine-facing policy of the shared-prefix cascade (backends/flashinfer/cascade.h says how the
 // shared prefix is found and what runs).
+//
+// The defaults switch it on where it was measured faster (H200, docs/perf/extend_notes.md,
+// 2026-11-22, bench/cases/cascade.json, time without / with the cascade): decode batches of >= 16
+// requests sharing >= 4096 cached keys with bf16/f16 KV: 1.13x (b16, 4096 shared + 256 private),
+// 1.48x (b16, 8192 + 512), 2.20x (b64, 4096 + 256); batches without a shared prefix 1.00x (the
+// detector finds none and the plain plan runs). fp8 KV was slower (0.72x at b16, 4096) and
+// extend / verify forwards (and smaller batches or prefixes) were not measured: they cascade only
+// when an engine asks for it with set_flashinfer_cascade.
 struct FlashInferCascadeOptions {
-  // Off by default: the GPU tests of the merged prefill kernel have not passed yet (see
-  // docs/perf/python_notes.md); engines opt in with set_flashinfer_cascade.
-  bool enabled = false;
-  int min_batch = 2;            // requests sharing the prefix
-  int min_shared_prefix = 256;  // keys; below it the extra pass and the merge cost more than the
-                                // prefix re-reads they save
+  bool enabled = true;
+  int min_batch = 16;            // requests sharing the prefix
+  int min_shared_prefix = 4096;  // keys
+  bool fp8_kv = false;           // also cascade fp8 KV pools
+  bool all_modes = false;        // also cascade extend / mixed / target-verify forwards
 };
 
 // Per-layer call counters of a flashinfer backend.
 struct FlashInferStats {
-  int64_t native_calls = 0;           // tensor-core kernels
+  int64_t native_calls = 0;           // tensor-core kernels (mma.sync, or wgmma on SM90)
+  int64_t wgmma_calls = 0;            // native calls that ran the SM90 wgmma prefill kernel
   int64_t portable_calls = 0;         // delegated to the portable SIMT path
   int64_t split_calls = 0;            // native calls whose plan split some request (merge ran)
   int64_t cascade_calls = 0;          // native calls that ran the shared-prefix cascade

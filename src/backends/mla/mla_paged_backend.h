@@ -3,8 +3,8 @@
 // target_verify with topk 1 on the shared tensor-core MLA decode kernels (src/backends/mla/kernels)
 // with their page size compiled into the paged loader. Every other forward of the context goes
 // to the page-1 `flashinfer` MLA host path: fp4 KV (the portable SIMT fp4 kernel,
-// mla_fp4_portable.cu), absorbed extend / draft extend and the non-absorbed 192/128 prefill (the
-// triton backend's kernels), which read the pool token by token and so serve any page size.
+// mla_quantized_portable.cu), absorbed extend / draft extend and the non-absorbed 192/128 prefill
+// (the triton backend's kernels), which read the pool token by token and so serve any page size.
 #pragma once
 
 #include <memory>

@@ -144,6 +144,40 @@ GatheredKV gather_from_tensors(const TensorView& k, const TensorView& v, int64_t
   return g;
 }
 
+// MLA chunked prefix cache: request `plan`'s cached prefix latent rows (dequantised, rounded to
+// the activation dtype as the GPU gather does), decompressed by layer.mla_prefix->expand on the
+// host: k [prefix, Hq, Dqk], v [prefix, Hq, Dv] as fp64.
+Result<GatheredKV> expand_prefix_host(DType act, const AttentionLayer& layer,
+                                      const ForwardBatch& batch, const RequestPlan& plan) {
+  const int64_t n = plan.prefix;
+  const int64_t width = layer.kv_lora_rank + layer.qk_rope_head_dim;
+  const int64_t h = layer.num_q_heads;
+  GatheredKV g;
+  g.n = n;
+  if (n == 0) return g;
+  AttentionLayer absorbed = layer;
+  absorbed.num_q_heads = 1;
+  absorbed.num_kv_heads = 1;
+  absorbed.qk_head_dim = static_cast<int>(width);
+  absorbed.v_head_dim = layer.kv_lora_rank;
+  const int32_t* row = batch.req_to_token_pool->host_row(plan.row);
+  const std::vector<int64_t> slots(row + plan.encoder, row + plan.encoder + n);
+  const GatheredKV lat = gather_from_pool(*batch.kv_pool, absorbed, slots);
+  const int64_t es = dtype_storage_bytes(act, 1);
+  std::vector<unsigned char> latent(static_cast<size_t>(n * width * es));
+  std::vector<unsigned char> kb(static_cast<size_t>(n * h * layer.qk_head_dim * es));
+  std::vector<unsigned char> vb(static_cast<size_t>(n * h * layer.v_head_dim * es));
+  for (int64_t i = 0; i < n * width; ++i) {
+    store_from_float(latent.data(), act, i, static_cast<float>(lat.k[static_cast<size_t>(i)]));
+  }
+  const Device cpu = Device::cpu();
+  const TensorView lt(latent.data(), act, cpu, {n, width});
+  const TensorView kt(kb.data(), act, cpu, {n, h, layer.qk_head_dim});
+  const TensorView vt(vb.data(), act, cpu, {n, h, layer.v_head_dim});
+  ATTNKIT_RETURN_IF_ERROR(layer.mla_prefix->expand(lt, kt, vt, nullptr));
+  return gather_from_tensors(kt, vt, 0, n);
+}
+
 struct AttendParams {
   int64_t num_q_heads = 0;
   int64_t num_kv_heads = 0;
@@ -280,6 +314,26 @@ Result<ReferenceOutput> compute_attention_fp64(const TensorView& q, const Tensor
   const int64_t window = layer.sliding_window;
   const bool encoder_only = layer.type == AttentionType::kEncoderOnly;
 
+  if (mla_prefill && layer.mla_prefix != nullptr) {
+    // Chunked prefix cache: the whole prefix decompressed at once (the reference may), then the
+    // new tokens: prefix keys all visible, new keys causal.
+    ATTNKIT_RETURN_IF_ERROR(check_rows(batch, plans, true, false));
+    for (const RequestPlan& plan : plans) {
+      ATTNKIT_ASSIGN_OR_RETURN(GatheredKV pre, expand_prefix_host(q.dtype, layer, batch, plan));
+      const GatheredKV fresh = gather_from_tensors(k, v, plan.q_begin, plan.num_q);
+      pre.k.insert(pre.k.end(), fresh.k.begin(), fresh.k.end());
+      pre.v.insert(pre.v.end(), fresh.v.begin(), fresh.v.end());
+      pre.n += fresh.n;
+      const int64_t prefix = plan.prefix;
+      attend(
+          q, plan.q_begin, plan.num_q, pre, p,
+          [&](int64_t i, int64_t j) {
+            return j <= prefix + i && (window < 0 || prefix + i - j <= window);
+          },
+          &result);
+    }
+    return result;
+  }
   if (mla_prefill) {
     // New tokens over new tokens, causal within the request; no pool read.
     for (const RequestPlan& plan : plans) {

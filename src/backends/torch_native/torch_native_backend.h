@@ -28,9 +28,11 @@
 //  * MLA absorbed: keys are the pool rows [latent | rope] (k_scale), V their first kv_lora_rank
 //    columns (dequantised with k_scale as well: V is the same stored data).
 //  * MLA non-absorbed (qk_head_dim != kv_lora_rank + qk_rope_head_dim): plain MHA of the new tokens
-//    over the new tokens' k/v (causal within each request); the MLA pool is not read. A cached
-//    prefix is the caller's job: attend to decompressed prefix chunks with mha_varlen_fp64
-//    (causal = false) and merge with harness::merge_attention_states.
+//    over the new tokens' k/v (causal within each request); the MLA pool is not read, unless
+//    layer.mla_prefix is set (chunked prefix cache): then the request's cached prefix latent rows
+//    (rounded to q's dtype) are decompressed with layer.mla_prefix->expand on the host (all at
+//    once) and are visible to every new token. (mha_varlen_fp64 + harness::merge_attention_states
+//    remain for callers that merge partial results themselves.)
 #pragma once
 
 #include <memory>

@@ -13,6 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,7 @@
 #include "backends/triton/kernels/split_plan.h"
 #include "backends/triton/kernels/triton_kernels.h"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/decode_tuning.h"
 #include "cuda/common/device_attributes.h"
 #include "cuda/common/dispatch.h"
 #include "cuda/common/metadata_kernels.h"
@@ -69,7 +72,9 @@ struct Plan {
   const int32_t* q_start = nullptr;  // [bs] extend modes
   const int32_t* q_len = nullptr;    // [bs]
   int max_q_len = 0;
-  int grid_splits = 1;  // decode: launched split extent
+  int grid_splits = 1;                  // decode: launched split extent
+  int min_chunk = triton::kMinChunk;    // decode: this forward's chunk floor (split_plan.h)
+  const int* min_chunk_word = nullptr;  // graphs: the same, in device memory (set by replay)
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   int32_t* split_counters = nullptr;     // tensor-core decode: [bs, mma_head_blocks] zeros
@@ -88,7 +93,10 @@ class TritonBackend final : public AttentionBackend {
     const int tile = decode_tensor_cores(ctx.q_dtype) ? triton::kMmaDecodeGroupTile
                                                       : triton::simt::gqa_tile(dqk, dv);
     head_blocks_ = std::max(1, ctx.num_kv_heads) * ((group + tile - 1) / tile);
-    max_splits_ = triton::plan_max_splits(sm_count_, head_blocks_);
+    blocks_per_sm_ = cuda::decode_blocks_per_sm(triton::kTargetBlocksPerSm);
+    max_splits_ = triton::plan_max_splits(sm_count_, head_blocks_, blocks_per_sm_);
+    const char* rule = std::getenv("ATTNKIT_TRITON_SPLIT");  // experiment: "request" = old rule
+    batch_chunk_ = rule == nullptr || std::string(rule) != "request";
     mma_head_blocks_ = std::max(1, ctx.num_kv_heads) *
                        ((group + triton::kMmaDecodeGroupTile - 1) / triton::kMmaDecodeGroupTile);
   }
@@ -133,8 +141,13 @@ class TritonBackend final : public AttentionBackend {
              const TensorView& lse, bool decode);
   Status graph_metadata(int bs, const TensorView& req_pool_indices, const TensorView& seq_lens,
                         ForwardMode mode, const SpecInfo* spec, StreamHandle stream);
+  // Replay of a decode graph: this forward's chunk floor from seq_lens_host into the device word
+  // the captured kernels read.
+  Status upload_graph_chunk(int bs, const int32_t* seq_lens_host, StreamHandle stream);
   // Keys a decode query sees: the whole sequence, or the window's last window + 1 tokens.
-  int decode_splits(int seq_len, int window) const;
+  int decode_splits(int seq_len, int window, int min_chunk) const;
+  // This forward's split chunk floor from the host decode lengths (split_plan.h).
+  int forward_chunk(std::span<const int32_t> seq_lens) const;
 
   BackendContext ctx_;
   int sm_count_ = 0;
@@ -142,6 +155,8 @@ class TritonBackend final : public AttentionBackend {
   int head_blocks_ = 1;
   int mma_head_blocks_ = 1;  // blocks of one request/split of the tensor-core decode
   int max_splits_ = 1;
+  int blocks_per_sm_ = triton::kTargetBlocksPerSm;
+  bool batch_chunk_ = true;  // per-forward chunk floor (split_plan.h); false: kMinChunk always
   Plan plan_;
 
   // Eager workspace (grow-only; only init_forward_metadata resizes it).
@@ -159,12 +174,20 @@ class TritonBackend final : public AttentionBackend {
   DeviceArray<int32_t> graph_q_start_, graph_q_len_;
   DeviceArray<float> graph_partial_out_, graph_partial_lse_;
   DeviceArray<int32_t> graph_split_counters_;
+  DeviceArray<int32_t> graph_min_chunk_;  // [1]: the replayed forward's chunk floor
+  int32_t graph_min_chunk_host_ = triton::kMinChunk;
   int graph_draft_tokens_ = 0;
 };
 
-int TritonBackend::decode_splits(int seq_len, int window) const {
+int TritonBackend::decode_splits(int seq_len, int window, int min_chunk) const {
   const int n = window >= 0 ? std::min(seq_len, window + 1) : seq_len;
-  return triton::split_count(n, max_splits_, triton::kMinChunk);
+  return triton::split_count(n, max_splits_, min_chunk);
+}
+
+int TritonBackend::forward_chunk(std::span<const int32_t> seq_lens) const {
+  if (!batch_chunk_) return triton::kMinChunk;
+  return triton::plan_forward_chunk(seq_lens, head_blocks_, blocks_per_sm_ * sm_count_,
+                                    max_splits_);
 }
 
 Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
@@ -230,9 +253,10 @@ Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
 
   if (decode) {
     // Split extent from the host lengths; the kernels recompute each request's own split count.
+    plan_.min_chunk = forward_chunk(batch.seq_lens_host);
     int splits = 1;
     for (int r = 0; r < bs; ++r)
-      splits = std::max(splits, decode_splits(batch.seq_lens_host[r], -1));
+      splits = std::max(splits, decode_splits(batch.seq_lens_host[r], -1, plan_.min_chunk));
     plan_.grid_splits = splits;
     if (splits > 1) {
       const int64_t rows = static_cast<int64_t>(splits) * batch.num_tokens * ctx_.num_q_heads;
@@ -316,6 +340,11 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     return Status::unsupported("triton: MLA decode needs the absorbed head dim " +
                                std::to_string(layer.kv_lora_rank + layer.qk_rope_head_dim) +
                                ", got qk_head_dim " + std::to_string(layer.qk_head_dim));
+  }
+  if (layer.mla_prefix != nullptr) {
+    return Status::unsupported(
+        "triton: the MLA chunked prefix cache (layer.mla_prefix) is not supported by this backend "
+        "(its MLA row says no; flashinfer, fa3, flashmla and cutlass_mla support it)");
   }
   if (mla_prefill && !k.defined()) {
     return Status::invalid_argument(
@@ -411,7 +440,8 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     }
   } else {
     p.max_splits = cross ? 1 : max_splits_;
-    p.min_chunk = triton::kMinChunk;
+    p.min_chunk = plan_.min_chunk;
+    p.min_chunk_word = plan_.min_chunk_word;
     p.partial_out = plan_.partial_out;
     p.partial_lse = plan_.partial_lse;
     p.split_counters = plan_.split_counters;
@@ -448,6 +478,14 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   // Decode: fp4 pools and cross-attention stay on the SIMT kernel.
   const bool mma_decode = decode && !cross && decode_tensor_cores(q.dtype) &&
                           (kv_dtype == q.dtype || dtype_is_fp8(kv_dtype));
+  if (mma_decode) {
+    const int64_t row_bytes = std::max(dtype_storage_bytes(kv_dtype, kbuf.stride(0)),
+                                       dtype_storage_bytes(kv_dtype, vbuf.stride(0)));
+    if (row_bytes >= (int64_t{1} << 32)) {
+      return Status::unsupported("triton: KV pool rows of " + std::to_string(row_bytes) +
+                                 " bytes; the tensor-core decode takes row strides below 4 GiB");
+    }
+  }
   return dispatch_value<triton::HeadDimList>(dqk, "triton: head_dim", [&]<int kD>() {
     if (mma_decode) return triton::run_mma_decode<kD>(p, q.dtype, kv_dtype, grid_splits, stream);
     if (tensor_cores && !decode)
@@ -480,6 +518,10 @@ Status TritonBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
   ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(dev, rows));
   ATTNKIT_RETURN_IF_ERROR(reserve_zeroed(graph_split_counters_, dev,
                                          static_cast<int64_t>(max_bs) * mma_head_blocks_, nullptr));
+  ATTNKIT_RETURN_IF_ERROR(graph_min_chunk_.reserve(dev, 1));
+  graph_min_chunk_host_ = triton::kMinChunk;
+  ATTNKIT_CUDA_TRY(cudaMemcpy(graph_min_chunk_.data(), &graph_min_chunk_host_, sizeof(int32_t),
+                              cudaMemcpyHostToDevice));
   ATTNKIT_CUDA_TRY(cudaDeviceSynchronize());  // the counters are zero before any capture
   graph_max_bs_ = max_bs;
   graph_max_tokens_ = max_num_tokens;
@@ -553,6 +595,7 @@ Status TritonBackend::graph_metadata(int bs, const TensorView& req_pool_indices,
   } else {
     plan_.num_tokens = bs;
     plan_.grid_splits = max_splits_;
+    plan_.min_chunk_word = graph_min_chunk_.data();
     plan_.partial_out = graph_partial_out_.data();
     plan_.partial_lse = graph_partial_lse_.data();
     plan_.split_counters = graph_split_counters_.data();
@@ -576,11 +619,28 @@ Status TritonBackend::init_forward_metadata_replay_cuda_graph(
     const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec,
     const int32_t* seq_lens_host) {
   (void)seq_lens_sum;
-  (void)seq_lens_host;
   if (encoder_lens.defined()) {
     return Status::unsupported("triton: CUDA graphs with encoder lengths are not supported");
   }
-  return graph_metadata(bs, req_pool_indices, seq_lens, mode, spec, ctx_.stream);
+  ATTNKIT_RETURN_IF_ERROR(graph_metadata(bs, req_pool_indices, seq_lens, mode, spec, ctx_.stream));
+  if (mode != ForwardMode::kDecode) return Status::ok();
+  return upload_graph_chunk(bs, seq_lens_host, ctx_.stream);
+}
+
+Status TritonBackend::upload_graph_chunk(int bs, const int32_t* seq_lens_host,
+                                         StreamHandle stream) {
+  if (seq_lens_host == nullptr) {
+    return Status::invalid_argument(
+        "triton: decode replay needs seq_lens_host (the split chunk is planned from the host "
+        "lengths, as in eager runs)");
+  }
+  const int32_t c = forward_chunk(std::span<const int32_t>(seq_lens_host, bs));
+  if (c == graph_min_chunk_host_) return Status::ok();
+  // Pageable source: staged by the runtime before cudaMemcpyAsync returns.
+  graph_min_chunk_host_ = c;
+  ATTNKIT_CUDA_TRY(cudaMemcpyAsync(graph_min_chunk_.data(), &graph_min_chunk_host_, sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, cuda::to_stream(stream)));
+  return Status::ok();
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // The CUDA device attributes the backends size their kernels and plans by, queried once when a
-// backend is created (cudaDeviceGetAttribute: cheap, no context-wide property dump).
+// backend is created (cudaDeviceGetAttribute: cheap, no context-wide property dump), capped by
+// ATTNKIT_EMULATE_CC (core/emulated_cc.h).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "attnkit/status.h"
+#include "core/emulated_cc.h"
 #include "cuda/common/cuda_check.cuh"
 
 namespace attnkit::cuda {
@@ -23,7 +25,8 @@ inline Status query_device_attributes(int ordinal, DeviceAttributes* out) {
   ATTNKIT_CUDA_TRY(cudaDeviceGetAttribute(&out->max_smem_per_block_optin,
                                           cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal));
   out->compute_capability = major * 10 + minor;
-  return Status::ok();
+  return detail::apply_emulated_compute_capability(&out->compute_capability,
+                                                   &out->max_smem_per_block_optin);
 }
 
 }  // namespace attnkit::cuda

@@ -107,10 +107,12 @@ struct Work {
   int kv_begin = 0, kv_end = 0;
   const uint8_t* k_base = nullptr;  // K of this kv head at pool row 0 (bytes)
   const uint8_t* v_base = nullptr;
-  int64_t k_row_bytes = 0, v_row_bytes = 0;  // bytes between pool rows
-  float scale_log2 = 0.f;                    // logit scale (k_scale folded in) * log2(e)
-  float scale = 0.f;                         // soft-cap path
-  float logit_cap = 0.f;                     // 0 = off
+  // Bytes between pool rows, < 2^32 (the backends check it): a slot's row offset is one 32 x 32
+  // -> 64-bit multiply (IMAD.WIDE.U32) instead of a 64-bit one per copied row.
+  uint32_t k_row_bytes = 0, v_row_bytes = 0;
+  float scale_log2 = 0.f;  // logit scale (k_scale folded in) * log2(e)
+  float scale = 0.f;       // soft-cap path
+  float logit_cap = 0.f;   // 0 = off
 };
 
 // Two fp8 values (the low 16 bits of x) -> f16x2 (exact).
@@ -190,9 +192,9 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
       const int ch = c % Tr::kRawChunks;
       if (Tr::kCopies % 32 == 0 || c < Tr::kCopies) {
         const bool valid = key0 + r < kv_end;
-        const int64_t s = valid ? static_cast<int64_t>(sl[r] + slot_of(key0 + r).add) : 0;
-        const uint8_t* ks = w.k_base + s * w.k_row_bytes + ch * 16;
-        const uint8_t* vs = w.v_base + s * w.v_row_bytes + ch * 16;
+        const uint32_t s = valid ? static_cast<uint32_t>(sl[r] + slot_of(key0 + r).add) : 0u;
+        const uint8_t* ks = w.k_base + static_cast<uint64_t>(s) * w.k_row_bytes + ch * 16;
+        const uint8_t* vs = w.v_base + static_cast<uint64_t>(s) * w.v_row_bytes + ch * 16;
         const int dst = r * Tr::kRawRowBytes + ch * 16;
         cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
         cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
@@ -273,10 +275,15 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     const uint8_t* sv = stage + kKeys * Tr::kRawRowBytes;
     const int key0 = kv_begin + (warp + i * kWarps) * kKeys;
 
-    // S = Q K^T over the tile's 16 keys (two n-tiles of 8).
-    float s[2][4];
+    // S = Q K^T over the tile's 16 keys (two n-tiles of 8). Even and odd k-steps accumulate
+    // into separate registers (s, s2), summed after the loop: the dependent MMA chain of each
+    // n-tile is half as long (a warp's tile time is latency-bound at 2 warps per scheduler).
+    float s[2][4], s2[2][4];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int n = 0; n < 2; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      s2[n][0] = s2[n][1] = s2[n][2] = s2[n][3] = 0.f;
+    }
     const auto q_frag = [&](int kk, uint32_t(&a)[4]) {
       if constexpr (Tr::kQInRegisters) {
 #pragma unroll
@@ -301,7 +308,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
             const uint32_t raw = r[2 * n + h];
             const uint32_t b[2] = {fp8x2_to_f16x2<Tr::kKvDType>(raw),
                                    fp8x2_to_f16x2<Tr::kKvDType>(raw >> 16)};
-            mma_m16n8k16<CT>(s[n], a, b);
+            mma_m16n8k16<CT>(h == 0 ? s[n] : s2[n], a, b);
           }
         }
       }
@@ -330,9 +337,14 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
         ldmatrix_x4(b, smem_addr(k16 + key * Tr::kRowElems + kk * kMmaK + ((lane / 8) % 2) * 8));
         const uint32_t b0[2] = {b[0], b[1]};
         const uint32_t b1[2] = {b[2], b[3]};
-        mma_m16n8k16<CT>(s[0], a, b0);
-        mma_m16n8k16<CT>(s[1], a, b1);
+        mma_m16n8k16<CT>(kk % 2 == 0 ? s[0] : s2[0], a, b0);
+        mma_m16n8k16<CT>(kk % 2 == 0 ? s[1] : s2[1], a, b1);
       }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] += s2[n][e];
     }
 
     // Logits (soft-cap), the tail mask, online softmax (rescale only when the max grows).

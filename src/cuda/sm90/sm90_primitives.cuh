@@ -126,6 +126,12 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo_bytes,
          (static_cast<uint64_t>((lbo_bytes & 0x3FFFF) >> 4) << 16) |
          (static_cast<uint64_t>((sbo_bytes & 0x3FFFF) >> 4) << 32) | kSwizzle128B;
 }
+// The descriptor of the tile `bytes` further on (same LBO / SBO / swizzle): the 14-bit address
+// field of a shared-memory address (< 256 KB) cannot carry into the other fields.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
 // K-major operand (A = Q rows, B = K rows; 16 contiguous k-elements per wgmma): the k-step kk of
 // a tile with `rows` rows starts in 64-column block kk / 4, 32 bytes per step within the line.
 // LBO is unused for swizzled K-major layouts (encoded 1); SBO = 1024: the next 8-row group.

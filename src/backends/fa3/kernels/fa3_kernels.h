@@ -32,9 +32,11 @@ constexpr bool wgmma_head_dim_compiled(int d) {
 template <int kD>
 bool prefill_sm90_available();
 
-// Prefill/extend over the tiles of p.plan, persistent grid of min(units, sm_count) CTAs.
+// Prefill/extend over the tiles of p.plan, persistent grid of min(units, sm_count) CTAs, with key
+// blocks of block_n keys (block_n_supported(kD, block_n); p.tma_rows must divide it).
 // q dtype bf16 / f16; the pool holds the q dtype.
 template <int kD>
-Status run_prefill_sm90(const Fa3Params& p, DType q_dtype, int sm_count, StreamHandle stream);
+Status run_prefill_sm90(const Fa3Params& p, DType q_dtype, int block_n, int sm_count,
+                        StreamHandle stream);
 
 }  // namespace attnkit::fa3

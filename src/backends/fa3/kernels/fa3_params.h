@@ -16,8 +16,47 @@
 namespace attnkit::fa3 {
 
 inline constexpr int kBlockM = 128;  // query rows per tile (2 consumer warpgroups x 64)
-// Keys per block of the pipeline (d 256 keeps it at 64 for the register budget).
-constexpr int key_block(int head_dim) { return head_dim <= 128 ? 128 : 64; }
+// Keys per block of the pipeline (kBlockN), per head dim: the instantiated kernels are
+//   d 64: 128;  d 128: 128;  d 256: 80 (default) and 64.
+// The O accumulators (d / 2 per thread), S (kBlockN / 2) and P (kBlockN / 4) share the consumers'
+// 232 registers. d 256: 80 keys (2 shared-memory stages, FlashAttention-3's choice) measured 1.14x
+// the 64-key block (docs/perf/fa3_notes.md, 2026-11-22 05:31Z). A 176-key block for
+// bidirectional d 128 (2 stages) measured 0.66-0.77x the 128-key block (3 stages) and was dropped.
+constexpr bool block_n_supported(int head_dim, int block_n) {
+  switch (head_dim) {
+    case 64:
+    case 128:
+      return block_n == 128;
+    case 256:
+      return block_n == 64 || block_n == 80;
+    default:
+      return false;
+  }
+}
+// The default key block of head dim d.
+constexpr int default_block_n(int head_dim) { return head_dim == 256 ? 80 : 128; }
+
+// Rows per TMA box for a pool of `page_size` and key blocks of `block_n` (0: gather every block
+// with cp.async). A box is one page, or the largest power of two dividing the key block when that
+// is smaller (128-key blocks: one block of a larger page; 80-key blocks: 16 rows), so that a box
+// never crosses a page; pages of fewer than 8 rows (or not a power of two) would break the
+// 1024-byte alignment of the swizzled destination.
+constexpr int tma_rows_for(int page_size, int block_n) {
+  constexpr int kMinRows = 8;
+  const bool pow2 = page_size > 0 && (page_size & (page_size - 1)) == 0;
+  if (!pow2 || page_size < kMinRows) return 0;
+  const int block_pow2 = block_n & -block_n;
+  const int rows = page_size < block_pow2 ? page_size : block_pow2;
+  return rows >= kMinRows ? rows : 0;
+}
+
+// The persistent schedule: the work unit CTA `cta` of `grid` takes in round `round` (units are
+// sorted longest-first by the planner). zigzag: even rounds go 0..grid-1, odd rounds back, so the
+// CTA that got a round's longest unit gets the next round's shortest; else a plain stride. A CTA
+// stops at its first unit >= the unit count (later rounds only hold larger indices).
+constexpr int schedule_unit(int round, int cta, int grid, bool zigzag) {
+  return round * grid + ((zigzag && (round & 1)) ? grid - 1 - cta : cta);
+}
 
 // Opaque copy of a CUtensorMap (the driver's 128-byte TMA descriptor), so that this header needs
 // no CUDA types; the kernel passes its address to cp.async.bulk.tensor.
@@ -35,15 +74,22 @@ inline constexpr int kTileWords = 2;
 struct Fa3Params {
   // TMA descriptors of this layer's K / V buffers as 3D tensors {D, Hkv, rows} with boxes of
   // {64, 1, tma_rows} in the 128-byte swizzle; tma_rows = 0: every key block is gathered with
-  // cp.async. With tma_rows > 0 (= min(page_size, key block); pages of >= 8 rows that tile the key
-  // block), full key blocks are loaded one page box at a time, the last partial block by cp.async
-  // (its rows past kv_len are zero-filled, never read from the pool).
+  // cp.async. With tma_rows > 0 (power-of-two pages of >= 8 rows: min(page_size, the largest power
+  // of two dividing the key block), so that every box lies in one page), full key blocks are
+  // loaded one box at a time, the last partial block by cp.async (its rows past kv_len are
+  // zero-filled, never read from the pool).
   TmaDesc tma_k, tma_v;
   int tma_rows = 0;
-  // 1: the consumers fence (fence.proxy.async) after every full-barrier wait, TMA blocks too
-  // (measured default); 0: only after blocks gathered by cp.async (TMA writes are already in the
-  // async proxy that wgmma reads). Not yet measured: ATTNKIT_FA3_FENCE_TMA=0 is the A/B knob.
+  // 1: the consumers fence (fence.proxy.async) after every full-barrier wait, TMA blocks too; 0:
+  // only after blocks gathered by cp.async (TMA writes are async-proxy writes made visible by the
+  // mbarrier's completion, which is what wgmma reads; CUTLASS / FlashAttention-3 fence no TMA
+  // tile). Both are correct; 1 measured 1-6% faster at 3 of 4 shapes in one run (cause not
+  // understood, see docs/perf/fa3_notes.md), so it is the default; ATTNKIT_FA3_FENCE_TMA=0 is the
+  // A/B knob.
   int fence_tma = 1;
+  // Persistent schedule (see unit_at in prefill_sm90.cuh): 1 zigzag (default), 0 plain stride
+  // (ATTNKIT_FA3_SCHED=0).
+  int sched = 1;
   // Diagnostics only (wrong results; timing decomposition): bit 1 = the producer loads nothing,
   // 2 = no softmax (P = raw S). (GEMM-off bits are not offered: a branch around a wgmma makes
   // ptxas serialise every wgmma of the kernel.)
@@ -76,6 +122,10 @@ struct Fa3Params {
   int causal = 1;          // 1: key k visible when k <= query position; 0: every key
   int pingpong = 1;        // 1: the consumer warpgroups alternate their GEMMs (named barriers)
   int overlap = 1;         // 1: softmax of block n overlaps the P V GEMM of block n + 1
+  // 1: lazy O rescale (ATTNKIT_FA3_LAZY_RESCALE=1; not yet measured or device-tested): the row
+  // maximum is raised only when it grows by more than 8 (log2), and O *= corr is skipped when no
+  // row of the warp changed it.
+  int lazy_rescale = 0;
 };
 
 }  // namespace attnkit::fa3

@@ -1,10 +1,10 @@
 // The fa3 backend's SM90 prefill/extend kernel: warp-specialised, one CTA per SM (persistent).
 //
-//   warpgroup 0 (producer, 40 registers): gathers the Q tile and the K/V tiles of every key block
-//     through the page table with 16-byte cp.async into a kStages-deep shared-memory ring laid
-//     out in the 128-byte swizzle that the wgmma descriptors read; completion is published on
-//     mbarriers (full) after a proxy fence, and a stage is refilled only after the consumers
-//     release it (empty).
+//   warpgroup 0 (producer, 40 registers): loads the K/V tiles of every key block into a
+//     kStages-deep shared-memory ring laid out in the 128-byte swizzle that the wgmma descriptors
+//     read, by TMA page boxes (full blocks of pages >= 8 rows) or by a 16-byte cp.async gather
+//     through the page table (the Q tile, partial blocks, small pages); completion is published on
+//     mbarriers (full), and a stage is refilled only after the consumers release it (empty).
 //   warpgroups 1, 2 (consumers, 232 registers): 64 query rows each. Per key block:
 //     S = Q K^T (wgmma m64nNk16, A and B from shared memory, f32 accumulators), causal / length
 //     mask, online softmax in registers (exp2 domain), P converted in registers to the A fragment,
@@ -26,16 +26,14 @@
 
 namespace attnkit::fa3 {
 
-template <int kD, bool kBf16>
+template <int kD, int kN, bool kBf16>
 struct PrefillTraits {
   static_assert(kD == 64 || kD == 128 || kD == 256, "fa3 wgmma head dims: 64, 128, 256");
+  static_assert(block_n_supported(kD, kN), "fa3 wgmma key block not instantiated for this d");
   static constexpr int kHeadDim = kD;
   static constexpr int kBlockM = fa3::kBlockM;
-  // Registers per consumer thread: O kD/2 + S kBlockN/2 + P kBlockN/4 f32 words; d 256 keeps the
-  // key block at 64 so that 128 + 32 + 16 fits under the 232-register budget.
-  static constexpr int kBlockN = key_block(kD);
-  // 3 stages fit at d <= 128 (d 128: Q 32 KB + 3 x 64 KB = 224 KB of the 227 KB per block).
-  static constexpr int kStages = kD <= 128 ? 3 : 2;
+  // Keys per block. Registers per consumer thread: O kD/2 + S kBlockN/2 + P kBlockN/4 words.
+  static constexpr int kBlockN = kN;
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kProducerRegs = 40;
@@ -45,22 +43,37 @@ struct PrefillTraits {
   static constexpr int kChunksPerRow = kD / 8;  // 16-byte chunks
   static constexpr int kQBytes = kBlockM * kD * 2;
   static constexpr int kKVBytes = kBlockN * kD * 2;
+  static constexpr int kAlign = 1024;
+  // As many stages as fit in the 227 KB a block may opt into (at most 3): d 128 / N 128: Q 32 KB
+  // + 3 x 64 KB; d 256 / N 80: Q 64 KB + 2 x 80 KB.
+  static constexpr int kSmemLimit = 227 * 1024;
+  static constexpr int kStagesFit = (kSmemLimit - kAlign - 256 - kQBytes) / (2 * kKVBytes);
+  static constexpr int kStages = kStagesFit > 3 ? 3 : kStagesFit;
+  static_assert(kStages >= 2, "two K/V stages must fit");
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
   // q_full, q_empty, then per stage k_full, v_full, empty.
   static constexpr int kNumBarriers = 2 + 3 * kStages;
-  static constexpr int kAlign = 1024;
   static constexpr int kSmemBytes = kBarOffset + kNumBarriers * 8 + kAlign;
-  static_assert(kQBytes % kAlign == 0 && kKVBytes % kAlign == 0, "1024-byte swizzle atoms");
-  // Producer gather: each warp owns kBlockN / 4 rows of a K/V tile; one row's slot per lane.
-  static constexpr int kRowsPerWarp = kBlockN / 4;
-  static constexpr int kRowsPerPass = 32 / kChunksPerRow;  // rows one warp copies per pass
-  static_assert(kRowsPerWarp <= 32 && kChunksPerRow <= 32 && 32 % kChunksPerRow == 0, "gather");
-  static constexpr int kKVPasses = kRowsPerWarp / kRowsPerPass;
+  static_assert(kSmemBytes <= kSmemLimit, "shared memory");
+  static_assert(kQBytes % kAlign == 0 && kKVBytes % kAlign == 0 && kBlockN % 16 == 0,
+                "1024-byte swizzle atoms, 16-key wgmma k-steps");
+  // Producer rows: thread t of the producer warpgroup owns rows t, t + 128 (< kBlockN) of a key
+  // block (kSlots page-table slots); a warp copies its own rows, kRowsPerPass per pass.
+  static constexpr int kSlots = (kBlockN + 127) / 128;
+  static constexpr int kRowsPerPass = 32 / kChunksPerRow;
+  static_assert(kChunksPerRow <= 32 && 32 % kChunksPerRow == 0, "gather");
+  static constexpr int kPassesPerWarp = 32 / kRowsPerPass;
   static constexpr int kQPasses = kBlockM * kChunksPerRow / 128;
 };
+
+// This CTA's work unit in `round` (schedule_unit in fa3_params.h; p.sched 1: zigzag).
+__device__ __forceinline__ int unit_at(const Fa3Params& p, int round) {
+  return schedule_unit(round, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+                       p.sched == 1);
+}
 
 // One work unit's geometry, decoded identically by producer and consumers.
 struct TileInfo {
@@ -132,20 +145,29 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   int it = 0;
   int tcount = 0;
   const int units = p.num_tiles * p.num_q_heads;
-  for (int unit = blockIdx.x; unit < units; unit += gridDim.x, ++tcount) {
+  for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
     const TileInfo t = decode_tile<Tr>(p, unit);
     const int kvh = t.head / p.group;
     const int32_t* pt = p.req_to_token +
                         static_cast<int64_t>(p.req_pool_indices[t.request]) * p.req_to_token_stride;
-    // The pool slot of row warp * kRowsPerWarp + lane of key block nb (-1: past kv_len, the row is
-    // zero-filled). Loaded one block ahead so the page-table latency hides behind the empty wait.
-    auto slot_of = [&](int nb) {
-      const int key = nb * Tr::kBlockN + warp * Tr::kRowsPerWarp + lane;
-      if (nb < 0 || lane >= Tr::kRowsPerWarp || key >= t.kv_len) return -1;
-      const int in_page = key % p.page_size;
-      return pt[key - in_page] + in_page;
+    // The pool slot of row 128 s + tid of key block nb (-1: past kv_len or past the block; the row
+    // is zero-filled). Loaded one block ahead so the page-table latency hides behind the empty
+    // wait.
+    int my_slot[Tr::kSlots];
+    auto load_slots = [&](int nb) {
+#pragma unroll
+      for (int s = 0; s < Tr::kSlots; ++s) {
+        const int row = 128 * s + tid;
+        const int key = nb * Tr::kBlockN + row;
+        if (nb < 0 || row >= Tr::kBlockN || key >= t.kv_len) {
+          my_slot[s] = -1;
+        } else {
+          const int in_page = key % p.page_size;
+          my_slot[s] = pt[key - in_page] + in_page;
+        }
+      }
     };
-    int my_slot = slot_of(t.n_blocks - 1);
+    load_slots(t.n_blocks - 1);
 
     // Q tile: row r = token m0 + r of the request (rows past q_len are zero-filled).
     mbar_wait(q_empty, (tcount & 1) ^ 1);
@@ -174,19 +196,22 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
         mbar_arrive(k_full(stage));
         mbar_arrive(v_full(stage));
       } else if (block_uses_tma<Tr>(p, t, nb)) {
-        // Full block, pages of tma_rows rows: the first thread of each page box issues its TMA
-        // copies; thread 0 arms the transaction count, every thread arrives once.
-        const int row = warp * Tr::kRowsPerWarp + lane;
-        const bool issuer = lane < Tr::kRowsPerWarp && row % p.tma_rows == 0;
+        // Full block, boxes of tma_rows rows (contiguous in one page): the thread owning the first
+        // row of each box issues its TMA copies; thread 0 arms the transaction count, every thread
+        // arrives once.
 #pragma unroll
         for (int kv = 0; kv < 2; ++kv) {
           const uint32_t tile = kv == 0 ? sK : sV;
           const uint32_t bar = kv == 0 ? k_full(stage) : v_full(stage);
-          if (issuer) {
 #pragma unroll
-            for (int cb = 0; cb < kD / 64; ++cb) {
-              tma_load_3d(tile + cb * Tr::kBlockN * 128 + row * 128, kv == 0 ? &p.tma_k : &p.tma_v,
-                          cb * 64, kvh, my_slot, bar);
+          for (int s = 0; s < Tr::kSlots; ++s) {
+            const int row = 128 * s + tid;
+            if (row < Tr::kBlockN && row % p.tma_rows == 0) {
+#pragma unroll
+              for (int cb = 0; cb < kD / 64; ++cb) {
+                tma_load_3d(tile + cb * Tr::kBlockN * 128 + row * 128,
+                            kv == 0 ? &p.tma_k : &p.tma_v, cb * 64, kvh, my_slot[s], bar);
+              }
             }
           }
           if (tid == 0) {
@@ -203,22 +228,31 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
           const int64_t head_off =
               static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
           const uint32_t tile = kv == 0 ? sK : sV;
+#pragma unroll
+          for (int s = 0; s < Tr::kSlots; ++s) {
+            const int warp_row0 = 128 * s + 32 * warp;  // warp-uniform
+            if (warp_row0 >= Tr::kBlockN) continue;
 #pragma unroll 4
-          for (int pass = 0; pass < Tr::kKVPasses; ++pass) {
-            const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
-            const int chunk = lane % C;
-            const int slot = __shfl_sync(0xffffffffu, my_slot, r_in_warp);
-            const int row = warp * Tr::kRowsPerWarp + r_in_warp;
-            const char* src =
-                slot >= 0
-                    ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 8) * 2
-                    : pool;
-            cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
+            for (int pass = 0; pass < Tr::kPassesPerWarp; ++pass) {
+              const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
+              const int chunk = lane % C;
+              const int slot = __shfl_sync(0xffffffffu, my_slot[s], r_in_warp);
+              const int row = warp_row0 + r_in_warp;
+              if (row < Tr::kBlockN) {
+                const char* src =
+                    slot >= 0
+                        ? pool +
+                              (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 8) * 2
+                        : pool;
+                cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src,
+                            slot >= 0 ? 16 : 0);
+              }
+            }
           }
           cp_async_arrive_noinc(kv == 0 ? k_full(stage) : v_full(stage));
         }
       }
-      my_slot = slot_of(nb - 1);
+      load_slots(nb - 1);
     }
   }
   cp_async_wait<0>();
@@ -234,6 +268,7 @@ struct ConsumerCtx {
   static constexpr int kS = kN / 2;  // S accumulators per thread
   static constexpr int kO = kD / 2;  // O accumulators per thread
   uint32_t base, sQ, bars;
+  uint64_t q_desc;  // this warpgroup's 64 Q rows, k-step 0
   int g, warp, lane;
   bool pingpong;
 
@@ -265,21 +300,36 @@ struct ConsumerCtx {
   }
   // No branch may guard a wgmma: ptxas then serialises every wgmma of the kernel (C7520: a
   // compiler-inserted warpgroup.arrive on a divergent path), which removes all GEMM overlap.
+  // Descriptors: one base per tile and stage, then compile-time byte offsets (k-step kk of a
+  // K-major tile: 64-column block kk / 4, 32 bytes per step; of V: 16 key lines per step).
   __device__ __forceinline__ void issue_qk(float (&s)[kS], int stage) const {
+    const uint64_t k_desc = sm90::make_desc(sK(stage), 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      sm90::wgmma_ss<kN, kBf16, 0>(s, sm90::desc_k_major(sQ, Tr::kBlockM, kk),
-                                   sm90::desc_k_major(sK(stage), kN, kk), kk > 0 ? 1 : 0);
+      sm90::wgmma_ss<kN, kBf16, 0>(
+          s, sm90::desc_advance(q_desc, (kk / 4) * Tr::kBlockM * 128 + (kk % 4) * 32),
+          sm90::desc_advance(k_desc, (kk / 4) * kN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
     }
   }
   __device__ __forceinline__ void issue_pv(float (&o)[kO], const uint32_t (&pa)[kN / 16][4],
                                            int stage) const {
+    const uint64_t v_desc = sm90::make_desc(sV(stage), kN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
-      sm90::wgmma_rs<kD, kBf16, 1>(o, pa[kk], sm90::desc_mn_major(sV(stage), kN, kk), 1);
+      sm90::wgmma_rs<kD, kBf16, 1>(o, pa[kk], sm90::desc_advance(v_desc, kk * 16 * 128), 1);
     }
   }
 };
+
+// Lazy rescale threshold (log2 units): the running maximum is raised only when a block's maximum
+// exceeds it by more than this (FlashAttention-4's conditional rescaling).
+inline constexpr float kLazyRescaleLog2 = 8.f;
+
+// O *= corr, skipped with p.lazy_rescale when no row of the warp changed its maximum (corr == 1
+// for all: exact; a warp-uniform branch, no wgmma inside).
+template <int kD>
+__device__ __forceinline__ void rescale_o_if_needed(float (&o)[kD / 2], const float (&corr)[2],
+                                                    int lazy);
 
 // Online-softmax state of this thread's two rows (r, r + 8), exp2 domain.
 template <typename Tr, bool kBf16>
@@ -311,30 +361,54 @@ struct RowSoftmax {
         }
       }
     }
+    // Both rows at once with independent partial chains (max: 2 per row, sum: 4 per row): the
+    // softmax is one warp's latency-bound sequence on its scheduler while the other warpgroup's
+    // GEMMs run, so the dependent FMNMX / FADD chains are kept short.
+    constexpr int kJ = kN / 8;
+    static_assert(kJ % 2 == 0, "key block: a multiple of 16");
+    float mx[2][2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = kNegInf;
+      mx[h][0] = fmaxf(s[2 * h], s[2 * h + 1]);
+      mx[h][1] = fmaxf(s[4 + 2 * h], s[4 + 2 * h + 1]);
+    }
 #pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
-        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    for (int j = 2; j < kJ; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h][j & 1] = fmaxf(mx[h][j & 1], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
       }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[h], mx * p.scale_log2);
-      const float m_use = m_new == kNegInf ? 0.f : m_new;
-      corr[h] = sm90::exp2_approx(m[h] - m_use);  // m = -inf -> 0
+    }
+    float m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float r = fmaxf(mx[h][0], mx[h][1]);
+      r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 1));
+      r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 2));
+      const float m_cand = fmaxf(m[h], r * p.scale_log2);
+      // Lazy rescale (p.lazy_rescale): keep the running maximum while the block's maximum exceeds
+      // it by at most kLazyRescaleLog2 (P <= 2^8 then; O, l and the LSE use the same maximum, so
+      // the result is exact after the final normalisation).
+      const bool keep = p.lazy_rescale != 0 && m[h] != kNegInf && m_cand - m[h] <= kLazyRescaleLog2;
+      const float m_new = keep ? m[h] : m_cand;
+      m_use[h] = m_new == kNegInf ? 0.f : m_new;
+      corr[h] = keep ? 1.f : sm90::exp2_approx(m[h] - m_use[h]);  // m = -inf -> 0
       m[h] = m_new;
-      float sum = 0.f;
+    }
+    float sum[2][4] = {};
 #pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
+    for (int j = 0; j < kJ; ++j) {
 #pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          const float v = sm90::exp2_approx(fmaf(s[4 * j + e], p.scale_log2, -m_use));
-          s[4 * j + e] = v;
-          sum += v;
-        }
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        const float v = sm90::exp2_approx(fmaf(s[4 * j + e], p.scale_log2, -m_use[h]));
+        s[4 * j + e] = v;
+        sum[h][(j & 1) * 2 + (e & 1)] += v;
       }
-      l[h] = l[h] * corr[h] + sum;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] = l[h] * corr[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
     }
   }
 };
@@ -362,6 +436,13 @@ __device__ __forceinline__ void rescale_o(float (&o)[kD / 2], const float (&corr
   }
 }
 
+template <int kD>
+__device__ __forceinline__ void rescale_o_if_needed(float (&o)[kD / 2], const float (&corr)[2],
+                                                    int lazy) {
+  if (lazy != 0 && __all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) return;
+  rescale_o<kD>(o, corr);
+}
+
 template <typename Tr, bool kBf16>
 __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
@@ -372,6 +453,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
   Ctx c;
   c.base = smem_addr(smem);
   c.sQ = c.base + Tr::kQOffset + g * 64 * 128;  // this warpgroup's 64 rows
+  c.q_desc = make_desc(c.sQ, 16, 1024);
   c.bars = c.base + Tr::kBarOffset;
   c.g = g;
   c.warp = tid / 32;
@@ -385,9 +467,9 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
   int it = 0;
   int tcount = 0;
   const int units = p.num_tiles * p.num_q_heads;
-  for (int unit = blockIdx.x; unit < units; unit += gridDim.x, ++tcount) {
+  for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
     const TileInfo t = decode_tile<Tr>(p, unit);
-    const bool last_unit = unit + static_cast<int>(gridDim.x) >= units;
+    const bool last_unit = unit_at(p, round + 1) >= units;
     // This thread's two rows (r, r + 8) within the tile and their query positions.
     const int row0 = g * 64 + c.warp * 16 + lane / 4;
     const int qpos0 = t.causal_limit + row0;
@@ -441,7 +523,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         fence_regs(o);
         mbar_arrive(c.empty(stage_c));
         pack_p<kN, kBf16>(s, pa);
-        rescale_o<kD>(o, corr);
+        rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
         it_c = it_n;
       }
       const int stage_c = it_c % Tr::kStages;
@@ -471,7 +553,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         if (nb == 0) mbar_arrive(q_empty);  // the tile's last read of Q
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         pack_p<kN, kBf16>(s, pa);
-        rescale_o<kD>(o, corr);
+        rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
         c.wait_full(c.v_full(stage), it, fence_for(nb));
         fence_regs(o);
         c.turn_wait();
@@ -495,13 +577,15 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       const int token = t.m0 + row0 + 8 * h;
       if (token < t.q_len) {
         const int64_t trow = t.q_start + token;
-        auto* out = static_cast<uint32_t*>(p.out);
-        const int64_t obase =
-            (trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) / 2;
+        // One base address per row (element offsets are even and non-negative: 16-byte aligned
+        // rows), then column pairs 8j + 2 (lane % 4) at compile-time offsets.
+        uint32_t* dst =
+            static_cast<uint32_t*>(p.out) +
+            ((trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) >> 1) +
+            lane % 4;
 #pragma unroll
         for (int j = 0; j < kD / 8; ++j) {
-          const int col = 8 * j + 2 * (lane % 4);
-          out[obase + col / 2] = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+          dst[4 * j] = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
         }
         if (p.lse != nullptr && lane % 4 == 0) {
           constexpr float kLn2 = 0.693147180559945309f;
@@ -515,11 +599,11 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
 }
 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
-template <int kD, bool kBf16>
-__global__ void __launch_bounds__(PrefillTraits<kD, kBf16>::kThreads, 1)
+template <int kD, int kN, bool kBf16>
+__global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16>::kThreads, 1)
     prefill_sm90_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = PrefillTraits<kD, kBf16>;
+  using Tr = PrefillTraits<kD, kN, kBf16>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = sm90::smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);

@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <string>
+#include <type_traits>
 
 #include "backends/fa3/kernels/fa3_kernels.h"
 #include "backends/fa3/kernels/prefill_sm90.cuh"
@@ -11,10 +13,10 @@
 
 namespace attnkit::fa3 {
 
-template <int kD, bool kBf16>
+template <int kD, int kN, bool kBf16>
 Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream) {
-  using Tr = PrefillTraits<kD, kBf16>;
-  auto kernel = prefill_sm90_kernel<kD, kBf16>;
+  using Tr = PrefillTraits<kD, kN, kBf16>;
+  auto kernel = prefill_sm90_kernel<kD, kN, kBf16>;
   ATTNKIT_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
@@ -25,10 +27,27 @@ Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream
   return Status::ok();
 }
 
+// Key blocks instantiated per head dim (block_n_supported in fa3_params.h says the same).
+template <int kD>
+using BlockNs = std::conditional_t<kD == 256, ValueList<80, 64>, ValueList<128>>;
+
+template <int kD>
+Status launch_prefill_sm90_n(const Fa3Params& p, DType q_dtype, int block_n, int sm_count,
+                             StreamHandle stream) {
+  return dispatch_value<BlockNs<kD>>(block_n, "fa3: wgmma key block", [&]<int kN>() -> Status {
+    static_assert(block_n_supported(kD, kN));
+    if (q_dtype == DType::kBF16) return launch_prefill_sm90<kD, kN, true>(p, sm_count, stream);
+    if (q_dtype == DType::kF16) return launch_prefill_sm90<kD, kN, false>(p, sm_count, stream);
+    return Status::unsupported(std::string("fa3: wgmma prefill q dtype ") + dtype_name(q_dtype) +
+                               " (needs bf16 or f16)");
+  });
+}
+
 template <int kD>
 bool available_impl() {
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, prefill_sm90_kernel<kD, true>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attr, prefill_sm90_kernel<kD, default_block_n(kD), true>) !=
+      cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
@@ -38,19 +57,16 @@ bool available_impl() {
 }  // namespace attnkit::fa3
 
 // Explicit instantiations of the host entry points for one head dim.
-#define ATTNKIT_FA3_PREFILL_SM90(kD)                                                              \
-  namespace attnkit::fa3 {                                                                        \
-  template <>                                                                                     \
-  bool prefill_sm90_available<kD>() {                                                             \
-    static const bool ok = available_impl<kD>();                                                  \
-    return ok;                                                                                    \
-  }                                                                                               \
-  template <>                                                                                     \
-  Status run_prefill_sm90<kD>(const Fa3Params& p, DType q_dtype, int sm_count,                    \
-                              StreamHandle stream) {                                              \
-    if (q_dtype == DType::kBF16) return launch_prefill_sm90<kD, true>(p, sm_count, stream);       \
-    if (q_dtype == DType::kF16) return launch_prefill_sm90<kD, false>(p, sm_count, stream);       \
-    return Status::unsupported(std::string("fa3: wgmma prefill q dtype ") + dtype_name(q_dtype) + \
-                               " (needs bf16 or f16)");                                           \
-  }                                                                                               \
+#define ATTNKIT_FA3_PREFILL_SM90(kD)                                                        \
+  namespace attnkit::fa3 {                                                                  \
+  template <>                                                                               \
+  bool prefill_sm90_available<kD>() {                                                       \
+    static const bool ok = available_impl<kD>();                                            \
+    return ok;                                                                              \
+  }                                                                                         \
+  template <>                                                                               \
+  Status run_prefill_sm90<kD>(const Fa3Params& p, DType q_dtype, int block_n, int sm_count, \
+                              StreamHandle stream) {                                        \
+    return launch_prefill_sm90_n<kD>(p, q_dtype, block_n, sm_count, stream);                \
+  }                                                                                         \
   }

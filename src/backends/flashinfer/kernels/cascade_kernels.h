@@ -12,7 +12,7 @@ namespace attnkit::flashinfer {
 
 struct CascadeMergeParams {
   // Pass-2 plan (header + [bs] RequestPlan): q_start, q_len, partial_base and, in reserved[0], the
-  // request's number of suffix partials.
+  // request's number of suffix partials. nullptr: no suffix partials (token_request unused).
   const int32_t* suffix_plan = nullptr;
   const int32_t* token_request = nullptr;  // [tokens] request of each token
   int bs = 0;
@@ -24,6 +24,11 @@ struct CascadeMergeParams {
   int64_t o_stride_token = 0, o_stride_head = 0;
   float* lse = nullptr;  // [T, Hq] natural log; nullptr = not requested
   int64_t lse_stride_token = 0, lse_stride_head = 0;
+  // Optional f32 result instead of out/lse: [tokens, Hq, D] normalised and [tokens, Hq] log2 LSE
+  // (no sink, no v_scale), the layout of one partial row set, so merges can be chained (the MLA
+  // chunked prefix cache merges chunk by chunk). It must not overlap the rows read.
+  float* merged_partial_out = nullptr;
+  float* merged_partial_lse = nullptr;
   const float* sinks = nullptr;  // [Hq]; nullptr = off
   float v_scale = 1.f;
   int num_q_heads = 0;

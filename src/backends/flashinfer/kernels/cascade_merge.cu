@@ -45,10 +45,13 @@ __global__ void __launch_bounds__(kThreads) cascade_merge_kernel(const CascadeMe
     return;
   }
   const int col = (static_cast<int>(threadIdx.x) % threads_per_head) * kVec;
-  const RequestPlan& req = reinterpret_cast<const RequestPlan*>(
-      p.suffix_plan + kPlanHeaderWords)[p.token_request[token]];
+  RequestPlan none{};
+  const RequestPlan& req = p.suffix_plan != nullptr
+                               ? reinterpret_cast<const RequestPlan*>(
+                                     p.suffix_plan + kPlanHeaderWords)[p.token_request[token]]
+                               : none;
   const int offset = token - req.q_start;
-  const int suffix_rows = req.reserved[0];
+  const int suffix_rows = p.suffix_plan != nullptr ? req.reserved[0] : 0;
   const auto prefix_row = [&](int c) {
     return (static_cast<int64_t>(c) * p.tokens + token) * p.num_q_heads + head;
   };
@@ -68,6 +71,18 @@ __global__ void __launch_bounds__(kThreads) cascade_merge_kernel(const CascadeMe
     for (int c = 0; c < p.prefix_chunks; ++c) accumulate(p, prefix_row(c), col, mx, acc, &dsum);
     for (int s = 0; s < suffix_rows; ++s) accumulate(p, suffix_row(s), col, mx, acc, &dsum);
     if (p.sinks != nullptr) dsum += exp2f(sink - mx);
+  }
+  if (p.merged_partial_out != nullptr) {
+    const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
+    const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
+    float4* dst = reinterpret_cast<float4*>(p.merged_partial_out + row * p.head_dim + col);
+#pragma unroll
+    for (int i = 0; i < kVec / 4; ++i) {
+      dst[i] = make_float4(acc[4 * i] * inv, acc[4 * i + 1] * inv, acc[4 * i + 2] * inv,
+                           acc[4 * i + 3] * inv);
+    }
+    if (col == 0) p.merged_partial_lse[row] = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
+    return;
   }
   const float inv = dsum > 0.f ? p.v_scale / dsum : 0.f;
   QT* dst = static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col;

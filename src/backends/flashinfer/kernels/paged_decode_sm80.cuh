@@ -36,10 +36,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     paged_decode_ring_kernel(const __grid_constant__ PagedParams p) {
   using QT = typename Tr::QT;
   extern __shared__ __align__(16) uint8_t smem[];
-  if (static_cast<int>(blockIdx.y) >= p.plan[0]) return;
-  const WorkItem& item = *reinterpret_cast<const WorkItem*>(
+  // The item count and the item are independent loads (one memory round trip, not two): the
+  // grid never exceeds the workspace's items, so the item is in bounds even past the count.
+  const int num_items = p.plan[0];
+  const WorkItem item = *reinterpret_cast<const WorkItem*>(
       p.plan + kPlanHeaderWords + p.bs * kRequestWords + blockIdx.y * kItemWords);
-  if (item.request < 0) return;
+  if (static_cast<int>(blockIdx.y) >= num_items || item.request < 0) return;
   const RequestPlan& req =
       reinterpret_cast<const RequestPlan*>(p.plan + kPlanHeaderWords)[item.request];
   const int kv_head = blockIdx.x;
@@ -54,8 +56,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
              static_cast<int64_t>(kv_head) * p.k_stride_head * Tr::kKvElemBytes;
   w.v_base = static_cast<const uint8_t*>(p.v_pool) +
              static_cast<int64_t>(kv_head) * p.v_stride_head * Tr::kKvElemBytes;
-  w.k_row_bytes = p.k_stride_row * Tr::kKvElemBytes;
-  w.v_row_bytes = p.v_stride_row * Tr::kKvElemBytes;
+  w.k_row_bytes = static_cast<uint32_t>(p.k_stride_row * Tr::kKvElemBytes);  // < 2^32: host check
+  w.v_row_bytes = static_cast<uint32_t>(p.v_stride_row * Tr::kKvElemBytes);
   w.scale_log2 = p.scale_log2;
   w.scale = p.scale;
   w.logit_cap = p.logit_cap;

@@ -74,11 +74,23 @@ struct AttentionParams {
   // attention kernel writes `out` directly.
   int max_splits = 1;
   int min_chunk = 0;
+  // CUDA graphs: the replayed forward's min_chunk in device memory (nullptr: use min_chunk).
+  const int* min_chunk_word = nullptr;
   float* partial_out = nullptr;  // [max_splits, T, Hq, Dv] f32, normalised per split
   float* partial_lse = nullptr;  // [max_splits, T, Hq] f32, log2 domain
+  // 1: a request with a single split writes that split's partial (split 0; no sink, no v_scale)
+  // instead of out/lse, for a caller that merges partial results (the MLA chunked prefix cache).
+  int partial_single = 0;
   // Tensor-core decode only: split CTAs finished per (token, head block), [T, gridDim.x] int32,
   // zero between launches (the last split CTA merges in place and resets it).
   int* split_counters = nullptr;
 };
+
+#if defined(__CUDACC__)
+// The forward's split chunk floor: the graph's device word when set, else the launch value.
+__device__ __forceinline__ int forward_min_chunk(const AttentionParams& p) {
+  return p.min_chunk_word != nullptr ? *p.min_chunk_word : p.min_chunk;
+}
+#endif
 
 }  // namespace attnkit::triton

@@ -3,11 +3,11 @@
 // tl.dot; this is the CUDA C++ counterpart: one CTA per (split, kv head, 16-head tile of its GQA
 // group, request), the keys streamed by the shared ring core (cuda/common/ring_decode.cuh:
 // per-warp cp.async rings, mma.sync). What stays the triton backend's own: the split-KV heuristic
-// (split_plan.h, per request from its own length), the flattened token indices of the plan
-// (kv_indices: any page size), the decode variant (sliding window, soft-cap) and the epilogue
-// (finalize(): sinks, v_scale, LSE; or the partial + log2 LSE, merged by the request's last split
-// CTA of the head block: no second launch). SM75 and the other dtypes keep the SIMT kernel
-// (simt_attention.cuh) and its merge kernel.
+// (split_plan.h: a per-forward chunk floor, then per request from its own length), the flattened
+// token indices of the plan (kv_indices: any page size), the decode variant (sliding window,
+// soft-cap) and the epilogue (finalize(): sinks, v_scale, LSE; or the partial + log2 LSE, merged by
+// the request's last split CTA of the head block: no second launch). SM75 and the other dtypes keep
+// the SIMT kernel (simt_attention.cuh) and its merge kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,8 +45,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   int num_splits = 1;
   if (p.max_splits > 1) {
     const int n = max(0, k_end - k_begin);
-    const int chunk = split_chunk(n, p.max_splits, p.min_chunk);
-    num_splits = split_count(n, p.max_splits, p.min_chunk);
+    const int min_chunk = forward_min_chunk(p);
+    const int chunk = split_chunk(n, p.max_splits, min_chunk);
+    num_splits = split_count(n, p.max_splits, min_chunk);
     if (split >= num_splits) return;
     k_begin += split * chunk;
     k_end = min(k_end, k_begin + chunk);
@@ -61,8 +62,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
              static_cast<int64_t>(kv_head) * p.k_stride_head * Tr::kKvElemBytes;
   w.v_base = static_cast<const uint8_t*>(p.v_pool) +
              static_cast<int64_t>(kv_head) * p.v_stride_head * Tr::kKvElemBytes;
-  w.k_row_bytes = p.k_stride_row * Tr::kKvElemBytes;
-  w.v_row_bytes = p.v_stride_row * Tr::kKvElemBytes;
+  w.k_row_bytes = static_cast<uint32_t>(p.k_stride_row * Tr::kKvElemBytes);  // < 2^32: host check
+  w.v_row_bytes = static_cast<uint32_t>(p.v_stride_row * Tr::kKvElemBytes);
   w.scale_log2 = var.scale_log2;
   w.scale = var.sm_scale;
   w.logit_cap = var.cap;

@@ -267,8 +267,9 @@ struct SimtKernel {
     int num_splits = 1;
     if (p.max_splits > 1) {
       const int n = max(0, k_end - k_begin);
-      const int chunk = split_chunk(n, p.max_splits, p.min_chunk);
-      num_splits = split_count(n, p.max_splits, p.min_chunk);
+      const int min_chunk = forward_min_chunk(p);
+      const int chunk = split_chunk(n, p.max_splits, min_chunk);
+      num_splits = split_count(n, p.max_splits, min_chunk);
       if (split >= num_splits) return;
       k_begin += split * chunk;
       k_end = min(k_end, k_begin + chunk);
@@ -374,7 +375,7 @@ struct SimtKernel {
         for (int x = 0; x < kVecElems; ++x) o[x] += smem.acc[g][h][e + x] * w;
       }
       const int qh = head0 + h;
-      if (num_splits == 1) {
+      if (num_splits == 1 && p.partial_single == 0) {
         const Finalized f = finalize(p, qh, m, d);
 #pragma unroll
         for (int x = 0; x < kVecElems; ++x) o[x] *= f.inv;

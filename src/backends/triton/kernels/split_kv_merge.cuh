@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int num_prefix = p.kv_indptr[token + 1] - p.kv_indptr[token];
   const AttentionVariant<false> var = AttentionVariant<false>::make(p, token, num_prefix, 0, 0);
   const int n = max(0, var.hi - var.lo);
-  const int num_splits = split_count(n, p.max_splits, p.min_chunk);
+  const int num_splits = split_count(n, p.max_splits, forward_min_chunk(p));
   if (num_splits == 1) return;
   merge_split_columns<kDv, kQ>(p, token, idx / kVecs, (idx % kVecs) * kVecElems, num_splits);
 }

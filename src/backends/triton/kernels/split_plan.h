@@ -1,29 +1,46 @@
 // The split-KV heuristic of the triton backend's decode, shared by the host planner and the
 // kernels (so eager runs and CUDA-graph replays cut every request identically).
 //
-// Goal: enough blocks to fill the SMs when a few long sequences are decoded, and no block holding
-// much more work than another when lengths are uneven. A request's split count depends only on
-// its own length and on constants of the backend (SM count, heads), never on the rest of the
-// batch: a request gives bit-identical results whatever it is batched with, including the padded
-// rows of a CUDA-graph batch.
+// Goal: enough blocks to fill the SMs when a few long sequences are decoded, one balanced wave
+// (not several short ones) when many are, and no block holding much more work than another when
+// lengths are uneven. Two levels:
 //
-//   max_splits = clamp(ceil(kTargetBlocksPerSm * num_sms / head_blocks), 1, kMaxSplits)
-//                (head_blocks = kv_heads * ceil(group / tile): blocks of one request/split; tile =
-//                16 q heads for the tensor-core decode, simt::gqa_tile for the SIMT kernel)
-//   splits(n)  = clamp(ceil(n / kMinChunk), 1, max_splits)
-//   chunk(n)   = round_up(ceil(n / splits(n)), kChunkAlign); the last split takes the remainder.
+//   max_splits   = clamp(ceil(kTargetBlocksPerSm * num_sms / head_blocks), 1, kMaxSplits)
+//                  (head_blocks = kv_heads * ceil(group / tile): blocks of one request/split; tile
+//                  = 16 q heads for the tensor-core decode, simt::gqa_tile for the SIMT kernel)
+//   per forward:  min_chunk c = the smallest multiple of kChunkStep, >= kMinChunk, with
+//                   head_blocks * sum_{r: n_r > kMinChunk} splits_c(n_r) <= kTargetBlocksPerSm *
+//                   num_sms
+//                 (or no split when even unsplit the long requests exceed that: c = the longest
+//                 length). Requests of <= kMinChunk keys never split and do not enter the sum, so
+//                 the padded rows of a CUDA-graph batch (length 1) leave c unchanged.
+//   per request:  splits_c(n) = clamp(ceil(n / c), 1, max_splits)
+//                 chunk_c(n)  = round_up(ceil(n / splits_c(n)), kChunkAlign); the last split takes
+//                 the remainder.
 //
+// A request's split depends on its own length and on c, which the host computes once per forward
+// from the host lengths (eager: init_forward_metadata; graphs: the replay writes c into a device
+// word that the captured kernels read), so eager and replay cut every request identically.
 // kTargetBlocksPerSm is the tensor-core decode's residency (2 blocks of 110 KB shared memory per
-// SM90 multiprocessor); kMinChunk = 512 keys gives each of its 4 warps >= 8 tiles of 16 keys, so
-// the cp.async rings run mostly full rather than filling and draining.
+// SM90 multiprocessor): the grid is at most one wave. kMinChunk = 512 keys gives each of its 4
+// warps >= 8 tiles of 16 keys, so the cp.async rings run mostly full rather than filling and
+// draining. FlashInfer's decode planner and FlashDecoding's split rule size splits the same way
+// (a batch-wide chunk that fills one wave); ours differs in ignoring short requests.
 //
-// Worked example (H100/H200, 132 SMs; 32 q / 8 kv heads, d 128, so one 16-head tile covers the
-// group of 4 and head_blocks = 8): max_splits = ceil(2 * 132 / 8) = 33.
-//   * bs 1, kv 16384: splits = min(32, 33) = 32, chunk 512 -> 8 * 32 = 256 blocks, two per SM.
-//   * bs 16, kv 4096: splits = 8, chunk 512 -> 8 * 8 * 16 = 1024 blocks of 512 keys.
-//   * bs 4 with kv 16384, 1000, 300, 20: 32 / 2 / 1 / 1 splits of at most 512 / 512 / 300 / 20
-//     keys: the long request no longer decides the step time alone.
+// Worked examples (H100/H200, 132 SMs; 32 q / 8 kv heads, d 128, so one 16-head tile covers the
+// group of 4, head_blocks = 8, max_splits = ceil(2 * 132 / 8) = 33, per-head-block budget 33):
+//   * bs 1, kv 16384: c = 512 (32 <= 33) -> 32 splits of 512 -> 256 blocks, one wave.
+//   * bs 16, kv 4096: c = 512 would give 16 * 8 = 128 > 33; c = 2048 gives 16 * 2 = 32 -> 2
+//     splits of 2048 keys, 256 blocks in one wave (the per-request rule gave 1024 blocks of 512
+//     keys: four waves, each paying the ring's ramp and the merge).
+//   * bs 64, kv 4096: 64 unsplit requests > 33 -> no split, 512 blocks.
+//   * bs 4 with kv 16384, 1000, 300, 20: c = 576 -> 29 + 2 + 1 + 1 splits (the last two are short
+//     and never split): the long request no longer decides the step time alone.
 #pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
 
 #if defined(__CUDACC__)
 #define ATTNKIT_HOST_DEVICE __host__ __device__
@@ -37,9 +54,10 @@ inline constexpr int kTargetBlocksPerSm = 2;
 inline constexpr int kMaxSplits = 64;
 inline constexpr int kMinChunk = 512;  // keys (see above); the merge's traffic stays < 1%
 inline constexpr int kChunkAlign = 16;
+inline constexpr int kChunkStep = 64;  // the per-forward chunk floor moves in whole CTA rounds
 
-inline int plan_max_splits(int num_sms, int head_blocks) {
-  const int target = kTargetBlocksPerSm * num_sms;
+inline int plan_max_splits(int num_sms, int head_blocks, int blocks_per_sm = kTargetBlocksPerSm) {
+  const int target = blocks_per_sm * num_sms;
   int s = (target + head_blocks - 1) / (head_blocks > 0 ? head_blocks : 1);
   if (s < 1) s = 1;
   if (s > kMaxSplits) s = kMaxSplits;
@@ -59,6 +77,37 @@ ATTNKIT_HOST_DEVICE inline int split_count(int n, int max_splits, int min_chunk)
   const int chunk = split_chunk(n, max_splits, min_chunk);
   const int s = (n + chunk - 1) / chunk;
   return s > 0 ? s : 1;
+}
+
+// Per-forward chunk floor c (see above) for the requests' decode lengths; target_blocks = grid
+// blocks of one wave (kTargetBlocksPerSm * num_sms).
+inline int plan_forward_chunk(std::span<const int32_t> lens, int head_blocks, int target_blocks,
+                              int max_splits) {
+  const int64_t budget = std::max(1, target_blocks) / std::max(1, head_blocks);
+  int max_len = 0;
+  for (int32_t n : lens) max_len = std::max<int>(max_len, n);
+  const auto blocks = [&](int c) {
+    int64_t s = 0;
+    for (int32_t n : lens) {
+      if (n > kMinChunk) s += split_count(n, max_splits, c);
+    }
+    return s;
+  };
+  if (max_len <= kMinChunk || blocks(kMinChunk) <= budget) return kMinChunk;
+  if (blocks(max_len) > budget) return max_len;  // the long requests alone fill the wave
+  // Smallest step multiple c in (kMinChunk, max_len] within the budget (blocks(c) is
+  // non-increasing in c).
+  int lo = kMinChunk / kChunkStep + 1;
+  int hi = (max_len + kChunkStep - 1) / kChunkStep;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (blocks(mid * kChunkStep) <= budget) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return std::min(max_len, lo * kChunkStep);
 }
 
 }  // namespace attnkit::triton

@@ -1,0 +1,252 @@
+// The SM90 wgmma prefill engine (see prefill_sm90_engine.h): eligibility, the per-forward tile
+// plan, TMA descriptors of the layer's pool and the launch.
+#include "backends/fa3/prefill_sm90_engine.h"
+
+#ifdef ATTNKIT_WITH_CUDA
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attnkit/kv_cache.h"
+#include "backend/kernel_params.h"
+#include "backends/fa3/kernels/fa3_kernels.h"
+#include "backends/fa3/kernels/tile_plan.h"
+#include "cuda/common/cuda_check.cuh"
+#include "cuda/common/dispatch.h"
+
+namespace attnkit::fa3 {
+namespace {
+
+constexpr int kWgmmaComputeCapability = 90;
+constexpr int kVecElems = 8;  // 16-byte rows of bf16/f16
+constexpr float kLog2e = 1.4426950408889634f;
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+bool vec_aligned(const TensorView& t) {
+  return reinterpret_cast<uintptr_t>(t.data) % (kVecElems * 2) == 0 &&
+         t.stride(0) % kVecElems == 0 && t.stride(1) % kVecElems == 0;
+}
+
+bool env_on(const char* name) {
+  const char* e = std::getenv(name);
+  return e == nullptr || std::string(e) != "0";
+}
+
+// The driver's cuTensorMapEncodeTiled through the runtime (no libcuda link); nullptr if absent.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    constexpr unsigned kVersion = 12000;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, kVersion, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// Encodes buf [rows, Hkv, D] (strides in elements) as a 3D map {D, Hkv, rows}, box {64, 1, rows}.
+bool encode_pool_map(const TensorView& buf, DType dtype, int box_rows, TmaDesc* out) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc), "TMA descriptor size");
+  constexpr int kBoxCols = 64;  // one 128-byte swizzle line of bf16 / f16
+  constexpr int kElem = 2;
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(buf.size(2)),
+                              static_cast<cuuint64_t>(buf.size(1)),
+                              static_cast<cuuint64_t>(buf.size(0))};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(buf.stride(1) * kElem),
+                                 static_cast<cuuint64_t>(buf.stride(0) * kElem)};
+  const cuuint32_t box[3] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(
+      &map,
+      dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      buf.data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return false;
+  std::memcpy(out->words, &map, sizeof(map));
+  return true;
+}
+
+// Whether the forward mode's queries are "the last q_len keys of each request" (the kernel's
+// causal convention). Target verify (tree positions) and decode are not.
+bool wgmma_mode(ForwardMode m) {
+  return m == ForwardMode::kExtend || m == ForwardMode::kMixed || m == ForwardMode::kDraftExtend;
+}
+
+}  // namespace
+
+std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContext& ctx,
+                                                             int sm_count, int cc,
+                                                             std::string* why_not) {
+  std::string off;
+  if (cc != kWgmmaComputeCapability) {
+    off = "compute capability " + str(cc) + " (wgmma needs 90)";
+  } else if (ctx.is_mla) {
+    off = "MLA";
+  } else if (ctx.q_dtype != DType::kBF16 && ctx.q_dtype != DType::kF16) {
+    off = std::string("q dtype ") + dtype_name(ctx.q_dtype);
+  } else if (ctx.qk_head_dim != ctx.v_head_dim) {
+    off = "qk_head_dim " + str(ctx.qk_head_dim) + " != v_head_dim " + str(ctx.v_head_dim);
+  } else if (!wgmma_head_dim_compiled(ctx.qk_head_dim)) {
+    off = "head_dim " + str(ctx.qk_head_dim) + " (wgmma head dims: " + WgmmaHeadDims::to_string() +
+          " within ATTNKIT_HEAD_DIMS)";
+  } else {
+    bool available = false;
+    (void)dispatch_value<WgmmaHeadDims>(ctx.qk_head_dim, "head_dim", [&]<int kD>() {
+      if constexpr (wgmma_head_dim_compiled(kD)) available = prefill_sm90_available<kD>();
+      return Status::ok();
+    });
+    if (!available) off = "no sm_90a code in this build (CMAKE_CUDA_ARCHITECTURES lacks 90a)";
+  }
+  if (!off.empty()) {
+    if (why_not != nullptr) *why_not = off;
+    return nullptr;
+  }
+  std::unique_ptr<PrefillSm90Engine> e(new PrefillSm90Engine(ctx, sm_count));
+  e->pingpong_ = env_on("ATTNKIT_FA3_PINGPONG");
+  e->tma_ = env_on("ATTNKIT_FA3_TMA");
+  e->fence_tma_ = env_on("ATTNKIT_FA3_FENCE_TMA");
+  e->overlap_ = env_on("ATTNKIT_FA3_OVERLAP");
+  e->zigzag_ = env_on("ATTNKIT_FA3_SCHED");
+  const char* lazy = std::getenv("ATTNKIT_FA3_LAZY_RESCALE");
+  e->lazy_rescale_ = lazy != nullptr && std::string(lazy) == "1";
+  const char* block_n = std::getenv("ATTNKIT_FA3_BLOCK_N");
+  const int want = block_n != nullptr ? std::atoi(block_n) : 0;
+  e->block_n_ = block_n_supported(ctx.qk_head_dim, want) ? want : default_block_n(ctx.qk_head_dim);
+  const char* diag = std::getenv("ATTNKIT_FA3_DIAG");
+  e->diag_ = diag != nullptr ? std::atoi(diag) : 0;
+  return e;
+}
+
+std::string PrefillSm90Engine::why_not(const ForwardBatch& batch) const {
+  if (!wgmma_mode(batch.mode)) {
+    return std::string("forward mode ") + forward_mode_name(batch.mode) +
+           " (wgmma prefill: extend / mixed / draft_extend)";
+  }
+  if (!batch.encoder_lens_host.empty()) return "encoder / cross-attention batch";
+  if (batch.kv_pool == nullptr || batch.kv_pool->is_mla()) return "no MHA pool";
+  if (batch.kv_pool->dtype() != ctx_.q_dtype) {
+    return std::string("KV dtype ") + dtype_name(batch.kv_pool->dtype()) + " (needs the q dtype " +
+           dtype_name(ctx_.q_dtype) + ")";
+  }
+  return "";
+}
+
+Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
+  planned_ = false;
+  if (!why_not(batch).empty()) return Status::ok();
+  // Requests: q_len new tokens at q_start, kv_len keys (seq_lens counts the new tokens).
+  const int bs = batch.batch_size;
+  std::vector<TileRequest> reqs(static_cast<size_t>(bs));
+  int32_t start = 0;
+  const bool have_extend = !batch.extend_seq_lens_host.empty();
+  for (int r = 0; r < bs; ++r) {
+    const size_t ur = static_cast<size_t>(r);
+    TileRequest& q = reqs[ur];
+    q.q_len = have_extend ? batch.extend_seq_lens_host[ur] : batch.spec.draft_token_num;
+    q.q_start = have_extend && !batch.extend_start_loc_host.empty()
+                    ? batch.extend_start_loc_host[ur]
+                    : start;
+    q.kv_len = batch.seq_lens_host[ur];
+    start += q.q_len;
+  }
+  ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(reqs));
+  words_ = std::move(plan.words);
+  ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
+  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so words_ may be reused.
+  ATTNKIT_CUDA_TRY(cudaMemcpyAsync(plan_words_.data(), words_.data(),
+                                   words_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                   cuda::to_stream(stream)));
+  plan_bs_ = bs;
+  num_tiles_ = plan.num_tiles;
+  planned_ = true;
+  return Status::ok();
+}
+
+std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorView& out,
+                                             const AttentionLayer& layer,
+                                             const ForwardBatch& batch) const {
+  if (!planned_) return "forward not planned for wgmma";
+  if (layer.is_mla || layer.is_cross_attention) return "MLA / cross-attention layer";
+  if (layer.sliding_window >= 0) return "sliding window";
+  if (layer.logit_cap != 0.f) return "soft-cap";
+  if (layer.sinks.defined()) return "attention sinks";
+  if (layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.qk_head_dim ||
+      layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads) {
+    return "layer shape differs from the context";
+  }
+  if (q.dtype != ctx_.q_dtype || out.dtype != ctx_.q_dtype) return "q / out dtype";
+  if (!vec_aligned(q) || !vec_aligned(out)) return "q / out rows not 16-byte aligned";
+  if (batch.kv_pool == nullptr || batch.kv_pool->is_mla()) return "no MHA pool";
+  if (batch.batch_size != plan_bs_) return "batch size differs from the plan";
+  const auto& pool = static_cast<const MHAKVPool&>(*batch.kv_pool);
+  if (!vec_aligned(pool.k_buffer(layer.layer_id)) || !vec_aligned(pool.v_buffer(layer.layer_id))) {
+    return "K / V pool rows not 16-byte aligned";
+  }
+  return "";
+}
+
+Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const TensorView& lse,
+                              const AttentionLayer& layer, const ForwardBatch& batch,
+                              StreamHandle stream) {
+  if (const std::string why = why_not_layer(q, out, layer, batch); !why.empty()) {
+    return Status::invalid_argument("wgmma prefill: layer " + str(layer.layer_id) +
+                                    " cannot run on it: " + why);
+  }
+  const auto& pool = static_cast<const MHAKVPool&>(*batch.kv_pool);
+  const TensorView kbuf = pool.k_buffer(layer.layer_id);
+  const TensorView vbuf = pool.v_buffer(layer.layer_id);
+
+  Fa3Params p;
+  detail::set_io_params(p, q, out, lse);
+  detail::set_kv_pool_params(p, kbuf, vbuf);
+  detail::set_page_table_params(p, batch);
+  p.page_size = pool.page_size();
+  p.plan = plan_words_.data();
+  p.bs = batch.batch_size;
+  p.num_tiles = num_tiles_;
+  p.num_q_heads = layer.num_q_heads;
+  p.group = layer.num_q_heads / layer.num_kv_heads;
+  p.scale_log2 = layer.scaling * kLog2e;
+  p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
+  p.pingpong = pingpong_ ? 1 : 0;
+  p.diag = diag_;
+  p.fence_tma = fence_tma_ ? 1 : 0;
+  p.sched = zigzag_ ? 1 : 0;
+  p.lazy_rescale = lazy_rescale_ ? 1 : 0;
+  p.tma_rows = tma_ ? tma_rows_for(p.page_size, block_n_) : 0;
+  if (p.tma_rows > 0 && (kbuf.stride(2) != 1 || vbuf.stride(2) != 1 ||
+                         !encode_pool_map(kbuf, q.dtype, p.tma_rows, &p.tma_k) ||
+                         !encode_pool_map(vbuf, q.dtype, p.tma_rows, &p.tma_v))) {
+    p.tma_rows = 0;  // the cp.async gather serves every block
+  }
+  p.overlap = overlap_ ? 1 : 0;
+  return dispatch_value<WgmmaHeadDims>(
+      ctx_.qk_head_dim, "wgmma prefill: head_dim", [&]<int kD>() -> Status {
+        if constexpr (wgmma_head_dim_compiled(kD)) {
+          return run_prefill_sm90<kD>(p, q.dtype, block_n_, sm_count_, stream);
+        } else {
+          return Status::unsupported("wgmma prefill: head_dim " + str(kD) + " is not compiled in");
+        }
+      });
+}
+
+}  // namespace attnkit::fa3
+
+#endif  // ATTNKIT_WITH_CUDA

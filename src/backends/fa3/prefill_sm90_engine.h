@@ -1,0 +1,81 @@
+// The SM90 wgmma prefill/extend kernel (kernels/prefill_sm90.cuh) behind a small plan/run
+// interface, shared by the backends that route their SM90 prefill to it: `fa3` and `flashinfer`
+// (as upstream FlashInfer runs its FA3-based templates for SM90 prefill). One engine per backend
+// instance; the owning backend keeps its own kernels for everything the engine declines.
+//
+// What it covers (anything else: why_not / why_not_layer return the reason, non-empty):
+//  * context: SM90 with sm_90a code in the binary, MHA, q bf16 / f16, qk_head_dim == v_head_dim in
+//    {64, 128, 256} (and in ATTNKIT_HEAD_DIMS);
+//  * forward: extend / mixed / draft-extend (queries = the last q_len keys of each request), no
+//    encoder (cross-attention) tokens, an MHA pool holding the q dtype (no fp8 KV), any page size;
+//  * layer: no sliding window, soft-cap or sinks, not MLA / cross-attention, the context's shape,
+//    q / out / K / V rows 16-byte aligned. Causal, or bidirectional for encoder-only layers.
+//
+// Protocol: plan() once per forward (host tile plan, sorted longest-first, uploaded into a
+// grow-only device workspace); run() per layer after the caller has written the layer's new K/V
+// into the pool (save_kv). drop_plan() forgets the plan (CUDA-graph capture: graphs never run it).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnkit/backend.h"
+#include "backend/device_array.h"
+
+namespace attnkit::fa3 {
+
+class PrefillSm90Engine {
+ public:
+  // The engine for ctx on a device of compute capability cc with sm_count SMs, or nullptr with the
+  // reason in *why_not when the context can never use it.
+  static std::unique_ptr<PrefillSm90Engine> create(const BackendContext& ctx, int sm_count, int cc,
+                                                   std::string* why_not);
+
+  // "" when the forward qualifies (mode, pool, encoder tokens).
+  std::string why_not(const ForwardBatch& batch) const;
+  // Plans the forward when it qualifies, else drops any previous plan; planned() says which.
+  Status plan(const ForwardBatch& batch, StreamHandle stream);
+  void drop_plan() { planned_ = false; }
+  bool planned() const { return planned_; }
+
+  // "" when this layer of the planned forward can run on the kernel.
+  std::string why_not_layer(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
+                            const ForwardBatch& batch) const;
+  // Runs one layer (why_not_layer must be ""): the pool already holds every key.
+  Status run(const TensorView& q, const TensorView& out, const TensorView& lse,
+             const AttentionLayer& layer, const ForwardBatch& batch, StreamHandle stream);
+  // Keys per block of the kernel this engine launches (default_block_n of the head dim, or
+  // ATTNKIT_FA3_BLOCK_N where block_n_supported).
+  int block_n() const { return block_n_; }
+
+ private:
+  PrefillSm90Engine(const BackendContext& ctx, int sm_count) : ctx_(ctx), sm_count_(sm_count) {}
+
+  BackendContext ctx_;
+  int sm_count_ = 0;
+  // A/B knobs (environment, read once per engine): ATTNKIT_FA3_PINGPONG=0 (no GEMM alternation of
+  // the consumer warpgroups), ATTNKIT_FA3_TMA=0 (cp.async gathers for every key block),
+  // ATTNKIT_FA3_FENCE_TMA=0 (no proxy fence after TMA blocks), ATTNKIT_FA3_OVERLAP=0 (serial
+  // schedule), ATTNKIT_FA3_SCHED=0 (plain-stride persistent schedule instead of the zigzag),
+  // ATTNKIT_FA3_LAZY_RESCALE=1 (lazy O rescale, Fa3Params::lazy_rescale),
+  // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
+  // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
+  bool pingpong_ = true;
+  bool tma_ = true;
+  bool fence_tma_ = true;
+  bool overlap_ = true;
+  bool zigzag_ = true;
+  bool lazy_rescale_ = false;
+  int block_n_ = 128;
+  int diag_ = 0;
+
+  bool planned_ = false;
+  int plan_bs_ = 0;
+  int num_tiles_ = 0;
+  std::vector<int32_t> words_;
+  DeviceArray<int32_t> plan_words_;
+};
+
+}  // namespace attnkit::fa3

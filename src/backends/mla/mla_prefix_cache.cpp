@@ -1,0 +1,279 @@
+// The MLA chunked prefix cache runner (see mla_prefix_cache.h).
+#include "backends/mla/mla_prefix_cache.h"
+
+#include <algorithm>
+
+namespace attnkit::mla {
+
+PrefixChunkLayout plan_prefix_chunks(const std::vector<int32_t>& prefix_lens, int chunk_tokens) {
+  PrefixChunkLayout l;
+  const int bs = static_cast<int>(prefix_lens.size());
+  l.chunk_len = std::max(1, chunk_tokens / std::max(1, bs));
+  int max_prefix = 0;
+  for (int32_t n : prefix_lens) max_prefix = std::max(max_prefix, static_cast<int>(n));
+  l.chunks = (max_prefix + l.chunk_len - 1) / l.chunk_len;
+  l.indptr.assign(static_cast<size_t>(l.chunks) * (bs + 1), 0);
+  l.tokens.assign(static_cast<size_t>(l.chunks), 0);
+  for (int c = 0; c < l.chunks; ++c) {
+    int32_t* indptr = &l.indptr[static_cast<size_t>(c) * (bs + 1)];
+    for (int r = 0; r < bs; ++r) {
+      const int32_t len =
+          std::clamp(prefix_lens[static_cast<size_t>(r)] - c * l.chunk_len, 0, l.chunk_len);
+      indptr[r + 1] = indptr[r] + len;
+    }
+    l.tokens[static_cast<size_t>(c)] = indptr[bs];
+  }
+  return l;
+}
+
+MergeStep merge_step(int acc, bool last) {
+  MergeStep m;
+  m.first = acc == 0 ? 0 : 1;  // (acc, 1) or (1, acc)
+  m.dst = last ? -1 : (acc == 0 ? 2 : 0);
+  return m;
+}
+
+}  // namespace attnkit::mla
+
+#ifdef ATTNKIT_WITH_CUDA
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "attnkit/kv_cache.h"
+#include "backends/flashinfer/kernels/cascade_kernels.h"
+#include "backends/mla/kernels/mla_prefix_gather.h"
+#include "backends/triton/kernels/attention_params.h"
+#include "backends/triton/kernels/triton_kernels.h"
+#include "cuda/common/cuda_check.cuh"
+
+namespace attnkit::mla {
+namespace {
+
+std::string str(int64_t x) { return std::to_string(x); }
+
+}  // namespace
+
+std::string MlaPrefixCacheRunner::why_not(const TensorView& q, const AttentionLayer& layer,
+                                          const ForwardBatch& batch) {
+  if (layer.qk_head_dim != triton::kMlaPrefillHeadDimQK ||
+      layer.v_head_dim != triton::kMlaPrefillHeadDimV) {
+    return "head dims " + str(layer.qk_head_dim) + "/" + str(layer.v_head_dim) +
+           " are not compiled in (built: " + str(triton::kMlaPrefillHeadDimQK) + "/" +
+           str(triton::kMlaPrefillHeadDimV) + ")";
+  }
+  if (q.dtype != DType::kBF16 && q.dtype != DType::kF16) {
+    return std::string("q dtype ") + dtype_name(q.dtype) + " (bf16, f16)";
+  }
+  if (layer.sliding_window >= 0) return "sliding window";
+  if (layer.sinks.defined()) return "attention sinks";
+  if (batch.kv_pool == nullptr || !batch.kv_pool->is_mla()) return "no MLA pool";
+  const DType kv = batch.kv_pool->dtype();
+  if (kv != DType::kBF16 && kv != DType::kF16 && !dtype_is_fp8(kv)) {
+    return std::string("latent pool dtype ") + dtype_name(kv) + " (bf16, f16, fp8)";
+  }
+  if (batch.kv_pool->is_mla() &&
+      static_cast<const MLAKVPool&>(*batch.kv_pool).kv_buffer(layer.layer_id).size(2) !=
+          layer.kv_lora_rank + layer.qk_rope_head_dim) {
+    return "pool row width differs from kv_lora_rank + qk_rope_head_dim";
+  }
+  return "";
+}
+
+Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const AttentionLayer& layer,
+                                 const ForwardBatch& batch, const TensorView& lse,
+                                 StreamHandle stream) {
+  const std::string why = why_not(q, layer, batch);
+  if (!why.empty()) {
+    return Status::unsupported("MLA chunked prefix cache (layer.mla_prefix): " + why);
+  }
+  const int bs = batch.batch_size;
+  const int64_t t = batch.num_tokens;
+  const int h = layer.num_q_heads;
+  const int dqk = layer.qk_head_dim;
+  const int dv = layer.v_head_dim;
+  const int width = layer.kv_lora_rank + layer.qk_rope_head_dim;
+  const DType act = q.dtype;
+  const int64_t es = dtype_storage_bytes(act, 1);
+  const cudaStream_t s = cuda::to_stream(stream);
+
+  // Chunk layout (plan_prefix_chunks) and the meta buffer:
+  // [bs] q_start, [bs] q_len, [bs + 1] zeros, then [chunks][bs + 1] chunk offsets.
+  const PrefixChunkLayout layout =
+      plan_prefix_chunks(batch.extend_prefix_lens_host, layer.mla_prefix->chunk_tokens);
+  const int chunk_len = layout.chunk_len;
+  const int chunks = layout.chunks;
+  const int64_t cap = static_cast<int64_t>(chunk_len) * bs;
+  last_num_chunks_ = chunks;
+  meta_host_.assign(static_cast<size_t>(3 * bs + 1), 0);
+  int32_t start = 0;
+  for (int r = 0; r < bs; ++r) {
+    const int32_t n = batch.extend_seq_lens_host[static_cast<size_t>(r)];
+    meta_host_[static_cast<size_t>(r)] = batch.extend_start_loc_host.empty()
+                                             ? start
+                                             : batch.extend_start_loc_host[static_cast<size_t>(r)];
+    meta_host_[static_cast<size_t>(bs + r)] = n;
+    start += n;
+  }
+  const size_t chunk_base = meta_host_.size();
+  meta_host_.insert(meta_host_.end(), layout.indptr.begin(), layout.indptr.end());
+  ATTNKIT_RETURN_IF_ERROR(meta_.reserve(device_, static_cast<int64_t>(meta_host_.size())));
+  ATTNKIT_CUDA_TRY(cudaMemcpyAsync(meta_.data(), meta_host_.data(),
+                                   meta_host_.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  const int32_t* q_start = meta_.data();
+  const int32_t* q_len = meta_.data() + bs;
+  const int32_t* zeros = meta_.data() + 2 * bs;
+
+  // Workspace.
+  const int64_t rows = t * h;
+  ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(device_, 3 * rows * dv));
+  ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(device_, 3 * rows));
+  if (chunks > 0) {
+    ATTNKIT_RETURN_IF_ERROR(latent_.reserve(device_, cap * width * es));
+    ATTNKIT_RETURN_IF_ERROR(kc_.reserve(device_, cap * h * dqk * es));
+    ATTNKIT_RETURN_IF_ERROR(vc_.reserve(device_, cap * h * dv * es));
+    if (iota_filled_ < cap) {
+      ATTNKIT_RETURN_IF_ERROR(iota_.reserve(device_, cap));
+      iota_host_.resize(static_cast<size_t>(iota_.capacity));
+      for (size_t i = 0; i < iota_host_.size(); ++i) iota_host_[i] = static_cast<int32_t>(i);
+      ATTNKIT_CUDA_TRY(cudaMemcpyAsync(iota_.data(), iota_host_.data(),
+                                       iota_host_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                       s));
+      iota_filled_ = iota_.capacity;
+    }
+  }
+  const auto slot_out = [&](int i) { return partial_out_.data() + i * rows * dv; };
+  const auto slot_lse = [&](int i) { return partial_lse_.data() + i * rows; };
+
+  // Attention params shared by the new-token pass and the chunk passes.
+  triton::AttentionParams base;
+  base.q = q.data;
+  base.q_stride_token = q.stride(0);
+  base.q_stride_head = q.stride(1);
+  base.bs = bs;
+  base.num_tokens = static_cast<int>(t);
+  base.num_q_heads = h;
+  base.num_kv_heads = h;
+  base.group_size = 1;
+  base.is_decode = 0;
+  base.logit_cap = layer.logit_cap;
+  base.sm_scale = layer.scaling;  // k/v are activations (no pool scale)
+  base.v_scale = 1.f;
+  base.q_start = q_start;
+  base.q_len = q_len;
+  base.max_splits = 1;
+  base.partial_single = 1;
+
+  // 1. New tokens over new tokens (causal) -> slot 0.
+  {
+    triton::AttentionParams p = base;
+    p.k_pool = k.data;
+    p.v_pool = v.data;
+    p.kv_indptr = zeros;
+    p.kv_indices = nullptr;
+    p.causal = 1;
+    p.has_new_keys = 1;
+    p.k_new = k.data;
+    p.v_new = v.data;
+    p.kn_stride_token = k.stride(0);
+    p.kn_stride_head = k.stride(1);
+    p.vn_stride_token = v.stride(0);
+    p.vn_stride_head = v.stride(1);
+    p.new_slots = batch.out_cache_loc.data_as<const int64_t>();
+    p.partial_out = slot_out(0);
+    p.partial_lse = slot_lse(0);
+    ATTNKIT_RETURN_IF_ERROR(
+        (triton::run_simt<triton::kMlaPrefillHeadDimQK, triton::kMlaPrefillHeadDimV>(
+            p, act, act, /*extend=*/true, 1, stream)));
+  }
+
+  flashinfer::CascadeMergeParams m;
+  m.tokens = static_cast<int>(t);
+  m.bs = bs;
+  m.num_q_heads = h;
+  m.head_dim = dv;
+  m.v_scale = 1.f;
+  const auto merge_to_out = [&](int first_slot, int n) {
+    flashinfer::CascadeMergeParams f = m;
+    f.prefix_chunks = n;
+    f.partial_out = slot_out(first_slot);
+    f.partial_lse = slot_lse(first_slot);
+    f.out = out.data;
+    f.o_stride_token = out.stride(0);
+    f.o_stride_head = out.stride(1);
+    if (lse.defined()) {
+      f.lse = lse.data_as<float>();
+      f.lse_stride_token = lse.stride(0);
+      f.lse_stride_head = lse.stride(1);
+    }
+    return flashinfer::cascade_merge(f, act, stream);
+  };
+  if (chunks == 0 || t == 0) return merge_to_out(0, 1);
+
+  const auto& pool = static_cast<const MLAKVPool&>(*batch.kv_pool);
+  const TensorView kv = pool.kv_buffer(layer.layer_id);
+  const DType kv_dtype = pool.dtype();
+  const TensorView table = batch.req_to_token_pool->table();
+  const Device dev = device_;
+  int acc = 0;  // slot of the running merge: 0 or 2; chunk partials always land in slot 1
+  for (int c = 0; c < chunks; ++c) {
+    const int32_t* indptr = meta_.data() + chunk_base + static_cast<size_t>(c) * (bs + 1);
+    const int n = layout.tokens[static_cast<size_t>(c)];
+    PrefixGatherParams g;
+    g.pool = kv.data;
+    g.pool_stride_row = kv.stride(0);
+    g.req_to_token = table.data_as<const int32_t>();
+    g.req_to_token_stride = table.stride(0);
+    g.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
+    g.chunk_indptr = indptr;
+    g.chunk_start = c * chunk_len;
+    g.bs = bs;
+    g.tokens = n;
+    g.width = width;
+    g.k_scale = dtype_is_fp8(kv_dtype) ? layer.k_scale : 1.f;
+    g.latent = latent_.data();
+    ATTNKIT_RETURN_IF_ERROR(gather_prefix_latent(g, kv_dtype, act, stream));
+    const TensorView lat(latent_.data(), act, dev, {n, width});
+    const TensorView kt(kc_.data(), act, dev, {n, h, dqk});
+    const TensorView vt(vc_.data(), act, dev, {n, h, dv});
+    ATTNKIT_RETURN_IF_ERROR(layer.mla_prefix->expand(lat, kt, vt, stream));
+
+    triton::AttentionParams p = base;
+    p.k_pool = kc_.data();
+    p.v_pool = vc_.data();
+    p.k_stride_row = static_cast<int64_t>(h) * dqk;
+    p.k_stride_head = dqk;
+    p.v_stride_row = static_cast<int64_t>(h) * dv;
+    p.v_stride_head = dv;
+    p.kv_indptr = indptr;
+    p.kv_indices = iota_.data();
+    p.causal = 0;
+    p.has_new_keys = 0;
+    p.partial_out = slot_out(1);
+    p.partial_lse = slot_lse(1);
+    ATTNKIT_RETURN_IF_ERROR(
+        (triton::run_simt<triton::kMlaPrefillHeadDimQK, triton::kMlaPrefillHeadDimV>(
+            p, act, act, /*extend=*/true, 1, stream)));
+
+    const MergeStep step = merge_step(acc, c + 1 == chunks);
+    if (step.dst < 0) return merge_to_out(step.first, 2);
+    flashinfer::CascadeMergeParams f = m;
+    f.prefix_chunks = 2;
+    f.partial_out = slot_out(step.first);
+    f.partial_lse = slot_lse(step.first);
+    f.merged_partial_out = slot_out(step.dst);
+    f.merged_partial_lse = slot_lse(step.dst);
+    f.out = out.data;  // unused with merged_partial_out
+    ATTNKIT_RETURN_IF_ERROR(flashinfer::cascade_merge(f, act, stream));
+    acc = step.dst;
+  }
+  return Status::ok();
+}
+
+}  // namespace attnkit::mla
+
+#endif  // ATTNKIT_WITH_CUDA

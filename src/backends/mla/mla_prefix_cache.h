@@ -1,0 +1,75 @@
+// The MLA chunked prefix cache on CUDA (AttentionLayer::mla_prefix, DESIGN.md section 4): a
+// non-absorbed MLA prefill layer (qk 192 / v 128) whose new tokens attend their cached prefix.
+// Shared by the backends whose MLA row says "chunked prefix cache" (flashinfer, fa3, flashmla,
+// cutlass_mla: the last three reach it through their flashinfer MLA path).
+//
+// Per layer:
+//   1. new tokens over new tokens, causal (the triton SIMT 192/128 kernel) -> f32 partial A
+//   2. for each prefix chunk c (request r's prefix positions [c L, min((c + 1) L, prefix_r)),
+//      L = max(1, chunk_tokens / bs)): gather the chunk's latent rows (mla_prefix_gather.cu),
+//      decompress them with layer.mla_prefix->expand, attend the new tokens to them without a mask
+//      (the same SIMT kernel, chunk rows as its key pool) -> f32 partial B; merge A and B by LSE
+//      (the flashinfer cascade merge kernel, f32 result) -> A; the last merge writes out / lse.
+// Workspace: L * bs latent rows and decompressed k/v, three f32 partial row sets of the new
+// tokens; nothing grows with the prefix beyond the per-chunk offsets.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnkit/attention_layer.h"
+#include "attnkit/forward_batch.h"
+#include "attnkit/status.h"
+#include "attnkit/tensor.h"
+#include "backend/device_array.h"
+
+namespace attnkit::mla {
+
+// Host plan of the prefix chunks (SGLang's layout): per-request chunk length
+// chunk_len = max(1, chunk_tokens / bs); chunk c holds request r's prefix positions
+// [c chunk_len, min((c + 1) chunk_len, prefix_r)); chunks = ceil(max prefix / chunk_len).
+struct PrefixChunkLayout {
+  int chunk_len = 1;
+  int chunks = 0;
+  std::vector<int32_t> indptr;  // [chunks][bs + 1] chunk-local token offsets per request
+  std::vector<int32_t> tokens;  // [chunks] tokens of each chunk (<= chunk_len * bs)
+};
+PrefixChunkLayout plan_prefix_chunks(const std::vector<int32_t>& prefix_lens, int chunk_tokens);
+
+// The three-slot merge ring: the running partial sits in slot `acc` (0 or 2), every chunk lands in
+// slot 1; the merge reads the two adjacent slots [first, first + 2) and writes slot `dst` (the one
+// not read), or the output when dst == -1 (the last chunk).
+struct MergeStep {
+  int first = 0;
+  int dst = -1;
+};
+MergeStep merge_step(int acc, bool last);
+
+class MlaPrefixCacheRunner {
+ public:
+  explicit MlaPrefixCacheRunner(Device device) : device_(device) {}
+
+  // Why this layer call cannot run here ("" = it can): head dims, dtypes, features.
+  static std::string why_not(const TensorView& q, const AttentionLayer& layer,
+                             const ForwardBatch& batch);
+
+  // Inputs validated by the caller (validate_forward_inputs); layer.mla_prefix != nullptr.
+  Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+             const AttentionLayer& layer, const ForwardBatch& batch, const TensorView& lse,
+             StreamHandle stream);
+
+  // Prefix chunks of the last run (tests check that several were used).
+  int last_num_chunks() const { return last_num_chunks_; }
+
+ private:
+  Device device_;
+  DeviceArray<unsigned char> latent_, kc_, vc_;
+  DeviceArray<int32_t> iota_, meta_;
+  DeviceArray<float> partial_out_, partial_lse_;
+  int64_t iota_filled_ = 0;
+  std::vector<int32_t> meta_host_, iota_host_;
+  int last_num_chunks_ = 0;
+};
+
+}  // namespace attnkit::mla
