@@ -80,6 +80,7 @@ VectorScratchLayout vector_scratch_layout(int group, int head_dim, int v_head_di
   lay.m = take(&cursor, group);
   lay.l = take(&cursor, group);
   lay.alpha = take(&cursor, group);
+  lay.dots = take(&cursor, static_cast<int64_t>(group) * kKeyBlock * kLineFloats);
   lay.total = cursor;
   return lay;
 }

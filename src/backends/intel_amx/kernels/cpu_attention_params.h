@@ -129,6 +129,7 @@ struct VectorScratchLayout {
   int64_t m = 0;       // [group] running max (log2 domain)
   int64_t l = 0;       // [group] running sum
   int64_t alpha = 0;   // [group] rescale of the current block
+  int64_t dots = 0;    // [group, kKeyBlock, 16] f32 q.k partial vectors (decode fast path)
   int64_t total = 0;
 };
 VectorScratchLayout vector_scratch_layout(int group, int head_dim, int v_head_dim);

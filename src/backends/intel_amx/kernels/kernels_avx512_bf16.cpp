@@ -41,7 +41,9 @@ struct VecAvx512Bf16 : VecAvx512 {
   static constexpr bool kHasBf16Dot = true;
   static constexpr int kBf16PerDot = 32;
 
-  static __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
+  static __m512bh as_bh(__m512i x) {
+    return (__m512bh)x;
+  }  // NOLINT: a vector bit cast (reinterpret_cast went through the stack with GCC 12)
 
   // fp8_e4m3 bytes (the low byte of each 16-bit word; high bytes zero) -> bf16 bits of the value
   // times 2^-8 (the kFp8E4M3ViaF16Scale convention of the f16 path, so the scales are shared).
@@ -120,7 +122,361 @@ struct VecAvx512Bf16 : VecAvx512 {
   }
 };
 
+// ---- Decode fast path: bf16 q, bf16 or fp8_e4m3 KV, head_dim == v_head_dim == kD ----
+//
+// One item = one request's key range, every kv head (as run_decode). Per key block (16 keys):
+//   q.k:     key-major over all kv heads (fast_qk_key_major): each pool row's head slices are read
+//            in address order, so a page of K is one sequential stream; every K load feeds the
+//            GQA group's heads (q from L1); the partial vectors go to the thread's scratch;
+//   then per kv head, tiles of up to kMaxTileHeads query heads (fast_tile_block):
+//   softmax: one transpose-and-add tree per head turns the partial vectors into 16 scores, then
+//            everything stays in registers (masked lanes -inf, one vector exp2 for the rescale
+//            factors, no scalar libm call);
+//   P.V:     32 columns of two V rows per step, interleaved into bf16 pairs with one
+//            vpunpcklwd / vpunpckhwd each (no widening loads), so the f32 accumulators hold the
+//            columns of each 32-column chunk in unpack order: lane L of the low half is column
+//            8 * (L / 4) + L % 4, of the high half that plus 4. unpermute_acc restores the order
+//            once per item, before the epilogue.
+// The K rows kFastPrefetchBlocks blocks ahead are prefetched row by row during q.k, the V slices
+// spread over the P.V passes of the kv heads in address order.
+// How many key blocks ahead the next K/V rows are prefetched, and with which hint. Measured on the
+// 2-core Zen 5 dev VM (1 thread, b8 kv4096, alternating runs): prefetcht1 (into L2) made this
+// kernel 1.3-2x slower than prefetcht0 or prefetchnta; 2 blocks and 1 block were within the noise.
+constexpr int kFastPrefetchBlocks = 2;
+inline void fast_prefetch(const void* row, int64_t bytes) {
+  const char* c = static_cast<const char*>(row);
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+}
+template <int kD>
+constexpr int kMaxTileHeads = kD <= 128 ? 4 : 2;
+
+struct FastConsts {
+  bool capped;
+  __m512 pre;   // score_scale (/ cap when capped, else * log2 e)
+  __m512 post;  // cap * log2 e when capped
+};
+
+// 32 consecutive elements of a K or V row as bf16.
+template <class S>
+inline __m512i load_row32(const typename S::T* p) {
+  if constexpr (std::is_same_v<S, StoreBf16>) {
+    return _mm512_loadu_epi16(p);
+  } else {
+    static_assert(std::is_same_v<S, StoreFp8E4M3>);
+    return VecAvx512Bf16::fp8e4m3_words_to_bf16(
+        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+  }
+}
+
+// Softmax and P.V of one key block for kN query heads of one kv head: dots [kN][kKeyBlock] q.k
+// partial vectors (from fast_qk_key_major), v_rows the block's V slices of that kv head (zeros
+// after n), acc/m/l the heads' state; pf_v (or null) the next V slices to prefetch.
+template <class S, int kD, int kN>
+__attribute__((noinline)) void fast_tile_block(const FastConsts& c, const __m512* dots_in,
+                                               const typename S::T* const* v_rows, int n,
+                                               float* acc, float* m, float* l,
+                                               const void* const* pf_v, int64_t pf_bytes) {
+  using V = VecAvx512Bf16;
+  constexpr int kC = kD / 32;
+  const auto* dots = reinterpret_cast<const __m512(*)[kKeyBlock]>(dots_in);
+  const __mmask16 valid = static_cast<__mmask16>(n >= kKeyBlock ? 0xFFFF : (1u << n) - 1);
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  __m512 pr[kN];
+  alignas(64) float m_old[16] = {};
+  alignas(64) float m_new[16] = {};
+  for (int j = 0; j < kN; ++j) {
+    __m512 x = V::reduce_add_16v(dots[j]);
+    x = c.capped ? V::mul(V::tanh(V::mul(x, c.pre)), c.post) : V::mul(x, c.pre);
+    x = _mm512_mask_blend_ps(valid, neg_inf, x);
+    const float mn = std::max(m[j], _mm512_reduce_max_ps(x));
+    m_old[j] = m[j];
+    m_new[j] = mn;
+    pr[j] = V::exp2(V::sub(x, V::set1(mn)));
+  }
+  // exp2(-inf - m) is 0: a head's first block rescales nothing.
+  alignas(64) float alpha[16];
+  V::store(alpha, V::exp2(V::sub(V::load(m_old), V::load(m_new))));
+  alignas(32) uint32_t pp[kN][kKeyBlock / 2];
+  for (int j = 0; j < kN; ++j) {
+    l[j] = l[j] * alpha[j] + _mm512_reduce_add_ps(pr[j]);
+    m[j] = m_new[j];
+    const __m256bh h = _mm512_cvtneps_pbh(pr[j]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(pp[j]), reinterpret_cast<const __m256i&>(h));
+  }
+  // P.V over groups of kG 32-column chunks: the group's accumulators (kN * kG * 2 vectors) stay
+  // in registers over the block's key pairs, and each pair's kN probability broadcasts feed kG
+  // chunks.
+  constexpr int kG = kN <= 2 ? std::min(kC, 2) : 1;
+  const int pairs = (n + 1) / 2;
+  for (int c0 = 0; c0 < kC; c0 += kG) {
+    // This group's share of the next block's V slices, one slice per step of the pair loop below
+    // (spread out: a burst of prefetches stalls on the miss buffers).
+    const int pf_begin = c0 * kKeyBlock / kC;
+    const int pf_count = kG * kKeyBlock / kC;
+    // Opaque to the optimiser, so the broadcasts below are not hoisted out of this loop (and
+    // spilled): they are cheap loads where they are.
+    const uint32_t* ppg = &pp[0][0];
+    asm("" : "+r"(ppg));
+    __m512 lo[kN][kG];
+    __m512 hi[kN][kG];
+    for (int j = 0; j < kN; ++j) {
+      const __m512 a = V::set1(alpha[j]);
+      for (int g = 0; g < kG; ++g) {
+        lo[j][g] = V::mul(V::load(acc + j * kD + 32 * (c0 + g)), a);
+        hi[j][g] = V::mul(V::load(acc + j * kD + 32 * (c0 + g) + 16), a);
+      }
+    }
+    for (int i = 0; i < std::max(pairs, pf_count); ++i) {
+      if (pf_v != nullptr && i < pf_count && pf_v[pf_begin + i] != nullptr) {
+        fast_prefetch(pf_v[pf_begin + i], pf_bytes);
+      }
+      if (i >= pairs) continue;
+      __m512bh b[kN];
+      for (int j = 0; j < kN; ++j) b[j] = V::broadcast_pair(ppg[j * (kKeyBlock / 2) + i]);
+      for (int g = 0; g < kG; ++g) {
+        const __m512i r0 = load_row32<S>(v_rows[2 * i] + 32 * (c0 + g));
+        const __m512i r1 = load_row32<S>(v_rows[2 * i + 1] + 32 * (c0 + g));
+        const __m512bh vlo = V::as_bh(_mm512_unpacklo_epi16(r0, r1));
+        const __m512bh vhi = V::as_bh(_mm512_unpackhi_epi16(r0, r1));
+        for (int j = 0; j < kN; ++j) {
+          lo[j][g] = _mm512_dpbf16_ps(lo[j][g], vlo, b[j]);
+          hi[j][g] = _mm512_dpbf16_ps(hi[j][g], vhi, b[j]);
+        }
+      }
+    }
+    for (int j = 0; j < kN; ++j) {
+      for (int g = 0; g < kG; ++g) {
+        V::store(acc + j * kD + 32 * (c0 + g), lo[j][g]);
+        V::store(acc + j * kD + 32 * (c0 + g) + 16, hi[j][g]);
+      }
+    }
+  }
+}
+
+// dots[j * kKeyBlock] = the q.k partial vector of query head j (of kN, q [kN][kD]) with one K
+// slice.
+template <class S, int kD, int kN>
+inline void qk_heads_row(const typename S::T* k, const uint16_t* q, __m512* dots) {
+  using V = VecAvx512Bf16;
+  constexpr int kC = kD / 32;
+  __m512 a[kN];
+  for (int j = 0; j < kN; ++j) a[j] = _mm512_setzero_ps();
+  for (int cc = 0; cc < kC; ++cc) {
+    const __m512bh kk = V::load_k_pairs<S>(k + 32 * cc);
+    for (int j = 0; j < kN; ++j) {
+      a[j] = _mm512_dpbf16_ps(a[j], V::as_bh(_mm512_loadu_si512(q + j * kD + 32 * cc)), kk);
+    }
+  }
+  for (int j = 0; j < kN; ++j) dots[j * kKeyBlock] = a[j];
+}
+
+// q.k of one key block (pool row offsets k_off, n keys) for every q head, key-major: row t's
+// slices of all kv heads are read in address order (a page of K is one sequential stream); q
+// [Hq][kD] comes from L1. dots [Hq][kKeyBlock] partial vectors (zero for keys t >= n). Prefetches
+// the K rows at next_k_off (n_next keys), one row per key.
+template <class S, int kD>
+__attribute__((noinline)) void fast_qk_key_major(const CpuAttentionParams& p, const int64_t* k_off,
+                                                 int n, const int64_t* next_k_off, int n_next,
+                                                 const uint16_t* q, __m512* dots) {
+  using T = typename S::T;
+  const int hkv = p.num_kv_heads;
+  const int group = p.group();
+  const T* k_cache = static_cast<const T*>(p.k_cache);
+  const int64_t slice_bytes = kD * static_cast<int64_t>(sizeof(T));
+  for (int t = 0; t < kKeyBlock; ++t) {
+    if (t >= n) {
+      for (int hq = 0; hq < p.num_q_heads; ++hq) dots[hq * kKeyBlock + t] = _mm512_setzero_ps();
+      continue;
+    }
+    for (int h = 0; h < hkv; ++h) {
+      if (t < n_next) fast_prefetch(k_cache + h * p.k_head_stride + next_k_off[t], slice_bytes);
+      const T* k = k_cache + h * p.k_head_stride + k_off[t];
+      int g0 = 0;
+      for (; g0 + 4 <= group; g0 += 4) {
+        const int hq = h * group + g0;
+        qk_heads_row<S, kD, 4>(k, q + static_cast<int64_t>(hq) * kD, dots + hq * kKeyBlock + t);
+      }
+      const int hq = h * group + g0;
+      switch (group - g0) {
+        case 3:
+          qk_heads_row<S, kD, 3>(k, q + static_cast<int64_t>(hq) * kD, dots + hq * kKeyBlock + t);
+          break;
+        case 2:
+          qk_heads_row<S, kD, 2>(k, q + static_cast<int64_t>(hq) * kD, dots + hq * kKeyBlock + t);
+          break;
+        case 1:
+          qk_heads_row<S, kD, 1>(k, q + static_cast<int64_t>(hq) * kD, dots + hq * kKeyBlock + t);
+          break;
+        default:
+          break;
+      }
+    }
+  }
+}
+
+// Restores the column order of n_rows accumulator rows of kD floats (see fast_tile_block).
+template <int kD>
+inline void unpermute_acc(float* acc, int n_rows) {
+  const __m512i idx0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i idx1 =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int r = 0; r < n_rows; ++r) {
+    for (int cc = 0; cc < kD / 32; ++cc) {
+      float* x = acc + r * kD + 32 * cc;
+      const __m512 lo = _mm512_loadu_ps(x);
+      const __m512 hi = _mm512_loadu_ps(x + 16);
+      _mm512_storeu_ps(x, _mm512_permutex2var_ps(lo, idx0, hi));
+      _mm512_storeu_ps(x + 16, _mm512_permutex2var_ps(lo, idx1, hi));
+    }
+  }
+}
+
+template <class S, int kD>
+void fast_span(const CpuAttentionParams& p, const FastConsts& c, const int32_t* slots, int k_begin,
+               int k_end, const uint16_t* q, float* acc, float* m, float* l, __m512* dots) {
+  using T = typename S::T;
+  constexpr int kTile = kMaxTileHeads<kD>;
+  const int hkv = p.num_kv_heads;
+  const int group = p.group();
+  const T* v_cache = static_cast<const T*>(p.v_cache);
+  const T* zero = reinterpret_cast<const T*>(kZeroRow);
+  const int64_t slice_bytes = kD * static_cast<int64_t>(sizeof(T));
+  int64_t k_off[kKeyBlock];
+  int64_t v_off[kKeyBlock];
+  int64_t next_k_off[kKeyBlock];
+  int64_t next_v_off[kKeyBlock];
+  const T* v_rows[kKeyBlock];
+  const void* pf_v[kKeyBlock];
+  for (int k0 = k_begin; k0 < k_end; k0 += kKeyBlock) {
+    const int n = std::min(kKeyBlock, k_end - k0);
+    for (int t = 0; t < n; ++t) {
+      const int64_t slot = slots[k0 + t];
+      k_off[t] = slot * p.k_row_stride;
+      v_off[t] = slot * p.v_row_stride;
+    }
+    const int pf0 = k0 + kFastPrefetchBlocks * kKeyBlock;
+    const int n_next = std::clamp(k_end - pf0, 0, kKeyBlock);
+    for (int t = 0; t < n_next; ++t) {
+      const int64_t slot = slots[pf0 + t];
+      next_k_off[t] = slot * p.k_row_stride;
+      next_v_off[t] = slot * p.v_row_stride;
+    }
+    fast_qk_key_major<S, kD>(p, k_off, n, next_k_off, n_next, q, dots);
+    for (int h = 0; h < hkv; ++h) {
+      const T* v_base = v_cache + h * p.v_head_stride;
+      for (int t = 0; t < kKeyBlock; ++t) v_rows[t] = t < n ? v_base + v_off[t] : zero;
+      // Pass h prefetches the next V block's (key, head) slices h * kKeyBlock .. + kKeyBlock - 1
+      // in key-major order, so the prefetches walk each pool row (and page) in address order;
+      // over the Hkv passes every slice is prefetched once.
+      for (int t = 0; t < kKeyBlock; ++t) {
+        const int sl = h * kKeyBlock + t;
+        const int key = sl / hkv;
+        const int head = sl - key * hkv;
+        pf_v[t] = key < n_next ? v_cache + head * p.v_head_stride + next_v_off[key] : nullptr;
+      }
+      for (int g0 = 0; g0 < group; g0 += kTile) {
+        const int hq = h * group + g0;
+        const void* const* pv = g0 == 0 ? pf_v : nullptr;
+        const __m512* dh = dots + hq * kKeyBlock;
+        float* ah = acc + static_cast<int64_t>(hq) * kD;
+        switch (std::min(kTile, group - g0)) {
+          case 4:
+            if constexpr (kTile >= 4) {
+              fast_tile_block<S, kD, 4>(c, dh, v_rows, n, ah, m + hq, l + hq, pv, slice_bytes);
+            }
+            break;
+          case 3:
+            if constexpr (kTile >= 3) {
+              fast_tile_block<S, kD, 3>(c, dh, v_rows, n, ah, m + hq, l + hq, pv, slice_bytes);
+            }
+            break;
+          case 2:
+            fast_tile_block<S, kD, 2>(c, dh, v_rows, n, ah, m + hq, l + hq, pv, slice_bytes);
+            break;
+          default:
+            fast_tile_block<S, kD, 1>(c, dh, v_rows, n, ah, m + hq, l + hq, pv, slice_bytes);
+            break;
+        }
+      }
+    }
+  }
+}
+
+template <class S, int kD>
+void fast_decode(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& ts) {
+  const int hq = p.num_q_heads;
+  const VectorScratchLayout lay = vector_scratch_layout(hq, kD, kD);
+  const bool capped = p.logit_cap > 0.f;
+  const FastConsts c{capped,
+                     _mm512_set1_ps(capped ? p.score_scale / p.logit_cap : p.score_scale * kLog2e),
+                     _mm512_set1_ps(capped ? p.logit_cap * kLog2e : 1.f)};
+  const std::vector<DecodeItem>& items = *w.items;
+  const int num_items = static_cast<int>(items.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ts.num_threads)
+  for (int i = 0; i < num_items; ++i) {
+    float* base = ts.base + thread_id() * ts.stride;
+    uint16_t* q = reinterpret_cast<uint16_t*>(base + lay.q_bf16);
+    float* acc = base + lay.acc;
+    float* m = base + lay.m;
+    float* l = base + lay.l;
+    const DecodeItem& it = items[i];
+    const CpuRequest& rq = (*w.requests)[it.request];
+    const uint16_t* q_src = static_cast<const uint16_t*>(p.q) + rq.q_start * p.q_token_stride;
+    for (int h = 0; h < hq; ++h) {
+      std::memcpy(q + static_cast<int64_t>(h) * kD, q_src + h * p.q_head_stride,
+                  kD * sizeof(uint16_t));
+    }
+    std::fill(m, m + hq, kNegInf);
+    std::fill(l, l + hq, 0.f);
+    std::fill(acc, acc + static_cast<int64_t>(hq) * kD, 0.f);
+    int lo = 0;
+    int hi = 0;
+    visible_keys(p, rq.first_q_pos, rq.seq_len, &lo, &hi);
+    fast_span<S, kD>(p, c, rq.slots(p), std::max(lo, it.k_begin), std::min(hi, it.k_end), q, acc, m,
+                     l, reinterpret_cast<__m512*>(base + lay.dots));
+    unpermute_acc<kD>(acc, hq);
+    if (it.partial < 0) {
+      finalize_rows(p, rq.q_start, 0, hq, m, l, acc, kD);
+      continue;
+    }
+    const int group = p.group();
+    for (int h = 0; h < p.num_kv_heads; ++h) {
+      const int64_t slot = it.partial + static_cast<int64_t>(h) * it.partial_head_stride;
+      float* po = w.partial_out + slot * group * kD;
+      float* pl = w.partial_lse + slot * group;
+      for (int g = 0; g < group; ++g) {
+        const int qh = h * group + g;
+        const bool empty = l[qh] == 0.f;
+        const float inv_l = empty ? 0.f : 1.f / l[qh];
+        pl[g] = empty ? kNegInf : m[qh] + std::log2(l[qh]);
+        for (int d = 0; d < kD; ++d) po[g * kD + d] = acc[qh * kD + d] * inv_l;
+      }
+    }
+  }
+}
+
+template <class S>
+bool try_fast_decode(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& s) {
+  switch (p.head_dim) {
+    case 64:
+      fast_decode<S, 64>(p, w, s);
+      return true;
+    case 128:
+      fast_decode<S, 128>(p, w, s);
+      return true;
+    case 256:
+      fast_decode<S, 256>(p, w, s);
+      return true;
+    default:
+      return false;
+  }
+}
+
 void decode_entry(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& s) {
+  if (p.act_dtype == DType::kBF16 && p.head_dim == p.v_head_dim) {
+    if (p.kv_dtype == DType::kBF16 && try_fast_decode<StoreBf16>(p, w, s)) return;
+    if (p.kv_dtype == DType::kFP8E4M3 && try_fast_decode<StoreFp8E4M3>(p, w, s)) return;
+  }
   dispatch_kv<VecAvx512Bf16, DecodeRunner>(p, w, s);
 }
 

@@ -31,7 +31,8 @@ struct VecAvx512 {
 
   // out[i] = sum of the lanes of v[i] for 16 vectors: a transpose-and-add tree (45 shuffles and
   // adds instead of 16 horizontal reductions of ~8 each).
-  static void reduce_add_16(const F* v, float* out) {
+  static void reduce_add_16(const F* v, float* out) { store(out, reduce_add_16v(v)); }
+  static F reduce_add_16v(const F* v) {
     F quad[4];
     for (int q = 0; q < 4; ++q) {
       const F* w = v + 4 * q;
@@ -46,8 +47,8 @@ struct VecAvx512 {
                       _mm512_shuffle_f32x4(quad[0], quad[1], kOddLanes));
     const F h23 = add(_mm512_shuffle_f32x4(quad[2], quad[3], kEvenLanes),
                       _mm512_shuffle_f32x4(quad[2], quad[3], kOddLanes));
-    store(out, add(_mm512_shuffle_f32x4(h01, h23, kEvenLanes),
-                   _mm512_shuffle_f32x4(h01, h23, kOddLanes)));
+    return add(_mm512_shuffle_f32x4(h01, h23, kEvenLanes),
+               _mm512_shuffle_f32x4(h01, h23, kOddLanes));
   }
 
   // 2^x; x <= kExp2Floor (including -inf) gives 0.
