@@ -71,6 +71,9 @@ class AttentionBackend {
                                                           const TensorView& seq_lens,
                                                           const TensorView& encoder_lens,
                                                           ForwardMode mode, const SpecInfo* spec);
+  // seq_lens_host: the bs lengths of seq_lens on the host (padded rows: the fill value), or
+  // nullptr. Backends that plan on the host from the real lengths (triton and flashinfer decode:
+  // the split-KV plan, as in eager runs) need it and return kInvalidArgument without it.
   virtual Status init_forward_metadata_replay_cuda_graph(int bs, const TensorView& req_pool_indices,
                                                          const TensorView& seq_lens,
                                                          int64_t seq_lens_sum,

@@ -348,6 +348,11 @@ void bind_backend(nb::module_& m) {
             const TensorView ev =
                 encoder_lens ? to_view(*encoder_lens, "encoder_lens") : TensorView();
             const std::vector<int32_t> host = host_ints32(seq_lens_host, "seq_lens_host");
+            if (!host.empty() && static_cast<int64_t>(host.size()) < bs) {
+              raise_invalid("seq_lens_host: " + std::to_string(host.size()) + " lengths for bs " +
+                            std::to_string(bs) +
+                            " (needs one per graph row, padded rows included)");
+            }
             const ForwardMode fm = parse_mode_arg(mode);
             Status status;
             {
@@ -361,7 +366,9 @@ void bind_backend(nb::module_& m) {
           "bs"_a, "req_pool_indices"_a, "seq_lens"_a, "seq_lens_sum"_a,
           "encoder_lens"_a = nb::none(), "mode"_a = "decode", "spec"_a = nb::none(),
           "seq_lens_host"_a = nb::none(),
-          "Before replaying: refresh the static metadata in place (no allocation, no sync).")
+          "Before replaying: refresh the static metadata in place (no allocation, no sync). "
+          "seq_lens_host: the bs lengths on the host (padded rows: the fill value); the triton "
+          "and flashinfer decode plans need it (they plan splits from the host lengths).")
       .def_prop_ro("cuda_graph_seq_len_fill_value",
                    [](const PyBackend& b) { return b.backend->cuda_graph_seq_len_fill_value(); });
 

@@ -262,10 +262,13 @@ Status validate_forward_inputs(const TensorView& q, const TensorView& k, const T
     }
   }
   if (layer.mla_prefix != nullptr &&
-      (batch.extend_prefix_lens_host.empty() || !batch.encoder_lens_host.empty())) {
+      ((batch.mode != ForwardMode::kExtend && batch.mode != ForwardMode::kMixed &&
+        batch.mode != ForwardMode::kDraftExtend) ||
+       batch.extend_prefix_lens_host.empty() || !batch.encoder_lens_host.empty())) {
     return Status::invalid_argument(
-        "layer.mla_prefix (MLA chunked prefix cache) needs an extend batch with "
-        "extend_prefix_lens_host and no encoder_lens");
+        cat("layer.mla_prefix (MLA chunked prefix cache) needs an extend, mixed or draft-extend "
+            "batch with extend_prefix_lens_host and no encoder_lens (mode ",
+            forward_mode_name(batch.mode), ")"));
   }
   if (mla_prefill && (!k_given || !v_given)) {
     return Status::invalid_argument(

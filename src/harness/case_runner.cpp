@@ -9,6 +9,7 @@
 #include <ostream>
 #include <random>
 #include <sstream>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -102,6 +103,10 @@ Result<TensorView> upload(std::vector<Buffer>& storage, Device device, DType dty
 Result<TensorView> upload_floats(std::vector<Buffer>& storage, Device device, DType dtype,
                                  const std::vector<int64_t>& shape,
                                  const std::vector<float>& values) {
+  if (static_cast<int64_t>(values.size()) != numel_of(shape)) {
+    return Status::internal(
+        cat("upload_floats: ", values.size(), " values for ", numel_of(shape), " elements"));
+  }
   if (dtype == DType::kF32) {  // the history K/V of big benchmark cases: no per-element convert
     return upload_bytes(storage, device, dtype, shape, values.data());
   }
@@ -158,7 +163,12 @@ std::vector<float> fast_normal_values(uint64_t seed, int64_t n, float mean = 0.f
   }
   std::vector<std::thread> pool;
   const int64_t chunk = ((n + threads - 1) / threads + 1) & ~int64_t{1};  // even boundaries
-  for (int64_t b = 0; b < n; b += chunk) pool.emplace_back(fill, b, std::min(n, b + chunk));
+  int64_t b = 0;
+  try {
+    for (; b < n; b += chunk) pool.emplace_back(fill, b, std::min(n, b + chunk));
+  } catch (const std::system_error&) {
+    fill(b, n);  // no thread could be started: this one fills the rest
+  }
   for (std::thread& th : pool) th.join();
   return v;
 }

@@ -60,7 +60,7 @@ struct RunResult {
 // min_shared_prefix (the mechanism under test); defaults: the backend as created (the default
 // policy of FlashInferCascadeOptions).
 RunResult run_case(PreparedCase& pc, bool cascade, int min_shared_prefix = 256,
-                   bool defaults = false) {
+                   bool defaults = false, const FlashInferCascadeOptions* policy = nullptr) {
   RunResult r;
   for (harness::LayerData& ld : pc.layers) {
     EXPECT_TRUE(fill_float(ld.out, kNaN).is_ok());
@@ -69,7 +69,9 @@ RunResult run_case(PreparedCase& pc, bool cascade, int min_shared_prefix = 256,
   Result<std::unique_ptr<AttentionBackend>> made = create_flashinfer_backend(pc.context());
   EXPECT_TRUE(made.is_ok()) << made.status().to_string();
   if (!made.is_ok()) return r;
-  if (!defaults) {
+  if (policy != nullptr) {
+    EXPECT_TRUE(set_flashinfer_cascade(**made, *policy).is_ok());
+  } else if (!defaults) {
     FlashInferCascadeOptions opt;
     opt.enabled = cascade;
     opt.min_batch = 2;
@@ -231,36 +233,43 @@ TEST(FlashInferCascadeTest, WindowShortPrefixAndSingleRequestStayPlain) {
                         /*expect_cascade=*/false);
 }
 
-// The default policy (no set_flashinfer_cascade call): decode batches of >= 16 requests sharing
-// >= 4096 keys of a bf16 pool cascade; fp8 pools, extend forwards and smaller batches stay plain.
+// The policy: off as created (no set_flashinfer_cascade call); enabled with the default thresholds,
+// decode batches of >= 16 requests sharing >= 4096 keys of a bf16 pool cascade; fp8 pools, extend
+// forwards and smaller batches stay plain.
 TEST(FlashInferCascadeTest, DefaultPolicy) {
+  // Off as created (graph replay must equal eager); switched on, the thresholds decide.
   const FlashInferCascadeOptions defaults;
-  EXPECT_TRUE(defaults.enabled);
-  auto run_default = [](const CaseSpec& spec, int shared, bool expect) {
-    SCOPED_TRACE(spec.describe() + " default policy, shared " + std::to_string(shared));
+  EXPECT_FALSE(defaults.enabled);
+  FlashInferCascadeOptions on;
+  on.enabled = true;
+  auto run_policy = [](const CaseSpec& spec, int shared, const FlashInferCascadeOptions* policy,
+                       bool expect) {
+    SCOPED_TRACE(spec.describe() + (policy ? " policy enabled" : " as created") + ", shared " +
+                 std::to_string(shared));
     Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0));
     ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
     share_prefix(*prepared, shared);
-    const RunResult r = run_case(*prepared, true, 0, /*defaults=*/true);
+    const RunResult r = run_case(*prepared, true, 0, /*defaults=*/policy == nullptr, policy);
     const int64_t layers = static_cast<int64_t>(prepared->layers.size());
     EXPECT_EQ(r.stats.cascade_calls, expect ? layers : 0);
   };
   CaseSpec c = base("casc_default_b16", ForwardMode::kDecode, 16, std::vector<int>(16, 4351),
                     std::vector<int>(16, 1));
   c.prefix_lens[3] = 4200;
-  run_default(c, 4096, true);
+  run_policy(c, 4096, nullptr, false);  // as created: off
+  run_policy(c, 4096, &on, true);
   c.name = "casc_default_b16_short";
-  run_default(c, 2048, false);  // shared prefix below 4096 keys
+  run_policy(c, 2048, &on, false);  // shared prefix below 4096 keys
   c.name = "casc_default_fp8";
   c.kv_dtype = DType::kFP8E4M3;
-  run_default(c, 4096, false);  // fp8 KV
+  run_policy(c, 4096, &on, false);  // fp8 KV
   CaseSpec small = base("casc_default_b8", ForwardMode::kDecode, 16, std::vector<int>(8, 4351),
                         std::vector<int>(8, 1));
-  run_default(small, 4096, false);  // fewer than 16 requests
+  run_policy(small, 4096, &on, false);  // fewer than 16 requests
   CaseSpec ext = base("casc_default_extend", ForwardMode::kExtend, 16, std::vector<int>(16, 4100),
                       std::vector<int>(16, 3));
-  ext.logit_cap = 30.f;           // off the SM90 wgmma kernel, so only the policy decides
-  run_default(ext, 4096, false);  // extend forward
+  ext.logit_cap = 30.f;               // off the SM90 wgmma kernel, so only the policy decides
+  run_policy(ext, 4096, &on, false);  // extend forward
 }
 
 // ---- target-verify CUDA graphs: replay equals eager bit for bit ----

@@ -133,6 +133,16 @@ TEST(MlaPrefixReference, LayerChecksNameTheField) {
   const Status s = validate_forward_inputs(ld.q, ld.k, ld.v, ld.out, ld.layer, decode_like, false,
                                            ld.lse, Device::cpu());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  // A decode or target-verify batch that still carries extend lengths is refused by mode.
+  for (ForwardMode mode : {ForwardMode::kDecode, ForwardMode::kTargetVerify}) {
+    ForwardBatch other = pc->batch;
+    other.mode = mode;
+    const Status m = validate_forward_inputs(ld.q, ld.k, ld.v, ld.out, ld.layer, other, false,
+                                             ld.lse, Device::cpu());
+    EXPECT_EQ(m.code(), StatusCode::kInvalidArgument) << m.to_string();
+    EXPECT_NE(m.message().find(std::string("mode ") + forward_mode_name(mode)), std::string::npos)
+        << m.to_string();
+  }
 }
 
 }  // namespace

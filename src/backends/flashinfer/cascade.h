@@ -21,7 +21,8 @@
 // through the radix cache get this for free; an engine that wants another policy sets the options.
 // The cascade runs when bs >= min_batch and P >= min_shared_prefix, for native (tensor-core)
 // forwards of eager execution (decode only unless options.all_modes, fp8 KV only with
-// options.fp8_kv; FlashInferCascadeOptions has the measured defaults); a layer with a sliding
+// options.fp8_kv; off unless an engine enables it, FlashInferCascadeOptions has the measured
+// thresholds); a layer with a sliding
 // window uses the plain plan of the same forward (both are planned). CUDA-graph forwards never
 // cascade.
 #pragma once

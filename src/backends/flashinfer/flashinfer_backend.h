@@ -42,15 +42,19 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
 // Engine-facing policy of the shared-prefix cascade (backends/flashinfer/cascade.h says how the
 // shared prefix is found and what runs).
 //
-// The defaults switch it on where it was measured faster (H200, docs/perf/extend_notes.md,
-// 2026-11-22, bench/cases/cascade.json, time without / with the cascade): decode batches of >= 16
-// requests sharing >= 4096 cached keys with bf16/f16 KV: 1.13x (b16, 4096 shared + 256 private),
-// 1.48x (b16, 8192 + 512), 2.20x (b64, 4096 + 256); batches without a shared prefix 1.00x (the
-// detector finds none and the plain plan runs). fp8 KV was slower (0.72x at b16, 4096) and
-// extend / verify forwards (and smaller batches or prefixes) were not measured: they cascade only
-// when an engine asks for it with set_flashinfer_cascade.
+// Off by default: CUDA-graph decode never cascades (a graph replays the plain plan), and a
+// cascaded forward sums in another order, so with it on an eager decode of a shared-prefix batch
+// differs in rounding from the replay of the same batch, which DESIGN.md section 3 forbids by
+// default. An engine that accepts that (or runs such batches eagerly only) switches it on with
+// set_flashinfer_cascade (or ATTNKIT_FLASHINFER_CASCADE=1); the thresholds below are then where it
+// was measured faster (H200, docs/perf/extend_notes.md, 2026-11-22, bench/cases/cascade.json, time
+// without / with the cascade): decode batches of >= 16 requests sharing >= 4096 cached keys with
+// bf16/f16 KV: 1.13x (b16, 4096 shared + 256 private), 1.48x (b16, 8192 + 512), 2.20x (b64, 4096 +
+// 256); batches without a shared prefix 1.00x (the detector finds none and the plain plan runs).
+// fp8 KV was slower (0.72x at b16, 4096) and extend / verify forwards (and smaller batches or
+// prefixes) were not measured: they cascade only with fp8_kv / all_modes set.
 struct FlashInferCascadeOptions {
-  bool enabled = true;
+  bool enabled = false;
   int min_batch = 16;            // requests sharing the prefix
   int min_shared_prefix = 4096;  // keys
   bool fp8_kv = false;           // also cascade fp8 KV pools
