@@ -683,6 +683,11 @@ const std::vector<CaseSpec>& shared_case_table() {
       mla(c, 16, false);
       c.mla_prefix_chunk = 4096;
     }
+    {  // 192/128 prefill of a model whose latent cache is fp8 (the layer reads no pool rows)
+      CaseSpec& c = add("mla_prefill_192_128_fp8_pool", M::kExtend, 64, {0, 0}, {37, 64});
+      mla(c, 16, false);
+      c.kv_dtype = DType::kFP8E4M3;
+    }
     return t;
   }();
   return table;

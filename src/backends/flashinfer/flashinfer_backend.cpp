@@ -329,7 +329,15 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     plan_.valid = true;
     return Status::ok();
   }
-  if (mla_quantized_context(batch)) return plan_mla_quantized(batch);
+  if (mla_quantized_context(batch)) {
+    ATTNKIT_RETURN_IF_ERROR(plan_mla_quantized(batch));
+    // Non-absorbed 192/128 prefill layers of an extend forward read no pool rows: they run on the
+    // portable kernels as over a bf16 pool, planned here as well.
+    if (batch.mode != ForwardMode::kDecode && portable_ != nullptr) {
+      ATTNKIT_RETURN_IF_ERROR(portable_->init_forward_metadata(batch));
+    }
+    return Status::ok();
+  }
   if (!portable_reason(batch).empty()) {
     ATTNKIT_RETURN_IF_ERROR(portable_or_error(portable_reason(batch).c_str()));
     ATTNKIT_RETURN_IF_ERROR(portable_->init_forward_metadata(batch));
@@ -414,6 +422,10 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   }
   if (plan_.mla_quantized) {
     ++stats_.portable_calls;
+    if (!decode && portable_ != nullptr &&
+        layer.qk_head_dim != ctx_.kv_lora_rank + ctx_.qk_rope_head_dim) {
+      return portable_->forward_extend(q, k, v, out, layer, batch, save_kv, lse);
+    }
     return run_mla_quantized(q, k, v, out, layer, batch, save_kv, lse, decode);
   }
   if (plan_.portable) {
