@@ -511,12 +511,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   const int grid = plan_.grid_items;
   const TileShape shape = plan_.shape;
   if (shape == TileShape::kDecode) {
-    const int64_t row_bytes = std::max(dtype_storage_bytes(kv_dtype, kbuf.stride(0)),
-                                       dtype_storage_bytes(kv_dtype, vbuf.stride(0)));
-    if (row_bytes >= (int64_t{1} << 32)) {
-      return Status::unsupported("flashinfer: KV pool rows of " + str(row_bytes) +
-                                 " bytes; the decode kernel takes row strides below 4 GiB");
-    }
+    ATTNKIT_RETURN_IF_ERROR(cuda::check_ring_decode_row_stride("flashinfer", kv_dtype, kbuf, vbuf));
   }
   return dispatch_value<flashinfer::NativeHeadDims>(
       ctx_.qk_head_dim, "flashinfer: head_dim", [&]<int kD>() -> Status {

@@ -479,12 +479,7 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   const bool mma_decode = decode && !cross && decode_tensor_cores(q.dtype) &&
                           (kv_dtype == q.dtype || dtype_is_fp8(kv_dtype));
   if (mma_decode) {
-    const int64_t row_bytes = std::max(dtype_storage_bytes(kv_dtype, kbuf.stride(0)),
-                                       dtype_storage_bytes(kv_dtype, vbuf.stride(0)));
-    if (row_bytes >= (int64_t{1} << 32)) {
-      return Status::unsupported("triton: KV pool rows of " + std::to_string(row_bytes) +
-                                 " bytes; the tensor-core decode takes row strides below 4 GiB");
-    }
+    ATTNKIT_RETURN_IF_ERROR(cuda::check_ring_decode_row_stride("triton", kv_dtype, kbuf, vbuf));
   }
   return dispatch_value<triton::HeadDimList>(dqk, "triton: head_dim", [&]<int kD>() {
     if (mma_decode) return triton::run_mma_decode<kD>(p, q.dtype, kv_dtype, grid_splits, stream);

@@ -3,9 +3,17 @@
 // multiprocessor), i.e. one wave. ATTNKIT_DECODE_BLOCKS_PER_SM=N (1..8) overrides it when the
 // backend is created, so a device run can compare waves without a rebuild
 // (docs/perf/decode_notes.md). Not part of the API; the default is the documented heuristic.
+// Also the host-side limit both backends check before launching the ring decode.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <string>
+
+#include "attnkit/dtype.h"
+#include "attnkit/status.h"
+#include "attnkit/tensor.h"
 
 namespace attnkit::cuda {
 
@@ -14,6 +22,20 @@ inline int decode_blocks_per_sm(int default_value) {
   if (env == nullptr || *env == '\0') return default_value;
   const int v = std::atoi(env);
   return v >= 1 && v <= 8 ? v : default_value;
+}
+
+// The ring decode (ring_decode.cuh) addresses pool rows with 32-bit byte strides: pools whose K
+// or V rows are 4 GiB or more apart are refused by name instead of wrapping around.
+inline Status check_ring_decode_row_stride(const char* backend, DType kv_dtype, const TensorView& k,
+                                           const TensorView& v) {
+  const int64_t row_bytes = std::max(dtype_storage_bytes(kv_dtype, k.stride(0)),
+                                     dtype_storage_bytes(kv_dtype, v.stride(0)));
+  if (row_bytes >= (int64_t{1} << 32)) {
+    return Status::unsupported(std::string(backend) + ": KV pool rows of " +
+                               std::to_string(row_bytes) +
+                               " bytes; the tensor-core decode takes row strides below 4 GiB");
+  }
+  return Status::ok();
 }
 
 }  // namespace attnkit::cuda
