@@ -439,19 +439,7 @@ void fast_decode(const CpuAttentionParams& p, const DecodeWork& w, const ThreadS
       finalize_rows(p, rq.q_start, 0, hq, m, l, acc, kD);
       continue;
     }
-    const int group = p.group();
-    for (int h = 0; h < p.num_kv_heads; ++h) {
-      const int64_t slot = it.partial + static_cast<int64_t>(h) * it.partial_head_stride;
-      float* po = w.partial_out + slot * group * kD;
-      float* pl = w.partial_lse + slot * group;
-      for (int g = 0; g < group; ++g) {
-        const int qh = h * group + g;
-        const bool empty = l[qh] == 0.f;
-        const float inv_l = empty ? 0.f : 1.f / l[qh];
-        pl[g] = empty ? kNegInf : m[qh] + std::log2(l[qh]);
-        for (int d = 0; d < kD; ++d) po[g * kD + d] = acc[qh * kD + d] * inv_l;
-      }
-    }
+    store_decode_partials(p, w, it, m, l, acc, kD);
   }
 }
 

@@ -377,6 +377,28 @@ void attend_span_all_heads(const CpuAttentionParams& p, const int32_t* slots, in
   }
 }
 
+// The partials of split decode item `it` from the running state of every q head (m, l: log2-domain
+// max and sum; acc: unnormalised [hq, dv] output): head h goes to partial slot it.partial + h *
+// it.partial_head_stride, as the normalised output and log2 LSE (kNegInf when the split saw no
+// visible key). Shared by run_decode and the avx512_bf16 fast decode.
+inline void store_decode_partials(const CpuAttentionParams& p, const DecodeWork& w,
+                                  const DecodeItem& it, const float* m, const float* l,
+                                  const float* acc, int dv) {
+  const int group = p.group();
+  for (int h = 0; h < p.num_kv_heads; ++h) {
+    const int64_t slot = it.partial + static_cast<int64_t>(h) * it.partial_head_stride;
+    float* po = w.partial_out + slot * group * dv;
+    float* pl = w.partial_lse + slot * group;
+    for (int g = 0; g < group; ++g) {
+      const int q = h * group + g;
+      const bool empty = l[q] == 0.f;
+      const float inv_l = empty ? 0.f : 1.f / l[q];
+      pl[g] = empty ? kNegInf : m[q] + std::log2(l[q]);
+      for (int d = 0; d < dv; ++d) po[g * dv + d] = acc[q * dv + d] * inv_l;
+    }
+  }
+}
+
 // Decode: one item = one request's key range [k_begin, k_end) for every kv head (so the pool rows
 // of those keys are streamed once, whole). Split items write per-head partials: head h of split s
 // goes to partial slot it.partial + h * it.partial_head_stride.
@@ -403,19 +425,7 @@ void run_decode(const CpuAttentionParams& p, const DecodeWork& w, const ThreadSc
       finalize_rows(p, rq.q_start, 0, hq, sc.m, sc.l, sc.acc, dv);
       continue;
     }
-    const int group = p.group();
-    for (int h = 0; h < p.num_kv_heads; ++h) {
-      const int64_t slot = it.partial + static_cast<int64_t>(h) * it.partial_head_stride;
-      float* po = w.partial_out + slot * group * dv;
-      float* pl = w.partial_lse + slot * group;
-      for (int g = 0; g < group; ++g) {
-        const int q = h * group + g;
-        const bool empty = sc.l[q] == 0.f;
-        const float inv_l = empty ? 0.f : 1.f / sc.l[q];
-        pl[g] = empty ? kNegInf : sc.m[q] + std::log2(sc.l[q]);
-        for (int d = 0; d < dv; ++d) po[g * dv + d] = sc.acc[q * dv + d] * inv_l;
-      }
-    }
+    store_decode_partials(p, w, it, sc.m, sc.l, sc.acc, dv);
   }
 }
 
