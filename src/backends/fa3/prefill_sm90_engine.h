@@ -14,6 +14,11 @@
 // Protocol: plan() once per forward (host tile plan, sorted longest-first, uploaded into a
 // grow-only device workspace); run() per layer after the caller has written the layer's new K/V
 // into the pool (save_kv). drop_plan() forgets the plan (CUDA-graph capture: graphs never run it).
+//
+// The ATTNKIT_FA3_* experiment variables (PINGPONG, TMA, FENCE_TMA, OVERLAP, SCHED, LAZY_RESCALE,
+// BLOCK_N, DIAG; read by create, docs/perf/fa3_notes.md) steer this one kernel, so they apply to
+// `flashinfer`'s SM90 prefill as well as to `fa3`. They are not API; DIAG gives wrong results on
+// purpose (timing diagnostics) and must never be set outside a measurement.
 #pragma once
 
 #include <cstdint>
