@@ -96,15 +96,19 @@ class Results:
 
 
 def skip_reason(descriptor, case):
-    """Why the descriptor says this backend cannot run the case ("" = it can)."""
-    row = descriptor["mha"]
+    """Why the descriptor says this backend cannot run the case ("" = it can): the MHA row for a
+    Case, the MLA row for an MLACase."""
+    is_mla = isinstance(case, MLACase)
+    row = descriptor["mla" if is_mla else "mha"]
     if row is None:
-        return "no MHA support"
+        return "no MLA support" if is_mla else "no MHA support"
     sizes = row["native_page_sizes"]
     if isinstance(sizes, list) and case.page_size not in sizes:
         return f"page_size {case.page_size} not in {sizes}"
     if case.kv_dtype.startswith("fp8") and not row["fp8_kv"]:
         return "no fp8 KV cache"
+    if is_mla:
+        return ""
     if case.window >= 0 and not row["sliding_window"]:
         return "no sliding window"
     if row["head_dims"] and case.head_dim not in row["head_dims"]:
@@ -288,18 +292,6 @@ MLA_CASES = [
 ]
 
 
-def mla_skip_reason(descriptor, case):
-    row = descriptor["mla"]
-    if row is None:
-        return "no MLA support"
-    sizes = row["native_page_sizes"]
-    if isinstance(sizes, list) and case.page_size not in sizes:
-        return f"page_size {case.page_size} not in {sizes}"
-    if case.kv_dtype.startswith("fp8") and not row["fp8_kv"]:
-        return "no fp8 KV cache"
-    return ""
-
-
 class MLACache(Cache):
     """Caller-owned latent cache [rows, 1, 576] per layer in torch CUDA tensors, NaN-poisoned."""
 
@@ -442,7 +434,7 @@ def run_graph_decode(backend, cache, gen, results, label):
 def run_case(name, descriptor, case, results):
     label = f"{name}/{case.name}"
     is_mla = isinstance(case, MLACase)
-    reason = (mla_skip_reason if is_mla else skip_reason)(descriptor, case)
+    reason = skip_reason(descriptor, case)
     if reason:
         results.report("SKIP", label, f"descriptor: {reason}")
         return

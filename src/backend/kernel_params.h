@@ -38,6 +38,17 @@ void set_kv_pool_params(Params& p, const TensorView& kbuf, const TensorView& vbu
   p.v_stride_head = vbuf.stride(1);
 }
 
+// The new tokens' K and V inputs [T, Hkv, d], read directly instead of through the pool.
+template <typename Params>
+void set_new_key_params(Params& p, const TensorView& k, const TensorView& v) {
+  p.k_new = k.data;
+  p.v_new = v.data;
+  p.kn_stride_token = k.stride(0);
+  p.kn_stride_head = k.stride(1);
+  p.vn_stride_token = v.stride(0);
+  p.vn_stride_head = v.stride(1);
+}
+
 // req_to_token (read in place as the page table) and the batch's request rows.
 template <typename Params>
 void set_page_table_params(Params& p, const ForwardBatch& batch) {

@@ -112,17 +112,6 @@ struct Plan {
 
 bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
-// Grows `a` to n counters; a new allocation is zeroed on `stream` (the decode kernel leaves the
-// counters zero after every launch).
-Status reserve_zeroed(DeviceArray<int32_t>& a, Device device, int64_t n, StreamHandle stream) {
-  const int64_t before = a.capacity;
-  ATTNKIT_RETURN_IF_ERROR(a.reserve(device, n));
-  if (a.capacity != before) {
-    ATTNKIT_CUDA_TRY(cudaMemsetAsync(a.data(), 0, static_cast<size_t>(a.capacity) * sizeof(int32_t),
-                                     cuda::to_stream(stream)));
-  }
-  return Status::ok();
-}
 int log2_exact(int v) {
   int s = 0;
   while ((1 << s) < v) ++s;
@@ -380,8 +369,8 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     const int64_t rows = static_cast<int64_t>(wp.num_partials) * ctx_.num_q_heads;
     ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
     ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, rows));
-    ATTNKIT_RETURN_IF_ERROR(
-        reserve_zeroed(split_counters_, ctx_.device, bs * decode_counters_per_request(), stream));
+    ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(
+        split_counters_, ctx_.device, bs * decode_counters_per_request(), stream));
   }
   plan_.shape = shape;
   plan_.grid_items = static_cast<int>(wp.items.size());
@@ -698,8 +687,8 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   const int64_t rows = graph_items_ * ctx_.num_q_heads;  // partials <= items
   ATTNKIT_RETURN_IF_ERROR(graph_partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
   ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(ctx_.device, rows));
-  ATTNKIT_RETURN_IF_ERROR(reserve_zeroed(graph_split_counters_, ctx_.device,
-                                         max_bs * decode_counters_per_request(), nullptr));
+  ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(
+      graph_split_counters_, ctx_.device, max_bs * decode_counters_per_request(), nullptr));
   ATTNKIT_CUDA_TRY(cudaDeviceSynchronize());  // the counters are zero before any capture
   graph_max_bs_ = max_bs;
   graph_ready_ = true;

@@ -44,6 +44,7 @@ MergeStep merge_step(int acc, bool last) {
 #include <vector>
 
 #include "attnkit/kv_cache.h"
+#include "backend/kernel_params.h"
 #include "backends/flashinfer/kernels/cascade_kernels.h"
 #include "backends/mla/kernels/mla_prefix_gather.h"
 #include "backends/triton/kernels/attention_params.h"
@@ -177,12 +178,7 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
     p.kv_indices = nullptr;
     p.causal = 1;
     p.has_new_keys = 1;
-    p.k_new = k.data;
-    p.v_new = v.data;
-    p.kn_stride_token = k.stride(0);
-    p.kn_stride_head = k.stride(1);
-    p.vn_stride_token = v.stride(0);
-    p.vn_stride_head = v.stride(1);
+    detail::set_new_key_params(p, k, v);
     p.new_slots = batch.out_cache_loc.data_as<const int64_t>();
     p.partial_out = slot_out(0);
     p.partial_lse = slot_lse(0);

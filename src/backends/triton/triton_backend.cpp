@@ -41,18 +41,6 @@ constexpr int kTensorCoreComputeCapability = 80;  // mma.sync m16n8k16 bf16/f16
 
 bool is_quantized(DType d) { return dtype_is_fp8(d) || d == DType::kFP4E2M1; }
 
-// Grows `a` to n counters; a new allocation is zeroed on `stream` (the decode kernels leave the
-// counters zero after every launch).
-Status reserve_zeroed(DeviceArray<int32_t>& a, Device device, int64_t n, StreamHandle stream) {
-  const int64_t before = a.capacity;
-  ATTNKIT_RETURN_IF_ERROR(a.reserve(device, n));
-  if (a.capacity != before) {
-    ATTNKIT_CUDA_TRY(cudaMemsetAsync(a.data(), 0, static_cast<size_t>(a.capacity) * sizeof(int32_t),
-                                     cuda::to_stream(stream)));
-  }
-  return Status::ok();
-}
-
 // Token indices of one key set (self-attention prefix or cross-attention encoder keys).
 struct IndexSet {
   DeviceArray<int32_t> indptr;   // [bs + 1]
@@ -263,8 +251,8 @@ Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
       const int dv = ctx_.is_mla ? ctx_.kv_lora_rank : ctx_.v_head_dim;
       ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(dev, rows * dv));
       ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(dev, rows));
-      ATTNKIT_RETURN_IF_ERROR(reserve_zeroed(split_counters_, dev,
-                                             static_cast<int64_t>(bs) * mma_head_blocks_, stream));
+      ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(
+          split_counters_, dev, static_cast<int64_t>(bs) * mma_head_blocks_, stream));
       plan_.partial_out = partial_out_.data();
       plan_.partial_lse = partial_lse_.data();
       plan_.split_counters = split_counters_.data();
@@ -423,14 +411,7 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     // pool of the activation dtype) or when the pool is not involved (MLA prefill); else the
     // pool at out_cache_loc.
     const bool inputs_exact = k.defined() && kv_dtype == q.dtype;
-    if (mla_prefill || (inputs_exact && !cross)) {
-      p.k_new = k.data;
-      p.v_new = v.data;
-      p.kn_stride_token = k.stride(0);
-      p.kn_stride_head = k.stride(1);
-      p.vn_stride_token = v.stride(0);
-      p.vn_stride_head = v.stride(1);
-    }
+    if (mla_prefill || (inputs_exact && !cross)) detail::set_new_key_params(p, k, v);
     p.new_slots = batch.out_cache_loc.data_as<const int64_t>();
     // Verify: the tree mask when given (required for topk > 1); a topk-1 chain without a mask is
     // plain causal attention over the drafts.
@@ -511,8 +492,8 @@ Status TritonBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
   const int64_t rows = static_cast<int64_t>(max_splits_) * max_bs * ctx_.num_q_heads;
   ATTNKIT_RETURN_IF_ERROR(graph_partial_out_.reserve(dev, rows * dv));
   ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(dev, rows));
-  ATTNKIT_RETURN_IF_ERROR(reserve_zeroed(graph_split_counters_, dev,
-                                         static_cast<int64_t>(max_bs) * mma_head_blocks_, nullptr));
+  ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(
+      graph_split_counters_, dev, static_cast<int64_t>(max_bs) * mma_head_blocks_, nullptr));
   ATTNKIT_RETURN_IF_ERROR(graph_min_chunk_.reserve(dev, 1));
   graph_min_chunk_host_ = triton::kMinChunk;
   ATTNKIT_CUDA_TRY(cudaMemcpy(graph_min_chunk_.data(), &graph_min_chunk_host_, sizeof(int32_t),

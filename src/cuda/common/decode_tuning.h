@@ -3,8 +3,11 @@
 // multiprocessor), i.e. one wave. ATTNKIT_DECODE_BLOCKS_PER_SM=N (1..8) overrides it when the
 // backend is created, so a device run can compare waves without a rebuild
 // (docs/perf/decode_notes.md). Not part of the API; the default is the documented heuristic.
-// Also the host-side limit both backends check before launching the ring decode.
+// Also the host-side pieces both backends (triton and flashinfer) need around the ring decode: its
+// row-stride limit and its zeroed split counters.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -14,6 +17,8 @@
 #include "attnkit/dtype.h"
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
+#include "backend/device_array.h"
+#include "cuda/common/cuda_check.cuh"
 
 namespace attnkit::cuda {
 
@@ -34,6 +39,19 @@ inline Status check_ring_decode_row_stride(const char* backend, DType kv_dtype, 
     return Status::unsupported(std::string(backend) + ": KV pool rows of " +
                                std::to_string(row_bytes) +
                                " bytes; the tensor-core decode takes row strides below 4 GiB");
+  }
+  return Status::ok();
+}
+
+// Grows `a` to n split counters; a new allocation is zeroed on `stream` (the decode kernels leave
+// the counters zero after every launch, so only fresh memory needs it).
+inline Status reserve_zeroed_counters(DeviceArray<int32_t>& a, Device device, int64_t n,
+                                      StreamHandle stream) {
+  const int64_t before = a.capacity;
+  ATTNKIT_RETURN_IF_ERROR(a.reserve(device, n));
+  if (a.capacity != before) {
+    ATTNKIT_CUDA_TRY(cudaMemsetAsync(a.data(), 0, static_cast<size_t>(a.capacity) * sizeof(int32_t),
+                                     to_stream(stream)));
   }
   return Status::ok();
 }

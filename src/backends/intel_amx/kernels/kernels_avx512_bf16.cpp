@@ -349,18 +349,10 @@ void fast_span(const CpuAttentionParams& p, const FastConsts& c, const int32_t* 
   const void* pf_v[kKeyBlock];
   for (int k0 = k_begin; k0 < k_end; k0 += kKeyBlock) {
     const int n = std::min(kKeyBlock, k_end - k0);
-    for (int t = 0; t < n; ++t) {
-      const int64_t slot = slots[k0 + t];
-      k_off[t] = slot * p.k_row_stride;
-      v_off[t] = slot * p.v_row_stride;
-    }
+    key_row_offsets(p, slots, k0, n, k_off, v_off);
     const int pf0 = k0 + kFastPrefetchBlocks * kKeyBlock;
     const int n_next = std::clamp(k_end - pf0, 0, kKeyBlock);
-    for (int t = 0; t < n_next; ++t) {
-      const int64_t slot = slots[pf0 + t];
-      next_k_off[t] = slot * p.k_row_stride;
-      next_v_off[t] = slot * p.v_row_stride;
-    }
+    key_row_offsets(p, slots, pf0, n_next, next_k_off, next_v_off);
     fast_qk_key_major<S, kD>(p, k_off, n, next_k_off, n_next, q, dots);
     for (int h = 0; h < hkv; ++h) {
       const T* v_base = v_cache + h * p.v_head_stride;

@@ -312,6 +312,18 @@ void attend_span(const CpuAttentionParams& p, const int32_t* slots, int kv_head,
 // tokens is one contiguous span) are consumed completely while they are in cache, instead of one
 // head's 256-byte slice per row per pass. While head h works on a block it prefetches head h's
 // slice of the next block's rows.
+// Element offsets (slot * row stride) of the K and V pool rows of keys [k0, k0 + n) of `slots`:
+// the current block and the prefetched block of attend_span_all_heads and the avx512_bf16 fast
+// decode.
+inline void key_row_offsets(const CpuAttentionParams& p, const int32_t* slots, int k0, int n,
+                            int64_t* k_off, int64_t* v_off) {
+  for (int t = 0; t < n; ++t) {
+    const int64_t slot = slots[k0 + t];
+    k_off[t] = slot * p.k_row_stride;
+    v_off[t] = slot * p.v_row_stride;
+  }
+}
+
 // How many key blocks ahead attend_span_all_heads prefetches (2 measured no better than 1 on the
 // 2-core Zen 5 VM: the limit is the number of misses in flight, not the distance).
 constexpr int kPrefetchBlocksAhead = 1;
@@ -333,18 +345,10 @@ void attend_span_all_heads(const CpuAttentionParams& p, const int32_t* slots, in
   int64_t next_v_off[kKeyBlock];
   for (int k0 = k_begin; k0 < k_end; k0 += kKeyBlock) {
     const int n = std::min(kKeyBlock, k_end - k0);
-    for (int t = 0; t < n; ++t) {
-      const int64_t slot = slots[k0 + t];
-      k_off[t] = slot * p.k_row_stride;
-      v_off[t] = slot * p.v_row_stride;
-    }
+    key_row_offsets(p, slots, k0, n, k_off, v_off);
     const int pf0 = k0 + kPrefetchBlocksAhead * kKeyBlock;
     const int n_next = std::clamp(k_end - pf0, 0, kKeyBlock);
-    for (int t = 0; t < n_next; ++t) {
-      const int64_t slot = slots[pf0 + t];
-      next_k_off[t] = slot * p.k_row_stride;
-      next_v_off[t] = slot * p.v_row_stride;
-    }
+    key_row_offsets(p, slots, pf0, n_next, next_k_off, next_v_off);
     for (int h = 0; h < p.num_kv_heads; ++h) {
       const T* k_base = k_cache + h * p.k_head_stride;
       const T* v_base = v_cache + h * p.v_head_stride;
