@@ -136,6 +136,42 @@ __attribute__((target("amx-tile,amx-bf16"))) float amx_dot_chains(int64_t iters)
 }
 #endif
 
+// The OpenMP threads the CPU ceilings run on (1 without OpenMP).
+int ceiling_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// A compute peak: work(iters) on each of `threads` threads per pass, one warm-up pass of iters / 16
+// (wakes the cores, the thread pool and the tile units), then `reps` timed passes of `flops` each.
+// Fills flops, tflops (best pass) and median_tflops; the caller names the ceiling.
+template <class Work>
+Ceiling time_compute_peak(Work work, int threads, int64_t iters, double flops, int reps) {
+  auto pass = [&](int64_t n) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
+#endif
+    for (int t = 0; t < threads; ++t) g_peak_sink = work(n);
+  };
+  pass(iters / 16);
+  std::vector<double> tflops;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pass(iters);
+    const auto t1 = std::chrono::steady_clock::now();
+    tflops.push_back(
+        tflop_per_s(flops, std::chrono::duration<double, std::milli>(t1 - t0).count()));
+  }
+  Ceiling c;
+  c.flops = flops;
+  c.tflops = *std::max_element(tflops.begin(), tflops.end());
+  c.median_tflops = median(tflops);
+  return c;
+}
+
 }  // namespace
 
 int64_t host_llc_bytes(std::string* source) {
@@ -207,10 +243,7 @@ Result<Ceiling> measure_cpu_copy(int64_t buffer_bytes, int reps) {
   ATTNKIT_ASSIGN_OR_RETURN(Buffer dst, Buffer::allocate(Device::cpu(), buffer_bytes));
   char* s = static_cast<char*>(src.data());
   char* d = static_cast<char*>(dst.data());
-  int threads = 1;
-#ifdef _OPENMP
-  threads = omp_get_max_threads();
-#endif
+  const int threads = ceiling_threads();
   // Each thread copies one contiguous chunk, 64-byte aligned.
   constexpr int64_t kAlign = 64;
   const int64_t chunk = ((buffer_bytes / threads + kAlign - 1) / kAlign) * kAlign;
@@ -260,37 +293,18 @@ Result<Ceiling> measure_cpu_compute_peak(bool has_avx512_bf16, bool has_avx2, in
   constexpr double kBf16DotFlops = 64;
   constexpr double kFp32FmaFlops = 16;
   const double per_instruction = has_avx512_bf16 ? kBf16DotFlops : kFp32FmaFlops;
-  int threads = 1;
-#ifdef _OPENMP
-  threads = omp_get_max_threads();
-#endif
-  auto pass = [&](int64_t iters) {
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static, 1) num_threads(threads)
-#endif
-    for (int t = 0; t < threads; ++t) {
-      g_peak_sink = has_avx512_bf16 ? bf16_dot_chains(iters) : fp32_fma_chains(iters);
-    }
-  };
-  pass(kPeakIters / 16);  // wake the cores and the thread pool
+  const int threads = ceiling_threads();
   const double flops = static_cast<double>(threads) * static_cast<double>(kPeakIters) *
                        kPeakChains * per_instruction;
-  std::vector<double> tflops;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    pass(kPeakIters);
-    const auto t1 = std::chrono::steady_clock::now();
-    tflops.push_back(
-        tflop_per_s(flops, std::chrono::duration<double, std::milli>(t1 - t0).count()));
-  }
-  Ceiling c;
+  Ceiling c = time_compute_peak(
+      [has_avx512_bf16](int64_t iters) {
+        return has_avx512_bf16 ? bf16_dot_chains(iters) : fp32_fma_chains(iters);
+      },
+      threads, kPeakIters, flops, reps);
   c.name = has_avx512_bf16 ? "cpu_bf16_dot_peak" : "cpu_fp32_fma_peak";
   c.method = std::string(has_avx512_bf16 ? "AVX512-BF16 vdpbf16ps" : "AVX2 fp32 FMA") + ", " +
              std::to_string(kPeakChains) + " register chains x " + std::to_string(threads) +
              " threads, best of " + std::to_string(reps);
-  c.flops = flops;
-  c.tflops = *std::max_element(tflops.begin(), tflops.end());
-  c.median_tflops = median(tflops);
   return c;
 }
 
@@ -311,34 +325,13 @@ Result<Ceiling> measure_cpu_amx_peak(bool has_amx_bf16, int reps) {
   // FLOPs of one tdpbf16ps: 16 x 16 results x 32 products x 2 (multiply + add).
   constexpr double kTileDotFlops = 16.0 * 16.0 * 32.0 * 2.0;
   constexpr int kDotsPerIter = 4;
-  int threads = 1;
-#ifdef _OPENMP
-  threads = omp_get_max_threads();
-#endif
-  auto pass = [&](int64_t iters) {
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static, 1) num_threads(threads)
-#endif
-    for (int t = 0; t < threads; ++t) g_peak_sink = amx_dot_chains(iters);
-  };
-  pass(kAmxPeakIters / 16);  // wake the cores, the thread pool and the tile units
+  const int threads = ceiling_threads();
   const double flops = static_cast<double>(threads) * static_cast<double>(kAmxPeakIters) *
                        kDotsPerIter * kTileDotFlops;
-  std::vector<double> tflops;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    pass(kAmxPeakIters);
-    const auto t1 = std::chrono::steady_clock::now();
-    tflops.push_back(
-        tflop_per_s(flops, std::chrono::duration<double, std::milli>(t1 - t0).count()));
-  }
-  Ceiling c;
+  Ceiling c = time_compute_peak(amx_dot_chains, threads, kAmxPeakIters, flops, reps);
   c.name = "cpu_amx_bf16_peak";
   c.method = "AMX tdpbf16ps, 4 independent 16x16 tiles (2x2 blocking) from registers x " +
              std::to_string(threads) + " threads, best of " + std::to_string(reps);
-  c.flops = flops;
-  c.tflops = *std::max_element(tflops.begin(), tflops.end());
-  c.median_tflops = median(tflops);
   return c;
 #endif
 }
