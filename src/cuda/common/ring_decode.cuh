@@ -76,6 +76,10 @@ struct Traits {
   static constexpr int kMainBytes = kWarps * kWarpBytes;
   static constexpr int kSmemBytes = kQBytes + (kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes);
   static constexpr int kMinBlocks = kSmemBytes <= kCtaSmemBudget ? kCtasPerSm : 1;
+  // 16-key ring stages a warp consumes per softmax step (its warp tile): 1, or 2 (32-key warp
+  // tiles: one max / rescale / wait per 32 keys; a backend's derived traits may set 2 where
+  // kStages >= 3).
+  static constexpr int kTileSubs = 1;
 
   static constexpr bool kQInRegisters = kHeadDim <= 128;
   static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
@@ -165,15 +169,26 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   const int kv_begin = w.kv_begin;
   const int kv_end = w.kv_end;
 
-  const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kKeys - 1) / kKeys : 0;
-  const int my_tiles = num_tiles > warp ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
+  // A warp tile (one softmax step) is kSub consecutive 16-key sub-tiles, each one ring stage;
+  // warps take the range's warp tiles round robin. Sub-tile i of this warp: step i / kSub, part
+  // i % kSub. With kSub = 1 a sub-tile is a warp tile.
+  constexpr int kSub = Tr::kTileSubs;
+  constexpr int kCtaWarps = Tr::kThreads / 32;
+  constexpr int kStepKeys = kSub * kKeys;
+  static_assert(kSub == 1 || kSub == 2, "a warp tile is 1 or 2 ring stages");
+  static_assert(kS >= kSub + 1, "the ring keeps at least one stage in flight during a step");
+  const int num_steps = kv_end > kv_begin ? (kv_end - kv_begin + kStepKeys - 1) / kStepKeys : 0;
+  const int my_tiles =
+      kSub * (num_steps > warp ? (num_steps - warp + kCtaWarps - 1) / kCtaWarps : 0);
 
-  // Slot words of local tile i (lanes 0-15, key tile_key0(i) + lane) -> slots[i % (2 kS)],
-  // fetched with cp.async kS tiles before the tile's data is issued: no warp ever waits on a
-  // page-table / index load (a dependent load per tile would cost one loaded memory round trip
+  // Slot words of local sub-tile i (lanes 0-15, key tile_key0(i) + lane) -> slots[i % (2 kS)],
+  // fetched with cp.async kS sub-tiles before the sub-tile's data is issued: no warp ever waits on
+  // a page-table / index load (a dependent load per tile would cost one loaded memory round trip
   // per tile).
   int32_t* slots = reinterpret_cast<int32_t*>(ring + kS * Tr::kStageBytes);  // [2 kS][kKeys]
-  const auto tile_key0 = [&](int i) { return kv_begin + (warp + i * kWarps) * kKeys; };
+  const auto tile_key0 = [&](int i) {
+    return kv_begin + ((warp + (i / kSub) * kCtaWarps) * kSub + i % kSub) * kKeys;
+  };
   const auto fetch_slots = [&](int i) {
     const int key = tile_key0(i) + lane;
     if (lane < kKeys && key < kv_end) {
@@ -202,15 +217,15 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     }
   };
 
-  // Prologue: the slots of tiles 0..kS-1, then kS - 1 tiles in flight per warp (group g: data of
-  // tile g + slots of tile g + kS), then Q (plain loads overlapping them).
+  // Prologue: the slots of sub-tiles 0..kS-1, then kS - kSub sub-tiles in flight per warp (group
+  // g: data of sub-tile g + slots of sub-tile g + kS), then Q (plain loads overlapping them).
 #pragma unroll
   for (int i = 0; i < kS; ++i) fetch_slots(i);
   cp_async_commit();
   cp_async_wait<0>();
   __syncwarp();
 #pragma unroll
-  for (int i = 0; i < kS - 1; ++i) {
+  for (int i = 0; i < kS - kSub; ++i) {
     if (i < my_tiles) {
       issue(i);
       fetch_slots(i + kS);
@@ -260,38 +275,18 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   float m[2] = {kNoKeyMax, kNoKeyMax};
   float d[2] = {0.f, 0.f};
 
-  for (int i = 0; i < my_tiles; ++i) {
-    // Refill the stage freed by tile i - 1 (every lane passed the __syncwarp after it); its slots
-    // came with group i - 1, complete since the last iteration's wait.
-    if (i + kS - 1 < my_tiles) {
-      issue(i + kS - 1);
-      fetch_slots(i + 2 * kS - 1);
-    }
-    cp_async_commit();
-    cp_async_wait<kS - 1>();
-    __syncwarp();
-    const uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
-    const uint8_t* sk = stage;
-    const uint8_t* sv = stage + kKeys * Tr::kRawRowBytes;
-    const int key0 = kv_begin + (warp + i * kWarps) * kKeys;
-
-    // S = Q K^T over the tile's 16 keys (two n-tiles of 8). Even and odd k-steps accumulate
-    // into separate registers (s, s2), summed after the loop: the dependent MMA chain of each
-    // n-tile is half as long (a warp's tile time is latency-bound at 2 warps per scheduler).
-    float s[2][4], s2[2][4];
+  const auto q_frag = [&](int kk, uint32_t(&a)[4]) {
+    if constexpr (Tr::kQInRegisters) {
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-      s2[n][0] = s2[n][1] = s2[n][2] = s2[n][3] = 0.f;
+      for (int x = 0; x < 4; ++x) a[x] = qf[kk][x];
+    } else {
+      load_q_fragment(kk, a);
     }
-    const auto q_frag = [&](int kk, uint32_t(&a)[4]) {
-      if constexpr (Tr::kQInRegisters) {
-#pragma unroll
-        for (int x = 0; x < 4; ++x) a[x] = qf[kk][x];
-      } else {
-        load_q_fragment(kk, a);
-      }
-    };
+  };
+  // S = Q K^T over the 16 keys of one staged sub-tile (two n-tiles of 8). Even and odd k-steps
+  // accumulate into separate registers (s, s2), summed by the caller: the dependent MMA chain of
+  // each n-tile is half as long (a warp's tile time is latency-bound at 2 warps per scheduler).
+  const auto qk = [&](const uint8_t* sk, float(&s)[2][4], float(&s2)[2][4]) {
     if constexpr (Tr::kQuant) {
       // Lane l addresses row (l / 16) * 8 + l % 8 (key), 16-byte chunk 2 kp + (l / 8) % 2.
       const int key = (lane / 16) * 8 + lane % 8;
@@ -341,28 +336,99 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
         mma_m16n8k16<CT>(kk % 2 == 0 ? s[1] : s2[1], a, b1);
       }
     }
+  };
+  // O += P V over one staged sub-tile: a = its 16 probabilities per row (one k-step).
+  const int vkey = ((lane / 8) % 2) * 8 + lane % 8;
+  const auto pv = [&](const uint8_t* sv, const uint32_t(&a)[4]) {
+    if constexpr (Tr::kQuant) {
+      // o[2c] / o[2c + 1]: the even / odd columns of 16-column chunk c (see above).
+      const auto pv_chunk = [&](int c, uint32_t lo, uint32_t hi) {
+        const uint32_t be[2] = {fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0020)),
+                                fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0020))};
+        const uint32_t bo[2] = {fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0031)),
+                                fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0031))};
+        mma_m16n8k16<CT>(o[2 * c], a, be);
+        mma_m16n8k16<CT>(o[2 * c + 1], a, bo);
+      };
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+      for (int cp = 0; cp < Tr::kKSteps / 2; ++cp) {
+        uint32_t r[4];  // (keys 0-7, chunk 2cp), (8-15, 2cp), (0-7, 2cp+1), (8-15, 2cp+1)
+        ldmatrix_x4_trans(r, smem_addr(sv + vkey * Tr::kRawRowBytes + (2 * cp + lane / 16) * 16));
+        pv_chunk(2 * cp, r[0], r[1]);
+        pv_chunk(2 * cp + 1, r[2], r[3]);
+      }
+      if constexpr (Tr::kKSteps % 2 == 1) {
+        constexpr int c = Tr::kKSteps - 1;
+        uint32_t r[2];
+        ldmatrix_x2_trans(r, smem_addr(sv + vkey * Tr::kRawRowBytes + c * 16));
+        pv_chunk(c, r[0], r[1]);
+      }
+    } else {
+      const CT* v16 = reinterpret_cast<const CT*>(sv);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] += s2[n][e];
+      for (int d2 = 0; d2 < Tr::kDimTiles / 2; ++d2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, smem_addr(v16 + vkey * Tr::kRowElems + d2 * 16 + (lane / 16) * 8));
+        const uint32_t b0[2] = {b[0], b[1]};
+        const uint32_t b1[2] = {b[2], b[3]};
+        mma_m16n8k16<CT>(o[2 * d2], a, b0);
+        mma_m16n8k16<CT>(o[2 * d2 + 1], a, b1);
+      }
+    }
+  };
+
+  for (int i = 0; i < my_tiles; i += kSub) {
+    // Refill the stages freed by the previous step (every lane passed the __syncwarp after it);
+    // their slots came with groups <= i - 1, complete since the last step's wait.
+#pragma unroll
+    for (int h = 0; h < kSub; ++h) {
+      const int j = i + kS - kSub + h;
+      if (j < my_tiles) {
+        issue(j);
+        fetch_slots(j + kS);
+      }
+      cp_async_commit();
+    }
+    cp_async_wait<kS - kSub>();
+    __syncwarp();
+    const int key0 = tile_key0(i);  // the step's kSub sub-tiles are consecutive keys
+
+    float s[kSub][2][4];
+#pragma unroll
+    for (int u = 0; u < kSub; ++u) {
+      float s2[2][4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        s[u][n][0] = s[u][n][1] = s[u][n][2] = s[u][n][3] = 0.f;
+        s2[n][0] = s2[n][1] = s2[n][2] = s2[n][3] = 0.f;
+      }
+      qk(ring + ((i + u) % kS) * Tr::kStageBytes, s[u], s2);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[u][n][e] += s2[n][e];
+      }
     }
 
     // Logits (soft-cap), the tail mask, online softmax (rescale only when the max grows).
-    const bool full = key0 + kKeys <= kv_end;
+    const bool full = key0 + kStepKeys <= kv_end;
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int u = 0; u < kSub; ++u) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[n][e];
-        if (w.logit_cap > 0.f) {
-          x = w.logit_cap * tanhf(x * w.scale / w.logit_cap) * kLog2e;
-        } else {
-          x *= w.scale_log2;
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[u][n][e];
+          if (w.logit_cap > 0.f) {
+            x = w.logit_cap * tanhf(x * w.scale / w.logit_cap) * kLog2e;
+          } else {
+            x *= w.scale_log2;
+          }
+          if (!full && key0 + u * kKeys + n * 8 + 2 * tq + (e & 1) >= kv_end) x = -INFINITY;
+          s[u][n][e] = x;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
         }
-        if (!full && key0 + n * 8 + 2 * tq + (e & 1) >= kv_end) x = -INFINITY;
-        s[n][e] = x;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
       }
     }
 #pragma unroll
@@ -381,55 +447,26 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
       }
     }
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int u = 0; u < kSub; ++u) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pr = exp2f(s[n][e] - m[e / 2]);
-        s[n][e] = pr;
-        d[e / 2] += pr;
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float pr = exp2f(s[u][n][e] - m[e / 2]);
+          s[u][n][e] = pr;
+          d[e / 2] += pr;
+        }
       }
     }
 
-    // O += P V: the two S n-tiles form the A fragment of one k-step.
-    const uint32_t a[4] = {pack2<CT>(s[0][0], s[0][1]), pack2<CT>(s[0][2], s[0][3]),
-                           pack2<CT>(s[1][0], s[1][1]), pack2<CT>(s[1][2], s[1][3])};
-    const int vkey = ((lane / 8) % 2) * 8 + lane % 8;
-    if constexpr (Tr::kQuant) {
-      // o[2c] / o[2c + 1]: the even / odd columns of 16-column chunk c (see above).
-      const auto pv = [&](int c, uint32_t lo, uint32_t hi) {
-        const uint32_t be[2] = {fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0020)),
-                                fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0020))};
-        const uint32_t bo[2] = {fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0031)),
-                                fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0031))};
-        mma_m16n8k16<CT>(o[2 * c], a, be);
-        mma_m16n8k16<CT>(o[2 * c + 1], a, bo);
-      };
+    // O += P V: the two S n-tiles of a sub-tile form the A fragment of one k-step.
 #pragma unroll
-      for (int cp = 0; cp < Tr::kKSteps / 2; ++cp) {
-        uint32_t r[4];  // (keys 0-7, chunk 2cp), (8-15, 2cp), (0-7, 2cp+1), (8-15, 2cp+1)
-        ldmatrix_x4_trans(r, smem_addr(sv + vkey * Tr::kRawRowBytes + (2 * cp + lane / 16) * 16));
-        pv(2 * cp, r[0], r[1]);
-        pv(2 * cp + 1, r[2], r[3]);
-      }
-      if constexpr (Tr::kKSteps % 2 == 1) {
-        constexpr int c = Tr::kKSteps - 1;
-        uint32_t r[2];
-        ldmatrix_x2_trans(r, smem_addr(sv + vkey * Tr::kRawRowBytes + c * 16));
-        pv(c, r[0], r[1]);
-      }
-    } else {
-      const CT* v16 = reinterpret_cast<const CT*>(sv);
-#pragma unroll
-      for (int d2 = 0; d2 < Tr::kDimTiles / 2; ++d2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, smem_addr(v16 + vkey * Tr::kRowElems + d2 * 16 + (lane / 16) * 8));
-        const uint32_t b0[2] = {b[0], b[1]};
-        const uint32_t b1[2] = {b[2], b[3]};
-        mma_m16n8k16<CT>(o[2 * d2], a, b0);
-        mma_m16n8k16<CT>(o[2 * d2 + 1], a, b1);
-      }
+    for (int u = 0; u < kSub; ++u) {
+      const uint32_t a[4] = {pack2<CT>(s[u][0][0], s[u][0][1]), pack2<CT>(s[u][0][2], s[u][0][3]),
+                             pack2<CT>(s[u][1][0], s[u][1][1]), pack2<CT>(s[u][1][2], s[u][1][3])};
+      pv(ring + ((i + u) % kS) * Tr::kStageBytes + kKeys * Tr::kRawRowBytes, a);
     }
-    __syncwarp();  // every lane is done with slot i % kS before iteration i + 1 refills it
+    __syncwarp();  // every lane is done with the step's stages before the next step refills them
   }
   cp_async_wait<0>();
   __syncthreads();  // the rings become the epilogue region

@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "attnkit/dtype.h"
@@ -68,6 +70,17 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   return Status::ok();
 }
 
+// Experiment knob (not API): ATTNKIT_FLASHINFER_FP8_TILE=16 runs fp8 KV decode on 16-key warp
+// tiles instead of the default 32-key ones (RingDecodeTraits::kTileSubs), so that one device run
+// can compare both.
+inline bool fp8_wide_decode_tiles() {
+  static const bool wide = [] {
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_FP8_TILE");
+    return e == nullptr || std::strcmp(e, "16") != 0;
+  }();
+  return wide;
+}
+
 // Picks the instantiation for (q dtype, kv dtype, tile shape); the default branches name the value.
 template <int kD, TileShape kShape>
 Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int grid_items,
@@ -77,6 +90,10 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
       static_assert(kShape == TileShape::kDecode,
                     "prefill runs paged_prefill_sm80.cuh (run_paged_prefill_sm80)");
       using Tr = RingDecodeTraits<kD, QT, kKv>;
+      using Narrow = RingDecodeTraits<kD, QT, kKv, /*kWideFp8=*/false>;
+      if constexpr (Tr::kTileSubs != Narrow::kTileSubs) {
+        if (!fp8_wide_decode_tiles()) return launch_paged<Narrow>(p, grid_items, stream);
+      }
       return launch_paged<Tr>(p, grid_items, stream);
     };
     switch (kv_dtype) {

@@ -23,10 +23,101 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
                   kDecodeCtasPerSm == cuda::ring::kCtasPerSm,
               "the planner's decode tile is the ring core's");
 
-template <int kD, typename QT, DType kKv>
+// kWideFp8: fp8 KV streams 32-key warp tiles (two 16-key ring stages per softmax step) where the
+// ring has >= 4 stages (d <= 128): a 16-key fp8 tile carries half the bytes of a bf16 one for the
+// same wait / max / rescale / loop work, so fp8 decode was bound by per-tile work, not bytes.
+// 16-bit KV keeps 16-key tiles (3 stages: a pair would leave one in flight).
+template <int kD, typename QT, DType kKv, bool kWideFp8 = true>
 struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
+  using Base = cuda::ring::Traits<kD, QT, kKv>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
+  static constexpr int kTileSubs = kWideFp8 && Base::kQuant && Base::kStages >= 4 ? 2 : 1;
 };
+
+// The fused split-KV merge of one (request, q tile, kv head), by every thread of the CTA that
+// counted itself last: out = sum_s w_s O_s / (sum_s w_s + sink), w_s = 2^(lse_s - max). Three
+// dependent steps instead of one L2 round trip per few splits per thread (a batch-1 forward has 32
+// splits): (1) every partial LSE of the tile to shared memory, all loads in flight at once; (2) per
+// row the max, the weights (0 for a split that saw no key) and their sum with the sink; (3) per
+// (row, 4 columns) the weighted sum of the partials (ld.global.cg: written by other CTAs of this
+// launch), 8 loads in flight per thread. `scratch`: the CTA's shared memory (Tr::kSmemBytes),
+// free after attend; it holds the weights of up to ~1700 splits (the planner makes at most one
+// wave of CTAs); past that the weights are recomputed from the LSEs in global memory.
+// `head_of(r)` / `token_of(r)`: q head / token of packed row r.
+template <typename Tr, typename HeadFn, typename TokenFn>
+__device__ __forceinline__ void merge_splits(const PagedParams& p, const RequestPlan& req, int rows,
+                                             HeadFn head_of, TokenFn token_of, float* scratch) {
+  using QT = typename Tr::QT;
+  constexpr int kR = cuda::ring::kRows;
+  const int num_splits = req.num_splits;
+  const bool stored = (num_splits + 2) * kR * static_cast<int>(sizeof(float)) <= Tr::kSmemBytes;
+  float* row_m = scratch;     // [kR]
+  float* row_d = row_m + kR;  // [kR]
+  float* wgt = row_d + kR;    // [num_splits][kR] when stored: LSE, then weight
+  const int64_t base = static_cast<int64_t>(req.partial_base) * p.num_q_heads;
+  const auto global_lse = [&](int s, int r) {
+    return __ldcg(p.partial_lse + base + s * p.num_q_heads + head_of(r));
+  };
+  if (stored) {
+    for (int i = threadIdx.x; i < num_splits * kR; i += Tr::kThreads) {
+      const int r = i % kR;
+      wgt[i] = r < rows ? global_lse(i / kR, r) : -INFINITY;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    const int r = threadIdx.x;
+    float mx = -INFINITY;
+    for (int s = 0; s < num_splits; ++s) {
+      mx = fmaxf(mx, stored ? wgt[s * kR + r] : global_lse(s, r));
+    }
+    const float sink = p.sinks != nullptr ? p.sinks[head_of(r)] * cuda::kLog2e : -INFINITY;
+    mx = fmaxf(mx, sink);
+    float dsum = 0.f;
+    for (int s = 0; s < num_splits; ++s) {
+      const float lse = stored ? wgt[s * kR + r] : global_lse(s, r);
+      const float x = lse == -INFINITY ? 0.f : exp2f(lse - mx);  // 0: all-invisible split
+      if (stored) wgt[s * kR + r] = x;
+      dsum += x;
+    }
+    if (p.sinks != nullptr && mx != -INFINITY) dsum += exp2f(sink - mx);
+    row_m[r] = mx;
+    row_d[r] = dsum;
+  }
+  __syncthreads();
+  constexpr int kVec4 = Tr::kHeadDim / 4;
+  for (int c = threadIdx.x; c < rows * kVec4; c += Tr::kThreads) {
+    const int r = c / kVec4;
+    const int col = (c % kVec4) * 4;
+    const int head = head_of(r);
+    const float* src = p.partial_out + (base + head) * Tr::kHeadDim + col;
+    const int64_t step = static_cast<int64_t>(p.num_q_heads) * Tr::kHeadDim;
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < num_splits; ++s) {
+      float x;
+      if (stored) {
+        x = wgt[s * kR + r];
+      } else {
+        const float lse = global_lse(s, r);
+        x = lse == -INFINITY ? 0.f : exp2f(lse - row_m[r]);
+      }
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(src + s * step));
+      a0 += x * v.x, a1 += x * v.y, a2 += x * v.z, a3 += x * v.w;
+    }
+    const float dsum = row_d[r];
+    const float mul = dsum > 0.f ? p.v_scale / dsum : 0.f;
+    const uint2 packed =
+        make_uint2(cuda::pack2<QT>(a0 * mul, a1 * mul), cuda::pack2<QT>(a2 * mul, a3 * mul));
+    const int token = token_of(r);
+    *reinterpret_cast<uint2*>(static_cast<QT*>(p.out) + token * p.o_stride_token +
+                              head * p.o_stride_head + col) = packed;
+    if (col == 0 && p.lse != nullptr) {
+      p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
+          dsum > 0.f ? (row_m[r] + log2f(dsum)) * cuda::kLn2 : -INFINITY;
+    }
+  }
+}
 
 // grid: (num_kv_heads, work items) block: (Tr::kThreads); dynamic smem Tr::kSmemBytes. The kv heads
 // of one item are adjacent in launch order, so they stream the same pool rows (one slot holds all
@@ -70,8 +161,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const auto q_row = [&](int r) {
     return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
   };
-  const auto slot_of = [&](int key) -> cuda::ring::SlotRef {
-    const int off = p.page_shift >= 0 ? (key & (p.page_size - 1)) : key % p.page_size;
+  // Two instantiations of the streaming loop, chosen once per CTA: power-of-two pages (a mask per
+  // copied row) and any other page size (a division). One loop with the choice inside carried the
+  // division and a branch region per copied row (+300 SASS instructions per tile).
+  const int page_mask = p.page_size - 1;
+  const auto slot_pow2 = [&](int key) -> cuda::ring::SlotRef {
+    const int off = key & page_mask;
+    return {table + (key - off), off};
+  };
+  const auto slot_any = [&](int key) -> cuda::ring::SlotRef {
+    const int off = key % p.page_size;
     return {table + (key - off), off};
   };
   const bool split = req.num_splits > 1;
@@ -105,7 +204,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
           dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
     }
   };
-  cuda::ring::attend<Tr>(w, smem, q_row, slot_of, write);
+  if (p.page_shift >= 0) {
+    cuda::ring::attend<Tr>(w, smem, q_row, slot_pow2, write);
+  } else {
+    cuda::ring::attend<Tr>(w, smem, q_row, slot_any, write);
+  }
   if (!split) return;
 
   // Fused split-KV merge: the request's last split CTA of this (q tile, kv head) merges the
@@ -117,44 +220,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
           p.num_kv_heads +
       kv_head;
   if (!cuda::ring::last_split_cta(counter, req.num_splits)) return;
-  constexpr int kVecs = Tr::kHeadDim / 8;
-  for (int c = threadIdx.x; c < w.rows * kVecs; c += Tr::kThreads) {
-    const int r = c / kVecs;
-    const int col = (c % kVecs) * 8;
-    const int head = head_of(r);
-    const int64_t base = static_cast<int64_t>(req.partial_base) * p.num_q_heads + head;
-    float mx = -INFINITY;
-#pragma unroll 8
-    for (int s = 0; s < req.num_splits; ++s) {
-      mx = fmaxf(mx, __ldcg(p.partial_lse + base + s * p.num_q_heads));
-    }
-    const float sink = p.sinks != nullptr ? p.sinks[head] * cuda::kLog2e : -INFINITY;
-    mx = fmaxf(mx, sink);
-    float acc[8] = {};
-    float dsum = 0.f;
-    if (mx != -INFINITY) {
-#pragma unroll 4
-      for (int s = 0; s < req.num_splits; ++s) {
-        const int64_t row = base + s * p.num_q_heads;
-        const float wgt = exp2f(__ldcg(p.partial_lse + row) - mx);  // 0: all-invisible split
-        const float4* src =
-            reinterpret_cast<const float4*>(p.partial_out + row * Tr::kHeadDim + col);
-        const float4 x0 = __ldcg(src), x1 = __ldcg(src + 1);
-        dsum += wgt;
-        acc[0] += wgt * x0.x, acc[1] += wgt * x0.y, acc[2] += wgt * x0.z, acc[3] += wgt * x0.w;
-        acc[4] += wgt * x1.x, acc[5] += wgt * x1.y, acc[6] += wgt * x1.z, acc[7] += wgt * x1.w;
-      }
-      if (p.sinks != nullptr) dsum += exp2f(sink - mx);
-    }
-    const int token = token_of(r);
-    cuda::ring::store8<QT>(
-        static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col, acc,
-        dsum > 0.f ? p.v_scale / dsum : 0.f);
-    if (col == 0 && p.lse != nullptr) {
-      p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-          dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
-    }
-  }
+  merge_splits<Tr>(p, req, w.rows, head_of, token_of, reinterpret_cast<float*>(smem));
 }
 
 }  // namespace attnkit::flashinfer
