@@ -469,6 +469,11 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   detail::set_page_table_params(p, batch);
   p.page_size = pool.page_size();
   p.page_shift = is_power_of_two(p.page_size) ? log2_exact(p.page_size) : -1;
+  static const bool generic_loop = [] {  // decode experiment knob (paged_params.h)
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_DECODE_LOOP");
+    return e != nullptr && std::string(e) == "generic";
+  }();
+  p.decode_generic_loop = generic_loop ? 1 : 0;
   p.plan = plan_.words;
   p.bs = batch.batch_size;
   if (batch.mode == ForwardMode::kTargetVerify && batch.spec.custom_mask.defined()) {

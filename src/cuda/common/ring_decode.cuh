@@ -80,6 +80,9 @@ struct Traits {
   // tiles: one max / rescale / wait per 32 keys; a backend's derived traits may set 2 where
   // kStages >= 3).
   static constexpr int kTileSubs = 1;
+  // exp2 of the softmax as one ex2.approx.ftz instruction instead of exp2f (which adds a range
+  // fix-up around it); a backend's derived traits may set it.
+  static constexpr bool kFastExp2 = false;
 
   static constexpr bool kQInRegisters = kHeadDim <= 128;
   static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
@@ -119,6 +122,19 @@ struct Work {
   float logit_cap = 0.f;   // 0 = off
 };
 
+// 2^x: exp2f, or (kFast) the bare ex2.approx.ftz.f32 (relative error ~2^-22; 2^-inf = 0, results
+// below 2^-126 flush to 0, which a softmax weight may).
+template <bool kFast>
+__device__ __forceinline__ float exp2_of(float x) {
+  if constexpr (kFast) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+  } else {
+    return exp2f(x);
+  }
+}
+
 // Two fp8 values (the low 16 bits of x) -> f16x2 (exact).
 template <DType kKv>
 __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t x) {
@@ -154,8 +170,9 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t add
 // query (r < rows); slot_of(key) -> SlotRef of a key in range; write(r, col, acc, m, d)
 // receives row r's unnormalised output columns [col, col + 8), its log2-domain max m and
 // denominator d (d == 0: no visible key). Every thread of the CTA must call it (it has CTA
-// barriers).
-template <typename Tr, typename QRowFn, typename SlotFn, typename WriteFn>
+// barriers). kMayCap = false compiles the soft-cap out of the loop (the caller guarantees
+// w.logit_cap == 0): the tanh code of every logit otherwise sits between the hot instructions.
+template <typename Tr, bool kMayCap = true, typename QRowFn, typename SlotFn, typename WriteFn>
 __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_row, SlotFn slot_of,
                                        WriteFn write) {
   using QT = typename Tr::QT;
@@ -420,7 +437,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float x = s[u][n][e];
-          if (w.logit_cap > 0.f) {
+          if (kMayCap && w.logit_cap > 0.f) {
             x = w.logit_cap * tanhf(x * w.scale / w.logit_cap) * kLog2e;
           } else {
             x *= w.scale_log2;
@@ -436,7 +453,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
       if (tile_max[h] > m[h]) {
-        const float factor = exp2f(m[h] - tile_max[h]);
+        const float factor = exp2_of<Tr::kFastExp2>(m[h] - tile_max[h]);
         m[h] = tile_max[h];
         d[h] *= factor;
 #pragma unroll
@@ -452,7 +469,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
       for (int n = 0; n < 2; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float pr = exp2f(s[u][n][e] - m[e / 2]);
+          const float pr = exp2_of<Tr::kFastExp2>(s[u][n][e] - m[e / 2]);
           s[u][n][e] = pr;
           d[e / 2] += pr;
         }

@@ -32,6 +32,7 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
   using Base = cuda::ring::Traits<kD, QT, kKv>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
   static constexpr int kTileSubs = kWideFp8 && Base::kQuant && Base::kStages >= 4 ? 2 : 1;
+  static constexpr bool kFastExp2 = true;
 };
 
 // The fused split-KV merge of one (request, q tile, kv head), by every thread of the CTA that
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const auto q_row = [&](int r) {
     return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
   };
-  // Two instantiations of the streaming loop, chosen once per CTA: power-of-two pages (a mask per
+  // Instantiations of the streaming loop, chosen once per CTA: power-of-two pages (a mask per
   // copied row) and any other page size (a division). One loop with the choice inside carried the
   // division and a branch region per copied row (+300 SASS instructions per tile).
   const int page_mask = p.page_size - 1;
@@ -204,7 +205,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
           dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
     }
   };
-  if (p.page_shift >= 0) {
+  // The hot instantiation (power-of-two pages, no soft-cap) carries neither the division nor the
+  // tanh code; the others check the cap per logit.
+  if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) {
+    cuda::ring::attend<Tr, /*kMayCap=*/false>(w, smem, q_row, slot_pow2, write);
+  } else if (p.page_shift >= 0) {
     cuda::ring::attend<Tr>(w, smem, q_row, slot_pow2, write);
   } else {
     cuda::ring::attend<Tr>(w, smem, q_row, slot_any, write);

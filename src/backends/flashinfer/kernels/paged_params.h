@@ -107,6 +107,9 @@ struct PagedParams {
   float v_scale = 1.f;      // fp8 KV: folded into the output
   int sliding_window = -1;  // key k visible from query position p when p - k <= window
   int causal = 1;           // 1: key k visible when k <= query position
+  // Decode experiment knob (ATTNKIT_FLASHINFER_DECODE_LOOP=generic, not API): 1 runs the streaming
+  // loop that checks the soft-cap per logit even when it is off (paged_decode_sm80.cuh).
+  int decode_generic_loop = 0;
 };
 
 }  // namespace attnkit::flashinfer
