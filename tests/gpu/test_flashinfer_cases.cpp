@@ -321,26 +321,27 @@ TEST(FlashInferPlanTest, WorkedExamplesOfTheHeader) {
   {
     auto plan = flashinfer::build_work_plan(decode_requests(std::vector<int>(16, 4096)), cfg);
     ASSERT_TRUE(plan.is_ok());
-    EXPECT_EQ(plan->chunk, 2048);
-    EXPECT_EQ(plan->items.size(), 32u);
+    EXPECT_EQ(plan->chunk, 0);
+    EXPECT_FALSE(plan->any_split);
+    EXPECT_EQ(plan->items.size(), 16u);
     expect_cover(*plan);
   }
   {
     auto plan = flashinfer::build_work_plan(decode_requests({32768}), cfg);
     ASSERT_TRUE(plan.is_ok());
-    EXPECT_EQ(plan->chunk, 1024);
-    EXPECT_EQ(plan->requests[0].num_splits, 32);
+    EXPECT_EQ(plan->chunk, 2048);
+    EXPECT_EQ(plan->requests[0].num_splits, 16);
     expect_cover(*plan);
   }
   {
     auto plan = flashinfer::build_work_plan(decode_requests({16384, 1000, 300, 20}), cfg);
     ASSERT_TRUE(plan.is_ok());
-    EXPECT_EQ(plan->chunk, 576);
-    EXPECT_EQ(plan->requests[0].num_splits, 29);
-    EXPECT_EQ(plan->requests[1].num_splits, 2);
+    EXPECT_EQ(plan->chunk, 1280);
+    EXPECT_EQ(plan->requests[0].num_splits, 13);
+    EXPECT_EQ(plan->requests[1].num_splits, 1);
     EXPECT_EQ(plan->requests[2].num_splits, 1);
     EXPECT_EQ(plan->requests[3].num_splits, 1);
-    EXPECT_EQ(plan->num_partials, 31);
+    EXPECT_EQ(plan->num_partials, 13);
     EXPECT_LE(static_cast<int64_t>(plan->items.size()) * cfg.num_kv_heads, cfg.target_ctas);
     expect_cover(*plan);
   }

@@ -9,12 +9,14 @@
 //   ctas(chunk) = num_kv_heads * q_tiles * sum_r ceil(kv_len_r / chunk)
 //   chunk       = min { c = k * tile, c >= min_chunk : ctas(c) <= target_ctas }, else no split
 //
-// Worked example (H100/H200: 132 SMs, target 2 CTAs per SM = 264; 32 q / 8 kv heads so q_tiles 1):
-//   * bs 16, kv 4096: 16 * 8 = 128 CTAs unsplit; chunk 2048 gives 256 <= 264 -> 2 chunks each.
-//   * bs 1, kv 32768: chunk 1024 gives 8 * 32 = 256 -> 32 chunks of 1024 keys.
-//   * bs 4, kv 16384 / 1000 / 300 / 20: chunk 576 -> 29 + 2 + 1 + 1 chunks (8 * 33 = 264): the
+// Worked example (H100/H200: 132 SMs, target 1 CTA per SM = 132; 32 q / 8 kv heads so q_tiles 1):
+//   * bs 16, kv 4096: 16 * 8 = 128 CTAs unsplit fill the target -> no split.
+//   * bs 1, kv 32768: chunk 2048 gives 8 * 16 = 128 -> 16 chunks of 2048 keys.
+//   * bs 4, kv 16384 / 1000 / 300 / 20: chunk 1280 -> 13 + 1 + 1 + 1 chunks (8 * 16 = 128): the
 //     long request no longer decides the step time alone.
 //   * bs 64, kv 4096: 512 CTAs unsplit already exceed the target -> no split.
+// (ATTNKIT_DECODE_BLOCKS_PER_SM=2, the target before 2026-11-22 session 4: chunk 2048 at bs 16,
+// 1024 at bs 1 kv 32768, 576 in the bs 4 example.)
 // Prefill: one CTA per (tile of packed rows, kv head), whole key range (the kernel clips it to the
 // causal / window bound of the tile).
 #pragma once
@@ -28,8 +30,11 @@
 
 namespace attnkit::flashinfer {
 
-// Grid target per SM: one wave of the decode CTAs that fit on an SM (see ../PERF_NOTES.md).
-inline constexpr int kTargetCtasPerSm = kDecodeCtasPerSm;
+// Grid target per SM: one decode CTA (4 warps) per SM, although two fit (kDecodeCtasPerSm): with
+// the compact streaming loop, 128 CTAs of 2048 keys stream b1 kv 32k 11% faster than 256 of 1024
+// (fewer splits to merge, half the per-CTA ramp and tail per byte) and b16 kv 4k as fast as 2 x 128
+// split CTAs (docs/perf/fidecode_notes.md). Batches of more CTAs still run two per SM.
+inline constexpr int kTargetCtasPerSm = 1;
 inline constexpr int kMinSplitChunk = 256;  // keys: the merge's extra traffic stays ~1% of the read
 
 struct PlanConfig {
