@@ -83,8 +83,6 @@ struct Traits {
   // exp2 of the softmax as one ex2.approx.ftz instruction instead of exp2f (which adds a range
   // fix-up around it); a backend's derived traits may set it.
   static constexpr bool kFastExp2 = false;
-  // Slot words read 4 at a time (adjacent rows per lane; see attend's issue); derived traits.
-  static constexpr bool kVecSlots = false;
 
   static constexpr bool kQInRegisters = kHeadDim <= 128;
   static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
@@ -215,39 +213,10 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     }
   };
   // K and V of local tile i -> ring stage i % kS (keys past kv_end zero-filled).
-  // kRowBlocks: lane group g (lanes g * kRawChunks ...) copies rows [g * kLaneRows, + kLaneRows),
-  // one 16-byte chunk each, so a lane's slot words are adjacent: one 16-byte shared load per 4
-  // rows instead of one load (and one load -> address dependency) per copied row. Otherwise copy
-  // c = c0 * 32 + lane is row c / kRawChunks, chunk c % kRawChunks. Either way one instruction
-  // copies 32 consecutive chunks' worth of whole rows.
-  constexpr bool kRowBlocks =
-      Tr::kVecSlots && 32 % Tr::kRawChunks == 0 && (kKeys * Tr::kRawChunks / 32) % 4 == 0;
   const auto issue = [&](int i) {
     uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
     const int key0 = tile_key0(i);
     const int32_t* sl = slots + (i % (2 * kS)) * kKeys;
-    if constexpr (kRowBlocks) {
-      constexpr int kLaneRows = kKeys * Tr::kRawChunks / 32;
-      const int r0 = lane / Tr::kRawChunks * kLaneRows;
-      const int ch = lane % Tr::kRawChunks;
-      int32_t words[kLaneRows];
-#pragma unroll
-      for (int x = 0; x < kLaneRows; x += 4) {
-        *reinterpret_cast<int4*>(words + x) = *reinterpret_cast<const int4*>(sl + r0 + x);
-      }
-#pragma unroll
-      for (int x = 0; x < kLaneRows; ++x) {
-        const int r = r0 + x;
-        const bool valid = key0 + r < kv_end;
-        const uint32_t s = valid ? static_cast<uint32_t>(words[x] + slot_of(key0 + r).add) : 0u;
-        const uint8_t* ks = w.k_base + static_cast<uint64_t>(s) * w.k_row_bytes + ch * 16;
-        const uint8_t* vs = w.v_base + static_cast<uint64_t>(s) * w.v_row_bytes + ch * 16;
-        const int dst = r * Tr::kRawRowBytes + ch * 16;
-        cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
-        cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
-      }
-      return;
-    }
 #pragma unroll
     for (int c0 = 0; c0 < Tr::kCopiesPerLane; ++c0) {
       const int c = c0 * 32 + lane;

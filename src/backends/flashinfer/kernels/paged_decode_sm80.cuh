@@ -33,7 +33,6 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
   static constexpr int kTileSubs = kWideFp8 && Base::kQuant && Base::kStages >= 4 ? 2 : 1;
   static constexpr bool kFastExp2 = true;
-  static constexpr bool kVecSlots = true;
 };
 
 // The fused split-KV merge of one (request, q tile, kv head), by every thread of the CTA that
