@@ -15,6 +15,7 @@
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
+. scripts/device/lib.sh
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
 STAGES="${STAGES:-build test bench peers}"
@@ -27,11 +28,7 @@ note "device: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --forma
 
 if has_stage build; then
   t0=$(date +%s)
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a-real -DATTNKIT_HEAD_DIMS="${HEAD_DIMS:-64;128;256}" \
-    -DCMAKE_PREFIX_PATH="$root/.deps" -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
-    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
-    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$OUT/build.log" 2>&1 || {
+  attnkit_configure "$build" 90a-real "${HEAD_DIMS:-64;128;256}" > "$OUT/build.log" 2>&1 || {
     tail -30 "$OUT/build.log"; exit 1; }
   ninja -C "$build" -j16 test_fa3_cases attnkit_cli >> "$OUT/build.log" 2>&1
   rc=$?

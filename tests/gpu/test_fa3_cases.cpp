@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,14 +16,13 @@
 #include "backends/fa3/fa3_backend.h"
 #include "backends/fa3/kernels/fa3_params.h"
 #include "harness/case_runner.h"
+#include "support/gpu_test_helpers.h"
 
 namespace attnkit {
 namespace {
 
 using harness::CaseSpec;
 using harness::PreparedCase;
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 BackendDescriptor fa3_descriptor() {
   BackendDescriptor d = *builtin_registry().find("fa3");
@@ -37,18 +35,6 @@ BackendDescriptor fa3_descriptor() {
 DeviceInfo cuda_device() {
   Result<DeviceInfo> dev = detect_cuda(0);
   return dev.is_ok() ? dev.value() : DeviceInfo{};
-}
-
-// Whether every layer of the case must run on the wgmma kernel (SM90 only).
-bool expects_wgmma(const CaseSpec& s, const DeviceInfo& dev) {
-  const bool mode_ok = s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kMixed ||
-                       s.mode == ForwardMode::kDraftExtend;
-  const bool dtype_ok =
-      (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.kv_dtype == s.q_dtype;
-  const bool dim_ok =
-      (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) && s.head_dim == s.v_head_dim;
-  return dev.compute_capability == 90 && mode_ok && dtype_ok && dim_ok && !s.mla &&
-         !s.cross_attention && s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks;
 }
 
 // The key block the wgmma kernel must have used: ATTNKIT_FA3_BLOCK_N where the run sets it to a
@@ -79,7 +65,7 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f)
   EXPECT_TRUE(cmp->passed()) << cmp->summary();
   const Fa3Stats* stats = fa3_stats(**backend);
   ASSERT_NE(stats, nullptr);
-  if (expects_wgmma(spec, cuda_device())) {
+  if (test_support::expects_sm90_wgmma_prefill(spec)) {
     EXPECT_EQ(stats->flashinfer_calls, 0) << "a wgmma case ran on the flashinfer path";
     EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(pc->layers.size()));
     EXPECT_EQ(stats->last_block_n, expected_block_n(spec));
@@ -166,66 +152,13 @@ TEST(Fa3LongTest, LargeLogitsRescaleAcrossBlocks) {
 
 // ---- CUDA graphs (decode, delegated): replay equals eager bit for bit ----
 
-std::vector<std::vector<uint8_t>> copy_outputs(const PreparedCase& pc) {
-  std::vector<std::vector<uint8_t>> h;
-  for (const harness::LayerData& ld : pc.layers) {
-    for (const TensorView* t : {&ld.out, &ld.lse}) {
-      std::vector<uint8_t> b(static_cast<size_t>(t->storage_bytes()));
-      EXPECT_TRUE(
-          copy_bytes(b.data(), Device::cpu(), t->data, t->device, t->storage_bytes()).is_ok());
-      h.push_back(std::move(b));
-    }
-  }
-  return h;
-}
-
 TEST(Fa3GraphTest, DecodeReplayIsBitIdenticalToEager) {
   const CaseSpec* spec = harness::find_case("decode_batch16_page16");
   ASSERT_NE(spec, nullptr);
   Result<PreparedCase> prepared = harness::prepare_case(*spec, Device::cuda(0));
   ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
-  PreparedCase& pc = *prepared;
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  BackendContext ctx = pc.context();
-  ctx.stream = stream;
-  pc.batch.stream = stream;
-  Result<std::unique_ptr<AttentionBackend>> made = create_fa3_backend(ctx);
-  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  AttentionBackend& backend = **made;
-  ASSERT_TRUE(harness::run_backend(backend, pc, /*save_kv=*/false).is_ok());
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  const auto eager = copy_outputs(pc);
-  for (harness::LayerData& ld : pc.layers) {
-    ASSERT_TRUE(fill_float(ld.out, kNaN).is_ok());
-    ASSERT_TRUE(fill_float(ld.lse, kNaN).is_ok());
-  }
-  const int bs = pc.batch.batch_size;
-  ASSERT_TRUE(backend.init_cuda_graph_state(bs, bs).is_ok());
-  const Status cap = backend.init_forward_metadata_capture_cuda_graph(
-      bs, bs, pc.batch.req_pool_indices, pc.batch.seq_lens, TensorView(), ForwardMode::kDecode,
-      nullptr);
-  ASSERT_TRUE(cap.is_ok()) << cap.to_string();
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  for (harness::LayerData& ld : pc.layers) {
-    const Status s = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
-                                     /*save_kv=*/false, ld.lse);
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-  }
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  const Status replay = backend.init_forward_metadata_replay_cuda_graph(
-      bs, pc.batch.req_pool_indices, pc.batch.seq_lens, pc.batch.seq_lens_sum, TensorView(),
-      ForwardMode::kDecode, nullptr, pc.batch.seq_lens_host.data());
-  ASSERT_TRUE(replay.is_ok()) << replay.to_string();
-  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  EXPECT_TRUE(copy_outputs(pc) == eager) << "graph replay differs from eager";
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  test_support::expect_graph_replay_matches_eager(*prepared, create_fa3_backend,
+                                                  ForwardMode::kDecode);
 }
 
 }  // namespace
