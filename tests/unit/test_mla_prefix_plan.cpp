@@ -157,7 +157,9 @@ TEST(MlaPrefixPlan, PlansOnlyForwardsThatCanCarryThePrefix) {
   ctx.mla_prefix_chunk_tokens = 256;
   ForwardBatch b;
   b.mode = ForwardMode::kExtend;
+  b.batch_size = 2;
   b.extend_prefix_lens_host = {10, 0};
+  b.extend_seq_lens_host = {3, 4};
   EXPECT_TRUE(MlaPrefixCacheRunner::takes(ctx, b));
   b.mode = ForwardMode::kMixed;
   EXPECT_TRUE(MlaPrefixCacheRunner::takes(ctx, b));

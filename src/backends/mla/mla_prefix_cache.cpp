@@ -87,7 +87,9 @@ bool MlaPrefixCacheRunner::takes(const BackendContext& ctx, const ForwardBatch& 
   return ctx.is_mla && ctx.mla_prefix_chunk_tokens > 0 &&
          (batch.mode == ForwardMode::kExtend || batch.mode == ForwardMode::kMixed ||
           batch.mode == ForwardMode::kDraftExtend) &&
-         !batch.extend_prefix_lens_host.empty() && batch.encoder_lens_host.empty();
+         batch.extend_prefix_lens_host.size() == static_cast<size_t>(batch.batch_size) &&
+         batch.extend_seq_lens_host.size() == static_cast<size_t>(batch.batch_size) &&
+         batch.encoder_lens_host.empty();
 }
 
 Status MlaPrefixCacheRunner::plan(const ForwardBatch& batch, StreamHandle stream) {

@@ -60,7 +60,7 @@ class MlaPrefixCacheRunner {
                              const ForwardBatch& batch);
   // Whether a forward of `batch` may carry layers with mla_prefix (an MLA context with
   // mla_prefix_chunk_tokens > 0; an extend, mixed or draft-extend batch with
-  // extend_prefix_lens_host and no encoder): then plan() prepares it.
+  // the host extend lengths and no encoder): then plan() prepares it.
   static bool takes(const BackendContext& ctx, const ForwardBatch& batch);
 
   // Once per forward (init_forward_metadata), for a batch that takes() accepts: the chunk layout,
