@@ -43,12 +43,18 @@ struct MmaExtendTile {
   static constexpr int kBlockN = kWide || kHeadDim < 96 ? 64 : 32;
   static constexpr int kSubN = kWide ? 32 : kBlockN;
   static constexpr int kStages = kWide || kHeadDim > 128 ? 2 : 3;
+  static constexpr int kQKUnroll = 1;
+  static constexpr bool kInterleavedRows = false;
+  static constexpr bool kFoldScale = false;
 };
 
 template <int kHeadDim, DType kQ, DType kKV,
           int kTileN = MmaExtendTile<kHeadDim, kQ == kKV>::kBlockN,
           int kSubTileN = MmaExtendTile<kHeadDim, kQ == kKV>::kSubN,
-          int kRingStages = MmaExtendTile<kHeadDim, kQ == kKV>::kStages>
+          int kRingStages = MmaExtendTile<kHeadDim, kQ == kKV>::kStages,
+          int kQKUnrollSteps = MmaExtendTile<kHeadDim, kQ == kKV>::kQKUnroll,
+          bool kInterleaved = MmaExtendTile<kHeadDim, kQ == kKV>::kInterleavedRows,
+          bool kFoldScale = MmaExtendTile<kHeadDim, kQ == kKV>::kFoldScale>
 struct MmaExtendTraits {
   static constexpr int kD = kHeadDim;
   static constexpr DType kQDType = kQ;
@@ -58,6 +64,17 @@ struct MmaExtendTraits {
   static constexpr int kMTiles = kD <= 128 ? 2 : 1;  // 16-row MMA tiles per warp
   static constexpr int kWarpRows = kMTiles * cuda::kMmaM;
   static constexpr int kBlockM = kWarps * kWarpRows;  // 128 query rows (d 256: 64)
+  // Rows of a warp's MMA tiles: consecutive (warp w: rows 32w .. 32w + 31) or interleaved across
+  // the block (warp w: rows 16w .. 16w + 15 and 64 + 16w .. 64 + 16w + 15), which spreads the
+  // causal diagonal's masked steps over every warp.
+  static constexpr bool kInterleavedRows = kInterleaved && kMTiles > 1;
+  static constexpr int kWarpRow0Stride = kInterleavedRows ? cuda::kMmaM : kWarpRows;
+  static constexpr int kMTileStride = kInterleavedRows ? kWarps * cuda::kMmaM : cuda::kMmaM;
+  static constexpr int kWarpSpan = (kMTiles - 1) * kMTileStride + cuda::kMmaM;  // first..last
+  static constexpr int kQKUnroll = kQKUnrollSteps;  // unroll of the QK^T loop (Q from smem)
+  // The softmax scale is applied inside the exponent (one FFMA per logit) instead of a
+  // multiplication pass over the logits, when it is positive and there is no soft-cap.
+  static constexpr bool kFoldScaleIntoExp = kFoldScale;
   static constexpr int kBlockN = kTileN;   // keys per shared-memory tile (one barrier pair)
   static constexpr int kSubN = kSubTileN;  // keys per compute step: S + O fit the 255 registers
   static constexpr int kPad = 8;           // elements: conflict-free ldmatrix rows
@@ -219,7 +236,7 @@ struct MmaExtendKernel {
   // q_lane: shared address of this lane's row of the warp's first Q fragment (see run()).
   __device__ __forceinline__ static void load_q_frag(uint32_t q_lane, int mt, int kk,
                                                      uint32_t (&a)[4]) {
-    cuda::ldmatrix_x4(a, q_lane + (mt * cuda::kMmaM * kRS + kk * cuda::kMmaK) * sizeof(T));
+    cuda::ldmatrix_x4(a, q_lane + (mt * Traits::kMTileStride * kRS + kk * cuda::kMmaK) * sizeof(T));
   }
 
   __device__ static void run(const AttentionParams& p, T* smem) {
@@ -289,7 +306,7 @@ struct MmaExtendKernel {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;
     const int t4 = lane % 4;
-    const int warp_row0 = warp * Traits::kWarpRows;  // first row of this warp within the block
+    const int warp_row0 = warp * Traits::kWarpRow0Stride;  // the warp's first row in the block
     // Shared addresses of this lane's ldmatrix row: Q (A operand: rows r + 8 (i & 1), columns
     // 8 (i >> 1)), K (B operand, two n-tiles: rows r + 8 (i >> 1), columns 8 (i & 1)) and V
     // (B operand via .trans: keys r + 8 (i & 1), columns 8 (i >> 1)), i = lane / 8, r = lane % 8.
@@ -301,17 +318,22 @@ struct MmaExtendKernel {
     const bool has_mask = p.custom_mask != nullptr;
     // Keys the warp's rows see: union [w_lo, w_hi) and intersection [w_lo_max, w_hi_min).
     const int w_first = min(m0 + warp_row0, c.num_q - 1);
-    const int w_last = min(m0 + warp_row0 + Traits::kWarpRows - 1, c.num_q - 1);
+    const int w_last = min(m0 + warp_row0 + Traits::kWarpSpan - 1, c.num_q - 1);
     const Variant wf = Variant::make(p, b, c.num_prefix, c.num_new, w_first);
     const Variant wl = Variant::make(p, b, c.num_prefix, c.num_new, w_last);
     // Union of the warp rows' ranges (empty when the warp has no row), and the intersection
     // (empty when the tile check must run per element anyway: tree mask, rows past the request).
     const bool warp_active = m0 + warp_row0 < c.num_q;
     const int w_lo = wf.lo, w_hi = warp_active ? max(wf.hi, wl.hi) : 0;
-    const bool warp_all_valid = m0 + warp_row0 + Traits::kWarpRows <= c.num_q;
+    const bool warp_all_valid = m0 + warp_row0 + Traits::kWarpSpan <= c.num_q;
     const int w_lo_max = wl.lo;
     const int w_hi_min = !has_mask && warp_all_valid ? min(wf.hi, wl.hi) : -1;
     const float scale_log2 = first.scale_log2;
+    // Scale applied in the exponent: exp2(s * sc - m) on raw logits (max taken on raw logits, so
+    // only for a positive scale); 1 when the logits are already scaled (soft-cap, other scales).
+    const bool fold_scale =
+        Traits::kFoldScaleIntoExp && p.logit_cap <= 0.f && scale_log2 > 0.f;
+    const float sc = fold_scale ? scale_log2 : 1.f;
 
     float o[kMT][Traits::kNTilesO][4];
 #pragma unroll
@@ -361,7 +383,7 @@ struct MmaExtendKernel {
           for (int n = 0; n < Traits::kNTilesS; ++n)
             s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
         const uint32_t k_lane = k_lane0 + stage * kStageBytes + sub * kSN * kRS * sizeof(T);
-#pragma unroll(Traits::kQInRegisters ? Traits::kKStepsQK : 1)
+#pragma unroll(Traits::kQInRegisters ? Traits::kKStepsQK : Traits::kQKUnroll)
         for (int kk = 0; kk < Traits::kKStepsQK; ++kk) {
           uint32_t a[kMT][4];
 #pragma unroll
@@ -395,7 +417,7 @@ struct MmaExtendKernel {
             for (int n = 0; n < Traits::kNTilesS; ++n)
 #pragma unroll
               for (int x = 0; x < 4; ++x) s[mt][n][x] = capped_logit(p, s[mt][n][x]);
-        } else {
+        } else if (!fold_scale) {
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -408,14 +430,24 @@ struct MmaExtendKernel {
 #pragma unroll
           for (int h = 0; h < 2 * kMT; ++h) {
             const int mt = h / 2;
-            const int qi = m0 + warp_row0 + mt * cuda::kMmaM + (h % 2) * 8 + g;
+            const int qi = m0 + warp_row0 + mt * Traits::kMTileStride + (h % 2) * 8 + g;
             int lo, hi;
             row_range(p, c, qi, lo, hi);
             if (qi >= c.num_q) hi = lo;  // rows past the request see nothing
+            if (!has_mask) {  // range only: branch-free selects
+#pragma unroll
+              for (int n = 0; n < Traits::kNTilesS; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  const int j = ns + n * cuda::kMmaN + 2 * t4 + e;
+                  float& v = s[mt][n][2 * (h % 2) + e];
+                  v = j >= lo && j < hi ? v : -INFINITY;
+                }
+              continue;
+            }
             // Tree mask block of the request: [num_q, total] row-major.
-            const uint8_t* mrow = has_mask ? p.custom_mask + p.mask_indptr[b] +
-                                                 static_cast<int64_t>(min(qi, c.num_q - 1)) * total
-                                           : nullptr;
+            const uint8_t* mrow =
+                p.custom_mask + p.mask_indptr[b] + static_cast<int64_t>(min(qi, c.num_q - 1)) * total;
 #pragma unroll
             for (int n = 0; n < Traits::kNTilesS; ++n)
 #pragma unroll
@@ -423,7 +455,7 @@ struct MmaExtendKernel {
                 const int x = 2 * (h % 2) + e;
                 const int j = ns + n * cuda::kMmaN + 2 * t4 + e;
                 bool ok = j >= lo && j < hi;
-                if (has_mask && ok) ok = mrow[j] != 0;
+                if (ok) ok = mrow[j] != 0;
                 if (!ok) s[mt][n][x] = -INFINITY;
               }
           }
@@ -443,7 +475,7 @@ struct MmaExtendKernel {
         for (int h = 0; h < 2 * kMT; ++h) {
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-          const float m_new = fmaxf(m_run[h], mx[h]);
+          const float m_new = fmaxf(m_run[h], mx[h] * sc);
           f[h] = exp2_fast(m_run[h] - m_new);
           grew = grew || m_new > m_run[h];
           m_run[h] = m_new;
@@ -466,7 +498,7 @@ struct MmaExtendKernel {
 #pragma unroll
             for (int x = 0; x < 4; ++x) {
               const int h = 2 * mt + x / 2;
-              const float pr = exp2_fast(s[mt][n][x] - m_run[h]);
+              const float pr = exp2_fast(fmaf(s[mt][n][x], sc, -m_run[h]));
               s[mt][n][x] = pr;
               d_run[h] += pr;  // per-thread partial sums; reduced across the quad at the end
             }
@@ -512,7 +544,7 @@ struct MmaExtendKernel {
       d += __shfl_xor_sync(0xffffffffu, d, 1);
       d += __shfl_xor_sync(0xffffffffu, d, 2);
       const Finalized fin = finalize(p, q_head, m_run[h], d);
-      const int row = m0 + warp_row0 + (h / 2) * cuda::kMmaM + (h % 2) * 8 + g;
+      const int row = m0 + warp_row0 + (h / 2) * Traits::kMTileStride + (h % 2) * 8 + g;
       if (row >= c.num_q) continue;
       T* dst_row = out + (c.q_begin + row) * p.o_stride_token + q_head * p.o_stride_head;
 #pragma unroll
