@@ -2,11 +2,14 @@
 # The triton extend A/B of issue #4 on the device, from the repository root (carry .deps, .peers):
 #   1. check.sh build (attnkit_cli, test_triton_cases, test_triton_cuda_graph) into BUILD_DIR;
 #   2. SDPA FlashAttention-2 / cuDNN peers (scripts/device/prefill_peers.py, PEERS_SHAPES);
-#   3. attnkit bench --backend triton on AB_CASES once per VARIANTS value (in that order; "-" =
-#      the variable unset, i.e. the default kernel);
+#   3. attnkit bench --backend triton on AB_CASES once per VARIANTS entry, in that order; an entry
+#      is LABEL or LABEL:VAR=VALUE (that environment variable set for the run), e.g.
+#      VARIANTS="new legacy:ATTNKIT_TRITON_EXTEND_LEGACY=1 new";
 #   4. in parallel (after the benches, so they do not disturb the timing): ctest -L gpu -R Triton
-#      (default kernel; SKIP_CTEST=1: none) and, per TEST_VARIANTS value, the extend / verify /
-#      mixed / draft cases of test_triton_cases with ATTNKIT_TRITON_EXTEND_VARIANT;
+#      (default kernel; SKIP_CTEST=1: none), per TEST_VARIANTS entry (same form) the extend /
+#      verify / mixed / draft cases of test_triton_cases, and with SM80=1 the SM80 path: a second
+#      build (ARCHS=80-virtual, BUILD_DIR80, made beside step 1) of test_triton_cases run with
+#      ATTNKIT_EMULATE_CC=80 (the driver JIT-compiles the compute_80 PTX) on SM80_FILTER;
 #   5. the table (scripts/device/triton_extend_ab.py) last.
 # VARIANTS / TEST_VARIANTS empty: that step is skipped. $OUT gets: summary.txt, ab_table.txt, bench_ab.json, prefill_peers.json,
 # logs.tar.gz.
@@ -17,7 +20,7 @@ export OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
 build="${BUILD_DIR:-$root/build-dev}"
 cases="${AB_CASES:-scripts/device/triton_extend_d128.json}"
-variants="${VARIANTS-0 1 0}"
+variants="${VARIANTS-new legacy:ATTNKIT_TRITON_EXTEND_LEGACY=1 new}"
 test_variants="${TEST_VARIANTS-}"
 logs=/tmp/ab_logs
 rm -rf "$logs" /tmp/ab_bench && mkdir -p "$logs" /tmp/ab_bench
@@ -26,10 +29,20 @@ note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 : > "$OUT/summary.txt"
 note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)  date: $(date -u +%Y-%m-%dT%H:%MZ)"
 
+build80="${BUILD_DIR80:-$root/build-dev80}"
+if [ "${SM80:-0}" = 1 ]; then  # the SM80 build goes beside the main one (CPU only, before timing)
+  OUT="$logs/sm80" STAGES=build BUILD_DIR="$build80" ARCHS=80-virtual TARGETS=test_triton_cases \
+    timeout "${BUILD_TIMEOUT:-150}" bash scripts/device/check.sh > "$logs/check_sm80.log" 2>&1 &
+  sm80_build_pid=$!
+fi
 OUT="$logs/build" STAGES=build BUILD_DIR="$build" ARCHS="${ARCHS:-90a-real}" \
   TARGETS="${TARGETS:-attnkit_cli test_triton_cases test_triton_cuda_graph}" \
   timeout "${BUILD_TIMEOUT:-150}" bash scripts/device/check.sh > "$logs/check_build.log" 2>&1
 note "build: rc=$? ($(( $(date +%s) - t_start )) s): $(grep -h 'build:' "$logs/build/summary.txt" 2>/dev/null)"
+if [ -n "${sm80_build_pid:-}" ]; then
+  wait "$sm80_build_pid"
+  note "sm80 build (80-virtual): rc=$? ($(( $(date +%s) - t_start )) s): $(grep -h 'build:' "$logs/sm80/summary.txt" 2>/dev/null)"
+fi
 
 if [ -n "${PEERS_SHAPES-4,4096,128 2,8192,128}" ]; then
   PEERS_SHAPES="${PEERS_SHAPES-4,4096,128 2,8192,128}" PYTHONUNBUFFERED=1 \
@@ -39,12 +52,13 @@ fi
 
 cli="$build/tools/attnkit/attnkit"
 i=0
+# env_of ENTRY: the VAR=VALUE part of LABEL:VAR=VALUE (ATTNKIT_NONE=1 when there is none).
+env_of() { if [[ "$1" == *:* ]]; then echo "${1#*:}"; else echo ATTNKIT_NONE=1; fi; }
 for v in $variants; do
-  [ "$v" = "-" ] && v=""
-  ATTNKIT_TRITON_EXTEND_VARIANT=$v timeout "${BENCH_TIMEOUT:-40}" "$cli" bench --device cuda \
-    --backend triton --cases "$cases" --json "/tmp/ab_bench/v${i}_${v:-default}.json" \
+  env "$(env_of "$v")" timeout "${BENCH_TIMEOUT:-40}" "$cli" bench --device cuda \
+    --backend triton --cases "$cases" --json "/tmp/ab_bench/v${i}_${v%%:*}.json" \
     >> "$logs/bench.log" 2>&1
-  note "bench variant ${v:-default} (#$i): rc=$? ($(( $(date +%s) - t_start )) s)"
+  note "bench ${v} (#$i): rc=$? ($(( $(date +%s) - t_start )) s)"
   i=$((i + 1))
 done
 
@@ -60,18 +74,24 @@ if [ "${SKIP_CTEST:-0}" != 1 ]; then
   ctest_pid=$!
 fi
 bin=$(find "$build" -name test_triton_cases -type f -perm -u+x | head -1)
+filter="${VARIANT_FILTER:-*extend*:*verify*:*mixed*:*draft*}"
 vpids=()
 for v in $test_variants; do
-  ATTNKIT_TRITON_EXTEND_VARIANT=$v timeout "${TEST_TIMEOUT:-120}" "$bin" \
-    --gtest_filter="${VARIANT_FILTER:-*extend*:*verify*:*mixed*:*draft*}" --gtest_brief=1 \
-    > "$logs/variant_$v.log" 2>&1 &
-  vpids+=("$!:$v")
+  env "$(env_of "$v")" timeout "${TEST_TIMEOUT:-120}" "$bin" --gtest_filter="$filter" \
+    --gtest_brief=1 > "$logs/variant_${v%%:*}.log" 2>&1 &
+  vpids+=("$!@${v%%:*}")
 done
+if [ "${SM80:-0}" = 1 ]; then
+  bin80=$(find "$build80" -name test_triton_cases -type f -perm -u+x | head -1)
+  ATTNKIT_EMULATE_CC=80 timeout "${SM80_TEST_TIMEOUT:-100}" "$bin80" \
+    --gtest_filter="${SM80_FILTER:-$filter}" --gtest_brief=1 > "$logs/variant_sm80.log" 2>&1 &
+  vpids+=("$!@sm80")
+fi
 for pv in "${vpids[@]}"; do
-  wait "${pv%%:*}"
+  wait "${pv%%@*}"
   rc=$?
-  v=${pv##*:}
-  note "variant $v tests: rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$logs/variant_$v.log" | tr '\n' ' ')"
+  v=${pv##*@}
+  note "tests $v: rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$logs/variant_$v.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \] ' "$logs/variant_$v.log" | head -5 | tee -a "$OUT/summary.txt"
 done
 if [ -n "${ctest_pid:-}" ]; then

@@ -12,8 +12,10 @@
 // iteration before their copies are issued (the kv_indices loads are issued before the current
 // tile's MMAs and consumed after them), so the copy issue never waits on a page-table load. S = Q
 // K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators; S stays in registers and becomes
-// the A operand of P V; exp2 with log2(e) folded into the scale; O is rescaled only when a row's
-// running max grows. A key tile may be computed in several steps of kSubN keys (MmaExtendTile).
+// the A operand of P V; exp2 with log2(e) folded into the scale (native KV: the scale is applied
+// inside the exponent, exp2(s * scale - m), by one FFMA per logit, and the max is taken on the raw
+// logits); O is rescaled only when a row's running max grows. A key tile may be computed in
+// several steps of kSubN keys; the QK^T k-loop is fully unrolled for native KV (MmaExtendTile).
 //
 // Causal work: a block's key range stops at its last row's diagonal; tiles inside every row's
 // visible range skip the per-element mask, and a warp skips a tile that none of its rows sees.
@@ -34,18 +36,23 @@
 namespace attnkit::triton {
 
 // Tile configuration of a head dim: keys per shared-memory tile (one barrier pair), keys per
-// compute step (S registers: kMTiles x kSubN / 2) and the cp.async ring depth. Measured on H200
-// (docs/perf/extend_notes.md): at d 128 with native-dtype KV, 64-key tiles computed in two 32-key
-// steps with 2 stages beat 32-key tiles with 3 stages by 8% and 64-key steps (which spill) by 3%.
+// compute step (S registers: kMTiles x kSubN / 2), the cp.async ring depth, the unroll of the
+// QK^T k-loop (when Q is re-read from shared memory) and whether the scale is folded into exp2.
+// Measured on H200 (docs/perf/extend_notes.md): at d 128 with native-dtype KV, 64-key tiles
+// computed in two 32-key steps with 2 stages beat 32-key tiles with 3 stages by 8% and 64-key steps
+// (which spill) by 3%.
 template <int kHeadDim, bool kNativeKV>
 struct MmaExtendTile {
   static constexpr bool kWide = kHeadDim == 128 && kNativeKV;
   static constexpr int kBlockN = kWide || kHeadDim < 96 ? 64 : 32;
   static constexpr int kSubN = kWide ? 32 : kBlockN;
   static constexpr int kStages = kWide || kHeadDim > 128 ? 2 : 3;
-  static constexpr int kQKUnroll = 1;
-  static constexpr bool kInterleavedRows = false;
-  static constexpr bool kFoldScale = false;
+  // Native KV: QK^T loop fully unrolled (the ldmatrix of the next k-step overlaps this one's
+  // MMAs) and the softmax scale folded into the exponent, +7% at d 128 (H200, measured in
+  // docs/perf/extend_notes.md); fp8/fp4 KV keep the rolled loop (unmeasured; the unroll adds
+  // spills there).
+  static constexpr int kQKUnroll = kNativeKV ? kHeadDim / 16 : 1;
+  static constexpr bool kFoldScale = kNativeKV;
 };
 
 template <int kHeadDim, DType kQ, DType kKV,
@@ -53,7 +60,6 @@ template <int kHeadDim, DType kQ, DType kKV,
           int kSubTileN = MmaExtendTile<kHeadDim, kQ == kKV>::kSubN,
           int kRingStages = MmaExtendTile<kHeadDim, kQ == kKV>::kStages,
           int kQKUnrollSteps = MmaExtendTile<kHeadDim, kQ == kKV>::kQKUnroll,
-          bool kInterleaved = MmaExtendTile<kHeadDim, kQ == kKV>::kInterleavedRows,
           bool kFoldScale = MmaExtendTile<kHeadDim, kQ == kKV>::kFoldScale>
 struct MmaExtendTraits {
   static constexpr int kD = kHeadDim;
@@ -64,14 +70,7 @@ struct MmaExtendTraits {
   static constexpr int kMTiles = kD <= 128 ? 2 : 1;  // 16-row MMA tiles per warp
   static constexpr int kWarpRows = kMTiles * cuda::kMmaM;
   static constexpr int kBlockM = kWarps * kWarpRows;  // 128 query rows (d 256: 64)
-  // Rows of a warp's MMA tiles: consecutive (warp w: rows 32w .. 32w + 31) or interleaved across
-  // the block (warp w: rows 16w .. 16w + 15 and 64 + 16w .. 64 + 16w + 15), which spreads the
-  // causal diagonal's masked steps over every warp.
-  static constexpr bool kInterleavedRows = kInterleaved && kMTiles > 1;
-  static constexpr int kWarpRow0Stride = kInterleavedRows ? cuda::kMmaM : kWarpRows;
-  static constexpr int kMTileStride = kInterleavedRows ? kWarps * cuda::kMmaM : cuda::kMmaM;
-  static constexpr int kWarpSpan = (kMTiles - 1) * kMTileStride + cuda::kMmaM;  // first..last
-  static constexpr int kQKUnroll = kQKUnrollSteps;  // unroll of the QK^T loop (Q from smem)
+  static constexpr int kQKUnroll = kQKUnrollSteps;    // unroll of the QK^T loop (Q from smem)
   // The softmax scale is applied inside the exponent (one FFMA per logit) instead of a
   // multiplication pass over the logits, when it is positive and there is no soft-cap.
   static constexpr bool kFoldScaleIntoExp = kFoldScale;
@@ -236,7 +235,7 @@ struct MmaExtendKernel {
   // q_lane: shared address of this lane's row of the warp's first Q fragment (see run()).
   __device__ __forceinline__ static void load_q_frag(uint32_t q_lane, int mt, int kk,
                                                      uint32_t (&a)[4]) {
-    cuda::ldmatrix_x4(a, q_lane + (mt * Traits::kMTileStride * kRS + kk * cuda::kMmaK) * sizeof(T));
+    cuda::ldmatrix_x4(a, q_lane + (mt * cuda::kMmaM * kRS + kk * cuda::kMmaK) * sizeof(T));
   }
 
   __device__ static void run(const AttentionParams& p, T* smem) {
@@ -306,7 +305,7 @@ struct MmaExtendKernel {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;
     const int t4 = lane % 4;
-    const int warp_row0 = warp * Traits::kWarpRow0Stride;  // the warp's first row in the block
+    const int warp_row0 = warp * Traits::kWarpRows;  // first row of this warp within the block
     // Shared addresses of this lane's ldmatrix row: Q (A operand: rows r + 8 (i & 1), columns
     // 8 (i >> 1)), K (B operand, two n-tiles: rows r + 8 (i >> 1), columns 8 (i & 1)) and V
     // (B operand via .trans: keys r + 8 (i & 1), columns 8 (i >> 1)), i = lane / 8, r = lane % 8.
@@ -318,21 +317,20 @@ struct MmaExtendKernel {
     const bool has_mask = p.custom_mask != nullptr;
     // Keys the warp's rows see: union [w_lo, w_hi) and intersection [w_lo_max, w_hi_min).
     const int w_first = min(m0 + warp_row0, c.num_q - 1);
-    const int w_last = min(m0 + warp_row0 + Traits::kWarpSpan - 1, c.num_q - 1);
+    const int w_last = min(m0 + warp_row0 + Traits::kWarpRows - 1, c.num_q - 1);
     const Variant wf = Variant::make(p, b, c.num_prefix, c.num_new, w_first);
     const Variant wl = Variant::make(p, b, c.num_prefix, c.num_new, w_last);
     // Union of the warp rows' ranges (empty when the warp has no row), and the intersection
     // (empty when the tile check must run per element anyway: tree mask, rows past the request).
     const bool warp_active = m0 + warp_row0 < c.num_q;
     const int w_lo = wf.lo, w_hi = warp_active ? max(wf.hi, wl.hi) : 0;
-    const bool warp_all_valid = m0 + warp_row0 + Traits::kWarpSpan <= c.num_q;
+    const bool warp_all_valid = m0 + warp_row0 + Traits::kWarpRows <= c.num_q;
     const int w_lo_max = wl.lo;
     const int w_hi_min = !has_mask && warp_all_valid ? min(wf.hi, wl.hi) : -1;
     const float scale_log2 = first.scale_log2;
     // Scale applied in the exponent: exp2(s * sc - m) on raw logits (max taken on raw logits, so
     // only for a positive scale); 1 when the logits are already scaled (soft-cap, other scales).
-    const bool fold_scale =
-        Traits::kFoldScaleIntoExp && p.logit_cap <= 0.f && scale_log2 > 0.f;
+    const bool fold_scale = Traits::kFoldScaleIntoExp && p.logit_cap <= 0.f && scale_log2 > 0.f;
     const float sc = fold_scale ? scale_log2 : 1.f;
 
     float o[kMT][Traits::kNTilesO][4];
@@ -430,11 +428,11 @@ struct MmaExtendKernel {
 #pragma unroll
           for (int h = 0; h < 2 * kMT; ++h) {
             const int mt = h / 2;
-            const int qi = m0 + warp_row0 + mt * Traits::kMTileStride + (h % 2) * 8 + g;
+            const int qi = m0 + warp_row0 + mt * cuda::kMmaM + (h % 2) * 8 + g;
             int lo, hi;
             row_range(p, c, qi, lo, hi);
             if (qi >= c.num_q) hi = lo;  // rows past the request see nothing
-            if (!has_mask) {  // range only: branch-free selects
+            if (!has_mask) {             // range only: branch-free selects
 #pragma unroll
               for (int n = 0; n < Traits::kNTilesS; ++n)
 #pragma unroll
@@ -446,8 +444,8 @@ struct MmaExtendKernel {
               continue;
             }
             // Tree mask block of the request: [num_q, total] row-major.
-            const uint8_t* mrow =
-                p.custom_mask + p.mask_indptr[b] + static_cast<int64_t>(min(qi, c.num_q - 1)) * total;
+            const uint8_t* mrow = p.custom_mask + p.mask_indptr[b] +
+                                  static_cast<int64_t>(min(qi, c.num_q - 1)) * total;
 #pragma unroll
             for (int n = 0; n < Traits::kNTilesS; ++n)
 #pragma unroll
@@ -544,7 +542,7 @@ struct MmaExtendKernel {
       d += __shfl_xor_sync(0xffffffffu, d, 1);
       d += __shfl_xor_sync(0xffffffffu, d, 2);
       const Finalized fin = finalize(p, q_head, m_run[h], d);
-      const int row = m0 + warp_row0 + (h / 2) * Traits::kMTileStride + (h % 2) * 8 + g;
+      const int row = m0 + warp_row0 + (h / 2) * cuda::kMmaM + (h % 2) * 8 + g;
       if (row >= c.num_q) continue;
       T* dst_row = out + (c.q_begin + row) * p.o_stride_token + q_head * p.o_stride_head;
 #pragma unroll

@@ -41,40 +41,24 @@ Status launch_mma_extend_traits(const AttentionParams& p, int max_q_len, StreamH
   return Status::ok();
 }
 
-// EXPERIMENT (device run A/B, removed once a default is chosen): ATTNKIT_TRITON_EXTEND_VARIANT
-// picks the d-128 native-KV shape: tile, step, stages, QK unroll, interleaved rows, scale folded.
-inline int extend_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("ATTNKIT_TRITON_EXTEND_VARIANT");
-    return e != nullptr ? std::atoi(e) : 0;
+// A/B knob (read once): ATTNKIT_TRITON_EXTEND_LEGACY=1 runs the native-KV kernels as before the
+// QK^T unroll and the folded scale (QK^T loop not unrolled, scale multiplied into the logits).
+inline bool extend_legacy() {
+  static const bool legacy = [] {
+    const char* e = std::getenv("ATTNKIT_TRITON_EXTEND_LEGACY");
+    return e != nullptr && std::string(e) == "1";
   }();
-  return v;
+  return legacy;
 }
 
 template <int kD, DType kQ, DType kKV>
 Status launch_mma_extend(const AttentionParams& p, int max_q_len, StreamHandle stream) {
-  if constexpr (kD == 128 && kQ == kKV) {
-    switch (extend_variant()) {
-      case 1:
-        return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV, 64, 32, 2, 8, false, true>>(p, max_q_len,
-                                                                                stream);
-      case 2:
-        return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV, 64, 32, 2, 8, true, true>>(p, max_q_len,
-                                                                                stream);
-      case 3:
-        return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV, 64, 64, 2, 8, false, true>>(p, max_q_len,
-                                                                                stream);
-      case 4:
-        return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV, 64, 64, 2, 8, true, true>>(p, max_q_len,
-                                                                                stream);
-      case 5:
-        return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV, 64, 32, 2, 8, false, false>>(p, max_q_len,
-                                                                                stream);
-      case 6:
-        return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV, 64, 32, 2, 1, false, true>>(p, max_q_len,
-                                                                                stream);
-      default:
-        break;
+  if constexpr (kQ == kKV) {
+    using Tile = MmaExtendTile<kD, true>;
+    if (extend_legacy()) {
+      return launch_mma_extend_traits<
+          MmaExtendTraits<kD, kQ, kKV, Tile::kBlockN, Tile::kSubN, Tile::kStages, 1, false>>(
+          p, max_q_len, stream);
     }
   }
   return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV>>(p, max_q_len, stream);
