@@ -48,9 +48,9 @@ struct MmaExtendTile {
   static constexpr int kSubN = kWide ? 32 : kBlockN;
   static constexpr int kStages = kWide || kHeadDim > 128 ? 2 : 3;
   // Native KV: QK^T loop fully unrolled (the ldmatrix of the next k-step overlaps this one's
-  // MMAs) and the softmax scale folded into the exponent, +7% at d 128 (H200, measured in
-  // docs/perf/extend_notes.md); fp8/fp4 KV keep the rolled loop (unmeasured; the unroll adds
-  // spills there).
+  // MMAs) and the softmax scale folded into the exponent: causal prefill +7-8% at d 128, +12% at
+  // d 256, +2% at d 64 (H200, docs/perf/extend_notes.md, Session 4); fp8/fp4 KV keep the rolled
+  // loop and the multiplied scale (not measured; the unroll adds spills at some of them).
   static constexpr int kQKUnroll = kNativeKV ? kHeadDim / 16 : 1;
   static constexpr bool kFoldScale = kNativeKV;
 };
