@@ -102,8 +102,8 @@ struct Fa3Params {
   float* lse = nullptr;  // [T, Hq] f32 natural-log LSE; nullptr = not requested
   int64_t lse_stride_token = 0, lse_stride_head = 0;
 
-  const void* k_pool = nullptr;  // [rows, Hkv, D] q dtype
-  const void* v_pool = nullptr;  // [rows, Hkv, D] q dtype
+  const void* k_pool = nullptr;  // [rows, Hkv, D] q dtype (FP8 kernel: e4m3)
+  const void* v_pool = nullptr;  // [rows, Hkv, D] q dtype (FP8 kernel: e4m3)
   int64_t k_stride_row = 0, k_stride_head = 0;
   int64_t v_stride_row = 0, v_stride_head = 0;
 
@@ -126,6 +126,9 @@ struct Fa3Params {
   // maximum is raised only when it grows by more than 8 (log2), and O *= corr is skipped when no
   // row of the warp changed it.
   int lazy_rescale = 0;
+  // FP8 kernel (prefill_sm90_fp8.cuh) only: the pool holds e4m3 rows (x / scale); k_scale is
+  // folded into scale_log2 on the host, v_scale multiplies O in the epilogue.
+  float v_scale = 1.f;
 };
 
 }  // namespace attnkit::fa3
