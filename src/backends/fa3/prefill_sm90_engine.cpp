@@ -71,15 +71,16 @@ bool encode_pool_map(const TensorView& buf, DType dtype, int box_rows, TmaDesc* 
   if (encode == nullptr) return false;
   static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc), "TMA descriptor size");
   const bool fp8 = dtype == DType::kFP8E4M3;
-  const int kElem = fp8 ? 1 : 2;
-  const int kBoxCols = 128 / kElem;
+  const int elem = fp8 ? 1 : 2;
+  const int box_cols = 128 / elem;
   CUtensorMap map;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(buf.size(2)),
                               static_cast<cuuint64_t>(buf.size(1)),
                               static_cast<cuuint64_t>(buf.size(0))};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(buf.stride(1) * kElem),
-                                 static_cast<cuuint64_t>(buf.stride(0) * kElem)};
-  const cuuint32_t box[3] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(buf.stride(1) * elem),
+                                 static_cast<cuuint64_t>(buf.stride(0) * elem)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_cols), 1,
+                             static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   const CUresult r = encode(&map,
                             fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
@@ -135,8 +136,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->fence_tma_ = env_on("ATTNKIT_FA3_FENCE_TMA");
   e->overlap_ = env_on("ATTNKIT_FA3_OVERLAP");
   e->zigzag_ = env_on("ATTNKIT_FA3_SCHED");
-  const char* lazy = std::getenv("ATTNKIT_FA3_LAZY_RESCALE");
-  e->lazy_rescale_ = lazy != nullptr && std::string(lazy) == "1";
+  e->lazy_rescale_ = env_on("ATTNKIT_FA3_LAZY_RESCALE");  // on unless "0"
   const char* block_n = std::getenv("ATTNKIT_FA3_BLOCK_N");
   const int want = block_n != nullptr ? std::atoi(block_n) : 0;
   e->block_n_ = block_n_supported(ctx.qk_head_dim, want) ? want : default_block_n(ctx.qk_head_dim);
