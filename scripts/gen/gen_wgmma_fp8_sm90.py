@@ -4,6 +4,7 @@ f32 accumulators for e4m3 x e4m3 operands (both K-major: 8-bit wgmma has no tran
 shared memory (SS) or from registers (RS).
 
   python3 scripts/gen/gen_wgmma_fp8_sm90.py > src/cuda/sm90/wgmma_fp8_sm90.cuh
+  scripts/format.sh   # the checked-in header is clang-formatted
 """
 
 SS_N = (128,)  # QK^T: N = key block

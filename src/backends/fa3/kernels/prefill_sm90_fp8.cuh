@@ -17,6 +17,7 @@
 //     registers become the 8-bit A fragment by plain e4m3 packing, without shuffles.
 //   * P: e4m3 (satfinite) in [0, 1] (<= 2^8 with lazy rescale); the row sum l stays f32.
 //   * Epilogue: O * v_scale / l.
+//   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax, 4 no V transpose.
 //
 // Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
 //   Q bf16 [128 x 128] | Q e4m3 [128 x 128] | K [3][128 x 128] | V [3] | V^T [3] | q scales [128]
@@ -148,8 +149,10 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
   auto transpose = [&](int itp) {
     const int stage = itp % Tr::kStages;
     mbar_wait(fp8_bar(bars, stage, 1), (itp / Tr::kStages) & 1);
-    fp8_transpose_v(smem + Tr::kVOffset + stage * Tr::kKVBytes,
-                    smem + Tr::kVtOffset + stage * Tr::kKVBytes, tid);
+    if ((p.diag & 4) == 0) {  // diag bit 4: no transpose (timing only, wrong results)
+      fp8_transpose_v(smem + Tr::kVOffset + stage * Tr::kKVBytes,
+                      smem + Tr::kVtOffset + stage * Tr::kKVBytes, tid);
+    }
     fence_proxy_async();  // generic st.shared -> the consumers' wgmma reads
     mbar_arrive(fp8_bar(bars, stage, 2));
   };
@@ -197,7 +200,10 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
       mbar_wait(fp8_bar(bars, stage, 3), phase ^ 1);
       const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
       const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
-      if (block_uses_tma<Tr>(p, t, nb)) {
+      if (p.diag & 1) {  // diagnostics: no loads (timing only, wrong results)
+        mbar_arrive(fp8_bar(bars, stage, 0));
+        mbar_arrive(fp8_bar(bars, stage, 1));
+      } else if (block_uses_tma<Tr>(p, t, nb)) {
 #pragma unroll
         for (int kv = 0; kv < 2; ++kv) {
           const uint32_t tile = kv == 0 ? sK : sV;
