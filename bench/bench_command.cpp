@@ -193,7 +193,10 @@ void bench_main(const BenchArgs& args) {
   run.ceilings.push_back(*copy);
   // Kept for the paired rounds of the memory-bound cases (allocated once, first-touched here).
   std::optional<bench::CpuCopyProbe> probe;
-  if (settings.paired_rounds > 0) {
+  const bool any_memory_bound =
+      std::any_of(cases.begin(), cases.end(),
+                  [](const bench::BenchCase& c) { return bench::is_memory_bound(c); });
+  if (settings.paired_rounds > 0 && any_memory_bound) {
     Result<bench::CpuCopyProbe> created = bench::CpuCopyProbe::create(cpu_copy_bytes());
     if (!created) cli_fail("paired copy probe: " + created.status().to_string());
     probe.emplace(std::move(*created));
