@@ -47,9 +47,14 @@ struct MlaWgmmaTraits {
   static constexpr int kPage = kPage_;
   static constexpr int kRows = 64;
   static constexpr int kThreads = 384;
-  static constexpr int kProducerRegs = 48;
+  static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
-  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "one CTA per SM");
+  // The CTA starts with kEntryRegs per thread (65536 / 384 rounded down to a multiple of 8) and
+  // setmaxnreg only moves registers between warpgroups: a consumer's setmaxnreg.inc waits until
+  // the producer's dec has freed enough (with a producer of 48 it waits forever).
+  static constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;  // 168
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kEntryRegs,
+                "setmaxnreg budget of one CTA per SM");
   static constexpr int kChunks = kRowDim / 8;               // 16-byte chunks of a bf16 row (72)
   static constexpr int kKSteps = kRowDim / 16;              // 36
   static constexpr int kTileBytes = kBlockN * kRowDim * 2;  // 73728
