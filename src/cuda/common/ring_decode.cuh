@@ -43,8 +43,14 @@ inline constexpr int kCtaSmemBudget = 110 * 1024;
 inline constexpr int kCtasPerSm = 2;
 inline constexpr int kMaxStages = 8;
 
-template <int kHeadDim_, typename QT_, DType kKvDType_>
+// kWarps_ / kCtaSmemBudget_ / kCtasPerSm_: the CTA shape (defaults: the 2 CTAs of 4 warps above;
+// a backend may instead run one CTA of 8 warps per SM90 multiprocessor, same rings, fewer CTAs).
+template <int kHeadDim_, typename QT_, DType kKvDType_, int kWarps_ = kWarps,
+          int kCtaSmemBudget_ = kCtaSmemBudget, int kCtasPerSm_ = kCtasPerSm>
 struct Traits {
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kCtaSmemBudget = kCtaSmemBudget_;
+  static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kHeadDim = kHeadDim_;
   using QT = QT_;  // __nv_bfloat16 or __half: activations and MMA operands
   static constexpr DType kQDType = std::is_same_v<QT, __half> ? DType::kF16 : DType::kBF16;
@@ -166,14 +172,14 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   const int kv_end = w.kv_end;
 
   const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kKeys - 1) / kKeys : 0;
-  const int my_tiles = num_tiles > warp ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
+  const int my_tiles = num_tiles > warp ? (num_tiles - warp + Tr::kWarps - 1) / Tr::kWarps : 0;
 
   // Slot words of local tile i (lanes 0-15, key tile_key0(i) + lane) -> slots[i % (2 kS)],
   // fetched with cp.async kS tiles before the tile's data is issued: no warp ever waits on a
   // page-table / index load (a dependent load per tile would cost one loaded memory round trip
   // per tile).
   int32_t* slots = reinterpret_cast<int32_t*>(ring + kS * Tr::kStageBytes);  // [2 kS][kKeys]
-  const auto tile_key0 = [&](int i) { return kv_begin + (warp + i * kWarps) * kKeys; };
+  const auto tile_key0 = [&](int i) { return kv_begin + (warp + i * Tr::kWarps) * kKeys; };
   const auto fetch_slots = [&](int i) {
     const int key = tile_key0(i) + lane;
     if (lane < kKeys && key < kv_end) {
@@ -273,7 +279,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     const uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
     const uint8_t* sk = stage;
     const uint8_t* sv = stage + kKeys * Tr::kRawRowBytes;
-    const int key0 = kv_begin + (warp + i * kWarps) * kKeys;
+    const int key0 = kv_begin + (warp + i * Tr::kWarps) * kKeys;
 
     // S = Q K^T over the tile's 16 keys (two n-tiles of 8). Even and odd k-steps accumulate
     // into separate registers (s, s2), summed after the loop: the dependent MMA chain of each
@@ -435,9 +441,9 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   __syncthreads();  // the rings become the epilogue region
 
   // Epilogue 1: every warp's (m, d, O) to shared memory.
-  float* epi_o = reinterpret_cast<float*>(main);         // [kWarps, kRows, kHeadDim]
-  float* epi_m = epi_o + kWarps * kRows * Tr::kHeadDim;  // [kWarps, kRows]
-  float* epi_d = epi_m + kWarps * kRows;                 // [kWarps, kRows]
+  float* epi_o = reinterpret_cast<float*>(main);             // [Tr::kWarps, kRows, kHeadDim]
+  float* epi_m = epi_o + Tr::kWarps * kRows * Tr::kHeadDim;  // [Tr::kWarps, kRows]
+  float* epi_d = epi_m + Tr::kWarps * kRows;                 // [Tr::kWarps, kRows]
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
@@ -471,11 +477,11 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     const int col = (c % kVecsPerRow) * 8;
     float mx = kNoKeyMax;
 #pragma unroll
-    for (int x = 0; x < kWarps; ++x) mx = fmaxf(mx, epi_m[x * kRows + r]);
+    for (int x = 0; x < Tr::kWarps; ++x) mx = fmaxf(mx, epi_m[x * kRows + r]);
     float dsum = 0.f;
     float acc[8] = {};
 #pragma unroll
-    for (int x = 0; x < kWarps; ++x) {
+    for (int x = 0; x < Tr::kWarps; ++x) {
       const float f = exp2f(epi_m[x * kRows + r] - mx);
       dsum += epi_d[x * kRows + r] * f;
       const float4* src =

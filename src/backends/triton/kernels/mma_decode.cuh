@@ -27,6 +27,66 @@ namespace attnkit::triton {
 
 static_assert(kMmaDecodeGroupTile == cuda::ring::kRows, "the host plans the ring core's tile");
 
+// The fused split-KV merge of one head block (q heads head0 .. head0 + rows - 1 of decode token
+// `token`), by every thread of the CTA that counted itself last; `scratch`: the CTA's shared
+// memory (free after attend), >= (num_splits + 2) * kRows floats. Three dependent steps instead of
+// one L2 round trip per few splits per thread: (1) every partial LSE of the block to shared memory
+// (all loads in flight at once), (2) per row the max, the weights 2^(lse - max) (0 for a split
+// that saw no key) and their sum, (3) per (row, 4 columns) the weighted sum of the partials (read
+// with ld.global.cg: written by other CTAs of this launch), 8 loads in flight per thread.
+template <typename Tr>
+__device__ __forceinline__ void merge_head_block(const AttentionParams& p, int token, int head0,
+                                                 int rows, int num_splits, float* scratch) {
+  using QT = typename Tr::QT;
+  constexpr int kR = cuda::ring::kRows;
+  float* wgt = scratch;                      // [num_splits][kR]: LSE, then weight
+  float* row_m = scratch + num_splits * kR;  // [kR]
+  float* row_d = row_m + kR;                 // [kR]
+  const int64_t split_stride = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+  const int64_t th0 = static_cast<int64_t>(token) * p.num_q_heads + head0;
+  for (int i = threadIdx.x; i < num_splits * kR; i += Tr::kThreads) {
+    const int r = i % kR;
+    wgt[i] = r < rows ? __ldcg(p.partial_lse + (i / kR) * split_stride + th0 + r) : -INFINITY;
+  }
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    const int r = threadIdx.x;
+    float m = cuda::kNoKeyMax;
+    for (int s = 0; s < num_splits; ++s) m = fmaxf(m, wgt[s * kR + r]);
+    float d = 0.f;
+    for (int s = 0; s < num_splits; ++s) {
+      const float lse = wgt[s * kR + r];
+      const float x = lse == -INFINITY ? 0.f : exp2f(lse - m);
+      wgt[s * kR + r] = x;
+      d += x;
+    }
+    row_m[r] = m;
+    row_d[r] = d;
+  }
+  __syncthreads();
+  constexpr int kVec4 = Tr::kHeadDim / 4;
+  for (int c = threadIdx.x; c < rows * kVec4; c += Tr::kThreads) {
+    const int r = c / kVec4;
+    const int col = (c % kVec4) * 4;
+    const float* src = p.partial_out + (th0 + r) * Tr::kHeadDim + col;
+    const int64_t step = split_stride * Tr::kHeadDim;
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < num_splits; ++s) {
+      const float x = wgt[s * kR + r];
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(src + s * step));
+      a0 += x * v.x, a1 += x * v.y, a2 += x * v.z, a3 += x * v.w;
+    }
+    const int qh = head0 + r;
+    const Finalized f = finalize(p, qh, row_m[r], row_d[r]);
+    const uint2 packed = make_uint2(cuda::pack2<QT>(a0 * f.inv, a1 * f.inv),
+                                    cuda::pack2<QT>(a2 * f.inv, a3 * f.inv));
+    *reinterpret_cast<uint2*>(static_cast<QT*>(p.out) + token * p.o_stride_token +
+                              qh * p.o_stride_head + col) = packed;
+    if (col == 0 && p.lse != nullptr) p.lse[token * p.lse_stride_token + qh] = f.lse;
+  }
+}
+
 // grid: (num_kv_heads * group_tiles, grid_splits, T) block: (Tr::kThreads); smem Tr::kSmemBytes.
 // The kv heads of one (request, split) are adjacent in launch order, so they stream the same pool
 // rows (one slot holds all heads) at about the same time.
@@ -94,18 +154,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   // Fused merge: the last of the request's split CTAs of this head block merges the partials.
   int* counter = p.split_counters + static_cast<int64_t>(token) * gridDim.x + blockIdx.x;
   if (!cuda::ring::last_split_cta(counter, num_splits)) return;
-  constexpr int kVecs = Tr::kHeadDim / 8;
-  for (int c = threadIdx.x; c < w.rows * kVecs; c += Tr::kThreads) {
-    merge_split_columns<Tr::kHeadDim, Tr::kQDType>(p, token, head0 + c / kVecs, (c % kVecs) * 8,
-                                                   num_splits);
-  }
+  merge_head_block<Tr>(p, token, head0, w.rows, num_splits, reinterpret_cast<float*>(smem));
 }
 
 // p.split_counters: [T, num_kv_heads * ceil(group / 16)] zeros when p.max_splits > 1.
-template <int kD, DType kQ, DType kKV>
-Status launch_mma_decode(AttentionParams p, int grid_splits, StreamHandle stream) {
-  using QT = typename cuda::ActivationType<kQ>::type;
-  using Tr = cuda::ring::Traits<kD, QT, kKV>;
+template <typename Tr>
+Status launch_ring_decode(AttentionParams p, int grid_splits, StreamHandle stream) {
   static const cudaError_t attr = [] {
     cudaError_t e = cudaFuncSetAttribute(
         mma_decode_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
@@ -126,16 +180,37 @@ Status launch_mma_decode(AttentionParams p, int grid_splits, StreamHandle stream
   return Status::ok();
 }
 
+// The CTA shape (MmaDecodeRing): the one-CTA shapes for pools of the activation dtype at head dims
+// <= kMmaDecodeOneCtaMaxDim (1x4 at d 128 only: an experiment), else 2 CTAs of 4 warps.
+template <int kD, DType kQ, DType kKV>
+Status launch_mma_decode(const AttentionParams& p, int grid_splits, MmaDecodeRing ring,
+                         StreamHandle stream) {
+  using QT = typename cuda::ActivationType<kQ>::type;
+  if constexpr (kKV == kQ && kD <= kMmaDecodeOneCtaMaxDim) {
+    if (ring == MmaDecodeRing::k1x8) {
+      return launch_ring_decode<cuda::ring::Traits<kD, QT, kKV, 8, kMmaDecodeOneCtaSmem, 1>>(
+          p, grid_splits, stream);
+    }
+    if constexpr (kD == 128) {
+      if (ring == MmaDecodeRing::k1x4) {
+        return launch_ring_decode<cuda::ring::Traits<kD, QT, kKV, 4, kMmaDecodeOneCtaSmem, 1>>(
+            p, grid_splits, stream);
+      }
+    }
+  }
+  return launch_ring_decode<cuda::ring::Traits<kD, QT, kKV>>(p, grid_splits, stream);
+}
+
 template <int kD, DType kQ>
 Status launch_mma_decode_kv(const AttentionParams& p, DType kv_dtype, int grid_splits,
-                            StreamHandle stream) {
+                            MmaDecodeRing ring, StreamHandle stream) {
   switch (kv_dtype) {
     case kQ:
-      return launch_mma_decode<kD, kQ, kQ>(p, grid_splits, stream);
+      return launch_mma_decode<kD, kQ, kQ>(p, grid_splits, ring, stream);
     case DType::kFP8E4M3:
-      return launch_mma_decode<kD, kQ, DType::kFP8E4M3>(p, grid_splits, stream);
+      return launch_mma_decode<kD, kQ, DType::kFP8E4M3>(p, grid_splits, ring, stream);
     case DType::kFP8E5M2:
-      return launch_mma_decode<kD, kQ, DType::kFP8E5M2>(p, grid_splits, stream);
+      return launch_mma_decode<kD, kQ, DType::kFP8E5M2>(p, grid_splits, ring, stream);
     default:
       return Status::unsupported(std::string("triton: the tensor-core decode takes a KV pool of ") +
                                  dtype_name(kQ) + ", fp8_e4m3 or fp8_e5m2, not " +
@@ -145,12 +220,12 @@ Status launch_mma_decode_kv(const AttentionParams& p, DType kv_dtype, int grid_s
 
 template <int kD>
 Status run_mma_decode(AttentionParams p, DType q_dtype, DType kv_dtype, int grid_splits,
-                      StreamHandle stream) {
+                      MmaDecodeRing ring, StreamHandle stream) {
   switch (q_dtype) {
     case DType::kBF16:
-      return launch_mma_decode_kv<kD, DType::kBF16>(p, kv_dtype, grid_splits, stream);
+      return launch_mma_decode_kv<kD, DType::kBF16>(p, kv_dtype, grid_splits, ring, stream);
     case DType::kF16:
-      return launch_mma_decode_kv<kD, DType::kF16>(p, kv_dtype, grid_splits, stream);
+      return launch_mma_decode_kv<kD, DType::kF16>(p, kv_dtype, grid_splits, ring, stream);
     default:
       return Status::unsupported(
           std::string("triton: the tensor-core decode takes bf16/f16, not ") + dtype_name(q_dtype));
