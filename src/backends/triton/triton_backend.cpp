@@ -87,6 +87,8 @@ class TritonBackend final : public AttentionBackend {
     max_splits_ = triton::plan_max_splits(sm_count_, head_blocks_, blocks_per_sm_);
     const char* rule = std::getenv("ATTNKIT_TRITON_SPLIT");  // experiment: "request" = old rule
     batch_chunk_ = rule == nullptr || std::string(rule) != "request";
+    const char* sync = std::getenv("ATTNKIT_TRITON_SPLIT_SYNC");  // experiment (attention_params.h)
+    split_sync_fence_all_ = sync != nullptr && std::string(sync) == "fence_all";
     mma_head_blocks_ = std::max(1, ctx.num_kv_heads) *
                        ((group + triton::kMmaDecodeGroupTile - 1) / triton::kMmaDecodeGroupTile);
   }
@@ -166,6 +168,7 @@ class TritonBackend final : public AttentionBackend {
   int max_splits_ = 1;
   int blocks_per_sm_ = triton::kTargetBlocksPerSm;
   triton::MmaDecodeRing ring_ = triton::MmaDecodeRing::k2x4;
+  bool split_sync_fence_all_ = false;  // ATTNKIT_TRITON_SPLIT_SYNC=fence_all (experiment)
   bool batch_chunk_ = true;  // per-forward chunk floor (split_plan.h); false: kMinChunk always
   Plan plan_;
 
@@ -448,6 +451,7 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     p.partial_out = plan_.partial_out;
     p.partial_lse = plan_.partial_lse;
     p.split_counters = plan_.split_counters;
+    p.split_sync_fence_all = split_sync_fence_all_ ? 1 : 0;
     if (plan_.grid_splits <= 1) p.max_splits = 1;
   }
 

@@ -449,6 +449,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
     d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
     const int r = g + h * 8;
+    if (r >= w.rows) continue;  // padding rows: epilogue 2 reads rows < w.rows only
     float* orow = epi_o + (warp * kRows + r) * Tr::kHeadDim;
     if constexpr (Tr::kQuant) {  // chunk c: columns 16c + 4t + {0, 1, 2, 3} = even, odd, even, odd
 #pragma unroll

@@ -27,58 +27,80 @@ namespace attnkit::triton {
 
 static_assert(kMmaDecodeGroupTile == cuda::ring::kRows, "the host plans the ring core's tile");
 
+// True in the split CTA that counts itself last of num_splits on `counter` (and resets it to 0 for
+// the next launch). Every thread's partial stores come before the CTA barrier; thread 0's
+// acq_rel atomic then releases them at GPU scope and acquires the other CTAs' (the barrier after it
+// orders this CTA's merge loads behind it): one fence-free atomic by one thread instead of a
+// sequentially consistent fence by every thread before it and another after (the release/acquire
+// pattern of CUTLASS's generic barrier).
+__device__ __forceinline__ bool last_split_cta_acq_rel(int* counter, int num_splits) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int prev = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n"
+                 : "=r"(prev)
+                 : "l"(counter)
+                 : "memory");
+#endif
+    last = prev == num_splits - 1;
+    if (last) *counter = 0;
+  }
+  __syncthreads();
+  return last != 0;
+}
+
 // The fused split-KV merge of one head block (q heads head0 .. head0 + rows - 1 of decode token
-// `token`), by every thread of the CTA that counted itself last; `scratch`: the CTA's shared
-// memory (free after attend), >= (num_splits + 2) * kRows floats. Three dependent steps instead of
-// one L2 round trip per few splits per thread: (1) every partial LSE of the block to shared memory
-// (all loads in flight at once), (2) per row the max, the weights 2^(lse - max) (0 for a split
-// that saw no key) and their sum, (3) per (row, 4 columns) the weighted sum of the partials (read
-// with ld.global.cg: written by other CTAs of this launch), 8 loads in flight per thread.
+// `token`), by every thread of the CTA that counted itself last. One thread per (row, 4 columns)
+// loads the row's partial LSEs and its 4 columns of up to 16 partials at once (ld.global.cg:
+// written by other CTAs of this launch), then merges them online (max, weights 2^(lse - max), 0 for
+// a split that saw no key): one L2 round trip per 16 splits, where a per-thread loop with a max
+// pass of its own made one per 4.
 template <typename Tr>
 __device__ __forceinline__ void merge_head_block(const AttentionParams& p, int token, int head0,
-                                                 int rows, int num_splits, float* scratch) {
+                                                 int rows, int num_splits) {
   using QT = typename Tr::QT;
-  constexpr int kR = cuda::ring::kRows;
-  float* wgt = scratch;                      // [num_splits][kR]: LSE, then weight
-  float* row_m = scratch + num_splits * kR;  // [kR]
-  float* row_d = row_m + kR;                 // [kR]
+  constexpr int kBatch = 16;
+  constexpr int kVec4 = Tr::kHeadDim / 4;
   const int64_t split_stride = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
   const int64_t th0 = static_cast<int64_t>(token) * p.num_q_heads + head0;
-  for (int i = threadIdx.x; i < num_splits * kR; i += Tr::kThreads) {
-    const int r = i % kR;
-    wgt[i] = r < rows ? __ldcg(p.partial_lse + (i / kR) * split_stride + th0 + r) : -INFINITY;
-  }
-  __syncthreads();
-  if (threadIdx.x < rows) {
-    const int r = threadIdx.x;
-    float m = cuda::kNoKeyMax;
-    for (int s = 0; s < num_splits; ++s) m = fmaxf(m, wgt[s * kR + r]);
-    float d = 0.f;
-    for (int s = 0; s < num_splits; ++s) {
-      const float lse = wgt[s * kR + r];
-      const float x = lse == -INFINITY ? 0.f : exp2f(lse - m);
-      wgt[s * kR + r] = x;
-      d += x;
-    }
-    row_m[r] = m;
-    row_d[r] = d;
-  }
-  __syncthreads();
-  constexpr int kVec4 = Tr::kHeadDim / 4;
   for (int c = threadIdx.x; c < rows * kVec4; c += Tr::kThreads) {
     const int r = c / kVec4;
     const int col = (c % kVec4) * 4;
+    const float* lse_src = p.partial_lse + th0 + r;
     const float* src = p.partial_out + (th0 + r) * Tr::kHeadDim + col;
     const int64_t step = split_stride * Tr::kHeadDim;
+    float m = cuda::kNoKeyMax, d = 0.f;
     float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < num_splits; ++s) {
-      const float x = wgt[s * kR + r];
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(src + s * step));
-      a0 += x * v.x, a1 += x * v.y, a2 += x * v.z, a3 += x * v.w;
+    for (int s0 = 0; s0 < num_splits; s0 += kBatch) {
+      float l[kBatch];
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int s = s0 + j;
+        l[j] = -INFINITY;
+        v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (s < num_splits) {
+          l[j] = __ldcg(lse_src + s * split_stride);
+          v[j] = __ldcg(reinterpret_cast<const float4*>(src + s * step));
+        }
+      }
+      float mx = m;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) mx = fmaxf(mx, l[j]);
+      const float f = exp2f(m - mx);  // 1 until a split saw a key (m stays kNoKeyMax)
+      d *= f, a0 *= f, a1 *= f, a2 *= f, a3 *= f;
+      m = mx;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const float x = l[j] == -INFINITY ? 0.f : exp2f(l[j] - m);
+        d += x;
+        a0 += x * v[j].x, a1 += x * v[j].y, a2 += x * v[j].z, a3 += x * v[j].w;
+      }
     }
     const int qh = head0 + r;
-    const Finalized f = finalize(p, qh, row_m[r], row_d[r]);
+    const Finalized f = finalize(p, qh, m, d);
     const uint2 packed = make_uint2(cuda::pack2<QT>(a0 * f.inv, a1 * f.inv),
                                     cuda::pack2<QT>(a2 * f.inv, a3 * f.inv));
     *reinterpret_cast<uint2*>(static_cast<QT*>(p.out) + token * p.o_stride_token +
@@ -153,8 +175,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   if (num_splits == 1) return;
   // Fused merge: the last of the request's split CTAs of this head block merges the partials.
   int* counter = p.split_counters + static_cast<int64_t>(token) * gridDim.x + blockIdx.x;
-  if (!cuda::ring::last_split_cta(counter, num_splits)) return;
-  merge_head_block<Tr>(p, token, head0, w.rows, num_splits, reinterpret_cast<float*>(smem));
+  const bool last = p.split_sync_fence_all != 0 ? cuda::ring::last_split_cta(counter, num_splits)
+                                                : last_split_cta_acq_rel(counter, num_splits);
+  if (!last) return;
+  merge_head_block<Tr>(p, token, head0, w.rows, num_splits);
 }
 
 // p.split_counters: [T, num_kv_heads * ceil(group / 16)] zeros when p.max_splits > 1.
