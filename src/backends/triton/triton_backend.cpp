@@ -412,9 +412,11 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   p.is_decode = decode ? 1 : 0;
   p.logit_cap = layer.logit_cap;
   // fp8/fp4 store x / scale: k_scale folds into the softmax scale, v_scale into the output
-  // (MLA: V is the same stored row as K, so it is dequantised with k_scale).
-  const float k_scale = quant ? layer.k_scale : 1.f;
-  const float v_scale = quant ? (pool.is_mla() ? layer.k_scale : layer.v_scale) : 1.f;
+  // (MLA: V is the same stored row as K, so it is dequantised with k_scale). A 192/128 MLA prefill
+  // layer reads no pool rows (its keys are the unquantised inputs): no scales.
+  const bool scaled = quant && !mla_prefill;
+  const float k_scale = scaled ? layer.k_scale : 1.f;
+  const float v_scale = scaled ? (pool.is_mla() ? layer.k_scale : layer.v_scale) : 1.f;
   p.sm_scale = layer.scaling * k_scale;
   p.v_scale = v_scale;
   if (layer.sinks.defined()) p.sinks = layer.sinks.data_as<const float>();
