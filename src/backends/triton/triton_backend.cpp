@@ -100,7 +100,7 @@ class TritonBackend final : public AttentionBackend {
   // CTA shape of the tensor-core decode (triton_kernels.h): one CTA of 8 warps per SM where the
   // pool holds the activation dtype (the context's pool; none given: assumed), the head dim is
   // <= 128 and a block may opt in to the one-CTA shared memory (SM90); else 2 CTAs of 4 warps.
-  // The split planner follows it (1 or 2 blocks per SM). ATTNKIT_TRITON_DECODE_RING=2x4|1x8|1x4
+  // The split planner follows it (1 or 2 blocks per SM). ATTNKIT_TRITON_DECODE_RING=2x4
   // overrides it for experiments (docs/perf/decode_notes.md); not API.
   triton::MmaDecodeRing pick_ring(int optin_smem, int dqk) const {
     using triton::MmaDecodeRing;
@@ -112,7 +112,6 @@ class TritonBackend final : public AttentionBackend {
     const char* env = std::getenv("ATTNKIT_TRITON_DECODE_RING");
     const std::string v = env != nullptr ? env : "";
     if (v == "2x4") return MmaDecodeRing::k2x4;
-    if (v == "1x4" && dqk == 128) return MmaDecodeRing::k1x4;
     return MmaDecodeRing::k1x8;
   }
 

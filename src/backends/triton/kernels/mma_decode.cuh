@@ -204,8 +204,8 @@ Status launch_ring_decode(AttentionParams p, int grid_splits, StreamHandle strea
   return Status::ok();
 }
 
-// The CTA shape (MmaDecodeRing): the one-CTA shapes for pools of the activation dtype at head dims
-// <= kMmaDecodeOneCtaMaxDim (1x4 at d 128 only: an experiment), else 2 CTAs of 4 warps.
+// The CTA shape (MmaDecodeRing): one CTA of 8 warps for pools of the activation dtype at head dims
+// <= kMmaDecodeOneCtaMaxDim when asked, else 2 CTAs of 4 warps.
 template <int kD, DType kQ, DType kKV>
 Status launch_mma_decode(const AttentionParams& p, int grid_splits, MmaDecodeRing ring,
                          StreamHandle stream) {
@@ -214,12 +214,6 @@ Status launch_mma_decode(const AttentionParams& p, int grid_splits, MmaDecodeRin
     if (ring == MmaDecodeRing::k1x8) {
       return launch_ring_decode<cuda::ring::Traits<kD, QT, kKV, 8, kMmaDecodeOneCtaSmem, 1>>(
           p, grid_splits, stream);
-    }
-    if constexpr (kD == 128) {
-      if (ring == MmaDecodeRing::k1x4) {
-        return launch_ring_decode<cuda::ring::Traits<kD, QT, kKV, 4, kMmaDecodeOneCtaSmem, 1>>(
-            p, grid_splits, stream);
-      }
     }
   }
   return launch_ring_decode<cuda::ring::Traits<kD, QT, kKV>>(p, grid_splits, stream);

@@ -44,9 +44,9 @@ inline constexpr int kMmaDecodeGroupTile = 16;
 //    dims <= 128 on SM90-class GPUs. Half the CTAs of k2x4 for the same bytes in flight, so the
 //    split planner cuts half as many splits (b16 kv4k: none) and each merge reads half as many
 //    partials.
-//  * k1x4: 1 CTA of 4 warps with deeper rings (6 stages at d 128); experiment only
-//    (ATTNKIT_TRITON_DECODE_RING=1x4).
-enum class MmaDecodeRing { k2x4, k1x8, k1x4 };
+// (A third shape, 1 CTA of 4 warps with 6-stage rings, measured no better than k2x4 at b16 and
+// below k1x8: docs/perf/decode_notes.md, session 4.)
+enum class MmaDecodeRing { k2x4, k1x8 };
 inline constexpr int kMmaDecodeOneCtaSmem = 220 * 1024;  // budget of the one-CTA shapes
 inline constexpr int kMmaDecodeOneCtaMaxDim = 128;       // head dims the one-CTA shapes cover
 
