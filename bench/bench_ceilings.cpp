@@ -233,41 +233,58 @@ Result<int64_t> default_rotate_bytes(Device device, std::string* why) {
   return bytes;
 }
 
+Result<CpuCopyProbe> CpuCopyProbe::create(int64_t buffer_bytes) {
+  if (buffer_bytes <= 0) {
+    return Status::invalid_argument("CpuCopyProbe: buffer_bytes " + std::to_string(buffer_bytes) +
+                                    " must be positive");
+  }
+  CpuCopyProbe probe;
+  ATTNKIT_ASSIGN_OR_RETURN(probe.src_, Buffer::allocate(Device::cpu(), buffer_bytes));
+  ATTNKIT_ASSIGN_OR_RETURN(probe.dst_, Buffer::allocate(Device::cpu(), buffer_bytes));
+  probe.bytes_ = buffer_bytes;
+  probe.threads_ = ceiling_threads();
+  probe.pass(/*fill=*/true);  // first touch of both buffers, by the threads that copy them
+  return probe;
+}
+
+void CpuCopyProbe::pass(bool fill) {
+  char* s = static_cast<char*>(src_.data());
+  char* d = static_cast<char*>(dst_.data());
+  const int64_t bytes = bytes_;
+  const int threads = threads_;
+  // Each thread copies one contiguous chunk, 64-byte aligned.
+  constexpr int64_t kAlign = 64;
+  const int64_t chunk = ((bytes / threads + kAlign - 1) / kAlign) * kAlign;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
+#endif
+  for (int t = 0; t < threads; ++t) {
+    const int64_t begin = std::min(bytes, t * chunk);
+    const int64_t end = std::min(bytes, begin + chunk);
+    if (end <= begin) continue;
+    if (fill) std::memset(s + begin, t + 1, static_cast<size_t>(end - begin));
+    std::memcpy(d + begin, s + begin, static_cast<size_t>(end - begin));
+  }
+}
+
+double CpuCopyProbe::pass_gbs() {
+  const auto t0 = std::chrono::steady_clock::now();
+  pass(/*fill=*/false);
+  const auto t1 = std::chrono::steady_clock::now();
+  const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  return gb_per_s(2.0 * static_cast<double>(bytes_), ms);
+}
+
 Result<Ceiling> measure_cpu_copy(int64_t buffer_bytes, int reps) {
   if (buffer_bytes <= 0 || reps <= 0) {
     return Status::invalid_argument("measure_cpu_copy: buffer_bytes " +
                                     std::to_string(buffer_bytes) + " and reps " +
                                     std::to_string(reps) + " must be positive");
   }
-  ATTNKIT_ASSIGN_OR_RETURN(Buffer src, Buffer::allocate(Device::cpu(), buffer_bytes));
-  ATTNKIT_ASSIGN_OR_RETURN(Buffer dst, Buffer::allocate(Device::cpu(), buffer_bytes));
-  char* s = static_cast<char*>(src.data());
-  char* d = static_cast<char*>(dst.data());
-  const int threads = ceiling_threads();
-  // Each thread copies one contiguous chunk, 64-byte aligned.
-  constexpr int64_t kAlign = 64;
-  const int64_t chunk = ((buffer_bytes / threads + kAlign - 1) / kAlign) * kAlign;
-  auto copy_pass = [&](bool fill) {
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static, 1) num_threads(threads)
-#endif
-    for (int t = 0; t < threads; ++t) {
-      const int64_t begin = std::min(buffer_bytes, t * chunk);
-      const int64_t end = std::min(buffer_bytes, begin + chunk);
-      if (end <= begin) continue;
-      if (fill) std::memset(s + begin, t + 1, static_cast<size_t>(end - begin));
-      std::memcpy(d + begin, s + begin, static_cast<size_t>(end - begin));
-    }
-  };
-  copy_pass(/*fill=*/true);  // first touch of both buffers, by the threads that copy them
+  ATTNKIT_ASSIGN_OR_RETURN(CpuCopyProbe probe, CpuCopyProbe::create(buffer_bytes));
+  const int threads = probe.threads();
   std::vector<double> gbs;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    copy_pass(/*fill=*/false);
-    const auto t1 = std::chrono::steady_clock::now();
-    const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-    gbs.push_back(gb_per_s(2.0 * static_cast<double>(buffer_bytes), ms));
-  }
+  for (int r = 0; r < reps; ++r) gbs.push_back(probe.pass_gbs());
   Ceiling c;
   c.name = "cpu_copy";
   c.method = "memcpy of " + std::to_string(buffer_bytes >> 20) + " MiB by " +

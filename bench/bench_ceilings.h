@@ -38,6 +38,23 @@ Result<int64_t> default_rotate_bytes(Device device, std::string* why);
 // or more) into a second one; bytes counted = 2 x buffer_bytes (read + write). Best and median of
 // `reps` repetitions after one untimed pass (first touch).
 Result<Ceiling> measure_cpu_copy(int64_t buffer_bytes, int reps);
+// The same copy as measure_cpu_copy, kept allocated so that single passes can be interleaved with
+// a case's timed calls (RunSettings::paired_rounds): create() allocates and first-touches both
+// buffers, pass_gbs() times one pass (bytes read + written).
+class CpuCopyProbe {
+ public:
+  static Result<CpuCopyProbe> create(int64_t buffer_bytes);
+  double pass_gbs();
+  int64_t buffer_bytes() const { return bytes_; }
+  int threads() const { return threads_; }
+
+ private:
+  void pass(bool fill);
+  Buffer src_;
+  Buffer dst_;
+  int64_t bytes_ = 0;
+  int threads_ = 1;
+};
 // Peak arithmetic of the host's vector units, every OpenMP thread running independent chains of
 // dependent-free multiply-adds from registers (no memory traffic): AVX512-BF16 vdpbf16ps (64 FLOPs
 // per instruction: 32 bf16 products + 32 adds into 16 fp32 lanes) when the CPU has it, else AVX2

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,8 @@ constexpr int kCpuIters = 7;
 constexpr int kCudaWarmup = 10;
 constexpr int kCudaIters = 50;
 constexpr int kCpuCopyReps = 5;
+// CPU memory-bound cases: rounds of (one copy pass, then forwards) after the timed calls.
+constexpr int kCpuPairedRounds = 9;
 constexpr int kCudaCopyReps = 10;
 constexpr int kCpuPeakReps = 5;
 constexpr int64_t kCudaCopyBytes = int64_t{1} << 30;  // >= 1 GiB, far beyond any L2
@@ -48,6 +51,8 @@ struct BenchArgs {
   int warmup = -1;
   int iters = -1;
   int launches = 1;
+  int paired_rounds = -1;
+  int paired_calls = 5;
   std::string filter;
   int64_t rotate_mib = 0;
   int max_copies = 512;
@@ -160,6 +165,9 @@ void bench_main(const BenchArgs& args) {
   settings.iters = args.iters > 0 ? args.iters : (device.is_cuda() ? kCudaIters : kCpuIters);
   settings.max_copies = args.max_copies;
   settings.launches = args.launches;
+  settings.paired_rounds =
+      device.is_cpu() ? (args.paired_rounds >= 0 ? args.paired_rounds : kCpuPairedRounds) : 0;
+  settings.paired_calls = args.paired_calls;
   if (args.rotate_mib > 0) {
     settings.rotate_bytes = args.rotate_mib << 20;
     run.rotate_why = "--rotate-mib " + std::to_string(args.rotate_mib);
@@ -183,6 +191,17 @@ void bench_main(const BenchArgs& args) {
                        : bench::measure_cpu_copy(cpu_copy_bytes(), kCpuCopyReps);
   if (!copy) cli_fail("copy-bandwidth ceiling: " + copy.status().to_string());
   run.ceilings.push_back(*copy);
+  // Kept for the paired rounds of the memory-bound cases (allocated once, first-touched here).
+  std::optional<bench::CpuCopyProbe> probe;
+  const bool any_memory_bound =
+      std::any_of(cases.begin(), cases.end(),
+                  [](const bench::BenchCase& c) { return bench::is_memory_bound(c); });
+  if (settings.paired_rounds > 0 && any_memory_bound) {
+    Result<bench::CpuCopyProbe> created = bench::CpuCopyProbe::create(cpu_copy_bytes());
+    if (!created) cli_fail("paired copy probe: " + created.status().to_string());
+    probe.emplace(std::move(*created));
+    settings.copy_probe = &*probe;
+  }
   rates.copy_name = copy->name;
   rates.copy_gbs = copy->gbs;
   if (args.gemm_tflops > 0) {
@@ -364,6 +383,17 @@ void register_bench_commands(CLI::App& app) {
       ->add_option("--launches", bench_args->launches,
                    "CUDA: forwards enqueued back to back per timed sample, time divided by it "
                    "(default 1: one forward, host launch latency included)")
+      ->check(CLI::PositiveNumber);
+  bench
+      ->add_option("--paired-rounds", bench_args->paired_rounds,
+                   "CPU, memory-bound cases: after the timed calls, rounds of one copy-ceiling "
+                   "pass followed by --paired-calls forwards; the ratio to the copy is reported "
+                   "per round and as the median (default " +
+                       std::to_string(kCpuPairedRounds) + ", 0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  bench
+      ->add_option("--paired-calls", bench_args->paired_calls,
+                   "Forwards per paired round (their median is compared with the round's copy)")
       ->check(CLI::PositiveNumber);
   bench->add_option("--filter", bench_args->filter, "Only cases whose name contains this");
   bench

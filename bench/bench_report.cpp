@@ -98,6 +98,12 @@ std::string table_row(const CaseResult& r, int name_width) {
           pad(r.ceiling_ratio > 0 ? fixed(100.0 * r.ceiling_ratio, 1) : "-", 6, true) + " " +
           pad(fixed(r.tflops, 4), 8, true) + " " + pad(std::to_string(r.copies), 6, true) + "  ok";
   if (r.verified) line += " (verified: rel_l2 " + fixed(r.rel_l2, 6) + ")";
+  if (!r.paired_ratios.empty()) {
+    line += " (paired copy: median " + fixed(100.0 * r.paired_ratio_median, 1) + "% of " +
+            std::to_string(r.paired_ratios.size()) + " rounds:";
+    for (double x : r.paired_ratios) line += " " + fixed(100.0 * x, 0);
+    line += ")";
+  }
   return line;
 }
 
@@ -175,6 +181,17 @@ Json to_json(const BenchRun& run) {
       x["tflops"] = r.tflops;
       x["ceiling"] = r.ceiling;
       x["ceiling_ratio"] = r.ceiling_ratio;
+      if (!r.paired_ratios.empty()) {
+        x["paired_copy"] = {{"method",
+                             "per round: one pass of the copy ceiling, then that many forwards; "
+                             "ratio = the case's GB/s over the median of the round's calls / the "
+                             "pass's GB/s"},
+                            {"calls_per_round", run.settings.paired_calls},
+                            {"copy_gbs", r.paired_copy_gbs},
+                            {"gbs", r.paired_gbs},
+                            {"ratios", r.paired_ratios},
+                            {"ratio_median", r.paired_ratio_median}};
+      }
     }
     if (r.verified)
       x["verify"] = {{"rel_l2", r.rel_l2},

@@ -225,6 +225,27 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   Result<Timing> timing =
       time_forward(**backend, *prepared, settings.warmup, settings.iters, settings.launches);
   if (!timing) return fail(timing.status(), "timing");
+  if (settings.device.is_cpu() && is_memory_bound(c) && settings.paired_rounds > 0 &&
+      settings.copy_probe != nullptr) {
+    int index = settings.warmup + settings.iters;
+    for (int round = 0; round < settings.paired_rounds; ++round) {
+      const double copy_gbs = settings.copy_probe->pass_gbs();
+      std::vector<double> ms;
+      for (int i = 0; i < settings.paired_calls; ++i, ++index) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const Status s = forward_copy(**backend, *prepared, index);
+        if (!s.is_ok()) return fail(s, "paired timing");
+        ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count());
+      }
+      const double gbs = gb_per_s(r.bytes, median(ms));
+      r.paired_copy_gbs.push_back(copy_gbs);
+      r.paired_gbs.push_back(gbs);
+      r.paired_ratios.push_back(copy_gbs > 0 ? gbs / copy_gbs : 0);
+    }
+    r.paired_ratio_median = median(r.paired_ratios);
+  }
   r.ms_median = timing->ms_median;
   r.ms_min = timing->ms_min;
   r.ms_max = timing->ms_max;

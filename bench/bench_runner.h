@@ -9,6 +9,7 @@
 #include "attnkit/device.h"
 #include "attnkit/registry.h"
 #include "attnkit/tensor.h"
+#include "bench/bench_ceilings.h"
 #include "bench/bench_formulas.h"
 #include "harness/case_runner.h"
 
@@ -25,6 +26,13 @@ struct RunSettings {
   // it). 1 = each timed forward alone, host launch latency included; > 1 hides it behind the
   // GPU work (kernel time).
   int launches = 1;
+  // CPU, memory-bound cases: after the timed calls, `paired_rounds` rounds of one pass of
+  // `copy_probe` followed by `paired_calls` forwards, so that every ratio is taken against a copy
+  // measured next to it (the machine's bandwidth moves between seconds on a shared host).
+  // 0 rounds or no probe: off.
+  int paired_rounds = 0;
+  int paired_calls = 5;
+  CpuCopyProbe* copy_probe = nullptr;
 };
 
 enum class CaseStatus { kOk, kSkipped, kFailed, kMismatch };
@@ -52,6 +60,12 @@ struct CaseResult {
   bool verified = false;
   double rel_l2 = 0;
   double max_abs = 0;
+  // Paired copy rounds (RunSettings::paired_rounds), one entry per round: the copy pass's GB/s,
+  // the case's GB/s over the median of that round's calls, and their ratio.
+  std::vector<double> paired_copy_gbs;
+  std::vector<double> paired_gbs;
+  std::vector<double> paired_ratios;
+  double paired_ratio_median = 0;  // median of paired_ratios (0: no rounds)
 };
 
 // The shared harness's CaseSpec for a benchmark point (uniform lengths, shuffled pages, seed 0).

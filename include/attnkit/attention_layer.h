@@ -21,7 +21,9 @@ enum class AttentionType {
 // partial results are merged by LSE with the new tokens' causal self-attention. No temporary is
 // proportional to the whole prefix.
 struct MlaPrefixDecompressor {
-  int chunk_tokens = 0;  // >= 1: prefix tokens (all requests together) decompressed per chunk
+  // >= 1: prefix tokens (all requests together) decompressed per chunk; the backend plans the
+  // chunks once per forward for BackendContext::mla_prefix_chunk_tokens, which must equal it.
+  int chunk_tokens = 0;
   // latent [n, kv_lora_rank + qk_rope_head_dim] in q's dtype (fp8 pools dequantised with
   // k_scale) -> k [n, num_q_heads, qk_head_dim], v [n, num_q_heads, v_head_dim] in q's dtype,
   // all contiguous on the backend's device, enqueued on `stream` (host tensors for CPU backends).

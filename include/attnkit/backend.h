@@ -38,6 +38,10 @@ struct BackendContext {
   int speculative_num_draft_tokens = 0;
   int speculative_topk = 0;
   int num_threads = 0;  // CPU backends: 0 = from OMP_NUM_THREADS / hardware
+  // MLA chunked prefix cache (AttentionLayer::mla_prefix): the chunk_tokens of the layers'
+  // MlaPrefixDecompressor (one budget for the model), so that init_forward_metadata plans the
+  // prefix chunks and reserves their workspace once per forward. 0 = no layer carries mla_prefix.
+  int mla_prefix_chunk_tokens = 0;
 };
 
 class AttentionBackend {

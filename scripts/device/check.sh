@@ -34,6 +34,7 @@
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
+. scripts/device/lib.sh
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
 ARCHS="${ARCHS:-90a-real}"
@@ -50,12 +51,7 @@ note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format
 
 if has_stage build; then
   t0=$(date +%s)
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DCMAKE_PREFIX_PATH="$root/.deps" \
-    -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
-    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
-    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
-    ${HEAD_DIMS:+"-DATTNKIT_HEAD_DIMS=$HEAD_DIMS"} > "$OUT/build.log" 2>&1
+  attnkit_configure "$build" "$ARCHS" "${HEAD_DIMS:-}" > "$OUT/build.log" 2>&1
   rc=$?
   if [ $rc -ne 0 ]; then tail -30 "$OUT/build.log"; note "configure: FAILED"; exit 1; fi
   # The library, the CLI (bench) and every GPU test; the CPU unit tests run in CI, not here.

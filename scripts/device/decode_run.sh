@@ -7,6 +7,7 @@
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
+. scripts/device/lib.sh
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
 STAGES="${STAGES:-build test bench peers}"
@@ -15,11 +16,7 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) date: $(date -u +%FT%RZ) commit: $(git rev-parse --short HEAD 2>/dev/null)" | tee "$OUT/summary.txt"
 if has build; then
   t0=$(date +%s)
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="${ARCHS:-90a-real}" -DCMAKE_PREFIX_PATH="$root/.deps" \
-    -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
-    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
-    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$OUT/build.log" 2>&1 &&
+  attnkit_configure "$build" "${ARCHS:-90a-real}" > "$OUT/build.log" 2>&1 &&
     ninja -C "$build" -j16 attnkit_cli test_triton_cases test_flashinfer_cases \
       test_triton_cuda_graph >> "$OUT/build.log" 2>&1
   rc=$?

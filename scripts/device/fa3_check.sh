@@ -4,7 +4,9 @@
 # bench/cases/fa3_prefill.json, then the trimmed torch peers (scripts/device/fa3_peers.py).
 # Runs ON the device machine from the repository root with .deps and .peers beside it:
 #   cd .wt/fa3 && ln -sfn ../../.deps .deps && bash scripts/device/fa3_check.sh
-# Knobs: STAGES="build test bench ncu peers", HEAD_DIMS="64;128;256", TEST_TIMEOUT=90,
+# Knobs: STAGES="build test ctest bench ncu peers", HEAD_DIMS="64;128;256", TEST_TIMEOUT=90,
+#   BUILD_TARGETS (default "test_fa3_cases attnkit_cli"), CTEST_REGEX (ctest stage, label gpu,
+#   default 'Fa3|FlashInfer'; build the flashinfer test binaries for it),
 #   TEST_ENV="ATTNKIT_FA3_FENCE_TMA=1" (environment of the full test run), TEST_SUBSETS (extra
 #   test runs "ENV=VALUE:gtest_filter ..."), BENCH_VARIANTS (fa3 env settings timed one after
 #   another, "default" = none; "ENV=VALUE@filter" times only the cases whose name contains
@@ -15,6 +17,7 @@
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
+. scripts/device/lib.sh
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
 STAGES="${STAGES:-build test bench peers}"
@@ -27,13 +30,10 @@ note "device: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --forma
 
 if has_stage build; then
   t0=$(date +%s)
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a-real -DATTNKIT_HEAD_DIMS="${HEAD_DIMS:-64;128;256}" \
-    -DCMAKE_PREFIX_PATH="$root/.deps" -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
-    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
-    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$OUT/build.log" 2>&1 || {
+  attnkit_configure "$build" 90a-real "${HEAD_DIMS:-64;128;256}" > "$OUT/build.log" 2>&1 || {
     tail -30 "$OUT/build.log"; exit 1; }
-  ninja -C "$build" -j16 test_fa3_cases attnkit_cli >> "$OUT/build.log" 2>&1
+  # shellcheck disable=SC2086
+  ninja -C "$build" -j16 ${BUILD_TARGETS:-test_fa3_cases attnkit_cli} >> "$OUT/build.log" 2>&1
   rc=$?
   note "build: rc=$rc in $(( $(date +%s) - t0 )) s"
   [ $rc -ne 0 ] && { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
@@ -59,6 +59,17 @@ if has_stage test; then
     grep -E "rel_l2|Failure|Expected|Which is" "$OUT/test_subset.log" | head -8 | tee -a "$summary"
   done
   set +f
+fi
+
+# ctest over the built test binaries (CTEST_REGEX, e.g. 'Fa3|FlashInfer'; label gpu).
+if has_stage ctest; then
+  t0=$(date +%s)
+  ctest --test-dir "$build" -L gpu -R "${CTEST_REGEX:-Fa3|FlashInfer}" --timeout 200 \
+    -j"${CTEST_JOBS:-4}" --output-on-failure > "$OUT/ctest.log" 2>&1
+  rc=$?
+  note "ctest (${CTEST_REGEX:-Fa3|FlashInfer}): rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+  grep -E "^\s*[0-9]+ - .*(Failed|SEGFAULT|Timeout|Exception)" "$OUT/ctest.log" | head -20 | tee -a "$summary"
+  [ $rc -ne 0 ] && grep -E "rel_l2|Failure|Expected|Which is|FP8 kernel" "$OUT/ctest.log" | head -24 | tee -a "$summary"
 fi
 
 cli="$build/tools/attnkit/attnkit"

@@ -29,6 +29,17 @@ a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
 b = torch.randn_like(a)
 ms = bench(lambda: a @ b, iters=10)
 rec("gemm_bf16", "8192^3", ms, 2 * 8192**3 / ms / 1e9)
+# FP8 (e4m3) GEMM ceiling for the FP8 kernel's utilisation (torch._scaled_mm, per-tensor scales).
+try:
+    a8 = a.to(torch.float8_e4m3fn)
+    b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device=dev)
+    ms = bench(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one,
+                                        out_dtype=torch.bfloat16), iters=10)
+    rec("gemm_e4m3", "8192^3", ms, 2 * 8192**3 / ms / 1e9)
+    del a8, b8
+except Exception as ex:  # noqa: BLE001
+    print(f"gemm_e4m3    unsupported: {str(ex)[:80]}", flush=True)
 del a, b
 
 cases = [(4, 4096, 128, True), (2, 8192, 128, True), (1, 16384, 128, True),

@@ -14,8 +14,12 @@ from peer_timing import bench  # same directory
 
 results = []
 dev = "cuda"
-for B, S, d in [(4, 4096, 128), (2, 8192, 128), (1, 16384, 128), (4, 4096, 64), (2, 8192, 64),
-                (1, 16384, 64), (4, 4096, 256), (2, 8192, 256), (1, 16384, 256)]:
+shapes = [(4, 4096, 128), (2, 8192, 128), (1, 16384, 128), (4, 4096, 64), (2, 8192, 64),
+          (1, 16384, 64), (4, 4096, 256), (2, 8192, 256), (1, 16384, 256)]
+# PEERS_SHAPES="B,S,d B,S,d ...": only these shapes (default: all of the above).
+if os.environ.get("PEERS_SHAPES"):
+    shapes = [tuple(int(x) for x in t.split(",")) for t in os.environ["PEERS_SHAPES"].split()]
+for B, S, d in shapes:
     Hq, Hk = 32, 8
     q = torch.randn(B, Hq, S, d, device=dev, dtype=torch.bfloat16)
     k = torch.randn(B, Hk, S, d, device=dev, dtype=torch.bfloat16)

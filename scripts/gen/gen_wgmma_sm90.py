@@ -5,7 +5,7 @@ accumulators for bf16 / f16 operands, A from shared memory (SS) or from register
   python3 scripts/gen/gen_wgmma_sm90.py > src/cuda/sm90/wgmma_sm90.cuh
 """
 
-SS_N = (64, 80, 128)  # QK^T: N = key tile (80: d 256)
+SS_N = (64, 80, 128, 256)  # QK^T: N = key tile (80: d 256); 256: MLA decode P V (A = P)
 RS_N = (64, 128, 256)  # PV: N = head dim
 
 

@@ -7,17 +7,11 @@
 #include <string>
 
 #include "attnkit/registry.h"
+#include "core/str_cat.h"
 
 namespace attnkit {
 
 namespace {
-
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
 
 std::string shape_string(std::initializer_list<int64_t> dims) {
   std::ostringstream os;

@@ -3,9 +3,10 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 #include <vector>
+
+#include "core/str_cat.h"
 
 namespace attnkit {
 
@@ -28,13 +29,6 @@ const char* forward_mode_name(ForwardMode mode) {
 }
 
 namespace {
-
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
 
 // A device tensor mirrored by a host array: when defined it must be a 1-D `dtype` of n elements.
 Status check_array(const TensorView& t, const char* name, DType dtype, int64_t n, bool required) {

@@ -11,12 +11,9 @@
 
 namespace attnkit::detail {
 
-// q [T, Hq, d], out [T, Hq, dv] and, when defined, lse [T, Hq] (fp32).
+// out [T, Hq, dv] and, when defined, lse [T, Hq] (fp32).
 template <typename Params>
-void set_io_params(Params& p, const TensorView& q, const TensorView& out, const TensorView& lse) {
-  p.q = q.data;
-  p.q_stride_token = q.stride(0);
-  p.q_stride_head = q.stride(1);
+void set_out_params(Params& p, const TensorView& out, const TensorView& lse) {
   p.out = out.data;
   p.o_stride_token = out.stride(0);
   p.o_stride_head = out.stride(1);
@@ -25,6 +22,15 @@ void set_io_params(Params& p, const TensorView& q, const TensorView& out, const 
     p.lse_stride_token = lse.stride(0);
     if constexpr (requires { p.lse_stride_head; }) p.lse_stride_head = lse.stride(1);
   }
+}
+
+// q [T, Hq, d], out [T, Hq, dv] and, when defined, lse [T, Hq] (fp32).
+template <typename Params>
+void set_io_params(Params& p, const TensorView& q, const TensorView& out, const TensorView& lse) {
+  p.q = q.data;
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  set_out_params(p, out, lse);
 }
 
 // The layer's K and V pool buffers [slots, Hkv, d].

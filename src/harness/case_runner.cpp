@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "backends/torch_native/torch_native_backend.h"
+#include "core/str_cat.h"
 #include "harness/mla_prefix_expander.h"
 
 namespace attnkit::harness {
@@ -28,13 +29,6 @@ constexpr int kSpareRequestRows = 2;
 // Guard bytes after every output tensor.
 constexpr int64_t kCanaryBytes = 64;
 constexpr uint8_t kCanaryByte = 0xA5;
-
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
 
 std::string join(const std::vector<int>& v) {
   std::ostringstream os;
@@ -663,7 +657,7 @@ const std::vector<CaseSpec>& shared_case_table() {
       c.kv_dtype = DType::kFP8E4M3;
     }
     // MLA chunked prefix cache (192/128 prefill over a cached prefix): long prefixes over many
-    // chunks (24 at page 1), fp8 latent rows (7), one chunk (page 128).
+    // chunks (24 at page 1), fp8 latent rows (7), one chunk (page 128); fp4 latent rows below.
     {
       CaseSpec& c = add("mla_prefill_prefix_chunks_page1", M::kExtend, 1, {700, 0, 1500, 63},
                         {40, 17, 64, 5});
@@ -687,6 +681,14 @@ const std::vector<CaseSpec>& shared_case_table() {
       CaseSpec& c = add("mla_prefill_192_128_fp8_pool", M::kExtend, 64, {0, 0}, {37, 64});
       mla(c, 16, false);
       c.kv_dtype = DType::kFP8E4M3;
+    }
+    // (appended: earlier seeds keep) MLA chunked prefix cache over fp4 latent rows (4 chunks).
+    {
+      CaseSpec& c =
+          add("mla_prefill_prefix_chunks_page64_fp4", M::kExtend, 64, {700, 129}, {24, 50});
+      mla(c, 16, false);
+      c.kv_dtype = DType::kFP4E2M1;
+      c.mla_prefix_chunk = 400;
     }
     return t;
   }();
@@ -741,6 +743,7 @@ BackendContext PreparedCase::context() const {
   ctx.kv_pool = kv_pool.get();
   ctx.speculative_num_draft_tokens = spec.spec_draft_tokens;
   ctx.speculative_topk = spec.spec_topk;
+  ctx.mla_prefix_chunk_tokens = spec.mla_prefix_chunk;
   return ctx;
 }
 

@@ -6,27 +6,11 @@
 #include <type_traits>
 
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/dtype_convert.cuh"
 #include "harness/mla_prefix_expander.h"
 
 namespace attnkit::harness {
 namespace {
-
-template <typename T>
-__device__ __forceinline__ float to_f(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(x);
-  } else {
-    return __half2float(x);
-  }
-}
-template <typename T>
-__device__ __forceinline__ T from_f(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(x);
-  } else {
-    return __float2half_rn(x);
-  }
-}
 
 // grid: (n, H) block: (128)
 template <typename T>
@@ -37,14 +21,15 @@ __global__ void expand_kernel(const T* latent, T* k, T* v, int w, int r, int dqk
   const T* x = latent + t * w;
   const int nope = dqk - (w - r);
   for (int d = threadIdx.x; d < dqk; d += blockDim.x) {
-    const float val = d < nope
-                          ? 0.5f * (to_f(x[(d + 37 * h) % r]) - to_f(x[(3 * d + 11 * h + 5) % r]))
-                          : to_f(x[r + d - nope]);
-    k[(t * h_count + h) * dqk + d] = from_f<T>(val);
+    const float val = d < nope ? 0.5f * (cuda::to_float(x[(d + 37 * h) % r]) -
+                                         cuda::to_float(x[(3 * d + 11 * h + 5) % r]))
+                               : cuda::to_float(x[r + d - nope]);
+    k[(t * h_count + h) * dqk + d] = cuda::from_float<T>(val);
   }
   for (int d = threadIdx.x; d < dv; d += blockDim.x) {
-    const float val = 0.5f * (to_f(x[(5 * d + 7 * h + 1) % r]) + to_f(x[(d + 101 * h + 64) % r]));
-    v[(t * h_count + h) * dv + d] = from_f<T>(val);
+    const float val = 0.5f * (cuda::to_float(x[(5 * d + 7 * h + 1) % r]) +
+                              cuda::to_float(x[(d + 101 * h + 64) % r]));
+    v[(t * h_count + h) * dv + d] = cuda::from_float<T>(val);
   }
 }
 

@@ -1,21 +1,14 @@
 // MHAKVPool::wrap and MLAKVPool::wrap: KV pools over caller-owned memory (a serving engine's own
 // allocator, PyTorch tensors through DLPack). The pool holds non-owning Buffers, so every accessor,
 // set_kv and every backend work on it exactly as on a pool from create().
-#include <sstream>
 #include <string>
 
 #include "attnkit/kv_cache.h"
+#include "core/str_cat.h"
 #include "kv/kv_pool_config.h"
 
 namespace attnkit {
 namespace {
-
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
 
 Status check_count(const char* name, size_t got, int num_layers) {
   if (static_cast<int64_t>(got) != num_layers) {

@@ -4,6 +4,7 @@
 // copy of the row and skips exactly what the rest of the row excludes.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "attnkit/registry.h"
@@ -40,6 +41,41 @@ void run(const harness::CaseSpec& spec, bool save_kv) {
 
 TEST_P(CutlassMlaCases, SaveKv) { run(GetParam(), true); }
 TEST_P(CutlassMlaCases, ReadsPool) { run(GetParam(), false); }
+
+// 128 heads with a bf16 cache: 64-row tiles, the page-128 instantiation of the SM90 wgmma kernel
+// (opt-in with ATTNKIT_MLA_WGMMA=all until this test has passed on a device) and the mma.sync one
+// (ATTNKIT_MLA_WGMMA=0); decode with split requests and verify s_q 2.
+TEST(CutlassMlaKernels, Heads128Bf16BothKernels) {
+  harness::CaseSpec c;
+  c.name = "h128_page128";
+  c.mode = ForwardMode::kDecode;
+  c.page_size = 128;
+  c.prefix_lens = {2900, 1, 300, 128};
+  c.new_lens.assign(c.prefix_lens.size(), 1);
+  c.mla = true;
+  c.kv_lora_rank = 512;
+  c.qk_rope_head_dim = 64;
+  c.num_q_heads = 128;
+  c.num_kv_heads = 1;
+  c.head_dim = 576;
+  c.v_head_dim = 512;
+  c.kv_dtype = DType::kBF16;
+  c.seed = 5;
+  harness::CaseSpec v = c;
+  v.name = "h128_page128_verify2";
+  v.mode = ForwardMode::kTargetVerify;
+  v.prefix_lens = {700, 64, 129};
+  v.new_lens.clear();
+  v.spec_draft_tokens = 2;
+  v.spec_topk = 1;
+  for (const char* wgmma : {"all", "0"}) {
+    SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + wgmma);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA", wgmma, 1), 0);
+    run(c, true);
+    run(v, true);
+  }
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA"), 0);
+}
 
 INSTANTIATE_TEST_SUITE_P(Cases, CutlassMlaCases, ::testing::ValuesIn(harness::shared_case_table()),
                          test_support::case_param_name);

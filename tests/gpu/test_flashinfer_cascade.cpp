@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -20,6 +19,7 @@
 #include "backends/flashinfer/cascade.h"
 #include "backends/flashinfer/flashinfer_backend.h"
 #include "harness/case_runner.h"
+#include "support/gpu_test_helpers.h"
 
 namespace attnkit {
 namespace {
@@ -95,22 +95,6 @@ RunResult run_case(PreparedCase& pc, bool cascade, int min_shared_prefix = 256,
   return r;
 }
 
-// Whether the case's layers run on the SM90 wgmma prefill kernel instead (bf16/f16 extend, KV of
-// the q dtype, d 64/128/256, no window / soft-cap / sinks, on an SM90 device).
-bool sm90_wgmma(const CaseSpec& s) {
-  // The library's view of the device (ATTNKIT_EMULATE_CC included), as the backend decides.
-  const Result<DeviceInfo> dev = detect_cuda(0);
-  if (!dev) return false;
-  const bool mode_ok = s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kMixed ||
-                       s.mode == ForwardMode::kDraftExtend;
-  const bool dtype_ok =
-      (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.kv_dtype == s.q_dtype;
-  const bool dim_ok =
-      (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) && s.head_dim == s.v_head_dim;
-  return dev->compute_capability == 90 && mode_ok && dtype_ok && dim_ok && !s.mla &&
-         s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks;
-}
-
 // The cascade runs (shared prefix detected), matches the reference, and agrees with the plain path
 // to within one bf16/f16 rounding of the output (the two differ only in summation order).
 void cascade_matches_plain(const CaseSpec& spec, int shared, bool expect_cascade = true) {
@@ -129,7 +113,7 @@ void cascade_matches_plain(const CaseSpec& spec, int shared, bool expect_cascade
   // On SM90 the wgmma prefill kernel takes the eligible extend layers before the cascade
   // (flashinfer_backend.h); the cascade serves the rest.
   const int64_t layers = static_cast<int64_t>(pc.layers.size());
-  EXPECT_EQ(cas.stats.wgmma_calls, sm90_wgmma(spec) ? layers : 0);
+  EXPECT_EQ(cas.stats.wgmma_calls, test_support::expects_sm90_wgmma_prefill(spec) ? layers : 0);
   EXPECT_EQ(cas.stats.cascade_calls, layers - cas.stats.wgmma_calls);
   if (cas.stats.cascade_calls == 0) return;
   EXPECT_GE(cas.stats.cascade_shared_prefix, shared - spec.page_size + 1);
@@ -279,74 +263,15 @@ void verify_graph_matches_eager(const CaseSpec& spec) {
   Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0));
   ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
   PreparedCase& pc = *prepared;
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  BackendContext ctx = pc.context();
-  ctx.stream = stream;
-  pc.batch.stream = stream;
-  Result<std::unique_ptr<AttentionBackend>> made = create_flashinfer_backend(ctx);
-  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  AttentionBackend& backend = **made;
-
-  ASSERT_TRUE(harness::run_backend(backend, pc, /*save_kv=*/false).is_ok());
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  std::vector<std::vector<float>> eager_out, eager_lse;
-  for (const harness::LayerData& ld : pc.layers) {
-    eager_out.push_back(host_floats(ld.out));
-    eager_lse.push_back(host_floats(ld.lse));
-  }
-  Result<harness::Comparison> cmp = harness::compare_with_reference(pc);
-  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
-  EXPECT_TRUE(cmp->passed()) << cmp->summary();
-  for (harness::LayerData& ld : pc.layers) {
-    ASSERT_TRUE(fill_float(ld.out, kNaN).is_ok());
-    ASSERT_TRUE(fill_float(ld.lse, kNaN).is_ok());
-  }
-
-  const int bs = pc.batch.batch_size;
-  const int tokens = pc.batch.num_tokens;
-  // A decode graph captured first on the same backend must not disturb the verify graph.
-  ASSERT_TRUE(backend.init_cuda_graph_state(bs, tokens).is_ok());
-  const Status cap = backend.init_forward_metadata_capture_cuda_graph(
-      bs, tokens, pc.batch.req_pool_indices, pc.batch.seq_lens, TensorView(),
-      ForwardMode::kTargetVerify, &pc.batch.spec);
-  ASSERT_TRUE(cap.is_ok()) << cap.to_string();
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  for (harness::LayerData& ld : pc.layers) {
-    const Status s = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
-                                     /*save_kv=*/false, ld.lse);
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-  }
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int rep = 0; rep < 2; ++rep) {
-    const Status replay = backend.init_forward_metadata_replay_cuda_graph(
-        bs, pc.batch.req_pool_indices, pc.batch.seq_lens, pc.batch.seq_lens_sum, TensorView(),
-        ForwardMode::kTargetVerify, &pc.batch.spec, pc.batch.seq_lens_host.data());
-    ASSERT_TRUE(replay.is_ok()) << replay.to_string();
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  }
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  for (size_t l = 0; l < pc.layers.size(); ++l) {
-    const std::vector<float> out = host_floats(pc.layers[l].out);
-    const std::vector<float> lse = host_floats(pc.layers[l].lse);
-    EXPECT_EQ(std::memcmp(out.data(), eager_out[l].data(), out.size() * sizeof(float)), 0)
-        << "layer " << l << ": out differs from eager";
-    EXPECT_EQ(std::memcmp(lse.data(), eager_lse[l].data(), lse.size() * sizeof(float)), 0)
-        << "layer " << l << ": lse differs from eager";
-  }
-  // A batch size that was not captured is refused.
-  EXPECT_FALSE(backend
-                   .init_forward_metadata_replay_cuda_graph(
-                       bs + 1, pc.batch.req_pool_indices, pc.batch.seq_lens, pc.batch.seq_lens_sum,
-                       TensorView(), ForwardMode::kTargetVerify, &pc.batch.spec,
-                       pc.batch.seq_lens_host.data())
-                   .is_ok());
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  test_support::expect_graph_replay_matches_eager(
+      pc, create_flashinfer_backend, ForwardMode::kTargetVerify, 2, [&](AttentionBackend& b) {
+        // A batch size that was not captured is refused.
+        EXPECT_FALSE(b.init_forward_metadata_replay_cuda_graph(
+                          pc.batch.batch_size + 1, pc.batch.req_pool_indices, pc.batch.seq_lens,
+                          pc.batch.seq_lens_sum, TensorView(), ForwardMode::kTargetVerify,
+                          &pc.batch.spec, pc.batch.seq_lens_host.data())
+                         .is_ok());
+      });
 }
 
 TEST(FlashInferVerifyGraphTest, ReplayIsBitIdenticalToEager) {

@@ -4,8 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,14 +13,13 @@
 #include "backends/flashinfer/flashinfer_backend.h"
 #include "backends/flashinfer/kernels/work_plan.h"
 #include "harness/case_runner.h"
+#include "support/gpu_test_helpers.h"
 
 namespace attnkit {
 namespace {
 
 using harness::CaseSpec;
 using harness::PreparedCase;
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // The registered descriptor with this binary's factory: the tests exercise the backend whether or
 // not the registry row already says it is built, and skip exactly what the row excludes.
@@ -45,16 +42,6 @@ bool expects_native(const CaseSpec& s) {
   const bool kv_ok =
       s.kv_dtype == s.q_dtype || s.kv_dtype == DType::kFP8E4M3 || s.kv_dtype == DType::kFP8E5M2;
   return !s.mla && q_ok && kv_ok && !s.cross_attention && s.head_dim == s.v_head_dim;
-}
-
-// Whether every layer of the case must run on the SM90 wgmma prefill kernel (flashinfer_backend.h
-// says when it routes there).
-bool expects_wgmma(const CaseSpec& s) {
-  const bool mode_ok = s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kMixed ||
-                       s.mode == ForwardMode::kDraftExtend;
-  const bool dim_ok = s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256;
-  return cuda_device().compute_capability == 90 && expects_native(s) && mode_ok && dim_ok &&
-         s.kv_dtype == s.q_dtype && s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks;
 }
 
 void run_and_compare(const CaseSpec& spec, bool save_kv, bool* split_seen = nullptr,
@@ -80,7 +67,7 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, bool* split_seen = null
     EXPECT_EQ(stats->portable_calls, 0) << "a tensor-core case ran on the portable path";
     EXPECT_EQ(stats->native_calls, static_cast<int64_t>(pc->layers.size()));
   }
-  if (sm90_prefill && expects_wgmma(spec)) {
+  if (sm90_prefill && test_support::expects_sm90_wgmma_prefill(spec)) {
     EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(pc->layers.size()))
         << "an SM90 prefill case did not run on the wgmma kernel";
   } else {
@@ -193,85 +180,12 @@ TEST(FlashInferPrefillPathsTest, LongCausalPrefillBothKernelsAllHeadDims) {
 
 // ---- CUDA graphs: replay equals eager bit for bit ----
 
-struct HostOutputs {
-  std::vector<std::vector<uint8_t>> out, lse;
-};
-
-HostOutputs copy_outputs(const PreparedCase& pc) {
-  HostOutputs h;
-  for (const harness::LayerData& ld : pc.layers) {
-    std::vector<uint8_t> o(static_cast<size_t>(ld.out.storage_bytes()));
-    EXPECT_TRUE(
-        copy_bytes(o.data(), Device::cpu(), ld.out.data, ld.out.device, ld.out.storage_bytes())
-            .is_ok());
-    h.out.push_back(std::move(o));
-    std::vector<uint8_t> l(static_cast<size_t>(ld.lse.storage_bytes()));
-    EXPECT_TRUE(
-        copy_bytes(l.data(), Device::cpu(), ld.lse.data, ld.lse.device, ld.lse.storage_bytes())
-            .is_ok());
-    h.lse.push_back(std::move(l));
-  }
-  return h;
-}
-
 void graph_matches_eager(const CaseSpec& spec) {
   SCOPED_TRACE(spec.describe());
   Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0));
   ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
-  PreparedCase& pc = *prepared;
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  BackendContext ctx = pc.context();
-  ctx.stream = stream;
-  pc.batch.stream = stream;
-  Result<std::unique_ptr<AttentionBackend>> made = create_flashinfer_backend(ctx);
-  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  AttentionBackend& backend = **made;
-
-  ASSERT_TRUE(harness::run_backend(backend, pc, /*save_kv=*/false).is_ok());
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  const HostOutputs eager = copy_outputs(pc);
-  Result<harness::Comparison> cmp = harness::compare_with_reference(pc);
-  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
-  EXPECT_TRUE(cmp->passed()) << cmp->summary();
-  for (harness::LayerData& ld : pc.layers) {
-    ASSERT_TRUE(fill_float(ld.out, kNaN).is_ok());
-    ASSERT_TRUE(fill_float(ld.lse, kNaN).is_ok());
-  }
-
-  const int bs = pc.batch.batch_size;
-  ASSERT_TRUE(backend.init_cuda_graph_state(bs, bs).is_ok());
-  const Status cap = backend.init_forward_metadata_capture_cuda_graph(
-      bs, bs, pc.batch.req_pool_indices, pc.batch.seq_lens, TensorView(), ForwardMode::kDecode,
-      nullptr);
-  ASSERT_TRUE(cap.is_ok()) << cap.to_string();
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  for (harness::LayerData& ld : pc.layers) {
-    const Status s = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
-                                     /*save_kv=*/false, ld.lse);
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-  }
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  // Two replays: the second proves the refreshed plan does not depend on leftover state.
-  for (int rep = 0; rep < 2; ++rep) {
-    const Status replay = backend.init_forward_metadata_replay_cuda_graph(
-        bs, pc.batch.req_pool_indices, pc.batch.seq_lens, pc.batch.seq_lens_sum, TensorView(),
-        ForwardMode::kDecode, nullptr, pc.batch.seq_lens_host.data());
-    ASSERT_TRUE(replay.is_ok()) << replay.to_string();
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  }
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  const HostOutputs replayed = copy_outputs(pc);
-  for (size_t l = 0; l < eager.out.size(); ++l) {
-    EXPECT_TRUE(eager.out[l] == replayed.out[l]) << "layer " << l << ": out differs from eager";
-    EXPECT_TRUE(eager.lse[l] == replayed.lse[l]) << "layer " << l << ": lse differs from eager";
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  test_support::expect_graph_replay_matches_eager(*prepared, create_flashinfer_backend,
+                                                  ForwardMode::kDecode);
 }
 
 TEST(FlashInferGraphTest, DecodeReplayIsBitIdenticalToEager) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -85,6 +86,28 @@ TEST(FlashMlaKernels, VerifyChainsMultiTokenQueries) {
       run_and_compare(c, true);
     }
   }
+}
+
+// 64-row tiles (128 heads) run the sm_90a wgmma kernel on SM90 unless ATTNKIT_MLA_WGMMA=0: many
+// short requests per CTA-part (several segments per CTA: the Q reload and the alternation of the
+// two consumer warpgroups restart per segment, with odd and even tile counts), on both kernels.
+TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
+  std::vector<int> lens;
+  for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
+  for (const char* wgmma : {"1", "0"}) {
+    SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + wgmma);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA", wgmma, 1), 0);
+    run_and_compare(mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16), true);
+    run_and_compare(
+        mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640}, 128, DType::kBF16), false);
+    CaseSpec c =
+        mla_case("verify_h64", ForwardMode::kTargetVerify, 64, {700, 64, 65}, 64, DType::kBF16);
+    c.new_lens.clear();
+    c.spec_draft_tokens = 2;
+    c.spec_topk = 1;
+    run_and_compare(c, true);
+  }
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA"), 0);
 }
 
 TEST(FlashMlaKernels, RejectsOtherPageSizes) {

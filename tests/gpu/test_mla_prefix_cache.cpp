@@ -2,7 +2,8 @@
 // on the CUDA device against the fp64 reference: every chunk size from one token per request
 // (dozens of chunks, odd and even counts through the three-slot merge ring) to one chunk, each
 // backend whose MLA row claims it, fp8 latent rows, f16 activations; and the clear errors of the
-// backends and layers that cannot run it. The shared case table adds mla_prefill_prefix_* cases.
+// backends, layers and contexts that cannot run it. The shared case table adds mla_prefill_prefix_*
+// cases.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -50,11 +51,13 @@ TEST(MlaPrefixCache, EveryChunkSizeMatchesTheReference) {
   }
 }
 
-TEST(MlaPrefixCache, PagedBackendsAndFp8LatentRows) {
+TEST(MlaPrefixCache, PagedBackendsAndQuantisedLatentRows) {
   harness::CaseSpec c = prefix_case("page64", 64, {640, 65, 1}, {33, 2, 64}, 128);
   test_support::run_shared_case("flashmla", Device::cuda(0), c, false);
   test_support::run_shared_case("fa3", Device::cuda(0), c, false);
   c.kv_dtype = DType::kFP8E4M3;
+  test_support::run_shared_case("flashmla", Device::cuda(0), c, false);
+  c.kv_dtype = DType::kFP4E2M1;  // block-scaled fp4 latent rows (flashmla's row claims fp4 KV)
   test_support::run_shared_case("flashmla", Device::cuda(0), c, false);
   c.num_q_heads = c.num_kv_heads = 128;  // DeepSeek-V3's 128 heads per rank (TP 1)
   c.kv_dtype = DType::kBF16;
@@ -68,6 +71,8 @@ TEST(MlaPrefixCache, F16Activations) {
   harness::CaseSpec c = prefix_case("f16", 1, {200, 31}, {17, 40}, 64);
   c.q_dtype = DType::kF16;
   c.kv_dtype = DType::kF16;
+  test_support::run_shared_case("flashinfer", Device::cuda(0), c, false);
+  c.kv_dtype = DType::kFP4E2M1;  // fp4 rows dequantised into f16
   test_support::run_shared_case("flashinfer", Device::cuda(0), c, false);
 }
 
@@ -101,6 +106,28 @@ TEST(MlaPrefixCache, UnsupportedBackendsAndLayersSayWhy) {
   s = (*fi)->forward(ld.q, ld.k, ld.v, ld.out, bad_layer, pc->batch, false, ld.lse);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
   EXPECT_NE(s.message().find("chunk_tokens 0"), std::string::npos) << s.to_string();
+  // init_forward_metadata planned the chunks for BackendContext::mla_prefix_chunk_tokens (16): a
+  // layer with another budget is refused, naming both.
+  MlaPrefixDecompressor other = *ld.layer.mla_prefix;
+  other.chunk_tokens = 17;
+  AttentionLayer other_layer = ld.layer;
+  other_layer.mla_prefix = &other;
+  s = (*fi)->forward(ld.q, ld.k, ld.v, ld.out, other_layer, pc->batch, false, ld.lse);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("chunk_tokens 17 but BackendContext.mla_prefix_chunk_tokens is 16"),
+            std::string::npos)
+      << s.to_string();
+  // A context without the budget plans no prefix chunks and says what to set.
+  BackendContext no_budget = pc->context();
+  no_budget.mla_prefix_chunk_tokens = 0;
+  Result<std::unique_ptr<AttentionBackend>> fi0 =
+      builtin_registry().find("flashinfer")->create(no_budget);
+  ASSERT_TRUE(fi0.is_ok()) << fi0.status().to_string();
+  ASSERT_TRUE((*fi0)->init_forward_metadata(pc->batch).is_ok());
+  s = (*fi0)->forward(ld.q, ld.k, ld.v, ld.out, ld.layer, pc->batch, false, ld.lse);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("BackendContext.mla_prefix_chunk_tokens is 0"), std::string::npos)
+      << s.to_string();
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "../../bench/bench_case_file.h"
 #include "../../bench/bench_formulas.h"
@@ -49,7 +50,8 @@ TEST(BenchCli, VerifiedCpuSweepWritesFormulaValues) {
   const std::string csv = dir + "bench_cli_decode_out.csv";
   write_text(cases, kDecodeFile);
   const CliRun r = run_cli("bench --backend torch_native --cases '" + cases +
-                           "' --device cpu --verify --rotate-mib 1 --warmup 1 --iters 2 --json '" +
+                           "' --device cpu --verify --rotate-mib 1 --warmup 1 --iters 2 "
+                           "--paired-rounds 3 --paired-calls 2 --json '" +
                            json + "' --csv '" + csv + "'");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("decode_b2_kv33_p16_h4x2_d64_kvbf16"), std::string::npos) << r.out;
@@ -78,6 +80,20 @@ TEST(BenchCli, VerifiedCpuSweepWritesFormulaValues) {
     EXPECT_NEAR(x["gbs"].get<double>(), gb_per_s(attention_bytes(c), ms), 1e-9);
     EXPECT_GE(x["copies"].get<int>(), 1);
     EXPECT_EQ(x["ceiling"], "cpu_copy");
+    // Paired copy rounds: per round the case's GB/s over that round's copy pass.
+    const nlohmann::json& paired = x["paired_copy"];
+    EXPECT_EQ(paired["calls_per_round"], 2);
+    ASSERT_EQ(paired["ratios"].size(), 3u);
+    ASSERT_EQ(paired["copy_gbs"].size(), 3u);
+    ASSERT_EQ(paired["gbs"].size(), 3u);
+    std::vector<double> ratios;
+    for (size_t k = 0; k < 3; ++k) {
+      const double copy = paired["copy_gbs"][k].get<double>();
+      ASSERT_GT(copy, 0.0);
+      EXPECT_NEAR(paired["ratios"][k].get<double>(), paired["gbs"][k].get<double>() / copy, 1e-12);
+      ratios.push_back(paired["ratios"][k].get<double>());
+    }
+    EXPECT_DOUBLE_EQ(paired["ratio_median"].get<double>(), median(ratios));
   }
   const std::string csv_text = read_text(csv);
   EXPECT_EQ(std::count(csv_text.begin(), csv_text.end(), '\n'), 3) << csv_text;
@@ -98,6 +114,7 @@ TEST(BenchCli, ExtendIsJudgedAgainstTheComputeCeiling) {
   const nlohmann::json& x = doc["results"][0];
   EXPECT_EQ(x["bound"], "compute");
   EXPECT_EQ(x["ceiling"], "gemm_given");
+  EXPECT_FALSE(x.contains("paired_copy")) << "paired copy rounds are for memory-bound cases";
   EXPECT_NEAR(x["ceiling_ratio"].get<double>(), x["tflops"].get<double>() / 2.0, 1e-12);
 }
 

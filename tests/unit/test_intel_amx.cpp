@@ -4,6 +4,7 @@
 // sinks, fp8 KV, f16/f32 activations) and the rejection of unsupported inputs.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -240,6 +241,60 @@ TEST_P(IntelAmxTargeted, OneThreadAndManyThreads) {
   const CaseSpec c = make_case("threads", ForwardMode::kExtend, 16, {100, 3}, {64, 120});
   expect_matches_reference(c, GetParam(), true, 1);
   expect_matches_reference(c, GetParam(), true, 7);
+}
+
+// Sets an environment variable for one scope (the backend reads its experiment switches when it
+// is created).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// The AMX extend's packing modes on extend cases whose first visible key is not on a block
+// boundary (window), whose lengths are not multiples of the key block or page (page 24), with
+// converted KV (f16, fp8) and several requests: K/V packed once per forward (the default), with
+// 512-row items, 256-key compute blocks, and packed per item (ATTNKIT_AMX_PREPACK=0). Other paths
+// ignore the switches.
+TEST_P(IntelAmxTargeted, AmxPackingModes) {
+  std::vector<CaseSpec> cases;
+  cases.push_back(make_case("pack_multi", ForwardMode::kExtend, 24, {300, 0, 130}, {200, 257, 1}));
+  CaseSpec windowed = make_case("pack_window", ForwardMode::kExtend, 16, {300, 40}, {200, 150});
+  windowed.sliding_window = 150;
+  cases.push_back(windowed);
+  CaseSpec f16 = make_case("pack_f16", ForwardMode::kExtend, 16, {129}, {140});
+  f16.kv_dtype = DType::kF16;
+  cases.push_back(f16);
+  CaseSpec fp8 = make_case("pack_fp8", ForwardMode::kExtend, 16, {64}, {200});
+  fp8.kv_dtype = DType::kFP8E4M3;
+  cases.push_back(fp8);
+  CaseSpec gqa8 = make_case("pack_gqa8", ForwardMode::kExtend, 16, {0}, {300}, 16, 2, 64);
+  cases.push_back(gqa8);
+  for (const CaseSpec& c : cases) {
+    SCOPED_TRACE(c.name);
+    expect_matches_reference(c, GetParam(), true);
+    {
+      ScopedEnv rows("ATTNKIT_AMX_ROWS_PER_ITEM", "512");
+      expect_matches_reference(c, GetParam(), true, 3);
+    }
+    {
+      ScopedEnv keys("ATTNKIT_AMX_KEY_BLOCK", "256");
+      expect_matches_reference(c, GetParam(), true);
+      ScopedEnv rows("ATTNKIT_AMX_ROWS_PER_ITEM", "512");
+      expect_matches_reference(c, GetParam(), true, 2);
+    }
+    {
+      ScopedEnv per_item("ATTNKIT_AMX_PREPACK", "0");
+      expect_matches_reference(c, GetParam(), true);
+      ScopedEnv keys("ATTNKIT_AMX_KEY_BLOCK", "256");  // ignored without packing per forward
+      expect_matches_reference(c, GetParam(), true);
+    }
+  }
 }
 
 // The table's cases for the features intel_amx supports beyond SGLang's row (sliding window, fp8

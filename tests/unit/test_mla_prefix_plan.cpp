@@ -1,13 +1,17 @@
 // Host logic of the MLA chunked prefix cache runner (src/backends/mla/mla_prefix_cache.h): the
 // chunk layout covers every prefix position exactly once within the chunk budget, and the
 // three-slot merge ring always merges the running partial with the newest chunk, never writes a
-// slot it reads, and ends with every part merged into the output.
+// slot it reads, and ends with every part merged into the output. CUDA builds: the runner accepts
+// every latent KV dtype that a descriptor claiming the chunked prefix cache claims, and plans only
+// the forwards that can carry it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
 #include <vector>
 
+#include "attnkit/kv_cache.h"
+#include "attnkit/registry.h"
 #include "backends/mla/mla_prefix_cache.h"
 
 namespace attnkit::mla {
@@ -81,6 +85,101 @@ TEST(MlaPrefixPlan, MergeRingMergesEveryPartOnce) {
     EXPECT_EQ(final_parts, want);
   }
 }
+
+#ifdef ATTNKIT_WITH_CUDA
+// The dtypes a descriptor's MLA row claims for the latent cache (bf16 always).
+bool row_claims(const FeatureRow& row, DType kv) {
+  switch (kv) {
+    case DType::kBF16:
+      return true;
+    case DType::kFP8E4M3:
+      return row.fp8_kv;
+    case DType::kFP8E5M2:
+      return row.fp8_kv && !row.fp8_e4m3_only;
+    case DType::kFP4E2M1:
+      return row.fp4_kv;
+    default:
+      return false;
+  }
+}
+
+// Descriptor honesty: every built backend whose MLA row claims the chunked prefix cache runs it on
+// MlaPrefixCacheRunner, so the runner must take every latent dtype such a row claims (fp4 with
+// flashinfer / flashmla / cutlass_mla, fp8_e4m3 with flashmla / cutlass_mla); the case table's
+// mla_prefill_prefix_chunks_page64_{fp8,fp4} run them on the GPU. A dtype no row can claim (f32)
+// is refused, naming it.
+TEST(MlaPrefixPlan, RunnerTakesEveryLatentDtypeTheDescriptorsClaim) {
+  AttentionLayer layer;
+  layer.is_mla = true;
+  layer.num_q_heads = layer.num_kv_heads = 8;
+  layer.qk_head_dim = 192;
+  layer.v_head_dim = 128;
+  layer.kv_lora_rank = 512;
+  layer.qk_rope_head_dim = 64;
+  layer.scaling = 0.1f;
+  const TensorView q(nullptr, DType::kBF16, Device::cpu(), {1, 8, 192});  // only its dtype is read
+  int rows_checked = 0;
+  for (DType kv : {DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kFP4E2M1, DType::kF32}) {
+    SCOPED_TRACE(dtype_name(kv));
+    KVPoolConfig cfg;
+    cfg.num_layers = 1;
+    cfg.size = 16;
+    cfg.dtype = kv;
+    cfg.device = Device::cpu();
+    cfg.kv_lora_rank = layer.kv_lora_rank;
+    cfg.qk_rope_head_dim = layer.qk_rope_head_dim;
+    Result<std::unique_ptr<MLAKVPool>> pool = MLAKVPool::create(cfg);
+    ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+    ForwardBatch batch;
+    batch.kv_pool = pool->get();
+    const std::string why = MlaPrefixCacheRunner::why_not(q, layer, batch);
+    bool claimed = false;
+    for (const BackendDescriptor& d : builtin_registry().all()) {
+      if (!d.built || !d.mla || !d.mla->chunked_prefix_cache) continue;
+      ++rows_checked;
+      if (row_claims(*d.mla, kv)) {
+        claimed = true;
+        EXPECT_EQ(why, "") << d.name << " claims the chunked prefix cache and " << dtype_name(kv)
+                           << " KV";
+      }
+    }
+    if (kv == DType::kF32) {
+      EXPECT_FALSE(claimed);
+      EXPECT_NE(why.find("latent pool dtype f32"), std::string::npos) << why;
+    }
+  }
+  EXPECT_GE(rows_checked, 5 * 4) << "flashinfer, fa3, flashmla, cutlass_mla";
+}
+
+TEST(MlaPrefixPlan, PlansOnlyForwardsThatCanCarryThePrefix) {
+  BackendContext ctx;
+  ctx.is_mla = true;
+  ctx.mla_prefix_chunk_tokens = 256;
+  ForwardBatch b;
+  b.mode = ForwardMode::kExtend;
+  b.batch_size = 2;
+  b.extend_prefix_lens_host = {10, 0};
+  b.extend_seq_lens_host = {3, 4};
+  EXPECT_TRUE(MlaPrefixCacheRunner::takes(ctx, b));
+  b.mode = ForwardMode::kMixed;
+  EXPECT_TRUE(MlaPrefixCacheRunner::takes(ctx, b));
+  b.mode = ForwardMode::kDraftExtend;
+  EXPECT_TRUE(MlaPrefixCacheRunner::takes(ctx, b));
+  for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kTargetVerify, ForwardMode::kIdle}) {
+    b.mode = m;
+    EXPECT_FALSE(MlaPrefixCacheRunner::takes(ctx, b)) << forward_mode_name(m);
+  }
+  b.mode = ForwardMode::kExtend;
+  b.encoder_lens_host = {3, 3};
+  EXPECT_FALSE(MlaPrefixCacheRunner::takes(ctx, b));
+  b.encoder_lens_host.clear();
+  ctx.mla_prefix_chunk_tokens = 0;  // no layer carries mla_prefix
+  EXPECT_FALSE(MlaPrefixCacheRunner::takes(ctx, b));
+  ctx.mla_prefix_chunk_tokens = 256;
+  ctx.is_mla = false;
+  EXPECT_FALSE(MlaPrefixCacheRunner::takes(ctx, b));
+}
+#endif  // ATTNKIT_WITH_CUDA
 
 }  // namespace
 }  // namespace attnkit::mla

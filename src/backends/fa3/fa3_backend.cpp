@@ -96,7 +96,8 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
                                         layer.v_scale, stream));
   }
   ++stats_.wgmma_calls;
-  stats_.last_block_n = wgmma_->block_n();
+  if (wgmma_->planned_fp8()) ++stats_.wgmma_fp8_calls;
+  stats_.last_block_n = wgmma_->planned_fp8() ? 128 : wgmma_->block_n();
   return wgmma_->run(q, out, lse, layer, batch, stream);
 }
 
@@ -124,7 +125,8 @@ Result<std::unique_ptr<AttentionBackend>> create_fa3_backend(const BackendContex
     return Status(inner.status().code(), "fa3: " + inner.status().message());
   }
   std::unique_ptr<fa3::PrefillSm90Engine> wgmma =
-      fa3::PrefillSm90Engine::create(ctx, attrs.sm_count, attrs.compute_capability, nullptr);
+      fa3::PrefillSm90Engine::create(ctx, attrs.sm_count, attrs.compute_capability, nullptr,
+                                     /*allow_fp8_kv=*/true);
   return std::unique_ptr<AttentionBackend>(
       new Fa3Backend(ctx, std::move(inner).value(), std::move(wgmma)));
 }

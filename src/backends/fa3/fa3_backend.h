@@ -8,11 +8,13 @@
 // backend's SM90 prefill shares): TMA page boxes or a cp.async page-table gather into a swizzled
 // shared-memory ring, mbarrier pipeline, two consumer warpgroups with wgmma QK^T and register-A
 // P.V, causal block skipping, persistent zigzag grid over longest-first tiles, key blocks of 128
-// (d 64 / 128) or 80 (d 256). Everything else -- decode,
-// target verify, window / soft-cap / sinks, fp8 KV, head dims 80 / 96, encoder batches, MLA, SM80,
-// CUDA graphs -- runs on an owned `flashinfer` backend (mma.sync tensor-core kernels, which
-// themselves hand MLA, f32 and encoder batches to the portable triton kernels). fa3_stats() says
-// which path ran.
+// (d 64 / 128) or 80 (d 256). With an fp8_e4m3 pool, bf16 q and d 128 the same forwards run the
+// FP8 kernel (kernels/prefill_sm90_fp8.cuh: Q quantised to e4m3 per row, P e4m3, both GEMMs on
+// e4m3 wgmma, V transposed in shared memory; ATTNKIT_FA3_FP8=0: off). Everything else -- decode,
+// target verify, window / soft-cap / sinks, fp8_e5m2 KV (and e4m3 KV at other head dims / f16 q),
+// head dims 80 / 96, encoder batches, MLA, SM80, CUDA graphs -- runs on an owned `flashinfer`
+// backend (mma.sync tensor-core kernels, which themselves hand MLA, f32 and encoder batches to the
+// portable triton kernels). fa3_stats() says which path ran.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +28,8 @@ Result<std::unique_ptr<AttentionBackend>> create_fa3_backend(const BackendContex
 
 // Per-layer call counters of an fa3 backend.
 struct Fa3Stats {
-  int64_t wgmma_calls = 0;       // the SM90 wgmma prefill kernel
+  int64_t wgmma_calls = 0;       // the SM90 wgmma prefill kernels (bf16 / f16 and FP8)
+  int64_t wgmma_fp8_calls = 0;   // of which the FP8 kernel (fp8_e4m3 pool, bf16 q, d 128)
   int64_t flashinfer_calls = 0;  // delegated to the owned flashinfer backend
   int last_block_n = 0;          // key block of the last wgmma call (fa3::default_block_n)
 };

@@ -34,6 +34,13 @@ bool vec_aligned(const TensorView& t) {
   return reinterpret_cast<uintptr_t>(t.data) % (kVecElems * 2) == 0 &&
          t.stride(0) % kVecElems == 0 && t.stride(1) % kVecElems == 0;
 }
+// 16-byte rows of a 1-byte (e4m3) pool buffer.
+bool vec_aligned_fp8(const TensorView& t) {
+  constexpr int kBytes = 16;
+  return reinterpret_cast<uintptr_t>(t.data) % kBytes == 0 && t.stride(0) % kBytes == 0 &&
+         t.stride(1) % kBytes == 0;
+}
+constexpr int kFp8HeadDim = 128;
 
 bool env_on(const char* name) {
   const char* e = std::getenv(name);
@@ -57,27 +64,31 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// Encodes buf [rows, Hkv, D] (strides in elements) as a 3D map {D, Hkv, rows}, box {64, 1, rows}.
+// Encodes buf [rows, Hkv, D] (strides in elements) as a 3D map {D, Hkv, rows}, box {64, 1, rows}
+// (bf16 / f16) or {128, 1, rows} (e4m3): one 128-byte swizzle line per row and box column.
 bool encode_pool_map(const TensorView& buf, DType dtype, int box_rows, TmaDesc* out) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc), "TMA descriptor size");
-  constexpr int kBoxCols = 64;  // one 128-byte swizzle line of bf16 / f16
-  constexpr int kElem = 2;
+  const bool fp8 = dtype == DType::kFP8E4M3;
+  const int elem = fp8 ? 1 : 2;
+  const int box_cols = 128 / elem;
   CUtensorMap map;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(buf.size(2)),
                               static_cast<cuuint64_t>(buf.size(1)),
                               static_cast<cuuint64_t>(buf.size(0))};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(buf.stride(1) * kElem),
-                                 static_cast<cuuint64_t>(buf.stride(0) * kElem)};
-  const cuuint32_t box[3] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(buf.stride(1) * elem),
+                                 static_cast<cuuint64_t>(buf.stride(0) * elem)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_cols), 1,
+                             static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode(
-      &map,
-      dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-      buf.data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode(&map,
+                            fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                : (dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                         : CU_TENSOR_MAP_DATA_TYPE_FLOAT16),
+                            3, buf.data, dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return false;
   std::memcpy(out->words, &map, sizeof(map));
   return true;
@@ -93,7 +104,8 @@ bool wgmma_mode(ForwardMode m) {
 
 std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContext& ctx,
                                                              int sm_count, int cc,
-                                                             std::string* why_not) {
+                                                             std::string* why_not,
+                                                             bool allow_fp8_kv) {
   std::string off;
   if (cc != kWgmmaComputeCapability) {
     off = "compute capability " + str(cc) + " (wgmma needs 90)";
@@ -124,13 +136,15 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->fence_tma_ = env_on("ATTNKIT_FA3_FENCE_TMA");
   e->overlap_ = env_on("ATTNKIT_FA3_OVERLAP");
   e->zigzag_ = env_on("ATTNKIT_FA3_SCHED");
-  const char* lazy = std::getenv("ATTNKIT_FA3_LAZY_RESCALE");
-  e->lazy_rescale_ = lazy != nullptr && std::string(lazy) == "1";
+  e->lazy_rescale_ = env_on("ATTNKIT_FA3_LAZY_RESCALE");  // on unless "0"
   const char* block_n = std::getenv("ATTNKIT_FA3_BLOCK_N");
   const int want = block_n != nullptr ? std::atoi(block_n) : 0;
   e->block_n_ = block_n_supported(ctx.qk_head_dim, want) ? want : default_block_n(ctx.qk_head_dim);
   const char* diag = std::getenv("ATTNKIT_FA3_DIAG");
   e->diag_ = diag != nullptr ? std::atoi(diag) : 0;
+  e->fp8_kv_ = allow_fp8_kv && env_on("ATTNKIT_FA3_FP8") && ctx.q_dtype == DType::kBF16 &&
+               ctx.qk_head_dim == kFp8HeadDim && ctx.v_head_dim == kFp8HeadDim &&
+               wgmma_head_dim_compiled(kFp8HeadDim) && prefill_sm90_fp8_available();
   return e;
 }
 
@@ -141,9 +155,10 @@ std::string PrefillSm90Engine::why_not(const ForwardBatch& batch) const {
   }
   if (!batch.encoder_lens_host.empty()) return "encoder / cross-attention batch";
   if (batch.kv_pool == nullptr || batch.kv_pool->is_mla()) return "no MHA pool";
-  if (batch.kv_pool->dtype() != ctx_.q_dtype) {
+  if (batch.kv_pool->dtype() != ctx_.q_dtype &&
+      !(fp8_kv_ && batch.kv_pool->dtype() == DType::kFP8E4M3)) {
     return std::string("KV dtype ") + dtype_name(batch.kv_pool->dtype()) + " (needs the q dtype " +
-           dtype_name(ctx_.q_dtype) + ")";
+           dtype_name(ctx_.q_dtype) + (fp8_kv_ ? ", or fp8_e4m3" : "") + ")";
   }
   return "";
 }
@@ -176,6 +191,7 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   plan_bs_ = bs;
   num_tiles_ = plan.num_tiles;
   planned_ = true;
+  planned_fp8_ = batch.kv_pool->dtype() == DType::kFP8E4M3;
   return Status::ok();
 }
 
@@ -196,7 +212,8 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
   if (batch.kv_pool == nullptr || batch.kv_pool->is_mla()) return "no MHA pool";
   if (batch.batch_size != plan_bs_) return "batch size differs from the plan";
   const auto& pool = static_cast<const MHAKVPool&>(*batch.kv_pool);
-  if (!vec_aligned(pool.k_buffer(layer.layer_id)) || !vec_aligned(pool.v_buffer(layer.layer_id))) {
+  const auto aligned = planned_fp8_ ? vec_aligned_fp8 : vec_aligned;
+  if (!aligned(pool.k_buffer(layer.layer_id)) || !aligned(pool.v_buffer(layer.layer_id))) {
     return "K / V pool rows not 16-byte aligned";
   }
   return "";
@@ -224,19 +241,26 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   p.num_q_heads = layer.num_q_heads;
   p.group = layer.num_q_heads / layer.num_kv_heads;
   p.scale_log2 = layer.scaling * kLog2e;
+  if (planned_fp8_) {
+    p.scale_log2 *= layer.k_scale;
+    p.v_scale = layer.v_scale;
+  }
+  const int block_n = planned_fp8_ ? kFp8HeadDim : block_n_;
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
   p.pingpong = pingpong_ ? 1 : 0;
   p.diag = diag_;
   p.fence_tma = fence_tma_ ? 1 : 0;
   p.sched = zigzag_ ? 1 : 0;
   p.lazy_rescale = lazy_rescale_ ? 1 : 0;
-  p.tma_rows = tma_ ? tma_rows_for(p.page_size, block_n_) : 0;
+  p.tma_rows = tma_ ? tma_rows_for(p.page_size, block_n) : 0;
+  const DType kv_dtype = pool.dtype();
   if (p.tma_rows > 0 && (kbuf.stride(2) != 1 || vbuf.stride(2) != 1 ||
-                         !encode_pool_map(kbuf, q.dtype, p.tma_rows, &p.tma_k) ||
-                         !encode_pool_map(vbuf, q.dtype, p.tma_rows, &p.tma_v))) {
+                         !encode_pool_map(kbuf, kv_dtype, p.tma_rows, &p.tma_k) ||
+                         !encode_pool_map(vbuf, kv_dtype, p.tma_rows, &p.tma_v))) {
     p.tma_rows = 0;  // the cp.async gather serves every block
   }
   p.overlap = overlap_ ? 1 : 0;
+  if (planned_fp8_) return run_prefill_sm90_fp8(p, sm_count_, stream);
   return dispatch_value<WgmmaHeadDims>(
       ctx_.qk_head_dim, "wgmma prefill: head_dim", [&]<int kD>() -> Status {
         if constexpr (wgmma_head_dim_compiled(kD)) {

@@ -7,7 +7,8 @@
 //  * context: SM90 with sm_90a code in the binary, MHA, q bf16 / f16, qk_head_dim == v_head_dim in
 //    {64, 128, 256} (and in ATTNKIT_HEAD_DIMS);
 //  * forward: extend / mixed / draft-extend (queries = the last q_len keys of each request), no
-//    encoder (cross-attention) tokens, an MHA pool holding the q dtype (no fp8 KV), any page size;
+//    encoder (cross-attention) tokens, an MHA pool holding the q dtype (or fp8_e4m3 with bf16 q at
+//    d 128 when created with allow_fp8_kv: the FP8 kernel), any page size;
 //  * layer: no sliding window, soft-cap or sinks, not MLA / cross-attention, the context's shape,
 //    q / out / K / V rows 16-byte aligned. Causal, or bidirectional for encoder-only layers.
 //
@@ -35,8 +36,11 @@ class PrefillSm90Engine {
  public:
   // The engine for ctx on a device of compute capability cc with sm_count SMs, or nullptr with the
   // reason in *why_not when the context can never use it.
+  // allow_fp8_kv: forwards over an fp8_e4m3 pool with bf16 q at head dim 128 run the FP8 kernel
+  // (kernels/prefill_sm90_fp8.cuh: e4m3 Q per row, e4m3 P, both GEMMs on e4m3 wgmma; the fa3
+  // backend; ATTNKIT_FA3_FP8=0 turns it off); false: such forwards are declined.
   static std::unique_ptr<PrefillSm90Engine> create(const BackendContext& ctx, int sm_count, int cc,
-                                                   std::string* why_not);
+                                                   std::string* why_not, bool allow_fp8_kv = false);
 
   // "" when the forward qualifies (mode, pool, encoder tokens).
   std::string why_not(const ForwardBatch& batch) const;
@@ -54,6 +58,8 @@ class PrefillSm90Engine {
   // Keys per block of the kernel this engine launches (default_block_n of the head dim, or
   // ATTNKIT_FA3_BLOCK_N where block_n_supported).
   int block_n() const { return block_n_; }
+  // Whether the planned forward runs the FP8 kernel (an fp8_e4m3 pool, allow_fp8_kv).
+  bool planned_fp8() const { return planned_ && planned_fp8_; }
 
  private:
   PrefillSm90Engine(const BackendContext& ctx, int sm_count) : ctx_(ctx), sm_count_(sm_count) {}
@@ -64,7 +70,7 @@ class PrefillSm90Engine {
   // the consumer warpgroups), ATTNKIT_FA3_TMA=0 (cp.async gathers for every key block),
   // ATTNKIT_FA3_FENCE_TMA=0 (no proxy fence after TMA blocks), ATTNKIT_FA3_OVERLAP=0 (serial
   // schedule), ATTNKIT_FA3_SCHED=0 (plain-stride persistent schedule instead of the zigzag),
-  // ATTNKIT_FA3_LAZY_RESCALE=1 (lazy O rescale, Fa3Params::lazy_rescale),
+  // ATTNKIT_FA3_LAZY_RESCALE=0 (no lazy O rescale, Fa3Params::lazy_rescale; on by default),
   // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   bool pingpong_ = true;
@@ -72,11 +78,13 @@ class PrefillSm90Engine {
   bool fence_tma_ = true;
   bool overlap_ = true;
   bool zigzag_ = true;
-  bool lazy_rescale_ = false;
+  bool lazy_rescale_ = true;
   int block_n_ = 128;
   int diag_ = 0;
 
+  bool fp8_kv_ = false;  // allow_fp8_kv and the context fits the FP8 kernel
   bool planned_ = false;
+  bool planned_fp8_ = false;
   int plan_bs_ = 0;
   int num_tiles_ = 0;
   std::vector<int32_t> words_;

@@ -140,7 +140,7 @@ class FlashInferBackend final : public AttentionBackend {
         portable_(std::move(portable)),
         ctx_portable_reason_(std::move(portable_reason)),
         mla_engine_(std::move(mla_engine)),
-        prefix_cache_(ctx.device),
+        prefix_cache_(ctx),
         sm90_prefill_(std::move(sm90_prefill)) {}
 
   const BackendDescriptor& descriptor() const override {
@@ -298,6 +298,7 @@ std::string FlashInferBackend::portable_reason(const ForwardBatch& batch) const 
 
 Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   plan_ = Plan{};
+  prefix_cache_.drop_plan();
   cascade_.reset();
   if (sm90_prefill_ != nullptr) sm90_prefill_->drop_plan();
   stats_.cascade_shared_prefix = 0;
@@ -312,6 +313,10 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   }
   const int bs = batch.batch_size;
   plan_.bs = bs;
+  // The MLA chunked prefix cache of this forward's non-absorbed layers (layer.mla_prefix).
+  if (mla::MlaPrefixCacheRunner::takes(ctx_, batch)) {
+    ATTNKIT_RETURN_IF_ERROR(prefix_cache_.plan(batch, stream_for(batch)));
+  }
   if (mla_engine_ != nullptr && mla_engine_->why_not(batch).empty()) {
     ATTNKIT_RETURN_IF_ERROR(mla_engine_->plan(batch, stream_for(batch)));
     plan_.mla_native = true;
@@ -701,6 +706,7 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec) {
   if (!graph_ready_)
     return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
+  prefix_cache_.drop_plan();  // graphs capture no prefix mode (mla_prefix_cache.h)
   if (graph_mla_native(encoder_lens, mode, spec)) {
     plan_ = Plan{};
     plan_.valid = true;
@@ -775,6 +781,7 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     const int32_t* seq_lens_host) {
   if (!graph_ready_)
     return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
+  prefix_cache_.drop_plan();
   if (graph_mla_native(encoder_lens, mode, spec)) {
     return mla_engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream);
   }

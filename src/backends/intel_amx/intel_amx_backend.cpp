@@ -44,6 +44,39 @@ constexpr int kMinSplitKeys = 256;
 // Extend items of the vector kernels: this many query tokens (all heads of the group).
 constexpr int kVectorExtendTokensPerItem = 16;
 constexpr int kExtendItemsPerThread = 4;
+// AMX extend packs each forward's K/V blocks once (ExtendWork::packed) while the packed copy stays
+// below this size; larger batches pack per item into the thread scratch.
+constexpr int64_t kMaxPackedBytes = int64_t{512} << 20;
+// Experiment switches of the AMX extend (read once per backend): ATTNKIT_AMX_PREPACK=0 packs per
+// item (the layout before packing once per forward), ATTNKIT_AMX_ROWS_PER_ITEM (64..512, a power
+// of two) sets the largest item, ATTNKIT_AMX_KEY_BLOCK=256 computes 256 keys per block (two packed
+// blocks; only when packing once per forward). Other values keep the defaults.
+constexpr const char* kPrepackEnvVar = "ATTNKIT_AMX_PREPACK";
+constexpr const char* kRowsPerItemEnvVar = "ATTNKIT_AMX_ROWS_PER_ITEM";
+constexpr const char* kKeyBlockEnvVar = "ATTNKIT_AMX_KEY_BLOCK";
+
+bool env_prepack() {
+  const char* v = std::getenv(kPrepackEnvVar);
+  return v == nullptr || std::string(v) != "0";
+}
+
+int env_key_block() {
+  const char* v = std::getenv(kKeyBlockEnvVar);
+  if (v != nullptr && std::atoi(v) == cpu_attention::kAmxMaxKeyBlock) {
+    return cpu_attention::kAmxMaxKeyBlock;
+  }
+  return cpu_attention::kAmxKeyBlock;
+}
+
+int env_rows_per_item() {
+  const char* v = std::getenv(kRowsPerItemEnvVar);
+  if (v == nullptr) return cpu_attention::kAmxDefaultRowsPerItem;
+  const int rows = std::atoi(v);
+  for (int r = cpu_attention::kAmxMinRowsPerItem; r <= cpu_attention::kAmxRowsPerItem; r *= 2) {
+    if (r == rows) return rows;
+  }
+  return cpu_attention::kAmxDefaultRowsPerItem;
+}
 
 template <typename... Args>
 std::string cat(const Args&... args) {
@@ -84,6 +117,10 @@ struct Plan {
   std::vector<DecodeItem> decode_items;
   std::vector<DecodeMerge> decode_merges;
   std::vector<ExtendItem> extend_items;
+  // AMX extend with K/V packed once per forward: first packed block of each request, then the
+  // total (ExtendWork::pack_begin); empty when the items pack for themselves.
+  std::vector<int64_t> pack_begin;
+  int key_block = cpu_attention::kAmxKeyBlock;  // ExtendWork::key_block
   int32_t num_partials = 0;
 };
 
@@ -93,7 +130,10 @@ class IntelAmxBackend final : public AttentionBackend {
       : ctx_(ctx),
         isa_(isa),
         descriptor_(descriptor),
-        num_threads_(default_num_threads(ctx.num_threads)) {}
+        num_threads_(default_num_threads(ctx.num_threads)),
+        prepack_(env_prepack()),
+        amx_rows_per_item_(env_rows_per_item()),
+        amx_key_block_(env_key_block()) {}
 
   // Per-thread scratch for the context's head counts and dims: sized once here, reused by every
   // forward (the kernels never allocate).
@@ -131,6 +171,17 @@ class IntelAmxBackend final : public AttentionBackend {
     const int32_t partials = std::max(self_.num_partials, has_cross_ ? cross_.num_partials : 0);
     partial_out_.resize(static_cast<size_t>(partials) * group * ctx_.v_head_dim);
     partial_lse_.resize(static_cast<size_t>(partials) * group);
+    int64_t pack_blocks = 0;
+    if (!self_.pack_begin.empty()) pack_blocks = self_.pack_begin.back();
+    if (has_cross_ && !cross_.pack_begin.empty()) {
+      pack_blocks = std::max(pack_blocks, cross_.pack_begin.back());
+    }
+    const int64_t pack_bytes =
+        pack_blocks * cpu_attention::amx_packed_block_elems(ctx_.qk_head_dim, ctx_.v_head_dim) *
+        static_cast<int64_t>(sizeof(uint16_t));
+    if (pack_bytes > packed_.bytes()) {  // grows only; reused by every layer of the forward
+      ATTNKIT_ASSIGN_OR_RETURN(packed_, Buffer::allocate(Device::cpu(), pack_bytes));
+    }
     planned_mode_ = batch.mode;
     planned_batch_size_ = batch.batch_size;
     planned_ = true;
@@ -148,7 +199,12 @@ class IntelAmxBackend final : public AttentionBackend {
     ATTNKIT_RETURN_IF_ERROR(prepare(q, k, v, out, layer, batch, save_kv, lse, &p));
     if (batch.num_tokens == 0) return Status::ok();
     const Plan& plan = layer.is_cross_attention ? cross_ : self_;
-    const ExtendWork work{&plan.requests, &plan.extend_items};
+    ExtendWork work{&plan.requests, &plan.extend_items};
+    if (!plan.pack_begin.empty()) {
+      work.packed = static_cast<uint16_t*>(packed_.data());
+      work.pack_begin = &plan.pack_begin;
+      work.key_block = plan.key_block;
+    }
     const ThreadScratch ts = thread_scratch();
     switch (isa_) {
       case CpuIsa::kAmx:
@@ -264,6 +320,7 @@ class IntelAmxBackend final : public AttentionBackend {
   void plan_decode(Plan* plan) const {
     plan->decode_items.clear();
     plan->decode_merges.clear();
+    plan->pack_begin.clear();
     const int hkv = ctx_.num_kv_heads;
     int64_t keys = 0;
     for (const CpuRequest& rq : plan->requests) keys += rq.seq_len;
@@ -305,7 +362,7 @@ class IntelAmxBackend final : public AttentionBackend {
       int64_t total_rows = 0;
       for (const CpuRequest& rq : plan->requests) total_rows += rq.num_queries * group;
       const int64_t wanted = static_cast<int64_t>(num_threads_) * kExtendItemsPerThread;
-      rows_per_item = cpu_attention::kAmxRowsPerItem;
+      rows_per_item = amx_rows_per_item_;
       while (rows_per_item > cpu_attention::kAmxMinRowsPerItem &&
              ceil_div(total_rows, rows_per_item) * ctx_.num_kv_heads < wanted) {
         rows_per_item /= 2;
@@ -328,6 +385,24 @@ class IntelAmxBackend final : public AttentionBackend {
     std::stable_sort(items.begin(), items.end(), [&](const ExtendItem& a, const ExtendItem& b) {
       return keys_of(a) > keys_of(b);
     });
+    plan->pack_begin.clear();
+    plan->key_block = cpu_attention::kAmxKeyBlock;
+    if (isa_ != CpuIsa::kAmx || !prepack_ || items.empty()) return;
+    const int64_t block_bytes =
+        cpu_attention::amx_packed_block_elems(ctx_.qk_head_dim, ctx_.v_head_dim) *
+        static_cast<int64_t>(sizeof(uint16_t));
+    int64_t blocks = 0;
+    plan->pack_begin.reserve(plan->requests.size() + 1);
+    for (const CpuRequest& rq : plan->requests) {
+      plan->pack_begin.push_back(blocks);
+      blocks += cpu_attention::amx_blocks_per_head(rq.seq_len, amx_key_block_) * ctx_.num_kv_heads;
+    }
+    plan->pack_begin.push_back(blocks);
+    if (blocks * block_bytes > kMaxPackedBytes) {
+      plan->pack_begin.clear();
+    } else {
+      plan->key_block = amx_key_block_;
+    }
   }
 
   // Validation, the cache write and the kernel parameters shared by extend and decode.
@@ -409,6 +484,10 @@ class IntelAmxBackend final : public AttentionBackend {
   CpuIsa isa_;
   const BackendDescriptor& descriptor_;
   int num_threads_;
+  bool prepack_;           // ATTNKIT_AMX_PREPACK (default on)
+  int amx_rows_per_item_;  // ATTNKIT_AMX_ROWS_PER_ITEM (default kAmxDefaultRowsPerItem)
+  int amx_key_block_;      // ATTNKIT_AMX_KEY_BLOCK (default kAmxKeyBlock)
+  Buffer packed_;          // AMX extend: the forward's packed K/V blocks
   Buffer scratch_;
   int64_t scratch_stride_ = 0;
 

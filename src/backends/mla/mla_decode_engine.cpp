@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "attnkit/kv_cache.h"
@@ -19,6 +20,17 @@ namespace attnkit::mla {
 namespace {
 
 constexpr int kMinComputeCapability = 80;  // mma.sync m16n8k16 bf16, cp.async
+constexpr int kWgmmaComputeCapability = 90;
+
+// ATTNKIT_MLA_WGMMA: "0" keeps 64-row tiles on the mma.sync kernel; unset or anything else lets
+// them run the wgmma kernel where it can with page sizes 1 and 64 (verified on an H200); "all"
+// adds page 128 (cutlass_mla: the same kernel template, not yet run on a device).
+bool wgmma_env_on(int page_size) {
+  const char* e = std::getenv("ATTNKIT_MLA_WGMMA");
+  const std::string v = e == nullptr ? "" : e;
+  if (v == "0") return false;
+  return page_size != 128 || v == "all";
+}
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -52,8 +64,11 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
                                " bytes of shared memory per block, the device allows " +
                                str(smem_optin));
   }
-  return std::unique_ptr<MlaDecodeEngine>(
+  std::unique_ptr<MlaDecodeEngine> e(
       new MlaDecodeEngine(ctx, std::move(owner), page_size, allow_fp8, sm_count));
+  e->use_wgmma_ = cc == kWgmmaComputeCapability && smem_optin >= wgmma_smem_bytes() &&
+                  wgmma_env_on(page_size) && wgmma_available();
+  return e;
 }
 
 std::string MlaDecodeEngine::why_not_common(ForwardMode mode, int topk, DType kv_dtype) const {
@@ -241,6 +256,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.partial_out = plan_.partial_out;
   p.partial_lse = plan_.partial_lse;
   p.num_parts = plan_.num_parts;
+  p.use_wgmma = use_wgmma_ ? 1 : 0;
   return run_decode(p, page_size_, kv_dtype, stream);
 }
 

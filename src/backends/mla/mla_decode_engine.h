@@ -43,6 +43,10 @@ class MlaDecodeEngine {
                     StreamHandle stream);
 
   int page_size() const { return page_size_; }
+  // Whether 64-row tiles with a bf16 cache (33+ query rows per request: 128 heads) run the sm_90a
+  // wgmma kernel: SM90 device, sm_90a code in the build, ATTNKIT_MLA_WGMMA not "0" (page 128:
+  // only with ATTNKIT_MLA_WGMMA=all until verified on a device).
+  bool uses_wgmma() const { return use_wgmma_; }
 
  private:
   MlaDecodeEngine(const BackendContext& ctx, std::string owner, int page_size, bool allow_fp8,
@@ -61,6 +65,7 @@ class MlaDecodeEngine {
   int page_size_ = 1;
   bool allow_fp8_ = false;
   int sm_count_ = 0;
+  bool use_wgmma_ = false;
 
   // The current forward's plan.
   struct Plan {

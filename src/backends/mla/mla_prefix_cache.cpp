@@ -73,43 +73,38 @@ std::string MlaPrefixCacheRunner::why_not(const TensorView& q, const AttentionLa
   if (layer.sinks.defined()) return "attention sinks";
   if (batch.kv_pool == nullptr || !batch.kv_pool->is_mla()) return "no MLA pool";
   const DType kv = batch.kv_pool->dtype();
-  if (kv != DType::kBF16 && kv != DType::kF16 && !dtype_is_fp8(kv)) {
-    return std::string("latent pool dtype ") + dtype_name(kv) + " (bf16, f16, fp8)";
+  if (kv != DType::kBF16 && kv != DType::kF16 && !dtype_is_fp8(kv) && kv != DType::kFP4E2M1) {
+    return std::string("latent pool dtype ") + dtype_name(kv) + " (bf16, f16, fp8, fp4_e2m1)";
   }
-  if (batch.kv_pool->is_mla() &&
-      static_cast<const MLAKVPool&>(*batch.kv_pool).kv_buffer(layer.layer_id).size(2) !=
-          layer.kv_lora_rank + layer.qk_rope_head_dim) {
+  if (static_cast<const MLAKVPool&>(*batch.kv_pool).kv_buffer(layer.layer_id).size(2) !=
+      layer.kv_lora_rank + layer.qk_rope_head_dim) {
     return "pool row width differs from kv_lora_rank + qk_rope_head_dim";
   }
   return "";
 }
 
-Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const TensorView& v,
-                                 const TensorView& out, const AttentionLayer& layer,
-                                 const ForwardBatch& batch, const TensorView& lse,
-                                 StreamHandle stream) {
-  const std::string why = why_not(q, layer, batch);
-  if (!why.empty()) {
-    return Status::unsupported("MLA chunked prefix cache (layer.mla_prefix): " + why);
-  }
+bool MlaPrefixCacheRunner::takes(const BackendContext& ctx, const ForwardBatch& batch) {
+  return ctx.is_mla && ctx.mla_prefix_chunk_tokens > 0 &&
+         (batch.mode == ForwardMode::kExtend || batch.mode == ForwardMode::kMixed ||
+          batch.mode == ForwardMode::kDraftExtend) &&
+         batch.extend_prefix_lens_host.size() == static_cast<size_t>(batch.batch_size) &&
+         batch.extend_seq_lens_host.size() == static_cast<size_t>(batch.batch_size) &&
+         batch.encoder_lens_host.empty();
+}
+
+Status MlaPrefixCacheRunner::plan(const ForwardBatch& batch, StreamHandle stream) {
+  planned_ = false;
   const int bs = batch.batch_size;
   const int64_t t = batch.num_tokens;
-  const int h = layer.num_q_heads;
-  const int dqk = layer.qk_head_dim;
-  const int dv = layer.v_head_dim;
-  const int width = layer.kv_lora_rank + layer.qk_rope_head_dim;
-  const DType act = q.dtype;
-  const int64_t es = dtype_storage_bytes(act, 1);
+  const int h = ctx_.num_q_heads;
+  const int64_t es = dtype_storage_bytes(ctx_.q_dtype, 1);
+  const int width = ctx_.kv_lora_rank + ctx_.qk_rope_head_dim;
   const cudaStream_t s = cuda::to_stream(stream);
 
   // Chunk layout (plan_prefix_chunks) and the meta buffer:
   // [bs] q_start, [bs] q_len, [bs + 1] zeros, then [chunks][bs + 1] chunk offsets.
-  const PrefixChunkLayout layout =
-      plan_prefix_chunks(batch.extend_prefix_lens_host, layer.mla_prefix->chunk_tokens);
-  const int chunk_len = layout.chunk_len;
-  const int chunks = layout.chunks;
-  const int64_t cap = static_cast<int64_t>(chunk_len) * bs;
-  last_num_chunks_ = chunks;
+  layout_ = plan_prefix_chunks(batch.extend_prefix_lens_host, ctx_.mla_prefix_chunk_tokens);
+  const int64_t cap = static_cast<int64_t>(layout_.chunk_len) * bs;
   meta_host_.assign(static_cast<size_t>(3 * bs + 1), 0);
   int32_t start = 0;
   for (int r = 0; r < bs; ++r) {
@@ -120,25 +115,23 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
     meta_host_[static_cast<size_t>(bs + r)] = n;
     start += n;
   }
-  const size_t chunk_base = meta_host_.size();
-  meta_host_.insert(meta_host_.end(), layout.indptr.begin(), layout.indptr.end());
-  ATTNKIT_RETURN_IF_ERROR(meta_.reserve(device_, static_cast<int64_t>(meta_host_.size())));
+  chunk_base_ = meta_host_.size();
+  meta_host_.insert(meta_host_.end(), layout_.indptr.begin(), layout_.indptr.end());
+  ATTNKIT_RETURN_IF_ERROR(meta_.reserve(ctx_.device, static_cast<int64_t>(meta_host_.size())));
   ATTNKIT_CUDA_TRY(cudaMemcpyAsync(meta_.data(), meta_host_.data(),
                                    meta_host_.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-  const int32_t* q_start = meta_.data();
-  const int32_t* q_len = meta_.data() + bs;
-  const int32_t* zeros = meta_.data() + 2 * bs;
 
-  // Workspace.
+  // Workspace (grow-only).
   const int64_t rows = t * h;
-  ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(device_, 3 * rows * dv));
-  ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(device_, 3 * rows));
-  if (chunks > 0) {
-    ATTNKIT_RETURN_IF_ERROR(latent_.reserve(device_, cap * width * es));
-    ATTNKIT_RETURN_IF_ERROR(kc_.reserve(device_, cap * h * dqk * es));
-    ATTNKIT_RETURN_IF_ERROR(vc_.reserve(device_, cap * h * dv * es));
+  ATTNKIT_RETURN_IF_ERROR(
+      partial_out_.reserve(ctx_.device, 3 * rows * triton::kMlaPrefillHeadDimV));
+  ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, 3 * rows));
+  if (layout_.chunks > 0) {
+    ATTNKIT_RETURN_IF_ERROR(latent_.reserve(ctx_.device, cap * width * es));
+    ATTNKIT_RETURN_IF_ERROR(kc_.reserve(ctx_.device, cap * h * triton::kMlaPrefillHeadDimQK * es));
+    ATTNKIT_RETURN_IF_ERROR(vc_.reserve(ctx_.device, cap * h * triton::kMlaPrefillHeadDimV * es));
     if (iota_filled_ < cap) {
-      ATTNKIT_RETURN_IF_ERROR(iota_.reserve(device_, cap));
+      ATTNKIT_RETURN_IF_ERROR(iota_.reserve(ctx_.device, cap));
       iota_host_.resize(static_cast<size_t>(iota_.capacity));
       for (size_t i = 0; i < iota_host_.size(); ++i) iota_host_[i] = static_cast<int32_t>(i);
       ATTNKIT_CUDA_TRY(cudaMemcpyAsync(iota_.data(), iota_host_.data(),
@@ -147,6 +140,58 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
       iota_filled_ = iota_.capacity;
     }
   }
+  planned_ = true;
+  planned_bs_ = bs;
+  planned_tokens_ = t;
+  return Status::ok();
+}
+
+Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const AttentionLayer& layer,
+                                 const ForwardBatch& batch, const TensorView& lse,
+                                 StreamHandle stream) {
+  const std::string why = why_not(q, layer, batch);
+  if (!why.empty()) {
+    return Status::unsupported("MLA chunked prefix cache (layer.mla_prefix): " + why);
+  }
+  if (layer.mla_prefix->chunk_tokens != ctx_.mla_prefix_chunk_tokens) {
+    return Status::invalid_argument(
+        "MLA chunked prefix cache: layer " + str(layer.layer_id) +
+        " has mla_prefix->chunk_tokens " + str(layer.mla_prefix->chunk_tokens) +
+        " but BackendContext.mla_prefix_chunk_tokens is " + str(ctx_.mla_prefix_chunk_tokens) +
+        " (init_forward_metadata plans the prefix chunks for it: set it to the layers' chunk "
+        "budget)");
+  }
+  if (!planned_ || planned_bs_ != batch.batch_size || planned_tokens_ != batch.num_tokens) {
+    return Status::invalid_argument(
+        "MLA chunked prefix cache (layer.mla_prefix): no plan for this batch (batch_size " +
+        str(batch.batch_size) + ", num_tokens " + str(batch.num_tokens) +
+        "): init_forward_metadata plans it for extend / mixed / draft-extend batches with "
+        "extend_prefix_lens_host and no encoder_lens, not for CUDA-graph captures or replays");
+  }
+  if (layer.num_q_heads != ctx_.num_q_heads || q.dtype != ctx_.q_dtype ||
+      layer.kv_lora_rank + layer.qk_rope_head_dim != ctx_.kv_lora_rank + ctx_.qk_rope_head_dim) {
+    return Status::invalid_argument(
+        "MLA chunked prefix cache: layer " + str(layer.layer_id) + " (q heads " +
+        str(layer.num_q_heads) + ", q dtype " + dtype_name(q.dtype) + ", latent row " +
+        str(layer.kv_lora_rank + layer.qk_rope_head_dim) +
+        ") differs from the backend context the workspace was planned for (q heads " +
+        str(ctx_.num_q_heads) + ", q dtype " + dtype_name(ctx_.q_dtype) + ", latent row " +
+        str(ctx_.kv_lora_rank + ctx_.qk_rope_head_dim) + ")");
+  }
+  const int bs = batch.batch_size;
+  const int64_t t = batch.num_tokens;
+  const int h = layer.num_q_heads;
+  const int dqk = layer.qk_head_dim;
+  const int dv = layer.v_head_dim;
+  const int width = layer.kv_lora_rank + layer.qk_rope_head_dim;
+  const DType act = q.dtype;
+  const int chunk_len = layout_.chunk_len;
+  const int chunks = layout_.chunks;
+  const int32_t* q_start = meta_.data();
+  const int32_t* q_len = meta_.data() + bs;
+  const int32_t* zeros = meta_.data() + 2 * bs;
+  const int64_t rows = t * h;
   const auto slot_out = [&](int i) { return partial_out_.data() + i * rows * dv; };
   const auto slot_lse = [&](int i) { return partial_lse_.data() + i * rows; };
 
@@ -198,14 +243,7 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
     f.prefix_chunks = n;
     f.partial_out = slot_out(first_slot);
     f.partial_lse = slot_lse(first_slot);
-    f.out = out.data;
-    f.o_stride_token = out.stride(0);
-    f.o_stride_head = out.stride(1);
-    if (lse.defined()) {
-      f.lse = lse.data_as<float>();
-      f.lse_stride_token = lse.stride(0);
-      f.lse_stride_head = lse.stride(1);
-    }
+    detail::set_out_params(f, out, lse);
     return flashinfer::cascade_merge(f, act, stream);
   };
   if (chunks == 0 || t == 0) return merge_to_out(0, 1);
@@ -214,23 +252,28 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
   const TensorView kv = pool.kv_buffer(layer.layer_id);
   const DType kv_dtype = pool.dtype();
   const TensorView table = batch.req_to_token_pool->table();
-  const Device dev = device_;
+  const Device dev = ctx_.device;
+  PrefixGatherParams g;  // the chunk-independent fields
+  g.pool = kv.data;
+  g.pool_stride_row = kv.stride(0);
+  g.req_to_token = table.data_as<const int32_t>();
+  g.req_to_token_stride = table.stride(0);
+  g.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
+  g.bs = bs;
+  g.width = width;
+  g.k_scale = dtype_is_fp8(kv_dtype) || kv_dtype == DType::kFP4E2M1 ? layer.k_scale : 1.f;
+  if (kv_dtype == DType::kFP4E2M1) {
+    const TensorView scales = pool.scale_buffer(layer.layer_id);
+    g.scales = scales.data_as<const uint8_t>();
+    g.scale_stride_row = scales.stride(0);
+  }
   int acc = 0;  // slot of the running merge: 0 or 2; chunk partials always land in slot 1
   for (int c = 0; c < chunks; ++c) {
-    const int32_t* indptr = meta_.data() + chunk_base + static_cast<size_t>(c) * (bs + 1);
-    const int n = layout.tokens[static_cast<size_t>(c)];
-    PrefixGatherParams g;
-    g.pool = kv.data;
-    g.pool_stride_row = kv.stride(0);
-    g.req_to_token = table.data_as<const int32_t>();
-    g.req_to_token_stride = table.stride(0);
-    g.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
+    const int32_t* indptr = meta_.data() + chunk_base_ + static_cast<size_t>(c) * (bs + 1);
+    const int n = layout_.tokens[static_cast<size_t>(c)];
     g.chunk_indptr = indptr;
     g.chunk_start = c * chunk_len;
-    g.bs = bs;
     g.tokens = n;
-    g.width = width;
-    g.k_scale = dtype_is_fp8(kv_dtype) ? layer.k_scale : 1.f;
     g.latent = latent_.data();
     ATTNKIT_RETURN_IF_ERROR(gather_prefix_latent(g, kv_dtype, act, stream));
     const TensorView lat(latent_.data(), act, dev, {n, width});

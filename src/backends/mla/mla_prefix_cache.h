@@ -3,7 +3,9 @@
 // Shared by the backends whose MLA row says "chunked prefix cache" (flashinfer, fa3, flashmla,
 // cutlass_mla: the last three reach it through their flashinfer MLA path).
 //
-// Per layer:
+// Once per forward (plan, from init_forward_metadata): the chunk layout of the batch's prefixes
+// for BackendContext::mla_prefix_chunk_tokens, uploaded with the new tokens' layout, and the
+// workspace reserved. Per layer (run; no allocation, no host->device copy, no synchronisation):
 //   1. new tokens over new tokens, causal (the triton SIMT 192/128 kernel) -> f32 partial A
 //   2. for each prefix chunk c (request r's prefix positions [c L, min((c + 1) L, prefix_r)),
 //      L = max(1, chunk_tokens / bs)): gather the chunk's latent rows (mla_prefix_gather.cu),
@@ -12,6 +14,8 @@
 //      (the flashinfer cascade merge kernel, f32 result) -> A; the last merge writes out / lse.
 // Workspace: L * bs latent rows and decompressed k/v, three f32 partial row sets of the new
 // tokens; nothing grows with the prefix beyond the per-chunk offsets.
+// The prefix modes (extend, mixed, draft extend) are not CUDA-graph captured; capture and replay
+// drop the plan, so a layer with mla_prefix there fails with a clear error.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include "attnkit/attention_layer.h"
+#include "attnkit/backend.h"
 #include "attnkit/forward_batch.h"
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
@@ -48,28 +53,40 @@ MergeStep merge_step(int acc, bool last);
 
 class MlaPrefixCacheRunner {
  public:
-  explicit MlaPrefixCacheRunner(Device device) : device_(device) {}
+  explicit MlaPrefixCacheRunner(const BackendContext& ctx) : ctx_(ctx) {}
 
   // Why this layer call cannot run here ("" = it can): head dims, dtypes, features.
   static std::string why_not(const TensorView& q, const AttentionLayer& layer,
                              const ForwardBatch& batch);
+  // Whether a forward of `batch` may carry layers with mla_prefix (an MLA context with
+  // mla_prefix_chunk_tokens > 0; an extend, mixed or draft-extend batch with
+  // the host extend lengths and no encoder): then plan() prepares it.
+  static bool takes(const BackendContext& ctx, const ForwardBatch& batch);
+
+  // Once per forward (init_forward_metadata), for a batch that takes() accepts: the chunk layout,
+  // the device metadata and the workspace. The batch was validated by the caller.
+  Status plan(const ForwardBatch& batch, StreamHandle stream);
+  // Forgets the plan (the next forward did not ask for one, or a CUDA graph is captured).
+  void drop_plan() { planned_ = false; }
 
   // Inputs validated by the caller (validate_forward_inputs); layer.mla_prefix != nullptr.
+  // Needs the plan of this forward.
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, const TensorView& lse,
              StreamHandle stream);
 
-  // Prefix chunks of the last run (tests check that several were used).
-  int last_num_chunks() const { return last_num_chunks_; }
-
  private:
-  Device device_;
+  BackendContext ctx_;
+  bool planned_ = false;
+  int planned_bs_ = 0;
+  int64_t planned_tokens_ = 0;
+  PrefixChunkLayout layout_;
+  size_t chunk_base_ = 0;  // meta_: offset of the chunk offsets
   DeviceArray<unsigned char> latent_, kc_, vc_;
   DeviceArray<int32_t> iota_, meta_;
   DeviceArray<float> partial_out_, partial_lse_;
   int64_t iota_filled_ = 0;
   std::vector<int32_t> meta_host_, iota_host_;
-  int last_num_chunks_ = 0;
 };
 
 }  // namespace attnkit::mla

@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "attnkit/registry.h"
+#include "core/str_cat.h"
 #ifdef ATTNKIT_WITH_CUDA
 #include "cuda/common/cuda_check.cuh"
 #endif
@@ -18,13 +18,6 @@ namespace reference {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
 
 double load3(const TensorView& t, int64_t i, int64_t h, int64_t d) {
   return load_as_float(t.data, t.dtype, i * t.stride(0) + h * t.stride(1) + d * t.stride(2));
@@ -656,10 +649,10 @@ class TorchNativeBackend final : public AttentionBackend {
     if (!t.defined()) return TensorView();
     for (int d = 0; d < t.ndim; ++d) {
       if (t.stride(d) < 0) {
-        return Status::invalid_argument(reference::cat(name, ": ", t.describe(), " has stride ",
-                                                       t.stride(d), " in dim ", d,
-                                                       "; torch_native stages only views with "
-                                                       "non-negative strides"));
+        return Status::invalid_argument(cat(name, ": ", t.describe(), " has stride ", t.stride(d),
+                                            " in dim ", d,
+                                            "; torch_native stages only views with "
+                                            "non-negative strides"));
       }
     }
     const int64_t bytes = t.storage_bytes();

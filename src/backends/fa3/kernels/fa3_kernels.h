@@ -39,4 +39,9 @@ template <int kD>
 Status run_prefill_sm90(const Fa3Params& p, DType q_dtype, int block_n, int sm_count,
                         StreamHandle stream);
 
+// The FP8 kernel (prefill_sm90_fp8.cuh): e4m3 pool (k_scale folded into p.scale_log2, p.v_scale),
+// bf16 q / out, head dim 128, key blocks of 128. Instantiated in the head-dim-128 unit.
+bool prefill_sm90_fp8_available();
+Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream);
+
 }  // namespace attnkit::fa3

@@ -91,8 +91,8 @@ struct Fa3Params {
   // (ATTNKIT_FA3_SCHED=0).
   int sched = 1;
   // Diagnostics only (wrong results; timing decomposition): bit 1 = the producer loads nothing,
-  // 2 = no softmax (P = raw S). (GEMM-off bits are not offered: a branch around a wgmma makes
-  // ptxas serialise every wgmma of the kernel.)
+  // 2 = no softmax (P = raw S), 4 = (FP8 kernel) no V transpose. (GEMM-off bits are not offered: a
+  // branch around a wgmma makes ptxas serialise every wgmma of the kernel.)
   int diag = 0;
 
   const void* q = nullptr;  // [T, Hq, D] bf16/f16
@@ -102,8 +102,8 @@ struct Fa3Params {
   float* lse = nullptr;  // [T, Hq] f32 natural-log LSE; nullptr = not requested
   int64_t lse_stride_token = 0, lse_stride_head = 0;
 
-  const void* k_pool = nullptr;  // [rows, Hkv, D] q dtype
-  const void* v_pool = nullptr;  // [rows, Hkv, D] q dtype
+  const void* k_pool = nullptr;  // [rows, Hkv, D] q dtype (FP8 kernel: e4m3)
+  const void* v_pool = nullptr;  // [rows, Hkv, D] q dtype (FP8 kernel: e4m3)
   int64_t k_stride_row = 0, k_stride_head = 0;
   int64_t v_stride_row = 0, v_stride_head = 0;
 
@@ -122,10 +122,14 @@ struct Fa3Params {
   int causal = 1;          // 1: key k visible when k <= query position; 0: every key
   int pingpong = 1;        // 1: the consumer warpgroups alternate their GEMMs (named barriers)
   int overlap = 1;         // 1: softmax of block n overlaps the P V GEMM of block n + 1
-  // 1: lazy O rescale (ATTNKIT_FA3_LAZY_RESCALE=1; not yet measured or device-tested): the row
-  // maximum is raised only when it grows by more than 8 (log2), and O *= corr is skipped when no
-  // row of the warp changed it.
+  // 1 (the engine's default; ATTNKIT_FA3_LAZY_RESCALE=0: off): lazy O rescale: the row maximum
+  // is raised only when it grows by more than 8 (log2), and O *= corr is skipped when no row of
+  // the warp changed it. Exact after the final normalisation; measured +3.5% at causal and
+  // bidirectional 8k d 128, bf16 and FP8 (H200, 2026-11-22 08:26Z, docs/perf/fa3_notes.md).
   int lazy_rescale = 0;
+  // FP8 kernel (prefill_sm90_fp8.cuh) only: the pool holds e4m3 rows (x / scale); k_scale is
+  // folded into scale_log2 on the host, v_scale multiplies O in the epilogue.
+  float v_scale = 1.f;
 };
 
 }  // namespace attnkit::fa3

@@ -341,6 +341,13 @@ struct RowSoftmax {
   // P = exp2(S * scale_log2 - m_new) in place, updates m and l, returns the O rescale factors.
   __device__ __forceinline__ void step(float (&s)[kN / 2], const Fa3Params& p, const TileInfo& t,
                                        int nb, int g, int lane, int qpos0, float (&corr)[2]) {
+    const float sc[2] = {p.scale_log2, p.scale_log2};
+    step_scaled(s, sc, p, t, nb, g, lane, qpos0, corr);
+  }
+  // The same with a softmax scale per row (sc[h]: row r + 8 h, exp2 domain; > 0).
+  __device__ __forceinline__ void step_scaled(float (&s)[kN / 2], const float (&sc)[2],
+                                              const Fa3Params& p, const TileInfo& t, int nb, int g,
+                                              int lane, int qpos0, float (&corr)[2]) {
     if (p.diag & 2) {
       corr[0] = corr[1] = 1.f;
       return;
@@ -385,7 +392,7 @@ struct RowSoftmax {
       float r = fmaxf(mx[h][0], mx[h][1]);
       r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 1));
       r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 2));
-      const float m_cand = fmaxf(m[h], r * p.scale_log2);
+      const float m_cand = fmaxf(m[h], r * sc[h]);
       // Lazy rescale (p.lazy_rescale): keep the running maximum while the block's maximum exceeds
       // it by at most kLazyRescaleLog2 (P <= 2^8 then; O, l and the LSE use the same maximum, so
       // the result is exact after the final normalisation).
@@ -401,7 +408,7 @@ struct RowSoftmax {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e >> 1;
-        const float v = sm90::exp2_approx(fmaf(s[4 * j + e], p.scale_log2, -m_use[h]));
+        const float v = sm90::exp2_approx(fmaf(s[4 * j + e], sc[h], -m_use[h]));
         s[4 * j + e] = v;
         sum[h][(j & 1) * 2 + (e & 1)] += v;
       }

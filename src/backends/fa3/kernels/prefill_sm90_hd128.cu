@@ -1,6 +1,43 @@
-// SM90 wgmma prefill kernel, head dim 128, bf16 and f16 (empty unless 128 is in ATTNKIT_HEAD_DIMS).
+// SM90 wgmma prefill kernel, head dim 128, bf16 and f16, and the FP8 (e4m3 KV, bf16 q) kernel
+// (empty unless 128 is in ATTNKIT_HEAD_DIMS).
+#include "backends/fa3/kernels/prefill_sm90_fp8.cuh"
 #include "backends/fa3/kernels/prefill_sm90_launch.cuh"
 
 #ifdef ATTNKIT_HEAD_DIM_128
 ATTNKIT_FA3_PREFILL_SM90(128)
+
+namespace attnkit::fa3 {
+
+bool prefill_sm90_fp8_available() {
+  static const bool ok = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, prefill_sm90_fp8_kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attr.binaryVersion == 90;
+  }();
+  return ok;
+}
+
+Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream) {
+  using Tr = PrefillFp8Traits;
+  ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(
+      prefill_sm90_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
+  if (units == 0) return Status::ok();
+  const int grid = static_cast<int>(std::min<int64_t>(units, sm_count));
+  prefill_sm90_fp8_kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
+  ATTNKIT_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+}  // namespace attnkit::fa3
+#else
+namespace attnkit::fa3 {
+bool prefill_sm90_fp8_available() { return false; }
+Status run_prefill_sm90_fp8(const Fa3Params&, int, StreamHandle) {
+  return Status::unsupported("fa3: the FP8 wgmma kernel needs head dim 128 in ATTNKIT_HEAD_DIMS");
+}
+}  // namespace attnkit::fa3
 #endif

@@ -100,13 +100,18 @@ AmxScratchLayout amx_scratch_layout(int head_dim, int v_head_dim) {
   lay.k_packed = take(&cursor, kAmxKeyBlock * dp / 2);
   lay.v_stage = take(&cursor, kAmxKeyBlock * dvp / 2);
   lay.v_packed = take(&cursor, kAmxKeyBlock * dvp / 2);
-  lay.s = take(&cursor, 2 * kPairRows * kAmxKeyBlock);  // double-buffered
-  lay.p = take(&cursor, kAmxRowsPerItem * kAmxKeyBlock / 2);
+  lay.s = take(&cursor, 2 * kPairRows * kAmxMaxKeyBlock);  // double-buffered
+  lay.p = take(&cursor, kAmxRowsPerItem * kAmxMaxKeyBlock / 2);
   lay.o = take(&cursor, kAmxRowsPerItem * dvp);
   lay.m = take(&cursor, kAmxRowsPerItem);
   lay.l = take(&cursor, kAmxRowsPerItem);
   lay.total = cursor;
   return lay;
+}
+
+int64_t amx_packed_block_elems(int head_dim, int v_head_dim) {
+  constexpr int64_t kTileDepth = 32;
+  return kAmxKeyBlock * (round_up(head_dim, kTileDepth) + round_up(v_head_dim, kTileDepth));
 }
 
 void load_query_rows(const CpuAttentionParams& p, int token, int hq0, int n, float* q,

@@ -152,10 +152,22 @@ struct AmxScratchLayout {
 // every packed K/V block is reused by all of them) and keys per block (a multiple of the 32-key
 // tile depth). The planner may use fewer rows per item (down to kAmxMinRowsPerItem) so that
 // small batches still give every thread work.
-inline constexpr int kAmxRowsPerItem = 256;
+// kAmxRowsPerItem is the capacity (scratch, per-item arrays); the planner starts from
+// kAmxDefaultRowsPerItem (ATTNKIT_AMX_ROWS_PER_ITEM overrides it for experiments).
+inline constexpr int kAmxRowsPerItem = 512;
+inline constexpr int kAmxDefaultRowsPerItem = 256;
 inline constexpr int kAmxMinRowsPerItem = 64;
 inline constexpr int kAmxKeyBlock = 128;
+inline constexpr int kAmxMaxKeyBlock = 2 * kAmxKeyBlock;
+// Packed blocks of one (request, kv head) when the kernel computes key_block keys at a time: the
+// request's keys rounded up to whole compute blocks (the padding blocks are zeros).
+inline int64_t amx_blocks_per_head(int seq_len, int key_block) {
+  return (seq_len + key_block - 1) / key_block * (key_block / kAmxKeyBlock);
+}
 AmxScratchLayout amx_scratch_layout(int head_dim, int v_head_dim);
+// bf16 elements of one packed key block: K^T tiles [Dp / 32][kAmxKeyBlock / 16] then V tiles
+// [kAmxKeyBlock / 32][Dvp / 16], each tile 16 x 32 bf16 (the k_packed / v_packed layouts).
+int64_t amx_packed_block_elems(int head_dim, int v_head_dim);
 
 struct DecodeWork {
   const std::vector<CpuRequest>* requests;
@@ -165,9 +177,21 @@ struct DecodeWork {
   float* partial_lse;  // [num_partials, group] f32, log2 domain
 };
 
+// AMX extend with K/V packed once per forward: every (request, kv head, key block) of the
+// requests' keys [0, seq_len) is packed into the VNNI tile layouts by a first parallel pass, and
+// the items read the packed blocks (instead of each item packing every block it visits; at a 2k
+// causal prefill each block was packed about 16 times). Block b of kv head h of request r starts
+// at packed + (pack_begin[r] + h * ceil(seq_len / kAmxKeyBlock) + b) * amx_packed_block_elems;
+// pack_begin has one more entry than there are requests (the total). packed == nullptr: each
+// item packs into its thread's scratch.
 struct ExtendWork {
   const std::vector<CpuRequest>* requests;
   const std::vector<ExtendItem>* items;
+  uint16_t* packed = nullptr;
+  const std::vector<int64_t>* pack_begin = nullptr;
+  // Keys per compute block of the AMX kernel: kAmxKeyBlock, or kAmxMaxKeyBlock (two consecutive
+  // packed blocks; only with packed set).
+  int key_block = kAmxKeyBlock;
 };
 
 // Thread scratch: thread t uses scratch + t * scratch_stride floats.

@@ -218,10 +218,15 @@ struct RowInfo {
   int hi = 0;
 };
 
-template <class S>
+// KB: keys per compute block (S width, P depth): kAmxKeyBlock, or 2 x kAmxKeyBlock over two
+// consecutive packed blocks (only with K/V packed once per forward).
+template <class S, int KB>
 class AmxExtend {
  public:
   using T = typename S::T;
+  static_assert(KB % kAmxKeyBlock == 0 && KB <= kAmxMaxKeyBlock);
+  static constexpr int kBlockKeyTiles = KB / kTileCols;    // S tiles across the compute block
+  static constexpr int kBlockKeyChunks = KB / kTileDepth;  // P . V dot depths across it
 
   explicit AmxExtend(const CpuAttentionParams& p)
       : p_(p),
@@ -232,9 +237,14 @@ class AmxExtend {
         capped_(p.logit_cap > 0.f),
         pre_cap_(capped_ ? p.score_scale / p.logit_cap : p.score_scale),
         post_cap_(capped_ ? p.logit_cap * kLog2e : kLog2e),
-        lean_ok_(!capped_ && p.score_scale > 0.f) {}
+        lean_ok_(!capped_ && p.score_scale > 0.f),
+        k_elems_(static_cast<int64_t>(kAmxKeyBlock) * dp_),
+        block_elems_(amx_packed_block_elems(p.head_dim, p.v_head_dim)) {}
 
-  void run_item(const CpuRequest& rq, const ExtendItem& it, const AmxScratch& sc) {
+  // packed: this item's (request, kv head) blocks packed by pack_block (block b at
+  // packed + b * block_elems_), or nullptr to pack each visited block into the scratch.
+  void run_item(const CpuRequest& rq, const ExtendItem& it, const AmxScratch& sc,
+                const uint16_t* packed) {
     const int group = p_.group();
     const int nr = it.row_end - it.row_begin;
     const int row_tiles = (nr + kPairRows - 1) / kPairRows * 2;
@@ -270,35 +280,47 @@ class AmxExtend {
       k_lo = std::min(k_lo, tiles[t].any_lo);
       k_hi = std::max(k_hi, tiles[t].any_hi);
     }
+    // Packed blocks start at multiples of KB; keys of a block outside a row's visible
+    // range are masked by softmax_tile (the lean path only takes blocks every row sees whole).
+    if (packed != nullptr && k_lo < k_hi) k_lo = k_lo / KB * KB;
+    if constexpr (KB != kAmxKeyBlock) {
+      if (packed == nullptr) return;  // never planned: KB > kAmxKeyBlock needs packed blocks
+    }
     std::fill(sc.m, sc.m + rows_padded, kNegInf);
     std::fill(sc.l, sc.l + rows_padded, 0.f);
     std::fill(sc.o, sc.o + static_cast<int64_t>(rows_padded) * dvp_, 0.f);
 
     const int32_t* slots = rq.slots(p_);
-    float* s_buf[2] = {sc.s, sc.s + kPairRows * kAmxKeyBlock};
-    for (int k0 = k_lo; k0 < k_hi; k0 += kAmxKeyBlock) {
-      const int n = std::min(kAmxKeyBlock, k_hi - k0);
+    float* s_buf[2] = {sc.s, sc.s + kPairRows * KB};
+    for (int k0 = k_lo; k0 < k_hi; k0 += KB) {
+      const int n = std::min(KB, k_hi - k0);
       int active[kMaxRowTiles / 2];
       int num_active = 0;
       for (int t = 0; t < row_tiles; t += 2) {
         if (tiles[t].sees(k0, n) || tiles[t + 1].sees(k0, n)) active[num_active++] = t;
       }
       if (num_active == 0) continue;
-      stage_and_pack(slots + k0, n, it.kv_head, sc);
-      scores_pair(sc, active[0], s_buf[0]);
+      const uint16_t* kp = sc.k_packed;
+      if (packed != nullptr) {
+        kp = packed + static_cast<int64_t>(k0 / kAmxKeyBlock) * block_elems_;
+      } else {
+        stage_and_pack(slots + k0, n, it.kv_head, sc, sc.k_packed, sc.v_packed);
+      }
+      const uint16_t* vp = packed != nullptr ? kp + k_elems_ : sc.v_packed;
+      scores_pair(sc, active[0], s_buf[0], kp);
       for (int a = 0; a < num_active; ++a) {
-        if (a + 1 < num_active) scores_pair(sc, active[a + 1], s_buf[(a + 1) & 1]);
+        if (a + 1 < num_active) scores_pair(sc, active[a + 1], s_buf[(a + 1) & 1], kp);
         const int t = active[a];
         float* s = s_buf[a & 1];
         for (int half = 0; half < 2; ++half) {
-          float* s_tile = s + half * kTileRows * kAmxKeyBlock;
-          if (lean_ok_ && n == kAmxKeyBlock && tiles[t + half].covers(k0, n)) {
+          float* s_tile = s + half * kTileRows * KB;
+          if (lean_ok_ && n == KB && tiles[t + half].covers(k0, n)) {
             softmax_tile_full(sc, t + half, s_tile);
           } else {
             softmax_tile(sc, t + half, k0, n, rows, nr, s_tile);
           }
         }
-        pv_pair(sc, t);
+        pv_pair(sc, t, vp);
       }
     }
     for (int r = 0; r < nr; ++r) {
@@ -361,8 +383,20 @@ class AmxExtend {
     }
   }
 
-  // Packs the block's n keys/values (slots [0, n)) of kv head h into the VNNI tile layouts.
-  void stage_and_pack(const int32_t* slots, int n, int h, const AmxScratch& sc) {
+ public:
+  // Packs keys [k0, min(k0 + kAmxKeyBlock, seq_len)) of kv head h of rq into dst (one packed
+  // block: K tiles, then V tiles at dst + k_elems_).
+  void pack_block(const CpuRequest& rq, int h, int k0, const AmxScratch& sc, uint16_t* dst) {
+    // Blocks past seq_len (padding up to a multiple of KB) are all zeros.
+    const int n = std::clamp(rq.seq_len - k0, 0, kAmxKeyBlock);
+    stage_and_pack(rq.slots(p_) + std::min(k0, rq.seq_len), n, h, sc, dst, dst + k_elems_);
+  }
+
+ private:
+  // Packs the block's n keys/values (slots [0, n)) of kv head h into the VNNI tile layouts at
+  // k_dst and v_dst (rows past n are zeros).
+  void stage_and_pack(const int32_t* slots, int n, int h, const AmxScratch& sc, uint16_t* k_dst,
+                      uint16_t* v_dst) {
     const uint16_t* k_rows[kAmxKeyBlock];
     const uint16_t* v_rows[kAmxKeyBlock];
     gather_rows(p_.k_cache, p_.k_row_stride, p_.k_head_stride, slots, n, h, p_.head_dim, dp_,
@@ -379,7 +413,7 @@ class AmxExtend {
           in[j] = _mm512_loadu_si512(k_rows[kt * kTileCols + j] + c * kTileDepth);
         }
         transpose_16x16_epi32(in, out);
-        uint16_t* tile = k_tile(sc, c, kt);
+        uint16_t* tile = k_tile(k_dst, c, kt);
         for (int r = 0; r < kTileRows; ++r) _mm512_storeu_si512(tile + r * kTileDepth, out[r]);
       }
     }
@@ -395,9 +429,9 @@ class AmxExtend {
         for (int cp = 0; cp < col_pairs; ++cp) {
           const __m512i a = _mm512_loadu_si512(even + cp * kTileDepth);
           const __m512i b = _mm512_loadu_si512(odd + cp * kTileDepth);
-          _mm512_storeu_si512(v_tile(sc, kc, 2 * cp) + r * kTileDepth,
+          _mm512_storeu_si512(v_tile(v_dst, kc, 2 * cp) + r * kTileDepth,
                               _mm512_permutex2var_epi16(a, lo_pairs, b));
-          _mm512_storeu_si512(v_tile(sc, kc, 2 * cp + 1) + r * kTileDepth,
+          _mm512_storeu_si512(v_tile(v_dst, kc, 2 * cp + 1) + r * kTileDepth,
                               _mm512_permutex2var_epi16(a, hi_pairs, b));
         }
       }
@@ -416,30 +450,35 @@ class AmxExtend {
     return _mm512_load_si512(idx);
   }
 
-  uint16_t* k_tile(const AmxScratch& sc, int c, int kt) const {
-    return sc.k_packed + static_cast<int64_t>(c * kKeyTiles + kt) * kTileRows * kTileDepth;
+  template <class U>
+  static U* k_tile(U* k_packed, int c, int kt) {
+    return k_packed + static_cast<int64_t>(c * kKeyTiles + kt) * kTileRows * kTileDepth;
   }
-  uint16_t* v_tile(const AmxScratch& sc, int kc, int j) const {
-    return sc.v_packed + static_cast<int64_t>(kc * (dvp_ / kTileCols) + j) * kTileRows * kTileDepth;
+  template <class U>
+  U* v_tile(U* v_packed, int kc, int j) const {
+    return v_packed + static_cast<int64_t>(kc * (dvp_ / kTileCols) + j) * kTileRows * kTileDepth;
   }
 
-  // s[32, kAmxKeyBlock] = Q rows of tiles t, t + 1 . K^T of the block: 2 x 2 S tiles per pass.
-  void scores_pair(const AmxScratch& sc, int t, float* s) {
+  // s[32, KB] = Q rows of tiles t, t + 1 . K^T of the block: 2 x 2 S tiles per pass.
+  void scores_pair(const AmxScratch& sc, int t, float* s, const uint16_t* kp) {
     const int q_stride = dp_ * static_cast<int>(sizeof(uint16_t));
     const uint16_t* q0 = sc.q + static_cast<int64_t>(t) * kTileRows * dp_;
     const uint16_t* q1 = q0 + static_cast<int64_t>(kTileRows) * dp_;
-    constexpr int kSStride = kAmxKeyBlock * sizeof(float);
-    float* s1 = s + kTileRows * kAmxKeyBlock;
-    for (int kt = 0; kt < kKeyTiles; kt += 2) {
+    constexpr int kSStride = KB * sizeof(float);
+    float* s1 = s + kTileRows * KB;
+    for (int kt = 0; kt < kBlockKeyTiles; kt += 2) {
+      // Key tiles kt, kt + 1 lie in packed block kt / kKeyTiles (kKeyTiles is even).
+      const uint16_t* kb = kp + static_cast<int64_t>(kt / kKeyTiles) * block_elems_;
+      const int ktl = kt % kKeyTiles;
       tile_zero<0>();
       tile_zero<1>();
       tile_zero<2>();
       tile_zero<3>();
       for (int c = 0; c < dp_ / kTileDepth; ++c) {
         tile_load<4>(q0 + c * kTileDepth, q_stride);
-        tile_load<6>(k_tile(sc, c, kt), kTileRowBytes);
+        tile_load<6>(k_tile(kb, c, ktl), kTileRowBytes);
         tile_dpbf16ps<0, 4, 6>();
-        tile_load<7>(k_tile(sc, c, kt + 1), kTileRowBytes);
+        tile_load<7>(k_tile(kb, c, ktl + 1), kTileRowBytes);
         tile_dpbf16ps<1, 4, 7>();
         tile_load<5>(q1 + c * kTileDepth, q_stride);
         tile_dpbf16ps<2, 5, 6>();
@@ -477,7 +516,7 @@ class AmxExtend {
   // rows are computed as vectors (one lane per row).
   void softmax_tile(const AmxScratch& sc, int t, int k0, int n, const RowInfo* rows, int nr,
                     float* s) {
-    constexpr int kVecs = kAmxKeyBlock / V::kWidth;
+    constexpr int kVecs = KB / V::kWidth;
     static_assert(kTileRows == V::kWidth, "one lane per row of the tile");
     alignas(64) float block_max[kTileRows];
     int live_lo[kTileRows];
@@ -488,7 +527,7 @@ class AmxExtend {
       const int j_hi = r < nr ? std::min(rows[r].hi - k0, n) : 0;
       live_lo[i] = j_lo;
       live_hi[i] = std::max(j_hi, j_lo);
-      float* s_row = s + i * kAmxKeyBlock;
+      float* s_row = s + i * KB;
       V::F mx = V::set1(kNegInf);
       for (int v = 0; v < kVecs; ++v) {
         V::F y = V::mul(V::load(s_row + v * V::kWidth), V::set1(pre_cap_));
@@ -506,12 +545,12 @@ class AmxExtend {
     float* l_tile = sc.l + t * kTileRows;
     for (int i = 0; i < kTileRows; ++i) {
       const int r = t * kTileRows + i;
-      uint16_t* p_row = sc.p + static_cast<int64_t>(r) * kAmxKeyBlock;
+      uint16_t* p_row = sc.p + static_cast<int64_t>(r) * KB;
       if (live_hi[i] == live_lo[i]) {
-        std::fill(p_row, p_row + kAmxKeyBlock, uint16_t{0});
+        std::fill(p_row, p_row + KB, uint16_t{0});
         continue;
       }
-      const float* s_row = s + i * kAmxKeyBlock;
+      const float* s_row = s + i * KB;
       const V::F m_vec = V::set1(m_tile[i]);
       V::F sum = V::zero();
       for (int v = 0; v < kVecs; ++v) {
@@ -530,13 +569,13 @@ class AmxExtend {
   // are only scanned for their max (score_scale > 0 keeps the order), and each probability is one
   // FMA (scale, subtract the max) and one exp2 from the raw score; no masks.
   void softmax_tile_full(const AmxScratch& sc, int t, const float* s) {
-    constexpr int kVecs = kAmxKeyBlock / V::kWidth;
+    constexpr int kVecs = KB / V::kWidth;
     static_assert(kVecs % 2 == 0, "probabilities are converted to bf16 32 at a time");
     const float scale = pre_cap_ * post_cap_;  // score_scale * log2(e)
     const V::F scale_vec = V::set1(scale);
     alignas(64) float block_max[kTileRows];
     for (int i = 0; i < kTileRows; ++i) {
-      const float* s_row = s + i * kAmxKeyBlock;
+      const float* s_row = s + i * KB;
       V::F mx = V::load(s_row);
       for (int v = 1; v < kVecs; ++v) mx = V::max(mx, V::load(s_row + v * V::kWidth));
       block_max[i] = V::reduce_max(mx);
@@ -548,8 +587,8 @@ class AmxExtend {
     float* l_tile = sc.l + t * kTileRows;
     for (int i = 0; i < kTileRows; ++i) {
       const int r = t * kTileRows + i;
-      uint16_t* p_row = sc.p + static_cast<int64_t>(r) * kAmxKeyBlock;
-      const float* s_row = s + i * kAmxKeyBlock;
+      uint16_t* p_row = sc.p + static_cast<int64_t>(r) * KB;
+      const float* s_row = s + i * KB;
       const V::F neg_m = V::set1(-m_tile[i]);
       V::F sum = V::zero();
       for (int v = 0; v < kVecs; v += 2) {
@@ -565,14 +604,14 @@ class AmxExtend {
   }
 
   // O rows of tiles t, t + 1 += P . V over the key block: 2 x 2 O tiles per pass.
-  void pv_pair(const AmxScratch& sc, int t) {
+  void pv_pair(const AmxScratch& sc, int t, const uint16_t* vp) {
     const int col_tiles = dvp_ / kTileCols;
     const int o_stride = dvp_ * static_cast<int>(sizeof(float));
-    constexpr int kPStride = kAmxKeyBlock * sizeof(uint16_t);
+    constexpr int kPStride = KB * sizeof(uint16_t);
     float* o0 = sc.o + static_cast<int64_t>(t) * kTileRows * dvp_;
     float* o1 = o0 + static_cast<int64_t>(kTileRows) * dvp_;
-    const uint16_t* p0 = sc.p + static_cast<int64_t>(t) * kTileRows * kAmxKeyBlock;
-    const uint16_t* p1 = p0 + kTileRows * kAmxKeyBlock;
+    const uint16_t* p0 = sc.p + static_cast<int64_t>(t) * kTileRows * KB;
+    const uint16_t* p1 = p0 + kTileRows * KB;
     for (int j = 0; j < col_tiles; j += 2) {
       float* o0j = o0 + j * kTileCols;
       float* o1j = o1 + j * kTileCols;
@@ -580,11 +619,13 @@ class AmxExtend {
       tile_load<1>(o0j + kTileCols, o_stride);
       tile_load<2>(o1j, o_stride);
       tile_load<3>(o1j + kTileCols, o_stride);
-      for (int kc = 0; kc < kKeyChunks; ++kc) {
+      for (int kc = 0; kc < kBlockKeyChunks; ++kc) {
+        const uint16_t* vb = vp + static_cast<int64_t>(kc / kKeyChunks) * block_elems_;
+        const int kcl = kc % kKeyChunks;
         tile_load<4>(p0 + kc * kTileDepth, kPStride);
-        tile_load<6>(v_tile(sc, kc, j), kTileRowBytes);
+        tile_load<6>(v_tile(vb, kcl, j), kTileRowBytes);
         tile_dpbf16ps<0, 4, 6>();
-        tile_load<7>(v_tile(sc, kc, j + 1), kTileRowBytes);
+        tile_load<7>(v_tile(vb, kcl, j + 1), kTileRowBytes);
         tile_dpbf16ps<1, 4, 7>();
         tile_load<5>(p1 + kc * kTileDepth, kPStride);
         tile_dpbf16ps<2, 5, 6>();
@@ -605,12 +646,15 @@ class AmxExtend {
   const bool capped_;
   const float pre_cap_;
   const float post_cap_;
-  const bool lean_ok_;  // softmax_tile_full applies to full blocks
+  const bool lean_ok_;         // softmax_tile_full applies to full blocks
+  const int64_t k_elems_;      // bf16 elements of a block's packed K (its V follows)
+  const int64_t block_elems_;  // bf16 elements of one packed block (K and V)
 };
 
-template <class S>
+template <class S, int KB>
 void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
   const AmxScratchLayout lay = amx_scratch_layout(p.head_dim, p.v_head_dim);
+  const int64_t block_elems = amx_packed_block_elems(p.head_dim, p.v_head_dim);
   const std::vector<ExtendItem>& items = *w.items;
   const int num_items = static_cast<int>(items.size());
 #pragma omp parallel num_threads(ts.num_threads)
@@ -621,31 +665,62 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
     const int tid = 0;
 #endif
     const AmxScratch sc = carve(ts, tid, lay);
-    AmxExtend<S> kernel(p);
+    AmxExtend<S, KB> kernel(p);
     const unsigned mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | kMxcsrFtzDaz);
     load_tile_config();
+    const std::vector<CpuRequest>& requests = *w.requests;
+    if (w.packed != nullptr) {
+      // Pass 1: every (request, kv head, block) once; the implicit barrier ends it.
+      const std::vector<int64_t>& begin = *w.pack_begin;
+      const int64_t jobs = begin.back();
+#pragma omp for schedule(dynamic, 4)
+      for (int64_t j = 0; j < jobs; ++j) {
+        const auto r = static_cast<size_t>(std::upper_bound(begin.begin(), begin.end(), j) -
+                                           begin.begin() - 1);
+        const int64_t blocks = amx_blocks_per_head(requests[r].seq_len, KB);
+        const int64_t local = j - begin[r];
+        kernel.pack_block(requests[r], static_cast<int>(local / blocks),
+                          static_cast<int>(local % blocks) * kAmxKeyBlock, sc,
+                          w.packed + j * block_elems);
+      }
+    }
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < num_items; ++i) {
-      kernel.run_item((*w.requests)[items[i].request], items[i], sc);
+      const ExtendItem& it = items[i];
+      const CpuRequest& rq = requests[it.request];
+      const uint16_t* packed = nullptr;
+      if (w.packed != nullptr) {
+        const int64_t blocks = amx_blocks_per_head(rq.seq_len, KB);
+        packed = w.packed + ((*w.pack_begin)[it.request] + it.kv_head * blocks) * block_elems;
+      }
+      kernel.run_item(rq, it, sc, packed);
     }
     tile_release();
     _mm_setcsr(mxcsr);
   }
 }
 
+template <class S>
+void run_kb(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
+  if (w.packed != nullptr && w.key_block == 2 * kAmxKeyBlock) {
+    return run<S, 2 * kAmxKeyBlock>(p, w, ts);
+  }
+  return run<S, kAmxKeyBlock>(p, w, ts);
+}
+
 void extend_entry(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
   switch (p.kv_dtype) {
     case DType::kBF16:
-      return run<StoreBf16>(p, w, ts);
+      return run_kb<StoreBf16>(p, w, ts);
     case DType::kF16:
-      return run<StoreF16>(p, w, ts);
+      return run_kb<StoreF16>(p, w, ts);
     case DType::kF32:
-      return run<StoreF32>(p, w, ts);
+      return run_kb<StoreF32>(p, w, ts);
     case DType::kFP8E4M3:
-      return run<StoreFp8E4M3>(p, w, ts);
+      return run_kb<StoreFp8E4M3>(p, w, ts);
     case DType::kFP8E5M2:
-      return run<StoreFp8E5M2>(p, w, ts);
+      return run_kb<StoreFp8E5M2>(p, w, ts);
     default:
       return;  // the backend rejects every other KV dtype before planning
   }

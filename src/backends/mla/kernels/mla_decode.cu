@@ -10,6 +10,10 @@ namespace attnkit::mla {
 int max_smem_bytes() {
   int most = 0;
   const auto take = [&](int bytes) { most = bytes > most ? bytes : most; };
+  take(MlaDecodeTraits<1, 1, false>::kSmemBytes);
+  take(MlaDecodeTraits<1, 1, true>::kSmemBytes);
+  take(MlaDecodeTraits<2, 1, false>::kSmemBytes);
+  take(MlaDecodeTraits<2, 1, true>::kSmemBytes);
   take(MlaDecodeTraits<4, 1, false>::kSmemBytes);
   take(MlaDecodeTraits<4, 1, true>::kSmemBytes);
   return most;

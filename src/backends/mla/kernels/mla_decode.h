@@ -36,6 +36,11 @@ inline int num_parts(int num_sms, int rows_per_req) {
 // reach it.
 int max_smem_bytes();
 
+// The sm_90a wgmma kernel (64-row tiles, bf16 cache): whether this build holds its SM90 code,
+// and its dynamic shared memory (bytes).
+bool wgmma_available();
+int wgmma_smem_bytes();
+
 // Writes p.sched / p.split_indptr from p.seq_lens on `stream` (one tiny kernel).
 Status launch_schedule(const MlaDecodeParams& p, int32_t* sched, int32_t* split_indptr,
                        StreamHandle stream);

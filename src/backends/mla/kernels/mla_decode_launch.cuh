@@ -7,6 +7,7 @@
 
 #include "backends/mla/kernels/mla_decode.h"
 #include "backends/mla/kernels/mla_decode_mma.cuh"
+#include "backends/mla/kernels/mla_decode_wgmma.cuh"
 #include "cuda/common/cuda_check.cuh"
 
 namespace attnkit::mla {
@@ -27,8 +28,29 @@ Status launch_decode(const MlaDecodeParams& p, cudaStream_t s) {
   return Status::ok();
 }
 
+template <int kPage>
+Status launch_decode_wgmma(const MlaDecodeParams& p, cudaStream_t s) {
+  using Traits = MlaWgmmaTraits<kPage>;
+  static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
+  if (!attribute_set) {
+    ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_wgmma_kernel<kPage>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          Traits::kSmemBytes));
+    attribute_set = true;
+  }
+  const dim3 grid(p.num_parts, (p.rows_per_req + Traits::kRows - 1) / Traits::kRows);
+  mla_decode_wgmma_kernel<kPage><<<grid, Traits::kThreads, Traits::kSmemBytes, s>>>(p);
+  ATTNKIT_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
 template <int kPage, bool kFp8>
 Status launch_rows(const MlaDecodeParams& p, cudaStream_t s) {
+  if constexpr (!kFp8) {
+    if (p.use_wgmma != 0 && rows_per_cta(p.rows_per_req) == 64) {
+      return launch_decode_wgmma<kPage>(p, s);
+    }
+  }
   switch (rows_per_cta(p.rows_per_req)) {
     case 16:
       return launch_decode<1, kPage, kFp8>(p, s);

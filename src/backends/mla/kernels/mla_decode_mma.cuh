@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "backends/mla/kernels/mla_decode_params.h"
 #include "backends/mla/kernels/mla_tile_scheduler.h"
@@ -50,12 +51,20 @@ struct MlaDecodeTraits {
   static constexpr int kKSteps = kRowDim / 16;       // QK^T k-steps (36)
   static constexpr int kTileBytes = kBlockN * kRowDim * 2;
   static constexpr int kStageBytes = kFp8 ? kBlockN * kRowDim : kTileBytes;
-  static constexpr int kQBytes = kRows * kRowDim * 2;
+  // 16-row tiles (<= 16 heads, memory-bound) keep Q in registers (36 A fragments, 144 registers
+  // per thread): Q is staged through the last pipeline stage once per segment, which frees its
+  // 18 KiB for one more stage of KV in flight.
+  static constexpr bool kQInRegs = kWarpsM == 1;
+  // cp.async stages (tiles in flight + 1): bf16 2 (3 with Q in registers); an fp8 stage is half
+  // as big: 4 / 3 / 2 for 16 / 32 / 64 rows.
+  static constexpr int kStages =
+      kFp8 ? (kQInRegs ? 4 : (kWarpsM == 2 ? 3 : 2)) : (kQInRegs ? 3 : 2);
+  static constexpr int kQBytes = kQInRegs ? 0 : kRows * kRowDim * 2;  // dedicated Q tile
   static constexpr int kPBytes = kRows * kBlockN * 2;
   static constexpr int kRedBytes = kWarpsN * kRows * 4;
   static constexpr int kQOffset = 0;
   static constexpr int kStageOffset = kQOffset + kQBytes;
-  static constexpr int kConvOffset = kStageOffset + 2 * kStageBytes;
+  static constexpr int kConvOffset = kStageOffset + kStages * kStageBytes;
   static constexpr int kPOffset = kConvOffset + (kFp8 ? kTileBytes : 0);
   static constexpr int kRedOffset = kPOffset + kPBytes;
   static constexpr int kSmemBytes = kRedOffset + kRedBytes;
@@ -64,6 +73,7 @@ struct MlaDecodeTraits {
   static constexpr int kThreadsPerKey = kThreads / kBlockN;
 
   static_assert(kWarpsM == 1 || kWarpsM == 2 || kWarpsM == 4, "8 warps as kWarpsM x kWarpsN");
+  static_assert(kSmemBytes <= 227 * 1024, "SM90 opt-in shared memory per block");
   static_assert(kSTiles >= 1 && kOTiles % 2 == 0, "S and O tiles are whole mma tiles");
   static_assert(kPage == 1 || kPage % kBlockN == 0, "a tile never straddles a page boundary");
   static_assert(kChunks % 8 == 0 && kPChunks == 8, "the XOR swizzle stays inside a row");
@@ -84,6 +94,37 @@ __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1])
                : "r"(addr));
 }
+// With a compile-time byte offset folded into the instruction (no address register per offset).
+template <int kOffset>
+__device__ __forceinline__ void ldmatrix_x2_at(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2+%3];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr), "n"(kOffset));
+}
+template <int kOffset>
+__device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4+%5];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr), "n"(kOffset));
+}
+
+// f.template operator()<i>() for i in [0, kN), unrolled at compile time.
+template <int kN, typename F>
+__device__ __forceinline__ void static_for(F&& f) {
+  [&]<int... kI>(std::integer_sequence<int, kI...>) { (f.template operator()<kI>(), ...); }
+  (std::make_integer_sequence<int, kN>{});
+}
+
+// Lane addresses of a swizzled [rows][72 chunks] tile for the k-steps of one 64-row-chunk group:
+// chunk 2 kk + c of row r sits at r * 1152 + (kk / 4) * 128 + ((2 (kk % 4) + c) ^ (r % 8)) * 16,
+// so 4 base registers (kk % 4) plus an immediate (kk / 4) * 128 address every k-step.
+__device__ __forceinline__ void kstep_bases(uint32_t (&base)[4], uint32_t tile, int row, int c) {
+  constexpr int kRowBytes = kRowDim * 2;
+#pragma unroll
+  for (int k4 = 0; k4 < 4; ++k4) {
+    base[k4] = tile + row * kRowBytes + (((2 * k4 + c) ^ (row & 7)) * 16);
+  }
+}
 
 template <typename Traits>
 struct MlaDecodeCta {
@@ -92,7 +133,13 @@ struct MlaDecodeCta {
   uint8_t* smem;
   int tid, lane, wm, wn;
 
-  __device__ uint32_t q_base() const { return cuda::smem_addr(smem + T::kQOffset); }
+  __device__ uint32_t q_base() const {
+    if constexpr (T::kQInRegs) {
+      static_assert(T::kStageBytes >= T::kRows * kRowDim * 2, "Q fits a stage");
+      return cuda::smem_addr(smem + T::kStageOffset + (T::kStages - 1) * T::kStageBytes);
+    }
+    return cuda::smem_addr(smem + T::kQOffset);
+  }
   __device__ uint32_t stage_base(int s) const {
     return cuda::smem_addr(smem + T::kStageOffset + s * T::kStageBytes);
   }
@@ -180,8 +227,12 @@ struct MlaDecodeCta {
         p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
     __syncthreads();  // the previous segment's readers are done with Q, the stages and P
     load_q(b, row0);
-    load_tile(tok, kv_len, t0, 0);
-    cuda::cp_async_commit();
+    // Prologue: tiles t0 .. t0 + kStages - 2 in flight (one commit group each, Q with the first).
+#pragma unroll
+    for (int i = 0; i < T::kStages - 1; ++i) {
+      if (t0 + i < t1) load_tile(tok, kv_len, t0 + i, i);
+      cuda::cp_async_commit();
+    }
 
     // Rows of this thread: r_lo = 16 wm + lane / 4 and r_lo + 8; their key limits.
     const int r_lo = 16 * wm + lane / 4;
@@ -200,12 +251,25 @@ struct MlaDecodeCta {
     float row_sum[2] = {0.f, 0.f};                               // over this warp's S columns only
     auto* red = reinterpret_cast<float*>(smem + T::kRedOffset);  // [kWarpsN][kRows]
     const uint32_t p_base = cuda::smem_addr(smem + T::kPOffset);
+    const int a_row = 16 * wm + (lane & 7) + 8 * ((lane >> 3) & 1);
+    const int a_chunk = lane >> 4;
+    uint32_t qf[T::kQInRegs ? T::kKSteps : 1][4];
 
     for (int tile = t0; tile < t1; ++tile) {
-      const int s = (tile - t0) & 1;
-      cuda::cp_async_wait<0>();
-      __syncthreads();  // tile landed for everyone; the other stage is free
-      if (tile + 1 < t1) load_tile(tok, kv_len, tile + 1, s ^ 1);
+      const int s = (tile - t0) % T::kStages;
+      cuda::cp_async_wait<T::kStages - 2>();
+      __syncthreads();  // tile landed for everyone; the stage of tile - 1 is free
+      if constexpr (T::kQInRegs) {
+        if (tile == t0) {  // Q (staged in the last stage with the first group) -> registers
+          uint32_t qb[4];
+          kstep_bases(qb, q_base(), a_row, a_chunk);
+          static_for<T::kKSteps>(
+              [&]<int kK>() { ldmatrix_x4_at<(kK / 4) * 128>(qf[kK], qb[kK % 4]); });
+          __syncthreads();  // the staging stage is free for tile t0 + kStages - 1
+        }
+      }
+      const int next = tile + T::kStages - 1;
+      if (next < t1) load_tile(tok, kv_len, next, (next - t0) % T::kStages);
       cuda::cp_async_commit();
       uint32_t kv_base = stage_base(s);
       if constexpr (T::kFp8) {
@@ -218,10 +282,18 @@ struct MlaDecodeCta {
       float acc[T::kSTiles][4];
 #pragma unroll
       for (int t = 0; t < T::kSTiles; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-      const int a_row = 16 * wm + (lane & 7) + 8 * ((lane >> 3) & 1);
-      const int a_chunk = lane >> 4;
+      if constexpr (T::kQInRegs) {
+        static_assert(T::kSTiles == 1, "16-row tiles: 8 keys per warp");
+        uint32_t kb[4];
+        kstep_bases(kb, kv_base, wn * T::kSKeys + (lane & 7), (lane >> 3) & 1);
+        static_for<T::kKSteps>([&]<int kK>() {
+          uint32_t bf[2];
+          ldmatrix_x2_at<(kK / 4) * 128>(bf, kb[kK % 4]);
+          cuda::mma_m16n8k16<__nv_bfloat16>(acc[0], qf[kK], bf);
+        });
+      }
 #pragma unroll 4
-      for (int kk = 0; kk < T::kKSteps; ++kk) {
+      for (int kk = 0; kk < (T::kQInRegs ? 0 : T::kKSteps); ++kk) {
         uint32_t a[4];
         cuda::ldmatrix_x4(a, q_base() + swz<T::kChunks>(a_row, 2 * kk + a_chunk));
         if constexpr (T::kSTiles == 1) {
@@ -301,22 +373,33 @@ struct MlaDecodeCta {
       __syncthreads();  // P complete
 
       // ---- O += P V: rows [16 wm, +16), columns [wn * kOCols, +kOCols), all kBlockN keys ----
+      // V rows key = 16 kk + (lane & 7) + 8 ((lane >> 3) & 1) (key % 8 == lane % 8), chunk
+      // wn * kOCols / 8 + t + (lane >> 4): 4 base registers (t % 8) plus immediates.
+      uint32_t vb[4];
+      {
+        const int key = (lane & 7) + 8 * ((lane >> 3) & 1);
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        uint32_t a[4];
-        cuda::ldmatrix_x4(a, p_base + swz<T::kPChunks>(a_row, 2 * kk + a_chunk));
-        const int key = kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
-#pragma unroll
-        for (int t = 0; t < T::kOTiles; t += 2) {
-          uint32_t bf[4];
-          const int chunk = (wn * T::kOCols + t * 8) / 8 + (lane >> 4);
-          cuda::ldmatrix_x4_trans(bf, kv_base + swz<T::kChunks>(key, chunk));
-          const uint32_t b0[2] = {bf[0], bf[1]};
-          const uint32_t b1[2] = {bf[2], bf[3]};
-          cuda::mma_m16n8k16<__nv_bfloat16>(o[t], a, b0);
-          cuda::mma_m16n8k16<__nv_bfloat16>(o[t + 1], a, b1);
+        for (int j = 0; j < 4; ++j) {
+          vb[j] = kv_base + key * T::kChunks * 16 + wn * T::kOCols * 2 +
+                  (((2 * j + (lane >> 4)) ^ (lane & 7)) * 16);
         }
       }
+      static_for<kBlockN / 16>([&]<int kK>() {
+        uint32_t a[4];
+        cuda::ldmatrix_x4(a, p_base + swz<T::kPChunks>(a_row, 2 * kK + a_chunk));
+        static_for<T::kOTiles / 2>([&]<int kT2>() {
+          constexpr int kT = 2 * kT2;
+          constexpr int kImm = kK * 16 * T::kChunks * 16 + (kT / 8) * 128;
+          uint32_t bf[4];
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4+%5];\n"
+                       : "=r"(bf[0]), "=r"(bf[1]), "=r"(bf[2]), "=r"(bf[3])
+                       : "r"(vb[(kT % 8) / 2]), "n"(kImm));
+          const uint32_t b0[2] = {bf[0], bf[1]};
+          const uint32_t b1[2] = {bf[2], bf[3]};
+          cuda::mma_m16n8k16<__nv_bfloat16>(o[kT], a, b0);
+          cuda::mma_m16n8k16<__nv_bfloat16>(o[kT + 1], a, b1);
+        });
+      });
     }
 
     // ---- denominators: sum the kWarpsN partial row sums ----

@@ -44,6 +44,10 @@ struct MlaDecodeParams {
   int rows_per_req = 0;    // s_q * num_heads
   float scale_log2 = 0.f;  // scaling * k_scale * log2(e)
   float v_scale = 1.f;     // applied to the output (fp8: k_scale, V shares the K row)
+  // 1: 64-row tiles with a bf16 cache run the sm_90a wgmma kernel (mla_decode_wgmma.cuh) instead
+  // of the mma.sync one; set by the engine only where that kernel is compiled and the device is
+  // SM90 (ATTNKIT_MLA_WGMMA=0 turns it off).
+  int use_wgmma = 0;
 
   // Plan (written on the device by the schedule kernel once per forward).
   const int32_t* sched = nullptr;  // [num_parts, kSchedWords]

@@ -10,29 +10,24 @@
 
 #include "backends/mla/kernels/mla_prefix_gather.h"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/dtype_convert.cuh"
 
 namespace attnkit::mla {
 namespace {
 
 constexpr int kWarps = 4;
 
+// Storage tag of fp4_e2m1 pools: two codes per byte (low nibble = even element), one fp8_e4m3
+// block scale per kFp4GroupSize values in PrefixGatherParams::scales.
+struct Fp4 {};
+
+// bf16 / f16 through the shared conversions, fp8 (__nv_fp8_e4m3 / __nv_fp8_e5m2) by its own.
 template <typename In>
 __device__ __forceinline__ float load_in(const In* row, int e) {
-  if constexpr (std::is_same_v<In, __nv_bfloat16>) {
-    return __bfloat162float(row[e]);
-  } else if constexpr (std::is_same_v<In, __half>) {
-    return __half2float(row[e]);
+  if constexpr (std::is_same_v<In, __nv_bfloat16> || std::is_same_v<In, __half>) {
+    return cuda::to_float(row[e]);
   } else {
-    return static_cast<float>(row[e]);  // __nv_fp8_e4m3 / __nv_fp8_e5m2
-  }
-}
-
-template <typename Out>
-__device__ __forceinline__ Out store_out(float x) {
-  if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
-    return __float2bfloat16_rn(x);
-  } else {
-    return __float2half_rn(x);
+    return static_cast<float>(row[e]);
   }
 }
 
@@ -53,14 +48,27 @@ __global__ void __launch_bounds__(32 * kWarps) gather_kernel(const PrefixGatherP
   const int pos = p.chunk_start + (t - p.chunk_indptr[lo]);
   const int64_t slot =
       p.req_to_token[static_cast<int64_t>(p.req_pool_indices[lo]) * p.req_to_token_stride + pos];
-  const In* src = static_cast<const In*>(p.pool) + slot * p.pool_stride_row;
   Out* dst = static_cast<Out*>(p.latent) + static_cast<int64_t>(t) * p.width;
-  constexpr bool kExact = std::is_same_v<In, Out>;
-  for (int e = lane; e < p.width; e += 32) {
-    if constexpr (kExact) {
-      dst[e] = src[e];
-    } else {
-      dst[e] = store_out<Out>(load_in(src, e) * p.k_scale);
+  if constexpr (std::is_same_v<In, Fp4>) {
+    // pool_stride_row counts logical values (two per byte).
+    const uint8_t* src = static_cast<const uint8_t*>(p.pool) + slot * p.pool_stride_row / 2;
+    const uint8_t* scales = p.scales + slot * p.scale_stride_row;
+    constexpr int kNibbleBits = 4;
+    constexpr uint32_t kNibbleMask = 0xfu;
+    for (int e = lane; e < p.width; e += 32) {
+      const uint32_t code =
+          (static_cast<uint32_t>(src[e / 2]) >> (kNibbleBits * (e & 1))) & kNibbleMask;
+      const float block = cuda::fp8_e4m3_to_float(scales[e / kFp4GroupSize]);
+      dst[e] = cuda::from_float<Out>(cuda::fp4_e2m1_to_float(code) * block * p.k_scale);
+    }
+  } else {
+    const In* src = static_cast<const In*>(p.pool) + slot * p.pool_stride_row;
+    for (int e = lane; e < p.width; e += 32) {
+      if constexpr (std::is_same_v<In, Out>) {
+        dst[e] = src[e];
+      } else {
+        dst[e] = cuda::from_float<Out>(load_in(src, e) * p.k_scale);
+      }
     }
   }
 }
@@ -81,12 +89,21 @@ Status launch(const PrefixGatherParams& p, DType pool_dtype, cudaStream_t s) {
     case DType::kFP8E5M2:
       gather_kernel<__nv_fp8_e5m2, Out><<<grid, 32 * kWarps, 0, s>>>(p);
       return Status::ok();
+    case DType::kFP4E2M1:
+      if (p.scales == nullptr || p.width % kFp4GroupSize != 0) {
+        return Status::invalid_argument(
+            "MLA chunked prefix cache: an fp4_e2m1 latent pool needs its block scales and a row "
+            "width (" +
+            std::to_string(p.width) + ") that is a multiple of " + std::to_string(kFp4GroupSize));
+      }
+      gather_kernel<Fp4, Out><<<grid, 32 * kWarps, 0, s>>>(p);
+      return Status::ok();
     default:
       break;
   }
   return Status::unsupported(std::string("MLA chunked prefix cache: latent pool dtype ") +
                              dtype_name(pool_dtype) +
-                             " is not supported (bf16, f16, fp8_e4m3, fp8_e5m2)");
+                             " is not supported (bf16, f16, fp8_e4m3, fp8_e5m2, fp4_e2m1)");
 }
 
 }  // namespace
@@ -95,16 +112,12 @@ Status gather_prefix_latent(const PrefixGatherParams& p, DType pool_dtype, DType
                             StreamHandle stream) {
   if (p.tokens == 0) return Status::ok();
   const cudaStream_t s = cuda::to_stream(stream);
-  Status st = Status::ok();
-  if (act == DType::kBF16) {
-    st = launch<__nv_bfloat16>(p, pool_dtype, s);
-  } else if (act == DType::kF16) {
-    st = launch<__half>(p, pool_dtype, s);
-  } else {
+  if (act != DType::kBF16 && act != DType::kF16) {
     return Status::unsupported(std::string("MLA chunked prefix cache: activation dtype ") +
                                dtype_name(act) + " is not supported (bf16, f16)");
   }
-  ATTNKIT_RETURN_IF_ERROR(st);
+  ATTNKIT_RETURN_IF_ERROR(act == DType::kBF16 ? launch<__nv_bfloat16>(p, pool_dtype, s)
+                                              : launch<__half>(p, pool_dtype, s));
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }

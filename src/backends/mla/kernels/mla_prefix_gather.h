@@ -21,14 +21,17 @@ struct PrefixGatherParams {
   const int32_t* chunk_indptr = nullptr;
   int chunk_start = 0;
   int bs = 0;
-  int tokens = 0;          // chunk tokens (indptr[bs])
-  int width = 0;           // kv_lora_rank + qk_rope_head_dim
-  float k_scale = 1.f;     // fp8 pools: stored x / k_scale
-  void* latent = nullptr;  // [tokens, width] activation dtype, contiguous
+  int tokens = 0;       // chunk tokens (indptr[bs])
+  int width = 0;        // kv_lora_rank + qk_rope_head_dim
+  float k_scale = 1.f;  // fp8 / fp4 pools: stored x / k_scale
+  // fp4 pools only: the layer's fp8_e4m3 block scales [rows, 1, width / 16] (one per 16 values).
+  const uint8_t* scales = nullptr;
+  int64_t scale_stride_row = 0;  // bytes
+  void* latent = nullptr;        // [tokens, width] activation dtype, contiguous
 };
 
 // latent[t] = dequantised pool row of chunk token t, rounded to `act` (bf16 or f16).
-// Pool dtypes: bf16, f16, fp8_e4m3, fp8_e5m2.
+// Pool dtypes: bf16, f16, fp8_e4m3, fp8_e5m2, fp4_e2m1 (code * block scale * k_scale).
 Status gather_prefix_latent(const PrefixGatherParams& p, DType pool_dtype, DType act,
                             StreamHandle stream);
 

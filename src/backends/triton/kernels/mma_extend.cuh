@@ -12,8 +12,10 @@
 // iteration before their copies are issued (the kv_indices loads are issued before the current
 // tile's MMAs and consumed after them), so the copy issue never waits on a page-table load. S = Q
 // K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators; S stays in registers and becomes
-// the A operand of P V; exp2 with log2(e) folded into the scale; O is rescaled only when a row's
-// running max grows. A key tile may be computed in several steps of kSubN keys (MmaExtendTile).
+// the A operand of P V; exp2 with log2(e) folded into the scale (native KV: the scale is applied
+// inside the exponent, exp2(s * scale - m), by one FFMA per logit, and the max is taken on the raw
+// logits); O is rescaled only when a row's running max grows. A key tile may be computed in
+// several steps of kSubN keys; the QK^T k-loop is fully unrolled for native KV (MmaExtendTile).
 //
 // Causal work: a block's key range stops at its last row's diagonal; tiles inside every row's
 // visible range skip the per-element mask, and a warp skips a tile that none of its rows sees.
@@ -34,21 +36,31 @@
 namespace attnkit::triton {
 
 // Tile configuration of a head dim: keys per shared-memory tile (one barrier pair), keys per
-// compute step (S registers: kMTiles x kSubN / 2) and the cp.async ring depth. Measured on H200
-// (docs/perf/extend_notes.md): at d 128 with native-dtype KV, 64-key tiles computed in two 32-key
-// steps with 2 stages beat 32-key tiles with 3 stages by 8% and 64-key steps (which spill) by 3%.
+// compute step (S registers: kMTiles x kSubN / 2), the cp.async ring depth, the unroll of the
+// QK^T k-loop (when Q is re-read from shared memory) and whether the scale is folded into exp2.
+// Measured on H200 (docs/perf/extend_notes.md): at d 128 with native-dtype KV, 64-key tiles
+// computed in two 32-key steps with 2 stages beat 32-key tiles with 3 stages by 8% and 64-key steps
+// (which spill) by 3%.
 template <int kHeadDim, bool kNativeKV>
 struct MmaExtendTile {
   static constexpr bool kWide = kHeadDim == 128 && kNativeKV;
   static constexpr int kBlockN = kWide || kHeadDim < 96 ? 64 : 32;
   static constexpr int kSubN = kWide ? 32 : kBlockN;
   static constexpr int kStages = kWide || kHeadDim > 128 ? 2 : 3;
+  // Native KV: QK^T loop fully unrolled (the ldmatrix of the next k-step overlaps this one's
+  // MMAs) and the softmax scale folded into the exponent: causal prefill +7-8% at d 128, +12% at
+  // d 256, +2% at d 64 (H200, docs/perf/extend_notes.md, Session 4); fp8/fp4 KV keep the rolled
+  // loop and the multiplied scale (not measured; the unroll adds spills at some of them).
+  static constexpr int kQKUnroll = kNativeKV ? kHeadDim / 16 : 1;
+  static constexpr bool kFoldScale = kNativeKV;
 };
 
 template <int kHeadDim, DType kQ, DType kKV,
           int kTileN = MmaExtendTile<kHeadDim, kQ == kKV>::kBlockN,
           int kSubTileN = MmaExtendTile<kHeadDim, kQ == kKV>::kSubN,
-          int kRingStages = MmaExtendTile<kHeadDim, kQ == kKV>::kStages>
+          int kRingStages = MmaExtendTile<kHeadDim, kQ == kKV>::kStages,
+          int kQKUnrollSteps = MmaExtendTile<kHeadDim, kQ == kKV>::kQKUnroll,
+          bool kFoldScale = MmaExtendTile<kHeadDim, kQ == kKV>::kFoldScale>
 struct MmaExtendTraits {
   static constexpr int kD = kHeadDim;
   static constexpr DType kQDType = kQ;
@@ -58,6 +70,10 @@ struct MmaExtendTraits {
   static constexpr int kMTiles = kD <= 128 ? 2 : 1;  // 16-row MMA tiles per warp
   static constexpr int kWarpRows = kMTiles * cuda::kMmaM;
   static constexpr int kBlockM = kWarps * kWarpRows;  // 128 query rows (d 256: 64)
+  static constexpr int kQKUnroll = kQKUnrollSteps;    // unroll of the QK^T loop (Q from smem)
+  // The softmax scale is applied inside the exponent (one FFMA per logit) instead of a
+  // multiplication pass over the logits, when it is positive and there is no soft-cap.
+  static constexpr bool kFoldScaleIntoExp = kFoldScale;
   static constexpr int kBlockN = kTileN;   // keys per shared-memory tile (one barrier pair)
   static constexpr int kSubN = kSubTileN;  // keys per compute step: S + O fit the 255 registers
   static constexpr int kPad = 8;           // elements: conflict-free ldmatrix rows
@@ -312,6 +328,10 @@ struct MmaExtendKernel {
     const int w_lo_max = wl.lo;
     const int w_hi_min = !has_mask && warp_all_valid ? min(wf.hi, wl.hi) : -1;
     const float scale_log2 = first.scale_log2;
+    // Scale applied in the exponent: exp2(s * sc - m) on raw logits (max taken on raw logits, so
+    // only for a positive scale); 1 when the logits are already scaled (soft-cap, other scales).
+    const bool fold_scale = Traits::kFoldScaleIntoExp && p.logit_cap <= 0.f && scale_log2 > 0.f;
+    const float sc = fold_scale ? scale_log2 : 1.f;
 
     float o[kMT][Traits::kNTilesO][4];
 #pragma unroll
@@ -361,7 +381,7 @@ struct MmaExtendKernel {
           for (int n = 0; n < Traits::kNTilesS; ++n)
             s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
         const uint32_t k_lane = k_lane0 + stage * kStageBytes + sub * kSN * kRS * sizeof(T);
-#pragma unroll(Traits::kQInRegisters ? Traits::kKStepsQK : 1)
+#pragma unroll(Traits::kQInRegisters ? Traits::kKStepsQK : Traits::kQKUnroll)
         for (int kk = 0; kk < Traits::kKStepsQK; ++kk) {
           uint32_t a[kMT][4];
 #pragma unroll
@@ -395,7 +415,7 @@ struct MmaExtendKernel {
             for (int n = 0; n < Traits::kNTilesS; ++n)
 #pragma unroll
               for (int x = 0; x < 4; ++x) s[mt][n][x] = capped_logit(p, s[mt][n][x]);
-        } else {
+        } else if (!fold_scale) {
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -412,10 +432,20 @@ struct MmaExtendKernel {
             int lo, hi;
             row_range(p, c, qi, lo, hi);
             if (qi >= c.num_q) hi = lo;  // rows past the request see nothing
+            if (!has_mask) {             // range only: branch-free selects
+#pragma unroll
+              for (int n = 0; n < Traits::kNTilesS; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  const int j = ns + n * cuda::kMmaN + 2 * t4 + e;
+                  float& v = s[mt][n][2 * (h % 2) + e];
+                  v = j >= lo && j < hi ? v : -INFINITY;
+                }
+              continue;
+            }
             // Tree mask block of the request: [num_q, total] row-major.
-            const uint8_t* mrow = has_mask ? p.custom_mask + p.mask_indptr[b] +
-                                                 static_cast<int64_t>(min(qi, c.num_q - 1)) * total
-                                           : nullptr;
+            const uint8_t* mrow = p.custom_mask + p.mask_indptr[b] +
+                                  static_cast<int64_t>(min(qi, c.num_q - 1)) * total;
 #pragma unroll
             for (int n = 0; n < Traits::kNTilesS; ++n)
 #pragma unroll
@@ -423,7 +453,7 @@ struct MmaExtendKernel {
                 const int x = 2 * (h % 2) + e;
                 const int j = ns + n * cuda::kMmaN + 2 * t4 + e;
                 bool ok = j >= lo && j < hi;
-                if (has_mask && ok) ok = mrow[j] != 0;
+                if (ok) ok = mrow[j] != 0;
                 if (!ok) s[mt][n][x] = -INFINITY;
               }
           }
@@ -443,7 +473,7 @@ struct MmaExtendKernel {
         for (int h = 0; h < 2 * kMT; ++h) {
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-          const float m_new = fmaxf(m_run[h], mx[h]);
+          const float m_new = fmaxf(m_run[h], mx[h] * sc);
           f[h] = exp2_fast(m_run[h] - m_new);
           grew = grew || m_new > m_run[h];
           m_run[h] = m_new;
@@ -466,7 +496,7 @@ struct MmaExtendKernel {
 #pragma unroll
             for (int x = 0; x < 4; ++x) {
               const int h = 2 * mt + x / 2;
-              const float pr = exp2_fast(s[mt][n][x] - m_run[h]);
+              const float pr = exp2_fast(fmaf(s[mt][n][x], sc, -m_run[h]));
               s[mt][n][x] = pr;
               d_run[h] += pr;  // per-thread partial sums; reduced across the quad at the end
             }

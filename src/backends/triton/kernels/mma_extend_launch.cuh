@@ -2,6 +2,7 @@
 // Included by one small translation unit per head dim.
 #pragma once
 
+#include <cstdlib>
 #include <string>
 
 #include "backends/triton/kernels/mma_extend.cuh"
@@ -40,8 +41,26 @@ Status launch_mma_extend_traits(const AttentionParams& p, int max_q_len, StreamH
   return Status::ok();
 }
 
+// A/B knob (read once): ATTNKIT_TRITON_EXTEND_LEGACY=1 runs the native-KV kernels as before the
+// QK^T unroll and the folded scale (QK^T loop not unrolled, scale multiplied into the logits).
+inline bool extend_legacy() {
+  static const bool legacy = [] {
+    const char* e = std::getenv("ATTNKIT_TRITON_EXTEND_LEGACY");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return legacy;
+}
+
 template <int kD, DType kQ, DType kKV>
 Status launch_mma_extend(const AttentionParams& p, int max_q_len, StreamHandle stream) {
+  if constexpr (kQ == kKV) {
+    using Tile = MmaExtendTile<kD, true>;
+    if (extend_legacy()) {
+      return launch_mma_extend_traits<
+          MmaExtendTraits<kD, kQ, kKV, Tile::kBlockN, Tile::kSubN, Tile::kStages, 1, false>>(
+          p, max_q_len, stream);
+    }
+  }
   return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV>>(p, max_q_len, stream);
 }
 

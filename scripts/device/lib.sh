@@ -1,0 +1,20 @@
+# Shared by the scripts in scripts/device (they run ON the device machine from the repository root
+# with .deps beside it, made by scripts/device/prepare_deps.sh). Source it:
+#   . "$(dirname "$0")/lib.sh"
+#
+# attnkit_configure BUILD_DIR [ARCHS [HEAD_DIMS [extra cmake args...]]]
+#   Configures the CUDA Release build with Ninja against .deps (GoogleTest from source, nvcc told
+#   -std=c++20 directly). ARCHS defaults to 90a-real; HEAD_DIMS empty = the CMake default
+#   (-DATTNKIT_HEAD_DIMS otherwise). Output goes where the caller sends it; returns cmake's status.
+attnkit_configure() {
+  local build=$1 archs=${2:-90a-real} head_dims=${3:-}
+  shift $(($# < 3 ? $# : 3))
+  local root
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$archs" -DCMAKE_PREFIX_PATH="$root/.deps" \
+    -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
+    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
+    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
+    ${head_dims:+"-DATTNKIT_HEAD_DIMS=$head_dims"} "$@"
+}

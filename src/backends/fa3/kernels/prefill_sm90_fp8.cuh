@@ -1,0 +1,502 @@
+// The fa3 backend's SM90 FP8 prefill/extend kernel: an e4m3 KV cache (per-layer k_scale /
+// v_scale) with bf16 q, both GEMMs on the e4m3 tensor cores (wgmma m64n128k32), head dim 128.
+// Same skeleton as prefill_sm90.cuh (persistent zigzag grid, producer warpgroup + 2 consumer
+// warpgroups, mbarrier ring, ping-pong, softmax of S(next) overlapping P(cur) V); what differs:
+//
+//   * Q: the producer loads the bf16 tile as in the bf16 kernel; each consumer warpgroup quantises
+//     its 64 rows to e4m3 with one scale per row (amax / 448; all-zero rows: scale 1) into a
+//     second, 128-byte-swizzled K-major tile, and folds the row scale into the softmax scale
+//     (scale_log2 * k_scale * q_scale[row]).
+//   * K: e4m3 rows of 128 bytes: one 128-byte swizzle line per row, TMA boxes {128 B, 1, rows} or
+//     the 16-byte cp.async gather (8 chunks per row). QK^T: A = Q e4m3, B = K (both K-major).
+//   * V: 8-bit wgmma operands must be K-major, so P V needs V^T ([d][keys]) in shared memory. The
+//     producer transposes each V tile (8x8-byte blocks, byte permutes) into a V^T stage after the
+//     load lands, one key block behind its loads, fences (generic -> async proxy) and arrives on
+//     the stage's vt_full barrier. Within every 16 keys the V^T columns are stored in the order
+//     of the f32 accumulator layout (key 8 (b / 2) + 2 t + b % 2 at column 4 t + b), so the P
+//     registers become the 8-bit A fragment by plain e4m3 packing, without shuffles.
+//   * P: e4m3 (satfinite) in [0, 1] (<= 2^8 with lazy rescale); the row sum l stays f32.
+//   * Epilogue: O * v_scale / l.
+//   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax, 4 no V transpose.
+//
+// Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
+//   Q bf16 [128 x 128] | Q e4m3 [128 x 128] | K [3][128 x 128] | V [3] | V^T [3] | q scales [128]
+//   | mbarriers
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "backends/fa3/kernels/prefill_sm90.cuh"
+#include "cuda/sm90/wgmma_fp8_sm90.cuh"
+
+namespace attnkit::fa3 {
+
+struct PrefillFp8Traits {
+  static constexpr int kHeadDim = 128;
+  static constexpr int kBlockM = fa3::kBlockM;
+  static constexpr int kBlockN = 128;
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  // The producer also transposes V (32 data registers per 8x8-byte block; 72 spilled 64 bytes,
+  // 88 / 208: no spill with nvcc 13.0).
+  static constexpr int kProducerRegs = 88;
+  static constexpr int kConsumerRegs = 208;
+  static_assert(128 * kProducerRegs + 128 * kConsumerWarpgroups * kConsumerRegs <= 65536,
+                "register budget of one CTA per SM");
+  static constexpr int kQChunksPerRow = kHeadDim / 8;  // bf16 Q: 16-byte chunks
+  static constexpr int kChunksPerRow = kHeadDim / 16;  // e4m3 K / V: 16-byte chunks
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kQ8Bytes = kBlockM * kHeadDim;
+  static constexpr int kKVBytes = kBlockN * kHeadDim;
+  static constexpr int kAlign = 1024;
+  static constexpr int kStages = 3;
+  static constexpr int kQOffset = 0;
+  static constexpr int kQ8Offset = kQBytes;
+  static constexpr int kKOffset = kQ8Offset + kQ8Bytes;
+  static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
+  static constexpr int kVtOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kQScaleOffset = kVtOffset + kStages * kKVBytes;
+  static constexpr int kBarOffset = kQScaleOffset + kBlockM * 4;
+  // q_full, q_empty, then per stage k_full, v_full, vt_full, empty.
+  static constexpr int kNumBarriers = 2 + 4 * kStages;
+  static constexpr int kSmemBytes = kBarOffset + kNumBarriers * 8 + kAlign;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(kHeadDim == 128 && kBlockN == 128, "one 128-byte swizzle line per K / V^T row");
+  static constexpr int kSlots = 1;
+  static constexpr int kRowsPerPass = 32 / kChunksPerRow;
+  static constexpr int kPassesPerWarp = 32 / kRowsPerPass;
+  static constexpr int kQPasses = kBlockM * kQChunksPerRow / 128;
+};
+
+__device__ __forceinline__ uint32_t fp8_bar(uint32_t bars, int stage, int which) {
+  return bars + 16 + 32 * stage + 8 * which;  // which: 0 k_full, 1 v_full, 2 vt_full, 3 empty
+}
+
+// Columns of a 4x4 byte block given as 4 row words (byte j of row word r = element (r, j)).
+__device__ __forceinline__ void transpose4x4(uint32_t a, uint32_t b, uint32_t c, uint32_t d,
+                                             uint32_t& c0, uint32_t& c1, uint32_t& c2,
+                                             uint32_t& c3) {
+  const uint32_t t0 = __byte_perm(a, b, 0x5140), t1 = __byte_perm(a, b, 0x7362);
+  const uint32_t t2 = __byte_perm(c, d, 0x5140), t3 = __byte_perm(c, d, 0x7362);
+  c0 = __byte_perm(t0, t2, 0x5410);
+  c1 = __byte_perm(t0, t2, 0x7632);
+  c2 = __byte_perm(t1, t3, 0x5410);
+  c3 = __byte_perm(t1, t3, 0x7632);
+}
+
+// V [128 keys][128 d] (e4m3, rows 128-byte swizzled) -> V^T [128 d][128 key columns] (the same
+// swizzle), key columns permuted within every 16 keys as the P fragment needs (file comment).
+// Thread (warp w, lane): half-warp h = lane / 16, d-octet dq = lane % 16; pass i covers the
+// 16-key group c = w + 4 i, columns 16 c + 8 h .. + 7. Loads: a half-warp reads one whole key row
+// (conflict-free); stores: each thread's 8 output rows are rotated by dq % 8 (the bytes of each
+// loaded row are rotated to match), so a store instruction writes 8 different swizzle chunks.
+__device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  const int h = lane / 16, dq = lane % 16, rot = dq % 8;
+  const uint32_t sh = static_cast<uint32_t>(rot & 3) * 8;
+  const bool swap = rot >= 4;
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+    const int c = warp + 4 * pass;
+    uint32_t lo[8], hi[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      // Column 16 c + 8 h + q holds key 16 c + 8 ((q % 4) / 2) + 2 (2 h + q / 4) + q % 2.
+      const int key = 16 * c + 8 * ((q % 4) >> 1) + 4 * h + 2 * (q / 4) + (q & 1);
+      const uint2 w = *reinterpret_cast<const uint2*>(
+          sv + key * 128 + ((((dq >> 1) ^ (key & 7))) << 4) + ((dq & 1) << 3));
+      // Rotate the 8 bytes right by rot: byte j becomes d-column (j + rot) % 8 of the octet.
+      const uint32_t x = swap ? w.y : w.x, y = swap ? w.x : w.y;
+      lo[q] = __funnelshift_r(x, y, sh);
+      hi[q] = __funnelshift_r(y, x, sh);
+    }
+    uint32_t olo[8], ohi[8];  // output row j: columns 0..3 (keys of q 0..3), 4..7
+    transpose4x4(lo[0], lo[1], lo[2], lo[3], olo[0], olo[1], olo[2], olo[3]);
+    transpose4x4(hi[0], hi[1], hi[2], hi[3], olo[4], olo[5], olo[6], olo[7]);
+    transpose4x4(lo[4], lo[5], lo[6], lo[7], ohi[0], ohi[1], ohi[2], ohi[3]);
+    transpose4x4(hi[4], hi[5], hi[6], hi[7], ohi[4], ohi[5], ohi[6], ohi[7]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int d = 8 * dq + ((j + rot) & 7);
+      *reinterpret_cast<uint2*>(svt + d * 128 + ((c ^ (d & 7)) << 4) + (h << 3)) =
+          make_uint2(olo[j], ohi[j]);
+    }
+  }
+}
+
+// ---- producer ----
+
+__device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) {
+  using namespace sm90;
+  using Tr = PrefillFp8Traits;
+  constexpr int kD = Tr::kHeadDim;
+  constexpr int CQ = Tr::kQChunksPerRow;
+  constexpr int C = Tr::kChunksPerRow;
+  const int tid = threadIdx.x;  // 0..127
+  const int warp = tid / 32, lane = tid % 32;
+  const uint32_t base = smem_addr(smem);
+  const uint32_t sQ = base + Tr::kQOffset;
+  const uint32_t bars = base + Tr::kBarOffset;
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  const char* q_base = static_cast<const char*>(p.q);
+  const char* k_base = static_cast<const char*>(p.k_pool);
+  const char* v_base = static_cast<const char*>(p.v_pool);
+
+  // V^T of block itp (its V landed or is landing): wait, transpose, publish.
+  auto transpose = [&](int itp) {
+    const int stage = itp % Tr::kStages;
+    mbar_wait(fp8_bar(bars, stage, 1), (itp / Tr::kStages) & 1);
+    if ((p.diag & 4) == 0) {  // diag bit 4: no transpose (timing only, wrong results)
+      fp8_transpose_v(smem + Tr::kVOffset + stage * Tr::kKVBytes,
+                      smem + Tr::kVtOffset + stage * Tr::kKVBytes, tid);
+    }
+    fence_proxy_async();  // generic st.shared -> the consumers' wgmma reads
+    mbar_arrive(fp8_bar(bars, stage, 2));
+  };
+
+  int it = 0;
+  int tcount = 0;
+  int pending = -1;  // the block whose V^T is still to be written
+  const int units = p.num_tiles * p.num_q_heads;
+  for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
+    const TileInfo t = decode_tile<Tr>(p, unit);
+    const int kvh = t.head / p.group;
+    const int32_t* pt = p.req_to_token +
+                        static_cast<int64_t>(p.req_pool_indices[t.request]) * p.req_to_token_stride;
+    int my_slot = -1;
+    auto load_slot = [&](int nb) {
+      const int key = nb * Tr::kBlockN + tid;
+      if (nb < 0 || key >= t.kv_len) {
+        my_slot = -1;
+      } else {
+        const int in_page = key % p.page_size;
+        my_slot = pt[key - in_page] + in_page;
+      }
+    };
+    load_slot(t.n_blocks - 1);
+
+    mbar_wait(q_empty, (tcount & 1) ^ 1);
+#pragma unroll 4
+    for (int i = 0; i < Tr::kQPasses; ++i) {
+      const int c = tid + 128 * i;
+      const int row = c / CQ, chunk = c % CQ;
+      const int token = t.m0 + row;
+      const bool valid = token < t.q_len;
+      const char* src =
+          valid ? q_base + ((static_cast<int64_t>(t.q_start + token) * p.q_stride_token +
+                             static_cast<int64_t>(t.head) * p.q_stride_head + chunk * 8) *
+                            2)
+                : q_base;
+      cp_async_16(sQ + swizzle_offset(Tr::kBlockM, row, chunk), src, valid ? 16 : 0);
+    }
+    cp_async_arrive_noinc(q_full);
+
+    for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
+      const int stage = it % Tr::kStages;
+      const uint32_t phase = (it / Tr::kStages) & 1;
+      mbar_wait(fp8_bar(bars, stage, 3), phase ^ 1);
+      const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
+      const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
+      if (p.diag & 1) {  // diagnostics: no loads (timing only, wrong results)
+        mbar_arrive(fp8_bar(bars, stage, 0));
+        mbar_arrive(fp8_bar(bars, stage, 1));
+      } else if (block_uses_tma<Tr>(p, t, nb)) {
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+          const uint32_t tile = kv == 0 ? sK : sV;
+          const uint32_t bar = fp8_bar(bars, stage, kv);
+          if (tid % p.tma_rows == 0) {
+            tma_load_3d(tile + tid * 128, kv == 0 ? &p.tma_k : &p.tma_v, 0, kvh, my_slot, bar);
+          }
+          if (tid == 0) {
+            mbar_arrive_expect_tx(bar, Tr::kKVBytes);
+          } else {
+            mbar_arrive(bar);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+          const char* pool = kv == 0 ? k_base : v_base;
+          const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
+          const int64_t head_off =
+              static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
+          const uint32_t tile = kv == 0 ? sK : sV;
+          const int warp_row0 = 32 * warp;
+#pragma unroll 4
+          for (int pass = 0; pass < Tr::kPassesPerWarp; ++pass) {
+            const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
+            const int chunk = lane % C;
+            const int slot = __shfl_sync(0xffffffffu, my_slot, r_in_warp);
+            const int row = warp_row0 + r_in_warp;
+            const char* src =
+                slot >= 0 ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 16)
+                          : pool;
+            cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
+          }
+          cp_async_arrive_noinc(fp8_bar(bars, stage, kv));
+        }
+      }
+      (void)kD;
+      // One block behind the loads, so this V has had a block's time to land.
+      if (pending >= 0) transpose(pending);
+      pending = it;
+      load_slot(nb - 1);
+    }
+  }
+  if (pending >= 0) transpose(pending);
+  cp_async_wait<0>();
+}
+
+// ---- consumers ----
+
+// P (f32 accumulator layout) -> the e4m3 A fragment of k-step kk (32 keys): register 0 holds
+// row r, fragment columns 4 t .. 4 t + 3 = keys 2 t, 2 t + 1, 8 + 2 t, 9 + 2 t (the V^T column
+// order of fp8_transpose_v); register 1 row r + 8; registers 2, 3 the next 16 keys.
+__device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+
+template <int kN>
+__device__ __forceinline__ void pack_p_fp8(const float (&s)[kN / 2], uint32_t (&pa)[kN / 32][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 32; ++kk) {
+    const float* x = s + 16 * kk;
+    pa[kk][0] = fp8x4(x[0], x[1], x[4], x[5]);
+    pa[kk][1] = fp8x4(x[2], x[3], x[6], x[7]);
+    pa[kk][2] = fp8x4(x[8], x[9], x[12], x[13]);
+    pa[kk][3] = fp8x4(x[10], x[11], x[14], x[15]);
+  }
+}
+
+// This warpgroup's 64 bf16 Q rows -> e4m3 with one scale per row (thread: row tid / 2, half of
+// its 128 columns); returns nothing, writes the tile and the row scales.
+__device__ __forceinline__ void quantize_q_rows(uint8_t* smem, int g, int tid) {
+  using Tr = PrefillFp8Traits;
+  const int row = g * 64 + tid / 2, half = tid & 1;
+  uint4 raw[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    raw[i] = *reinterpret_cast<const uint4*>(smem + Tr::kQOffset +
+                                             sm90::swizzle_offset(Tr::kBlockM, row, half * 8 + i));
+  }
+  auto f2 = [](uint32_t w) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  };
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    for (uint32_t w : {raw[i].x, raw[i].y, raw[i].z, raw[i].w}) {
+      const float2 v = f2(w);
+      amax = fmaxf(amax, fmaxf(fabsf(v.x), fabsf(v.y)));
+    }
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  constexpr float kE4m3Max = 448.f;
+  const float inv = amax > 0.f ? kE4m3Max / amax : 0.f;
+  const float qs = amax > 0.f ? amax / kE4m3Max : 1.f;
+  auto q4 = [&](uint32_t w0, uint32_t w1) {
+    const float2 a = f2(w0), b = f2(w1);
+    return fp8x4(a.x * inv, a.y * inv, b.x * inv, b.y * inv);
+  };
+#pragma unroll
+  for (int i2 = 0; i2 < 4; ++i2) {
+    const uint4 a = raw[2 * i2], b = raw[2 * i2 + 1];
+    const int c8 = half * 4 + i2;  // 16 e4m3 values per 16-byte chunk
+    *reinterpret_cast<uint4*>(smem + Tr::kQ8Offset + row * 128 + ((c8 ^ (row & 7)) << 4)) =
+        make_uint4(q4(a.x, a.y), q4(a.z, a.w), q4(b.x, b.y), q4(b.z, b.w));
+  }
+  if (half == 0) reinterpret_cast<float*>(smem + Tr::kQScaleOffset)[row] = qs;
+}
+
+__device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
+  using namespace sm90;
+  using Tr = PrefillFp8Traits;
+  constexpr int kD = Tr::kHeadDim;
+  constexpr int kN = Tr::kBlockN;
+  const int tid = threadIdx.x - 128 * (g + 1);
+  const int warp = tid / 32, lane = tid % 32;
+  const uint32_t base = smem_addr(smem);
+  const uint32_t bars = base + Tr::kBarOffset;
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  const uint64_t q_desc = make_desc(base + Tr::kQ8Offset + g * 64 * 128, 16, 1024);
+  const bool pingpong = p.pingpong != 0;
+  auto turn_wait = [&] {
+    if (pingpong) asm volatile("bar.sync %0, 256;" ::"r"(1 + g) : "memory");
+  };
+  auto turn_pass = [&] {
+    if (pingpong) asm volatile("bar.arrive %0, 256;" ::"r"(2 - g) : "memory");
+  };
+  const float kNegInf = -__int_as_float(0x7f800000);
+  if (g == 1) turn_pass();
+
+  int it = 0;
+  int tcount = 0;
+  const int units = p.num_tiles * p.num_q_heads;
+  for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
+    const TileInfo t = decode_tile<Tr>(p, unit);
+    const bool last_unit = unit_at(p, round + 1) >= units;
+    const int row0 = g * 64 + warp * 16 + lane / 4;
+    const int qpos0 = t.causal_limit + row0;
+    float o[kD / 2];
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    RowSoftmax<Tr, true> sm;
+    sm.m[0] = sm.m[1] = kNegInf;
+    sm.l[0] = sm.l[1] = 0.f;
+    float corr[2];
+    float s[kN / 2];
+    uint32_t pa[kN / 32][4];
+
+    // Q: quantise this warpgroup's rows (the previous tile's QK^T reads of the e4m3 tile are
+    // complete: every S was waited for), publish to the async proxy, release the bf16 tile.
+    mbar_wait(q_full, tcount & 1);
+    quantize_q_rows(smem, g, tid);
+    fence_proxy_async();
+    asm volatile("bar.sync %0, 128;" ::"r"(3 + g) : "memory");
+    mbar_arrive(q_empty);
+    float rsc[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rsc[h] =
+          p.scale_log2 * reinterpret_cast<const float*>(smem + Tr::kQScaleOffset)[row0 + 8 * h];
+    }
+
+    auto issue_qk = [&](int stage) {
+      const uint64_t k_desc = make_desc(base + Tr::kKOffset + stage * Tr::kKVBytes, 16, 1024);
+#pragma unroll
+      for (int kk = 0; kk < kD / 32; ++kk) {
+        wgmma_ss_e4m3<kN>(s, desc_advance(q_desc, kk * 32), desc_advance(k_desc, kk * 32),
+                          kk > 0 ? 1 : 0);
+      }
+    };
+    auto issue_pv = [&](int stage) {
+      const uint64_t vt_desc = make_desc(base + Tr::kVtOffset + stage * Tr::kKVBytes, 16, 1024);
+#pragma unroll
+      for (int kk = 0; kk < kN / 32; ++kk) {
+        wgmma_rs_e4m3<kD>(o, pa[kk], desc_advance(vt_desc, kk * 32), 1);
+      }
+    };
+    auto wait_k = [&](int itx, int nbx) {
+      mbar_wait(fp8_bar(bars, itx % Tr::kStages, 0), (itx / Tr::kStages) & 1);
+      if (p.fence_tma != 0 || !block_uses_tma<Tr>(p, t, nbx)) fence_proxy_async();
+    };
+    auto wait_vt = [&](int itx) {
+      mbar_wait(fp8_bar(bars, itx % Tr::kStages, 2), (itx / Tr::kStages) & 1);
+    };
+
+    int it_c = it;
+    int nb = t.n_blocks - 1;
+    wait_k(it_c, nb);
+    turn_wait();
+    wgmma_fence();
+    issue_qk(it_c % Tr::kStages);
+    wgmma_commit();
+    turn_pass();
+    wgmma_wait<0>();
+    fence_regs(s);
+    sm.step_scaled(s, rsc, p, t, nb, g, lane, qpos0, corr);
+    pack_p_fp8<kN>(s, pa);
+    for (--nb; nb >= 0; --nb) {
+      const int it_n = it_c + 1;
+      const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
+      wait_k(it_n, nb);
+      wait_vt(it_c);
+      fence_regs(o);
+      turn_wait();
+      wgmma_fence();
+      issue_qk(stage_n);
+      wgmma_commit();
+      issue_pv(stage_c);
+      wgmma_commit();
+      turn_pass();
+      wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
+      fence_regs(s);
+      sm.step_scaled(s, rsc, p, t, nb, g, lane, qpos0, corr);
+      wgmma_wait<0>();
+      fence_regs(o);
+      mbar_arrive(fp8_bar(bars, stage_c, 3));
+      pack_p_fp8<kN>(s, pa);
+      rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
+      it_c = it_n;
+    }
+    const int stage_c = it_c % Tr::kStages;
+    wait_vt(it_c);
+    fence_regs(o);
+    turn_wait();
+    wgmma_fence();
+    issue_pv(stage_c);
+    wgmma_commit();
+    if (g == 0 || !last_unit) turn_pass();
+    wgmma_wait<0>();
+    fence_regs(o);
+    mbar_arrive(fp8_bar(bars, stage_c, 3));
+    it = it_c + 1;
+
+    // Epilogue: O * v_scale / l, natural-log LSE (the exp2-domain maximum includes every scale).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = sm.l[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.f ? p.v_scale / sum : 0.f;
+      const int token = t.m0 + row0 + 8 * h;
+      if (token < t.q_len) {
+        const int64_t trow = t.q_start + token;
+        uint32_t* dst =
+            static_cast<uint32_t*>(p.out) +
+            ((trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) >> 1) +
+            lane % 4;
+#pragma unroll
+        for (int j = 0; j < kD / 8; ++j) {
+          dst[4 * j] = pack2<true>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+        }
+        if (p.lse != nullptr && lane % 4 == 0) {
+          constexpr float kLn2 = 0.693147180559945309f;
+          const float m_use = sm.m[h] == kNegInf ? 0.f : sm.m[h];
+          p.lse[trow * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =
+              sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
+        }
+      }
+    }
+  }
+}
+
+// grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
+__global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
+    prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = PrefillFp8Traits;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = sm90::smem_addr(smem_raw);
+  uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);
+  const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(bars, 128);                                // q_full: producer threads
+    sm90::mbar_init(bars + 8, 128 * Tr::kConsumerWarpgroups);  // q_empty: consumer threads
+    for (int s = 0; s < Tr::kStages; ++s) {
+      sm90::mbar_init(fp8_bar(bars, s, 0), 128);                            // k_full
+      sm90::mbar_init(fp8_bar(bars, s, 1), 128);                            // v_full
+      sm90::mbar_init(fp8_bar(bars, s, 2), 128);                            // vt_full
+      sm90::mbar_init(fp8_bar(bars, s, 3), 128 * Tr::kConsumerWarpgroups);  // empty
+    }
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    sm90::setmaxnreg_dec<Tr::kProducerRegs>();
+    producer_fp8(p, smem);
+  } else {
+    sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
+    consumer_fp8(p, smem, wg - 1);
+  }
+#endif
+}
+
+}  // namespace attnkit::fa3

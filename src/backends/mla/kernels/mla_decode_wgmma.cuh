@@ -1,0 +1,457 @@
+// The SM90 (sm_90a) wgmma MLA decode kernel for 64-query-row tiles with a bf16 latent cache (128
+// heads, or 33-64 heads x s_q): same plan (mla_tile_scheduler.h), same partial layout and combine
+// kernel, same paged-loader addressing as the mma.sync kernel (mla_decode_mma.cuh), which keeps
+// the 16/32-row tiles and the fp8 cache.
+//
+// CTA = 384 threads, one per SM (~226 KiB of shared memory):
+//   warpgroup 0 (producer, setmaxnreg 40): loads Q [64 x 576] once per request segment and the
+//     K tiles [64 keys x 576] into a 2-stage ring by 16-byte cp.async through the page table
+//     (slot = req_to_token[j - j % P] + j % P), in the 128-byte swizzle the wgmma descriptors
+//     read; completion on mbarriers (full: cp.async.mbarrier.arrive.noinc), a stage is refilled
+//     after both consumer warpgroups released it (empty).
+//   warpgroups 1, 2 (consumers g = 0, 1, setmaxnreg 232): consumer g owns output columns
+//     [256 g, 256 g + 256) of all 64 rows (O: 128 f32 registers per thread) and the S = Q K^T of
+//     the segment's tiles i with i % 2 == g (wgmma m64n64k16, A = Q and B = K from shared memory,
+//     36 k-steps). For its tile it runs the online softmax (running max from the tile before,
+//     through shared memory), writes P (bf16) and the rescale factor to shared memory, signals the
+//     other consumer (named barrier 1 + g), and accumulates O += P V with P from registers and V =
+//     the first 512 columns of the same K tile read MN-major (transposing descriptor, wgmma
+//     m64n256k16, 4 k-steps). For the other consumer's tile it issues its own next S first, then
+//     waits for that P, rescales O (after its S is done: ptxas serialises all wgmmas if an
+//     accumulator is touched while one is in flight) and accumulates O += P V for its columns
+//     (A = P from shared memory). So one warpgroup's softmax overlaps the other's QK^T GEMM.
+//     (scripts/device/patches/mla_wgmma_early_release.patch: the variant that issues that P V
+//     before the own S and releases the stage earlier; not yet run on a device.)
+//   Epilogue: the row sums of both consumers are added through shared memory (named barrier 3);
+//     whole requests write bf16 out (+ natural-log LSE), split segments the normalised f32
+//     partial + log2 LSE for mla_combine_kernel.
+//
+// Shared memory: Q 72 KiB | K 2 x 72 KiB | P 8 KiB | m, f [64] | l [2][64] | 6 mbarriers, aligned
+// to 1024 bytes in the kernel.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/mla/kernels/mla_decode_params.h"
+#include "backends/mla/kernels/mla_tile_scheduler.h"
+#include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/sm90/sm90_primitives.cuh"
+#include "cuda/sm90/wgmma_sm90.cuh"
+
+namespace attnkit::mla {
+
+template <int kPage_>
+struct MlaWgmmaTraits {
+  static constexpr int kPage = kPage_;
+  static constexpr int kRows = 64;
+  static constexpr int kThreads = 384;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  // The CTA starts with kEntryRegs per thread (65536 / 384 rounded down to a multiple of 8) and
+  // setmaxnreg only moves registers between warpgroups: a consumer's setmaxnreg.inc waits until
+  // the producer's dec has freed enough (with a producer of 48 it waits forever).
+  static constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;  // 168
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kEntryRegs,
+                "setmaxnreg budget of one CTA per SM");
+  static constexpr int kChunks = kRowDim / 8;               // 16-byte chunks of a bf16 row (72)
+  static constexpr int kKSteps = kRowDim / 16;              // 36
+  static constexpr int kTileBytes = kBlockN * kRowDim * 2;  // 73728
+  static constexpr int kQBytes = kRows * kRowDim * 2;       // 73728
+  static constexpr int kPBytes = kRows * kBlockN * 2;       // 8192
+  static constexpr int kAlign = 1024;
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQOffset + kQBytes;
+  static constexpr int kPOffset = kKOffset + 2 * kTileBytes;
+  static constexpr int kMOffset = kPOffset + kPBytes;    // running max per row (log2 domain)
+  static constexpr int kFOffset = kMOffset + kRows * 4;  // rescale factor of the latest tile
+  static constexpr int kLOffset = kFOffset + kRows * 4;  // [2][kRows] row sums per consumer
+  static constexpr int kBarOffset = kLOffset + 2 * kRows * 4;
+  // q_full, q_empty, full[2], empty[2]
+  static constexpr int kSmemBytes = kBarOffset + 6 * 8 + kAlign;
+  static_assert(kSmemBytes <= 227 * 1024, "227 KiB opt-in of SM90");
+  static_assert(kQBytes % kAlign == 0 && kTileBytes % kAlign == 0 && kPOffset % kAlign == 0,
+                "1024-byte swizzle atoms");
+  static_assert(kPage == 1 || kPage % kBlockN == 0, "a tile never straddles a page boundary");
+};
+
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Named barriers: 1 + g: "consumer g published P / f / m of its tile"; 3: epilogue exchange.
+inline constexpr int kBarPReady = 1;
+inline constexpr int kBarEpilogue = 3;
+
+template <typename Tr>
+struct MlaWgmmaCta {
+  const MlaDecodeParams& p;
+  uint8_t* smem;
+  uint32_t base;
+
+  __device__ uint32_t sQ() const { return base + Tr::kQOffset; }
+  __device__ uint32_t sK(int stage) const { return base + Tr::kKOffset + stage * Tr::kTileBytes; }
+  __device__ uint32_t bar(int i) const { return base + Tr::kBarOffset + 8 * i; }
+  __device__ uint32_t q_full() const { return bar(0); }
+  __device__ uint32_t q_empty() const { return bar(1); }
+  __device__ uint32_t full(int s) const { return bar(2 + s); }
+  __device__ uint32_t empty(int s) const { return bar(4 + s); }
+
+  // ---- producer (warpgroup 0) ----
+  __device__ void producer() const {
+    using namespace sm90;
+    const int tid = threadIdx.x;  // 0..127
+    const auto* qg = static_cast<const uint8_t*>(p.q);
+    const auto* kvg = static_cast<const uint8_t*>(p.kv);
+    const int32_t* s = p.sched + static_cast<int64_t>(blockIdx.x) * kSchedWords;
+    const int row0 = blockIdx.y * Tr::kRows;
+    const int last = s[2] < p.bs ? s[2] : p.bs - 1;
+    int it = 0, tcount = 0;
+    for (int b = s[0]; b <= last; ++b) {
+      const int kv_len = p.seq_lens[b] + p.kv_len_extra;
+      int t0, t1, partial;
+      if (!segment_of(s, p.split_indptr, b, kv_len, &t0, &t1, &partial)) continue;
+      const int32_t* tok =
+          p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
+      // Q rows [row0, row0 + 64) (padding rows zero-filled), after the previous segment's
+      // consumers are done with Q and the exchange arrays.
+      mbar_wait(q_empty(), (tcount & 1) ^ 1);
+      for (int idx = tid; idx < Tr::kRows * Tr::kChunks; idx += 128) {
+        const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
+        const int m = row0 + r;
+        const bool valid = m < p.rows_per_req;
+        const int token = b * p.s_q + (valid ? m / p.num_heads : 0);
+        const int h = valid ? m % p.num_heads : 0;
+        const uint8_t* src = qg + (token * p.q_stride_token + h * p.q_stride_head) * 2 +
+                             static_cast<int64_t>(c) * 16;
+        cp_async_16(sQ() + swizzle_offset(Tr::kRows, r, c), valid ? src : qg, valid ? 16 : 0);
+      }
+      cp_async_arrive_noinc(q_full());
+      ++tcount;
+      // K tiles: thread t copies key t / 2, chunks (t % 2) + 2 i.
+      const int key = tid >> 1;
+      for (int tile = t0; tile < t1; ++tile, ++it) {
+        const int j = tile * kBlockN + key;
+        const bool valid = j < kv_len;
+        int64_t slot = 0;
+        if (valid) {
+          if constexpr (Tr::kPage == 1) {
+            slot = tok[j];
+          } else {
+            slot = static_cast<int64_t>(tok[j - j % Tr::kPage]) + j % Tr::kPage;
+          }
+        }
+        const uint8_t* row = kvg + slot * p.kv_stride_row * 2;
+        const int stage = it & 1;
+        mbar_wait(empty(stage), ((it >> 1) & 1) ^ 1);
+        const uint32_t dst = sK(stage);
+#pragma unroll
+        for (int i = 0; i < Tr::kChunks / 2; ++i) {
+          const int c = (tid & 1) + 2 * i;
+          cp_async_16(dst + swizzle_offset(kBlockN, key, c), valid ? row + c * 16 : kvg,
+                      valid ? 16 : 0);
+        }
+        cp_async_arrive_noinc(full(stage));
+      }
+    }
+    cp_async_wait<0>();
+  }
+
+  // ---- consumers (warpgroups 1, 2 -> g = 0, 1) ----
+  __device__ void issue_s(float (&sacc)[32], int stage) const {
+    const uint64_t q_desc = sm90::make_desc(sQ(), 16, 1024);
+    const uint64_t k_desc = sm90::make_desc(sK(stage), 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+      sm90::wgmma_ss<64, true, 0>(
+          sacc, sm90::desc_advance(q_desc, (kk / 4) * Tr::kRows * 128 + (kk % 4) * 32),
+          sm90::desc_advance(k_desc, (kk / 4) * kBlockN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
+    }
+  }
+  // O[:, 256 g .. +256) += P V: V = columns [256 g, +256) of the tile, MN-major (4 blocks of 64
+  // columns, LBO = one block), k-step kk = keys 16 kk .. +16.
+  __device__ void issue_pv(float (&o)[128], const uint32_t (&pa)[4][4], int stage, int g) const {
+    const uint64_t v_desc = sm90::make_desc(sK(stage) + g * 4 * kBlockN * 128, kBlockN * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      sm90::wgmma_rs<256, true, 1>(o, pa[kk], sm90::desc_advance(v_desc, kk * 16 * 128), 1);
+    }
+  }
+
+  // g: a template parameter so that every branch around a wgmma is uniform for ptxas (a branch
+  // it cannot prove warp-uniform makes it serialise every wgmma of the kernel, C7518 / C7520).
+  // The same with P [64 x 64 keys] from shared memory (K-major, one 128-byte swizzle block).
+  __device__ void issue_pv_smem_p(float (&o)[128], int stage, int g) const {
+    const uint64_t p_desc = sm90::make_desc(base + Tr::kPOffset, 16, 1024);
+    const uint64_t v_desc = sm90::make_desc(sK(stage) + g * 4 * kBlockN * 128, kBlockN * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      sm90::wgmma_ss<256, true, 1>(o, sm90::desc_advance(p_desc, kk * 32),
+                                   sm90::desc_advance(v_desc, kk * 16 * 128), 1);
+    }
+  }
+
+  template <int g>
+  __device__ void consumer() const {
+    using namespace sm90;
+    const int tid = threadIdx.x - 128 * (g + 1);
+    const int warp = tid >> 5, lane = tid & 31;
+    const int r_lo = 16 * warp + (lane >> 2);  // this thread's rows r_lo, r_lo + 8
+    const float kNegInf = -__int_as_float(0x7f800000);
+    auto* m_sh = reinterpret_cast<float*>(smem + Tr::kMOffset);
+    auto* f_sh = reinterpret_cast<float*>(smem + Tr::kFOffset);
+    auto* l_sh = reinterpret_cast<float*>(smem + Tr::kLOffset);
+    uint8_t* p_sh = smem + Tr::kPOffset;
+    const int32_t* s = p.sched + static_cast<int64_t>(blockIdx.x) * kSchedWords;
+    const int row0 = blockIdx.y * Tr::kRows;
+    const int last = s[2] < p.bs ? s[2] : p.bs - 1;
+    int it = 0, tcount = 0;
+    for (int b = s[0]; b <= last; ++b) {
+      const int kv_len = p.seq_lens[b] + p.kv_len_extra;
+      int t0, t1, partial;
+      if (!segment_of(s, p.split_indptr, b, kv_len, &t0, &t1, &partial)) continue;
+      const bool whole = t0 == 0 && t1 == num_tiles(kv_len);
+      const int n = t1 - t0;
+      int limit[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int m = row0 + r_lo + 8 * x;
+        const int i = m < p.rows_per_req ? m / p.num_heads : p.s_q - 1;
+        limit[x] = kv_len - (p.s_q - 1 - i);
+      }
+      float o[128];
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] = 0.f;
+      float l[2] = {0.f, 0.f};  // this thread's share of the row sums (rescaled by every tile)
+      float m_prev[2] = {kNegInf, kNegInf};
+      float sacc[32];
+      uint32_t pa_own[4][4];
+
+      mbar_wait(q_full(), tcount & 1);
+      fence_proxy_async();  // Q arrived by cp.async
+
+      // i: this consumer's tile (i % 2 == g, if i < n); i - 1: the other consumer's tile.
+      for (int i = g; i < n + 1; i += 2) {
+        const bool own = i < n;
+        const bool other = i >= 1;
+        const int it_own = it + i, it_oth = it + i - 1;
+        if (own) {
+          mbar_wait(full(it_own & 1), (it_own >> 1) & 1);
+          fence_proxy_async();
+          wgmma_fence();
+          issue_s(sacc, it_own & 1);
+          wgmma_commit();
+        }
+        // ptxas serialises every wgmma of the kernel (C7515) when a non-wgmma instruction writes
+        // an accumulator while any wgmma is in flight: O is only rescaled after wait<0>.
+        if (other) {
+          named_bar_sync(kBarPReady + (1 - g), 256);
+          float f[2];
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            f[x] = f_sh[r_lo + 8 * x];
+            m_prev[x] = m_sh[r_lo + 8 * x];
+          }
+          wgmma_wait<0>();  // S of this consumer's tile (if any)
+          fence_regs(sacc);
+          fence_regs(o);
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            o[4 * j + 0] *= f[0];
+            o[4 * j + 1] *= f[0];
+            o[4 * j + 2] *= f[1];
+            o[4 * j + 3] *= f[1];
+          }
+          l[0] *= f[0];
+          l[1] *= f[1];
+          mbar_wait(full(it_oth & 1), (it_oth >> 1) & 1);
+          fence_proxy_async();
+          wgmma_fence();
+          issue_pv_smem_p(o, it_oth & 1, g);
+          wgmma_commit();
+        } else {
+          wgmma_wait<0>();
+          fence_regs(sacc);
+        }
+        if (own) {
+          // The softmax reads S and packs P straight into the A fragment (pa_own): S's
+          // accumulators are never redefined while the P V above is in flight.
+          const int tile = t0 + i;
+          const float scale = p.scale_log2;
+          auto masked = [&](int j, int e) {
+            const int key = tile * kBlockN + 8 * j + 2 * (lane & 3) + (e & 1);
+            return key < limit[e >> 1] ? sacc[4 * j + e] * scale : kNegInf;
+          };
+          float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], masked(j, e));
+          }
+          float f[2], m_use[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
+            mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
+            const float m_new = fmaxf(m_prev[x], mx[x]);
+            m_use[x] = m_new == kNegInf ? 0.f : m_new;
+            f[x] = exp2_approx(m_prev[x] - m_use[x]);  // m_prev = -inf -> 0
+            m_prev[x] = m_new;
+          }
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            float v[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              v[e] = exp2_approx(masked(j, e) - m_use[e >> 1]);
+              sum[e >> 1] += v[e];
+            }
+            // j = 2 kk + h: words 2 h (row r_lo) and 2 h + 1 (row r_lo + 8) of k-step kk.
+            pa_own[j >> 1][2 * (j & 1) + 0] = cuda::pack2<__nv_bfloat16>(v[0], v[1]);
+            pa_own[j >> 1][2 * (j & 1) + 1] = cuda::pack2<__nv_bfloat16>(v[2], v[3]);
+          }
+          wgmma_wait<0>();  // the other tile's P V (if any) is done with O, P and its stage
+          fence_regs(o);
+          if (other) mbar_arrive(empty(it_oth & 1));
+          __syncwarp();  // this warp's reads of f / m (the other consumer's tile) are done
+          // P (bf16) for the other consumer, read by its wgmma (async proxy): fence, then signal.
+          // Rows are per warp; word (kk, q): row r_lo + 8 (q & 1), keys 16 kk + 8 (q >> 1) + ...
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              *reinterpret_cast<uint32_t*>(
+                  p_sh + sm90::swizzle_offset(64, r_lo + 8 * (q & 1), 2 * kk + (q >> 1)) +
+                  4 * (lane & 3)) = pa_own[kk][q];
+            }
+          }
+          if ((lane & 3) == 0) {
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+              f_sh[r_lo + 8 * x] = f[x];
+              m_sh[r_lo + 8 * x] = m_prev[x];
+            }
+          }
+          fence_proxy_async();
+          named_bar_arrive(kBarPReady + g, 256);
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            o[4 * j + 0] *= f[0];
+            o[4 * j + 1] *= f[0];
+            o[4 * j + 2] *= f[1];
+            o[4 * j + 3] *= f[1];
+          }
+          l[0] = l[0] * f[0] + sum[0];
+          l[1] = l[1] * f[1] + sum[1];
+          wgmma_fence();
+          issue_pv(o, pa_own, it_own & 1, g);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(o);
+          mbar_arrive(empty(it_own & 1));
+        } else {
+          wgmma_wait<0>();
+          fence_regs(o);
+          mbar_arrive(empty(it_oth & 1));
+        }
+      }
+      it += n;
+
+      // ---- epilogue: total row sums, final max ----
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
+        l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
+      }
+      if ((lane & 3) == 0) {
+        l_sh[g * Tr::kRows + r_lo] = l[0];
+        l_sh[g * Tr::kRows + r_lo + 8] = l[1];
+      }
+      named_bar_sync(kBarEpilogue, 256);
+      float denom[2], m_fin[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        denom[x] = l_sh[r_lo + 8 * x] + l_sh[Tr::kRows + r_lo + 8 * x];
+        m_fin[x] = m_sh[r_lo + 8 * x];
+      }
+      mbar_arrive(q_empty());  // Q, P, m, f, l free for the next segment
+      ++tcount;
+
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int m = row0 + r_lo + 8 * x;
+        if (m >= p.rows_per_req) continue;
+        const bool any = denom[x] > 0.f;
+        const float inv = any ? 1.f / denom[x] : 0.f;
+        const float lse2 = any ? m_fin[x] + log2f(denom[x]) : kNegInf;
+        const int token = b * p.s_q + m / p.num_heads;
+        const int h = m % p.num_heads;
+        const int col0 = 256 * g + 2 * (lane & 3);
+        if (whole) {
+          auto* dst = static_cast<__nv_bfloat16*>(p.out) + token * p.o_stride_token +
+                      h * p.o_stride_head + col0;
+          const float scale = inv * p.v_scale;
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+                cuda::pack2<__nv_bfloat16>(o[4 * j + 2 * x] * scale, o[4 * j + 2 * x + 1] * scale);
+          }
+          if (p.lse != nullptr && g == 0 && (lane & 3) == 0) {
+            p.lse[token * p.lse_stride_token + h] = any ? lse2 * cuda::kLn2 : kNegInf;
+          }
+        } else {
+          const int64_t prow = static_cast<int64_t>(partial) * p.rows_per_req + m;
+          float* dst = p.partial_out + prow * kLatentDim + col0;
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            *reinterpret_cast<float2*>(dst + 8 * j) =
+                make_float2(o[4 * j + 2 * x] * inv, o[4 * j + 2 * x + 1] * inv);
+          }
+          if (g == 0 && (lane & 3) == 0) p.partial_lse[prow] = lse2;
+        }
+      }
+    }
+  }
+};
+
+// grid: (num_parts, ceil(rows_per_req / 64)), block 384, dynamic smem Tr::kSmemBytes.
+template <int kPage>
+__global__ void __launch_bounds__(384, 1)
+    mla_decode_wgmma_kernel(const __grid_constant__ MlaDecodeParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = MlaWgmmaTraits<kPage>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = sm90::smem_addr(smem_raw);
+  uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);
+  MlaWgmmaCta<Tr> cta{p, smem, sm90::smem_addr(smem)};
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(cta.q_full(), 128);
+    sm90::mbar_init(cta.q_empty(), 256);
+    for (int s = 0; s < 2; ++s) {
+      sm90::mbar_init(cta.full(s), 128);
+      sm90::mbar_init(cta.empty(s), 256);
+    }
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    sm90::setmaxnreg_dec<Tr::kProducerRegs>();
+    cta.producer();
+  } else if (wg == 1) {
+    sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
+    cta.template consumer<0>();
+  } else {
+    sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
+    cta.template consumer<1>();
+  }
+#endif
+}
+
+}  // namespace attnkit::mla

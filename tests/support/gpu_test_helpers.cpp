@@ -1,0 +1,133 @@
+#include "support/gpu_test_helpers.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "attnkit/device.h"
+#include "attnkit/tensor.h"
+
+#ifdef ATTNKIT_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace attnkit::test_support {
+
+bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s, int compute_capability) {
+  const bool mode_ok = s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kMixed ||
+                       s.mode == ForwardMode::kDraftExtend;
+  const bool dtype_ok =
+      (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.kv_dtype == s.q_dtype;
+  const bool dim_ok =
+      (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) && s.head_dim == s.v_head_dim;
+  return compute_capability == 90 && mode_ok && dtype_ok && dim_ok && !s.mla &&
+         !s.cross_attention && s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks;
+}
+
+bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s) {
+  const Result<DeviceInfo> dev = detect_cuda(0);
+  return dev.is_ok() && expects_sm90_wgmma_prefill(s, dev->compute_capability);
+}
+
+#ifdef ATTNKIT_WITH_CUDA
+namespace {
+
+// Host bytes of every layer's out and lse.
+std::vector<std::vector<uint8_t>> copy_layer_outputs(const harness::PreparedCase& pc) {
+  std::vector<std::vector<uint8_t>> h;
+  for (const harness::LayerData& ld : pc.layers) {
+    for (const TensorView* t : {&ld.out, &ld.lse}) {
+      std::vector<uint8_t> b(static_cast<size_t>(t->storage_bytes()));
+      EXPECT_TRUE(
+          copy_bytes(b.data(), Device::cpu(), t->data, t->device, t->storage_bytes()).is_ok());
+      h.push_back(std::move(b));
+    }
+  }
+  return h;
+}
+
+// Captures and replays on `stream`; the caller owns the stream.
+void graph_replay_on(harness::PreparedCase& pc, const BackendFactory& make, ForwardMode mode,
+                     int replays, const std::function<void(AttentionBackend&)>& after_replay,
+                     cudaStream_t stream) {
+  BackendContext ctx = pc.context();
+  ctx.stream = stream;
+  pc.batch.stream = stream;
+  Result<std::unique_ptr<AttentionBackend>> made = make(ctx);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  AttentionBackend& backend = **made;
+
+  const Status eager_run = harness::run_backend(backend, pc, /*save_kv=*/false);
+  ASSERT_TRUE(eager_run.is_ok()) << eager_run.to_string();
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const std::vector<std::vector<uint8_t>> eager = copy_layer_outputs(pc);
+  Result<harness::Comparison> cmp = harness::compare_with_reference(pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_TRUE(cmp->passed()) << cmp->summary();
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  for (harness::LayerData& ld : pc.layers) {
+    ASSERT_TRUE(fill_float(ld.out, kNaN).is_ok());
+    ASSERT_TRUE(fill_float(ld.lse, kNaN).is_ok());
+  }
+
+  const int bs = pc.batch.batch_size;
+  const SpecInfo* spec = mode == ForwardMode::kTargetVerify ? &pc.batch.spec : nullptr;
+  ASSERT_TRUE(backend.init_cuda_graph_state(bs, pc.batch.num_tokens).is_ok());
+  const Status cap = backend.init_forward_metadata_capture_cuda_graph(
+      bs, pc.batch.num_tokens, pc.batch.req_pool_indices, pc.batch.seq_lens, TensorView(), mode,
+      spec);
+  ASSERT_TRUE(cap.is_ok()) << cap.to_string();
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  for (harness::LayerData& ld : pc.layers) {
+    const Status s = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
+                                     /*save_kv=*/false, ld.lse);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  if (inst == cudaSuccess) {
+    // Several replays: the later ones prove the refreshed plan does not depend on leftover state.
+    for (int rep = 0; rep < replays; ++rep) {
+      const Status replay = backend.init_forward_metadata_replay_cuda_graph(
+          bs, pc.batch.req_pool_indices, pc.batch.seq_lens, pc.batch.seq_lens_sum, TensorView(),
+          mode, spec, pc.batch.seq_lens_host.data());
+      EXPECT_TRUE(replay.is_ok()) << replay.to_string();
+      EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    }
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const std::vector<std::vector<uint8_t>> replayed = copy_layer_outputs(pc);
+    for (size_t i = 0; i < eager.size() && i < replayed.size(); ++i) {
+      EXPECT_TRUE(eager[i] == replayed[i])
+          << "layer " << i / 2 << ": " << (i % 2 == 0 ? "out" : "lse") << " differs from eager";
+    }
+    if (after_replay) after_replay(backend);
+    cudaGraphExecDestroy(exec);
+  } else {
+    ADD_FAILURE() << "cudaGraphInstantiate: " << cudaGetErrorString(inst);
+  }
+  cudaGraphDestroy(graph);
+}
+
+}  // namespace
+
+void expect_graph_replay_matches_eager(harness::PreparedCase& pc, const BackendFactory& make,
+                                       ForwardMode mode, int replays,
+                                       const std::function<void(AttentionBackend&)>& after_replay) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  graph_replay_on(pc, make, mode, replays, after_replay, stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
+}
+#else
+void expect_graph_replay_matches_eager(harness::PreparedCase&, const BackendFactory&, ForwardMode,
+                                       int, const std::function<void(AttentionBackend&)>&) {
+  GTEST_SKIP() << "built without CUDA";
+}
+#endif  // ATTNKIT_WITH_CUDA
+
+}  // namespace attnkit::test_support

@@ -1,0 +1,37 @@
+// Helpers the GPU backend tests share (tests/gpu): which cases the SM90 wgmma prefill kernel must
+// take, and the CUDA-graph capture / replay check against an eager run.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "attnkit/backend.h"
+#include "attnkit/forward_batch.h"
+#include "harness/case_runner.h"
+
+namespace attnkit::test_support {
+
+// Whether every layer of the case must run on the SM90 wgmma prefill kernel that the fa3 and
+// flashinfer backends share (prefill_sm90_engine.h): a device of compute capability 90; an extend,
+// mixed or draft-extend forward; bf16/f16 MHA with KV of the q dtype; d 64/128/256 with
+// qk dim = v dim; no cross-attention, sliding window, soft-cap or sinks.
+bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s, int compute_capability);
+// The same for this process's CUDA device 0 (detect_cuda, so ATTNKIT_EMULATE_CC counts, as it
+// does for the backends); false without a CUDA device.
+bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s);
+
+using BackendFactory =
+    std::function<Result<std::unique_ptr<AttentionBackend>>(const BackendContext&)>;
+
+// CUDA graphs: runs the prepared case eagerly on a backend made by `make` (on a fresh stream) and
+// checks it against the fp64 reference; poisons out / lse with NaN; sets up the graph state
+// (max_bs = batch size, max_num_tokens = the batch's tokens), captures one forward of every layer
+// in `mode` (kDecode or kTargetVerify; the batch's SpecInfo for verify), replays it `replays`
+// times, each after init_forward_metadata_replay_cuda_graph, and expects out and lse bit-identical
+// to the eager run. `after_replay`, when set, runs on the backend before it is destroyed (more
+// checks on the captured state). Call from a TEST body (uses ASSERT).
+void expect_graph_replay_matches_eager(
+    harness::PreparedCase& pc, const BackendFactory& make, ForwardMode mode, int replays = 2,
+    const std::function<void(AttentionBackend&)>& after_replay = {});
+
+}  // namespace attnkit::test_support
