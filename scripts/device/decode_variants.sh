@@ -6,6 +6,8 @@
 # the run nears BUDGET_S seconds. At most 7 files under $OUT.
 #   VARIANTS="ATTNKIT_DECODE_BLOCKS_PER_SM=1 ATTNKIT_TRITON_SPLIT=request ..." (one env per entry;
 #            "A=1,B=2" sets two)
+#   VARIANT_CASES=scripts/device/decode_variants.json  the case file the variants are timed on
+#            (an entry "ENV=x@cases.json" uses its own case file)
 #   NCU="backend:filter ..."  e.g. "flashinfer:b16_kv4096_p16_h32x8_d128_kvbf16"
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -47,10 +49,12 @@ if [ "${SKIP_PEERS:-0}" != 1 ]; then
   (cd scripts/device && PYTHONUNBUFFERED=1 OUT="$OUT" timeout "${PEERS_TIMEOUT:-80}" python3 decode_peers.py) > "$OUT/peers.log" 2>&1
   echo "peers: rc=$? at $(( $(date +%s) - t_start )) s" | tee -a "$S"
 fi
-for v in ${VARIANTS:-}; do
-  [ "$(left)" -lt 40 ] && { echo "variant $v: skipped (time)" | tee -a "$S"; continue; }
-  env ${v//,/ } "$cli" bench --device cuda --backend "${VARIANT_BACKENDS:-triton,flashinfer}" \
-    --cases scripts/device/decode_variants.json > "$OUT/v.log" 2>&1
+for spec in ${VARIANTS:-}; do
+  v=${spec%%@*}; vcases="${VARIANT_CASES:-scripts/device/decode_variants.json}"
+  [ "$v" != "$spec" ] && vcases=${spec#*@}
+  [ "$(left)" -lt 40 ] && { echo "variant $spec: skipped (time)" | tee -a "$S"; continue; }
+  timeout "${VARIANT_TIMEOUT:-100}" env ${v//,/ } "$cli" bench --device cuda --backend "${VARIANT_BACKENDS:-triton,flashinfer}" \
+    --cases "$vcases" > "$OUT/v.log" 2>&1
   echo "=== variant $v" >> "$OUT/bench.log"; cat "$OUT/v.log" >> "$OUT/bench.log"
   echo "variant $v: at $(( $(date +%s) - t_start )) s" | tee -a "$S"
   grep -E "^(triton|flashinfer) " "$OUT/v.log" | awk -v v="$v" '{sub("decode_","",$2); sub("_h32x8_d128","",$2); print "  [" v "]", $1, $2, $3, $5}' | tee -a "$S"

@@ -30,6 +30,7 @@ Exit status 0 when every case that ran passed. The last line reads "N passed, N 
 import argparse
 import dataclasses
 import math
+import os
 import sys
 import traceback
 
@@ -43,6 +44,10 @@ DEVICE = "cuda"
 # max-abs factor on top of it.
 REL_L2_TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
 MAX_ABS_FACTOR = 4.0
+# fa3's FP8 prefill kernel (SM90, fp8_e4m3 KV with bf16 q at d 128) computes with e4m3 Q and P:
+# its error is that of fp8 arithmetic (rel L2 about 3-4%), held to the tolerance
+# tests/gpu/test_fa3_cases.cpp uses for it (the e4m3 round-trip figure). ATTNKIT_FA3_FP8=0 = exact.
+FP8_COMPUTE_REL_L2 = 0.07
 # fp8 e4m3: unit roundoff 2^-4, smallest subnormal step 2^-9 (half of it is the absolute bound).
 E4M3_UNIT_ROUNDOFF = 2.0**-4
 E4M3_HALF_SUBNORMAL = 2.0**-10
@@ -127,6 +132,7 @@ class Cache:
 
     def __init__(self, case):
         self.case = case
+        self.fp8_compute = False  # set per step (runs_fa3_fp8_kernel)
         self.num_pages = pages_needed(case)
         rows = (self.num_pages + 1) * case.page_size
         shape = (rows, case.kv_heads, case.head_dim)
@@ -230,7 +236,8 @@ class Cache:
         row_slots = torch.from_numpy(self.table.host_row(row)[:prefix + n]).long().to(DEVICE)
         kk, vv = self.dequantised(layer.layer_id, row_slots)
         ref = sdpa_reference(q, kk, vv, prefix, layer.scaling, self.case.window)
-        return compare(out, ref, TORCH_DTYPE[self.case.q_dtype])
+        tol = FP8_COMPUTE_REL_L2 if self.fp8_compute else None
+        return compare(out, ref, TORCH_DTYPE[self.case.q_dtype], tol)
 
 
 def sdpa_reference(q, k, v, prefix, scaling, window):
@@ -248,14 +255,15 @@ def sdpa_reference(q, k, v, prefix, scaling, window):
     return out.transpose(0, 1)
 
 
-def compare(out, ref, dtype):
-    """'' when out matches ref within the harness tolerances, else a description."""
+def compare(out, ref, dtype, tol=None):
+    """'' when out matches ref within the harness tolerances (rel L2 `tol` when given, else the
+    output dtype's), else a description."""
     out = out.float()
     bad = (~torch.isfinite(out)).sum().item()
     diff = out - ref
     rel = (diff.norm() / ref.norm().clamp_min(1e-30)).item()
     max_abs = diff.abs().max().item()
-    tol = REL_L2_TOLERANCE[dtype]
+    tol = REL_L2_TOLERANCE[dtype] if tol is None else tol
     abs_tol = MAX_ABS_FACTOR * tol * max(1.0, ref.abs().max().item())
     summary = f"rel_l2 {rel:.2e} (tol {tol:.0e}) max_abs {max_abs:.2e} (tol {abs_tol:.2e})"
     if bad or rel > tol or max_abs > abs_tol:
@@ -297,6 +305,7 @@ class MLACache(Cache):
 
     def __init__(self, case):
         self.case = case
+        self.fp8_compute = False  # set per step (runs_fa3_fp8_kernel)
         self.num_pages = pages_needed(case)
         shape = ((self.num_pages + 1) * case.page_size, 1, MLA_ROW)
         if case.kv_dtype == "fp8_e4m3":
@@ -356,8 +365,18 @@ class MLACache(Cache):
 
 # ---- the steps every case runs (MHA or MLA through the cache's hooks) ----
 
+def runs_fa3_fp8_kernel(name, case, mode):
+    """Whether fa3 runs this step on its FP8 prefill kernel (fa3_backend: SM90, extend, fp8_e4m3
+    KV with bf16 q at d 128, no window; ATTNKIT_FA3_FP8=0 turns it off)."""
+    return (name == "fa3" and mode == "extend" and not isinstance(case, MLACase)
+            and case.kv_dtype == "fp8_e4m3" and case.q_dtype == "bf16" and case.head_dim == 128
+            and case.window < 0 and torch.cuda.get_device_capability() == (9, 0)
+            and os.environ.get("ATTNKIT_FA3_FP8") != "0")
+
+
 def run_step(backend, cache, new_lens, mode, gen, results, label):
     batch, slots, prefix = cache.plan(new_lens, mode)
+    cache.fp8_compute = runs_fa3_fp8_kernel(label.split("/")[0], cache.case, mode)
     backend.init_forward_metadata(batch)
     failures = []
     for layer_id in range(NUM_LAYERS):

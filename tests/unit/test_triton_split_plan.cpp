@@ -54,6 +54,28 @@ TEST(TritonSplitPlan, PaddedRowsLeaveTheChunkUnchanged) {
   }
 }
 
+// The one-CTA shape of the tensor-core decode plans with 1 block per SM (split_plan.h).
+TEST(TritonSplitPlan, OneCtaShapeExamplesOfTheHeader) {
+  const int max_splits = plan_max_splits(kH200Sms, kHeadBlocks, 1);
+  EXPECT_EQ(max_splits, 17);
+  const auto chunk1 = [&](const std::vector<int32_t>& lens) {
+    return plan_forward_chunk(lens, kHeadBlocks, kH200Sms, max_splits);
+  };
+  EXPECT_EQ(chunk1({16384}), 1024);
+  EXPECT_EQ(split_count(16384, max_splits, 1024), 16);  // 128 blocks <= 132
+  const std::vector<int32_t> b16(16, 4096), b64(64, 4096);
+  EXPECT_EQ(split_count(4096, max_splits, chunk1(b16)), 1);
+  EXPECT_EQ(split_count(4096, max_splits, chunk1(b64)), 1);
+  for (int bs : {1, 2, 3, 5, 8, 16}) {
+    for (int len : {513, 4096, 16384, 65536}) {
+      const std::vector<int32_t> lens(static_cast<size_t>(bs), len);
+      const int c = chunk1(lens);
+      const int n = bs * kHeadBlocks * split_count(len, max_splits, c);
+      EXPECT_TRUE(n <= kH200Sms || n == bs * kHeadBlocks) << bs << " x " << len << ": " << n;
+    }
+  }
+}
+
 TEST(TritonSplitPlan, LongRequestsStayWithinOneWave) {
   for (int bs : {1, 2, 3, 5, 8, 12, 16, 20, 33}) {
     for (int len : {513, 1024, 4096, 10000, 65536}) {

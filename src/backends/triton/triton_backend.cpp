@@ -71,7 +71,7 @@ struct Plan {
 
 class TritonBackend final : public AttentionBackend {
  public:
-  TritonBackend(const BackendContext& ctx, int sm_count, int compute_capability)
+  TritonBackend(const BackendContext& ctx, int sm_count, int compute_capability, int optin_smem)
       : ctx_(ctx), sm_count_(sm_count), cc_(compute_capability) {
     const int dqk = ctx.is_mla ? ctx.kv_lora_rank + ctx.qk_rope_head_dim : ctx.qk_head_dim;
     const int dv = ctx.is_mla ? ctx.kv_lora_rank : ctx.v_head_dim;
@@ -81,16 +81,38 @@ class TritonBackend final : public AttentionBackend {
     const int tile = decode_tensor_cores(ctx.q_dtype) ? triton::kMmaDecodeGroupTile
                                                       : triton::simt::gqa_tile(dqk, dv);
     head_blocks_ = std::max(1, ctx.num_kv_heads) * ((group + tile - 1) / tile);
-    blocks_per_sm_ = cuda::decode_blocks_per_sm(triton::kTargetBlocksPerSm);
+    ring_ = pick_ring(optin_smem, dqk);
+    blocks_per_sm_ = cuda::decode_blocks_per_sm(
+        ring_ == triton::MmaDecodeRing::k2x4 ? triton::kTargetBlocksPerSm : 1);
     max_splits_ = triton::plan_max_splits(sm_count_, head_blocks_, blocks_per_sm_);
     const char* rule = std::getenv("ATTNKIT_TRITON_SPLIT");  // experiment: "request" = old rule
     batch_chunk_ = rule == nullptr || std::string(rule) != "request";
+    const char* sync = std::getenv("ATTNKIT_TRITON_SPLIT_SYNC");  // experiment (attention_params.h)
+    split_sync_fence_all_ = sync != nullptr && std::string(sync) == "fence_all";
     mma_head_blocks_ = std::max(1, ctx.num_kv_heads) *
                        ((group + triton::kMmaDecodeGroupTile - 1) / triton::kMmaDecodeGroupTile);
   }
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("triton");
+  }
+
+  // CTA shape of the tensor-core decode (triton_kernels.h): one CTA of 8 warps per SM where the
+  // pool holds the activation dtype (the context's pool; none given: assumed), the head dim is
+  // <= 128 and a block may opt in to the one-CTA shared memory (SM90); else 2 CTAs of 4 warps.
+  // The split planner follows it (1 or 2 blocks per SM). ATTNKIT_TRITON_DECODE_RING=2x4
+  // overrides it for experiments (docs/perf/decode_notes.md); not API.
+  triton::MmaDecodeRing pick_ring(int optin_smem, int dqk) const {
+    using triton::MmaDecodeRing;
+    const DType kv = ctx_.kv_pool != nullptr ? ctx_.kv_pool->dtype() : ctx_.q_dtype;
+    const bool one_cta_fits = decode_tensor_cores(ctx_.q_dtype) && kv == ctx_.q_dtype &&
+                              dqk <= triton::kMmaDecodeOneCtaMaxDim &&
+                              optin_smem >= triton::kMmaDecodeOneCtaSmem;
+    if (!one_cta_fits) return MmaDecodeRing::k2x4;
+    const char* env = std::getenv("ATTNKIT_TRITON_DECODE_RING");
+    const std::string v = env != nullptr ? env : "";
+    if (v == "2x4") return MmaDecodeRing::k2x4;
+    return MmaDecodeRing::k1x8;
   }
 
   // Decode on tensor cores (run_mma_decode) for MHA with bf16/f16 activations on SM80+; the pool
@@ -144,6 +166,8 @@ class TritonBackend final : public AttentionBackend {
   int mma_head_blocks_ = 1;  // blocks of one request/split of the tensor-core decode
   int max_splits_ = 1;
   int blocks_per_sm_ = triton::kTargetBlocksPerSm;
+  triton::MmaDecodeRing ring_ = triton::MmaDecodeRing::k2x4;
+  bool split_sync_fence_all_ = false;  // ATTNKIT_TRITON_SPLIT_SYNC=fence_all (experiment)
   bool batch_chunk_ = true;  // per-forward chunk floor (split_plan.h); false: kMinChunk always
   Plan plan_;
 
@@ -428,6 +452,7 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     p.partial_out = plan_.partial_out;
     p.partial_lse = plan_.partial_lse;
     p.split_counters = plan_.split_counters;
+    p.split_sync_fence_all = split_sync_fence_all_ ? 1 : 0;
     if (plan_.grid_splits <= 1) p.max_splits = 1;
   }
 
@@ -465,7 +490,9 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     ATTNKIT_RETURN_IF_ERROR(cuda::check_ring_decode_row_stride("triton", kv_dtype, kbuf, vbuf));
   }
   return dispatch_value<triton::HeadDimList>(dqk, "triton: head_dim", [&]<int kD>() {
-    if (mma_decode) return triton::run_mma_decode<kD>(p, q.dtype, kv_dtype, grid_splits, stream);
+    if (mma_decode) {
+      return triton::run_mma_decode<kD>(p, q.dtype, kv_dtype, grid_splits, ring_, stream);
+    }
     if (tensor_cores && !decode)
       return triton::run_mma_extend<kD>(p, q.dtype, kv_dtype, plan_.max_q_len, stream);
     return triton::run_simt<kD, kD>(p, q.dtype, kv_dtype, !decode, grid_splits, stream);
@@ -646,7 +673,8 @@ Result<std::unique_ptr<AttentionBackend>> create_triton_backend(const BackendCon
                                " is not compiled in (built: " + triton::HeadDimList::to_string() +
                                ")");
   }
-  return std::unique_ptr<AttentionBackend>(new TritonBackend(ctx, sm_count, cc));
+  return std::unique_ptr<AttentionBackend>(
+      new TritonBackend(ctx, sm_count, cc, attrs.max_smem_per_block_optin));
 }
 
 }  // namespace attnkit

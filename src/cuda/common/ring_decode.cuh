@@ -43,8 +43,14 @@ inline constexpr int kCtaSmemBudget = 110 * 1024;
 inline constexpr int kCtasPerSm = 2;
 inline constexpr int kMaxStages = 8;
 
-template <int kHeadDim_, typename QT_, DType kKvDType_>
+// kWarps_ / kCtaSmemBudget_ / kCtasPerSm_: the CTA shape (defaults: the 2 CTAs of 4 warps above;
+// a backend may instead run one CTA of 8 warps per SM90 multiprocessor, same rings, fewer CTAs).
+template <int kHeadDim_, typename QT_, DType kKvDType_, int kWarps_ = kWarps,
+          int kCtaSmemBudget_ = kCtaSmemBudget, int kCtasPerSm_ = kCtasPerSm>
 struct Traits {
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kCtaSmemBudget = kCtaSmemBudget_;
+  static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kHeadDim = kHeadDim_;
   using QT = QT_;  // __nv_bfloat16 or __half: activations and MMA operands
   static constexpr DType kQDType = std::is_same_v<QT, __half> ? DType::kF16 : DType::kBF16;
@@ -190,7 +196,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   // warps take the range's warp tiles round robin. Sub-tile i of this warp: step i / kSub, part
   // i % kSub. With kSub = 1 a sub-tile is a warp tile.
   constexpr int kSub = Tr::kTileSubs;
-  constexpr int kCtaWarps = Tr::kThreads / 32;
+  constexpr int kCtaWarps = Tr::kWarps;
   constexpr int kStepKeys = kSub * kKeys;
   static_assert(kSub == 1 || kSub == 2, "a warp tile is 1 or 2 ring stages");
   static_assert(kS >= kSub + 1, "the ring keeps at least one stage in flight during a step");
@@ -489,14 +495,15 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   __syncthreads();  // the rings become the epilogue region
 
   // Epilogue 1: every warp's (m, d, O) to shared memory.
-  float* epi_o = reinterpret_cast<float*>(main);         // [kWarps, kRows, kHeadDim]
-  float* epi_m = epi_o + kWarps * kRows * Tr::kHeadDim;  // [kWarps, kRows]
-  float* epi_d = epi_m + kWarps * kRows;                 // [kWarps, kRows]
+  float* epi_o = reinterpret_cast<float*>(main);             // [Tr::kWarps, kRows, kHeadDim]
+  float* epi_m = epi_o + Tr::kWarps * kRows * Tr::kHeadDim;  // [Tr::kWarps, kRows]
+  float* epi_d = epi_m + Tr::kWarps * kRows;                 // [Tr::kWarps, kRows]
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
     d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
     const int r = g + h * 8;
+    if (r >= w.rows) continue;  // padding rows: epilogue 2 reads rows < w.rows only
     float* orow = epi_o + (warp * kRows + r) * Tr::kHeadDim;
     if constexpr (Tr::kQuant) {  // chunk c: columns 16c + 4t + {0, 1, 2, 3} = even, odd, even, odd
 #pragma unroll
@@ -525,11 +532,11 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     const int col = (c % kVecsPerRow) * 8;
     float mx = kNoKeyMax;
 #pragma unroll
-    for (int x = 0; x < kWarps; ++x) mx = fmaxf(mx, epi_m[x * kRows + r]);
+    for (int x = 0; x < Tr::kWarps; ++x) mx = fmaxf(mx, epi_m[x * kRows + r]);
     float dsum = 0.f;
     float acc[8] = {};
 #pragma unroll
-    for (int x = 0; x < kWarps; ++x) {
+    for (int x = 0; x < Tr::kWarps; ++x) {
       const float f = exp2f(epi_m[x * kRows + r] - mx);
       dsum += epi_d[x * kRows + r] * f;
       const float4* src =

@@ -84,6 +84,10 @@ struct AttentionParams {
   // Tensor-core decode only: split CTAs finished per (token, head block), [T, gridDim.x] int32,
   // zero between launches (the last split CTA merges in place and resets it).
   int* split_counters = nullptr;
+  // Tensor-core decode: how a split CTA counts itself (experiment knob
+  // ATTNKIT_TRITON_SPLIT_SYNC=fence_all: 0 = one acq_rel atomic by thread 0 after a CTA barrier, 1
+  // = every thread fences, then the atomic, then a fence: ring::last_split_cta).
+  int split_sync_fence_all = 0;
 };
 
 #if defined(__CUDACC__)

@@ -27,6 +27,88 @@ namespace attnkit::triton {
 
 static_assert(kMmaDecodeGroupTile == cuda::ring::kRows, "the host plans the ring core's tile");
 
+// True in the split CTA that counts itself last of num_splits on `counter` (and resets it to 0 for
+// the next launch). Every thread's partial stores come before the CTA barrier; thread 0's
+// acq_rel atomic then releases them at GPU scope and acquires the other CTAs' (the barrier after it
+// orders this CTA's merge loads behind it): one fence-free atomic by one thread instead of a
+// sequentially consistent fence by every thread before it and another after (the release/acquire
+// pattern of CUTLASS's generic barrier).
+__device__ __forceinline__ bool last_split_cta_acq_rel(int* counter, int num_splits) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int prev = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n"
+                 : "=r"(prev)
+                 : "l"(counter)
+                 : "memory");
+#endif
+    last = prev == num_splits - 1;
+    if (last) *counter = 0;
+  }
+  __syncthreads();
+  return last != 0;
+}
+
+// The fused split-KV merge of one head block (q heads head0 .. head0 + rows - 1 of decode token
+// `token`), by every thread of the CTA that counted itself last. One thread per (row, 4 columns)
+// loads the row's partial LSEs and its 4 columns of up to 16 partials at once (ld.global.cg:
+// written by other CTAs of this launch), then merges them online (max, weights 2^(lse - max), 0 for
+// a split that saw no key): one L2 round trip per 16 splits, where a per-thread loop with a max
+// pass of its own made one per 4.
+template <typename Tr>
+__device__ __forceinline__ void merge_head_block(const AttentionParams& p, int token, int head0,
+                                                 int rows, int num_splits) {
+  using QT = typename Tr::QT;
+  constexpr int kBatch = 16;
+  constexpr int kVec4 = Tr::kHeadDim / 4;
+  const int64_t split_stride = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+  const int64_t th0 = static_cast<int64_t>(token) * p.num_q_heads + head0;
+  for (int c = threadIdx.x; c < rows * kVec4; c += Tr::kThreads) {
+    const int r = c / kVec4;
+    const int col = (c % kVec4) * 4;
+    const float* lse_src = p.partial_lse + th0 + r;
+    const float* src = p.partial_out + (th0 + r) * Tr::kHeadDim + col;
+    const int64_t step = split_stride * Tr::kHeadDim;
+    float m = cuda::kNoKeyMax, d = 0.f;
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+    for (int s0 = 0; s0 < num_splits; s0 += kBatch) {
+      float l[kBatch];
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int s = s0 + j;
+        l[j] = -INFINITY;
+        v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (s < num_splits) {
+          l[j] = __ldcg(lse_src + s * split_stride);
+          v[j] = __ldcg(reinterpret_cast<const float4*>(src + s * step));
+        }
+      }
+      float mx = m;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) mx = fmaxf(mx, l[j]);
+      const float f = exp2f(m - mx);  // 1 until a split saw a key (m stays kNoKeyMax)
+      d *= f, a0 *= f, a1 *= f, a2 *= f, a3 *= f;
+      m = mx;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const float x = l[j] == -INFINITY ? 0.f : exp2f(l[j] - m);
+        d += x;
+        a0 += x * v[j].x, a1 += x * v[j].y, a2 += x * v[j].z, a3 += x * v[j].w;
+      }
+    }
+    const int qh = head0 + r;
+    const Finalized f = finalize(p, qh, m, d);
+    const uint2 packed = make_uint2(cuda::pack2<QT>(a0 * f.inv, a1 * f.inv),
+                                    cuda::pack2<QT>(a2 * f.inv, a3 * f.inv));
+    *reinterpret_cast<uint2*>(static_cast<QT*>(p.out) + token * p.o_stride_token +
+                              qh * p.o_stride_head + col) = packed;
+    if (col == 0 && p.lse != nullptr) p.lse[token * p.lse_stride_token + qh] = f.lse;
+  }
+}
+
 // grid: (num_kv_heads * group_tiles, grid_splits, T) block: (Tr::kThreads); smem Tr::kSmemBytes.
 // The kv heads of one (request, split) are adjacent in launch order, so they stream the same pool
 // rows (one slot holds all heads) at about the same time.
@@ -93,19 +175,15 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   if (num_splits == 1) return;
   // Fused merge: the last of the request's split CTAs of this head block merges the partials.
   int* counter = p.split_counters + static_cast<int64_t>(token) * gridDim.x + blockIdx.x;
-  if (!cuda::ring::last_split_cta(counter, num_splits)) return;
-  constexpr int kVecs = Tr::kHeadDim / 8;
-  for (int c = threadIdx.x; c < w.rows * kVecs; c += Tr::kThreads) {
-    merge_split_columns<Tr::kHeadDim, Tr::kQDType>(p, token, head0 + c / kVecs, (c % kVecs) * 8,
-                                                   num_splits);
-  }
+  const bool last = p.split_sync_fence_all != 0 ? cuda::ring::last_split_cta(counter, num_splits)
+                                                : last_split_cta_acq_rel(counter, num_splits);
+  if (!last) return;
+  merge_head_block<Tr>(p, token, head0, w.rows, num_splits);
 }
 
 // p.split_counters: [T, num_kv_heads * ceil(group / 16)] zeros when p.max_splits > 1.
-template <int kD, DType kQ, DType kKV>
-Status launch_mma_decode(AttentionParams p, int grid_splits, StreamHandle stream) {
-  using QT = typename cuda::ActivationType<kQ>::type;
-  using Tr = cuda::ring::Traits<kD, QT, kKV>;
+template <typename Tr>
+Status launch_ring_decode(AttentionParams p, int grid_splits, StreamHandle stream) {
   static const cudaError_t attr = [] {
     cudaError_t e = cudaFuncSetAttribute(
         mma_decode_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
@@ -126,16 +204,31 @@ Status launch_mma_decode(AttentionParams p, int grid_splits, StreamHandle stream
   return Status::ok();
 }
 
+// The CTA shape (MmaDecodeRing): one CTA of 8 warps for pools of the activation dtype at head dims
+// <= kMmaDecodeOneCtaMaxDim when asked, else 2 CTAs of 4 warps.
+template <int kD, DType kQ, DType kKV>
+Status launch_mma_decode(const AttentionParams& p, int grid_splits, MmaDecodeRing ring,
+                         StreamHandle stream) {
+  using QT = typename cuda::ActivationType<kQ>::type;
+  if constexpr (kKV == kQ && kD <= kMmaDecodeOneCtaMaxDim) {
+    if (ring == MmaDecodeRing::k1x8) {
+      return launch_ring_decode<cuda::ring::Traits<kD, QT, kKV, 8, kMmaDecodeOneCtaSmem, 1>>(
+          p, grid_splits, stream);
+    }
+  }
+  return launch_ring_decode<cuda::ring::Traits<kD, QT, kKV>>(p, grid_splits, stream);
+}
+
 template <int kD, DType kQ>
 Status launch_mma_decode_kv(const AttentionParams& p, DType kv_dtype, int grid_splits,
-                            StreamHandle stream) {
+                            MmaDecodeRing ring, StreamHandle stream) {
   switch (kv_dtype) {
     case kQ:
-      return launch_mma_decode<kD, kQ, kQ>(p, grid_splits, stream);
+      return launch_mma_decode<kD, kQ, kQ>(p, grid_splits, ring, stream);
     case DType::kFP8E4M3:
-      return launch_mma_decode<kD, kQ, DType::kFP8E4M3>(p, grid_splits, stream);
+      return launch_mma_decode<kD, kQ, DType::kFP8E4M3>(p, grid_splits, ring, stream);
     case DType::kFP8E5M2:
-      return launch_mma_decode<kD, kQ, DType::kFP8E5M2>(p, grid_splits, stream);
+      return launch_mma_decode<kD, kQ, DType::kFP8E5M2>(p, grid_splits, ring, stream);
     default:
       return Status::unsupported(std::string("triton: the tensor-core decode takes a KV pool of ") +
                                  dtype_name(kQ) + ", fp8_e4m3 or fp8_e5m2, not " +
@@ -145,12 +238,12 @@ Status launch_mma_decode_kv(const AttentionParams& p, DType kv_dtype, int grid_s
 
 template <int kD>
 Status run_mma_decode(AttentionParams p, DType q_dtype, DType kv_dtype, int grid_splits,
-                      StreamHandle stream) {
+                      MmaDecodeRing ring, StreamHandle stream) {
   switch (q_dtype) {
     case DType::kBF16:
-      return launch_mma_decode_kv<kD, DType::kBF16>(p, kv_dtype, grid_splits, stream);
+      return launch_mma_decode_kv<kD, DType::kBF16>(p, kv_dtype, grid_splits, ring, stream);
     case DType::kF16:
-      return launch_mma_decode_kv<kD, DType::kF16>(p, kv_dtype, grid_splits, stream);
+      return launch_mma_decode_kv<kD, DType::kF16>(p, kv_dtype, grid_splits, ring, stream);
     default:
       return Status::unsupported(
           std::string("triton: the tensor-core decode takes bf16/f16, not ") + dtype_name(q_dtype));

@@ -3,6 +3,7 @@
 
 #ifdef ATTNKIT_HEAD_DIM_256
 namespace attnkit::triton {
-template Status run_mma_decode<256>(AttentionParams, DType, DType, int, StreamHandle);
+template Status run_mma_decode<256>(AttentionParams, DType, DType, int, MmaDecodeRing,
+                                    StreamHandle);
 }  // namespace attnkit::triton
 #endif

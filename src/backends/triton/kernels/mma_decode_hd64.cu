@@ -3,6 +3,6 @@
 
 #ifdef ATTNKIT_HEAD_DIM_64
 namespace attnkit::triton {
-template Status run_mma_decode<64>(AttentionParams, DType, DType, int, StreamHandle);
+template Status run_mma_decode<64>(AttentionParams, DType, DType, int, MmaDecodeRing, StreamHandle);
 }  // namespace attnkit::triton
 #endif

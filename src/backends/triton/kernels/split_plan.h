@@ -21,11 +21,15 @@
 // A request's split depends on its own length and on c, which the host computes once per forward
 // from the host lengths (eager: init_forward_metadata; graphs: the replay writes c into a device
 // word that the captured kernels read), so eager and replay cut every request identically.
-// kTargetBlocksPerSm is the tensor-core decode's residency (2 blocks of 110 KB shared memory per
-// SM90 multiprocessor): the grid is at most one wave. kMinChunk = 512 keys gives each of its 4
-// warps >= 8 tiles of 16 keys, so the cp.async rings run mostly full rather than filling and
-// draining. FlashInfer's decode planner and FlashDecoding's split rule size splits the same way
-// (a batch-wide chunk that fills one wave); ours differs in ignoring short requests.
+// kTargetBlocksPerSm is the residency of the 2-CTA shape of the tensor-core decode (2 blocks of
+// 110 KB shared memory per SM90 multiprocessor) and of the SIMT kernel: the grid is at most one
+// wave. The backend passes 1 instead where it runs the one-CTA shape (one block of 8 warps and
+// ~211 KB per SM: pools of the activation dtype, head dims <= 128, SM90; MmaDecodeRing in
+// triton_kernels.h), so that its grid is one wave too: the same rule with half the blocks.
+// kMinChunk = 512 keys gives each of its 4 warps >= 8 tiles of 16 keys, so the cp.async rings run
+// mostly full rather than filling and draining. FlashInfer's decode planner and FlashDecoding's
+// split rule size splits the same way (a batch-wide chunk that fills one wave); ours differs in
+// ignoring short requests.
 //
 // Worked examples (H100/H200, 132 SMs; 32 q / 8 kv heads, d 128, so one 16-head tile covers the
 // group of 4, head_blocks = 8, max_splits = ceil(2 * 132 / 8) = 33, per-head-block budget 33):
@@ -36,6 +40,10 @@
 //   * bs 64, kv 4096: 64 unsplit requests > 33 -> no split, 512 blocks.
 //   * bs 4 with kv 16384, 1000, 300, 20: c = 576 -> 29 + 2 + 1 + 1 splits (the last two are short
 //     and never split): the long request no longer decides the step time alone.
+// With the one-CTA shape (blocks per SM 1: max_splits = ceil(132 / 8) = 17, budget 132 / 8 = 16):
+//   * bs 1, kv 16384: c = 512 gives 17 > 16; c = 1024 -> 16 splits of 1024 -> 128 blocks.
+//   * bs 16, kv 4096: only c = 4096 fits 16 -> no split, 128 blocks (no merge at all).
+//   * bs 64, kv 4096: no split, 512 blocks (about 4 waves of one block per SM).
 #pragma once
 
 #include <algorithm>

@@ -37,12 +37,26 @@ Status run_simt(AttentionParams p, DType q_dtype, DType kv_dtype, bool extend, i
 // q heads of one kv head per block of the tensor-core decode (the M dimension of its MMAs).
 inline constexpr int kMmaDecodeGroupTile = 16;
 
+// CTA shape of the tensor-core decode (the ring core's per-warp cp.async rings either way):
+//  * k2x4: 2 CTAs of 4 warps per SM (110 KB of shared memory each); fp8 pools, head dim 256, GPUs
+//    with less than kMmaDecodeOneCtaSmem of opt-in shared memory per block.
+//  * k1x8: 1 CTA of 8 warps per SM (same rings, ~211 KB): pools of the activation dtype at head
+//    dims <= 128 on SM90-class GPUs. Half the CTAs of k2x4 for the same bytes in flight, so the
+//    split planner cuts half as many splits (b16 kv4k: none) and each merge reads half as many
+//    partials.
+// (A third shape, 1 CTA of 4 warps with 6-stage rings, measured no better than k2x4 at b16 and
+// below k1x8: docs/perf/decode_notes.md, session 4.)
+enum class MmaDecodeRing { k2x4, k1x8 };
+inline constexpr int kMmaDecodeOneCtaSmem = 220 * 1024;  // budget of the one-CTA shapes
+inline constexpr int kMmaDecodeOneCtaMaxDim = 128;       // head dims the one-CTA shapes cover
+
 // Tensor-core split-KV decode (SM80+, bf16/f16 activations, pool of the activation dtype or fp8,
-// MHA head dims <= 256), followed by the merge kernel when p.max_splits > 1. Fills p.group_tiles
-// (16 q heads per tile).
+// MHA head dims <= 256); with p.max_splits > 1 the last split CTA of each head block merges.
+// Fills p.group_tiles (16 q heads per tile). `ring` is a request: shapes that do not apply to
+// this head dim / pool dtype (see MmaDecodeRing) run k2x4.
 template <int kD>
 Status run_mma_decode(AttentionParams p, DType q_dtype, DType kv_dtype, int grid_splits,
-                      StreamHandle stream);
+                      MmaDecodeRing ring, StreamHandle stream);
 
 // Tensor-core extend (SM80+, bf16/f16 activations, MHA head dims <= 256).
 template <int kD>
