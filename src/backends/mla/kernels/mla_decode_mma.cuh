@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "backends/mla/kernels/mla_decode_common.cuh"
 #include "backends/mla/kernels/mla_decode_params.h"
 #include "backends/mla/kernels/mla_tile_scheduler.h"
 #include "cuda/common/mma_sm80.cuh"
@@ -149,13 +150,8 @@ struct MlaDecodeCta {
     const auto* q = static_cast<const uint8_t*>(p.q);
     for (int idx = tid; idx < T::kRows * T::kChunks; idx += T::kThreads) {
       const int r = idx / T::kChunks, c = idx % T::kChunks;
-      const int m = row0 + r;
-      const bool valid = m < p.rows_per_req;
-      const int token = b * p.s_q + (valid ? m / p.num_heads : 0);
-      const int h = valid ? m % p.num_heads : 0;
-      const uint8_t* src =
-          q + (token * p.q_stride_token + h * p.q_stride_head) * 2 + static_cast<int64_t>(c) * 16;
-      cuda::cp_async_16(q_base() + swz<T::kChunks>(r, c), valid ? src : q, valid ? 16 : 0);
+      const uint8_t* src = q_chunk_src(p, b, row0 + r, c);
+      cuda::cp_async_16(q_base() + swz<T::kChunks>(r, c), src ? src : q, src ? 16 : 0);
     }
   }
 
@@ -165,15 +161,7 @@ struct MlaDecodeCta {
     const int key = tid / T::kThreadsPerKey;
     const int j = tile * kBlockN + key;
     const bool valid = j < kv_len;
-    int64_t slot = 0;
-    if (valid) {
-      if constexpr (T::kPage == 1) {
-        slot = tok[j];
-      } else {
-        // The tile lies inside one page: page start slot + offset.
-        slot = static_cast<int64_t>(tok[j - j % T::kPage]) + j % T::kPage;
-      }
-    }
+    const int64_t slot = valid ? kv_slot<T::kPage>(tok, j) : 0;
     constexpr int kElemBytes = T::kFp8 ? 1 : 2;
     const auto* row = static_cast<const uint8_t*>(p.kv) + slot * p.kv_stride_row * kElemBytes;
     const int src_bytes = valid ? 16 : 0;
@@ -221,8 +209,8 @@ struct MlaDecodeCta {
   }
 
   // One request segment: tiles [t0, t1) of request b, query rows [row0, row0 + kRows).
-  __device__ void run_segment(int b, int row0, int t0, int t1, bool whole, int partial) {
-    const int kv_len = p.seq_lens[b] + p.kv_len_extra;
+  __device__ void run_segment(int b, int kv_len, int row0, int t0, int t1, bool whole,
+                              int partial) {
     const int32_t* tok =
         p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
     __syncthreads();  // the previous segment's readers are done with Q, the stages and P
@@ -466,16 +454,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int tid = threadIdx.x;
   MlaDecodeCta<Traits> cta{
       p, smem, tid, tid & 31, (tid >> 5) / Traits::kWarpsN, (tid >> 5) % Traits::kWarpsN};
-  const int32_t* s = p.sched + static_cast<int64_t>(blockIdx.x) * kSchedWords;
   const int row0 = blockIdx.y * Traits::kRows;
-  const int last = s[2] < p.bs ? s[2] : p.bs - 1;
-  for (int b = s[0]; b <= last; ++b) {
-    const int kv_len = p.seq_lens[b] + p.kv_len_extra;
-    int t0, t1, partial;
-    if (!segment_of(s, p.split_indptr, b, kv_len, &t0, &t1, &partial)) continue;
-    const bool whole = t0 == 0 && t1 == num_tiles(kv_len);
-    cta.run_segment(b, row0, t0, t1, whole, partial);
-  }
+  for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
+    cta.run_segment(b, kv_len, row0, t0, t1, whole, partial);
+  });
 }
 
 }  // namespace attnkit::mla

@@ -35,6 +35,7 @@
 
 #include <cstdint>
 
+#include "backends/mla/kernels/mla_decode_common.cuh"
 #include "backends/mla/kernels/mla_decode_params.h"
 #include "backends/mla/kernels/mla_tile_scheduler.h"
 #include "cuda/common/mma_sm80.cuh"
@@ -109,14 +110,9 @@ struct MlaWgmmaCta {
     const int tid = threadIdx.x;  // 0..127
     const auto* qg = static_cast<const uint8_t*>(p.q);
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
-    const int32_t* s = p.sched + static_cast<int64_t>(blockIdx.x) * kSchedWords;
     const int row0 = blockIdx.y * Tr::kRows;
-    const int last = s[2] < p.bs ? s[2] : p.bs - 1;
     int it = 0, tcount = 0;
-    for (int b = s[0]; b <= last; ++b) {
-      const int kv_len = p.seq_lens[b] + p.kv_len_extra;
-      int t0, t1, partial;
-      if (!segment_of(s, p.split_indptr, b, kv_len, &t0, &t1, &partial)) continue;
+    for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
       const int32_t* tok =
           p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
       // Q rows [row0, row0 + 64) (padding rows zero-filled), after the previous segment's
@@ -124,13 +120,8 @@ struct MlaWgmmaCta {
       mbar_wait(q_empty(), (tcount & 1) ^ 1);
       for (int idx = tid; idx < Tr::kRows * Tr::kChunks; idx += 128) {
         const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
-        const int m = row0 + r;
-        const bool valid = m < p.rows_per_req;
-        const int token = b * p.s_q + (valid ? m / p.num_heads : 0);
-        const int h = valid ? m % p.num_heads : 0;
-        const uint8_t* src = qg + (token * p.q_stride_token + h * p.q_stride_head) * 2 +
-                             static_cast<int64_t>(c) * 16;
-        cp_async_16(sQ() + swizzle_offset(Tr::kRows, r, c), valid ? src : qg, valid ? 16 : 0);
+        const uint8_t* src = q_chunk_src(p, b, row0 + r, c);
+        cp_async_16(sQ() + swizzle_offset(Tr::kRows, r, c), src ? src : qg, src ? 16 : 0);
       }
       cp_async_arrive_noinc(q_full());
       ++tcount;
@@ -139,14 +130,7 @@ struct MlaWgmmaCta {
       for (int tile = t0; tile < t1; ++tile, ++it) {
         const int j = tile * kBlockN + key;
         const bool valid = j < kv_len;
-        int64_t slot = 0;
-        if (valid) {
-          if constexpr (Tr::kPage == 1) {
-            slot = tok[j];
-          } else {
-            slot = static_cast<int64_t>(tok[j - j % Tr::kPage]) + j % Tr::kPage;
-          }
-        }
+        const int64_t slot = valid ? kv_slot<Tr::kPage>(tok, j) : 0;
         const uint8_t* row = kvg + slot * p.kv_stride_row * 2;
         const int stage = it & 1;
         mbar_wait(empty(stage), ((it >> 1) & 1) ^ 1);
@@ -159,7 +143,7 @@ struct MlaWgmmaCta {
         }
         cp_async_arrive_noinc(full(stage));
       }
-    }
+    });
     cp_async_wait<0>();
   }
 
@@ -208,15 +192,9 @@ struct MlaWgmmaCta {
     auto* f_sh = reinterpret_cast<float*>(smem + Tr::kFOffset);
     auto* l_sh = reinterpret_cast<float*>(smem + Tr::kLOffset);
     uint8_t* p_sh = smem + Tr::kPOffset;
-    const int32_t* s = p.sched + static_cast<int64_t>(blockIdx.x) * kSchedWords;
     const int row0 = blockIdx.y * Tr::kRows;
-    const int last = s[2] < p.bs ? s[2] : p.bs - 1;
     int it = 0, tcount = 0;
-    for (int b = s[0]; b <= last; ++b) {
-      const int kv_len = p.seq_lens[b] + p.kv_len_extra;
-      int t0, t1, partial;
-      if (!segment_of(s, p.split_indptr, b, kv_len, &t0, &t1, &partial)) continue;
-      const bool whole = t0 == 0 && t1 == num_tiles(kv_len);
+    for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
       const int n = t1 - t0;
       int limit[2];
 #pragma unroll
@@ -416,7 +394,7 @@ struct MlaWgmmaCta {
           if (g == 0 && (lane & 3) == 0) p.partial_lse[prow] = lse2;
         }
       }
-    }
+    });
   }
 };
 

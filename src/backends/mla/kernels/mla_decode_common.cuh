@@ -1,0 +1,54 @@
+// Device helpers shared by the two MLA decode kernels (mla_decode_mma.cuh: mma.sync, 16/32/64-row
+// tiles, bf16 and fp8 cache; mla_decode_wgmma.cuh: sm_90a wgmma, 64-row bf16 tiles): the walk
+// over a CTA's request segments of the plan, the source of one 16-byte chunk of a query row, and
+// the pool slot of a key through the page table.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/mla/kernels/mla_decode_params.h"
+#include "backends/mla/kernels/mla_tile_scheduler.h"
+
+namespace attnkit::mla {
+
+// Calls f(b, kv_len, t0, t1, whole, partial) for every request segment of the plan part
+// blockIdx.x (mla_tile_scheduler.h): tiles [t0, t1) of request b, `whole` when that is all of
+// it, `partial` the split index of the segment.
+template <typename F>
+__device__ __forceinline__ void for_each_segment(const MlaDecodeParams& p, F&& f) {
+  const int32_t* s = p.sched + static_cast<int64_t>(blockIdx.x) * kSchedWords;
+  const int last = s[2] < p.bs ? s[2] : p.bs - 1;
+  for (int b = s[0]; b <= last; ++b) {
+    const int kv_len = p.seq_lens[b] + p.kv_len_extra;
+    int t0, t1, partial;
+    if (!segment_of(s, p.split_indptr, b, kv_len, &t0, &t1, &partial)) continue;
+    f(b, kv_len, t0, t1, t0 == 0 && t1 == num_tiles(kv_len), partial);
+  }
+}
+
+// 16-byte chunk c of query row m (token m / num_heads, head m % num_heads) of request b, or
+// nullptr for a padding row (m >= rows_per_req), which the caller zero-fills.
+__device__ __forceinline__ const uint8_t* q_chunk_src(const MlaDecodeParams& p, int b, int m,
+                                                      int c) {
+  if (m >= p.rows_per_req) return nullptr;
+  const int token = b * p.s_q + m / p.num_heads;
+  const int h = m % p.num_heads;
+  return static_cast<const uint8_t*>(p.q) + (token * p.q_stride_token + h * p.q_stride_head) * 2 +
+         static_cast<int64_t>(c) * 16;
+}
+
+// Pool slot of key j of the request whose req_to_token row is tok (j < kv_len). A tile of
+// kBlockN keys lies inside one page (kPage 1 or a multiple of kBlockN): page start + offset.
+template <int kPage>
+__device__ __forceinline__ int64_t kv_slot(const int32_t* tok, int j) {
+  static_assert(kPage == 1 || kPage % kBlockN == 0, "a tile never straddles a page boundary");
+  if constexpr (kPage == 1) {
+    return tok[j];
+  } else {
+    return static_cast<int64_t>(tok[j - j % kPage]) + j % kPage;
+  }
+}
+
+}  // namespace attnkit::mla
