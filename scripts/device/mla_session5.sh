@@ -5,7 +5,9 @@
 # Run from the repository root with .deps carried. Knobs: B (build dir, build-dev), T_END (seconds
 # after start by which the optional last stage must not begin, 230).
 set -uo pipefail
-OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+FINAL="${OUT:-$PWD/out}"; OUT=${MLA_WORK:-/tmp/mla_s5}; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
+# Few files come back from a device run: everything is written to $OUT=/tmp/..., the bench JSON and
+# one concatenated log are copied to the real $OUT at the end.
 B=${B:-build-dev}; T0=$(date +%s)
 el() { echo "$(( $(date +%s) - T0 ))s"; }
 . scripts/device/lib.sh
@@ -31,9 +33,8 @@ bench() {  # $1 name, $2 backend, $3 cases, env...
 }
 Q=scripts/device/mla_decode_quick.json
 bench base_flashmla flashmla $Q
-P128=scripts/device/mla_decode_page128.json
-bench base_cutlass_all cutlass_mla $P128 ATTNKIT_MLA_WGMMA=all
-bench base_cutlass_default cutlass_mla $P128
+# cutlass_mla's descriptor needs SM100 (bench skips it on an H200); its page-128 kernels are
+# covered by test_cutlass_mla_cases above.
 # early-release patch
 if git apply scripts/device/patches/mla_wgmma_early_release.patch 2>"$OUT/patch.log" ||
    patch -p1 < scripts/device/patches/mla_wgmma_early_release.patch >> "$OUT/patch.log" 2>&1; then
@@ -42,7 +43,6 @@ if git apply scripts/device/patches/mla_wgmma_early_release.patch 2>"$OUT/patch.
   ctest_mla ctest_patch.log 'FlashMla|CutlassMla' 60
   if ! grep -q Timeout "$OUT/ctest_patch.log"; then
     bench patch_flashmla flashmla $Q
-    bench patch_cutlass_all cutlass_mla $P128 ATTNKIT_MLA_WGMMA=all
   fi
   git apply -R scripts/device/patches/mla_wgmma_early_release.patch 2>/dev/null || patch -R -p1 < scripts/device/patches/mla_wgmma_early_release.patch
 else echo "patch failed"; fi
@@ -52,4 +52,9 @@ if [ $(( $(date +%s) - T0 )) -lt "${T_END:-200}" ]; then
   ctest_mla ctest_fa3_triton.log '(Fa3|FA3|Triton).*[Mm]la' $(( 285 - ($(date +%s) - T0) ))
 fi
 echo "== summary $(el)"
-for f in "$OUT"/bench_*.log; do echo "-- $(basename "$f")"; grep -E "ms|copy" "$f" | tail -11; done
+for f in "$OUT"/bench_*.log; do
+  echo "-- $(basename "$f") $(grep -o 'cuda_d2d_copy: [0-9.]* GB/s' "$f")"
+  grep -E " ok$| skipped| failed|error" "$f" | awk '{print $2, $3, $4, $5, $6}'
+done
+cp "$OUT"/bench_*.json "$FINAL"/ 2>/dev/null
+for f in "$OUT"/*.log; do echo "=== $f"; cat "$f"; done > "$FINAL/all_logs.txt"

@@ -22,14 +22,12 @@ namespace {
 constexpr int kMinComputeCapability = 80;  // mma.sync m16n8k16 bf16, cp.async
 constexpr int kWgmmaComputeCapability = 90;
 
-// ATTNKIT_MLA_WGMMA: "0" keeps 64-row tiles on the mma.sync kernel; unset or anything else lets
-// them run the wgmma kernel where it can with page sizes 1 and 64 (verified on an H200); "all"
-// adds page 128 (cutlass_mla: the same kernel template, not yet run on a device).
-bool wgmma_env_on(int page_size) {
+// ATTNKIT_MLA_WGMMA: "0" keeps 64-row tiles on the mma.sync kernel; unset or anything else
+// ("1", "all") lets them run the wgmma kernel where it can, with every page size of the family (1,
+// 64, 128: each verified on an H200, page 128 by CutlassMlaKernels.Heads128Bf16BothKernels).
+bool wgmma_env_on() {
   const char* e = std::getenv("ATTNKIT_MLA_WGMMA");
-  const std::string v = e == nullptr ? "" : e;
-  if (v == "0") return false;
-  return page_size != 128 || v == "all";
+  return e == nullptr || std::string(e) != "0";
 }
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -67,7 +65,7 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
   std::unique_ptr<MlaDecodeEngine> e(
       new MlaDecodeEngine(ctx, std::move(owner), page_size, allow_fp8, sm_count));
   e->use_wgmma_ = cc == kWgmmaComputeCapability && smem_optin >= wgmma_smem_bytes() &&
-                  wgmma_env_on(page_size) && wgmma_available();
+                  wgmma_env_on() && wgmma_available();
   return e;
 }
 

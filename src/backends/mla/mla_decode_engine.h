@@ -44,8 +44,8 @@ class MlaDecodeEngine {
 
   int page_size() const { return page_size_; }
   // Whether 64-row tiles with a bf16 cache (33+ query rows per request: 128 heads) run the sm_90a
-  // wgmma kernel: SM90 device, sm_90a code in the build, ATTNKIT_MLA_WGMMA not "0" (page 128:
-  // only with ATTNKIT_MLA_WGMMA=all until verified on a device).
+  // wgmma kernel: SM90 device, sm_90a code in the build, ATTNKIT_MLA_WGMMA not "0"; page
+  // sizes 1, 64 and 128 alike.
   bool uses_wgmma() const { return use_wgmma_; }
 
  private:

@@ -185,26 +185,40 @@ struct MlaDecodeCta {
   __device__ void convert_tile(int s) const {
     const uint8_t* src = smem + T::kStageOffset + s * T::kStageBytes;
     uint8_t* dst = smem + T::kConvOffset;
-    for (int idx = tid; idx < kBlockN * T::kFp8Chunks; idx += T::kThreads) {
-      const int key = idx / T::kFp8Chunks, c = idx % T::kFp8Chunks;
-      const uint4 raw = *reinterpret_cast<const uint4*>(src + idx * 16);
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-      uint32_t outw[8];
+    // Fixed trip count, in batches of 3 rounds whose shared loads are issued together (all 9
+    // at once spill under the 16-row kernel's Q-in-registers budget).
+    static_assert(kBlockN * T::kFp8Chunks % (3 * T::kThreads) == 0, "whole conversion batches");
+    constexpr int kRounds = kBlockN * T::kFp8Chunks / T::kThreads;  // 9
+#pragma unroll 1
+    for (int i0 = 0; i0 < kRounds; i0 += 3) {
+      uint4 raws[3];
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-#pragma unroll
-        for (int hlf = 0; hlf < 2; ++hlf) {
-          const __nv_fp8x2_storage_t pair =
-              static_cast<__nv_fp8x2_storage_t>((words[w] >> (16 * hlf)) & 0xffffu);
-          const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
-          outw[w * 2 + hlf] = cuda::pack2<__nv_bfloat16>(f.x, f.y);
-        }
+      for (int i = 0; i < 3; ++i) {
+        raws[i] = *reinterpret_cast<const uint4*>(src + (tid + (i0 + i) * T::kThreads) * 16);
       }
-      *reinterpret_cast<uint4*>(dst + swz<T::kChunks>(key, 2 * c)) =
-          make_uint4(outw[0], outw[1], outw[2], outw[3]);
-      *reinterpret_cast<uint4*>(dst + swz<T::kChunks>(key, 2 * c + 1)) =
-          make_uint4(outw[4], outw[5], outw[6], outw[7]);
+#pragma unroll
+      for (int i = 0; i < 3; ++i) {
+        const int idx = tid + (i0 + i) * T::kThreads;
+        const int key = idx / T::kFp8Chunks, c = idx % T::kFp8Chunks;
+        const uint4 raw = raws[i];
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+        uint32_t outw[8];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+#pragma unroll
+          for (int hlf = 0; hlf < 2; ++hlf) {
+            const __nv_fp8x2_storage_t pair =
+                static_cast<__nv_fp8x2_storage_t>((words[w] >> (16 * hlf)) & 0xffffu);
+            const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+            outw[w * 2 + hlf] = cuda::pack2<__nv_bfloat16>(f.x, f.y);
+          }
+        }
+        *reinterpret_cast<uint4*>(dst + swz<T::kChunks>(key, 2 * c)) =
+            make_uint4(outw[0], outw[1], outw[2], outw[3]);
+        *reinterpret_cast<uint4*>(dst + swz<T::kChunks>(key, 2 * c + 1)) =
+            make_uint4(outw[4], outw[5], outw[6], outw[7]);
+      }
     }
   }
 
@@ -274,11 +288,21 @@ struct MlaDecodeCta {
         static_assert(T::kSTiles == 1, "16-row tiles: 8 keys per warp");
         uint32_t kb[4];
         kstep_bases(kb, kv_base, wn * T::kSKeys + (lane & 7), (lane >> 3) & 1);
+        // Four independent accumulator chains (k-step % 4), summed after: one chain of 36
+        // dependent mma.sync would put 36 mma latencies on every tile's critical path (8 warps
+        // per SM hide little of it).
+        float part[3][4] = {};
         static_for<T::kKSteps>([&]<int kK>() {
           uint32_t bf[2];
           ldmatrix_x2_at<(kK / 4) * 128>(bf, kb[kK % 4]);
-          cuda::mma_m16n8k16<__nv_bfloat16>(acc[0], qf[kK], bf);
+          if constexpr (kK % 4 == 0) {
+            cuda::mma_m16n8k16<__nv_bfloat16>(acc[0], qf[kK], bf);
+          } else {
+            cuda::mma_m16n8k16<__nv_bfloat16>(part[kK % 4 - 1], qf[kK], bf);
+          }
         });
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[0][e] += (part[0][e] + part[1][e]) + part[2][e];
       }
 #pragma unroll 4
       for (int kk = 0; kk < (T::kQInRegs ? 0 : T::kKSteps); ++kk) {
