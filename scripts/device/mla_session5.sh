@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Session 5 device run for the MLA backends (one command): build, the MLA ctest subset, ceilings,
 # bench flashmla + cutlass_mla (page 128 on the wgmma kernel via ATTNKIT_MLA_WGMMA=all), then the
-# early-release patch: rebuild, its tests, its bench; last the fa3/triton MLA case tests.
+# with PATCH=<file> a variant: apply, rebuild, its tests, its bench, revert; last the fa3/triton
+# MLA case tests. (Session 5 measured scripts/device/patches/mla_wgmma_early_release.patch this way;
+# it is now in the kernel.)
 # Run from the repository root with .deps carried. Knobs: B (build dir, build-dev), T_END (seconds
 # after start by which the optional last stage must not begin, 230).
 set -uo pipefail
@@ -35,16 +37,15 @@ Q=scripts/device/mla_decode_quick.json
 bench base_flashmla flashmla $Q
 # cutlass_mla's descriptor needs SM100 (bench skips it on an H200); its page-128 kernels are
 # covered by test_cutlass_mla_cases above.
-# early-release patch
-if git apply scripts/device/patches/mla_wgmma_early_release.patch 2>"$OUT/patch.log" ||
-   patch -p1 < scripts/device/patches/mla_wgmma_early_release.patch >> "$OUT/patch.log" 2>&1; then
+if [ -z "${PATCH:-}" ]; then :
+elif git apply "$PATCH" 2>"$OUT/patch.log" || patch -p1 < "$PATCH" >> "$OUT/patch.log" 2>&1; then
   ninja -C "$B" -j16 attnkit_cli test_flashmla_cases test_cutlass_mla_cases >> "$OUT/build_patch.log" 2>&1
   echo "patch build rc=$? $(el)"; grep -m5 -E "error|C75[0-9][0-9]" "$OUT/build_patch.log"
   ctest_mla ctest_patch.log 'FlashMla|CutlassMla' 60
   if ! grep -q Timeout "$OUT/ctest_patch.log"; then
     bench patch_flashmla flashmla $Q
   fi
-  git apply -R scripts/device/patches/mla_wgmma_early_release.patch 2>/dev/null || patch -R -p1 < scripts/device/patches/mla_wgmma_early_release.patch
+  git apply -R "$PATCH" 2>/dev/null || patch -R -p1 < "$PATCH"
 else echo "patch failed"; fi
 if [ $(( $(date +%s) - T0 )) -lt "${T_END:-200}" ]; then
   ninja -C "$B" -j16 test_fa3_cases test_triton_cases >> "$OUT/build_peers.log" 2>&1

@@ -16,12 +16,10 @@
 //     through shared memory), writes P (bf16) and the rescale factor to shared memory, signals the
 //     other consumer (named barrier 1 + g), and accumulates O += P V with P from registers and V =
 //     the first 512 columns of the same K tile read MN-major (transposing descriptor, wgmma
-//     m64n256k16, 4 k-steps). For the other consumer's tile it issues its own next S first, then
-//     waits for that P, rescales O (after its S is done: ptxas serialises all wgmmas if an
-//     accumulator is touched while one is in flight) and accumulates O += P V for its columns
-//     (A = P from shared memory). So one warpgroup's softmax overlaps the other's QK^T GEMM.
-//     (scripts/device/patches/mla_wgmma_early_release.patch: the variant that issues that P V
-//     before the own S and releases the stage earlier; not yet run on a device.)
+//     m64n256k16, 4 k-steps). For the other consumer's tile it waits for that P, rescales O and
+//     issues O += P V for its columns (A = P from shared memory), then its own next S; once that
+//     P V is done (wait_group 1) the stage is released, so the producer refills it while S and
+//     the softmax run. One warpgroup's softmax overlaps the other's GEMMs.
 //   Epilogue: the row sums of both consumers are added through shared memory (named barrier 3);
 //     whole requests write bf16 out (+ natural-log LSE), split segments the normalised f32
 //     partial + log2 LSE for mla_combine_kernel.
@@ -219,16 +217,13 @@ struct MlaWgmmaCta {
         const bool own = i < n;
         const bool other = i >= 1;
         const int it_own = it + i, it_oth = it + i - 1;
-        if (own) {
-          mbar_wait(full(it_own & 1), (it_own >> 1) & 1);
-          fence_proxy_async();
-          wgmma_fence();
-          issue_s(sacc, it_own & 1);
-          wgmma_commit();
-        }
-        // ptxas serialises every wgmma of the kernel (C7515) when a non-wgmma instruction writes
-        // an accumulator while any wgmma is in flight: O is only rescaled after wait<0>.
-        if (other) {
+        // The other consumer's tile first: its P V is issued (and its stage released) before
+        // this consumer's S, so the producer refills that stage while S runs. ptxas serialises
+        // every wgmma of the kernel (C7514 / C7515) when a non-wgmma instruction touches an
+        // accumulator while any wgmma may be in flight on some path: O is only rescaled with
+        // nothing in flight, and every path retires its wgmmas explicitly (no correlated
+        // branches).
+        auto other_pv = [&]() {
           named_bar_sync(kBarPReady + (1 - g), 256);
           float f[2];
 #pragma unroll
@@ -236,9 +231,6 @@ struct MlaWgmmaCta {
             f[x] = f_sh[r_lo + 8 * x];
             m_prev[x] = m_sh[r_lo + 8 * x];
           }
-          wgmma_wait<0>();  // S of this consumer's tile (if any)
-          fence_regs(sacc);
-          fence_regs(o);
 #pragma unroll
           for (int j = 0; j < 32; ++j) {
             o[4 * j + 0] *= f[0];
@@ -253,13 +245,34 @@ struct MlaWgmmaCta {
           wgmma_fence();
           issue_pv_smem_p(o, it_oth & 1, g);
           wgmma_commit();
-        } else {
+        };
+        auto own_s = [&]() {
+          mbar_wait(full(it_own & 1), (it_own >> 1) & 1);
+          fence_proxy_async();
+          wgmma_fence();
+          issue_s(sacc, it_own & 1);
+          wgmma_commit();
+        };
+        if (!own) {  // the segment's last tile is the other consumer's
+          other_pv();
           wgmma_wait<0>();
-          fence_regs(sacc);
+          fence_regs(o);
+          mbar_arrive(empty(it_oth & 1));
+          continue;
         }
-        if (own) {
-          // The softmax reads S and packs P straight into the A fragment (pa_own): S's
-          // accumulators are never redefined while the P V above is in flight.
+        if (other) {
+          other_pv();
+          own_s();
+          wgmma_wait<1>();  // the P V (committed first) is done; S may still run
+          mbar_arrive(empty(it_oth & 1));
+        } else {
+          own_s();
+        }
+        {
+          wgmma_wait<0>();  // S
+          fence_regs(sacc);
+          fence_regs(o);
+          // The softmax reads S and packs P straight into the A fragment (pa_own).
           const int tile = t0 + i;
           const float scale = p.scale_log2;
           auto masked = [&](int j, int e) {
@@ -294,11 +307,9 @@ struct MlaWgmmaCta {
             pa_own[j >> 1][2 * (j & 1) + 0] = cuda::pack2<__nv_bfloat16>(v[0], v[1]);
             pa_own[j >> 1][2 * (j & 1) + 1] = cuda::pack2<__nv_bfloat16>(v[2], v[3]);
           }
-          wgmma_wait<0>();  // the other tile's P V (if any) is done with O, P and its stage
-          fence_regs(o);
-          if (other) mbar_arrive(empty(it_oth & 1));
           __syncwarp();  // this warp's reads of f / m (the other consumer's tile) are done
           // P (bf16) for the other consumer, read by its wgmma (async proxy): fence, then signal.
+          // The buffer's previous P (the other's) was read by this consumer's P V, done above.
           // Rows are per warp; word (kk, q): row r_lo + 8 (q & 1), keys 16 kk + 8 (q >> 1) + ...
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk) {
@@ -333,10 +344,6 @@ struct MlaWgmmaCta {
           wgmma_wait<0>();
           fence_regs(o);
           mbar_arrive(empty(it_own & 1));
-        } else {
-          wgmma_wait<0>();
-          fence_regs(o);
-          mbar_arrive(empty(it_oth & 1));
         }
       }
       it += n;
