@@ -19,6 +19,7 @@
 #include "bench/bench_runner.h"
 #include "bench/bench_spec_json.h"
 #include "harness/case_runner.h"
+#include "tools/attnkit/cli_checks.h"
 #include "tools/attnkit/commands.h"
 
 #ifdef _OPENMP
@@ -312,6 +313,8 @@ void run_main(const RunArgs& args) {
     }
     spec = *found;
   }
+  if (const Status s = harness::validate_case(spec); !s.is_ok())
+    cli_fail("--case: " + s.to_string());
   DeviceInfo info;
   const Device device = resolve_device(args.device, &info);
   Result<const BackendDescriptor*> d = builtin_registry().get(args.backend);
@@ -372,43 +375,43 @@ void register_bench_commands(CLI::App& app) {
       ->add_option("--warmup", bench_args->warmup,
                    "Untimed calls before timing (default: CPU " + std::to_string(kCpuWarmup) +
                        ", CUDA " + std::to_string(kCudaWarmup) + ")")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_int());
   bench
       ->add_option("--iters", bench_args->iters,
                    "Timed calls; the median is reported "
                    "(default: CPU " +
                        std::to_string(kCpuIters) + ", CUDA " + std::to_string(kCudaIters) + ")")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_int());
   bench
       ->add_option("--launches", bench_args->launches,
                    "CUDA: forwards enqueued back to back per timed sample, time divided by it "
                    "(default 1: one forward, host launch latency included)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_int());
   bench
       ->add_option("--paired-rounds", bench_args->paired_rounds,
                    "CPU, memory-bound cases: after the timed calls, rounds of one copy-ceiling "
                    "pass followed by --paired-calls forwards; the ratio to the copy is reported "
                    "per round and as the median (default " +
                        std::to_string(kCpuPairedRounds) + ", 0 = off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_int());
   bench
       ->add_option("--paired-calls", bench_args->paired_calls,
                    "Forwards per paired round (their median is compared with the round's copy)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_int());
   bench->add_option("--filter", bench_args->filter, "Only cases whose name contains this");
   bench
       ->add_option("--rotate-mib", bench_args->rotate_mib,
                    "Bytes the rotating input copies must exceed, in MiB (default: CPU max(2 x "
                    "LLC, 256 MiB), CUDA 2 x L2)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_int());
   bench->add_option("--max-copies", bench_args->max_copies, "Cap on rotating copies per case")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_int());
   bench
       ->add_option("--gemm-tflops", bench_args->gemm_tflops,
                    "Compute ceiling for extend ratios, in TFLOP/s (default: CPU measures its "
                    "AMX tile peak, else its vector peak; CUDA has none unless given, e.g. "
                    "torch_peers.py's gemm_bf16)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_number());
   bench->add_flag("--list", bench_args->list, "Print the (filtered) case names and exit");
   bench->callback([bench_args] { bench_main(*bench_args); });
 
@@ -424,7 +427,7 @@ void register_bench_commands(CLI::App& app) {
   run->add_flag("--save-kv", run_args->save_kv,
                 "Let the backend write the new k/v (default: the runner writes them)");
   run->add_option("--layers", run_args->layers, "Layers with independent data")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_int());
   run->add_flag("--list-cases", run_args->list_cases, "List the shared case table and exit");
   run->callback([run_args] { run_main(*run_args); });
 }
