@@ -12,8 +12,8 @@ namespace {
 CLI::Validator int_at_least(int lo, const std::string& help_name) {
   return CLI::Validator(
       [lo](std::string& value) -> std::string {
-        const std::string allowed = "must be an integer from " + std::to_string(lo) + " to " +
-                                    std::to_string(INT_MAX);
+        const std::string allowed =
+            "must be an integer from " + std::to_string(lo) + " to " + std::to_string(INT_MAX);
         int64_t v = 0;
         const char* end = value.data() + value.size();
         const auto [ptr, ec] = std::from_chars(value.data(), end, v);
