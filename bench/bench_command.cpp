@@ -313,8 +313,9 @@ void run_main(const RunArgs& args) {
     }
     spec = *found;
   }
-  if (const Status s = harness::validate_case(spec); !s.is_ok())
+  if (const Status s = harness::validate_case(spec); !s.is_ok()) {
     cli_fail("--case: " + s.to_string());
+  }
   DeviceInfo info;
   const Device device = resolve_device(args.device, &info);
   Result<const BackendDescriptor*> d = builtin_registry().get(args.backend);

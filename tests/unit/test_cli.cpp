@@ -195,30 +195,25 @@ TEST(Cli, UnknownSubcommandListsSubcommands) {
 // Numeric flags: the message names the flag, the value and the allowed range (not CLI11's
 // "Value 0 not in range 0.000000 to 1797...").
 TEST(Cli, NumericFlagsSayWhatIsAllowed) {
-  struct Row {
-    std::string args;
-    const char* expected;
-  };
   const std::string select = "select " + config("llama-3.1-8b-instruct") + " --device sm90 ";
-  const Row kRows[] = {
-      {select + "--page-size 0", "--page-size: 0 is not allowed: must be an integer from 1 to"},
-      {select + "--page-size -16", "--page-size: -16 is not allowed: must be an integer from 1"},
-      {select + "--page-size abc", "--page-size: \"abc\" is not an integer (must be an integer"},
-      {select + "--page-size 1.5", "--page-size: \"1.5\" is not an integer"},
-      {select + "--page-size 4294967312", "--page-size: 4294967312 is not allowed"},
-      {select + "--tp-size 0", "--tp-size: 0 is not allowed: must be an integer from 1"},
-      {select + "--speculative-eagle-topk 0", "--speculative-eagle-topk: 0 is not allowed"},
-      {select + "--chunked-prefill-size x",
-       "--chunked-prefill-size: \"x\" is not an integer "
-       "(must be an integer from -1 to"},
-      {select + "--chunked-prefill-size 0", "--chunked-prefill-size 0 is invalid; use -1 (off)"},
-      {"demo --device cpu --page-size 0", "--page-size: 0 is not allowed: must be an integer"},
-  };
-  for (const Row& row : kRows) {
-    const CliRun r = run_cli(row.args);
-    expect_one_line_error(r);
-    EXPECT_NE(r.err.find(row.expected), std::string::npos) << row.args << "\n" << r.err;
-  }
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {select + "--page-size 0", "--page-size: 0 is not allowed: must be an integer from 1 to"},
+          {select + "--page-size -16",
+           "--page-size: -16 is not allowed: must be an integer from 1"},
+          {select + "--page-size abc",
+           "--page-size: \"abc\" is not an integer (must be an integer"},
+          {select + "--page-size 1.5", "--page-size: \"1.5\" is not an integer"},
+          {select + "--page-size 4294967312", "--page-size: 4294967312 is not allowed"},
+          {select + "--tp-size 0", "--tp-size: 0 is not allowed: must be an integer from 1"},
+          {select + "--speculative-eagle-topk 0", "--speculative-eagle-topk: 0 is not allowed"},
+          {select + "--chunked-prefill-size x",
+           "--chunked-prefill-size: \"x\" is not an integer (must be an integer from -1"},
+          {select + "--chunked-prefill-size 0",
+           "--chunked-prefill-size 0 is invalid; use -1 (off)"},
+          {"demo --device cpu --page-size 0", "--page-size: 0 is not allowed: must be an integer"},
+      });
   // In range: accepted.
   EXPECT_EQ(run_cli(select + "--page-size 64 --tp-size 2").exit_code, 0);
 }
