@@ -85,20 +85,21 @@ std::vector<std::string> split_commas(const std::string& s) {
 
 // "cpu", "cuda" or "cuda:N"; empty = a CUDA device when this build and machine have one.
 Device resolve_device(const std::string& name, DeviceInfo* info) {
-  if (name.empty() || name.rfind("cuda", 0) == 0) {
-    int ordinal = 0;
-    if (name.size() > 5 && name[4] == ':') ordinal = std::atoi(name.c_str() + 5);
-    Result<DeviceInfo> cuda = detect_cuda(ordinal);
-    if (cuda) {
-      *info = *cuda;
-      return Device::cuda(ordinal);
-    }
-    if (!name.empty()) cli_fail("--device " + name + ": " + cuda.status().to_string());
-  } else if (name != "cpu") {
-    cli_fail("--device " + name + " is not a device (accepted: cpu, cuda, cuda:N)");
+  if (name.empty()) {  // cuda if present, else the CPU
+    Result<DeviceInfo> cuda = detect_cuda(0);
+    *info = cuda ? *cuda : detect_cpu();
+    return cuda ? Device::cuda(0) : Device::cpu();
   }
-  *info = detect_cpu();
-  return Device::cpu();
+  Result<Device> device = Device::parse(name);
+  if (!device) cli_fail("--device " + name + " is not a device (accepted: cpu, cuda, cuda:N)");
+  if (device->is_cpu()) {
+    *info = detect_cpu();
+  } else {
+    Result<DeviceInfo> cuda = detect_cuda(device->ordinal);
+    if (!cuda) cli_fail("--device " + name + ": " + cuda.status().to_string());
+    *info = *cuda;
+  }
+  return *device;
 }
 
 // The CPU copy ceiling's buffer: max(2 x LLC, kMinCpuRotateBytes), whatever --rotate-mib says, so
