@@ -219,7 +219,8 @@ TEST(Cli, NumericFlagsSayWhatIsAllowed) {
 }
 
 TEST(Cli, HelpEverywhere) {
-  for (const char* args : {"--help", "matrix --help", "select --help", "backends --help"}) {
+  for (const char* args : {"--help", "matrix --help", "select --help", "backends --help",
+                           "bench --help", "run --help", "demo --help"}) {
     const CliRun r = run_cli(args);
     EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << args << ": " << r.out;
