@@ -230,6 +230,37 @@ TEST(Cli, HelpEverywhere) {
   EXPECT_NE(r.out.find("--linear-attn-prefill-backend"), std::string::npos);
 }
 
+// README.md's CLI block lists every flag of every subcommand's --help, under that subcommand's
+// `attnkit <name>` lines (so a flag added to the code without the README fails here).
+TEST(Cli, ReadmeCliSectionListsEveryFlag) {
+  const std::string readme = read_file(std::string(ATTNKIT_SOURCE_DIR) + "/README.md");
+  const size_t begin = readme.find("## CLI\n\n```\n");
+  ASSERT_NE(begin, std::string::npos) << "README.md has no CLI block";
+  const size_t end = readme.find("```", begin + 12);
+  const std::string block = readme.substr(begin, end - begin);
+  for (const std::string sub : {"matrix", "select", "backends", "bench", "run", "demo"}) {
+    // The subcommand's lines: from its first `attnkit <sub>` line to the next other subcommand's.
+    std::string lines;
+    for (size_t at = block.find("\nattnkit " + sub + " "); at != std::string::npos;
+         at = block.find("\nattnkit " + sub + " ", at + 1)) {
+      const size_t next = block.find("\nattnkit ", at + 1);
+      lines += block.substr(at, next == std::string::npos ? std::string::npos : next - at);
+    }
+    ASSERT_FALSE(lines.empty()) << "README CLI block lacks `attnkit " << sub << "`";
+    const CliRun help = run_cli(sub + " --help");
+    ASSERT_EQ(help.exit_code, 0) << help.err;
+    std::istringstream in(help.out);
+    for (std::string line; std::getline(in, line);) {
+      const size_t flag = line.find("--");
+      if (line.rfind("  --", 0) != 0 && line.rfind("  -h,--", 0) != 0) continue;
+      const std::string name = line.substr(flag, line.find_first_of(" \t", flag) - flag);
+      if (name == "--help") continue;
+      EXPECT_NE(lines.find(name), std::string::npos)
+          << "README.md's CLI block does not list `attnkit " << sub << " " << name << "`";
+    }
+  }
+}
+
 TEST(Cli, BackendsSaysWhatIsBuiltAndWhy) {
   const CliRun r = run_cli("backends");
   ASSERT_EQ(r.exit_code, 0) << r.err;
