@@ -52,6 +52,7 @@ struct BenchArgs {
   int warmup = -1;
   int iters = -1;
   int launches = 1;
+  bool graph = false;
   int paired_rounds = -1;
   int paired_calls = 5;
   std::string filter;
@@ -124,6 +125,10 @@ void bench_main(const BenchArgs& args) {
   run.load_start = bench::host_load_average();
   const Device device = resolve_device(args.device, &run.device_info);
   run.device = device.to_string();
+  if (args.graph && !device.is_cuda()) {
+    cli_fail("--graph times CUDA-graph replays: it needs --device cuda (got --device " +
+             device.to_string() + ")");
+  }
   run.threads = omp_threads();
 
   Result<bench::CaseFile> file = bench::load_case_file(args.cases);
@@ -167,6 +172,7 @@ void bench_main(const BenchArgs& args) {
   settings.iters = args.iters > 0 ? args.iters : (device.is_cuda() ? kCudaIters : kCpuIters);
   settings.max_copies = args.max_copies;
   settings.launches = args.launches;
+  settings.graph = args.graph;
   settings.paired_rounds =
       device.is_cpu() ? (args.paired_rounds >= 0 ? args.paired_rounds : kCpuPairedRounds) : 0;
   settings.paired_calls = args.paired_calls;
@@ -182,7 +188,10 @@ void bench_main(const BenchArgs& args) {
   std::cerr << "attnkit bench: " << run.device_info.name << " (" << run.device << "), "
             << cases.size() << " cases x " << backends.size() << " backends, rotate "
             << (settings.rotate_bytes >> 20) << " MiB (" << run.rotate_why << ")"
-            << (settings.launches > 1
+            << (settings.graph
+                    ? ", CUDA-graph replays of max(" + std::to_string(settings.launches) +
+                          ", copies) forwards per sample (decode / verify cases only)"
+                : settings.launches > 1
                     ? ", " + std::to_string(settings.launches) + " back-to-back forwards per sample"
                     : std::string())
             << "\n";
@@ -389,6 +398,11 @@ void register_bench_commands(CLI::App& app) {
                    "CUDA: forwards enqueued back to back per timed sample, time divided by it "
                    "(default 1: one forward, host launch latency included)")
       ->check(cli::positive_int());
+  bench->add_flag(
+      "--graph", bench_args->graph,
+      "CUDA, decode and verify cases: time replays of one CUDA graph captured through the "
+      "backend's graph API (as a serving engine runs decode), holding max(--launches, rotating "
+      "copies) forwards, time divided by that count; other cases are skipped");
   bench
       ->add_option("--paired-rounds", bench_args->paired_rounds,
                    "CPU, memory-bound cases: after the timed calls, rounds of one copy-ceiling "

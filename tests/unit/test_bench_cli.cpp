@@ -161,6 +161,9 @@ TEST(BenchCli, BadValuesSayWhatIsAllowed) {
           {bench + "--iters 0", "--iters: 0 is not allowed: must be an integer from 1 to"},
           {bench + "--warmup -1", "--warmup: -1 is not allowed: must be an integer from 0 to"},
           {bench + "--launches two", "--launches: \"two\" is not an integer"},
+          {bench + "--graph",
+           "--graph times CUDA-graph replays: it needs --device cuda (got "
+           "--device cpu)"},
           {bench + "--gemm-tflops 0", "--gemm-tflops: 0 is not allowed: must be a number > 0"},
           {bench + "--gemm-tflops fast", "--gemm-tflops: \"fast\" is not a number"},
           {run + "extend_page1_gqa4 --layers 0", "--layers: 0 is not allowed: must be an integer"},
