@@ -284,8 +284,9 @@ BackendDescriptor cutlass_mla() {
   // family with its page-128 loader also runs on SM90, where its GPU tests exercise it.
   BackendDescriptor d = cuda_descriptor(
       "cutlass_mla",
-      "MLA decode with 128-token pages on the shared tensor-core MLA kernels (the SM90 wgmma "
-      "kernel for 64-row bf16 tiles, ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; page-128 loader, "
+      "MLA decode with 128-token pages on the shared tensor-core MLA kernels (SM90 wgmma for "
+      "64-query-row tiles with a bf16 cache; mma.sync for up to 32 rows and the fp8 cache; "
+      "ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; page-128 loader, "
       "split-KV plan + LSE combine, bf16 and fp8_e4m3 cache); extend, 192/128 prefill (with the "
       "chunked prefix cache) and fp4 KV via the portable SIMT kernels",
       kMinCc, kMaxCc);
