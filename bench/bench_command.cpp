@@ -19,6 +19,7 @@
 #include "bench/bench_runner.h"
 #include "bench/bench_spec_json.h"
 #include "harness/case_runner.h"
+#include "tools/attnkit/cli_checks.h"
 #include "tools/attnkit/commands.h"
 
 #ifdef _OPENMP
@@ -51,6 +52,7 @@ struct BenchArgs {
   int warmup = -1;
   int iters = -1;
   int launches = 1;
+  bool graph = false;
   int paired_rounds = -1;
   int paired_calls = 5;
   std::string filter;
@@ -84,20 +86,21 @@ std::vector<std::string> split_commas(const std::string& s) {
 
 // "cpu", "cuda" or "cuda:N"; empty = a CUDA device when this build and machine have one.
 Device resolve_device(const std::string& name, DeviceInfo* info) {
-  if (name.empty() || name.rfind("cuda", 0) == 0) {
-    int ordinal = 0;
-    if (name.size() > 5 && name[4] == ':') ordinal = std::atoi(name.c_str() + 5);
-    Result<DeviceInfo> cuda = detect_cuda(ordinal);
-    if (cuda) {
-      *info = *cuda;
-      return Device::cuda(ordinal);
-    }
-    if (!name.empty()) cli_fail("--device " + name + ": " + cuda.status().to_string());
-  } else if (name != "cpu") {
-    cli_fail("--device " + name + " is not a device (accepted: cpu, cuda, cuda:N)");
+  if (name.empty()) {  // cuda if present, else the CPU
+    Result<DeviceInfo> cuda = detect_cuda(0);
+    *info = cuda ? *cuda : detect_cpu();
+    return cuda ? Device::cuda(0) : Device::cpu();
   }
-  *info = detect_cpu();
-  return Device::cpu();
+  Result<Device> device = Device::parse(name);
+  if (!device) cli_fail("--device " + name + " is not a device (accepted: cpu, cuda, cuda:N)");
+  if (device->is_cpu()) {
+    *info = detect_cpu();
+  } else {
+    Result<DeviceInfo> cuda = detect_cuda(device->ordinal);
+    if (!cuda) cli_fail("--device " + name + ": " + cuda.status().to_string());
+    *info = *cuda;
+  }
+  return *device;
 }
 
 // The CPU copy ceiling's buffer: max(2 x LLC, kMinCpuRotateBytes), whatever --rotate-mib says, so
@@ -122,6 +125,10 @@ void bench_main(const BenchArgs& args) {
   run.load_start = bench::host_load_average();
   const Device device = resolve_device(args.device, &run.device_info);
   run.device = device.to_string();
+  if (args.graph && !device.is_cuda()) {
+    cli_fail("--graph times CUDA-graph replays: it needs --device cuda (got --device " +
+             device.to_string() + ")");
+  }
   run.threads = omp_threads();
 
   Result<bench::CaseFile> file = bench::load_case_file(args.cases);
@@ -165,6 +172,7 @@ void bench_main(const BenchArgs& args) {
   settings.iters = args.iters > 0 ? args.iters : (device.is_cuda() ? kCudaIters : kCpuIters);
   settings.max_copies = args.max_copies;
   settings.launches = args.launches;
+  settings.graph = args.graph;
   settings.paired_rounds =
       device.is_cpu() ? (args.paired_rounds >= 0 ? args.paired_rounds : kCpuPairedRounds) : 0;
   settings.paired_calls = args.paired_calls;
@@ -180,7 +188,10 @@ void bench_main(const BenchArgs& args) {
   std::cerr << "attnkit bench: " << run.device_info.name << " (" << run.device << "), "
             << cases.size() << " cases x " << backends.size() << " backends, rotate "
             << (settings.rotate_bytes >> 20) << " MiB (" << run.rotate_why << ")"
-            << (settings.launches > 1
+            << (settings.graph
+                    ? ", CUDA-graph replays of max(" + std::to_string(settings.launches) +
+                          ", copies) forwards per sample (decode / verify cases only)"
+                : settings.launches > 1
                     ? ", " + std::to_string(settings.launches) + " back-to-back forwards per sample"
                     : std::string())
             << "\n";
@@ -312,6 +323,9 @@ void run_main(const RunArgs& args) {
     }
     spec = *found;
   }
+  if (const Status s = harness::validate_case(spec); !s.is_ok()) {
+    cli_fail("--case: " + s.to_string());
+  }
   DeviceInfo info;
   const Device device = resolve_device(args.device, &info);
   Result<const BackendDescriptor*> d = builtin_registry().get(args.backend);
@@ -372,43 +386,48 @@ void register_bench_commands(CLI::App& app) {
       ->add_option("--warmup", bench_args->warmup,
                    "Untimed calls before timing (default: CPU " + std::to_string(kCpuWarmup) +
                        ", CUDA " + std::to_string(kCudaWarmup) + ")")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_int());
   bench
       ->add_option("--iters", bench_args->iters,
                    "Timed calls; the median is reported "
                    "(default: CPU " +
                        std::to_string(kCpuIters) + ", CUDA " + std::to_string(kCudaIters) + ")")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_int());
   bench
       ->add_option("--launches", bench_args->launches,
                    "CUDA: forwards enqueued back to back per timed sample, time divided by it "
                    "(default 1: one forward, host launch latency included)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_int());
+  bench->add_flag(
+      "--graph", bench_args->graph,
+      "CUDA, decode and verify cases: time replays of one CUDA graph captured through the "
+      "backend's graph API (as a serving engine runs decode), holding max(--launches, rotating "
+      "copies) forwards, time divided by that count; other cases are skipped");
   bench
       ->add_option("--paired-rounds", bench_args->paired_rounds,
                    "CPU, memory-bound cases: after the timed calls, rounds of one copy-ceiling "
                    "pass followed by --paired-calls forwards; the ratio to the copy is reported "
                    "per round and as the median (default " +
                        std::to_string(kCpuPairedRounds) + ", 0 = off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_int());
   bench
       ->add_option("--paired-calls", bench_args->paired_calls,
                    "Forwards per paired round (their median is compared with the round's copy)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_int());
   bench->add_option("--filter", bench_args->filter, "Only cases whose name contains this");
   bench
       ->add_option("--rotate-mib", bench_args->rotate_mib,
                    "Bytes the rotating input copies must exceed, in MiB (default: CPU max(2 x "
                    "LLC, 256 MiB), CUDA 2 x L2)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_int());
   bench->add_option("--max-copies", bench_args->max_copies, "Cap on rotating copies per case")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_int());
   bench
       ->add_option("--gemm-tflops", bench_args->gemm_tflops,
                    "Compute ceiling for extend ratios, in TFLOP/s (default: CPU measures its "
                    "AMX tile peak, else its vector peak; CUDA has none unless given, e.g. "
                    "torch_peers.py's gemm_bf16)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_number());
   bench->add_flag("--list", bench_args->list, "Print the (filtered) case names and exit");
   bench->callback([bench_args] { bench_main(*bench_args); });
 
@@ -424,7 +443,7 @@ void register_bench_commands(CLI::App& app) {
   run->add_flag("--save-kv", run_args->save_kv,
                 "Let the backend write the new k/v (default: the runner writes them)");
   run->add_option("--layers", run_args->layers, "Layers with independent data")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_int());
   run->add_flag("--list-cases", run_args->list_cases, "List the shared case table and exit");
   run->callback([run_args] { run_main(*run_args); });
 }

@@ -139,8 +139,12 @@ Json to_json(const BenchRun& run) {
   settings["rotate_why"] = run.rotate_why;
   settings["max_copies"] = run.settings.max_copies;
   settings["verify"] = run.settings.verify;
+  settings["launches"] = run.settings.launches;
+  settings["graph"] = run.settings.graph;
   settings["timer"] = run.device == "cpu" ? "std::chrono::steady_clock per call, median"
-                                          : "CUDA events per call, median";
+                      : run.settings.graph
+                          ? "CUDA events per CUDA-graph replay / forwards_per_sample, median"
+                          : "CUDA events per sample of launches forwards / launches, median";
   j["settings"] = settings;
   Json ceilings = Json::array();
   for (const Ceiling& c : run.ceilings) {
@@ -172,6 +176,8 @@ Json to_json(const BenchRun& run) {
     x["bytes"] = r.bytes;
     if (r.status == CaseStatus::kOk) {
       x["copies"] = r.copies;
+      x["timing"] = r.timing;
+      x["forwards_per_sample"] = r.forwards_per_sample;
       x["warmup"] = r.warmup;
       x["iters"] = r.iters;
       x["ms_median"] = r.ms_median;

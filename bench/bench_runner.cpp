@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,47 @@ class EventPair {
   cudaEvent_t start_ = nullptr;
   cudaEvent_t stop_ = nullptr;
 };
+
+// Owns a non-blocking stream (graph capture needs one other than the legacy default stream), a
+// graph and its executable; ends a capture left open by an error.
+class GraphResources {
+ public:
+  ~GraphResources() {
+    if (capturing_) {
+      cudaGraph_t dropped = nullptr;
+      cudaStreamEndCapture(stream_, &dropped);
+      if (dropped) cudaGraphDestroy(dropped);
+    }
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  Status create_stream() {
+    return cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                      "cudaStreamCreateWithFlags");
+  }
+  Status begin_capture() {
+    ATTNKIT_RETURN_IF_ERROR(
+        cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                   "cudaStreamBeginCapture"));
+    capturing_ = true;
+    return Status::ok();
+  }
+  Status end_capture_and_instantiate() {
+    capturing_ = false;
+    ATTNKIT_RETURN_IF_ERROR(
+        cuda_check(cudaStreamEndCapture(stream_, &graph_), "cudaStreamEndCapture"));
+    return cuda_check(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
+  }
+  Status launch() { return cuda_check(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch"); }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  bool capturing_ = false;
+};
 #endif
 
 // One forward call on rotating copy `index % layers`: k/v empty, save_kv off (the pool holds
@@ -57,6 +99,23 @@ Status write_new_tokens(harness::PreparedCase& prepared) {
                                                      prepared.batch.stream));
   }
   return Status::ok();
+}
+
+// Fills the time, rates and ceiling ratio of `r` (whose bytes and flops are set) from `t`.
+CaseResult finish_timing(CaseResult r, const Timing& t, const CeilingRates& ceilings) {
+  r.ms_median = t.ms_median;
+  r.ms_min = t.ms_min;
+  r.ms_max = t.ms_max;
+  r.gbs = gb_per_s(r.bytes, r.ms_median);
+  r.tflops = tflop_per_s(r.flops, r.ms_median);
+  if (is_memory_bound(r.bench_case)) {
+    r.ceiling = ceilings.copy_name;
+    r.ceiling_ratio = ceilings.copy_gbs > 0 ? r.gbs / ceilings.copy_gbs : 0;
+  } else {
+    r.ceiling = ceilings.compute_name;
+    r.ceiling_ratio = ceilings.compute_tflops > 0 ? r.tflops / ceilings.compute_tflops : 0;
+  }
+  return r;
 }
 
 Timing summarize(std::vector<double> ms) {
@@ -166,6 +225,88 @@ Result<Timing> time_forward(AttentionBackend& backend, harness::PreparedCase& pr
   return summarize(std::move(ms));
 }
 
+std::string graph_skip_reason(const BackendDescriptor& descriptor, const BenchCase& c,
+                              Device device) {
+  if (!device.is_cuda()) return "--graph times CUDA graphs: needs --device cuda";
+  if (c.kind == BenchKind::kExtend) {
+    return "--graph times decode and verify forwards only (serving engines capture those); this "
+           "is an extend case";
+  }
+  if (!descriptor.cuda_graph) {
+    return "--graph: backend " + descriptor.name + " has no CUDA-graph support";
+  }
+  return "";
+}
+
+Result<Timing> time_graph_replay(const BackendDescriptor& descriptor,
+                                 harness::PreparedCase& prepared, int warmup, int iters,
+                                 int forwards) {
+  if (prepared.layers.empty() || iters <= 0 || warmup < 0 || forwards < 1) {
+    return Status::invalid_argument(
+        "time_graph_replay: needs layers (got " + std::to_string(prepared.layers.size()) +
+        "), iters > 0 (got " + std::to_string(iters) + "), warmup >= 0 (got " +
+        std::to_string(warmup) + ") and forwards >= 1 (got " + std::to_string(forwards) + ")");
+  }
+  const ForwardMode mode = prepared.batch.mode;
+  if (mode != ForwardMode::kDecode && mode != ForwardMode::kTargetVerify) {
+    return Status::invalid_argument(std::string("time_graph_replay: the case's forward mode is ") +
+                                    forward_mode_name(mode) + "; graphs hold decode or verify");
+  }
+#ifdef ATTNKIT_WITH_CUDA
+  if (!prepared.device.is_cuda()) {
+    return Status::invalid_argument("time_graph_replay: device " + prepared.device.to_string() +
+                                    " is not a CUDA device");
+  }
+  GraphResources g;
+  ATTNKIT_RETURN_IF_ERROR(g.create_stream());
+  prepared.batch.stream = g.stream();
+  BackendContext ctx = prepared.context();
+  ctx.stream = g.stream();
+  Result<std::unique_ptr<AttentionBackend>> made = descriptor.create(ctx);
+  if (!made) return made.status();
+  AttentionBackend& backend = **made;
+  ATTNKIT_RETURN_IF_ERROR(write_new_tokens(prepared));
+
+  const ForwardBatch& b = prepared.batch;
+  const SpecInfo* spec = mode == ForwardMode::kTargetVerify ? &b.spec : nullptr;
+  ATTNKIT_RETURN_IF_ERROR(backend.init_cuda_graph_state(b.batch_size, b.num_tokens));
+  ATTNKIT_RETURN_IF_ERROR(backend.init_forward_metadata_capture_cuda_graph(
+      b.batch_size, b.num_tokens, b.req_pool_indices, b.seq_lens, TensorView(), mode, spec));
+  ATTNKIT_RETURN_IF_ERROR(g.begin_capture());
+  for (int i = 0; i < forwards; ++i) ATTNKIT_RETURN_IF_ERROR(forward_copy(backend, prepared, i));
+  ATTNKIT_RETURN_IF_ERROR(g.end_capture_and_instantiate());
+  // The replay refresh a serving engine runs before every replay (host plan from the lengths).
+  ATTNKIT_RETURN_IF_ERROR(backend.init_forward_metadata_replay_cuda_graph(
+      b.batch_size, b.req_pool_indices, b.seq_lens, b.seq_lens_sum, TensorView(), mode, spec,
+      b.seq_lens_host.data()));
+  for (int i = 0; i < std::max(warmup, 1); ++i) ATTNKIT_RETURN_IF_ERROR(g.launch());
+  ATTNKIT_RETURN_IF_ERROR(
+      cuda_check(cudaStreamSynchronize(g.stream()), "cudaStreamSynchronize (graph warm-up)"));
+  EventPair events;
+  ATTNKIT_RETURN_IF_ERROR(events.create());
+  std::vector<double> ms;
+  ms.reserve(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    ATTNKIT_RETURN_IF_ERROR(
+        cuda_check(cudaEventRecord(events.start(), g.stream()), "cudaEventRecord"));
+    ATTNKIT_RETURN_IF_ERROR(g.launch());
+    ATTNKIT_RETURN_IF_ERROR(
+        cuda_check(cudaEventRecord(events.stop(), g.stream()), "cudaEventRecord"));
+    ATTNKIT_RETURN_IF_ERROR(
+        cuda_check(cudaEventSynchronize(events.stop()), "cudaEventSynchronize (graph replay)"));
+    float elapsed = 0;
+    ATTNKIT_RETURN_IF_ERROR(cuda_check(
+        cudaEventElapsedTime(&elapsed, events.start(), events.stop()), "cudaEventElapsedTime"));
+    ms.push_back(elapsed / forwards);
+  }
+  prepared.batch.stream = nullptr;
+  return summarize(std::move(ms));
+#else
+  (void)descriptor;
+  return Status::not_built("time_graph_replay: --graph needs a CUDA build");
+#endif
+}
+
 CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
                     const RunSettings& settings, const DeviceInfo& device_info,
                     const CeilingRates& ceilings) {
@@ -177,7 +318,10 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   r.warmup = settings.warmup;
   r.iters = settings.iters;
   const harness::CaseSpec spec = to_case_spec(c);
-  const std::string reason = harness::skip_reason(descriptor, spec, device_info);
+  std::string reason = harness::skip_reason(descriptor, spec, device_info);
+  if (reason.empty() && settings.graph) {
+    reason = graph_skip_reason(descriptor, c, settings.device);
+  }
   if (!reason.empty()) {
     r.status = CaseStatus::kSkipped;
     r.message = reason;
@@ -220,6 +364,17 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   r.copies = options.num_layers;
   Result<harness::PreparedCase> prepared = harness::prepare_case(spec, settings.device, options);
   if (!prepared) return fail(prepared.status(), "prepare_case");
+  if (settings.graph) {
+    // One pass over every rotating copy per replay, so that a replay never finds its inputs in L2.
+    r.forwards_per_sample = std::max(settings.launches, options.num_layers);
+    r.timing = "cuda graph";
+    Result<Timing> timing = time_graph_replay(descriptor, *prepared, settings.warmup,
+                                              settings.iters, r.forwards_per_sample);
+    if (!timing) return fail(timing.status(), "graph timing");
+    return finish_timing(r, *timing, ceilings);
+  }
+  r.forwards_per_sample = settings.launches;
+  r.timing = settings.launches > 1 ? "eager back-to-back" : "eager";
   auto backend = harness::create_backend_for_case(descriptor, *prepared);
   if (!backend) return fail(backend.status(), "create backend");
   Result<Timing> timing =
@@ -246,19 +401,7 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
     }
     r.paired_ratio_median = median(r.paired_ratios);
   }
-  r.ms_median = timing->ms_median;
-  r.ms_min = timing->ms_min;
-  r.ms_max = timing->ms_max;
-  r.gbs = gb_per_s(r.bytes, r.ms_median);
-  r.tflops = tflop_per_s(r.flops, r.ms_median);
-  if (is_memory_bound(c)) {
-    r.ceiling = ceilings.copy_name;
-    r.ceiling_ratio = ceilings.copy_gbs > 0 ? r.gbs / ceilings.copy_gbs : 0;
-  } else {
-    r.ceiling = ceilings.compute_name;
-    r.ceiling_ratio = ceilings.compute_tflops > 0 ? r.tflops / ceilings.compute_tflops : 0;
-  }
-  return r;
+  return finish_timing(r, *timing, ceilings);
 }
 
 }  // namespace attnkit::bench

@@ -26,6 +26,12 @@ struct RunSettings {
   // it). 1 = each timed forward alone, host launch latency included; > 1 hides it behind the
   // GPU work (kernel time).
   int launches = 1;
+  // CUDA, decode and target-verify cases on backends with CUDA-graph support: time replays of one
+  // CUDA graph captured through the backend's graph API (init_cuda_graph_state, capture, replay
+  // metadata refresh: what a serving engine runs for decode) holding max(launches, rotating
+  // copies) forwards, one per copy in turn; the time is divided by that count. Other cases are
+  // skipped with the reason.
+  bool graph = false;
   // CPU, memory-bound cases: after the timed calls, `paired_rounds` rounds of one pass of
   // `copy_probe` followed by `paired_calls` forwards, so that every ratio is taken against a copy
   // measured next to it (the machine's bandwidth moves between seconds on a shared host).
@@ -44,6 +50,8 @@ struct CaseResult {
   CaseStatus status = CaseStatus::kOk;
   std::string message;  // skip reason, error or verification summary
   int copies = 0;
+  int forwards_per_sample = 1;  // forwards between one pair of timing events
+  std::string timing;           // "eager", "eager back-to-back" or "cuda graph"
   int warmup = 0;
   int iters = 0;
   double ms_median = 0;
@@ -94,5 +102,18 @@ struct Timing {
 };
 Result<Timing> time_forward(AttentionBackend& backend, harness::PreparedCase& prepared, int warmup,
                             int iters, int launches = 1);
+
+// Why `c` on `descriptor` cannot be timed as CUDA-graph replays ("" = it can): only decode and
+// MLA decode / verify cases, on a CUDA device, on backends whose descriptor says cuda_graph.
+std::string graph_skip_reason(const BackendDescriptor& descriptor, const BenchCase& c,
+                              Device device);
+
+// RunSettings::graph: creates the backend on its own stream, captures `forwards` forwards (copy i
+// % layers for forward i) into one graph after init_forward_metadata_capture_cuda_graph, refreshes
+// the metadata with init_forward_metadata_replay_cuda_graph, replays `warmup` times, then times
+// `iters` replays with CUDA events; each sample is divided by `forwards`.
+Result<Timing> time_graph_replay(const BackendDescriptor& descriptor,
+                                 harness::PreparedCase& prepared, int warmup, int iters,
+                                 int forwards);
 
 }  // namespace attnkit::bench

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 
 #include "attnkit/dtype.h"
 #include "attnkit/status.h"
@@ -26,6 +27,9 @@ struct Device {
   bool is_cuda() const { return type == DeviceType::kCUDA; }
   bool operator==(const Device&) const = default;
   std::string to_string() const;  // "cpu", "cuda:0"
+  // "cpu", "cuda" (= cuda:0) or "cuda:N" with N a non-negative integer; anything else is an
+  // invalid_argument error naming the text and the accepted forms.
+  static Result<Device> parse(std::string_view text);
 };
 
 // An opaque CUDA stream (cudaStream_t) or nullptr for the default stream / CPU.

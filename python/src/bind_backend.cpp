@@ -55,6 +55,15 @@ void run_forward(PyBackend& b, ForwardFn fn, const Array& q, const std::optional
   check(status);
 }
 
+// The Python method for one of the forward entry points (forward_extend, forward_decode, forward).
+auto forward_method(ForwardFn fn) {
+  return [fn](PyBackend& b, const Array& q, std::optional<Array> k, std::optional<Array> v,
+              const Array& out, const PyAttentionLayer& layer, const PyForwardBatch& batch,
+              bool save_kv, std::optional<Array> lse) {
+    run_forward(b, fn, q, k, v, out, layer, batch, save_kv, lse);
+  };
+}
+
 constexpr const char* kForwardDoc =
     "q [T, Hq, Dqk], k [T, Hkv, Dqk] and v [T, Hkv, Dv] (None: read everything from the pool), "
     "out [T, Hq, Dv] (caller-allocated, q's dtype), optional lse f32 [T, Hq]. save_kv writes k/v "
@@ -271,45 +280,15 @@ void bind_backend(nb::module_& m) {
             check(status);
           },
           "batch"_a, "Once per forward, before the layers run.")
-      .def(
-          "forward_extend",
-          [](PyBackend& b, const Array& q, std::optional<Array> k, std::optional<Array> v,
-             const Array& out, const PyAttentionLayer& layer, const PyForwardBatch& batch,
-             bool save_kv, std::optional<Array> lse) {
-            run_forward(b, &AttentionBackend::forward_extend, q, k, v, out, layer, batch, save_kv,
-                        lse);
-          },
-          "q"_a, "k"_a.none(), "v"_a.none(), "out"_a, "layer"_a, "batch"_a, "save_kv"_a = true,
-          "lse"_a = nb::none(), kForwardDoc)
-      .def(
-          "forward_decode",
-          [](PyBackend& b, const Array& q, std::optional<Array> k, std::optional<Array> v,
-             const Array& out, const PyAttentionLayer& layer, const PyForwardBatch& batch,
-             bool save_kv, std::optional<Array> lse) {
-            run_forward(b, &AttentionBackend::forward_decode, q, k, v, out, layer, batch, save_kv,
-                        lse);
-          },
-          "q"_a, "k"_a.none(), "v"_a.none(), "out"_a, "layer"_a, "batch"_a, "save_kv"_a = true,
-          "lse"_a = nb::none(), kForwardDoc)
-      .def(
-          "forward",
-          [](PyBackend& b, const Array& q, std::optional<Array> k, std::optional<Array> v,
-             const Array& out, const PyAttentionLayer& layer, const PyForwardBatch& batch,
-             bool save_kv, std::optional<Array> lse) {
-            const TensorView qv = to_view(q, "q");
-            const TensorView kv = k ? to_view(*k, "k") : TensorView();
-            const TensorView vv = v ? to_view(*v, "v") : TensorView();
-            const TensorView ov = to_view(out, "out");
-            const TensorView lv = lse ? to_view(*lse, "lse") : TensorView();
-            Status status;
-            {
-              nb::gil_scoped_release release;
-              status = b.backend->forward(qv, kv, vv, ov, layer.layer, batch.batch, save_kv, lv);
-            }
-            check(status);
-          },
-          "q"_a, "k"_a.none(), "v"_a.none(), "out"_a, "layer"_a, "batch"_a, "save_kv"_a = true,
-          "lse"_a = nb::none(), "IDLE -> nothing, DECODE -> forward_decode, else forward_extend.")
+      .def("forward_extend", forward_method(&AttentionBackend::forward_extend), "q"_a, "k"_a.none(),
+           "v"_a.none(), "out"_a, "layer"_a, "batch"_a, "save_kv"_a = true, "lse"_a = nb::none(),
+           kForwardDoc)
+      .def("forward_decode", forward_method(&AttentionBackend::forward_decode), "q"_a, "k"_a.none(),
+           "v"_a.none(), "out"_a, "layer"_a, "batch"_a, "save_kv"_a = true, "lse"_a = nb::none(),
+           kForwardDoc)
+      .def("forward", forward_method(&AttentionBackend::forward), "q"_a, "k"_a.none(), "v"_a.none(),
+           "out"_a, "layer"_a, "batch"_a, "save_kv"_a = true, "lse"_a = nb::none(),
+           "IDLE -> nothing, DECODE -> forward_decode, else forward_extend.")
       .def(
           "init_cuda_graph_state",
           [](PyBackend& b, int max_bs, int max_num_tokens) {

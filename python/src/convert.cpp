@@ -177,21 +177,9 @@ DType parse_dtype_arg(nb::handle obj, const char* name) {
 
 Device parse_device_arg(nb::handle obj) {
   if (obj.is_none()) return Device::cpu();
-  const std::string text = nb::cast<std::string>(nb::str(obj));
-  if (text == "cpu") return Device::cpu();
-  constexpr std::string_view kCuda = "cuda";
-  if (text.rfind(kCuda, 0) == 0) {
-    if (text.size() == kCuda.size()) return Device::cuda(0);
-    if (text[kCuda.size()] == ':') {
-      const std::string ordinal = text.substr(kCuda.size() + 1);
-      char* end = nullptr;
-      const long value = std::strtol(ordinal.c_str(), &end, 10);
-      if (!ordinal.empty() && end != nullptr && *end == '\0' && value >= 0) {
-        return Device::cuda(static_cast<int>(value));
-      }
-    }
-  }
-  raise_invalid("device \"" + text + "\" is not valid (accepted: \"cpu\", \"cuda\", \"cuda:N\")");
+  Result<Device> device = Device::parse(nb::cast<std::string>(nb::str(obj)));
+  if (!device) raise_invalid(device.status().message());
+  return *device;
 }
 
 StreamHandle parse_stream_arg(nb::handle obj) {

@@ -21,7 +21,8 @@
 #   BENCH_QUICK=0           1: scripts/device/triton_{decode,extend}_quick.json
 #   BENCH_BACKENDS="triton,flashinfer"   backends timed by attnkit bench
 #   BENCH_KINDS="decode extend"          which case files the bench stage runs (set empty: none)
-#   BENCH_RUNS=""           extra bench runs "label=backends=casefile ..." (own backends per file)
+#   BENCH_RUNS=""           extra bench runs "label=backends=casefile[=flag,flag..] ..." (own
+#                           backends per file; the optional flags are comma-separated)
 #   EXTEND_CASES=""         case file for the extend bench instead of the default / quick one
 #   TARGETS="" (or BUILD_TARGETS)  ninja targets to build instead of the CLI + every GPU test
 #   PEERS_SCRIPT=".peers/torch_peers.py"   peers stage script (e.g. scripts/device/prefill_peers.py)
@@ -118,9 +119,13 @@ if has_stage bench && [ -x "$cli" ]; then
   done
   # BENCH_RUNS="label=backends=casefile ...": extra bench runs, each with its own backends and
   # case file (e.g. "mla=flashmla,triton=scripts/device/mla_decode_quick.json").
+  # An optional fourth field holds extra bench flags, comma-separated
+  # ("decode_graph=triton,flashinfer=scripts/device/decode_targets.json=--graph,--launches,32").
   for spec in ${BENCH_RUNS:-}; do
-    IFS='=' read -r label backends cases <<< "$spec"
-    run_bench "$label" "$backends" "$cases"
+    IFS='=' read -r label backends cases flags <<< "$spec"
+    extra=()
+    [ -n "$flags" ] && IFS=',' read -r -a extra <<< "$flags"
+    run_bench "$label" "$backends" "$cases" "${extra[@]}"
   done
 fi
 

@@ -26,8 +26,8 @@ elapsed() { echo $(( $(date +%s) - t_start )); }
 } > "$log"
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=OFF \
-  -DCMAKE_PREFIX_PATH="$root/.deps" -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
+. scripts/device/lib.sh
+attnkit_configure_cpu "$build" \
   > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; echo "configure FAILED"; exit 1; }
 timeout 120 ninja -C "$build" -j16 attnkit_cli test_intel_amx >> "$OUT/build.log" 2>&1
 echo "build: rc=$? at $(elapsed) s" | tee -a "$log"

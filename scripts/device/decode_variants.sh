@@ -20,11 +20,8 @@ left() { echo $(( BUDGET_S - ($(date +%s) - t_start) )); }
 build="$root/build/device"
 S="$OUT/summary.txt"
 echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) date: $(date -u +%FT%RZ)" | tee "$S"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="${ARCHS:-90a-real}" -DCMAKE_PREFIX_PATH="$root/.deps" \
-  -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
-  -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
-  -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$OUT/bench.log" 2>&1 &&
+. scripts/device/lib.sh
+attnkit_configure "$build" "${ARCHS:-90a-real}" > "$OUT/bench.log" 2>&1 &&
   ninja -C "$build" -j16 attnkit_cli ${TEST_TARGETS:-test_triton_cases test_flashinfer_cases test_triton_cuda_graph} >> "$OUT/bench.log" 2>&1
 rc=$?
 echo "build: rc=$rc at $(( $(date +%s) - t_start )) s" | tee -a "$S"

@@ -6,15 +6,30 @@
 #   Configures the CUDA Release build with Ninja against .deps (GoogleTest from source, nvcc told
 #   -std=c++20 directly). ARCHS defaults to 90a-real; HEAD_DIMS empty = the CMake default
 #   (-DATTNKIT_HEAD_DIMS otherwise). Output goes where the caller sends it; returns cmake's status.
+# attnkit_configure_cpu BUILD_DIR [extra cmake args...]
+#   The same Release / Ninja / .deps configure without CUDA (-DATTNKIT_CUDA=OFF).
+
+# _attnkit_cmake BUILD_DIR ON|OFF [cmake args...]: the part both configures share.
+_attnkit_cmake() {
+  local build=$1 cuda=$2
+  shift 2
+  local root
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA="$cuda" \
+    -DCMAKE_PREFIX_PATH="$root/.deps" -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" "$@"
+}
+
 attnkit_configure() {
   local build=$1 archs=${2:-90a-real} head_dims=${3:-}
   shift $(($# < 3 ? $# : 3))
-  local root
-  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$archs" -DCMAKE_PREFIX_PATH="$root/.deps" \
-    -DATTNKIT_GTEST_SOURCE_DIR="$root/.deps/googletest" \
+  _attnkit_cmake "$build" ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
     -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
     -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
     ${head_dims:+"-DATTNKIT_HEAD_DIMS=$head_dims"} "$@"
+}
+
+attnkit_configure_cpu() {
+  local build=$1
+  shift
+  _attnkit_cmake "$build" OFF "$@"
 }

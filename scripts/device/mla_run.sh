@@ -21,11 +21,8 @@ if [ -n "${MLA_PATCH:-}" ]; then
     { echo "patch $MLA_PATCH failed"; exit 1; }
 fi
 t0=$(date +%s)
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a-real -DCMAKE_PREFIX_PATH="$PWD/.deps" \
-  -DATTNKIT_GTEST_SOURCE_DIR="$PWD/.deps/googletest" \
-  -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
-  -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$OUT/build.log" 2>&1
+. "$(dirname "$0")/lib.sh"
+attnkit_configure "$B" 90a-real > "$OUT/build.log" 2>&1
 # shellcheck disable=SC2086
 ninja -C $B -j16 ${MLA_TARGETS:-attnkit_cli test_flashmla_cases test_cutlass_mla_cases \
   test_flashinfer_cases test_fa3_cases test_mla_prefix_cache} >> "$OUT/build.log" 2>&1

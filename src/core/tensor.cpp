@@ -3,6 +3,7 @@
 #include "attnkit/tensor.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -77,6 +78,22 @@ Status not_built_without_cuda(const std::string& what) {
 std::string Device::to_string() const {
   if (type == DeviceType::kCPU) return "cpu";
   return "cuda:" + std::to_string(ordinal);
+}
+
+Result<Device> Device::parse(std::string_view text) {
+  constexpr std::string_view kCuda = "cuda";
+  if (text == "cpu") return Device::cpu();
+  if (text == kCuda) return Device::cuda(0);
+  if (text.size() > kCuda.size() + 1 && text.substr(0, kCuda.size() + 1) == "cuda:") {
+    const std::string_view digits = text.substr(kCuda.size() + 1);
+    int ordinal = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), ordinal);
+    if (ec == std::errc() && end == digits.data() + digits.size() && ordinal >= 0) {
+      return Device::cuda(ordinal);
+    }
+  }
+  return Status::invalid_argument("device \"" + std::string(text) +
+                                  "\" is not valid (accepted: \"cpu\", \"cuda\", \"cuda:N\")");
 }
 
 // ---- TensorView ----

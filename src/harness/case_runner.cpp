@@ -216,9 +216,12 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
     return bad(cat("new_lens has ", s.new_lens.size(), " entries, prefix_lens ", bs));
   }
   for (int r = 0; r < bs; ++r) {
-    if (s.prefix_lens[static_cast<size_t>(r)] < 0) return bad(cat("prefix_lens[", r, "] < 0"));
-    if (!verify && s.new_lens[static_cast<size_t>(r)] < (s.mode == ForwardMode::kDecode ? 1 : 0)) {
-      return bad(cat("new_lens[", r, "] = ", s.new_lens[static_cast<size_t>(r)], " is invalid"));
+    if (s.prefix_lens[static_cast<size_t>(r)] < 0) {
+      return bad(
+          cat("prefix_lens[", r, "] = ", s.prefix_lens[static_cast<size_t>(r)], " must be >= 0"));
+    }
+    if (!verify && s.new_lens[static_cast<size_t>(r)] < 0) {
+      return bad(cat("new_lens[", r, "] = ", s.new_lens[static_cast<size_t>(r)], " must be >= 0"));
     }
     if (s.mode == ForwardMode::kDecode && s.new_lens[static_cast<size_t>(r)] != 1) {
       return bad(cat("decode needs new_lens all 1, new_lens[", r,
@@ -274,6 +277,12 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
   if (o.spare_pages < 0) return bad(cat("spare_pages ", o.spare_pages, " must be >= 0"));
   return Status::ok();
 }
+
+}  // namespace
+
+Status validate_case(const CaseSpec& spec) { return check_spec(spec, PrepareOptions{}); }
+
+namespace {
 
 // Float tolerance of a round trip through the KV dtype (rel L2 of one [token, head] row).
 double kv_roundtrip_tolerance(DType kv, DType q) {

@@ -149,6 +149,11 @@ struct PreparedCase {
   BackendContext context() const;
 };
 
+// The checks prepare_case makes on `spec` alone (default PrepareOptions), for callers that want
+// an invalid spec reported before anything else (e.g. `attnkit run --case`): the error names the
+// field, its value and what is allowed.
+Status validate_case(const CaseSpec& spec);
+
 // Builds the case on `device` (CPU or CUDA). Errors name the spec field that is inconsistent.
 Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
                                   const PrepareOptions& options = {});

@@ -15,7 +15,9 @@
 
 #include "attnkit/backend.h"
 #include "attnkit/registry.h"
+#include "backends/triton/triton_backend.h"
 #include "harness/case_runner.h"
+#include "support/gpu_test_helpers.h"
 
 namespace attnkit {
 namespace {
@@ -273,6 +275,26 @@ TEST_F(TritonCudaGraphTest, ReplayWithoutStateIsAnError) {
       kMaxBs + 1, kMaxBs + 1, req_pool_indices_.view, seq_lens_.view, TensorView(),
       ForwardMode::kDecode, nullptr);
   EXPECT_EQ(big.code(), StatusCode::kInvalidArgument) << big.to_string();
+}
+
+// A graph's decode grid holds the split extent that fills the GPU at its batch size (a few splits
+// at 8 requests x 8 kv heads), so a long request among short ones has more splits than CTAs per
+// (request, head block): those CTAs loop over splits. The replay must still equal the eager run
+// (whose grid holds every split) bit for bit, and both the fp64 reference.
+TEST(TritonCudaGraphSplits, LongRequestAmongShortLoopsOverSplits) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) GTEST_SKIP() << "no CUDA device";
+  for (DType kv : {DType::kBF16, DType::kFP8E4M3}) {
+    harness::CaseSpec spec =
+        harness::make_uniform_case(std::string("graph_split_loop_") + dtype_name(kv),
+                                   ForwardMode::kDecode, 8, 1, 1, 32, 8, 128, 16, DType::kBF16, kv);
+    spec.prefix_lens = {16000, 90, 300, 7, 511, 64, 200, 1};
+    SCOPED_TRACE(spec.describe());
+    Result<harness::PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0));
+    ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
+    test_support::expect_graph_replay_matches_eager(*prepared, create_triton_backend,
+                                                    ForwardMode::kDecode, 2);
+  }
 }
 
 }  // namespace

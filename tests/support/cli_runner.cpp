@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -35,6 +36,20 @@ CliRun run_cli(const std::string& cli_path, const std::string& args) {
   r.err = read_text_file(err_path);
   std::remove(err_path.c_str());
   return r;
+}
+
+void expect_cli_errors(const std::string& cli_path, const std::vector<CliErrorCase>& cases,
+                       const std::vector<std::string>& never) {
+  for (const CliErrorCase& c : cases) {
+    const CliRun r = run_cli(cli_path, c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("attnkit", 0), 0u) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expected), std::string::npos) << c.args << "\n" << r.err;
+    for (const std::string& n : never) {
+      EXPECT_EQ(r.err.find(n), std::string::npos) << c.args << "\n" << r.err;
+    }
+  }
 }
 
 }  // namespace attnkit::test_support

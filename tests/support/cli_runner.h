@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace attnkit::test_support {
 
@@ -16,5 +17,15 @@ struct CliRun {
 CliRun run_cli(const std::string& cli_path, const std::string& args);
 
 std::string read_text_file(const std::string& path);
+
+// One bad invocation and a piece of the error line it must print.
+struct CliErrorCase {
+  std::string args;
+  std::string expected;
+};
+// For each case (gtest EXPECTs): a non-zero exit, one line on stderr that starts with "attnkit",
+// contains `expected` and does not contain any of `never` (e.g. a later stage's message).
+void expect_cli_errors(const std::string& cli_path, const std::vector<CliErrorCase>& cases,
+                       const std::vector<std::string>& never = {});
 
 }  // namespace attnkit::test_support

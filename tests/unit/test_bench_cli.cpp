@@ -150,6 +150,43 @@ TEST(BenchCli, ErrorsExitNonZeroWithAMessage) {
   EXPECT_NE(r.err.find("colour"), std::string::npos) << r.err;
 }
 
+// Numeric flags and a bad --case name the flag / field, the value and what is allowed; an invalid
+// case is refused as such, before the backend's support is looked at.
+TEST(BenchCli, BadValuesSayWhatIsAllowed) {
+  const std::string bench = "bench --backend torch_native --cases unused.json --device cpu ";
+  const std::string run = "run --backend torch_native --device cpu --case ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {bench + "--iters 0", "--iters: 0 is not allowed: must be an integer from 1 to"},
+          {bench + "--warmup -1", "--warmup: -1 is not allowed: must be an integer from 0 to"},
+          {bench + "--launches two", "--launches: \"two\" is not an integer"},
+          {bench + "--graph",
+           "--graph times CUDA-graph replays: it needs --device cuda (got "
+           "--device cpu)"},
+          {bench + "--gemm-tflops 0", "--gemm-tflops: 0 is not allowed: must be a number > 0"},
+          {bench + "--gemm-tflops fast", "--gemm-tflops: \"fast\" is not a number"},
+          {run + "extend_page1_gqa4 --layers 0", "--layers: 0 is not allowed: must be an integer"},
+          {"run --backend torch_native --case extend_page1_gqa4 --device cuda:x",
+           "--device cuda:x is not a device (accepted: cpu, cuda, cuda:N)"},
+          {"run --backend torch_native --case extend_page1_gqa4 --device cuda1",
+           "--device cuda1 is not a device"},
+          {run + R"('{"mode": "decode", "prefix_lens": [100], "page_size": 0}')",
+           "--case: invalid_argument: case custom: page_size 0 must be >= 1"},
+          {run + R"('{"mode": "decode", "prefix_lens": [100], "page_size": -3}')",
+           "page_size -3 must be >= 1"},
+          {run + R"('{"mode": "decode", "prefix_lens": [-5]}')",
+           "prefix_lens[0] = -5 must be >= 0"},
+          {run + R"('{"mode": "extend", "prefix_lens": [5], "new_lens": [-2]}')",
+           "new_lens[0] = -2 must be >= 0"},
+          {run + R"('{"mode": "decode", "prefix_lens": [5, 7], "head_dim": -1}')",
+           "head dims -1/128 must be >= 1"},
+          {run + R"('{"mode": "decode", "prefix_lens": [100')",
+           "--case: invalid_argument: case spec: not valid JSON"},
+      },
+      {"cannot run"});
+}
+
 TEST(BenchCli, RunVerifiesOneJsonCase) {
   const CliRun r = run_cli(
       "run --backend torch_native --device cpu --verify --case '{\"mode\": \"decode\", "

@@ -47,6 +47,27 @@ TEST(CaseTable, NamesAreUniqueIdentifiers) {
   EXPECT_EQ(harness::find_case("no_such_case"), nullptr);
 }
 
+// validate_case (what `attnkit run --case` checks first) accepts every shared case, and names the
+// field, its value and the rule for a bad one.
+TEST(CaseTable, ValidateCaseAcceptsTheTableAndNamesBadFields) {
+  for (const CaseSpec& c : table()) {
+    EXPECT_TRUE(harness::validate_case(c).is_ok())
+        << c.name << ": " << harness::validate_case(c).to_string();
+  }
+  const auto message = [](void (*edit)(CaseSpec&)) {
+    CaseSpec c = table().front();
+    edit(c);
+    return harness::validate_case(c).message();
+  };
+  EXPECT_NE(message([](CaseSpec& c) { c.page_size = 0; }).find("page_size 0 must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(
+      message([](CaseSpec& c) { c.prefix_lens[1] = -3; }).find("prefix_lens[1] = -3 must be >= 0"),
+      std::string::npos);
+  EXPECT_NE(message([](CaseSpec& c) { c.new_lens[2] = -1; }).find("new_lens[2] = -1 must be >= 0"),
+            std::string::npos);
+}
+
 TEST(CaseTable, CoversDesignSection8) {
   for (int page : {1, 16, 64, 128, 24}) {
     EXPECT_TRUE(any([&](const CaseSpec& c) { return c.page_size == page; })) << "page " << page;

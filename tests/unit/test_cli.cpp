@@ -182,13 +182,45 @@ TEST(Cli, SelectMissingConfigIsAnError) {
 TEST(Cli, UnknownSubcommandListsSubcommands) {
   const CliRun r = run_cli("selekt");
   expect_one_line_error(r);
+  EXPECT_NE(r.err.find("unknown subcommand \"selekt\""), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("valid subcommands: matrix, select, backends"), std::string::npos) << r.err;
+  const CliRun option = run_cli("--colour");
+  expect_one_line_error(option);
+  EXPECT_NE(option.err.find("unknown option \"--colour\""), std::string::npos) << option.err;
   const CliRun none = run_cli("");
   expect_one_line_error(none);
+  EXPECT_NE(none.err.find("valid subcommands"), std::string::npos) << none.err;
+}
+
+// Numeric flags: the message names the flag, the value and the allowed range (not CLI11's
+// "Value 0 not in range 0.000000 to 1797...").
+TEST(Cli, NumericFlagsSayWhatIsAllowed) {
+  const std::string select = "select " + config("llama-3.1-8b-instruct") + " --device sm90 ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {select + "--page-size 0", "--page-size: 0 is not allowed: must be an integer from 1 to"},
+          {select + "--page-size -16",
+           "--page-size: -16 is not allowed: must be an integer from 1"},
+          {select + "--page-size abc",
+           "--page-size: \"abc\" is not an integer (must be an integer"},
+          {select + "--page-size 1.5", "--page-size: \"1.5\" is not an integer"},
+          {select + "--page-size 4294967312", "--page-size: 4294967312 is not allowed"},
+          {select + "--tp-size 0", "--tp-size: 0 is not allowed: must be an integer from 1"},
+          {select + "--speculative-eagle-topk 0", "--speculative-eagle-topk: 0 is not allowed"},
+          {select + "--chunked-prefill-size x",
+           "--chunked-prefill-size: \"x\" is not an integer (must be an integer from -1"},
+          {select + "--chunked-prefill-size 0",
+           "--chunked-prefill-size 0 is invalid; use -1 (off)"},
+          {"demo --device cpu --page-size 0", "--page-size: 0 is not allowed: must be an integer"},
+      });
+  // In range: accepted.
+  EXPECT_EQ(run_cli(select + "--page-size 64 --tp-size 2").exit_code, 0);
 }
 
 TEST(Cli, HelpEverywhere) {
-  for (const char* args : {"--help", "matrix --help", "select --help", "backends --help"}) {
+  for (const char* args : {"--help", "matrix --help", "select --help", "backends --help",
+                           "bench --help", "run --help", "demo --help"}) {
     const CliRun r = run_cli(args);
     EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << args << ": " << r.out;
@@ -196,6 +228,37 @@ TEST(Cli, HelpEverywhere) {
   const CliRun r = run_cli("select --help");
   EXPECT_NE(r.out.find("--speculative-attention-mode"), std::string::npos);
   EXPECT_NE(r.out.find("--linear-attn-prefill-backend"), std::string::npos);
+}
+
+// README.md's CLI block lists every flag of every subcommand's --help, under that subcommand's
+// `attnkit <name>` lines (so a flag added to the code without the README fails here).
+TEST(Cli, ReadmeCliSectionListsEveryFlag) {
+  const std::string readme = read_file(std::string(ATTNKIT_SOURCE_DIR) + "/README.md");
+  const size_t begin = readme.find("## CLI\n\n```\n");
+  ASSERT_NE(begin, std::string::npos) << "README.md has no CLI block";
+  const size_t end = readme.find("```", begin + 12);
+  const std::string block = readme.substr(begin, end - begin);
+  for (const std::string sub : {"matrix", "select", "backends", "bench", "run", "demo"}) {
+    // The subcommand's lines: from its first `attnkit <sub>` line to the next other subcommand's.
+    std::string lines;
+    for (size_t at = block.find("\nattnkit " + sub + " "); at != std::string::npos;
+         at = block.find("\nattnkit " + sub + " ", at + 1)) {
+      const size_t next = block.find("\nattnkit ", at + 1);
+      lines += block.substr(at, next == std::string::npos ? std::string::npos : next - at);
+    }
+    ASSERT_FALSE(lines.empty()) << "README CLI block lacks `attnkit " << sub << "`";
+    const CliRun help = run_cli(sub + " --help");
+    ASSERT_EQ(help.exit_code, 0) << help.err;
+    std::istringstream in(help.out);
+    for (std::string line; std::getline(in, line);) {
+      const size_t flag = line.find("--");
+      if (line.rfind("  --", 0) != 0 && line.rfind("  -h,--", 0) != 0) continue;
+      const std::string name = line.substr(flag, line.find_first_of(" \t", flag) - flag);
+      if (name == "--help") continue;
+      EXPECT_NE(lines.find(name), std::string::npos)
+          << "README.md's CLI block does not list `attnkit " << sub << " " << name << "`";
+    }
+  }
 }
 
 TEST(Cli, BackendsSaysWhatIsBuiltAndWhy) {

@@ -250,48 +250,41 @@ TEST(HybridAttnBackend, DescriptorNamesBothBackends) {
   EXPECT_TRUE(p->hybrid->descriptor().cuda_graph);
 }
 
-TEST(HybridAttnBackend, SharedPageSizeMustFitBoth) {
+// The message of HybridAttnBackend::create over backends with these descriptors ("" = it
+// succeeded, which the callers below count as a failure).
+std::string create_error(BackendDescriptor prefill, BackendDescriptor decode,
+                         const HybridOptions& o) {
   Log log;
+  auto h =
+      HybridAttnBackend::create(std::make_unique<RecordingBackend>(std::move(prefill), &log),
+                                std::make_unique<RecordingBackend>(std::move(decode), &log), o);
+  return h.is_ok() ? std::string() : h.status().message();
+}
+
+TEST(HybridAttnBackend, SharedPageSizeMustFitBoth) {
   HybridOptions o;
   o.page_size = 16;
-  auto prefill =
-      std::make_unique<RecordingBackend>(fake_descriptor("P", any(), true, true, false), &log);
-  auto decode = std::make_unique<RecordingBackend>(
-      fake_descriptor("D", PageRule{PageRule::Kind::kFixed, {32, 64}}, true, true, false), &log);
-  auto h = HybridAttnBackend::create(std::move(prefill), std::move(decode), o);
-  ASSERT_FALSE(h.is_ok());
-  EXPECT_NE(h.status().message().find("shared page_size 16 is not supported by decode backend D"),
-            std::string::npos)
-      << h.status().message();
+  const std::string err = create_error(
+      fake_descriptor("P", any(), true, true, false),
+      fake_descriptor("D", PageRule{PageRule::Kind::kFixed, {32, 64}}, true, true, false), o);
+  EXPECT_NE(err.find("shared page_size 16 is not supported by decode backend D"), std::string::npos)
+      << err;
 }
 
 TEST(HybridAttnBackend, SharedKvDtypeMustFitBoth) {
-  Log log;
   HybridOptions o;
   o.kv_dtype = DType::kFP8E4M3;
-  auto prefill =
-      std::make_unique<RecordingBackend>(fake_descriptor("P", any(), false, true, false), &log);
-  auto decode =
-      std::make_unique<RecordingBackend>(fake_descriptor("D", any(), true, true, false), &log);
-  auto h = HybridAttnBackend::create(std::move(prefill), std::move(decode), o);
-  ASSERT_FALSE(h.is_ok());
-  EXPECT_NE(h.status().message().find("fp8_e4m3 is not supported by prefill backend P"),
-            std::string::npos)
-      << h.status().message();
+  const std::string err = create_error(fake_descriptor("P", any(), false, true, false),
+                                       fake_descriptor("D", any(), true, true, false), o);
+  EXPECT_NE(err.find("fp8_e4m3 is not supported by prefill backend P"), std::string::npos) << err;
 }
 
 TEST(HybridAttnBackend, AttentionKindMustBeSupported) {
-  Log log;
   HybridOptions o;
   o.is_mla = true;
-  auto prefill =
-      std::make_unique<RecordingBackend>(fake_descriptor("P", any(), true, true, true), &log);
-  auto decode =
-      std::make_unique<RecordingBackend>(fake_descriptor("D", any(), true, true, false), &log);
-  auto h = HybridAttnBackend::create(std::move(prefill), std::move(decode), o);
-  ASSERT_FALSE(h.is_ok());
-  EXPECT_NE(h.status().message().find("decode backend D does not support MLA"), std::string::npos)
-      << h.status().message();
+  const std::string err = create_error(fake_descriptor("P", any(), true, true, true),
+                                       fake_descriptor("D", any(), true, true, false), o);
+  EXPECT_NE(err.find("decode backend D does not support MLA"), std::string::npos) << err;
 }
 
 TEST(HybridAttnBackend, NullBackendsRejected) {

@@ -435,40 +435,32 @@ TEST_F(KVPoolErrors, ShapesDTypesDevicesLayersAndScales) {
 }
 
 TEST(KVPoolConfigErrors, NameTheField) {
-  auto expect_field = [](const KVPoolConfig& c, bool mla, const std::string& field) {
-    const Status st = mla ? MLAKVPool::create(c).status() : MHAKVPool::create(c).status();
-    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << field;
-    EXPECT_NE(st.message().find(field), std::string::npos) << st.message();
+  // One bad field per row: the pool kind, the dtype, the change, and what the message must name.
+  struct BadConfig {
+    bool mla;
+    DType dtype;
+    void (*edit)(KVPoolConfig&);
+    const char* field;
   };
-  KVPoolConfig c = mha_config(DType::kBF16);
-  c.size = 100;  // not a multiple of 16
-  expect_field(c, false, "size 100");
-  c = mha_config(DType::kBF16);
-  c.num_layers = 0;
-  expect_field(c, false, "num_layers");
-  c = mha_config(DType::kBF16);
-  c.page_size = 0;
-  expect_field(c, false, "page_size");
-  c = mha_config(DType::kI32);
-  expect_field(c, false, "dtype");
-  c = mha_config(DType::kFP4E2M1);
-  c.head_dim = 40;
-  expect_field(c, false, "head_dim 40");
-  c = mha_config(DType::kBF16);
-  c.num_kv_heads = 0;
-  expect_field(c, false, "num_kv_heads");
-  c = mha_config(DType::kBF16);
-  c.v_head_dim = 0;
-  expect_field(c, false, "v_head_dim");
-  c = mla_config(DType::kBF16);
-  c.qk_rope_head_dim = 0;
-  expect_field(c, true, "qk_rope_head_dim");
-  c = mla_config(DType::kBF16);
-  c.num_kv_heads = 8;
-  expect_field(c, true, "num_kv_heads 8");
-  c = mla_config(DType::kFP4E2M1);
-  c.kv_lora_rank = 40;
-  expect_field(c, true, "kv_lora_rank 40");
+  const BadConfig kRows[] = {
+      {false, DType::kBF16, [](KVPoolConfig& c) { c.size = 100; }, "size 100"},  // not x16
+      {false, DType::kBF16, [](KVPoolConfig& c) { c.num_layers = 0; }, "num_layers"},
+      {false, DType::kBF16, [](KVPoolConfig& c) { c.page_size = 0; }, "page_size"},
+      {false, DType::kI32, [](KVPoolConfig&) {}, "dtype"},
+      {false, DType::kFP4E2M1, [](KVPoolConfig& c) { c.head_dim = 40; }, "head_dim 40"},
+      {false, DType::kBF16, [](KVPoolConfig& c) { c.num_kv_heads = 0; }, "num_kv_heads"},
+      {false, DType::kBF16, [](KVPoolConfig& c) { c.v_head_dim = 0; }, "v_head_dim"},
+      {true, DType::kBF16, [](KVPoolConfig& c) { c.qk_rope_head_dim = 0; }, "qk_rope_head_dim"},
+      {true, DType::kBF16, [](KVPoolConfig& c) { c.num_kv_heads = 8; }, "num_kv_heads 8"},
+      {true, DType::kFP4E2M1, [](KVPoolConfig& c) { c.kv_lora_rank = 40; }, "kv_lora_rank 40"},
+  };
+  for (const BadConfig& row : kRows) {
+    KVPoolConfig c = row.mla ? mla_config(row.dtype) : mha_config(row.dtype);
+    row.edit(c);
+    const Status st = row.mla ? MLAKVPool::create(c).status() : MHAKVPool::create(c).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << row.field;
+    EXPECT_NE(st.message().find(row.field), std::string::npos) << st.message();
+  }
   // A non-power-of-two page size is fine.
   EXPECT_TRUE(MHAKVPool::create(mha_config(DType::kBF16, 24)).is_ok());
 }

@@ -36,6 +36,23 @@ TEST(DeviceTest, ToString) {
 
 // ---- TensorView ----
 
+TEST(DeviceTest, Parse) {
+  EXPECT_EQ(Device::parse("cpu").value(), Device::cpu());
+  EXPECT_EQ(Device::parse("cuda").value(), Device::cuda(0));
+  EXPECT_EQ(Device::parse("cuda:0").value(), Device::cuda(0));
+  EXPECT_EQ(Device::parse("cuda:3").value(), Device::cuda(3));
+  for (const char* bad : {"", "gpu", "CPU", "cuda:", "cuda:x", "cuda1", "cuda:-1", "cuda:1x",
+                          "cuda: 1", "cuda:+1", "cuda:99999999999", "cpu:0"}) {
+    const Result<Device> d = Device::parse(bad);
+    ASSERT_FALSE(d.is_ok()) << bad;
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(d.status().message().find(std::string("device \"") + bad + "\" is not valid"),
+              std::string::npos)
+        << d.status().message();
+    EXPECT_NE(d.status().message().find("\"cuda:N\""), std::string::npos) << d.status().message();
+  }
+}
+
 TEST(TensorViewTest, ContiguousConstruction) {
   std::vector<float> storage(4 * 8 * 16);
   const TensorView t(storage.data(), DType::kF32, Device::cpu(), {4, 8, 16});

@@ -16,6 +16,7 @@
 #include "attnkit/selection.h"
 #include "attnkit/server_args.h"
 #include "harness/case_runner.h"
+#include "tools/attnkit/cli_checks.h"
 #include "tools/attnkit/commands.h"
 
 namespace attnkit {
@@ -126,7 +127,8 @@ void register_demo_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--attention-backend", opt->attention_backend,
                   "Backend to use instead of the automatic choice");
-  cmd->add_option("--page-size", opt->page_size, "KV-cache page size (default 16)");
+  cmd->add_option("--page-size", opt->page_size, "KV-cache page size (default 16)")
+      ->check(cli::positive_int());
   cmd->add_option("--kv-cache-dtype", opt->kv_cache_dtype,
                   "auto, bf16, fp16, fp8_e4m3, fp8_e5m2, fp4_e2m1");
   cmd->callback([opt] {

@@ -70,11 +70,15 @@ int main(int argc, char** argv) {
     const CLI::App* where = active_app(app);
     const std::string cmd = where == &app ? std::string("attnkit") : "attnkit " + where->get_name();
     std::string message = cmd + ": " + e.what();
+    const bool no_subcommand = where == &app && app.get_subcommands().empty();
+    if (no_subcommand && argc > 1) {  // CLI11 only says that a subcommand is required
+      message = cmd + (argv[1][0] == '-' ? ": unknown option \"" : ": unknown subcommand \"") +
+                argv[1] + "\"";
+    }
     if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
-      message += where == &app && app.get_subcommands().empty()
-                     ? "; valid subcommands: " + valid_subcommands(app)
-                     : "; valid options: " + valid_options(*where);
-    } else if (where == &app && app.get_subcommands().empty()) {
+      message += no_subcommand ? "; valid subcommands: " + valid_subcommands(app)
+                               : "; valid options: " + valid_options(*where);
+    } else if (no_subcommand) {
       message += "; valid subcommands: " + valid_subcommands(app);
     }
     std::cerr << message << " (see " << cmd << " --help)\n";

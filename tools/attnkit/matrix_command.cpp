@@ -72,26 +72,14 @@ std::string fp8(const FeatureRow& r) {
   return r.fp8_e4m3_only ? "yes (e4m3)" : "yes";
 }
 
-// MHA column "page>1 native": any -> yes, token-level only -> no, fixed -> the sizes.
-std::string mha_pages(const PageRule& p) {
+// A page rule as a table cell: `any` and `token` name the kAny / kTokenOnly cells (MHA "page>1
+// native": yes / no; MLA "native page sizes": any / 1; JSON: any / token); kFixed lists the sizes.
+std::string page_cell(const PageRule& p, const char* any, const char* token) {
   switch (p.kind) {
     case PageRule::Kind::kAny:
-      return "yes";
+      return any;
     case PageRule::Kind::kTokenOnly:
-      return "no";
-    case PageRule::Kind::kFixed:
-      return sizes(p.sizes);
-  }
-  return "?";
-}
-
-// MLA column "native page sizes": token-level only means native page 1.
-std::string mla_pages(const PageRule& p) {
-  switch (p.kind) {
-    case PageRule::Kind::kAny:
-      return "any";
-    case PageRule::Kind::kTokenOnly:
-      return "1";
+      return token;
     case PageRule::Kind::kFixed:
       return sizes(p.sizes);
   }
@@ -108,21 +96,9 @@ std::string header(const std::vector<std::string>& cells) {
   return row_line(cells) + sep + "\n";
 }
 
-std::string json_pages(const PageRule& p) {
-  switch (p.kind) {
-    case PageRule::Kind::kAny:
-      return "any";
-    case PageRule::Kind::kTokenOnly:
-      return "token";
-    case PageRule::Kind::kFixed:
-      return sizes(p.sizes);
-  }
-  return "?";
-}
-
 nlohmann::ordered_json row_json(const FeatureRow& r) {
   nlohmann::ordered_json j;
-  j["pages"] = json_pages(r.pages);
+  j["pages"] = page_cell(r.pages, "any", "token");
   j["fp8_kv"] = r.fp8_kv;
   j["fp8_e4m3_only"] = r.fp8_e4m3_only;
   j["fp4_kv"] = r.fp4_kv;
@@ -134,6 +110,26 @@ nlohmann::ordered_json row_json(const FeatureRow& r) {
   j["chunked_prefix_cache"] = r.chunked_prefix_cache;
   j["head_dims"] = r.head_dims;
   return j;
+}
+
+// The JSON fields every descriptor kind starts with (name, implementation, platforms,
+// min_compute_capability), in that order, and the two it ends with (built, not_built_reason).
+template <typename Descriptor>
+nlohmann::ordered_json descriptor_json_head(const Descriptor& d) {
+  nlohmann::ordered_json j;
+  j["name"] = d.name;
+  j["implementation"] = d.implementation;
+  std::vector<std::string> plats;
+  for (Platform p : d.platforms) plats.emplace_back(platform_name(p));
+  j["platforms"] = plats;
+  j["min_compute_capability"] = d.min_compute_capability;
+  return j;
+}
+
+template <typename Descriptor>
+void set_built_json(const Descriptor& d, nlohmann::ordered_json* j) {
+  (*j)["built"] = d.built;
+  (*j)["not_built_reason"] = d.not_built_reason;
 }
 
 }  // namespace
@@ -153,9 +149,10 @@ std::string support_matrix_markdown() {
   for (const BackendDescriptor& d : reg.all()) {
     if (!d.mha) continue;
     const FeatureRow& r = *d.mha;
-    os << row_line({"`" + d.name + "`", d.implementation, platforms(d), mha_pages(r.pages), fp8(r),
-                    yes_no(r.fp4_kv), yes_no(r.spec_topk1), yes_no(r.spec_topk_gt1),
-                    yes_no(r.sliding_window), yes_no(r.multimodal), yes_no(d.cuda_graph)});
+    os << row_line({"`" + d.name + "`", d.implementation, platforms(d),
+                    page_cell(r.pages, "yes", "no"), fp8(r), yes_no(r.fp4_kv), yes_no(r.spec_topk1),
+                    yes_no(r.spec_topk_gt1), yes_no(r.sliding_window), yes_no(r.multimodal),
+                    yes_no(d.cuda_graph)});
     if (r.spec_topk_gt1 && !r.topk_gt1_needs_page1) paged_tree.push_back("`" + d.name + "`");
   }
   os << "\nSpec topk>1 with page_size > 1: " << join(paged_tree, ", ")
@@ -169,8 +166,9 @@ std::string support_matrix_markdown() {
     const FeatureRow& r = *d.mla;
     const std::string tree =
         r.spec_topk_gt1 ? (r.topk_gt1_needs_page1 ? "page_size 1 only" : "yes") : "no";
-    os << row_line({"`" + d.name + "`", d.implementation, platforms(d), mla_pages(r.pages), fp8(r),
-                    yes_no(r.fp4_kv), yes_no(r.chunked_prefix_cache), yes_no(r.spec_topk1), tree,
+    os << row_line({"`" + d.name + "`", d.implementation, platforms(d),
+                    page_cell(r.pages, "any", "1"), fp8(r), yes_no(r.fp4_kv),
+                    yes_no(r.chunked_prefix_cache), yes_no(r.spec_topk1), tree,
                     yes_no(d.cuda_graph)});
   }
 
@@ -190,13 +188,7 @@ std::string support_matrix_json() {
   nlohmann::ordered_json out;
   out["backends"] = nlohmann::ordered_json::array();
   for (const BackendDescriptor& d : reg.all()) {
-    nlohmann::ordered_json j;
-    j["name"] = d.name;
-    j["implementation"] = d.implementation;
-    std::vector<std::string> plats;
-    for (Platform p : d.platforms) plats.emplace_back(platform_name(p));
-    j["platforms"] = plats;
-    j["min_compute_capability"] = d.min_compute_capability;
+    nlohmann::ordered_json j = descriptor_json_head(d);
     j["max_compute_capability"] = d.max_compute_capability;
     j["prefill_min_compute_capability"] = d.prefill_min_compute_capability;
     j["prefill_max_compute_capability"] = d.prefill_max_compute_capability;
@@ -205,24 +197,16 @@ std::string support_matrix_json() {
     j["cuda_graph"] = d.cuda_graph;
     j["mha"] = d.mha ? row_json(*d.mha) : nlohmann::ordered_json(nullptr);
     j["mla"] = d.mla ? row_json(*d.mla) : nlohmann::ordered_json(nullptr);
-    j["built"] = d.built;
-    j["not_built_reason"] = d.not_built_reason;
+    set_built_json(d, &j);
     out["backends"].push_back(j);
   }
   out["linear_attention"] = nlohmann::ordered_json::array();
   for (const LinearAttnDescriptor& d : reg.linear_all()) {
-    nlohmann::ordered_json j;
-    j["name"] = d.name;
-    j["implementation"] = d.implementation;
-    std::vector<std::string> plats;
-    for (Platform p : d.platforms) plats.emplace_back(platform_name(p));
-    j["platforms"] = plats;
-    j["min_compute_capability"] = d.min_compute_capability;
+    nlohmann::ordered_json j = descriptor_json_head(d);
     j["decode"] = d.decode;
     j["extend"] = d.extend;
     j["target_verify"] = d.target_verify;
-    j["built"] = d.built;
-    j["not_built_reason"] = d.not_built_reason;
+    set_built_json(d, &j);
     out["linear_attention"].push_back(j);
   }
   return out.dump(2) + "\n";

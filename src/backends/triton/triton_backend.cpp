@@ -154,6 +154,10 @@ class TritonBackend final : public AttentionBackend {
   // Replay of a decode graph: this forward's chunk floor from seq_lens_host into the device word
   // the captured kernels read.
   Status upload_graph_chunk(int bs, const int32_t* seq_lens_host, StreamHandle stream);
+  // CUDA graphs: the split extent of the tensor-core decode grid captured for batch size bs:
+  // ceil(CTA slots / (bs x head blocks)), in [1, max_splits_]: one wave of CTAs, where
+  // max_splits_ for every request left thousands of CTAs without a split at large batches.
+  int graph_mma_split_extent(int bs) const;
   // Keys a decode query sees: the whole sequence, or the window's last window + 1 tokens.
   int decode_splits(int seq_len, int window, int min_chunk) const;
   // This forward's split chunk floor from the host decode lengths (split_plan.h).
@@ -190,6 +194,12 @@ class TritonBackend final : public AttentionBackend {
   int32_t graph_min_chunk_host_ = triton::kMinChunk;
   int graph_draft_tokens_ = 0;
 };
+
+int TritonBackend::graph_mma_split_extent(int bs) const {
+  const int per_split = std::max(1, bs * mma_head_blocks_);
+  const int slots = blocks_per_sm_ * sm_count_;
+  return std::clamp((slots + per_split - 1) / per_split, 1, max_splits_);
+}
 
 int TritonBackend::decode_splits(int seq_len, int window, int min_chunk) const {
   const int n = window >= 0 ? std::min(seq_len, window + 1) : seq_len;
@@ -491,7 +501,13 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   }
   return dispatch_value<triton::HeadDimList>(dqk, "triton: head_dim", [&]<int kD>() {
     if (mma_decode) {
-      return triton::run_mma_decode<kD>(p, q.dtype, kv_dtype, grid_splits, ring_, stream);
+      // Graph replays run the grid captured for this batch size: the split extent that fills the
+      // GPU at this size (the kernel loops over further splits), not max_splits_ for every
+      // request. Eager launches size it to the plan's largest split count.
+      const int mma_splits = plan_.min_chunk_word != nullptr
+                                 ? std::min(grid_splits, graph_mma_split_extent(plan_.bs))
+                                 : grid_splits;
+      return triton::run_mma_decode<kD>(p, q.dtype, kv_dtype, mma_splits, ring_, stream);
     }
     if (tensor_cores && !decode)
       return triton::run_mma_extend<kD>(p, q.dtype, kv_dtype, plan_.max_q_len, stream);

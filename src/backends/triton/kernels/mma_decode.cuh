@@ -109,35 +109,18 @@ __device__ __forceinline__ void merge_head_block(const AttentionParams& p, int t
   }
 }
 
-// grid: (num_kv_heads * group_tiles, grid_splits, T) block: (Tr::kThreads); smem Tr::kSmemBytes.
-// The kv heads of one (request, split) are adjacent in launch order, so they stream the same pool
-// rows (one slot holds all heads) at about the same time.
+// One split [k_begin, k_end) of decode token `token`'s keys for q heads head0 .. head0 + rows - 1
+// (kv head
+// `kv_head`): streams it through the ring core, then writes the output (one split) or the partial
+// and, in the CTA that counts itself last, the fused merge.
 template <typename Tr>
-__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
-    mma_decode_kernel(const __grid_constant__ AttentionParams p) {
+__device__ __forceinline__ void decode_split(const AttentionParams& p, uint8_t* smem,
+                                             const AttentionVariant<false>& var, int token,
+                                             int kv_head, int head0, int rows, int split,
+                                             int num_splits, int k_begin, int k_end) {
   using QT = typename Tr::QT;
-  extern __shared__ __align__(16) uint8_t smem[];
-  const int token = blockIdx.z;  // decode: request b owns token b
-  const int kv_head = blockIdx.x / p.group_tiles;
-  const int tile = blockIdx.x % p.group_tiles;
-  const int split = blockIdx.y;
-  const int num_prefix = p.kv_indptr[token + 1] - p.kv_indptr[token];
-  const AttentionVariant<false> var = AttentionVariant<false>::make(p, token, num_prefix, 0, 0);
-  int k_begin = var.lo, k_end = var.hi;
-  int num_splits = 1;
-  if (p.max_splits > 1) {
-    const int n = max(0, k_end - k_begin);
-    const int min_chunk = forward_min_chunk(p);
-    const int chunk = split_chunk(n, p.max_splits, min_chunk);
-    num_splits = split_count(n, p.max_splits, min_chunk);
-    if (split >= num_splits) return;
-    k_begin += split * chunk;
-    k_end = min(k_end, k_begin + chunk);
-  }
-  const int head0 = kv_head * p.group_size + tile * cuda::ring::kRows;
-
   cuda::ring::Work w;
-  w.rows = min(cuda::ring::kRows, p.group_size - tile * cuda::ring::kRows);
+  w.rows = rows;
   w.kv_begin = k_begin;
   w.kv_end = k_end;
   w.k_base = static_cast<const uint8_t*>(p.k_pool) +
@@ -179,6 +162,40 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
                                                 : last_split_cta_acq_rel(counter, num_splits);
   if (!last) return;
   merge_head_block<Tr>(p, token, head0, w.rows, num_splits);
+}
+
+// grid: (num_kv_heads * group_tiles, grid_splits, T) block: (Tr::kThreads); smem Tr::kSmemBytes.
+// The kv heads of one (request, split) are adjacent in launch order, so they stream the same pool
+// rows (one slot holds all heads) at about the same time.
+template <typename Tr>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
+    mma_decode_kernel(const __grid_constant__ AttentionParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int token = blockIdx.z;  // decode: request b owns token b
+  const int kv_head = blockIdx.x / p.group_tiles;
+  const int tile = blockIdx.x % p.group_tiles;
+  const int num_prefix = p.kv_indptr[token + 1] - p.kv_indptr[token];
+  const AttentionVariant<false> var = AttentionVariant<false>::make(p, token, num_prefix, 0, 0);
+  int num_splits = 1;
+  int chunk = 0;
+  if (p.max_splits > 1) {
+    const int n = max(0, var.hi - var.lo);
+    const int min_chunk = forward_min_chunk(p);
+    chunk = split_chunk(n, p.max_splits, min_chunk);
+    num_splits = split_count(n, p.max_splits, min_chunk);
+  }
+  const int head0 = kv_head * p.group_size + tile * cuda::ring::kRows;
+  const int rows = min(cuda::ring::kRows, p.group_size - tile * cuda::ring::kRows);
+  // Splits blockIdx.y, blockIdx.y + gridDim.y, ...: eager launches size gridDim.y to the plan's
+  // largest split count (one pass); a CUDA graph, whose grid is fixed at capture, launches only
+  // as many as its batch size needs to fill the GPU (launch_mma_decode's caller), so that large
+  // batches do not pay for thousands of CTAs that find no split.
+  for (int split = blockIdx.y; split < num_splits; split += gridDim.y) {
+    if (split != static_cast<int>(blockIdx.y)) __syncthreads();  // smem of the previous split
+    const int k_begin = var.lo + split * chunk;
+    const int k_end = num_splits > 1 ? min(var.hi, k_begin + chunk) : var.hi;
+    decode_split<Tr>(p, smem, var, token, kv_head, head0, rows, split, num_splits, k_begin, k_end);
+  }
 }
 
 // p.split_counters: [T, num_kv_heads * ceil(group / 16)] zeros when p.max_splits > 1.

@@ -1,0 +1,58 @@
+#include "tools/attnkit/cli_checks.h"
+
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace attnkit::cli {
+namespace {
+
+CLI::Validator int_at_least(int lo, const std::string& help_name) {
+  return CLI::Validator(
+      [lo](std::string& value) -> std::string {
+        const std::string allowed =
+            "must be an integer from " + std::to_string(lo) + " to " + std::to_string(INT_MAX);
+        int64_t v = 0;
+        const char* end = value.data() + value.size();
+        const auto [ptr, ec] = std::from_chars(value.data(), end, v);
+        if (value.empty() || ec == std::errc::invalid_argument || ptr != end) {
+          return "\"" + value + "\" is not an integer (" + allowed + ")";
+        }
+        if (ec == std::errc::result_out_of_range || v < lo || v > INT_MAX) {
+          return value + " is not allowed: " + allowed;
+        }
+        return std::string();
+      },
+      help_name);
+}
+
+}  // namespace
+
+CLI::Validator integer_at_least(int lo) { return int_at_least(lo, ">=" + std::to_string(lo)); }
+
+CLI::Validator positive_int() { return int_at_least(1, "POSITIVE"); }
+
+CLI::Validator non_negative_int() { return int_at_least(0, "NONNEGATIVE"); }
+
+CLI::Validator positive_number() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        double v = 0.0;
+        size_t used = 0;
+        try {
+          v = std::stod(value, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (value.empty() || used != value.size()) {
+          return "\"" + value + "\" is not a number (must be a number > 0)";
+        }
+        if (!std::isfinite(v) || v <= 0.0) return value + " is not allowed: must be a number > 0";
+        return std::string();
+      },
+      "POSITIVE");
+}
+
+}  // namespace attnkit::cli

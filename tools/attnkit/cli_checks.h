@@ -1,0 +1,22 @@
+// Value checks for numeric CLI options, shared by every subcommand. CLI11's PositiveNumber /
+// NonNegativeNumber answer a bad value with "Value 0 not in range 0.000000 to 1797...", which
+// names neither the rule nor the type; these say what is allowed:
+//   attnkit select: --page-size: 0 is not allowed: must be an integer >= 1
+// The help text keeps CLI11's names (INT:POSITIVE, INT:NONNEGATIVE, FLOAT:POSITIVE).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace attnkit::cli {
+
+// A whole number in [lo, INT_MAX] (help: INT>=lo); the option's own rules (e.g. -1 = off) are
+// checked where it is used.
+CLI::Validator integer_at_least(int lo);
+// A whole number in [1, INT_MAX] (help: POSITIVE).
+CLI::Validator positive_int();
+// A whole number in [0, INT_MAX] (help: NONNEGATIVE).
+CLI::Validator non_negative_int();
+// A finite number > 0 (help: POSITIVE).
+CLI::Validator positive_number();
+
+}  // namespace attnkit::cli
