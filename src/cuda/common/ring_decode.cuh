@@ -89,6 +89,10 @@ struct Traits {
   // exp2 of the softmax as one ex2.approx.ftz instruction instead of exp2f (which adds a range
   // fix-up around it); a backend's derived traits may set it.
   static constexpr bool kFastExp2 = false;
+  // Copy issue with each lane owning kCopiesPerLane adjacent rows of a tile, their slot words read
+  // with 16-byte shared loads (2 per lane instead of 8 dependent 4-byte ones at d 128 bf16); a
+  // backend's derived traits may set it (used where the row layout allows, see attend).
+  static constexpr bool kWideSlotLoads = false;
 
   static constexpr bool kQInRegisters = kHeadDim <= 128;
   static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
@@ -219,23 +223,49 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     }
   };
   // K and V of local tile i -> ring stage i % kS (keys past kv_end zero-filled).
+  constexpr bool kWideSlots = Tr::kWideSlotLoads && Tr::kCopies % 32 == 0 &&
+                              32 % Tr::kRawChunks == 0 && Tr::kCopiesPerLane % 4 == 0;
   const auto issue = [&](int i) {
     uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
     const int key0 = tile_key0(i);
     const int32_t* sl = slots + (i % (2 * kS)) * kKeys;
+    if constexpr (kWideSlots) {
+      // Lane owns rows rbase .. rbase + kCopiesPerLane - 1, chunk lane % kRawChunks of each; the
+      // words of keys past kv_end are read but not used.
+      const int rbase = (lane / Tr::kRawChunks) * Tr::kCopiesPerLane;
+      const int ch = lane % Tr::kRawChunks;
+      int32_t wv[Tr::kCopiesPerLane];
 #pragma unroll
-    for (int c0 = 0; c0 < Tr::kCopiesPerLane; ++c0) {
-      const int c = c0 * 32 + lane;
-      const int r = c / Tr::kRawChunks;
-      const int ch = c % Tr::kRawChunks;
-      if (Tr::kCopies % 32 == 0 || c < Tr::kCopies) {
+      for (int x = 0; x < Tr::kCopiesPerLane / 4; ++x) {
+        const int4 v4 = *reinterpret_cast<const int4*>(sl + rbase + 4 * x);
+        wv[4 * x] = v4.x, wv[4 * x + 1] = v4.y, wv[4 * x + 2] = v4.z, wv[4 * x + 3] = v4.w;
+      }
+#pragma unroll
+      for (int c0 = 0; c0 < Tr::kCopiesPerLane; ++c0) {
+        const int r = rbase + c0;
         const bool valid = key0 + r < kv_end;
-        const uint32_t s = valid ? static_cast<uint32_t>(sl[r] + slot_of(key0 + r).add) : 0u;
+        const uint32_t s = valid ? static_cast<uint32_t>(wv[c0] + slot_of(key0 + r).add) : 0u;
         const uint8_t* ks = w.k_base + static_cast<uint64_t>(s) * w.k_row_bytes + ch * 16;
         const uint8_t* vs = w.v_base + static_cast<uint64_t>(s) * w.v_row_bytes + ch * 16;
         const int dst = r * Tr::kRawRowBytes + ch * 16;
         cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
         cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
+      }
+    } else {
+#pragma unroll
+      for (int c0 = 0; c0 < Tr::kCopiesPerLane; ++c0) {
+        const int c = c0 * 32 + lane;
+        const int r = c / Tr::kRawChunks;
+        const int ch = c % Tr::kRawChunks;
+        if (Tr::kCopies % 32 == 0 || c < Tr::kCopies) {
+          const bool valid = key0 + r < kv_end;
+          const uint32_t s = valid ? static_cast<uint32_t>(sl[r] + slot_of(key0 + r).add) : 0u;
+          const uint8_t* ks = w.k_base + static_cast<uint64_t>(s) * w.k_row_bytes + ch * 16;
+          const uint8_t* vs = w.v_base + static_cast<uint64_t>(s) * w.v_row_bytes + ch * 16;
+          const int dst = r * Tr::kRawRowBytes + ch * 16;
+          cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
+          cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
+        }
       }
     }
   };

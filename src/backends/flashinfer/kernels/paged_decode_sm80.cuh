@@ -27,12 +27,20 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
 // ring has >= 4 stages (d <= 128): a 16-key fp8 tile carries half the bytes of a bf16 one for the
 // same wait / max / rescale / loop work, so fp8 decode was bound by per-tile work, not bytes.
 // 16-bit KV keeps 16-key tiles (3 stages: a pair would leave one in flight).
-template <int kD, typename QT, DType kKv, bool kWideFp8 = true>
-struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
-  using Base = cuda::ring::Traits<kD, QT, kKv>;
+// kWarps_ / kCtaSmemBudget_ / kCtasPerSm_: the CTA shape (ring_decode.cuh Traits); the default is
+// 2 CTAs of 4 warps per SM (110 KB each), the alternatives one CTA per SM90 multiprocessor (220 KB)
+// of 8 warps (same ring depth, twice the warps) or of 4 warps (twice the ring depth).
+// kWideSlots: ring_decode.cuh's kWideSlotLoads (copy rows owned in adjacent groups, slot words
+// read 16 bytes at a time).
+template <int kD, typename QT, DType kKv, bool kWideFp8 = true, int kWarps_ = cuda::ring::kWarps,
+          int kCtaSmemBudget_ = cuda::ring::kCtaSmemBudget,
+          int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true>
+struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_> {
+  using Base = cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
   static constexpr int kTileSubs = kWideFp8 && Base::kQuant && Base::kStages >= 4 ? 2 : 1;
   static constexpr bool kFastExp2 = true;
+  static constexpr bool kWideSlotLoads = kWideSlots;
 };
 
 // The fused split-KV merge of one (request, q tile, kv head), by every thread of the CTA that
