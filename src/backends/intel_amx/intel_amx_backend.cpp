@@ -6,12 +6,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "attnkit/registry.h"
 #include "backends/intel_amx/kernels/cpu_attention_params.h"
+#include "core/str_cat.h"
 
 #ifdef ATTNKIT_WITH_OPENMP
 #include <omp.h>
@@ -76,13 +76,6 @@ int env_rows_per_item() {
     if (r == rows) return rows;
   }
   return cpu_attention::kAmxDefaultRowsPerItem;
-}
-
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
