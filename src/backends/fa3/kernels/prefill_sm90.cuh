@@ -66,7 +66,6 @@ struct PrefillTraits {
   static constexpr int kRowsPerPass = 32 / kChunksPerRow;
   static_assert(kChunksPerRow <= 32 && 32 % kChunksPerRow == 0, "gather");
   static constexpr int kPassesPerWarp = 32 / kRowsPerPass;
-  static constexpr int kQPasses = kBlockM * kChunksPerRow / 128;
 };
 
 // This CTA's work unit in `round` (schedule_unit in fa3_params.h; p.sched 1: zigzag).
@@ -107,6 +106,30 @@ __device__ __forceinline__ bool block_uses_tma(const Fa3Params& p, const TileInf
   return p.tma_rows > 0 && (nb + 1) * Tr::kBlockN <= t.kv_len && (p.diag & 1) == 0;
 }
 
+// Producer (128 threads): tile t's Q rows into the swizzled [kBlockM x kRowChunks x 16 B] tile at
+// sQ by cp.async, one 16-byte chunk of 2-byte elements per copy. Row r = token m0 + r of the
+// request; rows past q_len are zero-filled. Both prefill producers (bf16 / f16 and FP8) call it.
+template <int kBlockM, int kRowChunks>
+__device__ __forceinline__ void load_q_tile(const Fa3Params& p, const TileInfo& t, uint32_t sQ,
+                                            int tid) {
+  constexpr int kPasses = kBlockM * kRowChunks / 128;
+  static_assert(kPasses * 128 == kBlockM * kRowChunks, "whole passes of 128 threads");
+  const char* q_base = static_cast<const char*>(p.q);
+#pragma unroll 4
+  for (int i = 0; i < kPasses; ++i) {
+    const int c = tid + 128 * i;
+    const int row = c / kRowChunks, chunk = c % kRowChunks;
+    const int token = t.m0 + row;
+    const bool valid = token < t.q_len;
+    const char* src = valid
+                          ? q_base + ((static_cast<int64_t>(t.q_start + token) * p.q_stride_token +
+                                       static_cast<int64_t>(t.head) * p.q_stride_head + chunk * 8) *
+                                      2)
+                          : q_base;
+    sm90::cp_async_16(sQ + sm90::swizzle_offset(kBlockM, row, chunk), src, valid ? 16 : 0);
+  }
+}
+
 template <bool kBf16>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
   if constexpr (kBf16) {
@@ -134,7 +157,6 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   auto k_full = [&](int s) { return bars + 16 + 24 * s; };
   auto v_full = [&](int s) { return bars + 16 + 24 * s + 8; };
   auto empty = [&](int s) { return bars + 16 + 24 * s + 16; };
-  const char* q_base = static_cast<const char*>(p.q);
   const char* k_base = static_cast<const char*>(p.k_pool);
   const char* v_base = static_cast<const char*>(p.v_pool);
 
@@ -171,19 +193,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
 
     // Q tile: row r = token m0 + r of the request (rows past q_len are zero-filled).
     mbar_wait(q_empty, (tcount & 1) ^ 1);
-#pragma unroll 4
-    for (int i = 0; i < Tr::kQPasses; ++i) {
-      const int c = tid + 128 * i;
-      const int row = c / C, chunk = c % C;
-      const int token = t.m0 + row;
-      const bool valid = token < t.q_len;
-      const char* src =
-          valid ? q_base + ((static_cast<int64_t>(t.q_start + token) * p.q_stride_token +
-                             static_cast<int64_t>(t.head) * p.q_stride_head + chunk * 8) *
-                            2)
-                : q_base;
-      cp_async_16(sQ + swizzle_offset(Tr::kBlockM, row, chunk), src, valid ? 16 : 0);
-    }
+    load_q_tile<Tr::kBlockM, C>(p, t, sQ, tid);
     cp_async_arrive_noinc(q_full);
 
     for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {

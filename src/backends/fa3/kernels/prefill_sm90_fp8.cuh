@@ -68,7 +68,6 @@ struct PrefillFp8Traits {
   static constexpr int kSlots = 1;
   static constexpr int kRowsPerPass = 32 / kChunksPerRow;
   static constexpr int kPassesPerWarp = 32 / kRowsPerPass;
-  static constexpr int kQPasses = kBlockM * kQChunksPerRow / 128;
 };
 
 __device__ __forceinline__ uint32_t fp8_bar(uint32_t bars, int stage, int which) {
@@ -141,7 +140,6 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
   const uint32_t sQ = base + Tr::kQOffset;
   const uint32_t bars = base + Tr::kBarOffset;
   const uint32_t q_full = bars, q_empty = bars + 8;
-  const char* q_base = static_cast<const char*>(p.q);
   const char* k_base = static_cast<const char*>(p.k_pool);
   const char* v_base = static_cast<const char*>(p.v_pool);
 
@@ -179,19 +177,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
     load_slot(t.n_blocks - 1);
 
     mbar_wait(q_empty, (tcount & 1) ^ 1);
-#pragma unroll 4
-    for (int i = 0; i < Tr::kQPasses; ++i) {
-      const int c = tid + 128 * i;
-      const int row = c / CQ, chunk = c % CQ;
-      const int token = t.m0 + row;
-      const bool valid = token < t.q_len;
-      const char* src =
-          valid ? q_base + ((static_cast<int64_t>(t.q_start + token) * p.q_stride_token +
-                             static_cast<int64_t>(t.head) * p.q_stride_head + chunk * 8) *
-                            2)
-                : q_base;
-      cp_async_16(sQ + swizzle_offset(Tr::kBlockM, row, chunk), src, valid ? 16 : 0);
-    }
+    load_q_tile<Tr::kBlockM, CQ>(p, t, sQ, tid);
     cp_async_arrive_noinc(q_full);
 
     for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
