@@ -1,12 +1,62 @@
 #!/usr/bin/env python3
-"""Writes src/cuda/sm90/wgmma_sm90.cuh: inline-PTX wrappers of wgmma.mma_async m64nNk16 with f32
-accumulators for bf16 / f16 operands, A from shared memory (SS) or from registers (RS).
+"""Writes the inline-PTX wrappers of wgmma.mma_async m64nNkK with f32 accumulators, A from shared
+memory (SS) or from registers (RS), for one operand family:
 
-  python3 scripts/gen/gen_wgmma_sm90.py > src/cuda/sm90/wgmma_sm90.cuh
+  16bit: src/cuda/sm90/wgmma_sm90.cuh, m64nNk16, bf16 / f16 operands (kBf16), B K- or MN-major
+         (kTransB); the functions are wgmma_ss / wgmma_rs.
+  e4m3:  src/cuda/sm90/wgmma_fp8_sm90.cuh, m64nNk32, e4m3 x e4m3 operands, both K-major (8-bit
+         wgmma has no transpose); the functions are wgmma_ss_e4m3 / wgmma_rs_e4m3.
+
+  python3 scripts/gen/gen_wgmma_sm90.py 16bit > src/cuda/sm90/wgmma_sm90.cuh
+  python3 scripts/gen/gen_wgmma_sm90.py e4m3 > src/cuda/sm90/wgmma_fp8_sm90.cuh
+  scripts/format.sh   # the checked-in e4m3 header is clang-formatted
 """
 
-SS_N = (64, 80, 128, 256)  # QK^T: N = key tile (80: d 256); 256: MLA decode P V (A = P)
-RS_N = (64, 128, 256)  # PV: N = head dim
+import sys
+
+FAMILIES = {
+    "16bit": {
+        "header": "wgmma_sm90.cuh",
+        "k": 16,
+        # QK^T: N = key tile (80: d 256); 256: MLA decode P V (A = P). PV: N = head dim.
+        "ss_n": (64, 80, 128, 256),
+        "rs_n": (64, 128, 256),
+        "suffix": "",
+        "template": "template <bool kBf16, int kTransB>\n",
+        "targs": "<kBf16, kTransB>",
+        "dispatch_params": "int kN, bool kBf16, int kTransB",
+        # (condition, PTX type, trans-b immediate) per instantiation; None: one unconditional body.
+        "variants": [(f"kBf16 == {'true' if bf16 else 'false'} && kTransB == {trans}", ty, trans)
+                     for bf16, ty in ((True, "bf16"), (False, "f16")) for trans in (0, 1)],
+        "doc": """// wgmma.mma_async m64nNk16, f32 accumulators, bf16 / f16 operands (sm_90a). One warpgroup (128
+// threads) issues each call; d is this thread's N/2 accumulators in the PTX "D fragment" order
+// (d[4j + 0..1]: row 16 * warp + lane / 4, cols 8j + 2 * (lane % 4) + 0..1; d[4j + 2..3]: row + 8).
+//   wgmma_ss: A [64 x 16] and B [16 x N] from shared-memory descriptors.
+//   wgmma_rs: A from registers (4 x 32-bit: the m16n8k16-style A fragment of this warp's 16 rows).
+// scale_d = 0 overwrites d (d = A*B), 1 accumulates. kTransB = 1: B is MN-major (N contiguous).
+// The caller brackets calls with wgmma_fence() / wgmma_commit() / wgmma_wait<N>() (sm90_primitives.cuh).""",
+    },
+    "e4m3": {
+        "header": "wgmma_fp8_sm90.cuh",
+        "k": 32,
+        "ss_n": (128,),  # QK^T: N = key block
+        "rs_n": (128,),  # PV: N = head dim
+        "suffix": "_e4m3",
+        "template": "",
+        "targs": "",
+        "dispatch_params": "int kN",
+        "variants": [(None, "e4m3", None)],
+        "doc": """// wgmma.mma_async m64nNk32, f32 accumulators, e4m3 x e4m3 operands (sm_90a). One warpgroup (128
+// threads) issues each call; d is this thread's N/2 accumulators in the PTX "D fragment" order
+// (d[4j + 0..1]: row 16 * warp + lane / 4, cols 8j + 2 * (lane % 4) + 0..1; d[4j + 2..3]: row + 8).
+// 8-bit operands are K-major on both sides (the transpose immediates exist only for 16-bit types).
+//   wgmma_ss_e4m3: A [64 x 32] and B [32 x N] from shared-memory descriptors.
+//   wgmma_rs_e4m3: A from registers (4 x 32-bit, 4 consecutive k per register: reg 0 row lane / 4,
+//     k 4 (lane % 4) + 0..3; reg 1 row + 8; regs 2, 3 the same at k + 16).
+// scale_d = 0 overwrites d (d = A*B), 1 accumulates. The caller brackets calls with wgmma_fence() /
+// wgmma_commit() / wgmma_wait<N>() (sm90_primitives.cuh).""",
+    },
+}
 
 
 def operands(n_acc, first):
@@ -17,101 +67,84 @@ def acc_constraints(n_acc):
     return ", ".join(f'"+f"(d[{i}])' for i in range(n_acc))
 
 
-def ss(n, ty):
+def asm(n, k, ty, trans, rs):
+    """One wgmma call: SS (A descriptor) or RS (A in 4 registers); trans None: no immediates."""
     n_acc = n // 2
     a = n_acc
+    pred = a + 5 if rs else a + 2
+    a_ops = f"{{%{a}, %{a + 1}, %{a + 2}, %{a + 3}}}, %{a + 4}" if rs else f"%{a}, %{a + 1}"
+    imm = "p, 1, 1" + ("" if trans is None else (f", {trans}" if rs else f", 0, {trans}"))
+    inputs = ('"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)' if rs else
+              '"l"(desc_a), "l"(desc_b), "r"(scale_d)')
     return f'''  asm volatile(
       "{{\\n"
       ".reg .pred p;\\n"
-      "setp.ne.b32 p, %{a + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} "
+      "setp.ne.b32 p, %{pred}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} "
       "{{{operands(n_acc, 0)}}}, "
-      "%{a}, %{a + 1}, p, 1, 1, 0, {{TRANS_B}};\\n"
+      "{a_ops}, {imm};\\n"
       "}}\\n"
       : {acc_constraints(n_acc)}
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));'''
+      : {inputs});'''
 
 
-def rs(n, ty):
-    n_acc = n // 2
-    a = n_acc
-    return f'''  asm volatile(
-      "{{\\n"
-      ".reg .pred p;\\n"
-      "setp.ne.b32 p, %{a + 5}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} "
-      "{{{operands(n_acc, 0)}}}, "
-      "{{%{a}, %{a + 1}, %{a + 2}, %{a + 3}}}, %{a + 4}, p, 1, 1, {{TRANS_B}};\\n"
-      "}}\\n"
-      : {acc_constraints(n_acc)}
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));'''
-
-
-def body(fn, n):
+def body(f, n, rs):
+    if f["variants"][0][0] is None:
+        _, ty, trans = f["variants"][0]
+        return asm(n, f["k"], ty, trans, rs)
     out = []
-    for kbf16, ty in ((True, "bf16"), (False, "f16")):
-        for trans in (0, 1):
-            cond = f"kBf16 == {'true' if kbf16 else 'false'} && kTransB == {trans}"
-            out.append(f"  {'if' if not out else '} else if'} constexpr ({cond}) {{\n"
-                       + fn(n, ty).replace("{TRANS_B}", str(trans)))
+    for cond, ty, trans in f["variants"]:
+        out.append(f"  {'if' if not out else '} else if'} constexpr ({cond}) {{\n"
+                   + asm(n, f["k"], ty, trans, rs))
     out.append("  }")
     return "\n".join(out)
 
 
-print("""// GENERATED by scripts/gen/gen_wgmma_sm90.py -- do not edit by hand.
+def main(family):
+    f = FAMILIES[family]
+    sfx, tmpl, targs = f["suffix"], f["template"], f["targs"]
+    arg = "" if family == "16bit" else " e4m3"
+    print(f"""// GENERATED by scripts/gen/gen_wgmma_sm90.py{arg} -- do not edit by hand.
 //
-// wgmma.mma_async m64nNk16, f32 accumulators, bf16 / f16 operands (sm_90a). One warpgroup (128
-// threads) issues each call; d is this thread's N/2 accumulators in the PTX "D fragment" order
-// (d[4j + 0..1]: row 16 * warp + lane / 4, cols 8j + 2 * (lane % 4) + 0..1; d[4j + 2..3]: row + 8).
-//   wgmma_ss: A [64 x 16] and B [16 x N] from shared-memory descriptors.
-//   wgmma_rs: A from registers (4 x 32-bit: the m16n8k16-style A fragment of this warp's 16 rows).
-// scale_d = 0 overwrites d (d = A*B), 1 accumulates. kTransB = 1: B is MN-major (N contiguous).
-// The caller brackets calls with wgmma_fence() / wgmma_commit() / wgmma_wait<N>() (sm90_primitives.cuh).
+{f["doc"]}
 #pragma once
 
 #include <cstdint>
 
-namespace attnkit::sm90 {
+namespace attnkit::sm90 {{
 """)
-for n in SS_N:
-    print(f"""template <bool kBf16, int kTransB>
-__device__ __forceinline__ void wgmma_ss_m64n{n}(float (&d)[{n // 2}], uint64_t desc_a, uint64_t desc_b,
-                                                 int scale_d) {{
+    for rs, ns in ((False, f["ss_n"]), (True, f["rs_n"])):
+        kind = "rs" if rs else "ss"
+        a_param = "const uint32_t (&a)[4]" if rs else "uint64_t desc_a"
+        for n in ns:
+            print(f"""{tmpl}__device__ __forceinline__ void wgmma_{kind}{sfx}_m64n{n}(float (&d)[{n // 2}], {a_param},
+    uint64_t desc_b, int scale_d) {{
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-{body(ss, n)}
+{body(f, n, rs)}
 #endif
 }}
 """)
-for n in RS_N:
-    print(f"""template <bool kBf16, int kTransB>
-__device__ __forceinline__ void wgmma_rs_m64n{n}(float (&d)[{n // 2}], const uint32_t (&a)[4],
-                                                 uint64_t desc_b, int scale_d) {{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-{body(rs, n)}
-#endif
-}}
-""")
-print("""// Dispatch on N (compile time).
-template <int kN, bool kBf16, int kTransB>
-__device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
-                                         int scale_d) {""")
-for i, n in enumerate(SS_N):
-    print(f"  {'if' if i == 0 else '} else if'} constexpr (kN == {n}) {{\n"
-          f"    wgmma_ss_m64n{n}<kBf16, kTransB>(d, desc_a, desc_b, scale_d);")
-print("""  } else {
-    static_assert(kN == 0, "wgmma_ss: N not generated");
-  }
-}
+    print("// Dispatch on N (compile time).")
+    for rs, ns in ((False, f["ss_n"]), (True, f["rs_n"])):
+        kind = "rs" if rs else "ss"
+        a_param, a_arg = ("const uint32_t (&a)[4]", "a") if rs else ("uint64_t desc_a", "desc_a")
+        if rs:
+            print()
+        print(f"""template <{f["dispatch_params"]}>
+__device__ __forceinline__ void wgmma_{kind}{sfx}(float (&d)[kN / 2], {a_param},
+    uint64_t desc_b, int scale_d) {{""")
+        for i, n in enumerate(ns):
+            print(f"  {'if' if i == 0 else '} else if'} constexpr (kN == {n}) {{\n"
+                  f"    wgmma_{kind}{sfx}_m64n{n}{targs}(d, {a_arg}, desc_b, scale_d);")
+        print(f"""  }} else {{
+    static_assert(kN == 0, "wgmma_{kind}{sfx}: N not generated");
+  }}
+}}""")
+    print("\n}  // namespace attnkit::sm90")
 
-template <int kN, bool kBf16, int kTransB>
-__device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4],
-                                         uint64_t desc_b, int scale_d) {""")
-for i, n in enumerate(RS_N):
-    print(f"  {'if' if i == 0 else '} else if'} constexpr (kN == {n}) {{\n"
-          f"    wgmma_rs_m64n{n}<kBf16, kTransB>(d, a, desc_b, scale_d);")
-print("""  } else {
-    static_assert(kN == 0, "wgmma_rs: N not generated");
-  }
-}
 
-}  // namespace attnkit::sm90""")
+if __name__ == "__main__":
+    family = sys.argv[1] if len(sys.argv) > 1 else "16bit"
+    if family not in FAMILIES:
+        sys.exit(f"gen_wgmma_sm90.py: family {family!r} is not one of {', '.join(FAMILIES)}")
+    main(family)
