@@ -79,6 +79,29 @@ class GraphResources {
   cudaGraphExec_t exec_ = nullptr;
   bool capturing_ = false;
 };
+
+// `iters` samples on `stream`: start event, enqueue(i), stop event, wait; each sample's time is
+// divided by `per_sample` (the forwards enqueue(i) issues).
+template <typename Enqueue>
+Result<std::vector<double>> time_event_samples(cudaStream_t stream, int iters, int per_sample,
+                                               Enqueue enqueue) {
+  EventPair events;
+  ATTNKIT_RETURN_IF_ERROR(events.create());
+  std::vector<double> ms;
+  ms.reserve(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    ATTNKIT_RETURN_IF_ERROR(cuda_check(cudaEventRecord(events.start(), stream), "cudaEventRecord"));
+    ATTNKIT_RETURN_IF_ERROR(enqueue(i));
+    ATTNKIT_RETURN_IF_ERROR(cuda_check(cudaEventRecord(events.stop(), stream), "cudaEventRecord"));
+    ATTNKIT_RETURN_IF_ERROR(
+        cuda_check(cudaEventSynchronize(events.stop()), "cudaEventSynchronize (timed sample)"));
+    float elapsed = 0;
+    ATTNKIT_RETURN_IF_ERROR(cuda_check(
+        cudaEventElapsedTime(&elapsed, events.start(), events.stop()), "cudaEventElapsedTime"));
+    ms.push_back(elapsed / per_sample);
+  }
+  return ms;
+}
 #endif
 
 // One forward call on rotating copy `index % layers`: k/v empty, save_kv off (the pool holds
@@ -192,24 +215,15 @@ Result<Timing> time_forward(AttentionBackend& backend, harness::PreparedCase& pr
   if (prepared.device.is_cuda()) {
     auto stream = static_cast<cudaStream_t>(prepared.batch.stream);
     ATTNKIT_RETURN_IF_ERROR(cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
-    EventPair events;
-    ATTNKIT_RETURN_IF_ERROR(events.create());
-    for (int i = 0; i < iters; ++i) {
-      ATTNKIT_RETURN_IF_ERROR(
-          cuda_check(cudaEventRecord(events.start(), stream), "cudaEventRecord"));
-      for (int j = 0; j < launches; ++j) {
-        ATTNKIT_RETURN_IF_ERROR(forward_copy(backend, prepared, warmup + i * launches + j));
-      }
-      ATTNKIT_RETURN_IF_ERROR(
-          cuda_check(cudaEventRecord(events.stop(), stream), "cudaEventRecord"));
-      ATTNKIT_RETURN_IF_ERROR(
-          cuda_check(cudaEventSynchronize(events.stop()), "cudaEventSynchronize (forward)"));
-      float elapsed = 0;
-      ATTNKIT_RETURN_IF_ERROR(cuda_check(
-          cudaEventElapsedTime(&elapsed, events.start(), events.stop()), "cudaEventElapsedTime"));
-      ms.push_back(elapsed / launches);
-    }
-    return summarize(std::move(ms));
+    Result<std::vector<double>> samples =
+        time_event_samples(stream, iters, launches, [&](int i) -> Status {
+          for (int j = 0; j < launches; ++j) {
+            ATTNKIT_RETURN_IF_ERROR(forward_copy(backend, prepared, warmup + i * launches + j));
+          }
+          return Status::ok();
+        });
+    if (!samples) return samples.status();
+    return summarize(std::move(*samples));
   }
 #endif
   if (!prepared.device.is_cpu()) {
@@ -282,25 +296,11 @@ Result<Timing> time_graph_replay(const BackendDescriptor& descriptor,
   for (int i = 0; i < std::max(warmup, 1); ++i) ATTNKIT_RETURN_IF_ERROR(g.launch());
   ATTNKIT_RETURN_IF_ERROR(
       cuda_check(cudaStreamSynchronize(g.stream()), "cudaStreamSynchronize (graph warm-up)"));
-  EventPair events;
-  ATTNKIT_RETURN_IF_ERROR(events.create());
-  std::vector<double> ms;
-  ms.reserve(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    ATTNKIT_RETURN_IF_ERROR(
-        cuda_check(cudaEventRecord(events.start(), g.stream()), "cudaEventRecord"));
-    ATTNKIT_RETURN_IF_ERROR(g.launch());
-    ATTNKIT_RETURN_IF_ERROR(
-        cuda_check(cudaEventRecord(events.stop(), g.stream()), "cudaEventRecord"));
-    ATTNKIT_RETURN_IF_ERROR(
-        cuda_check(cudaEventSynchronize(events.stop()), "cudaEventSynchronize (graph replay)"));
-    float elapsed = 0;
-    ATTNKIT_RETURN_IF_ERROR(cuda_check(
-        cudaEventElapsedTime(&elapsed, events.start(), events.stop()), "cudaEventElapsedTime"));
-    ms.push_back(elapsed / forwards);
-  }
+  Result<std::vector<double>> samples =
+      time_event_samples(g.stream(), iters, forwards, [&](int) { return g.launch(); });
   prepared.batch.stream = nullptr;
-  return summarize(std::move(ms));
+  if (!samples) return samples.status();
+  return summarize(std::move(*samples));
 #else
   (void)descriptor;
   return Status::not_built("time_graph_replay: --graph needs a CUDA build");
