@@ -229,6 +229,16 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
     const int key0 = tile_key0(i);
     const int32_t* sl = slots + (i % (2 * kS)) * kKeys;
+    // 16 bytes of row r's K and V (chunk ch) from the pool slot word + the slot's offset.
+    const auto copy_row = [&](int r, int ch, int32_t word) {
+      const bool valid = key0 + r < kv_end;
+      const uint32_t s = valid ? static_cast<uint32_t>(word + slot_of(key0 + r).add) : 0u;
+      const uint8_t* ks = w.k_base + static_cast<uint64_t>(s) * w.k_row_bytes + ch * 16;
+      const uint8_t* vs = w.v_base + static_cast<uint64_t>(s) * w.v_row_bytes + ch * 16;
+      const int dst = r * Tr::kRawRowBytes + ch * 16;
+      cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
+      cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
+    };
     if constexpr (kWideSlots) {
       // Lane owns rows rbase .. rbase + kCopiesPerLane - 1, chunk lane % kRawChunks of each; the
       // words of keys past kv_end are read but not used.
@@ -242,14 +252,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
       }
 #pragma unroll
       for (int c0 = 0; c0 < Tr::kCopiesPerLane; ++c0) {
-        const int r = rbase + c0;
-        const bool valid = key0 + r < kv_end;
-        const uint32_t s = valid ? static_cast<uint32_t>(wv[c0] + slot_of(key0 + r).add) : 0u;
-        const uint8_t* ks = w.k_base + static_cast<uint64_t>(s) * w.k_row_bytes + ch * 16;
-        const uint8_t* vs = w.v_base + static_cast<uint64_t>(s) * w.v_row_bytes + ch * 16;
-        const int dst = r * Tr::kRawRowBytes + ch * 16;
-        cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
-        cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
+        copy_row(rbase + c0, ch, wv[c0]);
       }
     } else {
 #pragma unroll
@@ -258,13 +261,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
         const int r = c / Tr::kRawChunks;
         const int ch = c % Tr::kRawChunks;
         if (Tr::kCopies % 32 == 0 || c < Tr::kCopies) {
-          const bool valid = key0 + r < kv_end;
-          const uint32_t s = valid ? static_cast<uint32_t>(sl[r] + slot_of(key0 + r).add) : 0u;
-          const uint8_t* ks = w.k_base + static_cast<uint64_t>(s) * w.k_row_bytes + ch * 16;
-          const uint8_t* vs = w.v_base + static_cast<uint64_t>(s) * w.v_row_bytes + ch * 16;
-          const int dst = r * Tr::kRawRowBytes + ch * 16;
-          cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
-          cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
+          copy_row(r, ch, sl[r]);
         }
       }
     }
