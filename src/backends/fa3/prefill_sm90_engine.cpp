@@ -137,7 +137,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
     return nullptr;
   }
   std::unique_ptr<PrefillSm90Engine> e(new PrefillSm90Engine(ctx, sm_count));
-  e->pingpong_ = env_on("ATTNKIT_FA3_PINGPONG");
+  e->pingpong_ = env_flag("ATTNKIT_FA3_PINGPONG", default_pingpong(ctx.qk_head_dim));
   e->tma_ = env_on("ATTNKIT_FA3_TMA");
   e->fence_tma_ = env_on("ATTNKIT_FA3_FENCE_TMA");
   e->overlap_ = env_flag("ATTNKIT_FA3_OVERLAP", default_overlap(ctx.qk_head_dim));
