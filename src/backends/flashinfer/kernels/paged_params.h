@@ -55,7 +55,12 @@ struct WorkItem {
   int32_t kv_begin = 0;
   int32_t kv_end = 0;
   int32_t split = 0;  // index among the request's splits
-  int32_t reserved[3] = {0, 0, 0};
+  // Copies of the request's RequestPlan fields (WorkPlan::serialize fills them), so that the
+  // decode CTA's first page-table / K/V loads wait on the item load only, not on a second plan
+  // record.
+  int32_t req_kv_len = 0;
+  int32_t req_q_start = 0;
+  int32_t req_q_len = 0;
 };
 
 // Plan buffer layout (int32 words): [kPlanHeaderWords header][bs RequestPlan][items WorkItem].
