@@ -106,6 +106,15 @@ inline bool decode_wide_slot_loads() {
   }();
   return wide;
 }
+// Experiment knob (not API): ATTNKIT_FLASHINFER_FP8_CVT=f2fp runs the default shape (d 128, bf16
+// q, fp8_e4m3 KV) with the F2FP conversion instruction instead of the bit conversion (kBitFp8).
+inline bool decode_bit_fp8() {
+  static const bool bits = [] {
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_FP8_CVT");
+    return e == nullptr || std::strcmp(e, "f2fp") != 0;
+  }();
+  return bits;
+}
 
 // Picks the instantiation for (q dtype, kv dtype, tile shape); the default branches name the value.
 template <int kD, TileShape kShape>
@@ -135,6 +144,14 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
           return launch_paged<RingDecodeTraits<kD, QT, kKv, true, cuda::ring::kWarps,
                                                cuda::ring::kCtaSmemBudget, cuda::ring::kCtasPerSm,
                                                /*kWideSlots=*/false>>(p, grid_items, stream);
+        }
+        if constexpr (kKv == DType::kFP8E4M3) {
+          if (!decode_bit_fp8()) {
+            return launch_paged<RingDecodeTraits<kD, QT, kKv, true, cuda::ring::kWarps,
+                                                 cuda::ring::kCtaSmemBudget,
+                                                 cuda::ring::kCtasPerSm, true,
+                                                 /*kBitFp8_=*/false>>(p, grid_items, stream);
+          }
         }
       }
       return launch_paged<Tr>(p, grid_items, stream);

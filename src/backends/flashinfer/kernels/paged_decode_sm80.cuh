@@ -31,16 +31,18 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
 // 2 CTAs of 4 warps per SM (110 KB each), the alternatives one CTA per SM90 multiprocessor (220 KB)
 // of 8 warps (same ring depth, twice the warps) or of 4 warps (twice the ring depth).
 // kWideSlots: ring_decode.cuh's kWideSlotLoads (copy rows owned in adjacent groups, slot words
-// read 16 bytes at a time).
+// read 16 bytes at a time). kBitFp8_: ring_decode.cuh's kBitFp8 (e4m3 -> f16 by bit operations,
+// 4 values per word, the 2^8 folded into the scales).
 template <int kD, typename QT, DType kKv, bool kWideFp8 = true, int kWarps_ = cuda::ring::kWarps,
           int kCtaSmemBudget_ = cuda::ring::kCtaSmemBudget,
-          int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true>
+          int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true, bool kBitFp8_ = true>
 struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_> {
   using Base = cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
   static constexpr int kTileSubs = kWideFp8 && Base::kQuant && Base::kStages >= 4 ? 2 : 1;
   static constexpr bool kFastExp2 = true;
   static constexpr bool kWideSlotLoads = kWideSlots;
+  static constexpr bool kBitFp8 = kBitFp8_;
 };
 
 // The fused split-KV merge of one (request, q tile, kv head), by every thread of the CTA that
