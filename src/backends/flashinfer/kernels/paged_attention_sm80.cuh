@@ -147,10 +147,10 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
         }
         if constexpr (kKv == DType::kFP8E4M3) {
           if (!decode_bit_fp8()) {
-            return launch_paged<RingDecodeTraits<kD, QT, kKv, true, cuda::ring::kWarps,
-                                                 cuda::ring::kCtaSmemBudget,
-                                                 cuda::ring::kCtasPerSm, true,
-                                                 /*kBitFp8_=*/false>>(p, grid_items, stream);
+            return launch_paged<
+                RingDecodeTraits<kD, QT, kKv, true, cuda::ring::kWarps, cuda::ring::kCtaSmemBudget,
+                                 cuda::ring::kCtasPerSm, true,
+                                 /*kBitFp8_=*/false>>(p, grid_items, stream);
           }
         }
       }
