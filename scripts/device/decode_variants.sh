@@ -9,6 +9,7 @@
 #   VARIANT_CASES=scripts/device/decode_variants.json  the case file the variants are timed on
 #            (an entry "ENV=x@cases.json" uses its own case file)
 #   NCU="backend:filter ..."  e.g. "flashinfer:b16_kv4096_p16_h32x8_d128_kvbf16"
+#   VARIANT_ARGS="--launches 10"  extra bench flags of the variant runs (default: none)
 #   GRAPH=1  also time the b2b cases with --graph (CUDA graph replay)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -56,7 +57,7 @@ for spec in ${VARIANTS:-}; do
   [ "$v" != "$spec" ] && vcases=${spec#*@}
   [ "$(left)" -lt 40 ] && { echo "variant $spec: skipped (time)" | tee -a "$S"; continue; }
   timeout "${VARIANT_TIMEOUT:-100}" env ${v//,/ } "$cli" bench --device cuda --backend "${VARIANT_BACKENDS:-triton,flashinfer}" \
-    --cases "$vcases" > "$OUT/v.log" 2>&1
+    --cases "$vcases" ${VARIANT_ARGS:-} > "$OUT/v.log" 2>&1
   echo "=== variant $v" >> "$OUT/bench.log"; cat "$OUT/v.log" >> "$OUT/bench.log"
   echo "variant $v: at $(( $(date +%s) - t_start )) s" | tee -a "$S"
   grep -E "^(triton|flashinfer) " "$OUT/v.log" | awk -v v="$v" '{sub("decode_","",$2); sub("_h32x8_d128","",$2); print "  [" v "]", $1, $2, $3, $5}' | tee -a "$S"

@@ -96,6 +96,11 @@ struct Traits {
   // fp8_e4m3 KV converted to f16 by bit operations, 4 values per 32-bit word (fp8x4_e4m3_bits),
   // instead of the F2FP conversion instruction 2 at a time; a backend's derived traits may set it.
   static constexpr bool kBitFp8 = false;
+  // Programmatic dependent launch: attend waits on the previous grid of the stream
+  // (griddepcontrol.wait) after its first slot words (page-table reads) and before the first K/V,
+  // Q or output access, so a PDL-launched CTA fetches its plan and page-table words while the
+  // previous kernel finishes. The caller guarantees that the previous kernel writes neither.
+  static constexpr bool kGridDepWait = false;
 
   static constexpr bool kQInRegisters = kHeadDim <= 128;
   static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
@@ -164,6 +169,18 @@ __device__ __forceinline__ void fp8x4_e4m3_bits(uint32_t x, uint32_t& even, uint
   const auto f16 = [](uint32_t v) { return (v & 0x80008000u) | ((v >> 1) & 0x3F803F80u); };
   odd = f16(x);
   even = f16(x << 8);
+}
+
+// griddepcontrol (SM90+; no-ops where the launch had no programmatic dependency).
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
@@ -293,6 +310,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   cp_async_commit();
   cp_async_wait<0>();
   __syncwarp();
+  if constexpr (Tr::kGridDepWait) grid_dep_wait();
 #pragma unroll
   for (int i = 0; i < kS - kSub; ++i) {
     if (i < my_tiles) {

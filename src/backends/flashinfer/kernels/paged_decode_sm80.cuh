@@ -35,7 +35,7 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
 // 4 values per word, the 2^8 folded into the scales).
 template <int kD, typename QT, DType kKv, bool kWideFp8 = true, int kWarps_ = cuda::ring::kWarps,
           int kCtaSmemBudget_ = cuda::ring::kCtaSmemBudget,
-          int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true, bool kBitFp8_ = true>
+          int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true, bool kBitFp8_ = false>
 struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_> {
   using Base = cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
@@ -43,6 +43,9 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudge
   static constexpr bool kFastExp2 = true;
   static constexpr bool kWideSlotLoads = kWideSlots;
   static constexpr bool kBitFp8 = kBitFp8_;
+  // attend waits for the previous grid after the first page-table words (a no-op unless the launch
+  // was programmatic; with PagedParams::decode_pdl 1 the kernel has waited at its start already).
+  static constexpr bool kGridDepWait = true;
 };
 
 // The fused split-KV merge of one (request, q tile, kv head), by every thread of the CTA that
@@ -152,6 +155,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   extern __shared__ __align__(16) uint8_t smem[];
   // The item count and the item are independent loads (one memory round trip, not two): the
   // grid never exceeds the workspace's items, so the item is in bounds even past the count.
+  if (p.decode_pdl == 1) cuda::ring::grid_dep_wait();
   const int num_items = p.plan[0];
   const WorkItem item = *reinterpret_cast<const WorkItem*>(
       p.plan + kPlanHeaderWords + p.bs * kRequestWords + blockIdx.y * kItemWords);
@@ -240,6 +244,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   } else {
     cuda::ring::attend<Tr>(w, smem, q_row, slot_any, write);
   }
+  // This CTA's streaming is done: the next PDL-launched kernel may start its prologue (it waits
+  // for this whole grid before touching anything this grid writes).
+  cuda::ring::grid_dep_launch_dependents();
   if (!split) return;
 
   // Fused split-KV merge: the request's last split CTA of this (q tile, kv head) merges the
