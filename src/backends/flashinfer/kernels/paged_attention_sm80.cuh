@@ -98,7 +98,7 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attrs;
   PagedParams launch = p;
-  launch.decode_pdl = decode_pdl();
+  launch.decode_pdl = p.decode_pdl != 0 ? decode_pdl() : 0;
   cfg.numAttrs = launch.decode_pdl != 0 ? 1 : 0;
   ATTNKIT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, launch));
   ATTNKIT_CUDA_TRY(cudaGetLastError());

@@ -115,9 +115,11 @@ struct PagedParams {
   // Decode experiment knob (ATTNKIT_FLASHINFER_DECODE_LOOP=generic, not API): 1 runs the streaming
   // loop that checks the soft-cap per logit even when it is off (paged_decode_sm80.cuh).
   int decode_generic_loop = 0;
-  // Decode launched with programmatic dependent launch (set by launch_paged): 1 = the CTA waits
-  // for the previous grid at its start; 2 = after its plan item and first page-table words (the
-  // previous kernel of the stream must not write the plan, req_pool_indices or req_to_token).
+  // Programmatic dependent launch of the decode kernel. The backend sets 1 where it may be used
+  // (unsplit plans), 0 elsewhere; launch_paged replaces a 1 with the mode it launches: 0 = off,
+  // 1 = the CTA waits for the previous grid at its start, 2 = after its plan item and first
+  // page-table words (the previous kernel of the stream must not write the plan, req_pool_indices
+  // or req_to_token).
   int decode_pdl = 0;
 };
 
