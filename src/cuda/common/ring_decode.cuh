@@ -93,13 +93,11 @@ struct Traits {
   // with 16-byte shared loads (2 per lane instead of 8 dependent 4-byte ones at d 128 bf16); a
   // backend's derived traits may set it (used where the row layout allows, see attend).
   static constexpr bool kWideSlotLoads = false;
-  // fp8_e4m3 KV converted to f16 by bit operations, 4 values per 32-bit word (fp8x4_e4m3_bits),
-  // instead of the F2FP conversion instruction 2 at a time; a backend's derived traits may set it.
-  static constexpr bool kBitFp8 = false;
   // Programmatic dependent launch: attend waits on the previous grid of the stream
   // (griddepcontrol.wait) after its first slot words (page-table reads) and before the first K/V,
-  // Q or output access, so a PDL-launched CTA fetches its plan and page-table words while the
-  // previous kernel finishes. The caller guarantees that the previous kernel writes neither.
+  // Q or output access, so a PDL-launched CTA may fetch its plan and page-table words while the
+  // previous kernel finishes; a backend's derived traits may set it (the wait is a no-op for a
+  // launch without a programmatic dependency).
   static constexpr bool kGridDepWait = false;
 
   static constexpr bool kQInRegisters = kHeadDim <= 128;
@@ -161,16 +159,6 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t x) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
-// Four e4m3 values (bytes b0..b3 of x) -> f16x2 (b0, b2) in `even` and (b1, b3) in `odd`, each
-// value times 2^-8 (exact, subnormals included: the e4m3 exponent and mantissa bits moved into an
-// f16 whose exponent bias is 8 larger). The caller folds the 2^8 back into its scales. The byte in
-// the high half of each 16-bit lane: sign stays, the other 7 bits shift right by one.
-__device__ __forceinline__ void fp8x4_e4m3_bits(uint32_t x, uint32_t& even, uint32_t& odd) {
-  const auto f16 = [](uint32_t v) { return (v & 0x80008000u) | ((v >> 1) & 0x3F803F80u); };
-  odd = f16(x);
-  even = f16(x << 8);
-}
-
 // griddepcontrol (SM90+; no-ops where the launch had no programmatic dependency).
 __device__ __forceinline__ void grid_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -218,12 +206,6 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   using QT = typename Tr::QT;
   using CT = typename Tr::CT;
   constexpr int kS = Tr::kStages;
-  // kBitFp8: K and V arrive in f16 times 2^-8; the logit scales take the 2^8 (exact), the output
-  // takes it in the epilogue, and the Q columns are stored in the K fragments' order.
-  constexpr bool kBitFp8 = Tr::kBitFp8 && Tr::kKvDType == DType::kFP8E4M3;
-  constexpr float kFp8Fold = kBitFp8 ? 256.f : 1.f;
-  const float scale_log2 = w.scale_log2 * kFp8Fold;
-  const float logit_scale = w.scale * kFp8Fold;
   CT* sq = reinterpret_cast<CT*>(smem);
   uint8_t* main = smem + Tr::kQBytes;
   const int lane = threadIdx.x % 32;
@@ -324,15 +306,6 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     const int ch = c % Tr::kQChunks;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r < w.rows) v = *reinterpret_cast<const uint4*>(q_row(r) + ch * 8);
-    if constexpr (kBitFp8) {  // columns (c0 c1 c2 c3) -> (c0 c2 c1 c3): the K fragments' order
-      uint32_t* u = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-      for (int x = 0; x < 4; x += 2) {
-        const uint32_t a = u[x], b = u[x + 1];
-        u[x] = __byte_perm(a, b, 0x5410);
-        u[x + 1] = __byte_perm(a, b, 0x7632);
-      }
-    }
     if constexpr (!std::is_same_v<CT, QT>) {  // bf16 q, f16 MMAs (fp8 KV)
       uint32_t* u = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
@@ -397,13 +370,8 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
 #pragma unroll
           for (int n = 0; n < 2; ++n) {
             const uint32_t raw = r[2 * n + h];
-            uint32_t b[2];
-            if constexpr (kBitFp8) {
-              fp8x4_e4m3_bits(raw, b[0], b[1]);
-            } else {
-              b[0] = fp8x2_to_f16x2<Tr::kKvDType>(raw);
-              b[1] = fp8x2_to_f16x2<Tr::kKvDType>(raw >> 16);
-            }
+            const uint32_t b[2] = {fp8x2_to_f16x2<Tr::kKvDType>(raw),
+                                   fp8x2_to_f16x2<Tr::kKvDType>(raw >> 16)};
             mma_m16n8k16<CT>(h == 0 ? s[n] : s2[n], a, b);
           }
         }
@@ -417,13 +385,8 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
         q_frag(kk, a);
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
-          uint32_t b[2];
-          if constexpr (kBitFp8) {
-            fp8x4_e4m3_bits(r[n], b[0], b[1]);
-          } else {
-            b[0] = fp8x2_to_f16x2<Tr::kKvDType>(r[n]);
-            b[1] = fp8x2_to_f16x2<Tr::kKvDType>(r[n] >> 16);
-          }
+          const uint32_t b[2] = {fp8x2_to_f16x2<Tr::kKvDType>(r[n]),
+                                 fp8x2_to_f16x2<Tr::kKvDType>(r[n] >> 16)};
           mma_m16n8k16<CT>(s[n], a, b);
         }
       }
@@ -449,16 +412,10 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     if constexpr (Tr::kQuant) {
       // o[2c] / o[2c + 1]: the even / odd columns of 16-column chunk c (see above).
       const auto pv_chunk = [&](int c, uint32_t lo, uint32_t hi) {
-        uint32_t be[2], bo[2];
-        if constexpr (kBitFp8) {
-          fp8x4_e4m3_bits(lo, be[0], bo[0]);
-          fp8x4_e4m3_bits(hi, be[1], bo[1]);
-        } else {
-          be[0] = fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0020));
-          be[1] = fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0020));
-          bo[0] = fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0031));
-          bo[1] = fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0031));
-        }
+        const uint32_t be[2] = {fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0020)),
+                                fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0020))};
+        const uint32_t bo[2] = {fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0031)),
+                                fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0031))};
         mma_m16n8k16<CT>(o[2 * c], a, be);
         mma_m16n8k16<CT>(o[2 * c + 1], a, bo);
       };
@@ -533,9 +490,9 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
         for (int e = 0; e < 4; ++e) {
           float x = s[u][n][e];
           if (kMayCap && w.logit_cap > 0.f) {
-            x = w.logit_cap * tanhf(x * logit_scale / w.logit_cap) * kLog2e;
+            x = w.logit_cap * tanhf(x * w.scale / w.logit_cap) * kLog2e;
           } else {
-            x *= scale_log2;
+            x *= w.scale_log2;
           }
           if (!full && key0 + u * kKeys + n * 8 + 2 * tq + (e & 1) >= kv_end) x = -INFINITY;
           s[u][n][e] = x;
@@ -633,10 +590,6 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
       const float4 x0 = src[0], x1 = src[1];
       acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
       acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
-    }
-    if constexpr (kBitFp8) {
-#pragma unroll
-      for (int x = 0; x < 8; ++x) acc[x] *= kFp8Fold;
     }
     write(r, col, acc, mx, dsum);
   }

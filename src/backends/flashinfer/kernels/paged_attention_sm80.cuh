@@ -141,16 +141,6 @@ inline bool decode_wide_slot_loads() {
   }();
   return wide;
 }
-// Experiment knob (not API): ATTNKIT_FLASHINFER_FP8_CVT=bits runs the default shape (d 128, bf16
-// q, fp8_e4m3 KV) with the bit conversion (kBitFp8) instead of the F2FP conversion instruction
-// (2026-11-22 session 6: 46.3 vs 42.0 us b2b at b16 kv 4k, so not the default).
-inline bool decode_bit_fp8() {
-  static const bool bits = [] {
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_FP8_CVT");
-    return e != nullptr && std::strcmp(e, "bits") == 0;
-  }();
-  return bits;
-}
 
 // Picks the instantiation for (q dtype, kv dtype, tile shape); the default branches name the value.
 template <int kD, TileShape kShape>
@@ -180,14 +170,6 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
           return launch_paged<RingDecodeTraits<kD, QT, kKv, true, cuda::ring::kWarps,
                                                cuda::ring::kCtaSmemBudget, cuda::ring::kCtasPerSm,
                                                /*kWideSlots=*/false>>(p, grid_items, stream);
-        }
-        if constexpr (kKv == DType::kFP8E4M3) {
-          if (decode_bit_fp8()) {
-            return launch_paged<
-                RingDecodeTraits<kD, QT, kKv, true, cuda::ring::kWarps, cuda::ring::kCtaSmemBudget,
-                                 cuda::ring::kCtasPerSm, true,
-                                 /*kBitFp8_=*/true>>(p, grid_items, stream);
-          }
         }
       }
       return launch_paged<Tr>(p, grid_items, stream);

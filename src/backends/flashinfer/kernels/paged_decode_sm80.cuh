@@ -31,18 +31,16 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
 // 2 CTAs of 4 warps per SM (110 KB each), the alternatives one CTA per SM90 multiprocessor (220 KB)
 // of 8 warps (same ring depth, twice the warps) or of 4 warps (twice the ring depth).
 // kWideSlots: ring_decode.cuh's kWideSlotLoads (copy rows owned in adjacent groups, slot words
-// read 16 bytes at a time). kBitFp8_: ring_decode.cuh's kBitFp8 (e4m3 -> f16 by bit operations,
-// 4 values per word, the 2^8 folded into the scales).
+// read 16 bytes at a time).
 template <int kD, typename QT, DType kKv, bool kWideFp8 = true, int kWarps_ = cuda::ring::kWarps,
           int kCtaSmemBudget_ = cuda::ring::kCtaSmemBudget,
-          int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true, bool kBitFp8_ = false>
+          int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true>
 struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_> {
   using Base = cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
   static constexpr int kTileSubs = kWideFp8 && Base::kQuant && Base::kStages >= 4 ? 2 : 1;
   static constexpr bool kFastExp2 = true;
   static constexpr bool kWideSlotLoads = kWideSlots;
-  static constexpr bool kBitFp8 = kBitFp8_;
   // attend waits for the previous grid after the first page-table words (a no-op unless the launch
   // was programmatic; with PagedParams::decode_pdl 1 the kernel has waited at its start already).
   static constexpr bool kGridDepWait = true;
@@ -153,9 +151,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     paged_decode_ring_kernel(const __grid_constant__ PagedParams p) {
   using QT = typename Tr::QT;
   extern __shared__ __align__(16) uint8_t smem[];
+  if (p.decode_pdl == 1) cuda::ring::grid_dep_wait();  // PDL mode 1: nothing read before it
   // The item count and the item are independent loads (one memory round trip, not two): the
   // grid never exceeds the workspace's items, so the item is in bounds even past the count.
-  if (p.decode_pdl == 1) cuda::ring::grid_dep_wait();
   const int num_items = p.plan[0];
   const WorkItem item = *reinterpret_cast<const WorkItem*>(
       p.plan + kPlanHeaderWords + p.bs * kRequestWords + blockIdx.y * kItemWords);
