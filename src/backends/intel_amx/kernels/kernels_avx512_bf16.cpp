@@ -151,6 +151,7 @@ inline void fast_prefetch(const void* row, int64_t bytes) {
 // (prefetcht1), one (key, kv head) pair per step of q.k: more misses in flight than the L1
 // prefetch alone. Dev VM (Zen 5, 2 threads, b8 kv4096 bf16, user cycles of the kernel over 40
 // calls, perf): 0.57-0.63 G without, 0.43-0.49 G with it at 3, 4, 6, 8 or 12 blocks (2026-11-22).
+// bf16 KV only: fp8_e4m3 decode (half the bytes, bound by its widening) got 8% slower with it.
 constexpr int kFarPrefetchBlocks = 4;
 inline void far_prefetch(const void* k_row, const void* v_row, int64_t bytes) {
   const char* k = static_cast<const char*>(k_row);
@@ -375,9 +376,12 @@ void fast_span(const CpuAttentionParams& p, const FastConsts& c, const int32_t* 
     const int pf0 = k0 + kFastPrefetchBlocks * kKeyBlock;
     const int n_next = std::clamp(k_end - pf0, 0, kKeyBlock);
     key_row_offsets(p, slots, pf0, n_next, next_k_off, next_v_off);
-    const int pff = k0 + kFarPrefetchBlocks * kKeyBlock;
-    const int n_far = std::clamp(k_end - pff, 0, kKeyBlock);
-    key_row_offsets(p, slots, pff, n_far, far_k_off, far_v_off);
+    int n_far = 0;
+    if constexpr (std::is_same_v<S, StoreBf16>) {
+      const int pff = k0 + kFarPrefetchBlocks * kKeyBlock;
+      n_far = std::clamp(k_end - pff, 0, kKeyBlock);
+      key_row_offsets(p, slots, pff, n_far, far_k_off, far_v_off);
+    }
     fast_qk_key_major<S, kD>(p, k_off, n, next_k_off, n_next, far_k_off, far_v_off, n_far, q, dots);
     for (int h = 0; h < hkv; ++h) {
       const T* v_base = v_cache + h * p.v_head_stride;
