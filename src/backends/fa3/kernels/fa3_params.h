@@ -136,10 +136,6 @@ struct Fa3Params {
   // ATTNKIT_FA3_EPI_WIDE=0: off): the epilogue writes O with 16-byte stores after a quad shuffle
   // transpose; 0: 4-byte stores straight from the accumulator layout.
   int epi_wide = 0;
-  // Softmax of unmasked key blocks: this many of every 8 key columns (0..3) take exp2 from a
-  // polynomial on the FMA pipe instead of MUFU ex2 (ATTNKIT_FA3_EXP_POLY; the engine's default
-  // in PrefillSm90Engine).
-  int exp_poly = 0;
   // FP8 kernel (prefill_sm90_fp8.cuh) only: the pool holds e4m3 rows (x / scale); k_scale is
   // folded into scale_log2 on the host, v_scale multiplies O in the epilogue.
   float v_scale = 1.f;

@@ -427,52 +427,20 @@ struct RowSoftmax {
       m[h] = m_new;
     }
     float sum[2][4] = {};
-    // Unmasked blocks may compute part of the exponentials on the FMA pipe (p.exp_poly of every 8
-    // key columns, exp2_poly) to unload MUFU; masked blocks keep ex2.approx (exact 0 for -inf).
-    const int poly = need_mask ? 0 : p.exp_poly;
-    if (poly == 0) {
-      exp_block<0>(s, sc, m_use, sum);
-    } else if (poly == 1) {
-      exp_block<1>(s, sc, m_use, sum);
-    } else if (poly == 2) {
-      exp_block<2>(s, sc, m_use, sum);
-    } else {
-      exp_block<3>(s, sc, m_use, sum);
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        const float v = sm90::exp2_approx(fmaf(s[4 * j + e], sc[h], -m_use[h]));
+        s[4 * j + e] = v;
+        sum[h][(j & 1) * 2 + (e & 1)] += v;
+      }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       l[h] = l[h] * corr[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
     }
-  }
-
-  // P = exp2(S * sc - m_use) in place with partial row sums; key columns 8j' .. with j % 8 < kPoly
-  // use exp2_poly, the rest ex2.approx.
-  template <int kPoly>
-  __device__ __forceinline__ static void exp_block(float (&s)[kN / 2], const float (&sc)[2],
-                                                   const float (&m_use)[2], float (&sum)[2][4]) {
-#pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1;
-        const float x = fmaf(s[4 * j + e], sc[h], -m_use[h]);
-        const float v = (j % 8) < kPoly ? exp2_poly(x) : sm90::exp2_approx(x);
-        s[4 * j + e] = v;
-        sum[h][(j & 1) * 2 + (e & 1)] += v;
-      }
-    }
-  }
-
-  // 2^x on the FMA / integer pipes (FlashAttention-4's trick): x = i + f, i = round(x),
-  // f in [-0.5, 0.5], 2^f by a degree-3 polynomial (max relative error 7.5e-5, far below the bf16
-  // rounding of P), i added to the exponent field. x is clamped at -126.5 (result <= 2^-126: no
-  // exponent wrap); only for unmasked blocks (x finite).
-  __device__ __forceinline__ static float exp2_poly(float x) {
-    x = fmaxf(x, -126.5f);
-    const float t = x + 12582912.f;  // 1.5 * 2^23: round to the nearest integer in the low bits
-    const float f = x - (t - 12582912.f);
-    const float q = fmaf(fmaf(fmaf(0.05517161f, f, 0.24261111f), f, 0.69326097f), f, 0.99992806f);
-    return __int_as_float(__float_as_int(q) + (__float_as_int(t) << 23));
   }
 };
 
