@@ -54,8 +54,8 @@ struct PrefillTraits {
   static constexpr int kKOffset = kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
-  // q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
-  static constexpr int kNumBarriers = 2 + 4 * kStages;
+  // q_full, q_empty, then per stage k_full, v_full, empty.
+  static constexpr int kNumBarriers = 2 + 3 * kStages;
   static constexpr int kSmemBytes = kBarOffset + kNumBarriers * 8 + kAlign;
   static_assert(kSmemBytes <= kSmemLimit, "shared memory");
   static_assert(kQBytes % kAlign == 0 && kKVBytes % kAlign == 0 && kBlockN % 16 == 0,
@@ -154,10 +154,9 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   const uint32_t sQ = base + Tr::kQOffset;
   const uint32_t bars = base + Tr::kBarOffset;
   const uint32_t q_full = bars, q_empty = bars + 8;
-  auto k_full = [&](int s) { return bars + 16 + 32 * s; };
-  auto v_full = [&](int s) { return bars + 16 + 32 * s + 8; };
-  auto k_empty = [&](int s) { return bars + 16 + 32 * s + 16; };
-  auto v_empty = [&](int s) { return bars + 16 + 32 * s + 24; };
+  auto k_full = [&](int s) { return bars + 16 + 24 * s; };
+  auto v_full = [&](int s) { return bars + 16 + 24 * s + 8; };
+  auto empty = [&](int s) { return bars + 16 + 24 * s + 16; };
   const char* k_base = static_cast<const char*>(p.k_pool);
   const char* v_base = static_cast<const char*>(p.v_pool);
 
@@ -200,11 +199,10 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
     for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
       const int stage = it % Tr::kStages;
       const uint32_t phase = (it / Tr::kStages) & 1;
+      mbar_wait(empty(stage), phase ^ 1);
       const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
       const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
       if (p.diag & 1) {
-        mbar_wait(k_empty(stage), phase ^ 1);
-        mbar_wait(v_empty(stage), phase ^ 1);
         mbar_arrive(k_full(stage));
         mbar_arrive(v_full(stage));
       } else if (block_uses_tma<Tr>(p, t, nb)) {
@@ -213,7 +211,6 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
         // arrives once.
 #pragma unroll
         for (int kv = 0; kv < 2; ++kv) {
-          mbar_wait(kv == 0 ? k_empty(stage) : v_empty(stage), phase ^ 1);
           const uint32_t tile = kv == 0 ? sK : sV;
           const uint32_t bar = kv == 0 ? k_full(stage) : v_full(stage);
 #pragma unroll
@@ -236,7 +233,6 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
       } else {
 #pragma unroll
         for (int kv = 0; kv < 2; ++kv) {
-          mbar_wait(kv == 0 ? k_empty(stage) : v_empty(stage), phase ^ 1);
           const char* pool = kv == 0 ? k_base : v_base;
           const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
           const int64_t head_off =
@@ -284,21 +280,11 @@ struct ConsumerCtx {
   uint32_t base, sQ, bars;
   uint64_t q_desc;  // this warpgroup's 64 Q rows, k-step 0
   int g, warp, lane;
-  bool pingpong, early_k;
+  bool pingpong;
 
-  __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 16 + 32 * s; }
-  __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 16 + 32 * s + 8; }
-  __device__ __forceinline__ uint32_t k_empty(int s) const { return bars + 16 + 32 * s + 16; }
-  __device__ __forceinline__ uint32_t v_empty(int s) const { return bars + 16 + 32 * s + 24; }
-  // The Q K^T of stage s is complete: with early_k its K half goes back to the producer now.
-  __device__ __forceinline__ void k_done(int s) const {
-    if (early_k) sm90::mbar_arrive(k_empty(s));
-  }
-  // The P V of stage s is complete: the V half (and without early_k the K half) goes back.
-  __device__ __forceinline__ void v_done(int s) const {
-    if (!early_k) sm90::mbar_arrive(k_empty(s));
-    sm90::mbar_arrive(v_empty(s));
-  }
+  __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 16 + 24 * s; }
+  __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 16 + 24 * s + 8; }
+  __device__ __forceinline__ uint32_t empty(int s) const { return bars + 16 + 24 * s + 16; }
   __device__ __forceinline__ uint32_t sK(int s) const {
     return base + Tr::kKOffset + s * Tr::kKVBytes;
   }
@@ -490,7 +476,6 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
   c.warp = tid / 32;
   c.lane = tid % 32;
   c.pingpong = p.pingpong != 0;
-  c.early_k = p.early_k != 0;
   const int lane = c.lane;
   const uint32_t q_full = c.bars, q_empty = c.bars + 8;
   const float kNegInf = -__int_as_float(0x7f800000);
@@ -531,7 +516,6 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       c.turn_pass();
       wgmma_wait<0>();
       fence_regs(s);
-      c.k_done(it_c % Tr::kStages);
       if (nb == 0) mbar_arrive(q_empty);
       sm.step(s, p, t, nb, g, lane, qpos0, corr);
       pack_p<kN, kBf16>(s, pa);
@@ -550,12 +534,11 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         c.turn_pass();
         wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
         fence_regs(s);
-        c.k_done(stage_n);
         if (nb == 0) mbar_arrive(q_empty);
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         wgmma_wait<0>();
         fence_regs(o);
-        c.v_done(stage_c);
+        mbar_arrive(c.empty(stage_c));
         pack_p<kN, kBf16>(s, pa);
         rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
         it_c = it_n;
@@ -570,7 +553,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       if (g == 0 || !last_unit) c.turn_pass();
       wgmma_wait<0>();
       fence_regs(o);
-      c.v_done(stage_c);
+      mbar_arrive(c.empty(stage_c));
       it = it_c + 1;
     } else {
       // Serial: S = Q K^T, softmax, O += P V, one block at a time.
@@ -584,7 +567,6 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         c.turn_pass();
         wgmma_wait<0>();
         fence_regs(s);
-        c.k_done(stage);
         if (nb == 0) mbar_arrive(q_empty);  // the tile's last read of Q
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         pack_p<kN, kBf16>(s, pa);
@@ -598,7 +580,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         if (g == 0 || nb > 0 || !last_unit) c.turn_pass();
         wgmma_wait<0>();
         fence_regs(o);
-        c.v_done(stage);
+        mbar_arrive(c.empty(stage));
       }
     }
 
@@ -610,7 +592,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const int token = t.m0 + row0 + 8 * h;
-      if (token < t.q_len && !(p.diag & 16)) {
+      if (token < t.q_len) {
         const int64_t trow = t.q_start + token;
         // One base address per row (element offsets are even and non-negative: 16-byte aligned
         // rows), then column pairs 8j + 2 (lane % 4) at compile-time offsets.
@@ -647,10 +629,9 @@ __global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16>::kThreads, 1)
     sm90::mbar_init(bars, 128);                                // q_full: producer threads
     sm90::mbar_init(bars + 8, 128 * Tr::kConsumerWarpgroups);  // q_empty: consumer threads
     for (int s = 0; s < Tr::kStages; ++s) {
-      sm90::mbar_init(bars + 16 + 32 * s, 128);                                 // k_full
-      sm90::mbar_init(bars + 16 + 32 * s + 8, 128);                             // v_full
-      sm90::mbar_init(bars + 16 + 32 * s + 16, 128 * Tr::kConsumerWarpgroups);  // k_empty
-      sm90::mbar_init(bars + 16 + 32 * s + 24, 128 * Tr::kConsumerWarpgroups);  // v_empty
+      sm90::mbar_init(bars + 16 + 24 * s, 128);                                 // k_full
+      sm90::mbar_init(bars + 16 + 24 * s + 8, 128);                             // v_full
+      sm90::mbar_init(bars + 16 + 24 * s + 16, 128 * Tr::kConsumerWarpgroups);  // empty
     }
     sm90::mbar_init_fence();
   }
