@@ -181,25 +181,34 @@ struct MlaDecodeCta {
     }
   }
 
-  // fp8 stage s -> the swizzled bf16 tile (exact: every e4m3 value is a bf16 value).
+  // fp8 stage s -> the swizzled bf16 tile (exact: every e4m3 value is a bf16 value). kPerWarp:
+  // each warp converts only the kSKeys keys its own S reads (16-row tiles: one warp per key
+  // block), so S needs no CTA barrier after the conversion; P V reads the other warps' keys only
+  // after the "P complete" barrier. Otherwise the CTA converts the whole tile (caller syncs).
+  template <bool kPerWarp>
   __device__ void convert_tile(int s) const {
     const uint8_t* src = smem + T::kStageOffset + s * T::kStageBytes;
     uint8_t* dst = smem + T::kConvOffset;
+    constexpr int kWorkers = kPerWarp ? 32 : T::kThreads;
+    constexpr int kKeys = kPerWarp ? T::kSKeys : kBlockN;
+    const int me = kPerWarp ? lane : tid;
+    const int key0 = kPerWarp ? wn * T::kSKeys : 0;
     // Fixed trip count, in batches of 3 rounds whose shared loads are issued together (all 9
     // at once spill under the 16-row kernel's Q-in-registers budget).
-    static_assert(kBlockN * T::kFp8Chunks % (3 * T::kThreads) == 0, "whole conversion batches");
-    constexpr int kRounds = kBlockN * T::kFp8Chunks / T::kThreads;  // 9
+    static_assert(kKeys * T::kFp8Chunks % (3 * kWorkers) == 0, "whole conversion batches");
+    constexpr int kRounds = kKeys * T::kFp8Chunks / kWorkers;  // 9
+    const uint8_t* src0 = src + key0 * T::kFp8Chunks * 16;
 #pragma unroll 1
     for (int i0 = 0; i0 < kRounds; i0 += 3) {
       uint4 raws[3];
 #pragma unroll
       for (int i = 0; i < 3; ++i) {
-        raws[i] = *reinterpret_cast<const uint4*>(src + (tid + (i0 + i) * T::kThreads) * 16);
+        raws[i] = *reinterpret_cast<const uint4*>(src0 + (me + (i0 + i) * kWorkers) * 16);
       }
 #pragma unroll
       for (int i = 0; i < 3; ++i) {
-        const int idx = tid + (i0 + i) * T::kThreads;
-        const int key = idx / T::kFp8Chunks, c = idx % T::kFp8Chunks;
+        const int idx = me + (i0 + i) * kWorkers;
+        const int key = key0 + idx / T::kFp8Chunks, c = idx % T::kFp8Chunks;
         const uint4 raw = raws[i];
         const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
         uint32_t outw[8];
@@ -275,8 +284,13 @@ struct MlaDecodeCta {
       cuda::cp_async_commit();
       uint32_t kv_base = stage_base(s);
       if constexpr (T::kFp8) {
-        convert_tile(s);
-        __syncthreads();
+        if constexpr (T::kWarpsM == 1) {
+          convert_tile<true>(s);
+          __syncwarp();  // S reads only this warp's keys; P V waits for "P complete"
+        } else {
+          convert_tile<false>(s);
+          __syncthreads();
+        }
         kv_base = cuda::smem_addr(smem + T::kConvOffset);
       }
 
