@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Session 6 device run for the MLA backends (one command, fits timeout_s 240): build the MLA
+# targets (+ fa3/triton case tests, which hold MLA cases), torch ceilings, the flashmla bench
+# (eager, --warmup 3 --iters 10), then every MLA GPU test. Bench before tests so the figures come
+# back even if the test stage runs out of time; tests still gate whether a change lands.
+# Run from the repository root with .deps carried. Knobs: B (build dir, build-dev).
+set -uo pipefail
+FINAL="${OUT:-$PWD/out}"; OUT=${MLA_WORK:-/tmp/mla_s6}; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
+B=${B:-build-dev}; T0=$(date +%s)
+el() { echo "$(( $(date +%s) - T0 ))s"; }
+. scripts/device/lib.sh
+echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) date: $(date -u +%FT%TZ)"
+attnkit_configure "$B" > "$OUT/build.log" 2>&1
+ninja -C "$B" -j16 attnkit_cli test_flashmla_cases test_cutlass_mla_cases test_flashinfer_cases \
+  test_mla_prefix_cache test_fa3_cases test_triton_cases >> "$OUT/build.log" 2>&1
+echo "build rc=$? $(el)"; grep -m5 -E "error|C75[0-9][0-9]" "$OUT/build.log"
+timeout 30 python3 scripts/device/mla_ceilings.py 2>&1 | tail -2
+timeout 60 "$B/tools/attnkit/attnkit" bench --backend flashmla \
+  --cases scripts/device/mla_decode_quick.json --device cuda --warmup 3 --iters 10 \
+  --json "$OUT/bench_flashmla.json" > "$OUT/bench_flashmla.log" 2>&1
+echo "bench rc=$? $(el)"
+(cd "$B" && timeout $(( 228 - ($(date +%s) - T0) )) ctest -L gpu \
+  -R 'Mla|MLA|mla|FlashMla|CutlassMla|FlashInfer.*[Mm]la' -j 8 --timeout 45 \
+  --output-on-failure > "$OUT/ctest.log" 2>&1)
+echo "ctest rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest.log" | head -12
+cp "$OUT"/bench_*.json "$FINAL"/ 2>/dev/null
+for f in "$OUT"/*.log; do echo "=== $f"; cat "$f"; done > "$FINAL/all_logs.txt"
+echo "== bench $(grep -o 'cuda_d2d_copy: [0-9.]* GB/s' "$OUT/bench_flashmla.log")"
+grep -E " ok$| skipped| failed|error" "$OUT/bench_flashmla.log" | awk '{print $2, $3, $4, $5, $6}'
