@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 6 device run for the MLA backends (one command, fits timeout_s 240): build the MLA
 # targets (+ fa3/triton case tests, which hold MLA cases), torch ceilings, the flashmla bench
-# (eager, --warmup 3 --iters 10), then every MLA GPU test. Bench before tests so the figures come
+# (eager and --graph, --warmup 3 --iters 10), then every MLA GPU test. Bench before tests so the figures come
 # back even if the test stage runs out of time; tests still gate whether a change lands.
 # Run from the repository root with .deps carried. Knobs: B (build dir, build-dev).
 set -uo pipefail
@@ -19,6 +19,10 @@ timeout 60 "$B/tools/attnkit/attnkit" bench --backend flashmla \
   --cases scripts/device/mla_decode_quick.json --device cuda --warmup 3 --iters 10 \
   --json "$OUT/bench_flashmla.json" > "$OUT/bench_flashmla.log" 2>&1
 echo "bench rc=$? $(el)"
+timeout 40 "$B/tools/attnkit/attnkit" bench --backend flashmla --graph \
+  --cases scripts/device/mla_decode_quick.json --device cuda --warmup 3 --iters 10 \
+  --json "$OUT/bench_flashmla_graph.json" > "$OUT/bench_flashmla_graph.log" 2>&1
+echo "bench --graph rc=$? $(el)"
 (cd "$B" && timeout $(( 228 - ($(date +%s) - T0) )) ctest -L gpu \
   -R 'Mla|MLA|mla|FlashMla|CutlassMla|FlashInfer.*[Mm]la' -j 8 --timeout 45 \
   --output-on-failure > "$OUT/ctest.log" 2>&1)
@@ -26,5 +30,7 @@ echo "ctest rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")
 grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest.log" | head -12
 cp "$OUT"/bench_*.json "$FINAL"/ 2>/dev/null
 for f in "$OUT"/*.log; do echo "=== $f"; cat "$f"; done > "$FINAL/all_logs.txt"
-echo "== bench $(grep -o 'cuda_d2d_copy: [0-9.]* GB/s' "$OUT/bench_flashmla.log")"
-grep -E " ok$| skipped| failed|error" "$OUT/bench_flashmla.log" | awk '{print $2, $3, $4, $5, $6}'
+for f in "$OUT"/bench_*.log; do
+  echo "== $(basename "$f") $(grep -o 'cuda_d2d_copy: [0-9.]* GB/s' "$f")"
+  grep -E " ok$| skipped| failed|error" "$f" | awk '{print $2, $3, $4, $5, $6}'
+done
