@@ -48,7 +48,7 @@ has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 # At most 8 files come back from $OUT: summary.txt build.log ctest.log bench.log bench_decode.json
 # bench_extend.json peers.log torch_peers.json.
-note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)  date: $(date -u +%Y-%m-%dT%H:%MZ)  commit: $(git rev-parse --short HEAD 2>/dev/null)"
+note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)  date: $(date -u +%Y-%m-%dT%H:%MZ)  .git HEAD: $(git rev-parse --short HEAD 2>/dev/null) (the device copies the working tree; its .git can be older)"
 
 if has_stage build; then
   t0=$(date +%s)
@@ -78,7 +78,7 @@ if has_stage test; then
   rc=$?
   grep -E "tests passed|tests failed|Total Test time" "$OUT/ctest.log" | tee -a "$summary"
   grep -E "^\s*[0-9]+ - .*(Failed|SEGFAULT|Timeout|Exception)" "$OUT/ctest.log" | head -40 | tee -a "$summary"
-  skipped=$(grep -c "Skipped" "$OUT/ctest.log")
+  skipped=$(grep -c "\*\*\*Skipped" "$OUT/ctest.log")
   note "ctest: rc=$rc skipped=$skipped in $(( $(date +%s) - t0 )) s"
 fi
 

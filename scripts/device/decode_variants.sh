@@ -9,6 +9,8 @@
 #   VARIANT_CASES=scripts/device/decode_variants.json  the case file the variants are timed on
 #            (an entry "ENV=x@cases.json" uses its own case file)
 #   NCU="backend:filter ..."  e.g. "flashinfer:b16_kv4096_p16_h32x8_d128_kvbf16"
+#   VARIANT_ARGS="--launches 10"  extra bench flags of the variant runs (default: none)
+#   GRAPH=1  also time the b2b cases with --graph (CUDA graph replay)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -42,6 +44,10 @@ bench() {  # bench LABEL JSON ARGS...
 }
 bench default "$OUT/bench_default.json" --backend triton,flashinfer --cases "${CASES:-scripts/device/decode_targets.json}"
 bench b2b "$OUT/bench_b2b.json" --backend triton,flashinfer --cases "${CASES_B2B:-scripts/device/decode_targets_b2b.json}" --launches 10
+# GRAPH=1: the same cases as b2b, each forward replayed from a CUDA graph (--graph)
+if [ "${GRAPH:-0}" = 1 ]; then
+  bench graph "$OUT/bench_graph.json" --backend triton,flashinfer --cases "${CASES_B2B:-scripts/device/decode_targets_b2b.json}" --graph
+fi
 if [ "${SKIP_PEERS:-0}" != 1 ]; then
   (cd scripts/device && PYTHONUNBUFFERED=1 OUT="$OUT" timeout "${PEERS_TIMEOUT:-80}" python3 decode_peers.py) > "$OUT/peers.log" 2>&1
   echo "peers: rc=$? at $(( $(date +%s) - t_start )) s" | tee -a "$S"
@@ -51,7 +57,7 @@ for spec in ${VARIANTS:-}; do
   [ "$v" != "$spec" ] && vcases=${spec#*@}
   [ "$(left)" -lt 40 ] && { echo "variant $spec: skipped (time)" | tee -a "$S"; continue; }
   timeout "${VARIANT_TIMEOUT:-100}" env ${v//,/ } "$cli" bench --device cuda --backend "${VARIANT_BACKENDS:-triton,flashinfer}" \
-    --cases "$vcases" > "$OUT/v.log" 2>&1
+    --cases "$vcases" ${VARIANT_ARGS:-} > "$OUT/v.log" 2>&1
   echo "=== variant $v" >> "$OUT/bench.log"; cat "$OUT/v.log" >> "$OUT/bench.log"
   echo "variant $v: at $(( $(date +%s) - t_start )) s" | tee -a "$S"
   grep -E "^(triton|flashinfer) " "$OUT/v.log" | awk -v v="$v" '{sub("decode_","",$2); sub("_h32x8_d128","",$2); print "  [" v "]", $1, $2, $3, $5}' | tee -a "$S"
@@ -68,7 +74,8 @@ for spec in ${NCU:-}; do
     --filter "$filt" --warmup 2 --iters 3 >> "$OUT/ncu.txt" 2>&1
   echo "ncu $spec: rc=$? at $(( $(date +%s) - t_start )) s" | tee -a "$S"
 done
-for j in default b2b; do
+for j in default b2b graph; do
+  [ -f "$OUT/bench_$j.json" ] || continue
   echo "=== $j"
   python3 scripts/device/decode_summary.py "$OUT/bench_$j.json" 2>&1 | head -30
 done

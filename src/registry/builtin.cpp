@@ -180,7 +180,9 @@ BackendDescriptor fa3() {
       "fa3",
       "SM90: warp-specialised wgmma prefill/extend (TMA page boxes for pages of >= 8 rows, "
       "cp.async page gather otherwise, into a 128B-swizzled mbarrier ring; 2 consumer warpgroups, "
-      "ping-pong + softmax/P.V overlap, P.V from registers, causal block skip, persistent "
+      "ping-pong (not at d 64) + softmax/P.V overlap (serial softmax then P.V at d 256), P.V "
+      "from registers, "
+      "causal block skip, persistent "
       "zigzag over longest-first tiles, key blocks of 128 / 80 at d 256) for bf16/f16 MHA d "
       "64/128/256, causal or bidirectional, without window/soft-cap/sinks; fp8_e4m3 KV with "
       "bf16 q at d 128 runs an FP8 variant (Q quantised to e4m3 per row, P e4m3, both GEMMs on "

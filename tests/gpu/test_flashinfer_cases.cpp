@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -228,6 +229,32 @@ void expect_cover(const flashinfer::WorkPlan& plan) {
     next[static_cast<size_t>(w.request)] = w.kv_end;
   }
   for (size_t r = 0; r < next.size(); ++r) EXPECT_EQ(next[r], plan.requests[r].kv_len);
+}
+
+// serialize copies each item's request lengths into the item (the decode kernel reads them there).
+TEST(FlashInferPlanTest, SerializedItemsCarryTheirRequestLengths) {
+  std::vector<flashinfer::PlanRequest> reqs = decode_requests({40000, 7, 300});
+  reqs[1].q_start = 5;
+  reqs[1].q_len = 3;
+  auto plan = flashinfer::build_work_plan(reqs, h100_decode());
+  ASSERT_TRUE(plan.is_ok());
+  std::vector<int32_t> words;
+  plan->serialize(&words);
+  const int64_t bs = static_cast<int64_t>(reqs.size());
+  ASSERT_EQ(static_cast<int64_t>(words.size()),
+            flashinfer::WorkPlan::words_for(bs, static_cast<int64_t>(plan->items.size())));
+  for (size_t i = 0; i < plan->items.size(); ++i) {
+    flashinfer::WorkItem w;
+    std::copy_n(words.data() + flashinfer::kPlanHeaderWords + bs * flashinfer::kRequestWords +
+                    static_cast<int64_t>(i) * flashinfer::kItemWords,
+                flashinfer::kItemWords, reinterpret_cast<int32_t*>(&w));
+    ASSERT_GE(w.request, 0);
+    const flashinfer::RequestPlan& r = plan->requests[static_cast<size_t>(w.request)];
+    EXPECT_EQ(w.kv_begin, plan->items[i].kv_begin);
+    EXPECT_EQ(w.req_kv_len, r.kv_len) << "item " << i;
+    EXPECT_EQ(w.req_q_start, r.q_start) << "item " << i;
+    EXPECT_EQ(w.req_q_len, r.q_len) << "item " << i;
+  }
 }
 
 TEST(FlashInferPlanTest, WorkedExamplesOfTheHeader) {

@@ -47,6 +47,12 @@ bool env_on(const char* name) {
   return e == nullptr || std::string(e) != "0";
 }
 
+// Unset: `default_on`; set: on unless "0".
+bool env_flag(const char* name, bool default_on) {
+  const char* e = std::getenv(name);
+  return e == nullptr ? default_on : std::string(e) != "0";
+}
+
 // The driver's cuTensorMapEncodeTiled through the runtime (no libcuda link); nullptr if absent.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -131,10 +137,10 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
     return nullptr;
   }
   std::unique_ptr<PrefillSm90Engine> e(new PrefillSm90Engine(ctx, sm_count));
-  e->pingpong_ = env_on("ATTNKIT_FA3_PINGPONG");
+  e->pingpong_ = env_flag("ATTNKIT_FA3_PINGPONG", default_pingpong(ctx.qk_head_dim));
   e->tma_ = env_on("ATTNKIT_FA3_TMA");
   e->fence_tma_ = env_on("ATTNKIT_FA3_FENCE_TMA");
-  e->overlap_ = env_on("ATTNKIT_FA3_OVERLAP");
+  e->overlap_ = env_flag("ATTNKIT_FA3_OVERLAP", default_overlap(ctx.qk_head_dim));
   e->zigzag_ = env_on("ATTNKIT_FA3_SCHED");
   e->lazy_rescale_ = env_on("ATTNKIT_FA3_LAZY_RESCALE");  // on unless "0"
   const char* block_n = std::getenv("ATTNKIT_FA3_BLOCK_N");

@@ -93,6 +93,12 @@ struct Traits {
   // with 16-byte shared loads (2 per lane instead of 8 dependent 4-byte ones at d 128 bf16); a
   // backend's derived traits may set it (used where the row layout allows, see attend).
   static constexpr bool kWideSlotLoads = false;
+  // Programmatic dependent launch: attend waits on the previous grid of the stream
+  // (griddepcontrol.wait) after its first slot words (page-table reads) and before the first K/V,
+  // Q or output access, so a PDL-launched CTA may fetch its plan and page-table words while the
+  // previous kernel finishes; a backend's derived traits may set it (the wait is a no-op for a
+  // launch without a programmatic dependency).
+  static constexpr bool kGridDepWait = false;
 
   static constexpr bool kQInRegisters = kHeadDim <= 128;
   static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
@@ -151,6 +157,18 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t x) {
   constexpr __nv_fp8_interpretation_t kInterp = kKv == DType::kFP8E4M3 ? __NV_E4M3 : __NV_E5M2;
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x), kInterp);
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// griddepcontrol (SM90+; no-ops where the launch had no programmatic dependency).
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
@@ -274,6 +292,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   cp_async_commit();
   cp_async_wait<0>();
   __syncwarp();
+  if constexpr (Tr::kGridDepWait) grid_dep_wait();
 #pragma unroll
   for (int i = 0; i < kS - kSub; ++i) {
     if (i < my_tiles) {

@@ -36,6 +36,15 @@ constexpr bool block_n_supported(int head_dim, int block_n) {
 // The default key block of head dim d.
 constexpr int default_block_n(int head_dim) { return head_dim == 256 ? 80 : 128; }
 
+// Consumer schedule (Fa3Params::overlap) when ATTNKIT_FA3_OVERLAP is unset: the intra-warpgroup
+// overlap at d 64 / 128; the serial schedule at d 256, where it measured 1.31x faster (H200
+// 2026-11-22 16:42Z, causal B2 S8k: 3.58 vs 4.70 ms; docs/perf/fa3_notes.md session 6).
+constexpr bool default_overlap(int head_dim) { return head_dim != 256; }
+// Ping-pong of the consumer warpgroups (Fa3Params::pingpong) when ATTNKIT_FA3_PINGPONG is unset:
+// off at d 64, where it measured 1.2-2.7% slower in three A/B pairs (H200 16:42-16:44Z, causal
+// B2 S8k 1.55-1.56 vs 1.57-1.60 ms), on elsewhere.
+constexpr bool default_pingpong(int head_dim) { return head_dim != 64; }
+
 // Rows per TMA box for a pool of `page_size` and key blocks of `block_n` (0: gather every block
 // with cp.async). A box is one page, or the largest power of two dividing the key block when that
 // is smaller (128-key blocks: one block of a larger page; 80-key blocks: 16 rows), so that a box

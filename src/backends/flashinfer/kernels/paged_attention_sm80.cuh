@@ -45,6 +45,26 @@ __device__ __forceinline__ void dequant16(const uint4& raw, uint4 (&out)[2]) {
 }
 
 // ---- launch ----
+// Programmatic dependent launch of the decode kernel on SM90+ (PagedParams::decode_pdl):
+// ATTNKIT_FLASHINFER_PDL = 0 (off), 1 (default: the CTA waits for the previous grid first thing,
+// so only the launch and CTA start overlap it) or 2 (experiment: the wait after the plan item and
+// the first page-table words, which the previous kernel must not write).
+inline int decode_pdl() {
+  static const int mode = [] {
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL");
+    int m = 1;
+    if (e != nullptr && std::strcmp(e, "0") == 0) m = 0;
+    if (e != nullptr && std::strcmp(e, "2") == 0) m = 2;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      return 0;
+    }
+    return major >= 9 ? m : 0;
+  }();
+  return mode;
+}
+
 template <typename Tr>
 Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   if (grid_items <= 0) return Status::ok();
@@ -65,7 +85,22 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   const auto items = static_cast<unsigned>(grid_items);
   const auto heads = static_cast<unsigned>(p.num_kv_heads);
   const dim3 grid(heads, items);  // kv heads fastest
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
+  // Programmatic dependent launch (SM90+, decode_pdl): the CTAs may start while the previous
+  // kernel of the stream finishes (it triggers once its CTAs have streamed their keys); they wait
+  // for it (griddepcontrol.wait) before reading anything it may write.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(Tr::kThreads);
+  cfg.dynamicSmemBytes = Tr::kSmemBytes;
+  cfg.stream = cuda::to_stream(stream);
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs;
+  PagedParams launch = p;
+  launch.decode_pdl = p.decode_pdl != 0 ? decode_pdl() : 0;
+  cfg.numAttrs = launch.decode_pdl != 0 ? 1 : 0;
+  ATTNKIT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, launch));
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }

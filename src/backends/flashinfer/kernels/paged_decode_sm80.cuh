@@ -41,18 +41,21 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudge
   static constexpr int kTileSubs = kWideFp8 && Base::kQuant && Base::kStages >= 4 ? 2 : 1;
   static constexpr bool kFastExp2 = true;
   static constexpr bool kWideSlotLoads = kWideSlots;
+  // attend waits for the previous grid after the first page-table words (a no-op unless the launch
+  // was programmatic; with PagedParams::decode_pdl 1 the kernel has waited at its start already).
+  static constexpr bool kGridDepWait = true;
 };
 
 // The fused split-KV merge of one (request, q tile, kv head), by every thread of the CTA that
 // counted itself last: out = sum_s w_s O_s / (sum_s w_s + sink), w_s = 2^(lse_s - max). Three
-// dependent steps instead of one L2 round trip per few splits per thread (a batch-1 forward has 32
-// splits): (1) every partial LSE of the tile to shared memory, all loads in flight at once; (2) per
-// row the max, the weights (0 for a split that saw no key) and their sum with the sink; (3) per
-// (row, 4 columns) the weighted sum of the partials (ld.global.cg: written by other CTAs of this
-// launch), 8 loads in flight per thread. `scratch`: the CTA's shared memory (Tr::kSmemBytes),
-// free after attend; it holds the weights of up to ~1700 splits (the planner makes at most one
-// wave of CTAs); past that the weights are recomputed from the LSEs in global memory.
-// `head_of(r)` / `token_of(r)`: q head / token of packed row r.
+// dependent steps instead of one L2 round trip per few splits per thread (a batch-1 kv 32k forward
+// has 16 splits): (1) every partial LSE of the tile to shared memory, all loads in flight at once;
+// (2) per row the max, the weights (0 for a split that saw no key) and their sum with the sink; (3)
+// per (row, 4 columns) the weighted sum of the partials (ld.global.cg: written by other CTAs of
+// this launch), up to 16 partial loads in flight per thread. `scratch`: the CTA's shared memory
+// (Tr::kSmemBytes), free after attend; it holds the weights of up to ~1700 splits (the planner
+// makes at most one wave of CTAs); past that the weights are recomputed from the LSEs in global
+// memory. `head_of(r)` / `token_of(r)`: q head / token of packed row r.
 template <typename Tr, typename HeadFn, typename TokenFn>
 __device__ __forceinline__ void merge_splits(const PagedParams& p, const RequestPlan& req, int rows,
                                              HeadFn head_of, TokenFn token_of, float* scratch) {
@@ -102,17 +105,29 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, const Request
     const float* src = p.partial_out + (base + head) * Tr::kHeadDim + col;
     const int64_t step = static_cast<int64_t>(p.num_q_heads) * Tr::kHeadDim;
     float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < num_splits; ++s) {
-      float x;
-      if (stored) {
-        x = wgt[s * kR + r];
-      } else {
-        const float lse = global_lse(s, r);
-        x = lse == -INFINITY ? 0.f : exp2f(lse - row_m[r]);
+    // kBatch partial loads in flight per thread (a batch-1 forward has 16 splits: one L2 round
+    // trip, not two), issued before any weight is used.
+    constexpr int kBatch = 16;
+    for (int s0 = 0; s0 < num_splits; s0 += kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        v[j] = s0 + j < num_splits ? __ldcg(reinterpret_cast<const float4*>(src + (s0 + j) * step))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
       }
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(src + s * step));
-      a0 += x * v.x, a1 += x * v.y, a2 += x * v.z, a3 += x * v.w;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int s = s0 + j;
+        if (s >= num_splits) break;
+        float x;
+        if (stored) {
+          x = wgt[s * kR + r];
+        } else {
+          const float lse = global_lse(s, r);
+          x = lse == -INFINITY ? 0.f : exp2f(lse - row_m[r]);
+        }
+        a0 += x * v[j].x, a1 += x * v[j].y, a2 += x * v[j].z, a3 += x * v[j].w;
+      }
     }
     const float dsum = row_d[r];
     const float mul = dsum > 0.f ? p.v_scale / dsum : 0.f;
@@ -136,22 +151,29 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     paged_decode_ring_kernel(const __grid_constant__ PagedParams p) {
   using QT = typename Tr::QT;
   extern __shared__ __align__(16) uint8_t smem[];
+  if (p.decode_pdl == 1) cuda::ring::grid_dep_wait();  // PDL mode 1: nothing read before it
   // The item count and the item are independent loads (one memory round trip, not two): the
   // grid never exceeds the workspace's items, so the item is in bounds even past the count.
   const int num_items = p.plan[0];
   const WorkItem item = *reinterpret_cast<const WorkItem*>(
       p.plan + kPlanHeaderWords + p.bs * kRequestWords + blockIdx.y * kItemWords);
   if (static_cast<int>(blockIdx.y) >= num_items || item.request < 0) return;
+  // The page-table row: the only load between the item and the first slot words (the item
+  // carries the request's lengths; the RequestPlan is read for the split fields only).
+  const int32_t* table = p.req_to_token + static_cast<int64_t>(p.req_pool_indices[item.request]) *
+                                              p.req_to_token_stride;
   const RequestPlan& req =
       reinterpret_cast<const RequestPlan*>(p.plan + kPlanHeaderWords)[item.request];
   const int kv_head = blockIdx.x;
 
   cuda::ring::Work w;
-  w.rows = min(cuda::ring::kRows, req.q_len * p.group - item.q_row_begin);
+  w.rows = min(cuda::ring::kRows, item.req_q_len * p.group - item.q_row_begin);
   w.kv_begin = item.kv_begin;
-  w.kv_end = min(item.kv_end, req.kv_len);
+  w.kv_end = min(item.kv_end, item.req_kv_len);
   // Decode: the query is the last key (causal keeps every key); the window clips the start.
-  if (p.sliding_window >= 0) w.kv_begin = max(w.kv_begin, req.kv_len - 1 - p.sliding_window);
+  if (p.sliding_window >= 0) {
+    w.kv_begin = max(w.kv_begin, item.req_kv_len - 1 - p.sliding_window);
+  }
   w.k_base = static_cast<const uint8_t*>(p.k_pool) +
              static_cast<int64_t>(kv_head) * p.k_stride_head * Tr::kKvElemBytes;
   w.v_base = static_cast<const uint8_t*>(p.v_pool) +
@@ -162,10 +184,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   w.scale = p.scale;
   w.logit_cap = p.logit_cap;
 
-  const int32_t* table = p.req_to_token + static_cast<int64_t>(p.req_pool_indices[item.request]) *
-                                              p.req_to_token_stride;
   const QT* q = static_cast<const QT*>(p.q);
-  const auto token_of = [&](int r) { return req.q_start + (item.q_row_begin + r) / p.group; };
+  const auto token_of = [&](int r) { return item.req_q_start + (item.q_row_begin + r) / p.group; };
   const auto head_of = [&](int r) { return kv_head * p.group + (item.q_row_begin + r) % p.group; };
   const auto q_row = [&](int r) {
     return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
@@ -222,6 +242,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   } else {
     cuda::ring::attend<Tr>(w, smem, q_row, slot_any, write);
   }
+  // This CTA's streaming is done: the next PDL-launched kernel may start its prologue (it waits
+  // for this whole grid before touching anything this grid writes).
+  cuda::ring::grid_dep_launch_dependents();
   if (!split) return;
 
   // Fused split-KV merge: the request's last split CTA of this (q tile, kv head) merges the

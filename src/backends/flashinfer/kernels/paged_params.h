@@ -55,7 +55,12 @@ struct WorkItem {
   int32_t kv_begin = 0;
   int32_t kv_end = 0;
   int32_t split = 0;  // index among the request's splits
-  int32_t reserved[3] = {0, 0, 0};
+  // Copies of the request's RequestPlan fields (WorkPlan::serialize fills them), so that the
+  // decode CTA's first page-table / K/V loads wait on the item load only, not on a second plan
+  // record.
+  int32_t req_kv_len = 0;
+  int32_t req_q_start = 0;
+  int32_t req_q_len = 0;
 };
 
 // Plan buffer layout (int32 words): [kPlanHeaderWords header][bs RequestPlan][items WorkItem].
@@ -110,6 +115,12 @@ struct PagedParams {
   // Decode experiment knob (ATTNKIT_FLASHINFER_DECODE_LOOP=generic, not API): 1 runs the streaming
   // loop that checks the soft-cap per logit even when it is off (paged_decode_sm80.cuh).
   int decode_generic_loop = 0;
+  // Programmatic dependent launch of the decode kernel. The backend sets 1 where it may be used
+  // (unsplit plans), 0 elsewhere; launch_paged replaces a 1 with the mode it launches: 0 = off,
+  // 1 = the CTA waits for the previous grid at its start, 2 = after its plan item and first
+  // page-table words (the previous kernel of the stream must not write the plan, req_pool_indices
+  // or req_to_token).
+  int decode_pdl = 0;
 };
 
 }  // namespace attnkit::flashinfer

@@ -36,7 +36,13 @@ void WorkPlan::serialize(std::vector<int32_t>* words) const {
     std::copy_n(reinterpret_cast<const int32_t*>(&r), kRequestWords, at);
     at += kRequestWords;
   }
-  for (const WorkItem& w : items) {
+  for (WorkItem w : items) {
+    if (w.request >= 0 && w.request < bs) {
+      const RequestPlan& r = requests[static_cast<size_t>(w.request)];
+      w.req_kv_len = r.kv_len;
+      w.req_q_start = r.q_start;
+      w.req_q_len = r.q_len;
+    }
     std::copy_n(reinterpret_cast<const int32_t*>(&w), kItemWords, at);
     at += kItemWords;
   }
