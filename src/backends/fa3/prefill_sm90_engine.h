@@ -71,6 +71,7 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_FENCE_TMA=0 (no proxy fence after TMA blocks), ATTNKIT_FA3_OVERLAP=0 (serial
   // schedule), ATTNKIT_FA3_SCHED=0 (plain-stride persistent schedule instead of the zigzag),
   // ATTNKIT_FA3_LAZY_RESCALE=0 (no lazy O rescale, Fa3Params::lazy_rescale; on by default),
+  // ATTNKIT_FA3_EPI_WIDE=0 (4-byte O stores, Fa3Params::epi_wide),
   // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   bool pingpong_ = true;
@@ -79,6 +80,7 @@ class PrefillSm90Engine {
   bool overlap_ = true;
   bool zigzag_ = true;
   bool lazy_rescale_ = true;
+  bool epi_wide_ = true;
   int block_n_ = 128;
   int diag_ = 0;
 

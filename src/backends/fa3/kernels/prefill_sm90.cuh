@@ -592,7 +592,41 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const int token = t.m0 + row0 + 8 * h;
-      if (token < t.q_len) {
+      if (p.epi_wide) {
+        // 16-byte stores: a 4x4 word transpose within each quad (two shfl.xor rounds: 8-byte,
+        // then 16-byte units), so lane t writes columns 8j .. 8j + 7 of j = 4a + t. The shuffles
+        // run on every lane (rows differ within the warp); only the stores are guarded.
+        const int qt = lane % 4;
+        const bool b1 = (qt & 1) != 0, c1 = (qt & 2) != 0;
+        const int64_t trow = t.q_start + token;
+        uint32_t* rowp =
+            static_cast<uint32_t*>(p.out) +
+            ((trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) >> 1);
+        const bool store = token < t.q_len && !(p.diag & 16);
+#pragma unroll
+        for (int a = 0; a < kD / 32; ++a) {
+          uint32_t w[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int j = 4 * a + k;
+            w[k] = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+          }
+          const uint32_t r01 = __shfl_xor_sync(0xffffffffu, b1 ? w[0] : w[1], 1);
+          const uint32_t r23 = __shfl_xor_sync(0xffffffffu, b1 ? w[2] : w[3], 1);
+          const uint32_t lo0 = b1 ? r01 : w[0], lo1 = b1 ? w[1] : r01;  // j = 4a + b, 8 bytes
+          const uint32_t hi0 = b1 ? r23 : w[2], hi1 = b1 ? w[3] : r23;  // j = 4a + 2 + b
+          const uint32_t s0 = __shfl_xor_sync(0xffffffffu, c1 ? lo0 : hi0, 2);
+          const uint32_t s1 = __shfl_xor_sync(0xffffffffu, c1 ? lo1 : hi1, 2);
+          const uint4 v = c1 ? make_uint4(s0, s1, hi0, hi1) : make_uint4(lo0, lo1, s0, s1);
+          if (store) *reinterpret_cast<uint4*>(rowp + 4 * (4 * a + qt)) = v;
+        }
+        if (store && p.lse != nullptr && qt == 0) {
+          constexpr float kLn2 = 0.693147180559945309f;
+          const float m_use = sm.m[h] == kNegInf ? 0.f : sm.m[h];
+          p.lse[trow * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =
+              sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
+        }
+      } else if (token < t.q_len && !(p.diag & 16)) {
         const int64_t trow = t.q_start + token;
         // One base address per row (element offsets are even and non-negative: 16-byte aligned
         // rows), then column pairs 8j + 2 (lane % 4) at compile-time offsets.
