@@ -109,6 +109,20 @@ __device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t addr) 
                : "r"(addr), "n"(kOffset));
 }
 
+// Four e4m3 values (one 32-bit word, lowest byte first) -> two bf16x2 words (exact).
+__device__ __forceinline__ void fp8x4_to_bf16x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  uint32_t out[2];
+#pragma unroll
+  for (int hlf = 0; hlf < 2; ++hlf) {
+    const auto pair = static_cast<__nv_fp8x2_storage_t>((word >> (16 * hlf)) & 0xffffu);
+    const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+    out[hlf] = cuda::pack2<__nv_bfloat16>(f.x, f.y);
+  }
+  lo = out[0];
+  hi = out[1];
+}
+
 // f.template operator()<i>() for i in [0, kN), unrolled at compile time.
 template <int kN, typename F>
 __device__ __forceinline__ void static_for(F&& f) {
@@ -133,6 +147,8 @@ struct MlaDecodeCta {
   const MlaDecodeParams& p;
   uint8_t* smem;
   int tid, lane, wm, wn;
+  // fp8 with 16-row tiles: S reads the fp8 stage directly (see run_segment).
+  static constexpr bool kFusedFp8 = T::kFp8 && T::kWarpsM == 1;
 
   __device__ uint32_t q_base() const {
     if constexpr (T::kQInRegs) {
@@ -181,12 +197,12 @@ struct MlaDecodeCta {
     }
   }
 
-  // fp8 stage s -> the swizzled bf16 tile (exact: every e4m3 value is a bf16 value).
+  // fp8 stage s -> the swizzled bf16 tile (exact: every e4m3 value is a bf16 value); 32/64-row
+  // tiles (16-row tiles convert inside S, see run_segment).
   __device__ void convert_tile(int s) const {
     const uint8_t* src = smem + T::kStageOffset + s * T::kStageBytes;
     uint8_t* dst = smem + T::kConvOffset;
-    // Fixed trip count, in batches of 3 rounds whose shared loads are issued together (all 9
-    // at once spill under the 16-row kernel's Q-in-registers budget).
+    // Fixed trip count, in batches of 3 rounds whose shared loads are issued together.
     static_assert(kBlockN * T::kFp8Chunks % (3 * T::kThreads) == 0, "whole conversion batches");
     constexpr int kRounds = kBlockN * T::kFp8Chunks / T::kThreads;  // 9
 #pragma unroll 1
@@ -263,10 +279,28 @@ struct MlaDecodeCta {
       __syncthreads();  // tile landed for everyone; the stage of tile - 1 is free
       if constexpr (T::kQInRegs) {
         if (tile == t0) {  // Q (staged in the last stage with the first group) -> registers
-          uint32_t qb[4];
-          kstep_bases(qb, q_base(), a_row, a_chunk);
-          static_for<T::kKSteps>(
-              [&]<int kK>() { ldmatrix_x4_at<(kK / 4) * 128>(qf[kK], qb[kK % 4]); });
+          if constexpr (kFusedFp8) {
+            // Permuted k order (see the fused S below): k-step kK = 4 G + j, lane quad q holds
+            // dims 64 G + 16 q + 4 j + {0, 1} (logical k 2q, 2q+1) and + {2, 3} (2q+8, 2q+9).
+            const uint8_t* qs = smem + (q_base() - cuda::smem_addr(smem));
+            const int g = lane / 4, q4 = lane & 3;
+            static_for<T::kKSteps>([&]<int kK>() {
+              constexpr int kG = kK / 4, kJ = kK % 4;
+              const int chunk = 8 * kG + 2 * q4 + kJ / 2;
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const uint2 v = *reinterpret_cast<const uint2*>(
+                    qs + swz<T::kChunks>(16 * wm + g + 8 * h, chunk) + (kJ % 2) * 8);
+                qf[kK][h] = v.x;
+                qf[kK][2 + h] = v.y;
+              }
+            });
+          } else {
+            uint32_t qb[4];
+            kstep_bases(qb, q_base(), a_row, a_chunk);
+            static_for<T::kKSteps>(
+                [&]<int kK>() { ldmatrix_x4_at<(kK / 4) * 128>(qf[kK], qb[kK % 4]); });
+          }
           __syncthreads();  // the staging stage is free for tile t0 + kStages - 1
         }
       }
@@ -275,8 +309,10 @@ struct MlaDecodeCta {
       cuda::cp_async_commit();
       uint32_t kv_base = stage_base(s);
       if constexpr (T::kFp8) {
-        convert_tile(s);
-        __syncthreads();
+        if constexpr (!kFusedFp8) {  // (16-row tiles convert inside S)
+          convert_tile(s);
+          __syncthreads();
+        }
         kv_base = cuda::smem_addr(smem + T::kConvOffset);
       }
 
@@ -284,7 +320,44 @@ struct MlaDecodeCta {
       float acc[T::kSTiles][4];
 #pragma unroll
       for (int t = 0; t < T::kSTiles; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-      if constexpr (T::kQInRegs) {
+      if constexpr (kFusedFp8) {
+        // fp8, 16 rows: lane (g = lane / 4, q = lane % 4) reads 16 e4m3 values of key
+        // wn * 8 + g, dims 64 G + 16 q + [0, 16), per 64-dim group G; converted in registers they
+        // are the B fragments of k-steps 4 G .. 4 G + 3 in the permuted k order Q was loaded in,
+        // and (dims < 512) the bf16 V tile, which P V reads after the "P complete" barrier. No
+        // separate conversion pass, no barrier after it, no K ldmatrix.
+        const int key = wn * T::kSKeys + lane / 4, q4 = lane & 3;
+        const uint32_t ksrc = stage_base(s) + key * T::kFp8Chunks * 16 + 16 * q4;
+        uint8_t* v0 = smem + T::kConvOffset + swz<T::kChunks>(key, 2 * q4);
+        uint8_t* v1 = smem + T::kConvOffset + swz<T::kChunks>(key, 2 * q4 + 1);
+        float part[3][4] = {};
+        static_for<kRowDim / 64>([&]<int kG>() {
+          // volatile: kept after the previous group's mma (hoisting all 9 loads spills).
+          uint32_t words[4];
+          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4+%5];\n"
+                       : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+                       : "r"(ksrc), "n"(64 * kG));
+          uint32_t w[8];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) fp8x4_to_bf16x4(words[j], w[2 * j], w[2 * j + 1]);
+          if constexpr (kG < kLatentDim / 64) {
+            // chunk 8 G + c of a row: (8 G + c) ^ (key % 8) = 8 G + (c ^ (key % 8)) for c < 8
+            *reinterpret_cast<uint4*>(v0 + 128 * kG) = make_uint4(w[0], w[1], w[2], w[3]);
+            *reinterpret_cast<uint4*>(v1 + 128 * kG) = make_uint4(w[4], w[5], w[6], w[7]);
+          }
+          static_for<4>([&]<int kJ>() {
+            constexpr int kK = 4 * kG + kJ;
+            const uint32_t bf[2] = {w[2 * kJ], w[2 * kJ + 1]};
+            if constexpr (kJ == 0) {
+              cuda::mma_m16n8k16<__nv_bfloat16>(acc[0], qf[kK], bf);
+            } else {
+              cuda::mma_m16n8k16<__nv_bfloat16>(part[kJ - 1], qf[kK], bf);
+            }
+          });
+        });
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[0][e] += (part[0][e] + part[1][e]) + part[2][e];
+      } else if constexpr (T::kQInRegs) {
         static_assert(T::kSTiles == 1, "16-row tiles: 8 keys per warp");
         uint32_t kb[4];
         kstep_bases(kb, kv_base, wn * T::kSKeys + (lane & 7), (lane >> 3) & 1);
