@@ -104,6 +104,9 @@ struct Plan {
   TileShape shape = TileShape::kDecode;
   int grid_items = 0;  // CTAs per kv head launched
   bool split = false;  // some request is split (stats)
+  // Captured for CUDA-graph replay: the launch (PDL attribute included) is fixed at capture while
+  // each replay's plan may or may not split.
+  bool graph = false;
   const int32_t* words = nullptr;
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
@@ -481,7 +484,10 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   p.decode_generic_loop = generic_loop ? 1 : 0;
   // Programmatic dependent launch only for unsplit decode plans: 2026-11-22 H200, --launches 10,
   // b16 kv 4k 71.6 -> 70.2 us (fp8 41.7 -> 40.2) with it, b1 kv 32k (16 splits) 44.3 -> 48.9 us.
-  p.decode_pdl = plan_.split ? 0 : 1;
+  // Not in captured graphs: a replay may split (b1 kv 32k graph replays read 66.1% of copy with
+  // the PDL launch captured vs 69.9-70.2% without, H200 17:19Z / 16:52Z), and b16 replays gained
+  // nothing from it (90.2-91.2% vs 90.6-92.1%).
+  p.decode_pdl = plan_.split || plan_.graph ? 0 : 1;
   p.plan = plan_.words;
   p.bs = batch.batch_size;
   if (batch.mode == ForwardMode::kTargetVerify && batch.spec.custom_mask.defined()) {
@@ -779,6 +785,7 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   plan_.partial_out = graph_partial_out_.data();
   plan_.partial_lse = graph_partial_lse_.data();
   plan_.split_counters = graph_split_counters_.data();
+  plan_.graph = true;
   graph_captured_.insert({static_cast<int>(mode), bs});
   return Status::ok();
 }
