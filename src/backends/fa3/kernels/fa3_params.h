@@ -137,9 +137,9 @@ struct Fa3Params {
   // the warp changed it. Exact after the final normalisation; measured +3.5% at causal and
   // bidirectional 8k d 128, bf16 and FP8 (H200, 2026-11-22 08:26Z, docs/perf/fa3_notes.md).
   int lazy_rescale = 0;
-  // bf16 / f16 kernel: 1 (the engine's default when out and its strides are 16-byte aligned;
-  // ATTNKIT_FA3_EPI_WIDE=0: off): the epilogue writes O with 16-byte stores after a quad shuffle
-  // transpose; 0: 4-byte stores straight from the accumulator layout.
+  // Both kernels (bf16 / f16 and FP8): 1 (the engine's default when out and its strides are 16-byte
+  // aligned; ATTNKIT_FA3_EPI_WIDE=0: off): the epilogue writes O with 16-byte stores after a quad
+  // shuffle transpose; 0: 4-byte stores straight from the accumulator layout.
   int epi_wide = 0;
   // FP8 kernel (prefill_sm90_fp8.cuh) only: the pool holds e4m3 rows (x / scale); k_scale is
   // folded into scale_log2 on the host, v_scale multiplies O in the epilogue.

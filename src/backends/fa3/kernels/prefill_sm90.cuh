@@ -460,6 +460,67 @@ __device__ __forceinline__ void rescale_o_if_needed(float (&o)[kD / 2], const fl
   rescale_o<kD>(o, corr);
 }
 
+// Epilogue of one consumer thread's two rows (row0, row0 + 8 of tile t): O * out_scale / l and
+// the natural-log LSE (m: exp2-domain maxima, l: this thread's partial row sums). With p.epi_wide,
+// 16-byte stores after a 4x4 word transpose within each quad (two shfl.xor rounds: 8-byte, then
+// 16-byte units), so lane q of a quad writes columns 8j .. 8j + 7 of j = 4a + q; otherwise one
+// 4-byte store per column pair. The shuffles run on every lane (rows differ within the warp); only
+// the stores are guarded. Shared by the bf16 / f16 and the FP8 kernels.
+template <int kD, bool kBf16>
+__device__ __forceinline__ void store_o_tile(const Fa3Params& p, const TileInfo& t,
+                                             const float (&o)[kD / 2], const float (&m)[2],
+                                             const float (&l)[2], float out_scale, int row0,
+                                             int lane) {
+  const float kNegInf = -__int_as_float(0x7f800000);
+  constexpr float kLn2 = 0.693147180559945309f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.f ? out_scale / sum : 0.f;
+    const int token = t.m0 + row0 + 8 * h;
+    const int64_t trow = t.q_start + token;
+    // One base address per row (element offsets are even and non-negative: 16-byte aligned rows
+    // where p.epi_wide), then compile-time offsets.
+    uint32_t* rowp =
+        static_cast<uint32_t*>(p.out) +
+        ((trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) >> 1);
+    const bool store = token < t.q_len && !(p.diag & 16);
+    if (p.epi_wide) {
+      const int qt = lane % 4;
+      const bool b1 = (qt & 1) != 0, c1 = (qt & 2) != 0;
+#pragma unroll
+      for (int a = 0; a < kD / 32; ++a) {
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int j = 4 * a + k;
+          w[k] = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+        }
+        const uint32_t r01 = __shfl_xor_sync(0xffffffffu, b1 ? w[0] : w[1], 1);
+        const uint32_t r23 = __shfl_xor_sync(0xffffffffu, b1 ? w[2] : w[3], 1);
+        const uint32_t lo0 = b1 ? r01 : w[0], lo1 = b1 ? w[1] : r01;  // j = 4a + b, 8 bytes
+        const uint32_t hi0 = b1 ? r23 : w[2], hi1 = b1 ? w[3] : r23;  // j = 4a + 2 + b
+        const uint32_t s0 = __shfl_xor_sync(0xffffffffu, c1 ? lo0 : hi0, 2);
+        const uint32_t s1 = __shfl_xor_sync(0xffffffffu, c1 ? lo1 : hi1, 2);
+        const uint4 v = c1 ? make_uint4(s0, s1, hi0, hi1) : make_uint4(lo0, lo1, s0, s1);
+        if (store) *reinterpret_cast<uint4*>(rowp + 4 * (4 * a + qt)) = v;
+      }
+    } else if (store) {
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        rowp[4 * j + lane % 4] = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+      }
+    }
+    if (store && p.lse != nullptr && lane % 4 == 0) {
+      const float m_use = m[h] == kNegInf ? 0.f : m[h];
+      p.lse[trow * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =
+          sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
+    }
+  }
+}
+
 template <typename Tr, bool kBf16>
 __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
@@ -584,68 +645,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       }
     }
 
-    // Epilogue: O / l, natural-log LSE.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = sm.l[h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      const int token = t.m0 + row0 + 8 * h;
-      if (p.epi_wide) {
-        // 16-byte stores: a 4x4 word transpose within each quad (two shfl.xor rounds: 8-byte,
-        // then 16-byte units), so lane t writes columns 8j .. 8j + 7 of j = 4a + t. The shuffles
-        // run on every lane (rows differ within the warp); only the stores are guarded.
-        const int qt = lane % 4;
-        const bool b1 = (qt & 1) != 0, c1 = (qt & 2) != 0;
-        const int64_t trow = t.q_start + token;
-        uint32_t* rowp =
-            static_cast<uint32_t*>(p.out) +
-            ((trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) >> 1);
-        const bool store = token < t.q_len && !(p.diag & 16);
-#pragma unroll
-        for (int a = 0; a < kD / 32; ++a) {
-          uint32_t w[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const int j = 4 * a + k;
-            w[k] = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-          }
-          const uint32_t r01 = __shfl_xor_sync(0xffffffffu, b1 ? w[0] : w[1], 1);
-          const uint32_t r23 = __shfl_xor_sync(0xffffffffu, b1 ? w[2] : w[3], 1);
-          const uint32_t lo0 = b1 ? r01 : w[0], lo1 = b1 ? w[1] : r01;  // j = 4a + b, 8 bytes
-          const uint32_t hi0 = b1 ? r23 : w[2], hi1 = b1 ? w[3] : r23;  // j = 4a + 2 + b
-          const uint32_t s0 = __shfl_xor_sync(0xffffffffu, c1 ? lo0 : hi0, 2);
-          const uint32_t s1 = __shfl_xor_sync(0xffffffffu, c1 ? lo1 : hi1, 2);
-          const uint4 v = c1 ? make_uint4(s0, s1, hi0, hi1) : make_uint4(lo0, lo1, s0, s1);
-          if (store) *reinterpret_cast<uint4*>(rowp + 4 * (4 * a + qt)) = v;
-        }
-        if (store && p.lse != nullptr && qt == 0) {
-          constexpr float kLn2 = 0.693147180559945309f;
-          const float m_use = sm.m[h] == kNegInf ? 0.f : sm.m[h];
-          p.lse[trow * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =
-              sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
-        }
-      } else if (token < t.q_len && !(p.diag & 16)) {
-        const int64_t trow = t.q_start + token;
-        // One base address per row (element offsets are even and non-negative: 16-byte aligned
-        // rows), then column pairs 8j + 2 (lane % 4) at compile-time offsets.
-        uint32_t* dst =
-            static_cast<uint32_t*>(p.out) +
-            ((trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) >> 1) +
-            lane % 4;
-#pragma unroll
-        for (int j = 0; j < kD / 8; ++j) {
-          dst[4 * j] = pack2<kBf16>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-        }
-        if (p.lse != nullptr && lane % 4 == 0) {
-          constexpr float kLn2 = 0.693147180559945309f;
-          const float m_use = sm.m[h] == kNegInf ? 0.f : sm.m[h];
-          p.lse[trow * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =
-              sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
-        }
-      }
-    }
+    store_o_tile<kD, kBf16>(p, t, o, sm.m, sm.l, 1.f, row0, lane);
   }
 }
 

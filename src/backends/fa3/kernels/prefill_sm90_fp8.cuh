@@ -425,31 +425,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     it = it_c + 1;
 
     // Epilogue: O * v_scale / l, natural-log LSE (the exp2-domain maximum includes every scale).
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = sm.l[h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = sum > 0.f ? p.v_scale / sum : 0.f;
-      const int token = t.m0 + row0 + 8 * h;
-      if (token < t.q_len) {
-        const int64_t trow = t.q_start + token;
-        uint32_t* dst =
-            static_cast<uint32_t*>(p.out) +
-            ((trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) >> 1) +
-            lane % 4;
-#pragma unroll
-        for (int j = 0; j < kD / 8; ++j) {
-          dst[4 * j] = pack2<true>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-        }
-        if (p.lse != nullptr && lane % 4 == 0) {
-          constexpr float kLn2 = 0.693147180559945309f;
-          const float m_use = sm.m[h] == kNegInf ? 0.f : sm.m[h];
-          p.lse[trow * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =
-              sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
-        }
-      }
-    }
+    store_o_tile<Tr::kHeadDim, true>(p, t, o, sm.m, sm.l, p.v_scale, row0, lane);
   }
 }
 
