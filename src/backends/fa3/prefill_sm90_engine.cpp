@@ -43,16 +43,13 @@ bool vec_aligned_fp8(const TensorView& t) {
 }
 constexpr int kFp8HeadDim = 128;
 
-bool env_on(const char* name) {
-  const char* e = std::getenv(name);
-  return e == nullptr || std::string(e) != "0";
-}
-
 // Unset: `default_on`; set: on unless "0".
 bool env_flag(const char* name, bool default_on) {
   const char* e = std::getenv(name);
   return e == nullptr ? default_on : std::string(e) != "0";
 }
+
+bool env_on(const char* name) { return env_flag(name, true); }
 
 // The driver's cuTensorMapEncodeTiled through the runtime (no libcuda link); nullptr if absent.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
