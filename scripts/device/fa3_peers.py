@@ -45,6 +45,10 @@ del a, b
 cases = [(4, 4096, 128, True), (2, 8192, 128, True), (1, 16384, 128, True),
          (4, 4096, 128, False), (2, 8192, 128, False), (1, 16384, 128, False),
          (2, 8192, 64, True), (2, 8192, 256, True)]
+# FA3_PEERS_EXTRA="B,S,d,causal;..." adds shapes (causal 1/0), e.g. "4,4096,64,1;2,8192,64,0".
+for item in filter(None, os.environ.get("FA3_PEERS_EXTRA", "").split(";")):
+    B, S, d, c = (int(x) for x in item.split(","))
+    cases.append((B, S, d, c != 0))
 for B, S, d, causal in cases:
     Hq, Hk = 32, 8
     q = torch.randn(B, Hq, S, d, device=dev, dtype=torch.bfloat16)

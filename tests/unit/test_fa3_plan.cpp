@@ -62,11 +62,13 @@ TEST(Fa3PlanTest, RejectsInconsistentLengths) {
 }
 
 TEST(Fa3PlanTest, KeyBlockFollowsTheHeadDim) {
-  EXPECT_EQ(default_block_n(64), 128);
+  EXPECT_EQ(default_block_n(64), 192);
   EXPECT_EQ(default_block_n(128), 128);
   EXPECT_EQ(default_block_n(256), 80);
   for (int d : {64, 128, 256}) EXPECT_TRUE(block_n_supported(d, default_block_n(d)));
   EXPECT_TRUE(block_n_supported(256, 64));
+  EXPECT_TRUE(block_n_supported(64, 128));
+  EXPECT_FALSE(block_n_supported(64, 176));
   EXPECT_FALSE(block_n_supported(128, 176));
   EXPECT_FALSE(block_n_supported(128, 80));
   EXPECT_FALSE(block_n_supported(96, 128));

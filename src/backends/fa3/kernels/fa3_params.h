@@ -17,14 +17,18 @@ namespace attnkit::fa3 {
 
 inline constexpr int kBlockM = 128;  // query rows per tile (2 consumer warpgroups x 64)
 // Keys per block of the pipeline (kBlockN), per head dim: the instantiated kernels are
-//   d 64: 128;  d 128: 128;  d 256: 80 (default) and 64.
+//   d 64: 192 (default) and 128;  d 128: 128;  d 256: 80 (default) and 64.
 // The O accumulators (d / 2 per thread), S (kBlockN / 2) and P (kBlockN / 4) share the consumers'
 // 232 registers. d 256: 80 keys (2 shared-memory stages, FlashAttention-3's choice) measured 1.14x
 // the 64-key block (docs/perf/fa3_notes.md, 2026-11-22 05:31Z). A 176-key block for
 // bidirectional d 128 (2 stages) measured 0.66-0.77x the 128-key block (3 stages) and was dropped.
+// d 64: 192 keys (3 stages, S 96 + P 48 + O 32 registers, no spills) measured 1.02-1.08x the
+// 128-key block causal and 1.02x bidirectional (H200 2026-11-23 00:47Z, two alternated rounds;
+// docs/perf/fa3_notes.md session 7): twice the softmax work per wgmma issue of S.
 constexpr bool block_n_supported(int head_dim, int block_n) {
   switch (head_dim) {
     case 64:
+      return block_n == 128 || block_n == 192;
     case 128:
       return block_n == 128;
     case 256:
@@ -34,7 +38,9 @@ constexpr bool block_n_supported(int head_dim, int block_n) {
   }
 }
 // The default key block of head dim d.
-constexpr int default_block_n(int head_dim) { return head_dim == 256 ? 80 : 128; }
+constexpr int default_block_n(int head_dim) {
+  return head_dim == 256 ? 80 : (head_dim == 64 ? 192 : 128);
+}
 
 // Consumer schedule (Fa3Params::overlap) when ATTNKIT_FA3_OVERLAP is unset: the intra-warpgroup
 // overlap at d 64 / 128; the serial schedule at d 256, where it measured 1.31x faster (H200
