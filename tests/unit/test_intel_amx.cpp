@@ -259,8 +259,9 @@ class ScopedEnv {
 // The AMX extend's packing modes on extend cases whose first visible key is not on a block
 // boundary (window), whose lengths are not multiples of the key block or page (page 24), with
 // converted KV (f16, fp8) and several requests: K/V packed once per forward (the default), with
-// 512-row items, 256-key compute blocks, and packed per item (ATTNKIT_AMX_PREPACK=0). Other paths
-// ignore the switches.
+// 512-row items, 256-key compute blocks, packed per item (ATTNKIT_AMX_PREPACK=0), and without the
+// software-pipelined item loop (ATTNKIT_AMX_PIPELINE=0; the third request of pack_multi, one row
+// pair over two blocks, takes the pipeline's same-pair path). Other paths ignore the switches.
 TEST_P(IntelAmxTargeted, AmxPackingModes) {
   std::vector<CaseSpec> cases;
   cases.push_back(make_case("pack_multi", ForwardMode::kExtend, 24, {300, 0, 130}, {200, 257, 1}));
@@ -292,6 +293,12 @@ TEST_P(IntelAmxTargeted, AmxPackingModes) {
       ScopedEnv per_item("ATTNKIT_AMX_PREPACK", "0");
       expect_matches_reference(c, GetParam(), true);
       ScopedEnv keys("ATTNKIT_AMX_KEY_BLOCK", "256");  // ignored without packing per forward
+      expect_matches_reference(c, GetParam(), true);
+    }
+    {
+      ScopedEnv plain("ATTNKIT_AMX_PIPELINE", "0");
+      expect_matches_reference(c, GetParam(), true);
+      ScopedEnv per_item("ATTNKIT_AMX_PREPACK", "0");
       expect_matches_reference(c, GetParam(), true);
     }
   }

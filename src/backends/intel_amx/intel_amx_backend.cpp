@@ -54,6 +54,13 @@ constexpr int64_t kMaxPackedBytes = int64_t{512} << 20;
 constexpr const char* kPrepackEnvVar = "ATTNKIT_AMX_PREPACK";
 constexpr const char* kRowsPerItemEnvVar = "ATTNKIT_AMX_ROWS_PER_ITEM";
 constexpr const char* kKeyBlockEnvVar = "ATTNKIT_AMX_KEY_BLOCK";
+// ATTNKIT_AMX_PIPELINE=0: the AMX extend loop without the software pipelining of session 7.
+constexpr const char* kPipelineEnvVar = "ATTNKIT_AMX_PIPELINE";
+
+bool env_pipeline() {
+  const char* v = std::getenv(kPipelineEnvVar);
+  return v == nullptr || std::string(v) != "0";
+}
 
 bool env_prepack() {
   const char* v = std::getenv(kPrepackEnvVar);
@@ -126,7 +133,8 @@ class IntelAmxBackend final : public AttentionBackend {
         num_threads_(default_num_threads(ctx.num_threads)),
         prepack_(env_prepack()),
         amx_rows_per_item_(env_rows_per_item()),
-        amx_key_block_(env_key_block()) {}
+        amx_key_block_(env_key_block()),
+        amx_pipeline_(env_pipeline()) {}
 
   // Per-thread scratch for the context's head counts and dims: sized once here, reused by every
   // forward (the kernels never allocate).
@@ -193,6 +201,7 @@ class IntelAmxBackend final : public AttentionBackend {
     if (batch.num_tokens == 0) return Status::ok();
     const Plan& plan = layer.is_cross_attention ? cross_ : self_;
     ExtendWork work{&plan.requests, &plan.extend_items};
+    work.pipelined = amx_pipeline_;
     if (!plan.pack_begin.empty()) {
       work.packed = static_cast<uint16_t*>(packed_.data());
       work.pack_begin = &plan.pack_begin;
@@ -480,6 +489,7 @@ class IntelAmxBackend final : public AttentionBackend {
   bool prepack_;           // ATTNKIT_AMX_PREPACK (default on)
   int amx_rows_per_item_;  // ATTNKIT_AMX_ROWS_PER_ITEM (default kAmxDefaultRowsPerItem)
   int amx_key_block_;      // ATTNKIT_AMX_KEY_BLOCK (default kAmxKeyBlock)
+  bool amx_pipeline_;      // ATTNKIT_AMX_PIPELINE (default on)
   Buffer packed_;          // AMX extend: the forward's packed K/V blocks
   Buffer scratch_;
   int64_t scratch_stride_ = 0;

@@ -192,6 +192,10 @@ struct ExtendWork {
   // Keys per compute block of the AMX kernel: kAmxKeyBlock, or kAmxMaxKeyBlock (two consecutive
   // packed blocks; only with packed set).
   int key_block = kAmxKeyBlock;
+  // Software-pipelined AMX item loop (S of the next row-tile pair and P . V of the previous one
+  // interleaved with the softmax rows of the current one); false: the loop before session 7
+  // (ATTNKIT_AMX_PIPELINE=0).
+  bool pipelined = true;
 };
 
 // Thread scratch: thread t uses scratch + t * scratch_stride floats.

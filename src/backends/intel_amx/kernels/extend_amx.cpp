@@ -244,7 +244,7 @@ class AmxExtend {
   // packed: this item's (request, kv head) blocks packed by pack_block (block b at
   // packed + b * block_elems_), or nullptr to pack each visited block into the scratch.
   void run_item(const CpuRequest& rq, const ExtendItem& it, const AmxScratch& sc,
-                const uint16_t* packed) {
+                const uint16_t* packed, bool pipelined) {
     const int group = p_.group();
     const int nr = it.row_end - it.row_begin;
     const int row_tiles = (nr + kPairRows - 1) / kPairRows * 2;
@@ -292,7 +292,10 @@ class AmxExtend {
 
     const int32_t* slots = rq.slots(p_);
     float* s_buf[2] = {sc.s, sc.s + kPairRows * KB};
-    for (int k0 = k_lo; k0 < k_hi; k0 += KB) {
+    if (pipelined) {
+      run_pipelined(sc, slots, it.kv_head, packed, tiles, row_tiles, rows, nr, k_lo, k_hi, s_buf);
+    }
+    for (int k0 = k_lo; !pipelined && k0 < k_hi; k0 += KB) {
       const int n = std::min(KB, k_hi - k0);
       int active[kMaxRowTiles / 2];
       int num_active = 0;
@@ -335,6 +338,230 @@ class AmxExtend {
   }
 
  private:
+  // Visible-key facts of one 16-row tile: the union [any_lo, any_hi) of its rows' ranges and the
+  // intersection [all_lo, all_hi) (every row sees those keys; padding rows see none).
+  struct TileKeys {
+    int any_lo = std::numeric_limits<int>::max();
+    int any_hi = 0;
+    int all_lo = 0;
+    int all_hi = std::numeric_limits<int>::max();
+    bool sees(int k0, int n) const { return any_hi > k0 && any_lo < k0 + n; }
+    bool covers(int k0, int n) const { return all_lo <= k0 && all_hi >= k0 + n; }
+  };
+
+  // One (key block, row-tile pair) unit of the pipelined loop.
+  struct Unit {
+    int k0 = 0;
+    int n = 0;
+    int t = -1;         // first row tile of the pair; -1: none
+    bool lean = false;  // both tiles see the whole block (softmax_row_full applies)
+    bool valid() const { return t >= 0; }
+  };
+
+  // The first unit after (k0, t) in (block, pair) order (t = -2: from the start of block k0).
+  Unit next_unit(int k0, int t, const TileKeys* tiles, int row_tiles, int k_hi) const {
+    for (; k0 < k_hi; k0 += KB, t = -2) {
+      const int n = std::min(KB, k_hi - k0);
+      for (int u = t + 2; u < row_tiles; u += 2) {
+        if (tiles[u].sees(k0, n) || tiles[u + 1].sees(k0, n)) {
+          Unit r;
+          r.k0 = k0;
+          r.n = n;
+          r.t = u;
+          r.lean = lean_ok_ && n == KB && tiles[u].covers(k0, n) && tiles[u + 1].covers(k0, n);
+          return r;
+        }
+      }
+    }
+    return Unit{};
+  }
+
+  const uint16_t* unit_k(const uint16_t* packed, const AmxScratch& sc, const Unit& u) const {
+    return packed != nullptr ? packed + static_cast<int64_t>(u.k0 / kAmxKeyBlock) * block_elems_
+                             : sc.k_packed;
+  }
+  const uint16_t* unit_v(const uint16_t* packed, const AmxScratch& sc, const Unit& u) const {
+    return packed != nullptr ? unit_k(packed, sc, u) + k_elems_ : sc.v_packed;
+  }
+
+  // The item's (block, pair) units as a software pipeline: step u issues the tile work of S(u + 1)
+  // and P . V(u - 1) in 4-dot micro-steps with the softmax rows of unit u between them, so that
+  // the vector units run the softmax while the tile unit works (a whole S pass issued before the
+  // softmax, as the plain loop does, leaves the out-of-order window full of waiting tile work).
+  // Units whose softmax needs masks (diagonal or partial blocks) run their softmax after the
+  // tile work of the step. P . V(u - 1) runs first, alone, when unit u is the same pair (its
+  // softmax rescales O rows P . V(u - 1) adds into); with per-item packing the pipeline drains at
+  // each block (the next block is packed into the same scratch).
+  void run_pipelined(const AmxScratch& sc, const int32_t* slots, int kv_head,
+                     const uint16_t* packed, const TileKeys* tiles, int row_tiles,
+                     const RowInfo* rows, int nr, int k_lo, int k_hi, float* const s_buf[2]) {
+    Unit cur = next_unit(k_lo, -2, tiles, row_tiles, k_hi);
+    if (!cur.valid()) return;
+    if (packed == nullptr)
+      stage_and_pack(slots + cur.k0, cur.n, kv_head, sc, sc.k_packed, sc.v_packed);
+    int cur_buf = 0;
+    scores_pair(sc, cur.t, s_buf[cur_buf], unit_k(packed, sc, cur));
+    Unit prev;
+    while (cur.valid()) {
+      const Unit next = next_unit(cur.k0, cur.t, tiles, row_tiles, k_hi);
+      const bool repack = packed == nullptr && next.valid() && next.k0 != cur.k0;
+      if (prev.valid() && prev.t == cur.t) {
+        pv_pair(sc, prev.t, unit_v(packed, sc, prev));
+        prev = Unit{};
+      }
+      const Unit* s_next = next.valid() && !repack ? &next : nullptr;
+      float* s_cur = s_buf[cur_buf];
+      float* s_nxt = s_buf[cur_buf ^ 1];
+      if (cur.lean) {
+        step_interleaved(sc, s_next, s_nxt, s_next ? unit_k(packed, sc, next) : nullptr,
+                         prev.valid() ? prev.t : -1,
+                         prev.valid() ? unit_v(packed, sc, prev) : nullptr, cur.t, s_cur);
+      } else {
+        if (s_next != nullptr) scores_pair(sc, next.t, s_nxt, unit_k(packed, sc, next));
+        if (prev.valid()) pv_pair(sc, prev.t, unit_v(packed, sc, prev));
+        for (int half = 0; half < 2; ++half) {
+          softmax_tile(sc, cur.t + half, cur.k0, cur.n, rows, nr, s_cur + half * kTileRows * KB);
+        }
+      }
+      if (repack) {
+        pv_pair(sc, cur.t, unit_v(packed, sc, cur));
+        prev = Unit{};
+        stage_and_pack(slots + next.k0, next.n, kv_head, sc, sc.k_packed, sc.v_packed);
+        scores_pair(sc, next.t, s_nxt, sc.k_packed);
+      } else {
+        prev = cur;
+      }
+      cur = next;
+      cur_buf ^= 1;
+    }
+    if (prev.valid()) pv_pair(sc, prev.t, unit_v(packed, sc, prev));
+  }
+
+  // One pipeline step: S of pair s_t (s_t < 0: none) into s_dst from K at kp, P . V of pair pv_t
+  // (pv_t < 0: none) from V at vp, and softmax_row_full of the 32 rows of pair sm_t (scores in
+  // s_src), the rows spread evenly between the 4-dot micro-steps.
+  void step_interleaved(const AmxScratch& sc, const Unit* s_unit, float* s_dst, const uint16_t* kp,
+                        int pv_t, const uint16_t* vp, int sm_t, const float* s_src) {
+    const int dc = dp_ / kTileDepth;
+    const int s_steps = s_unit != nullptr ? (kBlockKeyTiles / 2) * dc : 0;
+    const int pv_steps = pv_t >= 0 ? (dvp_ / kTileDepth) * kBlockKeyChunks : 0;
+    const int total = s_steps + pv_steps;
+    const float scale = pre_cap_ * post_cap_;
+    int done = 0;
+    for (int i = 0; i < total; ++i) {
+      if (i < s_steps) {
+        scores_micro(sc, s_unit->t, s_dst, kp, i / dc, i % dc, dc);
+      } else {
+        const int j = i - s_steps;
+        pv_micro(sc, pv_t, vp, j / kBlockKeyChunks, j % kBlockKeyChunks);
+      }
+      const int target = (i + 1) * kPairRows / total;
+      for (; done < target; ++done) {
+        softmax_row_full(sc, sm_t * kTileRows + done, s_src + done * KB, scale);
+      }
+    }
+    for (; done < kPairRows; ++done) {
+      softmax_row_full(sc, sm_t * kTileRows + done, s_src + done * KB, scale);
+    }
+  }
+
+  // Depth chunk c of S pass `pass` (key tiles 2 pass, 2 pass + 1) of pair t: zeroes the
+  // accumulators at c == 0, stores them at c == dc - 1.
+  void scores_micro(const AmxScratch& sc, int t, float* s, const uint16_t* kp, int pass, int c,
+                    int dc) {
+    const int q_stride = dp_ * static_cast<int>(sizeof(uint16_t));
+    const uint16_t* q0 = sc.q + static_cast<int64_t>(t) * kTileRows * dp_;
+    const uint16_t* q1 = q0 + static_cast<int64_t>(kTileRows) * dp_;
+    constexpr int kSStride = KB * sizeof(float);
+    const int kt = 2 * pass;
+    const uint16_t* kb = kp + static_cast<int64_t>(kt / kKeyTiles) * block_elems_;
+    const int ktl = kt % kKeyTiles;
+    if (c == 0) {
+      tile_zero<0>();
+      tile_zero<1>();
+      tile_zero<2>();
+      tile_zero<3>();
+    }
+    tile_load<4>(q0 + c * kTileDepth, q_stride);
+    tile_load<6>(k_tile(kb, c, ktl), kTileRowBytes);
+    tile_dpbf16ps<0, 4, 6>();
+    tile_load<7>(k_tile(kb, c, ktl + 1), kTileRowBytes);
+    tile_dpbf16ps<1, 4, 7>();
+    tile_load<5>(q1 + c * kTileDepth, q_stride);
+    tile_dpbf16ps<2, 5, 6>();
+    tile_dpbf16ps<3, 5, 7>();
+    if (c == dc - 1) {
+      float* s1 = s + kTileRows * KB;
+      tile_store<0>(s + kt * kTileCols, kSStride);
+      tile_store<1>(s + (kt + 1) * kTileCols, kSStride);
+      tile_store<2>(s1 + kt * kTileCols, kSStride);
+      tile_store<3>(s1 + (kt + 1) * kTileCols, kSStride);
+    }
+  }
+
+  // Key chunk kc of P . V pass `pass` (O column tiles 2 pass, 2 pass + 1) of pair t: loads the O
+  // tiles at kc == 0, stores them after the last chunk.
+  void pv_micro(const AmxScratch& sc, int t, const uint16_t* vp, int pass, int kc) {
+    const int o_stride = dvp_ * static_cast<int>(sizeof(float));
+    constexpr int kPStride = KB * sizeof(uint16_t);
+    const int j = 2 * pass;
+    float* o0j = sc.o + static_cast<int64_t>(t) * kTileRows * dvp_ + j * kTileCols;
+    float* o1j = o0j + static_cast<int64_t>(kTileRows) * dvp_;
+    const uint16_t* p0 = sc.p + static_cast<int64_t>(t) * kTileRows * KB;
+    const uint16_t* p1 = p0 + kTileRows * KB;
+    if (kc == 0) {
+      tile_load<0>(o0j, o_stride);
+      tile_load<1>(o0j + kTileCols, o_stride);
+      tile_load<2>(o1j, o_stride);
+      tile_load<3>(o1j + kTileCols, o_stride);
+    }
+    const uint16_t* vb = vp + static_cast<int64_t>(kc / kKeyChunks) * block_elems_;
+    const int kcl = kc % kKeyChunks;
+    tile_load<4>(p0 + kc * kTileDepth, kPStride);
+    tile_load<6>(v_tile(vb, kcl, j), kTileRowBytes);
+    tile_dpbf16ps<0, 4, 6>();
+    tile_load<7>(v_tile(vb, kcl, j + 1), kTileRowBytes);
+    tile_dpbf16ps<1, 4, 7>();
+    tile_load<5>(p1 + kc * kTileDepth, kPStride);
+    tile_dpbf16ps<2, 5, 6>();
+    tile_dpbf16ps<3, 5, 7>();
+    if (kc == kBlockKeyChunks - 1) {
+      tile_store<0>(o0j, o_stride);
+      tile_store<1>(o0j + kTileCols, o_stride);
+      tile_store<2>(o1j, o_stride);
+      tile_store<3>(o1j + kTileCols, o_stride);
+    }
+  }
+
+  // softmax_tile_full for one row r (scores at s_row, raw): the same arithmetic, with the row's
+  // max update done in scalar (raised only past kRescaleThreshold, as update_max does).
+  void softmax_row_full(const AmxScratch& sc, int r, const float* s_row, float scale) {
+    constexpr int kVecs = KB / V::kWidth;
+    V::F mx = V::load(s_row);
+    for (int v = 1; v < kVecs; ++v) mx = V::max(mx, V::load(s_row + v * V::kWidth));
+    const float b_max = V::reduce_max(mx) * scale;
+    const float m_old = sc.m[r];
+    float alpha = 1.f;
+    // Always raised for a row's first keys: -inf + threshold = -inf.
+    if (b_max > m_old + kRescaleThreshold) {
+      alpha = _mm512_cvtss_f32(V::exp2(V::set1(m_old - b_max)));
+      sc.m[r] = b_max;
+    }
+    const V::F scale_vec = V::set1(scale);
+    const V::F neg_m = V::set1(-sc.m[r]);
+    uint16_t* p_row = sc.p + static_cast<int64_t>(r) * KB;
+    V::F sum = V::zero();
+    for (int v = 0; v < kVecs; v += 2) {
+      const V::F e0 = exp2_finite(V::fma(V::load(s_row + v * V::kWidth), scale_vec, neg_m));
+      const V::F e1 = exp2_finite(V::fma(V::load(s_row + (v + 1) * V::kWidth), scale_vec, neg_m));
+      sum = V::add(sum, V::add(e0, e1));
+      const __m512bh h = _mm512_cvtne2ps_pbh(e1, e0);  // e0 in the low half
+      _mm512_storeu_si512(p_row + v * V::kWidth, reinterpret_cast<const __m512i&>(h));
+    }
+    sc.l[r] = sc.l[r] * alpha + V::reduce_add(sum);
+    if (alpha != 1.f) rescale_o_row(sc, r, alpha);
+  }
+
   // finalize_rows for one bf16 output row, 16 columns per conversion (v_head_dim % 16 == 0).
   void store_row_bf16(int token, int hq, float m, float l, const float* o_row) const {
     float factor = 0.f;
@@ -349,17 +576,6 @@ class AmxExtend {
     }
     if (p_.lse != nullptr) p_.lse[token * p_.lse_token_stride + hq * p_.lse_head_stride] = lse;
   }
-
-  // Visible-key facts of one 16-row tile: the union [any_lo, any_hi) of its rows' ranges and the
-  // intersection [all_lo, all_hi) (every row sees those keys; padding rows see none).
-  struct TileKeys {
-    int any_lo = std::numeric_limits<int>::max();
-    int any_hi = 0;
-    int all_lo = 0;
-    int all_hi = std::numeric_limits<int>::max();
-    bool sees(int k0, int n) const { return any_hi > k0 && any_lo < k0 + n; }
-    bool covers(int k0, int n) const { return all_lo <= k0 && all_hi >= k0 + n; }
-  };
 
   // Points rows[0, kAmxKeyBlock) at the n bf16 rows (slots [0, n)) of kv head h of `cache`, in
   // place or converted into `stage`; rows past n point at zeros.
@@ -694,7 +910,7 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
         const int64_t blocks = amx_blocks_per_head(rq.seq_len, KB);
         packed = w.packed + ((*w.pack_begin)[it.request] + it.kv_head * blocks) * block_elems;
       }
-      kernel.run_item(rq, it, sc, packed);
+      kernel.run_item(rq, it, sc, packed, w.pipelined);
     }
     tile_release();
     _mm_setcsr(mxcsr);
