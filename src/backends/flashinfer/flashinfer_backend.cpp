@@ -209,6 +209,12 @@ class FlashInferBackend final : public AttentionBackend {
     c.group = ctx_.num_q_heads / ctx_.num_kv_heads;
     c.target_ctas = cuda::decode_blocks_per_sm(flashinfer::kTargetCtasPerSm) * sm_count_;
     c.allow_split = allow_split;
+    static const int split_ctas = [] {  // experiment knob (work_plan.h PlanConfig::split_ctas)
+      const char* e = std::getenv("ATTNKIT_FLASHINFER_SPLIT_CTAS");
+      const int v = e != nullptr ? std::atoi(e) : 0;
+      return v >= 1 && v <= 4096 ? v : 0;
+    }();
+    c.split_ctas = split_ctas;
     return c;
   }
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
