@@ -124,7 +124,7 @@ struct PagedParams {
   // How a split decode CTA counts itself (experiment knob ATTNKIT_FLASHINFER_SPLIT_SYNC=fence_all,
   // not API): 0 = one acq_rel atomic by thread 0 between two CTA barriers
   // (ring::last_split_cta_acq_rel), 1 = every thread fences, then the atomic, then a fence
-  // (ring::last_split_cta, the sessions 4-6 default).
+  // (ring::last_split_cta, the previous default).
   int split_sync_fence_all = 0;
 };
 
