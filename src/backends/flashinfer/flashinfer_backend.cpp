@@ -209,6 +209,12 @@ class FlashInferBackend final : public AttentionBackend {
     c.group = ctx_.num_q_heads / ctx_.num_kv_heads;
     c.target_ctas = cuda::decode_blocks_per_sm(flashinfer::kTargetCtasPerSm) * sm_count_;
     c.allow_split = allow_split;
+    static const int split_ctas = [] {  // experiment knob (work_plan.h PlanConfig::split_ctas)
+      const char* e = std::getenv("ATTNKIT_FLASHINFER_SPLIT_CTAS");
+      const int v = e != nullptr ? std::atoi(e) : 0;
+      return v >= 1 && v <= 4096 ? v : 0;
+    }();
+    c.split_ctas = split_ctas;
     return c;
   }
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -482,6 +488,11 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     return e != nullptr && std::string(e) == "generic";
   }();
   p.decode_generic_loop = generic_loop ? 1 : 0;
+  static const bool split_fence_all = [] {  // decode experiment knob (paged_params.h)
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_SPLIT_SYNC");
+    return e != nullptr && std::string(e) == "fence_all";
+  }();
+  p.split_sync_fence_all = split_fence_all ? 1 : 0;
   // Programmatic dependent launch only for unsplit decode plans: 2026-11-22 H200, --launches 10,
   // b16 kv 4k 71.6 -> 70.2 us (fp8 41.7 -> 40.2) with it, b1 kv 32k (16 splits) 44.3 -> 48.9 us.
   // Not in captured graphs: a replay may split (b1 kv 32k graph replays read 66.1% of copy with

@@ -613,6 +613,30 @@ __device__ __forceinline__ bool last_split_cta(int* counter, int num_splits) {
   return last;
 }
 
+// The same answer as last_split_cta with one fence-free atomic: every thread's partial stores come
+// before the CTA barrier; thread 0's atom.acq_rel.gpu then releases them at GPU scope and acquires
+// the other CTAs' (the barrier after it orders this CTA's merge loads behind it), instead of a
+// sequentially consistent fence by every thread before the atomic and another after (the
+// release/acquire pattern of CUTLASS's generic barrier; the triton decode's
+// last_split_cta_acq_rel). Partials must be read with ld.global.cg (__ldcg) after this.
+__device__ __forceinline__ bool last_split_cta_acq_rel(int* counter, int num_splits) {
+  __shared__ int last_acq;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int prev = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n"
+                 : "=r"(prev)
+                 : "l"(counter)
+                 : "memory");
+#endif
+    last_acq = prev == num_splits - 1;
+    if (last_acq) *counter = 0;
+  }
+  __syncthreads();
+  return last_acq != 0;
+}
+
 // Packs 8 floats into 8 QT values and stores them (16 bytes).
 template <typename QT>
 __device__ __forceinline__ void store8(QT* dst, const float (&v)[8], float mul) {

@@ -255,7 +255,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       (static_cast<int64_t>(item.request) * q_tiles + item.q_row_begin / cuda::ring::kRows) *
           p.num_kv_heads +
       kv_head;
-  if (!cuda::ring::last_split_cta(counter, req.num_splits)) return;
+  const bool last = p.split_sync_fence_all != 0
+                        ? cuda::ring::last_split_cta(counter, req.num_splits)
+                        : cuda::ring::last_split_cta_acq_rel(counter, req.num_splits);
+  if (!last) return;
   merge_splits<Tr>(p, req, w.rows, head_of, token_of, reinterpret_cast<float*>(smem));
 }
 

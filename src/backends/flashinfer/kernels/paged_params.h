@@ -121,6 +121,11 @@ struct PagedParams {
   // page-table words (the previous kernel of the stream must not write the plan, req_pool_indices
   // or req_to_token).
   int decode_pdl = 0;
+  // How a split decode CTA counts itself (experiment knob ATTNKIT_FLASHINFER_SPLIT_SYNC=fence_all,
+  // not API): 0 = one acq_rel atomic by thread 0 between two CTA barriers
+  // (ring::last_split_cta_acq_rel), 1 = every thread fences, then the atomic, then a fence
+  // (ring::last_split_cta, the previous default).
+  int split_sync_fence_all = 0;
 };
 
 }  // namespace attnkit::flashinfer

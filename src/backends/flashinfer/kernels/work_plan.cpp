@@ -77,12 +77,14 @@ Result<WorkPlan> build_work_plan(std::span<const PlanRequest> requests, const Pl
     const int64_t unsplit =
         chunked_items(requests, config.group, rows_per_tile, std::max<int64_t>(max_len, 1));
     if (unsplit < per_head_target && max_len > kMinSplitChunk) {
+      const int64_t split_target =
+          config.split_ctas > 0 ? config.split_ctas / config.num_kv_heads : per_head_target;
       int64_t lo = kMinSplitChunk / kDecodeTileKeys;  // in tiles
       int64_t hi = ceil_div(max_len, kDecodeTileKeys);
       while (lo < hi) {
         const int64_t mid = (lo + hi) / 2;
         if (chunked_items(requests, config.group, rows_per_tile, mid * kDecodeTileKeys) <=
-            per_head_target) {
+            split_target) {
           hi = mid;
         } else {
           lo = mid + 1;
@@ -130,8 +132,9 @@ int64_t max_decode_items(int max_bs, const PlanConfig& config) {
   // Unsplit: one item per (request, q tile). Split: the chunk keeps num_kv_heads * items within
   // target_ctas.
   const int64_t q_tiles = ceil_div(config.group, kDecodeTileRows);
-  return std::max<int64_t>(static_cast<int64_t>(max_bs) * q_tiles,
-                           config.target_ctas / std::max(1, config.num_kv_heads));
+  return std::max<int64_t>(
+      static_cast<int64_t>(max_bs) * q_tiles,
+      std::max(config.target_ctas, config.split_ctas) / std::max(1, config.num_kv_heads));
 }
 
 }  // namespace attnkit::flashinfer

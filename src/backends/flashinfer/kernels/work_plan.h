@@ -43,6 +43,9 @@ struct PlanConfig {
   int group = 1;        // q heads per kv head
   int target_ctas = 1;  // kTargetCtasPerSm * SM count
   bool allow_split = true;
+  // Experiment knob (ATTNKIT_FLASHINFER_SPLIT_CTAS): the grid target of a plan that splits
+  // (target_ctas still decides whether it splits). 0: target_ctas.
+  int split_ctas = 0;
 };
 
 // Per-request inputs (host copies of the batch lengths).
