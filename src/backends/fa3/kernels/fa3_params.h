@@ -17,7 +17,7 @@ namespace attnkit::fa3 {
 
 inline constexpr int kBlockM = 128;  // query rows per tile (2 consumer warpgroups x 64)
 // Keys per block of the pipeline (kBlockN), per head dim: the instantiated kernels are
-//   d 64: 128;  d 128: 128;  d 256: 80 (default) and 64.
+//   d 64: 128 (default) and 192;  d 128: 128;  d 256: 80 (default) and 64.
 // The O accumulators (d / 2 per thread), S (kBlockN / 2) and P (kBlockN / 4) share the consumers'
 // 232 registers. d 256: 80 keys (2 shared-memory stages, FlashAttention-3's choice) measured 1.14x
 // the 64-key block (docs/perf/fa3_notes.md, 2026-11-22 05:31Z). A 176-key block for
@@ -25,6 +25,9 @@ inline constexpr int kBlockM = 128;  // query rows per tile (2 consumer warpgrou
 constexpr bool block_n_supported(int head_dim, int block_n) {
   switch (head_dim) {
     case 64:
+      // 192 (ATTNKIT_FA3_BLOCK_N=192): Q K^T issued as an N=128 and an N=64 wgmma per k-step;
+      // amortises the per-block fixed instructions over 1.5x the keys (session 7).
+      return block_n == 128 || block_n == 192;
     case 128:
       return block_n == 128;
     case 256:

@@ -29,7 +29,9 @@ Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream
 
 // Key blocks instantiated per head dim (block_n_supported in fa3_params.h says the same).
 template <int kD>
-using BlockNs = std::conditional_t<kD == 256, ValueList<80, 64>, ValueList<128>>;
+using BlockNs =
+    std::conditional_t<kD == 256, ValueList<80, 64>,
+                       std::conditional_t<kD == 64, ValueList<128, 192>, ValueList<128>>>;
 
 template <int kD>
 Status launch_prefill_sm90_n(const Fa3Params& p, DType q_dtype, int block_n, int sm_count,
