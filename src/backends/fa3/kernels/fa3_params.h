@@ -144,6 +144,10 @@ struct Fa3Params {
   // aligned; ATTNKIT_FA3_EPI_WIDE=0: off): the epilogue writes O with 16-byte stores after a quad
   // shuffle transpose; 0: 4-byte stores straight from the accumulator layout.
   int epi_wide = 0;
+  // bf16 / f16 kernel: 1 (the engine's default; ATTNKIT_FA3_UNIFORM_WG=0: off) launches the
+  // instantiation whose warpgroup index is broadcast from lane 0, so the consumer loop's counters
+  // and wgmma descriptors live in uniform registers (prefill_sm90_kernel's kUniformWg).
+  int uniform_wg = 0;
   // FP8 kernel (prefill_sm90_fp8.cuh) only: the pool holds e4m3 rows (x / scale); k_scale is
   // folded into scale_log2 on the host, v_scale multiplies O in the epilogue.
   float v_scale = 1.f;
