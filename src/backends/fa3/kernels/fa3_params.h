@@ -17,7 +17,7 @@ namespace attnkit::fa3 {
 
 inline constexpr int kBlockM = 128;  // query rows per tile (2 consumer warpgroups x 64)
 // Keys per block of the pipeline (kBlockN), per head dim: the instantiated kernels are
-//   d 64: 128 (default) and 192;  d 128: 128;  d 256: 80 (default) and 64.
+//   d 64: 192 (default) and 128;  d 128: 128;  d 256: 80 (default) and 64.
 // The O accumulators (d / 2 per thread), S (kBlockN / 2) and P (kBlockN / 4) share the consumers'
 // 232 registers. d 256: 80 keys (2 shared-memory stages, FlashAttention-3's choice) measured 1.14x
 // the 64-key block (docs/perf/fa3_notes.md, 2026-11-22 05:31Z). A 176-key block for
@@ -25,7 +25,7 @@ inline constexpr int kBlockM = 128;  // query rows per tile (2 consumer warpgrou
 constexpr bool block_n_supported(int head_dim, int block_n) {
   switch (head_dim) {
     case 64:
-      // 192 (ATTNKIT_FA3_BLOCK_N=192): Q K^T issued as an N=128 and an N=64 wgmma per k-step;
+      // 192 (default): Q K^T issued as an N=128 and an N=64 wgmma per k-step;
       // amortises the per-block fixed instructions over 1.5x the keys (session 7).
       return block_n == 128 || block_n == 192;
     case 128:
@@ -36,8 +36,12 @@ constexpr bool block_n_supported(int head_dim, int block_n) {
       return false;
   }
 }
-// The default key block of head dim d.
-constexpr int default_block_n(int head_dim) { return head_dim == 256 ? 80 : 128; }
+// The default key block of head dim d. d 64: 192 keys measured 1.05-1.06x the 128-key block
+// (H200 2026-11-23 00:44Z, causal B2 S8k 1.392 / 1.374 vs 1.458 / 1.458 ms; docs/perf/fa3_notes.md
+// session 7); ATTNKIT_FA3_BLOCK_N=128 restores it.
+constexpr int default_block_n(int head_dim) {
+  return head_dim == 256 ? 80 : (head_dim == 64 ? 192 : 128);
+}
 
 // Consumer schedule (Fa3Params::overlap) when ATTNKIT_FA3_OVERLAP is unset: the intra-warpgroup
 // overlap at d 64 / 128; the serial schedule at d 256, where it measured 1.31x faster (H200
@@ -144,7 +148,7 @@ struct Fa3Params {
   // aligned; ATTNKIT_FA3_EPI_WIDE=0: off): the epilogue writes O with 16-byte stores after a quad
   // shuffle transpose; 0: 4-byte stores straight from the accumulator layout.
   int epi_wide = 0;
-  // bf16 / f16 kernel: 1 (the engine's default; ATTNKIT_FA3_UNIFORM_WG=0: off) launches the
+  // Both kernels: 1 (the engine's default; ATTNKIT_FA3_UNIFORM_WG=0: off) launches the
   // instantiation whose warpgroup index is broadcast from lane 0, so the consumer loop's counters
   // and wgmma descriptors live in uniform registers (prefill_sm90_kernel's kUniformWg).
   int uniform_wg = 0;
