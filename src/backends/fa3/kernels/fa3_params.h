@@ -150,7 +150,8 @@ struct Fa3Params {
   int epi_wide = 0;
   // Both kernels: 1 (the engine's default; ATTNKIT_FA3_UNIFORM_WG=0: off) launches the
   // instantiation whose warpgroup index is broadcast from lane 0, so the consumer loop's counters
-  // and wgmma descriptors live in uniform registers (prefill_sm90_kernel's kUniformWg).
+  // and wgmma descriptors live in uniform registers (prefill_sm90_kernel's kUniformWg). Measured
+  // bf16 +3.8-11.8% (all d 128 / 64 / 256 cases), FP8 +2.0-3.5% (H200 2026-11-23 00:44Z / 00:50Z).
   int uniform_wg = 0;
   // FP8 kernel (prefill_sm90_fp8.cuh) only: the pool holds e4m3 rows (x / scale); k_scale is
   // folded into scale_log2 on the host, v_scale multiplies O in the epilogue.
