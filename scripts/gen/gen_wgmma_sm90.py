@@ -18,8 +18,8 @@ FAMILIES = {
     "16bit": {
         "header": "wgmma_sm90.cuh",
         "k": 16,
-        # QK^T: N = key tile (80: d 256; 192: d 64); 256: MLA decode P V (A = P). PV: N = head dim.
-        "ss_n": (64, 80, 128, 192, 256),
+        # QK^T: N = key tile (80: d 256); 256: MLA decode P V (A = P). PV: N = head dim.
+        "ss_n": (64, 80, 128, 256),
         "rs_n": (64, 128, 256),
         "suffix": "",
         "template": "template <bool kBf16, int kTransB>\n",

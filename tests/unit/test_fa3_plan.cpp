@@ -68,7 +68,7 @@ TEST(Fa3PlanTest, KeyBlockFollowsTheHeadDim) {
   for (int d : {64, 128, 256}) EXPECT_TRUE(block_n_supported(d, default_block_n(d)));
   EXPECT_TRUE(block_n_supported(256, 64));
   EXPECT_TRUE(block_n_supported(64, 128));
-  EXPECT_FALSE(block_n_supported(64, 176));
+  EXPECT_FALSE(block_n_supported(128, 192));
   EXPECT_FALSE(block_n_supported(128, 176));
   EXPECT_FALSE(block_n_supported(128, 80));
   EXPECT_FALSE(block_n_supported(96, 128));
@@ -80,6 +80,8 @@ TEST(Fa3PlanTest, TmaBoxesNeverCrossAPage) {
   EXPECT_EQ(tma_rows_for(256, 128), 128);  // one key block of a larger page
   EXPECT_EQ(tma_rows_for(64, 80), 16);     // 80 = 5 x 16: 16-row boxes inside 64-row pages
   EXPECT_EQ(tma_rows_for(8, 80), 8);
+  EXPECT_EQ(tma_rows_for(16, 192), 16);  // d 64 blocks of 192 = 3 x 64
+  EXPECT_EQ(tma_rows_for(256, 192), 64);
   EXPECT_EQ(tma_rows_for(1, 128), 0);  // gathered
   EXPECT_EQ(tma_rows_for(4, 128), 0);
   EXPECT_EQ(tma_rows_for(24, 128), 0);  // not a power of two

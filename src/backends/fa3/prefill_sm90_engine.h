@@ -72,6 +72,7 @@ class PrefillSm90Engine {
   // schedule), ATTNKIT_FA3_SCHED=0 (plain-stride persistent schedule instead of the zigzag),
   // ATTNKIT_FA3_LAZY_RESCALE=0 (no lazy O rescale, Fa3Params::lazy_rescale; on by default),
   // ATTNKIT_FA3_EPI_WIDE=0 (4-byte O stores, Fa3Params::epi_wide),
+  // ATTNKIT_FA3_UNIFORM_WG=0 (the kernel without the lane-0 warpgroup broadcast),
   // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   bool pingpong_ = true;
@@ -81,6 +82,7 @@ class PrefillSm90Engine {
   bool zigzag_ = true;
   bool lazy_rescale_ = true;
   bool epi_wide_ = true;
+  bool uniform_wg_ = true;
   int block_n_ = 128;
   int diag_ = 0;
 

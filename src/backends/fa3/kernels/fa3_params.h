@@ -22,12 +22,11 @@ inline constexpr int kBlockM = 128;  // query rows per tile (2 consumer warpgrou
 // 232 registers. d 256: 80 keys (2 shared-memory stages, FlashAttention-3's choice) measured 1.14x
 // the 64-key block (docs/perf/fa3_notes.md, 2026-11-22 05:31Z). A 176-key block for
 // bidirectional d 128 (2 stages) measured 0.66-0.77x the 128-key block (3 stages) and was dropped.
-// d 64: 192 keys (3 stages, S 96 + P 48 + O 32 registers, no spills) measured 1.02-1.08x the
-// 128-key block causal and 1.02x bidirectional (H200 2026-11-23 00:47Z, two alternated rounds;
-// docs/perf/fa3_notes.md session 7): twice the softmax work per wgmma issue of S.
 constexpr bool block_n_supported(int head_dim, int block_n) {
   switch (head_dim) {
     case 64:
+      // 192 (default): Q K^T issued as an N=128 and an N=64 wgmma per k-step;
+      // amortises the per-block fixed instructions over 1.5x the keys (session 7).
       return block_n == 128 || block_n == 192;
     case 128:
       return block_n == 128;
@@ -37,7 +36,9 @@ constexpr bool block_n_supported(int head_dim, int block_n) {
       return false;
   }
 }
-// The default key block of head dim d.
+// The default key block of head dim d. d 64: 192 keys measured 1.05-1.06x the 128-key block
+// (H200 2026-11-23 00:44Z, causal B2 S8k 1.392 / 1.374 vs 1.458 / 1.458 ms; docs/perf/fa3_notes.md
+// session 7); ATTNKIT_FA3_BLOCK_N=128 restores it.
 constexpr int default_block_n(int head_dim) {
   return head_dim == 256 ? 80 : (head_dim == 64 ? 192 : 128);
 }
@@ -147,6 +148,11 @@ struct Fa3Params {
   // aligned; ATTNKIT_FA3_EPI_WIDE=0: off): the epilogue writes O with 16-byte stores after a quad
   // shuffle transpose; 0: 4-byte stores straight from the accumulator layout.
   int epi_wide = 0;
+  // Both kernels: 1 (the engine's default; ATTNKIT_FA3_UNIFORM_WG=0: off) launches the
+  // instantiation whose warpgroup index is broadcast from lane 0, so the consumer loop's counters
+  // and wgmma descriptors live in uniform registers (prefill_sm90_kernel's kUniformWg). Measured
+  // bf16 +3.8-11.8% (all d 128 / 64 / 256 cases), FP8 +2.0-3.5% (H200 2026-11-23 00:44Z / 00:50Z).
+  int uniform_wg = 0;
   // FP8 kernel (prefill_sm90_fp8.cuh) only: the pool holds e4m3 rows (x / scale); k_scale is
   // folded into scale_log2 on the host, v_scale multiplies O in the epilogue.
   float v_scale = 1.f;

@@ -430,6 +430,9 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 }
 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
+// kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
+// branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
+template <bool kUniformWg = true>
 __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -450,7 +453,12 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     sm90::mbar_init_fence();
   }
   __syncthreads();
-  const int wg = threadIdx.x / 128;
+  int wg;
+  if constexpr (kUniformWg) {
+    wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  } else {
+    wg = threadIdx.x / 128;  // the kernel before session 7
+  }
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
     producer_fp8(p, smem);

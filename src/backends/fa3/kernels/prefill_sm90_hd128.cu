@@ -11,7 +11,7 @@ namespace attnkit::fa3 {
 bool prefill_sm90_fp8_available() {
   static const bool ok = [] {
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, prefill_sm90_fp8_kernel) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, prefill_sm90_fp8_kernel<true>) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -22,12 +22,13 @@ bool prefill_sm90_fp8_available() {
 
 Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream) {
   using Tr = PrefillFp8Traits;
-  ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(
-      prefill_sm90_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  auto kernel = p.uniform_wg != 0 ? prefill_sm90_fp8_kernel<true> : prefill_sm90_fp8_kernel<false>;
+  ATTNKIT_CUDA_TRY(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
   if (units == 0) return Status::ok();
   const int grid = static_cast<int>(std::min<int64_t>(units, sm_count));
-  prefill_sm90_fp8_kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }

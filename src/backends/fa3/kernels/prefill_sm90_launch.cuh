@@ -16,7 +16,8 @@ namespace attnkit::fa3 {
 template <int kD, int kN, bool kBf16>
 Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream) {
   using Tr = PrefillTraits<kD, kN, kBf16>;
-  auto kernel = prefill_sm90_kernel<kD, kN, kBf16>;
+  auto kernel = p.uniform_wg != 0 ? prefill_sm90_kernel<kD, kN, kBf16, true>
+                                  : prefill_sm90_kernel<kD, kN, kBf16, false>;
   ATTNKIT_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
