@@ -30,6 +30,17 @@ bool wgmma_env_on() {
   return e == nullptr || std::string(e) != "0";
 }
 
+// ATTNKIT_MLA_WGMMA_BLOCKS=1: the wgmma kernel's block-barrier variant (off by default).
+bool wgmma_blocks_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_WGMMA_BLOCKS");
+  return e != nullptr && std::string(e) == "1";
+}
+// ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
+bool wgmma_noload_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_WGMMA_DIAG");
+  return e != nullptr && std::string(e) == "noload";
+}
+
 std::string str(int64_t v) { return std::to_string(v); }
 
 // Query tokens per request: decode 1, verify N.
@@ -66,6 +77,8 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
       new MlaDecodeEngine(ctx, std::move(owner), page_size, allow_fp8, sm_count));
   e->use_wgmma_ = cc == kWgmmaComputeCapability && smem_optin >= wgmma_smem_bytes() &&
                   wgmma_env_on() && wgmma_available();
+  e->wgmma_blocks_ = wgmma_blocks_env();
+  e->wgmma_noload_ = wgmma_noload_env();
   return e;
 }
 
@@ -254,7 +267,8 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.partial_out = plan_.partial_out;
   p.partial_lse = plan_.partial_lse;
   p.num_parts = plan_.num_parts;
-  p.use_wgmma = use_wgmma_ ? 1 : 0;
+  p.use_wgmma = use_wgmma_ ? (wgmma_blocks_ ? 2 : 1) : 0;
+  p.wgmma_diag_noload = use_wgmma_ && wgmma_noload_ ? 1 : 0;
   return run_decode(p, page_size_, kv_dtype, stream);
 }
 
