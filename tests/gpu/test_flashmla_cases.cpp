@@ -91,16 +91,19 @@ TEST(FlashMlaKernels, VerifyChainsMultiTokenQueries) {
 // 64-row tiles (128 heads) run the sm_90a wgmma kernel on SM90 unless ATTNKIT_MLA_WGMMA=0: many
 // short requests per CTA-part (several segments per CTA: the Q reload and the alternation of the
 // two consumer warpgroups restart per segment, with odd and even tile counts), on both kernels
-// and the wgmma kernel's block-barrier variant (ATTNKIT_MLA_WGMMA_BLOCKS=1).
+// and the wgmma kernel's variants (ATTNKIT_MLA_WGMMA_BLOCKS 0 = tile barriers, 1 = block
+// barriers, the default, 2 = block barriers + split release).
 TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   std::vector<int> lens;
   for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
-  for (const char* variant : {"1", "1+blocks", "0"}) {
+  for (const char* variant : {"1", "1+blocks0", "1+blocks2", "0"}) {
     const std::string v = variant;
     const char* wgmma = v == "0" ? "0" : "1";
     SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + variant);
     ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA", wgmma, 1), 0);
-    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_BLOCKS", v == "1+blocks" ? "1" : "0", 1), 0);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_BLOCKS",
+                     v == "1+blocks0" ? "0" : (v == "1+blocks2" ? "2" : "1"), 1),
+              0);
     run_and_compare(mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16), true);
     run_and_compare(
         mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640}, 128, DType::kBF16), false);

@@ -30,10 +30,12 @@ bool wgmma_env_on() {
   return e == nullptr || std::string(e) != "0";
 }
 
-// ATTNKIT_MLA_WGMMA_BLOCKS=1: the wgmma kernel's block-barrier variant (off by default).
-bool wgmma_blocks_env() {
+// ATTNKIT_MLA_WGMMA_BLOCKS: the wgmma kernel's variant (mla_decode_wgmma.cuh, kVariant): "0" one
+// full barrier per K tile, "2" block barriers + split release, unset / else block barriers (1).
+int wgmma_variant_env() {
   const char* e = std::getenv("ATTNKIT_MLA_WGMMA_BLOCKS");
-  return e != nullptr && std::string(e) == "1";
+  const std::string v = e == nullptr ? "" : e;
+  return v == "0" ? 0 : v == "2" ? 2 : 1;
 }
 // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
 bool wgmma_noload_env() {
@@ -77,7 +79,7 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
       new MlaDecodeEngine(ctx, std::move(owner), page_size, allow_fp8, sm_count));
   e->use_wgmma_ = cc == kWgmmaComputeCapability && smem_optin >= wgmma_smem_bytes() &&
                   wgmma_env_on() && wgmma_available();
-  e->wgmma_blocks_ = wgmma_blocks_env();
+  e->wgmma_variant_ = wgmma_variant_env();
   e->wgmma_noload_ = wgmma_noload_env();
   return e;
 }
@@ -267,7 +269,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.partial_out = plan_.partial_out;
   p.partial_lse = plan_.partial_lse;
   p.num_parts = plan_.num_parts;
-  p.use_wgmma = use_wgmma_ ? (wgmma_blocks_ ? 2 : 1) : 0;
+  p.use_wgmma = use_wgmma_ ? 1 + wgmma_variant_ : 0;
   p.wgmma_diag_noload = use_wgmma_ && wgmma_noload_ ? 1 : 0;
   return run_decode(p, page_size_, kv_dtype, stream);
 }
