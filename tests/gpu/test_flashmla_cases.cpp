@@ -90,13 +90,20 @@ TEST(FlashMlaKernels, VerifyChainsMultiTokenQueries) {
 
 // 64-row tiles (128 heads) run the sm_90a wgmma kernel on SM90 unless ATTNKIT_MLA_WGMMA=0: many
 // short requests per CTA-part (several segments per CTA: the Q reload and the alternation of the
-// two consumer warpgroups restart per segment, with odd and even tile counts), on both kernels.
+// two consumer warpgroups restart per segment, with odd and even tile counts), on both kernels
+// and the wgmma kernel's variants (ATTNKIT_MLA_WGMMA_BLOCKS 0 = tile barriers, 1 = block
+// barriers, the default, 2 = block barriers + split release).
 TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   std::vector<int> lens;
   for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
-  for (const char* wgmma : {"1", "0"}) {
-    SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + wgmma);
+  for (const char* variant : {"1", "1+blocks0", "1+blocks2", "0"}) {
+    const std::string v = variant;
+    const char* wgmma = v == "0" ? "0" : "1";
+    SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + variant);
     ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA", wgmma, 1), 0);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_BLOCKS",
+                     v == "1+blocks0" ? "0" : (v == "1+blocks2" ? "2" : "1"), 1),
+              0);
     run_and_compare(mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16), true);
     run_and_compare(
         mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640}, 128, DType::kBF16), false);
@@ -108,6 +115,7 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
     run_and_compare(c, true);
   }
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA"), 0);
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_BLOCKS"), 0);
 }
 
 TEST(FlashMlaKernels, RejectsOtherPageSizes) {

@@ -30,6 +30,19 @@ bool wgmma_env_on() {
   return e == nullptr || std::string(e) != "0";
 }
 
+// ATTNKIT_MLA_WGMMA_BLOCKS: the wgmma kernel's variant (mla_decode_wgmma.cuh, kVariant): "0" one
+// full barrier per K tile, "2" block barriers + split release, unset / else block barriers (1).
+int wgmma_variant_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_WGMMA_BLOCKS");
+  const std::string v = e == nullptr ? "" : e;
+  return v == "0" ? 0 : v == "2" ? 2 : 1;
+}
+// ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
+bool wgmma_noload_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_WGMMA_DIAG");
+  return e != nullptr && std::string(e) == "noload";
+}
+
 std::string str(int64_t v) { return std::to_string(v); }
 
 // Query tokens per request: decode 1, verify N.
@@ -66,6 +79,8 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
       new MlaDecodeEngine(ctx, std::move(owner), page_size, allow_fp8, sm_count));
   e->use_wgmma_ = cc == kWgmmaComputeCapability && smem_optin >= wgmma_smem_bytes() &&
                   wgmma_env_on() && wgmma_available();
+  e->wgmma_variant_ = wgmma_variant_env();
+  e->wgmma_noload_ = wgmma_noload_env();
   return e;
 }
 
@@ -254,7 +269,8 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.partial_out = plan_.partial_out;
   p.partial_lse = plan_.partial_lse;
   p.num_parts = plan_.num_parts;
-  p.use_wgmma = use_wgmma_ ? 1 : 0;
+  p.use_wgmma = use_wgmma_ ? 1 + wgmma_variant_ : 0;
+  p.wgmma_diag_noload = use_wgmma_ && wgmma_noload_ ? 1 : 0;
   return run_decode(p, page_size_, kv_dtype, stream);
 }
 

@@ -28,18 +28,18 @@ Status launch_decode(const MlaDecodeParams& p, cudaStream_t s) {
   return Status::ok();
 }
 
-template <int kPage>
+template <int kPage, int kVariant>
 Status launch_decode_wgmma(const MlaDecodeParams& p, cudaStream_t s) {
   using Traits = MlaWgmmaTraits<kPage>;
   static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
   if (!attribute_set) {
-    ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_wgmma_kernel<kPage>,
+    ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_wgmma_kernel<kPage, kVariant>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           Traits::kSmemBytes));
     attribute_set = true;
   }
   const dim3 grid(p.num_parts, (p.rows_per_req + Traits::kRows - 1) / Traits::kRows);
-  mla_decode_wgmma_kernel<kPage><<<grid, Traits::kThreads, Traits::kSmemBytes, s>>>(p);
+  mla_decode_wgmma_kernel<kPage, kVariant><<<grid, Traits::kThreads, Traits::kSmemBytes, s>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }
@@ -48,7 +48,9 @@ template <int kPage, bool kFp8>
 Status launch_rows(const MlaDecodeParams& p, cudaStream_t s) {
   if constexpr (!kFp8) {
     if (p.use_wgmma != 0 && rows_per_cta(p.rows_per_req) == 64) {
-      return launch_decode_wgmma<kPage>(p, s);
+      if (p.use_wgmma == 1) return launch_decode_wgmma<kPage, 0>(p, s);
+      if (p.use_wgmma == 3) return launch_decode_wgmma<kPage, 2>(p, s);
+      return launch_decode_wgmma<kPage, 1>(p, s);
     }
   }
   switch (rows_per_cta(p.rows_per_req)) {

@@ -69,8 +69,11 @@ struct MlaWgmmaTraits {
   static constexpr int kFOffset = kMOffset + kRows * 4;  // rescale factor of the latest tile
   static constexpr int kLOffset = kFOffset + kRows * 4;  // [2][kRows] row sums per consumer
   static constexpr int kBarOffset = kLOffset + 2 * kRows * 4;
-  // q_full, q_empty, full[2], empty[2]
-  static constexpr int kSmemBytes = kBarOffset + 6 * 8 + kAlign;
+  static constexpr int kColBlocks = kRowDim / 64;  // 64-column (128-byte swizzle) blocks: 9
+  // q_full, q_empty, full[2], empty[2], block_full[2][kColBlocks] (block-barrier variants),
+  // empty_hi[2] (split release)
+  static constexpr int kBarriers = 6 + 2 * kColBlocks + 2;
+  static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "227 KiB opt-in of SM90");
   static_assert(kQBytes % kAlign == 0 && kTileBytes % kAlign == 0 && kPOffset % kAlign == 0,
                 "1024-byte swizzle atoms");
@@ -88,8 +91,23 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 inline constexpr int kBarPReady = 1;
 inline constexpr int kBarEpilogue = 3;
 
-template <typename Tr>
+// kVariant 0 (ATTNKIT_MLA_WGMMA_BLOCKS=0): one full barrier per K tile.
+// kVariant 1 (default; H200 session 7: 128 heads +7-10%): the producer arrives on one full
+// barrier per 64-column block of a K tile (9 per stage), and S = Q K^T waits block by block, so
+// the S of a freshly refilled stage starts when its first 8 KiB have landed instead of all 72 KiB
+// (the load of the tile overlaps its own S).
+// kVariant 2 (ATTNKIT_MLA_WGMMA_BLOCKS=2): 1 + split release: consumer 0 releases blocks 0-3 and
+// the rope block 8 (empty), consumer 1 blocks 4-7 (empty_hi); the producer refills 0-3, 8 first
+// and S runs the blocks in that order (0, 1, 2, 3, 8, 4, 5, 6, 7).
+template <typename Tr, int kVariant>
 struct MlaWgmmaCta {
+  static constexpr bool kBlockFull = kVariant >= 1;
+  static constexpr bool kSplitRelease = kVariant == 2;
+  // Column block loaded / multiplied n-th.
+  __device__ static constexpr int block_at(int n) {
+    return !kSplitRelease || n < 4 ? n : (n == 4 ? 8 : n - 1);
+  }
+
   const MlaDecodeParams& p;
   uint8_t* smem;
   uint32_t base;
@@ -101,6 +119,12 @@ struct MlaWgmmaCta {
   __device__ uint32_t q_empty() const { return bar(1); }
   __device__ uint32_t full(int s) const { return bar(2 + s); }
   __device__ uint32_t empty(int s) const { return bar(4 + s); }
+  __device__ uint32_t block_full(int s, int kb) const { return bar(6 + s * Tr::kColBlocks + kb); }
+  __device__ uint32_t empty_hi(int s) const { return bar(6 + 2 * Tr::kColBlocks + s); }
+  // Consumer g's release of a stage (its last read of it was a P V).
+  __device__ void release(int s, int g) const {
+    sm90::mbar_arrive(kSplitRelease && g == 1 ? empty_hi(s) : empty(s));
+  }
 
   // ---- producer (warpgroup 0) ----
   __device__ void producer() const {
@@ -133,27 +157,68 @@ struct MlaWgmmaCta {
         const int stage = it & 1;
         mbar_wait(empty(stage), ((it >> 1) & 1) ^ 1);
         const uint32_t dst = sK(stage);
+        // Diagnostic (ATTNKIT_MLA_WGMMA_DIAG=noload; wrong results, timing only): after the
+        // first fill of both stages no global loads, the consumers recompute stale tiles.
+        const bool load = !(p.wgmma_diag_noload != 0 && it >= 2);
+        if constexpr (kBlockFull) {
+          // Block kb = chunks [8 kb, 8 kb + 8): thread t copies chunks 8 kb + 4 (t % 2) + [0, 4).
+#pragma unroll 1
+          for (int n = 0; n < Tr::kColBlocks; ++n) {
+            const int kb = block_at(n);
+            if (kSplitRelease && n == 5) mbar_wait(empty_hi(stage), ((it >> 1) & 1) ^ 1);
+            if (load) {
 #pragma unroll
-        for (int i = 0; i < Tr::kChunks / 2; ++i) {
-          const int c = (tid & 1) + 2 * i;
-          cp_async_16(dst + swizzle_offset(kBlockN, key, c), valid ? row + c * 16 : kvg,
-                      valid ? 16 : 0);
+              for (int i = 0; i < 4; ++i) {
+                const int c = 8 * kb + 4 * (tid & 1) + i;
+                cp_async_16(dst + swizzle_offset(kBlockN, key, c), valid ? row + c * 16 : kvg,
+                            valid ? 16 : 0);
+              }
+            }
+            cp_async_arrive_noinc(block_full(stage, kb));
+          }
+        } else {
+          if (load) {
+#pragma unroll
+            for (int i = 0; i < Tr::kChunks / 2; ++i) {
+              const int c = (tid & 1) + 2 * i;
+              cp_async_16(dst + swizzle_offset(kBlockN, key, c), valid ? row + c * 16 : kvg,
+                          valid ? 16 : 0);
+            }
+          }
+          cp_async_arrive_noinc(full(stage));
         }
-        cp_async_arrive_noinc(full(stage));
       }
     });
     cp_async_wait<0>();
   }
 
   // ---- consumers (warpgroups 1, 2 -> g = 0, 1) ----
-  __device__ void issue_s(float (&sacc)[32], int stage) const {
+  // kBlockFull: block 0 was waited for by the caller; blocks 1.. are waited for here, between
+  // the wgmmas (nothing touches sacc meanwhile).
+  __device__ void issue_s(float (&sacc)[32], int stage, uint32_t parity) const {
     const uint64_t q_desc = sm90::make_desc(sQ(), 16, 1024);
     const uint64_t k_desc = sm90::make_desc(sK(stage), 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+      if constexpr (kBlockFull) {
+        if (kk % 4 == 0 && kk > 0) {
+          sm90::mbar_wait(block_full(stage, block_at(kk / 4)), parity);
+          sm90::fence_proxy_async();
+          sm90::wgmma_fence();  // ptxas would inject it (C7519) after the wait loop
+        }
+      }
+      const int kb = block_at(kk / 4);
       sm90::wgmma_ss<64, true, 0>(
-          sacc, sm90::desc_advance(q_desc, (kk / 4) * Tr::kRows * 128 + (kk % 4) * 32),
-          sm90::desc_advance(k_desc, (kk / 4) * kBlockN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
+          sacc, sm90::desc_advance(q_desc, kb * Tr::kRows * 128 + (kk % 4) * 32),
+          sm90::desc_advance(k_desc, kb * kBlockN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
+    }
+  }
+  // The whole tile has landed (tile barrier, or the blocks [kb0, kb1) this consumer reads).
+  __device__ void wait_tile(int stage, uint32_t parity, int kb0, int kb1) const {
+    if constexpr (kBlockFull) {
+      for (int kb = kb0; kb < kb1; ++kb) sm90::mbar_wait(block_full(stage, kb), parity);
+    } else {
+      sm90::mbar_wait(full(stage), parity);
     }
   }
   // O[:, 256 g .. +256) += P V: V = columns [256 g, +256) of the tile, MN-major (4 blocks of 64
@@ -240,31 +305,31 @@ struct MlaWgmmaCta {
           }
           l[0] *= f[0];
           l[1] *= f[1];
-          mbar_wait(full(it_oth & 1), (it_oth >> 1) & 1);
+          wait_tile(it_oth & 1, (it_oth >> 1) & 1, 4 * g, 4 * g + 4);  // V columns of g
           fence_proxy_async();
           wgmma_fence();
           issue_pv_smem_p(o, it_oth & 1, g);
           wgmma_commit();
         };
         auto own_s = [&]() {
-          mbar_wait(full(it_own & 1), (it_own >> 1) & 1);
+          wait_tile(it_own & 1, (it_own >> 1) & 1, 0, kBlockFull ? 1 : 0);
           fence_proxy_async();
           wgmma_fence();
-          issue_s(sacc, it_own & 1);
+          issue_s(sacc, it_own & 1, (it_own >> 1) & 1);
           wgmma_commit();
         };
         if (!own) {  // the segment's last tile is the other consumer's
           other_pv();
           wgmma_wait<0>();
           fence_regs(o);
-          mbar_arrive(empty(it_oth & 1));
+          release(it_oth & 1, g);
           continue;
         }
         if (other) {
           other_pv();
           own_s();
           wgmma_wait<1>();  // the P V (committed first) is done; S may still run
-          mbar_arrive(empty(it_oth & 1));
+          release(it_oth & 1, g);
         } else {
           own_s();
         }
@@ -343,7 +408,7 @@ struct MlaWgmmaCta {
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(o);
-          mbar_arrive(empty(it_own & 1));
+          release(it_own & 1, g);
         }
       }
       it += n;
@@ -406,7 +471,7 @@ struct MlaWgmmaCta {
 };
 
 // grid: (num_parts, ceil(rows_per_req / 64)), block 384, dynamic smem Tr::kSmemBytes.
-template <int kPage>
+template <int kPage, int kVariant = 1>
 __global__ void __launch_bounds__(384, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ MlaDecodeParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -414,13 +479,16 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = sm90::smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);
-  MlaWgmmaCta<Tr> cta{p, smem, sm90::smem_addr(smem)};
+  using Cta = MlaWgmmaCta<Tr, kVariant>;
+  Cta cta{p, smem, sm90::smem_addr(smem)};
   if (threadIdx.x == 0) {
     sm90::mbar_init(cta.q_full(), 128);
     sm90::mbar_init(cta.q_empty(), 256);
     for (int s = 0; s < 2; ++s) {
       sm90::mbar_init(cta.full(s), 128);
-      sm90::mbar_init(cta.empty(s), 256);
+      sm90::mbar_init(cta.empty(s), Cta::kSplitRelease ? 128 : 256);
+      sm90::mbar_init(cta.empty_hi(s), 128);
+      for (int kb = 0; kb < Tr::kColBlocks; ++kb) sm90::mbar_init(cta.block_full(s, kb), 128);
     }
     sm90::mbar_init_fence();
   }

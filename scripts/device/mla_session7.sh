@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Session 7 device run for the MLA wgmma kernel (one command, fits timeout_s 360): build the MLA
+# targets, torch ceilings, an A/B of the 128-head bf16 cases (mla_decode_128h.json, eager,
+# --warmup 5 --iters 30) alternating the wgmma kernel's variants (ATTNKIT_MLA_WGMMA_BLOCKS 0 / 1 /
+# 2), the timing-only diagnostic ATTNKIT_MLA_WGMMA_DIAG=noload (no K loads after the first two
+# tiles: compute + sync bound), then every MLA GPU test with the default and again with
+# ATTNKIT_MLA_WGMMA_BLOCKS=$BLOCKS2 (2). Everything comes back in one tar.gz.
+# Run from the repository root with .deps carried. Knobs: B (build dir, build-dev), RUN (1: the
+# first run's A/B), BLOCKS2, SKIP_TESTS2.
+set -uo pipefail
+FINAL="${OUT:-$PWD/out}"; OUT=${MLA_WORK:-/tmp/mla_s7}; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
+B=${B:-build-dev}; T0=$(date +%s)
+el() { echo "$(( $(date +%s) - T0 ))s"; }
+. scripts/device/lib.sh
+echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) date: $(date -u +%FT%TZ)"
+attnkit_configure "$B" > "$OUT/build.log" 2>&1
+ninja -C "$B" -j16 attnkit_cli test_flashmla_cases test_cutlass_mla_cases test_flashinfer_cases \
+  test_mla_prefix_cache test_fa3_cases test_triton_cases >> "$OUT/build.log" 2>&1
+echo "build rc=$? $(el)"; grep -m5 -E "error|C75[0-9][0-9]" "$OUT/build.log"
+timeout 30 python3 scripts/device/mla_ceilings.py > "$OUT/ceilings.log" 2>&1; tail -2 "$OUT/ceilings.log"
+CASES=${CASES:-scripts/device/mla_decode_128h.json}
+bench() {  # name, env...
+  local name=$1; shift
+  env "$@" timeout 40 "$B/tools/attnkit/attnkit" bench --backend flashmla --cases "$CASES" \
+    --device cuda --warmup 5 --iters 30 --json "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1
+  echo "bench $name rc=$? $(el)"
+}
+if [ "${RUN:-2}" = 1 ]; then  # run 1 (00:57Z): before block barriers became the default
+  bench base1 ATTNKIT_MLA_WGMMA_BLOCKS=0; bench blocks1 ATTNKIT_MLA_WGMMA_BLOCKS=1
+  bench base2 ATTNKIT_MLA_WGMMA_BLOCKS=0; bench blocks2 ATTNKIT_MLA_WGMMA_BLOCKS=1
+  bench noload_base ATTNKIT_MLA_WGMMA_BLOCKS=0 ATTNKIT_MLA_WGMMA_DIAG=noload
+  bench noload_blocks ATTNKIT_MLA_WGMMA_BLOCKS=1 ATTNKIT_MLA_WGMMA_DIAG=noload
+else  # run 2: variants 0 (tile barriers), 1 (default), 2 (split release), alternated
+  bench v0a ATTNKIT_MLA_WGMMA_BLOCKS=0; bench v1a; bench v2a ATTNKIT_MLA_WGMMA_BLOCKS=2
+  bench v0b ATTNKIT_MLA_WGMMA_BLOCKS=0; bench v1b; bench v2b ATTNKIT_MLA_WGMMA_BLOCKS=2
+  bench noload_v2 ATTNKIT_MLA_WGMMA_BLOCKS=2 ATTNKIT_MLA_WGMMA_DIAG=noload
+  timeout 40 "$B/tools/attnkit/attnkit" bench --backend flashmla --graph --cases "$CASES" \
+    --device cuda --warmup 5 --iters 30 --json "$OUT/bench_v1graph.json" > "$OUT/bench_v1graph.log" 2>&1
+  echo "bench v1 --graph rc=$? $(el)"
+fi
+python3 - "$OUT" <<'PY'
+import json, sys, glob, os
+rows = {}
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "bench_*.json"))):
+    name = os.path.basename(f)[6:-5]
+    for r in json.load(open(f)).get("results", []):
+        if r.get("status") == "ok" and r.get("backend") == "flashmla":
+            rows.setdefault(r["case"], {})[name] = (r["ms_median"], r.get("tflops") or 0)
+for case, v in rows.items():
+    print(case.replace("mla_decode_", "")[:40], " ".join(
+        f"{k}={ms:.4f}ms/{tf:.1f}TF" for k, (ms, tf) in v.items()))
+PY
+REGEX='Mla|MLA|mla|FlashMla|CutlassMla|FlashInfer.*[Mm]la'
+(cd "$B" && timeout $(( 300 - ($(date +%s) - T0) )) ctest -L gpu -R "$REGEX" -j 8 --timeout 45 \
+  --output-on-failure > "$OUT/ctest.log" 2>&1)
+echo "ctest rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest.log" | head -12
+if [ -z "${SKIP_TESTS2:-}" ]; then
+  (cd "$B" && ATTNKIT_MLA_WGMMA_BLOCKS=${BLOCKS2:-2} timeout $(( 345 - ($(date +%s) - T0) )) ctest -L gpu \
+    -R "$REGEX" -j 8 --timeout 45 --output-on-failure > "$OUT/ctest_blocks.log" 2>&1)
+  echo "ctest BLOCKS=${BLOCKS2:-2} rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest_blocks.log")"
+  grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest_blocks.log" | head -12
+fi
+tar czf "$FINAL/mla_s7.tar.gz" -C "$OUT" . 2>/dev/null
+echo "done $(el)"
