@@ -4,7 +4,7 @@
 # --warmup 5 --iters 30) alternating the wgmma kernel's variants (ATTNKIT_MLA_WGMMA_BLOCKS 0 / 1 /
 # 2), the timing-only diagnostic ATTNKIT_MLA_WGMMA_DIAG=noload (no K loads after the first two
 # tiles: compute + sync bound), then every MLA GPU test with the default and again with
-# ATTNKIT_MLA_WGMMA_BLOCKS=$BLOCKS2 (2). Everything comes back in one tar.gz.
+# ATTNKIT_MLA_WGMMA_BLOCKS=$BLOCKS2 (0). Everything comes back in one tar.gz.
 # Run from the repository root with .deps carried. Knobs: B (build dir, build-dev), RUN (1: the
 # first run's A/B), BLOCKS2, SKIP_TESTS2.
 set -uo pipefail
@@ -30,13 +30,14 @@ if [ "${RUN:-2}" = 1 ]; then  # run 1 (00:57Z): before block barriers became the
   bench base2 ATTNKIT_MLA_WGMMA_BLOCKS=0; bench blocks2 ATTNKIT_MLA_WGMMA_BLOCKS=1
   bench noload_base ATTNKIT_MLA_WGMMA_BLOCKS=0 ATTNKIT_MLA_WGMMA_DIAG=noload
   bench noload_blocks ATTNKIT_MLA_WGMMA_BLOCKS=1 ATTNKIT_MLA_WGMMA_DIAG=noload
-else  # run 2: variants 0 (tile barriers), 1 (default), 2 (split release), alternated
-  bench v0a ATTNKIT_MLA_WGMMA_BLOCKS=0; bench v1a; bench v2a ATTNKIT_MLA_WGMMA_BLOCKS=2
-  bench v0b ATTNKIT_MLA_WGMMA_BLOCKS=0; bench v1b; bench v2b ATTNKIT_MLA_WGMMA_BLOCKS=2
-  bench noload_v2 ATTNKIT_MLA_WGMMA_BLOCKS=2 ATTNKIT_MLA_WGMMA_DIAG=noload
+else  # variants 0 (tile barriers), 1 (block barriers), 2 (+ split release; unset = 2 since
+  # 6281669 — in run 2 (01:03Z) the default was 1 and v2 ran with ATTNKIT_MLA_WGMMA_BLOCKS=2)
+  bench v0a ATTNKIT_MLA_WGMMA_BLOCKS=0; bench v1a ATTNKIT_MLA_WGMMA_BLOCKS=1; bench v2a
+  bench v0b ATTNKIT_MLA_WGMMA_BLOCKS=0; bench v1b ATTNKIT_MLA_WGMMA_BLOCKS=1; bench v2b
+  bench noload_v2 ATTNKIT_MLA_WGMMA_DIAG=noload
   timeout 40 "$B/tools/attnkit/attnkit" bench --backend flashmla --graph --cases "$CASES" \
-    --device cuda --warmup 5 --iters 30 --json "$OUT/bench_v1graph.json" > "$OUT/bench_v1graph.log" 2>&1
-  echo "bench v1 --graph rc=$? $(el)"
+    --device cuda --warmup 5 --iters 30 --json "$OUT/bench_v2graph.json" > "$OUT/bench_v2graph.log" 2>&1
+  echo "bench v2 (default) --graph rc=$? $(el)"
 fi
 python3 - "$OUT" <<'PY'
 import json, sys, glob, os
@@ -56,9 +57,9 @@ REGEX='Mla|MLA|mla|FlashMla|CutlassMla|FlashInfer.*[Mm]la'
 echo "ctest rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest.log" | head -12
 if [ -z "${SKIP_TESTS2:-}" ]; then
-  (cd "$B" && ATTNKIT_MLA_WGMMA_BLOCKS=${BLOCKS2:-2} timeout $(( 345 - ($(date +%s) - T0) )) ctest -L gpu \
+  (cd "$B" && ATTNKIT_MLA_WGMMA_BLOCKS=${BLOCKS2:-0} timeout $(( 345 - ($(date +%s) - T0) )) ctest -L gpu \
     -R "$REGEX" -j 8 --timeout 45 --output-on-failure > "$OUT/ctest_blocks.log" 2>&1)
-  echo "ctest BLOCKS=${BLOCKS2:-2} rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest_blocks.log")"
+  echo "ctest BLOCKS=${BLOCKS2:-0} rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest_blocks.log")"
   grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest_blocks.log" | head -12
 fi
 tar czf "$FINAL/mla_s7.tar.gz" -C "$OUT" . 2>/dev/null

@@ -68,13 +68,14 @@ TEST(CutlassMlaKernels, Heads128Bf16BothKernels) {
   v.new_lens.clear();
   v.spec_draft_tokens = 2;
   v.spec_topk = 1;
-  // "blocksN": "1" + ATTNKIT_MLA_WGMMA_BLOCKS=N (the wgmma kernel's variants; 1 is the default).
-  for (const char* wgmma : {"1", "all", "0", "blocks0", "blocks2"}) {
+  // "blocksN": "1" + ATTNKIT_MLA_WGMMA_BLOCKS=N (the wgmma kernel's variants; unset = 2, the
+  // default).
+  for (const char* wgmma : {"1", "all", "0", "blocks0", "blocks1"}) {
     SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + wgmma);
     const std::string w = wgmma;
     const bool blocks = w.rfind("blocks", 0) == 0;
     ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA", blocks ? "1" : wgmma, 1), 0);
-    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_BLOCKS", blocks ? w.c_str() + 6 : "1", 1), 0);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_BLOCKS", blocks ? w.c_str() + 6 : "", 1), 0);
     run(c, true);
     run(v, true);
   }

@@ -66,7 +66,7 @@ class MlaDecodeEngine {
   bool allow_fp8_ = false;
   int sm_count_ = 0;
   bool use_wgmma_ = false;
-  int wgmma_variant_ = 1;  // ATTNKIT_MLA_WGMMA_BLOCKS: 0 tile barriers, 1 block, 2 + split release
+  int wgmma_variant_ = 2;  // ATTNKIT_MLA_WGMMA_BLOCKS: 0 tile barriers, 1 block, 2 + split release
   bool wgmma_noload_ = false;  // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic only
 
   // The current forward's plan.

@@ -8,7 +8,8 @@
 //     K tiles [64 keys x 576] into a 2-stage ring by 16-byte cp.async through the page table
 //     (slot = req_to_token[j - j % P] + j % P), in the 128-byte swizzle the wgmma descriptors
 //     read; completion on mbarriers (full: cp.async.mbarrier.arrive.noinc), a stage is refilled
-//     after both consumer warpgroups released it (empty).
+//     after both consumer warpgroups released it (empty). kVariant (below): the default has one
+//     full barrier per 64-column block and releases the two V halves separately.
 //   warpgroups 1, 2 (consumers g = 0, 1, setmaxnreg 232): consumer g owns output columns
 //     [256 g, 256 g + 256) of all 64 rows (O: 128 f32 registers per thread) and the S = Q K^T of
 //     the segment's tiles i with i % 2 == g (wgmma m64n64k16, A = Q and B = K from shared memory,
@@ -92,13 +93,13 @@ inline constexpr int kBarPReady = 1;
 inline constexpr int kBarEpilogue = 3;
 
 // kVariant 0 (ATTNKIT_MLA_WGMMA_BLOCKS=0): one full barrier per K tile.
-// kVariant 1 (default; H200 session 7: 128 heads +7-10%): the producer arrives on one full
-// barrier per 64-column block of a K tile (9 per stage), and S = Q K^T waits block by block, so
-// the S of a freshly refilled stage starts when its first 8 KiB have landed instead of all 72 KiB
-// (the load of the tile overlaps its own S).
-// kVariant 2 (ATTNKIT_MLA_WGMMA_BLOCKS=2): 1 + split release: consumer 0 releases blocks 0-3 and
-// the rope block 8 (empty), consumer 1 blocks 4-7 (empty_hi); the producer refills 0-3, 8 first
-// and S runs the blocks in that order (0, 1, 2, 3, 8, 4, 5, 6, 7).
+// kVariant 1 (ATTNKIT_MLA_WGMMA_BLOCKS=1; H200 session 7: 128 heads +5-10% over 0): the producer
+// arrives on one full barrier per 64-column block of a K tile (9 per stage), and S = Q K^T waits
+// block by block, so the S of a freshly refilled stage starts when its first 8 KiB have landed
+// instead of all 72 KiB (the load of the tile overlaps its own S).
+// kVariant 2 (default; H200 session 7: +2-3% over 1): 1 + split release: consumer 0 releases
+// blocks 0-3 and the rope block 8 (empty), consumer 1 blocks 4-7 (empty_hi); the producer refills
+// 0-3, 8 first and S runs the blocks in that order (0, 1, 2, 3, 8, 4, 5, 6, 7).
 template <typename Tr, int kVariant>
 struct MlaWgmmaCta {
   static constexpr bool kBlockFull = kVariant >= 1;
@@ -471,7 +472,7 @@ struct MlaWgmmaCta {
 };
 
 // grid: (num_parts, ceil(rows_per_req / 64)), block 384, dynamic smem Tr::kSmemBytes.
-template <int kPage, int kVariant = 1>
+template <int kPage, int kVariant = 2>
 __global__ void __launch_bounds__(384, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ MlaDecodeParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
