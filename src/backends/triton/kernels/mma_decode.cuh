@@ -27,30 +27,6 @@ namespace attnkit::triton {
 
 static_assert(kMmaDecodeGroupTile == cuda::ring::kRows, "the host plans the ring core's tile");
 
-// True in the split CTA that counts itself last of num_splits on `counter` (and resets it to 0 for
-// the next launch). Every thread's partial stores come before the CTA barrier; thread 0's
-// acq_rel atomic then releases them at GPU scope and acquires the other CTAs' (the barrier after it
-// orders this CTA's merge loads behind it): one fence-free atomic by one thread instead of a
-// sequentially consistent fence by every thread before it and another after (the release/acquire
-// pattern of CUTLASS's generic barrier).
-__device__ __forceinline__ bool last_split_cta_acq_rel(int* counter, int num_splits) {
-  __shared__ int last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int prev = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n"
-                 : "=r"(prev)
-                 : "l"(counter)
-                 : "memory");
-#endif
-    last = prev == num_splits - 1;
-    if (last) *counter = 0;
-  }
-  __syncthreads();
-  return last != 0;
-}
-
 // The fused split-KV merge of one head block (q heads head0 .. head0 + rows - 1 of decode token
 // `token`), by every thread of the CTA that counted itself last. One thread per (row, 4 columns)
 // loads the row's partial LSEs and its 4 columns of up to 16 partials at once (ld.global.cg:
@@ -158,8 +134,9 @@ __device__ __forceinline__ void decode_split(const AttentionParams& p, uint8_t* 
   if (num_splits == 1) return;
   // Fused merge: the last of the request's split CTAs of this head block merges the partials.
   int* counter = p.split_counters + static_cast<int64_t>(token) * gridDim.x + blockIdx.x;
-  const bool last = p.split_sync_fence_all != 0 ? cuda::ring::last_split_cta(counter, num_splits)
-                                                : last_split_cta_acq_rel(counter, num_splits);
+  const bool last = p.split_sync_fence_all != 0
+                        ? cuda::ring::last_split_cta(counter, num_splits)
+                        : cuda::ring::last_split_cta_acq_rel(counter, num_splits);
   if (!last) return;
   merge_head_block<Tr>(p, token, head0, w.rows, num_splits);
 }
