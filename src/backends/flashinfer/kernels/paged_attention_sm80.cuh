@@ -65,10 +65,9 @@ inline int decode_pdl() {
   return mode;
 }
 
-template <typename Tr>
-Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
-  if (grid_items <= 0) return Status::ok();
-  const auto kernel = paged_decode_ring_kernel<Tr>;
+template <typename Tr, int kLoop>
+Status launch_paged_kernel(const PagedParams& p, int grid_items, StreamHandle stream) {
+  const auto kernel = paged_decode_ring_kernel<Tr, kLoop>;
   // Per-function attributes, set once per instantiation (not stream operations): the dynamic
   // shared memory and all of the unified L1/shared storage as shared memory (two decode CTAs per
   // SM need 2 x 107 KB).
@@ -105,41 +104,40 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   return Status::ok();
 }
 
-// Experiment knob (not API): ATTNKIT_FLASHINFER_FP8_TILE=16 runs fp8 KV decode on 16-key warp
-// tiles instead of the default 32-key ones (RingDecodeTraits::kTileSubs), so that one device run
-// can compare both.
-inline bool fp8_wide_decode_tiles() {
-  static const bool wide = [] {
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_FP8_TILE");
-    return e == nullptr || std::strcmp(e, "16") != 0;
-  }();
-  return wide;
+// One kernel per streaming loop (decode_loop_of), or (kSplitLoops false) the one kernel holding
+// all three.
+template <typename Tr, bool kSplitLoops = true>
+Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
+  if (grid_items <= 0) return Status::ok();
+  if constexpr (!kSplitLoops) {
+    return launch_paged_kernel<Tr, kDecodeLoopAny>(p, grid_items, stream);
+  } else {
+    switch (decode_loop_of(p)) {
+      case kDecodeLoopHot:
+        return launch_paged_kernel<Tr, kDecodeLoopHot>(p, grid_items, stream);
+      case kDecodeLoopCap:
+        return launch_paged_kernel<Tr, kDecodeLoopCap>(p, grid_items, stream);
+      default:
+        return launch_paged_kernel<Tr, kDecodeLoopPaged>(p, grid_items, stream);
+    }
+  }
 }
 
-// Experiment knob (not API): ATTNKIT_FLASHINFER_DECODE_CTA picks the decode CTA shape where it is
-// instantiated (d 128, bf16 q, bf16 or fp8_e4m3 KV): "4x2" (default: 2 CTAs of 4 warps per SM, 110
-// KB each), "8x1" (one CTA of 8 warps, 220 KB: the same ring depth, twice the warps of one CTA) or
-// "4x1" (one CTA of 4 warps, 220 KB: twice the ring depth). The planner targets one CTA per SM, so
-// at batch 16 every SM runs one CTA of whichever shape.
-enum class DecodeCta { k4x2, k8x1, k4x1 };
-inline DecodeCta decode_cta_shape() {
-  static const DecodeCta shape = [] {
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_DECODE_CTA");
-    if (e != nullptr && std::strcmp(e, "8x1") == 0) return DecodeCta::k8x1;
-    if (e != nullptr && std::strcmp(e, "4x1") == 0) return DecodeCta::k4x1;
-    return DecodeCta::k4x2;
+// Experiment knob (not API): ATTNKIT_FLASHINFER_DECODE_S8 selects, for d 128, bf16 q, bf16 /
+// fp8_e4m3 KV, the decode before session 8's changes for an A/B in one process: "s7" (one kernel
+// with the three loops, unrolled once-per-warp code, one-source fp8 conversions), "cvt" (s7 plus
+// the paired fp8 conversions), "one" (all session-8 code changes in the one kernel of three
+// loops). Unset: the default (separate kernels, rolled once-per-warp code, paired conversions).
+enum class DecodeS8 { kDefault, kS7, kCvt, kOne };
+inline DecodeS8 decode_s8_variant() {
+  static const DecodeS8 v = [] {
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_DECODE_S8");
+    if (e != nullptr && std::strcmp(e, "s7") == 0) return DecodeS8::kS7;
+    if (e != nullptr && std::strcmp(e, "cvt") == 0) return DecodeS8::kCvt;
+    if (e != nullptr && std::strcmp(e, "one") == 0) return DecodeS8::kOne;
+    return DecodeS8::kDefault;
   }();
-  return shape;
-}
-inline constexpr int kDecodeOneCtaSmem = 220 * 1024;  // budget of the one-CTA-per-SM shapes
-// Experiment knob (not API): ATTNKIT_FLASHINFER_SLOT_LOADS=4 runs the default shape (d 128, bf16
-// q, bf16 / fp8_e4m3 KV) with the old copy issue: one 4-byte slot-word load per copied row.
-inline bool decode_wide_slot_loads() {
-  static const bool wide = [] {
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_SLOT_LOADS");
-    return e == nullptr || std::strcmp(e, "4") != 0;
-  }();
-  return wide;
+  return v;
 }
 
 // Picks the instantiation for (q dtype, kv dtype, tile shape); the default branches name the value.
@@ -151,25 +149,22 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
       static_assert(kShape == TileShape::kDecode,
                     "prefill runs paged_prefill_sm80.cuh (run_paged_prefill_sm80)");
       using Tr = RingDecodeTraits<kD, QT, kKv>;
-      using Narrow = RingDecodeTraits<kD, QT, kKv, /*kWideFp8=*/false>;
-      if constexpr (Tr::kTileSubs != Narrow::kTileSubs) {
-        if (!fp8_wide_decode_tiles()) return launch_paged<Narrow>(p, grid_items, stream);
-      }
       if constexpr (kD == 128 && std::is_same_v<QT, __nv_bfloat16> &&
                     (kKv == DType::kBF16 || kKv == DType::kFP8E4M3)) {
-        const DecodeCta shape = decode_cta_shape();
-        if (shape == DecodeCta::k8x1) {
-          return launch_paged<RingDecodeTraits<kD, QT, kKv, true, 8, kDecodeOneCtaSmem, 1>>(
-              p, grid_items, stream);
-        }
-        if (shape == DecodeCta::k4x1) {
-          return launch_paged<RingDecodeTraits<kD, QT, kKv, true, 4, kDecodeOneCtaSmem, 1>>(
-              p, grid_items, stream);
-        }
-        if (!decode_wide_slot_loads()) {
-          return launch_paged<RingDecodeTraits<kD, QT, kKv, true, cuda::ring::kWarps,
-                                               cuda::ring::kCtaSmemBudget, cuda::ring::kCtasPerSm,
-                                               /*kWideSlots=*/false>>(p, grid_items, stream);
+        constexpr int kW = cuda::ring::kWarps, kB = cuda::ring::kCtaSmemBudget,
+                      kC = cuda::ring::kCtasPerSm;
+        switch (decode_s8_variant()) {
+          case DecodeS8::kS7:
+            return launch_paged<RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, false, false>,
+                                false>(p, grid_items, stream);
+          case DecodeS8::kCvt:
+            return launch_paged<RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true,
+                                                 kKv == DType::kFP8E4M3, false>,
+                                false>(p, grid_items, stream);
+          case DecodeS8::kOne:
+            return launch_paged<Tr, false>(p, grid_items, stream);
+          default:
+            break;
         }
       }
       return launch_paged<Tr>(p, grid_items, stream);
