@@ -109,6 +109,12 @@ struct Traits {
   // holds, so this code is fetched from DRAM by every launch; unrolled it is ~1000 straight-line
   // instructions per warp (instruction-fetch stalls). A backend's derived traits may set it.
   static constexpr bool kRolledOnce = false;
+  // Copy issue (wide-slot layout) from per-lane bases computed once and kept in registers (the K
+  // and V row pointers of the lane's chunk, its shared destination and slot-word addresses), made
+  // opaque to the compiler: without it ptxas rematerialises them (the 64-bit head offset, the
+  // warp's ring base from %tid) inside the loop, ~105 instructions per 16-key fp8 sub-tile for 8
+  // copies. A backend's derived traits may set it.
+  static constexpr bool kLeanIssue = false;
 
   static constexpr bool kQInRegisters = kHeadDim <= 128;
   static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
@@ -191,6 +197,38 @@ __device__ __forceinline__ void fp8x4_to_f16x2x2(uint32_t x, uint32_t& lo, uint3
 #endif
 }
 
+// The value, hidden from the optimiser (kept in a register, never recomputed from its inputs).
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+template <typename T>
+__device__ __forceinline__ T* opaque_ptr(T* p) {
+  asm volatile("" : "+l"(p));
+  return p;
+}
+__device__ __forceinline__ int opaque_int(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+// base + s * row_bytes as one IMAD.WIDE.U32 (a 64-bit C++ multiply of zero-extended operands leaves
+// ptxas adding known-zero high words).
+__device__ __forceinline__ const uint8_t* row_ptr(const uint8_t* base, uint32_t s,
+                                                  uint32_t row_bytes) {
+  uint64_t r;
+  asm("mad.wide.u32 %0, %1, %2, %3;\n" : "=l"(r) : "r"(s), "r"(row_bytes), "l"(base));
+  return reinterpret_cast<const uint8_t*>(r);
+}
+__device__ __forceinline__ int4 ld_shared_v4(uint32_t addr) {
+  int4 v;
+#if defined(__CUDA_ARCH__)
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+#endif
+  return v;
+}
+
 // griddepcontrol (SM90+; no-ops where the launch had no programmatic dependency).
 __device__ __forceinline__ void grid_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -266,7 +304,26 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   const auto tile_key0 = [&](int i) {
     return kv_begin + ((warp + (i / kSub) * kCtaWarps) * kSub + i % kSub) * kKeys;
   };
+  // Key offset of local sub-tile i from the warp's first (kLeanIssue: the warp part is in the
+  // lane bases below).
+  const auto sub_key_offset = [](int i) {
+    const auto u = static_cast<unsigned>(i);
+    return static_cast<int>(((u / kSub) * kCtaWarps * kSub + u % kSub) * kKeys);
+  };
+  // kLeanIssue: lane bases of the slot fetch (lanes >= kKeys get a key past any range).
+  const int fkey_lane =
+      Tr::kLeanIssue ? opaque_int(lane < kKeys ? kv_begin + warp * kSub * kKeys + lane : (1 << 30))
+                     : 0;
+  const uint32_t fdst_lane = Tr::kLeanIssue ? opaque_u32(smem_addr(slots) + lane * 4) : 0u;
   const auto fetch_slots = [&](int i) {
+    if constexpr (Tr::kLeanIssue) {
+      const int key = fkey_lane + sub_key_offset(i);
+      if (key < kv_end) {
+        cp_async_4(fdst_lane + (static_cast<unsigned>(i) % (2 * kS)) * (kKeys * 4),
+                   slot_of(key).word);
+      }
+      return;
+    }
     const int key = tile_key0(i) + lane;
     if (lane < kKeys && key < kv_end) {
       cp_async_4(smem_addr(slots + (i % (2 * kS)) * kKeys + lane), slot_of(key).word);
@@ -275,7 +332,39 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   // K and V of local tile i -> ring stage i % kS (keys past kv_end zero-filled).
   constexpr bool kWideSlots = Tr::kWideSlotLoads && Tr::kCopies % 32 == 0 &&
                               32 % Tr::kRawChunks == 0 && Tr::kCopiesPerLane % 4 == 0;
-  const auto issue = [&](int i) {
+  // kLeanIssue: the lane's bases, once (lane owns rows lrow .. lrow + kCopiesPerLane - 1 of a
+  // tile, chunk lch of each; see issue).
+  constexpr bool kLean = kWideSlots && Tr::kLeanIssue;
+  const int lrow = (lane / Tr::kRawChunks) * Tr::kCopiesPerLane;
+  const int lch = lane % Tr::kRawChunks;
+  const uint8_t* k_lane = kLean ? opaque_ptr(w.k_base + lch * 16) : nullptr;
+  const uint8_t* v_lane = kLean ? opaque_ptr(w.v_base + lch * 16) : nullptr;
+  const uint32_t dst_lane =
+      kLean ? opaque_u32(smem_addr(ring) + lrow * Tr::kRawRowBytes + lch * 16) : 0u;
+  const uint32_t slot_lane = kLean ? opaque_u32(smem_addr(slots) + lrow * 4) : 0u;
+  const int ikey_lane = kLean ? opaque_int(kv_begin + warp * kSub * kKeys + lrow) : 0;
+  const auto issue_lean = [&](int i) {
+    const auto u = static_cast<unsigned>(i);
+    const uint32_t dst = dst_lane + (u % kS) * Tr::kStageBytes;
+    const uint32_t sla = slot_lane + (u % (2 * kS)) * (kKeys * 4);
+    const int key = ikey_lane + sub_key_offset(i);
+    int32_t wv[Tr::kCopiesPerLane];
+#pragma unroll
+    for (int x = 0; x < Tr::kCopiesPerLane / 4; ++x) {
+      const int4 v4 = ld_shared_v4(sla + 16 * x);
+      wv[4 * x] = v4.x, wv[4 * x + 1] = v4.y, wv[4 * x + 2] = v4.z, wv[4 * x + 3] = v4.w;
+    }
+#pragma unroll
+    for (int c0 = 0; c0 < Tr::kCopiesPerLane; ++c0) {
+      const bool valid = key + c0 < kv_end;
+      const uint32_t s = valid ? static_cast<uint32_t>(wv[c0] + slot_of(key + c0).add) : 0u;
+      const int bytes = valid ? 16 : 0;
+      cp_async_16(dst + c0 * Tr::kRawRowBytes, row_ptr(k_lane, s, w.k_row_bytes), bytes);
+      cp_async_16(dst + kKeys * Tr::kRawRowBytes + c0 * Tr::kRawRowBytes,
+                  row_ptr(v_lane, s, w.v_row_bytes), bytes);
+    }
+  };
+  const auto issue_rows = [&](int i) {
     uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
     const int key0 = tile_key0(i);
     const int32_t* sl = slots + (i % (2 * kS)) * kKeys;
@@ -314,6 +403,13 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
           copy_row(r, ch, sl[r]);
         }
       }
+    }
+  };
+  const auto issue = [&](int i) {
+    if constexpr (kLean) {
+      issue_lean(i);
+    } else {
+      issue_rows(i);
     }
   };
 

@@ -150,14 +150,16 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
 // fp8_e4m3 KV, the decode before session 8's changes for an A/B in one process: "s7" (one kernel
 // with the three loops, unrolled once-per-warp code, one-source fp8 conversions), "cvt" (s7 plus
 // the paired fp8 conversions), "one" (all session-8 code changes in the one kernel of three
-// loops). Unset: the default (separate kernels, rolled once-per-warp code, paired conversions).
-enum class DecodeS8 { kDefault, kS7, kCvt, kOne };
+// loops), "nolean" (the default without the lean copy issue). Unset: the default (separate
+// kernels, rolled once-per-warp code, paired conversions, lean copy issue).
+enum class DecodeS8 { kDefault, kS7, kCvt, kOne, kNoLean };
 inline DecodeS8 decode_s8_variant() {
   static const DecodeS8 v = [] {
     const char* e = std::getenv("ATTNKIT_FLASHINFER_DECODE_S8");
     if (e != nullptr && std::strcmp(e, "s7") == 0) return DecodeS8::kS7;
     if (e != nullptr && std::strcmp(e, "cvt") == 0) return DecodeS8::kCvt;
     if (e != nullptr && std::strcmp(e, "one") == 0) return DecodeS8::kOne;
+    if (e != nullptr && std::strcmp(e, "nolean") == 0) return DecodeS8::kNoLean;
     return DecodeS8::kDefault;
   }();
   return v;
@@ -178,14 +180,19 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
                       kC = cuda::ring::kCtasPerSm;
         switch (decode_s8_variant()) {
           case DecodeS8::kS7:
-            return launch_paged<RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, false, false>,
-                                false>(p, grid_items, stream);
+            return launch_paged<
+                RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, false, false, false>, false>(
+                p, grid_items, stream);
           case DecodeS8::kCvt:
             return launch_paged<RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true,
-                                                 kKv == DType::kFP8E4M3, false>,
+                                                 kKv == DType::kFP8E4M3, false, false>,
                                 false>(p, grid_items, stream);
           case DecodeS8::kOne:
             return launch_paged<Tr, false>(p, grid_items, stream);
+          case DecodeS8::kNoLean:
+            return launch_paged<
+                RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, true, true, false>>(
+                p, grid_items, stream);
           default:
             break;
         }

@@ -31,11 +31,12 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
 // 2 CTAs of 4 warps per SM (110 KB each; sessions 5-7 measured one CTA of 8 warps or of 4 warps
 // with deeper rings per SM90 multiprocessor: no faster).
 // kWideSlots: ring_decode.cuh's kWideSlotLoads (copy rows owned in adjacent groups, slot words
-// read 16 bytes at a time). kPairCvt / kRolled: ring_decode.cuh's kFp8PairCvt / kRolledOnce.
+// read 16 bytes at a time). kPairCvt / kRolled / kLean: ring_decode.cuh's kFp8PairCvt /
+// kRolledOnce / kLeanIssue.
 template <int kD, typename QT, DType kKv, bool kWideFp8 = true, int kWarps_ = cuda::ring::kWarps,
           int kCtaSmemBudget_ = cuda::ring::kCtaSmemBudget,
           int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true, bool kPairCvt = true,
-          bool kRolled = true>
+          bool kRolled = true, bool kLean = true>
 struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_> {
   using Base = cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
@@ -47,6 +48,7 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudge
   static constexpr bool kGridDepWait = true;
   static constexpr bool kFp8PairCvt = kPairCvt;
   static constexpr bool kRolledOnce = kRolled;
+  static constexpr bool kLeanIssue = kLean;
 };
 
 // Streaming-loop instantiation of a decode kernel (chosen on the host from the PagedParams, so
@@ -177,6 +179,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   // carries the request's lengths; the RequestPlan is read for the split fields only).
   const int32_t* table = p.req_to_token + static_cast<int64_t>(p.req_pool_indices[item.request]) *
                                               p.req_to_token_stride;
+  // kLeanIssue: kept in a register (ptxas otherwise recomputes the 64-bit row offset per slot
+  // fetch inside the streaming loop).
+  if constexpr (Tr::kLeanIssue) table = cuda::ring::opaque_ptr(table);
   const RequestPlan& req =
       reinterpret_cast<const RequestPlan*>(p.plan + kPlanHeaderWords)[item.request];
   const int kv_head = blockIdx.x;
