@@ -493,22 +493,6 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     return e != nullptr && std::string(e) == "fence_all";
   }();
   p.split_sync_fence_all = split_fence_all ? 1 : 0;
-  static const bool l2_stream = [] {  // decode experiment knob (paged_params.h)
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_L2_STREAM");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  if (l2_stream && decode) {
-    // One window: the span of the K and V buffers when they are adjacent, else K.
-    const auto kb = reinterpret_cast<uintptr_t>(kbuf.data);
-    const auto vb = reinterpret_cast<uintptr_t>(vbuf.data);
-    const auto kn = static_cast<uintptr_t>(dtype_storage_bytes(kv_dtype, kbuf.numel()));
-    const auto vn = static_cast<uintptr_t>(dtype_storage_bytes(kv_dtype, vbuf.numel()));
-    const uintptr_t lo = std::min(kb, vb);
-    const uintptr_t hi = std::max(kb + kn, vb + vn);
-    const bool adjacent = hi - lo <= kn + vn + (uintptr_t{4} << 20);
-    p.l2_stream_base = adjacent ? reinterpret_cast<const void*>(lo) : kbuf.data;
-    p.l2_stream_bytes = adjacent ? hi - lo : kn;
-  }
   // Programmatic dependent launch only for unsplit decode plans: 2026-11-22 H200, --launches 10,
   // b16 kv 4k 71.6 -> 70.2 us (fp8 41.7 -> 40.2) with it, b1 kv 32k (16 splits) 44.3 -> 48.9 us.
   // Not in captured graphs: a replay may split (b1 kv 32k graph replays read 66.1% of copy with

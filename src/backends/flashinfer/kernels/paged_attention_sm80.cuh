@@ -92,36 +92,13 @@ Status launch_paged_kernel(const PagedParams& p, int grid_items, StreamHandle st
   cfg.blockDim = dim3(Tr::kThreads);
   cfg.dynamicSmemBytes = Tr::kSmemBytes;
   cfg.stream = cuda::to_stream(stream);
-  cudaLaunchAttribute attrs[2];
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attrs;
-  cfg.numAttrs = 0;
   PagedParams launch = p;
   launch.decode_pdl = p.decode_pdl != 0 ? decode_pdl() : 0;
-  if (launch.decode_pdl != 0) {
-    attrs[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
-    ++cfg.numAttrs;
-  }
-  if (p.l2_stream_bytes > 0) {  // experiment knob ATTNKIT_FLASHINFER_L2_STREAM (paged_params.h)
-    static const size_t max_window = [] {
-      int dev = 0, v = 0;
-      if (cudaGetDevice(&dev) != cudaSuccess ||
-          cudaDeviceGetAttribute(&v, cudaDevAttrMaxAccessPolicyWindowSize, dev) != cudaSuccess) {
-        return size_t{0};
-      }
-      return static_cast<size_t>(v);
-    }();
-    if (max_window > 0) {
-      cudaAccessPolicyWindow& win = attrs[cfg.numAttrs].val.accessPolicyWindow;
-      attrs[cfg.numAttrs].id = cudaLaunchAttributeAccessPolicyWindow;
-      win.base_ptr = const_cast<void*>(p.l2_stream_base);
-      win.num_bytes = p.l2_stream_bytes < max_window ? p.l2_stream_bytes : max_window;
-      win.hitRatio = 1.f;
-      win.hitProp = cudaAccessPropertyStreaming;
-      win.missProp = cudaAccessPropertyStreaming;
-      ++cfg.numAttrs;
-    }
-  }
+  cfg.numAttrs = launch.decode_pdl != 0 ? 1 : 0;
   ATTNKIT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, launch));
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();

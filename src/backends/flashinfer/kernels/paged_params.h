@@ -12,7 +12,6 @@
 //    (every page-start entry is page-aligned, so no per-token index list is ever built).
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 
 namespace attnkit::flashinfer {
@@ -127,12 +126,6 @@ struct PagedParams {
   // (ring::last_split_cta_acq_rel), 1 = every thread fences, then the atomic, then a fence
   // (ring::last_split_cta, the previous default).
   int split_sync_fence_all = 0;
-  // Decode experiment knob (ATTNKIT_FLASHINFER_L2_STREAM=1, not API; host side only): the decode
-  // launch carries an L2 access-policy window with the streaming (evict-first) property over
-  // [l2_stream_base, + l2_stream_bytes) (the layer's K and V buffers, clipped to the device's
-  // maximum window), so the streamed K/V do not evict the kernel's code, the page table and Q.
-  const void* l2_stream_base = nullptr;
-  size_t l2_stream_bytes = 0;
 };
 
 }  // namespace attnkit::flashinfer
