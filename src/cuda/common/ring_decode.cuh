@@ -115,6 +115,12 @@ struct Traits {
   // warp's ring base from %tid) inside the loop, ~105 instructions per 16-key fp8 sub-tile for 8
   // copies. A backend's derived traits may set it.
   static constexpr bool kLeanIssue = false;
+  // With kLeanIssue, steps whose keys are all in range skip the tail mask (a warp-uniform branch
+  // instead of a compare and select per logit).
+  // One accumulation chain per S n-tile in QK^T instead of two (even / odd k-steps summed after):
+  // where a warp tile has 2 sub-tiles their 4 chains are independent already, and the second
+  // chain costs 16 adds + 8 zeroings per sub-tile. A backend's derived traits may set it.
+  static constexpr bool kOneQkChain = false;
 
   static constexpr bool kQInRegisters = kHeadDim <= 128;
   static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
@@ -629,40 +635,57 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     float s[kSub][2][4];
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
-      float s2[2][4];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        s[u][n][0] = s[u][n][1] = s[u][n][2] = s[u][n][3] = 0.f;
-        s2[n][0] = s2[n][1] = s2[n][2] = s2[n][3] = 0.f;
-      }
-      qk(ring + ((i + u) % kS) * Tr::kStageBytes, s[u], s2);
+      for (int n = 0; n < 2; ++n) s[u][n][0] = s[u][n][1] = s[u][n][2] = s[u][n][3] = 0.f;
+      if constexpr (Tr::kOneQkChain) {
+        qk(ring + ((i + u) % kS) * Tr::kStageBytes, s[u], s[u]);
+      } else {
+        float s2[2][4];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < 2; ++n) s2[n][0] = s2[n][1] = s2[n][2] = s2[n][3] = 0.f;
+        qk(ring + ((i + u) % kS) * Tr::kStageBytes, s[u], s2);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[u][n][e] += s2[n][e];
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[u][n][e] += s2[n][e];
+        }
       }
     }
 
     // Logits (soft-cap), the tail mask, online softmax (rescale only when the max grows).
     const bool full = key0 + kStepKeys <= kv_end;
     float tile_max[2] = {-INFINITY, -INFINITY};
+    const auto logits = [&](auto masked) {
 #pragma unroll
-    for (int u = 0; u < kSub; ++u) {
+      for (int u = 0; u < kSub; ++u) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < 2; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[u][n][e];
-          if (kMayCap && w.logit_cap > 0.f) {
-            x = w.logit_cap * tanhf(x * w.scale / w.logit_cap) * kLog2e;
-          } else {
-            x *= w.scale_log2;
+          for (int e = 0; e < 4; ++e) {
+            float x = s[u][n][e];
+            if (kMayCap && w.logit_cap > 0.f) {
+              x = w.logit_cap * tanhf(x * w.scale / w.logit_cap) * kLog2e;
+            } else {
+              x *= w.scale_log2;
+            }
+            if (decltype(masked)::value && !full &&
+                key0 + u * kKeys + n * 8 + 2 * tq + (e & 1) >= kv_end) {
+              x = -INFINITY;
+            }
+            s[u][n][e] = x;
+            tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
           }
-          if (!full && key0 + u * kKeys + n * 8 + 2 * tq + (e & 1) >= kv_end) x = -INFINITY;
-          s[u][n][e] = x;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
         }
       }
+    };
+    if constexpr (Tr::kLeanIssue) {
+      if (full) {
+        logits(std::false_type{});
+      } else {
+        logits(std::true_type{});
+      }
+    } else {
+      logits(std::true_type{});
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

@@ -124,19 +124,23 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
 }
 
 // Experiment knob (not API): ATTNKIT_FLASHINFER_DECODE_S8 selects, for d 128, bf16 q, bf16 /
-// fp8_e4m3 KV, the decode before session 8's changes for an A/B in one process: "s7" (one kernel
-// with the three loops, unrolled once-per-warp code, one-source fp8 conversions), "cvt" (s7 plus
-// the paired fp8 conversions), "one" (all session-8 code changes in the one kernel of three
-// loops), "nolean" (the default without the lean copy issue). Unset: the default (separate
-// kernels, rolled once-per-warp code, paired conversions, lean copy issue).
-enum class DecodeS8 { kDefault, kS7, kCvt, kOne, kNoLean };
+// fp8_e4m3 KV, the decode without some of session 8's changes for an A/B in one process: "s7"
+// (none of them: one kernel with the three loops, unrolled once-per-warp code, one-source fp8
+// conversions, per-row copy issue, two QK^T chains), "cvt" (s7 plus the paired fp8 conversions),
+// "one" (all of them in the one kernel of three loops), "nolean" (the default without the lean
+// copy issue and mask skip), "twochain" (the default with two QK^T chains per n-tile). Unset: the
+// default (all of them: separate kernels, rolled once-per-warp code, paired conversions, lean copy
+// issue, one QK^T chain for 32-key fp8 tiles).
+enum class DecodeS8 { kDefault, kS7, kCvt, kOne, kNoLean, kTwoChain };
 inline DecodeS8 decode_s8_variant() {
   static const DecodeS8 v = [] {
     const char* e = std::getenv("ATTNKIT_FLASHINFER_DECODE_S8");
-    if (e != nullptr && std::strcmp(e, "s7") == 0) return DecodeS8::kS7;
-    if (e != nullptr && std::strcmp(e, "cvt") == 0) return DecodeS8::kCvt;
-    if (e != nullptr && std::strcmp(e, "one") == 0) return DecodeS8::kOne;
-    if (e != nullptr && std::strcmp(e, "nolean") == 0) return DecodeS8::kNoLean;
+    if (e == nullptr) return DecodeS8::kDefault;
+    if (std::strcmp(e, "s7") == 0) return DecodeS8::kS7;
+    if (std::strcmp(e, "cvt") == 0) return DecodeS8::kCvt;
+    if (std::strcmp(e, "one") == 0) return DecodeS8::kOne;
+    if (std::strcmp(e, "nolean") == 0) return DecodeS8::kNoLean;
+    if (std::strcmp(e, "twochain") == 0) return DecodeS8::kTwoChain;
     return DecodeS8::kDefault;
   }();
   return v;
@@ -155,21 +159,27 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
                     (kKv == DType::kBF16 || kKv == DType::kFP8E4M3)) {
         constexpr int kW = cuda::ring::kWarps, kB = cuda::ring::kCtaSmemBudget,
                       kC = cuda::ring::kCtasPerSm;
+        constexpr bool kFp8 = kKv == DType::kFP8E4M3;
+        // RingDecodeTraits<..., kWideSlots, kPairCvt, kRolled, kLean, kOneChain>
+        using S7 =
+            RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, false, false, false, false>;
+        using Cvt =
+            RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, kFp8, false, false, false>;
+        using NoLean =
+            RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, true, true, false, true>;
+        using TwoChain =
+            RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, true, true, true, !kFp8>;
         switch (decode_s8_variant()) {
           case DecodeS8::kS7:
-            return launch_paged<
-                RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, false, false, false>, false>(
-                p, grid_items, stream);
+            return launch_paged<S7, false>(p, grid_items, stream);
           case DecodeS8::kCvt:
-            return launch_paged<RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true,
-                                                 kKv == DType::kFP8E4M3, false, false>,
-                                false>(p, grid_items, stream);
+            return launch_paged<Cvt, false>(p, grid_items, stream);
           case DecodeS8::kOne:
             return launch_paged<Tr, false>(p, grid_items, stream);
           case DecodeS8::kNoLean:
-            return launch_paged<
-                RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, true, true, false>>(
-                p, grid_items, stream);
+            return launch_paged<NoLean>(p, grid_items, stream);
+          case DecodeS8::kTwoChain:
+            return launch_paged<TwoChain>(p, grid_items, stream);
           default:
             break;
         }

@@ -32,11 +32,12 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
 // with deeper rings per SM90 multiprocessor: no faster).
 // kWideSlots: ring_decode.cuh's kWideSlotLoads (copy rows owned in adjacent groups, slot words
 // read 16 bytes at a time). kPairCvt / kRolled / kLean: ring_decode.cuh's kFp8PairCvt /
-// kRolledOnce / kLeanIssue.
+// kRolledOnce / kLeanIssue (with the full-step mask skip); kOneChain: kOneQkChain where a warp
+// tile has 2 sub-tiles (fp8 d <= 128).
 template <int kD, typename QT, DType kKv, bool kWideFp8 = true, int kWarps_ = cuda::ring::kWarps,
           int kCtaSmemBudget_ = cuda::ring::kCtaSmemBudget,
           int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true, bool kPairCvt = true,
-          bool kRolled = true, bool kLean = true>
+          bool kRolled = true, bool kLean = true, bool kOneChain = true>
 struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_> {
   using Base = cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
@@ -49,6 +50,7 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudge
   static constexpr bool kFp8PairCvt = kPairCvt;
   static constexpr bool kRolledOnce = kRolled;
   static constexpr bool kLeanIssue = kLean;
+  static constexpr bool kOneQkChain = kOneChain && kTileSubs == 2;
 };
 
 // Streaming-loop instantiation of a decode kernel (chosen on the host from the PagedParams, so
