@@ -4,6 +4,8 @@
 # both backends), then the A/B: each VARIANTS entry (env settings; "default" = none) timed on
 # decode_s8.json (flashinfer) in the three modes (eager, --launches 10, --graph), ROUNDS rounds,
 # the variant order reversed every other round; every bench process measures its own copy ceiling.
+# (Session 8 ran it with VARIANTS of ATTNKIT_FLASHINFER_DECODE_S8, a knob now removed: see
+# scripts/device/patches/decode_s8_rolled_split_lean.patch.)
 # Writes $OUT/summary.txt (the A/B table) and $OUT/all.tgz (logs, JSONs).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"

@@ -104,23 +104,6 @@ struct Traits {
   // two-source byte permute per two f16x2 instead of one per f16x2 (SM89+; 64 fewer instructions
   // per 32 keys at d 128). The results are the same bits; a backend's derived traits may set it.
   static constexpr bool kFp8PairCvt = false;
-  // Code run once per warp kept rolled (`#pragma unroll 1`): the prologue's slot fetches and ring
-  // fills, the Q staging loop and the epilogue's warp merge. Each forward streams more than L2
-  // holds, so this code is fetched from DRAM by every launch; unrolled it is ~1000 straight-line
-  // instructions per warp (instruction-fetch stalls). A backend's derived traits may set it.
-  static constexpr bool kRolledOnce = false;
-  // Copy issue (wide-slot layout) from per-lane bases computed once and kept in registers (the K
-  // and V row pointers of the lane's chunk, its shared destination and slot-word addresses), made
-  // opaque to the compiler: without it ptxas rematerialises them (the 64-bit head offset, the
-  // warp's ring base from %tid) inside the loop, ~105 instructions per 16-key fp8 sub-tile for 8
-  // copies. A backend's derived traits may set it.
-  static constexpr bool kLeanIssue = false;
-  // With kLeanIssue, steps whose keys are all in range skip the tail mask (a warp-uniform branch
-  // instead of a compare and select per logit).
-  // One accumulation chain per S n-tile in QK^T instead of two (even / odd k-steps summed after):
-  // where a warp tile has 2 sub-tiles their 4 chains are independent already, and the second
-  // chain costs 16 adds + 8 zeroings per sub-tile. A backend's derived traits may set it.
-  static constexpr bool kOneQkChain = false;
 
   static constexpr bool kQInRegisters = kHeadDim <= 128;
   static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
@@ -203,38 +186,6 @@ __device__ __forceinline__ void fp8x4_to_f16x2x2(uint32_t x, uint32_t& lo, uint3
 #endif
 }
 
-// The value, hidden from the optimiser (kept in a register, never recomputed from its inputs).
-__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
-  asm volatile("" : "+r"(x));
-  return x;
-}
-template <typename T>
-__device__ __forceinline__ T* opaque_ptr(T* p) {
-  asm volatile("" : "+l"(p));
-  return p;
-}
-__device__ __forceinline__ int opaque_int(int x) {
-  asm volatile("" : "+r"(x));
-  return x;
-}
-// base + s * row_bytes as one IMAD.WIDE.U32 (a 64-bit C++ multiply of zero-extended operands leaves
-// ptxas adding known-zero high words).
-__device__ __forceinline__ const uint8_t* row_ptr(const uint8_t* base, uint32_t s,
-                                                  uint32_t row_bytes) {
-  uint64_t r;
-  asm("mad.wide.u32 %0, %1, %2, %3;\n" : "=l"(r) : "r"(s), "r"(row_bytes), "l"(base));
-  return reinterpret_cast<const uint8_t*>(r);
-}
-__device__ __forceinline__ int4 ld_shared_v4(uint32_t addr) {
-  int4 v;
-#if defined(__CUDA_ARCH__)
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr));
-#endif
-  return v;
-}
-
 // griddepcontrol (SM90+; no-ops where the launch had no programmatic dependency).
 __device__ __forceinline__ void grid_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -310,26 +261,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   const auto tile_key0 = [&](int i) {
     return kv_begin + ((warp + (i / kSub) * kCtaWarps) * kSub + i % kSub) * kKeys;
   };
-  // Key offset of local sub-tile i from the warp's first (kLeanIssue: the warp part is in the
-  // lane bases below).
-  const auto sub_key_offset = [](int i) {
-    const auto u = static_cast<unsigned>(i);
-    return static_cast<int>(((u / kSub) * kCtaWarps * kSub + u % kSub) * kKeys);
-  };
-  // kLeanIssue: lane bases of the slot fetch (lanes >= kKeys get a key past any range).
-  const int fkey_lane =
-      Tr::kLeanIssue ? opaque_int(lane < kKeys ? kv_begin + warp * kSub * kKeys + lane : (1 << 30))
-                     : 0;
-  const uint32_t fdst_lane = Tr::kLeanIssue ? opaque_u32(smem_addr(slots) + lane * 4) : 0u;
   const auto fetch_slots = [&](int i) {
-    if constexpr (Tr::kLeanIssue) {
-      const int key = fkey_lane + sub_key_offset(i);
-      if (key < kv_end) {
-        cp_async_4(fdst_lane + (static_cast<unsigned>(i) % (2 * kS)) * (kKeys * 4),
-                   slot_of(key).word);
-      }
-      return;
-    }
     const int key = tile_key0(i) + lane;
     if (lane < kKeys && key < kv_end) {
       cp_async_4(smem_addr(slots + (i % (2 * kS)) * kKeys + lane), slot_of(key).word);
@@ -338,39 +270,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   // K and V of local tile i -> ring stage i % kS (keys past kv_end zero-filled).
   constexpr bool kWideSlots = Tr::kWideSlotLoads && Tr::kCopies % 32 == 0 &&
                               32 % Tr::kRawChunks == 0 && Tr::kCopiesPerLane % 4 == 0;
-  // kLeanIssue: the lane's bases, once (lane owns rows lrow .. lrow + kCopiesPerLane - 1 of a
-  // tile, chunk lch of each; see issue).
-  constexpr bool kLean = kWideSlots && Tr::kLeanIssue;
-  const int lrow = (lane / Tr::kRawChunks) * Tr::kCopiesPerLane;
-  const int lch = lane % Tr::kRawChunks;
-  const uint8_t* k_lane = kLean ? opaque_ptr(w.k_base + lch * 16) : nullptr;
-  const uint8_t* v_lane = kLean ? opaque_ptr(w.v_base + lch * 16) : nullptr;
-  const uint32_t dst_lane =
-      kLean ? opaque_u32(smem_addr(ring) + lrow * Tr::kRawRowBytes + lch * 16) : 0u;
-  const uint32_t slot_lane = kLean ? opaque_u32(smem_addr(slots) + lrow * 4) : 0u;
-  const int ikey_lane = kLean ? opaque_int(kv_begin + warp * kSub * kKeys + lrow) : 0;
-  const auto issue_lean = [&](int i) {
-    const auto u = static_cast<unsigned>(i);
-    const uint32_t dst = dst_lane + (u % kS) * Tr::kStageBytes;
-    const uint32_t sla = slot_lane + (u % (2 * kS)) * (kKeys * 4);
-    const int key = ikey_lane + sub_key_offset(i);
-    int32_t wv[Tr::kCopiesPerLane];
-#pragma unroll
-    for (int x = 0; x < Tr::kCopiesPerLane / 4; ++x) {
-      const int4 v4 = ld_shared_v4(sla + 16 * x);
-      wv[4 * x] = v4.x, wv[4 * x + 1] = v4.y, wv[4 * x + 2] = v4.z, wv[4 * x + 3] = v4.w;
-    }
-#pragma unroll
-    for (int c0 = 0; c0 < Tr::kCopiesPerLane; ++c0) {
-      const bool valid = key + c0 < kv_end;
-      const uint32_t s = valid ? static_cast<uint32_t>(wv[c0] + slot_of(key + c0).add) : 0u;
-      const int bytes = valid ? 16 : 0;
-      cp_async_16(dst + c0 * Tr::kRawRowBytes, row_ptr(k_lane, s, w.k_row_bytes), bytes);
-      cp_async_16(dst + kKeys * Tr::kRawRowBytes + c0 * Tr::kRawRowBytes,
-                  row_ptr(v_lane, s, w.v_row_bytes), bytes);
-    }
-  };
-  const auto issue_rows = [&](int i) {
+  const auto issue = [&](int i) {
     uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
     const int key0 = tile_key0(i);
     const int32_t* sl = slots + (i % (2 * kS)) * kKeys;
@@ -411,42 +311,24 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
       }
     }
   };
-  const auto issue = [&](int i) {
-    if constexpr (kLean) {
-      issue_lean(i);
-    } else {
-      issue_rows(i);
-    }
-  };
 
   // Prologue: the slots of sub-tiles 0..kS-1, then kS - kSub sub-tiles in flight per warp (group
   // g: data of sub-tile g + slots of sub-tile g + kS), then Q (plain loads overlapping them).
-  const auto fill = [&](int i) {
+#pragma unroll
+  for (int i = 0; i < kS; ++i) fetch_slots(i);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncwarp();
+  if constexpr (Tr::kGridDepWait) grid_dep_wait();
+#pragma unroll
+  for (int i = 0; i < kS - kSub; ++i) {
     if (i < my_tiles) {
       issue(i);
       fetch_slots(i + kS);
     }
     cp_async_commit();
-  };
-  if constexpr (Tr::kRolledOnce) {
-#pragma unroll 1
-    for (int i = 0; i < kS; ++i) fetch_slots(i);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kS; ++i) fetch_slots(i);
   }
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncwarp();
-  if constexpr (Tr::kGridDepWait) grid_dep_wait();
-  if constexpr (Tr::kRolledOnce) {
-#pragma unroll 1
-    for (int i = 0; i < kS - kSub; ++i) fill(i);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kS - kSub; ++i) fill(i);
-  }
-  const auto stage_q = [&](int c) {
+  for (int c = threadIdx.x; c < kRows * Tr::kQChunks; c += Tr::kThreads) {
     const int r = c / Tr::kQChunks;
     const int ch = c % Tr::kQChunks;
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -461,18 +343,6 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
       }
     }
     *reinterpret_cast<uint4*>(sq + r * Tr::kRowElems + ch * 8) = v;
-  };
-  if constexpr (Tr::kRolledOnce) {
-#pragma unroll 1
-    for (int c = threadIdx.x; c < w.rows * Tr::kQChunks; c += Tr::kThreads) stage_q(c);
-      // rows >= w.rows: zero (the MMA reads all kRows rows)
-#pragma unroll 1
-    for (int c = w.rows * Tr::kQChunks + threadIdx.x; c < kRows * Tr::kQChunks; c += Tr::kThreads) {
-      *reinterpret_cast<uint4*>(sq + (c / Tr::kQChunks) * Tr::kRowElems + (c % Tr::kQChunks) * 8) =
-          make_uint4(0, 0, 0, 0);
-    }
-  } else {
-    for (int c = threadIdx.x; c < kRows * Tr::kQChunks; c += Tr::kThreads) stage_q(c);
   }
   __syncthreads();
 
@@ -635,57 +505,40 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     float s[kSub][2][4];
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
+      float s2[2][4];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) s[u][n][0] = s[u][n][1] = s[u][n][2] = s[u][n][3] = 0.f;
-      if constexpr (Tr::kOneQkChain) {
-        qk(ring + ((i + u) % kS) * Tr::kStageBytes, s[u], s[u]);
-      } else {
-        float s2[2][4];
+      for (int n = 0; n < 2; ++n) {
+        s[u][n][0] = s[u][n][1] = s[u][n][2] = s[u][n][3] = 0.f;
+        s2[n][0] = s2[n][1] = s2[n][2] = s2[n][3] = 0.f;
+      }
+      qk(ring + ((i + u) % kS) * Tr::kStageBytes, s[u], s2);
 #pragma unroll
-        for (int n = 0; n < 2; ++n) s2[n][0] = s2[n][1] = s2[n][2] = s2[n][3] = 0.f;
-        qk(ring + ((i + u) % kS) * Tr::kStageBytes, s[u], s2);
+      for (int n = 0; n < 2; ++n) {
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[u][n][e] += s2[n][e];
-        }
+        for (int e = 0; e < 4; ++e) s[u][n][e] += s2[n][e];
       }
     }
 
     // Logits (soft-cap), the tail mask, online softmax (rescale only when the max grows).
     const bool full = key0 + kStepKeys <= kv_end;
     float tile_max[2] = {-INFINITY, -INFINITY};
-    const auto logits = [&](auto masked) {
 #pragma unroll
-      for (int u = 0; u < kSub; ++u) {
+    for (int u = 0; u < kSub; ++u) {
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < 2; ++n) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float x = s[u][n][e];
-            if (kMayCap && w.logit_cap > 0.f) {
-              x = w.logit_cap * tanhf(x * w.scale / w.logit_cap) * kLog2e;
-            } else {
-              x *= w.scale_log2;
-            }
-            if (decltype(masked)::value && !full &&
-                key0 + u * kKeys + n * 8 + 2 * tq + (e & 1) >= kv_end) {
-              x = -INFINITY;
-            }
-            s[u][n][e] = x;
-            tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+        for (int e = 0; e < 4; ++e) {
+          float x = s[u][n][e];
+          if (kMayCap && w.logit_cap > 0.f) {
+            x = w.logit_cap * tanhf(x * w.scale / w.logit_cap) * kLog2e;
+          } else {
+            x *= w.scale_log2;
           }
+          if (!full && key0 + u * kKeys + n * 8 + 2 * tq + (e & 1) >= kv_end) x = -INFINITY;
+          s[u][n][e] = x;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
         }
       }
-    };
-    if constexpr (Tr::kLeanIssue) {
-      if (full) {
-        logits(std::false_type{});
-      } else {
-        logits(std::true_type{});
-      }
-    } else {
-      logits(std::true_type{});
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -760,7 +613,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
 
   // Epilogue 2: merge the warps per row, hand 8 columns at a time to the writer.
   constexpr int kVecsPerRow = Tr::kHeadDim / 8;
-  const auto merge_warps = [&](int c) {
+  for (int c = threadIdx.x; c < w.rows * kVecsPerRow; c += Tr::kThreads) {
     const int r = c / kVecsPerRow;
     const int col = (c % kVecsPerRow) * 8;
     float mx = kNoKeyMax;
@@ -779,12 +632,6 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
       acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
     }
     write(r, col, acc, mx, dsum);
-  };
-  if constexpr (Tr::kRolledOnce) {
-#pragma unroll 1
-    for (int c = threadIdx.x; c < w.rows * kVecsPerRow; c += Tr::kThreads) merge_warps(c);
-  } else {
-    for (int c = threadIdx.x; c < w.rows * kVecsPerRow; c += Tr::kThreads) merge_warps(c);
   }
 }
 

@@ -65,9 +65,10 @@ inline int decode_pdl() {
   return mode;
 }
 
-template <typename Tr, int kLoop>
-Status launch_paged_kernel(const PagedParams& p, int grid_items, StreamHandle stream) {
-  const auto kernel = paged_decode_ring_kernel<Tr, kLoop>;
+template <typename Tr>
+Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
+  if (grid_items <= 0) return Status::ok();
+  const auto kernel = paged_decode_ring_kernel<Tr>;
   // Per-function attributes, set once per instantiation (not stream operations): the dynamic
   // shared memory and all of the unified L1/shared storage as shared memory (two decode CTAs per
   // SM need 2 x 107 KB).
@@ -104,47 +105,8 @@ Status launch_paged_kernel(const PagedParams& p, int grid_items, StreamHandle st
   return Status::ok();
 }
 
-// One kernel per streaming loop (decode_loop_of), or (kSplitLoops false) the one kernel holding
-// all three.
-template <typename Tr, bool kSplitLoops = true>
-Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
-  if (grid_items <= 0) return Status::ok();
-  if constexpr (!kSplitLoops) {
-    return launch_paged_kernel<Tr, kDecodeLoopAny>(p, grid_items, stream);
-  } else {
-    switch (decode_loop_of(p)) {
-      case kDecodeLoopHot:
-        return launch_paged_kernel<Tr, kDecodeLoopHot>(p, grid_items, stream);
-      case kDecodeLoopCap:
-        return launch_paged_kernel<Tr, kDecodeLoopCap>(p, grid_items, stream);
-      default:
-        return launch_paged_kernel<Tr, kDecodeLoopPaged>(p, grid_items, stream);
-    }
-  }
-}
-
-// Experiment knob (not API): ATTNKIT_FLASHINFER_DECODE_S8 selects, for d 128, bf16 q, bf16 /
-// fp8_e4m3 KV, the decode without some of session 8's changes for an A/B in one process: "s7"
-// (none of them: one kernel with the three loops, unrolled once-per-warp code, one-source fp8
-// conversions, per-row copy issue, two QK^T chains), "cvt" (s7 plus the paired fp8 conversions),
-// "one" (all of them in the one kernel of three loops), "nolean" (the default without the lean
-// copy issue and mask skip), "twochain" (the default with two QK^T chains per n-tile). Unset: the
-// default (all of them: separate kernels, rolled once-per-warp code, paired conversions, lean copy
-// issue, one QK^T chain for 32-key fp8 tiles).
-enum class DecodeS8 { kDefault, kS7, kCvt, kOne, kNoLean, kTwoChain };
-inline DecodeS8 decode_s8_variant() {
-  static const DecodeS8 v = [] {
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_DECODE_S8");
-    if (e == nullptr) return DecodeS8::kDefault;
-    if (std::strcmp(e, "s7") == 0) return DecodeS8::kS7;
-    if (std::strcmp(e, "cvt") == 0) return DecodeS8::kCvt;
-    if (std::strcmp(e, "one") == 0) return DecodeS8::kOne;
-    if (std::strcmp(e, "nolean") == 0) return DecodeS8::kNoLean;
-    if (std::strcmp(e, "twochain") == 0) return DecodeS8::kTwoChain;
-    return DecodeS8::kDefault;
-  }();
-  return v;
-}
+// (The experiment knobs ATTNKIT_FLASHINFER_FP8_TILE, _DECODE_CTA and _SLOT_LOADS of sessions 4-5
+// were removed in session 8: their A/Bs are recorded in docs/perf/fidecode_notes.md.)
 
 // Picks the instantiation for (q dtype, kv dtype, tile shape); the default branches name the value.
 template <int kD, TileShape kShape>
@@ -155,35 +117,6 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
       static_assert(kShape == TileShape::kDecode,
                     "prefill runs paged_prefill_sm80.cuh (run_paged_prefill_sm80)");
       using Tr = RingDecodeTraits<kD, QT, kKv>;
-      if constexpr (kD == 128 && std::is_same_v<QT, __nv_bfloat16> &&
-                    (kKv == DType::kBF16 || kKv == DType::kFP8E4M3)) {
-        constexpr int kW = cuda::ring::kWarps, kB = cuda::ring::kCtaSmemBudget,
-                      kC = cuda::ring::kCtasPerSm;
-        constexpr bool kFp8 = kKv == DType::kFP8E4M3;
-        // RingDecodeTraits<..., kWideSlots, kPairCvt, kRolled, kLean, kOneChain>
-        using S7 =
-            RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, false, false, false, false>;
-        using Cvt =
-            RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, kFp8, false, false, false>;
-        using NoLean =
-            RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, true, true, false, true>;
-        using TwoChain =
-            RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, true, true, true, !kFp8>;
-        switch (decode_s8_variant()) {
-          case DecodeS8::kS7:
-            return launch_paged<S7, false>(p, grid_items, stream);
-          case DecodeS8::kCvt:
-            return launch_paged<Cvt, false>(p, grid_items, stream);
-          case DecodeS8::kOne:
-            return launch_paged<Tr, false>(p, grid_items, stream);
-          case DecodeS8::kNoLean:
-            return launch_paged<NoLean>(p, grid_items, stream);
-          case DecodeS8::kTwoChain:
-            return launch_paged<TwoChain>(p, grid_items, stream);
-          default:
-            break;
-        }
-      }
       return launch_paged<Tr>(p, grid_items, stream);
     };
     switch (kv_dtype) {

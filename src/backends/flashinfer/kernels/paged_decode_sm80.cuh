@@ -28,16 +28,13 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
 // same wait / max / rescale / loop work, so fp8 decode was bound by per-tile work, not bytes.
 // 16-bit KV keeps 16-key tiles (3 stages: a pair would leave one in flight).
 // kWarps_ / kCtaSmemBudget_ / kCtasPerSm_: the CTA shape (ring_decode.cuh Traits); the default is
-// 2 CTAs of 4 warps per SM (110 KB each; sessions 5-7 measured one CTA of 8 warps or of 4 warps
-// with deeper rings per SM90 multiprocessor: no faster).
+// 2 CTAs of 4 warps per SM (110 KB each; sessions 5-7 measured one CTA of 8 warps, or of 4 warps
+// with twice the ring depth, per SM90 multiprocessor: no faster).
 // kWideSlots: ring_decode.cuh's kWideSlotLoads (copy rows owned in adjacent groups, slot words
-// read 16 bytes at a time). kPairCvt / kRolled / kLean: ring_decode.cuh's kFp8PairCvt /
-// kRolledOnce / kLeanIssue (with the full-step mask skip); kOneChain: kOneQkChain where a warp
-// tile has 2 sub-tiles (fp8 d <= 128).
+// read 16 bytes at a time).
 template <int kD, typename QT, DType kKv, bool kWideFp8 = true, int kWarps_ = cuda::ring::kWarps,
           int kCtaSmemBudget_ = cuda::ring::kCtaSmemBudget,
-          int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true, bool kPairCvt = true,
-          bool kRolled = true, bool kLean = true, bool kOneChain = true>
+          int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true>
 struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_> {
   using Base = cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
@@ -47,23 +44,10 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudge
   // attend waits for the previous grid after the first page-table words (a no-op unless the launch
   // was programmatic; with PagedParams::decode_pdl 1 the kernel has waited at its start already).
   static constexpr bool kGridDepWait = true;
-  static constexpr bool kFp8PairCvt = kPairCvt;
-  static constexpr bool kRolledOnce = kRolled;
-  static constexpr bool kLeanIssue = kLean;
-  static constexpr bool kOneQkChain = kOneChain && kTileSubs == 2;
+  // Paired fp8 -> f16 conversions (ring_decode.cuh): H200 2026-11-23 06:52Z, b16 kv 4k fp8
+  // --launches 10 39.1-39.4 vs 39.6-40.3 us without, --graph 41.6-41.9 vs 42.2-42.3 us.
+  static constexpr bool kFp8PairCvt = true;
 };
-
-// Streaming-loop instantiation of a decode kernel (chosen on the host from the PagedParams, so
-// that the kernel that runs holds one loop and its code is contiguous): power-of-two pages without
-// soft-cap (the hot one: neither the division nor the tanh code), power-of-two pages with the
-// per-logit cap check, any page size; kDecodeLoopAny picks one of the three per CTA (one kernel
-// with all three loops, the layout before session 8).
-inline constexpr int kDecodeLoopHot = 0, kDecodeLoopCap = 1, kDecodeLoopPaged = 2,
-                     kDecodeLoopAny = -1;
-inline int decode_loop_of(const PagedParams& p) {
-  if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) return kDecodeLoopHot;
-  return p.page_shift >= 0 ? kDecodeLoopCap : kDecodeLoopPaged;
-}
 
 // The fused split-KV merge of one (request, q tile, kv head), by every thread of the CTA that
 // counted itself last: out = sum_s w_s O_s / (sum_s w_s + sink), w_s = 2^(lse_s - max). Three
@@ -165,7 +149,7 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, const Request
 // grid: (num_kv_heads, work items) block: (Tr::kThreads); dynamic smem Tr::kSmemBytes. The kv heads
 // of one item are adjacent in launch order, so they stream the same pool rows (one slot holds all
 // heads) at about the same time: DRAM pages are opened once, not once per head.
-template <typename Tr, int kLoop = kDecodeLoopAny>
+template <typename Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     paged_decode_ring_kernel(const __grid_constant__ PagedParams p) {
   using QT = typename Tr::QT;
@@ -181,9 +165,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   // carries the request's lengths; the RequestPlan is read for the split fields only).
   const int32_t* table = p.req_to_token + static_cast<int64_t>(p.req_pool_indices[item.request]) *
                                               p.req_to_token_stride;
-  // kLeanIssue: kept in a register (ptxas otherwise recomputes the 64-bit row offset per slot
-  // fetch inside the streaming loop).
-  if constexpr (Tr::kLeanIssue) table = cuda::ring::opaque_ptr(table);
   const RequestPlan& req =
       reinterpret_cast<const RequestPlan*>(p.plan + kPlanHeaderWords)[item.request];
   const int kv_head = blockIdx.x;
@@ -212,9 +193,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const auto q_row = [&](int r) {
     return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
   };
-  // Instantiations of the streaming loop (kLoop, or chosen per CTA): power-of-two pages (a mask
-  // per copied row) and any other page size (a division). One loop with the choice inside carried
-  // the division and a branch region per copied row (+300 SASS instructions per tile).
+  // Instantiations of the streaming loop, chosen once per CTA: power-of-two pages (a mask per
+  // copied row) and any other page size (a division). One loop with the choice inside carried the
+  // division and a branch region per copied row (+300 SASS instructions per tile).
   const int page_mask = p.page_size - 1;
   const auto slot_pow2 = [&](int key) -> cuda::ring::SlotRef {
     const int off = key & page_mask;
@@ -257,13 +238,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   };
   // The hot instantiation (power-of-two pages, no soft-cap) carries neither the division nor the
   // tanh code; the others check the cap per logit.
-  if constexpr (kLoop == kDecodeLoopHot) {
-    cuda::ring::attend<Tr, /*kMayCap=*/false>(w, smem, q_row, slot_pow2, write);
-  } else if constexpr (kLoop == kDecodeLoopCap) {
-    cuda::ring::attend<Tr>(w, smem, q_row, slot_pow2, write);
-  } else if constexpr (kLoop == kDecodeLoopPaged) {
-    cuda::ring::attend<Tr>(w, smem, q_row, slot_any, write);
-  } else if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) {
+  if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) {
     cuda::ring::attend<Tr, /*kMayCap=*/false>(w, smem, q_row, slot_pow2, write);
   } else if (p.page_shift >= 0) {
     cuda::ring::attend<Tr>(w, smem, q_row, slot_pow2, write);
