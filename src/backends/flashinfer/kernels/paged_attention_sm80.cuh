@@ -105,42 +105,8 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   return Status::ok();
 }
 
-// Experiment knob (not API): ATTNKIT_FLASHINFER_FP8_TILE=16 runs fp8 KV decode on 16-key warp
-// tiles instead of the default 32-key ones (RingDecodeTraits::kTileSubs), so that one device run
-// can compare both.
-inline bool fp8_wide_decode_tiles() {
-  static const bool wide = [] {
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_FP8_TILE");
-    return e == nullptr || std::strcmp(e, "16") != 0;
-  }();
-  return wide;
-}
-
-// Experiment knob (not API): ATTNKIT_FLASHINFER_DECODE_CTA picks the decode CTA shape where it is
-// instantiated (d 128, bf16 q, bf16 or fp8_e4m3 KV): "4x2" (default: 2 CTAs of 4 warps per SM, 110
-// KB each), "8x1" (one CTA of 8 warps, 220 KB: the same ring depth, twice the warps of one CTA) or
-// "4x1" (one CTA of 4 warps, 220 KB: twice the ring depth). The planner targets one CTA per SM, so
-// at batch 16 every SM runs one CTA of whichever shape.
-enum class DecodeCta { k4x2, k8x1, k4x1 };
-inline DecodeCta decode_cta_shape() {
-  static const DecodeCta shape = [] {
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_DECODE_CTA");
-    if (e != nullptr && std::strcmp(e, "8x1") == 0) return DecodeCta::k8x1;
-    if (e != nullptr && std::strcmp(e, "4x1") == 0) return DecodeCta::k4x1;
-    return DecodeCta::k4x2;
-  }();
-  return shape;
-}
-inline constexpr int kDecodeOneCtaSmem = 220 * 1024;  // budget of the one-CTA-per-SM shapes
-// Experiment knob (not API): ATTNKIT_FLASHINFER_SLOT_LOADS=4 runs the default shape (d 128, bf16
-// q, bf16 / fp8_e4m3 KV) with the old copy issue: one 4-byte slot-word load per copied row.
-inline bool decode_wide_slot_loads() {
-  static const bool wide = [] {
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_SLOT_LOADS");
-    return e == nullptr || std::strcmp(e, "4") != 0;
-  }();
-  return wide;
-}
+// (The experiment knobs ATTNKIT_FLASHINFER_FP8_TILE, _DECODE_CTA and _SLOT_LOADS of sessions 4-5
+// were removed in session 8: their A/Bs are recorded in docs/perf/fidecode_notes.md.)
 
 // Picks the instantiation for (q dtype, kv dtype, tile shape); the default branches name the value.
 template <int kD, TileShape kShape>
@@ -151,27 +117,6 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
       static_assert(kShape == TileShape::kDecode,
                     "prefill runs paged_prefill_sm80.cuh (run_paged_prefill_sm80)");
       using Tr = RingDecodeTraits<kD, QT, kKv>;
-      using Narrow = RingDecodeTraits<kD, QT, kKv, /*kWideFp8=*/false>;
-      if constexpr (Tr::kTileSubs != Narrow::kTileSubs) {
-        if (!fp8_wide_decode_tiles()) return launch_paged<Narrow>(p, grid_items, stream);
-      }
-      if constexpr (kD == 128 && std::is_same_v<QT, __nv_bfloat16> &&
-                    (kKv == DType::kBF16 || kKv == DType::kFP8E4M3)) {
-        const DecodeCta shape = decode_cta_shape();
-        if (shape == DecodeCta::k8x1) {
-          return launch_paged<RingDecodeTraits<kD, QT, kKv, true, 8, kDecodeOneCtaSmem, 1>>(
-              p, grid_items, stream);
-        }
-        if (shape == DecodeCta::k4x1) {
-          return launch_paged<RingDecodeTraits<kD, QT, kKv, true, 4, kDecodeOneCtaSmem, 1>>(
-              p, grid_items, stream);
-        }
-        if (!decode_wide_slot_loads()) {
-          return launch_paged<RingDecodeTraits<kD, QT, kKv, true, cuda::ring::kWarps,
-                                               cuda::ring::kCtaSmemBudget, cuda::ring::kCtasPerSm,
-                                               /*kWideSlots=*/false>>(p, grid_items, stream);
-        }
-      }
       return launch_paged<Tr>(p, grid_items, stream);
     };
     switch (kv_dtype) {

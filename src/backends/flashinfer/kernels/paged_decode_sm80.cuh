@@ -28,8 +28,8 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
 // same wait / max / rescale / loop work, so fp8 decode was bound by per-tile work, not bytes.
 // 16-bit KV keeps 16-key tiles (3 stages: a pair would leave one in flight).
 // kWarps_ / kCtaSmemBudget_ / kCtasPerSm_: the CTA shape (ring_decode.cuh Traits); the default is
-// 2 CTAs of 4 warps per SM (110 KB each), the alternatives one CTA per SM90 multiprocessor (220 KB)
-// of 8 warps (same ring depth, twice the warps) or of 4 warps (twice the ring depth).
+// 2 CTAs of 4 warps per SM (110 KB each; sessions 5-7 measured one CTA of 8 warps, or of 4 warps
+// with twice the ring depth, per SM90 multiprocessor: no faster).
 // kWideSlots: ring_decode.cuh's kWideSlotLoads (copy rows owned in adjacent groups, slot words
 // read 16 bytes at a time).
 template <int kD, typename QT, DType kKv, bool kWideFp8 = true, int kWarps_ = cuda::ring::kWarps,
@@ -44,6 +44,9 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudge
   // attend waits for the previous grid after the first page-table words (a no-op unless the launch
   // was programmatic; with PagedParams::decode_pdl 1 the kernel has waited at its start already).
   static constexpr bool kGridDepWait = true;
+  // Paired fp8 -> f16 conversions (ring_decode.cuh): H200 2026-11-23 06:52Z, b16 kv 4k fp8
+  // --launches 10 39.1-39.4 vs 39.6-40.3 us without, --graph 41.6-41.9 vs 42.2-42.3 us.
+  static constexpr bool kFp8PairCvt = true;
 };
 
 // The fused split-KV merge of one (request, q tile, kv head), by every thread of the CTA that

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Session 8 fidecode device command: build the CLI + the flashinfer / triton GPU tests, run
+# `ctest -L gpu -R 'FlashInfer|Triton'`, the full decode targets once (default / b2b / graph,
+# both backends), then the A/B: each VARIANTS entry (env settings; "default" = none) timed on
+# decode_s8.json (flashinfer) in the three modes (eager, --launches 10, --graph), ROUNDS rounds,
+# the variant order reversed every other round; every bench process measures its own copy ceiling.
+# (Session 8 ran it with VARIANTS of ATTNKIT_FLASHINFER_DECODE_S8, a knob now removed: see
+# scripts/device/patches/decode_s8_rolled_split_lean.patch.)
+# Writes $OUT/summary.txt (the A/B table) and $OUT/all.tgz (logs, JSONs).
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/out}"; mkdir -p "$OUT"
+t0=$(date +%s); BUDGET_S="${BUDGET_S:-300}"
+left() { echo $(( BUDGET_S - ($(date +%s) - t0) )); }
+S="$OUT/summary.txt"
+echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) date: $(date -u +%FT%RZ) tree: ${TREE_ID:-?}" | tee "$S"
+build="$root/build/device"
+. scripts/device/lib.sh
+attnkit_configure "$build" "${ARCHS:-90a-real}" > "$OUT/build.log" 2>&1 &&
+  ninja -C "$build" -j16 attnkit_cli test_flashinfer_cases test_flashinfer_cascade \
+    test_triton_cases test_triton_cuda_graph >> "$OUT/build.log" 2>&1
+rc=$?; echo "build: rc=$rc at $(( $(date +%s) - t0 )) s" | tee -a "$S"
+[ $rc -ne 0 ] && { grep -E "error" "$OUT/build.log" | head -20; exit 1; }
+cli="$build/tools/attnkit/attnkit"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout "${CTEST_TIMEOUT:-110}" ctest --test-dir "$build" -L gpu -R 'FlashInfer|Triton' \
+    --output-on-failure --timeout 100 -j8 > "$OUT/ctest.log" 2>&1
+  echo "ctest: rc=$? at $(( $(date +%s) - t0 )) s" | tee -a "$S"
+  grep -E "tests passed|tests failed" "$OUT/ctest.log" | tee -a "$S"
+  grep -E "^\s*[0-9]+ - .*(Failed|SEGFAULT|Timeout|Exception)|Total Test time" "$OUT/ctest.log" | head -20 | tee -a "$S"
+fi
+mode_args() { case $1 in eager) echo "";; b2b) echo "--launches 10";; graph) echo "--graph";; esac; }
+if [ "${SKIP_TARGETS:-0}" != 1 ]; then
+  for m in eager b2b graph; do
+    timeout 60 "$cli" bench --device cuda --backend triton,flashinfer --cases scripts/device/decode_targets.json \
+      $(mode_args $m) --json "$OUT/targets_$m.json" > "$OUT/targets_$m.log" 2>&1
+    echo "targets $m: rc=$? at $(( $(date +%s) - t0 )) s" | tee -a "$S"
+  done
+fi
+read -r -a vs <<< "${VARIANTS:-default}"
+for ((round = 0; round < ${ROUNDS:-2}; round++)); do
+  order=("${vs[@]}")
+  if (( round % 2 == 1 )); then order=(); for ((k=${#vs[@]}-1; k>=0; k--)); do order+=("${vs[k]}"); done; fi
+  for m in ${MODES:-eager b2b graph}; do
+    for v in "${order[@]}"; do
+      [ "$(left)" -lt 15 ] && { echo "ab $round $m $v: skipped (time)" | tee -a "$S"; continue; }
+      envs=""; [ "$v" != default ] && envs=${v//,/ }
+      timeout 40 env $envs "$cli" bench --device cuda --backend flashinfer --cases scripts/device/decode_s8.json \
+        $(mode_args $m) --json "$OUT/ab_${round}_${m}_${v//[=,]/_}.json" > "$OUT/ab.log" 2>&1 || echo "ab $round $m $v rc=$?" | tee -a "$S"
+    done
+  done
+done
+python3 scripts/device/fidecode_s8_table.py "$OUT" | tee -a "$S"
+cd "$OUT" && tar czf all.tgz *.json *.log 2>/dev/null && rm -f *.json ab.log targets_*.log
+ls -la "$OUT"; echo "total $(( $(date +%s) - t0 )) s"
+exit 0
