@@ -73,8 +73,6 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_LAZY_RESCALE=0 (no lazy O rescale, Fa3Params::lazy_rescale; on by default),
   // ATTNKIT_FA3_EPI_WIDE=0 (4-byte O stores, Fa3Params::epi_wide),
   // ATTNKIT_FA3_UNIFORM_WG=0 (the kernel without the lane-0 warpgroup broadcast),
-  // ATTNKIT_FA3_FP8_SPLIT=0 (FP8 kernel: one producer flow for loads and the V transpose),
-  // ATTNKIT_FA3_FP8_VT_LATE=1 (FP8 kernel: wait for V^T after issuing Q K^T, not before),
   // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   bool pingpong_ = true;
@@ -85,8 +83,6 @@ class PrefillSm90Engine {
   bool lazy_rescale_ = true;
   bool epi_wide_ = true;
   bool uniform_wg_ = true;
-  bool fp8_split_ = true;
-  bool fp8_vt_late_ = false;
   int block_n_ = 128;
   int diag_ = 0;
 

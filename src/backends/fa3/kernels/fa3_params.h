@@ -156,13 +156,6 @@ struct Fa3Params {
   // FP8 kernel (prefill_sm90_fp8.cuh) only: the pool holds e4m3 rows (x / scale); k_scale is
   // folded into scale_log2 on the host, v_scale multiplies O in the epilogue.
   float v_scale = 1.f;
-  // FP8 kernel only: 1 (the engine's default; ATTNKIT_FA3_FP8_SPLIT=0: off): the producer
-  // warpgroup splits into a loader warp and three V-transposing warps (producer_fp8_split), so a
-  // block's V^T no longer waits behind the next block's empty wait and loads.
-  int fp8_split = 0;
-  // FP8 kernel only, A/B knob (ATTNKIT_FA3_FP8_VT_LATE=1): the consumers wait for block n's V^T
-  // between issuing Q K(n+1)^T and P(n) V(n) instead of before both.
-  int fp8_vt_late = 0;
 };
 
 }  // namespace attnkit::fa3

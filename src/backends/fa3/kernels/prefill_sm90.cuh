@@ -109,17 +109,15 @@ __device__ __forceinline__ bool block_uses_tma(const Fa3Params& p, const TileInf
 // Producer (128 threads): tile t's Q rows into the swizzled [kBlockM x kRowChunks x 16 B] tile at
 // sQ by cp.async, one 16-byte chunk of 2-byte elements per copy. Row r = token m0 + r of the
 // request; rows past q_len are zero-filled. Both prefill producers (bf16 / f16 and FP8) call it.
-// kThreads: the producer threads that share the copy (tid < kThreads; the FP8 kernel's split
-// producer loads with one warp).
-template <int kBlockM, int kRowChunks, int kThreads = 128>
+template <int kBlockM, int kRowChunks>
 __device__ __forceinline__ void load_q_tile(const Fa3Params& p, const TileInfo& t, uint32_t sQ,
                                             int tid) {
-  constexpr int kPasses = kBlockM * kRowChunks / kThreads;
-  static_assert(kPasses * kThreads == kBlockM * kRowChunks, "whole passes of kThreads threads");
+  constexpr int kPasses = kBlockM * kRowChunks / 128;
+  static_assert(kPasses * 128 == kBlockM * kRowChunks, "whole passes of 128 threads");
   const char* q_base = static_cast<const char*>(p.q);
 #pragma unroll 4
   for (int i = 0; i < kPasses; ++i) {
-    const int c = tid + kThreads * i;
+    const int c = tid + 128 * i;
     const int row = c / kRowChunks, chunk = c % kRowChunks;
     const int token = t.m0 + row;
     const bool valid = token < t.q_len;

@@ -92,47 +92,38 @@ __device__ __forceinline__ void transpose4x4(uint32_t a, uint32_t b, uint32_t c,
 // 16-key group c = w + 4 i, columns 16 c + 8 h .. + 7. Loads: a half-warp reads one whole key row
 // (conflict-free); stores: each thread's 8 output rows are rotated by dq % 8 (the bytes of each
 // loaded row are rotated to match), so a store instruction writes 8 different swizzle chunks.
-// One 16-key group c (0..7) of the transpose, by one warp (lane as below).
-__device__ __forceinline__ void fp8_transpose_group(const uint8_t* sv, uint8_t* svt, int c,
-                                                    int lane) {
+__device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
   const int h = lane / 16, dq = lane % 16, rot = dq % 8;
   const uint32_t sh = static_cast<uint32_t>(rot & 3) * 8;
   const bool swap = rot >= 4;
-  uint32_t lo[8], hi[8];
 #pragma unroll
-  for (int q = 0; q < 8; ++q) {
-    // Column 16 c + 8 h + q holds key 16 c + 8 ((q % 4) / 2) + 2 (2 h + q / 4) + q % 2.
-    const int key = 16 * c + 8 * ((q % 4) >> 1) + 4 * h + 2 * (q / 4) + (q & 1);
-    const uint2 w = *reinterpret_cast<const uint2*>(
-        sv + key * 128 + ((((dq >> 1) ^ (key & 7))) << 4) + ((dq & 1) << 3));
-    // Rotate the 8 bytes right by rot: byte j becomes d-column (j + rot) % 8 of the octet.
-    const uint32_t x = swap ? w.y : w.x, y = swap ? w.x : w.y;
-    lo[q] = __funnelshift_r(x, y, sh);
-    hi[q] = __funnelshift_r(y, x, sh);
+  for (int pass = 0; pass < 2; ++pass) {
+    const int c = warp + 4 * pass;
+    uint32_t lo[8], hi[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      // Column 16 c + 8 h + q holds key 16 c + 8 ((q % 4) / 2) + 2 (2 h + q / 4) + q % 2.
+      const int key = 16 * c + 8 * ((q % 4) >> 1) + 4 * h + 2 * (q / 4) + (q & 1);
+      const uint2 w = *reinterpret_cast<const uint2*>(
+          sv + key * 128 + ((((dq >> 1) ^ (key & 7))) << 4) + ((dq & 1) << 3));
+      // Rotate the 8 bytes right by rot: byte j becomes d-column (j + rot) % 8 of the octet.
+      const uint32_t x = swap ? w.y : w.x, y = swap ? w.x : w.y;
+      lo[q] = __funnelshift_r(x, y, sh);
+      hi[q] = __funnelshift_r(y, x, sh);
+    }
+    uint32_t olo[8], ohi[8];  // output row j: columns 0..3 (keys of q 0..3), 4..7
+    transpose4x4(lo[0], lo[1], lo[2], lo[3], olo[0], olo[1], olo[2], olo[3]);
+    transpose4x4(hi[0], hi[1], hi[2], hi[3], olo[4], olo[5], olo[6], olo[7]);
+    transpose4x4(lo[4], lo[5], lo[6], lo[7], ohi[0], ohi[1], ohi[2], ohi[3]);
+    transpose4x4(hi[4], hi[5], hi[6], hi[7], ohi[4], ohi[5], ohi[6], ohi[7]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int d = 8 * dq + ((j + rot) & 7);
+      *reinterpret_cast<uint2*>(svt + d * 128 + ((c ^ (d & 7)) << 4) + (h << 3)) =
+          make_uint2(olo[j], ohi[j]);
+    }
   }
-  uint32_t olo[8], ohi[8];  // output row j: columns 0..3 (keys of q 0..3), 4..7
-  transpose4x4(lo[0], lo[1], lo[2], lo[3], olo[0], olo[1], olo[2], olo[3]);
-  transpose4x4(hi[0], hi[1], hi[2], hi[3], olo[4], olo[5], olo[6], olo[7]);
-  transpose4x4(lo[4], lo[5], lo[6], lo[7], ohi[0], ohi[1], ohi[2], ohi[3]);
-  transpose4x4(hi[4], hi[5], hi[6], hi[7], ohi[4], ohi[5], ohi[6], ohi[7]);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int d = 8 * dq + ((j + rot) & 7);
-    *reinterpret_cast<uint2*>(svt + d * 128 + ((c ^ (d & 7)) << 4) + (h << 3)) =
-        make_uint2(olo[j], ohi[j]);
-  }
-}
-
-// V [128 keys][128 d] (e4m3, rows 128-byte swizzled) -> V^T [128 d][128 key columns] (the same
-// swizzle), key columns permuted within every 16 keys as the P fragment needs (file comment).
-// Thread (warp w, lane): half-warp h = lane / 16, d-octet dq = lane % 16; pass i covers the
-// 16-key group c = w + 4 i, columns 16 c + 8 h .. + 7. Loads: a half-warp reads one whole key row
-// (conflict-free); stores: each thread's 8 output rows are rotated by dq % 8 (the bytes of each
-// loaded row are rotated to match), so a store instruction writes 8 different swizzle chunks.
-__device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt, int tid) {
-  const int warp = tid / 32, lane = tid % 32;
-#pragma unroll
-  for (int pass = 0; pass < 2; ++pass) fp8_transpose_group(sv, svt, warp + 4 * pass, lane);
 }
 
 // ---- producer ----
@@ -243,134 +234,6 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
     }
   }
   if (pending >= 0) transpose(pending);
-  cp_async_wait<0>();
-}
-
-// Split producer (Fa3Params::fp8_split): warp 0 loads (Q, K, V of every block, gated only by the
-// stage's empty barrier); warps 1..3 transpose each block's V as soon as it lands. In
-// producer_fp8 the transpose of block n waits behind the empty wait and the loads of block n + 1,
-// so V^T(n) can be published only after the consumers released block n - 2; here it depends only
-// on V(n) landing (issued when block n - 3 was released). Arrival counts: q_full, k_full, v_full
-// 32 (the loader's lanes), vt_full 96.
-__device__ __forceinline__ void producer_fp8_split(const Fa3Params& p, uint8_t* smem) {
-  using namespace sm90;
-  using Tr = PrefillFp8Traits;
-  constexpr int CQ = Tr::kQChunksPerRow;
-  constexpr int C = Tr::kChunksPerRow;
-  const int tid = threadIdx.x;  // 0..127
-  const int warp = tid / 32, lane = tid % 32;
-  const uint32_t base = smem_addr(smem);
-  const uint32_t bars = base + Tr::kBarOffset;
-  const int units = p.num_tiles * p.num_q_heads;
-  if (warp != 0) {
-    // Transposers: 16-key groups c = w, w + 3, w + 6 (< 8) of warp w = warp - 1.
-    const int w = warp - 1;
-    int it = 0;
-    for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round)) {
-      const TileInfo t = decode_tile<Tr>(p, unit);
-      for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
-        const int stage = it % Tr::kStages;
-        mbar_wait(fp8_bar(bars, stage, 1), (it / Tr::kStages) & 1);
-        if ((p.diag & 4) == 0) {
-          const uint8_t* sv = smem + Tr::kVOffset + stage * Tr::kKVBytes;
-          uint8_t* svt = smem + Tr::kVtOffset + stage * Tr::kKVBytes;
-          // One group at a time (unrolled, the hoisted addresses of three groups spill at 88).
-#pragma unroll 1
-          for (int c = w; c < 8; c += 3) fp8_transpose_group(sv, svt, c, lane);
-        }
-        fence_proxy_async();
-        mbar_arrive(fp8_bar(bars, stage, 2));
-      }
-    }
-    return;
-  }
-  // Loader warp: lane owns rows lane + 32 i of a key block.
-  const uint32_t sQ = base + Tr::kQOffset;
-  const uint32_t q_full = bars, q_empty = bars + 8;
-  const char* k_base = static_cast<const char*>(p.k_pool);
-  const char* v_base = static_cast<const char*>(p.v_pool);
-  int it = 0;
-  int tcount = 0;
-  for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
-    const TileInfo t = decode_tile<Tr>(p, unit);
-    const int kvh = t.head / p.group;
-    const int32_t* pt = p.req_to_token +
-                        static_cast<int64_t>(p.req_pool_indices[t.request]) * p.req_to_token_stride;
-    int my_slot[4];
-    auto load_slots = [&](int nb) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = nb * Tr::kBlockN + lane + 32 * i;
-        if (nb < 0 || key >= t.kv_len) {
-          my_slot[i] = -1;
-        } else {
-          const int in_page = key % p.page_size;
-          my_slot[i] = pt[key - in_page] + in_page;
-        }
-      }
-    };
-    load_slots(t.n_blocks - 1);
-
-    mbar_wait(q_empty, (tcount & 1) ^ 1);
-    load_q_tile<Tr::kBlockM, CQ, 32>(p, t, sQ, lane);
-    cp_async_arrive_noinc(q_full);
-
-    for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
-      const int stage = it % Tr::kStages;
-      const uint32_t phase = (it / Tr::kStages) & 1;
-      mbar_wait(fp8_bar(bars, stage, 3), phase ^ 1);
-      const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
-      const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
-      if (p.diag & 1) {  // diagnostics: no loads (timing only, wrong results)
-        mbar_arrive(fp8_bar(bars, stage, 0));
-        mbar_arrive(fp8_bar(bars, stage, 1));
-      } else if (block_uses_tma<Tr>(p, t, nb)) {
-#pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {
-          const uint32_t tile = kv == 0 ? sK : sV;
-          const uint32_t bar = fp8_bar(bars, stage, kv);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int row = lane + 32 * i;
-            if (row % p.tma_rows == 0) {
-              tma_load_3d(tile + row * 128, kv == 0 ? &p.tma_k : &p.tma_v, 0, kvh, my_slot[i], bar);
-            }
-          }
-          if (lane == 0) {
-            mbar_arrive_expect_tx(bar, Tr::kKVBytes);
-          } else {
-            mbar_arrive(bar);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {
-          const char* pool = kv == 0 ? k_base : v_base;
-          const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
-          const int64_t head_off =
-              static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
-          const uint32_t tile = kv == 0 ? sK : sV;
-          // 32 passes of 4 rows x 8 chunks; rows of pass q: 4 q .. 4 q + 3 (slot index q / 8).
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-#pragma unroll 4
-            for (int q = 0; q < 8; ++q) {
-              const int row = 32 * i + 4 * q + lane / C;
-              const int chunk = lane % C;
-              const int slot = __shfl_sync(0xffffffffu, my_slot[i], row % 32);
-              const char* src =
-                  slot >= 0
-                      ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 16)
-                      : pool;
-              cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
-            }
-          }
-          cp_async_arrive_noinc(fp8_bar(bars, stage, kv));
-        }
-      }
-      load_slots(nb - 1);
-    }
-  }
   cp_async_wait<0>();
 }
 
@@ -529,13 +392,12 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       const int it_n = it_c + 1;
       const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
       wait_k(it_n, nb);
-      if (!p.fp8_vt_late) wait_vt(it_c);
+      wait_vt(it_c);
       fence_regs(o);
       turn_wait();
       wgmma_fence();
       issue_qk(stage_n);
       wgmma_commit();
-      if (p.fp8_vt_late) wait_vt(it_c);
       issue_pv(stage_c);
       wgmma_commit();
       turn_pass();
@@ -580,14 +442,12 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
   uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
   if (threadIdx.x == 0) {
-    // Producer arrivals: all 128 threads, or (p.fp8_split) the loader warp / the 3 transposers.
-    const int loads = p.fp8_split != 0 ? 32 : 128, transposes = p.fp8_split != 0 ? 96 : 128;
-    sm90::mbar_init(bars, loads);                              // q_full: producer threads
+    sm90::mbar_init(bars, 128);                                // q_full: producer threads
     sm90::mbar_init(bars + 8, 128 * Tr::kConsumerWarpgroups);  // q_empty: consumer threads
     for (int s = 0; s < Tr::kStages; ++s) {
-      sm90::mbar_init(fp8_bar(bars, s, 0), loads);                          // k_full
-      sm90::mbar_init(fp8_bar(bars, s, 1), loads);                          // v_full
-      sm90::mbar_init(fp8_bar(bars, s, 2), transposes);                     // vt_full
+      sm90::mbar_init(fp8_bar(bars, s, 0), 128);                            // k_full
+      sm90::mbar_init(fp8_bar(bars, s, 1), 128);                            // v_full
+      sm90::mbar_init(fp8_bar(bars, s, 2), 128);                            // vt_full
       sm90::mbar_init(fp8_bar(bars, s, 3), 128 * Tr::kConsumerWarpgroups);  // empty
     }
     sm90::mbar_init_fence();
@@ -601,11 +461,7 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
   }
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
-    if (p.fp8_split != 0) {
-      producer_fp8_split(p, smem);
-    } else {
-      producer_fp8(p, smem);
-    }
+    producer_fp8(p, smem);
   } else {
     sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
     consumer_fp8(p, smem, wg - 1);
