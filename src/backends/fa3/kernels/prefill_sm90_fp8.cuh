@@ -96,22 +96,17 @@ __device__ __forceinline__ void transpose4x4(uint32_t a, uint32_t b, uint32_t c,
 // 16-key group c = w + 4 i, columns 16 c + 8 h .. + 7. Loads: a half-warp reads one whole key row
 // (conflict-free); stores: each thread's 8 output rows are rotated by dq % 8 (the bytes of each
 // loaded row are rotated to match), so a store instruction writes 8 different swizzle chunks.
-// kPrmt: the 8-byte rotation as two byte permutes with per-thread selectors (2 PRMT per key row
-// instead of 2 SEL + 2 SHF; Fa3Params::fp8_tprmt).
-template <bool kPrmt>
+// The 8-byte rotation of each loaded row is two byte permutes with per-thread selectors (2 PRMT
+// per key row; the funnel-shift form before session 8, 2 SEL + 2 SHF, measured 1.5-3% slower).
 __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt, int tid) {
   const int warp = tid / 32, lane = tid % 32;
   const int h = lane / 16, dq = lane % 16, rot = dq % 8;
-  const uint32_t sh = static_cast<uint32_t>(rot & 3) * 8;
-  const bool swap = rot >= 4;
   // Byte j of lo = byte (j + rot) % 8 of (w.y:w.x); of hi: byte (j + 4 + rot) % 8.
   uint32_t sel_lo = 0, sel_hi = 0;
-  if constexpr (kPrmt) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      sel_lo |= static_cast<uint32_t>((j + rot) & 7) << (4 * j);
-      sel_hi |= static_cast<uint32_t>((j + 4 + rot) & 7) << (4 * j);
-    }
+  for (int j = 0; j < 4; ++j) {
+    sel_lo |= static_cast<uint32_t>((j + rot) & 7) << (4 * j);
+    sel_hi |= static_cast<uint32_t>((j + 4 + rot) & 7) << (4 * j);
   }
 #pragma unroll
   for (int pass = 0; pass < 2; ++pass) {
@@ -124,14 +119,8 @@ __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt,
       const uint2 w = *reinterpret_cast<const uint2*>(
           sv + key * 128 + ((((dq >> 1) ^ (key & 7))) << 4) + ((dq & 1) << 3));
       // Rotate the 8 bytes right by rot: byte j becomes d-column (j + rot) % 8 of the octet.
-      if constexpr (kPrmt) {
-        lo[q] = __byte_perm(w.x, w.y, sel_lo);
-        hi[q] = __byte_perm(w.x, w.y, sel_hi);
-      } else {
-        const uint32_t x = swap ? w.y : w.x, y = swap ? w.x : w.y;
-        lo[q] = __funnelshift_r(x, y, sh);
-        hi[q] = __funnelshift_r(y, x, sh);
-      }
+      lo[q] = __byte_perm(w.x, w.y, sel_lo);
+      hi[q] = __byte_perm(w.x, w.y, sel_hi);
     }
     uint32_t olo[8], ohi[8];  // output row j: columns 0..3 (keys of q 0..3), 4..7
     transpose4x4(lo[0], lo[1], lo[2], lo[3], olo[0], olo[1], olo[2], olo[3]);
@@ -149,10 +138,10 @@ __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt,
 
 // ---- producer ----
 
+template <bool kVAhead>
 __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
   using Tr = PrefillFp8Traits;
-  constexpr int kD = Tr::kHeadDim;
   constexpr int CQ = Tr::kQChunksPerRow;
   constexpr int C = Tr::kChunksPerRow;
   const int tid = threadIdx.x;  // 0..127
@@ -171,92 +160,109 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
     if ((p.diag & 4) == 0) {  // diag bit 4: no transpose (timing only, wrong results)
       const uint8_t* sv = smem + Tr::kVOffset + stage * Tr::kKVBytes;
       uint8_t* svt = smem + Tr::kVtOffset + stage * Tr::kVtBytes;
-      if (p.fp8_tprmt != 0) {
-        fp8_transpose_v<true>(sv, svt, tid);
-      } else {
-        fp8_transpose_v<false>(sv, svt, tid);
-      }
+      fp8_transpose_v(sv, svt, tid);
     }
     fence_proxy_async();  // generic st.shared -> the consumers' wgmma reads
     mbar_arrive(fp8_bar(bars, stage, 2));
   };
 
+  // kVAhead (Fa3Params::fp8_vahead, default): each tile's V loads run two blocks ahead of its K
+  // loads (V is never read by the consumers, so its buffer is free once the producer transposed
+  // it), and block n is transposed right after K(n) is issued. Otherwise (ATTNKIT_FA3_FP8_VAHEAD=0)
+  // K and V of block n load together after the empty wait and V^T(n) follows one block later, so
+  // the producer waits out a V load latency every block.
+  constexpr bool ahead = kVAhead;
   int it = 0;
   int tcount = 0;
-  int pending = -1;  // the block whose V^T is still to be written
+  int pending = -1;  // the block whose V^T is still to be written (!ahead)
   const int units = p.num_tiles * p.num_q_heads;
   for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
     const TileInfo t = decode_tile<Tr>(p, unit);
     const int kvh = t.head / p.group;
     const int32_t* pt = p.req_to_token +
                         static_cast<int64_t>(p.req_pool_indices[t.request]) * p.req_to_token_stride;
-    int my_slot = -1;
-    auto load_slot = [&](int nb) {
+    // Pool slot of row tid of key block nb (-1: past kv_len or nb < 0).
+    auto slot_of = [&](int nb) {
       const int key = nb * Tr::kBlockN + tid;
-      if (nb < 0 || key >= t.kv_len) {
-        my_slot = -1;
+      if (nb < 0 || key >= t.kv_len) return -1;
+      const int in_page = key % p.page_size;
+      return pt[key - in_page] + in_page;
+    };
+    // K (kv 0) or V (kv 1) of key block nb into the buffer of `stage`, arriving on its full
+    // barrier.
+    auto load_tile = [&](int kv, int stage, int nb, int my_slot) {
+      const uint32_t tile = base + (kv == 0 ? Tr::kKOffset : Tr::kVOffset) + stage * Tr::kKVBytes;
+      const uint32_t bar = fp8_bar(bars, stage, kv);
+      if (p.diag & 1) {  // diagnostics: no loads (timing only, wrong results)
+        mbar_arrive(bar);
+      } else if (block_uses_tma<Tr>(p, t, nb)) {
+        if (tid % p.tma_rows == 0) {
+          tma_load_3d(tile + tid * 128, kv == 0 ? &p.tma_k : &p.tma_v, 0, kvh, my_slot, bar);
+        }
+        if (tid == 0) {
+          mbar_arrive_expect_tx(bar, Tr::kKVBytes);
+        } else {
+          mbar_arrive(bar);
+        }
       } else {
-        const int in_page = key % p.page_size;
-        my_slot = pt[key - in_page] + in_page;
+        const char* pool = kv == 0 ? k_base : v_base;
+        const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
+        const int64_t head_off =
+            static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
+        const int warp_row0 = 32 * warp;
+#pragma unroll 4
+        for (int pass = 0; pass < Tr::kPassesPerWarp; ++pass) {
+          const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
+          const int chunk = lane % C;
+          const int slot = __shfl_sync(0xffffffffu, my_slot, r_in_warp);
+          const int row = warp_row0 + r_in_warp;
+          const char* src =
+              slot >= 0 ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 16)
+                        : pool;
+          cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
+        }
+        cp_async_arrive_noinc(bar);
       }
     };
-    load_slot(t.n_blocks - 1);
+    // V of global block j (key block nb) into buffer j % kStages once every producer thread has
+    // transposed its previous occupant j - kStages (that block's vt_full phase completed).
+    auto load_v_ahead = [&](int j, int nb, int my_slot) {
+      if (j >= Tr::kStages) {
+        mbar_wait(fp8_bar(bars, j % Tr::kStages, 2), ((j - Tr::kStages) / Tr::kStages) & 1);
+      }
+      load_tile(1, j % Tr::kStages, nb, my_slot);
+    };
+    const int n = t.n_blocks;
+    int slot0 = slot_of(n - 1);
+    int slot1 = ahead ? slot_of(n - 2) : -1;
+    int slot2 = ahead ? slot_of(n - 3) : -1;
 
     mbar_wait(q_empty, (tcount & 1) ^ 1);
     load_q_tile<Tr::kBlockM, CQ>(p, t, sQ, tid);
     cp_async_arrive_noinc(q_full);
 
-    for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
+    if constexpr (ahead) {
+      if (n >= 1) load_v_ahead(it, n - 1, slot0);
+      if (n >= 2) load_v_ahead(it + 1, n - 2, slot1);
+    }
+    for (int nb = n - 1; nb >= 0; --nb, ++it) {
       const int stage = it % Tr::kStages;
       const uint32_t phase = (it / Tr::kStages) & 1;
       mbar_wait(fp8_bar(bars, stage, 3), phase ^ 1);
-      const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
-      const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
-      if (p.diag & 1) {  // diagnostics: no loads (timing only, wrong results)
-        mbar_arrive(fp8_bar(bars, stage, 0));
-        mbar_arrive(fp8_bar(bars, stage, 1));
-      } else if (block_uses_tma<Tr>(p, t, nb)) {
-#pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {
-          const uint32_t tile = kv == 0 ? sK : sV;
-          const uint32_t bar = fp8_bar(bars, stage, kv);
-          if (tid % p.tma_rows == 0) {
-            tma_load_3d(tile + tid * 128, kv == 0 ? &p.tma_k : &p.tma_v, 0, kvh, my_slot, bar);
-          }
-          if (tid == 0) {
-            mbar_arrive_expect_tx(bar, Tr::kKVBytes);
-          } else {
-            mbar_arrive(bar);
-          }
-        }
+      load_tile(0, stage, nb, slot0);
+      if constexpr (ahead) {
+        if (nb >= 2) load_v_ahead(it + 2, nb - 2, slot2);
+        transpose(it);
+        slot0 = slot1;
+        slot1 = slot2;
+        slot2 = slot_of(nb - 3);
       } else {
-#pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {
-          const char* pool = kv == 0 ? k_base : v_base;
-          const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
-          const int64_t head_off =
-              static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
-          const uint32_t tile = kv == 0 ? sK : sV;
-          const int warp_row0 = 32 * warp;
-#pragma unroll 4
-          for (int pass = 0; pass < Tr::kPassesPerWarp; ++pass) {
-            const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
-            const int chunk = lane % C;
-            const int slot = __shfl_sync(0xffffffffu, my_slot, r_in_warp);
-            const int row = warp_row0 + r_in_warp;
-            const char* src =
-                slot >= 0 ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 16)
-                          : pool;
-            cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
-          }
-          cp_async_arrive_noinc(fp8_bar(bars, stage, kv));
-        }
+        load_tile(1, stage, nb, slot0);
+        // One block behind the loads, so this V has had a block's time to land.
+        if (pending >= 0) transpose(pending);
+        pending = it;
+        slot0 = slot_of(nb - 1);
       }
-      (void)kD;
-      // One block behind the loads, so this V has had a block's time to land.
-      if (pending >= 0) transpose(pending);
-      pending = it;
-      load_slot(nb - 1);
     }
   }
   if (pending >= 0) transpose(pending);
@@ -475,7 +481,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
 // kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
 // branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
-template <bool kUniformWg = true, bool kGemmSum = true>
+template <bool kUniformWg = true, bool kGemmSum = true, bool kVAhead = true>
 __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -510,7 +516,7 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
   }
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
-    producer_fp8(p, smem);
+    producer_fp8<kVAhead>(p, smem);
   } else {
     sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
     consumer_fp8<kGemmSum>(p, smem, wg - 1);
