@@ -144,7 +144,6 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->epi_wide_ = env_on("ATTNKIT_FA3_EPI_WIDE");
   e->uniform_wg_ = env_on("ATTNKIT_FA3_UNIFORM_WG");
   e->fp8_gemm_sum_ = env_on("ATTNKIT_FA3_FP8_GEMM_SUM");
-  e->fp8_vahead_ = env_on("ATTNKIT_FA3_FP8_VAHEAD");
   const char* block_n = std::getenv("ATTNKIT_FA3_BLOCK_N");
   const int want = block_n != nullptr ? std::atoi(block_n) : 0;
   e->block_n_ = block_n_supported(ctx.qk_head_dim, want) ? want : default_block_n(ctx.qk_head_dim);
@@ -262,7 +261,6 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   p.lazy_rescale = lazy_rescale_ ? 1 : 0;
   p.uniform_wg = uniform_wg_ ? 1 : 0;
   p.fp8_gemm_sum = fp8_gemm_sum_ ? 1 : 0;
-  p.fp8_vahead = fp8_vahead_ ? 1 : 0;
   p.epi_wide = epi_wide_ && reinterpret_cast<std::uintptr_t>(p.out) % 16 == 0 &&
                        p.o_stride_token % 8 == 0 && p.o_stride_head % 8 == 0
                    ? 1

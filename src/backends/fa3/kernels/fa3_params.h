@@ -160,10 +160,6 @@ struct Fa3Params {
   // sum l comes from the P V GEMM (N = 136 against 8 rows of e4m3 ones under V^T) instead of one
   // FADD per element (prefill_sm90_fp8.cuh, consumer_fp8<kGemmSum>).
   int fp8_gemm_sum = 0;
-  // FP8 kernel only: 1 (the engine's default; ATTNKIT_FA3_FP8_VAHEAD=0: off): the producer loads
-  // each tile's V two key blocks ahead of its K and transposes block n right after issuing K(n)
-  // (producer_fp8); 0: K and V together, V^T one block behind.
-  int fp8_vahead = 0;
 };
 
 }  // namespace attnkit::fa3

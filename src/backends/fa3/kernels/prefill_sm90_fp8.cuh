@@ -138,10 +138,10 @@ __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt,
 
 // ---- producer ----
 
-template <bool kVAhead>
 __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
   using Tr = PrefillFp8Traits;
+  constexpr int kD = Tr::kHeadDim;
   constexpr int CQ = Tr::kQChunksPerRow;
   constexpr int C = Tr::kChunksPerRow;
   const int tid = threadIdx.x;  // 0..127
@@ -166,103 +166,82 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
     mbar_arrive(fp8_bar(bars, stage, 2));
   };
 
-  // kVAhead (Fa3Params::fp8_vahead, default): each tile's V loads run two blocks ahead of its K
-  // loads (V is never read by the consumers, so its buffer is free once the producer transposed
-  // it), and block n is transposed right after K(n) is issued. Otherwise (ATTNKIT_FA3_FP8_VAHEAD=0)
-  // K and V of block n load together after the empty wait and V^T(n) follows one block later, so
-  // the producer waits out a V load latency every block.
-  constexpr bool ahead = kVAhead;
   int it = 0;
   int tcount = 0;
-  int pending = -1;  // the block whose V^T is still to be written (!ahead)
+  int pending = -1;  // the block whose V^T is still to be written
   const int units = p.num_tiles * p.num_q_heads;
   for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
     const TileInfo t = decode_tile<Tr>(p, unit);
     const int kvh = t.head / p.group;
     const int32_t* pt = p.req_to_token +
                         static_cast<int64_t>(p.req_pool_indices[t.request]) * p.req_to_token_stride;
-    // Pool slot of row tid of key block nb (-1: past kv_len or nb < 0).
-    auto slot_of = [&](int nb) {
+    int my_slot = -1;
+    auto load_slot = [&](int nb) {
       const int key = nb * Tr::kBlockN + tid;
-      if (nb < 0 || key >= t.kv_len) return -1;
-      const int in_page = key % p.page_size;
-      return pt[key - in_page] + in_page;
-    };
-    // K (kv 0) or V (kv 1) of key block nb into the buffer of `stage`, arriving on its full
-    // barrier.
-    auto load_tile = [&](int kv, int stage, int nb, int my_slot) {
-      const uint32_t tile = base + (kv == 0 ? Tr::kKOffset : Tr::kVOffset) + stage * Tr::kKVBytes;
-      const uint32_t bar = fp8_bar(bars, stage, kv);
-      if (p.diag & 1) {  // diagnostics: no loads (timing only, wrong results)
-        mbar_arrive(bar);
-      } else if (block_uses_tma<Tr>(p, t, nb)) {
-        if (tid % p.tma_rows == 0) {
-          tma_load_3d(tile + tid * 128, kv == 0 ? &p.tma_k : &p.tma_v, 0, kvh, my_slot, bar);
-        }
-        if (tid == 0) {
-          mbar_arrive_expect_tx(bar, Tr::kKVBytes);
-        } else {
-          mbar_arrive(bar);
-        }
+      if (nb < 0 || key >= t.kv_len) {
+        my_slot = -1;
       } else {
-        const char* pool = kv == 0 ? k_base : v_base;
-        const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
-        const int64_t head_off =
-            static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
-        const int warp_row0 = 32 * warp;
-#pragma unroll 4
-        for (int pass = 0; pass < Tr::kPassesPerWarp; ++pass) {
-          const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
-          const int chunk = lane % C;
-          const int slot = __shfl_sync(0xffffffffu, my_slot, r_in_warp);
-          const int row = warp_row0 + r_in_warp;
-          const char* src =
-              slot >= 0 ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 16)
-                        : pool;
-          cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
-        }
-        cp_async_arrive_noinc(bar);
+        const int in_page = key % p.page_size;
+        my_slot = pt[key - in_page] + in_page;
       }
     };
-    // V of global block j (key block nb) into buffer j % kStages once every producer thread has
-    // transposed its previous occupant j - kStages (that block's vt_full phase completed).
-    auto load_v_ahead = [&](int j, int nb, int my_slot) {
-      if (j >= Tr::kStages) {
-        mbar_wait(fp8_bar(bars, j % Tr::kStages, 2), ((j - Tr::kStages) / Tr::kStages) & 1);
-      }
-      load_tile(1, j % Tr::kStages, nb, my_slot);
-    };
-    const int n = t.n_blocks;
-    int slot0 = slot_of(n - 1);
-    int slot1 = ahead ? slot_of(n - 2) : -1;
-    int slot2 = ahead ? slot_of(n - 3) : -1;
+    load_slot(t.n_blocks - 1);
 
     mbar_wait(q_empty, (tcount & 1) ^ 1);
     load_q_tile<Tr::kBlockM, CQ>(p, t, sQ, tid);
     cp_async_arrive_noinc(q_full);
 
-    if constexpr (ahead) {
-      if (n >= 1) load_v_ahead(it, n - 1, slot0);
-      if (n >= 2) load_v_ahead(it + 1, n - 2, slot1);
-    }
-    for (int nb = n - 1; nb >= 0; --nb, ++it) {
+    for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
       const int stage = it % Tr::kStages;
       const uint32_t phase = (it / Tr::kStages) & 1;
       mbar_wait(fp8_bar(bars, stage, 3), phase ^ 1);
-      load_tile(0, stage, nb, slot0);
-      if constexpr (ahead) {
-        if (nb >= 2) load_v_ahead(it + 2, nb - 2, slot2);
-        transpose(it);
-        slot0 = slot1;
-        slot1 = slot2;
-        slot2 = slot_of(nb - 3);
+      const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
+      const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
+      if (p.diag & 1) {  // diagnostics: no loads (timing only, wrong results)
+        mbar_arrive(fp8_bar(bars, stage, 0));
+        mbar_arrive(fp8_bar(bars, stage, 1));
+      } else if (block_uses_tma<Tr>(p, t, nb)) {
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+          const uint32_t tile = kv == 0 ? sK : sV;
+          const uint32_t bar = fp8_bar(bars, stage, kv);
+          if (tid % p.tma_rows == 0) {
+            tma_load_3d(tile + tid * 128, kv == 0 ? &p.tma_k : &p.tma_v, 0, kvh, my_slot, bar);
+          }
+          if (tid == 0) {
+            mbar_arrive_expect_tx(bar, Tr::kKVBytes);
+          } else {
+            mbar_arrive(bar);
+          }
+        }
       } else {
-        load_tile(1, stage, nb, slot0);
-        // One block behind the loads, so this V has had a block's time to land.
-        if (pending >= 0) transpose(pending);
-        pending = it;
-        slot0 = slot_of(nb - 1);
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+          const char* pool = kv == 0 ? k_base : v_base;
+          const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
+          const int64_t head_off =
+              static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
+          const uint32_t tile = kv == 0 ? sK : sV;
+          const int warp_row0 = 32 * warp;
+#pragma unroll 4
+          for (int pass = 0; pass < Tr::kPassesPerWarp; ++pass) {
+            const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
+            const int chunk = lane % C;
+            const int slot = __shfl_sync(0xffffffffu, my_slot, r_in_warp);
+            const int row = warp_row0 + r_in_warp;
+            const char* src =
+                slot >= 0 ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 16)
+                          : pool;
+            cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
+          }
+          cp_async_arrive_noinc(fp8_bar(bars, stage, kv));
+        }
       }
+      (void)kD;
+      // One block behind the loads, so this V has had a block's time to land.
+      if (pending >= 0) transpose(pending);
+      pending = it;
+      load_slot(nb - 1);
     }
   }
   if (pending >= 0) transpose(pending);
@@ -481,7 +460,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
 // kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
 // branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
-template <bool kUniformWg = true, bool kGemmSum = true, bool kVAhead = true>
+template <bool kUniformWg = true, bool kGemmSum = true>
 __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -516,7 +495,7 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
   }
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
-    producer_fp8<kVAhead>(p, smem);
+    producer_fp8(p, smem);
   } else {
     sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
     consumer_fp8<kGemmSum>(p, smem, wg - 1);
