@@ -15,13 +15,16 @@
 //     the stage's vt_full barrier. Within every 16 keys the V^T columns are stored in the order
 //     of the f32 accumulator layout (key 8 (b / 2) + 2 t + b % 2 at column 4 t + b), so the P
 //     registers become the 8-bit A fragment by plain e4m3 packing, without shuffles.
-//   * P: e4m3 (satfinite) in [0, 1] (<= 2^8 with lazy rescale); the row sum l stays f32.
+//   * P: e4m3 (satfinite) in [0, 1] (<= 2^8 with lazy rescale). The row sum l (f32) comes from
+//     the P V GEMM (default, kGemmSum: N = 136 against 8 rows of e4m3 ones below each V^T stage,
+//     so l sums exactly the rounded P that multiplies V), or from one FADD per element
+//     (ATTNKIT_FA3_FP8_GEMM_SUM=0).
 //   * Epilogue: O * v_scale / l.
 //   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax, 4 no V transpose.
 //
 // Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
-//   Q bf16 [128 x 128] | Q e4m3 [128 x 128] | K [3][128 x 128] | V [3] | V^T [3] | q scales [128]
-//   | mbarriers
+//   Q bf16 [128 x 128] | Q e4m3 [128 x 128] | K [3][128 x 128] | V [3] | V^T [3][136 x 128] (rows
+//   128..135: ones) | q scales [128] | mbarriers
 #pragma once
 
 #include <cuda_bf16.h>
