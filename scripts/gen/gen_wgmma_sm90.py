@@ -40,7 +40,7 @@ FAMILIES = {
         "header": "wgmma_fp8_sm90.cuh",
         "k": 32,
         "ss_n": (128,),  # QK^T: N = key block
-        "rs_n": (128,),  # PV: N = head dim
+        "rs_n": (128, 136),  # PV: N = head dim (136: + 8 columns of ones, the row sum)
         "suffix": "_e4m3",
         "template": "",
         "targs": "",

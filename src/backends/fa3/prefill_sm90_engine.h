@@ -73,6 +73,7 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_LAZY_RESCALE=0 (no lazy O rescale, Fa3Params::lazy_rescale; on by default),
   // ATTNKIT_FA3_EPI_WIDE=0 (4-byte O stores, Fa3Params::epi_wide),
   // ATTNKIT_FA3_UNIFORM_WG=0 (the kernel without the lane-0 warpgroup broadcast),
+  // ATTNKIT_FA3_FP8_GEMM_SUM=0 (FP8 kernel: row sums by FADD, not by the P V GEMM),
   // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   bool pingpong_ = true;
@@ -83,6 +84,7 @@ class PrefillSm90Engine {
   bool lazy_rescale_ = true;
   bool epi_wide_ = true;
   bool uniform_wg_ = true;
+  bool fp8_gemm_sum_ = true;
   int block_n_ = 128;
   int diag_ = 0;
 

@@ -156,6 +156,10 @@ struct Fa3Params {
   // FP8 kernel (prefill_sm90_fp8.cuh) only: the pool holds e4m3 rows (x / scale); k_scale is
   // folded into scale_log2 on the host, v_scale multiplies O in the epilogue.
   float v_scale = 1.f;
+  // FP8 kernel only: 1 (the engine's default; ATTNKIT_FA3_FP8_GEMM_SUM=0: off): the softmax row
+  // sum l comes from the P V GEMM (N = 136 against 8 rows of e4m3 ones under V^T) instead of one
+  // FADD per element (prefill_sm90_fp8.cuh, consumer_fp8<kGemmSum>).
+  int fp8_gemm_sum = 0;
 };
 
 }  // namespace attnkit::fa3

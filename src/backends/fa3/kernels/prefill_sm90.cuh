@@ -363,7 +363,9 @@ struct RowSoftmax {
     const float sc[2] = {p.scale_log2, p.scale_log2};
     step_scaled(s, sc, p, t, nb, g, lane, qpos0, corr);
   }
-  // The same with a softmax scale per row (sc[h]: row r + 8 h, exp2 domain; > 0).
+  // The same with a softmax scale per row (sc[h]: row r + 8 h, exp2 domain; > 0). kSum false: l
+  // is left alone (the FP8 kernel's row sum through the P V GEMM).
+  template <bool kSum = true>
   __device__ __forceinline__ void step_scaled(float (&s)[kN / 2], const float (&sc)[2],
                                               const Fa3Params& p, const TileInfo& t, int nb, int g,
                                               int lane, int qpos0, float (&corr)[2]) {
@@ -429,12 +431,14 @@ struct RowSoftmax {
         const int h = e >> 1;
         const float v = sm90::exp2_approx(fmaf(s[4 * j + e], sc[h], -m_use[h]));
         s[4 * j + e] = v;
-        sum[h][(j & 1) * 2 + (e & 1)] += v;
+        if constexpr (kSum) sum[h][(j & 1) * 2 + (e & 1)] += v;
       }
     }
+    if constexpr (kSum) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l[h] = l[h] * corr[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
+      for (int h = 0; h < 2; ++h) {
+        l[h] = l[h] * corr[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
+      }
     }
   }
 };

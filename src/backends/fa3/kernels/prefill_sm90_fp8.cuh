@@ -15,13 +15,16 @@
 //     the stage's vt_full barrier. Within every 16 keys the V^T columns are stored in the order
 //     of the f32 accumulator layout (key 8 (b / 2) + 2 t + b % 2 at column 4 t + b), so the P
 //     registers become the 8-bit A fragment by plain e4m3 packing, without shuffles.
-//   * P: e4m3 (satfinite) in [0, 1] (<= 2^8 with lazy rescale); the row sum l stays f32.
+//   * P: e4m3 (satfinite) in [0, 1] (<= 2^8 with lazy rescale). The row sum l (f32) comes from
+//     the P V GEMM (default, kGemmSum: N = 136 against 8 rows of e4m3 ones below each V^T stage,
+//     so l sums exactly the rounded P that multiplies V), or from one FADD per element
+//     (ATTNKIT_FA3_FP8_GEMM_SUM=0).
 //   * Epilogue: O * v_scale / l.
 //   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax, 4 no V transpose.
 //
 // Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
-//   Q bf16 [128 x 128] | Q e4m3 [128 x 128] | K [3][128 x 128] | V [3] | V^T [3] | q scales [128]
-//   | mbarriers
+//   Q bf16 [128 x 128] | Q e4m3 [128 x 128] | K [3][128 x 128] | V [3] | V^T [3][136 x 128] (rows
+//   128..135: ones) | q scales [128] | mbarriers
 #pragma once
 
 #include <cuda_bf16.h>
@@ -57,8 +60,12 @@ struct PrefillFp8Traits {
   static constexpr int kQ8Offset = kQBytes;
   static constexpr int kKOffset = kQ8Offset + kQ8Bytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
+  // V^T stage: 128 d rows + 8 rows of e4m3 ones (0x38, written once per CTA): with kGemmSum the P V
+  // GEMM runs at N = 136 and its last 8 accumulator columns are the row sums of the e4m3 P.
+  static constexpr int kVtRows = kHeadDim + 8;
+  static constexpr int kVtBytes = kVtRows * 128;
   static constexpr int kVtOffset = kVOffset + kStages * kKVBytes;
-  static constexpr int kQScaleOffset = kVtOffset + kStages * kKVBytes;
+  static constexpr int kQScaleOffset = kVtOffset + kStages * kVtBytes;
   static constexpr int kBarOffset = kQScaleOffset + kBlockM * 4;
   // q_full, q_empty, then per stage k_full, v_full, vt_full, empty.
   static constexpr int kNumBarriers = 2 + 4 * kStages;
@@ -92,11 +99,18 @@ __device__ __forceinline__ void transpose4x4(uint32_t a, uint32_t b, uint32_t c,
 // 16-key group c = w + 4 i, columns 16 c + 8 h .. + 7. Loads: a half-warp reads one whole key row
 // (conflict-free); stores: each thread's 8 output rows are rotated by dq % 8 (the bytes of each
 // loaded row are rotated to match), so a store instruction writes 8 different swizzle chunks.
+// The 8-byte rotation of each loaded row is two byte permutes with per-thread selectors (2 PRMT
+// per key row; the funnel-shift form before session 8, 2 SEL + 2 SHF, measured 1.5-3% slower).
 __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt, int tid) {
   const int warp = tid / 32, lane = tid % 32;
   const int h = lane / 16, dq = lane % 16, rot = dq % 8;
-  const uint32_t sh = static_cast<uint32_t>(rot & 3) * 8;
-  const bool swap = rot >= 4;
+  // Byte j of lo = byte (j + rot) % 8 of (w.y:w.x); of hi: byte (j + 4 + rot) % 8.
+  uint32_t sel_lo = 0, sel_hi = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    sel_lo |= static_cast<uint32_t>((j + rot) & 7) << (4 * j);
+    sel_hi |= static_cast<uint32_t>((j + 4 + rot) & 7) << (4 * j);
+  }
 #pragma unroll
   for (int pass = 0; pass < 2; ++pass) {
     const int c = warp + 4 * pass;
@@ -108,9 +122,8 @@ __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt,
       const uint2 w = *reinterpret_cast<const uint2*>(
           sv + key * 128 + ((((dq >> 1) ^ (key & 7))) << 4) + ((dq & 1) << 3));
       // Rotate the 8 bytes right by rot: byte j becomes d-column (j + rot) % 8 of the octet.
-      const uint32_t x = swap ? w.y : w.x, y = swap ? w.x : w.y;
-      lo[q] = __funnelshift_r(x, y, sh);
-      hi[q] = __funnelshift_r(y, x, sh);
+      lo[q] = __byte_perm(w.x, w.y, sel_lo);
+      hi[q] = __byte_perm(w.x, w.y, sel_hi);
     }
     uint32_t olo[8], ohi[8];  // output row j: columns 0..3 (keys of q 0..3), 4..7
     transpose4x4(lo[0], lo[1], lo[2], lo[3], olo[0], olo[1], olo[2], olo[3]);
@@ -148,8 +161,9 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
     const int stage = itp % Tr::kStages;
     mbar_wait(fp8_bar(bars, stage, 1), (itp / Tr::kStages) & 1);
     if ((p.diag & 4) == 0) {  // diag bit 4: no transpose (timing only, wrong results)
-      fp8_transpose_v(smem + Tr::kVOffset + stage * Tr::kKVBytes,
-                      smem + Tr::kVtOffset + stage * Tr::kKVBytes, tid);
+      const uint8_t* sv = smem + Tr::kVOffset + stage * Tr::kKVBytes;
+      uint8_t* svt = smem + Tr::kVtOffset + stage * Tr::kVtBytes;
+      fp8_transpose_v(sv, svt, tid);
     }
     fence_proxy_async();  // generic st.shared -> the consumers' wgmma reads
     mbar_arrive(fp8_bar(bars, stage, 2));
@@ -300,6 +314,10 @@ __device__ __forceinline__ void quantize_q_rows(uint8_t* smem, int g, int tid) {
   if (half == 0) reinterpret_cast<float*>(smem + Tr::kQScaleOffset)[row] = qs;
 }
 
+// kGemmSum (Fa3Params::fp8_gemm_sum): the row sum l through the P V GEMM (N = 136 against V^T's
+// ones rows: O carries 4 more accumulators per thread, columns 128..135 = the sum of the e4m3 P
+// of the row) instead of one FADD per element in the softmax.
+template <bool kGemmSum>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
   using Tr = PrefillFp8Traits;
@@ -329,9 +347,10 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     const bool last_unit = unit_at(p, round + 1) >= units;
     const int row0 = g * 64 + warp * 16 + lane / 4;
     const int qpos0 = t.causal_limit + row0;
-    float o[kD / 2];
+    constexpr int kPvN = kGemmSum ? kD + 8 : kD;
+    float o[kPvN / 2];
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    for (int i = 0; i < kPvN / 2; ++i) o[i] = 0.f;
     RowSoftmax<Tr, true> sm;
     sm.m[0] = sm.m[1] = kNegInf;
     sm.l[0] = sm.l[1] = 0.f;
@@ -352,6 +371,11 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       rsc[h] =
           p.scale_log2 * reinterpret_cast<const float*>(smem + Tr::kQScaleOffset)[row0 + 8 * h];
     }
+    // One block's softmax (P in place in s; kGemmSum: without the row sum), packed after the wait.
+    auto softmax = [&](int nbx) {
+      sm.template step_scaled<!kGemmSum>(s, rsc, p, t, nbx, g, lane, qpos0, corr);
+    };
+    auto pack = [&] { pack_p_fp8<kN>(s, pa); };
 
     auto issue_qk = [&](int stage) {
       const uint64_t k_desc = make_desc(base + Tr::kKOffset + stage * Tr::kKVBytes, 16, 1024);
@@ -362,10 +386,10 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       }
     };
     auto issue_pv = [&](int stage) {
-      const uint64_t vt_desc = make_desc(base + Tr::kVtOffset + stage * Tr::kKVBytes, 16, 1024);
+      const uint64_t vt_desc = make_desc(base + Tr::kVtOffset + stage * Tr::kVtBytes, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < kN / 32; ++kk) {
-        wgmma_rs_e4m3<kD>(o, pa[kk], desc_advance(vt_desc, kk * 32), 1);
+        wgmma_rs_e4m3<kPvN>(o, pa[kk], desc_advance(vt_desc, kk * 32), 1);
       }
     };
     auto wait_k = [&](int itx, int nbx) {
@@ -386,8 +410,8 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     turn_pass();
     wgmma_wait<0>();
     fence_regs(s);
-    sm.step_scaled(s, rsc, p, t, nb, g, lane, qpos0, corr);
-    pack_p_fp8<kN>(s, pa);
+    softmax(nb);
+    pack();
     for (--nb; nb >= 0; --nb) {
       const int it_n = it_c + 1;
       const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
@@ -403,12 +427,12 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       turn_pass();
       wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
       fence_regs(s);
-      sm.step_scaled(s, rsc, p, t, nb, g, lane, qpos0, corr);
+      softmax(nb);
       wgmma_wait<0>();
       fence_regs(o);
       mbar_arrive(fp8_bar(bars, stage_c, 3));
-      pack_p_fp8<kN>(s, pa);
-      rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
+      pack();
+      rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
       it_c = it_n;
     }
     const int stage_c = it_c % Tr::kStages;
@@ -425,14 +449,21 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     it = it_c + 1;
 
     // Epilogue: O * v_scale / l, natural-log LSE (the exp2-domain maximum includes every scale).
-    store_o_tile<Tr::kHeadDim, true>(p, t, o, sm.m, sm.l, p.v_scale, row0, lane);
+    if constexpr (kGemmSum) {
+      // Row sums from the GEMM (every column 128..135 holds the whole row's sum; store_o_tile adds
+      // the 4 lanes of a quad, hence / 4, exact).
+      sm.l[0] = o[kD / 2] * 0.25f;
+      sm.l[1] = o[kD / 2 + 2] * 0.25f;
+    }
+    store_o_tile<Tr::kHeadDim, true>(p, t, *reinterpret_cast<const float(*)[kD / 2]>(&o[0]), sm.m,
+                                     sm.l, p.v_scale, row0, lane);
   }
 }
 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
 // kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
 // branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
-template <bool kUniformWg = true>
+template <bool kUniformWg = true, bool kGemmSum = true>
 __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -452,6 +483,12 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     }
     sm90::mbar_init_fence();
   }
+  // The ones rows of every V^T stage (rows 128..135; one 1024-byte swizzle atom of equal bytes).
+  for (int i = threadIdx.x; i < Tr::kStages * 128; i += Tr::kThreads) {
+    *reinterpret_cast<uint2*>(smem + Tr::kVtOffset + (i / 128) * Tr::kVtBytes + Tr::kHeadDim * 128 +
+                              (i % 128) * 8) = make_uint2(0x38383838u, 0x38383838u);  // e4m3 1.0
+  }
+  sm90::fence_proxy_async();
   __syncthreads();
   int wg;
   if constexpr (kUniformWg) {
@@ -464,7 +501,7 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     producer_fp8(p, smem);
   } else {
     sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
-    consumer_fp8(p, smem, wg - 1);
+    consumer_fp8<kGemmSum>(p, smem, wg - 1);
   }
 #endif
 }

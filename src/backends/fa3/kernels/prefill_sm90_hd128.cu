@@ -11,7 +11,7 @@ namespace attnkit::fa3 {
 bool prefill_sm90_fp8_available() {
   static const bool ok = [] {
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, prefill_sm90_fp8_kernel<true>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, prefill_sm90_fp8_kernel<true, true>) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -22,7 +22,10 @@ bool prefill_sm90_fp8_available() {
 
 Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream) {
   using Tr = PrefillFp8Traits;
-  auto kernel = p.uniform_wg != 0 ? prefill_sm90_fp8_kernel<true> : prefill_sm90_fp8_kernel<false>;
+  // uniform_wg 0 (the pre-session-7 kernel) keeps the f32 softmax.
+  auto kernel = p.uniform_wg == 0     ? prefill_sm90_fp8_kernel<false, false>
+                : p.fp8_gemm_sum != 0 ? prefill_sm90_fp8_kernel<true, true>
+                                      : prefill_sm90_fp8_kernel<true, false>;
   ATTNKIT_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
