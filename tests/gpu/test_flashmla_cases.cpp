@@ -118,6 +118,29 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_BLOCKS"), 0);
 }
 
+// 16-row tiles (<= 16 heads, s_q 1) on the mma.sync kernel: the page-table prefetch (default)
+// and the session-7 loader (ATTNKIT_MLA_MMA_PREFETCH=0), and for the fp8 cache the f16
+// tensor-core inputs (ATTNKIT_MLA_FP8_F16=1) next to bf16; split requests, an empty one, one of
+// exactly one tile, 8 heads (padding rows).
+TEST(FlashMlaKernels, Heads16PrefetchAndFp8InputTypes) {
+  for (const char* prefetch : {"", "0"}) {
+    for (const char* f16 : {"1", ""}) {
+      SCOPED_TRACE(std::string("ATTNKIT_MLA_MMA_PREFETCH=") + prefetch +
+                   " ATTNKIT_MLA_FP8_F16=" + f16);
+      ASSERT_EQ(setenv("ATTNKIT_MLA_MMA_PREFETCH", prefetch, 1), 0);
+      ASSERT_EQ(setenv("ATTNKIT_MLA_FP8_F16", f16, 1), 0);
+      for (DType kv : {DType::kFP8E4M3, DType::kBF16}) {
+        run_and_compare(
+            mla_case("long_h16", ForwardMode::kDecode, 64, {4000, 3, 64, 130, 0, 1500}, 16, kv),
+            true);
+        run_and_compare(mla_case("h8", ForwardMode::kDecode, 64, {700, 65, 2}, 8, kv), true);
+      }
+    }
+  }
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_MMA_PREFETCH"), 0);
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_FP8_F16"), 0);
+}
+
 TEST(FlashMlaKernels, RejectsOtherPageSizes) {
   Result<PreparedCase> pc = harness::prepare_case(
       mla_case("page16", ForwardMode::kDecode, 16, {10}, 16, DType::kBF16), Device::cuda(0));

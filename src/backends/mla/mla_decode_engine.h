@@ -68,6 +68,8 @@ class MlaDecodeEngine {
   bool use_wgmma_ = false;
   int wgmma_variant_ = 2;  // ATTNKIT_MLA_WGMMA_BLOCKS: 0 tile barriers, 1 block, 2 + split release
   bool wgmma_noload_ = false;  // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic only
+  bool mma_prefetch_ = true;   // ATTNKIT_MLA_MMA_PREFETCH=0: page table read at the refill
+  bool fp8_f16_ = false;       // ATTNKIT_MLA_FP8_F16=1: f16 MMA inputs, fp8 16-row tiles
 
   // The current forward's plan.
   struct Plan {

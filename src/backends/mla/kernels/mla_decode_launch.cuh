@@ -12,9 +12,9 @@
 
 namespace attnkit::mla {
 
-template <int kWarpsM, int kPage, bool kFp8>
+template <int kWarpsM, int kPage, bool kFp8, bool kF16 = false>
 Status launch_decode(const MlaDecodeParams& p, cudaStream_t s) {
-  using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8>;
+  using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8, kF16>;
   static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
   if (!attribute_set) {
     ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_kernel<Traits>,
@@ -55,6 +55,9 @@ Status launch_rows(const MlaDecodeParams& p, cudaStream_t s) {
   }
   switch (rows_per_cta(p.rows_per_req)) {
     case 16:
+      if constexpr (kFp8) {
+        if (p.mma_fp8_f16 != 0) return launch_decode<1, kPage, true, true>(p, s);
+      }
       return launch_decode<1, kPage, kFp8>(p, s);
     case 32:
       return launch_decode<2, kPage, kFp8>(p, s);

@@ -52,7 +52,14 @@ struct MlaDecodeParams {
   int use_wgmma = 0;
   // Diagnostic, timing only (ATTNKIT_MLA_WGMMA_DIAG=noload): the wgmma kernel's producer stops
   // loading K tiles after the first two (results are wrong).
+  // The mma.sync kernel reads it too (no K loads after its prologue).
   int wgmma_diag_noload = 0;
+  // mma.sync kernel: read the page table one tile ahead of the cp.async that needs it (default 1;
+  // ATTNKIT_MLA_MMA_PREFETCH=0: the session-7 loader, for the A/B).
+  int mma_prefetch = 1;
+  // fp8 cache, 16-row tiles: f16 tensor-core inputs (MlaDecodeTraits::kF16) instead of bf16
+  // (ATTNKIT_MLA_FP8_F16: "1" on, else off).
+  int mma_fp8_f16 = 0;
 
   // Plan (written on the device by the schedule kernel once per forward).
   const int32_t* sched = nullptr;  // [num_parts, kSchedWords]
