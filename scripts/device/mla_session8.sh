@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Session 8 device run for the 16-row MLA decode kernel (one command, fits timeout_s 360): build
-# the MLA targets, every MLA GPU test (default env; FlashMlaKernels.Heads16PrefetchAndFp8InputTypes
+# the MLA targets, every MLA GPU test (default env; FlashMlaKernels.Heads16PrefetchOneSyncFp8InputTypes
 # runs the new paths and the old one under their env knobs), the torch ceilings, an A/B of the
 # 16-head cases (mla_decode_16h.json, eager, --warmup 5 --iters 20) alternating
 #   base  ATTNKIT_MLA_MMA_PREFETCH=0 (session-7 loader: page table read at the refill)
 #   pf    default (page-table prefetch one tile ahead)
+#   os    ATTNKIT_MLA_MMA_ONESYNC=1 (one CTA barrier between S and P V)
 #   f16   ATTNKIT_MLA_FP8_F16=1 (fp8 16-row tiles on f16 tensor-core inputs; fp8 cases only)
+#   osf16 both (fp8 cases only)
 # the timing-only diagnostic ATTNKIT_MLA_WGMMA_DIAG=noload (no K loads after the prologue), and
 # ncu (sections + pipe / stall metrics) of one 16-head bf16 and one fp8 launch. One tar.gz back.
 # Run from the repository root with .deps carried. Knobs: B (build dir), VARIANTS (extra
@@ -25,7 +27,7 @@ REGEX='Mla|MLA|mla|FlashMla|CutlassMla|FlashInfer.*[Mm]la'
   --output-on-failure > "$OUT/ctest.log" 2>&1)
 echo "ctest rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest.log" | head -12
-grep -E "Heads16PrefetchAndFp8InputTypes" "$OUT/ctest.log" | head -3
+grep -E "Heads16PrefetchOneSyncFp8InputTypes" "$OUT/ctest.log" | head -3
 timeout 30 python3 scripts/device/mla_ceilings.py > "$OUT/ceilings.log" 2>&1; tail -2 "$OUT/ceilings.log"
 CASES=${CASES:-scripts/device/mla_decode_16h.json}
 bench() {  # name, filter ("" = all), env...
@@ -35,11 +37,13 @@ bench() {  # name, filter ("" = all), env...
     --json "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1
   echo "bench $name rc=$? $(el)"
 }
-bench base_a "" ATTNKIT_MLA_MMA_PREFETCH=0; bench pf_a ""; bench f16_a kvfp8 ATTNKIT_MLA_FP8_F16=1
-bench base_b "" ATTNKIT_MLA_MMA_PREFETCH=0; bench pf_b ""; bench f16_b kvfp8 ATTNKIT_MLA_FP8_F16=1
+for r in a b; do
+  bench base_$r "" ATTNKIT_MLA_MMA_PREFETCH=0; bench pf_$r ""; bench os_$r "" ATTNKIT_MLA_MMA_ONESYNC=1
+  bench f16_$r kvfp8 ATTNKIT_MLA_FP8_F16=1
+  bench osf16_$r kvfp8 ATTNKIT_MLA_FP8_F16=1 ATTNKIT_MLA_MMA_ONESYNC=1
+done
 for v in ${VARIANTS:-}; do bench "${v%%=*}" "" "${v#*=}"; done
 bench noload_pf "" ATTNKIT_MLA_WGMMA_DIAG=noload
-bench noload_f16 kvfp8 ATTNKIT_MLA_WGMMA_DIAG=noload ATTNKIT_MLA_FP8_F16=1
 python3 - "$OUT" <<'PY'
 import json, sys, glob, os
 rows, ceil = {}, {}

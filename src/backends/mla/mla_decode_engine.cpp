@@ -58,6 +58,13 @@ bool fp8_f16_env() {
   return e != nullptr && std::string(e) == "1";
 }
 
+// ATTNKIT_MLA_MMA_ONESYNC=1: 16-row tiles with one CTA barrier between S and P V
+// (MlaDecodeParams::mma_one_sync).
+bool one_sync_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_MMA_ONESYNC");
+  return e != nullptr && std::string(e) == "1";
+}
+
 std::string str(int64_t v) { return std::to_string(v); }
 
 // Query tokens per request: decode 1, verify N.
@@ -98,6 +105,7 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
   e->wgmma_noload_ = wgmma_noload_env();
   e->mma_prefetch_ = mma_prefetch_env();
   e->fp8_f16_ = fp8_f16_env();
+  e->one_sync_ = one_sync_env();
   return e;
 }
 
@@ -290,6 +298,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.wgmma_diag_noload = wgmma_noload_ ? 1 : 0;  // both kernels
   p.mma_prefetch = mma_prefetch_ ? 1 : 0;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
+  p.mma_one_sync = one_sync_ ? 1 : 0;
   return run_decode(p, page_size_, kv_dtype, stream);
 }
 

@@ -70,6 +70,7 @@ class MlaDecodeEngine {
   bool wgmma_noload_ = false;  // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic only
   bool mma_prefetch_ = true;   // ATTNKIT_MLA_MMA_PREFETCH=0: page table read at the refill
   bool fp8_f16_ = false;       // ATTNKIT_MLA_FP8_F16=1: f16 MMA inputs, fp8 16-row tiles
+  bool one_sync_ = false;      // ATTNKIT_MLA_MMA_ONESYNC=1: one barrier S -> P V, 16-row tiles
 
   // The current forward's plan.
   struct Plan {

@@ -12,9 +12,9 @@
 
 namespace attnkit::mla {
 
-template <int kWarpsM, int kPage, bool kFp8, bool kF16 = false>
+template <int kWarpsM, int kPage, bool kFp8, bool kF16 = false, bool kOneSync = false>
 Status launch_decode(const MlaDecodeParams& p, cudaStream_t s) {
-  using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8, kF16>;
+  using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8, kF16, kOneSync>;
   static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
   if (!attribute_set) {
     ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_kernel<Traits>,
@@ -56,9 +56,13 @@ Status launch_rows(const MlaDecodeParams& p, cudaStream_t s) {
   switch (rows_per_cta(p.rows_per_req)) {
     case 16:
       if constexpr (kFp8) {
-        if (p.mma_fp8_f16 != 0) return launch_decode<1, kPage, true, true>(p, s);
+        if (p.mma_fp8_f16 != 0) {
+          return p.mma_one_sync != 0 ? launch_decode<1, kPage, true, true, true>(p, s)
+                                     : launch_decode<1, kPage, true, true>(p, s);
+        }
       }
-      return launch_decode<1, kPage, kFp8>(p, s);
+      return p.mma_one_sync != 0 ? launch_decode<1, kPage, kFp8, false, true>(p, s)
+                                 : launch_decode<1, kPage, kFp8>(p, s);
     case 32:
       return launch_decode<2, kPage, kFp8>(p, s);
     default:

@@ -60,6 +60,9 @@ struct MlaDecodeParams {
   // fp8 cache, 16-row tiles: f16 tensor-core inputs (MlaDecodeTraits::kF16) instead of bf16
   // (ATTNKIT_MLA_FP8_F16: "1" on, else off).
   int mma_fp8_f16 = 0;
+  // 16-row tiles: one CTA barrier between S and P V (MlaDecodeTraits::kOneSync;
+  // ATTNKIT_MLA_MMA_ONESYNC: "1" on, else off).
+  int mma_one_sync = 0;
 
   // Plan (written on the device by the schedule kernel once per forward).
   const int32_t* sched = nullptr;  // [num_parts, kSchedWords]
