@@ -59,10 +59,18 @@ for case, v in rows.items():
     print(case.replace("mla_decode_", "")[:44], " ".join(
         f"{k}={ms:.4f}ms/{100*cr:.1f}%" for k, (ms, cr) in v.items()))
 PY
+# Every MLA GPU test again with both new 16-row variants on (page 1 / 128 16-head cases too).
+left=$(( 335 - ($(date +%s) - T0) )); [ $left -gt 90 ] && left=90
+if [ $left -gt 20 ]; then
+  (cd "$B" && ATTNKIT_MLA_FP8_F16=1 ATTNKIT_MLA_MMA_ONESYNC=1 timeout $left ctest -L gpu -R "$REGEX" \
+    -j 8 --timeout 60 --output-on-failure > "$OUT/ctest_f16_os.log" 2>&1)
+  echo "ctest FP8_F16=1 ONESYNC=1 rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest_f16_os.log")"
+  grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest_f16_os.log" | head -12
+fi
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -z "${SKIP_NCU:-}" ] && [ -n "$NCU" ]; then
   for dt in bf16 fp8; do
-    [ $(( $(date +%s) - T0 )) -gt 300 ] && break
+    [ $(( $(date +%s) - T0 )) -gt 305 ] && break
     timeout 40 "$NCU" --clock-control none -k regex:mla_decode_kernel --launch-skip 3 \
       --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats --section Occupancy \
