@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Session 8 device run for the 16-row MLA decode kernel (one command, fits timeout_s 360): build
-# the MLA targets, every MLA GPU test (default env; FlashMlaKernels.Heads16PrefetchOneSyncFp8InputTypes
-# runs the new paths and the old one under their env knobs), the torch ceilings, an A/B of the
-# 16-head cases (mla_decode_16h.json, eager, --warmup 5 --iters 20) alternating
-#   base  ATTNKIT_MLA_MMA_PREFETCH=0 (session-7 loader: page table read at the refill)
-#   pf    default (page-table prefetch one tile ahead)
-#   os    ATTNKIT_MLA_MMA_ONESYNC=1 (one CTA barrier between S and P V)
-#   f16   ATTNKIT_MLA_FP8_F16=1 (fp8 16-row tiles on f16 tensor-core inputs; fp8 cases only)
-#   osf16 both (fp8 cases only)
-# the timing-only diagnostic ATTNKIT_MLA_WGMMA_DIAG=noload (no K loads after the prologue), and
-# ncu (sections + pipe / stall metrics) of one 16-head bf16 and one fp8 launch. One tar.gz back.
+# Session 8 device script for the 16-row MLA decode kernel (one command, fits timeout_s 360):
+# build the MLA targets, every MLA GPU test (default env;
+# FlashMlaKernels.Heads16PrefetchAndFp8InputTypes runs the knob combinations), the torch ceilings,
+# an A/B of the 16-head cases (mla_decode_16h.json, eager, --warmup 5 --iters 20) alternating
+#   s7      ATTNKIT_MLA_MMA_PREFETCH=0 ATTNKIT_MLA_FP8_F16=0 (the session-7 kernels)
+#   def     default (bf16 16-row: no prefetch; fp8 16-row: f16 + register prefetch; 32-row bf16:
+#           register prefetch)
+#   smem    ATTNKIT_MLA_MMA_PREFETCH=smem (page-table ring in shared memory, 16-row tiles)
+#   f16nopf ATTNKIT_MLA_MMA_PREFETCH=0 (fp8 cases only: f16 without prefetch)
+# the timing-only diagnostic ATTNKIT_MLA_WGMMA_DIAG=noload (no K loads after the prologue), every
+# MLA GPU test again with ATTNKIT_MLA_MMA_PREFETCH=smem, and ncu (sections + pipe / stall
+# metrics) of one 16-head bf16 and one fp8 launch. One tar.gz back.
+# (The run of 07:14 UTC used this script at commit 12394b8: variants base / pf / os / f16 / osf16.)
 # Run from the repository root with .deps carried. Knobs: B (build dir), VARIANTS (extra
 # "name=ENV=VAL" benches), SKIP_NCU.
 set -uo pipefail
@@ -27,7 +29,7 @@ REGEX='Mla|MLA|mla|FlashMla|CutlassMla|FlashInfer.*[Mm]la'
   --output-on-failure > "$OUT/ctest.log" 2>&1)
 echo "ctest rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest.log" | head -12
-grep -E "Heads16PrefetchOneSyncFp8InputTypes" "$OUT/ctest.log" | head -3
+grep -E "Heads16PrefetchAndFp8InputTypes" "$OUT/ctest.log" | head -3
 timeout 30 python3 scripts/device/mla_ceilings.py > "$OUT/ceilings.log" 2>&1; tail -2 "$OUT/ceilings.log"
 CASES=${CASES:-scripts/device/mla_decode_16h.json}
 bench() {  # name, filter ("" = all), env...
@@ -38,12 +40,11 @@ bench() {  # name, filter ("" = all), env...
   echo "bench $name rc=$? $(el)"
 }
 for r in a b; do
-  bench base_$r "" ATTNKIT_MLA_MMA_PREFETCH=0; bench pf_$r ""; bench os_$r "" ATTNKIT_MLA_MMA_ONESYNC=1
-  bench f16_$r kvfp8 ATTNKIT_MLA_FP8_F16=1
-  bench osf16_$r kvfp8 ATTNKIT_MLA_FP8_F16=1 ATTNKIT_MLA_MMA_ONESYNC=1
+  bench s7_$r "" ATTNKIT_MLA_MMA_PREFETCH=0 ATTNKIT_MLA_FP8_F16=0; bench def_$r ""
+  bench smem_$r "" ATTNKIT_MLA_MMA_PREFETCH=smem; bench f16nopf_$r kvfp8 ATTNKIT_MLA_MMA_PREFETCH=0
 done
 for v in ${VARIANTS:-}; do bench "${v%%=*}" "" "${v#*=}"; done
-bench noload_pf "" ATTNKIT_MLA_WGMMA_DIAG=noload
+bench noload_def "" ATTNKIT_MLA_WGMMA_DIAG=noload
 python3 - "$OUT" <<'PY'
 import json, sys, glob, os
 rows, ceil = {}, {}
@@ -59,13 +60,13 @@ for case, v in rows.items():
     print(case.replace("mla_decode_", "")[:44], " ".join(
         f"{k}={ms:.4f}ms/{100*cr:.1f}%" for k, (ms, cr) in v.items()))
 PY
-# Every MLA GPU test again with both new 16-row variants on (page 1 / 128 16-head cases too).
+# Every MLA GPU test again with the shared-memory page-table ring (page 1 / 128 16-head cases too).
 left=$(( 335 - ($(date +%s) - T0) )); [ $left -gt 90 ] && left=90
 if [ $left -gt 20 ]; then
-  (cd "$B" && ATTNKIT_MLA_FP8_F16=1 ATTNKIT_MLA_MMA_ONESYNC=1 timeout $left ctest -L gpu -R "$REGEX" \
-    -j 8 --timeout 60 --output-on-failure > "$OUT/ctest_f16_os.log" 2>&1)
-  echo "ctest FP8_F16=1 ONESYNC=1 rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest_f16_os.log")"
-  grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest_f16_os.log" | head -12
+  (cd "$B" && ATTNKIT_MLA_MMA_PREFETCH=smem timeout $left ctest -L gpu -R "$REGEX" \
+    -j 8 --timeout 60 --output-on-failure > "$OUT/ctest_smem.log" 2>&1)
+  echo "ctest PREFETCH=smem rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest_smem.log")"
+  grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest_smem.log" | head -12
 fi
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -z "${SKIP_NCU:-}" ] && [ -n "$NCU" ]; then

@@ -118,22 +118,21 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_BLOCKS"), 0);
 }
 
-// 16-row tiles (<= 16 heads, s_q 1) on the mma.sync kernel: the page-table prefetch (default)
-// and the session-7 loader (ATTNKIT_MLA_MMA_PREFETCH=0), one barrier between S and P V
-// (ATTNKIT_MLA_MMA_ONESYNC=1), and for the fp8 cache the f16 tensor-core inputs
-// (ATTNKIT_MLA_FP8_F16=1) next to bf16; split requests, an empty one, one of exactly one tile,
-// 8 heads (padding rows).
-TEST(FlashMlaKernels, Heads16PrefetchOneSyncFp8InputTypes) {
+// 16-row tiles (<= 16 heads, s_q 1) on the mma.sync kernel under the knobs of session 8: the
+// page-table prefetch (ATTNKIT_MLA_MMA_PREFETCH unset = per tile size, "1" always, "0" never,
+// "smem" through a shared-memory ring)
+// and for the fp8 cache the f16 tensor-core inputs (ATTNKIT_MLA_FP8_F16 unset = f16, "0" =
+// bf16); split requests, an empty one, one of exactly one tile, 8 heads (padding rows).
+TEST(FlashMlaKernels, Heads16PrefetchAndFp8InputTypes) {
   struct Knobs {
-    const char *prefetch, *f16, *one_sync;
+    const char *prefetch, *f16;
   };
-  for (const Knobs k : {Knobs{"", "1", ""}, Knobs{"", "", ""}, Knobs{"0", "", ""},
-                        Knobs{"", "1", "1"}, Knobs{"", "", "1"}}) {
+  for (const Knobs k : {Knobs{"", ""}, Knobs{"1", ""}, Knobs{"0", ""}, Knobs{"0", "0"},
+                        Knobs{"1", "0"}, Knobs{"smem", ""}, Knobs{"smem", "0"}}) {
     SCOPED_TRACE(std::string("ATTNKIT_MLA_MMA_PREFETCH=") + k.prefetch +
-                 " ATTNKIT_MLA_FP8_F16=" + k.f16 + " ATTNKIT_MLA_MMA_ONESYNC=" + k.one_sync);
+                 " ATTNKIT_MLA_FP8_F16=" + k.f16);
     ASSERT_EQ(setenv("ATTNKIT_MLA_MMA_PREFETCH", k.prefetch, 1), 0);
     ASSERT_EQ(setenv("ATTNKIT_MLA_FP8_F16", k.f16, 1), 0);
-    ASSERT_EQ(setenv("ATTNKIT_MLA_MMA_ONESYNC", k.one_sync, 1), 0);
     for (DType kv : {DType::kFP8E4M3, DType::kBF16}) {
       run_and_compare(
           mla_case("long_h16", ForwardMode::kDecode, 64, {4000, 3, 64, 130, 0, 1500}, 16, kv),
@@ -143,7 +142,6 @@ TEST(FlashMlaKernels, Heads16PrefetchOneSyncFp8InputTypes) {
   }
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_MMA_PREFETCH"), 0);
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_FP8_F16"), 0);
-  ASSERT_EQ(unsetenv("ATTNKIT_MLA_MMA_ONESYNC"), 0);
 }
 
 TEST(FlashMlaKernels, RejectsOtherPageSizes) {

@@ -34,7 +34,7 @@
 
 namespace attnkit::mla {
 
-template <int kWarpsM_, int kPage_, bool kFp8_, bool kF16_ = false, bool kOneSync_ = false>
+template <int kWarpsM_, int kPage_, bool kFp8_, bool kF16_ = false, bool kPtSmem_ = false>
 struct MlaDecodeTraits {
   static constexpr int kWarpsM = kWarpsM_;
   static constexpr int kPage = kPage_;
@@ -43,12 +43,13 @@ struct MlaDecodeTraits {
   // cvt per pair, e4m3 -> bf16 four); Q is scaled by 2^-kQShiftF16 into f16 (range), P and V are
   // f16 (P in [0, 1], V exact).
   static constexpr bool kF16 = kF16_;
-  // 16-row tiles only: one CTA barrier between S and P V instead of two. Each warp writes
-  // P = exp2(S - m_w) with its own row maxima m_w = max(running max, its keys' max) next to m_w;
-  // after the barrier every warp takes the new running max m = max_w m_w and, only where some
-  // m_w != m (warp-uniform test), scales the P fragments of warp w's keys by exp2(m_w - m) in
-  // registers before the P V mma (ATTNKIT_MLA_MMA_ONESYNC).
-  static constexpr bool kOneSync = kOneSync_;
+  // Page-table entries through shared memory (ATTNKIT_MLA_MMA_PREFETCH=smem, 16-row tiles; not
+  // measured yet): the entry of a tile's key is copied by a 4-byte cp.async 2 (kStages - 1) tiles
+  // before its K/V refill, in the commit group that the refill's iteration has already waited
+  // for, into a ring of kStages x kBlockN entries; the refill reads it from shared memory. No
+  // register holds a pending global load (the register prefetch of mma_prefetch 1 is consumed
+  // right after the cp.async burst and waits behind it: -13..-17% on 16-row bf16 tiles).
+  static constexpr bool kPtSmem = kPtSmem_;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpsN = kWarps / kWarpsM;
@@ -79,14 +80,16 @@ struct MlaDecodeTraits {
   static constexpr int kConvOffset = kStageOffset + kStages * kStageBytes;
   static constexpr int kPOffset = kConvOffset + (kFp8 ? kTileBytes : 0);
   static constexpr int kRedOffset = kPOffset + kPBytes;
-  static constexpr int kSmemBytes = kRedOffset + kRedBytes;
+  static constexpr int kPtOffset = kRedOffset + kRedBytes;
+  static constexpr int kPtBytes = kPtSmem ? kStages * kBlockN * 4 : 0;
+  static constexpr int kSmemBytes = kPtOffset + kPtBytes;
   // The loader's thread mapping: thread t loads key t / kThreadsPerKey, chunks t % kThreadsPerKey
   // + kThreadsPerKey * i, so each thread looks its slot up once per tile.
   static constexpr int kThreadsPerKey = kThreads / kBlockN;
 
   static_assert(kWarpsM == 1 || kWarpsM == 2 || kWarpsM == 4, "8 warps as kWarpsM x kWarpsN");
   static_assert(!kF16 || (kFp8 && kWarpsM == 1), "f16 inputs: the fused fp8 16-row path only");
-  static_assert(!kOneSync || kWarpsM == 1, "one barrier: 16-row tiles (8 keys of S per warp)");
+  static_assert(!kPtSmem || kWarpsM == 1, "page-table ring: 16-row tiles only");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 opt-in shared memory per block");
   static_assert(kSTiles >= 1 && kOTiles % 2 == 0, "S and O tiles are whole mma tiles");
   static_assert(kPage == 1 || kPage % kBlockN == 0, "a tile never straddles a page boundary");
@@ -217,6 +220,28 @@ struct MlaDecodeCta {
     const int j = tile * kBlockN + tid / T::kThreadsPerKey;
     return j < kv_len ? kv_slot<T::kPage>(tok, j) : int64_t{-1};
   }
+  // kPtSmem: copy this thread's key's page-table entry of `tile` into ring slot r (one thread per
+  // key; nothing for keys at or past kv_len, which load_tile_pt zero-fills without reading it).
+  __device__ void copy_pt(const int32_t* tok, int kv_len, int tile, int r) const {
+    if (tid % T::kThreadsPerKey != 0) return;
+    const int key = tid / T::kThreadsPerKey;
+    const int j = tile * kBlockN + key;
+    if (j >= kv_len) return;
+    const uint32_t dst = cuda::smem_addr(smem + T::kPtOffset) + (r * kBlockN + key) * 4;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst),
+                 "l"(tok + (j - j % T::kPage)));
+  }
+  // kPtSmem: the K/V refill of `tile` with the entry copied into ring slot r.
+  __device__ void load_tile_pt(int kv_len, int tile, int r, int s) const {
+    const int key = tid / T::kThreadsPerKey;
+    const int j = tile * kBlockN + key;
+    int64_t slot = -1;
+    if (j < kv_len) {
+      const auto* pt = reinterpret_cast<const int32_t*>(smem + T::kPtOffset);
+      slot = static_cast<int64_t>(pt[r * kBlockN + key]) + j % T::kPage;
+    }
+    load_tile_at(slot, s);
+  }
   __device__ void load_tile_at(int64_t slot_or_neg, int s) const {
     const int key = tid / T::kThreadsPerKey;
     const bool valid = slot_or_neg >= 0;
@@ -292,10 +317,15 @@ struct MlaDecodeCta {
 #pragma unroll
     for (int i = 0; i < T::kStages - 1; ++i) {
       if (t0 + i < t1) load_tile(tok, kv_len, t0 + i, i);
+      if constexpr (T::kPtSmem) {  // entries of the refills of iterations t0 .. t0 + kStages - 2
+        const int x = t0 + i + T::kStages - 1;
+        if (x < t1) copy_pt(tok, kv_len, x, (x - t0) % T::kStages);
+      }
       cuda::cp_async_commit();
     }
     // Page-table prefetch: the slot of the tile the next refill loads (see tile_slot).
-    const bool prefetch = p.mma_prefetch != 0;
+    // (resolved per tile size by launch_rows; kPtSmem has its own path)
+    const bool prefetch = !T::kPtSmem && p.mma_prefetch != 0;
     int64_t next_slot = prefetch ? tile_slot(tok, kv_len, t0 + T::kStages - 1) : 0;
     // Timing diagnostic (wrong results): no K loads after the prologue.
     const bool noload = p.wgmma_diag_noload != 0;
@@ -359,7 +389,11 @@ struct MlaDecodeCta {
       }
       const int next = tile + T::kStages - 1;
       if (next < t1 && !noload) {
-        if (prefetch) {
+        if constexpr (T::kPtSmem) {
+          load_tile_pt(kv_len, next, (next - t0) % T::kStages, (next - t0) % T::kStages);
+          const int x = next + T::kStages - 1;  // its slot was read in iteration tile - 1
+          if (x < t1) copy_pt(tok, kv_len, x, (x - t0) % T::kStages);
+        } else if (prefetch) {
           load_tile_at(next_slot, (next - t0) % T::kStages);
           next_slot = tile_slot(tok, kv_len, next + 1);  // used one iteration later
         } else {
@@ -484,91 +518,45 @@ struct MlaDecodeCta {
         mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
         mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
       }
-      bool rescale_p = false;  // kOneSync: some warp's P needs exp2(m_w - m) (warp-uniform)
-      if constexpr (T::kOneSync) {
-        float lsum[2];
-#pragma unroll
-        for (int x = 0; x < 2; ++x) mx[x] = fmaxf(row_max[x], mx[x]);  // m_w
-        {
-          const float p0 = exp2f(acc[0][0] - mx[0]), p1 = exp2f(acc[0][1] - mx[0]);
-          const float p2 = exp2f(acc[0][2] - mx[1]), p3 = exp2f(acc[0][3] - mx[1]);
-          lsum[0] = p0 + p1;
-          lsum[1] = p2 + p3;
-          const uint32_t in_chunk = (lane & 3) * 4;
-          uint8_t* pb = smem + T::kPOffset;
-          *reinterpret_cast<uint32_t*>(pb + swz<T::kPChunks>(r_lo, wn) + in_chunk) =
-              cuda::pack2<MmaT>(p0, p1);
-          *reinterpret_cast<uint32_t*>(pb + swz<T::kPChunks>(r_lo + 8, wn) + in_chunk) =
-              cuda::pack2<MmaT>(p2, p3);
-        }
-        if ((lane & 3) == 0) {
-          red[wn * T::kRows + r_lo] = mx[0];
-          red[wn * T::kRows + r_lo + 8] = mx[1];
-        }
-        __syncthreads();  // P and the m_w complete
-        bool differ = false;
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          float m_new = row_max[x], m_lo = INFINITY;
-#pragma unroll
-          for (int w = 0; w < T::kWarpsN; ++w) {
-            const float mw = red[w * T::kRows + r_lo + 8 * x];
-            m_new = fmaxf(m_new, mw);
-            m_lo = fminf(m_lo, mw);
-          }
-          differ |= m_lo != m_new;
-          const float factor = exp2f(row_max[x] - m_new);
-          row_sum[x] = row_sum[x] * factor + lsum[x] * exp2f(mx[x] - m_new);
-          row_max[x] = m_new;
-#pragma unroll
-          for (int t = 0; t < T::kOTiles; ++t) {
-            o[t][2 * x] *= factor;
-            o[t][2 * x + 1] *= factor;
-          }
-        }
-        rescale_p = __any_sync(0xffffffffu, differ);
-      } else {
-        if ((lane & 3) == 0) {
-          red[wn * T::kRows + r_lo] = mx[0];
-          red[wn * T::kRows + r_lo + 8] = mx[1];
-        }
-        __syncthreads();
-        float factor[2];
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          float m_new = row_max[x];
-#pragma unroll
-          for (int w = 0; w < T::kWarpsN; ++w)
-            m_new = fmaxf(m_new, red[w * T::kRows + r_lo + 8 * x]);
-          factor[x] = exp2f(row_max[x] - m_new);
-          row_max[x] = m_new;
-          row_sum[x] *= factor[x];
-        }
-
-        // ---- P = exp2(S - m) (bf16, to shared memory); rescale O ----
-#pragma unroll
-        for (int t = 0; t < T::kSTiles; ++t) {
-          const float p0 = exp2f(acc[t][0] - row_max[0]), p1 = exp2f(acc[t][1] - row_max[0]);
-          const float p2 = exp2f(acc[t][2] - row_max[1]), p3 = exp2f(acc[t][3] - row_max[1]);
-          row_sum[0] += p0 + p1;
-          row_sum[1] += p2 + p3;
-          const int chunk = (wn * T::kSKeys + t * 8) / 8;
-          const uint32_t in_chunk = (lane & 3) * 4;
-          uint8_t* pb = smem + T::kPOffset;
-          *reinterpret_cast<uint32_t*>(pb + swz<T::kPChunks>(r_lo, chunk) + in_chunk) =
-              cuda::pack2<MmaT>(p0, p1);
-          *reinterpret_cast<uint32_t*>(pb + swz<T::kPChunks>(r_lo + 8, chunk) + in_chunk) =
-              cuda::pack2<MmaT>(p2, p3);
-        }
-#pragma unroll
-        for (int t = 0; t < T::kOTiles; ++t) {
-          o[t][0] *= factor[0];
-          o[t][1] *= factor[0];
-          o[t][2] *= factor[1];
-          o[t][3] *= factor[1];
-        }
-        __syncthreads();  // P complete
+      if ((lane & 3) == 0) {
+        red[wn * T::kRows + r_lo] = mx[0];
+        red[wn * T::kRows + r_lo + 8] = mx[1];
       }
+      __syncthreads();
+      float factor[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        float m_new = row_max[x];
+#pragma unroll
+        for (int w = 0; w < T::kWarpsN; ++w) m_new = fmaxf(m_new, red[w * T::kRows + r_lo + 8 * x]);
+        factor[x] = exp2f(row_max[x] - m_new);
+        row_max[x] = m_new;
+        row_sum[x] *= factor[x];
+      }
+
+      // ---- P = exp2(S - m) (bf16, to shared memory); rescale O ----
+#pragma unroll
+      for (int t = 0; t < T::kSTiles; ++t) {
+        const float p0 = exp2f(acc[t][0] - row_max[0]), p1 = exp2f(acc[t][1] - row_max[0]);
+        const float p2 = exp2f(acc[t][2] - row_max[1]), p3 = exp2f(acc[t][3] - row_max[1]);
+        row_sum[0] += p0 + p1;
+        row_sum[1] += p2 + p3;
+        const int chunk = (wn * T::kSKeys + t * 8) / 8;
+        const uint32_t in_chunk = (lane & 3) * 4;
+        uint8_t* pb = smem + T::kPOffset;
+        *reinterpret_cast<uint32_t*>(pb + swz<T::kPChunks>(r_lo, chunk) + in_chunk) =
+            cuda::pack2<MmaT>(p0, p1);
+        *reinterpret_cast<uint32_t*>(pb + swz<T::kPChunks>(r_lo + 8, chunk) + in_chunk) =
+            cuda::pack2<MmaT>(p2, p3);
+      }
+#pragma unroll
+      for (int t = 0; t < T::kOTiles; ++t) {
+        o[t][0] *= factor[0];
+        o[t][1] *= factor[0];
+        o[t][2] *= factor[1];
+        o[t][3] *= factor[1];
+      }
+      __syncthreads();  // P complete
 
       // ---- O += P V: rows [16 wm, +16), columns [wn * kOCols, +kOCols), all kBlockN keys ----
       // V rows key = 16 kk + (lane & 7) + 8 ((lane >> 3) & 1) (key % 8 == lane % 8), chunk
@@ -585,22 +573,6 @@ struct MlaDecodeCta {
       static_for<kBlockN / 16>([&]<int kK>() {
         uint32_t a[4];
         cuda::ldmatrix_x4(a, p_base + swz<T::kPChunks>(a_row, 2 * kK + a_chunk));
-        if constexpr (T::kOneSync) {
-          if (rescale_p) {  // a[h]: rows r_lo + 8 (h % 2), keys of warp 2 kK + h / 2
-#pragma unroll
-            for (int h = 0; h < 4; ++h) {
-              const float c =
-                  exp2f(red[(2 * kK + h / 2) * T::kRows + r_lo + 8 * (h % 2)] - row_max[h % 2]);
-              float2 v;
-              if constexpr (T::kF16) {
-                v = __half22float2(*reinterpret_cast<const __half2*>(&a[h]));
-              } else {
-                v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&a[h]));
-              }
-              a[h] = cuda::pack2<MmaT>(v.x * c, v.y * c);
-            }
-          }
-        }
         static_for<T::kOTiles / 2>([&]<int kT2>() {
           constexpr int kT = 2 * kT2;
           constexpr int kImm = kK * 16 * T::kChunks * 16 + (kT / 8) * 128;

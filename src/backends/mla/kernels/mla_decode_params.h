@@ -54,15 +54,15 @@ struct MlaDecodeParams {
   // loading K tiles after the first two (results are wrong).
   // The mma.sync kernel reads it too (no K loads after its prologue).
   int wgmma_diag_noload = 0;
-  // mma.sync kernel: read the page table one tile ahead of the cp.async that needs it (default 1;
-  // ATTNKIT_MLA_MMA_PREFETCH=0: the session-7 loader, for the A/B).
-  int mma_prefetch = 1;
-  // fp8 cache, 16-row tiles: f16 tensor-core inputs (MlaDecodeTraits::kF16) instead of bf16
-  // (ATTNKIT_MLA_FP8_F16: "1" on, else off).
-  int mma_fp8_f16 = 0;
-  // 16-row tiles: one CTA barrier between S and P V (MlaDecodeTraits::kOneSync;
-  // ATTNKIT_MLA_MMA_ONESYNC: "1" on, else off).
-  int mma_one_sync = 0;
+  // mma.sync kernel: read the page table one tile ahead of the cp.async that needs it. 0 off (the
+  // session-7 loader), 1 on for every tile size, 2 (default) per tile size (resolved to 0 / 1 by
+  // resolve_prefetch in mla_decode_launch.cuh), 3 16-row tiles read the page table through a
+  // shared-memory ring (MlaDecodeTraits::kPtSmem; not measured yet). ATTNKIT_MLA_MMA_PREFETCH
+  // "0" / "1" / unset / "smem".
+  int mma_prefetch = 2;
+  // fp8 cache, 16-row tiles: f16 tensor-core inputs (MlaDecodeTraits::kF16) instead of bf16.
+  // Default 1; ATTNKIT_MLA_FP8_F16=0 keeps bf16.
+  int mma_fp8_f16 = 1;
 
   // Plan (written on the device by the schedule kernel once per forward).
   const int32_t* sched = nullptr;  // [num_parts, kSchedWords]
