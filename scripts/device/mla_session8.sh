@@ -25,7 +25,7 @@ ninja -C "$B" -j16 attnkit_cli test_flashmla_cases test_cutlass_mla_cases test_f
   test_mla_prefix_cache test_fa3_cases test_triton_cases >> "$OUT/build.log" 2>&1
 echo "build rc=$? $(el)"; grep -m5 -E "error|C75[0-9][0-9]" "$OUT/build.log"
 REGEX='Mla|MLA|mla|FlashMla|CutlassMla|FlashInfer.*[Mm]la'
-(cd "$B" && timeout 120 ctest -L gpu -R "$REGEX" -j 8 --timeout 60 \
+(cd "$B" && ATTNKIT_MLA_TEST_PT_SMEM=1 timeout 120 ctest -L gpu -R "$REGEX" -j 8 --timeout 60 \
   --output-on-failure > "$OUT/ctest.log" 2>&1)
 echo "ctest rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest.log" | head -12
@@ -63,7 +63,7 @@ PY
 # Every MLA GPU test again with the shared-memory page-table ring (page 1 / 128 16-head cases too).
 left=$(( 335 - ($(date +%s) - T0) )); [ $left -gt 90 ] && left=90
 if [ $left -gt 20 ]; then
-  (cd "$B" && ATTNKIT_MLA_MMA_PREFETCH=smem timeout $left ctest -L gpu -R "$REGEX" \
+  (cd "$B" && ATTNKIT_MLA_MMA_PREFETCH=smem ATTNKIT_MLA_TEST_PT_SMEM=1 timeout $left ctest -L gpu -R "$REGEX" \
     -j 8 --timeout 60 --output-on-failure > "$OUT/ctest_smem.log" 2>&1)
   echo "ctest PREFETCH=smem rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest_smem.log")"
   grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest_smem.log" | head -12
