@@ -11,7 +11,8 @@
 //   kWarpsM 4: 64 rows (32+ heads x s_q), S 16x32, O 16x256 per warp (128 f32 registers)
 //   kWarpsM 2: 32 rows, S 16x16, O 16x128;  kWarpsM 1: 16 rows (<= 16 heads), S 16x8, O 16x64.
 // fp8_e4m3 cache: the stage holds the raw bytes; each tile is converted to a bf16 tile in shared
-// memory once (exact), k_scale is folded into the softmax scale and v_scale into the output.
+// memory once (exact), k_scale is folded into the softmax scale and v_scale into the output;
+// 16-row tiles convert inside S instead, by default to f16 (MlaDecodeTraits::kF16).
 //
 // Shared memory (kWarpsM 4): Q 72 KiB + 2 stages x 72 KiB (fp8: 2 x 36 KiB + a 72 KiB bf16 tile)
 // + P 8 KiB + 0.5 KiB row reductions = 224.5 KiB: needs the 227 KiB opt-in of SM90 (an A100's

@@ -51,8 +51,8 @@ struct MlaDecodeParams {
   // block of a K tile; 3 (default): 2 + split release (mla_decode_wgmma.cuh, kVariant).
   int use_wgmma = 0;
   // Diagnostic, timing only (ATTNKIT_MLA_WGMMA_DIAG=noload): the wgmma kernel's producer stops
-  // loading K tiles after the first two (results are wrong).
-  // The mma.sync kernel reads it too (no K loads after its prologue).
+  // loading K tiles after the first two, the mma.sync kernel after its prologue (results are
+  // wrong).
   int wgmma_diag_noload = 0;
   // mma.sync kernel: read the page table one tile ahead of the cp.async that needs it. 0 off (the
   // session-7 loader), 1 on for every tile size, 2 (default) per tile size (resolved to 0 / 1 by
