@@ -118,6 +118,41 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_BLOCKS"), 0);
 }
 
+// 16-row tiles (<= 16 heads, s_q 1) on the mma.sync kernel under the knobs of session 8: the
+// page-table prefetch (ATTNKIT_MLA_MMA_PREFETCH unset = per tile size, "1" always, "0" never,
+// "smem" through a shared-memory ring)
+// and for the fp8 cache the f16 tensor-core inputs (ATTNKIT_MLA_FP8_F16 unset = f16, "0" =
+// bf16); split requests, an empty one, one of exactly one tile, 8 heads (padding rows).
+TEST(FlashMlaKernels, Heads16PrefetchAndFp8InputTypes) {
+  struct Knobs {
+    const char *prefetch, *f16;
+  };
+  // "smem" (the shared-memory page-table ring) has not run on a device yet: only with
+  // ATTNKIT_MLA_TEST_PT_SMEM=1 (scripts/device/mla_session8.sh sets it) until it has.
+  const char* smem_env = std::getenv("ATTNKIT_MLA_TEST_PT_SMEM");
+  const bool smem = smem_env != nullptr && std::string(smem_env) == "1";
+  std::vector<Knobs> knobs = {Knobs{"", ""}, Knobs{"1", ""}, Knobs{"0", ""}, Knobs{"0", "0"},
+                              Knobs{"1", "0"}};
+  if (smem) {
+    knobs.push_back(Knobs{"smem", ""});
+    knobs.push_back(Knobs{"smem", "0"});
+  }
+  for (const Knobs k : knobs) {
+    SCOPED_TRACE(std::string("ATTNKIT_MLA_MMA_PREFETCH=") + k.prefetch +
+                 " ATTNKIT_MLA_FP8_F16=" + k.f16);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_MMA_PREFETCH", k.prefetch, 1), 0);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_FP8_F16", k.f16, 1), 0);
+    for (DType kv : {DType::kFP8E4M3, DType::kBF16}) {
+      run_and_compare(
+          mla_case("long_h16", ForwardMode::kDecode, 64, {4000, 3, 64, 130, 0, 1500}, 16, kv),
+          true);
+      run_and_compare(mla_case("h8", ForwardMode::kDecode, 64, {700, 65, 2}, 8, kv), true);
+    }
+  }
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_MMA_PREFETCH"), 0);
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_FP8_F16"), 0);
+}
+
 TEST(FlashMlaKernels, RejectsOtherPageSizes) {
   Result<PreparedCase> pc = harness::prepare_case(
       mla_case("page16", ForwardMode::kDecode, 16, {10}, 16, DType::kBF16), Device::cuda(0));

@@ -44,6 +44,21 @@ bool wgmma_noload_env() {
   return e != nullptr && std::string(e) == "noload";
 }
 
+// ATTNKIT_MLA_MMA_PREFETCH: "0" the mma.sync kernel reads the page table at the refill (session
+// 7), "1" one tile ahead for every tile size, "smem" 16-row tiles through a shared-memory ring of
+// page-table entries, unset / else the per-tile-size default (MlaDecodeParams::mma_prefetch).
+int mma_prefetch_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_MMA_PREFETCH");
+  const std::string v = e == nullptr ? "" : e;
+  return v == "0" ? 0 : v == "1" ? 1 : v == "smem" ? 3 : 2;
+}
+// ATTNKIT_MLA_FP8_F16=0: fp8 cache with 16-row tiles keeps bf16 tensor-core inputs; unset / else
+// f16 (MlaDecodeParams::mma_fp8_f16, the default since session 8).
+bool fp8_f16_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_FP8_F16");
+  return e == nullptr || std::string(e) != "0";
+}
+
 std::string str(int64_t v) { return std::to_string(v); }
 
 // Query tokens per request: decode 1, verify N.
@@ -82,6 +97,8 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
                   wgmma_env_on() && wgmma_available();
   e->wgmma_variant_ = wgmma_variant_env();
   e->wgmma_noload_ = wgmma_noload_env();
+  e->mma_prefetch_ = mma_prefetch_env();
+  e->fp8_f16_ = fp8_f16_env();
   return e;
 }
 
@@ -271,7 +288,9 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.partial_lse = plan_.partial_lse;
   p.num_parts = plan_.num_parts;
   p.use_wgmma = use_wgmma_ ? 1 + wgmma_variant_ : 0;
-  p.wgmma_diag_noload = use_wgmma_ && wgmma_noload_ ? 1 : 0;
+  p.wgmma_diag_noload = wgmma_noload_ ? 1 : 0;  // both kernels
+  p.mma_prefetch = mma_prefetch_;
+  p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
   return run_decode(p, page_size_, kv_dtype, stream);
 }
 

@@ -12,9 +12,9 @@
 
 namespace attnkit::mla {
 
-template <int kWarpsM, int kPage, bool kFp8>
+template <int kWarpsM, int kPage, bool kFp8, bool kF16 = false, bool kPtSmem = false>
 Status launch_decode(const MlaDecodeParams& p, cudaStream_t s) {
-  using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8>;
+  using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8, kF16, kPtSmem>;
   static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
   if (!attribute_set) {
     ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_kernel<Traits>,
@@ -44,8 +44,23 @@ Status launch_decode_wgmma(const MlaDecodeParams& p, cudaStream_t s) {
   return Status::ok();
 }
 
+// MlaDecodeParams::mma_prefetch 2 (default) -> 0 / 1 for a tile of `rows` rows, on only where an
+// A/B measured a gain (H200, session 8): bf16 32-row tiles (+10% on 16 heads x s_q 2) and the
+// f16 fp8 16-row tiles (the configuration measured there, +5% over the session-7 fp8 kernel).
+// Off for bf16 16-row tiles (-13..-17%: the prefetched page-table load is consumed right after
+// the tile's cp.async burst and waits behind it) and everything not measured (fp8 32-row,
+// 64-row tiles).
+inline MlaDecodeParams resolve_prefetch(const MlaDecodeParams& p, int rows, bool fp8) {
+  MlaDecodeParams r = p;
+  if (r.mma_prefetch == 2) {
+    r.mma_prefetch = (rows == 32 && !fp8) || (rows == 16 && fp8 && p.mma_fp8_f16 != 0) ? 1 : 0;
+  }
+  return r;
+}
+
 template <int kPage, bool kFp8>
-Status launch_rows(const MlaDecodeParams& p, cudaStream_t s) {
+Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
+  const MlaDecodeParams p = resolve_prefetch(p_in, rows_per_cta(p_in.rows_per_req), kFp8);
   if constexpr (!kFp8) {
     if (p.use_wgmma != 0 && rows_per_cta(p.rows_per_req) == 64) {
       if (p.use_wgmma == 1) return launch_decode_wgmma<kPage, 0>(p, s);
@@ -55,6 +70,15 @@ Status launch_rows(const MlaDecodeParams& p, cudaStream_t s) {
   }
   switch (rows_per_cta(p.rows_per_req)) {
     case 16:
+      if (p.mma_prefetch == 3) {  // page-table ring in shared memory (not measured yet)
+        if constexpr (kFp8) {
+          if (p.mma_fp8_f16 != 0) return launch_decode<1, kPage, true, true, true>(p, s);
+        }
+        return launch_decode<1, kPage, kFp8, false, true>(p, s);
+      }
+      if constexpr (kFp8) {
+        if (p.mma_fp8_f16 != 0) return launch_decode<1, kPage, true, true>(p, s);
+      }
       return launch_decode<1, kPage, kFp8>(p, s);
     case 32:
       return launch_decode<2, kPage, kFp8>(p, s);

@@ -11,7 +11,8 @@
 //   kWarpsM 4: 64 rows (32+ heads x s_q), S 16x32, O 16x256 per warp (128 f32 registers)
 //   kWarpsM 2: 32 rows, S 16x16, O 16x128;  kWarpsM 1: 16 rows (<= 16 heads), S 16x8, O 16x64.
 // fp8_e4m3 cache: the stage holds the raw bytes; each tile is converted to a bf16 tile in shared
-// memory once (exact), k_scale is folded into the softmax scale and v_scale into the output.
+// memory once (exact), k_scale is folded into the softmax scale and v_scale into the output;
+// 16-row tiles convert inside S instead, by default to f16 (MlaDecodeTraits::kF16).
 //
 // Shared memory (kWarpsM 4): Q 72 KiB + 2 stages x 72 KiB (fp8: 2 x 36 KiB + a 72 KiB bf16 tile)
 // + P 8 KiB + 0.5 KiB row reductions = 224.5 KiB: needs the 227 KiB opt-in of SM90 (an A100's
@@ -23,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "backends/mla/kernels/mla_decode_common.cuh"
@@ -33,11 +35,22 @@
 
 namespace attnkit::mla {
 
-template <int kWarpsM_, int kPage_, bool kFp8_>
+template <int kWarpsM_, int kPage_, bool kFp8_, bool kF16_ = false, bool kPtSmem_ = false>
 struct MlaDecodeTraits {
   static constexpr int kWarpsM = kWarpsM_;
   static constexpr int kPage = kPage_;
   static constexpr bool kFp8 = kFp8_;
+  // fp8 with 16-row tiles only: the tensor-core inputs are f16 instead of bf16 (e4m3 -> f16 is one
+  // cvt per pair, e4m3 -> bf16 four); Q is scaled by 2^-kQShiftF16 into f16 (range), P and V are
+  // f16 (P in [0, 1], V exact).
+  static constexpr bool kF16 = kF16_;
+  // Page-table entries through shared memory (ATTNKIT_MLA_MMA_PREFETCH=smem, 16-row tiles; not
+  // measured yet): the entry of a tile's key is copied by a 4-byte cp.async 2 (kStages - 1) tiles
+  // before its K/V refill, in the commit group that the refill's iteration has already waited
+  // for, into a ring of kStages x kBlockN entries; the refill reads it from shared memory. No
+  // register holds a pending global load (the register prefetch of mma_prefetch 1 is consumed
+  // right after the cp.async burst and waits behind it: -13..-17% on 16-row bf16 tiles).
+  static constexpr bool kPtSmem = kPtSmem_;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpsN = kWarps / kWarpsM;
@@ -68,12 +81,16 @@ struct MlaDecodeTraits {
   static constexpr int kConvOffset = kStageOffset + kStages * kStageBytes;
   static constexpr int kPOffset = kConvOffset + (kFp8 ? kTileBytes : 0);
   static constexpr int kRedOffset = kPOffset + kPBytes;
-  static constexpr int kSmemBytes = kRedOffset + kRedBytes;
+  static constexpr int kPtOffset = kRedOffset + kRedBytes;
+  static constexpr int kPtBytes = kPtSmem ? kStages * kBlockN * 4 : 0;
+  static constexpr int kSmemBytes = kPtOffset + kPtBytes;
   // The loader's thread mapping: thread t loads key t / kThreadsPerKey, chunks t % kThreadsPerKey
   // + kThreadsPerKey * i, so each thread looks its slot up once per tile.
   static constexpr int kThreadsPerKey = kThreads / kBlockN;
 
   static_assert(kWarpsM == 1 || kWarpsM == 2 || kWarpsM == 4, "8 warps as kWarpsM x kWarpsN");
+  static_assert(!kF16 || (kFp8 && kWarpsM == 1), "f16 inputs: the fused fp8 16-row path only");
+  static_assert(!kPtSmem || kWarpsM == 1, "page-table ring: 16-row tiles only");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 opt-in shared memory per block");
   static_assert(kSTiles >= 1 && kOTiles % 2 == 0, "S and O tiles are whole mma tiles");
   static_assert(kPage == 1 || kPage % kBlockN == 0, "a tile never straddles a page boundary");
@@ -123,6 +140,25 @@ __device__ __forceinline__ void fp8x4_to_bf16x4(uint32_t word, uint32_t& lo, uin
   hi = out[1];
 }
 
+// Four e4m3 values -> two f16x2 words (exact; one cvt per pair).
+__device__ __forceinline__ void fp8x4_to_f16x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  const __half2_raw a =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xffffu), __NV_E4M3);
+  const __half2_raw b =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), __NV_E4M3);
+  lo = static_cast<uint32_t>(a.x) | (static_cast<uint32_t>(a.y) << 16);
+  hi = static_cast<uint32_t>(b.x) | (static_cast<uint32_t>(b.y) << 16);
+}
+// The f16 path scales Q by 2^-kQShiftF16 (exact) so that |q| up to 2^24 stays finite; the
+// softmax scale takes the 2^kQShiftF16 back.
+inline constexpr int kQShiftF16 = 8;
+// bf16x2 word -> f16x2 word of the values times 2^-kQShiftF16.
+__device__ __forceinline__ uint32_t bf16x2_to_scaled_f16x2(uint32_t w) {
+  constexpr float kMul = 1.f / (1 << kQShiftF16);
+  const float x = __uint_as_float(w << 16) * kMul, y = __uint_as_float(w & 0xffff0000u) * kMul;
+  return cuda::pack2<__half>(x, y);
+}
+
 // f.template operator()<i>() for i in [0, kN), unrolled at compile time.
 template <int kN, typename F>
 __device__ __forceinline__ void static_for(F&& f) {
@@ -149,6 +185,7 @@ struct MlaDecodeCta {
   int tid, lane, wm, wn;
   // fp8 with 16-row tiles: S reads the fp8 stage directly (see run_segment).
   static constexpr bool kFusedFp8 = T::kFp8 && T::kWarpsM == 1;
+  using MmaT = std::conditional_t<T::kF16, __half, __nv_bfloat16>;  // tensor-core input type
 
   __device__ uint32_t q_base() const {
     if constexpr (T::kQInRegs) {
@@ -174,10 +211,42 @@ struct MlaDecodeCta {
   // Keys [tile * kBlockN, +kBlockN) of the request whose token row is `tok` into stage s; keys at
   // or past kv_len are zero-filled (never read: the pool's unused slots may hold NaN).
   __device__ void load_tile(const int32_t* tok, int kv_len, int tile, int s) const {
+    load_tile_at(tile_slot(tok, kv_len, tile), s);
+  }
+  // Pool slot of this thread's key of `tile`, or -1 where the key is at or past kv_len. Split
+  // from load_tile so that the page-table read of a tile can be issued one iteration before its
+  // cp.async (run_segment, MlaDecodeParams::mma_prefetch): otherwise every tile's loads wait for
+  // an L2 round trip at the top of the iteration, on all 8 warps' critical path.
+  __device__ int64_t tile_slot(const int32_t* tok, int kv_len, int tile) const {
+    const int j = tile * kBlockN + tid / T::kThreadsPerKey;
+    return j < kv_len ? kv_slot<T::kPage>(tok, j) : int64_t{-1};
+  }
+  // kPtSmem: copy this thread's key's page-table entry of `tile` into ring slot r (one thread per
+  // key; nothing for keys at or past kv_len, which load_tile_pt zero-fills without reading it).
+  __device__ void copy_pt(const int32_t* tok, int kv_len, int tile, int r) const {
+    if (tid % T::kThreadsPerKey != 0) return;
     const int key = tid / T::kThreadsPerKey;
     const int j = tile * kBlockN + key;
-    const bool valid = j < kv_len;
-    const int64_t slot = valid ? kv_slot<T::kPage>(tok, j) : 0;
+    if (j >= kv_len) return;
+    const uint32_t dst = cuda::smem_addr(smem + T::kPtOffset) + (r * kBlockN + key) * 4;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst),
+                 "l"(tok + (j - j % T::kPage)));
+  }
+  // kPtSmem: the K/V refill of `tile` with the entry copied into ring slot r.
+  __device__ void load_tile_pt(int kv_len, int tile, int r, int s) const {
+    const int key = tid / T::kThreadsPerKey;
+    const int j = tile * kBlockN + key;
+    int64_t slot = -1;
+    if (j < kv_len) {
+      const auto* pt = reinterpret_cast<const int32_t*>(smem + T::kPtOffset);
+      slot = static_cast<int64_t>(pt[r * kBlockN + key]) + j % T::kPage;
+    }
+    load_tile_at(slot, s);
+  }
+  __device__ void load_tile_at(int64_t slot_or_neg, int s) const {
+    const int key = tid / T::kThreadsPerKey;
+    const bool valid = slot_or_neg >= 0;
+    const int64_t slot = valid ? slot_or_neg : 0;
     constexpr int kElemBytes = T::kFp8 ? 1 : 2;
     const auto* row = static_cast<const uint8_t*>(p.kv) + slot * p.kv_stride_row * kElemBytes;
     const int src_bytes = valid ? 16 : 0;
@@ -249,8 +318,18 @@ struct MlaDecodeCta {
 #pragma unroll
     for (int i = 0; i < T::kStages - 1; ++i) {
       if (t0 + i < t1) load_tile(tok, kv_len, t0 + i, i);
+      if constexpr (T::kPtSmem) {  // entries of the refills of iterations t0 .. t0 + kStages - 2
+        const int x = t0 + i + T::kStages - 1;
+        if (x < t1) copy_pt(tok, kv_len, x, (x - t0) % T::kStages);
+      }
       cuda::cp_async_commit();
     }
+    // Page-table prefetch: the slot of the tile the next refill loads (see tile_slot).
+    // (resolved per tile size by launch_rows; kPtSmem has its own path)
+    const bool prefetch = !T::kPtSmem && p.mma_prefetch != 0;
+    int64_t next_slot = prefetch ? tile_slot(tok, kv_len, t0 + T::kStages - 1) : 0;
+    // Timing diagnostic (wrong results): no K loads after the prologue.
+    const bool noload = p.wgmma_diag_noload != 0;
 
     // Rows of this thread: r_lo = 16 wm + lane / 4 and r_lo + 8; their key limits.
     const int r_lo = 16 * wm + lane / 4;
@@ -291,8 +370,13 @@ struct MlaDecodeCta {
               for (int h = 0; h < 2; ++h) {
                 const uint2 v = *reinterpret_cast<const uint2*>(
                     qs + swz<T::kChunks>(16 * wm + g + 8 * h, chunk) + (kJ % 2) * 8);
-                qf[kK][h] = v.x;
-                qf[kK][2 + h] = v.y;
+                if constexpr (T::kF16) {
+                  qf[kK][h] = bf16x2_to_scaled_f16x2(v.x);
+                  qf[kK][2 + h] = bf16x2_to_scaled_f16x2(v.y);
+                } else {
+                  qf[kK][h] = v.x;
+                  qf[kK][2 + h] = v.y;
+                }
               }
             });
           } else {
@@ -305,7 +389,18 @@ struct MlaDecodeCta {
         }
       }
       const int next = tile + T::kStages - 1;
-      if (next < t1) load_tile(tok, kv_len, next, (next - t0) % T::kStages);
+      if (next < t1 && !noload) {
+        if constexpr (T::kPtSmem) {
+          load_tile_pt(kv_len, next, (next - t0) % T::kStages, (next - t0) % T::kStages);
+          const int x = next + T::kStages - 1;  // its slot was read in iteration tile - 1
+          if (x < t1) copy_pt(tok, kv_len, x, (x - t0) % T::kStages);
+        } else if (prefetch) {
+          load_tile_at(next_slot, (next - t0) % T::kStages);
+          next_slot = tile_slot(tok, kv_len, next + 1);  // used one iteration later
+        } else {
+          load_tile(tok, kv_len, next, (next - t0) % T::kStages);
+        }
+      }
       cuda::cp_async_commit();
       uint32_t kv_base = stage_base(s);
       if constexpr (T::kFp8) {
@@ -339,7 +434,13 @@ struct MlaDecodeCta {
                        : "r"(ksrc), "n"(64 * kG));
           uint32_t w[8];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) fp8x4_to_bf16x4(words[j], w[2 * j], w[2 * j + 1]);
+          for (int j = 0; j < 4; ++j) {
+            if constexpr (T::kF16) {
+              fp8x4_to_f16x4(words[j], w[2 * j], w[2 * j + 1]);
+            } else {
+              fp8x4_to_bf16x4(words[j], w[2 * j], w[2 * j + 1]);
+            }
+          }
           if constexpr (kG < kLatentDim / 64) {
             // chunk 8 G + c of a row: (8 G + c) ^ (key % 8) = 8 G + (c ^ (key % 8)) for c < 8
             *reinterpret_cast<uint4*>(v0 + 128 * kG) = make_uint4(w[0], w[1], w[2], w[3]);
@@ -349,9 +450,9 @@ struct MlaDecodeCta {
             constexpr int kK = 4 * kG + kJ;
             const uint32_t bf[2] = {w[2 * kJ], w[2 * kJ + 1]};
             if constexpr (kJ == 0) {
-              cuda::mma_m16n8k16<__nv_bfloat16>(acc[0], qf[kK], bf);
+              cuda::mma_m16n8k16<MmaT>(acc[0], qf[kK], bf);
             } else {
-              cuda::mma_m16n8k16<__nv_bfloat16>(part[kJ - 1], qf[kK], bf);
+              cuda::mma_m16n8k16<MmaT>(part[kJ - 1], qf[kK], bf);
             }
           });
         });
@@ -402,13 +503,14 @@ struct MlaDecodeCta {
 
       // ---- mask, scale, tile row max across the kWarpsN warps sharing these rows ----
       float mx[2] = {-INFINITY, -INFINITY};
+      const float scale_log2 = T::kF16 ? p.scale_log2 * (1 << kQShiftF16) : p.scale_log2;
 #pragma unroll
       for (int t = 0; t < T::kSTiles; ++t) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int x = e >> 1;
           const int j = tile * kBlockN + wn * T::kSKeys + t * 8 + 2 * (lane & 3) + (e & 1);
-          acc[t][e] = j < limit[x] ? acc[t][e] * p.scale_log2 : -INFINITY;
+          acc[t][e] = j < limit[x] ? acc[t][e] * scale_log2 : -INFINITY;
           mx[x] = fmaxf(mx[x], acc[t][e]);
         }
       }
@@ -444,9 +546,9 @@ struct MlaDecodeCta {
         const uint32_t in_chunk = (lane & 3) * 4;
         uint8_t* pb = smem + T::kPOffset;
         *reinterpret_cast<uint32_t*>(pb + swz<T::kPChunks>(r_lo, chunk) + in_chunk) =
-            cuda::pack2<__nv_bfloat16>(p0, p1);
+            cuda::pack2<MmaT>(p0, p1);
         *reinterpret_cast<uint32_t*>(pb + swz<T::kPChunks>(r_lo + 8, chunk) + in_chunk) =
-            cuda::pack2<__nv_bfloat16>(p2, p3);
+            cuda::pack2<MmaT>(p2, p3);
       }
 #pragma unroll
       for (int t = 0; t < T::kOTiles; ++t) {
@@ -481,8 +583,8 @@ struct MlaDecodeCta {
                        : "r"(vb[(kT % 8) / 2]), "n"(kImm));
           const uint32_t b0[2] = {bf[0], bf[1]};
           const uint32_t b1[2] = {bf[2], bf[3]};
-          cuda::mma_m16n8k16<__nv_bfloat16>(o[kT], a, b0);
-          cuda::mma_m16n8k16<__nv_bfloat16>(o[kT + 1], a, b1);
+          cuda::mma_m16n8k16<MmaT>(o[kT], a, b0);
+          cuda::mma_m16n8k16<MmaT>(o[kT + 1], a, b1);
         });
       });
     }

@@ -51,8 +51,18 @@ struct MlaDecodeParams {
   // block of a K tile; 3 (default): 2 + split release (mla_decode_wgmma.cuh, kVariant).
   int use_wgmma = 0;
   // Diagnostic, timing only (ATTNKIT_MLA_WGMMA_DIAG=noload): the wgmma kernel's producer stops
-  // loading K tiles after the first two (results are wrong).
+  // loading K tiles after the first two, the mma.sync kernel after its prologue (results are
+  // wrong).
   int wgmma_diag_noload = 0;
+  // mma.sync kernel: read the page table one tile ahead of the cp.async that needs it. 0 off (the
+  // session-7 loader), 1 on for every tile size, 2 (default) per tile size (resolved to 0 / 1 by
+  // resolve_prefetch in mla_decode_launch.cuh), 3 16-row tiles read the page table through a
+  // shared-memory ring (MlaDecodeTraits::kPtSmem; not measured yet). ATTNKIT_MLA_MMA_PREFETCH
+  // "0" / "1" / unset / "smem".
+  int mma_prefetch = 2;
+  // fp8 cache, 16-row tiles: f16 tensor-core inputs (MlaDecodeTraits::kF16) instead of bf16.
+  // Default 1; ATTNKIT_MLA_FP8_F16=0 keeps bf16.
+  int mma_fp8_f16 = 1;
 
   // Plan (written on the device by the schedule kernel once per forward).
   const int32_t* sched = nullptr;  // [num_parts, kSchedWords]
