@@ -17,7 +17,7 @@ build="${BUILD_DIR:-$root/build/cpu-device}"
 log="$OUT/bench.log"
 t_start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t_start )); }
-LIMIT="${LIMIT:-270}"  # stop starting benches after this many seconds
+LIMIT="${LIMIT:-235}"  # stop starting benches after this many seconds
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  tree: ${TREE_ID:-unknown}"
@@ -67,6 +67,7 @@ PRE=(--backend intel_amx --cases bench/cases/cpu_prefill.json --filter new2048 -
 for r in 1 2; do
   bench "decode amx r$r" 2 "" "${DEC[@]}" --json "$J/dec_2t_amx_$r.json"
   bench "decode vec r$r" 2 ATTNKIT_AMX_DECODE=0 "${DEC[@]}" --json "$J/dec_2t_vec_$r.json"
+  bench "decode amx-nopf r$r" 2 ATTNKIT_AMX_DECODE_PF=0 "${DEC[@]}" --json "$J/dec_2t_nopf_$r.json"
 done
 for r in 1 2; do
   bench "decode amx r$r" all "" "${DEC[@]}" --json "$J/dec_allt_amx_$r.json"

@@ -69,6 +69,12 @@ bool env_fast_softmax() {
   return v != nullptr && std::atoi(v) == 1;
 }
 
+// ATTNKIT_AMX_DECODE_PF=0: the AMX decode without its software prefetch (session 8 A/B).
+bool env_amx_decode_prefetch() {
+  const char* v = std::getenv("ATTNKIT_AMX_DECODE_PF");
+  return v == nullptr || std::atoi(v) != 0;
+}
+
 bool env_amx_decode() {
   const char* v = std::getenv(kAmxDecodeEnvVar);
   return v == nullptr || std::atoi(v) != 0;
@@ -153,7 +159,8 @@ class IntelAmxBackend final : public AttentionBackend {
         amx_key_block_(env_key_block()),
         amx_pipeline_(env_pipeline()),
         amx_decode_(env_amx_decode()),
-        amx_fast_softmax_(env_fast_softmax()) {}
+        amx_fast_softmax_(env_fast_softmax()),
+        amx_decode_prefetch_(env_amx_decode_prefetch()) {}
 
   // Per-thread scratch for the context's head counts and dims: sized once here, reused by every
   // forward (the kernels never allocate).
@@ -267,8 +274,8 @@ class IntelAmxBackend final : public AttentionBackend {
     ATTNKIT_RETURN_IF_ERROR(prepare(q, k, v, out, layer, batch, save_kv, lse, &p));
     if (batch.num_tokens == 0) return Status::ok();
     const Plan& plan = layer.is_cross_attention ? cross_ : self_;
-    const DecodeWork work{&plan.requests, &plan.decode_items, &plan.decode_merges,
-                          partial_out_.data(), partial_lse_.data()};
+    const DecodeWork work{&plan.requests,      &plan.decode_items,  &plan.decode_merges,
+                          partial_out_.data(), partial_lse_.data(), amx_decode_prefetch_};
     const ThreadScratch ts = thread_scratch();
     switch (isa_) {
       case CpuIsa::kAmx:
@@ -514,13 +521,14 @@ class IntelAmxBackend final : public AttentionBackend {
   CpuIsa isa_;
   const BackendDescriptor& descriptor_;
   int num_threads_;
-  bool prepack_;           // ATTNKIT_AMX_PREPACK (default on)
-  int amx_rows_per_item_;  // ATTNKIT_AMX_ROWS_PER_ITEM (default kAmxDefaultRowsPerItem)
-  int amx_key_block_;      // ATTNKIT_AMX_KEY_BLOCK (default kAmxKeyBlock)
-  bool amx_pipeline_;      // ATTNKIT_AMX_PIPELINE (default on)
-  bool amx_decode_;        // ATTNKIT_AMX_DECODE (default on)
-  bool amx_fast_softmax_;  // ATTNKIT_AMX_SOFTMAX (default off)
-  Buffer packed_;          // AMX extend: the forward's packed K/V blocks
+  bool prepack_;              // ATTNKIT_AMX_PREPACK (default on)
+  int amx_rows_per_item_;     // ATTNKIT_AMX_ROWS_PER_ITEM (default kAmxDefaultRowsPerItem)
+  int amx_key_block_;         // ATTNKIT_AMX_KEY_BLOCK (default kAmxKeyBlock)
+  bool amx_pipeline_;         // ATTNKIT_AMX_PIPELINE (default on)
+  bool amx_decode_;           // ATTNKIT_AMX_DECODE (default on)
+  bool amx_fast_softmax_;     // ATTNKIT_AMX_SOFTMAX (default off)
+  bool amx_decode_prefetch_;  // ATTNKIT_AMX_DECODE_PF (default on)
+  Buffer packed_;             // AMX extend: the forward's packed K/V blocks
   Buffer scratch_;
   int64_t scratch_stride_ = 0;
 

@@ -17,10 +17,12 @@
 // Keys are processed in sub-blocks of kSubKeys (8 tiles of 16, aligned to 16 from the item's
 // first visible key): S of every (tile, kv head) in key-major order (a tile's 16 pool rows are
 // read whole over the kv heads), an online softmax per (kv head, group head) in f32 (AVX-512),
-// then P.V in the same order. The K (V) rows of the next sub-block are prefetched into L2 during
-// the S (P.V) pass of the current one. Tiles whose slots are not 16 consecutive pool rows, or that
-// reach outside the visible keys, are copied into a stage first (rows outside the visible keys
-// zero). The S and P.V passes use two tile configurations (loaded once per pass).
+// then P.V in the same order. Software prefetch into L2 (the pool rows are gathered through
+// req_to_token, and a tile reads a 16-row column slice): the S pass prefetches the sub-block's V
+// rows, the P.V pass the next sub-block's K rows, one (tile, kv head) slice per step. Tiles whose
+// slots are not 16 consecutive pool rows, or that reach outside the visible keys, are copied into a
+// stage first (rows outside the visible keys zero). The S and P.V passes use two tile
+// configurations (loaded once per pass).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -163,7 +165,7 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
 
 class AmxDecode {
  public:
-  AmxDecode(const CpuAttentionParams& p, const AmxDecodeLayout& lay)
+  AmxDecode(const CpuAttentionParams& p, const AmxDecodeLayout& lay, bool prefetch)
       : p_(p),
         lay_(lay),
         hq_(p.num_q_heads),
@@ -177,7 +179,8 @@ class AmxDecode {
         k_cache_(static_cast<const uint16_t*>(p.k_cache)),
         v_cache_(static_cast<const uint16_t*>(p.v_cache)),
         s_cfg_(s_config(p.group())),
-        pv_cfg_(pv_config(p.group())) {}
+        pv_cfg_(pv_config(p.group())),
+        prefetch_(prefetch) {}
 
   void run_item(const DecodeWork& w, const DecodeItem& it, float* base) {
     const CpuRequest& rq = (*w.requests)[it.request];
@@ -198,7 +201,7 @@ class AmxDecode {
     if (a < b) {
       const int32_t* slots = rq.slots(p_);
       const int a0 = a / kTileKeys * kTileKeys;
-      prefetch_sub_block(slots, a0, a, b, /*k=*/true, /*v=*/true);
+      if (prefetch_) prefetch_sub_block(slots, a0, a, b, /*k=*/true, /*v=*/false);
       for (int k0 = a0; k0 < b; k0 += kSubKeys) sub_block(slots, k0, a, b, base);
     }
     // O_even / O_odd -> dims in order.
@@ -370,18 +373,25 @@ class AmxDecode {
     float* l = base + lay_.l;
     const int next = k0 + kSubKeys;
     const bool has_next = next < b;
-    // S pass (key-major: a tile's rows are read whole over the kv heads).
+    // S pass (key-major: a tile's rows are read whole over the kv heads). Step (t, h) prefetches
+    // head h's slice of tile t's V rows (read by the P.V pass below).
     tile_config(&s_cfg_);
     for (int t = 0; t < nt; ++t) {
       const int kt = k0 + t * kTileKeys;
       const TileSrc src = tile_src(slots, kt, a, b, base, true, false);
-      if (has_next) {
-        const int pk = next + t * kTileKeys;
-        prefetch_sub_block_tile(slots, pk, a, b, /*k=*/true);
-      }
       int h = 0;
-      for (; h + 2 <= hkv_; h += 2) s_heads<true>(src, h, qt, s, t);
-      if (h < hkv_) s_heads<false>(src, h, qt, s, t);
+      for (; h + 2 <= hkv_; h += 2) {
+        if (prefetch_) {
+          prefetch_slice(slots, kt, a, b, v_cache_, p_.v_row_stride, h * p_.v_head_stride);
+          prefetch_slice(slots, kt, a, b, v_cache_, p_.v_row_stride, (h + 1) * p_.v_head_stride);
+        }
+        s_heads<true>(src, h, qt, s, t);
+      }
+      if (h < hkv_) {
+        if (prefetch_)
+          prefetch_slice(slots, kt, a, b, v_cache_, p_.v_row_stride, h * p_.v_head_stride);
+        s_heads<false>(src, h, qt, s, t);
+      }
     }
     // Online softmax per (kv head, group head) over the sub-block's keys.
     const __m512i idx =
@@ -432,21 +442,27 @@ class AmxDecode {
     }
     // P.V pass.
     tile_config(&pv_cfg_);
+    // Step (t, h) prefetches head h's slice of the next sub-block's tile t of K.
     for (int t = 0; t < nt; ++t) {
       const int kt = k0 + t * kTileKeys;
       const TileSrc src = tile_src(slots, kt, a, b, base, false, true);
-      if (has_next) prefetch_sub_block_tile(slots, next + t * kTileKeys, a, b, /*k=*/false);
-      for (int h = 0; h < hkv_; ++h) pv_head(src, h, t, pt, o);
+      for (int h = 0; h < hkv_; ++h) {
+        if (prefetch_ && has_next) {
+          prefetch_slice(slots, next + t * kTileKeys, a, b, k_cache_, p_.k_row_stride,
+                         h * p_.k_head_stride);
+        }
+        pv_head(src, h, t, pt, o);
+      }
     }
   }
 
-  // The K (or V) rows of key tile [kt, kt + 16) ∩ [a, b) into L2.
-  void prefetch_sub_block_tile(const int32_t* slots, int kt, int a, int b, bool k) const {
+  // The d_ elements at head_off of the pool rows of keys [kt, kt + 16) ∩ [a, b) into L2.
+  void prefetch_slice(const int32_t* slots, int kt, int a, int b, const uint16_t* cache,
+                      int64_t row_stride, int64_t head_off) const {
     const int end = std::min(b, kt + kTileKeys);
-    const int64_t bytes = static_cast<int64_t>(hkv_) * d_ * 2;
+    const int64_t bytes = static_cast<int64_t>(d_) * 2;
     for (int key = std::max(a, kt); key < end; ++key) {
-      const int64_t slot = slots[key];
-      prefetch_l2(k ? k_cache_ + slot * p_.k_row_stride : v_cache_ + slot * p_.v_row_stride, bytes);
+      prefetch_l2(cache + slots[key] * row_stride + head_off, bytes);
     }
   }
 
@@ -471,6 +487,7 @@ class AmxDecode {
   const uint16_t* v_cache_;
   TileConfig s_cfg_;
   TileConfig pv_cfg_;
+  bool prefetch_;
 };
 
 void decode_entry(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& ts) {
@@ -480,7 +497,7 @@ void decode_entry(const CpuAttentionParams& p, const DecodeWork& w, const Thread
 #pragma omp parallel num_threads(ts.num_threads)
   {
     float* base = ts.base + thread_id() * ts.stride;
-    AmxDecode kernel(p, lay);
+    AmxDecode kernel(p, lay, w.amx_prefetch);
     const unsigned mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | kMxcsrFtzDaz);
 #pragma omp for schedule(dynamic, 1)
