@@ -17,7 +17,7 @@ build="${BUILD_DIR:-$root/build/cpu-device}"
 log="$OUT/bench.log"
 t_start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t_start )); }
-LIMIT="${LIMIT:-200}"  # stop starting benches after this many seconds
+LIMIT="${LIMIT:-190}"  # stop starting benches after this many seconds
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  tree: ${TREE_ID:-unknown}"
@@ -61,26 +61,26 @@ bench() {  # bench LABEL THREADS ENV ARGS...: one attnkit bench process (ENV "" 
 mkdir -p "$OUT/json"
 J="$OUT/json"
 DEC=(--backend intel_amx --cases bench/cases/cpu_decode.json
-  --filter b8_kv4096_p16_h32x8_d128_kvbf16 --iters 15)
+  --filter b8_kv4096_p16_h32x8_d128_kvbf16 --iters 15 --paired-rounds 7)
 PRE=(--backend intel_amx --cases bench/cases/cpu_prefill.json --filter new2048 --rotate-mib 64
   --iters 15)
-for r in 1 2; do
-  bench "decode amx r$r" 2 "" "${DEC[@]}" --json "$J/dec_2t_amx_$r.json"
-  bench "decode vec r$r" 2 ATTNKIT_AMX_DECODE=0 "${DEC[@]}" --json "$J/dec_2t_vec_$r.json"
-  bench "decode amx-nopf r$r" 2 ATTNKIT_AMX_DECODE_PF=0 "${DEC[@]}" --json "$J/dec_2t_nopf_$r.json"
-done
-for r in 1 2; do
-  bench "decode amx r$r" all "" "${DEC[@]}" --json "$J/dec_allt_amx_$r.json"
-  bench "decode vec r$r" all ATTNKIT_AMX_DECODE=0 "${DEC[@]}" --json "$J/dec_allt_vec_$r.json"
-done
+# Run 2 (after run 1 made the no-prefetch AMX decode the default): prefill default vs PREFILL_AB
+# (2 threads, then all), then decode default vs whole-row prefetch (ATTNKIT_AMX_DECODE_PF=2) vs
+# the vector decode (2 threads, then all).
 for r in 1 2; do
   bench "prefill base r$r" 2 "" "${PRE[@]}" --json "$J/pre_2t_base_$r.json"
   [ -n "${PREFILL_AB:-}" ] && bench "prefill ab r$r" 2 "$PREFILL_AB" "${PRE[@]}" --json "$J/pre_2t_ab_$r.json"
 done
+bench "prefill base r1" all "" "${PRE[@]}" --json "$J/pre_allt_base_1.json"
+[ -n "${PREFILL_AB:-}" ] && bench "prefill ab r1" all "$PREFILL_AB" "${PRE[@]}" --json "$J/pre_allt_ab_1.json"
 for r in 1 2; do
-  bench "prefill base r$r" all "" "${PRE[@]}" --json "$J/pre_allt_base_$r.json"
-  [ -n "${PREFILL_AB:-}" ] && bench "prefill ab r$r" all "$PREFILL_AB" "${PRE[@]}" --json "$J/pre_allt_ab_$r.json"
+  bench "decode amx r$r" 2 "" "${DEC[@]}" --json "$J/dec_2t_amx_$r.json"
+  bench "decode amx-pfrows r$r" 2 ATTNKIT_AMX_DECODE_PF=2 "${DEC[@]}" --json "$J/dec_2t_pf2_$r.json"
+  bench "decode vec r$r" 2 ATTNKIT_AMX_DECODE=0 "${DEC[@]}" --json "$J/dec_2t_vec_$r.json"
 done
+bench "decode amx r1" all "" "${DEC[@]}" --json "$J/dec_allt_amx_1.json"
+bench "decode vec r1" all ATTNKIT_AMX_DECODE=0 "${DEC[@]}" --json "$J/dec_allt_vec_1.json"
+bench "decode amx-pfrows r1" all ATTNKIT_AMX_DECODE_PF=2 "${DEC[@]}" --json "$J/dec_allt_pf2_1.json"
 # Every decode case, verified, with the reference (>= 5x), all threads.
 bench "decode all cases + torch_native" all "" --backend intel_amx,torch_native \
   --cases bench/cases/cpu_decode.json --verify --warmup 1 --iters 3 --paired-rounds 0 \

@@ -69,10 +69,12 @@ bool env_fast_softmax() {
   return v != nullptr && std::atoi(v) == 1;
 }
 
-// ATTNKIT_AMX_DECODE_PF=0: the AMX decode without its software prefetch (session 8 A/B).
-bool env_amx_decode_prefetch() {
+// ATTNKIT_AMX_DECODE_PF=1|2: the AMX decode's software prefetch modes (DecodeWork::amx_prefetch;
+// default 0, none; session 8 A/B).
+int env_amx_decode_prefetch() {
   const char* v = std::getenv("ATTNKIT_AMX_DECODE_PF");
-  return v == nullptr || std::atoi(v) != 0;
+  const int mode = v == nullptr ? 0 : std::atoi(v);
+  return mode == 1 || mode == 2 ? mode : 0;
 }
 
 bool env_amx_decode() {
@@ -521,14 +523,14 @@ class IntelAmxBackend final : public AttentionBackend {
   CpuIsa isa_;
   const BackendDescriptor& descriptor_;
   int num_threads_;
-  bool prepack_;              // ATTNKIT_AMX_PREPACK (default on)
-  int amx_rows_per_item_;     // ATTNKIT_AMX_ROWS_PER_ITEM (default kAmxDefaultRowsPerItem)
-  int amx_key_block_;         // ATTNKIT_AMX_KEY_BLOCK (default kAmxKeyBlock)
-  bool amx_pipeline_;         // ATTNKIT_AMX_PIPELINE (default on)
-  bool amx_decode_;           // ATTNKIT_AMX_DECODE (default on)
-  bool amx_fast_softmax_;     // ATTNKIT_AMX_SOFTMAX (default off)
-  bool amx_decode_prefetch_;  // ATTNKIT_AMX_DECODE_PF (default on)
-  Buffer packed_;             // AMX extend: the forward's packed K/V blocks
+  bool prepack_;             // ATTNKIT_AMX_PREPACK (default on)
+  int amx_rows_per_item_;    // ATTNKIT_AMX_ROWS_PER_ITEM (default kAmxDefaultRowsPerItem)
+  int amx_key_block_;        // ATTNKIT_AMX_KEY_BLOCK (default kAmxKeyBlock)
+  bool amx_pipeline_;        // ATTNKIT_AMX_PIPELINE (default on)
+  bool amx_decode_;          // ATTNKIT_AMX_DECODE (default on)
+  bool amx_fast_softmax_;    // ATTNKIT_AMX_SOFTMAX (default off)
+  int amx_decode_prefetch_;  // ATTNKIT_AMX_DECODE_PF (default 0)
+  Buffer packed_;            // AMX extend: the forward's packed K/V blocks
   Buffer scratch_;
   int64_t scratch_stride_ = 0;
 

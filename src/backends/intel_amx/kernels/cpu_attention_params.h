@@ -175,8 +175,9 @@ struct DecodeWork {
   const std::vector<DecodeMerge>* merges;
   float* partial_out;  // [num_partials, group, Dv] f32
   float* partial_lse;  // [num_partials, group] f32, log2 domain
-  // AMX decode: software prefetch of the K/V rows into L2 (ATTNKIT_AMX_DECODE_PF=0: off).
-  bool amx_prefetch = true;
+  // AMX decode software prefetch into L2 (ATTNKIT_AMX_DECODE_PF): 0 none (default), 1 per (tile,
+  // kv head) slice, 2 whole rows in address order.
+  int amx_prefetch = 0;
 };
 
 // AMX extend with K/V packed once per forward: every (request, kv head, key block) of the

@@ -17,9 +17,10 @@
 // Keys are processed in sub-blocks of kSubKeys (8 tiles of 16, aligned to 16 from the item's
 // first visible key): S of every (tile, kv head) in key-major order (a tile's 16 pool rows are
 // read whole over the kv heads), an online softmax per (kv head, group head) in f32 (AVX-512),
-// then P.V in the same order. Software prefetch into L2 (the pool rows are gathered through
-// req_to_token, and a tile reads a 16-row column slice): the S pass prefetches the sub-block's V
-// rows, the P.V pass the next sub-block's K rows, one (tile, kv head) slice per step. Tiles whose
+// then P.V in the same order. Optional software prefetch into L2 (DecodeWork::amx_prefetch; off
+// by default: on the device Xeon, 2 threads, it lowered the paired ratio from 44% to 33-41%): the
+// S pass prefetches the sub-block's V rows, the P.V pass the next sub-block's K rows, spread over
+// the (tile, kv head) steps. Tiles whose
 // slots are not 16 consecutive pool rows, or that reach outside the visible keys, are copied into a
 // stage first (rows outside the visible keys zero). The S and P.V passes use two tile
 // configurations (loaded once per pass).
@@ -165,7 +166,7 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
 
 class AmxDecode {
  public:
-  AmxDecode(const CpuAttentionParams& p, const AmxDecodeLayout& lay, bool prefetch)
+  AmxDecode(const CpuAttentionParams& p, const AmxDecodeLayout& lay, int prefetch)
       : p_(p),
         lay_(lay),
         hq_(p.num_q_heads),
@@ -201,7 +202,7 @@ class AmxDecode {
     if (a < b) {
       const int32_t* slots = rq.slots(p_);
       const int a0 = a / kTileKeys * kTileKeys;
-      if (prefetch_) prefetch_sub_block(slots, a0, a, b, /*k=*/true, /*v=*/false);
+      if (prefetch_ != 0) prefetch_sub_block(slots, a0, a, b, /*k=*/true, /*v=*/false);
       for (int k0 = a0; k0 < b; k0 += kSubKeys) sub_block(slots, k0, a, b, base);
     }
     // O_even / O_odd -> dims in order.
@@ -381,15 +382,11 @@ class AmxDecode {
       const TileSrc src = tile_src(slots, kt, a, b, base, true, false);
       int h = 0;
       for (; h + 2 <= hkv_; h += 2) {
-        if (prefetch_) {
-          prefetch_slice(slots, kt, a, b, v_cache_, p_.v_row_stride, h * p_.v_head_stride);
-          prefetch_slice(slots, kt, a, b, v_cache_, p_.v_row_stride, (h + 1) * p_.v_head_stride);
-        }
+        prefetch_step(slots, kt, a, b, v_cache_, p_.v_row_stride, p_.v_head_stride, h, 2);
         s_heads<true>(src, h, qt, s, t);
       }
       if (h < hkv_) {
-        if (prefetch_)
-          prefetch_slice(slots, kt, a, b, v_cache_, p_.v_row_stride, h * p_.v_head_stride);
+        prefetch_step(slots, kt, a, b, v_cache_, p_.v_row_stride, p_.v_head_stride, h, 1);
         s_heads<false>(src, h, qt, s, t);
       }
     }
@@ -447,12 +444,28 @@ class AmxDecode {
       const int kt = k0 + t * kTileKeys;
       const TileSrc src = tile_src(slots, kt, a, b, base, false, true);
       for (int h = 0; h < hkv_; ++h) {
-        if (prefetch_ && has_next) {
-          prefetch_slice(slots, next + t * kTileKeys, a, b, k_cache_, p_.k_row_stride,
-                         h * p_.k_head_stride);
+        if (has_next) {
+          prefetch_step(slots, next + t * kTileKeys, a, b, k_cache_, p_.k_row_stride,
+                        p_.k_head_stride, h, 1);
         }
         pv_head(src, h, t, pt, o);
       }
+    }
+  }
+
+  // Step (tile kt, kv heads h .. h + nh) of a pass: prefetch_ 1 prefetches those heads' slices
+  // of the 16 rows, prefetch_ 2 rows [16 h / Hkv, 16 (h + nh) / Hkv) of the tile whole, in
+  // address order (over the Hkv steps every row once).
+  void prefetch_step(const int32_t* slots, int kt, int a, int b, const uint16_t* cache,
+                     int64_t row_stride, int64_t head_stride, int h, int nh) const {
+    if (prefetch_ == 1) {
+      for (int j = h; j < h + nh; ++j)
+        prefetch_slice(slots, kt, a, b, cache, row_stride, j * head_stride);
+    } else if (prefetch_ == 2) {
+      const int r0 = std::max(a, kt + h * kTileKeys / hkv_);
+      const int r1 = std::min(b, kt + (h + nh) * kTileKeys / hkv_);
+      const int64_t bytes = static_cast<int64_t>(hkv_) * d_ * 2;
+      for (int key = r0; key < r1; ++key) prefetch_l2(cache + slots[key] * row_stride, bytes);
     }
   }
 
@@ -487,7 +500,7 @@ class AmxDecode {
   const uint16_t* v_cache_;
   TileConfig s_cfg_;
   TileConfig pv_cfg_;
-  bool prefetch_;
+  int prefetch_;  // DecodeWork::amx_prefetch
 };
 
 void decode_entry(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& ts) {
