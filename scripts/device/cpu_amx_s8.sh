@@ -17,7 +17,7 @@ build="${BUILD_DIR:-$root/build/cpu-device}"
 log="$OUT/bench.log"
 t_start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t_start )); }
-LIMIT="${LIMIT:-190}"  # stop starting benches after this many seconds
+LIMIT="${LIMIT:-215}"  # stop starting benches after this many seconds
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  tree: ${TREE_ID:-unknown}"
@@ -66,7 +66,7 @@ PRE=(--backend intel_amx --cases bench/cases/cpu_prefill.json --filter new2048 -
   --iters 15)
 # Run 2 (after run 1 made the no-prefetch AMX decode the default): prefill default vs PREFILL_AB
 # (2 threads, then all), then decode default vs whole-row prefetch (ATTNKIT_AMX_DECODE_PF=2) vs
-# the vector decode (2 threads, then all).
+# rows one sub-block further (=3) vs the vector decode (2 threads, then all). ~240 s wall.
 for r in 1 2; do
   bench "prefill base r$r" 2 "" "${PRE[@]}" --json "$J/pre_2t_base_$r.json"
   [ -n "${PREFILL_AB:-}" ] && bench "prefill ab r$r" 2 "$PREFILL_AB" "${PRE[@]}" --json "$J/pre_2t_ab_$r.json"
@@ -76,6 +76,7 @@ bench "prefill base r1" all "" "${PRE[@]}" --json "$J/pre_allt_base_1.json"
 for r in 1 2; do
   bench "decode amx r$r" 2 "" "${DEC[@]}" --json "$J/dec_2t_amx_$r.json"
   bench "decode amx-pfrows r$r" 2 ATTNKIT_AMX_DECODE_PF=2 "${DEC[@]}" --json "$J/dec_2t_pf2_$r.json"
+  bench "decode amx-pffar r$r" 2 ATTNKIT_AMX_DECODE_PF=3 "${DEC[@]}" --json "$J/dec_2t_pf3_$r.json"
   bench "decode vec r$r" 2 ATTNKIT_AMX_DECODE=0 "${DEC[@]}" --json "$J/dec_2t_vec_$r.json"
 done
 bench "decode amx r1" all "" "${DEC[@]}" --json "$J/dec_allt_amx_1.json"

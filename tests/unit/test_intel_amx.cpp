@@ -311,9 +311,9 @@ TEST_P(IntelAmxTargeted, AmxPackingModes) {
 // The AMX decode (default on the amx path) on what it takes in place and what it stages: page 16
 // (16-key tiles straight from the pool), page 1 and 24 (tiles across pages: staged), a window
 // whose first key is not on a tile boundary, soft-cap, GQA 8 at d 64 and d 256, a split long
-// request (partials merged by LSE), 1 and 5 threads, both software prefetch modes
-// (ATTNKIT_AMX_DECODE_PF=1, 2); each also with ATTNKIT_AMX_DECODE=0 (the vector decode). f16 / fp8
-// KV fall back to the vector decode. Other paths ignore the switch.
+// request (partials merged by LSE), 1 and 5 threads, the software prefetch modes
+// (ATTNKIT_AMX_DECODE_PF=1, 2, 3); each also with ATTNKIT_AMX_DECODE=0 (the vector decode). f16 /
+// fp8 KV fall back to the vector decode. Other paths ignore the switch.
 TEST_P(IntelAmxTargeted, AmxDecodeModes) {
   std::vector<CaseSpec> cases;
   cases.push_back(make_case("dec_p16", ForwardMode::kDecode, 16, {300, 77, 1, 128}, {1, 1, 1, 1}));
@@ -336,7 +336,7 @@ TEST_P(IntelAmxTargeted, AmxDecodeModes) {
     expect_matches_reference(c, GetParam(), true);
     expect_matches_reference(c, GetParam(), true, 1);
     expect_matches_reference(c, GetParam(), true, 5);
-    for (const char* mode : {"1", "2"}) {
+    for (const char* mode : {"1", "2", "3"}) {
       ScopedEnv pf("ATTNKIT_AMX_DECODE_PF", mode);
       expect_matches_reference(c, GetParam(), true, 3);
     }

@@ -69,12 +69,12 @@ bool env_fast_softmax() {
   return v != nullptr && std::atoi(v) == 1;
 }
 
-// ATTNKIT_AMX_DECODE_PF=1|2: the AMX decode's software prefetch modes (DecodeWork::amx_prefetch;
+// ATTNKIT_AMX_DECODE_PF=1|2|3: the AMX decode's software prefetch modes (DecodeWork::amx_prefetch;
 // default 0, none; session 8 A/B).
 int env_amx_decode_prefetch() {
   const char* v = std::getenv("ATTNKIT_AMX_DECODE_PF");
   const int mode = v == nullptr ? 0 : std::atoi(v);
-  return mode == 1 || mode == 2 ? mode : 0;
+  return mode >= 1 && mode <= 3 ? mode : 0;
 }
 
 bool env_amx_decode() {

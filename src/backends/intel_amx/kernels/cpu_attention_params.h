@@ -176,7 +176,7 @@ struct DecodeWork {
   float* partial_out;  // [num_partials, group, Dv] f32
   float* partial_lse;  // [num_partials, group] f32, log2 domain
   // AMX decode software prefetch into L2 (ATTNKIT_AMX_DECODE_PF): 0 none (default), 1 per (tile,
-  // kv head) slice, 2 whole rows in address order.
+  // kv head) slice, 2 whole rows in address order, 3 whole rows one sub-block further ahead.
   int amx_prefetch = 0;
 };
 

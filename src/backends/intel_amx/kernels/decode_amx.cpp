@@ -202,7 +202,8 @@ class AmxDecode {
     if (a < b) {
       const int32_t* slots = rq.slots(p_);
       const int a0 = a / kTileKeys * kTileKeys;
-      if (prefetch_ != 0) prefetch_sub_block(slots, a0, a, b, /*k=*/true, /*v=*/false);
+      if (prefetch_ != 0) prefetch_sub_block(slots, a0, a, b, /*k=*/true, /*v=*/prefetch_ == 3);
+      if (prefetch_ == 3) prefetch_sub_block(slots, a0 + kSubKeys, a, b, /*k=*/true, /*v=*/false);
       for (int k0 = a0; k0 < b; k0 += kSubKeys) sub_block(slots, k0, a, b, base);
     }
     // O_even / O_odd -> dims in order.
@@ -373,7 +374,10 @@ class AmxDecode {
     float* m = base + lay_.m;
     float* l = base + lay_.l;
     const int next = k0 + kSubKeys;
-    const bool has_next = next < b;
+    // Sub-blocks whose V (S pass) and K (P.V pass) rows this one prefetches: the same and the
+    // next (modes 1, 2), one further (mode 3).
+    const int v_pf = prefetch_ == 3 ? next : k0;
+    const int k_pf = prefetch_ == 3 ? next + kSubKeys : next;
     // S pass (key-major: a tile's rows are read whole over the kv heads). Step (t, h) prefetches
     // head h's slice of tile t's V rows (read by the P.V pass below).
     tile_config(&s_cfg_);
@@ -382,11 +386,13 @@ class AmxDecode {
       const TileSrc src = tile_src(slots, kt, a, b, base, true, false);
       int h = 0;
       for (; h + 2 <= hkv_; h += 2) {
-        prefetch_step(slots, kt, a, b, v_cache_, p_.v_row_stride, p_.v_head_stride, h, 2);
+        prefetch_step(slots, v_pf + t * kTileKeys, a, b, v_cache_, p_.v_row_stride,
+                      p_.v_head_stride, h, 2);
         s_heads<true>(src, h, qt, s, t);
       }
       if (h < hkv_) {
-        prefetch_step(slots, kt, a, b, v_cache_, p_.v_row_stride, p_.v_head_stride, h, 1);
+        prefetch_step(slots, v_pf + t * kTileKeys, a, b, v_cache_, p_.v_row_stride,
+                      p_.v_head_stride, h, 1);
         s_heads<false>(src, h, qt, s, t);
       }
     }
@@ -444,8 +450,8 @@ class AmxDecode {
       const int kt = k0 + t * kTileKeys;
       const TileSrc src = tile_src(slots, kt, a, b, base, false, true);
       for (int h = 0; h < hkv_; ++h) {
-        if (has_next) {
-          prefetch_step(slots, next + t * kTileKeys, a, b, k_cache_, p_.k_row_stride,
+        if (k_pf < b) {
+          prefetch_step(slots, k_pf + t * kTileKeys, a, b, k_cache_, p_.k_row_stride,
                         p_.k_head_stride, h, 1);
         }
         pv_head(src, h, t, pt, o);
@@ -454,14 +460,14 @@ class AmxDecode {
   }
 
   // Step (tile kt, kv heads h .. h + nh) of a pass: prefetch_ 1 prefetches those heads' slices
-  // of the 16 rows, prefetch_ 2 rows [16 h / Hkv, 16 (h + nh) / Hkv) of the tile whole, in
+  // of the 16 rows, prefetch_ 2 and 3 rows [16 h / Hkv, 16 (h + nh) / Hkv) of the tile whole, in
   // address order (over the Hkv steps every row once).
   void prefetch_step(const int32_t* slots, int kt, int a, int b, const uint16_t* cache,
                      int64_t row_stride, int64_t head_stride, int h, int nh) const {
     if (prefetch_ == 1) {
       for (int j = h; j < h + nh; ++j)
         prefetch_slice(slots, kt, a, b, cache, row_stride, j * head_stride);
-    } else if (prefetch_ == 2) {
+    } else if (prefetch_ >= 2) {
       const int r0 = std::max(a, kt + h * kTileKeys / hkv_);
       const int r1 = std::min(b, kt + (h + nh) * kTileKeys / hkv_);
       const int64_t bytes = static_cast<int64_t>(hkv_) * d_ * 2;
