@@ -286,23 +286,28 @@ class AmxDecode {
     auto* sv = reinterpret_cast<uint16_t*>(base + lay_.stage_v);
     const int64_t row = static_cast<int64_t>(hkv_) * d_;
     const size_t bytes = static_cast<size_t>(d_) * sizeof(uint16_t);
+    // Rows whose kv heads are contiguous in the pool are copied whole.
+    const bool k_whole = p_.k_head_stride == d_;
+    const bool v_whole = p_.v_head_stride == d_;
+    auto copy_row = [&](uint16_t* dst, const uint16_t* src, int64_t head_stride, bool whole) {
+      if (whole) {
+        std::memcpy(dst, src, static_cast<size_t>(row) * sizeof(uint16_t));
+        return;
+      }
+      for (int h = 0; h < hkv_; ++h) std::memcpy(dst + h * d_, src + h * head_stride, bytes);
+    };
     for (int i = 0; i < kTileKeys; ++i) {
       const int key = kt + i;
-      const bool visible = key >= a && key < b;
-      for (int h = 0; h < hkv_; ++h) {
-        uint16_t* dk = sk + i * row + h * d_;
-        uint16_t* dv = sv + i * row + h * d_;
-        if (!visible) {
-          if (need_k) std::memset(dk, 0, bytes);
-          if (need_v) std::memset(dv, 0, bytes);
-          continue;
-        }
-        const int64_t slot = slots[key];
-        if (need_k)
-          std::memcpy(dk, k_cache_ + slot * p_.k_row_stride + h * p_.k_head_stride, bytes);
-        if (need_v)
-          std::memcpy(dv, v_cache_ + slot * p_.v_row_stride + h * p_.v_head_stride, bytes);
+      uint16_t* dk = sk + i * row;
+      uint16_t* dv = sv + i * row;
+      if (key < a || key >= b) {
+        if (need_k) std::memset(dk, 0, static_cast<size_t>(row) * sizeof(uint16_t));
+        if (need_v) std::memset(dv, 0, static_cast<size_t>(row) * sizeof(uint16_t));
+        continue;
       }
+      const int64_t slot = slots[key];
+      if (need_k) copy_row(dk, k_cache_ + slot * p_.k_row_stride, p_.k_head_stride, k_whole);
+      if (need_v) copy_row(dv, v_cache_ + slot * p_.v_row_stride, p_.v_head_stride, v_whole);
     }
     return {sk, sv, row * 2, row * 2, d_, d_};
   }
