@@ -301,6 +301,47 @@ TEST_P(IntelAmxTargeted, AmxPackingModes) {
       ScopedEnv per_item("ATTNKIT_AMX_PREPACK", "0");
       expect_matches_reference(c, GetParam(), true);
     }
+    {
+      ScopedEnv fast("ATTNKIT_AMX_SOFTMAX", "1");
+      expect_matches_reference(c, GetParam(), true);
+    }
+  }
+}
+
+// The AMX decode (default on the amx path) on what it takes in place and what it stages: page 16
+// (16-key tiles straight from the pool), page 1 and 24 (tiles across pages: staged), a window
+// whose first key is not on a tile boundary, soft-cap, GQA 8 at d 64 and d 256, a split long
+// request (partials merged by LSE), 1 and 5 threads, the software prefetch modes
+// (ATTNKIT_AMX_DECODE_PF=1, 2, 3); each also with ATTNKIT_AMX_DECODE=0 (the vector decode). f16 /
+// fp8 KV fall back to the vector decode. Other paths ignore the switch.
+TEST_P(IntelAmxTargeted, AmxDecodeModes) {
+  std::vector<CaseSpec> cases;
+  cases.push_back(make_case("dec_p16", ForwardMode::kDecode, 16, {300, 77, 1, 128}, {1, 1, 1, 1}));
+  cases.push_back(make_case("dec_p1", ForwardMode::kDecode, 1, {300, 33}, {1, 1}));
+  cases.push_back(make_case("dec_p24", ForwardMode::kDecode, 24, {250, 130}, {1, 1}));
+  CaseSpec window = make_case("dec_window", ForwardMode::kDecode, 16, {400, 40}, {1, 1});
+  window.sliding_window = 137;
+  cases.push_back(window);
+  CaseSpec cap = make_case("dec_cap", ForwardMode::kDecode, 16, {500, 9}, {1, 1});
+  cap.logit_cap = 1.5f;
+  cases.push_back(cap);
+  cases.push_back(make_case("dec_gqa8", ForwardMode::kDecode, 16, {300, 17}, {1, 1}, 16, 2, 64));
+  cases.push_back(make_case("dec_d256", ForwardMode::kDecode, 16, {200, 64}, {1, 1}, 4, 1, 256));
+  cases.push_back(make_case("dec_long", ForwardMode::kDecode, 16, {3000}, {1}, 8, 8, 128));
+  CaseSpec fp8 = make_case("dec_fp8", ForwardMode::kDecode, 16, {200, 5}, {1, 1});
+  fp8.kv_dtype = DType::kFP8E4M3;
+  cases.push_back(fp8);
+  for (const CaseSpec& c : cases) {
+    SCOPED_TRACE(c.name);
+    expect_matches_reference(c, GetParam(), true);
+    expect_matches_reference(c, GetParam(), true, 1);
+    expect_matches_reference(c, GetParam(), true, 5);
+    for (const char* mode : {"1", "2", "3"}) {
+      ScopedEnv pf("ATTNKIT_AMX_DECODE_PF", mode);
+      expect_matches_reference(c, GetParam(), true, 3);
+    }
+    ScopedEnv vec("ATTNKIT_AMX_DECODE", "0");
+    expect_matches_reference(c, GetParam(), true);
   }
 }
 

@@ -56,6 +56,31 @@ constexpr const char* kRowsPerItemEnvVar = "ATTNKIT_AMX_ROWS_PER_ITEM";
 constexpr const char* kKeyBlockEnvVar = "ATTNKIT_AMX_KEY_BLOCK";
 // ATTNKIT_AMX_PIPELINE=0: the AMX extend loop without the software pipelining of session 7.
 constexpr const char* kPipelineEnvVar = "ATTNKIT_AMX_PIPELINE";
+// ATTNKIT_AMX_DECODE=0: decode on the amx path runs the avx512_bf16 vector kernel (the decode
+// before session 8) instead of the AMX tile decode.
+constexpr const char* kAmxDecodeEnvVar = "ATTNKIT_AMX_DECODE";
+
+// ATTNKIT_AMX_SOFTMAX=1: the AMX extend's lean softmax rows fold the max pass into the exp pass
+// (ExtendWork::fast_softmax).
+constexpr const char* kFastSoftmaxEnvVar = "ATTNKIT_AMX_SOFTMAX";
+
+bool env_fast_softmax() {
+  const char* v = std::getenv(kFastSoftmaxEnvVar);
+  return v != nullptr && std::atoi(v) == 1;
+}
+
+// ATTNKIT_AMX_DECODE_PF=1|2|3: the AMX decode's software prefetch modes (DecodeWork::amx_prefetch;
+// default 0, none; session 8 A/B).
+int env_amx_decode_prefetch() {
+  const char* v = std::getenv("ATTNKIT_AMX_DECODE_PF");
+  const int mode = v == nullptr ? 0 : std::atoi(v);
+  return mode >= 1 && mode <= 3 ? mode : 0;
+}
+
+bool env_amx_decode() {
+  const char* v = std::getenv(kAmxDecodeEnvVar);
+  return v == nullptr || std::atoi(v) != 0;
+}
 
 bool env_pipeline() {
   const char* v = std::getenv(kPipelineEnvVar);
@@ -134,7 +159,10 @@ class IntelAmxBackend final : public AttentionBackend {
         prepack_(env_prepack()),
         amx_rows_per_item_(env_rows_per_item()),
         amx_key_block_(env_key_block()),
-        amx_pipeline_(env_pipeline()) {}
+        amx_pipeline_(env_pipeline()),
+        amx_decode_(env_amx_decode()),
+        amx_fast_softmax_(env_fast_softmax()),
+        amx_decode_prefetch_(env_amx_decode_prefetch()) {}
 
   // Per-thread scratch for the context's head counts and dims: sized once here, reused by every
   // forward (the kernels never allocate).
@@ -146,6 +174,8 @@ class IntelAmxBackend final : public AttentionBackend {
     if (isa_ == CpuIsa::kAmx) {
       floats = std::max(floats,
                         cpu_attention::amx_scratch_layout(ctx_.qk_head_dim, ctx_.v_head_dim).total);
+      floats = std::max(floats, cpu_attention::amx_decode_scratch_floats(
+                                    ctx_.num_q_heads, ctx_.num_kv_heads, ctx_.qk_head_dim));
     }
     scratch_stride_ = floats;
     ATTNKIT_ASSIGN_OR_RETURN(
@@ -202,6 +232,7 @@ class IntelAmxBackend final : public AttentionBackend {
     const Plan& plan = layer.is_cross_attention ? cross_ : self_;
     ExtendWork work{&plan.requests, &plan.extend_items};
     work.pipelined = amx_pipeline_;
+    work.fast_softmax = amx_fast_softmax_;
     if (!plan.pack_begin.empty()) {
       work.packed = static_cast<uint16_t*>(packed_.data());
       work.pack_begin = &plan.pack_begin;
@@ -245,11 +276,17 @@ class IntelAmxBackend final : public AttentionBackend {
     ATTNKIT_RETURN_IF_ERROR(prepare(q, k, v, out, layer, batch, save_kv, lse, &p));
     if (batch.num_tokens == 0) return Status::ok();
     const Plan& plan = layer.is_cross_attention ? cross_ : self_;
-    const DecodeWork work{&plan.requests, &plan.decode_items, &plan.decode_merges,
-                          partial_out_.data(), partial_lse_.data()};
+    const DecodeWork work{&plan.requests,      &plan.decode_items,  &plan.decode_merges,
+                          partial_out_.data(), partial_lse_.data(), amx_decode_prefetch_};
     const ThreadScratch ts = thread_scratch();
     switch (isa_) {
       case CpuIsa::kAmx:
+        if (amx_decode_) {
+          cpu_attention::decode_amx(p, work, ts);
+        } else {
+          cpu_attention::decode_avx512_bf16(p, work, ts);
+        }
+        break;
       case CpuIsa::kAvx512Bf16:
         cpu_attention::decode_avx512_bf16(p, work, ts);
         break;
@@ -486,11 +523,14 @@ class IntelAmxBackend final : public AttentionBackend {
   CpuIsa isa_;
   const BackendDescriptor& descriptor_;
   int num_threads_;
-  bool prepack_;           // ATTNKIT_AMX_PREPACK (default on)
-  int amx_rows_per_item_;  // ATTNKIT_AMX_ROWS_PER_ITEM (default kAmxDefaultRowsPerItem)
-  int amx_key_block_;      // ATTNKIT_AMX_KEY_BLOCK (default kAmxKeyBlock)
-  bool amx_pipeline_;      // ATTNKIT_AMX_PIPELINE (default on)
-  Buffer packed_;          // AMX extend: the forward's packed K/V blocks
+  bool prepack_;             // ATTNKIT_AMX_PREPACK (default on)
+  int amx_rows_per_item_;    // ATTNKIT_AMX_ROWS_PER_ITEM (default kAmxDefaultRowsPerItem)
+  int amx_key_block_;        // ATTNKIT_AMX_KEY_BLOCK (default kAmxKeyBlock)
+  bool amx_pipeline_;        // ATTNKIT_AMX_PIPELINE (default on)
+  bool amx_decode_;          // ATTNKIT_AMX_DECODE (default on)
+  bool amx_fast_softmax_;    // ATTNKIT_AMX_SOFTMAX (default off)
+  int amx_decode_prefetch_;  // ATTNKIT_AMX_DECODE_PF (default 0)
+  Buffer packed_;            // AMX extend: the forward's packed K/V blocks
   Buffer scratch_;
   int64_t scratch_stride_ = 0;
 

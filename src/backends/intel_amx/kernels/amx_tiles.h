@@ -30,14 +30,40 @@ inline Tile* tiles() {
   return t;
 }
 
+// The configured shape of each tile (rows, bytes per row), as ldtilecfg sets it from the 64-byte
+// configuration (colsb: 16 x uint16 at byte 16; rows: 16 x uint8 at byte 48).
+struct Shape {
+  int rows = kRows;
+  int colsb = kRowBytes;
+};
+
+inline Shape* shapes() {
+  thread_local Shape s[kTiles];
+  return s;
+}
+
+inline void configure(const void* cfg) {
+  const auto* c = static_cast<const uint8_t*>(cfg);
+  for (int t = 0; t < kTiles; ++t) {
+    uint16_t colsb;
+    std::memcpy(&colsb, c + 16 + 2 * t, sizeof(colsb));
+    shapes()[t].colsb = colsb;
+    shapes()[t].rows = c[48 + t];
+    std::memset(tiles()[t].bytes, 0, sizeof(Tile));
+  }
+}
+
 inline void load(int t, const void* base, int64_t stride) {
   const auto* b = static_cast<const uint8_t*>(base);
-  for (int r = 0; r < kRows; ++r) std::memcpy(tiles()[t].bytes[r], b + r * stride, kRowBytes);
+  const Shape s = shapes()[t];
+  std::memset(tiles()[t].bytes, 0, sizeof(Tile));
+  for (int r = 0; r < s.rows; ++r) std::memcpy(tiles()[t].bytes[r], b + r * stride, s.colsb);
 }
 
 inline void store(int t, void* base, int64_t stride) {
   auto* b = static_cast<uint8_t*>(base);
-  for (int r = 0; r < kRows; ++r) std::memcpy(b + r * stride, tiles()[t].bytes[r], kRowBytes);
+  const Shape s = shapes()[t];
+  for (int r = 0; r < s.rows; ++r) std::memcpy(b + r * stride, tiles()[t].bytes[r], s.colsb);
 }
 
 inline void zero(int t) { std::memset(tiles()[t].bytes, 0, sizeof(Tile)); }
@@ -53,14 +79,16 @@ inline float bf16_to_f32(const uint8_t* p) {
 
 // C[m][n] += sum_k A[m][2k] * B[k][2n] + A[m][2k + 1] * B[k][2n + 1] (16 x 16 f32 C, 16 x 32
 // bf16 A, 16 x (16 x 2) bf16 B in the VNNI pair layout).
+// M = rows of C, N = colsb of C / 4, K pairs = colsb of A / 4 (= rows of B).
 inline void dpbf16ps(int c, int a, int b) {
-  constexpr int kCols = kRowBytes / 4;
-  constexpr int kPairs = kRowBytes / 4;
-  for (int m = 0; m < kRows; ++m) {
-    for (int n = 0; n < kCols; ++n) {
+  const int m_rows = shapes()[c].rows;
+  const int n_cols = shapes()[c].colsb / 4;
+  const int k_pairs = shapes()[a].colsb / 4;
+  for (int m = 0; m < m_rows; ++m) {
+    for (int n = 0; n < n_cols; ++n) {
       float acc;
       std::memcpy(&acc, tiles()[c].bytes[m] + 4 * n, sizeof(acc));
-      for (int k = 0; k < kPairs; ++k) {
+      for (int k = 0; k < k_pairs; ++k) {
         const uint8_t* ap = tiles()[a].bytes[m] + 4 * k;
         const uint8_t* bp = tiles()[b].bytes[k] + 4 * n;
         acc += bf16_to_f32(ap) * bf16_to_f32(bp) + bf16_to_f32(ap + 2) * bf16_to_f32(bp + 2);
@@ -74,7 +102,7 @@ inline void dpbf16ps(int c, int a, int b) {
 
 namespace attnkit::cpu_attention {
 namespace {
-inline void tile_config(const void*) {}
+inline void tile_config(const void* cfg) { amx_model::configure(cfg); }
 inline void tile_release() {}
 template <int kT>
 inline void tile_zero() {

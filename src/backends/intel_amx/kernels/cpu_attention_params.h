@@ -175,6 +175,9 @@ struct DecodeWork {
   const std::vector<DecodeMerge>* merges;
   float* partial_out;  // [num_partials, group, Dv] f32
   float* partial_lse;  // [num_partials, group] f32, log2 domain
+  // AMX decode software prefetch into L2 (ATTNKIT_AMX_DECODE_PF): 0 none (default), 1 per (tile,
+  // kv head) slice, 2 whole rows in address order, 3 whole rows one sub-block further ahead.
+  int amx_prefetch = 0;
 };
 
 // AMX extend with K/V packed once per forward: every (request, kv head, key block) of the
@@ -196,6 +199,9 @@ struct ExtendWork {
   // interleaved with the softmax rows of the current one); false: the loop before session 7
   // (ATTNKIT_AMX_PIPELINE=0).
   bool pipelined = true;
+  // Lean softmax rows of the pipelined loop with the max pass folded into the exp pass and a
+  // degree-3 exp2 (ATTNKIT_AMX_SOFTMAX=1; session 8 A/B).
+  bool fast_softmax = false;
 };
 
 // Thread scratch: thread t uses scratch + t * scratch_stride floats.
@@ -230,5 +236,11 @@ void extend_avx512(const CpuAttentionParams& p, const ExtendWork& w, const Threa
 void decode_avx512_bf16(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& s);
 void extend_avx512_bf16(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& s);
 void extend_amx(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& s);
+// AMX decode (decode_amx.cpp): S^T = K . Q^T and P . V on tiles, K/V rows read in place. Shapes
+// it does not take (amx_decode_supported false) run decode_avx512_bf16.
+void decode_amx(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& s);
+bool amx_decode_supported(const CpuAttentionParams& p);
+// Thread scratch (floats) of decode_amx.
+int64_t amx_decode_scratch_floats(int num_q_heads, int num_kv_heads, int head_dim);
 
 }  // namespace attnkit::cpu_attention
