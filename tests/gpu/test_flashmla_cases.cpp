@@ -127,16 +127,10 @@ TEST(FlashMlaKernels, Heads16PrefetchAndFp8InputTypes) {
   struct Knobs {
     const char *prefetch, *f16;
   };
-  // "smem" (the shared-memory page-table ring) has not run on a device yet: only with
-  // ATTNKIT_MLA_TEST_PT_SMEM=1 (scripts/device/mla_session8.sh sets it) until it has.
-  const char* smem_env = std::getenv("ATTNKIT_MLA_TEST_PT_SMEM");
-  const bool smem = smem_env != nullptr && std::string(smem_env) == "1";
-  std::vector<Knobs> knobs = {Knobs{"", ""}, Knobs{"1", ""}, Knobs{"0", ""}, Knobs{"0", "0"},
-                              Knobs{"1", "0"}};
-  if (smem) {
-    knobs.push_back(Knobs{"smem", ""});
-    knobs.push_back(Knobs{"smem", "0"});
-  }
+  // "smem": the shared-memory page-table ring (the default at page 64 since session 8).
+  const std::vector<Knobs> knobs = {Knobs{"", ""},     Knobs{"1", ""},  Knobs{"0", ""},
+                                    Knobs{"0", "0"},   Knobs{"1", "0"}, Knobs{"smem", ""},
+                                    Knobs{"smem", "0"}};
   for (const Knobs k : knobs) {
     SCOPED_TRACE(std::string("ATTNKIT_MLA_MMA_PREFETCH=") + k.prefetch +
                  " ATTNKIT_MLA_FP8_F16=" + k.f16);

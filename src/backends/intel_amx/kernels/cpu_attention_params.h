@@ -200,8 +200,8 @@ struct ExtendWork {
   // (ATTNKIT_AMX_PIPELINE=0).
   bool pipelined = true;
   // Lean softmax rows of the pipelined loop with the max pass folded into the exp pass and a
-  // degree-3 exp2 (ATTNKIT_AMX_SOFTMAX=1; session 8 A/B).
-  bool fast_softmax = false;
+  // degree-3 exp2 (default since session 8; ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass rows).
+  bool fast_softmax = true;
 };
 
 // Thread scratch: thread t uses scratch + t * scratch_stride floats.

@@ -578,7 +578,8 @@ class AmxExtend {
     if (alpha != 1.f) rescale_o_row(sc, r, alpha);
   }
 
-  // softmax_row_full with the max pass folded into the exp pass (ATTNKIT_AMX_SOFTMAX=1): P is
+  // softmax_row_full with the max pass folded into the exp pass (default; ATTNKIT_AMX_SOFTMAX=0
+  // keeps softmax_row_full): P is
   // computed against the row's current running max while the block max is tracked; only when the
   // block max exceeds it by more than kRescaleThreshold (a row's first block, or a rare jump) is
   // the row redone by softmax_row_full. Degree-3 exp2.

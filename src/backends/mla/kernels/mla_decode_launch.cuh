@@ -44,23 +44,30 @@ Status launch_decode_wgmma(const MlaDecodeParams& p, cudaStream_t s) {
   return Status::ok();
 }
 
-// MlaDecodeParams::mma_prefetch 2 (default) -> 0 / 1 for a tile of `rows` rows, on only where an
-// A/B measured a gain (H200, session 8): bf16 32-row tiles (+10% on 16 heads x s_q 2) and the
-// f16 fp8 16-row tiles (the configuration measured there, +5% over the session-7 fp8 kernel).
-// Off for bf16 16-row tiles (-13..-17%: the prefetched page-table load is consumed right after
-// the tile's cp.async burst and waits behind it) and everything not measured (fp8 32-row,
-// 64-row tiles).
-inline MlaDecodeParams resolve_prefetch(const MlaDecodeParams& p, int rows, bool fp8) {
+// MlaDecodeParams::mma_prefetch 2 (default) -> 0 / 1 / 3 for a tile of `rows` rows, on only where
+// an A/B measured a gain (H200, session 8): 16-row tiles at page 64 (flashmla) read the page table
+// through the shared-memory ring (3; 07:39Z, two alternated rounds, 16 heads b128: bf16 kv 4k / 8k
+// 0.1646-0.1672 / 0.3127-0.3132 ms vs 0.1942-0.1954 / 0.3667-0.3692 = 86.7-87.9 / 92.2% of copy
+// vs 74.0-78.6%; fp8 0.1339-0.1348 / 0.2436-0.2472 vs 0.1745-0.1747 / 0.3280-0.3286 ms; every MLA
+// GPU test 419/419 with it forced); bf16 32-row tiles (+10% on 16 heads x s_q 2) and the other
+// pages' f16 fp8 16-row tiles read it one tile ahead in registers (1). Off for the other pages'
+// bf16 16-row tiles (-13..-17% with the register prefetch; the ring was not timed there) and
+// everything not measured (fp8 32-row, 64-row tiles).
+inline MlaDecodeParams resolve_prefetch(const MlaDecodeParams& p, int rows, bool fp8, int page) {
   MlaDecodeParams r = p;
   if (r.mma_prefetch == 2) {
-    r.mma_prefetch = (rows == 32 && !fp8) || (rows == 16 && fp8 && p.mma_fp8_f16 != 0) ? 1 : 0;
+    if (rows == 16 && page == 64) {
+      r.mma_prefetch = 3;
+    } else {
+      r.mma_prefetch = (rows == 32 && !fp8) || (rows == 16 && fp8 && p.mma_fp8_f16 != 0) ? 1 : 0;
+    }
   }
   return r;
 }
 
 template <int kPage, bool kFp8>
 Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
-  const MlaDecodeParams p = resolve_prefetch(p_in, rows_per_cta(p_in.rows_per_req), kFp8);
+  const MlaDecodeParams p = resolve_prefetch(p_in, rows_per_cta(p_in.rows_per_req), kFp8, kPage);
   if constexpr (!kFp8) {
     if (p.use_wgmma != 0 && rows_per_cta(p.rows_per_req) == 64) {
       if (p.use_wgmma == 1) return launch_decode_wgmma<kPage, 0>(p, s);
@@ -70,7 +77,7 @@ Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
   }
   switch (rows_per_cta(p.rows_per_req)) {
     case 16:
-      if (p.mma_prefetch == 3) {  // page-table ring in shared memory (not measured yet)
+      if (p.mma_prefetch == 3) {  // page-table ring in shared memory
         if constexpr (kFp8) {
           if (p.mma_fp8_f16 != 0) return launch_decode<1, kPage, true, true, true>(p, s);
         }

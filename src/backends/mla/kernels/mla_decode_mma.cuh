@@ -44,12 +44,12 @@ struct MlaDecodeTraits {
   // cvt per pair, e4m3 -> bf16 four); Q is scaled by 2^-kQShiftF16 into f16 (range), P and V are
   // f16 (P in [0, 1], V exact).
   static constexpr bool kF16 = kF16_;
-  // Page-table entries through shared memory (ATTNKIT_MLA_MMA_PREFETCH=smem, 16-row tiles; not
-  // measured yet): the entry of a tile's key is copied by a 4-byte cp.async 2 (kStages - 1) tiles
-  // before its K/V refill, in the commit group that the refill's iteration has already waited
-  // for, into a ring of kStages x kBlockN entries; the refill reads it from shared memory. No
-  // register holds a pending global load (the register prefetch of mma_prefetch 1 is consumed
-  // right after the cp.async burst and waits behind it: -13..-17% on 16-row bf16 tiles).
+  // Page-table entries through shared memory (16-row tiles; the default at page 64, else
+  // ATTNKIT_MLA_MMA_PREFETCH=smem): the entry of a tile's key is copied by a 4-byte cp.async 2
+  // (kStages - 1) tiles before its K/V refill, in the commit group that the refill's iteration has
+  // already waited for, into a ring of kStages x kBlockN entries; the refill reads it from shared
+  // memory. No register holds a pending global load (the register prefetch of mma_prefetch 1 is
+  // consumed right after the cp.async burst and waits behind it: -13..-17% on 16-row bf16 tiles).
   static constexpr bool kPtSmem = kPtSmem_;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;

@@ -55,10 +55,10 @@ struct MlaDecodeParams {
   // wrong).
   int wgmma_diag_noload = 0;
   // mma.sync kernel: read the page table one tile ahead of the cp.async that needs it. 0 off (the
-  // session-7 loader), 1 on for every tile size, 2 (default) per tile size (resolved to 0 / 1 by
-  // resolve_prefetch in mla_decode_launch.cuh), 3 16-row tiles read the page table through a
-  // shared-memory ring (MlaDecodeTraits::kPtSmem; not measured yet). ATTNKIT_MLA_MMA_PREFETCH
-  // "0" / "1" / unset / "smem".
+  // session-7 loader), 1 on for every tile size, 2 (default) per tile size and page (resolved to
+  // 0 / 1 / 3 by resolve_prefetch in mla_decode_launch.cuh), 3 16-row tiles read the page table
+  // through a shared-memory ring (MlaDecodeTraits::kPtSmem; the default for page 64 since the
+  // session-8 A/B). ATTNKIT_MLA_MMA_PREFETCH "0" / "1" / unset / "smem".
   int mma_prefetch = 2;
   // fp8 cache, 16-row tiles: f16 tensor-core inputs (MlaDecodeTraits::kF16) instead of bf16.
   // Default 1; ATTNKIT_MLA_FP8_F16=0 keeps bf16.
