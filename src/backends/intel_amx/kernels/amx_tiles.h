@@ -13,6 +13,22 @@
 #include <cstdint>
 #include <cstring>
 
+namespace attnkit::cpu_attention {
+
+// The 64-byte tile configuration ldtilecfg reads (palette 1: 8 tiles, rows x colsb bytes each).
+inline constexpr int kPaletteAmx = 1;
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 0;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+// MXCSR flush-to-zero (bit 15) and denormals-are-zero (bit 6), as the tile unit itself computes.
+inline constexpr unsigned kMxcsrFtzDaz = 0x8040;
+
+}  // namespace attnkit::cpu_attention
+
 #ifdef ATTNKIT_AMX_EMULATE
 
 namespace attnkit::cpu_attention::amx_model {

@@ -104,17 +104,6 @@ namespace {
 
 using V = VecAvx512;
 
-constexpr int kPaletteAmx = 1;
-constexpr unsigned kMxcsrFtzDaz = 0x8040;
-
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 0;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // S pass: tmm0-1 S^T results [16 keys, group], tmm2-3 K tiles [16 keys, 32 dims], tmm4-5 Q^T
 // [16 dim pairs, group].
 TileConfig s_config(int group) {

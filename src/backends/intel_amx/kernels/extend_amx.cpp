@@ -63,10 +63,7 @@ constexpr int kPairRows = 2 * kTileRows;               // rows of a row-tile pai
 constexpr int kKeyTiles = kAmxKeyBlock / kTileCols;    // result tiles of S across the key block
 constexpr int kKeyChunks = kAmxKeyBlock / kTileDepth;  // dot depths of P . V across the block
 constexpr int kMaxRowTiles = kAmxRowsPerItem / kTileRows;
-constexpr int kPaletteAmx = 1;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// MXCSR flush-to-zero (bit 15) and denormals-are-zero (bit 6).
-constexpr unsigned kMxcsrFtzDaz = 0x8040;
 // log2 units: the running max is only raised (and O rescaled) when a block's max exceeds it by
 // more.
 constexpr float kRescaleThreshold = 8.f;
@@ -75,14 +72,6 @@ static_assert(kAmxKeyBlock % kTileDepth == 0 && kAmxRowsPerItem % kPairRows == 0
 static_assert(kAmxMinRowsPerItem % kPairRows == 0);
 // Zeros standing in for the key/value rows past the end of a block (read in place).
 alignas(64) constexpr uint16_t kZeroRow[kMaxHeadDim] = {};
-
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 0;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // Every tile 16 rows x 64 bytes; tmm0-7 are used.
 void load_tile_config() {
