@@ -108,6 +108,24 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
 // (The experiment knobs ATTNKIT_FLASHINFER_FP8_TILE, _DECODE_CTA and _SLOT_LOADS of sessions 4-5
 // were removed in session 8: their A/Bs are recorded in docs/perf/fidecode_notes.md.)
 
+// Experiment knob of session 8 (second wave), bf16 q with fp8_e4m3 KV at d 128 only: the fp8 ring
+// layout. ATTNKIT_FLASHINFER_FP8_RING = pad (default: 16-byte padded rows, 5 stages, 32-key
+// steps, 3 sub-tiles in flight while computing), swz (unpadded swizzled rows, 6 stages, 32-key
+// steps: 4 in flight), swz16 (swizzled, 6 stages, 16-key steps: 5 in flight) or pad16 (padded,
+// 5 stages, 16-key steps: 4 in flight). See docs/perf/fidecode_notes.md.
+enum class Fp8Ring { kPad, kSwz, kSwz16, kPad16 };
+inline Fp8Ring fp8_ring() {
+  static const Fp8Ring ring = [] {
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_FP8_RING");
+    if (e == nullptr) return Fp8Ring::kPad;
+    if (std::strcmp(e, "swz") == 0) return Fp8Ring::kSwz;
+    if (std::strcmp(e, "swz16") == 0) return Fp8Ring::kSwz16;
+    if (std::strcmp(e, "pad16") == 0) return Fp8Ring::kPad16;
+    return Fp8Ring::kPad;
+  }();
+  return ring;
+}
+
 // Picks the instantiation for (q dtype, kv dtype, tile shape); the default branches name the value.
 template <int kD, TileShape kShape>
 Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int grid_items,
@@ -117,6 +135,28 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
       static_assert(kShape == TileShape::kDecode,
                     "prefill runs paged_prefill_sm80.cuh (run_paged_prefill_sm80)");
       using Tr = RingDecodeTraits<kD, QT, kKv>;
+      if constexpr (kD == 128 && kKv == DType::kFP8E4M3 && std::is_same_v<QT, __nv_bfloat16>) {
+        constexpr int kW = cuda::ring::kWarps, kB = cuda::ring::kCtaSmemBudget,
+                      kC = cuda::ring::kCtasPerSm;
+        using Swz = RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, true>;
+        using Swz16 = RingDecodeTraits<kD, QT, kKv, false, kW, kB, kC, true, true>;
+        using Pad16 = RingDecodeTraits<kD, QT, kKv, false>;
+        static_assert(Tr::kStages == 5 && Tr::kTileSubs == 2 && Swz::kStages == 6 &&
+                          Swz::kTileSubs == 2 && Swz16::kStages == 6 && Swz16::kTileSubs == 1 &&
+                          Pad16::kStages == 5 && Pad16::kTileSubs == 1 && Swz::kMinBlocks == 2 &&
+                          Swz16::kMinBlocks == 2,
+                      "the fp8 ring variants' depths (ATTNKIT_FLASHINFER_FP8_RING)");
+        switch (fp8_ring()) {
+          case Fp8Ring::kSwz:
+            return launch_paged<Swz>(p, grid_items, stream);
+          case Fp8Ring::kSwz16:
+            return launch_paged<Swz16>(p, grid_items, stream);
+          case Fp8Ring::kPad16:
+            return launch_paged<Pad16>(p, grid_items, stream);
+          case Fp8Ring::kPad:
+            break;
+        }
+      }
       return launch_paged<Tr>(p, grid_items, stream);
     };
     switch (kv_dtype) {
