@@ -49,9 +49,11 @@ inline constexpr int kMaxStages = 8;
 // swizzled by the row (chunk c of row r at c ^ (r % 8)): ldmatrix rows of one 8x8 matrix hit
 // distinct banks as with the padding, and a stage is 4 KB instead of 4.5 KB, so the ring of a warp
 // holds 6 stages instead of 5 in the same budget (one more 16-key tile in flight).
+// kStagesCap_: the most ring stages per warp (a one-CTA-per-SM shape with the whole shared memory
+// may take more than kMaxStages).
 template <int kHeadDim_, typename QT_, DType kKvDType_, int kWarps_ = kWarps,
           int kCtaSmemBudget_ = kCtaSmemBudget, int kCtasPerSm_ = kCtasPerSm,
-          bool kSwizzleFp8_ = false>
+          bool kSwizzleFp8_ = false, int kStagesCap_ = kMaxStages>
 struct Traits {
   static constexpr int kWarps = kWarps_;
   static constexpr int kCtaSmemBudget = kCtaSmemBudget_;
@@ -92,7 +94,7 @@ struct Traits {
   static constexpr int kSlotBytesPerStage = 2 * kKeys * 4;  // slot ring: 2 entries per stage
   static constexpr int kStagesFit = kWarpBudget / (kStageBytes + kSlotBytesPerStage);
   static constexpr int kStages =
-      kStagesFit < 2 ? 2 : (kStagesFit > kMaxStages ? kMaxStages : kStagesFit);
+      kStagesFit < 2 ? 2 : (kStagesFit > kStagesCap_ ? kStagesCap_ : kStagesFit);
   static constexpr int kWarpBytes = kStages * (kStageBytes + kSlotBytesPerStage);
   static constexpr int kEpiBytes = kWarps * kRows * kHeadDim * 4 + 2 * kWarps * kRows * 4;
   static constexpr int kMainBytes = kWarps * kWarpBytes;

@@ -108,19 +108,21 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
 // (The experiment knobs ATTNKIT_FLASHINFER_FP8_TILE, _DECODE_CTA and _SLOT_LOADS of sessions 4-5
 // were removed in session 8: their A/Bs are recorded in docs/perf/fidecode_notes.md.)
 
-// Experiment knob of session 8 (second wave), bf16 q with fp8_e4m3 KV at d 128 only: the fp8 ring
-// layout. ATTNKIT_FLASHINFER_FP8_RING = pad (default: 16-byte padded rows, 5 stages, 32-key
-// steps, 3 sub-tiles in flight while computing), swz (unpadded swizzled rows, 6 stages, 32-key
-// steps: 4 in flight), swz16 (swizzled, 6 stages, 16-key steps: 5 in flight) or pad16 (padded,
-// 5 stages, 16-key steps: 4 in flight). See docs/perf/fidecode_notes.md.
-enum class Fp8Ring { kPad, kSwz, kSwz16, kPad16 };
+// Experiment knob of session 8 (second wave), bf16 q with fp8_e4m3 KV at d 128 only: the fp8 ring.
+// ATTNKIT_FLASHINFER_FP8_RING = pad (default: 16-byte padded rows, 2 CTAs of 110 KB per SM, 5
+// stages per warp, 32-key steps: 3 sub-tiles of 4 KB in flight per warp while it computes), swz
+// (unpadded swizzled rows, same budget: 6 stages, 4 in flight), deep (padded rows, one CTA of
+// ~227 KB per SM: 12 stages, 10 in flight) or deepswz (swizzled, one CTA per SM: 13 stages, 11 in
+// flight). A b16 kv 4k forward is 128 CTAs, one per SM, so the 2-CTA budget leaves half of the
+// shared memory unused there. See docs/perf/fidecode_notes.md.
+enum class Fp8Ring { kPad, kSwz, kDeep, kDeepSwz };
 inline Fp8Ring fp8_ring() {
   static const Fp8Ring ring = [] {
     const char* e = std::getenv("ATTNKIT_FLASHINFER_FP8_RING");
     if (e == nullptr) return Fp8Ring::kPad;
     if (std::strcmp(e, "swz") == 0) return Fp8Ring::kSwz;
-    if (std::strcmp(e, "swz16") == 0) return Fp8Ring::kSwz16;
-    if (std::strcmp(e, "pad16") == 0) return Fp8Ring::kPad16;
+    if (std::strcmp(e, "deep") == 0) return Fp8Ring::kDeep;
+    if (std::strcmp(e, "deepswz") == 0) return Fp8Ring::kDeepSwz;
     return Fp8Ring::kPad;
   }();
   return ring;
@@ -138,21 +140,21 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
       if constexpr (kD == 128 && kKv == DType::kFP8E4M3 && std::is_same_v<QT, __nv_bfloat16>) {
         constexpr int kW = cuda::ring::kWarps, kB = cuda::ring::kCtaSmemBudget,
                       kC = cuda::ring::kCtasPerSm;
+        constexpr int kDeepB = 227 * 1024 - 256;  // one CTA per SM (its static smem beside)
         using Swz = RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, true>;
-        using Swz16 = RingDecodeTraits<kD, QT, kKv, false, kW, kB, kC, true, true>;
-        using Pad16 = RingDecodeTraits<kD, QT, kKv, false>;
+        using Deep = RingDecodeTraits<kD, QT, kKv, true, kW, kDeepB, 1, true, false, 16>;
+        using DeepSwz = RingDecodeTraits<kD, QT, kKv, true, kW, kDeepB, 1, true, true, 16>;
         static_assert(Tr::kStages == 5 && Tr::kTileSubs == 2 && Swz::kStages == 6 &&
-                          Swz::kTileSubs == 2 && Swz16::kStages == 6 && Swz16::kTileSubs == 1 &&
-                          Pad16::kStages == 5 && Pad16::kTileSubs == 1 && Swz::kMinBlocks == 2 &&
-                          Swz16::kMinBlocks == 2,
+                          Swz::kTileSubs == 2 && Swz::kMinBlocks == 2 && Deep::kStages == 12 &&
+                          Deep::kTileSubs == 2 && DeepSwz::kStages == 13 && DeepSwz::kTileSubs == 2,
                       "the fp8 ring variants' depths (ATTNKIT_FLASHINFER_FP8_RING)");
         switch (fp8_ring()) {
           case Fp8Ring::kSwz:
             return launch_paged<Swz>(p, grid_items, stream);
-          case Fp8Ring::kSwz16:
-            return launch_paged<Swz16>(p, grid_items, stream);
-          case Fp8Ring::kPad16:
-            return launch_paged<Pad16>(p, grid_items, stream);
+          case Fp8Ring::kDeep:
+            return launch_paged<Deep>(p, grid_items, stream);
+          case Fp8Ring::kDeepSwz:
+            return launch_paged<DeepSwz>(p, grid_items, stream);
           case Fp8Ring::kPad:
             break;
         }
