@@ -58,6 +58,8 @@ for ((round = 0; round < ${ROUNDS:-2}; round++)); do
       envs=""; [ "$v" != default ] && envs=${v//,/ }
       timeout 40 env $envs "$cli" bench --device cuda --backend flashinfer --cases "${CASES:-scripts/device/decode_s8.json}" \
         $(mode_args $m) --json "$OUT/ab_${round}_${m}_${v//[=,]/_}.json" > "$OUT/ab.log" 2>&1 || echo "ab $round $m $v rc=$?" | tee -a "$S"
+      python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], " ".join("%s %.1fus %.1f%%" % (r["case"].replace("decode_","").replace("_h32x8_d128",""), r.get("ms_median",0)*1e3, 100*r.get("ceiling_ratio",0)) for r in d["results"]))' \
+        "$OUT/ab_${round}_${m}_${v//[=,]/_}.json" "ab $round $m $v:" >> "$S" 2>/dev/null
     done
   done
 done
