@@ -10,6 +10,8 @@
 # (default decode_s8.json), TEST_ENV env settings for the ctest run (e.g. a variant forced), and
 # EXTRA_TESTS env settings (space-separated entries, commas inside an entry) under each of which
 # test_flashinfer_cases runs again with the gtest filter EXTRA_FILTER.
+# (The second wave ran it with VARIANTS of ATTNKIT_FLASHINFER_FP8_RING, a knob now removed: see
+# scripts/device/patches/decode_s8_fp8_ring_swz_deep.patch.)
 # Writes $OUT/summary.txt (the A/B table) and $OUT/all.tgz (logs, JSONs).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"

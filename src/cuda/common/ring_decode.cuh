@@ -45,15 +45,8 @@ inline constexpr int kMaxStages = 8;
 
 // kWarps_ / kCtaSmemBudget_ / kCtasPerSm_: the CTA shape (defaults: the 2 CTAs of 4 warps above;
 // a backend may instead run one CTA of 8 warps per SM90 multiprocessor, same rings, fewer CTAs).
-// kSwizzleFp8_: fp8 KV at d 128 staged in unpadded 128-byte rows whose 16-byte chunks are XOR-
-// swizzled by the row (chunk c of row r at c ^ (r % 8)): ldmatrix rows of one 8x8 matrix hit
-// distinct banks as with the padding, and a stage is 4 KB instead of 4.5 KB, so the ring of a warp
-// holds 6 stages instead of 5 in the same budget (one more 16-key tile in flight).
-// kStagesCap_: the most ring stages per warp (a one-CTA-per-SM shape with the whole shared memory
-// may take more than kMaxStages).
 template <int kHeadDim_, typename QT_, DType kKvDType_, int kWarps_ = kWarps,
-          int kCtaSmemBudget_ = kCtaSmemBudget, int kCtasPerSm_ = kCtasPerSm,
-          bool kSwizzleFp8_ = false, int kStagesCap_ = kMaxStages>
+          int kCtaSmemBudget_ = kCtaSmemBudget, int kCtasPerSm_ = kCtasPerSm>
 struct Traits {
   static constexpr int kWarps = kWarps_;
   static constexpr int kCtaSmemBudget = kCtaSmemBudget_;
@@ -73,18 +66,7 @@ struct Traits {
   static constexpr int kKvElemBytes = kQuant ? 1 : 2;
   // Staged K/V row: 16-bit rows padded by 16 bytes, raw fp8 rows too (ldmatrix rows of one 8x8
   // matrix then hit distinct banks).
-  static constexpr bool kSwizzle = kSwizzleFp8_ && kQuant && kHeadDim == 128;
-  static constexpr int kRawRowBytes = kQuant ? (kSwizzle ? kHeadDim : kHeadDim + 16) : kRowBytes;
-  // Staged 16-byte chunk ch of row r: base + r * kRawRowBytes + ch * 16 (unswizzled rows; the
-  // expression of the padded layout as it always was), or chunk (ch ^ r) % 8 of the row.
-  template <typename P>
-  __device__ __forceinline__ static P* raw_chunk(P* base, int r, int ch) {
-    if constexpr (kSwizzle) {
-      return base + r * kRawRowBytes + ((ch ^ r) & 7) * 16;
-    } else {
-      return base + r * kRawRowBytes + ch * 16;
-    }
-  }
+  static constexpr int kRawRowBytes = kQuant ? kHeadDim + 16 : kRowBytes;
   static constexpr int kRawChunks = kHeadDim * kKvElemBytes / 16;  // 16-byte chunks of a row
   static constexpr int kQChunks = kHeadDim * 2 / 16;
 
@@ -94,7 +76,7 @@ struct Traits {
   static constexpr int kSlotBytesPerStage = 2 * kKeys * 4;  // slot ring: 2 entries per stage
   static constexpr int kStagesFit = kWarpBudget / (kStageBytes + kSlotBytesPerStage);
   static constexpr int kStages =
-      kStagesFit < 2 ? 2 : (kStagesFit > kStagesCap_ ? kStagesCap_ : kStagesFit);
+      kStagesFit < 2 ? 2 : (kStagesFit > kMaxStages ? kMaxStages : kStagesFit);
   static constexpr int kWarpBytes = kStages * (kStageBytes + kSlotBytesPerStage);
   static constexpr int kEpiBytes = kWarps * kRows * kHeadDim * 4 + 2 * kWarps * kRows * 4;
   static constexpr int kMainBytes = kWarps * kWarpBytes;
@@ -298,15 +280,9 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
       const uint32_t s = valid ? static_cast<uint32_t>(word + slot_of(key0 + r).add) : 0u;
       const uint8_t* ks = w.k_base + static_cast<uint64_t>(s) * w.k_row_bytes + ch * 16;
       const uint8_t* vs = w.v_base + static_cast<uint64_t>(s) * w.v_row_bytes + ch * 16;
-      if constexpr (Tr::kSwizzle) {
-        uint8_t* dk = Tr::raw_chunk(stage, r, ch);
-        cp_async_16(smem_addr(dk), ks, valid ? 16 : 0);
-        cp_async_16(smem_addr(dk + kKeys * Tr::kRawRowBytes), vs, valid ? 16 : 0);
-      } else {
-        const int dst = r * Tr::kRawRowBytes + ch * 16;
-        cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
-        cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
-      }
+      const int dst = r * Tr::kRawRowBytes + ch * 16;
+      cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
+      cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
     };
     if constexpr (kWideSlots) {
       // Lane owns rows rbase .. rbase + kCopiesPerLane - 1, chunk lane % kRawChunks of each; the
@@ -413,7 +389,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
 #pragma unroll
       for (int kp = 0; kp < Tr::kKSteps / 2; ++kp) {
         uint32_t r[4];  // (keys 0-7, k-step 2kp), (0-7, 2kp+1), (8-15, 2kp), (8-15, 2kp+1)
-        ldmatrix_x4(r, smem_addr(Tr::raw_chunk(sk, key, 2 * kp + (lane / 8) % 2)));
+        ldmatrix_x4(r, smem_addr(sk + key * Tr::kRawRowBytes + (2 * kp + (lane / 8) % 2) * 16));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint32_t a[4];
@@ -486,7 +462,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
 #pragma unroll
       for (int cp = 0; cp < Tr::kKSteps / 2; ++cp) {
         uint32_t r[4];  // (keys 0-7, chunk 2cp), (8-15, 2cp), (0-7, 2cp+1), (8-15, 2cp+1)
-        ldmatrix_x4_trans(r, smem_addr(Tr::raw_chunk(sv, vkey, 2 * cp + lane / 16)));
+        ldmatrix_x4_trans(r, smem_addr(sv + vkey * Tr::kRawRowBytes + (2 * cp + lane / 16) * 16));
         pv_chunk(2 * cp, r[0], r[1]);
         pv_chunk(2 * cp + 1, r[2], r[3]);
       }

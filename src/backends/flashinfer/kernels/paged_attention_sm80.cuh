@@ -108,26 +108,6 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
 // (The experiment knobs ATTNKIT_FLASHINFER_FP8_TILE, _DECODE_CTA and _SLOT_LOADS of sessions 4-5
 // were removed in session 8: their A/Bs are recorded in docs/perf/fidecode_notes.md.)
 
-// Experiment knob of session 8 (second wave), bf16 q with fp8_e4m3 KV at d 128 only: the fp8 ring.
-// ATTNKIT_FLASHINFER_FP8_RING = pad (default: 16-byte padded rows, 2 CTAs of 110 KB per SM, 5
-// stages per warp, 32-key steps: 3 sub-tiles of 4 KB in flight per warp while it computes), swz
-// (unpadded swizzled rows, same budget: 6 stages, 4 in flight), deep (padded rows, one CTA of
-// ~227 KB per SM: 12 stages, 10 in flight) or deepswz (swizzled, one CTA per SM: 13 stages, 11 in
-// flight). A b16 kv 4k forward is 128 CTAs, one per SM, so the 2-CTA budget leaves half of the
-// shared memory unused there. See docs/perf/fidecode_notes.md.
-enum class Fp8Ring { kPad, kSwz, kDeep, kDeepSwz };
-inline Fp8Ring fp8_ring() {
-  static const Fp8Ring ring = [] {
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_FP8_RING");
-    if (e == nullptr) return Fp8Ring::kPad;
-    if (std::strcmp(e, "swz") == 0) return Fp8Ring::kSwz;
-    if (std::strcmp(e, "deep") == 0) return Fp8Ring::kDeep;
-    if (std::strcmp(e, "deepswz") == 0) return Fp8Ring::kDeepSwz;
-    return Fp8Ring::kPad;
-  }();
-  return ring;
-}
-
 // Picks the instantiation for (q dtype, kv dtype, tile shape); the default branches name the value.
 template <int kD, TileShape kShape>
 Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int grid_items,
@@ -137,28 +117,6 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
       static_assert(kShape == TileShape::kDecode,
                     "prefill runs paged_prefill_sm80.cuh (run_paged_prefill_sm80)");
       using Tr = RingDecodeTraits<kD, QT, kKv>;
-      if constexpr (kD == 128 && kKv == DType::kFP8E4M3 && std::is_same_v<QT, __nv_bfloat16>) {
-        constexpr int kW = cuda::ring::kWarps, kB = cuda::ring::kCtaSmemBudget,
-                      kC = cuda::ring::kCtasPerSm;
-        constexpr int kDeepB = 227 * 1024 - 256;  // one CTA per SM (its static smem beside)
-        using Swz = RingDecodeTraits<kD, QT, kKv, true, kW, kB, kC, true, true>;
-        using Deep = RingDecodeTraits<kD, QT, kKv, true, kW, kDeepB, 1, true, false, 16>;
-        using DeepSwz = RingDecodeTraits<kD, QT, kKv, true, kW, kDeepB, 1, true, true, 16>;
-        static_assert(Tr::kStages == 5 && Tr::kTileSubs == 2 && Swz::kStages == 6 &&
-                          Swz::kTileSubs == 2 && Swz::kMinBlocks == 2 && Deep::kStages == 12 &&
-                          Deep::kTileSubs == 2 && DeepSwz::kStages == 13 && DeepSwz::kTileSubs == 2,
-                      "the fp8 ring variants' depths (ATTNKIT_FLASHINFER_FP8_RING)");
-        switch (fp8_ring()) {
-          case Fp8Ring::kSwz:
-            return launch_paged<Swz>(p, grid_items, stream);
-          case Fp8Ring::kDeep:
-            return launch_paged<Deep>(p, grid_items, stream);
-          case Fp8Ring::kDeepSwz:
-            return launch_paged<DeepSwz>(p, grid_items, stream);
-          case Fp8Ring::kPad:
-            break;
-        }
-      }
       return launch_paged<Tr>(p, grid_items, stream);
     };
     switch (kv_dtype) {

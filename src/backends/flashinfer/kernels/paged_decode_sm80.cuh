@@ -32,16 +32,11 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
 // with twice the ring depth, per SM90 multiprocessor: no faster).
 // kWideSlots: ring_decode.cuh's kWideSlotLoads (copy rows owned in adjacent groups, slot words
 // read 16 bytes at a time).
-// kSwizzleFp8: ring_decode.cuh's kSwizzleFp8_ (fp8 d 128: unpadded swizzled 128-byte rows, 6 ring
-// stages per warp instead of 5); kStagesCap: ring_decode.cuh's kStagesCap_.
 template <int kD, typename QT, DType kKv, bool kWideFp8 = true, int kWarps_ = cuda::ring::kWarps,
           int kCtaSmemBudget_ = cuda::ring::kCtaSmemBudget,
-          int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true,
-          bool kSwizzleFp8 = false, int kStagesCap = cuda::ring::kMaxStages>
-struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_,
-                                             kSwizzleFp8, kStagesCap> {
-  using Base = cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_, kSwizzleFp8,
-                                  kStagesCap>;
+          int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true>
+struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_> {
+  using Base = cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
   static constexpr int kTileSubs = kWideFp8 && Base::kQuant && Base::kStages >= 4 ? 2 : 1;
   static constexpr bool kFastExp2 = true;
