@@ -6,6 +6,12 @@
 # the variant order reversed every other round; every bench process measures its own copy ceiling.
 # (Session 8 ran it with VARIANTS of ATTNKIT_FLASHINFER_DECODE_S8, a knob now removed: see
 # scripts/device/patches/decode_s8_rolled_split_lean.patch.)
+# Second wave (fidecode2): MODES may name graph32 (--graph --launches 32), CASES another case file
+# (default decode_s8.json), TEST_ENV env settings for the ctest run (e.g. a variant forced), and
+# EXTRA_TESTS env settings (space-separated entries, commas inside an entry) under each of which
+# test_flashinfer_cases runs again with the gtest filter EXTRA_FILTER.
+# (The second wave ran it with VARIANTS of ATTNKIT_FLASHINFER_FP8_RING, a knob now removed: see
+# scripts/device/patches/decode_s8_fp8_ring_swz_deep.patch.)
 # Writes $OUT/summary.txt (the A/B table) and $OUT/all.tgz (logs, JSONs).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -24,13 +30,19 @@ rc=$?; echo "build: rc=$rc at $(( $(date +%s) - t0 )) s" | tee -a "$S"
 [ $rc -ne 0 ] && { grep -E "error" "$OUT/build.log" | head -20; exit 1; }
 cli="$build/tools/attnkit/attnkit"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${CTEST_TIMEOUT:-110}" ctest --test-dir "$build" -L gpu -R 'FlashInfer|Triton' \
+  echo "ctest env: ${TEST_ENV:-none}" | tee -a "$S"
+  timeout "${CTEST_TIMEOUT:-110}" env ${TEST_ENV:-} ctest --test-dir "$build" -L gpu -R 'FlashInfer|Triton' \
     --output-on-failure --timeout 100 -j8 > "$OUT/ctest.log" 2>&1
   echo "ctest: rc=$? at $(( $(date +%s) - t0 )) s" | tee -a "$S"
   grep -E "tests passed|tests failed" "$OUT/ctest.log" | tee -a "$S"
   grep -E "^\s*[0-9]+ - .*(Failed|SEGFAULT|Timeout|Exception)|Total Test time" "$OUT/ctest.log" | head -20 | tee -a "$S"
+  for v in ${EXTRA_TESTS:-}; do
+    timeout 60 env ${v//,/ } "$build/tests/test_flashinfer_cases" --gtest_filter="${EXTRA_FILTER:-*}" \
+      > "$OUT/extra_${v//[=,]/_}.log" 2>&1
+    echo "extra tests $v: rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/extra_${v//[=,]/_}.log" | tr '\n' ' ') at $(( $(date +%s) - t0 )) s" | tee -a "$S"
+  done
 fi
-mode_args() { case $1 in eager) echo "";; b2b) echo "--launches 10";; graph) echo "--graph";; esac; }
+mode_args() { case $1 in eager) echo "";; b2b) echo "--launches 10";; graph) echo "--graph";; graph32) echo "--graph --launches 32";; esac; }
 if [ "${SKIP_TARGETS:-0}" != 1 ]; then
   for m in eager b2b graph; do
     timeout 60 "$cli" bench --device cuda --backend triton,flashinfer --cases scripts/device/decode_targets.json \
@@ -46,8 +58,10 @@ for ((round = 0; round < ${ROUNDS:-2}; round++)); do
     for v in "${order[@]}"; do
       [ "$(left)" -lt 15 ] && { echo "ab $round $m $v: skipped (time)" | tee -a "$S"; continue; }
       envs=""; [ "$v" != default ] && envs=${v//,/ }
-      timeout 40 env $envs "$cli" bench --device cuda --backend flashinfer --cases scripts/device/decode_s8.json \
+      timeout 40 env $envs "$cli" bench --device cuda --backend flashinfer --cases "${CASES:-scripts/device/decode_s8.json}" \
         $(mode_args $m) --json "$OUT/ab_${round}_${m}_${v//[=,]/_}.json" > "$OUT/ab.log" 2>&1 || echo "ab $round $m $v rc=$?" | tee -a "$S"
+      python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], " ".join("%s %.1fus %.1f%%" % (r["case"].replace("decode_","").replace("_h32x8_d128",""), r.get("ms_median",0)*1e3, 100*r.get("ceiling_ratio",0)) for r in d["results"]))' \
+        "$OUT/ab_${round}_${m}_${v//[=,]/_}.json" "ab $round $m $v:" >> "$S" 2>/dev/null
     done
   done
 done

@@ -40,7 +40,7 @@ variants = []
 for k in ab:
     if k[1] not in variants:
         variants.append(k[1])
-for m in ("eager", "b2b", "graph"):
+for m in ("eager", "b2b", "graph", "graph32"):
     if not any(k[0] == m for k in ab):
         continue
     print(f"=== A/B {m}: us (% of copy) per round")
