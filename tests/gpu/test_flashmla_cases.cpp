@@ -119,10 +119,10 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
 }
 
 // 16-row tiles (<= 16 heads, s_q 1) on the mma.sync kernel under the knobs of session 8: the
-// page-table prefetch (ATTNKIT_MLA_MMA_PREFETCH unset = per tile size, "1" always, "0" never,
-// "smem" through a shared-memory ring)
-// and for the fp8 cache the f16 tensor-core inputs (ATTNKIT_MLA_FP8_F16 unset = f16, "0" =
-// bf16); split requests, an empty one, one of exactly one tile, 8 heads (padding rows).
+// page-table prefetch (ATTNKIT_MLA_MMA_PREFETCH unset = per tile size and page, "1" always, "0"
+// never, "smem" through a shared-memory ring) and for the fp8 cache the f16 tensor-core inputs
+// (ATTNKIT_MLA_FP8_F16 unset = f16, "0" = bf16); split requests, an empty one, one of exactly one
+// tile, 8 heads (padding rows).
 TEST(FlashMlaKernels, Heads16PrefetchAndFp8InputTypes) {
   struct Knobs {
     const char *prefetch, *f16;

@@ -66,8 +66,9 @@ constexpr const char* kAmxDecodeEnvVar = "ATTNKIT_AMX_DECODE";
 // vs 8.15 ms); ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass row.
 constexpr const char* kFastSoftmaxEnvVar = "ATTNKIT_AMX_SOFTMAX";
 
-bool env_fast_softmax() {
-  const char* v = std::getenv(kFastSoftmaxEnvVar);
+// Unset, or set to a number other than 0.
+bool env_on_unless_zero(const char* name) {
+  const char* v = std::getenv(name);
   return v == nullptr || std::atoi(v) != 0;
 }
 
@@ -77,11 +78,6 @@ int env_amx_decode_prefetch() {
   const char* v = std::getenv("ATTNKIT_AMX_DECODE_PF");
   const int mode = v == nullptr ? 0 : std::atoi(v);
   return mode >= 1 && mode <= 3 ? mode : 0;
-}
-
-bool env_amx_decode() {
-  const char* v = std::getenv(kAmxDecodeEnvVar);
-  return v == nullptr || std::atoi(v) != 0;
 }
 
 bool env_pipeline() {
@@ -162,8 +158,8 @@ class IntelAmxBackend final : public AttentionBackend {
         amx_rows_per_item_(env_rows_per_item()),
         amx_key_block_(env_key_block()),
         amx_pipeline_(env_pipeline()),
-        amx_decode_(env_amx_decode()),
-        amx_fast_softmax_(env_fast_softmax()),
+        amx_decode_(env_on_unless_zero(kAmxDecodeEnvVar)),
+        amx_fast_softmax_(env_on_unless_zero(kFastSoftmaxEnvVar)),
         amx_decode_prefetch_(env_amx_decode_prefetch()) {}
 
   // Per-thread scratch for the context's head counts and dims: sized once here, reused by every

@@ -233,7 +233,8 @@ class AmxExtend {
   static constexpr int kBlockKeyTiles = KB / kTileCols;    // S tiles across the compute block
   static constexpr int kBlockKeyChunks = KB / kTileDepth;  // P . V dot depths across it
 
-  explicit AmxExtend(const CpuAttentionParams& p)
+  // fast_softmax: ExtendWork::fast_softmax (the lean rows' one-pass softmax_row_fast).
+  AmxExtend(const CpuAttentionParams& p, bool fast_softmax)
       : p_(p),
         dp_(round_up(p.head_dim, kTileDepth)),
         dvp_(round_up(p.v_head_dim, kTileDepth)),
@@ -244,7 +245,8 @@ class AmxExtend {
         post_cap_(capped_ ? p.logit_cap * kLog2e : kLog2e),
         lean_ok_(!capped_ && p.score_scale > 0.f),
         k_elems_(static_cast<int64_t>(kAmxKeyBlock) * dp_),
-        block_elems_(amx_packed_block_elems(p.head_dim, p.v_head_dim)) {}
+        block_elems_(amx_packed_block_elems(p.head_dim, p.v_head_dim)),
+        fast_softmax_(fast_softmax) {}
 
   // packed: this item's (request, kv head) blocks packed by pack_block (block b at
   // packed + b * block_elems_), or nullptr to pack each visited block into the scratch.
@@ -568,10 +570,9 @@ class AmxExtend {
   }
 
   // softmax_row_full with the max pass folded into the exp pass (default; ATTNKIT_AMX_SOFTMAX=0
-  // keeps softmax_row_full): P is
-  // computed against the row's current running max while the block max is tracked; only when the
-  // block max exceeds it by more than kRescaleThreshold (a row's first block, or a rare jump) is
-  // the row redone by softmax_row_full. Degree-3 exp2.
+  // keeps softmax_row_full): P is computed against the row's current running max while the block
+  // max is tracked; only when the block max exceeds it by more than kRescaleThreshold (a row's
+  // first block, or a rare jump) is the row redone by softmax_row_full. Degree-3 exp2.
   void softmax_row_fast(const AmxScratch& sc, int r, const float* s_row, float scale) {
     constexpr int kVecs = KB / V::kWidth;
     const float m_old = sc.m[r];
@@ -600,12 +601,6 @@ class AmxExtend {
     if (fast_softmax_) return softmax_row_fast(sc, r, s_row, scale);
     softmax_row_full(sc, r, s_row, scale);
   }
-
- public:
-  void set_fast_softmax(bool on) { fast_softmax_ = on; }
-
- private:
-  bool fast_softmax_ = false;
 
   // finalize_rows for one bf16 output row, 16 columns per conversion (v_head_dim % 16 == 0).
   void store_row_bf16(int token, int hq, float m, float l, const float* o_row) const {
@@ -910,6 +905,7 @@ class AmxExtend {
   const bool lean_ok_;         // softmax_tile_full applies to full blocks
   const int64_t k_elems_;      // bf16 elements of a block's packed K (its V follows)
   const int64_t block_elems_;  // bf16 elements of one packed block (K and V)
+  const bool fast_softmax_;    // lean rows by softmax_row_fast
 };
 
 template <class S, int KB>
@@ -926,8 +922,7 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
     const int tid = 0;
 #endif
     const AmxScratch sc = carve(ts, tid, lay);
-    AmxExtend<S, KB> kernel(p);
-    kernel.set_fast_softmax(w.fast_softmax);
+    AmxExtend<S, KB> kernel(p, w.fast_softmax);
     const unsigned mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | kMxcsrFtzDaz);
     load_tile_config();
