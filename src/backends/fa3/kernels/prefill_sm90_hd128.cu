@@ -22,7 +22,7 @@ bool prefill_sm90_fp8_available() {
 
 Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream) {
   using Tr = PrefillFp8Traits;
-  // uniform_wg 0 (the pre-session-7 kernel) keeps the f32 softmax.
+  // uniform_wg 0 (the pre-session-7 kernel) keeps the row sum by FADD (no GEMM row sum).
   auto kernel = p.uniform_wg == 0     ? prefill_sm90_fp8_kernel<false, false>
                 : p.fp8_gemm_sum != 0 ? prefill_sm90_fp8_kernel<true, true>
                                       : prefill_sm90_fp8_kernel<true, false>;
