@@ -31,12 +31,12 @@ bool wgmma_env_on() {
 }
 
 // ATTNKIT_MLA_WGMMA_BLOCKS: the wgmma kernel's variant (mla_decode_wgmma.cuh, kVariant): "0" one
-// full barrier per K tile, "1" block barriers, unset / else block barriers + split release (2,
-// the fastest on an H200, session 7).
+// full barrier per K tile, "1" block barriers, "3" / "seesaw" the seesaw schedule (session 9),
+// unset / else block barriers + split release (2, the fastest on an H200, session 7).
 int wgmma_variant_env() {
   const char* e = std::getenv("ATTNKIT_MLA_WGMMA_BLOCKS");
   const std::string v = e == nullptr ? "" : e;
-  return v == "0" ? 0 : v == "1" ? 1 : 2;
+  return v == "0" ? 0 : v == "1" ? 1 : (v == "3" || v == "seesaw") ? 3 : 2;
 }
 // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
 bool wgmma_noload_env() {
