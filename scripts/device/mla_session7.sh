@@ -8,9 +8,10 @@
 # Run from the repository root with .deps carried. Knobs: B (build dir, build-dev), RUN (1: the
 # first run's A/B), BLOCKS2, SKIP_TESTS2, SKIP_TESTS1 (no ctest with the default env), TARGETS
 # (ninja targets), AB (session 9: "name:VAR=v,VAR=v name2:..." benched in two alternated rounds
-# a / b instead of the session-7 list, each also once with ATTNKIT_MLA_WGMMA_DIAG=noload; a first
-# smoke bench of the last entry (20 s) skips its other benches and the ctest if it fails), LIMIT
-# (s, 345: the second ctest ends by then).
+# a / b instead of the session-7 list, the names in NOLOAD (default all) also once with
+# ATTNKIT_MLA_WGMMA_DIAG=noload; a smoke bench (20 s) of each entry first: a failing one is
+# dropped and the BLOCKS2 ctest skipped), LIMIT1 / LIMIT (s, 300 / 345: the first / second ctest
+# ends by then), CEIL (0: no torch ceilings).
 set -uo pipefail
 FINAL="${OUT:-$PWD/out}"; OUT=${MLA_WORK:-/tmp/mla_s7}; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
 B=${B:-build-dev}; T0=$(date +%s)
@@ -22,7 +23,9 @@ attnkit_configure "$B" > "$OUT/build.log" 2>&1
 ninja -C "$B" -j16 ${TARGETS:-attnkit_cli test_flashmla_cases test_cutlass_mla_cases \
   test_flashinfer_cases test_mla_prefix_cache test_fa3_cases test_triton_cases} >> "$OUT/build.log" 2>&1
 echo "build rc=$? $(el)"; grep -m5 -E "error|C75[0-9][0-9]" "$OUT/build.log"
-timeout 30 python3 scripts/device/mla_ceilings.py > "$OUT/ceilings.log" 2>&1; tail -2 "$OUT/ceilings.log"
+if [ "${CEIL:-1}" = 1 ]; then
+  timeout 30 python3 scripts/device/mla_ceilings.py > "$OUT/ceilings.log" 2>&1; tail -2 "$OUT/ceilings.log"
+fi
 CASES=${CASES:-scripts/device/mla_decode_128h.json}
 bench() {  # name, env...
   local name=$1; shift
@@ -32,20 +35,24 @@ bench() {  # name, env...
 }
 SMOKE_OK=1
 if [ -n "${AB:-}" ]; then
-  last=${AB##* }
-  # shellcheck disable=SC2046
-  env $(echo "${last#*:}" | tr ',' ' ') timeout 20 "$B/tools/attnkit/attnkit" bench --backend flashmla \
-    --cases "$CASES" --device cuda --warmup 1 --iters 2 > "$OUT/smoke.log" 2>&1 || SMOKE_OK=0
-  echo "smoke ${last%%:*} ok=$SMOKE_OK $(el)"; tail -3 "$OUT/smoke.log"
+  ok_ab=""
+  for e in $AB; do  # smoke each entry (20 s); a failing one is dropped and the BLOCKS2 ctest skipped
+    rc=0
+    # shellcheck disable=SC2046
+    env $(echo "${e#*:}" | tr ',' ' ') timeout 20 "$B/tools/attnkit/attnkit" bench \
+      --backend flashmla --cases "$CASES" --device cuda --warmup 1 --iters 2 \
+      > "$OUT/smoke_${e%%:*}.log" 2>&1 || rc=$?
+    if [ "$rc" = 0 ]; then ok_ab="$ok_ab $e"; else SMOKE_OK=0; fi
+    echo "smoke ${e%%:*} rc=$rc $(el)"; grep -i -m2 'cluster\|error' "$OUT/smoke_${e%%:*}.log"
+  done
   for r in a b; do
-    for e in $AB; do
-      [ "$SMOKE_OK" = 1 ] || [ "$e" != "$last" ] || continue
+    for e in $ok_ab; do
       # shellcheck disable=SC2046
       bench "${e%%:*}$r" $(echo "${e#*:}" | tr ',' ' ')
     done
   done
-  for e in $AB; do
-    [ "$SMOKE_OK" = 1 ] || [ "$e" != "$last" ] || continue
+  for e in $ok_ab; do
+    case " ${NOLOAD:-${e%%:*}} " in *" ${e%%:*} "*) ;; *) continue ;; esac
     # shellcheck disable=SC2046
     bench "noload_${e%%:*}" $(echo "${e#*:}" | tr ',' ' ') ATTNKIT_MLA_WGMMA_DIAG=noload
   done
@@ -76,8 +83,8 @@ for case, v in rows.items():
         f"{k}={ms:.4f}ms/{tf:.1f}TF" for k, (ms, tf) in v.items()))
 PY
 REGEX='Mla|MLA|mla|FlashMla|CutlassMla|FlashInfer.*[Mm]la'
-[ "$SMOKE_OK" = 1 ] || { SKIP_TESTS1=1; SKIP_TESTS2=1; }
-[ -n "${SKIP_TESTS1:-}" ] || (cd "$B" && timeout $(( 300 - ($(date +%s) - T0) )) ctest -L gpu -R "$REGEX" -j 8 --timeout 45 \
+[ "$SMOKE_OK" = 1 ] || SKIP_TESTS2=1
+[ -n "${SKIP_TESTS1:-}" ] || (cd "$B" && timeout $(( ${LIMIT1:-300} - ($(date +%s) - T0) )) ctest -L gpu -R "$REGEX" -j 8 --timeout 45 \
   --output-on-failure > "$OUT/ctest.log" 2>&1)
 echo "ctest rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest.log" | head -12

@@ -31,12 +31,14 @@ bool wgmma_env_on() {
 }
 
 // ATTNKIT_MLA_WGMMA_BLOCKS: the wgmma kernel's variant (mla_decode_wgmma.cuh, kVariant): "0" one
-// full barrier per K tile, "1" block barriers, "3" / "seesaw" the seesaw schedule (session 9),
-// unset / else block barriers + split release (2, the fastest on an H200, session 7).
+// full barrier per K tile, "1" block barriers, "2" block barriers + split release (session 7),
+// "4" / "tma" the seesaw with TMA K tiles and 2-CTA multicast (pages 64 / 128), "5" the same
+// without the cluster, unset / else the seesaw schedule (3; H200 session 9: +4-6% over 2).
 int wgmma_variant_env() {
   const char* e = std::getenv("ATTNKIT_MLA_WGMMA_BLOCKS");
   const std::string v = e == nullptr ? "" : e;
-  return v == "0" ? 0 : v == "1" ? 1 : (v == "3" || v == "seesaw") ? 3 : 2;
+  if (v == "0" || v == "1" || v == "2" || v == "5") return v[0] - '0';
+  return (v == "4" || v == "tma") ? 4 : 3;
 }
 // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
 bool wgmma_noload_env() {
@@ -268,6 +270,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   detail::set_io_params(p, q, out, lse);
   p.kv = kv.data;
   p.kv_stride_row = kv.stride(0);
+  p.kv_rows = kv.size(0);
   p.req_to_token = table.data_as<const int32_t>();
   p.req_to_token_stride = table.stride(0);
   p.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();

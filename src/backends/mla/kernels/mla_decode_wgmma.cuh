@@ -94,6 +94,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 // Named barriers: 1 + g: "consumer g published P / f / m of its tile"; 3: epilogue exchange.
 inline constexpr int kBarPReady = 1;
 inline constexpr int kBarEpilogue = 3;
+inline constexpr int kBarProducer = 5;  // the producer warpgroup (seesaw + TMA fallback copies)
 
 // kVariant 0 (ATTNKIT_MLA_WGMMA_BLOCKS=0): one full barrier per K tile.
 // kVariant 1 (ATTNKIT_MLA_WGMMA_BLOCKS=1; H200 session 7: 128 heads +5-10% over 0): the producer
@@ -119,7 +120,15 @@ template <typename Tr, int kVariant>
 struct MlaWgmmaCta {
   static constexpr bool kBlockFull = kVariant >= 1;
   static constexpr bool kSplitRelease = kVariant >= 2;
-  static constexpr bool kSeesaw = kVariant == 3;
+  static constexpr bool kSeesaw = kVariant >= 3;
+  // kVariant 4: the seesaw with full K tiles loaded by TMA (one 64 x 64 box per column block,
+  // issued by one producer thread; pages 64 / 128: a tile is 64 consecutive pool rows). With
+  // p.wgmma_mcast the two CTAs of a cluster (row tiles 2c, 2c + 1 of the same part: the same
+  // tiles) each issue half of the boxes multicast to both, and a release reaches both CTAs'
+  // empty barriers (one arrival per consumer warp and CTA). Partial tiles (the request's last,
+  // the phantom) go by zero-filling cp.async in each CTA, one arrival per block afterwards.
+  static constexpr bool kTma = kVariant == 4;
+  static_assert(!kTma || Tr::kPage % kBlockN == 0, "TMA tiles are 64 consecutive pool rows");
   // Seesaw: the column block consumer (= stage) s multiplies n-th in S (the order its blocks are
   // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8.
   __device__ static constexpr int seesaw_block(int s, int n) {
@@ -127,6 +136,18 @@ struct MlaWgmmaCta {
   }
   // P of stage s (64 x 64 keys, one 128-byte swizzle block) in that stage's rope block.
   __device__ uint32_t sP(int s) const { return sK(s) + 8 * kBlockN * 128; }
+  // Seesaw release of a group of stage blocks by this consumer warpgroup.
+  __device__ void release_group(uint32_t bar) const {
+    if constexpr (kTma) {
+      __syncwarp();
+      if ((threadIdx.x & 31) == 0) {
+        sm90::mbar_arrive(bar);
+        if (p.wgmma_mcast != 0) sm90::mbar_arrive_cluster(bar, sm90::cluster_ctarank() ^ 1);
+      }
+    } else {
+      sm90::mbar_arrive(bar);
+    }
+  }
   // Column block loaded / multiplied n-th.
   __device__ static constexpr int block_at(int n) {
     return !kSplitRelease || n < 4 ? n : (n == 4 ? 8 : n - 1);
@@ -535,6 +556,11 @@ struct MlaWgmmaCta {
             kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row * 2;
         const uint32_t ph = (pc & 1) ^ 1;
         const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
+        // TMA: whole tiles only (64 consecutive pool rows from the tile's first slot).
+        const bool tma0 = kTma && (a + 1) * kBlockN <= kv_len;
+        const bool tma1 = kTma && a + 1 < t1 && (a + 2) * kBlockN <= kv_len;
+        const int first0 = tma0 ? static_cast<int>(kv_slot<Tr::kPage>(tok, a * kBlockN)) : 0;
+        const int first1 = tma1 ? static_cast<int>(kv_slot<Tr::kPage>(tok, (a + 1) * kBlockN)) : 0;
 #pragma unroll 1
         for (int grp = 0; grp < 4; ++grp) {
           const int s = grp & 1;
@@ -542,6 +568,28 @@ struct MlaWgmmaCta {
           const int nb = grp < 2 ? 4 : 5;
           const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
           const uint32_t dst = sK(s);
+          if (s ? tma1 : tma0) {
+            if (tid == 0) {
+              const int first = s ? first1 : first0;
+#pragma unroll 1
+              for (int n = 0; n < nb; ++n) {
+                const int kb = n == 4 ? 8 : kb0 + n;
+                if (!load) {
+                  mbar_arrive(block_full(s, kb));
+                  continue;
+                }
+                mbar_arrive_expect_tx(block_full(s, kb), kBlockN * 128);
+                if (p.wgmma_mcast == 0) {
+                  tma_load_2d(dst + kb * kBlockN * 128, &p.kv_tma, 64 * kb, first,
+                              block_full(s, kb));
+                } else if ((n & 1) == static_cast<int>(cluster_ctarank())) {
+                  tma_load_2d_mcast(dst + kb * kBlockN * 128, &p.kv_tma, 64 * kb, first,
+                                    block_full(s, kb), 0x3);
+                }
+              }
+            }
+            continue;
+          }
           const bool valid = s ? valid1 : valid0;
           const uint8_t* row = s ? row1 : row0;
 #pragma unroll 1
@@ -555,7 +603,15 @@ struct MlaWgmmaCta {
                             valid ? 16 : 0);
               }
             }
-            cp_async_arrive_noinc(block_full(s, kb));
+            if constexpr (!kTma) cp_async_arrive_noinc(block_full(s, kb));
+          }
+          if constexpr (kTma) {  // one arrival per block (count 1) once all 128 copies landed
+            cp_async_wait<0>();
+            fence_proxy_async();
+            named_bar_sync(kBarProducer, 128);
+            if (tid == 0) {
+              for (int n = 0; n < nb; ++n) mbar_arrive(block_full(s, n == 4 ? 8 : kb0 + n));
+            }
           }
         }
       }
@@ -723,7 +779,7 @@ struct MlaWgmmaCta {
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(o);
-          sm90::mbar_arrive(empty(0));  // stage 0 blocks 0-3
+          release_group(empty(0));  // stage 0 blocks 0-3
           named_bar_sync(kBarP1, 256);
           float sc1[2];
 #pragma unroll
@@ -751,7 +807,7 @@ struct MlaWgmmaCta {
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(o);
-          sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
+          release_group(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
         } else {
           // P1 (frame m1) for consumer 0, in stage 1's rope block; m1, scale1.
           const float one[2] = {1.f, 1.f};
@@ -791,10 +847,10 @@ struct MlaWgmmaCta {
           issue_pv_smem_p_at(o, sP(0), 0, 1);
           wgmma_commit();
           wgmma_wait<1>();
-          sm90::mbar_arrive(empty(1));  // stage 1 blocks 4-7
+          release_group(empty(1));  // stage 1 blocks 4-7
           wgmma_wait<0>();
           fence_regs(o);
-          sm90::mbar_arrive(empty_hi(0));  // stage 0 blocks 4-8 (P0)
+          release_group(empty_hi(0));  // stage 0 blocks 4-8 (P0)
         }
       }
 
@@ -831,17 +887,30 @@ __global__ void __launch_bounds__(384, 1)
   using Cta = MlaWgmmaCta<Tr, kVariant>;
   Cta cta{p, smem, sm90::smem_addr(smem)};
   if (threadIdx.x == 0) {
+    // TMA: one arrival per consumer warp and CTA of the cluster on empty / empty_hi, one (with
+    // the transaction bytes) per block on block_full.
+    const int release = Cta::kTma ? (p.wgmma_mcast != 0 ? 8 : 4) : 128;
     sm90::mbar_init(cta.q_full(), 128);
     sm90::mbar_init(cta.q_empty(), 256);
     for (int s = 0; s < 2; ++s) {
       sm90::mbar_init(cta.full(s), 128);
-      sm90::mbar_init(cta.empty(s), Cta::kSplitRelease ? 128 : 256);
-      sm90::mbar_init(cta.empty_hi(s), 128);
-      for (int kb = 0; kb < Tr::kColBlocks; ++kb) sm90::mbar_init(cta.block_full(s, kb), 128);
+      sm90::mbar_init(cta.empty(s), Cta::kSplitRelease ? release : 256);
+      sm90::mbar_init(cta.empty_hi(s), release);
+      for (int kb = 0; kb < Tr::kColBlocks; ++kb) {
+        sm90::mbar_init(cta.block_full(s, kb), Cta::kTma ? 1 : 128);
+      }
     }
     sm90::mbar_init_fence();
   }
-  __syncthreads();
+  if constexpr (Cta::kTma) {
+    if (p.wgmma_mcast != 0) {
+      sm90::cluster_sync();
+    } else {
+      __syncthreads();
+    }
+  } else {
+    __syncthreads();
+  }
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
@@ -864,6 +933,9 @@ __global__ void __launch_bounds__(384, 1)
     } else {
       cta.template consumer<1>();
     }
+  }
+  if constexpr (Cta::kTma) {
+    if (p.wgmma_mcast != 0) sm90::cluster_sync();  // the peer may still signal this CTA
   }
 #endif
 }
