@@ -11,7 +11,8 @@
 # a / b instead of the session-7 list, the names in NOLOAD (default all) also once with
 # ATTNKIT_MLA_WGMMA_DIAG=noload; a smoke bench (20 s) of each entry first: a failing one is
 # dropped and the BLOCKS2 ctest skipped), LIMIT1 / LIMIT (s, 300 / 345: the first / second ctest
-# ends by then), CEIL (0: no torch ceilings).
+# ends by then), CEIL (0: no torch ceilings), ENV2 ("VAR=v ...": more env for the BLOCKS2 ctest),
+# SMOKE (names smoked, default all), TTIMEOUT (ctest per-test limit, 45 s).
 set -uo pipefail
 FINAL="${OUT:-$PWD/out}"; OUT=${MLA_WORK:-/tmp/mla_s7}; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
 B=${B:-build-dev}; T0=$(date +%s)
@@ -37,6 +38,7 @@ SMOKE_OK=1
 if [ -n "${AB:-}" ]; then
   ok_ab=""
   for e in $AB; do  # smoke each entry (20 s); a failing one is dropped and the BLOCKS2 ctest skipped
+    case " ${SMOKE:-${e%%:*}} " in *" ${e%%:*} "*) ;; *) ok_ab="$ok_ab $e"; continue ;; esac
     rc=0
     # shellcheck disable=SC2046
     env $(echo "${e#*:}" | tr ',' ' ') timeout 20 "$B/tools/attnkit/attnkit" bench \
@@ -84,14 +86,15 @@ for case, v in rows.items():
 PY
 REGEX='Mla|MLA|mla|FlashMla|CutlassMla|FlashInfer.*[Mm]la'
 [ "$SMOKE_OK" = 1 ] || SKIP_TESTS2=1
-[ -n "${SKIP_TESTS1:-}" ] || (cd "$B" && timeout $(( ${LIMIT1:-300} - ($(date +%s) - T0) )) ctest -L gpu -R "$REGEX" -j 8 --timeout 45 \
+[ -n "${SKIP_TESTS1:-}" ] || (cd "$B" && timeout $(( ${LIMIT1:-300} - ($(date +%s) - T0) )) ctest -L gpu -R "$REGEX" -j 8 --timeout ${TTIMEOUT:-45} \
   --output-on-failure > "$OUT/ctest.log" 2>&1)
 echo "ctest rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest.log" | head -12
 if [ -z "${SKIP_TESTS2:-}" ]; then
-  (cd "$B" && ATTNKIT_MLA_WGMMA_BLOCKS=${BLOCKS2:-0} timeout $(( ${LIMIT:-345} - ($(date +%s) - T0) )) ctest -L gpu \
-    -R "$REGEX" -j 8 --timeout 45 --output-on-failure > "$OUT/ctest_blocks.log" 2>&1)
-  echo "ctest BLOCKS=${BLOCKS2:-0} rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest_blocks.log")"
+  # shellcheck disable=SC2086
+  (cd "$B" && env ${ENV2:-} ATTNKIT_MLA_WGMMA_BLOCKS=${BLOCKS2:-0} timeout $(( ${LIMIT:-345} - ($(date +%s) - T0) )) ctest -L gpu \
+    -R "$REGEX" -j 8 --timeout ${TTIMEOUT:-45} --output-on-failure > "$OUT/ctest_blocks.log" 2>&1)
+  echo "ctest ${ENV2:-} BLOCKS=${BLOCKS2:-0} rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest_blocks.log")"
   grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest_blocks.log" | head -12
 fi
 tar czf "$FINAL/mla_s7.tar.gz" -C "$OUT" . 2>/dev/null

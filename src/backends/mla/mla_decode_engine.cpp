@@ -40,6 +40,11 @@ int wgmma_variant_env() {
   if (v == "0" || v == "1" || v == "2" || v == "5") return v[0] - '0';
   return (v == "4" || v == "tma") ? 4 : 3;
 }
+// ATTNKIT_MLA_WGMMA_STAGGER=1: the seesaw's second S waits for the first (MlaDecodeParams).
+bool wgmma_stagger_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_WGMMA_STAGGER");
+  return e != nullptr && std::string(e) == "1";
+}
 // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
 bool wgmma_noload_env() {
   const char* e = std::getenv("ATTNKIT_MLA_WGMMA_DIAG");
@@ -98,6 +103,7 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
   e->use_wgmma_ = cc == kWgmmaComputeCapability && smem_optin >= wgmma_smem_bytes() &&
                   wgmma_env_on() && wgmma_available();
   e->wgmma_variant_ = wgmma_variant_env();
+  e->wgmma_stagger_ = wgmma_stagger_env();
   e->wgmma_noload_ = wgmma_noload_env();
   e->mma_prefetch_ = mma_prefetch_env();
   e->fp8_f16_ = fp8_f16_env();
@@ -292,6 +298,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.num_parts = plan_.num_parts;
   p.use_wgmma = use_wgmma_ ? 1 + wgmma_variant_ : 0;
   p.wgmma_diag_noload = wgmma_noload_ ? 1 : 0;  // both kernels
+  p.wgmma_stagger = wgmma_stagger_ ? 1 : 0;
   p.mma_prefetch = mma_prefetch_;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
   return run_decode(p, page_size_, kv_dtype, stream);

@@ -61,6 +61,9 @@ struct MlaDecodeParams {
   int use_wgmma = 0;
   // Set by the launch (variant 5): the CTA pair of a cluster multicasts the K blocks.
   int wgmma_mcast = 0;
+  // Seesaw variants: consumer 1 issues its S after consumer 0's S is done
+  // (ATTNKIT_MLA_WGMMA_STAGGER=1).
+  int wgmma_stagger = 0;
   // Diagnostic, timing only (ATTNKIT_MLA_WGMMA_DIAG=noload): the wgmma kernel's producer stops
   // loading K tiles after the first two, the mma.sync kernel after its prologue (results are
   // wrong).

@@ -95,6 +95,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 inline constexpr int kBarPReady = 1;
 inline constexpr int kBarEpilogue = 3;
 inline constexpr int kBarProducer = 5;  // the producer warpgroup (seesaw + TMA fallback copies)
+inline constexpr int kBarS0 = 6;        // seesaw, p.wgmma_stagger: consumer 0's S is done
 
 // kVariant 0 (ATTNKIT_MLA_WGMMA_BLOCKS=0): one full barrier per K tile.
 // kVariant 1 (ATTNKIT_MLA_WGMMA_BLOCKS=1; H200 session 7: 128 heads +5-10% over 0): the producer
@@ -695,6 +696,11 @@ struct MlaWgmmaCta {
       for (int a = t0; a < t1; a += 2, ++pc) {
         const uint32_t par = pc & 1;
         const int tile = a + g;
+        // p.wgmma_stagger: S1 issued once S0 is done, so that consumer 0's softmax overlaps S1
+        // instead of both S finishing together with the tensor pipe idle during softmax 0.
+        if constexpr (g == 1) {
+          if (p.wgmma_stagger != 0) named_bar_sync(kBarS0, 256);
+        }
         mbar_wait(block_full(g, seesaw_block(g, 0)), par);
         fence_proxy_async();
         wgmma_fence();
@@ -703,6 +709,9 @@ struct MlaWgmmaCta {
         wgmma_wait<0>();
         fence_regs(sacc);
         fence_regs(o);
+        if constexpr (g == 0) {
+          if (p.wgmma_stagger != 0) named_bar_arrive(kBarS0, 256);
+        }
         const float scale = p.scale_log2;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
