@@ -549,12 +549,20 @@ struct MlaWgmmaCta {
       const int key = tid >> 1;
       for (int a = t0; a < t1; a += 2, ++pc) {
         // Tile a + 1 == t1 (odd segment): the phantom tile, zero-filled (and masked).
-        const int j0 = a * kBlockN + key, j1 = j0 + kBlockN;
-        const bool valid0 = j0 < kv_len, valid1 = a + 1 < t1 && j1 < kv_len;
-        const uint8_t* row0 =
-            kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row * 2;
-        const uint8_t* row1 =
-            kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row * 2;
+        // The cp.async variant reads its page-table entries before the empty waits; the TMA one
+        // only each tile's first (the rare partial tiles read theirs in the group).
+        auto key_row = [&](int s, bool* valid) {
+          const int j = (a + s) * kBlockN + key;
+          *valid = (s == 0 || a + 1 < t1) && j < kv_len;
+          return kvg + (*valid ? kv_slot<Tr::kPage>(tok, j) : 0) * p.kv_stride_row * 2;
+        };
+        bool valid0 = false, valid1 = false;
+        const uint8_t* row0 = kvg;
+        const uint8_t* row1 = kvg;
+        if constexpr (!kTma) {
+          row0 = key_row(0, &valid0);
+          row1 = key_row(1, &valid1);
+        }
         const uint32_t ph = (pc & 1) ^ 1;
         const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
         // TMA: whole tiles only (64 consecutive pool rows from the tile's first slot).
@@ -565,12 +573,15 @@ struct MlaWgmmaCta {
 #pragma unroll 1
         for (int grp = 0; grp < 4; ++grp) {
           const int s = grp & 1;
-          mbar_wait(grp < 2 ? empty(s) : empty_hi(s), ph);
+          const uint32_t empty_bar = grp < 2 ? empty(s) : empty_hi(s);
           const int nb = grp < 2 ? 4 : 5;
           const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
           const uint32_t dst = sK(s);
           if (s ? tma1 : tma0) {
+            // Thread 0 alone waits and issues: the other threads skip the group (a thread that
+            // waited on phases it did not need could fall two phases behind and spin forever).
             if (tid == 0) {
+              mbar_wait(empty_bar, ph);
               const int first = s ? first1 : first0;
 #pragma unroll 1
               for (int n = 0; n < nb; ++n) {
@@ -591,8 +602,13 @@ struct MlaWgmmaCta {
             }
             continue;
           }
-          const bool valid = s ? valid1 : valid0;
+          // TMA variant: all threads meet first, thread 0 having observed every earlier phase,
+          // so the phase waited for below is at most one ahead of it (no thread runs ahead).
+          if constexpr (kTma) named_bar_sync(kBarProducer, 128);
+          mbar_wait(empty_bar, ph);
+          bool valid = s ? valid1 : valid0;
           const uint8_t* row = s ? row1 : row0;
+          if constexpr (kTma) row = key_row(s, &valid);
 #pragma unroll 1
           for (int n = 0; n < nb; ++n) {
             const int kb = n == 4 ? 8 : kb0 + n;
