@@ -92,23 +92,23 @@ TEST(FlashMlaKernels, VerifyChainsMultiTokenQueries) {
 // short requests per CTA-part (several segments per CTA: the Q reload and the alternation of the
 // two consumer warpgroups restart per segment, with odd and even tile counts), on both kernels
 // and the wgmma kernel's variants (ATTNKIT_MLA_WGMMA_BLOCKS 0 = tile barriers, 1 = block
-// barriers, 2 = + split release, unset = the seesaw (odd and even tile counts: the phantom tile),
-// 4 = seesaw + TMA tiles multicast in 2-CTA clusters (partial tiles by cp.async), 5 = 4 without
-// the cluster; "s": the seesaw's second S after the first, ATTNKIT_MLA_WGMMA_STAGGER=1).
+// barriers, 2 = + split release, unset = the seesaw, the default: odd and even tile counts, i.e.
+// with and without the phantom tile).
 TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   std::vector<int> lens;
   for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
-  // "1+blocksN[s]": ATTNKIT_MLA_WGMMA_BLOCKS=N [and ATTNKIT_MLA_WGMMA_STAGGER=1].
-  for (const char* variant : {"1", "1+blocks0", "1+blocks1", "1+blocks2", "1+blocks3s", "1+blocks4",
-                              "1+blocks4s", "1+blocks5", "0"}) {
+  for (const char* variant : {"1", "1+blocks0", "1+blocks1", "1+blocks2", "0"}) {
     const std::string v = variant;
     const char* wgmma = v == "0" ? "0" : "1";
-    const bool stagger = v.back() == 's';
-    const std::string blocks = v.rfind("1+blocks", 0) == 0 ? v.substr(8, 1) : "";
     SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + variant);
     ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA", wgmma, 1), 0);
-    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_BLOCKS", blocks.c_str(), 1), 0);
-    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_STAGGER", stagger ? "1" : "", 1), 0);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_BLOCKS",
+                     v == "1+blocks0"   ? "0"
+                     : v == "1+blocks1" ? "1"
+                     : v == "1+blocks2" ? "2"
+                                        : "",
+                     1),
+              0);
     run_and_compare(mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16), true);
     run_and_compare(
         mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640}, 128, DType::kBF16), false);
@@ -121,7 +121,6 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   }
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA"), 0);
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_BLOCKS"), 0);
-  ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_STAGGER"), 0);
 }
 
 // 16-row tiles (<= 16 heads, s_q 1) on the mma.sync kernel under the knobs of session 8: the

@@ -32,18 +32,11 @@ bool wgmma_env_on() {
 
 // ATTNKIT_MLA_WGMMA_BLOCKS: the wgmma kernel's variant (mla_decode_wgmma.cuh, kVariant): "0" one
 // full barrier per K tile, "1" block barriers, "2" block barriers + split release (session 7),
-// "4" / "tma" the seesaw with TMA K tiles and 2-CTA multicast (pages 64 / 128), "5" the same
-// without the cluster, unset / else the seesaw schedule (3; H200 session 9: +4-6% over 2).
+// unset / else the seesaw schedule (3; H200 session 9, two runs: +4-6% over 2).
 int wgmma_variant_env() {
   const char* e = std::getenv("ATTNKIT_MLA_WGMMA_BLOCKS");
   const std::string v = e == nullptr ? "" : e;
-  if (v == "0" || v == "1" || v == "2" || v == "5") return v[0] - '0';
-  return (v == "4" || v == "tma") ? 4 : 3;
-}
-// ATTNKIT_MLA_WGMMA_STAGGER=1: the seesaw's second S waits for the first (MlaDecodeParams).
-bool wgmma_stagger_env() {
-  const char* e = std::getenv("ATTNKIT_MLA_WGMMA_STAGGER");
-  return e != nullptr && std::string(e) == "1";
+  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : 3;
 }
 // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
 bool wgmma_noload_env() {
@@ -103,7 +96,6 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
   e->use_wgmma_ = cc == kWgmmaComputeCapability && smem_optin >= wgmma_smem_bytes() &&
                   wgmma_env_on() && wgmma_available();
   e->wgmma_variant_ = wgmma_variant_env();
-  e->wgmma_stagger_ = wgmma_stagger_env();
   e->wgmma_noload_ = wgmma_noload_env();
   e->mma_prefetch_ = mma_prefetch_env();
   e->fp8_f16_ = fp8_f16_env();
@@ -276,7 +268,6 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   detail::set_io_params(p, q, out, lse);
   p.kv = kv.data;
   p.kv_stride_row = kv.stride(0);
-  p.kv_rows = kv.size(0);
   p.req_to_token = table.data_as<const int32_t>();
   p.req_to_token_stride = table.stride(0);
   p.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
@@ -298,7 +289,6 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.num_parts = plan_.num_parts;
   p.use_wgmma = use_wgmma_ ? 1 + wgmma_variant_ : 0;
   p.wgmma_diag_noload = wgmma_noload_ ? 1 : 0;  // both kernels
-  p.wgmma_stagger = wgmma_stagger_ ? 1 : 0;
   p.mma_prefetch = mma_prefetch_;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
   return run_decode(p, page_size_, kv_dtype, stream);

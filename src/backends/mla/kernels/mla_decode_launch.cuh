@@ -3,12 +3,6 @@
 // page size.
 #pragma once
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "backends/mla/kernels/mla_decode.h"
@@ -50,119 +44,6 @@ Status launch_decode_wgmma(const MlaDecodeParams& p, cudaStream_t s) {
   return Status::ok();
 }
 
-// The driver's cuTensorMapEncodeTiled through the runtime (no libcuda link); nullptr if absent.
-inline PFN_cuTensorMapEncodeTiled_v12000 mla_tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// p->kv_tma = the bf16 pool [kv_rows, kRowDim] (row stride kv_stride_row) as a 2D map, box
-// 64 columns x 64 rows, 128-byte swizzle (the K tile layout of the wgmma kernel). The last
-// encoding is cached (the pool rarely moves). False if it cannot be encoded.
-inline bool encode_kv_tma(MlaDecodeParams* p) {
-  struct Cache {
-    const void* kv = nullptr;
-    int64_t stride = 0, rows = 0;
-    MlaTmaDesc desc{};
-  };
-  static Cache cache;
-  if (p->kv_rows <= 0 || reinterpret_cast<uintptr_t>(p->kv) % 16 != 0 ||
-      (p->kv_stride_row * 2) % 16 != 0) {
-    return false;
-  }
-  if (cache.kv != p->kv || cache.stride != p->kv_stride_row || cache.rows != p->kv_rows) {
-    PFN_cuTensorMapEncodeTiled_v12000 encode = mla_tensor_map_encoder();
-    if (encode == nullptr) return false;
-    static_assert(sizeof(CUtensorMap) == sizeof(MlaTmaDesc), "TMA descriptor size");
-    CUtensorMap map;
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kRowDim),
-                                static_cast<cuuint64_t>(p->kv_rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p->kv_stride_row * 2)};
-    const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kBlockN)};
-    const cuuint32_t elem_strides[2] = {1, 1};
-    const CUresult r =
-        encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p->kv), dims, strides,
-               box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) return false;
-    cache.kv = p->kv;
-    cache.stride = p->kv_stride_row;
-    cache.rows = p->kv_rows;
-    std::memcpy(cache.desc.words, &map, sizeof(map));
-  }
-  p->kv_tma = cache.desc;
-  return true;
-}
-
-// The seesaw with TMA K tiles (kVariant 4): a 2-CTA cluster per pair of row tiles when `mcast`,
-// the grid has an even number of row tiles and every cluster is resident at once (else one CTA
-// per row tile loads its own tiles); falls back to the cp.async seesaw (3) where the pool cannot
-// be mapped or the page is 1.
-template <int kPage>
-Status launch_decode_wgmma_tma(const MlaDecodeParams& p_in, bool mcast, cudaStream_t s) {
-  if constexpr (kPage % kBlockN != 0) {
-    return launch_decode_wgmma<kPage, 3>(p_in, s);
-  } else {
-    MlaDecodeParams p = p_in;
-    if (!encode_kv_tma(&p)) return launch_decode_wgmma<kPage, 3>(p_in, s);
-    using Traits = MlaWgmmaTraits<kPage>;
-    auto* kernel = mla_decode_wgmma_kernel<kPage, 4>;
-    static int max_clusters = -1;  // per instantiation
-    if (max_clusters < 0) {
-      ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            Traits::kSmemBytes));
-      cudaLaunchConfig_t cfg{};
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = 1;
-      attr.val.clusterDim.y = 2;
-      attr.val.clusterDim.z = 1;
-      cfg.gridDim = dim3(132, 2);
-      cfg.blockDim = dim3(Traits::kThreads);
-      cfg.dynamicSmemBytes = Traits::kSmemBytes;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        n = 0;
-      }
-      max_clusters = n;
-      if (std::getenv("ATTNKIT_MLA_DEBUG") != nullptr) {
-        std::fprintf(stderr, "mla wgmma tma: max active 2-CTA clusters %d\n", n);
-      }
-    }
-    const dim3 grid(p.num_parts, (p.rows_per_req + Traits::kRows - 1) / Traits::kRows);
-    p.wgmma_mcast =
-        mcast && grid.y % 2 == 0 && static_cast<int64_t>(grid.x) * grid.y / 2 <= max_clusters ? 1
-                                                                                              : 0;
-    cudaLaunchConfig_t cfg{};
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = p.wgmma_mcast != 0 ? 2 : 1;
-    attr.val.clusterDim.z = 1;
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(Traits::kThreads);
-    cfg.dynamicSmemBytes = Traits::kSmemBytes;
-    cfg.stream = s;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    ATTNKIT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, p));
-    return Status::ok();
-  }
-}
-
 // MlaDecodeParams::mma_prefetch 2 (default) -> 0 / 1 / 3 for a tile of `rows` rows, on only where
 // an A/B measured a gain (H200, session 8): 16-row tiles at page 64 (flashmla) read the page table
 // through the shared-memory ring (3; 07:39Z, two alternated rounds, 16 heads b128: bf16 kv 4k / 8k
@@ -192,9 +73,6 @@ Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
       if (p.use_wgmma == 1) return launch_decode_wgmma<kPage, 0>(p, s);
       if (p.use_wgmma == 2) return launch_decode_wgmma<kPage, 1>(p, s);
       if (p.use_wgmma == 3) return launch_decode_wgmma<kPage, 2>(p, s);
-      if (p.use_wgmma == 5 || p.use_wgmma == 6) {
-        return launch_decode_wgmma_tma<kPage>(p, p.use_wgmma == 5, s);
-      }
       return launch_decode_wgmma<kPage, 3>(p, s);  // 4: the seesaw (default)
     }
   }

@@ -22,11 +22,6 @@ inline constexpr int kFixedOverheadTiles = 5;
 // split index of the first segment.
 inline constexpr int kSchedWords = 5;
 
-// A CUtensorMap (cuTensorMapEncodeTiled) as plain words: the params stay a host-side POD.
-struct alignas(64) MlaTmaDesc {
-  uint64_t words[16];
-};
-
 struct MlaDecodeParams {
   const void* q = nullptr;  // [T, H, kRowDim] bf16; token of (request b, query i) = b * s_q + i
   int64_t q_stride_token = 0, q_stride_head = 0;
@@ -37,7 +32,6 @@ struct MlaDecodeParams {
 
   const void* kv = nullptr;               // [rows, kRowDim] pool layer (bf16 or fp8_e4m3)
   int64_t kv_stride_row = 0;              // elements
-  int64_t kv_rows = 0;                    // pool rows (the TMA map's extent; 0: unknown)
   const int32_t* req_to_token = nullptr;  // [max_reqs + 1, max_context_len]
   int64_t req_to_token_stride = 0;
   const int32_t* req_pool_indices = nullptr;  // [bs]
@@ -54,16 +48,9 @@ struct MlaDecodeParams {
   // of the mma.sync one; set by the engine only where that kernel is compiled and the device is
   // SM90 (ATTNKIT_MLA_WGMMA=0 turns it off) with one full barrier per K tile
   // (ATTNKIT_MLA_WGMMA_BLOCKS=0); 2 (ATTNKIT_MLA_WGMMA_BLOCKS=1): one full barrier per 64-column
-  // block of a K tile; 3: 2 + split release; 4 (default, ATTNKIT_MLA_WGMMA_BLOCKS=3): the seesaw
-  // schedule; 5 (ATTNKIT_MLA_WGMMA_BLOCKS=4): seesaw with K tiles by TMA (pages 64 / 128), two row
-  // tiles of a request in a 2-CTA cluster sharing them by multicast; 6 (=5): 5 without the cluster
-  // (mla_decode_wgmma.cuh, kVariant).
+  // block of a K tile; 3 (ATTNKIT_MLA_WGMMA_BLOCKS=2): 2 + split release; 4 (default): the seesaw
+  // schedule (mla_decode_wgmma.cuh, kVariant).
   int use_wgmma = 0;
-  // Set by the launch (variant 5): the CTA pair of a cluster multicasts the K blocks.
-  int wgmma_mcast = 0;
-  // Seesaw variants: consumer 1 issues its S after consumer 0's S is done
-  // (ATTNKIT_MLA_WGMMA_STAGGER=1).
-  int wgmma_stagger = 0;
   // Diagnostic, timing only (ATTNKIT_MLA_WGMMA_DIAG=noload): the wgmma kernel's producer stops
   // loading K tiles after the first two, the mma.sync kernel after its prologue (results are
   // wrong).
@@ -85,9 +72,6 @@ struct MlaDecodeParams {
   float* partial_out = nullptr;  // [bs + num_parts, rows_per_req, kLatentDim] normalised
   float* partial_lse = nullptr;  // [bs + num_parts, rows_per_req] log2 domain
   int num_parts = 1;
-  // K pool as a 2D TMA map {kRowDim, kv_rows}, box 64 x 64, 128-byte swizzle (set by the launch
-  // of the TMA variant).
-  MlaTmaDesc kv_tma{};
 };
 
 }  // namespace attnkit::mla

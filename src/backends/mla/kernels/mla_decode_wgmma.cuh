@@ -8,8 +8,8 @@
 //     K tiles [64 keys x 576] into a 2-stage ring by 16-byte cp.async through the page table
 //     (slot = req_to_token[j - j % P] + j % P), in the 128-byte swizzle the wgmma descriptors
 //     read; completion on mbarriers (full: cp.async.mbarrier.arrive.noinc), a stage is refilled
-//     after both consumer warpgroups released it (empty). kVariant (below): the default has one
-//     full barrier per 64-column block and releases the two V halves separately.
+//     after both consumer warpgroups released it (empty). kVariant (below): 1 and up have one
+//     full barrier per 64-column block, 2 and up release the two V halves separately.
 //   warpgroups 1, 2 (consumers g = 0, 1, setmaxnreg 232): consumer g owns output columns
 //     [256 g, 256 g + 256) of all 64 rows (O: 128 f32 registers per thread) and the S = Q K^T of
 //     the segment's tiles i with i % 2 == g (wgmma m64n64k16, A = Q and B = K from shared memory,
@@ -20,7 +20,9 @@
 //     m64n256k16, 4 k-steps). For the other consumer's tile it waits for that P, rescales O and
 //     issues O += P V for its columns (A = P from shared memory), then its own next S; once that
 //     P V is done (wait_group 1) the stage is released, so the producer refills it while S and
-//     the softmax run. One warpgroup's softmax overlaps the other's GEMMs.
+//     the softmax run. One warpgroup's softmax overlaps the other's GEMMs. (That is kVariant
+//     0-2; the default, kVariant 3, is the seesaw described below: both S of a tile pair at
+//     once, only the row max handed between the softmaxes.)
 //   Epilogue: the row sums of both consumers are added through shared memory (named barrier 3);
 //     whole requests write bf16 out (+ natural-log LSE), split segments the normalised f32
 //     partial + log2 LSE for mla_combine_kernel.
@@ -94,19 +96,18 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 // Named barriers: 1 + g: "consumer g published P / f / m of its tile"; 3: epilogue exchange.
 inline constexpr int kBarPReady = 1;
 inline constexpr int kBarEpilogue = 3;
-inline constexpr int kBarProducer = 5;  // the producer warpgroup (seesaw + TMA fallback copies)
-inline constexpr int kBarS0 = 6;        // seesaw, p.wgmma_stagger: consumer 0's S is done
 
 // kVariant 0 (ATTNKIT_MLA_WGMMA_BLOCKS=0): one full barrier per K tile.
 // kVariant 1 (ATTNKIT_MLA_WGMMA_BLOCKS=1; H200 session 7: 128 heads +5-10% over 0): the producer
 // arrives on one full barrier per 64-column block of a K tile (9 per stage), and S = Q K^T waits
 // block by block, so the S of a freshly refilled stage starts when its first 8 KiB have landed
 // instead of all 72 KiB (the load of the tile overlaps its own S).
-// kVariant 2 (default; H200 session 7: +2-3% over 1): 1 + split release: consumer 0 releases
-// blocks 0-3 and the rope block 8 (empty), consumer 1 blocks 4-7 (empty_hi); the producer refills
-// 0-3, 8 first and S runs the blocks in that order (0, 1, 2, 3, 8, 4, 5, 6, 7).
-// kVariant 3 (ATTNKIT_MLA_WGMMA_BLOCKS=3 / seesaw): the tiles of a segment go in pairs (a, a + 1)
-// on stages (0, 1); consumer g computes S of tile a + g (both S GEMMs back to back), and the
+// kVariant 2 (ATTNKIT_MLA_WGMMA_BLOCKS=2; H200 session 7: +2-3% over 1): 1 + split release:
+// consumer 0 releases blocks 0-3 and the rope block 8 (empty), consumer 1 blocks 4-7 (empty_hi);
+// the producer refills 0-3, 8 first and S runs the blocks in that order (0, 1, 2, 3, 8, 4-7).
+//
+// kVariant 3 (default; H200 session 9: +4-6% over 2): the tiles of a segment go in pairs
+// (a, a + 1) on stages (0, 1); consumer g computes S of tile a + g (both S GEMMs back to back), the
 // online softmax of the pair is split in the FlashMLA "seesaw" way: consumer 0 takes the max of
 // tile a first (m0 = max(m, max S0), scale0) and hands m0 / scale0 to consumer 1, which takes
 // m1 = max(m0, max S1), scale1 and publishes P1 (in frame m1) in stage 1's rope block; consumer 0
@@ -121,15 +122,7 @@ template <typename Tr, int kVariant>
 struct MlaWgmmaCta {
   static constexpr bool kBlockFull = kVariant >= 1;
   static constexpr bool kSplitRelease = kVariant >= 2;
-  static constexpr bool kSeesaw = kVariant >= 3;
-  // kVariant 4: the seesaw with full K tiles loaded by TMA (one 64 x 64 box per column block,
-  // issued by one producer thread; pages 64 / 128: a tile is 64 consecutive pool rows). With
-  // p.wgmma_mcast the two CTAs of a cluster (row tiles 2c, 2c + 1 of the same part: the same
-  // tiles) each issue half of the boxes multicast to both, and a release reaches both CTAs'
-  // empty barriers (one arrival per consumer warp and CTA). Partial tiles (the request's last,
-  // the phantom) go by zero-filling cp.async in each CTA, one arrival per block afterwards.
-  static constexpr bool kTma = kVariant == 4;
-  static_assert(!kTma || Tr::kPage % kBlockN == 0, "TMA tiles are 64 consecutive pool rows");
+  static constexpr bool kSeesaw = kVariant == 3;
   // Seesaw: the column block consumer (= stage) s multiplies n-th in S (the order its blocks are
   // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8.
   __device__ static constexpr int seesaw_block(int s, int n) {
@@ -137,18 +130,6 @@ struct MlaWgmmaCta {
   }
   // P of stage s (64 x 64 keys, one 128-byte swizzle block) in that stage's rope block.
   __device__ uint32_t sP(int s) const { return sK(s) + 8 * kBlockN * 128; }
-  // Seesaw release of a group of stage blocks by this consumer warpgroup.
-  __device__ void release_group(uint32_t bar) const {
-    if constexpr (kTma) {
-      __syncwarp();
-      if ((threadIdx.x & 31) == 0) {
-        sm90::mbar_arrive(bar);
-        if (p.wgmma_mcast != 0) sm90::mbar_arrive_cluster(bar, sm90::cluster_ctarank() ^ 1);
-      }
-    } else {
-      sm90::mbar_arrive(bar);
-    }
-  }
   // Column block loaded / multiplied n-th.
   __device__ static constexpr int block_at(int n) {
     return !kSplitRelease || n < 4 ? n : (n == 4 ? 8 : n - 1);
@@ -549,66 +530,23 @@ struct MlaWgmmaCta {
       const int key = tid >> 1;
       for (int a = t0; a < t1; a += 2, ++pc) {
         // Tile a + 1 == t1 (odd segment): the phantom tile, zero-filled (and masked).
-        // The cp.async variant reads its page-table entries before the empty waits; the TMA one
-        // only each tile's first (the rare partial tiles read theirs in the group).
-        auto key_row = [&](int s, bool* valid) {
-          const int j = (a + s) * kBlockN + key;
-          *valid = (s == 0 || a + 1 < t1) && j < kv_len;
-          return kvg + (*valid ? kv_slot<Tr::kPage>(tok, j) : 0) * p.kv_stride_row * 2;
-        };
-        bool valid0 = false, valid1 = false;
-        const uint8_t* row0 = kvg;
-        const uint8_t* row1 = kvg;
-        if constexpr (!kTma) {
-          row0 = key_row(0, &valid0);
-          row1 = key_row(1, &valid1);
-        }
+        const int j0 = a * kBlockN + key, j1 = j0 + kBlockN;
+        const bool valid0 = j0 < kv_len, valid1 = a + 1 < t1 && j1 < kv_len;
+        const uint8_t* row0 =
+            kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row * 2;
+        const uint8_t* row1 =
+            kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row * 2;
         const uint32_t ph = (pc & 1) ^ 1;
         const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
-        // TMA: whole tiles only (64 consecutive pool rows from the tile's first slot).
-        const bool tma0 = kTma && (a + 1) * kBlockN <= kv_len;
-        const bool tma1 = kTma && a + 1 < t1 && (a + 2) * kBlockN <= kv_len;
-        const int first0 = tma0 ? static_cast<int>(kv_slot<Tr::kPage>(tok, a * kBlockN)) : 0;
-        const int first1 = tma1 ? static_cast<int>(kv_slot<Tr::kPage>(tok, (a + 1) * kBlockN)) : 0;
 #pragma unroll 1
         for (int grp = 0; grp < 4; ++grp) {
           const int s = grp & 1;
-          const uint32_t empty_bar = grp < 2 ? empty(s) : empty_hi(s);
+          mbar_wait(grp < 2 ? empty(s) : empty_hi(s), ph);
           const int nb = grp < 2 ? 4 : 5;
           const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
           const uint32_t dst = sK(s);
-          if (s ? tma1 : tma0) {
-            // Thread 0 alone waits and issues: the other threads skip the group (a thread that
-            // waited on phases it did not need could fall two phases behind and spin forever).
-            if (tid == 0) {
-              mbar_wait(empty_bar, ph);
-              const int first = s ? first1 : first0;
-#pragma unroll 1
-              for (int n = 0; n < nb; ++n) {
-                const int kb = n == 4 ? 8 : kb0 + n;
-                if (!load) {
-                  mbar_arrive(block_full(s, kb));
-                  continue;
-                }
-                mbar_arrive_expect_tx(block_full(s, kb), kBlockN * 128);
-                if (p.wgmma_mcast == 0) {
-                  tma_load_2d(dst + kb * kBlockN * 128, &p.kv_tma, 64 * kb, first,
-                              block_full(s, kb));
-                } else if ((n & 1) == static_cast<int>(cluster_ctarank())) {
-                  tma_load_2d_mcast(dst + kb * kBlockN * 128, &p.kv_tma, 64 * kb, first,
-                                    block_full(s, kb), 0x3);
-                }
-              }
-            }
-            continue;
-          }
-          // TMA variant: all threads meet first, thread 0 having observed every earlier phase,
-          // so the phase waited for below is at most one ahead of it (no thread runs ahead).
-          if constexpr (kTma) named_bar_sync(kBarProducer, 128);
-          mbar_wait(empty_bar, ph);
-          bool valid = s ? valid1 : valid0;
+          const bool valid = s ? valid1 : valid0;
           const uint8_t* row = s ? row1 : row0;
-          if constexpr (kTma) row = key_row(s, &valid);
 #pragma unroll 1
           for (int n = 0; n < nb; ++n) {
             const int kb = n == 4 ? 8 : kb0 + n;
@@ -620,15 +558,7 @@ struct MlaWgmmaCta {
                             valid ? 16 : 0);
               }
             }
-            if constexpr (!kTma) cp_async_arrive_noinc(block_full(s, kb));
-          }
-          if constexpr (kTma) {  // one arrival per block (count 1) once all 128 copies landed
-            cp_async_wait<0>();
-            fence_proxy_async();
-            named_bar_sync(kBarProducer, 128);
-            if (tid == 0) {
-              for (int n = 0; n < nb; ++n) mbar_arrive(block_full(s, n == 4 ? 8 : kb0 + n));
-            }
+            cp_async_arrive_noinc(block_full(s, kb));
           }
         }
       }
@@ -712,11 +642,6 @@ struct MlaWgmmaCta {
       for (int a = t0; a < t1; a += 2, ++pc) {
         const uint32_t par = pc & 1;
         const int tile = a + g;
-        // p.wgmma_stagger: S1 issued once S0 is done, so that consumer 0's softmax overlaps S1
-        // instead of both S finishing together with the tensor pipe idle during softmax 0.
-        if constexpr (g == 1) {
-          if (p.wgmma_stagger != 0) named_bar_sync(kBarS0, 256);
-        }
         mbar_wait(block_full(g, seesaw_block(g, 0)), par);
         fence_proxy_async();
         wgmma_fence();
@@ -725,9 +650,6 @@ struct MlaWgmmaCta {
         wgmma_wait<0>();
         fence_regs(sacc);
         fence_regs(o);
-        if constexpr (g == 0) {
-          if (p.wgmma_stagger != 0) named_bar_arrive(kBarS0, 256);
-        }
         const float scale = p.scale_log2;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -804,7 +726,7 @@ struct MlaWgmmaCta {
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(o);
-          release_group(empty(0));  // stage 0 blocks 0-3
+          sm90::mbar_arrive(empty(0));  // stage 0 blocks 0-3
           named_bar_sync(kBarP1, 256);
           float sc1[2];
 #pragma unroll
@@ -832,7 +754,7 @@ struct MlaWgmmaCta {
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(o);
-          release_group(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
+          sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
         } else {
           // P1 (frame m1) for consumer 0, in stage 1's rope block; m1, scale1.
           const float one[2] = {1.f, 1.f};
@@ -872,10 +794,10 @@ struct MlaWgmmaCta {
           issue_pv_smem_p_at(o, sP(0), 0, 1);
           wgmma_commit();
           wgmma_wait<1>();
-          release_group(empty(1));  // stage 1 blocks 4-7
+          sm90::mbar_arrive(empty(1));  // stage 1 blocks 4-7
           wgmma_wait<0>();
           fence_regs(o);
-          release_group(empty_hi(0));  // stage 0 blocks 4-8 (P0)
+          sm90::mbar_arrive(empty_hi(0));  // stage 0 blocks 4-8 (P0)
         }
       }
 
@@ -901,7 +823,7 @@ struct MlaWgmmaCta {
 };
 
 // grid: (num_parts, ceil(rows_per_req / 64)), block 384, dynamic smem Tr::kSmemBytes.
-template <int kPage, int kVariant = 2>
+template <int kPage, int kVariant = 3>
 __global__ void __launch_bounds__(384, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ MlaDecodeParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -912,30 +834,17 @@ __global__ void __launch_bounds__(384, 1)
   using Cta = MlaWgmmaCta<Tr, kVariant>;
   Cta cta{p, smem, sm90::smem_addr(smem)};
   if (threadIdx.x == 0) {
-    // TMA: one arrival per consumer warp and CTA of the cluster on empty / empty_hi, one (with
-    // the transaction bytes) per block on block_full.
-    const int release = Cta::kTma ? (p.wgmma_mcast != 0 ? 8 : 4) : 128;
     sm90::mbar_init(cta.q_full(), 128);
     sm90::mbar_init(cta.q_empty(), 256);
     for (int s = 0; s < 2; ++s) {
       sm90::mbar_init(cta.full(s), 128);
-      sm90::mbar_init(cta.empty(s), Cta::kSplitRelease ? release : 256);
-      sm90::mbar_init(cta.empty_hi(s), release);
-      for (int kb = 0; kb < Tr::kColBlocks; ++kb) {
-        sm90::mbar_init(cta.block_full(s, kb), Cta::kTma ? 1 : 128);
-      }
+      sm90::mbar_init(cta.empty(s), Cta::kSplitRelease ? 128 : 256);
+      sm90::mbar_init(cta.empty_hi(s), 128);
+      for (int kb = 0; kb < Tr::kColBlocks; ++kb) sm90::mbar_init(cta.block_full(s, kb), 128);
     }
     sm90::mbar_init_fence();
   }
-  if constexpr (Cta::kTma) {
-    if (p.wgmma_mcast != 0) {
-      sm90::cluster_sync();
-    } else {
-      __syncthreads();
-    }
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
@@ -958,9 +867,6 @@ __global__ void __launch_bounds__(384, 1)
     } else {
       cta.template consumer<1>();
     }
-  }
-  if constexpr (Cta::kTma) {
-    if (p.wgmma_mcast != 0) sm90::cluster_sync();  // the peer may still signal this CTA
   }
 #endif
 }
