@@ -92,17 +92,22 @@ TEST(FlashMlaKernels, VerifyChainsMultiTokenQueries) {
 // short requests per CTA-part (several segments per CTA: the Q reload and the alternation of the
 // two consumer warpgroups restart per segment, with odd and even tile counts), on both kernels
 // and the wgmma kernel's variants (ATTNKIT_MLA_WGMMA_BLOCKS 0 = tile barriers, 1 = block
-// barriers, unset = block barriers + split release, the default).
+// barriers, 2 = + split release, unset = the seesaw, the default: odd and even tile counts, i.e.
+// with and without the phantom tile).
 TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   std::vector<int> lens;
   for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
-  for (const char* variant : {"1", "1+blocks0", "1+blocks1", "0"}) {
+  for (const char* variant : {"1", "1+blocks0", "1+blocks1", "1+blocks2", "0"}) {
     const std::string v = variant;
     const char* wgmma = v == "0" ? "0" : "1";
     SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + variant);
     ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA", wgmma, 1), 0);
     ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_BLOCKS",
-                     v == "1+blocks0" ? "0" : (v == "1+blocks1" ? "1" : ""), 1),
+                     v == "1+blocks0"   ? "0"
+                     : v == "1+blocks1" ? "1"
+                     : v == "1+blocks2" ? "2"
+                                        : "",
+                     1),
               0);
     run_and_compare(mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16), true);
     run_and_compare(

@@ -48,7 +48,8 @@ struct MlaDecodeParams {
   // of the mma.sync one; set by the engine only where that kernel is compiled and the device is
   // SM90 (ATTNKIT_MLA_WGMMA=0 turns it off) with one full barrier per K tile
   // (ATTNKIT_MLA_WGMMA_BLOCKS=0); 2 (ATTNKIT_MLA_WGMMA_BLOCKS=1): one full barrier per 64-column
-  // block of a K tile; 3 (default): 2 + split release (mla_decode_wgmma.cuh, kVariant).
+  // block of a K tile; 3 (ATTNKIT_MLA_WGMMA_BLOCKS=2): 2 + split release; 4 (default): the seesaw
+  // schedule (mla_decode_wgmma.cuh, kVariant).
   int use_wgmma = 0;
   // Diagnostic, timing only (ATTNKIT_MLA_WGMMA_DIAG=noload): the wgmma kernel's producer stops
   // loading K tiles after the first two, the mma.sync kernel after its prologue (results are

@@ -8,8 +8,8 @@
 //     K tiles [64 keys x 576] into a 2-stage ring by 16-byte cp.async through the page table
 //     (slot = req_to_token[j - j % P] + j % P), in the 128-byte swizzle the wgmma descriptors
 //     read; completion on mbarriers (full: cp.async.mbarrier.arrive.noinc), a stage is refilled
-//     after both consumer warpgroups released it (empty). kVariant (below): the default has one
-//     full barrier per 64-column block and releases the two V halves separately.
+//     after both consumer warpgroups released it (empty). kVariant (below): 1 and up have one
+//     full barrier per 64-column block, 2 and up release the two V halves separately.
 //   warpgroups 1, 2 (consumers g = 0, 1, setmaxnreg 232): consumer g owns output columns
 //     [256 g, 256 g + 256) of all 64 rows (O: 128 f32 registers per thread) and the S = Q K^T of
 //     the segment's tiles i with i % 2 == g (wgmma m64n64k16, A = Q and B = K from shared memory,
@@ -20,7 +20,9 @@
 //     m64n256k16, 4 k-steps). For the other consumer's tile it waits for that P, rescales O and
 //     issues O += P V for its columns (A = P from shared memory), then its own next S; once that
 //     P V is done (wait_group 1) the stage is released, so the producer refills it while S and
-//     the softmax run. One warpgroup's softmax overlaps the other's GEMMs.
+//     the softmax run. One warpgroup's softmax overlaps the other's GEMMs. (That is kVariant
+//     0-2; the default, kVariant 3, is the seesaw described below: both S of a tile pair at
+//     once, only the row max handed between the softmaxes.)
 //   Epilogue: the row sums of both consumers are added through shared memory (named barrier 3);
 //     whole requests write bf16 out (+ natural-log LSE), split segments the normalised f32
 //     partial + log2 LSE for mla_combine_kernel.
@@ -66,6 +68,9 @@ struct MlaWgmmaTraits {
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kPOffset = kKOffset + 2 * kTileBytes;
+  // Seesaw (kVariant 3): P lives in the rope block of its stage; the P buffer holds the
+  // exchange arrays m0, scale0, m1, scale1 [64] instead.
+  static constexpr int kXOffset = kPOffset;
   static constexpr int kMOffset = kPOffset + kPBytes;    // running max per row (log2 domain)
   static constexpr int kFOffset = kMOffset + kRows * 4;  // rescale factor of the latest tile
   static constexpr int kLOffset = kFOffset + kRows * 4;  // [2][kRows] row sums per consumer
@@ -97,13 +102,34 @@ inline constexpr int kBarEpilogue = 3;
 // arrives on one full barrier per 64-column block of a K tile (9 per stage), and S = Q K^T waits
 // block by block, so the S of a freshly refilled stage starts when its first 8 KiB have landed
 // instead of all 72 KiB (the load of the tile overlaps its own S).
-// kVariant 2 (default; H200 session 7: +2-3% over 1): 1 + split release: consumer 0 releases
-// blocks 0-3 and the rope block 8 (empty), consumer 1 blocks 4-7 (empty_hi); the producer refills
-// 0-3, 8 first and S runs the blocks in that order (0, 1, 2, 3, 8, 4, 5, 6, 7).
+// kVariant 2 (ATTNKIT_MLA_WGMMA_BLOCKS=2; H200 session 7: +2-3% over 1): 1 + split release:
+// consumer 0 releases blocks 0-3 and the rope block 8 (empty), consumer 1 blocks 4-7 (empty_hi);
+// the producer refills 0-3, 8 first and S runs the blocks in that order (0, 1, 2, 3, 8, 4-7).
+//
+// kVariant 3 (default; H200 session 9: +4-6% over 2): the tiles of a segment go in pairs
+// (a, a + 1) on stages (0, 1); consumer g computes S of tile a + g (both S GEMMs back to back), the
+// online softmax of the pair is split in the FlashMLA "seesaw" way: consumer 0 takes the max of
+// tile a first (m0 = max(m, max S0), scale0) and hands m0 / scale0 to consumer 1, which takes
+// m1 = max(m0, max S1), scale1 and publishes P1 (in frame m1) in stage 1's rope block; consumer 0
+// runs O_L = O_L scale0 + P0 V0L from registers meanwhile, then publishes P0 scale1 (frame m1) in
+// stage 0's rope block and runs O_L = O_L scale1 + P1 V1L; consumer 1 runs O_R = O_R scale0 scale1
+// + P1 V1R + (P0 scale1) V0R without waiting in between. Only the max (not P) is on the chain
+// between the two softmaxes. Release: stage 0 blocks 0-3 after P0 V0L (empty), blocks 4-8 after
+// (P0 scale1) V0R (empty_hi); stage 1 blocks 4-7 after P1 V1R (empty), blocks 0-3, 8 after P1 V1L
+// (empty_hi); the producer loads in that order and S0 / S1 read their blocks in the order
+// loaded. An odd segment's last pair has a phantom tile a + 1 (zero-filled, masked).
 template <typename Tr, int kVariant>
 struct MlaWgmmaCta {
   static constexpr bool kBlockFull = kVariant >= 1;
-  static constexpr bool kSplitRelease = kVariant == 2;
+  static constexpr bool kSplitRelease = kVariant >= 2;
+  static constexpr bool kSeesaw = kVariant == 3;
+  // Seesaw: the column block consumer (= stage) s multiplies n-th in S (the order its blocks are
+  // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8.
+  __device__ static constexpr int seesaw_block(int s, int n) {
+    return s == 0 || n == 8 ? n : (n < 4 ? n + 4 : n - 4);
+  }
+  // P of stage s (64 x 64 keys, one 128-byte swizzle block) in that stage's rope block.
+  __device__ uint32_t sP(int s) const { return sK(s) + 8 * kBlockN * 128; }
   // Column block loaded / multiplied n-th.
   __device__ static constexpr int block_at(int n) {
     return !kSplitRelease || n < 4 ? n : (n == 4 ? 8 : n - 1);
@@ -127,27 +153,32 @@ struct MlaWgmmaCta {
     sm90::mbar_arrive(kSplitRelease && g == 1 ? empty_hi(s) : empty(s));
   }
 
+  // Q rows [row0, row0 + 64) of request b (padding rows zero-filled), after the previous
+  // segment's consumers are done with Q and the exchange arrays (segment number tcount).
+  __device__ void load_q(int b, int tcount) const {
+    using namespace sm90;
+    const int tid = threadIdx.x;
+    const auto* qg = static_cast<const uint8_t*>(p.q);
+    const int row0 = blockIdx.y * Tr::kRows;
+    mbar_wait(q_empty(), (tcount & 1) ^ 1);
+    for (int idx = tid; idx < Tr::kRows * Tr::kChunks; idx += 128) {
+      const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
+      const uint8_t* src = q_chunk_src(p, b, row0 + r, c);
+      cp_async_16(sQ() + swizzle_offset(Tr::kRows, r, c), src ? src : qg, src ? 16 : 0);
+    }
+    cp_async_arrive_noinc(q_full());
+  }
+
   // ---- producer (warpgroup 0) ----
   __device__ void producer() const {
     using namespace sm90;
     const int tid = threadIdx.x;  // 0..127
-    const auto* qg = static_cast<const uint8_t*>(p.q);
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
-    const int row0 = blockIdx.y * Tr::kRows;
     int it = 0, tcount = 0;
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
       const int32_t* tok =
           p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
-      // Q rows [row0, row0 + 64) (padding rows zero-filled), after the previous segment's
-      // consumers are done with Q and the exchange arrays.
-      mbar_wait(q_empty(), (tcount & 1) ^ 1);
-      for (int idx = tid; idx < Tr::kRows * Tr::kChunks; idx += 128) {
-        const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
-        const uint8_t* src = q_chunk_src(p, b, row0 + r, c);
-        cp_async_16(sQ() + swizzle_offset(Tr::kRows, r, c), src ? src : qg, src ? 16 : 0);
-      }
-      cp_async_arrive_noinc(q_full());
-      ++tcount;
+      load_q(b, tcount++);
       // K tiles: thread t copies key t / 2, chunks (t % 2) + 2 i.
       const int key = tid >> 1;
       for (int tile = t0; tile < t1; ++tile, ++it) {
@@ -236,7 +267,10 @@ struct MlaWgmmaCta {
   // it cannot prove warp-uniform makes it serialise every wgmma of the kernel, C7518 / C7520).
   // The same with P [64 x 64 keys] from shared memory (K-major, one 128-byte swizzle block).
   __device__ void issue_pv_smem_p(float (&o)[128], int stage, int g) const {
-    const uint64_t p_desc = sm90::make_desc(base + Tr::kPOffset, 16, 1024);
+    issue_pv_smem_p_at(o, base + Tr::kPOffset, stage, g);
+  }
+  __device__ void issue_pv_smem_p_at(float (&o)[128], uint32_t p_addr, int stage, int g) const {
+    const uint64_t p_desc = sm90::make_desc(p_addr, 16, 1024);
     const uint64_t v_desc = sm90::make_desc(sK(stage) + g * 4 * kBlockN * 128, kBlockN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -434,45 +468,362 @@ struct MlaWgmmaCta {
       mbar_arrive(q_empty());  // Q, P, m, f, l free for the next segment
       ++tcount;
 
+      write_out<g>(o, denom, m_fin, b, whole, partial, r_lo, lane);
+    });
+  }
+
+  // Epilogue store of consumer g's 256 output columns of rows r_lo, r_lo + 8: whole requests bf16
+  // out (+ natural-log LSE), split segments the normalised f32 partial + log2 LSE.
+  template <int g>
+  __device__ void write_out(const float (&o)[128], const float (&denom)[2], const float (&m_fin)[2],
+                            int b, bool whole, int partial, int r_lo, int lane) const {
+    const float kNegInf = -__int_as_float(0x7f800000);
+    const int row0 = blockIdx.y * Tr::kRows;
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      const int m = row0 + r_lo + 8 * x;
+      if (m >= p.rows_per_req) continue;
+      const bool any = denom[x] > 0.f;
+      const float inv = any ? 1.f / denom[x] : 0.f;
+      const float lse2 = any ? m_fin[x] + log2f(denom[x]) : kNegInf;
+      const int token = b * p.s_q + m / p.num_heads;
+      const int h = m % p.num_heads;
+      const int col0 = 256 * g + 2 * (lane & 3);
+      if (whole) {
+        auto* dst = static_cast<__nv_bfloat16*>(p.out) + token * p.o_stride_token +
+                    h * p.o_stride_head + col0;
+        const float scale = inv * p.v_scale;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+              cuda::pack2<__nv_bfloat16>(o[4 * j + 2 * x] * scale, o[4 * j + 2 * x + 1] * scale);
+        }
+        if (p.lse != nullptr && g == 0 && (lane & 3) == 0) {
+          p.lse[token * p.lse_stride_token + h] = any ? lse2 * cuda::kLn2 : kNegInf;
+        }
+      } else {
+        const int64_t prow = static_cast<int64_t>(partial) * p.rows_per_req + m;
+        float* dst = p.partial_out + prow * kLatentDim + col0;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          *reinterpret_cast<float2*>(dst + 8 * j) =
+              make_float2(o[4 * j + 2 * x] * inv, o[4 * j + 2 * x + 1] * inv);
+        }
+        if (g == 0 && (lane & 3) == 0) p.partial_lse[prow] = lse2;
+      }
+    }
+  }
+
+  // ---- seesaw (kVariant 3) ----
+  // Producer: per pair of tiles (a, a + 1) the four release groups in the order they free up:
+  // stage 0 blocks 0-3 (empty(0)), stage 1 blocks 4-7 (empty(1)), stage 0 blocks 4-8
+  // (empty_hi(0)), stage 1 blocks 0-3, 8 (empty_hi(1)).
+  __device__ void producer_seesaw() const {
+    using namespace sm90;
+    const int tid = threadIdx.x;  // 0..127
+    const auto* kvg = static_cast<const uint8_t*>(p.kv);
+    int pc = 0, tcount = 0;
+    for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
+      const int32_t* tok =
+          p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
+      load_q(b, tcount++);
+      const int key = tid >> 1;
+      for (int a = t0; a < t1; a += 2, ++pc) {
+        // Tile a + 1 == t1 (odd segment): the phantom tile, zero-filled (and masked).
+        const int j0 = a * kBlockN + key, j1 = j0 + kBlockN;
+        const bool valid0 = j0 < kv_len, valid1 = a + 1 < t1 && j1 < kv_len;
+        const uint8_t* row0 =
+            kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row * 2;
+        const uint8_t* row1 =
+            kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row * 2;
+        const uint32_t ph = (pc & 1) ^ 1;
+        const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
+#pragma unroll 1
+        for (int grp = 0; grp < 4; ++grp) {
+          const int s = grp & 1;
+          mbar_wait(grp < 2 ? empty(s) : empty_hi(s), ph);
+          const int nb = grp < 2 ? 4 : 5;
+          const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
+          const uint32_t dst = sK(s);
+          const bool valid = s ? valid1 : valid0;
+          const uint8_t* row = s ? row1 : row0;
+#pragma unroll 1
+          for (int n = 0; n < nb; ++n) {
+            const int kb = n == 4 ? 8 : kb0 + n;
+            if (load) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const int c = 8 * kb + 4 * (tid & 1) + i;
+                cp_async_16(dst + swizzle_offset(kBlockN, key, c), valid ? row + c * 16 : kvg,
+                            valid ? 16 : 0);
+              }
+            }
+            cp_async_arrive_noinc(block_full(s, kb));
+          }
+        }
+      }
+    });
+    cp_async_wait<0>();
+  }
+
+  // S = Q K^T of stage kS in seesaw_block order; the first block was waited for by the caller.
+  template <int kS>
+  __device__ void issue_s_seesaw(float (&sacc)[32], uint32_t parity) const {
+    const uint64_t q_desc = sm90::make_desc(sQ(), 16, 1024);
+    const uint64_t k_desc = sm90::make_desc(sK(kS), 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+      const int kb = seesaw_block(kS, kk / 4);
+      if (kk % 4 == 0 && kk > 0) {
+        sm90::mbar_wait(block_full(kS, kb), parity);
+        sm90::fence_proxy_async();
+        sm90::wgmma_fence();
+      }
+      sm90::wgmma_ss<64, true, 0>(
+          sacc, sm90::desc_advance(q_desc, kb * Tr::kRows * 128 + (kk % 4) * 32),
+          sm90::desc_advance(k_desc, kb * kBlockN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
+    }
+  }
+
+  // Writes this thread's share of P (sacc scaled by f[row], bf16) into the P block at p_base
+  // (same fragment-to-word mapping as the A fragment: word (kk, q) = row r_lo + 8 (q & 1), keys
+  // 16 kk + 8 (q >> 1) + 2 (lane & 3) + [0, 2)).
+  __device__ void store_p(uint8_t* p_base, const float (&sacc)[32], const float (&f)[2], int r_lo,
+                          int lane) const {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int j = 2 * kk + (q >> 1);
+        const int x = q & 1;
+        *reinterpret_cast<uint32_t*>(p_base + sm90::swizzle_offset(64, r_lo + 8 * x, j) +
+                                     4 * (lane & 3)) =
+            cuda::pack2<__nv_bfloat16>(sacc[4 * j + 2 * x] * f[x], sacc[4 * j + 2 * x + 1] * f[x]);
+      }
+    }
+  }
+
+  template <int g>
+  __device__ void consumer_seesaw() const {
+    using namespace sm90;
+    const int tid = threadIdx.x - 128 * (g + 1);
+    const int warp = tid >> 5, lane = tid & 31;
+    const int r_lo = 16 * warp + (lane >> 2);
+    const float kNegInf = -__int_as_float(0x7f800000);
+    auto* x_sh = reinterpret_cast<float*>(smem + Tr::kXOffset);
+    float* m0_sh = x_sh;  // m after tile a (consumer 0)
+    float* sc0_sh = x_sh + Tr::kRows;
+    float* m1_sh = x_sh + 2 * Tr::kRows;  // m after tile a + 1 (consumer 1)
+    float* sc1_sh = x_sh + 3 * Tr::kRows;
+    auto* l_sh = reinterpret_cast<float*>(smem + Tr::kLOffset);
+    const int row0 = blockIdx.y * Tr::kRows;
+    constexpr int kBarM0 = 1, kBarP1 = 2, kBarP0 = 4;
+    int pc = 0, tcount = 0;
+    for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
+      int limit[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int m = row0 + r_lo + 8 * x;
-        if (m >= p.rows_per_req) continue;
-        const bool any = denom[x] > 0.f;
-        const float inv = any ? 1.f / denom[x] : 0.f;
-        const float lse2 = any ? m_fin[x] + log2f(denom[x]) : kNegInf;
-        const int token = b * p.s_q + m / p.num_heads;
-        const int h = m % p.num_heads;
-        const int col0 = 256 * g + 2 * (lane & 3);
-        if (whole) {
-          auto* dst = static_cast<__nv_bfloat16*>(p.out) + token * p.o_stride_token +
-                      h * p.o_stride_head + col0;
-          const float scale = inv * p.v_scale;
+        const int i = m < p.rows_per_req ? m / p.num_heads : p.s_q - 1;
+        const int lim = kv_len - (p.s_q - 1 - i);
+        limit[x] = lim < t1 * kBlockN ? lim : t1 * kBlockN;  // masks the phantom tile
+      }
+      float o[128];
 #pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-                cuda::pack2<__nv_bfloat16>(o[4 * j + 2 * x] * scale, o[4 * j + 2 * x + 1] * scale);
+      for (int i = 0; i < 128; ++i) o[i] = 0.f;
+      float l[2] = {0.f, 0.f};
+      float m_prev[2] = {kNegInf, kNegInf};  // the running max before the pair (after: m1)
+      float sacc[32];
+      uint32_t pa[4][4];
+
+      mbar_wait(q_full(), tcount & 1);
+      fence_proxy_async();
+
+      for (int a = t0; a < t1; a += 2, ++pc) {
+        const uint32_t par = pc & 1;
+        const int tile = a + g;
+        mbar_wait(block_full(g, seesaw_block(g, 0)), par);
+        fence_proxy_async();
+        wgmma_fence();
+        issue_s_seesaw<g>(sacc, par);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(sacc);
+        fence_regs(o);
+        const float scale = p.scale_log2;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = tile * kBlockN + 8 * j + 2 * (lane & 3) + (e & 1);
+            sacc[4 * j + e] = key < limit[e >> 1] ? sacc[4 * j + e] * scale : kNegInf;
           }
-          if (p.lse != nullptr && g == 0 && (lane & 3) == 0) {
-            p.lse[token * p.lse_stride_token + h] = any ? lse2 * cuda::kLn2 : kNegInf;
+        }
+        float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sacc[4 * j + e]);
+        }
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
+          mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
+        }
+        float m_ref[2], sc[2], sc_other[2], m_use[2], sum[2] = {0.f, 0.f};
+        if constexpr (g == 0) {
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            const float m_new = fmaxf(m_prev[x], mx[x]);
+            m_use[x] = m_new == kNegInf ? 0.f : m_new;
+            sc[x] = exp2_approx(m_prev[x] - m_use[x]);  // scale0
+            m_ref[x] = m_new;
           }
+          if ((lane & 3) == 0) {
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+              m0_sh[r_lo + 8 * x] = m_ref[x];
+              sc0_sh[r_lo + 8 * x] = sc[x];
+            }
+          }
+          named_bar_arrive(kBarM0, 256);
         } else {
-          const int64_t prow = static_cast<int64_t>(partial) * p.rows_per_req + m;
-          float* dst = p.partial_out + prow * kLatentDim + col0;
+          named_bar_sync(kBarM0, 256);
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            const float m0 = m0_sh[r_lo + 8 * x];
+            sc_other[x] = sc0_sh[r_lo + 8 * x];
+            const float m_new = fmaxf(m0, mx[x]);
+            m_use[x] = m_new == kNegInf ? 0.f : m_new;
+            sc[x] = exp2_approx(m0 - m_use[x]);  // scale1
+            m_ref[x] = m_new;
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            sacc[4 * j + e] = exp2_approx(sacc[4 * j + e] - m_use[e >> 1]);
+            sum[e >> 1] += sacc[4 * j + e];
+          }
+          pa[j >> 1][2 * (j & 1) + 0] = cuda::pack2<__nv_bfloat16>(sacc[4 * j], sacc[4 * j + 1]);
+          pa[j >> 1][2 * (j & 1) + 1] =
+              cuda::pack2<__nv_bfloat16>(sacc[4 * j + 2], sacc[4 * j + 3]);
+        }
+        if constexpr (g == 0) {
+          // O_L = O_L scale0 + P0 V0L
 #pragma unroll
           for (int j = 0; j < 32; ++j) {
-            *reinterpret_cast<float2*>(dst + 8 * j) =
-                make_float2(o[4 * j + 2 * x] * inv, o[4 * j + 2 * x + 1] * inv);
+            o[4 * j + 0] *= sc[0];
+            o[4 * j + 1] *= sc[0];
+            o[4 * j + 2] *= sc[1];
+            o[4 * j + 3] *= sc[1];
           }
-          if (g == 0 && (lane & 3) == 0) p.partial_lse[prow] = lse2;
+          l[0] = l[0] * sc[0] + sum[0];
+          l[1] = l[1] * sc[1] + sum[1];
+          wgmma_fence();
+          issue_pv(o, pa, 0, 0);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(o);
+          sm90::mbar_arrive(empty(0));  // stage 0 blocks 0-3
+          named_bar_sync(kBarP1, 256);
+          float sc1[2];
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            sc1[x] = sc1_sh[r_lo + 8 * x];
+            m_prev[x] = m1_sh[r_lo + 8 * x];
+          }
+          // P0 scale1 (frame m1) for consumer 1, in stage 0's rope block (S0 read it, done).
+          store_p(smem + (sP(0) - base), sacc, sc1, r_lo, lane);
+          fence_proxy_async();
+          named_bar_arrive(kBarP0, 256);
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            o[4 * j + 0] *= sc1[0];
+            o[4 * j + 1] *= sc1[0];
+            o[4 * j + 2] *= sc1[1];
+            o[4 * j + 3] *= sc1[1];
+          }
+          l[0] *= sc1[0];
+          l[1] *= sc1[1];
+          wait_tile(1, par, 0, 4);  // V1L (P1 came with the named barrier)
+          fence_proxy_async();
+          wgmma_fence();
+          issue_pv_smem_p_at(o, sP(1), 1, 0);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(o);
+          sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
+        } else {
+          // P1 (frame m1) for consumer 0, in stage 1's rope block; m1, scale1.
+          const float one[2] = {1.f, 1.f};
+          store_p(smem + (sP(1) - base), sacc, one, r_lo, lane);
+          if ((lane & 3) == 0) {
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+              m1_sh[r_lo + 8 * x] = m_ref[x];
+              sc1_sh[r_lo + 8 * x] = sc[x];
+            }
+          }
+          fence_proxy_async();
+          named_bar_arrive(kBarP1, 256);
+          float f[2];
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            f[x] = sc_other[x] * sc[x];
+            m_prev[x] = m_ref[x];
+          }
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            o[4 * j + 0] *= f[0];
+            o[4 * j + 1] *= f[0];
+            o[4 * j + 2] *= f[1];
+            o[4 * j + 3] *= f[1];
+          }
+          l[0] = l[0] * f[0] + sum[0];
+          l[1] = l[1] * f[1] + sum[1];
+          // O_R += P1 V1R, then += (P0 scale1) V0R: both in frame m1, no wait in between.
+          wgmma_fence();
+          issue_pv(o, pa, 1, 1);
+          wgmma_commit();
+          named_bar_sync(kBarP0, 256);
+          wait_tile(0, par, 4, 8);
+          fence_proxy_async();
+          wgmma_fence();
+          issue_pv_smem_p_at(o, sP(0), 0, 1);
+          wgmma_commit();
+          wgmma_wait<1>();
+          sm90::mbar_arrive(empty(1));  // stage 1 blocks 4-7
+          wgmma_wait<0>();
+          fence_regs(o);
+          sm90::mbar_arrive(empty_hi(0));  // stage 0 blocks 4-8 (P0)
         }
       }
+
+      // ---- epilogue (as consumer()): total row sums; the final max is m_prev ----
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
+        l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
+      }
+      if ((lane & 3) == 0) {
+        l_sh[g * Tr::kRows + r_lo] = l[0];
+        l_sh[g * Tr::kRows + r_lo + 8] = l[1];
+      }
+      named_bar_sync(kBarEpilogue, 256);
+      float denom[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) denom[x] = l_sh[r_lo + 8 * x] + l_sh[Tr::kRows + r_lo + 8 * x];
+      mbar_arrive(q_empty());
+      ++tcount;
+      write_out<g>(o, denom, m_prev, b, whole, partial, r_lo, lane);
     });
   }
 };
 
 // grid: (num_parts, ceil(rows_per_req / 64)), block 384, dynamic smem Tr::kSmemBytes.
-template <int kPage, int kVariant = 2>
+template <int kPage, int kVariant = 3>
 __global__ void __launch_bounds__(384, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ MlaDecodeParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -497,13 +848,25 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
-    cta.producer();
+    if constexpr (Cta::kSeesaw) {
+      cta.producer_seesaw();
+    } else {
+      cta.producer();
+    }
   } else if (wg == 1) {
     sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
-    cta.template consumer<0>();
+    if constexpr (Cta::kSeesaw) {
+      cta.template consumer_seesaw<0>();
+    } else {
+      cta.template consumer<0>();
+    }
   } else {
     sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
-    cta.template consumer<1>();
+    if constexpr (Cta::kSeesaw) {
+      cta.template consumer_seesaw<1>();
+    } else {
+      cta.template consumer<1>();
+    }
   }
 #endif
 }
