@@ -415,7 +415,7 @@ Result<Ceiling> measure_cpu_amx_peak(bool has_amx_bf16, int reps) {
   c.method = "AMX tdpbf16ps, 4 independent 16x16 tiles (2x2 blocking) from registers x " +
              std::to_string(threads) + " threads, best of " + std::to_string(reps) +
              " short passes (median " + std::to_string(c.median_tflops) + ", worst " +
-             std::to_string(c.min_tflops) + ")";
+             std::to_string(c.min_tflops) + "; extend ratios use the median)";
   return c;
 #endif
 }

@@ -251,7 +251,11 @@ void bench_main(const BenchArgs& args) {
   }
   if (run.ceilings.back().tflops > 0) {
     rates.compute_name = run.ceilings.back().name;
-    rates.compute_tflops = run.ceilings.back().tflops;
+    // The AMX peak's ratios use its median short pass: the best of 15 short passes can catch a
+    // moment when the vCPUs' tile units are not shared (Xeon host 09:47Z, 16 threads: best 34.1,
+    // median 21.5, worst 15.4 TFLOP/s in one process); every pass figure stays in the method.
+    const bench::Ceiling& peak = run.ceilings.back();
+    rates.compute_tflops = peak.name == "cpu_amx_bf16_peak" ? peak.median_tflops : peak.tflops;
   }
   std::cout << "# " << run.device_info.name << " " << run.device << ", " << run.date << "\n";
   for (const bench::Ceiling& c : run.ceilings) {
@@ -288,6 +292,7 @@ void bench_main(const BenchArgs& args) {
   // them; a host whose tile rate changed mode meanwhile shows it here (both stay in the JSON).
   if (device.is_cpu() && run.device_info.has_amx_bf16 &&
       rates.compute_name == "cpu_amx_bf16_peak") {
+    const size_t amx_index = run.ceilings.size() - 1;  // the peak before (pushed last)
     Result<bench::Ceiling> after =
         bench::measure_cpu_amx_peak(run.device_info.has_amx_bf16, kCpuAmxPeakReps);
     if (after) {
@@ -298,9 +303,10 @@ void bench_main(const BenchArgs& args) {
         if (r.tflops > 0 && after->tflops > 0) {
           std::cout << "#   " << r.backend << " " << r.bench_case.name << ": " << r.tflops
                     << " TFLOP/s = " << 100.0 * r.tflops / rates.compute_tflops
-                    << "% of the peak before, " << 100.0 * r.tflops / after->tflops
-                    << "% of the peak after (best), " << 100.0 * r.tflops / after->median_tflops
-                    << "% (median pass after)\n";
+                    << "% of the median pass before (the table's ratio), "
+                    << 100.0 * r.tflops / run.ceilings[amx_index].tflops << "% of the best before, "
+                    << 100.0 * r.tflops / after->median_tflops << "% of the median pass after, "
+                    << 100.0 * r.tflops / after->tflops << "% of the best after\n";
         }
       }
       run.ceilings.push_back(*after);

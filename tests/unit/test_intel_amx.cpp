@@ -328,8 +328,7 @@ TEST_P(IntelAmxTargeted, AmxPackingModes) {
 // (16-key tiles straight from the pool), page 1 and 24 (tiles across pages: staged), a window
 // whose first key is not on a tile boundary, soft-cap, GQA 8 at d 64 and d 256, a split long
 // request (partials merged by LSE), 1 and 5 threads, the software prefetch modes
-// (ATTNKIT_AMX_DECODE_PF=1, 2, 3), the row streams (ATTNKIT_AMX_DECODE_STREAM=1, 2, 3); each also
-// with ATTNKIT_AMX_DECODE=0 (the vector decode). f16 /
+// (ATTNKIT_AMX_DECODE_PF=1, 2, 3); each also with ATTNKIT_AMX_DECODE=0 (the vector decode). f16 /
 // fp8 KV fall back to the vector decode. Other paths ignore the switch.
 TEST_P(IntelAmxTargeted, AmxDecodeModes) {
   std::vector<CaseSpec> cases;
@@ -356,16 +355,6 @@ TEST_P(IntelAmxTargeted, AmxDecodeModes) {
     for (const char* mode : {"1", "2", "3"}) {
       ScopedEnv pf("ATTNKIT_AMX_DECODE_PF", mode);
       expect_matches_reference(c, GetParam(), true, 3);
-    }
-    for (const char* mode : {"1", "2", "3"}) {
-      ScopedEnv stream("ATTNKIT_AMX_DECODE_STREAM", mode);
-      expect_matches_reference(c, GetParam(), true, 3);
-      expect_matches_reference(c, GetParam(), true, 1);
-    }
-    {  // the split half tiles with the far prefetch
-      ScopedEnv stream("ATTNKIT_AMX_DECODE_STREAM", "2");
-      ScopedEnv pf("ATTNKIT_AMX_DECODE_PF", "3");
-      expect_matches_reference(c, GetParam(), true, 2);
     }
     ScopedEnv vec("ATTNKIT_AMX_DECODE", "0");
     expect_matches_reference(c, GetParam(), true);

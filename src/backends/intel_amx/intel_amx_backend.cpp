@@ -89,14 +89,6 @@ int env_amx_decode_prefetch() {
   return mode >= 1 && mode <= 3 ? mode : 0;
 }
 
-// ATTNKIT_AMX_DECODE_STREAM=1|2|3: how the AMX decode reads its tiles' pool rows
-// (DecodeWork::amx_stream; default 0, tile loads straight from the pool; session 9 A/B).
-int env_amx_decode_stream() {
-  const char* v = std::getenv("ATTNKIT_AMX_DECODE_STREAM");
-  const int mode = v == nullptr ? 0 : std::atoi(v);
-  return mode >= 1 && mode <= 3 ? mode : 0;
-}
-
 bool env_pipeline() {
   const char* v = std::getenv(kPipelineEnvVar);
   return v == nullptr || std::string(v) != "0";
@@ -178,8 +170,7 @@ class IntelAmxBackend final : public AttentionBackend {
         amx_decode_(env_on_unless_zero(kAmxDecodeEnvVar)),
         amx_fast_softmax_(env_on_unless_zero(kFastSoftmaxEnvVar)),
         amx_masked_rows_(env_flag(kMaskedRowsEnvVar)),
-        amx_decode_prefetch_(env_amx_decode_prefetch()),
-        amx_decode_stream_(env_amx_decode_stream()) {}
+        amx_decode_prefetch_(env_amx_decode_prefetch()) {}
 
   // Per-thread scratch for the context's head counts and dims: sized once here, reused by every
   // forward (the kernels never allocate).
@@ -295,8 +286,7 @@ class IntelAmxBackend final : public AttentionBackend {
     if (batch.num_tokens == 0) return Status::ok();
     const Plan& plan = layer.is_cross_attention ? cross_ : self_;
     const DecodeWork work{&plan.requests,      &plan.decode_items,  &plan.decode_merges,
-                          partial_out_.data(), partial_lse_.data(), amx_decode_prefetch_,
-                          amx_decode_stream_};
+                          partial_out_.data(), partial_lse_.data(), amx_decode_prefetch_};
     const ThreadScratch ts = thread_scratch();
     switch (isa_) {
       case CpuIsa::kAmx:
@@ -550,7 +540,6 @@ class IntelAmxBackend final : public AttentionBackend {
   bool amx_fast_softmax_;    // ATTNKIT_AMX_SOFTMAX (default on; 0 = two-pass rows)
   bool amx_masked_rows_;     // ATTNKIT_AMX_MASKED_ROWS (default off)
   int amx_decode_prefetch_;  // ATTNKIT_AMX_DECODE_PF (default 0)
-  int amx_decode_stream_;    // ATTNKIT_AMX_DECODE_STREAM (default 0)
   Buffer packed_;            // AMX extend: the forward's packed K/V blocks
   Buffer scratch_;
   int64_t scratch_stride_ = 0;

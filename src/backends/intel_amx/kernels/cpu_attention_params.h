@@ -178,12 +178,6 @@ struct DecodeWork {
   // AMX decode software prefetch into L2 (ATTNKIT_AMX_DECODE_PF): 0 none (default), 1 per (tile,
   // kv head) slice, 2 whole rows in address order, 3 whole rows one sub-block further ahead.
   int amx_prefetch = 0;
-  // How the AMX decode reads the tiles' pool rows (ATTNKIT_AMX_DECODE_STREAM): 0 tile loads
-  // straight from the pool (default); 1 every tile copied into the stage first (memcpy of whole
-  // rows: one address-order stream); 2 half tiles of every other row (8 keys, row stride x 2: each
-  // 4 KiB page of a 2 KiB-row pool is read in one ascending sweep); 3 the S pass copies each
-  // tile's K and V rows together into the stage (two streams; P.V reads V from the stage).
-  int amx_stream = 0;
 };
 
 // AMX extend with K/V packed once per forward: every (request, kv head, key block) of the

@@ -53,10 +53,6 @@ constexpr int kSubKeys = 128;                          // keys per softmax sub-b
 constexpr int kSubTiles = kSubKeys / kTileKeys;        // key tiles per sub-block
 constexpr int kMaxGroup = 16;                          // group heads: columns of S^T, rows of O
 constexpr int kMaxDimTiles = kMaxHeadDim / kTileDims;  // 32-dim chunks of a head
-// DecodeWork::amx_stream: how the tiles' pool rows are read (session 9 A/B on the Xeon).
-constexpr int kStreamStage = 1;    // every tile copied into the stage (memcpy: address order)
-constexpr int kStreamSplit = 2;    // half tiles of every other row (each 4 KiB page ascending)
-constexpr int kStreamStageKv = 3;  // the S pass copies each tile's K and V rows (two streams)
 
 int64_t up16(int64_t floats) { return (floats + 15) / 16 * 16; }
 
@@ -69,7 +65,7 @@ struct AmxDecodeLayout {
   int64_t m = 0;        // [Hq] running max (log2 units)
   int64_t l = 0;        // [Hq] running sum
   int64_t stage_k = 0;  // [16][Hkv][D] bf16
-  int64_t stage_v = 0;  // [kSubKeys][Hkv][D] bf16 (stream mode 3 stages a sub-block's V)
+  int64_t stage_v = 0;  // [16][Hkv][D] bf16
   int64_t total = 0;
 };
 
@@ -89,7 +85,7 @@ AmxDecodeLayout amx_decode_layout(int hq, int hkv, int d) {
   l.m = take(hq);
   l.l = take(hq);
   l.stage_k = take(static_cast<int64_t>(kTileKeys) * hkv * d / 2);
-  l.stage_v = take(static_cast<int64_t>(kSubKeys) * hkv * d / 2);
+  l.stage_v = take(static_cast<int64_t>(kTileKeys) * hkv * d / 2);
   l.total = at;
   return l;
 }
@@ -108,36 +104,35 @@ namespace {
 
 using V = VecAvx512;
 
-// S pass: tmm0-1 S^T results [keys, group], tmm2-3 K tiles [keys, 32 dims], tmm4-5 Q^T [16 dim
-// pairs, group]; keys = 16, or 8 in stream mode 2 (half tiles of every other row).
-TileConfig s_config(int group, int keys) {
+// S pass: tmm0-1 S^T results [16 keys, group], tmm2-3 K tiles [16 keys, 32 dims], tmm4-5 Q^T
+// [16 dim pairs, group].
+TileConfig s_config(int group) {
   TileConfig c;
   c.palette_id = kPaletteAmx;
   const auto gb = static_cast<uint16_t>(4 * group);
   for (int t : {0, 1, 4, 5}) {
     c.colsb[t] = gb;
-    c.rows[t] = static_cast<uint8_t>(t >= 4 ? kTileKeys : keys);
+    c.rows[t] = kTileKeys;
   }
   for (int t : {2, 3}) {
     c.colsb[t] = 64;
-    c.rows[t] = static_cast<uint8_t>(keys);
+    c.rows[t] = kTileKeys;
   }
   return c;
 }
 
 // P.V pass: tmm0-1 and tmm3-4 O_even / O_odd [group, 16] (two dim chunks in flight), tmm2 and tmm5
-// V tiles [keys, 32 dims], tmm6-7 P_even / P_odd [group, keys x 2]; keys = 16, or 8 in stream
-// mode 2.
-TileConfig pv_config(int group, int keys) {
+// V tiles [16 keys, 32 dims], tmm6-7 P_even / P_odd [group, 16 keys x 2].
+TileConfig pv_config(int group) {
   TileConfig c;
   c.palette_id = kPaletteAmx;
   for (int t : {0, 1, 3, 4, 6, 7}) {
-    c.colsb[t] = static_cast<uint16_t>(t >= 6 ? 4 * keys : 64);
+    c.colsb[t] = 64;
     c.rows[t] = static_cast<uint8_t>(group);
   }
   for (int t : {2, 5}) {
     c.colsb[t] = 64;
-    c.rows[t] = static_cast<uint8_t>(keys);
+    c.rows[t] = kTileKeys;
   }
   return c;
 }
@@ -160,7 +155,7 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
 
 class AmxDecode {
  public:
-  AmxDecode(const CpuAttentionParams& p, const AmxDecodeLayout& lay, int prefetch, int stream)
+  AmxDecode(const CpuAttentionParams& p, const AmxDecodeLayout& lay, int prefetch)
       : p_(p),
         lay_(lay),
         hq_(p.num_q_heads),
@@ -173,10 +168,8 @@ class AmxDecode {
         post_(capped_ ? p.logit_cap * kLog2e : 1.f),
         k_cache_(static_cast<const uint16_t*>(p.k_cache)),
         v_cache_(static_cast<const uint16_t*>(p.v_cache)),
-        stream_(stream),
-        half_(stream == kStreamSplit),
-        s_cfg_(s_config(p.group(), half_ ? kTileKeys / 2 : kTileKeys)),
-        pv_cfg_(pv_config(p.group(), half_ ? kTileKeys / 2 : kTileKeys)),
+        s_cfg_(s_config(p.group())),
+        pv_cfg_(pv_config(p.group())),
         prefetch_(prefetch) {}
 
   void run_item(const DecodeWork& w, const DecodeItem& it, float* base) {
@@ -262,10 +255,9 @@ class AmxDecode {
 
   // Rows of tile [kt, kt + 16): in place when the 16 slots are consecutive and every key is
   // visible; else copied into the stage (invisible rows zero).
-  // Stream modes 1 and 3 stage every tile (v_row0: the first stage_v row the V rows go to).
   TileSrc tile_src(const int32_t* slots, int kt, int a, int b, float* base, bool need_k,
-                   bool need_v, int v_row0 = 0) const {
-    bool direct = !stage_all() && kt >= a && kt + kTileKeys <= b;
+                   bool need_v) const {
+    bool direct = kt >= a && kt + kTileKeys <= b;
     if (direct) {
       const int32_t s0 = slots[kt];
       for (int i = 1; i < kTileKeys; ++i) direct = direct && slots[kt + i] == s0 + i;
@@ -280,8 +272,8 @@ class AmxDecode {
               p_.v_head_stride};
     }
     auto* sk = reinterpret_cast<uint16_t*>(base + lay_.stage_k);
+    auto* sv = reinterpret_cast<uint16_t*>(base + lay_.stage_v);
     const int64_t row = static_cast<int64_t>(hkv_) * d_;
-    auto* sv = reinterpret_cast<uint16_t*>(base + lay_.stage_v) + v_row0 * row;
     const size_t bytes = static_cast<size_t>(d_) * sizeof(uint16_t);
     // Rows whose kv heads are contiguous in the pool are copied whole.
     const bool k_whole = p_.k_head_stride == d_;
@@ -309,53 +301,46 @@ class AmxDecode {
     return {sk, sv, row * 2, row * 2, d_, d_};
   }
 
-  // S^T of kv heads h and h + 1 (tmm0 / tmm1) for one key tile -> s; in stream mode 2 for the
-  // tile's keys e, e + 2, .. e + 14 (half e: 8 rows, every other pool row).
+  // S^T of kv heads h and h + 1 (tmm0 / tmm1) for one key tile -> s.
   template <bool kTwo>
-  void s_heads(const TileSrc& src, int h, const uint32_t* qt, float* s, int t, int e) const {
-    const int step = half_ ? 2 : 1;
+  void s_heads(const TileSrc& src, int h, const uint32_t* qt, float* s, int t) const {
     const int64_t qt_head = static_cast<int64_t>(dc_) * 16 * group_;
     const int64_t qt_bytes = 4 * group_;
-    const int64_t k_stride = step * src.k_row_bytes;
-    const uint16_t* k0 = src.k + h * src.k_head + e * (src.k_row_bytes / 2);
+    const uint16_t* k0 = src.k + h * src.k_head;
     const uint16_t* k1 = k0 + src.k_head;
     const uint32_t* q0 = qt + h * qt_head;
     const uint32_t* q1 = q0 + qt_head;
     tile_zero<0>();
     if constexpr (kTwo) tile_zero<1>();
     for (int c = 0; c < dc_; ++c) {
-      tile_load<2>(k0 + kTileDims * c, k_stride);
+      tile_load<2>(k0 + kTileDims * c, src.k_row_bytes);
       tile_load<4>(q0 + c * 16 * group_, qt_bytes);
       if constexpr (kTwo) {
-        tile_load<3>(k1 + kTileDims * c, k_stride);
+        tile_load<3>(k1 + kTileDims * c, src.k_row_bytes);
         tile_load<5>(q1 + c * 16 * group_, qt_bytes);
       }
       tile_dpbf16ps<0, 2, 4>();
       if constexpr (kTwo) tile_dpbf16ps<1, 3, 5>();
     }
-    tile_store<0>(s + (static_cast<int64_t>(h) * kSubKeys + t * kTileKeys + e) * group_,
-                  step * qt_bytes);
+    tile_store<0>(s + (static_cast<int64_t>(h) * kSubKeys + t * kTileKeys) * group_, qt_bytes);
     if constexpr (kTwo) {
-      tile_store<1>(s + (static_cast<int64_t>(h + 1) * kSubKeys + t * kTileKeys + e) * group_,
-                    step * qt_bytes);
+      tile_store<1>(s + (static_cast<int64_t>(h + 1) * kSubKeys + t * kTileKeys) * group_,
+                    qt_bytes);
     }
   }
 
   // O += P . V of kv head h for one key tile: dim chunks c (tmm0/1, V tmm2) and c + 1 (tmm3/4,
-  // V tmm5) per step, P_even / P_odd in tmm6 / tmm7. Stream mode 2: half e of the tile (keys e,
-  // e + 2, ..; P holds the tile's even keys in its first 8 pairs and the odd ones in the last 8).
-  void pv_head(const TileSrc& src, int h, int t, const uint32_t* pt, float* o, int e) const {
-    const int step = half_ ? 2 : 1;
-    tile_load<6>(pt + p_index(h, t, 0) + 8 * e, 64);
-    tile_load<7>(pt + p_index(h, t, 1) + 8 * e, 64);
-    const uint16_t* vh = src.v + h * src.v_head + e * (src.v_row_bytes / 2);
-    const int64_t v_stride = step * src.v_row_bytes;
+  // V tmm5) per step, P_even / P_odd in tmm6 / tmm7.
+  void pv_head(const TileSrc& src, int h, int t, const uint32_t* pt, float* o) const {
+    tile_load<6>(pt + p_index(h, t, 0), 64);
+    tile_load<7>(pt + p_index(h, t, 1), 64);
+    const uint16_t* vh = src.v + h * src.v_head;
     for (int c = 0; c < dc_; c += 2) {
       float* e0 = o + o_index(h, c, 0);
       float* o0 = o + o_index(h, c, 1);
       tile_load<0>(e0, 64);
       tile_load<1>(o0, 64);
-      tile_load<2>(vh + kTileDims * c, v_stride);
+      tile_load<2>(vh + kTileDims * c, src.v_row_bytes);
       tile_dpbf16ps<0, 6, 2>();
       tile_dpbf16ps<1, 7, 2>();
       if (c + 1 < dc_) {
@@ -363,7 +348,7 @@ class AmxDecode {
         float* o1 = o + o_index(h, c + 1, 1);
         tile_load<3>(e1, 64);
         tile_load<4>(o1, 64);
-        tile_load<5>(vh + kTileDims * (c + 1), v_stride);
+        tile_load<5>(vh + kTileDims * (c + 1), src.v_row_bytes);
         tile_dpbf16ps<3, 6, 5>();
         tile_dpbf16ps<4, 7, 5>();
         tile_store<3>(e1, 64);
@@ -390,36 +375,25 @@ class AmxDecode {
     // S pass (key-major: a tile's rows are read whole over the kv heads). Step (t, h) prefetches
     // head h's slice of tile t's V rows (read by the P.V pass below).
     tile_config(&s_cfg_);
-    const int halves = half_ ? 2 : 1;
     for (int t = 0; t < nt; ++t) {
       const int kt = k0 + t * kTileKeys;
-      // Stream mode 3 copies the tile's V rows beside its K rows (two streams, V for the P.V pass).
-      const TileSrc src =
-          tile_src(slots, kt, a, b, base, true, stream_ == kStreamStageKv, t * kTileKeys);
-      for (int e = 0; e < halves; ++e) {
-        int h = 0;
-        for (; h + 2 <= hkv_; h += 2) {
-          if (e == 0) {
-            prefetch_step(slots, v_pf + t * kTileKeys, a, b, v_cache_, p_.v_row_stride,
-                          p_.v_head_stride, h, 2);
-          }
-          s_heads<true>(src, h, qt, s, t, e);
-        }
-        if (h < hkv_) {
-          if (e == 0) {
-            prefetch_step(slots, v_pf + t * kTileKeys, a, b, v_cache_, p_.v_row_stride,
-                          p_.v_head_stride, h, 1);
-          }
-          s_heads<false>(src, h, qt, s, t, e);
-        }
+      const TileSrc src = tile_src(slots, kt, a, b, base, true, false);
+      int h = 0;
+      for (; h + 2 <= hkv_; h += 2) {
+        prefetch_step(slots, v_pf + t * kTileKeys, a, b, v_cache_, p_.v_row_stride,
+                      p_.v_head_stride, h, 2);
+        s_heads<true>(src, h, qt, s, t);
+      }
+      if (h < hkv_) {
+        prefetch_step(slots, v_pf + t * kTileKeys, a, b, v_cache_, p_.v_row_stride,
+                      p_.v_head_stride, h, 1);
+        s_heads<false>(src, h, qt, s, t);
       }
     }
     // Online softmax per (kv head, group head) over the sub-block's keys.
     const __m512i idx =
         _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                            _mm512_set1_epi32(group_));
-    // Stream mode 2: P lanes in the order even keys, odd keys (the halves' A tiles).
-    const __m512i split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     const V::F pre = V::set1(pre_);
     const V::F post = V::set1(post_);
     for (int h = 0; h < hkv_; ++h) {
@@ -446,8 +420,7 @@ class AmxDecode {
           const V::F pr = V::exp2(V::sub(x[t], mn));
           sum = V::add(sum, pr);
           const __m256bh hb = _mm512_cvtneps_pbh(pr);
-          __m512i pe = _mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(hb));
-          if (half_) pe = _mm512_permutexvar_epi32(split, pe);
+          const __m512i pe = _mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(hb));
           _mm512_storeu_si512(pt + p_index(h, t, 0) + g * 16, pe);
           _mm512_storeu_si512(pt + p_index(h, t, 1) + g * 16, _mm512_slli_epi32(pe, 16));
         }
@@ -467,26 +440,15 @@ class AmxDecode {
     // P.V pass.
     tile_config(&pv_cfg_);
     // Step (t, h) prefetches head h's slice of the next sub-block's tile t of K.
-    const int64_t row = static_cast<int64_t>(hkv_) * d_;
     for (int t = 0; t < nt; ++t) {
       const int kt = k0 + t * kTileKeys;
-      const TileSrc src =
-          stream_ == kStreamStageKv
-              ? TileSrc{nullptr,
-                        reinterpret_cast<const uint16_t*>(base + lay_.stage_v) + t * kTileKeys * row,
-                        0,
-                        row * 2,
-                        0,
-                        d_}
-              : tile_src(slots, kt, a, b, base, false, true);
-      for (int e = 0; e < halves; ++e) {
-        for (int h = 0; h < hkv_; ++h) {
-          if (k_pf < b && e == 0) {
-            prefetch_step(slots, k_pf + t * kTileKeys, a, b, k_cache_, p_.k_row_stride,
-                          p_.k_head_stride, h, 1);
-          }
-          pv_head(src, h, t, pt, o, e);
+      const TileSrc src = tile_src(slots, kt, a, b, base, false, true);
+      for (int h = 0; h < hkv_; ++h) {
+        if (k_pf < b) {
+          prefetch_step(slots, k_pf + t * kTileKeys, a, b, k_cache_, p_.k_row_stride,
+                        p_.k_head_stride, h, 1);
         }
+        pv_head(src, h, t, pt, o);
       }
     }
   }
@@ -517,8 +479,6 @@ class AmxDecode {
     }
   }
 
-  bool stage_all() const { return stream_ == kStreamStage || stream_ == kStreamStageKv; }
-
   static __mmask16 lane_mask(int lo, int hi) {
     lo = std::clamp(lo, 0, 16);
     hi = std::clamp(hi, 0, 16);
@@ -538,8 +498,6 @@ class AmxDecode {
   float post_;
   const uint16_t* k_cache_;
   const uint16_t* v_cache_;
-  int stream_;  // DecodeWork::amx_stream
-  bool half_;   // stream mode 2: half tiles of every other row
   TileConfig s_cfg_;
   TileConfig pv_cfg_;
   int prefetch_;  // DecodeWork::amx_prefetch
@@ -552,7 +510,7 @@ void decode_entry(const CpuAttentionParams& p, const DecodeWork& w, const Thread
 #pragma omp parallel num_threads(ts.num_threads)
   {
     float* base = ts.base + thread_id() * ts.stride;
-    AmxDecode kernel(p, lay, w.amx_prefetch, w.amx_stream);
+    AmxDecode kernel(p, lay, w.amx_prefetch);
     const unsigned mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | kMxcsrFtzDaz);
 #pragma omp for schedule(dynamic, 1)
