@@ -20,6 +20,7 @@ struct Ceiling {
   double flops = 0;   // compute ceilings: FLOPs per repetition
   double tflops = 0;  // compute ceilings: best repetition
   double median_tflops = 0;
+  double min_tflops = 0;  // compute ceilings: worst repetition
 };
 
 // Last-level cache of the host in bytes: the highest-level unified cache of cpu0 from
@@ -45,6 +46,9 @@ class CpuCopyProbe {
  public:
   static Result<CpuCopyProbe> create(int64_t buffer_bytes);
   double pass_gbs();
+  // One read-only pass over the source buffer (every thread sums its share; no stores): the
+  // per-core read ceiling that a decode, which only reads, is bound by. GB/s of bytes read.
+  double read_pass_gbs();
   int64_t buffer_bytes() const { return bytes_; }
   int threads() const { return threads_; }
 
@@ -55,6 +59,11 @@ class CpuCopyProbe {
   int64_t bytes_ = 0;
   int threads_ = 1;
 };
+// Read-only ceiling: every OpenMP thread sums its share of a buffer of `buffer_bytes` (no stores);
+// bytes counted = buffer_bytes. Best and median of `reps` passes after the first touch. Reported
+// beside cpu_copy (which counts reads + writes): a decode only reads, so on hosts whose cores draw
+// a limited read rate each (few threads), this is the ceiling a decode can reach.
+Result<Ceiling> measure_cpu_read(int64_t buffer_bytes, int reps);
 // Peak arithmetic of the host's vector units, every OpenMP thread running independent chains of
 // dependent-free multiply-adds from registers (no memory traffic): AVX512-BF16 vdpbf16ps (64 FLOPs
 // per instruction: 32 bf16 products + 32 adds into 16 fp32 lanes) when the CPU has it, else AVX2

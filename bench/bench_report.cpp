@@ -103,6 +103,10 @@ std::string table_row(const CaseResult& r, int name_width) {
             std::to_string(r.paired_ratios.size()) + " rounds:";
     for (double x : r.paired_ratios) line += " " + fixed(100.0 * x, 0);
     line += ")";
+    if (!r.paired_read_ratios.empty()) {
+      line += " (paired read: median " + fixed(100.0 * r.paired_read_ratio_median, 1) + "%, " +
+              fixed(median(r.paired_read_gbs), 1) + " GB/s read ceiling)";
+    }
   }
   return line;
 }
@@ -158,6 +162,7 @@ Json to_json(const BenchRun& run) {
       x["flops"] = c.flops;
       x["tflops"] = c.tflops;
       x["median_tflops"] = c.median_tflops;
+      if (c.min_tflops > 0) x["min_tflops"] = c.min_tflops;
     }
     ceilings.push_back(x);
   }
@@ -196,7 +201,10 @@ Json to_json(const BenchRun& run) {
                             {"copy_gbs", r.paired_copy_gbs},
                             {"gbs", r.paired_gbs},
                             {"ratios", r.paired_ratios},
-                            {"ratio_median", r.paired_ratio_median}};
+                            {"ratio_median", r.paired_ratio_median},
+                            {"read_gbs", r.paired_read_gbs},
+                            {"read_ratios", r.paired_read_ratios},
+                            {"read_ratio_median", r.paired_read_ratio_median}};
       }
     }
     if (r.verified)

@@ -385,6 +385,7 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
     int index = settings.warmup + settings.iters;
     for (int round = 0; round < settings.paired_rounds; ++round) {
       const double copy_gbs = settings.copy_probe->pass_gbs();
+      const double read_gbs = settings.copy_probe->read_pass_gbs();
       std::vector<double> ms;
       for (int i = 0; i < settings.paired_calls; ++i, ++index) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -398,8 +399,11 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
       r.paired_copy_gbs.push_back(copy_gbs);
       r.paired_gbs.push_back(gbs);
       r.paired_ratios.push_back(copy_gbs > 0 ? gbs / copy_gbs : 0);
+      r.paired_read_gbs.push_back(read_gbs);
+      r.paired_read_ratios.push_back(read_gbs > 0 ? gbs / read_gbs : 0);
     }
     r.paired_ratio_median = median(r.paired_ratios);
+    r.paired_read_ratio_median = median(r.paired_read_ratios);
   }
   return finish_timing(r, *timing, ceilings);
 }

@@ -74,6 +74,11 @@ struct CaseResult {
   std::vector<double> paired_gbs;
   std::vector<double> paired_ratios;
   double paired_ratio_median = 0;  // median of paired_ratios (0: no rounds)
+  // The same rounds against a read-only pass of the probe (CpuCopyProbe::read_pass_gbs), taken
+  // right after the copy pass: the case's GB/s over the read ceiling of that moment.
+  std::vector<double> paired_read_gbs;
+  std::vector<double> paired_read_ratios;
+  double paired_read_ratio_median = 0;
 };
 
 // The shared harness's CaseSpec for a benchmark point (uniform lengths, shuffled pages, seed 0).

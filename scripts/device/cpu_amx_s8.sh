@@ -8,6 +8,16 @@
 # Files back from $OUT: build.log test_amx.log bench.log summary.txt results.tar.gz (every JSON).
 #   run(carry=[".wt/amx", ".deps"], command="cd .wt/amx && ln -sfn ../../.deps .deps &&
 #       bash scripts/device/cpu_amx_s8.sh")
+# Parameters (environment; a variant is NAME=VALUE[,NAME=VALUE...]; lists are space-separated):
+#   PREFILL_AB      prefill variants beside the default (2 threads x PREFILL_ROUNDS, all threads x 1)
+#   DECODE_AB       decode variants alternated with the default, 2 threads x DECODE_ROUNDS
+#                   (default: the session-8 prefetch modes and the vector decode)
+#   DECODE_ONCE     decode variants run once at 2 threads after the rounds
+#   DECODE_ALLT_AB  decode variants beside the default at all threads (one process each)
+#   DEC_ITERS / DEC_PAIRED  --iters / --paired-rounds of the decode benches (15 / 7)
+#   TEST_ENVS       extra test_intel_amx *amx* runs, one per variant exported (new defaults)
+#   CASES_ALL=0     skips the every-decode-case run with torch_native
+#   LIMIT           no bench starts after this many seconds (215)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -33,10 +43,24 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   echo "build: rc=$? at $(elapsed) s" | tee -a "$log"
 fi
 
+export_variant() {  # export_variant NAME=VALUE[,NAME=VALUE...] (in the calling subshell)
+  local kv
+  local IFS=','
+  for kv in $1; do export "${kv?}"; done
+}
 timeout 60 "$build/tests/test_intel_amx" --gtest_filter='*amx*' > "$OUT/test_amx.log" 2>&1
 echo "test_intel_amx *amx* (AMX decode default): rc=$? at $(elapsed) s: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/test_amx.log" | tr '\n' ' ')" |
   tee -a "$log"
 grep -E '^\[  FAILED' "$OUT/test_amx.log" | head -20 >> "$log"
+for tv in ${TEST_ENVS:-}; do
+  (
+    export_variant "$tv"
+    timeout 60 "$build/tests/test_intel_amx" --gtest_filter='*amx*' > "$OUT/test_amx_env.log" 2>&1
+    echo "test_intel_amx *amx* with $tv: rc=$? at $(elapsed) s: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/test_amx_env.log" | tr '\n' ' ')" |
+      tee -a "$log"
+    grep -E '^\[  FAILED' "$OUT/test_amx_env.log" | head -20 >> "$log"
+  )
+done
 
 A="$build/tools/attnkit/attnkit"
 # Two CPUs on distinct cores (the first CPU of the first two cores).
@@ -49,7 +73,7 @@ bench() {  # bench LABEL THREADS ENV ARGS...: one attnkit bench process (ENV "" 
   [ "$(elapsed)" -lt "$LIMIT" ] || { echo "skip $label (time)" >> "$log"; return; }
   echo "### $label threads=$threads env=${envs:-none} load=$(cut -d' ' -f1 /proc/loadavg) (at $(elapsed) s)" >> "$log"
   (
-    [ -n "$envs" ] && export "${envs?}"
+    [ -n "$envs" ] && export_variant "$envs"
     if [ "$threads" = 2 ]; then
       OMP_NUM_THREADS=2 timeout 40 taskset -c "$cpus2" "$A" bench --device cpu "$@"
     else
@@ -61,33 +85,45 @@ bench() {  # bench LABEL THREADS ENV ARGS...: one attnkit bench process (ENV "" 
 mkdir -p "$OUT/json"
 J="$OUT/json"
 DEC=(--backend intel_amx --cases bench/cases/cpu_decode.json
-  --filter b8_kv4096_p16_h32x8_d128_kvbf16 --iters 15 --paired-rounds 7)
+  --filter b8_kv4096_p16_h32x8_d128_kvbf16 --iters "${DEC_ITERS:-15}" --paired-rounds "${DEC_PAIRED:-7}")
 PRE=(--backend intel_amx --cases bench/cases/cpu_prefill.json --filter new2048 --rotate-mib 64
   --iters 15)
-# Run 2 (after run 1 made the no-prefetch AMX decode the default): prefill default vs PREFILL_AB
-# (2 threads, then all), then decode default vs whole-row prefetch (ATTNKIT_AMX_DECODE_PF=2) vs
-# rows one sub-block further (=3) vs the vector decode (2 threads, then all). ~240 s wall.
-for r in 1 2; do
+# Session 8 run 2 defaults: prefill default vs PREFILL_AB, decode default vs whole-row prefetch
+# (ATTNKIT_AMX_DECODE_PF=2), rows one sub-block further (=3) and the vector decode. ~240 s wall.
+DECODE_AB="${DECODE_AB-ATTNKIT_AMX_DECODE_PF=2 ATTNKIT_AMX_DECODE_PF=3 ATTNKIT_AMX_DECODE=0}"
+DECODE_ALLT_AB="${DECODE_ALLT_AB-ATTNKIT_AMX_DECODE=0 ATTNKIT_AMX_DECODE_PF=2}"
+tag() { echo "$1" | tr -c 'A-Za-z0-9\n' '_'; }  # a variant as a file name
+for r in $(seq 1 "${PREFILL_ROUNDS:-2}"); do
   bench "prefill base r$r" 2 "" "${PRE[@]}" --json "$J/pre_2t_base_$r.json"
-  [ -n "${PREFILL_AB:-}" ] && bench "prefill ab r$r" 2 "$PREFILL_AB" "${PRE[@]}" --json "$J/pre_2t_ab_$r.json"
+  for v in ${PREFILL_AB:-}; do
+    bench "prefill ab r$r" 2 "$v" "${PRE[@]}" --json "$J/pre_2t_$(tag "$v")_$r.json"
+  done
+done
+for r in $(seq 1 "${DECODE_ROUNDS:-2}"); do
+  bench "decode amx r$r" 2 "" "${DEC[@]}" --json "$J/dec_2t_amx_$r.json"
+  for v in $DECODE_AB; do
+    bench "decode ab r$r" 2 "$v" "${DEC[@]}" --json "$J/dec_2t_$(tag "$v")_$r.json"
+  done
+done
+for v in ${DECODE_ONCE:-}; do
+  bench "decode once" 2 "$v" "${DEC[@]}" --json "$J/dec_2t_$(tag "$v")_once.json"
 done
 bench "prefill base r1" all "" "${PRE[@]}" --json "$J/pre_allt_base_1.json"
-[ -n "${PREFILL_AB:-}" ] && bench "prefill ab r1" all "$PREFILL_AB" "${PRE[@]}" --json "$J/pre_allt_ab_1.json"
-for r in 1 2; do
-  bench "decode amx r$r" 2 "" "${DEC[@]}" --json "$J/dec_2t_amx_$r.json"
-  bench "decode amx-pfrows r$r" 2 ATTNKIT_AMX_DECODE_PF=2 "${DEC[@]}" --json "$J/dec_2t_pf2_$r.json"
-  bench "decode amx-pffar r$r" 2 ATTNKIT_AMX_DECODE_PF=3 "${DEC[@]}" --json "$J/dec_2t_pf3_$r.json"
-  bench "decode vec r$r" 2 ATTNKIT_AMX_DECODE=0 "${DEC[@]}" --json "$J/dec_2t_vec_$r.json"
+for v in ${PREFILL_AB:-}; do
+  bench "prefill ab r1" all "$v" "${PRE[@]}" --json "$J/pre_allt_$(tag "$v")_1.json"
 done
 bench "decode amx r1" all "" "${DEC[@]}" --json "$J/dec_allt_amx_1.json"
-bench "decode vec r1" all ATTNKIT_AMX_DECODE=0 "${DEC[@]}" --json "$J/dec_allt_vec_1.json"
-bench "decode amx-pfrows r1" all ATTNKIT_AMX_DECODE_PF=2 "${DEC[@]}" --json "$J/dec_allt_pf2_1.json"
-# Every decode case, verified, with the reference (>= 5x), all threads.
-bench "decode all cases + torch_native" all "" --backend intel_amx,torch_native \
-  --cases bench/cases/cpu_decode.json --verify --warmup 1 --iters 3 --paired-rounds 0 \
-  --json "$J/dec_allt_cases.json"
+for v in $DECODE_ALLT_AB; do
+  bench "decode ab r1" all "$v" "${DEC[@]}" --json "$J/dec_allt_$(tag "$v")_1.json"
+done
+if [ "${CASES_ALL:-1}" != 0 ]; then
+  # Every decode case, verified, with the reference (>= 5x), all threads.
+  bench "decode all cases + torch_native" all "" --backend intel_amx,torch_native \
+    --cases bench/cases/cpu_decode.json --verify --warmup 1 --iters 3 --paired-rounds 0 \
+    --json "$J/dec_allt_cases.json"
+fi
 echo "done at $(elapsed) s" >> "$log"
 tar -czf "$OUT/results.tar.gz" -C "$OUT" json
 rm -rf "$OUT/json/"
-grep -E "^(date|Model name|CPU\(s\)|Thread|flags|nproc|build|test_intel|\[  FAILED|2-thread|# ceiling cpu_(copy|amx)|intel_amx |torch_native |###|rc=|skip|done)" "$log" |
+grep -E "^(date|Model name|CPU\(s\)|Thread|flags|nproc|build|test_intel|\[  FAILED|2-thread|# ceiling cpu_(copy|read|amx)|#   intel_amx|intel_amx |torch_native |###|rc=|skip|done)" "$log" |
   sed -E 's/  +/ /g' > "$OUT/summary.txt"

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 namespace attnkit::cpu_attention {
@@ -100,6 +101,11 @@ inline void dpbf16ps(int c, int a, int b) {
   const int m_rows = shapes()[c].rows;
   const int n_cols = shapes()[c].colsb / 4;
   const int k_pairs = shapes()[a].colsb / 4;
+  // The shape rules of the real instruction (which faults on a mismatch).
+  if (shapes()[a].rows != m_rows || shapes()[b].rows != k_pairs ||
+      shapes()[b].colsb != shapes()[c].colsb) {
+    std::abort();
+  }
   for (int m = 0; m < m_rows; ++m) {
     for (int n = 0; n < n_cols; ++n) {
       float acc;
