@@ -147,6 +147,50 @@ TEST(FlashMlaKernels, Heads16PrefetchAndFp8InputTypes) {
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_FP8_F16"), 0);
 }
 
+// Session 8 (second wave): fp8 V converted at the P V operand load (ATTNKIT_MLA_FP8_REGV "4" / "6"
+// stages, "6s" swizzled; page 64, f16, page-table ring) and the combine launch skipped when the
+// host schedule splits nothing (ATTNKIT_MLA_COMBINE_SKIP=1): 16 and 8 heads, split / empty /
+// one-tile requests, many requests that split on no part, partial outputs through the combine; the
+// schedule's segment cost 0 (ATTNKIT_MLA_SCHED_OVERHEAD=0: requests split evenly over the parts);
+// session 9: the combine as a programmatic dependent launch (ATTNKIT_MLA_COMBINE_PDL=1).
+TEST(FlashMlaKernels, Heads16RegisterVAndCombineSkip) {
+  struct Knobs {
+    const char *regv, *skip, *prefetch, *overhead, *pdl;
+  };
+  const std::vector<Knobs> knobs = {
+      Knobs{"4", "", "", "", ""},   Knobs{"6", "1", "", "", "1"}, Knobs{"6", "1", "smem", "", ""},
+      Knobs{"6", "1", "0", "", ""}, Knobs{"", "1", "", "", ""},   Knobs{"6", "1", "", "0", ""},
+      Knobs{"", "", "", "0", "1"},  Knobs{"6s", "", "", "", ""},  Knobs{"6s", "1", "smem", "0", ""},
+      Knobs{"", "", "", "", "1"},   Knobs{"6", "", "0", "0", "1"}};
+  for (const Knobs k : knobs) {
+    SCOPED_TRACE(std::string("ATTNKIT_MLA_FP8_REGV=") + k.regv +
+                 " ATTNKIT_MLA_COMBINE_SKIP=" + k.skip + " ATTNKIT_MLA_MMA_PREFETCH=" + k.prefetch +
+                 " ATTNKIT_MLA_SCHED_OVERHEAD=" + k.overhead + " ATTNKIT_MLA_COMBINE_PDL=" + k.pdl);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_FP8_REGV", k.regv, 1), 0);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_COMBINE_SKIP", k.skip, 1), 0);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_MMA_PREFETCH", k.prefetch, 1), 0);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_SCHED_OVERHEAD", k.overhead, 1), 0);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_COMBINE_PDL", k.pdl, 1), 0);
+    for (DType kv : {DType::kFP8E4M3, DType::kBF16}) {
+      run_and_compare(
+          mla_case("long_h16", ForwardMode::kDecode, 64, {4000, 3, 64, 130, 0, 1500}, 16, kv),
+          true);
+      run_and_compare(mla_case("h8", ForwardMode::kDecode, 64, {700, 65, 2}, 8, kv), true);
+      // more requests than parts (132 SMs): one or two whole requests per part, no split
+      run_and_compare(
+          mla_case("many_h16", ForwardMode::kDecode, 64, std::vector<int>(140, 63), 16, kv), true);
+      run_and_compare(
+          mla_case("many_long_h16", ForwardMode::kDecode, 64, std::vector<int>(160, 299), 16, kv),
+          true);
+    }
+  }
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_FP8_REGV"), 0);
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_COMBINE_SKIP"), 0);
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_MMA_PREFETCH"), 0);
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_SCHED_OVERHEAD"), 0);
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_COMBINE_PDL"), 0);
+}
+
 TEST(FlashMlaKernels, RejectsOtherPageSizes) {
   Result<PreparedCase> pc = harness::prepare_case(
       mla_case("page16", ForwardMode::kDecode, 16, {10}, 16, DType::kBF16), Device::cuda(0));

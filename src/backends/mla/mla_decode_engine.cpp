@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "attnkit/kv_cache.h"
 #include "backend/kernel_params.h"
 #include "backends/mla/kernels/mla_decode.h"
+#include "backends/mla/kernels/mla_tile_scheduler.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/device_attributes.h"
 #include "cuda/common/online_softmax.cuh"
@@ -59,6 +61,39 @@ bool fp8_f16_env() {
   return e == nullptr || std::string(e) != "0";
 }
 
+// ATTNKIT_MLA_FP8_REGV: "4" / "6" fp8 16-row f16 tiles at page 64 convert V at the P V operand
+// load with 4 / 6 stages, "6s" 6 stages with the swizzled fp8 stage (MlaDecodeParams::
+// mma_fp8_regv 4 / 6 / 22); unset / else 0 (the f16 V tile).
+int fp8_regv_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_FP8_REGV");
+  const std::string v = e == nullptr ? "" : e;
+  return v == "4" ? 4 : v == "6" ? 6 : v == "6s" ? 22 : 0;
+}
+
+// ATTNKIT_MLA_COMBINE_SKIP=1: eager plans whose host schedule (from seq_lens_host) splits no
+// request launch no combine kernel (MlaDecodeParams::skip_combine); unset / else always launch.
+bool combine_skip_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_COMBINE_SKIP");
+  return e != nullptr && std::string(e) == "1";
+}
+
+// ATTNKIT_MLA_COMBINE_PDL=1: the combine kernel is a programmatic dependent launch of the decode
+// kernel (MlaDecodeParams::combine_pdl); unset / else a plain launch.
+bool combine_pdl_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_COMBINE_PDL");
+  return e != nullptr && std::string(e) == "1";
+}
+
+// ATTNKIT_MLA_SCHED_OVERHEAD=<0..16>: the scheduler's segment cost in tiles (0 splits requests
+// so that every part gets the same number of tiles); unset / else kFixedOverheadTiles.
+int sched_overhead_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_SCHED_OVERHEAD");
+  if (e == nullptr || *e == '\0') return kFixedOverheadTiles;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  return *end == '\0' && v >= 0 && v <= 16 ? static_cast<int>(v) : kFixedOverheadTiles;
+}
+
 std::string str(int64_t v) { return std::to_string(v); }
 
 // Query tokens per request: decode 1, verify N.
@@ -99,6 +134,10 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
   e->wgmma_noload_ = wgmma_noload_env();
   e->mma_prefetch_ = mma_prefetch_env();
   e->fp8_f16_ = fp8_f16_env();
+  e->fp8_regv_ = fp8_regv_env();
+  e->combine_skip_ = combine_skip_env();
+  e->combine_pdl_ = cc >= kWgmmaComputeCapability && combine_pdl_env();
+  e->sched_overhead_ = sched_overhead_env();
   return e;
 }
 
@@ -143,6 +182,7 @@ Status MlaDecodeEngine::schedule(ForwardMode mode, int bs, int s_q, const Tensor
   p.kv_len_extra = kv_len_extra(mode, s_q);
   p.bs = bs;
   p.num_parts = num_parts(sm_count_, s_q * ctx_.num_q_heads);
+  p.sched_overhead = sched_overhead_;
   return launch_schedule(p, sched, split_indptr, stream);
 }
 
@@ -169,6 +209,19 @@ Status MlaDecodeEngine::plan(const ForwardBatch& batch, StreamHandle stream) {
   plan_.split_indptr = split_indptr_.data();
   plan_.partial_out = partial_out_.data();
   plan_.partial_lse = partial_lse_.data();
+  if (combine_skip_ && batch.seq_lens_host.size() == static_cast<size_t>(bs)) {
+    // The device schedule, computed on the host: a request with one segment is finished by the
+    // decode kernel, so without any split request the combine kernel has nothing to do.
+    const int extra = kv_len_extra(batch.mode, s_q);
+    std::vector<int32_t> sched(static_cast<size_t>(parts) * kSchedWords);
+    std::vector<int32_t> split(static_cast<size_t>(bs) + 1);
+    build_schedule(
+        bs, parts, [&](int b) { return batch.seq_lens_host[static_cast<size_t>(b)] + extra; },
+        sched.data(), split.data(), sched_overhead_);
+    bool any_split = false;
+    for (int b = 0; b < bs; ++b) any_split = any_split || split[b + 1] - split[b] > 1;
+    plan_.need_combine = any_split;
+  }
   return Status::ok();
 }
 
@@ -291,6 +344,9 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.wgmma_diag_noload = wgmma_noload_ ? 1 : 0;  // both kernels
   p.mma_prefetch = mma_prefetch_;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
+  p.mma_fp8_regv = fp8_regv_;
+  p.skip_combine = plan_.need_combine ? 0 : 1;
+  p.combine_pdl = combine_pdl_ ? 1 : 0;
   return run_decode(p, page_size_, kv_dtype, stream);
 }
 

@@ -14,6 +14,7 @@
 
 #include "attnkit/backend.h"
 #include "backend/device_array.h"
+#include "backends/mla/kernels/mla_decode_params.h"
 
 namespace attnkit::mla {
 
@@ -70,6 +71,10 @@ class MlaDecodeEngine {
   bool wgmma_noload_ = false;  // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic only
   int mma_prefetch_ = 2;       // ATTNKIT_MLA_MMA_PREFETCH: 0 off, 1 on, 2 per tile size, 3 smem
   bool fp8_f16_ = true;        // ATTNKIT_MLA_FP8_F16=0: bf16 MMA inputs for fp8 16-row tiles
+  int fp8_regv_ = 0;           // ATTNKIT_MLA_FP8_REGV: 4 / 6 fp8 V converted at the P V load
+  bool combine_skip_ = false;  // ATTNKIT_MLA_COMBINE_SKIP=1: no combine launch when none splits
+  bool combine_pdl_ = false;   // ATTNKIT_MLA_COMBINE_PDL=1 (SM90+): combine as a PDL dependent
+  int sched_overhead_ = kFixedOverheadTiles;  // ATTNKIT_MLA_SCHED_OVERHEAD: segment cost, tiles
 
   // The current forward's plan.
   struct Plan {
@@ -82,6 +87,9 @@ class MlaDecodeEngine {
     const int32_t* split_indptr = nullptr;
     float* partial_out = nullptr;
     float* partial_lse = nullptr;
+    // false when the host schedule (eager plans with seq_lens_host) splits no request: the
+    // decode kernel finishes every request and the combine launch is skipped.
+    bool need_combine = true;
   } plan_;
 
   DeviceArray<int32_t> sched_, split_indptr_;

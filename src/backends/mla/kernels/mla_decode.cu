@@ -21,8 +21,8 @@ int max_smem_bytes() {
 
 Status launch_schedule(const MlaDecodeParams& p, int32_t* sched, int32_t* split_indptr,
                        StreamHandle stream) {
-  mla_schedule_kernel<<<1, 32, 0, cuda::to_stream(stream)>>>(p.seq_lens, p.kv_len_extra, p.bs,
-                                                             p.num_parts, sched, split_indptr);
+  mla_schedule_kernel<<<1, 32, 0, cuda::to_stream(stream)>>>(
+      p.seq_lens, p.kv_len_extra, p.bs, p.num_parts, sched, split_indptr, p.sched_overhead);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }
@@ -31,9 +31,19 @@ Status run_decode(const MlaDecodeParams& p, int page_size, DType kv_dtype, Strea
   ATTNKIT_RETURN_IF_ERROR(dispatch_value<MlaPageSizes>(
       page_size, "mla decode: page_size",
       [&]<int kPage>() { return run_decode_page<kPage>(p, kv_dtype, stream); }));
+  if (p.skip_combine != 0) return Status::ok();
   const int64_t rows = static_cast<int64_t>(p.bs) * p.rows_per_req;
   const int blocks = static_cast<int>((rows + kCombineWarps - 1) / kCombineWarps);
-  mla_combine_kernel<<<blocks, 32 * kCombineWarps, 0, cuda::to_stream(stream)>>>(p);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(32 * kCombineWarps);
+  cfg.stream = cuda::to_stream(stream);
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = p.combine_pdl != 0 ? 1 : 0;
+  ATTNKIT_CUDA_TRY(cudaLaunchKernelEx(&cfg, mla_combine_kernel, p));
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }

@@ -12,9 +12,9 @@
 
 namespace attnkit::mla {
 
-template <int kWarpsM, int kPage, bool kFp8, bool kF16 = false, bool kPtSmem = false>
+template <int kWarpsM, int kPage, bool kFp8, bool kF16 = false, bool kPtSmem = false, int kRegV = 0>
 Status launch_decode(const MlaDecodeParams& p, cudaStream_t s) {
-  using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8, kF16, kPtSmem>;
+  using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8, kF16, kPtSmem, kRegV>;
   static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
   if (!attribute_set) {
     ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_kernel<Traits>,
@@ -79,6 +79,17 @@ Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
     case 16:
       if (p.mma_prefetch == 3) {  // page-table ring in shared memory
         if constexpr (kFp8) {
+          if constexpr (kPage == 64) {  // V converted at the P V operand load (A/B, page 64)
+            if (p.mma_fp8_f16 != 0 && p.mma_fp8_regv == 4) {
+              return launch_decode<1, kPage, true, true, true, 4>(p, s);
+            }
+            if (p.mma_fp8_f16 != 0 && p.mma_fp8_regv == 6) {
+              return launch_decode<1, kPage, true, true, true, 6>(p, s);
+            }
+            if (p.mma_fp8_f16 != 0 && p.mma_fp8_regv == 22) {  // 6 stages, swizzled
+              return launch_decode<1, kPage, true, true, true, 22>(p, s);
+            }
+          }
           if (p.mma_fp8_f16 != 0) return launch_decode<1, kPage, true, true, true>(p, s);
         }
         return launch_decode<1, kPage, kFp8, false, true>(p, s);

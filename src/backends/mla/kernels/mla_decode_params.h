@@ -63,6 +63,21 @@ struct MlaDecodeParams {
   // fp8 cache, 16-row tiles: f16 tensor-core inputs (MlaDecodeTraits::kF16) instead of bf16.
   // Default 1; ATTNKIT_MLA_FP8_F16=0 keeps bf16.
   int mma_fp8_f16 = 1;
+  // fp8 cache, 16-row f16 tiles through the page-table ring at page 64: 4 / 6 = P V converts the
+  // e4m3 V bytes of the stage in registers (MlaDecodeTraits::kRegV, with that many stages); 0
+  // (default) = S writes an f16 V tile to shared memory; 22 = 6 stages with the swizzled fp8
+  // stage (conflict-free V loads). ATTNKIT_MLA_FP8_REGV "4" / "6" / "6s".
+  int mma_fp8_regv = 0;
+  // 1: run_decode launches no combine kernel (the host schedule splits no request; eager plans
+  // with ATTNKIT_MLA_COMBINE_SKIP=1 only).
+  int skip_combine = 0;
+  // The schedule's segment cost in tiles (build_schedule); ATTNKIT_MLA_SCHED_OVERHEAD=<0..16>.
+  int sched_overhead = kFixedOverheadTiles;
+  // 1: the combine kernel is launched as a programmatic dependent of the decode kernel (PDL,
+  // SM90+): the 16/32/64-row mma.sync decode kernel triggers at its start, the combine CTAs take
+  // the SMs the decode grid leaves free and wait (griddepcontrol.wait) for its end, so the
+  // combine's launch latency overlaps the decode. ATTNKIT_MLA_COMBINE_PDL=1.
+  int combine_pdl = 0;
 
   // Plan (written on the device by the schedule kernel once per forward).
   const int32_t* sched = nullptr;  // [num_parts, kSchedWords]
