@@ -11,6 +11,7 @@
 #   regv4  ATTNKIT_MLA_FP8_REGV=4 (fp8 cases: the same with 4 stages)
 #   regv6s ATTNKIT_MLA_FP8_REGV=6s (fp8 cases: 6 stages, swizzled fp8 stage, conflict-free V loads)
 #   ovh0   ATTNKIT_MLA_SCHED_OVERHEAD=0 (bf16 cases: every request split evenly over 132 parts)
+#   regv6q / regv4q  ATTNKIT_MLA_FP8_REGV=6q / 4q (session 9: + S on e4m3 mma, Q split hi + lo)
 #   pdl    ATTNKIT_MLA_COMBINE_PDL=1 (session 9: the combine as a programmatic dependent launch)
 #   def_g / pdl_g  bf16 kv 4k with --graph (after round a; the combine is always launched there)
 #   def_l8 / skip_l8  bf16 kv 4k with --launches 8 (after round a; diagnostic)
@@ -41,6 +42,7 @@ round() {
   bench def_$r ""; bench regv6_$r kvfp8 ATTNKIT_MLA_FP8_REGV=6
   bench skip_$r "" ATTNKIT_MLA_COMBINE_SKIP=1; bench regv6s_$r kvfp8 ATTNKIT_MLA_FP8_REGV=6s
   bench regv4_$r kvfp8 ATTNKIT_MLA_FP8_REGV=4
+  bench regv6q_$r kvfp8 ATTNKIT_MLA_FP8_REGV=6q; bench regv4q_$r kvfp8 ATTNKIT_MLA_FP8_REGV=4q
   bench ovh0_$r kvbf16 ATTNKIT_MLA_SCHED_OVERHEAD=0
   bench pdl_$r "" ATTNKIT_MLA_COMBINE_PDL=1
 }
@@ -51,9 +53,9 @@ BENCH_EXTRA="--launches 8" bench skip_l8 kv4096_p64_h16_d576v512_kvbf16 ATTNKIT_
 BENCH_EXTRA="--graph" bench def_g kv4096_p64_h16_d576v512_kvbf16
 BENCH_EXTRA="--graph" bench pdl_g kv4096_p64_h16_d576v512_kvbf16 ATTNKIT_MLA_COMBINE_PDL=1
 REGEX='Mla|MLA|mla|FlashMla|CutlassMla|FlashInfer.*[Mm]la'
-(cd "$B" && ATTNKIT_MLA_FP8_REGV=6 ATTNKIT_MLA_COMBINE_SKIP=1 ATTNKIT_MLA_COMBINE_PDL=1 timeout 80 ctest -L gpu -R "$REGEX" \
+(cd "$B" && ATTNKIT_MLA_FP8_REGV=${CTEST_REGV:-6} ATTNKIT_MLA_COMBINE_SKIP=1 ATTNKIT_MLA_COMBINE_PDL=1 timeout 80 ctest -L gpu -R "$REGEX" \
   -j 12 --timeout 60 --output-on-failure > "$OUT/ctest.log" 2>&1)
-echo "ctest (REGV=6 SKIP=1 PDL=1) rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+echo "ctest (REGV=${CTEST_REGV:-6} SKIP=1 PDL=1) rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest.log" | head -12
 grep -E "Heads16RegisterVAndCombineSkip|Heads16PrefetchAndFp8" "$OUT/ctest.log" | head -4
 for r in ${ROUNDS:-b}; do round $r; done
