@@ -11,7 +11,6 @@
 #   regv4  ATTNKIT_MLA_FP8_REGV=4 (fp8 cases: the same with 4 stages)
 #   regv6s ATTNKIT_MLA_FP8_REGV=6s (fp8 cases: 6 stages, swizzled fp8 stage, conflict-free V loads)
 #   ovh0   ATTNKIT_MLA_SCHED_OVERHEAD=0 (bf16 cases: every request split evenly over 132 parts)
-#   regv6q / regv4q  ATTNKIT_MLA_FP8_REGV=6q / 4q (session 9: + S on e4m3 mma, Q split hi + lo)
 #   pdl    ATTNKIT_MLA_COMBINE_PDL=1 (session 9: the combine as a programmatic dependent launch)
 #   def_g / pdl_g  bf16 kv 4k with --graph (after round a; the combine is always launched there)
 #   def_l8 / skip_l8  bf16 kv 4k with --launches 8 (after round a; diagnostic)
@@ -42,7 +41,6 @@ round() {
   bench def_$r ""; bench regv6_$r kvfp8 ATTNKIT_MLA_FP8_REGV=6
   bench skip_$r "" ATTNKIT_MLA_COMBINE_SKIP=1; bench regv6s_$r kvfp8 ATTNKIT_MLA_FP8_REGV=6s
   bench regv4_$r kvfp8 ATTNKIT_MLA_FP8_REGV=4
-  bench regv6q_$r kvfp8 ATTNKIT_MLA_FP8_REGV=6q; bench regv4q_$r kvfp8 ATTNKIT_MLA_FP8_REGV=4q
   bench ovh0_$r kvbf16 ATTNKIT_MLA_SCHED_OVERHEAD=0
   bench pdl_$r "" ATTNKIT_MLA_COMBINE_PDL=1
 }

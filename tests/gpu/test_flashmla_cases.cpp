@@ -152,19 +152,16 @@ TEST(FlashMlaKernels, Heads16PrefetchAndFp8InputTypes) {
 // host schedule splits nothing (ATTNKIT_MLA_COMBINE_SKIP=1): 16 and 8 heads, split / empty /
 // one-tile requests, many requests that split on no part, partial outputs through the combine; the
 // schedule's segment cost 0 (ATTNKIT_MLA_SCHED_OVERHEAD=0: requests split evenly over the parts);
-// session 9: the combine as a programmatic dependent launch (ATTNKIT_MLA_COMBINE_PDL=1) and S on
-// e4m3 mma.sync with Q split into two e4m3 terms (ATTNKIT_MLA_FP8_REGV "4q" / "6q").
+// session 9: the combine as a programmatic dependent launch (ATTNKIT_MLA_COMBINE_PDL=1).
 TEST(FlashMlaKernels, Heads16RegisterVAndCombineSkip) {
   struct Knobs {
     const char *regv, *skip, *prefetch, *overhead, *pdl;
   };
-  const std::vector<Knobs> knobs = {Knobs{"4", "", "", "", ""},        Knobs{"6", "1", "", "", "1"},
-                                    Knobs{"6", "1", "smem", "", ""},   Knobs{"6", "1", "0", "", ""},
-                                    Knobs{"", "1", "", "", ""},        Knobs{"6", "1", "", "0", ""},
-                                    Knobs{"", "", "", "0", "1"},       Knobs{"6s", "", "", "", ""},
-                                    Knobs{"6s", "1", "smem", "0", ""}, Knobs{"", "", "", "", "1"},
-                                    Knobs{"6", "", "0", "0", "1"},     Knobs{"6q", "1", "", "", ""},
-                                    Knobs{"4q", "", "", "0", "1"}};
+  const std::vector<Knobs> knobs = {
+      Knobs{"4", "", "", "", ""},   Knobs{"6", "1", "", "", "1"}, Knobs{"6", "1", "smem", "", ""},
+      Knobs{"6", "1", "0", "", ""}, Knobs{"", "1", "", "", ""},   Knobs{"6", "1", "", "0", ""},
+      Knobs{"", "", "", "0", "1"},  Knobs{"6s", "", "", "", ""},  Knobs{"6s", "1", "smem", "0", ""},
+      Knobs{"", "", "", "", "1"},   Knobs{"6", "", "0", "0", "1"}};
   for (const Knobs k : knobs) {
     SCOPED_TRACE(std::string("ATTNKIT_MLA_FP8_REGV=") + k.regv +
                  " ATTNKIT_MLA_COMBINE_SKIP=" + k.skip + " ATTNKIT_MLA_MMA_PREFETCH=" + k.prefetch +

@@ -62,13 +62,12 @@ bool fp8_f16_env() {
 }
 
 // ATTNKIT_MLA_FP8_REGV: "4" / "6" fp8 16-row f16 tiles at page 64 convert V at the P V operand
-// load with 4 / 6 stages, "6s" 6 stages with the swizzled fp8 stage, "4q" / "6q" 4 / 6 stages with
-// S on e4m3 mma.sync and Q split in two e4m3 terms (MlaDecodeParams::mma_fp8_regv 4 / 6 / 22 /
-// 36 / 38); unset / else 0 (the f16 V tile).
+// load with 4 / 6 stages, "6s" 6 stages with the swizzled fp8 stage (MlaDecodeParams::
+// mma_fp8_regv 4 / 6 / 22); unset / else 0 (the f16 V tile).
 int fp8_regv_env() {
   const char* e = std::getenv("ATTNKIT_MLA_FP8_REGV");
   const std::string v = e == nullptr ? "" : e;
-  return v == "4" ? 4 : v == "6" ? 6 : v == "6s" ? 22 : v == "4q" ? 36 : v == "6q" ? 38 : 0;
+  return v == "4" ? 4 : v == "6" ? 6 : v == "6s" ? 22 : 0;
 }
 
 // ATTNKIT_MLA_COMBINE_SKIP=1: eager plans whose host schedule (from seq_lens_host) splits no

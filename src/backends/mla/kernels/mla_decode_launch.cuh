@@ -89,12 +89,6 @@ Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
             if (p.mma_fp8_f16 != 0 && p.mma_fp8_regv == 22) {  // 6 stages, swizzled
               return launch_decode<1, kPage, true, true, true, 22>(p, s);
             }
-            if (p.mma_fp8_f16 != 0 && p.mma_fp8_regv == 36) {  // + S on e4m3 mma (kE4S)
-              return launch_decode<1, kPage, true, true, true, 36>(p, s);
-            }
-            if (p.mma_fp8_f16 != 0 && p.mma_fp8_regv == 38) {
-              return launch_decode<1, kPage, true, true, true, 38>(p, s);
-            }
           }
           if (p.mma_fp8_f16 != 0) return launch_decode<1, kPage, true, true, true>(p, s);
         }

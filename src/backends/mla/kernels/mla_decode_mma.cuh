@@ -61,14 +61,8 @@ struct MlaDecodeTraits {
   // V loads of a k-step hit both bank halves (see run_segment).
   // kRegV_ = stages + 16 x swizzle: kSwzV stores the fp8 stage with the chunk swizzle fp8_swz (V
   // loads conflict-free; ptxas: 92 / 140 B spill vs 20 / 20 B without, sm_90a).
-  // kRegV_ + 32 (kE4S, session 9, ATTNKIT_MLA_FP8_REGV "4q" / "6q"): S = Q K^T runs on e4m3
-  // mma.sync m16n8k32 straight from the fp8 stage (no conversion of K at all): Q is split once per
-  // segment into two e4m3 terms hi + lo of the row scaled by a power of two (largest |q| of the
-  // row <= 448; |q s - hi - lo| <= 2^-8 |q s| + the e4m3 subnormal step), S = (Q_hi K + Q_lo K) /
-  // s. Same 36 mma per warp and tile, 144 Q registers, none of the 72 cvt per lane of the f16 path.
   static constexpr int kRegV = kRegV_ % 16;
-  static constexpr bool kSwzV = (kRegV_ / 16) % 2 != 0;
-  static constexpr bool kE4S = kRegV_ >= 32;
+  static constexpr bool kSwzV = kRegV_ >= 16;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpsN = kWarps / kWarpsM;
@@ -111,7 +105,6 @@ struct MlaDecodeTraits {
   static_assert(!kF16 || (kFp8 && kWarpsM == 1), "f16 inputs: the fused fp8 16-row path only");
   static_assert(!kPtSmem || kWarpsM == 1, "page-table ring: 16-row tiles only");
   static_assert(kRegV == 0 || (kF16 && kRegV >= 2), "register V: the fused fp8 f16 path only");
-  static_assert(!kE4S || (kRegV > 0 && !kSwzV), "e4m3 S: with register V, unswizzled stages");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 opt-in shared memory per block");
   static_assert(kSTiles >= 1 && kOTiles % 2 == 0, "S and O tiles are whole mma tiles");
   static_assert(kPage == 1 || kPage % kBlockN == 0, "a tile never straddles a page boundary");
@@ -176,31 +169,6 @@ __device__ __forceinline__ void fp8x4_to_f16x4(uint32_t word, uint32_t& lo, uint
   lo = static_cast<uint32_t>(a.x) | (static_cast<uint32_t>(a.y) << 16);
   hi = static_cast<uint32_t>(b.x) | (static_cast<uint32_t>(b.y) << 16);
 }
-// D += A B on e4m3 inputs (m16n8k32, f32 accumulators; SM89+). A: a0 / a2 row g, a1 / a3 row
-// g + 8, k 4 q + [0, 4) (a0, a1) and 16 + 4 q + [0, 4) (a2, a3); B: b0 k 4 q + [0, 4), b1 k 16 +
-// 4 q + [0, 4), column g (g = lane / 4, q = lane % 4; byte i of a word = element i).
-__device__ __forceinline__ void mma_e4m3_k32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// Four floats -> e4m3 (round to nearest, saturating), element i in byte i.
-__device__ __forceinline__ uint32_t f32x4_to_e4m3x4(float x0, float x1, float x2, float x3) {
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(x0, x1), __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(x2, x3), __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
-}
-// e4m3 byte j of `w` as a float (exact).
-__device__ __forceinline__ float e4m3_at(uint32_t w, int j) {
-  const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>((w >> (16 * (j / 2))) & 0xffffu), __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
-  return j % 2 == 0 ? f.x : f.y;
-}
-
 // The f16 path scales Q by 2^-kQShiftF16 (exact) so that |q| up to 2^24 stays finite; the
 // softmax scale takes the 2^kQShiftF16 back.
 inline constexpr int kQShiftF16 = 8;
@@ -408,7 +376,6 @@ struct MlaDecodeCta {
     const int a_row = 16 * wm + (lane & 7) + 8 * ((lane >> 3) & 1);
     const int a_chunk = lane >> 4;
     uint32_t qf[T::kQInRegs ? T::kKSteps : 1][4];
-    float s_rowscale[2] = {p.scale_log2, p.scale_log2};  // kE4S: scale_log2 / the Q row scale
 
     for (int tile = t0; tile < t1; ++tile) {
       const int s = (tile - t0) % T::kStages;
@@ -416,70 +383,7 @@ struct MlaDecodeCta {
       __syncthreads();  // tile landed for everyone; the stage of tile - 1 is free
       if constexpr (T::kQInRegs) {
         if (tile == t0) {  // Q (staged in the last stage with the first group) -> registers
-          if constexpr (T::kE4S) {
-            // e4m3 S: lane (g, q) holds dims 64 G + 16 q + [0, 16) of rows g and g + 8, the same
-            // bytes its LDS.128 reads of its key; k-step (G, kk): logical k 4 q + i = dim
-            // 64 G + 16 q + 8 kk + i, k 16 + 4 q + i = dim 64 G + 16 q + 8 kk + 4 + i.
-            // qf[4 G + 2 kk] = the hi term, qf[4 G + 2 kk + 1] the lo term.
-            const uint8_t* qs = smem + (q_base() - cuda::smem_addr(smem));
-            const int g = lane / 4, q4 = lane & 3;
-            auto q16 = [&](int h, int G, float(&x)[16]) {
-#pragma unroll
-              for (int c = 0; c < 2; ++c) {
-                const uint4 v = *reinterpret_cast<const uint4*>(
-                    qs + swz<T::kChunks>(16 * wm + g + 8 * h, 8 * G + 2 * q4 + c));
-                const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                  x[8 * c + 2 * j] = __uint_as_float(w4[j] << 16);
-                  x[8 * c + 2 * j + 1] = __uint_as_float(w4[j] & 0xffff0000u);
-                }
-              }
-            };
-            float amax[2] = {0.f, 0.f};
-#pragma unroll 1
-            for (int G = 0; G < kRowDim / 64; ++G) {
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                float x[16];
-                q16(h, G, x);
-#pragma unroll
-                for (int i = 0; i < 16; ++i) amax[h] = fmaxf(amax[h], fabsf(x[i]));
-              }
-            }
-            float qscale[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
-              amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
-              // power of two: amax * scale in (224, 448]; rows of zeros (or NaN) keep 1
-              const float e = amax[h] > 0.f ? fminf(floorf(log2f(448.f / amax[h])), 126.f) : 0.f;
-              qscale[h] = exp2f(e);
-              s_rowscale[h] = p.scale_log2 * exp2f(-e);
-            }
-            static_for<kRowDim / 64>([&]<int kG>() {
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                float x[16];
-                q16(h, kG, x);
-#pragma unroll
-                for (int kk = 0; kk < 2; ++kk) {
-#pragma unroll
-                  for (int half = 0; half < 2; ++half) {  // a0 / a1 (k < 16) or a2 / a3
-                    float y[4];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) y[i] = x[8 * kk + 4 * half + i] * qscale[h];
-                    const uint32_t hi = f32x4_to_e4m3x4(y[0], y[1], y[2], y[3]);
-                    const uint32_t lo =
-                        f32x4_to_e4m3x4(y[0] - e4m3_at(hi, 0), y[1] - e4m3_at(hi, 1),
-                                        y[2] - e4m3_at(hi, 2), y[3] - e4m3_at(hi, 3));
-                    qf[4 * kG + 2 * kk][2 * half + h] = hi;
-                    qf[4 * kG + 2 * kk + 1][2 * half + h] = lo;
-                  }
-                }
-              }
-            });
-          } else if constexpr (kFusedFp8) {
+          if constexpr (kFusedFp8) {
             // Permuted k order (see the fused S below): k-step kK = 4 G + j, lane quad q holds
             // dims 64 G + 16 q + 4 j + {0, 1} (logical k 2q, 2q+1) and + {2, 3} (2q+8, 2q+9).
             const uint8_t* qs = smem + (q_base() - cuda::smem_addr(smem));
@@ -554,13 +458,6 @@ struct MlaDecodeCta {
           asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4+%5];\n"
                        : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
                        : "r"(ksrc), "n"(64 * kG));
-          if constexpr (T::kE4S) {  // k-step kk: b0 = words[2 kk], b1 = words[2 kk + 1]
-            mma_e4m3_k32(acc[0], qf[4 * kG], words[0], words[1]);
-            mma_e4m3_k32(part[0], qf[4 * kG + 1], words[0], words[1]);
-            mma_e4m3_k32(part[1], qf[4 * kG + 2], words[2], words[3]);
-            mma_e4m3_k32(part[2], qf[4 * kG + 3], words[2], words[3]);
-            return;
-          }
           uint32_t w[8];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
@@ -639,8 +536,7 @@ struct MlaDecodeCta {
         for (int e = 0; e < 4; ++e) {
           const int x = e >> 1;
           const int j = tile * kBlockN + wn * T::kSKeys + t * 8 + 2 * (lane & 3) + (e & 1);
-          const float sc = T::kE4S ? s_rowscale[x] : scale_log2;
-          acc[t][e] = j < limit[x] ? acc[t][e] * sc : -INFINITY;
+          acc[t][e] = j < limit[x] ? acc[t][e] * scale_log2 : -INFINITY;
           mx[x] = fmaxf(mx[x], acc[t][e]);
         }
       }

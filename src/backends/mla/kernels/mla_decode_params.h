@@ -66,8 +66,7 @@ struct MlaDecodeParams {
   // fp8 cache, 16-row f16 tiles through the page-table ring at page 64: 4 / 6 = P V converts the
   // e4m3 V bytes of the stage in registers (MlaDecodeTraits::kRegV, with that many stages); 0
   // (default) = S writes an f16 V tile to shared memory; 22 = 6 stages with the swizzled fp8
-  // stage (conflict-free V loads); 36 / 38 = 4 / 6 stages with S on e4m3 mma.sync (Q split into
-  // two e4m3 terms, MlaDecodeTraits::kE4S). ATTNKIT_MLA_FP8_REGV "4" / "6" / "6s" / "4q" / "6q".
+  // stage (conflict-free V loads). ATTNKIT_MLA_FP8_REGV "4" / "6" / "6s".
   int mma_fp8_regv = 0;
   // 1: run_decode launches no combine kernel (the host schedule splits no request; eager plans
   // with ATTNKIT_MLA_COMBINE_SKIP=1 only).
