@@ -33,12 +33,12 @@ bool wgmma_env_on() {
 }
 
 // ATTNKIT_MLA_WGMMA_BLOCKS: the wgmma kernel's variant (mla_decode_wgmma.cuh, kVariant): "0" one
-// full barrier per K tile, "1" block barriers, unset / else block barriers + split release (2,
-// the fastest on an H200, session 7).
+// full barrier per K tile, "1" block barriers, "2" block barriers + split release (session 7),
+// unset / else the seesaw schedule (3; H200 session 9, two runs: +4-6% over 2).
 int wgmma_variant_env() {
   const char* e = std::getenv("ATTNKIT_MLA_WGMMA_BLOCKS");
   const std::string v = e == nullptr ? "" : e;
-  return v == "0" ? 0 : v == "1" ? 1 : 2;
+  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : 3;
 }
 // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
 bool wgmma_noload_env() {
@@ -61,37 +61,24 @@ bool fp8_f16_env() {
   return e == nullptr || std::string(e) != "0";
 }
 
-// ATTNKIT_MLA_FP8_REGV: "4" / "6" fp8 16-row f16 tiles at page 64 convert V at the P V operand
-// load with 4 / 6 stages, "6s" 6 stages with the swizzled fp8 stage (MlaDecodeParams::
-// mma_fp8_regv 4 / 6 / 22); unset / else 0 (the f16 V tile).
-int fp8_regv_env() {
-  const char* e = std::getenv("ATTNKIT_MLA_FP8_REGV");
-  const std::string v = e == nullptr ? "" : e;
-  return v == "4" ? 4 : v == "6" ? 6 : v == "6s" ? 22 : 0;
-}
-
-// ATTNKIT_MLA_COMBINE_SKIP=1: eager plans whose host schedule (from seq_lens_host) splits no
-// request launch no combine kernel (MlaDecodeParams::skip_combine); unset / else always launch.
+// ATTNKIT_MLA_COMBINE_SKIP=0: always launch the combine kernel; unset / else eager plans whose
+// host schedule (from seq_lens_host) splits no request launch none (MlaDecodeParams::
+// skip_combine; the default since session 9: H200 bf16 kv 4k -2.6 / -3.2 us per forward).
 bool combine_skip_env() {
   const char* e = std::getenv("ATTNKIT_MLA_COMBINE_SKIP");
-  return e != nullptr && std::string(e) == "1";
+  return e == nullptr || std::string(e) != "0";
 }
-
 // ATTNKIT_MLA_COMBINE_PDL=1: the combine kernel is a programmatic dependent launch of the decode
-// kernel (MlaDecodeParams::combine_pdl); unset / else a plain launch.
+// kernel (MlaDecodeParams::combine_pdl, SM90+); unset / else a plain launch.
 bool combine_pdl_env() {
   const char* e = std::getenv("ATTNKIT_MLA_COMBINE_PDL");
   return e != nullptr && std::string(e) == "1";
 }
 
-// ATTNKIT_MLA_SCHED_OVERHEAD=<0..16>: the scheduler's segment cost in tiles (0 splits requests
-// so that every part gets the same number of tiles); unset / else kFixedOverheadTiles.
-int sched_overhead_env() {
-  const char* e = std::getenv("ATTNKIT_MLA_SCHED_OVERHEAD");
-  if (e == nullptr || *e == '\0') return kFixedOverheadTiles;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  return *end == '\0' && v >= 0 && v <= 16 ? static_cast<int>(v) : kFixedOverheadTiles;
+// ATTNKIT_MLA_CHAIN_PREFETCH=1: MlaDecodeParams::chain_prefetch (A/B knob, default off).
+bool chain_prefetch_env() {
+  const char* e = std::getenv("ATTNKIT_MLA_CHAIN_PREFETCH");
+  return e != nullptr && std::string(e) == "1";
 }
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -134,10 +121,9 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
   e->wgmma_noload_ = wgmma_noload_env();
   e->mma_prefetch_ = mma_prefetch_env();
   e->fp8_f16_ = fp8_f16_env();
-  e->fp8_regv_ = fp8_regv_env();
   e->combine_skip_ = combine_skip_env();
   e->combine_pdl_ = cc >= kWgmmaComputeCapability && combine_pdl_env();
-  e->sched_overhead_ = sched_overhead_env();
+  e->chain_prefetch_ = chain_prefetch_env();
   return e;
 }
 
@@ -182,7 +168,6 @@ Status MlaDecodeEngine::schedule(ForwardMode mode, int bs, int s_q, const Tensor
   p.kv_len_extra = kv_len_extra(mode, s_q);
   p.bs = bs;
   p.num_parts = num_parts(sm_count_, s_q * ctx_.num_q_heads);
-  p.sched_overhead = sched_overhead_;
   return launch_schedule(p, sched, split_indptr, stream);
 }
 
@@ -217,9 +202,9 @@ Status MlaDecodeEngine::plan(const ForwardBatch& batch, StreamHandle stream) {
     std::vector<int32_t> split(static_cast<size_t>(bs) + 1);
     build_schedule(
         bs, parts, [&](int b) { return batch.seq_lens_host[static_cast<size_t>(b)] + extra; },
-        sched.data(), split.data(), sched_overhead_);
+        sched.data(), split.data());
     bool any_split = false;
-    for (int b = 0; b < bs; ++b) any_split = any_split || split[b + 1] - split[b] > 1;
+    for (int b = 0; b < bs && !any_split; ++b) any_split = split[b + 1] - split[b] > 1;
     plan_.need_combine = any_split;
   }
   return Status::ok();
@@ -344,9 +329,9 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.wgmma_diag_noload = wgmma_noload_ ? 1 : 0;  // both kernels
   p.mma_prefetch = mma_prefetch_;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
-  p.mma_fp8_regv = fp8_regv_;
   p.skip_combine = plan_.need_combine ? 0 : 1;
   p.combine_pdl = combine_pdl_ ? 1 : 0;
+  p.chain_prefetch = chain_prefetch_ ? 1 : 0;
   return run_decode(p, page_size_, kv_dtype, stream);
 }
 

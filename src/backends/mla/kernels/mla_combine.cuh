@@ -17,12 +17,10 @@ namespace attnkit::mla {
 
 // grid: (1) block: (32); lane 0 writes the schedule (a few microseconds for hundreds of requests).
 __global__ void mla_schedule_kernel(const int32_t* seq_lens, int kv_len_extra, int bs,
-                                    int num_parts, int32_t* sched, int32_t* split_indptr,
-                                    int overhead) {
+                                    int num_parts, int32_t* sched, int32_t* split_indptr) {
   if (threadIdx.x != 0) return;
   build_schedule(
-      bs, num_parts, [&](int b) { return seq_lens[b] + kv_len_extra; }, sched, split_indptr,
-      overhead);
+      bs, num_parts, [&](int b) { return seq_lens[b] + kv_len_extra; }, sched, split_indptr);
 }
 
 inline constexpr int kCombineWarps = 8;
@@ -33,8 +31,9 @@ inline constexpr int kCombineWarps = 8;
 // 16 output columns per lane.
 __global__ void __launch_bounds__(32 * kCombineWarps)
     mla_combine_kernel(const __grid_constant__ MlaDecodeParams p) {
-  cuda::ring::grid_dep_wait();  // launched as a programmatic dependent (combine_pdl): the
-                                // decode grid's outputs are visible after this; else a no-op
+  // Launched as a programmatic dependent (combine_pdl): the decode grid's outputs are visible
+  // after this; a no-op otherwise.
+  cuda::ring::grid_dep_wait();
   const int lane = threadIdx.x & 31;
   const int64_t gr = static_cast<int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
   if (gr >= static_cast<int64_t>(p.bs) * p.rows_per_req) return;

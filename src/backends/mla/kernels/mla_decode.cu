@@ -21,8 +21,8 @@ int max_smem_bytes() {
 
 Status launch_schedule(const MlaDecodeParams& p, int32_t* sched, int32_t* split_indptr,
                        StreamHandle stream) {
-  mla_schedule_kernel<<<1, 32, 0, cuda::to_stream(stream)>>>(
-      p.seq_lens, p.kv_len_extra, p.bs, p.num_parts, sched, split_indptr, p.sched_overhead);
+  mla_schedule_kernel<<<1, 32, 0, cuda::to_stream(stream)>>>(p.seq_lens, p.kv_len_extra, p.bs,
+                                                             p.num_parts, sched, split_indptr);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }

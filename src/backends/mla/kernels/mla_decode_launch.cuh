@@ -12,9 +12,9 @@
 
 namespace attnkit::mla {
 
-template <int kWarpsM, int kPage, bool kFp8, bool kF16 = false, bool kPtSmem = false, int kRegV = 0>
+template <int kWarpsM, int kPage, bool kFp8, bool kF16 = false, bool kPtSmem = false>
 Status launch_decode(const MlaDecodeParams& p, cudaStream_t s) {
-  using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8, kF16, kPtSmem, kRegV>;
+  using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8, kF16, kPtSmem>;
   static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
   if (!attribute_set) {
     ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_kernel<Traits>,
@@ -72,24 +72,14 @@ Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
     if (p.use_wgmma != 0 && rows_per_cta(p.rows_per_req) == 64) {
       if (p.use_wgmma == 1) return launch_decode_wgmma<kPage, 0>(p, s);
       if (p.use_wgmma == 2) return launch_decode_wgmma<kPage, 1>(p, s);
-      return launch_decode_wgmma<kPage, 2>(p, s);
+      if (p.use_wgmma == 3) return launch_decode_wgmma<kPage, 2>(p, s);
+      return launch_decode_wgmma<kPage, 3>(p, s);  // 4: the seesaw (default)
     }
   }
   switch (rows_per_cta(p.rows_per_req)) {
     case 16:
       if (p.mma_prefetch == 3) {  // page-table ring in shared memory
         if constexpr (kFp8) {
-          if constexpr (kPage == 64) {  // V converted at the P V operand load (A/B, page 64)
-            if (p.mma_fp8_f16 != 0 && p.mma_fp8_regv == 4) {
-              return launch_decode<1, kPage, true, true, true, 4>(p, s);
-            }
-            if (p.mma_fp8_f16 != 0 && p.mma_fp8_regv == 6) {
-              return launch_decode<1, kPage, true, true, true, 6>(p, s);
-            }
-            if (p.mma_fp8_f16 != 0 && p.mma_fp8_regv == 22) {  // 6 stages, swizzled
-              return launch_decode<1, kPage, true, true, true, 22>(p, s);
-            }
-          }
           if (p.mma_fp8_f16 != 0) return launch_decode<1, kPage, true, true, true>(p, s);
         }
         return launch_decode<1, kPage, kFp8, false, true>(p, s);

@@ -35,8 +35,7 @@
 
 namespace attnkit::mla {
 
-template <int kWarpsM_, int kPage_, bool kFp8_, bool kF16_ = false, bool kPtSmem_ = false,
-          int kRegV_ = 0>
+template <int kWarpsM_, int kPage_, bool kFp8_, bool kF16_ = false, bool kPtSmem_ = false>
 struct MlaDecodeTraits {
   static constexpr int kWarpsM = kWarpsM_;
   static constexpr int kPage = kPage_;
@@ -52,17 +51,6 @@ struct MlaDecodeTraits {
   // memory. No register holds a pending global load (the register prefetch of mma_prefetch 1 is
   // consumed right after the cp.async burst and waits behind it: -13..-17% on 16-row bf16 tiles).
   static constexpr bool kPtSmem = kPtSmem_;
-  // fp8 f16 16-row tiles (ATTNKIT_MLA_FP8_REGV=<stages>, 0 = off): P V reads the e4m3 V bytes of
-  // the stage itself (LDS.64, 8 output columns per lane) and converts them in registers at the
-  // operand load, instead of S writing a 64 KiB f16 V tile per 36 KiB fp8 tile and P V reading it
-  // back with ldmatrix (shared-memory traffic per tile 200 -> ~106 KiB). The conversion tile's
-  // 64 KiB go to kRegV stages (4 or 6). Output columns are permuted per lane (lane quad q holds
-  // the 16 columns wn * 64 + 16 q + [0, 16)) and P's key pairs are swapped for q >= 2 so that the
-  // V loads of a k-step hit both bank halves (see run_segment).
-  // kRegV_ = stages + 16 x swizzle: kSwzV stores the fp8 stage with the chunk swizzle fp8_swz (V
-  // loads conflict-free; ptxas: 92 / 140 B spill vs 20 / 20 B without, sm_90a).
-  static constexpr int kRegV = kRegV_ % 16;
-  static constexpr bool kSwzV = kRegV_ >= 16;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpsN = kWarps / kWarpsM;
@@ -83,16 +71,15 @@ struct MlaDecodeTraits {
   static constexpr bool kQInRegs = kWarpsM == 1;
   // cp.async stages (tiles in flight + 1): bf16 2 (3 with Q in registers); an fp8 stage is half
   // as big: 4 / 3 / 2 for 16 / 32 / 64 rows.
-  static constexpr int kStages = kRegV > 0 ? kRegV
-                                 : kFp8    ? (kQInRegs ? 4 : (kWarpsM == 2 ? 3 : 2))
-                                           : (kQInRegs ? 3 : 2);
+  static constexpr int kStages =
+      kFp8 ? (kQInRegs ? 4 : (kWarpsM == 2 ? 3 : 2)) : (kQInRegs ? 3 : 2);
   static constexpr int kQBytes = kQInRegs ? 0 : kRows * kRowDim * 2;  // dedicated Q tile
   static constexpr int kPBytes = kRows * kBlockN * 2;
   static constexpr int kRedBytes = kWarpsN * kRows * 4;
   static constexpr int kQOffset = 0;
   static constexpr int kStageOffset = kQOffset + kQBytes;
   static constexpr int kConvOffset = kStageOffset + kStages * kStageBytes;
-  static constexpr int kPOffset = kConvOffset + (kFp8 && kRegV == 0 ? kTileBytes : 0);
+  static constexpr int kPOffset = kConvOffset + (kFp8 ? kTileBytes : 0);
   static constexpr int kRedOffset = kPOffset + kPBytes;
   static constexpr int kPtOffset = kRedOffset + kRedBytes;
   static constexpr int kPtBytes = kPtSmem ? kStages * kBlockN * 4 : 0;
@@ -104,7 +91,6 @@ struct MlaDecodeTraits {
   static_assert(kWarpsM == 1 || kWarpsM == 2 || kWarpsM == 4, "8 warps as kWarpsM x kWarpsN");
   static_assert(!kF16 || (kFp8 && kWarpsM == 1), "f16 inputs: the fused fp8 16-row path only");
   static_assert(!kPtSmem || kWarpsM == 1, "page-table ring: 16-row tiles only");
-  static_assert(kRegV == 0 || (kF16 && kRegV >= 2), "register V: the fused fp8 f16 path only");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 opt-in shared memory per block");
   static_assert(kSTiles >= 1 && kOTiles % 2 == 0, "S and O tiles are whole mma tiles");
   static_assert(kPage == 1 || kPage % kBlockN == 0, "a tile never straddles a page boundary");
@@ -153,12 +139,6 @@ __device__ __forceinline__ void fp8x4_to_bf16x4(uint32_t word, uint32_t& lo, uin
   lo = out[0];
   hi = out[1];
 }
-
-// kSwzV fp8 stages: 16-byte chunk c of key k is stored at chunk c ^ fp8_swz(k) (inside its
-// aligned group of 4; 36 chunks per row). With the row stride of 576 B (bank offset 0 / 16 words
-// by key parity) this gives the 4 keys read by a half-warp in P V 4 distinct bank offsets
-// (0 / 8 / 16 / 24 words); S's 16-byte reads stay conflict-free (keys 2m, 2m + 1 share it).
-__device__ __forceinline__ int fp8_swz(int key) { return 2 * ((key >> 1) & 1); }
 
 // Four e4m3 values -> two f16x2 words (exact; one cvt per pair).
 __device__ __forceinline__ void fp8x4_to_f16x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
@@ -275,12 +255,7 @@ struct MlaDecodeCta {
 #pragma unroll
       for (int i = 0; i < T::kFp8Chunks / T::kThreadsPerKey; ++i) {
         const int c = tid % T::kThreadsPerKey + T::kThreadsPerKey * i;
-        // kRegV: chunk c of key k sits at c ^ fp8_swz(k) (see fp8_swz; kThreadsPerKey is 4, so
-        // the XOR only touches the tid % 4 part)
-        static_assert(!T::kSwzV || T::kThreadsPerKey == 4, "fp8 chunk swizzle");
-        const int cd =
-            T::kSwzV ? ((tid % T::kThreadsPerKey) ^ fp8_swz(key)) + T::kThreadsPerKey * i : c;
-        cuda::cp_async_16(base + (key * T::kFp8Chunks + cd) * 16, row + c * 16, src_bytes);
+        cuda::cp_async_16(base + (key * T::kFp8Chunks + c) * 16, row + c * 16, src_bytes);
       }
     } else {
 #pragma unroll
@@ -447,8 +422,7 @@ struct MlaDecodeCta {
         // and (dims < 512) the bf16 V tile, which P V reads after the "P complete" barrier. No
         // separate conversion pass, no barrier after it, no K ldmatrix.
         const int key = wn * T::kSKeys + lane / 4, q4 = lane & 3;
-        const int q4s = T::kSwzV ? (lane & 3) ^ ((lane >> 2) & 2) : q4;  // = q4 ^ fp8_swz(key)
-        const uint32_t ksrc = stage_base(s) + key * T::kFp8Chunks * 16 + 16 * q4s;
+        const uint32_t ksrc = stage_base(s) + key * T::kFp8Chunks * 16 + 16 * q4;
         uint8_t* v0 = smem + T::kConvOffset + swz<T::kChunks>(key, 2 * q4);
         uint8_t* v1 = smem + T::kConvOffset + swz<T::kChunks>(key, 2 * q4 + 1);
         float part[3][4] = {};
@@ -467,7 +441,7 @@ struct MlaDecodeCta {
               fp8x4_to_bf16x4(words[j], w[2 * j], w[2 * j + 1]);
             }
           }
-          if constexpr (kG < kLatentDim / 64 && T::kRegV == 0) {
+          if constexpr (kG < kLatentDim / 64) {
             // chunk 8 G + c of a row: (8 G + c) ^ (key % 8) = 8 G + (c ^ (key % 8)) for c < 8
             *reinterpret_cast<uint4*>(v0 + 128 * kG) = make_uint4(w[0], w[1], w[2], w[3]);
             *reinterpret_cast<uint4*>(v1 + 128 * kG) = make_uint4(w[4], w[5], w[6], w[7]);
@@ -571,12 +545,10 @@ struct MlaDecodeCta {
         const int chunk = (wn * T::kSKeys + t * 8) / 8;
         const uint32_t in_chunk = (lane & 3) * 4;
         uint8_t* pb = smem + T::kPOffset;
-        // kRegV: lanes q >= 2 store their key pair swapped (logical k 2q <-> key 2q + 1).
-        const bool swap = T::kRegV > 0 && (lane & 2) != 0;
         *reinterpret_cast<uint32_t*>(pb + swz<T::kPChunks>(r_lo, chunk) + in_chunk) =
-            swap ? cuda::pack2<MmaT>(p1, p0) : cuda::pack2<MmaT>(p0, p1);
+            cuda::pack2<MmaT>(p0, p1);
         *reinterpret_cast<uint32_t*>(pb + swz<T::kPChunks>(r_lo + 8, chunk) + in_chunk) =
-            swap ? cuda::pack2<MmaT>(p3, p2) : cuda::pack2<MmaT>(p2, p3);
+            cuda::pack2<MmaT>(p2, p3);
       }
 #pragma unroll
       for (int t = 0; t < T::kOTiles; ++t) {
@@ -590,59 +562,6 @@ struct MlaDecodeCta {
       // ---- O += P V: rows [16 wm, +16), columns [wn * kOCols, +kOCols), all kBlockN keys ----
       // V rows key = 16 kk + (lane & 7) + 8 ((lane >> 3) & 1) (key % 8 == lane % 8), chunk
       // wn * kOCols / 8 + t + (lane >> 4): 4 base registers (t % 8) plus immediates.
-      if constexpr (T::kRegV > 0) {
-        // V straight from the fp8 stage: lane (g, q) holds output columns wn * 64 + 8 g + j as
-        // n of n-tile j (j < 8), reads 8 bytes of each of its 4 keys per k-step and converts
-        // them at the operand load: byte j of key rows (A, B) -> prmt -> one cvt per pair.
-        // Logical k 2q / 2q + 1 are keys 2q + f / 2q + 1 - f with f = (q >> 1) & 1 (P was
-        // stored swapped to match), so the 4 keys of a half-warp's LDS.64 are two even and two
-        // odd ones (row stride 576 B: bank offsets 0 / 16 words): a 2-way conflict, 4
-        // wavefronts per LDS.64 (natural order: 4-way). With kSwzV the stage's chunk swizzle
-        // (fp8_swz: chunk ^ 2 for keys with bit 1 set) moves one key of each pair by 8 words:
-        // the 16 lanes cover 32 distinct banks, 2 wavefronts.
-        const int q4 = lane & 3, f = (q4 >> 1) & 1;
-        constexpr int kRowB = T::kFp8Chunks * 16;  // 576
-        // keys 2q + f and 2q + 1 - f (+ 16 kK, + 8) share fp8_swz = 2 (q & 1)
-        const int vchunk =
-            (wn * T::kOCols / 16 + (lane / 4) / 2) ^ (T::kSwzV ? fp8_swz(2 * q4) : 0);
-        const uint32_t va =
-            stage_base(s) + (2 * q4 + f) * kRowB + vchunk * 16 + 8 * ((lane / 4) & 1);
-        const uint32_t vbb = va + (1 - 2 * f) * kRowB;
-        static_for<kBlockN / 16>([&]<int kK>() {
-          uint32_t a[4];
-          cuda::ldmatrix_x4(a, p_base + swz<T::kPChunks>(a_row, 2 * kK + a_chunk));
-          uint32_t w[4][2];  // rows A, B, A + 8, B + 8 of this k-step
-          asm volatile("ld.shared.v2.u32 {%0,%1}, [%2+%3];\n"
-                       : "=r"(w[0][0]), "=r"(w[0][1])
-                       : "r"(va), "n"(kK * 16 * kRowB));
-          asm volatile("ld.shared.v2.u32 {%0,%1}, [%2+%3];\n"
-                       : "=r"(w[1][0]), "=r"(w[1][1])
-                       : "r"(vbb), "n"(kK * 16 * kRowB));
-          asm volatile("ld.shared.v2.u32 {%0,%1}, [%2+%3];\n"
-                       : "=r"(w[2][0]), "=r"(w[2][1])
-                       : "r"(va), "n"((kK * 16 + 8) * kRowB));
-          asm volatile("ld.shared.v2.u32 {%0,%1}, [%2+%3];\n"
-                       : "=r"(w[3][0]), "=r"(w[3][1])
-                       : "r"(vbb), "n"((kK * 16 + 8) * kRowB));
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {  // columns 4 h .. 4 h + 3 of the lane's 8
-#pragma unroll
-            for (int sel = 0; sel < 2; ++sel) {  // bytes {0, 1} / {2, 3} of the words
-              const uint32_t sel_code = sel == 0 ? 0x5140u : 0x7362u;
-              const uint32_t x0 = __byte_perm(w[0][h], w[1][h], sel_code);
-              const uint32_t x1 = __byte_perm(w[2][h], w[3][h], sel_code);
-              uint32_t b00, b01, b10, b11;
-              fp8x4_to_f16x4(x0, b00, b01);
-              fp8x4_to_f16x4(x1, b10, b11);
-              const uint32_t bl[2] = {b00, b10};
-              const uint32_t bh[2] = {b01, b11};
-              cuda::mma_m16n8k16<MmaT>(o[4 * h + 2 * sel], a, bl);
-              cuda::mma_m16n8k16<MmaT>(o[4 * h + 2 * sel + 1], a, bh);
-            }
-          }
-        });
-        continue;
-      }
       uint32_t vb[4];
       {
         const int key = (lane & 7) + 8 * ((lane >> 3) & 1);
@@ -704,24 +623,10 @@ struct MlaDecodeCta {
         auto* dst = static_cast<__nv_bfloat16*>(p.out) + token * p.o_stride_token +
                     h * p.o_stride_head + wn * T::kOCols + 2 * (lane & 3);
         const float scale = inv * p.v_scale;
-        if constexpr (T::kRegV > 0) {  // columns wn * 64 + 16 q + [0, 16) (see P V)
-          auto* d = dst - 2 * (lane & 3) + 16 * (lane & 3);
-          uint32_t pk[8];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            pk[j] =
-                cuda::pack2<__nv_bfloat16>(o[2 * j][2 * x] * scale, o[2 * j + 1][2 * x] * scale);
-            pk[4 + j] = cuda::pack2<__nv_bfloat16>(o[2 * j][2 * x + 1] * scale,
-                                                   o[2 * j + 1][2 * x + 1] * scale);
-          }
-          *reinterpret_cast<uint4*>(d) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-          *reinterpret_cast<uint4*>(d + 8) = make_uint4(pk[4], pk[5], pk[6], pk[7]);
-        } else {
-#pragma unroll
-          for (int t = 0; t < T::kOTiles; ++t) {
-            *reinterpret_cast<uint32_t*>(dst + t * 8) =
-                cuda::pack2<__nv_bfloat16>(o[t][2 * x] * scale, o[t][2 * x + 1] * scale);
-          }
+        for (int t = 0; t < T::kOTiles; ++t) {
+          *reinterpret_cast<uint32_t*>(dst + t * 8) =
+              cuda::pack2<__nv_bfloat16>(o[t][2 * x] * scale, o[t][2 * x + 1] * scale);
         }
         if (p.lse != nullptr && wn == 0 && (lane & 3) == 0) {
           p.lse[token * p.lse_stride_token + h] = any ? lse2 * cuda::kLn2 : -INFINITY;
@@ -729,23 +634,10 @@ struct MlaDecodeCta {
       } else {
         const int64_t prow = static_cast<int64_t>(partial) * p.rows_per_req + m;
         float* dst = p.partial_out + prow * kLatentDim + wn * T::kOCols + 2 * (lane & 3);
-        if constexpr (T::kRegV > 0) {
-          float* d = dst - 2 * (lane & 3) + 16 * (lane & 3);
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-#pragma unroll
-            for (int j = 0; j < 8; j += 4) {
-              *reinterpret_cast<float4*>(d + 8 * c + j) =
-                  make_float4(o[j][2 * x + c] * inv, o[j + 1][2 * x + c] * inv,
-                              o[j + 2][2 * x + c] * inv, o[j + 3][2 * x + c] * inv);
-            }
-          }
-        } else {
-#pragma unroll
-          for (int t = 0; t < T::kOTiles; ++t) {
-            *reinterpret_cast<float2*>(dst + t * 8) =
-                make_float2(o[t][2 * x] * inv, o[t][2 * x + 1] * inv);
-          }
+        for (int t = 0; t < T::kOTiles; ++t) {
+          *reinterpret_cast<float2*>(dst + t * 8) =
+              make_float2(o[t][2 * x] * inv, o[t][2 * x + 1] * inv);
         }
         if (wn == 0 && (lane & 3) == 0) p.partial_lse[prow] = lse2;
       }
@@ -762,9 +654,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   MlaDecodeCta<Traits> cta{
       p, smem, tid, tid & 31, (tid >> 5) / Traits::kWarpsN, (tid >> 5) % Traits::kWarpsN};
   const int row0 = blockIdx.y * Traits::kRows;
-  // PDL: the combine kernel may launch now (its CTAs wait for this grid's end; the trigger fires
-  // once every CTA of this grid has run it, i.e. all of them are resident or done).
+  // PDL (combine_pdl): the combine kernel may launch now; its CTAs wait for this grid's end (the
+  // trigger fires once every CTA of this grid has run it, i.e. all are resident or done).
   if (p.combine_pdl != 0) cuda::ring::grid_dep_launch_dependents();
+  if (p.chain_prefetch != 0 && tid < 4) {  // see MlaDecodeParams::chain_prefetch
+    const int32_t* s = p.sched + static_cast<int64_t>(blockIdx.x) * kSchedWords;
+    const int b0 = s[0];
+    if (b0 < p.bs) {
+      // issued together: one round trip (for_each_segment's loads of them then hit L1)
+      const int kv_len = p.seq_lens[b0] + p.kv_len_extra;
+      const int split = p.split_indptr[b0];
+      const int pool = p.req_pool_indices[b0];
+      const int j = (s[1] + tid) * kBlockN;  // first key of tile s[1] + tid
+      if (j < kv_len && split >= 0) {
+        const int32_t* entry = p.req_to_token + static_cast<int64_t>(pool) * p.req_to_token_stride +
+                               (j - j % Traits::kPage);
+        asm volatile("prefetch.global.L1 [%0];\n" ::"l"(entry));
+      }
+    }
+  }
   for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
     cta.run_segment(b, kv_len, row0, t0, t1, whole, partial);
   });

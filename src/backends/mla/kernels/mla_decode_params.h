@@ -48,7 +48,8 @@ struct MlaDecodeParams {
   // of the mma.sync one; set by the engine only where that kernel is compiled and the device is
   // SM90 (ATTNKIT_MLA_WGMMA=0 turns it off) with one full barrier per K tile
   // (ATTNKIT_MLA_WGMMA_BLOCKS=0); 2 (ATTNKIT_MLA_WGMMA_BLOCKS=1): one full barrier per 64-column
-  // block of a K tile; 3 (default): 2 + split release (mla_decode_wgmma.cuh, kVariant).
+  // block of a K tile; 3 (ATTNKIT_MLA_WGMMA_BLOCKS=2): 2 + split release; 4 (default): the seesaw
+  // schedule (mla_decode_wgmma.cuh, kVariant).
   int use_wgmma = 0;
   // Diagnostic, timing only (ATTNKIT_MLA_WGMMA_DIAG=noload): the wgmma kernel's producer stops
   // loading K tiles after the first two, the mma.sync kernel after its prologue (results are
@@ -63,21 +64,22 @@ struct MlaDecodeParams {
   // fp8 cache, 16-row tiles: f16 tensor-core inputs (MlaDecodeTraits::kF16) instead of bf16.
   // Default 1; ATTNKIT_MLA_FP8_F16=0 keeps bf16.
   int mma_fp8_f16 = 1;
-  // fp8 cache, 16-row f16 tiles through the page-table ring at page 64: 4 / 6 = P V converts the
-  // e4m3 V bytes of the stage in registers (MlaDecodeTraits::kRegV, with that many stages); 0
-  // (default) = S writes an f16 V tile to shared memory; 22 = 6 stages with the swizzled fp8
-  // stage (conflict-free V loads). ATTNKIT_MLA_FP8_REGV "4" / "6" / "6s".
-  int mma_fp8_regv = 0;
-  // 1: run_decode launches no combine kernel (the host schedule splits no request; eager plans
-  // with ATTNKIT_MLA_COMBINE_SKIP=1 only).
+
+  // 1: run_decode launches no combine kernel: the host schedule splits no request, so the decode
+  // kernel has written every output and LSE (eager plans with seq_lens_host; the default since
+  // session 9, ATTNKIT_MLA_COMBINE_SKIP=0 launches it always). Graph plans always launch it.
   int skip_combine = 0;
-  // The schedule's segment cost in tiles (build_schedule); ATTNKIT_MLA_SCHED_OVERHEAD=<0..16>.
-  int sched_overhead = kFixedOverheadTiles;
-  // 1: the combine kernel is launched as a programmatic dependent of the decode kernel (PDL,
-  // SM90+): the 16/32/64-row mma.sync decode kernel triggers at its start, the combine CTAs take
-  // the SMs the decode grid leaves free and wait (griddepcontrol.wait) for its end, so the
-  // combine's launch latency overlaps the decode. ATTNKIT_MLA_COMBINE_PDL=1.
+  // 1: the combine kernel is a programmatic dependent launch (PDL, SM90+) of the decode kernel:
+  // the mma.sync decode kernel triggers at its start, the combine CTAs take the SMs the decode
+  // grid leaves free and wait (griddepcontrol.wait) for its end. ATTNKIT_MLA_COMBINE_PDL=1 (not
+  // default: H200 A/B mixed, see docs/perf/mla_notes.md session 9).
   int combine_pdl = 0;
+  // 1: the mma.sync decode kernel loads its first request's seq_lens / split_indptr /
+  // req_pool_indices entries together right after its schedule words and prefetches (L1) the
+  // page-table entries of its first four tiles, so that the first K/V request waits for 3
+  // dependent DRAM round trips instead of 5 (schedule, lengths, pool index, page table).
+  // ATTNKIT_MLA_CHAIN_PREFETCH=1 (session 9 A/B).
+  int chain_prefetch = 0;
 
   // Plan (written on the device by the schedule kernel once per forward).
   const int32_t* sched = nullptr;  // [num_parts, kSchedWords]

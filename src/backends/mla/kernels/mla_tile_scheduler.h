@@ -34,14 +34,12 @@ ATTNKIT_MLA_HD inline int num_tiles(int kv_len) {
 }
 
 // kv_len(b) for b in [0, bs); sched: [num_parts, kSchedWords]; split_indptr: [bs + 1].
-// overhead: the cost of a segment in tiles (kFixedOverheadTiles unless
-// ATTNKIT_MLA_SCHED_OVERHEAD says otherwise, MlaDecodeParams::sched_overhead).
 template <typename KvLen>
 ATTNKIT_MLA_HD void build_schedule(int bs, int num_parts, KvLen kv_len, int32_t* sched,
-                                   int32_t* split_indptr, int overhead = kFixedOverheadTiles) {
+                                   int32_t* split_indptr) {
   int64_t total = 0;
-  for (int b = 0; b < bs; ++b) total += num_tiles(kv_len(b)) + overhead;
-  const int64_t payload = (total + num_parts - 1) / num_parts + overhead;
+  for (int b = 0; b < bs; ++b) total += num_tiles(kv_len(b)) + kFixedOverheadTiles;
+  const int64_t payload = (total + num_parts - 1) / num_parts + kFixedOverheadTiles;
   int req = 0, tile = 0, split = 0, segments = 0;
   split_indptr[0] = 0;
   for (int part = 0; part < num_parts; ++part) {
@@ -53,15 +51,15 @@ ATTNKIT_MLA_HD void build_schedule(int bs, int num_parts, KvLen kv_len, int32_t*
     int64_t remain = payload;
     while (req < bs) {
       const int left = num_tiles(kv_len(req)) - tile;
-      if (last || remain >= left + overhead) {
-        remain -= left + overhead;
+      if (last || remain >= left + kFixedOverheadTiles) {
+        remain -= left + kFixedOverheadTiles;
         segments += split + 1;
         split_indptr[req + 1] = segments;
         ++req;
         tile = 0;
         split = 0;
       } else {
-        const int64_t take = remain - overhead;
+        const int64_t take = remain - kFixedOverheadTiles;
         if (take > 0) {
           tile += static_cast<int>(take);
           ++split;
