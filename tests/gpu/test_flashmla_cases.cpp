@@ -92,22 +92,17 @@ TEST(FlashMlaKernels, VerifyChainsMultiTokenQueries) {
 // short requests per CTA-part (several segments per CTA: the Q reload and the alternation of the
 // two consumer warpgroups restart per segment, with odd and even tile counts), on both kernels
 // and the wgmma kernel's variants (ATTNKIT_MLA_WGMMA_BLOCKS 0 = tile barriers, 1 = block
-// barriers, 2 = + split release, unset = the seesaw, the default: odd and even tile counts, i.e.
-// with and without the phantom tile).
+// barriers, unset = block barriers + split release, the default).
 TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   std::vector<int> lens;
   for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
-  for (const char* variant : {"1", "1+blocks0", "1+blocks1", "1+blocks2", "0"}) {
+  for (const char* variant : {"1", "1+blocks0", "1+blocks1", "0"}) {
     const std::string v = variant;
     const char* wgmma = v == "0" ? "0" : "1";
     SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + variant);
     ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA", wgmma, 1), 0);
     ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_BLOCKS",
-                     v == "1+blocks0"   ? "0"
-                     : v == "1+blocks1" ? "1"
-                     : v == "1+blocks2" ? "2"
-                                        : "",
-                     1),
+                     v == "1+blocks0" ? "0" : (v == "1+blocks1" ? "1" : ""), 1),
               0);
     run_and_compare(mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16), true);
     run_and_compare(
@@ -153,20 +148,12 @@ TEST(FlashMlaKernels, Heads16PrefetchAndFp8InputTypes) {
 }
 
 // Session 9: the combine launch skipped when the host schedule splits nothing (the default;
-// ATTNKIT_MLA_COMBINE_SKIP=0 launches it always) and the combine as a programmatic dependent
-// launch (ATTNKIT_MLA_COMBINE_PDL=1), the first loads issued together
-// (ATTNKIT_MLA_CHAIN_PREFETCH=1): 16 and 8 heads, split / empty / one-tile requests, many requests
-// that split on no part, bf16 and fp8.
-TEST(FlashMlaKernels, Heads16CombineSkipAndPdl) {
-  struct Knobs {
-    const char *skip, *pdl, *chain;
-  };
-  for (const Knobs k : {Knobs{"", "", ""}, Knobs{"0", "", "1"}, Knobs{"", "1", "1"}}) {
-    SCOPED_TRACE(std::string("ATTNKIT_MLA_COMBINE_SKIP=") + k.skip +
-                 " ATTNKIT_MLA_COMBINE_PDL=" + k.pdl + " ATTNKIT_MLA_CHAIN_PREFETCH=" + k.chain);
-    ASSERT_EQ(setenv("ATTNKIT_MLA_COMBINE_SKIP", k.skip, 1), 0);
-    ASSERT_EQ(setenv("ATTNKIT_MLA_COMBINE_PDL", k.pdl, 1), 0);
-    ASSERT_EQ(setenv("ATTNKIT_MLA_CHAIN_PREFETCH", k.chain, 1), 0);
+// ATTNKIT_MLA_COMBINE_SKIP=0 launches it always): 16 and 8 heads, split / empty / one-tile
+// requests, many requests that split on no part, bf16 and fp8.
+TEST(FlashMlaKernels, Heads16CombineSkip) {
+  for (const char* skip : {"", "0"}) {
+    SCOPED_TRACE(std::string("ATTNKIT_MLA_COMBINE_SKIP=") + skip);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_COMBINE_SKIP", skip, 1), 0);
     for (DType kv : {DType::kFP8E4M3, DType::kBF16}) {
       run_and_compare(
           mla_case("long_h16", ForwardMode::kDecode, 64, {4000, 3, 64, 130, 0, 1500}, 16, kv),
@@ -181,8 +168,6 @@ TEST(FlashMlaKernels, Heads16CombineSkipAndPdl) {
     }
   }
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_COMBINE_SKIP"), 0);
-  ASSERT_EQ(unsetenv("ATTNKIT_MLA_COMBINE_PDL"), 0);
-  ASSERT_EQ(unsetenv("ATTNKIT_MLA_CHAIN_PREFETCH"), 0);
 }
 
 TEST(FlashMlaKernels, RejectsOtherPageSizes) {

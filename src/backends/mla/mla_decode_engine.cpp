@@ -33,12 +33,12 @@ bool wgmma_env_on() {
 }
 
 // ATTNKIT_MLA_WGMMA_BLOCKS: the wgmma kernel's variant (mla_decode_wgmma.cuh, kVariant): "0" one
-// full barrier per K tile, "1" block barriers, "2" block barriers + split release (session 7),
-// unset / else the seesaw schedule (3; H200 session 9, two runs: +4-6% over 2).
+// full barrier per K tile, "1" block barriers, unset / else block barriers + split release (2,
+// the fastest on an H200, session 7).
 int wgmma_variant_env() {
   const char* e = std::getenv("ATTNKIT_MLA_WGMMA_BLOCKS");
   const std::string v = e == nullptr ? "" : e;
-  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : 3;
+  return v == "0" ? 0 : v == "1" ? 1 : 2;
 }
 // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
 bool wgmma_noload_env() {
@@ -67,18 +67,6 @@ bool fp8_f16_env() {
 bool combine_skip_env() {
   const char* e = std::getenv("ATTNKIT_MLA_COMBINE_SKIP");
   return e == nullptr || std::string(e) != "0";
-}
-// ATTNKIT_MLA_COMBINE_PDL=1: the combine kernel is a programmatic dependent launch of the decode
-// kernel (MlaDecodeParams::combine_pdl, SM90+); unset / else a plain launch.
-bool combine_pdl_env() {
-  const char* e = std::getenv("ATTNKIT_MLA_COMBINE_PDL");
-  return e != nullptr && std::string(e) == "1";
-}
-
-// ATTNKIT_MLA_CHAIN_PREFETCH=1: MlaDecodeParams::chain_prefetch (A/B knob, default off).
-bool chain_prefetch_env() {
-  const char* e = std::getenv("ATTNKIT_MLA_CHAIN_PREFETCH");
-  return e != nullptr && std::string(e) == "1";
 }
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -122,8 +110,6 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
   e->mma_prefetch_ = mma_prefetch_env();
   e->fp8_f16_ = fp8_f16_env();
   e->combine_skip_ = combine_skip_env();
-  e->combine_pdl_ = cc >= kWgmmaComputeCapability && combine_pdl_env();
-  e->chain_prefetch_ = chain_prefetch_env();
   return e;
 }
 
@@ -330,8 +316,6 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.mma_prefetch = mma_prefetch_;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
   p.skip_combine = plan_.need_combine ? 0 : 1;
-  p.combine_pdl = combine_pdl_ ? 1 : 0;
-  p.chain_prefetch = chain_prefetch_ ? 1 : 0;
   return run_decode(p, page_size_, kv_dtype, stream);
 }
 

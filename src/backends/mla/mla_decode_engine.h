@@ -66,14 +66,11 @@ class MlaDecodeEngine {
   bool allow_fp8_ = false;
   int sm_count_ = 0;
   bool use_wgmma_ = false;
-  int wgmma_variant_ =
-      3;  // ATTNKIT_MLA_WGMMA_BLOCKS: 0 tile, 1 block barriers, 2 + split, 3 seesaw
-  bool wgmma_noload_ = false;    // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic only
-  int mma_prefetch_ = 2;         // ATTNKIT_MLA_MMA_PREFETCH: 0 off, 1 on, 2 per tile size, 3 smem
-  bool fp8_f16_ = true;          // ATTNKIT_MLA_FP8_F16=0: bf16 MMA inputs for fp8 16-row tiles
-  bool combine_skip_ = true;     // ATTNKIT_MLA_COMBINE_SKIP=0: launch the combine even unsplit
-  bool combine_pdl_ = false;     // ATTNKIT_MLA_COMBINE_PDL=1 (SM90+): combine as a PDL dependent
-  bool chain_prefetch_ = false;  // ATTNKIT_MLA_CHAIN_PREFETCH=1: first loads issued together
+  int wgmma_variant_ = 2;  // ATTNKIT_MLA_WGMMA_BLOCKS: 0 tile barriers, 1 block, 2 + split release
+  bool wgmma_noload_ = false;  // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic only
+  int mma_prefetch_ = 2;       // ATTNKIT_MLA_MMA_PREFETCH: 0 off, 1 on, 2 per tile size, 3 smem
+  bool fp8_f16_ = true;        // ATTNKIT_MLA_FP8_F16=0: bf16 MMA inputs for fp8 16-row tiles
+  bool combine_skip_ = true;   // ATTNKIT_MLA_COMBINE_SKIP=0: launch the combine even unsplit
 
   // The current forward's plan.
   struct Plan {

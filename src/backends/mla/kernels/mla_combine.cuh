@@ -7,7 +7,6 @@
 
 #include <cstdint>
 
-#include "backends/mla/kernels/mla_decode_common.cuh"
 #include "backends/mla/kernels/mla_decode_params.h"
 #include "backends/mla/kernels/mla_tile_scheduler.h"
 #include "cuda/common/mma_sm80.cuh"
@@ -31,9 +30,6 @@ inline constexpr int kCombineWarps = 8;
 // 16 output columns per lane.
 __global__ void __launch_bounds__(32 * kCombineWarps)
     mla_combine_kernel(const __grid_constant__ MlaDecodeParams p) {
-  // Launched as a programmatic dependent (combine_pdl): the decode grid's outputs are visible
-  // after this; a no-op otherwise.
-  cuda::ring::grid_dep_wait();
   const int lane = threadIdx.x & 31;
   const int64_t gr = static_cast<int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
   if (gr >= static_cast<int64_t>(p.bs) * p.rows_per_req) return;

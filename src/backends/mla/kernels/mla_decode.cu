@@ -34,16 +34,7 @@ Status run_decode(const MlaDecodeParams& p, int page_size, DType kv_dtype, Strea
   if (p.skip_combine != 0) return Status::ok();
   const int64_t rows = static_cast<int64_t>(p.bs) * p.rows_per_req;
   const int blocks = static_cast<int>((rows + kCombineWarps - 1) / kCombineWarps);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(32 * kCombineWarps);
-  cfg.stream = cuda::to_stream(stream);
-  cudaLaunchAttribute attrs[1];
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = p.combine_pdl != 0 ? 1 : 0;
-  ATTNKIT_CUDA_TRY(cudaLaunchKernelEx(&cfg, mla_combine_kernel, p));
+  mla_combine_kernel<<<blocks, 32 * kCombineWarps, 0, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }

@@ -10,7 +10,6 @@
 
 #include "backends/mla/kernels/mla_decode_params.h"
 #include "backends/mla/kernels/mla_tile_scheduler.h"
-#include "cuda/common/ring_decode.cuh"  // grid_dep_wait, grid_dep_launch_dependents
 
 namespace attnkit::mla {
 

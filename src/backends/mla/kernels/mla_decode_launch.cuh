@@ -72,8 +72,7 @@ Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
     if (p.use_wgmma != 0 && rows_per_cta(p.rows_per_req) == 64) {
       if (p.use_wgmma == 1) return launch_decode_wgmma<kPage, 0>(p, s);
       if (p.use_wgmma == 2) return launch_decode_wgmma<kPage, 1>(p, s);
-      if (p.use_wgmma == 3) return launch_decode_wgmma<kPage, 2>(p, s);
-      return launch_decode_wgmma<kPage, 3>(p, s);  // 4: the seesaw (default)
+      return launch_decode_wgmma<kPage, 2>(p, s);
     }
   }
   switch (rows_per_cta(p.rows_per_req)) {

@@ -654,25 +654,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   MlaDecodeCta<Traits> cta{
       p, smem, tid, tid & 31, (tid >> 5) / Traits::kWarpsN, (tid >> 5) % Traits::kWarpsN};
   const int row0 = blockIdx.y * Traits::kRows;
-  // PDL (combine_pdl): the combine kernel may launch now; its CTAs wait for this grid's end (the
-  // trigger fires once every CTA of this grid has run it, i.e. all are resident or done).
-  if (p.combine_pdl != 0) cuda::ring::grid_dep_launch_dependents();
-  if (p.chain_prefetch != 0 && tid < 4) {  // see MlaDecodeParams::chain_prefetch
-    const int32_t* s = p.sched + static_cast<int64_t>(blockIdx.x) * kSchedWords;
-    const int b0 = s[0];
-    if (b0 < p.bs) {
-      // issued together: one round trip (for_each_segment's loads of them then hit L1)
-      const int kv_len = p.seq_lens[b0] + p.kv_len_extra;
-      const int split = p.split_indptr[b0];
-      const int pool = p.req_pool_indices[b0];
-      const int j = (s[1] + tid) * kBlockN;  // first key of tile s[1] + tid
-      if (j < kv_len && split >= 0) {
-        const int32_t* entry = p.req_to_token + static_cast<int64_t>(pool) * p.req_to_token_stride +
-                               (j - j % Traits::kPage);
-        asm volatile("prefetch.global.L1 [%0];\n" ::"l"(entry));
-      }
-    }
-  }
   for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
     cta.run_segment(b, kv_len, row0, t0, t1, whole, partial);
   });

@@ -48,8 +48,7 @@ struct MlaDecodeParams {
   // of the mma.sync one; set by the engine only where that kernel is compiled and the device is
   // SM90 (ATTNKIT_MLA_WGMMA=0 turns it off) with one full barrier per K tile
   // (ATTNKIT_MLA_WGMMA_BLOCKS=0); 2 (ATTNKIT_MLA_WGMMA_BLOCKS=1): one full barrier per 64-column
-  // block of a K tile; 3 (ATTNKIT_MLA_WGMMA_BLOCKS=2): 2 + split release; 4 (default): the seesaw
-  // schedule (mla_decode_wgmma.cuh, kVariant).
+  // block of a K tile; 3 (default): 2 + split release (mla_decode_wgmma.cuh, kVariant).
   int use_wgmma = 0;
   // Diagnostic, timing only (ATTNKIT_MLA_WGMMA_DIAG=noload): the wgmma kernel's producer stops
   // loading K tiles after the first two, the mma.sync kernel after its prologue (results are
@@ -69,17 +68,6 @@ struct MlaDecodeParams {
   // kernel has written every output and LSE (eager plans with seq_lens_host; the default since
   // session 9, ATTNKIT_MLA_COMBINE_SKIP=0 launches it always). Graph plans always launch it.
   int skip_combine = 0;
-  // 1: the combine kernel is a programmatic dependent launch (PDL, SM90+) of the decode kernel:
-  // the mma.sync decode kernel triggers at its start, the combine CTAs take the SMs the decode
-  // grid leaves free and wait (griddepcontrol.wait) for its end. ATTNKIT_MLA_COMBINE_PDL=1 (not
-  // default: H200 A/B mixed, see docs/perf/mla_notes.md session 9).
-  int combine_pdl = 0;
-  // 1: the mma.sync decode kernel loads its first request's seq_lens / split_indptr /
-  // req_pool_indices entries together right after its schedule words and prefetches (L1) the
-  // page-table entries of its first four tiles, so that the first K/V request waits for 3
-  // dependent DRAM round trips instead of 5 (schedule, lengths, pool index, page table).
-  // ATTNKIT_MLA_CHAIN_PREFETCH=1 (session 9 A/B).
-  int chain_prefetch = 0;
 
   // Plan (written on the device by the schedule kernel once per forward).
   const int32_t* sched = nullptr;  // [num_parts, kSchedWords]
