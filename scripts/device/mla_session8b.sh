@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # MLA 16-head page-64 A/B (session 8 second wave, engineer mla2; session 9, mla16): one device
 # command (fits timeout_s 300). Order: build the MLA targets, A/B round a, every MLA GPU test
-# (CTEST_ENV="VAR=value ..." forces knobs; FlashMlaKernels.Heads16CombineSkipAndPdl covers the
+# (CTEST_ENV="VAR=value ..." forces knobs; FlashMlaKernels.Heads16CombineSkip covers the
 # knobs on split / unsplit batches), rounds b and c, the torch ceilings. Alternates on
 # mla_decode_16h.json (eager, --warmup 5 --iters 20):
 #   def     the default (session 9: combine launch skipped when the host schedule splits nothing)
 #   noskip  ATTNKIT_MLA_COMBINE_SKIP=0 (the combine always launched: the session-8 default)
-#   pdlns   ATTNKIT_MLA_COMBINE_SKIP=0 ATTNKIT_MLA_COMBINE_PDL=1 (combine as a PDL dependent)
+#   pdlns   ATTNKIT_MLA_COMBINE_SKIP=0 ATTNKIT_MLA_COMBINE_PDL=1 (combine as a PDL dependent; needs
+#           scripts/device/patches/mla_s9_combine_pdl_chain_prefetch.patch applied, as chain does)
 #   chain   ATTNKIT_MLA_CHAIN_PREFETCH=1 (first request's loads issued together, page table
 #           prefetched)
 # Session 9's first run (10:02Z) used this script with the fp8 register-V / schedule-overhead
