@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
-# Session 8, second wave (engineer mla2): one device command (fits timeout_s 300). Order: build,
-# A/B round a, ctest, rounds b and c, the torch ceilings (GUARD cuts what does not fit). Builds the MLA
-# targets, runs every MLA GPU test with the two new knobs forced (ATTNKIT_MLA_FP8_REGV=6,
-# ATTNKIT_MLA_COMBINE_SKIP=1; FlashMlaKernels.Heads16RegisterVAndCombineSkip covers REGV 4 / 6
-# and the skip on split / unsplit batches), the torch copy ceiling, then alternates on
+# MLA 16-head page-64 A/B (session 8 second wave, engineer mla2; session 9, mla16): one device
+# command (fits timeout_s 300). Order: build the MLA targets, A/B round a, every MLA GPU test
+# (CTEST_ENV="VAR=value ..." forces knobs; FlashMlaKernels.Heads16CombineSkip covers the
+# knobs on split / unsplit batches), rounds b and c, the torch ceilings. Alternates on
 # mla_decode_16h.json (eager, --warmup 5 --iters 20):
-#   def    the current default (baseline)
-#   skip   ATTNKIT_MLA_COMBINE_SKIP=1 (no combine launch when the host schedule splits nothing)
-#   regv6  ATTNKIT_MLA_FP8_REGV=6 (fp8 cases: V converted at the P V load, 6 stages)
-#   regv4  ATTNKIT_MLA_FP8_REGV=4 (fp8 cases: the same with 4 stages)
-#   regv6s ATTNKIT_MLA_FP8_REGV=6s (fp8 cases: 6 stages, swizzled fp8 stage, conflict-free V loads)
-#   ovh0   ATTNKIT_MLA_SCHED_OVERHEAD=0 (bf16 cases: every request split evenly over 132 parts)
-#   def_l8 / skip_l8  bf16 kv 4k with --launches 8 (after round a; diagnostic)
-# Run from the repository root with .deps carried. Knobs: B (build dir), ROUNDS, GUARD (no bench
-# or ceiling starts after GUARD s). Each bench's lines go to stdout as it ends.
+#   def     the default (session 9: combine launch skipped when the host schedule splits nothing)
+#   noskip  ATTNKIT_MLA_COMBINE_SKIP=0 (the combine always launched: the session-8 default)
+#   pdlns   ATTNKIT_MLA_COMBINE_SKIP=0 ATTNKIT_MLA_COMBINE_PDL=1 (combine as a PDL dependent; needs
+#           scripts/device/patches/mla_s9_combine_pdl_chain_prefetch.patch applied, as chain does)
+#   chain   ATTNKIT_MLA_CHAIN_PREFETCH=1 (first request's loads issued together, page table
+#           prefetched)
+# Session 9's first run (10:02Z) used this script with the fp8 register-V / schedule-overhead
+# variants of mla2's patch (dropped since; docs/perf/mla_notes.md). Run from the repository root
+# with .deps carried. Knobs: B (build dir), ROUNDS, GUARD (no bench or ceiling starts after GUARD
+# s), BENCH_EXTRA, CTEST_ENV, TREE (printed). Each bench's lines go to stdout as it ends.
 set -uo pipefail
 FINAL="${OUT:-$PWD/out}"; OUT=${MLA_WORK:-/tmp/mla_s8b}; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
 B=${B:-build-dev}; T0=$(date +%s)
 el() { echo "$(( $(date +%s) - T0 ))s"; }
 . scripts/device/lib.sh
-echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) date: $(date -u +%FT%TZ)"
+echo "tree: ${TREE:-?} device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) date: $(date -u +%FT%TZ)"
 attnkit_configure "$B" > "$OUT/build.log" 2>&1
 ninja -C "$B" -j16 attnkit_cli test_flashmla_cases test_cutlass_mla_cases test_flashinfer_cases \
   test_mla_prefix_cache >> "$OUT/build.log" 2>&1
@@ -34,23 +34,19 @@ bench() {  # name, filter ("" = all), env...
   echo "bench $name rc=$? $(el) $(grep -m1 'ceiling' "$OUT/bench_$name.log" | grep -oE '[0-9.]+ GB/s')"
   awk '/^flashmla /{sub("mla_decode_b128_", "", $2); print "   ", $2, $3, $4, $5}' "$OUT/bench_$name.log"
 }
-round() {
+round() {  # session 9 (second run): the new defaults against the old and the two knobs
   local r=$1
-  bench def_$r ""; bench regv6_$r kvfp8 ATTNKIT_MLA_FP8_REGV=6
-  bench skip_$r "" ATTNKIT_MLA_COMBINE_SKIP=1; bench regv6s_$r kvfp8 ATTNKIT_MLA_FP8_REGV=6s
-  bench regv4_$r kvfp8 ATTNKIT_MLA_FP8_REGV=4
-  bench ovh0_$r kvbf16 ATTNKIT_MLA_SCHED_OVERHEAD=0
+  bench def_$r ""; bench noskip_$r "" ATTNKIT_MLA_COMBINE_SKIP=0
+  bench pdlns_$r "" ATTNKIT_MLA_COMBINE_SKIP=0 ATTNKIT_MLA_COMBINE_PDL=1
+  bench chain_$r "" ATTNKIT_MLA_CHAIN_PREFETCH=1
 }
 round a
-# diagnostic: 8 back-to-back forwards per event pair (per-sample launch / event cost at kv 4k)
-BENCH_EXTRA="--launches 8" bench def_l8 kv4096_p64_h16_d576v512_kvbf16
-BENCH_EXTRA="--launches 8" bench skip_l8 kv4096_p64_h16_d576v512_kvbf16 ATTNKIT_MLA_COMBINE_SKIP=1
 REGEX='Mla|MLA|mla|FlashMla|CutlassMla|FlashInfer.*[Mm]la'
-(cd "$B" && ATTNKIT_MLA_FP8_REGV=6 ATTNKIT_MLA_COMBINE_SKIP=1 timeout 80 ctest -L gpu -R "$REGEX" \
+(cd "$B" && env ${CTEST_ENV:-} timeout 80 ctest -L gpu -R "$REGEX" \
   -j 12 --timeout 60 --output-on-failure > "$OUT/ctest.log" 2>&1)
-echo "ctest (REGV=6 SKIP=1) rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+echo "ctest (${CTEST_ENV:-defaults}) rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest.log" | head -12
-grep -E "Heads16RegisterVAndCombineSkip|Heads16PrefetchAndFp8" "$OUT/ctest.log" | head -4
+grep -E "Heads16CombineSkipAndPdl|Heads16PrefetchAndFp8" "$OUT/ctest.log" | head -4
 for r in ${ROUNDS:-b c}; do round $r; done
 [ $(( $(date +%s) - T0 )) -lt ${GUARD:-270} ] && { timeout 25 python3 scripts/device/mla_ceilings.py \
   > "$OUT/ceilings.log" 2>&1; tail -2 "$OUT/ceilings.log"; }

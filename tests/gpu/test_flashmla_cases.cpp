@@ -152,6 +152,29 @@ TEST(FlashMlaKernels, Heads16PrefetchAndFp8InputTypes) {
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_FP8_F16"), 0);
 }
 
+// Session 9: the combine launch skipped when the host schedule splits nothing (the default;
+// ATTNKIT_MLA_COMBINE_SKIP=0 launches it always): 16 and 8 heads, split / empty / one-tile
+// requests, many requests that split on no part, bf16 and fp8.
+TEST(FlashMlaKernels, Heads16CombineSkip) {
+  for (const char* skip : {"", "0"}) {
+    SCOPED_TRACE(std::string("ATTNKIT_MLA_COMBINE_SKIP=") + skip);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_COMBINE_SKIP", skip, 1), 0);
+    for (DType kv : {DType::kFP8E4M3, DType::kBF16}) {
+      run_and_compare(
+          mla_case("long_h16", ForwardMode::kDecode, 64, {4000, 3, 64, 130, 0, 1500}, 16, kv),
+          true);
+      run_and_compare(mla_case("h8", ForwardMode::kDecode, 64, {700, 65, 2}, 8, kv), true);
+      // more requests than parts (132 SMs): one or two whole requests per part, no split
+      run_and_compare(
+          mla_case("many_h16", ForwardMode::kDecode, 64, std::vector<int>(140, 63), 16, kv), true);
+      run_and_compare(
+          mla_case("many_long_h16", ForwardMode::kDecode, 64, std::vector<int>(160, 299), 16, kv),
+          true);
+    }
+  }
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_COMBINE_SKIP"), 0);
+}
+
 TEST(FlashMlaKernels, RejectsOtherPageSizes) {
   Result<PreparedCase> pc = harness::prepare_case(
       mla_case("page16", ForwardMode::kDecode, 16, {10}, 16, DType::kBF16), Device::cuda(0));

@@ -71,6 +71,7 @@ class MlaDecodeEngine {
   bool wgmma_noload_ = false;  // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic only
   int mma_prefetch_ = 2;       // ATTNKIT_MLA_MMA_PREFETCH: 0 off, 1 on, 2 per tile size, 3 smem
   bool fp8_f16_ = true;        // ATTNKIT_MLA_FP8_F16=0: bf16 MMA inputs for fp8 16-row tiles
+  bool combine_skip_ = true;   // ATTNKIT_MLA_COMBINE_SKIP=0: launch the combine even unsplit
 
   // The current forward's plan.
   struct Plan {
@@ -83,6 +84,9 @@ class MlaDecodeEngine {
     const int32_t* split_indptr = nullptr;
     float* partial_out = nullptr;
     float* partial_lse = nullptr;
+    // false when the host schedule (eager plans with seq_lens_host) splits no request: the
+    // decode kernel finishes every request and the combine launch is skipped.
+    bool need_combine = true;
   } plan_;
 
   DeviceArray<int32_t> sched_, split_indptr_;

@@ -31,6 +31,7 @@ Status run_decode(const MlaDecodeParams& p, int page_size, DType kv_dtype, Strea
   ATTNKIT_RETURN_IF_ERROR(dispatch_value<MlaPageSizes>(
       page_size, "mla decode: page_size",
       [&]<int kPage>() { return run_decode_page<kPage>(p, kv_dtype, stream); }));
+  if (p.skip_combine != 0) return Status::ok();
   const int64_t rows = static_cast<int64_t>(p.bs) * p.rows_per_req;
   const int blocks = static_cast<int>((rows + kCombineWarps - 1) / kCombineWarps);
   mla_combine_kernel<<<blocks, 32 * kCombineWarps, 0, cuda::to_stream(stream)>>>(p);

@@ -65,6 +65,11 @@ struct MlaDecodeParams {
   // Default 1; ATTNKIT_MLA_FP8_F16=0 keeps bf16.
   int mma_fp8_f16 = 1;
 
+  // 1: run_decode launches no combine kernel: the host schedule splits no request, so the decode
+  // kernel has written every output and LSE (eager plans with seq_lens_host; the default since
+  // session 9, ATTNKIT_MLA_COMBINE_SKIP=0 launches it always). Graph plans always launch it.
+  int skip_combine = 0;
+
   // Plan (written on the device by the schedule kernel once per forward).
   const int32_t* sched = nullptr;  // [num_parts, kSchedWords]
   const int32_t* split_indptr =
