@@ -140,7 +140,6 @@ class FlashInferBackend final : public AttentionBackend {
       : ctx_(ctx),
         sm_count_(sm_count),
         cc_(cc),
-        decode_heads_(decode_heads_for(ctx)),
         portable_(std::move(portable)),
         ctx_portable_reason_(std::move(portable_reason)),
         mla_engine_(std::move(mla_engine)),
@@ -203,29 +202,6 @@ class FlashInferBackend final : public AttentionBackend {
            std::max(1, ctx_.num_kv_heads);
   }
 
-  // kv heads per decode CTA: 2 with ATTNKIT_FLASHINFER_DECODE_HEADS=2 (experiment knob, not API)
-  // where the kernel has them (head dim 128, 2 * group <= 16 packed rows, an even head count).
-  static int decode_heads_for(const BackendContext& ctx) {
-    static const bool two = [] {
-      const char* e = std::getenv("ATTNKIT_FLASHINFER_DECODE_HEADS");
-      return e != nullptr && std::string(e) == "2";
-    }();
-    const int group = ctx.num_q_heads / std::max(1, ctx.num_kv_heads);
-    return two && ctx.qk_head_dim == 128 && ctx.v_head_dim == 128 && ctx.num_kv_heads % 2 == 0 &&
-                   2 * group <= flashinfer::kDecodeTileRows
-               ? 2
-               : 1;
-  }
-  // The plan of the decode kernel's CTAs: with decode_heads_ kv heads per CTA it plans
-  // num_kv_heads / decode_heads_ heads of decode_heads_ * group rows (q_len 1: one q tile).
-  PlanConfig decode_plan_config(TileShape shape, bool allow_split) const {
-    PlanConfig c = plan_config(shape, allow_split);
-    if (shape == TileShape::kDecode && decode_heads_ > 1) {
-      c.num_kv_heads /= decode_heads_;
-      c.group *= decode_heads_;
-    }
-    return c;
-  }
   PlanConfig plan_config(TileShape shape, bool allow_split) const {
     PlanConfig c;
     c.shape = shape;
@@ -266,7 +242,6 @@ class FlashInferBackend final : public AttentionBackend {
   BackendContext ctx_;
   int sm_count_ = 0;
   int cc_ = 0;
-  int decode_heads_ = 1;  // kv heads per decode CTA (decode_heads_for)
   std::unique_ptr<AttentionBackend> portable_;
   std::string ctx_portable_reason_;  // non-empty: every forward is portable
   // MLA contexts: absorbed decode / verify (topk 1) with a bf16 pool on the shared tensor-core MLA
@@ -399,7 +374,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   }
   const TileShape shape = decode ? TileShape::kDecode : TileShape::kPrefill;
   ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
-                           flashinfer::build_work_plan(reqs, decode_plan_config(shape, decode)));
+                           flashinfer::build_work_plan(reqs, plan_config(shape, decode)));
   wp.serialize(&words_);
   const StreamHandle stream = stream_for(batch);
   ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
@@ -523,10 +498,11 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   // Not in captured graphs: a replay may split (b1 kv 32k graph replays read 66.1% of copy with
   // the PDL launch captured vs 69.9-70.2% without, H200 17:19Z / 16:52Z), and b16 replays gained
   // nothing from it (90.2-91.2% vs 90.6-92.1%).
-  // Two-head CTAs (one per SM: 141 KB) may use it on split plans too (the loss above was put down
-  // to dependents placed two per SM).
-  p.decode_heads = plan_.shape == TileShape::kDecode ? decode_heads_ : 1;
-  p.decode_pdl = (plan_.split && p.decode_heads == 1) || plan_.graph ? 0 : 1;
+  static const bool pdl_graph = [] {  // decode experiment knob: captured with the PDL attribute
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_GRAPH");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  p.decode_pdl = plan_.split || (plan_.graph && !pdl_graph) ? 0 : 1;
   static const bool pdl_early = [] {  // decode experiment knob (paged_params.h)
     const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_TRIGGER");
     return e != nullptr && std::string(e) == "early";
@@ -560,7 +536,6 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     return cascade_.run(p, q.dtype, kv_dtype, ctx_.qk_head_dim, stream);
   }
   if (plan_.split) ++stats_.split_calls;
-  if (p.decode_heads == 2) ++stats_.two_head_decode_calls;
   const int grid = plan_.grid_items;
   const TileShape shape = plan_.shape;
   if (shape == TileShape::kDecode) {
@@ -736,7 +711,7 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
     graph_ready_ = true;
     return portable_->init_cuda_graph_state(max_bs, max_num_tokens);
   }
-  const PlanConfig cfg = decode_plan_config(TileShape::kDecode, true);
+  const PlanConfig cfg = plan_config(TileShape::kDecode, true);
   graph_items_ = flashinfer::max_decode_items(max_bs, cfg);
   // Target verify (N = speculative_num_draft_tokens, or max_num_tokens / max_bs when unset).
   const int n = ctx_.speculative_num_draft_tokens > 0 ? ctx_.speculative_num_draft_tokens
@@ -867,7 +842,7 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   }
   const TileShape shape = verify ? TileShape::kPrefill : TileShape::kDecode;
   ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
-                           flashinfer::build_work_plan(reqs, decode_plan_config(shape, !verify)));
+                           flashinfer::build_work_plan(reqs, plan_config(shape, !verify)));
   if (static_cast<int64_t>(wp.items.size()) > graph_items_) {
     return Status::internal("flashinfer: replay plan has " + str(wp.items.size()) +
                             " work items, above the graph capacity " + str(graph_items_));

@@ -69,8 +69,6 @@ struct FlashInferStats {
   int64_t split_calls = 0;            // native calls whose plan split some request (merge ran)
   int64_t cascade_calls = 0;          // native calls that ran the shared-prefix cascade
   int64_t cascade_shared_prefix = 0;  // shared prefix (keys) of the last forward's cascade, or 0
-  // Decode calls whose CTAs read 2 kv heads (ATTNKIT_FLASHINFER_DECODE_HEADS=2, experiment knob).
-  int64_t two_head_decode_calls = 0;
 };
 // The counters of a backend made by create_flashinfer_backend; nullptr for any other backend.
 const FlashInferStats* flashinfer_stats(const AttentionBackend& backend);

@@ -46,14 +46,10 @@ inline constexpr int kMaxStages = 8;
 
 // kWarps_ / kCtaSmemBudget_ / kCtasPerSm_: the CTA shape (defaults: the 2 CTAs of 4 warps above;
 // a backend may instead run one CTA of 8 warps per SM90 multiprocessor, same rings, fewer CTAs).
-// kHeads_: kv heads per CTA over the same keys (1, or 2: the q rows of both heads packed into the
-// 16 MMA rows, each staged tile holding both heads' K and V rows of its keys, copied as one
-// contiguous piece of each pool row; Work::head_rows / k_head_bytes / v_head_bytes).
 template <int kHeadDim_, typename QT_, DType kKvDType_, int kWarps_ = kWarps,
-          int kCtaSmemBudget_ = kCtaSmemBudget, int kCtasPerSm_ = kCtasPerSm, int kHeads_ = 1>
+          int kCtaSmemBudget_ = kCtaSmemBudget, int kCtasPerSm_ = kCtasPerSm>
 struct Traits {
   static constexpr int kWarps = kWarps_;
-  static constexpr int kHeads = kHeads_;
   static constexpr int kCtaSmemBudget = kCtaSmemBudget_;
   static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -73,12 +69,10 @@ struct Traits {
   // matrix then hit distinct banks).
   static constexpr int kRawRowBytes = kQuant ? kHeadDim + 16 : kRowBytes;
   static constexpr int kRawChunks = kHeadDim * kKvElemBytes / 16;  // 16-byte chunks of a row
-  static constexpr int kRowChunks = kHeads * kRawChunks;  // of one key's rows, all the CTA's heads
-  static constexpr int kHeadTileBytes = kKeys * kRawRowBytes;  // one head's K (or V) of a stage
   static constexpr int kQChunks = kHeadDim * 2 / 16;
 
   static constexpr int kQBytes = kRows * kRowBytes;
-  static constexpr int kStageBytes = 2 * kHeads * kHeadTileBytes;  // K + V of one warp tile
+  static constexpr int kStageBytes = 2 * kKeys * kRawRowBytes;  // K + V of one warp tile
   static constexpr int kWarpBudget = (kCtaSmemBudget - kQBytes) / kWarps;
   static constexpr int kSlotBytesPerStage = 2 * kKeys * 4;  // slot ring: 2 entries per stage
   static constexpr int kStagesFit = kWarpBudget / (kStageBytes + kSlotBytesPerStage);
@@ -115,11 +109,10 @@ struct Traits {
   static constexpr bool kQInRegisters = kHeadDim <= 128;
   static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
   static constexpr int kDimTiles = kHeadDim / kMmaN;
-  static constexpr int kCopies = kKeys * kRowChunks;  // 16-byte copies per K (or V) tile
+  static constexpr int kCopies = kKeys * kRawChunks;  // 16-byte copies per K (or V) tile
   static constexpr int kCopiesPerLane = (kCopies + 31) / 32;
 
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16, <= 256");
-  static_assert(kHeads == 1 || kHeads == 2, "1 or 2 kv heads per CTA");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory above the SM90 opt-in limit");
 };
 
@@ -146,10 +139,9 @@ struct Work {
   // Bytes between pool rows, < 2^32 (the backends check it): a slot's row offset is one 32 x 32
   // -> 64-bit multiply (IMAD.WIDE.U32) instead of a 64-bit one per copied row.
   uint32_t k_row_bytes = 0, v_row_bytes = 0;
-  // Tr::kHeads > 1: bytes between the CTA's kv heads in a pool row, and the q rows of one head
-  // (packed row r belongs to the CTA's head r / head_rows).
-  uint32_t k_head_bytes = 0, v_head_bytes = 0;
-  int head_rows = 16;
+  // Tr::kGridDepWait: griddepcontrol.launch_dependents right after the wait (the next PDL-launched
+  // grid may then start while this one streams).
+  bool dependents_after_wait = false;
   float scale_log2 = 0.f;  // logit scale (k_scale folded in) * log2(e)
   float scale = 0.f;       // soft-cap path
   float logit_cap = 0.f;   // 0 = off
@@ -253,30 +245,26 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   };
   // K and V of local tile i -> ring stage i % kS (keys past kv_end zero-filled).
   constexpr bool kWideSlots = Tr::kWideSlotLoads && Tr::kCopies % 32 == 0 &&
-                              32 % Tr::kRowChunks == 0 && Tr::kCopiesPerLane % 4 == 0;
+                              32 % Tr::kRawChunks == 0 && Tr::kCopiesPerLane % 4 == 0;
   const auto issue = [&](int i) {
     uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
     const int key0 = tile_key0(i);
     const int32_t* sl = slots + (i % (2 * kS)) * kKeys;
-    // 16 bytes of row r's K and V (chunk ch of the CTA's heads' rows: head ch / kRawChunks) from
-    // the pool slot word + the slot's offset.
+    // 16 bytes of row r's K and V (chunk ch) from the pool slot word + the slot's offset.
     const auto copy_row = [&](int r, int ch, int32_t word) {
       const bool valid = key0 + r < kv_end;
       const uint32_t s = valid ? static_cast<uint32_t>(word + slot_of(key0 + r).add) : 0u;
-      const int hh = Tr::kHeads == 1 ? 0 : ch / Tr::kRawChunks;
-      const int c = Tr::kHeads == 1 ? ch : ch % Tr::kRawChunks;
-      const uint8_t* ks = w.k_base + static_cast<uint64_t>(s) * w.k_row_bytes + c * 16;
-      const uint8_t* vs = w.v_base + static_cast<uint64_t>(s) * w.v_row_bytes + c * 16;
-      if constexpr (Tr::kHeads > 1) ks += hh * w.k_head_bytes, vs += hh * w.v_head_bytes;
-      const int dst = hh * Tr::kHeadTileBytes + r * Tr::kRawRowBytes + c * 16;
+      const uint8_t* ks = w.k_base + static_cast<uint64_t>(s) * w.k_row_bytes + ch * 16;
+      const uint8_t* vs = w.v_base + static_cast<uint64_t>(s) * w.v_row_bytes + ch * 16;
+      const int dst = r * Tr::kRawRowBytes + ch * 16;
       cp_async_16(smem_addr(stage + dst), ks, valid ? 16 : 0);
-      cp_async_16(smem_addr(stage + Tr::kHeads * Tr::kHeadTileBytes + dst), vs, valid ? 16 : 0);
+      cp_async_16(smem_addr(stage + kKeys * Tr::kRawRowBytes + dst), vs, valid ? 16 : 0);
     };
     if constexpr (kWideSlots) {
       // Lane owns rows rbase .. rbase + kCopiesPerLane - 1, chunk lane % kRawChunks of each; the
       // words of keys past kv_end are read but not used.
-      const int rbase = (lane / Tr::kRowChunks) * Tr::kCopiesPerLane;
-      const int ch = lane % Tr::kRowChunks;
+      const int rbase = (lane / Tr::kRawChunks) * Tr::kCopiesPerLane;
+      const int ch = lane % Tr::kRawChunks;
       int32_t wv[Tr::kCopiesPerLane];
 #pragma unroll
       for (int x = 0; x < Tr::kCopiesPerLane / 4; ++x) {
@@ -291,8 +279,8 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
 #pragma unroll
       for (int c0 = 0; c0 < Tr::kCopiesPerLane; ++c0) {
         const int c = c0 * 32 + lane;
-        const int r = c / Tr::kRowChunks;
-        const int ch = c % Tr::kRowChunks;
+        const int r = c / Tr::kRawChunks;
+        const int ch = c % Tr::kRawChunks;
         if (Tr::kCopies % 32 == 0 || c < Tr::kCopies) {
           copy_row(r, ch, sl[r]);
         }
@@ -307,7 +295,10 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   cp_async_commit();
   cp_async_wait<0>();
   __syncwarp();
-  if constexpr (Tr::kGridDepWait) grid_dep_wait();
+  if constexpr (Tr::kGridDepWait) {
+    grid_dep_wait();
+    if (w.dependents_after_wait) grid_dep_launch_dependents();
+  }
 #pragma unroll
   for (int i = 0; i < kS - kSub; ++i) {
     if (i < my_tiles) {
@@ -336,10 +327,6 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
 
   const int g = lane / 4;
   const int tq = lane % 4;
-  // Tr::kHeads > 1: the CTA head of this lane's rows g and g + 8.
-  [[maybe_unused]] const int head_lo = Tr::kHeads == 1 ? 0 : min(g / w.head_rows, Tr::kHeads - 1);
-  [[maybe_unused]] const int head_hi =
-      Tr::kHeads == 1 ? 0 : min((g + 8) / w.head_rows, Tr::kHeads - 1);
   const auto load_q_fragment = [&](int kk, uint32_t(&a)[4]) {
     if constexpr (Tr::kQuant) {  // the permuted columns of the fp8 K fragments (see above)
       const CT* r0 = sq + g * Tr::kRowElems + kk * kMmaK + 4 * tq;
@@ -498,33 +485,11 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
         s[u][n][0] = s[u][n][1] = s[u][n][2] = s[u][n][3] = 0.f;
         s2[n][0] = s2[n][1] = s2[n][2] = s2[n][3] = 0.f;
       }
-      if constexpr (Tr::kHeads == 1) {
-        qk(ring + ((i + u) % kS) * Tr::kStageBytes, s[u], s2);
+      qk(ring + ((i + u) % kS) * Tr::kStageBytes, s[u], s2);
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < 2; ++n) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[u][n][e] += s2[n][e];
-        }
-      } else {
-        // Every head's logits for all 16 rows; each row keeps its own head's (rows g: e 0-1,
-        // rows g + 8: e 2-3).
-#pragma unroll
-        for (int hh = 0; hh < Tr::kHeads; ++hh) {
-          float sh[2][4];
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            sh[n][0] = sh[n][1] = sh[n][2] = sh[n][3] = 0.f;
-            s2[n][0] = s2[n][1] = s2[n][2] = s2[n][3] = 0.f;
-          }
-          qk(ring + ((i + u) % kS) * Tr::kStageBytes + hh * Tr::kHeadTileBytes, sh, s2);
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              if ((e < 2 ? head_lo : head_hi) == hh) s[u][n][e] = sh[n][e] + s2[n][e];
-            }
-          }
-        }
+        for (int e = 0; e < 4; ++e) s[u][n][e] += s2[n][e];
       }
     }
 
@@ -582,18 +547,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     for (int u = 0; u < kSub; ++u) {
       const uint32_t a[4] = {pack2<CT>(s[u][0][0], s[u][0][1]), pack2<CT>(s[u][0][2], s[u][0][3]),
                              pack2<CT>(s[u][1][0], s[u][1][1]), pack2<CT>(s[u][1][2], s[u][1][3])};
-      const uint8_t* sv = ring + ((i + u) % kS) * Tr::kStageBytes + Tr::kHeads * Tr::kHeadTileBytes;
-      if constexpr (Tr::kHeads == 1) {
-        pv(sv, a);
-      } else {
-        // P of each head's rows only (the others' zero), times that head's V.
-#pragma unroll
-        for (int hh = 0; hh < Tr::kHeads; ++hh) {
-          const uint32_t ah[4] = {head_lo == hh ? a[0] : 0u, head_hi == hh ? a[1] : 0u,
-                                  head_lo == hh ? a[2] : 0u, head_hi == hh ? a[3] : 0u};
-          pv(sv + hh * Tr::kHeadTileBytes, ah);
-        }
-      }
+      pv(ring + ((i + u) % kS) * Tr::kStageBytes + kKeys * Tr::kRawRowBytes, a);
     }
     __syncwarp();  // every lane is done with the step's stages before the next step refills them
   }

@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 #include "attnkit/dtype.h"
@@ -84,7 +83,7 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   }();
   ATTNKIT_CUDA_TRY(attr);
   const auto items = static_cast<unsigned>(grid_items);
-  const auto heads = static_cast<unsigned>(p.num_kv_heads / Tr::kHeads);
+  const auto heads = static_cast<unsigned>(p.num_kv_heads);
   const dim3 grid(heads, items);  // kv heads fastest
   // Programmatic dependent launch (SM90+, decode_pdl): the CTAs may start while the previous
   // kernel of the stream finishes (it triggers once its CTAs have streamed their keys); they wait
@@ -117,17 +116,6 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
     const auto with_kv = [&]<DType kKv>() -> Status {
       static_assert(kShape == TileShape::kDecode,
                     "prefill runs paged_prefill_sm80.cuh (run_paged_prefill_sm80)");
-      // Two kv heads per CTA (PagedParams::decode_heads, ATTNKIT_FLASHINFER_DECODE_HEADS=2):
-      // compiled for d 128 only.
-      if constexpr (kD == 128) {
-        if (p.decode_heads == 2) {
-          return launch_paged<RingDecodeTraits<kD, QT, kKv, 2>>(p, grid_items, stream);
-        }
-      }
-      if (p.decode_heads != 1) {
-        return Status::internal("flashinfer: decode_heads " + std::to_string(p.decode_heads) +
-                                " is not compiled for head dim " + std::to_string(kD));
-      }
       using Tr = RingDecodeTraits<kD, QT, kKv>;
       return launch_paged<Tr>(p, grid_items, stream);
     };

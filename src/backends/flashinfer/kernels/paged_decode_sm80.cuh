@@ -23,27 +23,12 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
                   kDecodeCtasPerSm == cuda::ring::kCtasPerSm,
               "the planner's decode tile is the ring core's");
 
-// Shared memory of a CTA that reads 2 kv heads (kHeads 2): Q plus 2 stages per warp of both heads'
-// 16-bit K + V rows, i.e. the bytes in flight per warp of the one-head CTA (16-bit KV: 1 stage of
-// 2 heads in flight = 2 stages of one; fp8: 3 stages, 2 in flight); one CTA per SM.
-template <int kD>
-inline constexpr int kTwoHeadCtaSmem =
-    cuda::ring::kRows*(kD + 8) * 2 + cuda::ring::kWarps * 2 *
-                                         (2 * 2 * cuda::ring::kKeys * (kD + 8) * 2 +
-                                          2 * cuda::ring::kKeys * 4);
-
 // The decode's ring traits: the ring core's default CTA shape (2 CTAs of 4 warps per SM, 110 KB
 // each; sessions 5-7 measured one CTA of 8 warps, or of 4 warps with twice the ring depth, per
-// SM90 multiprocessor: no faster). kHeads 2: one CTA reads 2 kv heads of the same keys
-// (PagedParams::decode_heads).
-template <int kD, typename QT, DType kKv, int kHeads = 1>
-struct RingDecodeTraits
-    : cuda::ring::Traits<kD, QT, kKv, cuda::ring::kWarps,
-                         kHeads == 1 ? cuda::ring::kCtaSmemBudget : kTwoHeadCtaSmem<kD>,
-                         kHeads == 1 ? cuda::ring::kCtasPerSm : 1, kHeads> {
-  using Base = cuda::ring::Traits<kD, QT, kKv, cuda::ring::kWarps,
-                                  kHeads == 1 ? cuda::ring::kCtaSmemBudget : kTwoHeadCtaSmem<kD>,
-                                  kHeads == 1 ? cuda::ring::kCtasPerSm : 1, kHeads>;
+// SM90 multiprocessor: no faster).
+template <int kD, typename QT, DType kKv>
+struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
+  using Base = cuda::ring::Traits<kD, QT, kKv>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
   // fp8 KV streams 32-key warp tiles (two 16-key ring stages per softmax step) where the ring has
   // >= 4 stages (d <= 128): a 16-key fp8 tile carries half the bytes of a bf16 one for the same
@@ -158,19 +143,18 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, const Request
   }
 }
 
-// grid: (num_kv_heads / Tr::kHeads, work items) block: (Tr::kThreads); dynamic smem Tr::kSmemBytes.
-// The kv heads of one item are adjacent in launch order, so they stream the same pool rows (one
-// slot holds all heads) at about the same time: DRAM pages are opened once, not once per head.
-// Tr::kHeads 2 (decode only: one query token per request): CTA x reads kv heads 2x and 2x + 1, its
-// packed rows are the 2 * group q heads of both (the plan was made for num_kv_heads / 2 heads of
-// 2 * group rows).
+// grid: (num_kv_heads, work items) block: (Tr::kThreads); dynamic smem Tr::kSmemBytes. The kv heads
+// of one item are adjacent in launch order, so they stream the same pool rows (one slot holds all
+// heads) at about the same time: DRAM pages are opened once, not once per head.
 template <typename Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     paged_decode_ring_kernel(const __grid_constant__ PagedParams p) {
   using QT = typename Tr::QT;
   extern __shared__ __align__(16) uint8_t smem[];
-  if (p.decode_pdl_early != 0) cuda::ring::grid_dep_launch_dependents();
-  if (p.decode_pdl == 1) cuda::ring::grid_dep_wait();  // PDL mode 1: nothing read before it
+  if (p.decode_pdl == 1) {  // PDL mode 1: nothing read before the wait
+    cuda::ring::grid_dep_wait();
+    if (p.decode_pdl_early != 0) cuda::ring::grid_dep_launch_dependents();
+  }
   // The item count and the item are independent loads (one memory round trip, not two): the
   // grid never exceeds the workspace's items, so the item is in bounds even past the count.
   const int num_items = p.plan[0];
@@ -183,11 +167,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
                                               p.req_to_token_stride;
   const RequestPlan& req =
       reinterpret_cast<const RequestPlan*>(p.plan + kPlanHeaderWords)[item.request];
-  const int kv_head = static_cast<int>(blockIdx.x) * Tr::kHeads;  // the CTA's first kv head
-  const int row_group = p.group * Tr::kHeads;                     // packed rows per query token
+  const int kv_head = blockIdx.x;
 
   cuda::ring::Work w;
-  w.rows = min(cuda::ring::kRows, item.req_q_len * row_group - item.q_row_begin);
+  w.rows = min(cuda::ring::kRows, item.req_q_len * p.group - item.q_row_begin);
   w.kv_begin = item.kv_begin;
   w.kv_end = min(item.kv_end, item.req_kv_len);
   // Decode: the query is the last key (causal keeps every key); the window clips the start.
@@ -200,22 +183,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
              static_cast<int64_t>(kv_head) * p.v_stride_head * Tr::kKvElemBytes;
   w.k_row_bytes = static_cast<uint32_t>(p.k_stride_row * Tr::kKvElemBytes);  // < 2^32: host check
   w.v_row_bytes = static_cast<uint32_t>(p.v_stride_row * Tr::kKvElemBytes);
-  if constexpr (Tr::kHeads > 1) {
-    w.k_head_bytes = static_cast<uint32_t>(p.k_stride_head * Tr::kKvElemBytes);
-    w.v_head_bytes = static_cast<uint32_t>(p.v_stride_head * Tr::kKvElemBytes);
-    w.head_rows = p.group;
-  }
+  w.dependents_after_wait = p.decode_pdl == 2 && p.decode_pdl_early != 0;
   w.scale_log2 = p.scale_log2;
   w.scale = p.scale;
   w.logit_cap = p.logit_cap;
 
   const QT* q = static_cast<const QT*>(p.q);
-  const auto token_of = [&](int r) {
-    return item.req_q_start + (item.q_row_begin + r) / row_group;
-  };
-  const auto head_of = [&](int r) {
-    return kv_head * p.group + (item.q_row_begin + r) % row_group;
-  };
+  const auto token_of = [&](int r) { return item.req_q_start + (item.q_row_begin + r) / p.group; };
+  const auto head_of = [&](int r) { return kv_head * p.group + (item.q_row_begin + r) % p.group; };
   const auto q_row = [&](int r) {
     return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
   };
@@ -278,12 +253,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
   // Fused split-KV merge: the request's last split CTA of this (q tile, kv head) merges the
   // partials (out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - max), plus the sink).
-  const int q_tiles = (row_group + cuda::ring::kRows - 1) / cuda::ring::kRows;  // q_len 1
+  const int q_tiles = (p.group + cuda::ring::kRows - 1) / cuda::ring::kRows;  // decode: q_len 1
   int* counter =
       p.split_counters +
       (static_cast<int64_t>(item.request) * q_tiles + item.q_row_begin / cuda::ring::kRows) *
           p.num_kv_heads +
-      kv_head / Tr::kHeads;
+      kv_head;
   const bool last = p.split_sync_fence_all != 0
                         ? cuda::ring::last_split_cta(counter, req.num_splits)
                         : cuda::ring::last_split_cta_acq_rel(counter, req.num_splits);

@@ -126,15 +126,11 @@ struct PagedParams {
   // (ring::last_split_cta_acq_rel), 1 = every thread fences, then the atomic, then a fence
   // (ring::last_split_cta, the previous default).
   int split_sync_fence_all = 0;
-  // Decode: kv heads per CTA (1, or 2 with ATTNKIT_FLASHINFER_DECODE_HEADS=2 at head dim 128,
-  // q_len 1, 2 * group <= 16): the plan was made for num_kv_heads / decode_heads heads of
-  // decode_heads * group rows (the backend's decode_plan_config).
-  int decode_heads = 1;
   // Decode experiment knob (ATTNKIT_FLASHINFER_PDL_TRIGGER=early, not API): 1 = every CTA lets the
-  // next PDL-launched kernel start as soon as it runs (griddepcontrol.launch_dependents first
-  // thing), so the dependents' CTAs are resident and past their prologue when this grid ends; 0 =
-  // after its streaming. Either way the dependents wait for this whole grid before reading
-  // anything it writes.
+  // next PDL-launched kernel start as soon as its own wait for the previous grid returned
+  // (griddepcontrol.launch_dependents), so the next grid's CTAs sit in the free CTA slots, past
+  // their prologue, while this grid streams; 0 = after its streaming. Either way the dependents
+  // wait for this whole grid before reading anything it writes.
   int decode_pdl_early = 0;
 };
 
