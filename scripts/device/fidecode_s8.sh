@@ -12,6 +12,10 @@
 # test_flashinfer_cases runs again with the gtest filter EXTRA_FILTER.
 # (The second wave ran it with VARIANTS of ATTNKIT_FLASHINFER_FP8_RING, a knob now removed: see
 # scripts/device/patches/decode_s8_fp8_ring_swz_deep.patch.)
+# Session 9 (fidec): CTEST_REGEX (default 'FlashInfer|Triton'); NCU_RUNS, entries
+# "label|env|case name" separated by ';' (env: commas inside, "default" = none): after the A/B, one
+# ncu (--clock-control none) reading of the decode kernel's DRAM / L2 read sectors and duration per
+# entry, the case from CASES, into $OUT/summary.txt.
 # Writes $OUT/summary.txt (the A/B table) and $OUT/all.tgz (logs, JSONs).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -31,7 +35,7 @@ rc=$?; echo "build: rc=$rc at $(( $(date +%s) - t0 )) s" | tee -a "$S"
 cli="$build/tools/attnkit/attnkit"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "ctest env: ${TEST_ENV:-none}" | tee -a "$S"
-  timeout "${CTEST_TIMEOUT:-110}" env ${TEST_ENV:-} ctest --test-dir "$build" -L gpu -R 'FlashInfer|Triton' \
+  timeout "${CTEST_TIMEOUT:-110}" env ${TEST_ENV:-} ctest --test-dir "$build" -L gpu -R "${CTEST_REGEX:-FlashInfer|Triton}" \
     --output-on-failure --timeout 100 -j8 > "$OUT/ctest.log" 2>&1
   echo "ctest: rc=$? at $(( $(date +%s) - t0 )) s" | tee -a "$S"
   grep -E "tests passed|tests failed" "$OUT/ctest.log" | tee -a "$S"
@@ -66,6 +70,20 @@ for ((round = 0; round < ${ROUNDS:-2}; round++)); do
   done
 done
 python3 scripts/device/fidecode_s8_table.py "$OUT" | tee -a "$S"
+if [ -n "${NCU_RUNS:-}" ]; then
+  NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
+  M=dram__sectors_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum
+  IFS=';' read -r -a runs <<< "$NCU_RUNS"
+  for e in "${runs[@]}"; do
+    IFS='|' read -r label venv ncase <<< "$e"
+    [ "$(left)" -lt 25 ] && { echo "ncu $label: skipped (time)" | tee -a "$S"; continue; }
+    envs=""; [ "$venv" != default ] && envs=${venv//,/ }
+    timeout 40 env $envs "$NCU" --clock-control none --metrics "$M" -k regex:paged_decode_ring_kernel -s 2 -c 1 \
+      "$cli" bench --device cuda --backend flashinfer --cases "${CASES:-scripts/device/decode_s8.json}" \
+      --filter "$ncase" --warmup 2 --iters 1 > "$OUT/ncu_$label.log" 2>&1
+    echo "ncu $label ($venv, $ncase): rc=$? $(grep -E 'dram__|lts__|gpu__time' "$OUT/ncu_$label.log" | awk '{print $1"="$NF}' | tr '\n' ' ')" | tee -a "$S"
+  done
+fi
 cd "$OUT" && tar czf all.tgz *.json *.log 2>/dev/null && rm -f *.json ab.log targets_*.log
 ls -la "$OUT"; echo "total $(( $(date +%s) - t0 )) s"
 exit 0

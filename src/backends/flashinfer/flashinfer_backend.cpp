@@ -493,12 +493,25 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     return e != nullptr && std::string(e) == "fence_all";
   }();
   p.split_sync_fence_all = split_fence_all ? 1 : 0;
-  // Programmatic dependent launch only for unsplit decode plans: 2026-11-22 H200, --launches 10,
-  // b16 kv 4k 71.6 -> 70.2 us (fp8 41.7 -> 40.2) with it, b1 kv 32k (16 splits) 44.3 -> 48.9 us.
-  // Not in captured graphs: a replay may split (b1 kv 32k graph replays read 66.1% of copy with
-  // the PDL launch captured vs 69.9-70.2% without, H200 17:19Z / 16:52Z), and b16 replays gained
-  // nothing from it (90.2-91.2% vs 90.6-92.1%).
-  p.decode_pdl = plan_.split || plan_.graph ? 0 : 1;
+  // Programmatic dependent launch (paged_attention_sm80.cuh decode_pdl: mode 2 by default, the
+  // next grid released right after each CTA's wait) for unsplit eager plans and for captured
+  // decode graphs (replays that split included). Eager split plans launch without it: 2026-11-22
+  // H200, --launches 10, b1 kv 32k (16 splits) 44.3 -> 48.9 us with mode 1 (not re-measured with
+  // mode 2). Graphs: H200 2026-11-23 10:06Z, --graph --launches 32, mode 2 + early trigger captured
+  // vs no PDL: b16 kv 4k p16 68.7 vs 69.7 us bf16, 38.3 vs 39.9 fp8, b1 kv 32k 41.9 vs 43.6 (with
+  // mode 1 and the late trigger, session 7 measured b1 replays slower: 66.1% vs 70%).
+  // ATTNKIT_FLASHINFER_PDL_GRAPH=0 / ATTNKIT_FLASHINFER_PDL_TRIGGER=end restore the previous
+  // launches (A/B knobs).
+  static const bool pdl_graph = [] {
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_GRAPH");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  p.decode_pdl = plan_.split || (plan_.graph && !pdl_graph) ? 0 : 1;
+  static const bool pdl_early = [] {  // paged_params.h decode_pdl_early
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_TRIGGER");
+    return e == nullptr || std::string(e) != "end";
+  }();
+  p.decode_pdl_early = pdl_early ? 1 : 0;
   p.plan = plan_.words;
   p.bs = batch.batch_size;
   if (batch.mode == ForwardMode::kTargetVerify && batch.spec.custom_mask.defined()) {

@@ -102,6 +102,41 @@ __device__ __forceinline__ uint8_t float_to_fp4_e2m1(float x) {
   return static_cast<uint8_t>(code | (signbit(x) ? kSignBit : 0));
 }
 
+// ---- fp8 -> f16x2 words (MMA operands; exact) ----
+// Two fp8 values (the low 16 bits of x) -> one f16x2 word.
+template <DType kFp8>
+__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t x) {
+  constexpr __nv_fp8_interpretation_t kInterp = kFp8 == DType::kFP8E4M3 ? __NV_E4M3 : __NV_E5M2;
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x), kInterp);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// Four fp8 values (x, lowest byte first) -> f16x2 of bytes 0-1 (lo) and of bytes 2-3 (hi).
+// kPaired (SM89+): two cvt.rn.f16x2.{e4m3,e5m2}x2 of the word's halves, the high half read in
+// place (ptxas makes it an operand selector, no shift); elsewhere, and with kPaired false, one
+// conversion of the low 16 bits and one of x >> 16. The same bits either way.
+template <DType kFp8, bool kPaired = true>
+__device__ __forceinline__ void fp8x4_to_f16x2x2(uint32_t x, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (kPaired) {
+    if constexpr (kFp8 == DType::kFP8E4M3) {
+      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+          " cvt.rn.f16x2.e4m3x2 %1, h;}\n"
+          : "=r"(lo), "=r"(hi)
+          : "r"(x));
+    } else {
+      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e5m2x2 %0, l;\n"
+          " cvt.rn.f16x2.e5m2x2 %1, h;}\n"
+          : "=r"(lo), "=r"(hi)
+          : "r"(x));
+    }
+    return;
+  }
+#endif
+  lo = fp8x2_to_f16x2<kFp8>(x);
+  hi = fp8x2_to_f16x2<kFp8>(x >> 16);
+}
+
 // ---- 8-element vector loads ----
 __device__ __forceinline__ void unpack_bf16x8(uint4 raw, float (&out)[kVecElems]) {
   const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&raw);

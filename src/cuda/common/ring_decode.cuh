@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "attnkit/dtype.h"
+#include "cuda/common/dtype_convert.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/online_softmax.cuh"
 
@@ -138,6 +139,9 @@ struct Work {
   // Bytes between pool rows, < 2^32 (the backends check it): a slot's row offset is one 32 x 32
   // -> 64-bit multiply (IMAD.WIDE.U32) instead of a 64-bit one per copied row.
   uint32_t k_row_bytes = 0, v_row_bytes = 0;
+  // Tr::kGridDepWait: griddepcontrol.launch_dependents right after the wait (the next PDL-launched
+  // grid may then start while this one streams).
+  bool dependents_after_wait = false;
   float scale_log2 = 0.f;  // logit scale (k_scale folded in) * log2(e)
   float scale = 0.f;       // soft-cap path
   float logit_cap = 0.f;   // 0 = off
@@ -156,35 +160,7 @@ __device__ __forceinline__ float exp2_of(float x) {
   }
 }
 
-// Two fp8 values (the low 16 bits of x) -> f16x2 (exact).
-template <DType kKv>
-__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t x) {
-  constexpr __nv_fp8_interpretation_t kInterp = kKv == DType::kFP8E4M3 ? __NV_E4M3 : __NV_E5M2;
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x), kInterp);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-
-// Four fp8 values (x) -> f16x2 of bytes 0-1 (lo) and of bytes 2-3 (hi), exact (SM89+: the high
-// half is an operand selector of the conversion, no shift).
-template <DType kKv>
-__device__ __forceinline__ void fp8x4_to_f16x2x2(uint32_t x, uint32_t& lo, uint32_t& hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  if constexpr (kKv == DType::kFP8E4M3) {
-    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
-        " cvt.rn.f16x2.e4m3x2 %1, h;}\n"
-        : "=r"(lo), "=r"(hi)
-        : "r"(x));
-  } else {
-    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e5m2x2 %0, l;\n"
-        " cvt.rn.f16x2.e5m2x2 %1, h;}\n"
-        : "=r"(lo), "=r"(hi)
-        : "r"(x));
-  }
-#else
-  lo = fp8x2_to_f16x2<kKv>(x);
-  hi = fp8x2_to_f16x2<kKv>(x >> 16);
-#endif
-}
+// fp8 -> f16x2 conversions: fp8x2_to_f16x2 / fp8x4_to_f16x2x2 (cuda/common/dtype_convert.cuh).
 
 // griddepcontrol (SM90+; no-ops where the launch had no programmatic dependency).
 __device__ __forceinline__ void grid_dep_wait() {
@@ -319,7 +295,10 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   cp_async_commit();
   cp_async_wait<0>();
   __syncwarp();
-  if constexpr (Tr::kGridDepWait) grid_dep_wait();
+  if constexpr (Tr::kGridDepWait) {
+    grid_dep_wait();
+    if (w.dependents_after_wait) grid_dep_launch_dependents();
+  }
 #pragma unroll
   for (int i = 0; i < kS - kSub; ++i) {
     if (i < my_tiles) {
@@ -398,12 +377,7 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
           for (int n = 0; n < 2; ++n) {
             const uint32_t raw = r[2 * n + h];
             uint32_t b[2];
-            if constexpr (Tr::kFp8PairCvt) {
-              fp8x4_to_f16x2x2<Tr::kKvDType>(raw, b[0], b[1]);
-            } else {
-              b[0] = fp8x2_to_f16x2<Tr::kKvDType>(raw);
-              b[1] = fp8x2_to_f16x2<Tr::kKvDType>(raw >> 16);
-            }
+            fp8x4_to_f16x2x2<Tr::kKvDType, Tr::kFp8PairCvt>(raw, b[0], b[1]);
             mma_m16n8k16<CT>(h == 0 ? s[n] : s2[n], a, b);
           }
         }

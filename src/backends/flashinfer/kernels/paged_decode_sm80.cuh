@@ -23,24 +23,21 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
                   kDecodeCtasPerSm == cuda::ring::kCtasPerSm,
               "the planner's decode tile is the ring core's");
 
-// kWideFp8: fp8 KV streams 32-key warp tiles (two 16-key ring stages per softmax step) where the
-// ring has >= 4 stages (d <= 128): a 16-key fp8 tile carries half the bytes of a bf16 one for the
-// same wait / max / rescale / loop work, so fp8 decode was bound by per-tile work, not bytes.
-// 16-bit KV keeps 16-key tiles (3 stages: a pair would leave one in flight).
-// kWarps_ / kCtaSmemBudget_ / kCtasPerSm_: the CTA shape (ring_decode.cuh Traits); the default is
-// 2 CTAs of 4 warps per SM (110 KB each; sessions 5-7 measured one CTA of 8 warps, or of 4 warps
-// with twice the ring depth, per SM90 multiprocessor: no faster).
-// kWideSlots: ring_decode.cuh's kWideSlotLoads (copy rows owned in adjacent groups, slot words
-// read 16 bytes at a time).
-template <int kD, typename QT, DType kKv, bool kWideFp8 = true, int kWarps_ = cuda::ring::kWarps,
-          int kCtaSmemBudget_ = cuda::ring::kCtaSmemBudget,
-          int kCtasPerSm_ = cuda::ring::kCtasPerSm, bool kWideSlots = true>
-struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_> {
-  using Base = cuda::ring::Traits<kD, QT, kKv, kWarps_, kCtaSmemBudget_, kCtasPerSm_>;
+// The decode's ring traits: the ring core's default CTA shape (2 CTAs of 4 warps per SM, 110 KB
+// each; sessions 5-7 measured one CTA of 8 warps, or of 4 warps with twice the ring depth, per
+// SM90 multiprocessor: no faster).
+template <int kD, typename QT, DType kKv>
+struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
+  using Base = cuda::ring::Traits<kD, QT, kKv>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
-  static constexpr int kTileSubs = kWideFp8 && Base::kQuant && Base::kStages >= 4 ? 2 : 1;
+  // fp8 KV streams 32-key warp tiles (two 16-key ring stages per softmax step) where the ring has
+  // >= 4 stages (d <= 128): a 16-key fp8 tile carries half the bytes of a bf16 one for the same
+  // wait / max / rescale / loop work, so fp8 decode was bound by per-tile work, not bytes. 16-bit
+  // KV keeps 16-key tiles (3 stages: a pair would leave one in flight).
+  static constexpr int kTileSubs = Base::kQuant && Base::kStages >= 4 ? 2 : 1;
   static constexpr bool kFastExp2 = true;
-  static constexpr bool kWideSlotLoads = kWideSlots;
+  // Copy rows owned in adjacent groups, slot words read 16 bytes at a time (ring_decode.cuh).
+  static constexpr bool kWideSlotLoads = true;
   // attend waits for the previous grid after the first page-table words (a no-op unless the launch
   // was programmatic; with PagedParams::decode_pdl 1 the kernel has waited at its start already).
   static constexpr bool kGridDepWait = true;
@@ -154,7 +151,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     paged_decode_ring_kernel(const __grid_constant__ PagedParams p) {
   using QT = typename Tr::QT;
   extern __shared__ __align__(16) uint8_t smem[];
-  if (p.decode_pdl == 1) cuda::ring::grid_dep_wait();  // PDL mode 1: nothing read before it
+  if (p.decode_pdl == 1) {  // PDL mode 1: nothing read before the wait
+    cuda::ring::grid_dep_wait();
+    if (p.decode_pdl_early != 0) cuda::ring::grid_dep_launch_dependents();
+  }
   // The item count and the item are independent loads (one memory round trip, not two): the
   // grid never exceeds the workspace's items, so the item is in bounds even past the count.
   const int num_items = p.plan[0];
@@ -183,6 +183,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
              static_cast<int64_t>(kv_head) * p.v_stride_head * Tr::kKvElemBytes;
   w.k_row_bytes = static_cast<uint32_t>(p.k_stride_row * Tr::kKvElemBytes);  // < 2^32: host check
   w.v_row_bytes = static_cast<uint32_t>(p.v_stride_row * Tr::kKvElemBytes);
+  w.dependents_after_wait = p.decode_pdl == 2 && p.decode_pdl_early != 0;
   w.scale_log2 = p.scale_log2;
   w.scale = p.scale;
   w.logit_cap = p.logit_cap;

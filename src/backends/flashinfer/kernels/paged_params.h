@@ -116,16 +116,23 @@ struct PagedParams {
   // loop that checks the soft-cap per logit even when it is off (paged_decode_sm80.cuh).
   int decode_generic_loop = 0;
   // Programmatic dependent launch of the decode kernel. The backend sets 1 where it may be used
-  // (unsplit plans), 0 elsewhere; launch_paged replaces a 1 with the mode it launches: 0 = off,
-  // 1 = the CTA waits for the previous grid at its start, 2 = after its plan item and first
-  // page-table words (the previous kernel of the stream must not write the plan, req_pool_indices
-  // or req_to_token).
+  // (unsplit eager plans, captured graphs), 0 elsewhere; launch_paged replaces a 1 with the mode it
+  // launches: 0 = off, 1 = the CTA waits for the previous grid at its start, 2 (default) = after
+  // its plan item and first page-table words (the previous kernel of the stream must not write the
+  // plan, req_pool_indices or req_to_token; the backend's own predecessor, set_kv, writes K/V).
   int decode_pdl = 0;
   // How a split decode CTA counts itself (experiment knob ATTNKIT_FLASHINFER_SPLIT_SYNC=fence_all,
   // not API): 0 = one acq_rel atomic by thread 0 between two CTA barriers
   // (ring::last_split_cta_acq_rel), 1 = every thread fences, then the atomic, then a fence
   // (ring::last_split_cta, the previous default).
   int split_sync_fence_all = 0;
+  // 1 (default; ATTNKIT_FLASHINFER_PDL_TRIGGER=end, an A/B knob, sets 0): every CTA lets the next
+  // PDL-launched kernel start as soon as its own wait for the previous grid returned
+  // (griddepcontrol.launch_dependents), so the next grid's CTAs sit in the free CTA slots, past
+  // their prologue, while this grid streams; 0 = after its streaming. Either way the dependents
+  // wait for this whole grid before reading anything it writes. (Released before the wait, every
+  // queued forward started at once: b16 kv 4k --launches 10 86.6 us instead of 70.3.)
+  int decode_pdl_early = 0;
 };
 
 }  // namespace attnkit::flashinfer

@@ -30,6 +30,7 @@
 #include "backends/mla/kernels/mla_decode_common.cuh"
 #include "backends/mla/kernels/mla_decode_params.h"
 #include "backends/mla/kernels/mla_tile_scheduler.h"
+#include "cuda/common/dtype_convert.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/online_softmax.cuh"
 
@@ -142,12 +143,7 @@ __device__ __forceinline__ void fp8x4_to_bf16x4(uint32_t word, uint32_t& lo, uin
 
 // Four e4m3 values -> two f16x2 words (exact; one cvt per pair).
 __device__ __forceinline__ void fp8x4_to_f16x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
-  const __half2_raw a =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xffffu), __NV_E4M3);
-  const __half2_raw b =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), __NV_E4M3);
-  lo = static_cast<uint32_t>(a.x) | (static_cast<uint32_t>(a.y) << 16);
-  hi = static_cast<uint32_t>(b.x) | (static_cast<uint32_t>(b.y) << 16);
+  cuda::fp8x4_to_f16x2x2<DType::kFP8E4M3, /*kPaired=*/false>(word, lo, hi);
 }
 // The f16 path scales Q by 2^-kQShiftF16 (exact) so that |q| up to 2^24 stays finite; the
 // softmax scale takes the 2^kQShiftF16 back.
