@@ -42,6 +42,14 @@ struct BackendContext {
   // MlaPrefixDecompressor (one budget for the model), so that init_forward_metadata plans the
   // prefix chunks and reserves their workspace once per forward. 0 = no layer carries mla_prefix.
   int mla_prefix_chunk_tokens = 0;
+  // SM90 paged decode (flashinfer) may read a forward's plan and first page-table words before
+  // the previous kernel of the stream has finished (programmatic dependent launch). Set true only
+  // if the kernel launched just before a forward_* on the stream never writes req_to_token or
+  // req_pool_indices (an engine that fills them by copies, or by kernels at the start of a batch
+  // before its embedding, qualifies). A forward with save_kv true is always allowed the early
+  // reads: attnkit's own KV store, which writes only K/V, is the kernel just before it. false:
+  // other forwards wait for the previous kernel before their first page-table read.
+  bool early_page_table_reads = false;
 };
 
 class AttentionBackend {

@@ -493,7 +493,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     return e != nullptr && std::string(e) == "fence_all";
   }();
   p.split_sync_fence_all = split_fence_all ? 1 : 0;
-  // Programmatic dependent launch (paged_attention_sm80.cuh decode_pdl: mode 2 by default, the
+  // Programmatic dependent launch (paged_attention_sm80.cuh decode_pdl: mode 2 where allowed, the
   // next grid released right after each CTA's wait) for unsplit eager plans and for captured
   // decode graphs (replays that split included). Eager split plans launch without it: 2026-11-22
   // H200, --launches 10, b1 kv 32k (16 splits) 44.3 -> 48.9 us with mode 1 (not re-measured with
@@ -506,7 +506,11 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_GRAPH");
     return e == nullptr || std::string(e) != "0";
   }();
-  p.decode_pdl = plan_.split || (plan_.graph && !pdl_graph) ? 0 : 1;
+  // Mode 2 (plan and first page-table words read before the wait) only where the previous kernel
+  // cannot have written them: attnkit's own KV store just ran, or the context says so
+  // (BackendContext::early_page_table_reads); mode 1 (wait first) otherwise.
+  const bool early_reads = ctx_.early_page_table_reads || (save_kv && k.defined());
+  p.decode_pdl = plan_.split || (plan_.graph && !pdl_graph) ? 0 : (early_reads ? 2 : 1);
   static const bool pdl_early = [] {  // paged_params.h decode_pdl_early
     const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_TRIGGER");
     return e == nullptr || std::string(e) != "end";

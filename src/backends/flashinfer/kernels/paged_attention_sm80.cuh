@@ -10,6 +10,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -45,15 +46,16 @@ __device__ __forceinline__ void dequant16(const uint4& raw, uint4 (&out)[2]) {
 }
 
 // ---- launch ----
-// Programmatic dependent launch of the decode kernel on SM90+ (PagedParams::decode_pdl):
-// ATTNKIT_FLASHINFER_PDL = 0 (off), 1 (the CTA waits for the previous grid first thing, so only
-// the launch and CTA start overlap it; the default before session 9) or 2 (default: the wait after
-// the plan item and the first page-table words, which the previous kernel of the stream must not
-// write; with PagedParams::decode_pdl_early the next grid's CTAs do that part while this one
-// streams). H200 2026-11-23 10:06Z, --launches 10, b16 kv 4k p16: mode 2 + the early trigger
-// 69.9 us bf16 / 39.0 us fp8 vs mode 1 70.4 / 40.0 (fp8/bf16 1.79x vs 1.76x).
-inline int decode_pdl() {
-  static const int mode = [] {
+// Programmatic dependent launch of the decode kernel on SM90+ (PagedParams::decode_pdl, the most
+// the backend allows): 0 (off), 1 (the CTA waits for the previous grid first thing, so only the
+// launch and CTA start overlap it) or 2 (the wait after the plan item and the first page-table
+// words, which the previous kernel of the stream must not write; with
+// PagedParams::decode_pdl_early the next grid's CTAs do that part while this one streams). H200
+// 2026-11-23 10:06Z, --launches 10, b16 kv 4k p16: mode 2 + the early trigger 69.9 us bf16 /
+// 39.0 us fp8 vs mode 1 70.4 / 40.0 (fp8/bf16 1.79x vs 1.76x). ATTNKIT_FLASHINFER_PDL = 0 / 1 / 2
+// lowers the mode (an A/B knob; it never raises it above what the backend allows).
+inline int decode_pdl(int allowed) {
+  static const int limit = [] {
     const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL");
     int m = 2;
     if (e != nullptr && std::strcmp(e, "0") == 0) m = 0;
@@ -65,7 +67,7 @@ inline int decode_pdl() {
     }
     return major >= 9 ? m : 0;
   }();
-  return mode;
+  return std::min(allowed, limit);
 }
 
 template <typename Tr>
@@ -101,7 +103,7 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attrs;
   PagedParams launch = p;
-  launch.decode_pdl = p.decode_pdl != 0 ? decode_pdl() : 0;
+  launch.decode_pdl = decode_pdl(p.decode_pdl);
   cfg.numAttrs = launch.decode_pdl != 0 ? 1 : 0;
   ATTNKIT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, launch));
   ATTNKIT_CUDA_TRY(cudaGetLastError());

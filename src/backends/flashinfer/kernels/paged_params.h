@@ -115,11 +115,12 @@ struct PagedParams {
   // Decode experiment knob (ATTNKIT_FLASHINFER_DECODE_LOOP=generic, not API): 1 runs the streaming
   // loop that checks the soft-cap per logit even when it is off (paged_decode_sm80.cuh).
   int decode_generic_loop = 0;
-  // Programmatic dependent launch of the decode kernel. The backend sets 1 where it may be used
-  // (unsplit eager plans, captured graphs), 0 elsewhere; launch_paged replaces a 1 with the mode it
-  // launches: 0 = off, 1 = the CTA waits for the previous grid at its start, 2 (default) = after
-  // its plan item and first page-table words (the previous kernel of the stream must not write the
-  // plan, req_pool_indices or req_to_token; the backend's own predecessor, set_kv, writes K/V).
+  // Programmatic dependent launch of the decode kernel. The backend sets the most it allows
+  // (0 elsewhere than unsplit eager plans and captured graphs), launch_paged the mode it launches
+  // (at most that; ATTNKIT_FLASHINFER_PDL overrides): 0 = off, 1 = the CTA waits for the previous
+  // grid at its start, 2 = after its plan item and first page-table words (allowed only where the
+  // previous kernel of the stream cannot write the plan, req_pool_indices or req_to_token: after
+  // the backend's own set_kv, or with BackendContext::early_page_table_reads).
   int decode_pdl = 0;
   // How a split decode CTA counts itself (experiment knob ATTNKIT_FLASHINFER_SPLIT_SYNC=fence_all,
   // not API): 0 = one acq_rel atomic by thread 0 between two CTA barriers
