@@ -74,6 +74,8 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_EPI_WIDE=0 (4-byte O stores, Fa3Params::epi_wide),
   // ATTNKIT_FA3_UNIFORM_WG=0 (the kernel without the lane-0 warpgroup broadcast),
   // ATTNKIT_FA3_FP8_GEMM_SUM=0 (FP8 kernel: row sums by FADD, not by the P V GEMM),
+  // ATTNKIT_FA3_FP8_VT_PRE=0 / 1 (FP8 kernel: never / always pre-transpose V into vt_ws_; unset:
+  // when the forward has at least one query per kVtPreKeysPerQuery keys, see plan()),
   // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   bool pingpong_ = true;
@@ -85,6 +87,7 @@ class PrefillSm90Engine {
   bool epi_wide_ = true;
   bool uniform_wg_ = true;
   bool fp8_gemm_sum_ = true;
+  int vt_pre_mode_ = -1;  // -1: by the forward's shape (plan()), 0 / 1: forced
   int block_n_ = 128;
   int diag_ = 0;
 
@@ -95,6 +98,13 @@ class PrefillSm90Engine {
   int num_tiles_ = 0;
   std::vector<int32_t> words_;
   DeviceArray<int32_t> plan_words_;
+  // FP8 V^T pre-transpose of the planned forward (Fa3Params::vt_pre): whether it runs, the V^T
+  // blocks of the plan (all requests) and of its longest request, and the grow-only workspace
+  // (kv heads x V^T blocks x 16 KB, rewritten by every layer).
+  bool planned_vt_pre_ = false;
+  int vt_blocks_ = 0;
+  int vt_max_blocks_ = 0;
+  DeviceArray<uint8_t> vt_ws_;
 };
 
 }  // namespace attnkit::fa3

@@ -81,9 +81,13 @@ struct alignas(64) TmaDesc {
 };
 
 // Plan layout (int32 words): [kPlanHeaderWords][bs x kRequestWords][tiles x kTileWords].
-// Request: q_start, q_len, kv_len, 0. Tile: request, m_block (tiles sorted by descending key
-// count, so a persistent CTA's static stride over the list takes the longest work first).
+// Header: tile count, V^T blocks (the sum over requests of ceil(kv_len / kVtBlockKeys)), 0, 0.
+// Request: q_start, q_len, kv_len, vt_block (its first block in the FP8 kernel's V^T workspace:
+// the V^T blocks of the requests before it). Tile: request, m_block (tiles sorted by descending
+// key count, so a persistent CTA's static stride over the list takes the longest work first).
 inline constexpr int kPlanHeaderWords = 4;
+// Keys per block of the FP8 kernel's pre-transposed V^T workspace (its key block).
+inline constexpr int kVtBlockKeys = 128;
 inline constexpr int kRequestWords = 4;
 inline constexpr int kTileWords = 2;
 
@@ -160,6 +164,17 @@ struct Fa3Params {
   // sum l comes from the P V GEMM (N = 136 against 8 rows of e4m3 ones under V^T) instead of one
   // FADD per element (prefill_sm90_fp8.cuh, consumer_fp8<kGemmSum>).
   int fp8_gemm_sum = 0;
+  // FP8 kernel only: 1: V^T comes pre-transposed from vt_ws (written in the same forward, per
+  // layer, by fp8_vt_pre_kernel before the attention kernel: [kv head][plan V^T block][128 d rows
+  // x 128 key bytes, the shared-memory V^T stage image: 128-byte swizzle, key columns in the P
+  // fragment order, keys past kv_len zero]) and the producer copies each block with one bulk copy;
+  // 0: the producer transposes every loaded V tile itself. The engine picks 1 when the forward
+  // has enough queries per key (prefill / long extend) unless ATTNKIT_FA3_FP8_VT_PRE says
+  // otherwise (prefill_sm90_engine.cpp). Any page size: the pre-transpose gathers V through the
+  // page table.
+  int vt_pre = 0;
+  uint8_t* vt_ws = nullptr;
+  int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T blocks x kVtBlockKeys x 128)
 };
 
 }  // namespace attnkit::fa3

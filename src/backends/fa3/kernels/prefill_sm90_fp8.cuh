@@ -141,6 +141,20 @@ __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt,
 
 // ---- producer ----
 
+// One bulk copy (no tensor map) of `bytes` from global `src` into shared memory at `dst`,
+// completing its transactions on `bar` (16-byte aligned, bytes a multiple of 16).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+// kVtPre (Fa3Params::vt_pre): V^T stages are bulk copies of the pre-transposed workspace
+// (fp8_vt_pre_kernel) on the vt_full barrier; no V load, no transpose in this kernel.
+template <bool kVtPre>
 __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
   using Tr = PrefillFp8Traits;
@@ -189,6 +203,13 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
       }
     };
     load_slot(t.n_blocks - 1);
+    // kVtPre: this (request, kv head)'s V^T blocks in the workspace.
+    const uint8_t* vt_src =
+        kVtPre
+            ? p.vt_ws + kvh * p.vt_head_stride +
+                  static_cast<int64_t>(p.plan[kPlanHeaderWords + t.request * kRequestWords + 3]) *
+                      Tr::kKVBytes
+            : nullptr;
 
     mbar_wait(q_empty, (tcount & 1) ^ 1);
     load_q_tile<Tr::kBlockM, CQ>(p, t, sQ, tid);
@@ -200,12 +221,13 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
       mbar_wait(fp8_bar(bars, stage, 3), phase ^ 1);
       const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
       const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
-      if (p.diag & 1) {  // diagnostics: no loads (timing only, wrong results)
+      constexpr int kLoads = kVtPre ? 1 : 2;  // K (and V unless pre-transposed)
+      if (p.diag & 1) {                       // diagnostics: no loads (timing only, wrong results)
         mbar_arrive(fp8_bar(bars, stage, 0));
-        mbar_arrive(fp8_bar(bars, stage, 1));
+        if constexpr (!kVtPre) mbar_arrive(fp8_bar(bars, stage, 1));
       } else if (block_uses_tma<Tr>(p, t, nb)) {
 #pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {
+        for (int kv = 0; kv < kLoads; ++kv) {
           const uint32_t tile = kv == 0 ? sK : sV;
           const uint32_t bar = fp8_bar(bars, stage, kv);
           if (tid % p.tma_rows == 0) {
@@ -219,7 +241,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
         }
       } else {
 #pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {
+        for (int kv = 0; kv < kLoads; ++kv) {
           const char* pool = kv == 0 ? k_base : v_base;
           const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
           const int64_t head_off =
@@ -240,10 +262,24 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
           cp_async_arrive_noinc(fp8_bar(bars, stage, kv));
         }
       }
+      if constexpr (kVtPre) {  // V^T after K: the consumers wait for K first
+        const uint32_t vt_full = fp8_bar(bars, stage, 2);
+        if (p.diag & 1) {
+          mbar_arrive(vt_full);
+        } else if (tid == 0) {
+          mbar_arrive_expect_tx(vt_full, Tr::kKVBytes);
+          bulk_load(base + Tr::kVtOffset + stage * Tr::kVtBytes,
+                    vt_src + static_cast<int64_t>(nb) * Tr::kKVBytes, Tr::kKVBytes, vt_full);
+        } else {
+          mbar_arrive(vt_full);
+        }
+      }
       (void)kD;
-      // One block behind the loads, so this V has had a block's time to land.
-      if (pending >= 0) transpose(pending);
-      pending = it;
+      if constexpr (!kVtPre) {
+        // One block behind the loads, so this V has had a block's time to land.
+        if (pending >= 0) transpose(pending);
+        pending = it;
+      }
       load_slot(nb - 1);
     }
   }
@@ -463,7 +499,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
 // kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
 // branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
-template <bool kUniformWg = true, bool kGemmSum = true>
+template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false>
 __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -498,10 +534,61 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
   }
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
-    producer_fp8(p, smem);
+    producer_fp8<kVtPre>(p, smem);
   } else {
     sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
     consumer_fp8<kGemmSum>(p, smem, wg - 1);
+  }
+#endif
+}
+
+// ---- V^T pre-transpose (Fa3Params::vt_pre) ----
+
+// grid (max V^T blocks of a request, bs, kv heads), block 128: V block nb (128 keys, through the
+// page table; keys past kv_len zero) of request blockIdx.y and kv head blockIdx.z -> its V^T stage
+// image (fp8_transpose_v, the same bytes the attention producer would write into shared memory)
+// at vt_ws + kvh * vt_head_stride + (vt_block + nb) * 16384, so that the attention kernel copies
+// it with one bulk copy. One read and one write of V per forward and layer.
+__global__ void __launch_bounds__(128) fp8_vt_pre_kernel(const __grid_constant__ Fa3Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = PrefillFp8Traits;
+  __shared__ __align__(1024) uint8_t sv[Tr::kKVBytes];
+  __shared__ __align__(1024) uint8_t svt[Tr::kKVBytes];
+  const int nb = blockIdx.x, r = blockIdx.y, kvh = blockIdx.z, tid = threadIdx.x;
+  const int32_t* rw = p.plan + kPlanHeaderWords + r * kRequestWords;
+  const int kv_len = rw[2];
+  if (nb * kVtBlockKeys >= kv_len) return;
+  const int32_t* pt =
+      p.req_to_token + static_cast<int64_t>(p.req_pool_indices[r]) * p.req_to_token_stride;
+  const char* v_base =
+      static_cast<const char*>(p.v_pool) + static_cast<int64_t>(kvh) * p.v_stride_head;
+  constexpr int C = Tr::kChunksPerRow;  // 16-byte chunks per 128-byte row
+  constexpr int kPasses = kVtBlockKeys * C / 128;
+  uint4 w[kPasses];
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int idx = i * 128 + tid, row = idx / C, chunk = idx % C;
+    const int key = nb * kVtBlockKeys + row;
+    w[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (key < kv_len) {
+      const int in_page = key % p.page_size;
+      const int64_t slot = pt[key - in_page] + in_page;
+      w[i] = *reinterpret_cast<const uint4*>(v_base + slot * p.v_stride_row + chunk * 16);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int idx = i * 128 + tid, row = idx / C, chunk = idx % C;
+    *reinterpret_cast<uint4*>(sv + row * 128 + ((chunk ^ (row & 7)) << 4)) = w[i];
+  }
+  __syncthreads();
+  fp8_transpose_v(sv, svt, tid);
+  __syncthreads();
+  uint8_t* dst = p.vt_ws + kvh * p.vt_head_stride + static_cast<int64_t>(rw[3] + nb) * Tr::kKVBytes;
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int idx = i * 128 + tid;
+    reinterpret_cast<uint4*>(dst)[idx] = reinterpret_cast<const uint4*>(svt)[idx];
   }
 #endif
 }
