@@ -87,7 +87,8 @@ class PrefillSm90Engine {
   bool epi_wide_ = true;
   bool uniform_wg_ = true;
   bool fp8_gemm_sum_ = true;
-  int vt_pre_mode_ = -1;  // -1: by the forward's shape (plan()), 0 / 1: forced
+  bool fp8_spec_ = false;  // ATTNKIT_FA3_FP8_SPEC=1 (with the V^T pre-transpose only)
+  int vt_pre_mode_ = -1;   // -1: by the forward's shape (plan()), 0 / 1: forced
   int block_n_ = 128;
   int diag_ = 0;
 

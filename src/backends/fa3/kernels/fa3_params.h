@@ -173,6 +173,9 @@ struct Fa3Params {
   // otherwise (prefill_sm90_engine.cpp). Any page size: the pre-transpose gathers V through the
   // page table.
   int vt_pre = 0;
+  // FP8 kernel with vt_pre only: 1 (ATTNKIT_FA3_FP8_SPEC=1): speculative softmax in the overlapped
+  // loop (prefill_sm90_fp8.cuh, spec_softmax_fp8); 0: the exact step every block.
+  int fp8_spec = 0;
   uint8_t* vt_ws = nullptr;
   int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T blocks x kVtBlockKeys x 128)
 };

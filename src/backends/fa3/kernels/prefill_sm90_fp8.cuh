@@ -350,10 +350,67 @@ __device__ __forceinline__ void quantize_q_rows(uint8_t* smem, int g, int tid) {
   if (half == 0) reinterpret_cast<float*>(smem + Tr::kQScaleOffset)[row] = qs;
 }
 
+// Speculative softmax step (Fa3Params::fp8_spec, unmasked blocks, rows with a finite running
+// maximum m): P = exp2(S sc - m) with the maximum of the blocks before, issued without waiting
+// for this block's maximum, which is computed alongside only to check the speculation. Returns
+// true when a row's block maximum exceeds m by more than thr (the lazy-rescale threshold, 0 without
+// lazy rescale): then P is wrong (possibly inf) and the caller recomputes S and runs the exact
+// step. Otherwise m stays and no O rescale is due (the exact step's `keep` case).
+template <int kN>
+__device__ __forceinline__ bool spec_softmax_fp8(float (&s)[kN / 2], const float (&sc)[2],
+                                                 const float (&m)[2], float thr) {
+  constexpr int kJ = kN / 8;
+  float mx[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h][0] = fmaxf(s[2 * h], s[2 * h + 1]);
+    mx[h][1] = fmaxf(s[4 + 2 * h], s[4 + 2 * h + 1]);
+  }
+#pragma unroll
+  for (int j = 2; j < kJ; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h][j & 1] = fmaxf(mx[h][j & 1], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1;
+      s[4 * j + e] = sm90::exp2_approx(fmaf(s[4 * j + e], sc[h], -m[h]));
+    }
+  }
+  bool bad = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float r = fmaxf(mx[h][0], mx[h][1]);
+    r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 1));
+    r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 2));
+    bad = bad || r * sc[h] - m[h] > thr;
+  }
+  return bad;
+}
+
+// OR of `pred` over the 128 threads of named barrier `id` (one warpgroup), as a barrier.
+__device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
+  uint32_t r;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, 128, p;\n"
+      " selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(r)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id)
+      : "memory");
+  return r != 0;
+}
+
 // kGemmSum (Fa3Params::fp8_gemm_sum): the row sum l through the P V GEMM (N = 136 against V^T's
 // ones rows: O carries 4 more accumulators per thread, columns 128..135 = the sum of the e4m3 P
 // of the row) instead of one FADD per element in the softmax.
-template <bool kGemmSum>
+// kSpec (Fa3Params::fp8_spec): the overlapped loop's softmax speculates on the running maximum
+// (spec_softmax_fp8); when any row of the warpgroup fails, S is recomputed (one more Q K^T of the
+// block, whose K stage is still held) and the exact step runs.
+template <bool kGemmSum, bool kSpec = false>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
   using Tr = PrefillFp8Traits;
@@ -463,7 +520,31 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       turn_pass();
       wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
       fence_regs(s);
-      softmax(nb);
+      if constexpr (kSpec) {
+        const int n0 = nb * kN;
+        const bool masked =
+            n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+        bool exact = true, bad = false;
+        if (__all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf)) {
+          bad = spec_softmax_fp8<kN>(s, rsc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
+          exact = false;
+        }
+        if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S(next), then the exact step
+          wgmma_fence();
+          issue_qk(stage_n);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(s);
+          exact = true;
+        }
+        if (exact) {
+          softmax(nb);
+        } else {
+          corr[0] = corr[1] = 1.f;
+        }
+      } else {
+        softmax(nb);
+      }
       wgmma_wait<0>();
       fence_regs(o);
       mbar_arrive(fp8_bar(bars, stage_c, 3));
@@ -499,7 +580,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
 // kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
 // branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
-template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false>
+template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, bool kSpec = false>
 __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -537,7 +618,7 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     producer_fp8<kVtPre>(p, smem);
   } else {
     sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
-    consumer_fp8<kGemmSum>(p, smem, wg - 1);
+    consumer_fp8<kGemmSum, kSpec>(p, smem, wg - 1);
   }
 #endif
 }
