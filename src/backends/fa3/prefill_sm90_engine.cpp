@@ -144,7 +144,9 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->epi_wide_ = env_on("ATTNKIT_FA3_EPI_WIDE");
   e->uniform_wg_ = env_on("ATTNKIT_FA3_UNIFORM_WG");
   e->fp8_gemm_sum_ = env_on("ATTNKIT_FA3_FP8_GEMM_SUM");
-  e->fp8_spec_ = env_flag("ATTNKIT_FA3_FP8_SPEC", false);
+  if (const char* spec = std::getenv("ATTNKIT_FA3_FP8_SPEC"); spec != nullptr) {
+    e->fp8_spec_ = std::clamp(std::atoi(spec), 0, 3);
+  }
   if (const char* vt = std::getenv("ATTNKIT_FA3_FP8_VT_PRE"); vt != nullptr) {
     e->vt_pre_mode_ = std::string(vt) != "0" ? 1 : 0;
   }
@@ -303,7 +305,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   if (planned_fp8_) {
     if (planned_vt_pre_) {
       p.vt_pre = 1;
-      p.fp8_spec = fp8_spec_ ? 1 : 0;
+      p.fp8_spec = fp8_spec_;
       p.vt_ws = vt_ws_.data();
       p.vt_head_stride = static_cast<int64_t>(vt_blocks_) * kVtBlockKeys * kFp8HeadDim;
     }

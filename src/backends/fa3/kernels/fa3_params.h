@@ -173,8 +173,12 @@ struct Fa3Params {
   // otherwise (prefill_sm90_engine.cpp). Any page size: the pre-transpose gathers V through the
   // page table.
   int vt_pre = 0;
-  // FP8 kernel with vt_pre only: 1 (ATTNKIT_FA3_FP8_SPEC=1): speculative softmax in the overlapped
-  // loop (prefill_sm90_fp8.cuh, spec_softmax_fp8); 0: the exact step every block.
+  // FP8 kernel with vt_pre only: speculative softmax in the overlapped loop (prefill_sm90_fp8.cuh,
+  // consumer_fp8's kSpec): exps against the running maximum of the blocks before, S recomputed and
+  // the exact step run when a row's P would leave the lazy-rescale range. 0: the exact step every
+  // block; 1 (the engine's default): the block maximum checked before P V (spec_softmax_fp8);
+  // 2: no maximum, the packed P checked for saturation (p_saturated); 3: 2 with every
+  // speculation failing (tests of the recompute path).
   int fp8_spec = 0;
   uint8_t* vt_ws = nullptr;
   int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T blocks x kVtBlockKeys x 128)

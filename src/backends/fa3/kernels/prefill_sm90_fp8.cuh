@@ -392,6 +392,33 @@ __device__ __forceinline__ bool spec_softmax_fp8(float (&s)[kN / 2], const float
   return bad;
 }
 
+// P = exp2(S sc - m) against the running maximum without any maximum (kSpec 2: the check is on the
+// packed e4m3 P, p_saturated).
+template <int kN>
+__device__ __forceinline__ void spec_exp_fp8(float (&s)[kN / 2], const float (&sc)[2],
+                                             const float (&m)[2]) {
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) {
+    const int h = (i >> 1) & 1;
+    s[i] = sm90::exp2_approx(fmaf(s[i], sc[h], -m[h]));
+  }
+}
+
+// Whether a byte of the packed e4m3 P (non-negative: bytes 0x00..0x7e, 0x7f NaN) is 0x7e or 0x7f,
+// i.e. P >= 432 rounded to the satfinite maximum 448, or inf / NaN: byte + 2 sets the byte's top
+// bit exactly then (no carry leaves a byte below 0x7e + 2). Below that P is exact e4m3 and the
+// speculation holds (the running maximum may stay: O, the GEMM row sum and the LSE use the same m).
+template <int kN>
+__device__ __forceinline__ bool p_saturated(const uint32_t (&pa)[kN / 32][4]) {
+  uint32_t acc = 0;
+#pragma unroll
+  for (int kk = 0; kk < kN / 32; ++kk) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc |= pa[kk][i] + 0x02020202u;
+  }
+  return (acc & 0x80808080u) != 0;
+}
+
 // OR of `pred` over the 128 threads of named barrier `id` (one warpgroup), as a barrier.
 __device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
   uint32_t r;
@@ -407,10 +434,13 @@ __device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
 // kGemmSum (Fa3Params::fp8_gemm_sum): the row sum l through the P V GEMM (N = 136 against V^T's
 // ones rows: O carries 4 more accumulators per thread, columns 128..135 = the sum of the e4m3 P
 // of the row) instead of one FADD per element in the softmax.
-// kSpec (Fa3Params::fp8_spec): the overlapped loop's softmax speculates on the running maximum
-// (spec_softmax_fp8); when any row of the warpgroup fails, S is recomputed (one more Q K^T of the
-// block, whose K stage is still held) and the exact step runs.
-template <bool kGemmSum, bool kSpec = false>
+// kSpec (Fa3Params::fp8_spec): the overlapped loop's softmax speculates on the running maximum;
+// when any row of the warpgroup fails, S is recomputed (one more Q K^T of the block, whose K stage
+// is still held: it is released after the next block's P V) and the exact step runs.
+//   1: spec_softmax_fp8 (the block maximum reduced alongside the exps, checked before P V);
+//   2: spec_exp_fp8, no maximum at all; the check is p_saturated on the packed P after the pack
+//      (Fa3Params::fp8_spec 3: every speculation fails, a test aid for the recompute path).
+template <bool kGemmSum, int kSpec = 0>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
   using Tr = PrefillFp8Traits;
@@ -520,7 +550,39 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       turn_pass();
       wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
       fence_regs(s);
-      if constexpr (kSpec) {
+      if constexpr (kSpec == 2) {
+        const int n0 = nb * kN;
+        const bool masked =
+            n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+        const bool spec =
+            __all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf);
+        if (spec) {
+          spec_exp_fp8<kN>(s, rsc, sm.m);
+          corr[0] = corr[1] = 1.f;
+        } else {
+          softmax(nb);
+        }
+        wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(fp8_bar(bars, stage_c, 3));
+        pack();
+        const bool bad = spec && (p.fp8_spec == 3 || p_saturated<kN>(pa));
+        if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S(next), then the exact step
+          wgmma_fence();
+          issue_qk(stage_n);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(s);
+          const float corr1[2] = {corr[0], corr[1]};  // exact warps: their step already ran
+          softmax(nb);
+          corr[0] *= corr1[0];
+          corr[1] *= corr1[1];
+          pack();
+        }
+        rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
+        it_c = it_n;
+        continue;
+      } else if constexpr (kSpec == 1) {
         const int n0 = nb * kN;
         const bool masked =
             n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
@@ -580,7 +642,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
 // kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
 // branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
-template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, bool kSpec = false>
+template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, int kSpec = 0>
 __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
