@@ -147,6 +147,9 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   if (const char* spec = std::getenv("ATTNKIT_FA3_FP8_SPEC"); spec != nullptr) {
     e->fp8_spec_ = std::clamp(std::atoi(spec), 0, 3);
   }
+  if (const char* spec = std::getenv("ATTNKIT_FA3_SPEC"); spec != nullptr) {
+    e->spec_ = std::clamp(std::atoi(spec), 0, 2);
+  }
   if (const char* vt = std::getenv("ATTNKIT_FA3_FP8_VT_PRE"); vt != nullptr) {
     e->vt_pre_mode_ = std::string(vt) != "0" ? 1 : 0;
   }
@@ -290,6 +293,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   p.lazy_rescale = lazy_rescale_ ? 1 : 0;
   p.uniform_wg = uniform_wg_ ? 1 : 0;
   p.fp8_gemm_sum = fp8_gemm_sum_ ? 1 : 0;
+  p.spec = spec_;
   p.epi_wide = epi_wide_ && reinterpret_cast<std::uintptr_t>(p.out) % 16 == 0 &&
                        p.o_stride_token % 8 == 0 && p.o_stride_head % 8 == 0
                    ? 1

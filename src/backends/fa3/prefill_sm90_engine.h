@@ -91,6 +91,9 @@ class PrefillSm90Engine {
   // 0 off, 1 (default; H200 09:38Z: +6.5% over the exact step at causal 4k-16k and bidir 8k), 2
   // (check on the packed P), 3 (2 with every speculation failing: tests only).
   int fp8_spec_ = 1;
+  // bf16 / f16 speculative softmax (Fa3Params::spec): ATTNKIT_FA3_SPEC=1 on, 2 (every speculation
+  // fails: tests only); off by default.
+  int spec_ = 0;
   int vt_pre_mode_ = -1;   // -1: by the forward's shape (plan()), 0 / 1: forced
   int block_n_ = 128;
   int diag_ = 0;

@@ -180,6 +180,11 @@ struct Fa3Params {
   // 2: no maximum, the packed P checked for saturation (p_saturated); 3: 2 with every
   // speculation failing (tests of the recompute path).
   int fp8_spec = 0;
+  // bf16 / f16 kernel at d 64 / 128, overlapped schedule only (prefill_sm90.cuh, consumer's kSpec): 1
+  // (ATTNKIT_FA3_SPEC=1): speculative softmax (spec_exp_sum against the running maximum, S
+  // recomputed and the exact step run when a packed P reaches 2^9: p_too_large); 2: every
+  // speculation fails (tests of the recompute path); 0: the exact step every block.
+  int spec = 0;
   uint8_t* vt_ws = nullptr;
   int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T blocks x kVtBlockKeys x 128)
 };

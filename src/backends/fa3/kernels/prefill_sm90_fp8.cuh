@@ -419,18 +419,6 @@ __device__ __forceinline__ bool p_saturated(const uint32_t (&pa)[kN / 32][4]) {
   return (acc & 0x80808080u) != 0;
 }
 
-// OR of `pred` over the 128 threads of named barrier `id` (one warpgroup), as a barrier.
-__device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
-  uint32_t r;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, 128, p;\n"
-      " selp.u32 %0, 1, 0, q;\n}"
-      : "=r"(r)
-      : "r"(static_cast<uint32_t>(pred)), "r"(id)
-      : "memory");
-  return r != 0;
-}
-
 // kGemmSum (Fa3Params::fp8_gemm_sum): the row sum l through the P V GEMM (N = 136 against V^T's
 // ones rows: O carries 4 more accumulators per thread, columns 128..135 = the sum of the e4m3 P
 // of the row) instead of one FADD per element in the softmax.
