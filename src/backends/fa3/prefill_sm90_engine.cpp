@@ -145,7 +145,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->uniform_wg_ = env_on("ATTNKIT_FA3_UNIFORM_WG");
   e->fp8_gemm_sum_ = env_on("ATTNKIT_FA3_FP8_GEMM_SUM");
   if (const char* spec = std::getenv("ATTNKIT_FA3_FP8_SPEC"); spec != nullptr) {
-    e->fp8_spec_ = std::clamp(std::atoi(spec), 0, 3);
+    e->fp8_spec_ = std::clamp(std::atoi(spec), 0, 4);
   }
   if (const char* spec = std::getenv("ATTNKIT_FA3_SPEC"); spec != nullptr) {
     e->spec_ = std::clamp(std::atoi(spec), 0, 2);

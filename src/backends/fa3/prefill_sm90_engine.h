@@ -89,7 +89,8 @@ class PrefillSm90Engine {
   bool fp8_gemm_sum_ = true;
   // FP8 speculative softmax with the V^T pre-transpose (Fa3Params::fp8_spec): ATTNKIT_FA3_FP8_SPEC=
   // 0 off, 1 (default; H200 09:38Z: +6.5% over the exact step at causal 4k-16k and bidir 8k), 2
-  // (check on the packed P), 3 (2 with every speculation failing: tests only).
+  // (check on the packed P), 3 (2 with every speculation failing: tests only), 4 (2 with a quarter
+  // of the exps as FMA polynomials).
   int fp8_spec_ = 1;
   // bf16 / f16 speculative softmax (Fa3Params::spec): ATTNKIT_FA3_SPEC=1 on, 2 (every speculation
   // fails: tests only); off by default.

@@ -178,7 +178,8 @@ struct Fa3Params {
   // the exact step run when a row's P would leave the lazy-rescale range. 0: the exact step every
   // block; 1 (the engine's default): the block maximum checked before P V (spec_softmax_fp8);
   // 2: no maximum, the packed P checked for saturation (p_saturated); 3: 2 with every
-  // speculation failing (tests of the recompute path).
+  // speculation failing (tests of the recompute path); 4: 2 with a quarter of the exps as FMA-pipe
+  // polynomials (exp2_fma).
   int fp8_spec = 0;
   // bf16 / f16 kernel at d 64 / 128, overlapped schedule only (prefill_sm90.cuh, consumer's kSpec): 1
   // (ATTNKIT_FA3_SPEC=1): speculative softmax (spec_exp_sum against the running maximum, S

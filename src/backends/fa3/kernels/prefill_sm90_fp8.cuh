@@ -392,15 +392,30 @@ __device__ __forceinline__ bool spec_softmax_fp8(float (&s)[kN / 2], const float
   return bad;
 }
 
+// 2^x on the FMA pipe (x <= ~9; below -125 the result is a tiny non-negative number, 0 in e4m3):
+// x = j + f with j = round(x) by the 1.5 * 2^23 trick, f in [-0.5, 0.5], 2^f by a degree-3
+// polynomial (relative error < 1e-3, far below e4m3's 2^-4), j added to the exponent field.
+__device__ __forceinline__ float exp2_fma(float x) {
+  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23
+  x = fmaxf(x, -125.f);
+  const float t = x + kMagic;
+  const float f = x - (t - kMagic);
+  const float p = fmaf(fmaf(fmaf(0.0555041f, f, 0.2402265f), f, 0.6931472f), f, 1.f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
 // P = exp2(S sc - m) against the running maximum without any maximum (kSpec 2: the check is on the
-// packed e4m3 P, p_saturated).
-template <int kN>
+// packed e4m3 P, p_saturated). kPoly (kSpec 4): every fourth group of 4 elements by exp2_fma
+// instead of MUFU.EX2 (16 of 64 per block: moves a quarter of the exps off the SFU, whose
+// 16 / clock / SM make 64 exps of a warp 512 issue-free cycles).
+template <int kN, bool kPoly = false>
 __device__ __forceinline__ void spec_exp_fp8(float (&s)[kN / 2], const float (&sc)[2],
                                              const float (&m)[2]) {
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) {
     const int h = (i >> 1) & 1;
-    s[i] = sm90::exp2_approx(fmaf(s[i], sc[h], -m[h]));
+    const float x = fmaf(s[i], sc[h], -m[h]);
+    s[i] = kPoly && (i / 4) % 4 == 3 ? exp2_fma(x) : sm90::exp2_approx(x);
   }
 }
 
@@ -427,7 +442,8 @@ __device__ __forceinline__ bool p_saturated(const uint32_t (&pa)[kN / 32][4]) {
 // is still held: it is released after the next block's P V) and the exact step runs.
 //   1: spec_softmax_fp8 (the block maximum reduced alongside the exps, checked before P V);
 //   2: spec_exp_fp8, no maximum at all; the check is p_saturated on the packed P after the pack
-//      (Fa3Params::fp8_spec 3: every speculation fails, a test aid for the recompute path).
+//      (Fa3Params::fp8_spec 3: every speculation fails, a test aid for the recompute path);
+//   4: 2 with a quarter of the exps as FMA-pipe polynomials (exp2_fma).
 template <bool kGemmSum, int kSpec = 0>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
@@ -538,14 +554,14 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       turn_pass();
       wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
       fence_regs(s);
-      if constexpr (kSpec == 2) {
+      if constexpr (kSpec == 2 || kSpec == 4) {
         const int n0 = nb * kN;
         const bool masked =
             n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
         const bool spec =
             __all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf);
         if (spec) {
-          spec_exp_fp8<kN>(s, rsc, sm.m);
+          spec_exp_fp8<kN, kSpec == 4>(s, rsc, sm.m);
           corr[0] = corr[1] = 1.f;
         } else {
           softmax(nb);

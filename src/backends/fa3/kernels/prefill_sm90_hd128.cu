@@ -26,6 +26,7 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
   // uniform_wg 0 (the pre-session-7 kernel) keeps the row sum by FADD (no GEMM row sum) and the
   // in-kernel V transpose; vt_pre: the GEMM row sum only.
   auto kernel = p.uniform_wg == 0                  ? prefill_sm90_fp8_kernel<false, false, false>
+                : p.vt_pre != 0 && p.fp8_spec == 4 ? prefill_sm90_fp8_kernel<true, true, true, 4>
                 : p.vt_pre != 0 && p.fp8_spec >= 2 ? prefill_sm90_fp8_kernel<true, true, true, 2>
                 : p.vt_pre != 0 && p.fp8_spec == 1 ? prefill_sm90_fp8_kernel<true, true, true, 1>
                 : p.vt_pre != 0                    ? prefill_sm90_fp8_kernel<true, true, true>
