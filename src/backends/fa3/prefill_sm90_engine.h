@@ -95,7 +95,7 @@ class PrefillSm90Engine {
   // bf16 / f16 speculative softmax (Fa3Params::spec): ATTNKIT_FA3_SPEC=1 on, 2 (every speculation
   // fails: tests only); off by default.
   int spec_ = 0;
-  int vt_pre_mode_ = -1;   // -1: by the forward's shape (plan()), 0 / 1: forced
+  int vt_pre_mode_ = -1;  // -1: by the forward's shape (plan()), 0 / 1: forced
   int block_n_ = 128;
   int diag_ = 0;
 

@@ -181,8 +181,8 @@ struct Fa3Params {
   // speculation failing (tests of the recompute path); 4: 2 with a quarter of the exps as FMA-pipe
   // polynomials (exp2_fma).
   int fp8_spec = 0;
-  // bf16 / f16 kernel at d 64 / 128, overlapped schedule only (prefill_sm90.cuh, consumer's kSpec): 1
-  // (ATTNKIT_FA3_SPEC=1): speculative softmax (spec_exp_sum against the running maximum, S
+  // bf16 / f16 kernel at d 64 / 128, overlapped schedule only (prefill_sm90.cuh, consumer's kSpec):
+  // 1 (ATTNKIT_FA3_SPEC=1): speculative softmax (spec_exp_sum against the running maximum, S
   // recomputed and the exact step run when a packed P reaches 2^9: p_too_large); 2: every
   // speculation fails (tests of the recompute path); 0: the exact step every block.
   int spec = 0;
