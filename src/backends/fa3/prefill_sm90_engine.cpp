@@ -150,6 +150,10 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   if (const char* spec = std::getenv("ATTNKIT_FA3_SPEC"); spec != nullptr) {
     e->spec_ = std::clamp(std::atoi(spec), 0, 2);
   }
+  if (const char* fb = std::getenv("ATTNKIT_FA3_FP8_BLOCK_N");
+      fb != nullptr && std::atoi(fb) == 192) {
+    e->fp8_block_n_ = 192;
+  }
   if (const char* vt = std::getenv("ATTNKIT_FA3_FP8_VT_PRE"); vt != nullptr) {
     e->vt_pre_mode_ = std::string(vt) != "0" ? 1 : 0;
   }
@@ -217,11 +221,11 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
     constexpr int64_t kVtPreMaxBytes = int64_t{1} << 30;
     constexpr int64_t kVtBlockBytes = int64_t{kVtBlockKeys} * kFp8HeadDim;
     int64_t q_total = 0, kv_total = 0;
-    vt_max_blocks_ = 0;
+    vt_max_kv_ = 0;
     for (const TileRequest& q : reqs) {
       q_total += q.q_len;
       kv_total += q.kv_len;
-      vt_max_blocks_ = std::max(vt_max_blocks_, (q.kv_len + kVtBlockKeys - 1) / kVtBlockKeys);
+      vt_max_kv_ = std::max(vt_max_kv_, q.kv_len);
     }
     vt_blocks_ = words_[1];
     const int64_t bytes = static_cast<int64_t>(ctx_.num_kv_heads) * vt_blocks_ * kVtBlockBytes;
@@ -284,7 +288,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     p.scale_log2 *= layer.k_scale;
     p.v_scale = layer.v_scale;
   }
-  const int block_n = planned_fp8_ ? kFp8HeadDim : block_n_;
+  const int block_n = planned_fp8_ ? planned_fp8_block_n() : block_n_;
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
   p.pingpong = pingpong_ ? 1 : 0;
   p.diag = diag_;
@@ -313,7 +317,8 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
       p.vt_ws = vt_ws_.data();
       p.vt_head_stride = static_cast<int64_t>(vt_blocks_) * kVtBlockKeys * kFp8HeadDim;
     }
-    return run_prefill_sm90_fp8(p, sm_count_, stream, planned_vt_pre_ ? vt_max_blocks_ : 0);
+    p.fp8_block_n = planned_fp8_block_n();
+    return run_prefill_sm90_fp8(p, sm_count_, stream, planned_vt_pre_ ? vt_max_kv_ : 0);
   }
   return dispatch_value<WgmmaHeadDims>(
       ctx_.qk_head_dim, "wgmma prefill: head_dim", [&]<int kD>() -> Status {

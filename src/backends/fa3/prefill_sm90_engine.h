@@ -60,6 +60,9 @@ class PrefillSm90Engine {
   int block_n() const { return block_n_; }
   // Whether the planned forward runs the FP8 kernel (an fp8_e4m3 pool, allow_fp8_kv).
   bool planned_fp8() const { return planned_ && planned_fp8_; }
+  // Key block of the planned FP8 forward (192 only with ATTNKIT_FA3_FP8_BLOCK_N=192 and the V^T
+  // pre-transpose).
+  int planned_fp8_block_n() const { return planned_vt_pre_ ? fp8_block_n_ : 128; }
 
  private:
   PrefillSm90Engine(const BackendContext& ctx, int sm_count) : ctx_(ctx), sm_count_(sm_count) {}
@@ -95,6 +98,9 @@ class PrefillSm90Engine {
   // bf16 / f16 speculative softmax (Fa3Params::spec): ATTNKIT_FA3_SPEC=1 on, 2 (every speculation
   // fails: tests only); off by default.
   int spec_ = 0;
+  // FP8 key block with the V^T pre-transpose: ATTNKIT_FA3_FP8_BLOCK_N=192 (Fa3Params::fp8_block_n);
+  // 128 by default and always without the pre-transpose.
+  int fp8_block_n_ = 128;
   int vt_pre_mode_ = -1;  // -1: by the forward's shape (plan()), 0 / 1: forced
   int block_n_ = 128;
   int diag_ = 0;
@@ -110,8 +116,8 @@ class PrefillSm90Engine {
   // blocks of the plan (all requests) and of its longest request, and the grow-only workspace
   // (kv heads x V^T blocks x 16 KB, rewritten by every layer).
   bool planned_vt_pre_ = false;
-  int vt_blocks_ = 0;
-  int vt_max_blocks_ = 0;
+  int vt_blocks_ = 0;  // V^T units of the plan (vt_units summed)
+  int vt_max_kv_ = 0;  // keys of the longest request (the pre-transpose grid)
   DeviceArray<uint8_t> vt_ws_;
 };
 

@@ -81,13 +81,17 @@ struct alignas(64) TmaDesc {
 };
 
 // Plan layout (int32 words): [kPlanHeaderWords][bs x kRequestWords][tiles x kTileWords].
-// Header: tile count, V^T blocks (the sum over requests of ceil(kv_len / kVtBlockKeys)), 0, 0.
-// Request: q_start, q_len, kv_len, vt_block (its first block in the FP8 kernel's V^T workspace:
-// the V^T blocks of the requests before it). Tile: request, m_block (tiles sorted by descending
-// key count, so a persistent CTA's static stride over the list takes the longest work first).
+// Header: tile count, V^T units (the sum over requests of vt_units(kv_len)), 0, 0.
+// Request: q_start, q_len, kv_len, vt_block (its first 16 KB unit in the FP8 kernel's V^T
+// workspace: the V^T units of the requests before it). Tile: request, m_block (tiles sorted by
+// descending key count, so a persistent CTA's static stride over the list takes the longest work
+// first).
 inline constexpr int kPlanHeaderWords = 4;
-// Keys per block of the FP8 kernel's pre-transposed V^T workspace (its key block).
+// Keys per unit of the FP8 kernel's pre-transposed V^T workspace (one 128 d x 128 keys image).
 inline constexpr int kVtBlockKeys = 128;
+// Units a request of kv_len keys reserves: two per 192 keys, enough for either FP8 key block
+// (128 keys: one unit per block; 192 keys: two units per block, the second half-filled).
+constexpr int vt_units(int kv_len) { return 2 * ((kv_len + 191) / 192); }
 inline constexpr int kRequestWords = 4;
 inline constexpr int kTileWords = 2;
 
@@ -181,13 +185,17 @@ struct Fa3Params {
   // speculation failing (tests of the recompute path); 4: 2 with a quarter of the exps as FMA-pipe
   // polynomials (exp2_fma).
   int fp8_spec = 0;
+  // FP8 kernel with vt_pre only: key block, 128 or 192 (ATTNKIT_FA3_FP8_BLOCK_N=192: Q K^T at N =
+  // 192, P V over two V^T halves; amortises the per-block fixed instructions over 1.5x the keys,
+  // FlashAttention-3's FP8 causal d 128 tile).
+  int fp8_block_n = 128;
   // bf16 / f16 kernel at d 64 / 128, overlapped schedule only (prefill_sm90.cuh, consumer's kSpec):
   // 1 (ATTNKIT_FA3_SPEC=1): speculative softmax (spec_exp_sum against the running maximum, S
   // recomputed and the exact step run when a packed P reaches 2^9: p_too_large); 2: every
   // speculation fails (tests of the recompute path); 0: the exact step every block.
   int spec = 0;
   uint8_t* vt_ws = nullptr;
-  int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T blocks x kVtBlockKeys x 128)
+  int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T units x kVtBlockKeys x 128)
 };
 
 }  // namespace attnkit::fa3

@@ -37,41 +37,52 @@
 
 namespace attnkit::fa3 {
 
+// kN: key block, 128 or 192 (192 only with the V^T pre-transpose: no V stage, no transpose in the
+// kernel; the producer keeps 56 registers and the consumers get 224 for S 96 + O 68 + P 24: at
+// 40 / 232 the SPEC 2 instantiation spilled 16 bytes, at 56 / 224 none).
+template <int kN = 128>
 struct PrefillFp8Traits {
   static constexpr int kHeadDim = 128;
   static constexpr int kBlockM = fa3::kBlockM;
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kN;
+  static_assert(kN == 128 || kN == 192, "FP8 key block");
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  // The producer also transposes V (32 data registers per 8x8-byte block; 72 spilled 64 bytes,
-  // 88 / 208: no spill with nvcc 13.0).
-  static constexpr int kProducerRegs = 88;
-  static constexpr int kConsumerRegs = 208;
+  // 128: the producer may also transpose V (32 data registers per 8x8-byte block; 72 spilled 64
+  // bytes, 88 / 208: no spill with nvcc 13.0).
+  static constexpr int kProducerRegs = kN == 192 ? 56 : 88;
+  static constexpr int kConsumerRegs = kN == 192 ? 224 : 208;
   static_assert(128 * kProducerRegs + 128 * kConsumerWarpgroups * kConsumerRegs <= 65536,
                 "register budget of one CTA per SM");
   static constexpr int kQChunksPerRow = kHeadDim / 8;  // bf16 Q: 16-byte chunks
   static constexpr int kChunksPerRow = kHeadDim / 16;  // e4m3 K / V: 16-byte chunks
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kQ8Bytes = kBlockM * kHeadDim;
-  static constexpr int kKVBytes = kBlockN * kHeadDim;
+  static constexpr int kKVBytes = kBlockN * kHeadDim;  // one K (and, at 128, V) stage
+  static constexpr int kVStageBytes = kN == 128 ? kKVBytes : 0;
   static constexpr int kAlign = 1024;
   static constexpr int kStages = 3;
   static constexpr int kQOffset = 0;
   static constexpr int kQ8Offset = kQBytes;
   static constexpr int kKOffset = kQ8Offset + kQ8Bytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
-  // V^T stage: 128 d rows + 8 rows of e4m3 ones (0x38, written once per CTA): with kGemmSum the P V
-  // GEMM runs at N = 136 and its last 8 accumulator columns are the row sums of the e4m3 P.
+  // V^T stage: per 128 keys (kVtHalves of them) 128 d rows + 8 rows of e4m3 ones (0x38, written
+  // once per CTA): with kGemmSum the P V GEMM runs at N = 136 and its last 8 accumulator columns
+  // are the row sums of the e4m3 P. 192 keys: keys 128..191 in the second half's first 64 bytes
+  // of each row (the rest zero).
+  static constexpr int kVtHalves = (kN + 127) / 128;
   static constexpr int kVtRows = kHeadDim + 8;
-  static constexpr int kVtBytes = kVtRows * 128;
-  static constexpr int kVtOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kVtHalfBytes = kVtRows * 128;
+  static constexpr int kVtBytes = kVtHalves * kVtHalfBytes;
+  static constexpr int kVtUnitBytes = kVtBlockKeys * kHeadDim;  // one half's V^T image
+  static constexpr int kVtOffset = kVOffset + kStages * kVStageBytes;
   static constexpr int kQScaleOffset = kVtOffset + kStages * kVtBytes;
   static constexpr int kBarOffset = kQScaleOffset + kBlockM * 4;
   // q_full, q_empty, then per stage k_full, v_full, vt_full, empty.
   static constexpr int kNumBarriers = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kBarOffset + kNumBarriers * 8 + kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-  static_assert(kHeadDim == 128 && kBlockN == 128, "one 128-byte swizzle line per K / V^T row");
+  static_assert(kHeadDim == 128, "one 128-byte swizzle line per K / V^T row");
   static constexpr int kSlots = 1;
   static constexpr int kRowsPerPass = 32 / kChunksPerRow;
   static constexpr int kPassesPerWarp = 32 / kRowsPerPass;
@@ -154,10 +165,11 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 
 // kVtPre (Fa3Params::vt_pre): V^T stages are bulk copies of the pre-transposed workspace
 // (fp8_vt_pre_kernel) on the vt_full barrier; no V load, no transpose in this kernel.
-template <bool kVtPre>
+template <bool kVtPre, int kN = 128>
 __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
-  using Tr = PrefillFp8Traits;
+  using Tr = PrefillFp8Traits<kN>;
+  static_assert(kVtPre || kN == 128, "192-key blocks only with the V^T pre-transpose");
   constexpr int kD = Tr::kHeadDim;
   constexpr int CQ = Tr::kQChunksPerRow;
   constexpr int C = Tr::kChunksPerRow;
@@ -192,15 +204,16 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
     const int kvh = t.head / p.group;
     const int32_t* pt = p.req_to_token +
                         static_cast<int64_t>(p.req_pool_indices[t.request]) * p.req_to_token_stride;
-    int my_slot = -1;
+    int my_slot = -1, my_slot2 = -1;  // rows tid and (kN 192) 128 + tid of the block
+    auto slot_of = [&](int nb, int row) {
+      const int key = nb * Tr::kBlockN + row;
+      if (nb < 0 || row >= Tr::kBlockN || key >= t.kv_len) return -1;
+      const int in_page = key % p.page_size;
+      return pt[key - in_page] + in_page;
+    };
     auto load_slot = [&](int nb) {
-      const int key = nb * Tr::kBlockN + tid;
-      if (nb < 0 || key >= t.kv_len) {
-        my_slot = -1;
-      } else {
-        const int in_page = key % p.page_size;
-        my_slot = pt[key - in_page] + in_page;
-      }
+      my_slot = slot_of(nb, tid);
+      if constexpr (kN > 128) my_slot2 = slot_of(nb, 128 + tid);
     };
     load_slot(t.n_blocks - 1);
     // kVtPre: this (request, kv head)'s V^T blocks in the workspace.
@@ -208,7 +221,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
         kVtPre
             ? p.vt_ws + kvh * p.vt_head_stride +
                   static_cast<int64_t>(p.plan[kPlanHeaderWords + t.request * kRequestWords + 3]) *
-                      Tr::kKVBytes
+                      Tr::kVtUnitBytes
             : nullptr;
 
     mbar_wait(q_empty, (tcount & 1) ^ 1);
@@ -232,6 +245,11 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
           const uint32_t bar = fp8_bar(bars, stage, kv);
           if (tid % p.tma_rows == 0) {
             tma_load_3d(tile + tid * 128, kv == 0 ? &p.tma_k : &p.tma_v, 0, kvh, my_slot, bar);
+            if constexpr (kN > 128) {
+              if (tid < kN - 128) {
+                tma_load_3d(tile + (128 + tid) * 128, &p.tma_k, 0, kvh, my_slot2, bar);
+              }
+            }
           }
           if (tid == 0) {
             mbar_arrive_expect_tx(bar, Tr::kKVBytes);
@@ -259,6 +277,23 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
                           : pool;
             cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
           }
+          if constexpr (kN > 128) {  // rows 128.. (K only): warps 0 .. (kN - 128) / 32 - 1
+            if (warp < (kN - 128) / 32) {
+#pragma unroll 4
+              for (int pass = 0; pass < Tr::kPassesPerWarp; ++pass) {
+                const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
+                const int chunk = lane % C;
+                const int slot = __shfl_sync(0xffffffffu, my_slot2, r_in_warp);
+                const int row = 128 + warp_row0 + r_in_warp;
+                const char* src =
+                    slot >= 0
+                        ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 16)
+                        : pool;
+                cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src,
+                            slot >= 0 ? 16 : 0);
+              }
+            }
+          }
           cp_async_arrive_noinc(fp8_bar(bars, stage, kv));
         }
       }
@@ -267,9 +302,13 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
         if (p.diag & 1) {
           mbar_arrive(vt_full);
         } else if (tid == 0) {
-          mbar_arrive_expect_tx(vt_full, Tr::kKVBytes);
-          bulk_load(base + Tr::kVtOffset + stage * Tr::kVtBytes,
-                    vt_src + static_cast<int64_t>(nb) * Tr::kKVBytes, Tr::kKVBytes, vt_full);
+          mbar_arrive_expect_tx(vt_full, Tr::kVtHalves * Tr::kVtUnitBytes);
+#pragma unroll
+          for (int h = 0; h < Tr::kVtHalves; ++h) {
+            bulk_load(base + Tr::kVtOffset + stage * Tr::kVtBytes + h * Tr::kVtHalfBytes,
+                      vt_src + static_cast<int64_t>(nb * Tr::kVtHalves + h) * Tr::kVtUnitBytes,
+                      Tr::kVtUnitBytes, vt_full);
+          }
         } else {
           mbar_arrive(vt_full);
         }
@@ -312,8 +351,9 @@ __device__ __forceinline__ void pack_p_fp8(const float (&s)[kN / 2], uint32_t (&
 
 // This warpgroup's 64 bf16 Q rows -> e4m3 with one scale per row (thread: row tid / 2, half of
 // its 128 columns); returns nothing, writes the tile and the row scales.
+template <int kN>
 __device__ __forceinline__ void quantize_q_rows(uint8_t* smem, int g, int tid) {
-  using Tr = PrefillFp8Traits;
+  using Tr = PrefillFp8Traits<kN>;
   const int row = g * 64 + tid / 2, half = tid & 1;
   uint4 raw[8];
 #pragma unroll
@@ -444,12 +484,11 @@ __device__ __forceinline__ bool p_saturated(const uint32_t (&pa)[kN / 32][4]) {
 //   2: spec_exp_fp8, no maximum at all; the check is p_saturated on the packed P after the pack
 //      (Fa3Params::fp8_spec 3: every speculation fails, a test aid for the recompute path);
 //   4: 2 with a quarter of the exps as FMA-pipe polynomials (exp2_fma).
-template <bool kGemmSum, int kSpec = 0>
+template <bool kGemmSum, int kSpec = 0, int kN = 128>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
-  using Tr = PrefillFp8Traits;
+  using Tr = PrefillFp8Traits<kN>;
   constexpr int kD = Tr::kHeadDim;
-  constexpr int kN = Tr::kBlockN;
   const int tid = threadIdx.x - 128 * (g + 1);
   const int warp = tid / 32, lane = tid % 32;
   const uint32_t base = smem_addr(smem);
@@ -488,7 +527,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     // Q: quantise this warpgroup's rows (the previous tile's QK^T reads of the e4m3 tile are
     // complete: every S was waited for), publish to the async proxy, release the bf16 tile.
     mbar_wait(q_full, tcount & 1);
-    quantize_q_rows(smem, g, tid);
+    quantize_q_rows<kN>(smem, g, tid);
     fence_proxy_async();
     asm volatile("bar.sync %0, 128;" ::"r"(3 + g) : "memory");
     mbar_arrive(q_empty);
@@ -513,10 +552,11 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       }
     };
     auto issue_pv = [&](int stage) {
-      const uint64_t vt_desc = make_desc(base + Tr::kVtOffset + stage * Tr::kVtBytes, 16, 1024);
+      const uint32_t vt = base + Tr::kVtOffset + stage * Tr::kVtBytes;
 #pragma unroll
-      for (int kk = 0; kk < kN / 32; ++kk) {
-        wgmma_rs_e4m3<kPvN>(o, pa[kk], desc_advance(vt_desc, kk * 32), 1);
+      for (int kk = 0; kk < kN / 32; ++kk) {  // 4 k-steps of 32 keys per V^T half
+        const uint64_t vt_desc = make_desc(vt + (kk / 4) * Tr::kVtHalfBytes, 16, 1024);
+        wgmma_rs_e4m3<kPvN>(o, pa[kk], desc_advance(vt_desc, (kk % 4) * 32), 1);
       }
     };
     auto wait_k = [&](int itx, int nbx) {
@@ -646,11 +686,12 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
 // kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
 // branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
-template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, int kSpec = 0>
-__global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
+template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, int kSpec = 0,
+          int kN = 128>
+__global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = PrefillFp8Traits;
+  using Tr = PrefillFp8Traits<kN>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = sm90::smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);
@@ -667,9 +708,10 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     sm90::mbar_init_fence();
   }
   // The ones rows of every V^T stage (rows 128..135; one 1024-byte swizzle atom of equal bytes).
-  for (int i = threadIdx.x; i < Tr::kStages * 128; i += Tr::kThreads) {
-    *reinterpret_cast<uint2*>(smem + Tr::kVtOffset + (i / 128) * Tr::kVtBytes + Tr::kHeadDim * 128 +
-                              (i % 128) * 8) = make_uint2(0x38383838u, 0x38383838u);  // e4m3 1.0
+  for (int i = threadIdx.x; i < Tr::kStages * Tr::kVtHalves * 128; i += Tr::kThreads) {
+    *reinterpret_cast<uint2*>(smem + Tr::kVtOffset + (i / 128) * Tr::kVtHalfBytes +
+                              Tr::kHeadDim * 128 + (i % 128) * 8) =
+        make_uint2(0x38383838u, 0x38383838u);  // e4m3 1.0
   }
   sm90::fence_proxy_async();
   __syncthreads();
@@ -681,61 +723,71 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
   }
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
-    producer_fp8<kVtPre>(p, smem);
+    producer_fp8<kVtPre, kN>(p, smem);
   } else {
     sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
-    consumer_fp8<kGemmSum, kSpec>(p, smem, wg - 1);
+    consumer_fp8<kGemmSum, kSpec, kN>(p, smem, wg - 1);
   }
 #endif
 }
 
 // ---- V^T pre-transpose (Fa3Params::vt_pre) ----
 
-// grid (max V^T blocks of a request, bs, kv heads), block 128: V block nb (128 keys, through the
-// page table; keys past kv_len zero) of request blockIdx.y and kv head blockIdx.z -> its V^T stage
-// image (fp8_transpose_v, the same bytes the attention producer would write into shared memory)
-// at vt_ws + kvh * vt_head_stride + (vt_block + nb) * 16384, so that the attention kernel copies
-// it with one bulk copy. One read and one write of V per forward and layer.
+// grid (V^T blocks of kN keys of the longest request, bs, kv heads), block 128: for each 128-key
+// half h of block nb of request blockIdx.y and kv head blockIdx.z, V keys nb kN + 128 h .. + 127
+// (through the page table; keys past kv_len or past the block zero) -> its V^T stage image
+// (fp8_transpose_v: the bytes the attention producer would write into shared memory) at unit
+// vt_block + nb kVtHalves + h of 16 KB of vt_ws + kvh * vt_head_stride (vt_block: plan request
+// word 3), so that the attention kernel copies each half with one bulk copy. One read and one
+// write of V per forward and layer.
+template <int kN>
 __global__ void __launch_bounds__(128) fp8_vt_pre_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = PrefillFp8Traits;
-  __shared__ __align__(1024) uint8_t sv[Tr::kKVBytes];
-  __shared__ __align__(1024) uint8_t svt[Tr::kKVBytes];
+  using Tr = PrefillFp8Traits<kN>;
+  __shared__ __align__(1024) uint8_t sv[Tr::kVtUnitBytes];
+  __shared__ __align__(1024) uint8_t svt[Tr::kVtUnitBytes];
   const int nb = blockIdx.x, r = blockIdx.y, kvh = blockIdx.z, tid = threadIdx.x;
   const int32_t* rw = p.plan + kPlanHeaderWords + r * kRequestWords;
   const int kv_len = rw[2];
-  if (nb * kVtBlockKeys >= kv_len) return;
+  if (nb * kN >= kv_len) return;
+  const int key_end = min(kv_len, (nb + 1) * kN);
   const int32_t* pt =
       p.req_to_token + static_cast<int64_t>(p.req_pool_indices[r]) * p.req_to_token_stride;
   const char* v_base =
       static_cast<const char*>(p.v_pool) + static_cast<int64_t>(kvh) * p.v_stride_head;
   constexpr int C = Tr::kChunksPerRow;  // 16-byte chunks per 128-byte row
   constexpr int kPasses = kVtBlockKeys * C / 128;
-  uint4 w[kPasses];
+#pragma unroll 1
+  for (int h = 0; h < Tr::kVtHalves; ++h) {
+    const int key0 = nb * kN + h * kVtBlockKeys;
+    uint4 w[kPasses];
 #pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int idx = i * 128 + tid, row = idx / C, chunk = idx % C;
-    const int key = nb * kVtBlockKeys + row;
-    w[i] = make_uint4(0u, 0u, 0u, 0u);
-    if (key < kv_len) {
-      const int in_page = key % p.page_size;
-      const int64_t slot = pt[key - in_page] + in_page;
-      w[i] = *reinterpret_cast<const uint4*>(v_base + slot * p.v_stride_row + chunk * 16);
+    for (int i = 0; i < kPasses; ++i) {
+      const int idx = i * 128 + tid, row = idx / C, chunk = idx % C;
+      const int key = key0 + row;
+      w[i] = make_uint4(0u, 0u, 0u, 0u);
+      if (key < key_end) {
+        const int in_page = key % p.page_size;
+        const int64_t slot = pt[key - in_page] + in_page;
+        w[i] = *reinterpret_cast<const uint4*>(v_base + slot * p.v_stride_row + chunk * 16);
+      }
     }
-  }
+    if (h > 0) __syncthreads();  // the previous half's svt is written out
 #pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int idx = i * 128 + tid, row = idx / C, chunk = idx % C;
-    *reinterpret_cast<uint4*>(sv + row * 128 + ((chunk ^ (row & 7)) << 4)) = w[i];
-  }
-  __syncthreads();
-  fp8_transpose_v(sv, svt, tid);
-  __syncthreads();
-  uint8_t* dst = p.vt_ws + kvh * p.vt_head_stride + static_cast<int64_t>(rw[3] + nb) * Tr::kKVBytes;
+    for (int i = 0; i < kPasses; ++i) {
+      const int idx = i * 128 + tid, row = idx / C, chunk = idx % C;
+      *reinterpret_cast<uint4*>(sv + row * 128 + ((chunk ^ (row & 7)) << 4)) = w[i];
+    }
+    __syncthreads();
+    fp8_transpose_v(sv, svt, tid);
+    __syncthreads();
+    uint8_t* dst = p.vt_ws + kvh * p.vt_head_stride +
+                   static_cast<int64_t>(rw[3] + nb * Tr::kVtHalves + h) * Tr::kVtUnitBytes;
 #pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int idx = i * 128 + tid;
-    reinterpret_cast<uint4*>(dst)[idx] = reinterpret_cast<const uint4*>(svt)[idx];
+    for (int i = 0; i < kPasses; ++i) {
+      const int idx = i * 128 + tid;
+      reinterpret_cast<uint4*>(dst)[idx] = reinterpret_cast<const uint4*>(svt)[idx];
+    }
   }
 #endif
 }

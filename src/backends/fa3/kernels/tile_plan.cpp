@@ -25,7 +25,7 @@ Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests) {
                                       " (needs 0 <= new tokens <= kv_len)");
     }
     plan.words.insert(plan.words.end(), {q.q_start, q.q_len, q.kv_len, vt_blocks});
-    vt_blocks += (q.kv_len + kVtBlockKeys - 1) / kVtBlockKeys;
+    vt_blocks += vt_units(q.kv_len);
     const int32_t prefix = q.kv_len - q.q_len;
     for (int32_t m = 0; m * kBlockM < q.q_len; ++m) {
       // The tile's last row sees prefix + (m + 1) * kBlockM keys (clipped to kv_len).
