@@ -62,7 +62,7 @@ class PrefillSm90Engine {
   bool planned_fp8() const { return planned_ && planned_fp8_; }
   // Key block of the planned FP8 forward (192 only with ATTNKIT_FA3_FP8_BLOCK_N=192 and the V^T
   // pre-transpose).
-  int planned_fp8_block_n() const { return planned_vt_pre_ ? fp8_block_n_ : 128; }
+  int planned_fp8_block_n() const { return planned_vt_pre_ ? planned_fp8_block_n_ : 128; }
 
  private:
   PrefillSm90Engine(const BackendContext& ctx, int sm_count) : ctx_(ctx), sm_count_(sm_count) {}
@@ -79,6 +79,9 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_FP8_GEMM_SUM=0 (FP8 kernel: row sums by FADD, not by the P V GEMM),
   // ATTNKIT_FA3_FP8_VT_PRE=0 / 1 (FP8 kernel: never / always pre-transpose V into vt_ws_; unset:
   // when the forward has at least one query per kVtPreKeysPerQuery keys, see plan()),
+  // ATTNKIT_FA3_FP8_SPEC=0 (FP8 kernel with the pre-transpose: no speculative softmax),
+  // ATTNKIT_FA3_FP8_BLOCK_N=128 / 192 (FP8 key block with pre-transpose and speculation; unset:
+  // 192 for forwards with a request of >= 8192 keys),
   // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   bool pingpong_ = true;
@@ -90,17 +93,15 @@ class PrefillSm90Engine {
   bool epi_wide_ = true;
   bool uniform_wg_ = true;
   bool fp8_gemm_sum_ = true;
-  // FP8 speculative softmax with the V^T pre-transpose (Fa3Params::fp8_spec): ATTNKIT_FA3_FP8_SPEC=
-  // 0 off, 1 (default; H200 09:38Z: +6.5% over the exact step at causal 4k-16k and bidir 8k), 2
-  // (check on the packed P), 3 (2 with every speculation failing: tests only), 4 (2 with a quarter
-  // of the exps as FMA polynomials).
-  int fp8_spec_ = 1;
-  // bf16 / f16 speculative softmax (Fa3Params::spec): ATTNKIT_FA3_SPEC=1 on, 2 (every speculation
-  // fails: tests only); off by default.
-  int spec_ = 0;
-  // FP8 key block with the V^T pre-transpose: ATTNKIT_FA3_FP8_BLOCK_N=192 (Fa3Params::fp8_block_n);
-  // 128 by default and always without the pre-transpose.
-  int fp8_block_n_ = 128;
+  // FP8 speculative softmax with the V^T pre-transpose (Fa3Params::fp8_spec;
+  // ATTNKIT_FA3_FP8_SPEC=0: off). H200 09:38Z: +5.5-7% over the exact step at causal 4k-16k and
+  // bidir 8k.
+  bool fp8_spec_ = true;
+  // FP8 key block with the V^T pre-transpose and the speculative softmax (Fa3Params::fp8_block_n):
+  // 0 = by the forward (192 when its longest request has >= kFp8Block192MinKeys keys, else 128),
+  // or ATTNKIT_FA3_FP8_BLOCK_N=128 / 192.
+  int fp8_block_mode_ = 0;
+  int planned_fp8_block_n_ = 128;
   int vt_pre_mode_ = -1;  // -1: by the forward's shape (plan()), 0 / 1: forced
   int block_n_ = 128;
   int diag_ = 0;

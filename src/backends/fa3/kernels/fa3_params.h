@@ -177,23 +177,17 @@ struct Fa3Params {
   // otherwise (prefill_sm90_engine.cpp). Any page size: the pre-transpose gathers V through the
   // page table.
   int vt_pre = 0;
-  // FP8 kernel with vt_pre only: speculative softmax in the overlapped loop (prefill_sm90_fp8.cuh,
-  // consumer_fp8's kSpec): exps against the running maximum of the blocks before, S recomputed and
-  // the exact step run when a row's P would leave the lazy-rescale range. 0: the exact step every
-  // block; 1 (the engine's default): the block maximum checked before P V (spec_softmax_fp8);
-  // 2: no maximum, the packed P checked for saturation (p_saturated); 3: 2 with every
-  // speculation failing (tests of the recompute path); 4: 2 with a quarter of the exps as FMA-pipe
-  // polynomials (exp2_fma).
+  // FP8 kernel with vt_pre only: 1 (the engine's default; ATTNKIT_FA3_FP8_SPEC=0: off):
+  // speculative softmax in the overlapped loop (prefill_sm90_fp8.cuh, consumer_fp8's kSpec,
+  // spec_softmax_fp8): exps against the running maximum of the blocks before while the block
+  // maximum is reduced alongside; S recomputed and the exact step run when a row's maximum rose
+  // past the lazy-rescale threshold. 0: the exact step every block.
   int fp8_spec = 0;
-  // FP8 kernel with vt_pre only: key block, 128 or 192 (ATTNKIT_FA3_FP8_BLOCK_N=192: Q K^T at N =
-  // 192, P V over two V^T halves; amortises the per-block fixed instructions over 1.5x the keys,
-  // FlashAttention-3's FP8 causal d 128 tile).
+  // FP8 kernel with vt_pre and fp8_spec only: key block, 128 or 192 (Q K^T at N = 192, P V over
+  // two V^T halves; amortises the per-block fixed instructions over 1.5x the keys,
+  // FlashAttention-3's FP8 causal d 128 tile). The engine picks 192 for forwards with a request of
+  // >= 8192 keys (ATTNKIT_FA3_FP8_BLOCK_N=128 / 192 forces).
   int fp8_block_n = 128;
-  // bf16 / f16 kernel at d 64 / 128, overlapped schedule only (prefill_sm90.cuh, consumer's kSpec):
-  // 1 (ATTNKIT_FA3_SPEC=1): speculative softmax (spec_exp_sum against the running maximum, S
-  // recomputed and the exact step run when a packed P reaches 2^9: p_too_large); 2: every
-  // speculation fails (tests of the recompute path); 0: the exact step every block.
-  int spec = 0;
   uint8_t* vt_ws = nullptr;
   int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T units x kVtBlockKeys x 128)
 };

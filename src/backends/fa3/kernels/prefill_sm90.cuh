@@ -443,53 +443,6 @@ struct RowSoftmax {
   }
 };
 
-// OR of `pred` over the 128 threads of named barrier `id` (one warpgroup), as a barrier.
-__device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
-  uint32_t r;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, 128, p;\n"
-      " selp.u32 %0, 1, 0, q;\n}"
-      : "=r"(r)
-      : "r"(static_cast<uint32_t>(pred)), "r"(id)
-      : "memory");
-  return r != 0;
-}
-
-// Speculative softmax of the bf16 / f16 kernel (Fa3Params::spec): P = exp2(S scale - m) against
-// the running maximum of the blocks before, without this block's maximum; l += the row sums.
-template <int kN>
-__device__ __forceinline__ void spec_exp_sum(float (&s)[kN / 2], float sc, const float (&m)[2],
-                                             float (&l)[2]) {
-  float sum[2][4] = {};
-#pragma unroll
-  for (int j = 0; j < kN / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = e >> 1;
-      const float v = sm90::exp2_approx(fmaf(s[4 * j + e], sc, -m[h]));
-      s[4 * j + e] = v;
-      sum[h][(j & 1) * 2 + (e & 1)] += v;
-    }
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) l[h] += (sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]);
-}
-
-// Whether a packed non-negative P half (bf16 / f16) is >= 512 (2^9), inf or NaN: adding
-// 0x3c00 (bf16: 0x4400 + 0x3c00 = 0x8000) / 0x2000 (f16: 0x6000 + 0x2000) per half sets the
-// half's top bit exactly then, with no carry out of the half. Below, the speculation holds.
-template <int kN, bool kBf16>
-__device__ __forceinline__ bool p_too_large(const uint32_t (&pa)[kN / 16][4]) {
-  constexpr uint32_t kAdd = kBf16 ? 0x3c003c00u : 0x20002000u;
-  uint32_t acc = 0;
-#pragma unroll
-  for (int kk = 0; kk < kN / 16; ++kk) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc |= pa[kk][i] + kAdd;
-  }
-  return (acc & 0x80008000u) != 0;
-}
-
 // P (f32 accumulator layout) -> the wgmma A fragment (k-step kk: keys 16kk .. 16kk + 15).
 template <int kN, bool kBf16>
 __device__ __forceinline__ void pack_p(const float (&s)[kN / 2], uint32_t (&pa)[kN / 16][4]) {
@@ -581,10 +534,7 @@ __device__ __forceinline__ void store_o_tile(const Fa3Params& p, const TileInfo&
   }
 }
 
-// kSpec (Fa3Params::spec): the overlapped loop speculates on the running maximum (spec_exp_sum);
-// after the pack, p_too_large on any thread of the warpgroup recomputes S (the block's K stage is
-// still held) and runs the exact step from the saved m / l.
-template <typename Tr, bool kBf16, bool kSpec = false>
+template <typename Tr, bool kBf16>
 __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
   using Ctx = ConsumerCtx<Tr, kBf16>;
@@ -658,46 +608,12 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         c.turn_pass();
         wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
         fence_regs(s);
-        if constexpr (kSpec) {
-          const int n0 = nb * kN;
-          const bool masked =
-              n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
-          const bool spec =
-              __all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf);
-          const float m_prev[2] = {sm.m[0], sm.m[1]}, l_prev[2] = {sm.l[0], sm.l[1]};
-          if (spec) {
-            spec_exp_sum<kN>(s, p.scale_log2, sm.m, sm.l);
-            corr[0] = corr[1] = 1.f;
-          } else {
-            sm.step(s, p, t, nb, g, lane, qpos0, corr);
-          }
-          wgmma_wait<0>();
-          fence_regs(o);
-          mbar_arrive(c.empty(stage_c));
-          pack_p<kN, kBf16>(s, pa);
-          const bool bad = spec && (p.spec == 2 || p_too_large<kN, kBf16>(pa));
-          if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S(next), the exact step from m / l
-            wgmma_fence();
-            c.issue_qk(s, stage_n);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(s);
-            sm.m[0] = m_prev[0];
-            sm.m[1] = m_prev[1];
-            sm.l[0] = l_prev[0];
-            sm.l[1] = l_prev[1];
-            sm.step(s, p, t, nb, g, lane, qpos0, corr);
-            pack_p<kN, kBf16>(s, pa);
-          }
-          if (nb == 0) mbar_arrive(q_empty);  // after the last possible Q K^T of the tile
-        } else {
-          if (nb == 0) mbar_arrive(q_empty);
-          sm.step(s, p, t, nb, g, lane, qpos0, corr);
-          wgmma_wait<0>();
-          fence_regs(o);
-          mbar_arrive(c.empty(stage_c));
-          pack_p<kN, kBf16>(s, pa);
-        }
+        if (nb == 0) mbar_arrive(q_empty);
+        sm.step(s, p, t, nb, g, lane, qpos0, corr);
+        wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(c.empty(stage_c));
+        pack_p<kN, kBf16>(s, pa);
         rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
         it_c = it_n;
       }
@@ -751,7 +667,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
 // broadcast from lane 0 (CUTLASS's canonical_warp_group_idx), so the compiler sees the role branch
 // as warp-uniform control flow and keeps loop counters, stages and wgmma descriptors in uniform
 // registers (d 64 SASS: 25 instead of 115 R2UR; 734 instead of 788 instructions per key block).
-template <int kD, int kN, bool kBf16, bool kUniformWg = true, bool kSpec = false>
+template <int kD, int kN, bool kBf16, bool kUniformWg = true>
 __global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16>::kThreads, 1)
     prefill_sm90_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -782,7 +698,7 @@ __global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16>::kThreads, 1)
     producer<Tr>(p, smem);
   } else {
     sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
-    consumer<Tr, kBf16, kSpec>(p, smem, wg - 1);
+    consumer<Tr, kBf16>(p, smem, wg - 1);
   }
 #endif
 }

@@ -432,58 +432,27 @@ __device__ __forceinline__ bool spec_softmax_fp8(float (&s)[kN / 2], const float
   return bad;
 }
 
-// 2^x on the FMA pipe (x <= ~9; below -125 the result is a tiny non-negative number, 0 in e4m3):
-// x = j + f with j = round(x) by the 1.5 * 2^23 trick, f in [-0.5, 0.5], 2^f by a degree-3
-// polynomial (relative error < 1e-3, far below e4m3's 2^-4), j added to the exponent field.
-__device__ __forceinline__ float exp2_fma(float x) {
-  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23
-  x = fmaxf(x, -125.f);
-  const float t = x + kMagic;
-  const float f = x - (t - kMagic);
-  const float p = fmaf(fmaf(fmaf(0.0555041f, f, 0.2402265f), f, 0.6931472f), f, 1.f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
-// P = exp2(S sc - m) against the running maximum without any maximum (kSpec 2: the check is on the
-// packed e4m3 P, p_saturated). kPoly (kSpec 4): every fourth group of 4 elements by exp2_fma
-// instead of MUFU.EX2 (16 of 64 per block: moves a quarter of the exps off the SFU, whose
-// 16 / clock / SM make 64 exps of a warp 512 issue-free cycles).
-template <int kN, bool kPoly = false>
-__device__ __forceinline__ void spec_exp_fp8(float (&s)[kN / 2], const float (&sc)[2],
-                                             const float (&m)[2]) {
-#pragma unroll
-  for (int i = 0; i < kN / 2; ++i) {
-    const int h = (i >> 1) & 1;
-    const float x = fmaf(s[i], sc[h], -m[h]);
-    s[i] = kPoly && (i / 4) % 4 == 3 ? exp2_fma(x) : sm90::exp2_approx(x);
-  }
-}
-
-// Whether a byte of the packed e4m3 P (non-negative: bytes 0x00..0x7e, 0x7f NaN) is 0x7e or 0x7f,
-// i.e. P >= 432 rounded to the satfinite maximum 448, or inf / NaN: byte + 2 sets the byte's top
-// bit exactly then (no carry leaves a byte below 0x7e + 2). Below that P is exact e4m3 and the
-// speculation holds (the running maximum may stay: O, the GEMM row sum and the LSE use the same m).
-template <int kN>
-__device__ __forceinline__ bool p_saturated(const uint32_t (&pa)[kN / 32][4]) {
-  uint32_t acc = 0;
-#pragma unroll
-  for (int kk = 0; kk < kN / 32; ++kk) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc |= pa[kk][i] + 0x02020202u;
-  }
-  return (acc & 0x80808080u) != 0;
+// OR of `pred` over the 128 threads of named barrier `id` (one warpgroup), as a barrier.
+__device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
+  uint32_t r;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, 128, p;\n"
+      " selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(r)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id)
+      : "memory");
+  return r != 0;
 }
 
 // kGemmSum (Fa3Params::fp8_gemm_sum): the row sum l through the P V GEMM (N = 136 against V^T's
 // ones rows: O carries 4 more accumulators per thread, columns 128..135 = the sum of the e4m3 P
 // of the row) instead of one FADD per element in the softmax.
-// kSpec (Fa3Params::fp8_spec): the overlapped loop's softmax speculates on the running maximum;
+// kSpec 1 (Fa3Params::fp8_spec): the overlapped loop's softmax speculates on the running maximum
+// (spec_softmax_fp8: the block maximum reduced alongside the exps, checked before the P V wait);
 // when any row of the warpgroup fails, S is recomputed (one more Q K^T of the block, whose K stage
-// is still held: it is released after the next block's P V) and the exact step runs.
-//   1: spec_softmax_fp8 (the block maximum reduced alongside the exps, checked before P V);
-//   2: spec_exp_fp8, no maximum at all; the check is p_saturated on the packed P after the pack
-//      (Fa3Params::fp8_spec 3: every speculation fails, a test aid for the recompute path);
-//   4: 2 with a quarter of the exps as FMA-pipe polynomials (exp2_fma).
+// is still held: it is released after the next block's P V) and the exact step runs. Without lazy
+// rescale (ATTNKIT_FA3_LAZY_RESCALE=0) the threshold is 0, so every block whose maximum rises takes
+// the recompute path (how the tests cover it).
 template <bool kGemmSum, int kSpec = 0, int kN = 128>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
@@ -594,39 +563,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       turn_pass();
       wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
       fence_regs(s);
-      if constexpr (kSpec == 2 || kSpec == 4) {
-        const int n0 = nb * kN;
-        const bool masked =
-            n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
-        const bool spec =
-            __all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf);
-        if (spec) {
-          spec_exp_fp8<kN, kSpec == 4>(s, rsc, sm.m);
-          corr[0] = corr[1] = 1.f;
-        } else {
-          softmax(nb);
-        }
-        wgmma_wait<0>();
-        fence_regs(o);
-        mbar_arrive(fp8_bar(bars, stage_c, 3));
-        pack();
-        const bool bad = spec && (p.fp8_spec == 3 || p_saturated<kN>(pa));
-        if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S(next), then the exact step
-          wgmma_fence();
-          issue_qk(stage_n);
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_regs(s);
-          const float corr1[2] = {corr[0], corr[1]};  // exact warps: their step already ran
-          softmax(nb);
-          corr[0] *= corr1[0];
-          corr[1] *= corr1[1];
-          pack();
-        }
-        rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
-        it_c = it_n;
-        continue;
-      } else if constexpr (kSpec == 1) {
+      if constexpr (kSpec == 1) {
         const int n0 = nb * kN;
         const bool masked =
             n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);

@@ -46,8 +46,8 @@ Status launch_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max
 
 Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max_kv_len) {
   // uniform_wg 0 (the pre-session-7 kernel) keeps the row sum by FADD (no GEMM row sum) and the
-  // in-kernel V transpose; vt_pre: the GEMM row sum only; 192-key blocks: vt_pre, speculation 1
-  // or 2 only.
+  // in-kernel V transpose; vt_pre: the GEMM row sum only; 192-key blocks: vt_pre with the
+  // speculative softmax only.
   const auto a = [&]<auto kKernel, int kN = 128>() {
     return launch_fp8<kKernel, kN>(p, sm_count, stream, max_kv_len);
   };
@@ -56,22 +56,13 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
     q.vt_pre = 0;
     return launch_fp8<prefill_sm90_fp8_kernel<false, false, false>, 128>(q, sm_count, stream, 0);
   }
-  if (p.vt_pre != 0 && p.fp8_block_n == 192) {
-    if (p.fp8_spec >= 2)
-      return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 2, 192>, 192>();
+  if (p.vt_pre != 0 && p.fp8_spec != 0 && p.fp8_block_n == 192) {
     return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 1, 192>, 192>();
   }
   if (p.vt_pre != 0) {
-    switch (p.fp8_spec) {
-      case 0:
-        return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 0>>();
-      case 1:
-        return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 1>>();
-      case 4:
-        return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 4>>();
-      default:
-        return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 2>>();
-    }
+    if (p.fp8_spec != 0)
+      return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 1>>();
+    return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 0>>();
   }
   if (p.fp8_gemm_sum != 0)
     return a.template operator()<prefill_sm90_fp8_kernel<true, true, false>>();

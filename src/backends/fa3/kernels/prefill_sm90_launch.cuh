@@ -18,11 +18,6 @@ Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream
   using Tr = PrefillTraits<kD, kN, kBf16>;
   auto kernel = p.uniform_wg != 0 ? prefill_sm90_kernel<kD, kN, kBf16, true>
                                   : prefill_sm90_kernel<kD, kN, kBf16, false>;
-  // The speculative softmax (p.spec) is instantiated at d 64 / 128 only: at d 256 (serial schedule
-  // by default, no speculation there) its overlapped loop spilled 100-224 bytes.
-  if constexpr (kD != 256) {
-    if (p.uniform_wg != 0 && p.spec != 0) kernel = prefill_sm90_kernel<kD, kN, kBf16, true, true>;
-  }
   ATTNKIT_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
