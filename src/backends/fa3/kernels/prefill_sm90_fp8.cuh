@@ -9,10 +9,13 @@
 //     (scale_log2 * k_scale * q_scale[row]).
 //   * K: e4m3 rows of 128 bytes: one 128-byte swizzle line per row, TMA boxes {128 B, 1, rows} or
 //     the 16-byte cp.async gather (8 chunks per row). QK^T: A = Q e4m3, B = K (both K-major).
-//   * V: 8-bit wgmma operands must be K-major, so P V needs V^T ([d][keys]) in shared memory. The
-//     producer transposes each V tile (8x8-byte blocks, byte permutes) into a V^T stage after the
-//     load lands, one key block behind its loads, fences (generic -> async proxy) and arrives on
-//     the stage's vt_full barrier. Within every 16 keys the V^T columns are stored in the order
+//   * V: 8-bit wgmma operands must be K-major, so P V needs V^T ([d][keys]) in shared memory.
+//     kVtPre (Fa3Params::vt_pre, the default for prefill-like forwards, any page size):
+//     fp8_vt_pre_kernel transposes every V block of the forward once per layer into a workspace
+//     (the exact stage image) and the producer bulk-copies it on vt_full. Otherwise the producer
+//     transposes each V tile (8x8-byte blocks, byte permutes) into a V^T stage after the load
+//     lands, one key block behind its loads, fences (generic -> async proxy) and arrives on the
+//     stage's vt_full barrier. Within every 16 keys the V^T columns are stored in the order
 //     of the f32 accumulator layout (key 8 (b / 2) + 2 t + b % 2 at column 4 t + b), so the P
 //     registers become the 8-bit A fragment by plain e4m3 packing, without shuffles.
 //   * P: e4m3 (satfinite) in [0, 1] (<= 2^8 with lazy rescale). The row sum l (f32) comes from
@@ -20,11 +23,14 @@
 //     so l sums exactly the rounded P that multiplies V), or from one FADD per element
 //     (ATTNKIT_FA3_FP8_GEMM_SUM=0).
 //   * Epilogue: O * v_scale / l.
-//   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax, 4 no V transpose.
+//   * Softmax (kSpec 1, with kVtPre): speculative against the running maximum (consumer_fp8).
+//   * Key blocks of 128, or 192 with kVtPre (Q K^T at N = 192, P V over two V^T halves).
+//   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax (the exact step
+//   only: blocks that speculate still compute), 4 no in-kernel V transpose.
 //
 // Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
-//   Q bf16 [128 x 128] | Q e4m3 [128 x 128] | K [3][128 x 128] | V [3] | V^T [3][136 x 128] (rows
-//   128..135: ones) | q scales [128] | mbarriers
+//   Q bf16 [128 x 128] | Q e4m3 [128 x 128] | K [3][kN x 128] | V [3] (kN 128 only) |
+//   V^T [3][kN / 128 rounded up][136 x 128] (rows 128..135: ones) | q scales [128] | mbarriers
 #pragma once
 
 #include <cuda_bf16.h>
