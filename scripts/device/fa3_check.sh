@@ -10,7 +10,7 @@
 #   TEST_ENV="ATTNKIT_FA3_FENCE_TMA=1" (environment of the full test run), TEST_SUBSETS (extra
 #   test runs "ENV=VALUE:gtest_filter ..."), BENCH_VARIANTS (fa3 env settings timed one after
 #   another, "default" = none; "ENV=VALUE@filter" times only the cases whose name contains
-#   filter), DIAG_VARIANTS (ATTNKIT_FA3_DIAG bit sets timed at S 8k d 128), BENCH_OTHERS (other
+#   filter; "A=1,B=0" sets several), DIAG_VARIANTS (ATTNKIT_FA3_DIAG bit sets timed at S 8k d 128), BENCH_OTHERS (other
 #   backends at S 8k; "" = none), BENCH_TIMEOUT=60, NCU_FILTER (case of the ncu stage: one launch
 #   of fa3 under Nsight Compute, --clock-control none), NCU_ARGS (extra ncu arguments, e.g.
 #   "--section SourceCounters --print-details all"), NCU_TIMEOUT=60.
@@ -81,7 +81,7 @@ if has_stage bench && [ -x "$cli" ]; then
     echo "=== fa3 $variant" >> "$OUT/bench.log"
     filt=()
     if [[ "$variant" == *@* ]]; then filt=(--filter "${variant#*@}"); variant=${variant%@*}; fi
-    if [ "$variant" = default ]; then envs=(); else envs=("$variant"); fi
+    if [ "$variant" = default ]; then envs=(); else IFS=, read -r -a envs <<< "$variant"; fi
     env "${envs[@]}" timeout "${BENCH_TIMEOUT:-60}" "$cli" "${args[@]}" "${filt[@]}" --backend fa3 2>&1 |
       grep -E "^fa3 |ceiling|rror" >> "$OUT/bench.log"
     note "bench fa3 $variant ${filt[*]}: rc=${PIPESTATUS[0]}"

@@ -39,7 +39,7 @@ FAMILIES = {
     "e4m3": {
         "header": "wgmma_fp8_sm90.cuh",
         "k": 32,
-        "ss_n": (128,),  # QK^T: N = key block
+        "ss_n": (128, 192),  # QK^T: N = key block (192: the FP8 kernel's 192-key blocks)
         "rs_n": (128, 136),  # PV: N = head dim (136: + 8 columns of ones, the row sum)
         "suffix": "_e4m3",
         "template": "",

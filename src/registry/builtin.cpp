@@ -186,7 +186,9 @@ BackendDescriptor fa3() {
       "zigzag over longest-first tiles, key blocks of 128 / 80 at d 256) for bf16/f16 MHA d "
       "64/128/256, causal or bidirectional, without window/soft-cap/sinks; fp8_e4m3 KV with "
       "bf16 q at d 128 runs an FP8 variant (Q quantised to e4m3 per row, P e4m3, both GEMMs on "
-      "e4m3 wgmma m64n128k32, V transposed in shared memory, k/v scales folded; fp8 accuracy, "
+      "e4m3 wgmma, V^T pre-transposed per layer into a workspace through the page table (any "
+      "page size; shared-memory transpose in the kernel for forwards with few queries per key), "
+      "speculative softmax, 192-key blocks from 8k keys, k/v scales folded; fp8 accuracy, "
       "about 3-4% rel L2); decode, target verify, those features, other fp8 KV, d 80/96, "
       "cross-attention, SM80 and CUDA graphs run the flashinfer mma.sync kernels; MLA runs the "
       "portable triton kernels and flashinfer's MLA chunked prefix cache",

@@ -108,7 +108,12 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f)
     EXPECT_EQ(stats->flashinfer_calls, 0) << "a wgmma case ran on the flashinfer path";
     EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(pc->layers.size()));
     EXPECT_EQ(stats->wgmma_fp8_calls, expects_fp8_kernel(spec) ? stats->wgmma_calls : 0);
-    EXPECT_EQ(stats->last_block_n, expects_fp8_kernel(spec) ? 128 : expected_block_n(spec));
+    if (expects_fp8_kernel(spec)) {
+      // 192 when the forward pre-transposes V and has a long request (or ATTNKIT_FA3_FP8_BLOCK_N).
+      EXPECT_TRUE(stats->last_block_n == 128 || stats->last_block_n == 192) << stats->last_block_n;
+    } else {
+      EXPECT_EQ(stats->last_block_n, expected_block_n(spec));
+    }
   } else {
     EXPECT_EQ(stats->wgmma_calls, 0) << "a case outside the wgmma kernel's scope ran on it";
   }

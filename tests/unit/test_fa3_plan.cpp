@@ -34,12 +34,16 @@ TEST(Fa3PlanTest, WorkedExampleOfTheHeader) {
   EXPECT_EQ(plan->words[0], 4);
   ASSERT_EQ(plan->words.size(),
             static_cast<size_t>(kPlanHeaderWords + 2 * kRequestWords + 4 * kTileWords));
-  // Requests: q_start, q_len, kv_len, 0.
+  // V^T units (vt_units: 2 per 192 keys): 2 * 2 + 2 * 1.
+  EXPECT_EQ(plan->words[1], 6);
+  // Requests: q_start, q_len, kv_len, first V^T block.
   EXPECT_EQ(plan->words[kPlanHeaderWords + 0], 0);
   EXPECT_EQ(plan->words[kPlanHeaderWords + 1], 300);
   EXPECT_EQ(plan->words[kPlanHeaderWords + 2], 300);
+  EXPECT_EQ(plan->words[kPlanHeaderWords + 3], 0);
   EXPECT_EQ(plan->words[kPlanHeaderWords + kRequestWords + 0], 300);
   EXPECT_EQ(plan->words[kPlanHeaderWords + kRequestWords + 2], 77);
+  EXPECT_EQ(plan->words[kPlanHeaderWords + kRequestWords + 3], 4);
   const std::vector<TileWords> expected = {{0, 2}, {0, 1}, {0, 0}, {1, 0}};
   EXPECT_EQ(tiles_of(*plan, 2), expected);
 }

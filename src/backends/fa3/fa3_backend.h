@@ -10,7 +10,9 @@
 // P.V, causal block skipping, persistent zigzag grid over longest-first tiles, key blocks of 128
 // (d 64 / 128) or 80 (d 256). With an fp8_e4m3 pool, bf16 q and d 128 the same forwards run the
 // FP8 kernel (kernels/prefill_sm90_fp8.cuh: Q quantised to e4m3 per row, P e4m3, both GEMMs on
-// e4m3 wgmma, V transposed in shared memory; ATTNKIT_FA3_FP8=0: off). Everything else -- decode,
+// e4m3 wgmma, V^T pre-transposed per layer by a small kernel through the page table (any page
+// size) or, for forwards with few queries per key, in shared memory by the producer; speculative
+// softmax; 192-key blocks from 8k keys; ATTNKIT_FA3_FP8=0: off). Everything else -- decode,
 // target verify, window / soft-cap / sinks, fp8_e5m2 KV (and e4m3 KV at other head dims / f16 q),
 // head dims 80 / 96, encoder batches, MLA, SM80, CUDA graphs -- runs on an owned `flashinfer`
 // backend (mma.sync tensor-core kernels, which themselves hand MLA, f32 and encoder batches to the

@@ -60,6 +60,9 @@ class PrefillSm90Engine {
   int block_n() const { return block_n_; }
   // Whether the planned forward runs the FP8 kernel (an fp8_e4m3 pool, allow_fp8_kv).
   bool planned_fp8() const { return planned_ && planned_fp8_; }
+  // Key block of the planned FP8 forward (192 only with ATTNKIT_FA3_FP8_BLOCK_N=192 and the V^T
+  // pre-transpose).
+  int planned_fp8_block_n() const { return planned_vt_pre_ ? planned_fp8_block_n_ : 128; }
 
  private:
   PrefillSm90Engine(const BackendContext& ctx, int sm_count) : ctx_(ctx), sm_count_(sm_count) {}
@@ -74,6 +77,11 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_EPI_WIDE=0 (4-byte O stores, Fa3Params::epi_wide),
   // ATTNKIT_FA3_UNIFORM_WG=0 (the kernel without the lane-0 warpgroup broadcast),
   // ATTNKIT_FA3_FP8_GEMM_SUM=0 (FP8 kernel: row sums by FADD, not by the P V GEMM),
+  // ATTNKIT_FA3_FP8_VT_PRE=0 / 1 (FP8 kernel: never / always pre-transpose V into vt_ws_; unset:
+  // when the forward has at least one query per kVtPreKeysPerQuery keys, see plan()),
+  // ATTNKIT_FA3_FP8_SPEC=0 (FP8 kernel with the pre-transpose: no speculative softmax),
+  // ATTNKIT_FA3_FP8_BLOCK_N=128 / 192 (FP8 key block with pre-transpose and speculation; unset:
+  // 192 for forwards with a request of >= 8192 keys),
   // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   bool pingpong_ = true;
@@ -85,6 +93,16 @@ class PrefillSm90Engine {
   bool epi_wide_ = true;
   bool uniform_wg_ = true;
   bool fp8_gemm_sum_ = true;
+  // FP8 speculative softmax with the V^T pre-transpose (Fa3Params::fp8_spec;
+  // ATTNKIT_FA3_FP8_SPEC=0: off). H200 09:38Z: +5.5-7% over the exact step at causal 4k-16k and
+  // bidir 8k.
+  bool fp8_spec_ = true;
+  // FP8 key block with the V^T pre-transpose and the speculative softmax (Fa3Params::fp8_block_n):
+  // 0 = by the forward (192 when its longest request has >= kFp8Block192MinKeys keys, else 128),
+  // or ATTNKIT_FA3_FP8_BLOCK_N=128 / 192.
+  int fp8_block_mode_ = 0;
+  int planned_fp8_block_n_ = 128;
+  int vt_pre_mode_ = -1;  // -1: by the forward's shape (plan()), 0 / 1: forced
   int block_n_ = 128;
   int diag_ = 0;
 
@@ -95,6 +113,13 @@ class PrefillSm90Engine {
   int num_tiles_ = 0;
   std::vector<int32_t> words_;
   DeviceArray<int32_t> plan_words_;
+  // FP8 V^T pre-transpose of the planned forward (Fa3Params::vt_pre): whether it runs, the V^T
+  // blocks of the plan (all requests) and of its longest request, and the grow-only workspace
+  // (kv heads x V^T blocks x 16 KB, rewritten by every layer).
+  bool planned_vt_pre_ = false;
+  int vt_blocks_ = 0;  // V^T units of the plan (vt_units summed)
+  int vt_max_kv_ = 0;  // keys of the longest request (the pre-transpose grid)
+  DeviceArray<uint8_t> vt_ws_;
 };
 
 }  // namespace attnkit::fa3

@@ -81,9 +81,17 @@ struct alignas(64) TmaDesc {
 };
 
 // Plan layout (int32 words): [kPlanHeaderWords][bs x kRequestWords][tiles x kTileWords].
-// Request: q_start, q_len, kv_len, 0. Tile: request, m_block (tiles sorted by descending key
-// count, so a persistent CTA's static stride over the list takes the longest work first).
+// Header: tile count, V^T units (the sum over requests of vt_units(kv_len)), 0, 0.
+// Request: q_start, q_len, kv_len, vt_block (its first 16 KB unit in the FP8 kernel's V^T
+// workspace: the V^T units of the requests before it). Tile: request, m_block (tiles sorted by
+// descending key count, so a persistent CTA's static stride over the list takes the longest work
+// first).
 inline constexpr int kPlanHeaderWords = 4;
+// Keys per unit of the FP8 kernel's pre-transposed V^T workspace (one 128 d x 128 keys image).
+inline constexpr int kVtBlockKeys = 128;
+// Units a request of kv_len keys reserves: two per 192 keys, enough for either FP8 key block
+// (128 keys: one unit per block; 192 keys: two units per block, the second half-filled).
+constexpr int vt_units(int kv_len) { return 2 * ((kv_len + 191) / 192); }
 inline constexpr int kRequestWords = 4;
 inline constexpr int kTileWords = 2;
 
@@ -160,6 +168,28 @@ struct Fa3Params {
   // sum l comes from the P V GEMM (N = 136 against 8 rows of e4m3 ones under V^T) instead of one
   // FADD per element (prefill_sm90_fp8.cuh, consumer_fp8<kGemmSum>).
   int fp8_gemm_sum = 0;
+  // FP8 kernel only: 1: V^T comes pre-transposed from vt_ws (written in the same forward, per
+  // layer, by fp8_vt_pre_kernel before the attention kernel: [kv head][plan V^T block][128 d rows
+  // x 128 key bytes, the shared-memory V^T stage image: 128-byte swizzle, key columns in the P
+  // fragment order, keys past kv_len zero]) and the producer copies each block with one bulk copy;
+  // 0: the producer transposes every loaded V tile itself. The engine picks 1 when the forward
+  // has enough queries per key (prefill / long extend) unless ATTNKIT_FA3_FP8_VT_PRE says
+  // otherwise (prefill_sm90_engine.cpp). Any page size: the pre-transpose gathers V through the
+  // page table.
+  int vt_pre = 0;
+  // FP8 kernel with vt_pre only: 1 (the engine's default; ATTNKIT_FA3_FP8_SPEC=0: off):
+  // speculative softmax in the overlapped loop (prefill_sm90_fp8.cuh, consumer_fp8's kSpec,
+  // spec_softmax_fp8): exps against the running maximum of the blocks before while the block
+  // maximum is reduced alongside; S recomputed and the exact step run when a row's maximum rose
+  // past the lazy-rescale threshold. 0: the exact step every block.
+  int fp8_spec = 0;
+  // FP8 kernel with vt_pre and fp8_spec only: key block, 128 or 192 (Q K^T at N = 192, P V over
+  // two V^T halves; amortises the per-block fixed instructions over 1.5x the keys,
+  // FlashAttention-3's FP8 causal d 128 tile). The engine picks 192 for forwards with a request of
+  // >= 8192 keys (ATTNKIT_FA3_FP8_BLOCK_N=128 / 192 forces).
+  int fp8_block_n = 128;
+  uint8_t* vt_ws = nullptr;
+  int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T units x kVtBlockKeys x 128)
 };
 
 }  // namespace attnkit::fa3

@@ -9,10 +9,13 @@
 //     (scale_log2 * k_scale * q_scale[row]).
 //   * K: e4m3 rows of 128 bytes: one 128-byte swizzle line per row, TMA boxes {128 B, 1, rows} or
 //     the 16-byte cp.async gather (8 chunks per row). QK^T: A = Q e4m3, B = K (both K-major).
-//   * V: 8-bit wgmma operands must be K-major, so P V needs V^T ([d][keys]) in shared memory. The
-//     producer transposes each V tile (8x8-byte blocks, byte permutes) into a V^T stage after the
-//     load lands, one key block behind its loads, fences (generic -> async proxy) and arrives on
-//     the stage's vt_full barrier. Within every 16 keys the V^T columns are stored in the order
+//   * V: 8-bit wgmma operands must be K-major, so P V needs V^T ([d][keys]) in shared memory.
+//     kVtPre (Fa3Params::vt_pre, the default for prefill-like forwards, any page size):
+//     fp8_vt_pre_kernel transposes every V block of the forward once per layer into a workspace
+//     (the exact stage image) and the producer bulk-copies it on vt_full. Otherwise the producer
+//     transposes each V tile (8x8-byte blocks, byte permutes) into a V^T stage after the load
+//     lands, one key block behind its loads, fences (generic -> async proxy) and arrives on the
+//     stage's vt_full barrier. Within every 16 keys the V^T columns are stored in the order
 //     of the f32 accumulator layout (key 8 (b / 2) + 2 t + b % 2 at column 4 t + b), so the P
 //     registers become the 8-bit A fragment by plain e4m3 packing, without shuffles.
 //   * P: e4m3 (satfinite) in [0, 1] (<= 2^8 with lazy rescale). The row sum l (f32) comes from
@@ -20,11 +23,14 @@
 //     so l sums exactly the rounded P that multiplies V), or from one FADD per element
 //     (ATTNKIT_FA3_FP8_GEMM_SUM=0).
 //   * Epilogue: O * v_scale / l.
-//   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax, 4 no V transpose.
+//   * Softmax (kSpec 1, with kVtPre): speculative against the running maximum (consumer_fp8).
+//   * Key blocks of 128, or 192 with kVtPre (Q K^T at N = 192, P V over two V^T halves).
+//   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax (the exact step
+//   only: blocks that speculate still compute), 4 no in-kernel V transpose.
 //
 // Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
-//   Q bf16 [128 x 128] | Q e4m3 [128 x 128] | K [3][128 x 128] | V [3] | V^T [3][136 x 128] (rows
-//   128..135: ones) | q scales [128] | mbarriers
+//   Q bf16 [128 x 128] | Q e4m3 [128 x 128] | K [3][kN x 128] | V [3] (kN 128 only) |
+//   V^T [3][kN / 128 rounded up][136 x 128] (rows 128..135: ones) | q scales [128] | mbarriers
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,41 +43,52 @@
 
 namespace attnkit::fa3 {
 
+// kN: key block, 128 or 192 (192 only with the V^T pre-transpose: no V stage, no transpose in the
+// kernel; the producer keeps 56 registers and the consumers get 224 for S 96 + O 68 + P 24: at
+// 40 / 232 the SPEC 2 instantiation spilled 16 bytes, at 56 / 224 none).
+template <int kN = 128>
 struct PrefillFp8Traits {
   static constexpr int kHeadDim = 128;
   static constexpr int kBlockM = fa3::kBlockM;
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kN;
+  static_assert(kN == 128 || kN == 192, "FP8 key block");
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  // The producer also transposes V (32 data registers per 8x8-byte block; 72 spilled 64 bytes,
-  // 88 / 208: no spill with nvcc 13.0).
-  static constexpr int kProducerRegs = 88;
-  static constexpr int kConsumerRegs = 208;
+  // 128: the producer may also transpose V (32 data registers per 8x8-byte block; 72 spilled 64
+  // bytes, 88 / 208: no spill with nvcc 13.0).
+  static constexpr int kProducerRegs = kN == 192 ? 56 : 88;
+  static constexpr int kConsumerRegs = kN == 192 ? 224 : 208;
   static_assert(128 * kProducerRegs + 128 * kConsumerWarpgroups * kConsumerRegs <= 65536,
                 "register budget of one CTA per SM");
   static constexpr int kQChunksPerRow = kHeadDim / 8;  // bf16 Q: 16-byte chunks
   static constexpr int kChunksPerRow = kHeadDim / 16;  // e4m3 K / V: 16-byte chunks
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kQ8Bytes = kBlockM * kHeadDim;
-  static constexpr int kKVBytes = kBlockN * kHeadDim;
+  static constexpr int kKVBytes = kBlockN * kHeadDim;  // one K (and, at 128, V) stage
+  static constexpr int kVStageBytes = kN == 128 ? kKVBytes : 0;
   static constexpr int kAlign = 1024;
   static constexpr int kStages = 3;
   static constexpr int kQOffset = 0;
   static constexpr int kQ8Offset = kQBytes;
   static constexpr int kKOffset = kQ8Offset + kQ8Bytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
-  // V^T stage: 128 d rows + 8 rows of e4m3 ones (0x38, written once per CTA): with kGemmSum the P V
-  // GEMM runs at N = 136 and its last 8 accumulator columns are the row sums of the e4m3 P.
+  // V^T stage: per 128 keys (kVtHalves of them) 128 d rows + 8 rows of e4m3 ones (0x38, written
+  // once per CTA): with kGemmSum the P V GEMM runs at N = 136 and its last 8 accumulator columns
+  // are the row sums of the e4m3 P. 192 keys: keys 128..191 in the second half's first 64 bytes
+  // of each row (the rest zero).
+  static constexpr int kVtHalves = (kN + 127) / 128;
   static constexpr int kVtRows = kHeadDim + 8;
-  static constexpr int kVtBytes = kVtRows * 128;
-  static constexpr int kVtOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kVtHalfBytes = kVtRows * 128;
+  static constexpr int kVtBytes = kVtHalves * kVtHalfBytes;
+  static constexpr int kVtUnitBytes = kVtBlockKeys * kHeadDim;  // one half's V^T image
+  static constexpr int kVtOffset = kVOffset + kStages * kVStageBytes;
   static constexpr int kQScaleOffset = kVtOffset + kStages * kVtBytes;
   static constexpr int kBarOffset = kQScaleOffset + kBlockM * 4;
   // q_full, q_empty, then per stage k_full, v_full, vt_full, empty.
   static constexpr int kNumBarriers = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kBarOffset + kNumBarriers * 8 + kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-  static_assert(kHeadDim == 128 && kBlockN == 128, "one 128-byte swizzle line per K / V^T row");
+  static_assert(kHeadDim == 128, "one 128-byte swizzle line per K / V^T row");
   static constexpr int kSlots = 1;
   static constexpr int kRowsPerPass = 32 / kChunksPerRow;
   static constexpr int kPassesPerWarp = 32 / kRowsPerPass;
@@ -141,9 +158,24 @@ __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt,
 
 // ---- producer ----
 
+// One bulk copy (no tensor map) of `bytes` from global `src` into shared memory at `dst`,
+// completing its transactions on `bar` (16-byte aligned, bytes a multiple of 16).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+// kVtPre (Fa3Params::vt_pre): V^T stages are bulk copies of the pre-transposed workspace
+// (fp8_vt_pre_kernel) on the vt_full barrier; no V load, no transpose in this kernel.
+template <bool kVtPre, int kN = 128>
 __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
-  using Tr = PrefillFp8Traits;
+  using Tr = PrefillFp8Traits<kN>;
+  static_assert(kVtPre || kN == 128, "192-key blocks only with the V^T pre-transpose");
   constexpr int kD = Tr::kHeadDim;
   constexpr int CQ = Tr::kQChunksPerRow;
   constexpr int C = Tr::kChunksPerRow;
@@ -178,17 +210,25 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
     const int kvh = t.head / p.group;
     const int32_t* pt = p.req_to_token +
                         static_cast<int64_t>(p.req_pool_indices[t.request]) * p.req_to_token_stride;
-    int my_slot = -1;
+    int my_slot = -1, my_slot2 = -1;  // rows tid and (kN 192) 128 + tid of the block
+    auto slot_of = [&](int nb, int row) {
+      const int key = nb * Tr::kBlockN + row;
+      if (nb < 0 || row >= Tr::kBlockN || key >= t.kv_len) return -1;
+      const int in_page = key % p.page_size;
+      return pt[key - in_page] + in_page;
+    };
     auto load_slot = [&](int nb) {
-      const int key = nb * Tr::kBlockN + tid;
-      if (nb < 0 || key >= t.kv_len) {
-        my_slot = -1;
-      } else {
-        const int in_page = key % p.page_size;
-        my_slot = pt[key - in_page] + in_page;
-      }
+      my_slot = slot_of(nb, tid);
+      if constexpr (kN > 128) my_slot2 = slot_of(nb, 128 + tid);
     };
     load_slot(t.n_blocks - 1);
+    // kVtPre: this (request, kv head)'s V^T blocks in the workspace.
+    const uint8_t* vt_src =
+        kVtPre
+            ? p.vt_ws + kvh * p.vt_head_stride +
+                  static_cast<int64_t>(p.plan[kPlanHeaderWords + t.request * kRequestWords + 3]) *
+                      Tr::kVtUnitBytes
+            : nullptr;
 
     mbar_wait(q_empty, (tcount & 1) ^ 1);
     load_q_tile<Tr::kBlockM, CQ>(p, t, sQ, tid);
@@ -200,16 +240,22 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
       mbar_wait(fp8_bar(bars, stage, 3), phase ^ 1);
       const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
       const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
-      if (p.diag & 1) {  // diagnostics: no loads (timing only, wrong results)
+      constexpr int kLoads = kVtPre ? 1 : 2;  // K (and V unless pre-transposed)
+      if (p.diag & 1) {                       // diagnostics: no loads (timing only, wrong results)
         mbar_arrive(fp8_bar(bars, stage, 0));
-        mbar_arrive(fp8_bar(bars, stage, 1));
+        if constexpr (!kVtPre) mbar_arrive(fp8_bar(bars, stage, 1));
       } else if (block_uses_tma<Tr>(p, t, nb)) {
 #pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {
+        for (int kv = 0; kv < kLoads; ++kv) {
           const uint32_t tile = kv == 0 ? sK : sV;
           const uint32_t bar = fp8_bar(bars, stage, kv);
           if (tid % p.tma_rows == 0) {
             tma_load_3d(tile + tid * 128, kv == 0 ? &p.tma_k : &p.tma_v, 0, kvh, my_slot, bar);
+            if constexpr (kN > 128) {
+              if (tid < kN - 128) {
+                tma_load_3d(tile + (128 + tid) * 128, &p.tma_k, 0, kvh, my_slot2, bar);
+              }
+            }
           }
           if (tid == 0) {
             mbar_arrive_expect_tx(bar, Tr::kKVBytes);
@@ -219,7 +265,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
         }
       } else {
 #pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {
+        for (int kv = 0; kv < kLoads; ++kv) {
           const char* pool = kv == 0 ? k_base : v_base;
           const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
           const int64_t head_off =
@@ -237,13 +283,48 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
                           : pool;
             cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
           }
+          if constexpr (kN > 128) {  // rows 128.. (K only): warps 0 .. (kN - 128) / 32 - 1
+            if (warp < (kN - 128) / 32) {
+#pragma unroll 4
+              for (int pass = 0; pass < Tr::kPassesPerWarp; ++pass) {
+                const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
+                const int chunk = lane % C;
+                const int slot = __shfl_sync(0xffffffffu, my_slot2, r_in_warp);
+                const int row = 128 + warp_row0 + r_in_warp;
+                const char* src =
+                    slot >= 0
+                        ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 16)
+                        : pool;
+                cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src,
+                            slot >= 0 ? 16 : 0);
+              }
+            }
+          }
           cp_async_arrive_noinc(fp8_bar(bars, stage, kv));
         }
       }
+      if constexpr (kVtPre) {  // V^T after K: the consumers wait for K first
+        const uint32_t vt_full = fp8_bar(bars, stage, 2);
+        if (p.diag & 1) {
+          mbar_arrive(vt_full);
+        } else if (tid == 0) {
+          mbar_arrive_expect_tx(vt_full, Tr::kVtHalves * Tr::kVtUnitBytes);
+#pragma unroll
+          for (int h = 0; h < Tr::kVtHalves; ++h) {
+            bulk_load(base + Tr::kVtOffset + stage * Tr::kVtBytes + h * Tr::kVtHalfBytes,
+                      vt_src + static_cast<int64_t>(nb * Tr::kVtHalves + h) * Tr::kVtUnitBytes,
+                      Tr::kVtUnitBytes, vt_full);
+          }
+        } else {
+          mbar_arrive(vt_full);
+        }
+      }
       (void)kD;
-      // One block behind the loads, so this V has had a block's time to land.
-      if (pending >= 0) transpose(pending);
-      pending = it;
+      if constexpr (!kVtPre) {
+        // One block behind the loads, so this V has had a block's time to land.
+        if (pending >= 0) transpose(pending);
+        pending = it;
+      }
       load_slot(nb - 1);
     }
   }
@@ -276,8 +357,9 @@ __device__ __forceinline__ void pack_p_fp8(const float (&s)[kN / 2], uint32_t (&
 
 // This warpgroup's 64 bf16 Q rows -> e4m3 with one scale per row (thread: row tid / 2, half of
 // its 128 columns); returns nothing, writes the tile and the row scales.
+template <int kN>
 __device__ __forceinline__ void quantize_q_rows(uint8_t* smem, int g, int tid) {
-  using Tr = PrefillFp8Traits;
+  using Tr = PrefillFp8Traits<kN>;
   const int row = g * 64 + tid / 2, half = tid & 1;
   uint4 raw[8];
 #pragma unroll
@@ -314,15 +396,74 @@ __device__ __forceinline__ void quantize_q_rows(uint8_t* smem, int g, int tid) {
   if (half == 0) reinterpret_cast<float*>(smem + Tr::kQScaleOffset)[row] = qs;
 }
 
+// Speculative softmax step (Fa3Params::fp8_spec, unmasked blocks, rows with a finite running
+// maximum m): P = exp2(S sc - m) with the maximum of the blocks before, issued without waiting
+// for this block's maximum, which is computed alongside only to check the speculation. Returns
+// true when a row's block maximum exceeds m by more than thr (the lazy-rescale threshold, 0 without
+// lazy rescale): then P is wrong (possibly inf) and the caller recomputes S and runs the exact
+// step. Otherwise m stays and no O rescale is due (the exact step's `keep` case).
+template <int kN>
+__device__ __forceinline__ bool spec_softmax_fp8(float (&s)[kN / 2], const float (&sc)[2],
+                                                 const float (&m)[2], float thr) {
+  constexpr int kJ = kN / 8;
+  float mx[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h][0] = fmaxf(s[2 * h], s[2 * h + 1]);
+    mx[h][1] = fmaxf(s[4 + 2 * h], s[4 + 2 * h + 1]);
+  }
+#pragma unroll
+  for (int j = 2; j < kJ; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h][j & 1] = fmaxf(mx[h][j & 1], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1;
+      s[4 * j + e] = sm90::exp2_approx(fmaf(s[4 * j + e], sc[h], -m[h]));
+    }
+  }
+  bool bad = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float r = fmaxf(mx[h][0], mx[h][1]);
+    r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 1));
+    r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 2));
+    bad = bad || r * sc[h] - m[h] > thr;
+  }
+  return bad;
+}
+
+// OR of `pred` over the 128 threads of named barrier `id` (one warpgroup), as a barrier.
+__device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
+  uint32_t r;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, 128, p;\n"
+      " selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(r)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id)
+      : "memory");
+  return r != 0;
+}
+
 // kGemmSum (Fa3Params::fp8_gemm_sum): the row sum l through the P V GEMM (N = 136 against V^T's
 // ones rows: O carries 4 more accumulators per thread, columns 128..135 = the sum of the e4m3 P
 // of the row) instead of one FADD per element in the softmax.
-template <bool kGemmSum>
+// kSpec 1 (Fa3Params::fp8_spec): the overlapped loop's softmax speculates on the running maximum
+// (spec_softmax_fp8: the block maximum reduced alongside the exps, checked before the P V wait);
+// when any row of the warpgroup fails, S is recomputed (one more Q K^T of the block, whose K stage
+// is still held: it is released after the next block's P V) and the exact step runs. Without lazy
+// rescale (ATTNKIT_FA3_LAZY_RESCALE=0) the threshold is 0, so every block whose maximum rises takes
+// the recompute path (how the tests cover it).
+template <bool kGemmSum, int kSpec = 0, int kN = 128>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
-  using Tr = PrefillFp8Traits;
+  using Tr = PrefillFp8Traits<kN>;
   constexpr int kD = Tr::kHeadDim;
-  constexpr int kN = Tr::kBlockN;
   const int tid = threadIdx.x - 128 * (g + 1);
   const int warp = tid / 32, lane = tid % 32;
   const uint32_t base = smem_addr(smem);
@@ -361,7 +502,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     // Q: quantise this warpgroup's rows (the previous tile's QK^T reads of the e4m3 tile are
     // complete: every S was waited for), publish to the async proxy, release the bf16 tile.
     mbar_wait(q_full, tcount & 1);
-    quantize_q_rows(smem, g, tid);
+    quantize_q_rows<kN>(smem, g, tid);
     fence_proxy_async();
     asm volatile("bar.sync %0, 128;" ::"r"(3 + g) : "memory");
     mbar_arrive(q_empty);
@@ -386,10 +527,11 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       }
     };
     auto issue_pv = [&](int stage) {
-      const uint64_t vt_desc = make_desc(base + Tr::kVtOffset + stage * Tr::kVtBytes, 16, 1024);
+      const uint32_t vt = base + Tr::kVtOffset + stage * Tr::kVtBytes;
 #pragma unroll
-      for (int kk = 0; kk < kN / 32; ++kk) {
-        wgmma_rs_e4m3<kPvN>(o, pa[kk], desc_advance(vt_desc, kk * 32), 1);
+      for (int kk = 0; kk < kN / 32; ++kk) {  // 4 k-steps of 32 keys per V^T half
+        const uint64_t vt_desc = make_desc(vt + (kk / 4) * Tr::kVtHalfBytes, 16, 1024);
+        wgmma_rs_e4m3<kPvN>(o, pa[kk], desc_advance(vt_desc, (kk % 4) * 32), 1);
       }
     };
     auto wait_k = [&](int itx, int nbx) {
@@ -427,7 +569,31 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       turn_pass();
       wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
       fence_regs(s);
-      softmax(nb);
+      if constexpr (kSpec == 1) {
+        const int n0 = nb * kN;
+        const bool masked =
+            n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+        bool exact = true, bad = false;
+        if (__all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf)) {
+          bad = spec_softmax_fp8<kN>(s, rsc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
+          exact = false;
+        }
+        if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S(next), then the exact step
+          wgmma_fence();
+          issue_qk(stage_n);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(s);
+          exact = true;
+        }
+        if (exact) {
+          softmax(nb);
+        } else {
+          corr[0] = corr[1] = 1.f;
+        }
+      } else {
+        softmax(nb);
+      }
       wgmma_wait<0>();
       fence_regs(o);
       mbar_arrive(fp8_bar(bars, stage_c, 3));
@@ -463,11 +629,12 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
 // kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
 // branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
-template <bool kUniformWg = true, bool kGemmSum = true>
-__global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
+template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, int kSpec = 0,
+          int kN = 128>
+__global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = PrefillFp8Traits;
+  using Tr = PrefillFp8Traits<kN>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = sm90::smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);
@@ -484,9 +651,10 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
     sm90::mbar_init_fence();
   }
   // The ones rows of every V^T stage (rows 128..135; one 1024-byte swizzle atom of equal bytes).
-  for (int i = threadIdx.x; i < Tr::kStages * 128; i += Tr::kThreads) {
-    *reinterpret_cast<uint2*>(smem + Tr::kVtOffset + (i / 128) * Tr::kVtBytes + Tr::kHeadDim * 128 +
-                              (i % 128) * 8) = make_uint2(0x38383838u, 0x38383838u);  // e4m3 1.0
+  for (int i = threadIdx.x; i < Tr::kStages * Tr::kVtHalves * 128; i += Tr::kThreads) {
+    *reinterpret_cast<uint2*>(smem + Tr::kVtOffset + (i / 128) * Tr::kVtHalfBytes +
+                              Tr::kHeadDim * 128 + (i % 128) * 8) =
+        make_uint2(0x38383838u, 0x38383838u);  // e4m3 1.0
   }
   sm90::fence_proxy_async();
   __syncthreads();
@@ -498,10 +666,71 @@ __global__ void __launch_bounds__(PrefillFp8Traits::kThreads, 1)
   }
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
-    producer_fp8(p, smem);
+    producer_fp8<kVtPre, kN>(p, smem);
   } else {
     sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
-    consumer_fp8<kGemmSum>(p, smem, wg - 1);
+    consumer_fp8<kGemmSum, kSpec, kN>(p, smem, wg - 1);
+  }
+#endif
+}
+
+// ---- V^T pre-transpose (Fa3Params::vt_pre) ----
+
+// grid (V^T blocks of kN keys of the longest request, bs, kv heads), block 128: for each 128-key
+// half h of block nb of request blockIdx.y and kv head blockIdx.z, V keys nb kN + 128 h .. + 127
+// (through the page table; keys past kv_len or past the block zero) -> its V^T stage image
+// (fp8_transpose_v: the bytes the attention producer would write into shared memory) at unit
+// vt_block + nb kVtHalves + h of 16 KB of vt_ws + kvh * vt_head_stride (vt_block: plan request
+// word 3), so that the attention kernel copies each half with one bulk copy. One read and one
+// write of V per forward and layer.
+template <int kN>
+__global__ void __launch_bounds__(128) fp8_vt_pre_kernel(const __grid_constant__ Fa3Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = PrefillFp8Traits<kN>;
+  __shared__ __align__(1024) uint8_t sv[Tr::kVtUnitBytes];
+  __shared__ __align__(1024) uint8_t svt[Tr::kVtUnitBytes];
+  const int nb = blockIdx.x, r = blockIdx.y, kvh = blockIdx.z, tid = threadIdx.x;
+  const int32_t* rw = p.plan + kPlanHeaderWords + r * kRequestWords;
+  const int kv_len = rw[2];
+  if (nb * kN >= kv_len) return;
+  const int key_end = min(kv_len, (nb + 1) * kN);
+  const int32_t* pt =
+      p.req_to_token + static_cast<int64_t>(p.req_pool_indices[r]) * p.req_to_token_stride;
+  const char* v_base =
+      static_cast<const char*>(p.v_pool) + static_cast<int64_t>(kvh) * p.v_stride_head;
+  constexpr int C = Tr::kChunksPerRow;  // 16-byte chunks per 128-byte row
+  constexpr int kPasses = kVtBlockKeys * C / 128;
+#pragma unroll 1
+  for (int h = 0; h < Tr::kVtHalves; ++h) {
+    const int key0 = nb * kN + h * kVtBlockKeys;
+    uint4 w[kPasses];
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int idx = i * 128 + tid, row = idx / C, chunk = idx % C;
+      const int key = key0 + row;
+      w[i] = make_uint4(0u, 0u, 0u, 0u);
+      if (key < key_end) {
+        const int in_page = key % p.page_size;
+        const int64_t slot = pt[key - in_page] + in_page;
+        w[i] = *reinterpret_cast<const uint4*>(v_base + slot * p.v_stride_row + chunk * 16);
+      }
+    }
+    if (h > 0) __syncthreads();  // the previous half's svt is written out
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int idx = i * 128 + tid, row = idx / C, chunk = idx % C;
+      *reinterpret_cast<uint4*>(sv + row * 128 + ((chunk ^ (row & 7)) << 4)) = w[i];
+    }
+    __syncthreads();
+    fp8_transpose_v(sv, svt, tid);
+    __syncthreads();
+    uint8_t* dst = p.vt_ws + kvh * p.vt_head_stride +
+                   static_cast<int64_t>(rw[3] + nb * Tr::kVtHalves + h) * Tr::kVtUnitBytes;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int idx = i * 128 + tid;
+      reinterpret_cast<uint4*>(dst)[idx] = reinterpret_cast<const uint4*>(svt)[idx];
+    }
   }
 #endif
 }

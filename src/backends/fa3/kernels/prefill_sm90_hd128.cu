@@ -11,7 +11,7 @@ namespace attnkit::fa3 {
 bool prefill_sm90_fp8_available() {
   static const bool ok = [] {
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, prefill_sm90_fp8_kernel<true, true>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, prefill_sm90_fp8_kernel<true, true, false>) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -20,27 +20,60 @@ bool prefill_sm90_fp8_available() {
   return ok;
 }
 
-Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream) {
-  using Tr = PrefillFp8Traits;
-  // uniform_wg 0 (the pre-session-7 kernel) keeps the row sum by FADD (no GEMM row sum).
-  auto kernel = p.uniform_wg == 0     ? prefill_sm90_fp8_kernel<false, false>
-                : p.fp8_gemm_sum != 0 ? prefill_sm90_fp8_kernel<true, true>
-                                      : prefill_sm90_fp8_kernel<true, false>;
+namespace {
+
+template <auto kKernel, int kN>
+Status launch_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max_kv_len) {
+  using Tr = PrefillFp8Traits<kN>;
   ATTNKIT_CUDA_TRY(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
   if (units == 0) return Status::ok();
+  if (p.vt_pre != 0 && max_kv_len > 0) {
+    const dim3 pre_grid(static_cast<unsigned>((max_kv_len + kN - 1) / kN),
+                        static_cast<unsigned>(p.bs),
+                        static_cast<unsigned>(p.num_q_heads / p.group));
+    fp8_vt_pre_kernel<kN><<<pre_grid, 128, 0, cuda::to_stream(stream)>>>(p);
+    ATTNKIT_CUDA_TRY(cudaGetLastError());
+  }
   const int grid = static_cast<int>(std::min<int64_t>(units, sm_count));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
+  kKernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
+}
+
+}  // namespace
+
+Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max_kv_len) {
+  // uniform_wg 0 (the pre-session-7 kernel) keeps the row sum by FADD (no GEMM row sum) and the
+  // in-kernel V transpose; vt_pre: the GEMM row sum only; 192-key blocks: vt_pre with the
+  // speculative softmax only.
+  const auto a = [&]<auto kKernel, int kN = 128>() {
+    return launch_fp8<kKernel, kN>(p, sm_count, stream, max_kv_len);
+  };
+  if (p.uniform_wg == 0) {
+    Fa3Params q = p;
+    q.vt_pre = 0;
+    return launch_fp8<prefill_sm90_fp8_kernel<false, false, false>, 128>(q, sm_count, stream, 0);
+  }
+  if (p.vt_pre != 0 && p.fp8_spec != 0 && p.fp8_block_n == 192) {
+    return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 1, 192>, 192>();
+  }
+  if (p.vt_pre != 0) {
+    if (p.fp8_spec != 0)
+      return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 1>>();
+    return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 0>>();
+  }
+  if (p.fp8_gemm_sum != 0)
+    return a.template operator()<prefill_sm90_fp8_kernel<true, true, false>>();
+  return a.template operator()<prefill_sm90_fp8_kernel<true, false, false>>();
 }
 
 }  // namespace attnkit::fa3
 #else
 namespace attnkit::fa3 {
 bool prefill_sm90_fp8_available() { return false; }
-Status run_prefill_sm90_fp8(const Fa3Params&, int, StreamHandle) {
+Status run_prefill_sm90_fp8(const Fa3Params&, int, StreamHandle, int) {
   return Status::unsupported("fa3: the FP8 wgmma kernel needs head dim 128 in ATTNKIT_HEAD_DIMS");
 }
 }  // namespace attnkit::fa3
