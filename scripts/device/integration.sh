@@ -30,7 +30,8 @@ decode=triton,flashinfer=scripts/device/decode_targets.json \
 decode_b2b=triton,flashinfer=scripts/device/decode_targets.json=--launches,10 \
 decode_graph=triton,flashinfer=scripts/device/decode_targets.json=--graph,--launches,32 \
 extend=triton,flashinfer,fa3=scripts/device/extend_prefill_quick.json \
-mla=flashmla=scripts/device/mla_decode_quick.json" \
+mla=flashmla=scripts/device/mla_decode_quick.json \
+mla_b2b=flashmla=scripts/device/mla_decode_quick.json=--launches,8" \
   bash scripts/device/check.sh > "$WORK/bench.log" 2>&1
 part bench && OUT="$WORK/bench" PYTHONUNBUFFERED=1 timeout 120 python3 scripts/device/decode_peers.py \
   > "$WORK/bench/decode_peers.log" 2>&1
