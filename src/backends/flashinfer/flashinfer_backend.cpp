@@ -510,7 +510,18 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   // cannot have written them: attnkit's own KV store just ran, or the context says so
   // (BackendContext::early_page_table_reads); mode 1 (wait first) otherwise.
   const bool early_reads = ctx_.early_page_table_reads || (save_kv && k.defined());
-  p.decode_pdl = plan_.split || (plan_.graph && !pdl_graph) ? 0 : (early_reads ? 2 : 1);
+  // ATTNKIT_FLASHINFER_PDL_SPLIT=1 (A/B knob): eager split plans launch with PDL as well.
+  static const bool pdl_split = [] {
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_SPLIT");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  const bool no_pdl = (plan_.split && !pdl_split) || (plan_.graph && !pdl_graph);
+  p.decode_pdl = no_pdl ? 0 : (early_reads ? 2 : 1);
+  static const bool pdl_early_kv = [] {  // paged_params.h decode_pdl_early_kv (A/B knob)
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_EARLY_KV");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  p.decode_pdl_early_kv = pdl_early_kv ? 1 : 0;
   static const bool pdl_early = [] {  // paged_params.h decode_pdl_early
     const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_TRIGGER");
     return e == nullptr || std::string(e) != "end";
