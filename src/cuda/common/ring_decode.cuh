@@ -142,10 +142,6 @@ struct Work {
   // Tr::kGridDepWait: griddepcontrol.launch_dependents right after the wait (the next PDL-launched
   // grid may then start while this one streams).
   bool dependents_after_wait = false;
-  // Tr::kGridDepWait: keys below this one are not written by the previous grid of the stream, so
-  // the prologue's K/V copies of sub-tiles holding only such keys may be issued before the wait
-  // (0 = none: every K/V copy after the wait).
-  int early_kv_end = 0;
   float scale_log2 = 0.f;  // logit scale (k_scale folded in) * log2(e)
   float scale = 0.f;       // soft-cap path
   float logit_cap = 0.f;   // 0 = off
@@ -300,37 +296,16 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   cp_async_wait<0>();
   __syncwarp();
   if constexpr (Tr::kGridDepWait) {
-    // Sub-tiles 0 .. pre-1 of the prologue hold only keys < w.early_kv_end (or none): their K/V
-    // copies are issued before the wait, so they stream while the previous grid drains.
-    int pre = 0;
-    while (pre < kS - kSub && (pre >= my_tiles || tile_key0(pre) + kKeys <= w.early_kv_end)) {
-      ++pre;
-    }
+    grid_dep_wait();
+    if (w.dependents_after_wait) grid_dep_launch_dependents();
+  }
 #pragma unroll
-    for (int i = 0; i < kS - kSub; ++i) {
-      if (i == pre) {
-        grid_dep_wait();
-        if (w.dependents_after_wait) grid_dep_launch_dependents();
-      }
-      if (i < my_tiles) {
-        issue(i);
-        fetch_slots(i + kS);
-      }
-      cp_async_commit();
+  for (int i = 0; i < kS - kSub; ++i) {
+    if (i < my_tiles) {
+      issue(i);
+      fetch_slots(i + kS);
     }
-    if (pre == kS - kSub) {
-      grid_dep_wait();
-      if (w.dependents_after_wait) grid_dep_launch_dependents();
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kS - kSub; ++i) {
-      if (i < my_tiles) {
-        issue(i);
-        fetch_slots(i + kS);
-      }
-      cp_async_commit();
-    }
+    cp_async_commit();
   }
   for (int c = threadIdx.x; c < kRows * Tr::kQChunks; c += Tr::kThreads) {
     const int r = c / Tr::kQChunks;

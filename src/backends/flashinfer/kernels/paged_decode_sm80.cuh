@@ -184,11 +184,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   w.k_row_bytes = static_cast<uint32_t>(p.k_stride_row * Tr::kKvElemBytes);  // < 2^32: host check
   w.v_row_bytes = static_cast<uint32_t>(p.v_stride_row * Tr::kKvElemBytes);
   w.dependents_after_wait = p.decode_pdl == 2 && p.decode_pdl_early != 0;
-  // Mode 2 with decode_pdl_early_kv: the keys before the request's new tokens (which the previous
-  // kernel, a KV store at most, may write) are read before the wait.
-  if (p.decode_pdl == 2 && p.decode_pdl_early_kv != 0) {
-    w.early_kv_end = min(w.kv_end, item.req_kv_len - item.req_q_len);
-  }
   w.scale_log2 = p.scale_log2;
   w.scale = p.scale;
   w.logit_cap = p.logit_cap;

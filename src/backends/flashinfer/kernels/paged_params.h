@@ -116,12 +116,12 @@ struct PagedParams {
   // loop that checks the soft-cap per logit even when it is off (paged_decode_sm80.cuh).
   int decode_generic_loop = 0;
   // Programmatic dependent launch of the decode kernel. The backend sets the most it allows
-  // (0 elsewhere than unsplit eager plans and captured graphs; eager split plans too with
-  // ATTNKIT_FLASHINFER_PDL_SPLIT=1), launch_paged the mode it launches
-  // (at most that; ATTNKIT_FLASHINFER_PDL overrides): 0 = off, 1 = the CTA waits for the previous
-  // grid at its start, 2 = after its plan item and first page-table words (allowed only where the
-  // previous kernel of the stream cannot write the plan, req_pool_indices or req_to_token: after
-  // the backend's own set_kv, or with BackendContext::early_page_table_reads).
+  // (every decode launch; eager split plans have it since 2026-11-23,
+  // ATTNKIT_FLASHINFER_PDL_SPLIT=0 restores 0 for them), launch_paged the mode it launches (at most
+  // that; ATTNKIT_FLASHINFER_PDL overrides): 0 = off, 1 = the CTA waits for the previous grid at
+  // its start, 2 = after its plan item and first page-table words (allowed only where the previous
+  // kernel of the stream cannot write the plan, req_pool_indices or req_to_token: after the
+  // backend's own set_kv, or with BackendContext::early_page_table_reads).
   int decode_pdl = 0;
   // How a split decode CTA counts itself (experiment knob ATTNKIT_FLASHINFER_SPLIT_SYNC=fence_all,
   // not API): 0 = one acq_rel atomic by thread 0 between two CTA barriers
@@ -135,11 +135,6 @@ struct PagedParams {
   // wait for this whole grid before reading anything it writes. (Released before the wait, every
   // queued forward started at once: b16 kv 4k --launches 10 86.6 us instead of 70.3.)
   int decode_pdl_early = 0;
-  // 1 (A/B knob ATTNKIT_FLASHINFER_PDL_EARLY_KV=1): in mode 2, the prologue's K/V copies of keys
-  // before the request's new tokens are issued before the wait as well (ring::Work::early_kv_end),
-  // so the first K/V of the next grid streams while this one drains. Allowed where mode 2 is and
-  // the previous kernel writes no K/V but the new tokens' (out_cache_loc) slots.
-  int decode_pdl_early_kv = 0;
 };
 
 }  // namespace attnkit::flashinfer
