@@ -16,6 +16,8 @@
 # "label|env|case name" separated by ';' (env: commas inside, "default" = none): after the A/B, one
 # ncu (--clock-control none) reading of the decode kernel's DRAM / L2 read sectors and duration per
 # entry, the case from CASES, into $OUT/summary.txt.
+# (Session 9 fidec2 ran it with VARIANTS of ATTNKIT_FLASHINFER_PDL_EARLY_KV, a knob now removed: see
+# scripts/device/patches/decode_s9_pdl_early_kv.patch, and ATTNKIT_FLASHINFER_PDL_SPLIT.)
 # Writes $OUT/summary.txt (the A/B table) and $OUT/all.tgz (logs, JSONs).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"

@@ -494,14 +494,19 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   }();
   p.split_sync_fence_all = split_fence_all ? 1 : 0;
   // Programmatic dependent launch (paged_attention_sm80.cuh decode_pdl: mode 2 where allowed, the
-  // next grid released right after each CTA's wait) for unsplit eager plans and for captured
-  // decode graphs (replays that split included). Eager split plans launch without it: 2026-11-22
-  // H200, --launches 10, b1 kv 32k (16 splits) 44.3 -> 48.9 us with mode 1 (not re-measured with
-  // mode 2). Graphs: H200 2026-11-23 10:06Z, --graph --launches 32, mode 2 + early trigger captured
+  // next grid released right after each CTA's wait) for every decode launch, eager and captured,
+  // split or not. Eager split plans: H200 2026-11-23 10:41Z, --launches 10, b1 kv 32k (16 splits)
+  // 42.6 us (74.1% of copy) with PDL vs 44.6-45.0 us (70.3-70.8%) without, the same launch the
+  // graphs already had (session 7 had measured mode 1 with the late trigger slower: 44.3 -> 48.9
+  // us). Graphs: H200 2026-11-23 10:06Z, --graph --launches 32, mode 2 + early trigger captured
   // vs no PDL: b16 kv 4k p16 68.7 vs 69.7 us bf16, 38.3 vs 39.9 fp8, b1 kv 32k 41.9 vs 43.6 (with
   // mode 1 and the late trigger, session 7 measured b1 replays slower: 66.1% vs 70%).
-  // ATTNKIT_FLASHINFER_PDL_GRAPH=0 / ATTNKIT_FLASHINFER_PDL_TRIGGER=end restore the previous
-  // launches (A/B knobs).
+  // ATTNKIT_FLASHINFER_PDL_SPLIT=0 / ATTNKIT_FLASHINFER_PDL_GRAPH=0 /
+  // ATTNKIT_FLASHINFER_PDL_TRIGGER=end restore the previous launches (A/B knobs).
+  static const bool pdl_split = [] {
+    const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_SPLIT");
+    return e == nullptr || std::string(e) != "0";
+  }();
   static const bool pdl_graph = [] {
     const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_GRAPH");
     return e == nullptr || std::string(e) != "0";
@@ -510,7 +515,8 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   // cannot have written them: attnkit's own KV store just ran, or the context says so
   // (BackendContext::early_page_table_reads); mode 1 (wait first) otherwise.
   const bool early_reads = ctx_.early_page_table_reads || (save_kv && k.defined());
-  p.decode_pdl = plan_.split || (plan_.graph && !pdl_graph) ? 0 : (early_reads ? 2 : 1);
+  const bool no_pdl = (plan_.split && !pdl_split) || (plan_.graph && !pdl_graph);
+  p.decode_pdl = no_pdl ? 0 : (early_reads ? 2 : 1);
   static const bool pdl_early = [] {  // paged_params.h decode_pdl_early
     const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_TRIGGER");
     return e == nullptr || std::string(e) != "end";

@@ -116,11 +116,12 @@ struct PagedParams {
   // loop that checks the soft-cap per logit even when it is off (paged_decode_sm80.cuh).
   int decode_generic_loop = 0;
   // Programmatic dependent launch of the decode kernel. The backend sets the most it allows
-  // (0 elsewhere than unsplit eager plans and captured graphs), launch_paged the mode it launches
-  // (at most that; ATTNKIT_FLASHINFER_PDL overrides): 0 = off, 1 = the CTA waits for the previous
-  // grid at its start, 2 = after its plan item and first page-table words (allowed only where the
-  // previous kernel of the stream cannot write the plan, req_pool_indices or req_to_token: after
-  // the backend's own set_kv, or with BackendContext::early_page_table_reads).
+  // (every decode launch; eager split plans have it since 2026-11-23,
+  // ATTNKIT_FLASHINFER_PDL_SPLIT=0 restores 0 for them), launch_paged the mode it launches (at most
+  // that; ATTNKIT_FLASHINFER_PDL overrides): 0 = off, 1 = the CTA waits for the previous grid at
+  // its start, 2 = after its plan item and first page-table words (allowed only where the previous
+  // kernel of the stream cannot write the plan, req_pool_indices or req_to_token: after the
+  // backend's own set_kv, or with BackendContext::early_page_table_reads).
   int decode_pdl = 0;
   // How a split decode CTA counts itself (experiment knob ATTNKIT_FLASHINFER_SPLIT_SYNC=fence_all,
   // not API): 0 = one acq_rel atomic by thread 0 between two CTA barriers
