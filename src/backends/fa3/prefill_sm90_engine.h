@@ -104,6 +104,9 @@ class PrefillSm90Engine {
   int planned_fp8_block_n_ = 128;
   int vt_pre_mode_ = -1;  // -1: by the forward's shape (plan()), 0 / 1: forced
   int block_n_ = 128;
+  // Query rows per tile (Fa3Params::block_m): 192 at d 64 with ATTNKIT_FA3_WG3=1 (three consumer
+  // warpgroups, 128-key blocks), else 128.
+  int block_m_ = 128;
   int diag_ = 0;
 
   bool fp8_kv_ = false;  // allow_fp8_kv and the context fits the FP8 kernel
