@@ -1,3 +1,4 @@
+#!/usr/bin/env bash
 # fa3 d 64 A/B (sessions 7, 9): build, the fa3 GPU tests (ctest under TEST_ENV, then test_fa3_cases
 # again under each of EXTRA_TEST_ENVS), the d 64 case file with the VARIANTS alternated ROUNDS
 # times, cuDNN / FA2 peers at the same shapes; one device call:
