@@ -57,6 +57,17 @@ TEST(Fa3PlanTest, PrefixRaisesEveryTileAndEmptyRequestsHaveNone) {
   EXPECT_EQ(tiles_of(*plan, 3), expected);
 }
 
+TEST(Fa3PlanTest, TilesOf192RowsForThreeConsumerWarpgroups) {
+  // block_m 192 (d 64, ATTNKIT_FA3_WG3): 300 new tokens -> tiles m 0, 1 (rows 0..191, 192..299),
+  // a 1000-key prefix request of 129 tokens -> one tile; longest first.
+  const std::vector<TileRequest> reqs = {{0, 300, 300}, {300, 129, 1129}};
+  Result<TilePlan> plan = build_tile_plan(reqs, 192);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->num_tiles, 3);
+  const std::vector<TileWords> expected = {{1, 0}, {0, 1}, {0, 0}};
+  EXPECT_EQ(tiles_of(*plan, 2), expected);
+}
+
 TEST(Fa3PlanTest, RejectsInconsistentLengths) {
   const std::vector<TileRequest> reqs = {{0, 4, 4}, {4, 9, 3}};
   Result<TilePlan> plan = build_tile_plan(reqs);

@@ -155,6 +155,12 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   const char* block_n = std::getenv("ATTNKIT_FA3_BLOCK_N");
   const int want = block_n != nullptr ? std::atoi(block_n) : 0;
   e->block_n_ = block_n_supported(ctx.qk_head_dim, want) ? want : default_block_n(ctx.qk_head_dim);
+  // Three consumer warpgroups (192-row tiles): d 64 with 128-key blocks only (ATTNKIT_FA3_WG3=1
+  // with ATTNKIT_FA3_BLOCK_N=128). H200 10:38Z, causal 4k / 8k / 16k, bidir 8k vs the default
+  // (two warpgroups, 192 keys): +9 / +16 / +16 / +25% (docs/perf/fa3_notes.md, session 9).
+  if (ctx.qk_head_dim == 64 && e->block_n_ == 128 && env_flag("ATTNKIT_FA3_WG3", false)) {
+    e->block_m_ = 192;
+  }
   const char* diag = std::getenv("ATTNKIT_FA3_DIAG");
   e->diag_ = diag != nullptr ? std::atoi(diag) : 0;
   e->fp8_kv_ = allow_fp8_kv && env_on("ATTNKIT_FA3_FP8") && ctx.q_dtype == DType::kBF16 &&
@@ -196,7 +202,8 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
     q.kv_len = batch.seq_lens_host[ur];
     start += q.q_len;
   }
-  ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(reqs));
+  const bool fp8 = batch.kv_pool->dtype() == DType::kFP8E4M3;
+  ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(reqs, fp8 ? kBlockM : block_m_));
   words_ = std::move(plan.words);
   ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
   // Pageable source: the copy is staged before cudaMemcpyAsync returns, so words_ may be reused.
@@ -205,7 +212,7 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
                                    cuda::to_stream(stream)));
   plan_bs_ = bs;
   num_tiles_ = plan.num_tiles;
-  planned_fp8_ = batch.kv_pool->dtype() == DType::kFP8E4M3;
+  planned_fp8_ = fp8;
   // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
   // producer, when the forward has at least one query per kVtPreKeysPerQuery keys (prefill,
   // extend with a proportionate prefix; a few queries over a long prefix keep the in-kernel
@@ -291,6 +298,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     p.v_scale = layer.v_scale;
   }
   const int block_n = planned_fp8_ ? planned_fp8_block_n() : block_n_;
+  p.block_m = planned_fp8_ ? kBlockM : block_m_;
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
   p.pingpong = pingpong_ ? 1 : 0;
   p.diag = diag_;

@@ -17,8 +17,8 @@
 // into the pool (save_kv). drop_plan() forgets the plan (CUDA-graph capture: graphs never run it).
 //
 // The ATTNKIT_FA3_* experiment variables (PINGPONG, TMA, FENCE_TMA, OVERLAP, SCHED, LAZY_RESCALE,
-// BLOCK_N, DIAG; read by create, docs/perf/fa3_notes.md) steer this one kernel, so they apply to
-// `flashinfer`'s SM90 prefill as well as to `fa3`. They are not API; DIAG gives wrong results on
+// BLOCK_N, WG3, DIAG; read by create, docs/perf/fa3_notes.md) steer this one kernel, so they apply
+// to `flashinfer`'s SM90 prefill as well as to `fa3`. They are not API; DIAG gives wrong results on
 // purpose (timing diagnostics) and must never be set outside a measurement.
 #pragma once
 
@@ -83,6 +83,7 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_FP8_BLOCK_N=128 / 192 (FP8 key block with pre-transpose and speculation; unset:
   // 192 for forwards with a request of >= 8192 keys),
   // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
+  // ATTNKIT_FA3_WG3=1 (d 64 with 128-key blocks: three consumer warpgroups, 192-row tiles),
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
   bool pingpong_ = true;
   bool tma_ = true;
@@ -104,6 +105,9 @@ class PrefillSm90Engine {
   int planned_fp8_block_n_ = 128;
   int vt_pre_mode_ = -1;  // -1: by the forward's shape (plan()), 0 / 1: forced
   int block_n_ = 128;
+  // Query rows per tile (Fa3Params::block_m): 192 at d 64 with 128-key blocks and
+  // ATTNKIT_FA3_WG3=1 (three consumer warpgroups), else 128.
+  int block_m_ = 128;
   int diag_ = 0;
 
   bool fp8_kv_ = false;  // allow_fp8_kv and the context fits the FP8 kernel

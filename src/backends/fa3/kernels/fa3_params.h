@@ -188,6 +188,10 @@ struct Fa3Params {
   // FlashAttention-3's FP8 causal d 128 tile). The engine picks 192 for forwards with a request of
   // >= 8192 keys (ATTNKIT_FA3_FP8_BLOCK_N=128 / 192 forces).
   int fp8_block_n = 128;
+  // bf16 / f16 kernel: query rows per tile of p.plan (the plan is built with the same count):
+  // kBlockM (128, two consumer warpgroups) or, at d 64 with 128-key blocks, 192 (three consumer
+  // warpgroups; ATTNKIT_FA3_WG3, prefill_sm90_engine.cpp).
+  int block_m = kBlockM;
   uint8_t* vt_ws = nullptr;
   int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T units x kVtBlockKeys x 128)
 };

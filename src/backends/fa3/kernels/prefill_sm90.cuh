@@ -26,18 +26,23 @@
 
 namespace attnkit::fa3 {
 
-template <int kD, int kN, bool kBf16>
+// kWG consumer warpgroups of 64 query rows (2: 128-row tiles; 3: 192-row tiles, d 64 with
+// 128-key blocks only, as FlashAttention-3 runs d 64: more softmax warps per GEMM stream where the
+// GEMMs are short; no ping-pong, 160 consumer / 32 producer registers).
+template <int kD, int kN, bool kBf16, int kWG = 2>
 struct PrefillTraits {
   static_assert(kD == 64 || kD == 128 || kD == 256, "fa3 wgmma head dims: 64, 128, 256");
   static_assert(block_n_supported(kD, kN), "fa3 wgmma key block not instantiated for this d");
   static constexpr int kHeadDim = kD;
-  static constexpr int kBlockM = fa3::kBlockM;
+  static_assert(kWG == 2 || (kWG == 3 && kD == 64 && kN == 128),
+                "3 consumer warpgroups: d 64 / N 128");
+  static constexpr int kBlockM = 64 * kWG;
   // Keys per block. Registers per consumer thread: O kD/2 + S kBlockN/2 + P kBlockN/4 words.
   static constexpr int kBlockN = kN;
-  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kConsumerWarpgroups = kWG;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = kWG == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = kWG == 2 ? 232 : 160;
   static_assert(128 * kProducerRegs + 128 * kConsumerWarpgroups * kConsumerRegs <= 65536,
                 "register budget of one CTA per SM");
   static constexpr int kChunksPerRow = kD / 8;  // 16-byte chunks
@@ -280,7 +285,7 @@ struct ConsumerCtx {
   uint32_t base, sQ, bars;
   uint64_t q_desc;  // this warpgroup's 64 Q rows, k-step 0
   int g, warp, lane;
-  bool pingpong;
+  bool pingpong;  // two consumer warpgroups only
 
   __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 16 + 24 * s; }
   __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 16 + 24 * s + 8; }
@@ -549,7 +554,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
   c.g = g;
   c.warp = tid / 32;
   c.lane = tid % 32;
-  c.pingpong = p.pingpong != 0;
+  c.pingpong = Tr::kConsumerWarpgroups == 2 && p.pingpong != 0;
   const int lane = c.lane;
   const uint32_t q_full = c.bars, q_empty = c.bars + 8;
   const float kNegInf = -__int_as_float(0x7f800000);
@@ -667,11 +672,12 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
 // broadcast from lane 0 (CUTLASS's canonical_warp_group_idx), so the compiler sees the role branch
 // as warp-uniform control flow and keeps loop counters, stages and wgmma descriptors in uniform
 // registers (d 64 SASS: 25 instead of 115 R2UR; 734 instead of 788 instructions per key block).
-template <int kD, int kN, bool kBf16, bool kUniformWg = true>
-__global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16>::kThreads, 1)
+// kWG: consumer warpgroups (PrefillTraits; 3 with p.block_m 192, d 64 only).
+template <int kD, int kN, bool kBf16, bool kUniformWg = true, int kWG = 2>
+__global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16, kWG>::kThreads, 1)
     prefill_sm90_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = PrefillTraits<kD, kN, kBf16>;
+  using Tr = PrefillTraits<kD, kN, kBf16, kWG>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = sm90::smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);

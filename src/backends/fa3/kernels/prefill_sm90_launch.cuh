@@ -13,11 +13,18 @@
 
 namespace attnkit::fa3 {
 
-template <int kD, int kN, bool kBf16>
+template <int kD, int kN, bool kBf16, int kWG = 2>
 Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream) {
-  using Tr = PrefillTraits<kD, kN, kBf16>;
-  auto kernel = p.uniform_wg != 0 ? prefill_sm90_kernel<kD, kN, kBf16, true>
-                                  : prefill_sm90_kernel<kD, kN, kBf16, false>;
+  using Tr = PrefillTraits<kD, kN, kBf16, kWG>;
+  if constexpr (kWG == 2 && kD == 64 && kN == 128) {
+    // Three consumer warpgroups (192-row tiles: the plan was built for them; uniform only).
+    if (p.block_m == 3 * 64) return launch_prefill_sm90<kD, kN, kBf16, 3>(p, sm_count, stream);
+  }
+  if (p.block_m != Tr::kBlockM) return Status::invalid_argument("fa3: plan rows per tile");
+  auto kernel = prefill_sm90_kernel<kD, kN, kBf16, true, kWG>;
+  if constexpr (kWG == 2) {
+    if (p.uniform_wg == 0) kernel = prefill_sm90_kernel<kD, kN, kBf16, false>;
+  }
   ATTNKIT_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;

@@ -8,7 +8,7 @@
 
 namespace attnkit::fa3 {
 
-Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests) {
+Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int block_m) {
   struct Tile {
     int32_t request, m_block, work;
   };
@@ -27,9 +27,9 @@ Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests) {
     plan.words.insert(plan.words.end(), {q.q_start, q.q_len, q.kv_len, vt_blocks});
     vt_blocks += vt_units(q.kv_len);
     const int32_t prefix = q.kv_len - q.q_len;
-    for (int32_t m = 0; m * kBlockM < q.q_len; ++m) {
-      // The tile's last row sees prefix + (m + 1) * kBlockM keys (clipped to kv_len).
-      tiles.push_back({static_cast<int32_t>(r), m, std::min(q.kv_len, prefix + (m + 1) * kBlockM)});
+    for (int32_t m = 0; m * block_m < q.q_len; ++m) {
+      // The tile's last row sees prefix + (m + 1) * block_m keys (clipped to kv_len).
+      tiles.push_back({static_cast<int32_t>(r), m, std::min(q.kv_len, prefix + (m + 1) * block_m)});
     }
   }
   std::stable_sort(tiles.begin(), tiles.end(),

@@ -31,7 +31,8 @@ struct TilePlan {
   int num_tiles = 0;
 };
 
-// kInvalidArgument names the first request with q_len < 0 or kv_len < q_len.
-Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests);
+// kInvalidArgument names the first request with q_len < 0 or kv_len < q_len. block_m: query rows
+// per tile (Fa3Params::block_m; 192 for the three-warpgroup d 64 kernel).
+Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int block_m = 128);
 
 }  // namespace attnkit::fa3
