@@ -81,7 +81,8 @@ struct alignas(64) TmaDesc {
 };
 
 // Plan layout (int32 words): [kPlanHeaderWords][bs x kRequestWords][tiles x kTileWords].
-// Header: tile count, V^T units (the sum over requests of vt_units(kv_len)), 0, 0.
+// Header: tile count, V^T units (the sum of vt_units(kv_len) over the requests with new tokens),
+// 0, 0.
 // Request: q_start, q_len, kv_len, vt_block (its first 16 KB unit in the FP8 kernel's V^T
 // workspace: the V^T units of the requests before it). Tile: request, m_block (tiles sorted by
 // descending key count, so a persistent CTA's static stride over the list takes the longest work
@@ -188,7 +189,7 @@ struct Fa3Params {
   // FlashAttention-3's FP8 causal d 128 tile). The engine picks 192 for forwards with a request of
   // >= 8192 keys (ATTNKIT_FA3_FP8_BLOCK_N=128 / 192 forces).
   int fp8_block_n = 128;
-  uint8_t* vt_ws = nullptr;
+  uint8_t* vt_ws = nullptr;    // [kv_heads][plan V^T units][128 d][128 key bytes]
   int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T units x kVtBlockKeys x 128)
 };
 
