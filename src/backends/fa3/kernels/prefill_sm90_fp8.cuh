@@ -408,18 +408,7 @@ __device__ __forceinline__ bool spec_softmax_fp8(float (&s)[kN / 2], const float
                                                  const float (&m)[2], float thr) {
   constexpr int kJ = kN / 8;
   float mx[2][2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mx[h][0] = fmaxf(s[2 * h], s[2 * h + 1]);
-    mx[h][1] = fmaxf(s[4 + 2 * h], s[4 + 2 * h + 1]);
-  }
-#pragma unroll
-  for (int j = 2; j < kJ; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h][j & 1] = fmaxf(mx[h][j & 1], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-    }
-  }
+  block_row_max<kN>(s, mx);
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
 #pragma unroll
