@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "attnkit/registry.h"
 #include "backends/fa3/fa3_backend.h"
 #include "backends/fa3/kernels/fa3_params.h"
+#include "backends/fa3/kernels/tile_plan.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
 
@@ -81,9 +83,47 @@ bool passes_fp8(const harness::Comparison& c) {
          c.pool_bad_new_values == 0 && c.canaries_damaged == 0;
 }
 
+// The FP8 variant a case must run with the default knobs (no ATTNKIT_FA3_FP8_* /
+// ATTNKIT_FA3_UNIFORM_WG set): pins the cases below to the path they are meant to cover.
+struct Fp8Expect {
+  bool vt_pre = false;
+  bool spec = false;
+  int block_n = 128;
+};
+
+bool default_fp8_knobs() {
+  const fa3::Fp8Knobs k = fa3::fp8_knobs_from_env(), d;
+  return k.vt_pre_mode == d.vt_pre_mode && k.spec == d.spec && k.block_mode == d.block_mode &&
+         k.gemm_sum == d.gemm_sum && k.uniform_wg == d.uniform_wg;
+}
+
+// Sets an environment variable for one scope (the engine reads its knobs when created), restoring
+// the previous value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name); old != nullptr) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
 // logit_mult scales every layer's softmax scaling (kernel and reference alike): large logits make
 // the running row maximum jump between key blocks (the O-rescale paths).
-void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f) {
+void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
+                     std::optional<Fp8Expect> fp8_expect = std::nullopt) {
   SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv") + " logit x" +
                std::to_string(logit_mult));
   Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
@@ -109,8 +149,17 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f)
     EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(pc->layers.size()));
     EXPECT_EQ(stats->wgmma_fp8_calls, expects_fp8_kernel(spec) ? stats->wgmma_calls : 0);
     if (expects_fp8_kernel(spec)) {
-      // 192 when the forward pre-transposes V and has a long request (or ATTNKIT_FA3_FP8_BLOCK_N).
-      EXPECT_TRUE(stats->last_block_n == 128 || stats->last_block_n == 192) << stats->last_block_n;
+      // The variant choose_fp8_variant gives for this forward under the run's knobs.
+      const fa3::Fp8Variant want = fa3::choose_fp8_variant(
+          fa3::tile_requests(pc->batch), spec.num_kv_heads, fa3::fp8_knobs_from_env());
+      EXPECT_EQ(stats->last_block_n, want.block_n);
+      EXPECT_EQ(stats->last_fp8_vt_pre, want.vt_pre);
+      EXPECT_EQ(stats->last_fp8_spec, want.spec);
+      if (fp8_expect && default_fp8_knobs()) {
+        EXPECT_EQ(want.vt_pre, fp8_expect->vt_pre);
+        EXPECT_EQ(want.spec, fp8_expect->spec);
+        EXPECT_EQ(want.block_n, fp8_expect->block_n);
+      }
     } else {
       EXPECT_EQ(stats->last_block_n, expected_block_n(spec));
     }
@@ -214,6 +263,32 @@ TEST(Fa3Fp8Test, E4m3KvPrefillAcrossTilesAndPages) {
   run_and_compare(c, true);
   // Non-power-of-two pages: every block gathered.
   run_and_compare(fp8(prefill("fp8_page24", {50, 0}, {333, 40}, 24, 8, 2, 128)), true);
+}
+
+TEST(Fa3Fp8Test, VariantsOfTheKernel) {
+  // The two 8k-key cases: about 2 s each of fp64 reference on the host (2 layers).
+  // 7200 + 1036 new: 1036 x 8 >= 8236 keys -> V^T pre-transpose; 8236 >= 8192 -> 192-key blocks
+  // (the default for long requests; 8236 = 42 x 192 + 172: a ragged last block), speculative
+  // softmax; TMA boxes in 64-row pages.
+  run_and_compare(fp8(prefill("fp8_b192_page64", {7200}, {1036}, 64, 2, 1, 128)), true, 1.f,
+                  Fp8Expect{true, true, 192});
+  {
+    // The same at 192 through the cp.async gather (page 24) with a second, short request, and
+    // without lazy rescale: the speculation threshold is 0, so every block whose row maximum
+    // rises takes the recompute path (S again, then the exact step).
+    ScopedEnv lazy("ATTNKIT_FA3_LAZY_RESCALE", "0");
+    run_and_compare(fp8(prefill("fp8_b192_page24_recompute", {7200, 0}, {1036, 90}, 24, 2, 1, 128)),
+                    false, 1.f, Fp8Expect{true, true, 192});
+    // The recompute path at 128 keys per block ((437 + 129) x 8 >= 737 + 129: pre-transpose). The
+    // middle request has no new tokens: no V^T units, and the pre-transpose skips it (else it
+    // would overwrite the V^T of the request after it).
+    run_and_compare(fp8(prefill("fp8_b128_recompute", {300, 500, 0}, {437, 0, 129}, 16, 4, 2, 128)),
+                    true, 1.f, Fp8Expect{true, true, 128});
+  }
+  // A few queries over a long prefix: 100 x 8 < 2100 keys -> V transposed in the kernel (128 keys,
+  // exact softmax).
+  run_and_compare(fp8(prefill("fp8_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128)), true, 1.f,
+                  Fp8Expect{false, false, 128});
 }
 
 TEST(Fa3Fp8Test, E4m3KvAtOtherHeadDimsFallsBack) {

@@ -1,8 +1,10 @@
 // The fa3 host planner: plan layout, longest-first tile order (the header's worked example), empty
 // requests, the error for inconsistent lengths; key blocks, TMA box rows and the persistent
-// schedule (fa3_params.h).
+// schedule (fa3_params.h); the FP8 kernel variant (choose_fp8_variant) and its knobs.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,164 @@ TEST(Fa3PlanTest, PrefixRaisesEveryTileAndEmptyRequestsHaveNone) {
   ASSERT_TRUE(plan.is_ok());
   const std::vector<TileWords> expected = {{2, 1}, {2, 0}, {0, 1}, {0, 0}};
   EXPECT_EQ(tiles_of(*plan, 3), expected);
+  // V^T units only for requests with new tokens: vt_units(200) + vt_units(1129) = 4 + 12.
+  EXPECT_EQ(plan->words[1], vt_units(200) + vt_units(1129));
+  EXPECT_EQ(plan->words[1], 16);
+  EXPECT_EQ(plan->words[kPlanHeaderWords + kRequestWords + 3], 4);      // request 1: none
+  EXPECT_EQ(plan->words[kPlanHeaderWords + 2 * kRequestWords + 3], 4);  // request 2 follows 0
+}
+
+TEST(Fa3PlanTest, RequestsFromTheForwardBatch) {
+  ForwardBatch b;
+  b.batch_size = 2;
+  b.seq_lens_host = {500, 7};
+  b.extend_seq_lens_host = {100, 7};
+  std::vector<TileRequest> reqs = tile_requests(b);
+  ASSERT_EQ(reqs.size(), 2u);
+  EXPECT_EQ(reqs[0].q_start, 0);
+  EXPECT_EQ(reqs[0].q_len, 100);
+  EXPECT_EQ(reqs[0].kv_len, 500);
+  EXPECT_EQ(reqs[1].q_start, 100);
+  EXPECT_EQ(reqs[1].q_len, 7);
+  EXPECT_EQ(reqs[1].kv_len, 7);
+  b.extend_seq_lens_host.clear();  // draft extend: draft_token_num per request
+  b.spec.draft_token_num = 4;
+  reqs = tile_requests(b);
+  EXPECT_EQ(reqs[1].q_start, 4);
+  EXPECT_EQ(reqs[1].q_len, 4);
+}
+
+// ---- FP8 variant ----
+
+TEST(Fa3Fp8VariantTest, WorkedExampleOfTheHeader) {
+  // Prefix 7200 + 1036 new: 1036 x 8 = 8288 >= 8236 keys -> pre-transpose; 8236 >= 8192 -> 192.
+  const std::vector<TileRequest> reqs = {{0, 1036, 8236}};
+  const Fp8Variant v = choose_fp8_variant(reqs, 2, Fp8Knobs{});
+  EXPECT_TRUE(v.vt_pre);
+  EXPECT_TRUE(v.spec);
+  EXPECT_TRUE(v.gemm_sum);
+  EXPECT_EQ(v.block_n, 192);
+  EXPECT_EQ(v.vt_units, 86);
+  EXPECT_EQ(v.max_kv_len, 8236);
+  EXPECT_EQ(v.vt_bytes, int64_t{2} * 86 * kVtBlockKeys * 128);
+  EXPECT_TRUE(v.not_honoured.empty()) << v.not_honoured;
+  // The plan reserves the same units.
+  Result<TilePlan> plan = build_tile_plan(reqs);
+  ASSERT_TRUE(plan.is_ok());
+  EXPECT_EQ(plan->words[1], v.vt_units);
+
+  // Prefix 2000 + 100 new: 800 < 2100 -> the in-kernel transpose, 128 keys, exact softmax.
+  const std::vector<TileRequest> few = {{0, 100, 2100}};
+  const Fp8Variant w = choose_fp8_variant(few, 2, Fp8Knobs{});
+  EXPECT_FALSE(w.vt_pre);
+  EXPECT_FALSE(w.spec);
+  EXPECT_TRUE(w.gemm_sum);
+  EXPECT_EQ(w.block_n, 128);
+  EXPECT_EQ(w.vt_bytes, 0);
+}
+
+TEST(Fa3Fp8VariantTest, ThresholdsAndRequestsWithoutNewTokens) {
+  // 8191 keys: 128; 8192: 192 (prefill: q_len = kv_len).
+  EXPECT_EQ(choose_fp8_variant(std::vector<TileRequest>{{0, 8191, 8191}}, 1, {}).block_n, 128);
+  EXPECT_EQ(choose_fp8_variant(std::vector<TileRequest>{{0, 8192, 8192}}, 1, {}).block_n, 192);
+  // Exactly one query per 8 keys still pre-transposes; one key more does not.
+  EXPECT_TRUE(choose_fp8_variant(std::vector<TileRequest>{{0, 100, 800}}, 1, {}).vt_pre);
+  EXPECT_FALSE(choose_fp8_variant(std::vector<TileRequest>{{0, 100, 801}}, 1, {}).vt_pre);
+  // A request without new tokens counts nowhere: not in the shape rule (its 9000 keys would make
+  // it 300 queries for 9300 keys: the in-kernel transpose), the units or the longest request
+  // (192 from 8192 keys).
+  const std::vector<TileRequest> reqs = {{0, 0, 9000}, {0, 300, 300}};
+  const Fp8Variant v = choose_fp8_variant(reqs, 4, {});
+  EXPECT_TRUE(v.vt_pre);
+  EXPECT_EQ(v.block_n, 128);
+  EXPECT_EQ(v.max_kv_len, 300);
+  EXPECT_EQ(v.vt_units, vt_units(300));
+  // Only requests without new tokens: nothing to transpose.
+  EXPECT_FALSE(choose_fp8_variant(std::vector<TileRequest>{{0, 0, 50}}, 4, {}).vt_pre);
+}
+
+TEST(Fa3Fp8VariantTest, KnobsAndWhatCannotBeFollowed) {
+  const std::vector<TileRequest> long_req = {{0, 1036, 8236}};
+  const std::vector<TileRequest> few = {{0, 100, 2100}};
+  Fp8Knobs k;
+  k.block_mode = 128;
+  EXPECT_EQ(choose_fp8_variant(long_req, 2, k).block_n, 128);
+  k = {};
+  k.vt_pre_mode = 1;
+  Fp8Variant v = choose_fp8_variant(few, 2, k);
+  EXPECT_TRUE(v.vt_pre);
+  EXPECT_TRUE(v.spec);
+  EXPECT_EQ(v.max_kv_len, 2100);
+  k.vt_pre_mode = 0;
+  v = choose_fp8_variant(long_req, 2, k);
+  EXPECT_FALSE(v.vt_pre);
+  EXPECT_EQ(v.block_n, 128);
+  // 192 forced but the speculative softmax off: 128, reported.
+  k = {};
+  k.block_mode = 192;
+  k.spec = false;
+  v = choose_fp8_variant(long_req, 2, k);
+  EXPECT_TRUE(v.vt_pre);
+  EXPECT_FALSE(v.spec);
+  EXPECT_EQ(v.block_n, 128);
+  EXPECT_NE(v.not_honoured.find("ATTNKIT_FA3_FP8_BLOCK_N=192"), std::string::npos);
+  // FADD row sums asked for, but the pre-transpose kernels sum by the GEMM: reported.
+  k = {};
+  k.gemm_sum = false;
+  v = choose_fp8_variant(long_req, 2, k);
+  EXPECT_TRUE(v.gemm_sum);
+  EXPECT_NE(v.not_honoured.find("ATTNKIT_FA3_FP8_GEMM_SUM=0"), std::string::npos);
+  EXPECT_FALSE(choose_fp8_variant(few, 2, k).gemm_sum);  // in-kernel transpose: FADD sums
+  // Workspace over 1 GiB: 8 kv heads x vt_units(800000) = 8334 units x 16 KB; forced: reported.
+  const std::vector<TileRequest> huge = {{0, 800000, 800000}};
+  EXPECT_FALSE(choose_fp8_variant(huge, 8, {}).vt_pre);
+  k = {};
+  k.vt_pre_mode = 1;
+  v = choose_fp8_variant(huge, 8, k);
+  EXPECT_FALSE(v.vt_pre);
+  EXPECT_NE(v.not_honoured.find("ATTNKIT_FA3_FP8_VT_PRE=1"), std::string::npos);
+  // The pre-session-7 kernel: nothing of the above.
+  k = {};
+  k.uniform_wg = false;
+  v = choose_fp8_variant(long_req, 2, k);
+  EXPECT_FALSE(v.vt_pre);
+  EXPECT_FALSE(v.gemm_sum);
+  EXPECT_EQ(v.block_n, 128);
+}
+
+// Sets an environment variable for one scope, restoring the previous value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name); old != nullptr) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(Fa3Fp8VariantTest, KnobsFromTheEnvironment) {
+  {
+    ScopedEnv b("ATTNKIT_FA3_FP8_BLOCK_N", "256");  // not accepted: ignored (warning)
+    ScopedEnv s("ATTNKIT_FA3_FP8_SPEC", "0");
+    const Fp8Knobs k = fp8_knobs_from_env();
+    EXPECT_EQ(k.block_mode, 0);
+    EXPECT_FALSE(k.spec);
+  }
+  ScopedEnv b("ATTNKIT_FA3_FP8_BLOCK_N", "192");
+  ScopedEnv v("ATTNKIT_FA3_FP8_VT_PRE", "0");
+  const Fp8Knobs k = fp8_knobs_from_env();
+  EXPECT_EQ(k.block_mode, 192);
+  EXPECT_EQ(k.vt_pre_mode, 0);
 }
 
 TEST(Fa3PlanTest, TilesOf192RowsForThreeConsumerWarpgroups) {

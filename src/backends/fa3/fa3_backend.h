@@ -34,6 +34,10 @@ struct Fa3Stats {
   int64_t wgmma_fp8_calls = 0;   // of which the FP8 kernel (fp8_e4m3 pool, bf16 q, d 128)
   int64_t flashinfer_calls = 0;  // delegated to the owned flashinfer backend
   int last_block_n = 0;          // key block of the last wgmma call (fa3::default_block_n)
+  // FP8 variant of the last wgmma call (fa3::choose_fp8_variant; false for bf16 / f16 calls):
+  // V^T pre-transposed (else transposed in the kernel), speculative softmax.
+  bool last_fp8_vt_pre = false;
+  bool last_fp8_spec = false;
 };
 // The counters of a backend made by create_fa3_backend; nullptr for any other backend.
 const Fa3Stats* fa3_stats(const AttentionBackend& backend);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -143,15 +144,6 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->lazy_rescale_ = env_on("ATTNKIT_FA3_LAZY_RESCALE");  // on unless "0"
   e->epi_wide_ = env_on("ATTNKIT_FA3_EPI_WIDE");
   e->uniform_wg_ = env_on("ATTNKIT_FA3_UNIFORM_WG");
-  e->fp8_gemm_sum_ = env_on("ATTNKIT_FA3_FP8_GEMM_SUM");
-  e->fp8_spec_ = env_on("ATTNKIT_FA3_FP8_SPEC");
-  if (const char* fb = std::getenv("ATTNKIT_FA3_FP8_BLOCK_N"); fb != nullptr) {
-    const int want_fp8 = std::atoi(fb);
-    if (want_fp8 == 128 || want_fp8 == 192) e->fp8_block_mode_ = want_fp8;
-  }
-  if (const char* vt = std::getenv("ATTNKIT_FA3_FP8_VT_PRE"); vt != nullptr) {
-    e->vt_pre_mode_ = std::string(vt) != "0" ? 1 : 0;
-  }
   const char* block_n = std::getenv("ATTNKIT_FA3_BLOCK_N");
   const int want = block_n != nullptr ? std::atoi(block_n) : 0;
   e->block_n_ = block_n_supported(ctx.qk_head_dim, want) ? want : default_block_n(ctx.qk_head_dim);
@@ -166,6 +158,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->fp8_kv_ = allow_fp8_kv && env_on("ATTNKIT_FA3_FP8") && ctx.q_dtype == DType::kBF16 &&
                ctx.qk_head_dim == kFp8HeadDim && ctx.v_head_dim == kFp8HeadDim &&
                wgmma_head_dim_compiled(kFp8HeadDim) && prefill_sm90_fp8_available();
+  if (e->fp8_kv_) e->fp8_knobs_ = fp8_knobs_from_env();
   return e;
 }
 
@@ -187,21 +180,8 @@ std::string PrefillSm90Engine::why_not(const ForwardBatch& batch) const {
 Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   planned_ = false;
   if (!why_not(batch).empty()) return Status::ok();
-  // Requests: q_len new tokens at q_start, kv_len keys (seq_lens counts the new tokens).
   const int bs = batch.batch_size;
-  std::vector<TileRequest> reqs(static_cast<size_t>(bs));
-  int32_t start = 0;
-  const bool have_extend = !batch.extend_seq_lens_host.empty();
-  for (int r = 0; r < bs; ++r) {
-    const size_t ur = static_cast<size_t>(r);
-    TileRequest& q = reqs[ur];
-    q.q_len = have_extend ? batch.extend_seq_lens_host[ur] : batch.spec.draft_token_num;
-    q.q_start = have_extend && !batch.extend_start_loc_host.empty()
-                    ? batch.extend_start_loc_host[ur]
-                    : start;
-    q.kv_len = batch.seq_lens_host[ur];
-    start += q.q_len;
-  }
+  const std::vector<TileRequest> reqs = tile_requests(batch);
   const bool fp8 = batch.kv_pool->dtype() == DType::kFP8E4M3;
   ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(reqs, fp8 ? kBlockM : block_m_));
   words_ = std::move(plan.words);
@@ -214,34 +194,22 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   num_tiles_ = plan.num_tiles;
   planned_fp8_ = fp8;
   // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
-  // producer, when the forward has at least one query per kVtPreKeysPerQuery keys (prefill,
-  // extend with a proportionate prefix; a few queries over a long prefix keep the in-kernel
-  // transpose) and the workspace stays under kVtPreMaxBytes.
-  planned_vt_pre_ = false;
+  // producer for prefill-like forwards (a few queries over a long prefix keep the in-kernel
+  // transpose), speculative softmax, 192-key blocks for long requests: choose_fp8_variant.
+  fp8_variant_ = Fp8Variant{};
   if (planned_fp8_) {
-    constexpr int64_t kVtPreKeysPerQuery = 8;
-    constexpr int64_t kVtPreMaxBytes = int64_t{1} << 30;
-    constexpr int64_t kVtBlockBytes = int64_t{kVtBlockKeys} * kFp8HeadDim;
-    int64_t q_total = 0, kv_total = 0;
-    vt_max_kv_ = 0;
-    for (const TileRequest& q : reqs) {
-      q_total += q.q_len;
-      kv_total += q.kv_len;
-      vt_max_kv_ = std::max(vt_max_kv_, q.kv_len);
+    fp8_variant_ = choose_fp8_variant(reqs, ctx_.num_kv_heads, fp8_knobs_);
+    if (fp8_variant_.vt_units != words_[1]) {
+      return Status::internal("fa3 fp8: V^T units " + str(fp8_variant_.vt_units) +
+                              " != the plan's " + str(words_[1]));
     }
-    vt_blocks_ = words_[1];
-    const int64_t bytes = static_cast<int64_t>(ctx_.num_kv_heads) * vt_blocks_ * kVtBlockBytes;
-    const bool shape_ok = q_total * kVtPreKeysPerQuery >= kv_total;
-    planned_vt_pre_ = vt_blocks_ > 0 && bytes <= kVtPreMaxBytes &&
-                      (vt_pre_mode_ == 1 || (vt_pre_mode_ == -1 && shape_ok));
-    if (planned_vt_pre_) ATTNKIT_RETURN_IF_ERROR(vt_ws_.reserve(ctx_.device, bytes));
-    // 192-key blocks (speculative softmax only): H200 10:11Z, one sample each, vs 128 keys:
-    // causal 8k +2.3%, 16k +3.8%, bidir 8k +1.6-2.3%, causal 4k -1.2% (fewer, longer blocks
-    // per tile); so by default from kFp8Block192MinKeys keys on.
-    constexpr int kFp8Block192MinKeys = 8192;
-    planned_fp8_block_n_ = !fp8_spec_             ? 128
-                           : fp8_block_mode_ != 0 ? fp8_block_mode_
-                                                  : (vt_max_kv_ >= kFp8Block192MinKeys ? 192 : 128);
+    if (!fp8_variant_.not_honoured.empty() && !warned_fp8_knob_) {
+      std::cerr << "attnkit fa3: " << fp8_variant_.not_honoured << "\n";
+      warned_fp8_knob_ = true;
+    }
+    if (fp8_variant_.vt_pre) {
+      ATTNKIT_RETURN_IF_ERROR(vt_ws_.reserve(ctx_.device, fp8_variant_.vt_bytes));
+    }
   }
   planned_ = true;
   return Status::ok();
@@ -306,7 +274,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   p.sched = zigzag_ ? 1 : 0;
   p.lazy_rescale = lazy_rescale_ ? 1 : 0;
   p.uniform_wg = uniform_wg_ ? 1 : 0;
-  p.fp8_gemm_sum = fp8_gemm_sum_ ? 1 : 0;
+  p.fp8_gemm_sum = fp8_variant_.gemm_sum ? 1 : 0;
   p.epi_wide = epi_wide_ && reinterpret_cast<std::uintptr_t>(p.out) % 16 == 0 &&
                        p.o_stride_token % 8 == 0 && p.o_stride_head % 8 == 0
                    ? 1
@@ -320,14 +288,15 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   }
   p.overlap = overlap_ ? 1 : 0;
   if (planned_fp8_) {
-    if (planned_vt_pre_) {
+    const Fp8Variant& v = fp8_variant_;
+    if (v.vt_pre) {
       p.vt_pre = 1;
-      p.fp8_spec = fp8_spec_ ? 1 : 0;
+      p.fp8_spec = v.spec ? 1 : 0;
       p.vt_ws = vt_ws_.data();
-      p.vt_head_stride = static_cast<int64_t>(vt_blocks_) * kVtBlockKeys * kFp8HeadDim;
+      p.vt_head_stride = static_cast<int64_t>(v.vt_units) * kVtBlockKeys * kFp8HeadDim;
     }
-    p.fp8_block_n = planned_fp8_block_n();
-    return run_prefill_sm90_fp8(p, sm_count_, stream, planned_vt_pre_ ? vt_max_kv_ : 0);
+    p.fp8_block_n = v.block_n;
+    return run_prefill_sm90_fp8(p, sm_count_, stream, v.vt_pre ? v.max_kv_len : 0);
   }
   return dispatch_value<WgmmaHeadDims>(
       ctx_.qk_head_dim, "wgmma prefill: head_dim", [&]<int kD>() -> Status {

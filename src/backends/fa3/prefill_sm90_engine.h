@@ -29,6 +29,7 @@
 
 #include "attnkit/backend.h"
 #include "backend/device_array.h"
+#include "backends/fa3/kernels/tile_plan.h"
 
 namespace attnkit::fa3 {
 
@@ -60,9 +61,10 @@ class PrefillSm90Engine {
   int block_n() const { return block_n_; }
   // Whether the planned forward runs the FP8 kernel (an fp8_e4m3 pool, allow_fp8_kv).
   bool planned_fp8() const { return planned_ && planned_fp8_; }
-  // Key block of the planned FP8 forward (192 only with ATTNKIT_FA3_FP8_BLOCK_N=192 and the V^T
-  // pre-transpose).
-  int planned_fp8_block_n() const { return planned_vt_pre_ ? planned_fp8_block_n_ : 128; }
+  // The variant of the planned FP8 forward (choose_fp8_variant: 192-key blocks by default for a
+  // request of 8192+ keys with the V^T pre-transpose and the speculative softmax).
+  const Fp8Variant& planned_fp8_variant() const { return fp8_variant_; }
+  int planned_fp8_block_n() const { return fp8_variant_.block_n; }
 
  private:
   PrefillSm90Engine(const BackendContext& ctx, int sm_count) : ctx_(ctx), sm_count_(sm_count) {}
@@ -76,12 +78,9 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_LAZY_RESCALE=0 (no lazy O rescale, Fa3Params::lazy_rescale; on by default),
   // ATTNKIT_FA3_EPI_WIDE=0 (4-byte O stores, Fa3Params::epi_wide),
   // ATTNKIT_FA3_UNIFORM_WG=0 (the kernel without the lane-0 warpgroup broadcast),
-  // ATTNKIT_FA3_FP8_GEMM_SUM=0 (FP8 kernel: row sums by FADD, not by the P V GEMM),
-  // ATTNKIT_FA3_FP8_VT_PRE=0 / 1 (FP8 kernel: never / always pre-transpose V into vt_ws_; unset:
-  // when the forward has at least one query per kVtPreKeysPerQuery keys, see plan()),
-  // ATTNKIT_FA3_FP8_SPEC=0 (FP8 kernel with the pre-transpose: no speculative softmax),
-  // ATTNKIT_FA3_FP8_BLOCK_N=128 / 192 (FP8 key block with pre-transpose and speculation; unset:
-  // 192 for forwards with a request of >= 8192 keys),
+  // the FP8 kernel's ATTNKIT_FA3_FP8_GEMM_SUM / _VT_PRE / _SPEC / _BLOCK_N (fp8_knobs_,
+  // tile_plan.h: Fp8Knobs, choose_fp8_variant; a forced value a forward cannot follow is reported
+  // once on stderr),
   // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
   // ATTNKIT_FA3_WG3=1 (d 64 with 128-key blocks: three consumer warpgroups, 192-row tiles),
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
@@ -93,17 +92,10 @@ class PrefillSm90Engine {
   bool lazy_rescale_ = true;
   bool epi_wide_ = true;
   bool uniform_wg_ = true;
-  bool fp8_gemm_sum_ = true;
-  // FP8 speculative softmax with the V^T pre-transpose (Fa3Params::fp8_spec;
-  // ATTNKIT_FA3_FP8_SPEC=0: off). H200 09:38Z: +5.5-7% over the exact step at causal 4k-16k and
-  // bidir 8k.
-  bool fp8_spec_ = true;
-  // FP8 key block with the V^T pre-transpose and the speculative softmax (Fa3Params::fp8_block_n):
-  // 0 = by the forward (192 when its longest request has >= kFp8Block192MinKeys keys, else 128),
-  // or ATTNKIT_FA3_FP8_BLOCK_N=128 / 192.
-  int fp8_block_mode_ = 0;
-  int planned_fp8_block_n_ = 128;
-  int vt_pre_mode_ = -1;  // -1: by the forward's shape (plan()), 0 / 1: forced
+  // FP8 knobs (the speculative softmax: H200 09:38Z +5.5-7% over the exact step at causal 4k-16k
+  // and bidir 8k).
+  Fp8Knobs fp8_knobs_;
+  bool warned_fp8_knob_ = false;  // a not-followed knob is reported once per engine
   int block_n_ = 128;
   // Query rows per tile (Fa3Params::block_m): 192 at d 64 with 128-key blocks and
   // ATTNKIT_FA3_WG3=1 (three consumer warpgroups), else 128.
@@ -117,12 +109,9 @@ class PrefillSm90Engine {
   int num_tiles_ = 0;
   std::vector<int32_t> words_;
   DeviceArray<int32_t> plan_words_;
-  // FP8 V^T pre-transpose of the planned forward (Fa3Params::vt_pre): whether it runs, the V^T
-  // blocks of the plan (all requests) and of its longest request, and the grow-only workspace
-  // (kv heads x V^T blocks x 16 KB, rewritten by every layer).
-  bool planned_vt_pre_ = false;
-  int vt_blocks_ = 0;  // V^T units of the plan (vt_units summed)
-  int vt_max_kv_ = 0;  // keys of the longest request (the pre-transpose grid)
+  // FP8 variant of the planned forward (default: the 128-key exact kernel) and the grow-only V^T
+  // workspace of Fa3Params::vt_pre (kv heads x V^T units x 16 KB, rewritten by every layer).
+  Fp8Variant fp8_variant_;
   DeviceArray<uint8_t> vt_ws_;
 };
 

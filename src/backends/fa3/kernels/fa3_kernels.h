@@ -40,12 +40,12 @@ Status run_prefill_sm90(const Fa3Params& p, DType q_dtype, int block_n, int sm_c
                         StreamHandle stream);
 
 // The FP8 kernel (prefill_sm90_fp8.cuh): e4m3 pool (k_scale folded into p.scale_log2, p.v_scale),
-// bf16 q / out, head dim 128, key blocks of 128. Instantiated in the head-dim-128 unit.
+// bf16 q / out, head dim 128, key blocks of 128, or 192 with p.vt_pre and p.fp8_spec
+// (p.fp8_block_n). Instantiated in the head-dim-128 unit.
 // p.vt_pre: first the V^T pre-transpose (fp8_vt_pre_kernel over the key blocks of the longest
-// request, max_kv_len keys, x p.bs x kv heads) into p.vt_ws, then the attention kernel
-// (p.fp8_block_n 192: 192-key blocks, vt_pre only).
+// request with new tokens, max_kv_len keys (> 0, else kInternal), x p.bs x kv heads) into
+// p.vt_ws, then the attention kernel. Without p.vt_pre max_kv_len is unused.
 bool prefill_sm90_fp8_available();
-Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream,
-                            int max_kv_len = 0);
+Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max_kv_len);
 
 }  // namespace attnkit::fa3

@@ -81,7 +81,8 @@ struct alignas(64) TmaDesc {
 };
 
 // Plan layout (int32 words): [kPlanHeaderWords][bs x kRequestWords][tiles x kTileWords].
-// Header: tile count, V^T units (the sum over requests of vt_units(kv_len)), 0, 0.
+// Header: tile count, V^T units (the sum of vt_units(kv_len) over the requests with new tokens),
+// 0, 0.
 // Request: q_start, q_len, kv_len, vt_block (its first 16 KB unit in the FP8 kernel's V^T
 // workspace: the V^T units of the requests before it). Tile: request, m_block (tiles sorted by
 // descending key count, so a persistent CTA's static stride over the list takes the longest work
@@ -174,8 +175,8 @@ struct Fa3Params {
   // fragment order, keys past kv_len zero]) and the producer copies each block with one bulk copy;
   // 0: the producer transposes every loaded V tile itself. The engine picks 1 when the forward
   // has enough queries per key (prefill / long extend) unless ATTNKIT_FA3_FP8_VT_PRE says
-  // otherwise (prefill_sm90_engine.cpp). Any page size: the pre-transpose gathers V through the
-  // page table.
+  // otherwise (tile_plan.h: choose_fp8_variant). Any page size: the pre-transpose gathers V
+  // through the page table.
   int vt_pre = 0;
   // FP8 kernel with vt_pre only: 1 (the engine's default; ATTNKIT_FA3_FP8_SPEC=0: off):
   // speculative softmax in the overlapped loop (prefill_sm90_fp8.cuh, consumer_fp8's kSpec,
@@ -186,13 +187,13 @@ struct Fa3Params {
   // FP8 kernel with vt_pre and fp8_spec only: key block, 128 or 192 (Q K^T at N = 192, P V over
   // two V^T halves; amortises the per-block fixed instructions over 1.5x the keys,
   // FlashAttention-3's FP8 causal d 128 tile). The engine picks 192 for forwards with a request of
-  // >= 8192 keys (ATTNKIT_FA3_FP8_BLOCK_N=128 / 192 forces).
+  // >= 8192 keys (choose_fp8_variant; ATTNKIT_FA3_FP8_BLOCK_N=128 / 192 forces).
   int fp8_block_n = 128;
   // bf16 / f16 kernel: query rows per tile of p.plan (the plan is built with the same count):
   // kBlockM (128, two consumer warpgroups) or, at d 64 with 128-key blocks, 192 (three consumer
   // warpgroups; ATTNKIT_FA3_WG3, prefill_sm90_engine.cpp).
   int block_m = kBlockM;
-  uint8_t* vt_ws = nullptr;
+  uint8_t* vt_ws = nullptr;    // [kv_heads][plan V^T units][128 d][128 key bytes]
   int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T units x kVtBlockKeys x 128)
 };
 

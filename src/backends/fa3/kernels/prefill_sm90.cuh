@@ -355,6 +355,27 @@ template <int kD>
 __device__ __forceinline__ void rescale_o_if_needed(float (&o)[kD / 2], const float (&corr)[2],
                                                     int lazy);
 
+// This thread's partial maxima of one block of S (f32 accumulator layout, rows r and r + 8 =
+// h 0 / 1) in two independent chains per row (mx[h][0]: even 8-key groups, mx[h][1]: odd), so the
+// dependent FMNMX chains stay short; the caller combines them and reduces over the quad.
+template <int kN>
+__device__ __forceinline__ void block_row_max(const float (&s)[kN / 2], float (&mx)[2][2]) {
+  constexpr int kJ = kN / 8;
+  static_assert(kJ % 2 == 0, "key block: a multiple of 16");
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h][0] = fmaxf(s[2 * h], s[2 * h + 1]);
+    mx[h][1] = fmaxf(s[4 + 2 * h], s[4 + 2 * h + 1]);
+  }
+#pragma unroll
+  for (int j = 2; j < kJ; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h][j & 1] = fmaxf(mx[h][j & 1], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    }
+  }
+}
+
 // Online-softmax state of this thread's two rows (r, r + 8), exp2 domain.
 template <typename Tr, bool kBf16>
 struct RowSoftmax {
@@ -400,18 +421,7 @@ struct RowSoftmax {
     constexpr int kJ = kN / 8;
     static_assert(kJ % 2 == 0, "key block: a multiple of 16");
     float mx[2][2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h][0] = fmaxf(s[2 * h], s[2 * h + 1]);
-      mx[h][1] = fmaxf(s[4 + 2 * h], s[4 + 2 * h + 1]);
-    }
-#pragma unroll
-    for (int j = 2; j < kJ; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h][j & 1] = fmaxf(mx[h][j & 1], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-      }
-    }
+    block_row_max<kN>(s, mx);
     float m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

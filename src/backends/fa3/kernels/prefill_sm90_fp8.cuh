@@ -23,7 +23,8 @@
 //     so l sums exactly the rounded P that multiplies V), or from one FADD per element
 //     (ATTNKIT_FA3_FP8_GEMM_SUM=0).
 //   * Epilogue: O * v_scale / l.
-//   * Softmax (kSpec 1, with kVtPre): speculative against the running maximum (consumer_fp8).
+//   * Softmax (kSpec, with kVtPre and kGemmSum): speculative against the running maximum
+//     (consumer_fp8).
 //   * Key blocks of 128, or 192 with kVtPre (Q K^T at N = 192, P V over two V^T halves).
 //   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax (the exact step
 //   only: blocks that speculate still compute), 4 no in-kernel V transpose.
@@ -45,7 +46,7 @@ namespace attnkit::fa3 {
 
 // kN: key block, 128 or 192 (192 only with the V^T pre-transpose: no V stage, no transpose in the
 // kernel; the producer keeps 56 registers and the consumers get 224 for S 96 + O 68 + P 24: at
-// 40 / 232 the SPEC 2 instantiation spilled 16 bytes, at 56 / 224 none).
+// 40 / 232 a session-9 speculative variant, since dropped, spilled 16 bytes; at 56 / 224 none).
 template <int kN = 128>
 struct PrefillFp8Traits {
   static constexpr int kHeadDim = 128;
@@ -407,18 +408,7 @@ __device__ __forceinline__ bool spec_softmax_fp8(float (&s)[kN / 2], const float
                                                  const float (&m)[2], float thr) {
   constexpr int kJ = kN / 8;
   float mx[2][2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mx[h][0] = fmaxf(s[2 * h], s[2 * h + 1]);
-    mx[h][1] = fmaxf(s[4 + 2 * h], s[4 + 2 * h + 1]);
-  }
-#pragma unroll
-  for (int j = 2; j < kJ; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h][j & 1] = fmaxf(mx[h][j & 1], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-    }
-  }
+  block_row_max<kN>(s, mx);
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
 #pragma unroll
@@ -453,14 +443,16 @@ __device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
 // kGemmSum (Fa3Params::fp8_gemm_sum): the row sum l through the P V GEMM (N = 136 against V^T's
 // ones rows: O carries 4 more accumulators per thread, columns 128..135 = the sum of the e4m3 P
 // of the row) instead of one FADD per element in the softmax.
-// kSpec 1 (Fa3Params::fp8_spec): the overlapped loop's softmax speculates on the running maximum
+// kSpec (Fa3Params::fp8_spec): the overlapped loop's softmax speculates on the running maximum
 // (spec_softmax_fp8: the block maximum reduced alongside the exps, checked before the P V wait);
 // when any row of the warpgroup fails, S is recomputed (one more Q K^T of the block, whose K stage
 // is still held: it is released after the next block's P V) and the exact step runs. Without lazy
 // rescale (ATTNKIT_FA3_LAZY_RESCALE=0) the threshold is 0, so every block whose maximum rises takes
 // the recompute path (how the tests cover it).
-template <bool kGemmSum, int kSpec = 0, int kN = 128>
+template <bool kGemmSum, bool kSpec = false, int kN = 128>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
+  // A speculated block adds nothing to l in the softmax: its row sum must come from the GEMM.
+  static_assert(!kSpec || kGemmSum, "the speculative softmax needs the GEMM row sum");
   using namespace sm90;
   using Tr = PrefillFp8Traits<kN>;
   constexpr int kD = Tr::kHeadDim;
@@ -569,7 +561,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       turn_pass();
       wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
       fence_regs(s);
-      if constexpr (kSpec == 1) {
+      if constexpr (kSpec) {
         const int n0 = nb * kN;
         const bool masked =
             n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
@@ -629,7 +621,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
 // kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
 // branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
-template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, int kSpec = 0,
+template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, bool kSpec = false,
           int kN = 128>
 __global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
@@ -692,7 +684,8 @@ __global__ void __launch_bounds__(128) fp8_vt_pre_kernel(const __grid_constant__
   const int nb = blockIdx.x, r = blockIdx.y, kvh = blockIdx.z, tid = threadIdx.x;
   const int32_t* rw = p.plan + kPlanHeaderWords + r * kRequestWords;
   const int kv_len = rw[2];
-  if (nb * kN >= kv_len) return;
+  // Requests without new tokens have no tiles and no V^T units in the plan (build_tile_plan).
+  if (rw[1] == 0 || nb * kN >= kv_len) return;
   const int key_end = min(kv_len, (nb + 1) * kN);
   const int32_t* pt =
       p.req_to_token + static_cast<int64_t>(p.req_pool_indices[r]) * p.req_to_token_stride;

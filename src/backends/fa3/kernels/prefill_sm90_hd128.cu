@@ -1,5 +1,7 @@
 // SM90 wgmma prefill kernel, head dim 128, bf16 and f16, and the FP8 (e4m3 KV, bf16 q) kernel
 // (empty unless 128 is in ATTNKIT_HEAD_DIMS).
+#include <string>
+
 #include "backends/fa3/kernels/prefill_sm90_fp8.cuh"
 #include "backends/fa3/kernels/prefill_sm90_launch.cuh"
 
@@ -25,11 +27,17 @@ namespace {
 template <auto kKernel, int kN>
 Status launch_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max_kv_len) {
   using Tr = PrefillFp8Traits<kN>;
-  ATTNKIT_CUDA_TRY(
-      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  if (p.vt_pre != 0 && max_kv_len <= 0) {
+    return Status::internal("fa3 fp8: vt_pre without max_kv_len (" + std::to_string(max_kv_len) +
+                            ")");
+  }
+  // A per-function attribute (not a stream operation): set once per instantiation.
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  ATTNKIT_CUDA_TRY(attr);
   const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
   if (units == 0) return Status::ok();
-  if (p.vt_pre != 0 && max_kv_len > 0) {
+  if (p.vt_pre != 0) {
     const dim3 pre_grid(static_cast<unsigned>((max_kv_len + kN - 1) / kN),
                         static_cast<unsigned>(p.bs),
                         static_cast<unsigned>(p.num_q_heads / p.group));
@@ -57,12 +65,12 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
     return launch_fp8<prefill_sm90_fp8_kernel<false, false, false>, 128>(q, sm_count, stream, 0);
   }
   if (p.vt_pre != 0 && p.fp8_spec != 0 && p.fp8_block_n == 192) {
-    return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 1, 192>, 192>();
+    return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, true, 192>, 192>();
   }
   if (p.vt_pre != 0) {
     if (p.fp8_spec != 0)
-      return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 1>>();
-    return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, 0>>();
+      return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, true>>();
+    return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, false>>();
   }
   if (p.fp8_gemm_sum != 0)
     return a.template operator()<prefill_sm90_fp8_kernel<true, true, false>>();

@@ -2,6 +2,8 @@
 #include "backends/fa3/kernels/tile_plan.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <iostream>
 #include <string>
 
 #include "backends/fa3/kernels/fa3_params.h"
@@ -25,7 +27,7 @@ Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int bloc
                                       " (needs 0 <= new tokens <= kv_len)");
     }
     plan.words.insert(plan.words.end(), {q.q_start, q.q_len, q.kv_len, vt_blocks});
-    vt_blocks += vt_units(q.kv_len);
+    if (q.q_len > 0) vt_blocks += vt_units(q.kv_len);
     const int32_t prefix = q.kv_len - q.q_len;
     for (int32_t m = 0; m * block_m < q.q_len; ++m) {
       // The tile's last row sees prefix + (m + 1) * block_m keys (clipped to kv_len).
@@ -39,6 +41,101 @@ Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int bloc
   for (const Tile& t : tiles) plan.words.insert(plan.words.end(), {t.request, t.m_block});
   plan.num_tiles = static_cast<int>(tiles.size());
   return plan;
+}
+
+std::vector<TileRequest> tile_requests(const ForwardBatch& batch) {
+  std::vector<TileRequest> reqs(static_cast<size_t>(batch.batch_size));
+  int32_t start = 0;
+  const bool have_extend = !batch.extend_seq_lens_host.empty();
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    TileRequest& q = reqs[r];
+    q.q_len = have_extend ? batch.extend_seq_lens_host[r] : batch.spec.draft_token_num;
+    q.q_start = have_extend && !batch.extend_start_loc_host.empty() ? batch.extend_start_loc_host[r]
+                                                                    : start;
+    q.kv_len = batch.seq_lens_host[r];
+    start += q.q_len;
+  }
+  return reqs;
+}
+
+namespace {
+
+constexpr int kFp8HeadDim = 128;  // the FP8 kernel's head dim
+
+void warn(const std::string& what) { std::cerr << "attnkit fa3: " << what << "\n"; }
+
+// Unset: default_on; set: on unless "0".
+bool env_flag(const char* name, bool default_on) {
+  const char* e = std::getenv(name);
+  return e == nullptr ? default_on : std::string(e) != "0";
+}
+
+}  // namespace
+
+Fp8Knobs fp8_knobs_from_env() {
+  Fp8Knobs k;
+  k.spec = env_flag("ATTNKIT_FA3_FP8_SPEC", true);
+  k.gemm_sum = env_flag("ATTNKIT_FA3_FP8_GEMM_SUM", true);
+  k.uniform_wg = env_flag("ATTNKIT_FA3_UNIFORM_WG", true);
+  if (const char* vt = std::getenv("ATTNKIT_FA3_FP8_VT_PRE"); vt != nullptr) {
+    k.vt_pre_mode = std::string(vt) != "0" ? 1 : 0;
+  }
+  if (const char* fb = std::getenv("ATTNKIT_FA3_FP8_BLOCK_N"); fb != nullptr) {
+    const int want = std::atoi(fb);
+    if (want == 128 || want == 192) {
+      k.block_mode = want;
+    } else {
+      warn(std::string("ATTNKIT_FA3_FP8_BLOCK_N=") + fb + " ignored (accepted: 128, 192)");
+    }
+  }
+  return k;
+}
+
+Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_heads,
+                              const Fp8Knobs& knobs) {
+  constexpr int64_t kVtPreKeysPerQuery = 8;
+  constexpr int64_t kVtPreMaxBytes = int64_t{1} << 30;
+  constexpr int64_t kVtUnitBytes = int64_t{kVtBlockKeys} * kFp8HeadDim;
+  // 192-key blocks: H200 10:11Z, one sample each, vs 128 keys: causal 8k +2.3%, 16k +3.8%, bidir
+  // 8k +1.6-2.3%, causal 4k -1.2% (fewer, longer blocks per tile); so from 8192 keys on.
+  constexpr int kFp8Block192MinKeys = 8192;
+  Fp8Variant v;
+  int64_t q_total = 0, kv_total = 0;
+  for (const TileRequest& q : requests) {
+    if (q.q_len <= 0) continue;  // no tiles, no V^T units
+    q_total += q.q_len;
+    kv_total += q.kv_len;
+    v.max_kv_len = std::max(v.max_kv_len, q.kv_len);
+    v.vt_units += vt_units(q.kv_len);
+  }
+  const int64_t bytes = static_cast<int64_t>(kv_heads) * v.vt_units * kVtUnitBytes;
+  const bool shape_ok = q_total * kVtPreKeysPerQuery >= kv_total;
+  const bool fits = v.vt_units > 0 && bytes <= kVtPreMaxBytes;
+  v.vt_pre =
+      knobs.uniform_wg && fits && (knobs.vt_pre_mode == 1 || (knobs.vt_pre_mode == -1 && shape_ok));
+  v.spec = v.vt_pre && knobs.spec;
+  v.gemm_sum = knobs.uniform_wg && (v.vt_pre || knobs.gemm_sum);
+  const int want_block =
+      knobs.block_mode != 0 ? knobs.block_mode : (v.max_kv_len >= kFp8Block192MinKeys ? 192 : 128);
+  v.block_n = v.spec ? want_block : 128;
+  v.vt_bytes = v.vt_pre ? bytes : 0;
+  if (knobs.vt_pre_mode == 1 && !v.vt_pre && v.vt_units > 0) {
+    v.not_honoured =
+        "ATTNKIT_FA3_FP8_VT_PRE=1 not followed: " +
+        std::string(!knobs.uniform_wg ? "ATTNKIT_FA3_UNIFORM_WG=0"
+                                      : "V^T workspace " + std::to_string(bytes) + " bytes > " +
+                                            std::to_string(kVtPreMaxBytes));
+  } else if (knobs.block_mode == 192 && v.block_n != 192 && v.vt_units > 0) {
+    v.not_honoured =
+        "ATTNKIT_FA3_FP8_BLOCK_N=192 not followed: 192-key blocks need the V^T "
+        "pre-transpose and the speculative softmax (vt_pre " +
+        std::to_string(v.vt_pre) + ", spec " + std::to_string(v.spec) + ")";
+  } else if (!knobs.gemm_sum && v.gemm_sum) {
+    v.not_honoured =
+        "ATTNKIT_FA3_FP8_GEMM_SUM=0 not followed: the V^T pre-transpose kernels "
+        "always take the row sums from the GEMM";
+  }
+  return v;
 }
 
 }  // namespace attnkit::fa3

@@ -14,8 +14,10 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "attnkit/forward_batch.h"
 #include "attnkit/status.h"
 
 namespace attnkit::fa3 {
@@ -32,7 +34,53 @@ struct TilePlan {
 };
 
 // kInvalidArgument names the first request with q_len < 0 or kv_len < q_len. block_m: query rows
-// per tile (Fa3Params::block_m; 192 for the three-warpgroup d 64 kernel).
+// per tile (Fa3Params::block_m; 192 for the three-warpgroup d 64 kernel). Requests without new
+// tokens get no tiles and no V^T units.
 Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int block_m = 128);
+
+// The requests of a forward from its host lengths (seq_lens counts the new tokens; without
+// extend lengths, spec.draft_token_num new tokens per request).
+std::vector<TileRequest> tile_requests(const ForwardBatch& batch);
+
+// ---- FP8 kernel variant (prefill_sm90_fp8.cuh) ----
+
+// The FP8 experiment knobs (environment, read once per engine by fp8_knobs_from_env).
+struct Fp8Knobs {
+  int vt_pre_mode = -1;    // -1: by the forward's shape; 0 / 1: ATTNKIT_FA3_FP8_VT_PRE=0 / 1
+  bool spec = true;        // ATTNKIT_FA3_FP8_SPEC=0: off
+  int block_mode = 0;      // 0: by the forward; 128 / 192: ATTNKIT_FA3_FP8_BLOCK_N
+  bool gemm_sum = true;    // ATTNKIT_FA3_FP8_GEMM_SUM=0: FADD row sums (without vt_pre only)
+  bool uniform_wg = true;  // ATTNKIT_FA3_UNIFORM_WG=0: the pre-session-7 kernel (128, in-kernel
+                           // transpose, FADD row sums)
+};
+// Reads the knobs above; a value that is not accepted (e.g. ATTNKIT_FA3_FP8_BLOCK_N=256) is
+// ignored with a one-line warning on stderr.
+Fp8Knobs fp8_knobs_from_env();
+
+// What the FP8 kernel runs for one forward.
+struct Fp8Variant {
+  bool vt_pre = false;       // Fa3Params::vt_pre: V^T pre-transposed per layer into the workspace
+  bool spec = false;         // Fa3Params::fp8_spec (vt_pre only)
+  bool gemm_sum = false;     // row sums through the P V GEMM (always with vt_pre)
+  int block_n = 128;         // Fa3Params::fp8_block_n (192: vt_pre and spec only)
+  int vt_units = 0;          // V^T units of the plan (vt_units over the requests with new tokens)
+  int max_kv_len = 0;        // keys of the longest request with new tokens (the pre-transpose grid)
+  int64_t vt_bytes = 0;      // workspace: kv_heads x vt_units x 16 KB (0 without vt_pre)
+  std::string not_honoured;  // non-empty: a forced knob this forward cannot follow (why)
+};
+
+// The FP8 variant of a forward of `requests` with kv_heads KV heads:
+//  * vt_pre when the forward has at least one query per kVtPreKeysPerQuery (8) keys (requests
+//    with new tokens only) and the workspace stays within kVtPreMaxBytes (1 GiB), or
+//    ATTNKIT_FA3_FP8_VT_PRE=1 within the same size (=0: never);
+//  * spec with vt_pre unless ATTNKIT_FA3_FP8_SPEC=0;
+//  * block_n 192 with vt_pre and spec when the longest request has >= kFp8Block192MinKeys (8192)
+//    keys, or ATTNKIT_FA3_FP8_BLOCK_N=192 (with vt_pre and spec only); else 128.
+// Worked example: one request, prefix 7200 + 1036 new tokens: 8236 keys, 1036 x 8 = 8288 >= 8236
+// -> vt_pre; 8236 >= 8192 -> 192 keys per block (8236 = 42 x 192 + 172); vt_units(8236) = 2 x 43
+// = 86 units, x 2 kv heads x 16 KB = 2.75 MiB. Prefix 2000 + 100 new: 800 < 2100 -> the in-kernel
+// transpose, 128 keys per block, no speculation.
+Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_heads,
+                              const Fp8Knobs& knobs);
 
 }  // namespace attnkit::fa3
