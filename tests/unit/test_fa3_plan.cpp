@@ -237,7 +237,7 @@ TEST(Fa3PlanTest, RejectsInconsistentLengths) {
 }
 
 TEST(Fa3PlanTest, KeyBlockFollowsTheHeadDim) {
-  EXPECT_EQ(default_block_n(64), 192);
+  EXPECT_EQ(default_block_n(64), 128);  // three consumer warpgroups (ATTNKIT_FA3_WG3)
   EXPECT_EQ(default_block_n(128), 128);
   EXPECT_EQ(default_block_n(256), 80);
   for (int d : {64, 128, 256}) EXPECT_TRUE(block_n_supported(d, default_block_n(d)));

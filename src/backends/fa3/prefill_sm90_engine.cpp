@@ -147,10 +147,10 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   const char* block_n = std::getenv("ATTNKIT_FA3_BLOCK_N");
   const int want = block_n != nullptr ? std::atoi(block_n) : 0;
   e->block_n_ = block_n_supported(ctx.qk_head_dim, want) ? want : default_block_n(ctx.qk_head_dim);
-  // Three consumer warpgroups (192-row tiles): d 64 with 128-key blocks only (ATTNKIT_FA3_WG3=1
-  // with ATTNKIT_FA3_BLOCK_N=128). H200 10:38Z, causal 4k / 8k / 16k, bidir 8k vs the default
+  // Three consumer warpgroups (192-row tiles): d 64 with 128-key blocks only (the default;
+  // ATTNKIT_FA3_WG3=0: two). H200 10:38Z, causal 4k / 8k / 16k, bidir 8k vs the default
   // (two warpgroups, 192 keys): +9 / +16 / +16 / +25% (docs/perf/fa3_notes.md, session 9).
-  if (ctx.qk_head_dim == 64 && e->block_n_ == 128 && env_flag("ATTNKIT_FA3_WG3", false)) {
+  if (ctx.qk_head_dim == 64 && e->block_n_ == 128 && env_flag("ATTNKIT_FA3_WG3", true)) {
     e->block_m_ = 192;
   }
   const char* diag = std::getenv("ATTNKIT_FA3_DIAG");

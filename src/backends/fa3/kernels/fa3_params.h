@@ -36,12 +36,12 @@ constexpr bool block_n_supported(int head_dim, int block_n) {
       return false;
   }
 }
-// The default key block of head dim d. d 64: 192 keys measured 1.05-1.06x the 128-key block
-// (H200 2026-11-23 00:44Z, causal B2 S8k 1.392 / 1.374 vs 1.458 / 1.458 ms; docs/perf/fa3_notes.md
-// session 7); ATTNKIT_FA3_BLOCK_N=128 restores it.
-constexpr int default_block_n(int head_dim) {
-  return head_dim == 256 ? 80 : (head_dim == 64 ? 192 : 128);
-}
+// The default key block of head dim d. d 64: 128 keys with three consumer warpgroups (192-row
+// tiles, ATTNKIT_FA3_WG3, on by default), measured 1.09-1.25x the two-warpgroup 192-key kernel
+// (H200 2026-11-23 10:38Z, causal B2 S8k 1.190 / 1.185 vs 1.384 / 1.378 ms; docs/perf/fa3_notes.md
+// session 9); ATTNKIT_FA3_BLOCK_N=192 restores the session-7 default (192 keys beat 128 keys on
+// two warpgroups 1.05-1.06x, H200 00:44Z).
+constexpr int default_block_n(int head_dim) { return head_dim == 256 ? 80 : 128; }
 
 // Consumer schedule (Fa3Params::overlap) when ATTNKIT_FA3_OVERLAP is unset: the intra-warpgroup
 // overlap at d 64 / 128; the serial schedule at d 256, where it measured 1.31x faster (H200
