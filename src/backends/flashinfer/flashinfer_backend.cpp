@@ -548,6 +548,8 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   const TileShape shape = plan_.shape;
   if (shape == TileShape::kDecode) {
     ATTNKIT_RETURN_IF_ERROR(cuda::check_ring_decode_row_stride("flashinfer", kv_dtype, kbuf, vbuf));
+    if (p.decode_pdl == 1) ++stats_.decode_pdl_wait_first_calls;
+    if (p.decode_pdl == 2) ++stats_.decode_pdl_early_reads_calls;
   }
   return dispatch_value<flashinfer::NativeHeadDims>(
       ctx_.qk_head_dim, "flashinfer: head_dim", [&]<int kD>() -> Status {
