@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -253,6 +254,35 @@ TEST(FlashInferPdlTest, WaitFirstDecodeMatchesReferenceAndGraphs) {
   }
   graph_matches_eager(long_decode("graph_long_wait_first", {4999, 100, 2047, 0}, 16, DType::kBF16),
                       wait_first, mode1_only);
+}
+
+// The PDL A/B knobs are read when a backend is created, so one process can compare them:
+// ATTNKIT_FLASHINFER_PDL_GRAPH=0 captures the decode without PDL,
+// ATTNKIT_FLASHINFER_PDL_TRIGGER=end releases the next grid after streaming (both still match the
+// reference and eager runs).
+TEST(FlashInferPdlTest, KnobsAreReadPerBackend) {
+  const CaseSpec* c = harness::find_case("decode_batch16_page16");  // kv_len <= 211: no split
+  ASSERT_NE(c, nullptr);
+  const harness::PrepareOptions prepare;
+  const int64_t layers = prepare.num_layers;
+  struct Unset {
+    ~Unset() {
+      unsetenv("ATTNKIT_FLASHINFER_PDL_GRAPH");
+      unsetenv("ATTNKIT_FLASHINFER_PDL_TRIGGER");
+    }
+  } unset;
+  // Eager layers (unsplit, early page-table reads) take mode 2; the captured ones none.
+  setenv("ATTNKIT_FLASHINFER_PDL_GRAPH", "0", 1);
+  graph_matches_eager(*c, prepare, [&](AttentionBackend& backend) {
+    EXPECT_EQ(flashinfer_stats(backend)->decode_pdl_early_reads_calls, layers);
+  });
+  unsetenv("ATTNKIT_FLASHINFER_PDL_GRAPH");
+  graph_matches_eager(*c, prepare, [&](AttentionBackend& backend) {
+    EXPECT_EQ(flashinfer_stats(backend)->decode_pdl_early_reads_calls, 2 * layers);
+  });
+  setenv("ATTNKIT_FLASHINFER_PDL_TRIGGER", "end", 1);
+  run_and_compare(*c, /*save_kv=*/false);
+  graph_matches_eager(*c);
 }
 
 // ---- the host planner ----
