@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -89,8 +90,6 @@ __attribute__((target("avx2,fma"))) float fp32_fma_chains(int64_t iters) {
 
 constexpr int kAmxTileRows = 16;
 constexpr int kAmxTileRowBytes = 64;
-// Tile dot products per thread and repetition: 2^20 x 16384 FLOPs = 17 GFLOP, about 0.01 s per
-// core at the ~2 TFLOP/s of one core's tile unit.
 // Short passes (2^16 x 4 dots: ~2-3 ms per core), many of them: on hosts whose 2-thread tile rate
 // is bimodal (the device Xeon: ~1.9 or ~4.6 TFLOP/s, vCPUs that share a physical core's tile unit
 // or not) the best, median and worst pass show whether the mode changed within the process.
@@ -290,7 +289,8 @@ static uint64_t read_sum(const char* p, int64_t bytes) {
   return total;
 }
 
-static volatile uint64_t g_read_sink = 0;
+// Keeps the read passes' sums alive (every thread adds its chunk's).
+static std::atomic<uint64_t> g_read_sink{0};
 
 double CpuCopyProbe::read_pass_gbs() {
   const char* s = static_cast<const char*>(src_.data());
@@ -305,7 +305,9 @@ double CpuCopyProbe::read_pass_gbs() {
   for (int t = 0; t < threads; ++t) {
     const int64_t begin = std::min(bytes, t * chunk);
     const int64_t end = std::min(bytes, begin + chunk);
-    if (end > begin) g_read_sink = read_sum(s + begin, end - begin);
+    if (end > begin) {
+      g_read_sink.fetch_add(read_sum(s + begin, end - begin), std::memory_order_relaxed);
+    }
   }
   const auto t1 = std::chrono::steady_clock::now();
   return gb_per_s(static_cast<double>(bytes),
@@ -320,45 +322,47 @@ double CpuCopyProbe::pass_gbs() {
   return gb_per_s(2.0 * static_cast<double>(bytes_), ms);
 }
 
-Result<Ceiling> measure_cpu_copy(int64_t buffer_bytes, int reps) {
+// One kind of CpuCopyProbe pass measured as a bandwidth ceiling.
+struct CpuBandwidthPass {
+  const char* name;                    // the ceiling's name; "measure_" + name in errors
+  const char* action;                  // method text: "<action> of N MiB by T threads"
+  const char* counted;                 // which bytes count, e.g. "bytes read + written"
+  double bytes_per_buffer_byte;        // bytes one pass moves per buffer byte
+  double (CpuCopyProbe::*pass_gbs)();  // one timed pass, GB/s
+};
+
+// The best (and median) of `reps` passes over a fresh probe of buffer_bytes.
+static Result<Ceiling> measure_cpu_bandwidth(const CpuBandwidthPass& pass, int64_t buffer_bytes,
+                                             int reps) {
   if (buffer_bytes <= 0 || reps <= 0) {
-    return Status::invalid_argument("measure_cpu_copy: buffer_bytes " +
+    return Status::invalid_argument(std::string("measure_") + pass.name + ": buffer_bytes " +
                                     std::to_string(buffer_bytes) + " and reps " +
                                     std::to_string(reps) + " must be positive");
   }
   ATTNKIT_ASSIGN_OR_RETURN(CpuCopyProbe probe, CpuCopyProbe::create(buffer_bytes));
-  const int threads = probe.threads();
   std::vector<double> gbs;
-  for (int r = 0; r < reps; ++r) gbs.push_back(probe.pass_gbs());
+  for (int r = 0; r < reps; ++r) gbs.push_back((probe.*pass.pass_gbs)());
   Ceiling c;
-  c.name = "cpu_copy";
-  c.method = "memcpy of " + std::to_string(buffer_bytes >> 20) + " MiB by " +
-             std::to_string(threads) + " threads, bytes read + written, best of " +
+  c.name = pass.name;
+  c.method = std::string(pass.action) + " of " + std::to_string(buffer_bytes >> 20) + " MiB by " +
+             std::to_string(probe.threads()) + " threads, " + pass.counted + ", best of " +
              std::to_string(reps);
-  c.bytes = 2.0 * static_cast<double>(buffer_bytes);
+  c.bytes = pass.bytes_per_buffer_byte * static_cast<double>(buffer_bytes);
   c.gbs = *std::max_element(gbs.begin(), gbs.end());
   c.median_gbs = median(gbs);
   return c;
 }
 
+Result<Ceiling> measure_cpu_copy(int64_t buffer_bytes, int reps) {
+  return measure_cpu_bandwidth(
+      {"cpu_copy", "memcpy", "bytes read + written", 2.0, &CpuCopyProbe::pass_gbs}, buffer_bytes,
+      reps);
+}
+
 Result<Ceiling> measure_cpu_read(int64_t buffer_bytes, int reps) {
-  if (buffer_bytes <= 0 || reps <= 0) {
-    return Status::invalid_argument("measure_cpu_read: buffer_bytes " +
-                                    std::to_string(buffer_bytes) + " and reps " +
-                                    std::to_string(reps) + " must be positive");
-  }
-  ATTNKIT_ASSIGN_OR_RETURN(CpuCopyProbe probe, CpuCopyProbe::create(buffer_bytes));
-  std::vector<double> gbs;
-  for (int r = 0; r < reps; ++r) gbs.push_back(probe.read_pass_gbs());
-  Ceiling c;
-  c.name = "cpu_read";
-  c.method = "read-only sum of " + std::to_string(buffer_bytes >> 20) + " MiB by " +
-             std::to_string(probe.threads()) + " threads, bytes read, best of " +
-             std::to_string(reps);
-  c.bytes = static_cast<double>(buffer_bytes);
-  c.gbs = *std::max_element(gbs.begin(), gbs.end());
-  c.median_gbs = median(gbs);
-  return c;
+  return measure_cpu_bandwidth(
+      {"cpu_read", "read-only sum", "bytes read", 1.0, &CpuCopyProbe::read_pass_gbs}, buffer_bytes,
+      reps);
 }
 
 Result<Ceiling> measure_cpu_compute_peak(bool has_avx512_bf16, bool has_avx2, int reps) {

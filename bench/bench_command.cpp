@@ -206,7 +206,11 @@ void bench_main(const BenchArgs& args) {
   run.ceilings.push_back(*copy);
   if (device.is_cpu()) {  // the read-only ceiling beside the copy (a decode only reads)
     Result<bench::Ceiling> read = bench::measure_cpu_read(cpu_copy_bytes(), kCpuCopyReps);
-    if (read) run.ceilings.push_back(*read);
+    if (read) {
+      run.ceilings.push_back(*read);
+    } else {
+      std::cerr << "attnkit bench: no cpu_read ceiling: " << read.status().to_string() << "\n";
+    }
   }
   // Kept for the paired rounds of the memory-bound cases (allocated once, first-touched here).
   std::optional<bench::CpuCopyProbe> probe;
@@ -221,6 +225,7 @@ void bench_main(const BenchArgs& args) {
   }
   rates.copy_name = copy->name;
   rates.copy_gbs = copy->gbs;
+  std::optional<size_t> amx_index;  // the AMX peak before the cases in run.ceilings
   if (args.gemm_tflops > 0) {
     bench::Ceiling given;
     given.name = "gemm_given";
@@ -243,6 +248,7 @@ void bench_main(const BenchArgs& args) {
       Result<bench::Ceiling> amx =
           bench::measure_cpu_amx_peak(run.device_info.has_amx_bf16, kCpuAmxPeakReps);
       if (amx) {
+        amx_index = run.ceilings.size();
         run.ceilings.push_back(*amx);
       } else {
         std::cerr << "attnkit bench: no AMX ceiling: " << amx.status().to_string() << "\n";
@@ -290,9 +296,7 @@ void bench_main(const BenchArgs& args) {
 
   // The AMX peak again after the cases: the extend ratios above use the peak measured before
   // them; a host whose tile rate changed mode meanwhile shows it here (both stay in the JSON).
-  if (device.is_cpu() && run.device_info.has_amx_bf16 &&
-      rates.compute_name == "cpu_amx_bf16_peak") {
-    const size_t amx_index = run.ceilings.size() - 1;  // the peak before (pushed last)
+  if (device.is_cpu() && amx_index.has_value() && rates.compute_name == "cpu_amx_bf16_peak") {
     Result<bench::Ceiling> after =
         bench::measure_cpu_amx_peak(run.device_info.has_amx_bf16, kCpuAmxPeakReps);
     if (after) {
@@ -304,9 +308,10 @@ void bench_main(const BenchArgs& args) {
           std::cout << "#   " << r.backend << " " << r.bench_case.name << ": " << r.tflops
                     << " TFLOP/s = " << 100.0 * r.tflops / rates.compute_tflops
                     << "% of the median pass before (the table's ratio), "
-                    << 100.0 * r.tflops / run.ceilings[amx_index].tflops << "% of the best before, "
-                    << 100.0 * r.tflops / after->median_tflops << "% of the median pass after, "
-                    << 100.0 * r.tflops / after->tflops << "% of the best after\n";
+                    << 100.0 * r.tflops / run.ceilings[*amx_index].tflops
+                    << "% of the best before, " << 100.0 * r.tflops / after->median_tflops
+                    << "% of the median pass after, " << 100.0 * r.tflops / after->tflops
+                    << "% of the best after\n";
         }
       }
       run.ceilings.push_back(*after);

@@ -38,7 +38,11 @@ struct SpecInfo {
 };
 
 // Tensors live on the backend's device (host memory for CPU backends). Host copies of the length
-// arrays sit beside them so planning never needs a device->host copy.
+// arrays sit beside them so planning never needs a device->host copy; where given, a host copy
+// must hold exactly the values of its tensor (validate() cannot check the device side). Backends
+// plan from either: e.g. the MLA decode engine schedules on the device from seq_lens but decides
+// on the host from seq_lens_host whether any request is split, so stale host lengths would leave
+// a split request uncombined (silently wrong output).
 struct ForwardBatch {
   ForwardMode mode = ForwardMode::kExtend;
   int batch_size = 0;

@@ -6,14 +6,17 @@
 # mla_decode_16h.json (eager, --warmup 5 --iters 20):
 #   def     the default (session 9: combine launch skipped when the host schedule splits nothing)
 #   noskip  ATTNKIT_MLA_COMBINE_SKIP=0 (the combine always launched: the session-8 default)
-#   pdlns   ATTNKIT_MLA_COMBINE_SKIP=0 ATTNKIT_MLA_COMBINE_PDL=1 (combine as a PDL dependent; needs
-#           scripts/device/patches/mla_s9_combine_pdl_chain_prefetch.patch applied, as chain does)
+#   pdlns   ATTNKIT_MLA_COMBINE_SKIP=0 ATTNKIT_MLA_COMBINE_PDL=1 (combine as a PDL dependent)
 #   chain   ATTNKIT_MLA_CHAIN_PREFETCH=1 (first request's loads issued together, page table
 #           prefetched)
+# pdlns and chain run only with PATCHED=1: their knobs exist only with
+# scripts/device/patches/mla_s9_combine_pdl_chain_prefetch.patch applied (on main they would bench
+# the default under another label).
 # Session 9's first run (10:02Z) used this script with the fp8 register-V / schedule-overhead
 # variants of mla2's patch (dropped since; docs/perf/mla_notes.md). Run from the repository root
 # with .deps carried. Knobs: B (build dir), ROUNDS, GUARD (no bench or ceiling starts after GUARD
-# s), BENCH_EXTRA, CTEST_ENV, TREE (printed). Each bench's lines go to stdout as it ends.
+# s), BENCH_EXTRA, CTEST_ENV, TREE (printed), PATCHED (1: the patch is applied). Each bench's
+# lines go to stdout as it ends.
 set -uo pipefail
 FINAL="${OUT:-$PWD/out}"; OUT=${MLA_WORK:-/tmp/mla_s8b}; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
 B=${B:-build-dev}; T0=$(date +%s)
@@ -34,9 +37,10 @@ bench() {  # name, filter ("" = all), env...
   echo "bench $name rc=$? $(el) $(grep -m1 'ceiling' "$OUT/bench_$name.log" | grep -oE '[0-9.]+ GB/s')"
   awk '/^flashmla /{sub("mla_decode_b128_", "", $2); print "   ", $2, $3, $4, $5}' "$OUT/bench_$name.log"
 }
-round() {  # session 9 (second run): the new defaults against the old and the two knobs
+round() {  # session 9 (second run): the new defaults against the old (and the patch's two knobs)
   local r=$1
   bench def_$r ""; bench noskip_$r "" ATTNKIT_MLA_COMBINE_SKIP=0
+  [ "${PATCHED:-0}" = 1 ] || return 0
   bench pdlns_$r "" ATTNKIT_MLA_COMBINE_SKIP=0 ATTNKIT_MLA_COMBINE_PDL=1
   bench chain_$r "" ATTNKIT_MLA_CHAIN_PREFETCH=1
 }
@@ -46,7 +50,7 @@ REGEX='Mla|MLA|mla|FlashMla|CutlassMla|FlashInfer.*[Mm]la'
   -j 12 --timeout 60 --output-on-failure > "$OUT/ctest.log" 2>&1)
 echo "ctest (${CTEST_ENV:-defaults}) rc=$? $(el): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception)" "$OUT/ctest.log" | head -12
-grep -E "Heads16CombineSkipAndPdl|Heads16PrefetchAndFp8" "$OUT/ctest.log" | head -4
+grep -E "Heads16CombineSkip|Heads16PrefetchAndFp8" "$OUT/ctest.log" | head -4
 for r in ${ROUNDS:-b c}; do round $r; done
 [ $(( $(date +%s) - T0 )) -lt ${GUARD:-270} ] && { timeout 25 python3 scripts/device/mla_ceilings.py \
   > "$OUT/ceilings.log" 2>&1; tail -2 "$OUT/ceilings.log"; }

@@ -759,8 +759,9 @@ BackendContext PreparedCase::context() const {
   ctx.speculative_topk = spec.spec_topk;
   ctx.mla_prefix_chunk_tokens = spec.mla_prefix_chunk;
   // The harness writes page tables and plans by host copies, never by a kernel right before a
-  // forward, so the SM90 decode may read them before its wait on the previous kernel.
-  ctx.early_page_table_reads = true;
+  // forward, so the SM90 decode may read them before its wait on the previous kernel (unless the
+  // options ask for the library default).
+  ctx.early_page_table_reads = options.early_page_table_reads;
   return ctx;
 }
 

@@ -111,6 +111,11 @@ struct PrepareOptions {
   bool snapshot_pool = true;  // keep a host copy of the pool to detect stray writes
   int spare_pages = 3;        // allocated-but-unused pages mixed into the page tables' range
   bool fast_inputs = false;   // counter-based, multi-threaded random inputs (bench: big cases)
+  // PreparedCase::context()'s BackendContext::early_page_table_reads. true: the harness writes page
+  // tables and plans by host copies, so the SM90 flashinfer decode may read them before its PDL
+  // wait (mode 2). false: the library default (mode 1, wait first, unless the backend's own set_kv
+  // ran), for tests of that path.
+  bool early_page_table_reads = true;
 };
 
 // Everything one layer call needs; tensors live on PreparedCase::device.

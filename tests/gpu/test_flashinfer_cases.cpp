@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,11 +47,15 @@ bool expects_native(const CaseSpec& s) {
   return !s.mla && q_ok && kv_ok && !s.cross_attention && s.head_dim == s.v_head_dim;
 }
 
-void run_and_compare(const CaseSpec& spec, bool save_kv, bool* split_seen = nullptr,
-                     bool sm90_prefill = true) {
+// Runs the case on a fresh backend and checks it against the reference; `stats_out`, when set,
+// receives the backend's counters. `prepare` is the harness setup (its early_page_table_reads sets
+// the backend context's).
+void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_out = nullptr,
+                     bool sm90_prefill = true, const harness::PrepareOptions& prepare = {}) {
   SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv") +
-               (sm90_prefill ? "" : " sm90 prefill off"));
-  Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
+               (sm90_prefill ? "" : " sm90 prefill off") +
+               (prepare.early_page_table_reads ? "" : " no early page-table reads"));
+  Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0), prepare);
   ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
   FlashInferOptions options;
   options.sm90_prefill = sm90_prefill;
@@ -74,7 +80,15 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, bool* split_seen = null
   } else {
     EXPECT_EQ(stats->wgmma_calls, 0) << "a case outside the wgmma kernel's scope ran on it";
   }
-  if (split_seen != nullptr) *split_seen = stats->split_calls > 0;
+  // The PDL mode: 2 (early page-table reads) only where allowed: the context says so or the
+  // backend's own set_kv ran just before.
+  if (prepare.early_page_table_reads || save_kv) {
+    EXPECT_EQ(stats->decode_pdl_wait_first_calls, 0);
+  } else {
+    EXPECT_EQ(stats->decode_pdl_early_reads_calls, 0)
+        << "a decode read the page table before its PDL wait without early_page_table_reads";
+  }
+  if (stats_out != nullptr) *stats_out = *stats;
 }
 
 class FlashInferCaseTest : public ::testing::TestWithParam<CaseSpec> {};
@@ -111,9 +125,9 @@ CaseSpec long_decode(std::string name, std::vector<int> prefix, int page, DType 
 }
 
 TEST(FlashInferSplitTest, LongUnevenDecodeSplitsAndMatches) {
-  bool split = false;
-  run_and_compare(long_decode("long_bf16", {4999, 100, 2047, 0}, 16, DType::kBF16), true, &split);
-  EXPECT_TRUE(split) << "the planner did not split a 5000-key request";
+  FlashInferStats stats;
+  run_and_compare(long_decode("long_bf16", {4999, 100, 2047, 0}, 16, DType::kBF16), true, &stats);
+  EXPECT_GT(stats.split_calls, 0) << "the planner did not split a 5000-key request";
 }
 
 TEST(FlashInferSplitTest, LongFp8DecodeWithSinksAndWindow) {
@@ -181,22 +195,94 @@ TEST(FlashInferPrefillPathsTest, LongCausalPrefillBothKernelsAllHeadDims) {
 
 // ---- CUDA graphs: replay equals eager bit for bit ----
 
-void graph_matches_eager(const CaseSpec& spec) {
-  SCOPED_TRACE(spec.describe());
-  Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0));
+// `after_replay` as in expect_graph_replay_matches_eager (checks on the backend's counters).
+void graph_matches_eager(const CaseSpec& spec, const harness::PrepareOptions& prepare = {},
+                         const std::function<void(AttentionBackend&)>& after_replay = {}) {
+  SCOPED_TRACE(spec.describe() +
+               (prepare.early_page_table_reads ? "" : " no early page-table reads"));
+  Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0), prepare);
   ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
   test_support::expect_graph_replay_matches_eager(*prepared, create_flashinfer_backend,
-                                                  ForwardMode::kDecode);
+                                                  ForwardMode::kDecode, 2, after_replay);
 }
 
+const char* const kGraphDecodeCases[] = {"decode_page16", "decode_batch16_page16",
+                                         "decode_fp8_e4m3_kv", "decode_sinks",
+                                         "decode_group8_d256"};
+
 TEST(FlashInferGraphTest, DecodeReplayIsBitIdenticalToEager) {
-  for (const char* name : {"decode_page16", "decode_batch16_page16", "decode_fp8_e4m3_kv",
-                           "decode_sinks", "decode_group8_d256"}) {
+  for (const char* name : kGraphDecodeCases) {
     const CaseSpec* c = harness::find_case(name);
     ASSERT_NE(c, nullptr) << name;
     graph_matches_eager(*c);
   }
   graph_matches_eager(long_decode("graph_long", {4999, 100, 2047, 0}, 16, DType::kBF16));
+}
+
+// ---- PDL mode 1: the library default ----
+// BackendContext::early_page_table_reads false (the library default; the harness sets it true) and
+// save_kv false: the decode waits for the previous kernel before its first plan / page-table read
+// (PDL mode 1) and releases the next grid right after its wait (the early trigger). Eager runs of
+// the shared table's decode cases and a split batch, and graph replays, against the reference.
+TEST(FlashInferPdlTest, WaitFirstDecodeMatchesReferenceAndGraphs) {
+  harness::PrepareOptions wait_first;
+  wait_first.early_page_table_reads = false;
+  const DeviceInfo dev = cuda_device();
+  ASSERT_EQ(dev.platform, Platform::kCUDA) << "no CUDA device";
+  int64_t wait_first_calls = 0;
+  for (const CaseSpec& c : harness::shared_case_table()) {
+    if (c.mode != ForwardMode::kDecode || !expects_native(c)) continue;
+    if (!harness::skip_reason(flashinfer_descriptor(), c, dev).empty()) continue;
+    FlashInferStats stats;
+    run_and_compare(c, /*save_kv=*/false, &stats, true, wait_first);
+    wait_first_calls += stats.decode_pdl_wait_first_calls;
+  }
+  EXPECT_GT(wait_first_calls, 0) << "no decode ran with PDL mode 1";
+  run_and_compare(long_decode("long_wait_first", {4999, 100, 2047, 0}, 16, DType::kBF16), false,
+                  nullptr, true, wait_first);
+  // Graphs: the eager run and the capture both run with save_kv false.
+  const auto mode1_only = [](AttentionBackend& backend) {
+    const FlashInferStats* stats = flashinfer_stats(backend);
+    ASSERT_NE(stats, nullptr);
+    EXPECT_GT(stats->decode_pdl_wait_first_calls, 0) << "the captured decode is not PDL mode 1";
+    EXPECT_EQ(stats->decode_pdl_early_reads_calls, 0);
+  };
+  for (const char* name : kGraphDecodeCases) {
+    const CaseSpec* c = harness::find_case(name);
+    ASSERT_NE(c, nullptr) << name;
+    graph_matches_eager(*c, wait_first, mode1_only);
+  }
+  graph_matches_eager(long_decode("graph_long_wait_first", {4999, 100, 2047, 0}, 16, DType::kBF16),
+                      wait_first, mode1_only);
+}
+
+// The PDL A/B knobs are read when a backend is created, so one process can compare them:
+// ATTNKIT_FLASHINFER_PDL_GRAPH=0 captures the decode without PDL,
+// ATTNKIT_FLASHINFER_PDL_TRIGGER=end releases the next grid after streaming (both still match the
+// reference and eager runs).
+TEST(FlashInferPdlTest, KnobsAreReadPerBackend) {
+  const CaseSpec* c = harness::find_case("decode_batch16_page16");  // kv_len <= 211: no split
+  ASSERT_NE(c, nullptr);
+  const harness::PrepareOptions prepare;
+  const int64_t layers = prepare.num_layers;
+  struct Unset {
+    ~Unset() {
+      unsetenv("ATTNKIT_FLASHINFER_PDL_GRAPH");
+      unsetenv("ATTNKIT_FLASHINFER_PDL_TRIGGER");
+    }
+  } unset;
+  // Eager layers (unsplit, early page-table reads) take mode 2; the captured ones none.
+  setenv("ATTNKIT_FLASHINFER_PDL_GRAPH", "0", 1);
+  graph_matches_eager(*c, prepare, [&](AttentionBackend& backend) {
+    EXPECT_EQ(flashinfer_stats(backend)->decode_pdl_early_reads_calls, layers);
+  });
+  unsetenv("ATTNKIT_FLASHINFER_PDL_GRAPH");
+  graph_matches_eager(*c, prepare, [&](AttentionBackend& backend) {
+    EXPECT_EQ(flashinfer_stats(backend)->decode_pdl_early_reads_calls, 2 * layers);
+  });
+  setenv("ATTNKIT_FLASHINFER_PDL_TRIGGER", "end", 1);
+  run_and_compare(*c, /*save_kv=*/false);
+  graph_matches_eager(*c);
 }
 
 // ---- the host planner ----

@@ -12,8 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "attnkit/device.h"
 #include "attnkit/registry.h"
+#include "backends/mla/kernels/mla_decode.h"
 #include "backends/mla/kernels/mla_tile_scheduler.h"
+#include "backends/mla/mla_decode_engine.h"
 #include "backends/mla/mla_paged_backend.h"
 #include "harness/case_runner.h"
 #include "support/backend_case_test.h"
@@ -46,7 +49,8 @@ CaseSpec mla_case(std::string name, ForwardMode mode, int page, std::vector<int>
   return c;
 }
 
-void run_and_compare(const CaseSpec& spec, bool save_kv) {
+// `stats_out`, when set, receives the backend's MLA engine counters.
+void run_and_compare(const CaseSpec& spec, bool save_kv, mla::MlaDecodeStats* stats_out = nullptr) {
   SCOPED_TRACE(spec.describe());
   Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
   ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
@@ -59,6 +63,29 @@ void run_and_compare(const CaseSpec& spec, bool save_kv) {
   ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
   EXPECT_EQ(cmp->nan_inf_count, 0) << cmp->summary();
   EXPECT_TRUE(cmp->passed()) << cmp->summary();
+  if (stats_out != nullptr) {
+    const mla::MlaDecodeStats* stats = mla_paged_stats(**backend);
+    ASSERT_NE(stats, nullptr);
+    *stats_out = *stats;
+  }
+}
+
+// Whether the engine's schedule of a decode case splits some request: the host copy of the
+// device schedule (mla_tile_scheduler.h) over this device's CTA-parts.
+bool decode_schedule_splits(const CaseSpec& spec) {
+  const Result<DeviceInfo> dev = detect_cuda(0);
+  EXPECT_TRUE(dev.is_ok());
+  const int bs = spec.batch_size();
+  const int parts = mla::num_parts(dev.is_ok() ? dev->sm_count : 1, spec.num_q_heads);
+  std::vector<int32_t> sched(static_cast<size_t>(parts) * mla::kSchedWords);
+  std::vector<int32_t> split(static_cast<size_t>(bs) + 1);
+  mla::build_schedule(
+      bs, parts, [&](int b) { return spec.prefix_lens[static_cast<size_t>(b)] + 1; }, sched.data(),
+      split.data());
+  for (int b = 0; b < bs; ++b) {
+    if (split[static_cast<size_t>(b) + 1] - split[static_cast<size_t>(b)] > 1) return true;
+  }
+  return false;
 }
 
 TEST(FlashMlaKernels, LongUnevenBatchSplitsAndMatches) {
@@ -155,21 +182,38 @@ TEST(FlashMlaKernels, Heads16PrefetchAndFp8InputTypes) {
 // Session 9: the combine launch skipped when the host schedule splits nothing (the default;
 // ATTNKIT_MLA_COMBINE_SKIP=0 launches it always): 16 and 8 heads, split / empty / one-tile
 // requests, many requests that split on no part, bf16 and fp8.
+// The counters: every layer launches the combine exactly when the schedule splits a request (or
+// with the skip off); many_h16 splits nothing (1-tile requests: total 140 * (1 + 5) tiles over 132
+// parts gives each part 7 + 5 = 12, room for whole requests only), long_h16 splits its 4000-key
+// request.
 TEST(FlashMlaKernels, Heads16CombineSkip) {
+  const auto long_h16 = [](DType kv) {
+    return mla_case("long_h16", ForwardMode::kDecode, 64, {4000, 3, 64, 130, 0, 1500}, 16, kv);
+  };
+  const auto many_h16 = [](DType kv) {
+    // more requests than parts (132 SMs): one or two whole requests per part, no split
+    return mla_case("many_h16", ForwardMode::kDecode, 64, std::vector<int>(140, 63), 16, kv);
+  };
+  EXPECT_TRUE(decode_schedule_splits(long_h16(DType::kBF16)));
+  EXPECT_FALSE(decode_schedule_splits(many_h16(DType::kBF16)));
   for (const char* skip : {"", "0"}) {
     SCOPED_TRACE(std::string("ATTNKIT_MLA_COMBINE_SKIP=") + skip);
     ASSERT_EQ(setenv("ATTNKIT_MLA_COMBINE_SKIP", skip, 1), 0);
+    const bool skip_on = std::strcmp(skip, "0") != 0;
     for (DType kv : {DType::kFP8E4M3, DType::kBF16}) {
-      run_and_compare(
-          mla_case("long_h16", ForwardMode::kDecode, 64, {4000, 3, 64, 130, 0, 1500}, 16, kv),
-          true);
-      run_and_compare(mla_case("h8", ForwardMode::kDecode, 64, {700, 65, 2}, 8, kv), true);
-      // more requests than parts (132 SMs): one or two whole requests per part, no split
-      run_and_compare(
-          mla_case("many_h16", ForwardMode::kDecode, 64, std::vector<int>(140, 63), 16, kv), true);
-      run_and_compare(
-          mla_case("many_long_h16", ForwardMode::kDecode, 64, std::vector<int>(160, 299), 16, kv),
-          true);
+      for (const CaseSpec& c :
+           {long_h16(kv), mla_case("h8", ForwardMode::kDecode, 64, {700, 65, 2}, 8, kv),
+            many_h16(kv),
+            mla_case("many_long_h16", ForwardMode::kDecode, 64, std::vector<int>(160, 299), 16,
+                     kv)}) {
+        SCOPED_TRACE(c.name);
+        mla::MlaDecodeStats stats;
+        run_and_compare(c, true, &stats);
+        const int64_t layers = harness::PrepareOptions{}.num_layers;
+        EXPECT_EQ(stats.runs, layers);
+        const bool combine = !skip_on || decode_schedule_splits(c);
+        EXPECT_EQ(stats.combine_launches, combine ? layers : 0);
+      }
     }
   }
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_COMBINE_SKIP"), 0);

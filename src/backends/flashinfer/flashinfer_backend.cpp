@@ -121,6 +121,12 @@ int log2_exact(int v) {
   return s;
 }
 
+// Whether the environment variable `name` is unset or holds anything but `value`.
+bool env_is_not(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e == nullptr || std::string(e) != value;
+}
+
 Status check_vec_aligned(const TensorView& t, const char* name) {
   const bool ok = reinterpret_cast<uintptr_t>(t.data) % (kVecElems * 2) == 0 &&
                   t.stride(0) % kVecElems == 0 && t.stride(1) % kVecElems == 0;
@@ -144,7 +150,10 @@ class FlashInferBackend final : public AttentionBackend {
         ctx_portable_reason_(std::move(portable_reason)),
         mla_engine_(std::move(mla_engine)),
         prefix_cache_(ctx),
-        sm90_prefill_(std::move(sm90_prefill)) {}
+        sm90_prefill_(std::move(sm90_prefill)),
+        pdl_split_(env_is_not("ATTNKIT_FLASHINFER_PDL_SPLIT", "0")),
+        pdl_graph_(env_is_not("ATTNKIT_FLASHINFER_PDL_GRAPH", "0")),
+        pdl_early_(env_is_not("ATTNKIT_FLASHINFER_PDL_TRIGGER", "end")) {}
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("flashinfer");
@@ -252,6 +261,13 @@ class FlashInferBackend final : public AttentionBackend {
   // SM90: the wgmma prefill kernel for eligible extend layers (shared with the fa3 backend);
   // nullptr on other devices, when the build lacks sm_90a code or when turned off.
   std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill_;
+  // A/B knobs of the decode's programmatic dependent launch, read when the backend is created (run:
+  // decode_pdl): ATTNKIT_FLASHINFER_PDL_SPLIT=0 launches eager split plans without PDL,
+  // ATTNKIT_FLASHINFER_PDL_GRAPH=0 captured decode graphs,
+  // ATTNKIT_FLASHINFER_PDL_TRIGGER=end releases the next grid after streaming.
+  bool pdl_split_ = true;
+  bool pdl_graph_ = true;
+  bool pdl_early_ = true;
   Plan plan_;
   FlashInferStats stats_;
   flashinfer::Cascade cascade_;  // shared-prefix plans of this forward (cascade.h)
@@ -502,26 +518,15 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   // vs no PDL: b16 kv 4k p16 68.7 vs 69.7 us bf16, 38.3 vs 39.9 fp8, b1 kv 32k 41.9 vs 43.6 (with
   // mode 1 and the late trigger, session 7 measured b1 replays slower: 66.1% vs 70%).
   // ATTNKIT_FLASHINFER_PDL_SPLIT=0 / ATTNKIT_FLASHINFER_PDL_GRAPH=0 /
-  // ATTNKIT_FLASHINFER_PDL_TRIGGER=end restore the previous launches (A/B knobs).
-  static const bool pdl_split = [] {
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_SPLIT");
-    return e == nullptr || std::string(e) != "0";
-  }();
-  static const bool pdl_graph = [] {
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_GRAPH");
-    return e == nullptr || std::string(e) != "0";
-  }();
+  // ATTNKIT_FLASHINFER_PDL_TRIGGER=end restore the previous launches (A/B knobs, read when the
+  // backend is created: pdl_split_, pdl_graph_, pdl_early_).
   // Mode 2 (plan and first page-table words read before the wait) only where the previous kernel
   // cannot have written them: attnkit's own KV store just ran, or the context says so
   // (BackendContext::early_page_table_reads); mode 1 (wait first) otherwise.
   const bool early_reads = ctx_.early_page_table_reads || (save_kv && k.defined());
-  const bool no_pdl = (plan_.split && !pdl_split) || (plan_.graph && !pdl_graph);
+  const bool no_pdl = (plan_.split && !pdl_split_) || (plan_.graph && !pdl_graph_);
   p.decode_pdl = no_pdl ? 0 : (early_reads ? 2 : 1);
-  static const bool pdl_early = [] {  // paged_params.h decode_pdl_early
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL_TRIGGER");
-    return e == nullptr || std::string(e) != "end";
-  }();
-  p.decode_pdl_early = pdl_early ? 1 : 0;
+  p.decode_pdl_early = pdl_early_ ? 1 : 0;  // paged_params.h decode_pdl_early
   p.plan = plan_.words;
   p.bs = batch.batch_size;
   if (batch.mode == ForwardMode::kTargetVerify && batch.spec.custom_mask.defined()) {
@@ -554,6 +559,8 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   const TileShape shape = plan_.shape;
   if (shape == TileShape::kDecode) {
     ATTNKIT_RETURN_IF_ERROR(cuda::check_ring_decode_row_stride("flashinfer", kv_dtype, kbuf, vbuf));
+    if (p.decode_pdl == 1) ++stats_.decode_pdl_wait_first_calls;
+    if (p.decode_pdl == 2) ++stats_.decode_pdl_early_reads_calls;
   }
   return dispatch_value<flashinfer::NativeHeadDims>(
       ctx_.qk_head_dim, "flashinfer: head_dim", [&]<int kD>() -> Status {

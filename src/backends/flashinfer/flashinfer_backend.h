@@ -69,6 +69,12 @@ struct FlashInferStats {
   int64_t split_calls = 0;            // native calls whose plan split some request (merge ran)
   int64_t cascade_calls = 0;          // native calls that ran the shared-prefix cascade
   int64_t cascade_shared_prefix = 0;  // shared prefix (keys) of the last forward's cascade, or 0
+  // Decode kernel calls by the PDL mode the backend allowed (PagedParams::decode_pdl; launch_paged
+  // lowers it below SM90 or with ATTNKIT_FLASHINFER_PDL): 1 = wait for the previous kernel first,
+  // 2 = plan and first page-table words read before the wait. Launches without PDL (split eager
+  // plans, graphs with ATTNKIT_FLASHINFER_PDL_GRAPH=0) count in neither.
+  int64_t decode_pdl_wait_first_calls = 0;
+  int64_t decode_pdl_early_reads_calls = 0;
 };
 // The counters of a backend made by create_flashinfer_backend; nullptr for any other backend.
 const FlashInferStats* flashinfer_stats(const AttentionBackend& backend);

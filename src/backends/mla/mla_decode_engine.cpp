@@ -63,7 +63,9 @@ bool fp8_f16_env() {
 
 // ATTNKIT_MLA_COMBINE_SKIP=0: always launch the combine kernel; unset / else eager plans whose
 // host schedule (from seq_lens_host) splits no request launch none (MlaDecodeParams::
-// skip_combine; the default since session 9: H200 bf16 kv 4k -2.6 / -3.2 us per forward).
+// skip_combine; the default since session 9: H200 bf16 kv 4k -2.6 / -3.2 us per forward). The
+// host schedule equals the device one only when ForwardBatch::seq_lens_host equals seq_lens, as
+// the batch's contract requires (forward_batch.h).
 bool combine_skip_env() {
   const char* e = std::getenv("ATTNKIT_MLA_COMBINE_SKIP");
   return e == nullptr || std::string(e) != "0";
@@ -316,7 +318,10 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.mma_prefetch = mma_prefetch_;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
   p.skip_combine = plan_.need_combine ? 0 : 1;
-  return run_decode(p, page_size_, kv_dtype, stream);
+  ATTNKIT_RETURN_IF_ERROR(run_decode(p, page_size_, kv_dtype, stream));
+  ++stats_.runs;
+  if (p.skip_combine == 0) ++stats_.combine_launches;
+  return Status::ok();
 }
 
 }  // namespace attnkit::mla

@@ -17,6 +17,12 @@
 
 namespace attnkit::mla {
 
+// Per-layer call counters of an engine.
+struct MlaDecodeStats {
+  int64_t runs = 0;              // layers run (decode kernel launches)
+  int64_t combine_launches = 0;  // runs that launched the LSE combine kernel (MlaDecodeParams)
+};
+
 class MlaDecodeEngine {
  public:
   // owner: the backend name used in messages; page_size: the paged loader's compile-time page
@@ -47,6 +53,7 @@ class MlaDecodeEngine {
   // wgmma kernel: SM90 device, sm_90a code in the build, ATTNKIT_MLA_WGMMA not "0"; page
   // sizes 1, 64 and 128 alike.
   bool uses_wgmma() const { return use_wgmma_; }
+  const MlaDecodeStats& stats() const { return stats_; }
 
  private:
   MlaDecodeEngine(const BackendContext& ctx, std::string owner, int page_size, bool allow_fp8,
@@ -66,12 +73,15 @@ class MlaDecodeEngine {
   bool allow_fp8_ = false;
   int sm_count_ = 0;
   bool use_wgmma_ = false;
-  int wgmma_variant_ =
-      3;  // ATTNKIT_MLA_WGMMA_BLOCKS: 0 tile, 1 block barriers, 2 + split, 3 seesaw
+  // ATTNKIT_MLA_WGMMA_BLOCKS: 0 tile, 1 block barriers, 2 + split, 3 seesaw
+  int wgmma_variant_ = 3;
   bool wgmma_noload_ = false;  // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic only
   int mma_prefetch_ = 2;       // ATTNKIT_MLA_MMA_PREFETCH: 0 off, 1 on, 2 per tile size, 3 smem
   bool fp8_f16_ = true;        // ATTNKIT_MLA_FP8_F16=0: bf16 MMA inputs for fp8 16-row tiles
-  bool combine_skip_ = true;   // ATTNKIT_MLA_COMBINE_SKIP=0: launch the combine even unsplit
+  // ATTNKIT_MLA_COMBINE_SKIP=0: launch the combine even unsplit. The skip is decided from
+  // ForwardBatch::seq_lens_host, which must equal seq_lens (forward_batch.h).
+  bool combine_skip_ = true;
+  MlaDecodeStats stats_;
 
   // The current forward's plan.
   struct Plan {
@@ -85,7 +95,8 @@ class MlaDecodeEngine {
     float* partial_out = nullptr;
     float* partial_lse = nullptr;
     // false when the host schedule (eager plans with seq_lens_host) splits no request: the
-    // decode kernel finishes every request and the combine launch is skipped.
+    // decode kernel finishes every request and the combine launch is skipped. (The device
+    // schedule comes from seq_lens: stale host lengths would leave a split request uncombined.)
     bool need_combine = true;
   } plan_;
 

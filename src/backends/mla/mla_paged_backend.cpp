@@ -24,6 +24,7 @@ class MlaPagedBackend final : public AttentionBackend {
       : ctx_(ctx), name_(std::move(name)), engine_(std::move(engine)), other_(std::move(other)) {}
 
   const BackendDescriptor& descriptor() const override { return *builtin_registry().find(name_); }
+  const mla::MlaDecodeStats& stats() const { return engine_->stats(); }
 
   Status init_forward_metadata(const ForwardBatch& batch) override {
     engine_forward_ = false;
@@ -125,6 +126,11 @@ Result<std::unique_ptr<AttentionBackend>> create_flashmla_backend(const BackendC
 
 Result<std::unique_ptr<AttentionBackend>> create_cutlass_mla_backend(const BackendContext& ctx) {
   return create_paged_mla(ctx, "cutlass_mla", kCutlassMlaPage);
+}
+
+const mla::MlaDecodeStats* mla_paged_stats(const AttentionBackend& backend) {
+  const auto* paged = dynamic_cast<const MlaPagedBackend*>(&backend);
+  return paged != nullptr ? &paged->stats() : nullptr;
 }
 
 }  // namespace attnkit

@@ -12,8 +12,14 @@
 #include "attnkit/backend.h"
 
 namespace attnkit {
+namespace mla {
+struct MlaDecodeStats;  // mla_decode_engine.h
+}
 
 Result<std::unique_ptr<AttentionBackend>> create_flashmla_backend(const BackendContext& ctx);
 Result<std::unique_ptr<AttentionBackend>> create_cutlass_mla_backend(const BackendContext& ctx);
+// The MLA decode engine's counters of a backend made by one of the factories above; nullptr for
+// any other backend.
+const mla::MlaDecodeStats* mla_paged_stats(const AttentionBackend& backend);
 
 }  // namespace attnkit

@@ -91,7 +91,8 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   const auto heads = static_cast<unsigned>(p.num_kv_heads);
   const dim3 grid(heads, items);  // kv heads fastest
   // Programmatic dependent launch (SM90+, decode_pdl): the CTAs may start while the previous
-  // kernel of the stream finishes (it triggers once its CTAs have streamed their keys); they wait
+  // kernel of the stream finishes (a decode of this kernel triggers right after each CTA's wait
+  // with decode_pdl_early, the default, else once its CTAs have streamed their keys); they wait
   // for it (griddepcontrol.wait) before reading anything it may write.
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;

@@ -247,7 +247,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     cuda::ring::attend<Tr>(w, smem, q_row, slot_any, write);
   }
   // This CTA's streaming is done: the next PDL-launched kernel may start its prologue (it waits
-  // for this whole grid before touching anything this grid writes).
+  // for this whole grid before touching anything this grid writes). The fallback trigger: by
+  // default (decode_pdl 1 or 2 with decode_pdl_early) each CTA triggered right after its wait
+  // already; this one counts for ATTNKIT_FLASHINFER_PDL_TRIGGER=end and for launches without PDL.
   cuda::ring::grid_dep_launch_dependents();
   if (!split) return;
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -104,7 +105,12 @@ inline void dpbf16ps(int c, int a, int b) {
   // The shape rules of the real instruction (which faults on a mismatch).
   if (shapes()[a].rows != m_rows || shapes()[b].rows != k_pairs ||
       shapes()[b].colsb != shapes()[c].colsb) {
-    std::abort();
+    const Shape sc = shapes()[c], sa = shapes()[a], sb = shapes()[b];
+    std::fprintf(stderr,
+                 "amx emulation: tdpbf16ps tmm%d (%d x %d bytes) += tmm%d (%d x %d) . tmm%d (%d x "
+                 "%d): needs A rows = C rows, B rows = A bytes / 4 and B bytes = C bytes\n",
+                 c, sc.rows, sc.colsb, a, sa.rows, sa.colsb, b, sb.rows, sb.colsb);
+    std::abort();  // the real instruction faults here
   }
   for (int m = 0; m < m_rows; ++m) {
     for (int n = 0; n < n_cols; ++n) {

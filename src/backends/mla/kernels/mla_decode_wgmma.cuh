@@ -93,9 +93,16 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Named barriers: 1 + g: "consumer g published P / f / m of its tile"; 3: epilogue exchange.
-inline constexpr int kBarPReady = 1;
-inline constexpr int kBarEpilogue = 3;
+// Named barrier ids (bar.sync / bar.arrive over the two consumer warpgroups; 0 is __syncthreads).
+// The variants' ids may coincide: one kernel runs one variant.
+// Variants 0-2:
+inline constexpr int kBarPReady = 1;  // + g (1, 2): consumer g published P / f / m of its tile
+// Variant 3 (the seesaw):
+inline constexpr int kBarM0 = 1;  // consumer 0 published m and the scale after tile a
+inline constexpr int kBarP1 = 2;  // consumer 1 published P1 (frame m1) for consumer 0
+inline constexpr int kBarP0 = 4;  // consumer 0 published P0 scale1 (frame m1) for consumer 1
+// Every variant:
+inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 
 // kVariant 0 (ATTNKIT_MLA_WGMMA_BLOCKS=0): one full barrier per K tile.
 // kVariant 1 (ATTNKIT_MLA_WGMMA_BLOCKS=1; H200 session 7: 128 heads +5-10% over 0): the producer
@@ -617,7 +624,6 @@ struct MlaWgmmaCta {
     float* sc1_sh = x_sh + 3 * Tr::kRows;
     auto* l_sh = reinterpret_cast<float*>(smem + Tr::kLOffset);
     const int row0 = blockIdx.y * Tr::kRows;
-    constexpr int kBarM0 = 1, kBarP1 = 2, kBarP0 = 4;
     int pc = 0, tcount = 0;
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
       int limit[2];
