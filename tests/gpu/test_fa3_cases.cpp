@@ -267,18 +267,19 @@ TEST(Fa3Fp8Test, E4m3KvPrefillAcrossTilesAndPages) {
 
 TEST(Fa3Fp8Test, VariantsOfTheKernel) {
   // The two 8k-key cases: about 2 s each of fp64 reference on the host (2 layers).
-  // 7200 + 1036 new: 1036 x 8 >= 8236 keys -> V^T pre-transpose; 8236 >= 8192 -> 192-key blocks
-  // (the default for long requests; 8236 = 42 x 192 + 172: a ragged last block), speculative
-  // softmax; TMA boxes in 64-row pages.
-  run_and_compare(fp8(prefill("fp8_b192_page64", {7200}, {1036}, 64, 2, 1, 128)), true, 1.f,
-                  Fp8Expect{true, true, 192});
+  // 7200 + 1036 new: 8236 > kFp8GemmSumMaxKeys (2048) keys -> fp32 FADD row sums: the in-kernel V
+  // transpose, 128-key blocks, exact softmax. (With the GEMM row sums, i.e. the pre-transpose /
+  // speculative / 192-key kernels, these two cases failed on an H200 at 11:13Z: LSE error
+  // 0.158 / 0.163, rel_l2 0.143 / 0.040, from the e4m3 wgmma's short accumulator; tile_plan.h.)
+  run_and_compare(fp8(prefill("fp8_long_page64", {7200}, {1036}, 64, 2, 1, 128)), true, 1.f,
+                  Fp8Expect{false, false, 128});
   {
-    // The same at 192 through the cp.async gather (page 24) with a second, short request, and
-    // without lazy rescale: the speculation threshold is 0, so every block whose row maximum
-    // rises takes the recompute path (S again, then the exact step).
+    // The same through the cp.async gather (page 24) with a second, short request, and without
+    // lazy rescale (every rise of a row maximum rescales).
     ScopedEnv lazy("ATTNKIT_FA3_LAZY_RESCALE", "0");
-    run_and_compare(fp8(prefill("fp8_b192_page24_recompute", {7200, 0}, {1036, 90}, 24, 2, 1, 128)),
-                    false, 1.f, Fp8Expect{true, true, 192});
+    run_and_compare(
+        fp8(prefill("fp8_long_page24_eager_rescale", {7200, 0}, {1036, 90}, 24, 2, 1, 128)), false,
+        1.f, Fp8Expect{false, false, 128});
     // The recompute path at 128 keys per block ((437 + 129) x 8 >= 737 + 129: pre-transpose). The
     // middle request has no new tokens: no V^T units, and the pre-transpose skips it (else it
     // would overwrite the V^T of the request after it).

@@ -86,10 +86,38 @@ TEST(Fa3PlanTest, RequestsFromTheForwardBatch) {
 
 // ---- FP8 variant ----
 
+// Knobs that let every request take the GEMM row sums (the fast kernels at any row length).
+Fp8Knobs fast_at_any_length() {
+  Fp8Knobs k;
+  k.gemm_sum_max_keys = 1 << 30;
+  return k;
+}
+
 TEST(Fa3Fp8VariantTest, WorkedExampleOfTheHeader) {
-  // Prefix 7200 + 1036 new: 1036 x 8 = 8288 >= 8236 keys -> pre-transpose; 8236 >= 8192 -> 192.
+  // Prefix 1200 + 800 new: 2000 <= 2048 keys, 800 x 8 = 6400 >= 2000 -> pre-transpose, 128.
+  const std::vector<TileRequest> short_rows = {{0, 800, 2000}};
+  const Fp8Variant s = choose_fp8_variant(short_rows, 2, Fp8Knobs{});
+  EXPECT_TRUE(s.vt_pre);
+  EXPECT_TRUE(s.spec);
+  EXPECT_TRUE(s.gemm_sum);
+  EXPECT_EQ(s.block_n, 128);
+  EXPECT_EQ(s.vt_units, 22);
+  EXPECT_EQ(s.vt_bytes, int64_t{2} * 22 * kVtBlockKeys * 128);
+  EXPECT_TRUE(s.not_honoured.empty()) << s.not_honoured;
+
+  // Prefix 7200 + 1036 new: 8236 > 2048 keys -> FADD row sums: in-kernel transpose, 128, exact.
   const std::vector<TileRequest> reqs = {{0, 1036, 8236}};
-  const Fp8Variant v = choose_fp8_variant(reqs, 2, Fp8Knobs{});
+  const Fp8Variant d = choose_fp8_variant(reqs, 2, Fp8Knobs{});
+  EXPECT_FALSE(d.vt_pre);
+  EXPECT_FALSE(d.spec);
+  EXPECT_FALSE(d.gemm_sum);
+  EXPECT_EQ(d.block_n, 128);
+  EXPECT_EQ(d.vt_bytes, 0);
+  EXPECT_TRUE(d.not_honoured.empty()) << d.not_honoured;
+
+  // The same with the GEMM row sums allowed at any length: 1036 x 8 = 8288 >= 8236 keys ->
+  // pre-transpose; 8236 >= 8192 -> 192.
+  const Fp8Variant v = choose_fp8_variant(reqs, 2, fast_at_any_length());
   EXPECT_TRUE(v.vt_pre);
   EXPECT_TRUE(v.spec);
   EXPECT_TRUE(v.gemm_sum);
@@ -103,20 +131,40 @@ TEST(Fa3Fp8VariantTest, WorkedExampleOfTheHeader) {
   ASSERT_TRUE(plan.is_ok());
   EXPECT_EQ(plan->words[1], v.vt_units);
 
-  // Prefix 2000 + 100 new: 800 < 2100 -> the in-kernel transpose, 128 keys, exact softmax.
+  // Prefix 2000 + 100 new: 800 < 2100 -> the in-kernel transpose, 128 keys, exact softmax (GEMM
+  // row sums where allowed).
   const std::vector<TileRequest> few = {{0, 100, 2100}};
-  const Fp8Variant w = choose_fp8_variant(few, 2, Fp8Knobs{});
+  const Fp8Variant w = choose_fp8_variant(few, 2, fast_at_any_length());
   EXPECT_FALSE(w.vt_pre);
   EXPECT_FALSE(w.spec);
   EXPECT_TRUE(w.gemm_sum);
   EXPECT_EQ(w.block_n, 128);
   EXPECT_EQ(w.vt_bytes, 0);
+  EXPECT_FALSE(choose_fp8_variant(few, 2, Fp8Knobs{}).gemm_sum);  // 2100 > 2048 keys
+}
+
+TEST(Fa3Fp8VariantTest, LongRowsTakeFaddRowSums) {
+  // 2048 keys: GEMM row sums (and the pre-transpose for a prefill); 2049: FADD.
+  Fp8Variant v = choose_fp8_variant(std::vector<TileRequest>{{0, 2048, 2048}}, 1, {});
+  EXPECT_TRUE(v.vt_pre && v.spec && v.gemm_sum);
+  v = choose_fp8_variant(std::vector<TileRequest>{{0, 2049, 2049}}, 1, {});
+  EXPECT_FALSE(v.vt_pre || v.spec || v.gemm_sum);
+  EXPECT_EQ(v.block_n, 128);
+  // One long request decides for the whole forward.
+  v = choose_fp8_variant(std::vector<TileRequest>{{0, 100, 100}, {0, 16, 4096}}, 1, {});
+  EXPECT_FALSE(v.gemm_sum);
+  // ATTNKIT_FA3_FP8_VT_PRE=1 still forces the pre-transpose kernel (GEMM sums) at any length.
+  Fp8Knobs k;
+  k.vt_pre_mode = 1;
+  v = choose_fp8_variant(std::vector<TileRequest>{{0, 4096, 4096}}, 1, k);
+  EXPECT_TRUE(v.vt_pre && v.gemm_sum);
 }
 
 TEST(Fa3Fp8VariantTest, ThresholdsAndRequestsWithoutNewTokens) {
-  // 8191 keys: 128; 8192: 192 (prefill: q_len = kv_len).
-  EXPECT_EQ(choose_fp8_variant(std::vector<TileRequest>{{0, 8191, 8191}}, 1, {}).block_n, 128);
-  EXPECT_EQ(choose_fp8_variant(std::vector<TileRequest>{{0, 8192, 8192}}, 1, {}).block_n, 192);
+  // With GEMM row sums allowed at any length: 8191 keys: 128; 8192: 192 (prefill).
+  const Fp8Knobs fast = fast_at_any_length();
+  EXPECT_EQ(choose_fp8_variant(std::vector<TileRequest>{{0, 8191, 8191}}, 1, fast).block_n, 128);
+  EXPECT_EQ(choose_fp8_variant(std::vector<TileRequest>{{0, 8192, 8192}}, 1, fast).block_n, 192);
   // Exactly one query per 8 keys still pre-transposes; one key more does not.
   EXPECT_TRUE(choose_fp8_variant(std::vector<TileRequest>{{0, 100, 800}}, 1, {}).vt_pre);
   EXPECT_FALSE(choose_fp8_variant(std::vector<TileRequest>{{0, 100, 801}}, 1, {}).vt_pre);
@@ -136,10 +184,10 @@ TEST(Fa3Fp8VariantTest, ThresholdsAndRequestsWithoutNewTokens) {
 TEST(Fa3Fp8VariantTest, KnobsAndWhatCannotBeFollowed) {
   const std::vector<TileRequest> long_req = {{0, 1036, 8236}};
   const std::vector<TileRequest> few = {{0, 100, 2100}};
-  Fp8Knobs k;
+  Fp8Knobs k = fast_at_any_length();
   k.block_mode = 128;
   EXPECT_EQ(choose_fp8_variant(long_req, 2, k).block_n, 128);
-  k = {};
+  k = fast_at_any_length();
   k.vt_pre_mode = 1;
   Fp8Variant v = choose_fp8_variant(few, 2, k);
   EXPECT_TRUE(v.vt_pre);
@@ -150,7 +198,7 @@ TEST(Fa3Fp8VariantTest, KnobsAndWhatCannotBeFollowed) {
   EXPECT_FALSE(v.vt_pre);
   EXPECT_EQ(v.block_n, 128);
   // 192 forced but the speculative softmax off: 128, reported.
-  k = {};
+  k = fast_at_any_length();
   k.block_mode = 192;
   k.spec = false;
   v = choose_fp8_variant(long_req, 2, k);
@@ -159,7 +207,7 @@ TEST(Fa3Fp8VariantTest, KnobsAndWhatCannotBeFollowed) {
   EXPECT_EQ(v.block_n, 128);
   EXPECT_NE(v.not_honoured.find("ATTNKIT_FA3_FP8_BLOCK_N=192"), std::string::npos);
   // FADD row sums asked for, but the pre-transpose kernels sum by the GEMM: reported.
-  k = {};
+  k = fast_at_any_length();
   k.gemm_sum = false;
   v = choose_fp8_variant(long_req, 2, k);
   EXPECT_TRUE(v.gemm_sum);
@@ -168,13 +216,13 @@ TEST(Fa3Fp8VariantTest, KnobsAndWhatCannotBeFollowed) {
   // Workspace over 1 GiB: 8 kv heads x vt_units(800000) = 8334 units x 16 KB; forced: reported.
   const std::vector<TileRequest> huge = {{0, 800000, 800000}};
   EXPECT_FALSE(choose_fp8_variant(huge, 8, {}).vt_pre);
-  k = {};
+  k = fast_at_any_length();
   k.vt_pre_mode = 1;
   v = choose_fp8_variant(huge, 8, k);
   EXPECT_FALSE(v.vt_pre);
   EXPECT_NE(v.not_honoured.find("ATTNKIT_FA3_FP8_VT_PRE=1"), std::string::npos);
   // The pre-session-7 kernel: nothing of the above.
-  k = {};
+  k = fast_at_any_length();
   k.uniform_wg = false;
   v = choose_fp8_variant(long_req, 2, k);
   EXPECT_FALSE(v.vt_pre);

@@ -80,6 +80,14 @@ Fp8Knobs fp8_knobs_from_env() {
   if (const char* vt = std::getenv("ATTNKIT_FA3_FP8_VT_PRE"); vt != nullptr) {
     k.vt_pre_mode = std::string(vt) != "0" ? 1 : 0;
   }
+  if (const char* mk = std::getenv("ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS"); mk != nullptr) {
+    const int want = std::atoi(mk);
+    if (want > 0) {
+      k.gemm_sum_max_keys = want;
+    } else {
+      warn(std::string("ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS=") + mk + " ignored (a key count > 0)");
+    }
+  }
   if (const char* fb = std::getenv("ATTNKIT_FA3_FP8_BLOCK_N"); fb != nullptr) {
     const int want = std::atoi(fb);
     if (want == 128 || want == 192) {
@@ -111,10 +119,13 @@ Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_head
   const int64_t bytes = static_cast<int64_t>(kv_heads) * v.vt_units * kVtUnitBytes;
   const bool shape_ok = q_total * kVtPreKeysPerQuery >= kv_total;
   const bool fits = v.vt_units > 0 && bytes <= kVtPreMaxBytes;
-  v.vt_pre =
-      knobs.uniform_wg && fits && (knobs.vt_pre_mode == 1 || (knobs.vt_pre_mode == -1 && shape_ok));
+  // Long rows: fp32 FADD row sums (kFp8GemmSumMaxKeys, tile_plan.h), so neither the pre-transpose
+  // nor the speculative kernels (both sum by the GEMM) unless ATTNKIT_FA3_FP8_VT_PRE=1 forces it.
+  const bool long_rows = v.max_kv_len > knobs.gemm_sum_max_keys;
+  v.vt_pre = knobs.uniform_wg && fits &&
+             (knobs.vt_pre_mode == 1 || (knobs.vt_pre_mode == -1 && shape_ok && !long_rows));
   v.spec = v.vt_pre && knobs.spec;
-  v.gemm_sum = knobs.uniform_wg && (v.vt_pre || knobs.gemm_sum);
+  v.gemm_sum = knobs.uniform_wg && (v.vt_pre || (knobs.gemm_sum && !long_rows));
   const int want_block =
       knobs.block_mode != 0 ? knobs.block_mode : (v.max_kv_len >= kFp8Block192MinKeys ? 192 : 128);
   v.block_n = v.spec ? want_block : 128;

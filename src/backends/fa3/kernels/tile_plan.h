@@ -44,6 +44,14 @@ std::vector<TileRequest> tile_requests(const ForwardBatch& batch);
 
 // ---- FP8 kernel variant (prefill_sm90_fp8.cuh) ----
 
+// Row sums through the e4m3 P V GEMM lose accuracy on long rows: the FP8 wgmma accumulates with
+// ~13-14 bits, so thousands of small positive P terms added to a large running sum are truncated
+// and l comes out too small. H200 2026-11-23 11:13Z, Fa3Fp8Test.VariantsOfTheKernel, 7200 + 1036
+// new keys: LSE error 0.158, rel_l2 0.143 with every GEMM-sum variant; a numerical model of the
+// kernel (e4m3 rounding + a 13-bit accumulator) reproduces them and gives 0.017 / 0.039 with fp32
+// FADD row sums, ~0.07 LSE at 4096 keys. Rows up to this many keys keep the GEMM row sum.
+constexpr int kFp8GemmSumMaxKeys = 2048;
+
 // The FP8 experiment knobs (environment, read once per engine by fp8_knobs_from_env).
 struct Fp8Knobs {
   int vt_pre_mode = -1;    // -1: by the forward's shape; 0 / 1: ATTNKIT_FA3_FP8_VT_PRE=0 / 1
@@ -52,6 +60,10 @@ struct Fp8Knobs {
   bool gemm_sum = true;    // ATTNKIT_FA3_FP8_GEMM_SUM=0: FADD row sums (without vt_pre only)
   bool uniform_wg = true;  // ATTNKIT_FA3_UNIFORM_WG=0: the pre-session-7 kernel (128, in-kernel
                            // transpose, FADD row sums)
+  // Longest request (keys) that may take its row sums from the P V GEMM (every pre-transpose /
+  // speculative kernel does); longer ones take the FADD kernel (choose_fp8_variant says why).
+  // ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS sets it (benchmarks of the fast kernels at long rows).
+  int gemm_sum_max_keys = kFp8GemmSumMaxKeys;
 };
 // Reads the knobs above; a value that is not accepted (e.g. ATTNKIT_FA3_FP8_BLOCK_N=256) is
 // ignored with a one-line warning on stderr.
@@ -71,15 +83,19 @@ struct Fp8Variant {
 
 // The FP8 variant of a forward of `requests` with kv_heads KV heads:
 //  * vt_pre when the forward has at least one query per kVtPreKeysPerQuery (8) keys (requests
-//    with new tokens only) and the workspace stays within kVtPreMaxBytes (1 GiB), or
-//    ATTNKIT_FA3_FP8_VT_PRE=1 within the same size (=0: never);
+//    with new tokens only), its longest request has <= gemm_sum_max_keys keys and the workspace
+//    stays within kVtPreMaxBytes (1 GiB), or ATTNKIT_FA3_FP8_VT_PRE=1 within the same size
+//    (=0: never);
+//  * row sums by the GEMM with vt_pre, else when the longest request has <= gemm_sum_max_keys
+//    keys (unless ATTNKIT_FA3_FP8_GEMM_SUM=0); else by fp32 FADDs;
 //  * spec with vt_pre unless ATTNKIT_FA3_FP8_SPEC=0;
 //  * block_n 192 with vt_pre and spec when the longest request has >= kFp8Block192MinKeys (8192)
 //    keys, or ATTNKIT_FA3_FP8_BLOCK_N=192 (with vt_pre and spec only); else 128.
-// Worked example: one request, prefix 7200 + 1036 new tokens: 8236 keys, 1036 x 8 = 8288 >= 8236
-// -> vt_pre; 8236 >= 8192 -> 192 keys per block (8236 = 42 x 192 + 172); vt_units(8236) = 2 x 43
-// = 86 units, x 2 kv heads x 16 KB = 2.75 MiB. Prefix 2000 + 100 new: 800 < 2100 -> the in-kernel
-// transpose, 128 keys per block, no speculation.
+// Worked example: one request, prefix 1200 + 800 new tokens: 2000 keys <= 2048, 800 x 8 = 6400
+// >= 2000 -> vt_pre, speculation, GEMM row sums, 128 keys per block; vt_units(2000) = 2 x 11 = 22
+// units, x 2 kv heads x 16 KB = 704 KiB. Prefix 7200 + 1036 new: 8236 keys > 2048 -> the in-kernel
+// transpose with FADD row sums, 128 keys per block, no speculation (with gemm_sum_max_keys raised
+// past 8236: vt_pre, and 8236 >= 8192 -> 192 keys per block, 8236 = 42 x 192 + 172).
 Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_heads,
                               const Fp8Knobs& knobs);
 
