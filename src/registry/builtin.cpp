@@ -179,17 +179,21 @@ BackendDescriptor fa3() {
   BackendDescriptor d = cuda_descriptor(
       "fa3",
       "SM90: warp-specialised wgmma prefill/extend (TMA page boxes for pages of >= 8 rows, "
-      "cp.async page gather otherwise, into a 128B-swizzled mbarrier ring; 2 consumer warpgroups, "
-      "ping-pong (not at d 64) + softmax/P.V overlap (serial softmax then P.V at d 256), P.V "
+      "cp.async page gather otherwise, into a 128B-swizzled mbarrier ring; 2 consumer warpgroups "
+      "(3 at d 64, 192-row tiles), ping-pong (not at d 64) + softmax/P.V overlap (serial softmax "
+      "then P.V at d 256), P.V "
       "from registers, "
       "causal block skip, persistent "
       "zigzag over longest-first tiles, key blocks of 128 / 80 at d 256) for bf16/f16 MHA d "
       "64/128/256, causal or bidirectional, without window/soft-cap/sinks; fp8_e4m3 KV with "
       "bf16 q at d 128 runs an FP8 variant (Q quantised to e4m3 per row, P e4m3, both GEMMs on "
-      "e4m3 wgmma, V^T pre-transposed per layer into a workspace through the page table (any "
-      "page size; shared-memory transpose in the kernel for forwards with few queries per key), "
-      "speculative softmax, 192-key blocks from 8k keys, k/v scales folded; fp8 accuracy, "
-      "about 3-4% rel L2); decode, target verify, those features, other fp8 KV, d 80/96, "
+      "e4m3 wgmma, k/v scales folded; forwards whose longest request has <= 2048 keys: V^T "
+      "pre-transposed per layer into a workspace through the page table (any page size; "
+      "shared-memory transpose in the kernel for forwards with few queries per key), "
+      "speculative softmax, row sums through the P.V GEMM; longer rows: the in-kernel "
+      "transpose, exact softmax, fp32 row sums, as the e4m3 wgmma's short accumulator loses "
+      "long sums; fp8 accuracy, about 3-4% rel L2); decode, target verify, those features, other "
+      "fp8 KV, d 80/96, "
       "cross-attention, SM80 and CUDA graphs run the flashinfer mma.sync kernels; MLA runs the "
       "portable triton kernels and flashinfer's MLA chunked prefix cache",
       kMinCc, kMaxCc);

@@ -6,17 +6,19 @@
 // sinks or encoder (cross-attention) tokens run the warp-specialised wgmma kernel
 // (kernels/prefill_sm90.cuh through the engine of prefill_sm90_engine.h, which the flashinfer
 // backend's SM90 prefill shares): TMA page boxes or a cp.async page-table gather into a swizzled
-// shared-memory ring, mbarrier pipeline, two consumer warpgroups with wgmma QK^T and register-A
-// P.V, causal block skipping, persistent zigzag grid over longest-first tiles, key blocks of 128
-// (d 64 / 128) or 80 (d 256). With an fp8_e4m3 pool, bf16 q and d 128 the same forwards run the
-// FP8 kernel (kernels/prefill_sm90_fp8.cuh: Q quantised to e4m3 per row, P e4m3, both GEMMs on
-// e4m3 wgmma, V^T pre-transposed per layer by a small kernel through the page table (any page
-// size) or, for forwards with few queries per key, in shared memory by the producer; speculative
-// softmax; 192-key blocks from 8k keys; ATTNKIT_FA3_FP8=0: off). Everything else -- decode,
-// target verify, window / soft-cap / sinks, fp8_e5m2 KV (and e4m3 KV at other head dims / f16 q),
-// head dims 80 / 96, encoder batches, MLA, SM80, CUDA graphs -- runs on an owned `flashinfer`
-// backend (mma.sync tensor-core kernels, which themselves hand MLA, f32 and encoder batches to the
-// portable triton kernels). fa3_stats() says which path ran.
+// shared-memory ring, mbarrier pipeline, two consumer warpgroups (three at d 64, 192-row tiles)
+// with wgmma QK^T and register-A P.V, causal block skipping, persistent zigzag grid over
+// longest-first tiles, key blocks of 128 (d 64 / 128) or 80 (d 256). With an fp8_e4m3 pool, bf16 q
+// and d 128 the same forwards run the FP8 kernel (kernels/prefill_sm90_fp8.cuh: Q quantised to e4m3
+// per row, P e4m3, both GEMMs on e4m3 wgmma, V^T pre-transposed per layer by a small kernel through
+// the page table (any page size) or, for forwards with few queries per key, in shared memory by the
+// producer; speculative softmax and row sums through the P.V GEMM only while the longest request
+// has <= 2048 keys, fp32 row sums beyond (kernels/tile_plan.h choose_fp8_variant);
+// ATTNKIT_FA3_FP8=0: off). Everything else -- decode, target verify, window / soft-cap / sinks,
+// fp8_e5m2 KV (and e4m3 KV at other head dims / f16 q), head dims 80 / 96, encoder batches, MLA,
+// SM80, CUDA graphs -- runs on an owned `flashinfer` backend (mma.sync tensor-core kernels, which
+// themselves hand MLA, f32 and encoder batches to the portable triton kernels). fa3_stats() says
+// which path ran.
 #pragma once
 
 #include <cstdint>
