@@ -65,20 +65,11 @@ constexpr const char* kAmxDecodeEnvVar = "ATTNKIT_AMX_DECODE";
 // 07:42Z, 2k causal, alternated: 2 threads 34.6 / 45.6 ms vs 44.8 / 49.1 ms, 16 threads 7.77
 // vs 8.15 ms); ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass row.
 constexpr const char* kFastSoftmaxEnvVar = "ATTNKIT_AMX_SOFTMAX";
-// ATTNKIT_AMX_MASKED_ROWS=1: the masked units' softmax rows between the tile micro-steps
-// (ExtendWork::masked_rows; session 9 A/B, default off).
-constexpr const char* kMaskedRowsEnvVar = "ATTNKIT_AMX_MASKED_ROWS";
 
 // Unset, or set to a number other than 0.
 bool env_on_unless_zero(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr || std::atoi(v) != 0;
-}
-
-// Off unless set to a non-zero number.
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::atoi(v) != 0;
 }
 
 // ATTNKIT_AMX_DECODE_PF=1|2|3: the AMX decode's software prefetch modes (DecodeWork::amx_prefetch;
@@ -169,7 +160,6 @@ class IntelAmxBackend final : public AttentionBackend {
         amx_pipeline_(env_pipeline()),
         amx_decode_(env_on_unless_zero(kAmxDecodeEnvVar)),
         amx_fast_softmax_(env_on_unless_zero(kFastSoftmaxEnvVar)),
-        amx_masked_rows_(env_flag(kMaskedRowsEnvVar)),
         amx_decode_prefetch_(env_amx_decode_prefetch()) {}
 
   // Per-thread scratch for the context's head counts and dims: sized once here, reused by every
@@ -241,7 +231,6 @@ class IntelAmxBackend final : public AttentionBackend {
     ExtendWork work{&plan.requests, &plan.extend_items};
     work.pipelined = amx_pipeline_;
     work.fast_softmax = amx_fast_softmax_;
-    work.masked_rows = amx_masked_rows_;
     if (!plan.pack_begin.empty()) {
       work.packed = static_cast<uint16_t*>(packed_.data());
       work.pack_begin = &plan.pack_begin;
@@ -538,7 +527,6 @@ class IntelAmxBackend final : public AttentionBackend {
   bool amx_pipeline_;        // ATTNKIT_AMX_PIPELINE (default on)
   bool amx_decode_;          // ATTNKIT_AMX_DECODE (default on)
   bool amx_fast_softmax_;    // ATTNKIT_AMX_SOFTMAX (default on; 0 = two-pass rows)
-  bool amx_masked_rows_;     // ATTNKIT_AMX_MASKED_ROWS (default off)
   int amx_decode_prefetch_;  // ATTNKIT_AMX_DECODE_PF (default 0)
   Buffer packed_;            // AMX extend: the forward's packed K/V blocks
   Buffer scratch_;

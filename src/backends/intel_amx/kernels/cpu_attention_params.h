@@ -202,10 +202,6 @@ struct ExtendWork {
   // Lean softmax rows of the pipelined loop with the max pass folded into the exp pass and a
   // degree-3 exp2 (default since session 8; ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass rows).
   bool fast_softmax = true;
-  // Masked (diagonal / partial) units of the pipelined loop run their softmax rows between the
-  // tile micro-steps too (softmax_row_masked), instead of after the step's tile work
-  // (ATTNKIT_AMX_MASKED_ROWS; session 9 A/B).
-  bool masked_rows = false;
 };
 
 // Thread scratch: thread t uses scratch + t * scratch_stride floats.

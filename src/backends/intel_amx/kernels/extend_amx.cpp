@@ -233,9 +233,8 @@ class AmxExtend {
   static constexpr int kBlockKeyTiles = KB / kTileCols;    // S tiles across the compute block
   static constexpr int kBlockKeyChunks = KB / kTileDepth;  // P . V dot depths across it
 
-  // fast_softmax: ExtendWork::fast_softmax (the lean rows' one-pass softmax_row_fast);
-  // masked_rows: ExtendWork::masked_rows (masked units' softmax rows between the tile micro-steps).
-  AmxExtend(const CpuAttentionParams& p, bool fast_softmax, bool masked_rows)
+  // fast_softmax: ExtendWork::fast_softmax (the lean rows' one-pass softmax_row_fast).
+  AmxExtend(const CpuAttentionParams& p, bool fast_softmax)
       : p_(p),
         dp_(round_up(p.head_dim, kTileDepth)),
         dvp_(round_up(p.v_head_dim, kTileDepth)),
@@ -247,8 +246,7 @@ class AmxExtend {
         lean_ok_(!capped_ && p.score_scale > 0.f),
         k_elems_(static_cast<int64_t>(kAmxKeyBlock) * dp_),
         block_elems_(amx_packed_block_elems(p.head_dim, p.v_head_dim)),
-        fast_softmax_(fast_softmax),
-        masked_rows_(masked_rows) {}
+        fast_softmax_(fast_softmax) {}
 
   // packed: this item's (request, kv head) blocks packed by pack_block (block b at
   // packed + b * block_elems_), or nullptr to pack each visited block into the scratch.
@@ -422,18 +420,9 @@ class AmxExtend {
       float* s_cur = s_buf[cur_buf];
       float* s_nxt = s_buf[cur_buf ^ 1];
       if (cur.lean) {
-        const float scale = pre_cap_ * post_cap_;
-        step_interleaved(
-            sc, s_next, s_nxt, s_next ? unit_k(packed, sc, next) : nullptr,
-            prev.valid() ? prev.t : -1, prev.valid() ? unit_v(packed, sc, prev) : nullptr,
-            [&](int i) { softmax_row(sc, cur.t * kTileRows + i, s_cur + i * KB, scale); });
-      } else if (masked_rows_) {
         step_interleaved(sc, s_next, s_nxt, s_next ? unit_k(packed, sc, next) : nullptr,
                          prev.valid() ? prev.t : -1,
-                         prev.valid() ? unit_v(packed, sc, prev) : nullptr, [&](int i) {
-                           softmax_row_masked(sc, cur.t * kTileRows + i, s_cur + i * KB, cur.k0,
-                                              cur.n, rows, nr);
-                         });
+                         prev.valid() ? unit_v(packed, sc, prev) : nullptr, cur.t, s_cur);
       } else {
         if (s_next != nullptr) scores_pair(sc, next.t, s_nxt, unit_k(packed, sc, next));
         if (prev.valid()) pv_pair(sc, prev.t, unit_v(packed, sc, prev));
@@ -456,15 +445,15 @@ class AmxExtend {
   }
 
   // One pipeline step: S of pair s_t (s_t < 0: none) into s_dst from K at kp, P . V of pair pv_t
-  // (pv_t < 0: none) from V at vp, and row(i) for the 32 softmax rows i of the current pair, the
-  // rows spread evenly between the 4-dot micro-steps.
-  template <class RowFn>
+  // (pv_t < 0: none) from V at vp, and softmax_row_full of the 32 rows of pair sm_t (scores in
+  // s_src), the rows spread evenly between the 4-dot micro-steps.
   void step_interleaved(const AmxScratch& sc, const Unit* s_unit, float* s_dst, const uint16_t* kp,
-                        int pv_t, const uint16_t* vp, RowFn&& row) {
+                        int pv_t, const uint16_t* vp, int sm_t, const float* s_src) {
     const int dc = dp_ / kTileDepth;
     const int s_steps = s_unit != nullptr ? (kBlockKeyTiles / 2) * dc : 0;
     const int pv_steps = pv_t >= 0 ? (dvp_ / kTileDepth) * kBlockKeyChunks : 0;
     const int total = s_steps + pv_steps;
+    const float scale = pre_cap_ * post_cap_;
     int done = 0;
     for (int i = 0; i < total; ++i) {
       if (i < s_steps) {
@@ -474,9 +463,13 @@ class AmxExtend {
         pv_micro(sc, pv_t, vp, j / kBlockKeyChunks, j % kBlockKeyChunks);
       }
       const int target = (i + 1) * kPairRows / total;
-      for (; done < target; ++done) row(done);
+      for (; done < target; ++done) {
+        softmax_row(sc, sm_t * kTileRows + done, s_src + done * KB, scale);
+      }
     }
-    for (; done < kPairRows; ++done) row(done);
+    for (; done < kPairRows; ++done) {
+      softmax_row(sc, sm_t * kTileRows + done, s_src + done * KB, scale);
+    }
   }
 
   // Depth chunk c of S pass `pass` (key tiles 2 pass, 2 pass + 1) of pair t: zeroes the
@@ -607,50 +600,6 @@ class AmxExtend {
   void softmax_row(const AmxScratch& sc, int r, const float* s_row, float scale) {
     if (fast_softmax_) return softmax_row_fast(sc, r, s_row, scale);
     softmax_row_full(sc, r, s_row, scale);
-  }
-
-  // softmax_tile for one row r of a masked unit (keys k0 .. k0 + n, the row's visible keys
-  // rows[r].lo .. hi; soft-cap applied), so that the masked units' rows run between the tile
-  // micro-steps as the lean rows do. The same arithmetic as softmax_tile row by row (update_max's
-  // rule in scalar); s_row is overwritten with the scaled, masked scores.
-  void softmax_row_masked(const AmxScratch& sc, int r, float* s_row, int k0, int n,
-                          const RowInfo* rows, int nr) {
-    constexpr int kVecs = KB / V::kWidth;
-    const int j_lo = r < nr ? std::max(rows[r].lo - k0, 0) : 0;
-    const int j_hi = std::max(r < nr ? std::min(rows[r].hi - k0, n) : 0, j_lo);
-    uint16_t* p_row = sc.p + static_cast<int64_t>(r) * KB;
-    if (j_hi == j_lo) {
-      std::fill(p_row, p_row + KB, uint16_t{0});
-      return;
-    }
-    V::F mx = V::set1(kNegInf);
-    for (int v = 0; v < kVecs; ++v) {
-      V::F y = V::mul(V::load(s_row + v * V::kWidth), V::set1(pre_cap_));
-      if (capped_) y = V::tanh(y);
-      const __mmask16 lanes = lane_range(j_lo - v * V::kWidth, j_hi - v * V::kWidth);
-      const V::F x = _mm512_mask_mul_ps(V::set1(kNegInf), lanes, y, V::set1(post_cap_));
-      V::store(s_row + v * V::kWidth, x);
-      mx = V::max(mx, x);
-    }
-    const float b_max = V::reduce_max(mx);
-    const float m_old = sc.m[r];
-    float alpha = 1.f;
-    // Always raised for a row's first keys: -inf + threshold = -inf.
-    if (b_max > m_old + kRescaleThreshold) {
-      alpha = _mm512_cvtss_f32(V::exp2(V::set1(m_old - b_max)));
-      sc.m[r] = b_max;
-    }
-    const V::F m_vec = V::set1(sc.m[r]);
-    V::F sum = V::zero();
-    for (int v = 0; v < kVecs; ++v) {
-      const V::F e = exp2_probability(V::sub(V::load(s_row + v * V::kWidth), m_vec));
-      sum = V::add(sum, e);
-      const __m256bh h = _mm512_cvtneps_pbh(e);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_row + v * V::kWidth),
-                          reinterpret_cast<const __m256i&>(h));
-    }
-    sc.l[r] = sc.l[r] * alpha + V::reduce_add(sum);
-    if (alpha != 1.f) rescale_o_row(sc, r, alpha);
   }
 
   // finalize_rows for one bf16 output row, 16 columns per conversion (v_head_dim % 16 == 0).
@@ -957,7 +906,6 @@ class AmxExtend {
   const int64_t k_elems_;      // bf16 elements of a block's packed K (its V follows)
   const int64_t block_elems_;  // bf16 elements of one packed block (K and V)
   const bool fast_softmax_;    // lean rows by softmax_row_fast
-  const bool masked_rows_;     // masked units by softmax_row_masked inside step_interleaved
 };
 
 template <class S, int KB>
@@ -974,7 +922,7 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
     const int tid = 0;
 #endif
     const AmxScratch sc = carve(ts, tid, lay);
-    AmxExtend<S, KB> kernel(p, w.fast_softmax, w.masked_rows);
+    AmxExtend<S, KB> kernel(p, w.fast_softmax);
     const unsigned mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | kMxcsrFtzDaz);
     load_tile_config();
