@@ -20,6 +20,7 @@
 #include "backends/fa3/kernels/tile_plan.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
+#include "support/scoped_env.h"
 
 namespace attnkit {
 namespace {
@@ -97,28 +98,7 @@ bool default_fp8_knobs() {
          k.gemm_sum == d.gemm_sum && k.uniform_wg == d.uniform_wg;
 }
 
-// Sets an environment variable for one scope (the engine reads its knobs when created), restoring
-// the previous value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name); old != nullptr) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test_support::ScopedEnv;
 
 // logit_mult scales every layer's softmax scaling (kernel and reference alike): large logits make
 // the running row maximum jump between key blocks (the O-rescale paths).

@@ -10,6 +10,7 @@
 
 #include "backends/fa3/kernels/fa3_params.h"
 #include "backends/fa3/kernels/tile_plan.h"
+#include "support/scoped_env.h"
 
 namespace attnkit::fa3 {
 namespace {
@@ -230,25 +231,7 @@ TEST(Fa3Fp8VariantTest, KnobsAndWhatCannotBeFollowed) {
   EXPECT_EQ(v.block_n, 128);
 }
 
-// Sets an environment variable for one scope, restoring the previous value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name); old != nullptr) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test_support::ScopedEnv;
 
 TEST(Fa3Fp8VariantTest, KnobsFromTheEnvironment) {
   {

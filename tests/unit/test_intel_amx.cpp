@@ -14,6 +14,7 @@
 #include "attnkit/registry.h"
 #include "backends/intel_amx/intel_amx_backend.h"
 #include "harness/case_runner.h"
+#include "support/scoped_env.h"
 
 namespace attnkit {
 namespace {
@@ -243,18 +244,7 @@ TEST_P(IntelAmxTargeted, OneThreadAndManyThreads) {
   expect_matches_reference(c, GetParam(), true, 7);
 }
 
-// Sets an environment variable for one scope (the backend reads its experiment switches when it
-// is created).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
+using test_support::ScopedEnv;
 
 // The AMX extend's packing modes on extend cases whose first visible key is not on a block
 // boundary (window), whose lengths are not multiples of the key block or page (page 24), with
