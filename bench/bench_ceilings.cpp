@@ -250,12 +250,10 @@ Result<CpuCopyProbe> CpuCopyProbe::create(int64_t buffer_bytes) {
   return probe;
 }
 
-void CpuCopyProbe::pass(bool fill) {
-  char* s = static_cast<char*>(src_.data());
-  char* d = static_cast<char*>(dst_.data());
-  const int64_t bytes = bytes_;
-  const int threads = threads_;
-  // Each thread copies one contiguous chunk, 64-byte aligned.
+// Runs fn(t, begin, end) on `threads` threads, thread t on its contiguous, 64-byte aligned chunk
+// [begin, end) of [0, bytes) (threads whose chunk is empty skip fn).
+template <class Fn>
+static void for_each_thread_chunk(int64_t bytes, int threads, Fn&& fn) {
   constexpr int64_t kAlign = 64;
   const int64_t chunk = ((bytes / threads + kAlign - 1) / kAlign) * kAlign;
 #ifdef _OPENMP
@@ -264,10 +262,17 @@ void CpuCopyProbe::pass(bool fill) {
   for (int t = 0; t < threads; ++t) {
     const int64_t begin = std::min(bytes, t * chunk);
     const int64_t end = std::min(bytes, begin + chunk);
-    if (end <= begin) continue;
+    if (end > begin) fn(t, begin, end);
+  }
+}
+
+void CpuCopyProbe::pass(bool fill) {
+  char* s = static_cast<char*>(src_.data());
+  char* d = static_cast<char*>(dst_.data());
+  for_each_thread_chunk(bytes_, threads_, [&](int t, int64_t begin, int64_t end) {
     if (fill) std::memset(s + begin, t + 1, static_cast<size_t>(end - begin));
     std::memcpy(d + begin, s + begin, static_cast<size_t>(end - begin));
-  }
+  });
 }
 
 // Sum of the 8-byte words of [p, p + bytes) in 8 independent chains (the compiler vectorises it):
@@ -295,20 +300,10 @@ static std::atomic<uint64_t> g_read_sink{0};
 double CpuCopyProbe::read_pass_gbs() {
   const char* s = static_cast<const char*>(src_.data());
   const int64_t bytes = bytes_;
-  const int threads = threads_;
-  constexpr int64_t kAlign = 64;
-  const int64_t chunk = ((bytes / threads + kAlign - 1) / kAlign) * kAlign;
   const auto t0 = std::chrono::steady_clock::now();
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static, 1) num_threads(threads)
-#endif
-  for (int t = 0; t < threads; ++t) {
-    const int64_t begin = std::min(bytes, t * chunk);
-    const int64_t end = std::min(bytes, begin + chunk);
-    if (end > begin) {
-      g_read_sink.fetch_add(read_sum(s + begin, end - begin), std::memory_order_relaxed);
-    }
-  }
+  for_each_thread_chunk(bytes, threads_, [&](int, int64_t begin, int64_t end) {
+    g_read_sink.fetch_add(read_sum(s + begin, end - begin), std::memory_order_relaxed);
+  });
   const auto t1 = std::chrono::steady_clock::now();
   return gb_per_s(static_cast<double>(bytes),
                   std::chrono::duration<double, std::milli>(t1 - t0).count());
