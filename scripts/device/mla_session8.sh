@@ -45,21 +45,7 @@ for r in a b; do
 done
 for v in ${VARIANTS:-}; do bench "${v%%=*}" "" "${v#*=}"; done
 bench noload_def "" ATTNKIT_MLA_WGMMA_DIAG=noload
-python3 - "$OUT" <<'PY'
-import json, sys, glob, os
-rows, ceil = {}, {}
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "bench_*.json"))):
-    name = os.path.basename(f)[6:-5]
-    d = json.load(open(f))
-    ceil[name] = d.get("ceilings", [{}])[0].get("gbs", 0)
-    for r in d.get("results", []):
-        if r.get("status") == "ok" and r.get("backend") == "flashmla":
-            rows.setdefault(r["case"], {})[name] = (r["ms_median"], r.get("ceiling_ratio") or 0)
-print("copy ceilings GB/s:", " ".join(f"{k}={v:.0f}" for k, v in ceil.items()))
-for case, v in rows.items():
-    print(case.replace("mla_decode_", "")[:44], " ".join(
-        f"{k}={ms:.4f}ms/{100*cr:.1f}%" for k, (ms, cr) in v.items()))
-PY
+python3 scripts/device/mla_bench_table.py "$OUT"
 # Every MLA GPU test again with the shared-memory page-table ring (page 1 / 128 16-head cases too).
 left=$(( 335 - ($(date +%s) - T0) )); [ $left -gt 90 ] && left=90
 if [ $left -gt 20 ]; then

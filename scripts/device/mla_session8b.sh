@@ -54,20 +54,6 @@ grep -E "Heads16CombineSkip|Heads16PrefetchAndFp8" "$OUT/ctest.log" | head -4
 for r in ${ROUNDS:-b c}; do round $r; done
 [ $(( $(date +%s) - T0 )) -lt ${GUARD:-270} ] && { timeout 25 python3 scripts/device/mla_ceilings.py \
   > "$OUT/ceilings.log" 2>&1; tail -2 "$OUT/ceilings.log"; }
-python3 - "$OUT" <<'PY'
-import json, sys, glob, os
-rows, ceil = {}, {}
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "bench_*.json"))):
-    name = os.path.basename(f)[6:-5]
-    d = json.load(open(f))
-    ceil[name] = d.get("ceilings", [{}])[0].get("gbs", 0)
-    for r in d.get("results", []):
-        if r.get("status") == "ok" and r.get("backend") == "flashmla":
-            rows.setdefault(r["case"], {})[name] = (r["ms_median"], r.get("ceiling_ratio") or 0)
-print("copy ceilings GB/s:", " ".join(f"{k}={v:.0f}" for k, v in ceil.items()))
-for case, v in rows.items():
-    print(case.replace("mla_decode_", "")[:44])
-    print("   ", " ".join(f"{k}={ms:.4f}ms/{100*cr:.1f}%" for k, (ms, cr) in sorted(v.items())))
-PY
+python3 scripts/device/mla_bench_table.py "$OUT"
 tar czf "$FINAL/mla_s8b.tar.gz" -C "$OUT" . 2>/dev/null
 echo "done $(el)"
