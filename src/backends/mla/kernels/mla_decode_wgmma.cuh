@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/mla/kernels/mla_decode_common.cuh"
 #include "backends/mla/kernels/mla_decode_params.h"
@@ -101,6 +102,8 @@ inline constexpr int kBarPReady = 1;  // + g (1, 2): consumer g published P / f 
 inline constexpr int kBarM0 = 1;  // consumer 0 published m and the scale after tile a
 inline constexpr int kBarP1 = 2;  // consumer 1 published P1 (frame m1) for consumer 0
 inline constexpr int kBarP0 = 4;  // consumer 0 published P0 scale1 (frame m1) for consumer 1
+// Variant 6, a phantom pair: consumer 0's 128 threads are done with S0 (stage 0's rope block).
+inline constexpr int kBarC0 = 5;
 // Every variant:
 inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 
@@ -125,11 +128,22 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // (P0 scale1) V0R (empty_hi); stage 1 blocks 4-7 after P1 V1R (empty), blocks 0-3, 8 after P1 V1L
 // (empty_hi); the producer loads in that order and S0 / S1 read their blocks in the order
 // loaded. An odd segment's last pair has a phantom tile a + 1 (zero-filled, masked).
+//
+// kVariant 6 (ATTNKIT_MLA_WGMMA_BLOCKS=6; session 10, NOT YET RUN ON A GPU): the seesaw without
+// the phantom tile. An odd segment's last pair runs a second copy of the pair body
+// (compile-time kPhantom, so every branch around a wgmma stays uniform): the producer loads
+// nothing into stage 1, consumer 1 skips S1, its softmax and P1 V1R (it only rescales O_R by
+// scale0 and runs (P0) V0R), consumer 0 skips the wait for P1 and P1 V1L. Stage 1 then has no
+// barrier phase in that pair: its full / empty parities count the pairs that use it (pc1), stage
+// 0's all pairs (pc). In that pair consumer 0 overwrites stage 0's rope block with P0 after its own
+// 128-thread barrier (kBarC0: every warp's S0 is done; in a full pair the P1 barrier orders it).
+// The protocol was checked by docs/perf/mla_s10/seesaw_model.py (random interleavings).
 template <typename Tr, int kVariant>
 struct MlaWgmmaCta {
   static constexpr bool kBlockFull = kVariant >= 1;
   static constexpr bool kSplitRelease = kVariant >= 2;
-  static constexpr bool kSeesaw = kVariant == 3;
+  static constexpr bool kSeesaw = kVariant == 3 || kVariant == 6;
+  static constexpr bool kSkipPhantom = kVariant == 6;
   // Seesaw: the column block consumer (= stage) s multiplies n-th in S (the order its blocks are
   // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8.
   __device__ static constexpr int seesaw_block(int s, int n) {
@@ -521,7 +535,7 @@ struct MlaWgmmaCta {
     }
   }
 
-  // ---- seesaw (kVariant 3) ----
+  // ---- seesaw (kVariant 3; 6 without the phantom tile) ----
   // Producer: per pair of tiles (a, a + 1) the four release groups in the order they free up:
   // stage 0 blocks 0-3 (empty(0)), stage 1 blocks 4-7 (empty(1)), stage 0 blocks 4-8
   // (empty_hi(0)), stage 1 blocks 0-3, 8 (empty_hi(1)).
@@ -529,13 +543,15 @@ struct MlaWgmmaCta {
     using namespace sm90;
     const int tid = threadIdx.x;  // 0..127
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
-    int pc = 0, tcount = 0;
+    int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
       const int32_t* tok =
           p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
       load_q(b, tcount++);
       const int key = tid >> 1;
       for (int a = t0; a < t1; a += 2, ++pc) {
+        // kSkipPhantom: an odd segment's last pair leaves stage 1 alone (no loads, no phase).
+        const bool skip1 = kSkipPhantom && a + 1 >= t1;
         // Tile a + 1 == t1 (odd segment): the phantom tile, zero-filled (and masked).
         const int j0 = a * kBlockN + key, j1 = j0 + kBlockN;
         const bool valid0 = j0 < kv_len, valid1 = a + 1 < t1 && j1 < kv_len;
@@ -543,12 +559,15 @@ struct MlaWgmmaCta {
             kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row * 2;
         const uint8_t* row1 =
             kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row * 2;
-        const uint32_t ph = (pc & 1) ^ 1;
+        const uint32_t ph0 = (pc & 1) ^ 1;
+        const uint32_t ph1 = ((kSkipPhantom ? pc1 : pc) & 1) ^ 1;
+        if (!skip1) ++pc1;
         const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
 #pragma unroll 1
         for (int grp = 0; grp < 4; ++grp) {
           const int s = grp & 1;
-          mbar_wait(grp < 2 ? empty(s) : empty_hi(s), ph);
+          if (s == 1 && skip1) continue;
+          mbar_wait(grp < 2 ? empty(s) : empty_hi(s), s ? ph1 : ph0);
           const int nb = grp < 2 ? 4 : 5;
           const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
           const uint32_t dst = sK(s);
@@ -624,7 +643,7 @@ struct MlaWgmmaCta {
     float* sc1_sh = x_sh + 3 * Tr::kRows;
     auto* l_sh = reinterpret_cast<float*>(smem + Tr::kLOffset);
     const int row0 = blockIdx.y * Tr::kRows;
-    int pc = 0, tcount = 0;
+    int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
       int limit[2];
 #pragma unroll
@@ -645,38 +664,45 @@ struct MlaWgmmaCta {
       mbar_wait(q_full(), tcount & 1);
       fence_proxy_async();
 
-      for (int a = t0; a < t1; a += 2, ++pc) {
-        const uint32_t par = pc & 1;
+      // One pair (a, a + 1). kPh (kSkipPhantom only): tile a + 1 is the phantom of an odd segment
+      // and stage 1 is not used; a compile-time copy of the body, so no run-time branch sits
+      // around a wgmma. par0 / par1: the barrier parities of stages 0 / 1 in this pair.
+      auto pair = [&](int a, uint32_t par0, uint32_t par1, auto phantom) {
+        constexpr bool kPh = decltype(phantom)::value;
+        const uint32_t par = g == 0 ? par0 : par1;
         const int tile = a + g;
-        mbar_wait(block_full(g, seesaw_block(g, 0)), par);
-        fence_proxy_async();
-        wgmma_fence();
-        issue_s_seesaw<g>(sacc, par);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(sacc);
-        fence_regs(o);
-        const float scale = p.scale_log2;
+        float mx[2] = {kNegInf, kNegInf};
+        if constexpr (!(kPh && g == 1)) {
+          mbar_wait(block_full(g, seesaw_block(g, 0)), par);
+          fence_proxy_async();
+          wgmma_fence();
+          issue_s_seesaw<g>(sacc, par);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(sacc);
+          fence_regs(o);
+          const float scale = p.scale_log2;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+          for (int j = 0; j < 8; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = tile * kBlockN + 8 * j + 2 * (lane & 3) + (e & 1);
-            sacc[4 * j + e] = key < limit[e >> 1] ? sacc[4 * j + e] * scale : kNegInf;
+            for (int e = 0; e < 4; ++e) {
+              const int key = tile * kBlockN + 8 * j + 2 * (lane & 3) + (e & 1);
+              sacc[4 * j + e] = key < limit[e >> 1] ? sacc[4 * j + e] * scale : kNegInf;
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sacc[4 * j + e]);
+          }
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
+            mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
           }
         }
-        float mx[2] = {kNegInf, kNegInf};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sacc[4 * j + e]);
-        }
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
-          mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
-        }
-        float m_ref[2], sc[2], sc_other[2], m_use[2], sum[2] = {0.f, 0.f};
+        float m_ref[2], sc[2], m_use[2], sum[2] = {0.f, 0.f};
+        [[maybe_unused]] float sc_other[2];  // consumer 1: scale0
         if constexpr (g == 0) {
 #pragma unroll
           for (int x = 0; x < 2; ++x) {
@@ -699,22 +725,24 @@ struct MlaWgmmaCta {
           for (int x = 0; x < 2; ++x) {
             const float m0 = m0_sh[r_lo + 8 * x];
             sc_other[x] = sc0_sh[r_lo + 8 * x];
-            const float m_new = fmaxf(m0, mx[x]);
+            const float m_new = fmaxf(m0, mx[x]);  // kPh: mx = -inf, m1 = m0
             m_use[x] = m_new == kNegInf ? 0.f : m_new;
-            sc[x] = exp2_approx(m0 - m_use[x]);  // scale1
+            sc[x] = kPh ? 1.f : exp2_approx(m0 - m_use[x]);  // scale1
             m_ref[x] = m_new;
           }
         }
+        if constexpr (!(kPh && g == 1)) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+          for (int j = 0; j < 8; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            sacc[4 * j + e] = exp2_approx(sacc[4 * j + e] - m_use[e >> 1]);
-            sum[e >> 1] += sacc[4 * j + e];
+            for (int e = 0; e < 4; ++e) {
+              sacc[4 * j + e] = exp2_approx(sacc[4 * j + e] - m_use[e >> 1]);
+              sum[e >> 1] += sacc[4 * j + e];
+            }
+            pa[j >> 1][2 * (j & 1) + 0] = cuda::pack2<__nv_bfloat16>(sacc[4 * j], sacc[4 * j + 1]);
+            pa[j >> 1][2 * (j & 1) + 1] =
+                cuda::pack2<__nv_bfloat16>(sacc[4 * j + 2], sacc[4 * j + 3]);
           }
-          pa[j >> 1][2 * (j & 1) + 0] = cuda::pack2<__nv_bfloat16>(sacc[4 * j], sacc[4 * j + 1]);
-          pa[j >> 1][2 * (j & 1) + 1] =
-              cuda::pack2<__nv_bfloat16>(sacc[4 * j + 2], sacc[4 * j + 3]);
         }
         if constexpr (g == 0) {
           // O_L = O_L scale0 + P0 V0L
@@ -733,47 +761,62 @@ struct MlaWgmmaCta {
           wgmma_wait<0>();
           fence_regs(o);
           sm90::mbar_arrive(empty(0));  // stage 0 blocks 0-3
-          named_bar_sync(kBarP1, 256);
           float sc1[2];
+          if constexpr (kPh) {
+            // No P1: scale1 = 1, m1 = m0. Every warp of this consumer is done with S0 before
+            // P0 overwrites stage 0's rope block (in a full pair the P1 barrier orders it).
+            named_bar_sync(kBarC0, 128);
 #pragma unroll
-          for (int x = 0; x < 2; ++x) {
-            sc1[x] = sc1_sh[r_lo + 8 * x];
-            m_prev[x] = m1_sh[r_lo + 8 * x];
+            for (int x = 0; x < 2; ++x) {
+              sc1[x] = 1.f;
+              m_prev[x] = m_ref[x];
+            }
+          } else {
+            named_bar_sync(kBarP1, 256);
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+              sc1[x] = sc1_sh[r_lo + 8 * x];
+              m_prev[x] = m1_sh[r_lo + 8 * x];
+            }
           }
           // P0 scale1 (frame m1) for consumer 1, in stage 0's rope block (S0 read it, done).
           store_p(smem + (sP(0) - base), sacc, sc1, r_lo, lane);
           fence_proxy_async();
           named_bar_arrive(kBarP0, 256);
+          if constexpr (!kPh) {
 #pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            o[4 * j + 0] *= sc1[0];
-            o[4 * j + 1] *= sc1[0];
-            o[4 * j + 2] *= sc1[1];
-            o[4 * j + 3] *= sc1[1];
-          }
-          l[0] *= sc1[0];
-          l[1] *= sc1[1];
-          wait_tile(1, par, 0, 4);  // V1L (P1 came with the named barrier)
-          fence_proxy_async();
-          wgmma_fence();
-          issue_pv_smem_p_at(o, sP(1), 1, 0);
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_regs(o);
-          sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
-        } else {
-          // P1 (frame m1) for consumer 0, in stage 1's rope block; m1, scale1.
-          const float one[2] = {1.f, 1.f};
-          store_p(smem + (sP(1) - base), sacc, one, r_lo, lane);
-          if ((lane & 3) == 0) {
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {
-              m1_sh[r_lo + 8 * x] = m_ref[x];
-              sc1_sh[r_lo + 8 * x] = sc[x];
+            for (int j = 0; j < 32; ++j) {
+              o[4 * j + 0] *= sc1[0];
+              o[4 * j + 1] *= sc1[0];
+              o[4 * j + 2] *= sc1[1];
+              o[4 * j + 3] *= sc1[1];
             }
+            l[0] *= sc1[0];
+            l[1] *= sc1[1];
+            wait_tile(1, par1, 0, 4);  // V1L (P1 came with the named barrier)
+            fence_proxy_async();
+            wgmma_fence();
+            issue_pv_smem_p_at(o, sP(1), 1, 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(o);
+            sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
           }
-          fence_proxy_async();
-          named_bar_arrive(kBarP1, 256);
+        } else {
+          if constexpr (!kPh) {
+            // P1 (frame m1) for consumer 0, in stage 1's rope block; m1, scale1.
+            const float one[2] = {1.f, 1.f};
+            store_p(smem + (sP(1) - base), sacc, one, r_lo, lane);
+            if ((lane & 3) == 0) {
+#pragma unroll
+              for (int x = 0; x < 2; ++x) {
+                m1_sh[r_lo + 8 * x] = m_ref[x];
+                sc1_sh[r_lo + 8 * x] = sc[x];
+              }
+            }
+            fence_proxy_async();
+            named_bar_arrive(kBarP1, 256);
+          }
           float f[2];
 #pragma unroll
           for (int x = 0; x < 2; ++x) {
@@ -790,21 +833,35 @@ struct MlaWgmmaCta {
           l[0] = l[0] * f[0] + sum[0];
           l[1] = l[1] * f[1] + sum[1];
           // O_R += P1 V1R, then += (P0 scale1) V0R: both in frame m1, no wait in between.
-          wgmma_fence();
-          issue_pv(o, pa, 1, 1);
-          wgmma_commit();
+          if constexpr (!kPh) {
+            wgmma_fence();
+            issue_pv(o, pa, 1, 1);
+            wgmma_commit();
+          }
           named_bar_sync(kBarP0, 256);
-          wait_tile(0, par, 4, 8);
+          wait_tile(0, par0, 4, 8);
           fence_proxy_async();
           wgmma_fence();
           issue_pv_smem_p_at(o, sP(0), 0, 1);
           wgmma_commit();
-          wgmma_wait<1>();
-          sm90::mbar_arrive(empty(1));  // stage 1 blocks 4-7
+          if constexpr (!kPh) {
+            wgmma_wait<1>();
+            sm90::mbar_arrive(empty(1));  // stage 1 blocks 4-7
+          }
           wgmma_wait<0>();
           fence_regs(o);
           sm90::mbar_arrive(empty_hi(0));  // stage 0 blocks 4-8 (P0)
         }
+      };
+      if constexpr (kSkipPhantom) {
+        int a = t0;
+        for (; a + 1 < t1; a += 2, ++pc, ++pc1) pair(a, pc & 1, pc1 & 1, std::false_type{});
+        if (a < t1) {  // odd segment: the last tile alone
+          pair(a, pc & 1, pc1 & 1, std::true_type{});
+          ++pc;
+        }
+      } else {
+        for (int a = t0; a < t1; a += 2, ++pc) pair(a, pc & 1, pc & 1, std::false_type{});
       }
 
       // ---- epilogue (as consumer()): total row sums; the final max is m_prev ----
