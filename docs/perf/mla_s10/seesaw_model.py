@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """CPU model of the producer / consumer protocol of the MLA wgmma decode kernel's seesaw schedule
 (src/backends/mla/kernels/mla_decode_wgmma.cuh): kVariant 3 (today's default, the phantom tile of
-an odd segment is loaded as zeros and computed) and kVariant 6 (session 10: the phantom tile is
-skipped: no loads, no stage-1 barrier phase, no S1 / P1 V for that pair).
+an odd segment is loaded as zeros and computed), kVariant 6 (session 10: the phantom tile is
+skipped: no loads, no stage-1 barrier phase, no S1 / P1 V for that pair) and kVariant 7 (6 +
+consumer 0 issues the next pair's S0 right behind P1 V1L: blocks 0-3, wait_group<1>, release of
+stage 1's blocks 0-3 / 8, blocks 4-8; the segment's first S0 before the pair loop).
 
 What is modelled, per warp (4 producer warps, 4 warps in each of the two consumer warpgroups):
   - mbarriers (expected arrival count in warps, phase count, parity waits as PTX test_wait.parity:
@@ -158,17 +160,17 @@ class Sim:
                 ph = a + 1 == n
                 out.append((si, a, ph, pc, pc1))
                 pc += 1
-                if not (self.variant == 6 and ph):
+                if not (self.variant in (6, 7) and ph):
                     pc1 += 1
         return out
 
     def stage_parity(self, s, pc, pc1):
-        if self.variant == 6 and s == 1 and self.mut != "v6_stage1_parity_from_pc":
+        if self.variant in (6, 7) and s == 1 and self.mut != "v6_stage1_parity_from_pc":
             return pc1 & 1
         return pc & 1
 
     def k_need(self, s, kb, phantom):
-        if self.variant == 6 and phantom and s == 1:
+        if self.variant in (6, 7) and phantom and s == 1:
             return set()
         need = {(s, w, "S") for w in range(NW)}
         if kb < 4:
@@ -188,12 +190,12 @@ class Sim:
             tcount += 1
             need = set()
             for a, ph, pc, pc1 in by_seg[si]:
-                for g in (0, 1) if not (self.variant == 6 and ph) else (0,):
+                for g in (0, 1) if not (self.variant in (6, 7) and ph) else (0,):
                     need |= {(g, v, ("S", pc)) for v in range(NW)}
             yield ("cpw", "Q", w, ("Q", si), need)
             yield ("cparrive", "q_full")
             for a, ph, pc, pc1 in by_seg[si]:
-                skip1 = self.variant == 6 and ph
+                skip1 = self.variant in (6, 7) and ph
                 for grp in range(4):
                     s = grp & 1
                     if s == 1 and skip1:
@@ -211,18 +213,33 @@ class Sim:
         pairs = self.pairs()
         tcount = 0
         idx = 0
-        v6 = self.variant == 6
+        v6 = self.variant in (6, 7)
+        early = self.variant == 7 and g == 0
+
+        def s0_blocks(pc, par0, si, kbs):
+            for kb in kbs:
+                yield ("mwait", f"bf0.{kb}", par0)
+                yield ("issue", [(("K", 0, kb), ("K", pc, 0, kb), "S"), ("Q", ("Q", si), ("S", pc))])
+            yield ("commit",)
+
         for si, n in enumerate(self.segs):
             yield ("mwait", "q_full", tcount & 1)
+            first = True
             while idx < len(pairs) and pairs[idx][0] == si:
                 _, a, ph, pc, pc1 = pairs[idx]
                 idx += 1
+                has_next = idx < len(pairs) and pairs[idx][0] == si
                 skip = v6 and ph
                 par0 = self.stage_parity(0, pc, pc1)
                 par1 = self.stage_parity(1, pc, pc1)
                 parg = par0 if g == 0 else par1
                 order = list(range(9)) if g == 0 else [4, 5, 6, 7, 0, 1, 2, 3, 8]
-                if not (g == 1 and skip):
+                if early and first:  # the segment's first S0, before the loop
+                    yield from s0_blocks(pc, par0, si, range(9))
+                first = False
+                if early:
+                    yield ("wait", 0)  # S0 issued by the previous pair (or before the loop)
+                elif not (g == 1 and skip):
                     for kb in order:
                         yield ("mwait", f"bf{g}.{kb}", parg)
                         yield ("issue", [(("K", g, kb), ("K", pc, g, kb), "S"),
@@ -251,8 +268,19 @@ class Sim:
                         yield ("issue", [(("K", 1, 8), ("P", pc, 1), "PV")] +
                                [(("K", 1, kb), ("K", pc, 1, kb), "PV") for kb in range(4)])
                         yield ("commit",)
-                        yield ("wait", 0)
-                        yield ("marrive", "empty_hi1")
+                        if early and has_next:
+                            _, _, _, pcn, pc1n = pairs[idx]
+                            parn = self.stage_parity(0, pcn, pc1n)
+                            if self.mut == "v7_release_before_pv_done":
+                                yield ("marrive", "empty_hi1")
+                            yield from s0_blocks(pcn, parn, si, range(4))
+                            yield ("wait", 1)
+                            if self.mut != "v7_release_before_pv_done":
+                                yield ("marrive", "empty_hi1")
+                            yield from s0_blocks(pcn, parn, si, range(4, 9))
+                        else:
+                            yield ("wait", 0)
+                            yield ("marrive", "empty_hi1")
                 else:
                     yield ("bsync", "M0", pc)
                     yield ("ld", ("m0", w), ("m0", pc))
@@ -454,13 +482,16 @@ MUTATIONS = {
     "v6_no_c0_barrier": 6,
     # kVariant 3 with consumer 1 releasing stage 1's blocks 4-7 before its P1 V1R is done.
     "v3_release_before_wait": 3,
+    # kVariant 7 with consumer 0 releasing stage 1's blocks 0-3 / 8 right after issuing P1 V1L
+    # (before its wait_group<1>).
+    "v7_release_before_pv_done": 7,
 }
 
 
 def main():
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     ok = True
-    for variant in (3, 6):
+    for variant in (3, 6, 7):
         rng = random.Random(1000 + variant)
         fails, pairs, phantoms, segs_total = 0, 0, 0, 0
         for r in range(runs):

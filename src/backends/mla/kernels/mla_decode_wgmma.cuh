@@ -138,12 +138,22 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // 0's all pairs (pc). In that pair consumer 0 overwrites stage 0's rope block with P0 after its own
 // 128-thread barrier (kBarC0: every warp's S0 is done; in a full pair the P1 barrier orders it).
 // The protocol was checked by docs/perf/mla_s10/seesaw_model.py (random interleavings).
+//
+// kVariant 7 (ATTNKIT_MLA_WGMMA_BLOCKS=7; session 10, NOT YET RUN ON A GPU): 6 + consumer 0 issues
+// the next pair's S0 early, FlashMLA's order (its public "new kernel deep dive"; no code taken):
+// right behind P1 V1L (no wait in between) the k-steps of stage 0's blocks 0-3 (released after P0
+// V0L, refilled while P1 V1L runs), then wait_group<1> (P1 V1L done), the release of stage 1's
+// blocks 0-3, 8, then blocks 4-8 (released by consumer 1's P0 V0R). The next pair starts with S0
+// done or nearly done, so the softmax of tile a overlaps consumer 1's S1 instead of both S
+// finishing together and the tensor pipe idling through softmax 0. The first pair's S0 of a
+// segment is issued before the loop; the segment's last pair issues none.
 template <typename Tr, int kVariant>
 struct MlaWgmmaCta {
   static constexpr bool kBlockFull = kVariant >= 1;
   static constexpr bool kSplitRelease = kVariant >= 2;
-  static constexpr bool kSeesaw = kVariant == 3 || kVariant == 6;
-  static constexpr bool kSkipPhantom = kVariant == 6;
+  static constexpr bool kSeesaw = kVariant == 3 || kVariant == 6 || kVariant == 7;
+  static constexpr bool kSkipPhantom = kVariant == 6 || kVariant == 7;
+  static constexpr bool kEarlyS = kVariant == 7;
   // Seesaw: the column block consumer (= stage) s multiplies n-th in S (the order its blocks are
   // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8.
   __device__ static constexpr int seesaw_block(int s, int n) {
@@ -611,6 +621,30 @@ struct MlaWgmmaCta {
     }
   }
 
+  // kEarlyS: the k-steps of stage kS's blocks at seesaw positions [kN0, kN1), each block waited
+  // for here (the first k-step overwrites sacc when kN0 == 0).
+  // The base addresses pass through an empty asm so that ptxas does not share (and keep live
+  // across the loop: 144 B of spills) the descriptors of the three call sites.
+  template <int kS, int kN0, int kN1>
+  __device__ void issue_s_blocks(float (&sacc)[32], uint32_t parity) const {
+    uint32_t q_base = sQ(), k_base = sK(kS);
+    asm volatile("" : "+r"(q_base), "+r"(k_base));
+    const uint64_t q_desc = sm90::make_desc(q_base, 16, 1024);
+    const uint64_t k_desc = sm90::make_desc(k_base, 16, 1024);
+#pragma unroll
+    for (int kk = 4 * kN0; kk < 4 * kN1; ++kk) {
+      const int kb = seesaw_block(kS, kk / 4);
+      if (kk % 4 == 0) {
+        sm90::mbar_wait(block_full(kS, kb), parity);
+        sm90::fence_proxy_async();
+        sm90::wgmma_fence();
+      }
+      sm90::wgmma_ss<64, true, 0>(
+          sacc, sm90::desc_advance(q_desc, kb * Tr::kRows * 128 + (kk % 4) * 32),
+          sm90::desc_advance(k_desc, kb * kBlockN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
+    }
+  }
+
   // Writes this thread's share of P (sacc scaled by f[row], bf16) into the P block at p_base
   // (same fragment-to-word mapping as the A fragment: word (kk, q) = row r_lo + 8 (q & 1), keys
   // 16 kk + 8 (q >> 1) + 2 (lane & 3) + [0, 2)).
@@ -667,17 +701,21 @@ struct MlaWgmmaCta {
       // One pair (a, a + 1). kPh (kSkipPhantom only): tile a + 1 is the phantom of an odd segment
       // and stage 1 is not used; a compile-time copy of the body, so no run-time branch sits
       // around a wgmma. par0 / par1: the barrier parities of stages 0 / 1 in this pair.
+      // kEarlyS: consumer 0's S0 of the pair is in flight at entry, its P1 V1L at exit (the
+      // caller issues the next S0, then retires it).
       auto pair = [&](int a, uint32_t par0, uint32_t par1, auto phantom) {
         constexpr bool kPh = decltype(phantom)::value;
-        const uint32_t par = g == 0 ? par0 : par1;
+        [[maybe_unused]] const uint32_t par = g == 0 ? par0 : par1;
         const int tile = a + g;
         float mx[2] = {kNegInf, kNegInf};
         if constexpr (!(kPh && g == 1)) {
-          mbar_wait(block_full(g, seesaw_block(g, 0)), par);
-          fence_proxy_async();
-          wgmma_fence();
-          issue_s_seesaw<g>(sacc, par);
-          wgmma_commit();
+          if constexpr (!(kEarlyS && g == 0)) {  // kEarlyS: consumer 0's S0 is in flight
+            mbar_wait(block_full(g, seesaw_block(g, 0)), par);
+            fence_proxy_async();
+            wgmma_fence();
+            issue_s_seesaw<g>(sacc, par);
+            wgmma_commit();
+          }
           wgmma_wait<0>();
           fence_regs(sacc);
           fence_regs(o);
@@ -798,9 +836,11 @@ struct MlaWgmmaCta {
             wgmma_fence();
             issue_pv_smem_p_at(o, sP(1), 1, 0);
             wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(o);
-            sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
+            if constexpr (!kEarlyS) {
+              wgmma_wait<0>();
+              fence_regs(o);
+              sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
+            }
           }
         } else {
           if constexpr (!kPh) {
@@ -853,7 +893,44 @@ struct MlaWgmmaCta {
           sm90::mbar_arrive(empty_hi(0));  // stage 0 blocks 4-8 (P0)
         }
       };
-      if constexpr (kSkipPhantom) {
+      if constexpr (kEarlyS) {
+        // Every path that leaves the next S0 in flight goes straight (continue) to a pair body,
+        // which starts with wait_group<0>: no correlated branches for ptxas (C7515).
+        if constexpr (g == 0) {  // the segment's first S0
+          issue_s_blocks<0, 0, 9>(sacc, pc & 1);
+          wgmma_commit();
+        }
+        int a = t0;
+        for (;;) {
+          if (a + 1 >= t1) {  // odd segment: the last tile alone
+            pair(a, pc & 1, pc1 & 1, std::true_type{});
+            ++pc;
+            break;
+          }
+          pair(a, pc & 1, pc1 & 1, std::false_type{});
+          if (a + 2 < t1) {
+            if constexpr (g == 0) {
+              // The next pair's S0 behind P1 V1L: stage 0 blocks 0-3 (released after P0 V0L),
+              // then P1 V1L retired and released, then blocks 4-8.
+              issue_s_blocks<0, 0, 4>(sacc, (pc & 1) ^ 1);
+              wgmma_commit();
+              wgmma_wait<1>();  // P1 V1L (o is next touched after the next pair's wait<0>)
+              sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
+              issue_s_blocks<0, 4, 9>(sacc, (pc & 1) ^ 1);
+              wgmma_commit();
+            }
+            a += 2, ++pc, ++pc1;
+            continue;
+          }
+          if constexpr (g == 0) {
+            wgmma_wait<0>();
+            fence_regs(o);
+            sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
+          }
+          ++pc, ++pc1;
+          break;
+        }
+      } else if constexpr (kSkipPhantom) {
         int a = t0;
         for (; a + 1 < t1; a += 2, ++pc, ++pc1) pair(a, pc & 1, pc1 & 1, std::false_type{});
         if (a < t1) {  // odd segment: the last tile alone
