@@ -4,7 +4,9 @@
 an odd segment is loaded as zeros and computed), kVariant 6 (session 10: the phantom tile is
 skipped: no loads, no stage-1 barrier phase, no S1 / P1 V for that pair) and kVariant 7 (6 +
 consumer 0 issues the next pair's S0 right behind P1 V1L: blocks 0-3, wait_group<1>, release of
-stage 1's blocks 0-3 / 8, blocks 4-8; the segment's first S0 before the pair loop).
+stage 1's blocks 0-3 / 8, blocks 4-8; the segment's first S0 before the pair loop) and kVariant 8
+(7 + P1 in its own buffer: stage 1's rope block is read by S1 only, released by consumer 1 right
+after S1 (empty_rope), refilled first; S1 reads stage 1 in the order 4-7, 8, 0-3).
 
 What is modelled, per warp (4 producer warps, 4 warps in each of the two consumer warpgroups):
   - mbarriers (expected arrival count in warps, phase count, parity waits as PTX test_wait.parity:
@@ -121,6 +123,7 @@ class Sim:
             self.bar(f"empty_hi{s}", NW)
             for kb in range(KB):
                 self.bar(f"bf{s}.{kb}", NW)
+        self.bar("empty_rope", NW)
         self.nbars = {
             "M0": NamedBar("M0", 2 * NW),
             "P1": NamedBar("P1", 2 * NW),
@@ -130,6 +133,7 @@ class Sim:
         }
         self.items = {}
         self.item("Q", NW)
+        self.item("P1buf", NW)
         for s in range(2):
             for kb in range(KB):
                 self.item(("K", s, kb), NW)
@@ -160,17 +164,17 @@ class Sim:
                 ph = a + 1 == n
                 out.append((si, a, ph, pc, pc1))
                 pc += 1
-                if not (self.variant in (6, 7) and ph):
+                if not (self.variant in (6, 7, 8) and ph):
                     pc1 += 1
         return out
 
     def stage_parity(self, s, pc, pc1):
-        if self.variant in (6, 7) and s == 1 and self.mut != "v6_stage1_parity_from_pc":
+        if self.variant in (6, 7, 8) and s == 1 and self.mut != "v6_stage1_parity_from_pc":
             return pc1 & 1
         return pc & 1
 
     def k_need(self, s, kb, phantom):
-        if self.variant in (6, 7) and phantom and s == 1:
+        if self.variant in (6, 7, 8) and phantom and s == 1:
             return set()
         need = {(s, w, "S") for w in range(NW)}
         if kb < 4:
@@ -190,19 +194,22 @@ class Sim:
             tcount += 1
             need = set()
             for a, ph, pc, pc1 in by_seg[si]:
-                for g in (0, 1) if not (self.variant in (6, 7) and ph) else (0,):
+                for g in (0, 1) if not (self.variant in (6, 7, 8) and ph) else (0,):
                     need |= {(g, v, ("S", pc)) for v in range(NW)}
             yield ("cpw", "Q", w, ("Q", si), need)
             yield ("cparrive", "q_full")
             for a, ph, pc, pc1 in by_seg[si]:
-                skip1 = self.variant in (6, 7) and ph
-                for grp in range(4):
-                    s = grp & 1
+                skip1 = self.variant in (6, 7, 8) and ph
+                p1buf = self.variant == 8
+                for grp in range(-1 if p1buf else 0, 4):
+                    s = 1 if grp < 0 else grp & 1
                     if s == 1 and skip1:
                         continue
                     par = self.stage_parity(s, pc, pc1) ^ 1
-                    yield ("mwait", f"empty{s}" if grp < 2 else f"empty_hi{s}", par)
-                    kbs = {0: [0, 1, 2, 3], 1: [4, 5, 6, 7], 2: [4, 5, 6, 7, 8], 3: [0, 1, 2, 3, 8]}[grp]
+                    yield ("mwait", "empty_rope" if grp < 0 else
+                           f"empty{s}" if grp < 2 else f"empty_hi{s}", par)
+                    kbs = {-1: [8], 0: [0, 1, 2, 3], 1: [4, 5, 6, 7], 2: [4, 5, 6, 7, 8],
+                           3: [0, 1, 2, 3] if p1buf else [0, 1, 2, 3, 8]}[grp]
                     for kb in kbs:
                         yield ("cpw", ("K", s, kb), w, ("K", pc, s, kb), self.k_need(s, kb, ph))
                         yield ("cparrive", f"bf{s}.{kb}")
@@ -213,8 +220,10 @@ class Sim:
         pairs = self.pairs()
         tcount = 0
         idx = 0
-        v6 = self.variant in (6, 7)
-        early = self.variant == 7 and g == 0
+        v6 = self.variant in (6, 7, 8)
+        early = self.variant in (7, 8) and g == 0
+        p1buf = self.variant == 8
+        p1_item = "P1buf" if p1buf else ("K", 1, 8)
 
         def s0_blocks(pc, par0, si, kbs):
             for kb in kbs:
@@ -233,7 +242,8 @@ class Sim:
                 par0 = self.stage_parity(0, pc, pc1)
                 par1 = self.stage_parity(1, pc, pc1)
                 parg = par0 if g == 0 else par1
-                order = list(range(9)) if g == 0 else [4, 5, 6, 7, 0, 1, 2, 3, 8]
+                order = (list(range(9)) if g == 0 else
+                         [4, 5, 6, 7, 8, 0, 1, 2, 3] if p1buf else [4, 5, 6, 7, 0, 1, 2, 3, 8])
                 if early and first:  # the segment's first S0, before the loop
                     yield from s0_blocks(pc, par0, si, range(9))
                 first = False
@@ -245,7 +255,11 @@ class Sim:
                         yield ("issue", [(("K", g, kb), ("K", pc, g, kb), "S"),
                                          ("Q", ("Q", si), ("S", pc))])
                     yield ("commit",)
+                    if p1buf and g == 1 and self.mut == "v8_rope_release_before_s1_done":
+                        yield ("marrive", "empty_rope")
                     yield ("wait", 0)
+                    if p1buf and g == 1 and self.mut != "v8_rope_release_before_s1_done":
+                        yield ("marrive", "empty_rope")
                 if g == 0:
                     yield ("st", ("m0", w), ("m0", pc), {(1, w, "ld")})
                     yield ("barrive", "M0", pc)
@@ -265,7 +279,7 @@ class Sim:
                     if not skip:
                         for kb in range(4):
                             yield ("mwait", f"bf1.{kb}", par1)
-                        yield ("issue", [(("K", 1, 8), ("P", pc, 1), "PV")] +
+                        yield ("issue", [(p1_item, ("P", pc, 1), "PV")] +
                                [(("K", 1, kb), ("K", pc, 1, kb), "PV") for kb in range(4)])
                         yield ("commit",)
                         if early and has_next:
@@ -285,7 +299,7 @@ class Sim:
                     yield ("bsync", "M0", pc)
                     yield ("ld", ("m0", w), ("m0", pc))
                     if not skip:
-                        yield ("stp", ("K", 1, 8), w, ("P", pc, 1), {(0, v, "PV") for v in range(NW)})
+                        yield ("stp", p1_item, w, ("P", pc, 1), {(0, v, "PV") for v in range(NW)})
                         yield ("st", ("m1", w), ("m1", pc), {(0, w, "ld")})
                         yield ("barrive", "P1", pc)
                         yield ("issue", [(("K", 1, kb), ("K", pc, 1, kb), "PV") for kb in range(4, 8)])
@@ -485,13 +499,16 @@ MUTATIONS = {
     # kVariant 7 with consumer 0 releasing stage 1's blocks 0-3 / 8 right after issuing P1 V1L
     # (before its wait_group<1>).
     "v7_release_before_pv_done": 7,
+    # kVariant 8 with consumer 1 releasing stage 1's rope block right after issuing S1 (before
+    # its wait_group<0>).
+    "v8_rope_release_before_s1_done": 8,
 }
 
 
 def main():
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     ok = True
-    for variant in (3, 6, 7):
+    for variant in (3, 6, 7, 8):
         rng = random.Random(1000 + variant)
         fails, pairs, phantoms, segs_total = 0, 0, 0, 0
         for r in range(runs):

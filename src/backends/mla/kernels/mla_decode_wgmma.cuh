@@ -69,17 +69,20 @@ struct MlaWgmmaTraits {
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kPOffset = kKOffset + 2 * kTileBytes;
-  // Seesaw (kVariant 3): P lives in the rope block of its stage; the P buffer holds the
+  // Seesaw (kVariant 3, 6, 7): P lives in the rope block of its stage; the P buffer holds the
   // exchange arrays m0, scale0, m1, scale1 [64] instead.
   static constexpr int kXOffset = kPOffset;
-  static constexpr int kMOffset = kPOffset + kPBytes;    // running max per row (log2 domain)
-  static constexpr int kFOffset = kMOffset + kRows * 4;  // rescale factor of the latest tile
-  static constexpr int kLOffset = kFOffset + kRows * 4;  // [2][kRows] row sums per consumer
-  static constexpr int kBarOffset = kLOffset + 2 * kRows * 4;
+  static constexpr int kLOffset = kPOffset + kPBytes;        // [2][kRows] row sums per consumer
+  static constexpr int kMOffset = kLOffset + 2 * kRows * 4;  // running max per row (log2 domain)
+  static constexpr int kFOffset = kMOffset + kRows * 4;      // rescale factor of the latest tile
+  // kVariant 8: the P buffer holds P1, the exchange arrays take m, f (variants 0-2 only) and
+  // 512 bytes more.
+  static constexpr int kX2Offset = kMOffset;
+  static constexpr int kBarOffset = kX2Offset + 4 * kRows * 4;
   static constexpr int kColBlocks = kRowDim / 64;  // 64-column (128-byte swizzle) blocks: 9
   // q_full, q_empty, full[2], empty[2], block_full[2][kColBlocks] (block-barrier variants),
-  // empty_hi[2] (split release)
-  static constexpr int kBarriers = 6 + 2 * kColBlocks + 2;
+  // empty_hi[2] (split release), empty_rope (stage 1's rope block, kVariant 8)
+  static constexpr int kBarriers = 6 + 2 * kColBlocks + 2 + 1;
   static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "227 KiB opt-in of SM90");
   static_assert(kQBytes % kAlign == 0 && kTileBytes % kAlign == 0 && kPOffset % kAlign == 0,
@@ -147,17 +150,26 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // done or nearly done, so the softmax of tile a overlaps consumer 1's S1 instead of both S
 // finishing together and the tensor pipe idling through softmax 0. The first pair's S0 of a
 // segment is issued before the loop; the segment's last pair issues none.
+//
+// kVariant 8 (ATTNKIT_MLA_WGMMA_BLOCKS=8; session 10, NOT YET RUN ON A GPU): 7 + P1 in the P
+// buffer (its own 8 KiB; the exchange arrays move to kX2Offset), so stage 1's rope block is read
+// by S1 only: consumer 1 releases it right after S1 (empty_rope), the producer refills it first
+// in the next pair, and S1 reads stage 1 in the order 4-7, 8, 0-3 (5 early blocks instead of 4;
+// 9 in the pair, as FlashMLA's).
 template <typename Tr, int kVariant>
 struct MlaWgmmaCta {
   static constexpr bool kBlockFull = kVariant >= 1;
   static constexpr bool kSplitRelease = kVariant >= 2;
-  static constexpr bool kSeesaw = kVariant == 3 || kVariant == 6 || kVariant == 7;
-  static constexpr bool kSkipPhantom = kVariant == 6 || kVariant == 7;
-  static constexpr bool kEarlyS = kVariant == 7;
+  static constexpr bool kSeesaw = kVariant == 3 || kVariant >= 6;
+  static constexpr bool kSkipPhantom = kVariant >= 6;
+  static constexpr bool kEarlyS = kVariant >= 7;
+  static constexpr bool kP1Buf = kVariant == 8;
   // Seesaw: the column block consumer (= stage) s multiplies n-th in S (the order its blocks are
-  // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8.
+  // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8 (kP1Buf: 4..7, 8, 0..3).
   __device__ static constexpr int seesaw_block(int s, int n) {
-    return s == 0 || n == 8 ? n : (n < 4 ? n + 4 : n - 4);
+    if (s == 0) return n;
+    if (kP1Buf) return n < 5 ? n + 4 : n - 5;
+    return n == 8 ? n : (n < 4 ? n + 4 : n - 4);
   }
   // P of stage s (64 x 64 keys, one 128-byte swizzle block) in that stage's rope block.
   __device__ uint32_t sP(int s) const { return sK(s) + 8 * kBlockN * 128; }
@@ -179,6 +191,7 @@ struct MlaWgmmaCta {
   __device__ uint32_t empty(int s) const { return bar(4 + s); }
   __device__ uint32_t block_full(int s, int kb) const { return bar(6 + s * Tr::kColBlocks + kb); }
   __device__ uint32_t empty_hi(int s) const { return bar(6 + 2 * Tr::kColBlocks + s); }
+  __device__ uint32_t empty_rope() const { return bar(6 + 2 * Tr::kColBlocks + 2); }
   // Consumer g's release of a stage (its last read of it was a P V).
   __device__ void release(int s, int g) const {
     sm90::mbar_arrive(kSplitRelease && g == 1 ? empty_hi(s) : empty(s));
@@ -573,13 +586,14 @@ struct MlaWgmmaCta {
         const uint32_t ph1 = ((kSkipPhantom ? pc1 : pc) & 1) ^ 1;
         if (!skip1) ++pc1;
         const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
+        // kP1Buf: group -1 = stage 1's rope block (released right after S1), group 3 without it.
 #pragma unroll 1
-        for (int grp = 0; grp < 4; ++grp) {
-          const int s = grp & 1;
+        for (int grp = kP1Buf ? -1 : 0; grp < 4; ++grp) {
+          const int s = grp < 0 ? 1 : grp & 1;
           if (s == 1 && skip1) continue;
-          mbar_wait(grp < 2 ? empty(s) : empty_hi(s), s ? ph1 : ph0);
-          const int nb = grp < 2 ? 4 : 5;
-          const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
+          mbar_wait(grp < 0 ? empty_rope() : grp < 2 ? empty(s) : empty_hi(s), s ? ph1 : ph0);
+          const int nb = grp < 0 ? 1 : grp < 2 || (kP1Buf && grp == 3) ? 4 : 5;
+          const int kb0 = grp < 0 ? 8 : grp == 0 || grp == 3 ? 0 : 4;
           const uint32_t dst = sK(s);
           const bool valid = s ? valid1 : valid0;
           const uint8_t* row = s ? row1 : row0;
@@ -670,7 +684,7 @@ struct MlaWgmmaCta {
     const int warp = tid >> 5, lane = tid & 31;
     const int r_lo = 16 * warp + (lane >> 2);
     const float kNegInf = -__int_as_float(0x7f800000);
-    auto* x_sh = reinterpret_cast<float*>(smem + Tr::kXOffset);
+    auto* x_sh = reinterpret_cast<float*>(smem + (kP1Buf ? Tr::kX2Offset : Tr::kXOffset));
     float* m0_sh = x_sh;  // m after tile a (consumer 0)
     float* sc0_sh = x_sh + Tr::kRows;
     float* m1_sh = x_sh + 2 * Tr::kRows;  // m after tile a + 1 (consumer 1)
@@ -719,6 +733,9 @@ struct MlaWgmmaCta {
           wgmma_wait<0>();
           fence_regs(sacc);
           fence_regs(o);
+          if constexpr (kP1Buf && g == 1) {
+            sm90::mbar_arrive(empty_rope());  // stage 1's rope block: read by S1 only
+          }
           const float scale = p.scale_log2;
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
@@ -834,7 +851,7 @@ struct MlaWgmmaCta {
             wait_tile(1, par1, 0, 4);  // V1L (P1 came with the named barrier)
             fence_proxy_async();
             wgmma_fence();
-            issue_pv_smem_p_at(o, sP(1), 1, 0);
+            issue_pv_smem_p_at(o, kP1Buf ? base + Tr::kPOffset : sP(1), 1, 0);
             wgmma_commit();
             if constexpr (!kEarlyS) {
               wgmma_wait<0>();
@@ -844,9 +861,10 @@ struct MlaWgmmaCta {
           }
         } else {
           if constexpr (!kPh) {
-            // P1 (frame m1) for consumer 0, in stage 1's rope block; m1, scale1.
+            // P1 (frame m1) for consumer 0, in stage 1's rope block (kP1Buf: the P buffer);
+            // m1, scale1.
             const float one[2] = {1.f, 1.f};
-            store_p(smem + (sP(1) - base), sacc, one, r_lo, lane);
+            store_p(smem + (kP1Buf ? Tr::kPOffset : sP(1) - base), sacc, one, r_lo, lane);
             if ((lane & 3) == 0) {
 #pragma unroll
               for (int x = 0; x < 2; ++x) {
@@ -980,6 +998,7 @@ __global__ void __launch_bounds__(384, 1)
       sm90::mbar_init(cta.full(s), 128);
       sm90::mbar_init(cta.empty(s), Cta::kSplitRelease ? 128 : 256);
       sm90::mbar_init(cta.empty_hi(s), 128);
+      if (s == 0) sm90::mbar_init(cta.empty_rope(), 128);
       for (int kb = 0; kb < Tr::kColBlocks; ++kb) sm90::mbar_init(cta.block_full(s, kb), 128);
     }
     sm90::mbar_init_fence();
