@@ -34,11 +34,20 @@ bool wgmma_env_on() {
 
 // ATTNKIT_MLA_WGMMA_BLOCKS: the wgmma kernel's variant (mla_decode_wgmma.cuh, kVariant): "0" one
 // full barrier per K tile, "1" block barriers, "2" block barriers + split release (session 7),
-// unset / else the seesaw schedule (3; H200 session 9, two runs: +4-6% over 2).
+// "6" the seesaw without the phantom tile of odd segments, "7" 6 + the next pair's S0 issued
+// behind P1 V1L, "8" 7 + P1 in its own buffer (stage 1's rope block released after S1) (all
+// session 10, not yet run on a GPU), unset / else the seesaw schedule (3; H200 session 9, two
+// runs: +4-6% over 2).
 int wgmma_variant_env() {
   const char* e = std::getenv("ATTNKIT_MLA_WGMMA_BLOCKS");
   const std::string v = e == nullptr ? "" : e;
-  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : 3;
+  return v == "0"   ? 0
+         : v == "1" ? 1
+         : v == "2" ? 2
+         : v == "6" ? 6
+         : v == "7" ? 7
+         : v == "8" ? 8
+                    : 3;
 }
 // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
 bool wgmma_noload_env() {

@@ -73,7 +73,8 @@ class MlaDecodeEngine {
   bool allow_fp8_ = false;
   int sm_count_ = 0;
   bool use_wgmma_ = false;
-  // ATTNKIT_MLA_WGMMA_BLOCKS: 0 tile, 1 block barriers, 2 + split, 3 seesaw
+  // ATTNKIT_MLA_WGMMA_BLOCKS: 0 tile, 1 block barriers, 2 + split, 3 seesaw, 6 seesaw without
+  // the phantom tile, 7 6 + early S0, 8 7 + own P1 buffer
   int wgmma_variant_ = 3;
   bool wgmma_noload_ = false;  // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic only
   int mma_prefetch_ = 2;       // ATTNKIT_MLA_MMA_PREFETCH: 0 off, 1 on, 2 per tile size, 3 smem

@@ -73,7 +73,10 @@ Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
       if (p.use_wgmma == 1) return launch_decode_wgmma<kPage, 0>(p, s);
       if (p.use_wgmma == 2) return launch_decode_wgmma<kPage, 1>(p, s);
       if (p.use_wgmma == 3) return launch_decode_wgmma<kPage, 2>(p, s);
-      return launch_decode_wgmma<kPage, 3>(p, s);  // 4: the seesaw (default)
+      if (p.use_wgmma == 7) return launch_decode_wgmma<kPage, 6>(p, s);  // phantom skip
+      if (p.use_wgmma == 8) return launch_decode_wgmma<kPage, 7>(p, s);  // + early S0
+      if (p.use_wgmma == 9) return launch_decode_wgmma<kPage, 8>(p, s);  // + own P1 buffer
+      return launch_decode_wgmma<kPage, 3>(p, s);                        // 4: the seesaw (default)
     }
   }
   switch (rows_per_cta(p.rows_per_req)) {

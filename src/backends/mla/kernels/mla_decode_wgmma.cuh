@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/mla/kernels/mla_decode_common.cuh"
 #include "backends/mla/kernels/mla_decode_params.h"
@@ -68,17 +69,20 @@ struct MlaWgmmaTraits {
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kPOffset = kKOffset + 2 * kTileBytes;
-  // Seesaw (kVariant 3): P lives in the rope block of its stage; the P buffer holds the
+  // Seesaw (kVariant 3, 6, 7): P lives in the rope block of its stage; the P buffer holds the
   // exchange arrays m0, scale0, m1, scale1 [64] instead.
   static constexpr int kXOffset = kPOffset;
-  static constexpr int kMOffset = kPOffset + kPBytes;    // running max per row (log2 domain)
-  static constexpr int kFOffset = kMOffset + kRows * 4;  // rescale factor of the latest tile
-  static constexpr int kLOffset = kFOffset + kRows * 4;  // [2][kRows] row sums per consumer
-  static constexpr int kBarOffset = kLOffset + 2 * kRows * 4;
+  static constexpr int kLOffset = kPOffset + kPBytes;        // [2][kRows] row sums per consumer
+  static constexpr int kMOffset = kLOffset + 2 * kRows * 4;  // running max per row (log2 domain)
+  static constexpr int kFOffset = kMOffset + kRows * 4;      // rescale factor of the latest tile
+  // kVariant 8: the P buffer holds P1, the exchange arrays take m, f (variants 0-2 only) and
+  // 512 bytes more.
+  static constexpr int kX2Offset = kMOffset;
+  static constexpr int kBarOffset = kX2Offset + 4 * kRows * 4;
   static constexpr int kColBlocks = kRowDim / 64;  // 64-column (128-byte swizzle) blocks: 9
   // q_full, q_empty, full[2], empty[2], block_full[2][kColBlocks] (block-barrier variants),
-  // empty_hi[2] (split release)
-  static constexpr int kBarriers = 6 + 2 * kColBlocks + 2;
+  // empty_hi[2] (split release), empty_rope (stage 1's rope block, kVariant 8)
+  static constexpr int kBarriers = 6 + 2 * kColBlocks + 2 + 1;
   static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "227 KiB opt-in of SM90");
   static_assert(kQBytes % kAlign == 0 && kTileBytes % kAlign == 0 && kPOffset % kAlign == 0,
@@ -101,6 +105,8 @@ inline constexpr int kBarPReady = 1;  // + g (1, 2): consumer g published P / f 
 inline constexpr int kBarM0 = 1;  // consumer 0 published m and the scale after tile a
 inline constexpr int kBarP1 = 2;  // consumer 1 published P1 (frame m1) for consumer 0
 inline constexpr int kBarP0 = 4;  // consumer 0 published P0 scale1 (frame m1) for consumer 1
+// Variant 6, a phantom pair: consumer 0's 128 threads are done with S0 (stage 0's rope block).
+inline constexpr int kBarC0 = 5;
 // Every variant:
 inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 
@@ -125,15 +131,45 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // (P0 scale1) V0R (empty_hi); stage 1 blocks 4-7 after P1 V1R (empty), blocks 0-3, 8 after P1 V1L
 // (empty_hi); the producer loads in that order and S0 / S1 read their blocks in the order
 // loaded. An odd segment's last pair has a phantom tile a + 1 (zero-filled, masked).
+//
+// kVariant 6 (ATTNKIT_MLA_WGMMA_BLOCKS=6; session 10, NOT YET RUN ON A GPU): the seesaw without
+// the phantom tile. An odd segment's last pair runs a second copy of the pair body
+// (compile-time kPhantom, so every branch around a wgmma stays uniform): the producer loads
+// nothing into stage 1, consumer 1 skips S1, its softmax and P1 V1R (it only rescales O_R by
+// scale0 and runs (P0) V0R), consumer 0 skips the wait for P1 and P1 V1L. Stage 1 then has no
+// barrier phase in that pair: its full / empty parities count the pairs that use it (pc1), stage
+// 0's all pairs (pc). In that pair consumer 0 overwrites stage 0's rope block with P0 after its own
+// 128-thread barrier (kBarC0: every warp's S0 is done; in a full pair the P1 barrier orders it).
+// The protocol was checked by docs/perf/mla_s10/seesaw_model.py (random interleavings).
+//
+// kVariant 7 (ATTNKIT_MLA_WGMMA_BLOCKS=7; session 10, NOT YET RUN ON A GPU): 6 + consumer 0 issues
+// the next pair's S0 early, FlashMLA's order (its public "new kernel deep dive"; no code taken):
+// right behind P1 V1L (no wait in between) the k-steps of stage 0's blocks 0-3 (released after P0
+// V0L, refilled while P1 V1L runs), then wait_group<1> (P1 V1L done), the release of stage 1's
+// blocks 0-3, 8, then blocks 4-8 (released by consumer 1's P0 V0R). The next pair starts with S0
+// done or nearly done, so the softmax of tile a overlaps consumer 1's S1 instead of both S
+// finishing together and the tensor pipe idling through softmax 0. The first pair's S0 of a
+// segment is issued before the loop; the segment's last pair issues none.
+//
+// kVariant 8 (ATTNKIT_MLA_WGMMA_BLOCKS=8; session 10, NOT YET RUN ON A GPU): 7 + P1 in the P
+// buffer (its own 8 KiB; the exchange arrays move to kX2Offset), so stage 1's rope block is read
+// by S1 only: consumer 1 releases it right after S1 (empty_rope), the producer refills it first
+// in the next pair, and S1 reads stage 1 in the order 4-7, 8, 0-3 (5 early blocks instead of 4;
+// 9 in the pair, as FlashMLA's).
 template <typename Tr, int kVariant>
 struct MlaWgmmaCta {
   static constexpr bool kBlockFull = kVariant >= 1;
   static constexpr bool kSplitRelease = kVariant >= 2;
-  static constexpr bool kSeesaw = kVariant == 3;
+  static constexpr bool kSeesaw = kVariant == 3 || kVariant >= 6;
+  static constexpr bool kSkipPhantom = kVariant >= 6;
+  static constexpr bool kEarlyS = kVariant >= 7;
+  static constexpr bool kP1Buf = kVariant == 8;
   // Seesaw: the column block consumer (= stage) s multiplies n-th in S (the order its blocks are
-  // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8.
+  // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8 (kP1Buf: 4..7, 8, 0..3).
   __device__ static constexpr int seesaw_block(int s, int n) {
-    return s == 0 || n == 8 ? n : (n < 4 ? n + 4 : n - 4);
+    if (s == 0) return n;
+    if (kP1Buf) return n < 5 ? n + 4 : n - 5;
+    return n == 8 ? n : (n < 4 ? n + 4 : n - 4);
   }
   // P of stage s (64 x 64 keys, one 128-byte swizzle block) in that stage's rope block.
   __device__ uint32_t sP(int s) const { return sK(s) + 8 * kBlockN * 128; }
@@ -155,6 +191,7 @@ struct MlaWgmmaCta {
   __device__ uint32_t empty(int s) const { return bar(4 + s); }
   __device__ uint32_t block_full(int s, int kb) const { return bar(6 + s * Tr::kColBlocks + kb); }
   __device__ uint32_t empty_hi(int s) const { return bar(6 + 2 * Tr::kColBlocks + s); }
+  __device__ uint32_t empty_rope() const { return bar(6 + 2 * Tr::kColBlocks + 2); }
   // Consumer g's release of a stage (its last read of it was a P V).
   __device__ void release(int s, int g) const {
     sm90::mbar_arrive(kSplitRelease && g == 1 ? empty_hi(s) : empty(s));
@@ -521,7 +558,7 @@ struct MlaWgmmaCta {
     }
   }
 
-  // ---- seesaw (kVariant 3) ----
+  // ---- seesaw (kVariant 3; 6 without the phantom tile) ----
   // Producer: per pair of tiles (a, a + 1) the four release groups in the order they free up:
   // stage 0 blocks 0-3 (empty(0)), stage 1 blocks 4-7 (empty(1)), stage 0 blocks 4-8
   // (empty_hi(0)), stage 1 blocks 0-3, 8 (empty_hi(1)).
@@ -529,13 +566,15 @@ struct MlaWgmmaCta {
     using namespace sm90;
     const int tid = threadIdx.x;  // 0..127
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
-    int pc = 0, tcount = 0;
+    int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
       const int32_t* tok =
           p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
       load_q(b, tcount++);
       const int key = tid >> 1;
       for (int a = t0; a < t1; a += 2, ++pc) {
+        // kSkipPhantom: an odd segment's last pair leaves stage 1 alone (no loads, no phase).
+        const bool skip1 = kSkipPhantom && a + 1 >= t1;
         // Tile a + 1 == t1 (odd segment): the phantom tile, zero-filled (and masked).
         const int j0 = a * kBlockN + key, j1 = j0 + kBlockN;
         const bool valid0 = j0 < kv_len, valid1 = a + 1 < t1 && j1 < kv_len;
@@ -543,14 +582,18 @@ struct MlaWgmmaCta {
             kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row * 2;
         const uint8_t* row1 =
             kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row * 2;
-        const uint32_t ph = (pc & 1) ^ 1;
+        const uint32_t ph0 = (pc & 1) ^ 1;
+        const uint32_t ph1 = ((kSkipPhantom ? pc1 : pc) & 1) ^ 1;
+        if (!skip1) ++pc1;
         const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
+        // kP1Buf: group -1 = stage 1's rope block (released right after S1), group 3 without it.
 #pragma unroll 1
-        for (int grp = 0; grp < 4; ++grp) {
-          const int s = grp & 1;
-          mbar_wait(grp < 2 ? empty(s) : empty_hi(s), ph);
-          const int nb = grp < 2 ? 4 : 5;
-          const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
+        for (int grp = kP1Buf ? -1 : 0; grp < 4; ++grp) {
+          const int s = grp < 0 ? 1 : grp & 1;
+          if (s == 1 && skip1) continue;
+          mbar_wait(grp < 0 ? empty_rope() : grp < 2 ? empty(s) : empty_hi(s), s ? ph1 : ph0);
+          const int nb = grp < 0 ? 1 : grp < 2 || (kP1Buf && grp == 3) ? 4 : 5;
+          const int kb0 = grp < 0 ? 8 : grp == 0 || grp == 3 ? 0 : 4;
           const uint32_t dst = sK(s);
           const bool valid = s ? valid1 : valid0;
           const uint8_t* row = s ? row1 : row0;
@@ -592,6 +635,30 @@ struct MlaWgmmaCta {
     }
   }
 
+  // kEarlyS: the k-steps of stage kS's blocks at seesaw positions [kN0, kN1), each block waited
+  // for here (the first k-step overwrites sacc when kN0 == 0).
+  // The base addresses pass through an empty asm so that ptxas does not share (and keep live
+  // across the loop: 144 B of spills) the descriptors of the three call sites.
+  template <int kS, int kN0, int kN1>
+  __device__ void issue_s_blocks(float (&sacc)[32], uint32_t parity) const {
+    uint32_t q_base = sQ(), k_base = sK(kS);
+    asm volatile("" : "+r"(q_base), "+r"(k_base));
+    const uint64_t q_desc = sm90::make_desc(q_base, 16, 1024);
+    const uint64_t k_desc = sm90::make_desc(k_base, 16, 1024);
+#pragma unroll
+    for (int kk = 4 * kN0; kk < 4 * kN1; ++kk) {
+      const int kb = seesaw_block(kS, kk / 4);
+      if (kk % 4 == 0) {
+        sm90::mbar_wait(block_full(kS, kb), parity);
+        sm90::fence_proxy_async();
+        sm90::wgmma_fence();
+      }
+      sm90::wgmma_ss<64, true, 0>(
+          sacc, sm90::desc_advance(q_desc, kb * Tr::kRows * 128 + (kk % 4) * 32),
+          sm90::desc_advance(k_desc, kb * kBlockN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
+    }
+  }
+
   // Writes this thread's share of P (sacc scaled by f[row], bf16) into the P block at p_base
   // (same fragment-to-word mapping as the A fragment: word (kk, q) = row r_lo + 8 (q & 1), keys
   // 16 kk + 8 (q >> 1) + 2 (lane & 3) + [0, 2)).
@@ -617,14 +684,14 @@ struct MlaWgmmaCta {
     const int warp = tid >> 5, lane = tid & 31;
     const int r_lo = 16 * warp + (lane >> 2);
     const float kNegInf = -__int_as_float(0x7f800000);
-    auto* x_sh = reinterpret_cast<float*>(smem + Tr::kXOffset);
+    auto* x_sh = reinterpret_cast<float*>(smem + (kP1Buf ? Tr::kX2Offset : Tr::kXOffset));
     float* m0_sh = x_sh;  // m after tile a (consumer 0)
     float* sc0_sh = x_sh + Tr::kRows;
     float* m1_sh = x_sh + 2 * Tr::kRows;  // m after tile a + 1 (consumer 1)
     float* sc1_sh = x_sh + 3 * Tr::kRows;
     auto* l_sh = reinterpret_cast<float*>(smem + Tr::kLOffset);
     const int row0 = blockIdx.y * Tr::kRows;
-    int pc = 0, tcount = 0;
+    int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
       int limit[2];
 #pragma unroll
@@ -645,38 +712,52 @@ struct MlaWgmmaCta {
       mbar_wait(q_full(), tcount & 1);
       fence_proxy_async();
 
-      for (int a = t0; a < t1; a += 2, ++pc) {
-        const uint32_t par = pc & 1;
+      // One pair (a, a + 1). kPh (kSkipPhantom only): tile a + 1 is the phantom of an odd segment
+      // and stage 1 is not used; a compile-time copy of the body, so no run-time branch sits
+      // around a wgmma. par0 / par1: the barrier parities of stages 0 / 1 in this pair.
+      // kEarlyS: consumer 0's S0 of the pair is in flight at entry, its P1 V1L at exit (the
+      // caller issues the next S0, then retires it).
+      auto pair = [&](int a, uint32_t par0, uint32_t par1, auto phantom) {
+        constexpr bool kPh = decltype(phantom)::value;
+        [[maybe_unused]] const uint32_t par = g == 0 ? par0 : par1;
         const int tile = a + g;
-        mbar_wait(block_full(g, seesaw_block(g, 0)), par);
-        fence_proxy_async();
-        wgmma_fence();
-        issue_s_seesaw<g>(sacc, par);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(sacc);
-        fence_regs(o);
-        const float scale = p.scale_log2;
+        float mx[2] = {kNegInf, kNegInf};
+        if constexpr (!(kPh && g == 1)) {
+          if constexpr (!(kEarlyS && g == 0)) {  // kEarlyS: consumer 0's S0 is in flight
+            mbar_wait(block_full(g, seesaw_block(g, 0)), par);
+            fence_proxy_async();
+            wgmma_fence();
+            issue_s_seesaw<g>(sacc, par);
+            wgmma_commit();
+          }
+          wgmma_wait<0>();
+          fence_regs(sacc);
+          fence_regs(o);
+          if constexpr (kP1Buf && g == 1) {
+            sm90::mbar_arrive(empty_rope());  // stage 1's rope block: read by S1 only
+          }
+          const float scale = p.scale_log2;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+          for (int j = 0; j < 8; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = tile * kBlockN + 8 * j + 2 * (lane & 3) + (e & 1);
-            sacc[4 * j + e] = key < limit[e >> 1] ? sacc[4 * j + e] * scale : kNegInf;
+            for (int e = 0; e < 4; ++e) {
+              const int key = tile * kBlockN + 8 * j + 2 * (lane & 3) + (e & 1);
+              sacc[4 * j + e] = key < limit[e >> 1] ? sacc[4 * j + e] * scale : kNegInf;
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sacc[4 * j + e]);
+          }
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
+            mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
           }
         }
-        float mx[2] = {kNegInf, kNegInf};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sacc[4 * j + e]);
-        }
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
-          mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
-        }
-        float m_ref[2], sc[2], sc_other[2], m_use[2], sum[2] = {0.f, 0.f};
+        float m_ref[2], sc[2], m_use[2], sum[2] = {0.f, 0.f};
+        [[maybe_unused]] float sc_other[2];  // consumer 1: scale0
         if constexpr (g == 0) {
 #pragma unroll
           for (int x = 0; x < 2; ++x) {
@@ -699,22 +780,24 @@ struct MlaWgmmaCta {
           for (int x = 0; x < 2; ++x) {
             const float m0 = m0_sh[r_lo + 8 * x];
             sc_other[x] = sc0_sh[r_lo + 8 * x];
-            const float m_new = fmaxf(m0, mx[x]);
+            const float m_new = fmaxf(m0, mx[x]);  // kPh: mx = -inf, m1 = m0
             m_use[x] = m_new == kNegInf ? 0.f : m_new;
-            sc[x] = exp2_approx(m0 - m_use[x]);  // scale1
+            sc[x] = kPh ? 1.f : exp2_approx(m0 - m_use[x]);  // scale1
             m_ref[x] = m_new;
           }
         }
+        if constexpr (!(kPh && g == 1)) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+          for (int j = 0; j < 8; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            sacc[4 * j + e] = exp2_approx(sacc[4 * j + e] - m_use[e >> 1]);
-            sum[e >> 1] += sacc[4 * j + e];
+            for (int e = 0; e < 4; ++e) {
+              sacc[4 * j + e] = exp2_approx(sacc[4 * j + e] - m_use[e >> 1]);
+              sum[e >> 1] += sacc[4 * j + e];
+            }
+            pa[j >> 1][2 * (j & 1) + 0] = cuda::pack2<__nv_bfloat16>(sacc[4 * j], sacc[4 * j + 1]);
+            pa[j >> 1][2 * (j & 1) + 1] =
+                cuda::pack2<__nv_bfloat16>(sacc[4 * j + 2], sacc[4 * j + 3]);
           }
-          pa[j >> 1][2 * (j & 1) + 0] = cuda::pack2<__nv_bfloat16>(sacc[4 * j], sacc[4 * j + 1]);
-          pa[j >> 1][2 * (j & 1) + 1] =
-              cuda::pack2<__nv_bfloat16>(sacc[4 * j + 2], sacc[4 * j + 3]);
         }
         if constexpr (g == 0) {
           // O_L = O_L scale0 + P0 V0L
@@ -733,47 +816,65 @@ struct MlaWgmmaCta {
           wgmma_wait<0>();
           fence_regs(o);
           sm90::mbar_arrive(empty(0));  // stage 0 blocks 0-3
-          named_bar_sync(kBarP1, 256);
           float sc1[2];
+          if constexpr (kPh) {
+            // No P1: scale1 = 1, m1 = m0. Every warp of this consumer is done with S0 before
+            // P0 overwrites stage 0's rope block (in a full pair the P1 barrier orders it).
+            named_bar_sync(kBarC0, 128);
 #pragma unroll
-          for (int x = 0; x < 2; ++x) {
-            sc1[x] = sc1_sh[r_lo + 8 * x];
-            m_prev[x] = m1_sh[r_lo + 8 * x];
+            for (int x = 0; x < 2; ++x) {
+              sc1[x] = 1.f;
+              m_prev[x] = m_ref[x];
+            }
+          } else {
+            named_bar_sync(kBarP1, 256);
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+              sc1[x] = sc1_sh[r_lo + 8 * x];
+              m_prev[x] = m1_sh[r_lo + 8 * x];
+            }
           }
           // P0 scale1 (frame m1) for consumer 1, in stage 0's rope block (S0 read it, done).
           store_p(smem + (sP(0) - base), sacc, sc1, r_lo, lane);
           fence_proxy_async();
           named_bar_arrive(kBarP0, 256);
+          if constexpr (!kPh) {
 #pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            o[4 * j + 0] *= sc1[0];
-            o[4 * j + 1] *= sc1[0];
-            o[4 * j + 2] *= sc1[1];
-            o[4 * j + 3] *= sc1[1];
-          }
-          l[0] *= sc1[0];
-          l[1] *= sc1[1];
-          wait_tile(1, par, 0, 4);  // V1L (P1 came with the named barrier)
-          fence_proxy_async();
-          wgmma_fence();
-          issue_pv_smem_p_at(o, sP(1), 1, 0);
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_regs(o);
-          sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
-        } else {
-          // P1 (frame m1) for consumer 0, in stage 1's rope block; m1, scale1.
-          const float one[2] = {1.f, 1.f};
-          store_p(smem + (sP(1) - base), sacc, one, r_lo, lane);
-          if ((lane & 3) == 0) {
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {
-              m1_sh[r_lo + 8 * x] = m_ref[x];
-              sc1_sh[r_lo + 8 * x] = sc[x];
+            for (int j = 0; j < 32; ++j) {
+              o[4 * j + 0] *= sc1[0];
+              o[4 * j + 1] *= sc1[0];
+              o[4 * j + 2] *= sc1[1];
+              o[4 * j + 3] *= sc1[1];
+            }
+            l[0] *= sc1[0];
+            l[1] *= sc1[1];
+            wait_tile(1, par1, 0, 4);  // V1L (P1 came with the named barrier)
+            fence_proxy_async();
+            wgmma_fence();
+            issue_pv_smem_p_at(o, kP1Buf ? base + Tr::kPOffset : sP(1), 1, 0);
+            wgmma_commit();
+            if constexpr (!kEarlyS) {
+              wgmma_wait<0>();
+              fence_regs(o);
+              sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
             }
           }
-          fence_proxy_async();
-          named_bar_arrive(kBarP1, 256);
+        } else {
+          if constexpr (!kPh) {
+            // P1 (frame m1) for consumer 0, in stage 1's rope block (kP1Buf: the P buffer);
+            // m1, scale1.
+            const float one[2] = {1.f, 1.f};
+            store_p(smem + (kP1Buf ? Tr::kPOffset : sP(1) - base), sacc, one, r_lo, lane);
+            if ((lane & 3) == 0) {
+#pragma unroll
+              for (int x = 0; x < 2; ++x) {
+                m1_sh[r_lo + 8 * x] = m_ref[x];
+                sc1_sh[r_lo + 8 * x] = sc[x];
+              }
+            }
+            fence_proxy_async();
+            named_bar_arrive(kBarP1, 256);
+          }
           float f[2];
 #pragma unroll
           for (int x = 0; x < 2; ++x) {
@@ -790,21 +891,72 @@ struct MlaWgmmaCta {
           l[0] = l[0] * f[0] + sum[0];
           l[1] = l[1] * f[1] + sum[1];
           // O_R += P1 V1R, then += (P0 scale1) V0R: both in frame m1, no wait in between.
-          wgmma_fence();
-          issue_pv(o, pa, 1, 1);
-          wgmma_commit();
+          if constexpr (!kPh) {
+            wgmma_fence();
+            issue_pv(o, pa, 1, 1);
+            wgmma_commit();
+          }
           named_bar_sync(kBarP0, 256);
-          wait_tile(0, par, 4, 8);
+          wait_tile(0, par0, 4, 8);
           fence_proxy_async();
           wgmma_fence();
           issue_pv_smem_p_at(o, sP(0), 0, 1);
           wgmma_commit();
-          wgmma_wait<1>();
-          sm90::mbar_arrive(empty(1));  // stage 1 blocks 4-7
+          if constexpr (!kPh) {
+            wgmma_wait<1>();
+            sm90::mbar_arrive(empty(1));  // stage 1 blocks 4-7
+          }
           wgmma_wait<0>();
           fence_regs(o);
           sm90::mbar_arrive(empty_hi(0));  // stage 0 blocks 4-8 (P0)
         }
+      };
+      if constexpr (kEarlyS) {
+        // Every path that leaves the next S0 in flight goes straight (continue) to a pair body,
+        // which starts with wait_group<0>: no correlated branches for ptxas (C7515).
+        if constexpr (g == 0) {  // the segment's first S0
+          issue_s_blocks<0, 0, 9>(sacc, pc & 1);
+          wgmma_commit();
+        }
+        int a = t0;
+        for (;;) {
+          if (a + 1 >= t1) {  // odd segment: the last tile alone
+            pair(a, pc & 1, pc1 & 1, std::true_type{});
+            ++pc;
+            break;
+          }
+          pair(a, pc & 1, pc1 & 1, std::false_type{});
+          if (a + 2 < t1) {
+            if constexpr (g == 0) {
+              // The next pair's S0 behind P1 V1L: stage 0 blocks 0-3 (released after P0 V0L),
+              // then P1 V1L retired and released, then blocks 4-8.
+              issue_s_blocks<0, 0, 4>(sacc, (pc & 1) ^ 1);
+              wgmma_commit();
+              wgmma_wait<1>();  // P1 V1L (o is next touched after the next pair's wait<0>)
+              sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
+              issue_s_blocks<0, 4, 9>(sacc, (pc & 1) ^ 1);
+              wgmma_commit();
+            }
+            a += 2, ++pc, ++pc1;
+            continue;
+          }
+          if constexpr (g == 0) {
+            wgmma_wait<0>();
+            fence_regs(o);
+            sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
+          }
+          ++pc, ++pc1;
+          break;
+        }
+      } else if constexpr (kSkipPhantom) {
+        int a = t0;
+        for (; a + 1 < t1; a += 2, ++pc, ++pc1) pair(a, pc & 1, pc1 & 1, std::false_type{});
+        if (a < t1) {  // odd segment: the last tile alone
+          pair(a, pc & 1, pc1 & 1, std::true_type{});
+          ++pc;
+        }
+      } else {
+        for (int a = t0; a < t1; a += 2, ++pc) pair(a, pc & 1, pc & 1, std::false_type{});
       }
 
       // ---- epilogue (as consumer()): total row sums; the final max is m_prev ----
@@ -846,6 +998,7 @@ __global__ void __launch_bounds__(384, 1)
       sm90::mbar_init(cta.full(s), 128);
       sm90::mbar_init(cta.empty(s), Cta::kSplitRelease ? 128 : 256);
       sm90::mbar_init(cta.empty_hi(s), 128);
+      if (s == 0) sm90::mbar_init(cta.empty_rope(), 128);
       for (int kb = 0; kb < Tr::kColBlocks; ++kb) sm90::mbar_init(cta.block_full(s, kb), 128);
     }
     sm90::mbar_init_fence();
