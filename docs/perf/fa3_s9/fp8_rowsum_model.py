@@ -89,10 +89,13 @@ def run_request(rng_q, K, V, ks, vs, prefix, new, hq, hkv, opt):
             Vb = Vk[b * kN:(b + 1) * kN]
             if opt.acc_bits:
                 Vx = np.concatenate([Vb, np.ones((Vb.shape[0], 1))], 1)
-                C = np.concatenate([O, l[:, None]], 1)
+                C0 = np.concatenate([O, l[:, None]], 1)
+                C = np.zeros_like(C0) if opt.fresh else C0
                 for k0 in range(0, Pr.shape[1], 32):
                     terms = Pr[:, k0:k0 + 32, None] * Vx[None, k0:k0 + 32, :]
                     C = trunc_acc(C, terms, opt.acc_bits)
+                if opt.fresh:
+                    C = C0 + C                      # fp32 FFMA in registers: exact enough
                 O, l = C[:, :d], C[:, d]
             else:
                 O += Pr @ Vb
@@ -117,7 +120,7 @@ def run_case(prefix, new, hq, hkv, opt, seed=1):
             if n == 0:
                 continue
             Kf = rng.standard_normal((L, hkv, d)).astype(np.float32)
-            Vf = rng.standard_normal((L, hkv, d)).astype(np.float32)
+            Vf = (rng.standard_normal((L, hkv, d)) + opt.v_mean).astype(np.float32)
             K, V = e4m3(Kf / np.float32(ks)), e4m3(Vf / np.float32(vs))   # pool codes
             for oref, out, lr, lk in run_request(rng, K, V, ks, vs, p, n, hq, hkv, opt):
                 e = out - oref
@@ -141,6 +144,11 @@ def main():
     ap.add_argument('--gemm_sum', type=int, default=1); ap.add_argument('--bf16_out', type=int, default=1)
     ap.add_argument('--acc_bits', type=int, default=0)
     ap.add_argument('--seed', type=int, default=1)
+    ap.add_argument('--v_mean', type=float, default=0.0,
+                    help='mean added to V (N(v_mean, 1)): O then grows like l, as the row sums do')
+    ap.add_argument('--fresh', type=int, default=0,
+                    help='per key block, the P V GEMM (and ones rows) accumulate from zero; the block '
+                         'result is added to the running O / l in fp32 registers')
     o = ap.parse_args()
     o.lazy = bool(o.lazy)
     pre = [int(x) for x in o.prefix.split(',')]; new = [int(x) for x in o.new.split(',')]
