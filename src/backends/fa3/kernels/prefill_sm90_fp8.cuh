@@ -32,7 +32,8 @@
 //     block (docs/PERF.md "FP8 accuracy at long rows"). With kPromote each block's P V starts
 //     from zero in a temporary and is added to the running O (f32 registers) by FADD: in two
 //     column chunks (d 0..63, then d 64..127 + the ones columns) through one 36-register
-//     temporary, the first issued before the block's Q K^T, the second overlapping the softmax.
+//     temporary, the first issued before the next block's Q K^T, the second overlapping the next
+//     block's softmax.
 //   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax (the exact step
 //   only: blocks that speculate still compute), 4 no in-kernel V transpose.
 //
@@ -502,11 +503,12 @@ __device__ __forceinline__ void promote_add(float (&o)[kPvN / 2], const float (&
 // rescale (ATTNKIT_FA3_LAZY_RESCALE=0) the threshold is 0, so every block whose maximum rises takes
 // the recompute path (how the tests cover it).
 // kPromote (Fa3Params::fp8_promote; 128-key blocks): each block's P V accumulates from zero in
-// the wgmma and is added to the running O in f32 registers (file comment). Per block of the
-// overlapped loop: chunk 0 (O columns 0..63) is issued before the block's Q K^T and added once
-// both are complete; chunk 1 (the other columns) into the same temporary runs during the softmax
-// and is added before the stage is released. The O rescale (lazy or not) applies to the f32 O
-// after both adds, as it does to the accumulator without promotion.
+// the wgmma and is added to the running O in f32 registers (file comment). Per iteration of the
+// overlapped loop (P(cur) V, S(next)): chunk 0 of P(cur) V (O columns 0..63) is issued before
+// S(next) = Q K^T and added once both are complete; chunk 1 (the other columns) into the same
+// temporary runs during the softmax of S(next) and is added before cur's V^T stage is released.
+// The O rescale (lazy or not) applies to the f32 O after both adds, as it does to the accumulator
+// without promotion.
 template <bool kGemmSum, bool kSpec = false, int kN = 128, bool kPromote = false>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   // A speculated block adds nothing to l in the softmax: its row sum must come from the GEMM.
