@@ -100,7 +100,8 @@ bool default_fp8_knobs() {
   const fa3::Fp8Knobs k = fa3::fp8_knobs_from_env(), d;
   return k.vt_pre_mode == d.vt_pre_mode && k.spec == d.spec && k.block_mode == d.block_mode &&
          k.gemm_sum == d.gemm_sum && k.uniform_wg == d.uniform_wg &&
-         k.gemm_sum_max_keys == d.gemm_sum_max_keys && k.promote == d.promote;
+         k.gemm_sum_max_keys == d.gemm_sum_max_keys && k.promote == d.promote &&
+         k.promote_late == d.promote_late;
 }
 
 using test_support::ScopedEnv;
@@ -163,7 +164,7 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
       EXPECT_EQ(stats->last_fp8_vt_pre, want.vt_pre);
       EXPECT_EQ(stats->last_fp8_spec, want.spec);
       EXPECT_EQ(stats->last_fp8_gemm_sum, want.gemm_sum);
-      EXPECT_EQ(stats->last_fp8_promote, want.promote);
+      EXPECT_EQ(stats->last_fp8_promote, want.promote ? (want.promote_late ? 2 : 1) : 0);
       if (fp8_expect && default_fp8_knobs()) {
         EXPECT_EQ(want.vt_pre, fp8_expect->vt_pre);
         EXPECT_EQ(want.spec, fp8_expect->spec);
@@ -337,6 +338,7 @@ TEST(Fa3Fp8Test, PromotionAtLongRowsWithBiasedV) {
     bool vt_pre, spec, gemm_sum;
     std::vector<int> prefix, fresh;
     int page;
+    int promote = 1;  // Fa3Params::fp8_promote: 2 = the other order of the two column chunks
   };
   const std::vector<Variant> variants = {
       // 1036 x 8 >= 8236 keys: the pre-transpose kernel (speculative softmax, GEMM row sums),
@@ -372,8 +374,33 @@ TEST(Fa3Fp8Test, PromotionAtLongRowsWithBiasedV) {
        {7200},
        {1036},
        16},
+      // The other chunk order (ATTNKIT_FA3_FP8_PROMOTE=2): pre-transpose + speculation, and the
+      // in-kernel transpose with GEMM sums.
+      {"pre_spec_late",
+       {{"ATTNKIT_FA3_FP8_PROMOTE", "2"}},
+       true,
+       true,
+       true,
+       {7200},
+       {1036},
+       64,
+       2},
+      {"in_kernel_gemm_sum_late",
+       {{"ATTNKIT_FA3_FP8_PROMOTE", "2"}, {"ATTNKIT_FA3_FP8_VT_PRE", "0"}},
+       false,
+       false,
+       true,
+       {7200},
+       {1036},
+       24,
+       2},
   };
-  const bool pin_variant = default_fp8_knobs();  // the run's environment sets no FP8 knob
+  // Pinned when the run's environment sets no FP8 knob but (maybe) the promotion.
+  bool pin_variant = false;
+  {
+    ScopedEnv off("ATTNKIT_FA3_FP8_PROMOTE", "0");
+    pin_variant = default_fp8_knobs();
+  }
   ScopedEnv promote("ATTNKIT_FA3_FP8_PROMOTE", "1");
   for (const Variant& v : variants) {
     std::vector<std::unique_ptr<ScopedEnv>> env;
@@ -383,7 +410,7 @@ TEST(Fa3Fp8Test, PromotionAtLongRowsWithBiasedV) {
         biased_v(fp8(prefill("fp8_promote_" + v.name, v.prefix, v.fresh, v.page, 2, 1, 128))), true,
         1.f, std::nullopt, kFp8PromotedTolerance, &stats);
     SCOPED_TRACE(v.name);
-    EXPECT_TRUE(stats.last_fp8_promote);
+    EXPECT_EQ(stats.last_fp8_promote, v.promote);
     EXPECT_EQ(stats.last_block_n, 128);
     if (pin_variant) {
       EXPECT_EQ(stats.last_fp8_vt_pre, v.vt_pre);
@@ -407,7 +434,7 @@ TEST(Fa3Fp8Test, PromotedToleranceRejectsTheUnpromotedKernel) {
     Fa3Run r;
     ASSERT_NO_FATAL_FAILURE(run_fa3(spec, true, 1.f, &r));
     ASSERT_GT(r.stats.wgmma_fp8_calls, 0);
-    EXPECT_FALSE(r.stats.last_fp8_promote);
+    EXPECT_EQ(r.stats.last_fp8_promote, 0);
     EXPECT_FALSE(passes_fp8(r.cmp, kFp8PromotedTolerance))
         << "the unpromoted kernel passed the promoted tolerance: " << r.cmp.summary();
     if (!r.stats.last_fp8_gemm_sum) {  // FADD row sums: O alone is wrong, by rel_l2 ~0.095

@@ -249,6 +249,7 @@ TEST(Fa3Fp8VariantTest, PromotionKeepsTheFastKernelsAtLongRows) {
   EXPECT_EQ(v.block_n, 128);
   EXPECT_EQ(v.vt_units, 86);
   EXPECT_TRUE(v.not_honoured.empty()) << v.not_honoured;
+  EXPECT_FALSE(v.promote_late);
   // Without promotion the same forward takes the FADD kernel (the 2048-key guard).
   EXPECT_FALSE(choose_fp8_variant(long_req, 2, Fp8Knobs{}).promote);
   EXPECT_FALSE(choose_fp8_variant(long_req, 2, Fp8Knobs{}).gemm_sum);
@@ -292,8 +293,9 @@ TEST(Fa3Fp8VariantTest, PromotionKnobsThatCannotBeFollowed) {
   // The pre-session-7 kernel has no promotion: reported; the long-row guard applies again.
   k = promoted();
   k.uniform_wg = false;
+  k.promote_late = true;
   v = choose_fp8_variant(long_req, 2, k);
-  EXPECT_FALSE(v.promote || v.vt_pre || v.gemm_sum);
+  EXPECT_FALSE(v.promote || v.promote_late || v.vt_pre || v.gemm_sum);
   EXPECT_NE(v.not_honoured.find("ATTNKIT_FA3_FP8_PROMOTE=1"), std::string::npos);
 }
 
@@ -311,6 +313,14 @@ TEST(Fa3Fp8VariantTest, KnobsFromTheEnvironment) {
     EXPECT_FALSE(Fp8Knobs{}.promote);  // default: off (the environment may set it)
     ScopedEnv pr("ATTNKIT_FA3_FP8_PROMOTE", "1");
     EXPECT_TRUE(fp8_knobs_from_env().promote);
+  }
+  {
+    ScopedEnv pr("ATTNKIT_FA3_FP8_PROMOTE", "2");  // the other chunk order
+    const Fp8Knobs k = fp8_knobs_from_env();
+    EXPECT_TRUE(k.promote && k.promote_late);
+    const Fp8Variant v = choose_fp8_variant(std::vector<TileRequest>{{0, 1036, 8236}}, 2, k);
+    EXPECT_TRUE(v.promote && v.promote_late && v.vt_pre);
+    EXPECT_EQ(v.block_n, 128);
   }
   {
     ScopedEnv pr("ATTNKIT_FA3_FP8_PROMOTE", "4");  // not accepted: ignored (warning)

@@ -194,6 +194,8 @@ struct Fa3Params {
   // running O / l in f32 registers, instead of accumulating the whole row in the e4m3 wgmma's
   // limited-precision accumulator (docs/PERF.md "FP8 accuracy at long rows"). The engine sets it
   // from ATTNKIT_FA3_FP8_PROMOTE (choose_fp8_variant; default 0 until a GPU run verifies it).
+  // 2: the same promotion with the other order of its two column chunks (prefill_sm90_fp8.cuh,
+  // consumer_fp8: chunk 0 behind Q K^T, chunk 1 after the softmax), to measure which is faster.
   int fp8_promote = 0;
   // bf16 / f16 kernel: query rows per tile of p.plan (the plan is built with the same count):
   // kBlockM (128, two consumer warpgroups) or, at d 64 with 128-key blocks, 192 (three consumer

@@ -508,8 +508,10 @@ __device__ __forceinline__ void promote_add(float (&o)[kPvN / 2], const float (&
 // S(next) = Q K^T and added once both are complete; chunk 1 (the other columns) into the same
 // temporary runs during the softmax of S(next) and is added before cur's V^T stage is released.
 // The O rescale (lazy or not) applies to the f32 O after both adds, as it does to the accumulator
-// without promotion.
-template <bool kGemmSum, bool kSpec = false, int kN = 128, bool kPromote = false>
+// without promotion. kPromote 1 (Fa3Params::fp8_promote 1); kPromote 2 (fp8_promote 2) orders the
+// chunks the other way (chunk 0 behind S(next), during the softmax; chunk 1 after it), for the A/B
+// of the two.
+template <bool kGemmSum, bool kSpec = false, int kN = 128, int kPromote = 0>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   // A speculated block adds nothing to l in the softmax: its row sum must come from the GEMM.
   static_assert(!kSpec || kGemmSum, "the speculative softmax needs the GEMM row sum");
@@ -587,6 +589,9 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     };
     // Promotion: the two chunks of the block's P V, each from zero, and their adds to O. t0 and t1
     // are never live together (chunk 1 is issued after chunk 0 is added): one temporary.
+    // late (kPromote 2, an ordering to measure): chunk 0 is issued behind S(next) and runs during
+    // the softmax, chunk 1 after it (exposed); kPromote 1: chunk 0 ahead of S(next).
+    [[maybe_unused]] constexpr bool late = kPromote == 2;
     [[maybe_unused]] float t0[kN0 / 2], t1[kN1 / 2];
     auto issue_pv0 = [&](int stage) {
       wgmma_fence();
@@ -634,21 +639,30 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       wait_k(it_n, nb);
       wait_vt(it_c);
       fence_regs(o);
-      if constexpr (kPromote) issue_pv0(stage_c);  // runs while this warpgroup waits for its turn
+      if constexpr (kPromote != 0) {
+        if constexpr (!late) issue_pv0(stage_c);  // runs while this warpgroup waits for its turn
+      }
       turn_wait();
       wgmma_fence();
       issue_qk(stage_n);
       wgmma_commit();
-      if constexpr (!kPromote) {
+      if constexpr (kPromote == 0) {
         issue_pv(stage_c);
         wgmma_commit();
+      } else if constexpr (late) {
+        issue_pv0(stage_c);  // behind S(next), in flight during the softmax
       }
       turn_pass();
-      if constexpr (kPromote) {
-        wgmma_wait<0>();  // S(next) and chunk 0 ready
-        fence_regs(s);
-        add_pv0();
-        issue_pv1(stage_c);  // in flight during the softmax
+      if constexpr (kPromote != 0) {
+        if constexpr (late) {
+          wgmma_wait<1>();  // S(next) ready; chunk 0 still in flight
+          fence_regs(s);
+        } else {
+          wgmma_wait<0>();  // S(next) and chunk 0 ready
+          fence_regs(s);
+          add_pv0();
+          issue_pv1(stage_c);  // in flight during the softmax
+        }
       } else {
         wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
         fence_regs(s);
@@ -679,7 +693,12 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         softmax(nb);
       }
       wgmma_wait<0>();
-      if constexpr (kPromote) {
+      if constexpr (kPromote != 0) {
+        if constexpr (late) {  // chunk 1 after the softmax, exposed
+          add_pv0();
+          issue_pv1(stage_c);
+          wgmma_wait<0>();
+        }
         add_pv1();
       } else {
         fence_regs(o);
@@ -693,7 +712,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     wait_vt(it_c);
     fence_regs(o);
     turn_wait();
-    if constexpr (kPromote) {
+    if constexpr (kPromote != 0) {
       issue_pv0(stage_c);
     } else {
       wgmma_fence();
@@ -702,7 +721,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     }
     if (g == 0 || !last_unit) turn_pass();
     wgmma_wait<0>();
-    if constexpr (kPromote) {
+    if constexpr (kPromote != 0) {
       add_pv0();
       issue_pv1(stage_c);
       wgmma_wait<0>();
@@ -729,7 +748,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 // kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
 // branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
 template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, bool kSpec = false,
-          int kN = 128, bool kPromote = false>
+          int kN = 128, int kPromote = 0>
 __global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -763,7 +782,7 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
   } else {
     wg = threadIdx.x / 128;  // the kernel before session 7
   }
-  using Regs = Fp8RegSplit<kN, kVtPre, kPromote>;
+  using Regs = Fp8RegSplit<kN, kVtPre, kPromote != 0>;
   if (wg == 0) {
     sm90::setmaxnreg_dec<Regs::kProducer>();
     producer_fp8<kVtPre, kN>(p, smem);

@@ -90,10 +90,11 @@ Fp8Knobs fp8_knobs_from_env() {
   }
   if (const char* pr = std::getenv("ATTNKIT_FA3_FP8_PROMOTE"); pr != nullptr) {
     const std::string want(pr);
-    if (want == "0" || want == "1") {
-      k.promote = want == "1";
+    if (want == "0" || want == "1" || want == "2") {
+      k.promote = want != "0";
+      k.promote_late = want == "2";
     } else {
-      warn("ATTNKIT_FA3_FP8_PROMOTE=" + want + " ignored (accepted: 0, 1)");
+      warn("ATTNKIT_FA3_FP8_PROMOTE=" + want + " ignored (accepted: 0, 1, 2)");
     }
   }
   if (const char* fb = std::getenv("ATTNKIT_FA3_FP8_BLOCK_N"); fb != nullptr) {
@@ -132,6 +133,7 @@ Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_head
   // ATTNKIT_FA3_FP8_VT_PRE=1 forces it. With promotion the GEMM sums are exact enough at any
   // length.
   v.promote = knobs.promote && knobs.uniform_wg;
+  v.promote_late = v.promote && knobs.promote_late;
   const bool long_rows = !v.promote && v.max_kv_len > knobs.gemm_sum_max_keys;
   v.vt_pre = knobs.uniform_wg && fits &&
              (knobs.vt_pre_mode == 1 || (knobs.vt_pre_mode == -1 && shape_ok && !long_rows));

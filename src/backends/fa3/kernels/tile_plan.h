@@ -68,8 +68,10 @@ struct Fp8Knobs {
   int gemm_sum_max_keys = kFp8GemmSumMaxKeys;
   // ATTNKIT_FA3_FP8_PROMOTE=1: promotion (Fa3Params::fp8_promote) in every variant; then no
   // long-row limit (gemm_sum_max_keys is not applied) and 128-key blocks (the 192-key kernel
-  // has no registers for it). 0 (default until a GPU run verifies it): as before.
+  // has no registers for it). =2: the same with the other order of the promoted P V's column
+  // chunks (promote_late; an A/B of the two). 0 (default until a GPU run verifies it): as before.
   bool promote = false;
+  bool promote_late = false;
 };
 // Reads the knobs above; a value that is not accepted (e.g. ATTNKIT_FA3_FP8_BLOCK_N=256) is
 // ignored with a one-line warning on stderr.
@@ -77,19 +79,21 @@ Fp8Knobs fp8_knobs_from_env();
 
 // What the FP8 kernel runs for one forward.
 struct Fp8Variant {
-  bool vt_pre = false;       // Fa3Params::vt_pre: V^T pre-transposed per layer into the workspace
-  bool spec = false;         // Fa3Params::fp8_spec (vt_pre only)
-  bool gemm_sum = false;     // row sums through the P V GEMM (always with vt_pre)
-  int block_n = 128;         // Fa3Params::fp8_block_n (192: vt_pre and spec only, no promote)
-  bool promote = false;      // Fa3Params::fp8_promote (uniform_wg kernels only)
-  int vt_units = 0;          // V^T units of the plan (vt_units over the requests with new tokens)
+  bool vt_pre = false;        // Fa3Params::vt_pre: V^T pre-transposed per layer into the workspace
+  bool spec = false;          // Fa3Params::fp8_spec (vt_pre only)
+  bool gemm_sum = false;      // row sums through the P V GEMM (always with vt_pre)
+  int block_n = 128;          // Fa3Params::fp8_block_n (192: vt_pre and spec only, no promote)
+  bool promote = false;       // Fa3Params::fp8_promote != 0 (uniform_wg kernels only)
+  bool promote_late = false;  // with promote: Fa3Params::fp8_promote 2 (else 1)
+  int vt_units = 0;           // V^T units of the plan (vt_units over the requests with new tokens)
   int max_kv_len = 0;        // keys of the longest request with new tokens (the pre-transpose grid)
   int64_t vt_bytes = 0;      // workspace: kv_heads x vt_units x 16 KB (0 without vt_pre)
   std::string not_honoured;  // non-empty: a forced knob this forward cannot follow (why)
 };
 
 // The FP8 variant of a forward of `requests` with kv_heads KV heads:
-//  * promote with knobs.promote (ATTNKIT_FA3_FP8_PROMOTE=1) unless ATTNKIT_FA3_UNIFORM_WG=0;
+//  * promote with knobs.promote (ATTNKIT_FA3_FP8_PROMOTE=1 or 2; 2: promote_late) unless
+//    ATTNKIT_FA3_UNIFORM_WG=0;
 //  * vt_pre when the forward has at least one query per kVtPreKeysPerQuery (8) keys (requests
 //    with new tokens only), its longest request has <= gemm_sum_max_keys keys (any length with
 //    promote) and the workspace stays within kVtPreMaxBytes (1 GiB), or ATTNKIT_FA3_FP8_VT_PRE=1
