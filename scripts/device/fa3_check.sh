@@ -6,11 +6,12 @@
 #   cd .wt/fa3 && ln -sfn ../../.deps .deps && bash scripts/device/fa3_check.sh
 # Knobs: STAGES="build test ctest bench ncu peers", HEAD_DIMS="64;128;256", TEST_TIMEOUT=90,
 #   BUILD_TARGETS (default "test_fa3_cases attnkit_cli"), CTEST_REGEX (ctest stage, label gpu,
-#   default 'Fa3|FlashInfer'; build the flashinfer test binaries for it),
+#   default 'Fa3|FlashInfer'; build the flashinfer test binaries for it), CTEST_ENV (env
+#   settings of the ctest stage only, comma-joined "A=1,B=0"; e.g. ATTNKIT_FA3_FP8_PROMOTE=1),
 #   TEST_ENV="ATTNKIT_FA3_FENCE_TMA=1" (environment of the full test run), TEST_SUBSETS (extra
 #   test runs "ENV=VALUE:gtest_filter ..."), BENCH_VARIANTS (fa3 env settings timed one after
 #   another, "default" = none; "ENV=VALUE@filter" times only the cases whose name contains
-#   filter; "A=1,B=0" sets several), DIAG_VARIANTS (ATTNKIT_FA3_DIAG bit sets timed at S 8k d 128), BENCH_OTHERS (other
+#   filter; "A=1,B=0" sets several), DIAG_VARIANTS (ATTNKIT_FA3_DIAG bit sets timed at S 8k d 128; "" = none), BENCH_OTHERS (other
 #   backends at S 8k; "" = none), BENCH_TIMEOUT=60, NCU_FILTER (case of the ncu stage: one launch
 #   of fa3 under Nsight Compute, --clock-control none), NCU_ARGS (extra ncu arguments, e.g.
 #   "--section SourceCounters --print-details all"), NCU_TIMEOUT=60.
@@ -64,10 +65,12 @@ fi
 # ctest over the built test binaries (CTEST_REGEX, e.g. 'Fa3|FlashInfer'; label gpu).
 if has_stage ctest; then
   t0=$(date +%s)
-  ctest --test-dir "$build" -L gpu -R "${CTEST_REGEX:-Fa3|FlashInfer}" --timeout 200 \
-    -j"${CTEST_JOBS:-4}" --output-on-failure > "$OUT/ctest.log" 2>&1
+  ctest_envs=()
+  [ -n "${CTEST_ENV:-}" ] && IFS=, read -r -a ctest_envs <<< "$CTEST_ENV"
+  env "${ctest_envs[@]}" ctest --test-dir "$build" -L gpu -R "${CTEST_REGEX:-Fa3|FlashInfer}" \
+    --timeout 200 -j"${CTEST_JOBS:-4}" --output-on-failure > "$OUT/ctest.log" 2>&1
   rc=$?
-  note "ctest (${CTEST_REGEX:-Fa3|FlashInfer}): rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+  note "ctest (${CTEST_REGEX:-Fa3|FlashInfer}${CTEST_ENV:+, $CTEST_ENV}): rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
   grep -E "^\s*[0-9]+ - .*(Failed|SEGFAULT|Timeout|Exception)" "$OUT/ctest.log" | head -20 | tee -a "$summary"
   [ $rc -ne 0 ] && grep -E "rel_l2|Failure|Expected|Which is|FP8 kernel" "$OUT/ctest.log" | head -24 | tee -a "$summary"
 fi
@@ -87,7 +90,7 @@ if has_stage bench && [ -x "$cli" ]; then
     note "bench fa3 $variant ${filt[*]}: rc=${PIPESTATUS[0]}"
   done
   # Time decomposition (wrong results): loads off, softmax off, GEMMs off, at 8k d 128.
-  for diag in ${DIAG_VARIANTS:-1 2 3 12 13}; do
+  for diag in ${DIAG_VARIANTS-1 2 3 12 13}; do
     echo "=== fa3 ATTNKIT_FA3_DIAG=$diag" >> "$OUT/bench.log"
     ATTNKIT_FA3_DIAG=$diag timeout 30 "$cli" "${args[@]}" --backend fa3 --filter new8192_p16_h32x8_d128 2>&1 |
       grep -E "^fa3 " >> "$OUT/bench.log"

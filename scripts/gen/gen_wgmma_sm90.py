@@ -40,7 +40,12 @@ FAMILIES = {
         "header": "wgmma_fp8_sm90.cuh",
         "k": 32,
         "ss_n": (128, 192),  # QK^T: N = key block (192: the FP8 kernel's 192-key blocks)
-        "rs_n": (128, 136),  # PV: N = head dim (136: + 8 columns of ones, the row sum)
+        # PV: N = head dim (136: + 8 columns of ones, the row sum); 64 / 72: the two column chunks
+        # of the promoted P V (prefill_sm90_fp8.cuh, kPromote: d 0..63, then d 64..127 + ones).
+        "rs_n": (64, 72, 128, 136),
+        # RS with scale-d 0 and write-only accumulators (wgmma_rs_e4m3_zero): the first k-step of
+        # a promoted chunk, so the compiler sees no read of the temporary's previous value.
+        "rs_zero_n": (64, 72),
         "suffix": "_e4m3",
         "template": "",
         "targs": "",
@@ -53,8 +58,9 @@ FAMILIES = {
 //   wgmma_ss_e4m3: A [64 x 32] and B [32 x N] from shared-memory descriptors.
 //   wgmma_rs_e4m3: A from registers (4 x 32-bit, 4 consecutive k per register: reg 0 row lane / 4,
 //     k 4 (lane % 4) + 0..3; reg 1 row + 8; regs 2, 3 the same at k + 16).
-// scale_d = 0 overwrites d (d = A*B), 1 accumulates. The caller brackets calls with wgmma_fence() /
-// wgmma_commit() / wgmma_wait<N>() (sm90_primitives.cuh).""",
+// scale_d = 0 overwrites d (d = A*B), 1 accumulates. wgmma_rs_e4m3_zero: scale-d 0 with d
+// write-only for the compiler (no live range of d before the call). The caller brackets calls
+// with wgmma_fence() / wgmma_commit() / wgmma_wait<N>() (sm90_primitives.cuh).""",
     },
 }
 
@@ -63,19 +69,22 @@ def operands(n_acc, first):
     return ", ".join(f"%{first + i}" for i in range(n_acc))
 
 
-def acc_constraints(n_acc):
-    return ", ".join(f'"+f"(d[{i}])' for i in range(n_acc))
+def acc_constraints(n_acc, zero=False):
+    c = "=f" if zero else "+f"
+    return ", ".join(f'"{c}"(d[{i}])' for i in range(n_acc))
 
 
-def asm(n, k, ty, trans, rs):
-    """One wgmma call: SS (A descriptor) or RS (A in 4 registers); trans None: no immediates."""
+def asm(n, k, ty, trans, rs, zero=False):
+    """One wgmma call: SS (A descriptor) or RS (A in 4 registers); trans None: no immediates.
+    zero: scale-d 0 (d = A*B) with write-only ("=f") accumulators."""
     n_acc = n // 2
     a = n_acc
     pred = a + 5 if rs else a + 2
     a_ops = f"{{%{a}, %{a + 1}, %{a + 2}, %{a + 3}}}, %{a + 4}" if rs else f"%{a}, %{a + 1}"
     imm = "p, 1, 1" + ("" if trans is None else (f", {trans}" if rs else f", 0, {trans}"))
-    inputs = ('"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)' if rs else
-              '"l"(desc_a), "l"(desc_b), "r"(scale_d)')
+    scale = '"n"(0)' if zero else '"r"(scale_d)'
+    inputs = (f'"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), {scale}' if rs else
+              f'"l"(desc_a), "l"(desc_b), {scale}')
     return f'''  asm volatile(
       "{{\\n"
       ".reg .pred p;\\n"
@@ -84,14 +93,14 @@ def asm(n, k, ty, trans, rs):
       "{{{operands(n_acc, 0)}}}, "
       "{a_ops}, {imm};\\n"
       "}}\\n"
-      : {acc_constraints(n_acc)}
+      : {acc_constraints(n_acc, zero)}
       : {inputs});'''
 
 
-def body(f, n, rs):
+def body(f, n, rs, zero=False):
     if f["variants"][0][0] is None:
         _, ty, trans = f["variants"][0]
-        return asm(n, f["k"], ty, trans, rs)
+        return asm(n, f["k"], ty, trans, rs, zero)
     out = []
     for cond, ty, trans in f["variants"]:
         out.append(f"  {'if' if not out else '} else if'} constexpr ({cond}) {{\n"
@@ -124,6 +133,14 @@ namespace attnkit::sm90 {{
 #endif
 }}
 """)
+    for n in f.get("rs_zero_n", ()):
+        print(f"""{tmpl}__device__ __forceinline__ void wgmma_rs{sfx}_zero_m64n{n}(float (&d)[{n // 2}],
+    const uint32_t (&a)[4], uint64_t desc_b) {{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+{body(f, n, True, zero=True)}
+#endif
+}}
+""")
     print("// Dispatch on N (compile time).")
     for rs, ns in ((False, f["ss_n"]), (True, f["rs_n"])):
         kind = "rs" if rs else "ss"
@@ -138,6 +155,18 @@ __device__ __forceinline__ void wgmma_{kind}{sfx}(float (&d)[kN / 2], {a_param},
                   f"    wgmma_{kind}{sfx}_m64n{n}{targs}(d, {a_arg}, desc_b, scale_d);")
         print(f"""  }} else {{
     static_assert(kN == 0, "wgmma_{kind}{sfx}: N not generated");
+  }}
+}}""")
+    if f.get("rs_zero_n"):
+        print(f"""
+template <{f["dispatch_params"]}>
+__device__ __forceinline__ void wgmma_rs{sfx}_zero(float (&d)[kN / 2], const uint32_t (&a)[4],
+    uint64_t desc_b) {{""")
+        for i, n in enumerate(f["rs_zero_n"]):
+            print(f"  {'if' if i == 0 else '} else if'} constexpr (kN == {n}) {{\n"
+                  f"    wgmma_rs{sfx}_zero_m64n{n}{targs}(d, a, desc_b);")
+        print(f"""  }} else {{
+    static_assert(kN == 0, "wgmma_rs{sfx}_zero: N not generated");
   }}
 }}""")
     print("\n}  // namespace attnkit::sm90")

@@ -278,6 +278,10 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
                    " must be 0, or > 0 only for MLA non-absorbed cases with num_kv_heads = "
                    "num_q_heads"));
   }
+  if (!std::isfinite(s.v_mean) || (s.v_mean != 0.f && s.mla_absorbed())) {
+    return bad(cat("v_mean ", s.v_mean,
+                   " must be finite, and 0 for MLA absorbed cases (V is part of the key row)"));
+  }
   if (o.num_layers < 1) return bad(cat("num_layers ", o.num_layers, " must be >= 1"));
   if (o.spare_pages < 0) return bad(cat("spare_pages ", o.spare_pages, " must be >= 0"));
   return Status::ok();
@@ -488,6 +492,7 @@ std::string CaseSpec::describe() const {
   if (!shuffle_pages) os << " contiguous";
   if (shared_prefix > 0) os << " shared " << shared_prefix;
   if (mla_prefix_chunk > 0) os << " prefix chunks of " << mla_prefix_chunk;
+  if (v_mean != 0.f) os << " v_mean " << v_mean;
   return os.str();
 }
 
@@ -936,9 +941,10 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
                         normals(n_hist * hist_heads * hist_k_dim)));
       TensorView hv;
       if (!spec.mla) {
-        ATTNKIT_ASSIGN_OR_RETURN(hv, upload_floats(pc.storage, device, DType::kF32,
-                                                   {n_hist, hist_heads, spec.v_head_dim},
-                                                   normals(n_hist * hist_heads * spec.v_head_dim)));
+        ATTNKIT_ASSIGN_OR_RETURN(
+            hv,
+            upload_floats(pc.storage, device, DType::kF32, {n_hist, hist_heads, spec.v_head_dim},
+                          normals(n_hist * hist_heads * spec.v_head_dim, spec.v_mean)));
       }
       ATTNKIT_RETURN_IF_ERROR(
           pc.kv_pool->set_kv(l, hist_loc, hk, hv, layer.k_scale, layer.v_scale, nullptr));
@@ -958,7 +964,7 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
                      kvals.begin() + i * spec.head_dim + spec.v_head_dim);
       }
     } else {
-      vvals = normals(t * spec.num_kv_heads * spec.v_head_dim);
+      vvals = normals(t * spec.num_kv_heads * spec.v_head_dim, spec.v_mean);
     }
     ATTNKIT_ASSIGN_OR_RETURN(ld.v, upload_floats(pc.storage, device, spec.q_dtype,
                                                  {t, spec.num_kv_heads, spec.v_head_dim}, vvals));

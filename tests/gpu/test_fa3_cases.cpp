@@ -76,12 +76,16 @@ int expected_block_n(const CaseSpec& s) {
 // as the harness scales it) and to 0.15 on the LSE; NaN, pool and canary checks are unchanged.
 constexpr double kFp8RelTolerance = 0.07;
 constexpr double kFp8LseTolerance = 0.15;
-bool passes_fp8(const harness::Comparison& c) {
+struct Fp8Tolerance {
+  double rel = kFp8RelTolerance;  // rel L2, and max-abs scaled as the harness scales it
+  double lse = kFp8LseTolerance;
+};
+bool passes_fp8(const harness::Comparison& c, const Fp8Tolerance& tol = {}) {
   const double abs_scale = c.max_abs_tolerance / c.tolerance;  // kMaxAbsFactor * max(1, max|ref|)
-  const bool lse_ok = !std::isfinite(c.lse_tolerance) || c.lse_max_abs <= kFp8LseTolerance;
-  return c.nan_inf_count == 0 && c.rel_l2 <= kFp8RelTolerance &&
-         c.max_abs <= abs_scale * kFp8RelTolerance && lse_ok && c.pool_stray_writes == 0 &&
-         c.pool_bad_new_values == 0 && c.canaries_damaged == 0;
+  const bool lse_ok = !std::isfinite(c.lse_tolerance) || c.lse_max_abs <= tol.lse;
+  return c.nan_inf_count == 0 && c.rel_l2 <= tol.rel && c.max_abs <= abs_scale * tol.rel &&
+         lse_ok && c.pool_stray_writes == 0 && c.pool_bad_new_values == 0 &&
+         c.canaries_damaged == 0;
 }
 
 // The FP8 variant a case must run with the default knobs (no ATTNKIT_FA3_FP8_* /
@@ -95,17 +99,22 @@ struct Fp8Expect {
 bool default_fp8_knobs() {
   const fa3::Fp8Knobs k = fa3::fp8_knobs_from_env(), d;
   return k.vt_pre_mode == d.vt_pre_mode && k.spec == d.spec && k.block_mode == d.block_mode &&
-         k.gemm_sum == d.gemm_sum && k.uniform_wg == d.uniform_wg;
+         k.gemm_sum == d.gemm_sum && k.uniform_wg == d.uniform_wg &&
+         k.gemm_sum_max_keys == d.gemm_sum_max_keys && k.promote == d.promote &&
+         k.promote_late == d.promote_late;
 }
 
 using test_support::ScopedEnv;
 
-// logit_mult scales every layer's softmax scaling (kernel and reference alike): large logits make
-// the running row maximum jump between key blocks (the O-rescale paths).
-void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
-                     std::optional<Fp8Expect> fp8_expect = std::nullopt) {
-  SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv") + " logit x" +
-               std::to_string(logit_mult));
+// What one run of a case on a fresh fa3 backend gave.
+struct Fa3Run {
+  harness::Comparison cmp;
+  Fa3Stats stats;                          // the backend's counters
+  int layers = 0;                          // layers run
+  std::vector<fa3::TileRequest> requests;  // the forward's tile requests (choose_fp8_variant)
+};
+
+void run_fa3(const CaseSpec& spec, bool save_kv, float logit_mult, Fa3Run* out) {
   Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
   ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
   for (harness::LayerData& ld : pc->layers) ld.layer.scaling *= logit_mult;
@@ -114,27 +123,48 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
   const Status run = harness::run_backend(**backend, *pc, save_kv);
   ASSERT_TRUE(run.is_ok()) << run.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  Result<harness::Comparison> cmp = harness::compare_with_reference(*pc);
-  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
-  const Fa3Stats* stats = fa3_stats(**backend);
-  ASSERT_NE(stats, nullptr);
+  Result<harness::Comparison> c = harness::compare_with_reference(*pc);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  const Fa3Stats* st = fa3_stats(**backend);
+  ASSERT_NE(st, nullptr);
+  out->cmp = *c;
+  out->stats = *st;
+  out->layers = static_cast<int>(pc->layers.size());
+  out->requests = fa3::tile_requests(pc->batch);
+}
+
+// logit_mult scales every layer's softmax scaling (kernel and reference alike): large logits make
+// the running row maximum jump between key blocks (the O-rescale paths). fp8_tol: the FP8
+// kernel's tolerance (default: kFp8RelTolerance / kFp8LseTolerance).
+void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
+                     std::optional<Fp8Expect> fp8_expect = std::nullopt,
+                     const Fp8Tolerance& fp8_tol = {}, Fa3Stats* stats_out = nullptr) {
+  SCOPED_TRACE(spec.describe() + (save_kv ? " save_kv" : " runner writes kv") + " logit x" +
+               std::to_string(logit_mult));
+  Fa3Run r;
+  ASSERT_NO_FATAL_FAILURE(run_fa3(spec, save_kv, logit_mult, &r));
+  const harness::Comparison* cmp = &r.cmp;
+  const Fa3Stats* stats = &r.stats;
+  if (stats_out != nullptr) *stats_out = r.stats;
   if (stats->wgmma_fp8_calls > 0) {
-    EXPECT_TRUE(passes_fp8(*cmp)) << "FP8 kernel (fp8 tolerance " << kFp8RelTolerance << ", LSE "
-                                  << kFp8LseTolerance << "): " << cmp->summary();
+    EXPECT_TRUE(passes_fp8(*cmp, fp8_tol)) << "FP8 kernel (fp8 tolerance " << fp8_tol.rel
+                                           << ", LSE " << fp8_tol.lse << "): " << cmp->summary();
   } else {
     EXPECT_TRUE(cmp->passed()) << cmp->summary();
   }
   if (expects_wgmma(spec)) {
     EXPECT_EQ(stats->flashinfer_calls, 0) << "a wgmma case ran on the flashinfer path";
-    EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(pc->layers.size()));
+    EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(r.layers));
     EXPECT_EQ(stats->wgmma_fp8_calls, expects_fp8_kernel(spec) ? stats->wgmma_calls : 0);
     if (expects_fp8_kernel(spec)) {
       // The variant choose_fp8_variant gives for this forward under the run's knobs.
-      const fa3::Fp8Variant want = fa3::choose_fp8_variant(
-          fa3::tile_requests(pc->batch), spec.num_kv_heads, fa3::fp8_knobs_from_env());
+      const fa3::Fp8Variant want =
+          fa3::choose_fp8_variant(r.requests, spec.num_kv_heads, fa3::fp8_knobs_from_env());
       EXPECT_EQ(stats->last_block_n, want.block_n);
       EXPECT_EQ(stats->last_fp8_vt_pre, want.vt_pre);
       EXPECT_EQ(stats->last_fp8_spec, want.spec);
+      EXPECT_EQ(stats->last_fp8_gemm_sum, want.gemm_sum);
+      EXPECT_EQ(stats->last_fp8_promote, want.promote ? (want.promote_late ? 2 : 1) : 0);
       if (fp8_expect && default_fp8_knobs()) {
         EXPECT_EQ(want.vt_pre, fp8_expect->vt_pre);
         EXPECT_EQ(want.spec, fp8_expect->spec);
@@ -270,6 +300,149 @@ TEST(Fa3Fp8Test, VariantsOfTheKernel) {
   // exact softmax).
   run_and_compare(fp8(prefill("fp8_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128)), true, 1.f,
                   Fp8Expect{false, false, 128});
+}
+
+// ---- FP8 promotion (ATTNKIT_FA3_FP8_PROMOTE=1): long rows, V with a nonzero mean ----
+//
+// The e4m3 wgmma adds into its f32 accumulator with ~13 bits aligned to the largest term, so O and
+// the GEMM row sums kept in the accumulator over a whole 8k-key row lose the low bits of every
+// block; with V ~ N(1, 1) (every channel's mean 1) O grows with the row as l does, so the FADD
+// row-sum kernel (the unpromoted default past 2048 keys) is as wrong as the GEMM-sum ones.
+// docs/perf/fa3_s9/fp8_rowsum_model.py for exactly these cases (prefix 7200 + 1036 new, 2 q heads /
+// 1 kv head, d 128, 128-key blocks, the harness's k / v scales, --acc_bits 13 --v_mean 1; the
+// worse of the 2 layers):
+//   promoted (--promote_every 1), GEMM row sums:    rel_l2 1.9e-3, max_abs 7.3e-3, LSE 0.017
+//   promoted, FADD row sums (--gemm_sum 0):          rel_l2 2.2e-3, max_abs 8.1e-3, LSE 0.016
+//   promoted, no lazy rescale (--lazy 0):            rel_l2 1.9e-3, max_abs 9.2e-3, LSE 0.016
+//   unpromoted, FADD (today's default at 8236 keys): rel_l2 0.095,  max_abs 0.119,  LSE 0.016
+//   unpromoted, GEMM row sums:                       rel_l2 0.032,  max_abs 0.060,  LSE 0.157
+// (max|ref| ~1.1, so the max-abs bound is 4 x rel x 1.1.) rel 0.01 / LSE 0.05: 4-5x above the
+// promoted kernel's modelled rel_l2 and max-abs, 3x above its LSE; the unpromoted FADD kernel is 9x
+// over on rel_l2 and 2.7x on max-abs, the unpromoted GEMM-sum kernel 3x on rel_l2 and 3x on LSE.
+constexpr Fp8Tolerance kFp8PromotedTolerance{0.01, 0.05};
+
+CaseSpec biased_v(CaseSpec c) {
+  c.v_mean = 1.f;
+  return c;
+}
+
+// Every variant of the FP8 kernel with promotion forced on, each held to kFp8PromotedTolerance, and
+// the variant that ran checked (vt_pre / spec / GEMM row sums / 128-key blocks / promoted).
+TEST(Fa3Fp8Test, PromotionAtLongRowsWithBiasedV) {
+  if (!expects_wgmma(fp8(prefill("probe", {0}, {1}, 16, 1, 1, 128)))) {
+    GTEST_SKIP() << "no FP8 wgmma kernel here (ATTNKIT_FA3_FP8=0 or not SM90)";
+  }
+  struct Variant {
+    std::string name;
+    std::vector<std::pair<const char*, const char*>> env;
+    bool vt_pre, spec, gemm_sum;
+    std::vector<int> prefix, fresh;
+    int page;
+    int promote = 1;  // Fa3Params::fp8_promote: 2 = the other order of the two column chunks
+  };
+  const std::vector<Variant> variants = {
+      // 1036 x 8 >= 8236 keys: the pre-transpose kernel (speculative softmax, GEMM row sums),
+      // 128-key blocks (the unpromoted choice would be 192). TMA boxes of 64 rows.
+      {"pre_spec", {}, true, true, true, {7200}, {1036}, 64},
+      // The same with the exact softmax every block.
+      {"pre_exact", {{"ATTNKIT_FA3_FP8_SPEC", "0"}}, true, false, true, {7200}, {1036}, 64},
+      // Without lazy rescale every rise of a row maximum takes the speculative kernel's recompute
+      // path; page 24: the cp.async gather; a second, short request.
+      {"pre_spec_recompute_page24",
+       {{"ATTNKIT_FA3_LAZY_RESCALE", "0"}},
+       true,
+       true,
+       true,
+       {7200, 0},
+       {1036, 90},
+       24},
+      // V transposed in the kernel, GEMM row sums.
+      {"in_kernel_gemm_sum",
+       {{"ATTNKIT_FA3_FP8_VT_PRE", "0"}},
+       false,
+       false,
+       true,
+       {7200},
+       {1036},
+       64},
+      // V transposed in the kernel, fp32 FADD row sums.
+      {"in_kernel_fadd",
+       {{"ATTNKIT_FA3_FP8_VT_PRE", "0"}, {"ATTNKIT_FA3_FP8_GEMM_SUM", "0"}},
+       false,
+       false,
+       false,
+       {7200},
+       {1036},
+       16},
+      // The other chunk order (ATTNKIT_FA3_FP8_PROMOTE=2): pre-transpose + speculation, and the
+      // in-kernel transpose with GEMM sums.
+      {"pre_spec_late",
+       {{"ATTNKIT_FA3_FP8_PROMOTE", "2"}},
+       true,
+       true,
+       true,
+       {7200},
+       {1036},
+       64,
+       2},
+      {"in_kernel_gemm_sum_late",
+       {{"ATTNKIT_FA3_FP8_PROMOTE", "2"}, {"ATTNKIT_FA3_FP8_VT_PRE", "0"}},
+       false,
+       false,
+       true,
+       {7200},
+       {1036},
+       24,
+       2},
+  };
+  // Pinned when the run's environment sets no FP8 knob but (maybe) the promotion.
+  bool pin_variant = false;
+  {
+    ScopedEnv off("ATTNKIT_FA3_FP8_PROMOTE", "0");
+    pin_variant = default_fp8_knobs();
+  }
+  ScopedEnv promote("ATTNKIT_FA3_FP8_PROMOTE", "1");
+  for (const Variant& v : variants) {
+    std::vector<std::unique_ptr<ScopedEnv>> env;
+    for (const auto& [name, value] : v.env) env.push_back(std::make_unique<ScopedEnv>(name, value));
+    Fa3Stats stats;
+    run_and_compare(
+        biased_v(fp8(prefill("fp8_promote_" + v.name, v.prefix, v.fresh, v.page, 2, 1, 128))), true,
+        1.f, std::nullopt, kFp8PromotedTolerance, &stats);
+    SCOPED_TRACE(v.name);
+    EXPECT_EQ(stats.last_fp8_promote, v.promote);
+    EXPECT_EQ(stats.last_block_n, 128);
+    if (pin_variant) {
+      EXPECT_EQ(stats.last_fp8_vt_pre, v.vt_pre);
+      EXPECT_EQ(stats.last_fp8_spec, v.spec);
+      EXPECT_EQ(stats.last_fp8_gemm_sum, v.gemm_sum);
+    }
+  }
+}
+
+// The test above can fail: the unpromoted kernel (today's default at 8236 keys: FADD row sums) is
+// outside kFp8PromotedTolerance on the same case, and so is the unpromoted GEMM-sum kernel.
+TEST(Fa3Fp8Test, PromotedToleranceRejectsTheUnpromotedKernel) {
+  if (!expects_wgmma(fp8(prefill("probe", {0}, {1}, 16, 1, 1, 128)))) {
+    GTEST_SKIP() << "no FP8 wgmma kernel here (ATTNKIT_FA3_FP8=0 or not SM90)";
+  }
+  ScopedEnv promote("ATTNKIT_FA3_FP8_PROMOTE", "0");
+  for (const char* max_keys : {"2048", "1000000"}) {  // FADD row sums; GEMM row sums at any length
+    ScopedEnv gemm_sum_keys("ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS", max_keys);
+    const CaseSpec spec = biased_v(fp8(prefill("fp8_unpromoted", {7200}, {1036}, 64, 2, 1, 128)));
+    SCOPED_TRACE(spec.describe() + " gemm_sum_max_keys " + max_keys);
+    Fa3Run r;
+    ASSERT_NO_FATAL_FAILURE(run_fa3(spec, true, 1.f, &r));
+    ASSERT_GT(r.stats.wgmma_fp8_calls, 0);
+    EXPECT_EQ(r.stats.last_fp8_promote, 0);
+    EXPECT_FALSE(passes_fp8(r.cmp, kFp8PromotedTolerance))
+        << "the unpromoted kernel passed the promoted tolerance: " << r.cmp.summary();
+    if (!r.stats.last_fp8_gemm_sum) {  // FADD row sums: O alone is wrong, by rel_l2 ~0.095
+      EXPECT_GT(r.cmp.rel_l2, kFp8PromotedTolerance.rel) << r.cmp.summary();
+    } else {  // GEMM row sums: l too small as well (LSE ~0.16)
+      EXPECT_GT(r.cmp.lse_max_abs, kFp8PromotedTolerance.lse) << r.cmp.summary();
+    }
+  }
 }
 
 TEST(Fa3Fp8Test, E4m3KvAtOtherHeadDimsFallsBack) {

@@ -459,5 +459,52 @@ TEST(PrepareCase, SharedPrefixPointsEveryRequestAtRequestZerosPages) {
   }
 }
 
+// v_mean: every V value of the case (the cached history in the pool and the new tokens' v) is
+// drawn from N(v_mean, 1); the reference reads the same values, so a backend must still match it.
+TEST(PrepareCase, VMeanShiftsEveryValue) {
+  for (float mean : {0.f, 1.f}) {
+    CaseSpec c = harness::make_uniform_case("v_mean", ForwardMode::kExtend, 2, 40, 30, 4, 2, 64, 8,
+                                            DType::kF32, DType::kF32);
+    c.v_mean = mean;
+    Result<PreparedCase> pc = harness::prepare_case(c, Device::cpu());
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    for (const harness::LayerData& ld : pc->layers) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < ld.v.numel(); ++i) sum += load_as_float(ld.v.data, ld.v.dtype, i);
+      // 2 x 30 tokens x 2 heads x 64: standard error of the mean 0.013.
+      EXPECT_NEAR(sum / static_cast<double>(ld.v.numel()), mean, 0.08) << "new v, mean " << mean;
+    }
+    const auto* pool = dynamic_cast<const MHAKVPool*>(pc->kv_pool.get());
+    ASSERT_NE(pool, nullptr);
+    for (int l = 0; l < 2; ++l) {
+      const TensorView vb = pool->v_buffer(l);
+      const int64_t row_elems = vb.numel() / vb.shape[0];
+      double sum = 0.0;
+      int64_t n = 0;
+      for (int r = 0; r < c.batch_size(); ++r) {
+        const int32_t* row = pc->req_to_token->host_row(pc->rows[static_cast<size_t>(r)]);
+        for (int j = 0; j < 40; ++j) {  // the cached history
+          for (int64_t e = 0; e < row_elems; ++e) {
+            sum += load_as_float(vb.data, vb.dtype, int64_t{row[j]} * row_elems + e);
+            ++n;
+          }
+        }
+      }
+      EXPECT_NEAR(sum / static_cast<double>(n), mean, 0.08) << "history v, layer " << l;
+    }
+    Result<std::unique_ptr<AttentionBackend>> b = create_torch_native_backend(pc->context());
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    ASSERT_TRUE(harness::run_backend(**b, *pc, true).is_ok());
+    Result<harness::Comparison> cmp = harness::compare_with_reference(*pc);
+    ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+    EXPECT_TRUE(cmp->passed()) << cmp->summary();
+  }
+  CaseSpec c = *harness::find_case("extend_page1_gqa4");
+  c.v_mean = std::nanf("");
+  Result<PreparedCase> r = harness::prepare_case(c, Device::cpu());
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("v_mean nan"), std::string::npos) << r.status().message();
+}
+
 }  // namespace
 }  // namespace attnkit

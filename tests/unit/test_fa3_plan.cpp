@@ -1,6 +1,6 @@
 // The fa3 host planner: plan layout, longest-first tile order (the header's worked example), empty
 // requests, the error for inconsistent lengths; key blocks, TMA box rows and the persistent
-// schedule (fa3_params.h); the FP8 kernel variant (choose_fp8_variant) and its knobs.
+// schedule (fa3_params.h); the FP8 kernel variant (choose_fp8_variant), promotion and its knobs.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -231,6 +231,74 @@ TEST(Fa3Fp8VariantTest, KnobsAndWhatCannotBeFollowed) {
   EXPECT_EQ(v.block_n, 128);
 }
 
+Fp8Knobs promoted() {
+  Fp8Knobs k;
+  k.promote = true;
+  return k;
+}
+
+TEST(Fa3Fp8VariantTest, PromotionKeepsTheFastKernelsAtLongRows) {
+  // Prefix 7200 + 1036 new (the header's worked example): 8236 > 2048 keys, yet with promotion
+  // the pre-transpose / speculative / GEMM-sum kernel, on 128-key blocks (not 192: no registers).
+  const std::vector<TileRequest> long_req = {{0, 1036, 8236}};
+  Fp8Variant v = choose_fp8_variant(long_req, 2, promoted());
+  EXPECT_TRUE(v.promote);
+  EXPECT_TRUE(v.vt_pre);
+  EXPECT_TRUE(v.spec);
+  EXPECT_TRUE(v.gemm_sum);
+  EXPECT_EQ(v.block_n, 128);
+  EXPECT_EQ(v.vt_units, 86);
+  EXPECT_TRUE(v.not_honoured.empty()) << v.not_honoured;
+  EXPECT_FALSE(v.promote_late);
+  // Without promotion the same forward takes the FADD kernel (the 2048-key guard).
+  EXPECT_FALSE(choose_fp8_variant(long_req, 2, Fp8Knobs{}).promote);
+  EXPECT_FALSE(choose_fp8_variant(long_req, 2, Fp8Knobs{}).gemm_sum);
+  // 16k prefill: 192 without promotion (guard lifted), 128 with it.
+  const std::vector<TileRequest> p16k = {{0, 16384, 16384}};
+  Fp8Knobs fast = fast_at_any_length();
+  EXPECT_EQ(choose_fp8_variant(p16k, 8, fast).block_n, 192);
+  fast.promote = true;
+  v = choose_fp8_variant(p16k, 8, fast);
+  EXPECT_TRUE(v.promote && v.vt_pre && v.spec && v.gemm_sum);
+  EXPECT_EQ(v.block_n, 128);
+  // A long extend with few queries per key: the in-kernel transpose, GEMM row sums (the long-row
+  // limit no longer applies), promoted; with ATTNKIT_FA3_FP8_GEMM_SUM=0: FADD sums, promoted.
+  const std::vector<TileRequest> few = {{0, 100, 2100}};
+  v = choose_fp8_variant(few, 2, promoted());
+  EXPECT_TRUE(v.promote && v.gemm_sum);
+  EXPECT_FALSE(v.vt_pre || v.spec);
+  Fp8Knobs k = promoted();
+  k.gemm_sum = false;
+  v = choose_fp8_variant(few, 2, k);
+  EXPECT_TRUE(v.promote);
+  EXPECT_FALSE(v.gemm_sum);
+  // The exact-softmax pre-transpose kernel, promoted (ATTNKIT_FA3_FP8_SPEC=0).
+  k = promoted();
+  k.spec = false;
+  v = choose_fp8_variant(long_req, 2, k);
+  EXPECT_TRUE(v.promote && v.vt_pre && v.gemm_sum);
+  EXPECT_FALSE(v.spec);
+}
+
+TEST(Fa3Fp8VariantTest, PromotionKnobsThatCannotBeFollowed) {
+  const std::vector<TileRequest> long_req = {{0, 1036, 8236}};
+  // 192 forced with promotion: 128, reported.
+  Fp8Knobs k = promoted();
+  k.block_mode = 192;
+  Fp8Variant v = choose_fp8_variant(long_req, 2, k);
+  EXPECT_TRUE(v.promote);
+  EXPECT_EQ(v.block_n, 128);
+  EXPECT_NE(v.not_honoured.find("ATTNKIT_FA3_FP8_BLOCK_N=192"), std::string::npos);
+  EXPECT_NE(v.not_honoured.find("promote 1"), std::string::npos);
+  // The pre-session-7 kernel has no promotion: reported; the long-row guard applies again.
+  k = promoted();
+  k.uniform_wg = false;
+  k.promote_late = true;
+  v = choose_fp8_variant(long_req, 2, k);
+  EXPECT_FALSE(v.promote || v.promote_late || v.vt_pre || v.gemm_sum);
+  EXPECT_NE(v.not_honoured.find("ATTNKIT_FA3_FP8_PROMOTE=1"), std::string::npos);
+}
+
 using test_support::ScopedEnv;
 
 TEST(Fa3Fp8VariantTest, KnobsFromTheEnvironment) {
@@ -241,11 +309,30 @@ TEST(Fa3Fp8VariantTest, KnobsFromTheEnvironment) {
     EXPECT_EQ(k.block_mode, 0);
     EXPECT_FALSE(k.spec);
   }
+  {
+    EXPECT_FALSE(Fp8Knobs{}.promote);  // default: off (the environment may set it)
+    ScopedEnv pr("ATTNKIT_FA3_FP8_PROMOTE", "1");
+    EXPECT_TRUE(fp8_knobs_from_env().promote);
+  }
+  {
+    ScopedEnv pr("ATTNKIT_FA3_FP8_PROMOTE", "2");  // the other chunk order
+    const Fp8Knobs k = fp8_knobs_from_env();
+    EXPECT_TRUE(k.promote && k.promote_late);
+    const Fp8Variant v = choose_fp8_variant(std::vector<TileRequest>{{0, 1036, 8236}}, 2, k);
+    EXPECT_TRUE(v.promote && v.promote_late && v.vt_pre);
+    EXPECT_EQ(v.block_n, 128);
+  }
+  {
+    ScopedEnv pr("ATTNKIT_FA3_FP8_PROMOTE", "4");  // not accepted: ignored (warning)
+    EXPECT_FALSE(fp8_knobs_from_env().promote);
+  }
   ScopedEnv b("ATTNKIT_FA3_FP8_BLOCK_N", "192");
   ScopedEnv v("ATTNKIT_FA3_FP8_VT_PRE", "0");
+  ScopedEnv pr("ATTNKIT_FA3_FP8_PROMOTE", "0");
   const Fp8Knobs k = fp8_knobs_from_env();
   EXPECT_EQ(k.block_mode, 192);
   EXPECT_EQ(k.vt_pre_mode, 0);
+  EXPECT_FALSE(k.promote);
 }
 
 TEST(Fa3PlanTest, TilesOf192RowsForThreeConsumerWarpgroups) {

@@ -100,6 +100,11 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
   stats_.last_block_n = wgmma_->planned_fp8() ? wgmma_->planned_fp8_block_n() : wgmma_->block_n();
   stats_.last_fp8_vt_pre = wgmma_->planned_fp8() && wgmma_->planned_fp8_variant().vt_pre;
   stats_.last_fp8_spec = wgmma_->planned_fp8() && wgmma_->planned_fp8_variant().spec;
+  stats_.last_fp8_gemm_sum = wgmma_->planned_fp8() && wgmma_->planned_fp8_variant().gemm_sum;
+  stats_.last_fp8_promote = 0;
+  if (wgmma_->planned_fp8() && wgmma_->planned_fp8_variant().promote) {
+    stats_.last_fp8_promote = wgmma_->planned_fp8_variant().promote_late ? 2 : 1;
+  }
   return wgmma_->run(q, out, lse, layer, batch, stream);
 }
 

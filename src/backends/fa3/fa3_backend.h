@@ -37,9 +37,13 @@ struct Fa3Stats {
   int64_t flashinfer_calls = 0;  // delegated to the owned flashinfer backend
   int last_block_n = 0;          // key block of the last wgmma call (fa3::default_block_n)
   // FP8 variant of the last wgmma call (fa3::choose_fp8_variant; false for bf16 / f16 calls):
-  // V^T pre-transposed (else transposed in the kernel), speculative softmax.
+  // V^T pre-transposed (else transposed in the kernel), speculative softmax, row sums through the
+  // P V GEMM (else fp32 FADDs), per-block promotion of P V to f32 (Fa3Params::fp8_promote: 0 off,
+  // 1 / 2 the two chunk orders; ATTNKIT_FA3_FP8_PROMOTE).
   bool last_fp8_vt_pre = false;
   bool last_fp8_spec = false;
+  bool last_fp8_gemm_sum = false;
+  int last_fp8_promote = 0;
 };
 // The counters of a backend made by create_fa3_backend; nullptr for any other backend.
 const Fa3Stats* fa3_stats(const AttentionBackend& backend);

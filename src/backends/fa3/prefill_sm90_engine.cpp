@@ -296,6 +296,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
       p.vt_head_stride = static_cast<int64_t>(v.vt_units) * kVtBlockKeys * kFp8HeadDim;
     }
     p.fp8_block_n = v.block_n;
+    p.fp8_promote = v.promote ? (v.promote_late ? 2 : 1) : 0;
     return run_prefill_sm90_fp8(p, sm_count_, stream, v.vt_pre ? v.max_kv_len : 0);
   }
   return dispatch_value<WgmmaHeadDims>(

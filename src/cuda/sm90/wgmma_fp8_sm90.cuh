@@ -7,8 +7,9 @@
 //   wgmma_ss_e4m3: A [64 x 32] and B [32 x N] from shared-memory descriptors.
 //   wgmma_rs_e4m3: A from registers (4 x 32-bit, 4 consecutive k per register: reg 0 row lane / 4,
 //     k 4 (lane % 4) + 0..3; reg 1 row + 8; regs 2, 3 the same at k + 16).
-// scale_d = 0 overwrites d (d = A*B), 1 accumulates. The caller brackets calls with wgmma_fence() /
-// wgmma_commit() / wgmma_wait<N>() (sm90_primitives.cuh).
+// scale_d = 0 overwrites d (d = A*B), 1 accumulates. wgmma_rs_e4m3_zero: scale-d 0 with d
+// write-only for the compiler (no live range of d before the call). The caller brackets calls
+// with wgmma_fence() / wgmma_commit() / wgmma_wait<N>() (sm90_primitives.cuh).
 #pragma once
 
 #include <cstdint>
@@ -77,6 +78,49 @@ __device__ __forceinline__ void wgmma_ss_e4m3_m64n192(float (&d)[96], uint64_t d
 #endif
 }
 
+__device__ __forceinline__ void wgmma_rs_e4m3_m64n64(float (&d)[32], const uint32_t (&a)[4],
+                                                     uint64_t desc_b, int scale_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+#endif
+}
+
+__device__ __forceinline__ void wgmma_rs_e4m3_m64n72(float (&d)[36], const uint32_t (&a)[4],
+                                                     uint64_t desc_b, int scale_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %41, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, "
+      "{%36, %37, %38, %39}, %40, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+#endif
+}
+
 __device__ __forceinline__ void wgmma_rs_e4m3_m64n128(float (&d)[64], const uint32_t (&a)[4],
                                                       uint64_t desc_b, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -133,6 +177,49 @@ __device__ __forceinline__ void wgmma_rs_e4m3_m64n136(float (&d)[68], const uint
 #endif
 }
 
+__device__ __forceinline__ void wgmma_rs_e4m3_zero_m64n64(float (&d)[32], const uint32_t (&a)[4],
+                                                          uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1;\n"
+      "}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(0));
+#endif
+}
+
+__device__ __forceinline__ void wgmma_rs_e4m3_zero_m64n72(float (&d)[36], const uint32_t (&a)[4],
+                                                          uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %41, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, "
+      "{%36, %37, %38, %39}, %40, p, 1, 1;\n"
+      "}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
+        "=f"(d[35])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(0));
+#endif
+}
+
 // Dispatch on N (compile time).
 template <int kN>
 __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
@@ -149,12 +236,28 @@ __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[kN / 2], uint64_t desc_
 template <int kN>
 __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[kN / 2], const uint32_t (&a)[4],
                                               uint64_t desc_b, int scale_d) {
-  if constexpr (kN == 128) {
+  if constexpr (kN == 64) {
+    wgmma_rs_e4m3_m64n64(d, a, desc_b, scale_d);
+  } else if constexpr (kN == 72) {
+    wgmma_rs_e4m3_m64n72(d, a, desc_b, scale_d);
+  } else if constexpr (kN == 128) {
     wgmma_rs_e4m3_m64n128(d, a, desc_b, scale_d);
   } else if constexpr (kN == 136) {
     wgmma_rs_e4m3_m64n136(d, a, desc_b, scale_d);
   } else {
     static_assert(kN == 0, "wgmma_rs_e4m3: N not generated");
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void wgmma_rs_e4m3_zero(float (&d)[kN / 2], const uint32_t (&a)[4],
+                                                   uint64_t desc_b) {
+  if constexpr (kN == 64) {
+    wgmma_rs_e4m3_zero_m64n64(d, a, desc_b);
+  } else if constexpr (kN == 72) {
+    wgmma_rs_e4m3_zero_m64n72(d, a, desc_b);
+  } else {
+    static_assert(kN == 0, "wgmma_rs_e4m3_zero: N not generated");
   }
 }
 

@@ -189,6 +189,14 @@ struct Fa3Params {
   // FlashAttention-3's FP8 causal d 128 tile). The engine picks 192 for forwards with a request of
   // >= 8192 keys (choose_fp8_variant; ATTNKIT_FA3_FP8_BLOCK_N=128 / 192 forces).
   int fp8_block_n = 128;
+  // FP8 kernel, 128-key blocks only: 1: promotion (prefill_sm90_fp8.cuh, kPromote): each key
+  // block's P V (and its ones-row sums) accumulates from zero in the wgmma and is added to the
+  // running O / l in f32 registers, instead of accumulating the whole row in the e4m3 wgmma's
+  // limited-precision accumulator (docs/PERF.md "FP8 accuracy at long rows"). The engine sets it
+  // from ATTNKIT_FA3_FP8_PROMOTE (choose_fp8_variant; default 0 until a GPU run verifies it).
+  // 2: the same promotion with the other order of its two column chunks (prefill_sm90_fp8.cuh,
+  // consumer_fp8: chunk 0 behind Q K^T, chunk 1 after the softmax), to measure which is faster.
+  int fp8_promote = 0;
   // bf16 / f16 kernel: query rows per tile of p.plan (the plan is built with the same count):
   // kBlockM (128, two consumer warpgroups) or, at d 64 with 128-key blocks, 192 (three consumer
   // warpgroups; ATTNKIT_FA3_WG3, prefill_sm90_engine.cpp).

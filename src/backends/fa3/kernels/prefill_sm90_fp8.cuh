@@ -26,6 +26,14 @@
 //   * Softmax (kSpec, with kVtPre and kGemmSum): speculative against the running maximum
 //     (consumer_fp8).
 //   * Key blocks of 128, or 192 with kVtPre (Q K^T at N = 192, P V over two V^T halves).
+//   * Promotion (kPromote, Fa3Params::fp8_promote, 128-key blocks): the e4m3 wgmma adds products
+//     into its f32 accumulator with ~13 bits aligned to the largest term (truncated), so a
+//     running O / l kept in the accumulator over thousands of keys loses the low bits of every
+//     block (docs/PERF.md "FP8 accuracy at long rows"). With kPromote each block's P V starts
+//     from zero in a temporary and is added to the running O (f32 registers) by FADD: in two
+//     column chunks (d 0..63, then d 64..127 + the ones columns) through one 36-register
+//     temporary, the first issued before the next block's Q K^T, the second overlapping the next
+//     block's softmax.
 //   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax (the exact step
 //   only: blocks that speculate still compute), 4 no in-kernel V transpose.
 //
@@ -55,12 +63,6 @@ struct PrefillFp8Traits {
   static_assert(kN == 128 || kN == 192, "FP8 key block");
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  // 128: the producer may also transpose V (32 data registers per 8x8-byte block; 72 spilled 64
-  // bytes, 88 / 208: no spill with nvcc 13.0).
-  static constexpr int kProducerRegs = kN == 192 ? 56 : 88;
-  static constexpr int kConsumerRegs = kN == 192 ? 224 : 208;
-  static_assert(128 * kProducerRegs + 128 * kConsumerWarpgroups * kConsumerRegs <= 65536,
-                "register budget of one CTA per SM");
   static constexpr int kQChunksPerRow = kHeadDim / 8;  // bf16 Q: 16-byte chunks
   static constexpr int kChunksPerRow = kHeadDim / 16;  // e4m3 K / V: 16-byte chunks
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
@@ -93,6 +95,25 @@ struct PrefillFp8Traits {
   static constexpr int kSlots = 1;
   static constexpr int kRowsPerPass = 32 / kChunksPerRow;
   static constexpr int kPassesPerWarp = 32 / kRowsPerPass;
+  // kPromote: the first P V column chunk (O columns 0 .. kPromoN0 - 1; the second takes the rest,
+  // 64 d columns, + 8 ones columns with kGemmSum). A multiple of 8 rows of V^T, so the second
+  // chunk's B descriptor starts on a 1024-byte swizzle atom.
+  static constexpr int kPromoN0 = 64;
+  static_assert(kPromoN0 % 8 == 0 && kPromoN0 < kHeadDim, "promotion chunk");
+};
+
+// Registers of the producer / each consumer thread (setmaxnreg) of one FP8 kernel instantiation.
+// 128-key blocks: the producer may also transpose V (32 data registers per 8x8-byte block; 72
+// spilled 64 bytes, 88 / 208: no spill with nvcc 13.0). 192 (V^T pre-transpose only): 56 / 224.
+// Promotion (128-key blocks only) keeps a 36-register temporary live across the softmax; the
+// consumers then get 224 with the V^T pre-transpose (the producer only issues TMA / bulk copies:
+// 56, as at kN 192) and 208 otherwise (the producer's in-kernel transpose needs 88).
+template <int kN, bool kVtPre, bool kPromote>
+struct Fp8RegSplit {
+  static_assert(!kPromote || kN == 128, "promotion: 128-key blocks only (kN 192 has no registers)");
+  static constexpr int kProducer = kN == 192 || (kPromote && kVtPre) ? 56 : 88;
+  static constexpr int kConsumer = kN == 192 || (kPromote && kVtPre) ? 224 : 208;
+  static_assert(128 * kProducer + 128 * 2 * kConsumer <= 65536, "register budget");
 };
 
 __device__ __forceinline__ uint32_t fp8_bar(uint32_t bars, int stage, int which) {
@@ -440,6 +461,38 @@ __device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
   return r != 0;
 }
 
+// P V of one key block into the accumulators d of O columns kC0 .. kC0 + kNc - 1 (V^T rows; the
+// ones rows are columns 128..135): kk-step kk reads V^T half kk / 4 of the stage at vt_stage.
+// kFresh: the first k-step overwrites d (promotion: the block's P V from zero; d is write-only
+// there for the compiler, so the temporary has no live range before the issue), else accumulates.
+template <int kNc, int kC0, int kN, bool kFresh>
+__device__ __forceinline__ void issue_pv_fp8(float (&d)[kNc / 2], const uint32_t (&pa)[kN / 32][4],
+                                             uint32_t vt_stage) {
+  using Tr = PrefillFp8Traits<kN>;
+  static_assert(kC0 % 8 == 0, "column chunk on a swizzle atom");
+#pragma unroll
+  for (int kk = 0; kk < kN / 32; ++kk) {  // 4 k-steps of 32 keys per V^T half
+    const uint64_t vt_desc = sm90::desc_advance(
+        sm90::make_desc(vt_stage + (kk / 4) * Tr::kVtHalfBytes + kC0 * 128, 16, 1024),
+        (kk % 4) * 32);
+    if constexpr (kFresh) {
+      if (kk == 0) {
+        sm90::wgmma_rs_e4m3_zero<kNc>(d, pa[kk], vt_desc);
+        continue;
+      }
+    }
+    sm90::wgmma_rs_e4m3<kNc>(d, pa[kk], vt_desc, 1);
+  }
+}
+
+// Promotion: O columns kC0 .. kC0 + kNc - 1 += t (f32, in registers).
+template <int kNc, int kC0, int kPvN>
+__device__ __forceinline__ void promote_add(float (&o)[kPvN / 2], const float (&t)[kNc / 2]) {
+  static_assert(kC0 + kNc <= kPvN, "promotion chunk");
+#pragma unroll
+  for (int i = 0; i < kNc / 2; ++i) o[kC0 / 2 + i] += t[i];
+}
+
 // kGemmSum (Fa3Params::fp8_gemm_sum): the row sum l through the P V GEMM (N = 136 against V^T's
 // ones rows: O carries 4 more accumulators per thread, columns 128..135 = the sum of the e4m3 P
 // of the row) instead of one FADD per element in the softmax.
@@ -449,7 +502,16 @@ __device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
 // is still held: it is released after the next block's P V) and the exact step runs. Without lazy
 // rescale (ATTNKIT_FA3_LAZY_RESCALE=0) the threshold is 0, so every block whose maximum rises takes
 // the recompute path (how the tests cover it).
-template <bool kGemmSum, bool kSpec = false, int kN = 128>
+// kPromote (Fa3Params::fp8_promote; 128-key blocks): each block's P V accumulates from zero in
+// the wgmma and is added to the running O in f32 registers (file comment). Per iteration of the
+// overlapped loop (P(cur) V, S(next)): chunk 0 of P(cur) V (O columns 0..63) is issued before
+// S(next) = Q K^T and added once both are complete; chunk 1 (the other columns) into the same
+// temporary runs during the softmax of S(next) and is added before cur's V^T stage is released.
+// The O rescale (lazy or not) applies to the f32 O after both adds, as it does to the accumulator
+// without promotion. kPromote 1 (Fa3Params::fp8_promote 1); kPromote 2 (fp8_promote 2) orders the
+// chunks the other way (chunk 0 behind S(next), during the softmax; chunk 1 after it), for the A/B
+// of the two.
+template <bool kGemmSum, bool kSpec = false, int kN = 128, int kPromote = 0>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   // A speculated block adds nothing to l in the softmax: its row sum must come from the GEMM.
   static_assert(!kSpec || kGemmSum, "the speculative softmax needs the GEMM row sum");
@@ -481,6 +543,9 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     const int row0 = g * 64 + warp * 16 + lane / 4;
     const int qpos0 = t.causal_limit + row0;
     constexpr int kPvN = kGemmSum ? kD + 8 : kD;
+    // Promotion chunks (O columns 0 .. kN0 - 1, kN0 .. kPvN - 1; the sizes are unused without).
+    constexpr int kN0 = Tr::kPromoN0;
+    constexpr int kN1 = kPvN - kN0;
     float o[kPvN / 2];
 #pragma unroll
     for (int i = 0; i < kPvN / 2; ++i) o[i] = 0.f;
@@ -518,13 +583,35 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
                           kk > 0 ? 1 : 0);
       }
     };
-    auto issue_pv = [&](int stage) {
-      const uint32_t vt = base + Tr::kVtOffset + stage * Tr::kVtBytes;
-#pragma unroll
-      for (int kk = 0; kk < kN / 32; ++kk) {  // 4 k-steps of 32 keys per V^T half
-        const uint64_t vt_desc = make_desc(vt + (kk / 4) * Tr::kVtHalfBytes, 16, 1024);
-        wgmma_rs_e4m3<kPvN>(o, pa[kk], desc_advance(vt_desc, (kk % 4) * 32), 1);
-      }
+    auto vt_stage = [&](int stage) { return base + Tr::kVtOffset + stage * Tr::kVtBytes; };
+    auto issue_pv = [&](int stage) {  // without promotion: O += P V in the accumulator
+      issue_pv_fp8<kPvN, 0, kN, false>(o, pa, vt_stage(stage));
+    };
+    // Promotion: the two chunks of the block's P V, each from zero, and their adds to O. t0 and t1
+    // are never live together (chunk 1 is issued after chunk 0 is added): one temporary.
+    // late (kPromote 2, an ordering to measure): chunk 0 is issued behind S(next) and runs during
+    // the softmax, chunk 1 after it (exposed); kPromote 1: chunk 0 ahead of S(next).
+    [[maybe_unused]] constexpr bool late = kPromote == 2;
+    [[maybe_unused]] float t0[kN0 / 2], t1[kN1 / 2];
+    auto issue_pv0 = [&](int stage) {
+      wgmma_fence();
+      issue_pv_fp8<kN0, 0, kN, true>(t0, pa, vt_stage(stage));
+      wgmma_commit();
+    };
+    auto add_pv0 = [&] {
+      fence_regs(t0);
+      fence_regs(o);
+      promote_add<kN0, 0, kPvN>(o, t0);
+    };
+    auto issue_pv1 = [&](int stage) {
+      wgmma_fence();
+      issue_pv_fp8<kN1, kN0, kN, true>(t1, pa, vt_stage(stage));
+      wgmma_commit();
+    };
+    auto add_pv1 = [&] {
+      fence_regs(t1);
+      fence_regs(o);
+      promote_add<kN1, kN0, kPvN>(o, t1);
     };
     auto wait_k = [&](int itx, int nbx) {
       mbar_wait(fp8_bar(bars, itx % Tr::kStages, 0), (itx / Tr::kStages) & 1);
@@ -552,15 +639,34 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       wait_k(it_n, nb);
       wait_vt(it_c);
       fence_regs(o);
+      if constexpr (kPromote != 0) {
+        if constexpr (!late) issue_pv0(stage_c);  // runs while this warpgroup waits for its turn
+      }
       turn_wait();
       wgmma_fence();
       issue_qk(stage_n);
       wgmma_commit();
-      issue_pv(stage_c);
-      wgmma_commit();
+      if constexpr (kPromote == 0) {
+        issue_pv(stage_c);
+        wgmma_commit();
+      } else if constexpr (late) {
+        issue_pv0(stage_c);  // behind S(next), in flight during the softmax
+      }
       turn_pass();
-      wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
-      fence_regs(s);
+      if constexpr (kPromote != 0) {
+        if constexpr (late) {
+          wgmma_wait<1>();  // S(next) ready; chunk 0 still in flight
+          fence_regs(s);
+        } else {
+          wgmma_wait<0>();  // S(next) and chunk 0 ready
+          fence_regs(s);
+          add_pv0();
+          issue_pv1(stage_c);  // in flight during the softmax
+        }
+      } else {
+        wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
+        fence_regs(s);
+      }
       if constexpr (kSpec) {
         const int n0 = nb * kN;
         const bool masked =
@@ -587,7 +693,16 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         softmax(nb);
       }
       wgmma_wait<0>();
-      fence_regs(o);
+      if constexpr (kPromote != 0) {
+        if constexpr (late) {  // chunk 1 after the softmax, exposed
+          add_pv0();
+          issue_pv1(stage_c);
+          wgmma_wait<0>();
+        }
+        add_pv1();
+      } else {
+        fence_regs(o);
+      }
       mbar_arrive(fp8_bar(bars, stage_c, 3));
       pack();
       rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
@@ -597,12 +712,23 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     wait_vt(it_c);
     fence_regs(o);
     turn_wait();
-    wgmma_fence();
-    issue_pv(stage_c);
-    wgmma_commit();
+    if constexpr (kPromote != 0) {
+      issue_pv0(stage_c);
+    } else {
+      wgmma_fence();
+      issue_pv(stage_c);
+      wgmma_commit();
+    }
     if (g == 0 || !last_unit) turn_pass();
     wgmma_wait<0>();
-    fence_regs(o);
+    if constexpr (kPromote != 0) {
+      add_pv0();
+      issue_pv1(stage_c);
+      wgmma_wait<0>();
+      add_pv1();
+    } else {
+      fence_regs(o);
+    }
     mbar_arrive(fp8_bar(bars, stage_c, 3));
     it = it_c + 1;
 
@@ -622,7 +748,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 // kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
 // branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
 template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, bool kSpec = false,
-          int kN = 128>
+          int kN = 128, int kPromote = 0>
 __global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -656,12 +782,13 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
   } else {
     wg = threadIdx.x / 128;  // the kernel before session 7
   }
+  using Regs = Fp8RegSplit<kN, kVtPre, kPromote != 0>;
   if (wg == 0) {
-    sm90::setmaxnreg_dec<Tr::kProducerRegs>();
+    sm90::setmaxnreg_dec<Regs::kProducer>();
     producer_fp8<kVtPre, kN>(p, smem);
   } else {
-    sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
-    consumer_fp8<kGemmSum, kSpec, kN>(p, smem, wg - 1);
+    sm90::setmaxnreg_inc<Regs::kConsumer>();
+    consumer_fp8<kGemmSum, kSpec, kN, kPromote>(p, smem, wg - 1);
   }
 #endif
 }

@@ -54,8 +54,8 @@ Status launch_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max
 
 Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max_kv_len) {
   // uniform_wg 0 (the pre-session-7 kernel) keeps the row sum by FADD (no GEMM row sum) and the
-  // in-kernel V transpose; vt_pre: the GEMM row sum only; 192-key blocks: vt_pre with the
-  // speculative softmax only.
+  // in-kernel V transpose, without promotion; vt_pre: the GEMM row sum only; 192-key blocks:
+  // vt_pre with the speculative softmax only, without promotion.
   const auto a = [&]<auto kKernel, int kN = 128>() {
     return launch_fp8<kKernel, kN>(p, sm_count, stream, max_kv_len);
   };
@@ -63,6 +63,24 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
     Fa3Params q = p;
     q.vt_pre = 0;
     return launch_fp8<prefill_sm90_fp8_kernel<false, false, false>, 128>(q, sm_count, stream, 0);
+  }
+  if (p.fp8_promote != 0) {  // 128-key blocks (choose_fp8_variant): kN 192 spills with it
+    if (p.fp8_block_n != 128 || (p.fp8_promote != 1 && p.fp8_promote != 2)) {
+      return Status::internal("fa3 fp8: promotion " + std::to_string(p.fp8_promote) + " with " +
+                              std::to_string(p.fp8_block_n) + "-key blocks (1 or 2, 128 only)");
+    }
+    // 1 / 2: the two orders of the promoted P V's column chunks (prefill_sm90_fp8.cuh).
+    return dispatch_value<
+        ValueList<1, 2>>(p.fp8_promote, "fa3 fp8: promotion", [&]<int kPr>() -> Status {
+      if (p.vt_pre != 0) {
+        if (p.fp8_spec != 0)
+          return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, true, 128, kPr>>();
+        return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, false, 128, kPr>>();
+      }
+      if (p.fp8_gemm_sum != 0)
+        return a.template operator()<prefill_sm90_fp8_kernel<true, true, false, false, 128, kPr>>();
+      return a.template operator()<prefill_sm90_fp8_kernel<true, false, false, false, 128, kPr>>();
+    });
   }
   if (p.vt_pre != 0 && p.fp8_spec != 0 && p.fp8_block_n == 192) {
     return a.template operator()<prefill_sm90_fp8_kernel<true, true, true, true, 192>, 192>();

@@ -88,6 +88,15 @@ Fp8Knobs fp8_knobs_from_env() {
       warn(std::string("ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS=") + mk + " ignored (a key count > 0)");
     }
   }
+  if (const char* pr = std::getenv("ATTNKIT_FA3_FP8_PROMOTE"); pr != nullptr) {
+    const std::string want(pr);
+    if (want == "0" || want == "1" || want == "2") {
+      k.promote = want != "0";
+      k.promote_late = want == "2";
+    } else {
+      warn("ATTNKIT_FA3_FP8_PROMOTE=" + want + " ignored (accepted: 0, 1, 2)");
+    }
+  }
   if (const char* fb = std::getenv("ATTNKIT_FA3_FP8_BLOCK_N"); fb != nullptr) {
     const int want = std::atoi(fb);
     if (want == 128 || want == 192) {
@@ -119,16 +128,20 @@ Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_head
   const int64_t bytes = static_cast<int64_t>(kv_heads) * v.vt_units * kVtUnitBytes;
   const bool shape_ok = q_total * kVtPreKeysPerQuery >= kv_total;
   const bool fits = v.vt_units > 0 && bytes <= kVtPreMaxBytes;
-  // Long rows: fp32 FADD row sums (kFp8GemmSumMaxKeys, tile_plan.h), so neither the pre-transpose
-  // nor the speculative kernels (both sum by the GEMM) unless ATTNKIT_FA3_FP8_VT_PRE=1 forces it.
-  const bool long_rows = v.max_kv_len > knobs.gemm_sum_max_keys;
+  // Long rows without promotion: fp32 FADD row sums (kFp8GemmSumMaxKeys, tile_plan.h), so neither
+  // the pre-transpose nor the speculative kernels (both sum by the GEMM) unless
+  // ATTNKIT_FA3_FP8_VT_PRE=1 forces it. With promotion the GEMM sums are exact enough at any
+  // length.
+  v.promote = knobs.promote && knobs.uniform_wg;
+  v.promote_late = v.promote && knobs.promote_late;
+  const bool long_rows = !v.promote && v.max_kv_len > knobs.gemm_sum_max_keys;
   v.vt_pre = knobs.uniform_wg && fits &&
              (knobs.vt_pre_mode == 1 || (knobs.vt_pre_mode == -1 && shape_ok && !long_rows));
   v.spec = v.vt_pre && knobs.spec;
   v.gemm_sum = knobs.uniform_wg && (v.vt_pre || (knobs.gemm_sum && !long_rows));
   const int want_block =
       knobs.block_mode != 0 ? knobs.block_mode : (v.max_kv_len >= kFp8Block192MinKeys ? 192 : 128);
-  v.block_n = v.spec ? want_block : 128;
+  v.block_n = v.spec && !v.promote ? want_block : 128;
   v.vt_bytes = v.vt_pre ? bytes : 0;
   if (knobs.vt_pre_mode == 1 && !v.vt_pre && v.vt_units > 0) {
     v.not_honoured =
@@ -136,11 +149,16 @@ Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_head
         std::string(!knobs.uniform_wg ? "ATTNKIT_FA3_UNIFORM_WG=0"
                                       : "V^T workspace " + std::to_string(bytes) + " bytes > " +
                                             std::to_string(kVtPreMaxBytes));
+  } else if (knobs.promote && !v.promote && v.vt_units > 0) {
+    v.not_honoured =
+        "ATTNKIT_FA3_FP8_PROMOTE=1 not followed: ATTNKIT_FA3_UNIFORM_WG=0 (the pre-session-7 "
+        "kernel has no promotion)";
   } else if (knobs.block_mode == 192 && v.block_n != 192 && v.vt_units > 0) {
     v.not_honoured =
         "ATTNKIT_FA3_FP8_BLOCK_N=192 not followed: 192-key blocks need the V^T "
-        "pre-transpose and the speculative softmax (vt_pre " +
-        std::to_string(v.vt_pre) + ", spec " + std::to_string(v.spec) + ")";
+        "pre-transpose and the speculative softmax, without promotion (vt_pre " +
+        std::to_string(v.vt_pre) + ", spec " + std::to_string(v.spec) + ", promote " +
+        std::to_string(v.promote) + ")";
   } else if (!knobs.gemm_sum && v.gemm_sum) {
     v.not_honoured =
         "ATTNKIT_FA3_FP8_GEMM_SUM=0 not followed: the V^T pre-transpose kernels "

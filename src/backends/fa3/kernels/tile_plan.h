@@ -49,7 +49,9 @@ std::vector<TileRequest> tile_requests(const ForwardBatch& batch);
 // and l comes out too small. H200 2026-11-23 11:13Z, Fa3Fp8Test.VariantsOfTheKernel, 7200 + 1036
 // new keys: LSE error 0.158, rel_l2 0.143 with every GEMM-sum variant; a numerical model of the
 // kernel (e4m3 rounding + a 13-bit accumulator) reproduces them and gives 0.017 / 0.039 with fp32
-// FADD row sums, ~0.07 LSE at 4096 keys. Rows up to this many keys keep the GEMM row sum.
+// FADD row sums, ~0.07 LSE at 4096 keys. Rows up to this many keys keep the GEMM row sum, unless
+// promotion is on (Fp8Knobs::promote: each block's P V from zero, added to O / l in f32; the
+// model gives the exact-accumulation error at 8236 keys with it), which needs no such limit.
 constexpr int kFp8GemmSumMaxKeys = 2048;
 
 // The FP8 experiment knobs (environment, read once per engine by fp8_knobs_from_env).
@@ -64,6 +66,12 @@ struct Fp8Knobs {
   // speculative kernel does); longer ones take the FADD kernel (choose_fp8_variant says why).
   // ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS sets it (benchmarks of the fast kernels at long rows).
   int gemm_sum_max_keys = kFp8GemmSumMaxKeys;
+  // ATTNKIT_FA3_FP8_PROMOTE=1: promotion (Fa3Params::fp8_promote) in every variant; then no
+  // long-row limit (gemm_sum_max_keys is not applied) and 128-key blocks (the 192-key kernel
+  // has no registers for it). =2: the same with the other order of the promoted P V's column
+  // chunks (promote_late; an A/B of the two). 0 (default until a GPU run verifies it): as before.
+  bool promote = false;
+  bool promote_late = false;
 };
 // Reads the knobs above; a value that is not accepted (e.g. ATTNKIT_FA3_FP8_BLOCK_N=256) is
 // ignored with a one-line warning on stderr.
@@ -71,31 +79,37 @@ Fp8Knobs fp8_knobs_from_env();
 
 // What the FP8 kernel runs for one forward.
 struct Fp8Variant {
-  bool vt_pre = false;       // Fa3Params::vt_pre: V^T pre-transposed per layer into the workspace
-  bool spec = false;         // Fa3Params::fp8_spec (vt_pre only)
-  bool gemm_sum = false;     // row sums through the P V GEMM (always with vt_pre)
-  int block_n = 128;         // Fa3Params::fp8_block_n (192: vt_pre and spec only)
-  int vt_units = 0;          // V^T units of the plan (vt_units over the requests with new tokens)
+  bool vt_pre = false;        // Fa3Params::vt_pre: V^T pre-transposed per layer into the workspace
+  bool spec = false;          // Fa3Params::fp8_spec (vt_pre only)
+  bool gemm_sum = false;      // row sums through the P V GEMM (always with vt_pre)
+  int block_n = 128;          // Fa3Params::fp8_block_n (192: vt_pre and spec only, no promote)
+  bool promote = false;       // Fa3Params::fp8_promote != 0 (uniform_wg kernels only)
+  bool promote_late = false;  // with promote: Fa3Params::fp8_promote 2 (else 1)
+  int vt_units = 0;           // V^T units of the plan (vt_units over the requests with new tokens)
   int max_kv_len = 0;        // keys of the longest request with new tokens (the pre-transpose grid)
   int64_t vt_bytes = 0;      // workspace: kv_heads x vt_units x 16 KB (0 without vt_pre)
   std::string not_honoured;  // non-empty: a forced knob this forward cannot follow (why)
 };
 
 // The FP8 variant of a forward of `requests` with kv_heads KV heads:
+//  * promote with knobs.promote (ATTNKIT_FA3_FP8_PROMOTE=1 or 2; 2: promote_late) unless
+//    ATTNKIT_FA3_UNIFORM_WG=0;
 //  * vt_pre when the forward has at least one query per kVtPreKeysPerQuery (8) keys (requests
-//    with new tokens only), its longest request has <= gemm_sum_max_keys keys and the workspace
-//    stays within kVtPreMaxBytes (1 GiB), or ATTNKIT_FA3_FP8_VT_PRE=1 within the same size
-//    (=0: never);
+//    with new tokens only), its longest request has <= gemm_sum_max_keys keys (any length with
+//    promote) and the workspace stays within kVtPreMaxBytes (1 GiB), or ATTNKIT_FA3_FP8_VT_PRE=1
+//    within the same size (=0: never);
 //  * row sums by the GEMM with vt_pre, else when the longest request has <= gemm_sum_max_keys
-//    keys (unless ATTNKIT_FA3_FP8_GEMM_SUM=0); else by fp32 FADDs;
+//    keys or promote is on (unless ATTNKIT_FA3_FP8_GEMM_SUM=0); else by fp32 FADDs;
 //  * spec with vt_pre unless ATTNKIT_FA3_FP8_SPEC=0;
-//  * block_n 192 with vt_pre and spec when the longest request has >= kFp8Block192MinKeys (8192)
-//    keys, or ATTNKIT_FA3_FP8_BLOCK_N=192 (with vt_pre and spec only); else 128.
+//  * block_n 192 with vt_pre and spec and without promote when the longest request has >=
+//    kFp8Block192MinKeys (8192) keys, or ATTNKIT_FA3_FP8_BLOCK_N=192 (with vt_pre and spec and
+//    without promote only); else 128.
 // Worked example: one request, prefix 1200 + 800 new tokens: 2000 keys <= 2048, 800 x 8 = 6400
 // >= 2000 -> vt_pre, speculation, GEMM row sums, 128 keys per block; vt_units(2000) = 2 x 11 = 22
 // units, x 2 kv heads x 16 KB = 704 KiB. Prefix 7200 + 1036 new: 8236 keys > 2048 -> the in-kernel
 // transpose with FADD row sums, 128 keys per block, no speculation (with gemm_sum_max_keys raised
-// past 8236: vt_pre, and 8236 >= 8192 -> 192 keys per block, 8236 = 42 x 192 + 172).
+// past 8236: vt_pre, and 8236 >= 8192 -> 192 keys per block, 8236 = 42 x 192 + 172). With
+// promote: vt_pre, speculation, GEMM row sums, promotion, 128 keys per block (65 blocks).
 Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_heads,
                               const Fp8Knobs& knobs);
 
