@@ -84,7 +84,7 @@ struct BalancedPlan {
   int64_t cta_begin_words() const { return cta_begin_words_for(slots()); }
   int slots() const { return static_cast<int>(cta_begin.size()) - 1; }
   void serialize(std::vector<int32_t>* words) const;
-  static int64_t cta_begin_words_for(int64_t slots) { return (slots + 1 + 7) / 8 * 8; }
+  static constexpr int64_t cta_begin_words_for(int64_t slots) { return (slots + 1 + 7) / 8 * 8; }
   static int64_t words_for(int64_t bs, int64_t slots, int64_t segments) {
     return kPlanHeaderWords + bs * kRequestWords + cta_begin_words_for(slots) +
            segments * kSegmentWords;
