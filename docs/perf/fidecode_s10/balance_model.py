@@ -3,9 +3,10 @@ on the H200 (132 SMs), from figures measured in earlier sessions (docs/perf/fide
 Session 10 (fidec), no GPU: this is arithmetic on recorded measurements, not a measurement.
 
     python3 docs/perf/fidecode_s10/balance_model.py             # the model
-    python3 docs/perf/fidecode_s10/balance_model.py --ab OUT     # + the SM-count scan of the
-                                                                 #   next device run (OUT: the
-                                                                 #   folder or its all.tgz)
+    python3 docs/perf/fidecode_s10/balance_model.py --ab OUT     # + the next device run
+                                                                 #   (OUT: its folder or all.tgz):
+                                                                 #   the SM-count scan and the
+                                                                 #   balanced plan's A/B
 
 Question: the uniform targets (b16 kv 4k: 128 equal (request, kv head) items; b1 kv 32k: 16
 splits x 8 heads = 128 CTAs) run 128 CTAs on 132 SMs, one per SM. Equal chunks on all 132 SMs
@@ -187,18 +188,41 @@ def read_ab(path):
     return out
 
 
+def plain(var):
+    """Variants that run today's plan: default and ATTNKIT_FLASHINFER_SPLIT_CTAS=n."""
+    return var == "default" or "SPLIT_CTAS" in var
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+
+
+def balance_ab(ab):
+    print("\n== balanced plan A/B: median us over the rounds (default / DECODE_BALANCE=1) ==")
+    for mode in sorted({k[0] for k in ab}):
+        for case in sorted({k[2] for k in ab if k[0] == mode}):
+            d = ab.get((mode, "default", case))
+            b = next((v for (md, var, c), v in ab.items()
+                      if md == mode and c == case and "DECODE_BALANCE" in var), None)
+            if d and b:
+                print(f"{mode:8s} {case:28s} {median(d):7.1f} / {median(b):7.1f} us"
+                      f"  balanced x{median(d) / median(b):.3f}")
+
+
 def scan(path, m):
     ab = read_ab(path)
+    balance_ab(ab)
     print(f"\n== SM-count scan of {path} ==")
     for mode in sorted({k[0] for k in ab}):
-        # bs scan at kv 4k p16 (unsplit: bs x 8 CTAs of 4096 keys on as many SMs), every variant
-        # (SPLIT_CTAS does not change unsplit plans).
+        # bs scan at kv 4k p16 (unsplit: bs x 8 CTAs of 4096 keys on as many SMs), the plain
+        # variants (SPLIT_CTAS does not change unsplit plans).
         pts = {}
-        for (md, _, case), us in ab.items():
-            if md == mode and case.endswith("kv4096_p16_kvbf16"):
+        for (md, var, case), us in ab.items():
+            if md == mode and plain(var) and case.endswith("kv4096_p16_kvbf16"):
                 bs = int(case.split("_")[0][1:])
                 pts.setdefault(bs, []).extend(us)
-        pts = {bs: sorted(v)[len(v) // 2] for bs, v in sorted(pts.items())}
+        pts = {bs: median(v) for bs, v in sorted(pts.items()) if bs <= 16}
         print(f"{mode}: kv4k p16 median us by bs: " + ", ".join(f"b{b} {t:.1f}" for b, t in pts.items()))
         if 16 in pts:
             for f in (m["f16"] - 3, m["f16"]):
@@ -212,9 +236,9 @@ def scan(path, m):
                           f" {g:.2f} us ({100 * g / pts[16]:.1f}%) at b16")
         b1 = {}
         for (md, var, case), us in ab.items():
-            if md == mode and case.startswith("b1_kv32768"):
-                n = 128 if var == "default" else int(var.rsplit("_", 1)[1])  # ..._SPLIT_CTAS_120
-                b1[n] = sorted(us)[len(us) // 2]
+            if md == mode and plain(var) and case.startswith("b1_kv32768"):
+                n = 128 if var == "default" else int(var.rsplit("_", 1)[1])  # ..._SPLIT_CTAS_112
+                b1[n] = median(us)
         if b1:
             print(f"{mode}: b1 kv32k median us by CTAs (SPLIT_CTAS): " +
                   ", ".join(f"{n} {t:.1f}" for n, t in sorted(b1.items())))
@@ -225,8 +249,8 @@ def scan(path, m):
                         e = math.log((t - m["f1"]) / (b1[128] - m["f1"])) / math.log(128 / n)
                         print(f"  {n} vs 128 CTAs -> e {e:.2f}, 132 SMs buy"
                               f" {gain(b1[128] - m['f1'], e):.2f} us at b1")
-    print("decision: build the segment-loop kernel for the uniform targets only if e > ~0.35"
-          " (> 1% at b16); for uneven batches see the model above")
+    print("reading: e > ~0.35 would mean 132 SMs can buy > 1% at b16 (the model expects ~0); the"
+          " balanced plan's own A/B above includes its restart / merge costs")
 
 
 def main():
