@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -330,6 +332,146 @@ TEST(FlashInferBalancedPlan, RandomBatches) {
     const BalancedPlan plan = plan_or_die(reqs, cfg);
     expect_balanced(check_plan(plan, reqs, cfg), plan.total_keys, cfg.granule);
     if (HasFatalFailure()) return;
+  }
+}
+
+// The segments' partials merged by LSE the way the decode kernel does (paged_decode_sm80.cuh: a
+// part writes O / d and log2 LSE m + log2 d to partial row partial_base + part; the item's merge
+// weighs rows partial_base .. partial_base + parts - 1 by 2^(lse - max) with the sink in the
+// denominator; a whole item writes out itself) reproduce full softmax attention, in fp64 on random
+// data, with sinks and a sliding window (parts wholly before the window have LSE -inf).
+TEST(FlashInferBalancedPlan, MergedSegmentsReproduceFullAttention) {
+  constexpr int kD = 8;
+  std::mt19937 rng(5);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (int trial = 0; trial < 40; ++trial) {
+    BalanceConfig cfg;
+    cfg.num_kv_heads = 3;
+    cfg.group = 2;
+    cfg.slots = std::vector<int>{1, 5, 17, 132}[static_cast<size_t>(trial % 4)];
+    cfg.granule = std::vector<int>{1, 16}[static_cast<size_t>(trial % 2)];
+    const int bs = std::uniform_int_distribution<int>(1, 6)(rng);
+    std::vector<int> lens;
+    for (int r = 0; r < bs; ++r) lens.push_back(std::uniform_int_distribution<int>(1, 300)(rng));
+    const auto reqs = decode_requests(lens);
+    const int window = trial % 3 == 0 ? 40 : -1;
+    const bool sinks = trial % 5 < 2;
+    const int hq = cfg.num_kv_heads * cfg.group;
+    // q [bs, hq, D], k / v [bs][kv head][key][D], sinks [hq] (natural-log logits).
+    auto rnd = [&](size_t n) {
+      std::vector<double> x(n);
+      for (double& e : x) e = normal(rng);
+      return x;
+    };
+    const std::vector<double> q = rnd(static_cast<size_t>(bs * hq * kD));
+    const std::vector<double> sink = rnd(static_cast<size_t>(hq));
+    std::vector<std::vector<double>> k(static_cast<size_t>(bs)), v(static_cast<size_t>(bs));
+    for (int r = 0; r < bs; ++r) {
+      k[static_cast<size_t>(r)] = rnd(static_cast<size_t>(cfg.num_kv_heads * lens[r] * kD));
+      v[static_cast<size_t>(r)] = rnd(static_cast<size_t>(cfg.num_kv_heads * lens[r] * kD));
+    }
+    const double scale = 0.35;
+    const double log2e = 1.4426950408889634;
+    const auto logit2 = [&](int r, int head, int key) {  // log2-domain logit
+      const int h = head / cfg.group;
+      double dot = 0;
+      for (int x = 0; x < kD; ++x) {
+        dot += q[static_cast<size_t>((r * hq + head) * kD + x)] *
+               k[static_cast<size_t>(r)][static_cast<size_t>((h * lens[r] + key) * kD + x)];
+      }
+      return dot * scale * log2e;
+    };
+    const auto vval = [&](int r, int head, int key, int x) {
+      return v[static_cast<size_t>(r)]
+              [static_cast<size_t>(((head / cfg.group) * lens[r] + key) * kD + x)];
+    };
+    const double no_sink = -std::numeric_limits<double>::infinity();
+    const auto sink2 = [&](int head) {
+      return sinks ? sink[static_cast<size_t>(head)] * log2e : no_sink;
+    };
+
+    const BalancedPlan plan = plan_or_die(reqs, cfg);
+    // out[r][head][x]; partial rows: (row, head) -> (O[D], lse).
+    std::vector<double> out(static_cast<size_t>(bs * hq * kD),
+                            std::numeric_limits<double>::quiet_NaN());
+    std::map<std::pair<int, int>, std::pair<std::vector<double>, double>> partial;
+    for (const Segment& s : plan.segments) {
+      const int r = s.request;
+      int b = s.kv_begin;
+      const int e = std::min(s.kv_end, s.req_kv_len);
+      if (window >= 0) b = std::max(b, s.req_kv_len - 1 - window);
+      for (int g = 0; g < cfg.group; ++g) {
+        const int head = s.kv_head * cfg.group + g;
+        double m = -std::numeric_limits<double>::infinity(), d = 0;
+        std::vector<double> acc(kD, 0.0);
+        for (int key = b; key < e; ++key) m = std::max(m, logit2(r, head, key));
+        for (int key = b; key < e; ++key) {
+          const double p = std::exp2(logit2(r, head, key) - m);
+          d += p;
+          for (int x = 0; x < kD; ++x) acc[static_cast<size_t>(x)] += p * vval(r, head, key, x);
+        }
+        if (s.parts > 1) {
+          for (double& a : acc) a = d > 0 ? a / d : 0;
+          const double lse = d > 0 ? m + std::log2(d) : no_sink;
+          ASSERT_TRUE(
+              partial
+                  .emplace(std::make_pair(s.partial_base + s.part, head), std::make_pair(acc, lse))
+                  .second);
+          continue;
+        }
+        const double m2 = std::max(m, sink2(head));
+        const double f = d > 0 ? std::exp2(m - m2) : 0;
+        const double den = d * f + (sinks ? std::exp2(sink2(head) - m2) : 0);
+        for (int x = 0; x < kD; ++x) {
+          out[static_cast<size_t>((r * hq + head) * kD + x)] =
+              acc[static_cast<size_t>(x)] * f / den;
+        }
+      }
+    }
+    // The merges (one per cut item: its part 0 segment names it).
+    for (const Segment& s : plan.segments) {
+      if (s.parts < 2 || s.part != 0) continue;
+      for (int g = 0; g < cfg.group; ++g) {
+        const int head = s.kv_head * cfg.group + g;
+        double mx = sink2(head);
+        for (int p = 0; p < s.parts; ++p) {
+          mx = std::max(mx, partial.at({s.partial_base + p, head}).second);
+        }
+        double den = sinks ? std::exp2(sink2(head) - mx) : 0;
+        std::vector<double> acc(kD, 0.0);
+        for (int p = 0; p < s.parts; ++p) {
+          const auto& [o, lse] = partial.at({s.partial_base + p, head});
+          const double w = lse == no_sink ? 0 : std::exp2(lse - mx);
+          den += w;
+          for (int x = 0; x < kD; ++x) acc[static_cast<size_t>(x)] += w * o[static_cast<size_t>(x)];
+        }
+        for (int x = 0; x < kD; ++x) {
+          out[static_cast<size_t>((s.request * hq + head) * kD + x)] =
+              acc[static_cast<size_t>(x)] / den;
+        }
+      }
+    }
+    // Reference: softmax over the visible keys of each (request, q head), the sink in the
+    // denominator.
+    for (int r = 0; r < bs; ++r) {
+      const int b = window >= 0 ? std::max(0, lens[r] - 1 - window) : 0;
+      for (int head = 0; head < hq; ++head) {
+        double m = sink2(head);
+        for (int key = b; key < lens[r]; ++key) m = std::max(m, logit2(r, head, key));
+        double den = sinks ? std::exp2(sink2(head) - m) : 0;
+        std::vector<double> acc(kD, 0.0);
+        for (int key = b; key < lens[r]; ++key) {
+          const double p = std::exp2(logit2(r, head, key) - m);
+          den += p;
+          for (int x = 0; x < kD; ++x) acc[static_cast<size_t>(x)] += p * vval(r, head, key, x);
+        }
+        for (int x = 0; x < kD; ++x) {
+          ASSERT_NEAR(out[static_cast<size_t>((r * hq + head) * kD + x)],
+                      acc[static_cast<size_t>(x)] / den, 1e-12)
+              << "trial " << trial << " request " << r << " head " << head << " col " << x;
+        }
+      }
+    }
   }
 }
 
