@@ -1,4 +1,5 @@
-// The flashinfer backend's balanced decode plan (experiment, not wired to a kernel yet; see
+// The flashinfer backend's balanced decode plan (experiment knob
+// ATTNKIT_FLASHINFER_DECODE_BALANCE=1, run by paged_decode_balanced_kernel; see
 // docs/perf/fidecode_notes.md, session 10): the total KV work of one decode forward, summed over
 // its (request, q tile, kv head) items, is cut into exactly `slots` chunks of equal key counts
 // (slots = SMs x decode CTAs per SM, one CTA per chunk). A chunk may end inside one item and go on
