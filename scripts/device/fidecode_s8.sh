@@ -18,6 +18,8 @@
 # entry, the case from CASES, into $OUT/summary.txt.
 # (Session 9 fidec2 ran it with VARIANTS of ATTNKIT_FLASHINFER_PDL_EARLY_KV, a knob now removed: see
 # scripts/device/patches/decode_s9_pdl_early_kv.patch, and ATTNKIT_FLASHINFER_PDL_SPLIT.)
+# Session 10 (fidec): BENCH_TIMEOUT (default 40 s), the limit of each A/B bench process (larger case
+# files, e.g. decode_s10.json's 11 cases).
 # Writes $OUT/summary.txt (the A/B table) and $OUT/all.tgz (logs, JSONs).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -64,7 +66,7 @@ for ((round = 0; round < ${ROUNDS:-2}; round++)); do
     for v in "${order[@]}"; do
       [ "$(left)" -lt 15 ] && { echo "ab $round $m $v: skipped (time)" | tee -a "$S"; continue; }
       envs=""; [ "$v" != default ] && envs=${v//,/ }
-      timeout 40 env $envs "$cli" bench --device cuda --backend flashinfer --cases "${CASES:-scripts/device/decode_s8.json}" \
+      timeout "${BENCH_TIMEOUT:-40}" env $envs "$cli" bench --device cuda --backend flashinfer --cases "${CASES:-scripts/device/decode_s8.json}" \
         $(mode_args $m) --json "$OUT/ab_${round}_${m}_${v//[=,]/_}.json" > "$OUT/ab.log" 2>&1 || echo "ab $round $m $v rc=$?" | tee -a "$S"
       python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], " ".join("%s %.1fus %.1f%%" % (r["case"].replace("decode_","").replace("_h32x8_d128",""), r.get("ms_median",0)*1e3, 100*r.get("ceiling_ratio",0)) for r in d["results"]))' \
         "$OUT/ab_${round}_${m}_${v//[=,]/_}.json" "ab $round $m $v:" >> "$S" 2>/dev/null

@@ -17,6 +17,7 @@
 #include "backends/flashinfer/kernels/work_plan.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
+#include "support/scoped_env.h"
 
 namespace attnkit {
 namespace {
@@ -87,6 +88,16 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_
   } else {
     EXPECT_EQ(stats->decode_pdl_early_reads_calls, 0)
         << "a decode read the page table before its PDL wait without early_page_table_reads";
+  }
+  // ATTNKIT_FLASHINFER_DECODE_BALANCE=1 (ctest FlashInferDecodeBalance, and the Balance tests
+  // below): every tensor-core decode layer outside a cascade ran the balanced plan.
+  const char* balance = std::getenv("ATTNKIT_FLASHINFER_DECODE_BALANCE");
+  if (balance == nullptr || std::string(balance) != "1") {
+    EXPECT_EQ(stats->decode_balanced_calls, 0) << "a balanced plan ran with the knob off";
+  } else if (expects_native(spec) && spec.mode == ForwardMode::kDecode &&
+             stats->cascade_calls == 0) {
+    EXPECT_EQ(stats->decode_balanced_calls, static_cast<int64_t>(pc->layers.size()))
+        << "a decode layer did not run the balanced plan";
   }
   if (stats_out != nullptr) *stats_out = *stats;
 }
@@ -217,6 +228,62 @@ TEST(FlashInferGraphTest, DecodeReplayIsBitIdenticalToEager) {
     graph_matches_eager(*c);
   }
   graph_matches_eager(long_decode("graph_long", {4999, 100, 2047, 0}, 16, DType::kBF16));
+}
+
+// ---- balanced decode plans (ATTNKIT_FLASHINFER_DECODE_BALANCE=1, balanced_plan.h) ----
+// Chunks that end inside one (request, kv head) item and go on with the next: uniform and uneven
+// batches (cut items merged by LSE, whole items written directly, a kv_len 1 request), fp8 with
+// sinks over pages of 64, a window over pages of 24 (parts wholly before the window), soft-cap over
+// pages of 1, group 8, two q tiles per head (32 q / 1 kv, d 64), one long request, a batch whose
+// keys are fewer than the CTA slots; eager against the reference, graph replays bit-identical.
+TEST(FlashInferBalanceTest, BalancedDecodeShapes) {
+  test_support::ScopedEnv knob("ATTNKIT_FLASHINFER_DECODE_BALANCE", "1");
+  FlashInferStats stats;
+  CaseSpec c = long_decode("bal_b16", std::vector<int>(16, 700), 16, DType::kBF16);
+  run_and_compare(c, true, &stats);
+  EXPECT_GT(stats.split_calls, 0) << "no item was cut";
+  c.prefix_lens[3] = 2500;
+  c.prefix_lens[9] = 0;
+  run_and_compare(c, false);
+  c.kv_dtype = DType::kFP8E4M3;
+  c.sinks = true;
+  c.page_size = 64;
+  run_and_compare(c, true);
+  run_and_compare(long_decode("bal_uneven", {4999, 100, 2047, 0}, 16, DType::kBF16), true);
+  c = long_decode("bal_window", {3000, 7, 1500}, 24, DType::kFP8E5M2);
+  c.sliding_window = 700;
+  run_and_compare(c, true);
+  c = long_decode("bal_cap_page1", {2100, 90}, 1, DType::kBF16);
+  c.logit_cap = 3.f;
+  run_and_compare(c, false);
+  c = long_decode("bal_group8", {1800, 33, 4000}, 16, DType::kBF16);
+  c.num_kv_heads = 4;
+  run_and_compare(c, true);
+  c = long_decode("bal_mqa32", {900, 33}, 16, DType::kBF16);
+  c.num_kv_heads = 1;
+  c.head_dim = c.v_head_dim = 64;
+  run_and_compare(c, true);
+  run_and_compare(long_decode("bal_b1_long", {20000}, 16, DType::kBF16), true);
+  run_and_compare(long_decode("bal_tiny", {0, 3, 1}, 16, DType::kBF16), true);
+}
+
+TEST(FlashInferBalanceTest, GraphReplayIsBitIdenticalToEager) {
+  test_support::ScopedEnv knob("ATTNKIT_FLASHINFER_DECODE_BALANCE", "1");
+  const auto balanced = [](AttentionBackend& backend) {
+    const FlashInferStats* stats = flashinfer_stats(backend);
+    ASSERT_NE(stats, nullptr);
+    EXPECT_GT(stats->decode_balanced_calls, 0) << "the captured decode is not the balanced one";
+  };
+  for (const char* name : {"decode_page16", "decode_batch16_page16", "decode_fp8_e4m3_kv",
+                           "decode_sinks", "decode_group8_d256"}) {
+    const CaseSpec* c = harness::find_case(name);
+    ASSERT_NE(c, nullptr) << name;
+    graph_matches_eager(*c, {}, balanced);
+  }
+  graph_matches_eager(long_decode("bal_graph_long", {4999, 100, 2047, 0}, 16, DType::kBF16), {},
+                      balanced);
+  graph_matches_eager(long_decode("bal_graph_b16", std::vector<int>(16, 700), 16, DType::kBF16), {},
+                      balanced);
 }
 
 // ---- PDL mode 1: the library default ----

@@ -26,6 +26,7 @@
 #include "backend/kernel_params.h"
 #include "backends/fa3/prefill_sm90_engine.h"
 #include "backends/flashinfer/cascade.h"
+#include "backends/flashinfer/kernels/balanced_plan.h"
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
 #include "backends/flashinfer/kernels/mla_quantized_portable.h"
 #include "backends/flashinfer/kernels/work_plan.h"
@@ -102,7 +103,10 @@ struct Plan {
   ForwardMode mode = ForwardMode::kIdle;
   int bs = 0;
   TileShape shape = TileShape::kDecode;
-  int grid_items = 0;  // CTAs per kv head launched
+  int grid_items = 0;  // CTAs per kv head launched (balanced plan: CTAs)
+  // > 0: the decode plan is a balanced plan of this many slots
+  // (ATTNKIT_FLASHINFER_DECODE_BALANCE=1, balanced_plan.h; PagedParams::balance_slots).
+  int balance_slots = 0;
   bool split = false;  // some request is split (stats)
   // Captured for CUDA-graph replay: the launch (PDL attribute included) is fixed at capture while
   // each replay's plan may or may not split.
@@ -153,7 +157,8 @@ class FlashInferBackend final : public AttentionBackend {
         sm90_prefill_(std::move(sm90_prefill)),
         pdl_split_(env_is_not("ATTNKIT_FLASHINFER_PDL_SPLIT", "0")),
         pdl_graph_(env_is_not("ATTNKIT_FLASHINFER_PDL_GRAPH", "0")),
-        pdl_early_(env_is_not("ATTNKIT_FLASHINFER_PDL_TRIGGER", "end")) {}
+        pdl_early_(env_is_not("ATTNKIT_FLASHINFER_PDL_TRIGGER", "end")),
+        balance_(!env_is_not("ATTNKIT_FLASHINFER_DECODE_BALANCE", "1")) {}
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("flashinfer");
@@ -226,6 +231,17 @@ class FlashInferBackend final : public AttentionBackend {
     c.split_ctas = split_ctas;
     return c;
   }
+  // Balanced decode plans (balance_): one chunk per decode CTA slot of the device (the split
+  // planner's grid target), cuts on multiples of 16 keys (one ring sub-tile; a page-size granule
+  // would leave chunks of a 64-key page up to 1.6% apart at b16 kv 4k).
+  flashinfer::BalanceConfig balance_config() const {
+    flashinfer::BalanceConfig c;
+    c.num_kv_heads = ctx_.num_kv_heads;
+    c.group = ctx_.num_q_heads / ctx_.num_kv_heads;
+    c.slots = plan_config(TileShape::kDecode, true).target_ctas;
+    c.granule = flashinfer::kDecodeRingKeys;
+    return c;
+  }
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse, bool decode);
@@ -268,6 +284,10 @@ class FlashInferBackend final : public AttentionBackend {
   bool pdl_split_ = true;
   bool pdl_graph_ = true;
   bool pdl_early_ = true;
+  // Experiment knob ATTNKIT_FLASHINFER_DECODE_BALANCE=1 (read when the backend is created; default
+  // off, not yet run on a GPU): decode forwards on the tensor-core path run a balanced plan
+  // (balanced_plan.h) on paged_decode_balanced_kernel, eager and CUDA graphs.
+  bool balance_ = false;
   Plan plan_;
   FlashInferStats stats_;
   flashinfer::Cascade cascade_;  // shared-prefix plans of this forward (cascade.h)
@@ -389,22 +409,33 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     start += q.q_len;
   }
   const TileShape shape = decode ? TileShape::kDecode : TileShape::kPrefill;
-  ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
-                           flashinfer::build_work_plan(reqs, plan_config(shape, decode)));
-  wp.serialize(&words_);
   const StreamHandle stream = stream_for(batch);
+  int num_partials = 0;
+  if (decode && balance_) {
+    ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
+                             flashinfer::build_balanced_plan(reqs, balance_config()));
+    bp.serialize(&words_);
+    num_partials = bp.num_partials;
+    plan_.balance_slots = bp.slots();
+    plan_.grid_items = bp.slots();
+  } else {
+    ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
+                             flashinfer::build_work_plan(reqs, plan_config(shape, decode)));
+    wp.serialize(&words_);
+    num_partials = wp.num_partials;
+    plan_.grid_items = static_cast<int>(wp.items.size());
+  }
   ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
   ATTNKIT_RETURN_IF_ERROR(staging_.upload(words_, plan_words_.data(), stream));
-  if (wp.num_partials > 0) {
-    const int64_t rows = static_cast<int64_t>(wp.num_partials) * ctx_.num_q_heads;
+  if (num_partials > 0) {
+    const int64_t rows = static_cast<int64_t>(num_partials) * ctx_.num_q_heads;
     ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
     ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, rows));
     ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(
         split_counters_, ctx_.device, bs * decode_counters_per_request(), stream));
   }
   plan_.shape = shape;
-  plan_.grid_items = static_cast<int>(wp.items.size());
-  plan_.split = wp.any_split;
+  plan_.split = num_partials > 0;
   plan_.words = plan_words_.data();
   plan_.partial_out = partial_out_.data();
   plan_.partial_lse = partial_lse_.data();
@@ -555,6 +586,8 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     return cascade_.run(p, q.dtype, kv_dtype, ctx_.qk_head_dim, stream);
   }
   if (plan_.split) ++stats_.split_calls;
+  p.balance_slots = plan_.balance_slots;  // after the cascade: its passes run WorkItem plans
+  if (plan_.balance_slots > 0) ++stats_.decode_balanced_calls;
   const int grid = plan_.grid_items;
   const TileShape shape = plan_.shape;
   if (shape == TileShape::kDecode) {
@@ -739,12 +772,18 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
                                                       : max_num_tokens / max_bs;
   graph_items_ = std::max(graph_items_, verify_items(max_bs, n));
   graph_captured_.clear();
-  const int64_t words = WorkPlan::words_for(max_bs, graph_items_);
+  int64_t words = WorkPlan::words_for(max_bs, graph_items_);
+  int64_t partial_rows = graph_items_;  // partials <= items
+  if (balance_) {                       // the balanced decode plan's bounds (balanced_plan.h)
+    const flashinfer::BalancedBounds b = flashinfer::balanced_plan_bounds(max_bs, balance_config());
+    words = std::max(words, b.words);
+    partial_rows = std::max(partial_rows, b.partials);
+  }
   ATTNKIT_RETURN_IF_ERROR(graph_words_.reserve(ctx_.device, words));
   // An all-zero plan (no work items) until the first replay writes one.
   ATTNKIT_CUDA_TRY(
       cudaMemset(graph_words_.data(), 0, static_cast<size_t>(words) * sizeof(int32_t)));
-  const int64_t rows = graph_items_ * ctx_.num_q_heads;  // partials <= items
+  const int64_t rows = partial_rows * ctx_.num_q_heads;
   ATTNKIT_RETURN_IF_ERROR(graph_partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
   ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(ctx_.device, rows));
   ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(
@@ -821,6 +860,10 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     }
     plan_.shape = TileShape::kPrefill;
     plan_.grid_items = static_cast<int>(items);
+  } else if (balance_) {
+    // One CTA per slot, every replay (the replay's balanced plan has the same slots).
+    plan_.balance_slots = balance_config().slots;
+    plan_.grid_items = plan_.balance_slots;
   }
   plan_.words = graph_words_.data();
   plan_.partial_out = graph_partial_out_.data();
@@ -860,6 +903,16 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   for (int r = 0; r < bs; ++r) {
     // verify: seq_lens counts the cached prefix, the N drafts follow it.
     reqs[static_cast<size_t>(r)] = PlanRequest{r * n, n, seq_lens_host[r] + (verify ? n : 0)};
+  }
+  if (!verify && balance_) {
+    ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
+                             flashinfer::build_balanced_plan(reqs, balance_config()));
+    bp.serialize(&words_);
+    if (static_cast<int64_t>(words_.size()) > graph_words_.capacity) {
+      return Status::internal("flashinfer: replay's balanced plan needs " + str(words_.size()) +
+                              " words, above the graph workspace's " + str(graph_words_.capacity));
+    }
+    return staging_.upload(words_, graph_words_.data(), ctx_.stream);
   }
   const TileShape shape = verify ? TileShape::kPrefill : TileShape::kDecode;
   ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,

@@ -75,6 +75,8 @@ struct FlashInferStats {
   // plans, graphs with ATTNKIT_FLASHINFER_PDL_GRAPH=0) count in neither.
   int64_t decode_pdl_wait_first_calls = 0;
   int64_t decode_pdl_early_reads_calls = 0;
+  // Decode kernel calls on a balanced plan (experiment knob ATTNKIT_FLASHINFER_DECODE_BALANCE=1).
+  int64_t decode_balanced_calls = 0;
 };
 // The counters of a backend made by create_flashinfer_backend; nullptr for any other backend.
 const FlashInferStats* flashinfer_stats(const AttentionBackend& backend);

@@ -70,10 +70,12 @@ inline int decode_pdl(int allowed) {
   return std::min(allowed, limit);
 }
 
-template <typename Tr>
+// kBalanced: paged_decode_balanced_kernel over a balanced plan (p.balance_slots > 0; grid_items =
+// its slots), else paged_decode_ring_kernel over WorkItems.
+template <typename Tr, bool kBalanced>
 Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   if (grid_items <= 0) return Status::ok();
-  const auto kernel = paged_decode_ring_kernel<Tr>;
+  const auto kernel = kBalanced ? paged_decode_balanced_kernel<Tr> : paged_decode_ring_kernel<Tr>;
   // Per-function attributes, set once per instantiation (not stream operations): the dynamic
   // shared memory and all of the unified L1/shared storage as shared memory (two decode CTAs per
   // SM need 2 x 107 KB).
@@ -89,7 +91,8 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   ATTNKIT_CUDA_TRY(attr);
   const auto items = static_cast<unsigned>(grid_items);
   const auto heads = static_cast<unsigned>(p.num_kv_heads);
-  const dim3 grid(heads, items);  // kv heads fastest
+  // kv heads fastest; a balanced plan's segments name their head.
+  const dim3 grid = kBalanced ? dim3(items) : dim3(heads, items);
   // Programmatic dependent launch (SM90+, decode_pdl): the CTAs may start while the previous
   // kernel of the stream finishes (a decode of this kernel triggers right after each CTA's wait
   // with decode_pdl_early, the default, else once its CTAs have streamed their keys); they wait
@@ -123,7 +126,8 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
       static_assert(kShape == TileShape::kDecode,
                     "prefill runs paged_prefill_sm80.cuh (run_paged_prefill_sm80)");
       using Tr = RingDecodeTraits<kD, QT, kKv>;
-      return launch_paged<Tr>(p, grid_items, stream);
+      return p.balance_slots > 0 ? launch_paged<Tr, true>(p, grid_items, stream)
+                                 : launch_paged<Tr, false>(p, grid_items, stream);
     };
     switch (kv_dtype) {
       case DType::kFP8E4M3:

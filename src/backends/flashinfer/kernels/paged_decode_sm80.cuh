@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "attnkit/dtype.h"
+#include "backends/flashinfer/kernels/balanced_plan.h"
 #include "backends/flashinfer/kernels/paged_params.h"
 #include "cuda/common/ring_decode.cuh"
 
@@ -56,17 +57,19 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
 // (Tr::kSmemBytes), free after attend; it holds the weights of up to ~1700 splits (the planner
 // makes at most one wave of CTAs); past that the weights are recomputed from the LSEs in global
 // memory. `head_of(r)` / `token_of(r)`: q head / token of packed row r.
+// `num_splits` / `partial_base`: the request's (RequestPlan) or, in the balanced plan, the item's
+// (Segment::parts / partial_base).
 template <typename Tr, typename HeadFn, typename TokenFn>
-__device__ __forceinline__ void merge_splits(const PagedParams& p, const RequestPlan& req, int rows,
-                                             HeadFn head_of, TokenFn token_of, float* scratch) {
+__device__ __forceinline__ void merge_splits(const PagedParams& p, int num_splits, int partial_base,
+                                             int rows, HeadFn head_of, TokenFn token_of,
+                                             float* scratch) {
   using QT = typename Tr::QT;
   constexpr int kR = cuda::ring::kRows;
-  const int num_splits = req.num_splits;
   const bool stored = (num_splits + 2) * kR * static_cast<int>(sizeof(float)) <= Tr::kSmemBytes;
   float* row_m = scratch;     // [kR]
   float* row_d = row_m + kR;  // [kR]
   float* wgt = row_d + kR;    // [num_splits][kR] when stored: LSE, then weight
-  const int64_t base = static_cast<int64_t>(req.partial_base) * p.num_q_heads;
+  const int64_t base = static_cast<int64_t>(partial_base) * p.num_q_heads;
   const auto global_lse = [&](int s, int r) {
     return __ldcg(p.partial_lse + base + s * p.num_q_heads + head_of(r));
   };
@@ -265,7 +268,130 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
                         ? cuda::ring::last_split_cta(counter, req.num_splits)
                         : cuda::ring::last_split_cta_acq_rel(counter, req.num_splits);
   if (!last) return;
-  merge_splits<Tr>(p, req, w.rows, head_of, token_of, reinterpret_cast<float*>(smem));
+  merge_splits<Tr>(p, req.num_splits, req.partial_base, w.rows, head_of, token_of,
+                   reinterpret_cast<float*>(smem));
+}
+
+// Balanced decode (experiment, ATTNKIT_FLASHINFER_DECODE_BALANCE=1; the plan: balanced_plan.h):
+// grid (p.balance_slots), CTA c streams the segments [cta_begin[c], cta_begin[c + 1]) of the plan,
+// one after the other, each as one `attend` over the keys of one (request, q tile, kv head) item.
+// A whole item (parts 1) writes out / lse as paged_decode_ring_kernel does; a part writes its
+// normalised partial and log2 LSE to partial row partial_base + part and counts itself on the
+// item's split counter; the item's last part merges (merge_splits with the item's part count).
+// No CTA waits for another, so any residency is deadlock-free. The next segment's prologue
+// (segment, page-table row, first slot words) starts after this one's epilogue: not prefetched.
+template <typename Tr>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
+    paged_decode_balanced_kernel(const __grid_constant__ PagedParams p) {
+  using QT = typename Tr::QT;
+  extern __shared__ __align__(16) uint8_t smem[];
+  if (p.decode_pdl == 1) {  // PDL mode 1: nothing read before the wait
+    cuda::ring::grid_dep_wait();
+    if (p.decode_pdl_early != 0) cuda::ring::grid_dep_launch_dependents();
+  }
+  // Layout (balanced_plan.h): header, bs RequestPlan, cta_begin [slots + 1] padded to 8 words,
+  // segments. The grid is the plan's slot count (eager and graphs alike).
+  const int32_t* cta_begin = p.plan + kPlanHeaderWords + p.bs * kRequestWords;
+  const Segment* segments = reinterpret_cast<const Segment*>(
+      cta_begin + BalancedPlan::cta_begin_words_for(p.balance_slots));
+  const int seg_lo = cta_begin[blockIdx.x];
+  const int seg_hi = cta_begin[blockIdx.x + 1];
+  const QT* q = static_cast<const QT*>(p.q);
+  const int page_mask = p.page_size - 1;
+  const int q_tiles = (p.group + cuda::ring::kRows - 1) / cuda::ring::kRows;  // decode: q_len 1
+  for (int i = seg_lo; i < seg_hi; ++i) {
+    const Segment seg = segments[i];
+    const int32_t* table = p.req_to_token + static_cast<int64_t>(p.req_pool_indices[seg.request]) *
+                                                p.req_to_token_stride;
+    const int kv_head = seg.kv_head;
+    const int q_row_begin = seg.q_row_begin;
+    cuda::ring::Work w;
+    w.rows = min(cuda::ring::kRows, p.group - q_row_begin);
+    w.kv_begin = seg.kv_begin;
+    w.kv_end = min(seg.kv_end, seg.req_kv_len);
+    if (p.sliding_window >= 0) {  // a part wholly before the window streams nothing (LSE -inf)
+      w.kv_begin = max(w.kv_begin, seg.req_kv_len - 1 - p.sliding_window);
+    }
+    w.k_base = static_cast<const uint8_t*>(p.k_pool) +
+               static_cast<int64_t>(kv_head) * p.k_stride_head * Tr::kKvElemBytes;
+    w.v_base = static_cast<const uint8_t*>(p.v_pool) +
+               static_cast<int64_t>(kv_head) * p.v_stride_head * Tr::kKvElemBytes;
+    w.k_row_bytes = static_cast<uint32_t>(p.k_stride_row * Tr::kKvElemBytes);
+    w.v_row_bytes = static_cast<uint32_t>(p.v_stride_row * Tr::kKvElemBytes);
+    w.dependents_after_wait = i == seg_lo && p.decode_pdl == 2 && p.decode_pdl_early != 0;
+    w.scale_log2 = p.scale_log2;
+    w.scale = p.scale;
+    w.logit_cap = p.logit_cap;
+    const auto token_of = [&](int r) { return seg.req_q_start + (q_row_begin + r) / p.group; };
+    const auto head_of = [&](int r) { return kv_head * p.group + (q_row_begin + r) % p.group; };
+    const auto q_row = [&](int r) {
+      return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
+    };
+    const auto slot_pow2 = [&](int key) -> cuda::ring::SlotRef {
+      const int off = key & page_mask;
+      return {table + (key - off), off};
+    };
+    const auto slot_any = [&](int key) -> cuda::ring::SlotRef {
+      const int off = key % p.page_size;
+      return {table + (key - off), off};
+    };
+    const bool part = seg.parts > 1;
+    const auto write = [&](int r, int col, float(&acc)[8], float mx, float dsum) {
+      const int head = head_of(r);
+      if (part) {
+        const int64_t prow =
+            static_cast<int64_t>(seg.partial_base + seg.part) * p.num_q_heads + head;
+        const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
+        float4* dst = reinterpret_cast<float4*>(p.partial_out + prow * Tr::kHeadDim + col);
+        dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+        dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+        if (col == 0) p.partial_lse[prow] = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
+        return;
+      }
+      if (p.sinks != nullptr) {  // the sink joins the denominator only
+        const float sink = p.sinks[head] * cuda::kLog2e;
+        const float m2 = fmaxf(mx, sink);
+        const float f = exp2f(mx - m2);
+        dsum = dsum * f + exp2f(sink - m2);
+#pragma unroll
+        for (int x = 0; x < 8; ++x) acc[x] *= f;
+        mx = m2;
+      }
+      const int token = token_of(r);
+      cuda::ring::store8<QT>(
+          static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col, acc,
+          dsum > 0.f ? p.v_scale / dsum : 0.f);
+      if (col == 0 && p.lse != nullptr) {
+        p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
+            dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
+      }
+    };
+    if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) {
+      cuda::ring::attend<Tr, /*kMayCap=*/false>(w, smem, q_row, slot_pow2, write);
+    } else if (p.page_shift >= 0) {
+      cuda::ring::attend<Tr>(w, smem, q_row, slot_pow2, write);
+    } else {
+      cuda::ring::attend<Tr>(w, smem, q_row, slot_any, write);
+    }
+    if (part) {
+      int* counter =
+          p.split_counters +
+          (static_cast<int64_t>(seg.request) * q_tiles + q_row_begin / cuda::ring::kRows) *
+              p.num_kv_heads +
+          kv_head;
+      const bool last = p.split_sync_fence_all != 0
+                            ? cuda::ring::last_split_cta(counter, seg.parts)
+                            : cuda::ring::last_split_cta_acq_rel(counter, seg.parts);
+      if (last) {
+        merge_splits<Tr>(p, seg.parts, seg.partial_base, w.rows, head_of, token_of,
+                         reinterpret_cast<float*>(smem));
+      }
+    }
+    __syncthreads();  // the epilogue / merge is done with the shared memory the next prologue fills
+  }
+  // Fallback trigger (ATTNKIT_FLASHINFER_PDL_TRIGGER=end, launches without PDL), as in
+  // paged_decode_ring_kernel; by default each CTA triggered right after its first wait.
+  cuda::ring::grid_dep_launch_dependents();
 }
 
 }  // namespace attnkit::flashinfer

@@ -1,0 +1,181 @@
+// Balanced decode planner of the flashinfer backend (see balanced_plan.h for the rule and worked
+// examples).
+#include "backends/flashinfer/kernels/balanced_plan.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+namespace attnkit::flashinfer {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Largest 16-bit field value (kv heads, packed rows, parts).
+constexpr int kMax16 = std::numeric_limits<int16_t>::max();
+
+struct Item {
+  int32_t request;
+  int32_t q_row_begin;
+  int32_t kv_head;
+  int64_t start;  // on the key line
+  int32_t len;
+};
+
+}  // namespace
+
+void BalancedPlan::serialize(std::vector<int32_t>* words) const {
+  const int64_t bs = static_cast<int64_t>(requests.size());
+  const int64_t n = static_cast<int64_t>(segments.size());
+  words->assign(static_cast<size_t>(words_for(bs, slots(), n)), 0);
+  (*words)[0] = slots();
+  (*words)[1] = static_cast<int32_t>(n);
+  (*words)[2] = kBalancedPlanTag;
+  int32_t* at = words->data() + kPlanHeaderWords;
+  for (const RequestPlan& r : requests) {
+    std::copy_n(reinterpret_cast<const int32_t*>(&r), kRequestWords, at);
+    at += kRequestWords;
+  }
+  std::copy(cta_begin.begin(), cta_begin.end(), at);
+  at += cta_begin_words();
+  for (const Segment& s : segments) {
+    std::copy_n(reinterpret_cast<const int32_t*>(&s), kSegmentWords, at);
+    at += kSegmentWords;
+  }
+}
+
+Result<BalancedPlan> build_balanced_plan(std::span<const PlanRequest> requests,
+                                         const BalanceConfig& config) {
+  if (config.num_kv_heads < 1 || config.num_kv_heads > kMax16 || config.group < 1 ||
+      config.group > kMax16 || config.slots < 1 || config.slots > kMax16 || config.granule < 1) {
+    return Status::invalid_argument(
+        "flashinfer balanced plan: num_kv_heads " + std::to_string(config.num_kv_heads) +
+        ", group " + std::to_string(config.group) + ", slots " + std::to_string(config.slots) +
+        " and granule " + std::to_string(config.granule) +
+        " must all be >= 1 (num_kv_heads, group and slots <= 32767: 16-bit segment fields)");
+  }
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const PlanRequest& q = requests[r];
+    if (q.q_len < 0 || q.q_len > 1 || q.kv_len < q.q_len || q.q_start < 0) {
+      return Status::invalid_argument(
+          "flashinfer balanced plan: request " + std::to_string(r) + " has q_start " +
+          std::to_string(q.q_start) + ", q_len " + std::to_string(q.q_len) + ", kv_len " +
+          std::to_string(q.kv_len) + " (decode only: q_len 0 or 1, kv_len >= q_len, q_start >= 0)");
+    }
+  }
+
+  BalancedPlan plan;
+  plan.requests.resize(requests.size());
+  std::vector<Item> items;
+  int64_t total = 0;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const PlanRequest& in = requests[r];
+    RequestPlan& out = plan.requests[r];
+    out.q_start = in.q_start;
+    out.q_len = in.q_len;
+    out.kv_len = in.kv_len;
+    const int64_t q_tiles =
+        ceil_div(static_cast<int64_t>(in.q_len) * config.group, kDecodeTileRows);
+    for (int64_t t = 0; t < q_tiles; ++t) {
+      for (int h = 0; h < config.num_kv_heads; ++h) {
+        items.push_back({static_cast<int32_t>(r), static_cast<int32_t>(t * kDecodeTileRows), h,
+                         total, in.kv_len});
+        total += in.kv_len;
+      }
+    }
+  }
+  plan.total_keys = total;
+  plan.items = static_cast<int>(items.size());
+
+  // Cuts: cut_k = the last allowed position <= floor(k T / S) (balanced_plan.h).
+  const int64_t slots = config.slots;
+  const int64_t g = config.granule;
+  plan.cuts.assign(static_cast<size_t>(slots + 1), 0);
+  plan.cuts[static_cast<size_t>(slots)] = total;
+  size_t it = 0;  // the item holding the ideal position (ideal positions only grow)
+  for (int64_t k = 1; k < slots; ++k) {
+    // floor(k T / S) without forming k T: T = q S + r gives k q + floor(k r / S).
+    const int64_t ideal = k * (total / slots) + k * (total % slots) / slots;
+    while (it < items.size() && items[it].start + items[it].len <= ideal) ++it;
+    int64_t cut = ideal;
+    if (it < items.size() && ideal > items[it].start) {
+      cut = items[it].start + (ideal - items[it].start) / g * g;
+    }
+    plan.cuts[static_cast<size_t>(k)] = cut;
+  }
+
+  // Segments: chunk c's keys mapped back onto the items.
+  plan.cta_begin.assign(static_cast<size_t>(slots + 1), 0);
+  std::vector<int32_t> parts(items.size(), 0);
+  size_t item = 0;
+  for (int64_t c = 0; c < slots; ++c) {
+    plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(plan.segments.size());
+    const int64_t lo = plan.cuts[static_cast<size_t>(c)];
+    const int64_t hi = plan.cuts[static_cast<size_t>(c + 1)];
+    // Skip items that end at or before this chunk's start.
+    while (item < items.size() && items[item].start + items[item].len <= lo) ++item;
+    for (size_t i = item; i < items.size() && items[i].start < hi; ++i) {
+      const Item& w = items[i];
+      const int64_t b = std::max(lo, w.start);
+      const int64_t e = std::min(hi, w.start + w.len);
+      if (e <= b) continue;  // (every item has >= 1 key: q_len 1 <= kv_len)
+      Segment s;
+      s.request = w.request;
+      s.kv_head = static_cast<int16_t>(w.kv_head);
+      s.q_row_begin = static_cast<int16_t>(w.q_row_begin);
+      s.kv_begin = static_cast<int32_t>(b - w.start);
+      s.kv_end = static_cast<int32_t>(e - w.start);
+      s.part = static_cast<int16_t>(parts[i]);
+      s.req_kv_len = plan.requests[static_cast<size_t>(w.request)].kv_len;
+      s.req_q_start = plan.requests[static_cast<size_t>(w.request)].q_start;
+      ++parts[i];
+      plan.segments.push_back(s);
+    }
+  }
+  plan.cta_begin[static_cast<size_t>(slots)] = static_cast<int32_t>(plan.segments.size());
+
+  // Part counts and partial rows of the cut items (contiguous per item, in item order).
+  std::vector<int32_t> base(items.size(), 0);
+  int32_t partials = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (parts[i] > kMax16) {
+      return Status::internal("flashinfer balanced plan: item " + std::to_string(i) + " has " +
+                              std::to_string(parts[i]) + " segments (> 32767)");
+    }
+    if (parts[i] > 1) {
+      base[i] = partials;
+      partials += parts[i];
+      ++plan.cut_items;
+    }
+  }
+  plan.num_partials = partials;
+  // Item index of each segment: items are ordered by (request, q tile, head).
+  const int64_t heads = config.num_kv_heads;
+  std::vector<int64_t> first_item(requests.size() + 1, 0);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    first_item[r + 1] =
+        first_item[r] +
+        ceil_div(static_cast<int64_t>(requests[r].q_len) * config.group, kDecodeTileRows) * heads;
+  }
+  for (Segment& s : plan.segments) {
+    const int64_t i = first_item[static_cast<size_t>(s.request)] +
+                      (s.q_row_begin / kDecodeTileRows) * heads + s.kv_head;
+    s.parts = static_cast<int16_t>(parts[static_cast<size_t>(i)]);
+    s.partial_base = s.parts > 1 ? base[static_cast<size_t>(i)] : 0;
+  }
+  return plan;
+}
+
+BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config) {
+  BalancedBounds b;
+  const int64_t q_tiles = ceil_div(config.group, kDecodeTileRows);
+  const int64_t items =
+      static_cast<int64_t>(std::max(0, max_bs)) * q_tiles * std::max(1, config.num_kv_heads);
+  const int64_t cuts = std::max(0, config.slots - 1);
+  b.segments = items + cuts;
+  b.partials = std::min(2 * cuts, b.segments);
+  b.words = BalancedPlan::words_for(max_bs, config.slots, b.segments);
+  return b;
+}
+
+}  // namespace attnkit::flashinfer

@@ -1,0 +1,110 @@
+// The flashinfer backend's balanced decode plan (experiment knob
+// ATTNKIT_FLASHINFER_DECODE_BALANCE=1, run by paged_decode_balanced_kernel; see
+// docs/perf/fidecode_notes.md, session 10): the total KV work of one decode forward, summed over
+// its (request, q tile, kv head) items, is cut into exactly `slots` chunks of equal key counts
+// (slots = SMs x decode CTAs per SM, one CTA per chunk). A chunk may end inside one item and go on
+// with the next, so a CTA walks a list of segments; a segment that is not a whole item writes a
+// partial (O, LSE), merged by LSE by the last CTA that finishes one of the item's segments (the
+// fused split merge of paged_decode_sm80.cuh, with the item's part count and partial base instead
+// of the request's).
+//
+// Items are ordered request-major, then q tile, then kv head (heads fastest: adjacent chunks
+// stream the same pool rows at about the same time, as the kv heads of today's grid do). In that
+// order the keys of the forward form one line [0, T); cut k (0 < k < slots) lies at the last
+// allowed position <= floor(k T / slots), where the allowed positions are the item boundaries and
+// every multiple of `granule` keys from an item's start. So chunk c, [cut_c, cut_{c+1}), holds
+// floor(T / slots) - granule + 1 ... ceil(T / slots) + granule - 1 keys (exact with granule 1),
+// and with T < slots some chunks are empty (their CTAs exit).
+//
+// Worked examples (H200: 132 slots; 32 q / 8 kv heads, so one q tile; granule 16):
+//   * bs 16, kv 4096: T = 524288 keys over 128 items, 3968-3984 keys per chunk (granule 64:
+//   3968-4032): chunks are shorter
+//     than items, so every item is cut (3 of the 131 cuts fall on item boundaries): 256 segments,
+//     all partials (256).
+//   * bs 1, kv 32768: T = 262144 keys over 8 items, 1984-2000 keys per chunk: today's plan makes 16
+//     splits of 2048 per head (128 CTAs); this one 16-17 parts per head on 132 CTAs (136 segments).
+//   * bs 16, one request of 32768 keys and 15 of 1024: today's planner does not split (16 items
+//     per head fill its 132 / 8 target), so the long request's 8 CTAs stream 32768 keys each while
+//     the other CTAs stream 1024; here every chunk holds 2912-2928 keys.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "attnkit/status.h"
+#include "backends/flashinfer/kernels/paged_params.h"
+#include "backends/flashinfer/kernels/work_plan.h"
+
+namespace attnkit::flashinfer {
+
+// One segment of a CTA's list (8 int32 words): keys [kv_begin, kv_end) of one (request, q tile,
+// kv head) item.
+struct Segment {
+  int32_t request = -1;
+  int16_t kv_head = 0;
+  int16_t q_row_begin = 0;  // packed rows [q_row_begin, q_row_begin + 16) of the request
+  int32_t kv_begin = 0;
+  int32_t kv_end = 0;
+  int16_t part = 0;   // index of this segment among its item's segments (in key order)
+  int16_t parts = 1;  // segments of the item; 1: the CTA writes out / lse itself
+  // parts > 1: the item's partials are rows partial_base + part (0 <= part < parts) of the
+  // partial buffers ([partials, Hq, D] and [partials, Hq], as for split requests today).
+  int32_t partial_base = 0;
+  // Copies of the request's lengths (the CTA's first page-table loads wait on the segment only).
+  int32_t req_kv_len = 0;
+  int32_t req_q_start = 0;
+};
+static_assert(sizeof(Segment) == 32, "a segment is 8 words");
+inline constexpr int kSegmentWords = static_cast<int>(sizeof(Segment) / sizeof(int32_t));
+
+// Serialised layout (int32 words), in the plan buffer the kernel reads:
+//   [kPlanHeaderWords header][bs RequestPlan][cta_begin: slots + 1 words, padded to a multiple
+//   of 8][segments]
+// header[0] = slots (CTAs with blockIdx.x >= it exit: a CUDA-graph grid may be larger),
+// header[1] = segments, header[2] = kBalancedPlanTag. CTA c walks segments
+// [cta_begin[c], cta_begin[c + 1]).
+inline constexpr int32_t kBalancedPlanTag = 0x42414c31;  // "BAL1"
+
+struct BalanceConfig {
+  int num_kv_heads = 1;
+  int group = 1;    // q heads per kv head
+  int slots = 1;    // chunks = CTAs: SM count x decode CTAs per SM
+  int granule = 1;  // cuts inside an item fall on multiples of this many keys from its start
+};
+
+struct BalancedPlan {
+  std::vector<RequestPlan> requests;  // num_splits / partial_base unused (per item here)
+  std::vector<int32_t> cta_begin;     // [slots + 1]
+  std::vector<Segment> segments;      // CTA-major
+  std::vector<int64_t> cuts;          // [slots + 1] chunk bounds on the key line (tests, stats)
+  int64_t total_keys = 0;             // T
+  int num_partials = 0;               // partial rows used (sum of parts of the cut items)
+  int items = 0;                      // (request, q tile, kv head) items with rows
+  int cut_items = 0;                  // items of more than one segment
+  int64_t cta_begin_words() const { return cta_begin_words_for(slots()); }
+  int slots() const { return static_cast<int>(cta_begin.size()) - 1; }
+  void serialize(std::vector<int32_t>* words) const;
+  static constexpr int64_t cta_begin_words_for(int64_t slots) { return (slots + 1 + 7) / 8 * 8; }
+  static int64_t words_for(int64_t bs, int64_t slots, int64_t segments) {
+    return kPlanHeaderWords + bs * kRequestWords + cta_begin_words_for(slots) +
+           segments * kSegmentWords;
+  }
+};
+
+// Builds the plan; kInvalidArgument names the bad config field or request (decode only: every
+// request has q_len 0 or 1 and kv_len >= q_len; q_len 0 requests get no segment).
+Result<BalancedPlan> build_balanced_plan(std::span<const PlanRequest> requests,
+                                         const BalanceConfig& config);
+
+// Workspace bounds for up to max_bs requests (CUDA graphs: the buffers are sized once): each of
+// the slots - 1 cuts adds at most one segment to the items, and a cut item has at most (its cuts
+// + 1) partials, so partials <= 2 (slots - 1).
+struct BalancedBounds {
+  int64_t segments = 0;
+  int64_t partials = 0;
+  int64_t words = 0;
+};
+BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config);
+
+}  // namespace attnkit::flashinfer

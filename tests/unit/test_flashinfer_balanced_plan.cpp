@@ -1,0 +1,557 @@
+// The flashinfer backend's balanced decode planner (src/backends/flashinfer/kernels/
+// balanced_plan.h), CPU only: every (request, q tile, kv head, key) in exactly one segment, chunks
+// equal within one granule, cuts on allowed positions, part / partial bookkeeping for the LSE
+// merge, the workspace bounds, the serialised layout, the worked examples of the header and the
+// edge cases (empty requests, kv_len 1, one request, granules 1 / 16 / 64, more slots than keys).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backends/flashinfer/kernels/balanced_plan.h"
+
+namespace attnkit::flashinfer {
+namespace {
+
+constexpr int kH200Sms = 132;
+
+std::vector<PlanRequest> decode_requests(const std::vector<int>& lens) {
+  std::vector<PlanRequest> r;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    r.push_back({static_cast<int32_t>(i), 1, static_cast<int32_t>(lens[i])});
+  }
+  return r;
+}
+
+BalanceConfig h200(int granule = 16) {
+  BalanceConfig c;
+  c.num_kv_heads = 8;
+  c.group = 4;
+  c.slots = kTargetCtasPerSm * kH200Sms;
+  c.granule = granule;
+  return c;
+}
+
+int64_t q_tiles(const PlanRequest& r, int group) {
+  return (static_cast<int64_t>(r.q_len) * group + kDecodeTileRows - 1) / kDecodeTileRows;
+}
+
+// Checks every invariant of a plan against its inputs; *sizes_out: the chunk sizes (keys per CTA).
+void check_plan_into(const BalancedPlan& plan, const std::vector<PlanRequest>& reqs,
+                     const BalanceConfig& cfg, std::vector<int64_t>* sizes_out) {
+  const int64_t slots = cfg.slots;
+  EXPECT_EQ(plan.slots(), slots);
+  EXPECT_EQ(static_cast<int64_t>(plan.cuts.size()), slots + 1);
+  EXPECT_EQ(plan.cta_begin.front(), 0);
+  EXPECT_EQ(plan.cta_begin.back(), static_cast<int32_t>(plan.segments.size()));
+
+  // (request, q row begin, kv head) -> its keys' coverage and its segments in list order.
+  struct ItemState {
+    std::vector<int> hits;
+    std::vector<const Segment*> segs;
+  };
+  std::map<std::tuple<int, int, int>, ItemState> items;
+  int64_t total = 0;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    for (int64_t t = 0; t < q_tiles(reqs[r], cfg.group); ++t) {
+      for (int h = 0; h < cfg.num_kv_heads; ++h) {
+        items[{static_cast<int>(r), static_cast<int>(t * kDecodeTileRows), h}].hits.assign(
+            static_cast<size_t>(reqs[r].kv_len), 0);
+        total += reqs[r].kv_len;
+      }
+    }
+  }
+  EXPECT_EQ(plan.total_keys, total);
+  EXPECT_EQ(plan.items, static_cast<int>(items.size()));
+
+  std::vector<int64_t>& sizes = *sizes_out;
+  sizes.assign(static_cast<size_t>(slots), 0);
+  std::set<int32_t> partial_rows;
+  for (int64_t c = 0; c < slots; ++c) {
+    const int32_t b = plan.cta_begin[static_cast<size_t>(c)];
+    const int32_t e = plan.cta_begin[static_cast<size_t>(c + 1)];
+    EXPECT_LE(b, e) << "cta " << c;
+    for (int32_t i = b; i < e; ++i) {
+      const Segment& s = plan.segments[static_cast<size_t>(i)];
+      SCOPED_TRACE("cta " + std::to_string(c) + " segment " + std::to_string(i));
+      ASSERT_GE(s.request, 0);
+      ASSERT_LT(s.request, static_cast<int32_t>(reqs.size()));
+      const PlanRequest& r = reqs[static_cast<size_t>(s.request)];
+      auto found = items.find({s.request, s.q_row_begin, s.kv_head});
+      ASSERT_NE(found, items.end());
+      EXPECT_EQ(s.req_kv_len, r.kv_len);
+      EXPECT_EQ(s.req_q_start, r.q_start);
+      EXPECT_GE(s.kv_begin, 0);
+      EXPECT_LE(s.kv_end, r.kv_len);
+      EXPECT_LT(s.kv_begin, s.kv_end);
+      for (int32_t k = s.kv_begin; k < s.kv_end; ++k) ++found->second.hits[static_cast<size_t>(k)];
+      found->second.segs.push_back(&s);
+      sizes[static_cast<size_t>(c)] += s.kv_end - s.kv_begin;
+      if (s.parts > 1) {
+        EXPECT_TRUE(partial_rows.insert(s.partial_base + s.part).second) << "partial row reused";
+        EXPECT_LT(s.partial_base + s.part, plan.num_partials);
+      }
+    }
+    EXPECT_EQ(sizes[static_cast<size_t>(c)],
+              plan.cuts[static_cast<size_t>(c + 1)] - plan.cuts[static_cast<size_t>(c)]);
+  }
+  EXPECT_EQ(static_cast<int>(partial_rows.size()), plan.num_partials);
+
+  int cut_items = 0;
+  for (auto& [key, st] : items) {
+    SCOPED_TRACE("request " + std::to_string(std::get<0>(key)) + " row " +
+                 std::to_string(std::get<1>(key)) + " head " + std::to_string(std::get<2>(key)));
+    for (size_t k = 0; k < st.hits.size(); ++k) {
+      ASSERT_EQ(st.hits[k], 1) << "key " << k << " covered " << st.hits[k] << " times";
+    }
+    ASSERT_FALSE(st.segs.empty()) << "item without a segment (its rows would not be written)";
+    const int parts = static_cast<int>(st.segs.size());
+    if (parts > 1) ++cut_items;
+    // Segments of an item: listed in key order across the CTAs, parts numbered 0.. in that order,
+    // one partial base; a whole item covers [0, kv_len) and writes out / lse itself.
+    for (int p = 0; p < parts; ++p) {
+      const Segment& s = *st.segs[static_cast<size_t>(p)];
+      EXPECT_EQ(s.parts, parts);
+      EXPECT_EQ(s.part, p);
+      EXPECT_EQ(s.partial_base, parts > 1 ? st.segs[0]->partial_base : 0);
+      if (p > 0) EXPECT_EQ(s.kv_begin, st.segs[static_cast<size_t>(p - 1)]->kv_end);
+    }
+  }
+  EXPECT_EQ(plan.cut_items, cut_items);
+
+  // Cuts: non-decreasing, each on an item boundary or a granule multiple from its item's start.
+  for (int64_t k = 1; k <= slots; ++k) {
+    EXPECT_LE(plan.cuts[static_cast<size_t>(k - 1)], plan.cuts[static_cast<size_t>(k)]);
+  }
+  int64_t start = 0;
+  std::vector<int64_t> item_starts;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    for (int64_t t = 0; t < q_tiles(reqs[r], cfg.group) * cfg.num_kv_heads; ++t) {
+      item_starts.push_back(start);
+      start += reqs[r].kv_len;
+    }
+  }
+  for (int64_t k = 1; k < slots; ++k) {
+    const int64_t cut = plan.cuts[static_cast<size_t>(k)];
+    auto it = std::upper_bound(item_starts.begin(), item_starts.end(), cut);
+    if (it == item_starts.begin()) continue;  // before every item (T == 0)
+    const int64_t off = cut - *(it - 1);
+    EXPECT_TRUE(off % cfg.granule == 0 || cut == total) << "cut " << k << " at " << cut;
+  }
+
+  // Bounds of a workspace sized for this batch size.
+  const BalancedBounds bounds = balanced_plan_bounds(static_cast<int>(reqs.size()), cfg);
+  EXPECT_LE(static_cast<int64_t>(plan.segments.size()), bounds.segments);
+  EXPECT_LE(plan.num_partials, bounds.partials);
+  std::vector<int32_t> words;
+  plan.serialize(&words);
+  EXPECT_EQ(static_cast<int64_t>(words.size()),
+            BalancedPlan::words_for(static_cast<int64_t>(reqs.size()), slots,
+                                    static_cast<int64_t>(plan.segments.size())));
+  EXPECT_LE(static_cast<int64_t>(words.size()), bounds.words);
+}
+
+std::vector<int64_t> check_plan(const BalancedPlan& plan, const std::vector<PlanRequest>& reqs,
+                                const BalanceConfig& cfg) {
+  std::vector<int64_t> sizes;
+  check_plan_into(plan, reqs, cfg, &sizes);
+  return sizes;
+}
+
+// Chunk sizes within one granule of T / slots (exact floor / ceil with granule 1).
+void expect_balanced(const std::vector<int64_t>& sizes, int64_t total, int granule) {
+  const int64_t n = static_cast<int64_t>(sizes.size());
+  const int64_t lo = std::max<int64_t>(0, total / n - granule + 1);
+  const int64_t hi = (total + n - 1) / n + granule - 1;
+  for (size_t c = 0; c < sizes.size(); ++c) {
+    EXPECT_GE(sizes[c], lo) << "cta " << c << " of " << n << ", " << total << " keys";
+    EXPECT_LE(sizes[c], hi) << "cta " << c << " of " << n << ", " << total << " keys";
+  }
+}
+
+BalancedPlan plan_or_die(const std::vector<PlanRequest>& reqs, const BalanceConfig& cfg) {
+  Result<BalancedPlan> p = build_balanced_plan(reqs, cfg);
+  EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+  return p.is_ok() ? std::move(p.value()) : BalancedPlan{};
+}
+
+TEST(FlashInferBalancedPlan, WorkedExamplesOfTheHeader) {
+  const BalanceConfig cfg = h200();
+  {  // b16 kv 4k: 128 items on 132 chunks of 3971-3972 keys
+    const auto reqs = decode_requests(std::vector<int>(16, 4096));
+    const BalancedPlan plan = plan_or_die(reqs, cfg);
+    const auto sizes = check_plan(plan, reqs, cfg);
+    expect_balanced(sizes, 16 * 8 * 4096, cfg.granule);
+    EXPECT_EQ(plan.items, 128);
+    EXPECT_EQ(plan.segments.size(), 256u);  // 3 of the 131 cuts fall on item boundaries
+    EXPECT_EQ(plan.cut_items, 128);
+    EXPECT_EQ(plan.num_partials, 256);
+  }
+  {  // b1 kv 32k: 8 items, 16-17 parts each
+    const auto reqs = decode_requests({32768});
+    const BalancedPlan plan = plan_or_die(reqs, cfg);
+    const auto sizes = check_plan(plan, reqs, cfg);
+    expect_balanced(sizes, 8 * 32768, cfg.granule);
+    EXPECT_EQ(plan.cut_items, 8);
+    EXPECT_EQ(plan.segments.size(), 136u);  // 3 of the 131 cuts fall on head boundaries
+    for (const Segment& s : plan.segments) {
+      EXPECT_GE(s.parts, 16);
+      EXPECT_LE(s.parts, 17);
+    }
+  }
+  {  // b16, one long request: every chunk ~2917 keys (today: one CTA streams 32768 per head)
+    std::vector<int> lens(16, 1024);
+    lens[0] = 32768;
+    const auto reqs = decode_requests(lens);
+    const BalancedPlan plan = plan_or_die(reqs, cfg);
+    const auto sizes = check_plan(plan, reqs, cfg);
+    expect_balanced(sizes, 8 * (32768 + 15 * 1024), cfg.granule);
+    EXPECT_LE(*std::max_element(sizes.begin(), sizes.end()), 2917 + 15);
+  }
+}
+
+TEST(FlashInferBalancedPlan, GranuleOneIsExact) {
+  BalanceConfig cfg = h200(1);
+  for (int len : {1, 7, 4096, 4097, 32768}) {
+    for (int bs : {1, 3, 16, 17}) {
+      SCOPED_TRACE("bs " + std::to_string(bs) + " kv " + std::to_string(len));
+      const auto reqs = decode_requests(std::vector<int>(static_cast<size_t>(bs), len));
+      const BalancedPlan plan = plan_or_die(reqs, cfg);
+      const auto sizes = check_plan(plan, reqs, cfg);
+      const int64_t total = plan.total_keys;
+      for (int64_t s : sizes) {
+        EXPECT_TRUE(s == total / cfg.slots || s == (total + cfg.slots - 1) / cfg.slots) << s;
+      }
+    }
+  }
+}
+
+TEST(FlashInferBalancedPlan, PageSizedGranules) {
+  for (int g : {1, 16, 64}) {
+    for (const std::vector<int>& lens :
+         {std::vector<int>(16, 4096), std::vector<int>{32768}, std::vector<int>{4095, 1, 17, 64},
+          std::vector<int>(64, 4096), std::vector<int>{100000, 3, 5000, 63, 65}}) {
+      SCOPED_TRACE("granule " + std::to_string(g) + " bs " + std::to_string(lens.size()));
+      const BalanceConfig cfg = h200(g);
+      const auto reqs = decode_requests(lens);
+      const BalancedPlan plan = plan_or_die(reqs, cfg);
+      expect_balanced(check_plan(plan, reqs, cfg), plan.total_keys, g);
+    }
+  }
+}
+
+TEST(FlashInferBalancedPlan, EdgeCases) {
+  const BalanceConfig cfg = h200();
+  {  // no request at all: every CTA empty
+    const BalancedPlan plan = plan_or_die({}, cfg);
+    EXPECT_TRUE(plan.segments.empty());
+    EXPECT_EQ(plan.total_keys, 0);
+    check_plan(plan, {}, cfg);
+  }
+  {  // empty requests (q_len 0) get no segment; the others are covered
+    std::vector<PlanRequest> reqs = decode_requests({5000, 0, 300, 0});
+    reqs[1].q_len = 0;
+    reqs[3] = {3, 0, 9};
+    const BalancedPlan plan = plan_or_die(reqs, cfg);
+    check_plan(plan, reqs, cfg);
+    for (const Segment& s : plan.segments) EXPECT_TRUE(s.request == 0 || s.request == 2);
+  }
+  {  // kv_len 1 everywhere: 8 keys per request, fewer keys than slots: one key per CTA at most
+    const auto reqs = decode_requests({1, 1, 1});
+    const BalancedPlan plan = plan_or_die(reqs, cfg);
+    const auto sizes = check_plan(plan, reqs, cfg);
+    EXPECT_EQ(plan.segments.size(), 24u);
+    EXPECT_EQ(plan.cut_items, 0);
+    EXPECT_EQ(plan.num_partials, 0);
+    for (int64_t s : sizes) EXPECT_LE(s, 1);
+  }
+  {  // one request, more slots than granules: some CTAs empty, no chunk above T / S + granule
+    const auto reqs = decode_requests({100});
+    const BalancedPlan plan = plan_or_die(reqs, cfg);
+    const auto sizes = check_plan(plan, reqs, cfg);
+    expect_balanced(sizes, 800, cfg.granule);
+    EXPECT_GT(std::count(sizes.begin(), sizes.end(), 0), 0);
+  }
+  {  // one slot: every item whole on the one CTA
+    BalanceConfig one = cfg;
+    one.slots = 1;
+    const auto reqs = decode_requests({70, 4096, 1});
+    const BalancedPlan plan = plan_or_die(reqs, one);
+    check_plan(plan, reqs, one);
+    EXPECT_EQ(plan.segments.size(), 24u);
+    EXPECT_EQ(plan.num_partials, 0);
+  }
+  {  // kv_len 0 (accepted with q_len 0 only): nothing planned
+    std::vector<PlanRequest> reqs = {{0, 0, 0}, {0, 1, 3}};
+    const BalancedPlan plan = plan_or_die(reqs, cfg);
+    check_plan(plan, reqs, cfg);
+  }
+}
+
+// Groups above 16 q heads per kv head: two q tiles per (request, head), each its own item.
+TEST(FlashInferBalancedPlan, SeveralQTilesPerHead) {
+  BalanceConfig cfg = h200();
+  cfg.num_kv_heads = 2;
+  cfg.group = 20;
+  const auto reqs = decode_requests({3000, 12, 777});
+  const BalancedPlan plan = plan_or_die(reqs, cfg);
+  EXPECT_EQ(plan.items, 3 * 2 * 2);
+  expect_balanced(check_plan(plan, reqs, cfg), plan.total_keys, cfg.granule);
+}
+
+TEST(FlashInferBalancedPlan, RandomBatches) {
+  std::mt19937 rng(20261123);
+  for (int trial = 0; trial < 300; ++trial) {
+    BalanceConfig cfg;
+    cfg.num_kv_heads = std::uniform_int_distribution<int>(1, 8)(rng);
+    cfg.group = std::vector<int>{1, 4, 8, 20, 32}[static_cast<size_t>(trial % 5)];
+    cfg.slots = std::vector<int>{1, 7, 132, 264, 1000}[static_cast<size_t>((trial / 5) % 5)];
+    cfg.granule = std::vector<int>{1, 16, 64}[static_cast<size_t>(trial % 3)];
+    const int bs = std::uniform_int_distribution<int>(0, 40)(rng);
+    std::vector<PlanRequest> reqs;
+    int32_t q = 0;
+    for (int r = 0; r < bs; ++r) {
+      const int shape = std::uniform_int_distribution<int>(0, 9)(rng);
+      const int len = shape == 0   ? 1
+                      : shape == 1 ? std::uniform_int_distribution<int>(1, 20000)(rng)
+                                   : std::uniform_int_distribution<int>(1, 3000)(rng);
+      const int q_len = shape == 2 ? 0 : 1;
+      reqs.push_back({q, q_len, len});
+      q += q_len;
+    }
+    SCOPED_TRACE("trial " + std::to_string(trial) + " bs " + std::to_string(bs) + " slots " +
+                 std::to_string(cfg.slots) + " granule " + std::to_string(cfg.granule));
+    const BalancedPlan plan = plan_or_die(reqs, cfg);
+    expect_balanced(check_plan(plan, reqs, cfg), plan.total_keys, cfg.granule);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The segments' partials merged by LSE the way the decode kernel does (paged_decode_sm80.cuh: a
+// part writes O / d and log2 LSE m + log2 d to partial row partial_base + part; the item's merge
+// weighs rows partial_base .. partial_base + parts - 1 by 2^(lse - max) with the sink in the
+// denominator; a whole item writes out itself) reproduce full softmax attention, in fp64 on random
+// data, with sinks and a sliding window (parts wholly before the window have LSE -inf).
+TEST(FlashInferBalancedPlan, MergedSegmentsReproduceFullAttention) {
+  constexpr int kD = 8;
+  std::mt19937 rng(5);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (int trial = 0; trial < 40; ++trial) {
+    BalanceConfig cfg;
+    cfg.num_kv_heads = 3;
+    cfg.group = 2;
+    cfg.slots = std::vector<int>{1, 5, 17, 132}[static_cast<size_t>(trial % 4)];
+    cfg.granule = std::vector<int>{1, 16}[static_cast<size_t>(trial % 2)];
+    const int bs = std::uniform_int_distribution<int>(1, 6)(rng);
+    std::vector<int> lens;
+    for (int r = 0; r < bs; ++r) lens.push_back(std::uniform_int_distribution<int>(1, 300)(rng));
+    const auto reqs = decode_requests(lens);
+    const int window = trial % 3 == 0 ? 40 : -1;
+    const bool sinks = trial % 5 < 2;
+    const int hq = cfg.num_kv_heads * cfg.group;
+    // q [bs, hq, D], k / v [bs][kv head][key][D], sinks [hq] (natural-log logits).
+    auto rnd = [&](size_t n) {
+      std::vector<double> x(n);
+      for (double& e : x) e = normal(rng);
+      return x;
+    };
+    const std::vector<double> q = rnd(static_cast<size_t>(bs * hq * kD));
+    const std::vector<double> sink = rnd(static_cast<size_t>(hq));
+    std::vector<std::vector<double>> k(static_cast<size_t>(bs)), v(static_cast<size_t>(bs));
+    for (int r = 0; r < bs; ++r) {
+      k[static_cast<size_t>(r)] = rnd(static_cast<size_t>(cfg.num_kv_heads * lens[r] * kD));
+      v[static_cast<size_t>(r)] = rnd(static_cast<size_t>(cfg.num_kv_heads * lens[r] * kD));
+    }
+    const double scale = 0.35;
+    const double log2e = 1.4426950408889634;
+    const auto logit2 = [&](int r, int head, int key) {  // log2-domain logit
+      const int h = head / cfg.group;
+      double dot = 0;
+      for (int x = 0; x < kD; ++x) {
+        dot += q[static_cast<size_t>((r * hq + head) * kD + x)] *
+               k[static_cast<size_t>(r)][static_cast<size_t>((h * lens[r] + key) * kD + x)];
+      }
+      return dot * scale * log2e;
+    };
+    const auto vval = [&](int r, int head, int key, int x) {
+      return v[static_cast<size_t>(r)]
+              [static_cast<size_t>(((head / cfg.group) * lens[r] + key) * kD + x)];
+    };
+    const double no_sink = -std::numeric_limits<double>::infinity();
+    const auto sink2 = [&](int head) {
+      return sinks ? sink[static_cast<size_t>(head)] * log2e : no_sink;
+    };
+
+    const BalancedPlan plan = plan_or_die(reqs, cfg);
+    // out[r][head][x]; partial rows: (row, head) -> (O[D], lse).
+    std::vector<double> out(static_cast<size_t>(bs * hq * kD),
+                            std::numeric_limits<double>::quiet_NaN());
+    std::map<std::pair<int, int>, std::pair<std::vector<double>, double>> partial;
+    for (const Segment& s : plan.segments) {
+      const int r = s.request;
+      int b = s.kv_begin;
+      const int e = std::min(s.kv_end, s.req_kv_len);
+      if (window >= 0) b = std::max(b, s.req_kv_len - 1 - window);
+      for (int g = 0; g < cfg.group; ++g) {
+        const int head = s.kv_head * cfg.group + g;
+        double m = -std::numeric_limits<double>::infinity(), d = 0;
+        std::vector<double> acc(kD, 0.0);
+        for (int key = b; key < e; ++key) m = std::max(m, logit2(r, head, key));
+        for (int key = b; key < e; ++key) {
+          const double p = std::exp2(logit2(r, head, key) - m);
+          d += p;
+          for (int x = 0; x < kD; ++x) acc[static_cast<size_t>(x)] += p * vval(r, head, key, x);
+        }
+        if (s.parts > 1) {
+          for (double& a : acc) a = d > 0 ? a / d : 0;
+          const double lse = d > 0 ? m + std::log2(d) : no_sink;
+          ASSERT_TRUE(
+              partial
+                  .emplace(std::make_pair(s.partial_base + s.part, head), std::make_pair(acc, lse))
+                  .second);
+          continue;
+        }
+        const double m2 = std::max(m, sink2(head));
+        const double f = d > 0 ? std::exp2(m - m2) : 0;
+        const double den = d * f + (sinks ? std::exp2(sink2(head) - m2) : 0);
+        for (int x = 0; x < kD; ++x) {
+          out[static_cast<size_t>((r * hq + head) * kD + x)] =
+              acc[static_cast<size_t>(x)] * f / den;
+        }
+      }
+    }
+    // The merges (one per cut item: its part 0 segment names it).
+    for (const Segment& s : plan.segments) {
+      if (s.parts < 2 || s.part != 0) continue;
+      for (int g = 0; g < cfg.group; ++g) {
+        const int head = s.kv_head * cfg.group + g;
+        double mx = sink2(head);
+        for (int p = 0; p < s.parts; ++p) {
+          mx = std::max(mx, partial.at({s.partial_base + p, head}).second);
+        }
+        double den = sinks ? std::exp2(sink2(head) - mx) : 0;
+        std::vector<double> acc(kD, 0.0);
+        for (int p = 0; p < s.parts; ++p) {
+          const auto& [o, lse] = partial.at({s.partial_base + p, head});
+          const double w = lse == no_sink ? 0 : std::exp2(lse - mx);
+          den += w;
+          for (int x = 0; x < kD; ++x) acc[static_cast<size_t>(x)] += w * o[static_cast<size_t>(x)];
+        }
+        for (int x = 0; x < kD; ++x) {
+          out[static_cast<size_t>((s.request * hq + head) * kD + x)] =
+              acc[static_cast<size_t>(x)] / den;
+        }
+      }
+    }
+    // Reference: softmax over the visible keys of each (request, q head), the sink in the
+    // denominator.
+    for (int r = 0; r < bs; ++r) {
+      const int b = window >= 0 ? std::max(0, lens[r] - 1 - window) : 0;
+      for (int head = 0; head < hq; ++head) {
+        double m = sink2(head);
+        for (int key = b; key < lens[r]; ++key) m = std::max(m, logit2(r, head, key));
+        double den = sinks ? std::exp2(sink2(head) - m) : 0;
+        std::vector<double> acc(kD, 0.0);
+        for (int key = b; key < lens[r]; ++key) {
+          const double p = std::exp2(logit2(r, head, key) - m);
+          den += p;
+          for (int x = 0; x < kD; ++x) acc[static_cast<size_t>(x)] += p * vval(r, head, key, x);
+        }
+        for (int x = 0; x < kD; ++x) {
+          ASSERT_NEAR(out[static_cast<size_t>((r * hq + head) * kD + x)],
+                      acc[static_cast<size_t>(x)] / den, 1e-12)
+              << "trial " << trial << " request " << r << " head " << head << " col " << x;
+        }
+      }
+    }
+  }
+}
+
+TEST(FlashInferBalancedPlan, SerializedLayout) {
+  const BalanceConfig cfg = h200();
+  std::vector<PlanRequest> reqs = decode_requests({9000, 5, 4096});
+  reqs[1].q_start = 7;
+  const BalancedPlan plan = plan_or_die(reqs, cfg);
+  std::vector<int32_t> words;
+  plan.serialize(&words);
+  const int64_t bs = 3;
+  ASSERT_EQ(static_cast<int64_t>(words.size()),
+            BalancedPlan::words_for(bs, cfg.slots, static_cast<int64_t>(plan.segments.size())));
+  EXPECT_EQ(words[0], cfg.slots);
+  EXPECT_EQ(words[1], static_cast<int32_t>(plan.segments.size()));
+  EXPECT_EQ(words[2], kBalancedPlanTag);
+  const int32_t* req = words.data() + kPlanHeaderWords;
+  EXPECT_EQ(req[1 * kRequestWords + 0], 7);  // q_start
+  EXPECT_EQ(req[1 * kRequestWords + 2], 5);  // kv_len
+  const int32_t* begin = req + bs * kRequestWords;
+  EXPECT_EQ(BalancedPlan::cta_begin_words_for(cfg.slots) % 8, 0);
+  for (int c = 0; c <= cfg.slots; ++c) EXPECT_EQ(begin[c], plan.cta_begin[static_cast<size_t>(c)]);
+  const int32_t* seg = begin + BalancedPlan::cta_begin_words_for(cfg.slots);
+  EXPECT_EQ((seg - words.data()) % 8, 0) << "segments start on a 32-byte boundary";
+  for (size_t i = 0; i < plan.segments.size(); ++i) {
+    Segment s;
+    std::copy_n(seg + i * kSegmentWords, kSegmentWords, reinterpret_cast<int32_t*>(&s));
+    const Segment& t = plan.segments[i];
+    EXPECT_EQ(s.request, t.request);
+    EXPECT_EQ(s.kv_head, t.kv_head);
+    EXPECT_EQ(s.kv_begin, t.kv_begin);
+    EXPECT_EQ(s.kv_end, t.kv_end);
+    EXPECT_EQ(s.part, t.part);
+    EXPECT_EQ(s.parts, t.parts);
+    EXPECT_EQ(s.partial_base, t.partial_base);
+    EXPECT_EQ(s.req_q_start, reqs[static_cast<size_t>(t.request)].q_start);
+  }
+}
+
+TEST(FlashInferBalancedPlan, BadInputsNameTheParameter) {
+  BalanceConfig cfg = h200();
+  cfg.slots = 0;
+  Result<BalancedPlan> p = build_balanced_plan(decode_requests({5}), cfg);
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().to_string().find("slots 0"), std::string::npos) << p.status().to_string();
+  cfg = h200(0);
+  p = build_balanced_plan(decode_requests({5}), cfg);
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().to_string().find("granule 0"), std::string::npos);
+  std::vector<PlanRequest> reqs = decode_requests({5, 9});
+  reqs[1].q_len = 2;
+  p = build_balanced_plan(reqs, h200());
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().to_string().find("request 1"), std::string::npos);
+  EXPECT_NE(p.status().to_string().find("q_len 2"), std::string::npos);
+  reqs = decode_requests({5, 0});  // q_len 1 with kv_len 0
+  p = build_balanced_plan(reqs, h200());
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().to_string().find("kv_len 0"), std::string::npos);
+}
+
+// A workspace sized for max_bs holds every plan of up to max_bs requests.
+TEST(FlashInferBalancedPlan, BoundsHoldForEveryBatchUpToMax) {
+  const BalanceConfig cfg = h200();
+  constexpr int kMaxBs = 40;
+  const BalancedBounds bounds = balanced_plan_bounds(kMaxBs, cfg);
+  EXPECT_EQ(bounds.segments, kMaxBs * 8 + 131);
+  EXPECT_EQ(bounds.partials, 262);
+  for (int bs : {1, 2, 16, 33, 40}) {
+    for (int len : {1, 17, 4096, 70000}) {
+      const auto reqs = decode_requests(std::vector<int>(static_cast<size_t>(bs), len));
+      const BalancedPlan plan = plan_or_die(reqs, cfg);
+      EXPECT_LE(static_cast<int64_t>(plan.segments.size()), bounds.segments);
+      EXPECT_LE(plan.num_partials, bounds.partials);
+      std::vector<int32_t> words;
+      plan.serialize(&words);
+      EXPECT_LE(static_cast<int64_t>(words.size()), bounds.words);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attnkit::flashinfer
