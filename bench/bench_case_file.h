@@ -14,16 +14,19 @@
 //
 // Parameters: batch, page_size, dtype (q/k/v/out: f32, f16, bf16), kv_dtype (bf16, f16, f32,
 // fp8_e4m3, fp8_e5m2, fp4_e2m1, auto = dtype), q_heads, kv_heads, heads, head_dim, v_head_dim
-// (default head_dim); decode and mla_decode: kv_len; extend: prefix_len (default 0), new_tokens,
-// causal (default true); decode and extend: shared_prefix (default 0: leading tokens shared by
-// every request, a multiple of page_size); mla_decode: kv_lora_rank (default 512),
-// qk_rope_head_dim (default 64), s_q (default 1; > 1: a topk-1 verify chain of s_q tokens ending
-// at kv_len), no kv_heads / head_dim / v_head_dim (they follow from the rank). Errors name the
-// file, the key and what is accepted.
+// (default head_dim); decode and mla_decode: kv_len, or kv_lens (one length per request, for
+// uneven batches: batch = its size, kv_len = its longest; "batch" may be given only if equal,
+// "kv_len" not with it; in a sweep each value is a list, e.g. "kv_lens": [[4096, 128, 128]]);
+// extend: prefix_len (default 0), new_tokens, causal (default true); decode and extend:
+// shared_prefix (default 0: leading tokens shared by every request, a multiple of page_size);
+// mla_decode: kv_lora_rank (default 512), qk_rope_head_dim (default 64), s_q (default 1; > 1: a
+// topk-1 verify chain of s_q tokens ending at kv_len), no kv_heads / head_dim / v_head_dim (they
+// follow from the rank). Errors name the file, the key and what is accepted.
 //
 // Header-only so that tests/unit/test_bench_formulas.cpp can check the parser without the CLI.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -65,13 +68,14 @@ inline bool key_allowed(BenchKind kind, const std::string& key) {
   switch (kind) {
     case BenchKind::kDecode:
       return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
-             key == "kv_len" || key == "shared_prefix";
+             key == "kv_len" || key == "kv_lens" || key == "shared_prefix";
     case BenchKind::kExtend:
       return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
              key == "prefix_len" || key == "new_tokens" || key == "causal" ||
              key == "shared_prefix";
     case BenchKind::kMlaDecode:
-      return key == "kv_len" || key == "kv_lora_rank" || key == "qk_rope_head_dim" || key == "s_q";
+      return key == "kv_len" || key == "kv_lens" || key == "kv_lora_rank" ||
+             key == "qk_rope_head_dim" || key == "s_q";
   }
   return false;
 }
@@ -80,13 +84,13 @@ inline const char* allowed_keys(BenchKind kind) {
   switch (kind) {
     case BenchKind::kDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
-             "kv_len, shared_prefix";
+             "kv_len, kv_lens, shared_prefix";
     case BenchKind::kExtend:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
              "prefix_len, new_tokens, causal, shared_prefix";
     case BenchKind::kMlaDecode:
-      return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lora_rank, qk_rope_head_dim, "
-             "s_q";
+      return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lens, kv_lora_rank, "
+             "qk_rope_head_dim, s_q";
   }
   return "";
 }
@@ -111,17 +115,38 @@ inline Status get_int(const Json& v, const std::string& where, int min_value, in
 struct ParseState {
   bool v_head_dim_set = false;  // else v_head_dim = head_dim
   bool kv_dtype_auto = false;   // kv_dtype "auto": the activation dtype, resolved at the end
+  bool batch_set = false;       // "batch" given (checked against kv_lens)
+  bool kv_len_set = false;      // "kv_len" given (exclusive with kv_lens)
 };
 
 // Sets one parameter of `c` from a JSON value; `where` names it for messages ("sweep.batch[2]").
 inline Status apply_param(BenchCase* c, ParseState* state, const std::string& key, const Json& v,
                           const std::string& where) {
-  if (key == "batch") return get_int(v, where, 1, &c->batch);
+  if (key == "batch") {
+    state->batch_set = true;
+    return get_int(v, where, 1, &c->batch);
+  }
   if (key == "page_size") return get_int(v, where, 1, &c->page_size);
   if (key == "q_heads") return get_int(v, where, 1, &c->q_heads);
   if (key == "kv_heads") return get_int(v, where, 1, &c->kv_heads);
   if (key == "head_dim") return get_int(v, where, 1, &c->head_dim);
-  if (key == "kv_len") return get_int(v, where, 1, &c->kv_len);
+  if (key == "kv_len") {
+    state->kv_len_set = true;
+    return get_int(v, where, 1, &c->kv_len);
+  }
+  if (key == "kv_lens") {
+    if (!v.is_array() || v.empty()) {
+      return Status::invalid_argument(
+          where + ": expected a non-empty list of sequence lengths (one per request), got " +
+          v.dump());
+    }
+    c->kv_lens.assign(v.size(), 0);
+    for (size_t i = 0; i < v.size(); ++i) {
+      ATTNKIT_RETURN_IF_ERROR(
+          get_int(v[i], where + "[" + std::to_string(i) + "]", 1, &c->kv_lens[i]));
+    }
+    return Status::ok();
+  }
   if (key == "prefix_len") return get_int(v, where, 0, &c->prefix_len);
   if (key == "shared_prefix") return get_int(v, where, 0, &c->shared_prefix);
   if (key == "new_tokens") return get_int(v, where, 1, &c->new_tokens);
@@ -177,6 +202,20 @@ inline std::string case_name(const BenchCase& c) {
   s << bench_kind_name(c.kind) << "_b" << c.batch;
   if (c.kind == BenchKind::kExtend) {
     s << "_pre" << c.prefix_len << "_new" << c.new_tokens;
+  } else if (!c.kv_lens.empty()) {
+    // Uneven batch: the length range, the total and an FNV-1a hash of the list (two lists with
+    // the same range and total still get different names).
+    int lo = c.kv_lens[0];
+    int64_t sum = 0;
+    uint32_t h = 2166136261u;
+    for (int len : c.kv_lens) {
+      lo = std::min(lo, len);
+      sum += len;
+      h = (h ^ static_cast<uint32_t>(len)) * 16777619u;
+    }
+    s << "_kv" << lo << "-" << c.kv_len << "_sum" << sum << "_" << std::hex << (h & 0xFFFFu)
+      << std::dec;
+    if (c.s_q > 1) s << "_sq" << c.s_q;
   } else {
     s << "_kv" << c.kv_len;
     if (c.s_q > 1) s << "_sq" << c.s_q;
@@ -215,6 +254,29 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
       return Status::invalid_argument(where + ": q_heads " + std::to_string(c->q_heads) +
                                       " is not a multiple of kv_heads " +
                                       std::to_string(c->kv_heads));
+    }
+  }
+  if (!c->kv_lens.empty()) {
+    const int n = static_cast<int>(c->kv_lens.size());
+    if (state.kv_len_set) {
+      return Status::invalid_argument(where +
+                                      ": \"kv_len\" and \"kv_lens\" are exclusive (kv_lens gives "
+                                      "every request's length; its longest becomes kv_len)");
+    }
+    if (state.batch_set && c->batch != n) {
+      return Status::invalid_argument(where + ": batch " + std::to_string(c->batch) +
+                                      " does not match the " + std::to_string(n) +
+                                      " lengths of kv_lens (batch may be left out)");
+    }
+    c->batch = n;
+    c->kv_len = *std::max_element(c->kv_lens.begin(), c->kv_lens.end());
+    if (c->kind == BenchKind::kMlaDecode) {
+      const int shortest = *std::min_element(c->kv_lens.begin(), c->kv_lens.end());
+      if (c->s_q > shortest) {
+        return Status::invalid_argument(where + ": s_q " + std::to_string(c->s_q) +
+                                        " exceeds the shortest of kv_lens (" +
+                                        std::to_string(shortest) + ")");
+      }
     }
   }
   if (c->kind == BenchKind::kExtend) {

@@ -42,6 +42,9 @@ struct BenchCase {
   // Decode / MLA decode: sequence length per request including the new token (ForwardBatch
   // seq_lens). Extend: unused.
   int kv_len = 0;
+  // Decode / MLA decode, uneven batches: one sequence length per request (case files: "kv_lens");
+  // then batch = kv_lens.size() and kv_len = the longest. Empty: every request has kv_len.
+  std::vector<int> kv_lens;
   int prefix_len = 0;  // extend: cached tokens per request
   int new_tokens = 0;  // extend: new tokens per request
   bool causal = true;  // extend: causal over the new tokens; false = bidirectional (encoder)
@@ -90,21 +93,40 @@ inline int64_t kv_bytes_per_token(const BenchCase& c) {
          stored_bytes(c.kv_dtype, static_cast<int64_t>(c.kv_heads) * c.v_head_dim);
 }
 
-// (query, key) pairs one request attends to, summed over its queries.
+// (query, key) pairs one request of sequence length `len` attends to, summed over its queries.
 //   decode: 1 query x seq_len keys.
 //   extend, causal: new token i (0-based) sees prefix + i + 1 keys, so the sum is
 //     new * prefix + new * (new + 1) / 2; only visible pairs count.
 //   extend, bidirectional: new * (prefix + new).
 //   MLA decode with s_q queries: s_q * kv_len - s_q * (s_q - 1) / 2.
-inline int64_t attended_pairs_per_request(const BenchCase& c) {
+inline int64_t attended_pairs_at(const BenchCase& c, int64_t len) {
   if (c.kind == BenchKind::kMlaDecode) {
     const int64_t s = c.s_q;
-    return s * c.kv_len - s * (s - 1) / 2;
+    return s * len - s * (s - 1) / 2;
   }
-  if (c.kind != BenchKind::kExtend) return c.kv_len;
+  if (c.kind != BenchKind::kExtend) return len;
   const int64_t p = c.prefix_len;
   const int64_t n = c.new_tokens;
   return c.causal ? n * p + n * (n + 1) / 2 : n * (p + n);
+}
+inline int64_t attended_pairs_per_request(const BenchCase& c) {
+  return attended_pairs_at(c, c.kind == BenchKind::kExtend ? 0 : c.kv_len);
+}
+
+// Pairs of the whole batch: batch x the per-request count, or the sum over kv_lens.
+inline int64_t attended_pairs_total(const BenchCase& c) {
+  if (c.kv_lens.empty()) return static_cast<int64_t>(c.batch) * attended_pairs_per_request(c);
+  int64_t sum = 0;
+  for (int len : c.kv_lens) sum += attended_pairs_at(c, len);
+  return sum;
+}
+
+// Tokens held in the KV pool over the batch: batch x seq_len, or the sum of kv_lens.
+inline int64_t kv_tokens_total(const BenchCase& c) {
+  if (c.kv_lens.empty()) return static_cast<int64_t>(c.batch) * c.seq_len();
+  int64_t sum = 0;
+  for (int len : c.kv_lens) sum += len;
+  return sum;
 }
 
 // FLOPs of one call: 2 * head_dim for the q.k dot product and 2 * v_head_dim for the p.V
@@ -114,13 +136,14 @@ inline int64_t attended_pairs_per_request(const BenchCase& c) {
 // 576-wide q.k and the 512-wide p.V of the absorbed form.
 inline double attention_flops(const BenchCase& c) {
   return 2.0 * (c.head_dim + c.v_head_dim) * static_cast<double>(c.q_heads) *
-         static_cast<double>(c.batch) * static_cast<double>(attended_pairs_per_request(c));
+         static_cast<double>(attended_pairs_total(c));
 }
 
 // Bytes of one call (the minimum traffic a kernel must move). The benchmark runs the way the shared
 // harness does: the pool already holds every token (history and new), k/v are passed empty with
 // save_kv = false, so every key and value is read from the pool:
-//   bytes = K+V of all seq_len tokens of every request (kv_bytes_per_token each, at the pool dtype)
+//   bytes = K+V of all seq_len tokens of every request (kv_bytes_per_token each, at the pool dtype;
+//           with kv_lens, each request's own length)
 //         + q [T, q_heads, head_dim] read + out [T, q_heads, v_head_dim] written (activation dtype)
 // with T = batch for decode and batch x new_tokens for extend; seq_len = kv_len for decode and
 // prefix_len + new_tokens for extend. Page-table and index reads are not counted (4 bytes per page
@@ -130,7 +153,7 @@ inline double attention_bytes(const BenchCase& c) {
   const int64_t t = c.num_tokens();
   const int64_t q_bytes = t * c.q_heads * c.head_dim * act;
   const int64_t out_bytes = t * c.q_heads * c.v_head_dim * act;
-  const int64_t kv_bytes = static_cast<int64_t>(c.batch) * c.seq_len() * kv_bytes_per_token(c);
+  const int64_t kv_bytes = kv_tokens_total(c) * kv_bytes_per_token(c);
   return static_cast<double>(kv_bytes + q_bytes + out_bytes);
 }
 

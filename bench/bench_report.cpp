@@ -66,6 +66,7 @@ Json case_params(const BenchCase& c) {
     p["causal"] = c.causal;
   } else {
     p["kv_len"] = c.kv_len;
+    if (!c.kv_lens.empty()) p["kv_lens"] = c.kv_lens;
   }
   p["q_heads"] = c.q_heads;
   p["kv_heads"] = c.kv_heads;

@@ -191,6 +191,12 @@ harness::CaseSpec to_case_spec(const BenchCase& c) {
     spec.head_dim = c.kv_lora_rank + c.qk_rope_head_dim;
     spec.v_head_dim = c.kv_lora_rank;
   }
+  if (!c.kv_lens.empty()) {  // uneven batch: each request's own length, same new-token rule
+    const int fresh = c.kind == BenchKind::kMlaDecode ? c.s_q : 1;
+    spec.prefix_lens.resize(c.kv_lens.size());
+    for (size_t r = 0; r < c.kv_lens.size(); ++r) spec.prefix_lens[r] = c.kv_lens[r] - fresh;
+    if (!spec.new_lens.empty()) spec.new_lens.assign(c.kv_lens.size(), fresh);
+  }
   return spec;
 }
 

@@ -99,6 +99,38 @@ TEST(BenchCli, VerifiedCpuSweepWritesFormulaValues) {
   EXPECT_EQ(std::count(csv_text.begin(), csv_text.end(), '\n'), 3) << csv_text;
 }
 
+// An uneven batch (kv_lens): every request its own length, verified against the reference, and the
+// JSON's bytes / flops are the per-request sums.
+TEST(BenchCli, UnevenDecodeBatchIsVerified) {
+  const std::string dir = ::testing::TempDir();
+  const std::string cases = dir + "bench_cli_uneven.json";
+  const std::string json = dir + "bench_cli_uneven_out.json";
+  constexpr const char* kFile = R"({
+    "kind": "decode",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
+    "cases": [{"kv_lens": [300, 1, 17]}]
+  })";
+  write_text(cases, kFile);
+  const CliRun r =
+      run_cli("bench --backend torch_native,intel_amx --cases '" + cases +
+              "' --device cpu --verify --rotate-mib 1 --warmup 0 --iters 1 --json '" + json + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  Result<CaseFile> file = parse_case_file_text(kFile, "inline");
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  const BenchCase& c = file->cases[0];
+  const nlohmann::json doc = nlohmann::json::parse(read_text(json));
+  ASSERT_EQ(doc["results"].size(), 2u);
+  for (const nlohmann::json& x : doc["results"]) {
+    EXPECT_EQ(x["case"], c.name);
+    EXPECT_EQ(x["status"], "ok") << x["message"];
+    EXPECT_TRUE(x["verify"]["passed"].get<bool>());
+    EXPECT_EQ(x["params"]["kv_lens"], nlohmann::json::array({300, 1, 17}));
+    EXPECT_DOUBLE_EQ(x["bytes"].get<double>(), attention_bytes(c));
+    // 318 tokens x 2 kv heads x 64 x 2 (K, V) x 2 bytes + q / out 3 x 4 x 64 x 2 bytes each.
+    EXPECT_DOUBLE_EQ(x["bytes"].get<double>(), 318.0 * 512 + 2 * 3 * 4 * 64 * 2);
+  }
+}
+
 TEST(BenchCli, ExtendIsJudgedAgainstTheComputeCeiling) {
   const std::string dir = ::testing::TempDir();
   const std::string cases = dir + "bench_cli_extend.json";

@@ -190,6 +190,43 @@ TEST(BenchCaseFile, MlaDerivesHeadDims) {
   EXPECT_EQ(f->cases[0].v_head_dim, 512);
 }
 
+TEST(BenchCaseFile, UnevenBatchFromKvLens) {
+  Result<CaseFile> f = parse_case_file_text(R"({"kind": "decode",
+    "fixed": {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 16},
+    "sweep": {"kv_lens": [[4096, 128, 1], [4096, 129, 0]]},
+    "cases": [{"kv_lens": [100, 300], "batch": 2}, {"kv_lens": [128, 1, 4096]}]})",
+                                            "u.json");
+  ASSERT_FALSE(f.is_ok()) << "kv_lens[1] = 0 is below 1";
+  EXPECT_NE(f.status().message().find("sweep.kv_lens[1][2]"), std::string::npos)
+      << f.status().message();
+  f = parse_case_file_text(R"({"kind": "decode",
+    "fixed": {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 16},
+    "sweep": {"kv_lens": [[4096, 128, 1]]},
+    "cases": [{"kv_lens": [100, 300], "batch": 2}, {"kv_lens": [128, 1, 4096]}]})",
+                           "u.json");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  ASSERT_EQ(f->cases.size(), 3u);
+  const BenchCase& a = f->cases[0];
+  EXPECT_EQ(a.batch, 3);
+  EXPECT_EQ(a.kv_len, 4096);
+  EXPECT_EQ(a.kv_lens, (std::vector<int>{4096, 128, 1}));
+  EXPECT_EQ(a.name.rfind("decode_b3_kv1-4096_sum4225_", 0), 0u) << a.name;
+  // Same lengths in another order: another name (the hash), same formulas.
+  EXPECT_NE(f->cases[2].name, a.name);
+  EXPECT_DOUBLE_EQ(attention_bytes(f->cases[2]), attention_bytes(a));
+  // KV 4225 tokens x 8 heads x 128 x 2 (K, V) x 2 bytes; q / out 3 x 32 x 128 x 2 bytes each.
+  EXPECT_DOUBLE_EQ(attention_bytes(a), 4225.0 * 4096 + 2 * 3 * 32 * 128 * 2);
+  EXPECT_DOUBLE_EQ(attention_flops(a), 2.0 * 256 * 32 * 4225);
+  EXPECT_EQ(f->cases[1].batch, 2);
+  EXPECT_EQ(f->cases[1].kv_len, 300);
+  // MLA verify chains: each request's pairs are s_q * len - s_q (s_q - 1) / 2.
+  f = parse_case_file_text(
+      R"({"kind": "mla_decode", "cases": [{"q_heads": 16, "kv_lens": [64, 10], "s_q": 2}]})",
+      "m.json");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  EXPECT_EQ(attended_pairs_total(f->cases[0]), (2 * 64 - 1) + (2 * 10 - 1));
+}
+
 struct BadFile {
   const char* text;
   const char* expected_in_message;
@@ -227,6 +264,18 @@ TEST(BenchCaseFile, ErrorsNameTheProblem) {
            "cases": [{"prefix_len": 4}]})",
        "\"new_tokens\" is required"},
       {R"({"kind": "extend", "cases": {"new_tokens": 4}})", "array of objects"},
+      {R"({"kind": "decode", "fixed": {"q_heads": 8, "kv_heads": 8, "head_dim": 64},
+           "cases": [{"kv_lens": [4, 5], "kv_len": 5}]})",
+       "exclusive"},
+      {R"({"kind": "decode", "fixed": {"q_heads": 8, "kv_heads": 8, "head_dim": 64},
+           "cases": [{"kv_lens": [4, 5], "batch": 3}]})",
+       "does not match the 2 lengths"},
+      {R"({"kind": "decode", "fixed": {"q_heads": 8, "kv_heads": 8, "head_dim": 64},
+           "cases": [{"kv_lens": []}]})",
+       "non-empty list of sequence lengths"},
+      {R"({"kind": "mla_decode", "cases": [{"q_heads": 16, "kv_lens": [64, 1], "s_q": 2}]})",
+       "shortest of kv_lens"},
+      {R"({"kind": "extend", "cases": [{"kv_lens": [4]}]})", "unknown parameter"},
   };
   for (const BadFile& b : bad) {
     Result<CaseFile> f = parse_case_file_text(b.text, "bad.json");
