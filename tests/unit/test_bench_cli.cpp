@@ -183,8 +183,24 @@ TEST(BenchCli, BadValuesSayWhatIsAllowed) {
            "head dims -1/128 must be >= 1"},
           {run + R"('{"mode": "decode", "prefix_lens": [100')",
            "--case: invalid_argument: case spec: not valid JSON"},
+          {run + R"('{"prefix_lens": [2000000000], "new_lens": [2000000000]}')",
+           "request 0: encoder 0 + prefix 2000000000 + new 2000000000 = 4000000000 tokens"},
+          {run + R"('{"prefix_lens": [5], "new_lens": [1], "page_size": 2000000000}')",
+           "whole pages of page_size 2000000000 plus one"},
       },
-      {"cannot run"});
+      {"cannot run", "max_context_len"});
+}
+
+// A case too large for the machine's memory (here: 1 GB of address space) ends with one error
+// line, not with std::terminate's "terminate called after throwing an instance of
+// 'std::bad_alloc'" and an abort.
+TEST(BenchCli, CaseTooLargeForMemoryIsAnErrorNotAnAbort) {
+  const std::string cli = ATTNKIT_CLI_PATH;
+  const std::string inner = "ulimit -v 1000000; exec \"" + cli +
+                            "\" run --backend torch_native --device cpu --case "
+                            "\"{\\\"prefix_lens\\\": [200000000], \\\"new_lens\\\": [1]}\"";
+  attnkit::test_support::expect_cli_errors("/bin/sh", {{"-c '" + inner + "'", "out_of_memory"}},
+                                           {"terminate called"});
 }
 
 TEST(BenchCli, RunVerifiesOneJsonCase) {

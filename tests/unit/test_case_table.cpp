@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <set>
 
@@ -65,6 +66,20 @@ TEST(CaseTable, ValidateCaseAcceptsTheTableAndNamesBadFields) {
       message([](CaseSpec& c) { c.prefix_lens[1] = -3; }).find("prefix_lens[1] = -3 must be >= 0"),
       std::string::npos);
   EXPECT_NE(message([](CaseSpec& c) { c.new_lens[2] = -1; }).find("new_lens[2] = -1 must be >= 0"),
+            std::string::npos);
+  // Lengths whose sums overflow int32 are named before prepare_case adds them up (they used to
+  // wrap to a negative max_context_len).
+  EXPECT_NE(message([](CaseSpec& c) {
+              c.prefix_lens[0] = 2000000000;
+              c.new_lens[0] = 2000000000;
+            }).find("request 0: encoder 0 + prefix 2000000000 + new 2000000000"),
+            std::string::npos);
+  EXPECT_NE(message([](CaseSpec& c) { c.page_size = 2000000000; }).find("page_size 2000000000"),
+            std::string::npos);
+  EXPECT_NE(message([](CaseSpec& c) {
+              c.new_lens = {INT32_MAX / 2, INT32_MAX / 2, 100};
+              c.prefix_lens = {0, 0, 0};
+            }).find("new tokens in all"),
             std::string::npos);
 }
 
