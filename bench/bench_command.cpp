@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -111,6 +112,21 @@ int64_t cpu_copy_bytes() {
   return std::max(2 * bench::host_llc_bytes(nullptr), bench::kMinCpuRotateBytes);
 }
 
+// An output file must be creatable: its directory exists and the path is not a directory.
+void check_output_path(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  std::error_code ec;
+  const std::filesystem::path p(path);
+  if (std::filesystem::is_directory(p, ec)) {
+    cli_fail(std::string(flag) + " " + path + " is a directory (expected a file name)");
+  }
+  const std::filesystem::path dir = p.parent_path().empty() ? "." : p.parent_path();
+  if (!std::filesystem::is_directory(dir, ec)) {
+    cli_fail(std::string(flag) + " " + path + ": directory " + dir.string() +
+             " does not exist (the file is written after the run)");
+  }
+}
+
 int omp_threads() {
 #ifdef _OPENMP
   return omp_get_max_threads();
@@ -151,6 +167,16 @@ void bench_main(const BenchArgs& args) {
     for (const bench::BenchCase& c : cases) std::cout << c.name << "\n";
     return;
   }
+  // Every point and both output files are checked before any ceiling or case is timed, so that a
+  // bad point (shared_prefix past kv_len, ...) or an unwritable --json fails in a second instead
+  // of after the sweep.
+  for (const bench::BenchCase& c : cases) {
+    if (const Status s = harness::validate_case(bench::to_case_spec(c)); !s.is_ok()) {
+      cli_fail("--cases " + args.cases + ": " + s.message());
+    }
+  }
+  check_output_path("--json", args.json_path);
+  check_output_path("--csv", args.csv_path);
 
   std::vector<const BackendDescriptor*> backends;
   for (const std::string& name : split_commas(args.backends)) {

@@ -203,6 +203,32 @@ TEST(BenchCli, CaseTooLargeForMemoryIsAnErrorNotAnAbort) {
                                            {"terminate called"});
 }
 
+// A case file that is a directory, a point the harness cannot prepare and an output file that
+// cannot be written end with one error line before anything is timed (they used to print the
+// progress lines and the ceilings first, or report the directory as "not valid JSON").
+TEST(BenchCli, BadPointsAndOutputPathsFailBeforeTiming) {
+  const std::string dir = ::testing::TempDir();
+  const std::string good = dir + "bench_cli_early_good.json";
+  write_text(good, kDecodeFile);
+  const std::string shared = dir + "bench_cli_early_shared.json";
+  write_text(shared, R"({"kind": "decode",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
+    "sweep": {"batch": [2], "kv_len": [16], "shared_prefix": [32]}})");
+  const std::string bench = "bench --backend torch_native --device cpu --iters 1 --warmup 0 ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {bench + "--cases '" + dir + "'", "is a directory (expected a JSON file"},
+          {bench + "--cases '" + shared + "'",
+           "decode_b2_kv16_p16_h4x2_d64_kvbf16_shared32: shared_prefix 32 must be a multiple of "
+           "page_size, at most every prefix_lens[r]"},
+          {bench + "--cases '" + good + "' --json /nonexistent_dir/out.json",
+           "--json /nonexistent_dir/out.json: directory /nonexistent_dir does not exist"},
+          {bench + "--cases '" + good + "' --csv '" + dir + "'", "is a directory"},
+      },
+      {"not valid JSON", "ceiling"});
+}
+
 TEST(BenchCli, RunVerifiesOneJsonCase) {
   const CliRun r = run_cli(
       "run --backend torch_native --device cpu --verify --case '{\"mode\": \"decode\", "
