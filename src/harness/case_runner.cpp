@@ -903,10 +903,12 @@ Result<PreparedCase> prepare_case_unguarded(const CaseSpec& spec, Device device,
   const int64_t hist_k_dim = spec.mla ? row_dim : spec.head_dim;
 
   // History slots: encoder tokens and the cached decoder prefix of every request.
+  // Each history slot is written once: the shared prefix by request 0 only.
   std::vector<int64_t> hist_slots;
   for (int r = 0; r < bs; ++r) {
     const auto& s = slots[static_cast<size_t>(r)];
-    hist_slots.insert(hist_slots.end(), s.begin(),
+    const int skip = r > 0 ? spec.shared_prefix : 0;
+    hist_slots.insert(hist_slots.end(), s.begin() + skip,
                       s.begin() + enc[static_cast<size_t>(r)] + prefix[static_cast<size_t>(r)]);
   }
   for (int r = 0; r < bs; ++r) {
