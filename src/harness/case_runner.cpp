@@ -33,12 +33,6 @@ constexpr int kSpareRequestRows = 2;
 constexpr int64_t kCanaryBytes = 64;
 constexpr uint8_t kCanaryByte = 0xA5;
 
-std::string join(const std::vector<int>& v) {
-  std::ostringstream os;
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
-  return os.str();
-}
-
 bool is_quantised(DType d) { return dtype_is_fp8(d) || d == DType::kFP4E2M1; }
 
 // A contiguous view with a runtime shape.
@@ -506,13 +500,13 @@ std::string CaseSpec::describe() const {
   os << name << ": " << forward_mode_name(mode) << " bs " << batch_size() << " page " << page_size
      << " heads " << num_q_heads << "/" << num_kv_heads << " d " << head_dim << "/" << v_head_dim
      << " q " << dtype_name(q_dtype) << " kv " << dtype_name(kv_dtype) << " prefix ["
-     << join(prefix_lens) << "]";
-  if (mode != ForwardMode::kTargetVerify) os << " new [" << join(new_lens) << "]";
+     << join(prefix_lens, ",") << "]";
+  if (mode != ForwardMode::kTargetVerify) os << " new [" << join(new_lens, ",") << "]";
   if (sliding_window >= 0) os << " window " << sliding_window;
   if (logit_cap > 0.f) os << " softcap " << logit_cap;
   if (sinks) os << " sinks";
   if (type == AttentionType::kEncoderOnly) os << " bidirectional";
-  if (cross_attention) os << " cross (encoder [" << join(encoder_lens) << "])";
+  if (cross_attention) os << " cross (encoder [" << join(encoder_lens, ",") << "])";
   if (mode == ForwardMode::kTargetVerify || mode == ForwardMode::kDraftExtend) {
     os << " drafts " << spec_draft_tokens << " topk " << spec_topk;
   }
@@ -1307,8 +1301,8 @@ std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
   }
   if (!row->head_dims.empty() && std::find(row->head_dims.begin(), row->head_dims.end(),
                                            spec.head_dim) == row->head_dims.end()) {
-    return cat(d.name, " is not built for head_dim ", spec.head_dim, " (has ", join(row->head_dims),
-               ")");
+    return cat(d.name, " is not built for head_dim ", spec.head_dim, " (has ",
+               join(row->head_dims, ","), ")");
   }
   return "";
 }
