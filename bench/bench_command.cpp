@@ -445,8 +445,11 @@ void register_bench_commands(CLI::App& app) {
   bench->add_flag("--verify", bench_args->verify,
                   "Compare each case with the fp64 reference once before timing; a mismatch "
                   "fails the case");
-  bench->add_option("--json", bench_args->json_path, "Write the results as JSON (for plot.py)");
-  bench->add_option("--csv", bench_args->csv_path, "Write the results as CSV");
+  CLI::Option* bench_verify = bench->get_option("--verify");
+  CLI::Option* bench_json =
+      bench->add_option("--json", bench_args->json_path, "Write the results as JSON (for plot.py)");
+  CLI::Option* bench_csv =
+      bench->add_option("--csv", bench_args->csv_path, "Write the results as CSV");
   bench
       ->add_option("--warmup", bench_args->warmup,
                    "Untimed calls before timing (default: CPU " + std::to_string(kCpuWarmup) +
@@ -493,7 +496,13 @@ void register_bench_commands(CLI::App& app) {
                    "AMX tile peak, else its vector peak; CUDA has none unless given, e.g. "
                    "torch_peers.py's gemm_bf16)")
       ->check(cli::positive_number());
-  bench->add_flag("--list", bench_args->list, "Print the (filtered) case names and exit");
+  // --list runs nothing, so options that only act on a run are refused beside it (they were
+  // silently ignored).
+  bench->add_flag("--list", bench_args->list, "Print the (filtered) case names and exit")
+      ->excludes(bench_verify)
+      ->excludes(bench_json)
+      ->excludes(bench_csv)
+      ->excludes(bench->get_option("--graph"));
   bench->callback([bench_args] { bench_main(*bench_args); });
 
   auto run_args = std::make_shared<RunArgs>();
@@ -509,7 +518,12 @@ void register_bench_commands(CLI::App& app) {
                 "Let the backend write the new k/v (default: the runner writes them)");
   run->add_option("--layers", run_args->layers, "Layers with independent data")
       ->check(cli::positive_int());
-  run->add_flag("--list-cases", run_args->list_cases, "List the shared case table and exit");
+  CLI::Option* list_cases =
+      run->add_flag("--list-cases", run_args->list_cases, "List the shared case table and exit");
+  for (const char* name :
+       {"--backend", "--case", "--device", "--verify", "--save-kv", "--layers"}) {
+    list_cases->excludes(run->get_option(name));
+  }
   run->callback([run_args] { run_main(*run_args); });
 }
 
