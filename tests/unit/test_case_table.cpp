@@ -213,7 +213,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, PreparedCases, ::testing::ValuesIn(harness::shar
 class BrokenBackend final : public AttentionBackend {
  public:
   static constexpr float kPerturbation = 1.03f;  // 3% relative error, above bf16's 1e-2
-  enum class Bug { kSkipLastToken, kPerturbOutput, kStrayWrite, kWrongLse, kOverrun };
+  enum class Bug { kSkipLastToken, kPerturbOutput, kStrayWrite, kWrongLse, kOverrun, kBadNewRow };
   BrokenBackend(std::unique_ptr<AttentionBackend> inner, Bug bug)
       : inner_(std::move(inner)), bug_(bug) {}
   const BackendDescriptor& descriptor() const override { return inner_->descriptor(); }
@@ -259,6 +259,17 @@ class BrokenBackend final : public AttentionBackend {
         store_from_float(k.data, k.dtype, slot * k.stride(0), 3.f);
         return Status::ok();
       }
+      case Bug::kBadNewRow: {
+        // save_kv wrote the new token's k, then this negates head 0 of the first new slot's row.
+        const int64_t slot = batch.out_cache_loc.data_as<const int64_t>()[0];
+        const auto& pool = static_cast<const MHAKVPool&>(*batch.kv_pool);
+        const TensorView k = pool.k_buffer(layer.layer_id);
+        for (int64_t d = 0; d < k.size(2); ++d) {
+          const int64_t i = slot * k.stride(0) + d * k.stride(2);
+          store_from_float(k.data, k.dtype, i, -load_as_float(k.data, k.dtype, i));
+        }
+        return Status::ok();
+      }
     }
     return Status::ok();
   }
@@ -269,7 +280,7 @@ class BrokenBackend final : public AttentionBackend {
 TEST(Comparison, CatchesBrokenBackends) {
   using Bug = BrokenBackend::Bug;
   for (Bug bug : {Bug::kSkipLastToken, Bug::kPerturbOutput, Bug::kStrayWrite, Bug::kWrongLse,
-                  Bug::kOverrun}) {
+                  Bug::kOverrun, Bug::kBadNewRow}) {
     Result<PreparedCase> pc =
         harness::prepare_case(*harness::find_case("extend_page16_ragged"), Device::cpu());
     ASSERT_TRUE(pc.is_ok());
@@ -293,6 +304,10 @@ TEST(Comparison, CatchesBrokenBackends) {
         break;
       case Bug::kOverrun:
         EXPECT_GT(c->canaries_damaged, 0);
+        break;
+      case Bug::kBadNewRow:  // a new slot: no stray write, but its value is wrong
+        EXPECT_GT(c->pool_bad_new_values, 0);
+        EXPECT_EQ(c->pool_stray_writes, 0);
         break;
     }
   }
