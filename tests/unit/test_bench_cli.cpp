@@ -187,6 +187,8 @@ TEST(BenchCli, BadValuesSayWhatIsAllowed) {
            "request 0: encoder 0 + prefix 2000000000 + new 2000000000 = 4000000000 tokens"},
           {run + R"('{"prefix_lens": [5], "new_lens": [1], "page_size": 2000000000}')",
            "whole pages of page_size 2000000000 plus one"},
+          {run + R"('{"name": "a b", "prefix_lens": [5], "new_lens": [1]}')",
+           "\"name\" = \"a b\" (accepted: a non-empty string of [A-Za-z0-9_])"},
           // Listing runs nothing: options that act on a run are refused beside it.
           {"run --list-cases --backend torch_native", "--backend excludes --list-cases"},
           {"run --list-cases --case decode_page16 --verify", "excludes --list-cases"},
