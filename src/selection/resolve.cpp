@@ -223,6 +223,12 @@ Status Resolver::validate_flag_values() {
     return Status::invalid_argument("--page-size " + std::to_string(*args_.page_size) +
                                     " is invalid; it must be a positive integer");
   }
+  // Each rank holds num_attention_heads / tp_size query heads (KV heads are replicated when fewer).
+  if (model_.num_attention_heads > 0 && model_.num_attention_heads % args_.tp_size != 0) {
+    return Status::invalid_argument(cat("--tp-size ", args_.tp_size,
+                                        " does not divide the model's ", model_.num_attention_heads,
+                                        " attention heads (num_attention_heads)"));
+  }
   ATTNKIT_ASSIGN_OR_RETURN(kv_, parse_kv_cache_dtype(args_.kv_cache_dtype));
   if (args_.chunked_prefill_size &&
       (*args_.chunked_prefill_size == 0 || *args_.chunked_prefill_size < -1)) {
