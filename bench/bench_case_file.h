@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -426,6 +427,12 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
 
 // Reads and parses a case file from disk.
 inline Result<CaseFile> load_case_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return Status::invalid_argument("case file " + path +
+                                    " is a directory (expected a JSON file such as "
+                                    "bench/cases/decode.json)");
+  }
   std::ifstream in(path);
   if (!in) return Status::not_found("case file " + path + " cannot be opened");
   std::stringstream text;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -111,6 +112,21 @@ int64_t cpu_copy_bytes() {
   return std::max(2 * bench::host_llc_bytes(nullptr), bench::kMinCpuRotateBytes);
 }
 
+// An output file must be creatable: its directory exists and the path is not a directory.
+void check_output_path(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  std::error_code ec;
+  const std::filesystem::path p(path);
+  if (std::filesystem::is_directory(p, ec)) {
+    cli_fail(std::string(flag) + " " + path + " is a directory (expected a file name)");
+  }
+  const std::filesystem::path dir = p.parent_path().empty() ? "." : p.parent_path();
+  if (!std::filesystem::is_directory(dir, ec)) {
+    cli_fail(std::string(flag) + " " + path + ": directory " + dir.string() +
+             " does not exist (the file is written after the run)");
+  }
+}
+
 int omp_threads() {
 #ifdef _OPENMP
   return omp_get_max_threads();
@@ -151,6 +167,16 @@ void bench_main(const BenchArgs& args) {
     for (const bench::BenchCase& c : cases) std::cout << c.name << "\n";
     return;
   }
+  // Every point and both output files are checked before any ceiling or case is timed, so that a
+  // bad point (shared_prefix past kv_len, ...) or an unwritable --json fails in a second instead
+  // of after the sweep.
+  for (const bench::BenchCase& c : cases) {
+    if (const Status s = harness::validate_case(bench::to_case_spec(c)); !s.is_ok()) {
+      cli_fail("--cases " + args.cases + ": " + s.message());
+    }
+  }
+  check_output_path("--json", args.json_path);
+  check_output_path("--csv", args.csv_path);
 
   std::vector<const BackendDescriptor*> backends;
   for (const std::string& name : split_commas(args.backends)) {
@@ -419,8 +445,11 @@ void register_bench_commands(CLI::App& app) {
   bench->add_flag("--verify", bench_args->verify,
                   "Compare each case with the fp64 reference once before timing; a mismatch "
                   "fails the case");
-  bench->add_option("--json", bench_args->json_path, "Write the results as JSON (for plot.py)");
-  bench->add_option("--csv", bench_args->csv_path, "Write the results as CSV");
+  CLI::Option* bench_verify = bench->get_option("--verify");
+  CLI::Option* bench_json =
+      bench->add_option("--json", bench_args->json_path, "Write the results as JSON (for plot.py)");
+  CLI::Option* bench_csv =
+      bench->add_option("--csv", bench_args->csv_path, "Write the results as CSV");
   bench
       ->add_option("--warmup", bench_args->warmup,
                    "Untimed calls before timing (default: CPU " + std::to_string(kCpuWarmup) +
@@ -467,7 +496,13 @@ void register_bench_commands(CLI::App& app) {
                    "AMX tile peak, else its vector peak; CUDA has none unless given, e.g. "
                    "torch_peers.py's gemm_bf16)")
       ->check(cli::positive_number());
-  bench->add_flag("--list", bench_args->list, "Print the (filtered) case names and exit");
+  // --list runs nothing, so options that only act on a run are refused beside it (they were
+  // silently ignored).
+  bench->add_flag("--list", bench_args->list, "Print the (filtered) case names and exit")
+      ->excludes(bench_verify)
+      ->excludes(bench_json)
+      ->excludes(bench_csv)
+      ->excludes(bench->get_option("--graph"));
   bench->callback([bench_args] { bench_main(*bench_args); });
 
   auto run_args = std::make_shared<RunArgs>();
@@ -483,7 +518,12 @@ void register_bench_commands(CLI::App& app) {
                 "Let the backend write the new k/v (default: the runner writes them)");
   run->add_option("--layers", run_args->layers, "Layers with independent data")
       ->check(cli::positive_int());
-  run->add_flag("--list-cases", run_args->list_cases, "List the shared case table and exit");
+  CLI::Option* list_cases =
+      run->add_flag("--list-cases", run_args->list_cases, "List the shared case table and exit");
+  for (const char* name :
+       {"--backend", "--case", "--device", "--verify", "--save-kv", "--layers"}) {
+    list_cases->excludes(run->get_option(name));
+  }
   run->callback([run_args] { run_main(*run_args); });
 }
 

@@ -1,5 +1,7 @@
 #include "bench/bench_spec_json.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -80,7 +82,13 @@ Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
   for (const auto& [key, v] : root.items()) {
     Status s;
     if (key == "name") {
-      if (!v.is_string()) return bad(key, v, "a string of [A-Za-z0-9_]");
+      const auto ident = [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+      };
+      if (!v.is_string() || v.get<std::string>().empty() ||
+          !std::all_of(v.get<std::string>().begin(), v.get<std::string>().end(), ident)) {
+        return bad(key, v, "a non-empty string of [A-Za-z0-9_]");
+      }
       spec.name = v.get<std::string>();
     } else if (key == "mode") {
       s = get_mode(key, v, &spec.mode);

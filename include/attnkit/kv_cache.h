@@ -113,9 +113,9 @@ class KVPool {
   // (contiguous int64 [T]) of `layer`, quantising to the pool dtype (bf16/f16/f32: RNE, scale not
   // applied; fp8: RNE(x / scale); fp4: per-16 block scales, see fp4_block_scale_code). Checks
   // layer, shapes, dtypes, devices and scales (finite, > 0) before writing anything; CPU pools also
-  // check that every slot is in [page_size, rows) first (CUDA pools check slots on the device only
-  // with ATTNKIT_CHECK_INDICES=1, and accept page-0 dummy slots). CUDA pools in a build without
-  // CUDA return kNotBuilt.
+  // check that every slot is in [page_size, rows) and none repeats first (CUDA pools check slots on
+  // the device only with ATTNKIT_CHECK_INDICES=1, and accept page-0 dummy slots). CUDA pools in a
+  // build without CUDA return kNotBuilt.
   virtual Status set_kv(int layer, const TensorView& loc, const TensorView& k, const TensorView& v,
                         float k_scale, float v_scale, StreamHandle stream) = 0;
 

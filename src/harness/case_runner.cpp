@@ -3,12 +3,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <numeric>
 #include <ostream>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -29,12 +32,6 @@ constexpr int kSpareRequestRows = 2;
 // Guard bytes after every output tensor.
 constexpr int64_t kCanaryBytes = 64;
 constexpr uint8_t kCanaryByte = 0xA5;
-
-std::string join(const std::vector<int>& v) {
-  std::ostringstream os;
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
-  return os.str();
-}
 
 bool is_quantised(DType d) { return dtype_is_fp8(d) || d == DType::kFP4E2M1; }
 
@@ -261,6 +258,35 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
     return bad(cat("target_verify needs spec_draft_tokens >= 1 and spec_topk >= 1, got ",
                    s.spec_draft_tokens, " / ", s.spec_topk));
   }
+  for (int r = 0; s.cross_attention && r < bs; ++r) {
+    if (s.encoder_lens[static_cast<size_t>(r)] < 0) {
+      return bad(
+          cat("encoder_lens[", r, "] = ", s.encoder_lens[static_cast<size_t>(r)], " must be >= 0"));
+    }
+  }
+  // The request table is int32 [rows, max_context_len] with max_context_len = the longest row
+  // rounded up to whole pages plus one page, and the new tokens are counted in int32: lengths
+  // whose sums do not fit are named here instead of wrapping around in prepare_case.
+  int64_t total_new = 0;
+  for (int r = 0; r < bs; ++r) {
+    const auto i = static_cast<size_t>(r);
+    const int64_t enc = s.cross_attention ? s.encoder_lens[i] : 0;
+    const int64_t fresh = verify ? s.spec_draft_tokens : s.new_lens[i];
+    const int64_t row = enc + s.prefix_lens[i] + fresh;
+    const int64_t table_len = ((row + s.page_size - 1) / s.page_size + 1) * s.page_size;
+    if (table_len > INT32_MAX) {
+      return bad(cat("request ", r, ": encoder ", enc, " + prefix ", s.prefix_lens[i], " + new ",
+                     fresh, " = ", row, " tokens need a request-table row of ", table_len,
+                     " entries (whole pages of page_size ", s.page_size,
+                     " plus one) but at most 2147483647 fit in int32"));
+    }
+    total_new += fresh;
+  }
+  if (total_new > INT32_MAX) {
+    return bad(cat(total_new,
+                   " new tokens in all (the sum of new_lens, or batch size x "
+                   "spec_draft_tokens) exceed 2147483647 (int32 num_tokens)"));
+  }
   if (s.mla) {
     if (s.kv_lora_rank < 1 || s.qk_rope_head_dim < 1) {
       return bad("mla needs kv_lora_rank and qk_rope_head_dim >= 1");
@@ -478,13 +504,13 @@ std::string CaseSpec::describe() const {
   os << name << ": " << forward_mode_name(mode) << " bs " << batch_size() << " page " << page_size
      << " heads " << num_q_heads << "/" << num_kv_heads << " d " << head_dim << "/" << v_head_dim
      << " q " << dtype_name(q_dtype) << " kv " << dtype_name(kv_dtype) << " prefix ["
-     << join(prefix_lens) << "]";
-  if (mode != ForwardMode::kTargetVerify) os << " new [" << join(new_lens) << "]";
+     << join(prefix_lens, ",") << "]";
+  if (mode != ForwardMode::kTargetVerify) os << " new [" << join(new_lens, ",") << "]";
   if (sliding_window >= 0) os << " window " << sliding_window;
   if (logit_cap > 0.f) os << " softcap " << logit_cap;
   if (sinks) os << " sinks";
   if (type == AttentionType::kEncoderOnly) os << " bidirectional";
-  if (cross_attention) os << " cross (encoder [" << join(encoder_lens) << "])";
+  if (cross_attention) os << " cross (encoder [" << join(encoder_lens, ",") << "])";
   if (mode == ForwardMode::kTargetVerify || mode == ForwardMode::kDraftExtend) {
     os << " drafts " << spec_draft_tokens << " topk " << spec_topk;
   }
@@ -770,9 +796,12 @@ BackendContext PreparedCase::context() const {
   return ctx;
 }
 
-Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
-                                  const PrepareOptions& options) {
-  ATTNKIT_RETURN_IF_ERROR(check_spec(spec, options));
+namespace {
+
+// prepare_case without its guard: host containers may throw std::bad_alloc for a case too large
+// for this machine.
+Result<PreparedCase> prepare_case_unguarded(const CaseSpec& spec, Device device,
+                                            const PrepareOptions& options) {
   PreparedCase pc;
   pc.spec = spec;
   pc.options = options;
@@ -873,10 +902,12 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
   const int64_t hist_k_dim = spec.mla ? row_dim : spec.head_dim;
 
   // History slots: encoder tokens and the cached decoder prefix of every request.
+  // Each history slot is written once: the shared prefix by request 0 only.
   std::vector<int64_t> hist_slots;
   for (int r = 0; r < bs; ++r) {
     const auto& s = slots[static_cast<size_t>(r)];
-    hist_slots.insert(hist_slots.end(), s.begin(),
+    const int skip = r > 0 ? spec.shared_prefix : 0;
+    hist_slots.insert(hist_slots.end(), s.begin() + skip,
                       s.begin() + enc[static_cast<size_t>(r)] + prefix[static_cast<size_t>(r)]);
   }
   for (int r = 0; r < bs; ++r) {
@@ -1070,6 +1101,24 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
   return pc;
 }
 
+}  // namespace
+
+Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
+                                  const PrepareOptions& options) {
+  ATTNKIT_RETURN_IF_ERROR(check_spec(spec, options));
+  try {
+    return prepare_case_unguarded(spec, device, options);
+  } catch (const std::bad_alloc&) {
+    return Status::out_of_memory(
+        cat("case ", spec.name, ": host memory ran out while preparing it (", spec.batch_size(),
+            " requests, ", options.num_layers, " layers)"));
+  } catch (const std::length_error&) {
+    return Status::out_of_memory(cat("case ", spec.name, ": a host array is longer than ",
+                                     "std::vector allows (", spec.batch_size(), " requests, ",
+                                     options.num_layers, " layers)"));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // run_backend
 
@@ -1258,8 +1307,8 @@ std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
   }
   if (!row->head_dims.empty() && std::find(row->head_dims.begin(), row->head_dims.end(),
                                            spec.head_dim) == row->head_dims.end()) {
-    return cat(d.name, " is not built for head_dim ", spec.head_dim, " (has ", join(row->head_dims),
-               ")");
+    return cat(d.name, " is not built for head_dim ", spec.head_dim, " (has ",
+               join(row->head_dims, ","), ")");
   }
   return "";
 }

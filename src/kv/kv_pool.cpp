@@ -1,9 +1,12 @@
 // MHAKVPool and MLAKVPool: per-layer token-major buffers, config validation and set_kv (host
 // scatter with quantisation; CUDA pools hand the scatter to detail::set_kv_cuda).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "attnkit/kv_cache.h"
 #include "kv/kv_pool_config.h"
@@ -119,6 +122,18 @@ Status check_slots_host(const TensorView& loc, int64_t page_size, int64_t rows) 
                                       "] = " + std::to_string(slots[t]) +
                                       " is outside the usable slots [" + std::to_string(page_size) +
                                       ", " + std::to_string(rows) + ") (page 0 is reserved)");
+    }
+  }
+  // Each new token needs its own slot: a repeated one would keep only the later token's row.
+  std::vector<std::pair<int64_t, int64_t>> by_slot(static_cast<size_t>(loc.size(0)));
+  for (int64_t t = 0; t < loc.size(0); ++t) by_slot[static_cast<size_t>(t)] = {slots[t], t};
+  std::sort(by_slot.begin(), by_slot.end());
+  for (size_t i = 1; i < by_slot.size(); ++i) {
+    if (by_slot[i].first == by_slot[i - 1].first) {
+      return Status::invalid_argument(
+          "loc[" + std::to_string(by_slot[i].second) + "] = " + std::to_string(by_slot[i].first) +
+          " repeats loc[" + std::to_string(by_slot[i - 1].second) +
+          "] (each new token needs its own slot; the earlier token's k/v would be lost)");
     }
   }
   return Status::ok();

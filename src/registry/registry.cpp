@@ -3,24 +3,10 @@
 
 #include <algorithm>
 
+#include "core/str_cat.h"
+
 namespace attnkit {
 namespace {
-
-std::string join(const std::vector<std::string>& items, const char* sep) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i > 0) out += sep;
-    out += items[i];
-  }
-  return out;
-}
-
-std::string join_ints(const std::vector<int>& items) {
-  std::vector<std::string> parts;
-  parts.reserve(items.size());
-  for (int v : items) parts.push_back(std::to_string(v));
-  return join(parts, ",");
-}
 
 Platform platform_of(const Device& device) {
   return device.is_cuda() ? Platform::kCUDA : Platform::kCPU;
@@ -43,7 +29,7 @@ std::string PageRule::to_string() const {
     case Kind::kAny:
       return "any";
     case Kind::kFixed:
-      return join_ints(sizes);
+      return join(sizes, ",");
     case Kind::kTokenOnly:
       return "no (token indices)";
   }
@@ -168,7 +154,7 @@ Result<std::unique_ptr<AttentionBackend>> BackendRegistry::create(std::string_vi
                                            ctx.qk_head_dim) == row->head_dims.end()) {
     return Status::unsupported("qk_head_dim " + std::to_string(ctx.qk_head_dim) +
                                " is not compiled into " + d->name +
-                               " (compiled: " + join_ints(row->head_dims) + ")");
+                               " (compiled: " + join(row->head_dims, ",") + ")");
   }
   if (ctx.kv_pool != nullptr) {
     const DType kv = ctx.kv_pool->dtype();

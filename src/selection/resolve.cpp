@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attnkit/selection.h"
+#include "core/str_cat.h"
 
 namespace attnkit {
 namespace {
@@ -49,27 +50,6 @@ constexpr int kCcMajorScale = 10;
 template <typename Container>
 bool contains(const Container& c, std::string_view v) {
   return std::find(c.begin(), c.end(), v) != c.end();
-}
-
-std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i > 0) out += sep;
-    out += items[i];
-  }
-  return out;
-}
-
-template <typename Container>
-std::string join_views(const Container& items) {
-  std::vector<std::string> v(items.begin(), items.end());
-  return join(v);
-}
-
-std::string join_ints(const std::vector<int>& items) {
-  std::vector<std::string> v;
-  for (int i : items) v.push_back(std::to_string(i));
-  return join(v, ",");
 }
 
 std::string sm(int cc) { return "sm" + std::to_string(cc); }
@@ -243,6 +223,12 @@ Status Resolver::validate_flag_values() {
     return Status::invalid_argument("--page-size " + std::to_string(*args_.page_size) +
                                     " is invalid; it must be a positive integer");
   }
+  // Each rank holds num_attention_heads / tp_size query heads (KV heads are replicated when fewer).
+  if (model_.num_attention_heads > 0 && model_.num_attention_heads % args_.tp_size != 0) {
+    return Status::invalid_argument(cat("--tp-size ", args_.tp_size,
+                                        " does not divide the model's ", model_.num_attention_heads,
+                                        " attention heads (num_attention_heads)"));
+  }
   ATTNKIT_ASSIGN_OR_RETURN(kv_, parse_kv_cache_dtype(args_.kv_cache_dtype));
   if (args_.chunked_prefill_size &&
       (*args_.chunked_prefill_size == 0 || *args_.chunked_prefill_size < -1)) {
@@ -260,7 +246,7 @@ Status Resolver::validate_flag_values() {
       !contains(kSpeculativeAlgorithms, *args_.speculative_algorithm)) {
     return Status::invalid_argument(
         "--speculative-algorithm \"" + *args_.speculative_algorithm +
-        "\" is not valid; valid values: " + join_views(kSpeculativeAlgorithms));
+        "\" is not valid; valid values: " + join(kSpeculativeAlgorithms));
   }
   const std::pair<const char*, const std::optional<int>*> spec_knobs[] = {
       {"--speculative-num-steps", &args_.speculative_num_steps},
@@ -566,7 +552,7 @@ Status Resolver::check_model_features() {
       return Status::unsupported(who(*c, role) +
                                  " does not support attention sinks, which the model uses; "
                                  "allowed: " +
-                                 join_views(kAttentionSinkBackends));
+                                 join(kAttentionSinkBackends));
     }
     if (c->backend == "nsa" && !model_.is_deepseek_v32()) {
       return Status::invalid_argument(
@@ -612,7 +598,7 @@ Status Resolver::linear_attention() {
         return Status::unsupported(who(*c, role) +
                                    " cannot serve the full-attention layers of a GDN hybrid on "
                                    "SM100; allowed: " +
-                                   join_views(kGdnSm100FullAttnBackends));
+                                   join(kGdnSm100FullAttnBackends));
       }
     }
   }
@@ -766,9 +752,9 @@ Status Resolver::page_size() {
     }
     if (both.empty()) {
       return Status::unsupported("prefill backend " + prefill_.backend + " needs page_size in {" +
-                                 join_ints(row(prefill_.backend)->pages.sizes) +
+                                 join(row(prefill_.backend)->pages.sizes, ",") +
                                  "} but decode backend " + decode_.backend + " needs {" +
-                                 join_ints(row(decode_.backend)->pages.sizes) +
+                                 join(row(decode_.backend)->pages.sizes, ",") +
                                  "}; hybrid backends share one KV pool and one page size");
     }
     allowed = both;
@@ -784,18 +770,18 @@ Status Resolver::page_size() {
     if (given && std::find(allowed.begin(), allowed.end(), *given) != allowed.end()) {
       s_.page_size = *given;
       reason("page size: " + std::to_string(*given) + " (--page-size; " + by + " accept " +
-             join_ints(allowed) + ")");
+             join(allowed, ",") + ")");
     } else if (given) {
       const bool fa4_mha =
           kind_ == AttentionKind::kMHA && (prefill_.backend == "fa4" || decode_.backend == "fa4");
       if (fa4_mha && !device_.is_sm100()) {
         return Status::unsupported("--page-size " + std::to_string(*given) +
                                    " is not supported by fa4 on " + device_label(device_) +
-                                   ": MHA needs page_size " + join_ints(allowed));
+                                   ": MHA needs page_size " + join(allowed, ","));
       }
       s_.page_size = forced;
       warn("--page-size " + std::to_string(*given) + " -> " + std::to_string(forced) + ": " + by +
-           " support only page_size " + join_ints(allowed));
+           " support only page_size " + join(allowed, ","));
       reason("page size: " + std::to_string(forced) + " (forced by " + by + ")");
     } else {
       s_.page_size = forced;

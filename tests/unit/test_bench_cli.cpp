@@ -215,8 +215,57 @@ TEST(BenchCli, BadValuesSayWhatIsAllowed) {
            "head dims -1/128 must be >= 1"},
           {run + R"('{"mode": "decode", "prefix_lens": [100')",
            "--case: invalid_argument: case spec: not valid JSON"},
+          {run + R"('{"prefix_lens": [2000000000], "new_lens": [2000000000]}')",
+           "request 0: encoder 0 + prefix 2000000000 + new 2000000000 = 4000000000 tokens"},
+          {run + R"('{"prefix_lens": [5], "new_lens": [1], "page_size": 2000000000}')",
+           "whole pages of page_size 2000000000 plus one"},
+          {run + R"('{"name": "a b", "prefix_lens": [5], "new_lens": [1]}')",
+           "\"name\" = \"a b\" (accepted: a non-empty string of [A-Za-z0-9_])"},
+          // Listing runs nothing: options that act on a run are refused beside it.
+          {"run --list-cases --backend torch_native", "--backend excludes --list-cases"},
+          {"run --list-cases --case decode_page16 --verify", "excludes --list-cases"},
+          {"bench --backend all --cases bench/cases/decode.json --list --json out.json",
+           "--json excludes --list"},
       },
-      {"cannot run"});
+      {"cannot run", "max_context_len"});
+}
+
+// A case too large for the machine's memory (here: 1 GB of address space) ends with one error
+// line, not with std::terminate's "terminate called after throwing an instance of
+// 'std::bad_alloc'" and an abort.
+TEST(BenchCli, CaseTooLargeForMemoryIsAnErrorNotAnAbort) {
+  const std::string cli = ATTNKIT_CLI_PATH;
+  const std::string inner = "ulimit -v 1000000; exec \"" + cli +
+                            "\" run --backend torch_native --device cpu --case "
+                            "\"{\\\"prefix_lens\\\": [200000000], \\\"new_lens\\\": [1]}\"";
+  attnkit::test_support::expect_cli_errors("/bin/sh", {{"-c '" + inner + "'", "out_of_memory"}},
+                                           {"terminate called"});
+}
+
+// A case file that is a directory, a point the harness cannot prepare and an output file that
+// cannot be written end with one error line before anything is timed (they used to print the
+// progress lines and the ceilings first, or report the directory as "not valid JSON").
+TEST(BenchCli, BadPointsAndOutputPathsFailBeforeTiming) {
+  const std::string dir = ::testing::TempDir();
+  const std::string good = dir + "bench_cli_early_good.json";
+  write_text(good, kDecodeFile);
+  const std::string shared = dir + "bench_cli_early_shared.json";
+  write_text(shared, R"({"kind": "decode",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
+    "sweep": {"batch": [2], "kv_len": [16], "shared_prefix": [32]}})");
+  const std::string bench = "bench --backend torch_native --device cpu --iters 1 --warmup 0 ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {bench + "--cases '" + dir + "'", "is a directory (expected a JSON file"},
+          {bench + "--cases '" + shared + "'",
+           "decode_b2_kv16_p16_h4x2_d64_kvbf16_shared32: shared_prefix 32 must be a multiple of "
+           "page_size, at most every prefix_lens[r]"},
+          {bench + "--cases '" + good + "' --json /nonexistent_dir/out.json",
+           "--json /nonexistent_dir/out.json: directory /nonexistent_dir does not exist"},
+          {bench + "--cases '" + good + "' --csv '" + dir + "'", "is a directory"},
+      },
+      {"not valid JSON", "ceiling"});
 }
 
 TEST(BenchCli, RunVerifiesOneJsonCase) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <set>
 
@@ -65,6 +66,20 @@ TEST(CaseTable, ValidateCaseAcceptsTheTableAndNamesBadFields) {
       message([](CaseSpec& c) { c.prefix_lens[1] = -3; }).find("prefix_lens[1] = -3 must be >= 0"),
       std::string::npos);
   EXPECT_NE(message([](CaseSpec& c) { c.new_lens[2] = -1; }).find("new_lens[2] = -1 must be >= 0"),
+            std::string::npos);
+  // Lengths whose sums overflow int32 are named before prepare_case adds them up (they used to
+  // wrap to a negative max_context_len).
+  EXPECT_NE(message([](CaseSpec& c) {
+              c.prefix_lens[0] = 2000000000;
+              c.new_lens[0] = 2000000000;
+            }).find("request 0: encoder 0 + prefix 2000000000 + new 2000000000"),
+            std::string::npos);
+  EXPECT_NE(message([](CaseSpec& c) { c.page_size = 2000000000; }).find("page_size 2000000000"),
+            std::string::npos);
+  EXPECT_NE(message([](CaseSpec& c) {
+              c.new_lens = {INT32_MAX / 2, INT32_MAX / 2, 100};
+              c.prefix_lens = {0, 0, 0};
+            }).find("new tokens in all"),
             std::string::npos);
 }
 
@@ -198,7 +213,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, PreparedCases, ::testing::ValuesIn(harness::shar
 class BrokenBackend final : public AttentionBackend {
  public:
   static constexpr float kPerturbation = 1.03f;  // 3% relative error, above bf16's 1e-2
-  enum class Bug { kSkipLastToken, kPerturbOutput, kStrayWrite, kWrongLse, kOverrun };
+  enum class Bug { kSkipLastToken, kPerturbOutput, kStrayWrite, kWrongLse, kOverrun, kBadNewRow };
   BrokenBackend(std::unique_ptr<AttentionBackend> inner, Bug bug)
       : inner_(std::move(inner)), bug_(bug) {}
   const BackendDescriptor& descriptor() const override { return inner_->descriptor(); }
@@ -244,6 +259,17 @@ class BrokenBackend final : public AttentionBackend {
         store_from_float(k.data, k.dtype, slot * k.stride(0), 3.f);
         return Status::ok();
       }
+      case Bug::kBadNewRow: {
+        // save_kv wrote the new token's k, then this negates head 0 of the first new slot's row.
+        const int64_t slot = batch.out_cache_loc.data_as<const int64_t>()[0];
+        const auto& pool = static_cast<const MHAKVPool&>(*batch.kv_pool);
+        const TensorView k = pool.k_buffer(layer.layer_id);
+        for (int64_t d = 0; d < k.size(2); ++d) {
+          const int64_t i = slot * k.stride(0) + d * k.stride(2);
+          store_from_float(k.data, k.dtype, i, -load_as_float(k.data, k.dtype, i));
+        }
+        return Status::ok();
+      }
     }
     return Status::ok();
   }
@@ -254,7 +280,7 @@ class BrokenBackend final : public AttentionBackend {
 TEST(Comparison, CatchesBrokenBackends) {
   using Bug = BrokenBackend::Bug;
   for (Bug bug : {Bug::kSkipLastToken, Bug::kPerturbOutput, Bug::kStrayWrite, Bug::kWrongLse,
-                  Bug::kOverrun}) {
+                  Bug::kOverrun, Bug::kBadNewRow}) {
     Result<PreparedCase> pc =
         harness::prepare_case(*harness::find_case("extend_page16_ragged"), Device::cpu());
     ASSERT_TRUE(pc.is_ok());
@@ -278,6 +304,10 @@ TEST(Comparison, CatchesBrokenBackends) {
         break;
       case Bug::kOverrun:
         EXPECT_GT(c->canaries_damaged, 0);
+        break;
+      case Bug::kBadNewRow:  // a new slot: no stray write, but its value is wrong
+        EXPECT_GT(c->pool_bad_new_values, 0);
+        EXPECT_EQ(c->pool_stray_writes, 0);
         break;
     }
   }

@@ -4,6 +4,7 @@
 // sinks, fp8 KV, f16/f32 activations) and the rejection of unsupported inputs.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -425,6 +426,43 @@ TEST(IntelAmxRejects, BadShapesAreNamed) {
   const Status st = (*backend)->forward(ld.q, TensorView(), TensorView(), bad_out, ld.layer,
                                         pc.batch, /*save_kv=*/false, ld.lse);
   expect_error_mentions(st, StatusCode::kInvalidArgument, "out");
+}
+
+// req_to_token entries are slots of the pool: one past the end or in the reserved page 0 is named
+// (it was read out of bounds: garbage or a crash), as torch_native does.
+TEST(IntelAmxRejects, PageTablePastThePoolOrInPageZero) {
+  for (const bool decode : {true, false}) {
+    for (const bool past_the_end : {true, false}) {
+      PreparedCase pc = prepare_or_die(
+          decode ? make_case("slots_decode", ForwardMode::kDecode, 16, {40, 20}, {1, 1})
+                 : make_case("slots_extend", ForwardMode::kExtend, 16, {40, 20}, {9, 3}));
+      const int64_t bad = past_the_end ? pc.kv_pool->rows() + 16 : 3;
+      const int32_t row = pc.rows[1];
+      ASSERT_TRUE(pc.req_to_token->write(row, 5, std::vector<int64_t>{bad}).is_ok());
+      Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+      ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+      const Status st = harness::run_backend(**backend, pc, /*save_kv=*/false);
+      expect_error_mentions(st, StatusCode::kInvalidArgument,
+                            "req_to_token[" + std::to_string(row) + ", 5] = " +
+                                std::to_string(bad) + " (request 1) is outside the KV pool slots");
+    }
+  }
+}
+
+// A plan is for one batch: a batch of the same mode and size with other rows or lengths is refused
+// (it ran on the stale plan, reading the old requests' keys).
+TEST(IntelAmxRejects, ForwardWithAnotherBatchsPlan) {
+  PreparedCase pc = prepare_or_die(make_case("stale", ForwardMode::kDecode, 16, {40, 20}, {1, 1}));
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  ASSERT_TRUE((*backend)->init_forward_metadata(pc.batch).is_ok());
+  ForwardBatch other = pc.batch;
+  other.seq_lens_host[1] -= 1;
+  other.seq_lens_sum -= 1;
+  const harness::LayerData& ld = pc.layers[0];
+  const Status st = (*backend)->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, other,
+                                        /*save_kv=*/false, ld.lse);
+  expect_error_mentions(st, StatusCode::kInvalidArgument, "init_forward_metadata");
 }
 
 TEST(IntelAmxIsa, ParsesNamesAndRejectsUnknown) {

@@ -406,6 +406,13 @@ TEST_F(KVPoolErrors, SlotPastTheEnd) {
   expect_error(pool_->set_kv(0, loc(), k(), v(), 1.0f, 1.0f, nullptr), "loc[2] = -1");
 }
 
+// Two new tokens in one slot: one of them would be lost (the later row overwrote the earlier).
+TEST_F(KVPoolErrors, SlotTwiceInOneWrite) {
+  slots_[2] = slots_[0];
+  expect_error(pool_->set_kv(0, loc(), k(), v(), 1.0f, 1.0f, nullptr),
+               "loc[2] = 16 repeats loc[0]");
+}
+
 TEST_F(KVPoolErrors, ShapesDTypesDevicesLayersAndScales) {
   TensorView bad_heads(k_.data(), DType::kF32, Device::cpu(), {3, 1, 128});
   expect_error(pool_->set_kv(0, loc(), bad_heads, v(), 1.0f, 1.0f, nullptr), "k");

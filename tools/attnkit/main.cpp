@@ -2,6 +2,7 @@
 // tools/attnkit/commands.h. Every error ends as one line on stderr ("attnkit: ...") and a non-zero
 // exit status.
 #include <CLI/CLI.hpp>
+#include <exception>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -83,6 +84,12 @@ int main(int argc, char** argv) {
     }
     std::cerr << message << " (see " << cmd << " --help)\n";
     return e.get_exit_code() == 0 ? 1 : e.get_exit_code();
+  } catch (const std::exception& e) {
+    // Library code returns Status; this is the last guard against an exception from a container
+    // or the standard library (std::bad_alloc for a case too large for this machine), which would
+    // otherwise abort with std::terminate's two lines.
+    std::cerr << "attnkit: " << e.what() << " (an exception escaped the subcommand)\n";
+    return 1;
   }
   return 0;
 }

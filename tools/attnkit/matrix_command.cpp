@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attnkit/registry.h"
+#include "core/str_cat.h"
 #include "tools/attnkit/commands.h"
 
 namespace attnkit {
@@ -16,21 +17,6 @@ namespace {
 constexpr int kCcMajorScale = 10;
 
 const char* yes_no(bool b) { return b ? "yes" : "no"; }
-
-std::string join(const std::vector<std::string>& items, const char* sep) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i > 0) out += sep;
-    out += items[i];
-  }
-  return out;
-}
-
-std::string sizes(const std::vector<int>& v) {
-  std::vector<std::string> parts;
-  for (int x : v) parts.push_back(std::to_string(x));
-  return join(parts, ",");
-}
 
 std::string cc_range(int lo, int hi) {
   const std::string a = "sm" + std::to_string(lo);
@@ -81,7 +67,7 @@ std::string page_cell(const PageRule& p, const char* any, const char* token) {
     case PageRule::Kind::kTokenOnly:
       return token;
     case PageRule::Kind::kFixed:
-      return sizes(p.sizes);
+      return join(p.sizes, ",");
   }
   return "?";
 }

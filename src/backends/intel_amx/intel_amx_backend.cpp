@@ -193,6 +193,8 @@ class IntelAmxBackend final : public AttentionBackend {
     build_requests(batch, /*cross=*/false, &self_);
     has_cross_ = !batch.encoder_lens_host.empty();
     if (has_cross_) build_requests(batch, /*cross=*/true, &cross_);
+    ATTNKIT_RETURN_IF_ERROR(check_key_slots(batch, self_));
+    if (has_cross_) ATTNKIT_RETURN_IF_ERROR(check_key_slots(batch, cross_));
     const bool decode = batch.mode == ForwardMode::kDecode;
     decode ? plan_decode(&self_) : plan_extend(&self_);
     if (has_cross_) decode ? plan_decode(&cross_) : plan_extend(&cross_);
@@ -213,6 +215,10 @@ class IntelAmxBackend final : public AttentionBackend {
     }
     planned_mode_ = batch.mode;
     planned_batch_size_ = batch.batch_size;
+    planned_rows_ = batch.req_pool_indices_host;
+    planned_seq_lens_ = batch.seq_lens_host;
+    planned_encoder_lens_ = batch.encoder_lens_host;
+    planned_extend_lens_ = batch.extend_seq_lens_host;
     planned_ = true;
     return Status::ok();
   }
@@ -313,6 +319,26 @@ class IntelAmxBackend final : public AttentionBackend {
       return Status::unsupported(cat("intel_amx does not support speculative verify trees (topk ",
                                      batch.spec.topk,
                                      "; supported: topk 1, a chain verified causally)"));
+    }
+    return Status::ok();
+  }
+
+  // Every req_to_token entry a plan reads must be a usable slot of the pool ([page_size, rows):
+  // page 0 is reserved); the kernels index the pool with them unchecked.
+  static Status check_key_slots(const ForwardBatch& batch, const Plan& plan) {
+    const int64_t lo = batch.kv_pool->page_size();
+    const int64_t hi = batch.kv_pool->rows();
+    for (size_t r = 0; r < plan.requests.size(); ++r) {
+      const CpuRequest& rq = plan.requests[r];
+      const int32_t* row = batch.req_to_token_pool->host_row(rq.req_row);
+      for (int32_t j = 0; row != nullptr && j < rq.seq_len; ++j) {
+        const int32_t slot = row[rq.key_offset + j];
+        if (slot < lo || slot >= hi) {
+          return Status::invalid_argument(
+              cat("req_to_token[", rq.req_row, ", ", rq.key_offset + j, "] = ", slot, " (request ",
+                  r, ") is outside the KV pool slots [", lo, ", ", hi, ")"));
+        }
+      }
     }
     return Status::ok();
   }
@@ -451,10 +477,15 @@ class IntelAmxBackend final : public AttentionBackend {
     if (layer.is_mla) {
       return Status::unsupported("intel_amx does not support MLA layers (layer.is_mla is true)");
     }
-    if (!planned_ || planned_mode_ != batch.mode || planned_batch_size_ != batch.batch_size) {
+    if (!planned_ || planned_mode_ != batch.mode || planned_batch_size_ != batch.batch_size ||
+        planned_rows_ != batch.req_pool_indices_host || planned_seq_lens_ != batch.seq_lens_host ||
+        planned_encoder_lens_ != batch.encoder_lens_host ||
+        planned_extend_lens_ != batch.extend_seq_lens_host) {
       return Status::invalid_argument(
           cat("intel_amx: init_forward_metadata was not called for this batch (mode ",
-              forward_mode_name(batch.mode), ", batch_size ", batch.batch_size, ")"));
+              forward_mode_name(batch.mode), ", batch_size ", batch.batch_size,
+              "): the plan is for the batch it was last called with (mode, request rows, "
+              "seq_lens, extend and encoder lengths)"));
     }
     if (layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads ||
         layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.v_head_dim) {
@@ -535,6 +566,9 @@ class IntelAmxBackend final : public AttentionBackend {
   bool planned_ = false;
   ForwardMode planned_mode_ = ForwardMode::kIdle;
   int planned_batch_size_ = 0;
+  // What the plan was made from: a forward with another batch of the same mode and size is refused.
+  std::vector<int32_t> planned_rows_, planned_seq_lens_, planned_encoder_lens_,
+      planned_extend_lens_;
   Plan self_;
   Plan cross_;
   bool has_cross_ = false;
