@@ -370,6 +370,16 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   r.copies = options.num_layers;
   Result<harness::PreparedCase> prepared = harness::prepare_case(spec, settings.device, options);
   if (!prepared) return fail(prepared.status(), "prepare_case");
+  // The byte / FLOP formulas count kv_tokens_total(c) keys; the prepared case must hold exactly
+  // those (a case spec that lost a case parameter, e.g. kv_lens, would time another problem).
+  int64_t held = 0;
+  for (const int32_t len : prepared->kv_lens) held += len;
+  if (held != kv_tokens_total(c)) {
+    return fail(
+        Status::internal("the prepared case holds " + std::to_string(held) +
+                         " KV tokens, the formulas count " + std::to_string(kv_tokens_total(c))),
+        "bytes formula");
+  }
   if (settings.graph) {
     // One pass over every rotating copy per replay, so that a replay never finds its inputs in L2.
     r.forwards_per_sample = std::max(settings.launches, options.num_layers);
