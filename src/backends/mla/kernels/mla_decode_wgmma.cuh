@@ -27,8 +27,9 @@
 //     whole requests write bf16 out (+ natural-log LSE), split segments the normalised f32
 //     partial + log2 LSE for mla_combine_kernel.
 //
-// Shared memory: Q 72 KiB | K 2 x 72 KiB | P 8 KiB | m, f [64] | l [2][64] | 6 mbarriers, aligned
-// to 1024 bytes in the kernel.
+// Shared memory: Q 72 KiB | K 2 x 72 KiB | P 8 KiB | l [2][64] | m, f [64] + 512 B (kVariant 8:
+// the exchange arrays m0, scale0, m1, scale1 [64] there) | 27 mbarriers; 232152 of 232448 bytes,
+// aligned to 1024 bytes in the kernel.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -87,6 +88,12 @@ struct MlaWgmmaTraits {
   static_assert(kSmemBytes <= 227 * 1024, "227 KiB opt-in of SM90");
   static_assert(kQBytes % kAlign == 0 && kTileBytes % kAlign == 0 && kPOffset % kAlign == 0,
                 "1024-byte swizzle atoms");
+  // Layout after the P buffer (review, session 10): row sums, then m / f (variants 0-2) inside
+  // the exchange arrays of kVariant 8, then the mbarriers (8-byte aligned).
+  static_assert(kLOffset == kPOffset + kPBytes && kMOffset >= kLOffset + 2 * kRows * 4 &&
+                    kFOffset + kRows * 4 <= kBarOffset && kX2Offset >= kLOffset + 2 * kRows * 4 &&
+                    kX2Offset + 4 * kRows * 4 <= kBarOffset && kBarOffset % 8 == 0,
+                "shared-memory regions overlap");
   static_assert(kPage == 1 || kPage % kBlockN == 0, "a tile never straddles a page boundary");
 };
 
@@ -998,7 +1005,7 @@ __global__ void __launch_bounds__(384, 1)
       sm90::mbar_init(cta.full(s), 128);
       sm90::mbar_init(cta.empty(s), Cta::kSplitRelease ? 128 : 256);
       sm90::mbar_init(cta.empty_hi(s), 128);
-      if (s == 0) sm90::mbar_init(cta.empty_rope(), 128);
+      if (Cta::kP1Buf && s == 0) sm90::mbar_init(cta.empty_rope(), 128);  // kVariant 8 only
       for (int kb = 0; kb < Tr::kColBlocks; ++kb) sm90::mbar_init(cta.block_full(s, kb), 128);
     }
     sm90::mbar_init_fence();
