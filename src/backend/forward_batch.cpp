@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env_knob.h"
 #include "core/str_cat.h"
 
 namespace attnkit {
@@ -54,10 +55,7 @@ Status check_host_size(size_t size, const char* name, int64_t n) {
   return Status::ok();
 }
 
-bool check_indices_enabled() {
-  const char* env = std::getenv("ATTNKIT_CHECK_INDICES");
-  return env != nullptr && env[0] == '1';
-}
+bool check_indices_enabled() { return env_flag("ATTNKIT_CHECK_INDICES", false); }
 
 }  // namespace
 

@@ -305,7 +305,11 @@ TEST(Fa3Fp8VariantTest, KnobsFromTheEnvironment) {
   {
     ScopedEnv b("ATTNKIT_FA3_FP8_BLOCK_N", "256");  // not accepted: ignored (warning)
     ScopedEnv s("ATTNKIT_FA3_FP8_SPEC", "0");
+    testing::internal::CaptureStderr();
     const Fp8Knobs k = fp8_knobs_from_env();
+    EXPECT_NE(testing::internal::GetCapturedStderr().find(
+                  "attnkit: ignoring ATTNKIT_FA3_FP8_BLOCK_N=256 (accepted: 128, 192); using 0"),
+              std::string::npos);
     EXPECT_EQ(k.block_mode, 0);
     EXPECT_FALSE(k.spec);
   }
@@ -323,8 +327,19 @@ TEST(Fa3Fp8VariantTest, KnobsFromTheEnvironment) {
     EXPECT_EQ(v.block_n, 128);
   }
   {
-    ScopedEnv pr("ATTNKIT_FA3_FP8_PROMOTE", "4");  // not accepted: ignored (warning)
-    EXPECT_FALSE(fp8_knobs_from_env().promote);
+    ScopedEnv pr("ATTNKIT_FA3_FP8_PROMOTE", "l");  // a typo of 1: ignored (warning)
+    ScopedEnv mk("ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS", "4096x");
+    testing::internal::CaptureStderr();
+    const Fp8Knobs k = fp8_knobs_from_env();
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_FALSE(k.promote);
+    EXPECT_EQ(k.gemm_sum_max_keys, Fp8Knobs{}.gemm_sum_max_keys);
+    EXPECT_NE(err.find("attnkit: ignoring ATTNKIT_FA3_FP8_PROMOTE=l (accepted: 0, 1, 2); using 0"),
+              std::string::npos)
+        << err;
+    EXPECT_NE(err.find("attnkit: ignoring ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS=4096x"),
+              std::string::npos)
+        << err;
   }
   ScopedEnv b("ATTNKIT_FA3_FP8_BLOCK_N", "192");
   ScopedEnv v("ATTNKIT_FA3_FP8_VT_PRE", "0");

@@ -362,6 +362,41 @@ PreparedCase prepare_or_die(const CaseSpec& spec) {
   return std::move(pc).value();
 }
 
+// The AMX experiment knobs accept their documented values only; anything else is reported on
+// stderr (core/env_knob.h) and the default kept, so an A/B with a typo does not silently measure
+// the default.
+TEST(IntelAmxKnobs, BadValuesAreReportedAndIgnored) {
+  PreparedCase pc = prepare_or_die(make_case("knobs", ForwardMode::kExtend, 16, {40}, {30}));
+  ScopedEnv keys("ATTNKIT_AMX_KEY_BLOCK", "100");
+  ScopedEnv rows("ATTNKIT_AMX_ROWS_PER_ITEM", "128abc");
+  ScopedEnv pipeline("ATTNKIT_AMX_PIPELINE", "l");
+  ScopedEnv pf("ATTNKIT_AMX_DECODE_PF", "4");
+  ScopedEnv softmax("ATTNKIT_AMX_SOFTMAX", "off");
+  testing::internal::CaptureStderr();
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  for (const char* line :
+       {"attnkit: ignoring ATTNKIT_AMX_KEY_BLOCK=100 (accepted: 128, 256); using 128\n",
+        "attnkit: ignoring ATTNKIT_AMX_ROWS_PER_ITEM=128abc (accepted: powers of two 64..512); "
+        "using 256\n",
+        "attnkit: ignoring ATTNKIT_AMX_PIPELINE=l (accepted: 0, 1); using 1\n",
+        "attnkit: ignoring ATTNKIT_AMX_DECODE_PF=4 (accepted: integers 0..3); using 0\n",
+        "attnkit: ignoring ATTNKIT_AMX_SOFTMAX=off (accepted: an integer, 0 = off); using 1\n"}) {
+    EXPECT_NE(err.find(line), std::string::npos) << "missing: " << line << "stderr:\n" << err;
+  }
+  {
+    ScopedEnv good_keys("ATTNKIT_AMX_KEY_BLOCK", "256");
+    ScopedEnv good_rows("ATTNKIT_AMX_ROWS_PER_ITEM", "64");
+    ScopedEnv good_pipeline("ATTNKIT_AMX_PIPELINE", "0");
+    ScopedEnv good_pf("ATTNKIT_AMX_DECODE_PF", "3");
+    ScopedEnv good_softmax("ATTNKIT_AMX_SOFTMAX", "2");  // any integer: 0 = off, else on
+    testing::internal::CaptureStderr();
+    ASSERT_TRUE(create_intel_amx_backend(pc.context()).is_ok());
+    EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  }
+}
+
 void expect_error_mentions(const Status& st, StatusCode code, const std::string& needle) {
   EXPECT_EQ(st.code(), code) << st.to_string();
   EXPECT_NE(st.message().find(needle), std::string::npos) << st.to_string();

@@ -20,6 +20,7 @@
 #include "backend/kernel_params.h"
 #include "backends/fa3/kernels/fa3_kernels.h"
 #include "backends/fa3/kernels/tile_plan.h"
+#include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/dispatch.h"
 
@@ -44,12 +45,7 @@ bool vec_aligned_fp8(const TensorView& t) {
 }
 constexpr int kFp8HeadDim = 128;
 
-// Unset: `default_on`; set: on unless "0".
-bool env_flag(const char* name, bool default_on) {
-  const char* e = std::getenv(name);
-  return e == nullptr ? default_on : std::string(e) != "0";
-}
-
+// Unset: on; "0": off; "1": on (core/env_knob.h reports other values).
 bool env_on(const char* name) { return env_flag(name, true); }
 
 // The driver's cuTensorMapEncodeTiled through the runtime (no libcuda link); nullptr if absent.
@@ -144,17 +140,23 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->lazy_rescale_ = env_on("ATTNKIT_FA3_LAZY_RESCALE");  // on unless "0"
   e->epi_wide_ = env_on("ATTNKIT_FA3_EPI_WIDE");
   e->uniform_wg_ = env_on("ATTNKIT_FA3_UNIFORM_WG");
-  const char* block_n = std::getenv("ATTNKIT_FA3_BLOCK_N");
-  const int want = block_n != nullptr ? std::atoi(block_n) : 0;
-  e->block_n_ = block_n_supported(ctx.qk_head_dim, want) ? want : default_block_n(ctx.qk_head_dim);
+  const int d = ctx.qk_head_dim;
+  std::string block_ns;  // the key blocks instantiated for d
+  for (int n : {64, 80, 128, 192}) {
+    if (block_n_supported(d, n)) block_ns += (block_ns.empty() ? "" : ", ") + std::to_string(n);
+  }
+  e->block_n_ = env_int_if(
+      "ATTNKIT_FA3_BLOCK_N", default_block_n(d), [d](int n) { return block_n_supported(d, n); },
+      block_ns + " at head dim " + std::to_string(d));
   // Three consumer warpgroups (192-row tiles): d 64 with 128-key blocks only (the default;
   // ATTNKIT_FA3_WG3=0: two). H200 10:38Z, causal 4k / 8k / 16k, bidir 8k vs the default
   // (two warpgroups, 192 keys): +9 / +16 / +16 / +25% (docs/perf/fa3_notes.md, session 9).
   if (ctx.qk_head_dim == 64 && e->block_n_ == 128 && env_flag("ATTNKIT_FA3_WG3", true)) {
     e->block_m_ = 192;
   }
-  const char* diag = std::getenv("ATTNKIT_FA3_DIAG");
-  e->diag_ = diag != nullptr ? std::atoi(diag) : 0;
+  e->diag_ = env_int_if(
+      "ATTNKIT_FA3_DIAG", 0, [](int bits) { return bits >= 0 && (bits & ~(1 | 2 | 4 | 16)) == 0; },
+      "a sum of the Fa3Params::diag bits 1, 2, 4, 16");
   e->fp8_kv_ = allow_fp8_kv && env_on("ATTNKIT_FA3_FP8") && ctx.q_dtype == DType::kBF16 &&
                ctx.qk_head_dim == kFp8HeadDim && ctx.v_head_dim == kFp8HeadDim &&
                wgmma_head_dim_compiled(kFp8HeadDim) && prefill_sm90_fp8_available();

@@ -36,6 +36,7 @@
 #include "backends/triton/kernels/split_plan.h"
 #include "backends/triton/kernels/triton_kernels.h"
 #include "backends/triton/triton_backend.h"
+#include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/decode_tuning.h"
 #include "cuda/common/device_attributes.h"
@@ -125,12 +126,6 @@ int log2_exact(int v) {
   return s;
 }
 
-// Whether the environment variable `name` is unset or holds anything but `value`.
-bool env_is_not(const char* name, const char* value) {
-  const char* e = std::getenv(name);
-  return e == nullptr || std::string(e) != value;
-}
-
 Status check_vec_aligned(const TensorView& t, const char* name) {
   const bool ok = reinterpret_cast<uintptr_t>(t.data) % (kVecElems * 2) == 0 &&
                   t.stride(0) % kVecElems == 0 && t.stride(1) % kVecElems == 0;
@@ -155,10 +150,11 @@ class FlashInferBackend final : public AttentionBackend {
         mla_engine_(std::move(mla_engine)),
         prefix_cache_(ctx),
         sm90_prefill_(std::move(sm90_prefill)),
-        pdl_split_(env_is_not("ATTNKIT_FLASHINFER_PDL_SPLIT", "0")),
-        pdl_graph_(env_is_not("ATTNKIT_FLASHINFER_PDL_GRAPH", "0")),
-        pdl_early_(env_is_not("ATTNKIT_FLASHINFER_PDL_TRIGGER", "end")),
-        balance_(!env_is_not("ATTNKIT_FLASHINFER_DECODE_BALANCE", "1")) {}
+        pdl_split_(env_flag("ATTNKIT_FLASHINFER_PDL_SPLIT", true)),
+        pdl_graph_(env_flag("ATTNKIT_FLASHINFER_PDL_GRAPH", true)),
+        pdl_early_(env_choice("ATTNKIT_FLASHINFER_PDL_TRIGGER", {"early", "end"}, "early") !=
+                   "end"),
+        balance_(env_flag("ATTNKIT_FLASHINFER_DECODE_BALANCE", false)) {}
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("flashinfer");
@@ -223,11 +219,8 @@ class FlashInferBackend final : public AttentionBackend {
     c.group = ctx_.num_q_heads / ctx_.num_kv_heads;
     c.target_ctas = cuda::decode_blocks_per_sm(flashinfer::kTargetCtasPerSm) * sm_count_;
     c.allow_split = allow_split;
-    static const int split_ctas = [] {  // experiment knob (work_plan.h PlanConfig::split_ctas)
-      const char* e = std::getenv("ATTNKIT_FLASHINFER_SPLIT_CTAS");
-      const int v = e != nullptr ? std::atoi(e) : 0;
-      return v >= 1 && v <= 4096 ? v : 0;
-    }();
+    // Experiment knob (work_plan.h PlanConfig::split_ctas).
+    static const int split_ctas = env_int_range("ATTNKIT_FLASHINFER_SPLIT_CTAS", 0, 1, 4096);
     c.split_ctas = split_ctas;
     return c;
   }
@@ -530,15 +523,11 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   detail::set_page_table_params(p, batch);
   p.page_size = pool.page_size();
   p.page_shift = is_power_of_two(p.page_size) ? log2_exact(p.page_size) : -1;
-  static const bool generic_loop = [] {  // decode experiment knob (paged_params.h)
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_DECODE_LOOP");
-    return e != nullptr && std::string(e) == "generic";
-  }();
+  static const bool generic_loop =  // decode experiment knob (paged_params.h)
+      env_choice("ATTNKIT_FLASHINFER_DECODE_LOOP", {"generic"}, "the default loop") == "generic";
   p.decode_generic_loop = generic_loop ? 1 : 0;
-  static const bool split_fence_all = [] {  // decode experiment knob (paged_params.h)
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_SPLIT_SYNC");
-    return e != nullptr && std::string(e) == "fence_all";
-  }();
+  static const bool split_fence_all =  // decode experiment knob (paged_params.h)
+      env_choice("ATTNKIT_FLASHINFER_SPLIT_SYNC", {"fence_all"}, "acq_rel") == "fence_all";
   p.split_sync_fence_all = split_fence_all ? 1 : 0;
   // Programmatic dependent launch (paged_attention_sm80.cuh decode_pdl: mode 2 where allowed, the
   // next grid released right after each CTA's wait) for every decode launch, eager and captured,
@@ -1004,9 +993,7 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
   }
   // SM90 prefill on the wgmma kernel (nullptr elsewhere; ATTNKIT_FLASHINFER_SM90_PREFILL=0: off).
   std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill;
-  const char* sm90_env = std::getenv("ATTNKIT_FLASHINFER_SM90_PREFILL");
-  if (reason.empty() && options.sm90_prefill &&
-      (sm90_env == nullptr || std::string(sm90_env) != "0")) {
+  if (reason.empty() && options.sm90_prefill && env_flag("ATTNKIT_FLASHINFER_SM90_PREFILL", true)) {
     sm90_prefill = fa3::PrefillSm90Engine::create(ctx, sm_count, cc, nullptr);
   }
   auto* fi = new FlashInferBackend(ctx, sm_count, cc, std::move(portable), std::move(reason),
@@ -1014,8 +1001,10 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
   // ATTNKIT_FLASHINFER_CASCADE (for processes that cannot call set_flashinfer_cascade: the bench's
   // cascade A/B): 0 = off; 1 = on for fp8 KV and every forward mode too (the size thresholds of
   // FlashInferCascadeOptions stay); unset = FlashInferCascadeOptions{}.
-  if (const char* e = std::getenv("ATTNKIT_FLASHINFER_CASCADE"); e != nullptr && *e != '\0') {
-    const bool on = std::string(e) != "0";
+  if (const std::string e =
+          env_choice("ATTNKIT_FLASHINFER_CASCADE", {"0", "1"}, "FlashInferCascadeOptions{}");
+      e == "0" || e == "1") {
+    const bool on = e == "1";
     fi->cascade_options.enabled = on;
     fi->cascade_options.fp8_kv = on;
     fi->cascade_options.all_modes = on;

@@ -11,6 +11,7 @@
 
 #include "attnkit/registry.h"
 #include "backends/intel_amx/kernels/cpu_attention_params.h"
+#include "core/env_knob.h"
 #include "core/str_cat.h"
 
 #ifdef ATTNKIT_WITH_OPENMP
@@ -50,7 +51,8 @@ constexpr int64_t kMaxPackedBytes = int64_t{512} << 20;
 // Experiment switches of the AMX extend (read once per backend): ATTNKIT_AMX_PREPACK=0 packs per
 // item (the layout before packing once per forward), ATTNKIT_AMX_ROWS_PER_ITEM (64..512, a power
 // of two) sets the largest item, ATTNKIT_AMX_KEY_BLOCK=256 computes 256 keys per block (two packed
-// blocks; only when packing once per forward). Other values keep the defaults.
+// blocks; only when packing once per forward). Other values are reported and keep the defaults
+// (core/env_knob.h).
 constexpr const char* kPrepackEnvVar = "ATTNKIT_AMX_PREPACK";
 constexpr const char* kRowsPerItemEnvVar = "ATTNKIT_AMX_ROWS_PER_ITEM";
 constexpr const char* kKeyBlockEnvVar = "ATTNKIT_AMX_KEY_BLOCK";
@@ -66,46 +68,35 @@ constexpr const char* kAmxDecodeEnvVar = "ATTNKIT_AMX_DECODE";
 // vs 8.15 ms); ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass row.
 constexpr const char* kFastSoftmaxEnvVar = "ATTNKIT_AMX_SOFTMAX";
 
-// Unset, or set to a number other than 0.
+// Unset, or set to a number other than 0 (any integer; 0 = off).
 bool env_on_unless_zero(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr || std::atoi(v) != 0;
+  return env_int_if(
+             name, 1, [](int) { return true; }, "an integer, 0 = off") != 0;
 }
 
 // ATTNKIT_AMX_DECODE_PF=1|2|3: the AMX decode's software prefetch modes (DecodeWork::amx_prefetch;
 // default 0, none; session 8 A/B).
-int env_amx_decode_prefetch() {
-  const char* v = std::getenv("ATTNKIT_AMX_DECODE_PF");
-  const int mode = v == nullptr ? 0 : std::atoi(v);
-  return mode >= 1 && mode <= 3 ? mode : 0;
-}
+int env_amx_decode_prefetch() { return env_int_range("ATTNKIT_AMX_DECODE_PF", 0, 0, 3); }
 
-bool env_pipeline() {
-  const char* v = std::getenv(kPipelineEnvVar);
-  return v == nullptr || std::string(v) != "0";
-}
+bool env_pipeline() { return env_flag(kPipelineEnvVar, true); }
 
-bool env_prepack() {
-  const char* v = std::getenv(kPrepackEnvVar);
-  return v == nullptr || std::string(v) != "0";
-}
+bool env_prepack() { return env_flag(kPrepackEnvVar, true); }
 
 int env_key_block() {
-  const char* v = std::getenv(kKeyBlockEnvVar);
-  if (v != nullptr && std::atoi(v) == cpu_attention::kAmxMaxKeyBlock) {
-    return cpu_attention::kAmxMaxKeyBlock;
-  }
-  return cpu_attention::kAmxKeyBlock;
+  return env_int(kKeyBlockEnvVar, cpu_attention::kAmxKeyBlock,
+                 {cpu_attention::kAmxKeyBlock, cpu_attention::kAmxMaxKeyBlock});
 }
 
 int env_rows_per_item() {
-  const char* v = std::getenv(kRowsPerItemEnvVar);
-  if (v == nullptr) return cpu_attention::kAmxDefaultRowsPerItem;
-  const int rows = std::atoi(v);
-  for (int r = cpu_attention::kAmxMinRowsPerItem; r <= cpu_attention::kAmxRowsPerItem; r *= 2) {
-    if (r == rows) return rows;
-  }
-  return cpu_attention::kAmxDefaultRowsPerItem;
+  const auto ok = [](int rows) {
+    for (int r = cpu_attention::kAmxMinRowsPerItem; r <= cpu_attention::kAmxRowsPerItem; r *= 2) {
+      if (r == rows) return true;
+    }
+    return false;
+  };
+  return env_int_if(kRowsPerItemEnvVar, cpu_attention::kAmxDefaultRowsPerItem, ok,
+                    cat("powers of two ", cpu_attention::kAmxMinRowsPerItem, "..",
+                        cpu_attention::kAmxRowsPerItem));
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

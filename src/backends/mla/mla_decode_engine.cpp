@@ -14,6 +14,7 @@
 #include "backend/kernel_params.h"
 #include "backends/mla/kernels/mla_decode.h"
 #include "backends/mla/kernels/mla_tile_scheduler.h"
+#include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/device_attributes.h"
 #include "cuda/common/online_softmax.cuh"
@@ -24,61 +25,43 @@ namespace {
 constexpr int kMinComputeCapability = 80;  // mma.sync m16n8k16 bf16, cp.async
 constexpr int kWgmmaComputeCapability = 90;
 
-// ATTNKIT_MLA_WGMMA: "0" keeps 64-row tiles on the mma.sync kernel; unset or anything else
-// ("1", "all") lets them run the wgmma kernel where it can, with every page size of the family (1,
+// The knobs below report other values and keep their defaults (core/env_knob.h).
+
+// ATTNKIT_MLA_WGMMA: "0" keeps 64-row tiles on the mma.sync kernel; unset, "1" or "all" lets
+// them run the wgmma kernel where it can, with every page size of the family (1,
 // 64, 128: each verified on an H200, page 128 by CutlassMlaKernels.Heads128Bf16BothKernels).
-bool wgmma_env_on() {
-  const char* e = std::getenv("ATTNKIT_MLA_WGMMA");
-  return e == nullptr || std::string(e) != "0";
-}
+bool wgmma_env_on() { return env_choice("ATTNKIT_MLA_WGMMA", {"0", "1", "all"}, "1") != "0"; }
 
 // ATTNKIT_MLA_WGMMA_BLOCKS: the wgmma kernel's variant (mla_decode_wgmma.cuh, kVariant): "0" one
 // full barrier per K tile, "1" block barriers, "2" block barriers + split release (session 7),
 // "6" the seesaw without the phantom tile of odd segments, "7" 6 + the next pair's S0 issued
 // behind P1 V1L, "8" 7 + P1 in its own buffer (stage 1's rope block released after S1) (all
-// session 10, not yet run on a GPU), unset / else the seesaw schedule (3; H200 session 9, two
+// session 10, not yet run on a GPU), unset / "3" the seesaw schedule (3; H200 session 9, two
 // runs: +4-6% over 2).
-int wgmma_variant_env() {
-  const char* e = std::getenv("ATTNKIT_MLA_WGMMA_BLOCKS");
-  const std::string v = e == nullptr ? "" : e;
-  return v == "0"   ? 0
-         : v == "1" ? 1
-         : v == "2" ? 2
-         : v == "6" ? 6
-         : v == "7" ? 7
-         : v == "8" ? 8
-                    : 3;
-}
+int wgmma_variant_env() { return env_int("ATTNKIT_MLA_WGMMA_BLOCKS", 3, {0, 1, 2, 3, 6, 7, 8}); }
 // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
 bool wgmma_noload_env() {
-  const char* e = std::getenv("ATTNKIT_MLA_WGMMA_DIAG");
-  return e != nullptr && std::string(e) == "noload";
+  return env_choice("ATTNKIT_MLA_WGMMA_DIAG", {"noload"}, "none") == "noload";
 }
 
 // ATTNKIT_MLA_MMA_PREFETCH: "0" the mma.sync kernel reads the page table at the refill (session
 // 7), "1" one tile ahead for every tile size, "smem" 16-row tiles through a shared-memory ring of
-// page-table entries, unset / else the per-tile-size default (MlaDecodeParams::mma_prefetch).
+// page-table entries, unset: the per-tile-size default (MlaDecodeParams::mma_prefetch).
 int mma_prefetch_env() {
-  const char* e = std::getenv("ATTNKIT_MLA_MMA_PREFETCH");
-  const std::string v = e == nullptr ? "" : e;
+  const std::string v =
+      env_choice("ATTNKIT_MLA_MMA_PREFETCH", {"0", "1", "smem"}, "the per-tile-size default");
   return v == "0" ? 0 : v == "1" ? 1 : v == "smem" ? 3 : 2;
 }
-// ATTNKIT_MLA_FP8_F16=0: fp8 cache with 16-row tiles keeps bf16 tensor-core inputs; unset / else
+// ATTNKIT_MLA_FP8_F16=0: fp8 cache with 16-row tiles keeps bf16 tensor-core inputs; unset / 1:
 // f16 (MlaDecodeParams::mma_fp8_f16, the default since session 8).
-bool fp8_f16_env() {
-  const char* e = std::getenv("ATTNKIT_MLA_FP8_F16");
-  return e == nullptr || std::string(e) != "0";
-}
+bool fp8_f16_env() { return env_flag("ATTNKIT_MLA_FP8_F16", true); }
 
-// ATTNKIT_MLA_COMBINE_SKIP=0: always launch the combine kernel; unset / else eager plans whose
+// ATTNKIT_MLA_COMBINE_SKIP=0: always launch the combine kernel; unset / 1: eager plans whose
 // host schedule (from seq_lens_host) splits no request launch none (MlaDecodeParams::
 // skip_combine; the default since session 9: H200 bf16 kv 4k -2.6 / -3.2 us per forward). The
 // host schedule equals the device one only when ForwardBatch::seq_lens_host equals seq_lens, as
 // the batch's contract requires (forward_batch.h).
-bool combine_skip_env() {
-  const char* e = std::getenv("ATTNKIT_MLA_COMBINE_SKIP");
-  return e == nullptr || std::string(e) != "0";
-}
+bool combine_skip_env() { return env_flag("ATTNKIT_MLA_COMBINE_SKIP", true); }
 
 std::string str(int64_t v) { return std::to_string(v); }
 

@@ -25,6 +25,7 @@
 #include "backends/triton/kernels/simt_layout.h"
 #include "backends/triton/kernels/split_plan.h"
 #include "backends/triton/kernels/triton_kernels.h"
+#include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/decode_tuning.h"
 #include "cuda/common/device_attributes.h"
@@ -85,10 +86,10 @@ class TritonBackend final : public AttentionBackend {
     blocks_per_sm_ = cuda::decode_blocks_per_sm(
         ring_ == triton::MmaDecodeRing::k2x4 ? triton::kTargetBlocksPerSm : 1);
     max_splits_ = triton::plan_max_splits(sm_count_, head_blocks_, blocks_per_sm_);
-    const char* rule = std::getenv("ATTNKIT_TRITON_SPLIT");  // experiment: "request" = old rule
-    batch_chunk_ = rule == nullptr || std::string(rule) != "request";
-    const char* sync = std::getenv("ATTNKIT_TRITON_SPLIT_SYNC");  // experiment (attention_params.h)
-    split_sync_fence_all_ = sync != nullptr && std::string(sync) == "fence_all";
+    // Experiment: "request" = old rule.
+    batch_chunk_ = env_choice("ATTNKIT_TRITON_SPLIT", {"request"}, "batch") != "request";
+    split_sync_fence_all_ =  // experiment (attention_params.h)
+        env_choice("ATTNKIT_TRITON_SPLIT_SYNC", {"fence_all"}, "acq_rel") == "fence_all";
     mma_head_blocks_ = std::max(1, ctx.num_kv_heads) *
                        ((group + triton::kMmaDecodeGroupTile - 1) / triton::kMmaDecodeGroupTile);
   }
@@ -109,9 +110,9 @@ class TritonBackend final : public AttentionBackend {
                               dqk <= triton::kMmaDecodeOneCtaMaxDim &&
                               optin_smem >= triton::kMmaDecodeOneCtaSmem;
     if (!one_cta_fits) return MmaDecodeRing::k2x4;
-    const char* env = std::getenv("ATTNKIT_TRITON_DECODE_RING");
-    const std::string v = env != nullptr ? env : "";
-    if (v == "2x4") return MmaDecodeRing::k2x4;
+    if (env_choice("ATTNKIT_TRITON_DECODE_RING", {"1x8", "2x4"}, "1x8") == "2x4") {
+      return MmaDecodeRing::k2x4;
+    }
     return MmaDecodeRing::k1x8;
   }
 

@@ -2,11 +2,11 @@
 #include "backends/fa3/kernels/tile_plan.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <iostream>
+#include <limits>
 #include <string>
 
 #include "backends/fa3/kernels/fa3_params.h"
+#include "core/env_knob.h"
 
 namespace attnkit::fa3 {
 
@@ -62,14 +62,6 @@ namespace {
 
 constexpr int kFp8HeadDim = 128;  // the FP8 kernel's head dim
 
-void warn(const std::string& what) { std::cerr << "attnkit fa3: " << what << "\n"; }
-
-// Unset: default_on; set: on unless "0".
-bool env_flag(const char* name, bool default_on) {
-  const char* e = std::getenv(name);
-  return e == nullptr ? default_on : std::string(e) != "0";
-}
-
 }  // namespace
 
 Fp8Knobs fp8_knobs_from_env() {
@@ -77,34 +69,14 @@ Fp8Knobs fp8_knobs_from_env() {
   k.spec = env_flag("ATTNKIT_FA3_FP8_SPEC", true);
   k.gemm_sum = env_flag("ATTNKIT_FA3_FP8_GEMM_SUM", true);
   k.uniform_wg = env_flag("ATTNKIT_FA3_UNIFORM_WG", true);
-  if (const char* vt = std::getenv("ATTNKIT_FA3_FP8_VT_PRE"); vt != nullptr) {
-    k.vt_pre_mode = std::string(vt) != "0" ? 1 : 0;
-  }
-  if (const char* mk = std::getenv("ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS"); mk != nullptr) {
-    const int want = std::atoi(mk);
-    if (want > 0) {
-      k.gemm_sum_max_keys = want;
-    } else {
-      warn(std::string("ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS=") + mk + " ignored (a key count > 0)");
-    }
-  }
-  if (const char* pr = std::getenv("ATTNKIT_FA3_FP8_PROMOTE"); pr != nullptr) {
-    const std::string want(pr);
-    if (want == "0" || want == "1" || want == "2") {
-      k.promote = want != "0";
-      k.promote_late = want == "2";
-    } else {
-      warn("ATTNKIT_FA3_FP8_PROMOTE=" + want + " ignored (accepted: 0, 1, 2)");
-    }
-  }
-  if (const char* fb = std::getenv("ATTNKIT_FA3_FP8_BLOCK_N"); fb != nullptr) {
-    const int want = std::atoi(fb);
-    if (want == 128 || want == 192) {
-      k.block_mode = want;
-    } else {
-      warn(std::string("ATTNKIT_FA3_FP8_BLOCK_N=") + fb + " ignored (accepted: 128, 192)");
-    }
-  }
+  const std::string vt = env_choice("ATTNKIT_FA3_FP8_VT_PRE", {"0", "1"}, "the forward's shape");
+  if (vt == "0" || vt == "1") k.vt_pre_mode = vt == "1" ? 1 : 0;
+  k.gemm_sum_max_keys = env_int_range("ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS", k.gemm_sum_max_keys, 1,
+                                      std::numeric_limits<int>::max());
+  const int promote = env_int("ATTNKIT_FA3_FP8_PROMOTE", 0, {0, 1, 2});
+  k.promote = promote != 0;
+  k.promote_late = promote == 2;
+  k.block_mode = env_int("ATTNKIT_FA3_FP8_BLOCK_N", k.block_mode, {128, 192});
   return k;
 }
 

@@ -74,7 +74,7 @@ struct Fp8Knobs {
   bool promote_late = false;
 };
 // Reads the knobs above; a value that is not accepted (e.g. ATTNKIT_FA3_FP8_BLOCK_N=256) is
-// ignored with a one-line warning on stderr.
+// ignored with a one-line warning on stderr (core/env_knob.h).
 Fp8Knobs fp8_knobs_from_env();
 
 // What the FP8 kernel runs for one forward.
