@@ -304,9 +304,10 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
                    " must be 0, or > 0 only for MLA non-absorbed cases with num_kv_heads = "
                    "num_q_heads"));
   }
-  if (!std::isfinite(s.v_mean) || (s.v_mean != 0.f && s.mla_absorbed())) {
-    return bad(cat("v_mean ", s.v_mean,
-                   " must be finite, and 0 for MLA absorbed cases (V is part of the key row)"));
+  if (!std::isfinite(s.v_mean) || (s.v_mean != 0.f && s.mla)) {
+    // MLA: absorbed, V is part of the key row; not absorbed, the cached history has no V of its
+    // own (prepare_case draws none), so only the new tokens' V would move.
+    return bad(cat("v_mean ", s.v_mean, " must be finite, and 0 for MLA cases"));
   }
   if (o.num_layers < 1) return bad(cat("num_layers ", o.num_layers, " must be >= 1"));
   if (o.spare_pages < 0) return bad(cat("spare_pages ", o.spare_pages, " must be >= 0"));

@@ -84,8 +84,9 @@ struct CaseSpec {
   // mla_prefix_expander.h), at most this many prefix tokens per chunk; 0 = new tokens only.
   int mla_prefix_chunk = 0;
   // Mean of every V value (history and new tokens; N(v_mean, 1) instead of N(0, 1)); not MLA
-  // absorbed (V is part of the key row there). With a nonzero mean O grows with the row like the
-  // softmax row sum does (the fa3 FP8 kernel's long-row accumulation tests).
+  // (absorbed: V is part of the key row; not absorbed: the history has no V of its own). With a
+  // nonzero mean O grows with the row like the softmax row sum does (the fa3 FP8 kernel's long-row
+  // accumulation tests).
   float v_mean = 0.f;
   uint64_t seed = 0;
 

@@ -534,6 +534,17 @@ TEST(PrepareCase, VMeanShiftsEveryValue) {
   Result<PreparedCase> r = harness::prepare_case(c, Device::cpu());
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("v_mean nan"), std::string::npos) << r.status().message();
+  // MLA: absorbed (V in the key row) and not absorbed (the history's V comes from the latent
+  // row, which v_mean does not move): rejected, not applied to the new tokens only.
+  for (const char* name : {"mla_extend_absorbed_page1", "mla_prefill_prefix_chunks_page1"}) {
+    CaseSpec m = *harness::find_case(name);
+    m.v_mean = 1.f;
+    Result<PreparedCase> rm = harness::prepare_case(m, Device::cpu());
+    ASSERT_FALSE(rm.is_ok()) << name;
+    EXPECT_NE(rm.status().message().find("v_mean 1 must be finite, and 0 for MLA"),
+              std::string::npos)
+        << rm.status().message();
+  }
 }
 
 }  // namespace

@@ -296,7 +296,72 @@ TEST(Fa3Fp8VariantTest, PromotionKnobsThatCannotBeFollowed) {
   k.promote_late = true;
   v = choose_fp8_variant(long_req, 2, k);
   EXPECT_FALSE(v.promote || v.promote_late || v.vt_pre || v.gemm_sum);
-  EXPECT_NE(v.not_honoured.find("ATTNKIT_FA3_FP8_PROMOTE=1"), std::string::npos);
+  EXPECT_NE(v.not_honoured.find("ATTNKIT_FA3_FP8_PROMOTE=2 not followed"), std::string::npos)
+      << v.not_honoured;
+  k.promote_late = false;
+  v = choose_fp8_variant(long_req, 2, k);
+  EXPECT_NE(v.not_honoured.find("ATTNKIT_FA3_FP8_PROMOTE=1 not followed"), std::string::npos)
+      << v.not_honoured;
+}
+
+// Every variant choose_fp8_variant gives, over the knob combinations and request shapes, has a
+// kernel in run_prefill_sm90_fp8 (fp8_kernel_missing is the dispatcher's own check, which fails
+// the forward rather than run another kernel): in particular never 192-key blocks with promotion.
+TEST(Fa3Fp8VariantTest, EveryChosenVariantHasAKernel) {
+  const std::vector<std::vector<TileRequest>> shapes = {
+      {{0, 1036, 8236}},
+      {{0, 16384, 16384}},
+      {{0, 100, 2100}},
+      {{0, 800, 2000}},
+      {{0, 1, 9000}},
+      {{0, 1036, 8236}, {1036, 90, 90}},
+      {{0, 0, 4000}, {0, 64, 64}},
+  };
+  int checked = 0, promoted_192 = 0, k192 = 0, promoted = 0;
+  for (int mask = 0; mask < (1 << 7); ++mask) {
+    Fp8Knobs k;
+    k.spec = (mask & 1) != 0;
+    k.gemm_sum = (mask & 2) != 0;
+    k.uniform_wg = (mask & 4) != 0;
+    k.promote = (mask & 8) != 0;
+    k.promote_late = (mask & 16) != 0;
+    k.block_mode = (mask & 32) != 0 ? 192 : 0;
+    k.gemm_sum_max_keys = (mask & 64) != 0 ? 1 << 30 : kFp8GemmSumMaxKeys;
+    for (int vt_mode : {-1, 0, 1}) {
+      k.vt_pre_mode = vt_mode;
+      for (const auto& reqs : shapes) {
+        const Fp8Variant v = choose_fp8_variant(reqs, 2, k);
+        const int promote = v.promote ? (v.promote_late ? 2 : 1) : 0;
+        const std::string why =
+            fp8_kernel_missing(v.block_n, v.vt_pre, v.spec, v.gemm_sum, promote, k.uniform_wg);
+        EXPECT_TRUE(why.empty()) << why << " (knob mask " << mask << ", vt_pre mode " << vt_mode
+                                 << ", first request " << reqs[0].kv_len << " keys)";
+        ++checked;
+        k192 += v.block_n == 192;
+        promoted += promote != 0;
+        promoted_192 += promote != 0 && v.block_n == 192;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 128 * 3 * 7);
+  EXPECT_GT(k192, 0);      // the sweep reaches 192-key blocks (unpromoted) ...
+  EXPECT_GT(promoted, 0);  // ... and promotion, never together
+  EXPECT_EQ(promoted_192, 0);
+  // The dispatcher's check itself: what has no kernel.
+  EXPECT_EQ(fp8_kernel_missing(128, true, true, true, 1, true), "");
+  EXPECT_EQ(fp8_kernel_missing(192, true, true, true, 0, true), "");
+  EXPECT_EQ(fp8_kernel_missing(128, false, false, false, 2, true), "");
+  EXPECT_EQ(fp8_kernel_missing(128, false, false, false, 0, false), "");
+  EXPECT_NE(fp8_kernel_missing(192, true, true, true, 1, true), "");  // not instantiated
+  EXPECT_NE(fp8_kernel_missing(192, true, true, true, 2, true), "");
+  EXPECT_NE(fp8_kernel_missing(192, true, false, true, 0, true), "");  // 192 needs spec
+  EXPECT_NE(fp8_kernel_missing(192, false, false, true, 0, true), "");
+  EXPECT_NE(fp8_kernel_missing(128, false, true, true, 0, true), "");     // spec needs vt_pre
+  EXPECT_NE(fp8_kernel_missing(128, true, false, false, 0, true), "");    // vt_pre: GEMM sums
+  EXPECT_NE(fp8_kernel_missing(128, false, false, false, 1, false), "");  // uniform_wg 0
+  EXPECT_NE(fp8_kernel_missing(128, false, false, true, 0, false), "");
+  EXPECT_NE(fp8_kernel_missing(128, true, true, true, 3, true), "");
+  EXPECT_NE(fp8_kernel_missing(256, true, true, true, 0, true), "");
 }
 
 using test_support::ScopedEnv;

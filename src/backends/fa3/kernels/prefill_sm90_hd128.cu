@@ -4,6 +4,7 @@
 
 #include "backends/fa3/kernels/prefill_sm90_fp8.cuh"
 #include "backends/fa3/kernels/prefill_sm90_launch.cuh"
+#include "backends/fa3/kernels/tile_plan.h"
 
 #ifdef ATTNKIT_HEAD_DIM_128
 ATTNKIT_FA3_PREFILL_SM90(128)
@@ -59,6 +60,15 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
   const auto a = [&]<auto kKernel, int kN = 128>() {
     return launch_fp8<kKernel, kN>(p, sm_count, stream, max_kv_len);
   };
+  // A combination with no kernel below is an error, not another kernel (the plan's TMA boxes and
+  // the V^T workspace follow fp8_block_n / vt_pre); test_fa3_plan checks choose_fp8_variant never
+  // gives one.
+  if (const std::string why =
+          fp8_kernel_missing(p.fp8_block_n, p.vt_pre != 0, p.fp8_spec != 0, p.fp8_gemm_sum != 0,
+                             p.fp8_promote, p.uniform_wg != 0);
+      !why.empty()) {
+    return Status::internal("fa3 fp8: no kernel: " + why);
+  }
   if (p.uniform_wg == 0) {
     Fa3Params q = p;
     q.vt_pre = 0;

@@ -80,6 +80,22 @@ Fp8Knobs fp8_knobs_from_env() {
   return k;
 }
 
+std::string fp8_kernel_missing(int block_n, bool vt_pre, bool spec, bool gemm_sum, int promote,
+                               bool uniform_wg) {
+  if (block_n != 128 && block_n != 192) {
+    return "block_n " + std::to_string(block_n) + " (128 or 192)";
+  }
+  if (promote < 0 || promote > 2) return "promote " + std::to_string(promote) + " (0, 1 or 2)";
+  if (!uniform_wg && (vt_pre || spec || gemm_sum || promote != 0 || block_n != 128)) {
+    return "uniform_wg 0 has one kernel: no vt_pre, spec, gemm_sum, promote; 128-key blocks";
+  }
+  if (spec && !vt_pre) return "spec without vt_pre";
+  if (vt_pre && !gemm_sum) return "vt_pre without gemm_sum";
+  if (block_n == 192 && !(vt_pre && spec)) return "192-key blocks without vt_pre and spec";
+  if (block_n == 192 && promote != 0) return "192-key blocks with promote (not instantiated)";
+  return {};
+}
+
 Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_heads,
                               const Fp8Knobs& knobs) {
   constexpr int64_t kVtPreKeysPerQuery = 8;
@@ -123,8 +139,8 @@ Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_head
                                             std::to_string(kVtPreMaxBytes));
   } else if (knobs.promote && !v.promote && v.vt_units > 0) {
     v.not_honoured =
-        "ATTNKIT_FA3_FP8_PROMOTE=1 not followed: ATTNKIT_FA3_UNIFORM_WG=0 (the pre-session-7 "
-        "kernel has no promotion)";
+        std::string("ATTNKIT_FA3_FP8_PROMOTE=") + (knobs.promote_late ? "2" : "1") +
+        " not followed: ATTNKIT_FA3_UNIFORM_WG=0 (the pre-session-7 kernel has no promotion)";
   } else if (knobs.block_mode == 192 && v.block_n != 192 && v.vt_units > 0) {
     v.not_honoured =
         "ATTNKIT_FA3_FP8_BLOCK_N=192 not followed: 192-key blocks need the V^T "

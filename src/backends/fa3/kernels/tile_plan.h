@@ -113,4 +113,13 @@ struct Fp8Variant {
 Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_heads,
                               const Fp8Knobs& knobs);
 
+// Whether run_prefill_sm90_fp8 (prefill_sm90_hd128.cu) has a kernel for this combination of
+// Fa3Params fields: empty if so, else which rule it breaks. The instantiated kernels:
+// uniform_wg 0: one (in-kernel V transpose, FADD row sums, 128-key blocks, no promotion);
+// uniform_wg 1, 128-key blocks, promote 0, 1 or 2: in-kernel transpose with FADD or GEMM row sums,
+// pre-transpose (GEMM row sums) with the exact or the speculative softmax; 192-key blocks:
+// pre-transpose + speculative softmax, promote 0 only.
+std::string fp8_kernel_missing(int block_n, bool vt_pre, bool spec, bool gemm_sum, int promote,
+                               bool uniform_wg);
+
 }  // namespace attnkit::fa3
