@@ -146,6 +146,73 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, int num_split
   }
 }
 
+// One item's stream and epilogue, shared by paged_decode_ring_kernel and
+// paged_decode_balanced_kernel: the query rows of `w` (token_of / head_of map a row to its token
+// and q head) against the keys behind the page-table row `table`, then either a partial
+// (normalised O and log2 LSE in partial row partial_row() x num_q_heads + head, when `partial`;
+// a callable, so that the row is read at the epilogue as the kernels did before they shared this)
+// or out / lse with the sink.
+// Instantiations of the streaming loop, chosen once per item: power-of-two pages (a mask per copied
+// row) and any other page size (a division). One loop with the choice inside carried the division
+// and a branch region per copied row (+300 SASS instructions per tile). The hot instantiation
+// (power-of-two pages, no soft-cap) carries neither the division nor the tanh code; the others
+// check the cap per logit.
+template <typename Tr, typename TokenFn, typename HeadFn, typename PartialRowFn>
+__device__ __forceinline__ void attend_item(const PagedParams& p, const cuda::ring::Work& w,
+                                            uint8_t* smem, const typename Tr::QT* q,
+                                            const int32_t* table, TokenFn token_of, HeadFn head_of,
+                                            bool partial, PartialRowFn partial_row) {
+  using QT = typename Tr::QT;
+  const auto q_row = [&](int r) {
+    return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
+  };
+  const int page_mask = p.page_size - 1;
+  const auto slot_pow2 = [&](int key) -> cuda::ring::SlotRef {
+    const int off = key & page_mask;
+    return {table + (key - off), off};
+  };
+  const auto slot_any = [&](int key) -> cuda::ring::SlotRef {
+    const int off = key % p.page_size;
+    return {table + (key - off), off};
+  };
+  const auto write = [&](int r, int col, float(&acc)[8], float mx, float dsum) {
+    const int head = head_of(r);
+    if (partial) {
+      const int64_t prow = static_cast<int64_t>(partial_row()) * p.num_q_heads + head;
+      const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
+      float4* dst = reinterpret_cast<float4*>(p.partial_out + prow * Tr::kHeadDim + col);
+      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+      if (col == 0) p.partial_lse[prow] = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
+      return;
+    }
+    if (p.sinks != nullptr) {  // the sink joins the denominator only
+      const float sink = p.sinks[head] * cuda::kLog2e;
+      const float m2 = fmaxf(mx, sink);
+      const float f = exp2f(mx - m2);
+      dsum = dsum * f + exp2f(sink - m2);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) acc[x] *= f;
+      mx = m2;
+    }
+    const int token = token_of(r);
+    cuda::ring::store8<QT>(
+        static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col, acc,
+        dsum > 0.f ? p.v_scale / dsum : 0.f);
+    if (col == 0 && p.lse != nullptr) {
+      p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
+          dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
+    }
+  };
+  if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) {
+    cuda::ring::attend<Tr, /*kMayCap=*/false>(w, smem, q_row, slot_pow2, write);
+  } else if (p.page_shift >= 0) {
+    cuda::ring::attend<Tr>(w, smem, q_row, slot_pow2, write);
+  } else {
+    cuda::ring::attend<Tr>(w, smem, q_row, slot_any, write);
+  }
+}
+
 // grid: (num_kv_heads, work items) block: (Tr::kThreads); dynamic smem Tr::kSmemBytes. The kv heads
 // of one item are adjacent in launch order, so they stream the same pool rows (one slot holds all
 // heads) at about the same time: DRAM pages are opened once, not once per head.
@@ -194,61 +261,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const QT* q = static_cast<const QT*>(p.q);
   const auto token_of = [&](int r) { return item.req_q_start + (item.q_row_begin + r) / p.group; };
   const auto head_of = [&](int r) { return kv_head * p.group + (item.q_row_begin + r) % p.group; };
-  const auto q_row = [&](int r) {
-    return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
-  };
-  // Instantiations of the streaming loop, chosen once per CTA: power-of-two pages (a mask per
-  // copied row) and any other page size (a division). One loop with the choice inside carried the
-  // division and a branch region per copied row (+300 SASS instructions per tile).
-  const int page_mask = p.page_size - 1;
-  const auto slot_pow2 = [&](int key) -> cuda::ring::SlotRef {
-    const int off = key & page_mask;
-    return {table + (key - off), off};
-  };
-  const auto slot_any = [&](int key) -> cuda::ring::SlotRef {
-    const int off = key % p.page_size;
-    return {table + (key - off), off};
-  };
   const bool split = req.num_splits > 1;
-  const auto write = [&](int r, int col, float(&acc)[8], float mx, float dsum) {
-    const int head = head_of(r);
-    if (split) {
-      const int64_t prow =
-          static_cast<int64_t>(req.partial_base + item.split) * p.num_q_heads + head;
-      const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
-      float4* dst = reinterpret_cast<float4*>(p.partial_out + prow * Tr::kHeadDim + col);
-      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
-      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
-      if (col == 0) p.partial_lse[prow] = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
-      return;
-    }
-    if (p.sinks != nullptr) {  // the sink joins the denominator only
-      const float sink = p.sinks[head] * cuda::kLog2e;
-      const float m2 = fmaxf(mx, sink);
-      const float f = exp2f(mx - m2);
-      dsum = dsum * f + exp2f(sink - m2);
-#pragma unroll
-      for (int x = 0; x < 8; ++x) acc[x] *= f;
-      mx = m2;
-    }
-    const int token = token_of(r);
-    cuda::ring::store8<QT>(
-        static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col, acc,
-        dsum > 0.f ? p.v_scale / dsum : 0.f);
-    if (col == 0 && p.lse != nullptr) {
-      p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-          dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
-    }
-  };
-  // The hot instantiation (power-of-two pages, no soft-cap) carries neither the division nor the
-  // tanh code; the others check the cap per logit.
-  if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) {
-    cuda::ring::attend<Tr, /*kMayCap=*/false>(w, smem, q_row, slot_pow2, write);
-  } else if (p.page_shift >= 0) {
-    cuda::ring::attend<Tr>(w, smem, q_row, slot_pow2, write);
-  } else {
-    cuda::ring::attend<Tr>(w, smem, q_row, slot_any, write);
-  }
+  attend_item<Tr>(p, w, smem, q, table, token_of, head_of, split,
+                  [&] { return req.partial_base + item.split; });
   // This CTA's streaming is done: the next PDL-launched kernel may start its prologue (it waits
   // for this whole grid before touching anything this grid writes). The fallback trigger: by
   // default (decode_pdl 1 or 2 with decode_pdl_early) each CTA triggered right after its wait
@@ -297,7 +312,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const int seg_lo = cta_begin[blockIdx.x];
   const int seg_hi = cta_begin[blockIdx.x + 1];
   const QT* q = static_cast<const QT*>(p.q);
-  const int page_mask = p.page_size - 1;
   const int q_tiles = (p.group + cuda::ring::kRows - 1) / cuda::ring::kRows;  // decode: q_len 1
   for (int i = seg_lo; i < seg_hi; ++i) {
     const Segment seg = segments[i];
@@ -324,55 +338,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     w.logit_cap = p.logit_cap;
     const auto token_of = [&](int r) { return seg.req_q_start + (q_row_begin + r) / p.group; };
     const auto head_of = [&](int r) { return kv_head * p.group + (q_row_begin + r) % p.group; };
-    const auto q_row = [&](int r) {
-      return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
-    };
-    const auto slot_pow2 = [&](int key) -> cuda::ring::SlotRef {
-      const int off = key & page_mask;
-      return {table + (key - off), off};
-    };
-    const auto slot_any = [&](int key) -> cuda::ring::SlotRef {
-      const int off = key % p.page_size;
-      return {table + (key - off), off};
-    };
     const bool part = seg.parts > 1;
-    const auto write = [&](int r, int col, float(&acc)[8], float mx, float dsum) {
-      const int head = head_of(r);
-      if (part) {
-        const int64_t prow =
-            static_cast<int64_t>(seg.partial_base + seg.part) * p.num_q_heads + head;
-        const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
-        float4* dst = reinterpret_cast<float4*>(p.partial_out + prow * Tr::kHeadDim + col);
-        dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
-        dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
-        if (col == 0) p.partial_lse[prow] = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
-        return;
-      }
-      if (p.sinks != nullptr) {  // the sink joins the denominator only
-        const float sink = p.sinks[head] * cuda::kLog2e;
-        const float m2 = fmaxf(mx, sink);
-        const float f = exp2f(mx - m2);
-        dsum = dsum * f + exp2f(sink - m2);
-#pragma unroll
-        for (int x = 0; x < 8; ++x) acc[x] *= f;
-        mx = m2;
-      }
-      const int token = token_of(r);
-      cuda::ring::store8<QT>(
-          static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col, acc,
-          dsum > 0.f ? p.v_scale / dsum : 0.f);
-      if (col == 0 && p.lse != nullptr) {
-        p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-            dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
-      }
-    };
-    if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) {
-      cuda::ring::attend<Tr, /*kMayCap=*/false>(w, smem, q_row, slot_pow2, write);
-    } else if (p.page_shift >= 0) {
-      cuda::ring::attend<Tr>(w, smem, q_row, slot_pow2, write);
-    } else {
-      cuda::ring::attend<Tr>(w, smem, q_row, slot_any, write);
-    }
+    attend_item<Tr>(p, w, smem, q, table, token_of, head_of, part,
+                    [&] { return seg.partial_base + seg.part; });
     if (part) {
       int* counter =
           p.split_counters +
