@@ -677,20 +677,41 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
   }
 }
 
+// ---- kernel entry (shared with prefill_sm90_fp8_kernel) ----
+
+// The bytes from the dynamic shared memory at smem_raw to its first Tr::kAlign boundary. (A
+// helper that returns the aligned pointer itself changes the FP8 kernels' SASS and made one spill
+// 8 bytes (nvcc 13.0); this form leaves every kernel's .text identical.)
+template <typename Tr>
+__device__ __forceinline__ uint32_t smem_align_pad(const uint8_t* smem_raw) {
+  const uint32_t raw = sm90::smem_addr(smem_raw);
+  return (Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign;
+}
+
+// This thread's warpgroup (0: the producer). kUniformWg (Fa3Params::uniform_wg picks the
+// instantiation at launch): broadcast from lane 0 (CUTLASS's canonical_warp_group_idx), so the
+// compiler sees the role branch as warp-uniform control flow and keeps loop counters, stages and
+// wgmma descriptors in uniform registers (d 64 SASS: 25 instead of 115 R2UR; 734 instead of 788
+// instructions per key block).
+template <bool kUniformWg>
+__device__ __forceinline__ int warpgroup_index() {
+  if constexpr (kUniformWg) {
+    return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  } else {
+    return threadIdx.x / 128;  // the kernel before session 7
+  }
+}
+
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
-// kUniformWg (Fa3Params::uniform_wg picks the instantiation at launch): the warpgroup index is
-// broadcast from lane 0 (CUTLASS's canonical_warp_group_idx), so the compiler sees the role branch
-// as warp-uniform control flow and keeps loop counters, stages and wgmma descriptors in uniform
-// registers (d 64 SASS: 25 instead of 115 R2UR; 734 instead of 788 instructions per key block).
-// kWG: consumer warpgroups (PrefillTraits; 3 with p.block_m 192, d 64 only).
+// kUniformWg: see warpgroup_index. kWG: consumer warpgroups (PrefillTraits; 3 with p.block_m 192,
+// d 64 only).
 template <int kD, int kN, bool kBf16, bool kUniformWg = true, int kWG = 2>
 __global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16, kWG>::kThreads, 1)
     prefill_sm90_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = PrefillTraits<kD, kN, kBf16, kWG>;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = sm90::smem_addr(smem_raw);
-  uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);
+  uint8_t* smem = smem_raw + smem_align_pad<Tr>(smem_raw);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
   if (threadIdx.x == 0) {
     sm90::mbar_init(bars, 128);                                // q_full: producer threads
@@ -703,12 +724,7 @@ __global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16, kWG>::kThreads, 1
     sm90::mbar_init_fence();
   }
   __syncthreads();
-  int wg;
-  if constexpr (kUniformWg) {
-    wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
-  } else {
-    wg = threadIdx.x / 128;  // the kernel before session 7
-  }
+  const int wg = warpgroup_index<kUniformWg>();
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
     producer<Tr>(p, smem);

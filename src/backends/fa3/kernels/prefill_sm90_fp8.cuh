@@ -745,8 +745,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 }
 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
-// kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
-// branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
+// kUniformWg: see warpgroup_index (prefill_sm90.cuh).
 template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, bool kSpec = false,
           int kN = 128, int kPromote = 0>
 __global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
@@ -754,8 +753,7 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = PrefillFp8Traits<kN>;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = sm90::smem_addr(smem_raw);
-  uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);
+  uint8_t* smem = smem_raw + smem_align_pad<Tr>(smem_raw);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
   if (threadIdx.x == 0) {
     sm90::mbar_init(bars, 128);                                // q_full: producer threads
@@ -776,12 +774,7 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
   }
   sm90::fence_proxy_async();
   __syncthreads();
-  int wg;
-  if constexpr (kUniformWg) {
-    wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
-  } else {
-    wg = threadIdx.x / 128;  // the kernel before session 7
-  }
+  const int wg = warpgroup_index<kUniformWg>();
   using Regs = Fp8RegSplit<kN, kVtPre, kPromote != 0>;
   if (wg == 0) {
     sm90::setmaxnreg_dec<Regs::kProducer>();
