@@ -230,8 +230,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
   for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
     const TileInfo t = decode_tile<Tr>(p, unit);
     const int kvh = t.head / p.group;
-    const int32_t* pt = p.req_to_token +
-                        static_cast<int64_t>(p.req_pool_indices[t.request]) * p.req_to_token_stride;
+    const int32_t* pt = page_table_row(p, t.request);
     int my_slot = -1, my_slot2 = -1;  // rows tid and (kN 192) 128 + tid of the block
     auto slot_of = [&](int nb, int row) {
       const int key = nb * Tr::kBlockN + row;
@@ -279,11 +278,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
               }
             }
           }
-          if (tid == 0) {
-            mbar_arrive_expect_tx(bar, Tr::kKVBytes);
-          } else {
-            mbar_arrive(bar);
-          }
+          arrive_tma_tile(bar, Tr::kKVBytes, tid);
         }
       } else {
 #pragma unroll
@@ -300,10 +295,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
             const int chunk = lane % C;
             const int slot = __shfl_sync(0xffffffffu, my_slot, r_in_warp);
             const int row = warp_row0 + r_in_warp;
-            const char* src =
-                slot >= 0 ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 16)
-                          : pool;
-            cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
+            cp_async_row_chunk<Tr, 1>(tile, pool, slot, row, chunk, stride_row, head_off);
           }
           if constexpr (kN > 128) {  // rows 128.. (K only): warps 0 .. (kN - 128) / 32 - 1
             if (warp < (kN - 128) / 32) {
@@ -313,12 +305,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
                 const int chunk = lane % C;
                 const int slot = __shfl_sync(0xffffffffu, my_slot2, r_in_warp);
                 const int row = 128 + warp_row0 + r_in_warp;
-                const char* src =
-                    slot >= 0
-                        ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 16)
-                        : pool;
-                cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src,
-                            slot >= 0 ? 16 : 0);
+                cp_async_row_chunk<Tr, 1>(tile, pool, slot, row, chunk, stride_row, head_off);
               }
             }
           }
@@ -807,8 +794,7 @@ __global__ void __launch_bounds__(128) fp8_vt_pre_kernel(const __grid_constant__
   // Requests without new tokens have no tiles and no V^T units in the plan (build_tile_plan).
   if (rw[1] == 0 || nb * kN >= kv_len) return;
   const int key_end = min(kv_len, (nb + 1) * kN);
-  const int32_t* pt =
-      p.req_to_token + static_cast<int64_t>(p.req_pool_indices[r]) * p.req_to_token_stride;
+  const int32_t* pt = page_table_row(p, r);
   const char* v_base =
       static_cast<const char*>(p.v_pool) + static_cast<int64_t>(kvh) * p.v_stride_head;
   constexpr int C = Tr::kChunksPerRow;  // 16-byte chunks per 128-byte row
