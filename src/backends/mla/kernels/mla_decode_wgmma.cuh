@@ -244,14 +244,32 @@ struct MlaWgmmaCta {
   }
 
   // ---- producer (warpgroup 0) ----
+
+  // The page-table row (req_to_token) of request b.
+  __device__ __forceinline__ const int32_t* page_table_row(int b) const {
+    return p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
+  }
+
+  // Thread tid's chunks 8 kb + 4 (tid % 2) + [0, 4) of block kb of K row `key` (global row `row`;
+  // !valid: zero-filled from kvg) into the tile at shared address dst.
+  __device__ __forceinline__ static void copy_block_chunks(uint32_t dst, int key, int kb, int tid,
+                                                           const uint8_t* row, const uint8_t* kvg,
+                                                           bool valid) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = 8 * kb + 4 * (tid & 1) + i;
+      sm90::cp_async_16(dst + sm90::swizzle_offset(kBlockN, key, c), valid ? row + c * 16 : kvg,
+                        valid ? 16 : 0);
+    }
+  }
+
   __device__ void producer() const {
     using namespace sm90;
     const int tid = threadIdx.x;  // 0..127
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
     int it = 0, tcount = 0;
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
-      const int32_t* tok =
-          p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
+      const int32_t* tok = page_table_row(b);
       load_q(b, tcount++);
       // K tiles: thread t copies key t / 2, chunks (t % 2) + 2 i.
       const int key = tid >> 1;
@@ -272,14 +290,7 @@ struct MlaWgmmaCta {
           for (int n = 0; n < Tr::kColBlocks; ++n) {
             const int kb = block_at(n);
             if (kSplitRelease && n == 5) mbar_wait(empty_hi(stage), ((it >> 1) & 1) ^ 1);
-            if (load) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const int c = 8 * kb + 4 * (tid & 1) + i;
-                cp_async_16(dst + swizzle_offset(kBlockN, key, c), valid ? row + c * 16 : kvg,
-                            valid ? 16 : 0);
-              }
-            }
+            if (load) copy_block_chunks(dst, key, kb, tid, row, kvg, valid);
             cp_async_arrive_noinc(block_full(stage, kb));
           }
         } else {
@@ -590,8 +601,7 @@ struct MlaWgmmaCta {
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
     int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
-      const int32_t* tok =
-          p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
+      const int32_t* tok = page_table_row(b);
       load_q(b, tcount++);
       const int key = tid >> 1;
       for (int a = t0; a < t1; a += 2, ++pc) {
@@ -622,14 +632,7 @@ struct MlaWgmmaCta {
 #pragma unroll 1
           for (int n = 0; n < nb; ++n) {
             const int kb = n == 4 ? 8 : kb0 + n;
-            if (load) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const int c = 8 * kb + 4 * (tid & 1) + i;
-                cp_async_16(dst + swizzle_offset(kBlockN, key, c), valid ? row + c * 16 : kvg,
-                            valid ? 16 : 0);
-              }
-            }
+            if (load) copy_block_chunks(dst, key, kb, tid, row, kvg, valid);
             cp_async_arrive_noinc(block_full(s, kb));
           }
         }
