@@ -46,6 +46,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/fa3/kernels/prefill_sm90.cuh"
 #include "cuda/sm90/wgmma_fp8_sm90.cuh"
@@ -607,6 +608,21 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     auto wait_vt = [&](int itx) {
       mbar_wait(fp8_bar(bars, itx % Tr::kStages, 2), (itx / Tr::kStages) & 1);
     };
+    // After wgmma_wait<0>: the block's P V added into O, then its stage released. chunk1 (a
+    // std::bool_constant): a promoted P V's chunk 1 is still to be issued (after chunk 0's add).
+    auto retire_pv = [&](int stage, auto chunk1) {
+      if constexpr (kPromote != 0) {
+        if constexpr (decltype(chunk1)::value) {
+          add_pv0();
+          issue_pv1(stage);
+          wgmma_wait<0>();
+        }
+        add_pv1();
+      } else {
+        fence_regs(o);
+      }
+      mbar_arrive(fp8_bar(bars, stage, 3));
+    };
 
     int it_c = it;
     int nb = t.n_blocks - 1;
@@ -680,17 +696,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         softmax(nb);
       }
       wgmma_wait<0>();
-      if constexpr (kPromote != 0) {
-        if constexpr (late) {  // chunk 1 after the softmax, exposed
-          add_pv0();
-          issue_pv1(stage_c);
-          wgmma_wait<0>();
-        }
-        add_pv1();
-      } else {
-        fence_regs(o);
-      }
-      mbar_arrive(fp8_bar(bars, stage_c, 3));
+      retire_pv(stage_c, std::bool_constant<late>{});  // late: chunk 1 after the softmax, exposed
       pack();
       rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
       it_c = it_n;
@@ -708,15 +714,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     }
     if (g == 0 || !last_unit) turn_pass();
     wgmma_wait<0>();
-    if constexpr (kPromote != 0) {
-      add_pv0();
-      issue_pv1(stage_c);
-      wgmma_wait<0>();
-      add_pv1();
-    } else {
-      fence_regs(o);
-    }
-    mbar_arrive(fp8_bar(bars, stage_c, 3));
+    retire_pv(stage_c, std::true_type{});
     it = it_c + 1;
 
     // Epilogue: O * v_scale / l, natural-log LSE (the exp2-domain maximum includes every scale).
