@@ -25,15 +25,19 @@ FAMILIES = {
         "template": "template <bool kBf16, int kTransB>\n",
         "targs": "<kBf16, kTransB>",
         "dispatch_params": "int kN, bool kBf16, int kTransB",
-        # (condition, PTX type, trans-b immediate) per instantiation; None: one unconditional body.
-        "variants": [(f"kBf16 == {'true' if bf16 else 'false'} && kTransB == {trans}", ty, trans)
-                     for bf16, ty in ((True, "bf16"), (False, "f16")) for trans in (0, 1)],
+        # One asm body per N, written once as a macro of the PTX type (TY) and invoked per type;
+        # the trans-b immediate is the template argument itself (an "n" operand), so kTransB
+        # needs no branch of its own.
+        "types": (("kBf16", "bf16"), (None, "f16")),
+        "trans": "kTransB",
         "doc": """// wgmma.mma_async m64nNk16, f32 accumulators, bf16 / f16 operands (sm_90a). One warpgroup (128
 // threads) issues each call; d is this thread's N/2 accumulators in the PTX "D fragment" order
 // (d[4j + 0..1]: row 16 * warp + lane / 4, cols 8j + 2 * (lane % 4) + 0..1; d[4j + 2..3]: row + 8).
 //   wgmma_ss: A [64 x 16] and B [16 x N] from shared-memory descriptors.
 //   wgmma_rs: A from registers (4 x 32-bit: the m16n8k16-style A fragment of this warp's 16 rows).
 // scale_d = 0 overwrites d (d = A*B), 1 accumulates. kTransB = 1: B is MN-major (N contiguous).
+// Each function's asm is written once, as a macro of the PTX type (bf16 / f16; #undef'd after
+// use), with kTransB passed as an immediate ("n") operand.
 // The caller brackets calls with wgmma_fence() / wgmma_commit() / wgmma_wait<N>() (sm90_primitives.cuh).""",
     },
     "e4m3": {
@@ -50,7 +54,8 @@ FAMILIES = {
         "template": "",
         "targs": "",
         "dispatch_params": "int kN",
-        "variants": [(None, "e4m3", None)],
+        "types": ((None, "e4m3"),),
+        "trans": None,
         "doc": """// wgmma.mma_async m64nNk32, f32 accumulators, e4m3 x e4m3 operands (sm_90a). One warpgroup (128
 // threads) issues each call; d is this thread's N/2 accumulators in the PTX "D fragment" order
 // (d[4j + 0..1]: row 16 * warp + lane / 4, cols 8j + 2 * (lane % 4) + 0..1; d[4j + 2..3]: row + 8).
@@ -75,36 +80,55 @@ def acc_constraints(n_acc, zero=False):
 
 
 def asm(n, k, ty, trans, rs, zero=False):
-    """One wgmma call: SS (A descriptor) or RS (A in 4 registers); trans None: no immediates.
+    """One wgmma call: SS (A descriptor) or RS (A in 4 registers). ty: the PTX type, or a macro
+    parameter name (TY) pasted as a string. trans None: no immediates; else the name of the
+    trans-b template argument, passed as an "n" (immediate) operand after the inputs.
     zero: scale-d 0 (d = A*B) with write-only ("=f") accumulators."""
     n_acc = n // 2
     a = n_acc
     pred = a + 5 if rs else a + 2
     a_ops = f"{{%{a}, %{a + 1}, %{a + 2}, %{a + 3}}}, %{a + 4}" if rs else f"%{a}, %{a + 1}"
-    imm = "p, 1, 1" + ("" if trans is None else (f", {trans}" if rs else f", 0, {trans}"))
+    imm = "p, 1, 1" + ("" if trans is None else (f", %{pred + 1}" if rs else f", 0, %{pred + 1}"))
     scale = '"n"(0)' if zero else '"r"(scale_d)'
     inputs = (f'"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), {scale}' if rs else
               f'"l"(desc_a), "l"(desc_b), {scale}')
+    if trans is not None:
+        inputs += f', "n"({trans})'
+    op = (f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} " if ty.islower() else
+          f'wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32." {ty} "." {ty} " ')
     return f'''  asm volatile(
       "{{\\n"
       ".reg .pred p;\\n"
       "setp.ne.b32 p, %{pred}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} "
+      "{op}"
       "{{{operands(n_acc, 0)}}}, "
       "{a_ops}, {imm};\\n"
       "}}\\n"
       : {acc_constraints(n_acc, zero)}
-      : {inputs});'''
+      : {inputs})'''
 
 
-def body(f, n, rs, zero=False):
-    if f["variants"][0][0] is None:
-        _, ty, trans = f["variants"][0]
-        return asm(n, f["k"], ty, trans, rs, zero)
+def macro_name(kind, sfx, n):
+    return f"ATTNKIT_SM90_WGMMA_{kind.upper()}{sfx.upper()}_M64N{n}"
+
+
+def macro(f, kind, n, rs):
+    """The asm body of one (kind, N) as a macro of the PTX type; None with a single type."""
+    if len(f["types"]) == 1:
+        return None
+    text = f"#define {macro_name(kind, f['suffix'], n)}(TY)" + " \\\n" + \
+        " \\\n".join(asm(n, f["k"], "TY", f["trans"], rs).split("\n"))
+    return text
+
+
+def body(f, kind, n, rs, zero=False):
+    if len(f["types"]) == 1:
+        return asm(n, f["k"], f["types"][0][1], f["trans"], rs, zero) + ";"
     out = []
-    for cond, ty, trans in f["variants"]:
-        out.append(f"  {'if' if not out else '} else if'} constexpr ({cond}) {{\n"
-                   + asm(n, f["k"], ty, trans, rs))
+    for cond, ty in f["types"]:
+        head = (f"  if constexpr ({cond}) {{" if not out else
+                "  } else {" if cond is None else f"  }} else if constexpr ({cond}) {{")
+        out.append(f'{head}\n    {macro_name(kind, f["suffix"], n)}("{ty}");')
     out.append("  }")
     return "\n".join(out)
 
@@ -126,18 +150,23 @@ namespace attnkit::sm90 {{
         kind = "rs" if rs else "ss"
         a_param = "const uint32_t (&a)[4]" if rs else "uint64_t desc_a"
         for n in ns:
+            m = macro(f, kind, n, rs)
+            if m:
+                print(m + "\n")
             print(f"""{tmpl}__device__ __forceinline__ void wgmma_{kind}{sfx}_m64n{n}(float (&d)[{n // 2}], {a_param},
     uint64_t desc_b, int scale_d) {{
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-{body(f, n, rs)}
+{body(f, kind, n, rs)}
 #endif
 }}
 """)
+            if m:
+                print(f"#undef {macro_name(kind, sfx, n)}\n")
     for n in f.get("rs_zero_n", ()):
         print(f"""{tmpl}__device__ __forceinline__ void wgmma_rs{sfx}_zero_m64n{n}(float (&d)[{n // 2}],
     const uint32_t (&a)[4], uint64_t desc_b) {{
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-{body(f, n, True, zero=True)}
+{body(f, "rs", n, True, zero=True)}
 #endif
 }}
 """)

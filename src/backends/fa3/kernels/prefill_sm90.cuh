@@ -148,6 +148,34 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 
 // ---- producer ----
 
+// The page-table row (req_to_token) of plan request `request`.
+__device__ __forceinline__ const int32_t* page_table_row(const Fa3Params& p, int request) {
+  return p.req_to_token + static_cast<int64_t>(p.req_pool_indices[request]) * p.req_to_token_stride;
+}
+
+// The producer thread's arrival on the full barrier of a TMA-loaded tile: thread 0 arms the
+// transaction count (bytes), every other thread arrives once.
+__device__ __forceinline__ void arrive_tma_tile(uint32_t bar, uint32_t bytes, int tid) {
+  if (tid == 0) {
+    sm90::mbar_arrive_expect_tx(bar, bytes);
+  } else {
+    sm90::mbar_arrive(bar);
+  }
+}
+
+// One 16-byte cp.async of chunk `chunk` of tile row `row` from pool slot `slot` (elements of
+// kElemBytes; -1: zero-fill) into the swizzled tile at shared address `tile`.
+template <typename Tr, int kElemBytes>
+__device__ __forceinline__ void cp_async_row_chunk(uint32_t tile, const char* pool, int slot,
+                                                   int row, int chunk, int64_t stride_row,
+                                                   int64_t head_off) {
+  const char* src = slot >= 0 ? pool + (static_cast<int64_t>(slot) * stride_row + head_off +
+                                        chunk * (16 / kElemBytes)) *
+                                           kElemBytes
+                              : pool;
+  sm90::cp_async_16(tile + sm90::swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
+}
+
 template <typename Tr>
 __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
@@ -175,8 +203,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
     const TileInfo t = decode_tile<Tr>(p, unit);
     const int kvh = t.head / p.group;
-    const int32_t* pt = p.req_to_token +
-                        static_cast<int64_t>(p.req_pool_indices[t.request]) * p.req_to_token_stride;
+    const int32_t* pt = page_table_row(p, t.request);
     // The pool slot of row 128 s + tid of key block nb (-1: past kv_len or past the block; the row
     // is zero-filled). Loaded one block ahead so the page-table latency hides behind the empty
     // wait.
@@ -229,11 +256,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
               }
             }
           }
-          if (tid == 0) {
-            mbar_arrive_expect_tx(bar, Tr::kKVBytes);
-          } else {
-            mbar_arrive(bar);
-          }
+          arrive_tma_tile(bar, Tr::kKVBytes, tid);
         }
       } else {
 #pragma unroll
@@ -254,13 +277,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
               const int slot = __shfl_sync(0xffffffffu, my_slot[s], r_in_warp);
               const int row = warp_row0 + r_in_warp;
               if (row < Tr::kBlockN) {
-                const char* src =
-                    slot >= 0
-                        ? pool +
-                              (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 8) * 2
-                        : pool;
-                cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src,
-                            slot >= 0 ? 16 : 0);
+                cp_async_row_chunk<Tr, 2>(tile, pool, slot, row, chunk, stride_row, head_off);
               }
             }
           }
@@ -677,20 +694,41 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
   }
 }
 
+// ---- kernel entry (shared with prefill_sm90_fp8_kernel) ----
+
+// The bytes from the dynamic shared memory at smem_raw to its first Tr::kAlign boundary. (A
+// helper that returns the aligned pointer itself changes the FP8 kernels' SASS and made one spill
+// 8 bytes (nvcc 13.0); this form leaves every kernel's .text identical.)
+template <typename Tr>
+__device__ __forceinline__ uint32_t smem_align_pad(const uint8_t* smem_raw) {
+  const uint32_t raw = sm90::smem_addr(smem_raw);
+  return (Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign;
+}
+
+// This thread's warpgroup (0: the producer). kUniformWg (Fa3Params::uniform_wg picks the
+// instantiation at launch): broadcast from lane 0 (CUTLASS's canonical_warp_group_idx), so the
+// compiler sees the role branch as warp-uniform control flow and keeps loop counters, stages and
+// wgmma descriptors in uniform registers (d 64 SASS: 25 instead of 115 R2UR; 734 instead of 788
+// instructions per key block).
+template <bool kUniformWg>
+__device__ __forceinline__ int warpgroup_index() {
+  if constexpr (kUniformWg) {
+    return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  } else {
+    return threadIdx.x / 128;  // the kernel before session 7
+  }
+}
+
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
-// kUniformWg (Fa3Params::uniform_wg picks the instantiation at launch): the warpgroup index is
-// broadcast from lane 0 (CUTLASS's canonical_warp_group_idx), so the compiler sees the role branch
-// as warp-uniform control flow and keeps loop counters, stages and wgmma descriptors in uniform
-// registers (d 64 SASS: 25 instead of 115 R2UR; 734 instead of 788 instructions per key block).
-// kWG: consumer warpgroups (PrefillTraits; 3 with p.block_m 192, d 64 only).
+// kUniformWg: see warpgroup_index. kWG: consumer warpgroups (PrefillTraits; 3 with p.block_m 192,
+// d 64 only).
 template <int kD, int kN, bool kBf16, bool kUniformWg = true, int kWG = 2>
 __global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16, kWG>::kThreads, 1)
     prefill_sm90_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = PrefillTraits<kD, kN, kBf16, kWG>;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = sm90::smem_addr(smem_raw);
-  uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);
+  uint8_t* smem = smem_raw + smem_align_pad<Tr>(smem_raw);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
   if (threadIdx.x == 0) {
     sm90::mbar_init(bars, 128);                                // q_full: producer threads
@@ -703,12 +741,7 @@ __global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16, kWG>::kThreads, 1
     sm90::mbar_init_fence();
   }
   __syncthreads();
-  int wg;
-  if constexpr (kUniformWg) {
-    wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
-  } else {
-    wg = threadIdx.x / 128;  // the kernel before session 7
-  }
+  const int wg = warpgroup_index<kUniformWg>();
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
     producer<Tr>(p, smem);

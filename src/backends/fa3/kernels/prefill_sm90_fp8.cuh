@@ -46,6 +46,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/fa3/kernels/prefill_sm90.cuh"
 #include "cuda/sm90/wgmma_fp8_sm90.cuh"
@@ -230,8 +231,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
   for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
     const TileInfo t = decode_tile<Tr>(p, unit);
     const int kvh = t.head / p.group;
-    const int32_t* pt = p.req_to_token +
-                        static_cast<int64_t>(p.req_pool_indices[t.request]) * p.req_to_token_stride;
+    const int32_t* pt = page_table_row(p, t.request);
     int my_slot = -1, my_slot2 = -1;  // rows tid and (kN 192) 128 + tid of the block
     auto slot_of = [&](int nb, int row) {
       const int key = nb * Tr::kBlockN + row;
@@ -279,11 +279,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
               }
             }
           }
-          if (tid == 0) {
-            mbar_arrive_expect_tx(bar, Tr::kKVBytes);
-          } else {
-            mbar_arrive(bar);
-          }
+          arrive_tma_tile(bar, Tr::kKVBytes, tid);
         }
       } else {
 #pragma unroll
@@ -300,10 +296,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
             const int chunk = lane % C;
             const int slot = __shfl_sync(0xffffffffu, my_slot, r_in_warp);
             const int row = warp_row0 + r_in_warp;
-            const char* src =
-                slot >= 0 ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 16)
-                          : pool;
-            cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
+            cp_async_row_chunk<Tr, 1>(tile, pool, slot, row, chunk, stride_row, head_off);
           }
           if constexpr (kN > 128) {  // rows 128.. (K only): warps 0 .. (kN - 128) / 32 - 1
             if (warp < (kN - 128) / 32) {
@@ -313,12 +306,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
                 const int chunk = lane % C;
                 const int slot = __shfl_sync(0xffffffffu, my_slot2, r_in_warp);
                 const int row = 128 + warp_row0 + r_in_warp;
-                const char* src =
-                    slot >= 0
-                        ? pool + (static_cast<int64_t>(slot) * stride_row + head_off + chunk * 16)
-                        : pool;
-                cp_async_16(tile + swizzle_offset(Tr::kBlockN, row, chunk), src,
-                            slot >= 0 ? 16 : 0);
+                cp_async_row_chunk<Tr, 1>(tile, pool, slot, row, chunk, stride_row, head_off);
               }
             }
           }
@@ -620,6 +608,21 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     auto wait_vt = [&](int itx) {
       mbar_wait(fp8_bar(bars, itx % Tr::kStages, 2), (itx / Tr::kStages) & 1);
     };
+    // After wgmma_wait<0>: the block's P V added into O, then its stage released. chunk1 (a
+    // std::bool_constant): a promoted P V's chunk 1 is still to be issued (after chunk 0's add).
+    auto retire_pv = [&](int stage, auto chunk1) {
+      if constexpr (kPromote != 0) {
+        if constexpr (decltype(chunk1)::value) {
+          add_pv0();
+          issue_pv1(stage);
+          wgmma_wait<0>();
+        }
+        add_pv1();
+      } else {
+        fence_regs(o);
+      }
+      mbar_arrive(fp8_bar(bars, stage, 3));
+    };
 
     int it_c = it;
     int nb = t.n_blocks - 1;
@@ -693,17 +696,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         softmax(nb);
       }
       wgmma_wait<0>();
-      if constexpr (kPromote != 0) {
-        if constexpr (late) {  // chunk 1 after the softmax, exposed
-          add_pv0();
-          issue_pv1(stage_c);
-          wgmma_wait<0>();
-        }
-        add_pv1();
-      } else {
-        fence_regs(o);
-      }
-      mbar_arrive(fp8_bar(bars, stage_c, 3));
+      retire_pv(stage_c, std::bool_constant<late>{});  // late: chunk 1 after the softmax, exposed
       pack();
       rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
       it_c = it_n;
@@ -721,15 +714,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     }
     if (g == 0 || !last_unit) turn_pass();
     wgmma_wait<0>();
-    if constexpr (kPromote != 0) {
-      add_pv0();
-      issue_pv1(stage_c);
-      wgmma_wait<0>();
-      add_pv1();
-    } else {
-      fence_regs(o);
-    }
-    mbar_arrive(fp8_bar(bars, stage_c, 3));
+    retire_pv(stage_c, std::true_type{});
     it = it_c + 1;
 
     // Epilogue: O * v_scale / l, natural-log LSE (the exp2-domain maximum includes every scale).
@@ -745,8 +730,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 }
 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
-// kUniformWg: as in prefill_sm90_kernel (the warpgroup index broadcast from lane 0, so the role
-// branch is warp-uniform control flow for the compiler; Fa3Params::uniform_wg picks it at launch).
+// kUniformWg: see warpgroup_index (prefill_sm90.cuh).
 template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, bool kSpec = false,
           int kN = 128, int kPromote = 0>
 __global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
@@ -754,8 +738,7 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = PrefillFp8Traits<kN>;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = sm90::smem_addr(smem_raw);
-  uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);
+  uint8_t* smem = smem_raw + smem_align_pad<Tr>(smem_raw);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
   if (threadIdx.x == 0) {
     sm90::mbar_init(bars, 128);                                // q_full: producer threads
@@ -776,12 +759,7 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
   }
   sm90::fence_proxy_async();
   __syncthreads();
-  int wg;
-  if constexpr (kUniformWg) {
-    wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
-  } else {
-    wg = threadIdx.x / 128;  // the kernel before session 7
-  }
+  const int wg = warpgroup_index<kUniformWg>();
   using Regs = Fp8RegSplit<kN, kVtPre, kPromote != 0>;
   if (wg == 0) {
     sm90::setmaxnreg_dec<Regs::kProducer>();
@@ -814,8 +792,7 @@ __global__ void __launch_bounds__(128) fp8_vt_pre_kernel(const __grid_constant__
   // Requests without new tokens have no tiles and no V^T units in the plan (build_tile_plan).
   if (rw[1] == 0 || nb * kN >= kv_len) return;
   const int key_end = min(kv_len, (nb + 1) * kN);
-  const int32_t* pt =
-      p.req_to_token + static_cast<int64_t>(p.req_pool_indices[r]) * p.req_to_token_stride;
+  const int32_t* pt = page_table_row(p, r);
   const char* v_base =
       static_cast<const char*>(p.v_pool) + static_cast<int64_t>(kvh) * p.v_stride_head;
   constexpr int C = Tr::kChunksPerRow;  // 16-byte chunks per 128-byte row

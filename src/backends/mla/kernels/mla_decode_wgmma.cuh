@@ -104,6 +104,29 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// This thread's accumulator rows r_lo / r_lo + 8 (o[4j + 0..1] / o[4j + 2..3]) times f[0] / f[1].
+__device__ __forceinline__ void scale_o_rows(float (&o)[128], const float (&f)[2]) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    o[4 * j + 0] *= f[0];
+    o[4 * j + 1] *= f[0];
+    o[4 * j + 2] *= f[1];
+    o[4 * j + 3] *= f[1];
+  }
+}
+// o and its row sums l rescaled by f (a new running max); with sum: l plus this tile's row sums.
+__device__ __forceinline__ void rescale_o_l(float (&o)[128], float (&l)[2], const float (&f)[2]) {
+  scale_o_rows(o, f);
+  l[0] *= f[0];
+  l[1] *= f[1];
+}
+__device__ __forceinline__ void rescale_o_l(float (&o)[128], float (&l)[2], const float (&f)[2],
+                                            const float (&sum)[2]) {
+  scale_o_rows(o, f);
+  l[0] = l[0] * f[0] + sum[0];
+  l[1] = l[1] * f[1] + sum[1];
+}
+
 // Named barrier ids (bar.sync / bar.arrive over the two consumer warpgroups; 0 is __syncthreads).
 // The variants' ids may coincide: one kernel runs one variant.
 // Variants 0-2:
@@ -221,14 +244,32 @@ struct MlaWgmmaCta {
   }
 
   // ---- producer (warpgroup 0) ----
+
+  // The page-table row (req_to_token) of request b.
+  __device__ __forceinline__ const int32_t* page_table_row(int b) const {
+    return p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
+  }
+
+  // Thread tid's chunks 8 kb + 4 (tid % 2) + [0, 4) of block kb of K row `key` (global row `row`;
+  // !valid: zero-filled from kvg) into the tile at shared address dst.
+  __device__ __forceinline__ static void copy_block_chunks(uint32_t dst, int key, int kb, int tid,
+                                                           const uint8_t* row, const uint8_t* kvg,
+                                                           bool valid) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = 8 * kb + 4 * (tid & 1) + i;
+      sm90::cp_async_16(dst + sm90::swizzle_offset(kBlockN, key, c), valid ? row + c * 16 : kvg,
+                        valid ? 16 : 0);
+    }
+  }
+
   __device__ void producer() const {
     using namespace sm90;
     const int tid = threadIdx.x;  // 0..127
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
     int it = 0, tcount = 0;
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
-      const int32_t* tok =
-          p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
+      const int32_t* tok = page_table_row(b);
       load_q(b, tcount++);
       // K tiles: thread t copies key t / 2, chunks (t % 2) + 2 i.
       const int key = tid >> 1;
@@ -249,14 +290,7 @@ struct MlaWgmmaCta {
           for (int n = 0; n < Tr::kColBlocks; ++n) {
             const int kb = block_at(n);
             if (kSplitRelease && n == 5) mbar_wait(empty_hi(stage), ((it >> 1) & 1) ^ 1);
-            if (load) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const int c = 8 * kb + 4 * (tid & 1) + i;
-                cp_async_16(dst + swizzle_offset(kBlockN, key, c), valid ? row + c * 16 : kvg,
-                            valid ? 16 : 0);
-              }
-            }
+            if (load) copy_block_chunks(dst, key, kb, tid, row, kvg, valid);
             cp_async_arrive_noinc(block_full(stage, kb));
           }
         } else {
@@ -330,6 +364,23 @@ struct MlaWgmmaCta {
     }
   }
 
+  // Epilogue: consumer g's row sums l (reduced over the quad) published in l_sh, then both
+  // consumers' sums visible (kBarEpilogue).
+  template <int g>
+  __device__ __forceinline__ void publish_row_sums(float (&l)[2], float* l_sh, int r_lo,
+                                                   int lane) const {
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
+      l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
+    }
+    if ((lane & 3) == 0) {
+      l_sh[g * Tr::kRows + r_lo] = l[0];
+      l_sh[g * Tr::kRows + r_lo + 8] = l[1];
+    }
+    named_bar_sync(kBarEpilogue, 256);
+  }
+
   template <int g>
   __device__ void consumer() const {
     using namespace sm90;
@@ -382,15 +433,7 @@ struct MlaWgmmaCta {
             f[x] = f_sh[r_lo + 8 * x];
             m_prev[x] = m_sh[r_lo + 8 * x];
           }
-#pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            o[4 * j + 0] *= f[0];
-            o[4 * j + 1] *= f[0];
-            o[4 * j + 2] *= f[1];
-            o[4 * j + 3] *= f[1];
-          }
-          l[0] *= f[0];
-          l[1] *= f[1];
+          rescale_o_l(o, l, f);
           wait_tile(it_oth & 1, (it_oth >> 1) & 1, 4 * g, 4 * g + 4);  // V columns of g
           fence_proxy_async();
           wgmma_fence();
@@ -480,15 +523,7 @@ struct MlaWgmmaCta {
           }
           fence_proxy_async();
           named_bar_arrive(kBarPReady + g, 256);
-#pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            o[4 * j + 0] *= f[0];
-            o[4 * j + 1] *= f[0];
-            o[4 * j + 2] *= f[1];
-            o[4 * j + 3] *= f[1];
-          }
-          l[0] = l[0] * f[0] + sum[0];
-          l[1] = l[1] * f[1] + sum[1];
+          rescale_o_l(o, l, f, sum);
           wgmma_fence();
           issue_pv(o, pa_own, it_own & 1, g);
           wgmma_commit();
@@ -500,16 +535,7 @@ struct MlaWgmmaCta {
       it += n;
 
       // ---- epilogue: total row sums, final max ----
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
-        l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
-      }
-      if ((lane & 3) == 0) {
-        l_sh[g * Tr::kRows + r_lo] = l[0];
-        l_sh[g * Tr::kRows + r_lo + 8] = l[1];
-      }
-      named_bar_sync(kBarEpilogue, 256);
+      publish_row_sums<g>(l, l_sh, r_lo, lane);
       float denom[2], m_fin[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
@@ -575,8 +601,7 @@ struct MlaWgmmaCta {
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
     int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
-      const int32_t* tok =
-          p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
+      const int32_t* tok = page_table_row(b);
       load_q(b, tcount++);
       const int key = tid >> 1;
       for (int a = t0; a < t1; a += 2, ++pc) {
@@ -607,14 +632,7 @@ struct MlaWgmmaCta {
 #pragma unroll 1
           for (int n = 0; n < nb; ++n) {
             const int kb = n == 4 ? 8 : kb0 + n;
-            if (load) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const int c = 8 * kb + 4 * (tid & 1) + i;
-                cp_async_16(dst + swizzle_offset(kBlockN, key, c), valid ? row + c * 16 : kvg,
-                            valid ? 16 : 0);
-              }
-            }
+            if (load) copy_block_chunks(dst, key, kb, tid, row, kvg, valid);
             cp_async_arrive_noinc(block_full(s, kb));
           }
         }
@@ -808,15 +826,7 @@ struct MlaWgmmaCta {
         }
         if constexpr (g == 0) {
           // O_L = O_L scale0 + P0 V0L
-#pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            o[4 * j + 0] *= sc[0];
-            o[4 * j + 1] *= sc[0];
-            o[4 * j + 2] *= sc[1];
-            o[4 * j + 3] *= sc[1];
-          }
-          l[0] = l[0] * sc[0] + sum[0];
-          l[1] = l[1] * sc[1] + sum[1];
+          rescale_o_l(o, l, sc, sum);
           wgmma_fence();
           issue_pv(o, pa, 0, 0);
           wgmma_commit();
@@ -846,15 +856,7 @@ struct MlaWgmmaCta {
           fence_proxy_async();
           named_bar_arrive(kBarP0, 256);
           if constexpr (!kPh) {
-#pragma unroll
-            for (int j = 0; j < 32; ++j) {
-              o[4 * j + 0] *= sc1[0];
-              o[4 * j + 1] *= sc1[0];
-              o[4 * j + 2] *= sc1[1];
-              o[4 * j + 3] *= sc1[1];
-            }
-            l[0] *= sc1[0];
-            l[1] *= sc1[1];
+            rescale_o_l(o, l, sc1);
             wait_tile(1, par1, 0, 4);  // V1L (P1 came with the named barrier)
             fence_proxy_async();
             wgmma_fence();
@@ -888,15 +890,7 @@ struct MlaWgmmaCta {
             f[x] = sc_other[x] * sc[x];
             m_prev[x] = m_ref[x];
           }
-#pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            o[4 * j + 0] *= f[0];
-            o[4 * j + 1] *= f[0];
-            o[4 * j + 2] *= f[1];
-            o[4 * j + 3] *= f[1];
-          }
-          l[0] = l[0] * f[0] + sum[0];
-          l[1] = l[1] * f[1] + sum[1];
+          rescale_o_l(o, l, f, sum);
           // O_R += P1 V1R, then += (P0 scale1) V0R: both in frame m1, no wait in between.
           if constexpr (!kPh) {
             wgmma_fence();
@@ -967,16 +961,7 @@ struct MlaWgmmaCta {
       }
 
       // ---- epilogue (as consumer()): total row sums; the final max is m_prev ----
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
-        l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
-      }
-      if ((lane & 3) == 0) {
-        l_sh[g * Tr::kRows + r_lo] = l[0];
-        l_sh[g * Tr::kRows + r_lo + 8] = l[1];
-      }
-      named_bar_sync(kBarEpilogue, 256);
+      publish_row_sums<g>(l, l_sh, r_lo, lane);
       float denom[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) denom[x] = l_sh[r_lo + 8 * x] + l_sh[Tr::kRows + r_lo + 8 * x];
