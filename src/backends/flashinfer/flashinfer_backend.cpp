@@ -108,7 +108,8 @@ struct Plan {
   // > 0: the decode plan is a balanced plan of this many slots
   // (ATTNKIT_FLASHINFER_DECODE_BALANCE=1, balanced_plan.h; PagedParams::balance_slots).
   int balance_slots = 0;
-  bool split = false;  // some request is split (stats)
+  bool split = false;       // some request is split (stats)
+  bool split_long = false;  // the split-long rule cut some request (stats)
   // Captured for CUDA-graph replay: the launch (PDL attribute included) is fixed at capture while
   // each replay's plan may or may not split.
   bool graph = false;
@@ -154,7 +155,8 @@ class FlashInferBackend final : public AttentionBackend {
         pdl_graph_(env_flag("ATTNKIT_FLASHINFER_PDL_GRAPH", true)),
         pdl_early_(env_choice("ATTNKIT_FLASHINFER_PDL_TRIGGER", {"early", "end"}, "early") !=
                    "end"),
-        balance_(env_flag("ATTNKIT_FLASHINFER_DECODE_BALANCE", false)) {}
+        balance_(env_flag("ATTNKIT_FLASHINFER_DECODE_BALANCE", false)),
+        split_long_(env_flag("ATTNKIT_FLASHINFER_SPLIT_LONG", false)) {}
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("flashinfer");
@@ -222,6 +224,10 @@ class FlashInferBackend final : public AttentionBackend {
     // Experiment knob (work_plan.h PlanConfig::split_ctas).
     static const int split_ctas = env_int_range("ATTNKIT_FLASHINFER_SPLIT_CTAS", 0, 1, 4096);
     c.split_ctas = split_ctas;
+    // split_long_ (work_plan.h PlanConfig::split_long). Eager plans and graph replays both plan
+    // through here, and init_cuda_graph_state sizes the workspace from the same config
+    // (max_decode_items), so both see the same plan.
+    c.split_long = split_long_;
     return c;
   }
   // Balanced decode plans (balance_): one chunk per decode CTA slot of the device (the split
@@ -281,6 +287,10 @@ class FlashInferBackend final : public AttentionBackend {
   // off, not yet run on a GPU): decode forwards on the tensor-core path run a balanced plan
   // (balanced_plan.h) on paged_decode_balanced_kernel, eager and CUDA graphs.
   bool balance_ = false;
+  // Experiment knob ATTNKIT_FLASHINFER_SPLIT_LONG=1 (read when the backend is created; default off,
+  // not yet run on a GPU): decode plans cut requests much longer than the per-slot share even at
+  // bs >= 16 (work_plan.h PlanConfig::split_long), on the split kernel and its fused merge.
+  bool split_long_ = false;
   Plan plan_;
   FlashInferStats stats_;
   flashinfer::Cascade cascade_;  // shared-prefix plans of this forward (cascade.h)
@@ -417,6 +427,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     wp.serialize(&words_);
     num_partials = wp.num_partials;
     plan_.grid_items = static_cast<int>(wp.items.size());
+    plan_.split_long = wp.split_long && wp.any_split;
   }
   ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
   ATTNKIT_RETURN_IF_ERROR(staging_.upload(words_, plan_words_.data(), stream));
@@ -575,6 +586,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     return cascade_.run(p, q.dtype, kv_dtype, ctx_.qk_head_dim, stream);
   }
   if (plan_.split) ++stats_.split_calls;
+  if (plan_.split_long) ++stats_.decode_split_long_calls;
   p.balance_slots = plan_.balance_slots;  // after the cascade: its passes run WorkItem plans
   if (plan_.balance_slots > 0) ++stats_.decode_balanced_calls;
   const int grid = plan_.grid_items;

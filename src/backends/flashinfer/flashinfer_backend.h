@@ -77,6 +77,10 @@ struct FlashInferStats {
   int64_t decode_pdl_early_reads_calls = 0;
   // Decode kernel calls on a balanced plan (experiment knob ATTNKIT_FLASHINFER_DECODE_BALANCE=1).
   int64_t decode_balanced_calls = 0;
+  // Eager decode kernel calls whose plan the split-long rule cut (experiment knob
+  // ATTNKIT_FLASHINFER_SPLIT_LONG=1, work_plan.h; graph replays plan on the host at replay and are
+  // not counted).
+  int64_t decode_split_long_calls = 0;
 };
 // The counters of a backend made by create_flashinfer_backend; nullptr for any other backend.
 const FlashInferStats* flashinfer_stats(const AttentionBackend& backend);

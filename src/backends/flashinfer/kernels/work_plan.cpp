@@ -49,6 +49,10 @@ void WorkPlan::serialize(std::vector<int32_t>* words) const {
 }
 
 Result<WorkPlan> build_work_plan(std::span<const PlanRequest> requests, const PlanConfig& config) {
+  if (config.split_long_pct < 100) {
+    return Status::invalid_argument("flashinfer plan: split_long_pct " +
+                                    std::to_string(config.split_long_pct) + " must be >= 100");
+  }
   if (config.num_kv_heads < 1 || config.group < 1 || config.target_ctas < 1) {
     return Status::invalid_argument("flashinfer plan: num_kv_heads " +
                                     std::to_string(config.num_kv_heads) + ", group " +
@@ -93,6 +97,45 @@ Result<WorkPlan> build_work_plan(std::span<const PlanRequest> requests, const Pl
       if (lo * kDecodeTileKeys < max_len) chunk = lo * kDecodeTileKeys;
     }
   }
+  // Split-long (work_plan.h): per-request chunks where a CTA would hold much more than the share.
+  // chunk_of[r] > 0: request r's chunk; empty: the uniform `chunk` above for every request.
+  std::vector<int64_t> chunk_of;
+  if (config.shape == TileShape::kDecode && config.allow_split && config.split_long &&
+      !requests.empty()) {
+    int64_t work = 0;  // keys per kv head, summed over (request, q tile) items
+    int64_t max_len = 0;
+    for (const PlanRequest& r : requests) {
+      const int64_t q_tiles = ceil_div(static_cast<int64_t>(r.q_len) * config.group, rows_per_tile);
+      work += q_tiles * r.kv_len;
+      if (q_tiles > 0) max_len = std::max<int64_t>(max_len, r.kv_len);
+    }
+    // len > pct % of share  <=>  len * target * 100 > pct * work * heads (exact: 128-bit products).
+    const int64_t heads = config.num_kv_heads;
+    const auto much_longer = [&](int64_t len) {
+      __extension__ typedef __int128 Wide;
+      return static_cast<Wide>(len) * config.target_ctas * 100 >
+             static_cast<Wide>(config.split_long_pct) * work * heads;
+    };
+    const int64_t longest_cta = chunk > 0 ? std::min(chunk, max_len) : max_len;
+    // (A CTA of <= kMinSplitChunk keys cannot be cut further: today's plan stays.)
+    if (work > 0 && longest_cta > kMinSplitChunk && much_longer(longest_cta)) {
+      const int64_t share = std::max<int64_t>(1, ceil_div(work * heads, config.target_ctas));
+      chunk_of.assign(requests.size(), 0);
+      chunk = 0;
+      for (size_t r = 0; r < requests.size(); ++r) {
+        const int64_t len = requests[r].kv_len;
+        if (requests[r].q_len == 0 || !much_longer(len)) continue;  // q_len 0: no items
+        const int64_t k = ceil_div(len, share);
+        const int64_t c = std::max<int64_t>(
+            kMinSplitChunk, ceil_div(ceil_div(len, k), kDecodeTileKeys) * kDecodeTileKeys);
+        if (c < len) {
+          chunk_of[r] = c;
+          chunk = std::max(chunk, c);
+        }
+      }
+      plan.split_long = true;
+    }
+  }
   plan.chunk = static_cast<int>(chunk);
 
   int32_t partials = 0;
@@ -104,7 +147,8 @@ Result<WorkPlan> build_work_plan(std::span<const PlanRequest> requests, const Pl
     out.kv_len = in.kv_len;
     const int64_t rows = static_cast<int64_t>(in.q_len) * config.group;
     const int64_t q_tiles = ceil_div(rows, rows_per_tile);
-    const int64_t splits = chunk > 0 ? std::max<int64_t>(1, ceil_div(in.kv_len, chunk)) : 1;
+    const int64_t req_chunk = chunk_of.empty() ? chunk : chunk_of[r];
+    const int64_t splits = req_chunk > 0 ? std::max<int64_t>(1, ceil_div(in.kv_len, req_chunk)) : 1;
     out.num_splits = static_cast<int32_t>(splits);
     if (splits > 1) {
       out.partial_base = partials;
@@ -116,9 +160,9 @@ Result<WorkPlan> build_work_plan(std::span<const PlanRequest> requests, const Pl
         WorkItem w;
         w.request = static_cast<int32_t>(r);
         w.q_row_begin = static_cast<int32_t>(t * rows_per_tile);
-        w.kv_begin = static_cast<int32_t>(splits > 1 ? s * chunk : 0);
-        w.kv_end = static_cast<int32_t>(splits > 1 ? std::min<int64_t>(in.kv_len, (s + 1) * chunk)
-                                                   : in.kv_len);
+        w.kv_begin = static_cast<int32_t>(splits > 1 ? s * req_chunk : 0);
+        w.kv_end = static_cast<int32_t>(
+            splits > 1 ? std::min<int64_t>(in.kv_len, (s + 1) * req_chunk) : in.kv_len);
         w.split = static_cast<int32_t>(s);
         plan.items.push_back(w);
       }
@@ -131,10 +175,15 @@ Result<WorkPlan> build_work_plan(std::span<const PlanRequest> requests, const Pl
 int64_t max_decode_items(int max_bs, const PlanConfig& config) {
   // Unsplit: one item per (request, q tile). Split: the chunk keeps num_kv_heads * items within
   // target_ctas.
+  // Split-long: the unsplit items plus at most ceil(target_ctas / num_kv_heads) extra chunks
+  // (sum_r ceil(len_r / share) <= sum_r len_r / share + (long requests), and sum_r len_r <= work).
   const int64_t q_tiles = ceil_div(config.group, kDecodeTileRows);
-  return std::max<int64_t>(
-      static_cast<int64_t>(max_bs) * q_tiles,
-      std::max(config.target_ctas, config.split_ctas) / std::max(1, config.num_kv_heads));
+  const int64_t heads = std::max(1, config.num_kv_heads);
+  const int64_t unsplit = static_cast<int64_t>(max_bs) * q_tiles;
+  const int64_t bound =
+      std::max<int64_t>(unsplit, std::max(config.target_ctas, config.split_ctas) / heads);
+  if (!config.split_long) return bound;
+  return std::max<int64_t>(bound, unsplit + ceil_div(config.target_ctas, heads));
 }
 
 }  // namespace attnkit::flashinfer

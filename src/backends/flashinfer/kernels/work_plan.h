@@ -17,6 +17,24 @@
 //   * bs 64, kv 4096: 512 CTAs unsplit already exceed the target -> no split.
 // (ATTNKIT_DECODE_BLOCKS_PER_SM=2, the target before 2026-11-22 session 4: chunk 2048 at bs 16,
 // 1024 at bs 1 kv 32768, 576 in the bs 4 example.)
+// Split-long (experiment, PlanConfig::split_long, ATTNKIT_FLASHINFER_SPLIT_LONG=1, default off;
+// session 10, not yet run on a GPU): the rule above splits only while a forward has fewer items
+// than target_ctas / num_kv_heads (16 on the H200 with 8 kv heads), so at bs >= 16 an uneven batch
+// (one 32k request among fifteen 1k ones) runs as long as its longest item. With split_long, the
+// per-slot share is
+//   share = num_kv_heads * sum_r q_tiles_r * kv_len_r / target_ctas   (keys per CTA slot)
+// and, when the plan above would leave a CTA with more than split_long_pct % of the share (no
+// split at bs >= 16, or a split chunk much above the share), each (request, q tile) whose kv_len
+// exceeds split_long_pct % of the share is cut into k = ceil(kv_len / ceil(share)) chunks of
+// round_up(ceil(kv_len / k), tile) keys (at least kMinSplitChunk); every other request stays whole.
+// The chunk is per request (RequestPlan::num_splits / partial_base, WorkItem::kv_begin / kv_end /
+// split already carry it, so the split kernel and its fused merge run it unchanged). Uniform
+// batches keep today's plan (their items are <= ~1.03 x share). Items per kv head <=
+// sum_r q_tiles_r + ceil(target_ctas / num_kv_heads) (max_decode_items raises the graph bound by
+// that when split_long is on).
+//   * bs 16, 32768 + 15 x 1024 (H200): share 2917 -> the long request in 12 chunks of 2752 keys
+//     (last 2496), the others whole: 27 items per head (216 CTAs, 2 per SM) instead of 16 with
+//     one 32768-key CTA per head.
 // Prefill: one CTA per (tile of packed rows, kv head), whole key range (the kernel clips it to the
 // causal / window bound of the tile).
 #pragma once
@@ -46,6 +64,11 @@ struct PlanConfig {
   // Experiment knob (ATTNKIT_FLASHINFER_SPLIT_CTAS): the grid target of a plan that splits
   // (target_ctas still decides whether it splits). 0: target_ctas.
   int split_ctas = 0;
+  // Experiment knob (ATTNKIT_FLASHINFER_SPLIT_LONG=1): cut requests much longer than the per-slot
+  // share even where the rule above does not split (see the header). split_long_pct: "much
+  // longer" = more than this percentage of the share (>= 100).
+  bool split_long = false;
+  int split_long_pct = 150;
 };
 
 // Per-request inputs (host copies of the batch lengths).
@@ -59,8 +82,9 @@ struct WorkPlan {
   std::vector<RequestPlan> requests;
   std::vector<WorkItem> items;
   int num_partials = 0;  // partial rows (sum of splits of split requests)
-  int chunk = 0;         // decode chunk (0 = no split)
+  int chunk = 0;         // decode chunk (0 = no split; split_long: the largest request chunk)
   bool any_split = false;
+  bool split_long = false;  // the split-long rule chose the chunks (per request)
   // Serialises header + requests + items into `words` (resized).
   void serialize(std::vector<int32_t>* words) const;
   static int64_t words_for(int64_t bs, int64_t items) {
