@@ -113,15 +113,32 @@ class KVPool {
   // (contiguous int64 [T]) of `layer`, quantising to the pool dtype (bf16/f16/f32: RNE, scale not
   // applied; fp8: RNE(x / scale); fp4: per-16 block scales, see fp4_block_scale_code). Checks
   // layer, shapes, dtypes, devices and scales (finite, > 0) before writing anything; CPU pools also
-  // check that every slot is in [page_size, rows) and none repeats first (CUDA pools check slots on
-  // the device only with ATTNKIT_CHECK_INDICES=1, and accept page-0 dummy slots). CUDA pools in a
-  // build without CUDA return kNotBuilt.
+  // check that every slot is in [page_size, rows) and none repeats first. CUDA pools accept page-0
+  // dummy slots and do not look at the slots on the host (they live on the device); instead the
+  // scatter kernel skips every write whose slot is outside [0, rows) (nothing outside the pool is
+  // touched) and records the first such (layer, token, slot) in the pool's device error word, which
+  // check_device_errors() reports. With ATTNKIT_CHECK_INDICES=1 CUDA pools also check the slots
+  // synchronously before writing and return kInvalidArgument at once. CUDA pools in a build without
+  // CUDA return kNotBuilt.
   virtual Status set_kv(int layer, const TensorView& loc, const TensorView& k, const TensorView& v,
                         float k_scale, float v_scale, StreamHandle stream) = 0;
+  // Device slot guard (CUDA pools): returns kInvalidArgument naming the layer, token and slot of
+  // the first out-of-range write that set_kv skipped since the last call, and the pool's rows, then
+  // clears the record; ok when there was none. Costs a 24-byte device->host copy and a
+  // synchronisation of `stream` (nullptr = default stream), so a serving engine calls it when it
+  // wants (e.g. every N steps, or after a step that looked wrong); the harness calls it after every
+  // run_backend. The kernels only record (no allocation, graph-capturable), so a write recorded
+  // inside a replayed CUDA graph is reported here too. CPU pools (which check slots before writing)
+  // always return ok.
+  Status check_device_errors(StreamHandle stream = nullptr);
 
  protected:
   explicit KVPool(KVPoolConfig config) : config_(std::move(config)) {}
+  // Allocates and zeroes the device error word (CUDA pools; no-op on CPU). Called by create/wrap.
+  Status init_device_guard();
+  void* device_guard() const { return guard_.data(); }
   KVPoolConfig config_;
+  Buffer guard_;  // detail::KVGuardRecord on the device (CUDA pools only)
 };
 
 class MHAKVPool final : public KVPool {

@@ -97,7 +97,23 @@ void bind_pool_common(nb::class_<PyKVPool>& cls) {
           "layer"_a, "loc"_a, "k"_a, "v"_a = nb::none(), "k_scale"_a = 1.0f, "v_scale"_a = 1.0f,
           "stream"_a = nb::none(),
           "Scatter k/v rows ([T, heads, dim], f32/f16/bf16) into slots loc (int64 [T]) of `layer`, "
-          "quantising to the pool dtype (fp8: x / scale). MLA pools ignore v.");
+          "quantising to the pool dtype (fp8: x / scale). MLA pools ignore v. CUDA pools skip a "
+          "slot outside the pool and report it at the next check_device_errors().")
+      .def(
+          "check_device_errors",
+          [](PyKVPool& p, nb::handle stream) {
+            const StreamHandle s = parse_stream_arg(stream);
+            Status status;
+            {
+              nb::gil_scoped_release release;
+              status = p.pool->check_device_errors(s);
+            }
+            check(status);
+          },
+          "stream"_a = nb::none(),
+          "CUDA pools: raise naming the layer, token and slot of the first set_kv write that was "
+          "skipped as outside the pool since the last call (then clear it). Synchronises the "
+          "stream; call it every N steps. CPU pools check slots in set_kv and never raise here.");
 }
 
 }  // namespace

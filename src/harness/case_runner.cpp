@@ -1138,7 +1138,12 @@ Status run_backend(AttentionBackend& backend, PreparedCase& pc, bool save_kv) {
                                             pass_kv ? ld.v : TensorView(), ld.out, ld.layer,
                                             pc.batch, save, ld.lse));
   }
-  return Status::ok();
+  // CUDA pools: report a set_kv write that the device slot guard skipped (one small copy + sync).
+  // The backend writes on batch.stream, the runner's own set_kv above on the default stream:
+  // check on both so that neither write can still be pending when the word is read.
+  if (!pc.kv_pool) return Status::ok();
+  ATTNKIT_RETURN_IF_ERROR(pc.kv_pool->check_device_errors(pc.batch.stream));
+  return pc.batch.stream != nullptr ? pc.kv_pool->check_device_errors(nullptr) : Status::ok();
 }
 
 // ---------------------------------------------------------------------------------------------

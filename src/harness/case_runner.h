@@ -171,6 +171,8 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
 // init_forward_metadata once, then forward() for every layer. save_kv = false: the runner writes
 // the new k/v into the pool itself (kv_pool->set_kv) so the backend reads everything from the
 // pool and receives empty k/v. Layers with save_kv_allowed = false always run with save_kv off.
+// Ends with kv_pool->check_device_errors (CUDA pools: a synchronisation; a set_kv write that the
+// device slot guard skipped becomes this call's error).
 Status run_backend(AttentionBackend& backend, PreparedCase& prepared, bool save_kv);
 
 // Worst layer's numbers.

@@ -186,16 +186,18 @@ void scatter_host(const TensorView& dst, const TensorView& dst_scales, const Ten
 }
 
 // Writes src into dst at loc on the pool's device. Inputs are already validated (slots too for
-// CPU pools).
+// CPU pools); CUDA pools skip and record out-of-range slots in `guard` (see set_kv_cuda.h).
 Status scatter(const TensorView& dst, const TensorView& dst_scales, const TensorView& loc,
-               const TensorView& src, float scale, StreamHandle stream) {
+               const TensorView& src, float scale, int layer, void* guard, StreamHandle stream) {
   if (dst.device.is_cpu()) {
     scatter_host(dst, dst_scales, loc, src, scale);
     return Status::ok();
   }
 #ifdef ATTNKIT_WITH_CUDA
-  return detail::set_kv_cuda(dst, dst_scales, loc, src, scale, stream);
+  return detail::set_kv_cuda(dst, dst_scales, loc, src, scale, layer, guard, stream);
 #else
+  (void)layer;
+  (void)guard;
   (void)stream;
   return Status::not_built("set_kv: the pool is on " + dst.device.to_string() +
                            " but attnkit was built without CUDA (ATTNKIT_CUDA=OFF)");
@@ -235,6 +237,16 @@ float load_kv_value_host(const TensorView& buffer, const TensorView& scales, int
 }
 
 namespace detail {
+
+std::string kv_guard_message(const KVGuardRecord& record, int64_t rows, int page_size) {
+  return "set_kv (device slot guard): layer " + std::to_string(record.layer) + " loc[" +
+         std::to_string(record.token) + "] = " + std::to_string(record.slot) +
+         " is outside the pool rows [0, " + std::to_string(rows) + ") (usable slots [" +
+         std::to_string(page_size) + ", " + std::to_string(rows) +
+         "), page 0 holds dummy writes); the write was skipped, so this token's k/v is missing "
+         "from the cache (the first bad write since the last check; later ones are not "
+         "recorded)";
+}
 
 Status validate_mha_pool_config(const KVPoolConfig& config) {
   ATTNKIT_RETURN_IF_ERROR(validate_common(config));
@@ -288,6 +300,36 @@ Result<KVPoolConfig> validate_mla_pool_config(const KVPoolConfig& config) {
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
+// KVPool: device slot guard
+
+Status KVPool::init_device_guard() {
+#ifdef ATTNKIT_WITH_CUDA
+  if (device().is_cpu()) return Status::ok();
+  ATTNKIT_ASSIGN_OR_RETURN(
+      guard_, Buffer::allocate(device(), static_cast<int64_t>(sizeof(detail::KVGuardRecord))));
+  const detail::KVGuardRecord cleared{};
+  return copy_bytes(guard_.data(), device(), &cleared, Device::cpu(),
+                    static_cast<int64_t>(sizeof(cleared)));
+#else
+  // Without CUDA a wrapped CUDA pool exists only to report kNotBuilt from set_kv.
+  return Status::ok();
+#endif
+}
+
+Status KVPool::check_device_errors(StreamHandle stream) {
+  if (guard_.data() == nullptr) return Status::ok();
+#ifdef ATTNKIT_WITH_CUDA
+  detail::KVGuardRecord record;
+  ATTNKIT_RETURN_IF_ERROR(detail::kv_guard_read_and_clear(guard_.data(), &record, stream));
+  if (record.flag == 0) return Status::ok();
+  return Status::invalid_argument(detail::kv_guard_message(record, rows(), page_size()));
+#else
+  (void)stream;
+  return Status::ok();
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // MHAKVPool
 
 Result<std::unique_ptr<MHAKVPool>> MHAKVPool::create(const KVPoolConfig& config) {
@@ -314,6 +356,7 @@ Result<std::unique_ptr<MHAKVPool>> MHAKVPool::create(const KVPoolConfig& config)
       pool->v_scales_.push_back(std::move(vs));
     }
   }
+  ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
 }
 
@@ -353,8 +396,10 @@ Status MHAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k, 
   ATTNKIT_RETURN_IF_ERROR(check_scale(v_scale, "v_scale"));
   if (tokens == 0) return Status::ok();
   if (device().is_cpu()) ATTNKIT_RETURN_IF_ERROR(check_slots_host(loc, page_size(), rows()));
-  ATTNKIT_RETURN_IF_ERROR(scatter(k_buffer(layer), k_scale_buffer(layer), loc, k, k_scale, stream));
-  return scatter(v_buffer(layer), v_scale_buffer(layer), loc, v, v_scale, stream);
+  ATTNKIT_RETURN_IF_ERROR(scatter(k_buffer(layer), k_scale_buffer(layer), loc, k, k_scale, layer,
+                                  device_guard(), stream));
+  return scatter(v_buffer(layer), v_scale_buffer(layer), loc, v, v_scale, layer, device_guard(),
+                 stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -374,6 +419,7 @@ Result<std::unique_ptr<MLAKVPool>> MLAKVPool::create(const KVPoolConfig& config)
       pool->scales_.push_back(std::move(s));
     }
   }
+  ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
 }
 
@@ -404,7 +450,8 @@ Status MLAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k,
   ATTNKIT_RETURN_IF_ERROR(check_scale(k_scale, "k_scale"));
   if (tokens == 0) return Status::ok();
   if (device().is_cpu()) ATTNKIT_RETURN_IF_ERROR(check_slots_host(loc, page_size(), rows()));
-  return scatter(kv_buffer(layer), scale_buffer(layer), loc, k, k_scale, stream);
+  return scatter(kv_buffer(layer), scale_buffer(layer), loc, k, k_scale, layer, device_guard(),
+                 stream);
 }
 
 }  // namespace attnkit

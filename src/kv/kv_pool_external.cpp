@@ -88,6 +88,7 @@ Result<std::unique_ptr<MHAKVPool>> MHAKVPool::wrap(const KVPoolConfig& config,
     pool->k_scales_.push_back(std::move(ks));
     pool->v_scales_.push_back(std::move(vs));
   }
+  ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
 }
 
@@ -120,6 +121,7 @@ Result<std::unique_ptr<MLAKVPool>> MLAKVPool::wrap(const KVPoolConfig& config,
                               row_dim / kFp4GroupSize));
     pool->scales_.push_back(std::move(s));
   }
+  ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
 }
 

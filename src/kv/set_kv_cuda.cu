@@ -22,9 +22,12 @@ struct ScatterArgs {
   const void* src;       // [T, H, D] f32/f16/bf16, stride(2) == 1
   int64_t src_stride_t;  // elements
   int64_t src_stride_h;
-  void* dst;            // [rows, H, D] pool dtype, contiguous
-  uint8_t* dst_scales;  // fp4: [rows, H, D / 16]
-  const int64_t* loc;   // [T]
+  void* dst;             // [rows, H, D] pool dtype, contiguous
+  uint8_t* dst_scales;   // fp4: [rows, H, D / 16]
+  const int64_t* loc;    // [T]
+  KVGuardRecord* guard;  // the pool's error word; nullptr = skip bad slots without recording
+  int64_t rows;          // dst.size(0): slots outside [0, rows) are skipped
+  int layer;             // recorded with a bad slot
   int tokens;
   int heads;
   int dim;
@@ -52,12 +55,28 @@ __device__ __forceinline__ void store_one(const ScatterArgs& a, int64_t index, f
   }
 }
 
+// Device slot guard: true when `slot` is a row of the pool. Otherwise the caller writes nothing,
+// and thread 0 of the block records (layer, t, slot) unless a bad write is already recorded.
+// Block-uniform (every thread reads the same loc[t]), so the early return needs no barrier.
+__device__ __forceinline__ bool slot_in_pool(const ScatterArgs& a, int t, int64_t slot) {
+  // One unsigned compare covers slot < 0 (it wraps to a huge value) and slot >= rows.
+  if (static_cast<uint64_t>(slot) < static_cast<uint64_t>(a.rows)) return true;
+  if (threadIdx.x == 0 && a.guard != nullptr && atomicCAS(&a.guard->flag, 0u, 1u) == 0u) {
+    a.guard->layer = a.layer;
+    a.guard->token = t;
+    a.guard->slot = slot;
+  }
+  return false;
+}
+
 // grid: (T * H) block: (kScatterThreads); one thread per element.
 template <typename SrcT, DType kDst>
 __global__ void __launch_bounds__(kScatterThreads) scatter_kernel(const ScatterArgs a) {
   const int t = blockIdx.x / a.heads;
   const int h = blockIdx.x % a.heads;
-  const int64_t dst_row = (a.loc[t] * a.heads + h) * a.dim;
+  const int64_t slot = a.loc[t];
+  if (!slot_in_pool(a, t, slot)) return;
+  const int64_t dst_row = (slot * a.heads + h) * a.dim;
   for (int d = threadIdx.x; d < a.dim; d += blockDim.x) {
     store_one<SrcT, kDst>(a, dst_row + d, load_src<SrcT>(a, t, h, d));
   }
@@ -80,6 +99,7 @@ __global__ void __launch_bounds__(kScatterThreads) scatter_fp4_kernel(const Scat
   const int h = blockIdx.x % a.heads;
   const int groups = a.dim / kFp4GroupSize;
   const int64_t slot = a.loc[t];
+  if (!slot_in_pool(a, t, slot)) return;
   uint8_t* packed = static_cast<uint8_t*>(a.dst) + (slot * a.heads + h) * a.dim / 2;
   uint8_t* scales = a.dst_scales + (slot * a.heads + h) * groups;
   for (int g = threadIdx.x; g < groups; g += blockDim.x) {
@@ -179,8 +199,25 @@ Status launch_for_src(const ScatterArgs& a, DType dst_dtype, cudaStream_t stream
 
 }  // namespace
 
+Status kv_guard_read_and_clear(void* guard, KVGuardRecord* out, StreamHandle stream) {
+  *out = KVGuardRecord{};
+  if (guard == nullptr) return Status::ok();
+  cudaStream_t s = cuda::to_stream(stream);
+  KVGuardRecord record;
+  ATTNKIT_CUDA_TRY(
+      cudaMemcpyAsync(&record, guard, sizeof(KVGuardRecord), cudaMemcpyDeviceToHost, s));
+  ATTNKIT_CUDA_TRY(cudaStreamSynchronize(s));
+  if (record.flag != 0) {
+    ATTNKIT_CUDA_TRY(cudaMemsetAsync(guard, 0, sizeof(KVGuardRecord), s));
+    ATTNKIT_CUDA_TRY(cudaStreamSynchronize(s));
+  }
+  *out = record;
+  return Status::ok();
+}
+
 Status set_kv_cuda(const TensorView& dst, const TensorView& dst_scales, const TensorView& loc,
-                   const TensorView& src, float scale, StreamHandle stream) {
+                   const TensorView& src, float scale, int layer, void* guard,
+                   StreamHandle stream) {
   const int64_t tokens = src.size(0);
   if (tokens == 0) return Status::ok();
   cudaStream_t s = cuda::to_stream(stream);
@@ -192,6 +229,9 @@ Status set_kv_cuda(const TensorView& dst, const TensorView& dst_scales, const Te
   a.dst = dst.data;
   a.dst_scales = static_cast<uint8_t*>(dst_scales.data);
   a.loc = loc.data_as<const int64_t>();
+  a.guard = static_cast<KVGuardRecord*>(guard);
+  a.rows = dst.size(0);
+  a.layer = layer;
   a.tokens = static_cast<int>(tokens);
   a.heads = static_cast<int>(dst.size(1));
   a.dim = static_cast<int>(dst.size(2));

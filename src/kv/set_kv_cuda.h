@@ -10,8 +10,13 @@
 //   - src is [T, H, D] in f32, f16 or bf16 with src.stride(2) == 1 (dims 0 and 1 may be strided);
 //   - scale is finite and > 0. T may be 0 (then nothing is launched).
 // Slot values are NOT validated on the host (they live on the device). Slots in page 0 are legal
-// here: padded CUDA-graph rows write their dummy tokens there. With ATTNKIT_CHECK_INDICES=1 in the
-// environment the implementation checks 0 <= loc[t] < rows on the device and returns
+// here: padded CUDA-graph rows write their dummy tokens there. Device guard (always on): a token
+// whose slot is outside [0, rows) writes nothing (no element, no fp4 block scale) and the first
+// such token is recorded in `guard` (a KVGuardRecord on the device; nullptr = skip without
+// recording): one atomicCAS on `flag` per bad token, then the winner stores layer/token/slot. The
+// check is one compare per (token, head) block, and the kernel argument is a fixed pointer, so
+// the launch stays graph-capturable. With ATTNKIT_CHECK_INDICES=1 in the environment the
+// implementation also checks 0 <= loc[t] < rows synchronously before launching and returns
 // kInvalidArgument naming the first bad t and slot.
 //
 // Quantisation (must match the CPU path in kv_pool.cpp bit for bit):
@@ -27,10 +32,30 @@
 //        Dequantised value = e2m1(code) * block * scale.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
 
 namespace attnkit::detail {
+
+// The pool's device error word (24 bytes, zeroed at pool creation and by kv_guard_read_and_clear).
+struct KVGuardRecord {
+  uint32_t flag = 0;   // 0 = nothing recorded; 1 = the fields below hold the first bad write
+  int32_t layer = -1;  // the set_kv layer
+  int32_t token = -1;  // index into loc
+  int32_t pad = 0;
+  int64_t slot = 0;  // loc[token]
+};
+static_assert(sizeof(KVGuardRecord) == 24, "KVGuardRecord is shared with the device");
+
+// The error text of a recorded bad write (host logic, in kv_pool.cpp; CPU-testable).
+std::string kv_guard_message(const KVGuardRecord& record, int64_t rows, int page_size);
+
+// CUDA builds only (set_kv_cuda.cu): copies the record at `guard` to *out on `stream`, synchronises
+// the stream, and clears the record on the device when it was set (same stream).
+Status kv_guard_read_and_clear(void* guard, KVGuardRecord* out, StreamHandle stream);
 
 // Scatters src[t] into dst[loc[t]] for t in [0, T), quantising as described above. Asynchronous
 // on `stream` (a cudaStream_t, nullptr = default stream); returns a launch error as kCudaError.
@@ -38,6 +63,6 @@ Status set_kv_cuda(const TensorView& dst,         // [rows, H, D] pool dtype, co
                    const TensorView& dst_scales,  // fp4: fp8_e4m3 [rows, H, D / 16]; else empty
                    const TensorView& loc,         // int64 [T], contiguous
                    const TensorView& src,         // [T, H, D] f32/f16/bf16, stride(2) == 1
-                   float scale, StreamHandle stream);
+                   float scale, int layer, void* guard, StreamHandle stream);
 
 }  // namespace attnkit::detail

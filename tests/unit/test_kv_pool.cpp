@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attnkit/kv_cache.h"
+#include "kv/set_kv_cuda.h"
 
 namespace attnkit {
 namespace {
@@ -480,6 +481,37 @@ TEST(KVPool, ZeroTokensIsANoOp) {
   const TensorView v(nullptr, DType::kF32, Device::cpu(), {0, 2, 32});
   ASSERT_TRUE(pool->set_kv(0, loc, k, v, 1.0f, 1.0f, nullptr).is_ok());
   EXPECT_EQ(snapshot(pool->k_buffer(0)), before);
+}
+
+// CPU pools check every slot before writing, so the device slot guard has nothing to report, also
+// after a rejected write (a CPU pool has no device error word).
+TEST_F(KVPoolErrors, CpuPoolHasNoDeviceErrorsToReport) {
+  slots_[1] = -3;
+  expect_error(pool_->set_kv(0, loc(), k(), v(), 1.0f, 1.0f, nullptr), "loc[1] = -3");
+  const Status st = pool_->check_device_errors(nullptr);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  auto mla = MLAKVPool::create(mla_config(DType::kBF16)).value();
+  EXPECT_TRUE(mla->check_device_errors().is_ok());
+}
+
+// The text check_device_errors returns for a write the CUDA scatter skipped: it names the layer,
+// the token (as loc[t]), the slot, the pool's rows and usable slots, and that the k/v is missing.
+TEST(KVGuardMessage, NamesLayerTokenSlotAndPoolSize) {
+  detail::KVGuardRecord record;
+  EXPECT_EQ(record.flag, 0u);  // a zeroed word means "nothing recorded"
+  record.flag = 1;
+  record.layer = 3;
+  record.token = 17;
+  record.slot = 123456789012LL;
+  std::string msg = detail::kv_guard_message(record, 1040, 16);
+  for (const char* needle : {"layer 3", "loc[17] = 123456789012", "rows [0, 1040)",
+                             "usable slots [16, 1040)", "skipped", "missing"}) {
+    EXPECT_NE(msg.find(needle), std::string::npos) << needle << " not in: " << msg;
+  }
+  record.token = 0;
+  record.slot = -1;
+  msg = detail::kv_guard_message(record, 80, 1);
+  EXPECT_NE(msg.find("loc[0] = -1 is outside the pool rows [0, 80)"), std::string::npos) << msg;
 }
 
 #ifndef ATTNKIT_WITH_CUDA
