@@ -13,6 +13,7 @@
 #include "attnkit/kv_cache.h"
 #include "attnkit/tensor.h"
 #include "cuda/common/metadata_kernels.h"
+#include "support/gpu_test_helpers.h"
 
 namespace attnkit {
 namespace {
@@ -23,23 +24,9 @@ namespace {
     ASSERT_TRUE(s_.is_ok()) << s_.to_string(); \
   } while (0)
 
-bool has_cuda() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-std::vector<uint8_t> to_host_bytes(const TensorView& t) {
-  std::vector<uint8_t> h(static_cast<size_t>(t.storage_bytes()));
-  EXPECT_TRUE(copy_bytes(h.data(), Device::cpu(), t.data, t.device, t.storage_bytes()).is_ok());
-  return h;
-}
-
-Buffer upload_bytes(const void* src, int64_t bytes) {
-  Result<Buffer> b = Buffer::allocate(Device::cuda(0), std::max<int64_t>(bytes, 1));
-  EXPECT_TRUE(b.is_ok());
-  EXPECT_TRUE(copy_bytes(b->data(), Device::cuda(0), src, Device::cpu(), bytes).is_ok());
-  return std::move(b).value();
-}
+using test_support::has_cuda;
+using test_support::to_host_bytes;
+using test_support::upload_bytes;
 
 struct SetKvCase {
   DType pool_dtype;

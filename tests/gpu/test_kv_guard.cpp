@@ -17,6 +17,7 @@
 
 #include "attnkit/kv_cache.h"
 #include "attnkit/tensor.h"
+#include "support/gpu_test_helpers.h"
 #include "support/scoped_env.h"
 
 namespace attnkit {
@@ -36,23 +37,9 @@ constexpr int64_t kSize = 256;
 constexpr int64_t kRows = kSize + kPage;  // 272
 constexpr uint8_t kPoisonByte = 0xFF;     // bf16 / fp8 NaN; fp4: -6 codes with NaN block scales
 
-bool has_cuda() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-std::vector<uint8_t> to_host_bytes(const TensorView& t) {
-  std::vector<uint8_t> h(static_cast<size_t>(t.storage_bytes()));
-  EXPECT_TRUE(copy_bytes(h.data(), Device::cpu(), t.data, t.device, t.storage_bytes()).is_ok());
-  return h;
-}
-
-Buffer upload_bytes(const void* src, int64_t bytes) {
-  Result<Buffer> b = Buffer::allocate(Device::cuda(0), std::max<int64_t>(bytes, 1));
-  EXPECT_TRUE(b.is_ok());
-  EXPECT_TRUE(copy_bytes(b->data(), Device::cuda(0), src, Device::cpu(), bytes).is_ok());
-  return std::move(b).value();
-}
+using test_support::has_cuda;
+using test_support::to_host_bytes;
+using test_support::upload_bytes;
 
 struct GuardCase {
   const char* name;

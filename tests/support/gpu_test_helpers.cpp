@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "attnkit/device.h"
@@ -24,6 +26,28 @@ bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s, int compute_capabili
       (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) && s.head_dim == s.v_head_dim;
   return compute_capability == 90 && mode_ok && dtype_ok && dim_ok && !s.mla &&
          !s.cross_attention && s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks;
+}
+
+bool has_cuda() {
+#ifdef ATTNKIT_WITH_CUDA
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+#else
+  return false;
+#endif
+}
+
+std::vector<uint8_t> to_host_bytes(const TensorView& t) {
+  std::vector<uint8_t> h(static_cast<size_t>(t.storage_bytes()));
+  EXPECT_TRUE(copy_bytes(h.data(), Device::cpu(), t.data, t.device, t.storage_bytes()).is_ok());
+  return h;
+}
+
+Buffer upload_bytes(const void* src, int64_t bytes) {
+  Result<Buffer> b = Buffer::allocate(Device::cuda(0), std::max<int64_t>(bytes, 1));
+  EXPECT_TRUE(b.is_ok());
+  EXPECT_TRUE(copy_bytes(b->data(), Device::cuda(0), src, Device::cpu(), bytes).is_ok());
+  return std::move(b).value();
 }
 
 bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s) {

@@ -2,14 +2,24 @@
 // take, and the CUDA-graph capture / replay check against an eager run.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "attnkit/backend.h"
 #include "attnkit/forward_batch.h"
+#include "attnkit/tensor.h"
 #include "harness/case_runner.h"
 
 namespace attnkit::test_support {
+
+// Whether this process sees a CUDA device (false in CPU-only builds).
+bool has_cuda();
+// The bytes of a tensor's storage, copied to the host (EXPECTs the copy succeeded).
+std::vector<uint8_t> to_host_bytes(const TensorView& t);
+// A CUDA-device buffer holding `bytes` host bytes from `src` (at least 1 byte; EXPECTs success).
+Buffer upload_bytes(const void* src, int64_t bytes);
 
 // Whether every layer of the case must run on the SM90 wgmma prefill kernel that the fa3 and
 // flashinfer backends share (prefill_sm90_engine.h): a device of compute capability 90; an extend,
