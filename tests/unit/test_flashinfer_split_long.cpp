@@ -17,19 +17,13 @@
 #include <vector>
 
 #include "backends/flashinfer/kernels/work_plan.h"
+#include "support/flashinfer_plan_requests.h"
 
 namespace attnkit::flashinfer {
 namespace {
 
-constexpr int kH200Sms = 132;
-
-std::vector<PlanRequest> decode_requests(const std::vector<int>& lens) {
-  std::vector<PlanRequest> r;
-  for (size_t i = 0; i < lens.size(); ++i) {
-    r.push_back({static_cast<int32_t>(i), 1, static_cast<int32_t>(lens[i])});
-  }
-  return r;
-}
+using test_support::decode_requests;
+using test_support::kH200Sms;
 
 PlanConfig h200(bool split_long = true) {
   PlanConfig c;
