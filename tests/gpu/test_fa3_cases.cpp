@@ -101,7 +101,7 @@ bool default_fp8_knobs() {
   return k.vt_pre_mode == d.vt_pre_mode && k.spec == d.spec && k.block_mode == d.block_mode &&
          k.gemm_sum == d.gemm_sum && k.uniform_wg == d.uniform_wg &&
          k.gemm_sum_max_keys == d.gemm_sum_max_keys && k.promote == d.promote &&
-         k.promote_late == d.promote_late;
+         k.promote_late == d.promote_late && k.promote_auto == d.promote_auto;
 }
 
 using test_support::ScopedEnv;
@@ -277,19 +277,20 @@ TEST(Fa3Fp8Test, E4m3KvPrefillAcrossTilesAndPages) {
 
 TEST(Fa3Fp8Test, VariantsOfTheKernel) {
   // The two 8k-key cases: about 2 s each of fp64 reference on the host (2 layers).
-  // 7200 + 1036 new: 8236 > kFp8GemmSumMaxKeys (2048) keys -> fp32 FADD row sums: the in-kernel V
-  // transpose, 128-key blocks, exact softmax. (With the GEMM row sums, i.e. the pre-transpose /
-  // speculative / 192-key kernels, these two cases failed on an H200 at 11:13Z: LSE error
-  // 0.158 / 0.163, rel_l2 0.143 / 0.040, from the e4m3 wgmma's short accumulator; tile_plan.h.)
+  // 7200 + 1036 new: 8236 > kFp8GemmSumMaxKeys (2048) keys -> promoted (the default since session
+  // 11): pre-transpose + speculation, GEMM row sums, 128-key blocks. (Unpromoted GEMM row sums,
+  // i.e. the session-9 pre-transpose / speculative / 192-key kernels, failed these two cases on an
+  // H200 at 11:13Z: LSE error 0.158 / 0.163, rel_l2 0.143 / 0.040, from the e4m3 wgmma's short
+  // accumulator; tile_plan.h.)
   run_and_compare(fp8(prefill("fp8_long_page64", {7200}, {1036}, 64, 2, 1, 128)), true, 1.f,
-                  Fp8Expect{false, false, 128});
+                  Fp8Expect{true, true, 128});
   {
     // The same through the cp.async gather (page 24) with a second, short request, and without
     // lazy rescale (every rise of a row maximum rescales).
     ScopedEnv lazy("ATTNKIT_FA3_LAZY_RESCALE", "0");
     run_and_compare(
         fp8(prefill("fp8_long_page24_eager_rescale", {7200, 0}, {1036, 90}, 24, 2, 1, 128)), false,
-        1.f, Fp8Expect{false, false, 128});
+        1.f, Fp8Expect{true, true, 128});  // promoted; 1126 x 8 >= 8326 keys: pre-transpose
     // The recompute path at 128 keys per block ((437 + 129) x 8 >= 737 + 129: pre-transpose). The
     // middle request has no new tokens: no V^T units, and the pre-transpose skips it (else it
     // would overwrite the V^T of the request after it).
@@ -385,6 +386,8 @@ TEST(Fa3Fp8Test, PromotionAtLongRowsWithBiasedV) {
        {1036},
        64,
        2},
+      // The library default (knob empty = unset): promoted past 2048 keys in the order of 2.
+      {"default_auto", {{"ATTNKIT_FA3_FP8_PROMOTE", ""}}, true, true, true, {7200}, {1036}, 64, 2},
       {"in_kernel_gemm_sum_late",
        {{"ATTNKIT_FA3_FP8_PROMOTE", "2"}, {"ATTNKIT_FA3_FP8_VT_PRE", "0"}},
        false,

@@ -309,6 +309,9 @@ CaseSpec uneven_decode(std::string name, int long_len, int bs, int short_len, in
 
 TEST(FlashInferSplitLongTest, SplitLongDecodeShapes) {
   test_support::ScopedEnv knob("ATTNKIT_FLASHINFER_SPLIT_LONG", "1");
+  // The balanced plan takes precedence over split-long (flashinfer_backend.cpp); off here, also
+  // under ctest FlashInferDecodeBalance (H200 2026-11-23 15:12Z: these tests failed there).
+  test_support::ScopedEnv no_balance("ATTNKIT_FLASHINFER_DECODE_BALANCE", "0");
   const auto cut = [](const CaseSpec& c, bool save_kv) {
     SCOPED_TRACE(c.name);
     FlashInferStats stats;
@@ -347,6 +350,9 @@ TEST(FlashInferSplitLongTest, SplitLongDecodeShapes) {
 
 TEST(FlashInferSplitLongTest, GraphReplayIsBitIdenticalToEager) {
   test_support::ScopedEnv knob("ATTNKIT_FLASHINFER_SPLIT_LONG", "1");
+  // The balanced plan takes precedence over split-long (flashinfer_backend.cpp); off here, also
+  // under ctest FlashInferDecodeBalance (H200 2026-11-23 15:12Z: these tests failed there).
+  test_support::ScopedEnv no_balance("ATTNKIT_FLASHINFER_DECODE_BALANCE", "0");
   for (const char* name : kGraphDecodeCases) {
     const CaseSpec* c = harness::find_case(name);
     ASSERT_NE(c, nullptr) << name;

@@ -119,14 +119,15 @@ TEST(FlashMlaKernels, VerifyChainsMultiTokenQueries) {
 // short requests per CTA-part (several segments per CTA: the Q reload and the alternation of the
 // two consumer warpgroups restart per segment, with odd and even tile counts), on both kernels
 // and the wgmma kernel's variants (ATTNKIT_MLA_WGMMA_BLOCKS 0 = tile barriers, 1 = block
-// barriers, 2 = + split release, unset = the seesaw, the default: odd and even tile counts, i.e.
-// with and without the phantom tile; 6 = the seesaw that skips the phantom tile, 7 = 6 + the
-// next pair's S0 issued behind P1 V1L, 8 = 7 + P1 in its own buffer, session 10).
+// barriers, 2 = + split release, 3 = the seesaw: odd and even tile counts, i.e. with and without
+// the phantom tile; unset = 6, the default since session 11 = the seesaw that skips the phantom
+// tile, 7 = 6 + the next pair's S0 issued behind P1 V1L, 8 = 7 + P1 in its own buffer).
 TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   std::vector<int> lens;
   for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
   for (const char* variant :
-       {"1", "1+blocks0", "1+blocks1", "1+blocks2", "1+blocks6", "1+blocks7", "1+blocks8", "0"}) {
+       {"1", "1+blocks0", "1+blocks1", "1+blocks2", "1+blocks3", "1+blocks6", "1+blocks7",
+        "1+blocks8", "0"}) {
     const std::string v = variant;
     const char* wgmma = v == "0" ? "0" : "1";
     SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + variant);
@@ -135,6 +136,7 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
                      v == "1+blocks0"   ? "0"
                      : v == "1+blocks1" ? "1"
                      : v == "1+blocks2" ? "2"
+                     : v == "1+blocks3" ? "3"
                      : v == "1+blocks6" ? "6"
                      : v == "1+blocks7" ? "7"
                      : v == "1+blocks8" ? "8"

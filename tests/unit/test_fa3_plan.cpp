@@ -94,6 +94,13 @@ Fp8Knobs fast_at_any_length() {
   return k;
 }
 
+// ATTNKIT_FA3_FP8_PROMOTE=0: no promotion, so long rows take the FADD row-sum kernel.
+Fp8Knobs unpromoted() {
+  Fp8Knobs k;
+  k.promote_auto = false;
+  return k;
+}
+
 TEST(Fa3Fp8VariantTest, WorkedExampleOfTheHeader) {
   // Prefix 1200 + 800 new: 2000 <= 2048 keys, 800 x 8 = 6400 >= 2000 -> pre-transpose, 128.
   const std::vector<TileRequest> short_rows = {{0, 800, 2000}};
@@ -106,9 +113,18 @@ TEST(Fa3Fp8VariantTest, WorkedExampleOfTheHeader) {
   EXPECT_EQ(s.vt_bytes, int64_t{2} * 22 * kVtBlockKeys * 128);
   EXPECT_TRUE(s.not_honoured.empty()) << s.not_honoured;
 
-  // Prefix 7200 + 1036 new: 8236 > 2048 keys -> FADD row sums: in-kernel transpose, 128, exact.
+  // Prefix 7200 + 1036 new: 8236 > 2048 keys -> by default promoted (order 2): pre-transpose,
+  // speculation, GEMM row sums, 128-key blocks.
   const std::vector<TileRequest> reqs = {{0, 1036, 8236}};
-  const Fp8Variant d = choose_fp8_variant(reqs, 2, Fp8Knobs{});
+  const Fp8Variant a = choose_fp8_variant(reqs, 2, Fp8Knobs{});
+  EXPECT_TRUE(a.promote && a.promote_late && a.vt_pre && a.spec && a.gemm_sum);
+  EXPECT_EQ(a.block_n, 128);
+  EXPECT_TRUE(a.not_honoured.empty()) << a.not_honoured;
+  // The short request is not promoted by default.
+  EXPECT_FALSE(s.promote);
+
+  // Without promotion (ATTNKIT_FA3_FP8_PROMOTE=0): FADD row sums: in-kernel transpose, 128, exact.
+  const Fp8Variant d = choose_fp8_variant(reqs, 2, unpromoted());
   EXPECT_FALSE(d.vt_pre);
   EXPECT_FALSE(d.spec);
   EXPECT_FALSE(d.gemm_sum);
@@ -141,21 +157,50 @@ TEST(Fa3Fp8VariantTest, WorkedExampleOfTheHeader) {
   EXPECT_TRUE(w.gemm_sum);
   EXPECT_EQ(w.block_n, 128);
   EXPECT_EQ(w.vt_bytes, 0);
-  EXPECT_FALSE(choose_fp8_variant(few, 2, Fp8Knobs{}).gemm_sum);  // 2100 > 2048 keys
+  EXPECT_FALSE(choose_fp8_variant(few, 2, unpromoted()).gemm_sum);  // 2100 > 2048 keys
 }
 
-TEST(Fa3Fp8VariantTest, LongRowsTakeFaddRowSums) {
-  // 2048 keys: GEMM row sums (and the pre-transpose for a prefill); 2049: FADD.
+TEST(Fa3Fp8VariantTest, LongRowsArePromotedByDefault) {
+  // 2048 keys: unpromoted GEMM row sums (and the pre-transpose for a prefill); 2049: promoted
+  // (order 2), same kernel family, 128-key blocks.
   Fp8Variant v = choose_fp8_variant(std::vector<TileRequest>{{0, 2048, 2048}}, 1, {});
   EXPECT_TRUE(v.vt_pre && v.spec && v.gemm_sum);
+  EXPECT_FALSE(v.promote);
   v = choose_fp8_variant(std::vector<TileRequest>{{0, 2049, 2049}}, 1, {});
-  EXPECT_FALSE(v.vt_pre || v.spec || v.gemm_sum);
+  EXPECT_TRUE(v.promote && v.promote_late && v.vt_pre && v.spec && v.gemm_sum);
+  EXPECT_EQ(v.block_n, 128);
+  // 16k prefill: promoted on 128-key blocks (192 only without promotion).
+  v = choose_fp8_variant(std::vector<TileRequest>{{0, 16384, 16384}}, 8, {});
+  EXPECT_TRUE(v.promote && v.vt_pre && v.spec);
   EXPECT_EQ(v.block_n, 128);
   // One long request decides for the whole forward.
   v = choose_fp8_variant(std::vector<TileRequest>{{0, 100, 100}, {0, 16, 4096}}, 1, {});
+  EXPECT_TRUE(v.promote && v.gemm_sum);
+  // The old guard moved with gemm_sum_max_keys: raised, nothing is promoted.
+  Fp8Knobs raised;
+  raised.gemm_sum_max_keys = 1 << 30;
+  EXPECT_FALSE(choose_fp8_variant(std::vector<TileRequest>{{0, 16, 4096}}, 1, raised).promote);
+  // ATTNKIT_FA3_UNIFORM_WG=0 has no promotion: the FADD kernel, nothing reported (not forced).
+  Fp8Knobs old_kernel;
+  old_kernel.uniform_wg = false;
+  v = choose_fp8_variant(std::vector<TileRequest>{{0, 4096, 4096}}, 1, old_kernel);
+  EXPECT_FALSE(v.promote || v.gemm_sum);
+  EXPECT_TRUE(v.not_honoured.empty()) << v.not_honoured;
+}
+
+TEST(Fa3Fp8VariantTest, LongRowsTakeFaddRowSumsWithoutPromotion) {
+  // ATTNKIT_FA3_FP8_PROMOTE=0: 2048 keys: GEMM row sums (and the pre-transpose for a prefill);
+  // 2049: FADD.
+  Fp8Variant v = choose_fp8_variant(std::vector<TileRequest>{{0, 2048, 2048}}, 1, unpromoted());
+  EXPECT_TRUE(v.vt_pre && v.spec && v.gemm_sum);
+  v = choose_fp8_variant(std::vector<TileRequest>{{0, 2049, 2049}}, 1, unpromoted());
+  EXPECT_FALSE(v.vt_pre || v.spec || v.gemm_sum || v.promote);
+  EXPECT_EQ(v.block_n, 128);
+  // One long request decides for the whole forward.
+  v = choose_fp8_variant(std::vector<TileRequest>{{0, 100, 100}, {0, 16, 4096}}, 1, unpromoted());
   EXPECT_FALSE(v.gemm_sum);
   // ATTNKIT_FA3_FP8_VT_PRE=1 still forces the pre-transpose kernel (GEMM sums) at any length.
-  Fp8Knobs k;
+  Fp8Knobs k = unpromoted();
   k.vt_pre_mode = 1;
   v = choose_fp8_variant(std::vector<TileRequest>{{0, 4096, 4096}}, 1, k);
   EXPECT_TRUE(v.vt_pre && v.gemm_sum);
@@ -251,8 +296,8 @@ TEST(Fa3Fp8VariantTest, PromotionKeepsTheFastKernelsAtLongRows) {
   EXPECT_TRUE(v.not_honoured.empty()) << v.not_honoured;
   EXPECT_FALSE(v.promote_late);
   // Without promotion the same forward takes the FADD kernel (the 2048-key guard).
-  EXPECT_FALSE(choose_fp8_variant(long_req, 2, Fp8Knobs{}).promote);
-  EXPECT_FALSE(choose_fp8_variant(long_req, 2, Fp8Knobs{}).gemm_sum);
+  EXPECT_FALSE(choose_fp8_variant(long_req, 2, unpromoted()).promote);
+  EXPECT_FALSE(choose_fp8_variant(long_req, 2, unpromoted()).gemm_sum);
   // 16k prefill: 192 without promotion (guard lifted), 128 with it.
   const std::vector<TileRequest> p16k = {{0, 16384, 16384}};
   Fp8Knobs fast = fast_at_any_length();
@@ -318,7 +363,7 @@ TEST(Fa3Fp8VariantTest, EveryChosenVariantHasAKernel) {
       {{0, 0, 4000}, {0, 64, 64}},
   };
   int checked = 0, promoted_192 = 0, k192 = 0, promoted = 0;
-  for (int mask = 0; mask < (1 << 7); ++mask) {
+  for (int mask = 0; mask < (1 << 8); ++mask) {
     Fp8Knobs k;
     k.spec = (mask & 1) != 0;
     k.gemm_sum = (mask & 2) != 0;
@@ -327,6 +372,7 @@ TEST(Fa3Fp8VariantTest, EveryChosenVariantHasAKernel) {
     k.promote_late = (mask & 16) != 0;
     k.block_mode = (mask & 32) != 0 ? 192 : 0;
     k.gemm_sum_max_keys = (mask & 64) != 0 ? 1 << 30 : kFp8GemmSumMaxKeys;
+    k.promote_auto = (mask & 128) != 0;
     for (int vt_mode : {-1, 0, 1}) {
       k.vt_pre_mode = vt_mode;
       for (const auto& reqs : shapes) {
@@ -343,7 +389,7 @@ TEST(Fa3Fp8VariantTest, EveryChosenVariantHasAKernel) {
       }
     }
   }
-  EXPECT_EQ(checked, 128 * 3 * 7);
+  EXPECT_EQ(checked, 256 * 3 * 7);
   EXPECT_GT(k192, 0);      // the sweep reaches 192-key blocks (unpromoted) ...
   EXPECT_GT(promoted, 0);  // ... and promotion, never together
   EXPECT_EQ(promoted_192, 0);
@@ -379,9 +425,12 @@ TEST(Fa3Fp8VariantTest, KnobsFromTheEnvironment) {
     EXPECT_FALSE(k.spec);
   }
   {
-    EXPECT_FALSE(Fp8Knobs{}.promote);  // default: off (the environment may set it)
+    // default: promotion past gemm_sum_max_keys only (the environment may set it)
+    EXPECT_FALSE(Fp8Knobs{}.promote);
+    EXPECT_TRUE(Fp8Knobs{}.promote_auto);
     ScopedEnv pr("ATTNKIT_FA3_FP8_PROMOTE", "1");
     EXPECT_TRUE(fp8_knobs_from_env().promote);
+    EXPECT_FALSE(fp8_knobs_from_env().promote_auto);
   }
   {
     ScopedEnv pr("ATTNKIT_FA3_FP8_PROMOTE", "2");  // the other chunk order
@@ -398,8 +447,10 @@ TEST(Fa3Fp8VariantTest, KnobsFromTheEnvironment) {
     const Fp8Knobs k = fp8_knobs_from_env();
     const std::string err = testing::internal::GetCapturedStderr();
     EXPECT_FALSE(k.promote);
+    EXPECT_TRUE(k.promote_auto);
     EXPECT_EQ(k.gemm_sum_max_keys, Fp8Knobs{}.gemm_sum_max_keys);
-    EXPECT_NE(err.find("attnkit: ignoring ATTNKIT_FA3_FP8_PROMOTE=l (accepted: 0, 1, 2); using 0"),
+    EXPECT_NE(err.find("attnkit: ignoring ATTNKIT_FA3_FP8_PROMOTE=l (accepted: 0, 1, 2); using 2 "
+                       "past 2048 keys"),
               std::string::npos)
         << err;
     EXPECT_NE(err.find("attnkit: ignoring ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS=4096x"),
@@ -412,7 +463,7 @@ TEST(Fa3Fp8VariantTest, KnobsFromTheEnvironment) {
   const Fp8Knobs k = fp8_knobs_from_env();
   EXPECT_EQ(k.block_mode, 192);
   EXPECT_EQ(k.vt_pre_mode, 0);
-  EXPECT_FALSE(k.promote);
+  EXPECT_FALSE(k.promote || k.promote_auto);
 }
 
 TEST(Fa3PlanTest, TilesOf192RowsForThreeConsumerWarpgroups) {

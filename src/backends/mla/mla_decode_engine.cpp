@@ -34,11 +34,12 @@ bool wgmma_env_on() { return env_choice("ATTNKIT_MLA_WGMMA", {"0", "1", "all"}, 
 
 // ATTNKIT_MLA_WGMMA_BLOCKS: the wgmma kernel's variant (mla_decode_wgmma.cuh, kVariant): "0" one
 // full barrier per K tile, "1" block barriers, "2" block barriers + split release (session 7),
-// "6" the seesaw without the phantom tile of odd segments, "7" 6 + the next pair's S0 issued
-// behind P1 V1L, "8" 7 + P1 in its own buffer (stage 1's rope block released after S1) (all
-// session 10, not yet run on a GPU), unset / "3" the seesaw schedule (3; H200 session 9, two
-// runs: +4-6% over 2).
-int wgmma_variant_env() { return env_int("ATTNKIT_MLA_WGMMA_BLOCKS", 3, {0, 1, 2, 3, 6, 7, 8}); }
+// "3" the seesaw schedule (H200 session 9, two runs: +4-6% over 2), unset / "6" the seesaw
+// without the phantom tile of odd segments (session 10; H200 2026-11-23 15:18Z, two runs: 128
+// heads +4.5-6% over 3), "7" 6 + the next pair's S0 issued behind P1 V1L, "8" 7 + P1 in its own
+// buffer (stage 1's rope block released after S1) (7 / 8: no faster than 6 with the loads on,
+// 8 slower; docs/perf/mla_notes.md session 11).
+int wgmma_variant_env() { return env_int("ATTNKIT_MLA_WGMMA_BLOCKS", 6, {0, 1, 2, 3, 6, 7, 8}); }
 // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
 bool wgmma_noload_env() {
   return env_choice("ATTNKIT_MLA_WGMMA_DIAG", {"noload"}, "none") == "noload";

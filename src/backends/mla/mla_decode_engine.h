@@ -74,8 +74,8 @@ class MlaDecodeEngine {
   int sm_count_ = 0;
   bool use_wgmma_ = false;
   // ATTNKIT_MLA_WGMMA_BLOCKS: 0 tile, 1 block barriers, 2 + split, 3 seesaw, 6 seesaw without
-  // the phantom tile, 7 6 + early S0, 8 7 + own P1 buffer
-  int wgmma_variant_ = 3;
+  // the phantom tile (the default), 7 6 + early S0, 8 7 + own P1 buffer
+  int wgmma_variant_ = 6;
   bool wgmma_noload_ = false;  // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic only
   int mma_prefetch_ = 2;       // ATTNKIT_MLA_MMA_PREFETCH: 0 off, 1 on, 2 per tile size, 3 smem
   bool fp8_f16_ = true;        // ATTNKIT_MLA_FP8_F16=0: bf16 MMA inputs for fp8 16-row tiles

@@ -193,7 +193,8 @@ struct Fa3Params {
   // block's P V (and its ones-row sums) accumulates from zero in the wgmma and is added to the
   // running O / l in f32 registers, instead of accumulating the whole row in the e4m3 wgmma's
   // limited-precision accumulator (docs/PERF.md "FP8 accuracy at long rows"). The engine sets it
-  // from ATTNKIT_FA3_FP8_PROMOTE (choose_fp8_variant; default 0 until a GPU run verifies it).
+  // from choose_fp8_variant (by default 2 for forwards with a request past 2048 keys, else 0;
+  // ATTNKIT_FA3_FP8_PROMOTE forces).
   // 2: the same promotion with the other order of its two column chunks (prefill_sm90_fp8.cuh,
   // consumer_fp8: chunk 0 behind Q K^T, chunk 1 after the softmax), to measure which is faster.
   int fp8_promote = 0;

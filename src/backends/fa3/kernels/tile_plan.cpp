@@ -73,9 +73,13 @@ Fp8Knobs fp8_knobs_from_env() {
   if (vt == "0" || vt == "1") k.vt_pre_mode = vt == "1" ? 1 : 0;
   k.gemm_sum_max_keys = env_int_range("ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS", k.gemm_sum_max_keys, 1,
                                       std::numeric_limits<int>::max());
-  const int promote = env_int("ATTNKIT_FA3_FP8_PROMOTE", 0, {0, 1, 2});
-  k.promote = promote != 0;
-  k.promote_late = promote == 2;
+  // Unset: promotion for the forwards with a request past gemm_sum_max_keys (promote_auto); 0: never
+  // (the FADD row-sum kernel at long rows, as before session 11); 1 / 2: in every forward.
+  const std::string promote =
+      env_choice("ATTNKIT_FA3_FP8_PROMOTE", {"0", "1", "2"}, "2 past 2048 keys");
+  k.promote_auto = promote != "0" && promote != "1" && promote != "2";
+  k.promote = promote == "1" || promote == "2";
+  k.promote_late = promote == "2";
   k.block_mode = env_int("ATTNKIT_FA3_FP8_BLOCK_N", k.block_mode, {128, 192});
   return k;
 }
@@ -120,9 +124,12 @@ Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_head
   // the pre-transpose nor the speculative kernels (both sum by the GEMM) unless
   // ATTNKIT_FA3_FP8_VT_PRE=1 forces it. With promotion the GEMM sums are exact enough at any
   // length.
-  v.promote = knobs.promote && knobs.uniform_wg;
-  v.promote_late = v.promote && knobs.promote_late;
-  const bool long_rows = !v.promote && v.max_kv_len > knobs.gemm_sum_max_keys;
+  // promote_auto (the default): long rows only, in the faster chunk order (H200 2026-11-23 15:14Z:
+  // promote 2 over 1 +2-5%; the short rows keep the unpromoted kernels, 192-key blocks included).
+  const bool past_limit = v.max_kv_len > knobs.gemm_sum_max_keys;
+  v.promote = knobs.uniform_wg && (knobs.promote || (knobs.promote_auto && past_limit));
+  v.promote_late = v.promote && (knobs.promote ? knobs.promote_late : true);
+  const bool long_rows = !v.promote && past_limit;
   v.vt_pre = knobs.uniform_wg && fits &&
              (knobs.vt_pre_mode == 1 || (knobs.vt_pre_mode == -1 && shape_ok && !long_rows));
   v.spec = v.vt_pre && knobs.spec;

@@ -69,9 +69,13 @@ struct Fp8Knobs {
   // ATTNKIT_FA3_FP8_PROMOTE=1: promotion (Fa3Params::fp8_promote) in every variant; then no
   // long-row limit (gemm_sum_max_keys is not applied) and 128-key blocks (the 192-key kernel
   // has no registers for it). =2: the same with the other order of the promoted P V's column
-  // chunks (promote_late; an A/B of the two). 0 (default until a GPU run verifies it): as before.
+  // chunks (promote_late). Unset (promote_auto, the default since session 11, H200-verified):
+  // promotion, in the order of 2, for the forwards whose longest request has more than
+  // gemm_sum_max_keys keys; shorter ones keep the unpromoted kernels. =0: never (long rows then
+  // take the FADD row-sum kernel, whose O is wrong once V has a nonzero mean: docs/PERF.md).
   bool promote = false;
   bool promote_late = false;
+  bool promote_auto = true;
 };
 // Reads the knobs above; a value that is not accepted (e.g. ATTNKIT_FA3_FP8_BLOCK_N=256) is
 // ignored with a one-line warning on stderr (core/env_knob.h).
@@ -92,8 +96,9 @@ struct Fp8Variant {
 };
 
 // The FP8 variant of a forward of `requests` with kv_heads KV heads:
-//  * promote with knobs.promote (ATTNKIT_FA3_FP8_PROMOTE=1 or 2; 2: promote_late) unless
-//    ATTNKIT_FA3_UNIFORM_WG=0;
+//  * promote with knobs.promote (ATTNKIT_FA3_FP8_PROMOTE=1 or 2; 2: promote_late), or with
+//    knobs.promote_auto (the default) when the longest request has > gemm_sum_max_keys keys
+//    (then promote_late), unless ATTNKIT_FA3_UNIFORM_WG=0;
 //  * vt_pre when the forward has at least one query per kVtPreKeysPerQuery (8) keys (requests
 //    with new tokens only), its longest request has <= gemm_sum_max_keys keys (any length with
 //    promote) and the workspace stays within kVtPreMaxBytes (1 GiB), or ATTNKIT_FA3_FP8_VT_PRE=1
@@ -106,10 +111,11 @@ struct Fp8Variant {
 //    without promote only); else 128.
 // Worked example: one request, prefix 1200 + 800 new tokens: 2000 keys <= 2048, 800 x 8 = 6400
 // >= 2000 -> vt_pre, speculation, GEMM row sums, 128 keys per block; vt_units(2000) = 2 x 11 = 22
-// units, x 2 kv heads x 16 KB = 704 KiB. Prefix 7200 + 1036 new: 8236 keys > 2048 -> the in-kernel
-// transpose with FADD row sums, 128 keys per block, no speculation (with gemm_sum_max_keys raised
-// past 8236: vt_pre, and 8236 >= 8192 -> 192 keys per block, 8236 = 42 x 192 + 172). With
-// promote: vt_pre, speculation, GEMM row sums, promotion, 128 keys per block (65 blocks).
+// units, x 2 kv heads x 16 KB = 704 KiB. Prefix 7200 + 1036 new: 8236 keys > 2048 -> promoted
+// (promote_auto, order 2): vt_pre, speculation, GEMM row sums, 128 keys per block (65 blocks).
+// With ATTNKIT_FA3_FP8_PROMOTE=0: the in-kernel transpose with FADD row sums, 128 keys per block,
+// no speculation (with gemm_sum_max_keys also raised past 8236: vt_pre, and 8236 >= 8192 -> 192
+// keys per block, 8236 = 42 x 192 + 172).
 Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_heads,
                               const Fp8Knobs& knobs);
 

@@ -48,10 +48,11 @@ struct MlaDecodeParams {
   // of the mma.sync one; set by the engine only where that kernel is compiled and the device is
   // SM90 (ATTNKIT_MLA_WGMMA=0 turns it off) with one full barrier per K tile
   // (ATTNKIT_MLA_WGMMA_BLOCKS=0); 2 (ATTNKIT_MLA_WGMMA_BLOCKS=1): one full barrier per 64-column
-  // block of a K tile; 3 (ATTNKIT_MLA_WGMMA_BLOCKS=2): 2 + split release; 4 (default): the seesaw
-  // schedule (mla_decode_wgmma.cuh, kVariant); 7 (ATTNKIT_MLA_WGMMA_BLOCKS=6, session 10, not yet
-  // run on a GPU): the seesaw without the phantom tile of odd segments (kVariant 6); 8
-  // (ATTNKIT_MLA_WGMMA_BLOCKS=7, session 10, not yet run on a GPU): 7 + consumer 0 issues the
+  // block of a K tile; 3 (ATTNKIT_MLA_WGMMA_BLOCKS=2): 2 + split release; 4
+  // (ATTNKIT_MLA_WGMMA_BLOCKS=3): the seesaw schedule (mla_decode_wgmma.cuh, kVariant); 7
+  // (default, ATTNKIT_MLA_WGMMA_BLOCKS=6, session 10; H200 session 11: +4.5-6% over 4): the seesaw
+  // without the phantom tile of odd segments (kVariant 6); 8 (ATTNKIT_MLA_WGMMA_BLOCKS=7): 7 +
+  // consumer 0 issues the
   // next pair's S0 behind P1 V1L (kVariant 7); 9 (ATTNKIT_MLA_WGMMA_BLOCKS=8, likewise): 8 + P1 in
   // its own buffer, stage 1's rope block released after S1 (kVariant 8).
   int use_wgmma = 0;
