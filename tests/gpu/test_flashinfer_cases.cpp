@@ -90,14 +90,20 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_
         << "a decode read the page table before its PDL wait without early_page_table_reads";
   }
   // ATTNKIT_FLASHINFER_DECODE_BALANCE=1 (ctest FlashInferDecodeBalance, and the Balance tests
-  // below): every tensor-core decode layer outside a cascade ran the balanced plan.
-  const char* balance = std::getenv("ATTNKIT_FLASHINFER_DECODE_BALANCE");
-  if (balance == nullptr || std::string(balance) != "1") {
+  // below): every tensor-core decode layer outside a cascade ran the balanced plan; =0: none;
+  // unset (the eager auto rule, judge_balance): all layers of the forward or none (one plan per
+  // forward; FlashInferBalanceTest.AutoRuleEager checks the choice itself).
+  const char* balance_env = std::getenv("ATTNKIT_FLASHINFER_DECODE_BALANCE");
+  const std::string balance = balance_env == nullptr ? "" : balance_env;
+  const int64_t layers = static_cast<int64_t>(pc->layers.size());
+  if (balance == "0" || spec.mode != ForwardMode::kDecode) {
     EXPECT_EQ(stats->decode_balanced_calls, 0) << "a balanced plan ran with the knob off";
-  } else if (expects_native(spec) && spec.mode == ForwardMode::kDecode &&
-             stats->cascade_calls == 0) {
-    EXPECT_EQ(stats->decode_balanced_calls, static_cast<int64_t>(pc->layers.size()))
+  } else if (balance == "1" && expects_native(spec) && stats->cascade_calls == 0) {
+    EXPECT_EQ(stats->decode_balanced_calls, layers)
         << "a decode layer did not run the balanced plan";
+  } else {
+    EXPECT_TRUE(stats->decode_balanced_calls == 0 || stats->decode_balanced_calls == layers)
+        << stats->decode_balanced_calls << " of " << layers << " layers balanced";
   }
   // ATTNKIT_FLASHINFER_SPLIT_LONG=1 (ctest FlashInferDecodeSplitLong, and the SplitLong tests
   // below) cuts only uneven batches, so only the knob-off direction holds for every case.
@@ -142,6 +148,8 @@ CaseSpec long_decode(std::string name, std::vector<int> prefix, int page, DType 
 }
 
 TEST(FlashInferSplitTest, LongUnevenDecodeSplitsAndMatches) {
+  // The split-KV planner itself (the auto rule would give this batch the balanced plan).
+  test_support::ScopedEnv no_balance("ATTNKIT_FLASHINFER_DECODE_BALANCE", "0");
   FlashInferStats stats;
   run_and_compare(long_decode("long_bf16", {4999, 100, 2047, 0}, 16, DType::kBF16), true, &stats);
   EXPECT_GT(stats.split_calls, 0) << "the planner did not split a 5000-key request";
@@ -217,6 +225,14 @@ void graph_matches_eager(const CaseSpec& spec, const harness::PrepareOptions& pr
                          const std::function<void(AttentionBackend&)>& after_replay = {}) {
   SCOPED_TRACE(spec.describe() +
                (prepare.early_page_table_reads ? "" : " no early page-table reads"));
+  // A CUDA graph runs the default plan unless ATTNKIT_FLASHINFER_DECODE_BALANCE=1 (its grid is
+  // fixed at capture), while an eager forward may take the balanced one by the auto rule: the two
+  // agree bit for bit only on the same plan, so the eager side here runs the default plan too
+  // unless the knob is set.
+  std::unique_ptr<test_support::ScopedEnv> same_plan;
+  if (const char* b = std::getenv("ATTNKIT_FLASHINFER_DECODE_BALANCE"); b == nullptr || *b == 0) {
+    same_plan = std::make_unique<test_support::ScopedEnv>("ATTNKIT_FLASHINFER_DECODE_BALANCE", "0");
+  }
   Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0), prepare);
   ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
   test_support::expect_graph_replay_matches_eager(*prepared, create_flashinfer_backend,
@@ -290,6 +306,34 @@ TEST(FlashInferBalanceTest, GraphReplayIsBitIdenticalToEager) {
                       balanced);
   graph_matches_eager(long_decode("bal_graph_b16", std::vector<int>(16, 700), 16, DType::kBF16), {},
                       balanced);
+}
+
+// The eager auto rule (ATTNKIT_FLASHINFER_DECODE_BALANCE unset, balanced_plan.h judge_balance):
+// the balanced plan for one 32k request among fifteen 1k ones and for a uniform b12 kv 4k (96 of
+// 132 SMs busy in the default plan), the default plan for a uniform b16 (every SM busy); every
+// output against the reference.
+TEST(FlashInferBalanceTest, AutoRuleEager) {
+  test_support::ScopedEnv knob("ATTNKIT_FLASHINFER_DECODE_BALANCE", "");
+  test_support::ScopedEnv no_split_long("ATTNKIT_FLASHINFER_SPLIT_LONG", "0");  // its own plans
+  const DeviceInfo dev = cuda_device();
+  const bool h100_like = dev.sm_count == 132;
+  const auto check = [&](const CaseSpec& c, bool want_balanced) {
+    SCOPED_TRACE(c.name);
+    FlashInferStats stats;
+    run_and_compare(c, true, &stats);
+    if (h100_like || !want_balanced) {  // the uniform b16 keeps the default plan on any GPU
+      EXPECT_EQ(stats.decode_balanced_calls > 0, want_balanced);
+    }
+  };
+  std::vector<int> uneven(16, 1023);
+  uneven[0] = 32767;
+  check(long_decode("auto_b16_32k", uneven, 16, DType::kBF16), true);
+  check(long_decode("auto_b12_4k", std::vector<int>(12, 4095), 16, DType::kBF16), true);
+  CaseSpec fp8 = long_decode("auto_b12_4k_fp8_sinks", std::vector<int>(12, 4095), 64,
+                             DType::kFP8E4M3);
+  fp8.sinks = true;
+  check(fp8, true);
+  check(long_decode("auto_b16_4k", std::vector<int>(16, 4095), 16, DType::kBF16), false);
 }
 
 // ---- split-long decode plans (ATTNKIT_FLASHINFER_SPLIT_LONG=1, work_plan.h) ----

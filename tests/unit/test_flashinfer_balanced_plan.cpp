@@ -547,5 +547,60 @@ TEST(FlashInferBalancedPlan, BoundsHoldForEveryBatchUpToMax) {
   }
 }
 
+// judge_balance (the eager default): the measured H200 batches of the header, each with the
+// default plan the backend would build (132 SMs, 32 q / 8 kv heads).
+BalanceVerdict judge(const std::vector<int>& lens) {
+  PlanConfig c;
+  c.num_kv_heads = 8;
+  c.group = 4;
+  c.target_ctas = kTargetCtasPerSm * kH200Sms;
+  Result<WorkPlan> wp = build_work_plan(decode_requests(lens), c);
+  EXPECT_TRUE(wp.is_ok()) << wp.status().to_string();
+  return judge_balance(*wp, 8, c.target_ctas);
+}
+
+TEST(FlashInferBalanceRuleTest, MeasuredBatches) {
+  // Default kept: uniform batches whose default plan fills the SMs (imbalance 1.03).
+  for (int bs : {1, 8, 16}) {
+    const int len = bs == 1 ? 32768 : 4096;
+    const BalanceVerdict v = judge(std::vector<int>(static_cast<size_t>(bs), len));
+    EXPECT_FALSE(v.pays) << "bs " << bs << " imbalance " << v.imbalance;
+    EXPECT_NEAR(v.imbalance, 1.03, 0.01) << "bs " << bs;
+  }
+  // Balanced: one wave leaving SMs idle (b12 / b14 / b15 kv 4k: 96 / 112 / 120 CTAs unsplit).
+  for (int bs : {12, 14, 15}) {
+    const BalanceVerdict v = judge(std::vector<int>(static_cast<size_t>(bs), 4096));
+    EXPECT_TRUE(v.pays) << "bs " << bs << " imbalance " << v.imbalance << " ctas "
+                        << v.default_ctas;
+    EXPECT_LE(v.default_ctas, 132);
+  }
+  // One 32k request among fifteen 1k: imbalance 11.2.
+  std::vector<int> uneven(16, 1024);
+  uneven[0] = 32768;
+  BalanceVerdict v = judge(uneven);
+  EXPECT_TRUE(v.pays);
+  EXPECT_NEAR(v.imbalance, 32768.0 / (48128.0 * 8 / 132), 1e-9);
+  // Many CTAs (b64 kv 4k: 512) and a mildly uneven b32 (256 CTAs, the longest item below the
+  // mean): default.
+  EXPECT_FALSE(judge(std::vector<int>(64, 4096)).pays);
+  std::vector<int> b32;
+  for (int i = 0; i < 32; ++i) b32.push_back(438 + (i * 3341) / 31);
+  v = judge(b32);
+  EXPECT_FALSE(v.pays) << v.imbalance;
+  EXPECT_GT(v.default_ctas, 132);
+  // ... unless one item is far above the share (imbalance >= 1.5) whatever the CTA count.
+  b32[5] = 20000;
+  EXPECT_TRUE(judge(b32).pays);
+  // Too little work per slot (mean < 256 keys): the fixed cost decides, default kept.
+  EXPECT_FALSE(judge({300, 10, 10}).pays);
+  // No keys at all, padding items: no verdict.
+  WorkPlan empty;
+  EXPECT_FALSE(judge_balance(empty, 8, 132).pays);
+  WorkPlan padded;
+  padded.items.resize(4);  // request -1: graph padding
+  EXPECT_FALSE(judge_balance(padded, 8, 132).pays);
+  EXPECT_EQ(judge_balance(padded, 8, 132).default_ctas, 0);
+}
+
 }  // namespace
 }  // namespace attnkit::flashinfer

@@ -155,7 +155,8 @@ class FlashInferBackend final : public AttentionBackend {
         pdl_graph_(env_flag("ATTNKIT_FLASHINFER_PDL_GRAPH", true)),
         pdl_early_(env_choice("ATTNKIT_FLASHINFER_PDL_TRIGGER", {"early", "end"}, "early") !=
                    "end"),
-        balance_(env_flag("ATTNKIT_FLASHINFER_DECODE_BALANCE", false)),
+        balance_(balance_knob() == "1"),
+        balance_auto_(balance_knob() != "0" && balance_knob() != "1"),
         split_long_(env_flag("ATTNKIT_FLASHINFER_SPLIT_LONG", false)) {}
 
   const BackendDescriptor& descriptor() const override {
@@ -283,10 +284,16 @@ class FlashInferBackend final : public AttentionBackend {
   bool pdl_split_ = true;
   bool pdl_graph_ = true;
   bool pdl_early_ = true;
-  // Experiment knob ATTNKIT_FLASHINFER_DECODE_BALANCE=1 (read when the backend is created; default
-  // off, not yet run on a GPU): decode forwards on the tensor-core path run a balanced plan
-  // (balanced_plan.h) on paged_decode_balanced_kernel, eager and CUDA graphs.
+  // ATTNKIT_FLASHINFER_DECODE_BALANCE (read when the backend is created): "1": decode forwards on
+  // the tensor-core path run a balanced plan (balanced_plan.h) on paged_decode_balanced_kernel,
+  // eager and CUDA graphs; unset (balance_auto_): eager decode forwards run it where
+  // judge_balance says it pays (uneven batches, batches that leave SMs idle), CUDA graphs the
+  // default plan (their grid is fixed at capture); "0": never.
+  static std::string balance_knob() {
+    return env_choice("ATTNKIT_FLASHINFER_DECODE_BALANCE", {"0", "1"}, "auto (eager)");
+  }
   bool balance_ = false;
+  bool balance_auto_ = false;
   // Experiment knob ATTNKIT_FLASHINFER_SPLIT_LONG=1 (read when the backend is created; default off,
   // not yet run on a GPU): decode plans cut requests much longer than the per-slot share even at
   // bs >= 16 (work_plan.h PlanConfig::split_long), on the split kernel and its fused merge.
@@ -414,7 +421,14 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   const TileShape shape = decode ? TileShape::kDecode : TileShape::kPrefill;
   const StreamHandle stream = stream_for(batch);
   int num_partials = 0;
-  if (decode && balance_) {
+  WorkPlan wp;
+  bool balanced = decode && balance_;
+  if (!balanced) {
+    ATTNKIT_ASSIGN_OR_RETURN(wp, flashinfer::build_work_plan(reqs, plan_config(shape, decode)));
+    balanced = decode && balance_auto_ &&
+               flashinfer::judge_balance(wp, ctx_.num_kv_heads, balance_config().slots).pays;
+  }
+  if (balanced) {
     ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
                              flashinfer::build_balanced_plan(reqs, balance_config()));
     bp.serialize(&words_);
@@ -422,8 +436,6 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     plan_.balance_slots = bp.slots();
     plan_.grid_items = bp.slots();
   } else {
-    ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
-                             flashinfer::build_work_plan(reqs, plan_config(shape, decode)));
     wp.serialize(&words_);
     num_partials = wp.num_partials;
     plan_.grid_items = static_cast<int>(wp.items.size());

@@ -178,4 +178,25 @@ BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config) {
   return b;
 }
 
+BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int slots) {
+  constexpr double kOneWaveMin = 1.08;
+  constexpr double kAnyMin = 1.5;
+  BalanceVerdict v;
+  int64_t total = 0, longest = 0;
+  for (const WorkItem& it : default_plan.items) {
+    if (it.request < 0) continue;
+    const int64_t keys = std::max<int64_t>(0, int64_t{it.kv_end} - it.kv_begin);
+    total += keys;
+    longest = std::max(longest, keys);
+    ++v.default_ctas;
+  }
+  if (slots < 1 || num_kv_heads < 1 || total == 0) return v;
+  v.default_ctas *= num_kv_heads;
+  v.mean_keys = static_cast<double>(total) * num_kv_heads / slots;
+  v.imbalance = static_cast<double>(longest) / v.mean_keys;
+  v.pays = v.mean_keys >= kMinSplitChunk &&
+           ((v.default_ctas <= slots && v.imbalance >= kOneWaveMin) || v.imbalance >= kAnyMin);
+  return v;
+}
+
 }  // namespace attnkit::flashinfer
