@@ -309,9 +309,10 @@ TEST(FlashInferBalanceTest, GraphReplayIsBitIdenticalToEager) {
 }
 
 // The eager auto rule (ATTNKIT_FLASHINFER_DECODE_BALANCE unset, balanced_plan.h judge_balance):
-// the balanced plan for one 32k request among fifteen 1k ones and for a uniform b12 kv 4k (96 of
-// 132 SMs busy in the default plan), the default plan for a uniform b16 (every SM busy); every
-// output against the reference.
+// the balanced plan for one 32k request among fifteen 1k ones (bf16; fp8 with sinks over pages of
+// 64), the default plan for uniform b12 / b16 kv 4k; every output against the reference. (H200
+// 15:46Z passed with an earlier rule that also balanced the b12 cases; the fp8 uneven case and the
+// b12 expectation are from 15:52Z, not yet run on a GPU.)
 TEST(FlashInferBalanceTest, AutoRuleEager) {
   test_support::ScopedEnv knob("ATTNKIT_FLASHINFER_DECODE_BALANCE", "");
   test_support::ScopedEnv no_split_long("ATTNKIT_FLASHINFER_SPLIT_LONG", "0");  // its own plans
@@ -328,11 +329,10 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
   std::vector<int> uneven(16, 1023);
   uneven[0] = 32767;
   check(long_decode("auto_b16_32k", uneven, 16, DType::kBF16), true);
-  check(long_decode("auto_b12_4k", std::vector<int>(12, 4095), 16, DType::kBF16), true);
-  CaseSpec fp8 = long_decode("auto_b12_4k_fp8_sinks", std::vector<int>(12, 4095), 64,
-                             DType::kFP8E4M3);
+  CaseSpec fp8 = long_decode("auto_b16_32k_fp8_sinks", uneven, 64, DType::kFP8E4M3);
   fp8.sinks = true;
   check(fp8, true);
+  check(long_decode("auto_b12_4k", std::vector<int>(12, 4095), 16, DType::kBF16), false);
   check(long_decode("auto_b16_4k", std::vector<int>(16, 4095), 16, DType::kBF16), false);
 }
 

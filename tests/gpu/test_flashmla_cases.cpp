@@ -125,9 +125,8 @@ TEST(FlashMlaKernels, VerifyChainsMultiTokenQueries) {
 TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   std::vector<int> lens;
   for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
-  for (const char* variant :
-       {"1", "1+blocks0", "1+blocks1", "1+blocks2", "1+blocks3", "1+blocks6", "1+blocks7",
-        "1+blocks8", "0"}) {
+  for (const char* variant : {"1", "1+blocks0", "1+blocks1", "1+blocks2", "1+blocks3", "1+blocks6",
+                              "1+blocks7", "1+blocks8", "0"}) {
     const std::string v = variant;
     const char* wgmma = v == "0" ? "0" : "1";
     SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + variant);

@@ -287,8 +287,8 @@ class FlashInferBackend final : public AttentionBackend {
   // ATTNKIT_FLASHINFER_DECODE_BALANCE (read when the backend is created): "1": decode forwards on
   // the tensor-core path run a balanced plan (balanced_plan.h) on paged_decode_balanced_kernel,
   // eager and CUDA graphs; unset (balance_auto_): eager decode forwards run it where
-  // judge_balance says it pays (uneven batches, batches that leave SMs idle), CUDA graphs the
-  // default plan (their grid is fixed at capture); "0": never.
+  // judge_balance says it pays (uneven batches: one request far above the per-SM share), CUDA
+  // graphs the default plan (their grid is fixed at capture); "0": never.
   static std::string balance_knob() {
     return env_choice("ATTNKIT_FLASHINFER_DECODE_BALANCE", {"0", "1"}, "auto (eager)");
   }

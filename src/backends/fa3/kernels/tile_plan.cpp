@@ -73,8 +73,8 @@ Fp8Knobs fp8_knobs_from_env() {
   if (vt == "0" || vt == "1") k.vt_pre_mode = vt == "1" ? 1 : 0;
   k.gemm_sum_max_keys = env_int_range("ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS", k.gemm_sum_max_keys, 1,
                                       std::numeric_limits<int>::max());
-  // Unset: promotion for the forwards with a request past gemm_sum_max_keys (promote_auto); 0: never
-  // (the FADD row-sum kernel at long rows, as before session 11); 1 / 2: in every forward.
+  // Unset: promotion for the forwards with a request past gemm_sum_max_keys (promote_auto); 0:
+  // never (the FADD row-sum kernel at long rows, as before session 11); 1 / 2: in every forward.
   const std::string promote =
       env_choice("ATTNKIT_FA3_FP8_PROMOTE", {"0", "1", "2"}, "2 past 2048 keys");
   k.promote_auto = promote != "0" && promote != "1" && promote != "2";

@@ -179,8 +179,7 @@ BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config) {
 }
 
 BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int slots) {
-  constexpr double kOneWaveMin = 1.08;
-  constexpr double kAnyMin = 1.5;
+  constexpr double kMinImbalance = 1.5;
   BalanceVerdict v;
   int64_t total = 0, longest = 0;
   for (const WorkItem& it : default_plan.items) {
@@ -194,8 +193,7 @@ BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int
   v.default_ctas *= num_kv_heads;
   v.mean_keys = static_cast<double>(total) * num_kv_heads / slots;
   v.imbalance = static_cast<double>(longest) / v.mean_keys;
-  v.pays = v.mean_keys >= kMinSplitChunk &&
-           ((v.default_ctas <= slots && v.imbalance >= kOneWaveMin) || v.imbalance >= kAnyMin);
+  v.pays = v.mean_keys >= kMinSplitChunk && v.imbalance >= kMinImbalance;
   return v;
 }
 
