@@ -37,11 +37,6 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-# The graph check compares a replay with eager bit for bit: a flashinfer CUDA graph runs the default
-# decode plan, while an eager forward may take the balanced one by the auto rule (docs/PERF.md), so
-# the eager side runs the default plan too unless the caller set the knob.
-os.environ.setdefault("ATTNKIT_FLASHINFER_DECODE_BALANCE", "0")
-
 import attnkit as ak
 
 DEVICE = "cuda"

@@ -90,13 +90,13 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_
         << "a decode read the page table before its PDL wait without early_page_table_reads";
   }
   // ATTNKIT_FLASHINFER_DECODE_BALANCE=1 (ctest FlashInferDecodeBalance, and the Balance tests
-  // below): every tensor-core decode layer outside a cascade ran the balanced plan; =0: none;
-  // unset (the eager auto rule, judge_balance): all layers of the forward or none (one plan per
+  // below): every tensor-core decode layer outside a cascade ran the balanced plan; unset / =0:
+  // none; =auto (the eager rule, judge_balance): all layers of the forward or none (one plan per
   // forward; FlashInferBalanceTest.AutoRuleEager checks the choice itself).
   const char* balance_env = std::getenv("ATTNKIT_FLASHINFER_DECODE_BALANCE");
   const std::string balance = balance_env == nullptr ? "" : balance_env;
   const int64_t layers = static_cast<int64_t>(pc->layers.size());
-  if (balance == "0" || spec.mode != ForwardMode::kDecode) {
+  if (balance == "0" || balance.empty() || spec.mode != ForwardMode::kDecode) {
     EXPECT_EQ(stats->decode_balanced_calls, 0) << "a balanced plan ran with the knob off";
   } else if (balance == "1" && expects_native(spec) && stats->cascade_calls == 0) {
     EXPECT_EQ(stats->decode_balanced_calls, layers)
@@ -148,7 +148,8 @@ CaseSpec long_decode(std::string name, std::vector<int> prefix, int page, DType 
 }
 
 TEST(FlashInferSplitTest, LongUnevenDecodeSplitsAndMatches) {
-  // The split-KV planner itself (the auto rule would give this batch the balanced plan).
+  // The split-KV planner itself (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto would not touch this batch,
+  // =1 would replace the plan).
   test_support::ScopedEnv no_balance("ATTNKIT_FLASHINFER_DECODE_BALANCE", "0");
   FlashInferStats stats;
   run_and_compare(long_decode("long_bf16", {4999, 100, 2047, 0}, 16, DType::kBF16), true, &stats);
@@ -226,11 +227,11 @@ void graph_matches_eager(const CaseSpec& spec, const harness::PrepareOptions& pr
   SCOPED_TRACE(spec.describe() +
                (prepare.early_page_table_reads ? "" : " no early page-table reads"));
   // A CUDA graph runs the default plan unless ATTNKIT_FLASHINFER_DECODE_BALANCE=1 (its grid is
-  // fixed at capture), while an eager forward may take the balanced one by the auto rule: the two
-  // agree bit for bit only on the same plan, so the eager side here runs the default plan too
-  // unless the knob is set.
+  // fixed at capture), while with =auto an eager forward may take the balanced one: the two agree
+  // bit for bit only on the same plan, so under =auto the eager side here runs the default plan.
   std::unique_ptr<test_support::ScopedEnv> same_plan;
-  if (const char* b = std::getenv("ATTNKIT_FLASHINFER_DECODE_BALANCE"); b == nullptr || *b == 0) {
+  if (const char* b = std::getenv("ATTNKIT_FLASHINFER_DECODE_BALANCE");
+      b != nullptr && std::string(b) == "auto") {
     same_plan = std::make_unique<test_support::ScopedEnv>("ATTNKIT_FLASHINFER_DECODE_BALANCE", "0");
   }
   Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0), prepare);
@@ -308,13 +309,13 @@ TEST(FlashInferBalanceTest, GraphReplayIsBitIdenticalToEager) {
                       balanced);
 }
 
-// The eager auto rule (ATTNKIT_FLASHINFER_DECODE_BALANCE unset, balanced_plan.h judge_balance):
+// The eager auto rule (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto, balanced_plan.h judge_balance):
 // the balanced plan for one 32k request among fifteen 1k ones (bf16; fp8 with sinks over pages of
 // 64), the default plan for uniform b12 / b16 kv 4k; every output against the reference. (H200
 // 15:46Z passed with an earlier rule that also balanced the b12 cases; the fp8 uneven case and the
 // b12 expectation are from 15:52Z, not yet run on a GPU.)
 TEST(FlashInferBalanceTest, AutoRuleEager) {
-  test_support::ScopedEnv knob("ATTNKIT_FLASHINFER_DECODE_BALANCE", "");
+  test_support::ScopedEnv knob("ATTNKIT_FLASHINFER_DECODE_BALANCE", "auto");
   test_support::ScopedEnv no_split_long("ATTNKIT_FLASHINFER_SPLIT_LONG", "0");  // its own plans
   const DeviceInfo dev = cuda_device();
   const bool h100_like = dev.sm_count == 132;

@@ -156,7 +156,7 @@ class FlashInferBackend final : public AttentionBackend {
         pdl_early_(env_choice("ATTNKIT_FLASHINFER_PDL_TRIGGER", {"early", "end"}, "early") !=
                    "end"),
         balance_(balance_knob() == "1"),
-        balance_auto_(balance_knob() != "0" && balance_knob() != "1"),
+        balance_auto_(balance_knob() == "auto"),
         split_long_(env_flag("ATTNKIT_FLASHINFER_SPLIT_LONG", false)) {}
 
   const BackendDescriptor& descriptor() const override {
@@ -286,11 +286,13 @@ class FlashInferBackend final : public AttentionBackend {
   bool pdl_early_ = true;
   // ATTNKIT_FLASHINFER_DECODE_BALANCE (read when the backend is created): "1": decode forwards on
   // the tensor-core path run a balanced plan (balanced_plan.h) on paged_decode_balanced_kernel,
-  // eager and CUDA graphs; unset (balance_auto_): eager decode forwards run it where
+  // eager and CUDA graphs; "auto" (balance_auto_): eager decode forwards run it where
   // judge_balance says it pays (uneven batches: one request far above the per-SM share), CUDA
-  // graphs the default plan (their grid is fixed at capture); "0": never.
+  // graphs the default plan (their grid is fixed at capture), so a graph replay of such a batch is
+  // not bit-identical to eager; unset / "0": never (the default, so that replays stay
+  // bit-identical to eager, issue #5).
   static std::string balance_knob() {
-    return env_choice("ATTNKIT_FLASHINFER_DECODE_BALANCE", {"0", "1"}, "auto (eager)");
+    return env_choice("ATTNKIT_FLASHINFER_DECODE_BALANCE", {"0", "1", "auto"}, "0");
   }
   bool balance_ = false;
   bool balance_auto_ = false;

@@ -107,16 +107,17 @@ struct BalancedBounds {
 };
 BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config);
 
-// The library's choice for an eager decode forward when ATTNKIT_FLASHINFER_DECODE_BALANCE is
-// unset: the balanced plan where the default (split-KV) plan leaves SMs waiting on long items.
-// With T the forward's keys over all its CTAs (items x kv heads), mean = T / slots and imbalance =
-// the longest default item's keys / mean, the balanced plan pays when mean >= kMinSplitChunk keys
-// (below that the fixed cost dominates both plans) and imbalance >= 1.5 (one item far above the
-// per-slot share).
-// H200 2026-11-23 (32 q / 8 kv heads, d 128, page 16, one round each; balanced vs default plan):
-// eager back-to-back (15:46Z): b16 32768 + 15 x 1024 (imbalance 11.2) 364.8 -> 62.3 us; b16
-// 633..7258 keys (1.86) 93.3 -> 85.0 us; b12 / b14 / b15 kv4k (1.38 / 1.18 / 1.10) 58.9 / 65.0 /
-// 68.4 -> 61.3 / 69.3 / 72.8 us (-4 to -6%: default kept). Graph replays (15:34Z, --graph
+// The choice for an eager decode forward with ATTNKIT_FLASHINFER_DECODE_BALANCE=auto (opt-in: a
+// CUDA graph keeps the default plan, so its replays of the batches chosen here are not
+// bit-identical to eager): the balanced plan where the default (split-KV) plan leaves SMs waiting
+// on long items. With T the forward's keys over all its CTAs (items x kv heads), mean = T / slots
+// and imbalance = the longest default item's keys / mean, the balanced plan pays when mean >=
+// kMinSplitChunk keys (below that the fixed cost dominates both plans) and imbalance >= 1.5 (one
+// item far above the per-slot share). H200 2026-11-23 (32 q / 8 kv heads, d 128, page 16, one round
+// each; balanced vs default plan): eager back-to-back (15:46Z): b16 32768 + 15 x 1024
+// (imbalance 11.2) 364.8 -> 62.3 us; b16 633..7258 keys (1.86) 93.3 -> 85.0 us; b12 / b14 / b15
+// kv4k (1.38 / 1.18 / 1.10) 58.9 / 65.0 / 68.4 -> 61.3 / 69.3 / 72.8 us (-4 to -6%: default kept).
+// Graph replays (15:34Z, --graph
 // --launches 32): uniform b16 kv4k (1.03) -8%, fp8 -24%, b8 -13%, b1 kv32k -18%; b32 438..3779
 // keys (256 CTAs, 0.94) -10%. (In graphs b12-b15 gained 24-29%, but there the default plan's
 // replay is itself 25-30% slower than eager, 76.7 vs 58.9 us at b12: a graph effect, not balance.)
