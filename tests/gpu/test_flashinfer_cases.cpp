@@ -223,7 +223,8 @@ TEST(FlashInferPrefillPathsTest, LongCausalPrefillBothKernelsAllHeadDims) {
 
 // `after_replay` as in expect_graph_replay_matches_eager (checks on the backend's counters).
 void graph_matches_eager(const CaseSpec& spec, const harness::PrepareOptions& prepare = {},
-                         const std::function<void(AttentionBackend&)>& after_replay = {}) {
+                         const std::function<void(AttentionBackend&)>& after_replay = {},
+                         int graph_max_bs = 0) {
   SCOPED_TRACE(spec.describe() +
                (prepare.early_page_table_reads ? "" : " no early page-table reads"));
   // A CUDA graph runs the default plan unless ATTNKIT_FLASHINFER_DECODE_BALANCE=1 (its grid is
@@ -236,8 +237,8 @@ void graph_matches_eager(const CaseSpec& spec, const harness::PrepareOptions& pr
   }
   Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0), prepare);
   ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
-  test_support::expect_graph_replay_matches_eager(*prepared, create_flashinfer_backend,
-                                                  ForwardMode::kDecode, 2, after_replay);
+  test_support::expect_graph_replay_matches_eager(
+      *prepared, create_flashinfer_backend, ForwardMode::kDecode, 2, after_replay, graph_max_bs);
 }
 
 const char* const kGraphDecodeCases[] = {"decode_page16", "decode_batch16_page16",
@@ -251,6 +252,18 @@ TEST(FlashInferGraphTest, DecodeReplayIsBitIdenticalToEager) {
     graph_matches_eager(*c);
   }
   graph_matches_eager(long_decode("graph_long", {4999, 100, 2047, 0}, 16, DType::kBF16));
+}
+
+// Graph state set up for a larger max_bs than the captured batch (an engine captures several
+// batch sizes with one init_cuda_graph_state): the captured grid is sized by the captured bs
+// (session 11; before, by max_bs), and the replays still equal eager, split plans included.
+TEST(FlashInferGraphTest, CaptureBelowMaxBs) {
+  const CaseSpec* c = harness::find_case("decode_batch16_page16");
+  ASSERT_NE(c, nullptr);
+  graph_matches_eager(*c, {}, {}, 256);
+  graph_matches_eager(long_decode("graph_long_max64", {4999, 100, 2047, 0}, 16, DType::kBF16), {},
+                      {}, 64);
+  graph_matches_eager(long_decode("graph_b1_max160", {20000}, 16, DType::kBF16), {}, {}, 160);
 }
 
 // ---- balanced decode plans (ATTNKIT_FLASHINFER_DECODE_BALANCE=1, balanced_plan.h) ----

@@ -75,7 +75,7 @@ std::vector<std::vector<uint8_t>> copy_layer_outputs(const harness::PreparedCase
 // Captures and replays on `stream`; the caller owns the stream.
 void graph_replay_on(harness::PreparedCase& pc, const BackendFactory& make, ForwardMode mode,
                      int replays, const std::function<void(AttentionBackend&)>& after_replay,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, int graph_max_bs) {
   BackendContext ctx = pc.context();
   ctx.stream = stream;
   pc.batch.stream = stream;
@@ -98,7 +98,10 @@ void graph_replay_on(harness::PreparedCase& pc, const BackendFactory& make, Forw
 
   const int bs = pc.batch.batch_size;
   const SpecInfo* spec = mode == ForwardMode::kTargetVerify ? &pc.batch.spec : nullptr;
-  ASSERT_TRUE(backend.init_cuda_graph_state(bs, pc.batch.num_tokens).is_ok());
+  const int max_bs = std::max(bs, graph_max_bs);
+  const int max_tokens =
+      static_cast<int>(static_cast<int64_t>(pc.batch.num_tokens) * max_bs / std::max(bs, 1));
+  ASSERT_TRUE(backend.init_cuda_graph_state(max_bs, max_tokens).is_ok());
   const Status cap = backend.init_forward_metadata_capture_cuda_graph(
       bs, pc.batch.num_tokens, pc.batch.req_pool_indices, pc.batch.seq_lens, TensorView(), mode,
       spec);
@@ -140,16 +143,17 @@ void graph_replay_on(harness::PreparedCase& pc, const BackendFactory& make, Forw
 
 void expect_graph_replay_matches_eager(harness::PreparedCase& pc, const BackendFactory& make,
                                        ForwardMode mode, int replays,
-                                       const std::function<void(AttentionBackend&)>& after_replay) {
+                                       const std::function<void(AttentionBackend&)>& after_replay,
+                                       int graph_max_bs) {
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  graph_replay_on(pc, make, mode, replays, after_replay, stream);
+  graph_replay_on(pc, make, mode, replays, after_replay, stream, graph_max_bs);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   cudaStreamDestroy(stream);
 }
 #else
 void expect_graph_replay_matches_eager(harness::PreparedCase&, const BackendFactory&, ForwardMode,
-                                       int, const std::function<void(AttentionBackend&)>&) {
+                                       int, const std::function<void(AttentionBackend&)>&, int) {
   GTEST_SKIP() << "built without CUDA";
 }
 #endif  // ATTNKIT_WITH_CUDA

@@ -35,13 +35,14 @@ using BackendFactory =
 
 // CUDA graphs: runs the prepared case eagerly on a backend made by `make` (on a fresh stream) and
 // checks it against the fp64 reference; poisons out / lse with NaN; sets up the graph state
-// (max_bs = batch size, max_num_tokens = the batch's tokens), captures one forward of every layer
-// in `mode` (kDecode or kTargetVerify; the batch's SpecInfo for verify), replays it `replays`
+// (max_bs = the batch size or `graph_max_bs` if larger, as an engine that captures several batch
+// sizes passes; max_num_tokens = the batch's tokens, scaled alike), captures one forward of every
+// layer in `mode` (kDecode or kTargetVerify; the batch's SpecInfo for verify), replays it `replays`
 // times, each after init_forward_metadata_replay_cuda_graph, and expects out and lse bit-identical
 // to the eager run. `after_replay`, when set, runs on the backend before it is destroyed (more
 // checks on the captured state). Call from a TEST body (uses ASSERT).
 void expect_graph_replay_matches_eager(
     harness::PreparedCase& pc, const BackendFactory& make, ForwardMode mode, int replays = 2,
-    const std::function<void(AttentionBackend&)>& after_replay = {});
+    const std::function<void(AttentionBackend&)>& after_replay = {}, int graph_max_bs = 0);
 
 }  // namespace attnkit::test_support
