@@ -401,7 +401,7 @@ TEST(Fa3Fp8Test, PromotionAtLongRowsWithBiasedV) {
   // Pinned when the run's environment sets no FP8 knob but (maybe) the promotion.
   bool pin_variant = false;
   {
-    ScopedEnv off("ATTNKIT_FA3_FP8_PROMOTE", "0");
+    ScopedEnv unset("ATTNKIT_FA3_FP8_PROMOTE", "");  // empty = unset: the default knobs
     pin_variant = default_fp8_knobs();
   }
   ScopedEnv promote("ATTNKIT_FA3_FP8_PROMOTE", "1");

@@ -258,12 +258,26 @@ TEST(FlashInferGraphTest, DecodeReplayIsBitIdenticalToEager) {
 // batch sizes with one init_cuda_graph_state): the captured grid is sized by the captured bs
 // (session 11; before, by max_bs), and the replays still equal eager, split plans included.
 TEST(FlashInferGraphTest, CaptureBelowMaxBs) {
+  // The captured launch's grid (the last native launch: the capture, after the eager run) is
+  // below max_bs rows, which a grid sized by max_bs would reach (max_decode_items(max_bs) >=
+  // max_bs); with the captured bs it is max(bs x q tiles, SMs / kv heads). The default plan's grid
+  // (under ctest FlashInferDecodeBalance a balanced graph launches one CTA per SM).
+  test_support::ScopedEnv no_balance("ATTNKIT_FLASHINFER_DECODE_BALANCE", "0");
+  const auto grid_below = [](int max_bs) {
+    return [max_bs](AttentionBackend& backend) {
+      const FlashInferStats* stats = flashinfer_stats(backend);
+      ASSERT_NE(stats, nullptr);
+      EXPECT_GT(stats->last_grid_items, 0);
+      EXPECT_LT(stats->last_grid_items, max_bs) << "the captured grid follows max_bs";
+    };
+  };
   const CaseSpec* c = harness::find_case("decode_batch16_page16");
   ASSERT_NE(c, nullptr);
-  graph_matches_eager(*c, {}, {}, 256);
+  graph_matches_eager(*c, {}, grid_below(256), 256);
   graph_matches_eager(long_decode("graph_long_max64", {4999, 100, 2047, 0}, 16, DType::kBF16), {},
-                      {}, 64);
-  graph_matches_eager(long_decode("graph_b1_max160", {20000}, 16, DType::kBF16), {}, {}, 160);
+                      grid_below(64), 64);
+  graph_matches_eager(long_decode("graph_b1_max160", {20000}, 16, DType::kBF16), {},
+                      grid_below(160), 160);
 }
 
 // ---- balanced decode plans (ATTNKIT_FLASHINFER_DECODE_BALANCE=1, balanced_plan.h) ----

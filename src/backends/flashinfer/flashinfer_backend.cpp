@@ -16,7 +16,7 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <set>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -323,7 +323,8 @@ class FlashInferBackend final : public AttentionBackend {
   bool graph_portable_ = false;
   int graph_max_bs_ = 0;
   int64_t graph_items_ = 0;
-  std::set<std::pair<int, int>> graph_captured_;  // (mode, bs) of the captured graphs
+  // (mode, bs) of the captured graphs -> the grid (CTAs per kv head) each launches.
+  std::map<std::pair<int, int>, int> graph_captured_;
   // Target verify: a prefill-tile plan of bs requests x N drafts (no split); its item count.
   int64_t verify_items(int bs, int draft_tokens) const {
     const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
@@ -604,6 +605,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   p.balance_slots = plan_.balance_slots;  // after the cascade: its passes run WorkItem plans
   if (plan_.balance_slots > 0) ++stats_.decode_balanced_calls;
   const int grid = plan_.grid_items;
+  stats_.last_grid_items = grid;
   const TileShape shape = plan_.shape;
   if (shape == TileShape::kDecode) {
     ATTNKIT_RETURN_IF_ERROR(cuda::check_ring_decode_row_stride("flashinfer", kv_dtype, kbuf, vbuf));
@@ -890,7 +892,7 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   plan_.partial_lse = graph_partial_lse_.data();
   plan_.split_counters = graph_split_counters_.data();
   plan_.graph = true;
-  graph_captured_.insert({static_cast<int>(mode), bs});
+  graph_captured_[{static_cast<int>(mode), bs}] = plan_.grid_items;
   return Status::ok();
 }
 
@@ -908,7 +910,8 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     return portable_->init_forward_metadata_replay_cuda_graph(
         bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, mode, spec, seq_lens_host);
   }
-  if (graph_captured_.count({static_cast<int>(mode), bs}) == 0) {
+  const auto captured = graph_captured_.find({static_cast<int>(mode), bs});
+  if (captured == graph_captured_.end()) {
     return Status::invalid_argument("flashinfer: no " + std::string(forward_mode_name(mode)) +
                                     " graph of batch size " + str(bs) + " was captured");
   }
@@ -937,17 +940,20 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   const TileShape shape = verify ? TileShape::kPrefill : TileShape::kDecode;
   ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
                            flashinfer::build_work_plan(reqs, plan_config(shape, !verify)));
-  // The grid captured for this bs (init_forward_metadata_capture_cuda_graph).
-  const int64_t grid =
-      verify ? verify_items(bs, n)
-             : std::min<int64_t>(graph_items_, flashinfer::max_decode_items(
-                                                   bs, plan_config(TileShape::kDecode, true)));
+  // The grid captured for this (mode, bs) (init_forward_metadata_capture_cuda_graph): a plan with
+  // more items would have CTAs missing (e.g. a verify replay with more drafts than its capture).
+  const int grid = captured->second;
   if (static_cast<int64_t>(wp.items.size()) > grid) {
-    return Status::internal("flashinfer: replay plan has " + str(wp.items.size()) +
-                            " work items, above the " + str(grid) +
-                            " CTAs per kv head captured for bs " + str(bs));
+    return Status::invalid_argument(
+        "flashinfer: " + std::string(forward_mode_name(mode)) + " replay of bs " + str(bs) +
+        (verify ? " x " + str(n) + " drafts" : std::string()) + " plans " + str(wp.items.size()) +
+        " work items, above the " + str(grid) + " CTAs per kv head its graph was captured with");
   }
   wp.serialize(&words_);
+  if (static_cast<int64_t>(words_.size()) > graph_words_.capacity) {
+    return Status::internal("flashinfer: replay plan needs " + str(words_.size()) +
+                            " words, above the graph workspace's " + str(graph_words_.capacity));
+  }
   return staging_.upload(words_, graph_words_.data(), ctx_.stream);
 }
 

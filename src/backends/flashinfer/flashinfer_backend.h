@@ -81,6 +81,8 @@ struct FlashInferStats {
   // ATTNKIT_FLASHINFER_SPLIT_LONG=1, work_plan.h; graph replays plan on the host at replay and are
   // not counted).
   int64_t decode_split_long_calls = 0;
+  // CTAs per kv head (balanced plan: CTAs) of the last native launch, eager or captured.
+  int64_t last_grid_items = 0;
 };
 // The counters of a backend made by create_flashinfer_backend; nullptr for any other backend.
 const FlashInferStats* flashinfer_stats(const AttentionBackend& backend);
