@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/dtype_convert.cuh"
 #include "kv/set_kv_cuda.h"
@@ -131,10 +132,7 @@ __global__ void check_slots_kernel(const int64_t* loc, int tokens, int64_t rows,
   if (t < tokens && (loc[t] < 0 || loc[t] >= rows)) atomicMin(first_bad, t);
 }
 
-bool check_indices_enabled() {
-  const char* env = std::getenv("ATTNKIT_CHECK_INDICES");
-  return env != nullptr && std::string(env) == "1";
-}
+bool check_indices_enabled() { return env_flag("ATTNKIT_CHECK_INDICES", false); }
 
 Status check_slots(const TensorView& loc, int64_t rows, cudaStream_t stream) {
   const int tokens = static_cast<int>(loc.size(0));

@@ -18,15 +18,14 @@
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
 #include "backend/device_array.h"
+#include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
 
 namespace attnkit::cuda {
 
+// ATTNKIT_DECODE_BLOCKS_PER_SM: 1..8 (a bad value is reported once and ignored, env_knob.h).
 inline int decode_blocks_per_sm(int default_value) {
-  const char* env = std::getenv("ATTNKIT_DECODE_BLOCKS_PER_SM");
-  if (env == nullptr || *env == '\0') return default_value;
-  const int v = std::atoi(env);
-  return v >= 1 && v <= 8 ? v : default_value;
+  return env_int_range("ATTNKIT_DECODE_BLOCKS_PER_SM", default_value, 1, 8);
 }
 
 // The ring decode (ring_decode.cuh) addresses pool rows with 32-bit byte strides: pools whose K

@@ -20,6 +20,7 @@
 #include "attnkit/status.h"
 #include "backends/flashinfer/kernels/paged_decode_sm80.cuh"
 #include "backends/flashinfer/kernels/paged_params.h"
+#include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/online_softmax.cuh"
@@ -56,10 +57,7 @@ __device__ __forceinline__ void dequant16(const uint4& raw, uint4 (&out)[2]) {
 // lowers the mode (an A/B knob; it never raises it above what the backend allows).
 inline int decode_pdl(int allowed) {
   static const int limit = [] {
-    const char* e = std::getenv("ATTNKIT_FLASHINFER_PDL");
-    int m = 2;
-    if (e != nullptr && std::strcmp(e, "0") == 0) m = 0;
-    if (e != nullptr && std::strcmp(e, "1") == 0) m = 1;
+    const int m = env_int("ATTNKIT_FLASHINFER_PDL", 2, {0, 1, 2});
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {

@@ -7,6 +7,7 @@
 
 #include "backends/triton/kernels/mma_extend.cuh"
 #include "backends/triton/kernels/triton_kernels.h"
+#include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
 
 namespace attnkit::triton {
@@ -44,10 +45,7 @@ Status launch_mma_extend_traits(const AttentionParams& p, int max_q_len, StreamH
 // A/B knob (read once): ATTNKIT_TRITON_EXTEND_LEGACY=1 runs the native-KV kernels as before the
 // QK^T unroll and the folded scale (QK^T loop not unrolled, scale multiplied into the logits).
 inline bool extend_legacy() {
-  static const bool legacy = [] {
-    const char* e = std::getenv("ATTNKIT_TRITON_EXTEND_LEGACY");
-    return e != nullptr && std::string(e) == "1";
-  }();
+  static const bool legacy = env_flag("ATTNKIT_TRITON_EXTEND_LEGACY", false);
   return legacy;
 }
 
