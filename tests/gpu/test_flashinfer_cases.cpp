@@ -227,14 +227,6 @@ void graph_matches_eager(const CaseSpec& spec, const harness::PrepareOptions& pr
                          int graph_max_bs = 0) {
   SCOPED_TRACE(spec.describe() +
                (prepare.early_page_table_reads ? "" : " no early page-table reads"));
-  // A CUDA graph runs the default plan unless ATTNKIT_FLASHINFER_DECODE_BALANCE=1 (its grid is
-  // fixed at capture), while with =auto an eager forward may take the balanced one: the two agree
-  // bit for bit only on the same plan, so under =auto the eager side here runs the default plan.
-  std::unique_ptr<test_support::ScopedEnv> same_plan;
-  if (const char* b = std::getenv("ATTNKIT_FLASHINFER_DECODE_BALANCE");
-      b != nullptr && std::string(b) == "auto") {
-    same_plan = std::make_unique<test_support::ScopedEnv>("ATTNKIT_FLASHINFER_DECODE_BALANCE", "0");
-  }
   Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0), prepare);
   ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
   test_support::expect_graph_replay_matches_eager(
@@ -350,6 +342,8 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
     SCOPED_TRACE(c.name);
     FlashInferStats stats;
     run_and_compare(c, true, &stats);
+    // Every decode layer ran the balanced kernel: the cut plan or the encoded default plan.
+    EXPECT_GT(stats.decode_balanced_calls + stats.decode_encoded_default_calls, 0);
     if (h100_like || !want_balanced) {  // the uniform b16 keeps the default plan on any GPU
       EXPECT_EQ(stats.decode_balanced_calls > 0, want_balanced);
     }
@@ -361,6 +355,12 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
   fp8.sinks = true;
   check(fp8, true);
   check(long_decode("auto_b12_4k", std::vector<int>(12, 4095), 16, DType::kBF16), false);
+  // Graphs under auto run the balanced kernel on every replay (the cut plan or the default plan
+  // in its format): replays bit-identical to eager, for a batch of each kind, split plans included.
+  graph_matches_eager(long_decode("auto_graph_uneven", uneven, 16, DType::kBF16));
+  graph_matches_eager(long_decode("auto_graph_b16", std::vector<int>(16, 700), 16, DType::kBF16));
+  graph_matches_eager(long_decode("auto_graph_split", {4999, 100, 2047, 0}, 16, DType::kBF16));
+  graph_matches_eager(long_decode("auto_graph_b1", {20000}, 16, DType::kBF16));
   check(long_decode("auto_b16_4k", std::vector<int>(16, 4095), 16, DType::kBF16), false);
 }
 

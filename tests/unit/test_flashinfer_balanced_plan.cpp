@@ -177,6 +177,23 @@ BalancedPlan plan_or_die(const std::vector<PlanRequest>& reqs, const BalanceConf
   return p.is_ok() ? std::move(p.value()) : BalancedPlan{};
 }
 
+// The default plan the backend builds for `reqs` under cfg (target_ctas = cfg.slots), encoded.
+WorkPlan default_plan_or_die(const std::vector<PlanRequest>& reqs, const BalanceConfig& cfg) {
+  PlanConfig c;
+  c.num_kv_heads = cfg.num_kv_heads;
+  c.group = cfg.group;
+  c.target_ctas = cfg.slots;
+  Result<WorkPlan> wp = build_work_plan(reqs, c);
+  EXPECT_TRUE(wp.is_ok()) << wp.status().to_string();
+  return wp.is_ok() ? *wp : WorkPlan{};
+}
+
+BalancedPlan encode_or_die(const std::vector<PlanRequest>& reqs, const BalanceConfig& cfg) {
+  Result<BalancedPlan> p = balanced_from_work_plan(default_plan_or_die(reqs, cfg), cfg);
+  EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+  return p.is_ok() ? *p : BalancedPlan{};
+}
+
 TEST(FlashInferBalancedPlan, WorkedExamplesOfTheHeader) {
   const BalanceConfig cfg = h200();
   {  // b16 kv 4k: 128 items on 132 chunks of 3971-3972 keys
@@ -384,88 +401,94 @@ TEST(FlashInferBalancedPlan, MergedSegmentsReproduceFullAttention) {
       return sinks ? sink[static_cast<size_t>(head)] * log2e : no_sink;
     };
 
-    const BalancedPlan plan = plan_or_die(reqs, cfg);
-    // out[r][head][x]; partial rows: (row, head) -> (O[D], lse).
-    std::vector<double> out(static_cast<size_t>(bs * hq * kD),
-                            std::numeric_limits<double>::quiet_NaN());
-    std::map<std::pair<int, int>, std::pair<std::vector<double>, double>> partial;
-    for (const Segment& s : plan.segments) {
-      const int r = s.request;
-      int b = s.kv_begin;
-      const int e = std::min(s.kv_end, s.req_kv_len);
-      if (window >= 0) b = std::max(b, s.req_kv_len - 1 - window);
-      for (int g = 0; g < cfg.group; ++g) {
-        const int head = s.kv_head * cfg.group + g;
-        double m = -std::numeric_limits<double>::infinity(), d = 0;
-        std::vector<double> acc(kD, 0.0);
-        for (int key = b; key < e; ++key) m = std::max(m, logit2(r, head, key));
-        for (int key = b; key < e; ++key) {
-          const double p = std::exp2(logit2(r, head, key) - m);
-          d += p;
-          for (int x = 0; x < kD; ++x) acc[static_cast<size_t>(x)] += p * vval(r, head, key, x);
-        }
-        if (s.parts > 1) {
-          for (double& a : acc) a = d > 0 ? a / d : 0;
-          const double lse = d > 0 ? m + std::log2(d) : no_sink;
-          ASSERT_TRUE(
-              partial
-                  .emplace(std::make_pair(s.partial_base + s.part, head), std::make_pair(acc, lse))
-                  .second);
-          continue;
-        }
-        const double m2 = std::max(m, sink2(head));
-        const double f = d > 0 ? std::exp2(m - m2) : 0;
-        const double den = d * f + (sinks ? std::exp2(sink2(head) - m2) : 0);
-        for (int x = 0; x < kD; ++x) {
-          out[static_cast<size_t>((r * hq + head) * kD + x)] =
-              acc[static_cast<size_t>(x)] * f / den;
-        }
-      }
-    }
-    // The merges (one per cut item: its part 0 segment names it).
-    for (const Segment& s : plan.segments) {
-      if (s.parts < 2 || s.part != 0) continue;
-      for (int g = 0; g < cfg.group; ++g) {
-        const int head = s.kv_head * cfg.group + g;
-        double mx = sink2(head);
-        for (int p = 0; p < s.parts; ++p) {
-          mx = std::max(mx, partial.at({s.partial_base + p, head}).second);
-        }
-        double den = sinks ? std::exp2(sink2(head) - mx) : 0;
-        std::vector<double> acc(kD, 0.0);
-        for (int p = 0; p < s.parts; ++p) {
-          const auto& [o, lse] = partial.at({s.partial_base + p, head});
-          const double w = lse == no_sink ? 0 : std::exp2(lse - mx);
-          den += w;
-          for (int x = 0; x < kD; ++x) acc[static_cast<size_t>(x)] += w * o[static_cast<size_t>(x)];
-        }
-        for (int x = 0; x < kD; ++x) {
-          out[static_cast<size_t>((s.request * hq + head) * kD + x)] =
-              acc[static_cast<size_t>(x)] / den;
+    // The balanced plan, then the default split-KV plan of the same batch in the balanced format
+    // (balanced_from_work_plan: whole requests and split chunks with the request's partial rows).
+    for (int encoded = 0; encoded < 2; ++encoded) {
+      const BalancedPlan plan = encoded != 0 ? encode_or_die(reqs, cfg) : plan_or_die(reqs, cfg);
+      SCOPED_TRACE(encoded != 0 ? "encoded default plan" : "balanced plan");
+      // out[r][head][x]; partial rows: (row, head) -> (O[D], lse).
+      std::vector<double> out(static_cast<size_t>(bs * hq * kD),
+                              std::numeric_limits<double>::quiet_NaN());
+      std::map<std::pair<int, int>, std::pair<std::vector<double>, double>> partial;
+      for (const Segment& s : plan.segments) {
+        const int r = s.request;
+        int b = s.kv_begin;
+        const int e = std::min(s.kv_end, s.req_kv_len);
+        if (window >= 0) b = std::max(b, s.req_kv_len - 1 - window);
+        for (int g = 0; g < cfg.group; ++g) {
+          const int head = s.kv_head * cfg.group + g;
+          double m = -std::numeric_limits<double>::infinity(), d = 0;
+          std::vector<double> acc(kD, 0.0);
+          for (int key = b; key < e; ++key) m = std::max(m, logit2(r, head, key));
+          for (int key = b; key < e; ++key) {
+            const double p = std::exp2(logit2(r, head, key) - m);
+            d += p;
+            for (int x = 0; x < kD; ++x) acc[static_cast<size_t>(x)] += p * vval(r, head, key, x);
+          }
+          if (s.parts > 1) {
+            for (double& a : acc) a = d > 0 ? a / d : 0;
+            const double lse = d > 0 ? m + std::log2(d) : no_sink;
+            ASSERT_TRUE(partial
+                            .emplace(std::make_pair(s.partial_base + s.part, head),
+                                     std::make_pair(acc, lse))
+                            .second);
+            continue;
+          }
+          const double m2 = std::max(m, sink2(head));
+          const double f = d > 0 ? std::exp2(m - m2) : 0;
+          const double den = d * f + (sinks ? std::exp2(sink2(head) - m2) : 0);
+          for (int x = 0; x < kD; ++x) {
+            out[static_cast<size_t>((r * hq + head) * kD + x)] =
+                acc[static_cast<size_t>(x)] * f / den;
+          }
         }
       }
-    }
-    // Reference: softmax over the visible keys of each (request, q head), the sink in the
-    // denominator.
-    for (int r = 0; r < bs; ++r) {
-      const int b = window >= 0 ? std::max(0, lens[r] - 1 - window) : 0;
-      for (int head = 0; head < hq; ++head) {
-        double m = sink2(head);
-        for (int key = b; key < lens[r]; ++key) m = std::max(m, logit2(r, head, key));
-        double den = sinks ? std::exp2(sink2(head) - m) : 0;
-        std::vector<double> acc(kD, 0.0);
-        for (int key = b; key < lens[r]; ++key) {
-          const double p = std::exp2(logit2(r, head, key) - m);
-          den += p;
-          for (int x = 0; x < kD; ++x) acc[static_cast<size_t>(x)] += p * vval(r, head, key, x);
-        }
-        for (int x = 0; x < kD; ++x) {
-          ASSERT_NEAR(out[static_cast<size_t>((r * hq + head) * kD + x)],
-                      acc[static_cast<size_t>(x)] / den, 1e-12)
-              << "trial " << trial << " request " << r << " head " << head << " col " << x;
+      // The merges (one per cut item: its part 0 segment names it).
+      for (const Segment& s : plan.segments) {
+        if (s.parts < 2 || s.part != 0) continue;
+        for (int g = 0; g < cfg.group; ++g) {
+          const int head = s.kv_head * cfg.group + g;
+          double mx = sink2(head);
+          for (int p = 0; p < s.parts; ++p) {
+            mx = std::max(mx, partial.at({s.partial_base + p, head}).second);
+          }
+          double den = sinks ? std::exp2(sink2(head) - mx) : 0;
+          std::vector<double> acc(kD, 0.0);
+          for (int p = 0; p < s.parts; ++p) {
+            const auto& [o, lse] = partial.at({s.partial_base + p, head});
+            const double w = lse == no_sink ? 0 : std::exp2(lse - mx);
+            den += w;
+            for (int x = 0; x < kD; ++x)
+              acc[static_cast<size_t>(x)] += w * o[static_cast<size_t>(x)];
+          }
+          for (int x = 0; x < kD; ++x) {
+            out[static_cast<size_t>((s.request * hq + head) * kD + x)] =
+                acc[static_cast<size_t>(x)] / den;
+          }
         }
       }
-    }
+      // Reference: softmax over the visible keys of each (request, q head), the sink in the
+      // denominator.
+      for (int r = 0; r < bs; ++r) {
+        const int b = window >= 0 ? std::max(0, lens[r] - 1 - window) : 0;
+        for (int head = 0; head < hq; ++head) {
+          double m = sink2(head);
+          for (int key = b; key < lens[r]; ++key) m = std::max(m, logit2(r, head, key));
+          double den = sinks ? std::exp2(sink2(head) - m) : 0;
+          std::vector<double> acc(kD, 0.0);
+          for (int key = b; key < lens[r]; ++key) {
+            const double p = std::exp2(logit2(r, head, key) - m);
+            den += p;
+            for (int x = 0; x < kD; ++x) acc[static_cast<size_t>(x)] += p * vval(r, head, key, x);
+          }
+          for (int x = 0; x < kD; ++x) {
+            ASSERT_NEAR(out[static_cast<size_t>((r * hq + head) * kD + x)],
+                        acc[static_cast<size_t>(x)] / den, 1e-12)
+                << "trial " << trial << " request " << r << " head " << head << " col " << x;
+          }
+        }
+      }
+    }  // encoded
   }
 }
 
@@ -557,6 +580,58 @@ BalanceVerdict judge(const std::vector<int>& lens) {
   Result<WorkPlan> wp = build_work_plan(decode_requests(lens), c);
   EXPECT_TRUE(wp.is_ok()) << wp.status().to_string();
   return judge_balance(*wp, 8, c.target_ctas);
+}
+
+// balanced_from_work_plan: slot c walks the default grid's CTAs c, c + slots, ... (CTA k = item x
+// kv heads + head), every CTA exactly once, split chunks keep the request's parts / partial rows.
+TEST(FlashInferBalancedPlan, EncodedDefaultPlanLayout) {
+  BalanceConfig cfg = h200();
+  for (const std::vector<int>& lens :
+       {std::vector<int>(16, 4096), std::vector<int>(64, 4096), std::vector<int>{32768},
+        std::vector<int>{4999, 100, 2047, 1}, std::vector<int>(12, 4096)}) {
+    const WorkPlan wp = default_plan_or_die(decode_requests(lens), cfg);
+    const BalancedPlan bp = encode_or_die(decode_requests(lens), cfg);
+    const int64_t ctas = static_cast<int64_t>(wp.items.size()) * cfg.num_kv_heads;
+    ASSERT_EQ(static_cast<int64_t>(bp.segments.size()), ctas);
+    ASSERT_EQ(bp.slots(), cfg.slots);
+    EXPECT_EQ(bp.num_partials, wp.num_partials);
+    for (int c = 0; c < cfg.slots; ++c) {
+      int64_t k = c;
+      for (int32_t i = bp.cta_begin[static_cast<size_t>(c)];
+           i < bp.cta_begin[static_cast<size_t>(c) + 1]; ++i, k += cfg.slots) {
+        ASSERT_LT(k, ctas);
+        const Segment& s = bp.segments[static_cast<size_t>(i)];
+        const WorkItem& it = wp.items[static_cast<size_t>(k / cfg.num_kv_heads)];
+        const RequestPlan& req = wp.requests[static_cast<size_t>(it.request)];
+        EXPECT_EQ(s.request, it.request);
+        EXPECT_EQ(s.kv_head, k % cfg.num_kv_heads);
+        EXPECT_EQ(s.kv_begin, it.kv_begin);
+        EXPECT_EQ(s.kv_end, it.kv_end);
+        EXPECT_EQ(s.parts, req.num_splits);
+        EXPECT_EQ(s.part, req.num_splits > 1 ? it.split : 0);
+        EXPECT_EQ(s.partial_base, req.num_splits > 1 ? req.partial_base : 0);
+        EXPECT_EQ(s.req_kv_len, req.kv_len);
+      }
+      EXPECT_GE(k, ctas) << "slot " << c << " missed a CTA";
+    }
+    // Serialised within the graph bound of max_bs = bs.
+    std::vector<int32_t> words;
+    bp.serialize(&words);
+    PlanConfig pc;
+    pc.num_kv_heads = cfg.num_kv_heads;
+    pc.group = cfg.group;
+    pc.target_ctas = cfg.slots;
+    const int bs = static_cast<int>(lens.size());
+    EXPECT_LE(static_cast<int64_t>(words.size()),
+              encoded_plan_words(bs, max_decode_items(bs, pc), cfg));
+    EXPECT_EQ(words[2], kBalancedPlanTag);
+  }
+  // A config outside the 16-bit segment fields is refused by name.
+  BalanceConfig bad = cfg;
+  bad.slots = 0;
+  Result<BalancedPlan> r = balanced_from_work_plan(WorkPlan{}, bad);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().to_string().find("slots 0"), std::string::npos) << r.status().to_string();
 }
 
 TEST(FlashInferBalanceRuleTest, MeasuredBatches) {

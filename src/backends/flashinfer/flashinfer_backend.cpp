@@ -108,6 +108,9 @@ struct Plan {
   // > 0: the decode plan is a balanced plan of this many slots
   // (ATTNKIT_FLASHINFER_DECODE_BALANCE=1, balanced_plan.h; PagedParams::balance_slots).
   int balance_slots = 0;
+  // With balance_slots > 0: the plan is the balanced (cut) one; false: the default plan in the
+  // balanced format (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto, balanced_from_work_plan).
+  bool balance_cut = false;
   bool split = false;       // some request is split (stats)
   bool split_long = false;  // the split-long rule cut some request (stats)
   // Captured for CUDA-graph replay: the launch (PDL attribute included) is fixed at capture while
@@ -242,6 +245,21 @@ class FlashInferBackend final : public AttentionBackend {
     c.granule = flashinfer::kDecodeRingKeys;
     return c;
   }
+  // Decode plans on the balanced kernel: with balance_ the balanced plan; with balance_auto_ the
+  // balanced plan where judge_balance says it pays, else the default plan in the balanced format
+  // (balanced_from_work_plan), so that eager forwards and graph replays run the same kernel and
+  // the same plan. *cut: the balanced plan was chosen.
+  Result<flashinfer::BalancedPlan> balanced_kernel_plan(std::span<const PlanRequest> reqs,
+                                                        bool* cut) const {
+    const flashinfer::BalanceConfig bc = balance_config();
+    *cut = true;
+    if (!balance_auto_) return flashinfer::build_balanced_plan(reqs, bc);
+    ATTNKIT_ASSIGN_OR_RETURN(
+        WorkPlan wp, flashinfer::build_work_plan(reqs, plan_config(TileShape::kDecode, true)));
+    *cut = flashinfer::judge_balance(wp, ctx_.num_kv_heads, bc.slots).pays;
+    if (*cut) return flashinfer::build_balanced_plan(reqs, bc);
+    return flashinfer::balanced_from_work_plan(wp, bc);
+  }
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse, bool decode);
@@ -286,11 +304,11 @@ class FlashInferBackend final : public AttentionBackend {
   bool pdl_early_ = true;
   // ATTNKIT_FLASHINFER_DECODE_BALANCE (read when the backend is created): "1": decode forwards on
   // the tensor-core path run a balanced plan (balanced_plan.h) on paged_decode_balanced_kernel,
-  // eager and CUDA graphs; "auto" (balance_auto_): eager decode forwards run it where
-  // judge_balance says it pays (uneven batches: one request far above the per-SM share), CUDA
-  // graphs the default plan (their grid is fixed at capture), so a graph replay of such a batch is
-  // not bit-identical to eager; unset / "0": never (the default, so that replays stay
-  // bit-identical to eager, issue #5).
+  // eager and CUDA graphs; "auto" (balance_auto_; session 11, the balanced kernel in auto graphs
+  // not yet run on a GPU): every decode forward, eager or replayed, runs that kernel, on the
+  // balanced plan where judge_balance says it pays (uneven batches: one request far above the
+  // per-SM share), else on the default plan in the balanced format (balanced_from_work_plan), so
+  // replays stay bit-identical to eager; unset / "0": never (the default plan on its own kernel).
   static std::string balance_knob() {
     return env_choice("ATTNKIT_FLASHINFER_DECODE_BALANCE", {"0", "1", "auto"}, "0");
   }
@@ -424,21 +442,17 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   const TileShape shape = decode ? TileShape::kDecode : TileShape::kPrefill;
   const StreamHandle stream = stream_for(batch);
   int num_partials = 0;
-  WorkPlan wp;
-  bool balanced = decode && balance_;
-  if (!balanced) {
-    ATTNKIT_ASSIGN_OR_RETURN(wp, flashinfer::build_work_plan(reqs, plan_config(shape, decode)));
-    balanced = decode && balance_auto_ &&
-               flashinfer::judge_balance(wp, ctx_.num_kv_heads, balance_config().slots).pays;
-  }
-  if (balanced) {
-    ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
-                             flashinfer::build_balanced_plan(reqs, balance_config()));
+  if (decode && (balance_ || balance_auto_)) {
+    bool cut = false;
+    ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp, balanced_kernel_plan(reqs, &cut));
     bp.serialize(&words_);
     num_partials = bp.num_partials;
     plan_.balance_slots = bp.slots();
+    plan_.balance_cut = cut;
     plan_.grid_items = bp.slots();
   } else {
+    ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
+                             flashinfer::build_work_plan(reqs, plan_config(shape, decode)));
     wp.serialize(&words_);
     num_partials = wp.num_partials;
     plan_.grid_items = static_cast<int>(wp.items.size());
@@ -603,7 +617,8 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   if (plan_.split) ++stats_.split_calls;
   if (plan_.split_long) ++stats_.decode_split_long_calls;
   p.balance_slots = plan_.balance_slots;  // after the cascade: its passes run WorkItem plans
-  if (plan_.balance_slots > 0) ++stats_.decode_balanced_calls;
+  if (plan_.balance_slots > 0 && plan_.balance_cut) ++stats_.decode_balanced_calls;
+  if (plan_.balance_slots > 0 && !plan_.balance_cut) ++stats_.decode_encoded_default_calls;
   const int grid = plan_.grid_items;
   stats_.last_grid_items = grid;
   const TileShape shape = plan_.shape;
@@ -791,10 +806,14 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   graph_captured_.clear();
   int64_t words = WorkPlan::words_for(max_bs, graph_items_);
   int64_t partial_rows = graph_items_;  // partials <= items
-  if (balance_) {                       // the balanced decode plan's bounds (balanced_plan.h)
+  if (balance_ || balance_auto_) {      // the balanced decode plan's bounds (balanced_plan.h)
     const flashinfer::BalancedBounds b = flashinfer::balanced_plan_bounds(max_bs, balance_config());
     words = std::max(words, b.words);
     partial_rows = std::max(partial_rows, b.partials);
+    if (balance_auto_) {  // the default plan in the balanced format
+      words =
+          std::max(words, flashinfer::encoded_plan_words(max_bs, graph_items_, balance_config()));
+    }
   }
   ATTNKIT_RETURN_IF_ERROR(graph_words_.reserve(ctx_.device, words));
   // An all-zero plan (no work items) until the first replay writes one.
@@ -882,9 +901,10 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     }
     plan_.shape = TileShape::kPrefill;
     plan_.grid_items = static_cast<int>(items);
-  } else if (balance_) {
-    // One CTA per slot, every replay (the replay's balanced plan has the same slots).
+  } else if (balance_ || balance_auto_) {
+    // One CTA per slot, every replay (the replay's balanced or encoded plan has the same slots).
     plan_.balance_slots = balance_config().slots;
+    plan_.balance_cut = balance_;  // =auto: counted as encoded (each replay picks its plan)
     plan_.grid_items = plan_.balance_slots;
   }
   plan_.words = graph_words_.data();
@@ -927,9 +947,9 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     // verify: seq_lens counts the cached prefix, the N drafts follow it.
     reqs[static_cast<size_t>(r)] = PlanRequest{r * n, n, seq_lens_host[r] + (verify ? n : 0)};
   }
-  if (!verify && balance_) {
-    ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
-                             flashinfer::build_balanced_plan(reqs, balance_config()));
+  if (!verify && (balance_ || balance_auto_)) {
+    bool cut = false;
+    ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp, balanced_kernel_plan(reqs, &cut));
     bp.serialize(&words_);
     if (static_cast<int64_t>(words_.size()) > graph_words_.capacity) {
       return Status::internal("flashinfer: replay's balanced plan needs " + str(words_.size()) +

@@ -178,6 +178,71 @@ BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config) {
   return b;
 }
 
+Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config) {
+  if (config.num_kv_heads < 1 || config.num_kv_heads > kMax16 || config.slots < 1 ||
+      config.slots > kMax16) {
+    return Status::invalid_argument("flashinfer encoded plan: num_kv_heads " +
+                                    std::to_string(config.num_kv_heads) + " and slots " +
+                                    std::to_string(config.slots) + " must be in 1..32767");
+  }
+  BalancedPlan plan;
+  plan.requests = wp.requests;
+  const int64_t slots = config.slots;
+  const int64_t heads = config.num_kv_heads;
+  const int64_t ctas = static_cast<int64_t>(wp.items.size()) * heads;
+  // Slot-major segment order: slot c holds CTAs c, c + slots, ...
+  plan.cta_begin.assign(static_cast<size_t>(slots + 1), 0);
+  plan.cuts.assign(static_cast<size_t>(slots + 1), 0);
+  plan.segments.reserve(static_cast<size_t>(ctas));
+  int64_t keys_before = 0;
+  for (int64_t c = 0; c < slots; ++c) {
+    plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(plan.segments.size());
+    plan.cuts[static_cast<size_t>(c)] = keys_before;
+    for (int64_t k = c; k < ctas; k += slots) {
+      const WorkItem& it = wp.items[static_cast<size_t>(k / heads)];
+      if (it.request < 0) continue;  // padding
+      if (it.request >= static_cast<int32_t>(wp.requests.size()) || it.q_row_begin > kMax16) {
+        return Status::invalid_argument(
+            "flashinfer encoded plan: item " + std::to_string(k / heads) + " names request " +
+            std::to_string(it.request) + " (of " + std::to_string(wp.requests.size()) +
+            ") with q_row_begin " + std::to_string(it.q_row_begin));
+      }
+      const RequestPlan& req = wp.requests[static_cast<size_t>(it.request)];
+      Segment s;
+      s.request = it.request;
+      s.kv_head = static_cast<int16_t>(k % heads);
+      s.q_row_begin = static_cast<int16_t>(it.q_row_begin);
+      s.kv_begin = it.kv_begin;
+      s.kv_end = it.kv_end;
+      const bool split = req.num_splits > 1;
+      if (split && req.num_splits > kMax16) {
+        return Status::invalid_argument("flashinfer encoded plan: request " +
+                                        std::to_string(it.request) + " has " +
+                                        std::to_string(req.num_splits) + " splits (> 32767)");
+      }
+      s.part = static_cast<int16_t>(split ? it.split : 0);
+      s.parts = static_cast<int16_t>(split ? req.num_splits : 1);
+      s.partial_base = split ? req.partial_base : 0;
+      s.req_kv_len = req.kv_len;
+      s.req_q_start = req.q_start;
+      plan.segments.push_back(s);
+      keys_before += std::max(0, s.kv_end - s.kv_begin);
+      ++plan.items;
+      plan.cut_items += split ? 1 : 0;
+    }
+  }
+  plan.cta_begin[static_cast<size_t>(slots)] = static_cast<int32_t>(plan.segments.size());
+  plan.cuts[static_cast<size_t>(slots)] = keys_before;
+  plan.total_keys = keys_before;
+  plan.num_partials = wp.num_partials;
+  return plan;
+}
+
+int64_t encoded_plan_words(int max_bs, int64_t items, const BalanceConfig& config) {
+  return BalancedPlan::words_for(std::max(0, max_bs), config.slots,
+                                 items * std::max(1, config.num_kv_heads));
+}
+
 BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int slots) {
   constexpr double kMinImbalance = 1.5;
   BalanceVerdict v;

@@ -121,6 +121,23 @@ BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config);
 // --launches 32): uniform b16 kv4k (1.03) -8%, fp8 -24%, b8 -13%, b1 kv32k -18%; b32 438..3779
 // keys (256 CTAs, 0.94) -10%. (In graphs b12-b15 gained 24-29%, but there the default plan's
 // replay is itself 25-30% slower than eager, 76.7 vs 58.9 us at b12: a graph effect, not balance.)
+// The default (split-KV) plan `wp` in the balanced plan's format, so that
+// paged_decode_balanced_kernel runs it: the default grid's CTA k = item x num_kv_heads + kv head
+// (heads fastest, as launched) becomes one segment of slot k % slots (round-robin; a slot walks
+// k, k + slots, ...). A whole request is one segment of parts 1; a split request's chunk is
+// part `split` of its num_splits parts with the request's partial rows (partial_base + split, as
+// the default kernel writes them, and the same per-(request, q tile, kv head) split counters), so
+// every key is streamed and merged with the default plan's arithmetic. Used with
+// ATTNKIT_FLASHINFER_DECODE_BALANCE=auto: eager forwards and CUDA-graph replays then run the same
+// kernel whichever plan judge_balance picks, and replays stay bit-identical to eager.
+// kInvalidArgument names a config field outside the 16-bit segment fields or an item whose
+// request does not exist.
+Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config);
+
+// Workspace bound of balanced_from_work_plan's plans for up to max_bs requests whose default
+// plans have at most `items` items (max_decode_items).
+int64_t encoded_plan_words(int max_bs, int64_t items, const BalanceConfig& config);
+
 struct BalanceVerdict {
   bool pays = false;
   double imbalance = 0;      // longest default item / mean (0 without keys)
