@@ -250,13 +250,15 @@ class FlashInferBackend final : public AttentionBackend {
   // (balanced_from_work_plan), so that eager forwards and graph replays run the same kernel and
   // the same plan. *cut: the balanced plan was chosen.
   Result<flashinfer::BalancedPlan> balanced_kernel_plan(std::span<const PlanRequest> reqs,
-                                                        bool* cut) const {
+                                                        bool* cut, bool* split_long) const {
     const flashinfer::BalanceConfig bc = balance_config();
     *cut = true;
+    *split_long = false;
     if (!balance_auto_) return flashinfer::build_balanced_plan(reqs, bc);
     ATTNKIT_ASSIGN_OR_RETURN(
         WorkPlan wp, flashinfer::build_work_plan(reqs, plan_config(TileShape::kDecode, true)));
     *cut = flashinfer::judge_balance(wp, ctx_.num_kv_heads, bc.slots).pays;
+    *split_long = !*cut && wp.split_long && wp.any_split;  // the encoded plan is a split-long one
     if (*cut) return flashinfer::build_balanced_plan(reqs, bc);
     return flashinfer::balanced_from_work_plan(wp, bc);
   }
@@ -444,9 +446,12 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   int num_partials = 0;
   if (decode && (balance_ || balance_auto_)) {
     bool cut = false;
-    ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp, balanced_kernel_plan(reqs, &cut));
+    bool split_long = false;
+    ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
+                             balanced_kernel_plan(reqs, &cut, &split_long));
     bp.serialize(&words_);
     num_partials = bp.num_partials;
+    plan_.split_long = split_long;
     plan_.balance_slots = bp.slots();
     plan_.balance_cut = cut;
     plan_.grid_items = bp.slots();
@@ -949,7 +954,9 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   }
   if (!verify && (balance_ || balance_auto_)) {
     bool cut = false;
-    ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp, balanced_kernel_plan(reqs, &cut));
+    bool split_long = false;
+    ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
+                             balanced_kernel_plan(reqs, &cut, &split_long));
     bp.serialize(&words_);
     if (static_cast<int64_t>(words_.size()) > graph_words_.capacity) {
       return Status::internal("flashinfer: replay's balanced plan needs " + str(words_.size()) +

@@ -107,14 +107,14 @@ struct BalancedBounds {
 };
 BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config);
 
-// The choice for an eager decode forward with ATTNKIT_FLASHINFER_DECODE_BALANCE=auto (opt-in: a
-// CUDA graph keeps the default plan, so its replays of the batches chosen here are not
-// bit-identical to eager): the balanced plan where the default (split-KV) plan leaves SMs waiting
-// on long items. With T the forward's keys over all its CTAs (items x kv heads), mean = T / slots
-// and imbalance = the longest default item's keys / mean, the balanced plan pays when mean >=
-// kMinSplitChunk keys (below that the fixed cost dominates both plans) and imbalance >= 1.5 (one
-// item far above the per-slot share). H200 2026-11-23 (32 q / 8 kv heads, d 128, page 16, one round
-// each; balanced vs default plan): eager back-to-back (15:46Z): b16 32768 + 15 x 1024
+// The choice for a decode forward with ATTNKIT_FLASHINFER_DECODE_BALANCE=auto (opt-in; eager and
+// graph replays alike, both on the balanced kernel, the other choice being the default plan in
+// its format, balanced_from_work_plan): the balanced plan where the default (split-KV) plan
+// leaves SMs waiting on long items. With T the forward's keys over all its CTAs (items x kv heads),
+// mean = T / slots and imbalance = the longest default item's keys / mean, the balanced plan pays
+// when mean >= kMinSplitChunk keys (below that the fixed cost dominates both plans) and imbalance
+// >= 1.5 (one item far above the per-slot share). H200 2026-11-23 (32 q / 8 kv heads, d 128, page
+// 16, one round each; balanced vs default plan): eager back-to-back (15:46Z): b16 32768 + 15 x 1024
 // (imbalance 11.2) 364.8 -> 62.3 us; b16 633..7258 keys (1.86) 93.3 -> 85.0 us; b12 / b14 / b15
 // kv4k (1.38 / 1.18 / 1.10) 58.9 / 65.0 / 68.4 -> 61.3 / 69.3 / 72.8 us (-4 to -6%: default kept).
 // Graph replays (15:34Z, --graph
