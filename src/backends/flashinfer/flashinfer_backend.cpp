@@ -158,8 +158,7 @@ class FlashInferBackend final : public AttentionBackend {
         pdl_graph_(env_flag("ATTNKIT_FLASHINFER_PDL_GRAPH", true)),
         pdl_early_(env_choice("ATTNKIT_FLASHINFER_PDL_TRIGGER", {"early", "end"}, "early") !=
                    "end"),
-        balance_(balance_knob() == "1"),
-        balance_auto_(balance_knob() == "auto"),
+        balance_(balance_from_env()),
         split_long_(env_flag("ATTNKIT_FLASHINFER_SPLIT_LONG", false)) {}
 
   const BackendDescriptor& descriptor() const override {
@@ -245,7 +244,7 @@ class FlashInferBackend final : public AttentionBackend {
     c.granule = flashinfer::kDecodeRingKeys;
     return c;
   }
-  // Decode plans on the balanced kernel: with balance_ the balanced plan; with balance_auto_ the
+  // Decode plans on the balanced kernel: with kAlways the balanced plan; with kAuto the
   // balanced plan where judge_balance says it pays, else the default plan in the balanced format
   // (balanced_from_work_plan), so that eager forwards and graph replays run the same kernel and
   // the same plan. *cut: the balanced plan was chosen.
@@ -254,7 +253,7 @@ class FlashInferBackend final : public AttentionBackend {
     const flashinfer::BalanceConfig bc = balance_config();
     *cut = true;
     *split_long = false;
-    if (!balance_auto_) return flashinfer::build_balanced_plan(reqs, bc);
+    if (balance_ != Balance::kAuto) return flashinfer::build_balanced_plan(reqs, bc);
     ATTNKIT_ASSIGN_OR_RETURN(
         WorkPlan wp, flashinfer::build_work_plan(reqs, plan_config(TileShape::kDecode, true)));
     *cut = flashinfer::judge_balance(wp, ctx_.num_kv_heads, bc.slots).pays;
@@ -306,16 +305,19 @@ class FlashInferBackend final : public AttentionBackend {
   bool pdl_early_ = true;
   // ATTNKIT_FLASHINFER_DECODE_BALANCE (read when the backend is created): "1": decode forwards on
   // the tensor-core path run a balanced plan (balanced_plan.h) on paged_decode_balanced_kernel,
-  // eager and CUDA graphs; "auto" (balance_auto_; session 11, the balanced kernel in auto graphs
+  // eager and CUDA graphs; "auto" (session 11, the balanced kernel in auto graphs
   // not yet run on a GPU): every decode forward, eager or replayed, runs that kernel, on the
   // balanced plan where judge_balance says it pays (uneven batches: one request far above the
   // per-SM share), else on the default plan in the balanced format (balanced_from_work_plan), so
   // replays stay bit-identical to eager; unset / "0": never (the default plan on its own kernel).
-  static std::string balance_knob() {
-    return env_choice("ATTNKIT_FLASHINFER_DECODE_BALANCE", {"0", "1", "auto"}, "0");
+  enum class Balance { kOff, kAlways, kAuto };
+  static Balance balance_from_env() {
+    const std::string v = env_choice("ATTNKIT_FLASHINFER_DECODE_BALANCE", {"0", "1", "auto"}, "0");
+    return v == "1" ? Balance::kAlways : v == "auto" ? Balance::kAuto : Balance::kOff;
   }
-  bool balance_ = false;
-  bool balance_auto_ = false;
+  // Whether decode forwards run paged_decode_balanced_kernel (any plan).
+  bool balanced_kernel() const { return balance_ != Balance::kOff; }
+  Balance balance_ = Balance::kOff;
   // Experiment knob ATTNKIT_FLASHINFER_SPLIT_LONG=1 (read when the backend is created; default off,
   // not yet run on a GPU): decode plans cut requests much longer than the per-slot share even at
   // bs >= 16 (work_plan.h PlanConfig::split_long), on the split kernel and its fused merge.
@@ -444,7 +446,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   const TileShape shape = decode ? TileShape::kDecode : TileShape::kPrefill;
   const StreamHandle stream = stream_for(batch);
   int num_partials = 0;
-  if (decode && (balance_ || balance_auto_)) {
+  if (decode && balanced_kernel()) {
     bool cut = false;
     bool split_long = false;
     ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
@@ -811,11 +813,11 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   graph_captured_.clear();
   int64_t words = WorkPlan::words_for(max_bs, graph_items_);
   int64_t partial_rows = graph_items_;  // partials <= items
-  if (balance_ || balance_auto_) {      // the balanced decode plan's bounds (balanced_plan.h)
+  if (balanced_kernel()) {              // the balanced decode plan's bounds (balanced_plan.h)
     const flashinfer::BalancedBounds b = flashinfer::balanced_plan_bounds(max_bs, balance_config());
     words = std::max(words, b.words);
     partial_rows = std::max(partial_rows, b.partials);
-    if (balance_auto_) {  // the default plan in the balanced format
+    if (balance_ == Balance::kAuto) {  // the default plan in the balanced format
       words =
           std::max(words, flashinfer::encoded_plan_words(max_bs, graph_items_, balance_config()));
     }
@@ -881,12 +883,6 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   plan_.mode = mode;
   plan_.bs = bs;
   plan_.shape = TileShape::kDecode;
-  // The bound of a plan of this graph's bs requests, not of init_cuda_graph_state's max_bs: a
-  // grid sized for max_bs (an engine passes e.g. 256) would launch mostly padding CTAs at small bs
-  // (bs 16: 2048 CTAs, 1920 of them exiting at once), and padded graph grids were measured slower
-  // (H200 15:34Z: b12-b15 kv4k graph replays 25-30% slower than eager with 8-32 padding CTAs).
-  plan_.grid_items = static_cast<int>(std::min<int64_t>(
-      graph_items_, flashinfer::max_decode_items(bs, plan_config(TileShape::kDecode, true))));
   if (mode == ForwardMode::kTargetVerify) {
     // Verify runs prefill tiles without split (as eager verify does): bs * ceil(N * group / 64)
     // CTAs per kv head, every one of them real work on replay.
@@ -906,11 +902,20 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     }
     plan_.shape = TileShape::kPrefill;
     plan_.grid_items = static_cast<int>(items);
-  } else if (balance_ || balance_auto_) {
+  } else if (balanced_kernel()) {
     // One CTA per slot, every replay (the replay's balanced or encoded plan has the same slots).
     plan_.balance_slots = balance_config().slots;
-    plan_.balance_cut = balance_;  // =auto: counted as encoded (each replay picks its plan)
+    // =auto: counted as encoded (each replay picks its plan).
+    plan_.balance_cut = balance_ == Balance::kAlways;
     plan_.grid_items = plan_.balance_slots;
+  } else {
+    // The bound of a plan of this graph's bs requests, not of init_cuda_graph_state's max_bs: a
+    // grid sized for max_bs (an engine passes e.g. 256) would launch mostly padding CTAs at small
+    // bs (bs 16: 2048 CTAs, 1920 of them exiting at once), and padded graph grids were measured
+    // slower (H200 15:34Z: b12-b15 kv4k graph replays 25-30% slower than eager with 8-32 padding
+    // CTAs).
+    plan_.grid_items = static_cast<int>(std::min<int64_t>(
+        graph_items_, flashinfer::max_decode_items(bs, plan_config(TileShape::kDecode, true))));
   }
   plan_.words = graph_words_.data();
   plan_.partial_out = graph_partial_out_.data();
@@ -952,7 +957,7 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     // verify: seq_lens counts the cached prefix, the N drafts follow it.
     reqs[static_cast<size_t>(r)] = PlanRequest{r * n, n, seq_lens_host[r] + (verify ? n : 0)};
   }
-  if (!verify && (balance_ || balance_auto_)) {
+  if (!verify && balanced_kernel()) {
     bool cut = false;
     bool split_long = false;
     ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
