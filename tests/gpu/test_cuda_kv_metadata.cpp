@@ -18,12 +18,6 @@
 namespace attnkit {
 namespace {
 
-#define STATUS_OK(expr)                        \
-  do {                                         \
-    const Status s_ = (expr);                  \
-    ASSERT_TRUE(s_.is_ok()) << s_.to_string(); \
-  } while (0)
-
 using test_support::has_cuda;
 using test_support::to_host_bytes;
 using test_support::upload_bytes;

@@ -23,13 +23,6 @@
 namespace attnkit {
 namespace {
 
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-#define STATUS_OK(expr)                        \
-  do {                                         \
-    const Status s_ = (expr);                  \
-    ASSERT_TRUE(s_.is_ok()) << s_.to_string(); \
-  } while (0)
-
 constexpr int kLayers = 2;
 constexpr int kLayer = 1;  // the layer every test writes (layer 0 must stay untouched)
 constexpr int kPage = 16;

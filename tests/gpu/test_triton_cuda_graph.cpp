@@ -26,13 +26,6 @@ constexpr int kNumLayers = 3;
 constexpr int kMaxBs = 8;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-#define STATUS_OK(expr)                        \
-  do {                                         \
-    const Status s_ = (expr);                  \
-    ASSERT_TRUE(s_.is_ok()) << s_.to_string(); \
-  } while (0)
-
 // Device buffer + typed view helpers for the static graph inputs.
 struct DeviceTensor {
   Buffer buffer;

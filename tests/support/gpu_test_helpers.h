@@ -12,6 +12,15 @@
 #include "attnkit/tensor.h"
 #include "harness/case_runner.h"
 
+// ASSERTs (so: inside a TEST body or a void helper) that a CUDA runtime call returned cudaSuccess
+// (the caller includes cuda_runtime.h) / that an attnkit call returned an ok Status.
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+#define STATUS_OK(expr)                        \
+  do {                                         \
+    const Status s_ = (expr);                  \
+    ASSERT_TRUE(s_.is_ok()) << s_.to_string(); \
+  } while (0)
+
 namespace attnkit::test_support {
 
 // Whether this process sees a CUDA device (false in CPU-only builds).
