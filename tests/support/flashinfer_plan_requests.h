@@ -1,5 +1,6 @@
 // Shared by the flashinfer decode planner tests (test_flashinfer_balanced_plan,
-// test_flashinfer_split_long): the H200's SM count and a decode batch from its kv lengths.
+// test_flashinfer_split_long): the H200's SM count, a decode batch from its kv lengths and the
+// query tiles of a request.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +20,12 @@ inline std::vector<PlanRequest> decode_requests(const std::vector<int>& lens) {
     r.push_back({static_cast<int32_t>(i), 1, static_cast<int32_t>(lens[i])});
   }
   return r;
+}
+
+// Query tiles (kDecodeTileRows packed rows each) of one request whose q heads per kv head are
+// `group`.
+inline int64_t q_tiles(const PlanRequest& r, int group) {
+  return (static_cast<int64_t>(r.q_len) * group + kDecodeTileRows - 1) / kDecodeTileRows;
 }
 
 }  // namespace attnkit::flashinfer::test_support

@@ -24,6 +24,7 @@ namespace {
 
 using test_support::decode_requests;
 using test_support::kH200Sms;
+using test_support::q_tiles;
 
 BalanceConfig h200(int granule = 16) {
   BalanceConfig c;
@@ -32,10 +33,6 @@ BalanceConfig h200(int granule = 16) {
   c.slots = kTargetCtasPerSm * kH200Sms;
   c.granule = granule;
   return c;
-}
-
-int64_t q_tiles(const PlanRequest& r, int group) {
-  return (static_cast<int64_t>(r.q_len) * group + kDecodeTileRows - 1) / kDecodeTileRows;
 }
 
 // Checks every invariant of a plan against its inputs; *sizes_out: the chunk sizes (keys per CTA).
@@ -177,13 +174,18 @@ BalancedPlan plan_or_die(const std::vector<PlanRequest>& reqs, const BalanceConf
   return p.is_ok() ? std::move(p.value()) : BalancedPlan{};
 }
 
-// The default plan the backend builds for `reqs` under cfg (target_ctas = cfg.slots), encoded.
-WorkPlan default_plan_or_die(const std::vector<PlanRequest>& reqs, const BalanceConfig& cfg) {
+// The split planner's config of the backend that uses cfg (target_ctas = cfg.slots).
+PlanConfig plan_config_of(const BalanceConfig& cfg) {
   PlanConfig c;
   c.num_kv_heads = cfg.num_kv_heads;
   c.group = cfg.group;
   c.target_ctas = cfg.slots;
-  Result<WorkPlan> wp = build_work_plan(reqs, c);
+  return c;
+}
+
+// The default plan the backend builds for `reqs` under cfg.
+WorkPlan default_plan_or_die(const std::vector<PlanRequest>& reqs, const BalanceConfig& cfg) {
+  Result<WorkPlan> wp = build_work_plan(reqs, plan_config_of(cfg));
   EXPECT_TRUE(wp.is_ok()) << wp.status().to_string();
   return wp.is_ok() ? *wp : WorkPlan{};
 }
@@ -570,16 +572,12 @@ TEST(FlashInferBalancedPlan, BoundsHoldForEveryBatchUpToMax) {
   }
 }
 
-// judge_balance (the eager default): the measured H200 batches of the header, each with the
-// default plan the backend would build (132 SMs, 32 q / 8 kv heads).
+// judge_balance (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto): the measured H200 batches of the header,
+// each with the default plan the backend would build (132 SMs, 32 q / 8 kv heads).
 BalanceVerdict judge(const std::vector<int>& lens) {
-  PlanConfig c;
-  c.num_kv_heads = 8;
-  c.group = 4;
-  c.target_ctas = kTargetCtasPerSm * kH200Sms;
-  Result<WorkPlan> wp = build_work_plan(decode_requests(lens), c);
-  EXPECT_TRUE(wp.is_ok()) << wp.status().to_string();
-  return judge_balance(*wp, 8, c.target_ctas);
+  const BalanceConfig cfg = h200();
+  return judge_balance(default_plan_or_die(decode_requests(lens), cfg), cfg.num_kv_heads,
+                       cfg.slots);
 }
 
 // balanced_from_work_plan: slot c walks the default grid's CTAs c, c + slots, ... (CTA k = item x
@@ -617,13 +615,9 @@ TEST(FlashInferBalancedPlan, EncodedDefaultPlanLayout) {
     // Serialised within the graph bound of max_bs = bs.
     std::vector<int32_t> words;
     bp.serialize(&words);
-    PlanConfig pc;
-    pc.num_kv_heads = cfg.num_kv_heads;
-    pc.group = cfg.group;
-    pc.target_ctas = cfg.slots;
     const int bs = static_cast<int>(lens.size());
     EXPECT_LE(static_cast<int64_t>(words.size()),
-              encoded_plan_words(bs, max_decode_items(bs, pc), cfg));
+              encoded_plan_words(bs, max_decode_items(bs, plan_config_of(cfg)), cfg));
     EXPECT_EQ(words[2], kBalancedPlanTag);
   }
   // A config outside the 16-bit segment fields is refused by name.

@@ -24,6 +24,7 @@ namespace {
 
 using test_support::decode_requests;
 using test_support::kH200Sms;
+using test_support::q_tiles;
 
 PlanConfig h200(bool split_long = true) {
   PlanConfig c;
@@ -33,10 +34,6 @@ PlanConfig h200(bool split_long = true) {
   c.target_ctas = kTargetCtasPerSm * kH200Sms;
   c.split_long = split_long;
   return c;
-}
-
-int64_t q_tiles(const PlanRequest& r, int group) {
-  return (static_cast<int64_t>(r.q_len) * group + kDecodeTileRows - 1) / kDecodeTileRows;
 }
 
 // Exact per-slot share (keys per CTA slot) as a double, for size checks.
