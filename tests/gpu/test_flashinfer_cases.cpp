@@ -90,13 +90,14 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_
         << "a decode read the page table before its PDL wait without early_page_table_reads";
   }
   // ATTNKIT_FLASHINFER_DECODE_BALANCE=1 (ctest FlashInferDecodeBalance, and the Balance tests
-  // below): every tensor-core decode layer outside a cascade ran the balanced plan; unset / =0:
-  // none; =auto (the eager rule, judge_balance): all layers of the forward or none (one plan per
-  // forward; FlashInferBalanceTest.AutoRuleEager checks the choice itself).
+  // below): every tensor-core decode layer outside a cascade ran the cut plan; =0 (ctest
+  // FlashInferDecodeDefaultPlan): none; unset / =auto (the default, choose_auto_plan): all layers
+  // of the forward or none (one plan per forward; FlashInferBalanceTest.AutoRuleEager checks the
+  // choice itself).
   const char* balance_env = std::getenv("ATTNKIT_FLASHINFER_DECODE_BALANCE");
-  const std::string balance = balance_env == nullptr ? "" : balance_env;
+  const std::string balance = balance_env == nullptr ? "auto" : balance_env;
   const int64_t layers = static_cast<int64_t>(pc->layers.size());
-  if (balance == "0" || balance.empty() || spec.mode != ForwardMode::kDecode) {
+  if (balance == "0" || spec.mode != ForwardMode::kDecode) {
     EXPECT_EQ(stats->decode_balanced_calls, 0) << "a balanced plan ran with the knob off";
   } else if (balance == "1" && expects_native(spec) && stats->cascade_calls == 0) {
     EXPECT_EQ(stats->decode_balanced_calls, layers)
@@ -328,25 +329,24 @@ TEST(FlashInferBalanceTest, GraphReplayIsBitIdenticalToEager) {
                       balanced);
 }
 
-// The eager auto rule (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto, balanced_plan.h judge_balance):
-// the balanced plan for one 32k request among fifteen 1k ones (bf16; fp8 with sinks over pages of
-// 64), the default plan for uniform b12 / b16 kv 4k; every output against the reference. (H200
-// 15:46Z passed with an earlier rule that also balanced the b12 cases; the fp8 uneven case and the
-// b12 expectation are from 15:52Z, not yet run on a GPU.)
+// The auto rule (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto, the default; balanced_plan.h
+// choose_auto_plan): the cut plan for one 32k request among fifteen 1k ones (bf16; fp8 with sinks
+// over pages of 64) and for uniform b12 kv 4k (96 default CTAs on 128 slots: cut to fill), the
+// default plan in the balanced format for uniform b8 (split in 2: 128 CTAs) and b16 kv 4k; every
+// output against the reference, graph replays bit-identical to eager. The choices are those of a
+// 132-SM GPU (the b16 one holds on any).
 TEST(FlashInferBalanceTest, AutoRuleEager) {
   test_support::ScopedEnv knob("ATTNKIT_FLASHINFER_DECODE_BALANCE", "auto");
   test_support::ScopedEnv no_split_long("ATTNKIT_FLASHINFER_SPLIT_LONG", "0");  // its own plans
   const DeviceInfo dev = cuda_device();
   const bool h100_like = dev.sm_count == 132;
-  const auto check = [&](const CaseSpec& c, bool want_balanced) {
+  const auto check = [&](const CaseSpec& c, bool want_balanced, bool any_gpu = false) {
     SCOPED_TRACE(c.name);
     FlashInferStats stats;
     run_and_compare(c, true, &stats);
     // Every decode layer ran the balanced kernel: the cut plan or the encoded default plan.
     EXPECT_GT(stats.decode_balanced_calls + stats.decode_encoded_default_calls, 0);
-    if (h100_like || !want_balanced) {  // the uniform b16 keeps the default plan on any GPU
-      EXPECT_EQ(stats.decode_balanced_calls > 0, want_balanced);
-    }
+    if (h100_like || any_gpu) EXPECT_EQ(stats.decode_balanced_calls > 0, want_balanced);
   };
   std::vector<int> uneven(16, 1023);
   uneven[0] = 32767;
@@ -354,14 +354,17 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
   CaseSpec fp8 = long_decode("auto_b16_32k_fp8_sinks", uneven, 64, DType::kFP8E4M3);
   fp8.sinks = true;
   check(fp8, true);
-  check(long_decode("auto_b12_4k", std::vector<int>(12, 4095), 16, DType::kBF16), false);
+  // b12 kv 4k: 96 default CTAs on a grid of 128 slots: cut to fill them (choose_auto_plan).
+  check(long_decode("auto_b12_4k", std::vector<int>(12, 4095), 16, DType::kBF16), true);
+  check(long_decode("auto_b8_4k", std::vector<int>(8, 4095), 16, DType::kBF16), false);
   // Graphs under auto run the balanced kernel on every replay (the cut plan or the default plan
   // in its format): replays bit-identical to eager, for a batch of each kind, split plans included.
   graph_matches_eager(long_decode("auto_graph_uneven", uneven, 16, DType::kBF16));
   graph_matches_eager(long_decode("auto_graph_b16", std::vector<int>(16, 700), 16, DType::kBF16));
   graph_matches_eager(long_decode("auto_graph_split", {4999, 100, 2047, 0}, 16, DType::kBF16));
   graph_matches_eager(long_decode("auto_graph_b1", {20000}, 16, DType::kBF16));
-  check(long_decode("auto_b16_4k", std::vector<int>(16, 4095), 16, DType::kBF16), false);
+  check(long_decode("auto_b16_4k", std::vector<int>(16, 4095), 16, DType::kBF16), false, true);
+  graph_matches_eager(long_decode("auto_graph_b12", std::vector<int>(12, 4095), 16, DType::kBF16));
 }
 
 // ---- split-long decode plans (ATTNKIT_FLASHINFER_SPLIT_LONG=1, work_plan.h) ----

@@ -676,5 +676,84 @@ TEST(FlashInferBalanceRuleTest, MeasuredBatches) {
   EXPECT_EQ(judge_balance(padded, 8, 132).default_ctas, 0);
 }
 
+// balanced_kernel_slots and choose_auto_plan (the default ATTNKIT_FLASHINFER_DECODE_BALANCE=auto):
+// the grid is the default planner's CTA bound for bs requests, so a uniform batch that fills it
+// keeps the default plan one segment per slot (the default kernel's launch), and a batch whose
+// default plan leaves slots empty is cut to fill them (H200 17:44Z: empty CTAs in a PDL-chained
+// grid cost 20-35%).
+TEST(FlashInferBalanceRuleTest, SlotsAndAutoChoice) {
+  const BalanceConfig cfg = h200();
+  const PlanConfig pc = plan_config_of(cfg);
+  // bs < 16: the target's 16 items per head (132 / 8); bs >= 16: bs per head; capped at 4 x 132.
+  EXPECT_EQ(balanced_kernel_slots(1, pc), 128);
+  EXPECT_EQ(balanced_kernel_slots(12, pc), 128);
+  EXPECT_EQ(balanced_kernel_slots(16, pc), 128);
+  EXPECT_EQ(balanced_kernel_slots(17, pc), 136);
+  EXPECT_EQ(balanced_kernel_slots(64, pc), 512);
+  EXPECT_EQ(balanced_kernel_slots(66, pc), 528);
+  EXPECT_EQ(balanced_kernel_slots(256, pc), 528);
+  EXPECT_EQ(balanced_kernel_slots(0, pc), 128);
+  for (int bs = 1; bs < 300; ++bs) {  // grows with bs (graph workspace bounds use max_bs)
+    EXPECT_LE(balanced_kernel_slots(bs, pc), balanced_kernel_slots(bs + 1, pc)) << bs;
+  }
+  PlanConfig mqa = pc;  // 32 q / 1 kv: two q tiles per request
+  mqa.num_kv_heads = 1;
+  mqa.group = 32;
+  EXPECT_EQ(balanced_kernel_slots(3, mqa), 132);
+  EXPECT_EQ(balanced_kernel_slots(100, mqa), 200);
+  const auto choice = [&](const std::vector<int>& lens) {
+    const auto reqs = decode_requests(lens);
+    const int slots = balanced_kernel_slots(static_cast<int>(lens.size()), pc);
+    return choose_auto_plan(default_plan_or_die(reqs, cfg), cfg.num_kv_heads, cfg.slots, slots);
+  };
+  // Uniform batches whose default plan fills the grid: encoded default (b16 / b64 kv 4k, b1 kv
+  // 32k: 16 splits x 8 heads = 128 slots).
+  for (const std::vector<int>& lens : {std::vector<int>(16, 4096), std::vector<int>(64, 4096),
+                                       std::vector<int>{32768}, std::vector<int>(40, 900)}) {
+    const AutoPlanChoice c = choice(lens);
+    EXPECT_FALSE(c.cut) << lens.size() << " x " << lens[0];
+    EXPECT_FALSE(c.fill);
+  }
+  // b8 kv 4k: the default planner splits each request in 2 (128 CTAs): encoded default.
+  EXPECT_FALSE(choice(std::vector<int>(8, 4096)).cut);
+  // b12 / b14 / b15 kv 4k: 96 / 112 / 120 CTAs on 128 slots: cut to fill (not by the judge).
+  for (int bs : {12, 14, 15}) {
+    const AutoPlanChoice c = choice(std::vector<int>(static_cast<size_t>(bs), 4096));
+    EXPECT_TRUE(c.cut) << bs;
+    EXPECT_TRUE(c.fill) << bs;
+    EXPECT_FALSE(c.verdict.pays) << bs;
+  }
+  // Uneven: cut by the judge (one 32k among fifteen 1k; a b64 with one 40k request).
+  std::vector<int> uneven(16, 1024);
+  uneven[0] = 32768;
+  EXPECT_TRUE(choice(uneven).cut);
+  EXPECT_TRUE(choice(uneven).verdict.pays);
+  EXPECT_FALSE(choice(uneven).fill);
+  std::vector<int> b64(64, 2000);
+  b64[7] = 40000;
+  EXPECT_TRUE(choice(b64).cut);
+  // Too short to fill (chunks below kMinSplitChunk keys): default kept, slots left empty.
+  EXPECT_FALSE(choice({300, 10, 10}).cut);
+  EXPECT_FALSE(choice(std::vector<int>(4, 1000)).cut);  // 96 CTAs, 250 keys per slot
+  // b4 kv 1100: the default planner splits each request in 4 (275 keys): 128 CTAs, no fill.
+  EXPECT_FALSE(choice(std::vector<int>(4, 1100)).cut);
+  // No keys: nothing cut.
+  EXPECT_FALSE(choose_auto_plan(WorkPlan{}, 8, 132, 128).cut);
+  // The cut plan over the slots and the encoded one both fit the graph bounds of max_bs = bs.
+  for (const std::vector<int>& lens :
+       {std::vector<int>(12, 4096), uneven, std::vector<int>(64, 4096), b64}) {
+    const int bs = static_cast<int>(lens.size());
+    BalanceConfig bc = cfg;
+    bc.slots = balanced_kernel_slots(bs, pc);
+    const BalancedBounds bounds = balanced_plan_bounds(bs, bc);
+    const BalancedPlan cut = plan_or_die(decode_requests(lens), bc);
+    EXPECT_EQ(cut.slots(), bc.slots);
+    EXPECT_LE(static_cast<int64_t>(cut.segments.size()), bounds.segments);
+    EXPECT_LE(cut.num_partials, bounds.partials);
+    const BalancedPlan enc = encode_or_die(decode_requests(lens), bc);
+    EXPECT_EQ(enc.slots(), bc.slots);
+  }
+}
+
 }  // namespace
 }  // namespace attnkit::flashinfer

@@ -233,30 +233,32 @@ class FlashInferBackend final : public AttentionBackend {
     c.split_long = split_long_;
     return c;
   }
-  // Balanced decode plans (balance_): one chunk per decode CTA slot of the device (the split
-  // planner's grid target), cuts on multiples of 16 keys (one ring sub-tile; a page-size granule
-  // would leave chunks of a 64-key page up to 1.6% apart at b16 kv 4k).
-  flashinfer::BalanceConfig balance_config() const {
+  // Balanced decode plans (balance_): one chunk per slot of the balanced kernel's grid
+  // (balanced_kernel_slots: the default plan's CTA bound for bs requests), cuts on multiples of 16
+  // keys (one ring sub-tile; a page-size granule would leave chunks of a 64-key page up to 1.6%
+  // apart at b16 kv 4k).
+  flashinfer::BalanceConfig balance_config(int bs) const {
     flashinfer::BalanceConfig c;
     c.num_kv_heads = ctx_.num_kv_heads;
     c.group = ctx_.num_q_heads / ctx_.num_kv_heads;
-    c.slots = plan_config(TileShape::kDecode, true).target_ctas;
+    c.slots = flashinfer::balanced_kernel_slots(bs, plan_config(TileShape::kDecode, true));
     c.granule = flashinfer::kDecodeRingKeys;
     return c;
   }
-  // Decode plans on the balanced kernel: with kAlways the balanced plan; with kAuto the
-  // balanced plan where judge_balance says it pays, else the default plan in the balanced format
-  // (balanced_from_work_plan), so that eager forwards and graph replays run the same kernel and
-  // the same plan. *cut: the balanced plan was chosen.
+  // Decode plans on the balanced kernel: with kAlways the balanced (cut) plan; with kAuto the
+  // cut plan where choose_auto_plan picks it (an uneven batch, or a default plan that leaves slots
+  // of the grid empty), else the default plan in the balanced format (balanced_from_work_plan). A
+  // plan depends on the requests only (the slots on their count), so eager forwards and graph
+  // replays of one batch run the same kernel and the same plan. *cut: the cut plan was chosen.
   Result<flashinfer::BalancedPlan> balanced_kernel_plan(std::span<const PlanRequest> reqs,
                                                         bool* cut, bool* split_long) const {
-    const flashinfer::BalanceConfig bc = balance_config();
+    const flashinfer::BalanceConfig bc = balance_config(static_cast<int>(reqs.size()));
     *cut = true;
     *split_long = false;
     if (balance_ != Balance::kAuto) return flashinfer::build_balanced_plan(reqs, bc);
-    ATTNKIT_ASSIGN_OR_RETURN(
-        WorkPlan wp, flashinfer::build_work_plan(reqs, plan_config(TileShape::kDecode, true)));
-    *cut = flashinfer::judge_balance(wp, ctx_.num_kv_heads, bc.slots).pays;
+    const PlanConfig pc = plan_config(TileShape::kDecode, true);
+    ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp, flashinfer::build_work_plan(reqs, pc));
+    *cut = flashinfer::choose_auto_plan(wp, ctx_.num_kv_heads, pc.target_ctas, bc.slots).cut;
     *split_long = !*cut && wp.split_long && wp.any_split;  // the encoded plan is a split-long one
     if (*cut) return flashinfer::build_balanced_plan(reqs, bc);
     return flashinfer::balanced_from_work_plan(wp, bc);
@@ -312,7 +314,10 @@ class FlashInferBackend final : public AttentionBackend {
   // replays stay bit-identical to eager; unset / "0": never (the default plan on its own kernel).
   enum class Balance { kOff, kAlways, kAuto };
   static Balance balance_from_env() {
-    const std::string v = env_choice("ATTNKIT_FLASHINFER_DECODE_BALANCE", {"0", "1", "auto"}, "0");
+    // Default auto since 2026-11-23 (H200 18:2xZ A/B in docs/PERF.md, session 12); 0 = the
+    // WorkItem kernel and plan of sessions 1-11 (eager and graphs), 1 = the cut plan everywhere.
+    const std::string v =
+        env_choice("ATTNKIT_FLASHINFER_DECODE_BALANCE", {"0", "1", "auto"}, "auto");
     return v == "1" ? Balance::kAlways : v == "auto" ? Balance::kAuto : Balance::kOff;
   }
   // Whether decode forwards run paged_decode_balanced_kernel (any plan).
@@ -456,7 +461,13 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     plan_.split_long = split_long;
     plan_.balance_slots = bp.slots();
     plan_.balance_cut = cut;
+    // Eager launches up to the last slot with segments: empty CTAs at the end of a PDL-chained
+    // grid cost 20-35% (balanced_plan.h balanced_kernel_slots); a graph keeps its captured grid.
     plan_.grid_items = bp.slots();
+    while (plan_.grid_items > 1 && bp.cta_begin[static_cast<size_t>(plan_.grid_items) - 1] ==
+                                       bp.cta_begin[static_cast<size_t>(plan_.grid_items)]) {
+      --plan_.grid_items;
+    }
   } else {
     ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
                              flashinfer::build_work_plan(reqs, plan_config(shape, decode)));
@@ -814,12 +825,13 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   int64_t words = WorkPlan::words_for(max_bs, graph_items_);
   int64_t partial_rows = graph_items_;  // partials <= items
   if (balanced_kernel()) {              // the balanced decode plan's bounds (balanced_plan.h)
-    const flashinfer::BalancedBounds b = flashinfer::balanced_plan_bounds(max_bs, balance_config());
+    // The slots grow with bs (balanced_kernel_slots), and so do the bounds.
+    const flashinfer::BalanceConfig bc = balance_config(max_bs);
+    const flashinfer::BalancedBounds b = flashinfer::balanced_plan_bounds(max_bs, bc);
     words = std::max(words, b.words);
     partial_rows = std::max(partial_rows, b.partials);
     if (balance_ == Balance::kAuto) {  // the default plan in the balanced format
-      words =
-          std::max(words, flashinfer::encoded_plan_words(max_bs, graph_items_, balance_config()));
+      words = std::max(words, flashinfer::encoded_plan_words(max_bs, graph_items_, bc));
     }
   }
   ATTNKIT_RETURN_IF_ERROR(graph_words_.reserve(ctx_.device, words));
@@ -903,8 +915,8 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     plan_.shape = TileShape::kPrefill;
     plan_.grid_items = static_cast<int>(items);
   } else if (balanced_kernel()) {
-    // One CTA per slot, every replay (the replay's balanced or encoded plan has the same slots).
-    plan_.balance_slots = balance_config().slots;
+    // One CTA per slot, every replay (the replay's cut or encoded plan has the same slots).
+    plan_.balance_slots = balance_config(bs).slots;
     // =auto: counted as encoded (each replay picks its plan).
     plan_.balance_cut = balance_ == Balance::kAlways;
     plan_.grid_items = plan_.balance_slots;
@@ -962,6 +974,10 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     bool split_long = false;
     ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
                              balanced_kernel_plan(reqs, &cut, &split_long));
+    if (bp.slots() != captured->second) {  // the same function of bs: cannot happen
+      return Status::internal("flashinfer: replay's balanced plan has " + str(bp.slots()) +
+                              " slots, its graph was captured with " + str(captured->second));
+    }
     bp.serialize(&words_);
     if (static_cast<int64_t>(words_.size()) > graph_words_.capacity) {
       return Status::internal("flashinfer: replay's balanced plan needs " + str(words_.size()) +

@@ -262,4 +262,23 @@ BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int
   return v;
 }
 
+int balanced_kernel_slots(int bs, const PlanConfig& config) {
+  const int64_t heads = std::max(1, config.num_kv_heads);
+  const int64_t bound = max_decode_items(std::max(1, bs), config) * heads;
+  const int64_t cap =
+      static_cast<int64_t>(kMaxBalancedSlotsPerTarget) * std::max(config.target_ctas, 1);
+  return static_cast<int>(std::clamp<int64_t>(std::min(bound, cap), 1, kMax16));
+}
+
+AutoPlanChoice choose_auto_plan(const WorkPlan& default_plan, int num_kv_heads, int judge_slots,
+                                int slots) {
+  AutoPlanChoice c;
+  c.verdict = judge_balance(default_plan, num_kv_heads, judge_slots);
+  if (slots < 1 || c.verdict.default_ctas == 0) return c;
+  const double total = c.verdict.mean_keys * judge_slots;  // keys x heads of the forward
+  c.fill = c.verdict.default_ctas < slots && total / slots >= kMinSplitChunk;
+  c.cut = c.verdict.pays || c.fill;
+  return c;
+}
+
 }  // namespace attnkit::flashinfer

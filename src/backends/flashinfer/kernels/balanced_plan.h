@@ -146,4 +146,34 @@ struct BalanceVerdict {
 };
 BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int slots);
 
+// The balanced kernel's grid for a decode forward of bs requests (eager and CUDA graphs alike, so
+// that a replay plans exactly what eager plans): the default planner's CTA bound for bs requests
+// (max_decode_items x kv heads: bs x q tiles x heads once bs fills the target, else the target's
+// items x heads), at most kMaxBalancedSlotsPerTarget x config.target_ctas (past that a slot walks
+// several of the default plan's CTAs). So the default plan of a uniform batch of bs >= 16 (8 kv
+// heads, 132 SMs) is one segment per slot, the default kernel's launch exactly. Why a slot must
+// not stay empty: H200 2026-11-23 17:44Z, --launches 10 / --graph --launches 32 (32 q / 8 kv, d
+// 128, page 16): the default plan on 132 slots (4 of them empty at b16) ran b16 kv4k at 89.0 /
+// 93.7 us against 68.8 / 67.4 on the default kernel's 128 CTAs; the same plan launched without its
+// trailing empty slots (eager) 68.5 us; without PDL 71.4 / 69.6 us. Empty CTAs in a
+// PDL-chained grid cost 20-35% (b8-b16, b1); making them wait for the previous grid before they
+// exit does not help (77.2 vs 77.6 us at b12).
+inline constexpr int kMaxBalancedSlotsPerTarget = 4;
+int balanced_kernel_slots(int bs, const PlanConfig& config);
+
+// The plan of a decode forward on the balanced kernel (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto):
+// cut (build_balanced_plan over `slots`) where judge_balance (over the device's `judge_slots`,
+// one per SM) says the default plan leaves SMs waiting on long items, or where the default plan
+// has fewer CTAs than `slots` (fill: bs < 16 with requests too short to split, e.g. b12 kv 4k: 96
+// CTAs on a grid of 128) and the cut chunks keep >= kMinSplitChunk keys; else the default plan in
+// the balanced format (balanced_from_work_plan), which then fills every slot or is too short for
+// the cuts to pay.
+struct AutoPlanChoice {
+  bool cut = false;
+  bool fill = false;  // cut because the default plan leaves slots empty
+  BalanceVerdict verdict;
+};
+AutoPlanChoice choose_auto_plan(const WorkPlan& default_plan, int num_kv_heads, int judge_slots,
+                                int slots);
+
 }  // namespace attnkit::flashinfer
