@@ -105,11 +105,11 @@ struct Plan {
   int bs = 0;
   TileShape shape = TileShape::kDecode;
   int grid_items = 0;  // CTAs per kv head launched (balanced plan: CTAs)
-  // > 0: the decode plan is a balanced plan of this many slots
-  // (ATTNKIT_FLASHINFER_DECODE_BALANCE=1, balanced_plan.h; PagedParams::balance_slots).
+  // > 0: the decode plan is a balanced-kernel plan of this many slots (the default,
+  // ATTNKIT_FLASHINFER_DECODE_BALANCE=auto or =1; balanced_plan.h; PagedParams::balance_slots).
   int balance_slots = 0;
-  // With balance_slots > 0: the plan is the balanced (cut) one; false: the default plan in the
-  // balanced format (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto, balanced_from_work_plan).
+  // With balance_slots > 0: the plan is the cut one; false: the default plan in the balanced
+  // format (balanced_from_work_plan, chosen by choose_auto_plan).
   bool balance_cut = false;
   bool split = false;       // some request is split (stats)
   bool split_long = false;  // the split-long rule cut some request (stats)
@@ -305,13 +305,13 @@ class FlashInferBackend final : public AttentionBackend {
   bool pdl_split_ = true;
   bool pdl_graph_ = true;
   bool pdl_early_ = true;
-  // ATTNKIT_FLASHINFER_DECODE_BALANCE (read when the backend is created): "1": decode forwards on
-  // the tensor-core path run a balanced plan (balanced_plan.h) on paged_decode_balanced_kernel,
-  // eager and CUDA graphs; "auto" (session 11, the balanced kernel in auto graphs
-  // not yet run on a GPU): every decode forward, eager or replayed, runs that kernel, on the
-  // balanced plan where judge_balance says it pays (uneven batches: one request far above the
-  // per-SM share), else on the default plan in the balanced format (balanced_from_work_plan), so
-  // replays stay bit-identical to eager; unset / "0": never (the default plan on its own kernel).
+  // ATTNKIT_FLASHINFER_DECODE_BALANCE (read when the backend is created): "auto" (the default
+  // since session 12): every tensor-core decode forward, eager or replayed, runs
+  // paged_decode_balanced_kernel on a grid of balanced_kernel_slots(bs), on the cut plan where
+  // choose_auto_plan picks it (uneven batches; default plans that leave slots empty), else on the
+  // default plan in the balanced format (balanced_from_work_plan), so replays are bit-identical to
+  // eager; "1": the cut plan for every decode; "0": the default plan on the WorkItem kernel
+  // (paged_decode_ring_kernel), as in sessions 1-11.
   enum class Balance { kOff, kAlways, kAuto };
   static Balance balance_from_env() {
     // Default auto since 2026-11-23 (H200 18:2xZ A/B in docs/PERF.md, session 12); 0 = the

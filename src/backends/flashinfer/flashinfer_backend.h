@@ -75,10 +75,10 @@ struct FlashInferStats {
   // plans, graphs with ATTNKIT_FLASHINFER_PDL_GRAPH=0) count in neither.
   int64_t decode_pdl_wait_first_calls = 0;
   int64_t decode_pdl_early_reads_calls = 0;
-  // Decode kernel calls on a balanced plan (ATTNKIT_FLASHINFER_DECODE_BALANCE=1, or =auto where
-  // judge_balance picked it).
+  // Decode kernel calls on a cut plan (ATTNKIT_FLASHINFER_DECODE_BALANCE=1, or the default =auto
+  // where choose_auto_plan picked it).
   int64_t decode_balanced_calls = 0;
-  // =auto: decode kernel calls that ran the default plan on the balanced kernel.
+  // =auto (the default): decode kernel calls that ran the default plan on the balanced kernel.
   int64_t decode_encoded_default_calls = 0;
   // Eager decode kernel calls whose plan the split-long rule cut (experiment knob
   // ATTNKIT_FLASHINFER_SPLIT_LONG=1, work_plan.h; graph replays plan on the host at replay and are

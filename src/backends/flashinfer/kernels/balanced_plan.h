@@ -1,7 +1,8 @@
-// The flashinfer backend's balanced decode plan (experiment knob
-// ATTNKIT_FLASHINFER_DECODE_BALANCE=1, run by paged_decode_balanced_kernel; see
-// docs/perf/fidecode_notes.md, session 10): the total KV work of one decode forward, summed over
-// its (request, q tile, kv head) items, is cut into exactly `slots` chunks of equal key counts
+// The flashinfer backend's balanced decode plan (run by paged_decode_balanced_kernel, for every
+// decode by default since session 12: ATTNKIT_FLASHINFER_DECODE_BALANCE=auto picks this cut plan
+// or the default plan in its format per forward, choose_auto_plan below; =1 this plan always; see
+// docs/perf/fidecode_notes.md, sessions 10-12): the total KV work of one decode forward, summed
+// over its (request, q tile, kv head) items, is cut into exactly `slots` chunks of equal key counts
 // (slots = SMs x decode CTAs per SM, one CTA per chunk). A chunk may end inside one item and go on
 // with the next, so a CTA walks a list of segments; a segment that is not a whole item writes a
 // partial (O, LSE), merged by LSE by the last CTA that finishes one of the item's segments (the
@@ -107,7 +108,7 @@ struct BalancedBounds {
 };
 BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config);
 
-// The choice for a decode forward with ATTNKIT_FLASHINFER_DECODE_BALANCE=auto (opt-in; eager and
+// The judge of choose_auto_plan (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto, the default; eager and
 // graph replays alike, both on the balanced kernel, the other choice being the default plan in
 // its format, balanced_from_work_plan): the balanced plan where the default (split-KV) plan
 // leaves SMs waiting on long items. With T the forward's keys over all its CTAs (items x kv heads),
@@ -167,7 +168,11 @@ int balanced_kernel_slots(int bs, const PlanConfig& config);
 // has fewer CTAs than `slots` (fill: bs < 16 with requests too short to split, e.g. b12 kv 4k: 96
 // CTAs on a grid of 128) and the cut chunks keep >= kMinSplitChunk keys; else the default plan in
 // the balanced format (balanced_from_work_plan), which then fills every slot or is too short for
-// the cuts to pay.
+// the cuts to pay. H200 2026-11-23 17:57Z, auto vs the WorkItem kernel (=0), --graph --launches 32
+// / --launches 10: uniform b16 kv4k p1/16/64 bf16 and fp8, b1 kv32k, b8, b64 within 1% (b64 fp8
+// -1.5%); b12 / b14 / b15 kv4k graphs 59.8 / 67.3 / 70.5 vs 74.6 / 80.0 / 90.0 us (cut to fill;
+// eager 4-6% slower: 61.0 / 68.8 / 72.3 vs 58.5 / 65.1 / 67.8); b16 32768 + 15 x 1024 62.4 vs
+// 362.3 us; b16 633..7258 84.3 vs 90.8; b32 438..3779 87.0 vs 85.5 (-1.7%, encoded default).
 struct AutoPlanChoice {
   bool cut = false;
   bool fill = false;  // cut because the default plan leaves slots empty

@@ -287,8 +287,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
                    reinterpret_cast<float*>(smem));
 }
 
-// Balanced decode (experiment, ATTNKIT_FLASHINFER_DECODE_BALANCE=1; the plan: balanced_plan.h):
-// grid (p.balance_slots), CTA c streams the segments [cta_begin[c], cta_begin[c + 1]) of the plan,
+// Balanced decode (the default since session 12, ATTNKIT_FLASHINFER_DECODE_BALANCE=auto; the
+// plans: balanced_plan.h):
+// grid: p.balance_slots CTAs (an eager launch stops at the plan's last slot with segments), CTA c
+// streams the segments [cta_begin[c], cta_begin[c + 1]) of the plan,
 // one after the other, each as one `attend` over the keys of one (request, q tile, kv head) item.
 // A whole item (parts 1) writes out / lse as paged_decode_ring_kernel does; a part writes its
 // normalised partial and log2 LSE to partial row partial_base + part and counts itself on the

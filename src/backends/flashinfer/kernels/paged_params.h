@@ -135,9 +135,9 @@ struct PagedParams {
   // wait for this whole grid before reading anything it writes. (Released before the wait, every
   // queued forward started at once: b16 kv 4k --launches 10 86.6 us instead of 70.3.)
   int decode_pdl_early = 0;
-  // Balanced decode (experiment knob ATTNKIT_FLASHINFER_DECODE_BALANCE=1, balanced_plan.h): > 0 =
-  // the plan is a balanced plan of this many slots, launched as paged_decode_balanced_kernel with
-  // one CTA per slot; 0 = a WorkItem plan.
+  // Balanced decode (the default, ATTNKIT_FLASHINFER_DECODE_BALANCE=auto or =1;
+  // balanced_plan.h): > 0 = the plan is a balanced-kernel plan of this many slots, launched as
+  // paged_decode_balanced_kernel with one CTA per slot; 0 = a WorkItem plan.
   int balance_slots = 0;
 };
 
