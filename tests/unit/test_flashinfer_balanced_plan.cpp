@@ -696,6 +696,13 @@ TEST(FlashInferBalanceRuleTest, SlotsAndAutoChoice) {
   for (int bs = 1; bs < 300; ++bs) {  // grows with bs (graph workspace bounds use max_bs)
     EXPECT_LE(balanced_kernel_slots(bs, pc), balanced_kernel_slots(bs + 1, pc)) << bs;
   }
+  // The experiment knobs' planner bounds do not add slots (nothing would fill them).
+  PlanConfig knobs = pc;
+  knobs.split_long = true;
+  knobs.split_ctas = 264;
+  for (int bs : {1, 8, 16, 40, 100}) {
+    EXPECT_EQ(balanced_kernel_slots(bs, knobs), balanced_kernel_slots(bs, pc)) << bs;
+  }
   PlanConfig mqa = pc;  // 32 q / 1 kv: two q tiles per request
   mqa.num_kv_heads = 1;
   mqa.group = 32;
@@ -732,6 +739,15 @@ TEST(FlashInferBalanceRuleTest, SlotsAndAutoChoice) {
   std::vector<int> b64(64, 2000);
   b64[7] = 40000;
   EXPECT_TRUE(choice(b64).cut);
+  // The judge says it pays (one 3000-key request among 40-key ones: its mean over the 132 SMs is
+  // >= 256 keys), but over the 528 slots of bs 67 a chunk would hold ~85 keys: not cut.
+  std::vector<int> b67(67, 40);
+  b67[0] = 3000;
+  b67[1] = 3000;
+  b67[2] = 3000;
+  const AutoPlanChoice c67 = choice(b67);
+  EXPECT_TRUE(c67.verdict.pays) << c67.verdict.mean_keys << " " << c67.verdict.imbalance;
+  EXPECT_FALSE(c67.cut);
   // Too short to fill (chunks below kMinSplitChunk keys): default kept, slots left empty.
   EXPECT_FALSE(choice({300, 10, 10}).cut);
   EXPECT_FALSE(choice(std::vector<int>(4, 1000)).cut);  // 96 CTAs, 250 keys per slot

@@ -350,6 +350,7 @@ class FlashInferBackend final : public AttentionBackend {
   bool graph_portable_ = false;
   int graph_max_bs_ = 0;
   int64_t graph_items_ = 0;
+  int64_t graph_partial_rows_ = 0;  // partial rows (x num_q_heads) of the graph workspace
   // (mode, bs) of the captured graphs -> the grid (CTAs per kv head) each launches.
   std::map<std::pair<int, int>, int> graph_captured_;
   // Target verify: a prefill-tile plan of bs requests x N drafts (no split); its item count.
@@ -838,6 +839,7 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   // An all-zero plan (no work items) until the first replay writes one.
   ATTNKIT_CUDA_TRY(
       cudaMemset(graph_words_.data(), 0, static_cast<size_t>(words) * sizeof(int32_t)));
+  graph_partial_rows_ = partial_rows;
   const int64_t rows = partial_rows * ctx_.num_q_heads;
   ATTNKIT_RETURN_IF_ERROR(graph_partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
   ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(ctx_.device, rows));
@@ -977,6 +979,11 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     if (bp.slots() != captured->second) {  // the same function of bs: cannot happen
       return Status::internal("flashinfer: replay's balanced plan has " + str(bp.slots()) +
                               " slots, its graph was captured with " + str(captured->second));
+    }
+    if (bp.num_partials > graph_partial_rows_) {  // bounded at init (balanced_plan_bounds)
+      return Status::internal("flashinfer: replay's balanced plan needs " + str(bp.num_partials) +
+                              " partial rows, above the graph workspace's " +
+                              str(graph_partial_rows_));
     }
     bp.serialize(&words_);
     if (static_cast<int64_t>(words_.size()) > graph_words_.capacity) {

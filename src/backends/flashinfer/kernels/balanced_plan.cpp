@@ -263,8 +263,11 @@ BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int
 }
 
 int balanced_kernel_slots(int bs, const PlanConfig& config) {
+  PlanConfig plain = config;  // the plain split planner's bound
+  plain.split_long = false;
+  plain.split_ctas = 0;
   const int64_t heads = std::max(1, config.num_kv_heads);
-  const int64_t bound = max_decode_items(std::max(1, bs), config) * heads;
+  const int64_t bound = max_decode_items(std::max(1, bs), plain) * heads;
   const int64_t cap =
       static_cast<int64_t>(kMaxBalancedSlotsPerTarget) * std::max(config.target_ctas, 1);
   return static_cast<int>(std::clamp<int64_t>(std::min(bound, cap), 1, kMax16));
@@ -276,8 +279,9 @@ AutoPlanChoice choose_auto_plan(const WorkPlan& default_plan, int num_kv_heads, 
   c.verdict = judge_balance(default_plan, num_kv_heads, judge_slots);
   if (slots < 1 || c.verdict.default_ctas == 0) return c;
   const double total = c.verdict.mean_keys * judge_slots;  // keys x heads of the forward
-  c.fill = c.verdict.default_ctas < slots && total / slots >= kMinSplitChunk;
-  c.cut = c.verdict.pays || c.fill;
+  const bool chunks_pay = total / slots >= kMinSplitChunk;
+  c.fill = c.verdict.default_ctas < slots && chunks_pay;
+  c.cut = (c.verdict.pays || c.fill) && chunks_pay;
   return c;
 }
 

@@ -3,8 +3,8 @@
 // or the default plan in its format per forward, choose_auto_plan below; =1 this plan always; see
 // docs/perf/fidecode_notes.md, sessions 10-12): the total KV work of one decode forward, summed
 // over its (request, q tile, kv head) items, is cut into exactly `slots` chunks of equal key counts
-// (slots = SMs x decode CTAs per SM, one CTA per chunk). A chunk may end inside one item and go on
-// with the next, so a CTA walks a list of segments; a segment that is not a whole item writes a
+// (slots = balanced_kernel_slots below, one CTA per chunk). A chunk may end inside one item and go
+// on with the next, so a CTA walks a list of segments; a segment that is not a whole item writes a
 // partial (O, LSE), merged by LSE by the last CTA that finishes one of the item's segments (the
 // fused split merge of paged_decode_sm80.cuh, with the item's part count and partial base instead
 // of the request's).
@@ -62,9 +62,9 @@ inline constexpr int kSegmentWords = static_cast<int>(sizeof(Segment) / sizeof(i
 // Serialised layout (int32 words), in the plan buffer the kernel reads:
 //   [kPlanHeaderWords header][bs RequestPlan][cta_begin: slots + 1 words, padded to a multiple
 //   of 8][segments]
-// header[0] = slots (CTAs with blockIdx.x >= it exit: a CUDA-graph grid may be larger),
-// header[1] = segments, header[2] = kBalancedPlanTag. CTA c walks segments
-// [cta_begin[c], cta_begin[c + 1]).
+// header[0] = slots (the kernel does not read it: its grid is never larger, eager grids may be
+// smaller, stopping at the last slot with segments), header[1] = segments, header[2] =
+// kBalancedPlanTag. CTA c walks segments [cta_begin[c], cta_begin[c + 1]).
 inline constexpr int32_t kBalancedPlanTag = 0x42414c31;  // "BAL1"
 
 struct BalanceConfig {
@@ -152,7 +152,9 @@ BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int
 // (max_decode_items x kv heads: bs x q tiles x heads once bs fills the target, else the target's
 // items x heads), at most kMaxBalancedSlotsPerTarget x config.target_ctas (past that a slot walks
 // several of the default plan's CTAs). So the default plan of a uniform batch of bs >= 16 (8 kv
-// heads, 132 SMs) is one segment per slot, the default kernel's launch exactly. Why a slot must
+// heads, 132 SMs) is one segment per slot, the default kernel's launch exactly. The bound is that
+// of the plain split planner (config.split_long and config.split_ctas are ignored: the experiment
+// knobs would add slots no plan fills). Why a slot must
 // not stay empty: H200 2026-11-23 17:44Z, --launches 10 / --graph --launches 32 (32 q / 8 kv, d
 // 128, page 16): the default plan on 132 slots (4 of them empty at b16) ran b16 kv4k at 89.0 /
 // 93.7 us against 68.8 / 67.4 on the default kernel's 128 CTAs; the same plan launched without its
@@ -166,7 +168,8 @@ int balanced_kernel_slots(int bs, const PlanConfig& config);
 // cut (build_balanced_plan over `slots`) where judge_balance (over the device's `judge_slots`,
 // one per SM) says the default plan leaves SMs waiting on long items, or where the default plan
 // has fewer CTAs than `slots` (fill: bs < 16 with requests too short to split, e.g. b12 kv 4k: 96
-// CTAs on a grid of 128) and the cut chunks keep >= kMinSplitChunk keys; else the default plan in
+// CTAs on a grid of 128), either way only where the cut chunks keep >= kMinSplitChunk keys over
+// `slots` (the judge's own guard counts `judge_slots`, fewer at large bs); else the default plan in
 // the balanced format (balanced_from_work_plan), which then fills every slot or is too short for
 // the cuts to pay. H200 2026-11-23 17:57Z, auto vs the WorkItem kernel (=0), --graph --launches 32
 // / --launches 10: uniform b16 kv4k p1/16/64 bf16 and fp8, b1 kv32k, b8, b64 within 1% (b64 fp8
