@@ -253,8 +253,8 @@ TEST(FlashInferGraphTest, DecodeReplayIsBitIdenticalToEager) {
 TEST(FlashInferGraphTest, CaptureBelowMaxBs) {
   // The captured launch's grid (the last native launch: the capture, after the eager run) is
   // below max_bs rows, which a grid sized by max_bs would reach (max_decode_items(max_bs) >=
-  // max_bs); with the captured bs it is max(bs x q tiles, SMs / kv heads). The default plan's grid
-  // (under ctest FlashInferDecodeBalance a balanced graph launches one CTA per SM).
+  // max_bs); with the captured bs it is max(bs x q tiles, SMs / kv heads). The WorkItem kernel's
+  // grid (=0; the balanced kernel's grid, the default, is balanced_kernel_slots(bs) CTAs).
   test_support::ScopedEnv no_balance("ATTNKIT_FLASHINFER_DECODE_BALANCE", "0");
   const auto grid_below = [](int max_bs) {
     return [max_bs](AttentionBackend& backend) {

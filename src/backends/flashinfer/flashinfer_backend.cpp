@@ -314,7 +314,7 @@ class FlashInferBackend final : public AttentionBackend {
   // (paged_decode_ring_kernel), as in sessions 1-11.
   enum class Balance { kOff, kAlways, kAuto };
   static Balance balance_from_env() {
-    // Default auto since 2026-11-23 (H200 18:2xZ A/B in docs/PERF.md, session 12); 0 = the
+    // Default auto since 2026-11-23 (H200 17:57Z A/B in docs/PERF.md, session 12); 0 = the
     // WorkItem kernel and plan of sessions 1-11 (eager and graphs), 1 = the cut plan everywhere.
     const std::string v =
         env_choice("ATTNKIT_FLASHINFER_DECODE_BALANCE", {"0", "1", "auto"}, "auto");

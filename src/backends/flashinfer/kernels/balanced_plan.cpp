@@ -256,7 +256,8 @@ BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int
   }
   if (slots < 1 || num_kv_heads < 1 || total == 0) return v;
   v.default_ctas *= num_kv_heads;
-  v.mean_keys = static_cast<double>(total) * num_kv_heads / slots;
+  v.total_keys = total * num_kv_heads;
+  v.mean_keys = static_cast<double>(v.total_keys) / slots;
   v.imbalance = static_cast<double>(longest) / v.mean_keys;
   v.pays = v.mean_keys >= kMinSplitChunk && v.imbalance >= kMinImbalance;
   return v;
@@ -278,8 +279,7 @@ AutoPlanChoice choose_auto_plan(const WorkPlan& default_plan, int num_kv_heads, 
   AutoPlanChoice c;
   c.verdict = judge_balance(default_plan, num_kv_heads, judge_slots);
   if (slots < 1 || c.verdict.default_ctas == 0) return c;
-  const double total = c.verdict.mean_keys * judge_slots;  // keys x heads of the forward
-  const bool chunks_pay = total / slots >= kMinSplitChunk;
+  const bool chunks_pay = static_cast<double>(c.verdict.total_keys) / slots >= kMinSplitChunk;
   c.fill = c.verdict.default_ctas < slots && chunks_pay;
   c.cut = (c.verdict.pays || c.fill) && chunks_pay;
   return c;

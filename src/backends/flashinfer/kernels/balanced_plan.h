@@ -108,20 +108,6 @@ struct BalancedBounds {
 };
 BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config);
 
-// The judge of choose_auto_plan (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto, the default; eager and
-// graph replays alike, both on the balanced kernel, the other choice being the default plan in
-// its format, balanced_from_work_plan): the balanced plan where the default (split-KV) plan
-// leaves SMs waiting on long items. With T the forward's keys over all its CTAs (items x kv heads),
-// mean = T / slots and imbalance = the longest default item's keys / mean, the balanced plan pays
-// when mean >= kMinSplitChunk keys (below that the fixed cost dominates both plans) and imbalance
-// >= 1.5 (one item far above the per-slot share). H200 2026-11-23 (32 q / 8 kv heads, d 128, page
-// 16, one round each; balanced vs default plan): eager back-to-back (15:46Z): b16 32768 + 15 x 1024
-// (imbalance 11.2) 364.8 -> 62.3 us; b16 633..7258 keys (1.86) 93.3 -> 85.0 us; b12 / b14 / b15
-// kv4k (1.38 / 1.18 / 1.10) 58.9 / 65.0 / 68.4 -> 61.3 / 69.3 / 72.8 us (-4 to -6%: default kept).
-// Graph replays (15:34Z, --graph
-// --launches 32): uniform b16 kv4k (1.03) -8%, fp8 -24%, b8 -13%, b1 kv32k -18%; b32 438..3779
-// keys (256 CTAs, 0.94) -10%. (In graphs b12-b15 gained 24-29%, but there the default plan's
-// replay is itself 25-30% slower than eager, 76.7 vs 58.9 us at b12: a graph effect, not balance.)
 // The default (split-KV) plan `wp` in the balanced plan's format, so that
 // paged_decode_balanced_kernel runs it: the default grid's CTA k = item x num_kv_heads + kv head
 // (heads fastest, as launched) becomes one segment of slot k % slots (round-robin; a slot walks
@@ -139,10 +125,25 @@ Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceCo
 // plans have at most `items` items (max_decode_items).
 int64_t encoded_plan_words(int max_bs, int64_t items, const BalanceConfig& config);
 
+// The judge of choose_auto_plan (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto, the default; eager and
+// graph replays alike, both on the balanced kernel, the other choice being the default plan in
+// its format, balanced_from_work_plan): the balanced plan where the default (split-KV) plan
+// leaves SMs waiting on long items. With T the forward's keys over all its CTAs (items x kv heads),
+// mean = T / slots and imbalance = the longest default item's keys / mean, the balanced plan pays
+// when mean >= kMinSplitChunk keys (below that the fixed cost dominates both plans) and imbalance
+// >= 1.5 (one item far above the per-slot share). H200 2026-11-23 (32 q / 8 kv heads, d 128, page
+// 16, one round each; balanced vs default plan): eager back-to-back (15:46Z): b16 32768 + 15 x 1024
+// (imbalance 11.2) 364.8 -> 62.3 us; b16 633..7258 keys (1.86) 93.3 -> 85.0 us; b12 / b14 / b15
+// kv4k (1.38 / 1.18 / 1.10) 58.9 / 65.0 / 68.4 -> 61.3 / 69.3 / 72.8 us (-4 to -6%: default kept).
+// Graph replays (15:34Z, --graph --launches 32): uniform b16 kv4k (1.03) -8%, fp8 -24%, b8 -13%,
+// b1 kv32k -18%; b32 438..3779 keys (256 CTAs, 0.94) -10%. (In graphs b12-b15 gained 24-29%, but
+// there the default plan's replay is itself 25-30% slower than eager, 76.7 vs 58.9 us at b12: its
+// padding CTAs, found in session 12, balanced_kernel_slots.)
 struct BalanceVerdict {
   bool pays = false;
   double imbalance = 0;      // longest default item / mean (0 without keys)
   double mean_keys = 0;      // T / slots
+  int64_t total_keys = 0;    // T: the default items' keys x kv heads
   int64_t default_ctas = 0;  // default items x kv heads
 };
 BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int slots);
@@ -154,13 +155,12 @@ BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int
 // several of the default plan's CTAs). So the default plan of a uniform batch of bs >= 16 (8 kv
 // heads, 132 SMs) is one segment per slot, the default kernel's launch exactly. The bound is that
 // of the plain split planner (config.split_long and config.split_ctas are ignored: the experiment
-// knobs would add slots no plan fills). Why a slot must
-// not stay empty: H200 2026-11-23 17:44Z, --launches 10 / --graph --launches 32 (32 q / 8 kv, d
-// 128, page 16): the default plan on 132 slots (4 of them empty at b16) ran b16 kv4k at 89.0 /
-// 93.7 us against 68.8 / 67.4 on the default kernel's 128 CTAs; the same plan launched without its
-// trailing empty slots (eager) 68.5 us; without PDL 71.4 / 69.6 us. Empty CTAs in a
-// PDL-chained grid cost 20-35% (b8-b16, b1); making them wait for the previous grid before they
-// exit does not help (77.2 vs 77.6 us at b12).
+// knobs would add slots no plan fills). Why a slot must not stay empty: H200 2026-11-23 17:44Z,
+// --launches 10 / --graph --launches 32 (32 q / 8 kv, d 128, page 16): the default plan on 132
+// slots (4 of them empty at b16) ran b16 kv4k at 89.0 / 93.7 us against 68.8 / 67.4 on the default
+// kernel's 128 CTAs; the same plan launched without its trailing empty slots (eager) 68.5 us;
+// without PDL 71.4 / 69.6 us. Empty CTAs in a PDL-chained grid cost 20-35% (b8-b16, b1); making
+// them wait for the previous grid before they exit does not help (77.2 vs 77.6 us at b12).
 inline constexpr int kMaxBalancedSlotsPerTarget = 4;
 int balanced_kernel_slots(int bs, const PlanConfig& config);
 
