@@ -27,7 +27,9 @@ struct Item {
 void BalancedPlan::serialize(std::vector<int32_t>* words) const {
   const int64_t bs = static_cast<int64_t>(requests.size());
   const int64_t n = static_cast<int64_t>(segments.size());
-  words->assign(static_cast<size_t>(words_for(bs, slots(), n)), 0);
+  // At least one segment per slot (zeros past n): the kernel loads segment blockIdx.x beside
+  // cta_begin before it knows its range (paged_decode_balanced_kernel), so it stays in bounds.
+  words->assign(static_cast<size_t>(words_for(bs, slots(), std::max<int64_t>(n, slots()))), 0);
   (*words)[0] = slots();
   (*words)[1] = static_cast<int32_t>(n);
   (*words)[2] = kBalancedPlanTag;
@@ -172,7 +174,7 @@ BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config) {
   const int64_t items =
       static_cast<int64_t>(std::max(0, max_bs)) * q_tiles * std::max(1, config.num_kv_heads);
   const int64_t cuts = std::max(0, config.slots - 1);
-  b.segments = items + cuts;
+  b.segments = std::max<int64_t>(items + cuts, std::max(1, config.slots));  // >= 1 per slot
   b.partials = std::min(2 * cuts, b.segments);
   b.words = BalancedPlan::words_for(max_bs, config.slots, b.segments);
   return b;
@@ -239,8 +241,9 @@ Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceCo
 }
 
 int64_t encoded_plan_words(int max_bs, int64_t items, const BalanceConfig& config) {
-  return BalancedPlan::words_for(std::max(0, max_bs), config.slots,
-                                 items * std::max(1, config.num_kv_heads));
+  return BalancedPlan::words_for(
+      std::max(0, max_bs), config.slots,
+      std::max<int64_t>(items * std::max(1, config.num_kv_heads), config.slots));
 }
 
 BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int slots) {

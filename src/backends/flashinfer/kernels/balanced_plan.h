@@ -100,7 +100,8 @@ Result<BalancedPlan> build_balanced_plan(std::span<const PlanRequest> requests,
 
 // Workspace bounds for up to max_bs requests (CUDA graphs: the buffers are sized once): each of
 // the slots - 1 cuts adds at most one segment to the items, and a cut item has at most (its cuts
-// + 1) partials, so partials <= 2 (slots - 1).
+// + 1) partials, so partials <= 2 (slots - 1); the serialised plan holds at least one segment per
+// slot (BalancedPlan::serialize pads with zeros).
 struct BalancedBounds {
   int64_t segments = 0;
   int64_t partials = 0;
@@ -161,7 +162,13 @@ BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int
 // kernel's 128 CTAs; the same plan launched without its trailing empty slots (eager) 68.5 us;
 // without PDL 71.4 / 69.6 us. Empty CTAs in a PDL-chained grid cost 20-35% (b8-b16, b1); making
 // them wait for the previous grid before they exit does not help (77.2 vs 77.6 us at b12).
-inline constexpr int kMaxBalancedSlotsPerTarget = 4;
+// Why the cap is 16 (2112 slots on an H200: one slot per default CTA up to bs 264 at 8 kv heads):
+// at 4 (528 slots) the encoded default plans of larger batches walked 2-4 CTAs per slot round-robin
+// instead of the hardware's dynamic scheduling, H200 2026-11-23 19:19Z, --graph --launches 32:
+// uneven b128 U[256, 4096] 308.2 vs 282.2 us on the WorkItem kernel (-9%), b256 U[128, 2048]
+// 294.3 vs 278.8 (-5.5%); at 16 (19:42Z, another H200): 286.7 vs 288.0 and 283.7 vs 284.4. Cut
+// plans' partials grow with the slots (<= 2 (slots - 1), balanced_plan_bounds).
+inline constexpr int kMaxBalancedSlotsPerTarget = 16;
 int balanced_kernel_slots(int bs, const PlanConfig& config);
 
 // The plan of a decode forward on the balanced kernel (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto):

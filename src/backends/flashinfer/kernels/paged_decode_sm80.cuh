@@ -296,7 +296,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 // normalised partial and log2 LSE to partial row partial_base + part and counts itself on the
 // item's split counter; the item's last part merges (merge_splits with the item's part count).
 // No CTA waits for another, so any residency is deadlock-free. The next segment's prologue
-// (segment, page-table row, first slot words) starts after this one's epilogue: not prefetched.
+// (segment, page-table row, first slot words) starts after this one's epilogue: not prefetched
+// (the first segment is, where it is segment blockIdx.x).
 template <typename Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     paged_decode_balanced_kernel(const __grid_constant__ PagedParams p) {
@@ -311,12 +312,21 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const int32_t* cta_begin = p.plan + kPlanHeaderWords + p.bs * kRequestWords;
   const Segment* segments = reinterpret_cast<const Segment*>(
       cta_begin + BalancedPlan::cta_begin_words_for(p.balance_slots));
+  // Segment blockIdx.x is loaded beside cta_begin, before the range is known (the plan holds at
+  // least one segment per slot, BalancedPlan::serialize): where the slot's first segment is that
+  // one (every encoded default plan with one CTA per slot), its loads wait one round trip less.
+  const Segment first = segments[blockIdx.x];
   const int seg_lo = cta_begin[blockIdx.x];
   const int seg_hi = cta_begin[blockIdx.x + 1];
   const QT* q = static_cast<const QT*>(p.q);
   const int q_tiles = (p.group + cuda::ring::kRows - 1) / cuda::ring::kRows;  // decode: q_len 1
   for (int i = seg_lo; i < seg_hi; ++i) {
-    const Segment seg = segments[i];
+    Segment seg;
+    if (i == static_cast<int>(blockIdx.x)) {
+      seg = first;
+    } else {
+      seg = segments[i];
+    }
     const int32_t* table = p.req_to_token + static_cast<int64_t>(p.req_pool_indices[seg.request]) *
                                                 p.req_to_token_stride;
     const int kv_head = seg.kv_head;
