@@ -587,6 +587,63 @@ TEST(FlashInferBalancedPlan, BoundsHoldForEveryBatchUpToMax) {
   }
 }
 
+// The graph workspace of init_cuda_graph_state at large max_bs (the slot cap, 16 x target CTAs):
+// every cut and encoded plan of bs <= max_bs requests, on the slots of its own bs, fits the bounds
+// of max_bs (segments, partial rows, words), as a replay of a smaller captured bs needs; GQA 32 / 8
+// and MQA 32 / 1 (two q tiles per request).
+TEST(FlashInferBalancedPlan, BoundsHoldAtTheSlotCap) {
+  std::mt19937 rng(13);
+  for (const int kv_heads : {8, 1}) {
+    BalanceConfig base = h200();
+    base.num_kv_heads = kv_heads;
+    base.group = 32 / kv_heads;
+    const PlanConfig pc = plan_config_of(base);  // the default planner's target: 132 CTAs
+    for (const int max_bs : {256, 1024}) {
+      BalanceConfig maxc = base;
+      maxc.slots = balanced_kernel_slots(max_bs, pc);
+      if (kv_heads == 8) EXPECT_EQ(maxc.slots, max_bs == 256 ? 2048 : 2112);
+      const BalancedBounds bounds = balanced_plan_bounds(max_bs, maxc);
+      const int64_t items = max_decode_items(max_bs, pc);
+      const int64_t words = std::max(bounds.words, encoded_plan_words(max_bs, items, maxc));
+      const int64_t partial_rows = std::max(items, bounds.partials);
+      for (const int bs : {1, 17, 100, 263, 264, 265, max_bs}) {
+        if (bs > max_bs) continue;
+        BalanceConfig bc = base;
+        bc.slots = balanced_kernel_slots(bs, pc);
+        ASSERT_LE(bc.slots, maxc.slots);
+        for (int shape = 0; shape < 3; ++shape) {
+          std::vector<int> lens(static_cast<size_t>(bs), 1000);
+          if (shape == 1) lens[static_cast<size_t>(bs / 2)] = 200000;
+          if (shape == 2) {
+            for (int& l : lens) l = 1 + static_cast<int>(rng() % 9000);
+          }
+          SCOPED_TRACE("kv heads " + std::to_string(kv_heads) + " max_bs " +
+                       std::to_string(max_bs) + " bs " + std::to_string(bs) + " shape " +
+                       std::to_string(shape));
+          const auto reqs = decode_requests(lens);
+          std::vector<int32_t> w;
+          const BalancedPlan cut = plan_or_die(reqs, bc);
+          EXPECT_LE(static_cast<int64_t>(cut.segments.size()), bounds.segments);
+          EXPECT_LE(cut.num_partials, partial_rows);
+          cut.serialize(&w);
+          EXPECT_LE(static_cast<int64_t>(w.size()), words);
+          EXPECT_EQ(static_cast<int64_t>(w.size()),
+                    BalancedPlan::words_for(
+                        bs, bc.slots,
+                        std::max<int64_t>(static_cast<int64_t>(cut.segments.size()), bc.slots)));
+          Result<WorkPlan> wp = build_work_plan(reqs, pc);
+          ASSERT_TRUE(wp.is_ok()) << wp.status().to_string();
+          Result<BalancedPlan> enc = balanced_from_work_plan(*wp, bc);
+          ASSERT_TRUE(enc.is_ok()) << enc.status().to_string();
+          EXPECT_LE(enc->num_partials, partial_rows);
+          enc->serialize(&w);
+          EXPECT_LE(static_cast<int64_t>(w.size()), words);
+        }
+      }
+    }
+  }
+}
+
 // judge_balance (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto): the measured H200 batches of the header,
 // each with the default plan the backend would build (132 SMs, 32 q / 8 kv heads).
 BalanceVerdict judge(const std::vector<int>& lens) {

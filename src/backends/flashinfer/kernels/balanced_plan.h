@@ -153,10 +153,11 @@ BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int
 // that a replay plans exactly what eager plans): the default planner's CTA bound for bs requests
 // (max_decode_items x kv heads: bs x q tiles x heads once bs fills the target, else the target's
 // items x heads), at most kMaxBalancedSlotsPerTarget x config.target_ctas (past that a slot walks
-// several of the default plan's CTAs). So the default plan of a uniform batch of bs >= 16 (8 kv
-// heads, 132 SMs) is one segment per slot, the default kernel's launch exactly. The bound is that
-// of the plain split planner (config.split_long and config.split_ctas are ignored: the experiment
-// knobs would add slots no plan fills). Why a slot must not stay empty: H200 2026-11-23 17:44Z,
+// several of the default plan's CTAs). So the default plan of a uniform batch of 16 <= bs <= 264
+// (8 kv heads, 132 SMs) is one segment per slot, the default kernel's launch exactly. The bound is
+// that of the plain split planner (config.split_long and config.split_ctas are ignored: the
+// experiment knobs would add slots no plan fills). Why a slot must not stay empty: H200 2026-11-23
+// 17:44Z,
 // --launches 10 / --graph --launches 32 (32 q / 8 kv, d 128, page 16): the default plan on 132
 // slots (4 of them empty at b16) ran b16 kv4k at 89.0 / 93.7 us against 68.8 / 67.4 on the default
 // kernel's 128 CTAs; the same plan launched without its trailing empty slots (eager) 68.5 us;

@@ -54,11 +54,12 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
 // (2) per row the max, the weights (0 for a split that saw no key) and their sum with the sink; (3)
 // per (row, 4 columns) the weighted sum of the partials (ld.global.cg: written by other CTAs of
 // this launch), up to 16 partial loads in flight per thread. `scratch`: the CTA's shared memory
-// (Tr::kSmemBytes), free after attend; it holds the weights of up to ~1700 splits (the planner
-// makes at most one wave of CTAs); past that the weights are recomputed from the LSEs in global
-// memory. `head_of(r)` / `token_of(r)`: q head / token of packed row r.
-// `num_splits` / `partial_base`: the request's (RequestPlan) or, in the balanced plan, the item's
-// (Segment::parts / partial_base).
+// (Tr::kSmemBytes), free after attend; it holds the weights of up to ~1700 splits (the default
+// planner makes at most one wave of CTAs; a balanced cut plan's item can have up to ~slots / (kv
+// heads x q tiles) + 1 parts, past 1700 only with one kv head and ~1700+ requests at the 2112-slot
+// cap); past that the weights are recomputed from the LSEs in global memory (slower, correct).
+// `head_of(r)` / `token_of(r)`: q head / token of packed row r. `num_splits` / `partial_base`: the
+// request's (RequestPlan) or, in the balanced plan, the item's (Segment::parts / partial_base).
 template <typename Tr, typename HeadFn, typename TokenFn>
 __device__ __forceinline__ void merge_splits(const PagedParams& p, int num_splits, int partial_base,
                                              int rows, HeadFn head_of, TokenFn token_of,
@@ -315,14 +316,20 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   // Segment blockIdx.x is loaded beside cta_begin, before the range is known (the plan holds at
   // least one segment per slot, BalancedPlan::serialize): where the slot's first segment is that
   // one (every encoded default plan with one CTA per slot), its loads wait one round trip less.
-  const Segment first = segments[blockIdx.x];
+  // Head dim 128 only, where it was measured (H200 2026-11-23 19:42Z, docs/PERF.md Session 13):
+  // the copy costs registers (ptxas sm_90a, d 128: 196 -> 204 bf16 KV, 219 -> 227 fp8; d 80 / 96
+  // +23-38, up to 250-254 of 255 at d 96 on sm_80), and the d 256 kernel, at 255 already, spilled
+  // 12 B with it.
+  constexpr bool kSpeculate = Tr::kHeadDim == 128;
+  Segment first{};
+  if constexpr (kSpeculate) first = segments[blockIdx.x];
   const int seg_lo = cta_begin[blockIdx.x];
   const int seg_hi = cta_begin[blockIdx.x + 1];
   const QT* q = static_cast<const QT*>(p.q);
   const int q_tiles = (p.group + cuda::ring::kRows - 1) / cuda::ring::kRows;  // decode: q_len 1
   for (int i = seg_lo; i < seg_hi; ++i) {
     Segment seg;
-    if (i == static_cast<int>(blockIdx.x)) {
+    if (kSpeculate && i == static_cast<int>(blockIdx.x)) {
       seg = first;
     } else {
       seg = segments[i];
