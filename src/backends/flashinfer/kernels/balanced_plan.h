@@ -156,13 +156,13 @@ BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int
 // several of the default plan's CTAs). So the default plan of a uniform batch of 16 <= bs <= 264
 // (8 kv heads, 132 SMs) is one segment per slot, the default kernel's launch exactly. The bound is
 // that of the plain split planner (config.split_long and config.split_ctas are ignored: the
-// experiment knobs would add slots no plan fills). Why a slot must not stay empty: H200 2026-11-23
-// 17:44Z,
-// --launches 10 / --graph --launches 32 (32 q / 8 kv, d 128, page 16): the default plan on 132
-// slots (4 of them empty at b16) ran b16 kv4k at 89.0 / 93.7 us against 68.8 / 67.4 on the default
-// kernel's 128 CTAs; the same plan launched without its trailing empty slots (eager) 68.5 us;
-// without PDL 71.4 / 69.6 us. Empty CTAs in a PDL-chained grid cost 20-35% (b8-b16, b1); making
-// them wait for the previous grid before they exit does not help (77.2 vs 77.6 us at b12).
+// experiment knobs would add slots no plan fills). Why a slot must not stay empty (H200
+// 2026-11-23 17:44Z, eager `--launches 10` / `--graph --launches 32`, 32 q / 8 kv, d 128, page
+// 16): the default plan on 132 slots (4 of them empty at b16) ran b16 kv4k at 89.0 / 93.7 us
+// against 68.8 / 67.4 on the default kernel's 128 CTAs; the same plan launched without its
+// trailing empty slots (eager) 68.5 us; without PDL 71.4 / 69.6 us. Empty CTAs in a PDL-chained
+// grid cost 20-35% (b8-b16, b1); making them wait for the previous grid before they exit does not
+// help (77.2 vs 77.6 us at b12).
 // Why the cap is 16 (2112 slots on an H200: one slot per default CTA up to bs 264 at 8 kv heads):
 // at 4 (528 slots) the encoded default plans of larger batches walked 2-4 CTAs per slot round-robin
 // instead of the hardware's dynamic scheduling, H200 2026-11-23 19:19Z, --graph --launches 32:
