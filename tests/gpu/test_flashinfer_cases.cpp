@@ -333,6 +333,30 @@ TEST(FlashInferBalanceTest, GraphReplayIsBitIdenticalToEager) {
                       balanced);
 }
 
+// The graph workspace of the default (auto) decode at a serving engine's max_bs of 256: a cut plan
+// (one 32k request among fifteen 1k ones), an encoded default plan with a split request (b1 20k)
+// and one with two q tiles per kv head (32 q / 1 kv heads, d 64: W = 16 entries per partial row)
+// replay bit-identical to eager from partial rows sized by balanced_graph_partial_entries, which
+// at 32 q / 8 kv heads, d 128 hold <= 9 MiB (2048 slots: 4094 rows of 4 entries; in the WorkItem
+// kernel's Hq-wide rows it was 64 MiB, session 13's review).
+TEST(FlashInferBalanceTest, GraphWorkspaceAtLargeMaxBs) {
+  test_support::ScopedEnv knob("ATTNKIT_FLASHINFER_DECODE_BALANCE", "auto");
+  const auto small_workspace = [](AttentionBackend& backend) {
+    const FlashInferStats* stats = flashinfer_stats(backend);
+    ASSERT_NE(stats, nullptr);
+    EXPECT_GT(stats->graph_partial_bytes, 0);
+    EXPECT_LE(stats->graph_partial_bytes, int64_t{9} << 20);
+  };
+  std::vector<int> lens(16, 1024);
+  lens[0] = 32768;
+  graph_matches_eager(long_decode("ws_cut", lens, 16, DType::kBF16), {}, small_workspace, 256);
+  graph_matches_eager(long_decode("ws_b1", {20000}, 16, DType::kBF16), {}, small_workspace, 256);
+  CaseSpec c = long_decode("ws_mqa", {9000, 33, 2000}, 16, DType::kBF16);
+  c.num_kv_heads = 1;
+  c.head_dim = c.v_head_dim = 64;
+  graph_matches_eager(c, {}, {}, 256);
+}
+
 // The auto rule (ATTNKIT_FLASHINFER_DECODE_BALANCE=auto, the default; balanced_plan.h
 // choose_auto_plan): the cut plan for one 32k request among fifteen 1k ones (bf16; fp8 with sinks
 // over pages of 64) and for uniform b12 kv 4k (96 default CTAs on 128 slots: cut to fill), the

@@ -351,7 +351,8 @@ TEST(FlashInferBalancedPlan, RandomBatches) {
 }
 
 // The segments' partials merged by LSE the way the decode kernel does (paged_decode_sm80.cuh: a
-// part writes O / d and log2 LSE m + log2 d to partial row partial_base + part; the item's merge
+// part writes O / d and log2 LSE m + log2 d of packed row r to partial entry (partial_base + part)
+// x W + r, W = balanced_partial_width; the item's merge
 // weighs rows partial_base .. partial_base + parts - 1 by 2^(lse - max) with the sink in the
 // denominator; a whole item writes out itself) reproduce full softmax attention, in fp64 on random
 // data, with sinks and a sliding window (parts wholly before the window have LSE -inf).
@@ -362,7 +363,7 @@ TEST(FlashInferBalancedPlan, MergedSegmentsReproduceFullAttention) {
   for (int trial = 0; trial < 40; ++trial) {
     BalanceConfig cfg;
     cfg.num_kv_heads = 3;
-    cfg.group = 2;
+    cfg.group = trial % 8 == 7 ? 20 : 2;  // 20: two q tiles of 16 + 4 packed rows per request
     cfg.slots = std::vector<int>{1, 5, 17, 132}[static_cast<size_t>(trial % 4)];
     cfg.granule = std::vector<int>{1, 16}[static_cast<size_t>(trial % 2)];
     const int bs = std::uniform_int_distribution<int>(1, 6)(rng);
@@ -410,17 +411,22 @@ TEST(FlashInferBalancedPlan, MergedSegmentsReproduceFullAttention) {
     for (int encoded = 0; encoded < 2; ++encoded) {
       const BalancedPlan plan = encoded != 0 ? encode_or_die(reqs, cfg) : plan_or_die(reqs, cfg);
       SCOPED_TRACE(encoded != 0 ? "encoded default plan" : "balanced plan");
-      // out[r][head][x]; partial rows: (row, head) -> (O[D], lse).
+      // out[r][head][x]; partial entries ((row x W + packed row) -> (O[D], lse)): two items
+      // writing one entry (e.g. kv heads sharing a row, the WorkItem kernel's layout) fail.
       std::vector<double> out(static_cast<size_t>(bs * hq * kD),
                               std::numeric_limits<double>::quiet_NaN());
-      std::map<std::pair<int, int>, std::pair<std::vector<double>, double>> partial;
+      const int64_t width = balanced_partial_width(cfg.group);
+      const auto entry = [&](int64_t row, int g) { return row * width + g; };
+      std::map<int64_t, std::pair<std::vector<double>, double>> partial;
       for (const Segment& s : plan.segments) {
         const int r = s.request;
         int b = s.kv_begin;
         const int e = std::min(s.kv_end, s.req_kv_len);
         if (window >= 0) b = std::max(b, s.req_kv_len - 1 - window);
-        for (int g = 0; g < cfg.group; ++g) {
-          const int head = s.kv_head * cfg.group + g;
+        // Packed row g of the tile is q head kv_head x group + q_row_begin + g.
+        const int tile_rows = std::min(kDecodeTileRows, cfg.group - s.q_row_begin);
+        for (int g = 0; g < tile_rows; ++g) {
+          const int head = s.kv_head * cfg.group + s.q_row_begin + g;
           double m = -std::numeric_limits<double>::infinity(), d = 0;
           std::vector<double> acc(kD, 0.0);
           for (int key = b; key < e; ++key) m = std::max(m, logit2(r, head, key));
@@ -432,10 +438,10 @@ TEST(FlashInferBalancedPlan, MergedSegmentsReproduceFullAttention) {
           if (s.parts > 1) {
             for (double& a : acc) a = d > 0 ? a / d : 0;
             const double lse = d > 0 ? m + std::log2(d) : no_sink;
-            ASSERT_TRUE(partial
-                            .emplace(std::make_pair(s.partial_base + s.part, head),
-                                     std::make_pair(acc, lse))
-                            .second);
+            ASSERT_LT(s.partial_base + s.part, plan.num_partials);
+            ASSERT_TRUE(
+                partial.emplace(entry(s.partial_base + s.part, g), std::make_pair(acc, lse)).second)
+                << "partial entry written twice";
             continue;
           }
           const double m2 = std::max(m, sink2(head));
@@ -450,16 +456,17 @@ TEST(FlashInferBalancedPlan, MergedSegmentsReproduceFullAttention) {
       // The merges (one per cut item: its part 0 segment names it).
       for (const Segment& s : plan.segments) {
         if (s.parts < 2 || s.part != 0) continue;
-        for (int g = 0; g < cfg.group; ++g) {
-          const int head = s.kv_head * cfg.group + g;
+        const int tile_rows = std::min(kDecodeTileRows, cfg.group - s.q_row_begin);
+        for (int g = 0; g < tile_rows; ++g) {
+          const int head = s.kv_head * cfg.group + s.q_row_begin + g;
           double mx = sink2(head);
           for (int p = 0; p < s.parts; ++p) {
-            mx = std::max(mx, partial.at({s.partial_base + p, head}).second);
+            mx = std::max(mx, partial.at(entry(s.partial_base + p, g)).second);
           }
           double den = sinks ? std::exp2(sink2(head) - mx) : 0;
           std::vector<double> acc(kD, 0.0);
           for (int p = 0; p < s.parts; ++p) {
-            const auto& [o, lse] = partial.at({s.partial_base + p, head});
+            const auto& [o, lse] = partial.at(entry(s.partial_base + p, g));
             const double w = lse == no_sink ? 0 : std::exp2(lse - mx);
             den += w;
             for (int x = 0; x < kD; ++x)
@@ -605,7 +612,13 @@ TEST(FlashInferBalancedPlan, BoundsHoldAtTheSlotCap) {
       const BalancedBounds bounds = balanced_plan_bounds(max_bs, maxc);
       const int64_t items = max_decode_items(max_bs, pc);
       const int64_t words = std::max(bounds.words, encoded_plan_words(max_bs, items, maxc));
-      const int64_t partial_rows = std::max(items, bounds.partials);
+      // Partial entries (rows x their width, balanced_plan.h): the graph workspace's.
+      const int64_t entries = balanced_graph_partial_entries(items, maxc, bounds);
+      const int64_t width = balanced_partial_width(base.group);
+      if (kv_heads == 8 && max_bs == 256) {  // the header's worked example: 8 MiB at d 128
+        EXPECT_EQ(items, 256);
+        EXPECT_EQ(entries, 16376);
+      }
       for (const int bs : {1, 17, 100, 263, 264, 265, max_bs}) {
         if (bs > max_bs) continue;
         BalanceConfig bc = base;
@@ -624,7 +637,7 @@ TEST(FlashInferBalancedPlan, BoundsHoldAtTheSlotCap) {
           std::vector<int32_t> w;
           const BalancedPlan cut = plan_or_die(reqs, bc);
           EXPECT_LE(static_cast<int64_t>(cut.segments.size()), bounds.segments);
-          EXPECT_LE(cut.num_partials, partial_rows);
+          EXPECT_LE(cut.num_partials * width, entries);
           cut.serialize(&w);
           EXPECT_LE(static_cast<int64_t>(w.size()), words);
           EXPECT_EQ(static_cast<int64_t>(w.size()),
@@ -635,7 +648,8 @@ TEST(FlashInferBalancedPlan, BoundsHoldAtTheSlotCap) {
           ASSERT_TRUE(wp.is_ok()) << wp.status().to_string();
           Result<BalancedPlan> enc = balanced_from_work_plan(*wp, bc);
           ASSERT_TRUE(enc.is_ok()) << enc.status().to_string();
-          EXPECT_LE(enc->num_partials, partial_rows);
+          EXPECT_LE(enc->num_partials * width, entries);
+          EXPECT_LE(int64_t{wp->num_partials} * 32, entries);  // the WorkItem kernel, Hq wide
           enc->serialize(&w);
           EXPECT_LE(static_cast<int64_t>(w.size()), words);
         }
@@ -653,7 +667,8 @@ BalanceVerdict judge(const std::vector<int>& lens) {
 }
 
 // balanced_from_work_plan: slot c walks the default grid's CTAs c, c + slots, ... (CTA k = item x
-// kv heads + head), every CTA exactly once, split chunks keep the request's parts / partial rows.
+// kv heads + head), every CTA exactly once, split chunks keep the request's parts, each item of a
+// split request gets its own num_splits partial rows (balanced_partial_width wide).
 TEST(FlashInferBalancedPlan, EncodedDefaultPlanLayout) {
   BalanceConfig cfg = h200();
   for (const std::vector<int>& lens :
@@ -664,7 +679,9 @@ TEST(FlashInferBalancedPlan, EncodedDefaultPlanLayout) {
     const int64_t ctas = static_cast<int64_t>(wp.items.size()) * cfg.num_kv_heads;
     ASSERT_EQ(static_cast<int64_t>(bp.segments.size()), ctas);
     ASSERT_EQ(bp.slots(), cfg.slots);
-    EXPECT_EQ(bp.num_partials, wp.num_partials);
+    const int q_tiles = (cfg.group + kDecodeTileRows - 1) / kDecodeTileRows;
+    EXPECT_EQ(bp.num_partials, wp.num_partials * q_tiles * cfg.num_kv_heads);
+    std::vector<int> row_owner(static_cast<size_t>(bp.num_partials), -1);
     for (int c = 0; c < cfg.slots; ++c) {
       int64_t k = c;
       for (int32_t i = bp.cta_begin[static_cast<size_t>(c)];
@@ -679,10 +696,23 @@ TEST(FlashInferBalancedPlan, EncodedDefaultPlanLayout) {
         EXPECT_EQ(s.kv_end, it.kv_end);
         EXPECT_EQ(s.parts, req.num_splits);
         EXPECT_EQ(s.part, req.num_splits > 1 ? it.split : 0);
-        EXPECT_EQ(s.partial_base, req.num_splits > 1 ? req.partial_base : 0);
+        if (req.num_splits > 1) {
+          const int item = (s.q_row_begin / kDecodeTileRows) * cfg.num_kv_heads + s.kv_head;
+          EXPECT_EQ(s.partial_base,
+                    (req.partial_base * q_tiles * cfg.num_kv_heads) + item * req.num_splits);
+          const int row = s.partial_base + s.part;
+          ASSERT_LT(row, bp.num_partials);
+          EXPECT_EQ(row_owner[static_cast<size_t>(row)], -1) << "partial row " << row << " shared";
+          row_owner[static_cast<size_t>(row)] = static_cast<int>(i);
+        } else {
+          EXPECT_EQ(s.partial_base, 0);
+        }
         EXPECT_EQ(s.req_kv_len, req.kv_len);
       }
       EXPECT_GE(k, ctas) << "slot " << c << " missed a CTA";
+    }
+    for (size_t row = 0; row < row_owner.size(); ++row) {
+      EXPECT_NE(row_owner[row], -1) << "partial row " << row << " unused";
     }
     // Serialised within the graph bound of max_bs = bs.
     std::vector<int32_t> words;
@@ -698,6 +728,21 @@ TEST(FlashInferBalancedPlan, EncodedDefaultPlanLayout) {
   Result<BalancedPlan> r = balanced_from_work_plan(WorkPlan{}, bad);
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().to_string().find("slots 0"), std::string::npos) << r.status().to_string();
+  // Partial entries the kernel could not index in 32 bits (2^28 Hq-wide rows -> 2^31 rows of 4).
+  WorkPlan huge;
+  RequestPlan req;
+  req.q_len = 1;
+  req.kv_len = 4096;
+  req.num_splits = 2;
+  huge.requests.push_back(req);
+  WorkItem item;
+  item.request = 0;
+  item.kv_end = 2048;
+  huge.items.push_back(item);
+  huge.num_partials = 1 << 28;
+  r = balanced_from_work_plan(huge, cfg);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().to_string().find("pass 2^31"), std::string::npos) << r.status().to_string();
 }
 
 TEST(FlashInferBalanceRuleTest, MeasuredBatches) {

@@ -350,7 +350,7 @@ class FlashInferBackend final : public AttentionBackend {
   bool graph_portable_ = false;
   int graph_max_bs_ = 0;
   int64_t graph_items_ = 0;
-  int64_t graph_partial_rows_ = 0;  // partial rows (x num_q_heads) of the graph workspace
+  int64_t graph_partial_entries_ = 0;  // partial entries (LSE floats) of the graph workspace
   // (mode, bs) of the captured graphs -> the grid (CTAs per kv head) each launches.
   std::map<std::pair<int, int>, int> graph_captured_;
   // Target verify: a prefill-tile plan of bs requests x N drafts (no split); its item count.
@@ -451,14 +451,15 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   }
   const TileShape shape = decode ? TileShape::kDecode : TileShape::kPrefill;
   const StreamHandle stream = stream_for(batch);
-  int num_partials = 0;
+  int64_t partial_entries = 0;  // partial rows x their width (balanced_plan.h)
   if (decode && balanced_kernel()) {
     bool cut = false;
     bool split_long = false;
     ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
                              balanced_kernel_plan(reqs, &cut, &split_long));
     bp.serialize(&words_);
-    num_partials = bp.num_partials;
+    partial_entries = static_cast<int64_t>(bp.num_partials) *
+                      flashinfer::balanced_partial_width(ctx_.num_q_heads / ctx_.num_kv_heads);
     plan_.split_long = split_long;
     plan_.balance_slots = bp.slots();
     plan_.balance_cut = cut;
@@ -473,21 +474,20 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
                              flashinfer::build_work_plan(reqs, plan_config(shape, decode)));
     wp.serialize(&words_);
-    num_partials = wp.num_partials;
+    partial_entries = static_cast<int64_t>(wp.num_partials) * ctx_.num_q_heads;
     plan_.grid_items = static_cast<int>(wp.items.size());
     plan_.split_long = wp.split_long && wp.any_split;
   }
   ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
   ATTNKIT_RETURN_IF_ERROR(staging_.upload(words_, plan_words_.data(), stream));
-  if (num_partials > 0) {
-    const int64_t rows = static_cast<int64_t>(num_partials) * ctx_.num_q_heads;
-    ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
-    ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, rows));
+  if (partial_entries > 0) {
+    ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(ctx_.device, partial_entries * ctx_.v_head_dim));
+    ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, partial_entries));
     ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(
         split_counters_, ctx_.device, bs * decode_counters_per_request(), stream));
   }
   plan_.shape = shape;
-  plan_.split = num_partials > 0;
+  plan_.split = partial_entries > 0;
   plan_.words = plan_words_.data();
   plan_.partial_out = partial_out_.data();
   plan_.partial_lse = partial_lse_.data();
@@ -824,13 +824,15 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   graph_items_ = std::max(graph_items_, verify_items(max_bs, n));
   graph_captured_.clear();
   int64_t words = WorkPlan::words_for(max_bs, graph_items_);
-  int64_t partial_rows = graph_items_;  // partials <= items
-  if (balanced_kernel()) {              // the balanced decode plan's bounds (balanced_plan.h)
+  // WorkItem plans (decode and verify): partial rows <= items, each Hq entries wide.
+  int64_t partial_entries = graph_items_ * ctx_.num_q_heads;
+  if (balanced_kernel()) {  // the balanced decode plan's bounds (balanced_plan.h)
     // The slots grow with bs (balanced_kernel_slots), and so do the bounds.
     const flashinfer::BalanceConfig bc = balance_config(max_bs);
     const flashinfer::BalancedBounds b = flashinfer::balanced_plan_bounds(max_bs, bc);
     words = std::max(words, b.words);
-    partial_rows = std::max(partial_rows, b.partials);
+    partial_entries =
+        std::max(partial_entries, flashinfer::balanced_graph_partial_entries(graph_items_, bc, b));
     if (balance_ == Balance::kAuto) {  // the default plan in the balanced format
       words = std::max(words, flashinfer::encoded_plan_words(max_bs, graph_items_, bc));
     }
@@ -839,10 +841,12 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   // An all-zero plan (no work items) until the first replay writes one.
   ATTNKIT_CUDA_TRY(
       cudaMemset(graph_words_.data(), 0, static_cast<size_t>(words) * sizeof(int32_t)));
-  graph_partial_rows_ = partial_rows;
-  const int64_t rows = partial_rows * ctx_.num_q_heads;
-  ATTNKIT_RETURN_IF_ERROR(graph_partial_out_.reserve(ctx_.device, rows * ctx_.v_head_dim));
-  ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(ctx_.device, rows));
+  graph_partial_entries_ = partial_entries;
+  ATTNKIT_RETURN_IF_ERROR(
+      graph_partial_out_.reserve(ctx_.device, partial_entries * ctx_.v_head_dim));
+  ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(ctx_.device, partial_entries));
+  stats_.graph_partial_bytes =
+      partial_entries * (ctx_.v_head_dim + 1) * static_cast<int64_t>(sizeof(float));
   ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(
       graph_split_counters_, ctx_.device, max_bs * decode_counters_per_request(), nullptr));
   ATTNKIT_CUDA_TRY(cudaDeviceSynchronize());  // the counters are zero before any capture
@@ -980,10 +984,13 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
       return Status::internal("flashinfer: replay's balanced plan has " + str(bp.slots()) +
                               " slots, its graph was captured with " + str(captured->second));
     }
-    if (bp.num_partials > graph_partial_rows_) {  // bounded at init (balanced_plan_bounds)
-      return Status::internal("flashinfer: replay's balanced plan needs " + str(bp.num_partials) +
-                              " partial rows, above the graph workspace's " +
-                              str(graph_partial_rows_));
+    const int64_t entries =
+        static_cast<int64_t>(bp.num_partials) *
+        flashinfer::balanced_partial_width(ctx_.num_q_heads / ctx_.num_kv_heads);
+    if (entries > graph_partial_entries_) {  // bounded at init (balanced_graph_partial_entries)
+      return Status::internal("flashinfer: replay's balanced plan needs " + str(entries) +
+                              " partial entries, above the graph workspace's " +
+                              str(graph_partial_entries_));
     }
     bp.serialize(&words_);
     if (static_cast<int64_t>(words_.size()) > graph_words_.capacity) {

@@ -86,6 +86,9 @@ struct FlashInferStats {
   int64_t decode_split_long_calls = 0;
   // CTAs per kv head (balanced plan: CTAs) of the last native launch, eager or captured.
   int64_t last_grid_items = 0;
+  // Bytes of split-KV partials (O and LSE, f32) reserved by the last init_cuda_graph_state
+  // (balanced_plan.h balanced_graph_partial_entries), 0 before one.
+  int64_t graph_partial_bytes = 0;
 };
 // The counters of a backend made by create_flashinfer_backend; nullptr for any other backend.
 const FlashInferStats* flashinfer_stats(const AttentionBackend& backend);

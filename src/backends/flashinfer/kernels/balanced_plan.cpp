@@ -187,10 +187,15 @@ Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceCo
                                     std::to_string(config.num_kv_heads) + " and slots " +
                                     std::to_string(config.slots) + " must be in 1..32767");
   }
+  if (config.group < 1 || config.group > kMax16) {
+    return Status::invalid_argument("flashinfer encoded plan: group " +
+                                    std::to_string(config.group) + " must be in 1..32767");
+  }
   BalancedPlan plan;
   plan.requests = wp.requests;
   const int64_t slots = config.slots;
   const int64_t heads = config.num_kv_heads;
+  const int64_t q_tiles = ceil_div(config.group, kDecodeTileRows);  // decode: q_len 1
   const int64_t ctas = static_cast<int64_t>(wp.items.size()) * heads;
   // Slot-major segment order: slot c holds CTAs c, c + slots, ...
   plan.cta_begin.assign(static_cast<size_t>(slots + 1), 0);
@@ -224,7 +229,12 @@ Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceCo
       }
       s.part = static_cast<int16_t>(split ? it.split : 0);
       s.parts = static_cast<int16_t>(split ? req.num_splits : 1);
-      s.partial_base = split ? req.partial_base : 0;
+      if (split) {  // the item's own rows (balanced_partial_width), see the header
+        const int64_t base =
+            int64_t{req.partial_base} * q_tiles * heads +
+            ((it.q_row_begin / kDecodeTileRows) * heads + k % heads) * int64_t{req.num_splits};
+        s.partial_base = static_cast<int32_t>(base);  // < partials, checked below
+      }
       s.req_kv_len = req.kv_len;
       s.req_q_start = req.q_start;
       plan.segments.push_back(s);
@@ -236,8 +246,24 @@ Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceCo
   plan.cta_begin[static_cast<size_t>(slots)] = static_cast<int32_t>(plan.segments.size());
   plan.cuts[static_cast<size_t>(slots)] = keys_before;
   plan.total_keys = keys_before;
-  plan.num_partials = wp.num_partials;
+  // The kernel indexes partial entries (rows x W) in 32 bits; cut plans stay far below (<= 2
+  // (slots - 1) rows of <= 16 entries).
+  const int64_t partials = int64_t{wp.num_partials} * q_tiles * heads;
+  if (partials * balanced_partial_width(config.group) > std::numeric_limits<int32_t>::max()) {
+    return Status::invalid_argument(
+        "flashinfer encoded plan: " + std::to_string(partials) + " partial rows of " +
+        std::to_string(balanced_partial_width(config.group)) + " entries pass 2^31");
+  }
+  plan.num_partials = static_cast<int>(partials);
   return plan;
+}
+
+int64_t balanced_graph_partial_entries(int64_t items, const BalanceConfig& config,
+                                       const BalancedBounds& bounds) {
+  const int64_t heads = std::max(1, config.num_kv_heads);
+  const int64_t width = balanced_partial_width(config.group);
+  const int64_t work_item = items * heads * std::max(1, config.group);  // Hq-wide rows
+  return std::max({work_item, bounds.partials * width, items * heads * width});
 }
 
 int64_t encoded_plan_words(int max_bs, int64_t items, const BalanceConfig& config) {

@@ -50,7 +50,9 @@ struct Segment {
   int16_t part = 0;   // index of this segment among its item's segments (in key order)
   int16_t parts = 1;  // segments of the item; 1: the CTA writes out / lse itself
   // parts > 1: the item's partials are rows partial_base + part (0 <= part < parts) of the
-  // partial buffers ([partials, Hq, D] and [partials, Hq], as for split requests today).
+  // balanced kernel's partial buffers, [partials, W, D] and [partials, W] with W =
+  // balanced_partial_width(group): entry r of a row is the item's packed row q_row_begin + r (the
+  // WorkItem kernel's rows are Hq wide, one entry per q head, shared by the kv heads of a split).
   int32_t partial_base = 0;
   // Copies of the request's lengths (the CTA's first page-table loads wait on the segment only).
   int32_t req_kv_len = 0;
@@ -80,7 +82,7 @@ struct BalancedPlan {
   std::vector<Segment> segments;      // CTA-major
   std::vector<int64_t> cuts;          // [slots + 1] chunk bounds on the key line (tests, stats)
   int64_t total_keys = 0;             // T
-  int num_partials = 0;               // partial rows used (sum of parts of the cut items)
+  int num_partials = 0;               // partial rows used (sum of parts of the cut items; W wide)
   int items = 0;                      // (request, q tile, kv head) items with rows
   int cut_items = 0;                  // items of more than one segment
   int64_t cta_begin_words() const { return cta_begin_words_for(slots()); }
@@ -98,6 +100,14 @@ struct BalancedPlan {
 Result<BalancedPlan> build_balanced_plan(std::span<const PlanRequest> requests,
                                          const BalanceConfig& config);
 
+// Entries per partial row of the balanced kernel: one per packed row of an item (a decode item
+// holds min(group, 16) of its request's q heads). A cut item's segments stream one kv head's keys,
+// so a row as wide as all Hq q heads (the WorkItem kernel's layout, where the kv heads of a split
+// share the row) would leave (Hq - W) / Hq of it unused: 7/8 at 32 q / 8 kv heads.
+constexpr int balanced_partial_width(int group) {
+  return group < kDecodeTileRows ? (group < 1 ? 1 : group) : kDecodeTileRows;
+}
+
 // Workspace bounds for up to max_bs requests (CUDA graphs: the buffers are sized once): each of
 // the slots - 1 cuts adds at most one segment to the items, and a cut item has at most (its cuts
 // + 1) partials, so partials <= 2 (slots - 1); the serialised plan holds at least one segment per
@@ -109,17 +119,30 @@ struct BalancedBounds {
 };
 BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config);
 
+// Partial entries (LSE floats; the O buffer holds head_dim floats per entry) a CUDA-graph
+// workspace needs so that every decode plan of up to max_bs requests fits, whichever kernel runs
+// it: the WorkItem kernel's plans (at most `items` rows of Hq = kv heads x group entries, items =
+// the graph's item bound, target verify included), the cut plans (bounds.partials rows of W) and
+// the encoded default plans (at most items x kv heads rows of W, balanced_from_work_plan).
+// Worked example (H200, 32 q / 8 kv heads, max_bs 256: 2048 slots, items 256): max(256 x 32,
+// 4094 x 4, 2048 x 4) = 16376 entries, 8.0 MiB of O at d 128 (64 MiB in Hq-wide rows).
+int64_t balanced_graph_partial_entries(int64_t items, const BalanceConfig& config,
+                                       const BalancedBounds& bounds);
+
 // The default (split-KV) plan `wp` in the balanced plan's format, so that
 // paged_decode_balanced_kernel runs it: the default grid's CTA k = item x num_kv_heads + kv head
 // (heads fastest, as launched) becomes one segment of slot k % slots (round-robin; a slot walks
 // k, k + slots, ...). A whole request is one segment of parts 1; a split request's chunk is
-// part `split` of its num_splits parts with the request's partial rows (partial_base + split, as
-// the default kernel writes them, and the same per-(request, q tile, kv head) split counters), so
-// every key is streamed and merged with the default plan's arithmetic. Used with
+// part `split` of its num_splits parts (the same per-(request, q tile, kv head) split counters),
+// so every key is streamed and merged with the default plan's arithmetic. Partial rows are per
+// item in the balanced layout (balanced_partial_width): split request r (the WorkItem plan's rows
+// partial_base .. + num_splits, Hq wide) gives its item (q tile t, kv head h) the rows
+// (partial_base x q_tiles x kv_heads + (t x kv_heads + h) x num_splits) + split, so num_partials
+// = the WorkItem plan's x q_tiles x kv heads (the same floats when group <= 16). Used with
 // ATTNKIT_FLASHINFER_DECODE_BALANCE=auto: eager forwards and CUDA-graph replays then run the same
 // kernel whichever plan judge_balance picks, and replays stay bit-identical to eager.
-// kInvalidArgument names a config field outside the 16-bit segment fields or an item whose
-// request does not exist.
+// kInvalidArgument names a config field outside the 16-bit segment fields, an item whose request
+// does not exist, or partial entries (rows x W) past 2^31 (the kernel indexes them in 32 bits).
 Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config);
 
 // Workspace bound of balanced_from_work_plan's plans for up to max_bs requests whose default

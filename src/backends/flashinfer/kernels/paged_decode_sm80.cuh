@@ -58,21 +58,22 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
 // planner makes at most one wave of CTAs; a balanced cut plan's item can have up to ~slots / (kv
 // heads x q tiles) + 1 parts, past 1700 only with one kv head and ~1700+ requests at the 2112-slot
 // cap); past that the weights are recomputed from the LSEs in global memory (slower, correct).
-// `head_of(r)` / `token_of(r)`: q head / token of packed row r. `num_splits` / `partial_base`: the
-// request's (RequestPlan) or, in the balanced plan, the item's (Segment::parts / partial_base).
-template <typename Tr, typename HeadFn, typename TokenFn>
-__device__ __forceinline__ void merge_splits(const PagedParams& p, int num_splits, int partial_base,
-                                             int rows, HeadFn head_of, TokenFn token_of,
-                                             float* scratch) {
+// `head_of(r)` / `token_of(r)`: q head / token of packed row r. `num_splits`: the request's
+// (RequestPlan) or, in the balanced plan, the item's (Segment::parts); split s of packed row r is
+// partial entry entry0(r) + s x `stride` (the WorkItem kernel: (partial_base + s) x Hq + head; the
+// balanced kernel: (partial_base + s) x W + r, balanced_partial_width).
+template <typename Tr, typename HeadFn, typename TokenFn, typename EntryFn>
+__device__ __forceinline__ void merge_splits(const PagedParams& p, int num_splits, int64_t stride,
+                                             EntryFn entry0, int rows, HeadFn head_of,
+                                             TokenFn token_of, float* scratch) {
   using QT = typename Tr::QT;
   constexpr int kR = cuda::ring::kRows;
   const bool stored = (num_splits + 2) * kR * static_cast<int>(sizeof(float)) <= Tr::kSmemBytes;
   float* row_m = scratch;     // [kR]
   float* row_d = row_m + kR;  // [kR]
   float* wgt = row_d + kR;    // [num_splits][kR] when stored: LSE, then weight
-  const int64_t base = static_cast<int64_t>(partial_base) * p.num_q_heads;
   const auto global_lse = [&](int s, int r) {
-    return __ldcg(p.partial_lse + base + s * p.num_q_heads + head_of(r));
+    return __ldcg(p.partial_lse + entry0(r) + s * stride);
   };
   if (stored) {
     for (int i = threadIdx.x; i < num_splits * kR; i += Tr::kThreads) {
@@ -106,8 +107,8 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, int num_split
     const int r = c / kVec4;
     const int col = (c % kVec4) * 4;
     const int head = head_of(r);
-    const float* src = p.partial_out + (base + head) * Tr::kHeadDim + col;
-    const int64_t step = static_cast<int64_t>(p.num_q_heads) * Tr::kHeadDim;
+    const float* src = p.partial_out + entry0(r) * Tr::kHeadDim + col;
+    const int64_t step = stride * Tr::kHeadDim;
     float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
     // kBatch partial loads in flight per thread (a batch-1 forward has 16 splits: one L2 round
     // trip, not two), issued before any weight is used.
@@ -150,7 +151,7 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, int num_split
 // One item's stream and epilogue, shared by paged_decode_ring_kernel and
 // paged_decode_balanced_kernel: the query rows of `w` (token_of / head_of map a row to its token
 // and q head) against the keys behind the page-table row `table`, then either a partial
-// (normalised O and log2 LSE in partial row partial_row() x num_q_heads + head, when `partial`;
+// (normalised O and log2 LSE in partial entry partial_entry(r) of packed row r, when `partial`;
 // a callable, so that the row is read at the epilogue as the kernels did before they shared this)
 // or out / lse with the sink.
 // Instantiations of the streaming loop, chosen once per item: power-of-two pages (a mask per copied
@@ -158,11 +159,11 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, int num_split
 // and a branch region per copied row (+300 SASS instructions per tile). The hot instantiation
 // (power-of-two pages, no soft-cap) carries neither the division nor the tanh code; the others
 // check the cap per logit.
-template <typename Tr, typename TokenFn, typename HeadFn, typename PartialRowFn>
+template <typename Tr, typename TokenFn, typename HeadFn, typename PartialEntryFn>
 __device__ __forceinline__ void attend_item(const PagedParams& p, const cuda::ring::Work& w,
                                             uint8_t* smem, const typename Tr::QT* q,
                                             const int32_t* table, TokenFn token_of, HeadFn head_of,
-                                            bool partial, PartialRowFn partial_row) {
+                                            bool partial, PartialEntryFn partial_entry) {
   using QT = typename Tr::QT;
   const auto q_row = [&](int r) {
     return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
@@ -179,7 +180,7 @@ __device__ __forceinline__ void attend_item(const PagedParams& p, const cuda::ri
   const auto write = [&](int r, int col, float(&acc)[8], float mx, float dsum) {
     const int head = head_of(r);
     if (partial) {
-      const int64_t prow = static_cast<int64_t>(partial_row()) * p.num_q_heads + head;
+      const int64_t prow = partial_entry(r);
       const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
       float4* dst = reinterpret_cast<float4*>(p.partial_out + prow * Tr::kHeadDim + col);
       dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
@@ -263,8 +264,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const auto token_of = [&](int r) { return item.req_q_start + (item.q_row_begin + r) / p.group; };
   const auto head_of = [&](int r) { return kv_head * p.group + (item.q_row_begin + r) % p.group; };
   const bool split = req.num_splits > 1;
+  const auto entry0 = [&](int r) {  // split 0's entry of packed row r (Hq-wide rows)
+    return static_cast<int64_t>(req.partial_base) * p.num_q_heads + head_of(r);
+  };
   attend_item<Tr>(p, w, smem, q, table, token_of, head_of, split,
-                  [&] { return req.partial_base + item.split; });
+                  [&](int r) { return entry0(r) + int64_t{item.split} * p.num_q_heads; });
   // This CTA's streaming is done: the next PDL-launched kernel may start its prologue (it waits
   // for this whole grid before touching anything this grid writes). The fallback trigger: by
   // default (decode_pdl 1 or 2 with decode_pdl_early) each CTA triggered right after its wait
@@ -284,7 +288,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
                         ? cuda::ring::last_split_cta(counter, req.num_splits)
                         : cuda::ring::last_split_cta_acq_rel(counter, req.num_splits);
   if (!last) return;
-  merge_splits<Tr>(p, req.num_splits, req.partial_base, w.rows, head_of, token_of,
+  merge_splits<Tr>(p, req.num_splits, p.num_q_heads, entry0, w.rows, head_of, token_of,
                    reinterpret_cast<float*>(smem));
 }
 
@@ -294,7 +298,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 // streams the segments [cta_begin[c], cta_begin[c + 1]) of the plan,
 // one after the other, each as one `attend` over the keys of one (request, q tile, kv head) item.
 // A whole item (parts 1) writes out / lse as paged_decode_ring_kernel does; a part writes its
-// normalised partial and log2 LSE to partial row partial_base + part and counts itself on the
+// normalised partial and log2 LSE to partial row partial_base + part (W entries, one per packed
+// row: balanced_partial_width) and counts itself on the
 // item's split counter; the item's last part merges (merge_splits with the item's part count).
 // No CTA waits for another, so any residency is deadlock-free. The next segment's prologue
 // (segment, page-table row, first slot words) starts after this one's epilogue: not prefetched
@@ -327,6 +332,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const int seg_hi = cta_begin[blockIdx.x + 1];
   const QT* q = static_cast<const QT*>(p.q);
   const int q_tiles = (p.group + cuda::ring::kRows - 1) / cuda::ring::kRows;  // decode: q_len 1
+  const int width = min(p.group, cuda::ring::kRows);  // balanced_partial_width
   for (int i = seg_lo; i < seg_hi; ++i) {
     Segment seg;
     if (kSpeculate && i == static_cast<int>(blockIdx.x)) {
@@ -358,8 +364,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const auto token_of = [&](int r) { return seg.req_q_start + (q_row_begin + r) / p.group; };
     const auto head_of = [&](int r) { return kv_head * p.group + (q_row_begin + r) % p.group; };
     const bool part = seg.parts > 1;
-    attend_item<Tr>(p, w, smem, q, table, token_of, head_of, part,
-                    [&] { return seg.partial_base + seg.part; });
+    // The item's own partial rows, W entries wide (balanced_plan.h balanced_partial_width; the
+    // plans keep partials x W below 2^31, so the index is 32-bit arithmetic).
+    const auto entry0 = [&](int r) { return static_cast<int64_t>(seg.partial_base * width + r); };
+    attend_item<Tr>(p, w, smem, q, table, token_of, head_of, part, [&](int r) {
+      return static_cast<int64_t>((seg.partial_base + seg.part) * width + r);
+    });
     if (part) {
       int* counter =
           p.split_counters +
@@ -370,7 +380,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
                             ? cuda::ring::last_split_cta(counter, seg.parts)
                             : cuda::ring::last_split_cta_acq_rel(counter, seg.parts);
       if (last) {
-        merge_splits<Tr>(p, seg.parts, seg.partial_base, w.rows, head_of, token_of,
+        merge_splits<Tr>(p, seg.parts, int64_t{width}, entry0, w.rows, head_of, token_of,
                          reinterpret_cast<float*>(smem));
       }
     }

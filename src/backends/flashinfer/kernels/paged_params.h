@@ -97,8 +97,10 @@ struct PagedParams {
   const int64_t* mask_indptr = nullptr;  // [bs + 1] offsets of each request's block
   const float* sinks = nullptr;          // [Hq] per-head sink logit; nullptr = off
 
-  float* partial_out = nullptr;  // [partials, Hq, D] f32, normalised partial outputs
-  float* partial_lse = nullptr;  // [partials, Hq] f32, log2-domain LSE of each partial
+  // Split-KV partials: [partials, Hq, D] / [partials, Hq] (WorkItem plans; the balanced decode
+  // kernel's rows are W = min(group, 16) entries wide: balanced_plan.h balanced_partial_width).
+  float* partial_out = nullptr;  // f32, normalised partial outputs
+  float* partial_lse = nullptr;  // f32, log2-domain LSE of each partial
   // Decode: split CTAs finished per (request, q tile, kv head), [bs * q_tiles * Hkv] int32, zero
   // between launches (the request's last split CTA merges in place and resets it).
   int* split_counters = nullptr;
