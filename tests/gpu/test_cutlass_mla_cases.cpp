@@ -42,9 +42,9 @@ void run(const harness::CaseSpec& spec, bool save_kv) {
 TEST_P(CutlassMlaCases, SaveKv) { run(GetParam(), true); }
 TEST_P(CutlassMlaCases, ReadsPool) { run(GetParam(), false); }
 
-// 128 heads with a bf16 cache: 64-row tiles, the page-128 instantiation of the SM90 wgmma kernel
-// (the default since it passed on an H200, session 5; "all" is still accepted) and the mma.sync one
-// (ATTNKIT_MLA_WGMMA=0); decode with split requests and verify s_q 2.
+// 128 heads with a bf16 cache (then fp8): 64-row tiles, the page-128 instantiation of the SM90
+// wgmma kernel (the default since it passed on an H200, session 5; "all" is still accepted) and the
+// mma.sync one (ATTNKIT_MLA_WGMMA=0); decode with split requests and verify s_q 2.
 TEST(CutlassMlaKernels, Heads128Bf16BothKernels) {
   harness::CaseSpec c;
   c.name = "h128_page128";
@@ -83,6 +83,16 @@ TEST(CutlassMlaKernels, Heads128Bf16BothKernels) {
   }
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA"), 0);
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_BLOCKS"), 0);
+  // fp8 cache: the page-128 instantiation of the wgmma kernel's converting producer (default) and
+  // the mma.sync kernel (ATTNKIT_MLA_WGMMA_FP8=0).
+  c.kv_dtype = v.kv_dtype = DType::kFP8E4M3;
+  for (const char* fp8 : {"", "0"}) {
+    SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA_FP8=") + fp8);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_FP8", fp8, 1), 0);
+    run(c, true);
+    run(v, true);
+  }
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_FP8"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CutlassMlaCases, ::testing::ValuesIn(harness::shared_case_table()),

@@ -156,6 +156,45 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_BLOCKS"), 0);
 }
 
+// fp8 cache with 64-row tiles (128 heads; 64 heads x s_q 2): by default on an SM90 GPU the wgmma
+// kernel with the converting producer (raw e4m3 bytes by cp.async into the bf16 stage, converted
+// in place; MlaDecodeStats::wgmma_fp8_runs counts every layer), with ATTNKIT_MLA_WGMMA_FP8=0 or
+// ATTNKIT_MLA_WGMMA=0 the mma.sync kernel: many short requests per CTA (segment restarts with odd
+// and even tile counts: the producer's last group converted before the next Q), a long split
+// request, a verify chain, each against the reference.
+TEST(FlashMlaKernels, Fp8Heads128BothKernels) {
+  std::vector<int> lens;
+  for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
+  int cc_major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  const bool wgmma = cc_major == 9 && mla::wgmma_available();
+  const int64_t layers = harness::PrepareOptions{}.num_layers;
+  for (const char* knob : {"", "WGMMA_FP8=0", "WGMMA=0"}) {
+    const std::string k = knob;
+    SCOPED_TRACE("ATTNKIT_MLA_" + (k.empty() ? std::string("(defaults)") : k));
+    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_FP8", k == "WGMMA_FP8=0" ? "0" : "", 1), 0);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA", k == "WGMMA=0" ? "0" : "", 1), 0);
+    const bool on = wgmma && k.empty();
+    CaseSpec v = mla_case("verify_h64_fp8", ForwardMode::kTargetVerify, 64, {700, 64, 65}, 64,
+                          DType::kFP8E4M3);
+    v.new_lens.clear();
+    v.spec_draft_tokens = 2;
+    v.spec_topk = 1;
+    for (const CaseSpec& c :
+         {mla_case("many_h128_fp8", ForwardMode::kDecode, 64, lens, 128, DType::kFP8E4M3),
+          mla_case("long_h128_fp8", ForwardMode::kDecode, 64, {3000, 1, 640, 64}, 128,
+                   DType::kFP8E4M3),
+          v}) {
+      SCOPED_TRACE(c.name);
+      mla::MlaDecodeStats stats;
+      run_and_compare(c, true, &stats);
+      EXPECT_EQ(stats.wgmma_fp8_runs, on ? layers : 0);
+    }
+  }
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_FP8"), 0);
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA"), 0);
+}
+
 // 16-row tiles (<= 16 heads, s_q 1) on the mma.sync kernel under the knobs of session 8: the
 // page-table prefetch (ATTNKIT_MLA_MMA_PREFETCH unset = per tile size and page, "1" always, "0"
 // never, "smem" through a shared-memory ring) and for the fp8 cache the f16 tensor-core inputs

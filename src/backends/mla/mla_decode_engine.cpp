@@ -40,6 +40,9 @@ bool wgmma_env_on() { return env_choice("ATTNKIT_MLA_WGMMA", {"0", "1", "all"}, 
 // buffer (stage 1's rope block released after S1) (7 / 8: no faster than 6 with the loads on,
 // 8 slower; docs/perf/mla_notes.md session 11).
 int wgmma_variant_env() { return env_int("ATTNKIT_MLA_WGMMA_BLOCKS", 6, {0, 1, 2, 3, 6, 7, 8}); }
+// ATTNKIT_MLA_WGMMA_FP8=0: an fp8 cache's 64-row tiles stay on the mma.sync kernel; unset / 1:
+// the wgmma kernel with the converting producer (MlaDecodeParams::wgmma_fp8).
+bool wgmma_fp8_env() { return env_flag("ATTNKIT_MLA_WGMMA_FP8", true); }
 // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
 bool wgmma_noload_env() {
   return env_choice("ATTNKIT_MLA_WGMMA_DIAG", {"noload"}, "none") == "noload";
@@ -102,6 +105,7 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
                   wgmma_env_on() && wgmma_available();
   e->wgmma_variant_ = wgmma_variant_env();
   e->wgmma_noload_ = wgmma_noload_env();
+  e->wgmma_fp8_ = wgmma_fp8_env();
   e->mma_prefetch_ = mma_prefetch_env();
   e->fp8_f16_ = fp8_f16_env();
   e->combine_skip_ = combine_skip_env();
@@ -308,12 +312,16 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.num_parts = plan_.num_parts;
   p.use_wgmma = use_wgmma_ ? 1 + wgmma_variant_ : 0;
   p.wgmma_diag_noload = wgmma_noload_ ? 1 : 0;  // both kernels
+  p.wgmma_fp8 = wgmma_fp8_ ? 1 : 0;
   p.mma_prefetch = mma_prefetch_;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
   p.skip_combine = plan_.need_combine ? 0 : 1;
   ATTNKIT_RETURN_IF_ERROR(run_decode(p, page_size_, kv_dtype, stream));
   ++stats_.runs;
   if (p.skip_combine == 0) ++stats_.combine_launches;
+  if (quant && p.use_wgmma != 0 && p.wgmma_fp8 != 0 && rows_per_cta(p.rows_per_req) == 64) {
+    ++stats_.wgmma_fp8_runs;  // the launch rule of mla_decode_launch.cuh
+  }
   return Status::ok();
 }
 

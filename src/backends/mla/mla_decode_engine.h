@@ -21,6 +21,7 @@ namespace attnkit::mla {
 struct MlaDecodeStats {
   int64_t runs = 0;              // layers run (decode kernel launches)
   int64_t combine_launches = 0;  // runs that launched the LSE combine kernel (MlaDecodeParams)
+  int64_t wgmma_fp8_runs = 0;    // fp8-cache runs on the wgmma kernel (64-row tiles, SM90)
 };
 
 class MlaDecodeEngine {
@@ -49,9 +50,9 @@ class MlaDecodeEngine {
                     StreamHandle stream);
 
   int page_size() const { return page_size_; }
-  // Whether 64-row tiles with a bf16 cache (33+ query rows per request: 128 heads) run the sm_90a
-  // wgmma kernel: SM90 device, sm_90a code in the build, ATTNKIT_MLA_WGMMA not "0"; page
-  // sizes 1, 64 and 128 alike.
+  // Whether 64-row tiles (33+ query rows per request: 128 heads) run the sm_90a wgmma kernel: SM90
+  // device, sm_90a code in the build, ATTNKIT_MLA_WGMMA not "0"; page sizes 1, 64 and 128 alike;
+  // with an fp8 cache unless ATTNKIT_MLA_WGMMA_FP8=0.
   bool uses_wgmma() const { return use_wgmma_; }
   const MlaDecodeStats& stats() const { return stats_; }
 
@@ -77,6 +78,7 @@ class MlaDecodeEngine {
   // the phantom tile (the default), 7 6 + early S0, 8 7 + own P1 buffer
   int wgmma_variant_ = 6;
   bool wgmma_noload_ = false;  // ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic only
+  bool wgmma_fp8_ = true;      // ATTNKIT_MLA_WGMMA_FP8=0: fp8 64-row tiles on mma.sync
   int mma_prefetch_ = 2;       // ATTNKIT_MLA_MMA_PREFETCH: 0 off, 1 on, 2 per tile size, 3 smem
   bool fp8_f16_ = true;        // ATTNKIT_MLA_FP8_F16=0: bf16 MMA inputs for fp8 16-row tiles
   // ATTNKIT_MLA_COMBINE_SKIP=0: launch the combine even unsplit. The skip is decided from

@@ -36,8 +36,8 @@ inline int num_parts(int num_sms, int rows_per_req) {
 // reach it.
 int max_smem_bytes();
 
-// The sm_90a wgmma kernel (64-row tiles, bf16 cache): whether this build holds its SM90 code,
-// and its dynamic shared memory (bytes).
+// The sm_90a wgmma kernel (64-row tiles, bf16 and fp8 cache): whether this build holds its SM90
+// code, and its dynamic shared memory (bytes).
 bool wgmma_available();
 int wgmma_smem_bytes();
 

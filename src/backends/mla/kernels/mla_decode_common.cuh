@@ -1,17 +1,36 @@
 // Device helpers shared by the two MLA decode kernels (mla_decode_mma.cuh: mma.sync, 16/32/64-row
-// tiles, bf16 and fp8 cache; mla_decode_wgmma.cuh: sm_90a wgmma, 64-row bf16 tiles): the walk
-// over a CTA's request segments of the plan, the source of one 16-byte chunk of a query row, and
-// the pool slot of a key through the page table.
+// tiles, bf16 and fp8 cache; mla_decode_wgmma.cuh: sm_90a wgmma, 64-row tiles, bf16 and fp8
+// cache): the walk over a CTA's request segments of the plan, the source of one 16-byte chunk of
+// a query row, the pool slot of a key through the page table, the e4m3 -> bf16 conversion.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "backends/mla/kernels/mla_decode_params.h"
 #include "backends/mla/kernels/mla_tile_scheduler.h"
+#include "cuda/common/mma_sm80.cuh"
 
 namespace attnkit::mla {
+
+// Four e4m3 values (one 32-bit word, lowest byte first) -> two bf16x2 words (exact: every e4m3
+// value is a bf16 value). The mma.sync kernel's fp8 tiles and the wgmma kernel's fp8 producer.
+__device__ __forceinline__ void fp8x4_to_bf16x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  uint32_t out[2];
+#pragma unroll
+  for (int hlf = 0; hlf < 2; ++hlf) {
+    const auto pair = static_cast<__nv_fp8x2_storage_t>((word >> (16 * hlf)) & 0xffffu);
+    const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+    out[hlf] = cuda::pack2<__nv_bfloat16>(f.x, f.y);
+  }
+  lo = out[0];
+  hi = out[1];
+}
 
 // Calls f(b, kv_len, t0, t1, whole, partial) for every request segment of the plan part
 // blockIdx.x (mla_tile_scheduler.h): tiles [t0, t1) of request b, `whole` when that is all of

@@ -28,18 +28,19 @@ Status launch_decode(const MlaDecodeParams& p, cudaStream_t s) {
   return Status::ok();
 }
 
-template <int kPage, int kVariant>
+template <int kPage, int kVariant, bool kFp8 = false>
 Status launch_decode_wgmma(const MlaDecodeParams& p, cudaStream_t s) {
   using Traits = MlaWgmmaTraits<kPage>;
   static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
   if (!attribute_set) {
-    ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_wgmma_kernel<kPage, kVariant>,
+    ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_wgmma_kernel<kPage, kVariant, kFp8>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           Traits::kSmemBytes));
     attribute_set = true;
   }
   const dim3 grid(p.num_parts, (p.rows_per_req + Traits::kRows - 1) / Traits::kRows);
-  mla_decode_wgmma_kernel<kPage, kVariant><<<grid, Traits::kThreads, Traits::kSmemBytes, s>>>(p);
+  mla_decode_wgmma_kernel<kPage, kVariant, kFp8>
+      <<<grid, Traits::kThreads, Traits::kSmemBytes, s>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }
@@ -77,6 +78,13 @@ Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
       if (p.use_wgmma == 8) return launch_decode_wgmma<kPage, 7>(p, s);  // + early S0
       if (p.use_wgmma == 9) return launch_decode_wgmma<kPage, 8>(p, s);  // + own P1 buffer
       return launch_decode_wgmma<kPage, 3>(p, s);                        // 4: the seesaw (default)
+    }
+  } else {
+    // fp8 cache: the seesaw without the phantom tile (variant 6, the bf16 default) with the
+    // converting producer (mla_decode_wgmma.cuh kFp8), whatever ATTNKIT_MLA_WGMMA_BLOCKS says;
+    // ATTNKIT_MLA_WGMMA_FP8=0 (MlaDecodeParams::wgmma_fp8) keeps the mma.sync kernel.
+    if (p.use_wgmma != 0 && p.wgmma_fp8 != 0 && rows_per_cta(p.rows_per_req) == 64) {
+      return launch_decode_wgmma<kPage, 6, true>(p, s);
     }
   }
   switch (rows_per_cta(p.rows_per_req)) {

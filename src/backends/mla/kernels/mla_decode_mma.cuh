@@ -127,20 +127,6 @@ __device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t addr) 
                : "r"(addr), "n"(kOffset));
 }
 
-// Four e4m3 values (one 32-bit word, lowest byte first) -> two bf16x2 words (exact).
-__device__ __forceinline__ void fp8x4_to_bf16x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
-  uint32_t out[2];
-#pragma unroll
-  for (int hlf = 0; hlf < 2; ++hlf) {
-    const auto pair = static_cast<__nv_fp8x2_storage_t>((word >> (16 * hlf)) & 0xffffu);
-    const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
-    out[hlf] = cuda::pack2<__nv_bfloat16>(f.x, f.y);
-  }
-  lo = out[0];
-  hi = out[1];
-}
-
 // Four e4m3 values -> two f16x2 words (exact; one cvt per pair).
 __device__ __forceinline__ void fp8x4_to_f16x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
   cuda::fp8x4_to_f16x2x2<DType::kFP8E4M3, /*kPaired=*/false>(word, lo, hi);

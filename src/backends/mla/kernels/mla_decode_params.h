@@ -66,6 +66,9 @@ struct MlaDecodeParams {
   // through a shared-memory ring (MlaDecodeTraits::kPtSmem; the default for page 64 since the
   // session-8 A/B). ATTNKIT_MLA_MMA_PREFETCH "0" / "1" / unset / "smem".
   int mma_prefetch = 2;
+  // fp8 cache, 64-row tiles on SM90 with use_wgmma: the wgmma kernel with the converting producer
+  // (mla_decode_wgmma.cuh kFp8); 0 (ATTNKIT_MLA_WGMMA_FP8=0): the mma.sync kernel.
+  int wgmma_fp8 = 1;
   // fp8 cache, 16-row tiles: f16 tensor-core inputs (MlaDecodeTraits::kF16) instead of bf16.
   // Default 1; ATTNKIT_MLA_FP8_F16=0 keeps bf16.
   int mma_fp8_f16 = 1;

@@ -1,7 +1,7 @@
-// The SM90 (sm_90a) wgmma MLA decode kernel for 64-query-row tiles with a bf16 latent cache (128
-// heads, or 33-64 heads x s_q): same plan (mla_tile_scheduler.h), same partial layout and combine
-// kernel, same paged-loader addressing as the mma.sync kernel (mla_decode_mma.cuh), which keeps
-// the 16/32-row tiles and the fp8 cache.
+// The SM90 (sm_90a) wgmma MLA decode kernel for 64-query-row tiles with a bf16 or (converted by
+// the producer, kFp8 below) fp8_e4m3 latent cache (128 heads, or 33-64 heads x s_q): same plan
+// (mla_tile_scheduler.h), same partial layout and combine kernel, same paged-loader addressing as
+// the mma.sync kernel (mla_decode_mma.cuh), which keeps the 16/32-row tiles.
 //
 // CTA = 384 threads, one per SM (~226 KiB of shared memory):
 //   warpgroup 0 (producer, setmaxnreg 40): loads Q [64 x 576] once per request segment and the
@@ -82,8 +82,9 @@ struct MlaWgmmaTraits {
   static constexpr int kBarOffset = kX2Offset + 4 * kRows * 4;
   static constexpr int kColBlocks = kRowDim / 64;  // 64-column (128-byte swizzle) blocks: 9
   // q_full, q_empty, full[2], empty[2], block_full[2][kColBlocks] (block-barrier variants),
-  // empty_hi[2] (split release), empty_rope (stage 1's rope block, kVariant 8)
-  static constexpr int kBarriers = 6 + 2 * kColBlocks + 2 + 1;
+  // empty_hi[2] (split release), empty_rope (stage 1's rope block, kVariant 8), raw_full[2][9]
+  // (kFp8: the raw e4m3 bytes of a block have landed)
+  static constexpr int kBarriers = 6 + 2 * kColBlocks + 2 + 1 + 2 * kColBlocks;  // + raw_full
   static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "227 KiB opt-in of SM90");
   static_assert(kQBytes % kAlign == 0 && kTileBytes % kAlign == 0 && kPOffset % kAlign == 0,
@@ -186,8 +187,28 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // by S1 only: consumer 1 releases it right after S1 (empty_rope), the producer refills it first
 // in the next pair, and S1 reads stage 1 in the order 4-7, 8, 0-3 (5 early blocks instead of 4;
 // 9 in the pair, as FlashMLA's).
-template <typename Tr, int kVariant>
+// kFp8 (an fp8_e4m3 cache; seesaw variants 3 and 6): the producer warpgroup splits. Warps 0-1 (the
+// loaders) wait for the stage's release groups as the bf16 producer does and copy the raw e4m3
+// bytes by cp.async into the stage, each 16-byte fp8 chunk into the first of the two bf16 chunks
+// it becomes, arriving on raw_full(stage, kb); warps 2-3 (the converters) wait for raw_full,
+// convert every fp8 chunk in place into its two bf16 chunks (each chunk is one thread's, read
+// before written, so no barrier), fence the generic stores for the async proxy and arrive on
+// block_full. Loads stay in flight while earlier blocks convert; the consumers see the same bf16
+// tiles as with a bf16 cache (exact: every e4m3 value is a bf16 value); k_scale is folded into
+// scale_log2 / v_scale. H200 2026-11-23 22:46Z (b128 kv 4k / 8k / s_q 2, 128 heads, page 64,
+// two rounds): 1.14-1.17x the mma.sync kernel's fp8 (0.633 vs 0.726 ms at kv 4k, 230-242 vs
+// 201-207 TFLOP/s), 0.56x the bf16 cache. Measured and not kept (docs/perf/mla_notes.md, session
+// 14): one warpgroup converting each release group after issuing the next (1.16x); one loader and
+// three converter warps (0.91x); the converters' four loads one at a time (1.00x). The conversion
+// is on the critical path of the late release groups (stage 0 blocks 4-8 are freed at the end of
+// a pair and needed by the next pair's S0); with loads off (timing diagnostic) fp8 runs at 0.95x
+// the bf16 kernel.
+template <typename Tr, int kVariant, bool kFp8_ = false>
 struct MlaWgmmaCta {
+  static constexpr bool kFp8 = kFp8_;
+  static_assert(!kFp8 || kVariant == 3 || kVariant == 6, "the fp8 producer: seesaw 3 and 6 only");
+  // Producer threads that load (Q and K; they arrive on q_full and, bf16, block_full).
+  static constexpr int kLoadThreads = kFp8 ? 64 : 128;
   static constexpr bool kBlockFull = kVariant >= 1;
   static constexpr bool kSplitRelease = kVariant >= 2;
   static constexpr bool kSeesaw = kVariant == 3 || kVariant >= 6;
@@ -222,6 +243,10 @@ struct MlaWgmmaCta {
   __device__ uint32_t block_full(int s, int kb) const { return bar(6 + s * Tr::kColBlocks + kb); }
   __device__ uint32_t empty_hi(int s) const { return bar(6 + 2 * Tr::kColBlocks + s); }
   __device__ uint32_t empty_rope() const { return bar(6 + 2 * Tr::kColBlocks + 2); }
+  // kFp8: the raw bytes of block kb of stage s have landed (loaders' cp.async arrivals).
+  __device__ uint32_t raw_full(int s, int kb) const {
+    return bar(6 + 2 * Tr::kColBlocks + 3 + s * Tr::kColBlocks + kb);
+  }
   // Consumer g's release of a stage (its last read of it was a P V).
   __device__ void release(int s, int g) const {
     sm90::mbar_arrive(kSplitRelease && g == 1 ? empty_hi(s) : empty(s));
@@ -235,7 +260,7 @@ struct MlaWgmmaCta {
     const auto* qg = static_cast<const uint8_t*>(p.q);
     const int row0 = blockIdx.y * Tr::kRows;
     mbar_wait(q_empty(), (tcount & 1) ^ 1);
-    for (int idx = tid; idx < Tr::kRows * Tr::kChunks; idx += 128) {
+    for (int idx = tid; idx < Tr::kRows * Tr::kChunks; idx += kLoadThreads) {
       const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
       const uint8_t* src = q_chunk_src(p, b, row0 + r, c);
       cp_async_16(sQ() + swizzle_offset(Tr::kRows, r, c), src ? src : qg, src ? 16 : 0);
@@ -597,12 +622,21 @@ struct MlaWgmmaCta {
   // (empty_hi(0)), stage 1 blocks 0-3, 8 (empty_hi(1)).
   __device__ void producer_seesaw() const {
     using namespace sm90;
+    if constexpr (kFp8) {
+      if (threadIdx.x >= kLoadThreads) {
+        converter_seesaw();  // warps 2-3
+      } else {
+        loader_fp8_seesaw();  // warps 0-1
+      }
+      return;
+    }
     const int tid = threadIdx.x;  // 0..127
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
     int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
       const int32_t* tok = page_table_row(b);
       load_q(b, tcount++);
+      // K tiles: thread t copies key t / 2, chunks (t % 2) + 2 i.
       const int key = tid >> 1;
       for (int a = t0; a < t1; a += 2, ++pc) {
         // kSkipPhantom: an odd segment's last pair leaves stage 1 alone (no loads, no phase).
@@ -639,6 +673,127 @@ struct MlaWgmmaCta {
       }
     });
     cp_async_wait<0>();
+  }
+
+  // ---- fp8 producer (kFp8): two loader warps, two converter warps ----
+  // The loaders (warps 0-1, thread t: key t of a tile) wait for the release groups as the bf16
+  // producer does and copy the key's raw e4m3 bytes of a block (fp8 chunks 4 kb + f, f < 4, 16
+  // values each) by cp.async into the first of the two bf16 chunks each becomes (chunk 8 kb + 2 f
+  // of the stage; !valid: zero-filled), arriving on raw_full(stage, kb).
+  __device__ __forceinline__ static void copy_fp8_raw(uint32_t dst, int key, int kb,
+                                                      const uint8_t* row, const uint8_t* kvg,
+                                                      bool valid) {
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      sm90::cp_async_16(dst + sm90::swizzle_offset(kBlockN, key, 8 * kb + 2 * f),
+                        valid ? row + (4 * kb + f) * 16 : kvg, valid ? 16 : 0);
+    }
+  }
+  __device__ void loader_fp8_seesaw() const {
+    using namespace sm90;
+    const int key = threadIdx.x;  // 0..63
+    const auto* kvg = static_cast<const uint8_t*>(p.kv);
+    int pc = 0, pc1 = 0, tcount = 0;  // as producer_seesaw
+    for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
+      const int32_t* tok = page_table_row(b);
+      load_q(b, tcount++);
+      for (int a = t0; a < t1; a += 2, ++pc) {
+        const bool skip1 = kSkipPhantom && a + 1 >= t1;
+        const int j0 = a * kBlockN + key, j1 = j0 + kBlockN;
+        const bool valid0 = j0 < kv_len, valid1 = a + 1 < t1 && j1 < kv_len;
+        const uint8_t* row0 = kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row;
+        const uint8_t* row1 = kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row;
+        const uint32_t ph0 = (pc & 1) ^ 1;
+        const uint32_t ph1 = ((kSkipPhantom ? pc1 : pc) & 1) ^ 1;
+        if (!skip1) ++pc1;
+        const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
+#pragma unroll 1
+        for (int grp = 0; grp < 4; ++grp) {
+          const int s = grp & 1;
+          if (s == 1 && skip1) continue;
+          mbar_wait(grp < 2 ? empty(s) : empty_hi(s), s ? ph1 : ph0);
+          const int nb = grp < 2 ? 4 : 5;
+          const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
+          const uint32_t dst = sK(s);
+#pragma unroll 1
+          for (int n = 0; n < nb; ++n) {
+            const int kb = n == 4 ? 8 : kb0 + n;
+            if (load) copy_fp8_raw(dst, key, kb, s ? row1 : row0, kvg, s ? valid1 : valid0);
+            cp_async_arrive_noinc(raw_full(s, kb));
+          }
+        }
+      }
+    });
+    cp_async_wait<0>();
+  }
+  // The converters (warps 2-3, thread 64 + c) walk the loaders' sequence of (segment, pair, group,
+  // block): once a block's raw bytes have landed (raw_full, one phase per fill of the stage), unit
+  // u = c + 64 i (i < 4: key u / 4, raw chunk f = u % 4) is read from chunk 8 kb + 2 f
+  // and written as the bf16 chunks 8 kb + 2 f and + 1 of the same key (no other unit touches
+  // them, so no barrier), then the generic stores are fenced for the async proxy and block_full
+  // announced.
+  __device__ void converter_seesaw() const {
+    using namespace sm90;
+    const int c = threadIdx.x - kLoadThreads;  // 0..63
+    int pc = 0, pc1 = 0;
+    for_each_segment(p, [&](int, int, int t0, int t1, bool, int) {
+      for (int a = t0; a < t1; a += 2, ++pc) {
+        const bool skip1 = kSkipPhantom && a + 1 >= t1;
+        const uint32_t ph0 = pc & 1;
+        const uint32_t ph1 = (kSkipPhantom ? pc1 : pc) & 1;
+        if (!skip1) ++pc1;
+        const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
+#pragma unroll 1
+        for (int grp = 0; grp < 4; ++grp) {
+          const int s = grp & 1;
+          if (s == 1 && skip1) continue;
+          const int nb = grp < 2 ? 4 : 5;
+          const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
+          const uint32_t dst = sK(s);
+#pragma unroll 1
+          for (int n = 0; n < nb; ++n) {
+            const int kb = n == 4 ? 8 : kb0 + n;
+            mbar_wait(raw_full(s, kb), s ? ph1 : ph0);
+            if (load) {
+              // All four units' raw chunks first (four loads in flight), then converted and
+              // stored.
+              constexpr int kUnits = 256 / (128 - kLoadThreads);
+              static_assert(kUnits * (128 - kLoadThreads) == 256, "whole units per converter");
+              uint4 r[kUnits];
+#pragma unroll
+              for (int i = 0; i < kUnits; ++i) {
+                const int u = c + i * (128 - kLoadThreads);
+                const uint32_t a0 = dst + swizzle_offset(kBlockN, u >> 2, 8 * kb + 2 * (u & 3));
+                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(r[i].x), "=r"(r[i].y), "=r"(r[i].z), "=r"(r[i].w)
+                             : "r"(a0)
+                             : "memory");
+              }
+#pragma unroll
+              for (int i = 0; i < kUnits; ++i) {
+                const int u = c + i * (128 - kLoadThreads);
+                const int key = u >> 2, ch = 8 * kb + 2 * (u & 3);
+                uint32_t w[8];
+                fp8x4_to_bf16x4(r[i].x, w[0], w[1]);
+                fp8x4_to_bf16x4(r[i].y, w[2], w[3]);
+                fp8x4_to_bf16x4(r[i].z, w[4], w[5]);
+                fp8x4_to_bf16x4(r[i].w, w[6], w[7]);
+                const uint32_t a0 = dst + swizzle_offset(kBlockN, key, ch);
+                const uint32_t a1 = dst + swizzle_offset(kBlockN, key, ch + 1);
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(a0), "r"(w[0]),
+                             "r"(w[1]), "r"(w[2]), "r"(w[3])
+                             : "memory");
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(a1), "r"(w[4]),
+                             "r"(w[5]), "r"(w[6]), "r"(w[7])
+                             : "memory");
+              }
+            }
+            fence_proxy_async();  // the generic stores, before the wgmma (async proxy) reads
+            mbar_arrive(block_full(s, kb));
+          }
+        }
+      }
+    });
   }
 
   // S = Q K^T of stage kS in seesaw_block order; the first block was waited for by the caller.
@@ -973,7 +1128,7 @@ struct MlaWgmmaCta {
 };
 
 // grid: (num_parts, ceil(rows_per_req / 64)), block 384, dynamic smem Tr::kSmemBytes.
-template <int kPage, int kVariant = 3>
+template <int kPage, int kVariant = 3, bool kFp8 = false>
 __global__ void __launch_bounds__(384, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ MlaDecodeParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -981,17 +1136,22 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = sm90::smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((Tr::kAlign - raw % Tr::kAlign) % Tr::kAlign);
-  using Cta = MlaWgmmaCta<Tr, kVariant>;
+  using Cta = MlaWgmmaCta<Tr, kVariant, kFp8>;
   Cta cta{p, smem, sm90::smem_addr(smem)};
   if (threadIdx.x == 0) {
-    sm90::mbar_init(cta.q_full(), 128);
+    sm90::mbar_init(cta.q_full(), Cta::kLoadThreads);
     sm90::mbar_init(cta.q_empty(), 256);
     for (int s = 0; s < 2; ++s) {
       sm90::mbar_init(cta.full(s), 128);
       sm90::mbar_init(cta.empty(s), Cta::kSplitRelease ? 128 : 256);
       sm90::mbar_init(cta.empty_hi(s), 128);
       if (Cta::kP1Buf && s == 0) sm90::mbar_init(cta.empty_rope(), 128);  // kVariant 8 only
-      for (int kb = 0; kb < Tr::kColBlocks; ++kb) sm90::mbar_init(cta.block_full(s, kb), 128);
+      for (int kb = 0; kb < Tr::kColBlocks; ++kb) {
+        // bf16: the 128 producer threads' cp.async arrivals; fp8: the 64 converters' arrivals
+        // (and raw_full: the 64 loaders' cp.async arrivals).
+        sm90::mbar_init(cta.block_full(s, kb), Cta::kFp8 ? 128 - Cta::kLoadThreads : 128);
+        if constexpr (Cta::kFp8) sm90::mbar_init(cta.raw_full(s, kb), Cta::kLoadThreads);
+      }
     }
     sm90::mbar_init_fence();
   }
