@@ -267,9 +267,10 @@ BackendDescriptor flashmla() {
   constexpr int kMinCc = 90;
   BackendDescriptor d = cuda_descriptor(
       "flashmla",
-      "MLA decode on the shared tensor-core kernels (SM90 wgmma for 64-query-row tiles with a "
-      "bf16 cache: 128 heads, verify; mma.sync for up to 32 rows and the fp8 cache; "
-      "ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; cp.async page-64 loader), split-KV with a "
+      "MLA decode on the shared tensor-core kernels (SM90 wgmma for 64-query-row tiles: 128 "
+      "heads, verify; an fp8 cache converted to bf16 in shared memory by the producer warps; "
+      "mma.sync for up to 32 rows; ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; cp.async page-64 "
+      "loader), split-KV with a "
       "device-side tile-scheduler plan + LSE combine, "
       "bf16 and fp8_e4m3 latent cache, s_q 1 and verify topk 1; extend, 192/128 prefill (with "
       "the chunked prefix cache) and fp4 KV via the portable SIMT kernels",
@@ -294,7 +295,8 @@ BackendDescriptor cutlass_mla() {
   BackendDescriptor d = cuda_descriptor(
       "cutlass_mla",
       "MLA decode with 128-token pages on the shared tensor-core MLA kernels (SM90 wgmma for "
-      "64-query-row tiles with a bf16 cache; mma.sync for up to 32 rows and the fp8 cache; "
+      "64-query-row tiles, an fp8 cache converted to bf16 by the producer warps; mma.sync for "
+      "up to 32 rows; "
       "ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; page-128 loader, "
       "split-KV plan + LSE combine, bf16 and fp8_e4m3 cache); extend, 192/128 prefill (with the "
       "chunked prefix cache) and fp4 KV via the portable SIMT kernels",

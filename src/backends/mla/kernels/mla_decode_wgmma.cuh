@@ -201,8 +201,10 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // 14): one warpgroup converting each release group after issuing the next (1.16x); one loader and
 // three converter warps (0.91x); the converters' four loads one at a time (1.00x). The conversion
 // is on the critical path of the late release groups (stage 0 blocks 4-8 are freed at the end of
-// a pair and needed by the next pair's S0); with loads off (timing diagnostic) fp8 runs at 0.95x
-// the bf16 kernel.
+// a pair and needed by the next pair's S0); with loads off (timing diagnostic) fp8 runs at
+// 0.94-0.95x the bf16 kernel. The loaders' and the converters' walks over (segment, pair, group,
+// block) must stay the same sequence (their parities follow it); one shared walker would say so
+// by construction (written, not run on a GPU, so not here).
 template <typename Tr, int kVariant, bool kFp8_ = false>
 struct MlaWgmmaCta {
   static constexpr bool kFp8 = kFp8_;
