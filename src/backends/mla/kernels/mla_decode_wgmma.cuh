@@ -28,8 +28,8 @@
 //     partial + log2 LSE for mla_combine_kernel.
 //
 // Shared memory: Q 72 KiB | K 2 x 72 KiB | P 8 KiB | l [2][64] | m, f [64] + 512 B (kVariant 8:
-// the exchange arrays m0, scale0, m1, scale1 [64] there) | 27 mbarriers; 232152 of 232448 bytes,
-// aligned to 1024 bytes in the kernel.
+// the exchange arrays m0, scale0, m1, scale1 [64] there) | 45 mbarriers (18 of them raw_full, used
+// with an fp8 cache only); 232296 of 232448 bytes, aligned to 1024 bytes in the kernel.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -163,8 +163,8 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // (empty_hi); the producer loads in that order and S0 / S1 read their blocks in the order
 // loaded. An odd segment's last pair has a phantom tile a + 1 (zero-filled, masked).
 //
-// kVariant 6 (ATTNKIT_MLA_WGMMA_BLOCKS=6; session 10, NOT YET RUN ON A GPU): the seesaw without
-// the phantom tile. An odd segment's last pair runs a second copy of the pair body
+// kVariant 6 (the default since session 11, H200-verified; ATTNKIT_MLA_WGMMA_BLOCKS=6): the seesaw
+// without the phantom tile. An odd segment's last pair runs a second copy of the pair body
 // (compile-time kPhantom, so every branch around a wgmma stays uniform): the producer loads
 // nothing into stage 1, consumer 1 skips S1, its softmax and P1 V1R (it only rescales O_R by
 // scale0 and runs (P0) V0R), consumer 0 skips the wait for P1 and P1 V1L. Stage 1 then has no
@@ -173,21 +173,21 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // 128-thread barrier (kBarC0: every warp's S0 is done; in a full pair the P1 barrier orders it).
 // The protocol was checked by docs/perf/mla_s10/seesaw_model.py (random interleavings).
 //
-// kVariant 7 (ATTNKIT_MLA_WGMMA_BLOCKS=7; session 10, NOT YET RUN ON A GPU): 6 + consumer 0 issues
-// the next pair's S0 early, FlashMLA's order (its public "new kernel deep dive"; no code taken):
-// right behind P1 V1L (no wait in between) the k-steps of stage 0's blocks 0-3 (released after P0
-// V0L, refilled while P1 V1L runs), then wait_group<1> (P1 V1L done), the release of stage 1's
-// blocks 0-3, 8, then blocks 4-8 (released by consumer 1's P0 V0R). The next pair starts with S0
-// done or nearly done, so the softmax of tile a overlaps consumer 1's S1 instead of both S
+// kVariant 7 (ATTNKIT_MLA_WGMMA_BLOCKS=7; session 10, H200 session 11: no faster): 6 + consumer 0
+// issues the next pair's S0 early, FlashMLA's order (its public "new kernel deep dive"; no code
+// taken): right behind P1 V1L (no wait in between) the k-steps of stage 0's blocks 0-3 (released
+// after P0 V0L, refilled while P1 V1L runs), then wait_group<1> (P1 V1L done), the release of stage
+// 1's blocks 0-3, 8, then blocks 4-8 (released by consumer 1's P0 V0R). The next pair starts with
+// S0 done or nearly done, so the softmax of tile a overlaps consumer 1's S1 instead of both S
 // finishing together and the tensor pipe idling through softmax 0. The first pair's S0 of a
 // segment is issued before the loop; the segment's last pair issues none.
 //
-// kVariant 8 (ATTNKIT_MLA_WGMMA_BLOCKS=8; session 10, NOT YET RUN ON A GPU): 7 + P1 in the P
+// kVariant 8 (ATTNKIT_MLA_WGMMA_BLOCKS=8; session 10, H200 session 11: slower): 7 + P1 in the P
 // buffer (its own 8 KiB; the exchange arrays move to kX2Offset), so stage 1's rope block is read
 // by S1 only: consumer 1 releases it right after S1 (empty_rope), the producer refills it first
 // in the next pair, and S1 reads stage 1 in the order 4-7, 8, 0-3 (5 early blocks instead of 4;
 // 9 in the pair, as FlashMLA's).
-// kFp8 (an fp8_e4m3 cache; seesaw variants 3 and 6): the producer warpgroup splits. Warps 0-1 (the
+// kFp8 (an fp8_e4m3 cache; seesaw variant 6): the producer warpgroup splits. Warps 0-1 (the
 // loaders) wait for the stage's release groups as the bf16 producer does and copy the raw e4m3
 // bytes by cp.async into the stage, each 16-byte fp8 chunk into the first of the two bf16 chunks
 // it becomes, arriving on raw_full(stage, kb); warps 2-3 (the converters) wait for raw_full,
@@ -204,11 +204,14 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // a pair and needed by the next pair's S0); with loads off (timing diagnostic) fp8 runs at
 // 0.94-0.95x the bf16 kernel. The loaders' and the converters' walks over (segment, pair, group,
 // block) must stay the same sequence (their parities follow it); one shared walker would say so
-// by construction (written, not run on a GPU, so not here).
+// by construction (written, not run on a GPU, so not here). ptxas (sm_90a, nvcc 13.0) spills
+// 100 B in this instantiation under the producer's setmaxnreg 40: ~36 B in the loaders' per-pair
+// setup, ~64 B in the converters (two local reloads per block); the bf16 variants spill none. A
+// register split of producer 56 / consumers 224 or two units per converter step are untried.
 template <typename Tr, int kVariant, bool kFp8_ = false>
 struct MlaWgmmaCta {
   static constexpr bool kFp8 = kFp8_;
-  static_assert(!kFp8 || kVariant == 3 || kVariant == 6, "the fp8 producer: seesaw 3 and 6 only");
+  static_assert(!kFp8 || kVariant == 6, "the fp8 producer: the default seesaw (variant 6) only");
   // Producer threads that load (Q and K; they arrive on q_full and, bf16, block_full).
   static constexpr int kLoadThreads = kFp8 ? 64 : 128;
   static constexpr bool kBlockFull = kVariant >= 1;
