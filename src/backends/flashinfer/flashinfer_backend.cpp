@@ -245,6 +245,11 @@ class FlashInferBackend final : public AttentionBackend {
     c.granule = flashinfer::kDecodeRingKeys;
     return c;
   }
+  // Partial entries (rows x balanced_partial_width) the balanced kernel writes for plan bp.
+  int64_t balanced_partial_entries(const flashinfer::BalancedPlan& bp) const {
+    return static_cast<int64_t>(bp.num_partials) *
+           flashinfer::balanced_partial_width(ctx_.num_q_heads / ctx_.num_kv_heads);
+  }
   // Decode plans on the balanced kernel: with kAlways the balanced (cut) plan; with kAuto the
   // cut plan where choose_auto_plan picks it (an uneven batch, or a default plan that leaves slots
   // of the grid empty), else the default plan in the balanced format (balanced_from_work_plan). A
@@ -458,8 +463,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
                              balanced_kernel_plan(reqs, &cut, &split_long));
     bp.serialize(&words_);
-    partial_entries = static_cast<int64_t>(bp.num_partials) *
-                      flashinfer::balanced_partial_width(ctx_.num_q_heads / ctx_.num_kv_heads);
+    partial_entries = balanced_partial_entries(bp);
     plan_.split_long = split_long;
     plan_.balance_slots = bp.slots();
     plan_.balance_cut = cut;
@@ -984,9 +988,7 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
       return Status::internal("flashinfer: replay's balanced plan has " + str(bp.slots()) +
                               " slots, its graph was captured with " + str(captured->second));
     }
-    const int64_t entries =
-        static_cast<int64_t>(bp.num_partials) *
-        flashinfer::balanced_partial_width(ctx_.num_q_heads / ctx_.num_kv_heads);
+    const int64_t entries = balanced_partial_entries(bp);
     if (entries > graph_partial_entries_) {  // bounded at init (balanced_graph_partial_entries)
       return Status::internal("flashinfer: replay's balanced plan needs " + str(entries) +
                               " partial entries, above the graph workspace's " +

@@ -319,10 +319,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   ATTNKIT_RETURN_IF_ERROR(run_decode(p, page_size_, kv_dtype, stream));
   ++stats_.runs;
   if (p.skip_combine == 0) ++stats_.combine_launches;
-  if (quant && page_size_ != 1 && p.use_wgmma != 0 && p.wgmma_fp8 != 0 &&
-      rows_per_cta(p.rows_per_req) == 64) {
-    ++stats_.wgmma_fp8_runs;  // the launch rule of mla_decode_launch.cuh
-  }
+  if (quant && fp8_on_wgmma(p, page_size_)) ++stats_.wgmma_fp8_runs;
   return Status::ok();
 }
 

@@ -249,10 +249,11 @@ Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceCo
   // The kernel indexes partial entries (rows x W) in 32 bits; cut plans stay far below (<= 2
   // (slots - 1) rows of <= 16 entries).
   const int64_t partials = int64_t{wp.num_partials} * q_tiles * heads;
-  if (partials * balanced_partial_width(config.group) > std::numeric_limits<int32_t>::max()) {
-    return Status::invalid_argument(
-        "flashinfer encoded plan: " + std::to_string(partials) + " partial rows of " +
-        std::to_string(balanced_partial_width(config.group)) + " entries pass 2^31");
+  const int width = balanced_partial_width(config.group);
+  if (partials * width > std::numeric_limits<int32_t>::max()) {
+    return Status::invalid_argument("flashinfer encoded plan: " + std::to_string(partials) +
+                                    " partial rows of " + std::to_string(width) +
+                                    " entries pass 2^31");
   }
   plan.num_partials = static_cast<int>(partials);
   return plan;

@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const int seg_hi = cta_begin[blockIdx.x + 1];
   const QT* q = static_cast<const QT*>(p.q);
   const int q_tiles = (p.group + cuda::ring::kRows - 1) / cuda::ring::kRows;  // decode: q_len 1
-  const int width = min(p.group, cuda::ring::kRows);  // balanced_partial_width
+  const int width = balanced_partial_width(p.group);
   for (int i = seg_lo; i < seg_hi; ++i) {
     Segment seg;
     if (kSpeculate && i == static_cast<int>(blockIdx.x)) {

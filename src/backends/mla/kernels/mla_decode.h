@@ -20,6 +20,14 @@ inline int rows_per_cta(int rows_per_req) {
   if (rows_per_req <= 32) return 32;
   return 64;
 }
+// Whether run_decode sends an fp8_e4m3 cache to the sm_90a wgmma kernel's converting producer
+// (mla_decode_wgmma.cuh kFp8): 64-row tiles, the wgmma kernel enabled (p.use_wgmma), not
+// ATTNKIT_MLA_WGMMA_FP8=0 (p.wgmma_fp8), and not page 1 (flashinfer's MLA has no fp8 cache, so
+// that instantiation is not compiled). The launcher and MlaDecodeStats::wgmma_fp8_runs use it.
+inline bool fp8_on_wgmma(const MlaDecodeParams& p, int page_size) {
+  return page_size != 1 && p.use_wgmma != 0 && p.wgmma_fp8 != 0 &&
+         rows_per_cta(p.rows_per_req) == 64;
+}
 inline int row_tiles(int rows_per_req) {
   const int r = rows_per_cta(rows_per_req);
   return (rows_per_req + r - 1) / r;

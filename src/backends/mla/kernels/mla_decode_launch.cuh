@@ -85,9 +85,7 @@ Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
     // ATTNKIT_MLA_WGMMA_FP8=0 (MlaDecodeParams::wgmma_fp8) keeps the mma.sync kernel.
     // Page 1 (flashinfer's MLA) has no fp8 cache (its descriptor), so no instantiation there.
     if constexpr (kPage != 1) {
-      if (p.use_wgmma != 0 && p.wgmma_fp8 != 0 && rows_per_cta(p.rows_per_req) == 64) {
-        return launch_decode_wgmma<kPage, 6, true>(p, s);
-      }
+      if (fp8_on_wgmma(p, kPage)) return launch_decode_wgmma<kPage, 6, true>(p, s);
     }
   }
   switch (rows_per_cta(p.rows_per_req)) {
