@@ -4,25 +4,25 @@
 // the mma.sync kernel (mla_decode_mma.cuh), which keeps the 16/32-row tiles.
 //
 // CTA = 384 threads, one per SM (~226 KiB of shared memory):
-//   warpgroup 0 (producer, setmaxnreg 40): loads Q [64 x 576] once per request segment and the
-//     K tiles [64 keys x 576] into a 2-stage ring by 16-byte cp.async through the page table
-//     (slot = req_to_token[j - j % P] + j % P), in the 128-byte swizzle the wgmma descriptors
+//   warpgroup 0 (producer, setmaxnreg 40; fp8 56): loads Q [64 x 576] once per request segment
+//     and the K tiles [64 keys x 576] into a 2-stage ring by 16-byte cp.async through the page
+//     table (slot = req_to_token[j - j % P] + j % P), in the 128-byte swizzle the wgmma descriptors
 //     read; completion on mbarriers (full: cp.async.mbarrier.arrive.noinc), a stage is refilled
 //     after both consumer warpgroups released it (empty). kVariant (below): 1 and up have one
 //     full barrier per 64-column block, 2 and up release the two V halves separately.
-//   warpgroups 1, 2 (consumers g = 0, 1, setmaxnreg 232): consumer g owns output columns
-//     [256 g, 256 g + 256) of all 64 rows (O: 128 f32 registers per thread) and the S = Q K^T of
-//     the segment's tiles i with i % 2 == g (wgmma m64n64k16, A = Q and B = K from shared memory,
-//     36 k-steps). For its tile it runs the online softmax (running max from the tile before,
-//     through shared memory), writes P (bf16) and the rescale factor to shared memory, signals the
-//     other consumer (named barrier 1 + g), and accumulates O += P V with P from registers and V =
-//     the first 512 columns of the same K tile read MN-major (transposing descriptor, wgmma
-//     m64n256k16, 4 k-steps). For the other consumer's tile it waits for that P, rescales O and
-//     issues O += P V for its columns (A = P from shared memory), then its own next S; once that
-//     P V is done (wait_group 1) the stage is released, so the producer refills it while S and
-//     the softmax run. One warpgroup's softmax overlaps the other's GEMMs. (That is kVariant
-//     0-2; the default, kVariant 3, is the seesaw described below: both S of a tile pair at
-//     once, only the row max handed between the softmaxes.)
+//   warpgroups 1, 2 (consumers g = 0, 1, setmaxnreg 232; fp8 224): consumer g owns output
+//     columns [256 g, 256 g + 256) of all 64 rows (O: 128 f32 registers per thread) and the S = Q
+//     K^T of the segment's tiles i with i % 2 == g (wgmma m64n64k16, A = Q and B = K from shared
+//     memory, 36 k-steps). For its tile it runs the online softmax (running max from the tile
+//     before, through shared memory), writes P (bf16) and the rescale factor to shared memory,
+//     signals the other consumer (named barrier 1 + g), and accumulates O += P V with P from
+//     registers and V = the first 512 columns of the same K tile read MN-major (transposing
+//     descriptor, wgmma m64n256k16, 4 k-steps). For the other consumer's tile it waits for that P,
+//     rescales O and issues O += P V for its columns (A = P from shared memory), then its own next
+//     S; once that P V is done (wait_group 1) the stage is released, so the producer refills it
+//     while S and the softmax run. One warpgroup's softmax overlaps the other's GEMMs. (That is
+//     kVariant 0-2; the default, kVariant 3, is the seesaw described below: both S of a tile pair
+//     at once, only the row max handed between the softmaxes.)
 //   Epilogue: the row sums of both consumers are added through shared memory (named barrier 3);
 //     whole requests write bf16 out (+ natural-log LSE), split segments the normalised f32
 //     partial + log2 LSE for mla_combine_kernel.
@@ -195,25 +195,31 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // before written, so no barrier), fence the generic stores for the async proxy and arrive on
 // block_full. Loads stay in flight while earlier blocks convert; the consumers see the same bf16
 // tiles as with a bf16 cache (exact: every e4m3 value is a bf16 value); k_scale is folded into
-// scale_log2 / v_scale. H200 2026-11-23 22:46Z (b128 kv 4k / 8k / s_q 2, 128 heads, page 64,
-// two rounds): 1.14-1.17x the mma.sync kernel's fp8 (0.633 vs 0.726 ms at kv 4k, 230-242 vs
-// 201-207 TFLOP/s), 0.56x the bf16 cache. Measured and not kept (docs/perf/mla_notes.md, session
-// 14): one warpgroup converting each release group after issuing the next (1.16x); one loader and
-// three converter warps (0.91x); the converters' four loads one at a time (1.00x). The conversion
-// is on the critical path of the late release groups (stage 0 blocks 4-8 are freed at the end of
-// a pair and needed by the next pair's S0); with loads off (timing diagnostic) fp8 runs at
-// 0.94-0.95x the bf16 kernel. The loaders' and the converters' walks over (segment, pair, group,
-// block) must stay the same sequence (their parities follow it); one shared walker would say so
-// by construction (written, not run on a GPU, so not here). ptxas (sm_90a, nvcc 13.0) spills
-// 100 B in this instantiation under the producer's setmaxnreg 40: ~36 B in the loaders' per-pair
-// setup, ~64 B in the converters (two local reloads per block); the bf16 variants spill none. A
-// register split of producer 56 / consumers 224 or two units per converter step are untried.
+// scale_log2 / v_scale. Both walks come from one fp8_walk, so their parities agree by
+// construction. Registers: producer 56 / consumers 224 (setmaxnreg; at the bf16 kernel's 40 / 232
+// the producer spilled 100-104 B). H200 2026-11-23 23:56Z (b128 kv 4k / 8k / s_q 2, 128 heads,
+// page 64, two alternated rounds): 0.522-0.525 / 0.997 / 1.031-1.038 ms (278-293 TFLOP/s), 1.21-
+// 1.22x the 40 / 232 split (0.637-0.639 / 1.213-1.215 / 1.257-1.259 ms) and ~1.39x the mma.sync
+// kernel's fp8 (session 14: 0.726 ms at kv 4k); 0.70x the bf16 cache. Measured and not kept
+// (docs/perf/mla_notes.md, session 14, all under the spilling 40 / 232 split): one warpgroup
+// converting each release group after issuing the next (1.16x the mma.sync kernel); one loader
+// and three converter warps (0.91x); the converters' four loads one at a time (1.00x). The
+// conversion is on the critical path of the late release groups (stage 0 blocks 4-8 are freed at
+// the end of a pair and needed by the next pair's S0); with loads off (timing diagnostic) fp8
+// runs at 0.94-0.95x the bf16 kernel.
 template <typename Tr, int kVariant, bool kFp8_ = false>
 struct MlaWgmmaCta {
   static constexpr bool kFp8 = kFp8_;
   static_assert(!kFp8 || kVariant == 6, "the fp8 producer: the default seesaw (variant 6) only");
   // Producer threads that load (Q and K; they arrive on q_full and, bf16, block_full).
   static constexpr int kLoadThreads = kFp8 ? 64 : 128;
+  // setmaxnreg split: the fp8 producer (loaders' per-pair rows, converters' four units) spilled
+  // 100-104 B under 40 registers; at 56 / 224 neither warpgroup spills (ptxas sm_90a; the
+  // consumers fit in 208) and the fp8 decode ran 1.21-1.22x faster (H200 2026-11-23 23:56Z).
+  static constexpr int kProducerRegs = kFp8 ? 56 : Tr::kProducerRegs;
+  static constexpr int kConsumerRegs = kFp8 ? 224 : Tr::kConsumerRegs;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= Tr::kThreads * Tr::kEntryRegs,
+                "setmaxnreg budget of one CTA per SM");
   static constexpr bool kBlockFull = kVariant >= 1;
   static constexpr bool kSplitRelease = kVariant >= 2;
   static constexpr bool kSeesaw = kVariant == 3 || kVariant >= 6;
@@ -694,111 +700,118 @@ struct MlaWgmmaCta {
                         valid ? row + (4 * kb + f) * 16 : kvg, valid ? 16 : 0);
     }
   }
+  // The fp8 producer's walk, shared by the loaders and the converters so that both see the same
+  // sequence and so wait with the same parities: per request segment on_segment(b, kv_len), per
+  // seesaw pair on_pair(a, t1), and per block of each release group, in the order the groups free
+  // up (stage 0 blocks 0-3, stage 1 blocks 4-7, stage 0 blocks 4-8, stage 1 blocks 0-3, 8; an odd
+  // segment's last pair skips stage 1: kSkipPhantom), on_block(grp, s, n, kb, parity, load) with
+  // n the block's place in its group and parity the stage's fill count & 1.
+  template <typename OnSegment, typename OnPair, typename OnBlock>
+  __device__ __forceinline__ void fp8_walk(OnSegment&& on_segment, OnPair&& on_pair,
+                                           OnBlock&& on_block) const {
+    static_assert(kSkipPhantom, "the fp8 walk is variant 6's");
+    int pc = 0, pc1 = 0;  // pairs, and pairs that use stage 1
+    for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
+      on_segment(b, kv_len);
+      for (int a = t0; a < t1; a += 2, ++pc) {
+        const bool skip1 = a + 1 >= t1;
+        const uint32_t par0 = pc & 1, par1 = pc1 & 1;
+        if (!skip1) ++pc1;
+        const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
+        on_pair(a, t1);
+#pragma unroll 1
+        for (int grp = 0; grp < 4; ++grp) {
+          const int s = grp & 1;
+          if (s == 1 && skip1) continue;
+          const int nb = grp < 2 ? 4 : 5;
+          const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
+#pragma unroll 1
+          for (int n = 0; n < nb; ++n) {
+            on_block(grp, s, n, n == 4 ? 8 : kb0 + n, s ? par1 : par0, load);
+          }
+        }
+      }
+    });
+  }
+
   __device__ void loader_fp8_seesaw() const {
     using namespace sm90;
     const int key = threadIdx.x;  // 0..63
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
-    int pc = 0, pc1 = 0, tcount = 0;  // as producer_seesaw
-    for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
-      const int32_t* tok = page_table_row(b);
-      load_q(b, tcount++);
-      for (int a = t0; a < t1; a += 2, ++pc) {
-        const bool skip1 = kSkipPhantom && a + 1 >= t1;
-        const int j0 = a * kBlockN + key, j1 = j0 + kBlockN;
-        const bool valid0 = j0 < kv_len, valid1 = a + 1 < t1 && j1 < kv_len;
-        const uint8_t* row0 = kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row;
-        const uint8_t* row1 = kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row;
-        const uint32_t ph0 = (pc & 1) ^ 1;
-        const uint32_t ph1 = ((kSkipPhantom ? pc1 : pc) & 1) ^ 1;
-        if (!skip1) ++pc1;
-        const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
-#pragma unroll 1
-        for (int grp = 0; grp < 4; ++grp) {
-          const int s = grp & 1;
-          if (s == 1 && skip1) continue;
-          mbar_wait(grp < 2 ? empty(s) : empty_hi(s), s ? ph1 : ph0);
-          const int nb = grp < 2 ? 4 : 5;
-          const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
-          const uint32_t dst = sK(s);
-#pragma unroll 1
-          for (int n = 0; n < nb; ++n) {
-            const int kb = n == 4 ? 8 : kb0 + n;
-            if (load) copy_fp8_raw(dst, key, kb, s ? row1 : row0, kvg, s ? valid1 : valid0);
-            cp_async_arrive_noinc(raw_full(s, kb));
-          }
-        }
-      }
-    });
+    const int32_t* tok = nullptr;
+    int kv_len = 0, tcount = 0;
+    const uint8_t *row0 = kvg, *row1 = kvg;
+    bool valid0 = false, valid1 = false;
+    fp8_walk(
+        [&](int b, int len) {
+          tok = page_table_row(b);
+          kv_len = len;
+          load_q(b, tcount++);
+        },
+        [&](int a, int t1) {
+          const int j0 = a * kBlockN + key, j1 = j0 + kBlockN;
+          valid0 = j0 < kv_len;
+          valid1 = a + 1 < t1 && j1 < kv_len;
+          row0 = kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row;
+          row1 = kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row;
+        },
+        [&](int grp, int s, int n, int kb, uint32_t parity, bool load) {
+          // A group's slots are free once its consumer has released them (one phase behind).
+          if (n == 0) mbar_wait(grp < 2 ? empty(s) : empty_hi(s), parity ^ 1);
+          if (load) copy_fp8_raw(sK(s), key, kb, s ? row1 : row0, kvg, s ? valid1 : valid0);
+          cp_async_arrive_noinc(raw_full(s, kb));
+        });
     cp_async_wait<0>();
   }
-  // The converters (warps 2-3, thread 64 + c) walk the loaders' sequence of (segment, pair, group,
-  // block): once a block's raw bytes have landed (raw_full, one phase per fill of the stage), unit
-  // u = c + 64 i (i < 4: key u / 4, raw chunk f = u % 4) is read from chunk 8 kb + 2 f
-  // and written as the bf16 chunks 8 kb + 2 f and + 1 of the same key (no other unit touches
-  // them, so no barrier), then the generic stores are fenced for the async proxy and block_full
-  // announced.
+  // The converters (warps 2-3, thread 64 + c) take the loaders' walk: once a block's raw bytes
+  // have landed (raw_full, one phase per fill of the stage), convert_fp8_block expands them in
+  // place, the generic stores are fenced for the async proxy and block_full announced.
   __device__ void converter_seesaw() const {
     using namespace sm90;
     const int c = threadIdx.x - kLoadThreads;  // 0..63
-    int pc = 0, pc1 = 0;
-    for_each_segment(p, [&](int, int, int t0, int t1, bool, int) {
-      for (int a = t0; a < t1; a += 2, ++pc) {
-        const bool skip1 = kSkipPhantom && a + 1 >= t1;
-        const uint32_t ph0 = pc & 1;
-        const uint32_t ph1 = (kSkipPhantom ? pc1 : pc) & 1;
-        if (!skip1) ++pc1;
-        const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
-#pragma unroll 1
-        for (int grp = 0; grp < 4; ++grp) {
-          const int s = grp & 1;
-          if (s == 1 && skip1) continue;
-          const int nb = grp < 2 ? 4 : 5;
-          const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
-          const uint32_t dst = sK(s);
-#pragma unroll 1
-          for (int n = 0; n < nb; ++n) {
-            const int kb = n == 4 ? 8 : kb0 + n;
-            mbar_wait(raw_full(s, kb), s ? ph1 : ph0);
-            if (load) {
-              // All four units' raw chunks first (four loads in flight), then converted and
-              // stored.
-              constexpr int kUnits = 256 / (128 - kLoadThreads);
-              static_assert(kUnits * (128 - kLoadThreads) == 256, "whole units per converter");
-              uint4 r[kUnits];
+    fp8_walk([](int, int) {}, [](int, int) {},
+             [&](int, int s, int, int kb, uint32_t parity, bool load) {
+               mbar_wait(raw_full(s, kb), parity);
+               if (load) convert_fp8_block(sK(s), kb, c);
+               fence_proxy_async();  // the generic stores, before the wgmma (async proxy) reads
+               mbar_arrive(block_full(s, kb));
+             });
+  }
+  // Block kb of the stage at dst, converter thread c: unit u = c + 64 i (i < 4: key u / 4, raw
+  // chunk f = u % 4) is read from chunk 8 kb + 2 f and written as the bf16 chunks 8 kb + 2 f and
+  // + 1 of the same key (no other unit touches them, so no barrier); the four units' raw chunks
+  // are read first (four loads in flight), then converted and stored.
+  __device__ __forceinline__ static void convert_fp8_block(uint32_t dst, int kb, int c) {
+    constexpr int kUnits = 256 / (128 - kLoadThreads);
+    static_assert(kUnits * (128 - kLoadThreads) == 256, "whole units per converter");
+    uint4 r[kUnits];
 #pragma unroll
-              for (int i = 0; i < kUnits; ++i) {
-                const int u = c + i * (128 - kLoadThreads);
-                const uint32_t a0 = dst + swizzle_offset(kBlockN, u >> 2, 8 * kb + 2 * (u & 3));
-                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(r[i].x), "=r"(r[i].y), "=r"(r[i].z), "=r"(r[i].w)
-                             : "r"(a0)
-                             : "memory");
-              }
+    for (int i = 0; i < kUnits; ++i) {
+      const int u = c + i * (128 - kLoadThreads);
+      const uint32_t a0 = dst + sm90::swizzle_offset(kBlockN, u >> 2, 8 * kb + 2 * (u & 3));
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(r[i].x), "=r"(r[i].y), "=r"(r[i].z), "=r"(r[i].w)
+                   : "r"(a0)
+                   : "memory");
+    }
 #pragma unroll
-              for (int i = 0; i < kUnits; ++i) {
-                const int u = c + i * (128 - kLoadThreads);
-                const int key = u >> 2, ch = 8 * kb + 2 * (u & 3);
-                uint32_t w[8];
-                fp8x4_to_bf16x4(r[i].x, w[0], w[1]);
-                fp8x4_to_bf16x4(r[i].y, w[2], w[3]);
-                fp8x4_to_bf16x4(r[i].z, w[4], w[5]);
-                fp8x4_to_bf16x4(r[i].w, w[6], w[7]);
-                const uint32_t a0 = dst + swizzle_offset(kBlockN, key, ch);
-                const uint32_t a1 = dst + swizzle_offset(kBlockN, key, ch + 1);
-                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(a0), "r"(w[0]),
-                             "r"(w[1]), "r"(w[2]), "r"(w[3])
-                             : "memory");
-                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(a1), "r"(w[4]),
-                             "r"(w[5]), "r"(w[6]), "r"(w[7])
-                             : "memory");
-              }
-            }
-            fence_proxy_async();  // the generic stores, before the wgmma (async proxy) reads
-            mbar_arrive(block_full(s, kb));
-          }
-        }
-      }
-    });
+    for (int i = 0; i < kUnits; ++i) {
+      const int u = c + i * (128 - kLoadThreads);
+      const int key = u >> 2, ch = 8 * kb + 2 * (u & 3);
+      uint32_t w[8];
+      fp8x4_to_bf16x4(r[i].x, w[0], w[1]);
+      fp8x4_to_bf16x4(r[i].y, w[2], w[3]);
+      fp8x4_to_bf16x4(r[i].z, w[4], w[5]);
+      fp8x4_to_bf16x4(r[i].w, w[6], w[7]);
+      const uint32_t a0 = dst + sm90::swizzle_offset(kBlockN, key, ch);
+      const uint32_t a1 = dst + sm90::swizzle_offset(kBlockN, key, ch + 1);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(a0), "r"(w[0]), "r"(w[1]),
+                   "r"(w[2]), "r"(w[3])
+                   : "memory");
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(a1), "r"(w[4]), "r"(w[5]),
+                   "r"(w[6]), "r"(w[7])
+                   : "memory");
+    }
   }
 
   // S = Q K^T of stage kS in seesaw_block order; the first block was waited for by the caller.
@@ -1163,21 +1176,21 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    sm90::setmaxnreg_dec<Tr::kProducerRegs>();
+    sm90::setmaxnreg_dec<Cta::kProducerRegs>();
     if constexpr (Cta::kSeesaw) {
       cta.producer_seesaw();
     } else {
       cta.producer();
     }
   } else if (wg == 1) {
-    sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
+    sm90::setmaxnreg_inc<Cta::kConsumerRegs>();
     if constexpr (Cta::kSeesaw) {
       cta.template consumer_seesaw<0>();
     } else {
       cta.template consumer<0>();
     }
   } else {
-    sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
+    sm90::setmaxnreg_inc<Cta::kConsumerRegs>();
     if constexpr (Cta::kSeesaw) {
       cta.template consumer_seesaw<1>();
     } else {
