@@ -83,7 +83,7 @@ TEST(CutlassMlaKernels, Heads128Bf16BothKernels) {
   }
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA"), 0);
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_BLOCKS"), 0);
-  // fp8 cache: the page-128 instantiation of the wgmma kernel's converting producer (default) and
+  // fp8 cache: the page-128 instantiation of the wgmma kernel's fp8 path (default) and
   // the mma.sync kernel (ATTNKIT_MLA_WGMMA_FP8=0).
   c.kv_dtype = v.kv_dtype = DType::kFP8E4M3;
   for (const char* fp8 : {"", "0"}) {

@@ -157,10 +157,10 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
 }
 
 // fp8 cache with 64-row tiles (128 heads; 64 heads x s_q 2): by default on an SM90 GPU the wgmma
-// kernel with the converting producer (raw e4m3 bytes by cp.async into the bf16 stage, converted
-// in place; MlaDecodeStats::wgmma_fp8_runs counts every layer), with ATTNKIT_MLA_WGMMA_FP8=0 or
-// ATTNKIT_MLA_WGMMA=0 the mma.sync kernel: many short requests per CTA (segment restarts with odd
-// and even tile counts: the producer's last group converted before the next Q), a long split
+// kernel (raw e4m3 bytes by cp.async into the bf16 stage, converted in place by the consumer whose
+// S reads the block; MlaDecodeStats::wgmma_fp8_runs counts every layer), with
+// ATTNKIT_MLA_WGMMA_FP8=0 or ATTNKIT_MLA_WGMMA=0 the mma.sync kernel: many short requests per CTA
+// (segment restarts with odd and even tile counts, phantom pairs), a long split
 // request, a verify chain, each against the reference.
 TEST(FlashMlaKernels, Fp8Heads128BothKernels) {
   std::vector<int> lens;

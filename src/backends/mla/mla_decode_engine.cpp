@@ -41,11 +41,13 @@ bool wgmma_env_on() { return env_choice("ATTNKIT_MLA_WGMMA", {"0", "1", "all"}, 
 // 8 slower; docs/perf/mla_notes.md session 11).
 int wgmma_variant_env() { return env_int("ATTNKIT_MLA_WGMMA_BLOCKS", 6, {0, 1, 2, 3, 6, 7, 8}); }
 // ATTNKIT_MLA_WGMMA_FP8=0: an fp8 cache's 64-row tiles stay on the mma.sync kernel; unset / 1:
-// the wgmma kernel with the converting producer (MlaDecodeParams::wgmma_fp8).
+// the wgmma kernel, its consumers converting the raw tiles (MlaDecodeParams::wgmma_fp8).
 bool wgmma_fp8_env() { return env_flag("ATTNKIT_MLA_WGMMA_FP8", true); }
-// ATTNKIT_MLA_WGMMA_DIAG=noload: timing diagnostic, wrong results (see MlaDecodeParams).
-bool wgmma_noload_env() {
-  return env_choice("ATTNKIT_MLA_WGMMA_DIAG", {"noload"}, "none") == "noload";
+// ATTNKIT_MLA_WGMMA_DIAG=noload / noconvert: timing diagnostics, wrong results (see
+// MlaDecodeParams::wgmma_diag_noload).
+int wgmma_noload_env() {
+  const std::string v = env_choice("ATTNKIT_MLA_WGMMA_DIAG", {"noload", "noconvert"}, "none");
+  return v == "noload" ? 1 : v == "noconvert" ? 2 : 0;
 }
 
 // ATTNKIT_MLA_MMA_PREFETCH: "0" the mma.sync kernel reads the page table at the refill (session
@@ -311,7 +313,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.partial_lse = plan_.partial_lse;
   p.num_parts = plan_.num_parts;
   p.use_wgmma = use_wgmma_ ? 1 + wgmma_variant_ : 0;
-  p.wgmma_diag_noload = wgmma_noload_ ? 1 : 0;  // both kernels
+  p.wgmma_diag_noload = wgmma_noload_;  // both kernels
   p.wgmma_fp8 = wgmma_fp8_ ? 1 : 0;
   p.mma_prefetch = mma_prefetch_;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;

@@ -20,8 +20,8 @@ inline int rows_per_cta(int rows_per_req) {
   if (rows_per_req <= 32) return 32;
   return 64;
 }
-// Whether run_decode sends an fp8_e4m3 cache to the sm_90a wgmma kernel's converting producer
-// (mla_decode_wgmma.cuh kFp8): 64-row tiles, the wgmma kernel enabled (p.use_wgmma), not
+// Whether run_decode sends an fp8_e4m3 cache to the sm_90a wgmma kernel (mla_decode_wgmma.cuh
+// kFp8): 64-row tiles, the wgmma kernel enabled (p.use_wgmma), not
 // ATTNKIT_MLA_WGMMA_FP8=0 (p.wgmma_fp8), and not page 1 (flashinfer's MLA has no fp8 cache, so
 // that instantiation is not compiled). The launcher and MlaDecodeStats::wgmma_fp8_runs use it.
 inline bool fp8_on_wgmma(const MlaDecodeParams& p, int page_size) {

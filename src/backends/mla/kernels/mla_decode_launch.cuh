@@ -80,8 +80,8 @@ Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
       return launch_decode_wgmma<kPage, 3>(p, s);                        // 4: the seesaw (default)
     }
   } else {
-    // fp8 cache: the seesaw without the phantom tile (variant 6, the bf16 default) with the
-    // converting producer (mla_decode_wgmma.cuh kFp8), whatever ATTNKIT_MLA_WGMMA_BLOCKS says;
+    // fp8 cache: the seesaw without the phantom tile (variant 6, the bf16 default), the consumers
+    // converting the raw tiles (mla_decode_wgmma.cuh kFp8), whatever ATTNKIT_MLA_WGMMA_BLOCKS says;
     // ATTNKIT_MLA_WGMMA_FP8=0 (MlaDecodeParams::wgmma_fp8) keeps the mma.sync kernel.
     // Page 1 (flashinfer's MLA) has no fp8 cache (its descriptor), so no instantiation there.
     if constexpr (kPage != 1) {

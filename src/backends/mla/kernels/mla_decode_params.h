@@ -56,9 +56,10 @@ struct MlaDecodeParams {
   // next pair's S0 behind P1 V1L (kVariant 7); 9 (ATTNKIT_MLA_WGMMA_BLOCKS=8, likewise): 8 + P1 in
   // its own buffer, stage 1's rope block released after S1 (kVariant 8).
   int use_wgmma = 0;
-  // Diagnostic, timing only (ATTNKIT_MLA_WGMMA_DIAG=noload): the wgmma kernel's producer stops
-  // loading K tiles after the first two, the mma.sync kernel after its prologue (results are
-  // wrong).
+  // Diagnostics, timing only (results are wrong): 1 (ATTNKIT_MLA_WGMMA_DIAG=noload) the wgmma
+  // kernel's producer stops loading K tiles after the first two, the mma.sync kernel after its
+  // prologue; 2 (=noconvert) the fp8 wgmma kernel loads the raw tiles but does not convert them
+  // (every wait and arrival kept).
   int wgmma_diag_noload = 0;
   // mma.sync kernel: read the page table one tile ahead of the cp.async that needs it. 0 off (the
   // session-7 loader), 1 on for every tile size, 2 (default) per tile size and page (resolved to
@@ -66,7 +67,7 @@ struct MlaDecodeParams {
   // through a shared-memory ring (MlaDecodeTraits::kPtSmem; the default for page 64 since the
   // session-8 A/B). ATTNKIT_MLA_MMA_PREFETCH "0" / "1" / unset / "smem".
   int mma_prefetch = 2;
-  // fp8 cache, 64-row tiles on SM90 with use_wgmma: the wgmma kernel with the converting producer
+  // fp8 cache, 64-row tiles on SM90 with use_wgmma: the wgmma kernel, the consumers converting
   // (mla_decode_wgmma.cuh kFp8); 0 (ATTNKIT_MLA_WGMMA_FP8=0): the mma.sync kernel.
   int wgmma_fp8 = 1;
   // fp8 cache, 16-row tiles: f16 tensor-core inputs (MlaDecodeTraits::kF16) instead of bf16.

@@ -1,16 +1,16 @@
 // The SM90 (sm_90a) wgmma MLA decode kernel for 64-query-row tiles with a bf16 or (converted by
-// the producer, kFp8 below) fp8_e4m3 latent cache (128 heads, or 33-64 heads x s_q): same plan
+// the consumers, kFp8 below) fp8_e4m3 latent cache (128 heads, or 33-64 heads x s_q): same plan
 // (mla_tile_scheduler.h), same partial layout and combine kernel, same paged-loader addressing as
 // the mma.sync kernel (mla_decode_mma.cuh), which keeps the 16/32-row tiles.
 //
 // CTA = 384 threads, one per SM (~226 KiB of shared memory):
-//   warpgroup 0 (producer, setmaxnreg 40; fp8 56): loads Q [64 x 576] once per request segment
+//   warpgroup 0 (producer, setmaxnreg 40): loads Q [64 x 576] once per request segment
 //     and the K tiles [64 keys x 576] into a 2-stage ring by 16-byte cp.async through the page
 //     table (slot = req_to_token[j - j % P] + j % P), in the 128-byte swizzle the wgmma descriptors
 //     read; completion on mbarriers (full: cp.async.mbarrier.arrive.noinc), a stage is refilled
 //     after both consumer warpgroups released it (empty). kVariant (below): 1 and up have one
 //     full barrier per 64-column block, 2 and up release the two V halves separately.
-//   warpgroups 1, 2 (consumers g = 0, 1, setmaxnreg 232; fp8 224): consumer g owns output
+//   warpgroups 1, 2 (consumers g = 0, 1, setmaxnreg 232): consumer g owns output
 //     columns [256 g, 256 g + 256) of all 64 rows (O: 128 f32 registers per thread) and the S = Q
 //     K^T of the segment's tiles i with i % 2 == g (wgmma m64n64k16, A = Q and B = K from shared
 //     memory, 36 k-steps). For its tile it runs the online softmax (running max from the tile
@@ -138,6 +138,8 @@ inline constexpr int kBarP1 = 2;  // consumer 1 published P1 (frame m1) for cons
 inline constexpr int kBarP0 = 4;  // consumer 0 published P0 scale1 (frame m1) for consumer 1
 // Variant 6, a phantom pair: consumer 0's 128 threads are done with S0 (stage 0's rope block).
 inline constexpr int kBarC0 = 5;
+// kFp8: consumer g's warpgroup has converted a block of its stage (6 + g).
+inline constexpr int kBarCvt = 6;
 // Every variant:
 inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 
@@ -187,39 +189,25 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // by S1 only: consumer 1 releases it right after S1 (empty_rope), the producer refills it first
 // in the next pair, and S1 reads stage 1 in the order 4-7, 8, 0-3 (5 early blocks instead of 4;
 // 9 in the pair, as FlashMLA's).
-// kFp8 (an fp8_e4m3 cache; seesaw variant 6): the producer warpgroup splits. Warps 0-1 (the
-// loaders) wait for the stage's release groups as the bf16 producer does and copy the raw e4m3
-// bytes by cp.async into the stage, each 16-byte fp8 chunk into the first of the two bf16 chunks
-// it becomes, arriving on raw_full(stage, kb); warps 2-3 (the converters) wait for raw_full,
-// convert every fp8 chunk in place into its two bf16 chunks (each chunk is one thread's, read
-// before written, so no barrier), fence the generic stores for the async proxy and arrive on
-// block_full. Loads stay in flight while earlier blocks convert; the consumers see the same bf16
-// tiles as with a bf16 cache (exact: every e4m3 value is a bf16 value); k_scale is folded into
-// scale_log2 / v_scale. Both walks come from one fp8_walk, so their parities agree by
-// construction. Registers: producer 56 / consumers 224 (setmaxnreg; at the bf16 kernel's 40 / 232
-// the producer spilled 100-104 B). H200 2026-11-23 23:56Z (b128 kv 4k / 8k / s_q 2, 128 heads,
-// page 64, two alternated rounds): 0.522-0.525 / 0.997 / 1.031-1.038 ms (278-293 TFLOP/s), 1.21-
-// 1.22x the 40 / 232 split (0.637-0.639 / 1.213-1.215 / 1.257-1.259 ms) and ~1.39x the mma.sync
-// kernel's fp8 (session 14: 0.726 ms at kv 4k); 0.70x the bf16 cache. Measured and not kept
-// (docs/perf/mla_notes.md, session 14, all under the spilling 40 / 232 split): one warpgroup
-// converting each release group after issuing the next (1.16x the mma.sync kernel); one loader
-// and three converter warps (0.91x); the converters' four loads one at a time (1.00x). The
-// conversion is on the critical path of the late release groups (stage 0 blocks 4-8 are freed at
-// the end of a pair and needed by the next pair's S0); with loads off (timing diagnostic) fp8
-// runs at 0.94-0.95x the bf16 kernel.
+// kFp8 (an fp8_e4m3 cache; seesaw variant 6): the producer walks the release groups as for
+// bf16 but copies the raw e4m3 bytes by cp.async into the stage, each 16-byte fp8 chunk into the
+// first of the two bf16 chunks it becomes, arriving on raw_full(stage, kb). Consumer g converts
+// stage g's blocks in place, each right before its S reads it (acquire_s_block: wait raw_full,
+// two 16-byte units per thread, fence for the async proxy, a 128-thread named barrier, then
+// block_full for the other consumer's P V), so the conversion of block n + 1 overlaps the wgmma
+// of block n. The consumers then see the same bf16 tiles as with a bf16 cache (exact: every e4m3
+// value is a bf16 value); k_scale is folded into scale_log2 / v_scale. H200 2026-11-24 00:24Z
+// (b128, 128 heads, page 64, two alternated rounds): kv 4k / 8k / s_q 2 0.439-0.441 / 0.840-0.854
+// / 0.868-0.875 ms (331-348 TFLOP/s), 0.83x the bf16 cache; 1.17-1.20x the earlier design in the
+// same command (producer warps 0-1 loading, warps 2-3 converting: 0.525-0.529 / 0.995-0.998 /
+// 1.027-1.030 ms), which was 1.39x the mma.sync kernel's fp8 after its spills were removed
+// (session 15) and 1.15x before (session 14; docs/perf/mla_notes.md has every variant measured).
+// With the conversion skipped (ATTNKIT_MLA_WGMMA_DIAG=noconvert, wrong results) fp8 runs at the
+// bf16 kernel's speed (0.362-0.363 ms), so what is left is the conversion on the S path.
 template <typename Tr, int kVariant, bool kFp8_ = false>
 struct MlaWgmmaCta {
   static constexpr bool kFp8 = kFp8_;
-  static_assert(!kFp8 || kVariant == 6, "the fp8 producer: the default seesaw (variant 6) only");
-  // Producer threads that load (Q and K; they arrive on q_full and, bf16, block_full).
-  static constexpr int kLoadThreads = kFp8 ? 64 : 128;
-  // setmaxnreg split: the fp8 producer (loaders' per-pair rows, converters' four units) spilled
-  // 100-104 B under 40 registers; at 56 / 224 neither warpgroup spills (ptxas sm_90a; the
-  // consumers fit in 208) and the fp8 decode ran 1.21-1.22x faster (H200 2026-11-23 23:56Z).
-  static constexpr int kProducerRegs = kFp8 ? 56 : Tr::kProducerRegs;
-  static constexpr int kConsumerRegs = kFp8 ? 224 : Tr::kConsumerRegs;
-  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= Tr::kThreads * Tr::kEntryRegs,
-                "setmaxnreg budget of one CTA per SM");
+  static_assert(!kFp8 || kVariant == 6, "the fp8 cache: the default seesaw (variant 6) only");
   static constexpr bool kBlockFull = kVariant >= 1;
   static constexpr bool kSplitRelease = kVariant >= 2;
   static constexpr bool kSeesaw = kVariant == 3 || kVariant >= 6;
@@ -254,7 +242,7 @@ struct MlaWgmmaCta {
   __device__ uint32_t block_full(int s, int kb) const { return bar(6 + s * Tr::kColBlocks + kb); }
   __device__ uint32_t empty_hi(int s) const { return bar(6 + 2 * Tr::kColBlocks + s); }
   __device__ uint32_t empty_rope() const { return bar(6 + 2 * Tr::kColBlocks + 2); }
-  // kFp8: the raw bytes of block kb of stage s have landed (loaders' cp.async arrivals).
+  // kFp8: the raw bytes of block kb of stage s have landed (the producer's cp.async arrivals).
   __device__ uint32_t raw_full(int s, int kb) const {
     return bar(6 + 2 * Tr::kColBlocks + 3 + s * Tr::kColBlocks + kb);
   }
@@ -271,7 +259,7 @@ struct MlaWgmmaCta {
     const auto* qg = static_cast<const uint8_t*>(p.q);
     const int row0 = blockIdx.y * Tr::kRows;
     mbar_wait(q_empty(), (tcount & 1) ^ 1);
-    for (int idx = tid; idx < Tr::kRows * Tr::kChunks; idx += kLoadThreads) {
+    for (int idx = tid; idx < Tr::kRows * Tr::kChunks; idx += 128) {
       const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
       const uint8_t* src = q_chunk_src(p, b, row0 + r, c);
       cp_async_16(sQ() + swizzle_offset(Tr::kRows, r, c), src ? src : qg, src ? 16 : 0);
@@ -319,7 +307,7 @@ struct MlaWgmmaCta {
         const uint32_t dst = sK(stage);
         // Diagnostic (ATTNKIT_MLA_WGMMA_DIAG=noload; wrong results, timing only): after the
         // first fill of both stages no global loads, the consumers recompute stale tiles.
-        const bool load = !(p.wgmma_diag_noload != 0 && it >= 2);
+        const bool load = !(p.wgmma_diag_noload == 1 && it >= 2);
         if constexpr (kBlockFull) {
           // Block kb = chunks [8 kb, 8 kb + 8): thread t copies chunks 8 kb + 4 (t % 2) + [0, 4).
 #pragma unroll 1
@@ -633,14 +621,6 @@ struct MlaWgmmaCta {
   // (empty_hi(0)), stage 1 blocks 0-3, 8 (empty_hi(1)).
   __device__ void producer_seesaw() const {
     using namespace sm90;
-    if constexpr (kFp8) {
-      if (threadIdx.x >= kLoadThreads) {
-        converter_seesaw();  // warps 2-3
-      } else {
-        loader_fp8_seesaw();  // warps 0-1
-      }
-      return;
-    }
     const int tid = threadIdx.x;  // 0..127
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
     int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
@@ -655,14 +635,15 @@ struct MlaWgmmaCta {
         // Tile a + 1 == t1 (odd segment): the phantom tile, zero-filled (and masked).
         const int j0 = a * kBlockN + key, j1 = j0 + kBlockN;
         const bool valid0 = j0 < kv_len, valid1 = a + 1 < t1 && j1 < kv_len;
+        constexpr int kElemBytes = kFp8 ? 1 : 2;
         const uint8_t* row0 =
-            kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row * 2;
+            kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row * kElemBytes;
         const uint8_t* row1 =
-            kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row * 2;
+            kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row * kElemBytes;
         const uint32_t ph0 = (pc & 1) ^ 1;
         const uint32_t ph1 = ((kSkipPhantom ? pc1 : pc) & 1) ^ 1;
         if (!skip1) ++pc1;
-        const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
+        const bool load = !(p.wgmma_diag_noload == 1 && pc >= 1);
         // kP1Buf: group -1 = stage 1's rope block (released right after S1), group 3 without it.
 #pragma unroll 1
         for (int grp = kP1Buf ? -1 : 0; grp < 4; ++grp) {
@@ -677,8 +658,13 @@ struct MlaWgmmaCta {
 #pragma unroll 1
           for (int n = 0; n < nb; ++n) {
             const int kb = n == 4 ? 8 : kb0 + n;
-            if (load) copy_block_chunks(dst, key, kb, tid, row, kvg, valid);
-            cp_async_arrive_noinc(block_full(s, kb));
+            if constexpr (kFp8) {
+              if (load) copy_fp8_raw(dst, key, kb, tid, row, kvg, valid);
+              cp_async_arrive_noinc(raw_full(s, kb));
+            } else {
+              if (load) copy_block_chunks(dst, key, kb, tid, row, kvg, valid);
+              cp_async_arrive_noinc(block_full(s, kb));
+            }
           }
         }
       }
@@ -686,108 +672,28 @@ struct MlaWgmmaCta {
     cp_async_wait<0>();
   }
 
-  // ---- fp8 producer (kFp8): two loader warps, two converter warps ----
-  // The loaders (warps 0-1, thread t: key t of a tile) wait for the release groups as the bf16
-  // producer does and copy the key's raw e4m3 bytes of a block (fp8 chunks 4 kb + f, f < 4, 16
-  // values each) by cp.async into the first of the two bf16 chunks each becomes (chunk 8 kb + 2 f
-  // of the stage; !valid: zero-filled), arriving on raw_full(stage, kb).
-  __device__ __forceinline__ static void copy_fp8_raw(uint32_t dst, int key, int kb,
+  // ---- fp8 cache (kFp8): raw loads, conversion by the consumers ----
+  // Producer thread t copies the raw e4m3 bytes of key t / 2 of a block (fp8 chunks 4 kb + f, f =
+  // 2 (t % 2) + [0, 2), 16 values each) by cp.async into the first of the two bf16 chunks each
+  // becomes (chunk 8 kb + 2 f of the stage; !valid: zero-filled), arriving on raw_full.
+  __device__ __forceinline__ static void copy_fp8_raw(uint32_t dst, int key, int kb, int tid,
                                                       const uint8_t* row, const uint8_t* kvg,
                                                       bool valid) {
 #pragma unroll
-    for (int f = 0; f < 4; ++f) {
+    for (int f = 2 * (tid & 1); f < 2 * (tid & 1) + 2; ++f) {
       sm90::cp_async_16(dst + sm90::swizzle_offset(kBlockN, key, 8 * kb + 2 * f),
                         valid ? row + (4 * kb + f) * 16 : kvg, valid ? 16 : 0);
     }
   }
-  // The fp8 producer's walk, shared by the loaders and the converters so that both see the same
-  // sequence and so wait with the same parities: per request segment on_segment(b, kv_len), per
-  // seesaw pair on_pair(a, t1), and per block of each release group, in the order the groups free
-  // up (stage 0 blocks 0-3, stage 1 blocks 4-7, stage 0 blocks 4-8, stage 1 blocks 0-3, 8; an odd
-  // segment's last pair skips stage 1: kSkipPhantom), on_block(grp, s, n, kb, parity, load) with
-  // n the block's place in its group and parity the stage's fill count & 1.
-  template <typename OnSegment, typename OnPair, typename OnBlock>
-  __device__ __forceinline__ void fp8_walk(OnSegment&& on_segment, OnPair&& on_pair,
-                                           OnBlock&& on_block) const {
-    static_assert(kSkipPhantom, "the fp8 walk is variant 6's");
-    int pc = 0, pc1 = 0;  // pairs, and pairs that use stage 1
-    for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
-      on_segment(b, kv_len);
-      for (int a = t0; a < t1; a += 2, ++pc) {
-        const bool skip1 = a + 1 >= t1;
-        const uint32_t par0 = pc & 1, par1 = pc1 & 1;
-        if (!skip1) ++pc1;
-        const bool load = !(p.wgmma_diag_noload != 0 && pc >= 1);
-        on_pair(a, t1);
-#pragma unroll 1
-        for (int grp = 0; grp < 4; ++grp) {
-          const int s = grp & 1;
-          if (s == 1 && skip1) continue;
-          const int nb = grp < 2 ? 4 : 5;
-          const int kb0 = grp == 0 || grp == 3 ? 0 : 4;
-#pragma unroll 1
-          for (int n = 0; n < nb; ++n) {
-            on_block(grp, s, n, n == 4 ? 8 : kb0 + n, s ? par1 : par0, load);
-          }
-        }
-      }
-    });
-  }
-
-  __device__ void loader_fp8_seesaw() const {
-    using namespace sm90;
-    const int key = threadIdx.x;  // 0..63
-    const auto* kvg = static_cast<const uint8_t*>(p.kv);
-    const int32_t* tok = nullptr;
-    int kv_len = 0, tcount = 0;
-    const uint8_t *row0 = kvg, *row1 = kvg;
-    bool valid0 = false, valid1 = false;
-    fp8_walk(
-        [&](int b, int len) {
-          tok = page_table_row(b);
-          kv_len = len;
-          load_q(b, tcount++);
-        },
-        [&](int a, int t1) {
-          const int j0 = a * kBlockN + key, j1 = j0 + kBlockN;
-          valid0 = j0 < kv_len;
-          valid1 = a + 1 < t1 && j1 < kv_len;
-          row0 = kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row;
-          row1 = kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row;
-        },
-        [&](int grp, int s, int n, int kb, uint32_t parity, bool load) {
-          // A group's slots are free once its consumer has released them (one phase behind).
-          if (n == 0) mbar_wait(grp < 2 ? empty(s) : empty_hi(s), parity ^ 1);
-          if (load) copy_fp8_raw(sK(s), key, kb, s ? row1 : row0, kvg, s ? valid1 : valid0);
-          cp_async_arrive_noinc(raw_full(s, kb));
-        });
-    cp_async_wait<0>();
-  }
-  // The converters (warps 2-3, thread 64 + c) take the loaders' walk: once a block's raw bytes
-  // have landed (raw_full, one phase per fill of the stage), convert_fp8_block expands them in
-  // place, the generic stores are fenced for the async proxy and block_full announced.
-  __device__ void converter_seesaw() const {
-    using namespace sm90;
-    const int c = threadIdx.x - kLoadThreads;  // 0..63
-    fp8_walk([](int, int) {}, [](int, int) {},
-             [&](int, int s, int, int kb, uint32_t parity, bool load) {
-               mbar_wait(raw_full(s, kb), parity);
-               if (load) convert_fp8_block(sK(s), kb, c);
-               fence_proxy_async();  // the generic stores, before the wgmma (async proxy) reads
-               mbar_arrive(block_full(s, kb));
-             });
-  }
-  // Block kb of the stage at dst, converter thread c: unit u = c + 64 i (i < 4: key u / 4, raw
-  // chunk f = u % 4) is read from chunk 8 kb + 2 f and written as the bf16 chunks 8 kb + 2 f and
-  // + 1 of the same key (no other unit touches them, so no barrier); the four units' raw chunks
-  // are read first (four loads in flight), then converted and stored.
+  // Consumer thread c (0..127) of the warpgroup whose S reads block kb of the stage at dst: units
+  // u = c and c + 128 (key u / 4, raw chunk f = u % 4) are read from chunk 8 kb + 2 f and written
+  // as the bf16 chunks 8 kb + 2 f and + 1 of the same key (no other thread touches them, so no
+  // barrier before; both loads are issued first).
   __device__ __forceinline__ static void convert_fp8_block(uint32_t dst, int kb, int c) {
-    constexpr int kUnits = 256 / (128 - kLoadThreads);
-    static_assert(kUnits * (128 - kLoadThreads) == 256, "whole units per converter");
-    uint4 r[kUnits];
+    uint4 r[2];
 #pragma unroll
-    for (int i = 0; i < kUnits; ++i) {
-      const int u = c + i * (128 - kLoadThreads);
+    for (int i = 0; i < 2; ++i) {
+      const int u = c + 128 * i;
       const uint32_t a0 = dst + sm90::swizzle_offset(kBlockN, u >> 2, 8 * kb + 2 * (u & 3));
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
                    : "=r"(r[i].x), "=r"(r[i].y), "=r"(r[i].z), "=r"(r[i].w)
@@ -795,8 +701,8 @@ struct MlaWgmmaCta {
                    : "memory");
     }
 #pragma unroll
-    for (int i = 0; i < kUnits; ++i) {
-      const int u = c + i * (128 - kLoadThreads);
+    for (int i = 0; i < 2; ++i) {
+      const int u = c + 128 * i;
       const int key = u >> 2, ch = 8 * kb + 2 * (u & 3);
       uint32_t w[8];
       fp8x4_to_bf16x4(r[i].x, w[0], w[1]);
@@ -814,6 +720,23 @@ struct MlaWgmmaCta {
     }
   }
 
+  // Consumer kS before its S reads block kb of stage kS: bf16: wait for block_full; kFp8: wait for
+  // the raw bytes, convert units c and c + 128 of the block (c = the consumer thread), fence, sync
+  // the warpgroup and announce the block for the other consumer.
+  template <int kS>
+  __device__ __forceinline__ void acquire_s_block(int kb, uint32_t parity) const {
+    if constexpr (kFp8) {
+      sm90::mbar_wait(raw_full(kS, kb), parity);
+      if (p.wgmma_diag_noload != 2) convert_fp8_block(sK(kS), kb, threadIdx.x - 128 * (kS + 1));
+      sm90::fence_proxy_async();
+      named_bar_sync(kBarCvt + kS, 128);
+      sm90::mbar_arrive(block_full(kS, kb));
+    } else {
+      sm90::mbar_wait(block_full(kS, kb), parity);
+      sm90::fence_proxy_async();
+    }
+  }
+
   // S = Q K^T of stage kS in seesaw_block order; the first block was waited for by the caller.
   template <int kS>
   __device__ void issue_s_seesaw(float (&sacc)[32], uint32_t parity) const {
@@ -823,8 +746,7 @@ struct MlaWgmmaCta {
     for (int kk = 0; kk < Tr::kKSteps; ++kk) {
       const int kb = seesaw_block(kS, kk / 4);
       if (kk % 4 == 0 && kk > 0) {
-        sm90::mbar_wait(block_full(kS, kb), parity);
-        sm90::fence_proxy_async();
+        acquire_s_block<kS>(kb, parity);
         sm90::wgmma_fence();
       }
       sm90::wgmma_ss<64, true, 0>(
@@ -922,8 +844,7 @@ struct MlaWgmmaCta {
         float mx[2] = {kNegInf, kNegInf};
         if constexpr (!(kPh && g == 1)) {
           if constexpr (!(kEarlyS && g == 0)) {  // kEarlyS: consumer 0's S0 is in flight
-            mbar_wait(block_full(g, seesaw_block(g, 0)), par);
-            fence_proxy_async();
+            acquire_s_block<g>(seesaw_block(g, 0), par);
             wgmma_fence();
             issue_s_seesaw<g>(sacc, par);
             wgmma_commit();
@@ -1157,7 +1078,7 @@ __global__ void __launch_bounds__(384, 1)
   using Cta = MlaWgmmaCta<Tr, kVariant, kFp8>;
   Cta cta{p, smem, sm90::smem_addr(smem)};
   if (threadIdx.x == 0) {
-    sm90::mbar_init(cta.q_full(), Cta::kLoadThreads);
+    sm90::mbar_init(cta.q_full(), 128);
     sm90::mbar_init(cta.q_empty(), 256);
     for (int s = 0; s < 2; ++s) {
       sm90::mbar_init(cta.full(s), 128);
@@ -1165,10 +1086,10 @@ __global__ void __launch_bounds__(384, 1)
       sm90::mbar_init(cta.empty_hi(s), 128);
       if (Cta::kP1Buf && s == 0) sm90::mbar_init(cta.empty_rope(), 128);  // kVariant 8 only
       for (int kb = 0; kb < Tr::kColBlocks; ++kb) {
-        // bf16: the 128 producer threads' cp.async arrivals; fp8: the 64 converters' arrivals
-        // (and raw_full: the 64 loaders' cp.async arrivals).
-        sm90::mbar_init(cta.block_full(s, kb), Cta::kFp8 ? 128 - Cta::kLoadThreads : 128);
-        if constexpr (Cta::kFp8) sm90::mbar_init(cta.raw_full(s, kb), Cta::kLoadThreads);
+        // bf16: the 128 producer threads' cp.async arrivals (fp8: raw_full); fp8 block_full:
+        // the 128 threads of the consumer that converted the block.
+        sm90::mbar_init(cta.block_full(s, kb), 128);
+        if constexpr (Cta::kFp8) sm90::mbar_init(cta.raw_full(s, kb), 128);
       }
     }
     sm90::mbar_init_fence();
@@ -1176,21 +1097,21 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    sm90::setmaxnreg_dec<Cta::kProducerRegs>();
+    sm90::setmaxnreg_dec<Tr::kProducerRegs>();
     if constexpr (Cta::kSeesaw) {
       cta.producer_seesaw();
     } else {
       cta.producer();
     }
   } else if (wg == 1) {
-    sm90::setmaxnreg_inc<Cta::kConsumerRegs>();
+    sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
     if constexpr (Cta::kSeesaw) {
       cta.template consumer_seesaw<0>();
     } else {
       cta.template consumer<0>();
     }
   } else {
-    sm90::setmaxnreg_inc<Cta::kConsumerRegs>();
+    sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
     if constexpr (Cta::kSeesaw) {
       cta.template consumer_seesaw<1>();
     } else {
