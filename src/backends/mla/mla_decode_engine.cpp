@@ -313,7 +313,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.partial_lse = plan_.partial_lse;
   p.num_parts = plan_.num_parts;
   p.use_wgmma = use_wgmma_ ? 1 + wgmma_variant_ : 0;
-  p.wgmma_diag_noload = wgmma_noload_;  // both kernels
+  p.wgmma_diag_noload = wgmma_noload_;  // noload: both kernels; noconvert: the fp8 wgmma path
   p.wgmma_fp8 = wgmma_fp8_ ? 1 : 0;
   p.mma_prefetch = mma_prefetch_;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;

@@ -58,8 +58,9 @@ struct MlaDecodeParams {
   int use_wgmma = 0;
   // Diagnostics, timing only (results are wrong): 1 (ATTNKIT_MLA_WGMMA_DIAG=noload) the wgmma
   // kernel's producer stops loading K tiles after the first two, the mma.sync kernel after its
-  // prologue; 2 (=noconvert) the fp8 wgmma kernel loads the raw tiles but does not convert them
-  // (every wait and arrival kept).
+  // prologue (the fp8 wgmma kernel's consumers also skip the conversion, as the producer's
+  // converters did in session 14); 2 (=noconvert) the fp8 wgmma kernel loads the raw tiles but
+  // does not convert them (every wait and arrival kept).
   int wgmma_diag_noload = 0;
   // mma.sync kernel: read the page table one tile ahead of the cp.async that needs it. 0 off (the
   // session-7 loader), 1 on for every tile size, 2 (default) per tile size and page (resolved to

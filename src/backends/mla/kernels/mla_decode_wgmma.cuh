@@ -295,7 +295,8 @@ struct MlaWgmmaCta {
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
       const int32_t* tok = page_table_row(b);
       load_q(b, tcount++);
-      // K tiles: thread t copies key t / 2, chunks (t % 2) + 2 i.
+      // K tiles: thread t copies key t / 2: of 64-column block kb the bf16 chunks 8 kb + 4 (t % 2)
+      // + [0, 4) (copy_block_chunks), fp8 the raw chunks 4 kb + 2 (t % 2) + [0, 2) (copy_fp8_raw).
       const int key = tid >> 1;
       for (int tile = t0; tile < t1; ++tile, ++it) {
         const int j = tile * kBlockN + key;
@@ -627,7 +628,8 @@ struct MlaWgmmaCta {
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
       const int32_t* tok = page_table_row(b);
       load_q(b, tcount++);
-      // K tiles: thread t copies key t / 2, chunks (t % 2) + 2 i.
+      // K tiles: thread t copies key t / 2: of 64-column block kb the bf16 chunks 8 kb + 4 (t % 2)
+      // + [0, 4) (copy_block_chunks), fp8 the raw chunks 4 kb + 2 (t % 2) + [0, 2) (copy_fp8_raw).
       const int key = tid >> 1;
       for (int a = t0; a < t1; a += 2, ++pc) {
         // kSkipPhantom: an odd segment's last pair leaves stage 1 alone (no loads, no phase).
@@ -720,17 +722,21 @@ struct MlaWgmmaCta {
     }
   }
 
-  // Consumer kS before its S reads block kb of stage kS: bf16: wait for block_full; kFp8: wait for
-  // the raw bytes, convert units c and c + 128 of the block (c = the consumer thread), fence, sync
-  // the warpgroup and announce the block for the other consumer.
+  // Consumer kS (the seesaw's consumer g multiplies stage g in S) before its S reads block kb of
+  // stage kS: bf16: wait for block_full; kFp8: wait for the raw bytes, convert units c and c + 128
+  // of the block (c = the consumer thread), fence, sync the warpgroup and announce the block on
+  // block_full where the other consumer's P V reads it (stage 0 blocks 4-7: V0R of consumer 1;
+  // stage 1 blocks 0-3: V1L of consumer 0; nobody waits for the others).
   template <int kS>
   __device__ __forceinline__ void acquire_s_block(int kb, uint32_t parity) const {
     if constexpr (kFp8) {
+      static_assert(kSeesaw && !kEarlyS, "consumer kS converts stage kS (variant 6)");
       sm90::mbar_wait(raw_full(kS, kb), parity);
-      if (p.wgmma_diag_noload != 2) convert_fp8_block(sK(kS), kb, threadIdx.x - 128 * (kS + 1));
+      // Both timing diagnostics (noload, noconvert) skip the conversion.
+      if (p.wgmma_diag_noload == 0) convert_fp8_block(sK(kS), kb, threadIdx.x - 128 * (kS + 1));
       sm90::fence_proxy_async();
       named_bar_sync(kBarCvt + kS, 128);
-      sm90::mbar_arrive(block_full(kS, kb));
+      if (kS == 0 ? kb >= 4 && kb < 8 : kb < 4) sm90::mbar_arrive(block_full(kS, kb));
     } else {
       sm90::mbar_wait(block_full(kS, kb), parity);
       sm90::fence_proxy_async();

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# A/B of this tree against an older one in one device command (device, repository root; carry
+# .deps, .peers and BASE, e.g. `rm -rf .wt/base && mkdir -p .wt/base && git archive <rev> | tar -x
+# -C .wt/base` on the development machine first). Builds this tree with scripts/device/check.sh
+# (STAGES "build test", ctest -L gpu -R "$CTEST_REGEX"), the base tree's CLI, then runs
+# `attnkit bench $BENCH_ARGS` for every variant of VARIANTS ("base:ENV=V,ENV=V" / "new:..."; X=1
+# = no setting), alternated, ROUNDS rounds, printing case / ms / TFLOP/s (columns 2, 3, 6) into
+# $OUT/$NAME.txt.
+#   BASE=.wt/base  CTEST_REGEX=""  CTEST_JOBS=8  ROUNDS=2  NAME=ab
+#   BENCH_ARGS="--backend fa3 --cases bench/cases/fa3_prefill.json --warmup 3 --iters 10"
+#   VARIANTS="base:X=1 new:X=1"
+set -u
+BASE=${BASE:-.wt/base}
+NAME=${NAME:-ab}
+OUT=$OUT/check STAGES="build test" CTEST_JOBS=${CTEST_JOBS:-8} CTEST_REGEX="${CTEST_REGEX:-}" \
+  bash scripts/device/check.sh > "$OUT/check.log" 2>&1
+tail -3 "$OUT/check.log"
+grep -E "Failed|FAILED" "$OUT/check/ctest.log" | head
+(cd "$BASE" && ln -sfn "$OLDPWD/.deps" .deps && . scripts/device/lib.sh &&
+  attnkit_configure build 90a-real > "$OUT/base_cfg.log" 2>&1 &&
+  ninja -C build -j16 attnkit_cli > "$OUT/base_build.log" 2>&1
+  echo "base build rc $?")
+N=build/device/tools/attnkit/attnkit
+B=$BASE/build/tools/attnkit/attnkit
+read -r -a args <<< "${BENCH_ARGS:---backend fa3 --cases bench/cases/fa3_prefill.json --warmup 3 --iters 10}"
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for v in ${VARIANTS:-base:X=1 new:X=1}; do
+    bin=${v%%:*}
+    e=${v#*:}
+    [ "$bin" = base ] && C=$B || C=$N
+    echo "== round $r $bin $e"
+    env ${e//,/ } "$C" bench "${args[@]}" --device cuda 2>&1 |
+      awk '$1 !~ /^\[/ && $3 ~ /^[0-9.]+$/ {print $2, $3, $6}'
+  done
+done 2>&1 | tee "$OUT/$NAME.txt"
