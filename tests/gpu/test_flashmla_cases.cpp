@@ -161,7 +161,7 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
 // S reads the block; MlaDecodeStats::wgmma_fp8_runs counts every layer), with
 // ATTNKIT_MLA_WGMMA_FP8=0 or ATTNKIT_MLA_WGMMA=0 the mma.sync kernel: many short requests per CTA
 // (segment restarts with odd and even tile counts, phantom pairs), a long split
-// request, a verify chain, each against the reference.
+// request, verify chains (64 heads x 2 tokens, 128 heads x 2 tokens), each against the reference.
 TEST(FlashMlaKernels, Fp8Heads128BothKernels) {
   std::vector<int> lens;
   for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
@@ -180,11 +180,16 @@ TEST(FlashMlaKernels, Fp8Heads128BothKernels) {
     v.new_lens.clear();
     v.spec_draft_tokens = 2;
     v.spec_topk = 1;
+    // 128 heads x s_q 2 (four 64-row tiles per request), the benchmarked verify shape.
+    CaseSpec v128 = v;
+    v128.name = "verify_h128_fp8";
+    v128.num_q_heads = 128;
+    v128.prefix_lens = {300, 129, 64};
     for (const CaseSpec& c :
          {mla_case("many_h128_fp8", ForwardMode::kDecode, 64, lens, 128, DType::kFP8E4M3),
           mla_case("long_h128_fp8", ForwardMode::kDecode, 64, {3000, 1, 640, 64}, 128,
                    DType::kFP8E4M3),
-          v}) {
+          v, v128}) {
       SCOPED_TRACE(c.name);
       mla::MlaDecodeStats stats;
       run_and_compare(c, true, &stats);
