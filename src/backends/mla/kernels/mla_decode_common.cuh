@@ -18,7 +18,7 @@
 namespace attnkit::mla {
 
 // Four e4m3 values (one 32-bit word, lowest byte first) -> two bf16x2 words (exact: every e4m3
-// value is a bf16 value). The mma.sync kernel's fp8 tiles and the wgmma kernel's fp8 producer.
+// value is a bf16 value). The mma.sync kernel's fp8 tiles and the wgmma kernel's fp8 consumers.
 __device__ __forceinline__ void fp8x4_to_bf16x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
   uint32_t out[2];
 #pragma unroll

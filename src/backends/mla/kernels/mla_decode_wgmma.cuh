@@ -295,8 +295,7 @@ struct MlaWgmmaCta {
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
       const int32_t* tok = page_table_row(b);
       load_q(b, tcount++);
-      // K tiles: thread t copies key t / 2: of 64-column block kb the bf16 chunks 8 kb + 4 (t % 2)
-      // + [0, 4) (copy_block_chunks), fp8 the raw chunks 4 kb + 2 (t % 2) + [0, 2) (copy_fp8_raw).
+      // K tiles: thread t copies key t / 2 (its chunks: copy_block_chunks).
       const int key = tid >> 1;
       for (int tile = t0; tile < t1; ++tile, ++it) {
         const int j = tile * kBlockN + key;
