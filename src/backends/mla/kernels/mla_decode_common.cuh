@@ -1,7 +1,8 @@
 // Device helpers shared by the two MLA decode kernels (mla_decode_mma.cuh: mma.sync, 16/32/64-row
 // tiles, bf16 and fp8 cache; mla_decode_wgmma.cuh: sm_90a wgmma, 64-row tiles, bf16 and fp8
 // cache): the walk over a CTA's request segments of the plan, the source of one 16-byte chunk of
-// a query row, the pool slot of a key through the page table, the e4m3 -> bf16 conversion.
+// a query row, the pool slot of a key through the page table, the e4m3 -> bf16 / f16 conversions
+// and the scaled bf16 -> f16 conversion of Q for the f16 tensor-core paths.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,6 +14,7 @@
 
 #include "backends/mla/kernels/mla_decode_params.h"
 #include "backends/mla/kernels/mla_tile_scheduler.h"
+#include "cuda/common/dtype_convert.cuh"
 #include "cuda/common/mma_sm80.cuh"
 
 namespace attnkit::mla {
@@ -30,6 +32,21 @@ __device__ __forceinline__ void fp8x4_to_bf16x4(uint32_t word, uint32_t& lo, uin
   }
   lo = out[0];
   hi = out[1];
+}
+
+// Four e4m3 values -> two f16x2 words (exact; one cvt per pair): the f16 tensor-core inputs of
+// both kernels' fp8 paths (the mma.sync kernel's 16-row tiles, the wgmma kernel's consumers).
+__device__ __forceinline__ void fp8x4_to_f16x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  cuda::fp8x4_to_f16x2x2<DType::kFP8E4M3, /*kPaired=*/false>(word, lo, hi);
+}
+// The f16 paths scale Q by 2^-kQShiftF16 (exact) so that |q| up to 2^24 stays finite; the
+// softmax scale takes the 2^kQShiftF16 back.
+inline constexpr int kQShiftF16 = 8;
+// bf16x2 word -> f16x2 word of the values times 2^-kQShiftF16.
+__device__ __forceinline__ uint32_t bf16x2_to_scaled_f16x2(uint32_t w) {
+  constexpr float kMul = 1.f / (1 << kQShiftF16);
+  const float x = __uint_as_float(w << 16) * kMul, y = __uint_as_float(w & 0xffff0000u) * kMul;
+  return cuda::pack2<__half>(x, y);
 }
 
 // Calls f(b, kv_len, t0, t1, whole, partial) for every request segment of the plan part

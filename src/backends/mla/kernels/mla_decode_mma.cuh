@@ -127,20 +127,6 @@ __device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t addr) 
                : "r"(addr), "n"(kOffset));
 }
 
-// Four e4m3 values -> two f16x2 words (exact; one cvt per pair).
-__device__ __forceinline__ void fp8x4_to_f16x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
-  cuda::fp8x4_to_f16x2x2<DType::kFP8E4M3, /*kPaired=*/false>(word, lo, hi);
-}
-// The f16 path scales Q by 2^-kQShiftF16 (exact) so that |q| up to 2^24 stays finite; the
-// softmax scale takes the 2^kQShiftF16 back.
-inline constexpr int kQShiftF16 = 8;
-// bf16x2 word -> f16x2 word of the values times 2^-kQShiftF16.
-__device__ __forceinline__ uint32_t bf16x2_to_scaled_f16x2(uint32_t w) {
-  constexpr float kMul = 1.f / (1 << kQShiftF16);
-  const float x = __uint_as_float(w << 16) * kMul, y = __uint_as_float(w & 0xffff0000u) * kMul;
-  return cuda::pack2<__half>(x, y);
-}
-
 // f.template operator()<i>() for i in [0, kN), unrolled at compile time.
 template <int kN, typename F>
 __device__ __forceinline__ void static_for(F&& f) {

@@ -140,6 +140,8 @@ inline constexpr int kBarP0 = 4;  // consumer 0 published P0 scale1 (frame m1) f
 inline constexpr int kBarC0 = 5;
 // kFp8: consumer g's warpgroup has converted a block of its stage (6 + g).
 inline constexpr int kBarCvt = 6;
+// kFp8 (f16 inputs): both consumers have converted their share of the segment's Q tile.
+inline constexpr int kBarQCvt = 8;
 // Every variant:
 inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 
@@ -191,12 +193,14 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // 9 in the pair, as FlashMLA's).
 // kFp8 (an fp8_e4m3 cache; seesaw variant 6): the producer walks the release groups as for
 // bf16 but copies the raw e4m3 bytes by cp.async into the stage, each 16-byte fp8 chunk into the
-// first of the two bf16 chunks it becomes, arriving on raw_full(stage, kb). Consumer g converts
+// first of the two 16-bit chunks it becomes, arriving on raw_full(stage, kb). Consumer g converts
 // stage g's blocks in place, each right before its S reads it (acquire_s_block: wait raw_full,
 // two 16-byte units per thread, fence for the async proxy, a 128-thread named barrier, then
 // block_full for the other consumer's P V), so the conversion of block n + 1 overlaps the wgmma
-// of block n. The consumers then see the same bf16 tiles as with a bf16 cache (exact: every e4m3
-// value is a bf16 value); k_scale is folded into scale_log2 / v_scale. H200 2026-11-24 00:24Z
+// of block n. Since session 16 the tiles are f16 (kF16: one cvt per pair of values instead of
+// four instructions for bf16; exact either way), Q is converted to f16 x 2^-8 once per segment
+// and P is f16, so every wgmma of the fp8 kernel is an f16 one; k_scale is folded into
+// scale_log2 / v_scale. Figures before the f16 change (bf16 tiles): H200 2026-11-24 00:24Z
 // (b128, 128 heads, page 64, two alternated rounds): kv 4k / 8k / s_q 2 0.439-0.441 / 0.840-0.854
 // / 0.868-0.875 ms (331-348 TFLOP/s), 0.83x the bf16 cache; 1.17-1.20x the earlier design in the
 // same command (producer warps 0-1 loading, warps 2-3 converting: 0.525-0.529 / 0.995-0.998 /
@@ -208,6 +212,22 @@ template <typename Tr, int kVariant, bool kFp8_ = false>
 struct MlaWgmmaCta {
   static constexpr bool kFp8 = kFp8_;
   static_assert(!kFp8 || kVariant == 6, "the fp8 cache: the default seesaw (variant 6) only");
+  // The tensor-core input type: f16 with an fp8 cache (e4m3 -> f16 is one cvt per pair, -> bf16
+  // four; both exact), bf16 otherwise. With f16, Q is converted in place to f16 x 2^-kQShiftF16
+  // once per segment (convert_q_f16; the softmax scale takes the 2^kQShiftF16 back) and P is f16.
+  static constexpr bool kF16 = kFp8;
+  static constexpr bool kBf16Mma = !kF16;
+  __device__ static uint32_t pack_p(float a, float b) {
+    if constexpr (kF16) {
+      return cuda::pack2<__half>(a, b);
+    } else {
+      return cuda::pack2<__nv_bfloat16>(a, b);
+    }
+  }
+  // The scale of S = Q K^T into the log2 domain (kF16: Q was scaled by 2^-kQShiftF16).
+  __device__ float s_scale() const {
+    return kF16 ? p.scale_log2 * static_cast<float>(1 << kQShiftF16) : p.scale_log2;
+  }
   static constexpr bool kBlockFull = kVariant >= 1;
   static constexpr bool kSplitRelease = kVariant >= 2;
   static constexpr bool kSeesaw = kVariant == 3 || kVariant >= 6;
@@ -349,7 +369,7 @@ struct MlaWgmmaCta {
         }
       }
       const int kb = block_at(kk / 4);
-      sm90::wgmma_ss<64, true, 0>(
+      sm90::wgmma_ss<64, kBf16Mma, 0>(
           sacc, sm90::desc_advance(q_desc, kb * Tr::kRows * 128 + (kk % 4) * 32),
           sm90::desc_advance(k_desc, kb * kBlockN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
     }
@@ -368,7 +388,7 @@ struct MlaWgmmaCta {
     const uint64_t v_desc = sm90::make_desc(sK(stage) + g * 4 * kBlockN * 128, kBlockN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      sm90::wgmma_rs<256, true, 1>(o, pa[kk], sm90::desc_advance(v_desc, kk * 16 * 128), 1);
+      sm90::wgmma_rs<256, kBf16Mma, 1>(o, pa[kk], sm90::desc_advance(v_desc, kk * 16 * 128), 1);
     }
   }
 
@@ -383,8 +403,8 @@ struct MlaWgmmaCta {
     const uint64_t v_desc = sm90::make_desc(sK(stage) + g * 4 * kBlockN * 128, kBlockN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      sm90::wgmma_ss<256, true, 1>(o, sm90::desc_advance(p_desc, kk * 32),
-                                   sm90::desc_advance(v_desc, kk * 16 * 128), 1);
+      sm90::wgmma_ss<256, kBf16Mma, 1>(o, sm90::desc_advance(p_desc, kk * 32),
+                                       sm90::desc_advance(v_desc, kk * 16 * 128), 1);
     }
   }
 
@@ -492,7 +512,7 @@ struct MlaWgmmaCta {
           fence_regs(o);
           // The softmax reads S and packs P straight into the A fragment (pa_own).
           const int tile = t0 + i;
-          const float scale = p.scale_log2;
+          const float scale = s_scale();
           auto masked = [&](int j, int e) {
             const int key = tile * kBlockN + 8 * j + 2 * (lane & 3) + (e & 1);
             return key < limit[e >> 1] ? sacc[4 * j + e] * scale : kNegInf;
@@ -522,8 +542,8 @@ struct MlaWgmmaCta {
               sum[e >> 1] += v[e];
             }
             // j = 2 kk + h: words 2 h (row r_lo) and 2 h + 1 (row r_lo + 8) of k-step kk.
-            pa_own[j >> 1][2 * (j & 1) + 0] = cuda::pack2<__nv_bfloat16>(v[0], v[1]);
-            pa_own[j >> 1][2 * (j & 1) + 1] = cuda::pack2<__nv_bfloat16>(v[2], v[3]);
+            pa_own[j >> 1][2 * (j & 1) + 0] = pack_p(v[0], v[1]);
+            pa_own[j >> 1][2 * (j & 1) + 1] = pack_p(v[2], v[3]);
           }
           __syncwarp();  // this warp's reads of f / m (the other consumer's tile) are done
           // P (bf16) for the other consumer, read by its wgmma (async proxy): fence, then signal.
@@ -675,7 +695,7 @@ struct MlaWgmmaCta {
 
   // ---- fp8 cache (kFp8): raw loads, conversion by the consumers ----
   // Producer thread t copies the raw e4m3 bytes of key t / 2 of a block (fp8 chunks 4 kb + f, f =
-  // 2 (t % 2) + [0, 2), 16 values each) by cp.async into the first of the two bf16 chunks each
+  // 2 (t % 2) + [0, 2), 16 values each) by cp.async into the first of the two f16 chunks each
   // becomes (chunk 8 kb + 2 f of the stage; !valid: zero-filled), arriving on raw_full.
   __device__ __forceinline__ static void copy_fp8_raw(uint32_t dst, int key, int kb, int tid,
                                                       const uint8_t* row, const uint8_t* kvg,
@@ -688,7 +708,7 @@ struct MlaWgmmaCta {
   }
   // Consumer thread c (0..127) of the warpgroup whose S reads block kb of the stage at dst: units
   // u = c and c + 128 (key u / 4, raw chunk f = u % 4) are read from chunk 8 kb + 2 f and written
-  // as the bf16 chunks 8 kb + 2 f and + 1 of the same key (no other thread touches them, so no
+  // as the f16 chunks 8 kb + 2 f and + 1 of the same key (no other thread touches them, so no
   // barrier before; both loads are issued first).
   __device__ __forceinline__ static void convert_fp8_block(uint32_t dst, int kb, int c) {
     uint4 r[2];
@@ -706,10 +726,10 @@ struct MlaWgmmaCta {
       const int u = c + 128 * i;
       const int key = u >> 2, ch = 8 * kb + 2 * (u & 3);
       uint32_t w[8];
-      fp8x4_to_bf16x4(r[i].x, w[0], w[1]);
-      fp8x4_to_bf16x4(r[i].y, w[2], w[3]);
-      fp8x4_to_bf16x4(r[i].z, w[4], w[5]);
-      fp8x4_to_bf16x4(r[i].w, w[6], w[7]);
+      fp8x4_to_f16x4(r[i].x, w[0], w[1]);
+      fp8x4_to_f16x4(r[i].y, w[2], w[3]);
+      fp8x4_to_f16x4(r[i].z, w[4], w[5]);
+      fp8x4_to_f16x4(r[i].w, w[6], w[7]);
       const uint32_t a0 = dst + sm90::swizzle_offset(kBlockN, key, ch);
       const uint32_t a1 = dst + sm90::swizzle_offset(kBlockN, key, ch + 1);
       asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(a0), "r"(w[0]), "r"(w[1]),
@@ -719,6 +739,28 @@ struct MlaWgmmaCta {
                    "r"(w[6]), "r"(w[7])
                    : "memory");
     }
+  }
+
+  // kF16: Q [64 x 576] bf16 -> f16 x 2^-kQShiftF16 in place (elementwise, so the swizzle does not
+  // matter; exact for |q| in [2^-6, 2^24)), consumer thread c (0..255 over both consumers) takes
+  // 16-byte units c, c + 256, ...; then the generic -> async proxy fence and a named barrier over
+  // both consumers (each S reads all of Q). After q_full; the producer writes Q again only after
+  // both consumers' q_empty at the end of the segment.
+  __device__ __forceinline__ void convert_q_f16(int c) const {
+    constexpr int kUnits = Tr::kQBytes / 16;
+    static_assert(kUnits % 256 == 0, "Q units per consumer thread");
+    auto* q = reinterpret_cast<uint4*>(smem + Tr::kQOffset);
+#pragma unroll 6
+    for (int u = c; u < kUnits; u += 256) {
+      uint4 v = q[u];
+      v.x = bf16x2_to_scaled_f16x2(v.x);
+      v.y = bf16x2_to_scaled_f16x2(v.y);
+      v.z = bf16x2_to_scaled_f16x2(v.z);
+      v.w = bf16x2_to_scaled_f16x2(v.w);
+      q[u] = v;
+    }
+    sm90::fence_proxy_async();
+    named_bar_sync(kBarQCvt, 256);
   }
 
   // Consumer kS (the seesaw's consumer g multiplies stage g in S) before its S reads block kb of
@@ -754,7 +796,7 @@ struct MlaWgmmaCta {
         acquire_s_block<kS>(kb, parity);
         sm90::wgmma_fence();
       }
-      sm90::wgmma_ss<64, true, 0>(
+      sm90::wgmma_ss<64, kBf16Mma, 0>(
           sacc, sm90::desc_advance(q_desc, kb * Tr::kRows * 128 + (kk % 4) * 32),
           sm90::desc_advance(k_desc, kb * kBlockN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
     }
@@ -778,7 +820,7 @@ struct MlaWgmmaCta {
         sm90::fence_proxy_async();
         sm90::wgmma_fence();
       }
-      sm90::wgmma_ss<64, true, 0>(
+      sm90::wgmma_ss<64, kBf16Mma, 0>(
           sacc, sm90::desc_advance(q_desc, kb * Tr::kRows * 128 + (kk % 4) * 32),
           sm90::desc_advance(k_desc, kb * kBlockN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
     }
@@ -797,7 +839,7 @@ struct MlaWgmmaCta {
         const int x = q & 1;
         *reinterpret_cast<uint32_t*>(p_base + sm90::swizzle_offset(64, r_lo + 8 * x, j) +
                                      4 * (lane & 3)) =
-            cuda::pack2<__nv_bfloat16>(sacc[4 * j + 2 * x] * f[x], sacc[4 * j + 2 * x + 1] * f[x]);
+            pack_p(sacc[4 * j + 2 * x] * f[x], sacc[4 * j + 2 * x + 1] * f[x]);
       }
     }
   }
@@ -835,6 +877,7 @@ struct MlaWgmmaCta {
       uint32_t pa[4][4];
 
       mbar_wait(q_full(), tcount & 1);
+      if constexpr (kF16) convert_q_f16(tid + 128 * g);
       fence_proxy_async();
 
       // One pair (a, a + 1). kPh (kSkipPhantom only): tile a + 1 is the phantom of an odd segment
@@ -860,7 +903,7 @@ struct MlaWgmmaCta {
           if constexpr (kP1Buf && g == 1) {
             sm90::mbar_arrive(empty_rope());  // stage 1's rope block: read by S1 only
           }
-          const float scale = p.scale_log2;
+          const float scale = s_scale();
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -918,9 +961,8 @@ struct MlaWgmmaCta {
               sacc[4 * j + e] = exp2_approx(sacc[4 * j + e] - m_use[e >> 1]);
               sum[e >> 1] += sacc[4 * j + e];
             }
-            pa[j >> 1][2 * (j & 1) + 0] = cuda::pack2<__nv_bfloat16>(sacc[4 * j], sacc[4 * j + 1]);
-            pa[j >> 1][2 * (j & 1) + 1] =
-                cuda::pack2<__nv_bfloat16>(sacc[4 * j + 2], sacc[4 * j + 3]);
+            pa[j >> 1][2 * (j & 1) + 0] = pack_p(sacc[4 * j], sacc[4 * j + 1]);
+            pa[j >> 1][2 * (j & 1) + 1] = pack_p(sacc[4 * j + 2], sacc[4 * j + 3]);
           }
         }
         if constexpr (g == 0) {
