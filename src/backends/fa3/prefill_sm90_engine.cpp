@@ -155,8 +155,9 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
     e->block_m_ = 192;
   }
   e->diag_ = env_int_if(
-      "ATTNKIT_FA3_DIAG", 0, [](int bits) { return bits >= 0 && (bits & ~(1 | 2 | 4 | 16)) == 0; },
-      "a sum of the Fa3Params::diag bits 1, 2, 4, 16");
+      "ATTNKIT_FA3_DIAG", 0,
+      [](int bits) { return bits >= 0 && (bits & ~(1 | 2 | 4 | 8 | 16)) == 0; },
+      "a sum of the Fa3Params::diag bits 1, 2, 4, 8, 16");
   e->fp8_kv_ = allow_fp8_kv && env_on("ATTNKIT_FA3_FP8") && ctx.q_dtype == DType::kBF16 &&
                ctx.qk_head_dim == kFp8HeadDim && ctx.v_head_dim == kFp8HeadDim &&
                wgmma_head_dim_compiled(kFp8HeadDim) && prefill_sm90_fp8_available();

@@ -116,9 +116,10 @@ struct Fa3Params {
   // (ATTNKIT_FA3_SCHED=0).
   int sched = 1;
   // Diagnostics only (wrong results; timing decomposition): bit 1 = the producer loads nothing,
-  // 2 = no softmax (P = raw S), 4 = (FP8 kernel) no V transpose, 16 = (bf16 / f16 kernel) no O /
-  // LSE stores. (GEMM-off bits are not offered: a
-  // branch around a wgmma makes ptxas serialise every wgmma of the kernel.)
+  // 2 = no softmax (P = raw S), 4 = (FP8 kernel) no V transpose, 8 = (bf16 / f16 kernel) no Q
+  // tile loads (the consumers multiply whatever the Q buffer holds), 16 = (bf16 / f16 kernel) no O
+  // / LSE stores. (GEMM-off bits are not offered: a branch around a wgmma makes ptxas serialise
+  // every wgmma of the kernel.)
   int diag = 0;
 
   const void* q = nullptr;  // [T, Hq, D] bf16/f16

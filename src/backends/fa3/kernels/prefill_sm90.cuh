@@ -225,7 +225,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
 
     // Q tile: row r = token m0 + r of the request (rows past q_len are zero-filled).
     mbar_wait(q_empty, (tcount & 1) ^ 1);
-    load_q_tile<Tr::kBlockM, C>(p, t, sQ, tid);
+    if ((p.diag & 8) == 0) load_q_tile<Tr::kBlockM, C>(p, t, sQ, tid);
     cp_async_arrive_noinc(q_full);
 
     for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
@@ -299,10 +299,41 @@ struct ConsumerCtx {
   static constexpr int kN = Tr::kBlockN;
   static constexpr int kS = kN / 2;  // S accumulators per thread
   static constexpr int kO = kD / 2;  // O accumulators per thread
+  // d 128: the warpgroup's 64 Q rows are loaded once per tile into registers (the wgmma A
+  // fragments, 32 registers) and S = Q K^T is issued from them (wgmma RS), so the Q buffer is
+  // released at the start of a tile (q_empty) and the producer loads the next tile's Q during this
+  // one (and the producer, no longer held at q_empty until the tile's last S, prefetches the next
+  // tile's first K / V blocks). Otherwise (d 64 / 256: registers) S reads Q from shared memory and
+  // the Q buffer is released after the tile's last S. H200 2026-11-24 02:17Z, three alternated
+  // rounds against the shared-memory Q: causal 16k +1.9%, bidirectional 4k +0.9%, 8k +0.3%, 4k
+  // +-0 (docs/perf/fa3_notes.md, session 16; the DIAG 8 / 16 timings that suggested up to 5.7% at
+  // 4k run the GEMMs on stale or constant Q, which is no measure of the loads).
+  static constexpr bool kQRegs = kD == 128 && (kN == 64 || kN == 128 || kN == 256);
   uint32_t base, sQ, bars;
-  uint64_t q_desc;  // this warpgroup's 64 Q rows, k-step 0
+  uint64_t q_desc;                       // this warpgroup's 64 Q rows, k-step 0
+  uint32_t qa[kQRegs ? kD / 16 : 1][4];  // kQRegs: Q A fragment of k-step kk
   int g, warp, lane;
   bool pingpong;  // two consumer warpgroups only
+
+  // kQRegs: this thread's Q fragments of the tile (after q_full): ldmatrix.x4 of rows 16 warp +
+  // (lane % 16), 16-byte chunks 2 kk + lane / 16 of the warpgroup's rows in the swizzled Q tile
+  // (matrices: rows 0-7 / 8-15 x k 0-7, then the same x k 8-15: the m16n8k16 A fragment order the
+  // wgmma RS form takes per warp).
+  __device__ __forceinline__ void load_q_frags() {
+    if constexpr (kQRegs) {
+      const int r = warp * 16 + (lane & 15);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const int chunk = 2 * kk + (lane >> 4);
+        const uint32_t addr =
+            sQ + (chunk / 8) * Tr::kBlockM * 128 + r * 128 + (((chunk % 8) ^ (r % 8)) << 4);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(qa[kk][0]), "=r"(qa[kk][1]), "=r"(qa[kk][2]), "=r"(qa[kk][3])
+                     : "r"(addr)
+                     : "memory");
+      }
+    }
+  }
 
   __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 16 + 24 * s; }
   __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 16 + 24 * s + 8; }
@@ -340,7 +371,9 @@ struct ConsumerCtx {
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint64_t qd = sm90::desc_advance(q_desc, (kk / 4) * Tr::kBlockM * 128 + (kk % 4) * 32);
       const int koff = (kk / 4) * kN * 128 + (kk % 4) * 32;
-      if constexpr (kN == 192) {
+      if constexpr (kQRegs) {
+        sm90::wgmma_rs<kN, kBf16, 0>(s, qa[kk], sm90::desc_advance(k_desc, koff), kk > 0 ? 1 : 0);
+      } else if constexpr (kN == 192) {
         // Keys 0..127 then 128..191 (row 128 of the K-major tile: 128 x 128 bytes on): the
         // accumulator fragments of the two are s[0..63] and s[64..95] (columns 8j.. per 4 words).
         sm90::wgmma_ss<128, kBf16, 0>(*reinterpret_cast<float(*)[64]>(&s[0]), qd,
@@ -608,6 +641,10 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
 
     mbar_wait(q_full, tcount & 1);
     fence_proxy_async();  // Q always arrives by cp.async
+    if constexpr (Ctx::kQRegs) {
+      c.load_q_frags();
+      mbar_arrive(q_empty);  // Q is in registers: the producer may load the next tile's
+    }
     auto fence_for = [&](int nb) { return p.fence_tma != 0 || !block_uses_tma<Tr>(p, t, nb); };
     if (p.overlap) {
       // Intra-warpgroup overlap: S(next) = Q K(next)^T and O += P(cur) V(cur) are issued
@@ -622,7 +659,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       c.turn_pass();
       wgmma_wait<0>();
       fence_regs(s);
-      if (nb == 0) mbar_arrive(q_empty);
+      if (!Ctx::kQRegs && nb == 0) mbar_arrive(q_empty);
       sm.step(s, p, t, nb, g, lane, qpos0, corr);
       pack_p<kN, kBf16>(s, pa);
       for (--nb; nb >= 0; --nb) {
@@ -640,7 +677,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         c.turn_pass();
         wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
         fence_regs(s);
-        if (nb == 0) mbar_arrive(q_empty);
+        if (!Ctx::kQRegs && nb == 0) mbar_arrive(q_empty);
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         wgmma_wait<0>();
         fence_regs(o);
@@ -673,7 +710,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         c.turn_pass();
         wgmma_wait<0>();
         fence_regs(s);
-        if (nb == 0) mbar_arrive(q_empty);  // the tile's last read of Q
+        if (!Ctx::kQRegs && nb == 0) mbar_arrive(q_empty);  // the tile's last read of Q
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         pack_p<kN, kBf16>(s, pa);
         rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);

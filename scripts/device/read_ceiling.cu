@@ -1,0 +1,266 @@
+// Read-bandwidth ceilings of the paged-decode access pattern (issue 5, session 16): how fast can a
+// kernel with no attention math stream the K / V bytes of a b16 kv 4k decode (32 q / 8 kv heads,
+// d 128, bf16: 268 MB) when the work is split the way the decode kernel splits it? Standalone (no
+// attnkit code), built and run on the device:
+//   nvcc -O3 -arch=sm_90a -o /tmp/read_ceiling scripts/device/read_ceiling.cu && /tmp/read_ceiling
+// Layouts: K and V pools [tokens, 8 heads, 128] bf16, request r's tokens contiguous (page order).
+// Modes (each timed back-to-back, 20 launches per event pair, best of 5 pairs; one launch with
+// %globaltimer stamps per CTA for the spread of CTA start / end times):
+//   item128   one CTA per (request, kv head), 128 CTAs: 256-byte pieces of every 2 KiB token row
+//             of K and V (the decode kernel's b16 grid)
+//   item128x2 the same items cut in two halves by keys: 256 CTAs, two per SM
+//   flat132   the K / V bytes as one flat line cut into 132 equal contiguous chunks (every SM, no
+//             head interleave): what a perfectly balanced contiguous reader gets
+//   flatdyn   the flat line in 256 KiB chunks handed out by an atomic counter (dynamic tail)
+//   copy      a read + write copy of the same bytes (the copy-ceiling kernel, bytes counted r + w)
+// Every read is consumed (XOR into a per-thread value written once), so nothing is optimised out.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                         \
+  do {                                                                                \
+    cudaError_t e_ = (x);                                                             \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+constexpr int kHeads = 8, kDim = 128, kRowBytes = kHeads * kDim * 2;  // 2 KiB token rows
+constexpr int kThreads = 512;  // 512 x 16 loads x 16 B = 128 KiB in flight per CTA
+constexpr int kRowsPerPass = kThreads / 16;
+constexpr int kUnroll = 8;  // 16-byte loads in flight per thread per pool (2 pools)
+
+__device__ __forceinline__ uint64_t gtime() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+struct Args {
+  const uint8_t* k;
+  const uint8_t* v;
+  uint8_t* dst;
+  int64_t bytes;  // of one pool
+  int tokens_per_req, reqs, parts;  // item modes: each item cut into `parts` key ranges
+  int64_t chunk;                    // flat modes
+  unsigned long long* counter;  // dynamic: grows by chunks + grid per launch (no reset)
+  long long base;               // the counter's value at this launch's start
+  uint32_t* sink;
+  uint64_t* stamps;  // [grid][2] or nullptr
+};
+
+// One thread reads 16 bytes of a 256-byte head piece: 16 threads per token row piece, kRowsPerPass
+// rows per pass; kUnroll passes in flight, K and V.
+__global__ void __launch_bounds__(kThreads) item_kernel(Args a) {
+  const uint64_t t0 = gtime();
+  const int item = blockIdx.x / a.parts, part = blockIdx.x % a.parts;
+  const int req = item / kHeads, head = item % kHeads;
+  const int per = a.tokens_per_req / a.parts;
+  const int tok0 = req * a.tokens_per_req + part * per;
+  const int lane16 = threadIdx.x % 16, row = threadIdx.x / 16;
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (int base = 0; base < per; base += kRowsPerPass * kUnroll) {
+    uint4 kv[2 * kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t off = static_cast<int64_t>(tok0 + base + kRowsPerPass * u + row) * kRowBytes +
+                          head * kDim * 2 + lane16 * 16;
+      kv[2 * u] = ldg_stream(reinterpret_cast<const uint4*>(a.k + off));
+      kv[2 * u + 1] = ldg_stream(reinterpret_cast<const uint4*>(a.v + off));
+    }
+#pragma unroll
+    for (int u = 0; u < 2 * kUnroll; ++u) {
+      acc.x ^= kv[u].x;
+      acc.y ^= kv[u].y;
+      acc.z ^= kv[u].z;
+      acc.w ^= kv[u].w;
+    }
+  }
+  a.sink[blockIdx.x * kThreads + threadIdx.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+  if (a.stamps != nullptr && threadIdx.x == 0) {
+    a.stamps[2 * blockIdx.x] = t0;
+    a.stamps[2 * blockIdx.x + 1] = gtime();
+  }
+}
+
+// Flat: chunk c = bytes [c chunk, (c + 1) chunk) of K, then the same of V. Static (blockIdx) or
+// dynamic (atomic counter; counter reset before each launch by the host).
+template <bool kDynamic>
+__global__ void __launch_bounds__(kThreads) flat_kernel(Args a) {
+  const uint64_t t0 = gtime();
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  const int64_t nchunks = (a.bytes + a.chunk - 1) / a.chunk;
+  __shared__ int next;
+  int c = kDynamic ? -1 : static_cast<int>(blockIdx.x);
+  for (;;) {
+    if (kDynamic) {
+      __syncthreads();
+      if (threadIdx.x == 0) next = static_cast<int>(static_cast<long long>(atomicAdd(a.counter, 1ull)) - a.base);
+      __syncthreads();
+      c = next;
+    }
+    if (c >= nchunks) break;
+    const int64_t lo = static_cast<int64_t>(c) * a.chunk, hi = lo + a.chunk < a.bytes ? lo + a.chunk : a.bytes;
+    for (int64_t off = lo + threadIdx.x * 16; off < hi; off += kThreads * 16 * kUnroll) {
+      uint4 kv[2 * kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t o = off + static_cast<int64_t>(u) * kThreads * 16;
+        const bool ok = o < hi;
+        kv[2 * u] = ok ? ldg_stream(reinterpret_cast<const uint4*>(a.k + o)) : make_uint4(0, 0, 0, 0);
+        kv[2 * u + 1] = ok ? ldg_stream(reinterpret_cast<const uint4*>(a.v + o)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < 2 * kUnroll; ++u) {
+        acc.x ^= kv[u].x;
+        acc.y ^= kv[u].y;
+        acc.z ^= kv[u].z;
+        acc.w ^= kv[u].w;
+      }
+    }
+    if (!kDynamic) break;
+  }
+  a.sink[blockIdx.x * kThreads + threadIdx.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+  if (a.stamps != nullptr && threadIdx.x == 0) {
+    a.stamps[2 * blockIdx.x] = t0;
+    a.stamps[2 * blockIdx.x + 1] = gtime();
+  }
+}
+
+__global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+
+int main() {
+  const int reqs = 16, tokens = 4096;
+  const int64_t pool = static_cast<int64_t>(reqs) * tokens * kRowBytes;  // 134 MB per pool
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  uint8_t *k, *v, *dst;
+  CK(cudaMalloc(&k, pool));
+  CK(cudaMalloc(&v, pool));
+  CK(cudaMalloc(&dst, 2 * pool));
+  CK(cudaMemset(k, 1, pool));
+  CK(cudaMemset(v, 2, pool));
+  unsigned long long* counter;
+  uint32_t* sink;
+  uint64_t* stamps;
+  CK(cudaMalloc(&counter, sizeof(unsigned long long)));
+  CK(cudaMemset(counter, 0, sizeof(unsigned long long)));
+  long long launched = 0;  // the dynamic counter's value before the next dynamic launch
+  CK(cudaMalloc(&sink, 4096 * kThreads * sizeof(uint32_t)));
+  CK(cudaMalloc(&stamps, 2 * 4096 * sizeof(uint64_t)));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const double bytes = 2.0 * pool;
+  std::printf("device SMs %d, K+V bytes %.1f MB\n", sms, bytes / 1e6);
+
+  auto run = [&](const char* name, auto launch, int grid, double counted) {
+    constexpr int kLaunches = 20;
+    float best = 1e30f;
+    for (int rep = 0; rep < 5; ++rep) {
+      CK(cudaEventRecord(e0));
+      for (int i = 0; i < kLaunches; ++i) launch(i, nullptr);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      best = std::min(best, ms / kLaunches);
+    }
+    CK(cudaGetLastError());
+    if (grid <= 1) {
+      std::printf("%-10s %8.2f us  %7.1f GB/s (bytes read + written)\n", name, best * 1e3,
+                  counted / (best * 1e-3) / 1e9);
+      return;
+    }
+    // One stamped launch: CTA start / end spread.
+    launch(0, stamps);
+    CK(cudaDeviceSynchronize());
+    std::vector<uint64_t> st(2 * grid);
+    CK(cudaMemcpy(st.data(), stamps, st.size() * 8, cudaMemcpyDeviceToHost));
+    uint64_t s_min = ~0ull, s_max = 0, e_min = ~0ull, e_max = 0;
+    std::vector<double> ends;
+    for (int c = 0; c < grid; ++c) {
+      s_min = std::min(s_min, st[2 * c]);
+      s_max = std::max(s_max, st[2 * c]);
+      e_min = std::min(e_min, st[2 * c + 1]);
+      e_max = std::max(e_max, st[2 * c + 1]);
+    }
+    for (int c = 0; c < grid; ++c) ends.push_back((st[2 * c + 1] - s_min) * 1e-3);
+    std::sort(ends.begin(), ends.end());
+    std::printf(
+        "%-10s grid %4d  %8.2f us  %7.1f GB/s  | stamped launch: starts spread %.2f us, first end "
+        "%.2f us, median end %.2f us, last end %.2f us\n",
+        name, grid, best * 1e3, counted / (best * 1e-3) / 1e9, (s_max - s_min) * 1e-3,
+        (e_min - s_min) * 1e-3, ends[ends.size() / 2], (e_max - s_min) * 1e-3);
+  };
+
+  Args a{k, v, dst, pool, tokens, reqs, 1, 0, counter, 0, sink, nullptr};
+  for (int parts : {1, 2, 4}) {
+    const int grid = reqs * kHeads * parts;
+    char name[32];
+    std::snprintf(name, sizeof name, "item%dx%d", reqs * kHeads, parts);
+    run(name,
+        [&](int, uint64_t* s) {
+          Args b = a;
+          b.parts = parts;
+          b.stamps = s;
+          item_kernel<<<grid, kThreads>>>(b);
+        },
+        grid, bytes);
+  }
+  for (int grid : {128, sms, 2 * sms}) {
+    char name[32];
+    std::snprintf(name, sizeof name, "flat%d", grid);
+    run(name,
+        [&](int, uint64_t* s) {
+          Args b = a;
+          b.chunk = (pool + grid - 1) / grid;
+          b.chunk = (b.chunk + 4095) / 4096 * 4096;
+          b.stamps = s;
+          flat_kernel<false><<<grid, kThreads>>>(b);
+        },
+        grid, bytes);
+  }
+  for (int64_t chunk : {int64_t{1} << 18, int64_t{1} << 20}) {
+    char name[32];
+    std::snprintf(name, sizeof name, "dyn%lldK", static_cast<long long>(chunk >> 10));
+    run(name,
+        [&](int, uint64_t* s) {
+          Args b = a;
+          b.chunk = chunk;
+          b.base = launched;
+          launched += (pool + chunk - 1) / chunk + sms;
+          b.stamps = s;
+          flat_kernel<true><<<sms, kThreads>>>(b);
+        },
+        sms, bytes);
+  }
+  run("copy",
+      [&](int, uint64_t*) {
+        copy_kernel<<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(k), reinterpret_cast<uint4*>(dst),
+                                      pool / 16);
+      },
+      1, 2.0 * pool);
+  run("memcpy",
+      [&](int, uint64_t*) { CK(cudaMemcpyAsync(dst, k, pool, cudaMemcpyDeviceToDevice)); }, 1,
+      2.0 * pool);
+  return 0;
+}
