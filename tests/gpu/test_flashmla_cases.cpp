@@ -157,8 +157,9 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
 }
 
 // fp8 cache with 64-row tiles (128 heads; 64 heads x s_q 2): by default on an SM90 GPU the wgmma
-// kernel (raw e4m3 bytes by cp.async into the bf16 stage, converted in place by the consumer whose
-// S reads the block; MlaDecodeStats::wgmma_fp8_runs counts every layer), with
+// kernel (raw e4m3 bytes by cp.async into the 16-bit stage, converted in place to f16 by the
+// consumer whose S reads the block, Q converted to f16 x 2^-8 per segment, P f16;
+// MlaDecodeStats::wgmma_fp8_runs counts every layer), with
 // ATTNKIT_MLA_WGMMA_FP8=0 or ATTNKIT_MLA_WGMMA=0 the mma.sync kernel: many short requests per CTA
 // (segment restarts with odd and even tile counts, phantom pairs), a long split
 // request, verify chains (64 heads x 2 tokens, 128 heads x 2 tokens), each against the reference.

@@ -44,8 +44,8 @@ int wgmma_variant_env() { return env_int("ATTNKIT_MLA_WGMMA_BLOCKS", 6, {0, 1, 2
 // the wgmma kernel, its consumers converting the raw tiles (MlaDecodeParams::wgmma_fp8).
 bool wgmma_fp8_env() { return env_flag("ATTNKIT_MLA_WGMMA_FP8", true); }
 // ATTNKIT_MLA_WGMMA_DIAG=noload / noconvert: timing diagnostics, wrong results (see
-// MlaDecodeParams::wgmma_diag_noload).
-int wgmma_noload_env() {
+// MlaDecodeParams::wgmma_diag).
+int wgmma_diag_env() {
   const std::string v = env_choice("ATTNKIT_MLA_WGMMA_DIAG", {"noload", "noconvert"}, "none");
   return v == "noload" ? 1 : v == "noconvert" ? 2 : 0;
 }
@@ -106,7 +106,7 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
   e->use_wgmma_ = cc == kWgmmaComputeCapability && smem_optin >= wgmma_smem_bytes() &&
                   wgmma_env_on() && wgmma_available();
   e->wgmma_variant_ = wgmma_variant_env();
-  e->wgmma_noload_ = wgmma_noload_env();
+  e->wgmma_diag_ = wgmma_diag_env();
   e->wgmma_fp8_ = wgmma_fp8_env();
   e->mma_prefetch_ = mma_prefetch_env();
   e->fp8_f16_ = fp8_f16_env();
@@ -313,7 +313,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.partial_lse = plan_.partial_lse;
   p.num_parts = plan_.num_parts;
   p.use_wgmma = use_wgmma_ ? 1 + wgmma_variant_ : 0;
-  p.wgmma_diag_noload = wgmma_noload_;  // noload: both kernels; noconvert: the fp8 wgmma path
+  p.wgmma_diag = wgmma_diag_;  // noload: both kernels; noconvert: the fp8 wgmma path
   p.wgmma_fp8 = wgmma_fp8_ ? 1 : 0;
   p.mma_prefetch = mma_prefetch_;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;

@@ -77,7 +77,7 @@ class MlaDecodeEngine {
   // ATTNKIT_MLA_WGMMA_BLOCKS: 0 tile, 1 block barriers, 2 + split, 3 seesaw, 6 seesaw without
   // the phantom tile (the default), 7 6 + early S0, 8 7 + own P1 buffer
   int wgmma_variant_ = 6;
-  int wgmma_noload_ = 0;   // ATTNKIT_MLA_WGMMA_DIAG: 1 noload, 2 noconvert (timing diagnostics)
+  int wgmma_diag_ = 0;     // ATTNKIT_MLA_WGMMA_DIAG: 1 noload, 2 noconvert (timing diagnostics)
   bool wgmma_fp8_ = true;  // ATTNKIT_MLA_WGMMA_FP8=0: fp8 64-row tiles on mma.sync
   int mma_prefetch_ = 2;   // ATTNKIT_MLA_MMA_PREFETCH: 0 off, 1 on, 2 per tile size, 3 smem
   bool fp8_f16_ = true;    // ATTNKIT_MLA_FP8_F16=0: bf16 MMA inputs for fp8 16-row tiles

@@ -297,7 +297,7 @@ struct MlaDecodeCta {
     const bool prefetch = !T::kPtSmem && p.mma_prefetch != 0;
     int64_t next_slot = prefetch ? tile_slot(tok, kv_len, t0 + T::kStages - 1) : 0;
     // Timing diagnostic (wrong results): no K loads after the prologue.
-    const bool noload = p.wgmma_diag_noload == 1;
+    const bool noload = p.wgmma_diag == 1;
 
     // Rows of this thread: r_lo = 16 wm + lane / 4 and r_lo + 8; their key limits.
     const int r_lo = 16 * wm + lane / 4;

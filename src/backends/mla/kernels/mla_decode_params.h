@@ -61,7 +61,7 @@ struct MlaDecodeParams {
   // prologue (the fp8 wgmma kernel's consumers also skip the conversion, as the producer's
   // converters did in session 14); 2 (=noconvert) the fp8 wgmma kernel loads the raw tiles but
   // does not convert them (every wait and arrival kept).
-  int wgmma_diag_noload = 0;
+  int wgmma_diag = 0;
   // mma.sync kernel: read the page table one tile ahead of the cp.async that needs it. 0 off (the
   // session-7 loader), 1 on for every tile size, 2 (default) per tile size and page (resolved to
   // 0 / 1 / 3 by resolve_prefetch in mla_decode_launch.cuh), 3 16-row tiles read the page table

@@ -327,7 +327,7 @@ struct MlaWgmmaCta {
         const uint32_t dst = sK(stage);
         // Diagnostic (ATTNKIT_MLA_WGMMA_DIAG=noload; wrong results, timing only): after the
         // first fill of both stages no global loads, the consumers recompute stale tiles.
-        const bool load = !(p.wgmma_diag_noload == 1 && it >= 2);
+        const bool load = !(p.wgmma_diag == 1 && it >= 2);
         if constexpr (kBlockFull) {
           // Block kb = chunks [8 kb, 8 kb + 8): thread t copies chunks 8 kb + 4 (t % 2) + [0, 4).
 #pragma unroll 1
@@ -664,7 +664,7 @@ struct MlaWgmmaCta {
         const uint32_t ph0 = (pc & 1) ^ 1;
         const uint32_t ph1 = ((kSkipPhantom ? pc1 : pc) & 1) ^ 1;
         if (!skip1) ++pc1;
-        const bool load = !(p.wgmma_diag_noload == 1 && pc >= 1);
+        const bool load = !(p.wgmma_diag == 1 && pc >= 1);
         // kP1Buf: group -1 = stage 1's rope block (released right after S1), group 3 without it.
 #pragma unroll 1
         for (int grp = kP1Buf ? -1 : 0; grp < 4; ++grp) {
@@ -774,7 +774,7 @@ struct MlaWgmmaCta {
       static_assert(kSeesaw && !kEarlyS, "consumer kS converts stage kS (variant 6)");
       sm90::mbar_wait(raw_full(kS, kb), parity);
       // Both timing diagnostics (noload, noconvert) skip the conversion.
-      if (p.wgmma_diag_noload == 0) convert_fp8_block(sK(kS), kb, threadIdx.x - 128 * (kS + 1));
+      if (p.wgmma_diag == 0) convert_fp8_block(sK(kS), kb, threadIdx.x - 128 * (kS + 1));
       sm90::fence_proxy_async();
       named_bar_sync(kBarCvt + kS, 128);
       if (kS == 0 ? kb >= 4 && kb < 8 : kb < 4) sm90::mbar_arrive(block_full(kS, kb));
