@@ -6,14 +6,19 @@
 // Layouts: K and V pools [tokens, 8 heads, 128] bf16, request r's tokens contiguous (page order).
 // Modes (each timed back-to-back, 20 launches per event pair, best of 5 pairs; one launch with
 // %globaltimer stamps per CTA for the spread of CTA start / end times):
-//   item128   one CTA per (request, kv head), 128 CTAs: 256-byte pieces of every 2 KiB token row
-//             of K and V (the decode kernel's b16 grid)
-//   item128x2 the same items cut in two halves by keys: 256 CTAs, two per SM
+//   item128xP one CTA per (request, kv head), 128 CTAs: 256-byte pieces of every 2 KiB token row
+//             of K and V (the decode kernel's b16 grid); xP: each item cut in P parts by keys
 //   flat132   the K / V bytes as one flat line cut into 132 equal contiguous chunks (every SM, no
 //             head interleave): what a perfectly balanced contiguous reader gets
 //   flatdyn   the flat line in 256 KiB chunks handed out by an atomic counter (dynamic tail)
 //   copy      a read + write copy of the same bytes (the copy-ceiling kernel, bytes counted r + w)
+//   item..._<threads>t_<KiB>K  the item partition with register loads, threads x KiB in flight
+//   ring_<w>w_<s>s_spin<n>     the decode kernel's ring without its math: w warps per CTA, each
+//             with s cp.async stages of 16 keys (K + V), plus n dependent FMAs per tile
 // Every read is consumed (XOR into a per-thread value written once), so nothing is optimised out.
+// H200 2026-11-24 (docs/perf/s16, fidecode_notes session 16): item / ring partitions 61.7-62.5 us
+// = 4.30-4.35 TB/s with 512 threads or with the 4-warp, 3-stage ring (no math); memcpy 4.05-4.08
+// TB/s (r + w); the decode kernel itself 67.4 us (graph) at the same shape.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,19 +27,18 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
+      std::exit(1);                                                                           \
+    }                                                                                         \
   } while (0)
 
 constexpr int kHeads = 8, kDim = 128, kRowBytes = kHeads * kDim * 2;  // 2 KiB token rows
-constexpr int kThreads = 512;  // 512 x 16 loads x 16 B = 128 KiB in flight per CTA
-constexpr int kRowsPerPass = kThreads / 16;
-constexpr int kUnroll = 8;  // 16-byte loads in flight per thread per pool (2 pools)
+constexpr int kThreads = 512;  // flat kernels: 512 x 16 loads x 16 B = 128 KiB in flight per CTA
+constexpr int kUnroll = 8;     // 16-byte loads in flight per thread per pool (2 pools)
 
 __device__ __forceinline__ uint64_t gtime() {
   uint64_t t;
@@ -53,18 +57,20 @@ struct Args {
   const uint8_t* k;
   const uint8_t* v;
   uint8_t* dst;
-  int64_t bytes;  // of one pool
+  int64_t bytes;                    // of one pool
   int tokens_per_req, reqs, parts;  // item modes: each item cut into `parts` key ranges
   int64_t chunk;                    // flat modes
-  unsigned long long* counter;  // dynamic: grows by chunks + grid per launch (no reset)
-  long long base;               // the counter's value at this launch's start
+  unsigned long long* counter;      // dynamic: grows by chunks + grid per launch (no reset)
+  long long base;                   // the counter's value at this launch's start
   uint32_t* sink;
   uint64_t* stamps;  // [grid][2] or nullptr
 };
 
-// One thread reads 16 bytes of a 256-byte head piece: 16 threads per token row piece, kRowsPerPass
-// rows per pass; kUnroll passes in flight, K and V.
-__global__ void __launch_bounds__(kThreads) item_kernel(Args a) {
+// One thread reads 16 bytes of a 256-byte head piece: 16 threads per token row piece, kRows rows
+// per pass; kU passes in flight, K and V (kT x kU x 32 bytes in flight per CTA).
+template <int kT, int kU>
+__global__ void __launch_bounds__(kT) item_kernel(Args a) {
+  constexpr int kRows = kT / 16;
   const uint64_t t0 = gtime();
   const int item = blockIdx.x / a.parts, part = blockIdx.x % a.parts;
   const int req = item / kHeads, head = item % kHeads;
@@ -72,24 +78,24 @@ __global__ void __launch_bounds__(kThreads) item_kernel(Args a) {
   const int tok0 = req * a.tokens_per_req + part * per;
   const int lane16 = threadIdx.x % 16, row = threadIdx.x / 16;
   uint4 acc = make_uint4(0, 0, 0, 0);
-  for (int base = 0; base < per; base += kRowsPerPass * kUnroll) {
-    uint4 kv[2 * kUnroll];
+  for (int base = 0; base < per; base += kRows * kU) {
+    uint4 kv[2 * kU];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t off = static_cast<int64_t>(tok0 + base + kRowsPerPass * u + row) * kRowBytes +
+    for (int u = 0; u < kU; ++u) {
+      const int64_t off = static_cast<int64_t>(tok0 + base + kRows * u + row) * kRowBytes +
                           head * kDim * 2 + lane16 * 16;
       kv[2 * u] = ldg_stream(reinterpret_cast<const uint4*>(a.k + off));
       kv[2 * u + 1] = ldg_stream(reinterpret_cast<const uint4*>(a.v + off));
     }
 #pragma unroll
-    for (int u = 0; u < 2 * kUnroll; ++u) {
+    for (int u = 0; u < 2 * kU; ++u) {
       acc.x ^= kv[u].x;
       acc.y ^= kv[u].y;
       acc.z ^= kv[u].z;
       acc.w ^= kv[u].w;
     }
   }
-  a.sink[blockIdx.x * kThreads + threadIdx.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+  a.sink[blockIdx.x * kT + threadIdx.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
   if (a.stamps != nullptr && threadIdx.x == 0) {
     a.stamps[2 * blockIdx.x] = t0;
     a.stamps[2 * blockIdx.x + 1] = gtime();
@@ -108,20 +114,24 @@ __global__ void __launch_bounds__(kThreads) flat_kernel(Args a) {
   for (;;) {
     if (kDynamic) {
       __syncthreads();
-      if (threadIdx.x == 0) next = static_cast<int>(static_cast<long long>(atomicAdd(a.counter, 1ull)) - a.base);
+      if (threadIdx.x == 0)
+        next = static_cast<int>(static_cast<long long>(atomicAdd(a.counter, 1ull)) - a.base);
       __syncthreads();
       c = next;
     }
     if (c >= nchunks) break;
-    const int64_t lo = static_cast<int64_t>(c) * a.chunk, hi = lo + a.chunk < a.bytes ? lo + a.chunk : a.bytes;
+    const int64_t lo = static_cast<int64_t>(c) * a.chunk,
+                  hi = lo + a.chunk < a.bytes ? lo + a.chunk : a.bytes;
     for (int64_t off = lo + threadIdx.x * 16; off < hi; off += kThreads * 16 * kUnroll) {
       uint4 kv[2 * kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t o = off + static_cast<int64_t>(u) * kThreads * 16;
         const bool ok = o < hi;
-        kv[2 * u] = ok ? ldg_stream(reinterpret_cast<const uint4*>(a.k + o)) : make_uint4(0, 0, 0, 0);
-        kv[2 * u + 1] = ok ? ldg_stream(reinterpret_cast<const uint4*>(a.v + o)) : make_uint4(0, 0, 0, 0);
+        kv[2 * u] =
+            ok ? ldg_stream(reinterpret_cast<const uint4*>(a.k + o)) : make_uint4(0, 0, 0, 0);
+        kv[2 * u + 1] =
+            ok ? ldg_stream(reinterpret_cast<const uint4*>(a.v + o)) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int u = 0; u < 2 * kUnroll; ++u) {
@@ -134,6 +144,64 @@ __global__ void __launch_bounds__(kThreads) flat_kernel(Args a) {
     if (!kDynamic) break;
   }
   a.sink[blockIdx.x * kThreads + threadIdx.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+  if (a.stamps != nullptr && threadIdx.x == 0) {
+    a.stamps[2 * blockIdx.x] = t0;
+    a.stamps[2 * blockIdx.x + 1] = gtime();
+  }
+}
+
+// The decode kernel's ring without its math: one CTA per item, kW warps, each warp taking the
+// item's 16-key tiles w, w + kW, ... through its own ring of kS cp.async stages (K + V rows of 16
+// keys: 8 KiB), kS - 1 tiles in flight while it "consumes" one (reads it back from shared memory,
+// 16-byte loads XORed, plus kSpin dependent FMAs standing in for the attention math of the tile).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+template <int kW, int kS, int kSpin>
+__global__ void __launch_bounds__(kW * 32) ring_kernel(Args a) {
+  extern __shared__ __align__(16) uint8_t ring[];
+  const uint64_t t0 = gtime();
+  const int item = blockIdx.x, req = item / kHeads, head = item % kHeads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int kStage = 2 * 16 * 256;  // K + V of 16 keys, one head
+  uint8_t* mine = ring + warp * kS * kStage;
+  const uint32_t mine_s = static_cast<uint32_t>(__cvta_generic_to_shared(mine));
+  const int tiles = a.tokens_per_req / 16;
+  auto issue = [&](int tile, int slot) {
+    if (tile < tiles) {
+      // 512 chunks of 16 bytes (16 keys x 16 chunks x K / V): 16 per lane
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int c = lane + 32 * i, kv = c / 256, key = (c / 16) % 16, ch = c % 16;
+        const int64_t off =
+            static_cast<int64_t>(req * a.tokens_per_req + tile * 16 + key) * kRowBytes +
+            head * kDim * 2 + ch * 16;
+        cp_async16(mine_s + slot * kStage + c * 16, (kv ? a.v : a.k) + off);
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+  int n = 0;  // this warp's tiles: warp + kW n
+#pragma unroll
+  for (int i = 0; i < kS - 1; ++i) issue(warp + kW * i, i);
+  uint32_t acc = 0;
+  float f = lane;
+  for (int tile = warp; tile < tiles; tile += kW, ++n) {
+    issue(tile + kW * (kS - 1), (n + kS - 1) % kS);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kS - 1));
+    __syncwarp();
+    const uint4* t = reinterpret_cast<const uint4*>(mine + (n % kS) * kStage);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint4 v = t[lane + 32 * i];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+#pragma unroll 1
+    for (int i = 0; i < kSpin; ++i)
+      f = fmaf(f, 1.0001f, __uint_as_float(acc & 0x3f800000u) * 1e-9f);
+    __syncwarp();
+  }
+  a.sink[blockIdx.x * kW * 32 + threadIdx.x] = acc ^ __float_as_uint(f);
   if (a.stamps != nullptr && threadIdx.x == 0) {
     a.stamps[2 * blockIdx.x] = t0;
     a.stamps[2 * blockIdx.x + 1] = gtime();
@@ -213,23 +281,66 @@ int main() {
   };
 
   Args a{k, v, dst, pool, tokens, reqs, 1, 0, counter, 0, sink, nullptr};
-  for (int parts : {1, 2, 4}) {
+  // The decode partition (one CTA per item) at 16-128 KiB in flight per CTA, then cut in 2 / 4.
+  auto items = [&](auto kern, int threads, int kib, int parts) {
     const int grid = reqs * kHeads * parts;
-    char name[32];
-    std::snprintf(name, sizeof name, "item%dx%d", reqs * kHeads, parts);
-    run(name,
+    char name[48];
+    std::snprintf(name, sizeof name, "item%dx%d_%dt_%dK", reqs * kHeads, parts, threads, kib);
+    run(
+        name,
         [&](int, uint64_t* s) {
           Args b = a;
           b.parts = parts;
           b.stamps = s;
-          item_kernel<<<grid, kThreads>>>(b);
+          kern<<<grid, threads>>>(b);
         },
         grid, bytes);
-  }
+  };
+  items(item_kernel<128, 4>, 128, 16, 1);
+  items(item_kernel<128, 8>, 128, 32, 1);
+  items(item_kernel<128, 16>, 128, 64, 1);
+  items(item_kernel<256, 8>, 256, 64, 1);
+  items(item_kernel<512, 2>, 512, 32, 1);
+  items(item_kernel<512, 4>, 512, 64, 1);
+  items(item_kernel<512, 8>, 512, 128, 1);
+  items(item_kernel<512, 4>, 512, 64, 2);
+  items(item_kernel<512, 8>, 512, 128, 2);
+  // The decode kernel's shape: one CTA of 4 warps per item, 3 stages (2 tiles in flight while
+  // computing, the d 128 bf16 ring at 110 KiB), then deeper rings and 8 warps, each without math
+  // and with ~0.5 us of dependent FMAs per tile.
+  auto rings = [&](auto kern, int warps, int stages, int spin) {
+    const int grid = reqs * kHeads;
+    const int smem = warps * stages * 2 * 16 * 256;
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    char name[48];
+    std::snprintf(name, sizeof name, "ring_%dw_%ds_spin%d", warps, stages, spin);
+    run(
+        name,
+        [&](int, uint64_t* s) {
+          Args b = a;
+          b.stamps = s;
+          kern<<<grid, warps * 32, smem>>>(b);
+        },
+        grid, bytes);
+  };
+  rings(ring_kernel<4, 3, 0>, 4, 3, 0);
+  rings(ring_kernel<4, 4, 0>, 4, 4, 0);
+  rings(ring_kernel<4, 6, 0>, 4, 6, 0);
+  rings(ring_kernel<8, 3, 0>, 8, 3, 0);
+  rings(ring_kernel<4, 3, 16>, 4, 3, 16);
+  rings(ring_kernel<4, 6, 16>, 4, 6, 16);
+  rings(ring_kernel<8, 3, 16>, 8, 3, 16);
+  rings(ring_kernel<4, 3, 32>, 4, 3, 32);
+  rings(ring_kernel<4, 6, 32>, 4, 6, 32);
+  rings(ring_kernel<8, 3, 32>, 8, 3, 32);
+  rings(ring_kernel<4, 3, 64>, 4, 3, 64);
+  rings(ring_kernel<4, 6, 64>, 4, 6, 64);
+  rings(ring_kernel<8, 3, 64>, 8, 3, 64);
   for (int grid : {128, sms, 2 * sms}) {
     char name[32];
     std::snprintf(name, sizeof name, "flat%d", grid);
-    run(name,
+    run(
+        name,
         [&](int, uint64_t* s) {
           Args b = a;
           b.chunk = (pool + grid - 1) / grid;
@@ -242,7 +353,8 @@ int main() {
   for (int64_t chunk : {int64_t{1} << 18, int64_t{1} << 20}) {
     char name[32];
     std::snprintf(name, sizeof name, "dyn%lldK", static_cast<long long>(chunk >> 10));
-    run(name,
+    run(
+        name,
         [&](int, uint64_t* s) {
           Args b = a;
           b.chunk = chunk;
@@ -253,13 +365,15 @@ int main() {
         },
         sms, bytes);
   }
-  run("copy",
+  run(
+      "copy",
       [&](int, uint64_t*) {
-        copy_kernel<<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(k), reinterpret_cast<uint4*>(dst),
-                                      pool / 16);
+        copy_kernel<<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(k),
+                                      reinterpret_cast<uint4*>(dst), pool / 16);
       },
       1, 2.0 * pool);
-  run("memcpy",
+  run(
+      "memcpy",
       [&](int, uint64_t*) { CK(cudaMemcpyAsync(dst, k, pool, cudaMemcpyDeviceToDevice)); }, 1,
       2.0 * pool);
   return 0;
