@@ -6,9 +6,11 @@
 //     through the page table (the Q tile, partial blocks, small pages); completion is published on
 //     mbarriers (full), and a stage is refilled only after the consumers release it (empty).
 //   warpgroups 1, 2 (consumers, 232 registers): 64 query rows each. Per key block:
-//     S = Q K^T (wgmma m64nNk16, A and B from shared memory, f32 accumulators), causal / length
-//     mask, online softmax in registers (exp2 domain), P converted in registers to the A fragment,
-//     O += P V (wgmma with A from registers, V read MN-major through the transposing descriptor).
+//     S = Q K^T (wgmma m64nNk16, f32 accumulators; A = Q from shared memory, at d 128 from
+//     registers loaded once per tile, ConsumerCtx::kQRegs; B = K from shared memory), causal /
+//     length mask, online softmax in registers (exp2 domain), P converted in registers to the A
+//     fragment, O += P V (wgmma with A from registers, V read MN-major through the transposing
+//     descriptor).
 //   Key blocks run from the last (the only ones that need the causal mask) down to the first.
 //
 // Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):

@@ -826,9 +826,9 @@ struct MlaWgmmaCta {
     }
   }
 
-  // Writes this thread's share of P (sacc scaled by f[row], bf16) into the P block at p_base
-  // (same fragment-to-word mapping as the A fragment: word (kk, q) = row r_lo + 8 (q & 1), keys
-  // 16 kk + 8 (q >> 1) + 2 (lane & 3) + [0, 2)).
+  // Writes this thread's share of P (sacc scaled by f[row], bf16; f16 with an fp8 cache) into the P
+  // block at p_base (same fragment-to-word mapping as the A fragment: word (kk, q) = row r_lo +
+  // 8 (q & 1), keys 16 kk + 8 (q >> 1) + 2 (lane & 3) + [0, 2)).
   __device__ void store_p(uint8_t* p_base, const float (&sacc)[32], const float (&f)[2], int r_lo,
                           int lane) const {
 #pragma unroll
