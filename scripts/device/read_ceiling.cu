@@ -2,7 +2,8 @@
 // kernel with no attention math stream the K / V bytes of a b16 kv 4k decode (32 q / 8 kv heads,
 // d 128, bf16: 268 MB) when the work is split the way the decode kernel splits it? Standalone (no
 // attnkit code), built and run on the device:
-//   nvcc -O3 -arch=sm_90a -o /tmp/read_ceiling scripts/device/read_ceiling.cu && /tmp/read_ceiling
+//   nvcc -O3 -arch=sm_90a -std=c++20 -o /tmp/read_ceiling scripts/device/read_ceiling.cu &&
+//   /tmp/read_ceiling
 // Layouts: K and V pools [tokens, 8 heads, 128] bf16, request r's tokens contiguous (page order).
 // Modes (each timed back-to-back, 20 launches per event pair, best of 5 pairs; one launch with
 // %globaltimer stamps per CTA for the spread of CTA start / end times):
@@ -25,6 +26,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
+#include <utility>
 #include <vector>
 
 #define CK(x)                                                                                 \
@@ -281,61 +284,55 @@ int main() {
   };
 
   Args a{k, v, dst, pool, tokens, reqs, 1, 0, counter, 0, sink, nullptr};
-  // The decode partition (one CTA per item) at 16-128 KiB in flight per CTA, then cut in 2 / 4.
-  auto items = [&](auto kern, int threads, int kib, int parts) {
-    const int grid = reqs * kHeads * parts;
+  // The decode partition (one CTA per item) at 16-128 KiB in flight per CTA, then cut in 2 / 4:
+  // {threads, 16-byte loads per thread and pool, parts}.
+  static constexpr int kItemCfg[][3] = {{128, 4, 1}, {128, 8, 1}, {128, 16, 1},
+                                        {256, 8, 1}, {512, 2, 1}, {512, 4, 1},
+                                        {512, 8, 1}, {512, 4, 2}, {512, 8, 2}};
+  auto items = [&]<int kT, int kU, int kParts>() {
+    const int grid = reqs * kHeads * kParts;
     char name[48];
-    std::snprintf(name, sizeof name, "item%dx%d_%dt_%dK", reqs * kHeads, parts, threads, kib);
+    std::snprintf(name, sizeof name, "item%dx%d_%dt_%dK", reqs * kHeads, kParts, kT, kT * kU / 32);
     run(
         name,
         [&](int, uint64_t* s) {
           Args b = a;
-          b.parts = parts;
+          b.parts = kParts;
           b.stamps = s;
-          kern<<<grid, threads>>>(b);
+          item_kernel<kT, kU><<<grid, kT>>>(b);
         },
         grid, bytes);
   };
-  items(item_kernel<128, 4>, 128, 16, 1);
-  items(item_kernel<128, 8>, 128, 32, 1);
-  items(item_kernel<128, 16>, 128, 64, 1);
-  items(item_kernel<256, 8>, 256, 64, 1);
-  items(item_kernel<512, 2>, 512, 32, 1);
-  items(item_kernel<512, 4>, 512, 64, 1);
-  items(item_kernel<512, 8>, 512, 128, 1);
-  items(item_kernel<512, 4>, 512, 64, 2);
-  items(item_kernel<512, 8>, 512, 128, 2);
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    (items.template operator()<kItemCfg[I][0], kItemCfg[I][1], kItemCfg[I][2]>(), ...);
+  }
+  (std::make_index_sequence<std::size(kItemCfg)>{});
   // The decode kernel's shape: one CTA of 4 warps per item, 3 stages (2 tiles in flight while
   // computing, the d 128 bf16 ring at 110 KiB), then deeper rings and 8 warps, each without math
-  // and with ~0.5 us of dependent FMAs per tile.
-  auto rings = [&](auto kern, int warps, int stages, int spin) {
+  // and with 16 / 32 / 64 dependent FMAs per tile (~0.3 / 0.6 / 1.2 us): {warps, stages, FMAs}.
+  static constexpr int kRingCfg[][3] = {{4, 3, 0},  {4, 4, 0},  {4, 6, 0},  {8, 3, 0},  {4, 3, 16},
+                                        {4, 6, 16}, {8, 3, 16}, {4, 3, 32}, {4, 6, 32}, {8, 3, 32},
+                                        {4, 3, 64}, {4, 6, 64}, {8, 3, 64}};
+  auto rings = [&]<int kW, int kS, int kSpin>() {
     const int grid = reqs * kHeads;
-    const int smem = warps * stages * 2 * 16 * 256;
-    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const int smem = kW * kS * 2 * 16 * 256;
+    CK(cudaFuncSetAttribute(ring_kernel<kW, kS, kSpin>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            smem));
     char name[48];
-    std::snprintf(name, sizeof name, "ring_%dw_%ds_spin%d", warps, stages, spin);
+    std::snprintf(name, sizeof name, "ring_%dw_%ds_spin%d", kW, kS, kSpin);
     run(
         name,
         [&](int, uint64_t* s) {
           Args b = a;
           b.stamps = s;
-          kern<<<grid, warps * 32, smem>>>(b);
+          ring_kernel<kW, kS, kSpin><<<grid, kW * 32, smem>>>(b);
         },
         grid, bytes);
   };
-  rings(ring_kernel<4, 3, 0>, 4, 3, 0);
-  rings(ring_kernel<4, 4, 0>, 4, 4, 0);
-  rings(ring_kernel<4, 6, 0>, 4, 6, 0);
-  rings(ring_kernel<8, 3, 0>, 8, 3, 0);
-  rings(ring_kernel<4, 3, 16>, 4, 3, 16);
-  rings(ring_kernel<4, 6, 16>, 4, 6, 16);
-  rings(ring_kernel<8, 3, 16>, 8, 3, 16);
-  rings(ring_kernel<4, 3, 32>, 4, 3, 32);
-  rings(ring_kernel<4, 6, 32>, 4, 6, 32);
-  rings(ring_kernel<8, 3, 32>, 8, 3, 32);
-  rings(ring_kernel<4, 3, 64>, 4, 3, 64);
-  rings(ring_kernel<4, 6, 64>, 4, 6, 64);
-  rings(ring_kernel<8, 3, 64>, 8, 3, 64);
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    (rings.template operator()<kRingCfg[I][0], kRingCfg[I][1], kRingCfg[I][2]>(), ...);
+  }
+  (std::make_index_sequence<std::size(kRingCfg)>{});
   for (int grid : {128, sms, 2 * sms}) {
     char name[32];
     std::snprintf(name, sizeof name, "flat%d", grid);
