@@ -56,6 +56,18 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
   return v;
 }
 
+// Consumes loaded words (so no load is optimised out).
+template <int kN>
+__device__ __forceinline__ void xor_into(uint4& acc, const uint4 (&v)[kN]) {
+#pragma unroll
+  for (int u = 0; u < kN; ++u) {
+    acc.x ^= v[u].x;
+    acc.y ^= v[u].y;
+    acc.z ^= v[u].z;
+    acc.w ^= v[u].w;
+  }
+}
+
 struct Args {
   const uint8_t* k;
   const uint8_t* v;
@@ -90,13 +102,7 @@ __global__ void __launch_bounds__(kT) item_kernel(Args a) {
       kv[2 * u] = ldg_stream(reinterpret_cast<const uint4*>(a.k + off));
       kv[2 * u + 1] = ldg_stream(reinterpret_cast<const uint4*>(a.v + off));
     }
-#pragma unroll
-    for (int u = 0; u < 2 * kU; ++u) {
-      acc.x ^= kv[u].x;
-      acc.y ^= kv[u].y;
-      acc.z ^= kv[u].z;
-      acc.w ^= kv[u].w;
-    }
+    xor_into(acc, kv);
   }
   a.sink[blockIdx.x * kT + threadIdx.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
   if (a.stamps != nullptr && threadIdx.x == 0) {
@@ -136,13 +142,7 @@ __global__ void __launch_bounds__(kThreads) flat_kernel(Args a) {
         kv[2 * u + 1] =
             ok ? ldg_stream(reinterpret_cast<const uint4*>(a.v + o)) : make_uint4(0, 0, 0, 0);
       }
-#pragma unroll
-      for (int u = 0; u < 2 * kUnroll; ++u) {
-        acc.x ^= kv[u].x;
-        acc.y ^= kv[u].y;
-        acc.z ^= kv[u].z;
-        acc.w ^= kv[u].w;
-      }
+      xor_into(acc, kv);
     }
     if (!kDynamic) break;
   }
