@@ -268,7 +268,8 @@ BackendDescriptor flashmla() {
   BackendDescriptor d = cuda_descriptor(
       "flashmla",
       "MLA decode on the shared tensor-core kernels (SM90 wgmma for 64-query-row tiles: 128 "
-      "heads, verify; an fp8 cache converted to bf16 in shared memory by the consumer warps; "
+      "heads, verify; an fp8 cache converted to f16 in shared memory by the consumer warps, "
+      "f16 MMAs; "
       "mma.sync for up to 32 rows; ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; cp.async page-64 "
       "loader), split-KV with a "
       "device-side tile-scheduler plan + LSE combine, "
@@ -295,7 +296,8 @@ BackendDescriptor cutlass_mla() {
   BackendDescriptor d = cuda_descriptor(
       "cutlass_mla",
       "MLA decode with 128-token pages on the shared tensor-core MLA kernels (SM90 wgmma for "
-      "64-query-row tiles, an fp8 cache converted to bf16 by the consumer warps; mma.sync for "
+      "64-query-row tiles, an fp8 cache converted to f16 by the consumer warps, f16 MMAs; "
+      "mma.sync for "
       "up to 32 rows; "
       "ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; page-128 loader, "
       "split-KV plan + LSE combine, bf16 and fp8_e4m3 cache); extend, 192/128 prefill (with the "
