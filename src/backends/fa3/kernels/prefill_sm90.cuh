@@ -337,6 +337,11 @@ struct ConsumerCtx {
     }
   }
 
+  // The Q buffer's release after the S of key block nb: at the tile's last S (nb == 0) when S reads
+  // Q from shared memory; with kQRegs the consumer released it at the start of the tile.
+  __device__ __forceinline__ void release_q_after_s(int nb) const {
+    if (!kQRegs && nb == 0) sm90::mbar_arrive(bars + 8);
+  }
   __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 16 + 24 * s; }
   __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 16 + 24 * s + 8; }
   __device__ __forceinline__ uint32_t empty(int s) const { return bars + 16 + 24 * s + 16; }
@@ -661,7 +666,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       c.turn_pass();
       wgmma_wait<0>();
       fence_regs(s);
-      if (!Ctx::kQRegs && nb == 0) mbar_arrive(q_empty);
+      c.release_q_after_s(nb);
       sm.step(s, p, t, nb, g, lane, qpos0, corr);
       pack_p<kN, kBf16>(s, pa);
       for (--nb; nb >= 0; --nb) {
@@ -679,7 +684,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         c.turn_pass();
         wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
         fence_regs(s);
-        if (!Ctx::kQRegs && nb == 0) mbar_arrive(q_empty);
+        c.release_q_after_s(nb);
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         wgmma_wait<0>();
         fence_regs(o);
@@ -712,7 +717,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         c.turn_pass();
         wgmma_wait<0>();
         fence_regs(s);
-        if (!Ctx::kQRegs && nb == 0) mbar_arrive(q_empty);  // the tile's last read of Q
+        c.release_q_after_s(nb);
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         pack_p<kN, kBf16>(s, pa);
         rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);

@@ -48,6 +48,11 @@ __device__ __forceinline__ uint32_t bf16x2_to_scaled_f16x2(uint32_t w) {
   const float x = __uint_as_float(w << 16) * kMul, y = __uint_as_float(w & 0xffff0000u) * kMul;
   return cuda::pack2<__half>(x, y);
 }
+// The scale of S = Q K^T into the log2 domain, with Q in f16 (q_f16: scaled by 2^-kQShiftF16)
+// or as given.
+__device__ __forceinline__ float qk_scale_log2(const MlaDecodeParams& p, bool q_f16) {
+  return q_f16 ? p.scale_log2 * static_cast<float>(1 << kQShiftF16) : p.scale_log2;
+}
 
 // Calls f(b, kv_len, t0, t1, whole, partial) for every request segment of the plan part
 // blockIdx.x (mla_tile_scheduler.h): tiles [t0, t1) of request b, `whole` when that is all of

@@ -471,7 +471,7 @@ struct MlaDecodeCta {
 
       // ---- mask, scale, tile row max across the kWarpsN warps sharing these rows ----
       float mx[2] = {-INFINITY, -INFINITY};
-      const float scale_log2 = T::kF16 ? p.scale_log2 * (1 << kQShiftF16) : p.scale_log2;
+      const float scale_log2 = qk_scale_log2(p, T::kF16);
 #pragma unroll
       for (int t = 0; t < T::kSTiles; ++t) {
 #pragma unroll

@@ -224,10 +224,6 @@ struct MlaWgmmaCta {
       return cuda::pack2<__nv_bfloat16>(a, b);
     }
   }
-  // The scale of S = Q K^T into the log2 domain (kF16: Q was scaled by 2^-kQShiftF16).
-  __device__ float s_scale() const {
-    return kF16 ? p.scale_log2 * static_cast<float>(1 << kQShiftF16) : p.scale_log2;
-  }
   static constexpr bool kBlockFull = kVariant >= 1;
   static constexpr bool kSplitRelease = kVariant >= 2;
   static constexpr bool kSeesaw = kVariant == 3 || kVariant >= 6;
@@ -512,7 +508,7 @@ struct MlaWgmmaCta {
           fence_regs(o);
           // The softmax reads S and packs P straight into the A fragment (pa_own).
           const int tile = t0 + i;
-          const float scale = s_scale();
+          const float scale = qk_scale_log2(p, kF16);
           auto masked = [&](int j, int e) {
             const int key = tile * kBlockN + 8 * j + 2 * (lane & 3) + (e & 1);
             return key < limit[e >> 1] ? sacc[4 * j + e] * scale : kNegInf;
@@ -903,7 +899,7 @@ struct MlaWgmmaCta {
           if constexpr (kP1Buf && g == 1) {
             sm90::mbar_arrive(empty_rope());  // stage 1's rope block: read by S1 only
           }
-          const float scale = s_scale();
+          const float scale = qk_scale_log2(p, kF16);
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
 #pragma unroll
