@@ -254,6 +254,59 @@ TEST(Fa3LongTest, LargeLogitsRescaleAcrossBlocks) {
   run_and_compare(prefill("large_logits_d256", {100}, {300}, 16, 4, 2, 256), true, 12.f);
 }
 
+// ---- tail split: the last round's units in pieces, merged by LSE (fa3::choose_tail_split) ----
+
+// Runs spec (save_kv) and checks that its layers ran tail-split: last_split_units /
+// last_num_splits as the planner gives them for this device (the harness's forward, the engine's
+// rows and key block).
+void run_split(const CaseSpec& spec, float logit_mult = 1.f) {
+  Fa3Stats stats;
+  ASSERT_NO_FATAL_FAILURE(run_and_compare(spec, true, logit_mult, std::nullopt, {}, &stats));
+  EXPECT_GE(stats.last_num_splits, 2) << spec.name << ": expected a tail split";
+  EXPECT_GE(stats.last_split_units, 1) << spec.name;
+}
+
+TEST(Fa3TailSplitTest, ChosenForFewUnitsOverALongPrefix) {
+  // 128 new tokens after 2048 cached, 8 q heads: 8 units of 17 key blocks in one round; the model
+  // splits each (16 pieces on 132 SMs) and merges them. Causal and bidirectional.
+  run_split(prefill("split_auto_causal", {2048}, {128}, 16, 8, 2, 128));
+  CaseSpec c = prefill("split_auto_encoder", {0}, {2100}, 64, 2, 1, 128);
+  c.type = AttentionType::kEncoderOnly;  // 17 tiles x 2 heads = 34 units of 17 blocks: 3 pieces
+  run_split(c);
+}
+
+TEST(Fa3TailSplitTest, ForcedSplitsMatchTheReference) {
+  // ATTNKIT_FA3_SPLIT=3: the units of the last round (here every unit: fewer than the SMs) in
+  // min(3, fewest key blocks, SMs / units) pieces whenever >= 2.
+  ScopedEnv split("ATTNKIT_FA3_SPLIT", "3");
+  // Causal with a prefix and a second request: 6 tiles x 4 heads.
+  run_split(prefill("split_causal", {300, 700}, {437, 129}, 16, 4, 2, 128));
+  // Page 1 (cp.async gather) and page 64 (TMA boxes), bidirectional, large logits (rescales).
+  for (int page : {1, 64}) {
+    CaseSpec c =
+        prefill("split_encoder_page" + std::to_string(page), {0, 0}, {700, 300}, page, 4, 2, 128);
+    c.type = AttentionType::kEncoderOnly;
+    run_split(c, 12.f);
+  }
+  // d 256 (80-key blocks) and d 64 (192-row tiles), no prefix: a tile's diagonal pieces hold
+  // rows that see no key of the piece (their LSE is -inf and they weigh 0 in the merge).
+  run_split(prefill("split_d256", {0}, {300}, 16, 4, 2, 256));
+  run_split(prefill("split_d64", {0, 40}, {500, 300}, 16, 4, 2, 64));
+  // f16.
+  CaseSpec f = prefill("split_f16", {200}, {333}, 16, 4, 2, 128);
+  f.q_dtype = f.kv_dtype = DType::kF16;
+  run_split(f);
+}
+
+TEST(Fa3TailSplitTest, OffWithTheKnob) {
+  ScopedEnv split("ATTNKIT_FA3_SPLIT", "0");
+  Fa3Stats stats;
+  ASSERT_NO_FATAL_FAILURE(run_and_compare(prefill("split_off", {2048}, {128}, 16, 8, 2, 128), true,
+                                          1.f, std::nullopt, {}, &stats));
+  EXPECT_EQ(stats.last_split_units, 0);
+  EXPECT_EQ(stats.last_num_splits, 1);
+}
+
 // ---- FP8 kernel: e4m3 KV cache with bf16 q at d 128 ----
 
 CaseSpec fp8(CaseSpec c) {

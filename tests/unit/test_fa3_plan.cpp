@@ -545,5 +545,98 @@ TEST(Fa3PlanTest, PersistentScheduleCoversEveryUnitOnce) {
   EXPECT_EQ(schedule_unit(2, 0, 132, true), 264);
 }
 
+// ---- tail split (choose_tail_split) ----
+
+// The plan of `n` requests with `fresh` new tokens after `prefix` cached ones each.
+TilePlan equal_requests(int n, int fresh, int prefix = 0, int block_m = 128) {
+  std::vector<TileRequest> reqs;
+  for (int r = 0; r < n; ++r) reqs.push_back({r * fresh, fresh, prefix + fresh});
+  Result<TilePlan> plan = build_tile_plan(reqs, block_m);
+  EXPECT_TRUE(plan.is_ok());
+  return plan.is_ok() ? *plan : TilePlan{};
+}
+
+TEST(Fa3TailSplitTest, WorkedExampleOfTheHeader) {
+  const TilePlan plan = equal_requests(4, 4096);
+  // Bidirectional: 4096 units of 32 blocks on 132 SMs = 31 rounds + 4 units -> 4 x 32 pieces.
+  const TailSplit bidir = choose_tail_split(plan.words, 4, 32, 128, 128, false, 132, true);
+  EXPECT_EQ(bidir.split_units, 4);
+  EXPECT_EQ(bidir.num_splits, 32);
+  // Causal: the last round's units are the one-block diagonal tiles: nothing to split.
+  const TailSplit causal = choose_tail_split(plan.words, 4, 32, 128, 128, true, 132, true);
+  EXPECT_EQ(causal.split_units, 0);
+  EXPECT_EQ(causal.num_splits, 1);
+  // The 8k / 16k bidirectional shapes of the benchmark: 33 pieces (132 / 4) of 64 / 128 blocks.
+  for (const auto& [n, len] : {std::pair{2, 8192}, std::pair{1, 16384}}) {
+    const TailSplit t =
+        choose_tail_split(equal_requests(n, len).words, n, 32, 128, 128, false, 132, true);
+    EXPECT_EQ(t.split_units, 4) << len;
+    EXPECT_EQ(t.num_splits, 33) << len;
+  }
+}
+
+TEST(Fa3TailSplitTest, FewUnitsOverALongPrefixSplitEveryUnit) {
+  // One 128-token chunk after a 16k prefix, 32 heads: 32 units of 129 blocks on 132 SMs (one
+  // round, 100 CTAs idle): each unit in 132 / 32 = 4 pieces of 32-33 blocks, modelled 130 -> 37.5.
+  const TilePlan plan = equal_requests(1, 128, 16384);
+  for (const bool causal : {true, false}) {
+    const TailSplit t = choose_tail_split(plan.words, 1, 32, 128, 128, causal, 132, true);
+    EXPECT_EQ(t.split_units, 32);
+    EXPECT_EQ(t.num_splits, 4);
+  }
+  // Extend with a prefix, causal: equal tiles, so the last partial round splits too (8 x 512-token
+  // chunks after 8k: 32 tiles x 32 heads = 1024 units = 7 rounds + 100 units of 68-69 blocks; s =
+  // 132 / 100 = 1: nothing to gain from pieces that do not fit the round).
+  const TailSplit t8 =
+      choose_tail_split(equal_requests(8, 512, 8192).words, 8, 32, 128, 128, true, 132, true);
+  EXPECT_EQ(t8.split_units, 0);
+  // 2 x 512 after 8k on 32 heads: 256 units = 1 round + 124 (s 1); on 8 heads: 64 units of
+  // 65-68 blocks, one round: 132 / 64 = 2 pieces each.
+  const TailSplit t2 =
+      choose_tail_split(equal_requests(2, 512, 8192).words, 2, 8, 128, 128, true, 132, true);
+  EXPECT_EQ(t2.split_units, 64);
+  EXPECT_EQ(t2.num_splits, 2);
+}
+
+TEST(Fa3TailSplitTest, NoSplitWhereTheModelGainsLittle) {
+  // Exactly full rounds: no tail.
+  EXPECT_EQ(choose_tail_split(equal_requests(1, 128 * 33).words, 1, 4, 128, 128, false, 132, true)
+                .split_units,
+            0);
+  // Short units: 40 units of 3 / 2 blocks: pieces of 2 blocks + the merge cost more than they save.
+  const std::vector<TileRequest> reqs = {{0, 300, 300}, {300, 129, 129}};
+  Result<TilePlan> plan = build_tile_plan(reqs);
+  ASSERT_TRUE(plan.is_ok());
+  EXPECT_EQ(choose_tail_split(plan->words, 2, 8, 128, 128, false, 132, true).split_units, 0);
+  // ... unless forced: s = min(forced, fewest blocks (2), 132 / 40 (3)) = 2.
+  const TailSplit forced = choose_tail_split(plan->words, 2, 8, 128, 128, false, 132, true, 8);
+  EXPECT_EQ(forced.split_units, 40);
+  EXPECT_EQ(forced.num_splits, 2);
+  // forced 0: never; a unit of one key block cannot be split even when forced.
+  EXPECT_EQ(choose_tail_split(equal_requests(4, 4096).words, 4, 32, 128, 128, false, 132, true, 0)
+                .split_units,
+            0);
+  const std::vector<TileRequest> one_block = {{0, 5, 5}};
+  Result<TilePlan> small = build_tile_plan(one_block);
+  ASSERT_TRUE(small.is_ok());
+  EXPECT_EQ(choose_tail_split(small->words, 1, 8, 128, 128, false, 132, true, 4).split_units, 0);
+}
+
+TEST(Fa3TailSplitTest, PiecesCoverEveryKeyBlockOnceAndNoneIsEmpty) {
+  for (int n : {2, 3, 7, 32, 129}) {
+    for (int s = 2; s <= n && s <= 40; ++s) {
+      EXPECT_EQ(split_block_begin(n, s, 0), 0);
+      EXPECT_EQ(split_block_begin(n, s, s), n);
+      for (int k = 0; k < s; ++k) {
+        EXPECT_GE(split_block_begin(n, s, k + 1) - split_block_begin(n, s, k), 1)
+            << n << " blocks, " << s << " pieces, piece " << k;
+      }
+    }
+  }
+  // The virtual schedule: 4096 units, 4 of them in 32 pieces -> 4092 + 128 = 4220 = 31 x 132 + 128.
+  EXPECT_EQ(virtual_units(4096, 4, 32), 4220);
+  EXPECT_EQ(virtual_units(4096, 0, 1), 4096);
+}
+
 }  // namespace
 }  // namespace attnkit::fa3

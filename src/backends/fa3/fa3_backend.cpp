@@ -105,6 +105,10 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
   if (wgmma_->planned_fp8() && wgmma_->planned_fp8_variant().promote) {
     stats_.last_fp8_promote = wgmma_->planned_fp8_variant().promote_late ? 2 : 1;
   }
+  const fa3::TailSplit split =
+      wgmma_->planned_tail_split(layer.type != AttentionType::kEncoderOnly);
+  stats_.last_split_units = split.split_units;
+  stats_.last_num_splits = split.num_splits;
   return wgmma_->run(q, out, lse, layer, batch, stream);
 }
 

@@ -44,6 +44,10 @@ struct Fa3Stats {
   bool last_fp8_spec = false;
   bool last_fp8_gemm_sum = false;
   int last_fp8_promote = 0;
+  // Tail split of the last wgmma call (fa3::choose_tail_split; ATTNKIT_FA3_SPLIT): units of the
+  // schedule's last round run as last_num_splits pieces each (0 / 1: no split).
+  int last_split_units = 0;
+  int last_num_splits = 1;
 };
 // The counters of a backend made by create_fa3_backend; nullptr for any other backend.
 const Fa3Stats* fa3_stats(const AttentionBackend& backend);

@@ -158,6 +158,10 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
       "ATTNKIT_FA3_DIAG", 0,
       [](int bits) { return bits >= 0 && (bits & ~(1 | 2 | 4 | 8 | 16)) == 0; },
       "a sum of the Fa3Params::diag bits 1, 2, 4, 8, 16");
+  // 0: never split the tail; n >= 2: split it into up to n pieces whenever possible (tests).
+  e->split_forced_ = env_int_if(
+      "ATTNKIT_FA3_SPLIT", -1, [](int n) { return n == 0 || (n >= 2 && n <= 1024); },
+      "0 (no tail split) or a piece count 2..1024");
   e->fp8_kv_ = allow_fp8_kv && env_on("ATTNKIT_FA3_FP8") && ctx.q_dtype == DType::kBF16 &&
                ctx.qk_head_dim == kFp8HeadDim && ctx.v_head_dim == kFp8HeadDim &&
                wgmma_head_dim_compiled(kFp8HeadDim) && prefill_sm90_fp8_available();
@@ -196,6 +200,19 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   plan_bs_ = bs;
   num_tiles_ = plan.num_tiles;
   planned_fp8_ = fp8;
+  split_causal_ = split_bidir_ = TailSplit{};
+  if (!fp8) {
+    // Causal and bidirectional (encoder-only) layers of one forward split differently.
+    const int rows = block_m_;
+    for (const bool causal : {true, false}) {
+      TailSplit& ts = causal ? split_causal_ : split_bidir_;
+      ts = choose_tail_split(words_, bs, ctx_.num_q_heads, rows, block_n_, causal, sm_count_,
+                             zigzag_, split_forced_);
+      const int64_t floats =
+          static_cast<int64_t>(ts.split_units) * ts.num_splits * rows * (ctx_.qk_head_dim + 1);
+      if (floats > 0) ATTNKIT_RETURN_IF_ERROR(split_ws_.reserve(ctx_.device, floats));
+    }
+  }
   // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
   // producer for prefill-like forwards (a few queries over a long prefix keep the in-kernel
   // transpose), speculative softmax, 192-key blocks for long requests: choose_fp8_variant.
@@ -290,6 +307,15 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     p.tma_rows = 0;  // the cp.async gather serves every block
   }
   p.overlap = overlap_ ? 1 : 0;
+  const TailSplit ts = planned_tail_split(p.causal != 0);
+  if (ts.split_units > 0) {
+    const int64_t o_floats =
+        static_cast<int64_t>(ts.split_units) * ts.num_splits * p.block_m * ctx_.qk_head_dim;
+    p.split_units = ts.split_units;
+    p.num_splits = ts.num_splits;
+    p.split_o = split_ws_.data();
+    p.split_lse = split_ws_.data() + o_floats;
+  }
   if (planned_fp8_) {
     const Fp8Variant& v = fp8_variant_;
     if (v.vt_pre) {

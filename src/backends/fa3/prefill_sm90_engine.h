@@ -65,6 +65,11 @@ class PrefillSm90Engine {
   // request of 8192+ keys with the V^T pre-transpose and the speculative softmax).
   const Fp8Variant& planned_fp8_variant() const { return fp8_variant_; }
   int planned_fp8_block_n() const { return fp8_variant_.block_n; }
+  // The tail split a layer of the planned forward runs with (choose_tail_split; causal: the
+  // layer's mask), none for the FP8 kernel.
+  TailSplit planned_tail_split(bool causal) const {
+    return planned_ && !planned_fp8_ ? (causal ? split_causal_ : split_bidir_) : TailSplit{};
+  }
 
  private:
   PrefillSm90Engine(const BackendContext& ctx, int sm_count) : ctx_(ctx), sm_count_(sm_count) {}
@@ -83,7 +88,9 @@ class PrefillSm90Engine {
   // once on stderr),
   // ATTNKIT_FA3_BLOCK_N=<keys> (key block where instantiated for the head dim),
   // ATTNKIT_FA3_WG3=1 (d 64 with 128-key blocks: three consumer warpgroups, 192-row tiles),
-  // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag).
+  // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag),
+  // ATTNKIT_FA3_SPLIT=0 (no tail split) / =<n >= 2> (split the last round's units into up to n
+  // pieces whenever they have the key blocks; choose_tail_split's `forced`).
   bool pingpong_ = true;
   bool tma_ = true;
   bool fence_tma_ = true;
@@ -101,6 +108,7 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_WG3=1 (three consumer warpgroups), else 128.
   int block_m_ = 128;
   int diag_ = 0;
+  int split_forced_ = -1;  // ATTNKIT_FA3_SPLIT (-1: unset, the model decides)
 
   bool fp8_kv_ = false;  // allow_fp8_kv and the context fits the FP8 kernel
   bool planned_ = false;
@@ -113,6 +121,10 @@ class PrefillSm90Engine {
   // workspace of Fa3Params::vt_pre (kv heads x V^T units x 16 KB, rewritten by every layer).
   Fp8Variant fp8_variant_;
   DeviceArray<uint8_t> vt_ws_;
+  // Tail split of the planned forward's causal and bidirectional layers, and the grow-only f32
+  // workspace of their pieces (Fa3Params::split_o, then split_lse).
+  TailSplit split_causal_, split_bidir_;
+  DeviceArray<float> split_ws_;
 };
 
 }  // namespace attnkit::fa3

@@ -74,6 +74,21 @@ constexpr int schedule_unit(int round, int cta, int grid, bool zigzag) {
   return round * grid + ((zigzag && (round & 1)) ? grid - 1 - cta : cta);
 }
 
+// Tail split (Fa3Params::split_units / num_splits; the planner's choose_tail_split): the last
+// split_units units of the unit list, those of the persistent schedule's last, partial round, each
+// run as num_splits pieces over consecutive ranges of their key blocks, so that the round's idle
+// CTAs share them; a merge kernel combines a unit's pieces by their LSE. Piece j of the split
+// units (unit units - split_units + j / num_splits, part j % num_splits) is virtual unit
+// units - split_units + j, so a schedule of virtual_units(...) units puts the pieces in the last
+// round. num_splits never exceeds the key blocks of a split unit: every piece has >= 1 block.
+constexpr int64_t virtual_units(int64_t units, int split_units, int num_splits) {
+  return units + static_cast<int64_t>(split_units) * (num_splits - 1);
+}
+// First key block of part k (0 <= k <= num_splits; k = num_splits: n_blocks) of n_blocks blocks.
+constexpr int split_block_begin(int n_blocks, int num_splits, int k) {
+  return static_cast<int>(static_cast<int64_t>(k) * n_blocks / num_splits);
+}
+
 // Opaque copy of a CUtensorMap (the driver's 128-byte TMA descriptor), so that this header needs
 // no CUDA types; the kernel passes its address to cp.async.bulk.tensor.
 struct alignas(64) TmaDesc {
@@ -203,6 +218,14 @@ struct Fa3Params {
   // kBlockM (128, two consumer warpgroups) or, at d 64 with 128-key blocks, 192 (three consumer
   // warpgroups; ATTNKIT_FA3_WG3, prefill_sm90_engine.cpp).
   int block_m = kBlockM;
+  // bf16 / f16 kernel: the tail split (virtual_units above; split_units 0: none). Piece j writes
+  // its rows normalised (O / l, f32) to split_o [j][block_m][D] and their natural-log LSE (-inf:
+  // no visible key in the piece) to split_lse [j][block_m]; merge_tail_splits_kernel
+  // (prefill_sm90_launch.cuh) writes out / lse of the split units from them.
+  int split_units = 0;
+  int num_splits = 1;
+  float* split_o = nullptr;
+  float* split_lse = nullptr;
   uint8_t* vt_ws = nullptr;    // [kv_heads][plan V^T units][128 d][128 key bytes]
   int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T units x kVtBlockKeys x 128)
 };

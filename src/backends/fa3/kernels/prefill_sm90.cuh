@@ -81,9 +81,10 @@ __device__ __forceinline__ int unit_at(const Fa3Params& p, int round) {
                        p.sched == 1);
 }
 
-// One work unit's geometry, decoded identically by producer and consumers.
+// One work unit's geometry, decoded identically by producer and consumers. Key blocks
+// [nb_begin, n_blocks) are this unit's (nb_begin > 0 only for a piece of a tail-split unit).
 struct TileInfo {
-  int request, q_start, q_len, kv_len, m0, head, n_blocks, causal_limit;
+  int request, q_start, q_len, kv_len, m0, head, n_blocks, causal_limit, nb_begin;
 };
 
 template <typename Tr>
@@ -103,7 +104,30 @@ __device__ __forceinline__ TileInfo decode_tile(const Fa3Params& p, int unit) {
   t.causal_limit = prefix + t.m0;  // position of the tile's first row
   const int n_end = p.causal ? min(t.kv_len, prefix + t.m0 + Tr::kBlockM) : t.kv_len;
   t.n_blocks = (n_end + Tr::kBlockN - 1) / Tr::kBlockN;
+  t.nb_begin = 0;
   return t;
+}
+
+// Virtual unit v of the bf16 / f16 kernel's schedule (units: the plan's num_tiles x num_q_heads):
+// a whole unit, or a piece of one of the last p.split_units units (virtual_units in fa3_params.h).
+template <typename Tr>
+__device__ __forceinline__ TileInfo decode_unit(const Fa3Params& p, int v, int units) {
+  const int first = units - p.split_units;
+  if (v < first) return decode_tile<Tr>(p, v);
+  const int piece = v - first;
+  const int i = piece / p.num_splits;
+  const int k = piece - i * p.num_splits;
+  TileInfo t = decode_tile<Tr>(p, first + i);
+  const int n = t.n_blocks;
+  t.nb_begin = split_block_begin(n, p.num_splits, k);
+  t.n_blocks = split_block_begin(n, p.num_splits, k + 1);
+  return t;
+}
+
+// The schedule length of the bf16 / f16 kernel (its tail-split pieces included).
+__device__ __forceinline__ int scheduled_units(const Fa3Params& p) {
+  return static_cast<int>(virtual_units(static_cast<int64_t>(p.num_tiles) * p.num_q_heads,
+                                        p.split_units, p.num_splits));
 }
 
 // Whether key block nb of tile t is loaded by TMA page boxes (else by the cp.async gather): the
@@ -202,8 +226,9 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   int it = 0;
   int tcount = 0;
   const int units = p.num_tiles * p.num_q_heads;
-  for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
-    const TileInfo t = decode_tile<Tr>(p, unit);
+  const int vunits = scheduled_units(p);
+  for (int round = 0, unit = unit_at(p, 0); unit < vunits; unit = unit_at(p, ++round), ++tcount) {
+    const TileInfo t = decode_unit<Tr>(p, unit, units);
     const int kvh = t.head / p.group;
     const int32_t* pt = page_table_row(p, t.request);
     // The pool slot of row 128 s + tid of key block nb (-1: past kv_len or past the block; the row
@@ -230,7 +255,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
     if ((p.diag & 8) == 0) load_q_tile<Tr::kBlockM, C>(p, t, sQ, tid);
     cp_async_arrive_noinc(q_full);
 
-    for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
+    for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it) {
       const int stage = it % Tr::kStages;
       const uint32_t phase = (it / Tr::kStages) & 1;
       mbar_wait(empty(stage), phase ^ 1);
@@ -337,10 +362,10 @@ struct ConsumerCtx {
     }
   }
 
-  // The Q buffer's release after the S of key block nb: at the tile's last S (nb == 0) when S reads
-  // Q from shared memory; with kQRegs the consumer released it at the start of the tile.
-  __device__ __forceinline__ void release_q_after_s(int nb) const {
-    if (!kQRegs && nb == 0) sm90::mbar_arrive(bars + 8);
+  // The Q buffer's release after the S of key block nb: at the unit's last S (nb == nb_begin) when
+  // S reads Q from shared memory; with kQRegs the consumer released it at the start of the tile.
+  __device__ __forceinline__ void release_q_after_s(int nb, int nb_begin) const {
+    if (!kQRegs && nb == nb_begin) sm90::mbar_arrive(bars + 8);
   }
   __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 16 + 24 * s; }
   __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 16 + 24 * s + 8; }
@@ -606,6 +631,38 @@ __device__ __forceinline__ void store_o_tile(const Fa3Params& p, const TileInfo&
   }
 }
 
+// Epilogue of tail-split piece `piece` (virtual unit units - split_units + piece): this thread's
+// two rows normalised (O / l) in f32 to p.split_o and their natural-log LSE (-inf where the piece
+// holds no visible key of the row) to p.split_lse, for merge_tail_splits_kernel. Rows past q_len
+// are not written (nor read back).
+template <int kD>
+__device__ __forceinline__ void store_o_piece(const Fa3Params& p, const TileInfo& t, int piece,
+                                              const float (&o)[kD / 2], const float (&m)[2],
+                                              const float (&l)[2], int row0, int lane) {
+  const float kNegInf = -__int_as_float(0x7f800000);
+  constexpr float kLn2 = 0.693147180559945309f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int row = row0 + 8 * h;
+    if (t.m0 + row >= t.q_len) continue;
+    const int64_t prow = static_cast<int64_t>(piece) * p.block_m + row;
+    float* rowp = p.split_o + prow * kD + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      *reinterpret_cast<float2*>(rowp + 8 * j) =
+          make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+    }
+    if (lane % 4 == 0) {
+      const float m_use = m[h] == kNegInf ? 0.f : m[h];
+      p.split_lse[prow] = sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
+    }
+  }
+}
+
 template <typename Tr, bool kBf16>
 __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
@@ -630,9 +687,10 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
   int it = 0;
   int tcount = 0;
   const int units = p.num_tiles * p.num_q_heads;
-  for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
-    const TileInfo t = decode_tile<Tr>(p, unit);
-    const bool last_unit = unit_at(p, round + 1) >= units;
+  const int vunits = scheduled_units(p);
+  for (int round = 0, unit = unit_at(p, 0); unit < vunits; unit = unit_at(p, ++round), ++tcount) {
+    const TileInfo t = decode_unit<Tr>(p, unit, units);
+    const bool last_unit = unit_at(p, round + 1) >= vunits;
     // This thread's two rows (r, r + 8) within the tile and their query positions.
     const int row0 = g * 64 + c.warp * 16 + lane / 4;
     const int qpos0 = t.causal_limit + row0;
@@ -666,10 +724,10 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       c.turn_pass();
       wgmma_wait<0>();
       fence_regs(s);
-      c.release_q_after_s(nb);
+      c.release_q_after_s(nb, t.nb_begin);
       sm.step(s, p, t, nb, g, lane, qpos0, corr);
       pack_p<kN, kBf16>(s, pa);
-      for (--nb; nb >= 0; --nb) {
+      for (--nb; nb >= t.nb_begin; --nb) {
         const int it_n = it_c + 1;
         const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
         c.wait_full(c.k_full(stage_n), it_n, fence_for(nb));
@@ -684,7 +742,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         c.turn_pass();
         wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
         fence_regs(s);
-        c.release_q_after_s(nb);
+        c.release_q_after_s(nb, t.nb_begin);
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         wgmma_wait<0>();
         fence_regs(o);
@@ -694,7 +752,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         it_c = it_n;
       }
       const int stage_c = it_c % Tr::kStages;
-      c.wait_full(c.v_full(stage_c), it_c, fence_for(0));
+      c.wait_full(c.v_full(stage_c), it_c, fence_for(t.nb_begin));
       fence_regs(o);
       c.turn_wait();
       wgmma_fence();
@@ -707,7 +765,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       it = it_c + 1;
     } else {
       // Serial: S = Q K^T, softmax, O += P V, one block at a time.
-      for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
+      for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it) {
         const int stage = it % Tr::kStages;
         c.wait_full(c.k_full(stage), it, fence_for(nb));
         c.turn_wait();
@@ -717,7 +775,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         c.turn_pass();
         wgmma_wait<0>();
         fence_regs(s);
-        c.release_q_after_s(nb);
+        c.release_q_after_s(nb, t.nb_begin);
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         pack_p<kN, kBf16>(s, pa);
         rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
@@ -727,14 +785,79 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         wgmma_fence();
         c.issue_pv(o, pa, stage);
         wgmma_commit();
-        if (g == 0 || nb > 0 || !last_unit) c.turn_pass();
+        if (g == 0 || nb > t.nb_begin || !last_unit) c.turn_pass();
         wgmma_wait<0>();
         fence_regs(o);
         mbar_arrive(c.empty(stage));
       }
     }
 
-    store_o_tile<kD, kBf16>(p, t, o, sm.m, sm.l, 1.f, row0, lane);
+    const int piece = unit - (units - p.split_units);  // >= 0: a tail-split piece
+    if (piece < 0) {
+      store_o_tile<kD, kBf16>(p, t, o, sm.m, sm.l, 1.f, row0, lane);
+    } else {
+      store_o_piece<kD>(p, t, piece, o, sm.m, sm.l, row0, lane);
+    }
+  }
+}
+
+// ---- tail-split merge ----
+
+// Writes out (and lse, when requested) of the tail-split units from their pieces
+// (Fa3Params::split_units > 0, after prefill_sm90_kernel): one warp per (split unit, tile row),
+// lane l owning columns l kD / 32 .. (l + 1) kD / 32 - 1. O = sum_k w_k O_k / sum_k w_k with
+// w_k = exp(lse_k - max_k lse_k) over the unit's num_splits pieces (the pieces' O_k are already
+// normalised by their own row sums); pieces without a visible key of the row (lse_k = -inf) weigh
+// 0. A fixed order of pieces: the same inputs give the same bits. grid: ceil(split_units x
+// block_m / 4), block: 128.
+template <int kD, bool kBf16>
+__global__ void __launch_bounds__(128)
+    merge_tail_splits_kernel(const __grid_constant__ Fa3Params p) {
+  constexpr int kWarps = 4;
+  constexpr int kPerLane = kD / 32;  // 2, 4 or 8 columns
+  const float kNegInf = -__int_as_float(0x7f800000);
+  const int w = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int i = w / p.block_m;  // split unit
+  const int row = w - i * p.block_m;
+  if (i >= p.split_units) return;
+  const int unit = p.num_tiles * p.num_q_heads - p.split_units + i;
+  const int tile = unit / p.num_q_heads;
+  const int head = unit - tile * p.num_q_heads;
+  const int32_t* tw = p.plan + kPlanHeaderWords + p.bs * kRequestWords + tile * kTileWords;
+  const int32_t* rw = p.plan + kPlanHeaderWords + tw[0] * kRequestWords;
+  const int token = tw[1] * p.block_m + row;  // among the request's new tokens
+  if (token >= rw[1]) return;
+  const int64_t piece0 = static_cast<int64_t>(i) * p.num_splits;
+  float mx = kNegInf;
+  for (int k = 0; k < p.num_splits; ++k)
+    mx = fmaxf(mx, p.split_lse[(piece0 + k) * p.block_m + row]);
+  float acc[kPerLane] = {};
+  float den = 0.f;
+  for (int k = 0; k < p.num_splits; ++k) {
+    const int64_t prow = (piece0 + k) * p.block_m + row;
+    const float lse_k = p.split_lse[prow];
+    const float wk = lse_k == kNegInf ? 0.f : expf(lse_k - mx);
+    den += wk;
+    const float* src = p.split_o + prow * kD + lane * kPerLane;
+#pragma unroll
+    for (int c = 0; c < kPerLane; c += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(src + c);
+      acc[c] = fmaf(wk, v.x, acc[c]);
+      acc[c + 1] = fmaf(wk, v.y, acc[c + 1]);
+    }
+  }
+  const float inv = den > 0.f ? 1.f / den : 0.f;
+  const int64_t trow = rw[0] + token;
+  uint32_t* dst =
+      static_cast<uint32_t*>(p.out) +
+      ((trow * p.o_stride_token + static_cast<int64_t>(head) * p.o_stride_head + lane * kPerLane) >>
+       1);
+#pragma unroll
+  for (int c = 0; c < kPerLane; c += 2) dst[c / 2] = pack2<kBf16>(acc[c] * inv, acc[c + 1] * inv);
+  if (p.lse != nullptr && lane == 0) {
+    p.lse[trow * p.lse_stride_token + static_cast<int64_t>(head) * p.lse_stride_head] =
+        den > 0.f ? mx + logf(den) : kNegInf;
   }
 }
 

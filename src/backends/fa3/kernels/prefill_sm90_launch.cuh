@@ -29,9 +29,25 @@ Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
   if (units == 0) return Status::ok();
-  const int grid = static_cast<int>(std::min<int64_t>(units, sm_count));
+  if (p.split_units < 0 || p.split_units > units || p.num_splits < 1 ||
+      (p.split_units > 0 && (p.num_splits < 2 || p.split_o == nullptr || p.split_lse == nullptr))) {
+    return Status::internal("fa3: tail split of " + std::to_string(p.split_units) + " units x " +
+                            std::to_string(p.num_splits) + " pieces (units " +
+                            std::to_string(units) + ", workspace " +
+                            (p.split_o != nullptr ? "set" : "missing") + ")");
+  }
+  const int64_t vunits = virtual_units(units, p.split_units, p.num_splits);
+  const int grid = static_cast<int>(std::min<int64_t>(vunits, sm_count));
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
+  if (p.split_units > 0) {
+    constexpr int kMergeWarps = 4;
+    const int64_t warps = static_cast<int64_t>(p.split_units) * p.block_m;
+    merge_tail_splits_kernel<kD, kBf16>
+        <<<static_cast<unsigned>((warps + kMergeWarps - 1) / kMergeWarps), 32 * kMergeWarps, 0,
+           cuda::to_stream(stream)>>>(p);
+    ATTNKIT_CUDA_TRY(cudaGetLastError());
+  }
   return Status::ok();
 }
 

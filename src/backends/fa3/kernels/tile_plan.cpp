@@ -43,6 +43,60 @@ Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int bloc
   return plan;
 }
 
+TailSplit choose_tail_split(std::span<const int32_t> plan_words, int bs, int num_q_heads,
+                            int block_m, int block_n, bool causal, int sm_count, bool zigzag,
+                            int forced) {
+  // Model costs in key-block times (tile_plan.h).
+  constexpr double kUnitCost = 1.0, kPieceCost = 0.5, kMergeCost = 3.0, kMinGain = 0.02;
+  TailSplit none;
+  if (forced == 0 || sm_count <= 0 || num_q_heads <= 0 || block_m <= 0 || block_n <= 0 ||
+      plan_words.size() < static_cast<size_t>(kPlanHeaderWords)) {
+    return none;
+  }
+  const int64_t tiles = plan_words[0];
+  const size_t tile_base = kPlanHeaderWords + static_cast<size_t>(bs) * kRequestWords;
+  if (plan_words.size() < tile_base + static_cast<size_t>(tiles) * kTileWords) return none;
+  const int64_t units = tiles * num_q_heads;
+  auto blocks_of_unit = [&](int64_t u) {
+    const size_t tw = tile_base + static_cast<size_t>(u / num_q_heads) * kTileWords;
+    const size_t rw = kPlanHeaderWords + static_cast<size_t>(plan_words[tw]) * kRequestWords;
+    const int64_t q_len = plan_words[rw + 1], kv_len = plan_words[rw + 2];
+    const int64_t m0 = static_cast<int64_t>(plan_words[tw + 1]) * block_m;
+    const int64_t n_end = causal ? std::min(kv_len, kv_len - q_len + m0 + block_m) : kv_len;
+    return static_cast<int>((n_end + block_n - 1) / block_n);  // as decode_tile
+  };
+  const int64_t rem = units >= sm_count ? units % sm_count : units;
+  if (units == 0 || rem == 0) return none;
+  const int64_t first = units - rem;
+  int fewest = std::numeric_limits<int>::max();
+  for (int64_t u = first; u < units; ++u) fewest = std::min(fewest, blocks_of_unit(u));
+  int s = static_cast<int>(std::min<int64_t>(fewest, sm_count / rem));
+  if (forced > 0) s = std::min(s, forced);
+  if (s < 2) return none;
+  const TailSplit split{static_cast<int>(rem), s};
+  if (forced > 0) return split;
+  // The zigzag (or plain-stride) schedule of n units on min(n, sm_count) CTAs; cost(v): unit v's.
+  auto makespan = [&](int64_t n, auto&& cost) {
+    const int64_t grid = std::min<int64_t>(n, sm_count);
+    std::vector<double> load(static_cast<size_t>(grid), 0.0);
+    for (int64_t v = 0; v < n; ++v) {
+      const int64_t round = v / grid, pos = v % grid;
+      const int64_t cta = zigzag && (round & 1) ? grid - 1 - pos : pos;
+      load[static_cast<size_t>(cta)] += cost(v);
+    }
+    return *std::max_element(load.begin(), load.end());
+  };
+  const double whole = makespan(units, [&](int64_t u) { return blocks_of_unit(u) + kUnitCost; });
+  const double pieces = makespan(first + rem * s, [&](int64_t v) {
+    if (v < first) return blocks_of_unit(v) + kUnitCost;
+    const int64_t j = v - first;
+    const int n = blocks_of_unit(first + j / s);
+    const int k = static_cast<int>(j % s);
+    return (split_block_begin(n, s, k + 1) - split_block_begin(n, s, k)) + kUnitCost + kPieceCost;
+  });
+  return pieces + kMergeCost <= (1.0 - kMinGain) * whole ? split : none;
+}
+
 std::vector<TileRequest> tile_requests(const ForwardBatch& batch) {
   std::vector<TileRequest> reqs(static_cast<size_t>(batch.batch_size));
   int32_t start = 0;

@@ -42,6 +42,30 @@ Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int bloc
 // extend lengths, spec.draft_token_num new tokens per request).
 std::vector<TileRequest> tile_requests(const ForwardBatch& batch);
 
+// ---- tail split (bf16 / f16 kernel; Fa3Params::split_units / num_splits) ----
+
+struct TailSplit {
+  int split_units = 0;  // the last split_units units of the schedule are split (0: none)
+  int num_splits = 1;   // pieces per split unit (>= 2 when split_units > 0)
+};
+
+// The tail split of a planned forward (plan_words from build_tile_plan over bs requests) for a
+// layer that is causal or not, on the persistent grid of sm_count CTAs (zigzag: Fa3Params::sched).
+// The split units are those of the schedule's last, partial round (all units when there are fewer
+// than sm_count); each becomes s = min(its fewest key blocks, sm_count / split units) pieces, so
+// the pieces fill that round and none is empty. forced (ATTNKIT_FA3_SPLIT): -1 (unset): split when
+// a model of the schedule (a unit costs its key blocks + 1, a piece 0.5 more for its partial rows,
+// the merge 3, in key-block times) finishes at least 2% sooner; 0: never; n >= 2: whenever
+// min(n, s) >= 2.
+// Worked example: 4 requests of 4096 new tokens, bidirectional, 32 q heads, block_m = block_n =
+// 128, 132 SMs: 4096 units of 32 blocks = 31 full rounds + 4 units; s = min(32, 132 / 4) = 32:
+// 4 x 32 pieces of one block in the last round; modelled 32 x 33 = 1056 -> 31 x 33 + 2.5 + 3 =
+// 1028.5 block times (-2.6%): split. Causal, the same requests: the last round holds four
+// one-block tiles: s = 1, no split.
+TailSplit choose_tail_split(std::span<const int32_t> plan_words, int bs, int num_q_heads,
+                            int block_m, int block_n, bool causal, int sm_count, bool zigzag,
+                            int forced = -1);
+
 // ---- FP8 kernel variant (prefill_sm90_fp8.cuh) ----
 
 // Row sums through the e4m3 P V GEMM lose accuracy on long rows: the FP8 wgmma accumulates with
