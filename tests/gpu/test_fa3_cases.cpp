@@ -254,6 +254,12 @@ TEST(Fa3LongTest, LargeLogitsRescaleAcrossBlocks) {
   run_and_compare(prefill("large_logits_d256", {100}, {300}, 16, 4, 2, 256), true, 12.f);
 }
 
+// An e4m3 KV cache (the FP8 kernel where the case fits it).
+CaseSpec fp8(CaseSpec c) {
+  c.kv_dtype = DType::kFP8E4M3;
+  return c;
+}
+
 // ---- tail split: the last round's units in pieces, merged by LSE (fa3::choose_tail_split) ----
 
 // Runs spec (save_kv) and checks that its layers ran tail-split: last_split_units /
@@ -298,6 +304,20 @@ TEST(Fa3TailSplitTest, ForcedSplitsMatchTheReference) {
   run_split(f);
 }
 
+TEST(Fa3TailSplitTest, Fp8KernelSplitsToo) {
+  // The FP8 kernel (e4m3 KV, bf16 q, d 128) with its pieces merged the same way: chosen by the
+  // model for 128 new tokens after 2048 cached (2176 keys > 2048: promoted, V transposed in the
+  // kernel), and forced for the pre-transpose / speculative kernel (causal, bidirectional).
+  run_split(fp8(prefill("split_fp8_auto", {2048}, {128}, 16, 8, 2, 128)));
+  ScopedEnv split("ATTNKIT_FA3_SPLIT", "3");
+  run_split(fp8(prefill("split_fp8_causal", {300, 700}, {437, 129}, 16, 4, 2, 128)));
+  // (No large-logit run here: with logits x 12 the e4m3 rounding of Q and K alone moves the LSE
+  // past the FP8 tolerance, split or not.)
+  CaseSpec c = fp8(prefill("split_fp8_encoder", {0, 0}, {700, 300}, 64, 4, 2, 128));
+  c.type = AttentionType::kEncoderOnly;
+  run_split(c);
+}
+
 TEST(Fa3TailSplitTest, OffWithTheKnob) {
   ScopedEnv split("ATTNKIT_FA3_SPLIT", "0");
   Fa3Stats stats;
@@ -308,11 +328,6 @@ TEST(Fa3TailSplitTest, OffWithTheKnob) {
 }
 
 // ---- FP8 kernel: e4m3 KV cache with bf16 q at d 128 ----
-
-CaseSpec fp8(CaseSpec c) {
-  c.kv_dtype = DType::kFP8E4M3;
-  return c;
-}
 
 TEST(Fa3Fp8Test, E4m3KvPrefillAcrossTilesAndPages) {
   // Several 128-row tiles and 128-key blocks, rows with one key, partial blocks: TMA boxes of 16 /
@@ -483,6 +498,10 @@ TEST(Fa3Fp8Test, PromotedToleranceRejectsTheUnpromotedKernel) {
     GTEST_SKIP() << "no FP8 wgmma kernel here (ATTNKIT_FA3_FP8=0 or not SM90)";
   }
   ScopedEnv promote("ATTNKIT_FA3_FP8_PROMOTE", "0");
+  // Whole rows: the tail split would cut these 18 units (9 tiles x 2 heads, one round) into
+  // pieces of ~1200 keys, each accumulated on its own, which passes the promoted tolerance
+  // unpromoted (H200 2026-11-24 04:30Z: rel_l2 4.7e-3, LSE 0.021).
+  ScopedEnv no_split("ATTNKIT_FA3_SPLIT", "0");
   for (const char* max_keys : {"2048", "1000000"}) {  // FADD row sums; GEMM row sums at any length
     ScopedEnv gemm_sum_keys("ATTNKIT_FA3_FP8_GEMM_SUM_MAX_KEYS", max_keys);
     const CaseSpec spec = biased_v(fp8(prefill("fp8_unpromoted", {7200}, {1036}, 64, 2, 1, 128)));

@@ -200,19 +200,6 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   plan_bs_ = bs;
   num_tiles_ = plan.num_tiles;
   planned_fp8_ = fp8;
-  split_causal_ = split_bidir_ = TailSplit{};
-  if (!fp8) {
-    // Causal and bidirectional (encoder-only) layers of one forward split differently.
-    const int rows = block_m_;
-    for (const bool causal : {true, false}) {
-      TailSplit& ts = causal ? split_causal_ : split_bidir_;
-      ts = choose_tail_split(words_, bs, ctx_.num_q_heads, rows, block_n_, causal, sm_count_,
-                             zigzag_, split_forced_);
-      const int64_t floats =
-          static_cast<int64_t>(ts.split_units) * ts.num_splits * rows * (ctx_.qk_head_dim + 1);
-      if (floats > 0) ATTNKIT_RETURN_IF_ERROR(split_ws_.reserve(ctx_.device, floats));
-    }
-  }
   // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
   // producer for prefill-like forwards (a few queries over a long prefix keep the in-kernel
   // transpose), speculative softmax, 192-key blocks for long requests: choose_fp8_variant.
@@ -230,6 +217,18 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
     if (fp8_variant_.vt_pre) {
       ATTNKIT_RETURN_IF_ERROR(vt_ws_.reserve(ctx_.device, fp8_variant_.vt_bytes));
     }
+  }
+  // Tail split of the causal and the bidirectional (encoder-only) layers of this forward, with
+  // the rows and key block of the kernel that runs it.
+  const int rows = fp8 ? kBlockM : block_m_;
+  const int keys = fp8 ? fp8_variant_.block_n : block_n_;
+  for (const bool causal : {true, false}) {
+    TailSplit& ts = causal ? split_causal_ : split_bidir_;
+    ts = choose_tail_split(words_, bs, ctx_.num_q_heads, rows, keys, causal, sm_count_, zigzag_,
+                           split_forced_);
+    const int64_t floats =
+        static_cast<int64_t>(ts.split_units) * ts.num_splits * rows * (ctx_.qk_head_dim + 1);
+    if (floats > 0) ATTNKIT_RETURN_IF_ERROR(split_ws_.reserve(ctx_.device, floats));
   }
   planned_ = true;
   return Status::ok();

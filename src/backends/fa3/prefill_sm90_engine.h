@@ -66,9 +66,9 @@ class PrefillSm90Engine {
   const Fp8Variant& planned_fp8_variant() const { return fp8_variant_; }
   int planned_fp8_block_n() const { return fp8_variant_.block_n; }
   // The tail split a layer of the planned forward runs with (choose_tail_split; causal: the
-  // layer's mask), none for the FP8 kernel.
+  // layer's mask), for the bf16 / f16 and the FP8 kernel alike.
   TailSplit planned_tail_split(bool causal) const {
-    return planned_ && !planned_fp8_ ? (causal ? split_causal_ : split_bidir_) : TailSplit{};
+    return planned_ ? (causal ? split_causal_ : split_bidir_) : TailSplit{};
   }
 
  private:

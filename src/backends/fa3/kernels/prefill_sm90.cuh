@@ -632,13 +632,14 @@ __device__ __forceinline__ void store_o_tile(const Fa3Params& p, const TileInfo&
 }
 
 // Epilogue of tail-split piece `piece` (virtual unit units - split_units + piece): this thread's
-// two rows normalised (O / l) in f32 to p.split_o and their natural-log LSE (-inf where the piece
-// holds no visible key of the row) to p.split_lse, for merge_tail_splits_kernel. Rows past q_len
-// are not written (nor read back).
+// two rows normalised (O * out_scale / l; the FP8 kernel's v_scale) in f32 to p.split_o and their
+// natural-log LSE (-inf where the piece holds no visible key of the row) to p.split_lse, for
+// merge_tail_splits_kernel. Rows past q_len are not written (nor read back).
 template <int kD>
 __device__ __forceinline__ void store_o_piece(const Fa3Params& p, const TileInfo& t, int piece,
                                               const float (&o)[kD / 2], const float (&m)[2],
-                                              const float (&l)[2], int row0, int lane) {
+                                              const float (&l)[2], float out_scale, int row0,
+                                              int lane) {
   const float kNegInf = -__int_as_float(0x7f800000);
   constexpr float kLn2 = 0.693147180559945309f;
 #pragma unroll
@@ -646,7 +647,7 @@ __device__ __forceinline__ void store_o_piece(const Fa3Params& p, const TileInfo
     float sum = l[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = sum > 0.f ? out_scale / sum : 0.f;
     const int row = row0 + 8 * h;
     if (t.m0 + row >= t.q_len) continue;
     const int64_t prow = static_cast<int64_t>(piece) * p.block_m + row;
@@ -796,7 +797,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
     if (piece < 0) {
       store_o_tile<kD, kBf16>(p, t, o, sm.m, sm.l, 1.f, row0, lane);
     } else {
-      store_o_piece<kD>(p, t, piece, o, sm.m, sm.l, row0, lane);
+      store_o_piece<kD>(p, t, piece, o, sm.m, sm.l, 1.f, row0, lane);
     }
   }
 }

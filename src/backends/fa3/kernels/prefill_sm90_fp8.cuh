@@ -228,8 +228,9 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
   int tcount = 0;
   int pending = -1;  // the block whose V^T is still to be written
   const int units = p.num_tiles * p.num_q_heads;
-  for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
-    const TileInfo t = decode_tile<Tr>(p, unit);
+  const int vunits = scheduled_units(p);
+  for (int round = 0, unit = unit_at(p, 0); unit < vunits; unit = unit_at(p, ++round), ++tcount) {
+    const TileInfo t = decode_unit<Tr>(p, unit, units);
     const int kvh = t.head / p.group;
     const int32_t* pt = page_table_row(p, t.request);
     int my_slot = -1, my_slot2 = -1;  // rows tid and (kN 192) 128 + tid of the block
@@ -256,7 +257,7 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
     load_q_tile<Tr::kBlockM, CQ>(p, t, sQ, tid);
     cp_async_arrive_noinc(q_full);
 
-    for (int nb = t.n_blocks - 1; nb >= 0; --nb, ++it) {
+    for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it) {
       const int stage = it % Tr::kStages;
       const uint32_t phase = (it / Tr::kStages) & 1;
       mbar_wait(fp8_bar(bars, stage, 3), phase ^ 1);
@@ -525,9 +526,10 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
   int it = 0;
   int tcount = 0;
   const int units = p.num_tiles * p.num_q_heads;
-  for (int round = 0, unit = unit_at(p, 0); unit < units; unit = unit_at(p, ++round), ++tcount) {
-    const TileInfo t = decode_tile<Tr>(p, unit);
-    const bool last_unit = unit_at(p, round + 1) >= units;
+  const int vunits = scheduled_units(p);
+  for (int round = 0, unit = unit_at(p, 0); unit < vunits; unit = unit_at(p, ++round), ++tcount) {
+    const TileInfo t = decode_unit<Tr>(p, unit, units);
+    const bool last_unit = unit_at(p, round + 1) >= vunits;
     const int row0 = g * 64 + warp * 16 + lane / 4;
     const int qpos0 = t.causal_limit + row0;
     constexpr int kPvN = kGemmSum ? kD + 8 : kD;
@@ -636,7 +638,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     fence_regs(s);
     softmax(nb);
     pack();
-    for (--nb; nb >= 0; --nb) {
+    for (--nb; nb >= t.nb_begin; --nb) {
       const int it_n = it_c + 1;
       const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
       wait_k(it_n, nb);
@@ -724,8 +726,13 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       sm.l[0] = o[kD / 2] * 0.25f;
       sm.l[1] = o[kD / 2 + 2] * 0.25f;
     }
-    store_o_tile<Tr::kHeadDim, true>(p, t, *reinterpret_cast<const float(*)[kD / 2]>(&o[0]), sm.m,
-                                     sm.l, p.v_scale, row0, lane);
+    const float(&o_d)[kD / 2] = *reinterpret_cast<const float(*)[kD / 2]>(&o[0]);
+    const int piece = unit - (units - p.split_units);  // >= 0: a tail-split piece
+    if (piece < 0) {
+      store_o_tile<Tr::kHeadDim, true>(p, t, o_d, sm.m, sm.l, p.v_scale, row0, lane);
+    } else {
+      store_o_piece<Tr::kHeadDim>(p, t, piece, o_d, sm.m, sm.l, p.v_scale, row0, lane);
+    }
   }
 }
 

@@ -45,10 +45,10 @@ Status launch_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max
     fp8_vt_pre_kernel<kN><<<pre_grid, 128, 0, cuda::to_stream(stream)>>>(p);
     ATTNKIT_CUDA_TRY(cudaGetLastError());
   }
-  const int grid = static_cast<int>(std::min<int64_t>(units, sm_count));
+  ATTNKIT_ASSIGN_OR_RETURN(const int grid, persistent_grid(p, sm_count));
   kKernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
-  return Status::ok();
+  return launch_tail_merge<Tr::kHeadDim, true>(p, stream);
 }
 
 }  // namespace

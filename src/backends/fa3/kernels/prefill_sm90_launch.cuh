@@ -13,6 +13,35 @@
 
 namespace attnkit::fa3 {
 
+// The persistent grid of the prefill kernels (bf16 / f16 and FP8) for p: min(scheduled units,
+// SMs), the tail split's pieces included; kInternal for a split the kernel cannot run (a piece
+// count < 2, more split units than units, no workspace).
+inline Result<int> persistent_grid(const Fa3Params& p, int sm_count) {
+  const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
+  if (p.split_units < 0 || p.split_units > units || p.num_splits < 1 ||
+      (p.split_units > 0 && (p.num_splits < 2 || p.split_o == nullptr || p.split_lse == nullptr))) {
+    return Status::internal("fa3: tail split of " + std::to_string(p.split_units) + " units x " +
+                            std::to_string(p.num_splits) + " pieces (units " +
+                            std::to_string(units) + ", workspace " +
+                            (p.split_o != nullptr ? "set" : "missing") + ")");
+  }
+  return static_cast<int>(
+      std::min<int64_t>(virtual_units(units, p.split_units, p.num_splits), sm_count));
+}
+
+// After a prefill kernel with a tail split (p.split_units > 0): merge_tail_splits_kernel.
+template <int kD, bool kBf16>
+Status launch_tail_merge(const Fa3Params& p, StreamHandle stream) {
+  if (p.split_units == 0) return Status::ok();
+  constexpr int kMergeWarps = 4;
+  const int64_t warps = static_cast<int64_t>(p.split_units) * p.block_m;
+  merge_tail_splits_kernel<kD, kBf16>
+      <<<static_cast<unsigned>((warps + kMergeWarps - 1) / kMergeWarps), 32 * kMergeWarps, 0,
+         cuda::to_stream(stream)>>>(p);
+  ATTNKIT_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
 template <int kD, int kN, bool kBf16, int kWG = 2>
 Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream) {
   using Tr = PrefillTraits<kD, kN, kBf16, kWG>;
@@ -27,28 +56,11 @@ Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream
   }
   ATTNKIT_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
-  if (units == 0) return Status::ok();
-  if (p.split_units < 0 || p.split_units > units || p.num_splits < 1 ||
-      (p.split_units > 0 && (p.num_splits < 2 || p.split_o == nullptr || p.split_lse == nullptr))) {
-    return Status::internal("fa3: tail split of " + std::to_string(p.split_units) + " units x " +
-                            std::to_string(p.num_splits) + " pieces (units " +
-                            std::to_string(units) + ", workspace " +
-                            (p.split_o != nullptr ? "set" : "missing") + ")");
-  }
-  const int64_t vunits = virtual_units(units, p.split_units, p.num_splits);
-  const int grid = static_cast<int>(std::min<int64_t>(vunits, sm_count));
+  if (static_cast<int64_t>(p.num_tiles) * p.num_q_heads == 0) return Status::ok();
+  ATTNKIT_ASSIGN_OR_RETURN(const int grid, persistent_grid(p, sm_count));
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
-  if (p.split_units > 0) {
-    constexpr int kMergeWarps = 4;
-    const int64_t warps = static_cast<int64_t>(p.split_units) * p.block_m;
-    merge_tail_splits_kernel<kD, kBf16>
-        <<<static_cast<unsigned>((warps + kMergeWarps - 1) / kMergeWarps), 32 * kMergeWarps, 0,
-           cuda::to_stream(stream)>>>(p);
-    ATTNKIT_CUDA_TRY(cudaGetLastError());
-  }
-  return Status::ok();
+  return launch_tail_merge<kD, kBf16>(p, stream);
 }
 
 // Key blocks instantiated per head dim (block_n_supported in fa3_params.h says the same).
