@@ -318,6 +318,39 @@ TEST(Fa3TailSplitTest, Fp8KernelSplitsToo) {
   run_split(c);
 }
 
+// ---- L2 sections (fa3::choose_section_heads): the q heads in sections, all tiles of one first
+// ----
+
+TEST(Fa3L2SectionTest, SectionsMatchTheReference) {
+  // ATTNKIT_FA3_L2_SECTION=1: one kv head (group q heads) per section, so every case below runs
+  // several sections; then with the tail split forced as well (the pieces are the last section's
+  // last units).
+  ScopedEnv section("ATTNKIT_FA3_L2_SECTION", "1");
+  for (const char* split : {"0", "3"}) {
+    ScopedEnv force_split("ATTNKIT_FA3_SPLIT", split);
+    Fa3Stats stats;
+    ASSERT_NO_FATAL_FAILURE(
+        run_and_compare(prefill(std::string("section_causal_split") + split, {300, 0, 0, 77},
+                                {437, 1, 129, 256}, 16, 8, 2, 128),
+                        true, 1.f, std::nullopt, {}, &stats));
+    EXPECT_EQ(stats.last_section_heads, 4);
+    CaseSpec c =
+        prefill(std::string("section_encoder_split") + split, {0, 0}, {700, 300}, 64, 8, 4, 128);
+    c.type = AttentionType::kEncoderOnly;
+    ASSERT_NO_FATAL_FAILURE(run_and_compare(c, false, 1.f, std::nullopt, {}, &stats));
+    EXPECT_EQ(stats.last_section_heads, 2);
+    ASSERT_NO_FATAL_FAILURE(run_and_compare(
+        prefill(std::string("section_d64_split") + split, {0, 40}, {500, 300}, 16, 8, 2, 64),
+        true));
+    ASSERT_NO_FATAL_FAILURE(run_and_compare(
+        prefill(std::string("section_d256_split") + split, {100}, {300}, 16, 8, 2, 256), true));
+    ASSERT_NO_FATAL_FAILURE(run_and_compare(fp8(prefill(std::string("section_fp8_split") + split,
+                                                        {300, 700}, {437, 129}, 16, 8, 2, 128)),
+                                            true, 1.f, std::nullopt, {}, &stats));
+    EXPECT_EQ(stats.last_section_heads, 4);
+  }
+}
+
 TEST(Fa3TailSplitTest, OffWithTheKnob) {
   ScopedEnv split("ATTNKIT_FA3_SPLIT", "0");
   Fa3Stats stats;

@@ -622,6 +622,51 @@ TEST(Fa3TailSplitTest, NoSplitWhereTheModelGainsLittle) {
   EXPECT_EQ(choose_tail_split(small->words, 1, 8, 128, 128, false, 132, true, 4).split_units, 0);
 }
 
+TEST(Fa3SectionTest, WorkedExampleOfTheHeader) {
+  // 32 q / 8 kv heads, d 128 bf16.
+  EXPECT_EQ(choose_section_heads(32, 8, 8192, 128, 2), 32);
+  EXPECT_EQ(choose_section_heads(32, 8, 16384, 128, 2), 16);
+  EXPECT_EQ(choose_section_heads(32, 8, 65536, 128, 2), 4);
+  EXPECT_EQ(choose_section_heads(32, 8, 131072, 128, 2), 4);
+  // e4m3 halves the bytes: 16k fits 8 kv heads; 10 kv heads at 16k bf16: 4 fit, 2 (the largest
+  // divisor of 10 up to 4) taken.
+  EXPECT_EQ(choose_section_heads(32, 8, 16384, 128, 1), 32);
+  EXPECT_EQ(choose_section_heads(40, 10, 16384, 128, 2), 8);
+  // Knob: 0 one section, n kv heads when n divides them (3 does not divide 8: the rule).
+  EXPECT_EQ(choose_section_heads(32, 8, 16384, 128, 2, 0), 32);
+  EXPECT_EQ(choose_section_heads(32, 8, 1024, 128, 2, 1), 4);
+  EXPECT_EQ(choose_section_heads(32, 8, 16384, 128, 2, 3), 16);
+}
+
+TEST(Fa3SectionTest, UnitsMapOntoEveryTileAndHeadOnce) {
+  for (int tiles : {1, 3, 64}) {
+    for (int heads : {4, 32}) {
+      for (int section : {heads / 4, heads / 2, heads}) {
+        std::vector<int> seen(static_cast<size_t>(tiles * heads), 0);
+        int prev_section_tile = -1;
+        for (int u = 0; u < tiles * heads; ++u) {
+          const TileHead th = unit_tile_head(u, tiles, section);
+          ASSERT_GE(th.tile, 0);
+          ASSERT_LT(th.tile, tiles);
+          ASSERT_GE(th.head, 0);
+          ASSERT_LT(th.head, heads);
+          ++seen[static_cast<size_t>(th.tile * heads + th.head)];
+          // Within a section, tiles run in plan order (longest first), heads fastest.
+          if (u % (tiles * section) != 0) EXPECT_GE(th.tile, prev_section_tile);
+          prev_section_tile = th.tile;
+        }
+        for (int v : seen) EXPECT_EQ(v, 1) << tiles << " tiles, " << heads << " heads, " << section;
+      }
+    }
+  }
+  // One section is today's tile-major order.
+  EXPECT_EQ(unit_tile_head(70, 64, 32).tile, 2);
+  EXPECT_EQ(unit_tile_head(70, 64, 32).head, 6);
+  // Two sections of 16 heads over 64 tiles: unit 64 x 16 + 5 is tile 0, head 21.
+  EXPECT_EQ(unit_tile_head(64 * 16 + 5, 64, 16).tile, 0);
+  EXPECT_EQ(unit_tile_head(64 * 16 + 5, 64, 16).head, 21);
+}
+
 TEST(Fa3TailSplitTest, PiecesCoverEveryKeyBlockOnceAndNoneIsEmpty) {
   for (int n : {2, 3, 7, 32, 129}) {
     for (int s = 2; s <= n && s <= 40; ++s) {

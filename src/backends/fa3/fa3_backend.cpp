@@ -109,6 +109,7 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
       wgmma_->planned_tail_split(layer.type != AttentionType::kEncoderOnly);
   stats_.last_split_units = split.split_units;
   stats_.last_num_splits = split.num_splits;
+  stats_.last_section_heads = wgmma_->planned_section_heads();
   return wgmma_->run(q, out, lse, layer, batch, stream);
 }
 

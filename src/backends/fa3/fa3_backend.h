@@ -48,6 +48,8 @@ struct Fa3Stats {
   // schedule's last round run as last_num_splits pieces each (0 / 1: no split).
   int last_split_units = 0;
   int last_num_splits = 1;
+  // q heads per L2 section of the last wgmma call (fa3::choose_section_heads).
+  int last_section_heads = 0;
 };
 // The counters of a backend made by create_fa3_backend; nullptr for any other backend.
 const Fa3Stats* fa3_stats(const AttentionBackend& backend);

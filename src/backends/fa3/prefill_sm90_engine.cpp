@@ -162,6 +162,9 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->split_forced_ = env_int_if(
       "ATTNKIT_FA3_SPLIT", -1, [](int n) { return n == 0 || (n >= 2 && n <= 1024); },
       "0 (no tail split) or a piece count 2..1024");
+  e->section_forced_ = env_int_if(
+      "ATTNKIT_FA3_L2_SECTION", -1, [](int n) { return n >= 0 && n <= 1024; },
+      "0 (one section) or kv heads per L2 section");
   e->fp8_kv_ = allow_fp8_kv && env_on("ATTNKIT_FA3_FP8") && ctx.q_dtype == DType::kBF16 &&
                ctx.qk_head_dim == kFp8HeadDim && ctx.v_head_dim == kFp8HeadDim &&
                wgmma_head_dim_compiled(kFp8HeadDim) && prefill_sm90_fp8_available();
@@ -222,10 +225,16 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   // the rows and key block of the kernel that runs it.
   const int rows = fp8 ? kBlockM : block_m_;
   const int keys = fp8 ? fp8_variant_.block_n : block_n_;
+  int64_t max_kv_len = 0;
+  for (const TileRequest& r : reqs) {
+    if (r.q_len > 0) max_kv_len = std::max<int64_t>(max_kv_len, r.kv_len);
+  }
+  section_heads_ = choose_section_heads(ctx_.num_q_heads, ctx_.num_kv_heads, max_kv_len,
+                                        ctx_.qk_head_dim, fp8 ? 1 : 2, section_forced_);
   for (const bool causal : {true, false}) {
     TailSplit& ts = causal ? split_causal_ : split_bidir_;
     ts = choose_tail_split(words_, bs, ctx_.num_q_heads, rows, keys, causal, sm_count_, zigzag_,
-                           split_forced_);
+                           split_forced_, section_heads_);
     const int64_t floats =
         static_cast<int64_t>(ts.split_units) * ts.num_splits * rows * (ctx_.qk_head_dim + 1);
     if (floats > 0) ATTNKIT_RETURN_IF_ERROR(split_ws_.reserve(ctx_.device, floats));
@@ -306,6 +315,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     p.tma_rows = 0;  // the cp.async gather serves every block
   }
   p.overlap = overlap_ ? 1 : 0;
+  p.section_heads = section_heads_;
   const TailSplit ts = planned_tail_split(p.causal != 0);
   if (ts.split_units > 0) {
     const int64_t o_floats =

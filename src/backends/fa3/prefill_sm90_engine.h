@@ -67,6 +67,7 @@ class PrefillSm90Engine {
   int planned_fp8_block_n() const { return fp8_variant_.block_n; }
   // The tail split a layer of the planned forward runs with (choose_tail_split; causal: the
   // layer's mask), for the bf16 / f16 and the FP8 kernel alike.
+  int planned_section_heads() const { return planned_ ? section_heads_ : 0; }
   TailSplit planned_tail_split(bool causal) const {
     return planned_ ? (causal ? split_causal_ : split_bidir_) : TailSplit{};
   }
@@ -90,7 +91,9 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_WG3=1 (d 64 with 128-key blocks: three consumer warpgroups, 192-row tiles),
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag),
   // ATTNKIT_FA3_SPLIT=0 (no tail split) / =<n >= 2> (split the last round's units into up to n
-  // pieces whenever they have the key blocks; choose_tail_split's `forced`).
+  // pieces whenever they have the key blocks; choose_tail_split's `forced`),
+  // ATTNKIT_FA3_L2_SECTION=0 (one L2 section: units in tile-major order over all q heads) / =<n>
+  // (n kv heads per section; choose_section_heads' `forced`).
   bool pingpong_ = true;
   bool tma_ = true;
   bool fence_tma_ = true;
@@ -108,7 +111,8 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_WG3=1 (three consumer warpgroups), else 128.
   int block_m_ = 128;
   int diag_ = 0;
-  int split_forced_ = -1;  // ATTNKIT_FA3_SPLIT (-1: unset, the model decides)
+  int split_forced_ = -1;    // ATTNKIT_FA3_SPLIT (-1: unset, the model decides)
+  int section_forced_ = -1;  // ATTNKIT_FA3_L2_SECTION (-1: unset, choose_section_heads' rule)
 
   bool fp8_kv_ = false;  // allow_fp8_kv and the context fits the FP8 kernel
   bool planned_ = false;
@@ -124,6 +128,7 @@ class PrefillSm90Engine {
   // Tail split of the planned forward's causal and bidirectional layers, and the grow-only f32
   // workspace of their pieces (Fa3Params::split_o, then split_lse).
   TailSplit split_causal_, split_bidir_;
+  int section_heads_ = 0;  // Fa3Params::section_heads of the planned forward
   DeviceArray<float> split_ws_;
 };
 

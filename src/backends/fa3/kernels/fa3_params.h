@@ -74,6 +74,24 @@ constexpr int schedule_unit(int round, int cta, int grid, bool zigzag) {
   return round * grid + ((zigzag && (round & 1)) ? grid - 1 - cta : cta);
 }
 
+// L2 sections (Fa3Params::section_heads; FlashAttention-3's L2 swizzle): the q heads are taken
+// section_heads at a time (whole kv-head groups), all tiles of one section before the next
+// section, so that the K / V a round of CTAs reads (the section's kv heads) stays in L2. Unit u:
+// section s = u / (num_tiles x section_heads), r = u - s x num_tiles x section_heads, tile =
+// r / section_heads, head = s x section_heads + r % section_heads. With section_heads =
+// num_q_heads (one section): tile = u / num_q_heads, head = u % num_q_heads.
+struct TileHead {
+  int tile, head;
+};
+// (int: the kernels' unit counts are int.)
+constexpr TileHead unit_tile_head(int unit, int num_tiles, int section_heads) {
+  const int per_section = num_tiles * section_heads;
+  const int s = unit / per_section;
+  const int r = unit - s * per_section;
+  const int tile = r / section_heads;
+  return {tile, s * section_heads + (r - tile * section_heads)};
+}
+
 // Tail split (Fa3Params::split_units / num_splits; the planner's choose_tail_split): the last
 // split_units units of the unit list, those of the persistent schedule's last, partial round, each
 // run as num_splits pieces over consecutive ranges of their key blocks, so that the round's idle
@@ -224,6 +242,9 @@ struct Fa3Params {
   // (prefill_sm90_launch.cuh) writes out / lse of the split units from them.
   int split_units = 0;
   int num_splits = 1;
+  // Both kernels: q heads per L2 section (unit_tile_head above): a multiple of group dividing
+  // num_q_heads; the engine sets it (choose_section_heads in tile_plan.h).
+  int section_heads = 0;
   float* split_o = nullptr;
   float* split_lse = nullptr;
   uint8_t* vt_ws = nullptr;    // [kv_heads][plan V^T units][128 d][128 key bytes]

@@ -90,8 +90,9 @@ struct TileInfo {
 template <typename Tr>
 __device__ __forceinline__ TileInfo decode_tile(const Fa3Params& p, int unit) {
   TileInfo t;
-  const int tile = unit / p.num_q_heads;
-  t.head = unit - tile * p.num_q_heads;
+  const TileHead th = unit_tile_head(unit, p.num_tiles, p.section_heads);
+  const int tile = th.tile;
+  t.head = th.head;
   const int32_t* tw = p.plan + kPlanHeaderWords + p.bs * kRequestWords + tile * kTileWords;
   t.request = tw[0];
   t.m0 = tw[1] * Tr::kBlockM;
@@ -823,8 +824,9 @@ __global__ void __launch_bounds__(128)
   const int row = w - i * p.block_m;
   if (i >= p.split_units) return;
   const int unit = p.num_tiles * p.num_q_heads - p.split_units + i;
-  const int tile = unit / p.num_q_heads;
-  const int head = unit - tile * p.num_q_heads;
+  const TileHead th = unit_tile_head(unit, p.num_tiles, p.section_heads);
+  const int tile = th.tile;
+  const int head = th.head;
   const int32_t* tw = p.plan + kPlanHeaderWords + p.bs * kRequestWords + tile * kTileWords;
   const int32_t* rw = p.plan + kPlanHeaderWords + tw[0] * kRequestWords;
   const int token = tw[1] * p.block_m + row;  // among the request's new tokens

@@ -18,6 +18,10 @@ namespace attnkit::fa3 {
 // count < 2, more split units than units, no workspace).
 inline Result<int> persistent_grid(const Fa3Params& p, int sm_count) {
   const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
+  if (p.section_heads <= 0 || p.num_q_heads % p.section_heads != 0) {
+    return Status::internal("fa3: section_heads " + std::to_string(p.section_heads) +
+                            " does not divide num_q_heads " + std::to_string(p.num_q_heads));
+  }
   if (p.split_units < 0 || p.split_units > units || p.num_splits < 1 ||
       (p.split_units > 0 && (p.num_splits < 2 || p.split_o == nullptr || p.split_lse == nullptr))) {
     return Status::internal("fa3: tail split of " + std::to_string(p.split_units) + " units x " +

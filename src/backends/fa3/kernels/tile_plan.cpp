@@ -43,9 +43,23 @@ Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int bloc
   return plan;
 }
 
+int choose_section_heads(int num_q_heads, int num_kv_heads, int64_t max_kv_len, int head_dim,
+                         int elem_bytes, int forced) {
+  if (num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0) return num_q_heads;
+  const int group = num_q_heads / num_kv_heads;
+  if (forced == 0) return num_q_heads;
+  if (forced > 0 && num_kv_heads % forced == 0) return forced * group;
+  const int64_t per_head = std::max<int64_t>(1, max_kv_len) * head_dim * elem_bytes * 2;
+  int best = 1;
+  for (int s = 1; s <= num_kv_heads; ++s) {
+    if (num_kv_heads % s == 0 && s * per_head <= kL2SectionBytes) best = s;
+  }
+  return best * group;
+}
+
 TailSplit choose_tail_split(std::span<const int32_t> plan_words, int bs, int num_q_heads,
                             int block_m, int block_n, bool causal, int sm_count, bool zigzag,
-                            int forced) {
+                            int forced, int section_heads) {
   // Model costs in key-block times (tile_plan.h).
   constexpr double kUnitCost = 1.0, kPieceCost = 0.5, kMergeCost = 3.0, kMinGain = 0.02;
   TailSplit none;
@@ -57,8 +71,11 @@ TailSplit choose_tail_split(std::span<const int32_t> plan_words, int bs, int num
   const size_t tile_base = kPlanHeaderWords + static_cast<size_t>(bs) * kRequestWords;
   if (plan_words.size() < tile_base + static_cast<size_t>(tiles) * kTileWords) return none;
   const int64_t units = tiles * num_q_heads;
+  if (section_heads <= 0) section_heads = num_q_heads;
+  if (num_q_heads % section_heads != 0) return none;
   auto blocks_of_unit = [&](int64_t u) {
-    const size_t tw = tile_base + static_cast<size_t>(u / num_q_heads) * kTileWords;
+    const TileHead th = unit_tile_head(static_cast<int>(u), static_cast<int>(tiles), section_heads);
+    const size_t tw = tile_base + static_cast<size_t>(th.tile) * kTileWords;
     const size_t rw = kPlanHeaderWords + static_cast<size_t>(plan_words[tw]) * kRequestWords;
     const int64_t q_len = plan_words[rw + 1], kv_len = plan_words[rw + 2];
     const int64_t m0 = static_cast<int64_t>(plan_words[tw + 1]) * block_m;

@@ -42,6 +42,22 @@ Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int bloc
 // extend lengths, spec.draft_token_num new tokens per request).
 std::vector<TileRequest> tile_requests(const ForwardBatch& batch);
 
+// ---- L2 sections (Fa3Params::section_heads, unit_tile_head in fa3_params.h) ----
+
+// The L2 budget of a section's K / V (FlashAttention-3 takes 32 MiB of the H100's 50 MB L2).
+inline constexpr int64_t kL2SectionBytes = int64_t{32} << 20;
+
+// q heads per L2 section for a forward whose longest request (with new tokens) has max_kv_len
+// keys of head_dim elements of elem_bytes: the most kv heads S dividing num_kv_heads whose K and V
+// (S x max_kv_len x head_dim x elem_bytes x 2) fit kL2SectionBytes (at least 1), times the group.
+// forced (ATTNKIT_FA3_L2_SECTION): -1 (unset) that rule; 0: one section (num_q_heads); n >= 1: n kv
+// heads when n divides num_kv_heads (else the rule).
+// Worked example: 32 q / 8 kv heads, d 128 bf16: 8k keys = 4 MiB per kv head -> 8 kv heads (one
+// section, 32 q heads); 16k = 8 MiB -> 4 kv heads = 16 q heads; 64k = 32 MiB -> 1 kv head = 4 q
+// heads; 128k -> 1 kv head (the floor).
+int choose_section_heads(int num_q_heads, int num_kv_heads, int64_t max_kv_len, int head_dim,
+                         int elem_bytes, int forced = -1);
+
 // ---- tail split (bf16 / f16 kernel; Fa3Params::split_units / num_splits) ----
 
 struct TailSplit {
@@ -62,9 +78,10 @@ struct TailSplit {
 // 4 x 32 pieces of one block in the last round; modelled 32 x 33 = 1056 -> 31 x 33 + 2.5 + 3 =
 // 1028.5 block times (-2.6%): split. Causal, the same requests: the last round holds four
 // one-block tiles: s = 1, no split.
+// section_heads: Fa3Params::section_heads (0: num_q_heads, one section).
 TailSplit choose_tail_split(std::span<const int32_t> plan_words, int bs, int num_q_heads,
                             int block_m, int block_n, bool causal, int sm_count, bool zigzag,
-                            int forced = -1);
+                            int forced = -1, int section_heads = 0);
 
 // ---- FP8 kernel variant (prefill_sm90_fp8.cuh) ----
 
