@@ -14,6 +14,7 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attnkit/kv_cache.h"
@@ -162,9 +163,16 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->split_forced_ = env_int_if(
       "ATTNKIT_FA3_SPLIT", -1, [](int n) { return n == 0 || (n >= 2 && n <= 1024); },
       "0 (no tail split) or a piece count 2..1024");
-  e->section_forced_ = env_int_if(
-      "ATTNKIT_FA3_L2_SECTION", -1, [](int n) { return n >= 0 && n <= 1024; },
-      "0 (one section) or kv heads per L2 section");
+  // L2 sections: off by default (one section; H200 2026-11-24 04:38Z: the 32 MiB rule cost causal
+  // 16k d 128 / d 256 3-7% and gained 0.5-1.2% at 32k; docs/perf/fa3_notes.md session 17);
+  // "auto": choose_section_heads' rule; n: n kv heads per section.
+  const char* section = std::getenv("ATTNKIT_FA3_L2_SECTION");
+  e->section_forced_ =
+      section != nullptr && std::string_view(section) == "auto"
+          ? -1
+          : env_int_if(
+                "ATTNKIT_FA3_L2_SECTION", 0, [](int n) { return n >= 0 && n <= 1024; },
+                "0 (one section, the default), auto, or kv heads per L2 section");
   e->fp8_kv_ = allow_fp8_kv && env_on("ATTNKIT_FA3_FP8") && ctx.q_dtype == DType::kBF16 &&
                ctx.qk_head_dim == kFp8HeadDim && ctx.v_head_dim == kFp8HeadDim &&
                wgmma_head_dim_compiled(kFp8HeadDim) && prefill_sm90_fp8_available();

@@ -92,8 +92,8 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_DIAG=<bits> (diagnostics, wrong results; see Fa3Params::diag),
   // ATTNKIT_FA3_SPLIT=0 (no tail split) / =<n >= 2> (split the last round's units into up to n
   // pieces whenever they have the key blocks; choose_tail_split's `forced`),
-  // ATTNKIT_FA3_L2_SECTION=0 (one L2 section: units in tile-major order over all q heads) / =<n>
-  // (n kv heads per section; choose_section_heads' `forced`).
+  // ATTNKIT_FA3_L2_SECTION=auto (choose_section_heads' 32 MiB rule) / =<n> (n kv heads per
+  // section); unset or 0: one section (units in tile-major order over all q heads).
   bool pingpong_ = true;
   bool tma_ = true;
   bool fence_tma_ = true;
@@ -111,8 +111,8 @@ class PrefillSm90Engine {
   // ATTNKIT_FA3_WG3=1 (three consumer warpgroups), else 128.
   int block_m_ = 128;
   int diag_ = 0;
-  int split_forced_ = -1;    // ATTNKIT_FA3_SPLIT (-1: unset, the model decides)
-  int section_forced_ = -1;  // ATTNKIT_FA3_L2_SECTION (-1: unset, choose_section_heads' rule)
+  int split_forced_ = -1;   // ATTNKIT_FA3_SPLIT (-1: unset, the model decides)
+  int section_forced_ = 0;  // ATTNKIT_FA3_L2_SECTION (0: unset, one section; -1: "auto")
 
   bool fp8_kv_ = false;  // allow_fp8_kv and the context fits the FP8 kernel
   bool planned_ = false;

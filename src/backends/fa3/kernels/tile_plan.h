@@ -50,8 +50,9 @@ inline constexpr int64_t kL2SectionBytes = int64_t{32} << 20;
 // q heads per L2 section for a forward whose longest request (with new tokens) has max_kv_len
 // keys of head_dim elements of elem_bytes: the most kv heads S dividing num_kv_heads whose K and V
 // (S x max_kv_len x head_dim x elem_bytes x 2) fit kL2SectionBytes (at least 1), times the group.
-// forced (ATTNKIT_FA3_L2_SECTION): -1 (unset) that rule; 0: one section (num_q_heads); n >= 1: n kv
-// heads when n divides num_kv_heads (else the rule).
+// forced: -1 that rule (ATTNKIT_FA3_L2_SECTION=auto); 0: one section (num_q_heads; the engine's
+// default: the rule measured slower at causal 16k, session 17); n >= 1: n kv heads when n divides
+// num_kv_heads (else the rule).
 // Worked example: 32 q / 8 kv heads, d 128 bf16: 8k keys = 4 MiB per kv head -> 8 kv heads (one
 // section, 32 q heads); 16k = 8 MiB -> 4 kv heads = 16 q heads; 64k = 32 MiB -> 1 kv head = 4 q
 // heads; 128k -> 1 kv head (the floor).
