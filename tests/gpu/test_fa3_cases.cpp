@@ -352,9 +352,9 @@ TEST(Fa3L2SectionTest, SectionsMatchTheReference) {
       EXPECT_EQ(stats.last_section_heads, want_section_heads) << spec.name;
       if (split) EXPECT_GE(stats.last_num_splits, 2) << spec.name;
     };
-    run(prefill("section_causal" + tag, {300, 0, 0, 77}, {437, 1, 129, 256}, 16, 8, 2, 128), true,
-        4);
-    CaseSpec c = prefill("section_encoder" + tag, {0, 0}, {700, 300}, 64, 8, 4, 128);
+    // At most 66 units each (132 SMs), so that the forced split has >= 2 pieces per unit.
+    run(prefill("section_causal" + tag, {300, 77}, {437, 256}, 16, 8, 2, 128), true, 4);
+    CaseSpec c = prefill("section_encoder" + tag, {0, 0}, {500, 300}, 64, 8, 4, 128);
     c.type = AttentionType::kEncoderOnly;
     run(c, false, 2);
     run(prefill("section_d64" + tag, {0, 40}, {500, 300}, 16, 8, 2, 64), true, 4);
