@@ -17,9 +17,9 @@
 // into the pool (save_kv). drop_plan() forgets the plan (CUDA-graph capture: graphs never run it).
 //
 // The ATTNKIT_FA3_* experiment variables (PINGPONG, TMA, FENCE_TMA, OVERLAP, SCHED, LAZY_RESCALE,
-// BLOCK_N, WG3, DIAG; read by create, docs/perf/fa3_notes.md) steer this one kernel, so they apply
-// to `flashinfer`'s SM90 prefill as well as to `fa3`. They are not API; DIAG gives wrong results on
-// purpose (timing diagnostics) and must never be set outside a measurement.
+// BLOCK_N, WG3, SPLIT, L2_SECTION, DIAG; read by create, docs/perf/fa3_notes.md) steer this one
+// kernel, so they apply to `flashinfer`'s SM90 prefill as well as to `fa3`. They are not API; DIAG
+// gives wrong results on purpose (timing diagnostics) and must never be set outside a measurement.
 #pragma once
 
 #include <cstdint>

@@ -12,6 +12,9 @@
 //     fragment, O += P V (wgmma with A from registers, V read MN-major through the transposing
 //     descriptor).
 //   Key blocks run from the last (the only ones that need the causal mask) down to the first.
+//   Tail split (Fa3Params::split_units): the units of the persistent schedule's last, partial
+//   round run as pieces over key-block ranges, written as f32 partials (store_o_piece) and
+//   combined by merge_tail_splits_kernel.
 //
 // Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
 //   Q [kBlockM x D] | K [kStages][kBlockN x D] | V [kStages][kBlockN x D] | mbarriers
