@@ -244,6 +244,24 @@ TEST(Fa3LongTest, BidirectionalAndF16) {
   run_and_compare(c, false);
 }
 
+TEST(Fa3LongTest, ManyUnitsPerCta) {
+  // 26 tiles x 16 q heads = 416 units: about three per CTA on 132 SMs, so the d 128 consumers'
+  // pipelining across units (a unit's last P V with the next unit's first S, the epilogue under
+  // it) runs between units of different requests, lengths and masks; bidirectional, f16 and large
+  // logits (rescales) too.
+  const CaseSpec base =
+      prefill("many_units", {0, 300, 0, 77}, {1024, 700, 512, 900}, 16, 16, 4, 128);
+  run_and_compare(base, true);
+  CaseSpec c = base;
+  c.name = "many_units_encoder";
+  c.type = AttentionType::kEncoderOnly;
+  run_and_compare(c, false);
+  c = base;
+  c.name = "many_units_f16";
+  c.q_dtype = c.kv_dtype = DType::kF16;
+  run_and_compare(c, true, 12.f);
+}
+
 TEST(Fa3LongTest, LargeLogitsRescaleAcrossBlocks) {
   // Logits of standard deviation ~12: block maxima differ by far more than the lazy-rescale
   // threshold (8 in log2 units), so both the kept-maximum and the raised-maximum paths run.

@@ -668,6 +668,138 @@ __device__ __forceinline__ void store_o_piece(const Fa3Params& p, const TileInfo
   }
 }
 
+// The overlapped schedule with Q in registers (d 128), pipelined across units: a unit's last
+// P V is issued together with the next unit's first S (Q fragments reloaded first), and the
+// unit's epilogue runs while that S is in flight, so the tensor pipe does not idle through the
+// tile boundary (both consumer warpgroups reach it together). The next unit's first softmax runs
+// after the epilogue; its O starts at zero. After the last unit the S is still issued (no wgmma
+// may sit under a branch: C7520) on whatever the stage holds, and discarded: the producer writes
+// nothing more, so that read races nothing. Ping-pong slots per unit: its n blocks' GEMM slots,
+// the first unit's first S one more, as in consumer's loop.
+template <typename Tr, bool kBf16, typename Ctx>
+__device__ __forceinline__ void consumer_cross_unit(const Fa3Params& p, Ctx& c) {
+  using namespace sm90;
+  constexpr int kD = Tr::kHeadDim;
+  constexpr int kN = Tr::kBlockN;
+  static_assert(Ctx::kQRegs, "cross-unit pipelining needs Q in registers");
+  const int g = c.g, lane = c.lane;
+  const uint32_t q_full = c.bars, q_empty = c.bars + 8;
+  const float kNegInf = -__int_as_float(0x7f800000);
+  const int units = p.num_tiles * p.num_q_heads;
+  const int vunits = scheduled_units(p);
+  int round = 0;
+  int unit = unit_at(p, 0);
+  if (unit >= vunits) return;
+  TileInfo t = decode_unit<Tr>(p, unit, units);
+  const int row0 = g * 64 + c.warp * 16 + lane / 4;
+  int qpos0 = t.causal_limit + row0;
+  auto fence_for = [&](const TileInfo& ti, int nb) {
+    return p.fence_tma != 0 || !block_uses_tma<Tr>(p, ti, nb);
+  };
+  float o[Ctx::kO];
+  RowSoftmax<Tr, kBf16> sm;
+  sm.m[0] = sm.m[1] = kNegInf;
+  sm.l[0] = sm.l[1] = 0.f;
+  float corr[2];
+  float s[Ctx::kS];
+  uint32_t pa[kN / 16][4];
+  int tcount = 0;
+  int it_c = 0;  // ring index of the block whose P is in pa
+  int nb = t.n_blocks - 1;
+
+  // The first unit's Q and first S.
+  mbar_wait(q_full, 0);
+  fence_proxy_async();  // Q always arrives by cp.async
+  c.load_q_frags();
+  mbar_arrive(q_empty);
+  c.wait_full(c.k_full(0), 0, fence_for(t, nb));
+  c.turn_wait();
+  wgmma_fence();
+  c.issue_qk(s, 0);
+  wgmma_commit();
+  c.turn_pass();
+  wgmma_wait<0>();
+  fence_regs(s);
+  sm.step(s, p, t, nb, g, lane, qpos0, corr);
+  pack_p<kN, kBf16>(s, pa);
+
+  while (true) {
+#pragma unroll
+    for (int i = 0; i < Ctx::kO; ++i) o[i] = 0.f;
+    for (--nb; nb >= t.nb_begin; --nb) {
+      const int it_n = it_c + 1;
+      const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
+      c.wait_full(c.k_full(stage_n), it_n, fence_for(t, nb));
+      c.wait_full(c.v_full(stage_c), it_c, fence_for(t, nb + 1));
+      fence_regs(o);
+      c.turn_wait();
+      wgmma_fence();
+      c.issue_qk(s, stage_n);
+      wgmma_commit();
+      c.issue_pv(o, pa, stage_c);
+      wgmma_commit();
+      c.turn_pass();
+      wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
+      fence_regs(s);
+      sm.step(s, p, t, nb, g, lane, qpos0, corr);
+      wgmma_wait<0>();
+      fence_regs(o);
+      mbar_arrive(c.empty(stage_c));
+      pack_p<kN, kBf16>(s, pa);
+      rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
+      it_c = it_n;
+    }
+    // The unit's last P V and the next unit's first S in one turn.
+    const int next_unit = unit_at(p, round + 1);
+    const bool has_next = next_unit < vunits;
+    const int it_n = it_c + 1;
+    const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
+    c.wait_full(c.v_full(stage_c), it_c, fence_for(t, t.nb_begin));
+    if (has_next) {
+      // Only the next unit's first block here (its TileInfo is decoded again after the
+      // epilogue, so that it is not held in registers across it).
+      const TileInfo tn = decode_unit<Tr>(p, next_unit, units);
+      mbar_wait(q_full, (tcount + 1) & 1);
+      fence_proxy_async();
+      c.load_q_frags();
+      mbar_arrive(q_empty);
+      c.wait_full(c.k_full(stage_n), it_n, fence_for(tn, tn.n_blocks - 1));
+    }
+    fence_regs(o);
+    c.turn_wait();
+    wgmma_fence();
+    c.issue_pv(o, pa, stage_c);
+    wgmma_commit();
+    c.issue_qk(s, stage_n);
+    wgmma_commit();
+    if (g == 0 || has_next) c.turn_pass();
+    wgmma_wait<1>();  // P V done; the next S in flight
+    fence_regs(o);
+    mbar_arrive(c.empty(stage_c));
+    const int piece = unit - (units - p.split_units);  // >= 0: a tail-split piece
+    if (piece < 0) {
+      store_o_tile<kD, kBf16>(p, t, o, sm.m, sm.l, 1.f, row0, lane);
+    } else {
+      store_o_piece<kD>(p, t, piece, o, sm.m, sm.l, 1.f, row0, lane);
+    }
+    wgmma_wait<0>();
+    fence_regs(s);
+    if (!has_next) break;
+    // The next unit's first softmax.
+    unit = next_unit;
+    t = decode_unit<Tr>(p, unit, units);
+    ++round;
+    ++tcount;
+    it_c = it_n;
+    nb = t.n_blocks - 1;
+    qpos0 = t.causal_limit + row0;
+    sm.m[0] = sm.m[1] = kNegInf;
+    sm.l[0] = sm.l[1] = 0.f;
+    sm.step(s, p, t, nb, g, lane, qpos0, corr);
+    pack_p<kN, kBf16>(s, pa);
+  }
+}
+
 template <typename Tr, bool kBf16>
 __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
@@ -688,6 +820,12 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
   const uint32_t q_full = c.bars, q_empty = c.bars + 8;
   const float kNegInf = -__int_as_float(0x7f800000);
   if (g == 1) c.turn_pass();
+  if constexpr (Ctx::kQRegs) {
+    if (p.overlap && p.cross_unit) {
+      consumer_cross_unit<Tr, kBf16>(p, c);
+      return;
+    }
+  }
 
   int it = 0;
   int tcount = 0;
