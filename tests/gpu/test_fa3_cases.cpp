@@ -245,10 +245,10 @@ TEST(Fa3LongTest, BidirectionalAndF16) {
 }
 
 TEST(Fa3LongTest, ManyUnitsPerCta) {
-  // 26 tiles x 16 q heads = 416 units: about three per CTA on 132 SMs, so the d 128 consumers'
-  // pipelining across units (a unit's last P V with the next unit's first S, the epilogue under
-  // it) runs between units of different requests, lengths and masks; bidirectional, f16 and large
-  // logits (rescales) too.
+  // 26 tiles x 16 q heads = 416 units: about three per CTA on 132 SMs, so every CTA carries its
+  // ring, barrier parities and ping-pong turns across units of different requests, lengths and
+  // masks (most tests here have fewer units than SMs); bidirectional, f16 and large logits
+  // (rescales) too.
   const CaseSpec base =
       prefill("many_units", {0, 300, 0, 77}, {1024, 700, 512, 900}, 16, 16, 4, 128);
   run_and_compare(base, true);

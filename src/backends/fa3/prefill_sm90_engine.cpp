@@ -141,7 +141,6 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->lazy_rescale_ = env_on("ATTNKIT_FA3_LAZY_RESCALE");  // on unless "0"
   e->epi_wide_ = env_on("ATTNKIT_FA3_EPI_WIDE");
   e->uniform_wg_ = env_on("ATTNKIT_FA3_UNIFORM_WG");
-  e->cross_unit_ = env_on("ATTNKIT_FA3_CROSS_UNIT");
   const int d = ctx.qk_head_dim;
   std::string block_ns;  // the key blocks instantiated for d
   for (int n : {64, 80, 128, 192}) {
@@ -311,7 +310,6 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   p.sched = zigzag_ ? 1 : 0;
   p.lazy_rescale = lazy_rescale_ ? 1 : 0;
   p.uniform_wg = uniform_wg_ ? 1 : 0;
-  p.cross_unit = cross_unit_ ? 1 : 0;
   p.fp8_gemm_sum = fp8_variant_.gemm_sum ? 1 : 0;
   p.epi_wide = epi_wide_ && reinterpret_cast<std::uintptr_t>(p.out) % 16 == 0 &&
                        p.o_stride_token % 8 == 0 && p.o_stride_head % 8 == 0

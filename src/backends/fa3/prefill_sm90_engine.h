@@ -17,10 +17,9 @@
 // into the pool (save_kv). drop_plan() forgets the plan (CUDA-graph capture: graphs never run it).
 //
 // The ATTNKIT_FA3_* experiment variables (PINGPONG, TMA, FENCE_TMA, OVERLAP, SCHED, LAZY_RESCALE,
-// BLOCK_N, WG3, SPLIT, L2_SECTION, CROSS_UNIT, DIAG; read by create, docs/perf/fa3_notes.md) steer
-// this one kernel, so they apply to `flashinfer`'s SM90 prefill as well as to `fa3`. They are not
-// API; DIAG gives wrong results on purpose (timing diagnostics) and must never be set outside a
-// measurement.
+// BLOCK_N, WG3, SPLIT, L2_SECTION, DIAG; read by create, docs/perf/fa3_notes.md) steer this one
+// kernel, so they apply to `flashinfer`'s SM90 prefill as well as to `fa3`. They are not API; DIAG
+// gives wrong results on purpose (timing diagnostics) and must never be set outside a measurement.
 #pragma once
 
 #include <cstdint>
@@ -103,7 +102,6 @@ class PrefillSm90Engine {
   bool lazy_rescale_ = true;
   bool epi_wide_ = true;
   bool uniform_wg_ = true;
-  bool cross_unit_ = true;  // ATTNKIT_FA3_CROSS_UNIT=0: off (Fa3Params::cross_unit)
   // FP8 knobs (the speculative softmax: H200 09:38Z +5.5-7% over the exact step at causal 4k-16k
   // and bidir 8k).
   Fp8Knobs fp8_knobs_;

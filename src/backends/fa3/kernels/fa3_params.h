@@ -245,10 +245,6 @@ struct Fa3Params {
   // Both kernels: q heads per L2 section (unit_tile_head above): a multiple of group dividing
   // num_q_heads; the engine sets it (choose_section_heads in tile_plan.h).
   int section_heads = 0;
-  // bf16 / f16 kernel at d 128 with overlap: 1 (the engine's default; ATTNKIT_FA3_CROSS_UNIT=0:
-  // off) pipelines the consumers across units (prefill_sm90.cuh, consumer_cross_unit): a unit's
-  // last P V and the next unit's first S share a turn, the epilogue runs under that S.
-  int cross_unit = 0;
   float* split_o = nullptr;
   float* split_lse = nullptr;
   uint8_t* vt_ws = nullptr;    // [kv_heads][plan V^T units][128 d][128 key bytes]
