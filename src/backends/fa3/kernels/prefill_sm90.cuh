@@ -574,6 +574,22 @@ __device__ __forceinline__ void rescale_o_if_needed(float (&o)[kD / 2], const fl
   rescale_o<kD>(o, corr);
 }
 
+// A row's sum from the partial sums of the 4 threads of a quad (the accumulator layout's row
+// owners; every lane must call it).
+__device__ __forceinline__ float quad_row_sum(float l) {
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  return l;
+}
+
+// The natural-log LSE of a row with exp2-domain maximum m and sum `sum` (-inf: no visible key).
+__device__ __forceinline__ float row_lse(float m, float sum) {
+  const float kNegInf = -__int_as_float(0x7f800000);
+  constexpr float kLn2 = 0.693147180559945309f;
+  const float m_use = m == kNegInf ? 0.f : m;
+  return sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
+}
+
 // Epilogue of one consumer thread's two rows (row0, row0 + 8 of tile t): O * out_scale / l and
 // the natural-log LSE (m: exp2-domain maxima, l: this thread's partial row sums). With p.epi_wide,
 // 16-byte stores after a 4x4 word transpose within each quad (two shfl.xor rounds: 8-byte, then
@@ -585,13 +601,9 @@ __device__ __forceinline__ void store_o_tile(const Fa3Params& p, const TileInfo&
                                              const float (&o)[kD / 2], const float (&m)[2],
                                              const float (&l)[2], float out_scale, int row0,
                                              int lane) {
-  const float kNegInf = -__int_as_float(0x7f800000);
-  constexpr float kLn2 = 0.693147180559945309f;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_row_sum(l[h]);
     const float inv = sum > 0.f ? out_scale / sum : 0.f;
     const int token = t.m0 + row0 + 8 * h;
     const int64_t trow = t.q_start + token;
@@ -628,9 +640,8 @@ __device__ __forceinline__ void store_o_tile(const Fa3Params& p, const TileInfo&
       }
     }
     if (store && p.lse != nullptr && lane % 4 == 0) {
-      const float m_use = m[h] == kNegInf ? 0.f : m[h];
       p.lse[trow * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =
-          sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
+          row_lse(m[h], sum);
     }
   }
 }
@@ -644,13 +655,9 @@ __device__ __forceinline__ void store_o_piece(const Fa3Params& p, const TileInfo
                                               const float (&o)[kD / 2], const float (&m)[2],
                                               const float (&l)[2], float out_scale, int row0,
                                               int lane) {
-  const float kNegInf = -__int_as_float(0x7f800000);
-  constexpr float kLn2 = 0.693147180559945309f;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_row_sum(l[h]);
     const float inv = sum > 0.f ? out_scale / sum : 0.f;
     const int row = row0 + 8 * h;
     if (t.m0 + row >= t.q_len) continue;
@@ -661,10 +668,7 @@ __device__ __forceinline__ void store_o_piece(const Fa3Params& p, const TileInfo
       *reinterpret_cast<float2*>(rowp + 8 * j) =
           make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
     }
-    if (lane % 4 == 0) {
-      const float m_use = m[h] == kNegInf ? 0.f : m[h];
-      p.split_lse[prow] = sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
-    }
+    if (lane % 4 == 0) p.split_lse[prow] = row_lse(m[h], sum);
   }
 }
 
