@@ -11,6 +11,7 @@
 //  * query i (0-based among the request's q_len new tokens) sits at position kv_len - q_len + i.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace attnkit::fa3 {
@@ -72,6 +73,14 @@ constexpr int tma_rows_for(int page_size, int block_n) {
 // stops at its first unit >= the unit count (later rounds only hold larger indices).
 constexpr int schedule_unit(int round, int cta, int grid, bool zigzag) {
   return round * grid + ((zigzag && (round & 1)) ? grid - 1 - cta : cta);
+}
+
+// One past the last key a tile's rows may see: the tile whose first row is new token m0 of a
+// request with q_len new tokens and kv_len keys, block_m rows; causal: up to its last row's
+// position (clipped to kv_len), else every key. The kernels' decode_tile, build_tile_plan's
+// longest-first order and choose_tail_split's block counts all take it from here.
+constexpr int tile_key_end(int kv_len, int q_len, int m0, int block_m, bool causal) {
+  return causal ? std::min(kv_len, kv_len - q_len + m0 + block_m) : kv_len;
 }
 
 // L2 sections (Fa3Params::section_heads; FlashAttention-3's L2 swizzle): the q heads are taken
@@ -236,10 +245,11 @@ struct Fa3Params {
   // kBlockM (128, two consumer warpgroups) or, at d 64 with 128-key blocks, 192 (three consumer
   // warpgroups; ATTNKIT_FA3_WG3, prefill_sm90_engine.cpp).
   int block_m = kBlockM;
-  // bf16 / f16 kernel: the tail split (virtual_units above; split_units 0: none). Piece j writes
-  // its rows normalised (O / l, f32) to split_o [j][block_m][D] and their natural-log LSE (-inf:
-  // no visible key in the piece) to split_lse [j][block_m]; merge_tail_splits_kernel
-  // (prefill_sm90_launch.cuh) writes out / lse of the split units from them.
+  // Both kernels: the tail split (virtual_units above; split_units 0: none). Piece j writes its
+  // rows normalised (O / l, f32; the FP8 kernel's times v_scale) to split_o [j][block_m][D] and
+  // their natural-log LSE (-inf: no visible key in the piece) to split_lse [j][block_m];
+  // merge_tail_splits_kernel (prefill_sm90.cuh, launched by prefill_sm90_launch.cuh's
+  // launch_tail_merge) writes out / lse of the split units from them.
   int split_units = 0;
   int num_splits = 1;
   // Both kernels: q heads per L2 section (unit_tile_head above): a multiple of group dividing

@@ -103,21 +103,28 @@ __device__ __forceinline__ TileInfo decode_tile(const Fa3Params& p, int unit) {
   t.q_start = rw[0];
   t.q_len = rw[1];
   t.kv_len = rw[2];
+  t.causal_limit = t.kv_len - t.q_len + t.m0;  // position of the tile's first row
   // Last key any row of the tile may see (+1).
-  const int prefix = t.kv_len - t.q_len;
-  t.causal_limit = prefix + t.m0;  // position of the tile's first row
-  const int n_end = p.causal ? min(t.kv_len, prefix + t.m0 + Tr::kBlockM) : t.kv_len;
+  const int n_end = tile_key_end(t.kv_len, t.q_len, t.m0, Tr::kBlockM, p.causal != 0);
   t.n_blocks = (n_end + Tr::kBlockN - 1) / Tr::kBlockN;
   t.nb_begin = 0;
   return t;
 }
 
-// Virtual unit v of the bf16 / f16 kernel's schedule (units: the plan's num_tiles x num_q_heads):
-// a whole unit, or a piece of one of the last p.split_units units (virtual_units in fa3_params.h).
+// The tail-split piece that virtual unit v is (its index in Fa3Params::split_o / split_lse), or
+// < 0 for a whole unit (units: the plan's num_tiles x num_q_heads).
+__device__ __forceinline__ int split_piece(const Fa3Params& p, int v, int units) {
+  return v - (units - p.split_units);
+}
+
+// Virtual unit v of the prefill kernels' schedule: a whole unit, or a piece of one of the last
+// p.split_units units (virtual_units in fa3_params.h).
 template <typename Tr>
 __device__ __forceinline__ TileInfo decode_unit(const Fa3Params& p, int v, int units) {
   const int first = units - p.split_units;
   if (v < first) return decode_tile<Tr>(p, v);
+  // split_piece, with `first` kept for the unit below (calling split_piece and recomputing
+  // first changed the kernels' SASS, nvcc 13.0).
   const int piece = v - first;
   const int i = piece / p.num_splits;
   const int k = piece - i * p.num_splits;
@@ -128,7 +135,7 @@ __device__ __forceinline__ TileInfo decode_unit(const Fa3Params& p, int v, int u
   return t;
 }
 
-// The schedule length of the bf16 / f16 kernel (its tail-split pieces included).
+// The schedule length of the prefill kernels (the tail split's pieces included).
 __device__ __forceinline__ int scheduled_units(const Fa3Params& p) {
   return static_cast<int>(virtual_units(static_cast<int64_t>(p.num_tiles) * p.num_q_heads,
                                         p.split_units, p.num_splits));
@@ -801,7 +808,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       }
     }
 
-    const int piece = unit - (units - p.split_units);  // >= 0: a tail-split piece
+    const int piece = split_piece(p, unit, units);
     if (piece < 0) {
       store_o_tile<kD, kBf16>(p, t, o, sm.m, sm.l, 1.f, row0, lane);
     } else {

@@ -727,7 +727,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       sm.l[1] = o[kD / 2 + 2] * 0.25f;
     }
     const float(&o_d)[kD / 2] = *reinterpret_cast<const float(*)[kD / 2]>(&o[0]);
-    const int piece = unit - (units - p.split_units);  // >= 0: a tail-split piece
+    const int piece = split_piece(p, unit, units);
     if (piece < 0) {
       store_o_tile<Tr::kHeadDim, true>(p, t, o_d, sm.m, sm.l, p.v_scale, row0, lane);
     } else {

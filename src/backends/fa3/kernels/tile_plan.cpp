@@ -28,10 +28,10 @@ Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int bloc
     }
     plan.words.insert(plan.words.end(), {q.q_start, q.q_len, q.kv_len, vt_blocks});
     if (q.q_len > 0) vt_blocks += vt_units(q.kv_len);
-    const int32_t prefix = q.kv_len - q.q_len;
     for (int32_t m = 0; m * block_m < q.q_len; ++m) {
-      // The tile's last row sees prefix + (m + 1) * block_m keys (clipped to kv_len).
-      tiles.push_back({static_cast<int32_t>(r), m, std::min(q.kv_len, prefix + (m + 1) * block_m)});
+      // The keys the tile sees under the causal mask (its sort key).
+      tiles.push_back({static_cast<int32_t>(r), m,
+                       tile_key_end(q.kv_len, q.q_len, m * block_m, block_m, /*causal=*/true)});
     }
   }
   std::stable_sort(tiles.begin(), tiles.end(),
@@ -77,10 +77,9 @@ TailSplit choose_tail_split(std::span<const int32_t> plan_words, int bs, int num
     const TileHead th = unit_tile_head(static_cast<int>(u), static_cast<int>(tiles), section_heads);
     const size_t tw = tile_base + static_cast<size_t>(th.tile) * kTileWords;
     const size_t rw = kPlanHeaderWords + static_cast<size_t>(plan_words[tw]) * kRequestWords;
-    const int64_t q_len = plan_words[rw + 1], kv_len = plan_words[rw + 2];
-    const int64_t m0 = static_cast<int64_t>(plan_words[tw + 1]) * block_m;
-    const int64_t n_end = causal ? std::min(kv_len, kv_len - q_len + m0 + block_m) : kv_len;
-    return static_cast<int>((n_end + block_n - 1) / block_n);  // as decode_tile
+    const int n_end = tile_key_end(plan_words[rw + 2], plan_words[rw + 1],
+                                   plan_words[tw + 1] * block_m, block_m, causal);
+    return (n_end + block_n - 1) / block_n;  // as decode_tile
   };
   const int64_t rem = units >= sm_count ? units % sm_count : units;
   if (units == 0 || rem == 0) return none;

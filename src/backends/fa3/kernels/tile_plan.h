@@ -59,7 +59,7 @@ inline constexpr int64_t kL2SectionBytes = int64_t{32} << 20;
 int choose_section_heads(int num_q_heads, int num_kv_heads, int64_t max_kv_len, int head_dim,
                          int elem_bytes, int forced = -1);
 
-// ---- tail split (bf16 / f16 kernel; Fa3Params::split_units / num_splits) ----
+// ---- tail split (both kernels; Fa3Params::split_units / num_splits) ----
 
 struct TailSplit {
   int split_units = 0;  // the last split_units units of the schedule are split (0: none)
