@@ -4,8 +4,8 @@
 # -C .wt/base` on the development machine first). Builds this tree with scripts/device/check.sh
 # (STAGES "build test", ctest -L gpu -R "$CTEST_REGEX"), the base tree's CLI, then runs
 # `attnkit bench $BENCH_ARGS` for every variant of VARIANTS ("base:ENV=V,ENV=V" / "new:..."; X=1
-# = no setting), alternated, ROUNDS rounds, printing case / ms / TFLOP/s (columns 2, 3, 6) into
-# $OUT/$NAME.txt.
+# = no setting), alternated, ROUNDS rounds, printing case / ms / GB/s / % of the copy ceiling /
+# TFLOP/s (the table's columns 2-6) into $OUT/$NAME.txt.
 #   BASE=.wt/base  CTEST_REGEX=""  CTEST_JOBS=8  ROUNDS=2  NAME=ab
 #   BENCH_ARGS="--backend fa3 --cases bench/cases/fa3_prefill.json --warmup 3 --iters 10"
 #   VARIANTS="base:X=1 new:X=1"
@@ -30,6 +30,6 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     [ "$bin" = base ] && C=$B || C=$N
     echo "== round $r $bin $e"
     env ${e//,/ } "$C" bench "${args[@]}" --device cuda 2>&1 |
-      awk '$1 !~ /^\[/ && $3 ~ /^[0-9.]+$/ {print $2, $3, $6}'
+      awk '$1 !~ /^\[/ && $3 ~ /^[0-9.]+$/ {print $2, $3, $4, $5, $6}'
   done
 done 2>&1 | tee "$OUT/$NAME.txt"
