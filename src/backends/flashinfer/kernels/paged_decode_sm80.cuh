@@ -47,6 +47,23 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
   static constexpr bool kFp8PairCvt = true;
 };
 
+// A merged row's 4 columns (col .. col + 3 of q head `head` of token `token`): out = a * v_scale /
+// dsum, and the natural-log LSE from the exp2-domain max `mx` and the sum (column 0 only).
+template <typename QT>
+__device__ __forceinline__ void store_merged(const PagedParams& p, int token, int head, int col,
+                                             float a0, float a1, float a2, float a3, float mx,
+                                             float dsum) {
+  const float mul = dsum > 0.f ? p.v_scale / dsum : 0.f;
+  const uint2 packed =
+      make_uint2(cuda::pack2<QT>(a0 * mul, a1 * mul), cuda::pack2<QT>(a2 * mul, a3 * mul));
+  *reinterpret_cast<uint2*>(static_cast<QT*>(p.out) + token * p.o_stride_token +
+                            head * p.o_stride_head + col) = packed;
+  if (col == 0 && p.lse != nullptr) {
+    p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
+        dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
+  }
+}
+
 // Splits merged in one round trip per kMergeChunk of them (merge_splits' path for num_splits <=
 // kMergeOneTrip; a batch-1 kv 32k forward has 16 splits, a balanced cut plan's item 16-17 parts):
 // every thread loads its row's partial LSEs of a chunk into registers and copies its 4 columns of
@@ -119,16 +136,7 @@ __device__ __forceinline__ void merge_splits_one_trip(const PagedParams& p, int 
       }
     }
     if (p.sinks != nullptr && mx != -INFINITY) dsum += exp2f(sink - mx);
-    const float mul = dsum > 0.f ? p.v_scale / dsum : 0.f;
-    const uint2 packed =
-        make_uint2(cuda::pack2<QT>(a0 * mul, a1 * mul), cuda::pack2<QT>(a2 * mul, a3 * mul));
-    const int token = token_of(r);
-    *reinterpret_cast<uint2*>(static_cast<QT*>(p.out) + token * p.o_stride_token +
-                              head * p.o_stride_head + col) = packed;
-    if (col == 0 && p.lse != nullptr) {
-      p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-          dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
-    }
+    store_merged<QT>(p, token_of(r), head, col, a0, a1, a2, a3, mx, dsum);
   }
 }
 
@@ -226,17 +234,7 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, int num_split
         a0 += x * v[j].x, a1 += x * v[j].y, a2 += x * v[j].z, a3 += x * v[j].w;
       }
     }
-    const float dsum = row_d[r];
-    const float mul = dsum > 0.f ? p.v_scale / dsum : 0.f;
-    const uint2 packed =
-        make_uint2(cuda::pack2<QT>(a0 * mul, a1 * mul), cuda::pack2<QT>(a2 * mul, a3 * mul));
-    const int token = token_of(r);
-    *reinterpret_cast<uint2*>(static_cast<QT*>(p.out) + token * p.o_stride_token +
-                              head * p.o_stride_head + col) = packed;
-    if (col == 0 && p.lse != nullptr) {
-      p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-          dsum > 0.f ? (row_m[r] + log2f(dsum)) * cuda::kLn2 : -INFINITY;
-    }
+    store_merged<QT>(p, token_of(r), head, col, a0, a1, a2, a3, row_m[r], row_d[r]);
   }
 }
 
