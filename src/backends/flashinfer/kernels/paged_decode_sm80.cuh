@@ -65,7 +65,8 @@ __device__ __forceinline__ void store_merged(const PagedParams& p, int token, in
 }
 
 // Splits merged in one round trip per kMergeChunk of them (merge_splits' path for num_splits <=
-// kMergeOneTrip; a batch-1 kv 32k forward has 16 splits, a balanced cut plan's item 16-17 parts):
+// kMergeOneTrip; a batch-1 kv 32k forward has 16 splits, a balanced cut plan's item up to ~slots /
+// (kv heads x q tiles) + 1 parts):
 // every thread loads its row's partial LSEs of a chunk into registers and copies its 4 columns of
 // every partial of the chunk into shared memory by cp.async (`stage`, [split][thread] float4: no
 // bank conflicts on the read back, no registers held for them), all in flight at once, then weighs
