@@ -273,6 +273,30 @@ TEST(FlashInferGraphTest, CaptureBelowMaxBs) {
                       grid_below(160), 160);
 }
 
+// The split merge over several chunks of 16 (merge_splits_one_trip: 17..48 splits, one round trip
+// per chunk, online across chunks) where whole chunks saw no key: one kv head of 32 q heads (two
+// q tiles), d 64, a 9000-key request that the planner cuts into 36 splits on 132 SMs (CPU planner,
+// session 18), a window of 3000 keys (the first ~24 splits lie wholly before it: LSE -inf, then
+// finite ones), sinks, fp8_e4m3 KV; on the WorkItem kernel (=0), the balanced kernel with the
+// encoded default plan (auto) and with the cut plan (=1: items of 12-13 and 54-55 parts, the
+// one-chunk and the staged paths); graph replays bit-identical to eager.
+TEST(FlashInferSplitTest, MultiChunkMergeWithWindowSinksFp8) {
+  CaseSpec c = long_decode("split_chunks", {9000, 33, 2000}, 16, DType::kFP8E4M3);
+  c.num_kv_heads = 1;
+  c.head_dim = c.v_head_dim = 64;
+  c.sliding_window = 3000;
+  c.sinks = true;
+  for (const char* balance : {"0", "auto", "1"}) {
+    SCOPED_TRACE(std::string("ATTNKIT_FLASHINFER_DECODE_BALANCE=") + balance);
+    test_support::ScopedEnv knob("ATTNKIT_FLASHINFER_DECODE_BALANCE", balance);
+    FlashInferStats stats;
+    run_and_compare(c, true, &stats);
+    EXPECT_GT(stats.split_calls, 0) << "the 9000-key request was not split";
+    run_and_compare(c, false);
+    graph_matches_eager(c);
+  }
+}
+
 // ---- balanced decode plans (ATTNKIT_FLASHINFER_DECODE_BALANCE=1, balanced_plan.h) ----
 // Chunks that end inside one (request, kv head) item and go on with the next: uniform and uneven
 // batches (cut items merged by LSE, whole items written directly, a kv_len 1 request), fp8 with

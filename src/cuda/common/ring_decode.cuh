@@ -632,7 +632,7 @@ __device__ __forceinline__ bool last_split_cta(int* counter, int num_splits) {
 // the other CTAs' (the barrier after it orders this CTA's merge loads behind it), instead of a
 // sequentially consistent fence by every thread before the atomic and another after (the
 // release/acquire pattern of CUTLASS's generic barrier; the triton and flashinfer decodes use
-// it). Partials must be read with ld.global.cg (__ldcg) after this.
+// it). Partials must be read with ld.global.cg (__ldcg) or cp.async.cg after this.
 __device__ __forceinline__ bool last_split_cta_acq_rel(int* counter, int num_splits) {
   __shared__ int last_acq;
   __syncthreads();

@@ -143,7 +143,8 @@ __device__ __forceinline__ void merge_splits_one_trip(const PagedParams& p, int 
 
 // The fused split-KV merge of one (request, q tile, kv head), by every thread of the CTA that
 // counted itself last: out = sum_s w_s O_s / (sum_s w_s + sink), w_s = 2^(lse_s - max). Up to
-// kMergeOneTrip splits: one round trip per 16 (merge_splits_one_trip). More: three dependent steps
+// kMergeOneTrip splits at head dims <= 128: one round trip per 16 (merge_splits_one_trip). More,
+// or head dim 256: three dependent steps
 // instead of one L2 round trip per few splits per thread: (1) every partial LSE of the tile to
 // shared memory, all loads in flight at once; (2) per row the max, the weights (0 for a split that
 // saw no key) and their sum with the sink; (3) per (row, 4 columns) the weighted sum of the
@@ -165,10 +166,12 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, int num_split
   constexpr int kR = cuda::ring::kRows;
   constexpr int kVec4 = Tr::kHeadDim / 4;
   // Head dims <= 128: at 256 the balanced kernel (255 registers already) spilled 12 B with it.
-  if (Tr::kHeadDim <= 128 && num_splits <= kMergeOneTrip) {
-    merge_splits_one_trip<Tr>(p, num_splits, stride, entry0, rows, head_of, token_of,
-                              reinterpret_cast<float4*>(scratch));
-    return;
+  if constexpr (Tr::kHeadDim <= 128) {
+    if (num_splits <= kMergeOneTrip) {
+      merge_splits_one_trip<Tr>(p, num_splits, stride, entry0, rows, head_of, token_of,
+                                reinterpret_cast<float4*>(scratch));
+      return;
+    }
   }
   const bool stored = (num_splits + 2) * kR * static_cast<int>(sizeof(float)) <= Tr::kSmemBytes;
   float* row_m = scratch;     // [kR]
