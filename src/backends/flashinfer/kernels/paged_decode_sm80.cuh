@@ -214,8 +214,9 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, int num_split
     const float* src = p.partial_out + entry0(r) * Tr::kHeadDim + col;
     const int64_t step = stride * Tr::kHeadDim;
     float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-    // kBatch partial loads in flight per thread (a batch-1 forward has 16 splits: one L2 round
-    // trip, not two), issued before any weight is used.
+    // kBatch partial loads in flight per thread (a batch-1 forward at d 256, which does not take
+    // the one-trip path, has 16 splits: one L2 round trip, not two), issued before any weight is
+    // used.
     constexpr int kBatch = 16;
     for (int s0 = 0; s0 < num_splits; s0 += kBatch) {
       float4 v[kBatch];
