@@ -20,6 +20,9 @@
 //           VS=16 +4.6; VW chains overlap (max, not sum). Independent zmm FMAs run at ~0.65 per
 //           core cycle here (one 512-bit FMA pipe at a lowered clock, or a shared core), so the
 //           softmax is bound by vector throughput and overlaps the tile work only partly.
+// The core's state moves between runs on this shared VM: at 10:35Z mode 3 read 2.55 instead of
+// 3.78 (clock or a shared tile unit); the ratios held (mode 0 at 16 KB 2.55, mode 8 1.13, with
+// NOS=1 2.29).
 // Build: g++ -O2 -mamx-tile -mamx-bf16 -mavx512f -o tp amx_tile_store_microbench.cpp
 // Run:   ./tp MODE KB   (e.g. ./tp 8 256; NOS=1 ./tp 8 256; NOTILE=1 VI=64 ./tp 9 32)
 #include <immintrin.h>
@@ -39,6 +42,24 @@ struct alignas(64) Cfg {
 };
 static double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+// One 2 x 2 micro-step, the extend kernel's: A tiles (rows a0, a1; stride sa) in tmm4 / tmm5, B
+// tiles (b0, b1; stride 64) in tmm6 / tmm7, four dots into tmm0-3.
+static inline void step2x2(const char* a0, const char* a1, int sa, const char* b0, const char* b1) {
+  _tile_loadd(4, a0, sa);
+  _tile_loadd(6, b0, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_loadd(7, b1, 64);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_loadd(5, a1, sa);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+static inline void zero4() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
 }
 int main(int argc, char** argv) {
   syscall(SYS_arch_prctl, 0x1023, 18);
@@ -65,20 +86,10 @@ int main(int argc, char** argv) {
     dots = 0;
     for (int it = 0; it < 200; ++it) {
       if (mode == 0) {  // 2x2: 4 acc (0-3), A 4,5 (q, L1), B 6,7 (a buffer)
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        zero4();
         for (long t = 0; t + 1 < tiles; t += 2) {
           int qi = (t >> 1) & 15;
-          _tile_loadd(4, q + qi * 2048, 64);
-          _tile_loadd(6, a + t * 1024, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_loadd(7, a + (t + 1) * 1024, 64);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_loadd(5, q + qi * 2048 + 1024, 64);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
+          step2x2(q + qi * 2048, q + qi * 2048 + 1024, 64, a + t * 1024, a + (t + 1) * 1024);
           dots += 4;
         }
       } else if (mode ==
@@ -101,10 +112,7 @@ int main(int argc, char** argv) {
         }
       } else if (mode == 2) {  // 2x2 but accumulators 2 sets? : acc 0,1 (row0: B6,B7), acc 2,3
                                // row1; A ping-pong 4/5 per step, B 6,7
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        zero4();
         for (long t = 0; t + 1 < tiles; t += 2) {
           int qi = (t >> 1) & 15;
           _tile_loadd(6, a + t * 1024, 64);
@@ -135,54 +143,47 @@ int main(int argc, char** argv) {
           _tile_dpbf16ps(3, 5, 7);
           dots += 4;
         }
-      } else if (mode == 8) {  // S pass variants: env NOST (no zero/store), QS=q stride, QC
-                               // (contiguous q tiles)
-        static float sb[32 * 128];
+      } else if (mode == 6 || mode == 7 || mode == 8) {
+        // The extend kernel's S pass of a row-tile pair over a 128-key block (32 KB = 32 tiles:
+        // 4 depth chunks x 8 key tiles), 8 pairs per block (mode 7: one); Q stride 256, S stores
+        // stride 512. Mode 8's switches: NOST (no zero / store), NOZ, NOS, QS=64 (contiguous Q
+        // tiles), CS / OFF (store layout / offset), STQ (store the operand tiles), ST1 (1 store).
+        const bool sw = mode == 8;
         alignas(4096) static float sbig[65536];
-        static int nost = getenv("NOST") != 0;
-        static int noz = getenv("NOZ") != 0;
-        static int nos = getenv("NOS") != 0;
-        static int qs = getenv("QS") ? atoi(getenv("QS")) : 256;
+        const int nost = sw && getenv("NOST") != 0;
+        const int noz = sw && getenv("NOZ") != 0;
+        const int nos = sw && getenv("NOS") != 0;
+        const int qs = sw && getenv("QS") ? atoi(getenv("QS")) : 256;
         for (long blk = 0; blk + 31 < tiles; blk += 32) {
-          for (int pair = 0; pair < 8; ++pair) {
+          for (int pair = 0; pair < (mode == 7 ? 1 : 8); ++pair) {
             const char* q0 = q + pair * 8192;
             const char* q1 = q0 + 4096;
             for (int kt = 0; kt < 8; kt += 2) {
               if (!nost && !noz) {
-                _tile_zero(0);
-                _tile_zero(1);
-                _tile_zero(2);
-                _tile_zero(3);
+                zero4();
               }
               for (int cc = 0; cc < 4; ++cc) {
                 const char* kb = a + (blk + cc * 8 + kt) * 1024;
                 const char* qa = qs == 64 ? q0 + cc * 1024 : q0 + cc * 64;
                 const char* qb = qs == 64 ? q1 + cc * 1024 : q1 + cc * 64;
-                _tile_loadd(4, qa, qs);
-                _tile_loadd(6, kb, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_loadd(7, kb + 1024, 64);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_loadd(5, qb, qs);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
+                step2x2(qa, qb, qs, kb, kb + 1024);
                 dots += 4;
               }
               if (!nost && !nos) {
-                static int cs = getenv("CS") != 0;
-                static long off = getenv("OFF") ? atol(getenv("OFF")) : 0;
+                const int cs = sw && getenv("CS") != 0;
+                const long off = sw && getenv("OFF") ? atol(getenv("OFF")) : 0;
                 float* sx = (float*)((char*)sbig + off);
                 if (cs) {
                   _tile_stored(0, sx + kt * 256, 64);
                   _tile_stored(1, sx + (kt + 1) * 256, 64);
                   _tile_stored(2, sx + 2048 + kt * 256, 64);
                   _tile_stored(3, sx + 2048 + (kt + 1) * 256, 64);
-                } else if (getenv("STQ")) {
+                } else if (sw && getenv("STQ")) {
                   _tile_stored(4, sx + kt * 16, 512);
                   _tile_stored(5, sx + (kt + 1) * 16, 512);
                   _tile_stored(6, sx + 16 * 128 + kt * 16, 512);
                   _tile_stored(7, sx + 16 * 128 + (kt + 1) * 16, 512);
-                } else if (getenv("ST1")) {
+                } else if (sw && getenv("ST1")) {
                   _tile_stored(0, sx + kt * 16, 512);
                 } else {
                   _tile_stored(0, sx + kt * 16, 512);
@@ -191,37 +192,6 @@ int main(int argc, char** argv) {
                   _tile_stored(3, sx + 16 * 128 + (kt + 1) * 16, 512);
                 }
               }
-            }
-          }
-        }
-      } else if (mode == 6 || mode == 7) {  // kernel S pass of a pair over a 128-key block: 4
-                                            // kt-pairs x 4 c; Q stride 256, S store stride 512
-        static float sb[32 * 128];
-        for (long blk = 0; blk + 31 < tiles; blk += 32) {  // 32 KB block = 32 tiles (4 c x 8 kt)
-          for (int pair = 0; pair < (mode == 7 ? 1 : 8); ++pair) {
-            const char* q0 = q + pair * 8192;
-            const char* q1 = q0 + 4096;
-            for (int kt = 0; kt < 8; kt += 2) {
-              _tile_zero(0);
-              _tile_zero(1);
-              _tile_zero(2);
-              _tile_zero(3);
-              for (int cc = 0; cc < 4; ++cc) {
-                const char* kb = a + (blk + cc * 8 + kt) * 1024;
-                _tile_loadd(4, q0 + cc * 64, 256);
-                _tile_loadd(6, kb, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_loadd(7, kb + 1024, 64);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_loadd(5, q1 + cc * 64, 256);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-                dots += 4;
-              }
-              _tile_stored(0, sb + kt * 16, 512);
-              _tile_stored(1, sb + (kt + 1) * 16, 512);
-              _tile_stored(2, sb + 16 * 128 + kt * 16, 512);
-              _tile_stored(3, sb + 16 * 128 + (kt + 1) * 16, 512);
             }
           }
         }
@@ -234,22 +204,12 @@ int main(int argc, char** argv) {
         __m512 a0 = _mm512_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
                a7 = a0;
         __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.5f), z = _mm512_setzero_ps();
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        zero4();
         for (long t = 0; t + 1 < tiles; t += 2) {
           int qi = (t >> 1) & 15;
           static int notile = getenv("NOTILE") != 0;
           if (!notile) {
-            _tile_loadd(4, q + qi * 2048, 64);
-            _tile_loadd(6, a + t * 1024, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_loadd(7, a + (t + 1) * 1024, 64);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_loadd(5, q + qi * 2048 + 1024, 64);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            step2x2(q + qi * 2048, q + qi * 2048 + 1024, 64, a + t * 1024, a + (t + 1) * 1024);
           }
           dots += 4;
           static int vi = getenv("VI") ? atoi(getenv("VI")) : 0;
@@ -299,14 +259,8 @@ int main(int argc, char** argv) {
           _tile_loadd(3, ob + 768, 64);
           for (int k = 0; k < 4; ++k) {
             int qi = k;
-            _tile_loadd(4, q + qi * 2048, 64);
-            _tile_loadd(6, a + (t + 2 * k) * 1024, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_loadd(7, a + (t + 2 * k + 1) * 1024, 64);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_loadd(5, q + qi * 2048 + 1024, 64);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            step2x2(q + qi * 2048, q + qi * 2048 + 1024, 64, a + (t + 2 * k) * 1024,
+                    a + (t + 2 * k + 1) * 1024);
             dots += 4;
           }
           _tile_stored(0, ob, 64);
