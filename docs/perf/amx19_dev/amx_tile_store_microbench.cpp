@@ -17,9 +17,9 @@
 //           (8 accumulators), VR=N roundscale / scalef, VW=N a dependent FMA chain, VL / VS vector
 //           loads / stores; NOTILE=1 the vector work alone. Micro-step alone 24.0 per dot; VI=64
 //           alone 19.3, both 32.9-34.3; VI=256 alone 79.2, both 91-96; VR=64 alone 46, both 56;
-//           VS=16 +4.6; VW chains overlap (max, not sum). Independent zmm FMAs run at ~0.65 per
-//           core cycle here (one 512-bit FMA pipe at a lowered clock, or a shared core), so the
-//           softmax is bound by vector throughput and overlaps the tile work only partly.
+//           VS=16 +4.6; VW chains overlap (max, not sum). (09:55Z.) Independent zmm FMAs ran at
+//           ~0.65 per core cycle then; at 10:50Z, quiet, at ~1.7 (VI=256 alone 33, VI=64 alone 9.4,
+//           VI=64 with the micro-step 27.6 = full overlap, VI=256 with it 47.6 = partial).
 // The core's state moves between runs on this shared VM: at 10:35Z mode 3 read 2.55 instead of
 // 3.78 (clock or a shared tile unit); the ratios held (mode 0 at 16 KB 2.55, mode 8 1.13, with
 // NOS=1 2.29).
