@@ -21,7 +21,9 @@
 // shared_prefix (default 0: leading tokens shared by every request, a multiple of page_size);
 // mla_decode: kv_lora_rank (default 512), qk_rope_head_dim (default 64), s_q (default 1; > 1: a
 // topk-1 verify chain of s_q tokens ending at kv_len), no kv_heads / head_dim / v_head_dim (they
-// follow from the rank). Errors name the file, the key and what is accepted.
+// follow from the rank); every kind: shuffle_pages (default true: the pool's pages and request
+// rows in random order, as a serving pool's are after churn; false: each request's pages in
+// order, the case named with "_inorder"). Errors name the file, the key and what is accepted.
 //
 // Header-only so that tests/unit/test_bench_formulas.cpp can check the parser without the CLI.
 #pragma once
@@ -62,7 +64,8 @@ inline Result<BenchKind> parse_kind(std::string_view s) {
 }
 
 inline bool key_allowed(BenchKind kind, const std::string& key) {
-  static const char* const kCommon[] = {"batch", "page_size", "dtype", "kv_dtype", "q_heads"};
+  static const char* const kCommon[] = {"batch",    "page_size", "dtype",
+                                        "kv_dtype", "q_heads",   "shuffle_pages"};
   for (const char* k : kCommon) {
     if (key == k) return true;
   }
@@ -85,13 +88,13 @@ inline const char* allowed_keys(BenchKind kind) {
   switch (kind) {
     case BenchKind::kDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
-             "kv_len, kv_lens, shared_prefix";
+             "kv_len, kv_lens, shared_prefix, shuffle_pages";
     case BenchKind::kExtend:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
-             "prefix_len, new_tokens, causal, shared_prefix";
+             "prefix_len, new_tokens, causal, shared_prefix, shuffle_pages";
     case BenchKind::kMlaDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lens, kv_lora_rank, "
-             "qk_rope_head_dim, s_q";
+             "qk_rope_head_dim, s_q, shuffle_pages";
   }
   return "";
 }
@@ -150,6 +153,13 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   }
   if (key == "prefix_len") return get_int(v, where, 0, &c->prefix_len);
   if (key == "shared_prefix") return get_int(v, where, 0, &c->shared_prefix);
+  if (key == "shuffle_pages") {
+    if (!v.is_boolean()) {
+      return Status::invalid_argument(where + ": expected true or false, got " + v.dump());
+    }
+    c->shuffle_pages = v.get<bool>();
+    return Status::ok();
+  }
   if (key == "new_tokens") return get_int(v, where, 1, &c->new_tokens);
   if (key == "kv_lora_rank") return get_int(v, where, 1, &c->kv_lora_rank);
   if (key == "qk_rope_head_dim") return get_int(v, where, 0, &c->qk_rope_head_dim);
@@ -229,6 +239,7 @@ inline std::string case_name(const BenchCase& c) {
   if (c.dtype != DType::kBF16) s << "_act" << dtype_name(c.dtype);
   if (c.kind == BenchKind::kExtend && !c.causal) s << "_bidir";
   if (c.shared_prefix > 0) s << "_shared" << c.shared_prefix;
+  if (!c.shuffle_pages) s << "_inorder";
   return s.str();
 }
 

@@ -59,6 +59,8 @@ struct BenchCase {
   // radix cache hands out a common prompt); a multiple of page_size. Bytes and FLOPs below count
   // every request's keys as if private, so a shared case's GB/s is the effective rate.
   int shared_prefix = 0;
+  // Pages of the pool and request rows in random order (the harness default); false: in order.
+  bool shuffle_pages = true;
   DType dtype = DType::kBF16;     // q, new k/v and out
   DType kv_dtype = DType::kBF16;  // KV pool storage
   // MLA decode: query tokens per request. s_q > 1 is a topk-1 verify chain (TARGET_VERIFY): the

@@ -77,6 +77,7 @@ Json case_params(const BenchCase& c) {
     p["qk_rope_head_dim"] = c.qk_rope_head_dim;
   }
   p["page_size"] = c.page_size;
+  if (!c.shuffle_pages) p["shuffle_pages"] = false;
   p["dtype"] = dtype_name(c.dtype);
   p["kv_dtype"] = dtype_name(c.kv_dtype);
   return p;

@@ -175,6 +175,7 @@ harness::CaseSpec to_case_spec(const BenchCase& c) {
       c.q_heads, c.kv_heads, c.head_dim, c.page_size, c.dtype, c.kv_dtype);
   spec.v_head_dim = c.v_head_dim;
   spec.shared_prefix = c.shared_prefix;
+  spec.shuffle_pages = c.shuffle_pages;
   if (extend && !c.causal) spec.type = AttentionType::kEncoderOnly;
   if (c.kind == BenchKind::kMlaDecode) {
     if (c.s_q > 1) {  // the drafts are the last s_q of kv_len keys

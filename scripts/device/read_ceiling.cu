@@ -13,6 +13,9 @@
 //             head interleave): what a perfectly balanced contiguous reader gets
 //   flatdyn   the flat line in 256 KiB chunks handed out by an atomic counter (dynamic tail)
 //   copy      a read + write copy of the same bytes (the copy-ceiling kernel, bytes counted r + w)
+//   rows_<layout>_<threads>t_<KiB>K  the item partition through a per-token row table (session
+//             20): pages of 16 in order (contig), or the pool's pages shuffled at page size 1 / 16
+//             / 64 (p1shuf, p16shuf, p64shuf), as the bench harness shuffles them
 //   item..._<threads>t_<KiB>K  the item partition with register loads, threads x KiB in flight
 //   ring_<w>w_<s>s_spin<n>     the decode kernel's ring without its math: w warps per CTA, each
 //             with s cp.async stages of 16 keys (K + V), plus n dependent FMAs per tile
@@ -78,7 +81,8 @@ struct Args {
   unsigned long long* counter;      // dynamic: grows by chunks + grid per launch (no reset)
   long long base;                   // the counter's value at this launch's start
   uint32_t* sink;
-  uint64_t* stamps;  // [grid][2] or nullptr
+  uint64_t* stamps;     // [grid][2] or nullptr
+  const int32_t* rows;  // rows mode: pool row of every token (request-major), L2-resident
 };
 
 // One thread reads 16 bytes of a 256-byte head piece: 16 threads per token row piece, kRows rows
@@ -99,6 +103,47 @@ __global__ void __launch_bounds__(kT) item_kernel(Args a) {
     for (int u = 0; u < kU; ++u) {
       const int64_t off = static_cast<int64_t>(tok0 + base + kRows * u + row) * kRowBytes +
                           head * kDim * 2 + lane16 * 16;
+      kv[2 * u] = ldg_stream(reinterpret_cast<const uint4*>(a.k + off));
+      kv[2 * u + 1] = ldg_stream(reinterpret_cast<const uint4*>(a.v + off));
+    }
+    xor_into(acc, kv);
+  }
+  a.sink[blockIdx.x * kT + threadIdx.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+  if (a.stamps != nullptr && threadIdx.x == 0) {
+    a.stamps[2 * blockIdx.x] = t0;
+    a.stamps[2 * blockIdx.x + 1] = gtime();
+  }
+}
+
+// The item partition through a per-token row table (the decode's page table at page size P,
+// expanded to rows: token t of the pool at row pages[t / P] * P + t % P), so shuffled pages put
+// each P-token run of a request anywhere in the pool. The row words of the next pass are loaded
+// during the current one (as the decode kernel fetches its slot words ahead), so the indirection
+// adds no round trip.
+template <int kT, int kU>
+__global__ void __launch_bounds__(kT) item_rows_kernel(Args a) {
+  constexpr int kRows = kT / 16, kPass = kRows * kU;
+  const uint64_t t0 = gtime();
+  const int item = blockIdx.x, req = item / kHeads, head = item % kHeads;
+  const int per = a.tokens_per_req;
+  const int32_t* rows = a.rows + static_cast<int64_t>(req) * per;
+  const int lane16 = threadIdx.x % 16, row = threadIdx.x / 16;
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  int32_t nxt[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) nxt[u] = __ldg(rows + kRows * u + row);
+  for (int base = 0; base < per; base += kPass) {
+    int32_t cur[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) cur[u] = nxt[u];
+    if (base + kPass < per) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) nxt[u] = __ldg(rows + base + kPass + kRows * u + row);
+    }
+    uint4 kv[2 * kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t off = static_cast<int64_t>(cur[u]) * kRowBytes + head * kDim * 2 + lane16 * 16;
       kv[2 * u] = ldg_stream(reinterpret_cast<const uint4*>(a.k + off));
       kv[2 * u + 1] = ldg_stream(reinterpret_cast<const uint4*>(a.v + off));
     }
@@ -283,7 +328,25 @@ int main() {
         (e_min - s_min) * 1e-3, ends[ends.size() / 2], (e_max - s_min) * 1e-3);
   };
 
-  Args a{k, v, dst, pool, tokens, reqs, 1, 0, counter, 0, sink, nullptr};
+  Args a{k, v, dst, pool, tokens, reqs, 1, 0, counter, 0, sink, nullptr, nullptr};
+  // Row tables of the paged layouts: page size P, pages contiguous (identity) or shuffled with a
+  // fixed seed (the bench harness's default: its case runner shuffles the pool's pages).
+  const int total_tokens = reqs * tokens;
+  int32_t* rows_dev;
+  CK(cudaMalloc(&rows_dev, total_tokens * sizeof(int32_t)));
+  const auto upload_rows = [&](int page, bool shuffle) {
+    std::vector<int32_t> pages(total_tokens / page), rows(total_tokens);
+    for (size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<int32_t>(i);
+    uint64_t x = 0x9e3779b97f4a7c15ull;  // splitmix-style LCG, fixed seed
+    if (shuffle) {
+      for (size_t i = pages.size() - 1; i > 0; --i) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        std::swap(pages[i], pages[(x >> 33) % (i + 1)]);
+      }
+    }
+    for (int t = 0; t < total_tokens; ++t) rows[t] = pages[t / page] * page + t % page;
+    CK(cudaMemcpy(rows_dev, rows.data(), rows.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  };
   // The decode partition (one CTA per item) at 16-128 KiB in flight per CTA, then cut in 2 / 4:
   // {threads, 16-byte loads per thread and pool, parts}.
   static constexpr int kItemCfg[][3] = {{128, 4, 1}, {128, 8, 1}, {128, 16, 1},
@@ -307,6 +370,33 @@ int main() {
     (items.template operator()<kItemCfg[I][0], kItemCfg[I][1], kItemCfg[I][2]>(), ...);
   }
   (std::make_index_sequence<std::size(kItemCfg)>{});
+  // The item partition through row tables: contiguous pages (control) and shuffled pages of 1,
+  // 16, 64 tokens, at 64 and 128 KiB in flight per CTA.
+  auto item_rows = [&]<int kT, int kU>(const char* layout) {
+    const int grid = reqs * kHeads;
+    char name[64];
+    std::snprintf(name, sizeof name, "rows_%s_%dt_%dK", layout, kT, kT * kU / 32);
+    run(
+        name,
+        [&](int, uint64_t* s) {
+          Args b = a;
+          b.rows = rows_dev;
+          b.stamps = s;
+          item_rows_kernel<kT, kU><<<grid, kT>>>(b);
+        },
+        grid, bytes);
+  };
+  static constexpr struct {
+    int page;
+    bool shuffle;
+    const char* name;
+  } kLayouts[] = {
+      {16, false, "contig"}, {1, true, "p1shuf"}, {16, true, "p16shuf"}, {64, true, "p64shuf"}};
+  for (const auto& l : kLayouts) {
+    upload_rows(l.page, l.shuffle);
+    item_rows.template operator()<512, 4>(l.name);
+    item_rows.template operator()<512, 8>(l.name);
+  }
   // The decode kernel's shape: one CTA of 4 warps per item, 3 stages (2 tiles in flight while
   // computing, the d 128 bf16 ring at 110 KiB), then deeper rings and 8 warps, each without math
   // and with 16 / 32 / 64 dependent FMAs per tile (~0.3 / 0.6 / 1.2 us): {warps, stages, FMAs}.

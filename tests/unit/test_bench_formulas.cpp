@@ -179,6 +179,27 @@ TEST(BenchCaseFile, SharedPrefixReachesTheCaseSpec) {
                    .is_ok());
 }
 
+TEST(BenchCaseFile, ShufflePagesParsedAndNamed) {
+  Result<CaseFile> f = parse_case_file_text(R"({"kind": "decode",
+    "fixed": {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "batch": 16, "kv_len": 4096},
+    "cases": [{"page_size": 1}, {"page_size": 1, "shuffle_pages": false}]})",
+                                            "p.json");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  ASSERT_EQ(f->cases.size(), 2u);
+  EXPECT_TRUE(f->cases[0].shuffle_pages);
+  EXPECT_FALSE(f->cases[1].shuffle_pages);
+  EXPECT_EQ(f->cases[0].name, "decode_b16_kv4096_p1_h32x8_d128_kvbf16");
+  EXPECT_EQ(f->cases[1].name, "decode_b16_kv4096_p1_h32x8_d128_kvbf16_inorder");
+  Result<CaseFile> bad = parse_case_file_text(R"({"kind": "decode",
+    "cases": [{"batch": 1, "kv_len": 64, "shuffle_pages": 0}]})",
+                                              "b.json");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("shuffle_pages"), std::string::npos)
+      << bad.status().message();
+  EXPECT_NE(bad.status().message().find("true or false"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(BenchCaseFile, MlaDerivesHeadDims) {
   Result<CaseFile> f = parse_case_file_text(
       R"({"kind": "mla_decode", "sweep": {"q_heads": [16], "batch": [8], "kv_len": [100]}})",
