@@ -651,6 +651,61 @@ __device__ __forceinline__ bool last_split_cta_acq_rel(int* counter, int num_spl
   return last_acq != 0;
 }
 
+// One (row, 4 columns) of a split-KV merge, the fused merges' common core (the flashinfer decode's
+// merge_splits_one_trip, the triton decode's merge_head_block): sum over the splits of w_s O_s and
+// of w_s, w_s = 2^(lse_s - max) (0 for a split that saw no key, lse -inf), the max taken over the
+// splits and `init_max` (a sink's log2 logit, or -inf), online over chunks of kChunk splits with
+// one L2 round trip each: the thread loads the chunk's partial LSEs into registers and
+// cp.async-copies its 4 columns of every partial of the chunk into its own slots of `stage`
+// ([kChunk][kThreads] float4 of shared memory: no bank conflicts on the read back, no registers
+// held for them), all in flight at once, then weighs them. The loads are unpredicated (slots past
+// num_splits repeat the last split, L2 hits, with weight 0): predicated loads, or the partials in
+// registers, moved the flashinfer balanced decode from 206 to 222-255 registers and cost its fp8
+// decode 0.5% (session 18). The partials were written by other CTAs of the launch: lse_at reads
+// with ld.global.cg, the columns come by cp.async.cg. lse_at(s) -> split s's LSE (log2 domain);
+// cols_at(s) -> its 4 columns (16-byte aligned), 0 <= s < num_splits (>= 1). No cp.async of the
+// thread may be in flight on entry. The same bits whatever kChunk when num_splits <= kChunk.
+struct Merged4 {
+  float max;
+  float sum;
+  float acc[4];
+};
+template <int kThreads, int kChunk, typename LseFn, typename ColsFn>
+__device__ __forceinline__ Merged4 merge_partials4(int num_splits, float init_max, LseFn lse_at,
+                                                   ColsFn cols_at, float4* stage) {
+  float mx = init_max;
+  float dsum = 0.f;
+  float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma unroll 1
+  for (int s0 = 0; s0 < num_splits; s0 += kChunk) {
+    float lse[kChunk];
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      const int s = min(s0 + j, num_splits - 1);
+      lse[j] = lse_at(s);
+      cp_async_16(smem_addr(stage + j * kThreads + threadIdx.x), cols_at(s), 16);
+    }
+    // This thread's copies have landed (it reads only its own slots; "memory": no shared load
+    // moves above the wait).
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    float m_new = mx;
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) m_new = fmaxf(m_new, lse[j]);
+    const float scale = m_new == mx ? 1.f : exp2f(mx - m_new);  // mx -inf: 0
+    mx = m_new;
+    dsum *= scale, a0 *= scale, a1 *= scale, a2 *= scale, a3 *= scale;
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      // 0: all-invisible split, or a slot past num_splits
+      const float x = s0 + j >= num_splits || lse[j] == -INFINITY ? 0.f : exp2f(lse[j] - mx);
+      const float4 v = stage[j * kThreads + threadIdx.x];
+      dsum += x;
+      a0 += x * v.x, a1 += x * v.y, a2 += x * v.z, a3 += x * v.w;
+    }
+  }
+  return {mx, dsum, {a0, a1, a2, a3}};
+}
+
 // Packs 8 floats into 8 QT values and stores them (16 bytes).
 template <typename QT>
 __device__ __forceinline__ void store8(QT* dst, const float (&v)[8], float mul) {

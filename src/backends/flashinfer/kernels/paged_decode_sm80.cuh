@@ -66,22 +66,17 @@ __device__ __forceinline__ void store_merged(const PagedParams& p, int token, in
 
 // Splits merged in one round trip per kMergeChunk of them (merge_splits' path for num_splits <=
 // kMergeOneTrip; a batch-1 kv 32k forward has 16 splits, a balanced cut plan's item up to ~slots /
-// (kv heads x q tiles) + 1 parts):
-// every thread loads its row's partial LSEs of a chunk into registers and copies its 4 columns of
-// every partial of the chunk into shared memory by cp.async (`stage`, [split][thread] float4: no
-// bank conflicts on the read back, no registers held for them), all in flight at once, then weighs
-// them itself, online across chunks (a warp's 32 threads share a row at d 128, so a warp's LSE
-// loads are one broadcast request). The loads are unpredicated (slots past num_splits repeat the
-// last split with weight 0): with predicated loads, or with the partials in registers, the
-// balanced kernel's register allocation changed (206 -> 222 / 255 registers, fp8 spills) and its
-// b16 fp8 decode, which never merges, lost 0.5%; this form leaves every decode kernel's register
-// count as it was (ptxas sm_90a / sm_80). With one chunk the formulas and their order are the
-// staged path's (max with the sink, weights 0 for a split that saw no key, the sum, then the sink;
-// the weighted sum in split order), so both give the same bits; the staged path's three dependent
-// steps (LSEs to shared memory, per-row weights, partial loads) become one. H200 2026-11-24 07:06Z
-// (--graph --launches 32, three alternated rounds, docs/perf/s18): b1 kv 32k 41.2-41.3 -> 38.6-38.8
-// us (76.3-77.0 -> 81.4-81.9% of copy), kv 16k 25.1-25.2 -> 22.3, kv 32k fp8 27.5-27.6 -> 24.6;
-// b16 / b64 (no splits) unchanged.
+// (kv heads x q tiles) + 1 parts): one thread per (row, 4 columns) runs the shared core
+// cuda::ring::merge_partials4 (LSEs in registers, the columns staged by cp.async, online across
+// chunks; a warp's 32 threads share a row at d 128, so a warp's LSE loads are one broadcast
+// request), the running max starting at the sink. Its unpredicated loads leave every decode
+// kernel's register count as it was (ptxas sm_90a / sm_80). With one chunk the formulas and their
+// order are the staged path's (max with the sink, weights 0 for a split that saw no key, the sum,
+// then the sink; the weighted sum in split order), so both give the same bits; the staged path's
+// three dependent steps (LSEs to shared memory, per-row weights, partial loads) become one. H200
+// 2026-11-24 07:06Z (--graph --launches 32, three alternated rounds, docs/perf/s18): b1 kv 32k
+// 41.2-41.3 -> 38.6-38.8 us (76.3-77.0 -> 81.4-81.9% of copy), kv 16k 25.1-25.2 -> 22.3, kv 32k
+// fp8 27.5-27.6 -> 24.6; b16 / b64 (no splits) unchanged.
 inline constexpr int kMergeChunk = 16;
 inline constexpr int kMergeOneTrip = 3 * kMergeChunk;
 
@@ -100,44 +95,15 @@ __device__ __forceinline__ void merge_splits_one_trip(const PagedParams& p, int 
     const int col = (c % kVec4) * 4;
     const int head = head_of(r);
     const int64_t e0 = entry0(r);
-    // Running max (the sink from the start), sum and weighted sum over the chunks of kMergeChunk
-    // splits, one round trip each. With one chunk the rescale multiplies zeros by 1 or 0 and the
-    // result is the staged path's bits.
-    float mx = p.sinks != nullptr ? p.sinks[head] * cuda::kLog2e : -INFINITY;
-    const float sink = mx;
-    float dsum = 0.f;
-    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-#pragma unroll 1
-    for (int s0 = 0; s0 < num_splits; s0 += kMergeChunk) {
-      // Unpredicated: slots past num_splits repeat the last split (L2 hits) with weight 0.
-      float lse[kMergeChunk];
-#pragma unroll
-      for (int j = 0; j < kMergeChunk; ++j) {
-        const int64_t e = e0 + min(s0 + j, num_splits - 1) * stride;
-        lse[j] = __ldcg(p.partial_lse + e);
-        cuda::cp_async_16(cuda::smem_addr(stage + j * Tr::kThreads + threadIdx.x),
-                          p.partial_out + e * Tr::kHeadDim + col, 16);
-      }
-      // This thread's copies have landed (it reads only its own slots; "memory": no shared load
-      // moves above the wait).
-      asm volatile("cp.async.wait_all;\n" ::: "memory");
-      float m_new = mx;
-#pragma unroll
-      for (int j = 0; j < kMergeChunk; ++j) m_new = fmaxf(m_new, lse[j]);
-      const float scale = m_new == mx ? 1.f : exp2f(mx - m_new);  // mx -inf: 0
-      mx = m_new;
-      dsum *= scale, a0 *= scale, a1 *= scale, a2 *= scale, a3 *= scale;
-#pragma unroll
-      for (int j = 0; j < kMergeChunk; ++j) {
-        // 0: all-invisible split, or a slot past num_splits
-        const float x = s0 + j >= num_splits || lse[j] == -INFINITY ? 0.f : exp2f(lse[j] - mx);
-        const float4 v = stage[j * Tr::kThreads + threadIdx.x];
-        dsum += x;
-        a0 += x * v.x, a1 += x * v.y, a2 += x * v.z, a3 += x * v.w;
-      }
-    }
-    if (p.sinks != nullptr && mx != -INFINITY) dsum += exp2f(sink - mx);
-    store_merged<QT>(p, token_of(r), head, col, a0, a1, a2, a3, mx, dsum);
+    // The running max starts at the sink; with one chunk the result is the staged path's bits.
+    const float sink = p.sinks != nullptr ? p.sinks[head] * cuda::kLog2e : -INFINITY;
+    const cuda::ring::Merged4 m = cuda::ring::merge_partials4<Tr::kThreads, kMergeChunk>(
+        num_splits, sink, [&](int s) { return __ldcg(p.partial_lse + e0 + s * stride); },
+        [&](int s) { return p.partial_out + (e0 + s * stride) * Tr::kHeadDim + col; }, stage);
+    float dsum = m.sum;
+    if (p.sinks != nullptr && m.max != -INFINITY) dsum += exp2f(sink - m.max);
+    store_merged<QT>(p, token_of(r), head, col, m.acc[0], m.acc[1], m.acc[2], m.acc[3], m.max,
+                     dsum);
   }
 }
 

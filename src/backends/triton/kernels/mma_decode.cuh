@@ -28,57 +28,36 @@ namespace attnkit::triton {
 static_assert(kMmaDecodeGroupTile == cuda::ring::kRows, "the host plans the ring core's tile");
 
 // The fused split-KV merge of one head block (q heads head0 .. head0 + rows - 1 of decode token
-// `token`), by every thread of the CTA that counted itself last. One thread per (row, 4 columns)
-// loads the row's partial LSEs and its 4 columns of up to 16 partials at once (ld.global.cg:
-// written by other CTAs of this launch), then merges them online (max, weights 2^(lse - max), 0 for
-// a split that saw no key): one L2 round trip per 16 splits, where a per-thread loop with a max
-// pass of its own made one per 4.
+// `token`), by every thread of the CTA that counted itself last: one thread per (row, 4 columns)
+// runs the shared core cuda::ring::merge_partials4 (the row's partial LSEs and its 4 columns of up
+// to 16 partials in flight at once, the columns staged in `stage`, the CTA's shared memory, free
+// after attend; then merged online: max, weights 2^(lse - max), 0 for a split that saw no key),
+// one L2 round trip per 16 splits; finalize() adds the sink. `stage` holds kMergeChunk x kThreads
+// float4.
+inline constexpr int kMergeChunk = 16;
 template <typename Tr>
 __device__ __forceinline__ void merge_head_block(const AttentionParams& p, int token, int head0,
-                                                 int rows, int num_splits) {
+                                                 int rows, int num_splits, float4* stage) {
   using QT = typename Tr::QT;
-  constexpr int kBatch = 16;
   constexpr int kVec4 = Tr::kHeadDim / 4;
+  static_assert(kMergeChunk * Tr::kThreads * sizeof(float4) <= Tr::kSmemBytes,
+                "the merge stage fits the CTA's shared memory");
   const int64_t split_stride = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
   const int64_t th0 = static_cast<int64_t>(token) * p.num_q_heads + head0;
+#pragma unroll 1
   for (int c = threadIdx.x; c < rows * kVec4; c += Tr::kThreads) {
     const int r = c / kVec4;
     const int col = (c % kVec4) * 4;
     const float* lse_src = p.partial_lse + th0 + r;
     const float* src = p.partial_out + (th0 + r) * Tr::kHeadDim + col;
     const int64_t step = split_stride * Tr::kHeadDim;
-    float m = cuda::kNoKeyMax, d = 0.f;
-    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-    for (int s0 = 0; s0 < num_splits; s0 += kBatch) {
-      float l[kBatch];
-      float4 v[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int s = s0 + j;
-        l[j] = -INFINITY;
-        v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (s < num_splits) {
-          l[j] = __ldcg(lse_src + s * split_stride);
-          v[j] = __ldcg(reinterpret_cast<const float4*>(src + s * step));
-        }
-      }
-      float mx = m;
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) mx = fmaxf(mx, l[j]);
-      const float f = exp2f(m - mx);  // 1 until a split saw a key (m stays kNoKeyMax)
-      d *= f, a0 *= f, a1 *= f, a2 *= f, a3 *= f;
-      m = mx;
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const float x = l[j] == -INFINITY ? 0.f : exp2f(l[j] - m);
-        d += x;
-        a0 += x * v[j].x, a1 += x * v[j].y, a2 += x * v[j].z, a3 += x * v[j].w;
-      }
-    }
+    const cuda::ring::Merged4 m = cuda::ring::merge_partials4<Tr::kThreads, kMergeChunk>(
+        num_splits, -INFINITY, [&](int s) { return __ldcg(lse_src + s * split_stride); },
+        [&](int s) { return src + s * step; }, stage);
     const int qh = head0 + r;
-    const Finalized f = finalize(p, qh, m, d);
-    const uint2 packed = make_uint2(cuda::pack2<QT>(a0 * f.inv, a1 * f.inv),
-                                    cuda::pack2<QT>(a2 * f.inv, a3 * f.inv));
+    const Finalized f = finalize(p, qh, m.max, m.sum);
+    const uint2 packed = make_uint2(cuda::pack2<QT>(m.acc[0] * f.inv, m.acc[1] * f.inv),
+                                    cuda::pack2<QT>(m.acc[2] * f.inv, m.acc[3] * f.inv));
     *reinterpret_cast<uint2*>(static_cast<QT*>(p.out) + token * p.o_stride_token +
                               qh * p.o_stride_head + col) = packed;
     if (col == 0 && p.lse != nullptr) p.lse[token * p.lse_stride_token + qh] = f.lse;
@@ -138,7 +117,7 @@ __device__ __forceinline__ void decode_split(const AttentionParams& p, uint8_t* 
                         ? cuda::ring::last_split_cta(counter, num_splits)
                         : cuda::ring::last_split_cta_acq_rel(counter, num_splits);
   if (!last) return;
-  merge_head_block<Tr>(p, token, head0, w.rows, num_splits);
+  merge_head_block<Tr>(p, token, head0, w.rows, num_splits, reinterpret_cast<float4*>(smem));
 }
 
 // grid: (num_kv_heads * group_tiles, grid_splits, T) block: (Tr::kThreads); smem Tr::kSmemBytes.
