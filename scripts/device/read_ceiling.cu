@@ -13,12 +13,14 @@
 //             head interleave): what a perfectly balanced contiguous reader gets
 //   flatdyn   the flat line in 256 KiB chunks handed out by an atomic counter (dynamic tail)
 //   copy      a read + write copy of the same bytes (the copy-ceiling kernel, bytes counted r + w)
-//   <kind>_<layout>_<chunk>tok_<threads>t_<KiB>K  the row-table readers of session 20
-//             (row_table_kernel; kinds rows, tokrows, rowsdyn, tokdyn): pages of 16 in order
-//             (contig), or the pool's pages shuffled at page size 1 / 16 / 64 (p1shuf, p16shuf,
-//             p64shuf), as the bench harness shuffles them. The session-20 logs name the static
-//             readers rows_<layout>_<threads>t_<KiB>K and tokrows_<layout>_16x8_...: the same
-//             kernels before they were folded into one template.
+//   rows_<layout>_<threads>t_<KiB>K  the item partition through a per-token row table (session
+//             20): pages of 16 in order (contig), or the pool's pages shuffled at page size 1 / 16
+//             / 64 (p1shuf, p16shuf, p64shuf), as the bench harness shuffles them
+//   tokrows_<layout>_<reqs>x<parts>_...  the same row tables cut by tokens: one CTA reads every
+//             kv head of 1 / parts of a request's tokens (whole 2 KiB rows)
+//   rowsdyn_<layout>_<chunk>tok_...  the item partition claimed dynamically in chunks of that many
+//             tokens by one persistent CTA per SM (atomic counter, claims one chunk ahead)
+//   tokdyn_<layout>_<chunk>tok_...  tokrows' whole-row partition claimed dynamically the same way
 //   item..._<threads>t_<KiB>K  the item partition with register loads, threads x KiB in flight
 //   ring_<w>w_<s>s_spin<n>     the decode kernel's ring without its math: w warps per CTA, each
 //             with s cp.async stages of 16 keys (K + V), plus n dependent FMAs per tile
@@ -118,47 +120,177 @@ __global__ void __launch_bounds__(kT) item_kernel(Args a) {
   }
 }
 
-// Row-table readers (session 20): the K / V bytes reached through a per-token row table (the
-// decode's page table at page size P expanded to rows: token t of the pool at row pages[t / P] * P
-// + t % P), so shuffled pages put each P-token run of a request anywhere in the pool. A chunk is
-// `a.chunk` consecutive tokens of one request, read in passes of kRowsPerPass x kU tokens, the row
-// words of the next pass loaded during the current one (as the decode kernel fetches its slot
-// words ahead), so the indirection adds no round trip. kWhole: whole 2 KiB K and V rows (128
-// threads per row; chunk c = request c / (tokens / chunk), every kv head), else the 256-byte
-// piece of one kv head (16 threads per row; chunk c = token chunk c / items of item c % items,
-// item = request x kv head: token-chunk-major, head-minor). kDynamic: one persistent CTA per SM
-// claims chunks from an atomic counter (the claim of the next chunk issued when a chunk starts
-// and read after its first pass, the next chunk's first row words loaded during the last pass, so
-// the stream does not pause at chunk boundaries); else CTA c reads chunk c.
-//   rows:    per-head, static, chunk = the request (the decode kernel's one CTA per item)
-//   tokrows: whole rows, static, chunk = 1 / parts of the request
-//   rowsdyn / tokdyn: the same two, dynamic
-template <int kT, int kU, bool kWhole, bool kDynamic>
-__global__ void __launch_bounds__(kT) row_table_kernel(Args a) {
-  constexpr int kPerRow = kWhole ? 128 : 16, kRowsPerPass = kT / kPerRow;
-  constexpr int kPass = kRowsPerPass * kU;
+// The item partition through a per-token row table (the decode's page table at page size P,
+// expanded to rows: token t of the pool at row pages[t / P] * P + t % P), so shuffled pages put
+// each P-token run of a request anywhere in the pool. The row words of the next pass are loaded
+// during the current one (as the decode kernel fetches its slot words ahead), so the indirection
+// adds no round trip.
+template <int kT, int kU>
+__global__ void __launch_bounds__(kT) item_rows_kernel(Args a) {
+  constexpr int kRows = kT / 16, kPass = kRows * kU;
+  const uint64_t t0 = gtime();
+  const int item = blockIdx.x, req = item / kHeads, head = item % kHeads;
+  const int per = a.tokens_per_req;
+  const int32_t* rows = a.rows + static_cast<int64_t>(req) * per;
+  const int lane16 = threadIdx.x % 16, row = threadIdx.x / 16;
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  int32_t nxt[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) nxt[u] = __ldg(rows + kRows * u + row);
+  for (int base = 0; base < per; base += kPass) {
+    int32_t cur[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) cur[u] = nxt[u];
+    if (base + kPass < per) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) nxt[u] = __ldg(rows + base + kPass + kRows * u + row);
+    }
+    uint4 kv[2 * kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t off = static_cast<int64_t>(cur[u]) * kRowBytes + head * kDim * 2 + lane16 * 16;
+      kv[2 * u] = ldg_stream(reinterpret_cast<const uint4*>(a.k + off));
+      kv[2 * u + 1] = ldg_stream(reinterpret_cast<const uint4*>(a.v + off));
+    }
+    xor_into(acc, kv);
+  }
+  a.sink[blockIdx.x * kT + threadIdx.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+  if (a.stamps != nullptr && threadIdx.x == 0) {
+    a.stamps[2 * blockIdx.x] = t0;
+    a.stamps[2 * blockIdx.x + 1] = gtime();
+  }
+}
+
+// The same bytes cut by tokens instead of heads: CTA (request, part) reads every kv head of its
+// 1 / kParts of the request's tokens, whole 2 KiB K and V rows (128 threads per row, kT / 128 rows
+// per pass), so the 8 heads of a token row are read by one CTA at one time instead of by 8 CTAs
+// that drift apart. A decode kernel in this partition would run one warp group per kv head and
+// merge kParts partials per (request, kv head).
+template <int kT, int kU, int kParts>
+__global__ void __launch_bounds__(kT) token_rows_kernel(Args a) {
+  constexpr int kRowsPerPass = kT / 128, kPass = kRowsPerPass * kU;
+  const uint64_t t0 = gtime();
+  const int req = blockIdx.x / kParts, part = blockIdx.x % kParts;
+  const int per = a.tokens_per_req / kParts;
+  const int32_t* rows = a.rows + static_cast<int64_t>(req) * a.tokens_per_req + part * per;
+  const int ch = threadIdx.x % 128, row = threadIdx.x / 128;
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  int32_t nxt[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) nxt[u] = __ldg(rows + kRowsPerPass * u + row);
+  for (int base = 0; base < per; base += kPass) {
+    int32_t cur[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) cur[u] = nxt[u];
+    if (base + kPass < per) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) nxt[u] = __ldg(rows + base + kPass + kRowsPerPass * u + row);
+    }
+    uint4 kv[2 * kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t off = static_cast<int64_t>(cur[u]) * kRowBytes + ch * 16;
+      kv[2 * u] = ldg_stream(reinterpret_cast<const uint4*>(a.k + off));
+      kv[2 * u + 1] = ldg_stream(reinterpret_cast<const uint4*>(a.v + off));
+    }
+    xor_into(acc, kv);
+  }
+  a.sink[blockIdx.x * kT + threadIdx.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+  if (a.stamps != nullptr && threadIdx.x == 0) {
+    a.stamps[2 * blockIdx.x] = t0;
+    a.stamps[2 * blockIdx.x + 1] = gtime();
+  }
+}
+
+// Dynamic balancing of the item partition (session 20): persistent CTAs (one per SM) claim chunks
+// of `a.chunk` tokens of one (request, kv head) from an atomic counter, in token-chunk-major,
+// head-minor order (the CTAs stream the same token rows together, as the static grid does). The
+// claim of the next chunk is issued when a chunk starts and read after its first pass, and the row
+// words of the next chunk's first pass are loaded during the current chunk's last pass, so the
+// stream does not pause at chunk boundaries. What a dynamic decode could gain over the static
+// one-CTA-per-item partition (the spread of CTA end times) with no math and no merge.
+template <int kT, int kU>
+__global__ void __launch_bounds__(kT) rows_dyn_kernel(Args a) {
+  constexpr int kRows = kT / 16, kPass = kRows * kU;
   const uint64_t t0 = gtime();
   const int per = a.tokens_per_req, chunk = static_cast<int>(a.chunk);  // chunk % kPass == 0
-  const int items = kWhole ? a.reqs : a.reqs * kHeads;
-  const int total = items * (per / chunk);
-  const int t = threadIdx.x % kPerRow, row = threadIdx.x / kPerRow;
-  const auto rows_of = [&](int c) {
-    if constexpr (kWhole) return a.rows + static_cast<int64_t>(c) * chunk;
-    return a.rows + static_cast<int64_t>((c % items) / kHeads) * per + (c / items) * chunk;
-  };
-  const auto piece_of = [&](int c) {
-    return kWhole ? t * 16 : ((c % items) % kHeads) * kDim * 2 + t * 16;
-  };
+  const int items = a.reqs * kHeads, total = items * (per / chunk);
+  const int lane16 = threadIdx.x % 16, row = threadIdx.x / 16;
   __shared__ int claim[2];
   const auto take = [&]() {
     return static_cast<int>(static_cast<long long>(atomicAdd(a.counter, 1ull)) - a.base);
   };
-  int cur = static_cast<int>(blockIdx.x);
-  if constexpr (kDynamic) {
-    if (threadIdx.x == 0) claim[0] = take();
-    __syncthreads();
-    cur = claim[0];
+  const auto rows_of = [&](int c) {
+    const int req = (c % items) / kHeads, tc = c / items;
+    return a.rows + static_cast<int64_t>(req) * per + tc * chunk;
+  };
+  if (threadIdx.x == 0) claim[0] = take();
+  __syncthreads();
+  int cur = claim[0];
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  int32_t nxt[kU];
+  if (cur < total) {
+    const int32_t* r = rows_of(cur);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) nxt[u] = __ldg(r + kRows * u + row);
   }
+  for (int n = 0; cur < total; ++n) {
+    if (threadIdx.x == 0) claim[(n + 1) & 1] = take();
+    const int32_t* r = rows_of(cur);
+    const int head = (cur % items) % kHeads;
+    int next = total;
+    for (int base = 0; base < chunk; base += kPass) {
+      int32_t cu[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) cu[u] = nxt[u];
+      if (base == kPass || (base == 0 && chunk == kPass)) {
+        __syncthreads();
+        next = claim[(n + 1) & 1];
+      }
+      const int32_t* src =
+          base + kPass < chunk ? r + base + kPass : (next < total ? rows_of(next) : nullptr);
+      if (src != nullptr) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) nxt[u] = __ldg(src + kRows * u + row);
+      }
+      uint4 kv[2 * kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t off = static_cast<int64_t>(cu[u]) * kRowBytes + head * kDim * 2 + lane16 * 16;
+        kv[2 * u] = ldg_stream(reinterpret_cast<const uint4*>(a.k + off));
+        kv[2 * u + 1] = ldg_stream(reinterpret_cast<const uint4*>(a.v + off));
+      }
+      xor_into(acc, kv);
+    }
+    cur = next;
+  }
+  a.sink[blockIdx.x * kT + threadIdx.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+  if (a.stamps != nullptr && threadIdx.x == 0) {
+    a.stamps[2 * blockIdx.x] = t0;
+    a.stamps[2 * blockIdx.x + 1] = gtime();
+  }
+}
+
+// token_rows_kernel's partition (whole rows, every kv head of a token in one CTA) claimed
+// dynamically: persistent CTAs (one per SM) claim chunks of `a.chunk` tokens of one request,
+// request-major, from an atomic counter (the claim of the next chunk issued when a chunk starts,
+// read after its first pass; the next chunk's first row words loaded during the last pass).
+template <int kT, int kU>
+__global__ void __launch_bounds__(kT) token_rows_dyn_kernel(Args a) {
+  constexpr int kRowsPerPass = kT / 128, kPass = kRowsPerPass * kU;
+  const uint64_t t0 = gtime();
+  const int per = a.tokens_per_req, chunk = static_cast<int>(a.chunk);  // chunk % kPass == 0
+  const int total = a.reqs * (per / chunk);
+  const int ch = threadIdx.x % 128, row = threadIdx.x / 128;
+  __shared__ int claim[2];
+  const auto take = [&]() {
+    return static_cast<int>(static_cast<long long>(atomicAdd(a.counter, 1ull)) - a.base);
+  };
+  // Chunk c: request c / (per / chunk), tokens (c % (per / chunk)) * chunk onward.
+  const auto rows_of = [&](int c) { return a.rows + static_cast<int64_t>(c) * chunk; };
+  if (threadIdx.x == 0) claim[0] = take();
+  __syncthreads();
+  int cur = claim[0];
   uint4 acc = make_uint4(0, 0, 0, 0);
   int32_t nxt[kU];
   if (cur < total) {
@@ -166,15 +298,14 @@ __global__ void __launch_bounds__(kT) row_table_kernel(Args a) {
     for (int u = 0; u < kU; ++u) nxt[u] = __ldg(rows_of(cur) + kRowsPerPass * u + row);
   }
   for (int n = 0; cur < total; ++n) {
-    if (kDynamic && threadIdx.x == 0) claim[(n + 1) & 1] = take();
+    if (threadIdx.x == 0) claim[(n + 1) & 1] = take();
     const int32_t* r = rows_of(cur);
-    const int piece = piece_of(cur);
-    int next = total;  // static: one chunk per CTA
+    int next = total;
     for (int base = 0; base < chunk; base += kPass) {
       int32_t cu[kU];
 #pragma unroll
       for (int u = 0; u < kU; ++u) cu[u] = nxt[u];
-      if (kDynamic && (base == kPass || (base == 0 && chunk == kPass))) {
+      if (base == kPass || (base == 0 && chunk == kPass)) {
         __syncthreads();
         next = claim[(n + 1) & 1];
       }
@@ -187,7 +318,7 @@ __global__ void __launch_bounds__(kT) row_table_kernel(Args a) {
       uint4 kv[2 * kU];
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        const int64_t off = static_cast<int64_t>(cu[u]) * kRowBytes + piece;
+        const int64_t off = static_cast<int64_t>(cu[u]) * kRowBytes + ch * 16;
         kv[2 * u] = ldg_stream(reinterpret_cast<const uint4*>(a.k + off));
         kv[2 * u + 1] = ldg_stream(reinterpret_cast<const uint4*>(a.v + off));
       }
@@ -416,13 +547,41 @@ int main() {
     (items.template operator()<kItemCfg[I][0], kItemCfg[I][1], kItemCfg[I][2]>(), ...);
   }
   (std::make_index_sequence<std::size(kItemCfg)>{});
-  // The row-table readers (row_table_kernel<threads, loads, whole rows, dynamic>) on contiguous
-  // pages (control) and shuffled pages of 1, 16, 64 tokens: (kind, layout, chunk tokens, grid).
-  const auto row_reader = [&]<int kT, int kU, bool kWhole, bool kDynamic>(
-                              const char* kind, const char* layout, int chunk, int grid) {
+  // The item partition through row tables: contiguous pages (control) and shuffled pages of 1,
+  // 16, 64 tokens, at 64 and 128 KiB in flight per CTA.
+  auto item_rows = [&]<int kT, int kU>(const char* layout) {
+    const int grid = reqs * kHeads;
     char name[64];
-    std::snprintf(name, sizeof name, "%s_%s_%dtok_%dt_%dK", kind, layout, chunk, kT, kT * kU / 32);
-    const int chunks = (kWhole ? reqs : reqs * kHeads) * (tokens / chunk);
+    std::snprintf(name, sizeof name, "rows_%s_%dt_%dK", layout, kT, kT * kU / 32);
+    run(
+        name,
+        [&](int, uint64_t* s) {
+          Args b = a;
+          b.rows = rows_dev;
+          b.stamps = s;
+          item_rows_kernel<kT, kU><<<grid, kT>>>(b);
+        },
+        grid, bytes);
+  };
+  auto token_rows = [&]<int kT, int kU, int kParts>(const char* layout) {
+    const int grid = reqs * kParts;
+    char name[64];
+    std::snprintf(name, sizeof name, "tokrows_%s_%dx%d_%dt_%dK", layout, reqs, kParts, kT,
+                  kT * kU / 32);
+    run(
+        name,
+        [&](int, uint64_t* s) {
+          Args b = a;
+          b.rows = rows_dev;
+          b.stamps = s;
+          token_rows_kernel<kT, kU, kParts><<<grid, kT>>>(b);
+        },
+        grid, bytes);
+  };
+  auto rows_dyn = [&]<int kT, int kU>(const char* layout, int chunk) {
+    const int grid = sms;
+    char name[64];
+    std::snprintf(name, sizeof name, "rowsdyn_%s_%dtok_%dt_%dK", layout, chunk, kT, kT * kU / 32);
     run(
         name,
         [&](int, uint64_t* s) {
@@ -430,9 +589,26 @@ int main() {
           b.rows = rows_dev;
           b.chunk = chunk;
           b.base = launched;
-          if (kDynamic) launched += chunks + grid;
+          launched += static_cast<long long>(reqs) * kHeads * (tokens / chunk) + grid;
           b.stamps = s;
-          row_table_kernel<kT, kU, kWhole, kDynamic><<<grid, kT>>>(b);
+          rows_dyn_kernel<kT, kU><<<grid, kT>>>(b);
+        },
+        grid, bytes);
+  };
+  auto token_rows_dyn = [&]<int kT, int kU>(const char* layout, int chunk) {
+    const int grid = sms;
+    char name[64];
+    std::snprintf(name, sizeof name, "tokdyn_%s_%dtok_%dt_%dK", layout, chunk, kT, kT * kU / 32);
+    run(
+        name,
+        [&](int, uint64_t* s) {
+          Args b = a;
+          b.rows = rows_dev;
+          b.chunk = chunk;
+          b.base = launched;
+          launched += static_cast<long long>(reqs) * (tokens / chunk) + grid;
+          b.stamps = s;
+          token_rows_dyn_kernel<kT, kU><<<grid, kT>>>(b);
         },
         grid, bytes);
   };
@@ -444,16 +620,13 @@ int main() {
       {16, false, "contig"}, {1, true, "p1shuf"}, {16, true, "p16shuf"}, {64, true, "p64shuf"}};
   for (const auto& l : kLayouts) {
     upload_rows(l.page, l.shuffle);
-    const int items = reqs * kHeads;
-    row_reader.template operator()<512, 4, false, false>("rows", l.name, tokens, items);
-    row_reader.template operator()<512, 8, false, false>("rows", l.name, tokens, items);
-    row_reader.template operator()<512, 4, true, false>("tokrows", l.name, tokens / 8, reqs * 8);
-    row_reader.template operator()<512, 8, true, false>("tokrows", l.name, tokens / 8, reqs * 8);
-    row_reader.template operator()<1024, 4, true, false>("tokrows", l.name, tokens / 8, reqs * 8);
-    for (int chunk : {256, 512, 1024})
-      row_reader.template operator()<512, 4, false, true>("rowsdyn", l.name, chunk, sms);
-    for (int chunk : {32, 64, 128})
-      row_reader.template operator()<1024, 4, true, true>("tokdyn", l.name, chunk, sms);
+    item_rows.template operator()<512, 4>(l.name);
+    item_rows.template operator()<512, 8>(l.name);
+    token_rows.template operator()<512, 4, 8>(l.name);
+    token_rows.template operator()<512, 8, 8>(l.name);
+    token_rows.template operator()<1024, 4, 8>(l.name);
+    for (int chunk : {256, 512, 1024}) rows_dyn.template operator()<512, 4>(l.name, chunk);
+    for (int chunk : {32, 64, 128}) token_rows_dyn.template operator()<1024, 4>(l.name, chunk);
   }
   // The decode kernel's shape: one CTA of 4 warps per item, 3 stages (2 tiles in flight while
   // computing, the d 128 bf16 ring at 110 KiB), then deeper rings and 8 warps, each without math
