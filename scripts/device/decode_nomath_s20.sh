@@ -28,7 +28,7 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
       for v in base nomath; do
         echo "== round $r $v $e ${t//_/ }"
         env ${e//,/ } /tmp/attnkit_$v bench --backend flashinfer --cases \
-          scripts/device/decode_s20_layout.json --device cuda ${t//_/ } ${FILTER:+--filter $FILTER} \
+          ${CASES:-scripts/device/decode_s20_layout.json} --device cuda ${t//_/ } ${FILTER:+--filter $FILTER} \
           2>/dev/null | awk '$1 !~ /^\[/ && $3 ~ /^[0-9.]+$/ {print $2, $3, $4, $5}'
       done
     done
