@@ -50,14 +50,6 @@ struct BackendContext {
   // reads: attnkit's own KV store, which writes only K/V, is the kernel just before it. false:
   // other forwards wait for the previous kernel before their first page-table read.
   bool early_page_table_reads = false;
-  // With early_page_table_reads, the SM90 paged decode (flashinfer) may also start loading the
-  // K/V of keys older than the forward's new tokens before that previous kernel has finished. Set
-  // true only if the kernel launched just before a forward_* never writes K/V rows a request reads
-  // other than its new tokens' (out_cache_loc) slots: no cache copies, swaps or transfers into
-  // live pages between the last forward and this one. A forward with save_kv true is always
-  // allowed them: attnkit's own KV store, which writes only the new tokens' slots, is the kernel
-  // just before it. false: other forwards load no K/V before the previous kernel has finished.
-  bool early_kv_reads = false;
 };
 
 class AttentionBackend {

@@ -794,7 +794,6 @@ BackendContext PreparedCase::context() const {
   // forward, so the SM90 decode may read them before its wait on the previous kernel (unless the
   // options ask for the library default).
   ctx.early_page_table_reads = options.early_page_table_reads;
-  ctx.early_kv_reads = options.early_kv_reads;
   return ctx;
 }
 

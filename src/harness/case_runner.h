@@ -121,10 +121,6 @@ struct PrepareOptions {
   // wait (mode 2). false: the library default (mode 1, wait first, unless the backend's own set_kv
   // ran), for tests of that path.
   bool early_page_table_reads = true;
-  // PreparedCase::context()'s BackendContext::early_kv_reads. true: the harness writes the pool
-  // by host copies or by the backend's own save_kv, so a decode may load the keys before its new
-  // tokens before its PDL wait. false: the library default.
-  bool early_kv_reads = true;
 };
 
 // Everything one layer call needs; tensors live on PreparedCase::device.

@@ -89,13 +89,6 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_
     EXPECT_EQ(stats->decode_pdl_early_reads_calls, 0)
         << "a decode read the page table before its PDL wait without early_page_table_reads";
   }
-  // K/V before the wait (the keys before the new tokens) only in mode 2 and where the context
-  // vouches for the previous kernel or the backend's own set_kv ran.
-  EXPECT_LE(stats->decode_early_kv_calls, stats->decode_pdl_early_reads_calls);
-  if (!prepare.early_kv_reads && !save_kv) {
-    EXPECT_EQ(stats->decode_early_kv_calls, 0)
-        << "a decode loaded K/V before its PDL wait without early_kv_reads or save_kv";
-  }
   // ATTNKIT_FLASHINFER_DECODE_BALANCE=1 (ctest FlashInferDecodeBalance, and the Balance tests
   // below): every tensor-core decode layer outside a cascade ran the cut plan; =0 (ctest
   // FlashInferDecodeDefaultPlan): none; unset / =auto (the default, choose_auto_plan): all layers
@@ -571,40 +564,6 @@ TEST(FlashInferPdlTest, KnobsAreReadPerBackend) {
   setenv("ATTNKIT_FLASHINFER_PDL_TRIGGER", "end", 1);
   run_and_compare(*c, /*save_kv=*/false);
   graph_matches_eager(*c);
-}
-
-// Early K/V reads (PagedParams::decode_early_kv): allowed with the harness defaults (the context's
-// early_page_table_reads and early_kv_reads) and after the backend's own set_kv, never without
-// either; every variant matches the reference, eager and graph replays alike.
-TEST(FlashInferPdlTest, EarlyKvReadsOnlyWhereAllowed) {
-  const DeviceInfo dev = cuda_device();
-  ASSERT_EQ(dev.platform, Platform::kCUDA) << "no CUDA device";
-  harness::PrepareOptions no_early_kv;
-  no_early_kv.early_kv_reads = false;
-  int64_t allowed = 0, vouched = 0, refused = 0;
-  for (const CaseSpec& c : harness::shared_case_table()) {
-    if (c.mode != ForwardMode::kDecode || !expects_native(c)) continue;
-    if (!harness::skip_reason(flashinfer_descriptor(), c, dev).empty()) continue;
-    FlashInferStats stats;
-    run_and_compare(c, /*save_kv=*/false, &stats);  // harness defaults: the context vouches
-    vouched += stats.decode_early_kv_calls;
-    run_and_compare(c, /*save_kv=*/true, &stats, true, no_early_kv);  // set_kv just before
-    allowed += stats.decode_early_kv_calls;
-    run_and_compare(c, /*save_kv=*/false, &stats, true, no_early_kv);
-    refused += stats.decode_early_kv_calls;
-  }
-  EXPECT_EQ(refused, 0);
-  if (dev.compute_capability >= 90) {  // PDL (mode 2) is SM90+
-    EXPECT_GT(vouched, 0) << "no decode was allowed early K/V reads with the context's vouching";
-    EXPECT_GT(allowed, 0) << "no decode was allowed early K/V reads after its own set_kv";
-  }
-  // A long, split batch (several segments per CTA on cut plans) and graph replays.
-  run_and_compare(long_decode("long_early_kv", {4999, 100, 2047, 0}, 16, DType::kBF16), false);
-  graph_matches_eager(long_decode("graph_long_early_kv", {4999, 100, 2047, 0}, 16, DType::kBF16));
-  graph_matches_eager(long_decode("graph_long_no_early_kv", {4999, 100, 2047, 0}, 16, DType::kBF16),
-                      no_early_kv, [](AttentionBackend& backend) {
-                        EXPECT_EQ(flashinfer_stats(backend)->decode_early_kv_calls, 0);
-                      });
 }
 
 // ---- the host planner ----

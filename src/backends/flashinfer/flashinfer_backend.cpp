@@ -158,7 +158,6 @@ class FlashInferBackend final : public AttentionBackend {
         pdl_graph_(env_flag("ATTNKIT_FLASHINFER_PDL_GRAPH", true)),
         pdl_early_(env_choice("ATTNKIT_FLASHINFER_PDL_TRIGGER", {"early", "end"}, "early") !=
                    "end"),
-        early_kv_(env_flag("ATTNKIT_FLASHINFER_EARLY_KV", true)),
         balance_(balance_from_env()),
         split_long_(env_flag("ATTNKIT_FLASHINFER_SPLIT_LONG", false)) {}
 
@@ -311,9 +310,6 @@ class FlashInferBackend final : public AttentionBackend {
   bool pdl_split_ = true;
   bool pdl_graph_ = true;
   bool pdl_early_ = true;
-  // ATTNKIT_FLASHINFER_EARLY_KV=0 (A/B knob, read when the backend is created): no K/V load before
-  // the decode's PDL wait (PagedParams::decode_early_kv).
-  bool early_kv_ = true;
   // ATTNKIT_FLASHINFER_DECODE_BALANCE (read when the backend is created): "auto" (the default
   // since session 12): every tensor-core decode forward, eager or replayed, runs
   // paged_decode_balanced_kernel on a grid of balanced_kernel_slots(bs), on the cut plan where
@@ -613,10 +609,6 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   const bool early_reads = ctx_.early_page_table_reads || (save_kv && k.defined());
   const bool no_pdl = (plan_.split && !pdl_split_) || (plan_.graph && !pdl_graph_);
   p.decode_pdl = no_pdl ? 0 : (early_reads ? 2 : 1);
-  // K/V of the keys before the new tokens before the wait: the previous kernel is our own set_kv
-  // (it writes only the new tokens' slots) or the context vouches for it.
-  p.decode_early_kv =
-      p.decode_pdl == 2 && early_kv_ && (ctx_.early_kv_reads || (save_kv && k.defined())) ? 1 : 0;
   p.decode_pdl_early = pdl_early_ ? 1 : 0;  // paged_params.h decode_pdl_early
   p.plan = plan_.words;
   p.bs = batch.batch_size;
@@ -657,7 +649,6 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     ATTNKIT_RETURN_IF_ERROR(cuda::check_ring_decode_row_stride("flashinfer", kv_dtype, kbuf, vbuf));
     if (p.decode_pdl == 1) ++stats_.decode_pdl_wait_first_calls;
     if (p.decode_pdl == 2) ++stats_.decode_pdl_early_reads_calls;
-    if (p.decode_early_kv != 0) ++stats_.decode_early_kv_calls;
   }
   return dispatch_value<flashinfer::NativeHeadDims>(
       ctx_.qk_head_dim, "flashinfer: head_dim", [&]<int kD>() -> Status {

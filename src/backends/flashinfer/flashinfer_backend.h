@@ -75,8 +75,6 @@ struct FlashInferStats {
   // plans, graphs with ATTNKIT_FLASHINFER_PDL_GRAPH=0) count in neither.
   int64_t decode_pdl_wait_first_calls = 0;
   int64_t decode_pdl_early_reads_calls = 0;
-  // Of those, the calls allowed to load K/V before the wait (PagedParams::decode_early_kv).
-  int64_t decode_early_kv_calls = 0;
   // Decode kernel calls on a cut plan (ATTNKIT_FLASHINFER_DECODE_BALANCE=1, or the default =auto
   // where choose_auto_plan picked it).
   int64_t decode_balanced_calls = 0;

@@ -142,10 +142,6 @@ struct Work {
   // Tr::kGridDepWait: griddepcontrol.launch_dependents right after the wait (the next PDL-launched
   // grid may then start while this one streams).
   bool dependents_after_wait = false;
-  // Tr::kGridDepWait: keys below early_end may be loaded before the wait (the previous kernel of
-  // the stream cannot have written them; the caller vouches). The prologue's tiles wholly below it
-  // are issued before the wait, the others after; <= kv_begin: none.
-  int early_end = 0;
   float scale_log2 = 0.f;  // logit scale (k_scale folded in) * log2(e)
   float scale = 0.f;       // soft-cap path
   float logit_cap = 0.f;   // 0 = off
@@ -293,30 +289,18 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   };
 
   // Prologue: the slots of sub-tiles 0..kS-1, then kS - kSub sub-tiles in flight per warp (group
-  // g: data of sub-tile g + slots of sub-tile g + kS), then Q (plain loads overlapping them). With
-  // the grid-dependency wait, the sub-tiles wholly below w.early_end (a prefix: a warp's tiles
-  // ascend) are issued before it, each still its own group in order.
+  // g: data of sub-tile g + slots of sub-tile g + kS), then Q (plain loads overlapping them).
 #pragma unroll
   for (int i = 0; i < kS; ++i) fetch_slots(i);
   cp_async_commit();
   cp_async_wait<0>();
   __syncwarp();
-  const auto early = [&](int i) { return i < my_tiles && tile_key0(i) + kKeys <= w.early_end; };
   if constexpr (Tr::kGridDepWait) {
-#pragma unroll
-    for (int i = 0; i < kS - kSub; ++i) {
-      if (early(i)) {
-        issue(i);
-        fetch_slots(i + kS);
-        cp_async_commit();
-      }
-    }
     grid_dep_wait();
     if (w.dependents_after_wait) grid_dep_launch_dependents();
   }
 #pragma unroll
   for (int i = 0; i < kS - kSub; ++i) {
-    if (Tr::kGridDepWait && early(i)) continue;
     if (i < my_tiles) {
       issue(i);
       fetch_slots(i + kS);

@@ -419,10 +419,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     w.k_row_bytes = static_cast<uint32_t>(p.k_stride_row * Tr::kKvElemBytes);
     w.v_row_bytes = static_cast<uint32_t>(p.v_stride_row * Tr::kKvElemBytes);
     w.dependents_after_wait = i == seg_lo && p.decode_pdl == 2 && p.decode_pdl_early != 0;
-    // The keys before the request's new token (decode: the last key) may be loaded before the
-    // wait (PagedParams::decode_early_kv; the first segment's prologue is the one before it).
-    w.early_end =
-        i == seg_lo && p.decode_pdl == 2 && p.decode_early_kv != 0 ? seg.req_kv_len - 1 : 0;
     w.scale_log2 = p.scale_log2;
     w.scale = p.scale;
     w.logit_cap = p.logit_cap;

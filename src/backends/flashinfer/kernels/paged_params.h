@@ -125,12 +125,6 @@ struct PagedParams {
   // kernel of the stream cannot write the plan, req_pool_indices or req_to_token: after the
   // backend's own set_kv, or with BackendContext::early_page_table_reads).
   int decode_pdl = 0;
-  // 1 (with decode_pdl 2; ATTNKIT_FLASHINFER_EARLY_KV=0 sets 0): the balanced decode's first
-  // segment issues its ring's first K/V tiles before the grid-dependency wait where every key of a
-  // tile lies before the request's new token (kv_len - 1), i.e. where the previous kernel of the
-  // stream cannot have written it: after the backend's own set_kv (it writes only the new tokens'
-  // slots), or with BackendContext::early_kv_reads. 0: every K/V load after the wait.
-  int decode_early_kv = 0;
   // How a split decode CTA counts itself (experiment knob ATTNKIT_FLASHINFER_SPLIT_SYNC=fence_all,
   // not API): 0 = one acq_rel atomic by thread 0 between two CTA barriers
   // (ring::last_split_cta_acq_rel), 1 = every thread fences, then the atomic, then a fence
