@@ -20,6 +20,14 @@
 //           VS=16 +4.6; VW chains overlap (max, not sum). (09:55Z.) Independent zmm FMAs ran at
 //           ~0.65 per core cycle then; at 10:50Z, quiet, at ~1.7 (VI=256 alone 33, VI=64 alone 9.4,
 //           VI=64 with the micro-step 27.6 = full overlap, VI=256 with it 47.6 = partial).
+//   modes 10-12 (session 20, 12:45Z, the same VM): mode 6's S pass with two accumulator sets
+//           (tmm0-1 / tmm2-3) alternating by key tile, 2x1 blocking (Q tiles reloaded per depth,
+//           1.5 tile loads per dot): 10 = each set stores after its dots 1.44-1.49; 11 = no stores
+//           2.07-2.14 (2x2 without stores: 2.31-2.33); 12 = the previous set's stores issued after
+//           the current set's first dots 1.50-1.51; mode 8 in the same runs 1.20. In the extend
+//           kernel (scores_micro / scores_pair in this form, test_intel_amx 311 passed) the 2k
+//           causal prefill got slower, 29.3-32.2 vs 26.7-26.9 ms (2 threads, 4 alternated pairs):
+//           twice the micro-steps between the softmax rows and 1.5x the tile loads; reverted.
 // The core's state moves between runs on this shared VM: at 10:35Z mode 3 read 2.55 instead of
 // 3.78 (clock or a shared tile unit); the ratios held (mode 0 at 16 KB 2.55, mode 8 1.13, with
 // NOS=1 2.29).
@@ -61,6 +69,33 @@ static inline void zero4() {
   _tile_zero(2);
   _tile_zero(3);
 }
+// Session 20 (modes 10-12): one key tile of the S pass on accumulator set (A, B): zero, 4 depth
+// chunks of 2 dots (Q rows 0-15 / 16-31 from q0 + 4096, stride 256; K tile k0 + cc x 8 KB), then
+// (mode 10) its own stores, or (mode 12) the other set's (C, D) stores of `prev` after depth 0.
+// A macro: the _tile_* intrinsics take their tile numbers as literal tokens.
+#define S_SET(NAME, A, B, C, D)                                                                \
+  static inline long NAME(const char* q0, const char* k0, int mode, float* prev, float* own) { \
+    _tile_zero(A);                                                                             \
+    _tile_zero(B);                                                                             \
+    for (int cc = 0; cc < 4; ++cc) {                                                           \
+      _tile_loadd(4, q0 + cc * 64, 256);                                                       \
+      _tile_loadd(6, k0 + cc * 8 * 1024, 64);                                                  \
+      _tile_dpbf16ps(A, 4, 6);                                                                 \
+      _tile_loadd(5, q0 + 4096 + cc * 64, 256);                                                \
+      _tile_dpbf16ps(B, 5, 6);                                                                 \
+      if (mode == 12 && cc == 0 && prev != nullptr) {                                          \
+        _tile_stored(C, prev, 512);                                                            \
+        _tile_stored(D, prev + 16 * 128, 512);                                                 \
+      }                                                                                        \
+    }                                                                                          \
+    if (mode == 10) {                                                                          \
+      _tile_stored(A, own, 512);                                                               \
+      _tile_stored(B, own + 16 * 128, 512);                                                    \
+    }                                                                                          \
+    return 8;                                                                                  \
+  }
+S_SET(s_set_01, 0, 1, 2, 3)
+S_SET(s_set_23, 2, 3, 0, 1)
 int main(int argc, char** argv) {
   syscall(SYS_arch_prctl, 0x1023, 18);
   Cfg c;
@@ -191,6 +226,27 @@ int main(int argc, char** argv) {
                   _tile_stored(2, sx + 16 * 128 + kt * 16, 512);
                   _tile_stored(3, sx + 16 * 128 + (kt + 1) * 16, 512);
                 }
+              }
+            }
+          }
+        }
+      } else if (mode == 10 || mode == 11 || mode == 12) {
+        // Session 20: mode 6's S pass with two accumulator sets (tmm0-1, tmm2-3) alternating by
+        // key tile, 2x1 blocking (Q rows 0-15 / 16-31 in tmm4 / tmm5 reloaded per depth, K in
+        // tmm6). Mode 10: each set stores its two tiles after its dots; mode 11: no stores; mode
+        // 12: the previous set's two stores issued after the current set's depth-0 dots.
+        alignas(4096) static float sx[65536];
+        for (long blk = 0; blk + 31 < tiles; blk += 32) {
+          for (int pair = 0; pair < 8; ++pair) {
+            const char* q0 = q + pair * 8192;
+            for (int kt = 0; kt < 8; ++kt) {
+              const char* k0 = a + (blk + kt) * 1024;
+              float* prev = sx + (kt == 0 ? 7 : kt - 1) * 16;
+              const bool first = blk == 0 && pair == 0 && kt == 0;
+              if ((kt & 1) == 0) {
+                dots += s_set_01(q0, k0, mode, first ? nullptr : prev, sx + kt * 16);
+              } else {
+                dots += s_set_23(q0, k0, mode, prev, sx + kt * 16);
               }
             }
           }
