@@ -115,6 +115,15 @@ inline Status get_int(const Json& v, const std::string& where, int min_value, in
   return Status::ok();
 }
 
+// Boolean parameter (true / false only).
+inline Status get_bool(const Json& v, const std::string& where, bool* out) {
+  if (!v.is_boolean()) {
+    return Status::invalid_argument(where + ": expected true or false, got " + v.dump());
+  }
+  *out = v.get<bool>();
+  return Status::ok();
+}
+
 // What a point's assignments said beyond the BenchCase fields.
 struct ParseState {
   bool v_head_dim_set = false;  // else v_head_dim = head_dim
@@ -153,13 +162,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   }
   if (key == "prefix_len") return get_int(v, where, 0, &c->prefix_len);
   if (key == "shared_prefix") return get_int(v, where, 0, &c->shared_prefix);
-  if (key == "shuffle_pages") {
-    if (!v.is_boolean()) {
-      return Status::invalid_argument(where + ": expected true or false, got " + v.dump());
-    }
-    c->shuffle_pages = v.get<bool>();
-    return Status::ok();
-  }
+  if (key == "shuffle_pages") return get_bool(v, where, &c->shuffle_pages);
   if (key == "new_tokens") return get_int(v, where, 1, &c->new_tokens);
   if (key == "kv_lora_rank") return get_int(v, where, 1, &c->kv_lora_rank);
   if (key == "qk_rope_head_dim") return get_int(v, where, 0, &c->qk_rope_head_dim);
@@ -176,13 +179,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
     ATTNKIT_RETURN_IF_ERROR(get_int(v[0], where + "[0] (q_heads)", 1, &c->q_heads));
     return get_int(v[1], where + "[1] (kv_heads)", 1, &c->kv_heads);
   }
-  if (key == "causal") {
-    if (!v.is_boolean()) {
-      return Status::invalid_argument(where + ": expected true or false, got " + v.dump());
-    }
-    c->causal = v.get<bool>();
-    return Status::ok();
-  }
+  if (key == "causal") return get_bool(v, where, &c->causal);
   if (key == "dtype" || key == "kv_dtype") {
     if (!v.is_string()) {
       return Status::invalid_argument(where + ": expected a dtype name string, got " + v.dump());
