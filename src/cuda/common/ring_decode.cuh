@@ -654,25 +654,31 @@ __device__ __forceinline__ bool last_split_cta_acq_rel(int* counter, int num_spl
 // One (row, 4 columns) of a split-KV merge, the fused merges' common core (the flashinfer decode's
 // merge_splits_one_trip, the triton decode's merge_head_block): sum over the splits of w_s O_s and
 // of w_s, w_s = 2^(lse_s - max) (0 for a split that saw no key, lse -inf), the max taken over the
-// splits and `init_max` (a sink's log2 logit, or -inf), online over chunks of kChunk splits with
-// one L2 round trip each: the thread loads the chunk's partial LSEs into registers and
+// splits and `init_max` (a sink's log2 logit, or -inf), online over chunks of kMergeChunk splits
+// with one L2 round trip each: the thread loads the chunk's partial LSEs into registers and
 // cp.async-copies its 4 columns of every partial of the chunk into its own slots of `stage`
-// ([kChunk][kThreads] float4 of shared memory: no bank conflicts on the read back, no registers
-// held for them), all in flight at once, then weighs them. The loads are unpredicated (slots past
-// num_splits repeat the last split, L2 hits, with weight 0): predicated loads, or the partials in
-// registers, moved the flashinfer balanced decode from 206 to 222-255 registers and cost its fp8
-// decode 0.5% (session 18). The partials were written by other CTAs of the launch: lse_at reads
-// with ld.global.cg, the columns come by cp.async.cg. lse_at(s) -> split s's LSE (log2 domain);
-// cols_at(s) -> its 4 columns (16-byte aligned), 0 <= s < num_splits (>= 1). No cp.async of the
-// thread may be in flight on entry. The same bits whatever kChunk when num_splits <= kChunk.
+// ([kMergeChunk][Tr::kThreads] float4 of the CTA's shared memory, free at the call: no bank
+// conflicts on the read back, no registers held for them), all in flight at once, then weighs
+// them. The loads are unpredicated (slots past num_splits repeat the last split, L2 hits, with
+// weight 0): predicated loads, or the partials in registers, moved the flashinfer balanced decode
+// from 206 to 222-255 registers and cost its fp8 decode 0.5% (session 18). The partials were
+// written by other CTAs of the launch: lse_at reads with ld.global.cg, the columns come by
+// cp.async.cg. lse_at(s) -> split s's LSE (log2 domain); cols_at(s) -> its 4 columns (16-byte
+// aligned), 0 <= s < num_splits (>= 1). No cp.async of the thread may be in flight on entry. For
+// one chunk (num_splits <= kMergeChunk) flashinfer's staged three-step merge gives the same bits.
+inline constexpr int kMergeChunk = 16;
 struct Merged4 {
   float max;
   float sum;
   float acc[4];
 };
-template <int kThreads, int kChunk, typename LseFn, typename ColsFn>
+template <typename Tr, typename LseFn, typename ColsFn>
 __device__ __forceinline__ Merged4 merge_partials4(int num_splits, float init_max, LseFn lse_at,
                                                    ColsFn cols_at, float4* stage) {
+  constexpr int kChunk = kMergeChunk;
+  constexpr int kThreads = Tr::kThreads;
+  static_assert(kChunk * kThreads * sizeof(float4) <= Tr::kSmemBytes,
+                "the merge stage fits the CTA's shared memory");
   float mx = init_max;
   float dsum = 0.f;
   float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;

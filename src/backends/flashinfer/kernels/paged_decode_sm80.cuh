@@ -64,11 +64,11 @@ __device__ __forceinline__ void store_merged(const PagedParams& p, int token, in
   }
 }
 
-// Splits merged in one round trip per kMergeChunk of them (merge_splits' path for num_splits <=
-// kMergeOneTrip; a batch-1 kv 32k forward has 16 splits, a balanced cut plan's item up to ~slots /
-// (kv heads x q tiles) + 1 parts): one thread per (row, 4 columns) runs the shared core
-// cuda::ring::merge_partials4 (LSEs in registers, the columns staged by cp.async, online across
-// chunks; a warp's 32 threads share a row at d 128, so a warp's LSE loads are one broadcast
+// Splits merged in one round trip per cuda::ring::kMergeChunk of them (merge_splits' path for
+// num_splits <= kMergeOneTrip; a batch-1 kv 32k forward has 16 splits, a balanced cut plan's item
+// up to ~slots / (kv heads x q tiles) + 1 parts): one thread per (row, 4 columns) runs the shared
+// core cuda::ring::merge_partials4 (LSEs in registers, the columns staged by cp.async, online
+// across chunks; a warp's 32 threads share a row at d 128, so a warp's LSE loads are one broadcast
 // request), the running max starting at the sink. Its unpredicated loads leave every decode
 // kernel's register count as it was (ptxas sm_90a / sm_80). With one chunk the formulas and their
 // order are the staged path's (max with the sink, weights 0 for a split that saw no key, the sum,
@@ -77,8 +77,7 @@ __device__ __forceinline__ void store_merged(const PagedParams& p, int token, in
 // 2026-11-24 07:06Z (--graph --launches 32, three alternated rounds, docs/perf/s18): b1 kv 32k
 // 41.2-41.3 -> 38.6-38.8 us (76.3-77.0 -> 81.4-81.9% of copy), kv 16k 25.1-25.2 -> 22.3, kv 32k
 // fp8 27.5-27.6 -> 24.6; b16 / b64 (no splits) unchanged.
-inline constexpr int kMergeChunk = 16;
-inline constexpr int kMergeOneTrip = 3 * kMergeChunk;
+inline constexpr int kMergeOneTrip = 3 * cuda::ring::kMergeChunk;
 
 template <typename Tr, typename HeadFn, typename TokenFn, typename EntryFn>
 __device__ __forceinline__ void merge_splits_one_trip(const PagedParams& p, int num_splits,
@@ -87,8 +86,6 @@ __device__ __forceinline__ void merge_splits_one_trip(const PagedParams& p, int 
                                                       float4* stage) {
   using QT = typename Tr::QT;
   constexpr int kVec4 = Tr::kHeadDim / 4;
-  static_assert(kMergeChunk * Tr::kThreads * sizeof(float4) <= Tr::kSmemBytes,
-                "the merge stage fits the CTA's shared memory");
 #pragma unroll 1
   for (int c = threadIdx.x; c < rows * kVec4; c += Tr::kThreads) {
     const int r = c / kVec4;
@@ -97,7 +94,7 @@ __device__ __forceinline__ void merge_splits_one_trip(const PagedParams& p, int 
     const int64_t e0 = entry0(r);
     // The running max starts at the sink; with one chunk the result is the staged path's bits.
     const float sink = p.sinks != nullptr ? p.sinks[head] * cuda::kLog2e : -INFINITY;
-    const cuda::ring::Merged4 m = cuda::ring::merge_partials4<Tr::kThreads, kMergeChunk>(
+    const cuda::ring::Merged4 m = cuda::ring::merge_partials4<Tr>(
         num_splits, sink, [&](int s) { return __ldcg(p.partial_lse + e0 + s * stride); },
         [&](int s) { return p.partial_out + (e0 + s * stride) * Tr::kHeadDim + col; }, stage);
     float dsum = m.sum;

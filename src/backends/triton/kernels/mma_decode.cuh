@@ -32,16 +32,12 @@ static_assert(kMmaDecodeGroupTile == cuda::ring::kRows, "the host plans the ring
 // runs the shared core cuda::ring::merge_partials4 (the row's partial LSEs and its 4 columns of up
 // to 16 partials in flight at once, the columns staged in `stage`, the CTA's shared memory, free
 // after attend; then merged online: max, weights 2^(lse - max), 0 for a split that saw no key),
-// one L2 round trip per 16 splits; finalize() adds the sink. `stage` holds kMergeChunk x kThreads
-// float4.
-inline constexpr int kMergeChunk = 16;
+// one L2 round trip per 16 splits; finalize() adds the sink.
 template <typename Tr>
 __device__ __forceinline__ void merge_head_block(const AttentionParams& p, int token, int head0,
                                                  int rows, int num_splits, float4* stage) {
   using QT = typename Tr::QT;
   constexpr int kVec4 = Tr::kHeadDim / 4;
-  static_assert(kMergeChunk * Tr::kThreads * sizeof(float4) <= Tr::kSmemBytes,
-                "the merge stage fits the CTA's shared memory");
   const int64_t split_stride = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
   const int64_t th0 = static_cast<int64_t>(token) * p.num_q_heads + head0;
 #pragma unroll 1
@@ -51,7 +47,7 @@ __device__ __forceinline__ void merge_head_block(const AttentionParams& p, int t
     const float* lse_src = p.partial_lse + th0 + r;
     const float* src = p.partial_out + (th0 + r) * Tr::kHeadDim + col;
     const int64_t step = split_stride * Tr::kHeadDim;
-    const cuda::ring::Merged4 m = cuda::ring::merge_partials4<Tr::kThreads, kMergeChunk>(
+    const cuda::ring::Merged4 m = cuda::ring::merge_partials4<Tr>(
         num_splits, -INFINITY, [&](int s) { return __ldcg(lse_src + s * split_stride); },
         [&](int s) { return src + s * step; }, stage);
     const int qh = head0 + r;
