@@ -156,6 +156,64 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_BLOCKS"), 0);
 }
 
+// The launch order of the decode grid (ATTNKIT_MLA_GRID_ORDER: "parts" = (parts, row tiles),
+// "rows" = (row tiles, parts), unset = auto: rows for the wgmma kernel, parts for mma.sync) only
+// moves CTAs: on both kernels (ATTNKIT_MLA_WGMMA unset / 0), many short requests per CTA with a
+// bf16 cache and a 128-head x s_q 2 verify chain (four 64-row tiles) with an fp8 cache each match
+// the reference, and every order writes the same bits as the auto one.
+TEST(FlashMlaKernels, GridOrdersMatchBitwise) {
+  std::vector<int> lens;
+  for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
+  CaseSpec verify = mla_case("verify_h128_fp8", ForwardMode::kTargetVerify, 64, {700, 129, 64}, 128,
+                             DType::kFP8E4M3);
+  verify.new_lens.clear();
+  verify.spec_draft_tokens = 2;
+  verify.spec_topk = 1;
+  const CaseSpec many = mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16);
+  // Runs `spec` under the current knobs, checks it against the reference and returns the layers'
+  // outputs.
+  const auto outputs = [](const CaseSpec& spec, std::vector<std::vector<uint8_t>>* outs) {
+    SCOPED_TRACE(spec.describe());
+    Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    Result<std::unique_ptr<AttentionBackend>> backend = create_flashmla_backend(pc->context());
+    ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+    const Status run = harness::run_backend(**backend, *pc, /*save_kv=*/true);
+    ASSERT_TRUE(run.is_ok()) << run.to_string();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Result<harness::Comparison> cmp = harness::compare_with_reference(*pc);
+    ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+    EXPECT_EQ(cmp->nan_inf_count, 0) << cmp->summary();
+    EXPECT_TRUE(cmp->passed()) << cmp->summary();
+    outs->clear();
+    for (const harness::LayerData& ld : pc->layers) {
+      std::vector<uint8_t> host(static_cast<size_t>(ld.out.storage_bytes()));
+      ASSERT_EQ(cudaMemcpy(host.data(), ld.out.data, host.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      outs->push_back(std::move(host));
+    }
+  };
+  for (const char* wgmma : {"", "0"}) {
+    SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + wgmma);
+    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA", wgmma, 1), 0);
+    for (const CaseSpec* c : {&many, static_cast<const CaseSpec*>(&verify)}) {
+      ASSERT_EQ(setenv("ATTNKIT_MLA_GRID_ORDER", "", 1), 0);
+      std::vector<std::vector<uint8_t>> auto_out;
+      outputs(*c, &auto_out);
+      for (const char* order : {"parts", "rows"}) {
+        SCOPED_TRACE(std::string("ATTNKIT_MLA_GRID_ORDER=") + order);
+        ASSERT_EQ(setenv("ATTNKIT_MLA_GRID_ORDER", order, 1), 0);
+        std::vector<std::vector<uint8_t>> out;
+        outputs(*c, &out);
+        ASSERT_EQ(out.size(), auto_out.size());
+        for (size_t l = 0; l < out.size(); ++l) EXPECT_TRUE(out[l] == auto_out[l]) << "layer " << l;
+      }
+    }
+  }
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_GRID_ORDER"), 0);
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA"), 0);
+}
+
 // fp8 cache with 64-row tiles (128 heads; 64 heads x s_q 2): by default on an SM90 GPU the wgmma
 // kernel (raw e4m3 bytes by cp.async into the 16-bit stage, converted in place to f16 by the
 // consumer whose S reads the block, Q converted to f16 x 2^-8 per segment, P f16;

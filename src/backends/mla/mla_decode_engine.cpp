@@ -69,6 +69,14 @@ bool fp8_f16_env() { return env_flag("ATTNKIT_MLA_FP8_F16", true); }
 // the batch's contract requires (forward_batch.h).
 bool combine_skip_env() { return env_flag("ATTNKIT_MLA_COMBINE_SKIP", true); }
 
+// ATTNKIT_MLA_GRID_ORDER: "rows" the decode grid's row tiles of one plan part adjacent in launch
+// order, "parts" the parts of one row tile, unset / "auto": rows for the wgmma kernel, parts for
+// the mma.sync ones (MlaDecodeParams::grid_rows_fastest 1 / 0 / 2).
+int grid_rows_fastest_env() {
+  const std::string v = env_choice("ATTNKIT_MLA_GRID_ORDER", {"auto", "parts", "rows"}, "auto");
+  return v == "rows" ? 1 : v == "parts" ? 0 : 2;
+}
+
 std::string str(int64_t v) { return std::to_string(v); }
 
 // Query tokens per request: decode 1, verify N.
@@ -111,6 +119,7 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
   e->mma_prefetch_ = mma_prefetch_env();
   e->fp8_f16_ = fp8_f16_env();
   e->combine_skip_ = combine_skip_env();
+  e->grid_rows_fastest_ = grid_rows_fastest_env();
   return e;
 }
 
@@ -313,6 +322,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.partial_lse = plan_.partial_lse;
   p.num_parts = plan_.num_parts;
   p.use_wgmma = use_wgmma_ ? 1 + wgmma_variant_ : 0;
+  p.grid_rows_fastest = grid_rows_fastest_;
   p.wgmma_diag = wgmma_diag_;  // noload: both kernels; noconvert: the fp8 wgmma path
   p.wgmma_fp8 = wgmma_fp8_ ? 1 : 0;
   p.mma_prefetch = mma_prefetch_;

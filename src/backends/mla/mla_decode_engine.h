@@ -84,6 +84,7 @@ class MlaDecodeEngine {
   // ATTNKIT_MLA_COMBINE_SKIP=0: launch the combine even unsplit. The skip is decided from
   // ForwardBatch::seq_lens_host, which must equal seq_lens (forward_batch.h).
   bool combine_skip_ = true;
+  int grid_rows_fastest_ = 2;  // ATTNKIT_MLA_GRID_ORDER (MlaDecodeParams::grid_rows_fastest)
   MlaDecodeStats stats_;
 
   // The current forward's plan.

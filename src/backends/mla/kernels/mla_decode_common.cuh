@@ -54,12 +54,21 @@ __device__ __forceinline__ float qk_scale_log2(const MlaDecodeParams& p, bool q_
   return q_f16 ? p.scale_log2 * static_cast<float>(1 << kQShiftF16) : p.scale_log2;
 }
 
+// The CTA's plan part and query-row tile (MlaDecodeParams::grid_rows_fastest: which grid axis
+// holds which).
+__device__ __forceinline__ int mla_part(const MlaDecodeParams& p) {
+  return p.grid_rows_fastest != 0 ? static_cast<int>(blockIdx.y) : static_cast<int>(blockIdx.x);
+}
+__device__ __forceinline__ int mla_row_tile(const MlaDecodeParams& p) {
+  return p.grid_rows_fastest != 0 ? static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.y);
+}
+
 // Calls f(b, kv_len, t0, t1, whole, partial) for every request segment of the plan part
-// blockIdx.x (mla_tile_scheduler.h): tiles [t0, t1) of request b, `whole` when that is all of
+// mla_part(p) (mla_tile_scheduler.h): tiles [t0, t1) of request b, `whole` when that is all of
 // it, `partial` the split index of the segment.
 template <typename F>
 __device__ __forceinline__ void for_each_segment(const MlaDecodeParams& p, F&& f) {
-  const int32_t* s = p.sched + static_cast<int64_t>(blockIdx.x) * kSchedWords;
+  const int32_t* s = p.sched + static_cast<int64_t>(mla_part(p)) * kSchedWords;
   const int last = s[2] < p.bs ? s[2] : p.bs - 1;
   for (int b = s[0]; b <= last; ++b) {
     const int kv_len = p.seq_lens[b] + p.kv_len_extra;

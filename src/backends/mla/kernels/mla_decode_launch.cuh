@@ -12,8 +12,24 @@
 
 namespace attnkit::mla {
 
+// MlaDecodeParams::grid_rows_fastest with auto (2) resolved: rows (1) for the wgmma kernel, parts
+// (0) for the mma.sync ones.
+inline MlaDecodeParams decode_grid_order(const MlaDecodeParams& p, bool wgmma) {
+  MlaDecodeParams r = p;
+  if (r.grid_rows_fastest == 2) r.grid_rows_fastest = wgmma ? 1 : 0;
+  return r;
+}
+
+// (parts, row tiles), or (row tiles, parts) with MlaDecodeParams::grid_rows_fastest (resolved).
+inline dim3 decode_grid(const MlaDecodeParams& p, int rows_per_cta) {
+  const unsigned tiles = static_cast<unsigned>((p.rows_per_req + rows_per_cta - 1) / rows_per_cta);
+  const unsigned parts = static_cast<unsigned>(p.num_parts);
+  return p.grid_rows_fastest != 0 ? dim3(tiles, parts) : dim3(parts, tiles);
+}
+
 template <int kWarpsM, int kPage, bool kFp8, bool kF16 = false, bool kPtSmem = false>
-Status launch_decode(const MlaDecodeParams& p, cudaStream_t s) {
+Status launch_decode(const MlaDecodeParams& p_in, cudaStream_t s) {
+  const MlaDecodeParams p = decode_grid_order(p_in, /*wgmma=*/false);
   using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8, kF16, kPtSmem>;
   static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
   if (!attribute_set) {
@@ -22,14 +38,15 @@ Status launch_decode(const MlaDecodeParams& p, cudaStream_t s) {
                                           Traits::kSmemBytes));
     attribute_set = true;
   }
-  const dim3 grid(p.num_parts, (p.rows_per_req + Traits::kRows - 1) / Traits::kRows);
+  const dim3 grid = decode_grid(p, Traits::kRows);
   mla_decode_kernel<Traits><<<grid, Traits::kThreads, Traits::kSmemBytes, s>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }
 
 template <int kPage, int kVariant, bool kFp8 = false>
-Status launch_decode_wgmma(const MlaDecodeParams& p, cudaStream_t s) {
+Status launch_decode_wgmma(const MlaDecodeParams& p_in, cudaStream_t s) {
+  const MlaDecodeParams p = decode_grid_order(p_in, /*wgmma=*/true);
   using Traits = MlaWgmmaTraits<kPage>;
   static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
   if (!attribute_set) {
@@ -38,7 +55,7 @@ Status launch_decode_wgmma(const MlaDecodeParams& p, cudaStream_t s) {
                                           Traits::kSmemBytes));
     attribute_set = true;
   }
-  const dim3 grid(p.num_parts, (p.rows_per_req + Traits::kRows - 1) / Traits::kRows);
+  const dim3 grid = decode_grid(p, Traits::kRows);
   mla_decode_wgmma_kernel<kPage, kVariant, kFp8>
       <<<grid, Traits::kThreads, Traits::kSmemBytes, s>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());

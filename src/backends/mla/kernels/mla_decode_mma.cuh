@@ -621,7 +621,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int tid = threadIdx.x;
   MlaDecodeCta<Traits> cta{
       p, smem, tid, tid & 31, (tid >> 5) / Traits::kWarpsN, (tid >> 5) % Traits::kWarpsN};
-  const int row0 = blockIdx.y * Traits::kRows;
+  const int row0 = mla_row_tile(p) * Traits::kRows;
   for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
     cta.run_segment(b, kv_len, row0, t0, t1, whole, partial);
   });

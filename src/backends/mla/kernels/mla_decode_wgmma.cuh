@@ -273,7 +273,7 @@ struct MlaWgmmaCta {
     using namespace sm90;
     const int tid = threadIdx.x;
     const auto* qg = static_cast<const uint8_t*>(p.q);
-    const int row0 = blockIdx.y * Tr::kRows;
+    const int row0 = mla_row_tile(p) * Tr::kRows;
     mbar_wait(q_empty(), (tcount & 1) ^ 1);
     for (int idx = tid; idx < Tr::kRows * Tr::kChunks; idx += 128) {
       const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
@@ -290,14 +290,16 @@ struct MlaWgmmaCta {
     return p.req_to_token + static_cast<int64_t>(p.req_pool_indices[b]) * p.req_to_token_stride;
   }
 
-  // Thread tid's chunks 8 kb + 4 (tid % 2) + [0, 4) of block kb of K row `key` (global row `row`;
-  // !valid: zero-filled from kvg) into the tile at shared address dst.
+  // Thread tid's chunks 8 kb + 2 i + tid % 2, i in [0, 4), of block kb of K row `key` (global row
+  // `row`; !valid: zero-filled from kvg) into the tile at shared address dst. The two threads of a
+  // key copy the two halves of one 32-byte sector in the same instruction, so every sector crosses
+  // from L2 once (cp.async.cg does not merge across instructions).
   __device__ __forceinline__ static void copy_block_chunks(uint32_t dst, int key, int kb, int tid,
                                                            const uint8_t* row, const uint8_t* kvg,
                                                            bool valid) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int c = 8 * kb + 4 * (tid & 1) + i;
+      const int c = 8 * kb + 2 * i + (tid & 1);
       sm90::cp_async_16(dst + sm90::swizzle_offset(kBlockN, key, c), valid ? row + c * 16 : kvg,
                         valid ? 16 : 0);
     }
@@ -325,7 +327,7 @@ struct MlaWgmmaCta {
         // first fill of both stages no global loads, the consumers recompute stale tiles.
         const bool load = !(p.wgmma_diag == 1 && it >= 2);
         if constexpr (kBlockFull) {
-          // Block kb = chunks [8 kb, 8 kb + 8): thread t copies chunks 8 kb + 4 (t % 2) + [0, 4).
+          // Block kb = chunks [8 kb, 8 kb + 8): thread t copies chunks 8 kb + 2 i + t % 2.
 #pragma unroll 1
           for (int n = 0; n < Tr::kColBlocks; ++n) {
             const int kb = block_at(n);
@@ -432,7 +434,7 @@ struct MlaWgmmaCta {
     auto* f_sh = reinterpret_cast<float*>(smem + Tr::kFOffset);
     auto* l_sh = reinterpret_cast<float*>(smem + Tr::kLOffset);
     uint8_t* p_sh = smem + Tr::kPOffset;
-    const int row0 = blockIdx.y * Tr::kRows;
+    const int row0 = mla_row_tile(p) * Tr::kRows;
     int it = 0, tcount = 0;
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
       const int n = t1 - t0;
@@ -595,7 +597,7 @@ struct MlaWgmmaCta {
   __device__ void write_out(const float (&o)[128], const float (&denom)[2], const float (&m_fin)[2],
                             int b, bool whole, int partial, int r_lo, int lane) const {
     const float kNegInf = -__int_as_float(0x7f800000);
-    const int row0 = blockIdx.y * Tr::kRows;
+    const int row0 = mla_row_tile(p) * Tr::kRows;
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       const int m = row0 + r_lo + 8 * x;
@@ -643,8 +645,9 @@ struct MlaWgmmaCta {
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
       const int32_t* tok = page_table_row(b);
       load_q(b, tcount++);
-      // K tiles: thread t copies key t / 2: of 64-column block kb the bf16 chunks 8 kb + 4 (t % 2)
-      // + [0, 4) (copy_block_chunks), fp8 the raw chunks 4 kb + 2 (t % 2) + [0, 2) (copy_fp8_raw).
+      // K tiles: thread t copies key t / 2: of 64-column block kb the bf16 chunks 8 kb + 2 i + t %
+      // 2, i in [0, 4) (copy_block_chunks), fp8 the raw chunks 4 kb + 2 i + t % 2, i in [0, 2)
+      // (copy_fp8_raw).
       const int key = tid >> 1;
       for (int a = t0; a < t1; a += 2, ++pc) {
         // kSkipPhantom: an odd segment's last pair leaves stage 1 alone (no loads, no phase).
@@ -691,13 +694,14 @@ struct MlaWgmmaCta {
 
   // ---- fp8 cache (kFp8): raw loads, conversion by the consumers ----
   // Producer thread t copies the raw e4m3 bytes of key t / 2 of a block (fp8 chunks 4 kb + f, f =
-  // 2 (t % 2) + [0, 2), 16 values each) by cp.async into the first of the two f16 chunks each
-  // becomes (chunk 8 kb + 2 f of the stage; !valid: zero-filled), arriving on raw_full.
+  // 2 i + t % 2, i in [0, 2), 16 values each: the two threads of a key read one 32-byte sector per
+  // instruction) by cp.async into the first of the two f16 chunks each becomes (chunk 8 kb + 2 f of
+  // the stage; !valid: zero-filled), arriving on raw_full.
   __device__ __forceinline__ static void copy_fp8_raw(uint32_t dst, int key, int kb, int tid,
                                                       const uint8_t* row, const uint8_t* kvg,
                                                       bool valid) {
 #pragma unroll
-    for (int f = 2 * (tid & 1); f < 2 * (tid & 1) + 2; ++f) {
+    for (int f = tid & 1; f < 4; f += 2) {
       sm90::cp_async_16(dst + sm90::swizzle_offset(kBlockN, key, 8 * kb + 2 * f),
                         valid ? row + (4 * kb + f) * 16 : kvg, valid ? 16 : 0);
     }
@@ -853,7 +857,7 @@ struct MlaWgmmaCta {
     float* m1_sh = x_sh + 2 * Tr::kRows;  // m after tile a + 1 (consumer 1)
     float* sc1_sh = x_sh + 3 * Tr::kRows;
     auto* l_sh = reinterpret_cast<float*>(smem + Tr::kLOffset);
-    const int row0 = blockIdx.y * Tr::kRows;
+    const int row0 = mla_row_tile(p) * Tr::kRows;
     int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
       int limit[2];
