@@ -83,9 +83,9 @@ struct MlaDecodeParams {
   // Launch order of the decode grid: 0 (ATTNKIT_MLA_GRID_ORDER=parts) grid (num_parts, row
   // tiles), the parts of one row tile adjacent; 1 (=rows) grid (row tiles, num_parts), the row
   // tiles of one part (which stream the same keys) adjacent in launch order; 2 (default, auto)
-  // resolved at the launch (decode_grid_order): rows for the wgmma kernel (H200 2026-11-24
-  // session 21: 128 heads bf16 1.5-3% faster, fp8 the same), parts for the mma.sync kernels (not
-  // measured). mla_part() / mla_row_tile() read the CTA's indices either way.
+  // resolved at the launch (decode_grid_order): rows for the wgmma kernel (2026-11-24 session 21,
+  // 128 heads bf16: H200 1.5-3% faster, H100 10-15%; fp8 the same), parts for the mma.sync
+  // kernels (not measured). mla_part() / mla_row_tile() read the CTA's indices either way.
   int grid_rows_fastest = 2;
 
   // Plan (written on the device by the schedule kernel once per forward).
