@@ -49,8 +49,10 @@ CaseSpec mla_case(std::string name, ForwardMode mode, int page, std::vector<int>
   return c;
 }
 
-// `stats_out`, when set, receives the backend's MLA engine counters.
-void run_and_compare(const CaseSpec& spec, bool save_kv, mla::MlaDecodeStats* stats_out = nullptr) {
+// `stats_out`, when set, receives the backend's MLA engine counters; `outs`, the layers' outputs
+// (bytes).
+void run_and_compare(const CaseSpec& spec, bool save_kv, mla::MlaDecodeStats* stats_out = nullptr,
+                     std::vector<std::vector<uint8_t>>* outs = nullptr) {
   SCOPED_TRACE(spec.describe());
   Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
   ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
@@ -67,6 +69,15 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, mla::MlaDecodeStats* st
     const mla::MlaDecodeStats* stats = mla_paged_stats(**backend);
     ASSERT_NE(stats, nullptr);
     *stats_out = *stats;
+  }
+  if (outs != nullptr) {
+    outs->clear();
+    for (const harness::LayerData& ld : pc->layers) {
+      std::vector<uint8_t> host(static_cast<size_t>(ld.out.storage_bytes()));
+      ASSERT_EQ(cudaMemcpy(host.data(), ld.out.data, host.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      outs->push_back(std::move(host));
+    }
   }
 }
 
@@ -170,41 +181,18 @@ TEST(FlashMlaKernels, GridOrdersMatchBitwise) {
   verify.spec_draft_tokens = 2;
   verify.spec_topk = 1;
   const CaseSpec many = mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16);
-  // Runs `spec` under the current knobs, checks it against the reference and returns the layers'
-  // outputs.
-  const auto outputs = [](const CaseSpec& spec, std::vector<std::vector<uint8_t>>* outs) {
-    SCOPED_TRACE(spec.describe());
-    Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
-    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
-    Result<std::unique_ptr<AttentionBackend>> backend = create_flashmla_backend(pc->context());
-    ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
-    const Status run = harness::run_backend(**backend, *pc, /*save_kv=*/true);
-    ASSERT_TRUE(run.is_ok()) << run.to_string();
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    Result<harness::Comparison> cmp = harness::compare_with_reference(*pc);
-    ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
-    EXPECT_EQ(cmp->nan_inf_count, 0) << cmp->summary();
-    EXPECT_TRUE(cmp->passed()) << cmp->summary();
-    outs->clear();
-    for (const harness::LayerData& ld : pc->layers) {
-      std::vector<uint8_t> host(static_cast<size_t>(ld.out.storage_bytes()));
-      ASSERT_EQ(cudaMemcpy(host.data(), ld.out.data, host.size(), cudaMemcpyDeviceToHost),
-                cudaSuccess);
-      outs->push_back(std::move(host));
-    }
-  };
   for (const char* wgmma : {"", "0"}) {
     SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + wgmma);
     ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA", wgmma, 1), 0);
     for (const CaseSpec* c : {&many, static_cast<const CaseSpec*>(&verify)}) {
       ASSERT_EQ(setenv("ATTNKIT_MLA_GRID_ORDER", "", 1), 0);
       std::vector<std::vector<uint8_t>> auto_out;
-      outputs(*c, &auto_out);
+      run_and_compare(*c, true, nullptr, &auto_out);
       for (const char* order : {"parts", "rows"}) {
         SCOPED_TRACE(std::string("ATTNKIT_MLA_GRID_ORDER=") + order);
         ASSERT_EQ(setenv("ATTNKIT_MLA_GRID_ORDER", order, 1), 0);
         std::vector<std::vector<uint8_t>> out;
-        outputs(*c, &out);
+        run_and_compare(*c, true, nullptr, &out);
         ASSERT_EQ(out.size(), auto_out.size());
         for (size_t l = 0; l < out.size(); ++l) EXPECT_TRUE(out[l] == auto_out[l]) << "layer " << l;
       }
