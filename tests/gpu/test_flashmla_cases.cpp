@@ -171,7 +171,8 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
 // "rows" = (row tiles, parts), unset = auto: rows for the wgmma kernel, parts for mma.sync) only
 // moves CTAs: on both kernels (ATTNKIT_MLA_WGMMA unset / 0), many short requests per CTA with a
 // bf16 cache and a 128-head x s_q 2 verify chain (four 64-row tiles) with an fp8 cache each match
-// the reference, and every order writes the same bits as the auto one.
+// the reference, every order writes the same bits as the auto one, and the engine's counters say
+// which kernel and which order ran (MlaDecodeStats::wgmma_fp8_runs / grid_rows_runs).
 TEST(FlashMlaKernels, GridOrdersMatchBitwise) {
   std::vector<int> lens;
   for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
@@ -181,18 +182,32 @@ TEST(FlashMlaKernels, GridOrdersMatchBitwise) {
   verify.spec_draft_tokens = 2;
   verify.spec_topk = 1;
   const CaseSpec many = mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16);
+  int cc_major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  const bool sm90 = cc_major == 9 && mla::wgmma_available();
+  const int64_t layers = harness::PrepareOptions{}.num_layers;
+  ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_FP8", "", 1), 0);
   for (const char* wgmma : {"", "0"}) {
     SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + wgmma);
     ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA", wgmma, 1), 0);
+    const bool on_wgmma = sm90 && *wgmma == '\0';
     for (const CaseSpec* c : {&many, static_cast<const CaseSpec*>(&verify)}) {
-      ASSERT_EQ(setenv("ATTNKIT_MLA_GRID_ORDER", "", 1), 0);
+      const bool fp8 = c->kv_dtype == DType::kFP8E4M3;
       std::vector<std::vector<uint8_t>> auto_out;
-      run_and_compare(*c, true, nullptr, &auto_out);
-      for (const char* order : {"parts", "rows"}) {
+      for (const char* order : {"", "parts", "rows"}) {
         SCOPED_TRACE(std::string("ATTNKIT_MLA_GRID_ORDER=") + order);
         ASSERT_EQ(setenv("ATTNKIT_MLA_GRID_ORDER", order, 1), 0);
+        mla::MlaDecodeStats stats;
         std::vector<std::vector<uint8_t>> out;
-        run_and_compare(*c, true, nullptr, &out);
+        run_and_compare(*c, true, &stats, &out);
+        EXPECT_EQ(stats.wgmma_fp8_runs, fp8 && on_wgmma ? layers : 0);
+        const std::string o = order;
+        const bool rows = o == "rows" || (o.empty() && on_wgmma);
+        EXPECT_EQ(stats.grid_rows_runs, rows ? layers : 0);
+        if (o.empty()) {
+          auto_out = std::move(out);
+          continue;
+        }
         ASSERT_EQ(out.size(), auto_out.size());
         for (size_t l = 0; l < out.size(); ++l) EXPECT_TRUE(out[l] == auto_out[l]) << "layer " << l;
       }
@@ -200,6 +215,7 @@ TEST(FlashMlaKernels, GridOrdersMatchBitwise) {
   }
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_GRID_ORDER"), 0);
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA"), 0);
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_FP8"), 0);
 }
 
 // fp8 cache with 64-row tiles (128 heads; 64 heads x s_q 2): by default on an SM90 GPU the wgmma

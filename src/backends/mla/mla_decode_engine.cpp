@@ -332,6 +332,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   ++stats_.runs;
   if (p.skip_combine == 0) ++stats_.combine_launches;
   if (quant && fp8_on_wgmma(p, page_size_)) ++stats_.wgmma_fp8_runs;
+  if (resolved_grid_rows_fastest(p, runs_wgmma(p, page_size_, quant)) != 0) ++stats_.grid_rows_runs;
   return Status::ok();
 }
 

@@ -22,6 +22,7 @@ struct MlaDecodeStats {
   int64_t runs = 0;              // layers run (decode kernel launches)
   int64_t combine_launches = 0;  // runs that launched the LSE combine kernel (MlaDecodeParams)
   int64_t wgmma_fp8_runs = 0;    // fp8-cache runs on the wgmma kernel (64-row tiles, SM90)
+  int64_t grid_rows_runs = 0;    // runs whose grid had the row tiles of a part adjacent (rows)
 };
 
 class MlaDecodeEngine {

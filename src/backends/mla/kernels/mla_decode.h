@@ -28,6 +28,16 @@ inline bool fp8_on_wgmma(const MlaDecodeParams& p, int page_size) {
   return page_size != 1 && p.use_wgmma != 0 && p.wgmma_fp8 != 0 &&
          rows_per_cta(p.rows_per_req) == 64;
 }
+// Whether run_decode launches the sm_90a wgmma kernel: fp8 as fp8_on_wgmma, bf16 where the kernel
+// is enabled (p.use_wgmma) and the tiles have 64 rows.
+inline bool runs_wgmma(const MlaDecodeParams& p, int page_size, bool fp8) {
+  return fp8 ? fp8_on_wgmma(p, page_size) : p.use_wgmma != 0 && rows_per_cta(p.rows_per_req) == 64;
+}
+// MlaDecodeParams::grid_rows_fastest with auto (2) resolved: rows (1) for the wgmma kernel, parts
+// (0) for the mma.sync ones. The launcher and MlaDecodeStats::grid_rows_runs use it.
+inline int resolved_grid_rows_fastest(const MlaDecodeParams& p, bool wgmma) {
+  return p.grid_rows_fastest == 2 ? (wgmma ? 1 : 0) : p.grid_rows_fastest;
+}
 inline int row_tiles(int rows_per_req) {
   const int r = rows_per_cta(rows_per_req);
   return (rows_per_req + r - 1) / r;

@@ -12,11 +12,10 @@
 
 namespace attnkit::mla {
 
-// MlaDecodeParams::grid_rows_fastest with auto (2) resolved: rows (1) for the wgmma kernel, parts
-// (0) for the mma.sync ones.
+// p with MlaDecodeParams::grid_rows_fastest resolved (resolved_grid_rows_fastest, mla_decode.h).
 inline MlaDecodeParams decode_grid_order(const MlaDecodeParams& p, bool wgmma) {
   MlaDecodeParams r = p;
-  if (r.grid_rows_fastest == 2) r.grid_rows_fastest = wgmma ? 1 : 0;
+  r.grid_rows_fastest = resolved_grid_rows_fastest(p, wgmma);
   return r;
 }
 

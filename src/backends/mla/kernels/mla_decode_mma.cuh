@@ -613,7 +613,8 @@ struct MlaDecodeCta {
   }
 };
 
-// grid: (num_parts, ceil(rows_per_req / kRows)) block: (kThreads), dynamic smem kSmemBytes.
+// grid: (num_parts, ceil(rows_per_req / kRows)), or the two swapped with p.grid_rows_fastest
+// (decode_grid; mla_part / mla_row_tile read either) block: (kThreads), dynamic smem kSmemBytes.
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     mla_decode_kernel(const __grid_constant__ MlaDecodeParams p) {

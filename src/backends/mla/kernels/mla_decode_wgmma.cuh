@@ -1113,7 +1113,9 @@ struct MlaWgmmaCta {
   }
 };
 
-// grid: (num_parts, ceil(rows_per_req / 64)), block 384, dynamic smem Tr::kSmemBytes.
+// grid: (num_parts, ceil(rows_per_req / 64)), or the two swapped with p.grid_rows_fastest (the
+// default for this kernel: decode_grid; mla_part / mla_row_tile read either), block 384, dynamic
+// smem Tr::kSmemBytes.
 template <int kPage, int kVariant = 3, bool kFp8 = false>
 __global__ void __launch_bounds__(384, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ MlaDecodeParams p) {
