@@ -87,11 +87,13 @@ bool decode_schedule_splits(const CaseSpec& spec) {
   const Result<DeviceInfo> dev = detect_cuda(0);
   EXPECT_TRUE(dev.is_ok());
   const int bs = spec.batch_size();
-  const int parts = mla::num_parts(dev.is_ok() ? dev->sm_count : 1, spec.num_q_heads);
+  const int rows = spec.num_q_heads;
+  const int parts = mla::num_parts(dev.is_ok() ? dev->sm_count : 1, rows);
   std::vector<int32_t> sched(static_cast<size_t>(parts) * mla::kSchedWords);
   std::vector<int32_t> split(static_cast<size_t>(bs) + 1);
   mla::build_schedule(
-      bs, parts, [&](int b) { return spec.prefix_lens[static_cast<size_t>(b)] + 1; }, sched.data(),
+      bs, parts, mla::schedule_min_parts(parts, mla::rows_per_cta(rows), mla::row_tiles(rows)),
+      [&](int b) { return spec.prefix_lens[static_cast<size_t>(b)] + 1; }, sched.data(),
       split.data());
   for (int b = 0; b < bs; ++b) {
     if (split[static_cast<size_t>(b) + 1] - split[static_cast<size_t>(b)] > 1) return true;

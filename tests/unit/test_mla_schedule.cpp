@@ -19,20 +19,21 @@ struct Schedule {
   std::vector<int32_t> sched, indptr;
 };
 
-Schedule build(const std::vector<int>& lens, int parts) {
+// min_parts < 0: parts (every part used as before session 21).
+Schedule build(const std::vector<int>& lens, int parts, int min_parts = -1) {
   Schedule s;
   s.sched.assign(static_cast<size_t>(parts) * kSchedWords, -1);
   s.indptr.assign(lens.size() + 1, -1);
   build_schedule(
-      static_cast<int>(lens.size()), parts, [&](int b) { return lens[static_cast<size_t>(b)]; },
-      s.sched.data(), s.indptr.data());
+      static_cast<int>(lens.size()), parts, min_parts < 0 ? parts : min_parts,
+      [&](int b) { return lens[static_cast<size_t>(b)]; }, s.sched.data(), s.indptr.data());
   return s;
 }
 
 // Walks the schedule as the kernel does; checks coverage and partial indices; returns the
 // per-part cost (tiles + overhead per segment).
-std::vector<int64_t> check(const std::vector<int>& lens, int parts) {
-  const Schedule s = build(lens, parts);
+std::vector<int64_t> check(const std::vector<int>& lens, int parts, int min_parts = -1) {
+  const Schedule s = build(lens, parts, min_parts);
   const int bs = static_cast<int>(lens.size());
   std::vector<std::vector<int>> covered(static_cast<size_t>(bs));
   std::vector<int> partials;
@@ -107,6 +108,54 @@ TEST(MlaSchedule, UniformBatchKeepsRequestsWhole) {
   const std::vector<int64_t> few = check(std::vector<int>(4, 16384), 132);
   EXPECT_EQ(std::count(few.begin(), few.end(), 13), 128);
   EXPECT_EQ(build(std::vector<int>(4, 16384), 132).indptr.back(), 128);
+}
+
+// Fewer parts where that keeps every request whole (build_schedule's min_parts; the 64-row tiles
+// may leave kScheduleIdleSms SMs idle): batch 128 x kv 8192 (128 tiles each) over 66 parts splits
+// (payload ceil(128 * 133 / 66) + 5 = 263: the second request of a part gets 125 of its 128
+// tiles); 65 parts (payload 267) hold two whole requests each in 64 of them, so that is the
+// schedule, and parts 64 and 65 get nothing. A batch that no part count in range keeps whole keeps
+// all 66 parts (and its splits); every tile is still covered once either way (check).
+TEST(MlaSchedule, FewerPartsWhenThatKeepsRequestsWhole) {
+  EXPECT_EQ(schedule_min_parts(66, 64, 2), 64);
+  EXPECT_EQ(schedule_min_parts(33, 64, 4), 32);
+  EXPECT_EQ(schedule_min_parts(16, 64, 8), 16);
+  EXPECT_EQ(schedule_min_parts(132, 16, 1), 132) << "16-row tiles keep one part per SM";
+  EXPECT_EQ(schedule_min_parts(66, 32, 2), 66);
+  EXPECT_EQ(schedule_min_parts(2, 64, 2), 1);
+  const std::vector<int> kv8k(128, 8192);
+  EXPECT_GT(build(kv8k, 66).indptr.back(), 128) << "66 parts split requests";
+  const Schedule s = build(kv8k, 66, 64);
+  EXPECT_EQ(s.indptr.back(), 128) << "no request is split";
+  const std::vector<int64_t> cost = check(kv8k, 66, 64);
+  EXPECT_EQ(std::count(cost.begin(), cost.end(), 2 * 133), 64);
+  EXPECT_EQ(cost[64], 0);
+  EXPECT_EQ(cost[65], 0);
+  for (int part = 64; part < 66; ++part) {
+    EXPECT_EQ(s.sched[static_cast<size_t>(part) * kSchedWords], 128);
+    EXPECT_EQ(s.sched[static_cast<size_t>(part) * kSchedWords + 2], 128);
+  }
+  // s_q 2 x 128 heads (four 64-row tiles): 33 parts split b128 x kv 4k, 32 keep quads whole.
+  EXPECT_EQ(build(std::vector<int>(128, 4097), 33, 32).indptr.back(), 128);
+  EXPECT_GT(build(std::vector<int>(128, 4097), 33).indptr.back(), 128);
+  // Uneven lengths: no part count in [64, 66] keeps them whole, so all 66 are used as before.
+  std::vector<int> uneven;
+  for (int b = 0; b < 97; ++b) uneven.push_back(1000 + 611 * b % 9000);
+  const Schedule u = build(uneven, 66, 64);
+  const Schedule u66 = build(uneven, 66);
+  EXPECT_EQ(u.sched, u66.sched);
+  EXPECT_EQ(u.indptr, u66.indptr);
+  check(uneven, 66, 64);
+  // Random batches with the slack: coverage and partial indices hold.
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int bs = 1 + static_cast<int>(rng() % 200);
+    const int parts = 2 + static_cast<int>(rng() % 70);
+    std::vector<int> lens(static_cast<size_t>(bs));
+    const int base = static_cast<int>(rng() % 9000);
+    for (int& n : lens) n = trial % 2 == 0 ? base : static_cast<int>(rng() % 9000);
+    check(lens, parts, std::max(1, parts - 2));
+  }
 }
 
 TEST(MlaSchedule, RowTilesAndParts) {

@@ -163,7 +163,8 @@ Status MlaDecodeEngine::schedule(ForwardMode mode, int bs, int s_q, const Tensor
   p.seq_lens = seq_lens.data_as<const int32_t>();
   p.kv_len_extra = kv_len_extra(mode, s_q);
   p.bs = bs;
-  p.num_parts = num_parts(sm_count_, s_q * ctx_.num_q_heads);
+  p.rows_per_req = s_q * ctx_.num_q_heads;
+  p.num_parts = num_parts(sm_count_, p.rows_per_req);
   return launch_schedule(p, sched, split_indptr, stream);
 }
 
@@ -197,8 +198,9 @@ Status MlaDecodeEngine::plan(const ForwardBatch& batch, StreamHandle stream) {
     std::vector<int32_t> sched(static_cast<size_t>(parts) * kSchedWords);
     std::vector<int32_t> split(static_cast<size_t>(bs) + 1);
     build_schedule(
-        bs, parts, [&](int b) { return batch.seq_lens_host[static_cast<size_t>(b)] + extra; },
-        sched.data(), split.data());
+        bs, parts, schedule_min_parts(parts, rows_per_cta(rows), row_tiles(rows)),
+        [&](int b) { return batch.seq_lens_host[static_cast<size_t>(b)] + extra; }, sched.data(),
+        split.data());
     bool any_split = false;
     for (int b = 0; b < bs && !any_split; ++b) any_split = split[b + 1] - split[b] > 1;
     plan_.need_combine = any_split;

@@ -16,10 +16,12 @@ namespace attnkit::mla {
 
 // grid: (1) block: (32); lane 0 writes the schedule (a few microseconds for hundreds of requests).
 __global__ void mla_schedule_kernel(const int32_t* seq_lens, int kv_len_extra, int bs,
-                                    int num_parts, int32_t* sched, int32_t* split_indptr) {
+                                    int num_parts, int min_parts, int32_t* sched,
+                                    int32_t* split_indptr) {
   if (threadIdx.x != 0) return;
   build_schedule(
-      bs, num_parts, [&](int b) { return seq_lens[b] + kv_len_extra; }, sched, split_indptr);
+      bs, num_parts, min_parts, [&](int b) { return seq_lens[b] + kv_len_extra; }, sched,
+      split_indptr);
 }
 
 inline constexpr int kCombineWarps = 8;

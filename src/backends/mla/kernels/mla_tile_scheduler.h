@@ -33,20 +33,25 @@ ATTNKIT_MLA_HD inline int num_tiles(int kv_len) {
   return n > 0 ? n : 1;  // an empty request still gets one (fully masked) tile: it writes zeros
 }
 
-// kv_len(b) for b in [0, bs); sched: [num_parts, kSchedWords]; split_indptr: [bs + 1].
+// The walk of build_schedule over exactly num_parts parts: writes sched / split_indptr where they
+// are not null (a dry run otherwise, which stops at the first split) and returns whether some
+// request was split.
 template <typename KvLen>
-ATTNKIT_MLA_HD void build_schedule(int bs, int num_parts, KvLen kv_len, int32_t* sched,
-                                   int32_t* split_indptr) {
+ATTNKIT_MLA_HD bool walk_schedule(int bs, int num_parts, KvLen kv_len, int32_t* sched,
+                                  int32_t* split_indptr) {
   int64_t total = 0;
   for (int b = 0; b < bs; ++b) total += num_tiles(kv_len(b)) + kFixedOverheadTiles;
   const int64_t payload = (total + num_parts - 1) / num_parts + kFixedOverheadTiles;
   int req = 0, tile = 0, split = 0, segments = 0;
-  split_indptr[0] = 0;
+  bool any_split = false;
+  if (split_indptr != nullptr) split_indptr[0] = 0;
   for (int part = 0; part < num_parts; ++part) {
-    int32_t* s = sched + static_cast<int64_t>(part) * kSchedWords;
-    s[0] = req;
-    s[1] = tile;
-    s[4] = split;
+    int32_t* s = sched != nullptr ? sched + static_cast<int64_t>(part) * kSchedWords : nullptr;
+    if (s != nullptr) {
+      s[0] = req;
+      s[1] = tile;
+      s[4] = split;
+    }
     const bool last = part == num_parts - 1;
     int64_t remain = payload;
     while (req < bs) {
@@ -54,7 +59,7 @@ ATTNKIT_MLA_HD void build_schedule(int bs, int num_parts, KvLen kv_len, int32_t*
       if (last || remain >= left + kFixedOverheadTiles) {
         remain -= left + kFixedOverheadTiles;
         segments += split + 1;
-        split_indptr[req + 1] = segments;
+        if (split_indptr != nullptr) split_indptr[req + 1] = segments;
         ++req;
         tile = 0;
         split = 0;
@@ -63,12 +68,54 @@ ATTNKIT_MLA_HD void build_schedule(int bs, int num_parts, KvLen kv_len, int32_t*
         if (take > 0) {
           tile += static_cast<int>(take);
           ++split;
+          any_split = true;
+          if (s == nullptr) return true;
         }
         break;
       }
     }
-    s[2] = req;
-    s[3] = tile;
+    if (s != nullptr) {
+      s[2] = req;
+      s[3] = tile;
+    }
+  }
+  return any_split;
+}
+
+// Fewest parts a schedule may use (schedule_min_parts): the wgmma kernel's 64-row tiles (128
+// heads; 64 x s_q 2) may leave up to kScheduleIdleSms SMs idle when that keeps every request whole.
+// H100 2026-11-24 15:06Z (docs/perf/mla_notes.md session 21 item 9): b128, 128 heads, 64 parts
+// instead of 66 (no split, no combine) kv 8k -4%, s_q 2 (32 instead of 33) -3%, kv 4k (already
+// unsplit) the same. The 16 / 32-row tiles (memory-bound) keep one part per SM.
+inline constexpr int kScheduleIdleSms = 4;
+ATTNKIT_MLA_HD inline int schedule_min_parts(int num_parts, int rows_per_cta, int row_tiles) {
+  if (rows_per_cta != 64) return num_parts;
+  const int p = num_parts - kScheduleIdleSms / row_tiles;
+  return p > 1 ? p : 1;
+}
+
+// kv_len(b) for b in [0, bs); sched: [num_parts, kSchedWords]; split_indptr: [bs + 1]. Uses the
+// most parts n in [min_parts, num_parts] whose schedule splits no request (num_parts when none
+// does); parts n .. num_parts - 1 get no work (s[0] = s[2] = bs: their CTAs exit).
+template <typename KvLen>
+ATTNKIT_MLA_HD void build_schedule(int bs, int num_parts, int min_parts, KvLen kv_len,
+                                   int32_t* sched, int32_t* split_indptr) {
+  int parts = num_parts;
+  for (int n = num_parts; n >= min_parts && n >= 1; --n) {
+    if (!walk_schedule(bs, n, kv_len, static_cast<int32_t*>(nullptr),
+                       static_cast<int32_t*>(nullptr))) {
+      parts = n;
+      break;
+    }
+  }
+  walk_schedule(bs, parts, kv_len, sched, split_indptr);
+  for (int part = parts; part < num_parts; ++part) {
+    int32_t* s = sched + static_cast<int64_t>(part) * kSchedWords;
+    s[0] = bs;
+    s[1] = 0;
+    s[2] = bs;
+    s[3] = 0;
+    s[4] = 0;
   }
 }
 
