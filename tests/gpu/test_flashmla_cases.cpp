@@ -92,7 +92,7 @@ bool decode_schedule_splits(const CaseSpec& spec) {
   std::vector<int32_t> sched(static_cast<size_t>(parts) * mla::kSchedWords);
   std::vector<int32_t> split(static_cast<size_t>(bs) + 1);
   mla::build_schedule(
-      bs, parts, mla::schedule_min_parts(parts, mla::rows_per_cta(rows), mla::row_tiles(rows)),
+      bs, parts, mla::schedule_min_parts(parts, rows),
       [&](int b) { return spec.prefix_lens[static_cast<size_t>(b)] + 1; }, sched.data(),
       split.data());
   for (int b = 0; b < bs; ++b) {

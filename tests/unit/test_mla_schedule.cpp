@@ -117,12 +117,12 @@ TEST(MlaSchedule, UniformBatchKeepsRequestsWhole) {
 // schedule, and parts 64 and 65 get nothing. A batch that no part count in range keeps whole keeps
 // all 66 parts (and its splits); every tile is still covered once either way (check).
 TEST(MlaSchedule, FewerPartsWhenThatKeepsRequestsWhole) {
-  EXPECT_EQ(schedule_min_parts(66, 64, 2), 64);
-  EXPECT_EQ(schedule_min_parts(33, 64, 4), 32);
-  EXPECT_EQ(schedule_min_parts(16, 64, 8), 16);
-  EXPECT_EQ(schedule_min_parts(132, 16, 1), 132) << "16-row tiles keep one part per SM";
-  EXPECT_EQ(schedule_min_parts(66, 32, 2), 66);
-  EXPECT_EQ(schedule_min_parts(2, 64, 2), 1);
+  EXPECT_EQ(schedule_min_parts(66, 128), 64);  // 64-row tiles x 2
+  EXPECT_EQ(schedule_min_parts(33, 256), 32);  // x 4
+  EXPECT_EQ(schedule_min_parts(16, 512), 16);  // x 8: 4 idle SMs are not a whole part
+  EXPECT_EQ(schedule_min_parts(132, 16), 132) << "16-row tiles keep one part per SM";
+  EXPECT_EQ(schedule_min_parts(132, 32), 132) << "32-row tiles keep one part per SM";
+  EXPECT_EQ(schedule_min_parts(2, 128), 1);
   const std::vector<int> kv8k(128, 8192);
   EXPECT_GT(build(kv8k, 66).indptr.back(), 128) << "66 parts split requests";
   const Schedule s = build(kv8k, 66, 64);

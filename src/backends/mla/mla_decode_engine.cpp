@@ -198,7 +198,7 @@ Status MlaDecodeEngine::plan(const ForwardBatch& batch, StreamHandle stream) {
     std::vector<int32_t> sched(static_cast<size_t>(parts) * kSchedWords);
     std::vector<int32_t> split(static_cast<size_t>(bs) + 1);
     build_schedule(
-        bs, parts, schedule_min_parts(parts, rows_per_cta(rows), row_tiles(rows)),
+        bs, parts, schedule_min_parts(parts, rows),
         [&](int b) { return batch.seq_lens_host[static_cast<size_t>(b)] + extra; }, sched.data(),
         split.data());
     bool any_split = false;

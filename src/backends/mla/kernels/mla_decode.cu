@@ -21,8 +21,7 @@ int max_smem_bytes() {
 
 Status launch_schedule(const MlaDecodeParams& p, int32_t* sched, int32_t* split_indptr,
                        StreamHandle stream) {
-  const int min_parts =
-      schedule_min_parts(p.num_parts, rows_per_cta(p.rows_per_req), row_tiles(p.rows_per_req));
+  const int min_parts = schedule_min_parts(p.num_parts, p.rows_per_req);
   mla_schedule_kernel<<<1, 32, 0, cuda::to_stream(stream)>>>(
       p.seq_lens, p.kv_len_extra, p.bs, p.num_parts, min_parts, sched, split_indptr);
   ATTNKIT_CUDA_TRY(cudaGetLastError());

@@ -49,6 +49,17 @@ inline int num_parts(int num_sms, int rows_per_req) {
   const int parts = num_sms / row_tiles(rows_per_req);
   return parts > 0 ? parts : 1;
 }
+// Fewest parts a schedule of num_parts may use (build_schedule's min_parts): the wgmma kernel's
+// 64-row tiles (128 heads; 64 x s_q 2) may leave up to kScheduleIdleSms SMs idle when that keeps
+// every request whole. H100 2026-11-24 15:06Z (docs/perf/mla_notes.md session 21 item 9): b128,
+// 128 heads, 64 parts instead of 66 (no split, no combine) kv 8k -4%, s_q 2 (32 instead of 33)
+// -3%, kv 4k (already unsplit) the same. The 16 / 32-row tiles (memory-bound) keep one part per SM.
+inline constexpr int kScheduleIdleSms = 4;
+inline int schedule_min_parts(int num_parts, int rows_per_req) {
+  if (rows_per_cta(rows_per_req) != 64) return num_parts;
+  const int p = num_parts - kScheduleIdleSms / row_tiles(rows_per_req);
+  return p > 1 ? p : 1;
+}
 
 // Largest dynamic shared memory any instantiation needs (bytes): the device's opt-in limit must
 // reach it.

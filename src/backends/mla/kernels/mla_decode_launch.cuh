@@ -86,7 +86,7 @@ template <int kPage, bool kFp8>
 Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
   const MlaDecodeParams p = resolve_prefetch(p_in, rows_per_cta(p_in.rows_per_req), kFp8, kPage);
   if constexpr (!kFp8) {
-    if (p.use_wgmma != 0 && rows_per_cta(p.rows_per_req) == 64) {
+    if (runs_wgmma(p, kPage, /*fp8=*/false)) {
       if (p.use_wgmma == 1) return launch_decode_wgmma<kPage, 0>(p, s);
       if (p.use_wgmma == 2) return launch_decode_wgmma<kPage, 1>(p, s);
       if (p.use_wgmma == 3) return launch_decode_wgmma<kPage, 2>(p, s);

@@ -82,28 +82,16 @@ ATTNKIT_MLA_HD bool walk_schedule(int bs, int num_parts, KvLen kv_len, int32_t* 
   return any_split;
 }
 
-// Fewest parts a schedule may use (schedule_min_parts): the wgmma kernel's 64-row tiles (128
-// heads; 64 x s_q 2) may leave up to kScheduleIdleSms SMs idle when that keeps every request whole.
-// H100 2026-11-24 15:06Z (docs/perf/mla_notes.md session 21 item 9): b128, 128 heads, 64 parts
-// instead of 66 (no split, no combine) kv 8k -4%, s_q 2 (32 instead of 33) -3%, kv 4k (already
-// unsplit) the same. The 16 / 32-row tiles (memory-bound) keep one part per SM.
-inline constexpr int kScheduleIdleSms = 4;
-ATTNKIT_MLA_HD inline int schedule_min_parts(int num_parts, int rows_per_cta, int row_tiles) {
-  if (rows_per_cta != 64) return num_parts;
-  const int p = num_parts - kScheduleIdleSms / row_tiles;
-  return p > 1 ? p : 1;
-}
-
 // kv_len(b) for b in [0, bs); sched: [num_parts, kSchedWords]; split_indptr: [bs + 1]. Uses the
-// most parts n in [min_parts, num_parts] whose schedule splits no request (num_parts when none
-// does); parts n .. num_parts - 1 get no work (s[0] = s[2] = bs: their CTAs exit).
+// most parts n in [min_parts (schedule_min_parts, mla_decode.h), num_parts] whose schedule splits
+// no request (num_parts when none does); parts n .. num_parts - 1 get no work (s[0] = s[2] = bs:
+// their CTAs exit).
 template <typename KvLen>
 ATTNKIT_MLA_HD void build_schedule(int bs, int num_parts, int min_parts, KvLen kv_len,
                                    int32_t* sched, int32_t* split_indptr) {
   int parts = num_parts;
   for (int n = num_parts; n >= min_parts && n >= 1; --n) {
-    if (!walk_schedule(bs, n, kv_len, static_cast<int32_t*>(nullptr),
-                       static_cast<int32_t*>(nullptr))) {
+    if (!walk_schedule(bs, n, kv_len, nullptr, nullptr)) {
       parts = n;
       break;
     }
