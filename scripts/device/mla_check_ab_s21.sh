@@ -52,7 +52,7 @@ if [ "${NCU:-0}" = 1 ]; then
     i=$((i + 1))
     echo "== ncu $v" >> "$S"
     env ${e//,/ } timeout 90 "$NCU_BIN" --clock-control none -k "regex:mla_decode_wgmma_kernel" -s 2 -c 1 \
-      --metrics dram__bytes_read.sum,l1tex__m_xbar2l1tex_read_bytes.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum \
+      --metrics dram__bytes_read.sum,l1tex__m_xbar2l1tex_read_bytes.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_read.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,gpu__time_duration.sum \
       "$(cli "$v")" bench --backend flashmla --cases "$CASES" --filter "$NCU_FILTER" --device cuda \
       --warmup 2 --iters 1 > "$L/ncu_${i}_${v%%:*}.txt" 2>&1
     grep -E "dram__|l1tex__|lts__|gpu__time" "$L/ncu_${i}_${v%%:*}.txt" >> "$S"

@@ -2,15 +2,16 @@
 // timed on the device beside `attnkit bench --backend flashmla`, on the same shapes. Not part of
 // the library or its build: FlashMLA's sources and the CUTLASS headers they need are fetched into
 // the git-ignored `.peers/flashmla` (see scripts/device/flashmla_peer.sh) and travel to the device
-// in `carry`; nothing of them is committed. This file only drives FlashMLA's three host entry points
-// (scheduler metadata, split-KV decode, combine) the way its PyTorch binding does, on cudaMalloc'ed
-// buffers.
+// in `carry`; nothing of them is committed. This file only drives FlashMLA's three host entry
+// points (scheduler metadata, split-KV decode, combine) the way its PyTorch binding does, on
+// cudaMalloc'ed buffers.
 //
 // Usage: flashmla_decode_peer <batch> <kv_len> <q_heads> <s_q> [warmup iters]
-// Prints one line per case: "flashmla_peer b.. kv.. h.. s_q.. ms_median ms_min TFLOP/s max_rel_err".
-// Inputs are hashed values in [-1, 1) (never zeros), pages in a shuffled order; the output is
-// checked against an fp64 reference on 24 sampled (request, row) pairs and poisoned with NaN first,
-// so a kernel that wrote nothing fails the check. FLOPs: 2 * b * s_q * h_q * kv * (576 + 512).
+// Prints one line per case: "flashmla_peer b.. kv.. h.. s_q.. ms_median ms_min TFLOP/s
+// max_rel_err". Inputs are hashed values in [-1, 1) (never zeros), pages in a shuffled order; the
+// output is checked against an fp64 reference on 24 sampled (request, row) pairs and poisoned with
+// NaN first, so a kernel that wrote nothing fails the check. FLOPs: 2 * b * s_q * h_q * kv * (576 +
+// 512).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -101,11 +102,13 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&o, o_elems * 2), "cudaMalloc out");
   check(cudaMalloc(&lse, static_cast<size_t>(b) * q_seq_per_hk * 4), "cudaMalloc lse");
   check(cudaMalloc(&lse_acc, static_cast<size_t>(total_splits) * q_seq_per_hk * 4), "cudaMalloc");
-  check(cudaMalloc(&o_acc, static_cast<size_t>(total_splits) * q_seq_per_hk * kDv * 4), "cudaMalloc");
+  check(cudaMalloc(&o_acc, static_cast<size_t>(total_splits) * q_seq_per_hk * kDv * 4),
+        "cudaMalloc");
   check(cudaMalloc(&seqlens, b * 4), "cudaMalloc seqlens");
   check(cudaMalloc(&table, static_cast<size_t>(b) * blocks_per_seq * 4), "cudaMalloc table");
   check(cudaMalloc(&num_splits, (b + 1) * 4), "cudaMalloc num_splits");
-  check(cudaMalloc(&meta, static_cast<size_t>(num_sm_parts) * sizeof(DecodingSchedMeta)), "cudaMalloc");
+  check(cudaMalloc(&meta, static_cast<size_t>(num_sm_parts) * sizeof(DecodingSchedMeta)),
+        "cudaMalloc");
   fill_kernel<<<1024, 256>>>(q, q_elems, 1u);
   fill_kernel<<<4096, 256>>>(k, k_elems, 2u);
   check(cudaGetLastError(), "fill");
@@ -124,8 +127,8 @@ int main(int argc, char** argv) {
 
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");
-  GetDecodeSchedMetaParams sp = {b,       s_q,       64,         5,    -1,          -1,    nullptr,
-                                 nullptr, seqlens,   meta,       num_splits, num_sm_parts, stream};
+  GetDecodeSchedMetaParams sp = {b,       s_q,     64,   5,          -1,           -1,    nullptr,
+                                 nullptr, seqlens, meta, num_splits, num_sm_parts, stream};
   smxx::decode::run_get_decoding_sched_meta_kernel(sp);
   check(cudaGetLastError(), "sched meta");
 
@@ -270,9 +273,10 @@ int main(int argc, char** argv) {
   const double med = ms[ms.size() / 2];
   const double flops = 2.0 * b * s_q * h_q * static_cast<double>(kv) * (kDk + kDv);
   const bool ok = nan_count == 0 && max_rel < 2e-2;
-  std::printf("flashmla_peer b%d kv%d h%d s_q%d parts %d ms_median %.4f ms_min %.4f TFLOP/s %.1f "
-              "max_rel_l2 %.2e nan %d %s\n",
-              b, kv, h_q, s_q, num_sm_parts, med, ms.front(), flops / (med * 1e-3) / 1e12, max_rel,
-              nan_count, ok ? "verified" : "WRONG");
+  std::printf(
+      "flashmla_peer b%d kv%d h%d s_q%d parts %d ms_median %.4f ms_min %.4f TFLOP/s %.1f "
+      "max_rel_l2 %.2e nan %d %s\n",
+      b, kv, h_q, s_q, num_sm_parts, med, ms.front(), flops / (med * 1e-3) / 1e12, max_rel,
+      nan_count, ok ? "verified" : "WRONG");
   return ok ? 0 : 1;
 }

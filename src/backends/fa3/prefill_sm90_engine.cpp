@@ -4,8 +4,6 @@
 
 #ifdef ATTNKIT_WITH_CUDA
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +22,7 @@
 #include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/dispatch.h"
+#include "cuda/common/tma_map.h"
 
 namespace attnkit::fa3 {
 namespace {
@@ -49,51 +48,20 @@ constexpr int kFp8HeadDim = 128;
 // Unset: on; "0": off; "1": on (core/env_knob.h reports other values).
 bool env_on(const char* name) { return env_flag(name, true); }
 
-// The driver's cuTensorMapEncodeTiled through the runtime (no libcuda link); nullptr if absent.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    constexpr unsigned kVersion = 12000;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, kVersion, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
 // Encodes buf [rows, Hkv, D] (strides in elements) as a 3D map {D, Hkv, rows}, box {64, 1, rows}
 // (bf16 / f16) or {128, 1, rows} (e4m3): one 128-byte swizzle line per row and box column.
 bool encode_pool_map(const TensorView& buf, DType dtype, int box_rows, TmaDesc* out) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc), "TMA descriptor size");
   const bool fp8 = dtype == DType::kFP8E4M3;
   const int elem = fp8 ? 1 : 2;
-  const int box_cols = 128 / elem;
-  CUtensorMap map;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(buf.size(2)),
-                              static_cast<cuuint64_t>(buf.size(1)),
-                              static_cast<cuuint64_t>(buf.size(0))};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(buf.stride(1) * elem),
-                                 static_cast<cuuint64_t>(buf.stride(0) * elem)};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_cols), 1,
-                             static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode(&map,
-                            fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                                : (dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                         : CU_TENSOR_MAP_DATA_TYPE_FLOAT16),
-                            3, buf.data, dims, strides, box, elem_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return false;
-  std::memcpy(out->words, &map, sizeof(map));
-  return true;
+  const uint64_t dims[3] = {static_cast<uint64_t>(buf.size(2)), static_cast<uint64_t>(buf.size(1)),
+                            static_cast<uint64_t>(buf.size(0))};
+  const uint64_t strides[2] = {static_cast<uint64_t>(buf.stride(1) * elem),
+                               static_cast<uint64_t>(buf.stride(0) * elem)};
+  const uint32_t box[3] = {static_cast<uint32_t>(128 / elem), 1, static_cast<uint32_t>(box_rows)};
+  return cuda::encode_tiled_map(fp8                     ? cuda::TmaElem::kU8
+                                : dtype == DType::kBF16 ? cuda::TmaElem::kBF16
+                                                        : cuda::TmaElem::kF16,
+                                3, buf.data, dims, strides, box, out);
 }
 
 // Whether the forward mode's queries are "the last q_len keys of each request" (the kernel's

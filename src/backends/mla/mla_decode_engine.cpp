@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -77,6 +78,10 @@ int grid_rows_fastest_env() {
   return v == "rows" ? 1 : v == "parts" ? 0 : 2;
 }
 
+// ATTNKIT_MLA_K_TMA=0: the wgmma seesaw loads every K tile by cp.async; unset / 1: whole tiles
+// of a bf16 cache with pages of >= 64 tokens by TMA (MlaDecodeParams::kv_tma_ok).
+bool k_tma_env() { return env_flag("ATTNKIT_MLA_K_TMA", true); }
+
 std::string str(int64_t v) { return std::to_string(v); }
 
 // Query tokens per request: decode 1, verify N.
@@ -120,6 +125,7 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
   e->fp8_f16_ = fp8_f16_env();
   e->combine_skip_ = combine_skip_env();
   e->grid_rows_fastest_ = grid_rows_fastest_env();
+  e->k_tma_ = k_tma_env();
   return e;
 }
 
@@ -261,6 +267,30 @@ Status MlaDecodeEngine::plan_graph(int bs, const TensorView& seq_lens, ForwardMo
   return Status::ok();
 }
 
+// The layer buffer kv [rows, >= kRowDim] (bf16) as a 2D TMA map {kRowDim, rows}, box 64 x 64
+// (one 128-byte swizzle line per row), encoded once per buffer; nullptr when the driver has no
+// encoder or rejects the buffer (the kernel then copies by cp.async).
+const cuda::TmaDesc* MlaDecodeEngine::kv_tma_map(const TensorView& kv) {
+  const int64_t rows = kv.size(0), stride = kv.stride(0);
+  for (const KvTmaMap& m : kv_tma_maps_) {
+    if (m.data == kv.data && m.rows == rows && m.stride == stride) return &m.desc;
+  }
+  constexpr int kBytes = 2;
+  const uint64_t dims[2] = {static_cast<uint64_t>(kRowDim), static_cast<uint64_t>(rows)};
+  const uint64_t strides[1] = {static_cast<uint64_t>(stride * kBytes)};
+  const uint32_t box[2] = {static_cast<uint32_t>(kBlockN), static_cast<uint32_t>(kBlockN)};
+  KvTmaMap m;
+  if (rows <= 0 || rows > INT32_MAX ||
+      !cuda::encode_tiled_map(cuda::TmaElem::kBF16, 2, kv.data, dims, strides, box, &m.desc)) {
+    return nullptr;
+  }
+  m.data = kv.data;
+  m.rows = rows;
+  m.stride = stride;
+  kv_tma_maps_.push_back(m);
+  return &kv_tma_maps_.back().desc;
+}
+
 Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const AttentionLayer& layer,
                             const ForwardBatch& batch, bool save_kv, const TensorView& lse,
@@ -330,7 +360,14 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.mma_prefetch = mma_prefetch_;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
   p.skip_combine = plan_.need_combine ? 0 : 1;
+  if (k_tma_ && k_tma_eligible(p, page_size_, quant)) {
+    if (const cuda::TmaDesc* m = kv_tma_map(kv)) {
+      p.kv_tma = *m;
+      p.kv_tma_ok = 1;
+    }
+  }
   ATTNKIT_RETURN_IF_ERROR(run_decode(p, page_size_, kv_dtype, stream));
+  if (p.kv_tma_ok != 0) ++stats_.k_tma_runs;
   ++stats_.runs;
   if (p.skip_combine == 0) ++stats_.combine_launches;
   if (quant && fp8_on_wgmma(p, page_size_)) ++stats_.wgmma_fp8_runs;

@@ -11,9 +11,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attnkit/backend.h"
 #include "backend/device_array.h"
+#include "cuda/common/tma_map.h"
 
 namespace attnkit::mla {
 
@@ -23,6 +25,7 @@ struct MlaDecodeStats {
   int64_t combine_launches = 0;  // runs that launched the LSE combine kernel (MlaDecodeParams)
   int64_t wgmma_fp8_runs = 0;    // fp8-cache runs on the wgmma kernel (64-row tiles, SM90)
   int64_t grid_rows_runs = 0;    // runs whose grid had the row tiles of a part adjacent (rows)
+  int64_t k_tma_runs = 0;        // runs whose whole K tiles were loaded by TMA (kv_tma_ok)
 };
 
 class MlaDecodeEngine {
@@ -86,6 +89,15 @@ class MlaDecodeEngine {
   // ForwardBatch::seq_lens_host, which must equal seq_lens (forward_batch.h).
   bool combine_skip_ = true;
   int grid_rows_fastest_ = 2;  // ATTNKIT_MLA_GRID_ORDER (MlaDecodeParams::grid_rows_fastest)
+  bool k_tma_ = true;          // ATTNKIT_MLA_K_TMA=0: K tiles by cp.async only
+  // TMA maps of the pool layers seen (a layer's buffer, rows and row stride -> its map).
+  struct KvTmaMap {
+    const void* data = nullptr;
+    int64_t rows = 0, stride = 0;
+    cuda::TmaDesc desc;
+  };
+  std::vector<KvTmaMap> kv_tma_maps_;
+  const cuda::TmaDesc* kv_tma_map(const TensorView& kv);
   MlaDecodeStats stats_;
 
   // The current forward's plan.

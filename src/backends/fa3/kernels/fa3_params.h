@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/common/tma_map.h"
+
 namespace attnkit::fa3 {
 
 inline constexpr int kBlockM = 128;  // query rows per tile (2 consumer warpgroups x 64)
@@ -116,11 +118,8 @@ constexpr int split_block_begin(int n_blocks, int num_splits, int k) {
   return static_cast<int>(static_cast<int64_t>(k) * n_blocks / num_splits);
 }
 
-// Opaque copy of a CUtensorMap (the driver's 128-byte TMA descriptor), so that this header needs
-// no CUDA types; the kernel passes its address to cp.async.bulk.tensor.
-struct alignas(64) TmaDesc {
-  uint64_t words[16] = {};
-};
+// Opaque copy of a CUtensorMap (cuda/common/tma_map.h).
+using TmaDesc = cuda::TmaDesc;
 
 // Plan layout (int32 words): [kPlanHeaderWords][bs x kRequestWords][tiles x kTileWords].
 // Header: tile count, V^T units (the sum of vt_units(kv_len) over the requests with new tokens),

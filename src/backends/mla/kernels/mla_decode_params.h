@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "cuda/common/tma_map.h"
+
 namespace attnkit::mla {
 
 inline constexpr int kLatentDim = 512;  // kv_lora_rank: V is the first kLatentDim columns
@@ -87,6 +89,12 @@ struct MlaDecodeParams {
   // 128 heads bf16: H200 1.5-3% faster, H100 10-15%; fp8 the same), parts for the mma.sync
   // kernels (not measured). mla_part() / mla_row_tile() read the CTA's indices either way.
   int grid_rows_fastest = 2;
+  // 1: kv_tma is the bf16 pool as a 2D map {kRowDim, pool rows}, box 64 x 64, 128-byte swizzle,
+  // and the wgmma seesaw loads whole K tiles with it (pages of >= 64 tokens: one box per 64-column
+  // block, issued by one producer thread; partial tiles by cp.async as before). Set by the engine
+  // (ATTNKIT_MLA_K_TMA=0 keeps every tile on cp.async).
+  int kv_tma_ok = 0;
+  cuda::TmaDesc kv_tma;
 
   // Plan (written on the device by the schedule kernel once per forward).
   const int32_t* sched = nullptr;  // [num_parts, kSchedWords]

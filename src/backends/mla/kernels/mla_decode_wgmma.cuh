@@ -649,6 +649,11 @@ struct MlaWgmmaCta {
       // 2, i in [0, 4) (copy_block_chunks), fp8 the raw chunks 4 kb + 2 i + t % 2, i in [0, 2)
       // (copy_fp8_raw).
       const int key = tid >> 1;
+      // p.kv_tma_ok (bf16, pages of >= 64 tokens): whole tiles by TMA, one 64 x 64 box per block
+      // issued by thread 0 (arrive.expect_tx), the other 127 threads arrive at once, so a block's
+      // barrier sees the same 128 arrivals as from the cp.async path, which partial tiles keep.
+      constexpr bool kTmaOk = !kFp8 && Tr::kPage != 1;
+      const bool tma = kTmaOk && p.kv_tma_ok != 0;
       for (int a = t0; a < t1; a += 2, ++pc) {
         // kSkipPhantom: an odd segment's last pair leaves stage 1 alone (no loads, no phase).
         const bool skip1 = kSkipPhantom && a + 1 >= t1;
@@ -675,6 +680,21 @@ struct MlaWgmmaCta {
           const uint32_t dst = sK(s);
           const bool valid = s ? valid1 : valid0;
           const uint8_t* row = s ? row1 : row0;
+          if (kTmaOk && tma && load && (s == 0 || a + 1 < t1) && (a + s + 1) * kBlockN <= kv_len) {
+            if (tid == 0) {
+              const int first = static_cast<int>(kv_slot<Tr::kPage>(tok, (a + s) * kBlockN));
+#pragma unroll 1
+              for (int n = 0; n < nb; ++n) {
+                const int kb = n == 4 ? 8 : kb0 + n;
+                mbar_arrive_expect_tx(block_full(s, kb), kBlockN * 128);
+                tma_load_2d(dst + kb * kBlockN * 128, &p.kv_tma, 64 * kb, first, block_full(s, kb));
+              }
+            } else {
+#pragma unroll 1
+              for (int n = 0; n < nb; ++n) mbar_arrive(block_full(s, n == 4 ? 8 : kb0 + n));
+            }
+            continue;
+          }
 #pragma unroll 1
           for (int n = 0; n < nb; ++n) {
             const int kb = n == 4 ? 8 : kb0 + n;
