@@ -220,6 +220,48 @@ TEST(FlashMlaKernels, GridOrdersMatchBitwise) {
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_FP8"), 0);
 }
 
+// Whole bf16 K tiles by TMA (the default on the SM90 wgmma seesaw; MlaDecodeParams::kv_tma_ok)
+// load the same bytes as the cp.async path (ATTNKIT_MLA_K_TMA=0): many short requests per CTA
+// (partial last tiles on cp.async beside TMA tiles in one pair, odd segments), a long split request
+// with a partial last tile, and a 128-head x s_q 2 verify chain each match the reference, both
+// paths write the same bits, and MlaDecodeStats::k_tma_runs says where TMA ran (every layer on an
+// SM90 GPU with the wgmma kernel, none with the knob off or on other GPUs).
+TEST(FlashMlaKernels, KTmaMatchesCpAsyncBitwise) {
+  std::vector<int> lens;
+  for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
+  CaseSpec verify =
+      mla_case("verify_h128", ForwardMode::kTargetVerify, 64, {700, 129, 64}, 128, DType::kBF16);
+  verify.new_lens.clear();
+  verify.spec_draft_tokens = 2;
+  verify.spec_topk = 1;
+  const CaseSpec many = mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16);
+  const CaseSpec long_req =
+      mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640, 64}, 128, DType::kBF16);
+  int cc_major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  const bool sm90 = cc_major == 9 && mla::wgmma_available();
+  const int64_t layers = harness::PrepareOptions{}.num_layers;
+  for (const CaseSpec* c : {&many, &long_req, static_cast<const CaseSpec*>(&verify)}) {
+    std::vector<std::vector<uint8_t>> tma_out;
+    for (const char* knob : {"", "0"}) {
+      SCOPED_TRACE(std::string("ATTNKIT_MLA_K_TMA=") + knob);
+      ASSERT_EQ(setenv("ATTNKIT_MLA_K_TMA", knob, 1), 0);
+      mla::MlaDecodeStats stats;
+      std::vector<std::vector<uint8_t>> out;
+      run_and_compare(*c, true, &stats, &out);
+      const bool on = *knob == '\0';
+      EXPECT_EQ(stats.k_tma_runs, on && sm90 ? layers : 0);
+      if (on) {
+        tma_out = std::move(out);
+        continue;
+      }
+      ASSERT_EQ(out.size(), tma_out.size());
+      for (size_t l = 0; l < out.size(); ++l) EXPECT_TRUE(out[l] == tma_out[l]) << "layer " << l;
+    }
+  }
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_K_TMA"), 0);
+}
+
 // fp8 cache with 64-row tiles (128 heads; 64 heads x s_q 2): by default on an SM90 GPU the wgmma
 // kernel (raw e4m3 bytes by cp.async into the 16-bit stage, converted in place to f16 by the
 // consumer whose S reads the block, Q converted to f16 x 2^-8 per segment, P f16;

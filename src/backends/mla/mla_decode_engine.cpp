@@ -79,8 +79,12 @@ int grid_rows_fastest_env() {
 }
 
 // ATTNKIT_MLA_K_TMA=0: the wgmma seesaw loads every K tile by cp.async; unset / 1: whole tiles
-// of a bf16 cache with pages of >= 64 tokens by TMA (MlaDecodeParams::kv_tma_ok).
-bool k_tma_env() { return env_flag("ATTNKIT_MLA_K_TMA", true); }
+// of a bf16 cache with pages of >= 64 tokens by TMA; evict_first: TMA with an L2 evict-first
+// policy (MlaDecodeParams::kv_tma_ok 0 / 1 / 2).
+int k_tma_env() {
+  const std::string v = env_choice("ATTNKIT_MLA_K_TMA", {"0", "1", "evict_first"}, "1");
+  return v == "0" ? 0 : v == "evict_first" ? 2 : 1;
+}
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -360,10 +364,10 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.mma_prefetch = mma_prefetch_;
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
   p.skip_combine = plan_.need_combine ? 0 : 1;
-  if (k_tma_ && k_tma_eligible(p, page_size_, quant)) {
+  if (k_tma_ != 0 && k_tma_eligible(p, page_size_, quant)) {
     if (const cuda::TmaDesc* m = kv_tma_map(kv)) {
       p.kv_tma = *m;
-      p.kv_tma_ok = 1;
+      p.kv_tma_ok = k_tma_;
     }
   }
   ATTNKIT_RETURN_IF_ERROR(run_decode(p, page_size_, kv_dtype, stream));

@@ -66,8 +66,8 @@ bool encode_tiled_map(TmaElem elem, int rank, const void* base, const uint64_t* 
 
 namespace attnkit::cuda {
 
-bool encode_tiled_map(TmaElem, int, const void*, const uint64_t*, const uint64_t*,
-                      const uint32_t*, TmaDesc*) {
+bool encode_tiled_map(TmaElem, int, const void*, const uint64_t*, const uint64_t*, const uint32_t*,
+                      TmaDesc*) {
   return false;
 }
 

@@ -92,7 +92,8 @@ struct MlaDecodeParams {
   // 1: kv_tma is the bf16 pool as a 2D map {kRowDim, pool rows}, box 64 x 64, 128-byte swizzle,
   // and the wgmma seesaw loads whole K tiles with it (pages of >= 64 tokens: one box per 64-column
   // block, issued by one producer thread; partial tiles by cp.async as before). Set by the engine
-  // (ATTNKIT_MLA_K_TMA=0 keeps every tile on cp.async).
+  // (ATTNKIT_MLA_K_TMA=0 keeps every tile on cp.async); 2 (ATTNKIT_MLA_K_TMA=evict_first): the
+  // boxes with an L2 evict-first policy.
   int kv_tma_ok = 0;
   cuda::TmaDesc kv_tma;
 

@@ -687,7 +687,12 @@ struct MlaWgmmaCta {
               for (int n = 0; n < nb; ++n) {
                 const int kb = n == 4 ? 8 : kb0 + n;
                 mbar_arrive_expect_tx(block_full(s, kb), kBlockN * 128);
-                tma_load_2d(dst + kb * kBlockN * 128, &p.kv_tma, 64 * kb, first, block_full(s, kb));
+                if (p.kv_tma_ok == 2)
+                  tma_load_2d_hint(dst + kb * kBlockN * 128, &p.kv_tma, 64 * kb, first,
+                                   block_full(s, kb), l2_evict_first_policy());
+                else
+                  tma_load_2d(dst + kb * kBlockN * 128, &p.kv_tma, 64 * kb, first,
+                              block_full(s, kb));
               }
             } else {
 #pragma unroll 1
