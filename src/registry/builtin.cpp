@@ -271,8 +271,8 @@ BackendDescriptor flashmla() {
       "MLA decode on the shared tensor-core kernels (SM90 wgmma for 64-query-row tiles: 128 "
       "heads, verify; an fp8 cache converted to f16 in shared memory by the consumer warps, "
       "f16 MMAs; "
-      "mma.sync for up to 32 rows; ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; cp.async page-64 "
-      "loader), split-KV with a "
+      "mma.sync for up to 32 rows; ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; page-64 loader: "
+      "whole bf16 tiles of the wgmma kernel by TMA, the rest by cp.async), split-KV with a "
       "device-side tile-scheduler plan + LSE combine, "
       "bf16 and fp8_e4m3 latent cache, s_q 1 and verify topk 1; extend, 192/128 prefill (with "
       "the chunked prefix cache) and fp4 KV via the portable SIMT kernels",
@@ -300,7 +300,8 @@ BackendDescriptor cutlass_mla() {
       "64-query-row tiles, an fp8 cache converted to f16 by the consumer warps, f16 MMAs; "
       "mma.sync for "
       "up to 32 rows; "
-      "ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; page-128 loader, "
+      "ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; page-128 loader (whole bf16 tiles of the "
+      "wgmma kernel by TMA, the rest by cp.async), "
       "split-KV plan + LSE combine, bf16 and fp8_e4m3 cache); extend, 192/128 prefill (with the "
       "chunked prefix cache) and fp4 KV via the portable SIMT kernels",
       kMinCc, kMaxCc);
