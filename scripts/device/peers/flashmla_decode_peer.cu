@@ -211,6 +211,11 @@ int main(int argc, char** argv) {
   double max_rel = 0;
   int nan_count = 0;
   for (size_t i = 0; i < o_elems; ++i) nan_count += std::isnan(__bfloat162float(h_o[i])) ? 1 : 0;
+  // Element offset of key j of request req in the cache (its page through the shuffled table).
+  auto key_offset = [&](int req, int j) {
+    const int page = h_table[static_cast<size_t>(req) * blocks_per_seq + j / kPage];
+    return (static_cast<uint64_t>(page) * kPage + j % kPage) * kDk;
+  };
   for (int sample = 0; sample < 24; ++sample) {
     const int req = (sample * 37) % b;
     const int row = (sample * 53 + 7) % q_seq_per_hk;
@@ -220,11 +225,7 @@ int main(int argc, char** argv) {
     std::vector<double> s(keys), acc(kDv, 0.0);
     double mx = -1e300;
     for (int j = 0; j < keys; ++j) {
-      const uint64_t k_off =
-          (static_cast<uint64_t>(h_table[static_cast<size_t>(req) * blocks_per_seq + j / kPage]) *
-               kPage +
-           j % kPage) *
-          kDk;
+      const uint64_t k_off = key_offset(req, j);
       double dot = 0;
       for (int d = 0; d < kDk; ++d)
         dot += static_cast<double>(bf16_round(hash_value(q_off + d, 1u))) *
@@ -234,11 +235,7 @@ int main(int argc, char** argv) {
     }
     double l = 0;
     for (int j = 0; j < keys; ++j) {
-      const uint64_t k_off =
-          (static_cast<uint64_t>(h_table[static_cast<size_t>(req) * blocks_per_seq + j / kPage]) *
-               kPage +
-           j % kPage) *
-          kDk;
+      const uint64_t k_off = key_offset(req, j);
       const double w = std::exp(s[j] - mx);
       l += w;
       for (int d = 0; d < kDv; ++d) acc[d] += w * bf16_round(hash_value(k_off + d, 2u));
