@@ -80,10 +80,11 @@ int grid_rows_fastest_env() {
 
 // ATTNKIT_MLA_K_TMA=0: the wgmma seesaw loads every K tile by cp.async; unset / 1: whole tiles
 // of a bf16 cache with pages of >= 64 tokens by TMA; evict_first: TMA with an L2 evict-first
-// policy (MlaDecodeParams::kv_tma_ok 0 / 1 / 2).
+// policy; consumer: a segment's later whole tiles by TMA from the releasing consumer
+// (MlaDecodeParams::kv_tma_ok 0 / 1 / 2 / 3).
 int k_tma_env() {
-  const std::string v = env_choice("ATTNKIT_MLA_K_TMA", {"0", "1", "evict_first"}, "1");
-  return v == "0" ? 0 : v == "evict_first" ? 2 : 1;
+  const std::string v = env_choice("ATTNKIT_MLA_K_TMA", {"0", "1", "evict_first", "consumer"}, "1");
+  return v == "0" ? 0 : v == "evict_first" ? 2 : v == "consumer" ? 3 : 1;
 }
 
 std::string str(int64_t v) { return std::to_string(v); }

@@ -93,7 +93,8 @@ struct MlaDecodeParams {
   // and the wgmma seesaw loads whole K tiles with it (pages of >= 64 tokens: one box per 64-column
   // block, issued by one producer thread; partial tiles by cp.async as before). Set by the engine
   // (ATTNKIT_MLA_K_TMA=0 keeps every tile on cp.async); 2 (ATTNKIT_MLA_K_TMA=evict_first): the
-  // boxes with an L2 evict-first policy.
+  // boxes with an L2 evict-first policy; 3 (=consumer): a segment's later whole tiles issued by
+  // the consumer thread that releases each group (seesaw variants 3 / 6; kConsumerTma).
   int kv_tma_ok = 0;
   cuda::TmaDesc kv_tma;
 

@@ -230,6 +230,10 @@ struct MlaWgmmaCta {
   static constexpr bool kSkipPhantom = kVariant >= 6;
   static constexpr bool kEarlyS = kVariant >= 7;
   static constexpr bool kP1Buf = kVariant == 8;
+  // p.kv_tma_ok == 3 (ATTNKIT_MLA_K_TMA=consumer): the whole bf16 tiles of a segment's later pairs
+  // are refilled by TMA from the consumer thread that releases each group (as FlashMLA does), not
+  // by the producer; seesaw variants 3 and 6 (whose release points are the four groups below).
+  static constexpr bool kConsumerTma = kSeesaw && !kEarlyS && !kP1Buf && !kFp8 && Tr::kPage != 1;
   // Seesaw: the column block consumer (= stage) s multiplies n-th in S (the order its blocks are
   // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8 (kP1Buf: 4..7, 8, 0..3).
   __device__ static constexpr int seesaw_block(int s, int n) {
@@ -633,6 +637,40 @@ struct MlaWgmmaCta {
     }
   }
 
+  // kConsumerTma with p.kv_tma_ok == 3: whether stage s's tile of the pair starting at tile a
+  // (a + s) is loaded by TMA from the consumers at the previous pair's releases: the pair is not
+  // the segment's first and the tile is a whole tile of the segment. The producer and both
+  // consumers evaluate the same predicate.
+  __device__ __forceinline__ bool consumer_refills(int a, int s, int t0, int t1, int kv_len) const {
+    const int t = a + s;
+    return p.kv_tma_ok == 3 && p.wgmma_diag == 0 && a != t0 && t < t1 &&
+           (t + 1) * kBlockN <= kv_len;
+  }
+  // A consumer's release of blocks [kb0, kb0 + 4) (+ block 8 with `rope`) of stage s: with
+  // first >= 0 (the next pair's tile of that stage is refilled by the consumers, its first pool
+  // row) thread 0 issues the TMA boxes, each block's barrier receiving its 128 arrivals and the
+  // box's bytes; else the 128 threads arrive on `empty_bar` for the producer. Called after the
+  // consumer's last wgmma reading those blocks has completed (wait_group).
+  __device__ __forceinline__ void release_group(uint32_t empty_bar, int s, int kb0, bool rope,
+                                                int first, int tid) const {
+    using namespace sm90;
+    if (!kConsumerTma || first < 0) {
+      mbar_arrive(empty_bar);
+      return;
+    }
+    if (tid == 0) {
+      const uint32_t dst = sK(s);
+#pragma unroll
+      for (int n = 0; n < 5; ++n) {
+        if (n == 4 && !rope) break;
+        const int kb = n == 4 ? 8 : kb0 + n;
+        mbar_arrive_expect_tx(block_full(s, kb), kBlockN * 128);
+        tma_load_2d(dst + kb * kBlockN * 128, &p.kv_tma, 64 * kb, first, block_full(s, kb));
+        mbar_arrive_cnt(block_full(s, kb), 127);
+      }
+    }
+  }
+
   // ---- seesaw (kVariant 3; 6 without the phantom tile) ----
   // Producer: per pair of tiles (a, a + 1) the four release groups in the order they free up:
   // stage 0 blocks 0-3 (empty(0)), stage 1 blocks 4-7 (empty(1)), stage 0 blocks 4-8
@@ -642,6 +680,7 @@ struct MlaWgmmaCta {
     const int tid = threadIdx.x;  // 0..127
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
     int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
+    int n_fill[2] = {0, 0};           // kConsumerTma: pairs whose stage s the producer filled
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
       const int32_t* tok = page_table_row(b);
       load_q(b, tcount++);
@@ -655,6 +694,12 @@ struct MlaWgmmaCta {
       constexpr bool kTmaOk = !kFp8 && Tr::kPage != 1;
       const bool tma = kTmaOk && p.kv_tma_ok != 0;
       for (int a = t0; a < t1; a += 2, ++pc) {
+        // kConsumerTma: stage s's tile of this pair is loaded by the consumers (consumer_refills)
+        // when it is whole and the pair is not the segment's first; the producer then skips its
+        // groups and the empty barriers of that stage see no phase for it, so each stage's
+        // parity counts the pairs whose stage the producer fills (n_fill).
+        const bool by_cons0 = kConsumerTma && consumer_refills(a, 0, t0, t1, kv_len);
+        const bool by_cons1 = kConsumerTma && consumer_refills(a, 1, t0, t1, kv_len);
         // kSkipPhantom: an odd segment's last pair leaves stage 1 alone (no loads, no phase).
         const bool skip1 = kSkipPhantom && a + 1 >= t1;
         // Tile a + 1 == t1 (odd segment): the phantom tile, zero-filled (and masked).
@@ -665,15 +710,18 @@ struct MlaWgmmaCta {
             kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row * kElemBytes;
         const uint8_t* row1 =
             kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row * kElemBytes;
-        const uint32_t ph0 = (pc & 1) ^ 1;
-        const uint32_t ph1 = ((kSkipPhantom ? pc1 : pc) & 1) ^ 1;
+        const uint32_t ph0 = ((kConsumerTma ? n_fill[0] : pc) & 1) ^ 1;
+        const uint32_t ph1 = ((kConsumerTma ? n_fill[1] : kSkipPhantom ? pc1 : pc) & 1) ^ 1;
         if (!skip1) ++pc1;
+        if (!by_cons0) ++n_fill[0];
+        if (!skip1 && !by_cons1) ++n_fill[1];
         const bool load = !(p.wgmma_diag == 1 && pc >= 1);
         // kP1Buf: group -1 = stage 1's rope block (released right after S1), group 3 without it.
 #pragma unroll 1
         for (int grp = kP1Buf ? -1 : 0; grp < 4; ++grp) {
           const int s = grp < 0 ? 1 : grp & 1;
           if (s == 1 && skip1) continue;
+          if (s == 0 ? by_cons0 : by_cons1) continue;
           mbar_wait(grp < 0 ? empty_rope() : grp < 2 ? empty(s) : empty_hi(s), s ? ph1 : ph0);
           const int nb = grp < 0 ? 1 : grp < 2 || (kP1Buf && grp == 3) ? 4 : 5;
           const int kb0 = grp < 0 ? 8 : grp == 0 || grp == 3 ? 0 : 4;
@@ -885,6 +933,7 @@ struct MlaWgmmaCta {
     const int row0 = mla_row_tile(p) * Tr::kRows;
     int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
+      [[maybe_unused]] const int32_t* tok = page_table_row(b);
       int limit[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
@@ -914,6 +963,17 @@ struct MlaWgmmaCta {
         constexpr bool kPh = decltype(phantom)::value;
         [[maybe_unused]] const uint32_t par = g == 0 ? par0 : par1;
         const int tile = a + g;
+        // kConsumerTma: the first pool rows of the next pair's tiles that this consumer's
+        // releases refill by TMA (read now, used at the releases; -1: the producer refills).
+        int nfirst[2] = {-1, -1};
+        if constexpr (kConsumerTma) {
+#pragma unroll
+          for (int st = 0; st < 2; ++st) {
+            if (consumer_refills(a + 2, st, t0, t1, kv_len))
+              nfirst[st] =
+                  tid == 0 ? static_cast<int>(kv_slot<Tr::kPage>(tok, (a + 2 + st) * kBlockN)) : 0;
+          }
+        }
         float mx[2] = {kNegInf, kNegInf};
         if constexpr (!(kPh && g == 1)) {
           if constexpr (!(kEarlyS && g == 0)) {  // kEarlyS: consumer 0's S0 is in flight
@@ -998,7 +1058,7 @@ struct MlaWgmmaCta {
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(o);
-          sm90::mbar_arrive(empty(0));  // stage 0 blocks 0-3
+          release_group(empty(0), 0, 0, false, nfirst[0], tid);  // stage 0 blocks 0-3
           float sc1[2];
           if constexpr (kPh) {
             // No P1: scale1 = 1, m1 = m0. Every warp of this consumer is done with S0 before
@@ -1031,7 +1091,7 @@ struct MlaWgmmaCta {
             if constexpr (!kEarlyS) {
               wgmma_wait<0>();
               fence_regs(o);
-              sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
+              release_group(empty_hi(1), 1, 0, true, nfirst[1], tid);  // stage 1 blocks 0-3, 8 (P1)
             }
           }
         } else {
@@ -1071,11 +1131,11 @@ struct MlaWgmmaCta {
           wgmma_commit();
           if constexpr (!kPh) {
             wgmma_wait<1>();
-            sm90::mbar_arrive(empty(1));  // stage 1 blocks 4-7
+            release_group(empty(1), 1, 4, false, nfirst[1], tid);  // stage 1 blocks 4-7
           }
           wgmma_wait<0>();
           fence_regs(o);
-          sm90::mbar_arrive(empty_hi(0));  // stage 0 blocks 4-8 (P0)
+          release_group(empty_hi(0), 0, 4, true, nfirst[0], tid);  // stage 0 blocks 4-8 (P0)
         }
       };
       if constexpr (kEarlyS) {
