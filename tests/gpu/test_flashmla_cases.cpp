@@ -221,8 +221,8 @@ TEST(FlashMlaKernels, GridOrdersMatchBitwise) {
 }
 
 // Whole bf16 K tiles by TMA (the default on the SM90 wgmma seesaw; MlaDecodeParams::kv_tma_ok),
-// issued by the producer or (ATTNKIT_MLA_K_TMA=consumer) by the releasing consumer, load the same
-// bytes as the cp.async path (ATTNKIT_MLA_K_TMA=0): many short requests per CTA
+// issued by the releasing consumer (default) or by the producer (ATTNKIT_MLA_K_TMA=1), load the
+// same bytes as the cp.async path (ATTNKIT_MLA_K_TMA=0): many short requests per CTA
 // (partial last tiles on cp.async beside TMA tiles in one pair, odd segments), a long split request
 // with a partial last tile, and a 128-head x s_q 2 verify chain each match the reference, both
 // paths write the same bits, and MlaDecodeStats::k_tma_runs says where TMA ran (every layer on an
@@ -244,7 +244,7 @@ TEST(FlashMlaKernels, KTmaMatchesCpAsyncBitwise) {
   const int64_t layers = harness::PrepareOptions{}.num_layers;
   for (const CaseSpec* c : {&many, &long_req, static_cast<const CaseSpec*>(&verify)}) {
     std::vector<std::vector<uint8_t>> tma_out;
-    for (const char* knob : {"", "0", "consumer"}) {
+    for (const char* knob : {"", "0", "1"}) {
       SCOPED_TRACE(std::string("ATTNKIT_MLA_K_TMA=") + knob);
       ASSERT_EQ(setenv("ATTNKIT_MLA_K_TMA", knob, 1), 0);
       mla::MlaDecodeStats stats;

@@ -89,7 +89,7 @@ class MlaDecodeEngine {
   // ForwardBatch::seq_lens_host, which must equal seq_lens (forward_batch.h).
   bool combine_skip_ = true;
   int grid_rows_fastest_ = 2;  // ATTNKIT_MLA_GRID_ORDER (MlaDecodeParams::grid_rows_fastest)
-  int k_tma_ = 1;  // ATTNKIT_MLA_K_TMA: 0 cp.async only, 1 TMA, 2 TMA evict-first, 3 consumer
+  int k_tma_ = 3;  // ATTNKIT_MLA_K_TMA: 0 cp.async only, 1 TMA, 2 TMA evict-first, 3 consumer
   // TMA maps of the pool layers seen (a layer's buffer, rows and row stride -> its map).
   struct KvTmaMap {
     const void* data = nullptr;

@@ -89,12 +89,13 @@ struct MlaDecodeParams {
   // 128 heads bf16: H200 1.5-3% faster, H100 10-15%; fp8 the same), parts for the mma.sync
   // kernels (not measured). mla_part() / mla_row_tile() read the CTA's indices either way.
   int grid_rows_fastest = 2;
-  // 1: kv_tma is the bf16 pool as a 2D map {kRowDim, pool rows}, box 64 x 64, 128-byte swizzle,
-  // and the wgmma seesaw loads whole K tiles with it (pages of >= 64 tokens: one box per 64-column
-  // block, issued by one producer thread; partial tiles by cp.async as before). Set by the engine
-  // (ATTNKIT_MLA_K_TMA=0 keeps every tile on cp.async); 2 (ATTNKIT_MLA_K_TMA=evict_first): the
-  // boxes with an L2 evict-first policy; 3 (=consumer): a segment's later whole tiles issued by
-  // the consumer thread that releases each group (seesaw variants 3 / 6; kConsumerTma).
+  // 1 (ATTNKIT_MLA_K_TMA=1): kv_tma is the bf16 pool as a 2D map {kRowDim, pool rows}, box 64 x
+  // 64, 128-byte swizzle, and the wgmma seesaw loads whole K tiles with it (pages of >= 64
+  // tokens: one box per 64-column block, issued by one producer thread; partial tiles by cp.async
+  // as before); 2 (=evict_first): the boxes with an L2 evict-first policy; 3 (default, unset /
+  // =consumer): a segment's later whole tiles issued by the consumer thread that releases each
+  // group (seesaw variants 3 / 6; kConsumerTma; other variants as 1), its first pair's by the
+  // producer. Set by the engine; 0 (=0) keeps every tile on cp.async.
   int kv_tma_ok = 0;
   cuda::TmaDesc kv_tma;
 
