@@ -82,7 +82,7 @@ int grid_rows_fastest_env() {
 // cache with pages of >= 64 tokens by TMA from the producer; evict_first: the same with an L2
 // evict-first policy; unset / consumer: a segment's later whole tiles by TMA from the releasing
 // consumer, its first pair's from the producer (MlaDecodeParams::kv_tma_ok 0 / 1 / 2 / 3;
-// session 22, H100 128 heads: 1 is +18-23% over 0, consumer +10-14% over 1).
+// session 22, 128 heads: 1 is +18-23% over 0 (H100), consumer +7-14% over 1 (H100, H200)).
 int k_tma_env() {
   const std::string v =
       env_choice("ATTNKIT_MLA_K_TMA", {"0", "1", "evict_first", "consumer"}, "consumer");
