@@ -224,7 +224,8 @@ TEST(FlashMlaKernels, GridOrdersMatchBitwise) {
 // issued by the releasing consumer (default) or by the producer (ATTNKIT_MLA_K_TMA=1), load the
 // same bytes as the cp.async path (ATTNKIT_MLA_K_TMA=0): many short requests per CTA
 // (partial last tiles on cp.async beside TMA tiles in one pair, odd segments), a long split request
-// with a partial last tile, and a 128-head x s_q 2 verify chain each match the reference, both
+// with a partial last tile, segments of several pairs (consumer refills in a row, odd segments
+// ending on a whole tile) and a 128-head x s_q 2 verify chain each match the reference, both
 // paths write the same bits, and MlaDecodeStats::k_tma_runs says where TMA ran (every layer on an
 // SM90 GPU with the wgmma kernel, none with the knob off or on other GPUs).
 TEST(FlashMlaKernels, KTmaMatchesCpAsyncBitwise) {
@@ -238,11 +239,18 @@ TEST(FlashMlaKernels, KTmaMatchesCpAsyncBitwise) {
   const CaseSpec many = mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16);
   const CaseSpec long_req =
       mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640, 64}, 128, DType::kBF16);
+  // 40 requests of 16-20 tiles at 64 heads (one row tile each): ~7 tiles per plan part, so
+  // segments of several pairs whose later pairs are refilled by the consumers one after another,
+  // and odd segments whose last tile is whole (kv_len a multiple of 64 for even b).
+  std::vector<int> mid_lens;
+  for (int b = 0; b < 40; ++b) mid_lens.push_back(64 * (16 + b % 5) + (b % 2 == 0 ? -1 : 30));
+  const CaseSpec segments =
+      mla_case("long_segments_h64", ForwardMode::kDecode, 64, mid_lens, 64, DType::kBF16);
   int cc_major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   const bool sm90 = cc_major == 9 && mla::wgmma_available();
   const int64_t layers = harness::PrepareOptions{}.num_layers;
-  for (const CaseSpec* c : {&many, &long_req, static_cast<const CaseSpec*>(&verify)}) {
+  for (const CaseSpec* c : {&many, &long_req, &segments, static_cast<const CaseSpec*>(&verify)}) {
     std::vector<std::vector<uint8_t>> tma_out;
     for (const char* knob : {"", "0", "1"}) {
       SCOPED_TRACE(std::string("ATTNKIT_MLA_K_TMA=") + knob);
