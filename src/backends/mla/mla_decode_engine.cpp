@@ -294,6 +294,10 @@ const cuda::TmaDesc* MlaDecodeEngine::kv_tma_map(const TensorView& kv) {
   m.data = kv.data;
   m.rows = rows;
   m.stride = stride;
+  // Bounded: pools reallocated at new addresses would otherwise grow the list forever (the
+  // returned pointer is only read at once by the caller).
+  constexpr size_t kMaxMaps = 1024;
+  if (kv_tma_maps_.size() >= kMaxMaps) kv_tma_maps_.clear();
   kv_tma_maps_.push_back(m);
   return &kv_tma_maps_.back().desc;
 }
