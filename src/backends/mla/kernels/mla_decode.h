@@ -34,10 +34,10 @@ inline bool runs_wgmma(const MlaDecodeParams& p, int page_size, bool fp8) {
   return fp8 ? fp8_on_wgmma(p, page_size) : p.use_wgmma != 0 && rows_per_cta(p.rows_per_req) == 64;
 }
 // Whether a launch with p may load its K tiles by TMA (MlaDecodeParams::kv_tma_ok): the bf16
-// cache on the wgmma seesaw (use_wgmma 4 or >= 7) with pages of >= 64 tokens.
+// cache on the wgmma seesaw with pages of >= 64 tokens.
 inline bool k_tma_eligible(const MlaDecodeParams& p, int page_size, bool fp8) {
   return !fp8 && page_size % kBlockN == 0 && runs_wgmma(p, page_size, fp8) &&
-         (p.use_wgmma == 4 || p.use_wgmma >= 7);
+         mla_seesaw_variant(p.use_wgmma - 1);
 }
 // MlaDecodeParams::grid_rows_fastest with auto (2) resolved: rows (1) for the wgmma kernel, parts
 // (0) for the mma.sync ones. The launcher and MlaDecodeStats::grid_rows_runs use it.

@@ -24,6 +24,10 @@ inline constexpr int kFixedOverheadTiles = 5;
 // split index of the first segment.
 inline constexpr int kSchedWords = 5;
 
+// Whether wgmma variant v (ATTNKIT_MLA_WGMMA_BLOCKS; MlaDecodeParams::use_wgmma = v + 1) runs the
+// seesaw schedule (mla_decode_wgmma.cuh kSeesaw; the host's K-TMA eligibility).
+constexpr bool mla_seesaw_variant(int v) { return v == 3 || v >= 6; }
+
 struct MlaDecodeParams {
   const void* q = nullptr;  // [T, H, kRowDim] bf16; token of (request b, query i) = b * s_q + i
   int64_t q_stride_token = 0, q_stride_head = 0;

@@ -226,14 +226,17 @@ struct MlaWgmmaCta {
   }
   static constexpr bool kBlockFull = kVariant >= 1;
   static constexpr bool kSplitRelease = kVariant >= 2;
-  static constexpr bool kSeesaw = kVariant == 3 || kVariant >= 6;
+  static constexpr bool kSeesaw = mla_seesaw_variant(kVariant);
   static constexpr bool kSkipPhantom = kVariant >= 6;
   static constexpr bool kEarlyS = kVariant >= 7;
   static constexpr bool kP1Buf = kVariant == 8;
+  // Whole tiles may come by TMA (MlaDecodeParams::kv_tma_ok): a bf16 cache whose pages hold a
+  // tile's 64 keys as consecutive pool rows.
+  static constexpr bool kTmaTiles = !kFp8 && Tr::kPage != 1;
   // p.kv_tma_ok == 3 (ATTNKIT_MLA_K_TMA=consumer): the whole bf16 tiles of a segment's later pairs
   // are refilled by TMA from the consumer thread that releases each group (as FlashMLA does), not
   // by the producer; seesaw variants 3 and 6 (whose release points are the four groups below).
-  static constexpr bool kConsumerTma = kSeesaw && !kEarlyS && !kP1Buf && !kFp8 && Tr::kPage != 1;
+  static constexpr bool kConsumerTma = kSeesaw && !kEarlyS && !kP1Buf && kTmaTiles;
   // Seesaw: the column block consumer (= stage) s multiplies n-th in S (the order its blocks are
   // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8 (kP1Buf: 4..7, 8, 0..3).
   __device__ static constexpr int seesaw_block(int s, int n) {
@@ -691,8 +694,7 @@ struct MlaWgmmaCta {
       // p.kv_tma_ok (bf16, pages of >= 64 tokens): whole tiles by TMA, one 64 x 64 box per block
       // issued by thread 0 (arrive.expect_tx), the other 127 threads arrive at once, so a block's
       // barrier sees the same 128 arrivals as from the cp.async path, which partial tiles keep.
-      constexpr bool kTmaOk = !kFp8 && Tr::kPage != 1;
-      const bool tma = kTmaOk && p.kv_tma_ok != 0;
+      const bool tma = kTmaTiles && p.kv_tma_ok != 0;
       for (int a = t0; a < t1; a += 2, ++pc) {
         // kConsumerTma: stage s's tile of this pair is loaded by the consumers (consumer_refills)
         // when it is whole and the pair is not the segment's first; the producer then skips its
@@ -728,7 +730,8 @@ struct MlaWgmmaCta {
           const uint32_t dst = sK(s);
           const bool valid = s ? valid1 : valid0;
           const uint8_t* row = s ? row1 : row0;
-          if (kTmaOk && tma && load && (s == 0 || a + 1 < t1) && (a + s + 1) * kBlockN <= kv_len) {
+          if (kTmaTiles && tma && load && (s == 0 || a + 1 < t1) &&
+              (a + s + 1) * kBlockN <= kv_len) {
             if (tid == 0) {
               const int first = static_cast<int>(kv_slot<Tr::kPage>(tok, (a + s) * kBlockN));
 #pragma unroll 1
