@@ -75,7 +75,7 @@ for ((round = 0; round < ${ROUNDS:-2}; round++)); do
 done
 python3 scripts/device/fidecode_s8_table.py "$OUT" | tee -a "$S"
 if [ -n "${NCU_RUNS:-}" ]; then
-  NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
+  NCU="$(attnkit_ncu_bin)"
   M=dram__sectors_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum
   IFS=';' read -r -a runs <<< "$NCU_RUNS"
   for e in "${runs[@]}"; do

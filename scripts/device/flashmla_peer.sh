@@ -68,7 +68,7 @@ json.dump({"kind": "mla_decode", "description": "flashmla peer shapes",
 PY
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv >> "$S" 2>&1
 if [ "${NCU:-0}" = 1 ]; then
-  NCU_BIN="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
+  NCU_BIN="$(attnkit_ncu_bin)"
   M=dram__bytes_read.sum,l1tex__m_xbar2l1tex_read_bytes.sum,gpu__time_duration.sum
   SEC="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy"
   c1=${CASES%% *}

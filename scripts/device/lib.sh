@@ -8,6 +8,9 @@
 #   (-DATTNKIT_HEAD_DIMS otherwise). Output goes where the caller sends it; returns cmake's status.
 # attnkit_configure_cpu BUILD_DIR [extra cmake args...]
 #   The same Release / Ninja / .deps configure without CUDA (-DATTNKIT_CUDA=OFF).
+# attnkit_ncu_bin
+#   Prints the path of Nsight Compute's ncu (PATH first, else the newest under
+#   /opt/nvidia/nsight-compute, else the CUDA toolkit's); nothing when there is none.
 
 # _attnkit_cmake BUILD_DIR ON|OFF [cmake args...]: the part both configures share.
 _attnkit_cmake() {
@@ -32,4 +35,8 @@ attnkit_configure_cpu() {
   local build=$1
   shift
   _attnkit_cmake "$build" OFF "$@"
+}
+
+attnkit_ncu_bin() {
+  command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1
 }

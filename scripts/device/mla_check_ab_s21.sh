@@ -45,7 +45,7 @@ wait
   grep -E "Failed|FAILED|tests passed" "$OUT/check/ctest.log" 2>/dev/null | head -20; el; } > "$S"
 cli() { [ "${1%%:*}" = base ] && echo "$BASE/build/tools/attnkit/attnkit" || echo build/device/tools/attnkit/attnkit; }
 if [ "${NCU:-0}" = 1 ]; then
-  NCU_BIN="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
+  NCU_BIN="$(attnkit_ncu_bin)"
   i=0
   for v in $VARIANTS; do
     e=${v#*:}

@@ -27,7 +27,7 @@ t0=$(date +%s)
 { attnkit_configure "$B" 90a-real && ninja -C "$B" attnkit_cli; } > "$W/build.log" 2>&1
 echo "build rc=$? in $(($(date +%s) - t0)) s" | tee "$W/summary.txt"
 C="$B/tools/attnkit/attnkit"
-NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
+NCU="$(attnkit_ncu_bin)"
 echo "ncu: $NCU" >> "$W/summary.txt"
 while IFS='|' read -r label backend cases filter kernel; do
   [ -n "$label" ] || continue
