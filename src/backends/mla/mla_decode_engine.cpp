@@ -35,12 +35,16 @@ bool wgmma_env_on() { return env_choice("ATTNKIT_MLA_WGMMA", {"0", "1", "all"}, 
 
 // ATTNKIT_MLA_WGMMA_BLOCKS: the wgmma kernel's variant (mla_decode_wgmma.cuh, kVariant): "0" one
 // full barrier per K tile, "1" block barriers, "2" block barriers + split release (session 7),
-// "3" the seesaw schedule (H200 session 9, two runs: +4-6% over 2), unset / "6" the seesaw
-// without the phantom tile of odd segments (session 10; H200 2026-11-23 15:18Z, two runs: 128
-// heads +4.5-6% over 3), "7" 6 + the next pair's S0 issued behind P1 V1L, "8" 7 + P1 in its own
-// buffer (stage 1's rope block released after S1) (7 / 8: no faster than 6 with the loads on,
-// 8 slower; docs/perf/mla_notes.md session 11).
-int wgmma_variant_env() { return env_int("ATTNKIT_MLA_WGMMA_BLOCKS", 6, {0, 1, 2, 3, 6, 7, 8}); }
+// "3" the seesaw schedule (H200 session 9, two runs: +4-6% over 2), "6" the seesaw without the
+// phantom tile of odd segments (session 10; H200 2026-11-23 15:18Z, two runs: 128 heads +4.5-6%
+// over 3), "7" 6 + the next pair's S0 issued behind P1 V1L, "8" 7 + P1 in its own buffer (stage
+// 1's rope block released after S1; slower, docs/perf/mla_notes.md sessions 11 and 21); unset /
+// "auto": default_wgmma_variant (mla_decode.h) per launch (-1 here).
+int wgmma_variant_env() {
+  const std::string v =
+      env_choice("ATTNKIT_MLA_WGMMA_BLOCKS", {"auto", "0", "1", "2", "3", "6", "7", "8"}, "auto");
+  return v == "auto" ? -1 : std::stoi(v);
+}
 // ATTNKIT_MLA_WGMMA_FP8=0: an fp8 cache's 64-row tiles stay on the mma.sync kernel; unset / 1:
 // the wgmma kernel, its consumers converting the raw tiles (MlaDecodeParams::wgmma_fp8).
 bool wgmma_fp8_env() { return env_flag("ATTNKIT_MLA_WGMMA_FP8", true); }
@@ -364,7 +368,9 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.partial_out = plan_.partial_out;
   p.partial_lse = plan_.partial_lse;
   p.num_parts = plan_.num_parts;
-  p.use_wgmma = use_wgmma_ ? 1 + wgmma_variant_ : 0;
+  p.use_wgmma = use_wgmma_ ? 1 + (wgmma_variant_ >= 0 ? wgmma_variant_
+                                                      : default_wgmma_variant(p.rows_per_req))
+                           : 0;
   p.grid_rows_fastest = grid_rows_fastest_;
   p.wgmma_diag = wgmma_diag_;  // noload: both kernels; noconvert: the fp8 wgmma path
   p.wgmma_fp8 = wgmma_fp8_ ? 1 : 0;

@@ -79,8 +79,9 @@ class MlaDecodeEngine {
   int sm_count_ = 0;
   bool use_wgmma_ = false;
   // ATTNKIT_MLA_WGMMA_BLOCKS: 0 tile, 1 block barriers, 2 + split, 3 seesaw, 6 seesaw without
-  // the phantom tile (the default), 7 6 + early S0, 8 7 + own P1 buffer
-  int wgmma_variant_ = 6;
+  // the phantom tile, 7 6 + early S0, 8 7 + own P1 buffer; -1 (unset, auto): per launch,
+  // default_wgmma_variant
+  int wgmma_variant_ = -1;
   int wgmma_diag_ = 0;     // ATTNKIT_MLA_WGMMA_DIAG: 1 noload, 2 noconvert (timing diagnostics)
   bool wgmma_fp8_ = true;  // ATTNKIT_MLA_WGMMA_FP8=0: fp8 64-row tiles on mma.sync
   int mma_prefetch_ = 2;   // ATTNKIT_MLA_MMA_PREFETCH: 0 off, 1 on, 2 per tile size, 3 smem

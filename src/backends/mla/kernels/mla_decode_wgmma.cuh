@@ -167,24 +167,30 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // (empty_hi); the producer loads in that order and S0 / S1 read their blocks in the order
 // loaded. An odd segment's last pair has a phantom tile a + 1 (zero-filled, masked).
 //
-// kVariant 6 (the default since session 11, H200-verified; ATTNKIT_MLA_WGMMA_BLOCKS=6): the seesaw
-// without the phantom tile. An odd segment's last pair runs a second copy of the pair body
-// (compile-time kPhantom, so every branch around a wgmma stays uniform): the producer loads
-// nothing into stage 1, consumer 1 skips S1, its softmax and P1 V1R (it only rescales O_R by
-// scale0 and runs (P0) V0R), consumer 0 skips the wait for P1 and P1 V1L. Stage 1 then has no
-// barrier phase in that pair: its full / empty parities count the pairs that use it (pc1), stage
-// 0's all pairs (pc). In that pair consumer 0 overwrites stage 0's rope block with P0 after its own
-// 128-thread barrier (kBarC0: every warp's S0 is done; in a full pair the P1 barrier orders it).
-// The protocol was checked by docs/perf/mla_s10/seesaw_model.py (random interleavings).
+// kVariant 6 (the default since session 11 but for 128 heads x s_q >= 2;
+// ATTNKIT_MLA_WGMMA_BLOCKS=6): the seesaw without the phantom tile. An odd segment's last pair runs
+// a second copy of the pair body (compile-time kPhantom, so every branch around a wgmma stays
+// uniform): the producer loads nothing into stage 1, consumer 1 skips S1, its softmax and P1 V1R
+// (it only rescales O_R by scale0 and runs (P0) V0R), consumer 0 skips the wait for P1 and P1 V1L.
+// Stage 1 then has no barrier phase in that pair: its full / empty parities count the pairs that
+// use it (pc1), stage 0's all pairs (pc). In that pair consumer 0 overwrites stage 0's rope block
+// with P0 after its own 128-thread barrier (kBarC0: every warp's S0 is done; in a full pair the P1
+// barrier orders it). The protocol was checked by docs/perf/mla_s10/seesaw_model.py (random
+// interleavings).
 //
-// kVariant 7 (ATTNKIT_MLA_WGMMA_BLOCKS=7; session 10, H200 session 11: no faster): 6 + consumer 0
+// kVariant 7 (the default for 128 heads x s_q >= 2 since session 23, default_wgmma_variant;
+// session 10, H200 session 11: no faster with the producer's loads): 6 + consumer 0
 // issues the next pair's S0 early, FlashMLA's order (its public "new kernel deep dive"; no code
 // taken): right behind P1 V1L (no wait in between) the k-steps of stage 0's blocks 0-3 (released
 // after P0 V0L, refilled while P1 V1L runs), then wait_group<1> (P1 V1L done), the release of stage
 // 1's blocks 0-3, 8, then blocks 4-8 (released by consumer 1's P0 V0R). The next pair starts with
 // S0 done or nearly done, so the softmax of tile a overlaps consumer 1's S1 instead of both S
 // finishing together and the tensor pipe idling through softmax 0. The first pair's S0 of a
-// segment is issued before the loop; the segment's last pair issues none.
+// segment is issued before the loop; the segment's last pair issues none. With the consumers'
+// TMA (session 23) the release of stage 1's blocks 0-3, 8 issues their refill; the compute chain
+// alone (ATTNKIT_MLA_WGMMA_DIAG=noload) is 4-6% faster than 6, with the loads +2-5% at s_q 2 and
+// 1-2% slower at s_q 1 on an H100 (the next S0's blocks 0-3, refilled half a pair earlier, are
+// waited for before stage 1's release when their loads come from DRAM).
 //
 // kVariant 8 (ATTNKIT_MLA_WGMMA_BLOCKS=8; session 10, H200 session 11: slower): 7 + P1 in the P
 // buffer (its own 8 KiB; the exchange arrays move to kX2Offset), so stage 1's rope block is read
@@ -235,8 +241,10 @@ struct MlaWgmmaCta {
   static constexpr bool kTmaTiles = !kFp8 && Tr::kPage != 1;
   // p.kv_tma_ok == 3 (ATTNKIT_MLA_K_TMA=consumer): the whole bf16 tiles of a segment's later pairs
   // are refilled by TMA from the consumer thread that releases each group (as FlashMLA does), not
-  // by the producer; seesaw variants 3 and 6 (whose release points are the four groups below).
-  static constexpr bool kConsumerTma = kSeesaw && !kEarlyS && !kP1Buf && kTmaTiles;
+  // by the producer; seesaw variants 3, 6 and 7 (whose release points are the four groups below;
+  // variant 7's consumer 0 releases stage 1 blocks 0-3, 8 between its early S0's blocks 0-3 and
+  // 4-8).
+  static constexpr bool kConsumerTma = kSeesaw && !kP1Buf && kTmaTiles;
   // Seesaw: the column block consumer (= stage) s multiplies n-th in S (the order its blocks are
   // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8 (kP1Buf: 4..7, 8, 0..3).
   __device__ static constexpr int seesaw_block(int s, int n) {
@@ -957,27 +965,32 @@ struct MlaWgmmaCta {
       if constexpr (kF16) convert_q_f16(tid + 128 * g);
       fence_proxy_async();
 
+      // kConsumerTma: the first pool rows of pair (a + 2, a + 3)'s tiles that the releases of
+      // pair a refill by TMA (read at the start of pair a, used at the releases; -1: the
+      // producer refills; only thread 0 issues, the others keep 0).
+      auto next_firsts = [&](int a, int(&nfirst)[2]) {
+#pragma unroll
+        for (int st = 0; st < 2; ++st) {
+          nfirst[st] = -1;
+          if (kConsumerTma && consumer_refills(a + 2, st, t0, t1, kv_len))
+            nfirst[st] =
+                tid == 0 ? static_cast<int>(kv_slot<Tr::kPage>(tok, (a + 2 + st) * kBlockN)) : 0;
+        }
+      };
       // One pair (a, a + 1). kPh (kSkipPhantom only): tile a + 1 is the phantom of an odd segment
       // and stage 1 is not used; a compile-time copy of the body, so no run-time branch sits
       // around a wgmma. par0 / par1: the barrier parities of stages 0 / 1 in this pair.
       // kEarlyS: consumer 0's S0 of the pair is in flight at entry, its P1 V1L at exit (the
-      // caller issues the next S0, then retires it).
+      // caller issues the next S0, then retires it and releases stage 1 blocks 0-3, 8 with the
+      // returned first pool row of the next pair's stage-1 tile, as release_group takes it).
       auto pair = [&](int a, uint32_t par0, uint32_t par1, auto phantom) {
         constexpr bool kPh = decltype(phantom)::value;
         [[maybe_unused]] const uint32_t par = g == 0 ? par0 : par1;
         const int tile = a + g;
-        // kConsumerTma: the first pool rows of the next pair's tiles that this consumer's
-        // releases refill by TMA (read now, used at the releases; -1: the producer refills).
-        int nfirst[2] = {-1, -1};
-        if constexpr (kConsumerTma) {
-#pragma unroll
-          for (int st = 0; st < 2; ++st) {
-            if (consumer_refills(a + 2, st, t0, t1, kv_len))
-              nfirst[st] =
-                  tid == 0 ? static_cast<int>(kv_slot<Tr::kPage>(tok, (a + 2 + st) * kBlockN)) : 0;
-          }
-        }
+        int nfirst[2];
+        next_firsts(a, nfirst);
         float mx[2] = {kNegInf, kNegInf};
+        const float scale = qk_scale_log2(p, kF16);
         if constexpr (!(kPh && g == 1)) {
           if constexpr (!(kEarlyS && g == 0)) {  // kEarlyS: consumer 0's S0 is in flight
             acquire_s_block<g>(seesaw_block(g, 0), par);
@@ -991,13 +1004,18 @@ struct MlaWgmmaCta {
           if constexpr (kP1Buf && g == 1) {
             sm90::mbar_arrive(empty_rope());  // stage 1's rope block: read by S1 only
           }
-          const float scale = qk_scale_log2(p, kF16);
+          // Raw scores; the scale (> 0: scaling and k_scale are checked positive) multiplies
+          // the row max once and folds into the exp2's FMA. Only a tile that reaches one of this
+          // thread's row limits (the last tiles of a request, s_q > 1 rows, the phantom) sets its
+          // keys past the limit to -inf; the other tiles skip the compare and select.
+          if ((tile + 1) * kBlockN > (limit[0] < limit[1] ? limit[0] : limit[1])) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < 8; ++j) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int key = tile * kBlockN + 8 * j + 2 * (lane & 3) + (e & 1);
-              sacc[4 * j + e] = key < limit[e >> 1] ? sacc[4 * j + e] * scale : kNegInf;
+              for (int e = 0; e < 4; ++e) {
+                const int key = tile * kBlockN + 8 * j + 2 * (lane & 3) + (e & 1);
+                if (key >= limit[e >> 1]) sacc[4 * j + e] = kNegInf;
+              }
             }
           }
 #pragma unroll
@@ -1009,6 +1027,7 @@ struct MlaWgmmaCta {
           for (int x = 0; x < 2; ++x) {
             mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
             mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
+            mx[x] *= scale;  // -inf stays -inf
           }
         }
         float m_ref[2], sc[2], m_use[2], sum[2] = {0.f, 0.f};
@@ -1046,7 +1065,7 @@ struct MlaWgmmaCta {
           for (int j = 0; j < 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              sacc[4 * j + e] = exp2_approx(sacc[4 * j + e] - m_use[e >> 1]);
+              sacc[4 * j + e] = exp2_approx(fmaf(sacc[4 * j + e], scale, -m_use[e >> 1]));
               sum[e >> 1] += sacc[4 * j + e];
             }
             pa[j >> 1][2 * (j & 1) + 0] = pack_p(sacc[4 * j], sacc[4 * j + 1]);
@@ -1140,6 +1159,7 @@ struct MlaWgmmaCta {
           fence_regs(o);
           release_group(empty_hi(0), 0, 4, true, nfirst[0], tid);  // stage 0 blocks 4-8 (P0)
         }
+        return nfirst[1];  // kEarlyS: consumer 0 releases stage 1 blocks 0-3, 8 after the pair
       };
       if constexpr (kEarlyS) {
         // Every path that leaves the next S0 in flight goes straight (continue) to a pair body,
@@ -1155,7 +1175,7 @@ struct MlaWgmmaCta {
             ++pc;
             break;
           }
-          pair(a, pc & 1, pc1 & 1, std::false_type{});
+          const int nf1 = pair(a, pc & 1, pc1 & 1, std::false_type{});
           if (a + 2 < t1) {
             if constexpr (g == 0) {
               // The next pair's S0 behind P1 V1L: stage 0 blocks 0-3 (released after P0 V0L),
@@ -1163,7 +1183,7 @@ struct MlaWgmmaCta {
               issue_s_blocks<0, 0, 4>(sacc, (pc & 1) ^ 1);
               wgmma_commit();
               wgmma_wait<1>();  // P1 V1L (o is next touched after the next pair's wait<0>)
-              sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
+              release_group(empty_hi(1), 1, 0, true, nf1, tid);  // stage 1 blocks 0-3, 8 (P1)
               issue_s_blocks<0, 4, 9>(sacc, (pc & 1) ^ 1);
               wgmma_commit();
             }
@@ -1173,7 +1193,7 @@ struct MlaWgmmaCta {
           if constexpr (g == 0) {
             wgmma_wait<0>();
             fence_regs(o);
-            sm90::mbar_arrive(empty_hi(1));  // stage 1 blocks 0-3, 8 (P1)
+            release_group(empty_hi(1), 1, 0, true, nf1, tid);  // stage 1 blocks 0-3, 8 (P1)
           }
           ++pc, ++pc1;
           break;
