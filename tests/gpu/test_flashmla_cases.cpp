@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "attnkit/device.h"
+#include "attnkit/kv_cache.h"
 #include "attnkit/registry.h"
 #include "backends/mla/kernels/mla_decode.h"
 #include "backends/mla/kernels/mla_tile_scheduler.h"
@@ -394,6 +396,29 @@ TEST(FlashMlaKernels, RejectsOtherPageSizes) {
   ASSERT_FALSE(backend.is_ok());
   EXPECT_NE(backend.status().message().find("page_size 16"), std::string::npos)
       << backend.status().to_string();
+}
+
+// A softmax scale that fp32 cannot carry through the kernels (layer.scaling passes the generic
+// positive-finite check, but times log2(e) and the f16 paths' 2^8 it overflows) is an error
+// naming layer.scaling, returned before the forward writes the new token's row to the pool.
+TEST(FlashMlaKernels, RejectsSoftmaxScaleOutsideFp32) {
+  Result<PreparedCase> pc = harness::prepare_case(
+      mla_case("scale_overflow", ForwardMode::kDecode, 64, {100, 7}, 128, DType::kBF16),
+      Device::cuda(0));
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  for (harness::LayerData& ld : pc->layers) ld.layer.scaling = 3e38f;
+  Result<std::unique_ptr<AttentionBackend>> backend = create_flashmla_backend(pc->context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  const Status run = harness::run_backend(**backend, *pc, /*save_kv=*/true);
+  ASSERT_FALSE(run.is_ok());
+  EXPECT_NE(run.message().find("layer.scaling"), std::string::npos) << run.to_string();
+  // Layer 0's pool rows, the new tokens' slots included, are the bytes prepare_case left there.
+  const TensorView kv = static_cast<const MLAKVPool&>(*pc->kv_pool).kv_buffer(0);
+  std::vector<uint8_t> after(static_cast<size_t>(kv.storage_bytes()));
+  ASSERT_EQ(cudaMemcpy(after.data(), kv.data, after.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  const std::vector<uint8_t>& snap = pc->pool_snapshot.at(0);
+  ASSERT_GE(snap.size(), after.size());
+  EXPECT_TRUE(std::equal(after.begin(), after.end(), snap.begin()));
 }
 
 // CUDA graphs: a 2-layer decode step captured once, replayed after the lengths change in place;

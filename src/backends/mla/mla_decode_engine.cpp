@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -337,6 +338,18 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
     return Status::unsupported(owner_ + ": MLA decode needs lse with a unit head stride");
   }
   auto& pool = static_cast<MLAKVPool&>(*batch.kv_pool);
+  // fp8 stores x / k_scale: k_scale folds into the softmax scale and (V = the same row) into the
+  // output. Checked before anything is written to the pool: the kernels take the row max of raw
+  // scores and fold the scale into the exp2 (mla_decode_wgmma.cuh), which needs it positive and
+  // finite in fp32, also times 2^kQShiftF16 on the f16 paths.
+  const float k_scale = pool.dtype() == DType::kFP8E4M3 ? layer.k_scale : 1.f;
+  const float scale_log2 = layer.scaling * k_scale * cuda::kLog2e;
+  if (!(scale_log2 > 0.f) || !std::isfinite(scale_log2 * static_cast<float>(1 << kQShiftF16))) {
+    return Status::invalid_argument(owner_ + ": layer.scaling " + std::to_string(layer.scaling) +
+                                    " times the kv scale " + std::to_string(k_scale) +
+                                    " gives a softmax scale outside fp32's positive finite range "
+                                    "(times log2(e) * 2^8 it must stay in (0, 3.4e38))");
+  }
   if (save_kv && k.defined()) {
     ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
                                         layer.v_scale, stream));
@@ -358,19 +371,20 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.s_q = plan_.s_q;
   p.num_heads = layer.num_q_heads;
   p.rows_per_req = p.s_q * p.num_heads;
-  // fp8 stores x / k_scale: k_scale folds into the softmax scale and (V = the same row) into the
-  // output.
-  const float k_scale = quant ? layer.k_scale : 1.f;
-  p.scale_log2 = layer.scaling * k_scale * cuda::kLog2e;
+  p.scale_log2 = scale_log2;
   p.v_scale = k_scale;
   p.sched = plan_.sched;
   p.split_indptr = plan_.split_indptr;
   p.partial_out = plan_.partial_out;
   p.partial_lse = plan_.partial_lse;
   p.num_parts = plan_.num_parts;
-  p.use_wgmma = use_wgmma_ ? 1 + (wgmma_variant_ >= 0 ? wgmma_variant_
-                                                      : default_wgmma_variant(p.rows_per_req))
-                           : 0;
+  // Whole tiles refilled by the consumers' TMA (the auto variant rule; k_tma_eligible below
+  // decides the launch): a bf16 cache with pages of >= 64 tokens, the default K_TMA, no diagnostic.
+  const bool consumer_tma = k_tma_ == 3 && !quant && page_size_ % kBlockN == 0 && wgmma_diag_ == 0;
+  p.use_wgmma =
+      use_wgmma_ ? 1 + (wgmma_variant_ >= 0 ? wgmma_variant_
+                                            : default_wgmma_variant(p.rows_per_req, consumer_tma))
+                 : 0;
   p.grid_rows_fastest = grid_rows_fastest_;
   p.wgmma_diag = wgmma_diag_;  // noload: both kernels; noconvert: the fp8 wgmma path
   p.wgmma_fp8 = wgmma_fp8_ ? 1 : 0;

@@ -34,13 +34,17 @@ inline bool runs_wgmma(const MlaDecodeParams& p, int page_size, bool fp8) {
   return fp8 ? fp8_on_wgmma(p, page_size) : p.use_wgmma != 0 && rows_per_cta(p.rows_per_req) == 64;
 }
 // The wgmma kernel's variant (mla_decode_wgmma.cuh kVariant) when ATTNKIT_MLA_WGMMA_BLOCKS is
-// unset: 7 (the next pair's S0 issued behind P1 V1L) when a request's rows fill four or more
-// 64-row tiles (128 heads x s_q >= 2: each K tile is read by four CTAs, mostly from L2), else 6.
+// unset: 7 (the next pair's S0 issued behind P1 V1L) when a request has 256 or more rows (four
+// full 64-row tiles: 128 heads x s_q >= 2, each K tile read by four CTAs, mostly from L2) and
+// its whole tiles are refilled by the consumers' TMA (consumer_tma: MlaDecodeParams::kv_tma_ok
+// 3 applies; with the producer's loads variant 7 was no faster, sessions 11 and 22), else 6.
 // H100 2026-11-24 19:30-20:02Z, three runs, b128 kv 4k, 128 heads bf16, ms: s_q 2 v7 0.514-0.527
 // vs v6 0.527-0.553 (+2-5%); s_q 1 v7 0.291-0.301 vs v6 0.289-0.296 (1-2% slower), kv 8k v7
 // 0.535-0.550 vs v6 0.532-0.549; H200 20:13Z s_q 2 0.512-0.514 vs 0.533-0.539
 // (docs/perf/mla_notes.md session 23). The fp8 cache always runs 6.
-inline int default_wgmma_variant(int rows_per_req) { return rows_per_req >= 4 * 64 ? 7 : 6; }
+inline int default_wgmma_variant(int rows_per_req, bool consumer_tma) {
+  return consumer_tma && rows_per_req >= 4 * 64 ? 7 : 6;
+}
 // Whether a launch with p may load its K tiles by TMA (MlaDecodeParams::kv_tma_ok): the bf16
 // cache on the wgmma seesaw with pages of >= 64 tokens.
 inline bool k_tma_eligible(const MlaDecodeParams& p, int page_size, bool fp8) {

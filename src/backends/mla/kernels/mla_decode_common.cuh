@@ -39,9 +39,6 @@ __device__ __forceinline__ void fp8x4_to_bf16x4(uint32_t word, uint32_t& lo, uin
 __device__ __forceinline__ void fp8x4_to_f16x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
   cuda::fp8x4_to_f16x2x2<DType::kFP8E4M3, /*kPaired=*/false>(word, lo, hi);
 }
-// The f16 paths scale Q by 2^-kQShiftF16 (exact) so that |q| up to 2^24 stays finite; the
-// softmax scale takes the 2^kQShiftF16 back.
-inline constexpr int kQShiftF16 = 8;
 // bf16x2 word -> f16x2 word of the values times 2^-kQShiftF16.
 __device__ __forceinline__ uint32_t bf16x2_to_scaled_f16x2(uint32_t w) {
   constexpr float kMul = 1.f / (1 << kQShiftF16);

@@ -93,10 +93,10 @@ Status launch_rows(const MlaDecodeParams& p_in, cudaStream_t s) {
       if (p.use_wgmma == 7) return launch_decode_wgmma<kPage, 6>(p, s);  // phantom skip
       if (p.use_wgmma == 8) return launch_decode_wgmma<kPage, 7>(p, s);  // + early S0
       if (p.use_wgmma == 9) return launch_decode_wgmma<kPage, 8>(p, s);  // + own P1 buffer
-      return launch_decode_wgmma<kPage, 3>(p, s);                        // 4: the seesaw (default)
+      return launch_decode_wgmma<kPage, 3>(p, s);                        // 4: the seesaw
     }
   } else {
-    // fp8 cache: the seesaw without the phantom tile (variant 6, the bf16 default), the consumers
+    // fp8 cache: the seesaw without the phantom tile (variant 6), the consumers
     // converting the raw tiles (mla_decode_wgmma.cuh kFp8), whatever ATTNKIT_MLA_WGMMA_BLOCKS says;
     // ATTNKIT_MLA_WGMMA_FP8=0 (MlaDecodeParams::wgmma_fp8) keeps the mma.sync kernel.
     // Page 1 (flashinfer's MLA) has no fp8 cache (its descriptor), so no instantiation there.

@@ -24,6 +24,11 @@ inline constexpr int kFixedOverheadTiles = 5;
 // split index of the first segment.
 inline constexpr int kSchedWords = 5;
 
+// The f16 paths scale Q by 2^-kQShiftF16 (exact) so that |q| up to 2^24 stays finite; the
+// softmax scale takes the 2^kQShiftF16 back (qk_scale_log2; the engine checks that it stays
+// finite).
+inline constexpr int kQShiftF16 = 8;
+
 // Whether wgmma variant v (ATTNKIT_MLA_WGMMA_BLOCKS; MlaDecodeParams::use_wgmma = v + 1) runs the
 // seesaw schedule (mla_decode_wgmma.cuh kSeesaw; the host's K-TMA eligibility).
 constexpr bool mla_seesaw_variant(int v) { return v == 3 || v >= 6; }
@@ -56,11 +61,11 @@ struct MlaDecodeParams {
   // (ATTNKIT_MLA_WGMMA_BLOCKS=0); 2 (ATTNKIT_MLA_WGMMA_BLOCKS=1): one full barrier per 64-column
   // block of a K tile; 3 (ATTNKIT_MLA_WGMMA_BLOCKS=2): 2 + split release; 4
   // (ATTNKIT_MLA_WGMMA_BLOCKS=3): the seesaw schedule (mla_decode_wgmma.cuh, kVariant); 7
-  // (default, ATTNKIT_MLA_WGMMA_BLOCKS=6, session 10; H200 session 11: +4.5-6% over 4): the seesaw
+  // (ATTNKIT_MLA_WGMMA_BLOCKS=6, session 10; H200 session 11: +4.5-6% over 4): the seesaw
   // without the phantom tile of odd segments (kVariant 6); 8 (ATTNKIT_MLA_WGMMA_BLOCKS=7): 7 +
-  // consumer 0 issues the
-  // next pair's S0 behind P1 V1L (kVariant 7); 9 (ATTNKIT_MLA_WGMMA_BLOCKS=8, likewise): 8 + P1 in
-  // its own buffer, stage 1's rope block released after S1 (kVariant 8).
+  // consumer 0 issues the next pair's S0 behind P1 V1L (kVariant 7); 9 (ATTNKIT_MLA_WGMMA_BLOCKS=8,
+  // likewise): 8 + P1 in its own buffer, stage 1's rope block released after S1 (kVariant 8).
+  // ATTNKIT_MLA_WGMMA_BLOCKS unset: 1 + default_wgmma_variant (mla_decode.h), i.e. 7 or 8.
   int use_wgmma = 0;
   // Diagnostics, timing only (results are wrong): 1 (ATTNKIT_MLA_WGMMA_DIAG=noload) the wgmma
   // kernel's producer stops loading K tiles after the first two, the mma.sync kernel after its
@@ -98,7 +103,7 @@ struct MlaDecodeParams {
   // tokens: one box per 64-column block, issued by one producer thread; partial tiles by cp.async
   // as before); 2 (=evict_first): the boxes with an L2 evict-first policy; 3 (default, unset /
   // =consumer): a segment's later whole tiles issued by the consumer thread that releases each
-  // group (seesaw variants 3 / 6; kConsumerTma; other variants as 1), its first pair's by the
+  // group (seesaw variants 3 / 6 / 7; kConsumerTma; variant 8 as 1), its first pair's by the
   // producer. Set by the engine; 0 (=0) keeps every tile on cp.async.
   int kv_tma_ok = 0;
   cuda::TmaDesc kv_tma;

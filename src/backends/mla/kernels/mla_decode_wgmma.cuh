@@ -154,13 +154,14 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // consumer 0 releases blocks 0-3 and the rope block 8 (empty), consumer 1 blocks 4-7 (empty_hi);
 // the producer refills 0-3, 8 first and S runs the blocks in that order (0, 1, 2, 3, 8, 4-7).
 //
-// kVariant 3 (default; H200 session 9: +4-6% over 2): the tiles of a segment go in pairs
-// (a, a + 1) on stages (0, 1); consumer g computes S of tile a + g (both S GEMMs back to back), the
-// online softmax of the pair is split in the FlashMLA "seesaw" way: consumer 0 takes the max of
-// tile a first (m0 = max(m, max S0), scale0) and hands m0 / scale0 to consumer 1, which takes
-// m1 = max(m0, max S1), scale1 and publishes P1 (in frame m1) in stage 1's rope block; consumer 0
-// runs O_L = O_L scale0 + P0 V0L from registers meanwhile, then publishes P0 scale1 (frame m1) in
-// stage 0's rope block and runs O_L = O_L scale1 + P1 V1L; consumer 1 runs O_R = O_R scale0 scale1
+// kVariant 3 (the default of session 9; H200 session 9: +4-6% over 2): the tiles of a segment go in
+// pairs (a, a + 1) on stages (0, 1); consumer g computes S of tile a + g (both S GEMMs back to
+// back), the online softmax of the pair is split in the FlashMLA "seesaw" way: consumer 0 takes the
+// max of tile a first (m0 = max(m, max S0), scale0) and hands m0 / scale0 to consumer 1, which
+// takes m1 = max(m0, max S1), scale1 and publishes P1 (in frame m1) in stage 1's rope block;
+// consumer 0 runs O_L = O_L scale0 + P0 V0L from registers meanwhile, then publishes P0 scale1
+// (frame m1) in stage 0's rope block and runs O_L = O_L scale1 + P1 V1L; consumer 1 runs O_R = O_R
+// scale0 scale1
 // + P1 V1R + (P0 scale1) V0R without waiting in between. Only the max (not P) is on the chain
 // between the two softmaxes. Release: stage 0 blocks 0-3 after P0 V0L (empty), blocks 4-8 after
 // (P0 scale1) V0R (empty_hi); stage 1 blocks 4-7 after P1 V1R (empty), blocks 0-3, 8 after P1 V1L
