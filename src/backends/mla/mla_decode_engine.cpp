@@ -380,7 +380,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.num_parts = plan_.num_parts;
   // Whole tiles refilled by the consumers' TMA (the auto variant rule; k_tma_eligible below
   // decides the launch): a bf16 cache with pages of >= 64 tokens, the default K_TMA, no diagnostic.
-  const bool consumer_tma = k_tma_ == 3 && !quant && page_size_ % kBlockN == 0 && wgmma_diag_ == 0;
+  const bool consumer_tma = k_tma_ == 3 && mla_tma_tiles(page_size_, quant) && wgmma_diag_ == 0;
   p.use_wgmma =
       use_wgmma_ ? 1 + (wgmma_variant_ >= 0 ? wgmma_variant_
                                             : default_wgmma_variant(p.rows_per_req, consumer_tma))

@@ -48,7 +48,7 @@ inline int default_wgmma_variant(int rows_per_req, bool consumer_tma) {
 // Whether a launch with p may load its K tiles by TMA (MlaDecodeParams::kv_tma_ok): the bf16
 // cache on the wgmma seesaw with pages of >= 64 tokens.
 inline bool k_tma_eligible(const MlaDecodeParams& p, int page_size, bool fp8) {
-  return !fp8 && page_size % kBlockN == 0 && runs_wgmma(p, page_size, fp8) &&
+  return mla_tma_tiles(page_size, fp8) && runs_wgmma(p, page_size, fp8) &&
          mla_seesaw_variant(p.use_wgmma - 1);
 }
 // MlaDecodeParams::grid_rows_fastest with auto (2) resolved: rows (1) for the wgmma kernel, parts

@@ -32,6 +32,9 @@ inline constexpr int kQShiftF16 = 8;
 // Whether wgmma variant v (ATTNKIT_MLA_WGMMA_BLOCKS; MlaDecodeParams::use_wgmma = v + 1) runs the
 // seesaw schedule (mla_decode_wgmma.cuh kSeesaw; the host's K-TMA eligibility).
 constexpr bool mla_seesaw_variant(int v) { return v == 3 || v >= 6; }
+// Whether a tile's 64 keys are 64 consecutive pool rows of a bf16 cache, so that whole tiles may
+// come by TMA boxes (the wgmma kernel's kTmaTiles; the host's K-TMA eligibility).
+constexpr bool mla_tma_tiles(int page_size, bool fp8) { return !fp8 && page_size % kBlockN == 0; }
 
 struct MlaDecodeParams {
   const void* q = nullptr;  // [T, H, kRowDim] bf16; token of (request b, query i) = b * s_q + i

@@ -239,7 +239,7 @@ struct MlaWgmmaCta {
   static constexpr bool kP1Buf = kVariant == 8;
   // Whole tiles may come by TMA (MlaDecodeParams::kv_tma_ok): a bf16 cache whose pages hold a
   // tile's 64 keys as consecutive pool rows.
-  static constexpr bool kTmaTiles = !kFp8 && Tr::kPage != 1;
+  static constexpr bool kTmaTiles = mla_tma_tiles(Tr::kPage, kFp8);
   // p.kv_tma_ok == 3 (ATTNKIT_MLA_K_TMA=consumer): the whole bf16 tiles of a segment's later pairs
   // are refilled by TMA from the consumer thread that releases each group (as FlashMLA does), not
   // by the producer; seesaw variants 3, 6 and 7 (whose release points are the four groups below;
@@ -649,6 +649,8 @@ struct MlaWgmmaCta {
     }
   }
 
+  // Block n of a release group: blocks kb0 .. kb0 + 3, then (n == 4) the rope block 8.
+  __device__ static constexpr int group_block(int kb0, int n) { return n == 4 ? 8 : kb0 + n; }
   // kConsumerTma with p.kv_tma_ok == 3: whether stage s's tile of the pair starting at tile a
   // (a + s) is loaded by TMA from the consumers at the previous pair's releases: the pair is not
   // the segment's first and the tile is a whole tile of the segment. The producer and both
@@ -675,7 +677,7 @@ struct MlaWgmmaCta {
 #pragma unroll
       for (int n = 0; n < 5; ++n) {
         if (n == 4 && !rope) break;
-        const int kb = n == 4 ? 8 : kb0 + n;
+        const int kb = group_block(kb0, n);
         mbar_arrive_expect_tx(block_full(s, kb), kBlockN * 128);
         tma_load_2d(dst + kb * kBlockN * 128, &p.kv_tma, 64 * kb, first, block_full(s, kb));
         mbar_arrive_cnt(block_full(s, kb), 127);
@@ -745,7 +747,7 @@ struct MlaWgmmaCta {
               const int first = static_cast<int>(kv_slot<Tr::kPage>(tok, (a + s) * kBlockN));
 #pragma unroll 1
               for (int n = 0; n < nb; ++n) {
-                const int kb = n == 4 ? 8 : kb0 + n;
+                const int kb = group_block(kb0, n);
                 mbar_arrive_expect_tx(block_full(s, kb), kBlockN * 128);
                 if (p.kv_tma_ok == 2)
                   tma_load_2d_hint(dst + kb * kBlockN * 128, &p.kv_tma, 64 * kb, first,
@@ -756,13 +758,13 @@ struct MlaWgmmaCta {
               }
             } else {
 #pragma unroll 1
-              for (int n = 0; n < nb; ++n) mbar_arrive(block_full(s, n == 4 ? 8 : kb0 + n));
+              for (int n = 0; n < nb; ++n) mbar_arrive(block_full(s, group_block(kb0, n)));
             }
             continue;
           }
 #pragma unroll 1
           for (int n = 0; n < nb; ++n) {
-            const int kb = n == 4 ? 8 : kb0 + n;
+            const int kb = group_block(kb0, n);
             if constexpr (kFp8) {
               if (load) copy_fp8_raw(dst, key, kb, tid, row, kvg, valid);
               cp_async_arrive_noinc(raw_full(s, kb));
