@@ -133,9 +133,10 @@ __device__ __forceinline__ void rescale_o_l(float (&o)[128], float (&l)[2], cons
 // Variants 0-2:
 inline constexpr int kBarPReady = 1;  // + g (1, 2): consumer g published P / f / m of its tile
 // Variant 3 (the seesaw):
-inline constexpr int kBarM0 = 1;  // consumer 0 published m and the scale after tile a
-inline constexpr int kBarP1 = 2;  // consumer 1 published P1 (frame m1) for consumer 0
-inline constexpr int kBarP0 = 4;  // consumer 0 published P0 scale1 (frame m1) for consumer 1
+inline constexpr int kBarM0 = 1;   // consumer 0 published m and the scale after tile a
+inline constexpr int kBarP1 = 2;   // consumer 1 published P1 (frame m1) for consumer 0
+inline constexpr int kBarP0 = 4;   // consumer 0 published P0 scale1 (frame m1) for consumer 1
+inline constexpr int kBarSc1 = 9;  // consumer 1 published m1 and scale1 (before P1)
 // Variant 6, a phantom pair: consumer 0's 128 threads are done with S0 (stage 0's rope block).
 inline constexpr int kBarC0 = 5;
 // kFp8: consumer g's warpgroup has converted a block of its stage (6 + g).
@@ -660,6 +661,14 @@ struct MlaWgmmaCta {
     return p.kv_tma_ok == 3 && p.wgmma_diag == 0 && a != t0 && t < t1 &&
            (t + 1) * kBlockN <= kv_len;
   }
+  // Whether tile t of the segment [.., t1) of a request of kv_len keys reaches shared memory by TMA
+  // only (the producer's or the consumers' boxes: a whole tile, kTmaTiles with p.kv_tma_ok, no
+  // diagnostic), so a wgmma may read it right after its block barrier: the async proxy wrote it.
+  // Otherwise (cp.async, zero fill: generic-proxy writes) the reader fences first.
+  __device__ __forceinline__ bool tma_only(int t, int t1, int kv_len) const {
+    return kTmaTiles && p.kv_tma_ok != 0 && p.wgmma_diag == 0 && t < t1 &&
+           (t + 1) * kBlockN <= kv_len;
+  }
   // A consumer's release of blocks [kb0, kb0 + 4) (+ block 8 with `rope`) of stage s: with
   // first >= 0 (the next pair's tile of that stage is refilled by the consumers, its first pool
   // row) thread 0 issues the TMA boxes, each block's barrier receiving its 128 arrivals and the
@@ -856,7 +865,7 @@ struct MlaWgmmaCta {
   // block_full where the other consumer's P V reads it (stage 0 blocks 4-7: V0R of consumer 1;
   // stage 1 blocks 0-3: V1L of consumer 0; nobody waits for the others).
   template <int kS>
-  __device__ __forceinline__ void acquire_s_block(int kb, uint32_t parity) const {
+  __device__ __forceinline__ void acquire_s_block(int kb, uint32_t parity, bool tma) const {
     if constexpr (kFp8) {
       static_assert(kSeesaw && !kEarlyS, "consumer kS converts stage kS (variant 6)");
       sm90::mbar_wait(raw_full(kS, kb), parity);
@@ -867,20 +876,20 @@ struct MlaWgmmaCta {
       if (kS == 0 ? kb >= 4 && kb < 8 : kb < 4) sm90::mbar_arrive(block_full(kS, kb));
     } else {
       sm90::mbar_wait(block_full(kS, kb), parity);
-      sm90::fence_proxy_async();
+      if (!tma) sm90::fence_proxy_async();  // cp.async (generic proxy) writes
     }
   }
 
   // S = Q K^T of stage kS in seesaw_block order; the first block was waited for by the caller.
   template <int kS>
-  __device__ void issue_s_seesaw(float (&sacc)[32], uint32_t parity) const {
+  __device__ void issue_s_seesaw(float (&sacc)[32], uint32_t parity, bool tma) const {
     const uint64_t q_desc = sm90::make_desc(sQ(), 16, 1024);
     const uint64_t k_desc = sm90::make_desc(sK(kS), 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < Tr::kKSteps; ++kk) {
       const int kb = seesaw_block(kS, kk / 4);
       if (kk % 4 == 0 && kk > 0) {
-        acquire_s_block<kS>(kb, parity);
+        acquire_s_block<kS>(kb, parity, tma);
         sm90::wgmma_fence();
       }
       sm90::wgmma_ss<64, kBf16Mma, 0>(
@@ -894,7 +903,7 @@ struct MlaWgmmaCta {
   // The base addresses pass through an empty asm so that ptxas does not share (and keep live
   // across the loop: 144 B of spills) the descriptors of the three call sites.
   template <int kS, int kN0, int kN1>
-  __device__ void issue_s_blocks(float (&sacc)[32], uint32_t parity) const {
+  __device__ void issue_s_blocks(float (&sacc)[32], uint32_t parity, bool tma) const {
     uint32_t q_base = sQ(), k_base = sK(kS);
     asm volatile("" : "+r"(q_base), "+r"(k_base));
     const uint64_t q_desc = sm90::make_desc(q_base, 16, 1024);
@@ -904,7 +913,7 @@ struct MlaWgmmaCta {
       const int kb = seesaw_block(kS, kk / 4);
       if (kk % 4 == 0) {
         sm90::mbar_wait(block_full(kS, kb), parity);
-        sm90::fence_proxy_async();
+        if (!tma) sm90::fence_proxy_async();  // cp.async (generic proxy) writes
         sm90::wgmma_fence();
       }
       sm90::wgmma_ss<64, kBf16Mma, 0>(
@@ -990,15 +999,16 @@ struct MlaWgmmaCta {
         constexpr bool kPh = decltype(phantom)::value;
         [[maybe_unused]] const uint32_t par = g == 0 ? par0 : par1;
         const int tile = a + g;
+        [[maybe_unused]] const bool tma_own = tma_only(tile, t1, kv_len);
         int nfirst[2];
         next_firsts(a, nfirst);
         float mx[2] = {kNegInf, kNegInf};
         const float scale = qk_scale_log2(p, kF16);
         if constexpr (!(kPh && g == 1)) {
           if constexpr (!(kEarlyS && g == 0)) {  // kEarlyS: consumer 0's S0 is in flight
-            acquire_s_block<g>(seesaw_block(g, 0), par);
+            acquire_s_block<g>(seesaw_block(g, 0), par, tma_own);
             wgmma_fence();
-            issue_s_seesaw<g>(sacc, par);
+            issue_s_seesaw<g>(sacc, par, tma_own);
             wgmma_commit();
           }
           wgmma_wait<0>();
@@ -1062,6 +1072,18 @@ struct MlaWgmmaCta {
             sc[x] = kPh ? 1.f : exp2_approx(m0 - m_use[x]);  // scale1
             m_ref[x] = m_new;
           }
+          if constexpr (!kPh) {
+            // m1 / scale1 for consumer 0 before the exponentials: its P0 (frame m1) is stored
+            // while this consumer computes and stores P1.
+            if ((lane & 3) == 0) {
+#pragma unroll
+              for (int x = 0; x < 2; ++x) {
+                m1_sh[r_lo + 8 * x] = m_ref[x];
+                sc1_sh[r_lo + 8 * x] = sc[x];
+              }
+            }
+            named_bar_arrive(kBarSc1, 256);
+          }
         }
         if constexpr (!(kPh && g == 1)) {
 #pragma unroll
@@ -1095,7 +1117,9 @@ struct MlaWgmmaCta {
               m_prev[x] = m_ref[x];
             }
           } else {
-            named_bar_sync(kBarP1, 256);
+            // Every warp of this consumer is past S0 here too (the barrier's 128 threads of
+            // this consumer), so P0 may overwrite stage 0's rope block.
+            named_bar_sync(kBarSc1, 256);
 #pragma unroll
             for (int x = 0; x < 2; ++x) {
               sc1[x] = sc1_sh[r_lo + 8 * x];
@@ -1108,8 +1132,9 @@ struct MlaWgmmaCta {
           named_bar_arrive(kBarP0, 256);
           if constexpr (!kPh) {
             rescale_o_l(o, l, sc1);
-            wait_tile(1, par1, 0, 4);  // V1L (P1 came with the named barrier)
-            fence_proxy_async();
+            named_bar_sync(kBarP1, 256);  // P1 stored
+            wait_tile(1, par1, 0, 4);     // V1L
+            if (!tma_only(a + 1, t1, kv_len)) fence_proxy_async();
             wgmma_fence();
             issue_pv_smem_p_at(o, kP1Buf ? base + Tr::kPOffset : sP(1), 1, 0);
             wgmma_commit();
@@ -1121,17 +1146,9 @@ struct MlaWgmmaCta {
           }
         } else {
           if constexpr (!kPh) {
-            // P1 (frame m1) for consumer 0, in stage 1's rope block (kP1Buf: the P buffer);
-            // m1, scale1.
+            // P1 (frame m1) for consumer 0, in stage 1's rope block (kP1Buf: the P buffer).
             const float one[2] = {1.f, 1.f};
             store_p(smem + (kP1Buf ? Tr::kPOffset : sP(1) - base), sacc, one, r_lo, lane);
-            if ((lane & 3) == 0) {
-#pragma unroll
-              for (int x = 0; x < 2; ++x) {
-                m1_sh[r_lo + 8 * x] = m_ref[x];
-                sc1_sh[r_lo + 8 * x] = sc[x];
-              }
-            }
             fence_proxy_async();
             named_bar_arrive(kBarP1, 256);
           }
@@ -1150,7 +1167,7 @@ struct MlaWgmmaCta {
           }
           named_bar_sync(kBarP0, 256);
           wait_tile(0, par0, 4, 8);
-          fence_proxy_async();
+          if (!tma_only(a, t1, kv_len)) fence_proxy_async();
           wgmma_fence();
           issue_pv_smem_p_at(o, sP(0), 0, 1);
           wgmma_commit();
@@ -1168,7 +1185,7 @@ struct MlaWgmmaCta {
         // Every path that leaves the next S0 in flight goes straight (continue) to a pair body,
         // which starts with wait_group<0>: no correlated branches for ptxas (C7515).
         if constexpr (g == 0) {  // the segment's first S0
-          issue_s_blocks<0, 0, 9>(sacc, pc & 1);
+          issue_s_blocks<0, 0, 9>(sacc, pc & 1, tma_only(t0, t1, kv_len));
           wgmma_commit();
         }
         int a = t0;
@@ -1183,11 +1200,12 @@ struct MlaWgmmaCta {
             if constexpr (g == 0) {
               // The next pair's S0 behind P1 V1L: stage 0 blocks 0-3 (released after P0 V0L),
               // then P1 V1L retired and released, then blocks 4-8.
-              issue_s_blocks<0, 0, 4>(sacc, (pc & 1) ^ 1);
+              const bool tma_next = tma_only(a + 2, t1, kv_len);
+              issue_s_blocks<0, 0, 4>(sacc, (pc & 1) ^ 1, tma_next);
               wgmma_commit();
               wgmma_wait<1>();  // P1 V1L (o is next touched after the next pair's wait<0>)
               release_group(empty_hi(1), 1, 0, true, nf1, tid);  // stage 1 blocks 0-3, 8 (P1)
-              issue_s_blocks<0, 4, 9>(sacc, (pc & 1) ^ 1);
+              issue_s_blocks<0, 4, 9>(sacc, (pc & 1) ^ 1, tma_next);
               wgmma_commit();
             }
             a += 2, ++pc, ++pc1;
