@@ -69,6 +69,15 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
+// stmatrix.x4: four 8 x 8 b16 matrices of the warp into shared memory; register i of every thread
+// goes to matrix i (thread t holds row t / 4, columns 2 (t % 4), + 1), and thread t gives the
+// 16-byte row address of row t % 8 of matrix t / 8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // Orders this thread's generic-proxy shared-memory writes (cp.async, st.shared) before later
 // async-proxy reads (wgmma operands).
 __device__ __forceinline__ void fence_proxy_async() {

@@ -923,20 +923,22 @@ struct MlaWgmmaCta {
   }
 
   // Writes this thread's share of P (sacc scaled by f[row], bf16; f16 with an fp8 cache) into the P
-  // block at p_base (same fragment-to-word mapping as the A fragment: word (kk, q) = row r_lo +
-  // 8 (q & 1), keys 16 kk + 8 (q >> 1) + 2 (lane & 3) + [0, 2)).
-  __device__ void store_p(uint8_t* p_base, const float (&sacc)[32], const float (&f)[2], int r_lo,
+  // block at shared address p_addr (one 128-byte swizzle block, K-major) by stmatrix: per k-step kk
+  // the four 8 x 8 matrices of the A-fragment words (kk, q) = rows r_lo + 8 (q & 1), keys 16 kk +
+  // 8 (q >> 1) + 2 (lane & 3) + [0, 2); lane t addresses row t % 8 of matrix q = t / 8.
+  __device__ void store_p(uint32_t p_addr, const float (&sacc)[32], const float (&f)[2], int warp,
                           int lane) const {
+    const int row = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
+      uint32_t w[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int j = 2 * kk + (q >> 1);
         const int x = q & 1;
-        *reinterpret_cast<uint32_t*>(p_base + sm90::swizzle_offset(64, r_lo + 8 * x, j) +
-                                     4 * (lane & 3)) =
-            pack_p(sacc[4 * j + 2 * x] * f[x], sacc[4 * j + 2 * x + 1] * f[x]);
+        w[q] = pack_p(sacc[4 * j + 2 * x] * f[x], sacc[4 * j + 2 * x + 1] * f[x]);
       }
+      sm90::stmatrix_x4(p_addr + sm90::swizzle_offset(64, row, 2 * kk + (lane >> 4)), w);
     }
   }
 
@@ -1127,7 +1129,7 @@ struct MlaWgmmaCta {
             }
           }
           // P0 scale1 (frame m1) for consumer 1, in stage 0's rope block (S0 read it, done).
-          store_p(smem + (sP(0) - base), sacc, sc1, r_lo, lane);
+          store_p(sP(0), sacc, sc1, warp, lane);
           fence_proxy_async();
           named_bar_arrive(kBarP0, 256);
           if constexpr (!kPh) {
@@ -1148,7 +1150,7 @@ struct MlaWgmmaCta {
           if constexpr (!kPh) {
             // P1 (frame m1) for consumer 0, in stage 1's rope block (kP1Buf: the P buffer).
             const float one[2] = {1.f, 1.f};
-            store_p(smem + (kP1Buf ? Tr::kPOffset : sP(1) - base), sacc, one, r_lo, lane);
+            store_p(kP1Buf ? base + Tr::kPOffset : sP(1), sacc, one, warp, lane);
             fence_proxy_async();
             named_bar_arrive(kBarP1, 256);
           }
