@@ -196,9 +196,9 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 //
 // kVariant 8 (ATTNKIT_MLA_WGMMA_BLOCKS=8; session 10, H200 session 11: slower): 7 + P1 in the P
 // buffer (its own 8 KiB; the exchange arrays move to kX2Offset), so stage 1's rope block is read
-// by S1 only: consumer 1 releases it right after S1 (empty_rope), the producer refills it first
-// in the next pair, and S1 reads stage 1 in the order 4-7, 8, 0-3 (5 early blocks instead of 4;
-// 9 in the pair, as FlashMLA's).
+// by S1 only: consumer 1 releases it right after S1 (empty_rope; with the consumers' TMA its
+// refill is issued there), the producer refills it first in the next pair, and S1 reads stage 1
+// in the order 8, 4-7, 0-3 (5 early blocks instead of 4; 9 in the pair, as FlashMLA's).
 // kFp8 (an fp8_e4m3 cache; seesaw variant 6): the producer walks the release groups as for
 // bf16 but copies the raw e4m3 bytes by cp.async into the stage, each 16-byte fp8 chunk into the
 // first of the two 16-bit chunks it becomes, arriving on raw_full(stage, kb). Consumer g converts
@@ -246,12 +246,15 @@ struct MlaWgmmaCta {
   // by the producer; seesaw variants 3, 6 and 7 (whose release points are the four groups below;
   // variant 7's consumer 0 releases stage 1 blocks 0-3, 8 between its early S0's blocks 0-3 and
   // 4-8).
-  static constexpr bool kConsumerTma = kSeesaw && !kP1Buf && kTmaTiles;
+  static constexpr bool kConsumerTma = kSeesaw && kTmaTiles;
+  // Blocks of stage 1's last release group (consumer 0, after P1 V1L): 0-3 and the rope block,
+  // which holds P1; kP1Buf: 0-3 (its rope block went right after S1).
+  static constexpr int kNb1Lo = kP1Buf ? 4 : 5;
   // Seesaw: the column block consumer (= stage) s multiplies n-th in S (the order its blocks are
-  // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8 (kP1Buf: 4..7, 8, 0..3).
+  // released and refilled): stage 0 0..8, stage 1 4..7, 0..3, 8 (kP1Buf: 8, 4..7, 0..3).
   __device__ static constexpr int seesaw_block(int s, int n) {
     if (s == 0) return n;
-    if (kP1Buf) return n < 5 ? n + 4 : n - 5;
+    if (kP1Buf) return n == 0 ? 8 : n < 5 ? n + 3 : n - 5;
     return n == 8 ? n : (n < 4 ? n + 4 : n - 4);
   }
   // P of stage s (64 x 64 keys, one 128-byte swizzle block) in that stage's rope block.
@@ -669,12 +672,13 @@ struct MlaWgmmaCta {
     return kTmaTiles && p.kv_tma_ok != 0 && p.wgmma_diag == 0 && t < t1 &&
            (t + 1) * kBlockN <= kv_len;
   }
-  // A consumer's release of blocks [kb0, kb0 + 4) (+ block 8 with `rope`) of stage s: with
+  // A consumer's release of the blocks group_block(kb0, n), n < nb, of stage s (kb0 0 / 4 with nb 4
+  // or 5: blocks kb0 .. kb0 + 3 (+ the rope block 8); kb0 8 with nb 1: the rope block): with
   // first >= 0 (the next pair's tile of that stage is refilled by the consumers, its first pool
   // row) thread 0 issues the TMA boxes, each block's barrier receiving its 128 arrivals and the
   // box's bytes; else the 128 threads arrive on `empty_bar` for the producer. Called after the
   // consumer's last wgmma reading those blocks has completed (wait_group).
-  __device__ __forceinline__ void release_group(uint32_t empty_bar, int s, int kb0, bool rope,
+  __device__ __forceinline__ void release_group(uint32_t empty_bar, int s, int kb0, int nb,
                                                 int first, int tid) const {
     using namespace sm90;
     if (!kConsumerTma || first < 0) {
@@ -684,8 +688,7 @@ struct MlaWgmmaCta {
     if (tid == 0) {
       const uint32_t dst = sK(s);
 #pragma unroll
-      for (int n = 0; n < 5; ++n) {
-        if (n == 4 && !rope) break;
+      for (int n = 0; n < nb; ++n) {
         const int kb = group_block(kb0, n);
         mbar_arrive_expect_tx(block_full(s, kb), kBlockN * 128);
         tma_load_2d(dst + kb * kBlockN * 128, &p.kv_tma, 64 * kb, first, block_full(s, kb));
@@ -1017,7 +1020,8 @@ struct MlaWgmmaCta {
           fence_regs(sacc);
           fence_regs(o);
           if constexpr (kP1Buf && g == 1) {
-            sm90::mbar_arrive(empty_rope());  // stage 1's rope block: read by S1 only
+            // Stage 1's rope block: read by S1 only (P1 lives in the P buffer).
+            release_group(empty_rope(), 1, 8, 1, nfirst[1], tid);
           }
           // Raw scores; the scale (> 0: scaling and k_scale are checked positive) multiplies
           // the row max once and folds into the exp2's FMA. Only a tile that reaches one of this
@@ -1107,7 +1111,7 @@ struct MlaWgmmaCta {
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(o);
-          release_group(empty(0), 0, 0, false, nfirst[0], tid);  // stage 0 blocks 0-3
+          release_group(empty(0), 0, 0, 4, nfirst[0], tid);  // stage 0 blocks 0-3
           float sc1[2];
           if constexpr (kPh) {
             // No P1: scale1 = 1, m1 = m0. Every warp of this consumer is done with S0 before
@@ -1143,7 +1147,7 @@ struct MlaWgmmaCta {
             if constexpr (!kEarlyS) {
               wgmma_wait<0>();
               fence_regs(o);
-              release_group(empty_hi(1), 1, 0, true, nfirst[1], tid);  // stage 1 blocks 0-3, 8 (P1)
+              release_group(empty_hi(1), 1, 0, kNb1Lo, nfirst[1], tid);  // stage 1 0-3, 8 (P1)
             }
           }
         } else {
@@ -1175,11 +1179,11 @@ struct MlaWgmmaCta {
           wgmma_commit();
           if constexpr (!kPh) {
             wgmma_wait<1>();
-            release_group(empty(1), 1, 4, false, nfirst[1], tid);  // stage 1 blocks 4-7
+            release_group(empty(1), 1, 4, 4, nfirst[1], tid);  // stage 1 blocks 4-7
           }
           wgmma_wait<0>();
           fence_regs(o);
-          release_group(empty_hi(0), 0, 4, true, nfirst[0], tid);  // stage 0 blocks 4-8 (P0)
+          release_group(empty_hi(0), 0, 4, 5, nfirst[0], tid);  // stage 0 blocks 4-8 (P0)
         }
         return nfirst[1];  // kEarlyS: consumer 0 releases stage 1 blocks 0-3, 8 after the pair
       };
@@ -1206,7 +1210,7 @@ struct MlaWgmmaCta {
               issue_s_blocks<0, 0, 4>(sacc, (pc & 1) ^ 1, tma_next);
               wgmma_commit();
               wgmma_wait<1>();  // P1 V1L (o is next touched after the next pair's wait<0>)
-              release_group(empty_hi(1), 1, 0, true, nf1, tid);  // stage 1 blocks 0-3, 8 (P1)
+              release_group(empty_hi(1), 1, 0, kNb1Lo, nf1, tid);  // stage 1 0-3, 8 (P1)
               issue_s_blocks<0, 4, 9>(sacc, (pc & 1) ^ 1, tma_next);
               wgmma_commit();
             }
@@ -1216,7 +1220,7 @@ struct MlaWgmmaCta {
           if constexpr (g == 0) {
             wgmma_wait<0>();
             fence_regs(o);
-            release_group(empty_hi(1), 1, 0, true, nf1, tid);  // stage 1 blocks 0-3, 8 (P1)
+            release_group(empty_hi(1), 1, 0, kNb1Lo, nf1, tid);  // stage 1 0-3, 8 (P1)
           }
           ++pc, ++pc1;
           break;
