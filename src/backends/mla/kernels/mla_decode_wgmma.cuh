@@ -159,15 +159,17 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // pairs (a, a + 1) on stages (0, 1); consumer g computes S of tile a + g (both S GEMMs back to
 // back), the online softmax of the pair is split in the FlashMLA "seesaw" way: consumer 0 takes the
 // max of tile a first (m0 = max(m, max S0), scale0) and hands m0 / scale0 to consumer 1, which
-// takes m1 = max(m0, max S1), scale1 and publishes P1 (in frame m1) in stage 1's rope block;
-// consumer 0 runs O_L = O_L scale0 + P0 V0L from registers meanwhile, then publishes P0 scale1
-// (frame m1) in stage 0's rope block and runs O_L = O_L scale1 + P1 V1L; consumer 1 runs O_R = O_R
-// scale0 scale1
-// + P1 V1R + (P0 scale1) V0R without waiting in between. Only the max (not P) is on the chain
-// between the two softmaxes. Release: stage 0 blocks 0-3 after P0 V0L (empty), blocks 4-8 after
-// (P0 scale1) V0R (empty_hi); stage 1 blocks 4-7 after P1 V1R (empty), blocks 0-3, 8 after P1 V1L
-// (empty_hi); the producer loads in that order and S0 / S1 read their blocks in the order
-// loaded. An odd segment's last pair has a phantom tile a + 1 (zero-filled, masked).
+// takes m1 = max(m0, max S1), scale1, publishes m1 / scale1 (kBarSc1, before its exponentials;
+// session 24) and then P1 (in frame m1) in stage 1's rope block (kBarP1); consumer 0 runs O_L =
+// O_L scale0 + P0 V0L from registers meanwhile, then publishes P0 scale1 (frame m1) in stage 0's
+// rope block (kBarP0) while P1 is being computed, and runs O_L = O_L scale1 + P1 V1L; consumer 1
+// runs O_R = O_R scale0 scale1 + P1 V1R + (P0 scale1) V0R without waiting in between. Only the
+// max (not P) is on the chain between the two softmaxes. P is stored by stmatrix (store_p), and a
+// tile that came by TMA alone is read without a proxy fence (tma_only). Release: stage 0 blocks 0-3
+// after P0 V0L (empty), blocks 4-8 after (P0 scale1) V0R (empty_hi); stage 1 blocks 4-7 after P1
+// V1R (empty), blocks 0-3, 8 after P1 V1L (empty_hi); the producer loads in that order and S0 / S1
+// read their blocks in the order loaded. An odd segment's last pair has a phantom tile a + 1
+// (zero-filled, masked).
 //
 // kVariant 6 (the default since session 11 but for 128 heads x s_q >= 2;
 // ATTNKIT_MLA_WGMMA_BLOCKS=6): the seesaw without the phantom tile. An odd segment's last pair runs
