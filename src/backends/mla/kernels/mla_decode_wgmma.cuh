@@ -885,9 +885,36 @@ struct MlaWgmmaCta {
     }
   }
 
+  // The seesaw's Q rope block (columns 512-575) as this thread's wgmma A fragments, one [4] per
+  // k-step (word q: rows r_lo + 8 (q & 1), columns 16 kk + 8 (q >> 1) + 2 (lane & 3) + [0, 2)),
+  // loaded once per segment by ldmatrix (lane t addresses row t % 8 of matrix t / 8), so the
+  // rope k-steps of S read A from registers (FlashMLA's rQ8): 8 KiB less shared-memory traffic
+  // per S.
+  __device__ void load_q_rope(uint32_t (&rq)[4][4], int warp, int lane) const {
+    const int row = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      cuda::ldmatrix_x4(
+          rq[kk], sQ() + 8 * Tr::kRows * 128 + sm90::swizzle_offset(64, row, 2 * kk + (lane >> 4)));
+    }
+  }
+  // k-step kk of S (column block kb, compile-time after unrolling): the rope block's A from rq.
+  __device__ __forceinline__ void s_kstep(float (&sacc)[32], const uint32_t (&rq)[4][4],
+                                          uint64_t q_desc, uint64_t k_desc, int kb, int kk) const {
+    const uint64_t kd = sm90::desc_advance(k_desc, kb * kBlockN * 128 + (kk % 4) * 32);
+    if (kb == Tr::kColBlocks - 1) {
+      sm90::wgmma_rs<64, kBf16Mma, 0>(sacc, rq[kk % 4], kd, kk > 0 ? 1 : 0);
+    } else {
+      sm90::wgmma_ss<64, kBf16Mma, 0>(
+          sacc, sm90::desc_advance(q_desc, kb * Tr::kRows * 128 + (kk % 4) * 32), kd,
+          kk > 0 ? 1 : 0);
+    }
+  }
+
   // S = Q K^T of stage kS in seesaw_block order; the first block was waited for by the caller.
   template <int kS>
-  __device__ void issue_s_seesaw(float (&sacc)[32], uint32_t parity, bool tma) const {
+  __device__ void issue_s_seesaw(float (&sacc)[32], const uint32_t (&rq)[4][4], uint32_t parity,
+                                 bool tma) const {
     const uint64_t q_desc = sm90::make_desc(sQ(), 16, 1024);
     const uint64_t k_desc = sm90::make_desc(sK(kS), 16, 1024);
 #pragma unroll
@@ -897,9 +924,7 @@ struct MlaWgmmaCta {
         acquire_s_block<kS>(kb, parity, tma);
         sm90::wgmma_fence();
       }
-      sm90::wgmma_ss<64, kBf16Mma, 0>(
-          sacc, sm90::desc_advance(q_desc, kb * Tr::kRows * 128 + (kk % 4) * 32),
-          sm90::desc_advance(k_desc, kb * kBlockN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
+      s_kstep(sacc, rq, q_desc, k_desc, kb, kk);
     }
   }
 
@@ -908,7 +933,8 @@ struct MlaWgmmaCta {
   // The base addresses pass through an empty asm so that ptxas does not share (and keep live
   // across the loop: 144 B of spills) the descriptors of the three call sites.
   template <int kS, int kN0, int kN1>
-  __device__ void issue_s_blocks(float (&sacc)[32], uint32_t parity, bool tma) const {
+  __device__ void issue_s_blocks(float (&sacc)[32], const uint32_t (&rq)[4][4], uint32_t parity,
+                                 bool tma) const {
     uint32_t q_base = sQ(), k_base = sK(kS);
     asm volatile("" : "+r"(q_base), "+r"(k_base));
     const uint64_t q_desc = sm90::make_desc(q_base, 16, 1024);
@@ -921,9 +947,7 @@ struct MlaWgmmaCta {
         if (!tma) sm90::fence_proxy_async();  // cp.async (generic proxy) writes
         sm90::wgmma_fence();
       }
-      sm90::wgmma_ss<64, kBf16Mma, 0>(
-          sacc, sm90::desc_advance(q_desc, kb * Tr::kRows * 128 + (kk % 4) * 32),
-          sm90::desc_advance(k_desc, kb * kBlockN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
+      s_kstep(sacc, rq, q_desc, k_desc, kb, kk);
     }
   }
 
@@ -983,6 +1007,8 @@ struct MlaWgmmaCta {
       mbar_wait(q_full(), tcount & 1);
       if constexpr (kF16) convert_q_f16(tid + 128 * g);
       fence_proxy_async();
+      uint32_t rq[4][4];
+      load_q_rope(rq, warp, lane);
 
       // kConsumerTma: the first pool rows of pair (a + 2, a + 3)'s tiles that the releases of
       // pair a refill by TMA (read at the start of pair a, used at the releases; -1: the
@@ -1015,7 +1041,7 @@ struct MlaWgmmaCta {
           if constexpr (!(kEarlyS && g == 0)) {  // kEarlyS: consumer 0's S0 is in flight
             acquire_s_block<g>(seesaw_block(g, 0), par, tma_own);
             wgmma_fence();
-            issue_s_seesaw<g>(sacc, par, tma_own);
+            issue_s_seesaw<g>(sacc, rq, par, tma_own);
             wgmma_commit();
           }
           wgmma_wait<0>();
@@ -1193,7 +1219,7 @@ struct MlaWgmmaCta {
         // Every path that leaves the next S0 in flight goes straight (continue) to a pair body,
         // which starts with wait_group<0>: no correlated branches for ptxas (C7515).
         if constexpr (g == 0) {  // the segment's first S0
-          issue_s_blocks<0, 0, 9>(sacc, pc & 1, tma_only(t0, t1, kv_len));
+          issue_s_blocks<0, 0, 9>(sacc, rq, pc & 1, tma_only(t0, t1, kv_len));
           wgmma_commit();
         }
         int a = t0;
@@ -1209,11 +1235,11 @@ struct MlaWgmmaCta {
               // The next pair's S0 behind P1 V1L: stage 0 blocks 0-3 (released after P0 V0L),
               // then P1 V1L retired and released, then blocks 4-8.
               const bool tma_next = tma_only(a + 2, t1, kv_len);
-              issue_s_blocks<0, 0, 4>(sacc, (pc & 1) ^ 1, tma_next);
+              issue_s_blocks<0, 0, 4>(sacc, rq, (pc & 1) ^ 1, tma_next);
               wgmma_commit();
               wgmma_wait<1>();  // P1 V1L (o is next touched after the next pair's wait<0>)
               release_group(empty_hi(1), 1, 0, kNb1Lo, nf1, tid);  // stage 1 0-3, 8 (P1)
-              issue_s_blocks<0, 4, 9>(sacc, (pc & 1) ^ 1, tma_next);
+              issue_s_blocks<0, 4, 9>(sacc, rq, (pc & 1) ^ 1, tma_next);
               wgmma_commit();
             }
             a += 2, ++pc, ++pc1;
