@@ -971,6 +971,22 @@ struct MlaWgmmaCta {
     }
   }
 
+  // The seesaw's hand-over of a running max: rows r_lo, r_lo + 8's max m and rescale factor sc
+  // into m_sh / sc_sh (one thread of each row's quad), then an arrive on named barrier `bar` for
+  // the other consumer's sync.
+  __device__ __forceinline__ static void publish_max(float* m_sh, float* sc_sh, const float (&m)[2],
+                                                     const float (&sc)[2], int r_lo, int lane,
+                                                     int bar) {
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        m_sh[r_lo + 8 * x] = m[x];
+        sc_sh[r_lo + 8 * x] = sc[x];
+      }
+    }
+    named_bar_arrive(bar, 256);
+  }
+
   template <int g>
   __device__ void consumer_seesaw() const {
     using namespace sm90;
@@ -1087,14 +1103,7 @@ struct MlaWgmmaCta {
             sc[x] = exp2_approx(m_prev[x] - m_use[x]);  // scale0
             m_ref[x] = m_new;
           }
-          if ((lane & 3) == 0) {
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {
-              m0_sh[r_lo + 8 * x] = m_ref[x];
-              sc0_sh[r_lo + 8 * x] = sc[x];
-            }
-          }
-          named_bar_arrive(kBarM0, 256);
+          publish_max(m0_sh, sc0_sh, m_ref, sc, r_lo, lane, kBarM0);
         } else {
           named_bar_sync(kBarM0, 256);
 #pragma unroll
@@ -1109,14 +1118,7 @@ struct MlaWgmmaCta {
           if constexpr (!kPh) {
             // m1 / scale1 for consumer 0 before the exponentials: its P0 (frame m1) is stored
             // while this consumer computes and stores P1.
-            if ((lane & 3) == 0) {
-#pragma unroll
-              for (int x = 0; x < 2; ++x) {
-                m1_sh[r_lo + 8 * x] = m_ref[x];
-                sc1_sh[r_lo + 8 * x] = sc[x];
-              }
-            }
-            named_bar_arrive(kBarSc1, 256);
+            publish_max(m1_sh, sc1_sh, m_ref, sc, r_lo, lane, kBarSc1);
           }
         }
         if constexpr (!(kPh && g == 1)) {
