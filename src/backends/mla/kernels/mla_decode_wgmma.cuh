@@ -178,9 +178,11 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // (it only rescales O_R by scale0 and runs (P0) V0R), consumer 0 skips the wait for P1 and P1 V1L.
 // Stage 1 then has no barrier phase in that pair: its full / empty parities count the pairs that
 // use it (pc1), stage 0's all pairs (pc). In that pair consumer 0 overwrites stage 0's rope block
-// with P0 after its own 128-thread barrier (kBarC0: every warp's S0 is done; in a full pair the P1
-// barrier orders it). The protocol was checked by docs/perf/mla_s10/seesaw_model.py (random
-// interleavings).
+// with P0 after its own 128-thread barrier (kBarC0: every warp's S0 is done; in a full pair the
+// kBarSc1 sync orders it). The protocol was checked by docs/perf/mla_s10/seesaw_model.py (random
+// interleavings; sessions 10 and 23). That model predates session 24's kBarSc1 hand-over, in which
+// P0 is stored before the P1 sync, and variant 8's consumer-issued refills; a read-only review
+// re-derived their ordering by hand and has not extended the model.
 //
 // kVariant 7 (the default for 128 heads x s_q >= 2 since session 23, default_wgmma_variant;
 // session 10, H200 session 11: no faster with the producer's loads): 6 + consumer 0
@@ -245,9 +247,11 @@ struct MlaWgmmaCta {
   static constexpr bool kTmaTiles = mla_tma_tiles(Tr::kPage, kFp8);
   // p.kv_tma_ok == 3 (ATTNKIT_MLA_K_TMA=consumer): the whole bf16 tiles of a segment's later pairs
   // are refilled by TMA from the consumer thread that releases each group (as FlashMLA does), not
-  // by the producer; seesaw variants 3, 6 and 7 (whose release points are the four groups below;
-  // variant 7's consumer 0 releases stage 1 blocks 0-3, 8 between its early S0's blocks 0-3 and
-  // 4-8).
+  // by the producer; seesaw variants 3, 6, 7 and 8 (whose release points are the four groups below,
+  // plus variant 8's stage-1 rope block right after S1; variant 7's consumer 0 releases stage 1
+  // blocks 0-3, 8 between its early S0's blocks 0-3 and 4-8). Thread 0 issues a group's boxes
+  // after its own wgmma_wait and arrives for the other 127 threads, as FlashMLA does: this relies
+  // on a warpgroup's wgmma completing for all four warps at once.
   static constexpr bool kConsumerTma = kSeesaw && kTmaTiles;
   // Blocks of stage 1's last release group (consumer 0, after P1 V1L): 0-3 and the rope block,
   // which holds P1; kP1Buf: 0-3 (its rope block went right after S1).
@@ -700,7 +704,9 @@ struct MlaWgmmaCta {
   }
 
   // ---- seesaw (kVariant 3; 6 without the phantom tile) ----
-  // Producer: per pair of tiles (a, a + 1) the four release groups in the order they free up:
+  // Producer: per pair of tiles (a, a + 1) the four release groups in the order they free up
+  // (variant 8: first stage 1's rope block alone, empty_rope, then the groups with 4 blocks each
+  // for stage 1):
   // stage 0 blocks 0-3 (empty(0)), stage 1 blocks 4-7 (empty(1)), stage 0 blocks 4-8
   // (empty_hi(0)), stage 1 blocks 0-3, 8 (empty_hi(1)).
   __device__ void producer_seesaw() const {
@@ -890,6 +896,8 @@ struct MlaWgmmaCta {
   // loaded once per segment by ldmatrix (lane t addresses row t % 8 of matrix t / 8), so the
   // rope k-steps of S read A from registers (FlashMLA's rQ8): 8 KiB less shared-memory traffic
   // per S.
+  // Called after the q_full wait, convert_q_f16's named barrier (f16) and the proxy fence: those
+  // asm statements clobber memory, so the ldmatrix asm (volatile, no clobber) stays behind them.
   __device__ void load_q_rope(uint32_t (&rq)[4][4], int warp, int lane) const {
     const int row = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
 #pragma unroll
@@ -1145,7 +1153,7 @@ struct MlaWgmmaCta {
           float sc1[2];
           if constexpr (kPh) {
             // No P1: scale1 = 1, m1 = m0. Every warp of this consumer is done with S0 before
-            // P0 overwrites stage 0's rope block (in a full pair the P1 barrier orders it).
+            // P0 overwrites stage 0's rope block (in a full pair the kBarSc1 sync orders it).
             named_bar_sync(kBarC0, 128);
 #pragma unroll
             for (int x = 0; x < 2; ++x) {
