@@ -106,7 +106,7 @@ struct MlaDecodeParams {
   // tokens: one box per 64-column block, issued by one producer thread; partial tiles by cp.async
   // as before); 2 (=evict_first): the boxes with an L2 evict-first policy; 3 (default, unset /
   // =consumer): a segment's later whole tiles issued by the consumer thread that releases each
-  // group (seesaw variants 3 / 6 / 7; kConsumerTma; variant 8 as 1), its first pair's by the
+  // group (seesaw variants 3 / 6 / 7 / 8; kConsumerTma), its first pair's by the
   // producer. Set by the engine; 0 (=0) keeps every tile on cp.async.
   int kv_tma_ok = 0;
   cuda::TmaDesc kv_tma;

@@ -951,8 +951,7 @@ struct MlaWgmmaCta {
     for (int kk = 4 * kN0; kk < 4 * kN1; ++kk) {
       const int kb = seesaw_block(kS, kk / 4);
       if (kk % 4 == 0) {
-        sm90::mbar_wait(block_full(kS, kb), parity);
-        if (!tma) sm90::fence_proxy_async();  // cp.async (generic proxy) writes
+        acquire_s_block<kS>(kb, parity, tma);
         sm90::wgmma_fence();
       }
       s_kstep(sacc, rq, q_desc, k_desc, kb, kk);
