@@ -39,7 +39,8 @@ bool wgmma_env_on() { return env_choice("ATTNKIT_MLA_WGMMA", {"0", "1", "all"}, 
 // "3" the seesaw schedule (H200 session 9, two runs: +4-6% over 2), "6" the seesaw without the
 // phantom tile of odd segments (session 10; H200 2026-11-23 15:18Z, two runs: 128 heads +4.5-6%
 // over 3), "7" 6 + the next pair's S0 issued behind P1 V1L, "8" 7 + P1 in its own buffer (stage
-// 1's rope block released after S1; slower, docs/perf/mla_notes.md sessions 11 and 21); unset /
+// 1's rope block released after S1; slower with the producer's loads, sessions 11 and 21, level
+// with the consumers' TMA, session 24; docs/perf/mla_notes.md); unset /
 // "auto": default_wgmma_variant (mla_decode.h) per launch (-1 here).
 int wgmma_variant_env() {
   const std::string v =
