@@ -399,6 +399,9 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
     }
   }
   ATTNKIT_RETURN_IF_ERROR(run_decode(p, page_size_, kv_dtype, stream));
+#if defined(ATTNKIT_MLA_TIMELINE)
+  if (page_size_ == 64) mla_timeline_dump(stream);
+#endif
   if (p.kv_tma_ok != 0) ++stats_.k_tma_runs;
   ++stats_.runs;
   if (p.skip_combine == 0) ++stats_.combine_launches;

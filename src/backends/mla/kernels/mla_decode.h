@@ -87,6 +87,11 @@ int max_smem_bytes();
 // code, and its dynamic shared memory (bytes).
 bool wgmma_available();
 int wgmma_smem_bytes();
+#if defined(ATTNKIT_MLA_TIMELINE)
+// Diagnostic build (CMake ATTNKIT_MLA_TIMELINE): the page-64 wgmma kernel's timeline to
+// $ATTNKIT_MLA_TIMELINE_OUT (mla_decode_wgmma.cuh); the engine calls it after each launch.
+void mla_timeline_dump(StreamHandle stream);
+#endif
 
 // Writes p.sched / p.split_indptr from p.seq_lens on `stream` (one tiny kernel).
 Status launch_schedule(const MlaDecodeParams& p, int32_t* sched, int32_t* split_indptr,

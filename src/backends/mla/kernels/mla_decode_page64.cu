@@ -2,6 +2,12 @@
 // wgmma kernel for 64-row bf16 tiles).
 #include "backends/mla/kernels/mla_decode_launch.cuh"
 
+#if defined(ATTNKIT_MLA_TIMELINE)
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#endif
+
 namespace attnkit::mla {
 template Status run_decode_page<64>(const MlaDecodeParams&, DType, StreamHandle);
 
@@ -19,4 +25,28 @@ bool wgmma_available() {
 }
 
 int wgmma_smem_bytes() { return MlaWgmmaTraits<64>::kSmemBytes; }
+
+#if defined(ATTNKIT_MLA_TIMELINE)
+// Diagnostic build: the timeline buffer of this translation unit's kernels (mla_decode_wgmma.cuh)
+// to $ATTNKIT_MLA_TIMELINE_OUT after the launch just queued (skipped while a stream is captured).
+void mla_timeline_dump(StreamHandle stream) {
+  const char* path = std::getenv("ATTNKIT_MLA_TIMELINE_OUT");
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (path == nullptr || cudaStreamIsCapturing(cuda::to_stream(stream), &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone) {
+    return;
+  }
+  std::vector<unsigned long long> words(static_cast<size_t>(kTlCtas) * 2 * kTlWords);
+  if (cudaStreamSynchronize(cuda::to_stream(stream)) != cudaSuccess ||
+      cudaMemcpyFromSymbol(words.data(), g_mla_timeline, words.size() * sizeof(words[0])) !=
+          cudaSuccess) {
+    std::fprintf(stderr, "mla timeline: copy failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  if (std::FILE* f = std::fopen(path, "wb")) {
+    std::fwrite(words.data(), sizeof(words[0]), words.size(), f);
+    std::fclose(f);
+  }
+}
+#endif
 }  // namespace attnkit::mla

@@ -146,6 +146,68 @@ inline constexpr int kBarQCvt = 8;
 // Every variant:
 inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 
+// Diagnostic timeline (compile-time ATTNKIT_MLA_TIMELINE, CMake option of the same name; never in
+// a timed or shipped build): thread 0 of each seesaw consumer of the first kTlCtas CTAs (linear id
+// blockIdx.y * gridDim.x + blockIdx.x) records (clock64, event | pair tile << 8) pairs at the phase
+// points named by MlaTlEvent; word 0 of a (CTA, consumer) record holds the number of words written.
+// The engine copies the buffer to $ATTNKIT_MLA_TIMELINE_OUT after each launch
+// (mla_timeline_dump); scripts/device/mla_timeline.py reads it.
+enum MlaTlEvent : int {
+  kTlSegment = 1,         // segment start (Q waited for, rope block in registers)
+  kTlPair = 2,            // pair body entered
+  kTlSIssued = 3,         // this consumer's S issued (every block waited for)
+  kTlSDone = 4,           // S retired (wait_group 0)
+  kTlMaxOut = 5,          // consumer 0: m0 / scale0 published; 1: m1 / scale1 published
+  kTlMaxIn = 6,           // consumer 1: kBarM0 synced; 0: kBarSc1 synced
+  kTlOwnPvIssued = 7,     // P0 V0L (0) / P1 V1R (1) issued
+  kTlOwnPvDone = 8,       // consumer 0: P0 V0L retired, stage 0 blocks 0-3 released
+  kTlPStored = 9,         // P0 scale1 (0) / P1 (1) stored and announced
+  kTlPIn = 10,            // kBarP1 (0) / kBarP0 (1) synced
+  kTlOtherPvIssued = 11,  // P1 V1L (0) / P0 V0R (1) issued (its V blocks waited for)
+  kTlRetired = 12,        // consumer 1: every P V retired; consumer 0 (kEarlyS): P1 V1L retired
+  kTlEarlyLo = 13,        // kEarlyS: next S0 blocks 0-3 issued
+  kTlEarlyHi = 14,        // kEarlyS: next S0 blocks 4-8 issued
+  kTlSegmentEnd = 15,     // output written
+  kTlGlobalStart = 16,    // %globaltimer (ns) at the segment start, for the order across CTAs
+  kTlGlobalEnd = 17,      // %globaltimer at the segment end
+};
+#if defined(ATTNKIT_MLA_TIMELINE)
+inline constexpr int kTlCtas = 32;
+inline constexpr int kTlWords = 8192;  // per CTA and consumer
+__device__ unsigned long long g_mla_timeline[kTlCtas * 2 * kTlWords];
+struct MlaTimeline {
+  unsigned long long* buf = nullptr;  // null: this thread does not record
+  int n = 2;  // words 0 (count) and 1 (unused): the pairs stay 16-byte aligned
+  __device__ MlaTimeline(int g, int tid) {
+    const int cta = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
+    if (tid == 0 && cta < kTlCtas) buf = g_mla_timeline + (2 * cta + g) * kTlWords;
+  }
+  // Branch-free (a predicated store), so no divergent branch sits between wgmmas in flight.
+  __device__ __forceinline__ void stamp(int ev, int tile) {
+    unsigned long long t;
+    if (ev == kTlGlobalStart || ev == kTlGlobalEnd) {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } else {
+      asm volatile("mov.u64 %0, %%clock64;" : "=l"(t));
+    }
+    const unsigned long long meta =
+        static_cast<unsigned long long>(ev) | static_cast<unsigned long long>(tile) << 8;
+    unsigned long long* at = buf != nullptr && n + 2 <= kTlWords ? buf + n : nullptr;
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.u64 p, %0, 0;\n @p st.global.v2.u64 [%0], {%1, %2};\n}" ::"l"(
+            at),
+        "l"(t), "l"(meta));
+    n += 2;
+  }
+  __device__ void finish() const {
+    if (buf != nullptr) buf[0] = static_cast<unsigned long long>(n);
+  }
+};
+#define ATTNKIT_MLA_TL(ev, tile) tl.stamp(ev, tile)
+#else
+#define ATTNKIT_MLA_TL(ev, tile) ((void)0)
+#endif
+
 // kVariant 0 (ATTNKIT_MLA_WGMMA_BLOCKS=0): one full barrier per K tile.
 // kVariant 1 (ATTNKIT_MLA_WGMMA_BLOCKS=1; H200 session 7: 128 heads +5-10% over 0): the producer
 // arrives on one full barrier per 64-column block of a K tile (9 per stage), and S = Q K^T waits
@@ -1008,6 +1070,9 @@ struct MlaWgmmaCta {
     float* sc1_sh = x_sh + 3 * Tr::kRows;
     auto* l_sh = reinterpret_cast<float*>(smem + Tr::kLOffset);
     const int row0 = mla_row_tile(p) * Tr::kRows;
+#if defined(ATTNKIT_MLA_TIMELINE)
+    MlaTimeline tl(g, tid);
+#endif
     int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
       [[maybe_unused]] const int32_t* tok = page_table_row(b);
@@ -1032,6 +1097,8 @@ struct MlaWgmmaCta {
       fence_proxy_async();
       uint32_t rq[4][4];
       load_q_rope(rq, warp, lane);
+      ATTNKIT_MLA_TL(kTlGlobalStart, t0);
+      ATTNKIT_MLA_TL(kTlSegment, t0);
 
       // kConsumerTma: the first pool rows of pair (a + 2, a + 3)'s tiles that the releases of
       // pair a refill by TMA (read at the start of pair a, used at the releases; -1: the
@@ -1056,6 +1123,7 @@ struct MlaWgmmaCta {
         [[maybe_unused]] const uint32_t par = g == 0 ? par0 : par1;
         const int tile = a + g;
         [[maybe_unused]] const bool tma_own = tma_only(tile, t1, kv_len);
+        ATTNKIT_MLA_TL(kTlPair, a);
         int nfirst[2];
         next_firsts(a, nfirst);
         float mx[2] = {kNegInf, kNegInf};
@@ -1066,10 +1134,12 @@ struct MlaWgmmaCta {
             wgmma_fence();
             issue_s_seesaw<g>(sacc, rq, par, tma_own);
             wgmma_commit();
+            ATTNKIT_MLA_TL(kTlSIssued, a);
           }
           wgmma_wait<0>();
           fence_regs(sacc);
           fence_regs(o);
+          ATTNKIT_MLA_TL(kTlSDone, a);
           if constexpr (kP1Buf && g == 1) {
             // Stage 1's rope block: read by S1 only (P1 lives in the P buffer).
             release_group(empty_rope(), 1, 8, 1, nfirst[1], tid);
@@ -1111,8 +1181,10 @@ struct MlaWgmmaCta {
             m_ref[x] = m_new;
           }
           publish_max(m0_sh, sc0_sh, m_ref, sc, r_lo, lane, kBarM0);
+          ATTNKIT_MLA_TL(kTlMaxOut, a);
         } else {
           named_bar_sync(kBarM0, 256);
+          ATTNKIT_MLA_TL(kTlMaxIn, a);
 #pragma unroll
           for (int x = 0; x < 2; ++x) {
             const float m0 = m0_sh[r_lo + 8 * x];
@@ -1126,6 +1198,7 @@ struct MlaWgmmaCta {
             // m1 / scale1 for consumer 0 before the exponentials: its P0 (frame m1) is stored
             // while this consumer computes and stores P1.
             publish_max(m1_sh, sc1_sh, m_ref, sc, r_lo, lane, kBarSc1);
+            ATTNKIT_MLA_TL(kTlMaxOut, a);
           }
         }
         if constexpr (!(kPh && g == 1)) {
@@ -1146,9 +1219,11 @@ struct MlaWgmmaCta {
           wgmma_fence();
           issue_pv(o, pa, 0, 0);
           wgmma_commit();
+          ATTNKIT_MLA_TL(kTlOwnPvIssued, a);
           wgmma_wait<0>();
           fence_regs(o);
           release_group(empty(0), 0, 0, 4, nfirst[0], tid);  // stage 0 blocks 0-3
+          ATTNKIT_MLA_TL(kTlOwnPvDone, a);
           float sc1[2];
           if constexpr (kPh) {
             // No P1: scale1 = 1, m1 = m0. Every warp of this consumer is done with S0 before
@@ -1163,6 +1238,7 @@ struct MlaWgmmaCta {
             // Every warp of this consumer is past S0 here too (the barrier's 128 threads of
             // this consumer), so P0 may overwrite stage 0's rope block.
             named_bar_sync(kBarSc1, 256);
+            ATTNKIT_MLA_TL(kTlMaxIn, a);
 #pragma unroll
             for (int x = 0; x < 2; ++x) {
               sc1[x] = sc1_sh[r_lo + 8 * x];
@@ -1173,18 +1249,22 @@ struct MlaWgmmaCta {
           store_p(sP(0), sacc, sc1, warp, lane);
           fence_proxy_async();
           named_bar_arrive(kBarP0, 256);
+          ATTNKIT_MLA_TL(kTlPStored, a);
           if constexpr (!kPh) {
             rescale_o_l(o, l, sc1);
             named_bar_sync(kBarP1, 256);  // P1 stored
-            wait_tile(1, par1, 0, 4);     // V1L
+            ATTNKIT_MLA_TL(kTlPIn, a);
+            wait_tile(1, par1, 0, 4);  // V1L
             if (!tma_only(a + 1, t1, kv_len)) fence_proxy_async();
             wgmma_fence();
             issue_pv_smem_p_at(o, kP1Buf ? base + Tr::kPOffset : sP(1), 1, 0);
             wgmma_commit();
+            ATTNKIT_MLA_TL(kTlOtherPvIssued, a);
             if constexpr (!kEarlyS) {
               wgmma_wait<0>();
               fence_regs(o);
               release_group(empty_hi(1), 1, 0, kNb1Lo, nfirst[1], tid);  // stage 1 0-3, 8 (P1)
+              ATTNKIT_MLA_TL(kTlRetired, a);
             }
           }
         } else {
@@ -1194,6 +1274,7 @@ struct MlaWgmmaCta {
             store_p(kP1Buf ? base + Tr::kPOffset : sP(1), sacc, one, warp, lane);
             fence_proxy_async();
             named_bar_arrive(kBarP1, 256);
+            ATTNKIT_MLA_TL(kTlPStored, a);
           }
           float f[2];
 #pragma unroll
@@ -1207,13 +1288,16 @@ struct MlaWgmmaCta {
             wgmma_fence();
             issue_pv(o, pa, 1, 1);
             wgmma_commit();
+            ATTNKIT_MLA_TL(kTlOwnPvIssued, a);
           }
           named_bar_sync(kBarP0, 256);
+          ATTNKIT_MLA_TL(kTlPIn, a);
           wait_tile(0, par0, 4, 8);
           if (!tma_only(a, t1, kv_len)) fence_proxy_async();
           wgmma_fence();
           issue_pv_smem_p_at(o, sP(0), 0, 1);
           wgmma_commit();
+          ATTNKIT_MLA_TL(kTlOtherPvIssued, a);
           if constexpr (!kPh) {
             wgmma_wait<1>();
             release_group(empty(1), 1, 4, 4, nfirst[1], tid);  // stage 1 blocks 4-7
@@ -1221,6 +1305,7 @@ struct MlaWgmmaCta {
           wgmma_wait<0>();
           fence_regs(o);
           release_group(empty_hi(0), 0, 4, 5, nfirst[0], tid);  // stage 0 blocks 4-8 (P0)
+          ATTNKIT_MLA_TL(kTlRetired, a);
         }
         return nfirst[1];  // kEarlyS: consumer 0 releases stage 1 blocks 0-3, 8 after the pair
       };
@@ -1230,6 +1315,7 @@ struct MlaWgmmaCta {
         if constexpr (g == 0) {  // the segment's first S0
           issue_s_blocks<0, 0, 9>(sacc, rq, pc & 1, tma_only(t0, t1, kv_len));
           wgmma_commit();
+          ATTNKIT_MLA_TL(kTlSIssued, t0);
         }
         int a = t0;
         for (;;) {
@@ -1246,10 +1332,13 @@ struct MlaWgmmaCta {
               const bool tma_next = tma_only(a + 2, t1, kv_len);
               issue_s_blocks<0, 0, 4>(sacc, rq, (pc & 1) ^ 1, tma_next);
               wgmma_commit();
+              ATTNKIT_MLA_TL(kTlEarlyLo, a + 2);
               wgmma_wait<1>();  // P1 V1L (o is next touched after the next pair's wait<0>)
               release_group(empty_hi(1), 1, 0, kNb1Lo, nf1, tid);  // stage 1 0-3, 8 (P1)
+              ATTNKIT_MLA_TL(kTlRetired, a);
               issue_s_blocks<0, 4, 9>(sacc, rq, (pc & 1) ^ 1, tma_next);
               wgmma_commit();
+              ATTNKIT_MLA_TL(kTlEarlyHi, a + 2);
             }
             a += 2, ++pc, ++pc1;
             continue;
@@ -1281,7 +1370,12 @@ struct MlaWgmmaCta {
       mbar_arrive(q_empty());
       ++tcount;
       write_out<g>(o, denom, m_prev, b, whole, partial, r_lo, lane);
+      ATTNKIT_MLA_TL(kTlSegmentEnd, t1);
+      ATTNKIT_MLA_TL(kTlGlobalEnd, t1);
     });
+#if defined(ATTNKIT_MLA_TIMELINE)
+    tl.finish();
+#endif
   }
 };
 
