@@ -15,13 +15,18 @@ import sys
 from collections import defaultdict
 
 NAMES = {
+    123: "next: Q issued", 124: "next: pair 1 issued",
+    120: "next: seg head", 121: "next: Q in", 101: "next: segment", 103: "next: S issued",
+    104: "next: S done",
     1: "segment", 2: "pair", 3: "S issued", 4: "S done", 5: "max out", 6: "max in",
     7: "own PV issued", 8: "own PV done", 9: "P stored", 10: "P in", 11: "other PV issued",
     12: "retired", 13: "early S0 lo", 14: "early S0 hi", 15: "segment end",
-    16: "gtimer start", 17: "gtimer end",
+    16: "gtimer start", 17: "gtimer end", 18: "row sums", 19: "Q free",
+    20: "segment head", 21: "Q in",
 }
 
 
+RECORDS = 3  # consumer 0, consumer 1, producer
 WINDOW = 30000  # cycles: events of a pair lie within a few pair periods of its entry
 
 
@@ -41,16 +46,18 @@ def main():
     offs = defaultdict(list)   # (g, event) -> offsets
     periods, seg_pairs, seg_cycles, first_pair, tail = [], [], [], [], []
     ghz, gstart, gend = [], [], []
+    bounds = defaultdict(list)  # (consumer, event) -> offsets from a segment's last pair entry
     for c in range(ctas):
         ev = {}
-        for g in range(2):
-            base = (2 * c + g) * words
+        for g in range(RECORDS):
+            base = (RECORDS * c + g) * words
             n = vals[base]
             if n < 2 or n > words:
                 ev[g] = []
                 continue
             ev[g] = [(vals[base + i], vals[base + i + 1] & 0xFF, vals[base + i + 1] >> 8)
                      for i in range(2, n, 2)]
+        ev.setdefault(2, [])
         if not ev[0] or not ev[1]:
             continue
         # segments of consumer 0: split at kTlGlobalStart (stamped right before kTlSegment)
@@ -82,6 +89,27 @@ def main():
                 first_pair.append(entries[0][0] - starts[0])
                 if ends:
                     tail.append(ends[-1] - entries[-1][0])
+            if entries and len(segs) > 1 and seg is not segs[-1]:
+                # the last pair, the epilogue and the next segment's head, up to its first S
+                t_l, a_l = entries[-1]
+                nxt = segs[segs.index(seg) + 1]
+                n_entries = [(t, tile) for t, e, tile in nxt if e == 2]
+                for g in range(2):
+                    for t, e, tile in ev[g]:
+                        if t_l - 5000 <= t and (tile == a_l or (e in (15, 18) and tile >= a_l)):
+                            if t - t_l < 60000:
+                                bounds[(g, e)].append(t - t_l)
+                        if n_entries and e in (20, 21, 1, 3, 4) and t_l < t and (
+                                e in (20, 21, 1) or tile == n_entries[0][1]) and t - t_l < 60000:
+                            bounds[(g, 100 + e)].append(t - t_l)
+                # the producer's head / Q issue / first pair of the next segment: its last such
+                # stamps before consumer 0's first S of that segment
+                s_next = [t for t, e, tile in nxt if e == 3]
+                if s_next and len(ev) > 2:
+                    for e in (20, 23, 24):
+                        ts = [t for t, ee, _ in ev[2] if ee == e and t < s_next[0]]
+                        if ts:
+                            bounds[(2, 100 + e)].append(ts[-1] - t_l)
             for k in range(1, len(entries) - 1):
                 t_a, a = entries[k]
                 periods.append(entries[k + 1][0] - t_a)
@@ -90,6 +118,10 @@ def main():
                         # the same tile of another segment (request) is far away in time
                         if tile == a and e not in (1, 15, 16, 17) and abs(t - t_a) < WINDOW:
                             offs[(g, e)].append(t - t_a)
+    if bounds:
+        print("segment boundary (cycles from the last pair's entry, consumer 0 / 1 medians):")
+        for k in sorted(bounds, key=lambda k: statistics.median(bounds[k])):
+            print(f"  {k[0]} {NAMES.get(k[1], k[1]):16s} {statistics.median(bounds[k]):9.0f} {len(bounds[k]):5d}")
     if not periods:
         print("no steady-state pairs found")
         return

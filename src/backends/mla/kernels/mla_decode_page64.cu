@@ -36,7 +36,7 @@ void mla_timeline_dump(StreamHandle stream) {
       capture != cudaStreamCaptureStatusNone) {
     return;
   }
-  std::vector<unsigned long long> words(static_cast<size_t>(kTlCtas) * 2 * kTlWords);
+  std::vector<unsigned long long> words(static_cast<size_t>(kTlCtas) * kTlRecords * kTlWords);
   if (cudaStreamSynchronize(cuda::to_stream(stream)) != cudaSuccess ||
       cudaMemcpyFromSymbol(words.data(), g_mla_timeline, words.size() * sizeof(words[0])) !=
           cudaSuccess) {

@@ -149,7 +149,8 @@ inline constexpr int kBarEpilogue = 3;  // epilogue exchange
 // Diagnostic timeline (compile-time ATTNKIT_MLA_TIMELINE, CMake option of the same name; never in
 // a timed or shipped build): thread 0 of each seesaw consumer of the first kTlCtas CTAs (linear id
 // blockIdx.y * gridDim.x + blockIdx.x) records (clock64, event | pair tile << 8) pairs at the phase
-// points named by MlaTlEvent; word 0 of a (CTA, consumer) record holds the number of words written.
+// points named by MlaTlEvent (and so does the producer's thread 0, record 2); word 0 of a (CTA,
+// record) holds the number of words written.
 // The engine copies the buffer to $ATTNKIT_MLA_TIMELINE_OUT after each launch
 // (mla_timeline_dump); scripts/device/mla_timeline.py reads it.
 enum MlaTlEvent : int {
@@ -170,17 +171,24 @@ enum MlaTlEvent : int {
   kTlSegmentEnd = 15,     // output written
   kTlGlobalStart = 16,    // %globaltimer (ns) at the segment start, for the order across CTAs
   kTlGlobalEnd = 17,      // %globaltimer at the segment end
+  kTlRowSums = 18,        // epilogue: both consumers' row sums exchanged
+  kTlQFree = 19,          // the segment's last S retired: Q released to the producer (q_empty)
+  kTlSegHead = 20,        // the segment's request, bounds and page-table row read
+  kTlQIn = 21,            // q_full waited for
+  kTlQIssued = 23,        // producer: q_empty waited for, Q's copies issued
+  kTlFirstIssued = 24,    // producer: the segment's first pair's loads issued
 };
 #if defined(ATTNKIT_MLA_TIMELINE)
 inline constexpr int kTlCtas = 32;
 inline constexpr int kTlWords = 8192;  // per CTA and consumer
-__device__ unsigned long long g_mla_timeline[kTlCtas * 2 * kTlWords];
+inline constexpr int kTlRecords = 3;   // consumer 0, consumer 1, the producer (g = 2)
+__device__ unsigned long long g_mla_timeline[kTlCtas * kTlRecords * kTlWords];
 struct MlaTimeline {
   unsigned long long* buf = nullptr;  // null: this thread does not record
   int n = 2;  // words 0 (count) and 1 (unused): the pairs stay 16-byte aligned
   __device__ MlaTimeline(int g, int tid) {
     const int cta = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
-    if (tid == 0 && cta < kTlCtas) buf = g_mla_timeline + (2 * cta + g) * kTlWords;
+    if (tid == 0 && cta < kTlCtas) buf = g_mla_timeline + (kTlRecords * cta + g) * kTlWords;
   }
   // Branch-free (a predicated store), so no divergent branch sits between wgmmas in flight.
   __device__ __forceinline__ void stamp(int ev, int tile) {
@@ -495,7 +503,9 @@ struct MlaWgmmaCta {
   }
 
   // Epilogue: consumer g's row sums l (reduced over the quad) published in l_sh, then both
-  // consumers' sums visible (kBarEpilogue).
+  // consumers' sums visible (kBarEpilogue). The first sync keeps this segment's writes behind
+  // the other consumer's reads of the previous segment's sums: the seesaw hands Q back before the
+  // epilogue, and in a segment of one (phantom) pair consumer 0 never waits for consumer 1.
   template <int g>
   __device__ __forceinline__ void publish_row_sums(float (&l)[2], float* l_sh, int r_lo,
                                                    int lane) const {
@@ -504,6 +514,7 @@ struct MlaWgmmaCta {
       l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
       l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
     }
+    named_bar_sync(kBarEpilogue, 256);
     if ((lane & 3) == 0) {
       l_sh[g * Tr::kRows + r_lo] = l[0];
       l_sh[g * Tr::kRows + r_lo + 8] = l[1];
@@ -679,31 +690,78 @@ struct MlaWgmmaCta {
     });
   }
 
+  // The four words a[0..3] of each lane of a quad (lane q = lane % 4 holds a[s] = M[q][s]) become
+  // M[0..3][q]: two exchange rounds (lanes q ^ 1, then q ^ 2), each swapping the two words whose
+  // slot bit differs from the lane bit. Every lane of the warp takes part.
+  __device__ __forceinline__ static void quad_transpose(uint32_t (&a)[4], int lane) {
+    const bool q0 = (lane & 1) != 0, q1 = (lane & 2) != 0;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const uint32_t r = __shfl_xor_sync(0xffffffffu, q0 ? a[2 * t] : a[2 * t + 1], 1);
+      a[2 * t] = q0 ? r : a[2 * t];
+      a[2 * t + 1] = q0 ? a[2 * t + 1] : r;
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const uint32_t r = __shfl_xor_sync(0xffffffffu, q1 ? a[t] : a[2 + t], 2);
+      a[t] = q1 ? r : a[t];
+      a[2 + t] = q1 ? a[2 + t] : r;
+    }
+  }
+
   // Epilogue store of consumer g's 256 output columns of rows r_lo, r_lo + 8: whole requests bf16
-  // out (+ natural-log LSE), split segments the normalised f32 partial + log2 LSE.
+  // out (+ natural-log LSE), split segments the normalised f32 partial + log2 LSE. The bf16 rows go
+  // out as 16-byte stores where the output is 16-byte aligned: per 4 column groups j = 4 k + jj the
+  // quad transposes its words (quad_transpose), so lane q writes columns 8 (4 k + q) .. + 8 and
+  // the quad 64 contiguous bytes of the row (session 25: the 4-byte stores, 8 half-used sectors
+  // per instruction, kept each consumer ~7000-8700 cycles in the epilogue at 128 heads).
   template <int g>
   __device__ void write_out(const float (&o)[128], const float (&denom)[2], const float (&m_fin)[2],
                             int b, bool whole, int partial, int r_lo, int lane) const {
     const float kNegInf = -__int_as_float(0x7f800000);
     const int row0 = mla_row_tile(p) * Tr::kRows;
+    const bool vec16 = whole && reinterpret_cast<uintptr_t>(p.out) % 16 == 0 &&
+                       p.o_stride_token % 8 == 0 && p.o_stride_head % 8 == 0;
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       const int m = row0 + r_lo + 8 * x;
-      if (m >= p.rows_per_req) continue;
+      const bool valid = m < p.rows_per_req;  // the same for the 4 lanes of a quad
       const bool any = denom[x] > 0.f;
       const float inv = any ? 1.f / denom[x] : 0.f;
       const float lse2 = any ? m_fin[x] + log2f(denom[x]) : kNegInf;
       const int token = b * p.s_q + m / p.num_heads;
       const int h = m % p.num_heads;
+      if (vec16) {  // uniform; the shuffles run on every lane, the stores on valid rows
+        auto* dst = static_cast<__nv_bfloat16*>(p.out) + token * p.o_stride_token +
+                    h * p.o_stride_head + 256 * g;
+        const float scale = inv * p.v_scale;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          uint32_t a[4];
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            const int j = 4 * k + jj;
+            a[jj] =
+                cuda::pack2<__nv_bfloat16>(o[4 * j + 2 * x] * scale, o[4 * j + 2 * x + 1] * scale);
+          }
+          quad_transpose(a, lane);
+          if (valid)
+            *reinterpret_cast<uint4*>(dst + 8 * (4 * k + (lane & 3))) =
+                make_uint4(a[0], a[1], a[2], a[3]);
+        }
+      }
+      if (!valid) continue;
       const int col0 = 256 * g + 2 * (lane & 3);
       if (whole) {
         auto* dst = static_cast<__nv_bfloat16*>(p.out) + token * p.o_stride_token +
                     h * p.o_stride_head + col0;
         const float scale = inv * p.v_scale;
+        if (!vec16) {
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-              cuda::pack2<__nv_bfloat16>(o[4 * j + 2 * x] * scale, o[4 * j + 2 * x + 1] * scale);
+          for (int j = 0; j < 32; ++j) {
+            *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+                cuda::pack2<__nv_bfloat16>(o[4 * j + 2 * x] * scale, o[4 * j + 2 * x + 1] * scale);
+          }
         }
         if (p.lse != nullptr && g == 0 && (lane & 3) == 0) {
           p.lse[token * p.lse_stride_token + h] = any ? lse2 * cuda::kLn2 : kNegInf;
@@ -777,9 +835,14 @@ struct MlaWgmmaCta {
     const auto* kvg = static_cast<const uint8_t*>(p.kv);
     int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
     int n_fill[2] = {0, 0};           // kConsumerTma: pairs whose stage s the producer filled
+#if defined(ATTNKIT_MLA_TIMELINE)
+    MlaTimeline tl(2, tid);
+#endif
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool, int) {
       const int32_t* tok = page_table_row(b);
+      ATTNKIT_MLA_TL(kTlSegHead, t0);
       load_q(b, tcount++);
+      ATTNKIT_MLA_TL(kTlQIssued, t0);
       // K tiles: thread t copies key t / 2: of 64-column block kb the bf16 chunks 8 kb + 2 i + t %
       // 2, i in [0, 4) (copy_block_chunks), fp8 the raw chunks 4 kb + 2 i + t % 2, i in [0, 2)
       // (copy_fp8_raw).
@@ -797,6 +860,14 @@ struct MlaWgmmaCta {
         const bool by_cons1 = kConsumerTma && consumer_refills(a, 1, t0, t1, kv_len);
         // kSkipPhantom: an odd segment's last pair leaves stage 1 alone (no loads, no phase).
         const bool skip1 = kSkipPhantom && a + 1 >= t1;
+        const uint32_t ph0 = ((kConsumerTma ? n_fill[0] : pc) & 1) ^ 1;
+        const uint32_t ph1 = ((kConsumerTma ? n_fill[1] : kSkipPhantom ? pc1 : pc) & 1) ^ 1;
+        if (!skip1) ++pc1;
+        if (!by_cons0) ++n_fill[0];
+        if (!skip1 && !by_cons1) ++n_fill[1];
+        // A pair whose tiles the consumers refill (or skip): nothing to do here, not even the
+        // page-table reads below (session 25).
+        if (by_cons0 && (by_cons1 || skip1)) continue;
         // Tile a + 1 == t1 (odd segment): the phantom tile, zero-filled (and masked).
         const int j0 = a * kBlockN + key, j1 = j0 + kBlockN;
         const bool valid0 = j0 < kv_len, valid1 = a + 1 < t1 && j1 < kv_len;
@@ -805,11 +876,6 @@ struct MlaWgmmaCta {
             kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row * kElemBytes;
         const uint8_t* row1 =
             kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row * kElemBytes;
-        const uint32_t ph0 = ((kConsumerTma ? n_fill[0] : pc) & 1) ^ 1;
-        const uint32_t ph1 = ((kConsumerTma ? n_fill[1] : kSkipPhantom ? pc1 : pc) & 1) ^ 1;
-        if (!skip1) ++pc1;
-        if (!by_cons0) ++n_fill[0];
-        if (!skip1 && !by_cons1) ++n_fill[1];
         const bool load = !(p.wgmma_diag == 1 && pc >= 1);
         // kP1Buf: group -1 = stage 1's rope block (released right after S1), group 3 without it.
 #pragma unroll 1
@@ -856,8 +922,12 @@ struct MlaWgmmaCta {
             }
           }
         }
+        if (a == t0) ATTNKIT_MLA_TL(kTlFirstIssued, a);
       }
     });
+#if defined(ATTNKIT_MLA_TIMELINE)
+    tl.finish();
+#endif
     cp_async_wait<0>();
   }
 
@@ -914,7 +984,7 @@ struct MlaWgmmaCta {
   // matter; exact for |q| in [2^-6, 2^24)), consumer thread c (0..255 over both consumers) takes
   // 16-byte units c, c + 256, ...; then the generic -> async proxy fence and a named barrier over
   // both consumers (each S reads all of Q). After q_full; the producer writes Q again only after
-  // both consumers' q_empty at the end of the segment.
+  // both consumers' q_empty, which they arrive on once their last S of the segment has retired.
   __device__ __forceinline__ void convert_q_f16(int c) const {
     constexpr int kUnits = Tr::kQBytes / 16;
     static_assert(kUnits % 256 == 0, "Q units per consumer thread");
@@ -1076,6 +1146,7 @@ struct MlaWgmmaCta {
     int pc = 0, pc1 = 0, tcount = 0;  // pc1: pairs that use stage 1 (kSkipPhantom)
     for_each_segment(p, [&](int b, int kv_len, int t0, int t1, bool whole, int partial) {
       [[maybe_unused]] const int32_t* tok = page_table_row(b);
+      ATTNKIT_MLA_TL(kTlSegHead, t0);
       int limit[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
@@ -1093,6 +1164,7 @@ struct MlaWgmmaCta {
       uint32_t pa[4][4];
 
       mbar_wait(q_full(), tcount & 1);
+      ATTNKIT_MLA_TL(kTlQIn, t0);
       if constexpr (kF16) convert_q_f16(tid + 128 * g);
       fence_proxy_async();
       uint32_t rq[4][4];
@@ -1169,6 +1241,14 @@ struct MlaWgmmaCta {
             mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
             mx[x] *= scale;  // -inf stays -inf
           }
+        }
+        // The segment's last pair: this consumer's last read of Q (its S; none in a phantom pair
+        // for consumer 1) has retired, so the producer may load the next segment's Q while this
+        // pair's softmax and P V and the epilogue run (session 25: before, Q was released after
+        // the epilogue's row-sum exchange and the next segment's first S waited ~10 us for it).
+        if (a + 2 >= t1) {
+          mbar_arrive(q_empty());
+          ATTNKIT_MLA_TL(kTlQFree, a);
         }
         float m_ref[2], sc[2], m_use[2], sum[2] = {0.f, 0.f};
         [[maybe_unused]] float sc_other[2];  // consumer 1: scale0
@@ -1363,11 +1443,12 @@ struct MlaWgmmaCta {
       }
 
       // ---- epilogue (as consumer()): total row sums; the final max is m_prev ----
+      // (Q went back to the producer in the segment's last pair.)
       publish_row_sums<g>(l, l_sh, r_lo, lane);
+      ATTNKIT_MLA_TL(kTlRowSums, t1);
       float denom[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) denom[x] = l_sh[r_lo + 8 * x] + l_sh[Tr::kRows + r_lo + 8 * x];
-      mbar_arrive(q_empty());
       ++tcount;
       write_out<g>(o, denom, m_prev, b, whole, partial, r_lo, lane);
       ATTNKIT_MLA_TL(kTlSegmentEnd, t1);
