@@ -3,8 +3,8 @@
 writes $ATTNKIT_MLA_TIMELINE_OUT after each launch; mla_decode_wgmma.cuh's MlaTlEvent names the
 events). Usage: mla_timeline.py FILE.bin [--ctas N] [--words N]
 
-Per CTA (the first --ctas, default 32) and consumer g (0, 1): word 0 = words written, then
-(clock64, event | tile << 8) pairs. Both consumers of a CTA share the SM's clock. For every pair
+Per CTA (the first --ctas, default 32) three records, consumer g (0, 1) and the producer (2): word 0
+= words written, then (clock64, event | tile << 8) pairs. All records of a CTA share the SM's clock. For every pair
 (a, a + 1) of a segment but its first and last, each event of either consumer stamped with tile a
 is taken relative to consumer 0's pair entry (kTlPair, tile a); the table gives the median and the
 quartiles over all such pairs and CTAs in cycles, and the pair period (consumer 0's entry to its

@@ -303,7 +303,9 @@ TEST_P(IntelAmxTargeted, AmxPackingModes) {
 // (16-key tiles straight from the pool), page 1 and 24 (tiles across pages: staged), a window
 // whose first key is not on a tile boundary, soft-cap, GQA 8 at d 64 and d 256, a split long
 // request (partials merged by LSE), 1 and 5 threads, the software prefetch modes
-// (ATTNKIT_AMX_DECODE_PF=1, 2, 3); each also with ATTNKIT_AMX_DECODE=0 (the vector decode). f16 /
+// (ATTNKIT_AMX_DECODE_PF=1, 2, 3), every sub-block size (ATTNKIT_AMX_DECODE_SUBKEYS=128, 256, 512;
+// the default picks 512 only for items of >= 1024 keys read in place);
+// each also with ATTNKIT_AMX_DECODE=0 (the vector decode). f16 /
 // fp8 KV fall back to the vector decode. Other paths ignore the switch.
 TEST_P(IntelAmxTargeted, AmxDecodeModes) {
   std::vector<CaseSpec> cases;
@@ -318,7 +320,8 @@ TEST_P(IntelAmxTargeted, AmxDecodeModes) {
   cases.push_back(cap);
   cases.push_back(make_case("dec_gqa8", ForwardMode::kDecode, 16, {300, 17}, {1, 1}, 16, 2, 64));
   cases.push_back(make_case("dec_d256", ForwardMode::kDecode, 16, {200, 64}, {1, 1}, 4, 1, 256));
-  cases.push_back(make_case("dec_long", ForwardMode::kDecode, 16, {3000}, {1}, 8, 8, 128));
+  // 4200 keys: on one thread 4 items of 1056 keys, which take 512-key sub-blocks by default.
+  cases.push_back(make_case("dec_long", ForwardMode::kDecode, 16, {4200}, {1}, 8, 8, 128));
   CaseSpec fp8 = make_case("dec_fp8", ForwardMode::kDecode, 16, {200, 5}, {1, 1});
   fp8.kv_dtype = DType::kFP8E4M3;
   cases.push_back(fp8);
@@ -330,6 +333,12 @@ TEST_P(IntelAmxTargeted, AmxDecodeModes) {
     for (const char* mode : {"1", "2", "3"}) {
       ScopedEnv pf("ATTNKIT_AMX_DECODE_PF", mode);
       expect_matches_reference(c, GetParam(), true, 3);
+    }
+    for (const char* keys : {"128", "256", "512"}) {
+      ScopedEnv sub("ATTNKIT_AMX_DECODE_SUBKEYS", keys);
+      expect_matches_reference(c, GetParam(), true, 2);
+      ScopedEnv pf("ATTNKIT_AMX_DECODE_PF", "3");
+      expect_matches_reference(c, GetParam(), true);
     }
     ScopedEnv vec("ATTNKIT_AMX_DECODE", "0");
     expect_matches_reference(c, GetParam(), true);

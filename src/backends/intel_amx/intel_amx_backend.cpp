@@ -78,6 +78,15 @@ bool env_on_unless_zero(const char* name) {
 // default 0, none; session 8 A/B).
 int env_amx_decode_prefetch() { return env_int_range("ATTNKIT_AMX_DECODE_PF", 0, 0, 3); }
 
+// ATTNKIT_AMX_DECODE_SUBKEYS=128|256|512: the AMX decode's keys per softmax sub-block for every
+// item (DecodeWork::amx_sub_keys); unset: 512 for items of >= 1024 keys whose tiles are read in
+// place, else 128 (session 25).
+int env_amx_decode_sub_keys() {
+  return env_int_if(
+      "ATTNKIT_AMX_DECODE_SUBKEYS", 0, [](int v) { return v == 128 || v == 256 || v == 512; },
+      "128, 256 or 512");
+}
+
 bool env_pipeline() { return env_flag(kPipelineEnvVar, true); }
 
 bool env_prepack() { return env_flag(kPrepackEnvVar, true); }
@@ -151,7 +160,8 @@ class IntelAmxBackend final : public AttentionBackend {
         amx_pipeline_(env_pipeline()),
         amx_decode_(env_on_unless_zero(kAmxDecodeEnvVar)),
         amx_fast_softmax_(env_on_unless_zero(kFastSoftmaxEnvVar)),
-        amx_decode_prefetch_(env_amx_decode_prefetch()) {}
+        amx_decode_prefetch_(env_amx_decode_prefetch()),
+        amx_decode_sub_keys_(env_amx_decode_sub_keys()) {}
 
   // Per-thread scratch for the context's head counts and dims: sized once here, reused by every
   // forward (the kernels never allocate).
@@ -272,7 +282,8 @@ class IntelAmxBackend final : public AttentionBackend {
     if (batch.num_tokens == 0) return Status::ok();
     const Plan& plan = layer.is_cross_attention ? cross_ : self_;
     const DecodeWork work{&plan.requests,      &plan.decode_items,  &plan.decode_merges,
-                          partial_out_.data(), partial_lse_.data(), amx_decode_prefetch_};
+                          partial_out_.data(), partial_lse_.data(), amx_decode_prefetch_,
+                          amx_decode_sub_keys_};
     const ThreadScratch ts = thread_scratch();
     switch (isa_) {
       case CpuIsa::kAmx:
@@ -550,6 +561,7 @@ class IntelAmxBackend final : public AttentionBackend {
   bool amx_decode_;          // ATTNKIT_AMX_DECODE (default on)
   bool amx_fast_softmax_;    // ATTNKIT_AMX_SOFTMAX (default on; 0 = two-pass rows)
   int amx_decode_prefetch_;  // ATTNKIT_AMX_DECODE_PF (default 0)
+  int amx_decode_sub_keys_;  // ATTNKIT_AMX_DECODE_SUBKEYS (default 0: per item)
   Buffer packed_;            // AMX extend: the forward's packed K/V blocks
   Buffer scratch_;
   int64_t scratch_stride_ = 0;

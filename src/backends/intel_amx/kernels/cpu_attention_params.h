@@ -178,6 +178,9 @@ struct DecodeWork {
   // AMX decode software prefetch into L2 (ATTNKIT_AMX_DECODE_PF): 0 none (default), 1 per (tile,
   // kv head) slice, 2 whole rows in address order, 3 whole rows one sub-block further ahead.
   int amx_prefetch = 0;
+  // AMX decode keys per softmax sub-block (ATTNKIT_AMX_DECODE_SUBKEYS=128 / 256 / 512): 0 (default)
+  // 512 for items of >= 1024 keys whose tiles are read in place, else 128.
+  int amx_sub_keys = 0;
 };
 
 // AMX extend with K/V packed once per forward: every (request, kv head, key block) of the

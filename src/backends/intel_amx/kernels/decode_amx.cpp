@@ -14,8 +14,9 @@
 //     each pair and 0 in the other, so O_even accumulates dims 2n and O_odd dims 2n + 1: twice the
 //     tile work of a pair-interleaved V, but no V permute (the tile unit has time to spare; the
 //     decode is bound by the reads).
-// Keys are processed in sub-blocks of kSubKeys (8 tiles of 16, aligned to 16 from the item's
-// first visible key): S of every (tile, kv head) in key-major order (a tile's 16 pool rows are
+// Keys are processed in sub-blocks (aligned to 16 from the item's first visible key) of 512 keys
+// for items of >= 1024 keys read in place and 128 otherwise (DecodeWork::amx_sub_keys overrides;
+// session 25): S of every (tile, kv head) in key-major order (a tile's 16 pool rows are
 // read whole over the kv heads), an online softmax per (kv head, group head) in f32 (AVX-512),
 // then P.V in the same order. Optional software prefetch into L2 (DecodeWork::amx_prefetch; off
 // by default: on the device Xeon, 2 threads, it lowered the paired ratio from 44% to 33-41%): the
@@ -49,8 +50,19 @@ namespace {
 
 constexpr int kTileKeys = 16;                          // keys per tile (A rows of S, B rows of P.V)
 constexpr int kTileDims = 32;                          // bf16 dims per tile row
-constexpr int kSubKeys = 128;                          // keys per softmax sub-block
-constexpr int kSubTiles = kSubKeys / kTileKeys;        // key tiles per sub-block
+constexpr int kMaxSubKeys = 512;                       // keys per softmax sub-block, at most
+constexpr int kMaxSubTiles = kMaxSubKeys / kTileKeys;  // key tiles per sub-block, at most
+// The sub-block size of an item of `keys` keys (from its first tile boundary): 512 where that makes
+// two or more sub-blocks and every tile is read in place (`in_place`: 16 consecutive pool rows),
+// else 128; `forced` (DecodeWork::amx_sub_keys) when not 0. Larger sub-blocks mean fewer softmax
+// rounds and tile-configuration switches between the S and P.V passes (session 25 on the AMX VM,
+// five alternated pairs: b8 kv 4k page 16 6.79-7.05 vs 6.95-8.96 ms, b4 kv 2048 1.78-1.88 vs
+// 1.84-2.33, paired-copy ratios level to +1 point: a small gain inside the VM's noise); staged
+// tiles (page 1) were slower with 512 (2.81-3.38 vs 2.76-2.91 ms) and keep 128.
+int sub_keys_for(int keys, bool in_place, int forced) {
+  if (forced != 0) return forced;
+  return in_place && keys >= 2 * kMaxSubKeys ? kMaxSubKeys : 128;
+}
 constexpr int kMaxGroup = 16;                          // group heads: columns of S^T, rows of O
 constexpr int kMaxDimTiles = kMaxHeadDim / kTileDims;  // 32-dim chunks of a head
 
@@ -58,8 +70,8 @@ int64_t up16(int64_t floats) { return (floats + 15) / 16 * 16; }
 
 struct AmxDecodeLayout {
   int64_t qt = 0;       // [Hkv][D / 32][16][group] u32: Q^T pairs
-  int64_t s = 0;        // [Hkv][kSubKeys][group] f32: S^T of the sub-block
-  int64_t p = 0;        // [Hkv][kSubTiles][2][group][16] u32: P_even / P_odd A tiles
+  int64_t s = 0;        // [Hkv][kMaxSubKeys][group] f32: S^T of the sub-block
+  int64_t p = 0;        // [Hkv][kMaxSubTiles][2][group][16] u32: P_even / P_odd A tiles
   int64_t o = 0;        // [Hkv][D / 32][2][group][16] f32: O_even / O_odd
   int64_t acc = 0;      // [Hq][D] f32: O in dim order, for the epilogue
   int64_t m = 0;        // [Hq] running max (log2 units)
@@ -78,8 +90,8 @@ AmxDecodeLayout amx_decode_layout(int hq, int hkv, int d) {
     return here;
   };
   l.qt = take(static_cast<int64_t>(hq) * d / 2);
-  l.s = take(static_cast<int64_t>(hq) * kSubKeys);
-  l.p = take(static_cast<int64_t>(hq) * kSubTiles * 2 * kTileKeys);
+  l.s = take(static_cast<int64_t>(hq) * kMaxSubKeys);
+  l.p = take(static_cast<int64_t>(hq) * kMaxSubTiles * 2 * kTileKeys);
   l.o = take(static_cast<int64_t>(hq) * d);
   l.acc = take(static_cast<int64_t>(hq) * d);
   l.m = take(hq);
@@ -155,7 +167,7 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
 
 class AmxDecode {
  public:
-  AmxDecode(const CpuAttentionParams& p, const AmxDecodeLayout& lay, int prefetch)
+  AmxDecode(const CpuAttentionParams& p, const AmxDecodeLayout& lay, int prefetch, int sub_keys)
       : p_(p),
         lay_(lay),
         hq_(p.num_q_heads),
@@ -170,7 +182,8 @@ class AmxDecode {
         v_cache_(static_cast<const uint16_t*>(p.v_cache)),
         s_cfg_(s_config(p.group())),
         pv_cfg_(pv_config(p.group())),
-        prefetch_(prefetch) {}
+        prefetch_(prefetch),
+        forced_sub_keys_(sub_keys) {}
 
   void run_item(const DecodeWork& w, const DecodeItem& it, float* base) {
     const CpuRequest& rq = (*w.requests)[it.request];
@@ -191,9 +204,10 @@ class AmxDecode {
     if (a < b) {
       const int32_t* slots = rq.slots(p_);
       const int a0 = a / kTileKeys * kTileKeys;
+      sub_keys_ = sub_keys_for(b - a0, tiles_in_place(slots, a0, b), forced_sub_keys_);
       if (prefetch_ != 0) prefetch_sub_block(slots, a0, a, b, /*k=*/true, /*v=*/prefetch_ == 3);
-      if (prefetch_ == 3) prefetch_sub_block(slots, a0 + kSubKeys, a, b, /*k=*/true, /*v=*/false);
-      for (int k0 = a0; k0 < b; k0 += kSubKeys) sub_block(slots, k0, a, b, base);
+      if (prefetch_ == 3) prefetch_sub_block(slots, a0 + sub_keys_, a, b, /*k=*/true, /*v=*/false);
+      for (int k0 = a0; k0 < b; k0 += sub_keys_) sub_block(slots, k0, a, b, base);
     }
     // O_even / O_odd -> dims in order.
     for (int h = 0; h < hkv_; ++h) {
@@ -221,7 +235,7 @@ class AmxDecode {
     return ((static_cast<int64_t>(h) * dc_ + c) * 2 + e) * group_ * 16;
   }
   int64_t p_index(int h, int t, int e) const {
-    return ((static_cast<int64_t>(h) * kSubTiles + t) * 2 + e) * group_ * 16;
+    return ((static_cast<int64_t>(h) * kMaxSubTiles + t) * 2 + e) * group_ * 16;
   }
 
   // qt[h][c][r][g] = the bf16 pair (q[h * group + g][32c + 2r], [32c + 2r + 1]).
@@ -242,9 +256,21 @@ class AmxDecode {
     }
   }
 
+  // Whether every key tile of [a0, b) (a0 on a tile boundary) is 16 consecutive pool rows (the
+  // slot values only; tile_src also stages tiles that reach outside the visible keys).
+  static bool tiles_in_place(const int32_t* slots, int a0, int b) {
+    for (int kt = a0; kt < b; kt += kTileKeys) {
+      const int end = std::min(b, kt + kTileKeys);
+      for (int k = kt + 1; k < end; ++k) {
+        if (slots[k] != slots[kt] + (k - kt)) return false;
+      }
+    }
+    return true;
+  }
+
   // The K/V rows of the sub-block at k0 (visible keys [a, b)) into L2.
   void prefetch_sub_block(const int32_t* slots, int k0, int a, int b, bool k, bool v) const {
-    const int end = std::min(b, k0 + kSubKeys);
+    const int end = std::min(b, k0 + sub_keys_);
     const int64_t kb = static_cast<int64_t>(hkv_) * d_ * 2;
     for (int key = std::max(a, k0); key < end; ++key) {
       const int64_t slot = slots[key];
@@ -322,9 +348,9 @@ class AmxDecode {
       tile_dpbf16ps<0, 2, 4>();
       if constexpr (kTwo) tile_dpbf16ps<1, 3, 5>();
     }
-    tile_store<0>(s + (static_cast<int64_t>(h) * kSubKeys + t * kTileKeys) * group_, qt_bytes);
+    tile_store<0>(s + (static_cast<int64_t>(h) * kMaxSubKeys + t * kTileKeys) * group_, qt_bytes);
     if constexpr (kTwo) {
-      tile_store<1>(s + (static_cast<int64_t>(h + 1) * kSubKeys + t * kTileKeys) * group_,
+      tile_store<1>(s + (static_cast<int64_t>(h + 1) * kMaxSubKeys + t * kTileKeys) * group_,
                     qt_bytes);
     }
   }
@@ -360,18 +386,18 @@ class AmxDecode {
   }
 
   void sub_block(const int32_t* slots, int k0, int a, int b, float* base) const {
-    const int nt = std::min(kSubTiles, (b - k0 + kTileKeys - 1) / kTileKeys);
+    const int nt = std::min(sub_keys_ / kTileKeys, (b - k0 + kTileKeys - 1) / kTileKeys);
     const auto* qt = reinterpret_cast<const uint32_t*>(base + lay_.qt);
     float* s = base + lay_.s;
     auto* pt = reinterpret_cast<uint32_t*>(base + lay_.p);
     float* o = base + lay_.o;
     float* m = base + lay_.m;
     float* l = base + lay_.l;
-    const int next = k0 + kSubKeys;
+    const int next = k0 + sub_keys_;
     // Sub-blocks whose V (S pass) and K (P.V pass) rows this one prefetches: the same and the
     // next (modes 1, 2), one further (mode 3).
     const int v_pf = prefetch_ == 3 ? next : k0;
-    const int k_pf = prefetch_ == 3 ? next + kSubKeys : next;
+    const int k_pf = prefetch_ == 3 ? next + sub_keys_ : next;
     // S pass (key-major: a tile's rows are read whole over the kv heads). Step (t, h) prefetches
     // head h's slice of tile t's V rows (read by the P.V pass below).
     tile_config(&s_cfg_);
@@ -399,10 +425,11 @@ class AmxDecode {
     for (int h = 0; h < hkv_; ++h) {
       for (int g = 0; g < group_; ++g) {
         const int q = h * group_ + g;
-        V::F x[kSubTiles];
+        V::F x[kMaxSubTiles];
         V::F mx = V::set1(kNegInf);
         for (int t = 0; t < nt; ++t) {
-          const float* sp = s + (static_cast<int64_t>(h) * kSubKeys + t * kTileKeys) * group_ + g;
+          const float* sp =
+              s + (static_cast<int64_t>(h) * kMaxSubKeys + t * kTileKeys) * group_ + g;
           V::F y = _mm512_i32gather_ps(idx, sp, 4);
           y = capped_ ? V::mul(V::tanh(V::mul(y, pre)), post) : V::mul(y, pre);
           const int kt = k0 + t * kTileKeys;
@@ -500,7 +527,9 @@ class AmxDecode {
   const uint16_t* v_cache_;
   TileConfig s_cfg_;
   TileConfig pv_cfg_;
-  int prefetch_;  // DecodeWork::amx_prefetch
+  int prefetch_;         // DecodeWork::amx_prefetch
+  int forced_sub_keys_;  // DecodeWork::amx_sub_keys (0: sub_keys_for's rule)
+  int sub_keys_ = 128;   // the current item's sub-block size
 };
 
 void decode_entry(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& ts) {
@@ -510,7 +539,7 @@ void decode_entry(const CpuAttentionParams& p, const DecodeWork& w, const Thread
 #pragma omp parallel num_threads(ts.num_threads)
   {
     float* base = ts.base + thread_id() * ts.stride;
-    AmxDecode kernel(p, lay, w.amx_prefetch);
+    AmxDecode kernel(p, lay, w.amx_prefetch, w.amx_sub_keys);
     const unsigned mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | kMxcsrFtzDaz);
 #pragma omp for schedule(dynamic, 1)

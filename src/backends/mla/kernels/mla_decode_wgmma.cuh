@@ -180,7 +180,7 @@ enum MlaTlEvent : int {
 };
 #if defined(ATTNKIT_MLA_TIMELINE)
 inline constexpr int kTlCtas = 32;
-inline constexpr int kTlWords = 8192;  // per CTA and consumer
+inline constexpr int kTlWords = 8192;  // per CTA and record
 inline constexpr int kTlRecords = 3;   // consumer 0, consumer 1, the producer (g = 2)
 __device__ unsigned long long g_mla_timeline[kTlCtas * kTlRecords * kTlWords];
 struct MlaTimeline {
@@ -364,7 +364,9 @@ struct MlaWgmmaCta {
   }
 
   // Q rows [row0, row0 + 64) of request b (padding rows zero-filled), after the previous
-  // segment's consumers are done with Q and the exchange arrays (segment number tcount).
+  // segment's consumers are done with Q (q_empty; segment number tcount). The seesaw consumers
+  // release Q after their last S of a segment; the exchange arrays and the row sums are ordered
+  // between segments by the epilogue's kBarEpilogue syncs, not by q_empty.
   __device__ void load_q(int b, int tcount) const {
     using namespace sm90;
     const int tid = threadIdx.x;
@@ -503,9 +505,11 @@ struct MlaWgmmaCta {
   }
 
   // Epilogue: consumer g's row sums l (reduced over the quad) published in l_sh, then both
-  // consumers' sums visible (kBarEpilogue). The first sync keeps this segment's writes behind
-  // the other consumer's reads of the previous segment's sums: the seesaw hands Q back before the
-  // epilogue, and in a segment of one (phantom) pair consumer 0 never waits for consumer 1.
+  // consumers' sums visible (kBarEpilogue). The first sync is what keeps this segment's writes
+  // behind the other consumer's reads of the previous segment's sums in the seesaw: it hands Q
+  // back before the epilogue, so q_empty no longer orders them, and in a bf16 segment of one
+  // (phantom) pair consumer 0 never waits for consumer 1. (In consumer(), variants 0-2, q_empty
+  // still follows the reads; the sync is redundant there.)
   template <int g>
   __device__ __forceinline__ void publish_row_sums(float (&l)[2], float* l_sh, int r_lo,
                                                    int lane) const {
