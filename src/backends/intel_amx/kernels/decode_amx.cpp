@@ -256,14 +256,19 @@ class AmxDecode {
     }
   }
 
+  // Whether keys [k0, k1) sit in consecutive pool rows.
+  static bool consecutive_slots(const int32_t* slots, int k0, int k1) {
+    for (int k = k0 + 1; k < k1; ++k) {
+      if (slots[k] != slots[k0] + (k - k0)) return false;
+    }
+    return true;
+  }
+
   // Whether every key tile of [a0, b) (a0 on a tile boundary) is 16 consecutive pool rows (the
   // slot values only; tile_src also stages tiles that reach outside the visible keys).
   static bool tiles_in_place(const int32_t* slots, int a0, int b) {
     for (int kt = a0; kt < b; kt += kTileKeys) {
-      const int end = std::min(b, kt + kTileKeys);
-      for (int k = kt + 1; k < end; ++k) {
-        if (slots[k] != slots[kt] + (k - kt)) return false;
-      }
+      if (!consecutive_slots(slots, kt, std::min(b, kt + kTileKeys))) return false;
     }
     return true;
   }
@@ -283,11 +288,8 @@ class AmxDecode {
   // visible; else copied into the stage (invisible rows zero).
   TileSrc tile_src(const int32_t* slots, int kt, int a, int b, float* base, bool need_k,
                    bool need_v) const {
-    bool direct = kt >= a && kt + kTileKeys <= b;
-    if (direct) {
-      const int32_t s0 = slots[kt];
-      for (int i = 1; i < kTileKeys; ++i) direct = direct && slots[kt + i] == s0 + i;
-    }
+    const bool direct =
+        kt >= a && kt + kTileKeys <= b && consecutive_slots(slots, kt, kt + kTileKeys);
     if (direct) {
       const int64_t s0 = slots[kt];
       return {k_cache_ + s0 * p_.k_row_stride,
