@@ -421,6 +421,110 @@ TEST(FlashMlaKernels, RejectsSoftmaxScaleOutsideFp32) {
   EXPECT_TRUE(std::equal(after.begin(), after.end(), snap.begin()));
 }
 
+// The output and lse through strided views over NaN-filled buffers: head stride 520, token stride
+// q_heads x 520 (16-byte aligned rows, as the engine requires) equals the contiguous run bit for
+// bit and leaves the gap columns 512.. of every row and the lse gaps NaN, for many short whole
+// requests (written by the decode kernels), a long split request (written by the combine), 128
+// heads x s_q 2 and 16 heads; head stride 516 (8-byte aligned rows) is rejected as unsupported,
+// naming out, before anything is written.
+TEST(FlashMlaKernels, StridedOutputMatchesContiguousBitwise) {
+  std::vector<int> lens;
+  for (int b = 0; b < 150; ++b) lens.push_back((b * 53) % 300 + 1);
+  CaseSpec verify =
+      mla_case("verify_h128", ForwardMode::kTargetVerify, 64, {700, 129, 64}, 128, DType::kBF16);
+  verify.new_lens.clear();
+  verify.spec_draft_tokens = 2;
+  verify.spec_topk = 1;
+  const std::vector<CaseSpec> specs = {
+      mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16),
+      mla_case("split_h128", ForwardMode::kDecode, 64, {6000, 5, 900}, 128, DType::kBF16), verify,
+      mla_case("many_h16", ForwardMode::kDecode, 64, lens, 16, DType::kBF16)};
+  for (const CaseSpec& spec : specs) {
+    SCOPED_TRACE(spec.describe());
+    Result<PreparedCase> pcr = harness::prepare_case(spec, Device::cuda(0));
+    ASSERT_TRUE(pcr.is_ok()) << pcr.status().to_string();
+    PreparedCase& pc = *pcr;
+    Result<std::unique_ptr<AttentionBackend>> br = create_flashmla_backend(pc.context());
+    ASSERT_TRUE(br.is_ok()) << br.status().to_string();
+    AttentionBackend& backend = **br;
+    const Status first = harness::run_backend(backend, pc, /*save_kv=*/true);
+    ASSERT_TRUE(first.is_ok()) << first.to_string();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Result<harness::Comparison> cmp = harness::compare_with_reference(pc);
+    ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+    EXPECT_TRUE(cmp->passed()) << cmp->summary();
+    const int64_t t = pc.num_tokens, hq = spec.num_q_heads, dv = 512;
+    for (const harness::LayerData& ld : pc.layers) {
+      std::vector<uint8_t> want_out(static_cast<size_t>(ld.out.storage_bytes()));
+      std::vector<float> want_lse(static_cast<size_t>(t * hq));
+      ASSERT_EQ(cudaMemcpy(want_out.data(), ld.out.data, want_out.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(
+          cudaMemcpy(want_lse.data(), ld.lse.data, want_lse.size() * 4, cudaMemcpyDeviceToHost),
+          cudaSuccess);
+      for (const int64_t hs : {int64_t{520}, int64_t{516}}) {
+        SCOPED_TRACE("head stride " + std::to_string(hs));
+        const size_t out_bytes = static_cast<size_t>(t * hq * hs * 2);
+        const size_t lse_bytes = static_cast<size_t>(t * (hq + 3) * 4);
+        void* buf = nullptr;
+        void* lbuf = nullptr;
+        ASSERT_EQ(cudaMalloc(&buf, out_bytes), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&lbuf, lse_bytes), cudaSuccess);
+        ASSERT_EQ(cudaMemset(buf, 0xff, out_bytes), cudaSuccess);
+        ASSERT_EQ(cudaMemset(lbuf, 0xff, lse_bytes), cudaSuccess);
+        TensorView out = ld.out;
+        out.data = buf;
+        out.strides = {hq * hs, hs, 1};
+        TensorView lse = ld.lse;
+        lse.data = lbuf;
+        lse.strides = {hq + 3, 1};
+        const Status planned = backend.init_forward_metadata(pc.batch);
+        ASSERT_TRUE(planned.is_ok()) << planned.to_string();
+        const Status s = backend.forward(ld.q, {}, {}, out, ld.layer, pc.batch, false, lse);
+        if (hs % 8 != 0) {
+          EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+          EXPECT_NE(s.to_string().find("out bf16["), std::string::npos) << s.to_string();
+        } else {
+          ASSERT_TRUE(s.is_ok()) << s.to_string();
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<uint16_t> got(out_bytes / 2);
+        std::vector<float> got_lse(lse_bytes / 4);
+        ASSERT_EQ(cudaMemcpy(got.data(), buf, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(got_lse.data(), lbuf, lse_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        cudaFree(buf);
+        cudaFree(lbuf);
+        const auto* want = reinterpret_cast<const uint16_t*>(want_out.data());
+        int64_t bad = 0, gap_written = 0, bad_lse = 0;
+        for (int64_t r = 0; r < t * hq; ++r) {
+          if (std::memcmp(&got[static_cast<size_t>(r * hs)], &want[r * dv], dv * 2) != 0) ++bad;
+          for (int64_t c = dv; c < hs; ++c) {
+            gap_written += got[static_cast<size_t>(r * hs + c)] != 0xffff;
+          }
+          const int64_t tok = r / hq, h = r % hq;
+          bad_lse += std::memcmp(&got_lse[static_cast<size_t>(tok * (hq + 3) + h)],
+                                 &want_lse[static_cast<size_t>(r)], 4) != 0;
+        }
+        for (int64_t tok = 0; tok < t; ++tok) {
+          for (int64_t h = hq; h < hq + 3; ++h) {
+            uint32_t bits = 0;
+            std::memcpy(&bits, &got_lse[static_cast<size_t>(tok * (hq + 3) + h)], 4);
+            gap_written += bits != 0xffffffffu;
+          }
+        }
+        if (hs % 8 != 0) {
+          EXPECT_EQ(bad, t * hq) << "a rejected forward wrote rows";
+          EXPECT_EQ(bad_lse, t * hq) << "a rejected forward wrote lse";
+        } else {
+          EXPECT_EQ(bad, 0) << "rows differing from the contiguous run";
+          EXPECT_EQ(bad_lse, 0) << "lse entries differing from the contiguous run";
+        }
+        EXPECT_EQ(gap_written, 0) << "writes outside the view";
+      }
+    }
+  }
+}
+
 // CUDA graphs: a 2-layer decode step captured once, replayed after the lengths change in place;
 // every replay equals an eager run of the same batch bit for bit.
 TEST(FlashMlaKernels, GraphReplayMatchesEagerBitwise) {

@@ -373,10 +373,16 @@ struct MlaWgmmaCta {
     const auto* qg = static_cast<const uint8_t*>(p.q);
     const int row0 = mla_row_tile(p) * Tr::kRows;
     mbar_wait(q_empty(), (tcount & 1) ^ 1);
-    for (int idx = tid; idx < Tr::kRows * Tr::kChunks; idx += 128) {
-      const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
-      const uint8_t* src = q_chunk_src(p, b, row0 + r, c);
-      cp_async_16(sQ() + swizzle_offset(Tr::kRows, r, c), src ? src : qg, src ? 16 : 0);
+    // Warp w copies rows w, w + 4, ...: the row's source (one division by the head count) once per
+    // row, lane l its chunks l, l + 32, l + 64 (< 72): each instruction reads 512 contiguous bytes.
+    const int warp = tid >> 5, lane = tid & 31;
+#pragma unroll 1
+    for (int r = warp; r < Tr::kRows; r += 4) {
+      const uint8_t* row = q_chunk_src(p, b, row0 + r, 0);
+#pragma unroll
+      for (int c = lane; c < Tr::kChunks; c += 32) {
+        cp_async_16(sQ() + swizzle_offset(Tr::kRows, r, c), row ? row + c * 16 : qg, row ? 16 : 0);
+      }
     }
     cp_async_arrive_noinc(q_full());
   }
@@ -715,17 +721,16 @@ struct MlaWgmmaCta {
 
   // Epilogue store of consumer g's 256 output columns of rows r_lo, r_lo + 8: whole requests bf16
   // out (+ natural-log LSE), split segments the normalised f32 partial + log2 LSE. The bf16 rows go
-  // out as 16-byte stores where the output is 16-byte aligned: per 4 column groups j = 4 k + jj the
-  // quad transposes its words (quad_transpose), so lane q writes columns 8 (4 k + q) .. + 8 and
-  // the quad 64 contiguous bytes of the row (session 25: the 4-byte stores, 8 half-used sectors
-  // per instruction, kept each consumer ~7000-8700 cycles in the epilogue at 128 heads).
+  // out as 16-byte stores (the engine admits only 16-byte aligned output rows: MlaDecodeEngine::
+  // forward): per 4 column groups j = 4 k + jj the quad transposes its words (quad_transpose), so
+  // lane q writes columns 8 (4 k + q) .. + 8 and the quad 64 contiguous bytes of the row (session
+  // 25: 4-byte stores, 8 half-used sectors per instruction, kept each consumer ~7000-8700 cycles
+  // in the epilogue at 128 heads).
   template <int g>
   __device__ void write_out(const float (&o)[128], const float (&denom)[2], const float (&m_fin)[2],
                             int b, bool whole, int partial, int r_lo, int lane) const {
     const float kNegInf = -__int_as_float(0x7f800000);
     const int row0 = mla_row_tile(p) * Tr::kRows;
-    const bool vec16 = whole && reinterpret_cast<uintptr_t>(p.out) % 16 == 0 &&
-                       p.o_stride_token % 8 == 0 && p.o_stride_head % 8 == 0;
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       const int m = row0 + r_lo + 8 * x;
@@ -735,44 +740,30 @@ struct MlaWgmmaCta {
       const float lse2 = any ? m_fin[x] + log2f(denom[x]) : kNegInf;
       const int token = b * p.s_q + m / p.num_heads;
       const int h = m % p.num_heads;
-      if (vec16) {  // uniform; the shuffles run on every lane, the stores on valid rows
+      if (whole) {
         auto* dst = static_cast<__nv_bfloat16*>(p.out) + token * p.o_stride_token +
                     h * p.o_stride_head + 256 * g;
         const float scale = inv * p.v_scale;
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-          uint32_t a[4];
+          uint32_t a[4];  // columns 8 (4 k + jj) + 2 (lane & 3), + 1
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
             const int j = 4 * k + jj;
             a[jj] =
                 cuda::pack2<__nv_bfloat16>(o[4 * j + 2 * x] * scale, o[4 * j + 2 * x + 1] * scale);
           }
-          quad_transpose(a, lane);
+          quad_transpose(a, lane);  // on every lane (whole is uniform); the stores on valid rows
           if (valid)
             *reinterpret_cast<uint4*>(dst + 8 * (4 * k + (lane & 3))) =
                 make_uint4(a[0], a[1], a[2], a[3]);
         }
-      }
-      if (!valid) continue;
-      const int col0 = 256 * g + 2 * (lane & 3);
-      if (whole) {
-        auto* dst = static_cast<__nv_bfloat16*>(p.out) + token * p.o_stride_token +
-                    h * p.o_stride_head + col0;
-        const float scale = inv * p.v_scale;
-        if (!vec16) {
-#pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-                cuda::pack2<__nv_bfloat16>(o[4 * j + 2 * x] * scale, o[4 * j + 2 * x + 1] * scale);
-          }
-        }
-        if (p.lse != nullptr && g == 0 && (lane & 3) == 0) {
+        if (valid && p.lse != nullptr && g == 0 && (lane & 3) == 0) {
           p.lse[token * p.lse_stride_token + h] = any ? lse2 * cuda::kLn2 : kNegInf;
         }
-      } else {
+      } else if (valid) {
         const int64_t prow = static_cast<int64_t>(partial) * p.rows_per_req + m;
-        float* dst = p.partial_out + prow * kLatentDim + col0;
+        float* dst = p.partial_out + prow * kLatentDim + 256 * g + 2 * (lane & 3);
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
           *reinterpret_cast<float2*>(dst + 8 * j) =
