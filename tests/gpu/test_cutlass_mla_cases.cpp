@@ -70,7 +70,7 @@ TEST(CutlassMlaKernels, Heads128Bf16BothKernels) {
   v.spec_topk = 1;
   // "blocksN": "1" + ATTNKIT_MLA_WGMMA_BLOCKS=N (the wgmma kernel's variants; 3 the seesaw; 6 the
   // seesaw without the phantom tile; 7 6 + the early S0, 8 7 + P1 in its own buffer; unset = auto:
-  // 7 for 128 heads x s_q >= 2, else 6).
+  // 8 for 128 heads, else 6).
   for (const char* wgmma : {"1", "all", "0", "blocks0", "blocks1", "blocks2", "blocks3", "blocks6",
                             "blocks7", "blocks8"}) {
     SCOPED_TRACE(std::string("ATTNKIT_MLA_WGMMA=") + wgmma);

@@ -136,8 +136,8 @@ TEST(FlashMlaKernels, VerifyChainsMultiTokenQueries) {
 // and the wgmma kernel's variants (ATTNKIT_MLA_WGMMA_BLOCKS 0 = tile barriers, 1 = block
 // barriers, 2 = + split release, 3 = the seesaw: odd and even tile counts, i.e. with and without
 // the phantom tile; 6 = the seesaw that skips the phantom tile, 7 = 6 + the next pair's S0
-// issued behind P1 V1L, 8 = 7 + P1 in its own buffer; unset = auto: 7 where a request's rows fill
-// four or more 64-row tiles (128 heads x s_q >= 2), else 6).
+// issued behind P1 V1L, 8 = 7 + P1 in its own buffer; unset = auto: 8 where a request's rows fill
+// two or more 64-row tiles (128 heads), else 6).
 TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
   std::vector<int> lens;
   for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));

@@ -40,8 +40,9 @@ bool wgmma_env_on() { return env_choice("ATTNKIT_MLA_WGMMA", {"0", "1", "all"}, 
 // phantom tile of odd segments (session 10; H200 2026-11-23 15:18Z, two runs: 128 heads +4.5-6%
 // over 3), "7" 6 + the next pair's S0 issued behind P1 V1L, "8" 7 + P1 in its own buffer (stage
 // 1's rope block released after S1; slower with the producer's loads, sessions 11 and 21, level
-// with the consumers' TMA, session 24; docs/perf/mla_notes.md); unset /
-// "auto": default_wgmma_variant (mla_decode.h) per launch (-1 here).
+// with the consumers' TMA on an H100, session 24; +4% at 128 heads x s_q 1 on an H200 and the
+// auto choice for 128 heads since session 26; docs/perf/mla_notes.md); unset / "auto":
+// default_wgmma_variant (mla_decode.h) per launch (-1 here).
 int wgmma_variant_env() {
   const std::string v =
       env_choice("ATTNKIT_MLA_WGMMA_BLOCKS", {"auto", "0", "1", "2", "3", "6", "7", "8"}, "auto");

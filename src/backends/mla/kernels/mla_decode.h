@@ -34,16 +34,19 @@ inline bool runs_wgmma(const MlaDecodeParams& p, int page_size, bool fp8) {
   return fp8 ? fp8_on_wgmma(p, page_size) : p.use_wgmma != 0 && rows_per_cta(p.rows_per_req) == 64;
 }
 // The wgmma kernel's variant (mla_decode_wgmma.cuh kVariant) when ATTNKIT_MLA_WGMMA_BLOCKS is
-// unset: 7 (the next pair's S0 issued behind P1 V1L) when a request has 256 or more rows (four
-// full 64-row tiles: 128 heads x s_q >= 2, each K tile read by four CTAs, mostly from L2) and
-// its whole tiles are refilled by the consumers' TMA (consumer_tma: MlaDecodeParams::kv_tma_ok
-// 3 applies; with the producer's loads variant 7 was no faster, sessions 11 and 22), else 6.
-// H100 2026-11-24 19:30-20:02Z, three runs, b128 kv 4k, 128 heads bf16, ms: s_q 2 v7 0.514-0.527
-// vs v6 0.527-0.553 (+2-5%); s_q 1 v7 0.291-0.301 vs v6 0.289-0.296 (1-2% slower), kv 8k v7
-// 0.535-0.550 vs v6 0.532-0.549; H200 20:13Z s_q 2 0.512-0.514 vs 0.533-0.539
-// (docs/perf/mla_notes.md session 23). The fp8 cache always runs 6.
+// unset: 8 (the next pair's S0 issued behind P1 V1L, P1 in its own buffer so that stage 1's rope
+// block is refilled right after S1) when a request's rows fill two or more 64-row tiles (128 heads:
+// each K tile read by two or more CTAs) and its whole tiles are refilled by the consumers' TMA
+// (consumer_tma: MlaDecodeParams::kv_tma_ok 3 applies; with the producer's loads variant 7 was
+// no faster, sessions 11 and 22), else 6. Session 26, b128 page 64, 128 heads bf16, three
+// alternated rounds, ms: H200 (03:11Z) v8 / auto (then 6 at s_q 1, 7 at s_q 2) / v7: kv 4k s_q 1
+// 0.2513-0.2521 / 0.2620-0.2634 / 0.2528-0.2562, kv 8k s_q 1 0.4791-0.4794 / 0.5016-0.5064 /
+// 0.4800-0.4822, kv 4k s_q 2 0.4614-0.4684 / 0.4626-0.4682, kv 8k s_q 2 0.8944-0.9037 /
+// 0.9162-0.9279; H100 (03:16Z) v8 / auto: 0.2723-0.2740 / 0.2749-0.2755, 0.5128-0.5210 /
+// 0.5137-0.5196, 0.4632-0.4675 / 0.4624-0.4660, 0.8958-0.9016 / 0.9036-0.9154 (level to +1%)
+// (docs/perf/mla_notes.md session 26). The fp8 cache always runs 6.
 inline int default_wgmma_variant(int rows_per_req, bool consumer_tma) {
-  return consumer_tma && rows_per_req >= 4 * 64 ? 7 : 6;
+  return consumer_tma && rows_per_req >= 2 * 64 ? 8 : 6;
 }
 // Whether a launch with p may load its K tiles by TMA (MlaDecodeParams::kv_tma_ok): the bf16
 // cache on the wgmma seesaw with pages of >= 64 tokens.

@@ -68,7 +68,7 @@ struct MlaDecodeParams {
   // without the phantom tile of odd segments (kVariant 6); 8 (ATTNKIT_MLA_WGMMA_BLOCKS=7): 7 +
   // consumer 0 issues the next pair's S0 behind P1 V1L (kVariant 7); 9 (ATTNKIT_MLA_WGMMA_BLOCKS=8,
   // likewise): 8 + P1 in its own buffer, stage 1's rope block released after S1 (kVariant 8).
-  // ATTNKIT_MLA_WGMMA_BLOCKS unset: 1 + default_wgmma_variant (mla_decode.h), i.e. 7 or 8.
+  // ATTNKIT_MLA_WGMMA_BLOCKS unset: 1 + default_wgmma_variant (mla_decode.h), i.e. 7 or 9.
   int use_wgmma = 0;
   // Diagnostics, timing only (results are wrong): 1 (ATTNKIT_MLA_WGMMA_DIAG=noload) the wgmma
   // kernel's producer stops loading K tiles after the first two, the mma.sync kernel after its
