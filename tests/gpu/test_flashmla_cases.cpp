@@ -278,6 +278,57 @@ TEST(FlashMlaKernels, KTmaMatchesCpAsyncBitwise) {
   ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_BLOCKS"), 0);
 }
 
+// Q by TMA (MlaDecodeParams::q_tma_ok, the default where q is dense and a request's rows are whole
+// 64-row tiles) loads the same bytes as the producer's cp.async (ATTNKIT_MLA_Q_TMA=0): 128 heads
+// (many short requests: many segments per CTA; a long split request), 128 heads x s_q 2 verify,
+// 64 heads x s_q 2 and the fp8 cache each match the reference and write the same bits both ways;
+// MlaDecodeStats::q_tma_runs counts every layer on an SM90 GPU with the wgmma kernel and none with
+// the knob off or for 16 heads (16-row tiles, the mma.sync kernel).
+TEST(FlashMlaKernels, QTmaMatchesCpAsyncBitwise) {
+  std::vector<int> lens;
+  for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
+  CaseSpec verify128 =
+      mla_case("verify_h128", ForwardMode::kTargetVerify, 64, {700, 129, 64}, 128, DType::kBF16);
+  verify128.new_lens.clear();
+  verify128.spec_draft_tokens = 2;
+  verify128.spec_topk = 1;
+  CaseSpec verify64 = verify128;
+  verify64.name = "verify_h64";
+  verify64.num_q_heads = 64;
+  const std::vector<CaseSpec> specs = {
+      mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16),
+      mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640, 64}, 128, DType::kBF16),
+      verify128,
+      verify64,
+      mla_case("many_h128_fp8", ForwardMode::kDecode, 64, lens, 128, DType::kFP8E4M3),
+      mla_case("many_h16", ForwardMode::kDecode, 64, lens, 16, DType::kBF16)};
+  int cc_major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  const bool sm90 = cc_major == 9 && mla::wgmma_available();
+  const int64_t layers = harness::PrepareOptions{}.num_layers;
+  for (const CaseSpec& c : specs) {
+    std::vector<std::vector<uint8_t>> tma_out;
+    for (const char* knob : {"", "0"}) {
+      SCOPED_TRACE(std::string("ATTNKIT_MLA_Q_TMA=") + knob);
+      ASSERT_EQ(setenv("ATTNKIT_MLA_Q_TMA", knob, 1), 0);
+      mla::MlaDecodeStats stats;
+      std::vector<std::vector<uint8_t>> out;
+      run_and_compare(c, true, &stats, &out);
+      const bool on = *knob == '\0';
+      EXPECT_EQ(stats.q_tma_runs, on && sm90 && c.num_q_heads >= 64 ? layers : 0) << c.name;
+      if (on) {
+        tma_out = std::move(out);
+        continue;
+      }
+      ASSERT_EQ(out.size(), tma_out.size());
+      for (size_t l = 0; l < out.size(); ++l) {
+        EXPECT_TRUE(out[l] == tma_out[l]) << c.name << " layer " << l;
+      }
+    }
+  }
+  ASSERT_EQ(unsetenv("ATTNKIT_MLA_Q_TMA"), 0);
+}
+
 // fp8 cache with 64-row tiles (128 heads; 64 heads x s_q 2): by default on an SM90 GPU the wgmma
 // kernel (raw e4m3 bytes by cp.async into the 16-bit stage, converted in place to f16 by the
 // consumer whose S reads the block, Q converted to f16 x 2^-8 per segment, P f16;

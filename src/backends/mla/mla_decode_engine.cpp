@@ -96,6 +96,11 @@ int k_tma_env() {
   return v == "0" ? 0 : v == "1" ? 1 : v == "evict_first" ? 2 : 3;
 }
 
+// ATTNKIT_MLA_Q_TMA=0: the wgmma kernel's producer copies Q by cp.async; unset / 1: by TMA where q
+// is dense ([tokens, heads, 576] contiguous) and every request's rows fill whole 64-row tiles
+// (MlaDecodeParams::q_tma_ok; session 26).
+bool q_tma_env() { return env_flag("ATTNKIT_MLA_Q_TMA", true); }
+
 std::string str(int64_t v) { return std::to_string(v); }
 
 // Query tokens per request: decode 1, verify N.
@@ -140,6 +145,7 @@ Result<std::unique_ptr<MlaDecodeEngine>> MlaDecodeEngine::create(const BackendCo
   e->combine_skip_ = combine_skip_env();
   e->grid_rows_fastest_ = grid_rows_fastest_env();
   e->k_tma_ = k_tma_env();
+  e->q_tma_ = q_tma_env();
   return e;
 }
 
@@ -281,32 +287,32 @@ Status MlaDecodeEngine::plan_graph(int bs, const TensorView& seq_lens, ForwardMo
   return Status::ok();
 }
 
-// The layer buffer kv [rows, >= kRowDim] (bf16) as a 2D TMA map {kRowDim, rows}, box 64 x 64
-// (one 128-byte swizzle line per row), encoded once per buffer; nullptr when the driver has no
-// encoder or rejects the buffer (the kernel then copies by cp.async).
-const cuda::TmaDesc* MlaDecodeEngine::kv_tma_map(const TensorView& kv) {
-  const int64_t rows = kv.size(0), stride = kv.stride(0);
-  for (const KvTmaMap& m : kv_tma_maps_) {
-    if (m.data == kv.data && m.rows == rows && m.stride == stride) return &m.desc;
+// A bf16 buffer of `rows` rows of >= kRowDim elements, `stride` elements apart (a pool layer, or q
+// as [tokens x heads, 576]), as a 2D TMA map {kRowDim, rows}, box 64 x 64 (one 128-byte swizzle
+// line per row), encoded once per buffer; nullptr when the driver has no encoder or rejects the
+// buffer (the kernel then copies by cp.async).
+const cuda::TmaDesc* MlaDecodeEngine::row_tma_map(const void* data, int64_t rows, int64_t stride) {
+  for (const RowTmaMap& m : tma_maps_) {
+    if (m.data == data && m.rows == rows && m.stride == stride) return &m.desc;
   }
   constexpr int kBytes = 2;
   const uint64_t dims[2] = {static_cast<uint64_t>(kRowDim), static_cast<uint64_t>(rows)};
   const uint64_t strides[1] = {static_cast<uint64_t>(stride * kBytes)};
   const uint32_t box[2] = {static_cast<uint32_t>(kBlockN), static_cast<uint32_t>(kBlockN)};
-  KvTmaMap m;
+  RowTmaMap m;
   if (rows <= 0 || rows > INT32_MAX ||
-      !cuda::encode_tiled_map(cuda::TmaElem::kBF16, 2, kv.data, dims, strides, box, &m.desc)) {
+      !cuda::encode_tiled_map(cuda::TmaElem::kBF16, 2, data, dims, strides, box, &m.desc)) {
     return nullptr;
   }
-  m.data = kv.data;
+  m.data = data;
   m.rows = rows;
   m.stride = stride;
   // Bounded: pools reallocated at new addresses would otherwise grow the list forever (the
   // returned pointer is only read at once by the caller).
   constexpr size_t kMaxMaps = 1024;
-  if (kv_tma_maps_.size() >= kMaxMaps) kv_tma_maps_.clear();
-  kv_tma_maps_.push_back(m);
-  return &kv_tma_maps_.back().desc;
+  if (tma_maps_.size() >= kMaxMaps) tma_maps_.clear();
+  tma_maps_.push_back(m);
+  return &tma_maps_.back().desc;
 }
 
 Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -394,9 +400,19 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
   p.skip_combine = plan_.need_combine ? 0 : 1;
   if (k_tma_ != 0 && k_tma_eligible(p, page_size_, quant)) {
-    if (const cuda::TmaDesc* m = kv_tma_map(kv)) {
+    if (const cuda::TmaDesc* m = row_tma_map(kv.data, kv.size(0), kv.stride(0))) {
       p.kv_tma = *m;
       p.kv_tma_ok = k_tma_;
+    }
+  }
+  // Q by TMA: q dense ([tokens x heads, 576] rows 1152 bytes apart) and no padding rows, so each
+  // 64-row tile is 64 consecutive rows of one request.
+  if (q_tma_ && runs_wgmma(p, page_size_, quant) && q.dtype == DType::kBF16 &&
+      p.rows_per_req % 64 == 0 && q.stride(1) == kRowDim &&
+      q.stride(0) == static_cast<int64_t>(p.num_heads) * kRowDim) {
+    if (const cuda::TmaDesc* m = row_tma_map(q.data, q.size(0) * q.size(1), kRowDim)) {
+      p.q_tma = *m;
+      p.q_tma_ok = 1;
     }
   }
   ATTNKIT_RETURN_IF_ERROR(run_decode(p, page_size_, kv_dtype, stream));
@@ -404,6 +420,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   if (page_size_ == 64) mla_timeline_dump(stream);
 #endif
   if (p.kv_tma_ok != 0) ++stats_.k_tma_runs;
+  if (p.q_tma_ok != 0) ++stats_.q_tma_runs;
   ++stats_.runs;
   if (p.skip_combine == 0) ++stats_.combine_launches;
   if (quant && fp8_on_wgmma(p, page_size_)) ++stats_.wgmma_fp8_runs;

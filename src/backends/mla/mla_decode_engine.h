@@ -26,6 +26,7 @@ struct MlaDecodeStats {
   int64_t wgmma_fp8_runs = 0;    // fp8-cache runs on the wgmma kernel (64-row tiles, SM90)
   int64_t grid_rows_runs = 0;    // runs whose grid had the row tiles of a part adjacent (rows)
   int64_t k_tma_runs = 0;        // runs whose whole K tiles were loaded by TMA (kv_tma_ok)
+  int64_t q_tma_runs = 0;        // runs whose Q tiles were loaded by TMA (q_tma_ok)
 };
 
 class MlaDecodeEngine {
@@ -90,15 +91,16 @@ class MlaDecodeEngine {
   // ForwardBatch::seq_lens_host, which must equal seq_lens (forward_batch.h).
   bool combine_skip_ = true;
   int grid_rows_fastest_ = 2;  // ATTNKIT_MLA_GRID_ORDER (MlaDecodeParams::grid_rows_fastest)
-  int k_tma_ = 3;  // ATTNKIT_MLA_K_TMA: 0 cp.async only, 1 TMA, 2 TMA evict-first, 3 consumer
-  // TMA maps of the pool layers seen (a layer's buffer, rows and row stride -> its map).
-  struct KvTmaMap {
+  int k_tma_ = 3;      // ATTNKIT_MLA_K_TMA: 0 cp.async only, 1 TMA, 2 TMA evict-first, 3 consumer
+  bool q_tma_ = true;  // ATTNKIT_MLA_Q_TMA=0: Q tiles by cp.async (MlaDecodeParams::q_tma_ok)
+  // TMA maps of the buffers seen (pool layers, q): buffer, rows and row stride -> its map.
+  struct RowTmaMap {
     const void* data = nullptr;
     int64_t rows = 0, stride = 0;
     cuda::TmaDesc desc;
   };
-  std::vector<KvTmaMap> kv_tma_maps_;
-  const cuda::TmaDesc* kv_tma_map(const TensorView& kv);
+  std::vector<RowTmaMap> tma_maps_;
+  const cuda::TmaDesc* row_tma_map(const void* data, int64_t rows, int64_t stride);
   MlaDecodeStats stats_;
 
   // The current forward's plan.

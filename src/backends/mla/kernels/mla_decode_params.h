@@ -110,6 +110,13 @@ struct MlaDecodeParams {
   // producer. Set by the engine; 0 (=0) keeps every tile on cp.async.
   int kv_tma_ok = 0;
   cuda::TmaDesc kv_tma;
+  // 1 (default where it applies; ATTNKIT_MLA_Q_TMA=0 keeps cp.async): q_tma is q as a 2D map
+  // {kRowDim, tokens x heads} (q dense, rows_per_req a multiple of 64), box 64 x 64, 128-byte
+  // swizzle, and the wgmma kernel's producer loads each 64-row Q tile as nine boxes issued by one
+  // thread (session 26: the 128 threads' 36 cp.async each took ~9700 cycles to issue at a
+  // segment boundary, H200 timeline). Set by the engine; 0: cp.async.
+  int q_tma_ok = 0;
+  cuda::TmaDesc q_tma;
 
   // Plan (written on the device by the schedule kernel once per forward).
   const int32_t* sched = nullptr;  // [num_parts, kSchedWords]

@@ -366,13 +366,30 @@ struct MlaWgmmaCta {
   // Q rows [row0, row0 + 64) of request b (padding rows zero-filled), after the previous
   // segment's consumers are done with Q (q_empty; segment number tcount). The seesaw consumers
   // release Q after their last S of a segment; the exchange arrays and the row sums are ordered
-  // between segments by the epilogue's kBarEpilogue syncs, not by q_empty.
+  // between segments by the epilogue's kBarEpilogue syncs, not by q_empty. p.q_tma_ok: nine
+  // 64 x 64 boxes from thread 0 (the tile's 64 rows are rows b x rows_per_req + row0 .. of q as
+  // [tokens x heads, 576]; no padding rows), the other 127 threads arrive on q_full at once, so
+  // q_full sees the same 128 arrivals as from the cp.async path.
   __device__ void load_q(int b, int tcount) const {
     using namespace sm90;
     const int tid = threadIdx.x;
     const auto* qg = static_cast<const uint8_t*>(p.q);
     const int row0 = mla_row_tile(p) * Tr::kRows;
     mbar_wait(q_empty(), (tcount & 1) ^ 1);
+    if (p.q_tma_ok != 0) {
+      static_assert(Tr::kRows == kBlockN, "a Q tile is one 64-row box per 64-column block");
+      if (tid == 0) {
+        const int first = b * p.rows_per_req + row0;
+        mbar_arrive_expect_tx(q_full(), Tr::kRows * Tr::kChunks * 16);
+#pragma unroll 1
+        for (int kb = 0; kb < Tr::kChunks / 8; ++kb) {
+          tma_load_2d(sQ() + kb * Tr::kRows * 128, &p.q_tma, 64 * kb, first, q_full());
+        }
+      } else {
+        mbar_arrive(q_full());
+      }
+      return;
+    }
     // Warp w copies rows w, w + 4, ...: the row's source (one division by the head count) once per
     // row, lane l its chunks l, l + 32, l + 64 (< 72): each instruction reads 512 contiguous bytes.
     const int warp = tid >> 5, lane = tid & 31;
