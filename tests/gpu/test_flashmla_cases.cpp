@@ -51,6 +51,22 @@ CaseSpec mla_case(std::string name, ForwardMode mode, int page, std::vector<int>
   return c;
 }
 
+// 150 short requests (0-260 keys of history): many segments per CTA, odd and even tile counts.
+std::vector<int> short_lens() {
+  std::vector<int> lens;
+  for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
+  return lens;
+}
+
+// A target-verify chain of 2 draft tokens (topk 1) over histories 700, 129 and 64.
+CaseSpec verify_case(std::string name, int heads, DType kv) {
+  CaseSpec c = mla_case(std::move(name), ForwardMode::kTargetVerify, 64, {700, 129, 64}, heads, kv);
+  c.new_lens.clear();
+  c.spec_draft_tokens = 2;
+  c.spec_topk = 1;
+  return c;
+}
+
 // `stats_out`, when set, receives the backend's MLA engine counters; `outs`, the layers' outputs
 // (bytes).
 void run_and_compare(const CaseSpec& spec, bool save_kv, mla::MlaDecodeStats* stats_out = nullptr,
@@ -139,8 +155,7 @@ TEST(FlashMlaKernels, VerifyChainsMultiTokenQueries) {
 // issued behind P1 V1L, 8 = 7 + P1 in its own buffer; unset = auto: 8 where a request's rows fill
 // two or more 64-row tiles (128 heads), else 6).
 TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
-  std::vector<int> lens;
-  for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
+  const std::vector<int> lens = short_lens();
   for (const char* variant : {"1", "1+blocks0", "1+blocks1", "1+blocks2", "1+blocks3", "1+blocks6",
                               "1+blocks7", "1+blocks8", "0"}) {
     const std::string v = variant;
@@ -179,14 +194,9 @@ TEST(FlashMlaKernels, ManySegmentsPerCtaBothKernels) {
 // the reference, every order writes the same bits as the auto one, and the engine's counters say
 // which kernel and which order ran (MlaDecodeStats::wgmma_fp8_runs / grid_rows_runs).
 TEST(FlashMlaKernels, GridOrdersMatchBitwise) {
-  std::vector<int> lens;
-  for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
-  CaseSpec verify = mla_case("verify_h128_fp8", ForwardMode::kTargetVerify, 64, {700, 129, 64}, 128,
-                             DType::kFP8E4M3);
-  verify.new_lens.clear();
-  verify.spec_draft_tokens = 2;
-  verify.spec_topk = 1;
-  const CaseSpec many = mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16);
+  const CaseSpec verify = verify_case("verify_h128_fp8", 128, DType::kFP8E4M3);
+  const CaseSpec many =
+      mla_case("many_h128", ForwardMode::kDecode, 64, short_lens(), 128, DType::kBF16);
   int cc_major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   const bool sm90 = cc_major == 9 && mla::wgmma_available();
@@ -234,14 +244,9 @@ TEST(FlashMlaKernels, GridOrdersMatchBitwise) {
 // to the auto choice with the consumers' TMA (8 at 128 heads, 6 at 64): without them auto takes 6,
 // whose S1 sums its k-steps in another order than 8's (rope block first), so other bits.
 TEST(FlashMlaKernels, KTmaMatchesCpAsyncBitwise) {
-  std::vector<int> lens;
-  for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
-  CaseSpec verify =
-      mla_case("verify_h128", ForwardMode::kTargetVerify, 64, {700, 129, 64}, 128, DType::kBF16);
-  verify.new_lens.clear();
-  verify.spec_draft_tokens = 2;
-  verify.spec_topk = 1;
-  const CaseSpec many = mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16);
+  const CaseSpec verify = verify_case("verify_h128", 128, DType::kBF16);
+  const CaseSpec many =
+      mla_case("many_h128", ForwardMode::kDecode, 64, short_lens(), 128, DType::kBF16);
   const CaseSpec long_req =
       mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640, 64}, 128, DType::kBF16);
   // 40 requests of 16-20 tiles at 64 heads (one row tile each): ~7 tiles per plan part, so
@@ -285,21 +290,12 @@ TEST(FlashMlaKernels, KTmaMatchesCpAsyncBitwise) {
 // MlaDecodeStats::q_tma_runs counts every layer on an SM90 GPU with the wgmma kernel and none with
 // the knob off or for 16 heads (16-row tiles, the mma.sync kernel).
 TEST(FlashMlaKernels, QTmaMatchesCpAsyncBitwise) {
-  std::vector<int> lens;
-  for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
-  CaseSpec verify128 =
-      mla_case("verify_h128", ForwardMode::kTargetVerify, 64, {700, 129, 64}, 128, DType::kBF16);
-  verify128.new_lens.clear();
-  verify128.spec_draft_tokens = 2;
-  verify128.spec_topk = 1;
-  CaseSpec verify64 = verify128;
-  verify64.name = "verify_h64";
-  verify64.num_q_heads = 64;
+  const std::vector<int> lens = short_lens();
   const std::vector<CaseSpec> specs = {
       mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16),
       mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640, 64}, 128, DType::kBF16),
-      verify128,
-      verify64,
+      verify_case("verify_h128", 128, DType::kBF16),
+      verify_case("verify_h64", 64, DType::kBF16),
       mla_case("many_h128_fp8", ForwardMode::kDecode, 64, lens, 128, DType::kFP8E4M3),
       mla_case("many_h16", ForwardMode::kDecode, 64, lens, 16, DType::kBF16)};
   int cc_major = 0;
@@ -337,8 +333,7 @@ TEST(FlashMlaKernels, QTmaMatchesCpAsyncBitwise) {
 // (segment restarts with odd and even tile counts, phantom pairs), a long split
 // request, verify chains (64 heads x 2 tokens, 128 heads x 2 tokens), each against the reference.
 TEST(FlashMlaKernels, Fp8Heads128BothKernels) {
-  std::vector<int> lens;
-  for (int b = 0; b < 150; ++b) lens.push_back((b * 37) % 260 + (b % 7 == 0 ? 0 : 1));
+  const std::vector<int> lens = short_lens();
   int cc_major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   const bool wgmma = cc_major == 9 && mla::wgmma_available();
@@ -485,14 +480,10 @@ TEST(FlashMlaKernels, RejectsSoftmaxScaleOutsideFp32) {
 TEST(FlashMlaKernels, StridedOutputMatchesContiguousBitwise) {
   std::vector<int> lens;
   for (int b = 0; b < 150; ++b) lens.push_back((b * 53) % 300 + 1);
-  CaseSpec verify =
-      mla_case("verify_h128", ForwardMode::kTargetVerify, 64, {700, 129, 64}, 128, DType::kBF16);
-  verify.new_lens.clear();
-  verify.spec_draft_tokens = 2;
-  verify.spec_topk = 1;
   const std::vector<CaseSpec> specs = {
       mla_case("many_h128", ForwardMode::kDecode, 64, lens, 128, DType::kBF16),
-      mla_case("split_h128", ForwardMode::kDecode, 64, {6000, 5, 900}, 128, DType::kBF16), verify,
+      mla_case("split_h128", ForwardMode::kDecode, 64, {6000, 5, 900}, 128, DType::kBF16),
+      verify_case("verify_h128", 128, DType::kBF16),
       mla_case("many_h16", ForwardMode::kDecode, 64, lens, 16, DType::kBF16)};
   for (const CaseSpec& spec : specs) {
     SCOPED_TRACE(spec.describe());
