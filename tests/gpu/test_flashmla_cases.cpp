@@ -22,6 +22,7 @@
 #include "backends/mla/mla_paged_backend.h"
 #include "harness/case_runner.h"
 #include "support/backend_case_test.h"
+#include "support/scoped_env.h"
 
 ATTNKIT_BACKEND_CASE_TESTS(FlashMlaCases, "flashmla", ::attnkit::Device::cuda(0));
 
@@ -241,8 +242,9 @@ TEST(FlashMlaKernels, GridOrdersMatchBitwise) {
 // ending on a whole tile) and a 128-head x s_q 2 verify chain each match the reference, both
 // paths write the same bits, and MlaDecodeStats::k_tma_runs says where TMA ran (every layer on an
 // SM90 GPU with the wgmma kernel, none with the knob off or on other GPUs). The variant is pinned
-// to the auto choice with the consumers' TMA (8 at 128 heads, 6 at 64): without them auto takes 6,
-// whose S1 sums its k-steps in another order than 8's (rope block first), so other bits.
+// to the auto choice with the consumers' TMA (default_wgmma_variant: 8 at 128 heads, 6 at 64):
+// without them auto takes 6, whose S1 sums its k-steps in another order than 8's (rope block
+// first), so other bits.
 TEST(FlashMlaKernels, KTmaMatchesCpAsyncBitwise) {
   const CaseSpec verify = verify_case("verify_h128", 128, DType::kBF16);
   const CaseSpec many =
@@ -261,11 +263,14 @@ TEST(FlashMlaKernels, KTmaMatchesCpAsyncBitwise) {
   const bool sm90 = cc_major == 9 && mla::wgmma_available();
   const int64_t layers = harness::PrepareOptions{}.num_layers;
   for (const CaseSpec* c : {&many, &long_req, &segments, static_cast<const CaseSpec*>(&verify)}) {
-    ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_BLOCKS", c->num_q_heads == 128 ? "8" : "6", 1), 0);
+    const int s_q = c->spec_draft_tokens > 0 ? c->spec_draft_tokens : 1;
+    const std::string variant =
+        std::to_string(mla::default_wgmma_variant(c->num_q_heads * s_q, /*consumer_tma=*/true));
+    const test_support::ScopedEnv pin("ATTNKIT_MLA_WGMMA_BLOCKS", variant.c_str());
     std::vector<std::vector<uint8_t>> tma_out;
     for (const char* knob : {"", "0", "1"}) {
-      SCOPED_TRACE(std::string("ATTNKIT_MLA_K_TMA=") + knob);
-      ASSERT_EQ(setenv("ATTNKIT_MLA_K_TMA", knob, 1), 0);
+      SCOPED_TRACE(std::string("ATTNKIT_MLA_K_TMA=") + knob + " variant " + variant);
+      const test_support::ScopedEnv k_tma("ATTNKIT_MLA_K_TMA", knob);
       mla::MlaDecodeStats stats;
       std::vector<std::vector<uint8_t>> out;
       run_and_compare(*c, true, &stats, &out);
@@ -279,8 +284,6 @@ TEST(FlashMlaKernels, KTmaMatchesCpAsyncBitwise) {
       for (size_t l = 0; l < out.size(); ++l) EXPECT_TRUE(out[l] == tma_out[l]) << "layer " << l;
     }
   }
-  ASSERT_EQ(unsetenv("ATTNKIT_MLA_K_TMA"), 0);
-  ASSERT_EQ(unsetenv("ATTNKIT_MLA_WGMMA_BLOCKS"), 0);
 }
 
 // Q by TMA (MlaDecodeParams::q_tma_ok, the default where q is dense and a request's rows are whole
@@ -288,7 +291,8 @@ TEST(FlashMlaKernels, KTmaMatchesCpAsyncBitwise) {
 // (many short requests: many segments per CTA; a long split request), 128 heads x s_q 2 verify,
 // 64 heads x s_q 2 and the fp8 cache each match the reference and write the same bits both ways;
 // MlaDecodeStats::q_tma_runs counts every layer on an SM90 GPU with the wgmma kernel and none with
-// the knob off or for 16 heads (16-row tiles, the mma.sync kernel).
+// the knob off, for 16 heads (16-row tiles, the mma.sync kernel) or for 48 heads x s_q 2 (96 rows:
+// the wgmma kernel with a padded second tile, Q by cp.async).
 TEST(FlashMlaKernels, QTmaMatchesCpAsyncBitwise) {
   const std::vector<int> lens = short_lens();
   const std::vector<CaseSpec> specs = {
@@ -296,6 +300,7 @@ TEST(FlashMlaKernels, QTmaMatchesCpAsyncBitwise) {
       mla_case("long_h128", ForwardMode::kDecode, 64, {3000, 1, 640, 64}, 128, DType::kBF16),
       verify_case("verify_h128", 128, DType::kBF16),
       verify_case("verify_h64", 64, DType::kBF16),
+      verify_case("verify_h48", 48, DType::kBF16),
       mla_case("many_h128_fp8", ForwardMode::kDecode, 64, lens, 128, DType::kFP8E4M3),
       mla_case("many_h16", ForwardMode::kDecode, 64, lens, 16, DType::kBF16)};
   int cc_major = 0;
@@ -306,12 +311,13 @@ TEST(FlashMlaKernels, QTmaMatchesCpAsyncBitwise) {
     std::vector<std::vector<uint8_t>> tma_out;
     for (const char* knob : {"", "0"}) {
       SCOPED_TRACE(std::string("ATTNKIT_MLA_Q_TMA=") + knob);
-      ASSERT_EQ(setenv("ATTNKIT_MLA_Q_TMA", knob, 1), 0);
+      const test_support::ScopedEnv q_tma("ATTNKIT_MLA_Q_TMA", knob);
       mla::MlaDecodeStats stats;
       std::vector<std::vector<uint8_t>> out;
       run_and_compare(c, true, &stats, &out);
       const bool on = *knob == '\0';
-      EXPECT_EQ(stats.q_tma_runs, on && sm90 && c.num_q_heads >= 64 ? layers : 0) << c.name;
+      const bool whole_tiles = c.num_q_heads == 64 || c.num_q_heads == 128;
+      EXPECT_EQ(stats.q_tma_runs, on && sm90 && whole_tiles ? layers : 0) << c.name;
       if (on) {
         tma_out = std::move(out);
         continue;
@@ -322,7 +328,6 @@ TEST(FlashMlaKernels, QTmaMatchesCpAsyncBitwise) {
       }
     }
   }
-  ASSERT_EQ(unsetenv("ATTNKIT_MLA_Q_TMA"), 0);
 }
 
 // fp8 cache with 64-row tiles (128 heads; 64 heads x s_q 2): by default on an SM90 GPU the wgmma

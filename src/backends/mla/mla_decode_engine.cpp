@@ -289,10 +289,12 @@ Status MlaDecodeEngine::plan_graph(int bs, const TensorView& seq_lens, ForwardMo
 
 // A bf16 buffer of `rows` rows of >= kRowDim elements, `stride` elements apart (a pool layer, or q
 // as [tokens x heads, 576]), as a 2D TMA map {kRowDim, rows}, box 64 x 64 (one 128-byte swizzle
-// line per row), encoded once per buffer; nullptr when the driver has no encoder or rejects the
-// buffer (the kernel then copies by cp.async).
-const cuda::TmaDesc* MlaDecodeEngine::row_tma_map(const void* data, int64_t rows, int64_t stride) {
-  for (const RowTmaMap& m : tma_maps_) {
+// line per row), encoded once per buffer and kept in `cache` (tma_maps_ for the pool layers,
+// q_tma_maps_ for the short-lived q buffers, so that those never evict the pool's); nullptr when
+// the driver has no encoder or rejects the buffer (the kernel then copies by cp.async).
+const cuda::TmaDesc* MlaDecodeEngine::row_tma_map(std::vector<RowTmaMap>* cache, const void* data,
+                                                  int64_t rows, int64_t stride) {
+  for (const RowTmaMap& m : *cache) {
     if (m.data == data && m.rows == rows && m.stride == stride) return &m.desc;
   }
   constexpr int kBytes = 2;
@@ -307,12 +309,13 @@ const cuda::TmaDesc* MlaDecodeEngine::row_tma_map(const void* data, int64_t rows
   m.data = data;
   m.rows = rows;
   m.stride = stride;
-  // Bounded: pools reallocated at new addresses would otherwise grow the list forever (the
-  // returned pointer is only read at once by the caller).
-  constexpr size_t kMaxMaps = 1024;
-  if (tma_maps_.size() >= kMaxMaps) tma_maps_.clear();
-  tma_maps_.push_back(m);
-  return &tma_maps_.back().desc;
+  // Bounded: buffers reallocated at new addresses would otherwise grow the list forever (the
+  // returned pointer is only read at once by the caller). q buffers come and go per forward, so
+  // their list is short.
+  const size_t max_maps = cache == &q_tma_maps_ ? 16 : 1024;
+  if (cache->size() >= max_maps) cache->clear();
+  cache->push_back(m);
+  return &cache->back().desc;
 }
 
 Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -400,17 +403,24 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
   p.skip_combine = plan_.need_combine ? 0 : 1;
   if (k_tma_ != 0 && k_tma_eligible(p, page_size_, quant)) {
-    if (const cuda::TmaDesc* m = row_tma_map(kv.data, kv.size(0), kv.stride(0))) {
+    if (const cuda::TmaDesc* m = row_tma_map(&tma_maps_, kv.data, kv.size(0), kv.stride(0))) {
       p.kv_tma = *m;
       p.kv_tma_ok = k_tma_;
     }
+  }
+  // The auto variant assumed the consumers' TMA; without a map (no encoder, a rejected buffer) the
+  // tiles come by cp.async, where variant 8 was slower (sessions 10-11): take the rule's other
+  // choice (both are seesaw variants, so k_tma_eligible is unchanged).
+  if (use_wgmma_ && wgmma_variant_ < 0 && consumer_tma && p.kv_tma_ok != 3) {
+    p.use_wgmma = 1 + default_wgmma_variant(p.rows_per_req, false);
   }
   // Q by TMA: q dense ([tokens x heads, 576] rows 1152 bytes apart) and no padding rows, so each
   // 64-row tile is 64 consecutive rows of one request.
   if (q_tma_ && runs_wgmma(p, page_size_, quant) && q.dtype == DType::kBF16 &&
       p.rows_per_req % 64 == 0 && q.stride(1) == kRowDim &&
       q.stride(0) == static_cast<int64_t>(p.num_heads) * kRowDim) {
-    if (const cuda::TmaDesc* m = row_tma_map(q.data, q.size(0) * q.size(1), kRowDim)) {
+    if (const cuda::TmaDesc* m =
+            row_tma_map(&q_tma_maps_, q.data, q.size(0) * q.size(1), kRowDim)) {
       p.q_tma = *m;
       p.q_tma_ok = 1;
     }

@@ -99,8 +99,10 @@ class MlaDecodeEngine {
     int64_t rows = 0, stride = 0;
     cuda::TmaDesc desc;
   };
-  std::vector<RowTmaMap> tma_maps_;
-  const cuda::TmaDesc* row_tma_map(const void* data, int64_t rows, int64_t stride);
+  std::vector<RowTmaMap> tma_maps_;    // pool layers
+  std::vector<RowTmaMap> q_tma_maps_;  // q buffers
+  const cuda::TmaDesc* row_tma_map(std::vector<RowTmaMap>* cache, const void* data, int64_t rows,
+                                   int64_t stride);
   MlaDecodeStats stats_;
 
   // The current forward's plan.

@@ -4,7 +4,8 @@
 // the mma.sync kernel (mla_decode_mma.cuh), which keeps the 16/32-row tiles.
 //
 // CTA = 384 threads, one per SM (~226 KiB of shared memory):
-//   warpgroup 0 (producer, setmaxnreg 40): loads Q [64 x 576] once per request segment
+//   warpgroup 0 (producer, setmaxnreg 40): loads Q [64 x 576] once per request segment (by TMA
+//     where q is dense and a request's rows are whole 64-row tiles, p.q_tma_ok; else cp.async)
 //     and the K tiles [64 keys x 576] into a 2-stage ring by 16-byte cp.async through the page
 //     table (slot = req_to_token[j - j % P] + j % P), in the 128-byte swizzle the wgmma descriptors
 //     read; completion on mbarriers (full: cp.async.mbarrier.arrive.noinc), a stage is refilled
@@ -241,7 +242,8 @@ struct MlaTimeline {
 // read their blocks in the order loaded. An odd segment's last pair has a phantom tile a + 1
 // (zero-filled, masked).
 //
-// kVariant 6 (the default since session 11 but for 128 heads x s_q >= 2;
+// kVariant 6 (the default for fewer than two full 64-row tiles per request, and for the fp8
+// cache;
 // ATTNKIT_MLA_WGMMA_BLOCKS=6): the seesaw without the phantom tile. An odd segment's last pair runs
 // a second copy of the pair body (compile-time kPhantom, so every branch around a wgmma stays
 // uniform): the producer loads nothing into stage 1, consumer 1 skips S1, its softmax and P1 V1R
@@ -254,8 +256,8 @@ struct MlaTimeline {
 // P0 is stored before the P1 sync, and variant 8's consumer-issued refills; a read-only review
 // re-derived their ordering by hand and has not extended the model.
 //
-// kVariant 7 (the default for 128 heads x s_q >= 2 since session 23, default_wgmma_variant;
-// session 10, H200 session 11: no faster with the producer's loads): 6 + consumer 0
+// kVariant 7 (the default for 128 heads x s_q >= 2 in sessions 23-25; session 10, H200 session
+// 11: no faster with the producer's loads): 6 + consumer 0
 // issues the next pair's S0 early, FlashMLA's order (its public "new kernel deep dive"; no code
 // taken): right behind P1 V1L (no wait in between) the k-steps of stage 0's blocks 0-3 (released
 // after P0 V0L, refilled while P1 V1L runs), then wait_group<1> (P1 V1L done), the release of stage
@@ -268,7 +270,9 @@ struct MlaTimeline {
 // 1-2% slower at s_q 1 on an H100 (the next S0's blocks 0-3, refilled half a pair earlier, are
 // waited for before stage 1's release when their loads come from DRAM).
 //
-// kVariant 8 (ATTNKIT_MLA_WGMMA_BLOCKS=8; session 10, H200 session 11: slower): 7 + P1 in the P
+// kVariant 8 (the default since session 26 where a request's rows fill two or more 64-row tiles
+// and the consumers refill by TMA, default_wgmma_variant: +4% at 128 heads x s_q 1 on an H200,
+// level to +1% on an H100; with the producer's loads, sessions 10-11, slower): 7 + P1 in the P
 // buffer (its own 8 KiB; the exchange arrays move to kX2Offset), so stage 1's rope block is read
 // by S1 only: consumer 1 releases it right after S1 (empty_rope; with the consumers' TMA its
 // refill is issued there), the producer refills it first in the next pair, and S1 reads stage 1
@@ -580,7 +584,7 @@ struct MlaWgmmaCta {
       uint32_t pa_own[4][4];
 
       mbar_wait(q_full(), tcount & 1);
-      fence_proxy_async();  // Q arrived by cp.async
+      fence_proxy_async();  // Q may have arrived by cp.async
 
       // i: this consumer's tile (i % 2 == g, if i < n); i - 1: the other consumer's tile.
       for (int i = g; i < n + 1; i += 2) {
@@ -739,7 +743,7 @@ struct MlaWgmmaCta {
   // Epilogue store of consumer g's 256 output columns of rows r_lo, r_lo + 8: whole requests bf16
   // out (+ natural-log LSE), split segments the normalised f32 partial + log2 LSE. The bf16 rows go
   // out as 16-byte stores (the engine admits only 16-byte aligned output rows: MlaDecodeEngine::
-  // forward): per 4 column groups j = 4 k + jj the quad transposes its words (quad_transpose), so
+  // run): per 4 column groups j = 4 k + jj the quad transposes its words (quad_transpose), so
   // lane q writes columns 8 (4 k + q) .. + 8 and the quad 64 contiguous bytes of the row (session
   // 25: 4-byte stores, 8 half-used sectors per instruction, kept each consumer ~7000-8700 cycles
   // in the epilogue at 128 heads).
