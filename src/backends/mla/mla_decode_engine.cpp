@@ -289,11 +289,12 @@ Status MlaDecodeEngine::plan_graph(int bs, const TensorView& seq_lens, ForwardMo
 
 // A bf16 buffer of `rows` rows of >= kRowDim elements, `stride` elements apart (a pool layer, or q
 // as [tokens x heads, 576]), as a 2D TMA map {kRowDim, rows}, box 64 x 64 (one 128-byte swizzle
-// line per row), encoded once per buffer and kept in `cache` (tma_maps_ for the pool layers,
-// q_tma_maps_ for the short-lived q buffers, so that those never evict the pool's); nullptr when
-// the driver has no encoder or rejects the buffer (the kernel then copies by cp.async).
-const cuda::TmaDesc* MlaDecodeEngine::row_tma_map(std::vector<RowTmaMap>* cache, const void* data,
-                                                  int64_t rows, int64_t stride) {
+// line per row), encoded once per buffer and kept in `cache`, which is emptied when it holds
+// `max_maps` (tma_maps_ for the pool layers; q_tma_maps_, short, for the q buffers that come and
+// go per forward, so that those never evict the pool's); nullptr when the driver has no encoder
+// or rejects the buffer (the kernel then copies by cp.async).
+const cuda::TmaDesc* MlaDecodeEngine::row_tma_map(std::vector<RowTmaMap>* cache, size_t max_maps,
+                                                  const void* data, int64_t rows, int64_t stride) {
   for (const RowTmaMap& m : *cache) {
     if (m.data == data && m.rows == rows && m.stride == stride) return &m.desc;
   }
@@ -310,9 +311,7 @@ const cuda::TmaDesc* MlaDecodeEngine::row_tma_map(std::vector<RowTmaMap>* cache,
   m.rows = rows;
   m.stride = stride;
   // Bounded: buffers reallocated at new addresses would otherwise grow the list forever (the
-  // returned pointer is only read at once by the caller). q buffers come and go per forward, so
-  // their list is short.
-  const size_t max_maps = cache == &q_tma_maps_ ? 16 : 1024;
+  // returned pointer is only read at once by the caller).
   if (cache->size() >= max_maps) cache->clear();
   cache->push_back(m);
   return &cache->back().desc;
@@ -403,7 +402,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.mma_fp8_f16 = fp8_f16_ ? 1 : 0;
   p.skip_combine = plan_.need_combine ? 0 : 1;
   if (k_tma_ != 0 && k_tma_eligible(p, page_size_, quant)) {
-    if (const cuda::TmaDesc* m = row_tma_map(&tma_maps_, kv.data, kv.size(0), kv.stride(0))) {
+    if (const cuda::TmaDesc* m = row_tma_map(&tma_maps_, 1024, kv.data, kv.size(0), kv.stride(0))) {
       p.kv_tma = *m;
       p.kv_tma_ok = k_tma_;
     }
@@ -420,7 +419,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
       p.rows_per_req % 64 == 0 && q.stride(1) == kRowDim &&
       q.stride(0) == static_cast<int64_t>(p.num_heads) * kRowDim) {
     if (const cuda::TmaDesc* m =
-            row_tma_map(&q_tma_maps_, q.data, q.size(0) * q.size(1), kRowDim)) {
+            row_tma_map(&q_tma_maps_, 16, q.data, q.size(0) * q.size(1), kRowDim)) {
       p.q_tma = *m;
       p.q_tma_ok = 1;
     }

@@ -101,8 +101,8 @@ class MlaDecodeEngine {
   };
   std::vector<RowTmaMap> tma_maps_;    // pool layers
   std::vector<RowTmaMap> q_tma_maps_;  // q buffers
-  const cuda::TmaDesc* row_tma_map(std::vector<RowTmaMap>* cache, const void* data, int64_t rows,
-                                   int64_t stride);
+  const cuda::TmaDesc* row_tma_map(std::vector<RowTmaMap>* cache, size_t max_maps, const void* data,
+                                   int64_t rows, int64_t stride);
   MlaDecodeStats stats_;
 
   // The current forward's plan.
