@@ -316,6 +316,10 @@ struct MlaWgmmaCta {
   static constexpr bool kSkipPhantom = kVariant >= 6;
   static constexpr bool kEarlyS = kVariant >= 7;
   static constexpr bool kP1Buf = kVariant == 8;
+  // Consumer 0 hands P0 scale1 to consumer 1 before waiting for its own P0 V0L (session 27,
+  // H200: +1.5% / +1% / +4.5% / +3% at 128 heads kv 4k / 8k x s_q 1 / 2 with variant 8; the fp8
+  // cache's variant 6 lost 1-3%, so 6 keeps the old order).
+  static constexpr bool kEarlyP0 = kEarlyS;
   // Whole tiles may come by TMA (MlaDecodeParams::kv_tma_ok): a bf16 cache whose pages hold a
   // tile's 64 keys as consecutive pool rows.
   static constexpr bool kTmaTiles = mla_tma_tiles(Tr::kPage, kFp8);
@@ -1316,10 +1320,17 @@ struct MlaWgmmaCta {
           issue_pv(o, pa, 0, 0);
           wgmma_commit();
           ATTNKIT_MLA_TL(kTlOwnPvIssued, a);
-          wgmma_wait<0>();
-          fence_regs(o);
-          release_group(empty(0), 0, 0, 4, nfirst[0], tid);  // stage 0 blocks 0-3
-          ATTNKIT_MLA_TL(kTlOwnPvDone, a);
+          // P0 V0L retired: stage 0 blocks 0-3 go back.
+          auto retire_own_pv = [&] {
+            wgmma_wait<0>();
+            fence_regs(o);
+            release_group(empty(0), 0, 0, 4, nfirst[0], tid);
+            ATTNKIT_MLA_TL(kTlOwnPvDone, a);
+          };
+          // kEarlyP0: the hand-over below runs while P0 V0L does (it reads pa and V0L and
+          // accumulates into o; nothing before its wait touches them), so consumer 1's (P0
+          // scale1) V0R no longer waits for P0 V0L to retire.
+          if constexpr (!kEarlyP0) retire_own_pv();
           float sc1[2];
           if constexpr (kPh) {
             // No P1: scale1 = 1, m1 = m0. Every warp of this consumer is done with S0 before
@@ -1341,11 +1352,13 @@ struct MlaWgmmaCta {
               m_prev[x] = m1_sh[r_lo + 8 * x];
             }
           }
-          // P0 scale1 (frame m1) for consumer 1, in stage 0's rope block (S0 read it, done).
+          // P0 scale1 (frame m1) for consumer 1, in stage 0's rope block (S0 read it, done; P0
+          // V0L reads stage 0's blocks 0-3 only).
           store_p(sP(0), sacc, sc1, warp, lane);
           fence_proxy_async();
           named_bar_arrive(kBarP0, 256);
           ATTNKIT_MLA_TL(kTlPStored, a);
+          if constexpr (kEarlyP0) retire_own_pv();
           if constexpr (!kPh) {
             rescale_o_l(o, l, sc1);
             named_bar_sync(kBarP1, 256);  // P1 stored
