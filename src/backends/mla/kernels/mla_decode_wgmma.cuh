@@ -318,7 +318,10 @@ struct MlaWgmmaCta {
   static constexpr bool kP1Buf = kVariant == 8;
   // Consumer 0 hands P0 scale1 to consumer 1 before waiting for its own P0 V0L (session 27,
   // H200: +1.5% / +1% / +4.5% / +3% at 128 heads kv 4k / 8k x s_q 1 / 2 with variant 8; the fp8
-  // cache's variant 6 lost 1-3%, so 6 keeps the old order).
+  // cache's variant 6 lost 1-3%, so 6 keeps the old order). Orders tried in the same session and
+  // not kept (docs/perf/mla_notes.md session 27): consumer 1's P1 V1R before its P1 store (mixed),
+  // consumer 0 in frame m1 from the start with both P V back to back (-9%), skipping rescales by
+  // exactly 1, with or without a lazy running max (-2 to -6% / level).
   static constexpr bool kEarlyP0 = kEarlyS;
   // Whole tiles may come by TMA (MlaDecodeParams::kv_tma_ok): a bf16 cache whose pages hold a
   // tile's 64 keys as consecutive pool rows.
