@@ -253,8 +253,8 @@ struct MlaTimeline {
 // with P0 after its own 128-thread barrier (kBarC0: every warp's S0 is done; in a full pair the
 // kBarSc1 sync orders it). The protocol was checked by docs/perf/mla_s10/seesaw_model.py (random
 // interleavings; sessions 10 and 23). That model predates session 24's kBarSc1 hand-over, in which
-// P0 is stored before the P1 sync, and variant 8's consumer-issued refills; a read-only review
-// re-derived their ordering by hand and has not extended the model.
+// P0 is stored before the P1 sync, variant 8's consumer-issued refills and session 27's kEarlyP0;
+// read-only reviews re-derived their ordering by hand and have not extended the model.
 //
 // kVariant 7 (the default for 128 heads x s_q >= 2 in sessions 23-25; session 10, H200 session
 // 11: no faster with the producer's loads): 6 + consumer 0
@@ -277,6 +277,8 @@ struct MlaTimeline {
 // by S1 only: consumer 1 releases it right after S1 (empty_rope; with the consumers' TMA its
 // refill is issued there), the producer refills it first in the next pair, and S1 reads stage 1
 // in the order 8, 4-7, 0-3 (5 early blocks instead of 4; 9 in the pair, as FlashMLA's).
+// Variants 7 and 8 since session 27 (kEarlyP0): consumer 0 takes scale1 and publishes P0 scale1
+// while its P0 V0L runs, and waits for P0 V0L (then releases stage 0's blocks 0-3) only after that.
 // kFp8 (an fp8_e4m3 cache; seesaw variant 6): the producer walks the release groups as for
 // bf16 but copies the raw e4m3 bytes by cp.async into the stage, each 16-byte fp8 chunk into the
 // first of the two 16-bit chunks it becomes, arriving on raw_full(stage, kb). Consumer g converts
@@ -318,7 +320,7 @@ struct MlaWgmmaCta {
   static constexpr bool kP1Buf = kVariant == 8;
   // Consumer 0 hands P0 scale1 to consumer 1 before waiting for its own P0 V0L (session 27,
   // H200: +1.5% / +1% / +4.5% / +3% at 128 heads kv 4k / 8k x s_q 1 / 2 with variant 8; the fp8
-  // cache's variant 6 lost 1-3%, so 6 keeps the old order). Orders tried in the same session and
+  // cache's variant 6 lost 1-6%, so 6 keeps the old order). Orders tried in the same session and
   // not kept (docs/perf/mla_notes.md session 27): consumer 1's P1 V1R before its P1 store (mixed),
   // consumer 0 in frame m1 from the start with both P V back to back (-9%), skipping rescales by
   // exactly 1, with or without a lazy running max (-2 to -6% / level).
