@@ -52,6 +52,14 @@ CaseSpec mla_case(std::string name, ForwardMode mode, int page, std::vector<int>
   return c;
 }
 
+// Whether this GPU runs 64-row MLA tiles on the sm_90a wgmma kernel by default: compute
+// capability 9.x and the kernel compiled into this build (mla::wgmma_available).
+bool runs_mla_wgmma() {
+  int cc_major = 0;
+  EXPECT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  return cc_major == 9 && mla::wgmma_available();
+}
+
 // 150 short requests (0-260 keys of history): many segments per CTA, odd and even tile counts.
 std::vector<int> short_lens() {
   std::vector<int> lens;
@@ -198,9 +206,7 @@ TEST(FlashMlaKernels, GridOrdersMatchBitwise) {
   const CaseSpec verify = verify_case("verify_h128_fp8", 128, DType::kFP8E4M3);
   const CaseSpec many =
       mla_case("many_h128", ForwardMode::kDecode, 64, short_lens(), 128, DType::kBF16);
-  int cc_major = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  const bool sm90 = cc_major == 9 && mla::wgmma_available();
+  const bool sm90 = runs_mla_wgmma();
   const int64_t layers = harness::PrepareOptions{}.num_layers;
   ASSERT_EQ(setenv("ATTNKIT_MLA_WGMMA_FP8", "", 1), 0);
   for (const char* wgmma : {"", "0"}) {
@@ -258,9 +264,7 @@ TEST(FlashMlaKernels, KTmaMatchesCpAsyncBitwise) {
   for (int b = 0; b < 40; ++b) mid_lens.push_back(64 * (16 + b % 5) + (b % 2 == 0 ? -1 : 30));
   const CaseSpec segments =
       mla_case("long_segments_h64", ForwardMode::kDecode, 64, mid_lens, 64, DType::kBF16);
-  int cc_major = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  const bool sm90 = cc_major == 9 && mla::wgmma_available();
+  const bool sm90 = runs_mla_wgmma();
   const int64_t layers = harness::PrepareOptions{}.num_layers;
   for (const CaseSpec* c : {&many, &long_req, &segments, static_cast<const CaseSpec*>(&verify)}) {
     const int s_q = c->spec_draft_tokens > 0 ? c->spec_draft_tokens : 1;
@@ -303,9 +307,7 @@ TEST(FlashMlaKernels, QTmaMatchesCpAsyncBitwise) {
       verify_case("verify_h48", 48, DType::kBF16),
       mla_case("many_h128_fp8", ForwardMode::kDecode, 64, lens, 128, DType::kFP8E4M3),
       mla_case("many_h16", ForwardMode::kDecode, 64, lens, 16, DType::kBF16)};
-  int cc_major = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  const bool sm90 = cc_major == 9 && mla::wgmma_available();
+  const bool sm90 = runs_mla_wgmma();
   const int64_t layers = harness::PrepareOptions{}.num_layers;
   for (const CaseSpec& c : specs) {
     std::vector<std::vector<uint8_t>> tma_out;
@@ -339,9 +341,7 @@ TEST(FlashMlaKernels, QTmaMatchesCpAsyncBitwise) {
 // request, verify chains (64 heads x 2 tokens, 128 heads x 2 tokens), each against the reference.
 TEST(FlashMlaKernels, Fp8Heads128BothKernels) {
   const std::vector<int> lens = short_lens();
-  int cc_major = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  const bool wgmma = cc_major == 9 && mla::wgmma_available();
+  const bool wgmma = runs_mla_wgmma();
   const int64_t layers = harness::PrepareOptions{}.num_layers;
   for (const char* knob : {"", "WGMMA_FP8=0", "WGMMA=0"}) {
     const std::string k = knob;

@@ -204,10 +204,14 @@ class AmxDecode {
     if (a < b) {
       const int32_t* slots = rq.slots(p_);
       const int a0 = a / kTileKeys * kTileKeys;
-      sub_keys_ = sub_keys_for(b - a0, tiles_in_place(slots, a0, b), forced_sub_keys_);
-      if (prefetch_ != 0) prefetch_sub_block(slots, a0, a, b, /*k=*/true, /*v=*/prefetch_ == 3);
-      if (prefetch_ == 3) prefetch_sub_block(slots, a0 + sub_keys_, a, b, /*k=*/true, /*v=*/false);
-      for (int k0 = a0; k0 < b; k0 += sub_keys_) sub_block(slots, k0, a, b, base);
+      const int sub_keys = sub_keys_for(b - a0, tiles_in_place(slots, a0, b), forced_sub_keys_);
+      if (prefetch_ != 0) {
+        prefetch_sub_block(slots, a0, sub_keys, a, b, /*k=*/true, /*v=*/prefetch_ == 3);
+      }
+      if (prefetch_ == 3) {
+        prefetch_sub_block(slots, a0 + sub_keys, sub_keys, a, b, /*k=*/true, /*v=*/false);
+      }
+      for (int k0 = a0; k0 < b; k0 += sub_keys) sub_block(slots, k0, sub_keys, a, b, base);
     }
     // O_even / O_odd -> dims in order.
     for (int h = 0; h < hkv_; ++h) {
@@ -273,9 +277,10 @@ class AmxDecode {
     return true;
   }
 
-  // The K/V rows of the sub-block at k0 (visible keys [a, b)) into L2.
-  void prefetch_sub_block(const int32_t* slots, int k0, int a, int b, bool k, bool v) const {
-    const int end = std::min(b, k0 + sub_keys_);
+  // The K/V rows of the sub-block of sub_keys keys at k0 (visible keys [a, b)) into L2.
+  void prefetch_sub_block(const int32_t* slots, int k0, int sub_keys, int a, int b, bool k,
+                          bool v) const {
+    const int end = std::min(b, k0 + sub_keys);
     const int64_t kb = static_cast<int64_t>(hkv_) * d_ * 2;
     for (int key = std::max(a, k0); key < end; ++key) {
       const int64_t slot = slots[key];
@@ -387,19 +392,20 @@ class AmxDecode {
     }
   }
 
-  void sub_block(const int32_t* slots, int k0, int a, int b, float* base) const {
-    const int nt = std::min(sub_keys_ / kTileKeys, (b - k0 + kTileKeys - 1) / kTileKeys);
+  // The sub-block of sub_keys keys (the item's sub_keys_for) at k0: S pass, softmax, P.V pass.
+  void sub_block(const int32_t* slots, int k0, int sub_keys, int a, int b, float* base) const {
+    const int nt = std::min(sub_keys / kTileKeys, (b - k0 + kTileKeys - 1) / kTileKeys);
     const auto* qt = reinterpret_cast<const uint32_t*>(base + lay_.qt);
     float* s = base + lay_.s;
     auto* pt = reinterpret_cast<uint32_t*>(base + lay_.p);
     float* o = base + lay_.o;
     float* m = base + lay_.m;
     float* l = base + lay_.l;
-    const int next = k0 + sub_keys_;
+    const int next = k0 + sub_keys;
     // Sub-blocks whose V (S pass) and K (P.V pass) rows this one prefetches: the same and the
     // next (modes 1, 2), one further (mode 3).
     const int v_pf = prefetch_ == 3 ? next : k0;
-    const int k_pf = prefetch_ == 3 ? next + sub_keys_ : next;
+    const int k_pf = prefetch_ == 3 ? next + sub_keys : next;
     // S pass (key-major: a tile's rows are read whole over the kv heads). Step (t, h) prefetches
     // head h's slice of tile t's V rows (read by the P.V pass below).
     tile_config(&s_cfg_);
@@ -531,7 +537,6 @@ class AmxDecode {
   TileConfig pv_cfg_;
   int prefetch_;         // DecodeWork::amx_prefetch
   int forced_sub_keys_;  // DecodeWork::amx_sub_keys (0: sub_keys_for's rule)
-  int sub_keys_ = 128;   // the current item's sub-block size
 };
 
 void decode_entry(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& ts) {
