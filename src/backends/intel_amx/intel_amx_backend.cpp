@@ -68,6 +68,12 @@ constexpr const char* kAmxDecodeEnvVar = "ATTNKIT_AMX_DECODE";
 // vs 8.15 ms); ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass row.
 constexpr const char* kFastSoftmaxEnvVar = "ATTNKIT_AMX_SOFTMAX";
 
+// On avx512_bf16 (no AMX), extend with bf16 q and bf16 / fp8_e4m3 KV runs the AMX kernel's
+// algorithm with vdpbf16ps register blocks (extend_blocked_avx512_bf16; session 29, AMD Zen 5 dev
+// VM, 2k causal, 2 threads: see docs/PERF.md); ATTNKIT_CPU_BLOCKED_EXTEND=0 keeps the per-token
+// vector kernel (extend_avx512_bf16) for every extend.
+constexpr const char* kBlockedExtendEnvVar = "ATTNKIT_CPU_BLOCKED_EXTEND";
+
 // Unset, or set to a number other than 0 (any integer; 0 = off).
 bool env_on_unless_zero(const char* name) {
   return env_int_if(
@@ -161,7 +167,9 @@ class IntelAmxBackend final : public AttentionBackend {
         amx_decode_(env_on_unless_zero(kAmxDecodeEnvVar)),
         amx_fast_softmax_(env_on_unless_zero(kFastSoftmaxEnvVar)),
         amx_decode_prefetch_(env_amx_decode_prefetch()),
-        amx_decode_sub_keys_(env_amx_decode_sub_keys()) {}
+        amx_decode_sub_keys_(env_amx_decode_sub_keys()),
+        blocked_extend_(isa == CpuIsa::kAmx ||
+                        (isa == CpuIsa::kAvx512Bf16 && env_flag(kBlockedExtendEnvVar, true))) {}
 
   // Per-thread scratch for the context's head counts and dims: sized once here, reused by every
   // forward (the kernels never allocate).
@@ -170,9 +178,11 @@ class IntelAmxBackend final : public AttentionBackend {
     int64_t floats =
         cpu_attention::vector_scratch_layout(ctx_.num_q_heads, ctx_.qk_head_dim, ctx_.v_head_dim)
             .total;
-    if (isa_ == CpuIsa::kAmx) {
+    if (blocked_extend_) {
       floats = std::max(floats,
                         cpu_attention::amx_scratch_layout(ctx_.qk_head_dim, ctx_.v_head_dim).total);
+    }
+    if (isa_ == CpuIsa::kAmx) {
       floats = std::max(floats, cpu_attention::amx_decode_scratch_floats(
                                     ctx_.num_q_heads, ctx_.num_kv_heads, ctx_.qk_head_dim));
     }
@@ -255,7 +265,14 @@ class IntelAmxBackend final : public AttentionBackend {
         }
         break;
       case CpuIsa::kAvx512Bf16:
-        cpu_attention::extend_avx512_bf16(p, work, ts);
+        // bf16 pairs hold bf16 and fp8_e4m3 KV exactly; the others keep the per-token kernel,
+        // which takes f16 / f32 KV in f32.
+        if (blocked_extend_ && q.dtype == DType::kBF16 &&
+            (p.kv_dtype == DType::kBF16 || p.kv_dtype == DType::kFP8E4M3)) {
+          cpu_attention::extend_blocked_avx512_bf16(p, work, ts);
+        } else {
+          cpu_attention::extend_avx512_bf16(p, work, ts);
+        }
         break;
       case CpuIsa::kAvx512:
         cpu_attention::extend_avx512(p, work, ts);
@@ -420,7 +437,7 @@ class IntelAmxBackend final : public AttentionBackend {
     items.clear();
     const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
     int rows_per_item = kVectorExtendTokensPerItem * group;
-    if (isa_ == CpuIsa::kAmx) {
+    if (blocked_extend_) {
       // Largest item (best reuse of each packed K/V block) that still leaves
       // kExtendItemsPerThread items per thread. Example: one 2048-token request, group 4, 8 kv
       // heads, 16 threads: 8192 rows per head / 256 = 32 items per head, 256 >= 64 items: 256.
@@ -452,7 +469,7 @@ class IntelAmxBackend final : public AttentionBackend {
     });
     plan->pack_begin.clear();
     plan->key_block = cpu_attention::kAmxKeyBlock;
-    if (isa_ != CpuIsa::kAmx || !prepack_ || items.empty()) return;
+    if (!blocked_extend_ || !prepack_ || items.empty()) return;
     const int64_t block_bytes =
         cpu_attention::amx_packed_block_elems(ctx_.qk_head_dim, ctx_.v_head_dim) *
         static_cast<int64_t>(sizeof(uint16_t));
@@ -562,6 +579,9 @@ class IntelAmxBackend final : public AttentionBackend {
   bool amx_fast_softmax_;    // ATTNKIT_AMX_SOFTMAX (default on; 0 = two-pass rows)
   int amx_decode_prefetch_;  // ATTNKIT_AMX_DECODE_PF (default 0)
   int amx_decode_sub_keys_;  // ATTNKIT_AMX_DECODE_SUBKEYS (default 0: per item)
+  // Extend planned for the blocked kernels (packed K/V blocks, items of up to
+  // amx_rows_per_item_ rows): amx, and avx512_bf16 unless ATTNKIT_CPU_BLOCKED_EXTEND=0.
+  bool blocked_extend_;
   Buffer packed_;            // AMX extend: the forward's packed K/V blocks
   Buffer scratch_;
   int64_t scratch_stride_ = 0;

@@ -239,6 +239,12 @@ void extend_avx512(const CpuAttentionParams& p, const ExtendWork& w, const Threa
 void decode_avx512_bf16(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& s);
 void extend_avx512_bf16(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& s);
 void extend_amx(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& s);
+// The AMX extend's algorithm with its two products by vdpbf16ps register blocks instead of tiles
+// (extend_amx.cpp), for AVX512-BF16 CPUs without AMX: same plan, packed blocks and scratch
+// (amx_scratch_layout). For bf16 q with bf16 or fp8_e4m3 KV (exact in bf16); other dtypes run
+// extend_avx512_bf16.
+void extend_blocked_avx512_bf16(const CpuAttentionParams& p, const ExtendWork& w,
+                                const ThreadScratch& s);
 // AMX decode (decode_amx.cpp): S^T = K . Q^T and P . V on tiles, K/V rows read in place. Shapes
 // it does not take (amx_decode_supported false) run decode_avx512_bf16.
 void decode_amx(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& s);

@@ -18,6 +18,9 @@
 //     S of the next pair is issued before the softmax of the current one (two S buffers), so
 //     the tile unit works while the vector units run the softmax.
 //   O / l -> out, lse.
+// The same kernel without tiles (extend_blocked_avx512_bf16, BlockedExtend<..., kTiles = false>)
+// computes both products by vdpbf16ps over the same packed blocks, for AVX512-BF16 CPUs without
+// AMX (e.g. AMD Zen 4 / Zen 5); it runs the plain block loop and never touches the tile state.
 // The tile permission is requested by detect_cpu() (arch_prctl ARCH_REQ_XCOMP_PERM); the backend
 // selects this kernel only when that succeeded. Each thread loads the tile configuration once per
 // call, runs with flush-to-zero / denormals-are-zero (as the tile unit itself does), and restores
@@ -223,10 +226,60 @@ struct RowInfo {
   int hi = 0;
 };
 
+// ---- The same two products without tiles: AVX512-BF16 (vdpbf16ps) over the packed layouts ----
+// One row of a packed tile is one zmm of 16 bf16 pairs: a K^T tile row holds dims (2i, 2i + 1) of
+// 16 keys, a V tile row keys (2i, 2i + 1) of 16 columns. So C[row][16 columns] += A[row][2i ..
+// 2i + 1] . (tile row i) is one vdpbf16ps with the A pair broadcast (its dword folds into the
+// instruction as a {1to16} memory operand), and a register block of kR rows x kJ column vectors
+// reads each tile row once per kR rows and each A pair once per kJ vectors. 16 accumulators
+// (kR * kJ) keep two dot ports busy through the instruction's latency.
+
+// The A pair (a[0], a[1]) in every dword lane.
+__m512bh broadcast_pair(const uint16_t* a) {
+  uint32_t pair = 0;
+  std::memcpy(&pair, a, sizeof(pair));
+  return (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));  // NOLINT: a vector bit cast
+}
+
+// acc[r][j] += sum over `chunks` depth chunks c and tile rows i of
+//   broadcast(a + r * a_stride + c * kTileDepth + 2 i) . (b[j] + c * b_chunk_stride + i * 32)
+// a: kR rows of bf16 pairs along the depth; b[j]: the first tile row of column vector j, the
+// next depth chunk's tile b_chunk_stride elements further.
+// The accumulators live in a local copy: the operand loads are may-alias vector loads, so
+// accumulating through the reference would store every accumulator after every dot.
+template <int kR, int kJ>
+void dot_block(const uint16_t* a, int64_t a_stride, const uint16_t* const (&b)[kJ],
+               int64_t b_chunk_stride, int chunks, __m512 (&acc_io)[kR][kJ]) {
+  __m512 acc[kR][kJ];
+  for (int r = 0; r < kR; ++r) {
+    for (int j = 0; j < kJ; ++j) acc[r][j] = acc_io[r][j];
+  }
+  for (int c = 0; c < chunks; ++c) {
+    const uint16_t* ac = a + c * kTileDepth;
+    for (int i = 0; i < kTileRows; ++i) {
+      __m512bh bv[kJ];
+      for (int j = 0; j < kJ; ++j) {
+        bv[j] = (__m512bh)_mm512_loadu_si512(b[j] + c * b_chunk_stride + i * kTileDepth);  // NOLINT
+      }
+      for (int r = 0; r < kR; ++r) {
+        const __m512bh av = broadcast_pair(ac + r * a_stride + 2 * i);
+        for (int j = 0; j < kJ; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
+      }
+    }
+  }
+  for (int r = 0; r < kR; ++r) {
+    for (int j = 0; j < kJ; ++j) acc_io[r][j] = acc[r][j];
+  }
+}
+
 // KB: keys per compute block (S width, P depth): kAmxKeyBlock, or 2 x kAmxKeyBlock over two
 // consecutive packed blocks (only with K/V packed once per forward).
-template <class S, int KB>
-class AmxExtend {
+// kTiles: the products run on AMX tiles (extend_amx); false: by vdpbf16ps register blocks
+// (extend_blocked_avx512_bf16, for AVX512-BF16 CPUs without AMX), with the same packed blocks,
+// softmax, masks and plan, and the plain (unpipelined) block loop: the vector units do both the
+// products and the softmax, so there is nothing to overlap.
+template <class S, int KB, bool kTiles>
+class BlockedExtend {
  public:
   using T = typename S::T;
   static_assert(KB % kAmxKeyBlock == 0 && KB <= kAmxMaxKeyBlock);
@@ -234,7 +287,7 @@ class AmxExtend {
   static constexpr int kBlockKeyChunks = KB / kTileDepth;  // P . V dot depths across it
 
   // fast_softmax: ExtendWork::fast_softmax (the lean rows' one-pass softmax_row_fast).
-  AmxExtend(const CpuAttentionParams& p, bool fast_softmax)
+  BlockedExtend(const CpuAttentionParams& p, bool fast_softmax)
       : p_(p),
         dp_(round_up(p.head_dim, kTileDepth)),
         dvp_(round_up(p.v_head_dim, kTileDepth)),
@@ -299,8 +352,12 @@ class AmxExtend {
 
     const int32_t* slots = rq.slots(p_);
     float* s_buf[2] = {sc.s, sc.s + kPairRows * KB};
-    if (pipelined) {
-      run_pipelined(sc, slots, it.kv_head, packed, tiles, row_tiles, rows, nr, k_lo, k_hi, s_buf);
+    if constexpr (kTiles) {
+      if (pipelined) {
+        run_pipelined(sc, slots, it.kv_head, packed, tiles, row_tiles, rows, nr, k_lo, k_hi, s_buf);
+      }
+    } else {
+      pipelined = false;
     }
     for (int k0 = k_lo; !pipelined && k0 < k_hi; k0 += KB) {
       const int n = std::min(KB, k_hi - k0);
@@ -717,6 +774,7 @@ class AmxExtend {
 
   // s[32, KB] = Q rows of tiles t, t + 1 . K^T of the block: 2 x 2 S tiles per pass.
   void scores_pair(const AmxScratch& sc, int t, float* s, const uint16_t* kp) {
+    if constexpr (!kTiles) return scores_pair_vnni(sc, t, s, kp);
     const int q_stride = dp_ * static_cast<int>(sizeof(uint16_t));
     const uint16_t* q0 = sc.q + static_cast<int64_t>(t) * kTileRows * dp_;
     const uint16_t* q1 = q0 + static_cast<int64_t>(kTileRows) * dp_;
@@ -861,6 +919,7 @@ class AmxExtend {
 
   // O rows of tiles t, t + 1 += P . V over the key block: 2 x 2 O tiles per pass.
   void pv_pair(const AmxScratch& sc, int t, const uint16_t* vp) {
+    if constexpr (!kTiles) return pv_pair_vnni(sc, t, vp);
     const int col_tiles = dvp_ / kTileCols;
     const int o_stride = dvp_ * static_cast<int>(sizeof(float));
     constexpr int kPStride = KB * sizeof(uint16_t);
@@ -894,6 +953,75 @@ class AmxExtend {
     }
   }
 
+  // scores_pair by vdpbf16ps: 4 rows x 4 key vectors (64 keys) per register block.
+  void scores_pair_vnni(const AmxScratch& sc, int t, float* s, const uint16_t* kp) {
+    constexpr int kR = 4;
+    constexpr int kJ = 4;
+    static_assert(kBlockKeyTiles % kJ == 0 && kPairRows % kR == 0);
+    const uint16_t* q = sc.q + static_cast<int64_t>(t) * kTileRows * dp_;
+    // Consecutive depth chunks of one key tile are kKeyTiles tiles apart.
+    constexpr int64_t kChunkStride = static_cast<int64_t>(kKeyTiles) * kTileRows * kTileDepth;
+    for (int kv0 = 0; kv0 < kBlockKeyTiles; kv0 += kJ) {
+      const uint16_t* b[kJ];
+      for (int j = 0; j < kJ; ++j) {
+        const int kt = kv0 + j;
+        b[j] = k_tile(kp + static_cast<int64_t>(kt / kKeyTiles) * block_elems_, 0, kt % kKeyTiles);
+      }
+      for (int r0 = 0; r0 < kPairRows; r0 += kR) {
+        __m512 acc[kR][kJ];
+        for (auto& row : acc) {
+          for (auto& a : row) a = _mm512_setzero_ps();
+        }
+        dot_block<kR, kJ>(q + static_cast<int64_t>(r0) * dp_, dp_, b, kChunkStride,
+                          dp_ / kTileDepth, acc);
+        for (int r = 0; r < kR; ++r) {
+          for (int j = 0; j < kJ; ++j) {
+            _mm512_storeu_ps(s + (r0 + r) * KB + (kv0 + j) * kTileCols, acc[r][j]);
+          }
+        }
+      }
+    }
+  }
+
+  // pv_pair by vdpbf16ps: O column vectors four at a time (two for the last ones when dvp / 16
+  // is not a multiple of four).
+  void pv_pair_vnni(const AmxScratch& sc, int t, const uint16_t* vp) {
+    const int col_vecs = dvp_ / kTileCols;  // even: dvp is a multiple of 32
+    int j0 = 0;
+    for (; j0 + 4 <= col_vecs; j0 += 4) pv_cols<4, 4>(sc, t, vp, j0);
+    for (; j0 < col_vecs; j0 += 2) pv_cols<8, 2>(sc, t, vp, j0);
+  }
+
+  // O rows of pair t, column vectors j0 .. j0 + kJ: loaded, += P . V over the compute block's
+  // packed blocks, stored.
+  template <int kR, int kJ>
+  void pv_cols(const AmxScratch& sc, int t, const uint16_t* vp, int j0) {
+    static_assert(kPairRows % kR == 0);
+    float* o = sc.o + static_cast<int64_t>(t) * kTileRows * dvp_;
+    const uint16_t* pr = sc.p + static_cast<int64_t>(t) * kTileRows * KB;
+    // Consecutive key chunks of one column tile are dvp / 16 tiles apart.
+    const int64_t chunk_stride = static_cast<int64_t>(dvp_ / kTileCols) * kTileRows * kTileDepth;
+    for (int r0 = 0; r0 < kPairRows; r0 += kR) {
+      __m512 acc[kR][kJ];
+      for (int r = 0; r < kR; ++r) {
+        for (int j = 0; j < kJ; ++j) {
+          acc[r][j] = _mm512_loadu_ps(o + static_cast<int64_t>(r0 + r) * dvp_ + (j0 + j) * kTileCols);
+        }
+      }
+      for (int blk = 0; blk < KB / kAmxKeyBlock; ++blk) {
+        const uint16_t* vb = vp + static_cast<int64_t>(blk) * block_elems_;
+        const uint16_t* b[kJ];
+        for (int j = 0; j < kJ; ++j) b[j] = v_tile(vb, 0, j0 + j);
+        dot_block<kR, kJ>(pr + r0 * KB + blk * kAmxKeyBlock, KB, b, chunk_stride, kKeyChunks, acc);
+      }
+      for (int r = 0; r < kR; ++r) {
+        for (int j = 0; j < kJ; ++j) {
+          _mm512_storeu_ps(o + static_cast<int64_t>(r0 + r) * dvp_ + (j0 + j) * kTileCols, acc[r][j]);
+        }
+      }
+    }
+  }
+
   const CpuAttentionParams& p_;
   const int dp_;
   const int dvp_;
@@ -908,7 +1036,7 @@ class AmxExtend {
   const bool fast_softmax_;    // lean rows by softmax_row_fast
 };
 
-template <class S, int KB>
+template <class S, int KB, bool kTiles>
 void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
   const AmxScratchLayout lay = amx_scratch_layout(p.head_dim, p.v_head_dim);
   const int64_t block_elems = amx_packed_block_elems(p.head_dim, p.v_head_dim);
@@ -922,10 +1050,10 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
     const int tid = 0;
 #endif
     const AmxScratch sc = carve(ts, tid, lay);
-    AmxExtend<S, KB> kernel(p, w.fast_softmax);
+    BlockedExtend<S, KB, kTiles> kernel(p, w.fast_softmax);
     const unsigned mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | kMxcsrFtzDaz);
-    load_tile_config();
+    if constexpr (kTiles) load_tile_config();
     const std::vector<CpuRequest>& requests = *w.requests;
     if (w.packed != nullptr) {
       // Pass 1: every (request, kv head, block) once; the implicit barrier ends it.
@@ -953,31 +1081,32 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
       }
       kernel.run_item(rq, it, sc, packed, w.pipelined);
     }
-    tile_release();
+    if constexpr (kTiles) tile_release();
     _mm_setcsr(mxcsr);
   }
 }
 
-template <class S>
+template <class S, bool kTiles>
 void run_kb(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
   if (w.packed != nullptr && w.key_block == 2 * kAmxKeyBlock) {
-    return run<S, 2 * kAmxKeyBlock>(p, w, ts);
+    return run<S, 2 * kAmxKeyBlock, kTiles>(p, w, ts);
   }
-  return run<S, kAmxKeyBlock>(p, w, ts);
+  return run<S, kAmxKeyBlock, kTiles>(p, w, ts);
 }
 
+template <bool kTiles>
 void extend_entry(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
   switch (p.kv_dtype) {
     case DType::kBF16:
-      return run_kb<StoreBf16>(p, w, ts);
+      return run_kb<StoreBf16, kTiles>(p, w, ts);
     case DType::kF16:
-      return run_kb<StoreF16>(p, w, ts);
+      return run_kb<StoreF16, kTiles>(p, w, ts);
     case DType::kF32:
-      return run_kb<StoreF32>(p, w, ts);
+      return run_kb<StoreF32, kTiles>(p, w, ts);
     case DType::kFP8E4M3:
-      return run_kb<StoreFp8E4M3>(p, w, ts);
+      return run_kb<StoreFp8E4M3, kTiles>(p, w, ts);
     case DType::kFP8E5M2:
-      return run_kb<StoreFp8E5M2>(p, w, ts);
+      return run_kb<StoreFp8E5M2, kTiles>(p, w, ts);
     default:
       return;  // the backend rejects every other KV dtype before planning
   }
@@ -990,7 +1119,12 @@ void extend_entry(const CpuAttentionParams& p, const ExtendWork& w, const Thread
 namespace attnkit::cpu_attention {
 
 void extend_amx(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& s) {
-  extend_entry(p, w, s);
+  extend_entry</*kTiles=*/true>(p, w, s);
+}
+
+void extend_blocked_avx512_bf16(const CpuAttentionParams& p, const ExtendWork& w,
+                                const ThreadScratch& s) {
+  extend_entry</*kTiles=*/false>(p, w, s);
 }
 
 }  // namespace attnkit::cpu_attention
