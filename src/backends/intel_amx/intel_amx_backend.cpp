@@ -582,7 +582,7 @@ class IntelAmxBackend final : public AttentionBackend {
   // Extend planned for the blocked kernels (packed K/V blocks, items of up to
   // amx_rows_per_item_ rows): amx, and avx512_bf16 unless ATTNKIT_CPU_BLOCKED_EXTEND=0.
   bool blocked_extend_;
-  Buffer packed_;            // AMX extend: the forward's packed K/V blocks
+  Buffer packed_;  // blocked extend: the forward's packed K/V blocks
   Buffer scratch_;
   int64_t scratch_stride_ = 0;
 

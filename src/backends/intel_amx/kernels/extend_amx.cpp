@@ -1005,7 +1005,8 @@ class BlockedExtend {
       __m512 acc[kR][kJ];
       for (int r = 0; r < kR; ++r) {
         for (int j = 0; j < kJ; ++j) {
-          acc[r][j] = _mm512_loadu_ps(o + static_cast<int64_t>(r0 + r) * dvp_ + (j0 + j) * kTileCols);
+          acc[r][j] =
+              _mm512_loadu_ps(o + static_cast<int64_t>(r0 + r) * dvp_ + (j0 + j) * kTileCols);
         }
       }
       for (int blk = 0; blk < KB / kAmxKeyBlock; ++blk) {
@@ -1016,7 +1017,8 @@ class BlockedExtend {
       }
       for (int r = 0; r < kR; ++r) {
         for (int j = 0; j < kJ; ++j) {
-          _mm512_storeu_ps(o + static_cast<int64_t>(r0 + r) * dvp_ + (j0 + j) * kTileCols, acc[r][j]);
+          _mm512_storeu_ps(o + static_cast<int64_t>(r0 + r) * dvp_ + (j0 + j) * kTileCols,
+                           acc[r][j]);
         }
       }
     }
