@@ -219,8 +219,11 @@ __attribute__((noinline)) void fast_tile_block(const FastConsts& c, const __m512
   }
   // P.V over groups of kG 32-column chunks: the group's accumulators (kN * kG * 2 vectors) stay
   // in registers over the block's key pairs, and each pair's kN probability broadcasts feed kG
-  // chunks.
-  constexpr int kG = kN <= 2 ? std::min(kC, 2) : 1;
+  // chunks. Two chunks at kN 4 too (16 accumulators, 16 independent dot chains instead of 8):
+  // session 29, Zen 5 dev VM, one thread, L2/L3-resident KV (b1 / b4 kv 512, b1 kv 2048,
+  // --rotate-mib 1, two alternated rounds): 32.2-32.7 vs 29.7-31.8 GB/s; level when streaming
+  // from memory (b8 kv 4096: 18.7-19.4 vs 19.0-19.7 GB/s one thread, 34.3-35.0 vs 34.1-38.5 two).
+  constexpr int kG = kN <= 4 ? std::min(kC, 2) : 1;
   const int pairs = (n + 1) / 2;
   for (int c0 = 0; c0 < kC; c0 += kG) {
     // This group's share of the next block's V slices, one slice per step of the pair loop below
