@@ -1,7 +1,8 @@
 // Factory for the `intel_amx` backend; its descriptor lives in src/registry/builtin.cpp.
 //
 // intel_amx is the CPU backend: extend/prefill computes Q.K^T and P.V on AMX-BF16 tiles (K/V rows
-// gathered through req_to_token and packed into the VNNI tile layout per key block), decode runs
+// gathered through req_to_token and packed into the VNNI tile layout per key block; without AMX,
+// the same blocks by vdpbf16ps register blocks where AVX512-BF16 exists), decode runs
 // AVX-512 (vdpbf16ps where AVX512-BF16 exists) split over (request, kv chunk), each item covering
 // every kv head so the pool rows stream whole, merged by log-sum-exp; the heads of a GQA group
 // share every K/V load, and softmax is online in f32.
@@ -32,7 +33,7 @@ enum class CpuIsa {
   kScalar,      // portable C++
   kAvx2,        // AVX2 + FMA + F16C
   kAvx512,      // AVX-512 F/BW/VL
-  kAvx512Bf16,  // + AVX512-BF16 dot products (decode and non-AMX extend)
+  kAvx512Bf16,  // + AVX512-BF16 dot products (decode and the blocked extend without tiles)
   kAmx,         // + AMX-BF16 tiles for extend; decode runs the avx512_bf16 kernel
 };
 
