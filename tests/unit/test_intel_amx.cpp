@@ -48,9 +48,10 @@ Result<std::unique_ptr<AttentionBackend>> make_backend(const PreparedCase& pc, C
   return create_intel_amx_backend_with_options(ctx, options);
 }
 
-// Prepares `spec`, runs it on `isa` and compares every layer with the fp64 reference.
+// Prepares `spec`, runs it on `isa` and compares every layer with the fp64 reference;
+// extend_kernel (if not null) receives the extend kernel the backend ran last.
 void expect_matches_reference(const CaseSpec& spec, CpuIsa isa, bool save_kv,
-                              int threads = kTestThreads) {
+                              int threads = kTestThreads, std::string* extend_kernel = nullptr) {
   Result<PreparedCase> pc = harness::prepare_case(spec, Device::cpu());
   ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
   Result<std::unique_ptr<AttentionBackend>> backend = make_backend(*pc, isa, threads);
@@ -60,6 +61,11 @@ void expect_matches_reference(const CaseSpec& spec, CpuIsa isa, bool save_kv,
   ASSERT_EQ(*used, isa);
   const Status st = harness::run_backend(**backend, *pc, save_kv);
   ASSERT_TRUE(st.is_ok()) << spec.describe() << ": " << st.to_string();
+  if (extend_kernel != nullptr) {
+    Result<std::string> kernel = intel_amx_last_extend_kernel(**backend);
+    ASSERT_TRUE(kernel.is_ok()) << kernel.status().to_string();
+    *extend_kernel = *kernel;
+  }
   Result<harness::Comparison> cmp = harness::compare_with_reference(*pc);
   ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
   EXPECT_TRUE(cmp->passed()) << cpu_isa_name(isa) << " " << spec.describe() << ": "
@@ -228,7 +234,9 @@ TEST_P(IntelAmxTargeted, CrossAttentionAndEncoderOnly) {
 }
 
 TEST_P(IntelAmxTargeted, HeadDims) {
-  for (int d : {64, 80, 96, 256}) {
+  // 32: one column pair of P.V (the vdpbf16ps kernel's 2-vector remainder only); 80 / 96 / 192:
+  // 4-vector blocks plus that remainder.
+  for (int d : {32, 64, 80, 96, 192, 256}) {
     SCOPED_TRACE(d);
     expect_matches_reference(
         make_case("dims_extend", ForwardMode::kExtend, 16, {20, 0}, {33, 9}, 4, 2, d), GetParam(),
@@ -237,6 +245,52 @@ TEST_P(IntelAmxTargeted, HeadDims) {
         make_case("dims_decode", ForwardMode::kDecode, 16, {200, 9}, {1, 1}, 4, 2, d), GetParam(),
         true);
   }
+}
+
+// A value head dim other than the key head dim (padded separately in the blocked kernels).
+TEST_P(IntelAmxTargeted, SplitHeadDims) {
+  CaseSpec c = make_case("dims_split", ForwardMode::kExtend, 16, {70, 0}, {90, 33}, 4, 2, 192);
+  c.v_head_dim = 128;
+  expect_matches_reference(c, GetParam(), true);
+  c.head_dim = 96;
+  c.v_head_dim = 160;
+  expect_matches_reference(c, GetParam(), true);
+}
+
+// Which extend kernel runs, by the backend's record of the call: the blocked one (AMX tiles; on
+// avx512_bf16 the vdpbf16ps register blocks) for bf16 q with KV it takes, else the ISA's
+// per-token kernel (on amx the avx512_bf16 one); ATTNKIT_CPU_BLOCKED_EXTEND=0 turns the
+// vdpbf16ps kernel off (not the tiles).
+TEST_P(IntelAmxTargeted, ExtendKernelChoice) {
+  const CpuIsa isa = GetParam();
+  const bool amx = isa == CpuIsa::kAmx;
+  const std::string per_token = cpu_isa_name(amx ? CpuIsa::kAvx512Bf16 : isa);
+  const std::string blocked = amx                          ? "amx"
+                              : isa == CpuIsa::kAvx512Bf16 ? "blocked_avx512_bf16"
+                                                           : per_token;
+  struct KvCase {
+    DType kv;
+    bool blocked;
+  };
+  for (const KvCase& kc : {KvCase{DType::kBF16, true}, KvCase{DType::kFP8E4M3, true},
+                           KvCase{DType::kFP8E5M2, true}, KvCase{DType::kF16, amx}}) {
+    SCOPED_TRACE(dtype_name(kc.kv));
+    CaseSpec c = make_case("choice", ForwardMode::kExtend, 16, {30, 0}, {40, 17});
+    c.kv_dtype = kc.kv;
+    std::string used;
+    expect_matches_reference(c, isa, true, kTestThreads, &used);
+    EXPECT_EQ(used, kc.blocked ? blocked : per_token);
+  }
+  CaseSpec f32 = make_case("choice_f32", ForwardMode::kExtend, 16, {30, 0}, {40, 17});
+  f32.q_dtype = DType::kF32;
+  f32.kv_dtype = DType::kBF16;
+  std::string used;
+  expect_matches_reference(f32, isa, true, kTestThreads, &used);
+  EXPECT_EQ(used, per_token);
+  test_support::ScopedEnv off("ATTNKIT_CPU_BLOCKED_EXTEND", "0");
+  expect_matches_reference(make_case("choice_off", ForwardMode::kExtend, 16, {30, 0}, {40, 17}),
+                           isa, true, kTestThreads, &used);
+  EXPECT_EQ(used, amx ? blocked : per_token);
 }
 
 TEST_P(IntelAmxTargeted, OneThreadAndManyThreads) {
@@ -252,10 +306,10 @@ using test_support::ScopedEnv;
 // (window), whose lengths are not multiples of the key block or page (page 24), with converted KV
 // (f16, fp8) and several requests: K/V packed once per forward (the default), with 512-row items,
 // 256-key compute blocks, packed per item (ATTNKIT_AMX_PREPACK=0), and without the
-// software-pipelined item loop (ATTNKIT_AMX_PIPELINE=0, AMX only; the third request of pack_multi,
-// one row pair over two blocks, takes the pipeline's same-pair path); on avx512_bf16 also the
-// per-token kernel (ATTNKIT_CPU_BLOCKED_EXTEND=0; f16 KV takes it anyway). Other paths ignore the
-// switches.
+// software-pipelined item loop (ATTNKIT_AMX_PIPELINE=0, AMX only, as ATTNKIT_AMX_SOFTMAX=0; the
+// third request of pack_multi, one row pair over two blocks, takes the pipeline's same-pair path);
+// on avx512_bf16 also the per-token kernel (ATTNKIT_CPU_BLOCKED_EXTEND=0; f16 KV takes it anyway).
+// Other paths ignore the switches.
 TEST_P(IntelAmxTargeted, AmxPackingModes) {
   std::vector<CaseSpec> cases;
   cases.push_back(make_case("pack_multi", ForwardMode::kExtend, 24, {300, 0, 130}, {200, 257, 1}));
@@ -388,6 +442,7 @@ TEST(IntelAmxKnobs, BadValuesAreReportedAndIgnored) {
   ScopedEnv pipeline("ATTNKIT_AMX_PIPELINE", "l");
   ScopedEnv pf("ATTNKIT_AMX_DECODE_PF", "4");
   ScopedEnv softmax("ATTNKIT_AMX_SOFTMAX", "off");
+  ScopedEnv blocked("ATTNKIT_CPU_BLOCKED_EXTEND", "no");
   testing::internal::CaptureStderr();
   Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
   const std::string err = testing::internal::GetCapturedStderr();
@@ -398,7 +453,8 @@ TEST(IntelAmxKnobs, BadValuesAreReportedAndIgnored) {
         "using 256\n",
         "attnkit: ignoring ATTNKIT_AMX_PIPELINE=l (accepted: 0, 1); using 1\n",
         "attnkit: ignoring ATTNKIT_AMX_DECODE_PF=4 (accepted: integers 0..3); using 0\n",
-        "attnkit: ignoring ATTNKIT_AMX_SOFTMAX=off (accepted: an integer, 0 = off); using 1\n"}) {
+        "attnkit: ignoring ATTNKIT_AMX_SOFTMAX=off (accepted: an integer, 0 = off); using 1\n",
+        "attnkit: ignoring ATTNKIT_CPU_BLOCKED_EXTEND=no (accepted: 0, 1); using 1\n"}) {
     EXPECT_NE(err.find(line), std::string::npos) << "missing: " << line << "stderr:\n" << err;
   }
   {
@@ -407,6 +463,7 @@ TEST(IntelAmxKnobs, BadValuesAreReportedAndIgnored) {
     ScopedEnv good_pipeline("ATTNKIT_AMX_PIPELINE", "0");
     ScopedEnv good_pf("ATTNKIT_AMX_DECODE_PF", "3");
     ScopedEnv good_softmax("ATTNKIT_AMX_SOFTMAX", "2");  // any integer: 0 = off, else on
+    ScopedEnv good_blocked("ATTNKIT_CPU_BLOCKED_EXTEND", "0");
     testing::internal::CaptureStderr();
     ASSERT_TRUE(create_intel_amx_backend(pc.context()).is_ok());
     EXPECT_EQ(testing::internal::GetCapturedStderr(), "");

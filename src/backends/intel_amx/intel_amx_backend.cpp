@@ -1,6 +1,7 @@
 // intel_amx: the CPU attention backend (host protocol, planning and ISA dispatch). The kernels are
 // in kernels/: one vector implementation instantiated per ISA (scalar, AVX2, AVX-512,
-// AVX-512-BF16) and the AMX-BF16 extend kernel.
+// AVX-512-BF16), the blocked extend kernel (AMX-BF16 tiles, or vdpbf16ps register blocks on
+// AVX512-BF16 without AMX) and the AMX decode.
 #include "backends/intel_amx/intel_amx_backend.h"
 
 #include <algorithm>
@@ -42,13 +43,14 @@ constexpr CpuIsa kAllIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, 
 // bs 8, 4k keys, 2 threads: chunk 32768 / 8 = 4096 keys, so no split: 8 items (one per request).
 constexpr int kDecodeItemsPerThread = 4;
 constexpr int kMinSplitKeys = 256;
-// Extend items of the vector kernels: this many query tokens (all heads of the group).
+// Extend items of the per-token vector kernels: this many query tokens (all heads of the group).
 constexpr int kVectorExtendTokensPerItem = 16;
 constexpr int kExtendItemsPerThread = 4;
-// AMX extend packs each forward's K/V blocks once (ExtendWork::packed) while the packed copy stays
-// below this size; larger batches pack per item into the thread scratch.
+// The blocked extend packs each forward's K/V blocks once (ExtendWork::packed) while the packed
+// copy stays below this size; larger batches pack per item into the thread scratch.
 constexpr int64_t kMaxPackedBytes = int64_t{512} << 20;
-// Experiment switches of the AMX extend (read once per backend): ATTNKIT_AMX_PREPACK=0 packs per
+// Experiment switches of the blocked extend (AMX, and vdpbf16ps on avx512_bf16; read once per
+// backend): ATTNKIT_AMX_PREPACK=0 packs per
 // item (the layout before packing once per forward), ATTNKIT_AMX_ROWS_PER_ITEM (64..512, a power
 // of two) sets the largest item, ATTNKIT_AMX_KEY_BLOCK=256 computes 256 keys per block (two packed
 // blocks; only when packing once per forward). Other values are reported and keep the defaults
@@ -68,10 +70,11 @@ constexpr const char* kAmxDecodeEnvVar = "ATTNKIT_AMX_DECODE";
 // vs 8.15 ms); ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass row.
 constexpr const char* kFastSoftmaxEnvVar = "ATTNKIT_AMX_SOFTMAX";
 
-// On avx512_bf16 (no AMX), extend with bf16 q and bf16 / fp8_e4m3 KV runs the AMX kernel's
-// algorithm with vdpbf16ps register blocks (extend_blocked_avx512_bf16; session 29, AMD Zen 5 dev
-// VM, 2k causal, 2 threads: see docs/PERF.md); ATTNKIT_CPU_BLOCKED_EXTEND=0 keeps the per-token
-// vector kernel (extend_avx512_bf16) for every extend.
+// On avx512_bf16 (no AMX), extend with bf16 q and bf16 / fp8 KV runs the AMX kernel's algorithm
+// with vdpbf16ps register blocks (extend_blocked_avx512_bf16; session 29, AMD Zen 5 dev VM, 2k
+// causal, 2 threads: 43-46 ms vs 153-168 ms for the per-token kernel, docs/PERF.md);
+// ATTNKIT_CPU_BLOCKED_EXTEND=0 keeps the per-token vector kernel (extend_avx512_bf16) for every
+// extend. Read on every ISA (so a bad value is reported anywhere); only avx512_bf16 follows it.
 constexpr const char* kBlockedExtendEnvVar = "ATTNKIT_CPU_BLOCKED_EXTEND";
 
 // Unset, or set to a number other than 0 (any integer; 0 = off).
@@ -146,7 +149,10 @@ struct Plan {
   std::vector<DecodeItem> decode_items;
   std::vector<DecodeMerge> decode_merges;
   std::vector<ExtendItem> extend_items;
-  // AMX extend with K/V packed once per forward: first packed block of each request, then the
+  // The extend items were planned for the blocked kernel (IntelAmxBackend::blocked_applies);
+  // otherwise for the per-token vector kernel.
+  bool blocked = false;
+  // Blocked extend with K/V packed once per forward: first packed block of each request, then the
   // total (ExtendWork::pack_begin); empty when the items pack for themselves.
   std::vector<int64_t> pack_begin;
   int key_block = cpu_attention::kAmxKeyBlock;  // ExtendWork::key_block
@@ -168,8 +174,7 @@ class IntelAmxBackend final : public AttentionBackend {
         amx_fast_softmax_(env_on_unless_zero(kFastSoftmaxEnvVar)),
         amx_decode_prefetch_(env_amx_decode_prefetch()),
         amx_decode_sub_keys_(env_amx_decode_sub_keys()),
-        blocked_extend_(isa == CpuIsa::kAmx ||
-                        (isa == CpuIsa::kAvx512Bf16 && env_flag(kBlockedExtendEnvVar, true))) {}
+        blocked_extend_(env_flag(kBlockedExtendEnvVar, true)) {}
 
   // Per-thread scratch for the context's head counts and dims: sized once here, reused by every
   // forward (the kernels never allocate).
@@ -178,7 +183,7 @@ class IntelAmxBackend final : public AttentionBackend {
     int64_t floats =
         cpu_attention::vector_scratch_layout(ctx_.num_q_heads, ctx_.qk_head_dim, ctx_.v_head_dim)
             .total;
-    if (blocked_extend_) {
+    if (blocked_possible()) {
       floats = std::max(floats,
                         cpu_attention::amx_scratch_layout(ctx_.qk_head_dim, ctx_.v_head_dim).total);
     }
@@ -195,6 +200,7 @@ class IntelAmxBackend final : public AttentionBackend {
 
   const BackendDescriptor& descriptor() const override { return descriptor_; }
   CpuIsa isa() const { return isa_; }
+  const char* last_extend_kernel() const { return last_extend_kernel_; }
 
   Status init_forward_metadata(const ForwardBatch& batch) override {
     planned_ = false;
@@ -207,8 +213,9 @@ class IntelAmxBackend final : public AttentionBackend {
     ATTNKIT_RETURN_IF_ERROR(check_key_slots(batch, self_));
     if (has_cross_) ATTNKIT_RETURN_IF_ERROR(check_key_slots(batch, cross_));
     const bool decode = batch.mode == ForwardMode::kDecode;
-    decode ? plan_decode(&self_) : plan_extend(&self_);
-    if (has_cross_) decode ? plan_decode(&cross_) : plan_extend(&cross_);
+    const DType kv_dtype = batch.kv_pool->dtype();
+    decode ? plan_decode(&self_) : plan_extend(kv_dtype, &self_);
+    if (has_cross_) decode ? plan_decode(&cross_) : plan_extend(kv_dtype, &cross_);
     const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
     const int32_t partials = std::max(self_.num_partials, has_cross_ ? cross_.num_partials : 0);
     partial_out_.resize(static_cast<size_t>(partials) * group * ctx_.v_head_dim);
@@ -254,21 +261,21 @@ class IntelAmxBackend final : public AttentionBackend {
       work.key_block = plan.key_block;
     }
     const ThreadScratch ts = thread_scratch();
+    // The blocked kernels only where planned for (their items and packed blocks) and where this
+    // call's q dtype agrees with the context's; else the per-token kernel of the ISA.
+    const bool blocked = plan.blocked && blocked_applies(q.dtype, p.kv_dtype);
+    last_extend_kernel_ = blocked ? (isa_ == CpuIsa::kAmx ? "amx" : "blocked_avx512_bf16")
+                                  : cpu_isa_name(isa_ == CpuIsa::kAmx ? CpuIsa::kAvx512Bf16 : isa_);
     switch (isa_) {
       case CpuIsa::kAmx:
-        // The tiles take bf16 operands: f16/f32 activations would lose precision their callers
-        // expect, so those run the f32 vector kernel.
-        if (q.dtype == DType::kBF16) {
+        if (blocked) {
           cpu_attention::extend_amx(p, work, ts);
         } else {
           cpu_attention::extend_avx512_bf16(p, work, ts);
         }
         break;
       case CpuIsa::kAvx512Bf16:
-        // bf16 pairs hold bf16 and fp8_e4m3 KV exactly; the others keep the per-token kernel,
-        // which takes f16 / f32 KV in f32.
-        if (blocked_extend_ && q.dtype == DType::kBF16 &&
-            (p.kv_dtype == DType::kBF16 || p.kv_dtype == DType::kFP8E4M3)) {
+        if (blocked) {
           cpu_attention::extend_blocked_avx512_bf16(p, work, ts);
         } else {
           cpu_attention::extend_avx512_bf16(p, work, ts);
@@ -432,12 +439,13 @@ class IntelAmxBackend final : public AttentionBackend {
     plan->num_partials = partials;
   }
 
-  void plan_extend(Plan* plan) const {
+  void plan_extend(DType kv_dtype, Plan* plan) const {
     std::vector<ExtendItem>& items = plan->extend_items;
     items.clear();
     const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
     int rows_per_item = kVectorExtendTokensPerItem * group;
-    if (blocked_extend_) {
+    plan->blocked = blocked_applies(ctx_.q_dtype, kv_dtype);
+    if (plan->blocked) {
       // Largest item (best reuse of each packed K/V block) that still leaves
       // kExtendItemsPerThread items per thread. Example: one 2048-token request, group 4, 8 kv
       // heads, 16 threads: 8192 rows per head / 256 = 32 items per head, 256 >= 64 items: 256.
@@ -469,7 +477,7 @@ class IntelAmxBackend final : public AttentionBackend {
     });
     plan->pack_begin.clear();
     plan->key_block = cpu_attention::kAmxKeyBlock;
-    if (!blocked_extend_ || !prepack_ || items.empty()) return;
+    if (!plan->blocked || !prepack_ || items.empty()) return;
     const int64_t block_bytes =
         cpu_attention::amx_packed_block_elems(ctx_.qk_head_dim, ctx_.v_head_dim) *
         static_cast<int64_t>(sizeof(uint16_t));
@@ -485,6 +493,22 @@ class IntelAmxBackend final : public AttentionBackend {
     } else {
       plan->key_block = amx_key_block_;
     }
+  }
+
+  // Whether this backend's ISA has a blocked extend kernel: AMX tiles, or on avx512_bf16 the
+  // vdpbf16ps register blocks unless ATTNKIT_CPU_BLOCKED_EXTEND=0.
+  bool blocked_possible() const {
+    return isa_ == CpuIsa::kAmx || (isa_ == CpuIsa::kAvx512Bf16 && blocked_extend_);
+  }
+
+  // Whether the blocked extend runs q / KV of these dtypes: its operands are bf16, so q must be
+  // bf16 (f16 / f32 activations would lose precision their callers expect); the AMX kernel
+  // converts any KV dtype to bf16 (as it always has), the vdpbf16ps one takes only KV that bf16
+  // holds exactly (bf16, fp8_e4m3, fp8_e5m2), the per-token kernel the rest in f32.
+  bool blocked_applies(DType q_dtype, DType kv_dtype) const {
+    if (!blocked_possible() || q_dtype != DType::kBF16) return false;
+    return isa_ == CpuIsa::kAmx || kv_dtype == DType::kBF16 || kv_dtype == DType::kFP8E4M3 ||
+           kv_dtype == DType::kFP8E5M2;
   }
 
   // Validation, the cache write and the kernel parameters shared by extend and decode.
@@ -579,9 +603,9 @@ class IntelAmxBackend final : public AttentionBackend {
   bool amx_fast_softmax_;    // ATTNKIT_AMX_SOFTMAX (default on; 0 = two-pass rows)
   int amx_decode_prefetch_;  // ATTNKIT_AMX_DECODE_PF (default 0)
   int amx_decode_sub_keys_;  // ATTNKIT_AMX_DECODE_SUBKEYS (default 0: per item)
-  // Extend planned for the blocked kernels (packed K/V blocks, items of up to
-  // amx_rows_per_item_ rows): amx, and avx512_bf16 unless ATTNKIT_CPU_BLOCKED_EXTEND=0.
-  bool blocked_extend_;
+  bool blocked_extend_;  // ATTNKIT_CPU_BLOCKED_EXTEND (default on; 0: avx512_bf16 per-token extend)
+  // The extend kernel of the last forward_extend (intel_amx_last_extend_kernel).
+  const char* last_extend_kernel_ = "none";
   Buffer packed_;  // blocked extend: the forward's packed K/V blocks
   Buffer scratch_;
   int64_t scratch_stride_ = 0;
@@ -711,6 +735,15 @@ Result<CpuIsa> intel_amx_backend_isa(const AttentionBackend& backend) {
         cat("backend ", backend.descriptor().name, " is not intel_amx"));
   }
   return amx->isa();
+}
+
+Result<std::string> intel_amx_last_extend_kernel(const AttentionBackend& backend) {
+  const auto* amx = dynamic_cast<const IntelAmxBackend*>(&backend);
+  if (amx == nullptr) {
+    return Status::invalid_argument(
+        cat("backend ", backend.descriptor().name, " is not intel_amx"));
+  }
+  return std::string(amx->last_extend_kernel());
 }
 
 }  // namespace attnkit

@@ -21,6 +21,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "attnkit/backend.h"
@@ -57,5 +58,9 @@ Result<std::unique_ptr<AttentionBackend>> create_intel_amx_backend_with_options(
 
 // The level an intel_amx backend runs; kInvalidArgument when `backend` is not intel_amx.
 Result<CpuIsa> intel_amx_backend_isa(const AttentionBackend& backend);
+// The extend kernel its last forward_extend ran: "amx" (tiles), "blocked_avx512_bf16" (the same
+// blocks by vdpbf16ps), or the per-token vector kernel's ISA name ("avx512_bf16", "avx512",
+// "avx2", "scalar"); "none" before the first. For tests and benchmarks.
+Result<std::string> intel_amx_last_extend_kernel(const AttentionBackend& backend);
 
 }  // namespace attnkit

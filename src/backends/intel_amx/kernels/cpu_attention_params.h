@@ -134,7 +134,8 @@ struct VectorScratchLayout {
 };
 VectorScratchLayout vector_scratch_layout(int group, int head_dim, int v_head_dim);
 
-// Per-thread scratch of the AMX extend kernel (see extend_amx.cpp for the tile layouts).
+// Per-thread scratch of the blocked extend kernels, AMX and vdpbf16ps (extend_amx.cpp: the tile
+// layouts).
 struct AmxScratchLayout {
   int64_t q = 0;         // [kAmxRowsPerItem, Dp] bf16 query rows, Dp = D rounded up to 32
   int64_t k_stage = 0;   // [kAmxKeyBlock, Dp] bf16 key rows of the block
@@ -148,9 +149,9 @@ struct AmxScratchLayout {
   int64_t l = 0;         // [kAmxRowsPerItem] running sum
   int64_t total = 0;
 };
-// Most rows of one AMX extend item (flattened (token, head) rows; a multiple of the 16-row tile:
-// every packed K/V block is reused by all of them) and keys per block (a multiple of the 32-key
-// tile depth). The planner may use fewer rows per item (down to kAmxMinRowsPerItem) so that
+// Most rows of one blocked extend item (flattened (token, head) rows; a multiple of the 16-row
+// tile: every packed K/V block is reused by all of them) and keys per block (a multiple of the
+// 32-key tile depth). The planner may use fewer rows per item (down to kAmxMinRowsPerItem) so that
 // small batches still give every thread work.
 // kAmxRowsPerItem is the capacity (scratch, per-item arrays); the planner starts from
 // kAmxDefaultRowsPerItem (ATTNKIT_AMX_ROWS_PER_ITEM overrides it for experiments).
@@ -183,7 +184,7 @@ struct DecodeWork {
   int amx_sub_keys = 0;
 };
 
-// AMX extend with K/V packed once per forward: every (request, kv head, key block) of the
+// Blocked extend with K/V packed once per forward: every (request, kv head, key block) of the
 // requests' keys [0, seq_len) is packed into the VNNI tile layouts by a first parallel pass, and
 // the items read the packed blocks (instead of each item packing every block it visits; at a 2k
 // causal prefill each block was packed about 16 times). Block b of kv head h of request r starts
@@ -195,15 +196,16 @@ struct ExtendWork {
   const std::vector<ExtendItem>* items;
   uint16_t* packed = nullptr;
   const std::vector<int64_t>* pack_begin = nullptr;
-  // Keys per compute block of the AMX kernel: kAmxKeyBlock, or kAmxMaxKeyBlock (two consecutive
-  // packed blocks; only with packed set).
+  // Keys per compute block of the blocked kernels: kAmxKeyBlock, or kAmxMaxKeyBlock (two
+  // consecutive packed blocks; only with packed set).
   int key_block = kAmxKeyBlock;
   // Software-pipelined AMX item loop (S of the next row-tile pair and P . V of the previous one
   // interleaved with the softmax rows of the current one); false: the loop before session 7
   // (ATTNKIT_AMX_PIPELINE=0).
   bool pipelined = true;
   // Lean softmax rows of the pipelined loop with the max pass folded into the exp pass and a
-  // degree-3 exp2 (default since session 8; ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass rows).
+  // degree-3 exp2 (default since session 8; ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass rows). The
+  // vdpbf16ps kernel runs the plain loop, so neither switch applies to it.
   bool fast_softmax = true;
 };
 
@@ -241,8 +243,8 @@ void extend_avx512_bf16(const CpuAttentionParams& p, const ExtendWork& w, const 
 void extend_amx(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& s);
 // The AMX extend's algorithm with its two products by vdpbf16ps register blocks instead of tiles
 // (extend_amx.cpp), for AVX512-BF16 CPUs without AMX: same plan, packed blocks and scratch
-// (amx_scratch_layout). For bf16 q with bf16 or fp8_e4m3 KV (exact in bf16); other dtypes run
-// extend_avx512_bf16.
+// (amx_scratch_layout). The backend runs it for bf16 q with bf16 / fp8_e4m3 / fp8_e5m2 KV (exact
+// in bf16); other dtypes run extend_avx512_bf16.
 void extend_blocked_avx512_bf16(const CpuAttentionParams& p, const ExtendWork& w,
                                 const ThreadScratch& s);
 // AMX decode (decode_amx.cpp): S^T = K . Q^T and P . V on tiles, K/V rows read in place. Shapes

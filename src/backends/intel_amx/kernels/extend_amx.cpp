@@ -1,4 +1,5 @@
-// AMX-BF16 extend/prefill kernel of intel_amx.
+// The blocked extend/prefill kernel of intel_amx: AMX-BF16 tiles (extend_amx), or the same blocks
+// by AVX512-BF16 vdpbf16ps register blocks where AMX is absent (extend_blocked_avx512_bf16).
 //
 // One work item = (request, kv head, kAmxRowsPerItem query rows), where a row is a (query token,
 // head of the GQA group) pair, so the heads of a group share every packed K/V block.
@@ -21,10 +22,10 @@
 // The same kernel without tiles (extend_blocked_avx512_bf16, BlockedExtend<..., kTiles = false>)
 // computes both products by vdpbf16ps over the same packed blocks, for AVX512-BF16 CPUs without
 // AMX (e.g. AMD Zen 4 / Zen 5); it runs the plain block loop and never touches the tile state.
-// The tile permission is requested by detect_cpu() (arch_prctl ARCH_REQ_XCOMP_PERM); the backend
-// selects this kernel only when that succeeded. Each thread loads the tile configuration once per
-// call, runs with flush-to-zero / denormals-are-zero (as the tile unit itself does), and restores
-// its MXCSR and releases the tiles when done.
+// Tiles: the tile permission is requested by detect_cpu() (arch_prctl ARCH_REQ_XCOMP_PERM); the
+// backend selects extend_amx only when that succeeded. Each thread loads the tile configuration
+// once per call and releases the tiles when done. Both variants run with flush-to-zero /
+// denormals-are-zero (as the tile unit and vdpbf16ps themselves do) and restore the MXCSR.
 // GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which -Wuninitialized
 // reports at every inlined use; the header lines are exempted, nothing else.
 #pragma GCC diagnostic push
@@ -774,7 +775,15 @@ class BlockedExtend {
 
   // s[32, KB] = Q rows of tiles t, t + 1 . K^T of the block: 2 x 2 S tiles per pass.
   void scores_pair(const AmxScratch& sc, int t, float* s, const uint16_t* kp) {
-    if constexpr (!kTiles) return scores_pair_vnni(sc, t, s, kp);
+    if constexpr (kTiles) {
+      scores_pair_tiles(sc, t, s, kp);
+    } else {
+      scores_pair_vnni(sc, t, s, kp);
+    }
+  }
+
+  // scores_pair on tiles (instantiated for kTiles only, like the rest of the tile code).
+  void scores_pair_tiles(const AmxScratch& sc, int t, float* s, const uint16_t* kp) {
     const int q_stride = dp_ * static_cast<int>(sizeof(uint16_t));
     const uint16_t* q0 = sc.q + static_cast<int64_t>(t) * kTileRows * dp_;
     const uint16_t* q1 = q0 + static_cast<int64_t>(kTileRows) * dp_;
@@ -919,7 +928,15 @@ class BlockedExtend {
 
   // O rows of tiles t, t + 1 += P . V over the key block: 2 x 2 O tiles per pass.
   void pv_pair(const AmxScratch& sc, int t, const uint16_t* vp) {
-    if constexpr (!kTiles) return pv_pair_vnni(sc, t, vp);
+    if constexpr (kTiles) {
+      pv_pair_tiles(sc, t, vp);
+    } else {
+      pv_pair_vnni(sc, t, vp);
+    }
+  }
+
+  // pv_pair on tiles.
+  void pv_pair_tiles(const AmxScratch& sc, int t, const uint16_t* vp) {
     const int col_tiles = dvp_ / kTileCols;
     const int o_stride = dvp_ * static_cast<int>(sizeof(float));
     constexpr int kPStride = KB * sizeof(uint16_t);

@@ -224,6 +224,7 @@ __attribute__((noinline)) void fast_tile_block(const FastConsts& c, const __m512
   // --rotate-mib 1, two alternated rounds): 32.2-32.7 vs 29.7-31.8 GB/s; level when streaming
   // from memory (b8 kv 4096: 18.7-19.4 vs 19.0-19.7 GB/s one thread, 34.3-35.0 vs 34.1-38.5 two).
   constexpr int kG = kN <= 4 ? std::min(kC, 2) : 1;
+  static_assert(kC % kG == 0, "whole chunk groups");
   const int pairs = (n + 1) / 2;
   for (int c0 = 0; c0 < kC; c0 += kG) {
     // This group's share of the next block's V slices, one slice per step of the pair loop below

@@ -1,4 +1,4 @@
-// The vector attention kernels (decode and the non-AMX extend), written once over an ISA traits
+// The vector attention kernels (decode and the per-token extend), written once over an ISA traits
 // type V (vec_scalar.h, vec_avx2.h, vec_avx512.h) and a KV storage tag S (storage_types.h).
 //
 // Include this only from a per-ISA translation unit, after its `#pragma GCC target` and its traits
