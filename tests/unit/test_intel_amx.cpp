@@ -257,16 +257,17 @@ TEST_P(IntelAmxTargeted, SplitHeadDims) {
   expect_matches_reference(c, GetParam(), true);
 }
 
-// Which extend kernel runs, by the backend's record of the call: the blocked one (AMX tiles; on
-// avx512_bf16 the vdpbf16ps register blocks) for bf16 q with KV it takes, else the ISA's
-// per-token kernel (on amx the avx512_bf16 one); ATTNKIT_CPU_BLOCKED_EXTEND=0 turns the
-// vdpbf16ps kernel off (not the tiles).
+// Which extend kernel runs, by the backend's record of the call: the blocked one (AMX tiles; the
+// register blocks of vdpbf16ps on avx512_bf16, of f32 FMAs on avx512) for bf16 q with KV it takes,
+// else the ISA's per-token kernel (on amx the avx512_bf16 one); ATTNKIT_CPU_BLOCKED_EXTEND=0
+// turns the register-block kernels off (not the tiles).
 TEST_P(IntelAmxTargeted, ExtendKernelChoice) {
   const CpuIsa isa = GetParam();
   const bool amx = isa == CpuIsa::kAmx;
   const std::string per_token = cpu_isa_name(amx ? CpuIsa::kAvx512Bf16 : isa);
   const std::string blocked = amx                          ? "amx"
                               : isa == CpuIsa::kAvx512Bf16 ? "blocked_avx512_bf16"
+                              : isa == CpuIsa::kAvx512     ? "blocked_avx512"
                                                            : per_token;
   struct KvCase {
     DType kv;

@@ -70,11 +70,12 @@ constexpr const char* kAmxDecodeEnvVar = "ATTNKIT_AMX_DECODE";
 // vs 8.15 ms); ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass row.
 constexpr const char* kFastSoftmaxEnvVar = "ATTNKIT_AMX_SOFTMAX";
 
-// On avx512_bf16 (no AMX), extend with bf16 q and bf16 / fp8 KV runs the AMX kernel's algorithm
-// with vdpbf16ps register blocks (extend_blocked_avx512_bf16; session 29, AMD Zen 5 dev VM, 2k
-// causal, 2 threads: 43-46 ms vs 153-168 ms for the per-token kernel, docs/PERF.md);
-// ATTNKIT_CPU_BLOCKED_EXTEND=0 keeps the per-token vector kernel (extend_avx512_bf16) for every
-// extend. Read on every ISA (so a bad value is reported anywhere); only avx512_bf16 follows it.
+// On avx512_bf16 and avx512 (no AMX), extend with bf16 q and bf16 / fp8 KV runs the AMX kernel's
+// algorithm with register blocks of vdpbf16ps (extend_blocked_avx512_bf16; session 29, AMD Zen 5
+// dev VM, 2k causal, 2 threads: 43-46 ms vs 153-168 ms for the per-token kernel, docs/PERF.md) or
+// of f32 FMAs (extend_blocked_avx512); ATTNKIT_CPU_BLOCKED_EXTEND=0 keeps the per-token vector
+// kernel of those ISAs for every extend. Read on every ISA (so a bad value is reported anywhere);
+// amx, scalar and avx2 ignore it.
 constexpr const char* kBlockedExtendEnvVar = "ATTNKIT_CPU_BLOCKED_EXTEND";
 
 // Unset, or set to a number other than 0 (any integer; 0 = off).
@@ -264,7 +265,7 @@ class IntelAmxBackend final : public AttentionBackend {
     // The blocked kernels only where planned for (their items and packed blocks) and where this
     // call's q dtype agrees with the context's; else the per-token kernel of the ISA.
     const bool blocked = plan.blocked && blocked_applies(q.dtype, p.kv_dtype);
-    last_extend_kernel_ = blocked ? (isa_ == CpuIsa::kAmx ? "amx" : "blocked_avx512_bf16")
+    last_extend_kernel_ = blocked ? blocked_kernel_name()
                                   : cpu_isa_name(isa_ == CpuIsa::kAmx ? CpuIsa::kAvx512Bf16 : isa_);
     switch (isa_) {
       case CpuIsa::kAmx:
@@ -282,7 +283,11 @@ class IntelAmxBackend final : public AttentionBackend {
         }
         break;
       case CpuIsa::kAvx512:
-        cpu_attention::extend_avx512(p, work, ts);
+        if (blocked) {
+          cpu_attention::extend_blocked_avx512(p, work, ts);
+        } else {
+          cpu_attention::extend_avx512(p, work, ts);
+        }
         break;
       case CpuIsa::kAvx2:
         cpu_attention::extend_avx2(p, work, ts);
@@ -495,16 +500,29 @@ class IntelAmxBackend final : public AttentionBackend {
     }
   }
 
-  // Whether this backend's ISA has a blocked extend kernel: AMX tiles, or on avx512_bf16 the
-  // vdpbf16ps register blocks unless ATTNKIT_CPU_BLOCKED_EXTEND=0.
+  // Whether this backend's ISA has a blocked extend kernel: AMX tiles, or the register blocks of
+  // avx512_bf16 (vdpbf16ps) and avx512 (f32 FMA) unless ATTNKIT_CPU_BLOCKED_EXTEND=0.
   bool blocked_possible() const {
-    return isa_ == CpuIsa::kAmx || (isa_ == CpuIsa::kAvx512Bf16 && blocked_extend_);
+    return isa_ == CpuIsa::kAmx ||
+           ((isa_ == CpuIsa::kAvx512Bf16 || isa_ == CpuIsa::kAvx512) && blocked_extend_);
+  }
+
+  // intel_amx_last_extend_kernel's name of the blocked kernel of this ISA.
+  const char* blocked_kernel_name() const {
+    switch (isa_) {
+      case CpuIsa::kAmx:
+        return "amx";
+      case CpuIsa::kAvx512Bf16:
+        return "blocked_avx512_bf16";
+      default:
+        return "blocked_avx512";
+    }
   }
 
   // Whether the blocked extend runs q / KV of these dtypes: its operands are bf16, so q must be
   // bf16 (f16 / f32 activations would lose precision their callers expect); the AMX kernel
-  // converts any KV dtype to bf16 (as it always has), the vdpbf16ps one takes only KV that bf16
-  // holds exactly (bf16, fp8_e4m3, fp8_e5m2), the per-token kernel the rest in f32.
+  // converts any KV dtype to bf16 (as it always has), the register-block ones take only KV that
+  // bf16 holds exactly (bf16, fp8_e4m3, fp8_e5m2), the per-token kernel the rest in f32.
   bool blocked_applies(DType q_dtype, DType kv_dtype) const {
     if (!blocked_possible() || q_dtype != DType::kBF16) return false;
     return isa_ == CpuIsa::kAmx || kv_dtype == DType::kBF16 || kv_dtype == DType::kFP8E4M3 ||
@@ -603,7 +621,7 @@ class IntelAmxBackend final : public AttentionBackend {
   bool amx_fast_softmax_;    // ATTNKIT_AMX_SOFTMAX (default on; 0 = two-pass rows)
   int amx_decode_prefetch_;  // ATTNKIT_AMX_DECODE_PF (default 0)
   int amx_decode_sub_keys_;  // ATTNKIT_AMX_DECODE_SUBKEYS (default 0: per item)
-  bool blocked_extend_;  // ATTNKIT_CPU_BLOCKED_EXTEND (default on; 0: avx512_bf16 per-token extend)
+  bool blocked_extend_;      // ATTNKIT_CPU_BLOCKED_EXTEND (default on; 0: avx512(_bf16) per-token)
   // The extend kernel of the last forward_extend (intel_amx_last_extend_kernel).
   const char* last_extend_kernel_ = "none";
   Buffer packed_;  // blocked extend: the forward's packed K/V blocks

@@ -2,7 +2,7 @@
 //
 // intel_amx is the CPU backend: extend/prefill computes Q.K^T and P.V on AMX-BF16 tiles (K/V rows
 // gathered through req_to_token and packed into the VNNI tile layout per key block; without AMX,
-// the same blocks by vdpbf16ps register blocks where AVX512-BF16 exists), decode runs
+// the same blocks by vdpbf16ps or f32 FMA register blocks on AVX-512), decode runs
 // AVX-512 (vdpbf16ps where AVX512-BF16 exists) split over (request, kv chunk), each item covering
 // every kv head so the pool rows stream whole, merged by log-sum-exp; the heads of a GQA group
 // share every K/V load, and softmax is online in f32.
@@ -58,9 +58,10 @@ Result<std::unique_ptr<AttentionBackend>> create_intel_amx_backend_with_options(
 
 // The level an intel_amx backend runs; kInvalidArgument when `backend` is not intel_amx.
 Result<CpuIsa> intel_amx_backend_isa(const AttentionBackend& backend);
-// The extend kernel its last forward_extend ran: "amx" (tiles), "blocked_avx512_bf16" (the same
-// blocks by vdpbf16ps), or the per-token vector kernel's ISA name ("avx512_bf16", "avx512",
-// "avx2", "scalar"); "none" before the first. For tests and benchmarks.
+// The extend kernel its last forward_extend ran: "amx" (tiles), "blocked_avx512_bf16" /
+// "blocked_avx512" (the same blocks by vdpbf16ps / f32 FMA), or the per-token vector kernel's ISA
+// name ("avx512_bf16", "avx512", "avx2", "scalar"); "none" before the first. For tests and
+// benchmarks.
 Result<std::string> intel_amx_last_extend_kernel(const AttentionBackend& backend);
 
 }  // namespace attnkit

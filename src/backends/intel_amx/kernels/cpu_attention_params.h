@@ -247,6 +247,10 @@ void extend_amx(const CpuAttentionParams& p, const ExtendWork& w, const ThreadSc
 // in bf16); other dtypes run extend_avx512_bf16.
 void extend_blocked_avx512_bf16(const CpuAttentionParams& p, const ExtendWork& w,
                                 const ThreadScratch& s);
+// The same with f32 FMA register blocks for AVX-512F CPUs without AVX512-BF16 (the bf16 roundings
+// in integer arithmetic); the same dtypes, else extend_avx512.
+void extend_blocked_avx512(const CpuAttentionParams& p, const ExtendWork& w,
+                           const ThreadScratch& s);
 // AMX decode (decode_amx.cpp): S^T = K . Q^T and P . V on tiles, K/V rows read in place. Shapes
 // it does not take (amx_decode_supported false) run decode_avx512_bf16.
 void decode_amx(const CpuAttentionParams& p, const DecodeWork& w, const ThreadScratch& s);

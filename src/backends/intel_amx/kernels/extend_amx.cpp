@@ -1,5 +1,5 @@
 // The blocked extend/prefill kernel of intel_amx: AMX-BF16 tiles (extend_amx), or the same blocks
-// by AVX512-BF16 vdpbf16ps register blocks where AMX is absent (extend_blocked_avx512_bf16).
+// by register blocks where AMX is absent (vdpbf16ps, or f32 FMAs on AVX-512F alone).
 //
 // One work item = (request, kv head, kAmxRowsPerItem query rows), where a row is a (query token,
 // head of the GQA group) pair, so the heads of a group share every packed K/V block.
@@ -19,9 +19,10 @@
 //     S of the next pair is issued before the softmax of the current one (two S buffers), so
 //     the tile unit works while the vector units run the softmax.
 //   O / l -> out, lse.
-// The same kernel without tiles (extend_blocked_avx512_bf16, BlockedExtend<..., kTiles = false>)
-// computes both products by vdpbf16ps over the same packed blocks, for AVX512-BF16 CPUs without
-// AMX (e.g. AMD Zen 4 / Zen 5); it runs the plain block loop and never touches the tile state.
+// The same kernel without tiles computes both products by register blocks over the same packed
+// blocks: vdpbf16ps for AVX512-BF16 CPUs without AMX (extend_blocked_avx512_bf16; e.g. AMD Zen 4 /
+// Zen 5), f32 FMAs on AVX-512F alone (extend_blocked_avx512; e.g. Skylake / Ice Lake Xeons); both
+// run the plain block loop and never touch the tile state.
 // Tiles: the tile permission is requested by detect_cpu() (arch_prctl ARCH_REQ_XCOMP_PERM); the
 // backend selects extend_amx only when that succeeded. Each thread loads the tile configuration
 // once per call and releases the tiles when done. Both variants run with flush-to-zero /
@@ -142,31 +143,65 @@ V::F exp2_deg3(V::F x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// bf16 bits (round to nearest even) of 16 f32 values: one AVX512-BF16 instruction (kNative), or
+// on AVX-512F alone the same rounding in integer arithmetic (NaN stays a quiet NaN).
+template <bool kNative>
+__m256i bf16x16(__m512 x) {
+  if constexpr (kNative) {
+    const __m256bh h = _mm512_cvtneps_pbh(x);
+    return reinterpret_cast<const __m256i&>(h);
+  } else {
+    constexpr int kHalf = 16;
+    constexpr int kRoundHalf = 0x7FFF;     // below half an ulp of the 16 kept bits
+    constexpr int kQuietBit = 0x00400000;  // the top mantissa bit of f32
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, kHalf), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(kRoundHalf)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    rounded =
+        _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, _mm512_set1_epi32(kQuietBit)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, kHalf));
+  }
+}
+
+// bf16 bits of lo (the low 16 words) and hi (the high 16).
+template <bool kNative>
+__m512i bf16x32(__m512 lo, __m512 hi) {
+  if constexpr (kNative) {
+    const __m512bh h = _mm512_cvtne2ps_pbh(hi, lo);
+    return reinterpret_cast<const __m512i&>(h);
+  } else {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16<false>(lo)), bf16x16<false>(hi), 1);
+  }
+}
+
 // dst[0, n) = bf16(src[0, n)) (round to nearest even), then zeros up to n_padded. n % 16 == 0.
-template <class S>
+template <class S, bool kNative>
 void convert_row_bf16(const typename S::T* src, int n, int n_padded, uint16_t* dst) {
   if constexpr (std::is_same_v<S, StoreBf16>) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(uint16_t));
   } else {
     for (int d = 0; d < n; d += V::kWidth) {
-      const __m256bh h = _mm512_cvtneps_pbh(V::template load_as<S>(src + d));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), reinterpret_cast<const __m256i&>(h));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d),
+                          bf16x16<kNative>(V::template load_as<S>(src + d)));
     }
   }
   std::fill(dst + n, dst + n_padded, uint16_t{0});
 }
 
+template <bool kNative>
 void convert_act_row_bf16(const void* base, DType dtype, int64_t offset, int n, int n_padded,
                           uint16_t* dst) {
   switch (dtype) {
     case DType::kBF16:
-      return convert_row_bf16<StoreBf16>(static_cast<const uint16_t*>(base) + offset, n, n_padded,
-                                         dst);
+      return convert_row_bf16<StoreBf16, kNative>(static_cast<const uint16_t*>(base) + offset, n,
+                                                  n_padded, dst);
     case DType::kF16:
-      return convert_row_bf16<StoreF16>(static_cast<const uint16_t*>(base) + offset, n, n_padded,
-                                        dst);
+      return convert_row_bf16<StoreF16, kNative>(static_cast<const uint16_t*>(base) + offset, n,
+                                                 n_padded, dst);
     default:
-      return convert_row_bf16<StoreF32>(static_cast<const float*>(base) + offset, n, n_padded, dst);
+      return convert_row_bf16<StoreF32, kNative>(static_cast<const float*>(base) + offset, n,
+                                                 n_padded, dst);
   }
 }
 
@@ -273,15 +308,65 @@ void dot_block(const uint16_t* a, int64_t a_stride, const uint16_t* const (&b)[k
   }
 }
 
+// dot_block on AVX-512F alone (no AVX512-BF16): each dword of a tile row or an A pair holds two
+// bf16, the even element's f32 is the dword << 16 and the odd one's the dword & 0xFFFF0000, so a
+// pair step is two FMAs per accumulator (the same products, summed in f32).
+template <int kR, int kJ>
+void fma_block(const uint16_t* a, int64_t a_stride, const uint16_t* const (&b)[kJ],
+               int64_t b_chunk_stride, int chunks, __m512 (&acc_io)[kR][kJ]) {
+  constexpr int kHalf = 16;
+  const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m512 acc[kR][kJ];
+  for (int r = 0; r < kR; ++r) {
+    for (int j = 0; j < kJ; ++j) acc[r][j] = acc_io[r][j];
+  }
+  for (int c = 0; c < chunks; ++c) {
+    const uint16_t* ac = a + c * kTileDepth;
+    for (int i = 0; i < kTileRows; ++i) {
+      __m512 b_even[kJ];
+      __m512 b_odd[kJ];
+      for (int j = 0; j < kJ; ++j) {
+        const __m512i w = _mm512_loadu_si512(b[j] + c * b_chunk_stride + i * kTileDepth);
+        b_even[j] = _mm512_castsi512_ps(_mm512_slli_epi32(w, kHalf));
+        b_odd[j] = _mm512_castsi512_ps(_mm512_and_si512(w, odd_mask));
+      }
+      for (int r = 0; r < kR; ++r) {
+        uint32_t pair = 0;
+        std::memcpy(&pair, ac + r * a_stride + 2 * i, sizeof(pair));
+        const __m512i pw = _mm512_set1_epi32(static_cast<int>(pair));
+        const __m512 a_even = _mm512_castsi512_ps(_mm512_slli_epi32(pw, kHalf));
+        const __m512 a_odd = _mm512_castsi512_ps(_mm512_and_si512(pw, odd_mask));
+        for (int j = 0; j < kJ; ++j) {
+          acc[r][j] = _mm512_fmadd_ps(a_even, b_even[j], acc[r][j]);
+          acc[r][j] = _mm512_fmadd_ps(a_odd, b_odd[j], acc[r][j]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < kR; ++r) {
+    for (int j = 0; j < kJ; ++j) acc_io[r][j] = acc[r][j];
+  }
+}
+
+// How BlockedExtend computes its two products.
+enum class Products {
+  kTiles,    // AMX tiles (extend_amx)
+  kBf16Dot,  // vdpbf16ps register blocks (extend_blocked_avx512_bf16)
+  kF32Fma,   // f32 FMA register blocks on AVX-512F (extend_blocked_avx512)
+};
+
 // KB: keys per compute block (S width, P depth): kAmxKeyBlock, or 2 x kAmxKeyBlock over two
 // consecutive packed blocks (only with K/V packed once per forward).
-// kTiles: the products run on AMX tiles (extend_amx); false: by vdpbf16ps register blocks
-// (extend_blocked_avx512_bf16, for AVX512-BF16 CPUs without AMX), with the same packed blocks,
-// softmax, masks and plan, and the plain (unpipelined) block loop: the vector units do both the
-// products and the softmax, so there is nothing to overlap.
-template <class S, int KB, bool kTiles>
+// kProducts: AMX tiles (extend_amx), or register blocks of vdpbf16ps (AVX512-BF16 CPUs without
+// AMX) or of f32 FMAs (AVX-512F alone), with the same packed blocks, softmax, masks and plan, and
+// the plain (unpipelined) block loop: the vector units do both the products and the softmax, so
+// there is nothing to overlap. Without AVX512-BF16 the bf16 roundings (P, packed K/V of other
+// dtypes, the output) are done in integer arithmetic (bf16x16).
+template <class S, int KB, Products kProducts>
 class BlockedExtend {
  public:
+  static constexpr bool kTiles = kProducts == Products::kTiles;
+  static constexpr bool kNativeBf16 = kProducts != Products::kF32Fma;
   using T = typename S::T;
   static_assert(KB % kAmxKeyBlock == 0 && KB <= kAmxMaxKeyBlock);
   static constexpr int kBlockKeyTiles = KB / kTileCols;    // S tiles across the compute block
@@ -333,7 +418,7 @@ class BlockedExtend {
       }
       const int64_t q_off =
           (rq.q_start + ri.token) * p_.q_token_stride + ri.head * p_.q_head_stride;
-      convert_act_row_bf16(p_.q, p_.act_dtype, q_off, p_.head_dim, dp_, q_row);
+      convert_act_row_bf16<kNativeBf16>(p_.q, p_.act_dtype, q_off, p_.head_dim, dp_, q_row);
     }
     int k_lo = std::numeric_limits<int>::max();
     int k_hi = 0;
@@ -620,8 +705,7 @@ class BlockedExtend {
       const V::F e0 = exp2_finite(V::fma(V::load(s_row + v * V::kWidth), scale_vec, neg_m));
       const V::F e1 = exp2_finite(V::fma(V::load(s_row + (v + 1) * V::kWidth), scale_vec, neg_m));
       sum = V::add(sum, V::add(e0, e1));
-      const __m512bh h = _mm512_cvtne2ps_pbh(e1, e0);  // e0 in the low half
-      _mm512_storeu_si512(p_row + v * V::kWidth, reinterpret_cast<const __m512i&>(h));
+      _mm512_storeu_si512(p_row + v * V::kWidth, bf16x32<kNativeBf16>(e0, e1));
     }
     sc.l[r] = sc.l[r] * alpha + V::reduce_add(sum);
     if (alpha != 1.f) rescale_o_row(sc, r, alpha);
@@ -647,8 +731,7 @@ class BlockedExtend {
       const V::F e0 = exp2_deg3(x0);
       const V::F e1 = exp2_deg3(x1);
       sum = V::add(sum, V::add(e0, e1));
-      const __m512bh h = _mm512_cvtne2ps_pbh(e1, e0);  // e0 in the low half
-      _mm512_storeu_si512(p_row + v * V::kWidth, reinterpret_cast<const __m512i&>(h));
+      _mm512_storeu_si512(p_row + v * V::kWidth, bf16x32<kNativeBf16>(e0, e1));
     }
     // mx is the block max minus the running max (log2 units).
     if (V::reduce_max(mx) > kRescaleThreshold) return softmax_row_full(sc, r, s_row, scale);
@@ -669,8 +752,8 @@ class BlockedExtend {
                     static_cast<int64_t>(hq) * p_.out_head_stride;
     const V::F f = V::set1(factor);
     for (int d = 0; d < p_.v_head_dim; d += V::kWidth) {
-      const __m256bh h = _mm512_cvtneps_pbh(V::mul(V::load(o_row + d), f));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), reinterpret_cast<const __m256i&>(h));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d),
+                          bf16x16<kNativeBf16>(V::mul(V::load(o_row + d), f)));
     }
     if (p_.lse != nullptr) p_.lse[token * p_.lse_token_stride + hq * p_.lse_head_stride] = lse;
   }
@@ -691,7 +774,7 @@ class BlockedExtend {
         rows[t] = reinterpret_cast<const uint16_t*>(src);
       } else {
         uint16_t* dst = stage + static_cast<int64_t>(t) * dim_padded;
-        convert_row_bf16<S>(src, dim, dim_padded, dst);
+        convert_row_bf16<S, kNativeBf16>(src, dim, dim_padded, dst);
         rows[t] = dst;
       }
     }
@@ -879,9 +962,8 @@ class BlockedExtend {
       for (int v = 0; v < kVecs; ++v) {
         const V::F e = exp2_probability(V::sub(V::load(s_row + v * V::kWidth), m_vec));
         sum = V::add(sum, e);
-        const __m256bh h = _mm512_cvtneps_pbh(e);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_row + v * V::kWidth),
-                            reinterpret_cast<const __m256i&>(h));
+                            bf16x16<kNativeBf16>(e));
       }
       l_tile[i] = l_tile[i] * alpha[i] + V::reduce_add(sum);
       if (alpha[i] != 1.f) rescale_o_row(sc, r, alpha[i]);
@@ -918,8 +1000,7 @@ class BlockedExtend {
         const V::F e0 = exp2_finite(V::fma(V::load(s_row + v * V::kWidth), scale_vec, neg_m));
         const V::F e1 = exp2_finite(V::fma(V::load(s_row + (v + 1) * V::kWidth), scale_vec, neg_m));
         sum = V::add(sum, V::add(e0, e1));
-        const __m512bh h = _mm512_cvtne2ps_pbh(e1, e0);  // e0 in the low half
-        _mm512_storeu_si512(p_row + v * V::kWidth, reinterpret_cast<const __m512i&>(h));
+        _mm512_storeu_si512(p_row + v * V::kWidth, bf16x32<kNativeBf16>(e0, e1));
       }
       l_tile[i] = l_tile[i] * alpha[i] + V::reduce_add(sum);
       if (alpha[i] != 1.f) rescale_o_row(sc, r, alpha[i]);
@@ -970,7 +1051,18 @@ class BlockedExtend {
     }
   }
 
-  // scores_pair by vdpbf16ps: 4 rows x 4 key vectors (64 keys) per register block.
+  // The register-block products of this variant.
+  template <int kR, int kJ>
+  static void products(const uint16_t* a, int64_t a_stride, const uint16_t* const (&b)[kJ],
+                       int64_t b_chunk_stride, int chunks, __m512 (&acc)[kR][kJ]) {
+    if constexpr (kProducts == Products::kBf16Dot) {
+      dot_block<kR, kJ>(a, a_stride, b, b_chunk_stride, chunks, acc);
+    } else {
+      fma_block<kR, kJ>(a, a_stride, b, b_chunk_stride, chunks, acc);
+    }
+  }
+
+  // scores_pair by register blocks: 4 rows x 4 key vectors (64 keys) each.
   void scores_pair_vnni(const AmxScratch& sc, int t, float* s, const uint16_t* kp) {
     constexpr int kR = 4;
     constexpr int kJ = 4;
@@ -989,8 +1081,8 @@ class BlockedExtend {
         for (auto& row : acc) {
           for (auto& a : row) a = _mm512_setzero_ps();
         }
-        dot_block<kR, kJ>(q + static_cast<int64_t>(r0) * dp_, dp_, b, kChunkStride,
-                          dp_ / kTileDepth, acc);
+        products<kR, kJ>(q + static_cast<int64_t>(r0) * dp_, dp_, b, kChunkStride, dp_ / kTileDepth,
+                         acc);
         for (int r = 0; r < kR; ++r) {
           for (int j = 0; j < kJ; ++j) {
             _mm512_storeu_ps(s + (r0 + r) * KB + (kv0 + j) * kTileCols, acc[r][j]);
@@ -1000,8 +1092,8 @@ class BlockedExtend {
     }
   }
 
-  // pv_pair by vdpbf16ps: O column vectors four at a time (two for the last ones when dvp / 16
-  // is not a multiple of four).
+  // pv_pair by register blocks: O column vectors four at a time (two for the last ones when dvp /
+  // 16 is not a multiple of four).
   void pv_pair_vnni(const AmxScratch& sc, int t, const uint16_t* vp) {
     const int col_vecs = dvp_ / kTileCols;  // even: dvp is a multiple of 32
     int j0 = 0;
@@ -1030,7 +1122,7 @@ class BlockedExtend {
         const uint16_t* vb = vp + static_cast<int64_t>(blk) * block_elems_;
         const uint16_t* b[kJ];
         for (int j = 0; j < kJ; ++j) b[j] = v_tile(vb, 0, j0 + j);
-        dot_block<kR, kJ>(pr + r0 * KB + blk * kAmxKeyBlock, KB, b, chunk_stride, kKeyChunks, acc);
+        products<kR, kJ>(pr + r0 * KB + blk * kAmxKeyBlock, KB, b, chunk_stride, kKeyChunks, acc);
       }
       for (int r = 0; r < kR; ++r) {
         for (int j = 0; j < kJ; ++j) {
@@ -1055,8 +1147,9 @@ class BlockedExtend {
   const bool fast_softmax_;    // lean rows by softmax_row_fast
 };
 
-template <class S, int KB, bool kTiles>
+template <class S, int KB, Products kProducts>
 void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
+  constexpr bool kTiles = kProducts == Products::kTiles;
   const AmxScratchLayout lay = amx_scratch_layout(p.head_dim, p.v_head_dim);
   const int64_t block_elems = amx_packed_block_elems(p.head_dim, p.v_head_dim);
   const std::vector<ExtendItem>& items = *w.items;
@@ -1069,7 +1162,7 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
     const int tid = 0;
 #endif
     const AmxScratch sc = carve(ts, tid, lay);
-    BlockedExtend<S, KB, kTiles> kernel(p, w.fast_softmax);
+    BlockedExtend<S, KB, kProducts> kernel(p, w.fast_softmax);
     const unsigned mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | kMxcsrFtzDaz);
     if constexpr (kTiles) load_tile_config();
@@ -1105,27 +1198,27 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
   }
 }
 
-template <class S, bool kTiles>
+template <class S, Products kProducts>
 void run_kb(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
   if (w.packed != nullptr && w.key_block == 2 * kAmxKeyBlock) {
-    return run<S, 2 * kAmxKeyBlock, kTiles>(p, w, ts);
+    return run<S, 2 * kAmxKeyBlock, kProducts>(p, w, ts);
   }
-  return run<S, kAmxKeyBlock, kTiles>(p, w, ts);
+  return run<S, kAmxKeyBlock, kProducts>(p, w, ts);
 }
 
-template <bool kTiles>
+template <Products kProducts>
 void extend_entry(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& ts) {
   switch (p.kv_dtype) {
     case DType::kBF16:
-      return run_kb<StoreBf16, kTiles>(p, w, ts);
+      return run_kb<StoreBf16, kProducts>(p, w, ts);
     case DType::kF16:
-      return run_kb<StoreF16, kTiles>(p, w, ts);
+      return run_kb<StoreF16, kProducts>(p, w, ts);
     case DType::kF32:
-      return run_kb<StoreF32, kTiles>(p, w, ts);
+      return run_kb<StoreF32, kProducts>(p, w, ts);
     case DType::kFP8E4M3:
-      return run_kb<StoreFp8E4M3, kTiles>(p, w, ts);
+      return run_kb<StoreFp8E4M3, kProducts>(p, w, ts);
     case DType::kFP8E5M2:
-      return run_kb<StoreFp8E5M2, kTiles>(p, w, ts);
+      return run_kb<StoreFp8E5M2, kProducts>(p, w, ts);
     default:
       return;  // the backend rejects every other KV dtype before planning
   }
@@ -1138,12 +1231,17 @@ void extend_entry(const CpuAttentionParams& p, const ExtendWork& w, const Thread
 namespace attnkit::cpu_attention {
 
 void extend_amx(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& s) {
-  extend_entry</*kTiles=*/true>(p, w, s);
+  extend_entry<Products::kTiles>(p, w, s);
 }
 
 void extend_blocked_avx512_bf16(const CpuAttentionParams& p, const ExtendWork& w,
                                 const ThreadScratch& s) {
-  extend_entry</*kTiles=*/false>(p, w, s);
+  extend_entry<Products::kBf16Dot>(p, w, s);
+}
+
+void extend_blocked_avx512(const CpuAttentionParams& p, const ExtendWork& w,
+                           const ThreadScratch& s) {
+  extend_entry<Products::kF32Fma>(p, w, s);
 }
 
 }  // namespace attnkit::cpu_attention
