@@ -270,22 +270,57 @@ struct RowInfo {
 // reads each tile row once per kR rows and each A pair once per kJ vectors. 16 accumulators
 // (kR * kJ) keep two dot ports busy through the instruction's latency.
 
-// The A pair (a[0], a[1]) in every dword lane.
-__m512bh broadcast_pair(const uint16_t* a) {
-  uint32_t pair = 0;
-  std::memcpy(&pair, a, sizeof(pair));
-  return (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));  // NOLINT: a vector bit cast
-}
+// One pair step of the vdpbf16ps variant: B = a tile row, A = the pair broadcast.
+struct Bf16DotStep {
+  using A = __m512bh;
+  using B = __m512bh;
+  static B load_b(const uint16_t* row) {
+    return (__m512bh)_mm512_loadu_si512(row);  // NOLINT: a vector bit cast
+  }
+  static A load_a(const uint16_t* a) {
+    uint32_t pair = 0;
+    std::memcpy(&pair, a, sizeof(pair));
+    return (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));  // NOLINT
+  }
+  static __m512 madd(__m512 acc, const A& a, const B& b) { return _mm512_dpbf16_ps(acc, a, b); }
+};
+
+// One pair step on AVX-512F alone (no AVX512-BF16): each dword of a tile row or an A pair holds
+// two bf16, the even element's f32 is the dword << 16 and the odd one's the dword & 0xFFFF0000,
+// so a pair step is two FMAs per accumulator (the same products, summed in f32).
+struct F32FmaStep {
+  struct Pair {
+    __m512 even;
+    __m512 odd;
+  };
+  using A = Pair;
+  using B = Pair;
+  static Pair split(__m512i w) {
+    constexpr int kHalf = 16;
+    const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(w, kHalf)),
+            _mm512_castsi512_ps(_mm512_and_si512(w, odd_mask))};
+  }
+  static B load_b(const uint16_t* row) { return split(_mm512_loadu_si512(row)); }
+  static A load_a(const uint16_t* a) {
+    uint32_t pair = 0;
+    std::memcpy(&pair, a, sizeof(pair));
+    return split(_mm512_set1_epi32(static_cast<int>(pair)));
+  }
+  static __m512 madd(__m512 acc, const A& a, const B& b) {
+    return _mm512_fmadd_ps(a.odd, b.odd, _mm512_fmadd_ps(a.even, b.even, acc));
+  }
+};
 
 // acc[r][j] += sum over `chunks` depth chunks c and tile rows i of
-//   broadcast(a + r * a_stride + c * kTileDepth + 2 i) . (b[j] + c * b_chunk_stride + i * 32)
+//   pair(a + r * a_stride + c * kTileDepth + 2 i) . (b[j] + c * b_chunk_stride + i * 32)
 // a: kR rows of bf16 pairs along the depth; b[j]: the first tile row of column vector j, the
-// next depth chunk's tile b_chunk_stride elements further.
+// next depth chunk's tile b_chunk_stride elements further; Step: the pair step of the variant.
 // The accumulators live in a local copy: the operand loads are may-alias vector loads, so
-// accumulating through the reference would store every accumulator after every dot.
-template <int kR, int kJ>
-void dot_block(const uint16_t* a, int64_t a_stride, const uint16_t* const (&b)[kJ],
-               int64_t b_chunk_stride, int chunks, __m512 (&acc_io)[kR][kJ]) {
+// accumulating through the reference would store every accumulator after every step.
+template <class Step, int kR, int kJ>
+void register_block(const uint16_t* a, int64_t a_stride, const uint16_t* const (&b)[kJ],
+                    int64_t b_chunk_stride, int chunks, __m512 (&acc_io)[kR][kJ]) {
   __m512 acc[kR][kJ];
   for (int r = 0; r < kR; ++r) {
     for (int j = 0; j < kJ; ++j) acc[r][j] = acc_io[r][j];
@@ -293,53 +328,11 @@ void dot_block(const uint16_t* a, int64_t a_stride, const uint16_t* const (&b)[k
   for (int c = 0; c < chunks; ++c) {
     const uint16_t* ac = a + c * kTileDepth;
     for (int i = 0; i < kTileRows; ++i) {
-      __m512bh bv[kJ];
-      for (int j = 0; j < kJ; ++j) {
-        bv[j] = (__m512bh)_mm512_loadu_si512(b[j] + c * b_chunk_stride + i * kTileDepth);  // NOLINT
-      }
+      typename Step::B bv[kJ];
+      for (int j = 0; j < kJ; ++j) bv[j] = Step::load_b(b[j] + c * b_chunk_stride + i * kTileDepth);
       for (int r = 0; r < kR; ++r) {
-        const __m512bh av = broadcast_pair(ac + r * a_stride + 2 * i);
-        for (int j = 0; j < kJ; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
-      }
-    }
-  }
-  for (int r = 0; r < kR; ++r) {
-    for (int j = 0; j < kJ; ++j) acc_io[r][j] = acc[r][j];
-  }
-}
-
-// dot_block on AVX-512F alone (no AVX512-BF16): each dword of a tile row or an A pair holds two
-// bf16, the even element's f32 is the dword << 16 and the odd one's the dword & 0xFFFF0000, so a
-// pair step is two FMAs per accumulator (the same products, summed in f32).
-template <int kR, int kJ>
-void fma_block(const uint16_t* a, int64_t a_stride, const uint16_t* const (&b)[kJ],
-               int64_t b_chunk_stride, int chunks, __m512 (&acc_io)[kR][kJ]) {
-  constexpr int kHalf = 16;
-  const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  __m512 acc[kR][kJ];
-  for (int r = 0; r < kR; ++r) {
-    for (int j = 0; j < kJ; ++j) acc[r][j] = acc_io[r][j];
-  }
-  for (int c = 0; c < chunks; ++c) {
-    const uint16_t* ac = a + c * kTileDepth;
-    for (int i = 0; i < kTileRows; ++i) {
-      __m512 b_even[kJ];
-      __m512 b_odd[kJ];
-      for (int j = 0; j < kJ; ++j) {
-        const __m512i w = _mm512_loadu_si512(b[j] + c * b_chunk_stride + i * kTileDepth);
-        b_even[j] = _mm512_castsi512_ps(_mm512_slli_epi32(w, kHalf));
-        b_odd[j] = _mm512_castsi512_ps(_mm512_and_si512(w, odd_mask));
-      }
-      for (int r = 0; r < kR; ++r) {
-        uint32_t pair = 0;
-        std::memcpy(&pair, ac + r * a_stride + 2 * i, sizeof(pair));
-        const __m512i pw = _mm512_set1_epi32(static_cast<int>(pair));
-        const __m512 a_even = _mm512_castsi512_ps(_mm512_slli_epi32(pw, kHalf));
-        const __m512 a_odd = _mm512_castsi512_ps(_mm512_and_si512(pw, odd_mask));
-        for (int j = 0; j < kJ; ++j) {
-          acc[r][j] = _mm512_fmadd_ps(a_even, b_even[j], acc[r][j]);
-          acc[r][j] = _mm512_fmadd_ps(a_odd, b_odd[j], acc[r][j]);
-        }
+        const typename Step::A av = Step::load_a(ac + r * a_stride + 2 * i);
+        for (int j = 0; j < kJ; ++j) acc[r][j] = Step::madd(acc[r][j], av, bv[j]);
       }
     }
   }
@@ -1055,11 +1048,8 @@ class BlockedExtend {
   template <int kR, int kJ>
   static void products(const uint16_t* a, int64_t a_stride, const uint16_t* const (&b)[kJ],
                        int64_t b_chunk_stride, int chunks, __m512 (&acc)[kR][kJ]) {
-    if constexpr (kProducts == Products::kBf16Dot) {
-      dot_block<kR, kJ>(a, a_stride, b, b_chunk_stride, chunks, acc);
-    } else {
-      fma_block<kR, kJ>(a, a_stride, b, b_chunk_stride, chunks, acc);
-    }
+    using Step = std::conditional_t<kProducts == Products::kBf16Dot, Bf16DotStep, F32FmaStep>;
+    register_block<Step, kR, kJ>(a, a_stride, b, b_chunk_stride, chunks, acc);
   }
 
   // scores_pair by register blocks: 4 rows x 4 key vectors (64 keys) each.
