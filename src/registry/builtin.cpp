@@ -102,8 +102,8 @@ BackendDescriptor intel_amx() {
   BackendDescriptor d;
   d.name = "intel_amx";
   d.implementation =
-      "CPU: AMX-BF16 tiles + AVX-512, OpenMP; without AMX the same blocked extend by AVX512-BF16 "
-      "dot products, else AVX-512/AVX2 paths";
+      "CPU: AMX-BF16 tiles + AVX-512, OpenMP; without AMX the same blocked extend by AVX-512 "
+      "register blocks (bf16 dot products or f32 FMA), else AVX2 / scalar paths";
   d.platforms = {Platform::kCPU};
   // Beyond SGLang's row (all "no"): fp8 e4m3/e5m2 KV, verify chains (topk 1), sliding window and
   // encoder / cross attention, all checked against the reference on every ISA path.

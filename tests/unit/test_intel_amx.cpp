@@ -302,14 +302,15 @@ TEST_P(IntelAmxTargeted, OneThreadAndManyThreads) {
 
 using test_support::ScopedEnv;
 
-// The blocked extend's packing modes (the AMX kernel, and on avx512_bf16 the same kernel with
-// vdpbf16ps products) on extend cases whose first visible key is not on a block boundary
+// The blocked extend's packing modes (the AMX kernel, and on avx512_bf16 / avx512 the same kernel
+// with register-block products) on extend cases whose first visible key is not on a block boundary
 // (window), whose lengths are not multiples of the key block or page (page 24), with converted KV
 // (f16, fp8) and several requests: K/V packed once per forward (the default), with 512-row items,
 // 256-key compute blocks, packed per item (ATTNKIT_AMX_PREPACK=0), and without the
 // software-pipelined item loop (ATTNKIT_AMX_PIPELINE=0, AMX only, as ATTNKIT_AMX_SOFTMAX=0; the
 // third request of pack_multi, one row pair over two blocks, takes the pipeline's same-pair path);
-// on avx512_bf16 also the per-token kernel (ATTNKIT_CPU_BLOCKED_EXTEND=0; f16 KV takes it anyway).
+// on avx512_bf16 / avx512 also the per-token kernel (ATTNKIT_CPU_BLOCKED_EXTEND=0; f16 KV takes it
+// anyway).
 // Other paths ignore the switches.
 TEST_P(IntelAmxTargeted, AmxPackingModes) {
   std::vector<CaseSpec> cases;

@@ -1,7 +1,7 @@
 // intel_amx: the CPU attention backend (host protocol, planning and ISA dispatch). The kernels are
 // in kernels/: one vector implementation instantiated per ISA (scalar, AVX2, AVX-512,
-// AVX-512-BF16), the blocked extend kernel (AMX-BF16 tiles, or vdpbf16ps register blocks on
-// AVX512-BF16 without AMX) and the AMX decode.
+// AVX-512-BF16), the blocked extend kernel (AMX-BF16 tiles, or register blocks of vdpbf16ps /
+// f32 FMAs on AVX-512 without AMX) and the AMX decode.
 #include "backends/intel_amx/intel_amx_backend.h"
 
 #include <algorithm>
@@ -49,8 +49,8 @@ constexpr int kExtendItemsPerThread = 4;
 // The blocked extend packs each forward's K/V blocks once (ExtendWork::packed) while the packed
 // copy stays below this size; larger batches pack per item into the thread scratch.
 constexpr int64_t kMaxPackedBytes = int64_t{512} << 20;
-// Experiment switches of the blocked extend (AMX, and vdpbf16ps on avx512_bf16; read once per
-// backend): ATTNKIT_AMX_PREPACK=0 packs per
+// Experiment switches of the blocked extend (AMX, and the register blocks on avx512_bf16 /
+// avx512; read once per backend): ATTNKIT_AMX_PREPACK=0 packs per
 // item (the layout before packing once per forward), ATTNKIT_AMX_ROWS_PER_ITEM (64..512, a power
 // of two) sets the largest item, ATTNKIT_AMX_KEY_BLOCK=256 computes 256 keys per block (two packed
 // blocks; only when packing once per forward). Other values are reported and keep the defaults

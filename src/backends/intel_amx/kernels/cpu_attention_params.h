@@ -134,8 +134,8 @@ struct VectorScratchLayout {
 };
 VectorScratchLayout vector_scratch_layout(int group, int head_dim, int v_head_dim);
 
-// Per-thread scratch of the blocked extend kernels, AMX and vdpbf16ps (extend_amx.cpp: the tile
-// layouts).
+// Per-thread scratch of the blocked extend kernels, AMX and register blocks (extend_amx.cpp: the
+// tile layouts).
 struct AmxScratchLayout {
   int64_t q = 0;         // [kAmxRowsPerItem, Dp] bf16 query rows, Dp = D rounded up to 32
   int64_t k_stage = 0;   // [kAmxKeyBlock, Dp] bf16 key rows of the block
@@ -205,7 +205,7 @@ struct ExtendWork {
   bool pipelined = true;
   // Lean softmax rows of the pipelined loop with the max pass folded into the exp pass and a
   // degree-3 exp2 (default since session 8; ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass rows). The
-  // vdpbf16ps kernel runs the plain loop, so neither switch applies to it.
+  // register-block kernels run the plain loop, so neither switch applies to them.
   bool fast_softmax = true;
 };
 

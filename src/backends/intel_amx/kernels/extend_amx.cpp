@@ -262,13 +262,13 @@ struct RowInfo {
   int hi = 0;
 };
 
-// ---- The same two products without tiles: AVX512-BF16 (vdpbf16ps) over the packed layouts ----
+// ---- The same two products without tiles: register blocks over the packed layouts ----
 // One row of a packed tile is one zmm of 16 bf16 pairs: a K^T tile row holds dims (2i, 2i + 1) of
 // 16 keys, a V tile row keys (2i, 2i + 1) of 16 columns. So C[row][16 columns] += A[row][2i ..
-// 2i + 1] . (tile row i) is one vdpbf16ps with the A pair broadcast (its dword folds into the
-// instruction as a {1to16} memory operand), and a register block of kR rows x kJ column vectors
-// reads each tile row once per kR rows and each A pair once per kJ vectors. 16 accumulators
-// (kR * kJ) keep two dot ports busy through the instruction's latency.
+// 2i + 1] . (tile row i) is one pair step with the A pair broadcast: one vdpbf16ps (its dword
+// folds into the instruction as a {1to16} memory operand), or two f32 FMAs on AVX-512F alone. A
+// register block of kR rows x kJ column vectors reads each tile row once per kR rows and each A
+// pair once per kJ vectors; 16 accumulators (kR * kJ) keep two ports busy through the latency.
 
 // One pair step of the vdpbf16ps variant: B = a tile row, A = the pair broadcast.
 struct Bf16DotStep {
@@ -854,7 +854,7 @@ class BlockedExtend {
     if constexpr (kTiles) {
       scores_pair_tiles(sc, t, s, kp);
     } else {
-      scores_pair_vnni(sc, t, s, kp);
+      scores_pair_blocks(sc, t, s, kp);
     }
   }
 
@@ -1005,7 +1005,7 @@ class BlockedExtend {
     if constexpr (kTiles) {
       pv_pair_tiles(sc, t, vp);
     } else {
-      pv_pair_vnni(sc, t, vp);
+      pv_pair_blocks(sc, t, vp);
     }
   }
 
@@ -1053,7 +1053,7 @@ class BlockedExtend {
   }
 
   // scores_pair by register blocks: 4 rows x 4 key vectors (64 keys) each.
-  void scores_pair_vnni(const AmxScratch& sc, int t, float* s, const uint16_t* kp) {
+  void scores_pair_blocks(const AmxScratch& sc, int t, float* s, const uint16_t* kp) {
     constexpr int kR = 4;
     constexpr int kJ = 4;
     static_assert(kBlockKeyTiles % kJ == 0 && kPairRows % kR == 0);
@@ -1084,7 +1084,7 @@ class BlockedExtend {
 
   // pv_pair by register blocks: O column vectors four at a time (two for the last ones when dvp /
   // 16 is not a multiple of four).
-  void pv_pair_vnni(const AmxScratch& sc, int t, const uint16_t* vp) {
+  void pv_pair_blocks(const AmxScratch& sc, int t, const uint16_t* vp) {
     const int col_vecs = dvp_ / kTileCols;  // even: dvp is a multiple of 32
     int j0 = 0;
     for (; j0 + 4 <= col_vecs; j0 += 4) pv_cols<4, 4>(sc, t, vp, j0);
