@@ -125,11 +125,12 @@ struct VecAvx512Bf16 : VecAvx512 {
 // ---- Decode fast path: bf16 q, bf16 or fp8_e4m3 KV, head_dim == v_head_dim == kD ----
 //
 // One item = one request's key range, every kv head (as run_decode). Per key block (16 keys):
-//   q.k:     key-major over all kv heads (fast_qk_key_major): each pool row's head slices are read
-//            in address order, so a page of K is one sequential stream; every K load feeds the
-//            GQA group's heads (q from L1); the partial vectors go to the thread's scratch;
+//   q.k:     kQkKeys keys at a time over all kv heads (fast_qk_key_major): every K load feeds
+//            the GQA group's heads, every q load (from L1) the kQkKeys keys; the first two levels
+//            of the reduction tree fold each head's kQkKeys partial vectors into one, which goes
+//            to the thread's scratch;
 //   then per kv head, tiles of up to kMaxTileHeads query heads (fast_tile_block):
-//   softmax: one transpose-and-add tree per head turns the partial vectors into 16 scores, then
+//   softmax: the tree's last two levels turn a head's four folded vectors into 16 scores, then
 //            everything stays in registers (masked lanes -inf, one vector exp2 for the rescale
 //            factors, no scalar libm call);
 //   P.V:     32 columns of two V rows per step, interleaved into bf16 pairs with one
@@ -161,6 +162,11 @@ inline void far_prefetch(const void* k_row, const void* v_row, int64_t bytes) {
     _mm_prefetch(v + off, _MM_HINT_T1);
   }
 }
+// Keys per q.k step of the decode fast path: each q load feeds this many keys, and the step's
+// partial vectors are folded (two levels of the reduction tree) into one vector per head.
+constexpr int kQkKeys = 4;
+constexpr int kQuadsPerBlock = kKeyBlock / kQkKeys;
+
 template <int kD>
 constexpr int kMaxTileHeads = kD <= 128 ? 4 : 2;
 
@@ -182,24 +188,23 @@ inline __m512i load_row32(const typename S::T* p) {
   }
 }
 
-// Softmax and P.V of one key block for kN query heads of one kv head: dots [kN][kKeyBlock] q.k
-// partial vectors (from fast_qk_key_major), v_rows the block's V slices of that kv head (zeros
+// Softmax and P.V of one key block for kN query heads of one kv head: quads [kN][kQuadsPerBlock]
+// the q.k partial sums (from fast_qk_key_major), v_rows the block's V slices of that kv head (zeros
 // after n), acc/m/l the heads' state; pf_v (or null) the next V slices to prefetch.
 template <class S, int kD, int kN>
-__attribute__((noinline)) void fast_tile_block(const FastConsts& c, const __m512* dots_in,
+__attribute__((noinline)) void fast_tile_block(const FastConsts& c, const __m512* quads,
                                                const typename S::T* const* v_rows, int n,
                                                float* acc, float* m, float* l,
                                                const void* const* pf_v, int64_t pf_bytes) {
   using V = VecAvx512Bf16;
   constexpr int kC = kD / 32;
-  const auto* dots = reinterpret_cast<const __m512(*)[kKeyBlock]>(dots_in);
   const __mmask16 valid = static_cast<__mmask16>(n >= kKeyBlock ? 0xFFFF : (1u << n) - 1);
   const __m512 neg_inf = _mm512_set1_ps(kNegInf);
   __m512 pr[kN];
   alignas(64) float m_old[16] = {};
   alignas(64) float m_new[16] = {};
   for (int j = 0; j < kN; ++j) {
-    __m512 x = V::reduce_add_16v(dots[j]);
+    __m512 x = V::combine_quads(quads + j * kQuadsPerBlock);
     x = c.capped ? V::mul(V::tanh(V::mul(x, c.pre)), c.post) : V::mul(x, c.pre);
     x = _mm512_mask_blend_ps(valid, neg_inf, x);
     const float mn = std::max(m[j], _mm512_reduce_max_ps(x));
@@ -271,66 +276,79 @@ __attribute__((noinline)) void fast_tile_block(const FastConsts& c, const __m512
   }
 }
 
-// dots[j * kKeyBlock] = the q.k partial vector of query head j (of kN, q [kN][kD]) with one K
-// slice.
+// quads[j * kQuadsPerBlock] = VecAvx512::quad_sums of the q.k partial vectors of query head j (of
+// kN, q [kN][kD]) with the kQkKeys K slices k[0..3].
 template <class S, int kD, int kN>
-inline void qk_heads_row(const typename S::T* k, const uint16_t* q, __m512* dots) {
+inline void qk_heads_quad(const typename S::T* const* k, const uint16_t* q, __m512* quads) {
   using V = VecAvx512Bf16;
   constexpr int kC = kD / 32;
-  __m512 a[kN];
-  for (int j = 0; j < kN; ++j) a[j] = _mm512_setzero_ps();
+  __m512 a[kN][kQkKeys];
+  for (int j = 0; j < kN; ++j) {
+    for (int t = 0; t < kQkKeys; ++t) a[j][t] = _mm512_setzero_ps();
+  }
   for (int cc = 0; cc < kC; ++cc) {
-    const __m512bh kk = V::load_k_pairs<S>(k + 32 * cc);
+    __m512bh kk[kQkKeys];
+    for (int t = 0; t < kQkKeys; ++t) kk[t] = V::load_k_pairs<S>(k[t] + 32 * cc);
     for (int j = 0; j < kN; ++j) {
-      a[j] = _mm512_dpbf16_ps(a[j], V::as_bh(_mm512_loadu_si512(q + j * kD + 32 * cc)), kk);
+      const __m512bh qq = V::as_bh(_mm512_loadu_si512(q + j * kD + 32 * cc));
+      for (int t = 0; t < kQkKeys; ++t) a[j][t] = _mm512_dpbf16_ps(a[j][t], qq, kk[t]);
     }
   }
-  for (int j = 0; j < kN; ++j) dots[j * kKeyBlock] = a[j];
+  for (int j = 0; j < kN; ++j) quads[j * kQuadsPerBlock] = V::quad_sums(a[j]);
 }
 
-// q.k of one key block (pool row offsets k_off, n keys) for every q head, key-major: row t's
-// slices of all kv heads are read in address order (a page of K is one sequential stream); q
-// [Hq][kD] comes from L1. dots [Hq][kKeyBlock] partial vectors (zero for keys t >= n). Prefetches
-// the K rows at next_k_off (n_next keys), one row per key, and (into L2) the K and V rows at
-// far_k_off / far_v_off (n_far keys).
+// q.k of one key block (pool row offsets k_off, n keys) for every q head, kQkKeys keys at a
+// time: those keys' slices of all kv heads are read in turn, so the block's rows of K are read
+// as a few sequential streams, each K load feeds the GQA group's heads and each q load
+// (from L1, q [Hq][kD]) kQkKeys keys. quads [Hq][kQuadsPerBlock] (VecAvx512::quad_sums of the
+// partial vectors; keys t >= n read a zero row). Prefetches the K rows at next_k_off (n_next
+// keys), one row per key, and (into L2) the K and V rows at far_k_off / far_v_off (n_far keys).
 template <class S, int kD>
 __attribute__((noinline)) void fast_qk_key_major(const CpuAttentionParams& p, const int64_t* k_off,
                                                  int n, const int64_t* next_k_off, int n_next,
                                                  const int64_t* far_k_off, const int64_t* far_v_off,
-                                                 int n_far, const uint16_t* q, __m512* dots) {
+                                                 int n_far, const uint16_t* q, __m512* quads) {
   using T = typename S::T;
   const int hkv = p.num_kv_heads;
   const int group = p.group();
   const T* k_cache = static_cast<const T*>(p.k_cache);
   const T* v_cache = static_cast<const T*>(p.v_cache);
+  const T* zero = reinterpret_cast<const T*>(kZeroRow);
   const int64_t slice_bytes = kD * static_cast<int64_t>(sizeof(T));
-  for (int t = 0; t < kKeyBlock; ++t) {
-    if (t >= n) {
-      for (int hq = 0; hq < p.num_q_heads; ++hq) dots[hq * kKeyBlock + t] = _mm512_setzero_ps();
+  for (int t0 = 0; t0 < kKeyBlock; t0 += kQkKeys) {
+    const int quad = t0 / kQkKeys;
+    if (t0 >= n) {
+      for (int hq = 0; hq < p.num_q_heads; ++hq) {
+        quads[hq * kQuadsPerBlock + quad] = _mm512_setzero_ps();
+      }
       continue;
     }
     for (int h = 0; h < hkv; ++h) {
-      if (t < n_next) fast_prefetch(k_cache + h * p.k_head_stride + next_k_off[t], slice_bytes);
-      if (t < n_far) {
-        far_prefetch(k_cache + h * p.k_head_stride + far_k_off[t],
-                     v_cache + h * p.v_head_stride + far_v_off[t], slice_bytes);
+      const T* k[kQkKeys];
+      for (int t = t0; t < t0 + kQkKeys; ++t) {
+        if (t < n_next) fast_prefetch(k_cache + h * p.k_head_stride + next_k_off[t], slice_bytes);
+        if (t < n_far) {
+          far_prefetch(k_cache + h * p.k_head_stride + far_k_off[t],
+                       v_cache + h * p.v_head_stride + far_v_off[t], slice_bytes);
+        }
+        k[t - t0] = t < n ? k_cache + h * p.k_head_stride + k_off[t] : zero;
       }
-      const T* k = k_cache + h * p.k_head_stride + k_off[t];
+      __m512* out = quads + quad;
       int g0 = 0;
       for (; g0 + 4 <= group; g0 += 4) {
         const int hq = h * group + g0;
-        qk_heads_row<S, kD, 4>(k, q + static_cast<int64_t>(hq) * kD, dots + hq * kKeyBlock + t);
+        qk_heads_quad<S, kD, 4>(k, q + static_cast<int64_t>(hq) * kD, out + hq * kQuadsPerBlock);
       }
       const int hq = h * group + g0;
       switch (group - g0) {
         case 3:
-          qk_heads_row<S, kD, 3>(k, q + static_cast<int64_t>(hq) * kD, dots + hq * kKeyBlock + t);
+          qk_heads_quad<S, kD, 3>(k, q + static_cast<int64_t>(hq) * kD, out + hq * kQuadsPerBlock);
           break;
         case 2:
-          qk_heads_row<S, kD, 2>(k, q + static_cast<int64_t>(hq) * kD, dots + hq * kKeyBlock + t);
+          qk_heads_quad<S, kD, 2>(k, q + static_cast<int64_t>(hq) * kD, out + hq * kQuadsPerBlock);
           break;
         case 1:
-          qk_heads_row<S, kD, 1>(k, q + static_cast<int64_t>(hq) * kD, dots + hq * kKeyBlock + t);
+          qk_heads_quad<S, kD, 1>(k, q + static_cast<int64_t>(hq) * kD, out + hq * kQuadsPerBlock);
           break;
         default:
           break;
@@ -358,7 +376,7 @@ inline void unpermute_acc(float* acc, int n_rows) {
 
 template <class S, int kD>
 void fast_span(const CpuAttentionParams& p, const FastConsts& c, const int32_t* slots, int k_begin,
-               int k_end, const uint16_t* q, float* acc, float* m, float* l, __m512* dots) {
+               int k_end, const uint16_t* q, float* acc, float* m, float* l, __m512* quads) {
   using T = typename S::T;
   constexpr int kTile = kMaxTileHeads<kD>;
   const int hkv = p.num_kv_heads;
@@ -386,7 +404,8 @@ void fast_span(const CpuAttentionParams& p, const FastConsts& c, const int32_t* 
       n_far = std::clamp(k_end - pff, 0, kKeyBlock);
       key_row_offsets(p, slots, pff, n_far, far_k_off, far_v_off);
     }
-    fast_qk_key_major<S, kD>(p, k_off, n, next_k_off, n_next, far_k_off, far_v_off, n_far, q, dots);
+    fast_qk_key_major<S, kD>(p, k_off, n, next_k_off, n_next, far_k_off, far_v_off, n_far, q,
+                             quads);
     for (int h = 0; h < hkv; ++h) {
       const T* v_base = v_cache + h * p.v_head_stride;
       for (int t = 0; t < kKeyBlock; ++t) v_rows[t] = t < n ? v_base + v_off[t] : zero;
@@ -402,7 +421,7 @@ void fast_span(const CpuAttentionParams& p, const FastConsts& c, const int32_t* 
       for (int g0 = 0; g0 < group; g0 += kTile) {
         const int hq = h * group + g0;
         const void* const* pv = g0 == 0 ? pf_v : nullptr;
-        const __m512* dh = dots + hq * kKeyBlock;
+        const __m512* dh = quads + hq * kQuadsPerBlock;
         float* ah = acc + static_cast<int64_t>(hq) * kD;
         switch (std::min(kTile, group - g0)) {
           case 4:

@@ -34,13 +34,18 @@ struct VecAvx512 {
   static void reduce_add_16(const F* v, float* out) { store(out, reduce_add_16v(v)); }
   static F reduce_add_16v(const F* v) {
     F quad[4];
-    for (int q = 0; q < 4; ++q) {
-      const F* w = v + 4 * q;
-      const F s01 = add(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
-      const F s23 = add(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
-      // Per 128-bit lane L: the partial sums of w[0..3] over that lane's four elements.
-      quad[q] = add(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xEE));
-    }
+    for (int q = 0; q < 4; ++q) quad[q] = quad_sums(v + 4 * q);
+    return combine_quads(quad);
+  }
+  // The first two levels of reduce_add_16v: per 128-bit lane L, the partial sums of w[0..3] over
+  // that lane's four elements (lane L, element e holds the sum for w[e]).
+  static F quad_sums(const F* w) {
+    const F s01 = add(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+    const F s23 = add(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
+    return add(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xEE));
+  }
+  // The last two levels: quad[q] = quad_sums of vectors 4q..4q+3 -> lane i = the sum of vector i.
+  static F combine_quads(const F* quad) {
     constexpr int kEvenLanes = 0x88;  // 128-bit lanes (a0, a2, b0, b2)
     constexpr int kOddLanes = 0xDD;   // 128-bit lanes (a1, a3, b1, b3)
     const F h01 = add(_mm512_shuffle_f32x4(quad[0], quad[1], kEvenLanes),
