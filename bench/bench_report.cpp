@@ -130,6 +130,7 @@ Json to_json(const BenchRun& run) {
   dev["omp_threads"] = run.threads;
   dev["avx512"] = run.device_info.has_avx512;
   dev["avx512_bf16"] = run.device_info.has_avx512_bf16;
+  dev["avx512_vbmi"] = run.device_info.has_avx512_vbmi;
   dev["amx_bf16"] = run.device_info.has_amx_bf16;
   dev["load_average_start"] = run.load_start;
   dev["load_average_end"] = run.load_end;

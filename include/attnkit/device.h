@@ -23,7 +23,8 @@ struct DeviceInfo {
   bool has_avx2 = false;
   bool has_avx512 = false;  // AVX-512 F + BW + VL
   bool has_avx512_bf16 = false;
-  bool has_amx_bf16 = false;  // CPU supports it AND the OS granted the tile permission
+  bool has_avx512_vbmi = false;  // byte permutes (vpermi2b): the fp8 KV table lookups
+  bool has_amx_bf16 = false;     // CPU supports it AND the OS granted the tile permission
   int cpu_threads = 1;
   bool is_virtual = false;
 

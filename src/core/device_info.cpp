@@ -31,6 +31,7 @@ constexpr uint32_t kLeaf7EbxAvx2 = 1u << 5;
 constexpr uint32_t kLeaf7EbxAvx512F = 1u << 16;
 constexpr uint32_t kLeaf7EbxAvx512Bw = 1u << 30;
 constexpr uint32_t kLeaf7EbxAvx512Vl = 1u << 31;
+constexpr uint32_t kLeaf7EcxAvx512Vbmi = 1u << 1;
 constexpr uint32_t kLeaf7EdxAmxBf16 = 1u << 22;
 constexpr uint32_t kLeaf7EdxAmxTile = 1u << 24;
 constexpr uint32_t kLeaf7Sub1EaxAvx512Bf16 = 1u << 5;
@@ -85,6 +86,7 @@ DeviceInfo virtual_cpu(bool amx) {
   d.has_avx2 = true;
   d.has_avx512 = true;
   d.has_avx512_bf16 = amx;
+  d.has_avx512_vbmi = amx;
   d.has_amx_bf16 = amx;
   d.cpu_threads = host_threads();
   d.is_virtual = true;
@@ -151,11 +153,13 @@ DeviceInfo detect_cpu() {
     const bool os_zmm = (xcr0 & kXcr0Zmm) == kXcr0Zmm;
     if (max_leaf >= 7 && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) {
       const uint32_t ebx7 = ebx;
+      const uint32_t ecx7 = ecx;
       const uint32_t edx7 = edx;
       const uint32_t max_sub = eax;
       d.has_avx2 = os_ymm && (ebx7 & kLeaf7EbxAvx2);
       d.has_avx512 = os_zmm && (ebx7 & kLeaf7EbxAvx512F) && (ebx7 & kLeaf7EbxAvx512Bw) &&
                      (ebx7 & kLeaf7EbxAvx512Vl);
+      d.has_avx512_vbmi = d.has_avx512 && (ecx7 & kLeaf7EcxAvx512Vbmi);
       if (max_sub >= 1 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) {
         d.has_avx512_bf16 = d.has_avx512 && (eax & kLeaf7Sub1EaxAvx512Bf16);
       }

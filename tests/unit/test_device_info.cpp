@@ -19,6 +19,7 @@ TEST(DeviceInfo, DetectCpuIsConsistent) {
   // Feature implications: AVX-512 BF16 needs AVX-512; AVX-512 (F/BW/VL) implies AVX2 on every
   // shipped CPU; AMX here also needs the OS permission, so it is only ever a subset.
   if (d.has_avx512_bf16) EXPECT_TRUE(d.has_avx512);
+  if (d.has_avx512_vbmi) EXPECT_TRUE(d.has_avx512);
   if (d.has_avx512) EXPECT_TRUE(d.has_avx2);
   EXPECT_EQ(d.compute_capability, 0);
   // Detection is deterministic.

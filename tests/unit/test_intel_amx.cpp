@@ -196,6 +196,35 @@ TEST_P(IntelAmxTargeted, Fp8KvCache) {
   }
 }
 
+// fp8_e4m3 KV decode over the shapes of the vector decode's fast path (fp8 widened by table
+// lookups, q stored in the widened order, the P.V columns restored per 64): d 64 / 128 / 256, GQA
+// groups 1, 3, 4, 6 and 8 (tiles of 1-4 heads), key counts that end inside a 4-key q.k step and
+// on an odd P.V pair, soft-cap, sinks, a window, and one long request split across threads.
+TEST_P(IntelAmxTargeted, Fp8DecodeShapes) {
+  std::vector<CaseSpec> cases;
+  cases.push_back(make_case("fp8_d64_g8", ForwardMode::kDecode, 16, {301, 18}, {1, 1}, 16, 2, 64));
+  cases.push_back(make_case("fp8_d256_g4", ForwardMode::kDecode, 16, {213, 6}, {1, 1}, 8, 2, 256));
+  cases.push_back(make_case("fp8_g1", ForwardMode::kDecode, 1, {97, 2}, {1, 1}, 4, 4, 128));
+  cases.push_back(make_case("fp8_g3", ForwardMode::kDecode, 16, {130, 33}, {1, 1}, 6, 2, 128));
+  cases.push_back(make_case("fp8_g6", ForwardMode::kDecode, 24, {250, 1}, {1, 1}, 12, 2, 128));
+  CaseSpec cap = make_case("fp8_cap", ForwardMode::kDecode, 16, {500, 9}, {1, 1});
+  cap.logit_cap = 1.5f;
+  cases.push_back(cap);
+  CaseSpec sinks = make_case("fp8_sinks", ForwardMode::kDecode, 16, {300, 15}, {1, 1});
+  sinks.sinks = true;
+  cases.push_back(sinks);
+  CaseSpec window = make_case("fp8_window", ForwardMode::kDecode, 16, {400, 40}, {1, 1});
+  window.sliding_window = 137;
+  cases.push_back(window);
+  cases.push_back(make_case("fp8_long", ForwardMode::kDecode, 16, {4999}, {1}, 8, 2, 128));
+  for (CaseSpec& c : cases) {
+    SCOPED_TRACE(c.name);
+    c.kv_dtype = DType::kFP8E4M3;
+    expect_matches_reference(c, GetParam(), true);
+    expect_matches_reference(c, GetParam(), true, 1);
+  }
+}
+
 TEST_P(IntelAmxTargeted, ActivationAndKvDtypes) {
   for (DType act : {DType::kF16, DType::kF32}) {
     SCOPED_TRACE(dtype_name(act));
@@ -594,6 +623,9 @@ TEST(IntelAmxIsa, BestIsaFollowsFeatures) {
   cpu.has_avx512 = true;
   EXPECT_EQ(best_cpu_isa(cpu), CpuIsa::kAvx512);
   cpu.has_avx512_bf16 = true;
+  // AVX512-BF16 without VBMI (Cooper Lake): the vector level below.
+  EXPECT_EQ(best_cpu_isa(cpu), CpuIsa::kAvx512);
+  cpu.has_avx512_vbmi = true;
   EXPECT_EQ(best_cpu_isa(cpu), CpuIsa::kAvx512Bf16);
   cpu.has_amx_bf16 = true;
   EXPECT_EQ(best_cpu_isa(cpu), CpuIsa::kAmx);

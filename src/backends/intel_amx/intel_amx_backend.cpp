@@ -695,9 +695,9 @@ bool cpu_isa_supported(CpuIsa isa, const DeviceInfo& cpu) {
     case CpuIsa::kAvx512:
       return cpu.has_avx512;
     case CpuIsa::kAvx512Bf16:
-      return cpu.has_avx512 && cpu.has_avx512_bf16;
+      return cpu.has_avx512 && cpu.has_avx512_bf16 && cpu.has_avx512_vbmi;
     case CpuIsa::kAmx:
-      return cpu.has_avx512 && cpu.has_avx512_bf16 && cpu.has_amx_bf16;
+      return cpu.has_avx512 && cpu.has_avx512_bf16 && cpu.has_avx512_vbmi && cpu.has_amx_bf16;
   }
   return false;
 }

@@ -34,7 +34,9 @@ enum class CpuIsa {
   kScalar,      // portable C++
   kAvx2,        // AVX2 + FMA + F16C
   kAvx512,      // AVX-512 F/BW/VL
-  kAvx512Bf16,  // + AVX512-BF16 dot products (decode and the blocked extend without tiles)
+  kAvx512Bf16,  // + AVX512-BF16 dot products (decode and the blocked extend without tiles) and
+                //   AVX512-VBMI byte permutes (fp8 KV widened by table lookups); a CPU with
+                //   AVX512-BF16 but no VBMI (Cooper Lake) runs the avx512 level
   kAmx,         // + AMX-BF16 tiles for extend; decode runs the avx512_bf16 kernel
 };
 

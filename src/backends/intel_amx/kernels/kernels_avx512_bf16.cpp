@@ -26,7 +26,7 @@
 #include "backends/intel_amx/kernels/storage_types.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,avx2,fma,f16c")
 #include "backends/intel_amx/kernels/vec_avx512.h"
 #include "backends/intel_amx/kernels/vector_attention_impl.h"
 
@@ -35,8 +35,50 @@ namespace {
 
 // AVX-512 plus the bf16 pair dot product: q.k of bf16 rows 32 elements per instruction, and
 // P.V two keys per instruction (V rows interleaved in pairs, P rounded to bf16 pairs). fp8_e4m3
-// K/V rows are widened to bf16 by bit moves (exact: every e4m3 value is a bf16 value), so fp8
-// runs the same dot products on half the bytes.
+// K/V rows are widened to bf16 exactly (every e4m3 value is a bf16 value), so fp8 runs the same
+// dot products on half the bytes: the decode's fast path by two byte-table lookups per 64 values
+// (vpermi2b, below), the other paths by bit moves (fp8e4m3_words_to_bf16).
+//
+// bf16 bits of (e4m3 magnitude code m) * 2^-8, split into low and high bytes (the tables of
+// VecAvx512Bf16::fp8e4m3x64_to_bf16). Normal codes (exponent field e > 0): exponent e + 112,
+// mantissa bits m & 7 at bits 4..6; subnormals (e = 0): (m & 7) * 2^-17; 0x7F: NaN.
+constexpr uint16_t e4m3_bf16_bits(int m) {
+  constexpr int kNanCode = 0x7F;
+  constexpr uint16_t kBf16Nan = 0x7FC0;
+  constexpr int kBf16ExponentOffset = 112;
+  if (m == kNanCode) return kBf16Nan;
+  const int e = m >> 3;
+  const int f = m & 7;
+  if (e > 0) return static_cast<uint16_t>(((e + kBf16ExponentOffset) << 7) | (f << 4));
+  if (f == 0) return 0;
+  int exponent = 127 - 17;  // f * 2^-17, normalised: the leading bit of f is the implicit one
+  int mant = f;
+  while (mant < 4) {
+    mant <<= 1;
+    --exponent;
+  }
+  return static_cast<uint16_t>(((exponent + 2) << 7) | ((mant & 3) << 5));
+}
+struct E4M3Bf16Bytes {
+  alignas(64) uint8_t low[128];
+  alignas(64) uint8_t high[128];
+};
+constexpr E4M3Bf16Bytes make_e4m3_bf16_bytes() {
+  E4M3Bf16Bytes t{};
+  for (int m = 0; m < 128; ++m) {
+    t.low[m] = static_cast<uint8_t>(e4m3_bf16_bits(m) & 0xFF);
+    t.high[m] = static_cast<uint8_t>(e4m3_bf16_bits(m) >> 8);
+  }
+  return t;
+}
+alignas(64) constexpr E4M3Bf16Bytes kE4M3Bf16Bytes = make_e4m3_bf16_bytes();
+constexpr const uint8_t* kE4M3Bf16Low = kE4M3Bf16Bytes.low;
+constexpr const uint8_t* kE4M3Bf16High = kE4M3Bf16Bytes.high;
+// The subnormal entries agree with the bit-move conversion's table.
+static_assert(e4m3_bf16_bits(1) == 0x3700 && e4m3_bf16_bits(3) == 0x37C0 &&
+              e4m3_bf16_bits(7) == 0x3860 && e4m3_bf16_bits(8) == 0x3880 &&
+              e4m3_bf16_bits(0x7E) == 0x3FE0);
+
 struct VecAvx512Bf16 : VecAvx512 {
   static constexpr bool kHasBf16Dot = true;
   static constexpr int kBf16PerDot = 32;
@@ -68,6 +110,39 @@ struct VecAvx512Bf16 : VecAvx512 {
         _mm512_mask_permutexvar_epi16(normal, subnormal, w, _mm512_load_si512(kSubnormals));
     return _mm512_ternarylogic_epi32(magnitude, _mm512_slli_epi16(w, kFp8SignToF16Shift),
                                      _mm512_set1_epi16(kBf16Sign), kAorBandC);
+  }
+
+  // 64 fp8_e4m3 bytes -> the bf16 bits of their values times 2^-8 (as fp8e4m3_words_to_bf16; the
+  // NaN code 0x7F / 0xFF gives a bf16 NaN) by two 128-entry byte tables (vpermi2b: the low and the
+  // high byte of each bf16 by the magnitude, the sign OR-ed in), in unpack order: lo holds the
+  // values of bytes 0-7 of each 128-bit lane (elements 0-7, 16-23, 32-39, 48-55), hi bytes 8-15.
+  static void fp8e4m3x64_to_bf16(__m512i x, __m512i* lo, __m512i* hi) {
+    constexpr int kAorBandC = 0xF8;  // a | (b & c)
+    const __m512i low = _mm512_permutex2var_epi8(_mm512_load_si512(kE4M3Bf16Low), x,
+                                                 _mm512_load_si512(kE4M3Bf16Low + 64));
+    const __m512i high =
+        _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(_mm512_load_si512(kE4M3Bf16High), x,
+                                                           _mm512_load_si512(kE4M3Bf16High + 64)),
+                                  x, _mm512_set1_epi8(static_cast<char>(0x80)), kAorBandC);
+    *lo = _mm512_unpacklo_epi8(low, high);
+    *hi = _mm512_unpackhi_epi8(low, high);
+  }
+
+  // 64 consecutive K elements as two vectors of bf16 pairs: in order for bf16 KV, in the unpack
+  // order of fp8e4m3x64_to_bf16 for fp8 (q is stored in that order then: permute_q_fp8).
+  template <class S>
+  static void load_k_pairs64(const typename S::T* p, __m512bh* k0, __m512bh* k1) {
+    if constexpr (std::is_same_v<S, StoreBf16>) {
+      *k0 = as_bh(_mm512_loadu_si512(p));
+      *k1 = as_bh(_mm512_loadu_si512(p + 32));
+    } else {
+      static_assert(std::is_same_v<S, StoreFp8E4M3>);
+      __m512i lo;
+      __m512i hi;
+      fp8e4m3x64_to_bf16(_mm512_loadu_si512(p), &lo, &hi);
+      *k0 = as_bh(lo);
+      *k1 = as_bh(hi);
+    }
   }
 
   // 32 consecutive K elements as bf16 pairs.
@@ -152,8 +227,11 @@ inline void fast_prefetch(const void* row, int64_t bytes) {
 // (prefetcht1), one (key, kv head) pair per step of q.k: more misses in flight than the L1
 // prefetch alone. Dev VM (Zen 5, 2 threads, b8 kv4096 bf16, user cycles of the kernel over 40
 // calls, perf): 0.57-0.63 G without, 0.43-0.49 G with it at 3, 4, 6, 8 or 12 blocks (2026-11-22).
-// bf16 KV only: fp8_e4m3 decode (half the bytes, bound by its widening) got 8% slower with it.
+// fp8_e4m3 KV too since its widening became table lookups (session 30, Zen 4 dev VM, b8 kv4096
+// fp8, alternated: 1 thread 5.6-5.8 vs 7.9-8.0 ms without; 4, 8 or 12 blocks level); with the
+// older bit-move widening it had made fp8 8% slower.
 constexpr int kFarPrefetchBlocks = 4;
+
 inline void far_prefetch(const void* k_row, const void* v_row, int64_t bytes) {
   const char* k = static_cast<const char*>(k_row);
   const char* v = static_cast<const char*>(v_row);
@@ -176,15 +254,34 @@ struct FastConsts {
   __m512 post;  // cap * log2 e when capped
 };
 
-// 32 consecutive elements of a K or V row as bf16.
-template <class S>
-inline __m512i load_row32(const typename S::T* p) {
+// The kG 32-column chunks of two V rows (row0, row1 at the group's first column) as bf16 pairs
+// (row0[c], row1[c]): vlo[g] / vhi[g] the two halves of chunk g. bf16 KV: one vpunpcklwd /
+// vpunpckhwd per half, so lane L of vlo[g] is column 32 g + 8 (L / 4) + L % 4 and of vhi[g] that
+// plus 4. fp8_e4m3 KV (kG == 2: 64 columns): the two rows' bytes interleaved, then converted by
+// fp8e4m3x64_to_bf16, which lands on pairs directly, so vector v of (vlo[0], vhi[0], vlo[1],
+// vhi[1]) lane 4 a + e is column 16 a + 4 v + e. unpermute_acc restores either order.
+template <class S, int kG>
+inline void v_pairs(const typename S::T* row0, const typename S::T* row1, __m512bh* vlo,
+                    __m512bh* vhi) {
+  using V = VecAvx512Bf16;
   if constexpr (std::is_same_v<S, StoreBf16>) {
-    return _mm512_loadu_epi16(p);
+    for (int g = 0; g < kG; ++g) {
+      const __m512i r0 = _mm512_loadu_si512(row0 + 32 * g);
+      const __m512i r1 = _mm512_loadu_si512(row1 + 32 * g);
+      vlo[g] = V::as_bh(_mm512_unpacklo_epi16(r0, r1));
+      vhi[g] = V::as_bh(_mm512_unpackhi_epi16(r0, r1));
+    }
   } else {
-    static_assert(std::is_same_v<S, StoreFp8E4M3>);
-    return VecAvx512Bf16::fp8e4m3_words_to_bf16(
-        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+    static_assert(std::is_same_v<S, StoreFp8E4M3> && kG == 2);
+    const __m512i x0 = _mm512_loadu_si512(row0);
+    const __m512i x1 = _mm512_loadu_si512(row1);
+    __m512i p[4];
+    V::fp8e4m3x64_to_bf16(_mm512_unpacklo_epi8(x0, x1), &p[0], &p[1]);
+    V::fp8e4m3x64_to_bf16(_mm512_unpackhi_epi8(x0, x1), &p[2], &p[3]);
+    vlo[0] = V::as_bh(p[0]);
+    vhi[0] = V::as_bh(p[1]);
+    vlo[1] = V::as_bh(p[2]);
+    vhi[1] = V::as_bh(p[3]);
   }
 }
 
@@ -256,14 +353,13 @@ __attribute__((noinline)) void fast_tile_block(const FastConsts& c, const __m512
       if (i >= pairs) continue;
       __m512bh b[kN];
       for (int j = 0; j < kN; ++j) b[j] = V::broadcast_pair(ppg[j * (kKeyBlock / 2) + i]);
+      __m512bh vlo[kG];
+      __m512bh vhi[kG];
+      v_pairs<S, kG>(v_rows[2 * i] + 32 * c0, v_rows[2 * i + 1] + 32 * c0, vlo, vhi);
       for (int g = 0; g < kG; ++g) {
-        const __m512i r0 = load_row32<S>(v_rows[2 * i] + 32 * (c0 + g));
-        const __m512i r1 = load_row32<S>(v_rows[2 * i + 1] + 32 * (c0 + g));
-        const __m512bh vlo = V::as_bh(_mm512_unpacklo_epi16(r0, r1));
-        const __m512bh vhi = V::as_bh(_mm512_unpackhi_epi16(r0, r1));
         for (int j = 0; j < kN; ++j) {
-          lo[j][g] = _mm512_dpbf16_ps(lo[j][g], vlo, b[j]);
-          hi[j][g] = _mm512_dpbf16_ps(hi[j][g], vhi, b[j]);
+          lo[j][g] = _mm512_dpbf16_ps(lo[j][g], vlo[g], b[j]);
+          hi[j][g] = _mm512_dpbf16_ps(hi[j][g], vhi[g], b[j]);
         }
       }
     }
@@ -282,16 +378,19 @@ template <class S, int kD, int kN>
 inline void qk_heads_quad(const typename S::T* const* k, const uint16_t* q, __m512* quads) {
   using V = VecAvx512Bf16;
   constexpr int kC = kD / 32;
+  static_assert(kC % 2 == 0, "64-element steps");
   __m512 a[kN][kQkKeys];
   for (int j = 0; j < kN; ++j) {
     for (int t = 0; t < kQkKeys; ++t) a[j][t] = _mm512_setzero_ps();
   }
-  for (int cc = 0; cc < kC; ++cc) {
-    __m512bh kk[kQkKeys];
-    for (int t = 0; t < kQkKeys; ++t) kk[t] = V::load_k_pairs<S>(k[t] + 32 * cc);
+  for (int cc = 0; cc < kC; cc += 2) {
+    __m512bh kk[2][kQkKeys];
+    for (int t = 0; t < kQkKeys; ++t) V::load_k_pairs64<S>(k[t] + 32 * cc, &kk[0][t], &kk[1][t]);
     for (int j = 0; j < kN; ++j) {
-      const __m512bh qq = V::as_bh(_mm512_loadu_si512(q + j * kD + 32 * cc));
-      for (int t = 0; t < kQkKeys; ++t) a[j][t] = _mm512_dpbf16_ps(a[j][t], qq, kk[t]);
+      for (int c = 0; c < 2; ++c) {
+        const __m512bh qq = V::as_bh(_mm512_loadu_si512(q + j * kD + 32 * (cc + c)));
+        for (int t = 0; t < kQkKeys; ++t) a[j][t] = _mm512_dpbf16_ps(a[j][t], qq, kk[c][t]);
+      }
     }
   }
   for (int j = 0; j < kN; ++j) quads[j * kQuadsPerBlock] = V::quad_sums(a[j]);
@@ -357,19 +456,65 @@ __attribute__((noinline)) void fast_qk_key_major(const CpuAttentionParams& p, co
   }
 }
 
-// Restores the column order of n_rows accumulator rows of kD floats (see fast_tile_block).
-template <int kD>
+// Restores the column order of n_rows accumulator rows of kD floats (see v_pairs).
+template <class S, int kD>
 inline void unpermute_acc(float* acc, int n_rows) {
-  const __m512i idx0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i idx1 =
-      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  for (int r = 0; r < n_rows; ++r) {
-    for (int cc = 0; cc < kD / 32; ++cc) {
-      float* x = acc + r * kD + 32 * cc;
-      const __m512 lo = _mm512_loadu_ps(x);
-      const __m512 hi = _mm512_loadu_ps(x + 16);
-      _mm512_storeu_ps(x, _mm512_permutex2var_ps(lo, idx0, hi));
-      _mm512_storeu_ps(x + 16, _mm512_permutex2var_ps(lo, idx1, hi));
+  if constexpr (std::is_same_v<S, StoreBf16>) {
+    const __m512i idx0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i idx1 =
+        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int r = 0; r < n_rows; ++r) {
+      for (int cc = 0; cc < kD / 32; ++cc) {
+        float* x = acc + r * kD + 32 * cc;
+        const __m512 lo = _mm512_loadu_ps(x);
+        const __m512 hi = _mm512_loadu_ps(x + 16);
+        _mm512_storeu_ps(x, _mm512_permutex2var_ps(lo, idx0, hi));
+        _mm512_storeu_ps(x + 16, _mm512_permutex2var_ps(lo, idx1, hi));
+      }
+    }
+  } else {
+    // Per 64 columns, 128-bit block a of vector v holds columns 16 a + 4 v .. + 3: a 4 x 4
+    // transpose of the blocks.
+    constexpr int kLow2 = 0x44;   // blocks (a0, a1, b0, b1)
+    constexpr int kHigh2 = 0xEE;  // blocks (a2, a3, b2, b3)
+    constexpr int kEven = 0x88;   // blocks (a0, a2, b0, b2)
+    constexpr int kOdd = 0xDD;    // blocks (a1, a3, b1, b3)
+    for (int r = 0; r < n_rows; ++r) {
+      for (int c = 0; c < kD / 64; ++c) {
+        float* x = acc + r * kD + 64 * c;
+        __m512 v[4];
+        for (int i = 0; i < 4; ++i) v[i] = _mm512_loadu_ps(x + 16 * i);
+        const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], kLow2);
+        const __m512 t1 = _mm512_shuffle_f32x4(v[2], v[3], kLow2);
+        const __m512 t2 = _mm512_shuffle_f32x4(v[0], v[1], kHigh2);
+        const __m512 t3 = _mm512_shuffle_f32x4(v[2], v[3], kHigh2);
+        _mm512_storeu_ps(x, _mm512_shuffle_f32x4(t0, t1, kEven));
+        _mm512_storeu_ps(x + 16, _mm512_shuffle_f32x4(t0, t1, kOdd));
+        _mm512_storeu_ps(x + 32, _mm512_shuffle_f32x4(t2, t3, kEven));
+        _mm512_storeu_ps(x + 48, _mm512_shuffle_f32x4(t2, t3, kOdd));
+      }
+    }
+  }
+}
+
+// One q row (kD bf16) into the scratch in the element order of the K pairs: as it is for bf16
+// KV; for fp8 KV per 64 elements those that fp8e4m3x64_to_bf16 puts in lo (elements 0-7, 16-23,
+// 32-39, 48-55), then those in hi.
+template <class S, int kD>
+inline void store_q_row(const uint16_t* src, uint16_t* dst) {
+  if constexpr (std::is_same_v<S, StoreBf16>) {
+    std::memcpy(dst, src, kD * sizeof(uint16_t));
+  } else {
+    alignas(64) static constexpr uint16_t kLoOrder[32] = {
+        0,  1,  2,  3,  4,  5,  6,  7,  16, 17, 18, 19, 20, 21, 22, 23,
+        32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55};
+    const __m512i lo = _mm512_load_si512(kLoOrder);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(8));
+    for (int c = 0; c < kD / 64; ++c) {
+      const __m512i a = _mm512_loadu_si512(src + 64 * c);
+      const __m512i b = _mm512_loadu_si512(src + 64 * c + 32);
+      _mm512_storeu_si512(dst + 64 * c, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(dst + 64 * c + 32, _mm512_permutex2var_epi16(a, hi, b));
     }
   }
 }
@@ -398,12 +543,9 @@ void fast_span(const CpuAttentionParams& p, const FastConsts& c, const int32_t* 
     const int pf0 = k0 + kFastPrefetchBlocks * kKeyBlock;
     const int n_next = std::clamp(k_end - pf0, 0, kKeyBlock);
     key_row_offsets(p, slots, pf0, n_next, next_k_off, next_v_off);
-    int n_far = 0;
-    if constexpr (std::is_same_v<S, StoreBf16>) {
-      const int pff = k0 + kFarPrefetchBlocks * kKeyBlock;
-      n_far = std::clamp(k_end - pff, 0, kKeyBlock);
-      key_row_offsets(p, slots, pff, n_far, far_k_off, far_v_off);
-    }
+    const int pff = k0 + kFarPrefetchBlocks * kKeyBlock;
+    const int n_far = std::clamp(k_end - pff, 0, kKeyBlock);
+    key_row_offsets(p, slots, pff, n_far, far_k_off, far_v_off);
     fast_qk_key_major<S, kD>(p, k_off, n, next_k_off, n_next, far_k_off, far_v_off, n_far, q,
                              quads);
     for (int h = 0; h < hkv; ++h) {
@@ -467,8 +609,7 @@ void fast_decode(const CpuAttentionParams& p, const DecodeWork& w, const ThreadS
     const CpuRequest& rq = (*w.requests)[it.request];
     const uint16_t* q_src = static_cast<const uint16_t*>(p.q) + rq.q_start * p.q_token_stride;
     for (int h = 0; h < hq; ++h) {
-      std::memcpy(q + static_cast<int64_t>(h) * kD, q_src + h * p.q_head_stride,
-                  kD * sizeof(uint16_t));
+      store_q_row<S, kD>(q_src + h * p.q_head_stride, q + static_cast<int64_t>(h) * kD);
     }
     std::fill(m, m + hq, kNegInf);
     std::fill(l, l + hq, 0.f);
@@ -478,7 +619,7 @@ void fast_decode(const CpuAttentionParams& p, const DecodeWork& w, const ThreadS
     visible_keys(p, rq.first_q_pos, rq.seq_len, &lo, &hi);
     fast_span<S, kD>(p, c, rq.slots(p), std::max(lo, it.k_begin), std::min(hi, it.k_end), q, acc, m,
                      l, reinterpret_cast<__m512*>(base + lay.dots));
-    unpermute_acc<kD>(acc, hq);
+    unpermute_acc<S, kD>(acc, hq);
     if (it.partial < 0) {
       finalize_rows(p, rq.q_start, 0, hq, m, l, acc, kD);
       continue;
