@@ -285,9 +285,39 @@ inline void v_pairs(const typename S::T* row0, const typename S::T* row1, __m512
   }
 }
 
+// out[j] = the sum (kMax: the maximum) of the 16 lanes of w[j], for the kN <= 4 heads of a tile
+// together: the first two levels as in VecAvx512::quad_sums, then two 128-bit lane swaps, ten
+// vector operations for the four heads instead of four full reductions.
+template <bool kMax>
+inline __m512 reduce_op(__m512 a, __m512 b) {
+  return kMax ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b);
+}
+template <bool kMax, int kN>
+inline void reduce_heads(const __m512* w, float* out) {
+  static_assert(kN >= 1 && kN <= 4);
+  constexpr auto op = reduce_op<kMax>;
+  constexpr int kLow2 = 0x44;        // elements (a0, a1, b0, b1) of each 128-bit lane
+  constexpr int kHigh2 = 0xEE;       // elements (a2, a3, b2, b3)
+  constexpr int kSwapHalves = 0x4E;  // 128-bit lanes (2, 3, 0, 1)
+  constexpr int kSwapPairs = 0xB1;   // 128-bit lanes (1, 0, 3, 2)
+  __m512 v[4];
+  for (int j = 0; j < 4; ++j) v[j] = w[j < kN ? j : 0];
+  const __m512 s01 = op(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+  const __m512 s23 = op(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+  __m512 q = op(_mm512_shuffle_ps(s01, s23, kLow2), _mm512_shuffle_ps(s01, s23, kHigh2));
+  q = op(q, _mm512_shuffle_f32x4(q, q, kSwapHalves));
+  q = op(q, _mm512_shuffle_f32x4(q, q, kSwapPairs));
+  alignas(16) float r[4];
+  _mm_store_ps(r, _mm512_castps512_ps128(q));
+  for (int j = 0; j < kN; ++j) out[j] = r[j];
+}
+
 // Softmax and P.V of one key block for kN query heads of one kv head: quads [kN][kQuadsPerBlock]
 // the q.k partial sums (from fast_qk_key_major), v_rows the block's V slices of that kv head (zeros
-// after n), acc/m/l the heads' state; pf_v (or null) the next V slices to prefetch.
+// after n), acc/m/l the heads' state; pf_v (or null) the next V slices to prefetch. The block
+// maxima and sums of the kN heads are reduced together (reduce_heads), and when no head's running
+// maximum moved (most blocks after the first few) the rescale factors are exactly 1: the
+// accumulators are then reloaded without the multiply and l without the scale.
 template <class S, int kD, int kN>
 __attribute__((noinline)) void fast_tile_block(const FastConsts& c, const __m512* quads,
                                                const typename S::T* const* v_rows, int n,
@@ -298,24 +328,35 @@ __attribute__((noinline)) void fast_tile_block(const FastConsts& c, const __m512
   const __mmask16 valid = static_cast<__mmask16>(n >= kKeyBlock ? 0xFFFF : (1u << n) - 1);
   const __m512 neg_inf = _mm512_set1_ps(kNegInf);
   __m512 pr[kN];
-  alignas(64) float m_old[16] = {};
-  alignas(64) float m_new[16] = {};
   for (int j = 0; j < kN; ++j) {
     __m512 x = V::combine_quads(quads + j * kQuadsPerBlock);
     x = c.capped ? V::mul(V::tanh(V::mul(x, c.pre)), c.post) : V::mul(x, c.pre);
-    x = _mm512_mask_blend_ps(valid, neg_inf, x);
-    const float mn = std::max(m[j], _mm512_reduce_max_ps(x));
-    m_old[j] = m[j];
-    m_new[j] = mn;
-    pr[j] = V::exp2(V::sub(x, V::set1(mn)));
+    pr[j] = _mm512_mask_blend_ps(valid, neg_inf, x);
   }
+  float block_max[kN];
+  reduce_heads<true, kN>(pr, block_max);
+  alignas(64) float m_old[16] = {};
+  alignas(64) float m_new[16] = {};
+  bool rescale = false;
+  for (int j = 0; j < kN; ++j) {
+    m_old[j] = m[j];
+    m_new[j] = std::max(m[j], block_max[j]);
+    rescale |= m_new[j] != m_old[j];
+    m[j] = m_new[j];
+    pr[j] = V::exp2(V::sub(pr[j], V::set1(m_new[j])));
+  }
+  float block_sum[kN];
+  reduce_heads<false, kN>(pr, block_sum);
   // exp2(-inf - m) is 0: a head's first block rescales nothing.
-  alignas(64) float alpha[16];
-  V::store(alpha, V::exp2(V::sub(V::load(m_old), V::load(m_new))));
+  alignas(64) float alpha[16] = {};
+  if (rescale) {
+    V::store(alpha, V::exp2(V::sub(V::load(m_old), V::load(m_new))));
+    for (int j = 0; j < kN; ++j) l[j] = l[j] * alpha[j] + block_sum[j];
+  } else {
+    for (int j = 0; j < kN; ++j) l[j] += block_sum[j];
+  }
   alignas(32) uint32_t pp[kN][kKeyBlock / 2];
   for (int j = 0; j < kN; ++j) {
-    l[j] = l[j] * alpha[j] + _mm512_reduce_add_ps(pr[j]);
-    m[j] = m_new[j];
     const __m256bh h = _mm512_cvtneps_pbh(pr[j]);
     _mm256_store_si256(reinterpret_cast<__m256i*>(pp[j]), reinterpret_cast<const __m256i&>(h));
   }
@@ -340,10 +381,16 @@ __attribute__((noinline)) void fast_tile_block(const FastConsts& c, const __m512
     __m512 lo[kN][kG];
     __m512 hi[kN][kG];
     for (int j = 0; j < kN; ++j) {
-      const __m512 a = V::set1(alpha[j]);
       for (int g = 0; g < kG; ++g) {
-        lo[j][g] = V::mul(V::load(acc + j * kD + 32 * (c0 + g)), a);
-        hi[j][g] = V::mul(V::load(acc + j * kD + 32 * (c0 + g) + 16), a);
+        lo[j][g] = V::load(acc + j * kD + 32 * (c0 + g));
+        hi[j][g] = V::load(acc + j * kD + 32 * (c0 + g) + 16);
+      }
+      if (rescale) {
+        const __m512 a = V::set1(alpha[j]);
+        for (int g = 0; g < kG; ++g) {
+          lo[j][g] = V::mul(lo[j][g], a);
+          hi[j][g] = V::mul(hi[j][g], a);
+        }
       }
     }
     for (int i = 0; i < std::max(pairs, pf_count); ++i) {
