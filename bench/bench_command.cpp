@@ -262,8 +262,10 @@ void bench_main(const BenchArgs& args) {
     given.median_tflops = args.gemm_tflops;
     run.ceilings.push_back(given);
   } else if (device.is_cpu()) {
+    // The vdpbf16ps peak where the backend's avx512_bf16 level runs (it also needs VBMI).
     Result<bench::Ceiling> peak = bench::measure_cpu_compute_peak(
-        run.device_info.has_avx512_bf16, run.device_info.has_avx2, kCpuPeakReps);
+        run.device_info.has_avx512_bf16 && run.device_info.has_avx512_vbmi,
+        run.device_info.has_avx2, kCpuPeakReps);
     if (peak) {
       run.ceilings.push_back(*peak);
     } else {  // extend ratios stay empty; the rest of the run is still meaningful

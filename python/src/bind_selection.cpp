@@ -188,7 +188,10 @@ void bind_selection(nb::module_& m) {
       .def_prop_ro("platform", [](const DeviceInfo& d) { return platform_name(d.platform); })
       .def_ro("compute_capability", &DeviceInfo::compute_capability)
       .def_ro("sm_count", &DeviceInfo::sm_count)
+      .def_ro("has_avx2", &DeviceInfo::has_avx2)
       .def_ro("has_avx512", &DeviceInfo::has_avx512)
+      .def_ro("has_avx512_bf16", &DeviceInfo::has_avx512_bf16)
+      .def_ro("has_avx512_vbmi", &DeviceInfo::has_avx512_vbmi)
       .def_ro("has_amx_bf16", &DeviceInfo::has_amx_bf16)
       .def_ro("is_virtual", &DeviceInfo::is_virtual)
       .def("__repr__", [](const DeviceInfo& d) {

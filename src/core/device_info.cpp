@@ -167,7 +167,7 @@ DeviceInfo detect_cpu() {
       d.has_amx_bf16 = cpu_amx && request_amx_permission();
 #ifdef ATTNKIT_AMX_EMULATE
       // Test-only build: the AMX kernel runs on a software model of the tiles (amx_tiles.h).
-      d.has_amx_bf16 = d.has_amx_bf16 || d.has_avx512_bf16;
+      d.has_amx_bf16 = d.has_amx_bf16 || (d.has_avx512_bf16 && d.has_avx512_vbmi);
 #endif
     }
   }

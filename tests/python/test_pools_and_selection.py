@@ -141,3 +141,20 @@ def test_matrix_rows_follow_the_design_contract():
     assert rows["torch_native"]["built"]
     cpu_built = [n for n in ("torch_native", "intel_amx") if rows[n]["built"]]
     assert ak.built_backends("cpu") == cpu_built
+
+
+def test_device_info_reports_consistent_isa_flags():
+    # The detected device (the CPU where no GPU is visible): AVX512-BF16 / VBMI imply AVX-512,
+    # which implies AVX2; AMX (the OS granted the tiles) comes with BF16 and VBMI.
+    d = ak.device_info()
+    if d.has_avx512_bf16 or d.has_avx512_vbmi:
+        assert d.has_avx512
+    if d.has_avx512:
+        assert d.has_avx2
+    if d.has_amx_bf16:
+        assert d.has_avx512_bf16 and d.has_avx512_vbmi
+    # The virtual CPUs: a Xeon with AMX, and AVX-512 without the BF16 level.
+    xeon = ak.device_info("cpu")
+    assert xeon.has_amx_bf16 and xeon.has_avx512_bf16 and xeon.has_avx512_vbmi
+    noamx = ak.device_info("cpu-noamx")
+    assert noamx.has_avx512 and not noamx.has_amx_bf16 and not noamx.has_avx512_vbmi

@@ -19,8 +19,9 @@ inline constexpr int kKeyBlock = 16;
 // kMaxHeadDim; the backend rejects other dims.
 inline constexpr int kHeadDimMultiple = 16;
 inline constexpr int kMaxHeadDim = 256;
-// fp8_e4m3 is widened by moving its bits into an fp16 (exponent bias 15 instead of 7): the fp16
-// value is the fp8 value times 2^(7 - 15), so the kernels multiply the scale by 2^(15 - 7).
+// fp8_e4m3 is widened by moving its bits into an fp16 (exponent bias 15 instead of 7), or into a
+// bf16 with the same 2^-8 (the avx512_bf16 paths: bit moves, or the decode's byte tables): the
+// widened value is the fp8 value times 2^(7 - 15), so the kernels multiply the scale by 2^(15 - 7).
 inline constexpr float kFp8E4M3ViaF16Scale = 256.f;
 
 struct CpuAttentionParams {

@@ -1,7 +1,8 @@
 // AVX-512 + AVX512-BF16 (vdpbf16ps) instantiation of the vector attention kernels. The ISA is
 // enabled for the code below the pragma only; the exported entry points sit after it and just call
 // in, so the library needs no -march flag and runs on any x86-64 CPU (the backend calls these only
-// when cpuid and the OS report AVX-512 F/BW/VL and AVX512-BF16).
+// when cpuid and the OS report AVX-512 F/BW/VL, AVX512-BF16 and AVX512-VBMI: the whole file is
+// compiled with vpermi2b allowed).
 // GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which -Wuninitialized
 // reports at every inlined use; the header lines are exempted, nothing else.
 #pragma GCC diagnostic push
@@ -74,10 +75,18 @@ constexpr E4M3Bf16Bytes make_e4m3_bf16_bytes() {
 alignas(64) constexpr E4M3Bf16Bytes kE4M3Bf16Bytes = make_e4m3_bf16_bytes();
 constexpr const uint8_t* kE4M3Bf16Low = kE4M3Bf16Bytes.low;
 constexpr const uint8_t* kE4M3Bf16High = kE4M3Bf16Bytes.high;
-// The subnormal entries agree with the bit-move conversion's table.
-static_assert(e4m3_bf16_bits(1) == 0x3700 && e4m3_bf16_bits(3) == 0x37C0 &&
-              e4m3_bf16_bits(7) == 0x3860 && e4m3_bf16_bits(8) == 0x3880 &&
-              e4m3_bf16_bits(0x7E) == 0x3FE0);
+// Every entry against the e4m3 definition: normal codes (exponent field e >= 1) are
+// (1 + f / 8) * 2^(e - 7) * 2^-8, i.e. bf16 bits 0x3800 + (m << 4); subnormal codes f * 2^-9 *
+// 2^-8 = f * 2^-17 (0x3700, 0x3780, 0x37C0, 0x3800, ... for f = 1, 2, 3, 4); 0x7F NaN.
+constexpr bool e4m3_table_ok() {
+  constexpr uint16_t kSubnormal[8] = {0, 0x3700, 0x3780, 0x37C0, 0x3800, 0x3820, 0x3840, 0x3860};
+  for (int m = 0; m < 0x7F; ++m) {
+    const uint16_t want = m < 8 ? kSubnormal[m] : static_cast<uint16_t>(0x3800 + (m << 4));
+    if (e4m3_bf16_bits(m) != want) return false;
+  }
+  return e4m3_bf16_bits(0x7F) == 0x7FC0;
+}
+static_assert(e4m3_table_ok());
 
 struct VecAvx512Bf16 : VecAvx512 {
   static constexpr bool kHasBf16Dot = true;
@@ -112,10 +121,12 @@ struct VecAvx512Bf16 : VecAvx512 {
                                      _mm512_set1_epi16(kBf16Sign), kAorBandC);
   }
 
-  // 64 fp8_e4m3 bytes -> the bf16 bits of their values times 2^-8 (as fp8e4m3_words_to_bf16; the
-  // NaN code 0x7F / 0xFF gives a bf16 NaN) by two 128-entry byte tables (vpermi2b: the low and the
-  // high byte of each bf16 by the magnitude, the sign OR-ed in), in unpack order: lo holds the
-  // values of bytes 0-7 of each 128-bit lane (elements 0-7, 16-23, 32-39, 48-55), hi bytes 8-15.
+  // 64 fp8_e4m3 bytes -> the bf16 bits of their values times 2^-8 (as fp8e4m3_words_to_bf16, but
+  // the NaN code 0x7F / 0xFF gives a bf16 NaN, as in the reference, where the bit-move paths give
+  // +-480 * 2^-8; set_kv never writes that code) by two 128-entry byte tables (vpermi2b: the low
+  // and the high byte of each bf16 by the magnitude, the sign OR-ed in), in unpack order: lo
+  // holds the values of bytes 0-7 of each 128-bit lane (elements 0-7, 16-23, 32-39, 48-55), hi
+  // bytes 8-15.
   static void fp8e4m3x64_to_bf16(__m512i x, __m512i* lo, __m512i* hi) {
     constexpr int kAorBandC = 0xF8;  // a | (b & c)
     const __m512i low = _mm512_permutex2var_epi8(_mm512_load_si512(kE4M3Bf16Low), x,
@@ -129,7 +140,7 @@ struct VecAvx512Bf16 : VecAvx512 {
   }
 
   // 64 consecutive K elements as two vectors of bf16 pairs: in order for bf16 KV, in the unpack
-  // order of fp8e4m3x64_to_bf16 for fp8 (q is stored in that order then: permute_q_fp8).
+  // order of fp8e4m3x64_to_bf16 for fp8 (q is stored in that order then: store_q_row).
   template <class S>
   static void load_k_pairs64(const typename S::T* p, __m512bh* k0, __m512bh* k1) {
     if constexpr (std::is_same_v<S, StoreBf16>) {
@@ -206,13 +217,17 @@ struct VecAvx512Bf16 : VecAvx512 {
 //            to the thread's scratch;
 //   then per kv head, tiles of up to kMaxTileHeads query heads (fast_tile_block):
 //   softmax: the tree's last two levels turn a head's four folded vectors into 16 scores, then
-//            everything stays in registers (masked lanes -inf, one vector exp2 for the rescale
-//            factors, no scalar libm call);
-//   P.V:     32 columns of two V rows per step, interleaved into bf16 pairs with one
+//            everything stays in registers (masked lanes -inf, the tile's maxima and sums reduced
+//            together, one vector exp2 for the rescale factors only when a running maximum
+//            moved, no scalar libm call);
+//   P.V:     bf16 KV: 32 columns of two V rows per step, interleaved into bf16 pairs with one
 //            vpunpcklwd / vpunpckhwd each (no widening loads), so the f32 accumulators hold the
 //            columns of each 32-column chunk in unpack order: lane L of the low half is column
-//            8 * (L / 4) + L % 4, of the high half that plus 4. unpermute_acc restores the order
-//            once per item, before the epilogue.
+//            8 * (L / 4) + L % 4, of the high half that plus 4; fp8_e4m3 KV: 64 columns of two
+//            rows per step, their bytes interleaved and widened by the byte tables straight into
+//            pairs (v_pairs gives the order). unpermute_acc restores the order once per item,
+//            before the epilogue. With fp8 KV, q is stored in the widened K elements' order
+//            (store_q_row).
 // The K rows kFastPrefetchBlocks blocks ahead are prefetched row by row during q.k, the V slices
 // spread over the P.V passes of the kv heads in address order.
 // How many key blocks ahead the next K/V rows are prefetched, and with which hint. Measured on the
@@ -286,7 +301,7 @@ inline void v_pairs(const typename S::T* row0, const typename S::T* row1, __m512
 }
 
 // out[j] = the sum (kMax: the maximum) of the 16 lanes of w[j], for the kN <= 4 heads of a tile
-// together: the first two levels as in VecAvx512::quad_sums, then two 128-bit lane swaps, ten
+// together: the first two levels as in VecAvx512::quad_sums, then two 128-bit lane swaps: 13
 // vector operations for the four heads instead of four full reductions.
 template <bool kMax>
 inline __m512 reduce_op(__m512 a, __m512 b) {
@@ -347,7 +362,8 @@ __attribute__((noinline)) void fast_tile_block(const FastConsts& c, const __m512
   }
   float block_sum[kN];
   reduce_heads<false, kN>(pr, block_sum);
-  // exp2(-inf - m) is 0: a head's first block rescales nothing.
+  // exp2(-inf - m) is 0: a head's first block rescales nothing. (Zeroed only to keep GCC's
+  // -Wmaybe-uninitialized quiet: alpha is read only when rescale is set.)
   alignas(64) float alpha[16] = {};
   if (rescale) {
     V::store(alpha, V::exp2(V::sub(V::load(m_old), V::load(m_new))));

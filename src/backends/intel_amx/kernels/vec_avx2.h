@@ -32,6 +32,20 @@ struct VecAvx2 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  // out[t] = the sum of the 8 lanes of v[t] for t < 16 (one key block's q.k partial vectors), by
+  // two 8-vector hadd trees: 21 operations per 8 keys instead of 6 per key.
+  static void reduce_add_16(const F* v, float* out) {
+    constexpr int kLowLanes = 0x20;   // 128-bit lanes (a0, b0)
+    constexpr int kHighLanes = 0x31;  // 128-bit lanes (a1, b1)
+    for (int h = 0; h < 2; ++h) {
+      const F* w = v + 8 * h;
+      // s0123: elements 0-3 the sums of lanes 0-3 of w[0..3], elements 4-7 those of lanes 4-7.
+      const F s0123 = _mm256_hadd_ps(_mm256_hadd_ps(w[0], w[1]), _mm256_hadd_ps(w[2], w[3]));
+      const F s4567 = _mm256_hadd_ps(_mm256_hadd_ps(w[4], w[5]), _mm256_hadd_ps(w[6], w[7]));
+      store(out + 8 * h, add(_mm256_permute2f128_ps(s0123, s4567, kLowLanes),
+                             _mm256_permute2f128_ps(s0123, s4567, kHighLanes)));
+    }
+  }
   static float reduce_max(F x) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));

@@ -29,6 +29,10 @@
 namespace attnkit::cpu_attention {
 namespace {
 
+// Zeros standing in for a missing key row (the odd row of a block in pv_tile_pairs, the pair
+// partner past n in qk_block_f32), any storage type.
+alignas(64) constexpr float kZeroRow[kMaxHeadDim] = {};
+
 // Heads of a GQA group whose dot products / accumulators are kept in registers together.
 constexpr int kHeadTile = 4;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -81,12 +85,53 @@ inline void prefetch_row(const void* row, int64_t bytes) {
 // a key of the next block, or null; row_bytes[2] bytes each; the V row only when prefetch_v),
 // spreading the prefetches over the block's arithmetic instead of issuing them as one burst that
 // stalls on the miss buffers.
+// Without the bf16 dot product (f32 FMAs), two keys per step: each q load feeds both keys and
+// 2 * kN independent FMA chains hide the FMA latency (a key past n reads a zero row).
+template <class V, class S, int kN>
+inline void qk_block_f32(const typename S::T* const* k_rows, int n, const float* q, int d_len,
+                         const void* const* next_rows, const int64_t* row_bytes, bool prefetch_v,
+                         typename V::F (&dots)[kN][kKeyBlock]) {
+  using T = typename S::T;
+  static_assert(kKeyBlock % 2 == 0);
+  const T* zero = reinterpret_cast<const T*>(kZeroRow);
+  for (int t = 0; t < kKeyBlock; t += 2) {
+    typename V::F acc[kN][2];
+    for (int j = 0; j < kN; ++j) acc[j][0] = acc[j][1] = V::zero();
+    for (int u = t; u < t + 2 && next_rows != nullptr; ++u) {
+      if (next_rows[2 * u] == nullptr) continue;
+      prefetch_row(next_rows[2 * u], row_bytes[0]);
+      if (prefetch_v) prefetch_row(next_rows[2 * u + 1], row_bytes[1]);
+    }
+    if (t < n) {
+      const T* k0 = k_rows[t];
+      const T* k1 = t + 1 < n ? k_rows[t + 1] : zero;
+      for (int d = 0; d < d_len; d += V::kWidth) {
+        const typename V::F kk0 = V::template load_as<S>(k0 + d);
+        const typename V::F kk1 = V::template load_as<S>(k1 + d);
+        for (int j = 0; j < kN; ++j) {
+          const typename V::F qq = V::load(q + j * d_len + d);
+          acc[j][0] = V::fma(qq, kk0, acc[j][0]);
+          acc[j][1] = V::fma(qq, kk1, acc[j][1]);
+        }
+      }
+    }
+    for (int j = 0; j < kN; ++j) {
+      dots[j][t] = acc[j][0];
+      dots[j][t + 1] = acc[j][1];
+    }
+  }
+}
+
 template <class V, class S, bool kBf16Dot, int kN>
 inline void qk_block(const typename S::T* const* k_rows, int n, const float* q,
                      const uint16_t* q_bf16, int d_len, const void* const* next_rows,
                      const int64_t* row_bytes, bool prefetch_v, float* out) {
   typename V::F dots[kN][kKeyBlock];
-  for (int t = 0; t < kKeyBlock; ++t) {
+  constexpr bool kPairs = !kBf16Dot;
+  if constexpr (kPairs) {
+    qk_block_f32<V, S, kN>(k_rows, n, q, d_len, next_rows, row_bytes, prefetch_v, dots);
+  }
+  for (int t = 0; !kPairs && t < kKeyBlock; ++t) {
     typename V::F acc[kN];
     for (int j = 0; j < kN; ++j) acc[j] = V::zero();
     if (next_rows != nullptr && next_rows[2 * t] != nullptr) {
@@ -130,17 +175,29 @@ inline void qk_block(const typename S::T* const* k_rows, int n, const float* q,
   }
 }
 
-// acc[j] = acc[j] * alpha[j] + sum_t p[j * kKeyBlock + t] * v_rows[t][d .. d + kWidth).
-template <class V, class S, int kN>
+// acc[j] = acc[j] * alpha[j] + sum_t p[j * kKeyBlock + t] * v_rows[t][d .. d + kC * kWidth): kC
+// column vectors per pass, so each probability broadcast feeds kC FMAs and kN * kC chains hide
+// the FMA latency.
+template <class V, class S, int kN, int kC>
 inline void pv_tile(const typename S::T* const* v_rows, int n, int d, const float* p,
                     const float* alpha, float* acc, int64_t acc_stride) {
-  typename V::F a[kN];
-  for (int j = 0; j < kN; ++j) a[j] = V::mul(V::load(acc + j * acc_stride), V::set1(alpha[j]));
-  for (int t = 0; t < n; ++t) {
-    const typename V::F vv = V::template load_as<S>(v_rows[t] + d);
-    for (int j = 0; j < kN; ++j) a[j] = V::fma(V::set1(p[j * kKeyBlock + t]), vv, a[j]);
+  typename V::F a[kN][kC];
+  for (int j = 0; j < kN; ++j) {
+    for (int c = 0; c < kC; ++c) {
+      a[j][c] = V::mul(V::load(acc + j * acc_stride + c * V::kWidth), V::set1(alpha[j]));
+    }
   }
-  for (int j = 0; j < kN; ++j) V::store(acc + j * acc_stride, a[j]);
+  for (int t = 0; t < n; ++t) {
+    typename V::F vv[kC];
+    for (int c = 0; c < kC; ++c) vv[c] = V::template load_as<S>(v_rows[t] + d + c * V::kWidth);
+    for (int j = 0; j < kN; ++j) {
+      const typename V::F pj = V::set1(p[j * kKeyBlock + t]);
+      for (int c = 0; c < kC; ++c) a[j][c] = V::fma(pj, vv[c], a[j][c]);
+    }
+  }
+  for (int j = 0; j < kN; ++j) {
+    for (int c = 0; c < kC; ++c) V::store(acc + j * acc_stride + c * V::kWidth, a[j][c]);
+  }
 }
 
 // acc[j] = acc[j] * alpha[j] + sum_t p[j][t] * v_rows[t][d .. d + kWidth), two keys per bf16 pair
@@ -160,9 +217,6 @@ inline void pv_tile_pairs(const typename S::T* const* v_rows, int n, int d, cons
   }
   for (int j = 0; j < kN; ++j) V::store(acc + j * acc_stride, a[j]);
 }
-
-// Zeros standing in for the missing odd row of a key block (pv_tile_pairs), any storage type.
-alignas(64) constexpr float kZeroRow[kMaxHeadDim] = {};
 
 // Calls f.template operator()<kN>(g0) for head tiles of up to kHeadTile heads.
 template <class F>
@@ -265,10 +319,21 @@ inline void attend_block(const CpuAttentionParams& p, const BlockConsts<V, typen
       }
     });
   } else {
-    for (int d = 0; d < dv_len; d += V::kWidth) {
+    // Two column vectors per pass with 8-lane vectors, one with 16 lanes (Zen 4 dev VM, one
+    // thread, b8 kv4096 decode with the two-key q.k: AVX2 bf16 10.9-11.0 ms with two vs 11.6-11.7
+    // with one; AVX-512F two were 3-8 % slower than one).
+    constexpr int kC = V::kWidth == 8 ? 2 : 1;
+    int d = 0;
+    for (; kC > 1 && d + kC * V::kWidth <= dv_len; d += kC * V::kWidth) {
       for_head_tiles(n_heads, [&]<int kN>(int g0) {
-        pv_tile<V, S, kN>(v_rows, n, d, sc.scores + g0 * kKeyBlock, sc.alpha + g0,
-                          sc.acc + g0 * dv_len + d, dv_len);
+        pv_tile<V, S, kN, kC>(v_rows, n, d, sc.scores + g0 * kKeyBlock, sc.alpha + g0,
+                              sc.acc + g0 * dv_len + d, dv_len);
+      });
+    }
+    for (; d < dv_len; d += V::kWidth) {
+      for_head_tiles(n_heads, [&]<int kN>(int g0) {
+        pv_tile<V, S, kN, 1>(v_rows, n, d, sc.scores + g0 * kKeyBlock, sc.alpha + g0,
+                             sc.acc + g0 * dv_len + d, dv_len);
       });
     }
   }
