@@ -225,6 +225,59 @@ TEST_P(IntelAmxTargeted, Fp8DecodeShapes) {
   }
 }
 
+// An fp8_e4m3 V element holding the NaN code (0x7F / 0xFF; e4m3fn has no infinities) poisons the
+// output column that reads it, as in the reference, on every path: the byte-table fast decode,
+// the bit-move conversions of the other vector paths and the blocked extend's packing (they
+// widened it to 480 before). V element (every row, kv head 1, dim 7) -> column 7 of kv head 1's q
+// heads is NaN, everything else finite. (A NaN K element gives a NaN score, which the CPU
+// softmax's exp2 turns into a dropped key rather than a NaN row: not checked here.)
+TEST_P(IntelAmxTargeted, Fp8NanCodePropagates) {
+  constexpr uint8_t kE4M3Nan = 0x7F;
+  constexpr int kHq = 8;
+  constexpr int kHkv = 2;
+  constexpr int kD = 128;
+  constexpr int kGroup = kHq / kHkv;
+  constexpr int kNanDim = 7;
+  for (const ForwardMode mode : {ForwardMode::kDecode, ForwardMode::kExtend}) {
+    CaseSpec spec = mode == ForwardMode::kDecode
+                        ? make_case("fp8_nan_decode", mode, 16, {300, 41}, {1, 1}, kHq, kHkv, kD)
+                        : make_case("fp8_nan_extend", mode, 16, {200, 64}, {37, 20}, kHq, kHkv, kD);
+    spec.kv_dtype = DType::kFP8E4M3;
+    SCOPED_TRACE(spec.describe());
+    Result<PreparedCase> pc = harness::prepare_case(spec, Device::cpu());
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    auto* pool = dynamic_cast<MHAKVPool*>(pc->kv_pool.get());
+    ASSERT_NE(pool, nullptr);
+    for (const harness::LayerData& ld : pc->layers) {
+      const TensorView v = pool->v_buffer(ld.layer.layer_id);
+      ASSERT_EQ(v.dtype, DType::kFP8E4M3);
+      for (int64_t row = 0; row < v.shape[0]; ++row) {
+        static_cast<uint8_t*>(v.data)[row * v.strides[0] + v.strides[1] + kNanDim] =
+            row % 2 == 0 ? kE4M3Nan : kE4M3Nan | 0x80;
+      }
+    }
+    Result<std::unique_ptr<AttentionBackend>> backend = make_backend(*pc, GetParam());
+    ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+    ASSERT_TRUE(harness::run_backend(**backend, *pc, /*save_kv=*/false).is_ok());
+    for (const harness::LayerData& ld : pc->layers) {
+      ASSERT_EQ(ld.out.dtype, DType::kBF16);
+      const auto* out = static_cast<const uint16_t*>(ld.out.data);
+      int64_t wrong = 0;
+      for (int64_t t = 0; t < ld.out.shape[0]; ++t) {
+        for (int h = 0; h < kHq; ++h) {
+          for (int d = 0; d < kD; ++d) {
+            const uint16_t x = out[t * ld.out.strides[0] + h * ld.out.strides[1] + d];
+            const bool nan = (x & 0x7F80) == 0x7F80 && (x & 0x7F) != 0;
+            const bool want_nan = h >= kGroup && d == kNanDim;
+            wrong += nan != want_nan;
+          }
+        }
+      }
+      EXPECT_EQ(wrong, 0) << cpu_isa_name(GetParam()) << " layer " << ld.layer.layer_id;
+    }
+  }
+}
+
 TEST_P(IntelAmxTargeted, ActivationAndKvDtypes) {
   for (DType act : {DType::kF16, DType::kF32}) {
     SCOPED_TRACE(dtype_name(act));

@@ -44,10 +44,8 @@ namespace {
 // VecAvx512Bf16::fp8e4m3x64_to_bf16). Normal codes (exponent field e > 0): exponent e + 112,
 // mantissa bits m & 7 at bits 4..6; subnormals (e = 0): (m & 7) * 2^-17; 0x7F: NaN.
 constexpr uint16_t e4m3_bf16_bits(int m) {
-  constexpr int kNanCode = 0x7F;
-  constexpr uint16_t kBf16Nan = 0x7FC0;
   constexpr int kBf16ExponentOffset = 112;
-  if (m == kNanCode) return kBf16Nan;
+  if (m == kFp8E4M3NanMagnitude) return kBf16QuietNan;
   const int e = m >> 3;
   const int f = m & 7;
   if (e > 0) return static_cast<uint16_t>(((e + kBf16ExponentOffset) << 7) | (f << 4));
@@ -84,7 +82,7 @@ constexpr bool e4m3_table_ok() {
     const uint16_t want = m < 8 ? kSubnormal[m] : static_cast<uint16_t>(0x3800 + (m << 4));
     if (e4m3_bf16_bits(m) != want) return false;
   }
-  return e4m3_bf16_bits(0x7F) == 0x7FC0;
+  return e4m3_bf16_bits(kFp8E4M3NanMagnitude) == kBf16QuietNan;
 }
 static_assert(e4m3_table_ok());
 
@@ -97,7 +95,8 @@ struct VecAvx512Bf16 : VecAvx512 {
   }  // NOLINT: a vector bit cast (reinterpret_cast went through the stack with GCC 12)
 
   // fp8_e4m3 bytes (the low byte of each 16-bit word; high bytes zero) -> bf16 bits of the value
-  // times 2^-8 (the kFp8E4M3ViaF16Scale convention of the f16 path, so the scales are shared).
+  // times 2^-8 (the kFp8E4M3ViaF16Scale convention of the f16 path, so the scales are shared); the
+  // NaN code 0x7F / 0xFF gives a bf16 NaN.
   // Normal numbers (exponent field e > 0): bf16 exponent e + 127 - 7 - 8 = e + 112 is a constant
   // OR (no carry: the fp8 fields land on bits 4..10, 112 << 7 on bits 11..13); the 8 subnormals
   // (e = 0) come from a table.
@@ -115,18 +114,21 @@ struct VecAvx512Bf16 : VecAvx512 {
         _mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(kFieldsAt4),
                                   _mm512_set1_epi16(kBf16Exponent112), kAandBorC);
     const __mmask32 subnormal = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(kExponentBits));
-    const __m512i magnitude =
-        _mm512_mask_permutexvar_epi16(normal, subnormal, w, _mm512_load_si512(kSubnormals));
+    const __mmask32 nan =
+        _mm512_cmpeq_epi16_mask(_mm512_and_si512(w, _mm512_set1_epi16(kFp8E4M3MagnitudeMask)),
+                                _mm512_set1_epi16(kFp8E4M3NanMagnitude));
+    const __m512i magnitude = _mm512_mask_mov_epi16(
+        _mm512_mask_permutexvar_epi16(normal, subnormal, w, _mm512_load_si512(kSubnormals)), nan,
+        _mm512_set1_epi16(kBf16QuietNan));
     return _mm512_ternarylogic_epi32(magnitude, _mm512_slli_epi16(w, kFp8SignToF16Shift),
                                      _mm512_set1_epi16(kBf16Sign), kAorBandC);
   }
 
-  // 64 fp8_e4m3 bytes -> the bf16 bits of their values times 2^-8 (as fp8e4m3_words_to_bf16, but
-  // the NaN code 0x7F / 0xFF gives a bf16 NaN, as in the reference, where the bit-move paths give
-  // +-480 * 2^-8; set_kv never writes that code) by two 128-entry byte tables (vpermi2b: the low
-  // and the high byte of each bf16 by the magnitude, the sign OR-ed in), in unpack order: lo
-  // holds the values of bytes 0-7 of each 128-bit lane (elements 0-7, 16-23, 32-39, 48-55), hi
-  // bytes 8-15.
+  // 64 fp8_e4m3 bytes -> the bf16 bits of their values times 2^-8 (as fp8e4m3_words_to_bf16; the
+  // NaN code 0x7F / 0xFF gives a bf16 NaN) by two 128-entry byte tables (vpermi2b: the low and
+  // the high byte of each bf16 by the magnitude, the sign OR-ed in), in unpack order: lo holds
+  // the values of bytes 0-7 of each 128-bit lane (elements 0-7, 16-23, 32-39, 48-55), hi bytes
+  // 8-15.
   static void fp8e4m3x64_to_bf16(__m512i x, __m512i* lo, __m512i* hi) {
     constexpr int kAorBandC = 0xF8;  // a | (b & c)
     const __m512i low = _mm512_permutex2var_epi8(_mm512_load_si512(kE4M3Bf16Low), x,

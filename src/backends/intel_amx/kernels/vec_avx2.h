@@ -100,9 +100,11 @@ struct VecAvx2 {
       } else {
         const __m128i sign =
             _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(kFp8SignMask)), kFp8SignToF16Shift);
-        const __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(kFp8E4M3MagnitudeMask)),
-                                           kFp8E4M3ToF16Shift);
-        h = _mm_or_si128(sign, mag);
+        const __m128i code = _mm_and_si128(b, _mm_set1_epi16(kFp8E4M3MagnitudeMask));
+        const __m128i nan =
+            _mm_and_si128(_mm_cmpeq_epi16(code, _mm_set1_epi16(kFp8E4M3NanMagnitude)),
+                          _mm_set1_epi16(kF16QuietNan));
+        h = _mm_or_si128(_mm_or_si128(sign, nan), _mm_slli_epi16(code, kFp8E4M3ToF16Shift));
       }
       return _mm256_cvtph_ps(h);
     }

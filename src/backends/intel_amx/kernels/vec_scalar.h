@@ -48,8 +48,10 @@ struct VecScalar {
       return f16_bits_to_float(static_cast<uint16_t>(*p << kFp8E5M2ToF16Shift));
     } else {
       const uint16_t sign = static_cast<uint16_t>((*p & kFp8SignMask) << kFp8SignToF16Shift);
-      const uint16_t mag =
-          static_cast<uint16_t>((*p & kFp8E4M3MagnitudeMask) << kFp8E4M3ToF16Shift);
+      const uint16_t code = *p & kFp8E4M3MagnitudeMask;
+      const uint16_t mag = code == kFp8E4M3NanMagnitude
+                               ? kF16QuietNan
+                               : static_cast<uint16_t>(code << kFp8E4M3ToF16Shift);
       return f16_bits_to_float(static_cast<uint16_t>(sign | mag));
     }
   }
