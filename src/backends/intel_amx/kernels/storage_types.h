@@ -43,7 +43,7 @@ inline constexpr int kFp8SignToF16Shift = 8;
 inline constexpr uint16_t kFp8SignMask = 0x80;
 inline constexpr uint16_t kFp8E4M3MagnitudeMask = 0x7F;
 // e4m3 (OCP e4m3fn) has no infinities: the magnitude code 0x7F is NaN. The bit moves alone would
-// widen it to 480 (times the 2^-8 of the move), so every widening maps it to this f16 / bf16 NaN.
+// widen it to 480 (times the 2^-8 of the move), so every widening maps it to an f16 / bf16 NaN.
 inline constexpr uint16_t kFp8E4M3NanMagnitude = 0x7F;
 inline constexpr uint16_t kF16QuietNan = 0x7E00;
 inline constexpr uint16_t kBf16QuietNan = 0x7FC0;

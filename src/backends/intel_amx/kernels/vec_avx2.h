@@ -101,9 +101,8 @@ struct VecAvx2 {
         const __m128i sign =
             _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(kFp8SignMask)), kFp8SignToF16Shift);
         const __m128i code = _mm_and_si128(b, _mm_set1_epi16(kFp8E4M3MagnitudeMask));
-        const __m128i nan =
-            _mm_and_si128(_mm_cmpeq_epi16(code, _mm_set1_epi16(kFp8E4M3NanMagnitude)),
-                          _mm_set1_epi16(kF16QuietNan));
+        // The NaN code's compare mask (all ones) is itself an f16 NaN: OR-ed in as it is.
+        const __m128i nan = _mm_cmpeq_epi16(code, _mm_set1_epi16(kFp8E4M3NanMagnitude));
         h = _mm_or_si128(_mm_or_si128(sign, nan), _mm_slli_epi16(code, kFp8E4M3ToF16Shift));
       }
       return _mm256_cvtph_ps(h);

@@ -108,10 +108,10 @@ struct VecAvx512 {
       const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(kFp8SignMask)),
                                              kFp8SignToF16Shift);
       const __m256i code = _mm256_and_si256(b, _mm256_set1_epi16(kFp8E4M3MagnitudeMask));
-      const __mmask16 nan = _mm256_cmpeq_epi16_mask(code, _mm256_set1_epi16(kFp8E4M3NanMagnitude));
-      const __m256i mag = _mm256_mask_mov_epi16(_mm256_slli_epi16(code, kFp8E4M3ToF16Shift), nan,
-                                                _mm256_set1_epi16(kF16QuietNan));
-      return _mm256_or_si256(sign, mag);
+      // The NaN code's compare mask (all ones) is itself an f16 NaN: OR-ed in as it is.
+      const __m256i nan = _mm256_cmpeq_epi16(code, _mm256_set1_epi16(kFp8E4M3NanMagnitude));
+      return _mm256_or_si256(_mm256_or_si256(sign, nan),
+                             _mm256_slli_epi16(code, kFp8E4M3ToF16Shift));
     }
   }
 };
