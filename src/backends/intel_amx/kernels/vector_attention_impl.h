@@ -80,13 +80,9 @@ inline void prefetch_row(const void* row, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += kLineBytes) __builtin_prefetch(c + off, 0, 2);
 }
 
-// out[j * kKeyBlock + t] = q[j] . k_rows[t] for kN heads and the block's n keys (0 after n);
-// q [kN, D] f32 (or q_bf16 [kN, D]). With key t it prefetches next_rows[t] (the K and V rows of
-// a key of the next block, or null; row_bytes[2] bytes each; the V row only when prefetch_v),
-// spreading the prefetches over the block's arithmetic instead of issuing them as one burst that
-// stalls on the miss buffers.
-// Without the bf16 dot product (f32 FMAs), two keys per step: each q load feeds both keys and
-// 2 * kN independent FMA chains hide the FMA latency (a key past n reads a zero row).
+// The partial vectors of qk_block without the bf16 dot product (f32 FMAs): two keys per step, so
+// each q load feeds both keys and 2 * kN independent FMA chains hide the FMA latency (a key past
+// n reads a zero row); prefetches as qk_block.
 template <class V, class S, int kN>
 inline void qk_block_f32(const typename S::T* const* k_rows, int n, const float* q, int d_len,
                          const void* const* next_rows, const int64_t* row_bytes, bool prefetch_v,
@@ -122,25 +118,28 @@ inline void qk_block_f32(const typename S::T* const* k_rows, int n, const float*
   }
 }
 
+// out[j * kKeyBlock + t] = q[j] . k_rows[t] for kN heads and the block's n keys (0 after n);
+// q [kN, D] f32 (or q_bf16 [kN, D]). With key t it prefetches next_rows[t] (the K and V rows of
+// a key of the next block, or null; row_bytes[2] bytes each; the V row only when prefetch_v),
+// spreading the prefetches over the block's arithmetic instead of issuing them as one burst that
+// stalls on the miss buffers.
 template <class V, class S, bool kBf16Dot, int kN>
 inline void qk_block(const typename S::T* const* k_rows, int n, const float* q,
                      const uint16_t* q_bf16, int d_len, const void* const* next_rows,
                      const int64_t* row_bytes, bool prefetch_v, float* out) {
   typename V::F dots[kN][kKeyBlock];
-  constexpr bool kPairs = !kBf16Dot;
-  if constexpr (kPairs) {
+  if constexpr (!kBf16Dot) {
     qk_block_f32<V, S, kN>(k_rows, n, q, d_len, next_rows, row_bytes, prefetch_v, dots);
-  }
-  for (int t = 0; !kPairs && t < kKeyBlock; ++t) {
-    typename V::F acc[kN];
-    for (int j = 0; j < kN; ++j) acc[j] = V::zero();
-    if (next_rows != nullptr && next_rows[2 * t] != nullptr) {
-      prefetch_row(next_rows[2 * t], row_bytes[0]);
-      if (prefetch_v) prefetch_row(next_rows[2 * t + 1], row_bytes[1]);
-    }
-    if (t < n) {
-      const typename S::T* k = k_rows[t];
-      if constexpr (kBf16Dot) {
+  } else {
+    for (int t = 0; t < kKeyBlock; ++t) {
+      typename V::F acc[kN];
+      for (int j = 0; j < kN; ++j) acc[j] = V::zero();
+      if (next_rows != nullptr && next_rows[2 * t] != nullptr) {
+        prefetch_row(next_rows[2 * t], row_bytes[0]);
+        if (prefetch_v) prefetch_row(next_rows[2 * t + 1], row_bytes[1]);
+      }
+      if (t < n) {
+        const typename S::T* k = k_rows[t];
         int d = 0;
         for (; d + V::kBf16PerDot <= d_len; d += V::kBf16PerDot) {
           const auto kk = V::template load_k_pairs<S>(k + d);
@@ -156,14 +155,9 @@ inline void qk_block(const typename S::T* const* k_rows, int n, const float* q,
                 V::dot_bf16(acc[j], V::template load_k_half<StoreBf16>(q_bf16 + j * d_len + d), kk);
           }
         }
-      } else {
-        for (int d = 0; d < d_len; d += V::kWidth) {
-          const typename V::F kk = V::template load_as<S>(k + d);
-          for (int j = 0; j < kN; ++j) acc[j] = V::fma(V::load(q + j * d_len + d), kk, acc[j]);
-        }
       }
+      for (int j = 0; j < kN; ++j) dots[j][t] = acc[j];
     }
-    for (int j = 0; j < kN; ++j) dots[j][t] = acc[j];
   }
   for (int j = 0; j < kN; ++j) {
     if constexpr (requires { V::reduce_add_16(dots[j], out); }) {
