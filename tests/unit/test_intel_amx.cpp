@@ -691,6 +691,8 @@ TEST(IntelAmxIsa, ForcingAMissingIsaIsAnError) {
   Result<std::unique_ptr<AttentionBackend>> backend = make_backend(pc, CpuIsa::kAmx);
   ASSERT_FALSE(backend.is_ok());
   expect_error_mentions(backend.status(), StatusCode::kUnsupported, "amx");
+  // The message says what each level needs (VBMI for avx512_bf16 and amx).
+  expect_error_mentions(backend.status(), StatusCode::kUnsupported, "AVX512-VBMI");
 }
 
 }  // namespace

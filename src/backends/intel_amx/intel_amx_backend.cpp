@@ -652,9 +652,11 @@ Result<CpuIsa> choose_isa(const IntelAmxOptions& options) {
   }
   if (!forced) return best_cpu_isa(cpu);
   if (!cpu_isa_supported(*forced, cpu)) {
-    return Status::unsupported(cat("intel_amx: instruction set ", cpu_isa_name(*forced),
-                                   " was requested but this CPU (", cpu.name, ") provides up to ",
-                                   cpu_isa_name(best_cpu_isa(cpu))));
+    return Status::unsupported(cat(
+        "intel_amx: instruction set ", cpu_isa_name(*forced), " was requested but this CPU (",
+        cpu.name, ") provides up to ", cpu_isa_name(best_cpu_isa(cpu)),
+        " (avx512 needs AVX-512 F/BW/VL; avx512_bf16 also AVX512-BF16 and AVX512-VBMI; amx also "
+        "AMX-BF16 with the OS's tile permission)"));
   }
   return *forced;
 }
