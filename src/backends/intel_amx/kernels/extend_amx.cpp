@@ -270,6 +270,13 @@ struct RowInfo {
 // register block of kR rows x kJ column vectors reads each tile row once per kR rows and each A
 // pair once per kJ vectors; 16 accumulators (kR * kJ) keep two ports busy through the latency.
 
+// The A pair (a[0], a[1]) in every dword lane.
+__m512i broadcast_pair_bits(const uint16_t* a) {
+  uint32_t pair = 0;
+  std::memcpy(&pair, a, sizeof(pair));
+  return _mm512_set1_epi32(static_cast<int>(pair));
+}
+
 // One pair step of the vdpbf16ps variant: B = a tile row, A = the pair broadcast.
 struct Bf16DotStep {
   using A = __m512bh;
@@ -278,9 +285,7 @@ struct Bf16DotStep {
     return (__m512bh)_mm512_loadu_si512(row);  // NOLINT: a vector bit cast
   }
   static A load_a(const uint16_t* a) {
-    uint32_t pair = 0;
-    std::memcpy(&pair, a, sizeof(pair));
-    return (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));  // NOLINT
+    return (__m512bh)broadcast_pair_bits(a);  // NOLINT: a vector bit cast
   }
   static __m512 madd(__m512 acc, const A& a, const B& b) { return _mm512_dpbf16_ps(acc, a, b); }
 };
@@ -302,11 +307,7 @@ struct F32FmaStep {
             _mm512_castsi512_ps(_mm512_and_si512(w, odd_mask))};
   }
   static B load_b(const uint16_t* row) { return split(_mm512_loadu_si512(row)); }
-  static A load_a(const uint16_t* a) {
-    uint32_t pair = 0;
-    std::memcpy(&pair, a, sizeof(pair));
-    return split(_mm512_set1_epi32(static_cast<int>(pair)));
-  }
+  static A load_a(const uint16_t* a) { return split(broadcast_pair_bits(a)); }
   static __m512 madd(__m512 acc, const A& a, const B& b) {
     return _mm512_fmadd_ps(a.odd, b.odd, _mm512_fmadd_ps(a.even, b.even, acc));
   }

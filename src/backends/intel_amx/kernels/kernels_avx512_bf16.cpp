@@ -303,27 +303,19 @@ inline void v_pairs(const typename S::T* row0, const typename S::T* row1, __m512
 }
 
 // out[j] = the sum (kMax: the maximum) of the 16 lanes of w[j], for the kN <= 4 heads of a tile
-// together: the first two levels as in VecAvx512::quad_sums, then two 128-bit lane swaps: 13
-// vector operations for the four heads instead of four full reductions.
-template <bool kMax>
-inline __m512 reduce_op(__m512 a, __m512 b) {
-  return kMax ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b);
-}
+// together: the first two levels by VecAvx512::quad_fold, then two 128-bit lane swaps: 13 vector
+// operations for the four heads instead of four full reductions.
 template <bool kMax, int kN>
 inline void reduce_heads(const __m512* w, float* out) {
+  using V = VecAvx512Bf16;
   static_assert(kN >= 1 && kN <= 4);
-  constexpr auto op = reduce_op<kMax>;
-  constexpr int kLow2 = 0x44;        // elements (a0, a1, b0, b1) of each 128-bit lane
-  constexpr int kHigh2 = 0xEE;       // elements (a2, a3, b2, b3)
   constexpr int kSwapHalves = 0x4E;  // 128-bit lanes (2, 3, 0, 1)
   constexpr int kSwapPairs = 0xB1;   // 128-bit lanes (1, 0, 3, 2)
   __m512 v[4];
   for (int j = 0; j < 4; ++j) v[j] = w[j < kN ? j : 0];
-  const __m512 s01 = op(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
-  const __m512 s23 = op(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
-  __m512 q = op(_mm512_shuffle_ps(s01, s23, kLow2), _mm512_shuffle_ps(s01, s23, kHigh2));
-  q = op(q, _mm512_shuffle_f32x4(q, q, kSwapHalves));
-  q = op(q, _mm512_shuffle_f32x4(q, q, kSwapPairs));
+  __m512 q = V::quad_fold<kMax>(v);
+  q = V::fold<kMax>(q, _mm512_shuffle_f32x4(q, q, kSwapHalves));
+  q = V::fold<kMax>(q, _mm512_shuffle_f32x4(q, q, kSwapPairs));
   alignas(16) float r[4];
   _mm_store_ps(r, _mm512_castps512_ps128(q));
   for (int j = 0; j < kN; ++j) out[j] = r[j];

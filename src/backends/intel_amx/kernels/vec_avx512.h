@@ -39,10 +39,17 @@ struct VecAvx512 {
   }
   // The first two levels of reduce_add_16v: per 128-bit lane L, the partial sums of w[0..3] over
   // that lane's four elements (lane L, element e holds the sum for w[e]).
-  static F quad_sums(const F* w) {
-    const F s01 = add(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
-    const F s23 = add(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
-    return add(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xEE));
+  static F quad_sums(const F* w) { return quad_fold<false>(w); }
+  // quad_sums with the sum (kMax: the maximum) as the fold.
+  template <bool kMax>
+  static F fold(F a, F b) {
+    return kMax ? max(a, b) : add(a, b);
+  }
+  template <bool kMax>
+  static F quad_fold(const F* w) {
+    const F s01 = fold<kMax>(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+    const F s23 = fold<kMax>(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
+    return fold<kMax>(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xEE));
   }
   // The last two levels: quad[q] = quad_sums of vectors 4q..4q+3 -> lane i = the sum of vector i.
   static F combine_quads(const F* quad) {
