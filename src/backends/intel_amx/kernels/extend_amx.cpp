@@ -102,10 +102,11 @@ __mmask16 lane_range(int lo, int hi) {
 }
 
 // 2^x for x <= kRescaleThreshold, relative error < 5e-5 (degree-4 Taylor on |f| <= 1/2): the
-// probabilities are rounded to bf16 (relative step 2^-8) before P . V anyway.
+// probabilities are rounded to bf16 (relative step 2^-8) before P . V anyway. NaN stays NaN (as
+// in VecAvx512::exp2).
 V::F exp2_probability(V::F x) {
-  const __mmask16 live = _mm512_cmp_ps_mask(x, V::set1(kExp2Floor), _CMP_GE_OQ);
-  x = _mm512_max_ps(x, V::set1(kExp2Floor));
+  const __mmask16 live = _mm512_cmp_ps_mask(x, V::set1(kExp2Floor), _CMP_NLT_UQ);
+  x = _mm512_max_ps(V::set1(kExp2Floor), x);
   const V::F n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const V::F f = V::sub(x, n);
   V::F p = V::fma(V::set1(kExp2C4), f, V::set1(kExp2C3));

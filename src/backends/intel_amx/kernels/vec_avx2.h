@@ -53,13 +53,15 @@ struct VecAvx2 {
     return _mm_cvtss_f32(s);
   }
 
-  // 2^x; x < kExp2Floor (including -inf) gives 0.
+  // 2^x; x < kExp2Floor (including -inf) gives 0, NaN gives NaN (a NaN score poisons its row,
+  // as in the reference): the compare is true for unordered lanes and vmaxps / vminps return their
+  // second operand when either is NaN.
   static F exp2(F x) {
     constexpr float kExp2Ceil = 127.f;
     constexpr int kF32ExponentBias = 127;
     constexpr int kF32MantissaBits = 23;
-    const F live = _mm256_cmp_ps(x, set1(kExp2Floor), _CMP_GE_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, set1(kExp2Floor)), set1(kExp2Ceil));
+    const F live = _mm256_cmp_ps(x, set1(kExp2Floor), _CMP_NLT_UQ);
+    x = _mm256_min_ps(set1(kExp2Ceil), _mm256_max_ps(set1(kExp2Floor), x));
     const F n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const F f = sub(x, n);
     F p = fma(set1(kExp2C6), f, set1(kExp2C5));
@@ -74,11 +76,12 @@ struct VecAvx2 {
     return _mm256_and_ps(live, mul(p, _mm256_castsi256_ps(e)));
   }
 
+  // As VecAvx512::tanh (tanh(NaN) is NaN).
   static F tanh(F y) {
     constexpr float kTanhSaturation = 40.f;
     const F sign = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
     const F a = _mm256_andnot_ps(sign, y);
-    const F e = exp2(_mm256_min_ps(mul(a, set1(2.f * kLog2e)), set1(kTanhSaturation)));
+    const F e = exp2(_mm256_min_ps(set1(kTanhSaturation), mul(a, set1(2.f * kLog2e))));
     const F t = sub(set1(1.f), _mm256_div_ps(set1(2.f), add(e, set1(1.f))));
     return _mm256_or_ps(t, _mm256_and_ps(sign, y));
   }

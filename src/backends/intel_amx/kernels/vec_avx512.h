@@ -63,10 +63,12 @@ struct VecAvx512 {
                _mm512_shuffle_f32x4(h01, h23, kOddLanes));
   }
 
-  // 2^x; x <= kExp2Floor (including -inf) gives 0.
+  // 2^x; x < kExp2Floor (including -inf) gives 0, NaN gives NaN (a NaN score poisons its row,
+  // as in the reference): the compare is true for unordered lanes and vmaxps returns its second
+  // operand when either is NaN.
   static F exp2(F x) {
-    const __mmask16 live = _mm512_cmp_ps_mask(x, set1(kExp2Floor), _CMP_GE_OQ);
-    x = _mm512_max_ps(x, set1(kExp2Floor));
+    const __mmask16 live = _mm512_cmp_ps_mask(x, set1(kExp2Floor), _CMP_NLT_UQ);
+    x = _mm512_max_ps(set1(kExp2Floor), x);
     const F n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const F f = sub(x, n);
     F p = fma(set1(kExp2C6), f, set1(kExp2C5));
@@ -78,13 +80,14 @@ struct VecAvx512 {
     return _mm512_maskz_scalef_ps(live, p, n);
   }
 
-  // tanh(y) = sign(y) * (1 - 2 / (exp(2|y|) + 1)); 2|y|log2(e) is clamped where tanh is 1 in f32.
+  // tanh(y) = sign(y) * (1 - 2 / (exp(2|y|) + 1)); 2|y|log2(e) is clamped where tanh is 1 in f32
+  // (vminps's second operand is the NaN one: tanh(NaN) is NaN).
   static F tanh(F y) {
     constexpr float kTanhSaturation = 40.f;
     const __m512i sign_mask = _mm512_set1_epi32(static_cast<int>(0x80000000u));
     const __m512i bits = _mm512_castps_si512(y);
     const F a = _mm512_castsi512_ps(_mm512_andnot_si512(sign_mask, bits));
-    const F e = exp2(_mm512_min_ps(mul(a, set1(2.f * kLog2e)), set1(kTanhSaturation)));
+    const F e = exp2(_mm512_min_ps(set1(kTanhSaturation), mul(a, set1(2.f * kLog2e))));
     const F t = sub(set1(1.f), _mm512_div_ps(set1(2.f), add(e, set1(1.f))));
     return _mm512_castsi512_ps(
         _mm512_or_si512(_mm512_castps_si512(t), _mm512_and_si512(sign_mask, bits)));
