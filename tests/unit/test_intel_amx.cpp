@@ -4,10 +4,8 @@
 // sinks, fp8 KV, f16/f32 activations) and the rejection of unsupported inputs.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +15,7 @@
 #include "attnkit/registry.h"
 #include "backends/intel_amx/intel_amx_backend.h"
 #include "harness/case_runner.h"
+#include "support/nan_key_check.h"
 #include "support/scoped_env.h"
 
 namespace attnkit {
@@ -279,104 +278,38 @@ TEST_P(IntelAmxTargeted, Fp8NanCodePropagates) {
   }
 }
 
-// A NaN K element makes every score of its key NaN, and the reference gives every query row that
-// sees that key a NaN output row (exp of the NaN score poisons the denominator and P.V); rows that
-// do not see it (other requests, other kv heads, queries whose window or causal mask excludes it)
-// stay finite. Checked on every path and KV dtype, decode and extend (the blocked extend
-// included), with and without a window, soft-cap and split-KV: the NaN pattern of every layer's
-// output must equal the reference's, and the finite elements must match it. (The CPU exp2 mapped a
-// NaN score to 0, dropping the key, before.)
+// A NaN K element poisons exactly the rows that see its key, as in the reference
+// (support/nan_key_check.h), on every path and KV dtype: decode and extend (the blocked extend
+// included), with and without a window, soft-cap and split-KV, a cached and a new token's key.
+// (The CPU exp2 mapped a NaN score to 0, dropping the key, and the vector tanh clamped it, before.)
 TEST_P(IntelAmxTargeted, NanKeyPropagates) {
-  constexpr int kHq = 8;
-  constexpr int kHkv = 2;
-  constexpr int kD = 128;
-  constexpr int kNanDim = 7;
-  constexpr int kNanHead = 1;
-  constexpr int kNanPos = 290;  // a cached key of request 0
   struct Variant {
     ForwardMode mode;
     std::vector<int> prefix, fresh;
     int window;
-    int threads;
-    bool any_nan;  // some query sees the key
     float cap;     // soft-cap (0: none)
+    bool any_nan;  // some query sees the key
   };
   const Variant variants[] = {
-      {ForwardMode::kDecode, {300, 41}, {1, 1}, -1, kTestThreads, true, 0.f},
-      {ForwardMode::kDecode, {300, 41}, {1, 1}, 5, kTestThreads, false, 0.f},   // out of the window
-      {ForwardMode::kDecode, {4000, 41}, {1, 1}, -1, kTestThreads, true, 0.f},  // split-KV
-      {ForwardMode::kDecode, {300, 41}, {1, 1}, -1, kTestThreads, true, 1.5f},
-      {ForwardMode::kExtend, {295, 64}, {37, 20}, -1, kTestThreads, true, 0.f},
-      {ForwardMode::kExtend, {295, 64}, {37, 20}, 20, kTestThreads, true, 0.f},  // the first
-                                                                                 // queries
-      {ForwardMode::kExtend, {0, 64}, {330, 20}, -1, kTestThreads, true, 0.f},  // a new token's key
-      {ForwardMode::kExtend, {295, 64}, {37, 20}, -1, kTestThreads, true, 1.5f},
+      {ForwardMode::kDecode, {300, 41}, {1, 1}, -1, 0.f, true},
+      {ForwardMode::kDecode, {300, 41}, {1, 1}, 5, 0.f, false},   // out of the window
+      {ForwardMode::kDecode, {4000, 41}, {1, 1}, -1, 0.f, true},  // split-KV
+      {ForwardMode::kDecode, {300, 41}, {1, 1}, -1, 1.5f, true},
+      {ForwardMode::kExtend, {295, 64}, {37, 20}, -1, 0.f, true},
+      {ForwardMode::kExtend, {295, 64}, {37, 20}, 20, 0.f, true},  // seen by the first queries
+      {ForwardMode::kExtend, {0, 64}, {330, 20}, -1, 0.f, true},   // a new token's key
+      {ForwardMode::kExtend, {295, 64}, {37, 20}, -1, 1.5f, true},
   };
+  const test_support::NanKeySpot spot{/*request=*/0, /*position=*/290, /*kv_head=*/1, /*dim=*/7};
   for (const DType kv : {DType::kBF16, DType::kFP8E4M3}) {
     for (const Variant& var : variants) {
-      CaseSpec spec =
-          make_case(var.mode == ForwardMode::kDecode ? "nan_key_decode" : "nan_key_extend",
-                    var.mode, 16, var.prefix, var.fresh, kHq, kHkv, kD);
+      CaseSpec spec = make_case("nan_key", var.mode, 16, var.prefix, var.fresh);
       spec.kv_dtype = kv;
       spec.sliding_window = var.window;
       spec.logit_cap = var.cap;
-      SCOPED_TRACE(spec.describe());
-      Result<PreparedCase> pc = harness::prepare_case(spec, Device::cpu());
-      ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
-      auto* pool = dynamic_cast<MHAKVPool*>(pc->kv_pool.get());
-      ASSERT_NE(pool, nullptr);
-      // The new tokens' K is written by the run (set_kv): a new token's position is poisoned
-      // through the k the layer receives, a cached one in the pool.
-      const bool cached = var.prefix[0] > kNanPos;
-      const int32_t slot = pc->req_to_token->host_row(pc->rows[0])[kNanPos];
-      for (harness::LayerData& ld : pc->layers) {
-        TensorView k = cached ? pool->k_buffer(ld.layer.layer_id) : ld.k;
-        const int64_t row = cached ? slot : kNanPos - var.prefix[0];
-        auto* base = static_cast<uint8_t*>(k.data);
-        const int64_t elem = row * k.strides[0] + kNanHead * k.strides[1] + kNanDim;
-        if (k.dtype == DType::kFP8E4M3) {
-          base[elem] = 0x7F;
-        } else {
-          ASSERT_EQ(k.dtype, DType::kBF16);
-          reinterpret_cast<uint16_t*>(base)[elem] = 0x7FC0;
-        }
-      }
-      Result<std::unique_ptr<AttentionBackend>> backend =
-          make_backend(*pc, GetParam(), var.threads);
-      ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
-      ASSERT_TRUE(harness::run_backend(**backend, *pc, /*save_kv=*/!cached).is_ok());
-      for (const harness::LayerData& ld : pc->layers) {
-        Result<harness::ReferenceResult> ref = harness::reference_for_layer(*pc, ld.layer.layer_id);
-        ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
-        ASSERT_EQ(ld.out.dtype, DType::kBF16);
-        const auto* out = static_cast<const uint16_t*>(ld.out.data);
-        int64_t nan_rows = 0, finite_rows = 0, wrong_nan = 0, wrong_value = 0;
-        for (int64_t t = 0; t < ld.out.shape[0]; ++t) {
-          for (int h = 0; h < kHq; ++h) {
-            bool ref_nan_row = false;
-            for (int d = 0; d < kD; ++d) {
-              const size_t ri = (static_cast<size_t>(t) * kHq + h) * kD + d;
-              const double want = ref->out[ri];
-              const uint32_t bits =
-                  static_cast<uint32_t>(out[t * ld.out.strides[0] + h * ld.out.strides[1] + d])
-                  << 16;
-              float got;
-              std::memcpy(&got, &bits, sizeof(got));
-              ref_nan_row |= std::isnan(want);
-              if (std::isnan(want) != std::isnan(got)) {
-                ++wrong_nan;
-              } else if (!std::isnan(want) && std::abs(got - want) > 0.05 + 0.02 * std::abs(want)) {
-                ++wrong_value;
-              }
-            }
-            (ref_nan_row ? nan_rows : finite_rows) += 1;
-          }
-        }
-        EXPECT_EQ(nan_rows > 0, var.any_nan);
-        EXPECT_GT(finite_rows, 0);
-        EXPECT_EQ(wrong_nan, 0) << cpu_isa_name(GetParam()) << " layer " << ld.layer.layer_id;
-        EXPECT_EQ(wrong_value, 0) << cpu_isa_name(GetParam()) << " layer " << ld.layer.layer_id;
-      }
+      test_support::expect_nan_key_propagates(
+          spec, Device::cpu(), spot, var.any_nan,
+          [&](const PreparedCase& pc) { return make_backend(pc, GetParam()); });
     }
   }
 }

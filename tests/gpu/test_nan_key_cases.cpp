@@ -1,0 +1,92 @@
+// A NaN K element on every CUDA backend that runs MHA (torch_native, triton, flashinfer, fa3):
+// exactly the rows that see the key are NaN, as in the fp64 reference (support/nan_key_check.h).
+// Decode (bf16 and fp8_e4m3 KV, page 1 and 16, a window that excludes the key, a long request the
+// plan splits) and extend (the SM90 wgmma prefill at d 128, a window, soft-cap, a new token's
+// key). Cases a backend's descriptor rules out are skipped with the reason.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attnkit/registry.h"
+#include "harness/case_runner.h"
+#include "support/backend_case_test.h"
+#include "support/gpu_test_helpers.h"
+#include "support/nan_key_check.h"
+
+namespace attnkit {
+namespace {
+
+using harness::CaseSpec;
+
+struct NanCase {
+  std::string name;
+  ForwardMode mode;
+  std::vector<int> prefix, fresh;
+  DType kv;
+  int page;
+  int window;
+  float cap;
+  bool any_nan;  // some query sees the key
+};
+
+std::vector<NanCase> nan_cases() {
+  const DType bf16 = DType::kBF16, fp8 = DType::kFP8E4M3;
+  const ForwardMode dec = ForwardMode::kDecode, ext = ForwardMode::kExtend;
+  return {
+      {"decode_bf16", dec, {300, 41}, {1, 1}, bf16, 16, -1, 0.f, true},
+      {"decode_bf16_page1", dec, {300, 41}, {1, 1}, bf16, 1, -1, 0.f, true},
+      {"decode_fp8", dec, {300, 41}, {1, 1}, fp8, 16, -1, 0.f, true},
+      {"decode_window_excludes", dec, {300, 41}, {1, 1}, bf16, 16, 5, 0.f, false},
+      {"decode_long_split", dec, {8000, 41}, {1, 1}, bf16, 16, -1, 0.f, true},
+      {"decode_long_split_fp8", dec, {8000, 41}, {1, 1}, fp8, 16, -1, 0.f, true},
+      {"decode_softcap", dec, {300, 41}, {1, 1}, bf16, 16, -1, 1.5f, true},
+      {"extend_bf16", ext, {295, 64}, {200, 20}, bf16, 16, -1, 0.f, true},
+      {"extend_fp8", ext, {295, 64}, {200, 20}, fp8, 16, -1, 0.f, true},
+      {"extend_window", ext, {295, 64}, {37, 20}, bf16, 16, 20, 0.f, true},
+      {"extend_new_key", ext, {0, 64}, {330, 20}, bf16, 16, -1, 0.f, true},
+      {"extend_softcap", ext, {295, 64}, {37, 20}, bf16, 16, -1, 1.5f, true},
+  };
+}
+
+class NanKeyCases : public ::testing::TestWithParam<std::tuple<std::string, NanCase>> {};
+
+TEST_P(NanKeyCases, RowsThatSeeTheKeyAreNan) {
+  if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
+  const auto& [backend, nc] = GetParam();
+  CaseSpec spec;
+  spec.name = "nan_key_" + nc.name;
+  spec.mode = nc.mode;
+  spec.page_size = nc.page;
+  spec.prefix_lens = nc.prefix;
+  spec.new_lens = nc.fresh;
+  spec.num_q_heads = 32;
+  spec.num_kv_heads = 8;
+  spec.head_dim = 128;
+  spec.v_head_dim = 128;
+  spec.kv_dtype = nc.kv;
+  spec.sliding_window = nc.window;
+  spec.logit_cap = nc.cap;
+  spec.seed = 11;
+  const Device device = Device::cuda(0);
+  const BackendDescriptor* descriptor = builtin_registry().find(backend);
+  ASSERT_NE(descriptor, nullptr);
+  const std::string reason =
+      harness::skip_reason(*descriptor, spec, test_support::device_info_for(device));
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  const test_support::NanKeySpot spot{/*request=*/0, /*position=*/290, /*kv_head=*/5, /*dim=*/7};
+  test_support::expect_nan_key_propagates(
+      spec, device, spot, nc.any_nan, [&](const harness::PreparedCase& pc) {
+        return harness::create_backend_for_case(*descriptor, pc);
+      });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, NanKeyCases,
+    ::testing::Combine(::testing::Values("torch_native", "triton", "flashinfer", "fa3"),
+                       ::testing::ValuesIn(nan_cases())),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+
+}  // namespace
+}  // namespace attnkit

@@ -1,0 +1,100 @@
+#include "support/nan_key_check.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "attnkit/dtype.h"
+#include "attnkit/kv_cache.h"
+#include "attnkit/tensor.h"
+
+namespace attnkit::test_support {
+namespace {
+
+// The NaN encoding of one element of `dtype` (little-endian bytes), or empty if not covered.
+std::vector<uint8_t> nan_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return {0xC0, 0x7F};
+    case DType::kF16:
+      return {0x00, 0x7E};
+    case DType::kFP8E4M3:
+      return {0x7F};
+    default:
+      return {};
+  }
+}
+
+}  // namespace
+
+void expect_nan_key_propagates(const harness::CaseSpec& spec, Device device, const NanKeySpot& spot,
+                               bool any_nan, const CaseBackendMaker& make) {
+  SCOPED_TRACE(spec.describe());
+  Result<harness::PreparedCase> pc = harness::prepare_case(spec, device);
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  auto* pool = dynamic_cast<MHAKVPool*>(pc->kv_pool.get());
+  ASSERT_NE(pool, nullptr) << "MHA cases only";
+  const auto r = static_cast<size_t>(spot.request);
+  ASSERT_LT(r, spec.prefix_lens.size());
+  const int prefix = spec.prefix_lens[r];
+  ASSERT_LT(spot.position, prefix + spec.new_lens[r]);
+  const bool cached = spot.position < prefix;
+  int64_t new_row = spot.position - prefix;  // among the forward's tokens
+  for (size_t i = 0; i < r; ++i) new_row += spec.new_lens[i];
+  const int32_t slot = pc->req_to_token->host_row(pc->rows[r])[spot.position];
+  for (harness::LayerData& ld : pc->layers) {
+    const TensorView k = cached ? pool->k_buffer(ld.layer.layer_id) : ld.k;
+    const std::vector<uint8_t> nan = nan_bytes(k.dtype);
+    ASSERT_FALSE(nan.empty()) << "K dtype " << dtype_name(k.dtype);
+    const int64_t row = cached ? slot : new_row;
+    const int64_t elem = row * k.strides[0] + spot.kv_head * k.strides[1] + spot.dim;
+    auto* dst = static_cast<uint8_t*>(k.data) + elem * static_cast<int64_t>(nan.size());
+    ASSERT_TRUE(
+        copy_bytes(dst, k.device, nan.data(), Device::cpu(), static_cast<int64_t>(nan.size()))
+            .is_ok());
+  }
+  Result<std::unique_ptr<AttentionBackend>> backend = make(*pc);
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  const Status run = harness::run_backend(**backend, *pc, /*save_kv=*/true);
+  ASSERT_TRUE(run.is_ok()) << run.to_string();
+  for (const harness::LayerData& ld : pc->layers) {
+    SCOPED_TRACE(ld.layer.layer_id);
+    Result<harness::ReferenceResult> ref = harness::reference_for_layer(*pc, ld.layer.layer_id);
+    ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+    ASSERT_TRUE(ld.out.dtype == DType::kBF16 || ld.out.dtype == DType::kF16);
+    ASSERT_EQ(ld.out.ndim, 3);
+    const int64_t tokens = ld.out.shape[0], heads = ld.out.shape[1], dv = ld.out.shape[2];
+    ASSERT_EQ(ld.out.strides[2], 1);
+    const int64_t extent = (tokens - 1) * ld.out.strides[0] + (heads - 1) * ld.out.strides[1] + dv;
+    std::vector<uint8_t> host(static_cast<size_t>(extent) * 2);
+    ASSERT_TRUE(
+        copy_bytes(host.data(), Device::cpu(), ld.out.data, ld.out.device, extent * 2).is_ok());
+    int64_t nan_rows = 0, finite_rows = 0, wrong_nan = 0, wrong_value = 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        bool ref_nan_row = false;
+        for (int64_t d = 0; d < dv; ++d) {
+          const double want = ref->out[static_cast<size_t>((t * heads + h) * dv + d)];
+          const float got = load_as_float(host.data(), ld.out.dtype,
+                                          t * ld.out.strides[0] + h * ld.out.strides[1] + d);
+          ref_nan_row |= std::isnan(want);
+          if (std::isnan(want) != std::isnan(got)) {
+            ++wrong_nan;
+          } else if (!std::isnan(want) && std::abs(got - want) > 0.05 + 0.02 * std::abs(want)) {
+            ++wrong_value;
+          }
+        }
+        (ref_nan_row ? nan_rows : finite_rows) += 1;
+      }
+    }
+    EXPECT_EQ(nan_rows > 0, any_nan) << nan_rows << " NaN rows in the reference";
+    EXPECT_GT(finite_rows, 0);
+    EXPECT_EQ(wrong_nan, 0) << "elements whose NaN-ness differs from the reference";
+    EXPECT_EQ(wrong_value, 0) << "finite elements off the reference";
+  }
+}
+
+}  // namespace attnkit::test_support

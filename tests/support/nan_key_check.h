@@ -1,0 +1,38 @@
+// A NaN element in one key's K: the fp64 reference gives every query row that sees the key a NaN
+// output row (the NaN score poisons the softmax denominator and P.V) and leaves every other row
+// finite. A backend must do the same: mapping the NaN score to a probability of 0 (a dropped key)
+// or to a clamped value would be a silent wrong answer. Shared by the CPU (intel_amx, every ISA
+// path) and GPU (every CUDA backend) tests.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "attnkit/backend.h"
+#include "attnkit/device.h"
+#include "harness/case_runner.h"
+
+namespace attnkit::test_support {
+
+// Where the NaN goes: K of request `request`'s key at `position`, kv head `kv_head`, dimension
+// `dim`. A cached key (position < the request's prefix) is written into the pool; a new token's
+// into the k the layer receives, which the run writes into the pool.
+struct NanKeySpot {
+  int request = 0;
+  int position = 0;
+  int kv_head = 0;
+  int dim = 0;
+};
+
+using CaseBackendMaker =
+    std::function<Result<std::unique_ptr<AttentionBackend>>(const harness::PreparedCase&)>;
+
+// Prepares `spec` on `device`, writes the NaN (bf16 / f16 / fp8_e4m3 K), runs the backend `make`
+// returns (save_kv on), and expects for every layer: the output's NaN elements are exactly the
+// reference's, the finite ones match it (|out - ref| <= 0.05 + 0.02 |ref|), at least one row is
+// finite, and at least one row is NaN iff `any_nan` (some query sees the key). Call from a TEST
+// body (uses ASSERT).
+void expect_nan_key_propagates(const harness::CaseSpec& spec, Device device, const NanKeySpot& spot,
+                               bool any_nan, const CaseBackendMaker& make);
+
+}  // namespace attnkit::test_support
