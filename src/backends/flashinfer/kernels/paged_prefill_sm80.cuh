@@ -230,12 +230,9 @@ struct PagedPrefill {
     return y;
   }
 
-  // Soft-capped log2-domain logit: cap * tanh(x * scale / cap), tanh(t) = 1 - 2 / (e^(2t) + 1)
-  // (one exp2 and a fast division; absolute error ~1e-7, saturates to +-1).
+  // Soft-capped log2-domain logit (cuda::soft_capped_log2_logit).
   __device__ __forceinline__ static float capped_logit(const PagedParams& p, float dot) {
-    const float tt = dot * p.scale / p.logit_cap;
-    const float e = exp2f(fminf(2.f * cuda::kLog2e * tt, 64.f));
-    return p.logit_cap * (1.f - __fdividef(2.f, e + 1.f)) * cuda::kLog2e;
+    return cuda::soft_capped_log2_logit(dot, p.scale, p.logit_cap);
   }
 
   __device__ static void run(const PagedParams& p) {

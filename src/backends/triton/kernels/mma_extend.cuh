@@ -223,12 +223,8 @@ struct MmaExtendKernel {
   }
 
   // Soft-capped log2-domain logit of a raw q.k dot product (as AttentionVariant::logit).
-  // tanh(t) = 1 - 2 / (e^(2t) + 1): one exp2 and one fast division instead of tanhf's longer
-  // sequence (keeps the mainloop within the registers); absolute error ~1e-7, saturates to +-1.
   __device__ __forceinline__ static float capped_logit(const AttentionParams& p, float dot) {
-    const float t = dot * p.sm_scale / p.logit_cap;
-    const float e = exp2f(fminf(2.f * cuda::kLog2e * t, 64.f));
-    return p.logit_cap * (1.f - __fdividef(2.f, e + 1.f)) * cuda::kLog2e;
+    return cuda::soft_capped_log2_logit(dot, p.sm_scale, p.logit_cap);
   }
 
   // A fragment of Q rows [row0, row0 + 16), head dims [kk * 16, +16).
