@@ -21,12 +21,15 @@ inline constexpr float kNoKeyMax = -1e30f;
 // longer sequence (keeps the SM80 prefill mainloops within their registers); absolute error
 // ~1e-7, saturates to +-1. The clamp is a compare and select, not fminf, so that a NaN dot (a NaN
 // K element) stays NaN and poisons its row as in the reference (fminf returned 64: the cap).
+// (Device code only: host translation units include this header for the state structs.)
+#if defined(__CUDACC__)
 __device__ __forceinline__ float soft_capped_log2_logit(float dot, float scale, float cap) {
   const float t = dot * scale / cap;
   const float a = 2.f * kLog2e * t;
   const float e = exp2f(a > 64.f ? 64.f : a);
   return cap * (1.f - __fdividef(2.f, e + 1.f)) * kLog2e;
 }
+#endif
 
 struct SoftmaxState {
   float m = kNoKeyMax;  // running max of log2-domain logits
