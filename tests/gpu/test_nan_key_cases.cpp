@@ -1,8 +1,10 @@
-// A NaN K element on every CUDA backend that runs MHA (torch_native, triton, flashinfer, fa3):
-// exactly the rows that see the key are NaN, as in the fp64 reference (support/nan_key_check.h).
-// Decode (bf16 and fp8_e4m3 KV, page 1 and 16, a window that excludes the key, a long request the
-// plan splits) and extend (the SM90 wgmma prefill at d 128, a window, soft-cap, a new token's
-// key). Cases a backend's descriptor rules out are skipped with the reason.
+// A NaN K element on every CUDA backend (torch_native, triton, flashinfer, fa3, flashmla,
+// cutlass_mla): exactly the rows that see the key are NaN, as in the fp64 reference
+// (support/nan_key_check.h). MHA decode (bf16 and fp8_e4m3 KV, page 1 and 16, a window that
+// excludes the key, a long request the plan splits, soft-cap) and extend (the SM90 wgmma prefill
+// at d 128, a window, soft-cap, a new token's key); absorbed MLA decode and extend with the NaN
+// in a rope dim (K only) or a latent dim (K and V). Cases a backend's descriptor rules out are
+// skipped with the reason.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -29,24 +31,35 @@ struct NanCase {
   int window;
   float cap;
   bool any_nan;  // some query sees the key
+  int mla_dim;   // >= 0: absorbed MLA (16 heads, latent 512 + rope 64), NaN at this latent dim
 };
 
 std::vector<NanCase> nan_cases() {
   const DType bf16 = DType::kBF16, fp8 = DType::kFP8E4M3;
   const ForwardMode dec = ForwardMode::kDecode, ext = ForwardMode::kExtend;
+  constexpr int kRope = 512 + 3;  // a rope dim of the latent row: K only
+  constexpr int kLora = 7;        // in K and V
   return {
-      {"decode_bf16", dec, {300, 41}, {1, 1}, bf16, 16, -1, 0.f, true},
-      {"decode_bf16_page1", dec, {300, 41}, {1, 1}, bf16, 1, -1, 0.f, true},
-      {"decode_fp8", dec, {300, 41}, {1, 1}, fp8, 16, -1, 0.f, true},
-      {"decode_window_excludes", dec, {300, 41}, {1, 1}, bf16, 16, 5, 0.f, false},
-      {"decode_long_split", dec, {8000, 41}, {1, 1}, bf16, 16, -1, 0.f, true},
-      {"decode_long_split_fp8", dec, {8000, 41}, {1, 1}, fp8, 16, -1, 0.f, true},
-      {"decode_softcap", dec, {300, 41}, {1, 1}, bf16, 16, -1, 1.5f, true},
-      {"extend_bf16", ext, {295, 64}, {200, 20}, bf16, 16, -1, 0.f, true},
-      {"extend_fp8", ext, {295, 64}, {200, 20}, fp8, 16, -1, 0.f, true},
-      {"extend_window", ext, {295, 64}, {37, 20}, bf16, 16, 20, 0.f, true},
-      {"extend_new_key", ext, {0, 64}, {330, 20}, bf16, 16, -1, 0.f, true},
-      {"extend_softcap", ext, {295, 64}, {37, 20}, bf16, 16, -1, 1.5f, true},
+      {"decode_bf16", dec, {300, 41}, {1, 1}, bf16, 16, -1, 0.f, true, -1},
+      {"decode_bf16_page1", dec, {300, 41}, {1, 1}, bf16, 1, -1, 0.f, true, -1},
+      {"decode_fp8", dec, {300, 41}, {1, 1}, fp8, 16, -1, 0.f, true, -1},
+      {"decode_window_excludes", dec, {300, 41}, {1, 1}, bf16, 16, 5, 0.f, false, -1},
+      {"decode_long_split", dec, {8000, 41}, {1, 1}, bf16, 16, -1, 0.f, true, -1},
+      {"decode_long_split_fp8", dec, {8000, 41}, {1, 1}, fp8, 16, -1, 0.f, true, -1},
+      {"decode_softcap", dec, {300, 41}, {1, 1}, bf16, 16, -1, 1.5f, true, -1},
+      {"extend_bf16", ext, {295, 64}, {200, 20}, bf16, 16, -1, 0.f, true, -1},
+      {"extend_fp8", ext, {295, 64}, {200, 20}, fp8, 16, -1, 0.f, true, -1},
+      {"extend_window", ext, {295, 64}, {37, 20}, bf16, 16, 20, 0.f, true, -1},
+      {"extend_new_key", ext, {0, 64}, {330, 20}, bf16, 16, -1, 0.f, true, -1},
+      {"extend_softcap", ext, {295, 64}, {37, 20}, bf16, 16, -1, 1.5f, true, -1},
+      {"mla_decode_rope", dec, {300, 41}, {1, 1}, bf16, 64, -1, 0.f, true, kRope},
+      {"mla_decode_latent", dec, {300, 41}, {1, 1}, bf16, 64, -1, 0.f, true, kLora},
+      {"mla_decode_page1", dec, {300, 41}, {1, 1}, bf16, 1, -1, 0.f, true, kRope},
+      {"mla_decode_fp8", dec, {300, 41}, {1, 1}, fp8, 64, -1, 0.f, true, kRope},
+      {"mla_decode_long_split", dec, {6000, 41}, {1, 1}, bf16, 64, -1, 0.f, true, kRope},
+      {"mla_decode_long_split_fp8", dec, {6000, 41}, {1, 1}, fp8, 64, -1, 0.f, true, kRope},
+      {"mla_extend", ext, {295, 64}, {37, 20}, bf16, 64, -1, 0.f, true, kRope},
+      {"mla_extend_new_key", ext, {0, 64}, {330, 20}, bf16, 64, -1, 0.f, true, kLora},
   };
 }
 
@@ -65,6 +78,18 @@ TEST_P(NanKeyCases, RowsThatSeeTheKeyAreNan) {
   spec.num_kv_heads = 8;
   spec.head_dim = 128;
   spec.v_head_dim = 128;
+  test_support::NanKeySpot spot{/*request=*/0, /*position=*/290, /*kv_head=*/5, /*dim=*/7};
+  if (nc.mla_dim >= 0) {
+    spec.mla = true;
+    spec.kv_lora_rank = 512;
+    spec.qk_rope_head_dim = 64;
+    spec.num_q_heads = 16;
+    spec.num_kv_heads = 1;
+    spec.head_dim = 512 + 64;
+    spec.v_head_dim = 512;
+    spot.kv_head = 0;
+    spot.dim = nc.mla_dim;
+  }
   spec.kv_dtype = nc.kv;
   spec.sliding_window = nc.window;
   spec.logit_cap = nc.cap;
@@ -75,7 +100,6 @@ TEST_P(NanKeyCases, RowsThatSeeTheKeyAreNan) {
   const std::string reason =
       harness::skip_reason(*descriptor, spec, test_support::device_info_for(device));
   if (!reason.empty()) GTEST_SKIP() << reason;
-  const test_support::NanKeySpot spot{/*request=*/0, /*position=*/290, /*kv_head=*/5, /*dim=*/7};
   test_support::expect_nan_key_propagates(
       spec, device, spot, nc.any_nan, [&](const harness::PreparedCase& pc) {
         return harness::create_backend_for_case(*descriptor, pc);
@@ -84,7 +108,8 @@ TEST_P(NanKeyCases, RowsThatSeeTheKeyAreNan) {
 
 INSTANTIATE_TEST_SUITE_P(
     Backends, NanKeyCases,
-    ::testing::Combine(::testing::Values("torch_native", "triton", "flashinfer", "fa3"),
+    ::testing::Combine(::testing::Values("torch_native", "triton", "flashinfer", "fa3", "flashmla",
+                                         "cutlass_mla"),
                        ::testing::ValuesIn(nan_cases())),
     [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
 

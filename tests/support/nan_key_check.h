@@ -15,7 +15,8 @@
 namespace attnkit::test_support {
 
 // Where the NaN goes: K of request `request`'s key at `position`, kv head `kv_head`, dimension
-// `dim`. A cached key (position < the request's prefix) is written into the pool; a new token's
+// `dim` (absorbed MLA: kv head 0, `dim` indexes the latent row, so a dim below kv_lora_rank is in
+// V too). A cached key (position < the request's prefix) is written into the pool; a new token's
 // into the k the layer receives, which the run writes into the pool.
 struct NanKeySpot {
   int request = 0;
@@ -27,11 +28,12 @@ struct NanKeySpot {
 using CaseBackendMaker =
     std::function<Result<std::unique_ptr<AttentionBackend>>(const harness::PreparedCase&)>;
 
-// Prepares `spec` on `device`, writes the NaN (bf16 / f16 / fp8_e4m3 K), runs the backend `make`
-// returns (save_kv on), and expects for every layer: the output's NaN elements are exactly the
-// reference's, the finite ones match it (|out - ref| <= 0.05 + 0.02 |ref|), at least one row is
-// finite, and at least one row is NaN iff `any_nan` (some query sees the key). Call from a TEST
-// body (uses ASSERT).
+// Prepares `spec` (MHA or absorbed MLA) on `device`, writes the NaN (bf16 / f16 / fp8_e4m3 K), runs
+// the backend `make` returns (save_kv on), and expects for every layer: the output's NaN elements
+// are exactly the reference's, the finite ones match it (|out - ref| <= 0.05 + 0.02 |ref|), the lse
+// (when requested) is NaN on exactly the reference's NaN rows and near it elsewhere, at least one
+// row is finite, and at least one row is NaN iff `any_nan` (some query sees the key). Call from a
+// TEST body (uses ASSERT).
 void expect_nan_key_propagates(const harness::CaseSpec& spec, Device device, const NanKeySpot& spot,
                                bool any_nan, const CaseBackendMaker& make);
 

@@ -16,6 +16,18 @@ inline constexpr float kLn2 = 0.6931471805599453f;
 // (-inf) - (-inf); any real logit is far above it.
 inline constexpr float kNoKeyMax = -1e30f;
 
+// Whether a row's softmax denominator (a sum of exponentials: 0 for a row that saw no key) belongs
+// to a row with keys. NaN counts (a NaN score, e.g. from a NaN K element): the row's output and
+// lse stay NaN, as in the reference, instead of reading as an empty row (0 and -inf) that a merge
+// by lse would drop.
+__host__ __device__ __forceinline__ bool row_has_keys(float denom) { return !(denom <= 0.f); }
+
+// The larger of two lses (or maxima) where a NaN wins (fmaxf returns the other operand): a merge
+// whose partials include a NaN row is NaN.
+__host__ __device__ __forceinline__ float fmax_keep_nan(float a, float b) {
+  return a != a || b != b ? a + b : fmaxf(a, b);
+}
+
 // Soft-capped log2-domain logit of a raw q.k dot product: cap * tanh(dot * scale / cap) *
 // log2(e), with tanh(t) = 1 - 2 / (e^(2t) + 1): one exp2 and one fast division instead of tanhf's
 // longer sequence (keeps the SM80 prefill mainloops within their registers); absolute error
@@ -52,7 +64,7 @@ struct SoftmaxState {
   __device__ __forceinline__ bool empty() const { return d == 0.f; }
   // Natural-log LSE; -inf when no key was seen.
   __device__ __forceinline__ float lse() const {
-    return d > 0.f ? (m + log2f(d)) * kLn2 : -INFINITY;
+    return row_has_keys(d) ? (m + log2f(d)) * kLn2 : -INFINITY;
   }
 };
 

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "backends/fa3/kernels/fa3_params.h"
+#include "cuda/common/online_softmax.cuh"
 #include "cuda/sm90/sm90_primitives.cuh"
 #include "cuda/sm90/wgmma_sm90.cuh"
 
@@ -594,7 +595,7 @@ __device__ __forceinline__ float row_lse(float m, float sum) {
   const float kNegInf = -__int_as_float(0x7f800000);
   constexpr float kLn2 = 0.693147180559945309f;
   const float m_use = m == kNegInf ? 0.f : m;
-  return sum > 0.f ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
+  return cuda::row_has_keys(sum) ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
 }
 
 // Epilogue of one consumer thread's two rows (row0, row0 + 8 of tile t): O * out_scale / l and
@@ -611,7 +612,7 @@ __device__ __forceinline__ void store_o_tile(const Fa3Params& p, const TileInfo&
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sum = quad_row_sum(l[h]);
-    const float inv = sum > 0.f ? out_scale / sum : 0.f;
+    const float inv = cuda::row_has_keys(sum) ? out_scale / sum : 0.f;
     const int token = t.m0 + row0 + 8 * h;
     const int64_t trow = t.q_start + token;
     // One base address per row (element offsets are even and non-negative: 16-byte aligned rows
@@ -665,7 +666,7 @@ __device__ __forceinline__ void store_o_piece(const Fa3Params& p, const TileInfo
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sum = quad_row_sum(l[h]);
-    const float inv = sum > 0.f ? out_scale / sum : 0.f;
+    const float inv = cuda::row_has_keys(sum) ? out_scale / sum : 0.f;
     const int row = row0 + 8 * h;
     if (t.m0 + row >= t.q_len) continue;
     const int64_t prow = static_cast<int64_t>(piece) * p.block_m + row;
@@ -864,7 +865,7 @@ __global__ void __launch_bounds__(128)
       acc[c + 1] = fmaf(wk, v.y, acc[c + 1]);
     }
   }
-  const float inv = den > 0.f ? 1.f / den : 0.f;
+  const float inv = cuda::row_has_keys(den) ? 1.f / den : 0.f;
   const int64_t trow = rw[0] + token;
   uint32_t* dst =
       static_cast<uint32_t*>(p.out) +
@@ -874,7 +875,7 @@ __global__ void __launch_bounds__(128)
   for (int c = 0; c < kPerLane; c += 2) dst[c / 2] = pack2<kBf16>(acc[c] * inv, acc[c + 1] * inv);
   if (p.lse != nullptr && lane == 0) {
     p.lse[trow * p.lse_stride_token + static_cast<int64_t>(head) * p.lse_stride_head] =
-        den > 0.f ? mx + logf(den) : kNegInf;
+        cuda::row_has_keys(den) ? mx + logf(den) : kNegInf;
   }
 }
 

@@ -61,8 +61,9 @@ __global__ void __launch_bounds__(kThreads) cascade_merge_kernel(const CascadeMe
            head;
   };
   float mx = -INFINITY;
-  for (int c = 0; c < p.prefix_chunks; ++c) mx = fmaxf(mx, p.partial_lse[prefix_row(c)]);
-  for (int s = 0; s < suffix_rows; ++s) mx = fmaxf(mx, p.partial_lse[suffix_row(s)]);
+  for (int c = 0; c < p.prefix_chunks; ++c)
+    mx = cuda::fmax_keep_nan(mx, p.partial_lse[prefix_row(c)]);
+  for (int s = 0; s < suffix_rows; ++s) mx = cuda::fmax_keep_nan(mx, p.partial_lse[suffix_row(s)]);
   const float sink = p.sinks != nullptr ? p.sinks[head] * cuda::kLog2e : -INFINITY;
   mx = fmaxf(mx, sink);
   float acc[kVec] = {};
@@ -74,17 +75,18 @@ __global__ void __launch_bounds__(kThreads) cascade_merge_kernel(const CascadeMe
   }
   if (p.merged_partial_out != nullptr) {
     const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
-    const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
+    const float inv = cuda::row_has_keys(dsum) ? 1.f / dsum : 0.f;
     float4* dst = reinterpret_cast<float4*>(p.merged_partial_out + row * p.head_dim + col);
 #pragma unroll
     for (int i = 0; i < kVec / 4; ++i) {
       dst[i] = make_float4(acc[4 * i] * inv, acc[4 * i + 1] * inv, acc[4 * i + 2] * inv,
                            acc[4 * i + 3] * inv);
     }
-    if (col == 0) p.merged_partial_lse[row] = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
+    if (col == 0)
+      p.merged_partial_lse[row] = cuda::row_has_keys(dsum) ? mx + log2f(dsum) : -INFINITY;
     return;
   }
-  const float inv = dsum > 0.f ? p.v_scale / dsum : 0.f;
+  const float inv = cuda::row_has_keys(dsum) ? p.v_scale / dsum : 0.f;
   QT* dst = static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col;
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) cascade_merge_kernel(const CascadeMe
   }
   if (col == 0 && p.lse != nullptr) {
     p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-        dsum > 0.f ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
+        cuda::row_has_keys(dsum) ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
   }
 }
 

@@ -41,11 +41,15 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   const int n = p.split_indptr[b + 1] - first;
   if (n <= 1) return;
   float mx = -INFINITY;
+  bool nan = false;  // a partial with a NaN lse (a NaN score): the row is NaN, as in the reference
   for (int s = lane; s < n; s += 32) {
-    mx = fmaxf(mx, p.partial_lse[static_cast<int64_t>(first + s) * p.rows_per_req + m]);
+    const float lse = p.partial_lse[static_cast<int64_t>(first + s) * p.rows_per_req + m];
+    mx = fmaxf(mx, lse);
+    nan |= lse != lse;
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  nan = __any_sync(0xffffffffu, nan);
   float sum = 0.f;
   if (mx != -INFINITY) {
     for (int s = lane; s < n; s += 32) {
@@ -54,7 +58,8 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  const bool any = sum > 0.f;
+  if (nan) sum = __int_as_float(0x7fffffff);  // every weight below is then NaN, so is the row
+  const bool any = cuda::row_has_keys(sum);
   const float lse2 = any ? mx + log2f(sum) : -INFINITY;
   constexpr int kPerLane = kLatentDim / 32;
   float acc[kPerLane] = {};

@@ -582,7 +582,7 @@ struct MlaDecodeCta {
     for (int x = 0; x < 2; ++x) {
       const int m = row0 + r_lo + 8 * x;
       if (m >= p.rows_per_req) continue;
-      const bool any = denom[x] > 0.f;
+      const bool any = cuda::row_has_keys(denom[x]);
       const float inv = any ? 1.f / denom[x] : 0.f;
       const float lse2 = any ? row_max[x] + log2f(denom[x]) : -INFINITY;
       const int token = b * p.s_q + m / p.num_heads;

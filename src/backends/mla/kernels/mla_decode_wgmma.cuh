@@ -765,7 +765,7 @@ struct MlaWgmmaCta {
     for (int x = 0; x < 2; ++x) {
       const int m = row0 + r_lo + 8 * x;
       const bool valid = m < p.rows_per_req;  // the same for the 4 lanes of a quad
-      const bool any = denom[x] > 0.f;
+      const bool any = cuda::row_has_keys(denom[x]);
       const float inv = any ? 1.f / denom[x] : 0.f;
       const float lse2 = any ? m_fin[x] + log2f(denom[x]) : kNegInf;
       const int token = b * p.s_q + m / p.num_heads;
