@@ -3,8 +3,9 @@
 // (support/nan_key_check.h). MHA decode (bf16 and fp8_e4m3 KV, page 1 and 16, a window that
 // excludes the key, a long request the plan splits, soft-cap) and extend (the SM90 wgmma prefill
 // at d 128, a window, soft-cap, a new token's key); absorbed MLA decode and extend with the NaN
-// in a rope dim (K only) or a latent dim (K and V). Cases a backend's descriptor rules out are
-// skipped with the reason.
+// in a rope dim (K only) or a latent dim (K and V); a NaN in an MHA key's V (decode: exactly its
+// column of the rows that see the key; extend: those, and possibly that column of rows sharing a
+// key block). Cases a backend's descriptor rules out are skipped with the reason.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -30,8 +31,9 @@ struct NanCase {
   int page;
   int window;
   float cap;
-  bool any_nan;  // some query sees the key
-  int mla_dim;   // >= 0: absorbed MLA (16 heads, latent 512 + rope 64), NaN at this latent dim
+  bool any_nan;       // some query sees the key
+  int mla_dim;        // >= 0: absorbed MLA (16 heads, latent 512 + rope 64), NaN at this latent dim
+  bool in_v = false;  // MHA: the NaN in the key's V (its column of the rows that see the key)
 };
 
 std::vector<NanCase> nan_cases() {
@@ -60,6 +62,12 @@ std::vector<NanCase> nan_cases() {
       {"mla_decode_long_split_fp8", dec, {6000, 41}, {1, 1}, fp8, 64, -1, 0.f, true, kRope},
       {"mla_extend", ext, {295, 64}, {37, 20}, bf16, 64, -1, 0.f, true, kRope},
       {"mla_extend_new_key", ext, {0, 64}, {330, 20}, bf16, 64, -1, 0.f, true, kLora},
+      {"value_decode_bf16", dec, {300, 41}, {1, 1}, bf16, 16, -1, 0.f, true, -1, true},
+      {"value_decode_fp8", dec, {300, 41}, {1, 1}, fp8, 16, -1, 0.f, true, -1, true},
+      {"value_decode_long_split_fp8", dec, {8000, 41}, {1, 1}, fp8, 16, -1, 0.f, true, -1, true},
+      {"value_extend_bf16", ext, {295, 64}, {200, 20}, bf16, 16, -1, 0.f, true, -1, true},
+      {"value_extend_fp8", ext, {295, 64}, {200, 20}, fp8, 16, -1, 0.f, true, -1, true},
+      {"value_extend_new_key", ext, {0, 64}, {330, 20}, bf16, 16, -1, 0.f, true, -1, true},
   };
 }
 
@@ -78,7 +86,7 @@ TEST_P(NanKeyCases, RowsThatSeeTheKeyAreNan) {
   spec.num_kv_heads = 8;
   spec.head_dim = 128;
   spec.v_head_dim = 128;
-  test_support::NanKeySpot spot{/*request=*/0, /*position=*/290, /*kv_head=*/5, /*dim=*/7};
+  test_support::NanKeySpot spot{/*request=*/0, /*position=*/290, /*kv_head=*/5, /*dim=*/7, nc.in_v};
   if (nc.mla_dim >= 0) {
     spec.mla = true;
     spec.kv_lora_rank = 512;

@@ -51,16 +51,19 @@ void expect_nan_key_propagates(const harness::CaseSpec& spec, Device device, con
   for (size_t i = 0; i < r; ++i) new_row += spec.new_lens[i];
   const int32_t slot = pc->req_to_token->host_row(pc->rows[r])[spot.position];
   for (harness::LayerData& ld : pc->layers) {
-    const TensorView k = !cached          ? ld.k
-                         : mha != nullptr ? mha->k_buffer(ld.layer.layer_id)
-                                          : mla->kv_buffer(ld.layer.layer_id);
-    const std::vector<uint8_t> nan = nan_bytes(k.dtype);
-    ASSERT_FALSE(nan.empty()) << "K dtype " << dtype_name(k.dtype);
+    ASSERT_TRUE(!spot.in_v || mha != nullptr) << "a NaN V spot needs an MHA case";
+    const int layer = ld.layer.layer_id;
+    const TensorView target = !cached          ? (spot.in_v ? ld.v : ld.k)
+                              : spot.in_v      ? mha->v_buffer(layer)
+                              : mha != nullptr ? mha->k_buffer(layer)
+                                               : mla->kv_buffer(layer);
+    const std::vector<uint8_t> nan = nan_bytes(target.dtype);
+    ASSERT_FALSE(nan.empty()) << "K / V dtype " << dtype_name(target.dtype);
     const int64_t row = cached ? slot : new_row;
-    const int64_t elem = row * k.strides[0] + spot.kv_head * k.strides[1] + spot.dim;
-    auto* dst = static_cast<uint8_t*>(k.data) + elem * static_cast<int64_t>(nan.size());
+    const int64_t elem = row * target.strides[0] + spot.kv_head * target.strides[1] + spot.dim;
+    auto* dst = static_cast<uint8_t*>(target.data) + elem * static_cast<int64_t>(nan.size());
     ASSERT_TRUE(
-        copy_bytes(dst, k.device, nan.data(), Device::cpu(), static_cast<int64_t>(nan.size()))
+        copy_bytes(dst, target.device, nan.data(), Device::cpu(), static_cast<int64_t>(nan.size()))
             .is_ok());
   }
   Result<std::unique_ptr<AttentionBackend>> backend = make(*pc);
@@ -88,6 +91,18 @@ void expect_nan_key_propagates(const harness::CaseSpec& spec, Device device, con
                 std::to_string(want);
       }
     };
+    // A NaN V element of a key some queries of a key block do not see (causal or window mask)
+    // still reaches them in tiled kernels (probability 0 times NaN, as in FlashAttention): in
+    // extend, an extra NaN is tolerated in the spot's column of its kv head's query heads of its
+    // request; every NaN the reference has must be there.
+    const int group = static_cast<int>(heads) / spec.num_kv_heads;
+    int64_t req_begin = 0;
+    for (size_t i = 0; i < r; ++i) req_begin += spec.new_lens[i];
+    const int64_t req_end = req_begin + spec.new_lens[r];
+    const auto masked_v_leak = [&](int64_t t, int64_t h, int64_t d) {
+      return spot.in_v && spec.mode != ForwardMode::kDecode && d == spot.dim &&
+             h / group == spot.kv_head && t >= req_begin && t < req_end;
+    };
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t h = 0; h < heads; ++h) {
         bool ref_nan_row = false;
@@ -100,6 +115,7 @@ void expect_nan_key_propagates(const harness::CaseSpec& spec, Device device, con
             ++lost_nan;
             note(t, h, d, want, got);
           } else if (!std::isnan(want) && std::isnan(got)) {
+            if (masked_v_leak(t, h, d)) continue;
             ++extra_nan;
             note(t, h, d, want, got);
           } else if (!std::isnan(want) && std::abs(got - want) > 0.05 + 0.02 * std::abs(want)) {

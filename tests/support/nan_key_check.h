@@ -1,8 +1,10 @@
 // A NaN element in one key's K: the fp64 reference gives every query row that sees the key a NaN
 // output row (the NaN score poisons the softmax denominator and P.V) and leaves every other row
-// finite. A backend must do the same: mapping the NaN score to a probability of 0 (a dropped key)
-// or to a clamped value would be a silent wrong answer. Shared by the CPU (intel_amx, every ISA
-// path) and GPU (every CUDA backend) tests.
+// finite; in its V, the NaN column of the rows that see the key (NanKeySpot::in_v; in extend,
+// tiled kernels may also put NaN in that column of rows that share a key block but not the key). A
+// backend must do the same: mapping the NaN score to a probability of 0 (a dropped key) or to a
+// clamped value would be a silent wrong answer. Shared by the CPU (intel_amx, every ISA path) and
+// GPU (every CUDA backend) tests.
 #pragma once
 
 #include <functional>
@@ -23,6 +25,7 @@ struct NanKeySpot {
   int position = 0;
   int kv_head = 0;
   int dim = 0;
+  bool in_v = false;  // MHA: the NaN goes into the key's V instead (its column of the seeing rows)
 };
 
 using CaseBackendMaker =

@@ -278,10 +278,11 @@ TEST_P(IntelAmxTargeted, Fp8NanCodePropagates) {
   }
 }
 
-// A NaN K element poisons exactly the rows that see its key, as in the reference
-// (support/nan_key_check.h), on every path and KV dtype: decode and extend (the blocked extend
-// included), with and without a window, soft-cap and split-KV, a cached and a new token's key.
-// (The CPU exp2 mapped a NaN score to 0, dropping the key, and the vector tanh clamped it, before.)
+// A NaN K element poisons exactly the rows that see its key, a NaN V element exactly their column,
+// as in the reference (support/nan_key_check.h), on every path and KV dtype: decode and extend (the
+// blocked extend included), with and without a window, soft-cap and split-KV, a cached and a new
+// token's key. (The CPU exp2 mapped a NaN score to 0, dropping the key, and the vector tanh clamped
+// it, before.)
 TEST_P(IntelAmxTargeted, NanKeyPropagates) {
   struct Variant {
     ForwardMode mode;
@@ -300,16 +301,20 @@ TEST_P(IntelAmxTargeted, NanKeyPropagates) {
       {ForwardMode::kExtend, {0, 64}, {330, 20}, -1, 0.f, true},   // a new token's key
       {ForwardMode::kExtend, {295, 64}, {37, 20}, -1, 1.5f, true},
   };
-  const test_support::NanKeySpot spot{/*request=*/0, /*position=*/290, /*kv_head=*/1, /*dim=*/7};
-  for (const DType kv : {DType::kBF16, DType::kFP8E4M3}) {
-    for (const Variant& var : variants) {
-      CaseSpec spec = make_case("nan_key", var.mode, 16, var.prefix, var.fresh);
-      spec.kv_dtype = kv;
-      spec.sliding_window = var.window;
-      spec.logit_cap = var.cap;
-      test_support::expect_nan_key_propagates(
-          spec, Device::cpu(), spot, var.any_nan,
-          [&](const PreparedCase& pc) { return make_backend(pc, GetParam()); });
+  for (const bool in_v : {false, true}) {
+    const test_support::NanKeySpot spot{/*request=*/0, /*position=*/290, /*kv_head=*/1, /*dim=*/7,
+                                        in_v};
+    for (const DType kv : {DType::kBF16, DType::kFP8E4M3}) {
+      for (const Variant& var : variants) {
+        CaseSpec spec =
+            make_case(in_v ? "nan_value" : "nan_key", var.mode, 16, var.prefix, var.fresh);
+        spec.kv_dtype = kv;
+        spec.sliding_window = var.window;
+        spec.logit_cap = var.cap;
+        test_support::expect_nan_key_propagates(
+            spec, Device::cpu(), spot, var.any_nan,
+            [&](const PreparedCase& pc) { return make_backend(pc, GetParam()); });
+      }
     }
   }
 }
