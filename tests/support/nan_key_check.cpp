@@ -4,13 +4,13 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "attnkit/dtype.h"
 #include "attnkit/kv_cache.h"
 #include "attnkit/tensor.h"
+#include "support/gpu_test_helpers.h"
 
 namespace attnkit::test_support {
 namespace {
@@ -46,12 +46,15 @@ void expect_nan_key_propagates(const harness::CaseSpec& spec, Device device, con
   ASSERT_LT(r, spec.prefix_lens.size());
   const int prefix = spec.prefix_lens[r];
   ASSERT_LT(spot.position, prefix + spec.new_lens[r]);
+  ASSERT_TRUE(!spot.in_v || mha != nullptr) << "a NaN V spot needs an MHA case";
   const bool cached = spot.position < prefix;
-  int64_t new_row = spot.position - prefix;  // among the forward's tokens
-  for (size_t i = 0; i < r; ++i) new_row += spec.new_lens[i];
+  // The request's new tokens are rows [req_begin, req_end) of the forward (and of its outputs).
+  int64_t req_begin = 0;
+  for (size_t i = 0; i < r; ++i) req_begin += spec.new_lens[i];
+  const int64_t req_end = req_begin + spec.new_lens[r];
+  const int64_t new_row = req_begin + spot.position - prefix;
   const int32_t slot = pc->req_to_token->host_row(pc->rows[r])[spot.position];
   for (harness::LayerData& ld : pc->layers) {
-    ASSERT_TRUE(!spot.in_v || mha != nullptr) << "a NaN V spot needs an MHA case";
     const int layer = ld.layer.layer_id;
     const TensorView target = !cached          ? (spot.in_v ? ld.v : ld.k)
                               : spot.in_v      ? mha->v_buffer(layer)
@@ -77,11 +80,8 @@ void expect_nan_key_propagates(const harness::CaseSpec& spec, Device device, con
     ASSERT_TRUE(ld.out.dtype == DType::kBF16 || ld.out.dtype == DType::kF16);
     ASSERT_EQ(ld.out.ndim, 3);
     const int64_t tokens = ld.out.shape[0], heads = ld.out.shape[1], dv = ld.out.shape[2];
-    ASSERT_EQ(ld.out.strides[2], 1);
-    const int64_t extent = (tokens - 1) * ld.out.strides[0] + (heads - 1) * ld.out.strides[1] + dv;
-    std::vector<uint8_t> host(static_cast<size_t>(extent) * 2);
-    ASSERT_TRUE(
-        copy_bytes(host.data(), Device::cpu(), ld.out.data, ld.out.device, extent * 2).is_ok());
+    ASSERT_TRUE(ld.out.is_contiguous());
+    const std::vector<uint8_t> host = to_host_bytes(ld.out);
     int64_t nan_rows = 0, finite_rows = 0, lost_nan = 0, extra_nan = 0, wrong_value = 0;
     std::string first;  // the first mismatch
     const auto note = [&](int64_t t, int64_t h, int64_t d, double want, float got) {
@@ -96,9 +96,6 @@ void expect_nan_key_propagates(const harness::CaseSpec& spec, Device device, con
     // extend, an extra NaN is tolerated in the spot's column of its kv head's query heads of its
     // request; every NaN the reference has must be there.
     const int group = static_cast<int>(heads) / spec.num_kv_heads;
-    int64_t req_begin = 0;
-    for (size_t i = 0; i < r; ++i) req_begin += spec.new_lens[i];
-    const int64_t req_end = req_begin + spec.new_lens[r];
     const auto masked_v_leak = [&](int64_t t, int64_t h, int64_t d) {
       return spot.in_v && spec.mode != ForwardMode::kDecode && d == spot.dim &&
              h / group == spot.kv_head && t >= req_begin && t < req_end;
@@ -108,8 +105,7 @@ void expect_nan_key_propagates(const harness::CaseSpec& spec, Device device, con
         bool ref_nan_row = false;
         for (int64_t d = 0; d < dv; ++d) {
           const double want = ref->out[static_cast<size_t>((t * heads + h) * dv + d)];
-          const float got = load_as_float(host.data(), ld.out.dtype,
-                                          t * ld.out.strides[0] + h * ld.out.strides[1] + d);
+          const float got = load_as_float(host.data(), ld.out.dtype, (t * heads + h) * dv + d);
           ref_nan_row |= std::isnan(want);
           if (std::isnan(want) && !std::isnan(got)) {
             ++lost_nan;
@@ -138,18 +134,14 @@ void expect_nan_key_propagates(const harness::CaseSpec& spec, Device device, con
     // shared case table checks accuracy).
     if (ld.lse.defined()) {
       ASSERT_EQ(ld.lse.dtype, DType::kF32);
-      const int64_t lse_extent =
-          (tokens - 1) * ld.lse.strides[0] + (heads - 1) * ld.lse.strides[1] + 1;
-      std::vector<float> lse(static_cast<size_t>(lse_extent));
-      ASSERT_TRUE(copy_bytes(lse.data(), Device::cpu(), ld.lse.data, ld.lse.device,
-                             lse_extent * static_cast<int64_t>(sizeof(float)))
-                      .is_ok());
+      ASSERT_TRUE(ld.lse.is_contiguous());
+      const std::vector<uint8_t> lse = to_host_bytes(ld.lse);
       int64_t lse_wrong = 0;
       std::string lse_first;
       for (int64_t t = 0; t < tokens; ++t) {
         for (int64_t h = 0; h < heads; ++h) {
           const double want = ref->lse[static_cast<size_t>(t * heads + h)];
-          const float got = lse[static_cast<size_t>(t * ld.lse.strides[0] + h * ld.lse.strides[1])];
+          const float got = load_as_float(lse.data(), DType::kF32, t * heads + h);
           const bool bad =
               std::isnan(want) != std::isnan(got) ||
               (!std::isnan(want) && std::abs(got - want) > 0.05 + 0.01 * std::abs(want));
