@@ -193,7 +193,8 @@ BackendDescriptor fa3() {
       "page table (any page size; shared-memory transpose in the kernel for forwards with few "
       "queries per key), speculative softmax, row sums through the P.V GEMM; forwards whose "
       "longest request has > 2048 keys promote each key block's P.V to fp32 registers, as the "
-      "e4m3 wgmma's short accumulator loses long sums; fp8 accuracy, about 3-4% rel L2); decode, target verify, those features, other "
+      "e4m3 wgmma's short accumulator loses long sums; fp8 accuracy, about 3-4% rel L2); decode, "
+      "target verify, those features, other "
       "fp8 KV, d 80/96, "
       "cross-attention, SM80 and CUDA graphs run the flashinfer mma.sync kernels; MLA runs the "
       "portable triton kernels and flashinfer's MLA chunked prefix cache",
