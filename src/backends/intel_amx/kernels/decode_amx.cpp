@@ -227,6 +227,7 @@ class AmxDecode {
         }
       }
     }
+    if (a < b) exact_nan_rows(rq, rq.slots(p_), a, b, m, acc);
     if (it.partial < 0) {
       finalize_rows(p_, rq.q_start, 0, hq_, m, l, acc, d_);
     } else {
@@ -235,6 +236,41 @@ class AmxDecode {
   }
 
  private:
+  static float bf16_value(uint16_t bits) {
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+  }
+
+  // Rows of acc (the item's unnormalised O, relative to its final maxima m) with a NaN,
+  // recomputed exactly in scalar f32 from the pool. The tile P.V above multiplies each key's p by a
+  // V pair whose other element is 0 (P_even / P_odd), so a NaN or Inf V element also puts 0 x NaN
+  // into its pair neighbour's column, where the reference (and every other path) keeps that column
+  // finite. Only a non-finite KV cache gets here: otherwise the cost is one NaN scan per row.
+  void exact_nan_rows(const CpuRequest& rq, const int32_t* slots, int a, int b, const float* m,
+                      float* acc) const {
+    const uint16_t* q = static_cast<const uint16_t*>(p_.q) + rq.q_start * p_.q_token_stride;
+    for (int h = 0; h < hkv_; ++h) {
+      for (int g = 0; g < group_; ++g) {
+        const int qh = h * group_ + g;
+        float* row = acc + static_cast<int64_t>(qh) * d_;
+        if (std::none_of(row, row + d_, [](float x) { return std::isnan(x); })) continue;
+        std::fill(row, row + d_, 0.f);
+        const uint16_t* qr = q + static_cast<int64_t>(qh) * p_.q_head_stride;
+        for (int key = a; key < b; ++key) {
+          const uint16_t* kr = k_cache_ + slots[key] * p_.k_row_stride + h * p_.k_head_stride;
+          const uint16_t* vr = v_cache_ + slots[key] * p_.v_row_stride + h * p_.v_head_stride;
+          float dot = 0.f;
+          for (int d = 0; d < d_; ++d) dot += bf16_value(qr[d]) * bf16_value(kr[d]);
+          const float y = capped_ ? std::tanh(dot * pre_) * post_ : dot * pre_;
+          const float pr = std::exp2(y - m[qh]);
+          for (int d = 0; d < d_; ++d) row[d] += pr * bf16_value(vr[d]);
+        }
+      }
+    }
+  }
+
   int64_t o_index(int h, int c, int e) const {
     return ((static_cast<int64_t>(h) * dc_ + c) * 2 + e) * group_ * 16;
   }
