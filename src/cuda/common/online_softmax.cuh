@@ -22,6 +22,22 @@ inline constexpr float kNoKeyMax = -1e30f;
 // by lse would drop.
 __host__ __device__ __forceinline__ bool row_has_keys(float denom) { return !(denom <= 0.f); }
 
+// What normalises a row's accumulators: scale / denom, or 0 for a row without keys (its output is
+// then 0); NaN for a NaN denominator (row_has_keys).
+__host__ __device__ __forceinline__ float row_inv(float denom, float scale = 1.f) {
+  return row_has_keys(denom) ? scale / denom : 0.f;
+}
+
+// A row's log-sum-exp from its running maximum m (log2 domain) and denominator: in log2 units
+// (m + log2(denom), what the split / cascade merges read) or natural-log units (the lse output);
+// -inf for a row without keys, NaN for a NaN denominator.
+__host__ __device__ __forceinline__ float row_log2_lse(float m, float denom) {
+  return row_has_keys(denom) ? m + log2f(denom) : -INFINITY;
+}
+__host__ __device__ __forceinline__ float row_ln_lse(float m, float denom) {
+  return row_has_keys(denom) ? (m + log2f(denom)) * kLn2 : -INFINITY;
+}
+
 // The larger of two lses (or maxima) where a NaN wins (fmaxf returns the other operand): a merge
 // whose partials include a NaN row is NaN.
 __host__ __device__ __forceinline__ float fmax_keep_nan(float a, float b) {
@@ -63,9 +79,7 @@ struct SoftmaxState {
   }
   __device__ __forceinline__ bool empty() const { return d == 0.f; }
   // Natural-log LSE; -inf when no key was seen.
-  __device__ __forceinline__ float lse() const {
-    return row_has_keys(d) ? (m + log2f(d)) * kLn2 : -INFINITY;
-  }
+  __device__ __forceinline__ float lse() const { return row_ln_lse(m, d); }
 };
 
 // Merges state b into a: returns (scale_a, scale_b) for the accumulators so that

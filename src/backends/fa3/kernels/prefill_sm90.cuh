@@ -612,7 +612,7 @@ __device__ __forceinline__ void store_o_tile(const Fa3Params& p, const TileInfo&
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sum = quad_row_sum(l[h]);
-    const float inv = cuda::row_has_keys(sum) ? out_scale / sum : 0.f;
+    const float inv = cuda::row_inv(sum, out_scale);
     const int token = t.m0 + row0 + 8 * h;
     const int64_t trow = t.q_start + token;
     // One base address per row (element offsets are even and non-negative: 16-byte aligned rows
@@ -666,7 +666,7 @@ __device__ __forceinline__ void store_o_piece(const Fa3Params& p, const TileInfo
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sum = quad_row_sum(l[h]);
-    const float inv = cuda::row_has_keys(sum) ? out_scale / sum : 0.f;
+    const float inv = cuda::row_inv(sum, out_scale);
     const int row = row0 + 8 * h;
     if (t.m0 + row >= t.q_len) continue;
     const int64_t prow = static_cast<int64_t>(piece) * p.block_m + row;
@@ -865,7 +865,7 @@ __global__ void __launch_bounds__(128)
       acc[c + 1] = fmaf(wk, v.y, acc[c + 1]);
     }
   }
-  const float inv = cuda::row_has_keys(den) ? 1.f / den : 0.f;
+  const float inv = cuda::row_inv(den);
   const int64_t trow = rw[0] + token;
   uint32_t* dst =
       static_cast<uint32_t*>(p.out) +

@@ -75,18 +75,17 @@ __global__ void __launch_bounds__(kThreads) cascade_merge_kernel(const CascadeMe
   }
   if (p.merged_partial_out != nullptr) {
     const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
-    const float inv = cuda::row_has_keys(dsum) ? 1.f / dsum : 0.f;
+    const float inv = cuda::row_inv(dsum);
     float4* dst = reinterpret_cast<float4*>(p.merged_partial_out + row * p.head_dim + col);
 #pragma unroll
     for (int i = 0; i < kVec / 4; ++i) {
       dst[i] = make_float4(acc[4 * i] * inv, acc[4 * i + 1] * inv, acc[4 * i + 2] * inv,
                            acc[4 * i + 3] * inv);
     }
-    if (col == 0)
-      p.merged_partial_lse[row] = cuda::row_has_keys(dsum) ? mx + log2f(dsum) : -INFINITY;
+    if (col == 0) p.merged_partial_lse[row] = cuda::row_log2_lse(mx, dsum);
     return;
   }
-  const float inv = cuda::row_has_keys(dsum) ? p.v_scale / dsum : 0.f;
+  const float inv = cuda::row_inv(dsum, p.v_scale);
   QT* dst = static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col;
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
@@ -97,8 +96,7 @@ __global__ void __launch_bounds__(kThreads) cascade_merge_kernel(const CascadeMe
     }
   }
   if (col == 0 && p.lse != nullptr) {
-    p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-        cuda::row_has_keys(dsum) ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
+    p.lse[token * p.lse_stride_token + head * p.lse_stride_head] = cuda::row_ln_lse(mx, dsum);
   }
 }
 

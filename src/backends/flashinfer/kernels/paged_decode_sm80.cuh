@@ -54,14 +54,13 @@ template <typename QT>
 __device__ __forceinline__ void store_merged(const PagedParams& p, int token, int head, int col,
                                              float a0, float a1, float a2, float a3, float mx,
                                              float dsum) {
-  const float mul = cuda::row_has_keys(dsum) ? p.v_scale / dsum : 0.f;
+  const float mul = cuda::row_inv(dsum, p.v_scale);
   const uint2 packed =
       make_uint2(cuda::pack2<QT>(a0 * mul, a1 * mul), cuda::pack2<QT>(a2 * mul, a3 * mul));
   *reinterpret_cast<uint2*>(static_cast<QT*>(p.out) + token * p.o_stride_token +
                             head * p.o_stride_head + col) = packed;
   if (col == 0 && p.lse != nullptr) {
-    p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-        cuda::row_has_keys(dsum) ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
+    p.lse[token * p.lse_stride_token + head * p.lse_stride_head] = cuda::row_ln_lse(mx, dsum);
   }
 }
 
@@ -240,11 +239,11 @@ __device__ __forceinline__ void attend_item(const PagedParams& p, const cuda::ri
     const int head = head_of(r);
     if (partial) {
       const int64_t prow = partial_entry(r);
-      const float inv = cuda::row_has_keys(dsum) ? 1.f / dsum : 0.f;
+      const float inv = cuda::row_inv(dsum);
       float4* dst = reinterpret_cast<float4*>(p.partial_out + prow * Tr::kHeadDim + col);
       dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
       dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
-      if (col == 0) p.partial_lse[prow] = cuda::row_has_keys(dsum) ? mx + log2f(dsum) : -INFINITY;
+      if (col == 0) p.partial_lse[prow] = cuda::row_log2_lse(mx, dsum);
       return;
     }
     if (p.sinks != nullptr) {  // the sink joins the denominator only
@@ -259,10 +258,9 @@ __device__ __forceinline__ void attend_item(const PagedParams& p, const cuda::ri
     const int token = token_of(r);
     cuda::ring::store8<QT>(
         static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head + col, acc,
-        cuda::row_has_keys(dsum) ? p.v_scale / dsum : 0.f);
+        cuda::row_inv(dsum, p.v_scale));
     if (col == 0 && p.lse != nullptr) {
-      p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-          cuda::row_has_keys(dsum) ? (mx + log2f(dsum)) * cuda::kLn2 : -INFINITY;
+      p.lse[token * p.lse_stride_token + head * p.lse_stride_head] = cuda::row_ln_lse(mx, dsum);
     }
   };
   if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) {

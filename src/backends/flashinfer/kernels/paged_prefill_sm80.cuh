@@ -540,14 +540,14 @@ struct PagedPrefill {
             static_cast<int64_t>(req.partial_base + split_index * req.q_len + (token - t.q_start)) *
                 p.num_q_heads +
             head;
-        const float inv = cuda::row_has_keys(d) ? 1.f / d : 0.f;
+        const float inv = cuda::row_inv(d);
         float* dst = p.partial_out + prow_index * kD;
 #pragma unroll
         for (int n = 0; n < Tr::kDimTiles; ++n) {
           *reinterpret_cast<float2*>(dst + n * 8 + 2 * t4) =
               make_float2(acc[n][c0] * inv, acc[n][c0 + 1] * inv);
         }
-        if (t4 == 0) p.partial_lse[prow_index] = cuda::row_has_keys(d) ? mx + log2f(d) : -INFINITY;
+        if (t4 == 0) p.partial_lse[prow_index] = cuda::row_log2_lse(mx, d);
         continue;
       }
       float fs = 1.f;
@@ -558,6 +558,7 @@ struct PagedPrefill {
         d = d * fs + exp2f(sink - m2);
         mx = m2;
       }
+      // (Not cuda::row_inv(d, p.v_scale * fs): that form added 8 instructions to this kernel.)
       const float inv = cuda::row_has_keys(d) ? p.v_scale * fs / d : 0.f;
       QT* dst = static_cast<QT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head;
 #pragma unroll
@@ -566,8 +567,7 @@ struct PagedPrefill {
             cuda::pack2<QT>(acc[n][c0] * inv, acc[n][c0 + 1] * inv);
       }
       if (t4 == 0 && p.lse != nullptr) {
-        p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-            cuda::row_has_keys(d) ? (mx + log2f(d)) * cuda::kLn2 : -INFINITY;
+        p.lse[token * p.lse_stride_token + head * p.lse_stride_head] = cuda::row_ln_lse(mx, d);
       }
     }
   }

@@ -100,11 +100,11 @@ __device__ __forceinline__ void decode_split(const AttentionParams& p, uint8_t* 
       return;
     }
     const int64_t row = (static_cast<int64_t>(split) * p.num_tokens + token) * p.num_q_heads + qh;
-    const float inv = cuda::row_has_keys(dsum) ? 1.f / dsum : 0.f;
+    const float inv = cuda::row_inv(dsum);
     float4* dst = reinterpret_cast<float4*>(p.partial_out + row * Tr::kHeadDim + col);
     dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
     dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
-    if (col == 0) p.partial_lse[row] = cuda::row_has_keys(dsum) ? mx + log2f(dsum) : -INFINITY;
+    if (col == 0) p.partial_lse[row] = cuda::row_log2_lse(mx, dsum);
   };
   cuda::ring::attend<Tr>(w, smem, q_row, slot_of, write);
   if (num_splits == 1) return;

@@ -383,7 +383,7 @@ struct SimtKernel {
         cuda::store8(dst, o);
         if (e == 0 && p.lse != nullptr) p.lse[token * p.lse_stride_token + qh] = f.lse;
       } else {
-        const float inv = cuda::row_has_keys(d) ? 1.f / d : 0.f;
+        const float inv = cuda::row_inv(d);
         float* dst = p.partial_out +
                      ((static_cast<int64_t>(split) * p.num_tokens + token) * p.num_q_heads + qh) *
                          Traits::kDv +
@@ -393,7 +393,7 @@ struct SimtKernel {
         cuda::store8(dst, o);
         if (e == 0) {
           p.partial_lse[(static_cast<int64_t>(split) * p.num_tokens + token) * p.num_q_heads + qh] =
-              cuda::row_has_keys(d) ? m + log2f(d) : -INFINITY;
+              cuda::row_log2_lse(m, d);
         }
       }
     }
