@@ -24,6 +24,18 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA="${ATT
   -DATTNKIT_BUILD_PYTHON="$with_python" -DPython_EXECUTABLE="$(command -v "$python" || echo python3)"
 cmake --build "$build" -j "$(nproc)"
 ctest --test-dir "$build" -L cpu --output-on-failure -j "$(nproc)"
+# The intel_amx AMX path on a CPU without AMX: test_intel_amx built again with the tile model of
+# src/backends/intel_amx/kernels/amx_tiles.h (-DATTNKIT_AMX_EMULATE: the eight tile registers and
+# TDPBF16PS in plain C++), its amx-path tests run against the reference (they skip where the CPU
+# lacks AVX512-BF16 / VBMI, which the emulated dispatch still needs). With AMX the tests above
+# already ran the real tiles.
+if ! grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then
+  emu="$build-amx-emulated"
+  cmake -S . -B "$emu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=OFF \
+    -DATTNKIT_BUILD_PYTHON=OFF -DCMAKE_CXX_FLAGS=-DATTNKIT_AMX_EMULATE
+  cmake --build "$emu" -j "$(nproc)" --target test_intel_amx
+  "$emu/tests/test_intel_amx" --gtest_filter='*amx*' --gtest_brief=1
+fi
 if [ "$with_python" = ON ]; then
   PYTHONPATH="$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}" "$python" -m pytest -q tests/python
 fi
