@@ -236,13 +236,6 @@ class AmxDecode {
   }
 
  private:
-  static float bf16_value(uint16_t bits) {
-    const uint32_t u = static_cast<uint32_t>(bits) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof(f));
-    return f;
-  }
-
   // Rows of acc (the item's unnormalised O, relative to its final maxima m) with a NaN,
   // recomputed exactly in scalar f32 from the pool. The tile P.V above multiplies each key's p by a
   // V pair whose other element is 0 (P_even / P_odd), so a NaN or Inf V element also puts 0 x NaN
@@ -262,10 +255,10 @@ class AmxDecode {
           const uint16_t* kr = k_cache_ + slots[key] * p_.k_row_stride + h * p_.k_head_stride;
           const uint16_t* vr = v_cache_ + slots[key] * p_.v_row_stride + h * p_.v_head_stride;
           float dot = 0.f;
-          for (int d = 0; d < d_; ++d) dot += bf16_value(qr[d]) * bf16_value(kr[d]);
+          for (int d = 0; d < d_; ++d) dot += bf16_bits_to_float(qr[d]) * bf16_bits_to_float(kr[d]);
           const float y = capped_ ? std::tanh(dot * pre_) * post_ : dot * pre_;
           const float pr = std::exp2(y - m[qh]);
-          for (int d = 0; d < d_; ++d) row[d] += pr * bf16_value(vr[d]);
+          for (int d = 0; d < d_; ++d) row[d] += pr * bf16_bits_to_float(vr[d]);
         }
       }
     }
