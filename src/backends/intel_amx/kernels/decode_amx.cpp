@@ -213,7 +213,8 @@ class AmxDecode {
       }
       for (int k0 = a0; k0 < b; k0 += sub_keys) sub_block(slots, k0, sub_keys, a, b, base);
     }
-    // O_even / O_odd -> dims in order.
+    // O_even / O_odd -> dims in order, noting whether any element is NaN (exact_nan_rows).
+    bool any_nan = false;
     for (int h = 0; h < hkv_; ++h) {
       for (int g = 0; g < group_; ++g) {
         float* dst = acc + static_cast<int64_t>(h * group_ + g) * d_;
@@ -223,11 +224,12 @@ class AmxDecode {
           for (int n = 0; n < 16; ++n) {
             dst[kTileDims * c + 2 * n] = e[n];
             dst[kTileDims * c + 2 * n + 1] = od[n];
+            any_nan |= std::isnan(e[n]) || std::isnan(od[n]);
           }
         }
       }
     }
-    if (a < b) exact_nan_rows(rq, rq.slots(p_), a, b, m, acc);
+    if (any_nan && a < b) exact_nan_rows(rq, rq.slots(p_), a, b, m, acc);
     if (it.partial < 0) {
       finalize_rows(p_, rq.q_start, 0, hq_, m, l, acc, d_);
     } else {
@@ -240,7 +242,8 @@ class AmxDecode {
   // recomputed exactly in scalar f32 from the pool. The tile P.V above multiplies each key's p by a
   // V pair whose other element is 0 (P_even / P_odd), so a NaN or Inf V element also puts 0 x NaN
   // into its pair neighbour's column, where the reference (and every other path) keeps that column
-  // finite. Only a non-finite KV cache gets here: otherwise the cost is one NaN scan per row.
+  // finite. Only an item whose O holds a NaN gets here (a non-finite KV cache); the reorder above
+  // notes that on its pass over O.
   void exact_nan_rows(const CpuRequest& rq, const int32_t* slots, int a, int b, const float* m,
                       float* acc) const {
     const uint16_t* q = static_cast<const uint16_t*>(p_.q) + rq.q_start * p_.q_token_stride;
