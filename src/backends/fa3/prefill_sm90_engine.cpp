@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -69,6 +70,46 @@ bool wgmma_mode(ForwardMode m) {
   return m == ForwardMode::kExtend || m == ForwardMode::kMixed || m == ForwardMode::kDraftExtend;
 }
 
+// Timeline builds (-DATTNKIT_FA3_TIMELINE; scripts/device/fa3_timeline.sh): with the file
+// ATTNKIT_FA3_TIMELINE names, each launch's unit-boundary stamps (Fa3Params::timeline) are written
+// there (rewritten per launch, so a bench leaves its last one; the stream is synchronised, so no
+// CUDA graphs). Other builds: nothing.
+struct Timeline {
+#if defined(ATTNKIT_FA3_TIMELINE)
+  const char* path = std::getenv("ATTNKIT_FA3_TIMELINE");
+  static size_t words(int sm_count) {
+    return static_cast<size_t>(sm_count) * kTimelineRounds * kTimelineEvents;
+  }
+  Status begin(Fa3Params& p, int sm_count, StreamHandle stream) {
+    static unsigned long long* buf = nullptr;  // one per process, sized for every SM
+    if (path == nullptr) return Status::ok();
+    const size_t bytes = words(sm_count) * sizeof(unsigned long long);
+    if (buf == nullptr) ATTNKIT_CUDA_TRY(cudaMalloc(&buf, bytes));
+    ATTNKIT_CUDA_TRY(cudaMemsetAsync(buf, 0, bytes, cuda::to_stream(stream)));
+    p.timeline = buf;
+    return Status::ok();
+  }
+  Status end(const Fa3Params& p, int sm_count, StreamHandle stream) {
+    if (path == nullptr) return Status::ok();
+    std::vector<unsigned long long> host(words(sm_count));
+    ATTNKIT_CUDA_TRY(cudaMemcpyAsync(host.data(), p.timeline, host.size() * sizeof(host[0]),
+                                     cudaMemcpyDeviceToHost, cuda::to_stream(stream)));
+    ATTNKIT_CUDA_TRY(cudaStreamSynchronize(cuda::to_stream(stream)));
+    FILE* f = std::fopen(path, "wb");
+    if (f == nullptr)
+      return Status::invalid_argument(std::string("ATTNKIT_FA3_TIMELINE: cannot write ") + path);
+    const int header[4] = {sm_count, kTimelineRounds, kTimelineEvents, p.causal};
+    std::fwrite(header, sizeof(header), 1, f);
+    std::fwrite(host.data(), sizeof(host[0]), host.size(), f);
+    std::fclose(f);
+    return Status::ok();
+  }
+#else
+  Status begin(Fa3Params&, int, StreamHandle) { return Status::ok(); }
+  Status end(const Fa3Params&, int, StreamHandle) { return Status::ok(); }
+#endif
+};
+
 }  // namespace
 
 std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContext& ctx,
@@ -108,6 +149,8 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->lazy_rescale_ = env_on("ATTNKIT_FA3_LAZY_RESCALE");  // on unless "0"
   e->epi_wide_ = env_on("ATTNKIT_FA3_EPI_WIDE");
   e->uniform_wg_ = env_on("ATTNKIT_FA3_UNIFORM_WG");
+  e->q_tma_ = env_on("ATTNKIT_FA3_Q_TMA");
+  e->unit_smem_ = env_on("ATTNKIT_FA3_UNIT_SMEM");
   const int d = ctx.qk_head_dim;
   std::string block_ns;  // the key blocks instantiated for d
   for (int n : {64, 80, 128, 192}) {
@@ -290,6 +333,12 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     p.tma_rows = 0;  // the cp.async gather serves every block
   }
   p.overlap = overlap_ ? 1 : 0;
+  // Q by TMA (bf16 / f16 kernel): the map covers every token of q; box rows = the tile's rows.
+  p.q_tma = !planned_fp8_ && q_tma_ && q.stride(2) == 1 &&
+                    encode_pool_map(q, q.dtype, p.block_m, &p.tma_q)
+                ? 1
+                : 0;
+  p.unit_smem = !planned_fp8_ && unit_smem_ ? 1 : 0;
   p.section_heads = section_heads_;
   const TailSplit ts = planned_tail_split(p.causal != 0);
   if (ts.split_units > 0) {
@@ -312,7 +361,9 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     p.fp8_promote = v.promote ? (v.promote_late ? 2 : 1) : 0;
     return run_prefill_sm90_fp8(p, sm_count_, stream, v.vt_pre ? v.max_kv_len : 0);
   }
-  return dispatch_value<WgmmaHeadDims>(
+  Timeline timeline;
+  ATTNKIT_RETURN_IF_ERROR(timeline.begin(p, sm_count_, stream));
+  const Status launched = dispatch_value<WgmmaHeadDims>(
       ctx_.qk_head_dim, "wgmma prefill: head_dim", [&]<int kD>() -> Status {
         if constexpr (wgmma_head_dim_compiled(kD)) {
           return run_prefill_sm90<kD>(p, q.dtype, block_n_, sm_count_, stream);
@@ -320,6 +371,8 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
           return Status::unsupported("wgmma prefill: head_dim " + str(kD) + " is not compiled in");
         }
       });
+  if (!launched) return launched;
+  return timeline.end(p, sm_count_, stream);
 }
 
 }  // namespace attnkit::fa3

@@ -137,6 +137,16 @@ constexpr int vt_units(int kv_len) { return 2 * ((kv_len + 191) / 192); }
 inline constexpr int kRequestWords = 4;
 inline constexpr int kTileWords = 2;
 
+#if defined(ATTNKIT_FA3_TIMELINE)
+// Fa3Params::timeline: rounds recorded per CTA and stamps per round. Events (prefill_sm90.cuh):
+// consumer warpgroup g at 8 g + 0..7 (unit start, Q in registers, first K full, first S done,
+// first P packed, key-block loop done, last P V done, O stored); producer at 16..21 (unit start,
+// q_empty passed, Q issued, first stage empty, last stage empty, last block issued); 22: the
+// unit's key blocks, 23: the unit index (values, not clocks).
+inline constexpr int kTimelineRounds = 64;
+inline constexpr int kTimelineEvents = 24;
+#endif
+
 struct Fa3Params {
   // TMA descriptors of this layer's K / V buffers as 3D tensors {D, Hkv, rows} with boxes of
   // {64, 1, tma_rows} in the 128-byte swizzle; tma_rows = 0: every key block is gathered with
@@ -146,6 +156,18 @@ struct Fa3Params {
   // zero-filled, never read from the pool).
   TmaDesc tma_k, tma_v;
   int tma_rows = 0;
+  // bf16 / f16 kernel, 1 (the engine's default where the map encodes; ATTNKIT_FA3_Q_TMA=0: off):
+  // the Q tile arrives by TMA, boxes {64, 1, block_m} of tma_q ({D, Hq, tokens} over q), one
+  // thread issuing; rows past the request's q_len then hold the next request's tokens (or zeros
+  // past the last token), whose outputs are computed and never stored. 0: the 16-byte cp.async
+  // gather of every producer thread with those rows zero-filled (the FP8 kernel's only path).
+  TmaDesc tma_q;
+  int q_tma = 0;
+  // bf16 / f16 kernel, 1 (the engine's default; ATTNKIT_FA3_UNIT_SMEM=0: off): the producer,
+  // which decodes every unit anyway, writes its TileInfo into shared memory before q_full
+  // completes and the consumers read it there instead of decoding the plan again (two dependent
+  // global reads on their path from one unit's stores to the next unit's first S).
+  int unit_smem = 0;
   // 1: the consumers fence (fence.proxy.async) after every full-barrier wait, TMA blocks too; 0:
   // only after blocks gathered by cp.async (TMA writes are async-proxy writes made visible by the
   // mbarrier's completion, which is what wgmma reads; CUTLASS / FlashAttention-3 fence no TMA
@@ -162,6 +184,13 @@ struct Fa3Params {
   // / LSE stores. (GEMM-off bits are not offered: a branch around a wgmma makes ptxas serialise
   // every wgmma of the kernel.)
   int diag = 0;
+#if defined(ATTNKIT_FA3_TIMELINE)
+  // Timeline builds only (-DATTNKIT_FA3_TIMELINE in the C++ and CUDA flags; never the default):
+  // clock64 stamps of the bf16 / f16 kernel's unit boundaries, [grid][kTimelineRounds]
+  // [kTimelineEvents] (prefill_sm90.cuh: stamp); the engine fills it when ATTNKIT_FA3_TIMELINE
+  // names an output file (scripts/device/fa3_timeline.sh).
+  unsigned long long* timeline = nullptr;
+#endif
 
   const void* q = nullptr;  // [T, Hq, D] bf16/f16
   int64_t q_stride_token = 0, q_stride_head = 0;

@@ -3,7 +3,9 @@
 //   warpgroup 0 (producer, 40 registers): loads the K/V tiles of every key block into a
 //     kStages-deep shared-memory ring laid out in the 128-byte swizzle that the wgmma descriptors
 //     read, by TMA page boxes (full blocks of pages >= 8 rows) or by a 16-byte cp.async gather
-//     through the page table (the Q tile, partial blocks, small pages); completion is published on
+//     through the page table (partial blocks, small pages); the Q tile by one TMA box per 64
+//     columns (Fa3Params::q_tma; else the cp.async gather), with the unit's decoded TileInfo in
+//     shared memory for the consumers (Fa3Params::unit_smem); completion is published on
 //     mbarriers (full), and a stage is refilled only after the consumers release it (empty).
 //   warpgroups 1, 2 (consumers, 232 registers): 64 query rows each. Per key block:
 //     S = Q K^T (wgmma m64nNk16, f32 accumulators; A = Q from shared memory, at d 128 from
@@ -17,7 +19,7 @@
 //   combined by merge_tail_splits_kernel.
 //
 // Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
-//   Q [kBlockM x D] | K [kStages][kBlockN x D] | V [kStages][kBlockN x D] | mbarriers
+//   Q [kBlockM x D] | K [kStages][kBlockN x D] | V [kStages][kBlockN x D] | mbarriers | TileInfo
 #pragma once
 
 #include <cuda_bf16.h>
@@ -67,7 +69,10 @@ struct PrefillTraits {
   static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
   // q_full, q_empty, then per stage k_full, v_full, empty.
   static constexpr int kNumBarriers = 2 + 3 * kStages;
-  static constexpr int kSmemBytes = kBarOffset + kNumBarriers * 8 + kAlign;
+  // The unit's TileInfo as the producer decoded it (Fa3Params::unit_smem), after the barriers.
+  static constexpr int kInfoOffset = kBarOffset + kNumBarriers * 8;
+  static constexpr int kInfoBytes = 48;
+  static constexpr int kSmemBytes = kInfoOffset + kInfoBytes + kAlign;
   static_assert(kSmemBytes <= kSmemLimit, "shared memory");
   static_assert(kQBytes % kAlign == 0 && kKVBytes % kAlign == 0 && kBlockN % 16 == 0,
                 "1024-byte swizzle atoms, 16-key wgmma k-steps");
@@ -78,6 +83,22 @@ struct PrefillTraits {
   static_assert(kChunksPerRow <= 32 && 32 % kChunksPerRow == 0, "gather");
   static constexpr int kPassesPerWarp = 32 / kRowsPerPass;
 };
+
+// Timeline builds (-DATTNKIT_FA3_TIMELINE): the SM clock (or `value`) as event e of round
+// `round` of this CTA, written by the calling thread when `who`; nothing in other builds.
+__device__ __forceinline__ void stamp(const Fa3Params& p, int round, int e, bool who,
+                                      long long value = -1) {
+#if defined(ATTNKIT_FA3_TIMELINE)
+  if (who && p.timeline != nullptr && round < kTimelineRounds) {
+    unsigned long long c;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
+    p.timeline[(static_cast<int64_t>(blockIdx.x) * kTimelineRounds + round) * kTimelineEvents + e] =
+        value >= 0 ? static_cast<unsigned long long>(value) : c;
+  }
+#else
+  (void)p, (void)round, (void)e, (void)who, (void)value;
+#endif
+}
 
 // This CTA's work unit in `round` (schedule_unit in fa3_params.h; p.sched 1: zigzag).
 __device__ __forceinline__ int unit_at(const Fa3Params& p, int round) {
@@ -90,6 +111,26 @@ __device__ __forceinline__ int unit_at(const Fa3Params& p, int round) {
 struct TileInfo {
   int request, q_start, q_len, kv_len, m0, head, n_blocks, causal_limit, nb_begin;
 };
+static_assert(sizeof(TileInfo) == 9 * 4, "TileInfo: nine words (the shared-memory copy)");
+
+// Fa3Params::unit_smem: the producer's copy of a unit's TileInfo into shared memory at `info`, and
+// the consumers' read of it (after q_full, whose arrival by the writing thread releases it).
+__device__ __forceinline__ void store_tile_info(uint32_t info, const TileInfo& t) {
+  const int w[9] = {t.request, t.q_start,  t.q_len,        t.kv_len,  t.m0,
+                    t.head,    t.n_blocks, t.causal_limit, t.nb_begin};
+#pragma unroll
+  for (int i = 0; i < 9; ++i) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(info + 4 * i), "r"(w[i]) : "memory");
+  }
+}
+__device__ __forceinline__ TileInfo load_tile_info(uint32_t info) {
+  int w[9];
+#pragma unroll
+  for (int i = 0; i < 9; ++i) {
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w[i]) : "r"(info + 4 * i) : "memory");
+  }
+  return TileInfo{w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]};
+}
 
 template <typename Tr>
 __device__ __forceinline__ TileInfo decode_tile(const Fa3Params& p, int unit) {
@@ -241,6 +282,9 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   const int vunits = scheduled_units(p);
   for (int round = 0, unit = unit_at(p, 0); unit < vunits; unit = unit_at(p, ++round), ++tcount) {
     const TileInfo t = decode_unit<Tr>(p, unit, units);
+    stamp(p, round, 16, tid == 0);
+    stamp(p, round, 22, tid == 0, t.n_blocks - t.nb_begin);
+    stamp(p, round, 23, tid == 0, unit);
     const int kvh = t.head / p.group;
     const int32_t* pt = page_table_row(p, t.request);
     // The pool slot of row 128 s + tid of key block nb (-1: past kv_len or past the block; the row
@@ -264,13 +308,32 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
 
     // Q tile: row r = token m0 + r of the request (rows past q_len are zero-filled).
     mbar_wait(q_empty, (tcount & 1) ^ 1);
-    if ((p.diag & 8) == 0) load_q_tile<Tr::kBlockM, C>(p, t, sQ, tid);
-    cp_async_arrive_noinc(q_full);
+    stamp(p, round, 17, tid == 0);
+    if (tid == 0) {  // q_full counts this extra arrival: it releases the TileInfo copy
+      if (p.unit_smem) store_tile_info(base + Tr::kInfoOffset, t);
+      mbar_arrive(q_full);
+    }
+    if (p.q_tma) {
+      if (tid == 0 && (p.diag & 8) == 0) {
+#pragma unroll
+        for (int cb = 0; cb < kD / 64; ++cb) {
+          tma_load_3d(sQ + cb * Tr::kBlockM * 128, &p.tma_q, cb * 64, t.head, t.q_start + t.m0,
+                      q_full);
+        }
+      }
+      arrive_tma_tile(q_full, (p.diag & 8) == 0 ? Tr::kQBytes : 0, tid);
+    } else {
+      if ((p.diag & 8) == 0) load_q_tile<Tr::kBlockM, C>(p, t, sQ, tid);
+      cp_async_arrive_noinc(q_full);
+    }
+    stamp(p, round, 18, tid == 0);
 
     for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it) {
       const int stage = it % Tr::kStages;
       const uint32_t phase = (it / Tr::kStages) & 1;
       mbar_wait(empty(stage), phase ^ 1);
+      stamp(p, round, nb == t.n_blocks - 1 ? 19 : 20,
+            tid == 0 && (nb == t.n_blocks - 1 || nb == t.nb_begin));
       const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
       const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
       if (p.diag & 1) {
@@ -325,6 +388,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
       }
       load_slots(nb - 1);
     }
+    stamp(p, round, 21, tid == 0);
   }
   cp_async_wait<0>();
 }
@@ -706,7 +770,11 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
   const int units = p.num_tiles * p.num_q_heads;
   const int vunits = scheduled_units(p);
   for (int round = 0, unit = unit_at(p, 0); unit < vunits; unit = unit_at(p, ++round), ++tcount) {
-    const TileInfo t = decode_unit<Tr>(p, unit, units);
+    const bool who = tid == 0;  // timeline builds: the warpgroup's first thread stamps
+    stamp(p, round, 8 * g + 0, who);
+    mbar_wait(q_full, tcount & 1);
+    const TileInfo t =
+        p.unit_smem ? load_tile_info(c.base + Tr::kInfoOffset) : decode_unit<Tr>(p, unit, units);
     const bool last_unit = unit_at(p, round + 1) >= vunits;
     // This thread's two rows (r, r + 8) within the tile and their query positions.
     const int row0 = g * 64 + c.warp * 16 + lane / 4;
@@ -721,12 +789,12 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
     float s[Ctx::kS];
     uint32_t pa[kN / 16][4];
 
-    mbar_wait(q_full, tcount & 1);
-    fence_proxy_async();  // Q always arrives by cp.async
+    if (!p.q_tma) fence_proxy_async();  // cp.async Q (generic proxy) before wgmma reads it
     if constexpr (Ctx::kQRegs) {
       c.load_q_frags();
       mbar_arrive(q_empty);  // Q is in registers: the producer may load the next tile's
     }
+    stamp(p, round, 8 * g + 1, who);
     auto fence_for = [&](int nb) { return p.fence_tma != 0 || !block_uses_tma<Tr>(p, t, nb); };
     if (p.overlap) {
       // Intra-warpgroup overlap: S(next) = Q K(next)^T and O += P(cur) V(cur) are issued
@@ -734,6 +802,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       int it_c = it;
       int nb = t.n_blocks - 1;
       c.wait_full(c.k_full(it_c % Tr::kStages), it_c, fence_for(nb));
+      stamp(p, round, 8 * g + 2, who);
       c.turn_wait();
       wgmma_fence();
       c.issue_qk(s, it_c % Tr::kStages);
@@ -741,9 +810,11 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       c.turn_pass();
       wgmma_wait<0>();
       fence_regs(s);
+      stamp(p, round, 8 * g + 3, who);
       c.release_q_after_s(nb, t.nb_begin);
       sm.step(s, p, t, nb, g, lane, qpos0, corr);
       pack_p<kN, kBf16>(s, pa);
+      stamp(p, round, 8 * g + 4, who);
       for (--nb; nb >= t.nb_begin; --nb) {
         const int it_n = it_c + 1;
         const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
@@ -768,6 +839,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
         it_c = it_n;
       }
+      stamp(p, round, 8 * g + 5, who);
       const int stage_c = it_c % Tr::kStages;
       c.wait_full(c.v_full(stage_c), it_c, fence_for(t.nb_begin));
       fence_regs(o);
@@ -778,6 +850,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       if (g == 0 || !last_unit) c.turn_pass();
       wgmma_wait<0>();
       fence_regs(o);
+      stamp(p, round, 8 * g + 6, who);
       mbar_arrive(c.empty(stage_c));
       it = it_c + 1;
     } else {
@@ -815,6 +888,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
     } else {
       store_o_piece<kD>(p, t, piece, o, sm.m, sm.l, 1.f, row0, lane);
     }
+    stamp(p, round, 8 * g + 7, who);
   }
 }
 
@@ -916,7 +990,7 @@ __global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16, kWG>::kThreads, 1
   uint8_t* smem = smem_raw + smem_align_pad<Tr>(smem_raw);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
   if (threadIdx.x == 0) {
-    sm90::mbar_init(bars, 128);                                // q_full: producer threads
+    sm90::mbar_init(bars, 129);  // q_full: producer threads + thread 0's TileInfo arrival
     sm90::mbar_init(bars + 8, 128 * Tr::kConsumerWarpgroups);  // q_empty: consumer threads
     for (int s = 0; s < Tr::kStages; ++s) {
       sm90::mbar_init(bars + 16 + 24 * s, 128);                                 // k_full
