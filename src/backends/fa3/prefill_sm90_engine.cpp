@@ -333,11 +333,8 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     p.tma_rows = 0;  // the cp.async gather serves every block
   }
   p.overlap = overlap_ ? 1 : 0;
-  // Q by TMA (bf16 / f16 kernel): the map covers every token of q; box rows = the tile's rows.
-  p.q_tma = !planned_fp8_ && q_tma_ && q.stride(2) == 1 &&
-                    encode_pool_map(q, q.dtype, p.block_m, &p.tma_q)
-                ? 1
-                : 0;
+  // Q by TMA (both kernels): the map covers every token of q; box rows = the tile's rows.
+  p.q_tma = q_tma_ && q.stride(2) == 1 && encode_pool_map(q, q.dtype, p.block_m, &p.tma_q) ? 1 : 0;
   p.unit_smem = !planned_fp8_ && unit_smem_ ? 1 : 0;
   p.section_heads = section_heads_;
   const TailSplit ts = planned_tail_split(p.causal != 0);

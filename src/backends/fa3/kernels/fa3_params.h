@@ -156,11 +156,11 @@ struct Fa3Params {
   // zero-filled, never read from the pool).
   TmaDesc tma_k, tma_v;
   int tma_rows = 0;
-  // bf16 / f16 kernel, 1 (the engine's default where the map encodes; ATTNKIT_FA3_Q_TMA=0: off):
-  // the Q tile arrives by TMA, boxes {64, 1, block_m} of tma_q ({D, Hq, tokens} over q), one
-  // thread issuing; rows past the request's q_len then hold the next request's tokens (or zeros
-  // past the last token), whose outputs are computed and never stored. 0: the 16-byte cp.async
-  // gather of every producer thread with those rows zero-filled (the FP8 kernel's only path).
+  // Both kernels, 1 (the engine's default where the map encodes; ATTNKIT_FA3_Q_TMA=0: off):
+  // the (bf16 / f16) Q tile arrives by TMA, boxes {64, 1, block_m} of tma_q ({D, Hq, tokens} over
+  // q), one thread issuing; rows past the request's q_len then hold the next request's tokens (or
+  // zeros past the last token), whose outputs are computed and never stored. 0: the 16-byte
+  // cp.async gather of every producer thread, those rows zero-filled.
   TmaDesc tma_q;
   int q_tma = 0;
   // bf16 / f16 kernel, 1 (the engine's default; ATTNKIT_FA3_UNIT_SMEM=0: off): the producer,

@@ -254,8 +254,19 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
             : nullptr;
 
     mbar_wait(q_empty, (tcount & 1) ^ 1);
-    load_q_tile<Tr::kBlockM, CQ>(p, t, sQ, tid);
-    cp_async_arrive_noinc(q_full);
+    if (p.q_tma) {  // the bf16 Q tile by TMA, one box per 64 columns (Fa3Params::q_tma)
+      if (tid == 0) {
+#pragma unroll
+        for (int cb = 0; cb < Tr::kHeadDim / 64; ++cb) {
+          tma_load_3d(sQ + cb * Tr::kBlockM * 128, &p.tma_q, cb * 64, t.head, t.q_start + t.m0,
+                      q_full);
+        }
+      }
+      arrive_tma_tile(q_full, Tr::kQBytes, tid);
+    } else {
+      load_q_tile<Tr::kBlockM, CQ>(p, t, sQ, tid);
+      cp_async_arrive_noinc(q_full);
+    }
 
     for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it) {
       const int stage = it % Tr::kStages;
