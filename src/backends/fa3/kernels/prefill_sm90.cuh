@@ -192,7 +192,8 @@ __device__ __forceinline__ bool block_uses_tma(const Fa3Params& p, const TileInf
 
 // Producer (128 threads): tile t's Q rows into the swizzled [kBlockM x kRowChunks x 16 B] tile at
 // sQ by cp.async, one 16-byte chunk of 2-byte elements per copy. Row r = token m0 + r of the
-// request; rows past q_len are zero-filled. Both prefill producers (bf16 / f16 and FP8) call it.
+// request; rows past q_len are zero-filled. Both prefill producers (bf16 / f16 and FP8) call it
+// when Fa3Params::q_tma is 0 (the TMA box otherwise).
 template <int kBlockM, int kRowChunks>
 __device__ __forceinline__ void load_q_tile(const Fa3Params& p, const TileInfo& t, uint32_t sQ,
                                             int tid) {
