@@ -20,9 +20,6 @@ import statistics
 import struct
 import sys
 
-CONSUMER = ["start", "q_regs", "first_k", "first_s", "first_p", "loop_done", "last_pv", "stored"]
-
-
 def load(path):
     with open(path, "rb") as f:
         grid, rounds, events, causal = struct.unpack("4i", f.read(16))
