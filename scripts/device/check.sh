@@ -15,6 +15,7 @@
 #   STAGES="build test bench peers"   which stages to run
 #   BENCH_FILTER=""         passed to attnkit bench --filter
 #   CTEST_REGEX=""          passed to ctest -R
+#   CTEST_EXCLUDE=""        passed to ctest -E
 #   CTEST_JOBS=4            ctest -j
 #   BENCH_VERIFY=0          1: attnkit bench --verify (fp64 reference per case; slow for big cases)
 #   BENCH_TIMEOUT=240       seconds per case file
@@ -74,6 +75,7 @@ if has_stage test; then
   t0=$(date +%s)
   args=(-L gpu --output-on-failure --timeout 300 -j"${CTEST_JOBS:-4}")
   [ -n "${CTEST_REGEX:-}" ] && args+=(-R "$CTEST_REGEX")
+  [ -n "${CTEST_EXCLUDE:-}" ] && args+=(-E "$CTEST_EXCLUDE")
   ctest --test-dir "$build" "${args[@]}" > "$OUT/ctest.log" 2>&1
   rc=$?
   grep -E "tests passed|tests failed|Total Test time" "$OUT/ctest.log" | tee -a "$summary"
