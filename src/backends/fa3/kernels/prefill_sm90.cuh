@@ -243,6 +243,23 @@ __device__ __forceinline__ void arrive_tma_tile(uint32_t bar, uint32_t bytes, in
   }
 }
 
+// Producer (128 threads; Fa3Params::q_tma): tile t's Q rows into the swizzled Q tile by TMA, one
+// box of 64 columns x kBlockM rows per 64 columns, issued by thread 0 and completing on q_full
+// (armed by thread 0 for the tile's bytes; every thread arrives once). kDiag: diagnostics bit 8 of
+// Fa3Params::diag skips the copies and keeps the arrivals. Both prefill producers call it.
+template <int kBlockM, int kD, bool kDiag>
+__device__ __forceinline__ void load_q_tile_tma(const Fa3Params& p, const TileInfo& t, uint32_t sQ,
+                                                uint32_t q_full, int tid) {
+  if (tid == 0 && (!kDiag || (p.diag & 8) == 0)) {
+#pragma unroll
+    for (int cb = 0; cb < kD / 64; ++cb) {
+      sm90::tma_load_3d(sQ + cb * kBlockM * 128, &p.tma_q, cb * 64, t.head, t.q_start + t.m0,
+                        q_full);
+    }
+  }
+  arrive_tma_tile(q_full, (!kDiag || (p.diag & 8) == 0) ? kBlockM * kD * 2 : 0, tid);
+}
+
 // One 16-byte cp.async of chunk `chunk` of tile row `row` from pool slot `slot` (elements of
 // kElemBytes; -1: zero-fill) into the swizzled tile at shared address `tile`.
 template <typename Tr, int kElemBytes>
@@ -315,14 +332,8 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
       mbar_arrive(q_full);
     }
     if (p.q_tma) {
-      if (tid == 0 && (p.diag & 8) == 0) {
-#pragma unroll
-        for (int cb = 0; cb < kD / 64; ++cb) {
-          tma_load_3d(sQ + cb * Tr::kBlockM * 128, &p.tma_q, cb * 64, t.head, t.q_start + t.m0,
-                      q_full);
-        }
-      }
-      arrive_tma_tile(q_full, (p.diag & 8) == 0 ? Tr::kQBytes : 0, tid);
+      static_assert(Tr::kQBytes == Tr::kBlockM * kD * 2);
+      load_q_tile_tma<Tr::kBlockM, kD, /*kDiag=*/true>(p, t, sQ, q_full, tid);
     } else {
       if ((p.diag & 8) == 0) load_q_tile<Tr::kBlockM, C>(p, t, sQ, tid);
       cp_async_arrive_noinc(q_full);

@@ -254,15 +254,9 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
             : nullptr;
 
     mbar_wait(q_empty, (tcount & 1) ^ 1);
-    if (p.q_tma) {  // the bf16 Q tile by TMA, one box per 64 columns (Fa3Params::q_tma)
-      if (tid == 0) {
-#pragma unroll
-        for (int cb = 0; cb < Tr::kHeadDim / 64; ++cb) {
-          tma_load_3d(sQ + cb * Tr::kBlockM * 128, &p.tma_q, cb * 64, t.head, t.q_start + t.m0,
-                      q_full);
-        }
-      }
-      arrive_tma_tile(q_full, Tr::kQBytes, tid);
+    if (p.q_tma) {  // the bf16 Q tile by TMA (Fa3Params::q_tma)
+      static_assert(Tr::kQBytes == Tr::kBlockM * Tr::kHeadDim * 2);
+      load_q_tile_tma<Tr::kBlockM, Tr::kHeadDim, /*kDiag=*/false>(p, t, sQ, q_full, tid);
     } else {
       load_q_tile<Tr::kBlockM, CQ>(p, t, sQ, tid);
       cp_async_arrive_noinc(q_full);
