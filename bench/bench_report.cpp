@@ -100,6 +100,11 @@ std::string table_row(const CaseResult& r, int name_width) {
           pad(r.ceiling_ratio > 0 ? fixed(100.0 * r.ceiling_ratio, 1) : "-", 6, true) + " " +
           pad(fixed(r.tflops, 4), 8, true) + " " + pad(std::to_string(r.copies), 6, true) + "  ok";
   if (r.verified) line += " (verified: rel_l2 " + fixed(r.rel_l2, 6) + ")";
+  if (r.refresh_samples > 0) {
+    line += " (replay metadata refresh: host median " + fixed(r.refresh_us_median, 1) +
+            " us, max " + fixed(r.refresh_us_max, 1) + " us over " +
+            std::to_string(r.refresh_samples) + " replays)";
+  }
   if (!r.paired_ratios.empty()) {
     line += " (paired copy: median " + fixed(100.0 * r.paired_ratio_median, 1) + "% of " +
             std::to_string(r.paired_ratios.size()) + " rounds:";
@@ -195,6 +200,14 @@ Json to_json(const BenchRun& run) {
       x["tflops"] = r.tflops;
       x["ceiling"] = r.ceiling;
       x["ceiling_ratio"] = r.ceiling_ratio;
+      if (r.refresh_samples > 0) {
+        x["replay_refresh"] = {{"method",
+                                "host wall time of init_forward_metadata_replay_cuda_graph, "
+                                "each call followed by one replay of the captured graph"},
+                               {"samples", r.refresh_samples},
+                               {"us_median", r.refresh_us_median},
+                               {"us_max", r.refresh_us_max}};
+      }
       if (!r.paired_ratios.empty()) {
         x["paired_copy"] = {{"method",
                              "per round: one pass of the copy ceiling, then that many forwards; "

@@ -79,6 +79,12 @@ struct CaseResult {
   std::vector<double> paired_read_gbs;
   std::vector<double> paired_read_ratios;
   double paired_read_ratio_median = 0;
+  // --graph: host wall time of init_forward_metadata_replay_cuda_graph, the refresh a serving
+  // engine runs once before every replay of its captured decode step (all layers), one sample per
+  // replay, each followed by that replay; median / max in us (0: not measured).
+  int refresh_samples = 0;
+  double refresh_us_median = 0;
+  double refresh_us_max = 0;
 };
 
 // The shared harness's CaseSpec for a benchmark point (uniform lengths, shuffled pages, seed 0).
@@ -104,6 +110,9 @@ struct Timing {
   double ms_median = 0;
   double ms_min = 0;
   double ms_max = 0;
+  // --graph only: host time of the replay metadata refresh
+  // (init_forward_metadata_replay_cuda_graph, once per replay of the whole captured step), us.
+  std::vector<double> refresh_us;
 };
 Result<Timing> time_forward(AttentionBackend& backend, harness::PreparedCase& prepared, int warmup,
                             int iters, int launches = 1);
