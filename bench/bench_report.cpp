@@ -203,7 +203,8 @@ Json to_json(const BenchRun& run) {
       if (r.refresh_samples > 0) {
         x["replay_refresh"] = {{"method",
                                 "host wall time of init_forward_metadata_replay_cuda_graph, "
-                                "each call followed by one replay of the captured graph"},
+                                "each call followed by one replay of the captured graph; call i "
+                                "issued while replay i - 1 runs, after replay i - 2 finished"},
                                {"samples", r.refresh_samples},
                                {"us_median", r.refresh_us_median},
                                {"us_max", r.refresh_us_max}};

@@ -315,11 +315,21 @@ Result<Timing> time_graph_replay(const BackendDescriptor& descriptor,
     return samples.status();
   }
   Timing timing = summarize(std::move(*samples));
-  // The refresh's host time, as a serving engine pays it: refresh, replay, refresh, replay ...
-  // (not inside the event-timed replays above: its plan upload would be counted as GPU time).
+  // The refresh's host time as a serving engine that runs one step ahead of the GPU pays it
+  // (SGLang's overlap scheduler): refresh i is issued while replay i - 1 runs, once replay i - 2
+  // has finished. Not inside the event-timed replays above (its plan upload would count as GPU
+  // time), and never with the host further ahead: every backend's refresh may wait for the upload
+  // of the plan before it (one staging buffer), so a host many replays ahead would time the GPU.
+  EventPair replay_done;  // start(): replays 0, 2, 4 ...; stop(): 1, 3, 5 ...
+  ATTNKIT_RETURN_IF_ERROR(replay_done.create());
+  auto done_event = [&](int i) { return i % 2 == 0 ? replay_done.start() : replay_done.stop(); };
   const int refreshes = std::max(iters, 20);
   timing.refresh_us.reserve(static_cast<size_t>(refreshes));
   for (int i = 0; i < refreshes; ++i) {
+    if (i >= 2) {
+      ATTNKIT_RETURN_IF_ERROR(cuda_check(cudaEventSynchronize(done_event(i - 2)),
+                                         "cudaEventSynchronize (replay i - 2)"));
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const Status refreshed = backend.init_forward_metadata_replay_cuda_graph(
         b.batch_size, b.req_pool_indices, b.seq_lens, b.seq_lens_sum, TensorView(), mode, spec,
@@ -331,6 +341,8 @@ Result<Timing> time_graph_replay(const BackendDescriptor& descriptor,
     }
     timing.refresh_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     ATTNKIT_RETURN_IF_ERROR(g.launch());
+    ATTNKIT_RETURN_IF_ERROR(
+        cuda_check(cudaEventRecord(done_event(i), g.stream()), "cudaEventRecord (replay done)"));
   }
   const Status synced =
       cuda_check(cudaStreamSynchronize(g.stream()), "cudaStreamSynchronize (graph refreshes)");

@@ -81,7 +81,8 @@ struct CaseResult {
   double paired_read_ratio_median = 0;
   // --graph: host wall time of init_forward_metadata_replay_cuda_graph, the refresh a serving
   // engine runs once before every replay of its captured decode step (all layers), one sample per
-  // replay, each followed by that replay; median / max in us (0: not measured).
+  // replay, each followed by that replay, the host one replay ahead of the GPU (refresh i while
+  // replay i - 1 runs); median / max in us (0: not measured).
   int refresh_samples = 0;
   double refresh_us_median = 0;
   double refresh_us_max = 0;
