@@ -101,9 +101,10 @@ std::string table_row(const CaseResult& r, int name_width) {
           pad(fixed(r.tflops, 4), 8, true) + " " + pad(std::to_string(r.copies), 6, true) + "  ok";
   if (r.verified) line += " (verified: rel_l2 " + fixed(r.rel_l2, 6) + ")";
   if (r.refresh_samples > 0) {
-    line += " (replay metadata refresh: host median " + fixed(r.refresh_us_median, 1) +
-            " us, max " + fixed(r.refresh_us_max, 1) + " us over " +
-            std::to_string(r.refresh_samples) + " replays)";
+    line += " (replay metadata refresh, host: median " + fixed(r.refresh_us_median, 1) +
+            " us, p90 " + fixed(r.refresh_us_p90, 1) + " us, one replay ahead; median " +
+            fixed(r.refresh_idle_us_median, 1) + " us idle; " + std::to_string(r.refresh_samples) +
+            " replays each)";
   }
   if (!r.paired_ratios.empty()) {
     line += " (paired copy: median " + fixed(100.0 * r.paired_ratio_median, 1) + "% of " +
@@ -204,10 +205,14 @@ Json to_json(const BenchRun& run) {
         x["replay_refresh"] = {{"method",
                                 "host wall time of init_forward_metadata_replay_cuda_graph, "
                                 "each call followed by one replay of the captured graph; call i "
-                                "issued while replay i - 1 runs, after replay i - 2 finished"},
+                                "issued while replay i - 1 runs, after replay i - 2 finished "
+                                "(us_*); then with the stream drained before each call "
+                                "(idle_us_median)"},
                                {"samples", r.refresh_samples},
                                {"us_median", r.refresh_us_median},
-                               {"us_max", r.refresh_us_max}};
+                               {"us_p90", r.refresh_us_p90},
+                               {"us_max", r.refresh_us_max},
+                               {"idle_us_median", r.refresh_idle_us_median}};
       }
       if (!r.paired_ratios.empty()) {
         x["paired_copy"] = {{"method",

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
@@ -125,14 +126,23 @@ Status write_new_tokens(harness::PreparedCase& prepared) {
 }
 
 // Fills the time, rates and ceiling ratio of `r` (whose bytes and flops are set) from `t`.
+// The p-quantile (0 <= p <= 1) of v by the nearest rank; v non-empty.
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const auto rank = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
 CaseResult finish_timing(CaseResult r, const Timing& t, const CeilingRates& ceilings) {
   r.ms_median = t.ms_median;
   r.ms_min = t.ms_min;
   r.ms_max = t.ms_max;
-  if (!t.refresh_us.empty()) {
+  if (!t.refresh_us.empty() && !t.refresh_idle_us.empty()) {
     r.refresh_samples = static_cast<int>(t.refresh_us.size());
     r.refresh_us_median = median(t.refresh_us);
+    r.refresh_us_p90 = percentile(t.refresh_us, 0.9);
     r.refresh_us_max = *std::max_element(t.refresh_us.begin(), t.refresh_us.end());
+    r.refresh_idle_us_median = median(t.refresh_idle_us);
   }
   r.gbs = gb_per_s(r.bytes, r.ms_median);
   r.tflops = tflop_per_s(r.flops, r.ms_median);
@@ -264,6 +274,55 @@ std::string graph_skip_reason(const BackendDescriptor& descriptor, const BenchCa
   return "";
 }
 
+#ifdef ATTNKIT_WITH_CUDA
+namespace {
+
+// The replay metadata refresh's host time (init_forward_metadata_replay_cuda_graph), `count`
+// samples in each of two patterns, each refresh followed by one replay of g:
+// - overlapped, as a serving engine that runs one step ahead of the GPU pays it (SGLang's
+//   overlap scheduler): refresh i is issued while replay i - 1 runs, once replay i - 2 finished.
+//   Never with the host further ahead: a backend's refresh may wait for the upload of the plan
+//   before it (one staging buffer), so a host many replays ahead would time the GPU;
+// - idle: the stream drained before each refresh (the host cost alone).
+// Not inside event-timed replays: the plan upload would count as GPU time.
+Status time_replay_refreshes(AttentionBackend& backend, const ForwardBatch& b, ForwardMode mode,
+                             const SpecInfo* spec, GraphResources& g, int count, Timing* timing) {
+  EventPair replay_done;  // start(): replays 0, 2, 4 ...; stop(): 1, 3, 5 ...
+  ATTNKIT_RETURN_IF_ERROR(replay_done.create());
+  auto done_event = [&](int i) { return i % 2 == 0 ? replay_done.start() : replay_done.stop(); };
+  auto refresh_us = [&](std::vector<double>* out) -> Status {
+    const auto t0 = std::chrono::steady_clock::now();
+    ATTNKIT_RETURN_IF_ERROR(backend.init_forward_metadata_replay_cuda_graph(
+        b.batch_size, b.req_pool_indices, b.seq_lens, b.seq_lens_sum, TensorView(), mode, spec,
+        b.seq_lens_host.data()));
+    const auto t1 = std::chrono::steady_clock::now();
+    out->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    return Status::ok();
+  };
+  timing->refresh_us.reserve(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    if (i >= 2) {
+      ATTNKIT_RETURN_IF_ERROR(cuda_check(cudaEventSynchronize(done_event(i - 2)),
+                                         "cudaEventSynchronize (replay i - 2)"));
+    }
+    ATTNKIT_RETURN_IF_ERROR(refresh_us(&timing->refresh_us));
+    ATTNKIT_RETURN_IF_ERROR(g.launch());
+    ATTNKIT_RETURN_IF_ERROR(
+        cuda_check(cudaEventRecord(done_event(i), g.stream()), "cudaEventRecord (replay done)"));
+  }
+  timing->refresh_idle_us.reserve(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    ATTNKIT_RETURN_IF_ERROR(
+        cuda_check(cudaStreamSynchronize(g.stream()), "cudaStreamSynchronize (idle refresh)"));
+    ATTNKIT_RETURN_IF_ERROR(refresh_us(&timing->refresh_idle_us));
+    ATTNKIT_RETURN_IF_ERROR(g.launch());
+  }
+  return cuda_check(cudaStreamSynchronize(g.stream()), "cudaStreamSynchronize (graph refreshes)");
+}
+
+}  // namespace
+#endif
+
 Result<Timing> time_graph_replay(const BackendDescriptor& descriptor,
                                  harness::PreparedCase& prepared, int warmup, int iters,
                                  int forwards) {
@@ -286,6 +345,11 @@ Result<Timing> time_graph_replay(const BackendDescriptor& descriptor,
   GraphResources g;
   ATTNKIT_RETURN_IF_ERROR(g.create_stream());
   prepared.batch.stream = g.stream();
+  // The case outlives g's stream: point it back at the default stream on every way out.
+  struct StreamReset {
+    harness::PreparedCase& p;
+    ~StreamReset() { p.batch.stream = nullptr; }
+  } stream_reset{prepared};
   BackendContext ctx = prepared.context();
   ctx.stream = g.stream();
   Result<std::unique_ptr<AttentionBackend>> made = descriptor.create(ctx);
@@ -310,44 +374,10 @@ Result<Timing> time_graph_replay(const BackendDescriptor& descriptor,
       cuda_check(cudaStreamSynchronize(g.stream()), "cudaStreamSynchronize (graph warm-up)"));
   Result<std::vector<double>> samples =
       time_event_samples(g.stream(), iters, forwards, [&](int) { return g.launch(); });
-  if (!samples) {
-    prepared.batch.stream = nullptr;
-    return samples.status();
-  }
+  if (!samples) return samples.status();
   Timing timing = summarize(std::move(*samples));
-  // The refresh's host time as a serving engine that runs one step ahead of the GPU pays it
-  // (SGLang's overlap scheduler): refresh i is issued while replay i - 1 runs, once replay i - 2
-  // has finished. Not inside the event-timed replays above (its plan upload would count as GPU
-  // time), and never with the host further ahead: every backend's refresh may wait for the upload
-  // of the plan before it (one staging buffer), so a host many replays ahead would time the GPU.
-  EventPair replay_done;  // start(): replays 0, 2, 4 ...; stop(): 1, 3, 5 ...
-  ATTNKIT_RETURN_IF_ERROR(replay_done.create());
-  auto done_event = [&](int i) { return i % 2 == 0 ? replay_done.start() : replay_done.stop(); };
-  const int refreshes = std::max(iters, 20);
-  timing.refresh_us.reserve(static_cast<size_t>(refreshes));
-  for (int i = 0; i < refreshes; ++i) {
-    if (i >= 2) {
-      ATTNKIT_RETURN_IF_ERROR(cuda_check(cudaEventSynchronize(done_event(i - 2)),
-                                         "cudaEventSynchronize (replay i - 2)"));
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    const Status refreshed = backend.init_forward_metadata_replay_cuda_graph(
-        b.batch_size, b.req_pool_indices, b.seq_lens, b.seq_lens_sum, TensorView(), mode, spec,
-        b.seq_lens_host.data());
-    const auto t1 = std::chrono::steady_clock::now();
-    if (!refreshed.is_ok()) {
-      prepared.batch.stream = nullptr;
-      return refreshed;
-    }
-    timing.refresh_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    ATTNKIT_RETURN_IF_ERROR(g.launch());
-    ATTNKIT_RETURN_IF_ERROR(
-        cuda_check(cudaEventRecord(done_event(i), g.stream()), "cudaEventRecord (replay done)"));
-  }
-  const Status synced =
-      cuda_check(cudaStreamSynchronize(g.stream()), "cudaStreamSynchronize (graph refreshes)");
-  prepared.batch.stream = nullptr;
-  if (!synced.is_ok()) return synced;
+  ATTNKIT_RETURN_IF_ERROR(
+      time_replay_refreshes(backend, b, mode, spec, g, std::max(iters, 100), &timing));
   return timing;
 #else
   (void)descriptor;

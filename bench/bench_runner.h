@@ -80,12 +80,15 @@ struct CaseResult {
   std::vector<double> paired_read_ratios;
   double paired_read_ratio_median = 0;
   // --graph: host wall time of init_forward_metadata_replay_cuda_graph, the refresh a serving
-  // engine runs once before every replay of its captured decode step (all layers), one sample per
-  // replay, each followed by that replay, the host one replay ahead of the GPU (refresh i while
-  // replay i - 1 runs); median / max in us (0: not measured).
+  // engine runs once before every replay of its captured decode step (all layers), in us (0: not
+  // measured). refresh_samples samples, each followed by one replay, with the host one replay
+  // ahead of the GPU (refresh i while replay i - 1 runs): median, p90, max; and as many with the
+  // stream drained before each refresh (the host cost alone): median.
   int refresh_samples = 0;
   double refresh_us_median = 0;
+  double refresh_us_p90 = 0;
   double refresh_us_max = 0;
+  double refresh_idle_us_median = 0;
 };
 
 // The shared harness's CaseSpec for a benchmark point (uniform lengths, shuffled pages, seed 0).
@@ -112,8 +115,10 @@ struct Timing {
   double ms_min = 0;
   double ms_max = 0;
   // --graph only: host time of the replay metadata refresh
-  // (init_forward_metadata_replay_cuda_graph, once per replay of the whole captured step), us.
+  // (init_forward_metadata_replay_cuda_graph, once per replay of the whole captured step), us:
+  // with the host one replay ahead of the GPU, and with the stream drained (CaseResult).
   std::vector<double> refresh_us;
+  std::vector<double> refresh_idle_us;
 };
 Result<Timing> time_forward(AttentionBackend& backend, harness::PreparedCase& prepared, int warmup,
                             int iters, int launches = 1);
