@@ -3,6 +3,7 @@
 #include "backends/flashinfer/kernels/balanced_plan.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -33,17 +34,14 @@ void BalancedPlan::serialize(std::vector<int32_t>* words) const {
   (*words)[0] = slots();
   (*words)[1] = static_cast<int32_t>(n);
   (*words)[2] = kBalancedPlanTag;
+  // The request and segment records are their words (kRequestWords / kSegmentWords are their
+  // sizes in words): one copy per array.
   int32_t* at = words->data() + kPlanHeaderWords;
-  for (const RequestPlan& r : requests) {
-    std::copy_n(reinterpret_cast<const int32_t*>(&r), kRequestWords, at);
-    at += kRequestWords;
-  }
+  std::memcpy(at, requests.data(), requests.size() * sizeof(RequestPlan));
+  at += bs * kRequestWords;
   std::copy(cta_begin.begin(), cta_begin.end(), at);
   at += cta_begin_words();
-  for (const Segment& s : segments) {
-    std::copy_n(reinterpret_cast<const int32_t*>(&s), kSegmentWords, at);
-    at += kSegmentWords;
-  }
+  std::memcpy(at, segments.data(), segments.size() * sizeof(Segment));
 }
 
 Result<BalancedPlan> build_balanced_plan(std::span<const PlanRequest> requests,
@@ -200,10 +198,13 @@ Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceCo
   // Slot-major segment order: slot c holds CTAs c, c + slots, ...
   plan.cta_begin.assign(static_cast<size_t>(slots + 1), 0);
   plan.cuts.assign(static_cast<size_t>(slots + 1), 0);
-  plan.segments.reserve(static_cast<size_t>(ctas));
+  // Every CTA's segment written in place (padding CTAs get none), the vector cut to size after.
+  plan.segments.resize(static_cast<size_t>(ctas));
+  Segment* out = plan.segments.data();
   int64_t keys_before = 0;
+  int items = 0, cut_items = 0;
   for (int64_t c = 0; c < slots; ++c) {
-    plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(plan.segments.size());
+    plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(out - plan.segments.data());
     plan.cuts[static_cast<size_t>(c)] = keys_before;
     for (int64_t k = c; k < ctas; k += slots) {
       const WorkItem& it = wp.items[static_cast<size_t>(k / heads)];
@@ -237,12 +238,15 @@ Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceCo
       }
       s.req_kv_len = req.kv_len;
       s.req_q_start = req.q_start;
-      plan.segments.push_back(s);
+      *out++ = s;
       keys_before += std::max(0, s.kv_end - s.kv_begin);
-      ++plan.items;
-      plan.cut_items += split ? 1 : 0;
+      ++items;
+      cut_items += split ? 1 : 0;
     }
   }
+  plan.segments.resize(static_cast<size_t>(out - plan.segments.data()));
+  plan.items = items;
+  plan.cut_items = cut_items;
   plan.cta_begin[static_cast<size_t>(slots)] = static_cast<int32_t>(plan.segments.size());
   plan.cuts[static_cast<size_t>(slots)] = keys_before;
   plan.total_keys = keys_before;

@@ -2,6 +2,7 @@
 #include "backends/flashinfer/kernels/work_plan.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 namespace attnkit::flashinfer {
@@ -31,11 +32,11 @@ void WorkPlan::serialize(std::vector<int32_t>* words) const {
   const int64_t n = static_cast<int64_t>(items.size());
   words->assign(static_cast<size_t>(words_for(bs, n)), 0);
   (*words)[0] = static_cast<int32_t>(n);
+  // The request and item records are their words (kRequestWords / kItemWords are their sizes in
+  // words).
   int32_t* at = words->data() + kPlanHeaderWords;
-  for (const RequestPlan& r : requests) {
-    std::copy_n(reinterpret_cast<const int32_t*>(&r), kRequestWords, at);
-    at += kRequestWords;
-  }
+  std::memcpy(at, requests.data(), requests.size() * sizeof(RequestPlan));
+  at += bs * kRequestWords;
   for (WorkItem w : items) {
     if (w.request >= 0 && w.request < bs) {
       const RequestPlan& r = requests[static_cast<size_t>(w.request)];
@@ -43,7 +44,7 @@ void WorkPlan::serialize(std::vector<int32_t>* words) const {
       w.req_q_start = r.q_start;
       w.req_q_len = r.q_len;
     }
-    std::copy_n(reinterpret_cast<const int32_t*>(&w), kItemWords, at);
+    std::memcpy(at, &w, sizeof(WorkItem));
     at += kItemWords;
   }
 }
@@ -139,6 +140,7 @@ Result<WorkPlan> build_work_plan(std::span<const PlanRequest> requests, const Pl
   plan.chunk = static_cast<int>(chunk);
 
   int32_t partials = 0;
+  plan.items.reserve(requests.size());  // at least one item per request with rows
   for (size_t r = 0; r < requests.size(); ++r) {
     const PlanRequest& in = requests[r];
     RequestPlan& out = plan.requests[r];
