@@ -66,7 +66,11 @@ int env_int_if(const char* name, int default_value, const std::function<bool(int
   return default_value;
 }
 
+// env_int and env_int_range read the variable before they build the description of what is
+// accepted (only a bad value needs it): some knobs are read on hot host paths (the flashinfer
+// decode planner reads ATTNKIT_DECODE_BLOCKS_PER_SM at every CUDA-graph replay refresh).
 int env_int(const char* name, int default_value, std::initializer_list<int> allowed) {
+  if (std::getenv(name) == nullptr) return default_value;
   return env_int_if(
       name, default_value,
       [&](int x) {
@@ -79,6 +83,7 @@ int env_int(const char* name, int default_value, std::initializer_list<int> allo
 }
 
 int env_int_range(const char* name, int default_value, int min_value, int max_value) {
+  if (std::getenv(name) == nullptr) return default_value;
   return env_int_if(
       name, default_value, [&](int x) { return x >= min_value && x <= max_value; },
       cat("integers ", min_value, "..", max_value));
