@@ -433,7 +433,8 @@ using test_support::ScopedEnv;
 // software-pipelined item loop (ATTNKIT_AMX_PIPELINE=0, AMX only, as ATTNKIT_AMX_SOFTMAX=0; the
 // third request of pack_multi, one row pair over two blocks, takes the pipeline's same-pair path);
 // on avx512_bf16 / avx512 also the per-token kernel (ATTNKIT_CPU_BLOCKED_EXTEND=0; f16 KV takes it
-// anyway).
+// anyway); the masked units' softmax rows between the tile micro-steps (ATTNKIT_AMX_MASKED_ROWS=1,
+// with every packing mode; pack_softcap makes every unit a masked one).
 // Other paths ignore the switches.
 TEST_P(IntelAmxTargeted, AmxPackingModes) {
   std::vector<CaseSpec> cases;
@@ -449,6 +450,9 @@ TEST_P(IntelAmxTargeted, AmxPackingModes) {
   cases.push_back(fp8);
   CaseSpec gqa8 = make_case("pack_gqa8", ForwardMode::kExtend, 16, {0}, {300}, 16, 2, 64);
   cases.push_back(gqa8);
+  CaseSpec capped = make_case("pack_softcap", ForwardMode::kExtend, 16, {300, 0}, {200, 130});
+  capped.logit_cap = 1.5f;
+  cases.push_back(capped);
   for (const CaseSpec& c : cases) {
     SCOPED_TRACE(c.name);
     expect_matches_reference(c, GetParam(), true);
@@ -476,6 +480,16 @@ TEST_P(IntelAmxTargeted, AmxPackingModes) {
     }
     {
       ScopedEnv two_pass("ATTNKIT_AMX_SOFTMAX", "0");  // the default is the one-pass row
+      expect_matches_reference(c, GetParam(), true);
+    }
+    {
+      ScopedEnv masked("ATTNKIT_AMX_MASKED_ROWS", "1");
+      expect_matches_reference(c, GetParam(), true);
+      {
+        ScopedEnv keys("ATTNKIT_AMX_KEY_BLOCK", "256");
+        expect_matches_reference(c, GetParam(), true);
+      }
+      ScopedEnv per_item("ATTNKIT_AMX_PREPACK", "0");
       expect_matches_reference(c, GetParam(), true);
     }
     {

@@ -69,6 +69,9 @@ constexpr const char* kAmxDecodeEnvVar = "ATTNKIT_AMX_DECODE";
 // 07:42Z, 2k causal, alternated: 2 threads 34.6 / 45.6 ms vs 44.8 / 49.1 ms, 16 threads 7.77
 // vs 8.15 ms); ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass row.
 constexpr const char* kFastSoftmaxEnvVar = "ATTNKIT_AMX_SOFTMAX";
+// ATTNKIT_AMX_MASKED_ROWS=1: the AMX extend's masked units run their softmax rows between the tile
+// micro-steps (ExtendWork::masked_rows); off by default until measured on an AMX Xeon.
+constexpr const char* kMaskedRowsEnvVar = "ATTNKIT_AMX_MASKED_ROWS";
 
 // On avx512_bf16 and avx512 (no AMX), extend with bf16 q and bf16 / fp8 KV runs the AMX kernel's
 // algorithm with register blocks of vdpbf16ps (extend_blocked_avx512_bf16; session 29, AMD Zen 5
@@ -173,6 +176,7 @@ class IntelAmxBackend final : public AttentionBackend {
         amx_pipeline_(env_pipeline()),
         amx_decode_(env_on_unless_zero(kAmxDecodeEnvVar)),
         amx_fast_softmax_(env_on_unless_zero(kFastSoftmaxEnvVar)),
+        amx_masked_rows_(env_flag(kMaskedRowsEnvVar, false)),
         amx_decode_prefetch_(env_amx_decode_prefetch()),
         amx_decode_sub_keys_(env_amx_decode_sub_keys()),
         blocked_extend_(env_flag(kBlockedExtendEnvVar, true)) {}
@@ -256,6 +260,7 @@ class IntelAmxBackend final : public AttentionBackend {
     ExtendWork work{&plan.requests, &plan.extend_items};
     work.pipelined = amx_pipeline_;
     work.fast_softmax = amx_fast_softmax_;
+    work.masked_rows = amx_masked_rows_;
     if (!plan.pack_begin.empty()) {
       work.packed = static_cast<uint16_t*>(packed_.data());
       work.pack_begin = &plan.pack_begin;
@@ -619,6 +624,7 @@ class IntelAmxBackend final : public AttentionBackend {
   bool amx_pipeline_;        // ATTNKIT_AMX_PIPELINE (default on)
   bool amx_decode_;          // ATTNKIT_AMX_DECODE (default on)
   bool amx_fast_softmax_;    // ATTNKIT_AMX_SOFTMAX (default on; 0 = two-pass rows)
+  bool amx_masked_rows_;     // ATTNKIT_AMX_MASKED_ROWS (default off)
   int amx_decode_prefetch_;  // ATTNKIT_AMX_DECODE_PF (default 0)
   int amx_decode_sub_keys_;  // ATTNKIT_AMX_DECODE_SUBKEYS (default 0: per item)
   bool blocked_extend_;      // ATTNKIT_CPU_BLOCKED_EXTEND (default on; 0: avx512(_bf16) per-token)

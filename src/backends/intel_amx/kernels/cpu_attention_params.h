@@ -208,6 +208,11 @@ struct ExtendWork {
   // degree-3 exp2 (default since session 8; ATTNKIT_AMX_SOFTMAX=0 keeps the two-pass rows). The
   // register-block kernels run the plain loop, so neither switch applies to them.
   bool fast_softmax = true;
+  // The pipelined loop's masked units (diagonal or partial key blocks, or soft-capped rows) run
+  // their softmax rows between the tile micro-steps as the lean units do (softmax_row_masked);
+  // false: after the step's tile work (ATTNKIT_AMX_MASKED_ROWS=1 turns it on; off until a Xeon
+  // A/B, session 34).
+  bool masked_rows = false;
 };
 
 // Thread scratch: thread t uses scratch + t * scratch_stride floats.

@@ -367,8 +367,9 @@ class BlockedExtend {
   static constexpr int kBlockKeyTiles = KB / kTileCols;    // S tiles across the compute block
   static constexpr int kBlockKeyChunks = KB / kTileDepth;  // P . V dot depths across it
 
-  // fast_softmax: ExtendWork::fast_softmax (the lean rows' one-pass softmax_row_fast).
-  BlockedExtend(const CpuAttentionParams& p, bool fast_softmax)
+  // fast_softmax: ExtendWork::fast_softmax (the lean rows' one-pass softmax_row_fast);
+  // masked_rows: ExtendWork::masked_rows (the masked units' rows between the tile micro-steps).
+  BlockedExtend(const CpuAttentionParams& p, bool fast_softmax, bool masked_rows)
       : p_(p),
         dp_(round_up(p.head_dim, kTileDepth)),
         dvp_(round_up(p.v_head_dim, kTileDepth)),
@@ -380,7 +381,8 @@ class BlockedExtend {
         lean_ok_(!capped_ && p.score_scale > 0.f),
         k_elems_(static_cast<int64_t>(kAmxKeyBlock) * dp_),
         block_elems_(amx_packed_block_elems(p.head_dim, p.v_head_dim)),
-        fast_softmax_(fast_softmax) {}
+        fast_softmax_(fast_softmax),
+        masked_rows_(masked_rows) {}
 
   // packed: this item's (request, kv head) blocks packed by pack_block (block b at
   // packed + b * block_elems_), or nullptr to pack each visited block into the scratch.
@@ -557,10 +559,18 @@ class BlockedExtend {
       const Unit* s_next = next.valid() && !repack ? &next : nullptr;
       float* s_cur = s_buf[cur_buf];
       float* s_nxt = s_buf[cur_buf ^ 1];
+      const uint16_t* kp_next = s_next ? unit_k(packed, sc, next) : nullptr;
+      const int pv_t = prev.valid() ? prev.t : -1;
+      const uint16_t* vp_prev = prev.valid() ? unit_v(packed, sc, prev) : nullptr;
       if (cur.lean) {
-        step_interleaved(sc, s_next, s_nxt, s_next ? unit_k(packed, sc, next) : nullptr,
-                         prev.valid() ? prev.t : -1,
-                         prev.valid() ? unit_v(packed, sc, prev) : nullptr, cur.t, s_cur);
+        const float scale = pre_cap_ * post_cap_;
+        step_interleaved(sc, s_next, s_nxt, kp_next, pv_t, vp_prev, [&](int i) {
+          softmax_row(sc, cur.t * kTileRows + i, s_cur + i * KB, scale);
+        });
+      } else if (masked_rows_) {
+        step_interleaved(sc, s_next, s_nxt, kp_next, pv_t, vp_prev, [&](int i) {
+          softmax_row_masked(sc, cur.t * kTileRows + i, cur.k0, cur.n, rows, nr, s_cur + i * KB);
+        });
       } else {
         if (s_next != nullptr) scores_pair(sc, next.t, s_nxt, unit_k(packed, sc, next));
         if (prev.valid()) pv_pair(sc, prev.t, unit_v(packed, sc, prev));
@@ -583,15 +593,15 @@ class BlockedExtend {
   }
 
   // One pipeline step: S of pair s_t (s_t < 0: none) into s_dst from K at kp, P . V of pair pv_t
-  // (pv_t < 0: none) from V at vp, and softmax_row_full of the 32 rows of pair sm_t (scores in
-  // s_src), the rows spread evenly between the 4-dot micro-steps.
+  // (pv_t < 0: none) from V at vp, and the softmax of the 32 rows of the current pair, row(i) for
+  // its row i, the rows spread evenly between the 4-dot micro-steps.
+  template <class RowFn>
   void step_interleaved(const AmxScratch& sc, const Unit* s_unit, float* s_dst, const uint16_t* kp,
-                        int pv_t, const uint16_t* vp, int sm_t, const float* s_src) {
+                        int pv_t, const uint16_t* vp, RowFn&& row) {
     const int dc = dp_ / kTileDepth;
     const int s_steps = s_unit != nullptr ? (kBlockKeyTiles / 2) * dc : 0;
     const int pv_steps = pv_t >= 0 ? (dvp_ / kTileDepth) * kBlockKeyChunks : 0;
     const int total = s_steps + pv_steps;
-    const float scale = pre_cap_ * post_cap_;
     int done = 0;
     for (int i = 0; i < total; ++i) {
       if (i < s_steps) {
@@ -601,13 +611,9 @@ class BlockedExtend {
         pv_micro(sc, pv_t, vp, j / kBlockKeyChunks, j % kBlockKeyChunks);
       }
       const int target = (i + 1) * kPairRows / total;
-      for (; done < target; ++done) {
-        softmax_row(sc, sm_t * kTileRows + done, s_src + done * KB, scale);
-      }
+      for (; done < target; ++done) row(done);
     }
-    for (; done < kPairRows; ++done) {
-      softmax_row(sc, sm_t * kTileRows + done, s_src + done * KB, scale);
-    }
+    for (; done < kPairRows; ++done) row(done);
   }
 
   // Depth chunk c of S pass `pass` (key tiles 2 pass, 2 pass + 1) of pair t: zeroes the
@@ -912,56 +918,56 @@ class BlockedExtend {
     for (int d = 0; d < dvp_; d += V::kWidth) V::store(o_row + d, V::mul(V::load(o_row + d), a));
   }
 
-  // Online softmax of the 16 score rows of tile t (keys k0 .. k0 + n): P rows in bf16, m/l
-  // updated, O rows rescaled. Row maxima, the new running max and the rescale factors of all 16
-  // rows are computed as vectors (one lane per row).
+  // Online softmax of score row r (keys k0 .. k0 + n; scores at s_row, overwritten with the capped
+  // and masked log2-domain values): the row's visible keys (RowInfo) are kept, the rest set to
+  // -inf; P row in bf16, m / l updated (the max raised only past kRescaleThreshold, as
+  // update_max does), the O row rescaled when it was. softmax_tile runs it on the 16 rows of a
+  // tile; the pipelined loop's masked units spread it between their tile micro-steps
+  // (ExtendWork::masked_rows).
+  void softmax_row_masked(const AmxScratch& sc, int r, int k0, int n, const RowInfo* rows, int nr,
+                          float* s_row) {
+    constexpr int kVecs = KB / V::kWidth;
+    const int j_lo = r < nr ? std::max(rows[r].lo - k0, 0) : 0;
+    const int j_hi = std::max(r < nr ? std::min(rows[r].hi - k0, n) : 0, j_lo);
+    V::F mx = V::set1(kNegInf);
+    for (int v = 0; v < kVecs; ++v) {
+      V::F y = V::mul(V::load(s_row + v * V::kWidth), V::set1(pre_cap_));
+      if (capped_) y = V::tanh(y);
+      const __mmask16 lanes = lane_range(j_lo - v * V::kWidth, j_hi - v * V::kWidth);
+      const V::F x = _mm512_mask_mul_ps(V::set1(kNegInf), lanes, y, V::set1(post_cap_));
+      V::store(s_row + v * V::kWidth, x);
+      mx = V::max(mx, x);
+    }
+    const float b_max = V::reduce_max(mx);
+    const float m_old = sc.m[r];
+    float alpha = 1.f;
+    // Always raised for a row's first keys: -inf + threshold = -inf.
+    if (b_max > m_old + kRescaleThreshold) {
+      alpha = _mm512_cvtss_f32(V::exp2(V::set1(m_old - b_max)));
+      sc.m[r] = b_max;
+    }
+    uint16_t* p_row = sc.p + static_cast<int64_t>(r) * KB;
+    if (j_hi == j_lo) {
+      std::fill(p_row, p_row + KB, uint16_t{0});
+      return;
+    }
+    const V::F m_vec = V::set1(sc.m[r]);
+    V::F sum = V::zero();
+    for (int v = 0; v < kVecs; ++v) {
+      const V::F e = exp2_probability(V::sub(V::load(s_row + v * V::kWidth), m_vec));
+      sum = V::add(sum, e);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_row + v * V::kWidth),
+                          bf16x16<kNativeBf16>(e));
+    }
+    sc.l[r] = sc.l[r] * alpha + V::reduce_add(sum);
+    if (alpha != 1.f) rescale_o_row(sc, r, alpha);
+  }
+
+  // Online softmax of the 16 score rows of tile t (keys k0 .. k0 + n), row by row.
   void softmax_tile(const AmxScratch& sc, int t, int k0, int n, const RowInfo* rows, int nr,
                     float* s) {
-    constexpr int kVecs = KB / V::kWidth;
-    static_assert(kTileRows == V::kWidth, "one lane per row of the tile");
-    alignas(64) float block_max[kTileRows];
-    int live_lo[kTileRows];
-    int live_hi[kTileRows];
     for (int i = 0; i < kTileRows; ++i) {
-      const int r = t * kTileRows + i;
-      const int j_lo = r < nr ? std::max(rows[r].lo - k0, 0) : 0;
-      const int j_hi = r < nr ? std::min(rows[r].hi - k0, n) : 0;
-      live_lo[i] = j_lo;
-      live_hi[i] = std::max(j_hi, j_lo);
-      float* s_row = s + i * KB;
-      V::F mx = V::set1(kNegInf);
-      for (int v = 0; v < kVecs; ++v) {
-        V::F y = V::mul(V::load(s_row + v * V::kWidth), V::set1(pre_cap_));
-        if (capped_) y = V::tanh(y);
-        const __mmask16 lanes = lane_range(live_lo[i] - v * V::kWidth, live_hi[i] - v * V::kWidth);
-        const V::F x = _mm512_mask_mul_ps(V::set1(kNegInf), lanes, y, V::set1(post_cap_));
-        V::store(s_row + v * V::kWidth, x);
-        mx = V::max(mx, x);
-      }
-      block_max[i] = V::reduce_max(mx);
-    }
-    alignas(64) float alpha[kTileRows];
-    update_max(sc, t, block_max, alpha);
-    const float* m_tile = sc.m + t * kTileRows;
-    float* l_tile = sc.l + t * kTileRows;
-    for (int i = 0; i < kTileRows; ++i) {
-      const int r = t * kTileRows + i;
-      uint16_t* p_row = sc.p + static_cast<int64_t>(r) * KB;
-      if (live_hi[i] == live_lo[i]) {
-        std::fill(p_row, p_row + KB, uint16_t{0});
-        continue;
-      }
-      const float* s_row = s + i * KB;
-      const V::F m_vec = V::set1(m_tile[i]);
-      V::F sum = V::zero();
-      for (int v = 0; v < kVecs; ++v) {
-        const V::F e = exp2_probability(V::sub(V::load(s_row + v * V::kWidth), m_vec));
-        sum = V::add(sum, e);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_row + v * V::kWidth),
-                            bf16x16<kNativeBf16>(e));
-      }
-      l_tile[i] = l_tile[i] * alpha[i] + V::reduce_add(sum);
-      if (alpha[i] != 1.f) rescale_o_row(sc, r, alpha[i]);
+      softmax_row_masked(sc, t * kTileRows + i, k0, n, rows, nr, s + i * KB);
     }
   }
 
@@ -1137,6 +1143,7 @@ class BlockedExtend {
   const int64_t k_elems_;      // bf16 elements of a block's packed K (its V follows)
   const int64_t block_elems_;  // bf16 elements of one packed block (K and V)
   const bool fast_softmax_;    // lean rows by softmax_row_fast
+  const bool masked_rows_;     // masked units' softmax rows interleaved (ExtendWork::masked_rows)
 };
 
 template <class S, int KB, Products kProducts>
@@ -1154,7 +1161,7 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
     const int tid = 0;
 #endif
     const AmxScratch sc = carve(ts, tid, lay);
-    BlockedExtend<S, KB, kProducts> kernel(p, w.fast_softmax);
+    BlockedExtend<S, KB, kProducts> kernel(p, w.fast_softmax, w.masked_rows);
     const unsigned mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | kMxcsrFtzDaz);
     if constexpr (kTiles) load_tile_config();
