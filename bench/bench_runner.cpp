@@ -125,7 +125,6 @@ Status write_new_tokens(harness::PreparedCase& prepared) {
   return Status::ok();
 }
 
-// Fills the time, rates and ceiling ratio of `r` (whose bytes and flops are set) from `t`.
 // The p-quantile (0 <= p <= 1) of v by the nearest rank; v non-empty.
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
@@ -133,6 +132,7 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
+// Fills the time, rates and ceiling ratio of `r` (whose bytes and flops are set) from `t`.
 CaseResult finish_timing(CaseResult r, const Timing& t, const CeilingRates& ceilings) {
   r.ms_median = t.ms_median;
   r.ms_min = t.ms_min;
@@ -277,6 +277,14 @@ std::string graph_skip_reason(const BackendDescriptor& descriptor, const BenchCa
 #ifdef ATTNKIT_WITH_CUDA
 namespace {
 
+// The refresh a serving engine runs before every replay: the backend's host plan from the lengths.
+Status refresh_replay(AttentionBackend& backend, const ForwardBatch& b, ForwardMode mode,
+                      const SpecInfo* spec) {
+  return backend.init_forward_metadata_replay_cuda_graph(b.batch_size, b.req_pool_indices,
+                                                         b.seq_lens, b.seq_lens_sum, TensorView(),
+                                                         mode, spec, b.seq_lens_host.data());
+}
+
 // The replay metadata refresh's host time (init_forward_metadata_replay_cuda_graph), `count`
 // samples in each of two patterns, each refresh followed by one replay of g:
 // - overlapped, as a serving engine that runs one step ahead of the GPU pays it (SGLang's
@@ -292,9 +300,7 @@ Status time_replay_refreshes(AttentionBackend& backend, const ForwardBatch& b, F
   auto done_event = [&](int i) { return i % 2 == 0 ? replay_done.start() : replay_done.stop(); };
   auto refresh_us = [&](std::vector<double>* out) -> Status {
     const auto t0 = std::chrono::steady_clock::now();
-    ATTNKIT_RETURN_IF_ERROR(backend.init_forward_metadata_replay_cuda_graph(
-        b.batch_size, b.req_pool_indices, b.seq_lens, b.seq_lens_sum, TensorView(), mode, spec,
-        b.seq_lens_host.data()));
+    ATTNKIT_RETURN_IF_ERROR(refresh_replay(backend, b, mode, spec));
     const auto t1 = std::chrono::steady_clock::now();
     out->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     return Status::ok();
@@ -365,10 +371,7 @@ Result<Timing> time_graph_replay(const BackendDescriptor& descriptor,
   ATTNKIT_RETURN_IF_ERROR(g.begin_capture());
   for (int i = 0; i < forwards; ++i) ATTNKIT_RETURN_IF_ERROR(forward_copy(backend, prepared, i));
   ATTNKIT_RETURN_IF_ERROR(g.end_capture_and_instantiate());
-  // The replay refresh a serving engine runs before every replay (host plan from the lengths).
-  ATTNKIT_RETURN_IF_ERROR(backend.init_forward_metadata_replay_cuda_graph(
-      b.batch_size, b.req_pool_indices, b.seq_lens, b.seq_lens_sum, TensorView(), mode, spec,
-      b.seq_lens_host.data()));
+  ATTNKIT_RETURN_IF_ERROR(refresh_replay(backend, b, mode, spec));
   for (int i = 0; i < std::max(warmup, 1); ++i) ATTNKIT_RETURN_IF_ERROR(g.launch());
   ATTNKIT_RETURN_IF_ERROR(
       cuda_check(cudaStreamSynchronize(g.stream()), "cudaStreamSynchronize (graph warm-up)"));

@@ -15,6 +15,7 @@ namespace attnkit {
 namespace {
 
 using attnkit::test_support::CliRun;
+using attnkit::test_support::write_text_file;
 
 // GQA 32/8 d 128 decode at two batch sizes, page 16, one long enough to split.
 constexpr const char* kDecodeFile = R"({
@@ -23,11 +24,6 @@ constexpr const char* kDecodeFile = R"({
   "cases": [{"batch": 4, "kv_len": 300}, {"batch": 2, "kv_len": 9000}]
 })";
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::trunc);
-  f << text;
-}
-
 class BenchGraph : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(BenchGraph, ReportsTheReplayRefreshHostTime) {
@@ -35,7 +31,7 @@ TEST_P(BenchGraph, ReportsTheReplayRefreshHostTime) {
   const std::string dir = ::testing::TempDir();
   const std::string cases = dir + "bench_graph_" + backend + ".json";
   const std::string json = dir + "bench_graph_" + backend + "_out.json";
-  write_text(cases, kDecodeFile);
+  write_text_file(cases, kDecodeFile);
   const CliRun r = attnkit::test_support::run_cli(
       ATTNKIT_CLI_PATH, "bench --backend " + backend + " --cases '" + cases +
                             "' --device cuda --graph --launches 4 --warmup 1 --iters 3 --json '" +

@@ -19,6 +19,11 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
+void write_text_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  f << text;
+}
+
 CliRun run_cli(const std::string& cli_path, const std::string& args) {
   // ctest runs every test in its own process, several at once: the pid keeps the files apart.
   static int counter = 0;

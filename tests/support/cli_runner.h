@@ -17,6 +17,8 @@ struct CliRun {
 CliRun run_cli(const std::string& cli_path, const std::string& args);
 
 std::string read_text_file(const std::string& path);
+// Writes `text` to `path`, replacing the file.
+void write_text_file(const std::string& path, const std::string& text);
 
 // One bad invocation and a piece of the error line it must print.
 struct CliErrorCase {

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -17,6 +16,7 @@ namespace attnkit::bench {
 namespace {
 
 using attnkit::test_support::CliRun;
+using attnkit::test_support::write_text_file;
 
 CliRun run_cli(const std::string& args) {
   return attnkit::test_support::run_cli(ATTNKIT_CLI_PATH, args);
@@ -24,11 +24,6 @@ CliRun run_cli(const std::string& args) {
 
 std::string read_text(const std::string& path) {
   return attnkit::test_support::read_text_file(path);
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::trunc);
-  f << text;
 }
 
 // Two small decode points (ragged page fill: 33 and 40 tokens at page 16) and one causal extend.
@@ -48,7 +43,7 @@ TEST(BenchCli, VerifiedCpuSweepWritesFormulaValues) {
   const std::string cases = dir + "bench_cli_decode.json";
   const std::string json = dir + "bench_cli_decode_out.json";
   const std::string csv = dir + "bench_cli_decode_out.csv";
-  write_text(cases, kDecodeFile);
+  write_text_file(cases, kDecodeFile);
   const CliRun r = run_cli("bench --backend torch_native --cases '" + cases +
                            "' --device cpu --verify --rotate-mib 1 --warmup 1 --iters 2 "
                            "--paired-rounds 3 --paired-calls 2 --json '" +
@@ -110,7 +105,7 @@ TEST(BenchCli, UnevenDecodeBatchIsVerified) {
     "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
     "cases": [{"kv_lens": [300, 1, 17]}]
   })";
-  write_text(cases, kFile);
+  write_text_file(cases, kFile);
   const CliRun r =
       run_cli("bench --backend torch_native,intel_amx --cases '" + cases +
               "' --device cpu --verify --rotate-mib 1 --warmup 0 --iters 1 --json '" + json + "'");
@@ -135,7 +130,7 @@ TEST(BenchCli, ExtendIsJudgedAgainstTheComputeCeiling) {
   const std::string dir = ::testing::TempDir();
   const std::string cases = dir + "bench_cli_extend.json";
   const std::string json = dir + "bench_cli_extend_out.json";
-  write_text(cases, kExtendFile);
+  write_text_file(cases, kExtendFile);
   const CliRun r = run_cli("bench --backend torch_native --cases '" + cases +
                            "' --device cpu --rotate-mib 1 --warmup 0 --iters 1 --gemm-tflops 2 "
                            "--json '" +
@@ -157,7 +152,7 @@ TEST(BenchCli, ErrorsExitNonZeroWithAMessage) {
   EXPECT_NE(r.err.find("cannot be opened"), std::string::npos) << r.err;
 
   const std::string cases = dir + "bench_cli_errors.json";
-  write_text(cases, kDecodeFile);
+  write_text_file(cases, kDecodeFile);
   r = run_cli("bench --backend torch_native --cases '" + cases + "' --device cpu --filter nomatch");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("matches none"), std::string::npos) << r.err;
@@ -167,7 +162,7 @@ TEST(BenchCli, ErrorsExitNonZeroWithAMessage) {
   EXPECT_NE(r.err.find("no_such_backend"), std::string::npos) << r.err;
 
   const std::string bad = dir + "bench_cli_bad.json";
-  write_text(bad, R"({"kind": "decode", "sweep": {"kv_len": [0]}})");
+  write_text_file(bad, R"({"kind": "decode", "sweep": {"kv_len": [0]}})");
   r = run_cli("bench --backend torch_native --cases '" + bad + "' --device cpu");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("sweep.kv_len[0]"), std::string::npos) << r.err;
@@ -248,9 +243,9 @@ TEST(BenchCli, CaseTooLargeForMemoryIsAnErrorNotAnAbort) {
 TEST(BenchCli, BadPointsAndOutputPathsFailBeforeTiming) {
   const std::string dir = ::testing::TempDir();
   const std::string good = dir + "bench_cli_early_good.json";
-  write_text(good, kDecodeFile);
+  write_text_file(good, kDecodeFile);
   const std::string shared = dir + "bench_cli_early_shared.json";
-  write_text(shared, R"({"kind": "decode",
+  write_text_file(shared, R"({"kind": "decode",
     "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
     "sweep": {"batch": [2], "kv_len": [16], "shared_prefix": [32]}})");
   const std::string bench = "bench --backend torch_native --device cpu --iters 1 --warmup 0 ";

@@ -572,8 +572,8 @@ class BlockedExtend {
           softmax_row_masked(sc, cur.t * kTileRows + i, cur.k0, cur.n, rows, nr, s_cur + i * KB);
         });
       } else {
-        if (s_next != nullptr) scores_pair(sc, next.t, s_nxt, unit_k(packed, sc, next));
-        if (prev.valid()) pv_pair(sc, prev.t, unit_v(packed, sc, prev));
+        if (s_next != nullptr) scores_pair(sc, next.t, s_nxt, kp_next);
+        if (prev.valid()) pv_pair(sc, prev.t, vp_prev);
         for (int half = 0; half < 2; ++half) {
           softmax_tile(sc, cur.t + half, cur.k0, cur.n, rows, nr, s_cur + half * kTileRows * KB);
         }
