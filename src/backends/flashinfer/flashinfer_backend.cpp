@@ -58,41 +58,55 @@ constexpr int kVecElems = 8;  // 16-byte accesses of bf16/f16 rows
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-// Pinned host staging for plan uploads. An event marks the last copy out of it, so the next plan
-// is written only after the previous upload has been consumed.
+// Pinned host staging for plan uploads: a ring of kSlots buffers, each with an event marking its
+// last copy out, so a plan is written into a buffer only after that buffer's previous upload has
+// been consumed. The stream runs an upload after the forwards enqueued before it, so with one
+// buffer a host more than one forward (or graph replay) ahead of the GPU would stall in the
+// refresh for a whole forward; with two it may run two ahead (SGLang's overlap scheduler runs
+// one).
 class PinnedStaging {
  public:
   PinnedStaging() = default;
   PinnedStaging(const PinnedStaging&) = delete;
   PinnedStaging& operator=(const PinnedStaging&) = delete;
   ~PinnedStaging() {
-    if (event_ != nullptr) cudaEventDestroy(event_);
-    if (host_ != nullptr) cudaFreeHost(host_);
-  }
-  // Copies words to dst (device) on stream through the staging buffer.
-  Status upload(const std::vector<int32_t>& words, int32_t* dst, StreamHandle stream) {
-    if (event_ == nullptr)
-      ATTNKIT_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    ATTNKIT_CUDA_TRY(cudaEventSynchronize(event_));
-    const int64_t n = static_cast<int64_t>(words.size());
-    if (n > capacity_) {
-      if (host_ != nullptr) ATTNKIT_CUDA_TRY(cudaFreeHost(host_));
-      host_ = nullptr;
-      ATTNKIT_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_),
-                                      static_cast<size_t>(n) * sizeof(int32_t)));
-      capacity_ = n;
+    for (Slot& s : slots_) {
+      if (s.event != nullptr) cudaEventDestroy(s.event);
+      if (s.host != nullptr) cudaFreeHost(s.host);
     }
-    std::copy(words.begin(), words.end(), host_);
-    ATTNKIT_CUDA_TRY(cudaMemcpyAsync(dst, host_, static_cast<size_t>(n) * sizeof(int32_t),
+  }
+  // Copies words to dst (device) on stream through the next staging buffer.
+  Status upload(const std::vector<int32_t>& words, int32_t* dst, StreamHandle stream) {
+    Slot& s = slots_[next_];
+    next_ = (next_ + 1) % kSlots;
+    if (s.event == nullptr)
+      ATTNKIT_CUDA_TRY(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
+    ATTNKIT_CUDA_TRY(cudaEventSynchronize(s.event));
+    const int64_t n = static_cast<int64_t>(words.size());
+    if (n > s.capacity) {
+      if (s.host != nullptr) ATTNKIT_CUDA_TRY(cudaFreeHost(s.host));
+      s.host = nullptr;
+      s.capacity = 0;
+      ATTNKIT_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&s.host),
+                                      static_cast<size_t>(n) * sizeof(int32_t)));
+      s.capacity = n;
+    }
+    std::copy(words.begin(), words.end(), s.host);
+    ATTNKIT_CUDA_TRY(cudaMemcpyAsync(dst, s.host, static_cast<size_t>(n) * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, cuda::to_stream(stream)));
-    ATTNKIT_CUDA_TRY(cudaEventRecord(event_, cuda::to_stream(stream)));
+    ATTNKIT_CUDA_TRY(cudaEventRecord(s.event, cuda::to_stream(stream)));
     return Status::ok();
   }
 
  private:
-  int32_t* host_ = nullptr;
-  int64_t capacity_ = 0;
-  cudaEvent_t event_ = nullptr;
+  static constexpr int kSlots = 2;
+  struct Slot {
+    int32_t* host = nullptr;
+    int64_t capacity = 0;
+    cudaEvent_t event = nullptr;
+  };
+  Slot slots_[kSlots];
+  int next_ = 0;
 };
 
 // Everything a forward's layers share.
