@@ -22,8 +22,8 @@ timeout 300 "$build/tests/test_bench_graph" --gtest_brief=1 2>&1 | tail -5
 cli="$build/tools/attnkit/attnkit"
 run() {  # backends case-file
   timeout 200 "$cli" bench --device cuda --graph --launches 32 --warmup 3 --iters 10 --backend "$1" \
-    --cases "$2" --json "$OUT/$(basename "$2" .json)_$1.json" 2>&1 | grep -vE "^\[" |
-    sed -E 's/ +/ /g'
+    --cases "$2" --json "$OUT/$(basename "$2" .json)_${1//,/_}.json" 2>&1 | grep -vE "^\[" |
+    sed -E 's/ +/ /g' | tee -a "$OUT/graph_refresh.log"
 }
 run triton,flashinfer,fa3 scripts/device/graph_refresh.json
 run flashinfer scripts/device/decode_targets.json

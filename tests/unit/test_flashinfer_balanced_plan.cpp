@@ -350,6 +350,69 @@ TEST(FlashInferBalancedPlan, RandomBatches) {
   }
 }
 
+// The reusing builders (a CUDA-graph replay plans into the same WorkPlan / BalancedPlan every
+// refresh) give the words of fresh builds whatever the previous plan was (larger or smaller
+// batches, split or not, cut or encoded), and the pointer serialisers write every word: a buffer
+// poisoned with 0x7f7f7f7f compares equal to the vector form.
+TEST(FlashInferBalancedPlan, ReusedPlansMatchFreshOnes) {
+  std::mt19937 rng(20261126);
+  WorkPlan wp_reused;
+  BalancedPlan cut_reused, enc_reused;
+  constexpr int32_t kPoison = 0x7f7f7f7f;
+  for (int trial = 0; trial < 400; ++trial) {
+    BalanceConfig cfg = h200();
+    cfg.slots = std::vector<int>{7, 132, 528, 2112}[static_cast<size_t>(trial % 4)];
+    cfg.group = std::vector<int>{1, 4, 20}[static_cast<size_t>((trial / 4) % 3)];
+    const int bs = std::uniform_int_distribution<int>(0, 300)(rng);
+    std::vector<PlanRequest> reqs;
+    const bool uniform = trial % 2 == 0;
+    const int common = std::uniform_int_distribution<int>(1, 40000)(rng);
+    for (int r = 0; r < bs; ++r) {
+      const int len = uniform ? common : std::uniform_int_distribution<int>(1, 20000)(rng);
+      reqs.push_back({r, 1, len});
+    }
+    SCOPED_TRACE("trial " + std::to_string(trial) + " bs " + std::to_string(bs) + " slots " +
+                 std::to_string(cfg.slots));
+    const PlanConfig pc = plan_config_of(cfg);
+    std::vector<int32_t> fresh, reused;
+    // The default (split) plan.
+    Result<WorkPlan> wp = build_work_plan(reqs, pc);
+    ASSERT_TRUE(wp.is_ok()) << wp.status().to_string();
+    ASSERT_TRUE(build_work_plan(reqs, pc, &wp_reused).is_ok());
+    wp->serialize(&fresh);
+    std::vector<int32_t> poisoned(static_cast<size_t>(wp_reused.serialized_words()), kPoison);
+    wp_reused.serialize(poisoned.data());
+    EXPECT_EQ(fresh, poisoned);
+    EXPECT_EQ(wp->num_partials, wp_reused.num_partials);
+    EXPECT_EQ(wp->any_split, wp_reused.any_split);
+    // Encoded into the balanced format.
+    Result<BalancedPlan> enc = balanced_from_work_plan(*wp, cfg);
+    ASSERT_TRUE(enc.is_ok()) << enc.status().to_string();
+    ASSERT_TRUE(balanced_from_work_plan(wp_reused, cfg, &enc_reused).is_ok());
+    enc->serialize(&fresh);
+    poisoned.assign(static_cast<size_t>(enc_reused.serialized_words()), kPoison);
+    enc_reused.serialize(poisoned.data());
+    EXPECT_EQ(fresh, poisoned);
+    EXPECT_EQ(enc->cuts, enc_reused.cuts);
+    EXPECT_EQ(enc->num_partials, enc_reused.num_partials);
+    // The cut plan.
+    Result<BalancedPlan> cut = build_balanced_plan(reqs, cfg);
+    ASSERT_TRUE(cut.is_ok()) << cut.status().to_string();
+    ASSERT_TRUE(build_balanced_plan(reqs, cfg, &cut_reused).is_ok());
+    cut->serialize(&fresh);
+    reused.clear();
+    cut_reused.serialize(&reused);
+    EXPECT_EQ(fresh, reused);
+    poisoned.assign(static_cast<size_t>(cut_reused.serialized_words()), kPoison);
+    cut_reused.serialize(poisoned.data());
+    EXPECT_EQ(fresh, poisoned);
+    EXPECT_EQ(cut->cuts, cut_reused.cuts);
+    EXPECT_EQ(cut->num_partials, cut_reused.num_partials);
+    EXPECT_EQ(cut->cut_items, cut_reused.cut_items);
+    if (HasFatalFailure() || HasFailure()) return;
+  }
+}
+
 // The segments' partials merged by LSE the way the decode kernel does (paged_decode_sm80.cuh: a
 // part writes O / d and log2 LSE m + log2 d of packed row r to partial entry (partial_base + part)
 // x W + r, W = balanced_partial_width; the item's merge

@@ -75,14 +75,16 @@ class PinnedStaging {
       if (s.host != nullptr) cudaFreeHost(s.host);
     }
   }
-  // Copies words to dst (device) on stream through the next staging buffer.
-  Status upload(const std::vector<int32_t>& words, int32_t* dst, StreamHandle stream) {
+  // Serialises plan (a WorkPlan or BalancedPlan: serialized_words() / serialize(int32_t*)) into
+  // the next staging buffer and copies it to dst (device) on stream.
+  template <class Plan>
+  Status upload(const Plan& plan, int32_t* dst, StreamHandle stream) {
     Slot& s = slots_[next_];
     next_ = (next_ + 1) % kSlots;
     if (s.event == nullptr)
       ATTNKIT_CUDA_TRY(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
     ATTNKIT_CUDA_TRY(cudaEventSynchronize(s.event));
-    const int64_t n = static_cast<int64_t>(words.size());
+    const int64_t n = plan.serialized_words();
     if (n > s.capacity) {
       if (s.host != nullptr) ATTNKIT_CUDA_TRY(cudaFreeHost(s.host));
       s.host = nullptr;
@@ -91,7 +93,7 @@ class PinnedStaging {
                                       static_cast<size_t>(n) * sizeof(int32_t)));
       s.capacity = n;
     }
-    std::copy(words.begin(), words.end(), s.host);
+    plan.serialize(s.host);
     ATTNKIT_CUDA_TRY(cudaMemcpyAsync(dst, s.host, static_cast<size_t>(n) * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, cuda::to_stream(stream)));
     ATTNKIT_CUDA_TRY(cudaEventRecord(s.event, cuda::to_stream(stream)));
@@ -269,18 +271,21 @@ class FlashInferBackend final : public AttentionBackend {
   // of the grid empty), else the default plan in the balanced format (balanced_from_work_plan). A
   // plan depends on the requests only (the slots on their count), so eager forwards and graph
   // replays of one batch run the same kernel and the same plan. *cut: the cut plan was chosen.
-  Result<flashinfer::BalancedPlan> balanced_kernel_plan(std::span<const PlanRequest> reqs,
-                                                        bool* cut, bool* split_long) const {
+  // The plan lands in balanced_plan_ (work_plan_ holds the default plan it may encode): both
+  // keep their storage, so a CUDA-graph replay's refresh allocates nothing on the host.
+  Status balanced_kernel_plan(std::span<const PlanRequest> reqs, bool* cut, bool* split_long) {
     const flashinfer::BalanceConfig bc = balance_config(static_cast<int>(reqs.size()));
     *cut = true;
     *split_long = false;
-    if (balance_ != Balance::kAuto) return flashinfer::build_balanced_plan(reqs, bc);
+    if (balance_ != Balance::kAuto)
+      return flashinfer::build_balanced_plan(reqs, bc, &balanced_plan_);
     const PlanConfig pc = plan_config(TileShape::kDecode, true);
-    ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp, flashinfer::build_work_plan(reqs, pc));
+    ATTNKIT_RETURN_IF_ERROR(flashinfer::build_work_plan(reqs, pc, &work_plan_));
+    const WorkPlan& wp = work_plan_;
     *cut = flashinfer::choose_auto_plan(wp, ctx_.num_kv_heads, pc.target_ctas, bc.slots).cut;
     *split_long = !*cut && wp.split_long && wp.any_split;  // the encoded plan is a split-long one
-    if (*cut) return flashinfer::build_balanced_plan(reqs, bc);
-    return flashinfer::balanced_from_work_plan(wp, bc);
+    if (*cut) return flashinfer::build_balanced_plan(reqs, bc, &balanced_plan_);
+    return flashinfer::balanced_from_work_plan(wp, bc, &balanced_plan_);
   }
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
@@ -350,8 +355,12 @@ class FlashInferBackend final : public AttentionBackend {
   FlashInferStats stats_;
   flashinfer::Cascade cascade_;  // shared-prefix plans of this forward (cascade.h)
 
+  // Host plans of the last init_forward_metadata / replay refresh (their vectors keep their storage
+  // from forward to forward) and the requests they were planned from.
+  std::vector<PlanRequest> plan_requests_;
+  WorkPlan work_plan_;
+  flashinfer::BalancedPlan balanced_plan_;
   // Eager workspace (grow-only; only init_forward_metadata resizes it).
-  std::vector<int32_t> words_;
   DeviceArray<int32_t> plan_words_;
   DeviceArray<float> partial_out_, partial_lse_;
   DeviceArray<int32_t> split_counters_;  // zeroed when allocated; the kernel leaves them zero
@@ -447,7 +456,8 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
 
   const bool decode = batch.mode == ForwardMode::kDecode;
   const bool verify = batch.mode == ForwardMode::kTargetVerify;
-  std::vector<PlanRequest> reqs(static_cast<size_t>(bs));
+  std::vector<PlanRequest>& reqs = plan_requests_;
+  reqs.assign(static_cast<size_t>(bs), PlanRequest{});
   int32_t start = 0;
   for (int r = 0; r < bs; ++r) {
     PlanRequest& q = reqs[static_cast<size_t>(r)];
@@ -474,9 +484,10 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   if (decode && balanced_kernel()) {
     bool cut = false;
     bool split_long = false;
-    ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
-                             balanced_kernel_plan(reqs, &cut, &split_long));
-    bp.serialize(&words_);
+    ATTNKIT_RETURN_IF_ERROR(balanced_kernel_plan(reqs, &cut, &split_long));
+    const flashinfer::BalancedPlan& bp = balanced_plan_;
+    ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, bp.serialized_words()));
+    ATTNKIT_RETURN_IF_ERROR(staging_.upload(bp, plan_words_.data(), stream));
     partial_entries = balanced_partial_entries(bp);
     plan_.split_long = split_long;
     plan_.balance_slots = bp.slots();
@@ -489,15 +500,15 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
       --plan_.grid_items;
     }
   } else {
-    ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
-                             flashinfer::build_work_plan(reqs, plan_config(shape, decode)));
-    wp.serialize(&words_);
+    ATTNKIT_RETURN_IF_ERROR(
+        flashinfer::build_work_plan(reqs, plan_config(shape, decode), &work_plan_));
+    const WorkPlan& wp = work_plan_;
+    ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, wp.serialized_words()));
+    ATTNKIT_RETURN_IF_ERROR(staging_.upload(wp, plan_words_.data(), stream));
     partial_entries = static_cast<int64_t>(wp.num_partials) * ctx_.num_q_heads;
     plan_.grid_items = static_cast<int>(wp.items.size());
     plan_.split_long = wp.split_long && wp.any_split;
   }
-  ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
-  ATTNKIT_RETURN_IF_ERROR(staging_.upload(words_, plan_words_.data(), stream));
   if (partial_entries > 0) {
     ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(ctx_.device, partial_entries * ctx_.v_head_dim));
     ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, partial_entries));
@@ -988,7 +999,8 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   // The same requests and planner as eager init_forward_metadata, so every CTA does the same work.
   const bool verify = mode == ForwardMode::kTargetVerify;
   const int n = verify ? draft_tokens(spec) : 1;
-  std::vector<PlanRequest> reqs(static_cast<size_t>(bs));
+  std::vector<PlanRequest>& reqs = plan_requests_;
+  reqs.resize(static_cast<size_t>(bs));
   for (int r = 0; r < bs; ++r) {
     // verify: seq_lens counts the cached prefix, the N drafts follow it.
     reqs[static_cast<size_t>(r)] = PlanRequest{r * n, n, seq_lens_host[r] + (verify ? n : 0)};
@@ -996,8 +1008,8 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   if (!verify && balanced_kernel()) {
     bool cut = false;
     bool split_long = false;
-    ATTNKIT_ASSIGN_OR_RETURN(flashinfer::BalancedPlan bp,
-                             balanced_kernel_plan(reqs, &cut, &split_long));
+    ATTNKIT_RETURN_IF_ERROR(balanced_kernel_plan(reqs, &cut, &split_long));
+    const flashinfer::BalancedPlan& bp = balanced_plan_;
     if (bp.slots() != captured->second) {  // the same function of bs: cannot happen
       return Status::internal("flashinfer: replay's balanced plan has " + str(bp.slots()) +
                               " slots, its graph was captured with " + str(captured->second));
@@ -1008,16 +1020,17 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
                               " partial entries, above the graph workspace's " +
                               str(graph_partial_entries_));
     }
-    bp.serialize(&words_);
-    if (static_cast<int64_t>(words_.size()) > graph_words_.capacity) {
-      return Status::internal("flashinfer: replay's balanced plan needs " + str(words_.size()) +
-                              " words, above the graph workspace's " + str(graph_words_.capacity));
+    if (bp.serialized_words() > graph_words_.capacity) {
+      return Status::internal("flashinfer: replay's balanced plan needs " +
+                              str(bp.serialized_words()) + " words, above the graph workspace's " +
+                              str(graph_words_.capacity));
     }
-    return staging_.upload(words_, graph_words_.data(), ctx_.stream);
+    return staging_.upload(bp, graph_words_.data(), ctx_.stream);
   }
   const TileShape shape = verify ? TileShape::kPrefill : TileShape::kDecode;
-  ATTNKIT_ASSIGN_OR_RETURN(WorkPlan wp,
-                           flashinfer::build_work_plan(reqs, plan_config(shape, !verify)));
+  ATTNKIT_RETURN_IF_ERROR(
+      flashinfer::build_work_plan(reqs, plan_config(shape, !verify), &work_plan_));
+  const WorkPlan& wp = work_plan_;
   // The grid captured for this (mode, bs) (init_forward_metadata_capture_cuda_graph): a plan with
   // more items would have CTAs missing (e.g. a verify replay with more drafts than its capture).
   const int grid = captured->second;
@@ -1027,12 +1040,11 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
         (verify ? " x " + str(n) + " drafts" : std::string()) + " plans " + str(wp.items.size()) +
         " work items, above the " + str(grid) + " CTAs per kv head its graph was captured with");
   }
-  wp.serialize(&words_);
-  if (static_cast<int64_t>(words_.size()) > graph_words_.capacity) {
-    return Status::internal("flashinfer: replay plan needs " + str(words_.size()) +
+  if (wp.serialized_words() > graph_words_.capacity) {
+    return Status::internal("flashinfer: replay plan needs " + str(wp.serialized_words()) +
                             " words, above the graph workspace's " + str(graph_words_.capacity));
   }
-  return staging_.upload(words_, graph_words_.data(), ctx_.stream);
+  return staging_.upload(wp, graph_words_.data(), ctx_.stream);
 }
 
 }  // namespace

@@ -26,26 +26,64 @@ struct Item {
 }  // namespace
 
 void BalancedPlan::serialize(std::vector<int32_t>* words) const {
+  words->resize(static_cast<size_t>(serialized_words()));
+  serialize(words->data());
+}
+
+void BalancedPlan::serialize(int32_t* words) const {
   const int64_t bs = static_cast<int64_t>(requests.size());
   const int64_t n = static_cast<int64_t>(segments.size());
-  // At least one segment per slot (zeros past n): the kernel loads segment blockIdx.x beside
-  // cta_begin before it knows its range (paged_decode_balanced_kernel), so it stays in bounds.
-  words->assign(static_cast<size_t>(words_for(bs, slots(), std::max<int64_t>(n, slots()))), 0);
-  (*words)[0] = slots();
-  (*words)[1] = static_cast<int32_t>(n);
-  (*words)[2] = kBalancedPlanTag;
+  std::fill(words, words + kPlanHeaderWords, 0);
+  words[0] = slots();
+  words[1] = static_cast<int32_t>(n);
+  words[2] = kBalancedPlanTag;
   // The request and segment records are their words (kRequestWords / kSegmentWords are their
   // sizes in words): one copy per array.
-  int32_t* at = words->data() + kPlanHeaderWords;
+  int32_t* at = words + kPlanHeaderWords;
   std::memcpy(at, requests.data(), requests.size() * sizeof(RequestPlan));
   at += bs * kRequestWords;
   std::copy(cta_begin.begin(), cta_begin.end(), at);
+  std::fill(at + cta_begin.size(), at + cta_begin_words(), 0);
   at += cta_begin_words();
   std::memcpy(at, segments.data(), segments.size() * sizeof(Segment));
+  // At least one segment per slot (zeros past n): the kernel loads segment blockIdx.x beside
+  // cta_begin before it knows its range (paged_decode_balanced_kernel), so it stays in bounds.
+  at += n * kSegmentWords;
+  std::fill(at, words + serialized_words(), 0);
 }
+
+namespace {
+// A fresh plan that takes over dst's vector storage (every field, element and scalar, starts at
+// its default: the vectors are cleared).
+BalancedPlan reuse_storage(BalancedPlan* dst) {
+  BalancedPlan plan;
+  plan.requests.swap(dst->requests);
+  plan.cta_begin.swap(dst->cta_begin);
+  plan.segments.swap(dst->segments);
+  plan.cuts.swap(dst->cuts);
+  plan.requests.clear();
+  plan.cta_begin.clear();
+  plan.segments.clear();
+  plan.cuts.clear();
+  return plan;
+}
+}  // namespace
 
 Result<BalancedPlan> build_balanced_plan(std::span<const PlanRequest> requests,
                                          const BalanceConfig& config) {
+  BalancedPlan plan;
+  ATTNKIT_RETURN_IF_ERROR(build_balanced_plan(requests, config, &plan));
+  return plan;
+}
+
+Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config) {
+  BalancedPlan plan;
+  ATTNKIT_RETURN_IF_ERROR(balanced_from_work_plan(wp, config, &plan));
+  return plan;
+}
+
+Status build_balanced_plan(std::span<const PlanRequest> requests, const BalanceConfig& config,
+                           BalancedPlan* dst) {
   if (config.num_kv_heads < 1 || config.num_kv_heads > kMax16 || config.group < 1 ||
       config.group > kMax16 || config.slots < 1 || config.slots > kMax16 || config.granule < 1) {
     return Status::invalid_argument(
@@ -64,7 +102,7 @@ Result<BalancedPlan> build_balanced_plan(std::span<const PlanRequest> requests,
     }
   }
 
-  BalancedPlan plan;
+  BalancedPlan plan = reuse_storage(dst);
   plan.requests.resize(requests.size());
   std::vector<Item> items;
   int64_t total = 0;
@@ -163,7 +201,8 @@ Result<BalancedPlan> build_balanced_plan(std::span<const PlanRequest> requests,
     s.parts = static_cast<int16_t>(parts[static_cast<size_t>(i)]);
     s.partial_base = s.parts > 1 ? base[static_cast<size_t>(i)] : 0;
   }
-  return plan;
+  *dst = std::move(plan);
+  return Status::ok();
 }
 
 BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config) {
@@ -178,7 +217,7 @@ BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config) {
   return b;
 }
 
-Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config) {
+Status balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config, BalancedPlan* dst) {
   if (config.num_kv_heads < 1 || config.num_kv_heads > kMax16 || config.slots < 1 ||
       config.slots > kMax16) {
     return Status::invalid_argument("flashinfer encoded plan: num_kv_heads " +
@@ -189,8 +228,8 @@ Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceCo
     return Status::invalid_argument("flashinfer encoded plan: group " +
                                     std::to_string(config.group) + " must be in 1..32767");
   }
-  BalancedPlan plan;
-  plan.requests = wp.requests;
+  BalancedPlan plan = reuse_storage(dst);
+  plan.requests.assign(wp.requests.begin(), wp.requests.end());
   const int64_t slots = config.slots;
   const int64_t heads = config.num_kv_heads;
   const int64_t q_tiles = ceil_div(config.group, kDecodeTileRows);  // decode: q_len 1
@@ -203,22 +242,40 @@ Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceCo
   Segment* out = plan.segments.data();
   int64_t keys_before = 0;
   int items = 0, cut_items = 0;
-  for (int64_t c = 0; c < slots; ++c) {
+  // CTA k = item k / heads, kv head k % heads; the slot's CTAs k, k + slots, ... step the pair by
+  // (slots / heads, slots % heads) with a carry, so the loop divides nothing per segment (the
+  // divisions were most of a CUDA-graph replay's host refresh at large batches).
+  const int64_t item_step = slots / heads, head_step = slots % heads;
+  const int64_t n_items = static_cast<int64_t>(wp.items.size());
+  int64_t first_item = 0, first_head = 0;  // slot c's first CTA: c / heads, c % heads
+  for (int64_t c = 0; c < slots; ++c, ++first_head) {
+    if (first_head == heads) {
+      first_head = 0;
+      ++first_item;
+    }
     plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(out - plan.segments.data());
     plan.cuts[static_cast<size_t>(c)] = keys_before;
-    for (int64_t k = c; k < ctas; k += slots) {
-      const WorkItem& it = wp.items[static_cast<size_t>(k / heads)];
+    int64_t item = first_item, head = first_head;
+    for (; item < n_items; item += item_step, head += head_step) {
+      if (head >= heads) {
+        head -= heads;
+        ++item;
+        if (item >= n_items) break;
+      }
+      const WorkItem& it = wp.items[static_cast<size_t>(item)];
       if (it.request < 0) continue;  // padding
       if (it.request >= static_cast<int32_t>(wp.requests.size()) || it.q_row_begin > kMax16) {
-        return Status::invalid_argument(
-            "flashinfer encoded plan: item " + std::to_string(k / heads) + " names request " +
-            std::to_string(it.request) + " (of " + std::to_string(wp.requests.size()) +
-            ") with q_row_begin " + std::to_string(it.q_row_begin));
+        return Status::invalid_argument("flashinfer encoded plan: item " + std::to_string(item) +
+                                        " names request " + std::to_string(it.request) + " (of " +
+                                        std::to_string(wp.requests.size()) + ") with q_row_begin " +
+                                        std::to_string(it.q_row_begin));
       }
       const RequestPlan& req = wp.requests[static_cast<size_t>(it.request)];
-      Segment s;
+      // Fields written in place: a Segment built on the stack and copied whole stalled on store
+      // forwarding (its 16-bit fields read back by one wide load), ~2/3 of this loop's time.
+      Segment& s = *out++;
       s.request = it.request;
-      s.kv_head = static_cast<int16_t>(k % heads);
+      s.kv_head = static_cast<int16_t>(head);
       s.q_row_begin = static_cast<int16_t>(it.q_row_begin);
       s.kv_begin = it.kv_begin;
       s.kv_end = it.kv_end;
@@ -230,15 +287,15 @@ Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceCo
       }
       s.part = static_cast<int16_t>(split ? it.split : 0);
       s.parts = static_cast<int16_t>(split ? req.num_splits : 1);
-      if (split) {  // the item's own rows (balanced_partial_width), see the header
-        const int64_t base =
-            int64_t{req.partial_base} * q_tiles * heads +
-            ((it.q_row_begin / kDecodeTileRows) * heads + k % heads) * int64_t{req.num_splits};
-        s.partial_base = static_cast<int32_t>(base);  // < partials, checked below
-      }
+      // A split item's own rows (balanced_partial_width), see the header; < partials, checked
+      // below.
+      s.partial_base =
+          split ? static_cast<int32_t>(int64_t{req.partial_base} * q_tiles * heads +
+                                       ((it.q_row_begin / kDecodeTileRows) * heads + head) *
+                                           int64_t{req.num_splits})
+                : 0;
       s.req_kv_len = req.kv_len;
       s.req_q_start = req.q_start;
-      *out++ = s;
       keys_before += std::max(0, s.kv_end - s.kv_begin);
       ++items;
       cut_items += split ? 1 : 0;
@@ -260,7 +317,8 @@ Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceCo
                                     " entries pass 2^31");
   }
   plan.num_partials = static_cast<int>(partials);
-  return plan;
+  *dst = std::move(plan);
+  return Status::ok();
 }
 
 int64_t balanced_graph_partial_entries(int64_t items, const BalanceConfig& config,

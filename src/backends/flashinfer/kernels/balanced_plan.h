@@ -87,7 +87,15 @@ struct BalancedPlan {
   int cut_items = 0;                  // items of more than one segment
   int64_t cta_begin_words() const { return cta_begin_words_for(slots()); }
   int slots() const { return static_cast<int>(cta_begin.size()) - 1; }
+  // Serialises into words[0, serialized_words()) (every word written; a CUDA-graph replay writes
+  // straight into its pinned staging buffer), or into `words` (resized).
+  void serialize(int32_t* words) const;
   void serialize(std::vector<int32_t>* words) const;
+  int64_t serialized_words() const {
+    const int64_t n = static_cast<int64_t>(segments.size());
+    return words_for(static_cast<int64_t>(requests.size()), slots(),
+                     n > slots() ? n : int64_t{slots()});
+  }
   static constexpr int64_t cta_begin_words_for(int64_t slots) { return (slots + 1 + 7) / 8 * 8; }
   static int64_t words_for(int64_t bs, int64_t slots, int64_t segments) {
     return kPlanHeaderWords + bs * kRequestWords + cta_begin_words_for(slots) +
@@ -99,6 +107,9 @@ struct BalancedPlan {
 // request has q_len 0 or 1 and kv_len >= q_len; q_len 0 requests get no segment).
 Result<BalancedPlan> build_balanced_plan(std::span<const PlanRequest> requests,
                                          const BalanceConfig& config);
+// The same into *dst, reusing its vectors' storage; *dst is unspecified after an error.
+Status build_balanced_plan(std::span<const PlanRequest> requests, const BalanceConfig& config,
+                           BalancedPlan* dst);
 
 // Entries per partial row of the balanced kernel: one per packed row of an item (a decode item
 // holds min(group, 16) of its request's q heads). A cut item's segments stream one kv head's keys,
@@ -144,6 +155,8 @@ int64_t balanced_graph_partial_entries(int64_t items, const BalanceConfig& confi
 // kInvalidArgument names a config field outside the 16-bit segment fields, an item whose request
 // does not exist, or partial entries (rows x W) past 2^31 (the kernel indexes them in 32 bits).
 Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config);
+// The same into *dst, reusing its vectors' storage; *dst is unspecified after an error.
+Status balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config, BalancedPlan* dst);
 
 // Workspace bound of balanced_from_work_plan's plans for up to max_bs requests whose default
 // plans have at most `items` items (max_decode_items).

@@ -28,13 +28,18 @@ int64_t chunked_items(std::span<const PlanRequest> requests, int group, int rows
 }  // namespace
 
 void WorkPlan::serialize(std::vector<int32_t>* words) const {
+  words->resize(static_cast<size_t>(serialized_words()));
+  serialize(words->data());
+}
+
+void WorkPlan::serialize(int32_t* words) const {
   const int64_t bs = static_cast<int64_t>(requests.size());
   const int64_t n = static_cast<int64_t>(items.size());
-  words->assign(static_cast<size_t>(words_for(bs, n)), 0);
-  (*words)[0] = static_cast<int32_t>(n);
+  std::fill(words, words + kPlanHeaderWords, 0);
+  words[0] = static_cast<int32_t>(n);
   // The request and item records are their words (kRequestWords / kItemWords are their sizes in
   // words).
-  int32_t* at = words->data() + kPlanHeaderWords;
+  int32_t* at = words + kPlanHeaderWords;
   std::memcpy(at, requests.data(), requests.size() * sizeof(RequestPlan));
   at += bs * kRequestWords;
   for (WorkItem w : items) {
@@ -50,6 +55,13 @@ void WorkPlan::serialize(std::vector<int32_t>* words) const {
 }
 
 Result<WorkPlan> build_work_plan(std::span<const PlanRequest> requests, const PlanConfig& config) {
+  WorkPlan plan;
+  ATTNKIT_RETURN_IF_ERROR(build_work_plan(requests, config, &plan));
+  return plan;
+}
+
+Status build_work_plan(std::span<const PlanRequest> requests, const PlanConfig& config,
+                       WorkPlan* dst) {
   if (config.split_long_pct < 100) {
     return Status::invalid_argument("flashinfer plan: split_long_pct " +
                                     std::to_string(config.split_long_pct) + " must be >= 100");
@@ -70,7 +82,13 @@ Result<WorkPlan> build_work_plan(std::span<const PlanRequest> requests, const Pl
     }
   }
   const int rows_per_tile = tile_rows(config.shape);
+  // A fresh plan that takes over dst's vector storage (every field, element and scalar, starts at
+  // its default: clear() before resize()).
   WorkPlan plan;
+  plan.requests.swap(dst->requests);
+  plan.items.swap(dst->items);
+  plan.requests.clear();
+  plan.items.clear();
   plan.requests.resize(requests.size());
 
   // Decode split: the smallest tile-aligned chunk that keeps the grid within target_ctas.
@@ -171,7 +189,8 @@ Result<WorkPlan> build_work_plan(std::span<const PlanRequest> requests, const Pl
     }
   }
   plan.num_partials = partials;
-  return plan;
+  *dst = std::move(plan);
+  return Status::ok();
 }
 
 int64_t max_decode_items(int max_bs, const PlanConfig& config) {

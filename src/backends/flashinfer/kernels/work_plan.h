@@ -85,8 +85,13 @@ struct WorkPlan {
   int chunk = 0;         // decode chunk (0 = no split; split_long: the largest request chunk)
   bool any_split = false;
   bool split_long = false;  // the split-long rule chose the chunks (per request)
-  // Serialises header + requests + items into `words` (resized).
+  // Serialises header + requests + items into words[0, serialized_words()) (every word written),
+  // or into `words` (resized).
+  void serialize(int32_t* words) const;
   void serialize(std::vector<int32_t>* words) const;
+  int64_t serialized_words() const {
+    return words_for(static_cast<int64_t>(requests.size()), static_cast<int64_t>(items.size()));
+  }
   static int64_t words_for(int64_t bs, int64_t items) {
     return kPlanHeaderWords + bs * kRequestWords + items * kItemWords;
   }
@@ -94,6 +99,10 @@ struct WorkPlan {
 
 // Builds the plan; kInvalidArgument names a negative length or an empty config.
 Result<WorkPlan> build_work_plan(std::span<const PlanRequest> requests, const PlanConfig& config);
+// The same into *dst, reusing its vectors' storage (a CUDA-graph replay's refresh then allocates
+// nothing once the vectors have grown); *dst is unspecified after an error.
+Status build_work_plan(std::span<const PlanRequest> requests, const PlanConfig& config,
+                       WorkPlan* dst);
 
 // Upper bounds for a CUDA-graph workspace of up to max_bs decode requests.
 int64_t max_decode_items(int max_bs, const PlanConfig& config);
