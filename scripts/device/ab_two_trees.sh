@@ -7,6 +7,12 @@
 # = no setting), alternated, ROUNDS rounds, printing case / ms / GB/s / % of the copy ceiling /
 # TFLOP/s (the table's columns 2-6) into $OUT/$NAME.txt.
 #   BASE=.wt/base  CTEST_REGEX=""  CTEST_JOBS=8  ROUNDS=2  NAME=ab
+#   (TARGETS and CTEST_EXCLUDE pass through to check.sh.) SHOW=refresh prints, for `--graph` runs,
+#   backend / case / ms per forward / the replay refresh's host median, p90 and idle median, e.g.
+#   the planner A/B of session 35: SHOW=refresh ROUNDS=3 CTEST_REGEX="FlashInfer|BenchGraph"
+#   TARGETS="attnkit_cli test_flashinfer_cases test_flashinfer_cascade test_bench_graph"
+#   BENCH_ARGS="--graph --launches 32 --warmup 3 --iters 10 --backend flashinfer,fa3
+#   --cases scripts/device/graph_refresh.json"
 #   BENCH_ARGS="--backend fa3 --cases bench/cases/fa3_prefill.json --warmup 3 --iters 10"
 #   VARIANTS="base:X=1 new:X=1"
 set -u
@@ -16,10 +22,8 @@ OUT=$OUT/check STAGES="build test" CTEST_JOBS=${CTEST_JOBS:-8} CTEST_REGEX="${CT
   bash scripts/device/check.sh > "$OUT/check.log" 2>&1
 tail -3 "$OUT/check.log"
 grep -E "Failed|FAILED" "$OUT/check/ctest.log" | head
-(cd "$BASE" && ln -sfn "$OLDPWD/.deps" .deps && . scripts/device/lib.sh &&
-  attnkit_configure build 90a-real > "$OUT/base_cfg.log" 2>&1 &&
-  ninja -C build -j16 attnkit_cli > "$OUT/base_build.log" 2>&1
-  echo "base build rc $?")
+. scripts/device/lib.sh
+attnkit_build_base_cli "$BASE" "$OUT"
 N=build/device/tools/attnkit/attnkit
 B=$BASE/build/tools/attnkit/attnkit
 read -r -a args <<< "${BENCH_ARGS:---backend fa3 --cases bench/cases/fa3_prefill.json --warmup 3 --iters 10}"
@@ -29,7 +33,12 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     e=${v#*:}
     [ "$bin" = base ] && C=$B || C=$N
     echo "== round $r $bin $e"
-    env ${e//,/ } "$C" bench "${args[@]}" --device cuda 2>&1 |
-      awk '$1 !~ /^\[/ && $3 ~ /^[0-9.]+$/ {print $2, $3, $4, $5, $6}'
+    if [ "${SHOW:-table}" = refresh ]; then  # --graph runs: the replay refresh's host times
+      env ${e//,/ } "$C" bench "${args[@]}" --device cuda 2>&1 | grep -E " ok " | sed -E 's/ +/ /g' |
+        sed -E 's/^([a-z0-9_]+) ([^ ]+) ([0-9.]+) .*host: median ([0-9.]+) us, p90 ([0-9.]+) us.*median ([0-9.]+) us idle.*/\1 \2 ms \3 refresh median \4 p90 \5 idle \6/'
+    else
+      env ${e//,/ } "$C" bench "${args[@]}" --device cuda 2>&1 |
+        awk '$1 !~ /^\[/ && $3 ~ /^[0-9.]+$/ {print $2, $3, $4, $5, $6}'
+    fi
   done
 done 2>&1 | tee "$OUT/$NAME.txt"

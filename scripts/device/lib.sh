@@ -8,6 +8,9 @@
 #   (-DATTNKIT_HEAD_DIMS otherwise). Output goes where the caller sends it; returns cmake's status.
 # attnkit_configure_cpu BUILD_DIR [extra cmake args...]
 #   The same Release / Ninja / .deps configure without CUDA (-DATTNKIT_CUDA=OFF).
+# attnkit_build_base_cli BASE LOG_DIR
+#   Builds the attnkit CLI of an older tree unpacked at BASE (its own lib.sh, this .deps linked in)
+#   into BASE/build, logs in LOG_DIR/base_{cfg,build}.log; prints "base build rc N".
 # attnkit_ncu_bin
 #   Prints the path of Nsight Compute's ncu (PATH first, else the newest under
 #   /opt/nvidia/nsight-compute, else the CUDA toolkit's); nothing when there is none.
@@ -39,4 +42,13 @@ attnkit_configure_cpu() {
 
 attnkit_ncu_bin() {
   command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1
+}
+
+attnkit_build_base_cli() {
+  local base=$1 logs=$2 here
+  here=$(pwd)
+  (cd "$base" && ln -sfn "$here/.deps" .deps && . scripts/device/lib.sh &&
+    attnkit_configure build 90a-real > "$logs/base_cfg.log" 2>&1 &&
+    ninja -C build -j16 attnkit_cli > "$logs/base_build.log" 2>&1
+    echo "base build rc $?")
 }
