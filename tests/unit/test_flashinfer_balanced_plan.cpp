@@ -732,6 +732,65 @@ BalanceVerdict judge(const std::vector<int>& lens) {
 // balanced_from_work_plan: slot c walks the default grid's CTAs c, c + slots, ... (CTA k = item x
 // kv heads + head), every CTA exactly once, split chunks keep the request's parts, each item of a
 // split request gets its own num_splits partial rows (balanced_partial_width wide).
+// Checks an encoded default plan against its definition (balanced_plan.h): CTA k = item k / heads
+// (padding items: no segment), kv head k % heads, on slot k % slots in increasing k; the item's
+// keys, its split's part / parts and its own partial rows, every partial row used once.
+void check_encoded_layout(const WorkPlan& wp, const BalancedPlan& bp, const BalanceConfig& cfg) {
+  const int64_t ctas = static_cast<int64_t>(wp.items.size()) * cfg.num_kv_heads;
+  int64_t real_ctas = 0;
+  for (const WorkItem& it : wp.items) real_ctas += it.request >= 0 ? cfg.num_kv_heads : 0;
+  ASSERT_EQ(static_cast<int64_t>(bp.segments.size()), real_ctas);
+  ASSERT_EQ(bp.slots(), cfg.slots);
+  const int q_tiles = (cfg.group + kDecodeTileRows - 1) / kDecodeTileRows;
+  EXPECT_EQ(bp.num_partials, wp.num_partials * q_tiles * cfg.num_kv_heads);
+  std::vector<int> row_owner(static_cast<size_t>(bp.num_partials), -1);
+  int64_t keys = 0;
+  for (int c = 0; c < cfg.slots; ++c) {
+    EXPECT_EQ(bp.cuts[static_cast<size_t>(c)], keys) << "slot " << c;
+    int64_t k = c;
+    for (int32_t i = bp.cta_begin[static_cast<size_t>(c)];
+         i < bp.cta_begin[static_cast<size_t>(c) + 1]; ++i, k += cfg.slots) {
+      while (k < ctas && wp.items[static_cast<size_t>(k / cfg.num_kv_heads)].request < 0) {
+        k += cfg.slots;  // padding CTAs have no segment
+      }
+      ASSERT_LT(k, ctas);
+      const Segment& s = bp.segments[static_cast<size_t>(i)];
+      const WorkItem& it = wp.items[static_cast<size_t>(k / cfg.num_kv_heads)];
+      const RequestPlan& req = wp.requests[static_cast<size_t>(it.request)];
+      EXPECT_EQ(s.request, it.request);
+      EXPECT_EQ(s.kv_head, k % cfg.num_kv_heads);
+      EXPECT_EQ(s.q_row_begin, it.q_row_begin);
+      EXPECT_EQ(s.kv_begin, it.kv_begin);
+      EXPECT_EQ(s.kv_end, it.kv_end);
+      EXPECT_EQ(s.parts, req.num_splits);
+      EXPECT_EQ(s.part, req.num_splits > 1 ? it.split : 0);
+      keys += std::max(0, s.kv_end - s.kv_begin);
+      if (req.num_splits > 1) {
+        const int item = (s.q_row_begin / kDecodeTileRows) * cfg.num_kv_heads + s.kv_head;
+        EXPECT_EQ(s.partial_base,
+                  (req.partial_base * q_tiles * cfg.num_kv_heads) + item * req.num_splits);
+        const int row = s.partial_base + s.part;
+        ASSERT_LT(row, bp.num_partials);
+        EXPECT_EQ(row_owner[static_cast<size_t>(row)], -1) << "partial row " << row << " shared";
+        row_owner[static_cast<size_t>(row)] = static_cast<int>(i);
+      } else {
+        EXPECT_EQ(s.partial_base, 0);
+      }
+      EXPECT_EQ(s.req_kv_len, req.kv_len);
+      EXPECT_EQ(s.req_q_start, req.q_start);
+    }
+    while (k < ctas && wp.items[static_cast<size_t>(k / cfg.num_kv_heads)].request < 0) {
+      k += cfg.slots;
+    }
+    EXPECT_GE(k, ctas) << "slot " << c << " missed a CTA";
+  }
+  EXPECT_EQ(bp.cuts[static_cast<size_t>(cfg.slots)], keys);
+  EXPECT_EQ(bp.total_keys, keys);
+  for (size_t row = 0; row < row_owner.size(); ++row) {
+    EXPECT_NE(row_owner[row], -1) << "partial row " << row << " unused";
+  }
+}
+
 TEST(FlashInferBalancedPlan, EncodedDefaultPlanLayout) {
   BalanceConfig cfg = h200();
   for (const std::vector<int>& lens :
@@ -739,44 +798,7 @@ TEST(FlashInferBalancedPlan, EncodedDefaultPlanLayout) {
         std::vector<int>{4999, 100, 2047, 1}, std::vector<int>(12, 4096)}) {
     const WorkPlan wp = default_plan_or_die(decode_requests(lens), cfg);
     const BalancedPlan bp = encode_or_die(decode_requests(lens), cfg);
-    const int64_t ctas = static_cast<int64_t>(wp.items.size()) * cfg.num_kv_heads;
-    ASSERT_EQ(static_cast<int64_t>(bp.segments.size()), ctas);
-    ASSERT_EQ(bp.slots(), cfg.slots);
-    const int q_tiles = (cfg.group + kDecodeTileRows - 1) / kDecodeTileRows;
-    EXPECT_EQ(bp.num_partials, wp.num_partials * q_tiles * cfg.num_kv_heads);
-    std::vector<int> row_owner(static_cast<size_t>(bp.num_partials), -1);
-    for (int c = 0; c < cfg.slots; ++c) {
-      int64_t k = c;
-      for (int32_t i = bp.cta_begin[static_cast<size_t>(c)];
-           i < bp.cta_begin[static_cast<size_t>(c) + 1]; ++i, k += cfg.slots) {
-        ASSERT_LT(k, ctas);
-        const Segment& s = bp.segments[static_cast<size_t>(i)];
-        const WorkItem& it = wp.items[static_cast<size_t>(k / cfg.num_kv_heads)];
-        const RequestPlan& req = wp.requests[static_cast<size_t>(it.request)];
-        EXPECT_EQ(s.request, it.request);
-        EXPECT_EQ(s.kv_head, k % cfg.num_kv_heads);
-        EXPECT_EQ(s.kv_begin, it.kv_begin);
-        EXPECT_EQ(s.kv_end, it.kv_end);
-        EXPECT_EQ(s.parts, req.num_splits);
-        EXPECT_EQ(s.part, req.num_splits > 1 ? it.split : 0);
-        if (req.num_splits > 1) {
-          const int item = (s.q_row_begin / kDecodeTileRows) * cfg.num_kv_heads + s.kv_head;
-          EXPECT_EQ(s.partial_base,
-                    (req.partial_base * q_tiles * cfg.num_kv_heads) + item * req.num_splits);
-          const int row = s.partial_base + s.part;
-          ASSERT_LT(row, bp.num_partials);
-          EXPECT_EQ(row_owner[static_cast<size_t>(row)], -1) << "partial row " << row << " shared";
-          row_owner[static_cast<size_t>(row)] = static_cast<int>(i);
-        } else {
-          EXPECT_EQ(s.partial_base, 0);
-        }
-        EXPECT_EQ(s.req_kv_len, req.kv_len);
-      }
-      EXPECT_GE(k, ctas) << "slot " << c << " missed a CTA";
-    }
-    for (size_t row = 0; row < row_owner.size(); ++row) {
-      EXPECT_NE(row_owner[row], -1) << "partial row " << row << " unused";
-    }
+    check_encoded_layout(wp, bp, cfg);
     // Serialised within the graph bound of max_bs = bs.
     std::vector<int32_t> words;
     bp.serialize(&words);
@@ -806,6 +828,61 @@ TEST(FlashInferBalancedPlan, EncodedDefaultPlanLayout) {
   r = balanced_from_work_plan(huge, cfg);
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().to_string().find("pass 2^31"), std::string::npos) << r.status().to_string();
+}
+
+// Both layouts of the encoder (one CTA per slot when slots >= CTAs, item-major; several per slot
+// otherwise) over random batches, with and without splits, and a hand-made plan with padding items
+// (a CUDA-graph grid's), on either side of slots = CTAs.
+TEST(FlashInferBalancedPlan, EncodedPlansOfRandomBatches) {
+  std::mt19937 rng(20261126);
+  for (int trial = 0; trial < 300; ++trial) {
+    BalanceConfig cfg = h200();
+    cfg.num_kv_heads = std::vector<int>{1, 2, 8}[static_cast<size_t>(trial % 3)];
+    cfg.group = std::vector<int>{1, 4, 20}[static_cast<size_t>((trial / 3) % 3)];
+    cfg.slots = std::vector<int>{7, 132, 528, 2112}[static_cast<size_t>((trial / 9) % 4)];
+    const int bs = std::uniform_int_distribution<int>(1, 300)(rng);
+    std::vector<int> lens(static_cast<size_t>(bs));
+    const bool uniform = trial % 2 == 0;
+    const int common = std::uniform_int_distribution<int>(1, 40000)(rng);
+    for (int& len : lens)
+      len = uniform ? common : std::uniform_int_distribution<int>(1, 20000)(rng);
+    SCOPED_TRACE("trial " + std::to_string(trial) + " bs " + std::to_string(bs) + " slots " +
+                 std::to_string(cfg.slots) + " heads " + std::to_string(cfg.num_kv_heads));
+    const WorkPlan wp = default_plan_or_die(decode_requests(lens), cfg);
+    const BalancedPlan bp = encode_or_die(decode_requests(lens), cfg);
+    check_encoded_layout(wp, bp, cfg);
+    if (HasFatalFailure() || HasFailure()) return;
+  }
+  for (const int slots : {3, 24, 64}) {  // 2 requests, 5 items (2 padding) x 4 heads = 20 CTAs
+    BalanceConfig cfg = h200();
+    cfg.num_kv_heads = 4;
+    cfg.slots = slots;
+    SCOPED_TRACE("padding, slots " + std::to_string(slots));
+    WorkPlan wp;
+    RequestPlan r0, r1;
+    r0.q_len = r1.q_len = 1;
+    r0.kv_len = 300;
+    r1.q_start = 1;
+    r1.kv_len = 5000;
+    r1.num_splits = 2;
+    wp.requests = {r0, r1};
+    wp.num_partials = 2;
+    WorkItem pad;
+    WorkItem a;
+    a.request = 0;
+    a.kv_end = 300;
+    WorkItem b0;
+    b0.request = 1;
+    b0.kv_end = 2560;
+    WorkItem b1 = b0;
+    b1.kv_begin = 2560;
+    b1.kv_end = 5000;
+    b1.split = 1;
+    wp.items = {a, pad, b0, pad, b1};
+    Result<BalancedPlan> bp = balanced_from_work_plan(wp, cfg);
+    ASSERT_TRUE(bp.is_ok()) << bp.status().to_string();
+    check_encoded_layout(wp, *bp, cfg);
+  }
 }
 
 TEST(FlashInferBalanceRuleTest, MeasuredBatches) {

@@ -242,63 +242,124 @@ Status balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config, 
   Segment* out = plan.segments.data();
   int64_t keys_before = 0;
   int items = 0, cut_items = 0;
-  // CTA k = item k / heads, kv head k % heads; the slot's CTAs k, k + slots, ... step the pair by
-  // (slots / heads, slots % heads) with a carry, so the loop divides nothing per segment (the
-  // divisions were most of a CUDA-graph replay's host refresh at large batches).
-  const int64_t item_step = slots / heads, head_step = slots % heads;
-  const int64_t n_items = static_cast<int64_t>(wp.items.size());
-  int64_t first_item = 0, first_head = 0;  // slot c's first CTA: c / heads, c % heads
-  for (int64_t c = 0; c < slots; ++c, ++first_head) {
-    if (first_head == heads) {
-      first_head = 0;
-      ++first_item;
-    }
-    plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(out - plan.segments.data());
-    plan.cuts[static_cast<size_t>(c)] = keys_before;
-    int64_t item = first_item, head = first_head;
-    for (; item < n_items; item += item_step, head += head_step) {
-      if (head >= heads) {
-        head -= heads;
-        ++item;
-        if (item >= n_items) break;
+  if (slots >= ctas) {
+    // One CTA per slot (slot c = CTA c; uniform batches of 16 <= bs <= 264 requests at 8 kv heads
+    // fill the grid exactly): item-major, one segment per (item, kv head) copied from the item's
+    // head-0 segment. The same plan as the general loop below, in about a third of its host time
+    // at bs 256 (a CUDA-graph replay's refresh plans this every step).
+    int64_t c = 0;
+    for (const WorkItem& it : wp.items) {
+      if (it.request < 0) {  // padding: its CTAs get no segment
+        for (int64_t h = 0; h < heads; ++h, ++c) {
+          plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(out - plan.segments.data());
+          plan.cuts[static_cast<size_t>(c)] = keys_before;
+        }
+        continue;
       }
-      const WorkItem& it = wp.items[static_cast<size_t>(item)];
-      if (it.request < 0) continue;  // padding
       if (it.request >= static_cast<int32_t>(wp.requests.size()) || it.q_row_begin > kMax16) {
-        return Status::invalid_argument("flashinfer encoded plan: item " + std::to_string(item) +
-                                        " names request " + std::to_string(it.request) + " (of " +
-                                        std::to_string(wp.requests.size()) + ") with q_row_begin " +
-                                        std::to_string(it.q_row_begin));
+        return Status::invalid_argument(
+            "flashinfer encoded plan: item " + std::to_string(c / heads) + " names request " +
+            std::to_string(it.request) + " (of " + std::to_string(wp.requests.size()) +
+            ") with q_row_begin " + std::to_string(it.q_row_begin));
       }
       const RequestPlan& req = wp.requests[static_cast<size_t>(it.request)];
-      // Fields written in place: a Segment built on the stack and copied whole stalled on store
-      // forwarding (its 16-bit fields read back by one wide load), ~2/3 of this loop's time.
-      Segment& s = *out++;
-      s.request = it.request;
-      s.kv_head = static_cast<int16_t>(head);
-      s.q_row_begin = static_cast<int16_t>(it.q_row_begin);
-      s.kv_begin = it.kv_begin;
-      s.kv_end = it.kv_end;
       const bool split = req.num_splits > 1;
       if (split && req.num_splits > kMax16) {
         return Status::invalid_argument("flashinfer encoded plan: request " +
                                         std::to_string(it.request) + " has " +
                                         std::to_string(req.num_splits) + " splits (> 32767)");
       }
-      s.part = static_cast<int16_t>(split ? it.split : 0);
-      s.parts = static_cast<int16_t>(split ? req.num_splits : 1);
+      Segment first;
+      first.request = it.request;
+      first.kv_head = 0;
+      first.q_row_begin = static_cast<int16_t>(it.q_row_begin);
+      first.kv_begin = it.kv_begin;
+      first.kv_end = it.kv_end;
+      first.part = static_cast<int16_t>(split ? it.split : 0);
+      first.parts = static_cast<int16_t>(split ? req.num_splits : 1);
       // A split item's own rows (balanced_partial_width), see the header; < partials, checked
       // below.
-      s.partial_base =
-          split ? static_cast<int32_t>(int64_t{req.partial_base} * q_tiles * heads +
-                                       ((it.q_row_begin / kDecodeTileRows) * heads + head) *
-                                           int64_t{req.num_splits})
+      const int64_t base0 =
+          split ? int64_t{req.partial_base} * q_tiles * heads +
+                      (it.q_row_begin / kDecodeTileRows) * heads * int64_t{req.num_splits}
                 : 0;
-      s.req_kv_len = req.kv_len;
-      s.req_q_start = req.q_start;
-      keys_before += std::max(0, s.kv_end - s.kv_begin);
-      ++items;
-      cut_items += split ? 1 : 0;
+      first.partial_base = static_cast<int32_t>(base0);
+      first.req_kv_len = req.kv_len;
+      first.req_q_start = req.q_start;
+      const int64_t keys = std::max(0, it.kv_end - it.kv_begin);
+      for (int64_t h = 0; h < heads; ++h, ++c) {
+        plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(out - plan.segments.data());
+        plan.cuts[static_cast<size_t>(c)] = keys_before;
+        *out = first;
+        out->kv_head = static_cast<int16_t>(h);
+        if (split) out->partial_base = static_cast<int32_t>(base0 + h * req.num_splits);
+        ++out;
+        keys_before += keys;
+      }
+      items += static_cast<int>(heads);
+      cut_items += split ? static_cast<int>(heads) : 0;
+    }
+    for (; c < slots; ++c) {  // slots past the last CTA: empty
+      plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(out - plan.segments.data());
+      plan.cuts[static_cast<size_t>(c)] = keys_before;
+    }
+  } else {
+    // CTA k = item k / heads, kv head k % heads; the slot's CTAs k, k + slots, ... step the pair by
+    // (slots / heads, slots % heads) with a carry, so the loop divides nothing per segment (the
+    // divisions were most of a CUDA-graph replay's host refresh at large batches).
+    const int64_t item_step = slots / heads, head_step = slots % heads;
+    const int64_t n_items = static_cast<int64_t>(wp.items.size());
+    int64_t first_item = 0, first_head = 0;  // slot c's first CTA: c / heads, c % heads
+    for (int64_t c = 0; c < slots; ++c, ++first_head) {
+      if (first_head == heads) {
+        first_head = 0;
+        ++first_item;
+      }
+      plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(out - plan.segments.data());
+      plan.cuts[static_cast<size_t>(c)] = keys_before;
+      int64_t item = first_item, head = first_head;
+      for (; item < n_items; item += item_step, head += head_step) {
+        if (head >= heads) {
+          head -= heads;
+          ++item;
+          if (item >= n_items) break;
+        }
+        const WorkItem& it = wp.items[static_cast<size_t>(item)];
+        if (it.request < 0) continue;  // padding
+        if (it.request >= static_cast<int32_t>(wp.requests.size()) || it.q_row_begin > kMax16) {
+          return Status::invalid_argument("flashinfer encoded plan: item " + std::to_string(item) +
+                                          " names request " + std::to_string(it.request) + " (of " +
+                                          std::to_string(wp.requests.size()) +
+                                          ") with q_row_begin " + std::to_string(it.q_row_begin));
+        }
+        const RequestPlan& req = wp.requests[static_cast<size_t>(it.request)];
+        Segment& s = *out++;
+        s.request = it.request;
+        s.kv_head = static_cast<int16_t>(head);
+        s.q_row_begin = static_cast<int16_t>(it.q_row_begin);
+        s.kv_begin = it.kv_begin;
+        s.kv_end = it.kv_end;
+        const bool split = req.num_splits > 1;
+        if (split && req.num_splits > kMax16) {
+          return Status::invalid_argument("flashinfer encoded plan: request " +
+                                          std::to_string(it.request) + " has " +
+                                          std::to_string(req.num_splits) + " splits (> 32767)");
+        }
+        s.part = static_cast<int16_t>(split ? it.split : 0);
+        s.parts = static_cast<int16_t>(split ? req.num_splits : 1);
+        // A split item's own rows (balanced_partial_width), see the header; < partials, checked
+        // below.
+        s.partial_base =
+            split ? static_cast<int32_t>(int64_t{req.partial_base} * q_tiles * heads +
+                                         ((it.q_row_begin / kDecodeTileRows) * heads + head) *
+                                             int64_t{req.num_splits})
+                  : 0;
+        s.req_kv_len = req.kv_len;
+        s.req_q_start = req.q_start;
+        keys_before += std::max(0, s.kv_end - s.kv_begin);
+        ++items;
+        cut_items += split ? 1 : 0;
+      }
     }
   }
   plan.segments.resize(static_cast<size_t>(out - plan.segments.data()));
