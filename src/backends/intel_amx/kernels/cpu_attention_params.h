@@ -210,8 +210,8 @@ struct ExtendWork {
   bool fast_softmax = true;
   // The pipelined loop's masked units (diagonal or partial key blocks, or soft-capped rows) run
   // their softmax rows between the tile micro-steps as the lean units do (softmax_row_masked);
-  // false: after the step's tile work (ATTNKIT_AMX_MASKED_ROWS=1 turns it on; off until a Xeon
-  // A/B, session 34).
+  // false: after the step's tile work (ATTNKIT_AMX_MASKED_ROWS=1 turns it on; off: level with it
+  // on the Xeon host in session 35's five alternated rounds, docs/perf/amx_notes.md).
   bool masked_rows = false;
 };
 
