@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -412,10 +413,45 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
   check(long_decode("auto_b8_4k", std::vector<int>(8, 4095), 16, DType::kBF16), false);
   // Graphs under auto run the balanced kernel on every replay (the cut plan or the default plan
   // in its format): replays bit-identical to eager, for a batch of each kind, split plans included.
-  graph_matches_eager(long_decode("auto_graph_uneven", uneven, 16, DType::kBF16));
-  graph_matches_eager(long_decode("auto_graph_b16", std::vector<int>(16, 700), 16, DType::kBF16));
-  graph_matches_eager(long_decode("auto_graph_split", {4999, 100, 2047, 0}, 16, DType::kBF16));
-  graph_matches_eager(long_decode("auto_graph_b1", {20000}, 16, DType::kBF16));
+  // With ATTNKIT_FLASHINFER_DEVICE_PLAN=2 the encoded default plans with one CTA per slot (uniform
+  // b16; b1 and the small uneven batch, split) are expanded on the GPU at replay
+  // (kernels/plan_expand.h; the default =1 does so from 1024 CTAs); the cut plan on the host.
+  std::optional<test_support::ScopedEnv> every_batch;
+  every_batch.emplace("ATTNKIT_FLASHINFER_DEVICE_PLAN", "2");
+  const auto device_plans = [](bool expected) {
+    return [expected](AttentionBackend& backend) {
+      const FlashInferStats* stats = flashinfer_stats(backend);
+      ASSERT_NE(stats, nullptr);
+      if (expected) {
+        EXPECT_GT(stats->graph_device_plans, 0);
+      } else {
+        EXPECT_EQ(stats->graph_device_plans, 0);
+      }
+    };
+  };
+  graph_matches_eager(long_decode("auto_graph_uneven", uneven, 16, DType::kBF16), {},
+                      device_plans(false));
+  graph_matches_eager(long_decode("auto_graph_b16", std::vector<int>(16, 700), 16, DType::kBF16),
+                      {}, device_plans(true));
+  graph_matches_eager(long_decode("auto_graph_split", {4999, 100, 2047, 0}, 16, DType::kBF16), {},
+                      device_plans(true));
+  graph_matches_eager(long_decode("auto_graph_b1", {20000}, 16, DType::kBF16), {},
+                      device_plans(true));
+  every_batch.reset();
+  {  // The default (=1: these batches are below 1024 CTAs) and =0: planned on the host.
+    graph_matches_eager(
+        long_decode("auto_graph_b16_default", std::vector<int>(16, 700), 16, DType::kBF16), {},
+        device_plans(false));
+    graph_matches_eager(
+        long_decode("auto_graph_b128_default", std::vector<int>(128, 300), 16, DType::kBF16), {},
+        device_plans(true));  // 1024 CTAs
+    test_support::ScopedEnv host_plans("ATTNKIT_FLASHINFER_DEVICE_PLAN", "0");
+    graph_matches_eager(
+        long_decode("auto_graph_b16_host", std::vector<int>(16, 700), 16, DType::kBF16), {},
+        device_plans(false));
+    graph_matches_eager(long_decode("auto_graph_b1_host", {20000}, 16, DType::kBF16), {},
+                        device_plans(false));
+  }
   check(long_decode("auto_b16_4k", std::vector<int>(16, 4095), 16, DType::kBF16), false);
   graph_matches_eager(long_decode("auto_graph_b12", std::vector<int>(12, 4095), 16, DType::kBF16));
 }

@@ -29,6 +29,7 @@
 #include "backends/flashinfer/kernels/balanced_plan.h"
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
 #include "backends/flashinfer/kernels/mla_quantized_portable.h"
+#include "backends/flashinfer/kernels/plan_expand.h"
 #include "backends/flashinfer/kernels/work_plan.h"
 #include "backends/mla/mla_decode_engine.h"
 #include "backends/mla/mla_prefix_cache.h"
@@ -175,7 +176,8 @@ class FlashInferBackend final : public AttentionBackend {
         pdl_early_(env_choice("ATTNKIT_FLASHINFER_PDL_TRIGGER", {"early", "end"}, "early") !=
                    "end"),
         balance_(balance_from_env()),
-        split_long_(env_flag("ATTNKIT_FLASHINFER_SPLIT_LONG", false)) {}
+        split_long_(env_flag("ATTNKIT_FLASHINFER_SPLIT_LONG", false)),
+        device_plan_(env_int_range("ATTNKIT_FLASHINFER_DEVICE_PLAN", 1, 0, 2)) {}
 
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("flashinfer");
@@ -274,19 +276,38 @@ class FlashInferBackend final : public AttentionBackend {
   // The plan lands in balanced_plan_ (work_plan_ holds the default plan it may encode): both
   // keep their storage, so a CUDA-graph replay's refresh allocates nothing on the host.
   Status balanced_kernel_plan(std::span<const PlanRequest> reqs, bool* cut, bool* split_long) {
-    const flashinfer::BalanceConfig bc = balance_config(static_cast<int>(reqs.size()));
+    ATTNKIT_RETURN_IF_ERROR(choose_balanced_plan(reqs, cut, split_long));
+    return build_chosen_balanced_plan(reqs, *cut);
+  }
+  // Its two steps. The choice: with kAuto the default plan is built into work_plan_ and
+  // choose_auto_plan decides (*cut); kAlways cuts. *padded: work_plan_ has padding items.
+  Status choose_balanced_plan(std::span<const PlanRequest> reqs, bool* cut, bool* split_long,
+                              bool* padded = nullptr) {
     *cut = true;
     *split_long = false;
-    if (balance_ != Balance::kAuto)
-      return flashinfer::build_balanced_plan(reqs, bc, &balanced_plan_);
+    if (padded != nullptr) *padded = false;
+    if (balance_ != Balance::kAuto) return Status::ok();
     const PlanConfig pc = plan_config(TileShape::kDecode, true);
     ATTNKIT_RETURN_IF_ERROR(flashinfer::build_work_plan(reqs, pc, &work_plan_));
     const WorkPlan& wp = work_plan_;
-    *cut = flashinfer::choose_auto_plan(wp, ctx_.num_kv_heads, pc.target_ctas, bc.slots).cut;
+    const flashinfer::AutoPlanChoice choice = flashinfer::choose_auto_plan(
+        wp, ctx_.num_kv_heads, pc.target_ctas, balance_config(static_cast<int>(reqs.size())).slots);
+    *cut = choice.cut;
     *split_long = !*cut && wp.split_long && wp.any_split;  // the encoded plan is a split-long one
-    if (*cut) return flashinfer::build_balanced_plan(reqs, bc, &balanced_plan_);
-    return flashinfer::balanced_from_work_plan(wp, bc, &balanced_plan_);
+    if (padded != nullptr) {
+      *padded =
+          choice.verdict.default_ctas != static_cast<int64_t>(wp.items.size()) * ctx_.num_kv_heads;
+    }
+    return Status::ok();
   }
+  // The chosen plan into balanced_plan_: cut from reqs, or work_plan_ in the balanced format.
+  Status build_chosen_balanced_plan(std::span<const PlanRequest> reqs, bool cut) {
+    const flashinfer::BalanceConfig bc = balance_config(static_cast<int>(reqs.size()));
+    if (cut) return flashinfer::build_balanced_plan(reqs, bc, &balanced_plan_);
+    return flashinfer::balanced_from_work_plan(work_plan_, bc, &balanced_plan_);
+  }
+  // A replay's encoded default plan expanded on the GPU from work_plan_ (one CTA per slot).
+  Status replay_device_plan(int bs, int slots);
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse, bool decode);
@@ -393,6 +414,16 @@ class FlashInferBackend final : public AttentionBackend {
                                                         : ctx_.speculative_num_draft_tokens;
   }
   DeviceArray<int32_t> graph_words_;
+  // The work plan a replay uploads for its encoded default plan to be expanded on the GPU
+  // (kernels/plan_expand.h), kAuto only. device_plan_ = ATTNKIT_FLASHINFER_DEVICE_PLAN: 1 (the
+  // default) from kDevicePlanMinCtas CTAs, 2 at every batch (tests), 0 never.
+  DeviceArray<int32_t> graph_work_words_;
+  int device_plan_ = 1;
+  // The expansion kernel's launch costs the host ~3-4 us, the host encoder ~5 ns per segment
+  // (the H200 lease host, 2026-11-26 01:10Z, bench refresh medians with the expansion at every
+  // batch vs none: bs 256 (2048 CTAs) 18-27 vs 26-33 us, bs 64 (512) 12-14 vs 9-18, bs 1 / 16
+  // (128) 8-13 vs 5-7): from 1024 CTAs (bs >= 128 at 8 kv heads) it pays.
+  static constexpr int64_t kDevicePlanMinCtas = 1024;
   DeviceArray<float> graph_partial_out_, graph_partial_lse_;
   DeviceArray<int32_t> graph_split_counters_;
 };
@@ -867,6 +898,10 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
     }
   }
   ATTNKIT_RETURN_IF_ERROR(graph_words_.reserve(ctx_.device, words));
+  if (balance_ == Balance::kAuto) {
+    ATTNKIT_RETURN_IF_ERROR(
+        graph_work_words_.reserve(ctx_.device, WorkPlan::words_for(max_bs, graph_items_)));
+  }
   // An all-zero plan (no work items) until the first replay writes one.
   ATTNKIT_CUDA_TRY(
       cudaMemset(graph_words_.data(), 0, static_cast<size_t>(words) * sizeof(int32_t)));
@@ -973,6 +1008,37 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   return Status::ok();
 }
 
+Status FlashInferBackend::replay_device_plan(int bs, int slots) {
+  const WorkPlan& wp = work_plan_;
+  const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
+  const int q_tiles = (group + flashinfer::kDecodeTileRows - 1) / flashinfer::kDecodeTileRows;
+  const int64_t entries = static_cast<int64_t>(wp.num_partials) * q_tiles * ctx_.num_kv_heads *
+                          flashinfer::balanced_partial_width(group);
+  if (entries > graph_partial_entries_) {  // bounded at init (balanced_graph_partial_entries)
+    return Status::internal("flashinfer: replay's encoded plan needs " + str(entries) +
+                            " partial entries, above the graph workspace's " +
+                            str(graph_partial_entries_));
+  }
+  const int64_t words = flashinfer::BalancedPlan::words_for(bs, slots, slots);
+  if (words > graph_words_.capacity || wp.serialized_words() > graph_work_words_.capacity) {
+    return Status::internal("flashinfer: replay's encoded plan needs " + str(words) + " + " +
+                            str(wp.serialized_words()) + " words, above the graph workspace's " +
+                            str(graph_words_.capacity) + " + " + str(graph_work_words_.capacity));
+  }
+  ATTNKIT_RETURN_IF_ERROR(staging_.upload(wp, graph_work_words_.data(), ctx_.stream));
+  flashinfer::PlanExpandParams p;
+  p.work_words = graph_work_words_.data();
+  p.bs = bs;
+  p.items = static_cast<int>(wp.items.size());
+  p.heads = ctx_.num_kv_heads;
+  p.q_tiles = q_tiles;
+  p.slots = slots;
+  p.out = graph_words_.data();
+  ATTNKIT_RETURN_IF_ERROR(flashinfer::expand_encoded_plan(p, ctx_.stream));
+  ++stats_.graph_device_plans;
+  return Status::ok();
+}
+
 Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     int bs, const TensorView& req_pool_indices, const TensorView& seq_lens, int64_t seq_lens_sum,
     const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec,
@@ -1008,7 +1074,20 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   if (!verify && balanced_kernel()) {
     bool cut = false;
     bool split_long = false;
-    ATTNKIT_RETURN_IF_ERROR(balanced_kernel_plan(reqs, &cut, &split_long));
+    bool padded = false;
+    ATTNKIT_RETURN_IF_ERROR(choose_balanced_plan(reqs, &cut, &split_long, &padded));
+    // The encoded default plan with one CTA per slot (every uniform batch of 16-264 requests at
+    // 8 kv heads, and the split plans of small batches), large enough: the work plan goes up
+    // (16 KB at bs 256 instead of 80 KB) and the GPU writes the balanced plan from it, word for
+    // word the host's.
+    const int slots = balance_config(bs).slots;
+    const int64_t ctas = static_cast<int64_t>(work_plan_.items.size()) * ctx_.num_kv_heads;
+    const bool device_plan = device_plan_ == 2 || (device_plan_ == 1 && ctas >= kDevicePlanMinCtas);
+    if (balance_ == Balance::kAuto && device_plan && !cut && !padded && ctas <= slots &&
+        slots == captured->second) {
+      return replay_device_plan(bs, slots);
+    }
+    ATTNKIT_RETURN_IF_ERROR(build_chosen_balanced_plan(reqs, cut));
     const flashinfer::BalancedPlan& bp = balanced_plan_;
     if (bp.slots() != captured->second) {  // the same function of bs: cannot happen
       return Status::internal("flashinfer: replay's balanced plan has " + str(bp.slots()) +

@@ -1,0 +1,118 @@
+// The flashinfer replay refresh's GPU plan expansion
+// (src/backends/flashinfer/kernels/plan_expand.h): from WorkPlan::serialize's words the kernel
+// writes, word for word, what BalancedPlan::serialize writes for balanced_from_work_plan's plan,
+// for random batches (uniform and uneven, split and not, 1-8 kv heads, groups 1-20, fewer CTAs than
+// slots and exactly as many); the output buffer is poisoned first, so a word the kernel skips
+// fails. Bad parameters are refused by name.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/flashinfer/kernels/balanced_plan.h"
+#include "backends/flashinfer/kernels/plan_expand.h"
+#include "support/flashinfer_plan_requests.h"
+#include "support/gpu_test_helpers.h"
+
+namespace attnkit::flashinfer {
+namespace {
+
+using attnkit::test_support::has_cuda;
+using test_support::decode_requests;
+
+TEST(FlashInferPlanExpand, MatchesTheHostEncoderWordForWord) {
+  if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(20261126);
+  int32_t* d_work = nullptr;
+  int32_t* d_out = nullptr;
+  const size_t cap = size_t{1} << 20;  // words
+  CUDA_OK(cudaMalloc(&d_work, cap * sizeof(int32_t)));
+  CUDA_OK(cudaMalloc(&d_out, cap * sizeof(int32_t)));
+  int checked = 0, split_plans = 0, empty_slots = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int heads = std::vector<int>{1, 2, 8}[static_cast<size_t>(trial % 3)];
+    const int group = std::vector<int>{1, 4, 20}[static_cast<size_t>((trial / 3) % 3)];
+    const int bs = std::uniform_int_distribution<int>(1, 300)(rng);
+    std::vector<int> lens(static_cast<size_t>(bs));
+    const int common = std::uniform_int_distribution<int>(1, 40000)(rng);
+    for (int& l : lens) {
+      l = trial % 2 == 0 ? common : std::uniform_int_distribution<int>(1, 20000)(rng);
+    }
+    PlanConfig pc;
+    pc.num_kv_heads = heads;
+    pc.group = group;
+    pc.target_ctas = 132;
+    BalanceConfig bc;
+    bc.num_kv_heads = heads;
+    bc.group = group;
+    bc.slots = balanced_kernel_slots(bs, pc);
+    bc.granule = 16;
+    Result<WorkPlan> wp = build_work_plan(decode_requests(lens), pc);
+    ASSERT_TRUE(wp.is_ok()) << wp.status().to_string();
+    const int64_t ctas = static_cast<int64_t>(wp->items.size()) * heads;
+    if (ctas > bc.slots) continue;  // the expansion's layout: one CTA per slot
+    SCOPED_TRACE("trial " + std::to_string(trial) + " bs " + std::to_string(bs) + " heads " +
+                 std::to_string(heads) + " group " + std::to_string(group) + " slots " +
+                 std::to_string(bc.slots) + " ctas " + std::to_string(ctas));
+    Result<BalancedPlan> bp = balanced_from_work_plan(*wp, bc);
+    ASSERT_TRUE(bp.is_ok()) << bp.status().to_string();
+    std::vector<int32_t> want;
+    bp->serialize(&want);
+    std::vector<int32_t> work;
+    wp->serialize(&work);
+    ASSERT_LE(want.size(), cap);
+    ASSERT_LE(work.size(), cap);
+    CUDA_OK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d_out, 0x7f, cap * sizeof(int32_t)));
+    PlanExpandParams p;
+    p.work_words = d_work;
+    p.bs = bs;
+    p.items = static_cast<int>(wp->items.size());
+    p.heads = heads;
+    p.q_tiles = (group + kDecodeTileRows - 1) / kDecodeTileRows;
+    p.slots = bc.slots;
+    p.out = d_out;
+    const Status st = expand_encoded_plan(p, nullptr);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    std::vector<int32_t> got(want.size() + 8);
+    CUDA_OK(cudaMemcpy(got.data(), d_out, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    for (size_t w = 0; w < want.size(); ++w) {
+      ASSERT_EQ(got[w], want[w]) << "word " << w << " of " << want.size();
+    }
+    for (size_t w = want.size(); w < got.size(); ++w) {
+      ASSERT_EQ(got[w], 0x7f7f7f7f) << "word " << w << " past the plan was written";
+    }
+    ++checked;
+    split_plans += wp->any_split ? 1 : 0;
+    empty_slots += ctas < bc.slots ? 1 : 0;
+  }
+  // The random batches covered split plans and grids with empty slots.
+  EXPECT_GT(checked, 50);
+  EXPECT_GT(split_plans, 5);
+  EXPECT_GT(empty_slots, 5);
+  cudaFree(d_work);
+  cudaFree(d_out);
+}
+
+TEST(FlashInferPlanExpand, BadParametersAreRefusedByName) {
+  PlanExpandParams p;
+  int32_t dummy = 0;
+  p.work_words = &dummy;
+  p.out = &dummy;
+  p.items = 20;
+  p.heads = 8;
+  p.slots = 128;  // 160 CTAs > 128 slots
+  Status st = expand_encoded_plan(p, nullptr);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.to_string().find("items x heads <= slots"), std::string::npos) << st.to_string();
+  p.items = 1;
+  p.work_words = nullptr;
+  st = expand_encoded_plan(p, nullptr);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.to_string().find("work_words"), std::string::npos) << st.to_string();
+}
+
+}  // namespace
+}  // namespace attnkit::flashinfer
