@@ -14,8 +14,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Grid-stride over the three parts of the output: header + requests, cta_begin, segments (one
-// thread per segment, two 16-byte stores).
+// grid: ceil(slots / kThreads) block: kThreads. Grid-stride over the three parts of the output:
+// header + requests, cta_begin, segments (one thread per segment, two 16-byte stores).
 __global__ void __launch_bounds__(kThreads) expand_encoded_plan_kernel(const PlanExpandParams p) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -16,13 +16,16 @@
 namespace attnkit::flashinfer {
 
 struct PlanExpandParams {
-  const int32_t* work_words = nullptr;  // device: WorkPlan::serialize's words
-  int bs = 0;                           // requests
-  int items = 0;                        // work items (none padding)
-  int heads = 1;                        // kv heads
-  int q_tiles = 1;                      // decode q tiles per request (the partial-row formula)
-  int slots = 1;                        // >= items x heads
-  int32_t* out = nullptr;               // device: BalancedPlan::words_for(bs, slots, slots) words
+  // [kPlanHeaderWords + bs x kRequestWords + items x kItemWords] (device): WorkPlan::serialize's
+  // words.
+  const int32_t* work_words = nullptr;
+  int bs = 0;       // requests
+  int items = 0;    // work items (none padding)
+  int heads = 1;    // kv heads
+  int q_tiles = 1;  // decode q tiles per request (the partial-row formula)
+  int slots = 1;    // >= items x heads
+  // [BalancedPlan::words_for(bs, slots, slots)] (device): the balanced kernel's plan.
+  int32_t* out = nullptr;
 };
 
 // Launches the expansion on stream; kInvalidArgument names a field out of range (items x heads
