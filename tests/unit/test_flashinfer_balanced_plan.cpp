@@ -828,6 +828,27 @@ TEST(FlashInferBalancedPlan, EncodedDefaultPlanLayout) {
   r = balanced_from_work_plan(huge, cfg);
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().to_string().find("pass 2^31"), std::string::npos) << r.status().to_string();
+  // An item naming a request the plan does not have, and a request of more splits than the 16-bit
+  // part field holds, in both layouts (one CTA per slot: 132 slots; several: 1).
+  for (const int slots : {132, 1}) {
+    BalanceConfig c = cfg;
+    c.slots = slots;
+    WorkPlan bad;
+    bad.requests.push_back(req);
+    WorkItem stray = item;
+    stray.request = 3;
+    bad.items = {item, stray};
+    r = balanced_from_work_plan(bad, c);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().to_string().find("item 1 names request 3 (of 1)"), std::string::npos)
+        << r.status().to_string();
+    bad.items = {item};
+    bad.requests[0].num_splits = 40000;
+    r = balanced_from_work_plan(bad, c);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().to_string().find("request 0 has 40000 splits"), std::string::npos)
+        << r.status().to_string();
+  }
 }
 
 // Both layouts of the encoder (one CTA per slot when slots >= CTAs, item-major; several per slot

@@ -263,10 +263,10 @@ class FlashInferBackend final : public AttentionBackend {
     c.granule = flashinfer::kDecodeRingKeys;
     return c;
   }
-  // Partial entries (rows x balanced_partial_width) the balanced kernel writes for plan bp.
-  int64_t balanced_partial_entries(const flashinfer::BalancedPlan& bp) const {
-    return static_cast<int64_t>(bp.num_partials) *
-           flashinfer::balanced_partial_width(ctx_.num_q_heads / ctx_.num_kv_heads);
+  // Partial entries the balanced kernel writes for a plan of `partial_rows` rows (each
+  // balanced_partial_width entries wide).
+  int64_t balanced_partial_entries(int64_t partial_rows) const {
+    return partial_rows * flashinfer::balanced_partial_width(ctx_.num_q_heads / ctx_.num_kv_heads);
   }
   // Decode plans on the balanced kernel: with kAlways the balanced (cut) plan; with kAuto the
   // cut plan where choose_auto_plan picks it (an uneven batch, or a default plan that leaves slots
@@ -519,7 +519,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     const flashinfer::BalancedPlan& bp = balanced_plan_;
     ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, bp.serialized_words()));
     ATTNKIT_RETURN_IF_ERROR(staging_.upload(bp, plan_words_.data(), stream));
-    partial_entries = balanced_partial_entries(bp);
+    partial_entries = balanced_partial_entries(bp.num_partials);
     plan_.split_long = split_long;
     plan_.balance_slots = bp.slots();
     plan_.balance_cut = cut;
@@ -1011,9 +1011,8 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
 Status FlashInferBackend::replay_device_plan(int bs, int slots) {
   const WorkPlan& wp = work_plan_;
   const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
-  const int q_tiles = (group + flashinfer::kDecodeTileRows - 1) / flashinfer::kDecodeTileRows;
-  const int64_t entries = static_cast<int64_t>(wp.num_partials) * q_tiles * ctx_.num_kv_heads *
-                          flashinfer::balanced_partial_width(group);
+  const int64_t entries =
+      balanced_partial_entries(flashinfer::encoded_plan_partials(wp, balance_config(bs)));
   if (entries > graph_partial_entries_) {  // bounded at init (balanced_graph_partial_entries)
     return Status::internal("flashinfer: replay's encoded plan needs " + str(entries) +
                             " partial entries, above the graph workspace's " +
@@ -1031,7 +1030,7 @@ Status FlashInferBackend::replay_device_plan(int bs, int slots) {
   p.bs = bs;
   p.items = static_cast<int>(wp.items.size());
   p.heads = ctx_.num_kv_heads;
-  p.q_tiles = q_tiles;
+  p.q_tiles = (group + flashinfer::kDecodeTileRows - 1) / flashinfer::kDecodeTileRows;
   p.slots = slots;
   p.out = graph_words_.data();
   ATTNKIT_RETURN_IF_ERROR(flashinfer::expand_encoded_plan(p, ctx_.stream));
@@ -1080,12 +1079,14 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     // 8 kv heads, and the split plans of small batches), large enough: the work plan goes up
     // (16 KB at bs 256 instead of 80 KB) and the GPU writes the balanced plan from it, word for
     // word the host's.
-    const int slots = balance_config(bs).slots;
-    const int64_t ctas = static_cast<int64_t>(work_plan_.items.size()) * ctx_.num_kv_heads;
-    const bool device_plan = device_plan_ == 2 || (device_plan_ == 1 && ctas >= kDevicePlanMinCtas);
-    if (balance_ == Balance::kAuto && device_plan && !cut && !padded && ctas <= slots &&
-        slots == captured->second) {
-      return replay_device_plan(bs, slots);
+    if (balance_ == Balance::kAuto && !cut && !padded) {  // work_plan_ is this forward's
+      const int slots = balance_config(bs).slots;
+      const int64_t ctas = static_cast<int64_t>(work_plan_.items.size()) * ctx_.num_kv_heads;
+      const bool device_plan =
+          device_plan_ == 2 || (device_plan_ == 1 && ctas >= kDevicePlanMinCtas);
+      if (device_plan && ctas <= slots && slots == captured->second) {
+        return replay_device_plan(bs, slots);
+      }
     }
     ATTNKIT_RETURN_IF_ERROR(build_chosen_balanced_plan(reqs, cut));
     const flashinfer::BalancedPlan& bp = balanced_plan_;
@@ -1093,7 +1094,7 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
       return Status::internal("flashinfer: replay's balanced plan has " + str(bp.slots()) +
                               " slots, its graph was captured with " + str(captured->second));
     }
-    const int64_t entries = balanced_partial_entries(bp);
+    const int64_t entries = balanced_partial_entries(bp.num_partials);
     if (entries > graph_partial_entries_) {  // bounded at init (balanced_graph_partial_entries)
       return Status::internal("flashinfer: replay's balanced plan needs " + str(entries) +
                               " partial entries, above the graph workspace's " +

@@ -217,6 +217,66 @@ BalancedBounds balanced_plan_bounds(int max_bs, const BalanceConfig& config) {
   return b;
 }
 
+namespace {
+// Why item_segment refused item i.
+[[gnu::noinline, gnu::cold]] Status bad_item(const WorkPlan& wp, int64_t i) {
+  const WorkItem& it = wp.items[static_cast<size_t>(i)];
+  if (it.request >= static_cast<int32_t>(wp.requests.size()) || it.q_row_begin > kMax16) {
+    return Status::invalid_argument("flashinfer encoded plan: item " + std::to_string(i) +
+                                    " names request " + std::to_string(it.request) + " (of " +
+                                    std::to_string(wp.requests.size()) + ") with q_row_begin " +
+                                    std::to_string(it.q_row_begin));
+  }
+  return Status::invalid_argument(
+      "flashinfer encoded plan: request " + std::to_string(it.request) + " has " +
+      std::to_string(wp.requests[static_cast<size_t>(it.request)].num_splits) +
+      " splits (> 32767)");
+}
+
+// Work item i's segment for kv head h: its keys, its split's part / parts and its own partial rows
+// (balanced_partial_width, see the header), its request's lengths. Kv heads differ only in kv_head
+// and, for a split item, partial_base (by h x parts: to_head). False for an item whose request
+// does not exist or whose fields pass the 16-bit segment fields (bad_item says why). A bool and
+// inlined: a Status return or a call per segment made the several-CTAs-per-slot loop up to 1.7x
+// slower (dev VM, bs 600).
+[[gnu::always_inline]] inline bool item_segment(const WorkPlan& wp, int64_t i, int64_t h,
+                                                int64_t q_tiles, int64_t heads, Segment* s) {
+  const WorkItem& it = wp.items[static_cast<size_t>(i)];
+  if (it.request >= static_cast<int32_t>(wp.requests.size()) || it.q_row_begin > kMax16) {
+    return false;
+  }
+  const RequestPlan& req = wp.requests[static_cast<size_t>(it.request)];
+  const bool split = req.num_splits > 1;
+  if (split && req.num_splits > kMax16) return false;
+  s->request = it.request;
+  s->kv_head = static_cast<int16_t>(h);
+  s->q_row_begin = static_cast<int16_t>(it.q_row_begin);
+  s->kv_begin = it.kv_begin;
+  s->kv_end = it.kv_end;
+  s->part = static_cast<int16_t>(split ? it.split : 0);
+  s->parts = static_cast<int16_t>(split ? req.num_splits : 1);
+  // < partials, checked by the caller.
+  s->partial_base =
+      split
+          ? static_cast<int32_t>(int64_t{req.partial_base} * q_tiles * heads +
+                                 ((it.q_row_begin / kDecodeTileRows) * heads + h) * req.num_splits)
+          : 0;
+  s->req_kv_len = req.kv_len;
+  s->req_q_start = req.q_start;
+  return true;
+}
+
+// Moves kv head 0's segment *s (item_segment) to kv head h.
+void to_head(Segment* s, int64_t h) {
+  s->kv_head = static_cast<int16_t>(h);
+  if (s->parts > 1) s->partial_base += static_cast<int32_t>(h * s->parts);
+}
+}  // namespace
+
+int64_t encoded_plan_partials(const WorkPlan& wp, const BalanceConfig& config) {
+  return int64_t{wp.num_partials} * ceil_div(config.group, kDecodeTileRows) * config.num_kv_heads;
+}
+
 Status balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config, BalancedPlan* dst) {
   if (config.num_kv_heads < 1 || config.num_kv_heads > kMax16 || config.slots < 1 ||
       config.slots > kMax16) {
@@ -233,7 +293,8 @@ Status balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config, 
   const int64_t slots = config.slots;
   const int64_t heads = config.num_kv_heads;
   const int64_t q_tiles = ceil_div(config.group, kDecodeTileRows);  // decode: q_len 1
-  const int64_t ctas = static_cast<int64_t>(wp.items.size()) * heads;
+  const int64_t n_items = static_cast<int64_t>(wp.items.size());
+  const int64_t ctas = n_items * heads;
   // Slot-major segment order: slot c holds CTAs c, c + slots, ...
   plan.cta_begin.assign(static_cast<size_t>(slots + 1), 0);
   plan.cuts.assign(static_cast<size_t>(slots + 1), 0);
@@ -242,81 +303,51 @@ Status balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config, 
   Segment* out = plan.segments.data();
   int64_t keys_before = 0;
   int items = 0, cut_items = 0;
+  const auto start_slot = [&](int64_t c) {
+    plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(out - plan.segments.data());
+    plan.cuts[static_cast<size_t>(c)] = keys_before;
+  };
   if (slots >= ctas) {
     // One CTA per slot (slot c = CTA c; uniform batches of 16 <= bs <= 264 requests at 8 kv heads
-    // fill the grid exactly): item-major, one segment per (item, kv head) copied from the item's
-    // head-0 segment. The same plan as the general loop below, in about a third of its host time
-    // at bs 256 (a CUDA-graph replay's refresh plans this every step).
+    // fill the grid exactly): item-major, the item's head-0 segment built once per item. The same
+    // plan as the general loop below, in about a third of its host time at bs 256 (a CUDA-graph
+    // replay's refresh plans this every step).
     int64_t c = 0;
-    for (const WorkItem& it : wp.items) {
-      if (it.request < 0) {  // padding: its CTAs get no segment
-        for (int64_t h = 0; h < heads; ++h, ++c) {
-          plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(out - plan.segments.data());
-          plan.cuts[static_cast<size_t>(c)] = keys_before;
-        }
+    for (int64_t i = 0; i < n_items; ++i) {
+      if (wp.items[static_cast<size_t>(i)].request < 0) {  // padding: no segments
+        for (int64_t h = 0; h < heads; ++h, ++c) start_slot(c);
         continue;
       }
-      if (it.request >= static_cast<int32_t>(wp.requests.size()) || it.q_row_begin > kMax16) {
-        return Status::invalid_argument(
-            "flashinfer encoded plan: item " + std::to_string(c / heads) + " names request " +
-            std::to_string(it.request) + " (of " + std::to_string(wp.requests.size()) +
-            ") with q_row_begin " + std::to_string(it.q_row_begin));
-      }
-      const RequestPlan& req = wp.requests[static_cast<size_t>(it.request)];
-      const bool split = req.num_splits > 1;
-      if (split && req.num_splits > kMax16) {
-        return Status::invalid_argument("flashinfer encoded plan: request " +
-                                        std::to_string(it.request) + " has " +
-                                        std::to_string(req.num_splits) + " splits (> 32767)");
-      }
-      Segment first;
-      first.request = it.request;
-      first.kv_head = 0;
-      first.q_row_begin = static_cast<int16_t>(it.q_row_begin);
-      first.kv_begin = it.kv_begin;
-      first.kv_end = it.kv_end;
-      first.part = static_cast<int16_t>(split ? it.split : 0);
-      first.parts = static_cast<int16_t>(split ? req.num_splits : 1);
-      // A split item's own rows (balanced_partial_width), see the header; < partials, checked
-      // below.
-      const int64_t base0 =
-          split ? int64_t{req.partial_base} * q_tiles * heads +
-                      (it.q_row_begin / kDecodeTileRows) * heads * int64_t{req.num_splits}
-                : 0;
-      first.partial_base = static_cast<int32_t>(base0);
-      first.req_kv_len = req.kv_len;
-      first.req_q_start = req.q_start;
-      const int64_t keys = std::max(0, it.kv_end - it.kv_begin);
+      // Built in place (head 0), then copied for the other heads.
+      const Segment* first = out;
+      if (!item_segment(wp, i, 0, q_tiles, heads, out)) return bad_item(wp, i);
+      const int64_t keys = std::max(0, first->kv_end - first->kv_begin);
+      const bool split = first->parts > 1;
       for (int64_t h = 0; h < heads; ++h, ++c) {
-        plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(out - plan.segments.data());
-        plan.cuts[static_cast<size_t>(c)] = keys_before;
-        *out = first;
-        out->kv_head = static_cast<int16_t>(h);
-        if (split) out->partial_base = static_cast<int32_t>(base0 + h * req.num_splits);
+        start_slot(c);
+        if (h > 0) {
+          *out = *first;
+          to_head(out, h);
+        }
         ++out;
         keys_before += keys;
       }
       items += static_cast<int>(heads);
       cut_items += split ? static_cast<int>(heads) : 0;
     }
-    for (; c < slots; ++c) {  // slots past the last CTA: empty
-      plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(out - plan.segments.data());
-      plan.cuts[static_cast<size_t>(c)] = keys_before;
-    }
+    for (; c < slots; ++c) start_slot(c);  // slots past the last CTA: empty
   } else {
     // CTA k = item k / heads, kv head k % heads; the slot's CTAs k, k + slots, ... step the pair by
     // (slots / heads, slots % heads) with a carry, so the loop divides nothing per segment (the
     // divisions were most of a CUDA-graph replay's host refresh at large batches).
     const int64_t item_step = slots / heads, head_step = slots % heads;
-    const int64_t n_items = static_cast<int64_t>(wp.items.size());
     int64_t first_item = 0, first_head = 0;  // slot c's first CTA: c / heads, c % heads
     for (int64_t c = 0; c < slots; ++c, ++first_head) {
       if (first_head == heads) {
         first_head = 0;
         ++first_item;
       }
-      plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(out - plan.segments.data());
-      plan.cuts[static_cast<size_t>(c)] = keys_before;
+      start_slot(c);
       int64_t item = first_item, head = first_head;
       for (; item < n_items; item += item_step, head += head_step) {
         if (head >= heads) {
@@ -324,41 +355,12 @@ Status balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config, 
           ++item;
           if (item >= n_items) break;
         }
-        const WorkItem& it = wp.items[static_cast<size_t>(item)];
-        if (it.request < 0) continue;  // padding
-        if (it.request >= static_cast<int32_t>(wp.requests.size()) || it.q_row_begin > kMax16) {
-          return Status::invalid_argument("flashinfer encoded plan: item " + std::to_string(item) +
-                                          " names request " + std::to_string(it.request) + " (of " +
-                                          std::to_string(wp.requests.size()) +
-                                          ") with q_row_begin " + std::to_string(it.q_row_begin));
-        }
-        const RequestPlan& req = wp.requests[static_cast<size_t>(it.request)];
-        Segment& s = *out++;
-        s.request = it.request;
-        s.kv_head = static_cast<int16_t>(head);
-        s.q_row_begin = static_cast<int16_t>(it.q_row_begin);
-        s.kv_begin = it.kv_begin;
-        s.kv_end = it.kv_end;
-        const bool split = req.num_splits > 1;
-        if (split && req.num_splits > kMax16) {
-          return Status::invalid_argument("flashinfer encoded plan: request " +
-                                          std::to_string(it.request) + " has " +
-                                          std::to_string(req.num_splits) + " splits (> 32767)");
-        }
-        s.part = static_cast<int16_t>(split ? it.split : 0);
-        s.parts = static_cast<int16_t>(split ? req.num_splits : 1);
-        // A split item's own rows (balanced_partial_width), see the header; < partials, checked
-        // below.
-        s.partial_base =
-            split ? static_cast<int32_t>(int64_t{req.partial_base} * q_tiles * heads +
-                                         ((it.q_row_begin / kDecodeTileRows) * heads + head) *
-                                             int64_t{req.num_splits})
-                  : 0;
-        s.req_kv_len = req.kv_len;
-        s.req_q_start = req.q_start;
-        keys_before += std::max(0, s.kv_end - s.kv_begin);
+        if (wp.items[static_cast<size_t>(item)].request < 0) continue;  // padding
+        Segment* seg = out++;
+        if (!item_segment(wp, item, head, q_tiles, heads, seg)) return bad_item(wp, item);
+        keys_before += std::max(0, seg->kv_end - seg->kv_begin);
         ++items;
-        cut_items += split ? 1 : 0;
+        cut_items += seg->parts > 1 ? 1 : 0;
       }
     }
   }
@@ -370,7 +372,7 @@ Status balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config, 
   plan.total_keys = keys_before;
   // The kernel indexes partial entries (rows x W) in 32 bits; cut plans stay far below (<= 2
   // (slots - 1) rows of <= 16 entries).
-  const int64_t partials = int64_t{wp.num_partials} * q_tiles * heads;
+  const int64_t partials = encoded_plan_partials(wp, config);
   const int width = balanced_partial_width(config.group);
   if (partials * width > std::numeric_limits<int32_t>::max()) {
     return Status::invalid_argument("flashinfer encoded plan: " + std::to_string(partials) +

@@ -157,6 +157,9 @@ int64_t balanced_graph_partial_entries(int64_t items, const BalanceConfig& confi
 Result<BalancedPlan> balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config);
 // The same into *dst, reusing its vectors' storage; *dst is unspecified after an error.
 Status balanced_from_work_plan(const WorkPlan& wp, const BalanceConfig& config, BalancedPlan* dst);
+// The partial rows (W entries each) of balanced_from_work_plan(wp, config)'s plan: the work plan's
+// split rows, one set per (q tile, kv head).
+int64_t encoded_plan_partials(const WorkPlan& wp, const BalanceConfig& config);
 
 // Workspace bound of balanced_from_work_plan's plans for up to max_bs requests whose default
 // plans have at most `items` items (max_decode_items).
