@@ -415,42 +415,53 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
   // in its format): replays bit-identical to eager, for a batch of each kind, split plans included.
   // With ATTNKIT_FLASHINFER_DEVICE_PLAN=2 the encoded default plans with one CTA per slot (uniform
   // b16; b1 and the small uneven batch, split) are expanded on the GPU at replay
-  // (kernels/plan_expand.h; the default =1 does so from 1024 CTAs); the cut plan on the host.
+  // (kernels/plan_expand.h; the default =1 does so from 1024 CTAs): from the lengths alone where
+  // the work plan cannot split (b16), else from the uploaded work plan; the cut plan on the host.
   std::optional<test_support::ScopedEnv> every_batch;
   every_batch.emplace("ATTNKIT_FLASHINFER_DEVICE_PLAN", "2");
-  const auto device_plans = [](bool expected) {
-    return [expected](AttentionBackend& backend) {
+  enum class Planned { kHost, kWorkPlan, kLengths };
+  const auto device_plans = [](Planned where) {
+    return [where](AttentionBackend& backend) {
       const FlashInferStats* stats = flashinfer_stats(backend);
       ASSERT_NE(stats, nullptr);
-      if (expected) {
-        EXPECT_GT(stats->graph_device_plans, 0);
-      } else {
+      if (where == Planned::kHost) {
         EXPECT_EQ(stats->graph_device_plans, 0);
+      } else {
+        EXPECT_GT(stats->graph_device_plans, 0);
+      }
+      if (where == Planned::kLengths) {
+        EXPECT_EQ(stats->graph_length_plans, stats->graph_device_plans);
+      } else {
+        EXPECT_EQ(stats->graph_length_plans, 0);
       }
     };
   };
   graph_matches_eager(long_decode("auto_graph_uneven", uneven, 16, DType::kBF16), {},
-                      device_plans(false));
+                      device_plans(Planned::kHost));
   graph_matches_eager(long_decode("auto_graph_b16", std::vector<int>(16, 700), 16, DType::kBF16),
-                      {}, device_plans(true));
+                      {}, device_plans(Planned::kLengths));
   graph_matches_eager(long_decode("auto_graph_split", {4999, 100, 2047, 0}, 16, DType::kBF16), {},
-                      device_plans(true));
+                      device_plans(Planned::kWorkPlan));
   graph_matches_eager(long_decode("auto_graph_b1", {20000}, 16, DType::kBF16), {},
-                      device_plans(true));
+                      device_plans(Planned::kWorkPlan));
   every_batch.reset();
   {  // The default (=1: these batches are below 1024 CTAs) and =0: planned on the host.
     graph_matches_eager(
         long_decode("auto_graph_b16_default", std::vector<int>(16, 700), 16, DType::kBF16), {},
-        device_plans(false));
+        device_plans(Planned::kHost));
     graph_matches_eager(
         long_decode("auto_graph_b128_default", std::vector<int>(128, 300), 16, DType::kBF16), {},
-        device_plans(true));  // 1024 CTAs
+        device_plans(Planned::kLengths));  // 1024 CTAs
+    std::vector<int> spread(160);          // uneven, not cut: 1280 CTAs on as many slots
+    for (size_t r = 0; r < spread.size(); ++r) spread[r] = 40 + static_cast<int>(r * 37 % 900);
+    graph_matches_eager(long_decode("auto_graph_b160_spread", spread, 16, DType::kBF16), {},
+                        device_plans(Planned::kLengths));
     test_support::ScopedEnv host_plans("ATTNKIT_FLASHINFER_DEVICE_PLAN", "0");
     graph_matches_eager(
         long_decode("auto_graph_b16_host", std::vector<int>(16, 700), 16, DType::kBF16), {},
-        device_plans(false));
+        device_plans(Planned::kHost));
     graph_matches_eager(long_decode("auto_graph_b1_host", {20000}, 16, DType::kBF16), {},
-                        device_plans(false));
+                        device_plans(Planned::kHost));
   }
   check(long_decode("auto_b16_4k", std::vector<int>(16, 4095), 16, DType::kBF16), false);
   graph_matches_eager(long_decode("auto_graph_b12", std::vector<int>(12, 4095), 16, DType::kBF16));

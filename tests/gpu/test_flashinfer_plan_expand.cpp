@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -96,6 +98,83 @@ TEST(FlashInferPlanExpand, MatchesTheHostEncoderWordForWord) {
   cudaFree(d_out);
 }
 
+// expand_plan_from_lengths: for decode batches that build_work_plan does not split (enough
+// requests for the per-head target, or none longer than kMinSplitChunk), the plan from the lengths
+// alone is word for word the host encoder's plan of the host work plan (q tiles 1 and 2, fewer
+// CTAs than slots and exactly as many, up to kPlanLengthsMax requests).
+TEST(FlashInferPlanExpand, FromLengthsMatchesTheHostEncoder) {
+  if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(20261127);
+  int32_t* d_out = nullptr;
+  const size_t cap = size_t{1} << 21;  // words
+  CUDA_OK(cudaMalloc(&d_out, cap * sizeof(int32_t)));
+  int checked = 0, empty_slots = 0, two_tiles = 0, short_batches = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int heads = std::vector<int>{1, 2, 8}[static_cast<size_t>(trial % 3)];
+    const int group = std::vector<int>{1, 4, 20}[static_cast<size_t>((trial / 3) % 3)];
+    const bool short_only = trial % 5 == 0;  // any bs, no request longer than kMinSplitChunk
+    const int bs = trial == 1 ? kPlanLengthsMax
+                              : std::uniform_int_distribution<int>(short_only ? 1 : 140, 700)(rng);
+    const int max_len = short_only ? kMinSplitChunk : 30000;
+    std::vector<int> lens(static_cast<size_t>(bs));
+    const int common = std::uniform_int_distribution<int>(1, max_len)(rng);
+    for (int& l : lens) {
+      l = trial % 2 == 0 ? common : std::uniform_int_distribution<int>(1, max_len)(rng);
+    }
+    PlanConfig pc;
+    pc.num_kv_heads = heads;
+    pc.group = group;
+    pc.target_ctas = 132;
+    BalanceConfig bc;
+    bc.num_kv_heads = heads;
+    bc.group = group;
+    bc.slots = balanced_kernel_slots(bs, pc);
+    bc.granule = 16;
+    const int q_tiles = (group + kDecodeTileRows - 1) / kDecodeTileRows;
+    Result<WorkPlan> wp = build_work_plan(decode_requests(lens), pc);
+    ASSERT_TRUE(wp.is_ok()) << wp.status().to_string();
+    ASSERT_FALSE(wp->any_split) << "the batch was meant not to split";
+    ASSERT_EQ(static_cast<int64_t>(wp->items.size()), int64_t{bs} * q_tiles);
+    const int64_t ctas = int64_t{bs} * q_tiles * heads;
+    if (ctas > bc.slots) continue;  // one CTA per slot
+    SCOPED_TRACE("trial " + std::to_string(trial) + " bs " + std::to_string(bs) + " heads " +
+                 std::to_string(heads) + " group " + std::to_string(group) + " slots " +
+                 std::to_string(bc.slots));
+    Result<BalancedPlan> bp = balanced_from_work_plan(*wp, bc);
+    ASSERT_TRUE(bp.is_ok()) << bp.status().to_string();
+    std::vector<int32_t> want;
+    bp->serialize(&want);
+    ASSERT_LE(want.size(), cap);
+    CUDA_OK(cudaMemset(d_out, 0x7f, cap * sizeof(int32_t)));
+    auto p = std::make_unique<PlanFromLengthsParams>();
+    p->bs = bs;
+    p->heads = heads;
+    p->q_tiles = q_tiles;
+    p->slots = bc.slots;
+    p->out = d_out;
+    std::copy(lens.begin(), lens.end(), p->kv_len);
+    const Status st = expand_plan_from_lengths(*p, nullptr);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    std::vector<int32_t> got(want.size() + 8);
+    CUDA_OK(cudaMemcpy(got.data(), d_out, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    for (size_t w = 0; w < want.size(); ++w) {
+      ASSERT_EQ(got[w], want[w]) << "word " << w << " of " << want.size();
+    }
+    for (size_t w = want.size(); w < got.size(); ++w) {
+      ASSERT_EQ(got[w], 0x7f7f7f7f) << "word " << w << " past the plan was written";
+    }
+    ++checked;
+    empty_slots += ctas < bc.slots ? 1 : 0;
+    two_tiles += q_tiles > 1 ? 1 : 0;
+    short_batches += short_only ? 1 : 0;
+  }
+  EXPECT_GT(checked, 50);
+  EXPECT_GT(empty_slots, 5);
+  EXPECT_GT(two_tiles, 5);
+  EXPECT_GT(short_batches, 5);
+  cudaFree(d_out);
+}
+
 TEST(FlashInferPlanExpand, BadParametersAreRefusedByName) {
   PlanExpandParams p;
   int32_t dummy = 0;
@@ -112,6 +191,25 @@ TEST(FlashInferPlanExpand, BadParametersAreRefusedByName) {
   st = expand_encoded_plan(p, nullptr);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.to_string().find("work_words"), std::string::npos) << st.to_string();
+
+  auto l = std::make_unique<PlanFromLengthsParams>();
+  l->out = &dummy;
+  l->bs = kPlanLengthsMax + 1;
+  st = expand_plan_from_lengths(*l, nullptr);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.to_string().find("bs " + std::to_string(kPlanLengthsMax + 1)), std::string::npos)
+      << st.to_string();
+  l->bs = 3;
+  l->heads = 8;
+  l->slots = 16;  // 24 CTAs
+  st = expand_plan_from_lengths(*l, nullptr);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.to_string().find("<= slots"), std::string::npos) << st.to_string();
+  l->slots = 24;
+  l->kv_len[0] = l->kv_len[2] = 5;  // request 1 has no key
+  st = expand_plan_from_lengths(*l, nullptr);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.to_string().find("request 1 has kv_len 0"), std::string::npos) << st.to_string();
 }
 
 }  // namespace

@@ -954,6 +954,42 @@ TEST(FlashInferBalanceRuleTest, MeasuredBatches) {
   EXPECT_EQ(judge_balance(padded, 8, 132).default_ctas, 0);
 }
 
+// The judge from the default plan's totals (the CUDA-graph replay's refresh decides from the
+// lengths alone where the plan cannot split, flashinfer_backend.cpp replay_plan_from_lengths)
+// agrees with the judge of the built plan, verdict and choice, on random batches, split or not.
+TEST(FlashInferBalanceRuleTest, JudgeFromTotalsMatchesThePlan) {
+  std::mt19937 rng(77);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int bs = std::uniform_int_distribution<int>(1, 300)(rng);
+    const int heads = trial % 3 == 0 ? 1 : 8;
+    std::vector<int> lens(static_cast<size_t>(bs));
+    for (int& l : lens) l = std::uniform_int_distribution<int>(1, trial % 2 ? 300 : 40000)(rng);
+    PlanConfig pc;
+    pc.num_kv_heads = heads;
+    pc.group = 4;
+    pc.target_ctas = 132;
+    Result<WorkPlan> built = build_work_plan(decode_requests(lens), pc);
+    ASSERT_TRUE(built.is_ok()) << built.status().to_string();
+    const WorkPlan& wp = *built;
+    int64_t items = 0, keys = 0, longest = 0;
+    for (const WorkItem& it : wp.items) {
+      ++items;
+      keys += it.kv_end - it.kv_begin;
+      longest = std::max<int64_t>(longest, it.kv_end - it.kv_begin);
+    }
+    const BalanceVerdict a = judge_balance(wp, heads, 132);
+    const BalanceVerdict b = judge_balance(items, keys, longest, heads, 132);
+    EXPECT_EQ(a.pays, b.pays);
+    EXPECT_EQ(a.imbalance, b.imbalance);
+    EXPECT_EQ(a.mean_keys, b.mean_keys);
+    EXPECT_EQ(a.total_keys, b.total_keys);
+    EXPECT_EQ(a.default_ctas, b.default_ctas);
+    const int slots = balanced_kernel_slots(bs, pc);
+    EXPECT_EQ(choose_auto_plan(wp, heads, 132, slots).cut, choose_auto_plan(b, slots).cut);
+    EXPECT_EQ(choose_auto_plan(wp, heads, 132, slots).fill, choose_auto_plan(b, slots).fill);
+  }
+}
+
 // balanced_kernel_slots and choose_auto_plan (the default ATTNKIT_FLASHINFER_DECODE_BALANCE=auto):
 // the grid is the default planner's CTA bound for bs requests, so a uniform batch that fills it
 // keeps the default plan one segment per slot (the default kernel's launch), and a batch whose

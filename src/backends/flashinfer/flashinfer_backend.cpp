@@ -308,6 +308,12 @@ class FlashInferBackend final : public AttentionBackend {
   }
   // A replay's encoded default plan expanded on the GPU from work_plan_ (one CTA per slot).
   Status replay_device_plan(int bs, int slots);
+  // The same with nothing uploaded and no host plan (kernels/plan_expand.h,
+  // expand_plan_from_lengths), where the decode batch's work plan cannot split and kAuto keeps
+  // it: *done says whether it ran; otherwise the caller plans on the host (which also names bad
+  // lengths).
+  Status replay_plan_from_lengths(int bs, const int32_t* seq_lens_host, int captured_slots,
+                                  bool* done);
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse, bool decode);
@@ -424,6 +430,7 @@ class FlashInferBackend final : public AttentionBackend {
   // batch vs none: bs 256 (2048 CTAs) 18-27 vs 26-33 us, bs 64 (512) 12-14 vs 9-18, bs 1 / 16
   // (128) 8-13 vs 5-7): from 1024 CTAs (bs >= 128 at 8 kv heads) it pays.
   static constexpr int64_t kDevicePlanMinCtas = 1024;
+  flashinfer::PlanFromLengthsParams lengths_params_;  // 4 KB: the launch's parameters
   DeviceArray<float> graph_partial_out_, graph_partial_lse_;
   DeviceArray<int32_t> graph_split_counters_;
 };
@@ -1038,6 +1045,58 @@ Status FlashInferBackend::replay_device_plan(int bs, int slots) {
   return Status::ok();
 }
 
+Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_lens_host,
+                                                   int captured_slots, bool* done) {
+  *done = false;
+  const PlanConfig pc = plan_config(TileShape::kDecode, true);
+  if (balance_ != Balance::kAuto || device_plan_ == 0 || pc.split_long || bs < 1 ||
+      bs > flashinfer::kPlanLengthsMax) {
+    return Status::ok();
+  }
+  const int heads = ctx_.num_kv_heads;
+  const int group = ctx_.num_q_heads / heads;
+  const int q_tiles = (group + flashinfer::kDecodeTileRows - 1) / flashinfer::kDecodeTileRows;
+  const int64_t items = static_cast<int64_t>(bs) * q_tiles;
+  const int64_t ctas = items * heads;
+  const int slots = balance_config(bs).slots;
+  if (slots != captured_slots || ctas > slots || (device_plan_ == 1 && ctas < kDevicePlanMinCtas)) {
+    return Status::ok();
+  }
+  flashinfer::PlanFromLengthsParams& p = lengths_params_;
+  int64_t keys = 0;
+  int32_t longest = 0, shortest = seq_lens_host[0];
+  for (int r = 0; r < bs; ++r) {
+    const int32_t len = seq_lens_host[r];
+    p.kv_len[r] = len;
+    keys += len;
+    longest = std::max(longest, len);
+    shortest = std::min(shortest, len);
+  }
+  // build_work_plan splits only below its per-head CTA target with a request longer than
+  // kMinSplitChunk; a length < 1 is refused by the host planner, by name.
+  if (shortest < 1 || (items < pc.target_ctas / heads && longest > flashinfer::kMinSplitChunk)) {
+    return Status::ok();
+  }
+  const flashinfer::AutoPlanChoice choice = flashinfer::choose_auto_plan(
+      flashinfer::judge_balance(items, keys * q_tiles, longest, heads, pc.target_ctas), slots);
+  if (choice.cut) return Status::ok();
+  if (flashinfer::BalancedPlan::words_for(bs, slots, slots) > graph_words_.capacity) {
+    return Status::internal("flashinfer: replay's encoded plan needs " +
+                            str(flashinfer::BalancedPlan::words_for(bs, slots, slots)) +
+                            " words, above the graph workspace's " + str(graph_words_.capacity));
+  }
+  p.bs = bs;
+  p.heads = heads;
+  p.q_tiles = q_tiles;
+  p.slots = slots;
+  p.out = graph_words_.data();
+  ATTNKIT_RETURN_IF_ERROR(flashinfer::expand_plan_from_lengths(p, ctx_.stream));
+  ++stats_.graph_device_plans;
+  ++stats_.graph_length_plans;
+  *done = true;
+  return Status::ok();
+}
+
 Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     int bs, const TensorView& req_pool_indices, const TensorView& seq_lens, int64_t seq_lens_sum,
     const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec,
@@ -1071,6 +1130,10 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     reqs[static_cast<size_t>(r)] = PlanRequest{r * n, n, seq_lens_host[r] + (verify ? n : 0)};
   }
   if (!verify && balanced_kernel()) {
+    bool from_lengths = false;
+    ATTNKIT_RETURN_IF_ERROR(
+        replay_plan_from_lengths(bs, seq_lens_host, captured->second, &from_lengths));
+    if (from_lengths) return Status::ok();
     bool cut = false;
     bool split_long = false;
     bool padded = false;

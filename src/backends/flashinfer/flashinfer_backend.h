@@ -89,9 +89,12 @@ struct FlashInferStats {
   // Bytes of split-KV partials (O and LSE, f32) reserved by the last init_cuda_graph_state
   // (balanced_plan.h balanced_graph_partial_entries), 0 before one.
   int64_t graph_partial_bytes = 0;
-  // CUDA-graph replay refreshes whose encoded default plan was expanded on the GPU from the
-  // uploaded work plan (kernels/plan_expand.h; ATTNKIT_FLASHINFER_DEVICE_PLAN=0 turns it off).
+  // CUDA-graph replay refreshes whose encoded default plan was expanded on the GPU
+  // (kernels/plan_expand.h; ATTNKIT_FLASHINFER_DEVICE_PLAN=0 turns it off): from the uploaded
+  // work plan, or from the lengths alone for a batch whose work plan cannot split (counted in
+  // both).
   int64_t graph_device_plans = 0;
+  int64_t graph_length_plans = 0;
 };
 // The counters of a backend made by create_flashinfer_backend; nullptr for any other backend.
 const FlashInferStats* flashinfer_stats(const AttentionBackend& backend);

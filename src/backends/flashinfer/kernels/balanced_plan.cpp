@@ -399,19 +399,25 @@ int64_t encoded_plan_words(int max_bs, int64_t items, const BalanceConfig& confi
 }
 
 BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int slots) {
-  constexpr double kMinImbalance = 1.5;
-  BalanceVerdict v;
-  int64_t total = 0, longest = 0;
+  int64_t items = 0, total = 0, longest = 0;
   for (const WorkItem& it : default_plan.items) {
     if (it.request < 0) continue;
     const int64_t keys = std::max<int64_t>(0, int64_t{it.kv_end} - it.kv_begin);
     total += keys;
     longest = std::max(longest, keys);
-    ++v.default_ctas;
+    ++items;
   }
-  if (slots < 1 || num_kv_heads < 1 || total == 0) return v;
+  return judge_balance(items, total, longest, num_kv_heads, slots);
+}
+
+BalanceVerdict judge_balance(int64_t items, int64_t item_keys, int64_t longest, int num_kv_heads,
+                             int slots) {
+  constexpr double kMinImbalance = 1.5;
+  BalanceVerdict v;
+  v.default_ctas = items;
+  if (slots < 1 || num_kv_heads < 1 || item_keys == 0) return v;
   v.default_ctas *= num_kv_heads;
-  v.total_keys = total * num_kv_heads;
+  v.total_keys = item_keys * num_kv_heads;
   v.mean_keys = static_cast<double>(v.total_keys) / slots;
   v.imbalance = static_cast<double>(longest) / v.mean_keys;
   v.pays = v.mean_keys >= kMinSplitChunk && v.imbalance >= kMinImbalance;
@@ -431,8 +437,12 @@ int balanced_kernel_slots(int bs, const PlanConfig& config) {
 
 AutoPlanChoice choose_auto_plan(const WorkPlan& default_plan, int num_kv_heads, int judge_slots,
                                 int slots) {
+  return choose_auto_plan(judge_balance(default_plan, num_kv_heads, judge_slots), slots);
+}
+
+AutoPlanChoice choose_auto_plan(const BalanceVerdict& verdict, int slots) {
   AutoPlanChoice c;
-  c.verdict = judge_balance(default_plan, num_kv_heads, judge_slots);
+  c.verdict = verdict;
   if (slots < 1 || c.verdict.default_ctas == 0) return c;
   const bool chunks_pay = static_cast<double>(c.verdict.total_keys) / slots >= kMinSplitChunk;
   c.fill = c.verdict.default_ctas < slots && chunks_pay;

@@ -187,6 +187,10 @@ struct BalanceVerdict {
   int64_t default_ctas = 0;  // default items x kv heads
 };
 BalanceVerdict judge_balance(const WorkPlan& default_plan, int num_kv_heads, int slots);
+// The same from the default plan's totals over its items (padding excluded), kv head 0: `items`
+// items, `item_keys` keys summed over them, the longest holding `longest` keys.
+BalanceVerdict judge_balance(int64_t items, int64_t item_keys, int64_t longest, int num_kv_heads,
+                             int slots);
 
 // The balanced kernel's grid for a decode forward of bs requests (eager and CUDA graphs alike, so
 // that a replay plans exactly what eager plans): the default planner's CTA bound for bs requests
@@ -230,5 +234,7 @@ struct AutoPlanChoice {
 };
 AutoPlanChoice choose_auto_plan(const WorkPlan& default_plan, int num_kv_heads, int judge_slots,
                                 int slots);
+// The same from judge_balance's verdict (over judge_slots).
+AutoPlanChoice choose_auto_plan(const BalanceVerdict& verdict, int slots);
 
 }  // namespace attnkit::flashinfer

@@ -5,7 +5,8 @@
 // bs 256), word for word what BalancedPlan::serialize writes for balanced_from_work_plan's plan.
 // Only the one-CTA-per-slot layout (items x kv heads <= slots) of a plan without padding items
 // (build_work_plan's plans have none): slot c holds CTA c = (item c / heads, kv head c % heads).
-// Host-facing: no CUDA types.
+// expand_plan_from_lengths below: the same plan for an unsplit decode batch, from its lengths
+// alone. Host-facing: no CUDA types.
 #pragma once
 
 #include <cstdint>
@@ -31,5 +32,27 @@ struct PlanExpandParams {
 // Launches the expansion on stream; kInvalidArgument names a field out of range (items x heads
 // past slots, a count < 0, heads or slots < 1).
 Status expand_encoded_plan(const PlanExpandParams& p, StreamHandle stream);
+
+// The same plan with nothing uploaded, for a decode batch that build_work_plan does not split (bs x
+// q_tiles >= its per-head CTA target, or no request longer than kMinSplitChunk; split_long off):
+// its work plan is then a function of the lengths alone (request r: q_start r, q_len 1, kv_len
+// kv_len[r], one unsplit item per q tile), so the lengths travel in the launch's parameters (4 KB,
+// no staging buffer, no copy, no event) and the kernel writes what expand_encoded_plan writes for
+// that work plan. Up to kPlanLengthsMax requests (a CUDA-graph replay of a larger batch uploads
+// its work plan instead).
+inline constexpr int kPlanLengthsMax = 1000;
+struct PlanFromLengthsParams {
+  int bs = 0;
+  int heads = 1;    // kv heads
+  int q_tiles = 1;  // decode q tiles per request
+  int slots = 1;    // >= bs x q_tiles x heads
+  // [BalancedPlan::words_for(bs, slots, slots)] (device): the balanced kernel's plan.
+  int32_t* out = nullptr;
+  int32_t kv_len[kPlanLengthsMax] = {};  // [bs] used, each >= 1
+};
+static_assert(sizeof(PlanFromLengthsParams) <= 4096, "the classic kernel-parameter limit");
+
+// Launches it on stream; kInvalidArgument names a field out of range or a kv_len < 1.
+Status expand_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle stream);
 
 }  // namespace attnkit::flashinfer

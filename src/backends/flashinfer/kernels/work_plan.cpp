@@ -183,14 +183,16 @@ Status build_work_plan(std::span<const PlanRequest> requests, const PlanConfig& 
     }
     for (int64_t t = 0; t < q_tiles; ++t) {
       for (int64_t s = 0; s < splits; ++s) {
-        WorkItem w;
+        // Written in place: a WorkItem built on the stack and copied in was read back as 16-byte
+        // words right after its 4-byte field stores, a failed store forward per item (~65% of a
+        // bs-256 plan's time on the dev VM).
+        WorkItem& w = plan.items.emplace_back();
         w.request = static_cast<int32_t>(r);
         w.q_row_begin = static_cast<int32_t>(t * rows_per_tile);
         w.kv_begin = static_cast<int32_t>(splits > 1 ? s * req_chunk : 0);
         w.kv_end = static_cast<int32_t>(
             splits > 1 ? std::min<int64_t>(in.kv_len, (s + 1) * req_chunk) : in.kv_len);
         w.split = static_cast<int32_t>(s);
-        plan.items.push_back(w);
       }
     }
   }
