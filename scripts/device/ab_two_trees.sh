@@ -14,7 +14,7 @@
 #   BENCH_ARGS="--graph --launches 32 --warmup 3 --iters 10 --backend flashinfer,fa3
 #   --cases scripts/device/graph_refresh.json"
 #   BENCH_ARGS="--backend fa3 --cases bench/cases/fa3_prefill.json --warmup 3 --iters 10"
-#   VARIANTS="base:X=1 new:X=1"
+#   VARIANTS="base:X=1 new:X=1"  (only "new:..." variants: the base is not built)
 set -u
 BASE=${BASE:-.wt/base}
 NAME=${NAME:-ab}
@@ -23,7 +23,9 @@ OUT=$OUT/check STAGES="build test" CTEST_JOBS=${CTEST_JOBS:-8} CTEST_REGEX="${CT
 tail -3 "$OUT/check.log"
 grep -E "Failed|FAILED" "$OUT/check/ctest.log" | head
 . scripts/device/lib.sh
-attnkit_build_base_cli "$BASE" "$OUT"
+# The base tree's CLI only where a variant runs it (VARIANTS of "new:..." alone: knob A/Bs of this
+# tree, no BASE needed).
+[[ " ${VARIANTS:-base:X=1 new:X=1}" == *" base:"* ]] && attnkit_build_base_cli "$BASE" "$OUT"
 N=build/device/tools/attnkit/attnkit
 B=$BASE/build/tools/attnkit/attnkit
 read -r -a args <<< "${BENCH_ARGS:---backend fa3 --cases bench/cases/fa3_prefill.json --warmup 3 --iters 10}"

@@ -419,12 +419,13 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
   // the work plan cannot split (b16), else from the uploaded work plan; the cut plan on the host.
   std::optional<test_support::ScopedEnv> every_batch;
   every_batch.emplace("ATTNKIT_FLASHINFER_DEVICE_PLAN", "2");
-  enum class Planned { kHost, kWorkPlan, kLengths };
+  enum class Planned { kHost, kWorkPlan, kLengths, kGpuCut };
   const auto device_plans = [](Planned where) {
     return [where](AttentionBackend& backend) {
       const FlashInferStats* stats = flashinfer_stats(backend);
       ASSERT_NE(stats, nullptr);
-      if (where == Planned::kHost) {
+      EXPECT_EQ(stats->graph_device_cut_plans > 0, where == Planned::kGpuCut);
+      if (where == Planned::kHost || where == Planned::kGpuCut) {
         EXPECT_EQ(stats->graph_device_plans, 0);
       } else {
         EXPECT_GT(stats->graph_device_plans, 0);
@@ -437,7 +438,7 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
     };
   };
   graph_matches_eager(long_decode("auto_graph_uneven", uneven, 16, DType::kBF16), {},
-                      device_plans(Planned::kHost));
+                      device_plans(Planned::kGpuCut));
   graph_matches_eager(long_decode("auto_graph_b16", std::vector<int>(16, 700), 16, DType::kBF16),
                       {}, device_plans(Planned::kLengths));
   graph_matches_eager(long_decode("auto_graph_split", {4999, 100, 2047, 0}, 16, DType::kBF16), {},
@@ -452,7 +453,14 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
     graph_matches_eager(
         long_decode("auto_graph_b128_default", std::vector<int>(128, 300), 16, DType::kBF16), {},
         device_plans(Planned::kLengths));  // 1024 CTAs
-    std::vector<int> spread(160);          // uneven, not cut: 1280 CTAs on as many slots
+    // The cut plan on the GPU from 512 slots (b64 at 8 kv heads), on the host below (b16).
+    graph_matches_eager(long_decode("auto_graph_uneven_default", uneven, 16, DType::kBF16), {},
+                        device_plans(Planned::kHost));
+    std::vector<int> uneven64(64, 1023);
+    uneven64[0] = 32767;
+    graph_matches_eager(long_decode("auto_graph_uneven64_default", uneven64, 16, DType::kBF16), {},
+                        device_plans(Planned::kGpuCut));
+    std::vector<int> spread(160);  // uneven, not cut: 1280 CTAs on as many slots
     for (size_t r = 0; r < spread.size(); ++r) spread[r] = 40 + static_cast<int>(r * 37 % 900);
     graph_matches_eager(long_decode("auto_graph_b160_spread", spread, 16, DType::kBF16), {},
                         device_plans(Planned::kLengths));

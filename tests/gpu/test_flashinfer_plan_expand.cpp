@@ -114,7 +114,8 @@ TEST(FlashInferPlanExpand, FromLengthsMatchesTheHostEncoder) {
     const int group = std::vector<int>{1, 4, 20}[static_cast<size_t>((trial / 3) % 3)];
     const bool short_only = trial % 5 == 0;  // any bs, no request longer than kMinSplitChunk
     const int bs = trial == 1 ? kPlanLengthsMax
-                              : std::uniform_int_distribution<int>(short_only ? 1 : 140, 700)(rng);
+                              : std::uniform_int_distribution<int>(short_only ? 1 : 140,
+                                                                   short_only ? 100 : 700)(rng);
     const int max_len = short_only ? kMinSplitChunk : 30000;
     std::vector<int> lens(static_cast<size_t>(bs));
     const int common = std::uniform_int_distribution<int>(1, max_len)(rng);
@@ -175,6 +176,94 @@ TEST(FlashInferPlanExpand, FromLengthsMatchesTheHostEncoder) {
   cudaFree(d_out);
 }
 
+// cut_plan_from_lengths: the cut plan written by one CTA is word for word build_balanced_plan's
+// (serialised) for random decode batches: uniform, uneven and one long request among short ones;
+// 1-8 kv heads, groups 1-20 (two q tiles), the backend's slots and arbitrary ones, granules 1 /
+// 16 / 64; chunks down to the granule, items cut into many parts, chunks over many items (1-64
+// slots).
+TEST(FlashInferPlanExpand, CutPlanFromLengthsMatchesTheHostPlanner) {
+  if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(20261128);
+  int32_t* d_out = nullptr;
+  const size_t cap = size_t{1} << 21;  // words
+  CUDA_OK(cudaMalloc(&d_out, cap * sizeof(int32_t)));
+  int checked = 0, many_parts = 0, many_items = 0, two_tiles = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int heads = std::vector<int>{1, 2, 8}[static_cast<size_t>(trial % 3)];
+    const int group = std::vector<int>{1, 4, 20}[static_cast<size_t>((trial / 3) % 3)];
+    const int bs = trial == 7 ? kPlanLengthsMax : std::uniform_int_distribution<int>(1, 400)(rng);
+    const int shape = trial % 4;  // uniform, uneven, one long, tiny
+    std::vector<int> lens(static_cast<size_t>(bs));
+    const int common = std::uniform_int_distribution<int>(1, 20000)(rng);
+    for (int& l : lens) {
+      l = shape == 0   ? common
+          : shape == 1 ? std::uniform_int_distribution<int>(1, 20000)(rng)
+          : shape == 2 ? std::uniform_int_distribution<int>(1, 2000)(rng)
+                       : std::uniform_int_distribution<int>(1, 40)(rng);
+    }
+    if (shape == 2) lens[0] = 131072;
+    PlanConfig pc;
+    pc.num_kv_heads = heads;
+    pc.group = group;
+    pc.target_ctas = 132;
+    BalanceConfig bc;
+    bc.num_kv_heads = heads;
+    bc.group = group;
+    bc.slots = trial % 5 == 4 ? std::uniform_int_distribution<int>(1, 64)(rng)
+                              : balanced_kernel_slots(bs, pc);
+    bc.granule = std::vector<int>{16, 1, 64}[static_cast<size_t>((trial / 2) % 3)];
+    const int q_tiles = (group + kDecodeTileRows - 1) / kDecodeTileRows;
+    int64_t keys = 0;
+    for (int l : lens) keys += l;
+    if (keys * q_tiles * heads / bc.slots < bc.granule ||
+        cut_plan_smem_bytes(bs, heads, q_tiles, bc.slots) > kCutPlanMaxSmem) {
+      continue;  // the host planner's cases
+    }
+    SCOPED_TRACE("trial " + std::to_string(trial) + " bs " + std::to_string(bs) + " heads " +
+                 std::to_string(heads) + " group " + std::to_string(group) + " slots " +
+                 std::to_string(bc.slots) + " granule " + std::to_string(bc.granule));
+    Result<BalancedPlan> bp = build_balanced_plan(decode_requests(lens), bc);
+    ASSERT_TRUE(bp.is_ok()) << bp.status().to_string();
+    std::vector<int32_t> want;
+    bp->serialize(&want);
+    ASSERT_LE(want.size(), cap);
+    CUDA_OK(cudaMemset(d_out, 0x7f, cap * sizeof(int32_t)));
+    auto p = std::make_unique<PlanFromLengthsParams>();
+    p->bs = bs;
+    p->heads = heads;
+    p->q_tiles = q_tiles;
+    p->slots = bc.slots;
+    p->granule = bc.granule;
+    p->out = d_out;
+    std::copy(lens.begin(), lens.end(), p->kv_len);
+    const Status st = cut_plan_from_lengths(*p, nullptr);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    std::vector<int32_t> got(want.size() + 8);
+    CUDA_OK(cudaMemcpy(got.data(), d_out, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    for (size_t w = 0; w < want.size(); ++w) {
+      ASSERT_EQ(got[w], want[w]) << "word " << w << " of " << want.size();
+    }
+    for (size_t w = want.size(); w < got.size(); ++w) {
+      ASSERT_EQ(got[w], 0x7f7f7f7f) << "word " << w << " past the plan was written";
+    }
+    ++checked;
+    int max_parts = 0;
+    for (const Segment& seg : bp->segments) max_parts = std::max<int>(max_parts, seg.parts);
+    many_parts += max_parts > 8 ? 1 : 0;
+    int max_segments = 0;
+    for (int c = 0; c < bp->slots(); ++c) {
+      max_segments = std::max(max_segments, bp->cta_begin[c + 1] - bp->cta_begin[c]);
+    }
+    many_items += max_segments > 8 ? 1 : 0;
+    two_tiles += q_tiles > 1 ? 1 : 0;
+  }
+  EXPECT_GT(checked, 100);
+  EXPECT_GT(many_parts, 10);
+  EXPECT_GT(many_items, 10);
+  EXPECT_GT(two_tiles, 10);
+  cudaFree(d_out);
+}
+
 TEST(FlashInferPlanExpand, BadParametersAreRefusedByName) {
   PlanExpandParams p;
   int32_t dummy = 0;
@@ -210,6 +299,19 @@ TEST(FlashInferPlanExpand, BadParametersAreRefusedByName) {
   st = expand_plan_from_lengths(*l, nullptr);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.to_string().find("request 1 has kv_len 0"), std::string::npos) << st.to_string();
+
+  l->kv_len[1] = 5;  // 15 x 8 keys on 24 slots: chunks of 5 keys, below a granule of 16
+  l->granule = 16;
+  st = cut_plan_from_lengths(*l, nullptr);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.to_string().find("below the granule of 16"), std::string::npos) << st.to_string();
+  l->granule = 1;
+  std::fill(l->kv_len, l->kv_len + kPlanLengthsMax, 100);
+  l->bs = kPlanLengthsMax;  // 1000 requests x 8 heads on 32767 slots: far past 48 KB
+  l->slots = 32767;
+  st = cut_plan_from_lengths(*l, nullptr);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.to_string().find("shared memory"), std::string::npos) << st.to_string();
 }
 
 }  // namespace

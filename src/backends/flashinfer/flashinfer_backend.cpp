@@ -310,8 +310,8 @@ class FlashInferBackend final : public AttentionBackend {
   Status replay_device_plan(int bs, int slots);
   // The same with nothing uploaded and no host plan (kernels/plan_expand.h,
   // expand_plan_from_lengths), where the decode batch's work plan cannot split and kAuto keeps
-  // it: *done says whether it ran; otherwise the caller plans on the host (which also names bad
-  // lengths).
+  // it, or kAuto's cut plan written on the GPU (cut_plan_from_lengths): *done says whether one
+  // ran; otherwise the caller plans on the host (which also names bad lengths).
   Status replay_plan_from_lengths(int bs, const int32_t* seq_lens_host, int captured_slots,
                                   bool* done);
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -430,6 +430,10 @@ class FlashInferBackend final : public AttentionBackend {
   // batch vs none: bs 256 (2048 CTAs) 18-27 vs 26-33 us, bs 64 (512) 12-14 vs 9-18, bs 1 / 16
   // (128) 8-13 vs 5-7): from 1024 CTAs (bs >= 128 at 8 kv heads) it pays.
   static constexpr int64_t kDevicePlanMinCtas = 1024;
+  // The cut plan on the GPU from 512 slots (bs >= 64 at 8 kv heads): the host's cut plan costs
+  // ~12 us there on the development VM (uneven b64, 1019 segments) plus its upload, ~47 us at bs
+  // 256 (4083 segments); the launch ~3-4 us.
+  static constexpr int kDeviceCutMinSlots = 512;
   flashinfer::PlanFromLengthsParams lengths_params_;  // 4 KB: the launch's parameters
   DeviceArray<float> graph_partial_out_, graph_partial_lse_;
   DeviceArray<int32_t> graph_split_counters_;
@@ -1059,9 +1063,7 @@ Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_le
   const int64_t items = static_cast<int64_t>(bs) * q_tiles;
   const int64_t ctas = items * heads;
   const int slots = balance_config(bs).slots;
-  if (slots != captured_slots || ctas > slots || (device_plan_ == 1 && ctas < kDevicePlanMinCtas)) {
-    return Status::ok();
-  }
+  if (slots != captured_slots) return Status::ok();  // the host path says why
   flashinfer::PlanFromLengthsParams& p = lengths_params_;
   int64_t keys = 0;
   int32_t longest = 0, shortest = seq_lens_host[0];
@@ -1079,20 +1081,45 @@ Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_le
   }
   const flashinfer::AutoPlanChoice choice = flashinfer::choose_auto_plan(
       flashinfer::judge_balance(items, keys * q_tiles, longest, heads, pc.target_ctas), slots);
-  if (choice.cut) return Status::ok();
-  if (flashinfer::BalancedPlan::words_for(bs, slots, slots) > graph_words_.capacity) {
-    return Status::internal("flashinfer: replay's encoded plan needs " +
-                            str(flashinfer::BalancedPlan::words_for(bs, slots, slots)) +
-                            " words, above the graph workspace's " + str(graph_words_.capacity));
-  }
   p.bs = bs;
   p.heads = heads;
   p.q_tiles = q_tiles;
   p.slots = slots;
+  p.granule = balance_config(bs).granule;
   p.out = graph_words_.data();
-  ATTNKIT_RETURN_IF_ERROR(flashinfer::expand_plan_from_lengths(p, ctx_.stream));
-  ++stats_.graph_device_plans;
-  ++stats_.graph_length_plans;
+  if (choice.cut) {
+    // The cut plan on one CTA (kernels/plan_expand.h cut_plan_from_lengths), where the host's would
+    // cost more than the launch and its chunks hold >= granule keys (the rule cuts only with >=
+    // kMinSplitChunk per slot).
+    if ((device_plan_ == 1 && slots < kDeviceCutMinSlots) ||
+        keys * q_tiles * heads / slots < p.granule ||
+        flashinfer::cut_plan_smem_bytes(bs, heads, q_tiles, slots) > flashinfer::kCutPlanMaxSmem) {
+      return Status::ok();
+    }
+    // The plan bounds of balanced_plan_bounds (the graph workspace is sized by them at init).
+    const int64_t segments = std::max<int64_t>(ctas + slots - 1, slots);
+    const int64_t words = flashinfer::BalancedPlan::words_for(bs, slots, segments);
+    const int64_t entries = balanced_partial_entries(std::min<int64_t>(2 * (slots - 1), segments));
+    if (words > graph_words_.capacity || entries > graph_partial_entries_) {
+      return Status::internal("flashinfer: replay's cut plan may need " + str(words) +
+                              " words and " + str(entries) +
+                              " partial entries, above the graph workspace's " +
+                              str(graph_words_.capacity) + " and " + str(graph_partial_entries_));
+    }
+    ATTNKIT_RETURN_IF_ERROR(flashinfer::cut_plan_from_lengths(p, ctx_.stream));
+    ++stats_.graph_device_cut_plans;
+  } else {
+    // The encoded default plan, one CTA per slot, from kDevicePlanMinCtas CTAs.
+    if (ctas > slots || (device_plan_ == 1 && ctas < kDevicePlanMinCtas)) return Status::ok();
+    if (flashinfer::BalancedPlan::words_for(bs, slots, slots) > graph_words_.capacity) {
+      return Status::internal("flashinfer: replay's encoded plan needs " +
+                              str(flashinfer::BalancedPlan::words_for(bs, slots, slots)) +
+                              " words, above the graph workspace's " + str(graph_words_.capacity));
+    }
+    ATTNKIT_RETURN_IF_ERROR(flashinfer::expand_plan_from_lengths(p, ctx_.stream));
+    ++stats_.graph_device_plans;
+    ++stats_.graph_length_plans;
+  }
   *done = true;
   return Status::ok();
 }

@@ -95,6 +95,10 @@ struct FlashInferStats {
   // both).
   int64_t graph_device_plans = 0;
   int64_t graph_length_plans = 0;
+  // CUDA-graph replay refreshes whose cut plan (the auto rule's balanced plan) the GPU wrote from
+  // the lengths (kernels/plan_expand.h cut_plan_from_lengths; from 512 slots, or every batch with
+  // ATTNKIT_FLASHINFER_DEVICE_PLAN=2).
+  int64_t graph_device_cut_plans = 0;
 };
 // The counters of a backend made by create_flashinfer_backend; nullptr for any other backend.
 const FlashInferStats* flashinfer_stats(const AttentionBackend& backend);

@@ -121,6 +121,185 @@ __global__ void __launch_bounds__(kThreads)
          static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
+// ---- The cut plan from the lengths (one CTA; plan_expand.h cut_plan_from_lengths) ----
+
+constexpr int kCutThreads = 1024;
+
+// Exclusive scan of a[0, n) in place by the whole block (each thread a contiguous run); returns
+// the total. Every thread calls it; a barrier before it returns.
+template <class T>
+__device__ T block_exclusive_scan(T* a, int64_t n) {
+  __shared__ T warp_sums[kCutThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t per = (n + blockDim.x - 1) / blockDim.x;
+  const int64_t b = min(n, threadIdx.x * per), e = min(n, b + per);
+  T sum = 0;
+  for (int64_t i = b; i < e; ++i) sum += a[i];
+  T x = sum;  // inclusive within the warp
+  for (int o = 1; o < 32; o <<= 1) {
+    const T y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    T w = lane < warps ? warp_sums[lane] : T{0};
+    for (int o = 1; o < 32; o <<= 1) {
+      const T y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    if (lane < warps) warp_sums[lane] = w;
+  }
+  __syncthreads();
+  T at = (warp > 0 ? warp_sums[warp - 1] : T{0}) + x - sum;
+  const T total = warp_sums[warps - 1];
+  for (int64_t i = b; i < e; ++i) {
+    const T v = a[i];
+    a[i] = at;
+    at += v;
+  }
+  __syncthreads();
+  return total;
+}
+
+// The last index j of a[0, n) (ascending) with a[j] <= x; a[0] <= x.
+__device__ int last_at_most(const int64_t* a, int n, int64_t x) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a[mid] <= x) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// grid: 1 block: kCutThreads, dynamic shared memory cut_plan_smem_bytes(p). The key line of
+// balanced_plan.h: request r's items (q tile, kv head; heads fastest) hold its kv_len keys each
+// and start at R[r] + (t x heads + h) x kv_len; cuts, segments per chunk, parts and partial rows
+// per item, then the words, as build_balanced_plan + BalancedPlan::serialize write them.
+__global__ void __launch_bounds__(kCutThreads)
+    cut_plan_from_lengths_kernel(const __grid_constant__ PlanFromLengthsParams p) {
+  extern __shared__ int64_t smem[];
+  const int bs = p.bs, slots = p.slots;
+  const int64_t per_request = int64_t{p.q_tiles} * p.heads;
+  const int64_t n_items = bs * per_request;
+  int64_t* R = smem;                                            // [bs + 1] request starts
+  int64_t* cut = R + bs + 1;                                    // [slots + 1] chunk bounds
+  int32_t* base = reinterpret_cast<int32_t*>(cut + slots + 1);  // [items] partial rows
+  int32_t* begin = base + n_items;                              // [slots + 1] cta_begin
+  for (int r = threadIdx.x; r <= bs; r += blockDim.x) {
+    R[r] = r < bs ? p.kv_len[r] * per_request : 0;
+  }
+  __syncthreads();
+  const int64_t total = block_exclusive_scan(R, bs + 1);
+  const int64_t q = total / slots, rem = total % slots;
+  // Item of a key position < total: (request, index within it), its start.
+  const auto item_of = [&](int64_t pos, int* r, int64_t* j, int64_t* start) {
+    *r = last_at_most(R, bs, pos);
+    const int64_t len = p.kv_len[*r];
+    *j = (pos - R[*r]) / len;
+    *start = R[*r] + *j * len;
+  };
+  for (int k = threadIdx.x; k <= slots; k += blockDim.x) {
+    int64_t c = k == slots ? total : k * q + k * rem / slots;  // floor(k T / S)
+    if (k > 0 && k < slots) {
+      int r;
+      int64_t j, start;
+      item_of(c, &r, &j, &start);
+      if (c > start) c = start + (c - start) / p.granule * p.granule;
+    }
+    cut[k] = c;
+  }
+  __syncthreads();
+  // Segments per chunk: the items from the one holding its first key to the one holding its last
+  // (every chunk holds keys: floor(T / S) >= granule).
+  for (int c = threadIdx.x; c <= slots; c += blockDim.x) {
+    int32_t n = 0;
+    if (c < slots) {
+      int r0, r1;
+      int64_t j0, j1, s0, s1;
+      item_of(cut[c], &r0, &j0, &s0);
+      item_of(cut[c + 1] - 1, &r1, &j1, &s1);
+      n = static_cast<int32_t>((r1 * per_request + j1) - (r0 * per_request + j0) + 1);
+    }
+    begin[c] = n;
+  }
+  __syncthreads();
+  const int32_t n_segments = block_exclusive_scan(begin, int64_t{slots} + 1);
+  // Parts of item i: the chunks holding its first and last keys and those between.
+  const auto chunks_of = [&](int64_t start, int64_t len, int* first) {
+    *first = last_at_most(cut, slots, start);
+    return last_at_most(cut, slots, start + len - 1) - *first + 1;
+  };
+  for (int64_t i = threadIdx.x; i < n_items; i += blockDim.x) {
+    const int r = static_cast<int>(i / per_request);
+    const int64_t len = p.kv_len[r];
+    int first;
+    const int parts = chunks_of(R[r] + (i - r * per_request) * len, len, &first);
+    base[i] = parts > 1 ? parts : 0;
+  }
+  __syncthreads();
+  block_exclusive_scan(base, n_items);
+
+  // The words: header, requests, cta_begin, segments (zeros up to max(segments, slots)).
+  int32_t* out = p.out;
+  if (threadIdx.x < kPlanHeaderWords) {
+    out[threadIdx.x] = threadIdx.x == 0   ? slots
+                       : threadIdx.x == 1 ? n_segments
+                       : threadIdx.x == 2 ? kBalancedPlanTag
+                                          : 0;
+  }
+  const FromLengths src{&p};
+  for (int r = threadIdx.x; r < bs; r += blockDim.x) {
+    const RequestPlan rq = src.request(r);
+    store_record(out + kPlanHeaderWords + int64_t{r} * kRequestWords, &rq);
+  }
+  int32_t* cta_begin = out + kPlanHeaderWords + int64_t{bs} * kRequestWords;
+  const int64_t cb_words = BalancedPlan::cta_begin_words_for(slots);
+  for (int64_t c = threadIdx.x; c < cb_words; c += blockDim.x) {
+    cta_begin[c] = c <= slots ? begin[c] : 0;
+  }
+  int4* segments = reinterpret_cast<int4*>(cta_begin + cb_words);
+  for (int c = threadIdx.x; c < slots; c += blockDim.x) {
+    const int64_t lo = cut[c], hi = cut[c + 1];
+    int r;
+    int64_t j, start;
+    item_of(lo, &r, &j, &start);
+    for (int32_t k = begin[c]; k < begin[c + 1]; ++k) {
+      const int64_t len = p.kv_len[r];
+      const int h = static_cast<int>(j % p.heads);
+      const int q_row = static_cast<int>(j / p.heads) * kDecodeTileRows;
+      int first;
+      const int parts = chunks_of(start, len, &first);
+      const int64_t b = lo > start ? lo : start;
+      const int64_t e = hi < start + len ? hi : start + len;
+      const int32_t pbase = parts > 1 ? base[r * per_request + j] : 0;
+      segments[2 * int64_t{k}] =
+          make_int4(r,
+                    static_cast<int32_t>((static_cast<uint32_t>(h) & 0xffffu) |
+                                         (static_cast<uint32_t>(q_row) << 16)),
+                    static_cast<int32_t>(b - start), static_cast<int32_t>(e - start));
+      segments[2 * int64_t{k} + 1] =
+          make_int4(static_cast<int32_t>((static_cast<uint32_t>(c - first) & 0xffffu) |
+                                         (static_cast<uint32_t>(parts) << 16)),
+                    pbase, static_cast<int32_t>(len), r);
+      // The next item: the next index of this request, or the next request's first.
+      start += len;
+      if (++j == per_request) {
+        j = 0;
+        ++r;
+      }
+    }
+  }
+  for (int64_t k = n_segments + threadIdx.x; k < slots; k += blockDim.x) {
+    segments[2 * k] = make_int4(0, 0, 0, 0);
+    segments[2 * k + 1] = make_int4(0, 0, 0, 0);
+  }
+}
+
 static_assert(sizeof(RequestPlan) == 32 && sizeof(WorkItem) == 32, "records are 8 words");
 static_assert(kPlanHeaderWords % 4 == 0, "requests start 16-byte aligned");
 static_assert(sizeof(Segment) == 2 * sizeof(int4), "a segment is two 16-byte words");
@@ -172,6 +351,56 @@ Status expand_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle str
   }
   const int blocks = static_cast<int>((int64_t{p.slots} + kThreads - 1) / kThreads);
   expand_plan_from_lengths_kernel<<<blocks, kThreads, 0, cuda::to_stream(stream)>>>(p);
+  ATTNKIT_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+int64_t cut_plan_smem_bytes(int bs, int heads, int q_tiles, int slots) {
+  const int64_t items = int64_t{bs} * heads * q_tiles;
+  return (int64_t{bs} + 1) * 8 + (int64_t{slots} + 1) * 8 + items * 4 + (int64_t{slots} + 1) * 4;
+}
+
+Status cut_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle stream) {
+  constexpr int kMax16 = 32767;  // the segments' 16-bit fields
+  if (p.bs < 1 || p.bs > kPlanLengthsMax || p.heads < 1 || p.heads > kMax16 || p.q_tiles < 1 ||
+      int64_t{p.q_tiles} * kDecodeTileRows > kMax16 || p.slots < 1 || p.slots > kMax16 ||
+      p.granule < 1) {
+    return Status::invalid_argument(
+        "flashinfer cut plan from lengths: bs " + std::to_string(p.bs) + ", heads " +
+        std::to_string(p.heads) + ", q_tiles " + std::to_string(p.q_tiles) + ", slots " +
+        std::to_string(p.slots) + " and granule " + std::to_string(p.granule) +
+        " must have 1 <= bs <= " + std::to_string(kPlanLengthsMax) +
+        ", heads and slots in 1..32767, q_tiles >= 1 (x 16 rows <= 32767) and granule >= 1");
+  }
+  if (p.out == nullptr) {
+    return Status::invalid_argument("flashinfer cut plan from lengths: out must be set");
+  }
+  int64_t keys = 0;
+  for (int r = 0; r < p.bs; ++r) {
+    if (p.kv_len[r] < 1) {
+      return Status::invalid_argument(
+          "flashinfer cut plan from lengths: request " + std::to_string(r) + " has kv_len " +
+          std::to_string(p.kv_len[r]) + " (a decode request holds its new token: >= 1)");
+    }
+    keys += p.kv_len[r];
+  }
+  const int64_t total = keys * p.q_tiles * p.heads;
+  if (total / p.slots < p.granule) {
+    return Status::invalid_argument(
+        "flashinfer cut plan from lengths: " + std::to_string(total) + " keys over " +
+        std::to_string(p.slots) + " slots give chunks below the granule of " +
+        std::to_string(p.granule) + " keys (the host planner cuts those)");
+  }
+  const int64_t smem = cut_plan_smem_bytes(p.bs, p.heads, p.q_tiles, p.slots);
+  if (smem > kCutPlanMaxSmem) {
+    return Status::invalid_argument(
+        "flashinfer cut plan from lengths: bs " + std::to_string(p.bs) + ", heads " +
+        std::to_string(p.heads) + ", q_tiles " + std::to_string(p.q_tiles) + " and slots " +
+        std::to_string(p.slots) + " need " + std::to_string(smem) +
+        " bytes of shared memory, above " + std::to_string(kCutPlanMaxSmem));
+  }
+  cut_plan_from_lengths_kernel<<<1, kCutThreads, static_cast<size_t>(smem),
+                                 cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }

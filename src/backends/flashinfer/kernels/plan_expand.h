@@ -45,7 +45,8 @@ struct PlanFromLengthsParams {
   int bs = 0;
   int heads = 1;    // kv heads
   int q_tiles = 1;  // decode q tiles per request
-  int slots = 1;    // >= bs x q_tiles x heads
+  int slots = 1;    // expand_plan_from_lengths: >= bs x q_tiles x heads
+  int granule = 1;  // cut_plan_from_lengths: BalanceConfig::granule
   // [BalancedPlan::words_for(bs, slots, slots)] (device): the balanced kernel's plan.
   int32_t* out = nullptr;
   int32_t kv_len[kPlanLengthsMax] = {};  // [bs] used, each >= 1
@@ -54,5 +55,20 @@ static_assert(sizeof(PlanFromLengthsParams) <= 4096, "the classic kernel-paramet
 
 // Launches it on stream; kInvalidArgument names a field out of range or a kv_len < 1.
 Status expand_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle stream);
+
+// The cut plan (build_balanced_plan: the batch's keys cut into `slots` chunks of equal size on
+// multiples of `granule` from each item's start) of the decode batch whose requests are
+// (q_start r, q_len 1, kv_len[r]) with BalanceConfig {heads, group with q_tiles, slots, granule},
+// written by one CTA, word for word what BalancedPlan::serialize writes for it: a CUDA-graph
+// replay's refresh uploads nothing and plans nothing on the host (ceil(group / 16) = q_tiles).
+// Needs floor(T / slots) >= granule, T = q_tiles x heads x sum kv_len (every chunk then holds keys;
+// the auto rule cuts only with T / slots >= kMinSplitChunk), and its search arrays in
+// cut_plan_smem_bytes(...) <= kCutPlanMaxSmem bytes of shared memory (bs 256 at 8 kv heads on
+// 2048 slots: 35 KB).
+inline constexpr int64_t kCutPlanMaxSmem = 48 * 1024;
+int64_t cut_plan_smem_bytes(int bs, int heads, int q_tiles, int slots);
+// Launches it on stream; kInvalidArgument names a field out of range, a kv_len < 1, chunks below
+// the granule or the shared memory past kCutPlanMaxSmem.
+Status cut_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle stream);
 
 }  // namespace attnkit::flashinfer
