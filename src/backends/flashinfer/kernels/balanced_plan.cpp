@@ -104,7 +104,12 @@ Status build_balanced_plan(std::span<const PlanRequest> requests, const BalanceC
 
   BalancedPlan plan = reuse_storage(dst);
   plan.requests.resize(requests.size());
-  std::vector<Item> items;
+  // Working arrays kept per thread: a CUDA-graph replay's refresh that cuts on the host allocates
+  // nothing once they have grown.
+  thread_local std::vector<Item> items;
+  thread_local std::vector<int32_t> parts, base;
+  thread_local std::vector<int64_t> first_item;
+  items.clear();
   int64_t total = 0;
   for (size_t r = 0; r < requests.size(); ++r) {
     const PlanRequest& in = requests[r];
@@ -144,7 +149,7 @@ Status build_balanced_plan(std::span<const PlanRequest> requests, const BalanceC
 
   // Segments: chunk c's keys mapped back onto the items.
   plan.cta_begin.assign(static_cast<size_t>(slots + 1), 0);
-  std::vector<int32_t> parts(items.size(), 0);
+  parts.assign(items.size(), 0);
   size_t item = 0;
   for (int64_t c = 0; c < slots; ++c) {
     plan.cta_begin[static_cast<size_t>(c)] = static_cast<int32_t>(plan.segments.size());
@@ -156,8 +161,8 @@ Status build_balanced_plan(std::span<const PlanRequest> requests, const BalanceC
       const Item& w = items[i];
       const int64_t b = std::max(lo, w.start);
       const int64_t e = std::min(hi, w.start + w.len);
-      if (e <= b) continue;  // (every item has >= 1 key: q_len 1 <= kv_len)
-      Segment s;
+      if (e <= b) continue;                       // (every item has >= 1 key: q_len 1 <= kv_len)
+      Segment& s = plan.segments.emplace_back();  // in place: no copy of a fresh stack record
       s.request = w.request;
       s.kv_head = static_cast<int16_t>(w.kv_head);
       s.q_row_begin = static_cast<int16_t>(w.q_row_begin);
@@ -167,13 +172,12 @@ Status build_balanced_plan(std::span<const PlanRequest> requests, const BalanceC
       s.req_kv_len = plan.requests[static_cast<size_t>(w.request)].kv_len;
       s.req_q_start = plan.requests[static_cast<size_t>(w.request)].q_start;
       ++parts[i];
-      plan.segments.push_back(s);
     }
   }
   plan.cta_begin[static_cast<size_t>(slots)] = static_cast<int32_t>(plan.segments.size());
 
   // Part counts and partial rows of the cut items (contiguous per item, in item order).
-  std::vector<int32_t> base(items.size(), 0);
+  base.assign(items.size(), 0);
   int32_t partials = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     if (parts[i] > kMax16) {
@@ -189,7 +193,7 @@ Status build_balanced_plan(std::span<const PlanRequest> requests, const BalanceC
   plan.num_partials = partials;
   // Item index of each segment: items are ordered by (request, q tile, head).
   const int64_t heads = config.num_kv_heads;
-  std::vector<int64_t> first_item(requests.size() + 1, 0);
+  first_item.assign(requests.size() + 1, 0);
   for (size_t r = 0; r < requests.size(); ++r) {
     first_item[r + 1] =
         first_item[r] +

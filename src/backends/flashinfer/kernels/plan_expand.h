@@ -64,8 +64,9 @@ Status expand_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle str
 // Needs floor(T / slots) >= granule, T = q_tiles x heads x sum kv_len (every chunk then holds keys;
 // the auto rule cuts only with T / slots >= kMinSplitChunk), and its search arrays in
 // cut_plan_smem_bytes(...) <= kCutPlanMaxSmem bytes of shared memory (bs 256 at 8 kv heads on
-// 2048 slots: 35 KB).
-inline constexpr int64_t kCutPlanMaxSmem = 48 * 1024;
+// 2048 slots: 35 KB): the 48 KB a launch gets without opting in, less 1 KB for the kernel's own
+// (its scans' warp sums, 384 bytes).
+inline constexpr int64_t kCutPlanMaxSmem = 47 * 1024;
 int64_t cut_plan_smem_bytes(int bs, int heads, int q_tiles, int slots);
 // Launches it on stream; kInvalidArgument names a field out of range, a kv_len < 1, chunks below
 // the granule or the shared memory past kCutPlanMaxSmem.
