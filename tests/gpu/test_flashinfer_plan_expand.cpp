@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -23,6 +24,54 @@ namespace {
 
 using attnkit::test_support::has_cuda;
 using test_support::decode_requests;
+
+// The backend's planner configs for a decode batch of bs requests on an H200-sized grid (132 SMs;
+// granule 16, the ring's sub-tile).
+struct Configs {
+  PlanConfig plan;
+  BalanceConfig balance;
+};
+Configs configs_for(int bs, int heads, int group) {
+  Configs c;
+  c.plan.num_kv_heads = c.balance.num_kv_heads = heads;
+  c.plan.group = c.balance.group = group;
+  c.plan.target_ctas = 132;
+  c.balance.slots = balanced_kernel_slots(bs, c.plan);
+  c.balance.granule = 16;
+  return c;
+}
+
+// The launch parameters of the plans from lengths (4 KB: on the heap).
+std::unique_ptr<PlanFromLengthsParams> lengths_params(const std::vector<int>& lens,
+                                                      const BalanceConfig& bc, int32_t* d_out) {
+  auto p = std::make_unique<PlanFromLengthsParams>();
+  p->bs = static_cast<int>(lens.size());
+  p->heads = bc.num_kv_heads;
+  p->q_tiles = (bc.group + kDecodeTileRows - 1) / kDecodeTileRows;
+  p->slots = bc.slots;
+  p->granule = bc.granule;
+  p->out = d_out;
+  std::copy(lens.begin(), lens.end(), p->kv_len);
+  return p;
+}
+
+// Poisons d_out ([cap] words), runs `launch` (a plan kernel writing d_out) and checks that the
+// words are `want` and that nothing past them was written.
+void expect_plan_words(const std::vector<int32_t>& want, int32_t* d_out, size_t cap,
+                       const std::function<Status()>& launch) {
+  ASSERT_LE(want.size() + 8, cap);
+  CUDA_OK(cudaMemset(d_out, 0x7f, cap * sizeof(int32_t)));
+  const Status st = launch();
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  std::vector<int32_t> got(want.size() + 8);
+  CUDA_OK(cudaMemcpy(got.data(), d_out, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  for (size_t w = 0; w < want.size(); ++w) {
+    ASSERT_EQ(got[w], want[w]) << "word " << w << " of " << want.size();
+  }
+  for (size_t w = want.size(); w < got.size(); ++w) {
+    ASSERT_EQ(got[w], 0x7f7f7f7f) << "word " << w << " past the plan was written";
+  }
+}
 
 TEST(FlashInferPlanExpand, MatchesTheHostEncoderWordForWord) {
   if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
@@ -42,15 +91,9 @@ TEST(FlashInferPlanExpand, MatchesTheHostEncoderWordForWord) {
     for (int& l : lens) {
       l = trial % 2 == 0 ? common : std::uniform_int_distribution<int>(1, 20000)(rng);
     }
-    PlanConfig pc;
-    pc.num_kv_heads = heads;
-    pc.group = group;
-    pc.target_ctas = 132;
-    BalanceConfig bc;
-    bc.num_kv_heads = heads;
-    bc.group = group;
-    bc.slots = balanced_kernel_slots(bs, pc);
-    bc.granule = 16;
+    const Configs cfg = configs_for(bs, heads, group);
+    const PlanConfig& pc = cfg.plan;
+    const BalanceConfig& bc = cfg.balance;
     Result<WorkPlan> wp = build_work_plan(decode_requests(lens), pc);
     ASSERT_TRUE(wp.is_ok()) << wp.status().to_string();
     const int64_t ctas = static_cast<int64_t>(wp->items.size()) * heads;
@@ -64,10 +107,8 @@ TEST(FlashInferPlanExpand, MatchesTheHostEncoderWordForWord) {
     bp->serialize(&want);
     std::vector<int32_t> work;
     wp->serialize(&work);
-    ASSERT_LE(want.size(), cap);
     ASSERT_LE(work.size(), cap);
     CUDA_OK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemset(d_out, 0x7f, cap * sizeof(int32_t)));
     PlanExpandParams p;
     p.work_words = d_work;
     p.bs = bs;
@@ -76,16 +117,8 @@ TEST(FlashInferPlanExpand, MatchesTheHostEncoderWordForWord) {
     p.q_tiles = (group + kDecodeTileRows - 1) / kDecodeTileRows;
     p.slots = bc.slots;
     p.out = d_out;
-    const Status st = expand_encoded_plan(p, nullptr);
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    std::vector<int32_t> got(want.size() + 8);
-    CUDA_OK(cudaMemcpy(got.data(), d_out, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    for (size_t w = 0; w < want.size(); ++w) {
-      ASSERT_EQ(got[w], want[w]) << "word " << w << " of " << want.size();
-    }
-    for (size_t w = want.size(); w < got.size(); ++w) {
-      ASSERT_EQ(got[w], 0x7f7f7f7f) << "word " << w << " past the plan was written";
-    }
+    expect_plan_words(want, d_out, cap, [&] { return expand_encoded_plan(p, nullptr); });
+    if (HasFatalFailure()) break;
     ++checked;
     split_plans += wp->any_split ? 1 : 0;
     empty_slots += ctas < bc.slots ? 1 : 0;
@@ -122,15 +155,9 @@ TEST(FlashInferPlanExpand, FromLengthsMatchesTheHostEncoder) {
     for (int& l : lens) {
       l = trial % 2 == 0 ? common : std::uniform_int_distribution<int>(1, max_len)(rng);
     }
-    PlanConfig pc;
-    pc.num_kv_heads = heads;
-    pc.group = group;
-    pc.target_ctas = 132;
-    BalanceConfig bc;
-    bc.num_kv_heads = heads;
-    bc.group = group;
-    bc.slots = balanced_kernel_slots(bs, pc);
-    bc.granule = 16;
+    const Configs cfg = configs_for(bs, heads, group);
+    const PlanConfig& pc = cfg.plan;
+    const BalanceConfig& bc = cfg.balance;
     const int q_tiles = (group + kDecodeTileRows - 1) / kDecodeTileRows;
     Result<WorkPlan> wp = build_work_plan(decode_requests(lens), pc);
     ASSERT_TRUE(wp.is_ok()) << wp.status().to_string();
@@ -145,25 +172,9 @@ TEST(FlashInferPlanExpand, FromLengthsMatchesTheHostEncoder) {
     ASSERT_TRUE(bp.is_ok()) << bp.status().to_string();
     std::vector<int32_t> want;
     bp->serialize(&want);
-    ASSERT_LE(want.size(), cap);
-    CUDA_OK(cudaMemset(d_out, 0x7f, cap * sizeof(int32_t)));
-    auto p = std::make_unique<PlanFromLengthsParams>();
-    p->bs = bs;
-    p->heads = heads;
-    p->q_tiles = q_tiles;
-    p->slots = bc.slots;
-    p->out = d_out;
-    std::copy(lens.begin(), lens.end(), p->kv_len);
-    const Status st = expand_plan_from_lengths(*p, nullptr);
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    std::vector<int32_t> got(want.size() + 8);
-    CUDA_OK(cudaMemcpy(got.data(), d_out, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    for (size_t w = 0; w < want.size(); ++w) {
-      ASSERT_EQ(got[w], want[w]) << "word " << w << " of " << want.size();
-    }
-    for (size_t w = want.size(); w < got.size(); ++w) {
-      ASSERT_EQ(got[w], 0x7f7f7f7f) << "word " << w << " past the plan was written";
-    }
+    const auto p = lengths_params(lens, bc, d_out);
+    expect_plan_words(want, d_out, cap, [&] { return expand_plan_from_lengths(*p, nullptr); });
+    if (HasFatalFailure()) break;
     ++checked;
     empty_slots += ctas < bc.slots ? 1 : 0;
     two_tiles += q_tiles > 1 ? 1 : 0;
@@ -202,15 +213,8 @@ TEST(FlashInferPlanExpand, CutPlanFromLengthsMatchesTheHostPlanner) {
                        : std::uniform_int_distribution<int>(1, 40)(rng);
     }
     if (shape == 2) lens[0] = 131072;
-    PlanConfig pc;
-    pc.num_kv_heads = heads;
-    pc.group = group;
-    pc.target_ctas = 132;
-    BalanceConfig bc;
-    bc.num_kv_heads = heads;
-    bc.group = group;
-    bc.slots = trial % 5 == 4 ? std::uniform_int_distribution<int>(1, 64)(rng)
-                              : balanced_kernel_slots(bs, pc);
+    BalanceConfig bc = configs_for(bs, heads, group).balance;
+    if (trial % 5 == 4) bc.slots = std::uniform_int_distribution<int>(1, 64)(rng);
     bc.granule = std::vector<int>{16, 1, 64}[static_cast<size_t>((trial / 2) % 3)];
     const int q_tiles = (group + kDecodeTileRows - 1) / kDecodeTileRows;
     int64_t keys = 0;
@@ -226,26 +230,9 @@ TEST(FlashInferPlanExpand, CutPlanFromLengthsMatchesTheHostPlanner) {
     ASSERT_TRUE(bp.is_ok()) << bp.status().to_string();
     std::vector<int32_t> want;
     bp->serialize(&want);
-    ASSERT_LE(want.size(), cap);
-    CUDA_OK(cudaMemset(d_out, 0x7f, cap * sizeof(int32_t)));
-    auto p = std::make_unique<PlanFromLengthsParams>();
-    p->bs = bs;
-    p->heads = heads;
-    p->q_tiles = q_tiles;
-    p->slots = bc.slots;
-    p->granule = bc.granule;
-    p->out = d_out;
-    std::copy(lens.begin(), lens.end(), p->kv_len);
-    const Status st = cut_plan_from_lengths(*p, nullptr);
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    std::vector<int32_t> got(want.size() + 8);
-    CUDA_OK(cudaMemcpy(got.data(), d_out, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    for (size_t w = 0; w < want.size(); ++w) {
-      ASSERT_EQ(got[w], want[w]) << "word " << w << " of " << want.size();
-    }
-    for (size_t w = want.size(); w < got.size(); ++w) {
-      ASSERT_EQ(got[w], 0x7f7f7f7f) << "word " << w << " past the plan was written";
-    }
+    const auto p = lengths_params(lens, bc, d_out);
+    expect_plan_words(want, d_out, cap, [&] { return cut_plan_from_lengths(*p, nullptr); });
+    if (HasFatalFailure()) break;
     ++checked;
     int max_parts = 0;
     for (const Segment& seg : bp->segments) max_parts = std::max<int>(max_parts, seg.parts);
