@@ -464,6 +464,10 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
     for (size_t r = 0; r < spread.size(); ++r) spread[r] = 40 + static_cast<int>(r * 37 % 900);
     graph_matches_eager(long_decode("auto_graph_b160_spread", spread, 16, DType::kBF16), {},
                         device_plans(Planned::kLengths));
+    std::vector<int> wide(300);  // 2400 CTAs on 2112 slots: some slots walk two
+    for (size_t r = 0; r < wide.size(); ++r) wide[r] = 30 + static_cast<int>(r * 53 % 300);
+    graph_matches_eager(long_decode("auto_graph_b300_wide", wide, 16, DType::kBF16), {},
+                        device_plans(Planned::kLengths));
     test_support::ScopedEnv host_plans("ATTNKIT_FLASHINFER_DEVICE_PLAN", "0");
     graph_matches_eager(
         long_decode("auto_graph_b16_host", std::vector<int>(16, 700), 16, DType::kBF16), {},

@@ -2,7 +2,7 @@
 // (src/backends/flashinfer/kernels/plan_expand.h): from WorkPlan::serialize's words the kernel
 // writes, word for word, what BalancedPlan::serialize writes for balanced_from_work_plan's plan,
 // for random batches (uniform and uneven, split and not, 1-8 kv heads, groups 1-20, fewer CTAs than
-// slots and exactly as many); the output buffer is poisoned first, so a word the kernel skips
+// slots, exactly as many and more); the output buffer is poisoned first, so a word the kernel skips
 // fails. Bad parameters are refused by name.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -81,7 +81,7 @@ TEST(FlashInferPlanExpand, MatchesTheHostEncoderWordForWord) {
   const size_t cap = size_t{1} << 20;  // words
   CUDA_OK(cudaMalloc(&d_work, cap * sizeof(int32_t)));
   CUDA_OK(cudaMalloc(&d_out, cap * sizeof(int32_t)));
-  int checked = 0, split_plans = 0, empty_slots = 0;
+  int checked = 0, split_plans = 0, empty_slots = 0, several_per_slot = 0;
   for (int trial = 0; trial < 200; ++trial) {
     const int heads = std::vector<int>{1, 2, 8}[static_cast<size_t>(trial % 3)];
     const int group = std::vector<int>{1, 4, 20}[static_cast<size_t>((trial / 3) % 3)];
@@ -97,7 +97,6 @@ TEST(FlashInferPlanExpand, MatchesTheHostEncoderWordForWord) {
     Result<WorkPlan> wp = build_work_plan(decode_requests(lens), pc);
     ASSERT_TRUE(wp.is_ok()) << wp.status().to_string();
     const int64_t ctas = static_cast<int64_t>(wp->items.size()) * heads;
-    if (ctas > bc.slots) continue;  // the expansion's layout: one CTA per slot
     SCOPED_TRACE("trial " + std::to_string(trial) + " bs " + std::to_string(bs) + " heads " +
                  std::to_string(heads) + " group " + std::to_string(group) + " slots " +
                  std::to_string(bc.slots) + " ctas " + std::to_string(ctas));
@@ -122,11 +121,13 @@ TEST(FlashInferPlanExpand, MatchesTheHostEncoderWordForWord) {
     ++checked;
     split_plans += wp->any_split ? 1 : 0;
     empty_slots += ctas < bc.slots ? 1 : 0;
+    several_per_slot += ctas > bc.slots ? 1 : 0;
   }
-  // The random batches covered split plans and grids with empty slots.
-  EXPECT_GT(checked, 50);
+  // The random batches covered split plans, grids with empty slots and slots of several CTAs.
+  EXPECT_GT(checked, 150);
   EXPECT_GT(split_plans, 5);
   EXPECT_GT(empty_slots, 5);
+  EXPECT_GT(several_per_slot, 5);
   cudaFree(d_work);
   cudaFree(d_out);
 }
@@ -134,14 +135,14 @@ TEST(FlashInferPlanExpand, MatchesTheHostEncoderWordForWord) {
 // expand_plan_from_lengths: for decode batches that build_work_plan does not split (enough
 // requests for the per-head target, or none longer than kMinSplitChunk), the plan from the lengths
 // alone is word for word the host encoder's plan of the host work plan (q tiles 1 and 2, fewer
-// CTAs than slots and exactly as many, up to kPlanLengthsMax requests).
+// CTAs than slots, exactly as many and more, up to kPlanLengthsMax requests).
 TEST(FlashInferPlanExpand, FromLengthsMatchesTheHostEncoder) {
   if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(20261127);
   int32_t* d_out = nullptr;
   const size_t cap = size_t{1} << 21;  // words
   CUDA_OK(cudaMalloc(&d_out, cap * sizeof(int32_t)));
-  int checked = 0, empty_slots = 0, two_tiles = 0, short_batches = 0;
+  int checked = 0, empty_slots = 0, several_per_slot = 0, two_tiles = 0, short_batches = 0;
   for (int trial = 0; trial < 200; ++trial) {
     const int heads = std::vector<int>{1, 2, 8}[static_cast<size_t>(trial % 3)];
     const int group = std::vector<int>{1, 4, 20}[static_cast<size_t>((trial / 3) % 3)];
@@ -164,7 +165,6 @@ TEST(FlashInferPlanExpand, FromLengthsMatchesTheHostEncoder) {
     ASSERT_FALSE(wp->any_split) << "the batch was meant not to split";
     ASSERT_EQ(static_cast<int64_t>(wp->items.size()), int64_t{bs} * q_tiles);
     const int64_t ctas = int64_t{bs} * q_tiles * heads;
-    if (ctas > bc.slots) continue;  // one CTA per slot
     SCOPED_TRACE("trial " + std::to_string(trial) + " bs " + std::to_string(bs) + " heads " +
                  std::to_string(heads) + " group " + std::to_string(group) + " slots " +
                  std::to_string(bc.slots));
@@ -177,10 +177,12 @@ TEST(FlashInferPlanExpand, FromLengthsMatchesTheHostEncoder) {
     if (HasFatalFailure()) break;
     ++checked;
     empty_slots += ctas < bc.slots ? 1 : 0;
+    several_per_slot += ctas > bc.slots ? 1 : 0;
     two_tiles += q_tiles > 1 ? 1 : 0;
     short_batches += short_only ? 1 : 0;
   }
-  EXPECT_GT(checked, 50);
+  EXPECT_GT(checked, 150);
+  EXPECT_GT(several_per_slot, 5);
   EXPECT_GT(empty_slots, 5);
   EXPECT_GT(two_tiles, 5);
   EXPECT_GT(short_batches, 5);
@@ -256,12 +258,12 @@ TEST(FlashInferPlanExpand, BadParametersAreRefusedByName) {
   int32_t dummy = 0;
   p.work_words = &dummy;
   p.out = &dummy;
-  p.items = 20;
+  p.items = 1 << 22;
   p.heads = 8;
-  p.slots = 128;  // 160 CTAs > 128 slots
+  p.slots = 128;  // 2^25 CTAs: past the 32-bit segment indices' bound of 2^24
   Status st = expand_encoded_plan(p, nullptr);
   ASSERT_FALSE(st.is_ok());
-  EXPECT_NE(st.to_string().find("items x heads <= slots"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.to_string().find("items x heads <= 16777216"), std::string::npos) << st.to_string();
   p.items = 1;
   p.work_words = nullptr;
   st = expand_encoded_plan(p, nullptr);
@@ -277,11 +279,12 @@ TEST(FlashInferPlanExpand, BadParametersAreRefusedByName) {
       << st.to_string();
   l->bs = 3;
   l->heads = 8;
-  l->slots = 16;  // 24 CTAs
+  l->slots = 24;
+  l->q_tiles = 1 << 22;  // 3 x 2^25 CTAs
   st = expand_plan_from_lengths(*l, nullptr);
   ASSERT_FALSE(st.is_ok());
-  EXPECT_NE(st.to_string().find("<= slots"), std::string::npos) << st.to_string();
-  l->slots = 24;
+  EXPECT_NE(st.to_string().find("<= 16777216"), std::string::npos) << st.to_string();
+  l->q_tiles = 1;
   l->kv_len[0] = l->kv_len[2] = 5;  // request 1 has no key
   st = expand_plan_from_lengths(*l, nullptr);
   ASSERT_FALSE(st.is_ok());

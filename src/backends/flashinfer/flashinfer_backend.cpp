@@ -306,7 +306,7 @@ class FlashInferBackend final : public AttentionBackend {
     if (cut) return flashinfer::build_balanced_plan(reqs, bc, &balanced_plan_);
     return flashinfer::balanced_from_work_plan(work_plan_, bc, &balanced_plan_);
   }
-  // A replay's encoded default plan expanded on the GPU from work_plan_ (one CTA per slot).
+  // A replay's encoded default plan expanded on the GPU from work_plan_.
   Status replay_device_plan(int bs, int slots);
   // The same with nothing uploaded and no host plan (kernels/plan_expand.h,
   // expand_plan_from_lengths), where the decode batch's work plan cannot split and kAuto keeps
@@ -1029,7 +1029,9 @@ Status FlashInferBackend::replay_device_plan(int bs, int slots) {
                             " partial entries, above the graph workspace's " +
                             str(graph_partial_entries_));
   }
-  const int64_t words = flashinfer::BalancedPlan::words_for(bs, slots, slots);
+  const int64_t ctas = static_cast<int64_t>(wp.items.size()) * ctx_.num_kv_heads;
+  const int64_t words =
+      flashinfer::BalancedPlan::words_for(bs, slots, std::max<int64_t>(ctas, slots));
   if (words > graph_words_.capacity || wp.serialized_words() > graph_work_words_.capacity) {
     return Status::internal("flashinfer: replay's encoded plan needs " + str(words) + " + " +
                             str(wp.serialized_words()) + " words, above the graph workspace's " +
@@ -1109,11 +1111,13 @@ Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_le
     ATTNKIT_RETURN_IF_ERROR(flashinfer::cut_plan_from_lengths(p, ctx_.stream));
     ++stats_.graph_device_cut_plans;
   } else {
-    // The encoded default plan, one CTA per slot, from kDevicePlanMinCtas CTAs.
-    if (ctas > slots || (device_plan_ == 1 && ctas < kDevicePlanMinCtas)) return Status::ok();
-    if (flashinfer::BalancedPlan::words_for(bs, slots, slots) > graph_words_.capacity) {
-      return Status::internal("flashinfer: replay's encoded plan needs " +
-                              str(flashinfer::BalancedPlan::words_for(bs, slots, slots)) +
+    // The encoded default plan (one CTA per slot, or several past the slot cap), from
+    // kDevicePlanMinCtas CTAs.
+    if (device_plan_ == 1 && ctas < kDevicePlanMinCtas) return Status::ok();
+    const int64_t words =
+        flashinfer::BalancedPlan::words_for(bs, slots, std::max<int64_t>(ctas, slots));
+    if (words > graph_words_.capacity) {
+      return Status::internal("flashinfer: replay's encoded plan needs " + str(words) +
                               " words, above the graph workspace's " + str(graph_words_.capacity));
     }
     ATTNKIT_RETURN_IF_ERROR(flashinfer::expand_plan_from_lengths(p, ctx_.stream));
@@ -1165,16 +1169,16 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     bool split_long = false;
     bool padded = false;
     ATTNKIT_RETURN_IF_ERROR(choose_balanced_plan(reqs, &cut, &split_long, &padded));
-    // The encoded default plan with one CTA per slot (every uniform batch of 16-264 requests at
-    // 8 kv heads, and the split plans of small batches), large enough: the work plan goes up
-    // (16 KB at bs 256 instead of 80 KB) and the GPU writes the balanced plan from it, word for
-    // word the host's.
+    // The encoded default plan (split plans of small batches; plans of more than 1000 requests;
+    // replay_plan_from_lengths serves the rest), large enough: the work plan goes up (16 KB at bs
+    // 256 instead of 80 KB) and the GPU writes the balanced plan from it, word for word the
+    // host's.
     if (balance_ == Balance::kAuto && !cut && !padded) {  // work_plan_ is this forward's
       const int slots = balance_config(bs).slots;
       const int64_t ctas = static_cast<int64_t>(work_plan_.items.size()) * ctx_.num_kv_heads;
       const bool device_plan =
           device_plan_ == 2 || (device_plan_ == 1 && ctas >= kDevicePlanMinCtas);
-      if (device_plan && ctas <= slots && slots == captured->second) {
+      if (device_plan && slots == captured->second) {
         return replay_device_plan(bs, slots);
       }
     }

@@ -237,9 +237,9 @@ namespace {
       " splits (> 32767)");
 }
 
-// Work item i's segment for kv head h: its keys, its split's part / parts and its own partial rows
-// (balanced_partial_width, see the header), its request's lengths. Kv heads differ only in kv_head
-// and, for a split item, partial_base (by h x parts: to_head). False for an item whose request
+// Work item i's segment for kv head h (encoded_segment in the header, which the GPU expansion
+// shares). Kv heads differ only in kv_head and, for a split item, partial_base (by h x parts:
+// to_head). False for an item whose request
 // does not exist or whose fields pass the 16-bit segment fields (bad_item says why). A bool and
 // inlined: a Status return or a call per segment made the several-CTAs-per-slot loop up to 1.7x
 // slower (dev VM, bs 600).
@@ -250,23 +250,8 @@ namespace {
     return false;
   }
   const RequestPlan& req = wp.requests[static_cast<size_t>(it.request)];
-  const bool split = req.num_splits > 1;
-  if (split && req.num_splits > kMax16) return false;
-  s->request = it.request;
-  s->kv_head = static_cast<int16_t>(h);
-  s->q_row_begin = static_cast<int16_t>(it.q_row_begin);
-  s->kv_begin = it.kv_begin;
-  s->kv_end = it.kv_end;
-  s->part = static_cast<int16_t>(split ? it.split : 0);
-  s->parts = static_cast<int16_t>(split ? req.num_splits : 1);
-  // < partials, checked by the caller.
-  s->partial_base =
-      split
-          ? static_cast<int32_t>(int64_t{req.partial_base} * q_tiles * heads +
-                                 ((it.q_row_begin / kDecodeTileRows) * heads + h) * req.num_splits)
-          : 0;
-  s->req_kv_len = req.kv_len;
-  s->req_q_start = req.q_start;
+  if (req.num_splits > 1 && req.num_splits > kMax16) return false;
+  encoded_segment(it, req, h, q_tiles, heads, s);  // partial rows < partials: the caller checks
   return true;
 }
 

@@ -36,6 +36,7 @@
 #include "attnkit/status.h"
 #include "backends/flashinfer/kernels/paged_params.h"
 #include "backends/flashinfer/kernels/work_plan.h"
+#include "core/host_device.h"
 
 namespace attnkit::flashinfer {
 
@@ -60,6 +61,31 @@ struct Segment {
 };
 static_assert(sizeof(Segment) == 32, "a segment is 8 words");
 inline constexpr int kSegmentWords = static_cast<int>(sizeof(Segment) / sizeof(int32_t));
+
+// Kv head h's segment of work item `it` of request `req` in the encoded default plan
+// (balanced_from_work_plan below; the GPU expansion of kernels/plan_expand.cu writes the same):
+// its keys, its split's part / parts, its own partial rows (a split request's rows partial_base ..
+// + num_splits of the WorkItem plan become, per (q tile, kv head), num_splits rows of the
+// balanced layout), its request's lengths; every field of *s written in place (the host encoder
+// writes straight into its plan). The caller checks the 16-bit fields.
+ATTNKIT_HOST_DEVICE inline void encoded_segment(const WorkItem& it, const RequestPlan& req,
+                                                int64_t h, int64_t q_tiles, int64_t heads,
+                                                Segment* s) {
+  const bool split = req.num_splits > 1;
+  s->request = it.request;
+  s->kv_head = static_cast<int16_t>(h);
+  s->q_row_begin = static_cast<int16_t>(it.q_row_begin);
+  s->kv_begin = it.kv_begin;
+  s->kv_end = it.kv_end;
+  s->part = static_cast<int16_t>(split ? it.split : 0);
+  s->parts = static_cast<int16_t>(split ? req.num_splits : 1);
+  s->partial_base = split ? static_cast<int32_t>(int64_t{req.partial_base} * q_tiles * heads +
+                                                 ((it.q_row_begin / kDecodeTileRows) * heads + h) *
+                                                     int64_t{req.num_splits})
+                          : 0;
+  s->req_kv_len = req.kv_len;
+  s->req_q_start = req.q_start;
+}
 
 // Serialised layout (int32 words), in the plan buffer the kernel reads:
 //   [kPlanHeaderWords header][bs RequestPlan][cta_begin: slots + 1 words, padded to a multiple

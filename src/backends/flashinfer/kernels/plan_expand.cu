@@ -1,7 +1,7 @@
 // The encoded default decode plan expanded on the GPU (plan_expand.h).
 #include <cuda_runtime.h>
 
-#include <cstddef>
+#include <algorithm>
 #include <string>
 
 #include "backends/flashinfer/kernels/balanced_plan.h"
@@ -48,6 +48,14 @@ struct FromLengths {
   }
 };
 
+// A segment of zero words (the padding past a plan's segments).
+__device__ Segment zero_segment() {
+  Segment s;
+  s.request = 0;
+  s.parts = 0;
+  return s;
+}
+
 __device__ void store_record(int32_t* at, const void* record) {  // 32 bytes, 16-byte aligned
   const int4* r = static_cast<const int4*>(record);
   reinterpret_cast<int4*>(at)[0] = r[0];
@@ -56,6 +64,9 @@ __device__ void store_record(int32_t* at, const void* record) {  // 32 bytes, 16
 
 // Grid-stride over the three parts of the output (thread tid of stride): header + requests (one
 // request record per thread), cta_begin, segments (one thread per segment, two 16-byte stores).
+// Slot c walks CTAs c, c + slots, ... (balanced_from_work_plan): with ctas = q x slots + r (ctas >=
+// slots) slot c holds q + (c < r) segments, so cta_begin[c] = c x q + min(c, r); with ctas < slots
+// slot c < ctas holds CTA c and the others none (q 0, r ctas: the same formula).
 template <class Source>
 __device__ void expand(const Source& src, int bs, int64_t items, int heads, int q_tiles, int slots,
                        int32_t* out, int64_t tid, int64_t stride) {
@@ -73,40 +84,30 @@ __device__ void expand(const Source& src, int bs, int64_t items, int heads, int 
   const int64_t req_end = kPlanHeaderWords + static_cast<int64_t>(bs) * kRequestWords;
   const int64_t cb_words = BalancedPlan::cta_begin_words_for(slots);
   int32_t* cta_begin = out + req_end;
+  const int64_t q = ctas / slots, r = ctas % slots;
   for (int64_t c = tid; c < cb_words; c += stride) {
-    cta_begin[c] = c <= slots ? static_cast<int32_t>(c < ctas ? c : ctas) : 0;
+    cta_begin[c] = c <= slots ? static_cast<int32_t>(c * q + (c < r ? c : r)) : 0;
   }
-  int4* segments = reinterpret_cast<int4*>(cta_begin + cb_words);
+  int32_t* segments = cta_begin + cb_words;
   const int64_t n_segments = ctas > slots ? ctas : slots;  // zeros past the CTAs
-  for (int64_t k = tid; k < n_segments; k += stride) {
-    int4 lo = make_int4(0, 0, 0, 0), hi = make_int4(0, 0, 0, 0);
-    if (k < ctas) {
+  for (int64_t i = tid; i < n_segments; i += stride) {
+    alignas(16) Segment seg;
+    if (i < ctas) {
+      // Segment i: slot c, its m-th CTA k = c + m x slots (the first r slots hold q + 1).
+      const int64_t wide = r * (q + 1);
+      const int64_t c = i < wide ? i / (q + 1) : r + (i - wide) / q;
+      const int64_t m = i < wide ? i % (q + 1) : (i - wide) % q;
+      const int64_t k = c + m * slots;
       const WorkItem it = src.item(k / heads);
-      const int h = static_cast<int>(k % heads);
-      const RequestPlan req = src.request(it.request);
-      const bool split = req.num_splits > 1;
-      const int part = split ? it.split : 0;
-      const int parts = split ? req.num_splits : 1;
-      const int64_t base = split ? int64_t{req.partial_base} * q_tiles * heads +
-                                       ((it.q_row_begin / kDecodeTileRows) * int64_t{heads} + h) *
-                                           int64_t{req.num_splits}
-                                 : 0;
-      // Segment's words: request, kv_head | q_row_begin << 16, kv_begin, kv_end,
-      // part | parts << 16, partial_base, req_kv_len, req_q_start (little endian, as on the host).
-      lo = make_int4(it.request,
-                     static_cast<int32_t>((static_cast<uint32_t>(h) & 0xffffu) |
-                                          (static_cast<uint32_t>(it.q_row_begin) << 16)),
-                     it.kv_begin, it.kv_end);
-      hi = make_int4(static_cast<int32_t>((static_cast<uint32_t>(part) & 0xffffu) |
-                                          (static_cast<uint32_t>(parts) << 16)),
-                     static_cast<int32_t>(base), req.kv_len, req.q_start);
+      encoded_segment(it, src.request(it.request), k % heads, q_tiles, heads, &seg);
+    } else {
+      seg = zero_segment();
     }
-    segments[2 * k] = lo;
-    segments[2 * k + 1] = hi;
+    store_record(segments + i * kSegmentWords, &seg);
   }
 }
 
-// grid: ceil(slots / kThreads) block: kThreads (both kernels).
+// grid: ceil(max(slots, items x heads) / kThreads) block: kThreads (both kernels).
 __global__ void __launch_bounds__(kThreads) expand_encoded_plan_kernel(const PlanExpandParams p) {
   expand(WorkWords{p.work_words, p.bs}, p.bs, p.items, p.heads, p.q_tiles, p.slots, p.out,
          static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
@@ -262,7 +263,7 @@ __global__ void __launch_bounds__(kCutThreads)
   for (int64_t c = threadIdx.x; c < cb_words; c += blockDim.x) {
     cta_begin[c] = c <= slots ? begin[c] : 0;
   }
-  int4* segments = reinterpret_cast<int4*>(cta_begin + cb_words);
+  int32_t* segments = cta_begin + cb_words;
   for (int c = threadIdx.x; c < slots; c += blockDim.x) {
     const int64_t lo = cut[c], hi = cut[c + 1];
     int r;
@@ -276,16 +277,18 @@ __global__ void __launch_bounds__(kCutThreads)
       const int parts = chunks_of(start, len, &first);
       const int64_t b = lo > start ? lo : start;
       const int64_t e = hi < start + len ? hi : start + len;
-      const int32_t pbase = parts > 1 ? base[r * per_request + j] : 0;
-      segments[2 * int64_t{k}] =
-          make_int4(r,
-                    static_cast<int32_t>((static_cast<uint32_t>(h) & 0xffffu) |
-                                         (static_cast<uint32_t>(q_row) << 16)),
-                    static_cast<int32_t>(b - start), static_cast<int32_t>(e - start));
-      segments[2 * int64_t{k} + 1] =
-          make_int4(static_cast<int32_t>((static_cast<uint32_t>(c - first) & 0xffffu) |
-                                         (static_cast<uint32_t>(parts) << 16)),
-                    pbase, static_cast<int32_t>(len), r);
+      alignas(16) Segment seg;  // build_balanced_plan's fields
+      seg.request = r;
+      seg.kv_head = static_cast<int16_t>(h);
+      seg.q_row_begin = static_cast<int16_t>(q_row);
+      seg.kv_begin = static_cast<int32_t>(b - start);
+      seg.kv_end = static_cast<int32_t>(e - start);
+      seg.part = static_cast<int16_t>(c - first);
+      seg.parts = static_cast<int16_t>(parts);
+      seg.partial_base = parts > 1 ? base[r * per_request + j] : 0;
+      seg.req_kv_len = static_cast<int32_t>(len);
+      seg.req_q_start = r;
+      store_record(segments + int64_t{k} * kSegmentWords, &seg);
       // The next item: the next index of this request, or the next request's first.
       start += len;
       if (++j == per_request) {
@@ -295,34 +298,32 @@ __global__ void __launch_bounds__(kCutThreads)
     }
   }
   for (int64_t k = n_segments + threadIdx.x; k < slots; k += blockDim.x) {
-    segments[2 * k] = make_int4(0, 0, 0, 0);
-    segments[2 * k + 1] = make_int4(0, 0, 0, 0);
+    alignas(16) const Segment zero = zero_segment();
+    store_record(segments + k * kSegmentWords, &zero);
   }
 }
 
 static_assert(sizeof(RequestPlan) == 32 && sizeof(WorkItem) == 32, "records are 8 words");
 static_assert(kPlanHeaderWords % 4 == 0, "requests start 16-byte aligned");
 static_assert(sizeof(Segment) == 2 * sizeof(int4), "a segment is two 16-byte words");
-static_assert(offsetof(Segment, kv_head) == 4 && offsetof(Segment, q_row_begin) == 6 &&
-                  offsetof(Segment, part) == 16 && offsetof(Segment, parts) == 18 &&
-                  offsetof(Segment, partial_base) == 20,
-              "the kernel packs Segment's 16-bit fields by these offsets");
 
 }  // namespace
 
 Status expand_encoded_plan(const PlanExpandParams& p, StreamHandle stream) {
+  const int64_t ctas = static_cast<int64_t>(p.items) * p.heads;
   if (p.bs < 0 || p.items < 0 || p.heads < 1 || p.slots < 1 || p.q_tiles < 1 ||
-      static_cast<int64_t>(p.items) * p.heads > p.slots) {
+      ctas > kMaxPlanSegments) {
     return Status::invalid_argument(
         "flashinfer plan expansion: bs " + std::to_string(p.bs) + ", items " +
         std::to_string(p.items) + ", heads " + std::to_string(p.heads) + ", q_tiles " +
         std::to_string(p.q_tiles) + " and slots " + std::to_string(p.slots) +
-        " must have bs, items >= 0, heads, q_tiles, slots >= 1 and items x heads <= slots");
+        " must have bs, items >= 0, heads, q_tiles, slots >= 1 and items x heads <= " +
+        std::to_string(kMaxPlanSegments));
   }
   if (p.work_words == nullptr || p.out == nullptr) {
     return Status::invalid_argument("flashinfer plan expansion: work_words and out must be set");
   }
-  const int64_t segments = p.slots;  // items x heads <= slots
+  const int64_t segments = std::max<int64_t>(ctas, p.slots);
   const int blocks = static_cast<int>((segments + kThreads - 1) / kThreads);
   expand_encoded_plan_kernel<<<blocks, kThreads, 0, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
@@ -332,12 +333,13 @@ Status expand_encoded_plan(const PlanExpandParams& p, StreamHandle stream) {
 Status expand_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle stream) {
   const int64_t ctas = static_cast<int64_t>(p.bs) * p.q_tiles * p.heads;
   if (p.bs < 0 || p.bs > kPlanLengthsMax || p.heads < 1 || p.q_tiles < 1 || p.slots < 1 ||
-      ctas > p.slots) {
+      ctas > kMaxPlanSegments) {
     return Status::invalid_argument(
         "flashinfer plan from lengths: bs " + std::to_string(p.bs) + ", heads " +
         std::to_string(p.heads) + ", q_tiles " + std::to_string(p.q_tiles) + " and slots " +
         std::to_string(p.slots) + " must have 0 <= bs <= " + std::to_string(kPlanLengthsMax) +
-        ", heads, q_tiles, slots >= 1 and bs x q_tiles x heads <= slots");
+        ", heads, q_tiles, slots >= 1 and bs x q_tiles x heads <= " +
+        std::to_string(kMaxPlanSegments));
   }
   if (p.out == nullptr) {
     return Status::invalid_argument("flashinfer plan from lengths: out must be set");
@@ -349,7 +351,7 @@ Status expand_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle str
                                       " (a decode request holds its new token: >= 1)");
     }
   }
-  const int blocks = static_cast<int>((int64_t{p.slots} + kThreads - 1) / kThreads);
+  const int blocks = static_cast<int>((std::max(ctas, int64_t{p.slots}) + kThreads - 1) / kThreads);
   expand_plan_from_lengths_kernel<<<blocks, kThreads, 0, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();

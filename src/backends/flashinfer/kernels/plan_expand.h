@@ -3,10 +3,10 @@
 // bs RequestPlan, items WorkItem: 16 KB at bs 256) and this kernel writes the balanced kernel's
 // plan (balanced_plan.h: header, requests, cta_begin, one segment per (item, kv head): 80 KB at
 // bs 256), word for word what BalancedPlan::serialize writes for balanced_from_work_plan's plan.
-// Only the one-CTA-per-slot layout (items x kv heads <= slots) of a plan without padding items
-// (build_work_plan's plans have none): slot c holds CTA c = (item c / heads, kv head c % heads).
-// expand_plan_from_lengths below: the same plan for an unsplit decode batch, from its lengths
-// alone. Host-facing: no CUDA types.
+// Plans without padding items (build_work_plan's plans have none): CTA k = (item k / heads, kv
+// head k % heads), slot c walks CTAs c, c + slots, ... (one CTA per slot up to items x heads =
+// slots, several past it). expand_plan_from_lengths below: the same plan for an unsplit decode
+// batch, from its lengths alone. Host-facing: no CUDA types.
 #pragma once
 
 #include <cstdint>
@@ -24,13 +24,18 @@ struct PlanExpandParams {
   int items = 0;    // work items (none padding)
   int heads = 1;    // kv heads
   int q_tiles = 1;  // decode q tiles per request (the partial-row formula)
-  int slots = 1;    // >= items x heads
-  // [BalancedPlan::words_for(bs, slots, slots)] (device): the balanced kernel's plan.
+  int slots = 1;
+  // [BalancedPlan::words_for(bs, slots, max(slots, items x heads))] (device): the balanced
+  // kernel's plan.
   int32_t* out = nullptr;
 };
 
+// The most segments (items x heads) an expansion writes: cta_begin and the segment indices are
+// 32-bit.
+inline constexpr int64_t kMaxPlanSegments = int64_t{1} << 24;
+
 // Launches the expansion on stream; kInvalidArgument names a field out of range (items x heads
-// past slots, a count < 0, heads or slots < 1).
+// past kMaxPlanSegments, a count < 0, heads or slots < 1).
 Status expand_encoded_plan(const PlanExpandParams& p, StreamHandle stream);
 
 // The same plan with nothing uploaded, for a decode batch that build_work_plan does not split (bs x
@@ -45,9 +50,10 @@ struct PlanFromLengthsParams {
   int bs = 0;
   int heads = 1;    // kv heads
   int q_tiles = 1;  // decode q tiles per request
-  int slots = 1;    // expand_plan_from_lengths: >= bs x q_tiles x heads
+  int slots = 1;
   int granule = 1;  // cut_plan_from_lengths: BalanceConfig::granule
-  // [BalancedPlan::words_for(bs, slots, slots)] (device): the balanced kernel's plan.
+  // [BalancedPlan::words_for(bs, slots, max(slots, segments))] (device): the balanced kernel's
+  // plan.
   int32_t* out = nullptr;
   int32_t kv_len[kPlanLengthsMax] = {};  // [bs] used, each >= 1
 };

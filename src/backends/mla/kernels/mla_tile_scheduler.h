@@ -19,16 +19,11 @@
 #include <cstdint>
 
 #include "backends/mla/kernels/mla_decode_params.h"
-
-#if defined(__CUDACC__)
-#define ATTNKIT_MLA_HD __host__ __device__
-#else
-#define ATTNKIT_MLA_HD
-#endif
+#include "core/host_device.h"
 
 namespace attnkit::mla {
 
-ATTNKIT_MLA_HD inline int num_tiles(int kv_len) {
+ATTNKIT_HOST_DEVICE inline int num_tiles(int kv_len) {
   const int n = (kv_len + kBlockN - 1) / kBlockN;
   return n > 0 ? n : 1;  // an empty request still gets one (fully masked) tile: it writes zeros
 }
@@ -37,8 +32,8 @@ ATTNKIT_MLA_HD inline int num_tiles(int kv_len) {
 // are not null (a dry run otherwise, which stops at the first split) and returns whether some
 // request was split.
 template <typename KvLen>
-ATTNKIT_MLA_HD bool walk_schedule(int bs, int num_parts, KvLen kv_len, int32_t* sched,
-                                  int32_t* split_indptr) {
+ATTNKIT_HOST_DEVICE bool walk_schedule(int bs, int num_parts, KvLen kv_len, int32_t* sched,
+                                       int32_t* split_indptr) {
   int64_t total = 0;
   for (int b = 0; b < bs; ++b) total += num_tiles(kv_len(b)) + kFixedOverheadTiles;
   const int64_t payload = (total + num_parts - 1) / num_parts + kFixedOverheadTiles;
@@ -87,8 +82,8 @@ ATTNKIT_MLA_HD bool walk_schedule(int bs, int num_parts, KvLen kv_len, int32_t* 
 // no request (num_parts when none does); parts n .. num_parts - 1 get no work (s[0] = s[2] = bs:
 // their CTAs exit).
 template <typename KvLen>
-ATTNKIT_MLA_HD void build_schedule(int bs, int num_parts, int min_parts, KvLen kv_len,
-                                   int32_t* sched, int32_t* split_indptr) {
+ATTNKIT_HOST_DEVICE void build_schedule(int bs, int num_parts, int min_parts, KvLen kv_len,
+                                        int32_t* sched, int32_t* split_indptr) {
   int parts = num_parts;
   for (int n = num_parts; n >= min_parts && n >= 1; --n) {
     if (!walk_schedule(bs, n, kv_len, nullptr, nullptr)) {
@@ -109,8 +104,8 @@ ATTNKIT_MLA_HD void build_schedule(int bs, int num_parts, int min_parts, KvLen k
 
 // The tile range [*t0, *t1) of request b handled by the part whose schedule words are s, and the
 // partial index of that segment; false when the part has no tiles of request b.
-ATTNKIT_MLA_HD inline bool segment_of(const int32_t* s, const int32_t* split_indptr, int b,
-                                      int kv_len, int* t0, int* t1, int* partial) {
+ATTNKIT_HOST_DEVICE inline bool segment_of(const int32_t* s, const int32_t* split_indptr, int b,
+                                           int kv_len, int* t0, int* t1, int* partial) {
   const int n = num_tiles(kv_len);
   *t0 = b == s[0] ? s[1] : 0;
   *t1 = b == s[2] ? s[3] : n;

@@ -50,11 +50,7 @@
 #include <cstdint>
 #include <span>
 
-#if defined(__CUDACC__)
-#define ATTNKIT_HOST_DEVICE __host__ __device__
-#else
-#define ATTNKIT_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 namespace attnkit::triton {
 
