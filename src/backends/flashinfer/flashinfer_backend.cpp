@@ -263,6 +263,11 @@ class FlashInferBackend final : public AttentionBackend {
     c.granule = flashinfer::kDecodeRingKeys;
     return c;
   }
+  // Decode q tiles per request (the group's packed rows in kDecodeTileRows-row tiles).
+  int decode_q_tiles() const {
+    const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
+    return (group + flashinfer::kDecodeTileRows - 1) / flashinfer::kDecodeTileRows;
+  }
   // Partial entries the balanced kernel writes for a plan of `partial_rows` rows (each
   // balanced_partial_width entries wide).
   int64_t balanced_partial_entries(int64_t partial_rows) const {
@@ -1021,17 +1026,15 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
 
 Status FlashInferBackend::replay_device_plan(int bs, int slots) {
   const WorkPlan& wp = work_plan_;
-  const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
-  const int64_t entries =
-      balanced_partial_entries(flashinfer::encoded_plan_partials(wp, balance_config(bs)));
+  const flashinfer::BalanceConfig bc = balance_config(bs);
+  const int64_t entries = balanced_partial_entries(flashinfer::encoded_plan_partials(wp, bc));
   if (entries > graph_partial_entries_) {  // bounded at init (balanced_graph_partial_entries)
     return Status::internal("flashinfer: replay's encoded plan needs " + str(entries) +
                             " partial entries, above the graph workspace's " +
                             str(graph_partial_entries_));
   }
-  const int64_t ctas = static_cast<int64_t>(wp.items.size()) * ctx_.num_kv_heads;
   const int64_t words =
-      flashinfer::BalancedPlan::words_for(bs, slots, std::max<int64_t>(ctas, slots));
+      flashinfer::encoded_plan_words(bs, static_cast<int64_t>(wp.items.size()), bc);
   if (words > graph_words_.capacity || wp.serialized_words() > graph_work_words_.capacity) {
     return Status::internal("flashinfer: replay's encoded plan needs " + str(words) + " + " +
                             str(wp.serialized_words()) + " words, above the graph workspace's " +
@@ -1043,7 +1046,7 @@ Status FlashInferBackend::replay_device_plan(int bs, int slots) {
   p.bs = bs;
   p.items = static_cast<int>(wp.items.size());
   p.heads = ctx_.num_kv_heads;
-  p.q_tiles = (group + flashinfer::kDecodeTileRows - 1) / flashinfer::kDecodeTileRows;
+  p.q_tiles = decode_q_tiles();
   p.slots = slots;
   p.out = graph_words_.data();
   ATTNKIT_RETURN_IF_ERROR(flashinfer::expand_encoded_plan(p, ctx_.stream));
@@ -1060,12 +1063,16 @@ Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_le
     return Status::ok();
   }
   const int heads = ctx_.num_kv_heads;
-  const int group = ctx_.num_q_heads / heads;
-  const int q_tiles = (group + flashinfer::kDecodeTileRows - 1) / flashinfer::kDecodeTileRows;
+  const int q_tiles = decode_q_tiles();
   const int64_t items = static_cast<int64_t>(bs) * q_tiles;
   const int64_t ctas = items * heads;
-  const int slots = balance_config(bs).slots;
+  const flashinfer::BalanceConfig bc = balance_config(bs);
+  const int slots = bc.slots;
   if (slots != captured_slots) return Status::ok();  // the host path says why
+  // Too small for either GPU path (below, by the plan's kind): the host plans, and decides, alone.
+  if (device_plan_ == 1 && ctas < kDevicePlanMinCtas && slots < kDeviceCutMinSlots) {
+    return Status::ok();
+  }
   flashinfer::PlanFromLengthsParams& p = lengths_params_;
   int64_t keys = 0;
   int32_t longest = 0, shortest = seq_lens_host[0];
@@ -1087,7 +1094,7 @@ Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_le
   p.heads = heads;
   p.q_tiles = q_tiles;
   p.slots = slots;
-  p.granule = balance_config(bs).granule;
+  p.granule = bc.granule;
   p.out = graph_words_.data();
   if (choice.cut) {
     // The cut plan on one CTA (kernels/plan_expand.h cut_plan_from_lengths), where the host's would
@@ -1098,12 +1105,11 @@ Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_le
         flashinfer::cut_plan_smem_bytes(bs, heads, q_tiles, slots) > flashinfer::kCutPlanMaxSmem) {
       return Status::ok();
     }
-    // The plan bounds of balanced_plan_bounds (the graph workspace is sized by them at init).
-    const int64_t segments = std::max<int64_t>(ctas + slots - 1, slots);
-    const int64_t words = flashinfer::BalancedPlan::words_for(bs, slots, segments);
-    const int64_t entries = balanced_partial_entries(std::min<int64_t>(2 * (slots - 1), segments));
-    if (words > graph_words_.capacity || entries > graph_partial_entries_) {
-      return Status::internal("flashinfer: replay's cut plan may need " + str(words) +
+    // The plan's bounds (the graph workspace is sized by those of max_bs at init).
+    const flashinfer::BalancedBounds bounds = flashinfer::balanced_plan_bounds(bs, bc);
+    const int64_t entries = balanced_partial_entries(bounds.partials);
+    if (bounds.words > graph_words_.capacity || entries > graph_partial_entries_) {
+      return Status::internal("flashinfer: replay's cut plan may need " + str(bounds.words) +
                               " words and " + str(entries) +
                               " partial entries, above the graph workspace's " +
                               str(graph_words_.capacity) + " and " + str(graph_partial_entries_));
@@ -1114,8 +1120,7 @@ Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_le
     // The encoded default plan (one CTA per slot, or several past the slot cap), from
     // kDevicePlanMinCtas CTAs.
     if (device_plan_ == 1 && ctas < kDevicePlanMinCtas) return Status::ok();
-    const int64_t words =
-        flashinfer::BalancedPlan::words_for(bs, slots, std::max<int64_t>(ctas, slots));
+    const int64_t words = flashinfer::encoded_plan_words(bs, items, bc);
     if (words > graph_words_.capacity) {
       return Status::internal("flashinfer: replay's encoded plan needs " + str(words) +
                               " words, above the graph workspace's " + str(graph_words_.capacity));

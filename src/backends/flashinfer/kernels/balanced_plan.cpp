@@ -239,10 +239,9 @@ namespace {
 
 // Work item i's segment for kv head h (encoded_segment in the header, which the GPU expansion
 // shares). Kv heads differ only in kv_head and, for a split item, partial_base (by h x parts:
-// to_head). False for an item whose request
-// does not exist or whose fields pass the 16-bit segment fields (bad_item says why). A bool and
-// inlined: a Status return or a call per segment made the several-CTAs-per-slot loop up to 1.7x
-// slower (dev VM, bs 600).
+// to_head). False for an item whose request does not exist or whose fields pass the 16-bit
+// segment fields (bad_item says why). A bool and inlined: a Status return or a call per segment
+// made the several-CTAs-per-slot loop up to 1.7x slower (dev VM, bs 600).
 [[gnu::always_inline]] inline bool item_segment(const WorkPlan& wp, int64_t i, int64_t h,
                                                 int64_t q_tiles, int64_t heads, Segment* s) {
   const WorkItem& it = wp.items[static_cast<size_t>(i)];
@@ -250,7 +249,7 @@ namespace {
     return false;
   }
   const RequestPlan& req = wp.requests[static_cast<size_t>(it.request)];
-  if (req.num_splits > 1 && req.num_splits > kMax16) return false;
+  if (req.num_splits > kMax16) return false;
   encoded_segment(it, req, h, q_tiles, heads, s);  // partial rows < partials: the caller checks
   return true;
 }

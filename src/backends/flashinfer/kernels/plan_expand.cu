@@ -62,6 +62,21 @@ __device__ void store_record(int32_t* at, const void* record) {  // 32 bytes, 16
   reinterpret_cast<int4*>(at)[1] = r[1];
 }
 
+// The plan's header and request records (thread tid of stride; one record per thread); returns
+// where cta_begin starts.
+template <class Source>
+__device__ int32_t* write_head(const Source& src, int bs, int slots, int32_t segments, int32_t* out,
+                               int64_t tid, int64_t stride) {
+  if (tid < kPlanHeaderWords) {
+    out[tid] = tid == 0 ? slots : tid == 1 ? segments : tid == 2 ? kBalancedPlanTag : 0;
+  }
+  for (int64_t r = tid; r < bs; r += stride) {
+    const RequestPlan q = src.request(static_cast<int>(r));
+    store_record(out + kPlanHeaderWords + r * kRequestWords, &q);
+  }
+  return out + kPlanHeaderWords + static_cast<int64_t>(bs) * kRequestWords;
+}
+
 // Grid-stride over the three parts of the output (thread tid of stride): header + requests (one
 // request record per thread), cta_begin, segments (one thread per segment, two 16-byte stores).
 // Slot c walks CTAs c, c + slots, ... (balanced_from_work_plan): with ctas = q x slots + r (ctas >=
@@ -71,19 +86,8 @@ template <class Source>
 __device__ void expand(const Source& src, int bs, int64_t items, int heads, int q_tiles, int slots,
                        int32_t* out, int64_t tid, int64_t stride) {
   const int64_t ctas = items * heads;
-  if (tid < kPlanHeaderWords) {
-    out[tid] = tid == 0   ? slots
-               : tid == 1 ? static_cast<int32_t>(ctas)
-               : tid == 2 ? kBalancedPlanTag
-                          : 0;
-  }
-  for (int64_t r = tid; r < bs; r += stride) {
-    const RequestPlan q = src.request(static_cast<int>(r));
-    store_record(out + kPlanHeaderWords + r * kRequestWords, &q);
-  }
-  const int64_t req_end = kPlanHeaderWords + static_cast<int64_t>(bs) * kRequestWords;
+  int32_t* cta_begin = write_head(src, bs, slots, static_cast<int32_t>(ctas), out, tid, stride);
   const int64_t cb_words = BalancedPlan::cta_begin_words_for(slots);
-  int32_t* cta_begin = out + req_end;
   const int64_t q = ctas / slots, r = ctas % slots;
   for (int64_t c = tid; c < cb_words; c += stride) {
     cta_begin[c] = c <= slots ? static_cast<int32_t>(c * q + (c < r ? c : r)) : 0;
@@ -246,19 +250,8 @@ __global__ void __launch_bounds__(kCutThreads)
   block_exclusive_scan(base, n_items);
 
   // The words: header, requests, cta_begin, segments (zeros up to max(segments, slots)).
-  int32_t* out = p.out;
-  if (threadIdx.x < kPlanHeaderWords) {
-    out[threadIdx.x] = threadIdx.x == 0   ? slots
-                       : threadIdx.x == 1 ? n_segments
-                       : threadIdx.x == 2 ? kBalancedPlanTag
-                                          : 0;
-  }
-  const FromLengths src{&p};
-  for (int r = threadIdx.x; r < bs; r += blockDim.x) {
-    const RequestPlan rq = src.request(r);
-    store_record(out + kPlanHeaderWords + int64_t{r} * kRequestWords, &rq);
-  }
-  int32_t* cta_begin = out + kPlanHeaderWords + int64_t{bs} * kRequestWords;
+  int32_t* cta_begin =
+      write_head(FromLengths{&p}, bs, slots, n_segments, p.out, threadIdx.x, blockDim.x);
   const int64_t cb_words = BalancedPlan::cta_begin_words_for(slots);
   for (int64_t c = threadIdx.x; c < cb_words; c += blockDim.x) {
     cta_begin[c] = c <= slots ? begin[c] : 0;
@@ -307,6 +300,19 @@ static_assert(sizeof(RequestPlan) == 32 && sizeof(WorkItem) == 32, "records are 
 static_assert(kPlanHeaderWords % 4 == 0, "requests start 16-byte aligned");
 static_assert(sizeof(Segment) == 2 * sizeof(int4), "a segment is two 16-byte words");
 
+// The first request of p with kv_len < 1, refused by `who`; ok (and *keys their sum) else.
+Status check_lengths(const PlanFromLengthsParams& p, const char* who, int64_t* keys) {
+  *keys = 0;
+  for (int r = 0; r < p.bs; ++r) {
+    if (p.kv_len[r] < 1) {
+      return Status::invalid_argument(std::string(who) + ": request " + std::to_string(r) +
+                                      " has kv_len " + std::to_string(p.kv_len[r]) +
+                                      " (a decode request holds its new token: >= 1)");
+    }
+    *keys += p.kv_len[r];
+  }
+  return Status::ok();
+}
 }  // namespace
 
 Status expand_encoded_plan(const PlanExpandParams& p, StreamHandle stream) {
@@ -344,13 +350,8 @@ Status expand_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle str
   if (p.out == nullptr) {
     return Status::invalid_argument("flashinfer plan from lengths: out must be set");
   }
-  for (int r = 0; r < p.bs; ++r) {
-    if (p.kv_len[r] < 1) {
-      return Status::invalid_argument("flashinfer plan from lengths: request " + std::to_string(r) +
-                                      " has kv_len " + std::to_string(p.kv_len[r]) +
-                                      " (a decode request holds its new token: >= 1)");
-    }
-  }
+  int64_t keys = 0;
+  ATTNKIT_RETURN_IF_ERROR(check_lengths(p, "flashinfer plan from lengths", &keys));
   const int blocks = static_cast<int>((std::max(ctas, int64_t{p.slots}) + kThreads - 1) / kThreads);
   expand_plan_from_lengths_kernel<<<blocks, kThreads, 0, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
@@ -378,14 +379,7 @@ Status cut_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle stream
     return Status::invalid_argument("flashinfer cut plan from lengths: out must be set");
   }
   int64_t keys = 0;
-  for (int r = 0; r < p.bs; ++r) {
-    if (p.kv_len[r] < 1) {
-      return Status::invalid_argument(
-          "flashinfer cut plan from lengths: request " + std::to_string(r) + " has kv_len " +
-          std::to_string(p.kv_len[r]) + " (a decode request holds its new token: >= 1)");
-    }
-    keys += p.kv_len[r];
-  }
+  ATTNKIT_RETURN_IF_ERROR(check_lengths(p, "flashinfer cut plan from lengths", &keys));
   const int64_t total = keys * p.q_tiles * p.heads;
   if (total / p.slots < p.granule) {
     return Status::invalid_argument(
