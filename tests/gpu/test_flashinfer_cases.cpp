@@ -460,6 +460,12 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
     uneven64[0] = 32767;
     graph_matches_eager(long_decode("auto_graph_uneven64_default", uneven64, 16, DType::kBF16), {},
                         device_plans(Planned::kGpuCut));
+    // Past the 48 KB a launch gets without opting in: 600 requests on 2112 slots need ~49 KB of
+    // search arrays (cut_plan_max_smem).
+    std::vector<int> uneven600(600, 99);
+    uneven600[0] = 65535;
+    graph_matches_eager(long_decode("auto_graph_uneven600_default", uneven600, 16, DType::kBF16),
+                        {}, device_plans(Planned::kGpuCut));
     std::vector<int> spread(160);  // uneven, not cut: 1280 CTAs on as many slots
     for (size_t r = 0; r < spread.size(); ++r) spread[r] = 40 + static_cast<int>(r * 37 % 900);
     graph_matches_eager(long_decode("auto_graph_b160_spread", spread, 16, DType::kBF16), {},

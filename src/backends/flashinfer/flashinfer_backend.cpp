@@ -1102,7 +1102,8 @@ Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_le
     // kMinSplitChunk per slot).
     if ((device_plan_ == 1 && slots < kDeviceCutMinSlots) ||
         keys * q_tiles * heads / slots < p.granule ||
-        flashinfer::cut_plan_smem_bytes(bs, heads, q_tiles, slots) > flashinfer::kCutPlanMaxSmem) {
+        flashinfer::cut_plan_smem_bytes(bs, heads, q_tiles, slots) >
+            flashinfer::cut_plan_max_smem()) {
       return Status::ok();
     }
     // The plan's bounds (the graph workspace is sized by those of max_bs at init).

@@ -2,6 +2,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <string>
 
 #include "backends/flashinfer/kernels/balanced_plan.h"
@@ -363,6 +365,47 @@ int64_t cut_plan_smem_bytes(int bs, int heads, int q_tiles, int slots) {
   return (int64_t{bs} + 1) * 8 + (int64_t{slots} + 1) * 8 + items * 4 + (int64_t{slots} + 1) * 4;
 }
 
+namespace {
+constexpr int64_t kNoOptInSmem = 48 * 1024;
+constexpr int kCachedDevices = 64;
+// Per device ordinal: the opt-in limit (0: not asked yet), and the dynamic shared memory the
+// kernel was opted in to (0: not yet).
+std::array<std::atomic<int64_t>, kCachedDevices> g_optin_limit{};
+std::array<std::atomic<int64_t>, kCachedDevices> g_opted_in{};
+
+// -1 without one (the failed call's error is not left for the next launch check).
+int current_device() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return device;
+}
+}  // namespace
+
+int64_t cut_plan_max_smem() {
+  const int device = current_device();
+  const bool cached = device >= 0 && device < kCachedDevices;
+  if (cached) {
+    if (const int64_t known = g_optin_limit[device].load(std::memory_order_relaxed); known > 0) {
+      return known - kCutPlanStaticSmem;
+    }
+  }
+  int optin = 0;
+  int64_t limit = kNoOptInSmem;
+  if (device >= 0) {
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+        cudaSuccess) {
+      cudaGetLastError();  // the failed query's error is not left for the next launch check
+    } else if (optin > limit) {
+      limit = optin;
+    }
+  }
+  if (cached) g_optin_limit[device].store(limit, std::memory_order_relaxed);
+  return limit - kCutPlanStaticSmem;
+}
+
 Status cut_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle stream) {
   constexpr int kMax16 = 32767;  // the segments' 16-bit fields
   if (p.bs < 1 || p.bs > kPlanLengthsMax || p.heads < 1 || p.heads > kMax16 || p.q_tiles < 1 ||
@@ -388,12 +431,25 @@ Status cut_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle stream
         std::to_string(p.granule) + " keys (the host planner cuts those)");
   }
   const int64_t smem = cut_plan_smem_bytes(p.bs, p.heads, p.q_tiles, p.slots);
-  if (smem > kCutPlanMaxSmem) {
+  const int64_t max_smem = cut_plan_max_smem();
+  if (smem > max_smem) {
     return Status::invalid_argument(
         "flashinfer cut plan from lengths: bs " + std::to_string(p.bs) + ", heads " +
         std::to_string(p.heads) + ", q_tiles " + std::to_string(p.q_tiles) + " and slots " +
         std::to_string(p.slots) + " need " + std::to_string(smem) +
-        " bytes of shared memory, above " + std::to_string(kCutPlanMaxSmem));
+        " bytes of shared memory, above this device's " + std::to_string(max_smem));
+  }
+  // Past 48 KB the launch needs the kernel opted in (a per-function attribute, not a stream
+  // operation): once per device, to the device's whole limit.
+  if (smem > kNoOptInSmem - kCutPlanStaticSmem) {
+    const int device = current_device();
+    const bool cached = device >= 0 && device < kCachedDevices;
+    if (!cached || g_opted_in[device].load(std::memory_order_acquire) < max_smem) {
+      ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(cut_plan_from_lengths_kernel,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(max_smem)));
+      if (cached) g_opted_in[device].store(max_smem, std::memory_order_release);
+    }
   }
   cut_plan_from_lengths_kernel<<<1, kCutThreads, static_cast<size_t>(smem),
                                  cuda::to_stream(stream)>>>(p);

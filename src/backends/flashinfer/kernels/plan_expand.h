@@ -69,13 +69,18 @@ Status expand_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle str
 // replay's refresh uploads nothing and plans nothing on the host (ceil(group / 16) = q_tiles).
 // Needs floor(T / slots) >= granule, T = q_tiles x heads x sum kv_len (every chunk then holds keys;
 // the auto rule cuts only with T / slots >= kMinSplitChunk), and its search arrays in
-// cut_plan_smem_bytes(...) <= kCutPlanMaxSmem bytes of shared memory (bs 256 at 8 kv heads on
-// 2048 slots: 35 KB): the 48 KB a launch gets without opting in, less 1 KB for the kernel's own
-// (its scans' warp sums, 384 bytes).
-inline constexpr int64_t kCutPlanMaxSmem = 47 * 1024;
+// cut_plan_smem_bytes(...) <= cut_plan_max_smem() bytes of shared memory (bs 256 at 8 kv heads on
+// 2048 slots: 35 KB; bs 1000: 65 KB).
 int64_t cut_plan_smem_bytes(int bs, int heads, int q_tiles, int slots);
-// Launches it on stream; kInvalidArgument names a field out of range, a kv_len < 1, chunks below
-// the granule or the shared memory past kCutPlanMaxSmem.
+// The most dynamic shared memory the cut plan's CTA takes on the current device: the device's
+// opt-in limit per block (227 KB on SM90, 163 KB on SM80, 99 KB on SM86 / SM89) less
+// kCutPlanStaticSmem for the kernel's own, queried once per device; without an answer, the 48 KB a
+// launch gets without opting in, less the same.
+inline constexpr int64_t kCutPlanStaticSmem = 1024;  // its scans' warp sums take 384 bytes
+int64_t cut_plan_max_smem();
+// Launches it on stream (opting the kernel in to the shared memory past 48 KB once per device);
+// kInvalidArgument names a field out of range, a kv_len < 1, chunks below the granule or the
+// shared memory past cut_plan_max_smem().
 Status cut_plan_from_lengths(const PlanFromLengthsParams& p, StreamHandle stream);
 
 }  // namespace attnkit::flashinfer
