@@ -415,7 +415,7 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
   // in its format): replays bit-identical to eager, for a batch of each kind, split plans included.
   // With ATTNKIT_FLASHINFER_DEVICE_PLAN=2 the encoded default plans with one CTA per slot (uniform
   // b16; b1 and the small uneven batch, split) are expanded on the GPU at replay
-  // (kernels/plan_expand.h; the default =1 does so from 1024 CTAs): from the lengths alone where
+  // (kernels/plan_expand.h; the default =1 does so from 512 CTAs): from the lengths alone where
   // the work plan cannot split (b16), else from the uploaded work plan; the cut plan on the host.
   std::optional<test_support::ScopedEnv> every_batch;
   every_batch.emplace("ATTNKIT_FLASHINFER_DEVICE_PLAN", "2");
@@ -446,10 +446,13 @@ TEST(FlashInferBalanceTest, AutoRuleEager) {
   graph_matches_eager(long_decode("auto_graph_b1", {20000}, 16, DType::kBF16), {},
                       device_plans(Planned::kWorkPlan));
   every_batch.reset();
-  {  // The default (=1: these batches are below 1024 CTAs) and =0: planned on the host.
+  {  // The default (=1: the lengths path from 512 CTAs) and =0: planned on the host.
     graph_matches_eager(
         long_decode("auto_graph_b16_default", std::vector<int>(16, 700), 16, DType::kBF16), {},
         device_plans(Planned::kHost));
+    graph_matches_eager(
+        long_decode("auto_graph_b64_default", std::vector<int>(64, 700), 16, DType::kBF16), {},
+        device_plans(Planned::kLengths));  // 512 CTAs
     graph_matches_eager(
         long_decode("auto_graph_b128_default", std::vector<int>(128, 300), 16, DType::kBF16), {},
         device_plans(Planned::kLengths));  // 1024 CTAs

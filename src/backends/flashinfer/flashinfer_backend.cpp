@@ -427,7 +427,8 @@ class FlashInferBackend final : public AttentionBackend {
   DeviceArray<int32_t> graph_words_;
   // The work plan a replay uploads for its encoded default plan to be expanded on the GPU
   // (kernels/plan_expand.h), kAuto only. device_plan_ = ATTNKIT_FLASHINFER_DEVICE_PLAN: 1 (the
-  // default) from kDevicePlanMinCtas CTAs, 2 at every batch (tests), 0 never.
+  // default) from kDevicePlanMinCtas CTAs (the plan from the lengths from kLengthPlanMinCtas, the
+  // cut plan from kDeviceCutMinSlots slots), 2 at every batch (tests), 0 never.
   DeviceArray<int32_t> graph_work_words_;
   int device_plan_ = 1;
   // The expansion kernel's launch costs the host ~3-4 us, the host encoder ~5 ns per segment
@@ -435,6 +436,11 @@ class FlashInferBackend final : public AttentionBackend {
   // batch vs none: bs 256 (2048 CTAs) 18-27 vs 26-33 us, bs 64 (512) 12-14 vs 9-18, bs 1 / 16
   // (128) 8-13 vs 5-7): from 1024 CTAs (bs >= 128 at 8 kv heads) it pays.
   static constexpr int64_t kDevicePlanMinCtas = 1024;
+  // The plan from the lengths alone (no work plan, no upload, no event: the launch and the length
+  // scan) from 512 CTAs (bs >= 64 at 8 kv heads): H200 lease host, bench refresh medians over five
+  // alternated rounds (2026-11-26 04:02Z and 05:50Z), b64 kv 4k 10-36 us on the host path vs 6-15
+  // with the lengths path; at 128-256 CTAs (b16 / b32) the rounds disagreed.
+  static constexpr int64_t kLengthPlanMinCtas = 512;
   // The cut plan on the GPU from 512 slots (bs >= 64 at 8 kv heads): the host's cut plan costs
   // ~12 us there on the development VM (uneven b64, 1019 segments) plus its upload, ~47 us at bs
   // 256 (4083 segments); the launch ~3-4 us.
@@ -1070,7 +1076,7 @@ Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_le
   const int slots = bc.slots;
   if (slots != captured_slots) return Status::ok();  // the host path says why
   // Too small for either GPU path (below, by the plan's kind): the host plans, and decides, alone.
-  if (device_plan_ == 1 && ctas < kDevicePlanMinCtas && slots < kDeviceCutMinSlots) {
+  if (device_plan_ == 1 && ctas < kLengthPlanMinCtas && slots < kDeviceCutMinSlots) {
     return Status::ok();
   }
   flashinfer::PlanFromLengthsParams& p = lengths_params_;
@@ -1119,8 +1125,8 @@ Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_le
     ++stats_.graph_device_cut_plans;
   } else {
     // The encoded default plan (one CTA per slot, or several past the slot cap), from
-    // kDevicePlanMinCtas CTAs.
-    if (device_plan_ == 1 && ctas < kDevicePlanMinCtas) return Status::ok();
+    // kLengthPlanMinCtas CTAs.
+    if (device_plan_ == 1 && ctas < kLengthPlanMinCtas) return Status::ok();
     const int64_t words = flashinfer::encoded_plan_words(bs, items, bc);
     if (words > graph_words_.capacity) {
       return Status::internal("flashinfer: replay's encoded plan needs " + str(words) +
