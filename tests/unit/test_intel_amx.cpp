@@ -4,6 +4,7 @@
 // sinks, fp8 KV, f16/f32 activations) and the rejection of unsupported inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -710,6 +711,42 @@ TEST(IntelAmxRejects, ForwardWithAnotherBatchsPlan) {
   const Status st = (*backend)->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, other,
                                         /*save_kv=*/false, ld.lse);
   expect_error_mentions(st, StatusCode::kInvalidArgument, "init_forward_metadata");
+}
+
+// A verify plan of N drafts per request, then a forward of the same rows and lengths with fewer
+// drafts (q / out of bs x N' rows): refused by num_tokens and draft_token_num, nothing written (the
+// stale plan's query offsets wrote past the smaller out).
+TEST(IntelAmxRejects, VerifyForwardWithAnotherDraftCount) {
+  CaseSpec c = make_case("stale_verify", ForwardMode::kTargetVerify, 16, {40, 20}, {});
+  c.spec_draft_tokens = 4;
+  c.spec_topk = 1;
+  PreparedCase pc = prepare_or_die(c);
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  // Verify batches may leave the extend lengths out (the drafts follow the committed prefix): then
+  // rows and seq_lens alone do not tell the two batches apart.
+  ForwardBatch planned = pc.batch;
+  planned.extend_seq_lens_host.clear();
+  planned.extend_prefix_lens_host.clear();
+  planned.extend_start_loc_host.clear();
+  planned.extend_seq_lens = planned.extend_prefix_lens = planned.extend_start_loc = TensorView();
+  planned.spec.custom_mask = planned.spec.mask_indptr = TensorView();  // a chain needs no mask
+  planned.spec.mask_indptr_host.clear();
+  ASSERT_TRUE((*backend)->init_forward_metadata(planned).is_ok());
+  ForwardBatch fewer = planned;
+  fewer.spec.draft_token_num = 2;
+  fewer.num_tokens = 4;
+  fewer.out_cache_loc.shape[0] = fewer.positions.shape[0] = 4;
+  const harness::LayerData& ld = pc.layers[0];
+  TensorView q = ld.q, out = ld.out, lse = ld.lse;
+  q.shape[0] = out.shape[0] = 4;
+  if (lse.defined()) lse.shape[0] = 4;
+  const auto* bytes = static_cast<const unsigned char*>(ld.out.data);
+  const std::vector<unsigned char> before(bytes, bytes + ld.out.storage_bytes());
+  const Status st = (*backend)->forward(q, TensorView(), TensorView(), out, ld.layer, fewer,
+                                        /*save_kv=*/false, lse);
+  expect_error_mentions(st, StatusCode::kInvalidArgument, "num_tokens 4");
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), bytes)) << "out was written";
 }
 
 TEST(IntelAmxIsa, ParsesNamesAndRejectsUnknown) {

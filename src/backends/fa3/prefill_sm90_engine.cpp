@@ -219,6 +219,7 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
                                    words_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
                                    cuda::to_stream(stream)));
   plan_bs_ = bs;
+  plan_tokens_ = batch.num_tokens;
   num_tiles_ = plan.num_tiles;
   planned_fp8_ = fp8;
   // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
@@ -277,6 +278,7 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
   if (!vec_aligned(q) || !vec_aligned(out)) return "q / out rows not 16-byte aligned";
   if (batch.kv_pool == nullptr || batch.kv_pool->is_mla()) return "no MHA pool";
   if (batch.batch_size != plan_bs_) return "batch size differs from the plan";
+  if (batch.num_tokens != plan_tokens_) return "num_tokens differs from the plan";
   const auto& pool = static_cast<const MHAKVPool&>(*batch.kv_pool);
   const auto aligned = planned_fp8_ ? vec_aligned_fp8 : vec_aligned;
   if (!aligned(pool.k_buffer(layer.layer_id)) || !aligned(pool.v_buffer(layer.layer_id))) {

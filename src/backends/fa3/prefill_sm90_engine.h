@@ -120,6 +120,7 @@ class PrefillSm90Engine {
   bool planned_ = false;
   bool planned_fp8_ = false;
   int plan_bs_ = 0;
+  int plan_tokens_ = 0;  // batch.num_tokens: the tiles' query rows index q / out by the plan
   int num_tiles_ = 0;
   std::vector<int32_t> words_;
   DeviceArray<int32_t> plan_words_;

@@ -120,6 +120,9 @@ struct Plan {
   bool mla_native = false;     // this forward runs on the shared tensor-core MLA decode kernels
   ForwardMode mode = ForwardMode::kIdle;
   int bs = 0;
+  // An eager plan's batch.num_tokens (its q / out rows; a forward of another count is refused, as
+  // the plan's query offsets would index past them); -1 for graph plans.
+  int eager_tokens = -1;
   TileShape shape = TileShape::kDecode;
   int grid_items = 0;  // CTAs per kv head launched (balanced plan: CTAs)
   // > 0: the decode plan is a balanced-kernel plan of this many slots (the default,
@@ -478,6 +481,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   if (batch.req_to_token_pool == nullptr) {
     return Status::invalid_argument("flashinfer: ForwardBatch.req_to_token_pool is null");
   }
+  plan_.eager_tokens = batch.num_tokens;
   const int bs = batch.batch_size;
   plan_.bs = bs;
   // The MLA chunked prefix cache of this forward's non-absorbed layers (layer.mla_prefix).
@@ -591,10 +595,12 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   ATTNKIT_RETURN_IF_ERROR(
       validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
   if (batch.mode == ForwardMode::kIdle || batch.num_tokens == 0) return Status::ok();
-  if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size) {
+  if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size ||
+      (plan_.eager_tokens >= 0 && plan_.eager_tokens != batch.num_tokens)) {
     return Status::invalid_argument(
         "flashinfer: forward called without a matching init_forward_metadata (mode " +
-        std::string(forward_mode_name(batch.mode)) + ", batch_size " + str(batch.batch_size) + ")");
+        std::string(forward_mode_name(batch.mode)) + ", batch_size " + str(batch.batch_size) +
+        ", num_tokens " + str(batch.num_tokens) + ")");
   }
   if (layer.mla_prefix != nullptr) {
     ++stats_.portable_calls;

@@ -242,6 +242,9 @@ class IntelAmxBackend final : public AttentionBackend {
     planned_seq_lens_ = batch.seq_lens_host;
     planned_encoder_lens_ = batch.encoder_lens_host;
     planned_extend_lens_ = batch.extend_seq_lens_host;
+    planned_num_tokens_ = batch.num_tokens;
+    planned_draft_tokens_ =
+        batch.mode == ForwardMode::kTargetVerify ? batch.spec.draft_token_num : 0;
     planned_ = true;
     return Status::ok();
   }
@@ -546,12 +549,16 @@ class IntelAmxBackend final : public AttentionBackend {
     if (!planned_ || planned_mode_ != batch.mode || planned_batch_size_ != batch.batch_size ||
         planned_rows_ != batch.req_pool_indices_host || planned_seq_lens_ != batch.seq_lens_host ||
         planned_encoder_lens_ != batch.encoder_lens_host ||
-        planned_extend_lens_ != batch.extend_seq_lens_host) {
+        planned_extend_lens_ != batch.extend_seq_lens_host ||
+        planned_num_tokens_ != batch.num_tokens ||
+        (batch.mode == ForwardMode::kTargetVerify &&
+         planned_draft_tokens_ != batch.spec.draft_token_num)) {
       return Status::invalid_argument(
           cat("intel_amx: init_forward_metadata was not called for this batch (mode ",
-              forward_mode_name(batch.mode), ", batch_size ", batch.batch_size,
+              forward_mode_name(batch.mode), ", batch_size ", batch.batch_size, ", num_tokens ",
+              batch.num_tokens,
               "): the plan is for the batch it was last called with (mode, request rows, "
-              "seq_lens, extend and encoder lengths)"));
+              "seq_lens, extend and encoder lengths, num_tokens, draft_token_num)"));
     }
     if (layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads ||
         layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.v_head_dim) {
@@ -640,6 +647,8 @@ class IntelAmxBackend final : public AttentionBackend {
   // What the plan was made from: a forward with another batch of the same mode and size is refused.
   std::vector<int32_t> planned_rows_, planned_seq_lens_, planned_encoder_lens_,
       planned_extend_lens_;
+  int planned_num_tokens_ = 0;
+  int planned_draft_tokens_ = 0;  // target verify's N
   Plan self_;
   Plan cross_;
   bool has_cross_ = false;

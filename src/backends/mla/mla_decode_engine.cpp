@@ -212,6 +212,7 @@ Status MlaDecodeEngine::plan(const ForwardBatch& batch, StreamHandle stream) {
   plan_.mode = batch.mode;
   plan_.bs = bs;
   plan_.s_q = s_q;
+  plan_.eager_tokens = batch.num_tokens;
   plan_.num_parts = parts;
   plan_.sched = sched_.data();
   plan_.split_indptr = split_indptr_.data();
@@ -321,9 +322,12 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
                             const TensorView& out, const AttentionLayer& layer,
                             const ForwardBatch& batch, bool save_kv, const TensorView& lse,
                             StreamHandle stream) {
-  if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size) {
-    return Status::invalid_argument(owner_ +
-                                    ": MLA forward without a matching init_forward_metadata");
+  if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size ||
+      (plan_.eager_tokens >= 0 && plan_.eager_tokens != batch.num_tokens)) {
+    return Status::invalid_argument(
+        owner_ + ": MLA forward without a matching init_forward_metadata (mode " +
+        forward_mode_name(batch.mode) + ", batch_size " + std::to_string(batch.batch_size) +
+        ", num_tokens " + std::to_string(batch.num_tokens) + ")");
   }
   if (!layer.is_mla || layer.qk_head_dim != kRowDim || layer.v_head_dim != kLatentDim ||
       layer.num_kv_heads != 1 || layer.num_q_heads != ctx_.num_q_heads) {

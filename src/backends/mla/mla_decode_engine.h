@@ -111,6 +111,9 @@ class MlaDecodeEngine {
     ForwardMode mode = ForwardMode::kIdle;
     int bs = 0;
     int s_q = 1;
+    // An eager plan's batch.num_tokens (a forward of another count is refused: the plan's query
+    // rows would index past its q / out); -1 for graph plans.
+    int eager_tokens = -1;
     int num_parts = 1;
     const int32_t* sched = nullptr;
     const int32_t* split_indptr = nullptr;

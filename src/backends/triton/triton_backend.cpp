@@ -54,6 +54,9 @@ struct Plan {
   ForwardMode mode = ForwardMode::kIdle;
   int bs = 0;
   int num_tokens = 0;
+  // An eager plan's batch.num_tokens (its q / out rows; a forward of another count is refused, as
+  // the plan's query offsets would index past them); -1 for graph plans.
+  int eager_tokens = -1;
   const int32_t* self_indptr = nullptr;
   const int32_t* self_indices = nullptr;
   const int32_t* cross_indptr = nullptr;  // nullptr = no encoder
@@ -232,6 +235,7 @@ Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
   const bool has_encoder = !batch.encoder_lens_host.empty();
   plan_.bs = bs;
   plan_.num_tokens = batch.num_tokens;
+  plan_.eager_tokens = batch.num_tokens;
 
   const TensorView table = batch.req_to_token_pool->table();
   cuda::TokenIndexArgs idx;
@@ -340,11 +344,13 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   ATTNKIT_RETURN_IF_ERROR(
       validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
   if (batch.mode == ForwardMode::kIdle || batch.num_tokens == 0) return Status::ok();
-  if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size) {
+  if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size ||
+      (plan_.eager_tokens >= 0 && plan_.eager_tokens != batch.num_tokens)) {
     return Status::invalid_argument(
         "triton: forward called without a matching init_forward_metadata (mode " +
         std::string(forward_mode_name(batch.mode)) + ", batch_size " +
-        std::to_string(batch.batch_size) + ")");
+        std::to_string(batch.batch_size) + ", num_tokens " + std::to_string(batch.num_tokens) +
+        ")");
   }
   if (batch.kv_pool == nullptr)
     return Status::invalid_argument("triton: ForwardBatch.kv_pool is null");
