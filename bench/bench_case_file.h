@@ -105,7 +105,9 @@ inline Status get_int(const Json& v, const std::string& where, int min_value, in
     return Status::invalid_argument(
         where + ": expected an integer >= " + std::to_string(min_value) + ", got " + v.dump());
   }
-  const int64_t x = v.get<int64_t>();
+  // Unsigned values past INT64_MAX would wrap negative as int64 (2^64 - 1 -> -1).
+  const bool huge = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX);
+  const int64_t x = huge ? int64_t{INT32_MAX} + 1 : v.get<int64_t>();
   if (x < min_value || x > INT32_MAX) {
     return Status::invalid_argument(where + ": " + v.dump() +
                                     " is out of range (accepted: " + std::to_string(min_value) +
@@ -244,6 +246,11 @@ inline std::string case_name(const BenchCase& c) {
 inline Status finish_case(BenchCase* c, const ParseState& state, const std::string& where) {
   if (state.kv_dtype_auto) c->kv_dtype = c->dtype;
   if (c->kind == BenchKind::kMlaDecode) {
+    if (int64_t{c->kv_lora_rank} + c->qk_rope_head_dim > INT32_MAX) {
+      return Status::invalid_argument(where + ": kv_lora_rank " + std::to_string(c->kv_lora_rank) +
+                                      " + qk_rope_head_dim " + std::to_string(c->qk_rope_head_dim) +
+                                      " exceeds " + std::to_string(INT32_MAX));
+    }
     c->kv_heads = 1;
     c->head_dim = c->kv_lora_rank + c->qk_rope_head_dim;
     c->v_head_dim = c->kv_lora_rank;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -113,18 +114,40 @@ int64_t cpu_copy_bytes() {
 }
 
 // An output file must be creatable: its directory exists and the path is not a directory.
-void check_output_path(const char* flag, const std::string& path) {
+// Whether two paths name one file: equal after normalisation, or the same existing file.
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  const std::filesystem::path pa = std::filesystem::absolute(a, ec).lexically_normal();
+  const std::filesystem::path pb = std::filesystem::absolute(b, ec).lexically_normal();
+  return pa == pb || std::filesystem::equivalent(a, b, ec);
+}
+
+// An output file named by `flag`: not a directory, not the --cases input, in an existing directory
+// and writable now (opened for append, so an existing file keeps its bytes; a file made by the
+// probe is removed again), so that a bad path fails before the sweep instead of after it.
+void check_output_path(const char* flag, const std::string& path, const std::string& cases) {
   if (path.empty()) return;
   std::error_code ec;
   const std::filesystem::path p(path);
   if (std::filesystem::is_directory(p, ec)) {
     cli_fail(std::string(flag) + " " + path + " is a directory (expected a file name)");
   }
+  if (same_file(path, cases)) {
+    cli_fail(std::string(flag) + " " + path + " is the --cases file (it would be overwritten)");
+  }
   const std::filesystem::path dir = p.parent_path().empty() ? "." : p.parent_path();
   if (!std::filesystem::is_directory(dir, ec)) {
     cli_fail(std::string(flag) + " " + path + ": directory " + dir.string() +
              " does not exist (the file is written after the run)");
   }
+  const bool existed = std::filesystem::exists(p, ec);
+  bool writable = false;
+  {
+    std::ofstream probe(path, std::ios::app);
+    writable = probe.is_open();
+  }
+  if (!existed) std::filesystem::remove(p, ec);
+  if (!writable) cli_fail(std::string(flag) + " " + path + " cannot be opened for writing");
 }
 
 int omp_threads() {
@@ -163,10 +186,6 @@ void bench_main(const BenchArgs& args) {
   for (const bench::BenchCase& c : cases) {
     name_width = std::max(name_width, static_cast<int>(c.name.size()));
   }
-  if (args.list) {
-    for (const bench::BenchCase& c : cases) std::cout << c.name << "\n";
-    return;
-  }
   // Every point and both output files are checked before any ceiling or case is timed, so that a
   // bad point (shared_prefix past kv_len, ...) or an unwritable --json fails in a second instead
   // of after the sweep.
@@ -175,8 +194,13 @@ void bench_main(const BenchArgs& args) {
       cli_fail("--cases " + args.cases + ": " + s.message());
     }
   }
-  check_output_path("--json", args.json_path);
-  check_output_path("--csv", args.csv_path);
+  check_output_path("--json", args.json_path, args.cases);
+  check_output_path("--csv", args.csv_path, args.cases);
+  if (!args.json_path.empty() && !args.csv_path.empty() &&
+      same_file(args.json_path, args.csv_path)) {
+    cli_fail("--json and --csv name the same file " + args.csv_path +
+             " (the CSV would overwrite the JSON)");
+  }
 
   std::vector<const BackendDescriptor*> backends;
   for (const std::string& name : split_commas(args.backends)) {
@@ -192,6 +216,10 @@ void bench_main(const BenchArgs& args) {
   }
   if (backends.empty()) cli_fail("--backend " + args.backends + " names no backend runnable here");
   for (const BackendDescriptor* d : backends) run.backends.push_back(d->name);
+  if (args.list) {  // after --backend is checked: a bad name is reported, not ignored
+    for (const bench::BenchCase& c : cases) std::cout << c.name << "\n";
+    return;
+  }
 
   bench::RunSettings& settings = run.settings;
   settings.device = device;
@@ -205,6 +233,13 @@ void bench_main(const BenchArgs& args) {
       device.is_cpu() ? (args.paired_rounds >= 0 ? args.paired_rounds : kCpuPairedRounds) : 0;
   settings.paired_calls = args.paired_calls;
   if (args.rotate_mib > 0) {
+    // The rotating copies are allocated and filled on this host for a CPU device: more than it has
+    // available would get the process killed part-way (CUDA allocations fail with an error).
+    const int64_t available = harness::host_memory_available();
+    if (device.is_cpu() && available > 0 && (args.rotate_mib << 20) > available) {
+      cli_fail("--rotate-mib " + std::to_string(args.rotate_mib) + " is above the " +
+               std::to_string(available >> 20) + " MiB this host has available");
+    }
     settings.rotate_bytes = args.rotate_mib << 20;
     run.rotate_why = "--rotate-mib " + std::to_string(args.rotate_mib);
   } else {

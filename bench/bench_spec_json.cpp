@@ -18,9 +18,13 @@ Status bad(const std::string& key, const Json& v, const char* accepted) {
 }
 
 Status get_int(const std::string& key, const Json& v, int* out) {
-  if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX) {
-    return bad(key, v, "an integer");
-  }
+  // An unsigned value past INT64_MAX read as int64 wraps negative (18446744073709551615 -> -1):
+  // range-check unsigned values as unsigned.
+  const bool in_range =
+      v.is_number_unsigned()
+          ? v.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
+          : v.is_number_integer() && v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+  if (!in_range) return bad(key, v, "an integer in [-2147483648, 2147483647]");
   *out = v.get<int>();
   return Status::ok();
 }

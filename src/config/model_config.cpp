@@ -16,6 +16,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
@@ -155,10 +156,12 @@ class Reader {
     auto [value, owner] = find(key);
     out->reset();
     if (value == nullptr) return Status::ok();
+    // Within float range: the attention parameters are floats (1e300 became inf or 0).
     if (!value->is_number() || !std::isfinite(value->get<double>()) ||
-        value->get<double>() < min_value) {
+        value->get<double>() < min_value ||
+        std::fabs(value->get<double>()) > std::numeric_limits<float>::max()) {
       std::ostringstream expected;
-      expected << "a number >= " << min_value;
+      expected << "a number >= " << min_value << " within float range";
       return owner->type_error(key, *value, expected.str());
     }
     *out = value->get<double>();
@@ -333,6 +336,11 @@ Status parse_mla(const Reader& text, ModelAttentionConfig* cfg) {
   cfg->q_lora_rank = q_lora_rank.value_or(0);
   // A "head_dim" key in MLA configs (newer transformers set it to qk_rope_head_dim) is not the
   // attention head size; the qk head is the nope and rope parts together.
+  if (int64_t{cfg->qk_nope_head_dim} + cfg->qk_rope_head_dim > std::numeric_limits<int>::max()) {
+    return text.type_error("qk_nope_head_dim", Json(cfg->qk_nope_head_dim),
+                           "a positive integer whose sum with qk_rope_head_dim " +
+                               std::to_string(cfg->qk_rope_head_dim) + " fits int32");
+  }
   cfg->head_dim = cfg->qk_nope_head_dim + cfg->qk_rope_head_dim;
 
   std::optional<int> index_topk;

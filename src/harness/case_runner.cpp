@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <new>
 #include <numeric>
@@ -12,6 +13,8 @@
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -21,6 +24,21 @@
 #include "harness/mla_prefix_expander.h"
 
 namespace attnkit::harness {
+
+int64_t host_memory_available() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  constexpr std::string_view kKey = "MemAvailable:";
+  while (std::getline(meminfo, line)) {
+    if (line.starts_with(kKey)) {  // "MemAvailable:   20480000 kB"
+      std::istringstream fields(line.substr(kKey.size()));
+      int64_t kib = -1;
+      return fields >> kib && kib >= 0 ? kib * 1024 : -1;
+    }
+  }
+  return -1;
+}
+
 namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -195,6 +213,29 @@ std::vector<TensorView> pool_buffers(const KVPool& pool, int layer) {
   }
   std::erase_if(out, [](const TensorView& t) { return !t.defined(); });
   return out;
+}
+
+// A host pool (with its snapshot) that cannot fit the host's available memory is refused by name
+// before anything is allocated: under overcommit the allocation succeeds and the process is
+// killed while filling it (attnkit run --layers 2147483647, demo --page-size 200000).
+Status check_host_pool_fits(const CaseSpec& spec, const KVPoolConfig& cfg,
+                            const PrepareOptions& options) {
+  const double row_values =
+      spec.mla ? static_cast<double>(spec.kv_lora_rank) + spec.qk_rope_head_dim
+               : static_cast<double>(spec.num_kv_heads) * (spec.head_dim + spec.v_head_dim);
+  const double rows = static_cast<double>(cfg.size) + cfg.page_size;
+  const double bytes = static_cast<double>(options.num_layers) * rows * row_values *
+                       dtype_bits(cfg.dtype) / 8.0 * (options.snapshot_pool ? 2.0 : 1.0);
+  const int64_t available = host_memory_available();
+  if (available > 0 && bytes > static_cast<double>(available)) {
+    constexpr double kMiB = 1024.0 * 1024.0;
+    return Status::out_of_memory(
+        cat("case ", spec.name, ": its host KV pool needs ", std::llround(bytes / kMiB), " MiB (",
+            options.num_layers, " layers x ", std::llround(rows), " rows of page_size ",
+            cfg.page_size, options.snapshot_pool ? ", and its snapshot" : "", "), above the ",
+            available / (1 << 20), " MiB this host has available"));
+  }
+  return Status::ok();
 }
 
 Result<std::unique_ptr<KVPool>> create_pool(const KVPoolConfig& cfg, bool mla) {
@@ -890,6 +931,7 @@ Result<PreparedCase> prepare_case_unguarded(const CaseSpec& spec, Device device,
     cfg.head_dim = spec.head_dim;
     cfg.v_head_dim = spec.v_head_dim;
   }
+  if (device.is_cpu()) ATTNKIT_RETURN_IF_ERROR(check_host_pool_fits(spec, cfg, options));
   ATTNKIT_ASSIGN_OR_RETURN(pc.kv_pool, create_pool(cfg, spec.mla));
   if (options.poison) {
     for (int l = 0; l < options.num_layers; ++l) {

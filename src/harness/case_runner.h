@@ -92,7 +92,9 @@ struct CaseSpec {
 
   int batch_size() const { return static_cast<int>(prefix_lens.size()); }
   // MLA with the [latent | rope] row as the key (decode / absorbed extend).
-  bool mla_absorbed() const { return mla && head_dim == kv_lora_rank + qk_rope_head_dim; }
+  bool mla_absorbed() const {
+    return mla && int64_t{head_dim} == int64_t{kv_lora_rank} + qk_rope_head_dim;
+  }
   AttentionKind kind() const { return mla ? AttentionKind::kMLA : AttentionKind::kMHA; }
   // One line: "extend_p16_gqa4: extend bs 3 page 16 heads 8/2 d 128/128 q bf16 kv bf16 ...".
   std::string describe() const;
@@ -163,6 +165,11 @@ struct PreparedCase {
 // an invalid spec reported before anything else (e.g. `attnkit run --case`): the error names the
 // field, its value and what is allowed.
 Status validate_case(const CaseSpec& spec);
+
+// The host's available memory (/proc/meminfo MemAvailable) in bytes; -1 where it cannot be read.
+// prepare_case refuses a CPU case whose KV pool would not fit it (instead of being killed by the
+// kernel's out-of-memory handler while filling it).
+int64_t host_memory_available();
 
 // Builds the case on `device` (CPU or CUDA). Errors name the spec field that is inconsistent.
 Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,

@@ -50,6 +50,15 @@ Status validate_common(const KVPoolConfig& c) {
     return Status::invalid_argument(cfg_error(
         "size", c.size, "must be a positive multiple of page_size " + std::to_string(c.page_size)));
   }
+  // The pool's rows (size + page_size: page 0 is the reserved dummy page) are int32 slots in
+  // req_to_token and the kernels' index math.
+  constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
+  if (c.size > kMaxRows - c.page_size) {
+    return Status::invalid_argument(cfg_error("size", c.size,
+                                              "plus page_size " + std::to_string(c.page_size) +
+                                                  " must be <= " + std::to_string(kMaxRows) +
+                                                  " (KV slots are int32)"));
+  }
   if (!is_kv_dtype(c.dtype)) {
     return Status::invalid_argument(std::string("KVPoolConfig.dtype ") + dtype_name(c.dtype) +
                                     " is not a KV cache dtype (bf16, f16, f32, fp8_e4m3, "
@@ -66,8 +75,19 @@ Status check_fp4_dim(const KVPoolConfig& c, const char* field, int64_t value) {
   return Status::ok();
 }
 
-// A buffer of `numel` values of `dtype`; host memory is zeroed (device memory starts undefined).
-Result<Buffer> allocate_kv(Device device, DType dtype, int64_t numel) {
+// A buffer of rows x per_row values of `dtype` (`what` names the buffer in the error when that
+// count would overflow); host memory is zeroed (device memory starts undefined).
+Result<Buffer> allocate_kv(Device device, DType dtype, int64_t rows, int64_t per_row,
+                           const char* what) {
+  // At most 2^57 values: their bits (<= 64 each) and bytes stay within int64.
+  constexpr int64_t kMaxValues = int64_t{1} << 57;
+  if (per_row > 0 && rows > kMaxValues / per_row) {
+    return Status::invalid_argument(std::string("KV pool ") + what + ": " + std::to_string(rows) +
+                                    " rows x " + std::to_string(per_row) +
+                                    " values per row exceed 2^57 values (num_kv_heads x head_dim "
+                                    "and size are too large together)");
+  }
+  const int64_t numel = rows * per_row;
   const int64_t bytes = dtype_storage_bytes(dtype, numel);
   ATTNKIT_ASSIGN_OR_RETURN(Buffer buffer, Buffer::allocate(device, bytes));
   if (device.is_cpu()) std::memset(buffer.data(), 0, static_cast<size_t>(bytes));
@@ -340,18 +360,18 @@ Result<std::unique_ptr<MHAKVPool>> MHAKVPool::create(const KVPoolConfig& config)
   const bool fp4 = config.dtype == DType::kFP4E2M1;
   for (int layer = 0; layer < config.num_layers; ++layer) {
     ATTNKIT_ASSIGN_OR_RETURN(
-        Buffer k, allocate_kv(config.device, config.dtype, rows * heads * config.head_dim));
+        Buffer k, allocate_kv(config.device, config.dtype, rows, heads * config.head_dim, "k"));
     ATTNKIT_ASSIGN_OR_RETURN(
-        Buffer v, allocate_kv(config.device, config.dtype, rows * heads * config.v_head_dim));
+        Buffer v, allocate_kv(config.device, config.dtype, rows, heads * config.v_head_dim, "v"));
     pool->k_.push_back(std::move(k));
     pool->v_.push_back(std::move(v));
     if (fp4) {
       ATTNKIT_ASSIGN_OR_RETURN(Buffer ks,
-                               allocate_kv(config.device, DType::kFP8E4M3,
-                                           rows * heads * (config.head_dim / kFp4GroupSize)));
-      ATTNKIT_ASSIGN_OR_RETURN(Buffer vs,
-                               allocate_kv(config.device, DType::kFP8E4M3,
-                                           rows * heads * (config.v_head_dim / kFp4GroupSize)));
+                               allocate_kv(config.device, DType::kFP8E4M3, rows,
+                                           heads * (config.head_dim / kFp4GroupSize), "k scales"));
+      ATTNKIT_ASSIGN_OR_RETURN(
+          Buffer vs, allocate_kv(config.device, DType::kFP8E4M3, rows,
+                                 heads * (config.v_head_dim / kFp4GroupSize), "v scales"));
       pool->k_scales_.push_back(std::move(ks));
       pool->v_scales_.push_back(std::move(vs));
     }
@@ -411,11 +431,12 @@ Result<std::unique_ptr<MLAKVPool>> MLAKVPool::create(const KVPoolConfig& config)
   auto pool = std::unique_ptr<MLAKVPool>(new MLAKVPool(normalized));
   const int64_t rows = pool->rows();
   for (int layer = 0; layer < config.num_layers; ++layer) {
-    ATTNKIT_ASSIGN_OR_RETURN(Buffer kv, allocate_kv(config.device, config.dtype, rows * row_dim));
+    ATTNKIT_ASSIGN_OR_RETURN(Buffer kv,
+                             allocate_kv(config.device, config.dtype, rows, row_dim, "kv"));
     pool->kv_.push_back(std::move(kv));
     if (config.dtype == DType::kFP4E2M1) {
-      ATTNKIT_ASSIGN_OR_RETURN(
-          Buffer s, allocate_kv(config.device, DType::kFP8E4M3, rows * (row_dim / kFp4GroupSize)));
+      ATTNKIT_ASSIGN_OR_RETURN(Buffer s, allocate_kv(config.device, DType::kFP8E4M3, rows,
+                                                     row_dim / kFp4GroupSize, "kv scales"));
       pool->scales_.push_back(std::move(s));
     }
   }

@@ -45,20 +45,23 @@ Result<std::vector<int32_t>> build_page_table_host(const ReqToTokenPool& pool,
                                     " must be >= 1");
   }
   ATTNKIT_RETURN_IF_ERROR(check_rows_and_lens(kFn, pool, req_pool_indices, seq_lens, "seq_lens"));
+  // Pages of a length, in 64 bits (len + page_size - 1 overflows int32 near INT32_MAX).
+  const auto pages_of = [page_size](int32_t len) {
+    return static_cast<int>((int64_t{len} + page_size - 1) / page_size);
+  };
   int max_pages = 1;  // never zero-width; padding entries are page 0
-  for (const int32_t len : seq_lens)
-    max_pages = std::max(max_pages, (len + page_size - 1) / page_size);
+  for (const int32_t len : seq_lens) max_pages = std::max(max_pages, pages_of(len));
   const size_t bs = seq_lens.size();
   std::vector<int32_t> table(bs * static_cast<size_t>(max_pages), 0);
   for (size_t b = 0; b < bs; ++b) {
     const int32_t* row = pool.host_row(req_pool_indices[b]);
-    const int pages = (seq_lens[b] + page_size - 1) / page_size;
+    const int pages = pages_of(seq_lens[b]);
     for (int p = 0; p < pages; ++p) {
       const int32_t slot = row[static_cast<size_t>(p) * static_cast<size_t>(page_size)];
       if (slot % page_size != 0) {
         return Status::invalid_argument(
             std::string(kFn) + ": req_to_token[" + std::to_string(req_pool_indices[b]) + ", " +
-            std::to_string(p * page_size) + "] = " + std::to_string(slot) +
+            std::to_string(int64_t{p} * page_size) + "] = " + std::to_string(slot) +
             " is not at a page start (page_size " + std::to_string(page_size) + ")");
       }
       table[b * static_cast<size_t>(max_pages) + static_cast<size_t>(p)] = slot / page_size;

@@ -1,6 +1,8 @@
 // PageAllocator: free list of page ids 1..num_pages; slot s lives in page s / page_size.
 #include <algorithm>
 #include <functional>
+#include <limits>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -23,7 +25,19 @@ Result<PageAllocator> PageAllocator::create(int64_t num_pages, int page_size) {
   if (page_size < 1) {
     return Status::invalid_argument("page_size " + std::to_string(page_size) + " must be >= 1");
   }
-  return PageAllocator(num_pages, page_size);
+  // Slots (page x page_size + offset, page 0 reserved) are int32 in req_to_token.
+  const int64_t max_pages = std::numeric_limits<int32_t>::max() / page_size - 1;
+  if (num_pages > max_pages) {
+    return Status::invalid_argument(
+        "num_pages " + std::to_string(num_pages) + " at page_size " + std::to_string(page_size) +
+        " must be <= " + std::to_string(max_pages) + " (KV slots are int32)");
+  }
+  try {
+    return PageAllocator(num_pages, page_size);
+  } catch (const std::bad_alloc&) {
+    return Status::out_of_memory("PageAllocator: no host memory for the free list of " +
+                                 std::to_string(num_pages) + " pages");
+  }
 }
 
 PageAllocator::PageAllocator(int64_t num_pages, int page_size)

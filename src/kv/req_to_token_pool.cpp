@@ -24,6 +24,11 @@ Result<std::unique_ptr<ReqToTokenPool>> ReqToTokenPool::create(int max_reqs, int
                                     " must be >= 1");
   }
   const int64_t entries = (static_cast<int64_t>(max_reqs) + 1) * max_context_len;
+  if (entries > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(sizeof(int32_t))) {
+    return Status::invalid_argument("ReqToTokenPool: (max_reqs " + std::to_string(max_reqs) +
+                                    " + 1) x max_context_len " + std::to_string(max_context_len) +
+                                    " int32 entries overflow a 64-bit byte count");
+  }
   const int64_t bytes = entries * static_cast<int64_t>(sizeof(int32_t));
   ATTNKIT_ASSIGN_OR_RETURN(Buffer buffer, Buffer::allocate(device, bytes));
 

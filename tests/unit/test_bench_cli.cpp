@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -259,8 +260,29 @@ TEST(BenchCli, BadPointsAndOutputPathsFailBeforeTiming) {
           {bench + "--cases '" + good + "' --json /nonexistent_dir/out.json",
            "--json /nonexistent_dir/out.json: directory /nonexistent_dir does not exist"},
           {bench + "--cases '" + good + "' --csv '" + dir + "'", "is a directory"},
+          // The input case file, one file for both outputs, and a file that cannot be created
+          // (these overwrote the case file, lost the JSON, or failed after the sweep).
+          {bench + "--cases '" + good + "' --csv '" + good + "'",
+           "is the --cases file (it would be overwritten)"},
+          {bench + "--cases '" + good + "' --json '" + dir + "o.x' --csv '" + dir + "o.x'",
+           "--json and --csv name the same file"},
+          {bench + "--cases '" + good + "' --json /proc/attnkit_out.json",
+           "--json /proc/attnkit_out.json cannot be opened for writing"},
+          // --list still checks --backend.
+          {"bench --backend no_such_backend --cases '" + good + "' --list", "no_such_backend"},
+          // More memory than the host has: one error line, not the kernel's OOM kill.
+          {bench + "--cases '" + good + "' --rotate-mib 2000000000", "MiB this host has available"},
+          {"run --backend torch_native --device cpu --layers 2147483647 --case "
+           "'{\"mode\": \"decode\", \"prefix_lens\": [5]}'",
+           "MiB this host has available"},
+          {"run --backend torch_native --device cpu --case '{\"mode\": \"decode\", "
+           "\"prefix_lens\": [10], \"sliding_window\": 18446744073709551615}'",
+           "\"sliding_window\" = 18446744073709551615 (accepted: an integer in [-2147483648, "
+           "2147483647])"},
       },
       {"not valid JSON", "ceiling"});
+  EXPECT_TRUE(std::filesystem::exists(good));
+  EXPECT_FALSE(std::filesystem::exists(dir + "o.x"));
 }
 
 TEST(BenchCli, RunVerifiesOneJsonCase) {

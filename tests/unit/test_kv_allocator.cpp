@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -233,6 +234,13 @@ TEST(PageAllocator, ValidatesInputs) {
   EXPECT_EQ(alloc.alloc_pages(-1).status().code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(PageAllocator::create(-1, 16).is_ok());
   EXPECT_FALSE(PageAllocator::create(4, 0).is_ok());
+  // Past the int32 slots: refused by name (it threw std::length_error / std::bad_alloc).
+  for (const int64_t pages : {std::numeric_limits<int64_t>::max(), int64_t{1} << 40}) {
+    const Status st = PageAllocator::create(pages, 16).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find("KV slots are int32"), std::string::npos) << st.to_string();
+  }
+  EXPECT_TRUE(PageAllocator::create(1000, 16).is_ok());
   auto ok = PageAllocator::create(4, 24);
   ASSERT_TRUE(ok.is_ok());
   EXPECT_EQ(ok->available_slots(), 4 * 24);
@@ -382,6 +390,14 @@ TEST_P(ViewsPageSize, PageTableAndTokenIndicesMatchReqToToken) {
   EXPECT_EQ(static_cast<int32_t>(idx->kv_indices.size()), idx->kv_indptr[bs]);
 }
 
+TEST(ReqToTokenPool, OverflowingSizeIsNamed) {
+  const Status st = ReqToTokenPool::create(std::numeric_limits<int>::max(),
+                                           std::numeric_limits<int>::max(), Device::cpu())
+                        .status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("max_context_len 2147483647"), std::string::npos) << st.to_string();
+}
+
 TEST(KVViews, ValidateInputs) {
   auto pool = ReqToTokenPool::create(2, 32, Device::cpu()).value();
   const int row = pool->alloc().value();
@@ -401,6 +417,12 @@ TEST(KVViews, ValidateInputs) {
   EXPECT_FALSE(build_page_table_host(*pool, std::vector<int32_t>{row}, std::vector<int32_t>{3}, 0,
                                      &max_pages)
                    .is_ok());
+  // A page size near INT32_MAX: len + page_size - 1 overflowed to no page at all (table [0]);
+  // the row's first slot 17 is not a page start, as at page size 16.
+  auto huge = build_page_table_host(*pool, std::vector<int32_t>{row}, std::vector<int32_t>{3},
+                                    std::numeric_limits<int>::max() - 2, &max_pages);
+  ASSERT_FALSE(huge.is_ok());
+  EXPECT_NE(huge.status().message().find("= 17"), std::string::npos) << huge.status().message();
   EXPECT_FALSE(build_token_indices_host(*pool, std::vector<int32_t>{row}, std::vector<int32_t>{3},
                                         std::vector<int32_t>{4})
                    .is_ok());

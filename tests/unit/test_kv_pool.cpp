@@ -461,6 +461,18 @@ TEST(KVPoolConfigErrors, NameTheField) {
       {true, DType::kBF16, [](KVPoolConfig& c) { c.qk_rope_head_dim = 0; }, "qk_rope_head_dim"},
       {true, DType::kBF16, [](KVPoolConfig& c) { c.num_kv_heads = 8; }, "num_kv_heads 8"},
       {true, DType::kFP4E2M1, [](KVPoolConfig& c) { c.kv_lora_rank = 40; }, "kv_lora_rank 40"},
+      // Slots are int32: 2^59 rows made a 64-byte buffer (the byte count wrapped) and set_kv then
+      // wrote far past it.
+      {false, DType::kF32, [](KVPoolConfig& c) { c.size = int64_t{1} << 59; },
+       "(KV slots are int32)"},
+      {true, DType::kBF16, [](KVPoolConfig& c) { c.size = 2147483632; }, "size 2147483632"},
+      // Rows x values per row past 2^57 (a row of 2^31 heads x 2^30 dims) are named too.
+      {false, DType::kBF16,
+       [](KVPoolConfig& c) {
+         c.num_kv_heads = 1 << 30;
+         c.head_dim = c.v_head_dim = 1 << 30;
+       },
+       "values per row exceed 2^57"},
   };
   for (const BadConfig& row : kRows) {
     KVPoolConfig c = row.mla ? mla_config(row.dtype) : mha_config(row.dtype);

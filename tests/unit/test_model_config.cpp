@@ -562,7 +562,10 @@ TEST(ModelConfigErrors, WrongTypeNamesKeyAndValue) {
   EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32.5)")),
               HasSubstr("num_attention_heads must be a positive integer, got 32.5"));
   EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32, "rope_theta": "big")")),
-              HasSubstr("rope_theta must be a number >= 0, got \"big\""));
+              HasSubstr("rope_theta must be a number >= 0 within float range, got \"big\""));
+  // Finite as a double but not as the float the attention parameters are: inf / 0 before.
+  EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32, "rope_theta": 1e300)")),
+              HasSubstr("rope_theta must be a number >= 0 within float range, got 1e+300"));
   EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32, "torch_dtype": "int8")")),
               HasSubstr("torch_dtype must be one of \"bfloat16\", \"float16\", \"float32\", "
                         "got \"int8\""));
@@ -648,6 +651,11 @@ TEST(ModelConfigErrors, MlaAndIndexerKeys) {
               HasSubstr("required key \"index_head_dim\" is missing"));
   EXPECT_THAT(parse_error(llama_json(mla + R"(, "qk_rope_head_dim": 64, "index_topk": -1)")),
               HasSubstr("index_topk must be a positive integer, got -1"));
+  // The qk head (nope + rope) overflowed int32 (head dim 2147483647 + 64, scale 0).
+  EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32, "kv_lora_rank": 512,
+      "qk_nope_head_dim": 2147483647, "v_head_dim": 128, "qk_rope_head_dim": 64)")),
+              HasSubstr("qk_nope_head_dim must be a positive integer whose sum with "
+                        "qk_rope_head_dim 64 fits int32"));
 }
 
 TEST(ModelConfigErrors, LinearAttentionHeads) {
