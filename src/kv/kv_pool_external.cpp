@@ -1,7 +1,10 @@
 // MHAKVPool::wrap and MLAKVPool::wrap: KV pools over caller-owned memory (a serving engine's own
 // allocator, PyTorch tensors through DLPack). The pool holds non-owning Buffers, so every accessor,
 // set_kv and every backend work on it exactly as on a pool from create().
+#include <algorithm>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "attnkit/kv_cache.h"
 #include "core/str_cat.h"
@@ -46,6 +49,30 @@ Result<Buffer> borrow_view(const TensorView& view, const char* name, int layer, 
   return Buffer::borrow(view.data, view.storage_bytes(), device);
 }
 
+// The views' memory must not overlap (k[0] passed again as v[0], two layers on one buffer): set_kv
+// would then overwrite one with the other. Errors name both views.
+struct Borrowed {
+  std::string label;
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+};
+Status check_disjoint(std::vector<Borrowed> views) {
+  std::stable_sort(views.begin(), views.end(),
+                   [](const Borrowed& a, const Borrowed& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < views.size(); ++i) {
+    if (views[i].begin < views[i - 1].end) {
+      return Status::invalid_argument(cat(views[i - 1].label, " and ", views[i].label,
+                                          " share memory (each view needs its own; set_kv would "
+                                          "overwrite one with the other)"));
+    }
+  }
+  return Status::ok();
+}
+Borrowed borrowed(const Buffer& buffer, const char* name, int layer) {
+  const auto begin = reinterpret_cast<uintptr_t>(buffer.data());
+  return {cat(name, "[", layer, "]"), begin, begin + static_cast<uintptr_t>(buffer.bytes())};
+}
+
 }  // namespace
 
 Result<std::unique_ptr<MHAKVPool>> MHAKVPool::wrap(const KVPoolConfig& config,
@@ -70,12 +97,15 @@ Result<std::unique_ptr<MHAKVPool>> MHAKVPool::wrap(const KVPoolConfig& config,
   auto pool = std::unique_ptr<MHAKVPool>(new MHAKVPool(config));
   const int64_t rows = pool->rows();
   const int64_t heads = config.num_kv_heads;
+  std::vector<Borrowed> views;
   for (int layer = 0; layer < config.num_layers; ++layer) {
     const auto l = static_cast<size_t>(layer);
     ATTNKIT_ASSIGN_OR_RETURN(Buffer kb, borrow_view(k[l], "k", layer, config.dtype, config.device,
                                                     rows, heads, config.head_dim));
     ATTNKIT_ASSIGN_OR_RETURN(Buffer vb, borrow_view(v[l], "v", layer, config.dtype, config.device,
                                                     rows, heads, config.v_head_dim));
+    views.push_back(borrowed(kb, "k", layer));
+    views.push_back(borrowed(vb, "v", layer));
     pool->k_.push_back(std::move(kb));
     pool->v_.push_back(std::move(vb));
     if (!fp4) continue;
@@ -85,9 +115,12 @@ Result<std::unique_ptr<MHAKVPool>> MHAKVPool::wrap(const KVPoolConfig& config,
     ATTNKIT_ASSIGN_OR_RETURN(
         Buffer vs, borrow_view(v_scales[l], "v_scales", layer, DType::kFP8E4M3, config.device, rows,
                                heads, config.v_head_dim / kFp4GroupSize));
+    views.push_back(borrowed(ks, "k_scales", layer));
+    views.push_back(borrowed(vs, "v_scales", layer));
     pool->k_scales_.push_back(std::move(ks));
     pool->v_scales_.push_back(std::move(vs));
   }
+  ATTNKIT_RETURN_IF_ERROR(check_disjoint(std::move(views)));
   ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
 }
@@ -110,17 +143,21 @@ Result<std::unique_ptr<MLAKVPool>> MLAKVPool::wrap(const KVPoolConfig& config,
 
   auto pool = std::unique_ptr<MLAKVPool>(new MLAKVPool(normalized));
   const int64_t rows = pool->rows();
+  std::vector<Borrowed> views;
   for (int layer = 0; layer < config.num_layers; ++layer) {
     const auto l = static_cast<size_t>(layer);
     ATTNKIT_ASSIGN_OR_RETURN(
         Buffer b, borrow_view(kv[l], "kv", layer, config.dtype, config.device, rows, 1, row_dim));
+    views.push_back(borrowed(b, "kv", layer));
     pool->kv_.push_back(std::move(b));
     if (!fp4) continue;
     ATTNKIT_ASSIGN_OR_RETURN(
         Buffer s, borrow_view(scales[l], "scales", layer, DType::kFP8E4M3, config.device, rows, 1,
                               row_dim / kFp4GroupSize));
+    views.push_back(borrowed(s, "scales", layer));
     pool->scales_.push_back(std::move(s));
   }
+  ATTNKIT_RETURN_IF_ERROR(check_disjoint(std::move(views)));
   ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
 }

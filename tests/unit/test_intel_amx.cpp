@@ -749,6 +749,23 @@ TEST(IntelAmxRejects, VerifyForwardWithAnotherDraftCount) {
   EXPECT_TRUE(std::equal(before.begin(), before.end(), bytes)) << "out was written";
 }
 
+// The plan checked its slots against one pool and page table: a forward over another (smaller)
+// pool is refused instead of reading it unchecked.
+TEST(IntelAmxRejects, ForwardOverAnotherPool) {
+  PreparedCase pc = prepare_or_die(make_case("pool_a", ForwardMode::kDecode, 16, {40, 20}, {1, 1}));
+  PreparedCase other =
+      prepare_or_die(make_case("pool_b", ForwardMode::kDecode, 16, {4, 2}, {1, 1}));
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  ASSERT_TRUE((*backend)->init_forward_metadata(pc.batch).is_ok());
+  ForwardBatch moved = pc.batch;
+  moved.kv_pool = other.kv_pool.get();
+  const harness::LayerData& ld = pc.layers[0];
+  const Status st = (*backend)->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, moved,
+                                        /*save_kv=*/false, ld.lse);
+  expect_error_mentions(st, StatusCode::kInvalidArgument, "init_forward_metadata");
+}
+
 TEST(IntelAmxIsa, ParsesNamesAndRejectsUnknown) {
   for (CpuIsa isa : kIsas) {
     Result<CpuIsa> parsed = parse_cpu_isa(cpu_isa_name(isa));

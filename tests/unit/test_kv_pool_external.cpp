@@ -159,6 +159,17 @@ TEST(MHAKVPoolWrap, RejectsViewsThatDoNotMatchTheConfig) {
   fp4.dtype = DType::kFP4E2M1;
   s = MHAKVPool::wrap(fp4, caller.k_views, caller.v_views).status();
   EXPECT_NE(s.message().find("k_scales: got 0 per-layer views"), std::string::npos) << s.message();
+
+  // One buffer for K and V (set_kv wrote V over K), or for two layers: refused by name.
+  std::vector<TensorView> v_on_k = caller.v_views;
+  for (size_t l = 0; l < v_on_k.size(); ++l) v_on_k[l].data = caller.k_views[l].data;
+  s = MHAKVPool::wrap(c, caller.k_views, v_on_k).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("k[0] and v[0] share memory"), std::string::npos) << s.message();
+  std::vector<TensorView> same_layers = caller.v_views;
+  same_layers[1] = same_layers[0];
+  s = MHAKVPool::wrap(c, caller.k_views, same_layers).status();
+  EXPECT_NE(s.message().find("v[0] and v[1] share memory"), std::string::npos) << s.message();
 }
 
 TEST(MLAKVPoolWrap, LatentRowsAndVViewAliasCallerMemory) {

@@ -243,6 +243,8 @@ class IntelAmxBackend final : public AttentionBackend {
     planned_encoder_lens_ = batch.encoder_lens_host;
     planned_extend_lens_ = batch.extend_seq_lens_host;
     planned_num_tokens_ = batch.num_tokens;
+    planned_kv_pool_ = batch.kv_pool;
+    planned_req_to_token_ = batch.req_to_token_pool;
     planned_draft_tokens_ =
         batch.mode == ForwardMode::kTargetVerify ? batch.spec.draft_token_num : 0;
     planned_ = true;
@@ -550,7 +552,8 @@ class IntelAmxBackend final : public AttentionBackend {
         planned_rows_ != batch.req_pool_indices_host || planned_seq_lens_ != batch.seq_lens_host ||
         planned_encoder_lens_ != batch.encoder_lens_host ||
         planned_extend_lens_ != batch.extend_seq_lens_host ||
-        planned_num_tokens_ != batch.num_tokens ||
+        planned_num_tokens_ != batch.num_tokens || planned_kv_pool_ != batch.kv_pool ||
+        planned_req_to_token_ != batch.req_to_token_pool ||
         (batch.mode == ForwardMode::kTargetVerify &&
          planned_draft_tokens_ != batch.spec.draft_token_num)) {
       return Status::invalid_argument(
@@ -558,7 +561,8 @@ class IntelAmxBackend final : public AttentionBackend {
               forward_mode_name(batch.mode), ", batch_size ", batch.batch_size, ", num_tokens ",
               batch.num_tokens,
               "): the plan is for the batch it was last called with (mode, request rows, "
-              "seq_lens, extend and encoder lengths, num_tokens, draft_token_num)"));
+              "seq_lens, extend and encoder lengths, num_tokens, draft_token_num, and the KV and "
+              "req_to_token pools its slots were checked against)"));
     }
     if (layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads ||
         layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.v_head_dim) {
@@ -648,6 +652,8 @@ class IntelAmxBackend final : public AttentionBackend {
   std::vector<int32_t> planned_rows_, planned_seq_lens_, planned_encoder_lens_,
       planned_extend_lens_;
   int planned_num_tokens_ = 0;
+  const KVPool* planned_kv_pool_ = nullptr;
+  const ReqToTokenPool* planned_req_to_token_ = nullptr;
   int planned_draft_tokens_ = 0;  // target verify's N
   Plan self_;
   Plan cross_;
