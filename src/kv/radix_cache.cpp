@@ -178,6 +178,18 @@ Result<InsertResult> RadixCache::insert(std::span<const int32_t> tokens,
                                       "]) is already held by the cache or repeated in slots");
     }
   }
+  // The tail (the partial last page, slots[aligned:]) stays the caller's, who frees it after the
+  // insert: a tail slot in a page the cache holds or is given here would free that page under the
+  // cache, and its KV would be overwritten later.
+  for (int64_t i = aligned; i < static_cast<int64_t>(slots.size()); ++i) {
+    const int64_t page = slots[static_cast<size_t>(i)] / ps;
+    if (owned_pages_.count(page) != 0 || caller_pages.count(page) != 0) {
+      return Status::invalid_argument(
+          std::string(kFn) + ": tail slots[" + std::to_string(i) + "] = " +
+          std::to_string(slots[static_cast<size_t>(i)]) + " lies in page " + std::to_string(page) +
+          ", which the cache holds or this insert gives it (the tail's page stays the caller's)");
+    }
+  }
 
   InsertResult result;
   result.aligned_len = aligned;

@@ -175,6 +175,21 @@ TEST(RadixCache, InsertValidatesSlots) {
   EXPECT_EQ(f.cache->total_size(), 8);
   // Pages not allocated in the allocator are rejected.
   EXPECT_FALSE(f.cache->insert(other, Slots{100, 101, 102, 103, 104, 105, 106, 107}).is_ok());
+  // A tail slot (past the whole pages, freed by the caller afterwards) inside a page that this
+  // insert gives the cache, or that the cache holds: freeing the tail would free it under the
+  // cache.
+  Slots fresh = alloc_slots(f.alloc, 8);
+  const Tokens third{5, 5, 5, 5, 5, 5, 5, 5, 5};
+  Slots tail_in_own_page = fresh;
+  tail_in_own_page.push_back(fresh[2]);
+  auto tail = f.cache->insert(third, tail_in_own_page);
+  ASSERT_FALSE(tail.is_ok());
+  EXPECT_NE(tail.status().message().find("tail slots[8]"), std::string::npos)
+      << tail.status().message();
+  Slots tail_in_cached_page = fresh;
+  tail_in_cached_page.push_back(s[0]);
+  EXPECT_FALSE(f.cache->insert(third, tail_in_cached_page).is_ok());
+  EXPECT_EQ(f.cache->total_size(), 8);
 }
 
 TEST(RadixCache, EvictionFreesPagesBackToTheAllocator) {
