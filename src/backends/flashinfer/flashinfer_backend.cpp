@@ -23,6 +23,7 @@
 
 #include "attnkit/registry.h"
 #include "backend/device_array.h"
+#include "backend/graph_captures.h"
 #include "backend/kernel_params.h"
 #include "backends/fa3/prefill_sm90_engine.h"
 #include "backends/flashinfer/cascade.h"
@@ -120,9 +121,10 @@ struct Plan {
   bool mla_native = false;     // this forward runs on the shared tensor-core MLA decode kernels
   ForwardMode mode = ForwardMode::kIdle;
   int bs = 0;
-  // An eager plan's batch.num_tokens (its q / out rows; a forward of another count is refused, as
-  // the plan's query offsets would index past them); -1 for graph plans.
-  int eager_tokens = -1;
+  // The planned batch's num_tokens (a graph plan: the capture's), its q / out rows: a forward of
+  // another count is refused, as the plan's query offsets would index past them; -1 where the
+  // path it delegates to checks (portable, MLA engine).
+  int num_tokens = -1;
   TileShape shape = TileShape::kDecode;
   int grid_items = 0;  // CTAs per kv head launched (balanced plan: CTAs)
   // > 0: the decode plan is a balanced-kernel plan of this many slots (the default,
@@ -416,6 +418,15 @@ class FlashInferBackend final : public AttentionBackend {
   int64_t graph_partial_entries_ = 0;  // partial entries (LSE floats) of the graph workspace
   // (mode, bs) of the captured graphs -> the grid (CTAs per kv head) each launches.
   std::map<std::pair<int, int>, int> graph_captured_;
+  GraphCaptures graph_queries_;  // ... and the queries per request (1, or verify's N)
+  // The req_to_token rows' length of the captured forwards (replay bounds seq_lens_host by it).
+  int graph_max_context_ = 0;
+  // That length: the context's req_to_token pool where it names one, else the captured forwards'
+  // (0: unknown).
+  int graph_rows() const {
+    return ctx_.req_to_token_pool != nullptr ? ctx_.req_to_token_pool->max_context_len()
+                                             : graph_max_context_;
+  }
   // Target verify: a prefill-tile plan of bs requests x N drafts (no split); its item count.
   int64_t verify_items(int bs, int draft_tokens) const {
     const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
@@ -481,7 +492,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   if (batch.req_to_token_pool == nullptr) {
     return Status::invalid_argument("flashinfer: ForwardBatch.req_to_token_pool is null");
   }
-  plan_.eager_tokens = batch.num_tokens;
+  plan_.num_tokens = batch.num_tokens;
   const int bs = batch.batch_size;
   plan_.bs = bs;
   // The MLA chunked prefix cache of this forward's non-absorbed layers (layer.mla_prefix).
@@ -596,11 +607,16 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
       validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
   if (batch.mode == ForwardMode::kIdle || batch.num_tokens == 0) return Status::ok();
   if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size ||
-      (plan_.eager_tokens >= 0 && plan_.eager_tokens != batch.num_tokens)) {
+      (plan_.num_tokens >= 0 && plan_.num_tokens != batch.num_tokens)) {
     return Status::invalid_argument(
         "flashinfer: forward called without a matching init_forward_metadata (mode " +
         std::string(forward_mode_name(batch.mode)) + ", batch_size " + str(batch.batch_size) +
         ", num_tokens " + str(batch.num_tokens) + ")");
+  }
+  if (plan_.graph || plan_.mla_native) {  // the rows a replay's lengths must fit
+    if (batch.req_to_token_pool != nullptr) {
+      graph_max_context_ = batch.req_to_token_pool->max_context_len();
+    }
   }
   if (layer.mla_prefix != nullptr) {
     ++stats_.portable_calls;
@@ -911,6 +927,7 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
                                                       : max_num_tokens / max_bs;
   graph_items_ = std::max(graph_items_, verify_items(max_bs, n));
   graph_captured_.clear();
+  graph_queries_.clear();
   int64_t words = WorkPlan::words_for(max_bs, graph_items_);
   // WorkItem plans (decode and verify): partial rows <= items, each Hq entries wide.
   int64_t partial_entries = graph_items_ * ctx_.num_q_heads;
@@ -953,6 +970,8 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec) {
   if (!graph_ready_)
     return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
+  ATTNKIT_RETURN_IF_ERROR(
+      check_graph_inputs("flashinfer", bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
   prefix_cache_.drop_plan();  // graphs capture no prefix mode (mla_prefix_cache.h)
   if (graph_mla_native(encoder_lens, mode, spec)) {
     plan_ = Plan{};
@@ -960,7 +979,7 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     plan_.mla_native = true;
     plan_.mode = mode;
     plan_.bs = bs;
-    return mla_engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream);
+    return mla_engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream, /*capture=*/true);
   }
   if (graph_portable_) {
     ATTNKIT_RETURN_IF_ERROR(portable_->init_forward_metadata_capture_cuda_graph(
@@ -1032,7 +1051,9 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   plan_.partial_lse = graph_partial_lse_.data();
   plan_.split_counters = graph_split_counters_.data();
   plan_.graph = true;
+  plan_.num_tokens = num_tokens;
   graph_captured_[{static_cast<int>(mode), bs}] = plan_.grid_items;
+  graph_queries_.record(mode, bs, mode == ForwardMode::kTargetVerify ? draft_tokens(spec) : 1);
   return Status::ok();
 }
 
@@ -1152,9 +1173,15 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     const int32_t* seq_lens_host) {
   if (!graph_ready_)
     return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
+  ATTNKIT_RETURN_IF_ERROR(
+      check_graph_inputs("flashinfer", bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
   prefix_cache_.drop_plan();
   if (graph_mla_native(encoder_lens, mode, spec)) {
-    return mla_engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream);
+    ATTNKIT_RETURN_IF_ERROR(check_graph_lengths(
+        "flashinfer", bs, seq_lens_host,
+        mode == ForwardMode::kTargetVerify && spec != nullptr ? spec->draft_token_num : 0,
+        graph_rows()));
+    return mla_engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream, /*capture=*/false);
   }
   if (graph_portable_) {
     return portable_->init_forward_metadata_replay_cuda_graph(
@@ -1172,6 +1199,9 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   // The same requests and planner as eager init_forward_metadata, so every CTA does the same work.
   const bool verify = mode == ForwardMode::kTargetVerify;
   const int n = verify ? draft_tokens(spec) : 1;
+  ATTNKIT_RETURN_IF_ERROR(graph_queries_.check_replay("flashinfer", mode, bs, n));
+  ATTNKIT_RETURN_IF_ERROR(
+      check_graph_lengths("flashinfer", bs, seq_lens_host, verify ? n : 0, graph_rows()));
   std::vector<PlanRequest>& reqs = plan_requests_;
   reqs.resize(static_cast<size_t>(bs));
   for (int r = 0; r < bs; ++r) {

@@ -212,7 +212,7 @@ Status MlaDecodeEngine::plan(const ForwardBatch& batch, StreamHandle stream) {
   plan_.mode = batch.mode;
   plan_.bs = bs;
   plan_.s_q = s_q;
-  plan_.eager_tokens = batch.num_tokens;
+  plan_.num_tokens = batch.num_tokens;
   plan_.num_parts = parts;
   plan_.sched = sched_.data();
   plan_.split_indptr = split_indptr_.data();
@@ -252,12 +252,13 @@ Status MlaDecodeEngine::init_graph(int max_bs, int max_num_tokens) {
   ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(dev, partial_rows));
   graph_max_bs_ = max_bs;
   graph_max_tokens_ = max_num_tokens;
+  graph_captures_.clear();  // the workspaces may have moved: earlier graphs are invalid
   graph_ready_ = true;
   return Status::ok();
 }
 
 Status MlaDecodeEngine::plan_graph(int bs, const TensorView& seq_lens, ForwardMode mode,
-                                   const SpecInfo* spec, StreamHandle stream) {
+                                   const SpecInfo* spec, StreamHandle stream, bool capture) {
   if (!graph_ready_)
     return Status::invalid_argument(owner_ + ": init_cuda_graph_state was not called");
   if (bs < 1 || bs > graph_max_bs_) {
@@ -273,9 +274,14 @@ Status MlaDecodeEngine::plan_graph(int bs, const TensorView& seq_lens, ForwardMo
                                     str(ctx_.speculative_num_draft_tokens) + ", max_num_tokens " +
                                     str(graph_max_tokens_) + ")");
   }
+  if (!capture) ATTNKIT_RETURN_IF_ERROR(graph_captures_.check_replay(owner_, mode, bs, s_q));
   plan_ = Plan{};
   ATTNKIT_RETURN_IF_ERROR(
       schedule(mode, bs, s_q, seq_lens, graph_sched_.data(), graph_split_indptr_.data(), stream));
+  if (capture) {
+    graph_captures_.record(mode, bs, s_q);
+    plan_.num_tokens = bs * s_q;  // the captured forwards' tokens (run checks them)
+  }
   plan_.valid = true;
   plan_.mode = mode;
   plan_.bs = bs;
@@ -323,7 +329,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
                             const ForwardBatch& batch, bool save_kv, const TensorView& lse,
                             StreamHandle stream) {
   if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size ||
-      (plan_.eager_tokens >= 0 && plan_.eager_tokens != batch.num_tokens)) {
+      (plan_.num_tokens >= 0 && plan_.num_tokens != batch.num_tokens)) {
     return Status::invalid_argument(
         owner_ + ": MLA forward without a matching init_forward_metadata (mode " +
         forward_mode_name(batch.mode) + ", batch_size " + std::to_string(batch.batch_size) +

@@ -15,6 +15,7 @@
 
 #include "attnkit/backend.h"
 #include "backend/device_array.h"
+#include "backend/graph_captures.h"
 #include "cuda/common/tma_map.h"
 
 namespace attnkit::mla {
@@ -51,8 +52,11 @@ class MlaDecodeEngine {
              const TensorView& lse, StreamHandle stream);
 
   Status init_graph(int max_bs, int max_num_tokens);
+  // The plan of a graph capture (`capture`: recorded, with its queries per request) or replay
+  // (refused unless a graph of that mode, bs and queries per request was captured since
+  // init_graph: the captured kernels' q / out and grids are the capture's).
   Status plan_graph(int bs, const TensorView& seq_lens, ForwardMode mode, const SpecInfo* spec,
-                    StreamHandle stream);
+                    StreamHandle stream, bool capture);
 
   int page_size() const { return page_size_; }
   // Whether 64-row tiles (33+ query rows per request: 128 heads) run the sm_90a wgmma kernel: SM90
@@ -111,9 +115,10 @@ class MlaDecodeEngine {
     ForwardMode mode = ForwardMode::kIdle;
     int bs = 0;
     int s_q = 1;
-    // An eager plan's batch.num_tokens (a forward of another count is refused: the plan's query
-    // rows would index past its q / out); -1 for graph plans.
-    int eager_tokens = -1;
+    // The planned batch's num_tokens (a graph capture: bs x s_q; a forward of another count is
+    // refused: the plan's query rows would index past its q / out); -1 for replay plans (no
+    // forward runs on them).
+    int num_tokens = -1;
     int num_parts = 1;
     const int32_t* sched = nullptr;
     const int32_t* split_indptr = nullptr;
@@ -130,6 +135,7 @@ class MlaDecodeEngine {
   bool graph_ready_ = false;
   int graph_max_bs_ = 0;
   int graph_max_tokens_ = 0;
+  GraphCaptures graph_captures_;
   DeviceArray<int32_t> graph_sched_, graph_split_indptr_;
   DeviceArray<float> graph_partial_out_, graph_partial_lse_;
 };

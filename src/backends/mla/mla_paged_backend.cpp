@@ -61,7 +61,11 @@ class MlaPagedBackend final : public AttentionBackend {
                                                   const TensorView& encoder_lens, ForwardMode mode,
                                                   const SpecInfo* spec) override {
     engine_forward_ = !encoder_lens.defined() && engine_->why_not_graph(mode, spec).empty();
-    if (engine_forward_) return engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream);
+    if (engine_forward_) {
+      ATTNKIT_RETURN_IF_ERROR(
+          check_graph_inputs(name_, bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
+      return engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream, /*capture=*/true);
+    }
     return other_->init_forward_metadata_capture_cuda_graph(bs, num_tokens, req_pool_indices,
                                                             seq_lens, encoder_lens, mode, spec);
   }
@@ -71,7 +75,15 @@ class MlaPagedBackend final : public AttentionBackend {
                                                  const SpecInfo* spec,
                                                  const int32_t* seq_lens_host) override {
     engine_forward_ = !encoder_lens.defined() && engine_->why_not_graph(mode, spec).empty();
-    if (engine_forward_) return engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream);
+    if (engine_forward_) {
+      ATTNKIT_RETURN_IF_ERROR(
+          check_graph_inputs(name_, bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
+      ATTNKIT_RETURN_IF_ERROR(check_graph_lengths(
+          name_, bs, seq_lens_host,
+          mode == ForwardMode::kTargetVerify && spec != nullptr ? spec->draft_token_num : 0,
+          ctx_.req_to_token_pool != nullptr ? ctx_.req_to_token_pool->max_context_len() : 0));
+      return engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream, /*capture=*/false);
+    }
     return other_->init_forward_metadata_replay_cuda_graph(
         bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, mode, spec, seq_lens_host);
   }

@@ -20,6 +20,7 @@
 
 #include "attnkit/registry.h"
 #include "backend/device_array.h"
+#include "backend/graph_captures.h"
 #include "backend/kernel_params.h"
 #include "backends/triton/kernels/attention_params.h"
 #include "backends/triton/kernels/simt_layout.h"
@@ -53,10 +54,9 @@ struct Plan {
   bool valid = false;
   ForwardMode mode = ForwardMode::kIdle;
   int bs = 0;
+  // The planned batch's num_tokens (graphs: bs x queries per request): a forward of another count
+  // is refused, as the plan's query offsets would index past its q / out.
   int num_tokens = 0;
-  // An eager plan's batch.num_tokens (its q / out rows; a forward of another count is refused, as
-  // the plan's query offsets would index past them); -1 for graph plans.
-  int eager_tokens = -1;
   const int32_t* self_indptr = nullptr;
   const int32_t* self_indices = nullptr;
   const int32_t* cross_indptr = nullptr;  // nullptr = no encoder
@@ -197,6 +197,7 @@ class TritonBackend final : public AttentionBackend {
   DeviceArray<int32_t> graph_min_chunk_;  // [1]: the replayed forward's chunk floor
   int32_t graph_min_chunk_host_ = triton::kMinChunk;
   int graph_draft_tokens_ = 0;
+  GraphCaptures graph_captures_;  // what was captured since init_cuda_graph_state
 };
 
 int TritonBackend::graph_mma_split_extent(int bs) const {
@@ -235,7 +236,6 @@ Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
   const bool has_encoder = !batch.encoder_lens_host.empty();
   plan_.bs = bs;
   plan_.num_tokens = batch.num_tokens;
-  plan_.eager_tokens = batch.num_tokens;
 
   const TensorView table = batch.req_to_token_pool->table();
   cuda::TokenIndexArgs idx;
@@ -345,7 +345,7 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
       validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
   if (batch.mode == ForwardMode::kIdle || batch.num_tokens == 0) return Status::ok();
   if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size ||
-      (plan_.eager_tokens >= 0 && plan_.eager_tokens != batch.num_tokens)) {
+      plan_.num_tokens != batch.num_tokens) {
     return Status::invalid_argument(
         "triton: forward called without a matching init_forward_metadata (mode " +
         std::string(forward_mode_name(batch.mode)) + ", batch_size " +
@@ -554,6 +554,7 @@ Status TritonBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
   graph_max_bs_ = max_bs;
   graph_max_tokens_ = max_num_tokens;
   graph_draft_tokens_ = 0;
+  graph_captures_.clear();  // the workspaces were reallocated: earlier graphs are invalid
   graph_ready_ = true;
   return Status::ok();
 }
@@ -635,11 +636,23 @@ Status TritonBackend::graph_metadata(int bs, const TensorView& req_pool_indices,
 Status TritonBackend::init_forward_metadata_capture_cuda_graph(
     int bs, int num_tokens, const TensorView& req_pool_indices, const TensorView& seq_lens,
     const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec) {
-  (void)num_tokens;
   if (encoder_lens.defined()) {
     return Status::unsupported("triton: CUDA graphs with encoder lengths are not supported");
   }
-  return graph_metadata(bs, req_pool_indices, seq_lens, mode, spec, ctx_.stream);
+  ATTNKIT_RETURN_IF_ERROR(
+      check_graph_inputs("triton", bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
+  ATTNKIT_RETURN_IF_ERROR(graph_metadata(bs, req_pool_indices, seq_lens, mode, spec, ctx_.stream));
+  const int queries = plan_.num_tokens / bs;  // graph_metadata's bs x queries
+  if (num_tokens < plan_.num_tokens) {
+    plan_.valid = false;
+    return Status::invalid_argument(
+        "triton: graph capture of bs " + std::to_string(bs) + " x " + std::to_string(queries) +
+        " queries needs num_tokens >= " + std::to_string(plan_.num_tokens) + ", got " +
+        std::to_string(num_tokens));
+  }
+  graph_captures_.record(mode, bs, queries);
+  plan_.num_tokens = num_tokens;  // the captured forwards' token count (run checks it)
+  return Status::ok();
 }
 
 Status TritonBackend::init_forward_metadata_replay_cuda_graph(
@@ -650,6 +663,16 @@ Status TritonBackend::init_forward_metadata_replay_cuda_graph(
   if (encoder_lens.defined()) {
     return Status::unsupported("triton: CUDA graphs with encoder lengths are not supported");
   }
+  ATTNKIT_RETURN_IF_ERROR(
+      check_graph_inputs("triton", bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
+  if (!graph_ready_) {
+    return Status::invalid_argument("triton: init_cuda_graph_state was not called");
+  }
+  const bool verify = mode == ForwardMode::kTargetVerify;
+  const int queries = verify ? (spec != nullptr ? spec->draft_token_num : 0) : 1;
+  ATTNKIT_RETURN_IF_ERROR(graph_captures_.check_replay("triton", mode, bs, queries));
+  ATTNKIT_RETURN_IF_ERROR(check_graph_lengths("triton", bs, seq_lens_host, verify ? queries : 0,
+                                              ctx_.req_to_token_pool->max_context_len()));
   ATTNKIT_RETURN_IF_ERROR(graph_metadata(bs, req_pool_indices, seq_lens, mode, spec, ctx_.stream));
   if (mode != ForwardMode::kDecode) return Status::ok();
   return upload_graph_chunk(bs, seq_lens_host, ctx_.stream);

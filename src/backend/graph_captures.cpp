@@ -1,0 +1,74 @@
+// GraphCaptures and the CUDA-graph capture / replay input checks (graph_captures.h).
+#include "backend/graph_captures.h"
+
+#include <string>
+
+#include "core/str_cat.h"
+
+namespace attnkit {
+
+Status GraphCaptures::check_replay(std::string_view backend, ForwardMode mode, int bs,
+                                   int queries) const {
+  const auto it = captured_.find({static_cast<int>(mode), bs});
+  if (it == captured_.end()) {
+    return Status::invalid_argument(cat(backend, ": no ", forward_mode_name(mode),
+                                        " graph of batch size ", bs,
+                                        " was captured (since the last init_cuda_graph_state)"));
+  }
+  if (it->second != queries) {
+    return Status::invalid_argument(
+        cat(backend, ": ", forward_mode_name(mode), " replay of batch size ", bs, " with ",
+            queries, " queries per request (spec.draft_token_num), its graph was captured with ",
+            it->second));
+  }
+  return Status::ok();
+}
+
+namespace {
+
+Status check_index_array(std::string_view backend, const char* name, const TensorView& t, int bs,
+                         Device device) {
+  if (!t.defined()) return Status::invalid_argument(cat(backend, ": graph ", name, " is missing"));
+  if (t.dtype != DType::kI32 || t.ndim != 1 || t.shape[0] < bs || !t.is_contiguous()) {
+    return Status::invalid_argument(cat(backend, ": graph ", name,
+                                        ": expected a contiguous int32[>= ", bs, "], got ",
+                                        t.describe()));
+  }
+  if (t.device != device) {
+    return Status::invalid_argument(cat(backend, ": graph ", name, " is on ",
+                                        t.device.to_string(), ", the backend on ",
+                                        device.to_string()));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status check_graph_inputs(std::string_view backend, int bs, const TensorView& req_pool_indices,
+                          const TensorView& seq_lens, const TensorView& encoder_lens,
+                          Device device) {
+  ATTNKIT_RETURN_IF_ERROR(
+      check_index_array(backend, "req_pool_indices", req_pool_indices, bs, device));
+  ATTNKIT_RETURN_IF_ERROR(check_index_array(backend, "seq_lens", seq_lens, bs, device));
+  if (encoder_lens.defined()) {
+    ATTNKIT_RETURN_IF_ERROR(check_index_array(backend, "encoder_lens", encoder_lens, bs, device));
+  }
+  return Status::ok();
+}
+
+Status check_graph_lengths(std::string_view backend, int bs, const int32_t* seq_lens_host,
+                           int extra, int max_context_len) {
+  if (seq_lens_host == nullptr) return Status::ok();
+  for (int r = 0; r < bs; ++r) {
+    const int64_t len = seq_lens_host[r];
+    if (len < 0 || (max_context_len >= 1 && len + extra > max_context_len)) {
+      return Status::invalid_argument(
+          cat(backend, ": replay seq_lens_host[", r, "] = ", len,
+              extra > 0 ? cat(" (+ ", extra, " drafts)") : std::string(),
+              " must be >= 0 and fit the req_to_token rows of max_context_len ", max_context_len));
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace attnkit

@@ -1,0 +1,149 @@
+// CUDA-graph capture / replay inputs that do not match what was captured are refused by name on
+// every GPU backend with graphs (triton, flashinfer, fa3, flashmla), before anything is planned or
+// launched: a replay of a batch size that was not captured, a verify replay with another draft
+// count (the captured kernels index q / out by the capture's), replay lengths past the req_to_token
+// rows (the kernels would walk into the next request's slots), an int64 seq_lens, and a forward
+// captured with fewer tokens than the capture's. The captured replay itself still plans.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attnkit/registry.h"
+#include "harness/case_runner.h"
+#include "support/backend_case_test.h"
+#include "support/gpu_test_helpers.h"
+
+namespace attnkit {
+namespace {
+
+using harness::CaseSpec;
+
+struct GuardCase {
+  std::string name;
+  bool verify;
+  bool mla;
+};
+
+CaseSpec guard_spec(const GuardCase& gc) {
+  CaseSpec c;
+  c.name = "graph_guard_" + gc.name;
+  c.mode = gc.verify ? ForwardMode::kTargetVerify : ForwardMode::kDecode;
+  c.page_size = gc.mla ? 64 : 16;
+  c.prefix_lens = {300, 41, 77};
+  c.new_lens = gc.verify ? std::vector<int>{} : std::vector<int>{1, 1, 1};
+  if (gc.verify) {
+    c.spec_draft_tokens = 4;
+    c.spec_topk = 1;
+  }
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = c.v_head_dim = 128;
+  if (gc.mla) {
+    c.mla = true;
+    c.kv_lora_rank = 512;
+    c.qk_rope_head_dim = 64;
+    c.num_q_heads = 16;
+    c.num_kv_heads = 1;
+    c.head_dim = 512 + 64;
+    c.v_head_dim = 512;
+  }
+  c.seed = 9;
+  return c;
+}
+
+void expect_refused(const Status& st, const std::string& needle) {
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find(needle), std::string::npos) << st.to_string();
+}
+
+class GraphReplayGuards : public ::testing::TestWithParam<std::tuple<std::string, GuardCase>> {};
+
+TEST_P(GraphReplayGuards, MismatchedReplaysAreRefused) {
+  if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
+  const auto& [backend_name, gc] = GetParam();
+  const CaseSpec spec = guard_spec(gc);
+  const Device device = Device::cuda(0);
+  const BackendDescriptor* descriptor = builtin_registry().find(backend_name);
+  ASSERT_NE(descriptor, nullptr);
+  const std::string reason =
+      harness::skip_reason(*descriptor, spec, test_support::device_info_for(device));
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  Result<harness::PreparedCase> prepared = harness::prepare_case(spec, device);
+  ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
+  harness::PreparedCase& pc = *prepared;
+  Result<std::unique_ptr<AttentionBackend>> made = harness::create_backend_for_case(*descriptor, pc);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  AttentionBackend& backend = **made;
+  const ForwardBatch& b = pc.batch;
+  const ForwardMode mode = b.mode;
+  const SpecInfo* sp = gc.verify ? &b.spec : nullptr;
+  const int bs = b.batch_size;
+  ASSERT_TRUE(backend.init_cuda_graph_state(bs, b.num_tokens).is_ok());
+  ASSERT_TRUE(backend
+                  .init_forward_metadata_capture_cuda_graph(bs, b.num_tokens, b.req_pool_indices,
+                                                            b.seq_lens, TensorView(), mode, sp)
+                  .is_ok());
+  // A forward with fewer tokens than the capture's (q / out of bs - 1 rows' worth).
+  {
+    ForwardBatch fewer = b;
+    const int64_t tokens = b.num_tokens - (gc.verify ? 4 : 1);
+    fewer.num_tokens = static_cast<int>(tokens);
+    fewer.out_cache_loc.shape[0] = fewer.positions.shape[0] = tokens;
+    if (gc.verify) {  // one request fewer drafts is not a batch: drop the lengths that name them
+      fewer.extend_seq_lens_host.clear();
+      fewer.extend_prefix_lens_host.clear();
+      fewer.extend_start_loc_host.clear();
+      fewer.extend_seq_lens = fewer.extend_prefix_lens = fewer.extend_start_loc = TensorView();
+      fewer.spec.custom_mask = fewer.spec.mask_indptr = TensorView();
+      fewer.spec.mask_indptr_host.clear();
+      fewer.spec.draft_token_num = 4;
+    }
+    const harness::LayerData& ld = pc.layers[0];
+    TensorView q = ld.q, out = ld.out, lse = ld.lse;
+    q.shape[0] = out.shape[0] = tokens;
+    if (lse.defined()) lse.shape[0] = tokens;
+    const std::vector<uint8_t> before = test_support::to_host_bytes(ld.out);
+    const Status st = backend.forward(q, TensorView(), TensorView(), out, ld.layer, fewer,
+                                      /*save_kv=*/false, lse);
+    EXPECT_FALSE(st.is_ok()) << "a forward of " << tokens << " tokens ran on a capture of "
+                             << b.num_tokens;
+    EXPECT_EQ(test_support::to_host_bytes(ld.out), before) << "out was written";
+  }
+  const auto replay = [&](int rbs, const TensorView& seq_lens, const SpecInfo* rspec,
+                          const std::vector<int32_t>& lens) {
+    return backend.init_forward_metadata_replay_cuda_graph(
+        rbs, b.req_pool_indices, seq_lens, b.seq_lens_sum, TensorView(), mode, rspec, lens.data());
+  };
+  const Status ok = replay(bs, b.seq_lens, sp, b.seq_lens_host);
+  ASSERT_TRUE(ok.is_ok()) << ok.to_string();
+  expect_refused(replay(bs - 1, b.seq_lens, sp, b.seq_lens_host), "was captured");
+  if (gc.verify) {
+    SpecInfo two = b.spec;
+    two.draft_token_num = 2;
+    expect_refused(replay(bs, b.seq_lens, &two, b.seq_lens_host), "captured with 4");
+  }
+  std::vector<int32_t> past = b.seq_lens_host;
+  past[1] = pc.req_to_token->max_context_len() + (gc.verify ? -1 : 1);
+  expect_refused(replay(bs, b.seq_lens, sp, past), "seq_lens_host[1]");
+  TensorView wide = b.seq_lens;
+  wide.dtype = DType::kI64;
+  expect_refused(replay(bs, wide, sp, b.seq_lens_host), "graph seq_lens");
+  // init_cuda_graph_state again: the earlier captures are gone with its workspaces.
+  ASSERT_TRUE(backend.init_cuda_graph_state(bs, b.num_tokens).is_ok());
+  expect_refused(replay(bs, b.seq_lens, sp, b.seq_lens_host), "was captured");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, GraphReplayGuards,
+    ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3", "flashmla"),
+                       ::testing::Values(GuardCase{"decode", false, false},
+                                         GuardCase{"verify", true, false},
+                                         GuardCase{"mla_decode", false, true},
+                                         GuardCase{"mla_verify", true, true})),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+
+}  // namespace
+}  // namespace attnkit

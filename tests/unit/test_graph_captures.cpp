@@ -1,0 +1,69 @@
+// The CUDA-graph capture / replay checks shared by the GPU backends (backend/graph_captures.h):
+// a replay of an uncaptured (mode, batch size) or with other queries per request, replay lengths
+// past the req_to_token rows, and capture / replay index tensors of the wrong dtype, shape or
+// device are refused by name.
+#include "backend/graph_captures.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace attnkit {
+namespace {
+
+void expect_refused(const Status& st, const std::string& needle) {
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find(needle), std::string::npos) << st.to_string();
+}
+
+TEST(GraphCaptures, ReplayMustMatchACapture) {
+  GraphCaptures g;
+  expect_refused(g.check_replay("triton", ForwardMode::kDecode, 8, 1),
+                 "triton: no decode graph of batch size 8 was captured");
+  g.record(ForwardMode::kDecode, 8, 1);
+  g.record(ForwardMode::kTargetVerify, 8, 4);
+  EXPECT_TRUE(g.check_replay("triton", ForwardMode::kDecode, 8, 1).is_ok());
+  EXPECT_TRUE(g.check_replay("triton", ForwardMode::kTargetVerify, 8, 4).is_ok());
+  expect_refused(g.check_replay("triton", ForwardMode::kDecode, 16, 1), "batch size 16");
+  expect_refused(g.check_replay("flashinfer", ForwardMode::kTargetVerify, 8, 2),
+                 "with 2 queries per request (spec.draft_token_num), its graph was captured "
+                 "with 4");
+  g.clear();
+  expect_refused(g.check_replay("triton", ForwardMode::kDecode, 8, 1), "was captured");
+}
+
+TEST(GraphCaptures, ReplayLengthsFitTheRows) {
+  const std::vector<int32_t> lens = {5, 100, 97};
+  EXPECT_TRUE(check_graph_lengths("x", 3, lens.data(), 0, 100).is_ok());
+  EXPECT_TRUE(check_graph_lengths("x", 3, lens.data(), 0, 0).is_ok());  // rows unknown
+  EXPECT_TRUE(check_graph_lengths("x", 3, nullptr, 0, 100).is_ok());
+  expect_refused(check_graph_lengths("x", 3, lens.data(), 4, 100),
+                 "seq_lens_host[1] = 100 (+ 4 drafts) must be >= 0 and fit the req_to_token rows "
+                 "of max_context_len 100");
+  const std::vector<int32_t> negative = {3, -1};
+  expect_refused(check_graph_lengths("x", 2, negative.data(), 0, 0), "seq_lens_host[1] = -1");
+}
+
+TEST(GraphCaptures, IndexTensorsAreChecked) {
+  std::vector<int32_t> rows = {1, 2, 3};
+  std::vector<int64_t> wide = {1, 2, 3};
+  const Device cpu = Device::cpu();
+  const TensorView good(rows.data(), DType::kI32, cpu, {3});
+  EXPECT_TRUE(check_graph_inputs("x", 3, good, good, TensorView(), cpu).is_ok());
+  EXPECT_TRUE(check_graph_inputs("x", 2, good, good, TensorView(), cpu).is_ok());  // >= bs
+  expect_refused(check_graph_inputs("x", 4, good, good, TensorView(), cpu),
+                 "graph req_pool_indices: expected a contiguous int32[>= 4]");
+  const TensorView int64(wide.data(), DType::kI64, cpu, {3});
+  expect_refused(check_graph_inputs("x", 3, good, int64, TensorView(), cpu),
+                 "graph seq_lens: expected a contiguous int32[>= 3]");
+  expect_refused(check_graph_inputs("x", 3, TensorView(), good, TensorView(), cpu),
+                 "graph req_pool_indices is missing");
+  expect_refused(check_graph_inputs("x", 3, good, good, int64, cpu), "graph encoder_lens");
+  expect_refused(check_graph_inputs("x", 3, good, good, TensorView(), Device::cuda(0)),
+                 "graph req_pool_indices is on cpu, the backend on cuda:0");
+}
+
+}  // namespace
+}  // namespace attnkit
