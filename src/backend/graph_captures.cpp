@@ -16,10 +16,9 @@ Status GraphCaptures::check_replay(std::string_view backend, ForwardMode mode, i
                                         " was captured (since the last init_cuda_graph_state)"));
   }
   if (it->second != queries) {
-    return Status::invalid_argument(
-        cat(backend, ": ", forward_mode_name(mode), " replay of batch size ", bs, " with ",
-            queries, " queries per request (spec.draft_token_num), its graph was captured with ",
-            it->second));
+    return Status::invalid_argument(cat(
+        backend, ": ", forward_mode_name(mode), " replay of batch size ", bs, " with ", queries,
+        " queries per request (spec.draft_token_num), its graph was captured with ", it->second));
   }
   return Status::ok();
 }
@@ -35,9 +34,8 @@ Status check_index_array(std::string_view backend, const char* name, const Tenso
                                         t.describe()));
   }
   if (t.device != device) {
-    return Status::invalid_argument(cat(backend, ": graph ", name, " is on ",
-                                        t.device.to_string(), ", the backend on ",
-                                        device.to_string()));
+    return Status::invalid_argument(cat(backend, ": graph ", name, " is on ", t.device.to_string(),
+                                        ", the backend on ", device.to_string()));
   }
   return Status::ok();
 }

@@ -122,6 +122,7 @@ class Resolver {
   Status compose_roles();
   Status per_backend_fixups();
   Status check_roles_on_device();
+  Status check_head_dim();
   Status check_model_features();
   Status linear_attention();
   Status kv_cache_dtype();
@@ -523,6 +524,48 @@ Status Resolver::check_roles_on_device() {
 }
 
 // ---- step 6: what the model needs from every backend it runs on ----
+// An MHA backend's kernels exist for the head dims compiled into this binary (FeatureRow::
+// head_dims; empty: any): a backend the user named without the model's head dim is an error here,
+// not at backend creation; a default one falls back to the platform's universal backend, as a
+// default that is not built does (step 5).
+Status Resolver::check_head_dim() {
+  if (kind_ != AttentionKind::kMHA || model_.head_dim < 1) return Status::ok();
+  const int dim = model_.head_dim;
+  const auto has_dim = [dim](const FeatureRow& r) {
+    return r.head_dims.empty() ||
+           std::find(r.head_dims.begin(), r.head_dims.end(), dim) != r.head_dims.end();
+  };
+  for (auto [role, c] :
+       {std::pair{BackendRole::kPrefill, &prefill_}, std::pair{BackendRole::kDecode, &decode_}}) {
+    const FeatureRow* r = row(c->backend);
+    if (r == nullptr || has_dim(*r)) continue;
+    const std::string missing = who(*c, role) + " has no kernels for head_dim " +
+                                std::to_string(dim) +
+                                " in this binary (compiled: " + join(r->head_dims, ",") +
+                                "; ATTNKIT_HEAD_DIMS at build time)";
+    if (device_.is_virtual) {
+      warn(missing + "; the plan is valid for a build that has it");
+      continue;
+    }
+    if (!c->from_flag) {
+      const char* fallback = device_.platform == Platform::kCPU ? "torch_native" : "triton";
+      const BackendDescriptor* fb = reg_.find(fallback);
+      const FeatureRow* fr = fb != nullptr ? fb->row(kind_) : nullptr;
+      if (fb != nullptr && fb->built && fr != nullptr && has_dim(*fr) &&
+          check_backend_on_device(*fb, device_, role).is_ok()) {
+        warn(missing + "; using " + fallback);
+        c->backend = fallback;
+        c->origin = "fallback for the " + c->origin;
+        continue;
+      }
+    }
+    const std::vector<std::string> ok = candidates(role, has_dim);
+    return Status::unsupported(missing + "; backends with it for " + device_label(device_) + ": " +
+                               (ok.empty() ? "none" : join(ok)));
+  }
+  return Status::ok();
+}
+
 Status Resolver::check_model_features() {
   bool uses_window = model_.sliding_window > 0;
   if (uses_window && !model_.layer_kinds.empty()) {
@@ -937,6 +980,7 @@ Result<Selection> Resolver::run() {
   ATTNKIT_RETURN_IF_ERROR(compose_roles());
   ATTNKIT_RETURN_IF_ERROR(per_backend_fixups());
   ATTNKIT_RETURN_IF_ERROR(check_roles_on_device());
+  ATTNKIT_RETURN_IF_ERROR(check_head_dim());
   s_.prefill_backend = prefill_.backend;
   s_.decode_backend = decode_.backend;
   if (s_.is_hybrid()) {

@@ -74,7 +74,8 @@ TEST_P(GraphReplayGuards, MismatchedReplaysAreRefused) {
   Result<harness::PreparedCase> prepared = harness::prepare_case(spec, device);
   ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
   harness::PreparedCase& pc = *prepared;
-  Result<std::unique_ptr<AttentionBackend>> made = harness::create_backend_for_case(*descriptor, pc);
+  Result<std::unique_ptr<AttentionBackend>> made =
+      harness::create_backend_for_case(*descriptor, pc);
   ASSERT_TRUE(made.is_ok()) << made.status().to_string();
   AttentionBackend& backend = **made;
   const ForwardBatch& b = pc.batch;

@@ -2,13 +2,13 @@
 // a replay of an uncaptured (mode, batch size) or with other queries per request, replay lengths
 // past the req_to_token rows, and capture / replay index tensors of the wrong dtype, shape or
 // device are refused by name.
-#include "backend/graph_captures.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "backend/graph_captures.h"
 
 namespace attnkit {
 namespace {

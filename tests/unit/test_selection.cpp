@@ -854,6 +854,43 @@ TEST(Selection, RealCpuDefaultIsBuiltAndHasNoBuildWarning) {
   for (const std::string& w : s->warnings) EXPECT_EQ(w.find("not built"), std::string::npos) << w;
 }
 
+// A model head dim without kernels in this binary: intel_amx runs head dims 16..256 in steps of
+// 16, so head_dim 72 (hidden 576 over 8 heads) is refused by name when named, and the CPU default
+// falls back to torch_native with a warning (it failed at backend creation before).
+TEST(Selection, HeadDimWithoutKernelsIsRefusedOrFallsBack) {
+  Result<ModelAttentionConfig> model = parse_model_config(
+      R"({"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 2,
+          "num_attention_heads": 8, "num_key_value_heads": 2})");
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  ASSERT_EQ(model->head_dim, 72);
+  DeviceInfo d = *device_by_name("cpu");
+  d.is_virtual = false;
+  ServerArgs named;
+  named.attention_backend = "intel_amx";
+  Result<Selection> refused = resolve(named, *model, d);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(refused.status().message().find("intel_amx has no kernels for head_dim 72 in this "
+                                            "binary (compiled: 16,32,48,64"),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("torch_native"), std::string::npos)
+      << refused.status().message();
+  Result<Selection> fallback = resolve(ServerArgs{}, *model, d);
+  ASSERT_TRUE(fallback.is_ok()) << fallback.status().to_string();
+  EXPECT_EQ(fallback->decode_backend, "torch_native");
+  EXPECT_EQ(fallback->prefill_backend, "torch_native");
+  bool warned = false;
+  for (const std::string& w : fallback->warnings) {
+    warned = warned || w.find("head_dim 72") != std::string::npos;
+  }
+  EXPECT_TRUE(warned);
+  // Planning for another machine: a warning only.
+  Result<Selection> planned = resolve(named, *model, *device_by_name("cpu"));
+  ASSERT_TRUE(planned.is_ok()) << planned.status().to_string();
+  EXPECT_EQ(planned->decode_backend, "intel_amx");
+}
+
 TEST(Selection, VirtualDeviceWarnsAboutUnbuiltBackend) {
   Result<ModelAttentionConfig> model = load(kDsR1);
   ASSERT_TRUE(model.is_ok());
