@@ -126,6 +126,9 @@ Status HybridAttnBackend::forward_decode(const TensorView& q, const TensorView& 
 }
 
 Status HybridAttnBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
+  // Not ready until both backends have the new state: a failed re-initialisation must not leave
+  // captures going ahead on one backend's new and the other's old workspaces.
+  graph_state_ready_ = false;
   ATTNKIT_RETURN_IF_ERROR(decode_->init_cuda_graph_state(max_bs, max_num_tokens));
   if (prefill_graph_state_needed()) {
     ATTNKIT_RETURN_IF_ERROR(prefill_->init_cuda_graph_state(max_bs, max_num_tokens));

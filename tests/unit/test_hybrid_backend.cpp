@@ -57,7 +57,7 @@ class RecordingBackend final : public AttentionBackend {
   Status init_cuda_graph_state(int max_bs, int max_num_tokens) override {
     log_->push_back(d_.name + ".init_cuda_graph_state:" + std::to_string(max_bs) + "," +
                     std::to_string(max_num_tokens));
-    return Status::ok();
+    return max_bs >= 1 ? Status::ok() : Status::invalid_argument("max_bs must be >= 1");
   }
   Status init_forward_metadata_capture_cuda_graph(int, int, const TensorView&, const TensorView&,
                                                   const TensorView&, ForwardMode mode,
@@ -213,6 +213,24 @@ TEST(HybridAttnBackend, CaptureAndReplayRouteAndRequireGraphState) {
                   .is_ok());
   const Log expected = {"D.capture:decode", "P.capture:target_verify", "P.replay:target_verify"};
   EXPECT_EQ(p->log, expected);
+}
+
+// A failed re-initialisation leaves no graph state behind: captures are refused until an
+// init_cuda_graph_state succeeds again (they went ahead on the backends' mixed workspaces).
+TEST(HybridAttnBackend, FailedReinitialisationRefusesCaptures) {
+  auto p = make(opts(true, SpeculativeAttentionMode::kPrefill));
+  ASSERT_NE(p->hybrid, nullptr);
+  ASSERT_TRUE(p->hybrid->init_cuda_graph_state(4, 16).is_ok());
+  EXPECT_FALSE(p->hybrid->init_cuda_graph_state(0, 16).is_ok());
+  const Status s = p->hybrid->init_forward_metadata_capture_cuda_graph(
+      4, 4, {}, {}, {}, ForwardMode::kDecode, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("init_cuda_graph_state must run"), std::string::npos) << s.message();
+  ASSERT_TRUE(p->hybrid->init_cuda_graph_state(4, 16).is_ok());
+  EXPECT_TRUE(p->hybrid
+                  ->init_forward_metadata_capture_cuda_graph(4, 4, {}, {}, {}, ForwardMode::kDecode,
+                                                             nullptr)
+                  .is_ok());
 }
 
 TEST(HybridAttnBackend, CaptureOnUninitialisedPrefillBackendIsAnError) {

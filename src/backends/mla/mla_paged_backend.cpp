@@ -52,6 +52,13 @@ class MlaPagedBackend final : public AttentionBackend {
   }
 
   Status init_cuda_graph_state(int max_bs, int max_num_tokens) override {
+    // Checked before either part is touched (the engine does not check them; a refusal by the
+    // other part after the engine re-sized its workspaces left the two out of step).
+    if (max_bs < 1 || max_num_tokens < max_bs) {
+      return Status::invalid_argument(
+          name_ + ": init_cuda_graph_state(max_bs " + std::to_string(max_bs) + ", max_num_tokens " +
+          std::to_string(max_num_tokens) + ") needs max_bs >= 1 and max_num_tokens >= max_bs");
+    }
     ATTNKIT_RETURN_IF_ERROR(engine_->init_graph(max_bs, max_num_tokens));
     return other_->init_cuda_graph_state(max_bs, max_num_tokens);
   }
