@@ -145,6 +145,12 @@ class Resolver {
     return candidates(role, [](const FeatureRow&) { return true; });
   }
   bool available(const std::string& name, BackendRole role) const;
+  // The platform's universal backend (torch_native on CPUs, triton on GPUs) where it is built, runs
+  // `role` on this device and its row passes `fits`; nullptr otherwise.
+  const char* universal_fallback(BackendRole role,
+                                 const std::function<bool(const FeatureRow&)>& fits) const;
+  // A default choice moved to `fallback`, with the warning "`why`; using <fallback>".
+  void fall_back(RoleChoice* c, const char* fallback, const std::string& why);
   // The roles (prefill, decode) with duplicates removed.
   std::vector<std::pair<BackendRole, const RoleChoice*>> roles() const;
   std::string who(const RoleChoice& c, BackendRole role) const;
@@ -189,6 +195,24 @@ bool Resolver::available(const std::string& name, BackendRole role) const {
   if (!check_backend_on_device(*d, device_, role).is_ok()) return false;
   // A virtual device plans as if every backend were installed (SGLang's is_*_available()).
   return device_.is_virtual || d->built;
+}
+
+const char* Resolver::universal_fallback(BackendRole role,
+                                         const std::function<bool(const FeatureRow&)>& fits) const {
+  const char* name = device_.platform == Platform::kCPU ? "torch_native" : "triton";
+  const BackendDescriptor* d = reg_.find(name);
+  const FeatureRow* r = d != nullptr ? d->row(kind_) : nullptr;
+  if (r == nullptr || !d->built || !fits(*r) ||
+      !check_backend_on_device(*d, device_, role).is_ok()) {
+    return nullptr;
+  }
+  return name;
+}
+
+void Resolver::fall_back(RoleChoice* c, const char* fallback, const std::string& why) {
+  warn(why + "; using " + fallback);
+  c->backend = fallback;
+  c->origin = "fallback for the " + c->origin;
 }
 
 std::vector<std::pair<BackendRole, const RoleChoice*>> Resolver::roles() const {
@@ -506,24 +530,19 @@ Status Resolver::check_roles_on_device() {
             kind_name + " backends for this device: " + (built.empty() ? "none" : join(built)));
       }
       // A default on a real device falls back to the universal backend of the platform.
-      const char* fallback = device_.platform == Platform::kCPU ? "torch_native" : "triton";
-      const BackendDescriptor* fb = reg_.find(fallback);
-      if (fb == nullptr || !fb->built || fb->row(kind_) == nullptr ||
-          !check_backend_on_device(*fb, device_, role).is_ok()) {
+      const char* fallback = universal_fallback(role, [](const FeatureRow&) { return true; });
+      if (fallback == nullptr) {
         return Status::not_built(who(*c, role) + " is not built in this binary (" +
                                  d.not_built_reason + ") and no built " + kind_name +
                                  " backend runs on " + device_label(device_));
       }
-      warn(who(*c, role) + " is not built in this binary (" + d.not_built_reason + "); using " +
-           fallback);
-      c->backend = fallback;
-      c->origin = "fallback for the " + c->origin;
+      fall_back(c, fallback,
+                who(*c, role) + " is not built in this binary (" + d.not_built_reason + ")");
     }
   }
   return Status::ok();
 }
 
-// ---- step 6: what the model needs from every backend it runs on ----
 // An MHA backend's kernels exist for the head dims compiled into this binary (FeatureRow::
 // head_dims; empty: any): a backend the user named without the model's head dim is an error here,
 // not at backend creation; a default one falls back to the platform's universal backend, as a
@@ -548,14 +567,8 @@ Status Resolver::check_head_dim() {
       continue;
     }
     if (!c->from_flag) {
-      const char* fallback = device_.platform == Platform::kCPU ? "torch_native" : "triton";
-      const BackendDescriptor* fb = reg_.find(fallback);
-      const FeatureRow* fr = fb != nullptr ? fb->row(kind_) : nullptr;
-      if (fb != nullptr && fb->built && fr != nullptr && has_dim(*fr) &&
-          check_backend_on_device(*fb, device_, role).is_ok()) {
-        warn(missing + "; using " + fallback);
-        c->backend = fallback;
-        c->origin = "fallback for the " + c->origin;
+      if (const char* fallback = universal_fallback(role, has_dim)) {
+        fall_back(c, fallback, missing);
         continue;
       }
     }
@@ -566,6 +579,7 @@ Status Resolver::check_head_dim() {
   return Status::ok();
 }
 
+// ---- step 6: what the model needs from every backend it runs on ----
 Status Resolver::check_model_features() {
   bool uses_window = model_.sliding_window > 0;
   if (uses_window && !model_.layer_kinds.empty()) {
