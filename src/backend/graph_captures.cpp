@@ -7,20 +7,21 @@
 
 namespace attnkit {
 
-Status GraphCaptures::check_replay(std::string_view backend, ForwardMode mode, int bs,
-                                   int queries) const {
+Result<int> GraphCaptures::check_replay(std::string_view backend, ForwardMode mode, int bs,
+                                        int queries) const {
   const auto it = captured_.find({static_cast<int>(mode), bs});
   if (it == captured_.end()) {
     return Status::invalid_argument(cat(backend, ": no ", forward_mode_name(mode),
                                         " graph of batch size ", bs,
                                         " was captured (since the last init_cuda_graph_state)"));
   }
-  if (it->second != queries) {
-    return Status::invalid_argument(cat(
-        backend, ": ", forward_mode_name(mode), " replay of batch size ", bs, " with ", queries,
-        " queries per request (spec.draft_token_num), its graph was captured with ", it->second));
+  if (it->second.queries != queries) {
+    return Status::invalid_argument(
+        cat(backend, ": ", forward_mode_name(mode), " replay of batch size ", bs, " with ", queries,
+            " queries per request (spec.draft_token_num), its graph was captured with ",
+            it->second.queries));
   }
-  return Status::ok();
+  return it->second.grid;
 }
 
 namespace {

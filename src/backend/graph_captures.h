@@ -18,20 +18,26 @@
 
 namespace attnkit {
 
-// The (mode, batch size) -> queries per request of a backend's captured graphs; cleared by
+// The (mode, batch size) -> queries per request of a backend's captured graphs, and a grid the
+// backend keeps with each (flashinfer: the CTAs per kv head the graph launches); cleared by
 // init_cuda_graph_state (its workspaces are reallocated: earlier graphs are invalid).
 class GraphCaptures {
  public:
   void clear() { captured_.clear(); }
-  void record(ForwardMode mode, int bs, int queries) {
-    captured_[{static_cast<int>(mode), bs}] = queries;
+  void record(ForwardMode mode, int bs, int queries, int grid = 0) {
+    captured_[{static_cast<int>(mode), bs}] = Capture{queries, grid};
   }
-  // kInvalidArgument naming `backend` when no graph of (mode, bs) was captured (since the last
-  // init_cuda_graph_state) or it was captured with other queries per request.
-  Status check_replay(std::string_view backend, ForwardMode mode, int bs, int queries) const;
+  // The grid recorded with the graph of (mode, bs); kInvalidArgument naming `backend` when none
+  // was captured (since the last init_cuda_graph_state) or it was captured with other queries per
+  // request.
+  Result<int> check_replay(std::string_view backend, ForwardMode mode, int bs, int queries) const;
 
  private:
-  std::map<std::pair<int, int>, int> captured_;
+  struct Capture {
+    int queries = 0;
+    int grid = 0;
+  };
+  std::map<std::pair<int, int>, Capture> captured_;
 };
 
 // req_pool_indices and seq_lens of a capture / replay: defined 1-D int32 views of >= bs elements

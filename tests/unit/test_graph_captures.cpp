@@ -20,18 +20,20 @@ void expect_refused(const Status& st, const std::string& needle) {
 
 TEST(GraphCaptures, ReplayMustMatchACapture) {
   GraphCaptures g;
-  expect_refused(g.check_replay("triton", ForwardMode::kDecode, 8, 1),
+  expect_refused(g.check_replay("triton", ForwardMode::kDecode, 8, 1).status(),
                  "triton: no decode graph of batch size 8 was captured");
   g.record(ForwardMode::kDecode, 8, 1);
-  g.record(ForwardMode::kTargetVerify, 8, 4);
+  g.record(ForwardMode::kTargetVerify, 8, 4, /*grid=*/24);
   EXPECT_TRUE(g.check_replay("triton", ForwardMode::kDecode, 8, 1).is_ok());
-  EXPECT_TRUE(g.check_replay("triton", ForwardMode::kTargetVerify, 8, 4).is_ok());
-  expect_refused(g.check_replay("triton", ForwardMode::kDecode, 16, 1), "batch size 16");
-  expect_refused(g.check_replay("flashinfer", ForwardMode::kTargetVerify, 8, 2),
+  const Result<int> grid = g.check_replay("flashinfer", ForwardMode::kTargetVerify, 8, 4);
+  ASSERT_TRUE(grid.is_ok()) << grid.status().to_string();
+  EXPECT_EQ(*grid, 24);
+  expect_refused(g.check_replay("triton", ForwardMode::kDecode, 16, 1).status(), "batch size 16");
+  expect_refused(g.check_replay("flashinfer", ForwardMode::kTargetVerify, 8, 2).status(),
                  "with 2 queries per request (spec.draft_token_num), its graph was captured "
                  "with 4");
   g.clear();
-  expect_refused(g.check_replay("triton", ForwardMode::kDecode, 8, 1), "was captured");
+  expect_refused(g.check_replay("triton", ForwardMode::kDecode, 8, 1).status(), "was captured");
 }
 
 TEST(GraphCaptures, ReplayLengthsFitTheRows) {

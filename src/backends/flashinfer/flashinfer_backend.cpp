@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -416,9 +415,9 @@ class FlashInferBackend final : public AttentionBackend {
   int graph_max_bs_ = 0;
   int64_t graph_items_ = 0;
   int64_t graph_partial_entries_ = 0;  // partial entries (LSE floats) of the graph workspace
-  // (mode, bs) of the captured graphs -> the grid (CTAs per kv head) each launches.
-  std::map<std::pair<int, int>, int> graph_captured_;
-  GraphCaptures graph_queries_;  // ... and the queries per request (1, or verify's N)
+  // (mode, bs) of the captured graphs -> their queries per request (1, or verify's N) and the grid
+  // (CTAs per kv head) each launches.
+  GraphCaptures graph_captures_;
   // The req_to_token rows' length of the captured forwards (replay bounds seq_lens_host by it).
   int graph_max_context_ = 0;
   // That length: the context's req_to_token pool where it names one, else the captured forwards'
@@ -926,8 +925,7 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   const int n = ctx_.speculative_num_draft_tokens > 0 ? ctx_.speculative_num_draft_tokens
                                                       : max_num_tokens / max_bs;
   graph_items_ = std::max(graph_items_, verify_items(max_bs, n));
-  graph_captured_.clear();
-  graph_queries_.clear();
+  graph_captures_.clear();
   int64_t words = WorkPlan::words_for(max_bs, graph_items_);
   // WorkItem plans (decode and verify): partial rows <= items, each Hq entries wide.
   int64_t partial_entries = graph_items_ * ctx_.num_q_heads;
@@ -1052,8 +1050,8 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   plan_.split_counters = graph_split_counters_.data();
   plan_.graph = true;
   plan_.num_tokens = num_tokens;
-  graph_captured_[{static_cast<int>(mode), bs}] = plan_.grid_items;
-  graph_queries_.record(mode, bs, mode == ForwardMode::kTargetVerify ? draft_tokens(spec) : 1);
+  graph_captures_.record(mode, bs, mode == ForwardMode::kTargetVerify ? draft_tokens(spec) : 1,
+                         plan_.grid_items);
   return Status::ok();
 }
 
@@ -1187,19 +1185,15 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     return portable_->init_forward_metadata_replay_cuda_graph(
         bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, mode, spec, seq_lens_host);
   }
-  const auto captured = graph_captured_.find({static_cast<int>(mode), bs});
-  if (captured == graph_captured_.end()) {
-    return Status::invalid_argument("flashinfer: no " + std::string(forward_mode_name(mode)) +
-                                    " graph of batch size " + str(bs) + " was captured");
-  }
+  const bool verify = mode == ForwardMode::kTargetVerify;
+  const int n = verify ? draft_tokens(spec) : 1;
+  // The grid captured for this (mode, bs) (init_forward_metadata_capture_cuda_graph).
+  ATTNKIT_ASSIGN_OR_RETURN(const int grid, graph_captures_.check_replay("flashinfer", mode, bs, n));
   if (seq_lens_host == nullptr) {
     return Status::invalid_argument(
         "flashinfer: replay needs seq_lens_host (the split plan is computed on the host)");
   }
   // The same requests and planner as eager init_forward_metadata, so every CTA does the same work.
-  const bool verify = mode == ForwardMode::kTargetVerify;
-  const int n = verify ? draft_tokens(spec) : 1;
-  ATTNKIT_RETURN_IF_ERROR(graph_queries_.check_replay("flashinfer", mode, bs, n));
   ATTNKIT_RETURN_IF_ERROR(
       check_graph_lengths("flashinfer", bs, seq_lens_host, verify ? n : 0, graph_rows()));
   std::vector<PlanRequest>& reqs = plan_requests_;
@@ -1210,8 +1204,7 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   }
   if (!verify && balanced_kernel()) {
     bool from_lengths = false;
-    ATTNKIT_RETURN_IF_ERROR(
-        replay_plan_from_lengths(bs, seq_lens_host, captured->second, &from_lengths));
+    ATTNKIT_RETURN_IF_ERROR(replay_plan_from_lengths(bs, seq_lens_host, grid, &from_lengths));
     if (from_lengths) return Status::ok();
     bool cut = false;
     bool split_long = false;
@@ -1226,15 +1219,15 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
       const int64_t ctas = static_cast<int64_t>(work_plan_.items.size()) * ctx_.num_kv_heads;
       const bool device_plan =
           device_plan_ == 2 || (device_plan_ == 1 && ctas >= kDevicePlanMinCtas);
-      if (device_plan && slots == captured->second) {
+      if (device_plan && slots == grid) {
         return replay_device_plan(bs, slots);
       }
     }
     ATTNKIT_RETURN_IF_ERROR(build_chosen_balanced_plan(reqs, cut));
     const flashinfer::BalancedPlan& bp = balanced_plan_;
-    if (bp.slots() != captured->second) {  // the same function of bs: cannot happen
+    if (bp.slots() != grid) {  // the same function of bs: cannot happen
       return Status::internal("flashinfer: replay's balanced plan has " + str(bp.slots()) +
-                              " slots, its graph was captured with " + str(captured->second));
+                              " slots, its graph was captured with " + str(grid));
     }
     const int64_t entries = balanced_partial_entries(bp.num_partials);
     if (entries > graph_partial_entries_) {  // bounded at init (balanced_graph_partial_entries)
@@ -1253,9 +1246,7 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   ATTNKIT_RETURN_IF_ERROR(
       flashinfer::build_work_plan(reqs, plan_config(shape, !verify), &work_plan_));
   const WorkPlan& wp = work_plan_;
-  // The grid captured for this (mode, bs) (init_forward_metadata_capture_cuda_graph): a plan with
-  // more items would have CTAs missing (e.g. a verify replay with more drafts than its capture).
-  const int grid = captured->second;
+  // A plan with more items than the captured grid would have CTAs missing.
   if (static_cast<int64_t>(wp.items.size()) > grid) {
     return Status::invalid_argument(
         "flashinfer: " + std::string(forward_mode_name(mode)) + " replay of bs " + str(bs) +

@@ -274,7 +274,9 @@ Status MlaDecodeEngine::plan_graph(int bs, const TensorView& seq_lens, ForwardMo
                                     str(ctx_.speculative_num_draft_tokens) + ", max_num_tokens " +
                                     str(graph_max_tokens_) + ")");
   }
-  if (!capture) ATTNKIT_RETURN_IF_ERROR(graph_captures_.check_replay(owner_, mode, bs, s_q));
+  if (!capture) {
+    ATTNKIT_RETURN_IF_ERROR(graph_captures_.check_replay(owner_, mode, bs, s_q).status());
+  }
   plan_ = Plan{};
   ATTNKIT_RETURN_IF_ERROR(
       schedule(mode, bs, s_q, seq_lens, graph_sched_.data(), graph_split_indptr_.data(), stream));

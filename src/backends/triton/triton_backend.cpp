@@ -670,7 +670,7 @@ Status TritonBackend::init_forward_metadata_replay_cuda_graph(
   }
   const bool verify = mode == ForwardMode::kTargetVerify;
   const int queries = verify ? (spec != nullptr ? spec->draft_token_num : 0) : 1;
-  ATTNKIT_RETURN_IF_ERROR(graph_captures_.check_replay("triton", mode, bs, queries));
+  ATTNKIT_RETURN_IF_ERROR(graph_captures_.check_replay("triton", mode, bs, queries).status());
   ATTNKIT_RETURN_IF_ERROR(check_graph_lengths("triton", bs, seq_lens_host, verify ? queries : 0,
                                               ctx_.req_to_token_pool->max_context_len()));
   ATTNKIT_RETURN_IF_ERROR(graph_metadata(bs, req_pool_indices, seq_lens, mode, spec, ctx_.stream));
