@@ -113,7 +113,6 @@ int64_t cpu_copy_bytes() {
   return std::max(2 * bench::host_llc_bytes(nullptr), bench::kMinCpuRotateBytes);
 }
 
-// An output file must be creatable: its directory exists and the path is not a directory.
 // Whether two paths name one file: equal after normalisation, or the same existing file.
 bool same_file(const std::string& a, const std::string& b) {
   std::error_code ec;

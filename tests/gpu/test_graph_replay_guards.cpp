@@ -6,15 +6,13 @@
 // captured with fewer tokens than the capture's. The captured replay itself still plans.
 #include <gtest/gtest.h>
 
-#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "attnkit/registry.h"
 #include "harness/case_runner.h"
-#include "support/backend_case_test.h"
 #include "support/gpu_test_helpers.h"
+#include "support/plan_check.h"
 
 namespace attnkit {
 namespace {
@@ -28,30 +26,9 @@ struct GuardCase {
 };
 
 CaseSpec guard_spec(const GuardCase& gc) {
-  CaseSpec c;
-  c.name = "graph_guard_" + gc.name;
-  c.mode = gc.verify ? ForwardMode::kTargetVerify : ForwardMode::kDecode;
-  c.page_size = gc.mla ? 64 : 16;
-  c.prefix_lens = {300, 41, 77};
-  c.new_lens = gc.verify ? std::vector<int>{} : std::vector<int>{1, 1, 1};
-  if (gc.verify) {
-    c.spec_draft_tokens = 4;
-    c.spec_topk = 1;
-  }
-  c.num_q_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = c.v_head_dim = 128;
-  if (gc.mla) {
-    c.mla = true;
-    c.kv_lora_rank = 512;
-    c.qk_rope_head_dim = 64;
-    c.num_q_heads = 16;
-    c.num_kv_heads = 1;
-    c.head_dim = 512 + 64;
-    c.v_head_dim = 512;
-  }
-  c.seed = 9;
-  return c;
+  return test_support::plan_check_case(
+      "graph_guard_" + gc.name, gc.verify ? ForwardMode::kTargetVerify : ForwardMode::kDecode,
+      {300, 41, 77}, gc.verify ? std::vector<int>{} : std::vector<int>{1, 1, 1}, gc.mla, 9);
 }
 
 void expect_refused(const Status& st, const std::string& needle) {
@@ -64,20 +41,13 @@ class GraphReplayGuards : public ::testing::TestWithParam<std::tuple<std::string
 TEST_P(GraphReplayGuards, MismatchedReplaysAreRefused) {
   if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
   const auto& [backend_name, gc] = GetParam();
-  const CaseSpec spec = guard_spec(gc);
-  const Device device = Device::cuda(0);
-  const BackendDescriptor* descriptor = builtin_registry().find(backend_name);
-  ASSERT_NE(descriptor, nullptr);
-  const std::string reason =
-      harness::skip_reason(*descriptor, spec, test_support::device_info_for(device));
-  if (!reason.empty()) GTEST_SKIP() << reason;
-  Result<harness::PreparedCase> prepared = harness::prepare_case(spec, device);
-  ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
-  harness::PreparedCase& pc = *prepared;
-  Result<std::unique_ptr<AttentionBackend>> made =
-      harness::create_backend_for_case(*descriptor, pc);
+  std::string skip;
+  Result<test_support::CaseOnBackend> made =
+      test_support::case_on_backend(backend_name, guard_spec(gc), Device::cuda(0), &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
   ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  AttentionBackend& backend = **made;
+  harness::PreparedCase& pc = made->pc;
+  AttentionBackend& backend = *made->backend;
   const ForwardBatch& b = pc.batch;
   const ForwardMode mode = b.mode;
   const SpecInfo* sp = gc.verify ? &b.spec : nullptr;
@@ -91,24 +61,11 @@ TEST_P(GraphReplayGuards, MismatchedReplaysAreRefused) {
   {
     ForwardBatch fewer = b;
     const int64_t tokens = b.num_tokens - (gc.verify ? 4 : 1);
-    fewer.num_tokens = static_cast<int>(tokens);
-    fewer.out_cache_loc.shape[0] = fewer.positions.shape[0] = tokens;
-    if (gc.verify) {  // one request fewer drafts is not a batch: drop the lengths that name them
-      fewer.extend_seq_lens_host.clear();
-      fewer.extend_prefix_lens_host.clear();
-      fewer.extend_start_loc_host.clear();
-      fewer.extend_seq_lens = fewer.extend_prefix_lens = fewer.extend_start_loc = TensorView();
-      fewer.spec.custom_mask = fewer.spec.mask_indptr = TensorView();
-      fewer.spec.mask_indptr_host.clear();
-      fewer.spec.draft_token_num = 4;
-    }
+    // One request fewer drafts is not a batch: drop the lengths that name them.
+    if (gc.verify) test_support::drop_verify_lengths(&fewer);
     const harness::LayerData& ld = pc.layers[0];
-    TensorView q = ld.q, out = ld.out, lse = ld.lse;
-    q.shape[0] = out.shape[0] = tokens;
-    if (lse.defined()) lse.shape[0] = tokens;
     const std::vector<uint8_t> before = test_support::to_host_bytes(ld.out);
-    const Status st = backend.forward(q, TensorView(), TensorView(), out, ld.layer, fewer,
-                                      /*save_kv=*/false, lse);
+    const Status st = test_support::forward_first_tokens(backend, ld, fewer, tokens);
     EXPECT_FALSE(st.is_ok()) << "a forward of " << tokens << " tokens ran on a capture of "
                              << b.num_tokens;
     EXPECT_EQ(test_support::to_host_bytes(ld.out), before) << "out was written";

@@ -17,6 +17,7 @@
 #include "support/backend_case_test.h"
 #include "support/gpu_test_helpers.h"
 #include "support/nan_key_check.h"
+#include "support/plan_check.h"
 
 namespace attnkit {
 namespace {
@@ -88,13 +89,7 @@ TEST_P(NanKeyCases, RowsThatSeeTheKeyAreNan) {
   spec.v_head_dim = 128;
   test_support::NanKeySpot spot{/*request=*/0, /*position=*/290, /*kv_head=*/5, /*dim=*/7, nc.in_v};
   if (nc.mla_dim >= 0) {
-    spec.mla = true;
-    spec.kv_lora_rank = 512;
-    spec.qk_rope_head_dim = 64;
-    spec.num_q_heads = 16;
-    spec.num_kv_heads = 1;
-    spec.head_dim = 512 + 64;
-    spec.v_head_dim = 512;
+    test_support::use_absorbed_mla(&spec);
     spot.kv_head = 0;
     spot.dim = nc.mla_dim;
   }

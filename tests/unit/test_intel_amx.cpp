@@ -17,6 +17,7 @@
 #include "backends/intel_amx/intel_amx_backend.h"
 #include "harness/case_runner.h"
 #include "support/nan_key_check.h"
+#include "support/plan_check.h"
 #include "support/scoped_env.h"
 
 namespace attnkit {
@@ -726,25 +727,14 @@ TEST(IntelAmxRejects, VerifyForwardWithAnotherDraftCount) {
   // Verify batches may leave the extend lengths out (the drafts follow the committed prefix): then
   // rows and seq_lens alone do not tell the two batches apart.
   ForwardBatch planned = pc.batch;
-  planned.extend_seq_lens_host.clear();
-  planned.extend_prefix_lens_host.clear();
-  planned.extend_start_loc_host.clear();
-  planned.extend_seq_lens = planned.extend_prefix_lens = planned.extend_start_loc = TensorView();
-  planned.spec.custom_mask = planned.spec.mask_indptr = TensorView();  // a chain needs no mask
-  planned.spec.mask_indptr_host.clear();
+  test_support::drop_verify_lengths(&planned);
   ASSERT_TRUE((*backend)->init_forward_metadata(planned).is_ok());
   ForwardBatch fewer = planned;
   fewer.spec.draft_token_num = 2;
-  fewer.num_tokens = 4;
-  fewer.out_cache_loc.shape[0] = fewer.positions.shape[0] = 4;
   const harness::LayerData& ld = pc.layers[0];
-  TensorView q = ld.q, out = ld.out, lse = ld.lse;
-  q.shape[0] = out.shape[0] = 4;
-  if (lse.defined()) lse.shape[0] = 4;
   const auto* bytes = static_cast<const unsigned char*>(ld.out.data);
   const std::vector<unsigned char> before(bytes, bytes + ld.out.storage_bytes());
-  const Status st = (*backend)->forward(q, TensorView(), TensorView(), out, ld.layer, fewer,
-                                        /*save_kv=*/false, lse);
+  const Status st = test_support::forward_first_tokens(**backend, ld, fewer, 4);
   expect_error_mentions(st, StatusCode::kInvalidArgument, "num_tokens 4");
   EXPECT_TRUE(std::equal(before.begin(), before.end(), bytes)) << "out was written";
 }
