@@ -293,6 +293,7 @@ void bind_backend(nb::module_& m) {
           "init_cuda_graph_state",
           [](PyBackend& b, int max_bs, int max_num_tokens) {
             check(b.backend->init_cuda_graph_state(max_bs, max_num_tokens));
+            b.graph_buffers.clear();  // the earlier captures are refused from here on
           },
           "max_bs"_a, "max_num_tokens"_a,
           "Allocate the static graph buffers once (kUnsupported -> UnsupportedError for backends "
@@ -306,12 +307,12 @@ void bind_backend(nb::module_& m) {
             const TensorView sv = to_view(seq_lens, "seq_lens");
             const TensorView ev =
                 encoder_lens ? to_view(*encoder_lens, "encoder_lens") : TensorView();
-            b.graph_buffers.push_back(req_pool_indices);
-            b.graph_buffers.push_back(seq_lens);
-            if (encoder_lens) b.graph_buffers.push_back(*encoder_lens);
+            const ForwardMode fm = parse_mode_arg(mode);
             check(b.backend->init_forward_metadata_capture_cuda_graph(
-                bs, num_tokens, rv, sv, ev, parse_mode_arg(mode),
-                spec != nullptr ? &spec->spec : nullptr));
+                bs, num_tokens, rv, sv, ev, fm, spec != nullptr ? &spec->spec : nullptr));
+            std::vector<Array>& kept = b.graph_buffers[{static_cast<int>(fm), bs}];
+            kept.assign({req_pool_indices, seq_lens});
+            if (encoder_lens) kept.push_back(*encoder_lens);
           },
           "bs"_a, "num_tokens"_a, "req_pool_indices"_a, "seq_lens"_a, "encoder_lens"_a = nb::none(),
           "mode"_a = "decode", "spec"_a = nb::none(),

@@ -32,7 +32,9 @@ std::vector<TensorView> layer_views(nb::handle obj, const char* name, std::optio
         v.shape[static_cast<size_t>(d)] = all.shape[static_cast<size_t>(d + 1)];
         v.strides[static_cast<size_t>(d)] = all.strides[static_cast<size_t>(d + 1)];
       }
-      v.data = static_cast<char*>(all.data) + dtype_storage_bytes(all.dtype, l * all.stride(0));
+      // Layer l starts l * stride(0) elements from layer 0 (a negative stride too: layers in
+      // reverse order); the byte offset is exact (fp4 layers hold whole bytes), not rounded up.
+      v.data = static_cast<char*>(all.data) + l * all.stride(0) * dtype_bits(all.dtype) / 8;
       views.push_back(v);
     }
     return views;

@@ -44,14 +44,37 @@ ServerArgs server_args_from(const nb::kwargs& kwargs) {
   ServerArgs a;
   for (auto [key_obj, value] : kwargs) {
     const std::string key = nb::cast<std::string>(key_obj);
-    const auto str = [&]() { return nb::cast<std::string>(value); };
+    // A value of the wrong type is a ValueError naming the flag (nb::cast threw a bare
+    // RuntimeError('std::bad_cast')).
+    const auto wrong = [&](const char* expected) {
+      raise_invalid("resolve: " + key + " must be " + expected + ", got " +
+                    nb::cast<std::string>(nb::repr(value)) + " (" +
+                    nb::cast<std::string>(nb::str(value.type())) + ")");
+    };
+    const auto str = [&]() {
+      std::string out;
+      if (!nb::isinstance<nb::str>(value) || !nb::try_cast(value, out)) wrong("a str");
+      return out;
+    };
     const auto opt_str = [&]() -> std::optional<std::string> {
       if (value.is_none()) return std::nullopt;
-      return nb::cast<std::string>(value);
+      return str();
+    };
+    const auto boolean = [&]() {
+      if (!nb::isinstance<nb::bool_>(value)) wrong("True or False");
+      return nb::cast<bool>(value);
+    };
+    const auto integer = [&]() {
+      int out = 0;
+      if (nb::isinstance<nb::bool_>(value) || !nb::isinstance<nb::int_>(value) ||
+          !nb::try_cast(value, out)) {
+        wrong("an int in the int32 range");
+      }
+      return out;
     };
     const auto opt_int = [&]() -> std::optional<int> {
       if (value.is_none()) return std::nullopt;
-      return nb::cast<int>(value);
+      return integer();
     };
     if (key == "attention_backend") {
       a.attention_backend = opt_str();
@@ -62,9 +85,9 @@ ServerArgs server_args_from(const nb::kwargs& kwargs) {
     } else if (key == "page_size") {
       a.page_size = opt_int();
     } else if (key == "kv_cache_dtype") {
-      a.kv_cache_dtype = str();
+      a.kv_cache_dtype = value.is_none() ? std::string("auto") : str();
     } else if (key == "disable_cuda_graph") {
-      a.disable_cuda_graph = nb::cast<bool>(value);
+      a.disable_cuda_graph = boolean();
     } else if (key == "chunked_prefill_size") {
       a.chunked_prefill_size = opt_int();
     } else if (key == "speculative_algorithm") {
@@ -84,11 +107,11 @@ ServerArgs server_args_from(const nb::kwargs& kwargs) {
     } else if (key == "linear_attn_prefill_backend") {
       a.linear_attn_prefill_backend = opt_str();
     } else if (key == "enable_mixed_chunk") {
-      a.enable_mixed_chunk = nb::cast<bool>(value);
+      a.enable_mixed_chunk = boolean();
     } else if (key == "disable_radix_cache") {
-      a.disable_radix_cache = nb::cast<bool>(value);
+      a.disable_radix_cache = boolean();
     } else if (key == "tp_size") {
-      a.tp_size = nb::cast<int>(value);
+      a.tp_size = integer();
     } else {
       raise_invalid("resolve: unknown server argument \"" + key +
                     "\" (flags use underscores: attention_backend, prefill_attention_backend, "

@@ -197,7 +197,12 @@ StreamHandle parse_stream_arg(nb::handle obj) {
         "None; got " +
         nb::cast<std::string>(nb::str(obj.type())));
   }
-  return reinterpret_cast<StreamHandle>(nb::cast<uintptr_t>(value));
+  uintptr_t handle = 0;
+  if (!nb::try_cast(value, handle)) {
+    raise_invalid("stream must be a cudaStream_t handle in [0, 2^64), got " +
+                  nb::cast<std::string>(nb::repr(value)));
+  }
+  return reinterpret_cast<StreamHandle>(handle);
 }
 
 std::vector<int64_t> view_ints(const TensorView& view, const char* name) {

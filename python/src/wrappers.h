@@ -2,6 +2,7 @@
 // the library object points into (zero-copy), so a view never outlives its buffer.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -54,8 +55,10 @@ struct PyBackend {
   std::unique_ptr<AttentionBackend> backend;
   nb::object req_to_token_pool;
   nb::object kv_pool;
-  // Static CUDA-graph buffers handed to capture/replay: the backend may keep their addresses.
-  std::vector<Array> graph_buffers;
+  // The static index arrays of each captured (mode, batch size): a captured graph's kernels may
+  // read their addresses. A new capture of the same (mode, bs) replaces its entry;
+  // init_cuda_graph_state, after which every earlier capture is refused, drops them all.
+  std::map<std::pair<int, int>, std::vector<Array>> graph_buffers;
 };
 
 // The descriptor as a dict (bind_selection.cpp); shared by Backend.descriptor and matrix().

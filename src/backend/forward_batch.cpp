@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,27 @@ const char* forward_mode_name(ForwardMode mode) {
 
 namespace {
 
-// A device tensor mirrored by a host array: when defined it must be a 1-D `dtype` of n elements.
-Status check_array(const TensorView& t, const char* name, DType dtype, int64_t n, bool required) {
+// The batch's arrays live where its KV pool does (the kernels and the planners index them as
+// plain contiguous arrays of that device): contiguous, and on `device` when one is known (the
+// pool's; a batch without a pool has no array a backend reads).
+Status check_layout(const TensorView& t, const char* name, const std::optional<Device>& device) {
+  if (!t.is_contiguous()) {
+    return Status::invalid_argument(cat("ForwardBatch.", name,
+                                        ": expected a contiguous array, got ", t.describe(),
+                                        " with stride ", t.ndim > 0 ? t.strides[0] : 0));
+  }
+  if (device && t.device != *device) {
+    return Status::invalid_argument(cat("ForwardBatch.", name, " is on ", t.device.to_string(),
+                                        ", the KV pool on ", device->to_string(),
+                                        ": the batch's arrays must be on the pool's device"));
+  }
+  return Status::ok();
+}
+
+// A device tensor mirrored by a host array: when defined it must be a contiguous 1-D `dtype` of n
+// elements on `device`.
+Status check_array(const TensorView& t, const char* name, DType dtype, int64_t n, bool required,
+                   const std::optional<Device>& device) {
   if (!t.defined()) {
     if (required && n > 0) {
       return Status::invalid_argument(
@@ -44,7 +64,7 @@ Status check_array(const TensorView& t, const char* name, DType dtype, int64_t n
     return Status::invalid_argument(cat("ForwardBatch.", name, ": expected ", dtype_name(dtype),
                                         "[", n, "], got ", t.describe()));
   }
-  return Status::ok();
+  return check_layout(t, name, device);
 }
 
 Status check_host_size(size_t size, const char* name, int64_t n) {
@@ -74,14 +94,22 @@ Status ForwardBatch::validate() const {
     return Status::ok();
   }
   const int64_t bs = batch_size;
+  std::optional<Device> dev;
+  if (kv_pool != nullptr) dev = kv_pool->device();
+  if (dev && req_to_token_pool != nullptr && req_to_token_pool->device() != *dev) {
+    return Status::invalid_argument(
+        cat("ForwardBatch.req_to_token_pool is on ", req_to_token_pool->device().to_string(),
+            ", the KV pool on ", dev->to_string(), ": both must be on one device"));
+  }
   ATTNKIT_RETURN_IF_ERROR(
       check_host_size(req_pool_indices_host.size(), "req_pool_indices_host", bs));
   ATTNKIT_RETURN_IF_ERROR(check_host_size(seq_lens_host.size(), "seq_lens_host", bs));
-  ATTNKIT_RETURN_IF_ERROR(check_array(req_pool_indices, "req_pool_indices", DType::kI32, bs, true));
-  ATTNKIT_RETURN_IF_ERROR(check_array(seq_lens, "seq_lens", DType::kI32, bs, true));
   ATTNKIT_RETURN_IF_ERROR(
-      check_array(out_cache_loc, "out_cache_loc", DType::kI64, num_tokens, true));
-  ATTNKIT_RETURN_IF_ERROR(check_array(positions, "positions", DType::kI64, num_tokens, false));
+      check_array(req_pool_indices, "req_pool_indices", DType::kI32, bs, true, dev));
+  ATTNKIT_RETURN_IF_ERROR(check_array(seq_lens, "seq_lens", DType::kI32, bs, true, dev));
+  ATTNKIT_RETURN_IF_ERROR(
+      check_array(out_cache_loc, "out_cache_loc", DType::kI64, num_tokens, true, dev));
+  ATTNKIT_RETURN_IF_ERROR(check_array(positions, "positions", DType::kI64, num_tokens, false, dev));
 
   const bool verify = mode == ForwardMode::kTargetVerify;
   int draft = 0;
@@ -109,7 +137,7 @@ Status ForwardBatch::validate() const {
   if (has_encoder) {
     ATTNKIT_RETURN_IF_ERROR(check_host_size(encoder_lens_host.size(), "encoder_lens_host", bs));
   }
-  ATTNKIT_RETURN_IF_ERROR(check_array(encoder_lens, "encoder_lens", DType::kI32, bs, false));
+  ATTNKIT_RETURN_IF_ERROR(check_array(encoder_lens, "encoder_lens", DType::kI32, bs, false, dev));
   if (encoder_lens.defined() && !has_encoder) {
     return Status::invalid_argument(
         "ForwardBatch.encoder_lens is set but encoder_lens_host is empty");
@@ -153,10 +181,11 @@ Status ForwardBatch::validate() const {
     ATTNKIT_RETURN_IF_ERROR(
         check_host_size(extend_seq_lens_host.size(), "extend_seq_lens_host", bs));
     ATTNKIT_RETURN_IF_ERROR(
-        check_array(extend_prefix_lens, "extend_prefix_lens", DType::kI32, bs, true));
-    ATTNKIT_RETURN_IF_ERROR(check_array(extend_seq_lens, "extend_seq_lens", DType::kI32, bs, true));
+        check_array(extend_prefix_lens, "extend_prefix_lens", DType::kI32, bs, true, dev));
     ATTNKIT_RETURN_IF_ERROR(
-        check_array(extend_start_loc, "extend_start_loc", DType::kI32, bs, false));
+        check_array(extend_seq_lens, "extend_seq_lens", DType::kI32, bs, true, dev));
+    ATTNKIT_RETURN_IF_ERROR(
+        check_array(extend_start_loc, "extend_start_loc", DType::kI32, bs, false, dev));
     if (!extend_start_loc_host.empty()) {
       ATTNKIT_RETURN_IF_ERROR(
           check_host_size(extend_start_loc_host.size(), "extend_start_loc_host", bs));
@@ -200,10 +229,12 @@ Status ForwardBatch::validate() const {
       return Status::invalid_argument(
           cat("ForwardBatch.spec.custom_mask: expected uint8, got ", spec.custom_mask.describe()));
     }
+    // The kernels read request r's bits at custom_mask + mask_indptr[r] as one flat byte array.
+    ATTNKIT_RETURN_IF_ERROR(check_layout(spec.custom_mask, "spec.custom_mask", dev));
     ATTNKIT_RETURN_IF_ERROR(
         check_host_size(spec.mask_indptr_host.size(), "spec.mask_indptr_host", bs + 1));
     ATTNKIT_RETURN_IF_ERROR(
-        check_array(spec.mask_indptr, "spec.mask_indptr", DType::kI64, bs + 1, true));
+        check_array(spec.mask_indptr, "spec.mask_indptr", DType::kI64, bs + 1, true, dev));
     if (verify) {
       for (int64_t r = 0; r < bs; ++r) {
         const int64_t expected = static_cast<int64_t>(draft) * (seq_lens_host[r] + draft);

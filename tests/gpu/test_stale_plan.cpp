@@ -2,7 +2,8 @@
 // init_forward_metadata planned (a target_verify batch with fewer drafts per request and no extend
 // lengths, an extend batch with a shorter request) is refused by name on every CUDA backend that
 // plans (triton, flashinfer, fa3, flashmla), and writes nothing: the stale plan's query offsets
-// index bs x N rows, past the smaller q / out.
+// index bs x N rows, past the smaller q / out. BatchArrays: a batch whose index arrays are on the
+// host or strided over a CUDA pool is refused by name as well.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -75,6 +76,53 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3", "flashmla"),
                        ::testing::Values(StaleCase{"verify", true, false},
                                          StaleCase{"extend", false, false},
+                                         StaleCase{"mla_verify", true, true})),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+
+// A batch whose index arrays are host arrays (or a strided view) over a CUDA pool is refused by
+// name at init_forward_metadata, before a planner kernel dereferences a host pointer or reads
+// every other element: ForwardBatch::validate, which every backend's plan calls first.
+class BatchArrays : public ::testing::TestWithParam<std::tuple<std::string, StaleCase>> {};
+
+TEST_P(BatchArrays, HostOrStridedArraysAreRefused) {
+  if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
+  const auto& [backend_name, sc] = GetParam();
+  std::string skip;
+  Result<test_support::CaseOnBackend> made =
+      test_support::case_on_backend(backend_name, stale_spec(sc), Device::cuda(0), &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  harness::PreparedCase& pc = made->pc;
+  AttentionBackend& backend = *made->backend;
+  ASSERT_TRUE(backend.init_forward_metadata(pc.batch).is_ok());
+
+  const int64_t bs = pc.batch.batch_size;
+  std::vector<int32_t> host(pc.batch.seq_lens_host.begin(), pc.batch.seq_lens_host.end());
+  ForwardBatch on_host = pc.batch;
+  on_host.seq_lens = TensorView(host.data(), DType::kI32, Device::cpu(), {bs});
+  Status st = backend.init_forward_metadata(on_host);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("ForwardBatch.seq_lens is on cpu, the KV pool on cuda:0"),
+            std::string::npos)
+      << st.to_string();
+
+  ForwardBatch strided = pc.batch;
+  TensorView rows = pc.batch.req_pool_indices;  // bs elements read with a stride of 2
+  rows.strides[0] = 2;
+  strided.req_pool_indices = rows;
+  st = backend.init_forward_metadata(strided);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("ForwardBatch.req_pool_indices: expected a contiguous array"),
+            std::string::npos)
+      << st.to_string();
+  // The real batch still plans and runs after the refusals.
+  ASSERT_TRUE(backend.init_forward_metadata(pc.batch).is_ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, BatchArrays,
+    ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3", "flashmla"),
+                       ::testing::Values(StaleCase{"extend", false, false},
                                          StaleCase{"mla_verify", true, true})),
     [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
 

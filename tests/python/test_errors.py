@@ -124,3 +124,80 @@ def test_resolve_errors_name_the_flag():
     assert '--attention-backend "bogus"' in str(info.value)
     with pytest.raises(ak.InvalidArgumentError, match="unknown server argument"):
         ak.resolve(llama, "sm90", attention_backendd="fa3")
+
+
+def test_resolve_wrong_types_name_the_flag():
+    llama = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256,
+             "num_attention_heads": 4, "num_key_value_heads": 2}
+    for flag, value, expected in [("page_size", 16.0, "an int"), ("page_size", "16", "an int"),
+                                  ("tp_size", 2**31, "an int in the int32 range"),
+                                  ("disable_cuda_graph", 1, "True or False"),
+                                  ("attention_backend", 3, "a str")]:
+        with pytest.raises(ak.InvalidArgumentError) as info:
+            ak.resolve(llama, "sm90", **{flag: value})
+        assert str(info.value).startswith(f"resolve: {flag} must be {expected}"), str(info.value)
+    # None means the default for the dtype flag, as it does for the optional ones.
+    assert ak.resolve(llama, "sm90", kv_cache_dtype=None).kv_dtype == \
+        ak.resolve(llama, "sm90").kv_dtype
+
+
+def test_stream_out_of_range_names_stream():
+    pool, table = small_setup()
+    for stream in (-1, 2**70):
+        with pytest.raises(ak.InvalidArgumentError, match="stream must be a cudaStream_t"):
+            ak.create_backend("torch_native", kv_pool=pool, req_to_token_pool=table,
+                              num_q_heads=4, q_dtype="f32", stream=stream)
+
+
+def test_strided_tree_mask_is_refused():
+    # The kernels read the mask as one flat byte array: a strided view of the same bits (here
+    # every other byte of a larger buffer) attended with the wrong bits before it was refused.
+    pool, table = small_setup(kv_dtype="f32")
+    prefix, drafts = 3, 2
+    row = table.alloc()
+    slots = np.arange(4, 4 + prefix + drafts, dtype=np.int64)
+    table.write(row, 0, slots)
+    mask = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 0, 1]], np.uint8).reshape(-1)
+    big = np.zeros(2 * mask.size, np.uint8)
+    big[::2] = mask
+    spec = ak.SpecInfo(drafts, topk=2, custom_mask=big[::2],
+                       mask_indptr=np.array([0, drafts * (prefix + drafts)], np.int64))
+    with pytest.raises(ak.InvalidArgumentError,
+                       match="ForwardBatch.spec.custom_mask: expected a contiguous array"):
+        ak.ForwardBatch("target_verify", np.array([row], np.int32), np.array([prefix], np.int32),
+                        slots[prefix:].copy(), table, pool, spec=spec)
+
+
+def test_failed_graph_capture_keeps_no_array():
+    import gc
+    import weakref
+
+    class Tracked(np.ndarray):
+        pass
+
+    pool, table = small_setup()
+    backend = ak.create_backend("torch_native", kv_pool=pool, req_to_token_pool=table,
+                                num_q_heads=4, q_dtype="f32")
+    probe = np.ones(4, np.int32).view(Tracked)
+    ref = weakref.ref(probe)
+    with pytest.raises(ak.UnsupportedError):
+        backend.init_forward_metadata_capture_cuda_graph(1, 1, probe, probe)
+    del probe
+    gc.collect()
+    assert ref() is None  # a capture that failed pins nothing for the backend's lifetime
+
+
+def test_wrap_stacked_layers_with_a_negative_stride():
+    # One [layers, rows, heads, dim] array with its layers in reverse order (each layer
+    # contiguous): each layer's address was rounded up by a byte and the wrap refused as
+    # "k[1] and k[0] share memory".
+    layers, rows = 3, 20
+    k = np.zeros((layers, rows, 2, 64), np.float32)[::-1]
+    v = np.zeros((layers, rows, 2, 64), np.float32)[::-1]
+    pool = ak.MHAKVPool.wrap(k, v, page_size=4)
+    assert pool.num_layers == layers
+    x = np.arange(2 * 64, dtype=np.float32).reshape(1, 2, 64)
+    pool.set_kv(1, np.array([5], np.int64), x, 2 * x)
+    np.testing.assert_array_equal(k[1][5], x[0])  # layer 1 is the caller's k[1]
+    np.testing.assert_array_equal(v[1][5], 2 * x[0])
+    assert not k[0].any() and not k[2].any()

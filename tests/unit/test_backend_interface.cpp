@@ -236,6 +236,31 @@ TEST_F(ValidateInputs, InconsistentExtendArrays) {
   expect_error(validate(), "ForwardBatch.seq_lens_sum");
 }
 
+// The batch's index arrays are read as plain contiguous arrays on the pool's device: a strided
+// view (e.g. a column of a framework tensor) or an array on another device is refused by name
+// (before, a strided seq_lens was read as contiguous and a host array handed to a CUDA backend
+// was dereferenced by its kernels).
+TEST_F(ValidateInputs, BatchArraysMustBeContiguousOnThePoolDevice) {
+  ForwardBatch& b = pc_->batch;
+  const int64_t bs = b.batch_size;
+  std::vector<int32_t> every_other(static_cast<size_t>(2 * bs));
+  for (int64_t r = 0; r < bs; ++r) every_other[static_cast<size_t>(2 * r)] = b.seq_lens_host[r];
+  TensorView strided(every_other.data(), DType::kI32, Device::cpu(), {bs});
+  strided.strides[0] = 2;
+  b.seq_lens = strided;
+  expect_error(validate(), "ForwardBatch.seq_lens: expected a contiguous array");
+  TensorView elsewhere(every_other.data(), DType::kI32, Device::cuda(0), {bs});
+  b.seq_lens = elsewhere;
+  expect_error(validate(),
+               "ForwardBatch.seq_lens is on cuda:0, the KV pool on cpu: the batch's arrays must be "
+               "on the pool's device");
+  b.seq_lens = TensorView(every_other.data(), DType::kI32, Device::cpu(), {bs});
+  TensorView loc = b.out_cache_loc;
+  loc.device = Device::cuda(0);
+  b.out_cache_loc = loc;
+  expect_error(validate(), "ForwardBatch.out_cache_loc is on cuda:0");
+}
+
 // ---- torch_native on bad input: errors, never a crash ----
 
 TEST(TorchNativeBadInput, OutOfRangeSlotViaSetKv) {
@@ -283,6 +308,26 @@ TEST(TorchNativeBadInput, VerifyNeedsConsistentMask) {
   pc->batch.spec.mask_indptr_host[1] -= 1;
   pc->batch.spec.custom_mask = TensorView();
   expect_error(harness::run_backend(*b, *pc, true), "spec.topk 4 > 1 needs the tree mask");
+}
+
+// A tree mask laid out with a stride (the bits of every other byte) was read as contiguous: the
+// verify step attended with the wrong bits (max |diff| 2.5 against the contiguous mask).
+TEST(TorchNativeBadInput, VerifyMaskMustBeContiguous) {
+  Result<PreparedCase> pc =
+      harness::prepare_case(*harness::find_case("verify_topk4_page1"), Device::cpu());
+  ASSERT_TRUE(pc.is_ok());
+  const TensorView mask = pc->batch.spec.custom_mask;
+  const int64_t n = mask.numel();
+  std::vector<uint8_t> spread(static_cast<size_t>(2 * n), 1);
+  for (int64_t i = 0; i < n; ++i) {
+    spread[static_cast<size_t>(2 * i)] = static_cast<const uint8_t*>(mask.data)[i];
+  }
+  TensorView strided(spread.data(), DType::kU8, Device::cpu(), {n});
+  strided.strides[0] = 2;
+  pc->batch.spec.custom_mask = strided;
+  auto b = std::move(create_torch_native_backend(pc->context())).value();
+  expect_error(harness::run_backend(*b, *pc, true),
+               "ForwardBatch.spec.custom_mask: expected a contiguous array");
 }
 
 TEST(TorchNativeBadInput, MlaPrefillCannotSaveKv) {
