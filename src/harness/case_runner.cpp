@@ -777,6 +777,29 @@ const std::vector<CaseSpec>& shared_case_table() {
       c.kv_dtype = DType::kFP4E2M1;
       c.mla_prefix_chunk = 400;
     }
+    // (appended: earlier seeds keep) Cells of the matrix no case reached: decode and verify at
+    // head dims 80 / 96 (compiled decode kernels that only the extend cases had run), draft
+    // extend over pages and over an MLA latent cache, and an fp4 latent cache at page 128 (the
+    // only page cutlass_mla takes; the fp4 MLA cases above are page 64).
+    heads(add("decode_d80", M::kDecode, 16, decode_prefix, ones4), 4, 2, 80);
+    heads(add("decode_d96", M::kDecode, 1, decode_prefix, ones4), 4, 2, 96);
+    heads(verify("verify_topk1_page16_d80", 16, {10, 33}, 3, 1), 4, 2, 80);
+    {
+      CaseSpec& c = add("draft_extend_page16", M::kDraftExtend, 16, {10, 37, 1}, {4, 4, 4});
+      c.spec_draft_tokens = 4;
+      c.spec_topk = 1;
+    }
+    {
+      CaseSpec& c = add("mla_draft_extend_page64", M::kDraftExtend, 64, {70, 12}, {3, 3});
+      mla(c, 16, true);
+      c.spec_draft_tokens = 3;
+      c.spec_topk = 1;
+    }
+    {
+      CaseSpec& c = add("mla_decode_fp4_page128", M::kDecode, 128, {127, 300}, {1, 1});
+      mla(c, 16, true);
+      c.kv_dtype = DType::kFP4E2M1;
+    }
     return t;
   }();
   return table;

@@ -27,9 +27,10 @@ constexpr std::array<int, 2> kAiterMlaHeadCounts = {16, 128};
 constexpr std::array<std::string_view, 4> kGdnSm100FullAttnBackends = {"triton", "trtllm_mha",
                                                                        "fa4", "flashinfer"};
 // Models with attention sinks (gpt-oss) run on these backends only (SGLang's GptOss rule; our
-// torch_native reference implements sinks too).
-constexpr std::array<std::string_view, 6> kAttentionSinkBackends = {
-    "triton", "trtllm_mha", "fa3", "fa4", "ascend", "torch_native"};
+// torch_native reference and intel_amx implement sinks too: without intel_amx the CPU's device
+// default refused gpt-oss).
+constexpr std::array<std::string_view, 7> kAttentionSinkBackends = {
+    "triton", "trtllm_mha", "fa3", "fa4", "ascend", "torch_native", "intel_amx"};
 // KV4 with an fa4 prefill backend: these decode backends are not compatible with fa4's fp4
 // layout (SGLang: "Except for trtllm_mha being incompatible with FA4"; flashmla is absent from
 // KV4_FA4_MLA_BACKEND_CHOICES).

@@ -138,6 +138,12 @@ std::vector<Case> cases() {
       ok("sinks_sm90_fa3", kGptOss, "sm90", none(), {"fa3", "fa3", 1, "auto", true}),
       ok("sinks_sm100_trtllm_mha", kGptOss, "sm100", none(),
          {"trtllm_mha", "trtllm_mha", 64, "auto", true}),
+      ok("sinks_cpu_intel_amx", kGptOss, "cpu", none(),
+         {"intel_amx", "intel_amx", 1, "auto", false}),
+      // Without AMX the contract's fix-up takes torch_native, whose row has no sliding window
+      // (gpt-oss uses both sinks and a window).
+      err("sinks_window_cpu_noamx_torch_native", kGptOss, "cpu-noamx", none(), kUnsupported,
+          {"torch_native does not support sliding-window attention"}),
       err("sinks_flashinfer_rejected", kGptOss, "sm90", backend("flashinfer"), kUnsupported,
           {"--attention-backend flashinfer does not support attention sinks", "allowed: triton"}),
 
