@@ -125,6 +125,8 @@ class Resolver {
   Status check_roles_on_device();
   Status check_head_dim();
   Status check_model_features();
+  void model_feature_fallbacks();
+  bool model_uses_window() const;
   Status linear_attention();
   Status kv_cache_dtype();
   Status page_size();
@@ -146,10 +148,11 @@ class Resolver {
     return candidates(role, [](const FeatureRow&) { return true; });
   }
   bool available(const std::string& name, BackendRole role) const;
-  // The platform's universal backend (torch_native on CPUs, triton on GPUs) where it is built, runs
-  // `role` on this device and its row passes `fits`; nullptr otherwise.
+  // The platform's universal backend (torch_native on CPUs, triton on GPUs) where it is built (or
+  // the device is virtual), runs `role` on this device and its row passes `fits`; else nullptr.
   const char* universal_fallback(BackendRole role,
                                  const std::function<bool(const FeatureRow&)>& fits) const;
+  const char* universal_name() const;  // torch_native on CPUs, triton on GPUs
   // A default choice moved to `fallback`, with the warning "`why`; using <fallback>".
   void fall_back(RoleChoice* c, const char* fallback, const std::string& why);
   // The roles (prefill, decode) with duplicates removed.
@@ -198,12 +201,17 @@ bool Resolver::available(const std::string& name, BackendRole role) const {
   return device_.is_virtual || d->built;
 }
 
+const char* Resolver::universal_name() const {
+  return device_.platform == Platform::kCPU ? "torch_native" : "triton";
+}
+
 const char* Resolver::universal_fallback(BackendRole role,
                                          const std::function<bool(const FeatureRow&)>& fits) const {
-  const char* name = device_.platform == Platform::kCPU ? "torch_native" : "triton";
+  const char* name = universal_name();
   const BackendDescriptor* d = reg_.find(name);
   const FeatureRow* r = d != nullptr ? d->row(kind_) : nullptr;
-  if (r == nullptr || !d->built || !fits(*r) ||
+  // A virtual device plans as if every backend were installed (available()).
+  if (r == nullptr || (!d->built && !device_.is_virtual) || !fits(*r) ||
       !check_backend_on_device(*d, device_, role).is_ok()) {
     return nullptr;
   }
@@ -580,13 +588,46 @@ Status Resolver::check_head_dim() {
   return Status::ok();
 }
 
+// Whether some layer of the model uses a sliding window.
+bool Resolver::model_uses_window() const {
+  if (model_.sliding_window <= 0) return false;
+  if (model_.layer_kinds.empty()) return true;
+  return std::any_of(model_.layer_kinds.begin(), model_.layer_kinds.end(),
+                     [](LayerKind k) { return k == LayerKind::kSlidingAttention; });
+}
+
+// ---- after the roles are composed: defaults without what the model needs ----
+void Resolver::model_feature_fallbacks() {
+  const bool uses_window = model_uses_window();
+  // A default backend without what the model needs falls back to the platform's universal
+  // backend where that one has it (as a default that is not built or lacks the head dim does,
+  // step 5: Whisper on SM80 / SM100, whose defaults flashinfer / trtllm_mha have no encoder
+  // attention, was refused); a backend the user named is an error.
+  const auto fits_model = [&](const FeatureRow& x, const std::string& name) {
+    return (!uses_window || x.sliding_window) && (!model_.is_encoder_decoder || x.multimodal) &&
+           (!model_.has_attention_sinks || contains(kAttentionSinkBackends, name));
+  };
+  for (auto [role, c] :
+       {std::pair{BackendRole::kPrefill, &prefill_}, std::pair{BackendRole::kDecode, &decode_}}) {
+    const FeatureRow* r = row(c->backend);
+    if (r == nullptr || c->from_flag || fits_model(*r, c->backend)) continue;
+    const char* universal = universal_fallback(
+        role, [&](const FeatureRow& x) { return fits_model(x, universal_name()); });
+    if (universal != nullptr && c->backend != universal) {
+      fall_back(c, universal,
+                who(*c, role) + " lacks " +
+                    (uses_window && !r->sliding_window ? std::string("sliding-window attention")
+                     : model_.is_encoder_decoder && !r->multimodal
+                         ? std::string("non-causal encoder attention")
+                         : std::string("attention sinks")) +
+                    ", which the model uses");
+    }
+  }
+}
+
 // ---- step 6: what the model needs from every backend it runs on ----
 Status Resolver::check_model_features() {
-  bool uses_window = model_.sliding_window > 0;
-  if (uses_window && !model_.layer_kinds.empty()) {
-    uses_window = std::any_of(model_.layer_kinds.begin(), model_.layer_kinds.end(),
-                              [](LayerKind k) { return k == LayerKind::kSlidingAttention; });
-  }
+  const bool uses_window = model_uses_window();
   for (auto [role, c] : roles()) {
     const FeatureRow* r = row(c->backend);
     if (uses_window && !r->sliding_window) {
@@ -993,6 +1034,7 @@ Result<Selection> Resolver::run() {
   ATTNKIT_RETURN_IF_ERROR(model_specific_rules());
   generic_default();
   ATTNKIT_RETURN_IF_ERROR(compose_roles());
+  model_feature_fallbacks();
   ATTNKIT_RETURN_IF_ERROR(per_backend_fixups());
   ATTNKIT_RETURN_IF_ERROR(check_roles_on_device());
   ATTNKIT_RETURN_IF_ERROR(check_head_dim());

@@ -397,8 +397,21 @@ std::vector<Case> cases() {
       ok("window_model_on_flashinfer", kGemma2, "sm80", none(),
          {"flashinfer", "flashinfer", 1, "auto", true}),
       ok("encoder_decoder_fa3", kWhisper, "sm90", none(), {"fa3", "fa3", 1, "auto", true}),
-      err("encoder_decoder_flashinfer_rejected", kWhisper, "sm80", none(), kUnsupported,
-          {"the generic default flashinfer does not support non-causal encoder attention"}),
+      // A default without encoder attention falls back to triton with a warning (was an error);
+      // the same backend named by the user is refused.
+      ok("encoder_decoder_sm80_default_falls_back_to_triton", kWhisper, "sm80", none(),
+         {"triton",
+          "triton",
+          1,
+          "auto",
+          true,
+          {"the generic default flashinfer lacks non-causal encoder attention, which the model "
+           "uses; using triton"}}),
+      ok("encoder_decoder_sm100_default_falls_back_to_triton", kWhisper, "sm100", none(),
+         {"triton", "triton", 1, "auto", true, {"lacks non-causal encoder attention"}}),
+      err("encoder_decoder_flashinfer_rejected", kWhisper, "sm80", backend("flashinfer"),
+          kUnsupported,
+          {"--attention-backend flashinfer does not support non-causal encoder attention"}),
 
       // ---- linear attention (GDN) ----
       ok("qwen3_next_sm100_triton", kQwenNext, "sm100", none(),
