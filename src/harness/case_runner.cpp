@@ -1226,7 +1226,8 @@ double tolerance_for(DType dtype) {
 }
 
 bool Comparison::passed() const {
-  return nan_inf_count == 0 && rel_l2 <= tolerance && max_abs <= max_abs_tolerance &&
+  return nan_inf_count == 0 && rel_l2 <= tolerance &&
+         request_rel_l2 <= kRequestFactor * tolerance && max_abs <= max_abs_tolerance &&
          lse_max_abs <= lse_tolerance && pool_stray_writes == 0 && pool_bad_new_values == 0 &&
          canaries_damaged == 0;
 }
@@ -1234,9 +1235,11 @@ bool Comparison::passed() const {
 std::string Comparison::summary() const {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
-                "rel_l2 %.3e (tol %.1e) max_abs %.3e (tol %.2e) lse %.3e (tol %.1e) nan/inf %lld "
+                "rel_l2 %.3e (tol %.1e) worst request %d %.3e (tol %.1e) max_abs %.3e (tol %.2e) "
+                "lse %.3e (tol %.1e) nan/inf %lld "
                 "pool stray rows %lld bad new rows %lld canaries damaged %lld worst layer %d",
-                rel_l2, tolerance, max_abs, max_abs_tolerance, lse_max_abs, lse_tolerance,
+                rel_l2, tolerance, worst_request, request_rel_l2, kRequestFactor * tolerance,
+                max_abs, max_abs_tolerance, lse_max_abs, lse_tolerance,
                 static_cast<long long>(nan_inf_count), static_cast<long long>(pool_stray_writes),
                 static_cast<long long>(pool_bad_new_values),
                 static_cast<long long>(canaries_damaged), worst_layer);
@@ -1260,12 +1263,43 @@ Result<Comparison> compare_with_reference(const PreparedCase& pc) {
   c.lse_tolerance = pc.options.request_lse ? c.tolerance : kInf;
   double max_ref = 0.0;
   double worst_ratio = -1.0;
+  // Rows of out per request, in batch order (decode 1, verify N drafts, extend its new tokens);
+  // none known (the whole layer as one request) when an extend batch lacks its host lengths.
+  const ForwardBatch& b = pc.batch;
+  std::vector<int64_t> rows_per_request;
+  const bool per_row_counts = b.mode == ForwardMode::kDecode ||
+                              b.mode == ForwardMode::kTargetVerify ||
+                              static_cast<int>(b.extend_seq_lens_host.size()) == b.batch_size;
+  for (int r = 0; per_row_counts && r < b.batch_size; ++r) {
+    rows_per_request.push_back(b.mode == ForwardMode::kDecode ? 1
+                               : b.mode == ForwardMode::kTargetVerify
+                                   ? b.spec.draft_token_num
+                                   : b.extend_seq_lens_host[static_cast<size_t>(r)]);
+  }
   for (int l = 0; l < static_cast<int>(pc.layers.size()); ++l) {
     ATTNKIT_ASSIGN_OR_RETURN(reference::ReferenceOutput ref, reference_of(m, pc, l));
     const TensorView& out = m.out[static_cast<size_t>(l)];
     const int64_t t = out.size(0), hq = out.size(1), dv = out.size(2);
     double err2 = 0.0, ref2 = 0.0, max_abs = 0.0;
+    const int requests = static_cast<int>(rows_per_request.size());
+    int request = 0;
+    int64_t request_end = requests > 0 ? rows_per_request[0] : t;  // this request's rows end here
+    double request_err2 = 0.0, request_ref2 = 0.0;
+    const auto close_request = [&]() {
+      const double rel =
+          request_ref2 > 0.0 ? std::sqrt(request_err2 / request_ref2) : std::sqrt(request_err2);
+      if (rel > c.request_rel_l2) {
+        c.request_rel_l2 = rel;
+        c.worst_request = request;
+      }
+      request_err2 = request_ref2 = 0.0;
+    };
     for (int64_t i = 0; i < t; ++i) {
+      while (i >= request_end && request + 1 < requests) {  // requests of 0 rows close empty
+        close_request();
+        ++request;
+        request_end += rows_per_request[static_cast<size_t>(request)];
+      }
       for (int64_t h = 0; h < hq; ++h) {
         for (int64_t d = 0; d < dv; ++d) {
           const double y = load3(out, i, h, d);
@@ -1276,11 +1310,14 @@ Result<Comparison> compare_with_reference(const PreparedCase& pc) {
           }
           err2 += (y - x) * (y - x);
           ref2 += x * x;
+          request_err2 += (y - x) * (y - x);
+          request_ref2 += x * x;
           max_abs = std::max(max_abs, std::fabs(y - x));
           max_ref = std::max(max_ref, std::fabs(x));
         }
       }
     }
+    close_request();
     const double rel = ref2 > 0.0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
     c.max_abs = std::max(c.max_abs, max_abs);
     c.elements = t * hq * dv;

@@ -72,8 +72,9 @@ int expected_block_n(const CaseSpec& s) {
 // reference over the same quantised pool its error is that of fp8 arithmetic, not of the bf16
 // output: a numpy model of exactly this arithmetic (N(0, 1) inputs, d 128, 1..1000 keys) gives
 // rel L2 2.9-3.8% and LSE errors up to 0.13 (rows with one key: one e4m3-rounded logit). Such
-// cases are held to the harness's e4m3 round-trip tolerance (0.07) on rel L2 and on max-abs (scaled
-// as the harness scales it) and to 0.15 on the LSE; NaN, pool and canary checks are unchanged.
+// cases are held to the harness's e4m3 round-trip tolerance (0.07) on rel L2 (twice that per
+// request) and on max-abs (scaled as the harness scales it) and to 0.15 on the LSE; NaN, pool and
+// canary checks are unchanged.
 constexpr double kFp8RelTolerance = 0.07;
 constexpr double kFp8LseTolerance = 0.15;
 struct Fp8Tolerance {
@@ -83,9 +84,10 @@ struct Fp8Tolerance {
 bool passes_fp8(const harness::Comparison& c, const Fp8Tolerance& tol = {}) {
   const double abs_scale = c.max_abs_tolerance / c.tolerance;  // kMaxAbsFactor * max(1, max|ref|)
   const bool lse_ok = !std::isfinite(c.lse_tolerance) || c.lse_max_abs <= tol.lse;
-  return c.nan_inf_count == 0 && c.rel_l2 <= tol.rel && c.max_abs <= abs_scale * tol.rel &&
-         lse_ok && c.pool_stray_writes == 0 && c.pool_bad_new_values == 0 &&
-         c.canaries_damaged == 0;
+  return c.nan_inf_count == 0 && c.rel_l2 <= tol.rel &&
+         c.request_rel_l2 <= harness::Comparison::kRequestFactor * tol.rel &&
+         c.max_abs <= abs_scale * tol.rel && lse_ok && c.pool_stray_writes == 0 &&
+         c.pool_bad_new_values == 0 && c.canaries_damaged == 0;
 }
 
 // The FP8 variant a case must run with the default knobs (no ATTNKIT_FA3_FP8_* /

@@ -212,8 +212,17 @@ INSTANTIATE_TEST_SUITE_P(Cases, PreparedCases, ::testing::ValuesIn(harness::shar
 // Wraps torch_native and breaks its result in one of several ways.
 class BrokenBackend final : public AttentionBackend {
  public:
-  static constexpr float kPerturbation = 1.03f;  // 3% relative error, above bf16's 1e-2
-  enum class Bug { kSkipLastToken, kPerturbOutput, kStrayWrite, kWrongLse, kOverrun, kBadNewRow };
+  static constexpr float kPerturbation = 1.03f;             // 3% relative error, above bf16's 1e-2
+  static constexpr float kLastRequestPerturbation = 1.05f;  // above twice bf16's 1e-2
+  enum class Bug {
+    kSkipLastToken,
+    kPerturbOutput,
+    kStrayWrite,
+    kWrongLse,
+    kOverrun,
+    kBadNewRow,
+    kPerturbLastRequest
+  };
   BrokenBackend(std::unique_ptr<AttentionBackend> inner, Bug bug)
       : inner_(std::move(inner)), bug_(bug) {}
   const BackendDescriptor& descriptor() const override { return inner_->descriptor(); }
@@ -245,6 +254,17 @@ class BrokenBackend final : public AttentionBackend {
           store_from_float(out.data, out.dtype, i, x * kPerturbation);
         }
         return Status::ok();
+      case Bug::kPerturbLastRequest: {
+        // 5% off on the last request's rows only (one token of 103 in extend_page16_ragged): the
+        // layer's rel L2 stays under its bound, the request's does not.
+        const int64_t per_token = out.numel() / out.size(0);
+        const int64_t last = batch.extend_seq_lens_host.back();
+        for (int64_t i = (out.size(0) - last) * per_token; i < out.numel(); ++i) {
+          const float x = load_as_float(out.data, out.dtype, i);
+          store_from_float(out.data, out.dtype, i, x * kLastRequestPerturbation);
+        }
+        return Status::ok();
+      }
       case Bug::kWrongLse:
         lse.data_as<float>()[0] += 0.5f;
         return Status::ok();
@@ -280,7 +300,7 @@ class BrokenBackend final : public AttentionBackend {
 TEST(Comparison, CatchesBrokenBackends) {
   using Bug = BrokenBackend::Bug;
   for (Bug bug : {Bug::kSkipLastToken, Bug::kPerturbOutput, Bug::kStrayWrite, Bug::kWrongLse,
-                  Bug::kOverrun, Bug::kBadNewRow}) {
+                  Bug::kOverrun, Bug::kBadNewRow, Bug::kPerturbLastRequest}) {
     Result<PreparedCase> pc =
         harness::prepare_case(*harness::find_case("extend_page16_ragged"), Device::cpu());
     ASSERT_TRUE(pc.is_ok());
@@ -295,6 +315,11 @@ TEST(Comparison, CatchesBrokenBackends) {
         break;
       case Bug::kPerturbOutput:
         EXPECT_GT(c->rel_l2, c->tolerance);
+        break;
+      case Bug::kPerturbLastRequest:
+        EXPECT_LE(c->rel_l2, c->tolerance) << "the layer's rel L2 alone would have caught it";
+        EXPECT_GT(c->request_rel_l2, harness::Comparison::kRequestFactor * c->tolerance);
+        EXPECT_EQ(c->worst_request, 2);
         break;
       case Bug::kStrayWrite:
         EXPECT_GT(c->pool_stray_writes, 0);
