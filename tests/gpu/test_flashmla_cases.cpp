@@ -614,6 +614,12 @@ TEST(FlashMlaKernels, GraphReplayMatchesEagerBitwise) {
   const auto eager = [&](std::vector<std::vector<uint8_t>>* outs) {
     const Status planned = backend.init_forward_metadata(batch);
     ASSERT_TRUE(planned.is_ok()) << planned.to_string();
+    // Poisoned first: an eager run that wrote nothing must not equal the replay's output left
+    // in the same buffers.
+    for (const harness::LayerData& ld : pc.layers) {
+      ASSERT_EQ(cudaMemset(ld.out.data, 0xff, static_cast<size_t>(ld.out.storage_bytes())),
+                cudaSuccess);
+    }
     for (harness::LayerData& ld : pc.layers) {
       const Status s = backend.forward(ld.q, {}, {}, ld.out, ld.layer, batch, false, {});
       ASSERT_TRUE(s.is_ok()) << s.to_string();

@@ -149,7 +149,12 @@ TEST(TorchNativeCuda, StridedOutKeepsNeighbouringBytes) {
                                          /*save_kv=*/ld.save_kv_allowed, ld.lse);
   ASSERT_TRUE(run.is_ok()) << run.to_string();
   const std::vector<float> all = download(wide_view);
+  // The written (even) heads hold the layer's attention: against the fp64 reference (which the
+  // pool as it is after the run feeds), not only "finite and not the sentinel".
+  Result<harness::ReferenceResult> ref = harness::reference_for_layer(*pc, 0);
+  ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
   int64_t written = 0, untouched = 0;
+  double err2 = 0, ref2 = 0;
   for (int64_t i = 0; i < t; ++i) {
     for (int64_t h = 0; h < 2 * hq; ++h) {
       for (int64_t d = 0; d < dv; ++d) {
@@ -158,12 +163,17 @@ TEST(TorchNativeCuda, StridedOutKeepsNeighbouringBytes) {
           untouched += x == kSentinel ? 1 : 0;
         } else {
           written += std::isfinite(x) && x != kSentinel ? 1 : 0;
+          const double r = ref->out[static_cast<size_t>((i * hq + h / 2) * dv + d)];
+          err2 += (x - r) * (x - r);
+          ref2 += r * r;
         }
       }
     }
   }
   EXPECT_EQ(untouched, t * hq * dv);
   EXPECT_EQ(written, t * hq * dv);
+  EXPECT_GT(ref2, 0.0);
+  EXPECT_LE(std::sqrt(err2 / ref2), harness::tolerance_for(spec->q_dtype));
 }
 
 }  // namespace

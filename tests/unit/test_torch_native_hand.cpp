@@ -1,5 +1,6 @@
 // The torch_native reference checked against numbers computed by hand: one head, head dim 2,
-// scaling 1, f32 everywhere, keys/values chosen so the logits are 0, 1, 2.
+// scaling 1, f32 everywhere, keys/values chosen so the logits are 0, 1, 2 (two tests use scaling
+// 0.5 and two q heads over the kv head: the order of scale and soft-cap, the GQA head mapping).
 //
 //   q = [1, 0];  k = [0,0], [1,0], [2,0]  ->  logits 0, 1, 2
 //   v = [1,0], [0,1], [1,1]
@@ -155,6 +156,51 @@ TEST(TorchNativeHand, SoftCap) {
   EXPECT_NEAR(out_at(pc, 0, 0, 0), 0.6284323638488731, kTol);
   EXPECT_NEAR(out_at(pc, 0, 0, 1), 0.8265070865388046, kTol);
   EXPECT_NEAR(lse_at(pc, 0, 0), 1.7516185250334477, kTol);
+}
+
+TEST(TorchNativeHand, SoftCapAppliesAfterScaling) {
+  // scaling 0.5, cap 1: logits cap * tanh(scaling * qk / cap) = tanh(0), tanh(0.5), tanh(1)
+  //   out = [0.6643283271, 0.7885441222];  lse = 1.5537389180
+  // (the cap applied before the scale, 0.5 tanh(qk), gives other numbers; with the scaling of 1
+  // of the test above the two orders agree)
+  PreparedCase pc = three_key_decode();
+  pc.layers[0].layer.scaling = 0.5f;
+  pc.layers[0].layer.logit_cap = 1.f;
+  run_layer(pc, 0);
+  EXPECT_NEAR(out_at(pc, 0, 0, 0), 0.66432832708603, kTol);
+  EXPECT_NEAR(out_at(pc, 0, 0, 1), 0.7885441222210375, kTol);
+  EXPECT_NEAR(lse_at(pc, 0, 0), 1.5537389179613923, kTol);
+}
+
+TEST(TorchNativeHand, GroupedHeadsShareTheirKvHead) {
+  // Two q heads over one kv head, scaling 0.5: head 0 q = [1, 0] (logits 0, 0.5, 1), head 1
+  // q = [-1, 0] (logits 0, -0.5, -1), each its own softmax over the same keys and values:
+  //   head 0: out = [0.6928041143, 0.8136762768], lse 1.6802696706
+  //   head 1: out = [0.6928041143, 0.4935196089], lse 0.6802696706
+  CaseSpec spec = tiny(ForwardMode::kDecode, {2}, {1});
+  spec.num_q_heads = 2;
+  PreparedCase pc = prepare(spec);
+  pc.layers[0].layer.scaling = 0.5f;
+  for (int j = 0; j < 3; ++j)
+    put_kv(pc, 0, 0, j, kK[static_cast<size_t>(j)], kV[static_cast<size_t>(j)]);
+  const TensorView& q = pc.layers[0].q;
+  const float heads[2][2] = {{1.f, 0.f}, {-1.f, 0.f}};
+  for (int h = 0; h < 2; ++h) {
+    for (int d = 0; d < 2; ++d) store_from_float(q.data, q.dtype, h * q.stride(1) + d, heads[h][d]);
+  }
+  run_layer(pc, 0);
+  const TensorView& out = pc.layers[0].out;
+  const auto at = [&](int h, int d) {
+    return load_as_float(out.data, out.dtype, h * out.stride(1) + d);
+  };
+  const float* lse = pc.layers[0].lse.data_as<float>();
+  const int64_t lse_h = pc.layers[0].lse.stride(1);
+  EXPECT_NEAR(at(0, 0), 0.6928041142815016, kTol);
+  EXPECT_NEAR(at(0, 1), 0.8136762767741524, kTol);
+  EXPECT_NEAR(lse[0], 1.6802696706417346, kTol);
+  EXPECT_NEAR(at(1, 0), 0.6928041142815016, kTol);
+  EXPECT_NEAR(at(1, 1), 0.493519608944346, kTol);
+  EXPECT_NEAR(lse[lse_h], 0.6802696706417346, kTol);
 }
 
 TEST(TorchNativeHand, TreeMaskHidesSiblings) {
