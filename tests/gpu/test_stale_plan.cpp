@@ -6,8 +6,10 @@
 // host or strided over a CUDA pool is refused by name as well.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "harness/case_runner.h"
@@ -31,18 +33,29 @@ CaseSpec stale_spec(const StaleCase& sc) {
       sc.verify ? std::vector<int>{} : std::vector<int>{9, 3}, sc.mla, 5);
 }
 
-class StalePlan : public ::testing::TestWithParam<std::tuple<std::string, StaleCase>> {};
+// The (backend, case) parameter prepared on the GPU in SetUp; skipped without a CUDA device or
+// where the backend's descriptor rules the case out.
+class OnBackend : public ::testing::TestWithParam<std::tuple<std::string, StaleCase>> {
+ protected:
+  void SetUp() override {
+    if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
+    const auto& [backend_name, sc] = GetParam();
+    std::string skip;
+    Result<test_support::CaseOnBackend> made =
+        test_support::case_on_backend(backend_name, stale_spec(sc), Device::cuda(0), &skip);
+    if (!skip.empty()) GTEST_SKIP() << skip;
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    made_ = std::move(made).value();
+  }
+  std::optional<test_support::CaseOnBackend> made_;
+};
+
+class StalePlan : public OnBackend {};
 
 TEST_P(StalePlan, FewerTokensThanPlannedAreRefused) {
-  if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
-  const auto& [backend_name, sc] = GetParam();
-  std::string skip;
-  Result<test_support::CaseOnBackend> made =
-      test_support::case_on_backend(backend_name, stale_spec(sc), Device::cuda(0), &skip);
-  if (!skip.empty()) GTEST_SKIP() << skip;
-  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  harness::PreparedCase& pc = made->pc;
-  AttentionBackend& backend = *made->backend;
+  const StaleCase& sc = std::get<1>(GetParam());
+  harness::PreparedCase& pc = made_->pc;
+  AttentionBackend& backend = *made_->backend;
 
   ForwardBatch planned = pc.batch;
   ForwardBatch fewer;
@@ -82,18 +95,11 @@ INSTANTIATE_TEST_SUITE_P(
 // A batch whose index arrays are host arrays (or a strided view) over a CUDA pool is refused by
 // name at init_forward_metadata, before a planner kernel dereferences a host pointer or reads
 // every other element: ForwardBatch::validate, which every backend's plan calls first.
-class BatchArrays : public ::testing::TestWithParam<std::tuple<std::string, StaleCase>> {};
+class BatchArrays : public OnBackend {};
 
 TEST_P(BatchArrays, HostOrStridedArraysAreRefused) {
-  if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
-  const auto& [backend_name, sc] = GetParam();
-  std::string skip;
-  Result<test_support::CaseOnBackend> made =
-      test_support::case_on_backend(backend_name, stale_spec(sc), Device::cuda(0), &skip);
-  if (!skip.empty()) GTEST_SKIP() << skip;
-  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  harness::PreparedCase& pc = made->pc;
-  AttentionBackend& backend = *made->backend;
+  harness::PreparedCase& pc = made_->pc;
+  AttentionBackend& backend = *made_->backend;
   ASSERT_TRUE(backend.init_forward_metadata(pc.batch).is_ok());
 
   const int64_t bs = pc.batch.batch_size;
@@ -115,7 +121,7 @@ TEST_P(BatchArrays, HostOrStridedArraysAreRefused) {
   EXPECT_NE(st.message().find("ForwardBatch.req_pool_indices: expected a contiguous array"),
             std::string::npos)
       << st.to_string();
-  // The real batch still plans and runs after the refusals.
+  // The real batch still plans after the refusals.
   ASSERT_TRUE(backend.init_forward_metadata(pc.batch).is_ok());
 }
 
