@@ -359,9 +359,10 @@ TEST_P(IntelAmxTargeted, CrossAttentionAndEncoderOnly) {
 }
 
 TEST_P(IntelAmxTargeted, HeadDims) {
-  // 32: one column pair of P.V (the vdpbf16ps kernel's 2-vector remainder only); 80 / 96 / 192:
-  // 4-vector blocks plus that remainder.
-  for (int d : {32, 64, 80, 96, 192, 256}) {
+  // 16 (the descriptor's smallest, kAmxHeadDimStep): half a column pair; 32: one column pair of
+  // P.V (the vdpbf16ps kernel's 2-vector remainder only); 48 / 80 / 96 / 192: 4-vector blocks
+  // plus that remainder (48: one 32-dim tile chunk and a 16-dim one).
+  for (int d : {16, 32, 48, 64, 80, 96, 192, 256}) {
     SCOPED_TRACE(d);
     expect_matches_reference(
         make_case("dims_extend", ForwardMode::kExtend, 16, {20, 0}, {33, 9}, 4, 2, d), GetParam(),
