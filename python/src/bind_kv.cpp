@@ -1,5 +1,6 @@
 // Bindings of the paged KV cache: ReqToTokenPool, PageAllocator, MHAKVPool and MLAKVPool (library
 // owned, or wrapped around caller buffers).
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -57,6 +58,24 @@ std::vector<TensorView> layer_views(nb::handle obj, const char* name, std::optio
     keep_alive->push_back(array);
   }
   return views;
+}
+
+// A view of one layer's buffer (`what` names the method): a layer outside the pool or a buffer
+// the pool's dtype does not have (block scales of a pool that is not fp4) is an error naming it
+// (was "to_array: the view is undefined").
+ExportArray layer_array(PyKVPool& p, const char* what, int layer,
+                        const std::function<TensorView(int)>& get) {
+  const int layers = p.pool->config().num_layers;
+  if (layer < 0 || layer >= layers) {
+    raise_invalid(std::string(what) + ": layer " + std::to_string(layer) +
+                  " is outside the pool's layers [0, " + std::to_string(layers) + ")");
+  }
+  const TensorView view = get(layer);
+  if (!view.defined()) {
+    raise_invalid(std::string(what) + ": a " + dtype_name(p.pool->dtype()) +
+                  " pool has no such buffer (block scales: fp4_e2m1 pools only)");
+  }
+  return to_array(view, nb::find(&p));
 }
 
 std::optional<DType> optional_dtype(nb::handle obj, const char* name) {
@@ -294,22 +313,28 @@ void bind_kv(nb::module_& m) {
           "[rows, heads, dim / 16]). The arrays stay referenced by the pool.")
       .def(
           "k_buffer",
-          [](PyMHAKVPool& p, int layer) { return to_array(p.mha().k_buffer(layer), nb::find(&p)); },
+          [](PyMHAKVPool& p, int layer) {
+            return layer_array(p, "k_buffer", layer, [&](int l) { return p.mha().k_buffer(l); });
+          },
           "layer"_a, "Zero-copy DLPack view (fp8/fp4 as uint8 storage).")
       .def(
           "v_buffer",
-          [](PyMHAKVPool& p, int layer) { return to_array(p.mha().v_buffer(layer), nb::find(&p)); },
+          [](PyMHAKVPool& p, int layer) {
+            return layer_array(p, "v_buffer", layer, [&](int l) { return p.mha().v_buffer(l); });
+          },
           "layer"_a)
       .def(
           "k_scale_buffer",
           [](PyMHAKVPool& p, int layer) {
-            return to_array(p.mha().k_scale_buffer(layer), nb::find(&p));
+            return layer_array(p, "k_scale_buffer", layer,
+                               [&](int l) { return p.mha().k_scale_buffer(l); });
           },
           "layer"_a, "fp4 pools only: e4m3 block scales (uint8) [rows, heads, head_dim / 16].")
       .def(
           "v_scale_buffer",
           [](PyMHAKVPool& p, int layer) {
-            return to_array(p.mha().v_scale_buffer(layer), nb::find(&p));
+            return layer_array(p, "v_scale_buffer", layer,
+                               [&](int l) { return p.mha().v_scale_buffer(l); });
           },
           "layer"_a);
 
@@ -371,17 +396,20 @@ void bind_kv(nb::module_& m) {
       .def(
           "kv_buffer",
           [](PyMLAKVPool& p, int layer) {
-            return to_array(p.mla().kv_buffer(layer), nb::find(&p));
+            return layer_array(p, "kv_buffer", layer, [&](int l) { return p.mla().kv_buffer(l); });
           },
           "layer"_a)
       .def(
           "v_view",
-          [](PyMLAKVPool& p, int layer) { return to_array(p.mla().v_view(layer), nb::find(&p)); },
+          [](PyMLAKVPool& p, int layer) {
+            return layer_array(p, "v_view", layer, [&](int l) { return p.mla().v_view(l); });
+          },
           "layer"_a)
       .def(
           "scale_buffer",
           [](PyMLAKVPool& p, int layer) {
-            return to_array(p.mla().scale_buffer(layer), nb::find(&p));
+            return layer_array(p, "scale_buffer", layer,
+                               [&](int l) { return p.mla().scale_buffer(l); });
           },
           "layer"_a);
 }

@@ -201,3 +201,13 @@ def test_wrap_stacked_layers_with_a_negative_stride():
     np.testing.assert_array_equal(k[1][5], x[0])  # layer 1 is the caller's k[1]
     np.testing.assert_array_equal(v[1][5], 2 * x[0])
     assert not k[0].any() and not k[2].any()
+
+
+def test_pool_buffer_accessors_name_layer_and_dtype():
+    pool, _ = small_setup()
+    with pytest.raises(ak.InvalidArgumentError,
+                       match=r"k_buffer: layer 5 is outside the pool's layers \[0, 1\)"):
+        pool.k_buffer(5)
+    with pytest.raises(ak.InvalidArgumentError, match="k_scale_buffer: a f32 pool has no such"):
+        pool.k_scale_buffer(0)
+    assert np.asarray(pool.k_buffer(0)).shape == (8 * 4 + 4, 2, 64)
