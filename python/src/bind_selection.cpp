@@ -65,9 +65,10 @@ ServerArgs server_args_from(const nb::kwargs& kwargs) {
       return nb::cast<bool>(value);
     };
     const auto integer = [&]() {
+      // Python and NumPy integers (anything with __index__); not bools, floats or strings.
       int out = 0;
-      if (nb::isinstance<nb::bool_>(value) || !nb::isinstance<nb::int_>(value) ||
-          !nb::try_cast(value, out)) {
+      if (nb::isinstance<nb::bool_>(value) || nb::isinstance<nb::float_>(value) ||
+          nb::isinstance<nb::str>(value) || !nb::try_cast(value, out)) {
         wrong("an int in the int32 range");
       }
       return out;

@@ -607,15 +607,21 @@ void Resolver::model_feature_fallbacks() {
     return (!uses_window || x.sliding_window) && (!model_.is_encoder_decoder || x.multimodal) &&
            (!model_.has_attention_sinks || contains(kAttentionSinkBackends, name));
   };
+  // A backend serving both roles is named once (one warning, as per_backend_fixups does).
+  const bool shared = prefill_.backend == decode_.backend;
   for (auto [role, c] :
        {std::pair{BackendRole::kPrefill, &prefill_}, std::pair{BackendRole::kDecode, &decode_}}) {
     const FeatureRow* r = row(c->backend);
-    if (r == nullptr || c->from_flag || fits_model(*r, c->backend)) continue;
+    // A model rule's backend is what the model needs (dual_chunk_flash_attn for a dual-chunk
+    // config, where any other is an error): it is checked, not replaced.
+    if (r == nullptr || c->from_flag || c->origin == "model rule" || fits_model(*r, c->backend)) {
+      continue;
+    }
     const char* universal = universal_fallback(
         role, [&](const FeatureRow& x) { return fits_model(x, universal_name()); });
     if (universal != nullptr && c->backend != universal) {
       fall_back(c, universal,
-                who(*c, role) + " lacks " +
+                (shared ? "the " + c->origin + " " + c->backend : who(*c, role)) + " lacks " +
                     (uses_window && !r->sliding_window ? std::string("sliding-window attention")
                      : model_.is_encoder_decoder && !r->multimodal
                          ? std::string("non-causal encoder attention")

@@ -617,8 +617,9 @@ TEST(FlashMlaKernels, GraphReplayMatchesEagerBitwise) {
     // Poisoned first: an eager run that wrote nothing must not equal the replay's output left
     // in the same buffers.
     for (const harness::LayerData& ld : pc.layers) {
-      ASSERT_EQ(cudaMemset(ld.out.data, 0xff, static_cast<size_t>(ld.out.storage_bytes())),
-                cudaSuccess);
+      ASSERT_EQ(
+          cudaMemsetAsync(ld.out.data, 0xff, static_cast<size_t>(ld.out.storage_bytes()), stream),
+          cudaSuccess);
     }
     for (harness::LayerData& ld : pc.layers) {
       const Status s = backend.forward(ld.q, {}, {}, ld.out, ld.layer, batch, false, {});
@@ -653,8 +654,9 @@ TEST(FlashMlaKernels, GraphReplayMatchesEagerBitwise) {
     batch.seq_lens_sum = 0;
     for (int32_t n : lens) batch.seq_lens_sum += n;
     for (const harness::LayerData& ld : pc.layers) {
-      ASSERT_EQ(cudaMemset(ld.out.data, 0xff, static_cast<size_t>(ld.out.storage_bytes())),
-                cudaSuccess);
+      ASSERT_EQ(
+          cudaMemsetAsync(ld.out.data, 0xff, static_cast<size_t>(ld.out.storage_bytes()), stream),
+          cudaSuccess);
     }
     ASSERT_TRUE(backend
                     .init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices,

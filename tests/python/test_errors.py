@@ -136,6 +136,8 @@ def test_resolve_wrong_types_name_the_flag():
         with pytest.raises(ak.InvalidArgumentError) as info:
             ak.resolve(llama, "sm90", **{flag: value})
         assert str(info.value).startswith(f"resolve: {flag} must be {expected}"), str(info.value)
+    # NumPy integers are integers (as for every other int parameter of the module).
+    assert ak.resolve(llama, "sm90", page_size=np.int64(16)).page_size == 16
     # None means the default for the dtype flag, as it does for the optional ones.
     assert ak.resolve(llama, "sm90", kv_cache_dtype=None).kv_dtype == \
         ak.resolve(llama, "sm90").kv_dtype

@@ -862,6 +862,37 @@ TEST(Selection, RealDeviceRejectsUnbuiltExplicitBackend) {
       << s.status().message();
 }
 
+// A model rule's backend is what the model needs: a dual-chunk config that also uses a sliding
+// window is refused (dual_chunk_flash_attn has none), not moved to triton, which would drop the
+// dual-chunk attention a 1M context needs.
+TEST(Selection, ModelRuleBackendIsNotSwappedForAFeature) {
+  Result<ModelAttentionConfig> model = load(kQwen1M);
+  ASSERT_TRUE(model.is_ok());
+  model->sliding_window = 32768;  // on every layer (use_sliding_window with max_window_layers 0)
+  for (LayerKind& k : model->layer_kinds) k = LayerKind::kSlidingAttention;
+  Result<Selection> s = resolve(ServerArgs{}, *model, *device_by_name("sm80"));
+  ASSERT_FALSE(s.is_ok()) << s->to_text();
+  EXPECT_EQ(s.status().code(), StatusCode::kUnsupported) << s.status().to_string();
+  EXPECT_NE(s.status().message().find("dual_chunk_flash_attn does not support sliding-window"),
+            std::string::npos)
+      << s.status().message();
+}
+
+// One fallback of a backend serving both roles is one warning, not a second one calling it the
+// "decode backend" of a batch that is not hybrid.
+TEST(Selection, SharedDefaultFallsBackWithOneWarning) {
+  Result<ModelAttentionConfig> model = load(kWhisper);
+  ASSERT_TRUE(model.is_ok());
+  Result<Selection> s = resolve(ServerArgs{}, *model, *device_by_name("sm80"));
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->prefill_backend, "triton");
+  EXPECT_EQ(s->decode_backend, "triton");
+  const auto lacks = std::count_if(s->warnings.begin(), s->warnings.end(), [](const auto& w) {
+    return w.find("lacks non-causal encoder attention") != std::string::npos;
+  });
+  EXPECT_EQ(lacks, 1) << s->to_text();
+}
+
 TEST(Selection, RealCpuDefaultIsBuiltAndHasNoBuildWarning) {
   DeviceInfo d = *device_by_name("cpu");
   d.is_virtual = false;
