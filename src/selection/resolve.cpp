@@ -158,6 +158,9 @@ class Resolver {
   // The roles (prefill, decode) with duplicates removed.
   std::vector<std::pair<BackendRole, const RoleChoice*>> roles() const;
   std::string who(const RoleChoice& c, BackendRole role) const;
+  // who() for a change made to every role a backend serves: `shared` (one backend for both roles,
+  // as it was before the change) names it without its role, so both roles' warnings are one line.
+  std::string who_once(const RoleChoice& c, BackendRole role, bool shared) const;
   void reason(std::string line) { s_.reasons.push_back(std::move(line)); }
   void warn(std::string line) {
     if (!contains(s_.warnings, line)) s_.warnings.push_back(std::move(line));
@@ -228,6 +231,11 @@ std::vector<std::pair<BackendRole, const RoleChoice*>> Resolver::roles() const {
   std::vector<std::pair<BackendRole, const RoleChoice*>> out = {{BackendRole::kPrefill, &prefill_}};
   out.emplace_back(BackendRole::kDecode, &decode_);
   return out;
+}
+
+std::string Resolver::who_once(const RoleChoice& c, BackendRole role, bool shared) const {
+  if (!shared) return who(c, role);
+  return c.from_flag ? c.origin + " " + c.backend : "the " + c.origin + " " + c.backend;
 }
 
 std::string Resolver::who(const RoleChoice& c, BackendRole role) const {
@@ -469,9 +477,7 @@ Status Resolver::per_backend_fixups() {
     for (auto [role, c] :
          {std::pair{BackendRole::kPrefill, &prefill_}, std::pair{BackendRole::kDecode, &decode_}}) {
       if (c->backend != from) continue;
-      warn((shared ? (c->from_flag ? c->origin + " " + from : "the " + c->origin + " " + from)
-                   : who(*c, role)) +
-           " -> " + to + ": " + why);
+      warn(who_once(*c, role, shared) + " -> " + to + ": " + why);
       c->backend = to;
       c->origin = "fix-up of " + c->origin;
     }
@@ -603,30 +609,29 @@ void Resolver::model_feature_fallbacks() {
   // backend where that one has it (as a default that is not built or lacks the head dim does,
   // step 5: Whisper on SM80 / SM100, whose defaults flashinfer / trtllm_mha have no encoder
   // attention, was refused); a backend the user named is an error.
-  const auto fits_model = [&](const FeatureRow& x, const std::string& name) {
-    return (!uses_window || x.sliding_window) && (!model_.is_encoder_decoder || x.multimodal) &&
-           (!model_.has_attention_sinks || contains(kAttentionSinkBackends, name));
+  // The first feature the model needs that backend `name` (row `x`) lacks; nullptr: none.
+  const auto missing = [&](const FeatureRow& x, const std::string& name) -> const char* {
+    if (uses_window && !x.sliding_window) return "sliding-window attention";
+    if (model_.is_encoder_decoder && !x.multimodal) return "non-causal encoder attention";
+    if (model_.has_attention_sinks && !contains(kAttentionSinkBackends, name)) {
+      return "attention sinks";
+    }
+    return nullptr;
   };
-  // A backend serving both roles is named once (one warning, as per_backend_fixups does).
   const bool shared = prefill_.backend == decode_.backend;
   for (auto [role, c] :
        {std::pair{BackendRole::kPrefill, &prefill_}, std::pair{BackendRole::kDecode, &decode_}}) {
     const FeatureRow* r = row(c->backend);
     // A model rule's backend is what the model needs (dual_chunk_flash_attn for a dual-chunk
     // config, where any other is an error): it is checked, not replaced.
-    if (r == nullptr || c->from_flag || c->origin == "model rule" || fits_model(*r, c->backend)) {
-      continue;
-    }
+    if (r == nullptr || c->from_flag || c->origin == "model rule") continue;
+    const char* lacks = missing(*r, c->backend);
+    if (lacks == nullptr) continue;
     const char* universal = universal_fallback(
-        role, [&](const FeatureRow& x) { return fits_model(x, universal_name()); });
+        role, [&](const FeatureRow& x) { return missing(x, universal_name()) == nullptr; });
     if (universal != nullptr && c->backend != universal) {
       fall_back(c, universal,
-                (shared ? "the " + c->origin + " " + c->backend : who(*c, role)) + " lacks " +
-                    (uses_window && !r->sliding_window ? std::string("sliding-window attention")
-                     : model_.is_encoder_decoder && !r->multimodal
-                         ? std::string("non-causal encoder attention")
-                         : std::string("attention sinks")) +
-                    ", which the model uses");
+                who_once(*c, role, shared) + " lacks " + lacks + ", which the model uses");
     }
   }
 }
