@@ -40,13 +40,14 @@ using ForwardFn = Status (AttentionBackend::*)(const TensorView&, const TensorVi
                                                const TensorView&);
 
 void run_forward(PyBackend& b, ForwardFn fn, const Array& q, const std::optional<Array>& k,
-                 const std::optional<Array>& v, const Array& out, const PyAttentionLayer& layer,
-                 const PyForwardBatch& batch, bool save_kv, const std::optional<Array>& lse) {
+                 const std::optional<Array>& v, nb::handle out, const PyAttentionLayer& layer,
+                 const PyForwardBatch& batch, bool save_kv, nb::handle lse) {
   const TensorView qv = to_view(q, "q");
   const TensorView kv = k ? to_view(*k, "k") : TensorView();
   const TensorView vv = v ? to_view(*v, "v") : TensorView();
-  const TensorView ov = to_view(out, "out");
-  const TensorView lv = lse ? to_view(*lse, "lse") : TensorView();
+  const TensorView ov = to_view(writable_array(out, "out", "the attention output"), "out");
+  const TensorView lv =
+      lse.is_none() ? TensorView() : to_view(writable_array(lse, "lse", "the log-sum-exp"), "lse");
   Status status;
   {
     nb::gil_scoped_release release;
@@ -57,11 +58,10 @@ void run_forward(PyBackend& b, ForwardFn fn, const Array& q, const std::optional
 
 // The Python method for one of the forward entry points (forward_extend, forward_decode, forward).
 auto forward_method(ForwardFn fn) {
-  return [fn](PyBackend& b, const Array& q, std::optional<Array> k, std::optional<Array> v,
-              const Array& out, const PyAttentionLayer& layer, const PyForwardBatch& batch,
-              bool save_kv, std::optional<Array> lse) {
-    run_forward(b, fn, q, k, v, out, layer, batch, save_kv, lse);
-  };
+  return
+      [fn](PyBackend& b, const Array& q, std::optional<Array> k, std::optional<Array> v,
+           nb::handle out, const PyAttentionLayer& layer, const PyForwardBatch& batch, bool save_kv,
+           nb::handle lse) { run_forward(b, fn, q, k, v, out, layer, batch, save_kv, lse); };
 }
 
 constexpr const char* kForwardDoc =

@@ -13,10 +13,11 @@ using namespace nb::literals;
 
 // Per-layer views from a list/tuple of arrays, or one array with a leading layer dimension.
 std::vector<TensorView> layer_views(nb::handle obj, const char* name, std::optional<DType> as,
-                                    std::vector<Array>* keep_alive) {
+                                    std::vector<OutArray>* keep_alive) {
   std::vector<TensorView> views;
-  Array stacked;
-  if (nb::try_cast<Array>(obj, stacked)) {
+  Array probe;
+  if (nb::try_cast<Array>(obj, probe)) {
+    const OutArray stacked = writable_array(obj, name, "the KV cache");
     const TensorView all = to_view(stacked, name, as);
     if (all.ndim != 4) {
       raise_invalid(std::string(name) + ": one array must be [num_layers, rows, heads, dim], got " +
@@ -49,11 +50,12 @@ std::vector<TensorView> layer_views(nb::handle obj, const char* name, std::optio
   size_t index = 0;
   for (nb::handle item : obj) {
     const std::string label = std::string(name) + "[" + std::to_string(index++) + "]";
-    Array array;
-    if (!nb::try_cast<Array>(item, array)) {
+    Array readable;
+    if (!nb::try_cast<Array>(item, readable)) {
       raise_invalid(label + ": not a DLPack array (" + nb::cast<std::string>(nb::str(item.type())) +
                     ")");
     }
+    const OutArray array = writable_array(item, label.c_str(), "the KV cache");
     views.push_back(to_view(array, label.c_str(), as));
     keep_alive->push_back(array);
   }

@@ -27,7 +27,11 @@ namespace attnkit::python {
 namespace nb = nanobind;
 
 // Any DLPack-capable object (torch tensors on CPU or CUDA, NumPy arrays, ...), imported zero-copy.
-using Array = nb::ndarray<>;
+// Array: one attnkit only reads (q, k, v, index arrays, masks, sinks), so read-only NumPy arrays
+// (np.broadcast_to, a non-writable buffer) are accepted. OutArray: one attnkit writes (out, lse,
+// the KV buffers of a wrapped pool), so it must be writable.
+using Array = nb::ndarray<nb::ro>;
+using OutArray = nb::ndarray<>;
 // What attnkit hands out: a nanobind.nb_ndarray implementing __dlpack__ / __dlpack_device__ and
 // the buffer protocol (np.from_dlpack, torch.from_dlpack, np.asarray).
 using ExportArray = nb::ndarray<nb::array_api>;
@@ -50,6 +54,10 @@ T check(Result<T> result) {
 // as fp8_e4m3 / fp8_e5m2 / fp4_e2m1 (packed: the last dimension doubles) or a 16-bit integer
 // array as bf16 / f16, for frameworks without those dtypes (NumPy). Errors name `name`.
 TensorView to_view(const Array& array, const char* name, std::optional<DType> as = std::nullopt);
+TensorView to_view(const OutArray& array, const char* name, std::optional<DType> as = std::nullopt);
+// `obj` as an array attnkit writes into (`writes` says what, for the error): a read-only array
+// or an object that is not an array is an InvalidArgumentError naming `name`.
+OutArray writable_array(nb::handle obj, const char* name, const char* writes);
 // An exported DLPack array over `view`; `owner` is kept alive while the array lives. fp8 and fp4
 // views export as uint8 storage (fp4: [..., D / 2] packed bytes), every other dtype as itself.
 ExportArray to_array(const TensorView& view, nb::handle owner);

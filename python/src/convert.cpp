@@ -36,13 +36,14 @@ nb::object numpy_array_of(std::vector<T> values) {
   return nb::cast(nb::ndarray<nb::numpy, T>(owned->data(), 1, shape, deleter));
 }
 
-}  // namespace
-
-TensorView to_view(const Array& array, const char* name, std::optional<DType> as) {
+// One body for read-only and writable arrays (the library's views are mutable either way; a
+// read-only one is only ever read).
+template <typename A>
+TensorView view_of(const A& array, const char* name, std::optional<DType> as) {
   if (!array.is_valid()) raise_invalid(with_name(name, "is missing"));
   DLManagedTensor managed{};
   DLTensor& dl = managed.dl_tensor;
-  dl.data = array.data();  // byte_offset already applied
+  dl.data = const_cast<void*>(static_cast<const void*>(array.data()));  // byte_offset applied
   dl.device.device_type = static_cast<DLDeviceType>(array.device_type());
   dl.device.device_id = array.device_id();
   dl.ndim = static_cast<int32_t>(array.ndim());
@@ -102,6 +103,30 @@ TensorView to_view(const Array& array, const char* name, std::optional<DType> as
                                       "packed fp4, 16-bit integers for bf16 / f16)"));
   }
   return view;
+}
+
+}  // namespace
+
+TensorView to_view(const Array& array, const char* name, std::optional<DType> as) {
+  return view_of(array, name, as);
+}
+
+TensorView to_view(const OutArray& array, const char* name, std::optional<DType> as) {
+  return view_of(array, name, as);
+}
+
+OutArray writable_array(nb::handle obj, const char* name, const char* writes) {
+  OutArray out;
+  if (nb::try_cast<OutArray>(obj, out)) return out;
+  Array readable;
+  if (nb::try_cast<Array>(obj, readable)) {
+    raise_invalid(with_name(name, std::string("the array is read-only; attnkit writes ") + writes +
+                                      " into it (pass a writable array)"));
+  }
+  raise_invalid(with_name(name,
+                          "expected a writable DLPack array (a torch tensor or a NumPy "
+                          "array), got " +
+                              nb::cast<std::string>(nb::str(obj.type()))));
 }
 
 ExportArray to_array(const TensorView& view, nb::handle owner) {

@@ -24,7 +24,7 @@ struct PyReqToTokenPool {
 struct PyKVPool {
   virtual ~PyKVPool() = default;
   std::unique_ptr<KVPool> pool;
-  std::vector<Array> keep_alive;  // caller-owned buffers of a wrapped pool
+  std::vector<OutArray> keep_alive;  // caller-owned buffers of a wrapped pool (written)
 };
 struct PyMHAKVPool : PyKVPool {
   MHAKVPool& mha() const { return static_cast<MHAKVPool&>(*pool); }

@@ -800,6 +800,21 @@ const std::vector<CaseSpec>& shared_case_table() {
       mla(c, 16, true);
       c.kv_dtype = DType::kFP4E2M1;
     }
+    // (appended: earlier seeds keep) gpt-oss's layers: a sliding window and attention sinks
+    // together, d 64 with GQA 8, in a prefill over a cached prefix (keys before the window, rows
+    // whose window starts inside the prefix, a fresh request) and in decode.
+    {
+      CaseSpec& c = add("extend_window_sinks_d64", M::kExtend, 16, {70, 0, 5}, {40, 33, 1});
+      heads(c, 16, 2, 64);
+      c.sliding_window = 24;
+      c.sinks = true;
+    }
+    {
+      CaseSpec& c = add("decode_window_sinks_d64", M::kDecode, 16, decode_prefix, ones4);
+      heads(c, 16, 2, 64);
+      c.sliding_window = 24;
+      c.sinks = true;
+    }
     return t;
   }();
   return table;
@@ -1386,6 +1401,9 @@ std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
   }
   if (dtype_is_fp8(spec.kv_dtype) && !row->fp8_kv) {
     return cat(d.name, " does not support ", dtype_name(spec.kv_dtype), " KV");
+  }
+  if (spec.kv_dtype == DType::kFP8E5M2 && row->fp8_e4m3_only) {
+    return d.name + " serves fp8 KV only as fp8_e4m3 (selection sends fp8_e5m2 elsewhere)";
   }
   if (spec.kv_dtype == DType::kFP4E2M1 && !row->fp4_kv) {
     return d.name + " does not support fp4_e2m1 KV";

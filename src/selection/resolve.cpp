@@ -569,11 +569,14 @@ Status Resolver::check_head_dim() {
     return r.head_dims.empty() ||
            std::find(r.head_dims.begin(), r.head_dims.end(), dim) != r.head_dims.end();
   };
+  // A default serving both roles is named once (who_once): after the prefill role falls back,
+  // the roles differ and who() would add a role to the second, otherwise identical, warning.
+  const bool shared = prefill_.backend == decode_.backend;
   for (auto [role, c] :
        {std::pair{BackendRole::kPrefill, &prefill_}, std::pair{BackendRole::kDecode, &decode_}}) {
     const FeatureRow* r = row(c->backend);
     if (r == nullptr || has_dim(*r)) continue;
-    const std::string missing = who(*c, role) + " has no kernels for head_dim " +
+    const std::string missing = who_once(*c, role, shared) + " has no kernels for head_dim " +
                                 std::to_string(dim) +
                                 " in this binary (compiled: " + join(r->head_dims, ",") +
                                 "; ATTNKIT_HEAD_DIMS at build time)";

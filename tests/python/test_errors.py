@@ -213,3 +213,70 @@ def test_pool_buffer_accessors_name_layer_and_dtype():
     with pytest.raises(ak.InvalidArgumentError, match="k_scale_buffer: a f32 pool has no such"):
         pool.k_scale_buffer(0)
     assert np.asarray(pool.k_buffer(0)).shape == (8 * 4 + 4, 2, 64)
+
+
+def _extend_setup():
+    pool, table = small_setup()
+    backend = ak.create_backend("torch_native", kv_pool=pool, req_to_token_pool=table,
+                                num_q_heads=4, q_dtype="f32")
+    row = table.alloc()
+    slots = np.array([4, 5, 6], dtype=np.int64)
+    table.write(row, 0, slots)
+    batch = ak.ForwardBatch("extend", np.array([row], dtype=np.int32),
+                            np.array([3], dtype=np.int32), slots, table, pool,
+                            extend_prefix_lens=np.zeros(1, dtype=np.int32),
+                            extend_seq_lens=np.array([3], dtype=np.int32))
+    backend.init_forward_metadata(batch)
+    return backend, batch, ak.AttentionLayer(4, 2, 64)
+
+
+def test_read_only_inputs_are_accepted():
+    # q, k and v are only read: read-only NumPy arrays (np.broadcast_to, a frozen buffer) were
+    # refused as "incompatible function arguments". The output matches writable inputs'.
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    k = rng.standard_normal((3, 2, 64)).astype(np.float32)
+    v = np.broadcast_to(rng.standard_normal((1, 2, 64)).astype(np.float32), (3, 2, 64))
+    assert not v.flags.writeable
+    frozen_q = q.copy()
+    frozen_q.setflags(write=False)
+    backend, batch, layer = _extend_setup()
+    out = np.full((3, 4, 64), np.nan, dtype=np.float32)
+    backend.forward_extend(frozen_q, k, v, out, layer, batch)
+    backend2, batch2, _ = _extend_setup()
+    expected = np.full((3, 4, 64), np.nan, dtype=np.float32)
+    backend2.forward_extend(q, k, np.ascontiguousarray(v), expected, layer, batch2)
+    assert np.isfinite(out).all()
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_read_only_outputs_are_refused_by_name():
+    backend, batch, layer = _extend_setup()
+    q = np.ones((3, 4, 64), dtype=np.float32)
+    k = np.ones((3, 2, 64), dtype=np.float32)
+    out = np.full((3, 4, 64), np.nan, dtype=np.float32)
+    out.setflags(write=False)
+    with pytest.raises(ak.InvalidArgumentError,
+                       match="out: the array is read-only; attnkit writes the attention output"):
+        backend.forward_extend(q, k, k, out, layer, batch)
+    writable = np.full((3, 4, 64), np.nan, dtype=np.float32)
+    lse = np.zeros((3, 4), dtype=np.float32)
+    lse.setflags(write=False)
+    with pytest.raises(ak.InvalidArgumentError, match="lse: the array is read-only"):
+        backend.forward_extend(q, k, k, writable, layer, batch, lse=lse)
+    with pytest.raises(ak.InvalidArgumentError, match="out: expected a writable DLPack array"):
+        backend.forward_extend(q, k, k, [1.0], layer, batch)
+    assert np.isnan(writable).all()  # refused before anything ran
+
+
+def test_wrap_refuses_read_only_kv_buffers_by_name():
+    k = np.zeros((12, 2, 64), np.float32)
+    frozen = np.zeros((12, 2, 64), np.float32)
+    frozen.setflags(write=False)
+    with pytest.raises(ak.InvalidArgumentError,
+                       match=r"v\[0\]: the array is read-only; attnkit writes the KV cache"):
+        ak.MHAKVPool.wrap([k], [frozen], page_size=4)
+    stacked = np.zeros((1, 12, 2, 64), np.float32)
+    stacked.setflags(write=False)
+    with pytest.raises(ak.InvalidArgumentError, match="k: the array is read-only"):
+        ak.MHAKVPool.wrap(stacked, stacked, page_size=4)

@@ -409,6 +409,16 @@ TEST(SkipReason, FollowsTheDescriptor) {
             std::string::npos);
 
   d = runnable();
+  d.mha->fp8_kv = true;
+  d.mha->fp8_e4m3_only = true;
+  EXPECT_EQ(harness::skip_reason(d, *harness::find_case("decode_fp8_e4m3_kv"), cpu), "");
+  EXPECT_NE(harness::skip_reason(d, *harness::find_case("decode_fp8_e5m2_kv"), cpu)
+                .find("only as fp8_e4m3"),
+            std::string::npos);
+  d.mha->fp8_e4m3_only = false;
+  EXPECT_EQ(harness::skip_reason(d, *harness::find_case("decode_fp8_e5m2_kv"), cpu), "");
+
+  d = runnable();
   d.mha->spec_topk1 = d.mha->spec_topk_gt1 = true;
   d.mha->topk_gt1_needs_page1 = true;
   EXPECT_EQ(harness::skip_reason(d, *harness::find_case("verify_topk4_page1"), cpu), "");
