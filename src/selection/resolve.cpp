@@ -127,6 +127,9 @@ class Resolver {
   Status check_model_features();
   void model_feature_fallbacks();
   bool model_uses_window() const;
+  // The first feature the model needs that backend `name` (row `r`) lacks (sliding window,
+  // encoder attention, attention sinks); nullptr: none.
+  const char* lacks_for_model(const FeatureRow& r, std::string_view name) const;
   Status linear_attention();
   Status kv_cache_dtype();
   Status page_size();
@@ -483,7 +486,25 @@ Status Resolver::per_backend_fixups() {
     }
   };
   if (device_.platform == Platform::kCPU && !device_.has_amx_bf16) {
-    fix("intel_amx", "torch_native", "this CPU has no AMX-BF16 (SGLang's intel_amx fallback)");
+    // SGLang's fix-up, unless torch_native lacks what the model needs and intel_amx has it: then
+    // intel_amx stays and runs its AVX-512 / AVX2 paths (DESIGN.md section 4), rather than the
+    // fix-up turning a model intel_amx serves into an error (gpt-oss's window on a CPU without
+    // AMX was refused).
+    const FeatureRow* fallback = row("torch_native");
+    const FeatureRow* amx = row("intel_amx");
+    const char* lacks = fallback != nullptr ? lacks_for_model(*fallback, "torch_native") : nullptr;
+    if (lacks != nullptr && amx != nullptr && lacks_for_model(*amx, "intel_amx") == nullptr) {
+      const bool shared = prefill_.backend == decode_.backend;
+      for (auto [role, c] : roles()) {
+        if (c->backend != "intel_amx") continue;
+        warn(who_once(*c, role, shared) +
+             " runs its AVX-512 / AVX2 paths: this CPU has no AMX-BF16, and SGLang's fix-up "
+             "torch_native lacks " +
+             lacks + ", which the model uses");
+      }
+    } else {
+      fix("intel_amx", "torch_native", "this CPU has no AMX-BF16 (SGLang's intel_amx fallback)");
+    }
   }
   if (kv_ == KVCacheDType::kFP8E5M2) {
     fix("fa3", "triton", "fa3 stores fp8 KV only as fp8_e4m3 and --kv-cache-dtype is fp8_e5m2");
@@ -605,22 +626,21 @@ bool Resolver::model_uses_window() const {
                      [](LayerKind k) { return k == LayerKind::kSlidingAttention; });
 }
 
+const char* Resolver::lacks_for_model(const FeatureRow& r, std::string_view name) const {
+  if (!r.sliding_window && model_uses_window()) return "sliding-window attention";
+  if (model_.is_encoder_decoder && !r.multimodal) return "non-causal encoder attention";
+  if (model_.has_attention_sinks && !contains(kAttentionSinkBackends, name)) {
+    return "attention sinks";
+  }
+  return nullptr;
+}
+
 // ---- after the roles are composed: defaults without what the model needs ----
 void Resolver::model_feature_fallbacks() {
-  const bool uses_window = model_uses_window();
   // A default backend without what the model needs falls back to the platform's universal
   // backend where that one has it (as a default that is not built or lacks the head dim does,
   // step 5: Whisper on SM80 / SM100, whose defaults flashinfer / trtllm_mha have no encoder
   // attention, was refused); a backend the user named is an error.
-  // The first feature the model needs that backend `name` (row `x`) lacks; nullptr: none.
-  const auto missing = [&](const FeatureRow& x, const std::string& name) -> const char* {
-    if (uses_window && !x.sliding_window) return "sliding-window attention";
-    if (model_.is_encoder_decoder && !x.multimodal) return "non-causal encoder attention";
-    if (model_.has_attention_sinks && !contains(kAttentionSinkBackends, name)) {
-      return "attention sinks";
-    }
-    return nullptr;
-  };
   const bool shared = prefill_.backend == decode_.backend;
   for (auto [role, c] :
        {std::pair{BackendRole::kPrefill, &prefill_}, std::pair{BackendRole::kDecode, &decode_}}) {
@@ -628,10 +648,10 @@ void Resolver::model_feature_fallbacks() {
     // A model rule's backend is what the model needs (dual_chunk_flash_attn for a dual-chunk
     // config, where any other is an error): it is checked, not replaced.
     if (r == nullptr || c->from_flag || c->origin == "model rule") continue;
-    const char* lacks = missing(*r, c->backend);
+    const char* lacks = lacks_for_model(*r, c->backend);
     if (lacks == nullptr) continue;
     const char* universal = universal_fallback(
-        role, [&](const FeatureRow& x) { return missing(x, universal_name()) == nullptr; });
+        role, [&](const FeatureRow& x) { return lacks_for_model(x, universal_name()) == nullptr; });
     if (universal != nullptr && c->backend != universal) {
       fall_back(c, universal,
                 who_once(*c, role, shared) + " lacks " + lacks + ", which the model uses");

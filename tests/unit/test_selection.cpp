@@ -140,10 +140,26 @@ std::vector<Case> cases() {
          {"trtllm_mha", "trtllm_mha", 64, "auto", true}),
       ok("sinks_cpu_intel_amx", kGptOss, "cpu", none(),
          {"intel_amx", "intel_amx", 1, "auto", false}),
-      // Without AMX the contract's fix-up takes torch_native, whose row has no sliding window
-      // (gpt-oss uses both sinks and a window).
-      err("sinks_window_cpu_noamx_torch_native", kGptOss, "cpu-noamx", none(), kUnsupported,
-          {"torch_native does not support sliding-window attention"}),
+      // Without AMX the contract's fix-up would take torch_native, whose row has no sliding
+      // window (gpt-oss uses both sinks and a window): intel_amx stays on its AVX paths instead
+      // (it was refused), named or not.
+      ok("sinks_window_cpu_noamx_intel_amx_avx", kGptOss, "cpu-noamx", none(),
+         {"intel_amx",
+          "intel_amx",
+          1,
+          "auto",
+          false,
+          {"the device default intel_amx runs its AVX-512 / AVX2 paths: this CPU has no "
+           "AMX-BF16, and SGLang's fix-up torch_native lacks sliding-window attention, which the "
+           "model uses"}}),
+      ok("sinks_window_cpu_noamx_named_intel_amx", kGptOss, "cpu-noamx", backend("intel_amx"),
+         {"intel_amx",
+          "intel_amx",
+          1,
+          "auto",
+          false,
+          {"--attention-backend intel_amx runs its AVX-512 / AVX2 paths"}}),
+      // A model torch_native serves still takes SGLang's fix-up (cpu_noamx_* above).
       err("sinks_flashinfer_rejected", kGptOss, "sm90", backend("flashinfer"), kUnsupported,
           {"--attention-backend flashinfer does not support attention sinks", "allowed: triton"}),
 
