@@ -73,16 +73,28 @@ class PageAllocator {
                                             std::span<const int64_t> last_loc);
   Result<std::vector<int64_t>> alloc_pages(int64_t n);  // whole pages (page ids)
   // Frees the pages that hold these slots (each page once). Error on a page that is not allocated
-  // (double free) or page 0; on error nothing is freed.
+  // (double free), a page held by a RadixCache (its eviction frees it) or page 0; on error nothing
+  // is freed.
   Status free_slots(std::span<const int64_t> slots);
   Status free_pages(std::span<const int64_t> pages);
-  bool is_allocated(int64_t page) const;
+  bool is_allocated(int64_t page) const;  // allocated, held by a RadixCache or not
+  bool is_cached(int64_t page) const;     // held by a RadixCache
+
+  // For RadixCache: allocated pages handed to the cache, which alone frees them (through
+  // free_cached_slots on eviction), so a request freeing its whole row cannot free a cached prefix
+  // page that the cache would go on serving. Errors (a page not allocated, already held) change
+  // nothing.
+  Status hold_for_cache(std::span<const int64_t> pages);
+  Status free_cached_slots(std::span<const int64_t> slots);
 
  private:
+  enum PageState : uint8_t { kFree = 0, kAllocated = 1, kCached = 2 };
+  // The distinct pages of `slots` (sorted), or an error naming `fn` and the slot outside the pool.
+  Result<std::vector<int64_t>> pages_of(const char* fn, std::span<const int64_t> slots) const;
   int64_t num_pages_ = 0;
   int page_size_ = 1;
   std::vector<int64_t> free_pages_;  // stack; lowest ids handed out first
-  std::vector<uint8_t> allocated_;   // [num_pages + 1]
+  std::vector<uint8_t> allocated_;   // [num_pages + 1] PageState
 };
 
 struct KVPoolConfig {

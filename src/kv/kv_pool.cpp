@@ -40,8 +40,12 @@ bool is_kv_dtype(DType dtype) {
 }
 
 Status validate_common(const KVPoolConfig& c) {
-  if (c.num_layers < 1) {
-    return Status::invalid_argument(cfg_error("num_layers", c.num_layers, "must be >= 1"));
+  // A bound far above any model's layer count: a garbage value fails here, not in the per-layer
+  // buffer vectors (an uncaught std::bad_alloc) or by exhausting host memory.
+  constexpr int kMaxLayers = 65536;
+  if (c.num_layers < 1 || c.num_layers > kMaxLayers) {
+    return Status::invalid_argument(cfg_error(
+        "num_layers", c.num_layers, "must be in [1, " + std::to_string(kMaxLayers) + "]"));
   }
   if (c.page_size < 1) {
     return Status::invalid_argument(cfg_error("page_size", c.page_size, "must be >= 1"));
@@ -105,6 +109,9 @@ Result<int64_t> check_loc(const TensorView& loc, Device device) {
   ATTNKIT_RETURN_IF_ERROR(check_dtype(loc, "loc", {DType::kI64}));
   ATTNKIT_RETURN_IF_ERROR(check_device(loc, "loc", device));
   ATTNKIT_RETURN_IF_ERROR(check_contiguous(loc, "loc"));
+  if (loc.numel() > 0 && loc.data == nullptr) {
+    return Status::invalid_argument("loc: " + loc.describe() + " has no data");
+  }
   return loc.size(0);
 }
 
@@ -297,7 +304,17 @@ Result<KVPoolConfig> validate_mla_pool_config(const KVPoolConfig& config) {
     return Status::invalid_argument(
         cfg_error("num_kv_heads", config.num_kv_heads, "must be 1 (or 0 = 1) for MLA"));
   }
-  const int row_dim = config.kv_lora_rank + config.qk_rope_head_dim;
+  // The latent row's width, summed in int64 (the int sum overflowed for a huge kv_lora_rank).
+  constexpr int64_t kMaxRowDim = 65536;
+  const int64_t row_dim_wide =
+      static_cast<int64_t>(config.kv_lora_rank) + static_cast<int64_t>(config.qk_rope_head_dim);
+  if (row_dim_wide > kMaxRowDim) {
+    return Status::invalid_argument(
+        "KVPoolConfig.kv_lora_rank " + std::to_string(config.kv_lora_rank) +
+        " + qk_rope_head_dim " + std::to_string(config.qk_rope_head_dim) + " = " +
+        std::to_string(row_dim_wide) + " must be <= " + std::to_string(kMaxRowDim));
+  }
+  const int row_dim = static_cast<int>(row_dim_wide);
   if (config.head_dim != 0 && config.head_dim != row_dim) {
     return Status::invalid_argument(cfg_error(
         "head_dim", config.head_dim,

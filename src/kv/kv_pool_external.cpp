@@ -13,6 +13,8 @@
 namespace attnkit {
 namespace {
 
+constexpr uintptr_t kCudaKvAlignment = 16;
+
 Status check_count(const char* name, size_t got, int num_layers) {
   if (static_cast<int64_t>(got) != num_layers) {
     return Status::invalid_argument(
@@ -45,6 +47,14 @@ Result<Buffer> borrow_view(const TensorView& view, const char* name, int layer, 
   if (!view.is_contiguous()) {
     return Status::invalid_argument(
         cat(label, ": must be contiguous, got strides of ", view.describe()));
+  }
+  // The CUDA kernels read KV rows (and fp4 block scales) in 16-byte vectors (cp.async, TMA): a
+  // misaligned base is a misaligned-address fault that kills the CUDA context, so it is refused
+  // here (a stacked array of odd-sized layers, a storage offset).
+  if (device.is_cuda() && reinterpret_cast<uintptr_t>(view.data) % kCudaKvAlignment != 0) {
+    return Status::invalid_argument(cat(
+        label, ": data address ", view.data, " is not ", kCudaKvAlignment,
+        "-byte aligned (the CUDA kernels load KV rows in ", kCudaKvAlignment, "-byte vectors)"));
   }
   return Buffer::borrow(view.data, view.storage_bytes(), device);
 }

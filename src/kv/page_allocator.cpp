@@ -144,7 +144,7 @@ Result<std::vector<int64_t>> PageAllocator::alloc_extend(std::span<const int32_t
     while (remaining > 0) {
       const int64_t page = free_pages_.back();
       free_pages_.pop_back();
-      allocated_[static_cast<size_t>(page)] = 1;
+      allocated_[static_cast<size_t>(page)] = kAllocated;
       const int64_t take = std::min(remaining, ps);
       for (int64_t i = 0; i < take; ++i) out.push_back(page * ps + i);
       remaining -= take;
@@ -181,13 +181,14 @@ Result<std::vector<int64_t>> PageAllocator::alloc_pages(int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t page = free_pages_.back();
     free_pages_.pop_back();
-    allocated_[static_cast<size_t>(page)] = 1;
+    allocated_[static_cast<size_t>(page)] = kAllocated;
     pages.push_back(page);
   }
   return pages;
 }
 
-Status PageAllocator::free_slots(std::span<const int64_t> slots) {
+Result<std::vector<int64_t>> PageAllocator::pages_of(const char* fn,
+                                                     std::span<const int64_t> slots) const {
   const int64_t ps = page_size_;
   std::vector<int64_t> pages;
   pages.reserve(slots.size());
@@ -195,7 +196,7 @@ Status PageAllocator::free_slots(std::span<const int64_t> slots) {
     const int64_t slot = slots[i];
     if (slot < ps || slot >= (num_pages_ + 1) * ps) {
       return Status::invalid_argument(
-          "free_slots: slots[" + std::to_string(i) + "] = " + std::to_string(slot) +
+          std::string(fn) + ": slots[" + std::to_string(i) + "] = " + std::to_string(slot) +
           " is outside the usable slots [" + std::to_string(ps) + ", " +
           std::to_string((num_pages_ + 1) * ps) + ") (page 0 is reserved)");
     }
@@ -204,6 +205,42 @@ Status PageAllocator::free_slots(std::span<const int64_t> slots) {
   }
   std::sort(pages.begin(), pages.end());
   pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  return pages;
+}
+
+Status PageAllocator::free_slots(std::span<const int64_t> slots) {
+  ATTNKIT_ASSIGN_OR_RETURN(std::vector<int64_t> pages, pages_of("free_slots", slots));
+  return free_pages(pages);
+}
+
+bool PageAllocator::is_cached(int64_t page) const {
+  if (page < 1 || page > num_pages_) return false;
+  return allocated_[static_cast<size_t>(page)] == kCached;
+}
+
+Status PageAllocator::hold_for_cache(std::span<const int64_t> pages) {
+  for (const int64_t page : pages) {
+    if (page < 1 || page > num_pages_ || allocated_[static_cast<size_t>(page)] != kAllocated) {
+      return Status::invalid_argument(
+          "hold_for_cache: page " + std::to_string(page) + " is " +
+          (page < 1 || page > num_pages_ ? "outside [1, " + std::to_string(num_pages_) + "]"
+           : allocated_[static_cast<size_t>(page)] == kCached ? std::string("already cached")
+                                                              : std::string("not allocated")));
+    }
+  }
+  for (const int64_t page : pages) allocated_[static_cast<size_t>(page)] = kCached;
+  return Status::ok();
+}
+
+Status PageAllocator::free_cached_slots(std::span<const int64_t> slots) {
+  ATTNKIT_ASSIGN_OR_RETURN(std::vector<int64_t> pages, pages_of("free_cached_slots", slots));
+  for (const int64_t page : pages) {
+    if (allocated_[static_cast<size_t>(page)] != kCached) {
+      return Status::invalid_argument("free_cached_slots: page " + std::to_string(page) +
+                                      " is not held by the cache");
+    }
+  }
+  for (const int64_t page : pages) allocated_[static_cast<size_t>(page)] = kAllocated;
   return free_pages(pages);
 }
 
@@ -221,12 +258,17 @@ Status PageAllocator::free_pages(std::span<const int64_t> pages) {
       return Status::invalid_argument("free_pages: page " + std::to_string(page) +
                                       " appears more than once");
     }
-    if (!allocated_[static_cast<size_t>(page)]) {
+    if (allocated_[static_cast<size_t>(page)] == kFree) {
       return Status::invalid_argument("free_pages: page " + std::to_string(page) +
                                       " is not allocated (double free?)");
     }
+    if (allocated_[static_cast<size_t>(page)] == kCached) {
+      return Status::invalid_argument("free_pages: page " + std::to_string(page) +
+                                      " is held by the radix cache (its eviction frees it; free "
+                                      "only a request's pages past its cached prefix)");
+    }
   }
-  for (const int64_t page : sorted) allocated_[static_cast<size_t>(page)] = 0;
+  for (const int64_t page : sorted) allocated_[static_cast<size_t>(page)] = kFree;
   // Keep the free list sorted descending so the lowest ids are handed out first.
   const auto old_size = static_cast<std::ptrdiff_t>(free_pages_.size());
   free_pages_.insert(free_pages_.end(), sorted.rbegin(), sorted.rend());

@@ -201,6 +201,9 @@ Result<InsertResult> RadixCache::insert(std::span<const int32_t> tokens,
                                     slots.begin() + pos + ps);
     }
   }
+  // The new pages become the cache's in the allocator (nothing else can free them now); they were
+  // checked above, so this fails only on a page another cache over the same allocator holds.
+  ATTNKIT_RETURN_IF_ERROR(allocator_->hold_for_cache(new_pages));
   // Mutating walk: split where the match ends inside a node, then hang the new pages below.
   RadixNode* node = root_.get();
   int64_t pos = 0;
@@ -282,7 +285,7 @@ Result<int64_t> RadixCache::evict(int64_t num_tokens) {
     const int64_t take = std::min(leaf_pages, wanted_pages);
     const auto keep = static_cast<size_t>((leaf_pages - take) * ps);
     const std::span<const int64_t> gone(leaf->slots.data() + keep, leaf->slots.size() - keep);
-    Status st = allocator_->free_slots(gone);
+    Status st = allocator_->free_cached_slots(gone);
     if (!st.is_ok()) {
       return Status::internal("RadixCache::evict: the allocator refused cached pages: " +
                               st.message());

@@ -427,6 +427,9 @@ TEST_F(KVPoolErrors, ShapesDTypesDevicesLayersAndScales) {
   expect_error(pool_->set_kv(0, loc(), int_k, v(), 1.0f, 1.0f, nullptr), "k");
   TensorView int_loc(slots_.data(), DType::kI32, Device::cpu(), {3});
   expect_error(pool_->set_kv(0, int_loc, k(), v(), 1.0f, 1.0f, nullptr), "loc");
+  // A loc with tokens but no data (the slot check read through the null pointer: SIGSEGV).
+  TensorView null_loc(nullptr, DType::kI64, Device::cpu(), {3});
+  expect_error(pool_->set_kv(0, null_loc, k(), v(), 1.0f, 1.0f, nullptr), "loc: ");
   TensorView flat_k(k_.data(), DType::kF32, Device::cpu(), {3, 128});
   expect_error(pool_->set_kv(0, loc(), flat_k, v(), 1.0f, 1.0f, nullptr), "k");
   TensorView cuda_k(k_.data(), DType::kF32, Device::cuda(0), {3, 2, 64});
@@ -455,6 +458,12 @@ TEST(KVPoolConfigErrors, NameTheField) {
   const BadConfig kRows[] = {
       {false, DType::kBF16, [](KVPoolConfig& c) { c.size = 100; }, "size 100"},  // not x16
       {false, DType::kBF16, [](KVPoolConfig& c) { c.num_layers = 0; }, "num_layers"},
+      // A garbage layer count: the per-layer buffer vectors threw an uncaught std::bad_alloc.
+      {false, DType::kFP8E4M3, [](KVPoolConfig& c) { c.num_layers = 2147483647; },
+       "num_layers 2147483647 must be in [1, 65536]"},
+      // kv_lora_rank + qk_rope_head_dim overflowed int (the pool then had a negative row_dim).
+      {true, DType::kBF16, [](KVPoolConfig& c) { c.kv_lora_rank = 2147483647 - 15; },
+       "kv_lora_rank 2147483632 + qk_rope_head_dim 16 = 2147483648 must be <= 65536"},
       {false, DType::kBF16, [](KVPoolConfig& c) { c.page_size = 0; }, "page_size"},
       {false, DType::kI32, [](KVPoolConfig&) {}, "dtype"},
       {false, DType::kFP4E2M1, [](KVPoolConfig& c) { c.head_dim = 40; }, "head_dim 40"},

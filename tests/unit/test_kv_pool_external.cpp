@@ -172,6 +172,28 @@ TEST(MHAKVPoolWrap, RejectsViewsThatDoNotMatchTheConfig) {
   EXPECT_NE(s.message().find("v[0] and v[1] share memory"), std::string::npos) << s.message();
 }
 
+// A CUDA pool's buffers must start 16-byte aligned: the kernels load KV rows in 16-byte vectors,
+// and a misaligned wrap (a stacked array of odd-sized layers) reached them as a misaligned-address
+// fault. Checked before any device work, so no GPU is needed: the addresses are never read.
+TEST(MHAKVPoolWrap, CudaBuffersMustBe16ByteAligned) {
+  CallerBuffers caller;
+  KVPoolConfig c = config(DType::kF32);
+  c.device = Device::cuda(0);
+  std::vector<TensorView> k = caller.k_views, v = caller.v_views;
+  for (TensorView* t : {&k[0], &k[1], &v[0], &v[1]}) t->device = Device::cuda(0);
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(k[1].data) % 16, 0u);  // std::vector<float>: 16-aligned
+  k[1].data = static_cast<char*>(k[1].data) + sizeof(float);
+  const Status s = MHAKVPool::wrap(c, k, v).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("k[1]: data address"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("is not 16-byte aligned"), std::string::npos) << s.message();
+  // A CPU pool takes any address its dtype allows (the CPU kernels load unaligned).
+  std::vector<float> shifted(static_cast<size_t>(kRows) * kHeads * kDim + 1, 0.f);
+  std::vector<TensorView> cpu_k = caller.k_views;
+  cpu_k[1].data = shifted.data() + 1;
+  EXPECT_TRUE(MHAKVPool::wrap(config(DType::kF32), cpu_k, caller.v_views).is_ok());
+}
+
 TEST(MLAKVPoolWrap, LatentRowsAndVViewAliasCallerMemory) {
   constexpr int kRank = 32;
   constexpr int kRope = 16;

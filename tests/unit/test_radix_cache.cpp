@@ -218,6 +218,39 @@ TEST(RadixCache, EvictionFreesPagesBackToTheAllocator) {
   EXPECT_FALSE(f.cache->evict(-1).is_ok());
 }
 
+// A request freeing its whole row (its cached prefix pages included) must not free the pages the
+// cache holds: the allocator handed such a page to the next request while match_prefix went on
+// serving it, and every later evict() failed on the page the allocator no longer had.
+TEST(RadixCache, CachedPagesAreFreedOnlyByEviction) {
+  const int ps = 4;
+  Fixture f(ps, 8);
+  std::mt19937 rng(9);
+  const Tokens a = random_tokens(2 * ps + 1, rng);
+  Slots a_slots;
+  f.insert_fresh(a, &a_slots);  // pages of a's first 8 tokens cached, its tail page freed
+  const Slots cached(a_slots.begin(), a_slots.begin() + 2 * ps);
+  for (const int64_t page : {cached[0] / ps, cached[ps] / ps}) {
+    EXPECT_TRUE(f.alloc.is_cached(page));
+    EXPECT_TRUE(f.alloc.is_allocated(page));
+  }
+  const int64_t available = f.alloc.available_pages();
+  const Status refused = f.alloc.free_slots(cached);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("is held by the radix cache"), std::string::npos)
+      << refused.message();
+  EXPECT_EQ(f.alloc.available_pages(), available);  // nothing freed
+  EXPECT_FALSE(f.alloc.free_pages(Slots{cached[0] / ps}).is_ok());
+  EXPECT_EQ(f.cache->match_prefix(a).length, 2 * ps);
+  // Pages the cache does not hold still free as before; cached ones only through eviction.
+  EXPECT_FALSE(f.alloc.free_cached_slots(Slots{alloc_slots(f.alloc, 1)[0]}).is_ok());
+  auto all = f.cache->evict(1000);
+  ASSERT_TRUE(all.is_ok()) << all.status().to_string();
+  EXPECT_EQ(*all, 2 * ps);
+  EXPECT_FALSE(f.alloc.is_cached(cached[0] / ps));
+  EXPECT_FALSE(f.alloc.is_allocated(cached[0] / ps));
+  EXPECT_TRUE(f.cache->reset().is_ok());
+}
+
 TEST(RadixCache, LockedNodesAreNeverEvicted) {
   const int ps = 16;
   Fixture f(ps, 64);
