@@ -14,7 +14,12 @@ if command -v "$python" >/dev/null 2>&1; then
   missing=()
   for m in nanobind numpy pytest; do "$python" -c "import $m" 2>/dev/null || missing+=("$m"); done
   if ((${#missing[@]})); then
-    "$python" -m pip install --quiet "${missing[@]}" || true
+    # Debian 12's own python3 is "externally managed" (PEP 668): a plain pip install is refused
+    # there, so the packages go to the user's site-packages instead.
+    "$python" -m pip install --quiet "${missing[@]}" 2>/dev/null ||
+      "$python" -m pip install --quiet --user --break-system-packages "${missing[@]}" ||
+      echo "attnkit: could not pip-install ${missing[*]} for $python (Debian: apt-get install" \
+        "python3-pip python3-dev)" >&2
   fi
   "$python" -c "import nanobind, numpy, pytest" 2>/dev/null && with_python=ON
 fi

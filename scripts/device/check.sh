@@ -142,6 +142,19 @@ if has_stage python; then
     rc=$?
   fi
   note "python gpu check: rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E 'passed|failed' "$OUT/ctest.log" | tail -1)"
+  # The README's Python example exactly as printed (tests/python/test_readme_example.py does the
+  # same under pytest where torch is installed; the CI machine has no torch).
+  if [ $rc -eq 0 ]; then
+    PYTHONUNBUFFERED=1 PYTHONPATH="$build/python" timeout 120 python3 - > "$OUT/readme_example.log" 2>&1 <<'PY'
+import pathlib, re
+text = pathlib.Path("README.md").read_text()
+code = re.findall(r"```python\n(.*?)```", text[text.index("## Python"):], flags=re.S)[0]
+exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+PY
+    rc=$?
+    cat "$OUT/readme_example.log" >> "$OUT/ctest.log"
+    note "README python example: rc=$rc; $(grep -E 'max' "$OUT/readme_example.log" | tr '\n' ' ')"
+  fi
 fi
 
 if has_stage pip; then

@@ -395,8 +395,9 @@ LinearAttnDescriptor gdn_triton() {
   LinearAttnDescriptor d;
   d.name = "triton";
   d.implementation =
-      "portable GDN kernels (CUDA + CPU): recurrent decode, chunked extend with per-chunk "
-      "states, tree-aware target verify";
+      "not implemented yet (a descriptor for selection and validation): planned portable GDN "
+      "kernels (CUDA + CPU): recurrent decode, chunked extend with per-chunk states, tree-aware "
+      "target verify";
   d.platforms = {Platform::kCPU, Platform::kCUDA};
   d.min_compute_capability = kMinCc;
   d.decode = true;
@@ -411,7 +412,9 @@ LinearAttnDescriptor gdn_cutedsl() {
   constexpr int kMinCc = 90;
   LinearAttnDescriptor d;
   d.name = "cutedsl";
-  d.implementation = "CuTe-style fused GDN decode (SM90+), decode only";
+  d.implementation =
+      "not implemented yet (a descriptor for selection and validation): planned CuTe-style "
+      "fused GDN decode (SM90+), decode only";
   d.platforms = {Platform::kCUDA};
   d.min_compute_capability = kMinCc;
   d.decode = true;
