@@ -19,6 +19,8 @@
 #endif
 #ifdef ATTNKIT_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda/common/kernel_image.h"
 #endif
 
 namespace attnkit {
@@ -203,10 +205,18 @@ Result<DeviceInfo> detect_cuda(int ordinal) {
     return Status::cuda_error(std::string("detect_cuda: cudaRuntimeGetVersion failed: ") +
                               cudaGetErrorString(err));
   }
+  constexpr int kCcMajorScale = 10;
+  if (!cuda::binary_has_kernel_image(ordinal)) {
+    return Status::unsupported(
+        std::string("detect_cuda: this binary has no CUDA code for ") + prop.name + " (sm_" +
+        std::to_string(prop.major * kCcMajorScale + prop.minor) +
+        "): it was built for CMAKE_CUDA_ARCHITECTURES " ATTNKIT_CUDA_ARCHITECTURES
+        "; rebuild with -DCMAKE_CUDA_ARCHITECTURES=" +
+        std::to_string(prop.major * kCcMajorScale + prop.minor) + " added");
+  }
   DeviceInfo d = detect_cpu();
   d.name = prop.name;
   d.platform = Platform::kCUDA;
-  constexpr int kCcMajorScale = 10;
   d.compute_capability = prop.major * kCcMajorScale + prop.minor;
   d.sm_count = prop.multiProcessorCount;
   d.max_shared_memory_per_block = static_cast<int>(prop.sharedMemPerBlockOptin);

@@ -46,7 +46,16 @@ ModelAttentionConfig demo_model() {
 }
 
 Result<DeviceInfo> demo_device(const std::string& name) {
-  if (name == "auto") return detect_default_device();
+  if (name == "auto") {
+    // A GPU this binary has no code for (detect_cuda: kUnsupported) runs the demo on the CPU,
+    // saying why; no GPU at all is the usual CPU case.
+    Result<DeviceInfo> cuda = detect_cuda(0);
+    if (cuda.is_ok()) return cuda;
+    if (cuda.status().code() == StatusCode::kUnsupported) {
+      std::cerr << "attnkit demo: " << cuda.status().message() << "; using the CPU\n";
+    }
+    return detect_cpu();
+  }
   if (name == "cpu") return detect_cpu();
   if (name == "cuda") return detect_cuda(0);
   return Status::invalid_argument("--device " + name + " is not accepted (auto, cpu, cuda)");
