@@ -23,7 +23,9 @@
 // topk-1 verify chain of s_q tokens ending at kv_len), no kv_heads / head_dim / v_head_dim (they
 // follow from the rank); every kind: shuffle_pages (default true: the pool's pages and request
 // rows in random order, as a serving pool's are after churn; false: each request's pages in
-// order, the case named with "_inorder"). Errors name the file, the key and what is accepted.
+// order, the case named with "_inorder"). Errors name the file, the key and what is accepted. Each
+// point once (two points of one name are refused), each key once per object; a file is a regular
+// file of at most kMaxCaseFileBytes.
 //
 // Header-only so that tests/unit/test_bench_formulas.cpp can check the parser without the CLI.
 #pragma once
@@ -32,6 +34,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -41,6 +44,7 @@
 #include "attnkit/dtype.h"
 #include "attnkit/status.h"
 #include "bench_formulas.h"
+#include "bench_json.h"
 
 namespace attnkit::bench {
 
@@ -167,7 +171,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   if (key == "shuffle_pages") return get_bool(v, where, &c->shuffle_pages);
   if (key == "new_tokens") return get_int(v, where, 1, &c->new_tokens);
   if (key == "kv_lora_rank") return get_int(v, where, 1, &c->kv_lora_rank);
-  if (key == "qk_rope_head_dim") return get_int(v, where, 0, &c->qk_rope_head_dim);
+  if (key == "qk_rope_head_dim") return get_int(v, where, 1, &c->qk_rope_head_dim);
   if (key == "s_q") return get_int(v, where, 1, &c->s_q);
   if (key == "v_head_dim") {
     state->v_head_dim_set = true;
@@ -314,11 +318,7 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
 inline Result<CaseFile> parse_case_file_text(const std::string& text, const std::string& source) {
   using case_file_detail::Json;
   Json root;
-  try {
-    root = Json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    return Status::invalid_argument(source + ": not valid JSON: " + e.what());
-  }
+  ATTNKIT_RETURN_IF_ERROR(parse_json_text(text, source, &root));
   if (!root.is_object()) {
     return Status::invalid_argument(source + ": expected a JSON object at the top level");
   }
@@ -352,6 +352,7 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
     base.qk_rope_head_dim = 64;
   }
   case_file_detail::ParseState base_state;
+  std::vector<std::string> origins;  // per case: "sweep point {...}" or "cases[i]"
   auto check_object = [&](const Json& obj, const std::string& where) -> Status {
     if (!obj.is_object()) {
       return Status::invalid_argument(source + ": " + where + ": expected an object, got " +
@@ -405,6 +406,7 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
       }
       ATTNKIT_RETURN_IF_ERROR(case_file_detail::finish_case(&c, state, where));
       file.cases.push_back(std::move(c));
+      origins.push_back(where.substr(source.size() + 2));
       done = true;
       for (size_t k = keys.size(); k-- > 0;) {
         if (++index[k] < sweep[keys[k]].size()) {
@@ -432,15 +434,31 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
       }
       ATTNKIT_RETURN_IF_ERROR(case_file_detail::finish_case(&c, state, source + ": " + where));
       file.cases.push_back(std::move(c));
+      origins.push_back(where);
     }
   }
   if (file.cases.empty()) {
     return Status::invalid_argument(source + ": the file describes no cases");
   }
+  // The name is every parameter of a point: two equal names would run the same point twice and
+  // collide in the JSON / CSV rows.
+  std::map<std::string, size_t> first;
+  for (size_t i = 0; i < file.cases.size(); ++i) {
+    const auto [at, fresh] = first.emplace(file.cases[i].name, i);
+    if (!fresh) {
+      return Status::invalid_argument(source + ": " + origins[i] + " repeats case " +
+                                      file.cases[i].name + " of " + origins[at->second] +
+                                      " (each point once)");
+    }
+  }
   return file;
 }
 
-// Reads and parses a case file from disk.
+// A case file is read whole; the largest in bench/cases is a few KiB.
+inline constexpr int64_t kMaxCaseFileBytes = int64_t{16} << 20;
+
+// Reads and parses a case file from disk: a regular file (a device such as /dev/zero or a FIFO
+// would be read forever) of at most kMaxCaseFileBytes.
 inline Result<CaseFile> load_case_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
@@ -448,11 +466,23 @@ inline Result<CaseFile> load_case_file(const std::string& path) {
                                     " is a directory (expected a JSON file such as "
                                     "bench/cases/decode.json)");
   }
-  std::ifstream in(path);
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    return Status::invalid_argument("case file " + path +
+                                    " is not a regular file (expected a JSON file such as "
+                                    "bench/cases/decode.json)");
+  }
+  std::ifstream in(path, std::ios::binary);
   if (!in) return Status::not_found("case file " + path + " cannot be opened");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_case_file_text(text.str(), path);
+  // Read at most one byte past the cap: a regular file can still grow, or report size 0 (/proc).
+  std::string text(static_cast<size_t>(kMaxCaseFileBytes) + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (static_cast<int64_t>(text.size()) > kMaxCaseFileBytes) {
+    return Status::invalid_argument("case file " + path + " is larger than " +
+                                    std::to_string(kMaxCaseFileBytes >> 20) +
+                                    " MiB (a case file is a small JSON sweep description)");
+  }
+  return parse_case_file_text(text, path);
 }
 
 // Cases whose name contains `filter` (all when empty).

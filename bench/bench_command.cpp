@@ -1,10 +1,15 @@
 // `attnkit bench` (backends x case file: verify, time, report) and `attnkit run` (one case of the
 // shared table or a JSON CaseSpec, with --verify).
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -121,9 +126,41 @@ bool same_file(const std::string& a, const std::string& b) {
   return pa == pb || std::filesystem::equivalent(a, b, ec);
 }
 
+// Where `path` stands for writing, without changing anything the user did not ask for: 0 when an
+// existing file (or a symlink's existing target) opens for append, or when a new file can be
+// created there (the probe creates it and removes the file it made); else the errno. A dangling
+// symlink is followed to its target, which is probed the same way; the link itself is never
+// removed.
+int probe_writable(const std::filesystem::path& path) {
+  std::filesystem::path p = path;
+  constexpr int kMaxLinks = 40;  // as the kernel's ELOOP limit
+  for (int hop = 0; hop < kMaxLinks; ++hop) {
+    // O_NONBLOCK: a FIFO without a reader fails with ENXIO instead of blocking the probe.
+    int fd = ::open(p.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+      ::close(fd);
+      return 0;
+    }
+    if (errno != ENOENT) return errno;
+    fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {  // made by the probe: removed again
+      ::close(fd);
+      ::unlink(p.c_str());
+      return 0;
+    }
+    if (errno != EEXIST) return errno;
+    // ENOENT, then EEXIST: `p` is a dangling symlink (O_EXCL does not follow it).
+    std::error_code ec;
+    const std::filesystem::path target = std::filesystem::read_symlink(p, ec);
+    if (ec) return ec.value();
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  return ELOOP;
+}
+
 // An output file named by `flag`: not a directory, not the --cases input, in an existing directory
-// and writable now (opened for append, so an existing file keeps its bytes; a file made by the
-// probe is removed again), so that a bad path fails before the sweep instead of after it.
+// and writable now (probe_writable: nothing is truncated, and no file or link of the user's is
+// created or removed), so that a bad path fails before the sweep instead of after it.
 void check_output_path(const char* flag, const std::string& path, const std::string& cases) {
   if (path.empty()) return;
   std::error_code ec;
@@ -139,14 +176,10 @@ void check_output_path(const char* flag, const std::string& path, const std::str
     cli_fail(std::string(flag) + " " + path + ": directory " + dir.string() +
              " does not exist (the file is written after the run)");
   }
-  const bool existed = std::filesystem::exists(p, ec);
-  bool writable = false;
-  {
-    std::ofstream probe(path, std::ios::app);
-    writable = probe.is_open();
+  if (const int err = probe_writable(p); err != 0) {
+    cli_fail(std::string(flag) + " " + path + " cannot be opened for writing (" +
+             std::strerror(err) + ")");
   }
-  if (!existed) std::filesystem::remove(p, ec);
-  if (!writable) cli_fail(std::string(flag) + " " + path + " cannot be opened for writing");
 }
 
 int omp_threads() {
@@ -157,7 +190,94 @@ int omp_threads() {
 #endif
 }
 
-void bench_main(const BenchArgs& args) {
+// The options that only act on a run (timing, verification, outputs): refused beside a true
+// --list, which runs nothing.
+constexpr const char* kRunOnlyOptions[] = {"--verify",     "--json",          "--csv",
+                                           "--warmup",     "--iters",         "--launches",
+                                           "--graph",      "--paired-rounds", "--paired-calls",
+                                           "--rotate-mib", "--max-copies",    "--gemm-tflops"};
+
+// The backends named by --backend, each once in first-named order: `all` adds every built backend
+// that runs on `platform` and was not named before. Refused when none of them can run here, with
+// each one's reason (a run of skipped rows would exit 0 having timed nothing).
+std::vector<const BackendDescriptor*> select_backends(const std::string& flag_value,
+                                                      const BackendRegistry& registry,
+                                                      Platform platform) {
+  std::vector<const BackendDescriptor*> backends;
+  std::vector<std::string> why_not;
+  const auto add = [&](const BackendDescriptor* d) {
+    if (std::find(backends.begin(), backends.end(), d) == backends.end()) backends.push_back(d);
+  };
+  for (const std::string& name : split_commas(flag_value)) {
+    if (name == "all") {
+      for (const BackendDescriptor& d : registry.all()) {
+        if (d.built && d.runs_on(platform)) add(&d);
+      }
+      continue;
+    }
+    Result<const BackendDescriptor*> d = registry.get(name);
+    if (!d) cli_fail("--backend: " + d.status().to_string());
+    add(*d);
+  }
+  bool any_runnable = false;
+  for (const BackendDescriptor* d : backends) {
+    if (!d->built) {
+      why_not.push_back(d->name + " is not built in this binary (" + d->not_built_reason + ")");
+    } else if (!d->runs_on(platform)) {
+      std::string on;
+      for (Platform p : d->platforms) {
+        on += (on.empty() ? "" : ", ") + std::string(platform_name(p));
+      }
+      why_not.push_back(d->name + " runs on " + on + ", not " + platform_name(platform));
+    } else {
+      any_runnable = true;
+    }
+  }
+  if (backends.empty()) cli_fail("--backend " + flag_value + " names no backend runnable here");
+  if (!any_runnable) {
+    std::string reasons;
+    for (const std::string& w : why_not) reasons += (reasons.empty() ? "" : "; ") + w;
+    cli_fail("--backend " + flag_value + ": no named backend can run on this device: " + reasons);
+  }
+  return backends;
+}
+
+void bench_main(const CLI::App& cmd, const BenchArgs& args) {
+  if (args.list) {  // only a true --list: --list=false runs as usual
+    for (const char* option : kRunOnlyOptions) {
+      if (cmd.count(option) > 0) {
+        cli_fail(std::string(option) +
+                 " excludes --list (--list prints the case names and runs nothing)");
+      }
+    }
+  }
+  // Options that need one kind of device, checked against a device named by --device before it
+  // is looked for (so that --device cuda on a machine without one still names the option), and
+  // against the device found.
+  const auto check_device_options = [&](const Device& device) {
+    if (args.graph && !device.is_cuda()) {
+      cli_fail("--graph times CUDA-graph replays: it needs --device cuda (got --device " +
+               device.to_string() + ")");
+    }
+    // The CPU loop times one forward per sample: N back-to-back forwards would be claimed only.
+    if (args.launches > 1 && !device.is_cuda()) {
+      cli_fail("--launches " + std::to_string(args.launches) +
+               " enqueues back-to-back CUDA forwards: it needs --device cuda (got --device " +
+               device.to_string() + "; the CPU times one forward per sample)");
+    }
+    // The paired rounds pair forwards with passes of the CPU copy ceiling; CUDA has none.
+    for (const char* option : {"--paired-rounds", "--paired-calls"}) {
+      if (device.is_cuda() && cmd.count(option) > 0) {
+        cli_fail(std::string(option) +
+                 " applies to --device cpu only (paired copy rounds of memory-bound cases; got "
+                 "--device " +
+                 device.to_string() + ")");
+      }
+    }
+  };
+  if (Result<Device> named = Device::parse(args.device); !args.device.empty() && named) {
+    check_device_options(*named);
+  }
   const BackendRegistry& registry = builtin_registry();
   bench::BenchRun run;
   run.command = bench::current_command_line();
@@ -165,10 +285,7 @@ void bench_main(const BenchArgs& args) {
   run.load_start = bench::host_load_average();
   const Device device = resolve_device(args.device, &run.device_info);
   run.device = device.to_string();
-  if (args.graph && !device.is_cuda()) {
-    cli_fail("--graph times CUDA-graph replays: it needs --device cuda (got --device " +
-             device.to_string() + ")");
-  }
+  check_device_options(device);
   run.threads = omp_threads();
 
   Result<bench::CaseFile> file = bench::load_case_file(args.cases);
@@ -201,19 +318,8 @@ void bench_main(const BenchArgs& args) {
              " (the CSV would overwrite the JSON)");
   }
 
-  std::vector<const BackendDescriptor*> backends;
-  for (const std::string& name : split_commas(args.backends)) {
-    if (name == "all") {
-      for (const BackendDescriptor& d : registry.all()) {
-        if (d.built && d.runs_on(run.device_info.platform)) backends.push_back(&d);
-      }
-      continue;
-    }
-    Result<const BackendDescriptor*> d = registry.get(name);
-    if (!d) cli_fail("--backend: " + d.status().to_string());
-    backends.push_back(*d);
-  }
-  if (backends.empty()) cli_fail("--backend " + args.backends + " names no backend runnable here");
+  const std::vector<const BackendDescriptor*> backends =
+      select_backends(args.backends, registry, run.device_info.platform);
   for (const BackendDescriptor* d : backends) run.backends.push_back(d->name);
   if (args.list) {  // after --backend is checked: a bad name is reported, not ignored
     for (const bench::BenchCase& c : cases) std::cout << c.name << "\n";
@@ -481,11 +587,8 @@ void register_bench_commands(CLI::App& app) {
   bench->add_flag("--verify", bench_args->verify,
                   "Compare each case with the fp64 reference once before timing; a mismatch "
                   "fails the case");
-  CLI::Option* bench_verify = bench->get_option("--verify");
-  CLI::Option* bench_json =
-      bench->add_option("--json", bench_args->json_path, "Write the results as JSON (for plot.py)");
-  CLI::Option* bench_csv =
-      bench->add_option("--csv", bench_args->csv_path, "Write the results as CSV");
+  bench->add_option("--json", bench_args->json_path, "Write the results as JSON (for plot.py)");
+  bench->add_option("--csv", bench_args->csv_path, "Write the results as CSV");
   bench
       ->add_option("--warmup", bench_args->warmup,
                    "Untimed calls before timing (default: CPU " + std::to_string(kCpuWarmup) +
@@ -500,7 +603,8 @@ void register_bench_commands(CLI::App& app) {
   bench
       ->add_option("--launches", bench_args->launches,
                    "CUDA: forwards enqueued back to back per timed sample, time divided by it "
-                   "(default 1: one forward, host launch latency included)")
+                   "(default 1: one forward, host launch latency included; refused with --device "
+                   "cpu, which times one forward per sample)")
       ->check(cli::positive_int());
   bench->add_flag(
       "--graph", bench_args->graph,
@@ -516,7 +620,8 @@ void register_bench_commands(CLI::App& app) {
       ->check(cli::non_negative_int());
   bench
       ->add_option("--paired-calls", bench_args->paired_calls,
-                   "Forwards per paired round (their median is compared with the round's copy)")
+                   "CPU: forwards per paired round (their median is compared with the round's "
+                   "copy)")
       ->check(cli::positive_int());
   bench->add_option("--filter", bench_args->filter, "Only cases whose name contains this");
   bench
@@ -532,14 +637,10 @@ void register_bench_commands(CLI::App& app) {
                    "AMX tile peak, else its vector peak; CUDA has none unless given, e.g. "
                    "torch_peers.py's gemm_bf16)")
       ->check(cli::positive_number());
-  // --list runs nothing, so options that only act on a run are refused beside it (they were
-  // silently ignored).
-  bench->add_flag("--list", bench_args->list, "Print the (filtered) case names and exit")
-      ->excludes(bench_verify)
-      ->excludes(bench_json)
-      ->excludes(bench_csv)
-      ->excludes(bench->get_option("--graph"));
-  bench->callback([bench_args] { bench_main(*bench_args); });
+  // --list runs nothing, so options that only act on a run (kRunOnlyOptions) are refused beside a
+  // true --list in bench_main (they were silently ignored).
+  bench->add_flag("--list", bench_args->list, "Print the (filtered) case names and exit");
+  bench->callback([bench, bench_args] { bench_main(*bench, *bench_args); });
 
   auto run_args = std::make_shared<RunArgs>();
   CLI::App* run = app.add_subcommand(

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "bench/bench_json.h"
 
 namespace attnkit::bench {
 namespace {
@@ -73,16 +76,13 @@ Status get_mode(const std::string& key, const Json& v, ForwardMode* out) {
 
 Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
   Json root;
-  try {
-    root = Json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    return Status::invalid_argument(std::string("case spec: not valid JSON: ") + e.what());
-  }
+  ATTNKIT_RETURN_IF_ERROR(parse_json_text(text, "case spec", &root));
   if (!root.is_object()) {
     return Status::invalid_argument("case spec: expected a JSON object of CaseSpec fields");
   }
   harness::CaseSpec spec;
   spec.name = "custom";
+  bool v_head_dim_given = false;
   for (const auto& [key, v] : root.items()) {
     Status s;
     if (key == "name") {
@@ -109,6 +109,7 @@ Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
     } else if (key == "head_dim") {
       s = get_int(key, v, &spec.head_dim);
     } else if (key == "v_head_dim") {
+      v_head_dim_given = true;
       s = get_int(key, v, &spec.v_head_dim);
     } else if (key == "q_dtype") {
       s = get_dtype(key, v, &spec.q_dtype);
@@ -117,7 +118,11 @@ Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
     } else if (key == "sliding_window") {
       s = get_int(key, v, &spec.sliding_window);
     } else if (key == "logit_cap") {
-      if (!v.is_number()) return bad(key, v, "a number (0 = off)");
+      // A double past FLT_MAX would become an infinite cap (no soft-cap at all), silently.
+      if (!v.is_number() || !(v.get<double>() >= 0.0) ||
+          v.get<double>() > std::numeric_limits<float>::max()) {
+        return bad(key, v, "a finite number >= 0 (0 = off)");
+      }
       spec.logit_cap = v.get<float>();
     } else if (key == "sinks") {
       s = get_bool(key, v, &spec.sinks);
@@ -160,6 +165,11 @@ Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
     }
     ATTNKIT_RETURN_IF_ERROR(s);
   }
+  // v_head_dim left out: MHA takes head_dim (as the case files do); MLA absorbed takes
+  // kv_lora_rank (V is the latent part of the [latent | rope] row); MLA prefill keeps CaseSpec's
+  // 128 (DeepSeek's v_head_dim beside qk head_dim 192).
+  if (!v_head_dim_given && !spec.mla) spec.v_head_dim = spec.head_dim;
+  if (!v_head_dim_given && spec.mla_absorbed()) spec.v_head_dim = spec.kv_lora_rank;
   if (spec.prefix_lens.empty()) {
     return Status::invalid_argument("case spec: \"prefix_lens\" must list one length per request");
   }

@@ -288,12 +288,21 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
   if (!s.cross_attention && !s.encoder_lens.empty()) {
     return bad("encoder_lens given without cross_attention");
   }
-  if (s.shared_prefix < 0 || s.shared_prefix % s.page_size != 0 ||
-      (s.shared_prefix > 0 && s.cross_attention) ||
-      s.shared_prefix > *std::min_element(s.prefix_lens.begin(), s.prefix_lens.end())) {
+  // One message per rule, with the values that broke it.
+  if (s.shared_prefix < 0) return bad(cat("shared_prefix ", s.shared_prefix, " must be >= 0"));
+  if (s.shared_prefix % s.page_size != 0) {
+    return bad(cat("shared_prefix ", s.shared_prefix, " must be a multiple of page_size ",
+                   s.page_size, " (shared tokens fill whole pages)"));
+  }
+  if (s.shared_prefix > 0 && s.cross_attention) {
+    return bad(cat("shared_prefix ", s.shared_prefix, " must be 0 with cross_attention"));
+  }
+  if (const auto shortest = std::min_element(s.prefix_lens.begin(), s.prefix_lens.end());
+      s.shared_prefix > *shortest) {
     return bad(cat("shared_prefix ", s.shared_prefix,
-                   " must be a multiple of page_size, at most every prefix_lens[r], and 0 with "
-                   "cross_attention"));
+                   " must be at most every request's cached prefix (prefix_lens[",
+                   shortest - s.prefix_lens.begin(), "] = ", *shortest,
+                   "; a decode request of kv_len n caches n - 1 tokens)"));
   }
   if (verify && (s.spec_draft_tokens < 1 || s.spec_topk < 1)) {
     return bad(cat("target_verify needs spec_draft_tokens >= 1 and spec_topk >= 1, got ",
@@ -910,6 +919,25 @@ Result<PreparedCase> prepare_case_unguarded(const CaseSpec& spec, Device device,
   int64_t needed = 0;
   for (int64_t len : row_len) needed += (len + ps - 1) / ps;
   const int64_t num_pages = std::max<int64_t>(needed + options.spare_pages, 1);
+  // The KV pool's shape follows from the lengths alone: a case too large for this host is refused
+  // here, before the page list, the per-token slots and the request table (one entry per token
+  // each) are built, which for billions of tokens would run the host out of memory first.
+  KVPoolConfig cfg;
+  cfg.num_layers = options.num_layers;
+  cfg.size = num_pages * ps;
+  cfg.page_size = ps;
+  cfg.dtype = spec.kv_dtype;
+  cfg.device = device;
+  if (spec.mla) {
+    cfg.num_kv_heads = 1;
+    cfg.kv_lora_rank = spec.kv_lora_rank;
+    cfg.qk_rope_head_dim = spec.qk_rope_head_dim;
+  } else {
+    cfg.num_kv_heads = spec.num_kv_heads;
+    cfg.head_dim = spec.head_dim;
+    cfg.v_head_dim = spec.v_head_dim;
+  }
+  if (device.is_cpu()) ATTNKIT_RETURN_IF_ERROR(check_host_pool_fits(spec, cfg, options));
   pc.allocator = std::make_unique<PageAllocator>(num_pages, ps);
   ATTNKIT_ASSIGN_OR_RETURN(std::vector<int64_t> pages, pc.allocator->alloc_pages(num_pages));
   if (spec.shuffle_pages) {
@@ -953,23 +981,7 @@ Result<PreparedCase> prepare_case_unguarded(const CaseSpec& spec, Device device,
         pc.req_to_token->write(rows[static_cast<size_t>(r)], 0, slots[static_cast<size_t>(r)]));
   }
 
-  // KV pool, poisoned with NaN.
-  KVPoolConfig cfg;
-  cfg.num_layers = options.num_layers;
-  cfg.size = num_pages * ps;
-  cfg.page_size = ps;
-  cfg.dtype = spec.kv_dtype;
-  cfg.device = device;
-  if (spec.mla) {
-    cfg.num_kv_heads = 1;
-    cfg.kv_lora_rank = spec.kv_lora_rank;
-    cfg.qk_rope_head_dim = spec.qk_rope_head_dim;
-  } else {
-    cfg.num_kv_heads = spec.num_kv_heads;
-    cfg.head_dim = spec.head_dim;
-    cfg.v_head_dim = spec.v_head_dim;
-  }
-  if (device.is_cpu()) ATTNKIT_RETURN_IF_ERROR(check_host_pool_fits(spec, cfg, options));
+  // KV pool (its size was checked above), poisoned with NaN.
   ATTNKIT_ASSIGN_OR_RETURN(pc.kv_pool, create_pool(cfg, spec.mla));
   if (options.poison) {
     for (int l = 0; l < options.num_layers; ++l) {

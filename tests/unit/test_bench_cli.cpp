@@ -2,6 +2,7 @@
 // verified CPU sweep whose JSON/CSV must carry the formula values, and the error paths.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -208,7 +209,7 @@ TEST(BenchCli, BadValuesSayWhatIsAllowed) {
           {run + R"('{"mode": "extend", "prefix_lens": [5], "new_lens": [-2]}')",
            "new_lens[0] = -2 must be >= 0"},
           {run + R"('{"mode": "decode", "prefix_lens": [5, 7], "head_dim": -1}')",
-           "head dims -1/128 must be >= 1"},
+           "head dims -1/-1 must be >= 1"},
           {run + R"('{"mode": "decode", "prefix_lens": [100')",
            "--case: invalid_argument: case spec: not valid JSON"},
           {run + R"('{"prefix_lens": [2000000000], "new_lens": [2000000000]}')",
@@ -255,8 +256,8 @@ TEST(BenchCli, BadPointsAndOutputPathsFailBeforeTiming) {
       {
           {bench + "--cases '" + dir + "'", "is a directory (expected a JSON file"},
           {bench + "--cases '" + shared + "'",
-           "decode_b2_kv16_p16_h4x2_d64_kvbf16_shared32: shared_prefix 32 must be a multiple of "
-           "page_size, at most every prefix_lens[r]"},
+           "decode_b2_kv16_p16_h4x2_d64_kvbf16_shared32: shared_prefix 32 must be at most every "
+           "request's cached prefix (prefix_lens[0] = 15;"},
           {bench + "--cases '" + good + "' --json /nonexistent_dir/out.json",
            "--json /nonexistent_dir/out.json: directory /nonexistent_dir does not exist"},
           {bench + "--cases '" + good + "' --csv '" + dir + "'", "is a directory"},
@@ -283,6 +284,262 @@ TEST(BenchCli, BadPointsAndOutputPathsFailBeforeTiming) {
       {"not valid JSON", "ceiling"});
   EXPECT_TRUE(std::filesystem::exists(good));
   EXPECT_FALSE(std::filesystem::exists(dir + "o.x"));
+}
+
+// The case of the reviewer's notes: one decode point of 64 tokens.
+constexpr const char* kSmallFile = R"({"kind": "decode",
+  "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
+  "cases": [{"batch": 1, "kv_len": 64}]})";
+
+// A case far too large for the host is refused from its lengths at once, before the page list,
+// slot vector and request table are built: here under a 4 GB address-space limit, where building
+// them first ended in "host memory ran out while preparing it" (and without a limit grew the
+// process for a minute).
+TEST(BenchCli, HugeCaseIsRefusedBeforeAnythingIsAllocated) {
+  const std::string cli = ATTNKIT_CLI_PATH;
+  const std::string inner = "ulimit -v 4000000; exec timeout 60 \"" + cli +
+                            "\" run --backend torch_native --device cpu --case "
+                            "\"{\\\"mode\\\": \\\"extend\\\", \\\"prefix_lens\\\": [0], "
+                            "\\\"new_lens\\\": [2000000000]}\"";
+  attnkit::test_support::expect_cli_errors(
+      "/bin/sh", {{"-c '" + inner + "'", "its host KV pool needs"}}, {"ran out"});
+
+  const std::string cases = ::testing::TempDir() + "bench_cli_huge.json";
+  write_text_file(cases, R"({"kind": "decode",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
+    "cases": [{"batch": 1, "kv_len": 2000000000}]})");
+  const CliRun r = attnkit::test_support::run_cli(
+      "/bin/sh", "-c 'ulimit -v 4000000; exec timeout 120 \"" + cli +
+                     "\" bench --backend torch_native --device cpu --warmup 0 --iters 1 "
+                     "--rotate-mib 1 --paired-rounds 0 --cases \"" +
+                     cases + "\"'");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("its host KV pool needs"), std::string::npos) << r.out << r.err;
+  EXPECT_EQ(r.out.find("ran out"), std::string::npos) << r.out;
+}
+
+// JSON numbers past a double (1e999), a logit cap past a float and a key given twice: one error
+// line naming the flag and file, not "[json.exception.out_of_range.406] ... (an exception escaped
+// the subcommand)" or a silently infinite cap / silently dropped value.
+TEST(BenchCli, JsonOverflowAndDuplicateKeysNameTheFlag) {
+  const std::string dir = ::testing::TempDir();
+  const std::string overflow = dir + "bench_cli_overflow.json";
+  write_text_file(overflow, R"({"kind": "decode",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
+    "cases": [{"batch": 1, "kv_len": 1e999}]})");
+  const std::string twice = dir + "bench_cli_twice.json";
+  write_text_file(twice, R"({"kind": "decode",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
+    "cases": [{"batch": 1, "kv_len": 64, "kv_len": 128}]})");
+  const std::string bench = "bench --backend torch_native --device cpu --cases ";
+  const std::string run = "run --backend torch_native --device cpu --case ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {bench + "'" + overflow + "'", "--cases: invalid_argument: " + overflow +
+                                             ": not valid JSON: number overflow parsing '1e999'"},
+          {bench + "'" + twice + "'", twice + ": key \"kv_len\" is given twice in one object"},
+          {run + R"('{"mode": "decode", "prefix_lens": [5], "logit_cap": 1e999}')",
+           "--case: invalid_argument: case spec: not valid JSON: number overflow parsing '1e999'"},
+          {run + R"('{"mode": "decode", "prefix_lens": [5], "logit_cap": 1e300}')",
+           "\"logit_cap\" = 1e+300 (accepted: a finite number >= 0 (0 = off))"},
+          {run + R"('{"mode": "decode", "prefix_lens": [5], "logit_cap": -2}')",
+           "(accepted: a finite number >= 0 (0 = off))"},
+          {run + R"('{"mode": "decode", "mode": "extend", "prefix_lens": [5]}')",
+           "case spec: key \"mode\" is given twice in one object"},
+      },
+      {"json.exception", "escaped"});
+}
+
+// Every backend named is not built (or not for this platform): an error naming each and why, not
+// a run of skipped rows that exits 0. `all` still means the runnable ones.
+TEST(BenchCli, NamedBackendsThatCannotRunAreRefused) {
+  const std::string cases = ::testing::TempDir() + "bench_cli_unrunnable.json";
+  write_text_file(cases, kSmallFile);
+  const CliRun probe = run_cli("backends");
+  if (probe.out.find("fa3") == std::string::npos) GTEST_SKIP() << "no fa3 row: " << probe.out;
+  const std::string bench = "bench --cases '" + cases + "' --device cpu --backend ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {bench + "fa3", "--backend fa3: no named backend can run on this device: fa3 "},
+          {bench + "fa3,flashmla", "; flashmla "},
+      },
+      {"ceiling"});
+  const CliRun all = run_cli(bench + "all --list");
+  EXPECT_EQ(all.exit_code, 0) << all.err;
+}
+
+// --launches N on the CPU claimed N back-to-back forwards per sample while timing one; the paired
+// copy rounds are CPU-only and were silently dropped on CUDA.
+TEST(BenchCli, DeviceOnlyOptionsAreRefusedOnTheOtherDevice) {
+  const std::string cases = ::testing::TempDir() + "bench_cli_launches.json";
+  write_text_file(cases, kSmallFile);
+  const std::string bench = "bench --backend torch_native --cases '" + cases + "' ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {bench + "--device cpu --launches 4",
+           "--launches 4 enqueues back-to-back CUDA forwards: it needs --device cuda (got "
+           "--device cpu"},
+          {bench + "--device cuda --paired-rounds 3",
+           "--paired-rounds applies to --device cpu only"},
+          {bench + "--device cuda:0 --paired-calls 2",
+           "--paired-calls applies to --device cpu only"},
+      },
+      {"ceiling"});
+}
+
+// The output probe neither removes a dangling symlink given as --json nor leaves a file at its
+// target (the run below stops at --backend, after the probe).
+TEST(BenchCli, OutputProbeLeavesSymlinksAndTargetsAlone) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "bench_cli_probe_links";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string cases = (dir / "cases.json").string();
+  write_text_file(cases, kSmallFile);
+  const std::filesystem::path link = dir / "out.json";
+  const std::filesystem::path target = dir / "target.json";
+  std::filesystem::create_symlink("target.json", link);
+  const CliRun r = run_cli("bench --backend no_such_backend --device cpu --cases '" + cases +
+                           "' --json '" + link.string() + "'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no_such_backend"), std::string::npos) << r.err;
+  EXPECT_TRUE(std::filesystem::is_symlink(link)) << "the probe removed the symlink";
+  EXPECT_FALSE(std::filesystem::exists(target)) << "the probe created the link's target";
+  // An existing file keeps its bytes.
+  const std::string kept = (dir / "kept.csv").string();
+  write_text_file(kept, "old bytes\n");
+  EXPECT_NE(run_cli("bench --backend no_such_backend --device cpu --cases '" + cases + "' --csv '" +
+                    kept + "'")
+                .exit_code,
+            0);
+  EXPECT_EQ(read_text(kept), "old bytes\n");
+}
+
+// One point twice (an explicit case equal to a sweep point) is refused by name; a backend named
+// twice, or again through `all`, runs once.
+TEST(BenchCli, DuplicatePointsAreRefusedAndBackendsRunOnce) {
+  const std::string dir = ::testing::TempDir();
+  const std::string dup = dir + "bench_cli_dup.json";
+  write_text_file(dup, R"({"kind": "decode",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
+    "sweep": {"kv_len": [64]}, "cases": [{"batch": 1, "kv_len": 64}]})");
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {{"bench --backend torch_native --device cpu --list --cases '" + dup + "'",
+        dup + ": cases[0] repeats case decode_b1_kv64_p16_h4x2_d64_kvbf16 of sweep point "
+              "{kv_len=64}"}});
+
+  const std::string cases = dir + "bench_cli_dup_backends.json";
+  const std::string json = dir + "bench_cli_dup_backends_out.json";
+  write_text_file(cases, kSmallFile);
+  const CliRun r = run_cli("bench --backend torch_native,all,torch_native --cases '" + cases +
+                           "' --device cpu --rotate-mib 1 --warmup 0 --iters 1 --paired-rounds 0 "
+                           "--json '" +
+                           json + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const nlohmann::json doc = nlohmann::json::parse(read_text(json));
+  std::vector<std::string> backends;
+  for (const nlohmann::json& x : doc["results"]) backends.push_back(x["backend"]);
+  ASSERT_FALSE(backends.empty());
+  EXPECT_EQ(backends.front(), "torch_native") << "the first named comes first";
+  EXPECT_EQ(std::count(backends.begin(), backends.end(), "torch_native"), 1);
+  std::vector<std::string> unique = backends;
+  std::sort(unique.begin(), unique.end());
+  EXPECT_EQ(std::unique(unique.begin(), unique.end()), unique.end()) << r.err;
+}
+
+// A case file that is not a regular file (/dev/zero was read forever) or past the size cap.
+TEST(BenchCli, CaseFileMustBeASmallRegularFile) {
+  const std::string big = ::testing::TempDir() + "bench_cli_big.json";
+  write_text_file(big, std::string(static_cast<size_t>(kMaxCaseFileBytes) + 1, ' '));
+  const std::string bench = "bench --backend torch_native --device cpu --cases ";
+  // Under a time limit: without the check /dev/zero is read until memory runs out.
+  attnkit::test_support::expect_cli_errors(
+      "/bin/sh",
+      {{"-c 'exec timeout 30 \"" + std::string(ATTNKIT_CLI_PATH) + "\" " + bench + "/dev/zero'",
+        "case file /dev/zero is not a regular file"}});
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH, {{bench + "'" + big + "'", big + " is larger than 16 MiB"}});
+  std::remove(big.c_str());
+}
+
+// --list runs nothing: every run-only option is refused beside a true --list, naming it; a false
+// --list excludes nothing (the run below stops at --filter).
+TEST(BenchCli, ListRefusesRunOnlyOptions) {
+  const std::string cases = ::testing::TempDir() + "bench_cli_list.json";
+  write_text_file(cases, kSmallFile);
+  const std::string list =
+      "bench --backend torch_native --device cpu --cases '" + cases + "' --list ";
+  std::vector<attnkit::test_support::CliErrorCase> errors;
+  for (const std::string option :
+       {"--iters 3", "--launches 2", "--rotate-mib 1", "--gemm-tflops 1", "--paired-calls 2",
+        "--warmup 1", "--paired-rounds 1", "--max-copies 4", "--verify", "--json x.json",
+        "--csv x.csv", "--graph"}) {
+    errors.push_back({list + option, option.substr(0, option.find(' ')) + " excludes --list"});
+  }
+  attnkit::test_support::expect_cli_errors(ATTNKIT_CLI_PATH, errors);
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {{"bench --backend torch_native --device cpu --cases '" + cases +
+            "' --list=false --json x.json --filter nomatch",
+        "--filter \"nomatch\" matches none"}},
+      {"excludes"});
+  const CliRun ok = run_cli(list + "--filter kv64");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(ok.out, "decode_b1_kv64_p16_h4x2_d64_kvbf16\n");
+}
+
+// shared_prefix: the message says which rule failed, with the values; a case file's
+// qk_rope_head_dim 0 is refused where it is read, naming the key.
+TEST(BenchCli, SharedPrefixAndMlaErrorsSayWhichRule) {
+  const std::string dir = ::testing::TempDir();
+  const std::string page = dir + "bench_cli_shared_page.json";
+  write_text_file(page, R"({"kind": "decode",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
+    "cases": [{"batch": 2, "kv_len": 64, "shared_prefix": 8}]})");
+  const std::string shortest = dir + "bench_cli_shared_shortest.json";
+  write_text_file(shortest, R"({"kind": "decode",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 4},
+    "cases": [{"kv_lens": [9, 4], "shared_prefix": 4}]})");
+  const std::string rope = dir + "bench_cli_rope0.json";
+  write_text_file(rope, R"({"kind": "mla_decode", "fixed": {"q_heads": 16, "qk_rope_head_dim": 0},
+    "cases": [{"kv_len": 64}]})");
+  const std::string bench = "bench --backend torch_native --device cpu --cases ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {bench + "'" + page + "'",
+           "shared_prefix 8 must be a multiple of page_size 16 (shared tokens fill whole pages)"},
+          {bench + "'" + shortest + "'",
+           "shared_prefix 4 must be at most every request's cached prefix (prefix_lens[1] = 3;"},
+          {bench + "'" + rope + "'",
+           "fixed.qk_rope_head_dim: 0 is out of range (accepted: 1 to 2147483647)"},
+      },
+      {"at most every prefix_lens[r], and 0 with"});
+}
+
+// run's JSON CaseSpec: v_head_dim defaults to head_dim (as in the case files), and to kv_lora_rank
+// for MLA absorbed; it stayed 128 whatever head_dim said.
+TEST(BenchCli, RunJsonVHeadDimFollowsHeadDim) {
+  const CliRun mha = run_cli(
+      "run --backend torch_native --device cpu --verify --case '{\"mode\": \"decode\", "
+      "\"prefix_lens\": [20], \"num_q_heads\": 4, \"num_kv_heads\": 2, \"head_dim\": 64}'");
+  ASSERT_EQ(mha.exit_code, 0) << mha.out << mha.err;
+  EXPECT_NE(mha.out.find(" d 64/64 "), std::string::npos) << mha.out;
+  const CliRun given = run_cli(
+      "run --backend torch_native --device cpu --case '{\"mode\": \"decode\", "
+      "\"prefix_lens\": [20], \"head_dim\": 64, \"v_head_dim\": 32}'");
+  EXPECT_NE(given.out.find(" d 64/32 "), std::string::npos) << given.out << given.err;
+  // MLA absorbed: V is the latent part of the row (the run itself may be unsupported here).
+  const CliRun mla = run_cli(
+      "run --backend torch_native --device cpu --case '{\"mode\": \"decode\", "
+      "\"prefix_lens\": [20], \"num_q_heads\": 4, \"num_kv_heads\": 1, \"mla\": true, "
+      "\"kv_lora_rank\": 512, \"qk_rope_head_dim\": 64, \"head_dim\": 576}'");
+  EXPECT_NE(mla.out.find(" d 576/512 "), std::string::npos) << mla.out << mla.err;
+  EXPECT_EQ(mla.err.find("v_head_dim = kv_lora_rank"), std::string::npos) << mla.err;
 }
 
 TEST(BenchCli, RunVerifiesOneJsonCase) {

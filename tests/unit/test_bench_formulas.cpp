@@ -253,6 +253,43 @@ struct BadFile {
   const char* expected_in_message;
 };
 
+// A point listed twice (an explicit case equal to a sweep point, or two equal cases) would run
+// twice and collide in the JSON / CSV rows; a key twice in one object kept only its last value;
+// 1e999 escaped as a json::out_of_range exception.
+TEST(BenchCaseFile, DuplicatesAndOverflowAreRefused) {
+  const std::string fixed =
+      R"("kind": "decode", "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16})";
+  const std::vector<BadFile> bad = {
+      {R"({KIND, "sweep": {"kv_len": [64]}, "cases": [{"batch": 1, "kv_len": 64}]})",
+       "f.json: cases[0] repeats case decode_b1_kv64_p16_h4x2_d64_kvbf16 of sweep point "
+       "{kv_len=64}"},
+      {R"({KIND, "cases": [{"kv_len": 64}, {"kv_len": 32}, {"batch": 1, "kv_len": 64}]})",
+       "f.json: cases[2] repeats case decode_b1_kv64_p16_h4x2_d64_kvbf16 of cases[0]"},
+      {R"({KIND, "sweep": {"kv_len": [64, 64]}})", "repeats case"},
+      {R"({KIND, "cases": [{"kv_len": 64, "kv_len": 128}]})",
+       "f.json: key \"kv_len\" is given twice in one object"},
+      {R"({KIND, "cases": [{"kv_len": 1e999}]})",
+       "f.json: not valid JSON: number overflow parsing '1e999'"},
+      {R"({"kind": "mla_decode", "fixed": {"q_heads": 16, "qk_rope_head_dim": 0},
+           "cases": [{"kv_len": 64}]})",
+       "f.json: fixed.qk_rope_head_dim: 0 is out of range (accepted: 1 to"},
+  };
+  for (const BadFile& b : bad) {
+    std::string text = b.text;
+    if (const size_t at = text.find("KIND"); at != std::string::npos) text.replace(at, 4, fixed);
+    Result<CaseFile> f = parse_case_file_text(text, "f.json");
+    ASSERT_FALSE(f.is_ok()) << text;
+    EXPECT_NE(f.status().message().find(b.expected_in_message), std::string::npos)
+        << f.status().message();
+  }
+  // Equal parameters in different objects are fine; so are points that differ.
+  Result<CaseFile> ok = parse_case_file_text(
+      "{" + fixed + R"(, "sweep": {"kv_len": [64]}, "cases": [{"kv_len": 64, "batch": 2}]})",
+      "f.json");
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->cases.size(), 2u);
+}
+
 TEST(BenchCaseFile, ErrorsNameTheProblem) {
   const std::vector<BadFile> bad = {
       {"{not json", "not valid JSON"},

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -177,6 +178,45 @@ TEST(Cli, SelectMissingConfigIsAnError) {
   EXPECT_NE(r.err.find("--model-config"), std::string::npos) << r.err;
   r = run_cli("select --model-config /nonexistent/config.json");
   expect_one_line_error(r);
+}
+
+// A model directory holding config.json is accepted, as load_model_config and the Python API
+// accept it (CLI::ExistingFile refused it); a directory without one names the file it looked for.
+TEST(Cli, SelectAcceptsAModelDirectory) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "cli_model_dir_llama";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(
+      std::string(ATTNKIT_TEST_DATA_DIR) + "/configs/llama-3.1-8b-instruct.json",
+      dir / "config.json");
+  const CliRun from_dir = run_cli("select --device sm90 --model-config '" + dir.string() + "'");
+  ASSERT_EQ(from_dir.exit_code, 0) << from_dir.err;
+  const CliRun from_file = run_cli("select --device sm90 " + config("llama-3.1-8b-instruct"));
+  EXPECT_EQ(from_dir.out, from_file.out);
+  std::filesystem::remove(dir / "config.json");
+  const CliRun empty = run_cli("select --device sm90 --model-config '" + dir.string() + "'");
+  expect_one_line_error(empty);
+  EXPECT_NE(empty.err.find("config.json\" does not exist"), std::string::npos) << empty.err;
+}
+
+// --linear-attn-backend for a model without linear attention is reported as ignored, as
+// --linear-attn-prefill-backend and --speculative-eagle-topk are; not when it is used or not given.
+TEST(Cli, SelectWarnsAboutAnUnusedLinearAttnBackend) {
+  const std::string ignored = "--linear-attn-backend is ignored";
+  const CliRun unused = run_cli("select --device sm90 " + config("llama-3.1-8b-instruct") +
+                                " --linear-attn-backend triton");
+  ASSERT_EQ(unused.exit_code, 0) << unused.err;
+  EXPECT_NE(unused.out.find(ignored), std::string::npos) << unused.out;
+  const CliRun json = run_cli("select --device sm90 --format json " +
+                              config("llama-3.1-8b-instruct") + " --linear-attn-backend triton");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_NE(json.out.find(ignored), std::string::npos) << json.out;
+  const CliRun absent = run_cli("select --device sm90 " + config("llama-3.1-8b-instruct"));
+  EXPECT_EQ(absent.out.find(ignored), std::string::npos) << absent.out;
+  const CliRun used = run_cli("select --device sm90 " + config("qwen3-next-80b-a3b-instruct") +
+                              " --linear-attn-backend triton");
+  EXPECT_EQ(used.out.find(ignored), std::string::npos) << used.out << used.err;
 }
 
 TEST(Cli, UnknownSubcommandListsSubcommands) {

@@ -78,6 +78,13 @@ void run_select(const CLI::App& cmd, const SelectArgs& a) {
   args.tp_size = a.tp_size;
   Result<Selection> selection = resolve(args, *model, *device);
   if (!selection) cli_fail("select: " + selection.status().message());
+  // ServerArgs::linear_attn_backend is a plain string with SGLang's default, so resolve() cannot
+  // tell a given --linear-attn-backend from the default; the per-phase ones are optional and
+  // resolve() warns about them itself.
+  if (cmd.count("--linear-attn-backend") > 0 && !model->has_linear_attention) {
+    selection->warnings.push_back(
+        "--linear-attn-backend is ignored: the model has no linear-attention layers");
+  }
   std::cout << (a.format == "json" ? selection->to_json() + "\n" : selection->to_text());
 }
 
@@ -94,9 +101,10 @@ void register_select_command(CLI::App& app) {
   std::vector<std::string> devices = virtual_device_names();
   devices.insert(devices.begin(), "auto");
 
-  cmd->add_option("--model-config", a->model_config, "Hugging Face config.json of the model")
+  cmd->add_option("--model-config", a->model_config,
+                  "Hugging Face config.json of the model, or its directory")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   cmd->add_option("--device", a->device,
                   "Device to plan for: auto (this machine) or a virtual device")
       ->check(CLI::IsMember(devices))

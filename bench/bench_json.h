@@ -1,0 +1,57 @@
+// JSON text parsing shared by the case files (bench_case_file.h) and `run --case` specs
+// (bench_spec_json.cpp): every nlohmann error comes back as a Status that names `source`, and a
+// key given twice in one object is refused (nlohmann keeps the last silently).
+//
+//   parse_json_text<nlohmann::json>(R"({"kv_len": 1e999})", "cases.json", &root)
+//     -> invalid_argument "cases.json: not valid JSON: number overflow parsing '1e999'"
+//   parse_json_text<nlohmann::json>(R"({"a": 1, "a": 2})", "case spec", &root)
+//     -> invalid_argument "case spec: key \"a\" is given twice in one object"
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attnkit/status.h"
+
+namespace attnkit::bench {
+
+// nlohmann's what() without its "[json.exception.parse_error.101] " tag.
+inline std::string json_error_text(const nlohmann::json::exception& e) {
+  const std::string what = e.what();
+  const size_t tag_end = what.rfind("] ", what.find(' '));
+  return what.rfind("[json.exception.", 0) == 0 && tag_end != std::string::npos
+             ? what.substr(tag_end + 2)
+             : what;
+}
+
+template <typename Json>
+Status parse_json_text(const std::string& text, const std::string& source, Json* out) {
+  std::vector<std::set<std::string>> keys;  // one set per object being parsed
+  std::string duplicate;
+  const auto on_event = [&](int /*depth*/, nlohmann::json::parse_event_t event, Json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      keys.emplace_back();
+    } else if (event == Event::object_end && !keys.empty()) {
+      keys.pop_back();
+    } else if (event == Event::key && !keys.empty() && duplicate.empty() &&
+               !keys.back().insert(parsed.template get<std::string>()).second) {
+      duplicate = parsed.template get<std::string>();
+    }
+    return true;
+  };
+  try {
+    *out = Json::parse(text, on_event);
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e999
+    return Status::invalid_argument(source + ": not valid JSON: " + json_error_text(e));
+  }
+  if (!duplicate.empty()) {
+    return Status::invalid_argument(source + ": key \"" + duplicate +
+                                    "\" is given twice in one object (each key once)");
+  }
+  return Status::ok();
+}
+
+}  // namespace attnkit::bench
