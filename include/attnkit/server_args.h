@@ -29,8 +29,9 @@ struct ServerArgs {
   std::optional<int> speculative_num_draft_tokens;
   // --speculative-attention-mode: prefill (default) or decode
   std::string speculative_attention_mode = "prefill";
-  // --linear-attn-backend (default triton) and per-phase overrides
-  std::string linear_attn_backend = "triton";
+  // --linear-attn-backend (unset: triton, SGLang's default; given for a model without linear
+  // attention: a warning) and per-phase overrides
+  std::optional<std::string> linear_attn_backend;
   std::optional<std::string> linear_attn_decode_backend;
   std::optional<std::string> linear_attn_prefill_backend;
   // --enable-mixed-chunk, --disable-radix-cache

@@ -711,8 +711,14 @@ Status Resolver::check_model_features() {
 }
 
 // ---- step 7: GDN linear attention ----
+// SGLang's --linear-attn-backend default.
+constexpr const char* kDefaultLinearAttnBackend = "triton";
+
 Status Resolver::linear_attention() {
   if (!model_.has_linear_attention) {
+    if (args_.linear_attn_backend) {
+      warn("--linear-attn-backend is ignored: the model has no linear-attention layers");
+    }
     if (args_.linear_attn_prefill_backend || args_.linear_attn_decode_backend) {
       warn(
           "--linear-attn-prefill-backend/--linear-attn-decode-backend are ignored: the model has "
@@ -736,7 +742,7 @@ Status Resolver::linear_attention() {
     }
   }
   LinearAttnSelection la;
-  const std::string& base = args_.linear_attn_backend;
+  const std::string base = args_.linear_attn_backend.value_or(kDefaultLinearAttnBackend);
   la.prefill_backend = args_.linear_attn_prefill_backend.value_or(base);
   la.decode_backend = args_.linear_attn_decode_backend.value_or(base);
   const std::string prefill_flag =

@@ -68,7 +68,7 @@ void run_select(const CLI::App& cmd, const SelectArgs& a) {
   args.speculative_num_draft_tokens =
       given(cmd, "--speculative-num-draft-tokens", a.speculative_num_draft_tokens);
   args.speculative_attention_mode = a.speculative_attention_mode;
-  args.linear_attn_backend = a.linear_attn_backend;
+  args.linear_attn_backend = given(cmd, "--linear-attn-backend", a.linear_attn_backend);
   args.linear_attn_decode_backend =
       given(cmd, "--linear-attn-decode-backend", a.linear_attn_decode_backend);
   args.linear_attn_prefill_backend =
@@ -78,13 +78,6 @@ void run_select(const CLI::App& cmd, const SelectArgs& a) {
   args.tp_size = a.tp_size;
   Result<Selection> selection = resolve(args, *model, *device);
   if (!selection) cli_fail("select: " + selection.status().message());
-  // ServerArgs::linear_attn_backend is a plain string with SGLang's default, so resolve() cannot
-  // tell a given --linear-attn-backend from the default; the per-phase ones are optional and
-  // resolve() warns about them itself.
-  if (cmd.count("--linear-attn-backend") > 0 && !model->has_linear_attention) {
-    selection->warnings.push_back(
-        "--linear-attn-backend is ignored: the model has no linear-attention layers");
-  }
   std::cout << (a.format == "json" ? selection->to_json() + "\n" : selection->to_text());
 }
 
