@@ -128,6 +128,35 @@ TEST(BenchCli, UnevenDecodeBatchIsVerified) {
   }
 }
 
+// The JSON's params carry what the counts depend on: an MLA verify chain's s_q and a shared
+// prefix (recomputing the s_q 2 rows from params alone gave half their FLOPs).
+TEST(BenchCli, ParamsCarrySqAndSharedPrefix) {
+  const std::string dir = ::testing::TempDir();
+  const std::string mla_cases = dir + "bench_cli_params_mla.json";
+  const std::string dec_cases = dir + "bench_cli_params_dec.json";
+  const std::string mla_json = dir + "bench_cli_params_mla_out.json";
+  const std::string dec_json = dir + "bench_cli_params_dec_out.json";
+  write_text_file(mla_cases, R"({"kind": "mla_decode",
+    "fixed": {"q_heads": 4, "kv_lora_rank": 64, "qk_rope_head_dim": 16, "page_size": 16},
+    "cases": [{"batch": 1, "kv_len": 40, "s_q": 2}]})");
+  write_text_file(dec_cases, R"({"kind": "decode",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
+    "cases": [{"batch": 2, "kv_len": 64, "shared_prefix": 32}]})");
+  for (const auto& [cases, json] :
+       {std::pair{mla_cases, mla_json}, std::pair{dec_cases, dec_json}}) {
+    const CliRun r =
+        run_cli("bench --backend torch_native --cases '" + cases +
+                "' --device cpu --rotate-mib 1 --warmup 0 --iters 1 --json '" + json + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+  const nlohmann::json mla = nlohmann::json::parse(read_text(mla_json))["results"][0];
+  EXPECT_EQ(mla["params"]["s_q"], 2) << mla.dump();
+  EXPECT_FALSE(mla["params"].contains("shared_prefix"));
+  const nlohmann::json dec = nlohmann::json::parse(read_text(dec_json))["results"][0];
+  EXPECT_EQ(dec["params"]["shared_prefix"], 32) << dec.dump();
+  EXPECT_FALSE(dec["params"].contains("s_q"));
+}
+
 TEST(BenchCli, ExtendIsJudgedAgainstTheComputeCeiling) {
   const std::string dir = ::testing::TempDir();
   const std::string cases = dir + "bench_cli_extend.json";
