@@ -1,4 +1,5 @@
 // ReqToTokenPool: the int32 [max_reqs + 1, max_context_len] request -> slot table.
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -112,12 +113,23 @@ Status ReqToTokenPool::write(int row, int start, std::span<const int64_t> slots)
   if (n == 0) return Status::ok();
   const size_t offset =
       static_cast<size_t>(row) * static_cast<size_t>(max_context_len_) + static_cast<size_t>(start);
-  const bool on_cpu = buffer_.device().is_cpu();
-  int32_t* mirror = on_cpu ? static_cast<int32_t*>(buffer_.data()) + offset : host_.data() + offset;
-  for (int64_t i = 0; i < n; ++i) mirror[i] = static_cast<int32_t>(slots[static_cast<size_t>(i)]);
-  if (on_cpu) return Status::ok();
-  return copy_bytes(static_cast<int32_t*>(buffer_.data()) + offset, buffer_.device(), mirror,
-                    Device::cpu(), n * static_cast<int64_t>(sizeof(int32_t)));
+  if (buffer_.device().is_cpu()) {
+    int32_t* row_data = static_cast<int32_t*>(buffer_.data()) + offset;
+    for (int64_t i = 0; i < n; ++i)
+      row_data[i] = static_cast<int32_t>(slots[static_cast<size_t>(i)]);
+    return Status::ok();
+  }
+  // The device table first, the host mirror only after the copy succeeded: a failed copy leaves
+  // both as they were (the mirror had been updated first and then disagreed with the device).
+  std::vector<int32_t> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    values[static_cast<size_t>(i)] = static_cast<int32_t>(slots[static_cast<size_t>(i)]);
+  }
+  ATTNKIT_RETURN_IF_ERROR(copy_bytes(static_cast<int32_t*>(buffer_.data()) + offset,
+                                     buffer_.device(), values.data(), Device::cpu(),
+                                     n * static_cast<int64_t>(sizeof(int32_t))));
+  std::copy(values.begin(), values.end(), host_.begin() + static_cast<std::ptrdiff_t>(offset));
+  return Status::ok();
 }
 
 }  // namespace attnkit
