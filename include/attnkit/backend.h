@@ -102,4 +102,9 @@ Status validate_forward_inputs(const TensorView& q, const TensorView& k, const T
                                const ForwardBatch& batch, bool save_kv, const TensorView& lse,
                                Device device);
 
+// forward_decode takes decode batches only and forward_extend every other mode (forward() picks
+// the entry point from batch.mode): the wrong one is an error naming `backend`, the entry point
+// and the mode (a decode batch through forward_extend had returned ok without writing out).
+Status check_entry_point(std::string_view backend, bool decode_entry, const ForwardBatch& batch);
+
 }  // namespace attnkit

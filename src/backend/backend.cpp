@@ -169,6 +169,19 @@ Status AttentionBackend::init_forward_metadata_replay_cuda_graph(
   return Status::unsupported(descriptor().name + " does not support CUDA graphs");
 }
 
+Status check_entry_point(std::string_view backend, bool decode_entry, const ForwardBatch& batch) {
+  const bool decode_batch = batch.mode == ForwardMode::kDecode;
+  if (decode_entry == decode_batch) return Status::ok();
+  const std::string mode = forward_mode_name(batch.mode);
+  const char* article =
+      std::string_view("aeiou").find(mode.front()) != std::string_view::npos ? "an" : "a";
+  return Status::invalid_argument(
+      std::string(backend) + ": " + (decode_entry ? "forward_decode" : "forward_extend") +
+      " called with " + article + " " + mode + " batch (" +
+      (decode_entry ? "forward_decode takes decode batches" : "use forward_decode") +
+      "; forward() picks the entry point from batch.mode)");
+}
+
 Status validate_forward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const AttentionLayer& layer,
                                const ForwardBatch& batch, bool save_kv, const TensorView& lse,

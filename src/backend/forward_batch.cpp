@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -137,6 +138,16 @@ Status ForwardBatch::validate() const {
   if (has_encoder) {
     ATTNKIT_RETURN_IF_ERROR(check_host_size(encoder_lens_host.size(), "encoder_lens_host", bs));
   }
+  // The CUDA kernels read the encoder lengths from the device array (a CPU backend reads the host
+  // copy): on a CUDA pool host lengths without the device array had reached the index kernel as
+  // a null pointer.
+  const bool on_cuda = dev && dev->is_cuda();
+  if (has_encoder && on_cuda && !encoder_lens.defined()) {
+    return Status::invalid_argument(
+        cat("ForwardBatch.encoder_lens is missing: encoder_lens_host is given and the KV pool is "
+            "on ",
+            dev->to_string(), ", whose kernels read the device array (int32[", bs, "])"));
+  }
   ATTNKIT_RETURN_IF_ERROR(check_array(encoder_lens, "encoder_lens", DType::kI32, bs, false, dev));
   if (encoder_lens.defined() && !has_encoder) {
     return Status::invalid_argument(
@@ -158,6 +169,21 @@ Status ForwardBatch::validate() const {
   if (seq_lens_sum != sum) {
     return Status::invalid_argument(cat("ForwardBatch.seq_lens_sum ", seq_lens_sum,
                                         " does not match the sum of seq_lens_host ", sum));
+  }
+  // The CUDA index metadata (token-index prefix sums, kv_indptr) is int32: a larger total would
+  // wrap into negative offsets and out-of-bounds writes.
+  if (on_cuda) {
+    int64_t total = sum;
+    if (has_encoder) {
+      for (int64_t r = 0; r < bs; ++r) total += encoder_lens_host[r];
+    }
+    constexpr int64_t kMaxIndexTotal = std::numeric_limits<int32_t>::max();
+    if (total > kMaxIndexTotal) {
+      return Status::invalid_argument(
+          cat("ForwardBatch.seq_lens_sum ", sum, has_encoder ? " plus the encoder lengths" : "",
+              " = ", total, " exceeds ", kMaxIndexTotal,
+              " (the CUDA kernels' token indices are int32); split the batch"));
+    }
   }
 
   if (mode == ForwardMode::kDecode) {

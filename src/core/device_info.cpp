@@ -29,6 +29,10 @@ namespace {
 #ifdef ATTNKIT_X86
 // CPUID.(EAX=1):ECX and CPUID.(EAX=7,ECX=0/1) bits (Intel SDM vol. 2A, table 3-8 / 3-11).
 constexpr uint32_t kLeaf1EcxOsxsave = 1u << 27;
+// The avx2 path is compiled with avx2, fma and f16c (kernels_avx2.cpp): a VM exposing AVX2 with
+// FMA or F16C masked would SIGILL there.
+constexpr uint32_t kLeaf1EcxFma = 1u << 12;
+constexpr uint32_t kLeaf1EcxF16c = 1u << 29;
 constexpr uint32_t kLeaf7EbxAvx2 = 1u << 5;
 constexpr uint32_t kLeaf7EbxAvx512F = 1u << 16;
 constexpr uint32_t kLeaf7EbxAvx512Bw = 1u << 30;
@@ -150,6 +154,7 @@ DeviceInfo detect_cpu() {
   uint32_t eax = 0, ebx = 0, ecx = 0, edx = 0;
   const uint32_t max_leaf = __get_cpuid_max(0, nullptr);
   if (max_leaf >= 1 && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & kLeaf1EcxOsxsave)) {
+    const bool fma_f16c = (ecx & kLeaf1EcxFma) && (ecx & kLeaf1EcxF16c);
     const uint64_t xcr0 = read_xcr0();
     const bool os_ymm = (xcr0 & kXcr0Ymm) == kXcr0Ymm;
     const bool os_zmm = (xcr0 & kXcr0Zmm) == kXcr0Zmm;
@@ -158,7 +163,7 @@ DeviceInfo detect_cpu() {
       const uint32_t ecx7 = ecx;
       const uint32_t edx7 = edx;
       const uint32_t max_sub = eax;
-      d.has_avx2 = os_ymm && (ebx7 & kLeaf7EbxAvx2);
+      d.has_avx2 = os_ymm && fma_f16c && (ebx7 & kLeaf7EbxAvx2);
       d.has_avx512 = os_zmm && (ebx7 & kLeaf7EbxAvx512F) && (ebx7 & kLeaf7EbxAvx512Bw) &&
                      (ebx7 & kLeaf7EbxAvx512Vl);
       d.has_avx512_vbmi = d.has_avx512 && (ecx7 & kLeaf7EcxAvx512Vbmi);

@@ -287,6 +287,29 @@ TEST(TorchNativeBadInput, PageTablePastThePool) {
                       " (request 0) is outside the KV pool slots");
 }
 
+// The shared entry-point check of the CUDA backends (triton, flashinfer, fa3, the MLA backends):
+// forward_decode takes decode batches, forward_extend every other mode.
+TEST(CheckEntryPoint, NamesTheEntryPointAndTheMode) {
+  ForwardBatch b;
+  b.mode = ForwardMode::kDecode;
+  EXPECT_TRUE(check_entry_point("x", true, b).is_ok());
+  Status st = check_entry_point("triton", false, b);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("triton: forward_extend called with a decode batch"),
+            std::string::npos)
+      << st.message();
+  for (ForwardMode m : {ForwardMode::kExtend, ForwardMode::kMixed, ForwardMode::kTargetVerify,
+                        ForwardMode::kDraftExtend}) {
+    b.mode = m;
+    EXPECT_TRUE(check_entry_point("x", false, b).is_ok()) << forward_mode_name(m);
+    st = check_entry_point("fa3", true, b);
+    EXPECT_NE(st.message().find(std::string("fa3: forward_decode called with ") +
+                                (m == ForwardMode::kExtend ? "an " : "a ") + forward_mode_name(m)),
+              std::string::npos)
+        << st.message();
+  }
+}
+
 TEST(TorchNativeBadInput, WrongEntryPointForMode) {
   Result<PreparedCase> pc =
       harness::prepare_case(*harness::find_case("extend_page1_gqa4"), Device::cpu());

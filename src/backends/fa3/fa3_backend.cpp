@@ -32,6 +32,9 @@ class Fa3Backend final : public AttentionBackend {
   const BackendDescriptor& descriptor() const override { return *builtin_registry().find("fa3"); }
 
   Status init_forward_metadata(const ForwardBatch& batch) override {
+    // The previous forward's wgmma plan goes first: a failed init below left it live, and a
+    // forward of the same shape then ran on it past the inner backend's stale-plan guard.
+    if (wgmma_ != nullptr) wgmma_->drop_plan();
     ATTNKIT_RETURN_IF_ERROR(inner_->init_forward_metadata(batch));
     if (wgmma_ == nullptr) return Status::ok();
     return wgmma_->plan(batch, stream_for(batch));
@@ -42,6 +45,7 @@ class Fa3Backend final : public AttentionBackend {
   Status forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionLayer& layer,
                         const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
+    ATTNKIT_RETURN_IF_ERROR(check_entry_point("fa3", /*decode_entry=*/true, batch));
     ++stats_.flashinfer_calls;
     return inner_->forward_decode(q, k, v, out, layer, batch, save_kv, lse);
   }
@@ -83,6 +87,7 @@ class Fa3Backend final : public AttentionBackend {
 Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const TensorView& out, const AttentionLayer& layer,
                                   const ForwardBatch& batch, bool save_kv, const TensorView& lse) {
+  ATTNKIT_RETURN_IF_ERROR(check_entry_point("fa3", /*decode_entry=*/false, batch));
   if (wgmma_ == nullptr || !wgmma_->why_not_layer(q, out, layer, batch).empty()) {
     ++stats_.flashinfer_calls;
     return inner_->forward_extend(q, k, v, out, layer, batch, save_kv, lse);

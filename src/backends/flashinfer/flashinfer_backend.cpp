@@ -191,11 +191,13 @@ class FlashInferBackend final : public AttentionBackend {
   Status forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionLayer& layer,
                         const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
+    ATTNKIT_RETURN_IF_ERROR(check_entry_point("flashinfer", /*decode_entry=*/false, batch));
     return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/false);
   }
   Status forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionLayer& layer,
                         const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
+    ATTNKIT_RETURN_IF_ERROR(check_entry_point("flashinfer", /*decode_entry=*/true, batch));
     return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/true);
   }
 

@@ -123,6 +123,9 @@ int env_rows_per_item() {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Far above any CPU's hardware threads; each thread owns a scratch slice.
+constexpr int kMaxThreads = 4096;
+
 int default_num_threads(int requested) {
   if (requested > 0) return requested;
 #ifdef ATTNKIT_WITH_OPENMP
@@ -184,6 +187,13 @@ class IntelAmxBackend final : public AttentionBackend {
   // Per-thread scratch for the context's head counts and dims: sized once here, reused by every
   // forward (the kernels never allocate).
   Status init() {
+    // One scratch slice per thread: a garbage count (OMP_NUM_THREADS=100000) failed as a 59 GB
+    // allocation naming nothing.
+    if (num_threads_ > kMaxThreads) {
+      return Status::invalid_argument(
+          cat("intel_amx: ", num_threads_, " threads (BackendContext.num_threads ",
+              ctx_.num_threads, ", else OMP_NUM_THREADS) is above the limit ", kMaxThreads));
+    }
     // Decode keeps the state of every q head (extend only a group's).
     int64_t floats =
         cpu_attention::vector_scratch_layout(ctx_.num_q_heads, ctx_.qk_head_dim, ctx_.v_head_dim)
@@ -530,13 +540,13 @@ class IntelAmxBackend final : public AttentionBackend {
   }
 
   // Whether the blocked extend runs q / KV of these dtypes: its operands are bf16, so q must be
-  // bf16 (f16 / f32 activations would lose precision their callers expect); the AMX kernel
-  // converts any KV dtype to bf16 (as it always has), the register-block ones take only KV that
-  // bf16 holds exactly (bf16, fp8_e4m3, fp8_e5m2), the per-token kernel the rest in f32.
+  // bf16 (f16 / f32 activations would lose precision their callers expect) and the KV one that
+  // bf16 holds exactly (bf16, fp8_e4m3, fp8_e5m2), on the AMX tiles as on the register blocks;
+  // f16 / f32 KV runs the per-token kernel in f32 (the AMX kernel had rounded it to bf16: lse off
+  // by 0.24 at a sharp softmax).
   bool blocked_applies(DType q_dtype, DType kv_dtype) const {
     if (!blocked_possible() || q_dtype != DType::kBF16) return false;
-    return isa_ == CpuIsa::kAmx || kv_dtype == DType::kBF16 || kv_dtype == DType::kFP8E4M3 ||
-           kv_dtype == DType::kFP8E5M2;
+    return kv_dtype == DType::kBF16 || kv_dtype == DType::kFP8E4M3 || kv_dtype == DType::kFP8E5M2;
   }
 
   // Validation, the cache write and the kernel parameters shared by extend and decode.

@@ -359,6 +359,19 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   if (lse.defined() && lse.stride(1) != 1) {
     return Status::unsupported(owner_ + ": MLA decode needs lse with a unit head stride");
   }
+  // The kernels read q and write out as bf16 (validate_forward_inputs also allows f16 / f32,
+  // which ran as garbage with status ok).
+  if (q.dtype != DType::kBF16 || out.dtype != DType::kBF16) {
+    return Status::invalid_argument(owner_ + ": MLA decode needs bf16 q and out, got q " +
+                                    dtype_name(q.dtype) + " and out " + dtype_name(out.dtype));
+  }
+  // The kernels address a token's row with the page size they were compiled for; a pool of
+  // another page size read other requests' rows (page 1 takes any pool).
+  if (page_size_ != 1 && batch.kv_pool->page_size() != page_size_) {
+    return Status::invalid_argument(owner_ + ": the batch's KV pool has page_size " +
+                                    str(batch.kv_pool->page_size()) +
+                                    "; this MLA decode runs page_size " + str(page_size_));
+  }
   auto& pool = static_cast<MLAKVPool&>(*batch.kv_pool);
   // fp8 stores x / k_scale: k_scale folds into the softmax scale and (V = the same row) into the
   // output. Checked before anything is written to the pool: the kernels take the row max of raw

@@ -41,12 +41,14 @@ class MlaPagedBackend final : public AttentionBackend {
   Status forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionLayer& layer,
                         const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
+    ATTNKIT_RETURN_IF_ERROR(check_entry_point(name_, /*decode_entry=*/false, batch));
     if (engine_forward_) return run_engine(q, k, v, out, layer, batch, save_kv, lse);
     return other_->forward_extend(q, k, v, out, layer, batch, save_kv, lse);
   }
   Status forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionLayer& layer,
                         const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
+    ATTNKIT_RETURN_IF_ERROR(check_entry_point(name_, /*decode_entry=*/true, batch));
     if (engine_forward_) return run_engine(q, k, v, out, layer, batch, save_kv, lse);
     return other_->forward_decode(q, k, v, out, layer, batch, save_kv, lse);
   }

@@ -327,6 +327,7 @@ Status TritonBackend::forward_extend(const TensorView& q, const TensorView& k, c
                                      const TensorView& out, const AttentionLayer& layer,
                                      const ForwardBatch& batch, bool save_kv,
                                      const TensorView& lse) {
+  ATTNKIT_RETURN_IF_ERROR(check_entry_point("triton", /*decode_entry=*/false, batch));
   return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/false);
 }
 
@@ -334,8 +335,12 @@ Status TritonBackend::forward_decode(const TensorView& q, const TensorView& k, c
                                      const TensorView& out, const AttentionLayer& layer,
                                      const ForwardBatch& batch, bool save_kv,
                                      const TensorView& lse) {
+  ATTNKIT_RETURN_IF_ERROR(check_entry_point("triton", /*decode_entry=*/true, batch));
   return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/true);
 }
+
+// The kernels' vector width for q / k / v / out rows (uint4 / float4 loads and stores).
+constexpr int64_t kVectorBytes = 16;
 
 Status TritonBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const AttentionLayer& layer,
@@ -343,6 +348,36 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
                           bool decode) {
   ATTNKIT_RETURN_IF_ERROR(
       validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
+  // The split-KV partials, counters and head blocks are sized from the context's heads and V
+  // width and indexed with the layer's: a layer with more q heads (or, for MHA, other kv heads)
+  // or a wider V than the context wrote past them.
+  const int ctx_dv = ctx_.is_mla ? ctx_.kv_lora_rank : ctx_.v_head_dim;
+  if (layer.num_q_heads != ctx_.num_q_heads || layer.v_head_dim > ctx_dv ||
+      (!ctx_.is_mla && layer.num_kv_heads != ctx_.num_kv_heads)) {
+    return Status::invalid_argument(
+        "triton: layer " + std::to_string(layer.layer_id) + " (heads " +
+        std::to_string(layer.num_q_heads) + "/" + std::to_string(layer.num_kv_heads) +
+        ", v_head_dim " + std::to_string(layer.v_head_dim) +
+        ") does not fit the backend context (heads " + std::to_string(ctx_.num_q_heads) + "/" +
+        std::to_string(ctx_.num_kv_heads) + ", v_head_dim " + std::to_string(ctx_dv) +
+        "): the layer's q heads (and an MHA layer's kv heads) must equal the context's, its V "
+        "no wider");
+  }
+  // The kernels load and store q / k / v / out rows in 16-byte vectors: a base address or a token
+  // / head stride off that grain (a view with a storage offset) was a misaligned-address fault.
+  for (const auto& [t, name] :
+       {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}}) {
+    if (!t->defined() || t->numel() == 0) continue;
+    const int64_t elem_bits = dtype_bits(t->dtype);
+    const bool aligned = reinterpret_cast<uintptr_t>(t->data) % kVectorBytes == 0 &&
+                         (t->stride(0) * elem_bits / 8) % kVectorBytes == 0 &&
+                         (t->stride(1) * elem_bits / 8) % kVectorBytes == 0;
+    if (!aligned) {
+      return Status::unsupported(std::string("triton: ") + name + " " + t->describe() +
+                                 " needs a 16-byte aligned base and token / head strides of "
+                                 "whole 16-byte vectors");
+    }
+  }
   if (batch.mode == ForwardMode::kIdle || batch.num_tokens == 0) return Status::ok();
   if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size ||
       plan_.num_tokens != batch.num_tokens) {

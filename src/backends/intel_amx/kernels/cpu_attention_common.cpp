@@ -30,6 +30,8 @@ void fold_sink(const CpuAttentionParams& p, int hq, float* m, float* l, float* r
   *rescale = 1.f;
   if (p.sinks == nullptr) return;
   const float sink = p.sinks[hq] * kLog2e;
+  // A -inf sink is no sink (exp2(-inf - -inf) was NaN for a row that sees no key).
+  if (sink == kNegInf) return;
   const float m_new = std::max(*m, sink);
   *rescale = *m == kNegInf ? 0.f : std::exp2(*m - m_new);
   *l = *l * *rescale + std::exp2(sink - m_new);

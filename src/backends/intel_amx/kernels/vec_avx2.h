@@ -76,13 +76,20 @@ struct VecAvx2 {
     return _mm256_and_ps(live, mul(p, _mm256_castsi256_ps(e)));
   }
 
-  // As VecAvx512::tanh (tanh(NaN) is NaN).
+  // As VecAvx512::tanh, the small-|y| series included (tanh(NaN) is NaN).
   static F tanh(F y) {
     constexpr float kTanhSaturation = 40.f;
+    constexpr float kTanhSeriesBelow = 0.125f;
     const F sign = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
     const F a = _mm256_andnot_ps(sign, y);
     const F e = exp2(_mm256_min_ps(set1(kTanhSaturation), mul(a, set1(2.f * kLog2e))));
-    const F t = sub(set1(1.f), _mm256_div_ps(set1(2.f), add(e, set1(1.f))));
+    const F large = sub(set1(1.f), _mm256_div_ps(set1(2.f), add(e, set1(1.f))));
+    const F a2 = mul(a, a);
+    F p = add(set1(2.f / 15.f), mul(a2, set1(-17.f / 315.f)));
+    p = add(set1(-1.f / 3.f), mul(a2, p));
+    p = add(set1(1.f), mul(a2, p));
+    const F t =
+        _mm256_blendv_ps(large, mul(a, p), _mm256_cmp_ps(a, set1(kTanhSeriesBelow), _CMP_LT_OQ));
     return _mm256_or_ps(t, _mm256_and_ps(sign, y));
   }
 
