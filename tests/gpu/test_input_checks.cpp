@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attnkit/kv_cache.h"
 #include "attnkit/registry.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
@@ -127,6 +128,30 @@ TEST(TritonInputs, MisalignedViewsAreRefused) {
                  StatusCode::kUnsupported, "16-byte");
   STATUS_OK(made.backend->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, made.pc.batch,
                                   false, TensorView()));
+}
+
+// A head dim without kernels (72: not in ATTNKIT_HEAD_DIMS) is refused before the cache write:
+// the refused forward had already stored its k / v.
+TEST(TritonInputs, UnbuiltHeadDimIsRefusedBeforeTheCacheWrite) {
+  if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
+  CaseSpec spec = mha_extend();
+  spec.num_q_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = spec.v_head_dim = 72;
+  Result<harness::PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  // A context of a built head dim (creation refuses 72), the layer and pool at 72.
+  BackendContext ctx = pc->context();
+  ctx.qk_head_dim = ctx.v_head_dim = 128;
+  Result<std::unique_ptr<AttentionBackend>> b = builtin_registry().find("triton")->create(ctx);
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  STATUS_OK((*b)->init_forward_metadata(pc->batch));
+  const harness::LayerData& ld = pc->layers[0];
+  auto& pool = static_cast<MHAKVPool&>(*pc->kv_pool);
+  const std::vector<uint8_t> k_before = test_support::to_host_bytes(pool.k_buffer(0));
+  expect_refused((*b)->forward(ld.q, ld.k, ld.v, ld.out, ld.layer, pc->batch, true, TensorView()),
+                 StatusCode::kUnsupported, "triton: head dims 72/72 have no kernels");
+  EXPECT_EQ(test_support::to_host_bytes(pool.k_buffer(0)), k_before) << "the cache was written";
 }
 
 // The MLA decode kernels read q and write out as bf16 whatever the views say.

@@ -418,6 +418,20 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     return Status::unsupported("triton: compute capability " + std::to_string(cc_) +
                                " is below the minimum " + std::to_string(kMinComputeCapability));
   }
+  // Head dims this binary has kernels for, checked before the cache write (a refused forward had
+  // already stored its k / v). The launch below names the same cases.
+  const bool dims_built = mla_absorbed ? layer.qk_head_dim == triton::kMlaHeadDimQK &&
+                                             layer.v_head_dim == triton::kMlaHeadDimV
+                          : mla_prefill ? layer.qk_head_dim == triton::kMlaPrefillHeadDimQK &&
+                                              layer.v_head_dim == triton::kMlaPrefillHeadDimV
+                                        : layer.qk_head_dim == layer.v_head_dim &&
+                                              triton::HeadDimList::contains(layer.qk_head_dim);
+  if (!dims_built) {
+    return Status::unsupported("triton: head dims " + std::to_string(layer.qk_head_dim) + "/" +
+                               std::to_string(layer.v_head_dim) +
+                               " have no kernels in this binary (MHA: equal dims from "
+                               "ATTNKIT_HEAD_DIMS; MLA: 576/512, 192/128)");
+  }
 
   // The cache write comes first; cross-attention and MLA prefill layers never write.
   if (save_kv && k.defined() && !cross && !mla_prefill) {
