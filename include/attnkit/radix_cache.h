@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <memory>
 #include <span>
-#include <unordered_set>
 #include <vector>
 
 #include "attnkit/kv_cache.h"
@@ -91,9 +90,8 @@ class RadixCache {
   PageAllocator* allocator_ = nullptr;
   int page_size_ = 1;
   std::unique_ptr<RadixNode> root_;
-  uint64_t clock_ = 0;                       // logical LRU time
-  uint64_t next_id_ = 0;                     // node creation counter
-  std::unordered_set<int64_t> owned_pages_;  // pool pages held by the tree
+  uint64_t clock_ = 0;    // logical LRU time
+  uint64_t next_id_ = 0;  // node creation counter
   int64_t evictable_size_ = 0;
   int64_t protected_size_ = 0;
 };

@@ -164,7 +164,8 @@ Result<InsertResult> RadixCache::insert(std::span<const int32_t> tokens,
     }
   }
   // Caller pages that the tree does not already hold at this position (new pages past the
-  // prefix, or duplicates inside it) must not be held by the tree anywhere else.
+  // prefix, or duplicates inside it) must not be held by the tree anywhere else (the allocator
+  // marks the pages a cache holds).
   std::unordered_set<int64_t> caller_pages;
   std::vector<int64_t> new_pages;
   for (int64_t p = 0; p < aligned / ps; ++p) {
@@ -172,7 +173,7 @@ Result<InsertResult> RadixCache::insert(std::span<const int32_t> tokens,
     const bool in_prefix = p * ps < prefix;
     if (in_prefix && tree_slots[static_cast<size_t>(p * ps)] / ps == page) continue;
     if (!in_prefix) new_pages.push_back(page);
-    if (owned_pages_.count(page) != 0 || !caller_pages.insert(page).second) {
+    if (allocator_->is_cached(page) || !caller_pages.insert(page).second) {
       return Status::invalid_argument(std::string(kFn) + ": page " + std::to_string(page) +
                                       " (slots[" + std::to_string(p * ps) +
                                       "]) is already held by the cache or repeated in slots");
@@ -183,7 +184,7 @@ Result<InsertResult> RadixCache::insert(std::span<const int32_t> tokens,
   // cache, and its KV would be overwritten later.
   for (int64_t i = aligned; i < static_cast<int64_t>(slots.size()); ++i) {
     const int64_t page = slots[static_cast<size_t>(i)] / ps;
-    if (owned_pages_.count(page) != 0 || caller_pages.count(page) != 0) {
+    if (allocator_->is_cached(page) || caller_pages.count(page) != 0) {
       return Status::invalid_argument(
           std::string(kFn) + ": tail slots[" + std::to_string(i) + "] = " +
           std::to_string(slots[static_cast<size_t>(i)]) + " lies in page " + std::to_string(page) +
@@ -202,7 +203,7 @@ Result<InsertResult> RadixCache::insert(std::span<const int32_t> tokens,
     }
   }
   // The new pages become the cache's in the allocator (nothing else can free them now); they were
-  // checked above, so this fails only on a page another cache over the same allocator holds.
+  // checked above (allocated, held by no cache), so this does not fail.
   ATTNKIT_RETURN_IF_ERROR(allocator_->hold_for_cache(new_pages));
   // Mutating walk: split where the match ends inside a node, then hang the new pages below.
   RadixNode* node = root_.get();
@@ -225,7 +226,6 @@ Result<InsertResult> RadixCache::insert(std::span<const int32_t> tokens,
     RadixNode* leaf_ptr = leaf.get();
     node->children.emplace(first_page(leaf->key, ps), std::move(leaf));
     evictable_size_ += aligned - prefix;
-    owned_pages_.insert(new_pages.begin(), new_pages.end());
     node = leaf_ptr;
   }
   touch(node);
@@ -289,9 +289,6 @@ Result<int64_t> RadixCache::evict(int64_t num_tokens) {
     if (!st.is_ok()) {
       return Status::internal("RadixCache::evict: the allocator refused cached pages: " +
                               st.message());
-    }
-    for (size_t i = 0; i < gone.size(); i += static_cast<size_t>(ps)) {
-      owned_pages_.erase(gone[i] / ps);
     }
     freed += take * ps;
     evictable_size_ -= take * ps;

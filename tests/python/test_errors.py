@@ -69,7 +69,7 @@ def test_forward_batch_rejects_int64_lengths_naming_the_field():
     assert "int64" in str(info.value)
 
 
-def test_forward_with_wrong_q_shape_names_q():
+def _extend_setup():
     pool, table = small_setup()
     backend = ak.create_backend("torch_native", kv_pool=pool, req_to_token_pool=table,
                                 num_q_heads=4, q_dtype="f32")
@@ -81,7 +81,11 @@ def test_forward_with_wrong_q_shape_names_q():
                             extend_prefix_lens=np.zeros(1, dtype=np.int32),
                             extend_seq_lens=np.array([3], dtype=np.int32))
     backend.init_forward_metadata(batch)
-    layer = ak.AttentionLayer(4, 2, 64)
+    return backend, batch, ak.AttentionLayer(4, 2, 64)
+
+
+def test_forward_with_wrong_q_shape_names_q():
+    backend, batch, layer = _extend_setup()
     q = np.ones((3, 5, 64), dtype=np.float32)  # 5 heads, the layer says 4
     k = np.ones((3, 2, 64), dtype=np.float32)
     out = np.full((3, 4, 64), np.nan, dtype=np.float32)
@@ -213,21 +217,6 @@ def test_pool_buffer_accessors_name_layer_and_dtype():
     with pytest.raises(ak.InvalidArgumentError, match="k_scale_buffer: a f32 pool has no such"):
         pool.k_scale_buffer(0)
     assert np.asarray(pool.k_buffer(0)).shape == (8 * 4 + 4, 2, 64)
-
-
-def _extend_setup():
-    pool, table = small_setup()
-    backend = ak.create_backend("torch_native", kv_pool=pool, req_to_token_pool=table,
-                                num_q_heads=4, q_dtype="f32")
-    row = table.alloc()
-    slots = np.array([4, 5, 6], dtype=np.int64)
-    table.write(row, 0, slots)
-    batch = ak.ForwardBatch("extend", np.array([row], dtype=np.int32),
-                            np.array([3], dtype=np.int32), slots, table, pool,
-                            extend_prefix_lens=np.zeros(1, dtype=np.int32),
-                            extend_seq_lens=np.array([3], dtype=np.int32))
-    backend.init_forward_metadata(batch)
-    return backend, batch, ak.AttentionLayer(4, 2, 64)
 
 
 def test_read_only_inputs_are_accepted():
