@@ -46,7 +46,8 @@ struct AttentionLayer {
   bool is_cross_attention = false;  // keys = the request's encoder tokens (see ForwardBatch)
   AttentionType type = AttentionType::kDecoder;
   // Optional per-q-head logit (f32 [num_q_heads]) that joins the softmax denominator only
-  // (gpt-oss style attention sinks). Empty = off.
+  // (gpt-oss style attention sinks). Empty = off. Each is finite, or -inf for no sink on that
+  // head; +inf / NaN are refused (validate_forward_inputs reads host sinks, not device ones).
   TensorView sinks;
   // fp8 KV: stored value = x / scale; k_scale folds into the softmax scale, v_scale into the
   // output.

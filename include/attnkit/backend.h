@@ -96,7 +96,8 @@ class AttentionBackend {
 };
 
 // Shared input validation for forward_extend / forward_decode: shapes, dtypes, devices, head
-// counts vs the layer, lengths vs pool capacity. Every backend calls it before any launch.
+// counts vs the layer, lengths vs pool capacity, and the values of host-resident sinks (finite or
+// -inf; device sinks are not read). Every backend calls it before any launch.
 Status validate_forward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const AttentionLayer& layer,
                                const ForwardBatch& batch, bool save_kv, const TensorView& lse,
@@ -106,5 +107,11 @@ Status validate_forward_inputs(const TensorView& q, const TensorView& k, const T
 // the entry point from batch.mode): the wrong one is an error naming `backend`, the entry point
 // and the mode (a decode batch through forward_extend had returned ok without writing out).
 Status check_entry_point(std::string_view backend, bool decode_entry, const ForwardBatch& batch);
+
+// For kernels that load and store q / k / v / out rows in 16-byte vectors: the base address and
+// every stride but the innermost (in bytes) must be whole 16-byte vectors, or the load faults on a
+// misaligned address (a view with a storage offset, an odd head stride). An undefined or empty view
+// passes. kUnsupported naming `backend`, the tensor and its layout otherwise.
+Status check_vector_rows(std::string_view backend, const TensorView& t, const char* name);
 
 }  // namespace attnkit

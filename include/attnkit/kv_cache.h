@@ -6,8 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "attnkit/status.h"
@@ -21,22 +24,38 @@ class ReqToTokenPool {
  public:
   static Result<std::unique_ptr<ReqToTokenPool>> create(int max_reqs, int max_context_len,
                                                         Device device);
-  Result<int> alloc();   // a free request row in [1, max_reqs]
-  Status free(int row);  // error on row 0, out of range or double free
+  Result<int> alloc();  // a free request row in [1, max_reqs]
+  // Error on row 0, out of range or double free. Zeroes the row (every entry slot 0, in the
+  // reserved page 0) in the table and its host mirror (CUDA pools: a synchronous host->device
+  // copy) before the row can be handed out again, so nobody reads the freed request's slots.
+  // Nothing changes on error.
+  Status free(int row);
+  bool is_allocated(int row) const;  // handed out by alloc() and not freed since
   int available() const;
   int max_reqs() const { return max_reqs_; }
   int max_context_len() const { return max_context_len_; }
   Device device() const { return buffer_.device(); }
   TensorView table() const;  // int32 [max_reqs + 1, max_context_len] on device()
-  // Writes slots[0..n) into row `row` (in [1, max_reqs]; row 0 stays all zeros) at columns
+  // Writes slots[0..n) into row `row` (in [1, max_reqs] and allocated: a row alloc() never
+  // handed out or one already freed is refused; row 0 stays all zeros) at columns
   // [start, start + n); checks bounds and that each slot is in [0, INT32_MAX]. Nothing is written
   // on error. Synchronous host->device copy of the written range for CUDA pools.
   Status write(int row, int start, std::span<const int64_t> slots);
-  // Host mirror of row `row` (max_context_len entries, always up to date with write()); for CPU
+  // For host copies of a table (a backend staging a device table to the CPU, a test harness):
+  // makes rows `rows` (each in [0, max_reqs]; row 0 is a no-op) of this pool equal to those of
+  // `src` (same max_reqs and max_context_len, any device): all entries, from src's host mirror,
+  // and whether the row is allocated. Bad arguments change nothing; a failed host->device copy
+  // leaves the rows before it copied (each one whole).
+  Status copy_rows_from(const ReqToTokenPool& src, std::span<const int32_t> rows);
+  // Host mirror of row `row` (max_context_len entries, always equal to the table row); for CPU
   // pools this is the table itself. nullptr when row is outside [0, max_reqs].
   const int32_t* host_row(int row) const;
 
  private:
+  size_t row_offset(int row) const;  // of entry [row, 0]
+  // Stores values at entries [offset, offset + n): the table, and for CUDA pools first the device
+  // (synchronous copy) and then, once that succeeded, the host mirror.
+  Status store(size_t offset, std::span<const int32_t> values);
   int max_reqs_ = 0;
   int max_context_len_ = 0;
   Buffer buffer_;
@@ -143,14 +162,31 @@ class KVPool {
   // inside a replayed CUDA graph is reported here too. CPU pools (which check slots before writing)
   // always return ok.
   Status check_device_errors(StreamHandle stream = nullptr);
+  // The pool buffer that bytes [begin, begin + bytes) overlap, named as "k[3]" (buffer and layer);
+  // empty when none does. For the backends' check that out / lse do not alias the cache (a forward
+  // would overwrite cached k / v). O(log of the buffer count).
+  std::string storage_overlapping(const void* begin, int64_t bytes) const;
 
  protected:
   explicit KVPool(KVPoolConfig config) : config_(std::move(config)) {}
   // Allocates and zeroes the device error word (CUDA pools; no-op on CPU). Called by create/wrap.
   Status init_device_guard();
   void* device_guard() const { return guard_.data(); }
+  // Records the pool's buffers for storage_overlapping: `groups` pairs a name with one buffer per
+  // layer. Called by create/wrap once the buffers exist.
+  void index_storage(
+      std::initializer_list<std::pair<const char*, const std::vector<Buffer>*>> groups);
   KVPoolConfig config_;
   Buffer guard_;  // detail::KVGuardRecord on the device (CUDA pools only)
+
+ private:
+  struct StorageSpan {
+    uintptr_t begin = 0;
+    uintptr_t end = 0;
+    const char* name = "";
+    int layer = 0;
+  };
+  std::vector<StorageSpan> storage_;  // sorted by begin
 };
 
 class MHAKVPool final : public KVPool {
@@ -219,19 +255,24 @@ float load_kv_value_host(const TensorView& buffer, const TensorView& scales, int
 // Views for backends.
 // Token indices of request r: req_to_token[r, 0:len] (backends without native paging).
 // Page table of request r: req_to_token[r, ::page_size] / page_size (natively paged backends).
-// Host helper: builds the page table [bs, max_pages] (int32, padded with 0) from the host mirror.
+// Host helper: builds the page table [bs, max_pages] (int32) from the host mirror. Entries past a
+// request's pages are padding: page 0, the reserved dummy page (as is the whole table row of a
+// request on the padding row 0).
 Result<std::vector<int32_t>> build_page_table_host(const ReqToTokenPool& pool,
                                                    std::span<const int32_t> req_pool_indices,
                                                    std::span<const int32_t> seq_lens, int page_size,
                                                    int* max_pages_out);
 // Validation for build_page_table_host: equal span lengths, page_size >= 1, rows in
-// [0, max_reqs], seq_lens in [0, max_context_len], and every page-start entry a multiple of
-// page_size. max_pages is at least 1 so the table is never zero-width (padding is page 0).
+// [0, max_reqs], seq_lens in [0, max_context_len], every page-start entry a multiple of
+// page_size, and (rows >= 1) no entry below seq_len in page 0: such an entry was never written
+// (or was freed), and a backend would read the dummy page as the request's keys. The error names
+// the row, the position and the value. max_pages is at least 1 so the table is never zero-width.
 
 // Token-level indices (backends without native paging): request b covers
 // req_to_token[req_pool_indices[b], kv_start[b] : seq_lens[b]] (kv_start empty = all zero; used
 // for encoder prefixes and sliding windows). kv_indptr has bs + 1 entries; kv_indices holds the
-// slots of all requests back to back.
+// slots of all requests back to back. An entry 0 in a covered range of a row >= 1 (never written,
+// or freed) is refused naming the row, the position and the value; the padding row 0 reads 0.
 struct TokenIndices {
   std::vector<int32_t> kv_indptr;   // [bs + 1]
   std::vector<int32_t> kv_indices;  // [kv_indptr[bs]]

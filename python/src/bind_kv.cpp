@@ -157,7 +157,8 @@ void bind_kv(nb::module_& m) {
           "alloc", [](PyReqToTokenPool& p) { return check(p.pool->alloc()); },
           "A free request row in [1, max_reqs].")
       .def(
-          "free", [](PyReqToTokenPool& p, int row) { check(p.pool->free(row)); }, "row"_a)
+          "free", [](PyReqToTokenPool& p, int row) { check(p.pool->free(row)); }, "row"_a,
+          "Return row `row` to the pool; its entries are reset to 0 (the reserved page 0).")
       .def_prop_ro("available", [](const PyReqToTokenPool& p) { return p.pool->available(); })
       .def_prop_ro("max_reqs", [](const PyReqToTokenPool& p) { return p.pool->max_reqs(); })
       .def_prop_ro("max_context_len",
@@ -170,8 +171,8 @@ void bind_kv(nb::module_& m) {
             check(p.pool->write(row, start, values));
           },
           "row"_a, "start"_a, "slots"_a,
-          "Write slots into row `row` at columns [start, start + len(slots)) (table and host "
-          "mirror).")
+          "Write slots into row `row` (one alloc() handed out and not yet freed) at columns "
+          "[start, start + len(slots)) (table and host mirror).")
       .def(
           "table", [](PyReqToTokenPool& p) { return to_array(p.pool->table(), nb::find(&p)); },
           "The table as a zero-copy DLPack array on the pool's device (write through write(), "

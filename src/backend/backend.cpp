@@ -3,10 +3,14 @@
 #include "attnkit/backend.h"
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 
+#include "attnkit/kv_cache.h"
 #include "attnkit/registry.h"
+#include "backend/validate.h"
 #include "core/str_cat.h"
 
 namespace attnkit {
@@ -54,6 +58,23 @@ Status check_on(const TensorView& t, const char* name, Device device) {
   return Status::ok();
 }
 
+// The sink logits of host-resident `sinks` (f32 [q_heads], shape checked): each finite, or -inf
+// for no sink. A +inf sink takes the whole softmax denominator and a NaN one poisons it: every
+// row of that head comes out NaN. Device sinks are not read here (that would need a copy and a
+// synchronisation inside forward).
+Status check_host_sink_values(const TensorView& sinks) {
+  if (!sinks.device.is_cpu()) return Status::ok();
+  const float* values = sinks.data_as<const float>();
+  for (int64_t h = 0; h < sinks.shape[0]; ++h) {
+    const float sink = values[h * sinks.stride(0)];
+    if (std::isnan(sink) || sink == std::numeric_limits<float>::infinity()) {
+      return Status::invalid_argument(cat("layer.sinks[", h, "] (q head ", h, ") is ", sink,
+                                          ": a sink must be finite, or -inf for no sink"));
+    }
+  }
+  return Status::ok();
+}
+
 bool is_activation_dtype(DType d) {
   return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16;
 }
@@ -90,6 +111,14 @@ Status check_layer(const AttentionLayer& layer) {
       !std::isfinite(layer.v_scale)) {
     return Status::invalid_argument(cat("layer.k_scale ", layer.k_scale, " and layer.v_scale ",
                                         layer.v_scale, " must be finite and > 0"));
+  }
+  // Quantized pools fold k_scale into the softmax scale, which the kernels take in log2 units: the
+  // product overflowed to inf (NaN rows) or flushed to 0 (uniform rows) with each factor valid.
+  if (const float folded = layer.scaling * layer.k_scale * 1.44269504f;
+      !std::isfinite(folded) || !(folded >= std::numeric_limits<float>::min())) {
+    return Status::invalid_argument(
+        cat("layer.scaling ", layer.scaling, " x layer.k_scale ", layer.k_scale,
+            " (the softmax scale of a quantized pool, x log2(e)) must be a finite normal float"));
   }
   if (layer.is_mla) {
     const int row = layer.kv_lora_rank + layer.qk_rope_head_dim;
@@ -182,10 +211,32 @@ Status check_entry_point(std::string_view backend, bool decode_entry, const Forw
       "; forward() picks the entry point from batch.mode)");
 }
 
-Status validate_forward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
-                               const TensorView& out, const AttentionLayer& layer,
-                               const ForwardBatch& batch, bool save_kv, const TensorView& lse,
-                               Device device) {
+Status check_vector_rows(std::string_view backend, const TensorView& t, const char* name) {
+  if (!t.defined() || t.numel() == 0) return Status::ok();
+  constexpr int64_t kVectorBytes = 16;
+  const int64_t elem_bits = dtype_bits(t.dtype);
+  bool aligned = reinterpret_cast<uintptr_t>(t.data) % kVectorBytes == 0;
+  for (int d = 0; d + 1 < t.ndim; ++d) {
+    if (t.shape[static_cast<size_t>(d)] > 1) {
+      aligned = aligned && (t.stride(d) * elem_bits / 8) % kVectorBytes == 0;
+    }
+  }
+  if (!aligned) {
+    return Status::unsupported(cat(backend, ": ", name, " ", t.describe(),
+                                   " needs a 16-byte aligned base and outer strides of whole "
+                                   "16-byte vectors (its kernels move rows in 16-byte vectors)"));
+  }
+  return Status::ok();
+}
+
+namespace {
+
+// validate_forward_inputs, with out's checks skipped when `out` is null
+// (validate_reference_inputs).
+Status validate_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView* out, const AttentionLayer& layer,
+                       const ForwardBatch& batch, bool save_kv, const TensorView& lse,
+                       Device device) {
   ATTNKIT_RETURN_IF_ERROR(check_layer(layer));
   if (batch.mode == ForwardMode::kIdle) return Status::ok();
   ATTNKIT_RETURN_IF_ERROR(batch.validate());
@@ -198,6 +249,17 @@ Status validate_forward_inputs(const TensorView& q, const TensorView& k, const T
   const bool mla_absorbed =
       layer.is_mla && layer.qk_head_dim == layer.kv_lora_rank + layer.qk_rope_head_dim;
   const bool mla_prefill = layer.is_mla && !mla_absorbed;
+  // A non-absorbed layer attends over the new tokens' k / v only (plus layer.mla_prefix's
+  // decompressed chunks): a decode or verify batch's history sits in the latent pool, which such a
+  // layer never reads, so its output would silently leave the history out.
+  if (mla_prefill &&
+      (batch.mode == ForwardMode::kDecode || batch.mode == ForwardMode::kTargetVerify)) {
+    return Status::invalid_argument(
+        cat("MLA non-absorbed layer (qk_head_dim ", dqk, " != kv_lora_rank + qk_rope_head_dim ",
+            layer.kv_lora_rank + layer.qk_rope_head_dim, ") in a ", forward_mode_name(batch.mode),
+            " batch: it reads no cached history; decode and target_verify need the absorbed layer "
+            "(qk_head_dim = kv_lora_rank + qk_rope_head_dim, v_head_dim = kv_lora_rank)"));
+  }
 
   // Activations.
   if (!q.defined()) return Status::invalid_argument("q is missing (null data)");
@@ -207,13 +269,15 @@ Status validate_forward_inputs(const TensorView& q, const TensorView& k, const T
   }
   ATTNKIT_RETURN_IF_ERROR(check_exact(q, "q", {t, hq, dqk}, "[tokens, q_heads, qk_head_dim]"));
   ATTNKIT_RETURN_IF_ERROR(check_on(q, "q", device));
-  if (!out.defined()) return Status::invalid_argument("out is missing (null data)");
-  if (out.dtype != q.dtype) {
-    return Status::invalid_argument(
-        cat("out: dtype ", dtype_name(out.dtype), " must equal q's dtype ", dtype_name(q.dtype)));
+  if (out != nullptr) {
+    if (!out->defined()) return Status::invalid_argument("out is missing (null data)");
+    if (out->dtype != q.dtype) {
+      return Status::invalid_argument(cat("out: dtype ", dtype_name(out->dtype),
+                                          " must equal q's dtype ", dtype_name(q.dtype)));
+    }
+    ATTNKIT_RETURN_IF_ERROR(check_exact(*out, "out", {t, hq, dv}, "[tokens, q_heads, v_head_dim]"));
+    ATTNKIT_RETURN_IF_ERROR(check_on(*out, "out", device));
   }
-  ATTNKIT_RETURN_IF_ERROR(check_exact(out, "out", {t, hq, dv}, "[tokens, q_heads, v_head_dim]"));
-  ATTNKIT_RETURN_IF_ERROR(check_on(out, "out", device));
 
   const bool k_given = k.defined();
   const bool v_given = v.defined();
@@ -247,6 +311,7 @@ Status validate_forward_inputs(const TensorView& q, const TensorView& k, const T
     }
     ATTNKIT_RETURN_IF_ERROR(check_exact(layer.sinks, "layer.sinks", {hq}, "[q_heads]"));
     ATTNKIT_RETURN_IF_ERROR(check_on(layer.sinks, "layer.sinks", device));
+    ATTNKIT_RETURN_IF_ERROR(check_host_sink_values(layer.sinks));
   }
 
   // What save_kv needs.
@@ -323,6 +388,16 @@ Status validate_forward_inputs(const TensorView& q, const TensorView& k, const T
               cfg.head_dim, ", v_head_dim ", cfg.v_head_dim, ")"));
     }
   }
+  // out and lse must not be views of the cache: the forward would overwrite cached k / v (any
+  // layer's) with its results.
+  for (const auto& [t, name] : {std::pair{out, "out"}, std::pair{&lse, "lse"}}) {
+    if (t == nullptr || !t->defined()) continue;
+    const std::string hit = pool->storage_overlapping(t->data, t->storage_bytes());
+    if (!hit.empty()) {
+      return Status::invalid_argument(cat(name, " ", t->describe(), " overlaps the KV pool's ", hit,
+                                          " buffer: the forward would overwrite cached k / v"));
+    }
+  }
   if (batch.req_to_token_pool != nullptr && batch.req_to_token_pool->device() != device) {
     return Status::invalid_argument(cat("batch.req_to_token_pool is on ",
                                         batch.req_to_token_pool->device().to_string(),
@@ -344,6 +419,21 @@ Status validate_forward_inputs(const TensorView& q, const TensorView& k, const T
     if (tensor->defined()) ATTNKIT_RETURN_IF_ERROR(check_on(*tensor, name, device));
   }
   return Status::ok();
+}
+
+}  // namespace
+
+Status validate_forward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const AttentionLayer& layer,
+                               const ForwardBatch& batch, bool save_kv, const TensorView& lse,
+                               Device device) {
+  return validate_inputs(q, k, v, &out, layer, batch, save_kv, lse, device);
+}
+
+Status validate_reference_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const AttentionLayer& layer, const ForwardBatch& batch,
+                                 Device device) {
+  return validate_inputs(q, k, v, nullptr, layer, batch, /*save_kv=*/false, TensorView(), device);
 }
 
 }  // namespace attnkit

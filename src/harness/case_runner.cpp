@@ -215,29 +215,6 @@ std::vector<TensorView> pool_buffers(const KVPool& pool, int layer) {
   return out;
 }
 
-// A host pool (with its snapshot) that cannot fit the host's available memory is refused by name
-// before anything is allocated: under overcommit the allocation succeeds and the process is
-// killed while filling it (attnkit run --layers 2147483647, demo --page-size 200000).
-Status check_host_pool_fits(const CaseSpec& spec, const KVPoolConfig& cfg,
-                            const PrepareOptions& options) {
-  const double row_values =
-      spec.mla ? static_cast<double>(spec.kv_lora_rank) + spec.qk_rope_head_dim
-               : static_cast<double>(spec.num_kv_heads) * (spec.head_dim + spec.v_head_dim);
-  const double rows = static_cast<double>(cfg.size) + cfg.page_size;
-  const double bytes = static_cast<double>(options.num_layers) * rows * row_values *
-                       dtype_bits(cfg.dtype) / 8.0 * (options.snapshot_pool ? 2.0 : 1.0);
-  const int64_t available = host_memory_available();
-  if (available > 0 && bytes > static_cast<double>(available)) {
-    constexpr double kMiB = 1024.0 * 1024.0;
-    return Status::out_of_memory(
-        cat("case ", spec.name, ": its host KV pool needs ", std::llround(bytes / kMiB), " MiB (",
-            options.num_layers, " layers x ", std::llround(rows), " rows of page_size ",
-            cfg.page_size, options.snapshot_pool ? ", and its snapshot" : "", "), above the ",
-            available / (1 << 20), " MiB this host has available"));
-  }
-  return Status::ok();
-}
-
 Result<std::unique_ptr<KVPool>> create_pool(const KVPoolConfig& cfg, bool mla) {
   if (mla) {
     ATTNKIT_ASSIGN_OR_RETURN(std::unique_ptr<MLAKVPool> p, MLAKVPool::create(cfg));
@@ -368,6 +345,98 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
 
 Status validate_case(const CaseSpec& spec) { return check_spec(spec, PrepareOptions{}); }
 
+HostFootprint host_footprint(const CaseSpec& spec, Device device, const PrepareOptions& options) {
+  constexpr double kI64 = sizeof(int64_t);
+  constexpr double kI32 = sizeof(int32_t);
+  constexpr double kF32 = sizeof(float);
+  const bool verify = spec.mode == ForwardMode::kTargetVerify;
+  const double ps = spec.page_size;
+  // The lengths prepare_case derives, summed in double (billions of tokens are the point).
+  double tokens = 0;   // every request's row: encoder + prefix + new tokens
+  double history = 0;  // slots written before the forward (the shared prefix once)
+  double fresh = 0;    // new tokens (num_tokens)
+  double needed_pages = 0;
+  double longest = 0;
+  double mask = 0;  // verify: one byte per (draft, visible column)
+  for (int r = 0; r < spec.batch_size(); ++r) {
+    const auto i = static_cast<size_t>(r);
+    const double enc = spec.cross_attention ? spec.encoder_lens[i] : 0;
+    const double prefix = spec.prefix_lens[i];
+    const double n = verify ? spec.spec_draft_tokens : spec.new_lens[i];
+    const double row = enc + prefix + n;
+    tokens += row;
+    history += enc + prefix - (r > 0 ? spec.shared_prefix : 0);
+    fresh += n;
+    needed_pages += std::ceil(row / ps);
+    longest = std::max(longest, row);
+    if (verify) mask += n * (prefix + n);
+  }
+  const double pages = std::max(needed_pages + options.spare_pages, 1.0);
+  const double table_entries =
+      (spec.batch_size() + kSpareRequestRows + 1.0) * (std::ceil(longest / ps) + 1) * ps;
+  // PageAllocator (a state byte and a free-list id per page), the page list, the slots, the
+  // request table, then hist_slots, out_cache_loc, positions and the mask; on the CPU the last
+  // four are uploaded into host buffers as well.
+  const double index = (history + 2 * fresh) * kI64 + mask;
+  HostFootprint f;
+  f.tables = pages * (1 + 2 * kI64) + tokens * kI64 + table_entries * kI32 +
+             index * (device.is_cpu() ? 2 : 1);
+
+  // The pool: rows x values per row per layer (fp4: its fp8 block scale per 16 values too).
+  const double kv_heads = spec.mla ? 1 : spec.num_kv_heads;
+  const double row_values = spec.mla
+                                ? static_cast<double>(spec.kv_lora_rank) + spec.qk_rope_head_dim
+                                : kv_heads * (spec.head_dim + spec.v_head_dim);
+  const double value_bytes =
+      dtype_bits(spec.kv_dtype) / 8.0 + (spec.kv_dtype == DType::kFP4E2M1 ? 1.0 / 16 : 0.0);
+  const double layer_pool = (pages * ps + ps) * row_values * value_bytes;
+  const double layers = options.num_layers;
+  if (device.is_cpu()) f.pool = layers * layer_pool;
+  if (options.snapshot_pool) f.snapshot = layers * layer_pool;
+
+  // Inputs. Per layer: history K (and V) drawn as f32 and kept as such, q / k / v drawn as f32 and
+  // stored in q's dtype, out (and lse).
+  const double qb = dtype_bits(spec.q_dtype) / 8.0;
+  const double dk = spec.mla ? row_values : spec.head_dim;
+  const double dv = spec.mla ? 0 : spec.v_head_dim;
+  const double hq = spec.num_q_heads;
+  const double hkv = spec.num_kv_heads;
+  const double history_values = history * kv_heads * (dk + dv);
+  const double new_values = fresh * (hq * spec.head_dim + hkv * (spec.head_dim + spec.v_head_dim));
+  const double outputs = fresh * hq * (spec.v_head_dim * qb + (options.request_lse ? kF32 : 0));
+  if (device.is_cpu()) f.inputs = layers * (history_values * kF32 + new_values * qb + outputs);
+  // The largest transient host vector set of one layer: the random history K or V, or the new
+  // q / k / v with their converted bytes; on CUDA also the staging of the NaN poison (one pool
+  // buffer of a layer, or an output).
+  double staging = std::max(
+      history * kv_heads * std::max(dk, dv) * kF32,
+      fresh * std::max(hq * spec.head_dim, hkv * (spec.head_dim + spec.v_head_dim)) * (kF32 + qb));
+  const double pool_buffer = (pages * ps + ps) * kv_heads * std::max(dk, dv) * value_bytes;
+  if (!device.is_cpu() && options.poison) staging = std::max({staging, pool_buffer, outputs});
+  f.inputs += staging;
+  return f;
+}
+
+Status check_host_footprint(const CaseSpec& spec, Device device, const PrepareOptions& options,
+                            int64_t available) {
+  const HostFootprint f = host_footprint(spec, device, options);
+  if (available <= 0 || f.total() <= static_cast<double>(available)) return Status::ok();
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const auto mib = [&](double bytes) { return std::llround(bytes / kMiB); };
+  std::vector<std::string> parts;
+  if (f.tables > 0) parts.push_back(cat("page and request tables ", mib(f.tables), " MiB"));
+  if (f.pool > 0) {
+    parts.push_back(cat("KV pool ", mib(f.pool), " MiB for ", options.num_layers,
+                        " layers of page_size ", spec.page_size));
+  }
+  if (f.snapshot > 0) parts.push_back(cat("pool snapshot ", mib(f.snapshot), " MiB"));
+  if (f.inputs > 0) parts.push_back(cat("inputs ", mib(f.inputs), " MiB"));
+  return Status::out_of_memory(cat("case ", spec.name, ": preparing it on ", device.to_string(),
+                                   " needs ", mib(f.total()), " MiB of host memory (",
+                                   join(parts, ", "), "), above the ", available >> 20,
+                                   " MiB this host has available"));
+}
+
 namespace {
 
 // Float tolerance of a round trip through the KV dtype (rel L2 of one [token, head] row).
@@ -435,11 +504,7 @@ Result<HostMirror> make_host_mirror(const PreparedCase& pc) {
   ATTNKIT_ASSIGN_OR_RETURN(
       m.own_table,
       ReqToTokenPool::create(table.max_reqs(), table.max_context_len(), Device::cpu()));
-  for (int32_t row : pc.rows) {
-    const int32_t* src = table.host_row(row);
-    std::vector<int64_t> slots(src, src + table.max_context_len());
-    ATTNKIT_RETURN_IF_ERROR(m.own_table->write(row, 0, slots));
-  }
+  ATTNKIT_RETURN_IF_ERROR(m.own_table->copy_rows_from(table, pc.rows));
   m.batch = pc.batch;
   m.batch.kv_pool = m.own_pool.get();
   m.batch.req_to_token_pool = m.own_table.get();
@@ -919,9 +984,8 @@ Result<PreparedCase> prepare_case_unguarded(const CaseSpec& spec, Device device,
   int64_t needed = 0;
   for (int64_t len : row_len) needed += (len + ps - 1) / ps;
   const int64_t num_pages = std::max<int64_t>(needed + options.spare_pages, 1);
-  // The KV pool's shape follows from the lengths alone: a case too large for this host is refused
-  // here, before the page list, the per-token slots and the request table (one entry per token
-  // each) are built, which for billions of tokens would run the host out of memory first.
+  // The KV pool's shape follows from the lengths alone (prepare_case checked that the case fits
+  // the host before calling this).
   KVPoolConfig cfg;
   cfg.num_layers = options.num_layers;
   cfg.size = num_pages * ps;
@@ -937,7 +1001,6 @@ Result<PreparedCase> prepare_case_unguarded(const CaseSpec& spec, Device device,
     cfg.head_dim = spec.head_dim;
     cfg.v_head_dim = spec.v_head_dim;
   }
-  if (device.is_cpu()) ATTNKIT_RETURN_IF_ERROR(check_host_pool_fits(spec, cfg, options));
   pc.allocator = std::make_unique<PageAllocator>(num_pages, ps);
   ATTNKIT_ASSIGN_OR_RETURN(std::vector<int64_t> pages, pc.allocator->alloc_pages(num_pages));
   if (spec.shuffle_pages) {
@@ -949,6 +1012,7 @@ Result<PreparedCase> prepare_case_unguarded(const CaseSpec& spec, Device device,
   size_t next_page = 0;
   for (int r = 0; r < bs; ++r) {
     auto& s = slots[static_cast<size_t>(r)];
+    s.reserve(static_cast<size_t>(row_len[static_cast<size_t>(r)]));  // as host_footprint counts
     for (int64_t j = 0; j < row_len[static_cast<size_t>(r)]; ++j) {
       if (j % ps == 0) ++next_page;
       s.push_back(pages[next_page - 1] * ps + j % ps);
@@ -1199,6 +1263,9 @@ Result<PreparedCase> prepare_case_unguarded(const CaseSpec& spec, Device device,
 Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
                                   const PrepareOptions& options) {
   ATTNKIT_RETURN_IF_ERROR(check_spec(spec, options));
+  // Before anything is allocated, on every device: the page list, slots and request table alone
+  // are host vectors of one entry per token each.
+  ATTNKIT_RETURN_IF_ERROR(check_host_footprint(spec, device, options, host_memory_available()));
   try {
     return prepare_case_unguarded(spec, device, options);
   } catch (const std::bad_alloc&) {

@@ -167,9 +167,35 @@ struct PreparedCase {
 Status validate_case(const CaseSpec& spec);
 
 // The host's available memory (/proc/meminfo MemAvailable) in bytes; -1 where it cannot be read.
-// prepare_case refuses a CPU case whose KV pool would not fit it (instead of being killed by the
-// kernel's out-of-memory handler while filling it).
 int64_t host_memory_available();
+
+// The host memory prepare_case(spec, device, options) takes at its peak, in bytes, worked out from
+// the spec's lengths alone (nothing is allocated). `spec` must pass validate_case. Example:
+// decode, one request of kv_len 2e9, 2 kv heads of d 64, page 16, on cuda:0 with the bench's
+// options (one layer, no snapshot): 125M pages x 17 B (allocator and page list) + 2e9 slots x 8 B
+// + a request table of 4 rows x 2e9 entries x 4 B + 2e9 history slots x 8 B = 66 GB of `tables`,
+// and the history K drawn on the host before its upload, 2e9 x 2 x 64 x 4 B = 1 TB of `inputs`,
+// though the pool itself is on the device.
+struct HostFootprint {
+  // Page allocator and page list, per-token slots, the request table (CUDA: its host mirror), the
+  // history / new-token slots, positions and verify mask (CPU: with their uploaded copies).
+  double tables = 0;
+  double pool = 0;      // CPU only: the KV pool of every layer
+  double snapshot = 0;  // PrepareOptions::snapshot_pool: a host copy of the pool, on every device
+  // CPU: every layer's history K/V (f32), q / k / v / out / lse; every device: the largest
+  // per-layer staging of random values (and on CUDA of the NaN poison).
+  double inputs = 0;
+  double total() const { return tables + pool + snapshot + inputs; }
+};
+HostFootprint host_footprint(const CaseSpec& spec, Device device, const PrepareOptions& options);
+
+// kOutOfMemory naming the case, its footprint's parts and `available` when host_footprint is above
+// `available` bytes (<= 0: unknown, nothing is refused). prepare_case calls it with
+// host_memory_available() before anything else on every device, so a case too large for the host
+// is refused at once instead of after its page list, slots and request table were built (or the
+// kernel's out-of-memory handler killed the process while they were filled).
+Status check_host_footprint(const CaseSpec& spec, Device device, const PrepareOptions& options,
+                            int64_t available);
 
 // Builds the case on `device` (CPU or CUDA). Errors name the spec field that is inconsistent.
 Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,

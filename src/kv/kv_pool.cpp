@@ -166,6 +166,19 @@ Status check_slots_host(const TensorView& loc, int64_t page_size, int64_t rows) 
   return Status::ok();
 }
 
+// The slot checks, once per set_kv and before anything is written (a check between the K and the
+// V scatter could refuse the call with K already written): every slot on CPU pools; on CUDA pools
+// only with ATTNKIT_CHECK_INDICES=1 (otherwise the device guard skips and records bad slots).
+Status check_slots(const TensorView& loc, int64_t page_size, int64_t rows, StreamHandle stream) {
+  if (loc.device.is_cpu()) return check_slots_host(loc, page_size, rows);
+#ifdef ATTNKIT_WITH_CUDA
+  return detail::check_slots_cuda(loc, rows, stream);
+#else
+  (void)stream;
+  return Status::ok();  // the scatter reports kNotBuilt
+#endif
+}
+
 // Host scatter of src [T, H, D] into dst [rows, H, D] at loc, quantising to dst.dtype.
 void scatter_host(const TensorView& dst, const TensorView& dst_scales, const TensorView& loc,
                   const TensorView& src, float scale) {
@@ -366,6 +379,34 @@ Status KVPool::check_device_errors(StreamHandle stream) {
 #endif
 }
 
+void KVPool::index_storage(
+    std::initializer_list<std::pair<const char*, const std::vector<Buffer>*>> groups) {
+  storage_.clear();
+  for (const auto& [name, buffers] : groups) {
+    for (size_t layer = 0; layer < buffers->size(); ++layer) {
+      const Buffer& b = (*buffers)[layer];
+      if (b.data() == nullptr || b.bytes() == 0) continue;
+      const auto begin = reinterpret_cast<uintptr_t>(b.data());
+      storage_.push_back(
+          {begin, begin + static_cast<uintptr_t>(b.bytes()), name, static_cast<int>(layer)});
+    }
+  }
+  std::sort(storage_.begin(), storage_.end(),
+            [](const StorageSpan& a, const StorageSpan& b) { return a.begin < b.begin; });
+}
+
+std::string KVPool::storage_overlapping(const void* begin, int64_t bytes) const {
+  if (begin == nullptr || bytes <= 0) return "";
+  const auto lo = reinterpret_cast<uintptr_t>(begin);
+  const uintptr_t hi = lo + static_cast<uintptr_t>(bytes);
+  // The spans are disjoint (wrap checks it; create allocates each), so sorted by begin they are
+  // sorted by end too: the first one ending past lo is the lowest-addressed candidate.
+  const auto it = std::upper_bound(storage_.begin(), storage_.end(), lo,
+                                   [](uintptr_t v, const StorageSpan& s) { return v < s.end; });
+  if (it == storage_.end() || it->begin >= hi) return "";
+  return std::string(it->name) + "[" + std::to_string(it->layer) + "]";
+}
+
 // ---------------------------------------------------------------------------------------------
 // MHAKVPool
 
@@ -393,6 +434,10 @@ Result<std::unique_ptr<MHAKVPool>> MHAKVPool::create(const KVPoolConfig& config)
       pool->v_scales_.push_back(std::move(vs));
     }
   }
+  pool->index_storage({{"k", &pool->k_},
+                       {"v", &pool->v_},
+                       {"k_scales", &pool->k_scales_},
+                       {"v_scales", &pool->v_scales_}});
   ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
 }
@@ -432,7 +477,9 @@ Status MHAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k, 
   ATTNKIT_RETURN_IF_ERROR(check_scale(k_scale, "k_scale"));
   ATTNKIT_RETURN_IF_ERROR(check_scale(v_scale, "v_scale"));
   if (tokens == 0) return Status::ok();
-  if (device().is_cpu()) ATTNKIT_RETURN_IF_ERROR(check_slots_host(loc, page_size(), rows()));
+  ATTNKIT_RETURN_IF_ERROR(check_slots(loc, page_size(), rows(), stream));
+  // Every check of K, V, the slots and the scales has passed: only a device launch error can stop
+  // the V scatter after the K scatter.
   ATTNKIT_RETURN_IF_ERROR(scatter(k_buffer(layer), k_scale_buffer(layer), loc, k, k_scale, layer,
                                   device_guard(), stream));
   return scatter(v_buffer(layer), v_scale_buffer(layer), loc, v, v_scale, layer, device_guard(),
@@ -457,6 +504,7 @@ Result<std::unique_ptr<MLAKVPool>> MLAKVPool::create(const KVPoolConfig& config)
       pool->scales_.push_back(std::move(s));
     }
   }
+  pool->index_storage({{"kv", &pool->kv_}, {"scales", &pool->scales_}});
   ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
 }
@@ -487,7 +535,7 @@ Status MLAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k,
   ATTNKIT_RETURN_IF_ERROR(check_src(k, "k", tokens, 1, row_dim(), device()));
   ATTNKIT_RETURN_IF_ERROR(check_scale(k_scale, "k_scale"));
   if (tokens == 0) return Status::ok();
-  if (device().is_cpu()) ATTNKIT_RETURN_IF_ERROR(check_slots_host(loc, page_size(), rows()));
+  ATTNKIT_RETURN_IF_ERROR(check_slots(loc, page_size(), rows(), stream));
   return scatter(kv_buffer(layer), scale_buffer(layer), loc, k, k_scale, layer, device_guard(),
                  stream);
 }

@@ -33,6 +33,26 @@ Status check_rows_and_lens(const char* fn, const ReqToTokenPool& pool,
   return Status::ok();
 }
 
+// Entries [begin, end) of request row `row` must have been written: a slot in page 0 (unwritten
+// and freed entries read 0) would send a backend to the dummy page instead of the request's keys.
+// page_size 0 = unknown (token-level views): then only slot 0, in page 0 at any page size, is
+// caught. The padding row 0 points at page 0 by design.
+Status check_written(const char* fn, const int32_t* entries, int32_t row, int32_t begin,
+                     int32_t end, int page_size) {
+  if (row == 0) return Status::ok();
+  const int32_t first_usable = std::max(page_size, 1);
+  for (int32_t i = begin; i < end; ++i) {
+    if (entries[i] < first_usable) {
+      return Status::invalid_argument(
+          std::string(fn) + ": req_to_token[" + std::to_string(row) + ", " + std::to_string(i) +
+          "] = " + std::to_string(entries[i]) + " is in the reserved page 0" +
+          (page_size > 0 ? " (page_size " + std::to_string(page_size) + ")" : "") +
+          ": the entry below seq_len was never written, or its row was freed");
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<std::vector<int32_t>> build_page_table_host(const ReqToTokenPool& pool,
@@ -57,11 +77,16 @@ Result<std::vector<int32_t>> build_page_table_host(const ReqToTokenPool& pool,
     const int32_t* row = pool.host_row(req_pool_indices[b]);
     const int pages = pages_of(seq_lens[b]);
     for (int p = 0; p < pages; ++p) {
-      const int32_t slot = row[static_cast<size_t>(p) * static_cast<size_t>(page_size)];
+      const int64_t begin = int64_t{p} * page_size;
+      const int64_t end = std::min<int64_t>(begin + page_size, seq_lens[b]);
+      ATTNKIT_RETURN_IF_ERROR(check_written(kFn, row, req_pool_indices[b],
+                                            static_cast<int32_t>(begin), static_cast<int32_t>(end),
+                                            page_size));
+      const int32_t slot = row[begin];
       if (slot % page_size != 0) {
         return Status::invalid_argument(
             std::string(kFn) + ": req_to_token[" + std::to_string(req_pool_indices[b]) + ", " +
-            std::to_string(int64_t{p} * page_size) + "] = " + std::to_string(slot) +
+            std::to_string(begin) + "] = " + std::to_string(slot) +
             " is not at a page start (page_size " + std::to_string(page_size) + ")");
       }
       table[b * static_cast<size_t>(max_pages) + static_cast<size_t>(p)] = slot / page_size;
@@ -92,6 +117,8 @@ Result<TokenIndices> build_token_indices_host(const ReqToTokenPool& pool,
                                       "] = " + std::to_string(start) + " is outside [0, seq_len " +
                                       std::to_string(seq_lens[b]) + "]");
     }
+    ATTNKIT_RETURN_IF_ERROR(check_written(kFn, pool.host_row(req_pool_indices[b]),
+                                          req_pool_indices[b], start, seq_lens[b], 0));
     total += seq_lens[b] - start;
     if (total > INT32_MAX) {
       return Status::invalid_argument(std::string(kFn) + ": " + std::to_string(total) +

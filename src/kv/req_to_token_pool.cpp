@@ -72,9 +72,17 @@ Status ReqToTokenPool::free(int row) {
     return Status::invalid_argument("ReqToTokenPool::free: row " + std::to_string(row) +
                                     " is not allocated (double free?)");
   }
+  // Back to all zeros (page 0, the dummy page) before the row can be handed out again: a reader
+  // of a stale req_pool_index or the next request on this row never sees this request's slots.
+  const std::vector<int32_t> zeros(static_cast<size_t>(max_context_len_), 0);
+  ATTNKIT_RETURN_IF_ERROR(store(row_offset(row), zeros));
   in_use_[static_cast<size_t>(row)] = 0;
   free_rows_.push_back(row);
   return Status::ok();
+}
+
+bool ReqToTokenPool::is_allocated(int row) const {
+  return row >= 1 && row <= max_reqs_ && in_use_[static_cast<size_t>(row)] != 0;
 }
 
 int ReqToTokenPool::available() const { return static_cast<int>(free_rows_.size()); }
@@ -85,9 +93,28 @@ TensorView ReqToTokenPool::table() const {
 
 const int32_t* ReqToTokenPool::host_row(int row) const {
   if (row < 0 || row > max_reqs_) return nullptr;
-  const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(max_context_len_);
+  const size_t offset = row_offset(row);
   if (buffer_.device().is_cpu()) return static_cast<const int32_t*>(buffer_.data()) + offset;
   return host_.data() + offset;
+}
+
+size_t ReqToTokenPool::row_offset(int row) const {
+  return static_cast<size_t>(row) * static_cast<size_t>(max_context_len_);
+}
+
+Status ReqToTokenPool::store(size_t offset, std::span<const int32_t> values) {
+  if (values.empty()) return Status::ok();
+  if (buffer_.device().is_cpu()) {
+    std::copy(values.begin(), values.end(), static_cast<int32_t*>(buffer_.data()) + offset);
+    return Status::ok();
+  }
+  // The device table first, the host mirror only after the copy succeeded: a failed copy leaves
+  // both as they were (the mirror had been updated first and then disagreed with the device).
+  ATTNKIT_RETURN_IF_ERROR(copy_bytes(static_cast<int32_t*>(buffer_.data()) + offset,
+                                     buffer_.device(), values.data(), Device::cpu(),
+                                     static_cast<int64_t>(values.size_bytes())));
+  std::copy(values.begin(), values.end(), host_.begin() + static_cast<std::ptrdiff_t>(offset));
+  return Status::ok();
 }
 
 Status ReqToTokenPool::write(int row, int start, std::span<const int64_t> slots) {
@@ -95,6 +122,11 @@ Status ReqToTokenPool::write(int row, int start, std::span<const int64_t> slots)
     return Status::invalid_argument("ReqToTokenPool::write: row " + std::to_string(row) +
                                     " is outside [1, " + std::to_string(max_reqs_) +
                                     "] (row 0 is reserved)");
+  }
+  if (!in_use_[static_cast<size_t>(row)]) {
+    return Status::invalid_argument("ReqToTokenPool::write: row " + std::to_string(row) +
+                                    " is not allocated (take rows from alloc(); a freed row "
+                                    "belongs to no request)");
   }
   const int64_t n = static_cast<int64_t>(slots.size());
   if (start < 0 || static_cast<int64_t>(start) + n > max_context_len_) {
@@ -110,25 +142,42 @@ Status ReqToTokenPool::write(int row, int start, std::span<const int64_t> slots)
                                       "] = " + std::to_string(slot) + " is outside [0, INT32_MAX]");
     }
   }
-  if (n == 0) return Status::ok();
-  const size_t offset =
-      static_cast<size_t>(row) * static_cast<size_t>(max_context_len_) + static_cast<size_t>(start);
-  if (buffer_.device().is_cpu()) {
-    int32_t* row_data = static_cast<int32_t*>(buffer_.data()) + offset;
-    for (int64_t i = 0; i < n; ++i)
-      row_data[i] = static_cast<int32_t>(slots[static_cast<size_t>(i)]);
-    return Status::ok();
-  }
-  // The device table first, the host mirror only after the copy succeeded: a failed copy leaves
-  // both as they were (the mirror had been updated first and then disagreed with the device).
   std::vector<int32_t> values(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     values[static_cast<size_t>(i)] = static_cast<int32_t>(slots[static_cast<size_t>(i)]);
   }
-  ATTNKIT_RETURN_IF_ERROR(copy_bytes(static_cast<int32_t*>(buffer_.data()) + offset,
-                                     buffer_.device(), values.data(), Device::cpu(),
-                                     n * static_cast<int64_t>(sizeof(int32_t))));
-  std::copy(values.begin(), values.end(), host_.begin() + static_cast<std::ptrdiff_t>(offset));
+  return store(row_offset(row) + static_cast<size_t>(start), values);
+}
+
+Status ReqToTokenPool::copy_rows_from(const ReqToTokenPool& src, std::span<const int32_t> rows) {
+  if (src.max_reqs_ != max_reqs_ || src.max_context_len_ != max_context_len_) {
+    return Status::invalid_argument(
+        "ReqToTokenPool::copy_rows_from: src is [" + std::to_string(src.max_reqs_) + " + 1, " +
+        std::to_string(src.max_context_len_) + "] but this pool is [" + std::to_string(max_reqs_) +
+        " + 1, " + std::to_string(max_context_len_) + "]");
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] > max_reqs_) {
+      return Status::invalid_argument("ReqToTokenPool::copy_rows_from: rows[" + std::to_string(i) +
+                                      "] = " + std::to_string(rows[i]) + " is outside [0, " +
+                                      std::to_string(max_reqs_) + "]");
+    }
+  }
+  if (&src == this) return Status::ok();
+  for (const int32_t row : rows) {
+    if (row == 0) continue;  // all zeros in both, never allocated
+    const int32_t* entries = src.host_row(row);
+    ATTNKIT_RETURN_IF_ERROR(store(
+        row_offset(row), std::span<const int32_t>(entries, static_cast<size_t>(max_context_len_))));
+    const bool allocated = src.is_allocated(row);
+    if (allocated == is_allocated(row)) continue;
+    in_use_[static_cast<size_t>(row)] = allocated ? 1 : 0;
+    if (allocated) {
+      free_rows_.erase(std::find(free_rows_.begin(), free_rows_.end(), row));
+    } else {
+      free_rows_.push_back(row);
+    }
+  }
   return Status::ok();
 }
 

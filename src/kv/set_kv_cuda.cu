@@ -213,13 +213,17 @@ Status kv_guard_read_and_clear(void* guard, KVGuardRecord* out, StreamHandle str
   return Status::ok();
 }
 
+Status check_slots_cuda(const TensorView& loc, int64_t rows, StreamHandle stream) {
+  if (loc.size(0) == 0 || !check_indices_enabled()) return Status::ok();
+  return check_slots(loc, rows, cuda::to_stream(stream));
+}
+
 Status set_kv_cuda(const TensorView& dst, const TensorView& dst_scales, const TensorView& loc,
                    const TensorView& src, float scale, int layer, void* guard,
                    StreamHandle stream) {
   const int64_t tokens = src.size(0);
   if (tokens == 0) return Status::ok();
   cudaStream_t s = cuda::to_stream(stream);
-  if (check_indices_enabled()) ATTNKIT_RETURN_IF_ERROR(check_slots(loc, dst.size(0), s));
   ScatterArgs a{};
   a.src = src.data;
   a.src_stride_t = src.stride(0);

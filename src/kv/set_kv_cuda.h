@@ -15,9 +15,9 @@
 // such token is recorded in `guard` (a KVGuardRecord on the device; nullptr = skip without
 // recording): one atomicCAS on `flag` per bad token, then the winner stores layer/token/slot. The
 // check is one compare per (token, head) block, and the kernel argument is a fixed pointer, so
-// the launch stays graph-capturable. With ATTNKIT_CHECK_INDICES=1 in the environment the
-// implementation also checks 0 <= loc[t] < rows synchronously before launching and returns
-// kInvalidArgument naming the first bad t and slot.
+// the launch stays graph-capturable. With ATTNKIT_CHECK_INDICES=1 in the environment the pool
+// also checks 0 <= loc[t] < rows synchronously (check_slots_cuda) once, before it writes K or V,
+// and returns kInvalidArgument naming the first bad t and slot with nothing written.
 //
 // Quantisation (must match the CPU path in kv_pool.cpp bit for bit):
 //   bf16 / f16 / f32: dst = RNE(x); scale is not applied (it only applies to quantised caches).
@@ -57,8 +57,16 @@ std::string kv_guard_message(const KVGuardRecord& record, int64_t rows, int page
 // the stream, and clears the record on the device when it was set (same stream).
 Status kv_guard_read_and_clear(void* guard, KVGuardRecord* out, StreamHandle stream);
 
+// CUDA builds only: with ATTNKIT_CHECK_INDICES=1, checks 0 <= loc[t] < rows for every t of loc
+// (int64 [T] on the device) on `stream`, synchronously, and returns kInvalidArgument naming the
+// first bad t and slot; ok at once when the knob is off or T == 0. set_kv runs it once for K and V
+// before writing either, so a refused call leaves the whole cache as it was.
+Status check_slots_cuda(const TensorView& loc, int64_t rows, StreamHandle stream);
+
 // Scatters src[t] into dst[loc[t]] for t in [0, T), quantising as described above. Asynchronous
 // on `stream` (a cudaStream_t, nullptr = default stream); returns a launch error as kCudaError.
+// Inputs are not checked here: set_kv ran every check (the pool's and check_slots_cuda) before
+// its first scatter, so only a launch error can fail the V scatter after the K scatter.
 Status set_kv_cuda(const TensorView& dst,         // [rows, H, D] pool dtype, contiguous
                    const TensorView& dst_scales,  // fp4: fp8_e4m3 [rows, H, D / 16]; else empty
                    const TensorView& loc,         // int64 [T], contiguous

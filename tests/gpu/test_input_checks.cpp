@@ -2,7 +2,7 @@
 // host-side checks found each of these reaching a kernel): the wrong entry point for the batch's
 // mode (forward_extend of a decode batch had returned ok without writing out); a triton layer
 // wider than its backend context (the split-KV partials are sized from the context); q / out
-// views off the 16-byte grain on triton (a misaligned-address fault); non-bf16 q / out on the MLA
+// views off the 16-byte grain (a misaligned-address fault); non-bf16 q / out on the MLA
 // decode engine (garbage with status ok); encoder lengths on the host only over a CUDA pool (a null
 // device array in the index kernel); and token totals past int32 (the CUDA index metadata wraps).
 // After every refusal the context is healthy and out is untouched.
@@ -17,6 +17,7 @@
 #include "attnkit/kv_cache.h"
 #include "attnkit/registry.h"
 #include "harness/case_runner.h"
+#include "support/backend_case_test.h"
 #include "support/gpu_test_helpers.h"
 #include "support/plan_check.h"
 
@@ -102,33 +103,49 @@ TEST(TritonInputs, LayerWiderThanTheContextIsRefused) {
                  StatusCode::kInvalidArgument, "does not fit the backend context (heads 8/8");
 }
 
-// q / out views a bf16 element off the 16-byte grain, or with a head stride of 132 elements.
-TEST(TritonInputs, MisalignedViewsAreRefused) {
+// q / out views a bf16 element off the 16-byte grain, or with a head stride of 132 elements (264
+// bytes): every backend whose kernels move rows in 16-byte vectors refuses them through the one
+// byte-based check (check_vector_rows; fa3's wgmma engine declines and its flashinfer path
+// refuses).
+class MisalignedViews : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MisalignedViews, AreRefusedBeforeAnyLaunch) {
   if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
+  const std::string& name = GetParam();
+  const bool mla = name == "flashmla";
+  const CaseSpec spec =
+      mla ? test_support::plan_check_case("checks_mla_verify", ForwardMode::kTargetVerify,
+                                          {300, 41}, {}, true, 11)
+          : mha_extend();
   CaseOnBackend made;
-  const std::string skip = make("triton", mha_extend(), &made);
+  const std::string skip = make(name, spec, &made);
   if (!skip.empty()) GTEST_SKIP() << skip;
   ASSERT_NE(made.backend, nullptr);
   STATUS_OK(made.backend->init_forward_metadata(made.pc.batch));
   const harness::LayerData& ld = made.pc.layers[0];
+  const std::vector<uint8_t> before = test_support::to_host_bytes(ld.out);
   TensorView q_off = ld.q;
   q_off.data = static_cast<char*>(q_off.data) + 2;
   expect_refused(made.backend->forward(q_off, TensorView(), TensorView(), ld.out, ld.layer,
                                        made.pc.batch, false, TensorView()),
-                 StatusCode::kUnsupported, "triton: q");
+                 StatusCode::kUnsupported, ": q ");
   TensorView out_off = ld.out;
   out_off.data = static_cast<char*>(out_off.data) + 2;
   expect_refused(made.backend->forward(ld.q, TensorView(), TensorView(), out_off, ld.layer,
                                        made.pc.batch, false, TensorView()),
-                 StatusCode::kUnsupported, "triton: out");
+                 StatusCode::kUnsupported, ": out ");
   TensorView q_strided = ld.q;
-  q_strided.strides[1] = 132;  // never read: refused first
+  q_strided.strides[1] = q_strided.strides[1] + 4;  // never read: refused first
   expect_refused(made.backend->forward(q_strided, TensorView(), TensorView(), ld.out, ld.layer,
                                        made.pc.batch, false, TensorView()),
-                 StatusCode::kUnsupported, "16-byte");
+                 StatusCode::kUnsupported, "16-byte aligned base and outer strides");
+  EXPECT_EQ(test_support::to_host_bytes(ld.out), before) << "out was written";
   STATUS_OK(made.backend->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, made.pc.batch,
                                   false, TensorView()));
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, MisalignedViews,
+                         ::testing::Values("triton", "flashinfer", "fa3", "flashmla"));
 
 // A head dim without kernels (72: not in ATTNKIT_HEAD_DIMS) is refused before the cache write:
 // the refused forward had already stored its k / v.
@@ -152,6 +169,35 @@ TEST(TritonInputs, UnbuiltHeadDimIsRefusedBeforeTheCacheWrite) {
   expect_refused((*b)->forward(ld.q, ld.k, ld.v, ld.out, ld.layer, pc->batch, true, TensorView()),
                  StatusCode::kUnsupported, "triton: head dims 72/72 have no kernels");
   EXPECT_EQ(test_support::to_host_bytes(pool.k_buffer(0)), k_before) << "the cache was written";
+}
+
+// More tokens than a grid's z extent (65535): the SIMT extend (f32 activations) and the
+// tensor-core decode put the token on blockIdx.z, and such a launch failed with a raw "invalid
+// configuration argument" after the cache write. They launch in slices now; checked against the
+// fp64 reference (700 requests x 100 new tokens; 66000 decode requests).
+TEST(TritonInputs, TokensPastTheGridZLimitRun) {
+  if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
+  CaseSpec extend;
+  extend.name = "grid_z_extend_f32";
+  extend.mode = ForwardMode::kExtend;
+  extend.page_size = 16;
+  extend.prefix_lens.assign(700, 0);
+  extend.new_lens.assign(700, 100);
+  extend.num_q_heads = 2;
+  extend.num_kv_heads = 1;
+  extend.head_dim = extend.v_head_dim = 64;
+  extend.q_dtype = extend.kv_dtype = DType::kF32;
+  extend.seed = 13;
+  test_support::run_shared_case("triton", Device::cuda(0), extend, true);
+
+  CaseSpec decode = extend;
+  decode.name = "grid_z_decode";
+  decode.mode = ForwardMode::kDecode;
+  decode.prefix_lens.assign(66000, 2);
+  decode.new_lens.assign(66000, 1);
+  decode.num_q_heads = 4;
+  decode.q_dtype = decode.kv_dtype = DType::kBF16;
+  test_support::run_shared_case("triton", Device::cuda(0), decode, true);
 }
 
 // The MLA decode kernels read q and write out as bf16 whatever the views say.

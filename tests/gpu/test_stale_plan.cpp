@@ -3,7 +3,8 @@
 // lengths, an extend batch with a shorter request) is refused by name on every CUDA backend that
 // plans (triton, flashinfer, fa3, flashmla), and writes nothing: the stale plan's query offsets
 // index bs x N rows, past the smaller q / out. BatchArrays: a batch whose index arrays are on the
-// host or strided over a CUDA pool is refused by name as well.
+// host or strided over a CUDA pool is refused by name as well. A batch of the planned shape with
+// other lengths or request rows is refused by the plan's digest of its host arrays.
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -91,6 +92,44 @@ INSTANTIATE_TEST_SUITE_P(
                                          StaleCase{"extend", false, false},
                                          StaleCase{"mla_verify", true, true})),
     [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+
+// The same mode, batch size and token count with other lengths or request rows: the plan's query
+// offsets, split partitions and token indices are the planned batch's, so the forward ran on them
+// and returned ok with wrong rows. Refused by the plan's digest of the host arrays.
+TEST_P(StalePlan, SameShapeOtherLengthsAreRefused) {
+  const StaleCase& sc = std::get<1>(GetParam());
+  harness::PreparedCase& pc = made_->pc;
+  AttentionBackend& backend = *made_->backend;
+  ForwardBatch other = pc.batch;
+  if (sc.verify) {
+    ASSERT_GE(other.req_pool_indices_host.size(), 2u);
+    std::swap(other.req_pool_indices_host[0], other.req_pool_indices_host[1]);
+  } else {
+    // One new token of request 0 moves to request 1 (9 + 3 -> 8 + 4): 12 tokens either way.
+    other.extend_seq_lens_host[0] -= 1;
+    other.extend_seq_lens_host[1] += 1;
+    other.seq_lens_host[0] -= 1;
+    other.seq_lens_host[1] += 1;
+    other.extend_start_loc_host[1] -= 1;
+  }
+  ASSERT_EQ(other.num_tokens, pc.batch.num_tokens);
+  ASSERT_TRUE(backend.init_forward_metadata(pc.batch).is_ok());
+  const harness::LayerData& ld = pc.layers[0];
+  const std::vector<uint8_t> before = test_support::to_host_bytes(ld.out);
+  const Status st = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, other,
+                                    false, TensorView());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("has other request rows or lengths than the batch "
+                              "init_forward_metadata planned"),
+            std::string::npos)
+      << st.to_string();
+  EXPECT_EQ(test_support::to_host_bytes(ld.out), before) << "out was written";
+  // The planned batch itself still runs on the plan.
+  EXPECT_TRUE(backend
+                  .forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch, false,
+                           TensorView())
+                  .is_ok());
+}
 
 // A batch whose index arrays are host arrays (or a strided view) over a CUDA pool is refused by
 // name at init_forward_metadata, before a planner kernel dereferences a host pointer or reads

@@ -2,7 +2,9 @@
 // torch_native's handling of bad input: every error names the argument and the value.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "attnkit/backend.h"
 #include "attnkit/registry.h"
@@ -138,6 +140,37 @@ TEST_F(ValidateInputs, HeadCountsMustDivide) {
   expect_error(validate(), "layer.num_q_heads 6 is not divisible by layer.num_kv_heads 4");
 }
 
+// Each factor finite and > 0, their product (the softmax scale a quantized pool's kernels use, in
+// log2 units) inf or below the normal range: every score became NaN or 0.
+TEST_F(ValidateInputs, FoldedSoftmaxScaleMustBeANormalFloat) {
+  layer().scaling = 1.0f;
+  layer().k_scale = 3e38f;
+  expect_error(validate(), "layer.scaling 1 x layer.k_scale 3e+38");
+  layer().scaling = 1e-20f;
+  layer().k_scale = 1e-20f;
+  expect_error(validate(), "must be a finite normal float");
+  layer().k_scale = 1.0f;
+  EXPECT_TRUE(validate().is_ok());
+}
+
+// out (or lse) laid over the cache: the forward wrote its results into cached k / v.
+TEST_F(ValidateInputs, OutMustNotOverlapThePool) {
+  const auto& pool = static_cast<const MHAKVPool&>(*pc_->batch.kv_pool);
+  TensorView over_k = pc_->layers[0].out;
+  over_k.data = static_cast<char*>(pool.k_buffer(1).data) + 64;
+  out_ = over_k;
+  expect_error(validate(), " overlaps the KV pool's k[1] buffer");
+  out_.reset();
+  TensorView over_v = pc_->layers[0].lse;
+  ASSERT_TRUE(over_v.defined());
+  over_v.data = pool.v_buffer(0).data;
+  lse_ = over_v;
+  expect_error(validate(), "lse f32[");
+  expect_error(validate(), " overlaps the KV pool's v[0] buffer");
+  lse_.reset();
+  EXPECT_TRUE(validate().is_ok());
+}
+
 TEST_F(ValidateInputs, WrongQShape) {
   TensorView q = pc_->layers[0].q;
   q.shape[2] = 64;
@@ -261,7 +294,35 @@ TEST_F(ValidateInputs, BatchArraysMustBeContiguousOnThePoolDevice) {
   expect_error(validate(), "ForwardBatch.out_cache_loc is on cuda:0");
 }
 
+// Host sinks are read: +inf and NaN are refused naming the head and the value (they made every
+// row of the head NaN); finite values and -inf (no sink) pass.
+TEST_F(ValidateInputs, SinksMustBeFiniteOrMinusInf) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> sinks(static_cast<size_t>(layer().num_q_heads), 0.5f);
+  layer().sinks = TensorView(sinks.data(), DType::kF32, Device::cpu(), {layer().num_q_heads});
+  EXPECT_TRUE(validate().is_ok());
+  sinks[2] = -inf;
+  EXPECT_TRUE(validate().is_ok()) << "-inf is no sink";
+  sinks[5] = inf;
+  expect_error(validate(),
+               "layer.sinks[5] (q head 5) is inf: a sink must be finite, or -inf for no sink");
+  sinks[5] = std::numeric_limits<float>::quiet_NaN();
+  expect_error(validate(), "layer.sinks[5] (q head 5) is nan");
+}
+
 // ---- torch_native on bad input: errors, never a crash ----
+
+TEST(TorchNativeBadInput, PlusInfSinkIsRefused) {
+  harness::CaseSpec spec = *harness::find_case("decode_page16");
+  spec.sinks = true;
+  Result<PreparedCase> pc = harness::prepare_case(spec, Device::cpu());
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  for (harness::LayerData& ld : pc->layers) {
+    ld.layer.sinks.data_as<float>()[1] = std::numeric_limits<float>::infinity();
+  }
+  auto b = std::move(create_torch_native_backend(pc->context())).value();
+  expect_error(harness::run_backend(*b, *pc, /*save_kv=*/true), "layer.sinks[1] (q head 1) is inf");
+}
 
 TEST(TorchNativeBadInput, OutOfRangeSlotViaSetKv) {
   Result<PreparedCase> pc =
@@ -364,6 +425,26 @@ TEST(TorchNativeBadInput, MlaPrefillCannotSaveKv) {
                "save_kv is true for an MLA non-absorbed layer");
   expect_error(b->forward(l.q, TensorView(), TensorView(), l.out, l.layer, pc->batch, false, l.lse),
                "k and v of the new tokens are required");
+}
+
+// A non-absorbed MLA layer (192 / 128) reads only the new tokens' k / v: over a decode or verify
+// batch it returned ok with the cached history left out of every output row.
+TEST(TorchNativeBadInput, MlaNonAbsorbedLayerRefusedInDecodeAndVerify) {
+  for (const char* name : {"mla_decode_page1", "mla_verify_topk1_page1"}) {
+    Result<PreparedCase> pc = harness::prepare_case(*harness::find_case(name), Device::cpu());
+    ASSERT_TRUE(pc.is_ok()) << name;
+    auto b = std::move(create_torch_native_backend(pc->context())).value();
+    ASSERT_TRUE(b->init_forward_metadata(pc->batch).is_ok()) << name;
+    const harness::LayerData& l = pc->layers[0];
+    AttentionLayer layer = l.layer;
+    layer.qk_head_dim = 192;
+    layer.v_head_dim = 128;
+    layer.num_kv_heads = layer.num_q_heads;
+    expect_error(b->forward(l.q, l.k, l.v, l.out, layer, pc->batch, false, l.lse),
+                 std::string("MLA non-absorbed layer (qk_head_dim 192 != kv_lora_rank + "
+                             "qk_rope_head_dim 576) in a ") +
+                     forward_mode_name(pc->batch.mode) + " batch");
+  }
 }
 
 }  // namespace

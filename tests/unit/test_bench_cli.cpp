@@ -3,8 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -12,7 +18,30 @@
 
 #include "../../bench/bench_case_file.h"
 #include "../../bench/bench_formulas.h"
+#include "harness/case_runner.h"
 #include "support/cli_runner.h"
+
+// An allocation probe for HugeCudaCaseIsRefusedBeforeAnyHostVector: while g_new_cap > 0, operator
+// new refuses (std::bad_alloc) every request above it and records the largest such request, so a
+// host vector built before the size check shows up without being allocated.
+namespace {
+std::atomic<std::size_t> g_new_cap{0};
+std::atomic<std::size_t> g_new_refused{0};
+}  // namespace
+
+void* operator new(std::size_t bytes) {
+  const std::size_t cap = g_new_cap.load(std::memory_order_relaxed);
+  if (cap > 0 && bytes > cap) {
+    std::size_t seen = g_new_refused.load();
+    while (seen < bytes && !g_new_refused.compare_exchange_weak(seen, bytes)) {
+    }
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(bytes > 0 ? bytes : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace attnkit::bench {
 namespace {
@@ -28,6 +57,24 @@ std::string read_text(const std::string& path) {
   return attnkit::test_support::read_text_file(path);
 }
 
+// What most bench tests do: `file_text` written to the case file <TempDir>/<stem>.json,
+// `attnkit bench --cases <it> --json <TempDir>/<stem>_out.json <args>` run, and the JSON it wrote
+// parsed (null when the run failed; a successful run without valid JSON throws, failing the test).
+struct BenchRun {
+  CliRun cli;
+  nlohmann::json doc;
+};
+
+BenchRun run_bench(const std::string& stem, const std::string& file_text, const std::string& args) {
+  const std::string cases = ::testing::TempDir() + stem + ".json";
+  const std::string json = ::testing::TempDir() + stem + "_out.json";
+  write_text_file(cases, file_text);
+  BenchRun r;
+  r.cli = run_cli("bench --cases '" + cases + "' --json '" + json + "' " + args);
+  if (r.cli.exit_code == 0) r.doc = nlohmann::json::parse(read_text(json));
+  return r;
+}
+
 // Two small decode points (ragged page fill: 33 and 40 tokens at page 16) and one causal extend.
 constexpr const char* kDecodeFile = R"({
   "kind": "decode",
@@ -41,22 +88,19 @@ constexpr const char* kExtendFile = R"({
 })";
 
 TEST(BenchCli, VerifiedCpuSweepWritesFormulaValues) {
-  const std::string dir = ::testing::TempDir();
-  const std::string cases = dir + "bench_cli_decode.json";
-  const std::string json = dir + "bench_cli_decode_out.json";
-  const std::string csv = dir + "bench_cli_decode_out.csv";
-  write_text_file(cases, kDecodeFile);
-  const CliRun r = run_cli("bench --backend torch_native --cases '" + cases +
-                           "' --device cpu --verify --rotate-mib 1 --warmup 1 --iters 2 "
-                           "--paired-rounds 3 --paired-calls 2 --json '" +
-                           json + "' --csv '" + csv + "'");
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("decode_b2_kv33_p16_h4x2_d64_kvbf16"), std::string::npos) << r.out;
-  EXPECT_NE(r.err.find("[2/2]"), std::string::npos) << "progress lines on stderr: " << r.err;
+  const std::string csv = ::testing::TempDir() + "bench_cli_decode_out.csv";
+  const BenchRun r = run_bench("bench_cli_decode", kDecodeFile,
+                               "--backend torch_native --device cpu --verify --rotate-mib 1 "
+                               "--warmup 1 --iters 2 --paired-rounds 3 --paired-calls 2 --csv '" +
+                                   csv + "'");
+  ASSERT_EQ(r.cli.exit_code, 0) << r.cli.out << r.cli.err;
+  EXPECT_NE(r.cli.out.find("decode_b2_kv33_p16_h4x2_d64_kvbf16"), std::string::npos) << r.cli.out;
+  EXPECT_NE(r.cli.err.find("[2/2]"), std::string::npos)
+      << "progress lines on stderr: " << r.cli.err;
 
   Result<CaseFile> file = parse_case_file_text(kDecodeFile, "inline");
   ASSERT_TRUE(file.is_ok()) << file.status().to_string();
-  const nlohmann::json doc = nlohmann::json::parse(read_text(json));
+  const nlohmann::json& doc = r.doc;
   EXPECT_EQ(doc["schema"], "attnkit-bench/1");
   EXPECT_NE(doc["command"].get<std::string>().find("--cases"), std::string::npos);
   EXPECT_EQ(doc["device"]["device"], "cpu");
@@ -99,23 +143,19 @@ TEST(BenchCli, VerifiedCpuSweepWritesFormulaValues) {
 // An uneven batch (kv_lens): every request its own length, verified against the reference, and the
 // JSON's bytes / flops are the per-request sums.
 TEST(BenchCli, UnevenDecodeBatchIsVerified) {
-  const std::string dir = ::testing::TempDir();
-  const std::string cases = dir + "bench_cli_uneven.json";
-  const std::string json = dir + "bench_cli_uneven_out.json";
   constexpr const char* kFile = R"({
     "kind": "decode",
     "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
     "cases": [{"kv_lens": [300, 1, 17]}]
   })";
-  write_text_file(cases, kFile);
-  const CliRun r =
-      run_cli("bench --backend torch_native,intel_amx --cases '" + cases +
-              "' --device cpu --verify --rotate-mib 1 --warmup 0 --iters 1 --json '" + json + "'");
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const BenchRun r = run_bench(
+      "bench_cli_uneven", kFile,
+      "--backend torch_native,intel_amx --device cpu --verify --rotate-mib 1 --warmup 0 --iters 1");
+  ASSERT_EQ(r.cli.exit_code, 0) << r.cli.out << r.cli.err;
   Result<CaseFile> file = parse_case_file_text(kFile, "inline");
   ASSERT_TRUE(file.is_ok()) << file.status().to_string();
   const BenchCase& c = file->cases[0];
-  const nlohmann::json doc = nlohmann::json::parse(read_text(json));
+  const nlohmann::json& doc = r.doc;
   ASSERT_EQ(doc["results"].size(), 2u);
   for (const nlohmann::json& x : doc["results"]) {
     EXPECT_EQ(x["case"], c.name);
@@ -131,43 +171,33 @@ TEST(BenchCli, UnevenDecodeBatchIsVerified) {
 // The JSON's params carry what the counts depend on: an MLA verify chain's s_q and a shared
 // prefix (recomputing the s_q 2 rows from params alone gave half their FLOPs).
 TEST(BenchCli, ParamsCarrySqAndSharedPrefix) {
-  const std::string dir = ::testing::TempDir();
-  const std::string mla_cases = dir + "bench_cli_params_mla.json";
-  const std::string dec_cases = dir + "bench_cli_params_dec.json";
-  const std::string mla_json = dir + "bench_cli_params_mla_out.json";
-  const std::string dec_json = dir + "bench_cli_params_dec_out.json";
-  write_text_file(mla_cases, R"({"kind": "mla_decode",
+  const std::string args =
+      "--backend torch_native --device cpu --rotate-mib 1 --warmup 0 --iters 1";
+  const BenchRun mla_run = run_bench("bench_cli_params_mla", R"({"kind": "mla_decode",
     "fixed": {"q_heads": 4, "kv_lora_rank": 64, "qk_rope_head_dim": 16, "page_size": 16},
-    "cases": [{"batch": 1, "kv_len": 40, "s_q": 2}]})");
-  write_text_file(dec_cases, R"({"kind": "decode",
+    "cases": [{"batch": 1, "kv_len": 40, "s_q": 2}]})",
+                                     args);
+  ASSERT_EQ(mla_run.cli.exit_code, 0) << mla_run.cli.out << mla_run.cli.err;
+  const BenchRun dec_run = run_bench("bench_cli_params_dec", R"({"kind": "decode",
     "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
-    "cases": [{"batch": 2, "kv_len": 64, "shared_prefix": 32}]})");
-  for (const auto& [cases, json] :
-       {std::pair{mla_cases, mla_json}, std::pair{dec_cases, dec_json}}) {
-    const CliRun r =
-        run_cli("bench --backend torch_native --cases '" + cases +
-                "' --device cpu --rotate-mib 1 --warmup 0 --iters 1 --json '" + json + "'");
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  }
-  const nlohmann::json mla = nlohmann::json::parse(read_text(mla_json))["results"][0];
+    "cases": [{"batch": 2, "kv_len": 64, "shared_prefix": 32}]})",
+                                     args);
+  ASSERT_EQ(dec_run.cli.exit_code, 0) << dec_run.cli.out << dec_run.cli.err;
+  const nlohmann::json& mla = mla_run.doc["results"][0];
   EXPECT_EQ(mla["params"]["s_q"], 2) << mla.dump();
   EXPECT_FALSE(mla["params"].contains("shared_prefix"));
-  const nlohmann::json dec = nlohmann::json::parse(read_text(dec_json))["results"][0];
+  const nlohmann::json& dec = dec_run.doc["results"][0];
   EXPECT_EQ(dec["params"]["shared_prefix"], 32) << dec.dump();
   EXPECT_FALSE(dec["params"].contains("s_q"));
 }
 
 TEST(BenchCli, ExtendIsJudgedAgainstTheComputeCeiling) {
-  const std::string dir = ::testing::TempDir();
-  const std::string cases = dir + "bench_cli_extend.json";
-  const std::string json = dir + "bench_cli_extend_out.json";
-  write_text_file(cases, kExtendFile);
-  const CliRun r = run_cli("bench --backend torch_native --cases '" + cases +
-                           "' --device cpu --rotate-mib 1 --warmup 0 --iters 1 --gemm-tflops 2 "
-                           "--json '" +
-                           json + "'");
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  const nlohmann::json doc = nlohmann::json::parse(read_text(json));
+  const BenchRun r =
+      run_bench("bench_cli_extend", kExtendFile,
+                "--backend torch_native --device cpu --rotate-mib 1 --warmup 0 --iters 1 "
+                "--gemm-tflops 2");
+  ASSERT_EQ(r.cli.exit_code, 0) << r.cli.out << r.cli.err;
+  const nlohmann::json& doc = r.doc;
   ASSERT_EQ(doc["results"].size(), 1u);
   const nlohmann::json& x = doc["results"][0];
   EXPECT_EQ(x["bound"], "compute");
@@ -331,7 +361,8 @@ TEST(BenchCli, HugeCaseIsRefusedBeforeAnythingIsAllocated) {
                             "\"{\\\"mode\\\": \\\"extend\\\", \\\"prefix_lens\\\": [0], "
                             "\\\"new_lens\\\": [2000000000]}\"";
   attnkit::test_support::expect_cli_errors(
-      "/bin/sh", {{"-c '" + inner + "'", "its host KV pool needs"}}, {"ran out"});
+      "/bin/sh", {{"-c '" + inner + "'", "MiB of host memory (page and request tables "}},
+      {"ran out"});
 
   const std::string cases = ::testing::TempDir() + "bench_cli_huge.json";
   write_text_file(cases, R"({"kind": "decode",
@@ -343,8 +374,86 @@ TEST(BenchCli, HugeCaseIsRefusedBeforeAnythingIsAllocated) {
                      "--rotate-mib 1 --paired-rounds 0 --cases \"" +
                      cases + "\"'");
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.out.find("its host KV pool needs"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("preparing it on cpu needs"), std::string::npos) << r.out << r.err;
   EXPECT_EQ(r.out.find("ran out"), std::string::npos) << r.out;
+}
+
+// The options `attnkit bench` prepares a timed case with (bench_runner.cpp, run_case): one
+// rotating copy here, no snapshot, poison or lse, fast random inputs.
+harness::PrepareOptions bench_timing_options() {
+  harness::PrepareOptions options;
+  options.num_layers = 1;
+  options.request_lse = false;
+  options.poison = false;
+  options.snapshot_pool = false;
+  options.fast_inputs = true;
+  return options;
+}
+
+// A bench decode point (4 / 2 heads, d 64, page 16) of `batch` requests of kv_len 2e9.
+harness::CaseSpec huge_decode(int batch) {
+  return harness::make_uniform_case("huge", ForwardMode::kDecode, batch, 1999999999, 1, 4, 2, 64,
+                                    16, DType::kBF16, DType::kBF16);
+}
+
+// The footprint is worked out from the lengths on every device: on CUDA the pool is on the device,
+// but the page list, slots and request table (its host mirror) of 2e9 tokens are 66 GB of host
+// memory that the CPU-only pool check never counted.
+TEST(BenchCli, HostFootprintCountsTheTablesOnEveryDevice) {
+  const harness::CaseSpec spec = huge_decode(1);
+  const harness::PrepareOptions options = bench_timing_options();
+  // 125M pages (+ spare) x (state byte + free-list id + page id), 2e9 slots, a request table of
+  // (1 + 2 spare + row 0) rows x (125M + 1) pages x 16 entries, 2e9 - 1 history slots plus the new
+  // token's slot and position, all int64 but the table's int32 entries.
+  const double pages = 125000000.0 + options.spare_pages;
+  const double tables = pages * 17 + 2e9 * 8 + 4 * (125000000.0 + 1) * 16 * 4 + (2e9 + 1) * 8;
+  const harness::HostFootprint cuda = harness::host_footprint(spec, Device::cuda(0), options);
+  EXPECT_DOUBLE_EQ(cuda.tables, tables);
+  EXPECT_EQ(cuda.pool, 0.0);
+  EXPECT_EQ(cuda.snapshot, 0.0);
+  const harness::HostFootprint cpu = harness::host_footprint(spec, Device::cpu(), options);
+  EXPECT_GT(cpu.tables, tables) << "the CPU also holds the uploaded slots";
+  EXPECT_DOUBLE_EQ(cpu.pool, (pages * 16 + 16) * 2 * (64 + 64) * 2);
+  harness::PrepareOptions snapshot = options;
+  snapshot.snapshot_pool = true;
+  EXPECT_DOUBLE_EQ(harness::host_footprint(spec, Device::cuda(0), snapshot).snapshot, cpu.pool);
+
+  const Status st = harness::check_host_footprint(spec, Device::cuda(0), options, int64_t{8} << 30);
+  EXPECT_EQ(st.code(), StatusCode::kOutOfMemory) << st.to_string();
+  const std::string needs = "case huge: preparing it on cuda:0 needs " +
+                            std::to_string(std::llround(cuda.total() / (1 << 20))) +
+                            " MiB of host memory (page and request tables " +
+                            std::to_string(std::llround(tables / (1 << 20))) + " MiB, inputs ";
+  EXPECT_NE(st.message().find(needs), std::string::npos) << st.message() << "\n" << needs;
+  EXPECT_NE(st.message().find("), above the 8192 MiB this host has available"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(st.message().find("KV pool"), std::string::npos) << "the pool is on the device";
+  EXPECT_TRUE(
+      harness::check_host_footprint(spec, Device::cuda(0), options, /*available=*/-1).is_ok());
+  harness::CaseSpec small = spec;
+  small.prefix_lens = {63};
+  EXPECT_TRUE(
+      harness::check_host_footprint(small, Device::cuda(0), options, int64_t{1} << 30).is_ok());
+}
+
+// The size check comes before any host vector, on every device: a bench point of 16 requests of
+// kv_len 2e9 on cuda:0 is refused while operator new refuses anything above 1 MiB. Checked on the
+// CPU alone before, the case built its page allocator, page list, slots and request table first
+// (here: a 2 GB request for the allocator, refused by the probe, and "host memory ran out").
+TEST(BenchCli, HugeCudaCaseIsRefusedBeforeAnyHostVector) {
+  const harness::CaseSpec spec = huge_decode(16);
+  g_new_refused = 0;
+  g_new_cap = std::size_t{1} << 20;
+  Result<harness::PreparedCase> pc =
+      harness::prepare_case(spec, Device::cuda(0), bench_timing_options());
+  g_new_cap = 0;
+  ASSERT_FALSE(pc.is_ok());
+  EXPECT_EQ(pc.status().code(), StatusCode::kOutOfMemory) << pc.status().to_string();
+  EXPECT_NE(pc.status().message().find("case huge: preparing it on cuda:0 needs "),
+            std::string::npos)
+      << pc.status().message();
+  EXPECT_EQ(g_new_refused.load(), 0u)
+      << "prepare_case asked for " << g_new_refused.load() << " bytes before refusing the case";
 }
 
 // JSON numbers past a double (1e999), a logit cap past a float and a key given twice: one error
@@ -461,23 +570,19 @@ TEST(BenchCli, DuplicatePointsAreRefusedAndBackendsRunOnce) {
         dup + ": cases[0] repeats case decode_b1_kv64_p16_h4x2_d64_kvbf16 of sweep point "
               "{kv_len=64}"}});
 
-  const std::string cases = dir + "bench_cli_dup_backends.json";
-  const std::string json = dir + "bench_cli_dup_backends_out.json";
-  write_text_file(cases, kSmallFile);
-  const CliRun r = run_cli("bench --backend torch_native,all,torch_native --cases '" + cases +
-                           "' --device cpu --rotate-mib 1 --warmup 0 --iters 1 --paired-rounds 0 "
-                           "--json '" +
-                           json + "'");
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  const nlohmann::json doc = nlohmann::json::parse(read_text(json));
+  const BenchRun r =
+      run_bench("bench_cli_dup_backends", kSmallFile,
+                "--backend torch_native,all,torch_native --device cpu --rotate-mib 1 "
+                "--warmup 0 --iters 1 --paired-rounds 0");
+  ASSERT_EQ(r.cli.exit_code, 0) << r.cli.out << r.cli.err;
   std::vector<std::string> backends;
-  for (const nlohmann::json& x : doc["results"]) backends.push_back(x["backend"]);
+  for (const nlohmann::json& x : r.doc["results"]) backends.push_back(x["backend"]);
   ASSERT_FALSE(backends.empty());
   EXPECT_EQ(backends.front(), "torch_native") << "the first named comes first";
   EXPECT_EQ(std::count(backends.begin(), backends.end(), "torch_native"), 1);
   std::vector<std::string> unique = backends;
   std::sort(unique.begin(), unique.end());
-  EXPECT_EQ(std::unique(unique.begin(), unique.end()), unique.end()) << r.err;
+  EXPECT_EQ(std::unique(unique.begin(), unique.end()), unique.end()) << r.cli.err;
 }
 
 // A case file that is not a regular file (/dev/zero was read forever) or past the size cap.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -229,6 +230,44 @@ TEST_P(IntelAmxTargeted, SharpSoftmaxLargeCapAndMinusInfSink) {
       }
     }
   });
+}
+
+// A +inf or NaN sink (head 3 of 8) is refused by name before the cache write; it had run and
+// turned every row of that head into NaN (exp2(sink - max) with max = +inf is NaN).
+TEST_P(IntelAmxTargeted, PlusInfAndNanSinksAreRefused) {
+  constexpr int kHead = 3;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (ForwardMode mode : {ForwardMode::kDecode, ForwardMode::kExtend}) {
+    for (float bad : {inf, nan}) {
+      SCOPED_TRACE(std::string(forward_mode_name(mode)) + " sink " + std::to_string(bad));
+      CaseSpec spec = make_case(
+          "bad_sink", mode, 16, {40, 3},
+          mode == ForwardMode::kDecode ? std::vector<int>{1, 1} : std::vector<int>{9, 20});
+      spec.sinks = true;
+      Result<PreparedCase> pc = harness::prepare_case(spec, Device::cpu());
+      ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+      for (harness::LayerData& ld : pc->layers) ld.layer.sinks.data_as<float>()[kHead] = bad;
+      Result<std::unique_ptr<AttentionBackend>> backend = make_backend(*pc, GetParam());
+      ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+      const Status st = harness::run_backend(**backend, *pc, /*save_kv=*/true);
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+      const std::string value = std::isnan(bad) ? "nan" : "inf";
+      EXPECT_NE(st.message().find("layer.sinks[3] (q head 3) is " + value), std::string::npos)
+          << st.message();
+      EXPECT_NE(st.message().find("a sink must be finite, or -inf for no sink"), std::string::npos)
+          << st.message();
+      // Nothing was written: layer 0's pool bytes are still those of the snapshot.
+      const auto* pool = dynamic_cast<const MHAKVPool*>(pc->kv_pool.get());
+      ASSERT_NE(pool, nullptr);
+      std::vector<uint8_t> bytes;
+      for (const TensorView& b : {pool->k_buffer(0), pool->v_buffer(0)}) {
+        const auto* p = static_cast<const uint8_t*>(b.data);
+        bytes.insert(bytes.end(), p, p + b.storage_bytes());
+      }
+      EXPECT_EQ(bytes, pc->pool_snapshot[0]) << "the refused forward wrote the cache";
+    }
+  }
 }
 
 // A thread count past the limit is refused by name (it had failed as a 59 GB allocation).

@@ -319,6 +319,84 @@ TEST(ReqToTokenPool, WriteChecksBoundsAndWritesNothingOnError) {
   EXPECT_EQ(pool->host_row(3), nullptr);
 }
 
+// A row that alloc() never handed out, or one already freed, belongs to no request: a write into
+// it was accepted and left slots that no free() would ever clear.
+TEST(ReqToTokenPool, WriteRefusesARowThatIsNotAllocated) {
+  auto pool = ReqToTokenPool::create(3, 8, Device::cpu()).value();
+  const int row = pool->alloc().value();
+  const int never = row + 1;  // in range, never allocated
+  const Status st = pool->write(never, 0, Slots{16, 17});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("row " + std::to_string(never) + " is not allocated"),
+            std::string::npos)
+      << st.message();
+  const int32_t* never_row = pool->host_row(never);
+  EXPECT_EQ(std::vector<int32_t>(never_row, never_row + 8), std::vector<int32_t>(8, 0));
+
+  ASSERT_TRUE(pool->write(row, 0, Slots{16, 17}).is_ok());
+  ASSERT_TRUE(pool->free(row).is_ok());
+  const Status freed = pool->write(row, 2, Slots{18});
+  EXPECT_EQ(freed.code(), StatusCode::kInvalidArgument) << freed.to_string();
+  EXPECT_NE(freed.message().find("row " + std::to_string(row) + " is not allocated"),
+            std::string::npos)
+      << freed.message();
+  EXPECT_EQ(pool->host_row(row)[2], 0);
+}
+
+// free() zeroes the row (page 0, the dummy page), so the next request on that row, or a reader
+// of a stale req_pool_index, never sees the previous request's slots.
+TEST(ReqToTokenPool, FreeZeroesTheRow) {
+  auto pool = ReqToTokenPool::create(2, 8, Device::cpu()).value();
+  const int row = pool->alloc().value();
+  ASSERT_TRUE(pool->write(row, 1, Slots{32, 33, 34}).is_ok());
+  ASSERT_TRUE(pool->free(row).is_ok());
+  const std::vector<int32_t> zeros(8, 0);
+  const int32_t* host = pool->host_row(row);
+  EXPECT_EQ(std::vector<int32_t>(host, host + 8), zeros);
+  const int32_t* table = pool->table().data_as<int32_t>() + row * 8;
+  EXPECT_EQ(std::vector<int32_t>(table, table + 8), zeros);
+  ASSERT_EQ(pool->alloc().value(), row);  // handed out again: starts empty
+  EXPECT_EQ(std::vector<int32_t>(host, host + 8), zeros);
+}
+
+// A host copy of a table (what a backend staging a device table to the CPU keeps) takes rows with
+// their allocation, since write() refuses rows the copy never allocated itself.
+TEST(ReqToTokenPool, CopyRowsFromMirrorsEntriesAndAllocation) {
+  auto src = ReqToTokenPool::create(3, 4, Device::cpu()).value();
+  auto copy = ReqToTokenPool::create(3, 4, Device::cpu()).value();
+  const int a = src->alloc().value();
+  const int b = src->alloc().value();
+  ASSERT_TRUE(src->write(a, 0, Slots{8, 9, 10}).is_ok());
+  ASSERT_TRUE(src->write(b, 0, Slots{12}).is_ok());
+  const std::vector<int32_t> rows{b, 0, a};
+  ASSERT_TRUE(copy->copy_rows_from(*src, rows).is_ok());
+  for (const int r : {a, b}) {
+    EXPECT_TRUE(copy->is_allocated(r)) << r;
+    EXPECT_EQ(std::vector<int32_t>(copy->host_row(r), copy->host_row(r) + 4),
+              std::vector<int32_t>(src->host_row(r), src->host_row(r) + 4))
+        << r;
+  }
+  EXPECT_EQ(copy->available(), 1);
+  EXPECT_TRUE(copy->write(a, 3, Slots{11}).is_ok());
+  // Freed in src: freed and zeroed in the copy.
+  ASSERT_TRUE(src->free(b).is_ok());
+  ASSERT_TRUE(copy->copy_rows_from(*src, std::vector<int32_t>{b}).is_ok());
+  EXPECT_FALSE(copy->is_allocated(b));
+  EXPECT_EQ(copy->host_row(b)[0], 0);
+  EXPECT_EQ(copy->available(), 2);
+
+  auto other = ReqToTokenPool::create(3, 8, Device::cpu()).value();
+  const Status shape = copy->copy_rows_from(*other, rows);
+  EXPECT_EQ(shape.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(shape.message().find("src is [3 + 1, 8] but this pool is [3 + 1, 4]"),
+            std::string::npos)
+      << shape.message();
+  const Status range = copy->copy_rows_from(*src, std::vector<int32_t>{a, 4});
+  EXPECT_NE(range.message().find("rows[1] = 4 is outside [0, 3]"), std::string::npos)
+      << range.message();
+  EXPECT_EQ(copy->host_row(a)[3], 11);  // a bad argument changed nothing
+}
+
 // ---- host views, driven by a small scheduler simulation ----
 
 class ViewsPageSize : public ::testing::TestWithParam<int> {};
@@ -433,6 +511,64 @@ TEST(KVViews, ValidateInputs) {
   ASSERT_TRUE(last.is_ok());
   EXPECT_EQ((*last)[0], 19);
   EXPECT_EQ((*last)[1], -1);
+}
+
+// Entries below a request's seq_len that were never written read as slot 0, which is in the
+// reserved page 0: the page table gave the request the dummy page (and the token indices slot 0)
+// instead of refusing. Padding past a request's pages, and the padding row 0, stay page 0.
+TEST(KVViews, UnwrittenEntriesInsideSeqLenAreRefused) {
+  constexpr int kPs = 4;
+  auto pool = ReqToTokenPool::create(2, 16, Device::cpu()).value();
+  const int row = pool->alloc().value();
+  ASSERT_TRUE(pool->write(row, 0, Slots{8, 9, 10, 11, 20}).is_ok());  // pages 2 and 5 (1 token)
+  const std::vector<int32_t> rows{row};
+  int max_pages = 0;
+
+  // Written tokens only: fine, and the table is padded with page 0 for a longer request.
+  auto ok = build_page_table_host(*pool, std::vector<int32_t>{row, 0}, std::vector<int32_t>{5, 1},
+                                  kPs, &max_pages);
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(*ok, (std::vector<int32_t>{2, 5, 0, 0}));
+
+  const std::string where = "req_to_token[" + std::to_string(row) + ", ";
+  // Token 5 shares page 5's first entry but was never written.
+  auto partial = build_page_table_host(*pool, rows, std::vector<int32_t>{6}, kPs, &max_pages);
+  ASSERT_FALSE(partial.is_ok());
+  EXPECT_EQ(partial.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(partial.status().message().find(where + "5] = 0"), std::string::npos)
+      << partial.status().message();
+  EXPECT_NE(partial.status().message().find("page 0"), std::string::npos)
+      << partial.status().message();
+  // A whole page never written: its page-start entry 0 passed the alignment check.
+  const int other = pool->alloc().value();
+  ASSERT_TRUE(pool->write(other, 0, Slots{12, 13, 14, 15}).is_ok());
+  auto whole = build_page_table_host(*pool, std::vector<int32_t>{row, other},
+                                     std::vector<int32_t>{5, 6}, kPs, &max_pages);
+  ASSERT_FALSE(whole.is_ok());
+  EXPECT_NE(whole.status().message().find("req_to_token[" + std::to_string(other) + ", 4] = 0"),
+            std::string::npos)
+      << whole.status().message();
+  // A slot inside page 0 that is not 0 is refused as well.
+  ASSERT_TRUE(pool->write(row, 5, Slots{21, 22, 2}).is_ok());
+  auto dummy = build_page_table_host(*pool, rows, std::vector<int32_t>{8}, kPs, &max_pages);
+  ASSERT_FALSE(dummy.is_ok());
+  EXPECT_NE(dummy.status().message().find(where + "7] = 2"), std::string::npos)
+      << dummy.status().message();
+
+  // Token indices: slot 0 inside [kv_start, seq_len) was never written.
+  auto unwritten = build_token_indices_host(*pool, rows, std::vector<int32_t>{10});
+  ASSERT_FALSE(unwritten.is_ok());
+  EXPECT_NE(unwritten.status().message().find(where + "8] = 0"), std::string::npos)
+      << unwritten.status().message();
+  auto windowed =
+      build_token_indices_host(*pool, rows, std::vector<int32_t>{10}, std::vector<int32_t>{9});
+  ASSERT_FALSE(windowed.is_ok());
+  EXPECT_NE(windowed.status().message().find(where + "9] = 0"), std::string::npos)
+      << windowed.status().message();
+  EXPECT_TRUE(build_token_indices_host(*pool, rows, std::vector<int32_t>{8}).is_ok());
+  // The padding row 0 reads slot 0 by design.
+  EXPECT_TRUE(
+      build_token_indices_host(*pool, std::vector<int32_t>{0}, std::vector<int32_t>{1}).is_ok());
 }
 
 }  // namespace

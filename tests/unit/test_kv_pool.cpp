@@ -271,6 +271,27 @@ TEST_P(PoolDType, MLASetKVRoundTripAndVAliasesTheRow) {
   }
 }
 
+// storage_overlapping names the lowest-addressed pool buffer a byte range touches: a range ending
+// at a buffer's first byte or starting at its end does not touch it; a range over two buffers names
+// the one it starts in.
+TEST(KVPool, StorageOverlappingNamesTheFirstBufferTouched) {
+  auto pool = MHAKVPool::create(mha_config(DType::kF32)).value();
+  const TensorView k1 = pool->k_buffer(1);
+  const auto* base = static_cast<const char*>(k1.data);
+  const int64_t bytes = k1.storage_bytes();
+  // (Another buffer may sit just before or after k[1]; k[1] itself must not be named.)
+  EXPECT_NE(pool->storage_overlapping(base - 64, 64), "k[1]");
+  EXPECT_NE(pool->storage_overlapping(base + bytes, 64), "k[1]");
+  EXPECT_EQ(pool->storage_overlapping(base, 1), "k[1]");
+  EXPECT_EQ(pool->storage_overlapping(base + bytes - 1, 1), "k[1]");
+  EXPECT_EQ(pool->storage_overlapping(base + 8, bytes), "k[1]");
+  EXPECT_EQ(pool->storage_overlapping(pool->v_buffer(0).data, 4), "v[0]");
+  EXPECT_EQ(pool->storage_overlapping(base, 0), "");
+  EXPECT_EQ(pool->storage_overlapping(nullptr, 64), "");
+  const std::vector<float> elsewhere(64);
+  EXPECT_EQ(pool->storage_overlapping(elsewhere.data(), 256), "");
+}
+
 TEST(KVPool, AcceptsBF16AndStridedSources) {
   auto pool = MHAKVPool::create(mha_config(DType::kF32)).value();
   const int64_t tokens = 5;
@@ -445,6 +466,39 @@ TEST_F(KVPoolErrors, ShapesDTypesDevicesLayersAndScales) {
   // The same call with valid inputs does write (so the checks above are meaningful).
   ASSERT_TRUE(pool_->set_kv(0, loc(), k(), v(), 1.0f, 1.0f, nullptr).is_ok());
   EXPECT_NE(snapshot(pool_->k_buffer(0)), before_k_);
+}
+
+// set_kv writes K, then V: every check of V (and of the slots) runs before the K write, so a bad
+// V leaves K as it was (no half-written token whose V is missing).
+TEST_F(KVPoolErrors, InvalidVLeavesKUntouched) {
+  std::vector<float> v_wide = random_values(3 * 2 * 64, 54);
+  TensorView v_strided(v_wide.data(), DType::kF32, Device::cpu(), {3, 2, 32});
+  v_strided.strides = {128, 64, 2};
+  const struct {
+    TensorView v;
+    float v_scale;
+    const char* needle;
+  } kRows[] = {
+      {TensorView(v_.data(), DType::kF32, Device::cpu(), {3, 2, 16}), 1.0f, "v:"},  // v_head_dim
+      {TensorView(v_.data(), DType::kF32, Device::cpu(), {2, 2, 32}), 1.0f, "v:"},  // tokens
+      {TensorView(v_.data(), DType::kF32, Device::cpu(), {3, 1, 64}), 1.0f, "v:"},  // heads
+      {TensorView(v_.data(), DType::kF32, Device::cpu(), {3, 64}), 1.0f, "v:"},     // rank
+      {TensorView(v_.data(), DType::kI32, Device::cpu(), {3, 2, 32}), 1.0f, "v:"},
+      {TensorView(v_.data(), DType::kF32, Device::cuda(0), {3, 2, 32}), 1.0f, "v:"},
+      {TensorView(nullptr, DType::kF32, Device::cpu(), {3, 2, 32}), 1.0f, "v:"},
+      {v_strided, 1.0f, "v: innermost stride 2"},
+      {v(), 0.0f, "v_scale"},
+      {v(), kNaN, "v_scale"},
+      {TensorView(), 1.0f, "v:"},  // no V at all
+  };
+  for (const auto& row : kRows) {
+    SCOPED_TRACE(row.needle);
+    expect_error(pool_->set_kv(0, loc(), k(), row.v, 1.0f, row.v_scale, nullptr), row.needle);
+  }
+  // The same K with a valid V is written (so K was writable above).
+  ASSERT_TRUE(pool_->set_kv(0, loc(), k(), v(), 1.0f, 1.0f, nullptr).is_ok());
+  EXPECT_NE(snapshot(pool_->k_buffer(0)), before_k_);
+  EXPECT_NE(snapshot(pool_->v_buffer(0)), before_v_);
 }
 
 TEST(KVPoolConfigErrors, NameTheField) {

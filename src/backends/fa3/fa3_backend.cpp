@@ -16,6 +16,7 @@
 
 #include "attnkit/kv_cache.h"
 #include "attnkit/registry.h"
+#include "backend/plan_stamp.h"
 #include "backends/fa3/prefill_sm90_engine.h"
 #include "backends/flashinfer/flashinfer_backend.h"
 #include "cuda/common/device_attributes.h"
@@ -35,9 +36,13 @@ class Fa3Backend final : public AttentionBackend {
     // The previous forward's wgmma plan goes first: a failed init below left it live, and a
     // forward of the same shape then ran on it past the inner backend's stale-plan guard.
     if (wgmma_ != nullptr) wgmma_->drop_plan();
+    stamp_ = PlanStamp{};
     ATTNKIT_RETURN_IF_ERROR(inner_->init_forward_metadata(batch));
     if (wgmma_ == nullptr) return Status::ok();
-    return wgmma_->plan(batch, stream_for(batch));
+    ATTNKIT_RETURN_IF_ERROR(wgmma_->plan(batch, stream_for(batch)));
+    stamp_ =
+        PlanStamp{true, batch.mode, batch.batch_size, batch.num_tokens, plan_lengths_digest(batch)};
+    return Status::ok();
   }
   Status forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionLayer& layer,
@@ -59,6 +64,7 @@ class Fa3Backend final : public AttentionBackend {
                                                   const TensorView& encoder_lens, ForwardMode mode,
                                                   const SpecInfo* spec) override {
     if (wgmma_ != nullptr) wgmma_->drop_plan();  // captured graphs run the flashinfer kernels
+    stamp_ = PlanStamp{};
     return inner_->init_forward_metadata_capture_cuda_graph(bs, num_tokens, req_pool_indices,
                                                             seq_lens, encoder_lens, mode, spec);
   }
@@ -81,6 +87,8 @@ class Fa3Backend final : public AttentionBackend {
   BackendContext ctx_;
   std::unique_ptr<AttentionBackend> inner_;        // flashinfer, its own SM90 routing off
   std::unique_ptr<fa3::PrefillSm90Engine> wgmma_;  // nullptr: no forward of this context uses it
+  // The batch the engine's tiles were planned for (the flashinfer path checks its own plan).
+  PlanStamp stamp_;
   Fa3Stats stats_;
 };
 
@@ -94,6 +102,7 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
   }
   ATTNKIT_RETURN_IF_ERROR(
       validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
+  ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan("fa3", stamp_, batch));
   const StreamHandle stream = stream_for(batch);
   if (save_kv && k.defined()) {
     auto& pool = static_cast<MHAKVPool&>(*batch.kv_pool);

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "backend/device_array.h"
 #include "backend/graph_captures.h"
 #include "backend/kernel_params.h"
+#include "backend/plan_stamp.h"
 #include "backends/fa3/prefill_sm90_engine.h"
 #include "backends/flashinfer/cascade.h"
 #include "backends/flashinfer/kernels/balanced_plan.h"
@@ -55,7 +57,6 @@ using flashinfer::TileShape;
 using flashinfer::WorkPlan;
 
 constexpr int kMinComputeCapability = 80;
-constexpr int kVecElems = 8;  // 16-byte accesses of bf16/f16 rows
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -124,6 +125,7 @@ struct Plan {
   // another count is refused, as the plan's query offsets would index past them; -1 where the
   // path it delegates to checks (portable, MLA engine).
   int num_tokens = -1;
+  std::optional<uint64_t> lengths;  // eager plans: plan_lengths_digest (plan_stamp.h)
   TileShape shape = TileShape::kDecode;
   int grid_items = 0;  // CTAs per kv head launched (balanced plan: CTAs)
   // > 0: the decode plan is a balanced-kernel plan of this many slots (the default,
@@ -149,16 +151,6 @@ int log2_exact(int v) {
   int s = 0;
   while ((1 << s) < v) ++s;
   return s;
-}
-
-Status check_vec_aligned(const TensorView& t, const char* name) {
-  const bool ok = reinterpret_cast<uintptr_t>(t.data) % (kVecElems * 2) == 0 &&
-                  t.stride(0) % kVecElems == 0 && t.stride(1) % kVecElems == 0;
-  if (!ok) {
-    return Status::unsupported(std::string("flashinfer: ") + name + " " + t.describe() +
-                               " needs 16-byte aligned rows (strides multiples of 8 elements)");
-  }
-  return Status::ok();
 }
 
 class FlashInferBackend final : public AttentionBackend {
@@ -493,6 +485,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   if (batch.req_to_token_pool == nullptr) {
     return Status::invalid_argument("flashinfer: ForwardBatch.req_to_token_pool is null");
   }
+  plan_.lengths = plan_lengths_digest(batch);
   plan_.num_tokens = batch.num_tokens;
   const int bs = batch.batch_size;
   plan_.bs = bs;
@@ -607,13 +600,9 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   ATTNKIT_RETURN_IF_ERROR(
       validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
   if (batch.mode == ForwardMode::kIdle || batch.num_tokens == 0) return Status::ok();
-  if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size ||
-      (plan_.num_tokens >= 0 && plan_.num_tokens != batch.num_tokens)) {
-    return Status::invalid_argument(
-        "flashinfer: forward called without a matching init_forward_metadata (mode " +
-        std::string(forward_mode_name(batch.mode)) + ", batch_size " + str(batch.batch_size) +
-        ", num_tokens " + str(batch.num_tokens) + ")");
-  }
+  ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan(
+      "flashinfer", PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths},
+      batch));
   if (plan_.graph || plan_.mla_native) {  // the rows a replay's lengths must fit
     if (batch.req_to_token_pool != nullptr) {
       graph_max_context_ = batch.req_to_token_pool->max_context_len();
@@ -661,8 +650,8 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
         std::string("flashinfer: q ") + dtype_name(q.dtype) + " / out " + dtype_name(out.dtype) +
         " differ from the context's q dtype " + dtype_name(ctx_.q_dtype));
   }
-  ATTNKIT_RETURN_IF_ERROR(check_vec_aligned(q, "q"));
-  ATTNKIT_RETURN_IF_ERROR(check_vec_aligned(out, "out"));
+  ATTNKIT_RETURN_IF_ERROR(check_vector_rows("flashinfer", q, "q"));
+  ATTNKIT_RETURN_IF_ERROR(check_vector_rows("flashinfer", out, "out"));
 
   auto& pool = static_cast<MHAKVPool&>(*batch.kv_pool);
   const StreamHandle stream = stream_for(batch);

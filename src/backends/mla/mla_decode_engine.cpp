@@ -14,6 +14,7 @@
 
 #include "attnkit/kv_cache.h"
 #include "backend/kernel_params.h"
+#include "backend/plan_stamp.h"
 #include "backends/mla/kernels/mla_decode.h"
 #include "backends/mla/kernels/mla_tile_scheduler.h"
 #include "core/env_knob.h"
@@ -213,6 +214,7 @@ Status MlaDecodeEngine::plan(const ForwardBatch& batch, StreamHandle stream) {
   plan_.bs = bs;
   plan_.s_q = s_q;
   plan_.num_tokens = batch.num_tokens;
+  plan_.lengths = plan_lengths_digest(batch);
   plan_.num_parts = parts;
   plan_.sched = sched_.data();
   plan_.split_indptr = split_indptr_.data();
@@ -330,13 +332,9 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
                             const TensorView& out, const AttentionLayer& layer,
                             const ForwardBatch& batch, bool save_kv, const TensorView& lse,
                             StreamHandle stream) {
-  if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size ||
-      (plan_.num_tokens >= 0 && plan_.num_tokens != batch.num_tokens)) {
-    return Status::invalid_argument(
-        owner_ + ": MLA forward without a matching init_forward_metadata (mode " +
-        forward_mode_name(batch.mode) + ", batch_size " + std::to_string(batch.batch_size) +
-        ", num_tokens " + std::to_string(batch.num_tokens) + ")");
-  }
+  ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan(
+      owner_, PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths},
+      batch));
   if (!layer.is_mla || layer.qk_head_dim != kRowDim || layer.v_head_dim != kLatentDim ||
       layer.num_kv_heads != 1 || layer.num_q_heads != ctx_.num_q_heads) {
     return Status::invalid_argument(
@@ -350,12 +348,8 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
         owner_ + ": MLA decode supports no sliding window, soft-cap or sinks (layer " +
         str(layer.layer_id) + ")");
   }
-  if (q.stride(2) != 1 || out.stride(2) != 1 || q.stride(1) % 8 != 0 || q.stride(0) % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(q.data) % 16 != 0 || out.stride(1) % 8 != 0 ||
-      out.stride(0) % 8 != 0 || reinterpret_cast<uintptr_t>(out.data) % 16 != 0) {
-    return Status::unsupported(owner_ + ": MLA decode needs q " + q.describe() + " and out " +
-                               out.describe() + " with 16-byte aligned unit-stride rows");
-  }
+  ATTNKIT_RETURN_IF_ERROR(check_vector_rows(owner_, q, "q"));
+  ATTNKIT_RETURN_IF_ERROR(check_vector_rows(owner_, out, "out"));
   if (lse.defined() && lse.stride(1) != 1) {
     return Status::unsupported(owner_ + ": MLA decode needs lse with a unit head stride");
   }

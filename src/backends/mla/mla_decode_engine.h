@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,7 @@ class MlaDecodeEngine {
     // refused: the plan's query rows would index past its q / out); -1 for replay plans (no
     // forward runs on them).
     int num_tokens = -1;
+    std::optional<uint64_t> lengths;  // eager plans: plan_lengths_digest (plan_stamp.h)
     int num_parts = 1;
     const int32_t* sched = nullptr;
     const int32_t* split_indptr = nullptr;

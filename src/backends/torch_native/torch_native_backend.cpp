@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "attnkit/registry.h"
+#include "backend/validate.h"
 #include "core/str_cat.h"
 #ifdef ATTNKIT_WITH_CUDA
 #include "cuda/common/cuda_check.cuh"
@@ -270,12 +272,10 @@ Status check_rows(const ForwardBatch& batch, const std::vector<RequestPlan>& pla
 Result<ReferenceOutput> compute_attention_fp64(const TensorView& q, const TensorView& k,
                                                const TensorView& v, const AttentionLayer& layer,
                                                const ForwardBatch& batch) {
-  // Validation inspects only the metadata of `out`, which is never written here: describe the
-  // fp64 result's shape with q's pointer.
-  const TensorView out_shape(q.data, q.dtype, q.device,
-                             {batch.num_tokens, layer.num_q_heads, layer.v_head_dim});
-  ATTNKIT_RETURN_IF_ERROR(validate_forward_inputs(q, k, v, out_shape, layer, batch,
-                                                  /*save_kv=*/false, TensorView(), Device::cpu()));
+  // No out view: the fp64 result goes to host vectors. (A stand-in view over q's memory had been
+  // validated in its place, which the pool-aliasing check saw reach into the pool when v_head_dim
+  // > qk_head_dim.)
+  ATTNKIT_RETURN_IF_ERROR(validate_reference_inputs(q, k, v, layer, batch, Device::cpu()));
   ATTNKIT_RETURN_IF_ERROR(check_host(q, "q"));
   ATTNKIT_RETURN_IF_ERROR(check_host(k, "k"));
   ATTNKIT_RETURN_IF_ERROR(check_host(v, "v"));
@@ -695,13 +695,11 @@ class TorchNativeBackend final : public AttentionBackend {
     // The requests' req_to_token rows from the device table's host mirror. Rows outside
     // [1, max_reqs] are left alone: row 0 is all zeros in both tables, and an invalid row reads
     // as missing in the mirror too, so the host path reports it.
+    // copy_rows_from carries whether each row is allocated, as write() asks.
     const ReqToTokenPool& table = *batch.req_to_token_pool;
-    std::vector<int64_t> slots(static_cast<size_t>(table.max_context_len()));
     for (const int32_t row : batch.req_pool_indices_host) {
       if (row < 1 || row > table.max_reqs()) continue;
-      const int32_t* entries = table.host_row(row);
-      std::copy(entries, entries + table.max_context_len(), slots.begin());
-      ATTNKIT_RETURN_IF_ERROR(host_table_->write(row, 0, slots));
+      ATTNKIT_RETURN_IF_ERROR(host_table_->copy_rows_from(table, std::span(&row, 1)));
     }
 
     staging_used_ = 0;

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "backend/device_array.h"
 #include "backend/graph_captures.h"
 #include "backend/kernel_params.h"
+#include "backend/plan_stamp.h"
 #include "backends/triton/kernels/attention_params.h"
 #include "backends/triton/kernels/simt_layout.h"
 #include "backends/triton/kernels/split_plan.h"
@@ -57,6 +59,7 @@ struct Plan {
   // The planned batch's num_tokens (graphs: bs x queries per request): a forward of another count
   // is refused, as the plan's query offsets would index past its q / out.
   int num_tokens = 0;
+  std::optional<uint64_t> lengths;  // eager plans: plan_lengths_digest (plan_stamp.h)
   const int32_t* self_indptr = nullptr;
   const int32_t* self_indices = nullptr;
   const int32_t* cross_indptr = nullptr;  // nullptr = no encoder
@@ -228,6 +231,7 @@ Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
   if (batch.req_to_token_pool == nullptr) {
     return Status::invalid_argument("triton: ForwardBatch.req_to_token_pool is null");
   }
+  plan_.lengths = plan_lengths_digest(batch);
   const StreamHandle stream = stream_for(batch);
   const Device dev = ctx_.device;
   const int bs = batch.batch_size;
@@ -339,9 +343,6 @@ Status TritonBackend::forward_decode(const TensorView& q, const TensorView& k, c
   return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/true);
 }
 
-// The kernels' vector width for q / k / v / out rows (uint4 / float4 loads and stores).
-constexpr int64_t kVectorBytes = 16;
-
 Status TritonBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const AttentionLayer& layer,
                           const ForwardBatch& batch, bool save_kv, const TensorView& lse,
@@ -363,30 +364,15 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
         "): the layer's q heads (and an MHA layer's kv heads) must equal the context's, its V "
         "no wider");
   }
-  // The kernels load and store q / k / v / out rows in 16-byte vectors: a base address or a token
-  // / head stride off that grain (a view with a storage offset) was a misaligned-address fault.
+  // The kernels load and store q / k / v / out rows in 16-byte vectors.
   for (const auto& [t, name] :
        {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}}) {
-    if (!t->defined() || t->numel() == 0) continue;
-    const int64_t elem_bits = dtype_bits(t->dtype);
-    const bool aligned = reinterpret_cast<uintptr_t>(t->data) % kVectorBytes == 0 &&
-                         (t->stride(0) * elem_bits / 8) % kVectorBytes == 0 &&
-                         (t->stride(1) * elem_bits / 8) % kVectorBytes == 0;
-    if (!aligned) {
-      return Status::unsupported(std::string("triton: ") + name + " " + t->describe() +
-                                 " needs a 16-byte aligned base and token / head strides of "
-                                 "whole 16-byte vectors");
-    }
+    ATTNKIT_RETURN_IF_ERROR(check_vector_rows("triton", *t, name));
   }
   if (batch.mode == ForwardMode::kIdle || batch.num_tokens == 0) return Status::ok();
-  if (!plan_.valid || plan_.mode != batch.mode || plan_.bs != batch.batch_size ||
-      plan_.num_tokens != batch.num_tokens) {
-    return Status::invalid_argument(
-        "triton: forward called without a matching init_forward_metadata (mode " +
-        std::string(forward_mode_name(batch.mode)) + ", batch_size " +
-        std::to_string(batch.batch_size) + ", num_tokens " + std::to_string(batch.num_tokens) +
-        ")");
-  }
+  ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan(
+      "triton", PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths},
+      batch));
   if (batch.kv_pool == nullptr)
     return Status::invalid_argument("triton: ForwardBatch.kv_pool is null");
   KVPool& pool = *batch.kv_pool;

@@ -13,6 +13,10 @@
 
 namespace attnkit::triton {
 
+// The most tokens one launch's grid covers (gridDim.z's limit); longer batches are launched in
+// slices (AttentionParams::token_base).
+inline constexpr int kMaxGridTokens = 65535;
+
 struct AttentionParams {
   // Queries and outputs (activation dtype).
   const void* q = nullptr;  // [T, Hq, Dqk]
@@ -57,6 +61,9 @@ struct AttentionParams {
 
   int bs = 0;
   int num_tokens = 0;  // T
+  // The first token of this launch: grids are launched in slices of at most kMaxGridTokens
+  // tokens (blockIdx.z, whose limit is 65535), token = token_base + blockIdx.z.
+  int token_base = 0;
   int num_q_heads = 0;
   int num_kv_heads = 0;
   int group_size = 0;  // Hq / Hkv

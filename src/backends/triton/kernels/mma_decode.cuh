@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "backends/triton/kernels/attention_params.h"
@@ -124,7 +125,7 @@ template <typename Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     mma_decode_kernel(const __grid_constant__ AttentionParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
-  const int token = blockIdx.z;  // decode: request b owns token b
+  const int token = p.token_base + static_cast<int>(blockIdx.z);  // decode: request b owns token b
   const int kv_head = blockIdx.x / p.group_tiles;
   const int tile = blockIdx.x % p.group_tiles;
   const int num_prefix = p.kv_indptr[token + 1] - p.kv_indptr[token];
@@ -167,10 +168,15 @@ Status launch_ring_decode(AttentionParams p, int grid_splits, StreamHandle strea
   ATTNKIT_CUDA_TRY(attr);
   p.group_tiles = (p.group_size + cuda::ring::kRows - 1) / cuda::ring::kRows;
   if (p.num_tokens == 0) return Status::ok();
-  const dim3 grid(p.num_kv_heads * p.group_tiles, grid_splits, p.num_tokens);
   cudaStream_t s = cuda::to_stream(stream);
-  mma_decode_kernel<Tr><<<grid, Tr::kThreads, Tr::kSmemBytes, s>>>(p);
-  ATTNKIT_CUDA_TRY(cudaGetLastError());
+  for (int base = 0; base < p.num_tokens; base += kMaxGridTokens) {
+    AttentionParams slice = p;
+    slice.token_base = base;
+    const dim3 grid(p.num_kv_heads * p.group_tiles, grid_splits,
+                    std::min(kMaxGridTokens, p.num_tokens - base));
+    mma_decode_kernel<Tr><<<grid, Tr::kThreads, Tr::kSmemBytes, s>>>(slice);
+    ATTNKIT_CUDA_TRY(cudaGetLastError());
+  }
   return Status::ok();
 }
 

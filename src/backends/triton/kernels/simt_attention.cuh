@@ -254,7 +254,7 @@ struct SimtKernel {
   }
 
   __device__ static void run(const AttentionParams& p, SharedStorage& smem) {
-    const int token = blockIdx.z;
+    const int token = p.token_base + static_cast<int>(blockIdx.z);
     const int kv_head = blockIdx.y / p.group_tiles;
     const int tile = blockIdx.y % p.group_tiles;
     const int split = blockIdx.x;

@@ -2,6 +2,7 @@
 // the split-KV merge. Included by one small translation unit per head-dim pair.
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "backends/triton/kernels/simt_attention.cuh"
@@ -15,14 +16,19 @@ template <int kDqk, int kDv, DType kQ, DType kKV>
 Status launch_simt(AttentionParams p, bool extend, int grid_splits, StreamHandle stream) {
   using Traits = SimtTraits<kDqk, kDv, kQ, kKV>;
   p.group_tiles = (p.group_size + Traits::kGqaTile - 1) / Traits::kGqaTile;
-  const dim3 grid(grid_splits, p.num_kv_heads * p.group_tiles, p.num_tokens);
   cudaStream_t s = cuda::to_stream(stream);
-  if (extend) {
-    simt_attention_kernel<Traits, true><<<grid, Traits::kThreads, 0, s>>>(p);
-  } else {
-    simt_attention_kernel<Traits, false><<<grid, Traits::kThreads, 0, s>>>(p);
+  for (int base = 0; base < p.num_tokens; base += kMaxGridTokens) {
+    AttentionParams slice = p;
+    slice.token_base = base;
+    const dim3 grid(grid_splits, p.num_kv_heads * p.group_tiles,
+                    std::min(kMaxGridTokens, p.num_tokens - base));
+    if (extend) {
+      simt_attention_kernel<Traits, true><<<grid, Traits::kThreads, 0, s>>>(slice);
+    } else {
+      simt_attention_kernel<Traits, false><<<grid, Traits::kThreads, 0, s>>>(slice);
+    }
+    ATTNKIT_CUDA_TRY(cudaGetLastError());
   }
-  ATTNKIT_CUDA_TRY(cudaGetLastError());
   if (!extend && p.max_splits > 1) {
     launch_split_kv_merge<kDv, kQ>(p, s);
     ATTNKIT_CUDA_TRY(cudaGetLastError());
