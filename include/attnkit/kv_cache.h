@@ -61,6 +61,7 @@ class ReqToTokenPool {
   Buffer buffer_;
   std::vector<int32_t> host_;
   std::vector<int> free_rows_;
+  std::vector<int32_t> written_end_;  // per row: columns at or past it were never written (zero)
   std::vector<uint8_t> in_use_;
 };
 

@@ -112,14 +112,6 @@ Status check_layer(const AttentionLayer& layer) {
     return Status::invalid_argument(cat("layer.k_scale ", layer.k_scale, " and layer.v_scale ",
                                         layer.v_scale, " must be finite and > 0"));
   }
-  // Quantized pools fold k_scale into the softmax scale, which the kernels take in log2 units: the
-  // product overflowed to inf (NaN rows) or flushed to 0 (uniform rows) with each factor valid.
-  if (const float folded = layer.scaling * layer.k_scale * 1.44269504f;
-      !std::isfinite(folded) || !(folded >= std::numeric_limits<float>::min())) {
-    return Status::invalid_argument(
-        cat("layer.scaling ", layer.scaling, " x layer.k_scale ", layer.k_scale,
-            " (the softmax scale of a quantized pool, x log2(e)) must be a finite normal float"));
-  }
   if (layer.is_mla) {
     const int row = layer.kv_lora_rank + layer.qk_rope_head_dim;
     if (layer.kv_lora_rank <= 0 || layer.qk_rope_head_dim < 0) {
@@ -250,14 +242,15 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
       layer.is_mla && layer.qk_head_dim == layer.kv_lora_rank + layer.qk_rope_head_dim;
   const bool mla_prefill = layer.is_mla && !mla_absorbed;
   // A non-absorbed layer attends over the new tokens' k / v only (plus layer.mla_prefix's
-  // decompressed chunks): a decode or verify batch's history sits in the latent pool, which such a
-  // layer never reads, so its output would silently leave the history out.
-  if (mla_prefill &&
-      (batch.mode == ForwardMode::kDecode || batch.mode == ForwardMode::kTargetVerify)) {
+  // decompressed chunks): a decode, mixed or verify batch's history sits in the latent pool, which
+  // such a layer never reads, so its output would silently leave the history out.
+  if (mla_prefill && (batch.mode == ForwardMode::kDecode || batch.mode == ForwardMode::kMixed ||
+                      batch.mode == ForwardMode::kTargetVerify)) {
     return Status::invalid_argument(
         cat("MLA non-absorbed layer (qk_head_dim ", dqk, " != kv_lora_rank + qk_rope_head_dim ",
             layer.kv_lora_rank + layer.qk_rope_head_dim, ") in a ", forward_mode_name(batch.mode),
-            " batch: it reads no cached history; decode and target_verify need the absorbed layer "
+            " batch: it reads no cached history; decode, mixed and target_verify batches need the "
+            "absorbed layer "
             "(qk_head_dim = kv_lora_rank + qk_rope_head_dim, v_head_dim = kv_lora_rank)"));
   }
 
@@ -387,6 +380,18 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
               ") does not match the KV pool (num_kv_heads ", cfg.num_kv_heads, ", head_dim ",
               cfg.head_dim, ", v_head_dim ", cfg.v_head_dim, ")"));
     }
+  }
+  // Quantized pools fold k_scale into the softmax scale, which the kernels take in log2 units: the
+  // product overflowed to inf (NaN rows) or flushed to 0 (uniform rows) with each factor valid. A
+  // non-absorbed MLA layer reads no pool rows, so no scale is folded there.
+  const bool quantized_pool = dtype_is_fp8(cfg.dtype) || cfg.dtype == DType::kFP4E2M1;
+  if (const float folded = layer.scaling * layer.k_scale * 1.44269504f;
+      quantized_pool && !mla_prefill &&
+      (!std::isfinite(folded) || !(folded >= std::numeric_limits<float>::min()))) {
+    return Status::invalid_argument(cat("layer.scaling ", layer.scaling, " x layer.k_scale ",
+                                        layer.k_scale, " (the softmax scale over the ",
+                                        dtype_name(cfg.dtype),
+                                        " pool, x log2(e)) must be a finite normal float"));
   }
   // out and lse must not be views of the cache: the forward would overwrite cached k / v (any
   // layer's) with its results.

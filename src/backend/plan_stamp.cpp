@@ -55,6 +55,10 @@ uint64_t plan_lengths_digest(const ForwardBatch& batch) {
   d.add(batch.spec.mask_indptr_host);
   d.mix(static_cast<uint64_t>(static_cast<uint32_t>(batch.spec.draft_token_num)) << 32 |
         static_cast<uint32_t>(batch.spec.topk));
+  // The pools the plan read (token indices and the cascade's shared prefix come from the request
+  // table at plan time).
+  d.mix(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(batch.kv_pool)));
+  d.mix(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(batch.req_to_token_pool)));
   return d.value();
 }
 
@@ -66,6 +70,12 @@ Status check_forward_matches_plan(std::string_view backend, const PlanStamp& pla
         cat(backend, ": forward called without a matching init_forward_metadata (mode ",
             forward_mode_name(batch.mode), ", batch_size ", batch.batch_size, ", num_tokens ",
             batch.num_tokens, ")"));
+  }
+  if (plan.replay) {
+    return Status::invalid_argument(
+        cat(backend, ": forward called on a CUDA-graph replay plan (mode ",
+            forward_mode_name(batch.mode), ", batch_size ", batch.batch_size,
+            "): launch the captured graph, or call init_forward_metadata for an eager forward"));
   }
   if (plan.lengths.has_value() && *plan.lengths != plan_lengths_digest(batch)) {
     return Status::invalid_argument(

@@ -17,7 +17,9 @@
 namespace attnkit {
 
 // The host arrays a plan is built from (request rows, sequence / prefix / extend lengths, extend
-// offsets, encoder lengths, the verify mask's offsets, draft count and topk), folded into 64 bits.
+// offsets, encoder lengths, the verify mask's offsets, draft count and topk) and the KV and
+// request-table pools it read, folded into 64 bits. The table rows' contents are not: they are the
+// planned forward's until it ends.
 // O(batch size); about a microsecond at batch 256.
 uint64_t plan_lengths_digest(const ForwardBatch& batch);
 
@@ -27,11 +29,15 @@ struct PlanStamp {
   int bs = 0;
   int64_t num_tokens = -1;          // -1: any count (the path it delegates to checks)
   std::optional<uint64_t> lengths;  // eager plans: plan_lengths_digest; graph plans: none
+  // A CUDA-graph replay plan: its buffers hold the replayed batch's indices for the captured
+  // kernels, and no forward() runs on it (a capture plan serves the capture's forwards and the
+  // warm-up forwards before it).
+  bool replay = false;
 };
 
 // kInvalidArgument naming `backend` when `batch` is not the batch `plan` was made for: no plan, or
 // another mode / batch size / token count ("forward called without a matching
-// init_forward_metadata"), or the same shape with other lengths.
+// init_forward_metadata"), the same shape with other lengths, or a replay plan.
 Status check_forward_matches_plan(std::string_view backend, const PlanStamp& plan,
                                   const ForwardBatch& batch);
 

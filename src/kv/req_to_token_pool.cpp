@@ -46,6 +46,7 @@ Result<std::unique_ptr<ReqToTokenPool>> ReqToTokenPool::create(int max_reqs, int
         copy_bytes(pool->buffer_.data(), device, pool->host_.data(), Device::cpu(), bytes));
   }
   pool->in_use_.assign(static_cast<size_t>(max_reqs) + 1, 0);
+  pool->written_end_.assign(static_cast<size_t>(max_reqs) + 1, 0);
   pool->free_rows_.reserve(static_cast<size_t>(max_reqs));
   for (int row = max_reqs; row >= 1; --row) pool->free_rows_.push_back(row);  // lowest at back
   return pool;
@@ -74,9 +75,13 @@ Status ReqToTokenPool::free(int row) {
   }
   // Back to all zeros (page 0, the dummy page) before the row can be handed out again: a reader
   // of a stale req_pool_index or the next request on this row never sees this request's slots.
-  const std::vector<int32_t> zeros(static_cast<size_t>(max_context_len_), 0);
+  // Only the columns ever written can be non-zero, so only those are copied (a request of 2k
+  // tokens in a 128k table moves 8 KB, not 512 KB).
+  const auto r = static_cast<size_t>(row);
+  const std::vector<int32_t> zeros(static_cast<size_t>(written_end_[r]), 0);
   ATTNKIT_RETURN_IF_ERROR(store(row_offset(row), zeros));
-  in_use_[static_cast<size_t>(row)] = 0;
+  written_end_[r] = 0;
+  in_use_[r] = 0;
   free_rows_.push_back(row);
   return Status::ok();
 }
@@ -146,7 +151,10 @@ Status ReqToTokenPool::write(int row, int start, std::span<const int64_t> slots)
   for (int64_t i = 0; i < n; ++i) {
     values[static_cast<size_t>(i)] = static_cast<int32_t>(slots[static_cast<size_t>(i)]);
   }
-  return store(row_offset(row) + static_cast<size_t>(start), values);
+  ATTNKIT_RETURN_IF_ERROR(store(row_offset(row) + static_cast<size_t>(start), values));
+  int32_t& end = written_end_[static_cast<size_t>(row)];
+  end = std::max(end, static_cast<int32_t>(start + n));
+  return Status::ok();
 }
 
 Status ReqToTokenPool::copy_rows_from(const ReqToTokenPool& src, std::span<const int32_t> rows) {
@@ -169,6 +177,7 @@ Status ReqToTokenPool::copy_rows_from(const ReqToTokenPool& src, std::span<const
     const int32_t* entries = src.host_row(row);
     ATTNKIT_RETURN_IF_ERROR(store(
         row_offset(row), std::span<const int32_t>(entries, static_cast<size_t>(max_context_len_))));
+    written_end_[static_cast<size_t>(row)] = max_context_len_;  // the whole row was copied
     const bool allocated = src.is_allocated(row);
     if (allocated == is_allocated(row)) continue;
     in_use_[static_cast<size_t>(row)] = allocated ? 1 : 0;

@@ -81,6 +81,16 @@ TEST_P(GraphReplayGuards, MismatchedReplaysAreRefused) {
   };
   const Status ok = replay(bs, b.seq_lens, sp, b.seq_lens_host);
   ASSERT_TRUE(ok.is_ok()) << ok.to_string();
+  // No forward runs on a replay plan: its buffers hold the replayed batch's indices for the
+  // captured kernels (an eager forward of another batch of this size ran on them with status ok).
+  {
+    const harness::LayerData& ld = pc.layers[0];
+    const std::vector<uint8_t> before = test_support::to_host_bytes(ld.out);
+    expect_refused(
+        backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, b, false, TensorView()),
+        "forward called on a CUDA-graph replay plan");
+    EXPECT_EQ(test_support::to_host_bytes(ld.out), before) << "out was written";
+  }
   expect_refused(replay(bs - 1, b.seq_lens, sp, b.seq_lens_host), "was captured");
   if (gc.verify) {
     SpecInfo two = b.spec;

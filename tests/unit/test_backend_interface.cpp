@@ -140,19 +140,6 @@ TEST_F(ValidateInputs, HeadCountsMustDivide) {
   expect_error(validate(), "layer.num_q_heads 6 is not divisible by layer.num_kv_heads 4");
 }
 
-// Each factor finite and > 0, their product (the softmax scale a quantized pool's kernels use, in
-// log2 units) inf or below the normal range: every score became NaN or 0.
-TEST_F(ValidateInputs, FoldedSoftmaxScaleMustBeANormalFloat) {
-  layer().scaling = 1.0f;
-  layer().k_scale = 3e38f;
-  expect_error(validate(), "layer.scaling 1 x layer.k_scale 3e+38");
-  layer().scaling = 1e-20f;
-  layer().k_scale = 1e-20f;
-  expect_error(validate(), "must be a finite normal float");
-  layer().k_scale = 1.0f;
-  EXPECT_TRUE(validate().is_ok());
-}
-
 // out (or lse) laid over the cache: the forward wrote its results into cached k / v.
 TEST_F(ValidateInputs, OutMustNotOverlapThePool) {
   const auto& pool = static_cast<const MHAKVPool&>(*pc_->batch.kv_pool);
@@ -425,6 +412,40 @@ TEST(TorchNativeBadInput, MlaPrefillCannotSaveKv) {
                "save_kv is true for an MLA non-absorbed layer");
   expect_error(b->forward(l.q, TensorView(), TensorView(), l.out, l.layer, pc->batch, false, l.lse),
                "k and v of the new tokens are required");
+}
+
+// Each factor finite and > 0, their product (the softmax scale a quantized pool's kernels use, in
+// log2 units) inf or below the normal range: every score became NaN or 0. Pools of the
+// activation dtype fold no scale, so the same factors pass there.
+TEST(ValidateFoldedScale, QuantizedPoolNeedsANormalProduct) {
+  for (const char* name : {"extend_fp8_e4m3_kv", "extend_page16_ragged"}) {
+    Result<PreparedCase> pc = harness::prepare_case(*harness::find_case(name), Device::cpu());
+    ASSERT_TRUE(pc.is_ok()) << name;
+    const bool quantized = pc->spec.kv_dtype == DType::kFP8E4M3;
+    const harness::LayerData& l = pc->layers[0];
+    AttentionLayer layer = l.layer;
+    const auto validate = [&] {
+      return validate_forward_inputs(l.q, l.k, l.v, l.out, layer, pc->batch, true, l.lse,
+                                     Device::cpu());
+    };
+    layer.scaling = 1.0f;
+    layer.k_scale = 3e38f;
+    if (quantized) {
+      expect_error(validate(), "layer.scaling 1 x layer.k_scale 3e+38");
+    } else {
+      EXPECT_TRUE(validate().is_ok()) << name;
+    }
+    layer.scaling = 1e-20f;
+    layer.k_scale = 1e-20f;
+    if (quantized) {
+      expect_error(validate(), "pool, x log2(e)) must be a finite normal float");
+    } else {
+      EXPECT_TRUE(validate().is_ok()) << name;
+    }
+    layer.k_scale = 1.0f;
+    layer.scaling = l.layer.scaling;
+    EXPECT_TRUE(validate().is_ok()) << name;
+  }
 }
 
 // A non-absorbed MLA layer (192 / 128) reads only the new tokens' k / v: over a decode or verify

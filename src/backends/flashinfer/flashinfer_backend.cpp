@@ -126,6 +126,7 @@ struct Plan {
   // path it delegates to checks (portable, MLA engine).
   int num_tokens = -1;
   std::optional<uint64_t> lengths;  // eager plans: plan_lengths_digest (plan_stamp.h)
+  bool replay = false;              // a CUDA-graph replay plan (no forward runs on it)
   TileShape shape = TileShape::kDecode;
   int grid_items = 0;  // CTAs per kv head launched (balanced plan: CTAs)
   // > 0: the decode plan is a balanced-kernel plan of this many slots (the default,
@@ -601,7 +602,8 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
       validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
   if (batch.mode == ForwardMode::kIdle || batch.num_tokens == 0) return Status::ok();
   ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan(
-      "flashinfer", PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths},
+      "flashinfer",
+      PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths, plan_.replay},
       batch));
   if (plan_.graph || plan_.mla_native) {  // the rows a replay's lengths must fit
     if (batch.req_to_token_pool != nullptr) {
@@ -1165,6 +1167,7 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   ATTNKIT_RETURN_IF_ERROR(
       check_graph_inputs("flashinfer", bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
   prefix_cache_.drop_plan();
+  plan_.replay = true;  // from here the plan's buffers are the replayed batch's
   if (graph_mla_native(encoder_lens, mode, spec)) {
     ATTNKIT_RETURN_IF_ERROR(check_graph_lengths(
         "flashinfer", bs, seq_lens_host,

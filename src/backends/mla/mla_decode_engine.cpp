@@ -285,6 +285,8 @@ Status MlaDecodeEngine::plan_graph(int bs, const TensorView& seq_lens, ForwardMo
   if (capture) {
     graph_captures_.record(mode, bs, s_q);
     plan_.num_tokens = bs * s_q;  // the captured forwards' tokens (run checks them)
+  } else {
+    plan_.replay = true;
   }
   plan_.valid = true;
   plan_.mode = mode;
@@ -333,7 +335,8 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
                             const ForwardBatch& batch, bool save_kv, const TensorView& lse,
                             StreamHandle stream) {
   ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan(
-      owner_, PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths},
+      owner_,
+      PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths, plan_.replay},
       batch));
   if (!layer.is_mla || layer.qk_head_dim != kRowDim || layer.v_head_dim != kLatentDim ||
       layer.num_kv_heads != 1 || layer.num_q_heads != ctx_.num_q_heads) {

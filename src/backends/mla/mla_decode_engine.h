@@ -121,6 +121,7 @@ class MlaDecodeEngine {
     // forward runs on them).
     int num_tokens = -1;
     std::optional<uint64_t> lengths;  // eager plans: plan_lengths_digest (plan_stamp.h)
+    bool replay = false;              // a CUDA-graph replay plan (no forward runs on it)
     int num_parts = 1;
     const int32_t* sched = nullptr;
     const int32_t* split_indptr = nullptr;

@@ -60,6 +60,7 @@ struct Plan {
   // is refused, as the plan's query offsets would index past its q / out.
   int num_tokens = 0;
   std::optional<uint64_t> lengths;  // eager plans: plan_lengths_digest (plan_stamp.h)
+  bool replay = false;              // a CUDA-graph replay plan (no forward runs on it)
   const int32_t* self_indptr = nullptr;
   const int32_t* self_indices = nullptr;
   const int32_t* cross_indptr = nullptr;  // nullptr = no encoder
@@ -371,7 +372,8 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   }
   if (batch.mode == ForwardMode::kIdle || batch.num_tokens == 0) return Status::ok();
   ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan(
-      "triton", PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths},
+      "triton",
+      PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths, plan_.replay},
       batch));
   if (batch.kv_pool == nullptr)
     return Status::invalid_argument("triton: ForwardBatch.kv_pool is null");
@@ -709,6 +711,7 @@ Status TritonBackend::init_forward_metadata_replay_cuda_graph(
   ATTNKIT_RETURN_IF_ERROR(check_graph_lengths("triton", bs, seq_lens_host, verify ? queries : 0,
                                               ctx_.req_to_token_pool->max_context_len()));
   ATTNKIT_RETURN_IF_ERROR(graph_metadata(bs, req_pool_indices, seq_lens, mode, spec, ctx_.stream));
+  plan_.replay = true;
   if (mode != ForwardMode::kDecode) return Status::ok();
   return upload_graph_chunk(bs, seq_lens_host, ctx_.stream);
 }
