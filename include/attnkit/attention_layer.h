@@ -59,7 +59,9 @@ struct AttentionLayer {
   int qk_rope_head_dim = 0;
   // MLA non-absorbed layers only: when set, the new tokens also attend their cached prefix
   // (extend_prefix_lens) through the chunked prefix cache above; needs a backend whose MLA row has
-  // "chunked prefix cache". nullptr: the new tokens attend only each other.
+  // "chunked prefix cache". nullptr: the new tokens attend only each other (an extend or
+  // draft-extend batch; decode, mixed and target_verify batches refuse a non-absorbed layer, whose
+  // cached history only the absorbed layer reads).
   const MlaPrefixDecompressor* mla_prefix = nullptr;
 
   int gqa_group() const { return num_kv_heads > 0 ? num_q_heads / num_kv_heads : 0; }
