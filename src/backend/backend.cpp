@@ -435,6 +435,10 @@ Status validate_forward_inputs(const TensorView& q, const TensorView& k, const T
   return validate_inputs(q, k, v, &out, layer, batch, save_kv, lse, device);
 }
 
+Status check_sink_values(const TensorView& host_sinks) {
+  return check_host_sink_values(host_sinks);
+}
+
 Status validate_reference_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const AttentionLayer& layer, const ForwardBatch& batch,
                                  Device device) {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -12,6 +13,7 @@
 #include "backends/torch_native/torch_native_backend.h"
 #include "harness/case_runner.h"
 #include "support/backend_case_test.h"
+#include "support/gpu_test_helpers.h"
 
 ATTNKIT_BACKEND_CASE_TESTS(TorchNativeCudaCases, "torch_native", attnkit::Device::cuda(0));
 
@@ -174,6 +176,36 @@ TEST(TorchNativeCuda, StridedOutKeepsNeighbouringBytes) {
   EXPECT_EQ(written, t * hq * dv);
   EXPECT_GT(ref2, 0.0);
   EXPECT_LE(std::sqrt(err2 / ref2), harness::tolerance_for(spec->q_dtype));
+}
+
+// A +inf or NaN sink in device memory: the shared validation reads host sinks only, and
+// torch_native had stored the layer's k / v before its host step refused the sink. Refused now
+// before the cache write; the pool keeps its bytes.
+TEST(TorchNativeCuda, BadDeviceSinkIsRefusedBeforeTheCacheWrite) {
+  const CaseSpec* spec = harness::find_case("extend_sinks");
+  ASSERT_NE(spec, nullptr);
+  Result<PreparedCase> pc = harness::prepare_case(*spec, Device::cuda(0));
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  Result<std::unique_ptr<AttentionBackend>> backend = create_torch_native_backend(pc->context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  const harness::LayerData& ld = pc->layers[0];
+  ASSERT_TRUE(ld.layer.sinks.defined() && ld.layer.sinks.device.is_cuda());
+  ASSERT_TRUE((*backend)->init_forward_metadata(pc->batch).is_ok());
+  const auto& pool = static_cast<const MHAKVPool&>(*pc->kv_pool);
+  const std::vector<uint8_t> k_before = test_support::to_host_bytes(pool.k_buffer(0));
+  std::vector<float> sinks = download(ld.layer.sinks);
+  for (const float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    sinks[2] = bad;
+    ASSERT_TRUE(copy_bytes(ld.layer.sinks.data, ld.layer.sinks.device, sinks.data(), Device::cpu(),
+                           ld.layer.sinks.storage_bytes())
+                    .is_ok());
+    const Status st = (*backend)->forward(ld.q, ld.k, ld.v, ld.out, ld.layer, pc->batch,
+                                          /*save_kv=*/true, ld.lse);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find("layer.sinks[2] (q head 2) is "), std::string::npos)
+        << st.to_string();
+    EXPECT_EQ(test_support::to_host_bytes(pool.k_buffer(0)), k_before) << "the cache was written";
+  }
 }
 
 }  // namespace

@@ -581,6 +581,16 @@ class TorchNativeBackend final : public AttentionBackend {
     ATTNKIT_RETURN_IF_ERROR(
         validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
     if (batch.mode == ForwardMode::kIdle) return Status::ok();
+    if (ctx_.device.is_cuda() && layer.sinks.defined()) {
+      // Device sinks are read here, before the cache write (the shared validation reads host sinks
+      // only): a +inf / NaN sink had been refused by the host step after k / v were stored.
+      ATTNKIT_RETURN_IF_ERROR(synchronize_device(ctx_.device));
+      std::vector<float> sinks(static_cast<size_t>(layer.sinks.numel()));
+      TensorView host(sinks.data(), DType::kF32, Device::cpu(), {layer.sinks.numel()});
+      ATTNKIT_RETURN_IF_ERROR(copy_bytes(host.data, host.device, layer.sinks.data,
+                                         layer.sinks.device, layer.sinks.storage_bytes()));
+      ATTNKIT_RETURN_IF_ERROR(check_sink_values(host));
+    }
     if (save_kv) {
       const StreamHandle stream = batch.stream != nullptr ? batch.stream : ctx_.stream;
       ATTNKIT_RETURN_IF_ERROR(batch.kv_pool->set_kv(layer.layer_id, batch.out_cache_loc, k, v,
