@@ -34,6 +34,8 @@ int dtype_bits(DType dtype);
 int64_t dtype_storage_bytes(DType dtype, int64_t n);
 bool dtype_is_float(DType dtype);
 bool dtype_is_fp8(DType dtype);
+// A KV storage dtype stored as x / scale (fp8, fp4): k_scale folds into the softmax scale.
+bool dtype_is_quantized(DType dtype);
 
 // ---- exact host conversions (round-to-nearest-even; NaN preserved) ----
 uint16_t float_to_bf16_bits(float x);

@@ -215,6 +215,7 @@ class MHAKVPool final : public KVPool {
 
  private:
   explicit MHAKVPool(KVPoolConfig config) : KVPool(std::move(config)) {}
+  void index_buffers();  // index_storage over k_, v_ and the fp4 scales (create and wrap)
   std::vector<Buffer> k_, v_, k_scales_, v_scales_;
 };
 
@@ -239,6 +240,7 @@ class MLAKVPool final : public KVPool {
 
  private:
   explicit MLAKVPool(KVPoolConfig config) : KVPool(std::move(config)) {}
+  void index_buffers();  // index_storage over kv_ and the fp4 scales (create and wrap)
   std::vector<Buffer> kv_, scales_;
 };
 

@@ -58,23 +58,6 @@ Status check_on(const TensorView& t, const char* name, Device device) {
   return Status::ok();
 }
 
-// The sink logits of host-resident `sinks` (f32 [q_heads], shape checked): each finite, or -inf
-// for no sink. A +inf sink takes the whole softmax denominator and a NaN one poisons it: every
-// row of that head comes out NaN. Device sinks are not read here (that would need a copy and a
-// synchronisation inside forward).
-Status check_host_sink_values(const TensorView& sinks) {
-  if (!sinks.device.is_cpu()) return Status::ok();
-  const float* values = sinks.data_as<const float>();
-  for (int64_t h = 0; h < sinks.shape[0]; ++h) {
-    const float sink = values[h * sinks.stride(0)];
-    if (std::isnan(sink) || sink == std::numeric_limits<float>::infinity()) {
-      return Status::invalid_argument(cat("layer.sinks[", h, "] (q head ", h, ") is ", sink,
-                                          ": a sink must be finite, or -inf for no sink"));
-    }
-  }
-  return Status::ok();
-}
-
 bool is_activation_dtype(DType d) {
   return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16;
 }
@@ -188,6 +171,23 @@ Status AttentionBackend::init_forward_metadata_replay_cuda_graph(
     int64_t /*seq_lens_sum*/, const TensorView& /*encoder_lens*/, ForwardMode /*mode*/,
     const SpecInfo* /*spec*/, const int32_t* /*seq_lens_host*/) {
   return Status::unsupported(descriptor().name + " does not support CUDA graphs");
+}
+
+// The sink logits of host-resident `sinks` (f32 [q_heads], shape checked): each finite, or -inf
+// for no sink. A +inf sink takes the whole softmax denominator and a NaN one poisons it: every
+// row of that head comes out NaN. Device sinks are not read here (that would need a copy and a
+// synchronisation inside forward).
+Status check_sink_values(const TensorView& sinks) {
+  if (!sinks.device.is_cpu()) return Status::ok();
+  const float* values = sinks.data_as<const float>();
+  for (int64_t h = 0; h < sinks.shape[0]; ++h) {
+    const float sink = values[h * sinks.stride(0)];
+    if (std::isnan(sink) || sink == std::numeric_limits<float>::infinity()) {
+      return Status::invalid_argument(cat("layer.sinks[", h, "] (q head ", h, ") is ", sink,
+                                          ": a sink must be finite, or -inf for no sink"));
+    }
+  }
+  return Status::ok();
 }
 
 Status check_entry_point(std::string_view backend, bool decode_entry, const ForwardBatch& batch) {
@@ -304,7 +304,7 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
     }
     ATTNKIT_RETURN_IF_ERROR(check_exact(layer.sinks, "layer.sinks", {hq}, "[q_heads]"));
     ATTNKIT_RETURN_IF_ERROR(check_on(layer.sinks, "layer.sinks", device));
-    ATTNKIT_RETURN_IF_ERROR(check_host_sink_values(layer.sinks));
+    ATTNKIT_RETURN_IF_ERROR(check_sink_values(layer.sinks));
   }
 
   // What save_kv needs.
@@ -384,9 +384,8 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
   // Quantized pools fold k_scale into the softmax scale, which the kernels take in log2 units: the
   // product overflowed to inf (NaN rows) or flushed to 0 (uniform rows) with each factor valid. A
   // non-absorbed MLA layer reads no pool rows, so no scale is folded there.
-  const bool quantized_pool = dtype_is_fp8(cfg.dtype) || cfg.dtype == DType::kFP4E2M1;
   if (const float folded = layer.scaling * layer.k_scale * 1.44269504f;
-      quantized_pool && !mla_prefill &&
+      dtype_is_quantized(cfg.dtype) && !mla_prefill &&
       (!std::isfinite(folded) || !(folded >= std::numeric_limits<float>::min()))) {
     return Status::invalid_argument(cat("layer.scaling ", layer.scaling, " x layer.k_scale ",
                                         layer.k_scale, " (the softmax scale over the ",
@@ -433,10 +432,6 @@ Status validate_forward_inputs(const TensorView& q, const TensorView& k, const T
                                const ForwardBatch& batch, bool save_kv, const TensorView& lse,
                                Device device) {
   return validate_inputs(q, k, v, &out, layer, batch, save_kv, lse, device);
-}
-
-Status check_sink_values(const TensorView& host_sinks) {
-  return check_host_sink_values(host_sinks);
 }
 
 Status validate_reference_inputs(const TensorView& q, const TensorView& k, const TensorView& v,

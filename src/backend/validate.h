@@ -11,8 +11,9 @@ Status validate_reference_inputs(const TensorView& q, const TensorView& k, const
                                  Device device);
 
 // The values of host sinks (f32 [q_heads]): each finite, or -inf for no sink; kInvalidArgument
-// naming the head otherwise. validate_forward_inputs runs it on host sinks; a backend that copies
-// device sinks to the host anyway runs it on its copy before writing the cache.
-Status check_sink_values(const TensorView& host_sinks);
+// naming the head otherwise (device sinks pass unread). validate_forward_inputs runs it on the
+// layer's sinks; a backend that copies device sinks to the host anyway runs it on its copy before
+// writing the cache.
+Status check_sink_values(const TensorView& sinks);
 
 }  // namespace attnkit

@@ -235,6 +235,8 @@ bool dtype_is_float(DType dtype) {
 
 bool dtype_is_fp8(DType dtype) { return dtype == DType::kFP8E4M3 || dtype == DType::kFP8E5M2; }
 
+bool dtype_is_quantized(DType dtype) { return dtype_is_fp8(dtype) || dtype == DType::kFP4E2M1; }
+
 // ---- bf16 ----
 
 uint16_t float_to_bf16_bits(float x) {

@@ -51,8 +51,6 @@ constexpr int kSpareRequestRows = 2;
 constexpr int64_t kCanaryBytes = 64;
 constexpr uint8_t kCanaryByte = 0xA5;
 
-bool is_quantised(DType d) { return dtype_is_fp8(d) || d == DType::kFP4E2M1; }
-
 // A contiguous view with a runtime shape.
 TensorView make_view(void* data, DType dtype, Device device, const std::vector<int64_t>& shape) {
   TensorView t;
@@ -1079,7 +1077,7 @@ Result<PreparedCase> prepare_case_unguarded(const CaseSpec& spec, Device device,
                            upload(pc.storage, device, DType::kI64, hist_slots));
 
   // Layers.
-  const bool quantised = is_quantised(spec.kv_dtype);
+  const bool quantised = dtype_is_quantized(spec.kv_dtype);
   for (int l = 0; l < options.num_layers; ++l) {
     std::mt19937_64 lrng(spec.seed + kSeedStride * static_cast<uint64_t>(l + 1));
     // Benchmarks draw their (large) inputs from the counter-based generator, seeded from lrng.

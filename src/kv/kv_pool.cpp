@@ -434,12 +434,13 @@ Result<std::unique_ptr<MHAKVPool>> MHAKVPool::create(const KVPoolConfig& config)
       pool->v_scales_.push_back(std::move(vs));
     }
   }
-  pool->index_storage({{"k", &pool->k_},
-                       {"v", &pool->v_},
-                       {"k_scales", &pool->k_scales_},
-                       {"v_scales", &pool->v_scales_}});
+  pool->index_buffers();
   ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
+}
+
+void MHAKVPool::index_buffers() {
+  index_storage({{"k", &k_}, {"v", &v_}, {"k_scales", &k_scales_}, {"v_scales", &v_scales_}});
 }
 
 TensorView MHAKVPool::k_buffer(int layer) const {
@@ -504,10 +505,12 @@ Result<std::unique_ptr<MLAKVPool>> MLAKVPool::create(const KVPoolConfig& config)
       pool->scales_.push_back(std::move(s));
     }
   }
-  pool->index_storage({{"kv", &pool->kv_}, {"scales", &pool->scales_}});
+  pool->index_buffers();
   ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
 }
+
+void MLAKVPool::index_buffers() { index_storage({{"kv", &kv_}, {"scales", &scales_}}); }
 
 TensorView MLAKVPool::kv_buffer(int layer) const {
   if (layer < 0 || layer >= config_.num_layers) return TensorView();

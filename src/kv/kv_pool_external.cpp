@@ -131,10 +131,7 @@ Result<std::unique_ptr<MHAKVPool>> MHAKVPool::wrap(const KVPoolConfig& config,
     pool->v_scales_.push_back(std::move(vs));
   }
   ATTNKIT_RETURN_IF_ERROR(check_disjoint(std::move(views)));
-  pool->index_storage({{"k", &pool->k_},
-                       {"v", &pool->v_},
-                       {"k_scales", &pool->k_scales_},
-                       {"v_scales", &pool->v_scales_}});
+  pool->index_buffers();
   ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
 }
@@ -172,7 +169,7 @@ Result<std::unique_ptr<MLAKVPool>> MLAKVPool::wrap(const KVPoolConfig& config,
     pool->scales_.push_back(std::move(s));
   }
   ATTNKIT_RETURN_IF_ERROR(check_disjoint(std::move(views)));
-  pool->index_storage({{"kv", &pool->kv_}, {"scales", &pool->scales_}});
+  pool->index_buffers();
   ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
 }

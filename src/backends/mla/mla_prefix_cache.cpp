@@ -261,7 +261,7 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
   g.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
   g.bs = bs;
   g.width = width;
-  g.k_scale = dtype_is_fp8(kv_dtype) || kv_dtype == DType::kFP4E2M1 ? layer.k_scale : 1.f;
+  g.k_scale = dtype_is_quantized(kv_dtype) ? layer.k_scale : 1.f;
   if (kv_dtype == DType::kFP4E2M1) {
     const TensorView scales = pool.scale_buffer(layer.layer_id);
     g.scales = scales.data_as<const uint8_t>();

@@ -43,8 +43,6 @@ using triton::AttentionParams;
 constexpr int kMinComputeCapability = 75;
 constexpr int kTensorCoreComputeCapability = 80;  // mma.sync m16n8k16 bf16/f16
 
-bool is_quantized(DType d) { return dtype_is_fp8(d) || d == DType::kFP4E2M1; }
-
 // Token indices of one key set (self-attention prefix or cross-attention encoder keys).
 struct IndexSet {
   DeviceArray<int32_t> indptr;   // [bs + 1]
@@ -430,7 +428,7 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   AttentionParams p;
   detail::set_io_params(p, q, out, lse);
   const DType kv_dtype = pool.dtype();
-  const bool quant = is_quantized(kv_dtype);
+  const bool quant = dtype_is_quantized(kv_dtype);
   TensorView kbuf, vbuf, kscale, vscale;
   if (pool.is_mla()) {
     const auto& mla = static_cast<const MLAKVPool&>(pool);
