@@ -62,7 +62,8 @@ __device__ __forceinline__ void store_one(const ScatterArgs& a, int64_t index, f
 __device__ __forceinline__ bool slot_in_pool(const ScatterArgs& a, int t, int64_t slot) {
   // One unsigned compare covers slot < 0 (it wraps to a huge value) and slot >= rows.
   if (static_cast<uint64_t>(slot) < static_cast<uint64_t>(a.rows)) return true;
-  if (threadIdx.x == 0 && a.guard != nullptr && atomicCAS(&a.guard->flag, 0u, 1u) == 0u) {
+  if (threadIdx.x == 0 && a.guard != nullptr &&
+      atomicCAS(&a.guard->flag, kGuardNone, kGuardBadWrite) == 0u) {
     a.guard->layer = a.layer;
     a.guard->token = t;
     a.guard->slot = slot;

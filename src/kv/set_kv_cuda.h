@@ -37,20 +37,13 @@
 
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
+#include "kv/kv_guard_record.h"
 
 namespace attnkit::detail {
 
-// The pool's device error word (24 bytes, zeroed at pool creation and by kv_guard_read_and_clear).
-struct KVGuardRecord {
-  uint32_t flag = 0;   // 0 = nothing recorded; 1 = the fields below hold the first bad write
-  int32_t layer = -1;  // the set_kv layer
-  int32_t token = -1;  // index into loc
-  int32_t pad = 0;
-  int64_t slot = 0;  // loc[token]
-};
-static_assert(sizeof(KVGuardRecord) == 24, "KVGuardRecord is shared with the device");
+// KVGuardRecord: kv/kv_guard_record.h.
 
-// The error text of a recorded bad write (host logic, in kv_pool.cpp; CPU-testable).
+// The error text of a recorded bad write or read (host logic, in kv_pool.cpp; CPU-testable).
 std::string kv_guard_message(const KVGuardRecord& record, int64_t rows, int page_size);
 
 // CUDA builds only (set_kv_cuda.cu): copies the record at `guard` to *out on `stream`, synchronises
