@@ -89,6 +89,18 @@ Result<std::vector<int32_t>> build_page_table_host(const ReqToTokenPool& pool,
             std::to_string(begin) + "] = " + std::to_string(slot) +
             " is not at a page start (page_size " + std::to_string(page_size) + ")");
       }
+      // The page table names whole pages: a kernel reads key begin + i at slot + i, so the later
+      // entries of the page must be exactly its next slots.
+      for (int64_t k = begin + 1; k < end; ++k) {
+        if (int64_t{row[k]} != int64_t{slot} + (k - begin)) {
+          return Status::invalid_argument(
+              std::string(kFn) + ": req_to_token[" + std::to_string(req_pool_indices[b]) + ", " +
+              std::to_string(k) + "] = " + std::to_string(row[k]) + " is not slot " +
+              std::to_string(int64_t{slot} + (k - begin)) + " of the page starting at slot " +
+              std::to_string(slot) + " (page_size " + std::to_string(page_size) +
+              "; a page's tokens fill its slots in order)");
+        }
+      }
       table[b * static_cast<size_t>(max_pages) + static_cast<size_t>(p)] = slot / page_size;
     }
   }

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "core/env_knob.h"
@@ -224,6 +225,15 @@ Status set_kv_cuda(const TensorView& dst, const TensorView& dst_scales, const Te
                    StreamHandle stream) {
   const int64_t tokens = src.size(0);
   if (tokens == 0) return Status::ok();
+  // One block per (token, head): the grid's x extent is an int (at most 2^31 - 1 blocks).
+  const int64_t blocks = tokens * dst.size(1);
+  if (blocks > std::numeric_limits<int32_t>::max()) {
+    return Status::invalid_argument("set_kv: " + std::to_string(tokens) + " tokens x " +
+                                    std::to_string(dst.size(1)) + " heads = " +
+                                    std::to_string(blocks) +
+                                    " scatter blocks; at most 2147483647 per call (split the "
+                                    "tokens over several calls)");
+  }
   cudaStream_t s = cuda::to_stream(stream);
   ScatterArgs a{};
   a.src = src.data;

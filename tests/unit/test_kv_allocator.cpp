@@ -513,6 +513,30 @@ TEST(KVViews, ValidateInputs) {
   EXPECT_EQ((*last)[1], -1);
 }
 
+// A page's later entries must be its next slots: the kernels read key begin + i of a page at its
+// page-start slot + i, so a row whose page holds other slots would read the wrong rows silently.
+TEST(KVViews, PageEntriesOutOfOrderAreRefused) {
+  constexpr int kPs = 4;
+  auto pool = ReqToTokenPool::create(2, 16, Device::cpu()).value();
+  const int row = pool->alloc().value();
+  ASSERT_TRUE(pool->write(row, 0, Slots{8, 9, 11, 10, 20}).is_ok());
+  int max_pages = 0;
+  auto swapped = build_page_table_host(*pool, std::vector<int32_t>{row}, std::vector<int32_t>{5},
+                                       kPs, &max_pages);
+  ASSERT_FALSE(swapped.is_ok());
+  EXPECT_EQ(swapped.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(swapped.status().message().find("req_to_token[" + std::to_string(row) +
+                                            ", 2] = 11 is not slot 10 of the page starting at "
+                                            "slot 8"),
+            std::string::npos)
+      << swapped.status().message();
+  // Only the keys below seq_len count: the first two keys of the page are in order.
+  auto two = build_page_table_host(*pool, std::vector<int32_t>{row}, std::vector<int32_t>{2}, kPs,
+                                   &max_pages);
+  ASSERT_TRUE(two.is_ok()) << two.status().to_string();
+  EXPECT_EQ(*two, (std::vector<int32_t>{2}));
+}
+
 // Entries below a request's seq_len that were never written read as slot 0, which is in the
 // reserved page 0: the page table gave the request the dummy page (and the token indices slot 0)
 // instead of refusing. Padding past a request's pages, and the padding row 0, stay page 0.
