@@ -56,7 +56,8 @@ for B, S, d, causal in cases:
     v = torch.randn(B, Hk, S, d, device=dev, dtype=torch.bfloat16)
     kr = k.repeat_interleave(Hq // Hk, dim=1)
     vr = v.repeat_interleave(Hq // Hk, dim=1)
-    flops = 4 * B * Hq * S * S * d / (2 if causal else 1)
+    # Visible (query, key) pairs, as attnkit bench counts them: S (S + 1) / 2 causal, S^2 bidirectional.
+    flops = 4 * B * Hq * d * (S * (S + 1) // 2 if causal else S * S)
     shape = f"B={B} S={S} d={d} {'causal' if causal else 'bidir'}"
     for name, be in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
                      ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):

@@ -26,7 +26,7 @@ for B, S, d in shapes:
     v = torch.randn(B, Hk, S, d, device=dev, dtype=torch.bfloat16)
     kr = k.repeat_interleave(Hq // Hk, dim=1)
     vr = v.repeat_interleave(Hq // Hk, dim=1)
-    flops = 4 * B * Hq * S * S * d / 2
+    flops = 4 * B * Hq * d * (S * (S + 1) // 2)  # causal pairs, as attnkit bench counts them
     for name, be in [("sdpa_flash", SDPBackend.FLASH_ATTENTION),
                      ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)]:
         try:
