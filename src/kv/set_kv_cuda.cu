@@ -229,8 +229,8 @@ Status set_kv_cuda(const TensorView& dst, const TensorView& dst_scales, const Te
   const int64_t blocks = tokens * dst.size(1);
   if (blocks > std::numeric_limits<int32_t>::max()) {
     return Status::invalid_argument("set_kv: " + std::to_string(tokens) + " tokens x " +
-                                    std::to_string(dst.size(1)) + " heads = " +
-                                    std::to_string(blocks) +
+                                    std::to_string(dst.size(1)) +
+                                    " heads = " + std::to_string(blocks) +
                                     " scatter blocks; at most 2147483647 per call (split the "
                                     "tokens over several calls)");
   }

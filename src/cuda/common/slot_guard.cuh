@@ -5,7 +5,7 @@
 // (KVPool::check_device_errors reports it) and replaced by row 0, the dummy page inside the pool:
 // the kernel never reads outside the pool's buffers, and the forward's output for that request is
 // wrong but the error is named. The check is one unsigned compare per row; the recording is out of
-// line (taken only on a bad row).
+// the cold branch (taken only on a bad row).
 #pragma once
 
 #include <cstdint>
@@ -15,9 +15,11 @@
 namespace attnkit::cuda {
 
 // Records (layer, request, key, row) as the first bad read unless something is already recorded.
-// Any thread may call it; the first caller since the last check wins.
-__device__ __noinline__ inline void record_bad_read(const detail::SlotGuard& g, int request,
-                                                    int key, int64_t row) {
+// Any thread may call it; the first caller since the last check wins. Inlined into the cold branch
+// of its callers: as an out-of-line call, ptxas saved the caller's live registers around it (new
+// spills in the register-tight decode, prefill and MLA kernels, ptxas -v).
+__device__ __forceinline__ void record_bad_read(const detail::SlotGuard& g, int request, int key,
+                                                int64_t row) {
   detail::KVGuardRecord* rec = g.record;
   if (rec != nullptr &&
       atomicCAS(&rec->flag, detail::kGuardNone, detail::kGuardBadRead) == detail::kGuardNone) {
