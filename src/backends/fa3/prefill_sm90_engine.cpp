@@ -303,7 +303,6 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   detail::set_kv_pool_params(p, kbuf, vbuf);
   detail::set_page_table_params(p, batch);
   p.page_size = pool.page_size();
-  p.guard = detail::slot_guard_of(pool, layer.layer_id);
   p.plan = plan_words_.data();
   p.bs = batch.batch_size;
   p.num_tiles = num_tiles_;

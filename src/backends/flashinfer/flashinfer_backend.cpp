@@ -676,7 +676,6 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   detail::set_io_params(p, q, out, lse);
   detail::set_kv_pool_params(p, kbuf, vbuf);
   detail::set_page_table_params(p, batch);
-  p.slot_guard = detail::slot_guard_of(pool, layer.layer_id);  // the cascade passes copy it
   p.page_size = pool.page_size();
   p.page_shift = is_power_of_two(p.page_size) ? log2_exact(p.page_size) : -1;
   static const bool generic_loop =  // decode experiment knob (paged_params.h)
@@ -852,7 +851,6 @@ Status FlashInferBackend::run_mla_quantized(const TensorView& q, const TensorVie
   triton::AttentionParams p;
   detail::set_io_params(p, q, out, lse);
   detail::set_kv_pool_params(p, kbuf, vbuf);
-  p.slot_guard = detail::slot_guard_of(pool, layer.layer_id);
   const DType kv_dtype = pool.dtype();
   if (kv_dtype == DType::kFP4E2M1) {
     const TensorView scales = pool.scale_buffer(layer.layer_id);

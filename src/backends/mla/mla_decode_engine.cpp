@@ -398,7 +398,6 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   p.req_to_token_stride = table.stride(0);
   p.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
   p.seq_lens = batch.seq_lens.data_as<const int32_t>();
-  p.guard = detail::slot_guard_of(pool, layer.layer_id);
   p.kv_len_extra = kv_len_extra(batch.mode, plan_.s_q);
   p.bs = batch.batch_size;
   p.s_q = plan_.s_q;

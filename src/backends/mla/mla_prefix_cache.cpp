@@ -259,7 +259,6 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
   g.req_to_token = table.data_as<const int32_t>();
   g.req_to_token_stride = table.stride(0);
   g.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
-  g.guard = detail::slot_guard_of(pool, layer.layer_id);
   g.bs = bs;
   g.width = width;
   g.k_scale = dtype_is_quantized(kv_dtype) ? layer.k_scale : 1.f;
@@ -291,10 +290,6 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
     p.v_stride_head = dv;
     p.kv_indptr = indptr;
     p.kv_indices = iota_.data();
-    // The chunk's rows of kc_ / vc_ (indexed through iota_, always in range): the kernel's slot
-    // guard checks against them, with nothing to record (not a pool).
-    p.slot_guard = detail::SlotGuard{};
-    p.slot_guard.rows = n;
     p.causal = 0;
     p.has_new_keys = 0;
     p.partial_out = slot_out(1);

@@ -444,8 +444,6 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     vscale = mha.v_scale_buffer(layer.layer_id);
   }
   detail::set_kv_pool_params(p, kbuf, vbuf);
-  // kv_indices / new_slots rows outside the pool: recorded, row 0 read (slot_guard.cuh).
-  p.slot_guard = detail::slot_guard_of(pool, layer.layer_id);
   if (kv_dtype == DType::kFP4E2M1) {
     p.k_scales = kscale.data_as<const uint8_t>();
     p.v_scales = vscale.data_as<const uint8_t>();

@@ -31,8 +31,6 @@
 #include "cuda/common/dtype_convert.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/online_softmax.cuh"
-#include "cuda/common/slot_guard.cuh"
-#include "kv/kv_guard_record.h"
 
 namespace attnkit::cuda::ring {
 
@@ -147,10 +145,6 @@ struct Work {
   float scale_log2 = 0.f;  // logit scale (k_scale folded in) * log2(e)
   float scale = 0.f;       // soft-cap path
   float logit_cap = 0.f;   // 0 = off
-  // The pool's slot guard (the kernel's __grid_constant__ params hold it) and the batch index of
-  // the request whose keys these are: every copied row is checked against it (copy_row).
-  const detail::SlotGuard* guard = nullptr;
-  int request = -1;
 };
 
 // 2^x: exp2f, or (kFast) the bare ex2.approx.ftz.f32 (relative error ~2^-22; 2^-inf = 0, results
@@ -206,10 +200,9 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t add
 // Streams keys [w.kv_begin, w.kv_end) for the w.rows q rows. q_row(r) -> const QT* of row r's
 // query (r < rows); slot_of(key) -> SlotRef of a key in range; write(r, col, acc, m, d)
 // receives row r's unnormalised output columns [col, col + 8), its log2-domain max m and
-// denominator d (d == 0: no visible key). w.guard must point at the pool's slot guard. Every
-// thread of the CTA must call it (it has CTA barriers). kMayCap = false compiles the soft-cap out
-// of the loop (the caller guarantees w.logit_cap == 0): the tanh code of every logit otherwise
-// sits between the hot instructions.
+// denominator d (d == 0: no visible key). Every thread of the CTA must call it (it has CTA
+// barriers). kMayCap = false compiles the soft-cap out of the loop (the caller guarantees
+// w.logit_cap == 0): the tanh code of every logit otherwise sits between the hot instructions.
 template <typename Tr, bool kMayCap = true, typename QRowFn, typename SlotFn, typename WriteFn>
 __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_row, SlotFn slot_of,
                                        WriteFn write) {
@@ -257,17 +250,10 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     uint8_t* stage = ring + (i % kS) * Tr::kStageBytes;
     const int key0 = tile_key0(i);
     const int32_t* sl = slots + (i % (2 * kS)) * kKeys;
-    // 16 bytes of row r's K and V (chunk ch) from the pool slot word + the slot's offset. A row
-    // outside the pool (a bad page-table / index entry) is recorded with its key and row 0 is read
-    // instead (cuda/common/slot_guard.cuh: one unsigned compare); keys past kv_end read nothing.
+    // 16 bytes of row r's K and V (chunk ch) from the pool slot word + the slot's offset.
     const auto copy_row = [&](int r, int ch, int32_t word) {
-      const int key = key0 + r;
-      const bool valid = key < kv_end;
-      const uint32_t s =
-          valid ? guard_row32(*w.guard,
-                              static_cast<uint32_t>(word) + static_cast<uint32_t>(slot_of(key).add),
-                              w.request, key)
-                : 0u;
+      const bool valid = key0 + r < kv_end;
+      const uint32_t s = valid ? static_cast<uint32_t>(word + slot_of(key0 + r).add) : 0u;
       const uint8_t* ks = w.k_base + static_cast<uint64_t>(s) * w.k_row_bytes + ch * 16;
       const uint8_t* vs = w.v_base + static_cast<uint64_t>(s) * w.v_row_bytes + ch * 16;
       const int dst = r * Tr::kRawRowBytes + ch * 16;

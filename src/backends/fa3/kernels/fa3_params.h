@@ -15,7 +15,6 @@
 #include <cstdint>
 
 #include "cuda/common/tma_map.h"
-#include "kv/kv_guard_record.h"
 
 namespace attnkit::fa3 {
 
@@ -288,12 +287,6 @@ struct Fa3Params {
   float* split_lse = nullptr;
   uint8_t* vt_ws = nullptr;    // [kv_heads][plan V^T units][128 d][128 key bytes]
   int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T units x kVtBlockKeys x 128)
-  // The pool's slot guard (kv/kv_guard_record.h): every pool row the producers take from the
-  // page table (cp.async gather, TMA box start, the V^T pre-transpose) is checked against
-  // guard.rows; a row outside the pool is recorded (request = plan request, key = key position)
-  // and row 0 is read instead. Last, so that the other fields keep their parameter offsets (the
-  // kernels' register allocation follows them).
-  detail::SlotGuard guard;
 };
 
 }  // namespace attnkit::fa3

@@ -29,7 +29,6 @@
 
 #include "backends/fa3/kernels/fa3_params.h"
 #include "cuda/common/online_softmax.cuh"
-#include "cuda/common/slot_guard.cuh"
 #include "cuda/sm90/sm90_primitives.cuh"
 #include "cuda/sm90/wgmma_sm90.cuh"
 
@@ -261,28 +260,6 @@ __device__ __forceinline__ void load_q_tile_tma(const Fa3Params& p, const TileIn
   arrive_tma_tile(q_full, (!kDiag || (p.diag & 8) == 0) ? kBlockM * kD * 2 : 0, tid);
 }
 
-// The slot guard (cuda/common/slot_guard.cuh) of the pool slot that a producer thread holds for
-// row `row` of key block nb of tile t, whose page-table row is pt (-1: a padding row, past kv_len
-// or past the block, zero-filled): one unsigned compare; a slot outside the pool that is not a
-// padding row is recorded (key nb kBlockN + row) and replaced by row 0, so neither the cp.async
-// gather nor a TMA box starting at the slot reads outside the pool. The recorded request is the
-// first one whose page-table row is pt, searched on the cold path: a register for t.request through
-// the key-block loop spilled in the producers of 32 / 56 registers (ptxas -v). The bf16 / f16
-// producer applies it where the slots are used, after the stage's empty wait (at load_slots the
-// compare would wait for the page-table read issued a block ahead to hide behind that wait); the
-// FP8 producer where it reads the page table, where it adds no spill (ptxas -v).
-template <typename Tr>
-__device__ __forceinline__ int guard_slot(const Fa3Params& p, const TileInfo& t, const int32_t* pt,
-                                          int nb, int row, int slot) {
-  if (static_cast<uint32_t>(slot) < static_cast<uint32_t>(p.guard.rows)) return slot;
-  const int key = nb * Tr::kBlockN + row;
-  if (row >= Tr::kBlockN || key >= t.kv_len) return slot;  // padding: stays -1 (zero-filled)
-  int request = 0;
-  while (request < p.bs && page_table_row(p, request) != pt) ++request;
-  cuda::record_bad_read(p.guard, request, key, slot);
-  return 0;
-}
-
 // One 16-byte cp.async of chunk `chunk` of tile row `row` from pool slot `slot` (elements of
 // kElemBytes; -1: zero-fill) into the swizzled tile at shared address `tile`.
 template <typename Tr, int kElemBytes>
@@ -330,7 +307,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
     const int32_t* pt = page_table_row(p, t.request);
     // The pool slot of row 128 s + tid of key block nb (-1: past kv_len or past the block; the row
     // is zero-filled). Loaded one block ahead so the page-table latency hides behind the empty
-    // wait; checked by guard_slot after it.
+    // wait.
     int my_slot[Tr::kSlots];
     auto load_slots = [&](int nb) {
 #pragma unroll
@@ -369,10 +346,6 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
       mbar_wait(empty(stage), phase ^ 1);
       stamp(p, round, nb == t.n_blocks - 1 ? 19 : 20,
             tid == 0 && (nb == t.n_blocks - 1 || nb == t.nb_begin));
-#pragma unroll
-      for (int s = 0; s < Tr::kSlots; ++s) {
-        my_slot[s] = guard_slot<Tr>(p, t, pt, nb, 128 * s + tid, my_slot[s]);
-      }
       const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
       const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
       if (p.diag & 1) {

@@ -233,14 +233,12 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
     const TileInfo t = decode_unit<Tr>(p, unit, units);
     const int kvh = t.head / p.group;
     const int32_t* pt = page_table_row(p, t.request);
-    // Rows tid and (kN 192) 128 + tid of the block (-1: padding), read a block ahead through the
-    // slot guard (guard_slot, prefill_sm90.cuh).
-    int my_slot = -1, my_slot2 = -1;
+    int my_slot = -1, my_slot2 = -1;  // rows tid and (kN 192) 128 + tid of the block
     auto slot_of = [&](int nb, int row) {
       const int key = nb * Tr::kBlockN + row;
       if (nb < 0 || row >= Tr::kBlockN || key >= t.kv_len) return -1;
       const int in_page = key % p.page_size;
-      return guard_slot<Tr>(p, t, pt, nb, row, pt[key - in_page] + in_page);
+      return pt[key - in_page] + in_page;
     };
     auto load_slot = [&](int nb) {
       my_slot = slot_of(nb, tid);
@@ -822,9 +820,7 @@ __global__ void __launch_bounds__(128) fp8_vt_pre_kernel(const __grid_constant__
       w[i] = make_uint4(0u, 0u, 0u, 0u);
       if (key < key_end) {
         const int in_page = key % p.page_size;
-        // The slot guard: a row outside the pool is recorded and row 0 read instead.
-        const int64_t slot =
-            cuda::guard_row32(p.guard, static_cast<uint32_t>(pt[key - in_page] + in_page), r, key);
+        const int64_t slot = pt[key - in_page] + in_page;
         w[i] = *reinterpret_cast<const uint4*>(v_base + slot * p.v_stride_row + chunk * 16);
       }
     }

@@ -316,8 +316,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   w.scale_log2 = p.scale_log2;
   w.scale = p.scale;
   w.logit_cap = p.logit_cap;
-  w.guard = &p.slot_guard;  // page-table rows outside the pool: recorded, row 0 read
-  w.request = item.request;
 
   const QT* q = static_cast<const QT*>(p.q);
   const auto token_of = [&](int r) { return item.req_q_start + (item.q_row_begin + r) / p.group; };
@@ -420,8 +418,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     w.scale_log2 = p.scale_log2;
     w.scale = p.scale;
     w.logit_cap = p.logit_cap;
-    w.guard = &p.slot_guard;
-    w.request = seg.request;
     const auto token_of = [&](int r) { return seg.req_q_start + (q_row_begin + r) / p.group; };
     const auto head_of = [&](int r) { return kv_head * p.group + (q_row_begin + r) % p.group; };
     const bool part = seg.parts > 1;

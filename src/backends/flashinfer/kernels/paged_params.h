@@ -14,8 +14,6 @@
 
 #include <cstdint>
 
-#include "kv/kv_guard_record.h"
-
 namespace attnkit::flashinfer {
 
 // Tile shapes the planner must agree on with the kernels' Traits.
@@ -91,9 +89,6 @@ struct PagedParams {
   const int32_t* req_pool_indices = nullptr;  // [bs] row of each request
   int page_size = 1;
   int page_shift = 0;  // log2(page_size) when page_size is a power of two, else -1
-  // The pool's slot guard (kv/kv_guard_record.h): every pool row a kernel forms from a
-  // page-table entry is checked against it; an out-of-pool row is recorded and row 0 read instead.
-  detail::SlotGuard slot_guard;
 
   const int32_t* plan = nullptr;  // header + [bs] RequestPlan + [items] WorkItem (see above)
   int bs = 0;

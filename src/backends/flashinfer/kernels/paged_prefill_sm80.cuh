@@ -12,9 +12,9 @@
 //    ring (PrefillSm80Tile) straight from the pool. The pool slot of key k is req_to_token[row, k -
 //    k % page] + k % page, read in place from the page table (no per-token index list); the slots
 //    of a tile are looked up an iteration before its copies are issued (the page-table loads are
-//    issued before the current tile's MMAs and published after them, checked against the pool's
-//    slot guard), so a copy never waits on a page-table load. fp8 tiles are dequantised in
-//    registers on the way in (k_scale folded into the logit scale, v_scale into the output).
+//    issued before the current tile's MMAs and published after them), so a copy never waits on a
+//    page-table load. fp8 tiles are dequantised in registers on the way in (k_scale folded into the
+//    logit scale, v_scale into the output).
 //  * Shared rows are padded by 16 bytes: the 8 row addresses of an ldmatrix hit 8 distinct bank
 //    groups. S = Q K^T and O += P V on mma.sync m16n8k16, f32 accumulators; S stays in registers
 //    and becomes the A operand of P V; exp2 with log2(e) folded into the scale; O is rescaled
@@ -44,7 +44,6 @@
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/online_softmax.cuh"
-#include "cuda/common/slot_guard.cuh"
 
 namespace attnkit::flashinfer {
 
@@ -166,30 +165,13 @@ struct PagedPrefill {
   }
 
   // Pool slot of key k (-1: outside [0, kv_end)), for thread tid < kBN owning key key0 + tid.
-  // Unchecked (checked_slot checks it where it is published, so the page-table load stays in
-  // flight over the tile's MMAs); entry + offset in 32-bit unsigned arithmetic (a bad entry may
-  // wrap it).
   __device__ __forceinline__ static int32_t fetch_slot(const PagedParams& p, const Tile& t,
                                                        int key0) {
     if (static_cast<int>(threadIdx.x) >= kBN) return -1;
     const int k = key0 + static_cast<int>(threadIdx.x);
     if (k >= t.kv_end || k < 0) return -1;
     const int off = p.page_shift >= 0 ? (k & (p.page_size - 1)) : k % p.page_size;
-    return static_cast<int32_t>(static_cast<uint32_t>(t.table_row[k - off]) +
-                                static_cast<uint32_t>(off));
-  }
-
-  // fetch_slot's slot for key key0 + tid (tid < kBN), checked against the pool (the slot guard,
-  // cuda/common/slot_guard.cuh): a pool row passes on one unsigned compare. Anything else is -1
-  // for a key outside [0, kv_end) (a zero row, as before), or a bad page-table entry: recorded
-  // (request, key, row) and row 0, the dummy page, is read instead.
-  __device__ __forceinline__ static int32_t checked_slot(const PagedParams& p, const Tile& t,
-                                                         int key0, int32_t slot) {
-    if (static_cast<uint32_t>(slot) < static_cast<uint32_t>(p.slot_guard.rows)) return slot;
-    const int k = key0 + static_cast<int>(threadIdx.x);
-    if (k >= t.kv_end || k < 0) return -1;
-    cuda::record_bad_read(p.slot_guard, t.request, k, slot);
-    return 0;
+    return t.table_row[k - off] + off;
   }
 
   // K and V of the keys whose slots are in `slots` -> one stage (zero rows for slot -1).
@@ -301,9 +283,7 @@ struct PagedPrefill {
 #pragma unroll
     for (int i = 0; i < kS; ++i) {
       const int32_t si = fetch_slot(p, t, n_begin + i * kBN);
-      if (static_cast<int>(threadIdx.x) < kBN) {
-        slots[i * kBN + threadIdx.x] = checked_slot(p, t, n_begin + i * kBN, si);
-      }
+      if (static_cast<int>(threadIdx.x) < kBN) slots[i * kBN + threadIdx.x] = si;
     }
     __syncthreads();
 #pragma unroll
@@ -528,11 +508,9 @@ struct PagedPrefill {
           }
         }
       }
-      // Slots of tile n0 + kS kBN (checked) into the table this tile's copies were issued from
-      // (every thread issued them before an earlier barrier).
-      if (static_cast<int>(threadIdx.x) < kBN) {
-        slots[stage * kBN + threadIdx.x] = checked_slot(p, t, n0 + kS * kBN, next_slot);
-      }
+      // Slots of tile n0 + kS kBN into the table this tile's copies were issued from (every
+      // thread issued them before an earlier barrier).
+      if (static_cast<int>(threadIdx.x) < kBN) slots[stage * kBN + threadIdx.x] = next_slot;
       __syncthreads();  // everyone is done with this stage and sees the published slots
     }
     cuda::cp_async_wait<0>();

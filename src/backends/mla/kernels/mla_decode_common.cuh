@@ -16,7 +16,6 @@
 #include "backends/mla/kernels/mla_tile_scheduler.h"
 #include "cuda/common/dtype_convert.cuh"
 #include "cuda/common/mma_sm80.cuh"
-#include "cuda/common/slot_guard.cuh"
 
 namespace attnkit::mla {
 
@@ -97,13 +96,6 @@ __device__ __forceinline__ int64_t kv_slot(const int32_t* tok, int j) {
   } else {
     return static_cast<int64_t>(tok[j - j % kPage]) + j % kPage;
   }
-}
-
-// kv_slot through the slot guard, for a slot used where it is read (request b, key j).
-template <int kPage>
-__device__ __forceinline__ int64_t guarded_kv_slot(const MlaDecodeParams& p, const int32_t* tok,
-                                                   int j, int b) {
-  return cuda::guard_row32(p.guard, static_cast<uint32_t>(kv_slot<kPage>(tok, j)), b, j);
 }
 
 }  // namespace attnkit::mla

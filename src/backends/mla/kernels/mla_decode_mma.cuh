@@ -176,21 +176,18 @@ struct MlaDecodeCta {
     }
   }
 
-  // Keys [tile * kBlockN, +kBlockN) of request b, whose token row is `tok`, into stage s; keys at
+  // Keys [tile * kBlockN, +kBlockN) of the request whose token row is `tok` into stage s; keys at
   // or past kv_len are zero-filled (never read: the pool's unused slots may hold NaN).
-  __device__ void load_tile(const int32_t* tok, int kv_len, int tile, int s, int b) const {
-    load_tile_at(tile_slot(tok, kv_len, tile), s, b, tile);
+  __device__ void load_tile(const int32_t* tok, int kv_len, int tile, int s) const {
+    load_tile_at(tile_slot(tok, kv_len, tile), s);
   }
   // Pool slot of this thread's key of `tile`, or -1 where the key is at or past kv_len. Split
   // from load_tile so that the page-table read of a tile can be issued one iteration before its
   // cp.async (run_segment, MlaDecodeParams::mma_prefetch): otherwise every tile's loads wait for
-  // an L2 round trip at the top of the iteration, on all 8 warps' critical path. Unchecked (the
-  // slot guard is load_tile_at's, where the slot is used) and zero-extended from 32 bits, so that
-  // a negative row is a row outside the pool there, not a key past kv_len.
+  // an L2 round trip at the top of the iteration, on all 8 warps' critical path.
   __device__ int64_t tile_slot(const int32_t* tok, int kv_len, int tile) const {
     const int j = tile * kBlockN + tid / T::kThreadsPerKey;
-    return j < kv_len ? static_cast<int64_t>(static_cast<uint32_t>(kv_slot<T::kPage>(tok, j)))
-                      : int64_t{-1};
+    return j < kv_len ? kv_slot<T::kPage>(tok, j) : int64_t{-1};
   }
   // kPtSmem: copy this thread's key's page-table entry of `tile` into ring slot r (one thread per
   // key; nothing for keys at or past kv_len, which load_tile_pt zero-fills without reading it).
@@ -203,29 +200,21 @@ struct MlaDecodeCta {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst),
                  "l"(tok + (j - j % T::kPage)));
   }
-  // kPtSmem: the K/V refill of `tile` of request b with the entry copied into ring slot r (the
-  // slot as tile_slot gives it).
-  __device__ void load_tile_pt(int kv_len, int tile, int r, int s, int b) const {
+  // kPtSmem: the K/V refill of `tile` with the entry copied into ring slot r.
+  __device__ void load_tile_pt(int kv_len, int tile, int r, int s) const {
     const int key = tid / T::kThreadsPerKey;
     const int j = tile * kBlockN + key;
     int64_t slot = -1;
     if (j < kv_len) {
       const auto* pt = reinterpret_cast<const int32_t*>(smem + T::kPtOffset);
-      slot = static_cast<uint32_t>(pt[r * kBlockN + key] + j % T::kPage);
+      slot = static_cast<int64_t>(pt[r * kBlockN + key]) + j % T::kPage;
     }
-    load_tile_at(slot, s, b, tile);
+    load_tile_at(slot, s);
   }
-  // This thread's key of `tile` of request b from pool slot slot_or_neg (-1: at or past kv_len,
-  // zero-filled) into stage s. The slot guard sits here, where every loader path uses its slot (a
-  // check where the register prefetch reads it would wait for that read): one unsigned compare; a
-  // row outside the pool is read as row 0 and recorded (request b, key tile kBlockN + key) after
-  // the copies are issued (the record before them, or with a branch around the copies, cost the
-  // 16- and 64-row kernels a spill, ptxas -v).
-  __device__ void load_tile_at(int64_t slot_or_neg, int s, int b, int tile) const {
+  __device__ void load_tile_at(int64_t slot_or_neg, int s) const {
     const int key = tid / T::kThreadsPerKey;
     const bool valid = slot_or_neg >= 0;
-    const bool in_pool = static_cast<uint32_t>(slot_or_neg) < static_cast<uint32_t>(p.guard.rows);
-    const int64_t slot = in_pool ? slot_or_neg : 0;
+    const int64_t slot = valid ? slot_or_neg : 0;
     constexpr int kElemBytes = T::kFp8 ? 1 : 2;
     const auto* row = static_cast<const uint8_t*>(p.kv) + slot * p.kv_stride_row * kElemBytes;
     const int src_bytes = valid ? 16 : 0;
@@ -242,9 +231,6 @@ struct MlaDecodeCta {
         const int c = tid % T::kThreadsPerKey + T::kThreadsPerKey * i;
         cuda::cp_async_16(base + swz<T::kChunks>(key, c), row + c * 16, src_bytes);
       }
-    }
-    if (valid && !in_pool) {
-      cuda::record_bad_read(p.guard, b, tile * kBlockN + key, static_cast<int32_t>(slot_or_neg));
     }
   }
 
@@ -299,7 +285,7 @@ struct MlaDecodeCta {
     // Prologue: tiles t0 .. t0 + kStages - 2 in flight (one commit group each, Q with the first).
 #pragma unroll
     for (int i = 0; i < T::kStages - 1; ++i) {
-      if (t0 + i < t1) load_tile(tok, kv_len, t0 + i, i, b);
+      if (t0 + i < t1) load_tile(tok, kv_len, t0 + i, i);
       if constexpr (T::kPtSmem) {  // entries of the refills of iterations t0 .. t0 + kStages - 2
         const int x = t0 + i + T::kStages - 1;
         if (x < t1) copy_pt(tok, kv_len, x, (x - t0) % T::kStages);
@@ -373,14 +359,14 @@ struct MlaDecodeCta {
       const int next = tile + T::kStages - 1;
       if (next < t1 && !noload) {
         if constexpr (T::kPtSmem) {
-          load_tile_pt(kv_len, next, (next - t0) % T::kStages, (next - t0) % T::kStages, b);
+          load_tile_pt(kv_len, next, (next - t0) % T::kStages, (next - t0) % T::kStages);
           const int x = next + T::kStages - 1;  // its slot was read in iteration tile - 1
           if (x < t1) copy_pt(tok, kv_len, x, (x - t0) % T::kStages);
         } else if (prefetch) {
-          load_tile_at(next_slot, (next - t0) % T::kStages, b, next);
+          load_tile_at(next_slot, (next - t0) % T::kStages);
           next_slot = tile_slot(tok, kv_len, next + 1);  // used one iteration later
         } else {
-          load_tile(tok, kv_len, next, (next - t0) % T::kStages, b);
+          load_tile(tok, kv_len, next, (next - t0) % T::kStages);
         }
       }
       cuda::cp_async_commit();

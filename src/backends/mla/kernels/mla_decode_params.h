@@ -11,7 +11,6 @@
 #include <cstdint>
 
 #include "cuda/common/tma_map.h"
-#include "kv/kv_guard_record.h"
 
 namespace attnkit::mla {
 
@@ -126,13 +125,6 @@ struct MlaDecodeParams {
   float* partial_out = nullptr;  // [bs + num_parts, rows_per_req, kLatentDim] normalised
   float* partial_lse = nullptr;  // [bs + num_parts, rows_per_req] log2 domain
   int num_parts = 1;
-
-  // The pool's slot guard (kv/kv_guard_record.h): every pool row the kernels take from the page
-  // table (cp.async rows, TMA box starts) is checked against guard.rows; a row outside the pool
-  // is recorded (request = batch index, key = key position) and row 0 is read instead. Last, so
-  // that the other fields keep their parameter offsets (the kernels' register allocation follows
-  // them).
-  detail::SlotGuard guard;
 };
 
 }  // namespace attnkit::mla

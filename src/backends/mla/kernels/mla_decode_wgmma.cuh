@@ -452,8 +452,7 @@ struct MlaWgmmaCta {
       for (int tile = t0; tile < t1; ++tile, ++it) {
         const int j = tile * kBlockN + key;
         const bool valid = j < kv_len;
-        // The slot guard: a row outside the pool is recorded and row 0 read instead.
-        const int64_t slot = valid ? guarded_kv_slot<Tr::kPage>(p, tok, j, b) : 0;
+        const int64_t slot = valid ? kv_slot<Tr::kPage>(tok, j) : 0;
         const uint8_t* row = kvg + slot * p.kv_stride_row * 2;
         const int stage = it & 1;
         mbar_wait(empty(stage), ((it >> 1) & 1) ^ 1);
@@ -824,30 +823,20 @@ struct MlaWgmmaCta {
     return kTmaTiles && p.kv_tma_ok != 0 && p.wgmma_diag == 0 && t < t1 &&
            (t + 1) * kBlockN <= kv_len;
   }
-  // kConsumerTma: the `first` of a release whose tile the producer refills (next_firsts in
-  // consumer_seesaw). Not a pool row (rows fit 31 bits); next_firsts maps a page-table entry equal
-  // to it to INT32_MIN + 1, so no table entry is mistaken for it.
-  static constexpr int kProducerRefills = INT32_MIN;
   // A consumer's release of the blocks group_block(kb0, n), n < nb, of stage s (kb0 0 / 4 with nb 4
-  // or 5: blocks kb0 .. kb0 + 3 (+ the rope block 8); kb0 8 with nb 1: the rope block) after pair
-  // a of request b: unless first is kProducerRefills (the next pair's tile of that stage, a + 2 +
-  // s, is refilled by the consumers; thread 0 holds its first pool row as the page table gives
-  // it) thread 0 issues the TMA boxes, each block's barrier receiving its 128 arrivals and the
+  // or 5: blocks kb0 .. kb0 + 3 (+ the rope block 8); kb0 8 with nb 1: the rope block): with
+  // first >= 0 (the next pair's tile of that stage is refilled by the consumers, its first pool
+  // row) thread 0 issues the TMA boxes, each block's barrier receiving its 128 arrivals and the
   // box's bytes; else the 128 threads arrive on `empty_bar` for the producer. Called after the
-  // consumer's last wgmma reading those blocks has completed (wait_group). Thread 0 passes the row
-  // through the slot guard here, where it forms the box coordinate (at next_firsts the check
-  // would wait for the page-table read on the consumer's path to its S): a row outside the pool
-  // is recorded (request b, key (a + 2 + s) kBlockN) and the box starts at row 0 instead.
+  // consumer's last wgmma reading those blocks has completed (wait_group).
   __device__ __forceinline__ void release_group(uint32_t empty_bar, int s, int kb0, int nb,
-                                                int first, int tid, int b, int a) const {
+                                                int first, int tid) const {
     using namespace sm90;
-    if (!kConsumerTma || first == kProducerRefills) {
+    if (!kConsumerTma || first < 0) {
       mbar_arrive(empty_bar);
       return;
     }
     if (tid == 0) {
-      first = static_cast<int>(
-          cuda::guard_row32(p.guard, static_cast<uint32_t>(first), b, (a + 2 + s) * kBlockN));
       const uint32_t dst = sK(s);
 #pragma unroll
       for (int n = 0; n < nb; ++n) {
@@ -908,11 +897,10 @@ struct MlaWgmmaCta {
         const int j0 = a * kBlockN + key, j1 = j0 + kBlockN;
         const bool valid0 = j0 < kv_len, valid1 = a + 1 < t1 && j1 < kv_len;
         constexpr int kElemBytes = kFp8 ? 1 : 2;
-        // The slot guard: a row outside the pool is recorded and row 0 read instead.
-        const uint8_t* row0 = kvg + (valid0 ? guarded_kv_slot<Tr::kPage>(p, tok, j0, b) : 0) *
-                                        p.kv_stride_row * kElemBytes;
-        const uint8_t* row1 = kvg + (valid1 ? guarded_kv_slot<Tr::kPage>(p, tok, j1, b) : 0) *
-                                        p.kv_stride_row * kElemBytes;
+        const uint8_t* row0 =
+            kvg + (valid0 ? kv_slot<Tr::kPage>(tok, j0) : 0) * p.kv_stride_row * kElemBytes;
+        const uint8_t* row1 =
+            kvg + (valid1 ? kv_slot<Tr::kPage>(tok, j1) : 0) * p.kv_stride_row * kElemBytes;
         const bool load = !(p.wgmma_diag == 1 && pc >= 1);
         // kP1Buf: group -1 = stage 1's rope block (released right after S1), group 3 without it.
 #pragma unroll 1
@@ -929,9 +917,7 @@ struct MlaWgmmaCta {
           if (kTmaTiles && tma && load && (s == 0 || a + 1 < t1) &&
               (a + s + 1) * kBlockN <= kv_len) {
             if (tid == 0) {
-              // The box's first row through the slot guard (one lane per tile).
-              const int first =
-                  static_cast<int>(guarded_kv_slot<Tr::kPage>(p, tok, (a + s) * kBlockN, b));
+              const int first = static_cast<int>(kv_slot<Tr::kPage>(tok, (a + s) * kBlockN));
 #pragma unroll 1
               for (int n = 0; n < nb; ++n) {
                 const int kb = group_block(kb0, n);
@@ -1212,20 +1198,15 @@ struct MlaWgmmaCta {
       ATTNKIT_MLA_TL(kTlSegment, t0);
 
       // kConsumerTma: the first pool rows of pair (a + 2, a + 3)'s tiles that the releases of
-      // pair a refill by TMA (read at the start of pair a, used and checked at the releases;
-      // kProducerRefills: the producer refills; only thread 0 issues, the others keep 0).
+      // pair a refill by TMA (read at the start of pair a, used at the releases; -1: the
+      // producer refills; only thread 0 issues, the others keep 0).
       auto next_firsts = [&](int a, int(&nfirst)[2]) {
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
-          nfirst[st] = kProducerRefills;
-          if (kConsumerTma && consumer_refills(a + 2, st, t0, t1, kv_len)) {
-            // A page-table entry equal to the sentinel (itself a bad row) becomes the next bad
-            // row, so thread 0 never takes the producer's path while the others take the TMA one
-            // (a hang); release_group's guard records it.
-            const int first =
+          nfirst[st] = -1;
+          if (kConsumerTma && consumer_refills(a + 2, st, t0, t1, kv_len))
+            nfirst[st] =
                 tid == 0 ? static_cast<int>(kv_slot<Tr::kPage>(tok, (a + 2 + st) * kBlockN)) : 0;
-            nfirst[st] = first == kProducerRefills ? kProducerRefills + 1 : first;
-          }
         }
       };
       // One pair (a, a + 1). kPh (kSkipPhantom only): tile a + 1 is the phantom of an odd segment
@@ -1258,7 +1239,7 @@ struct MlaWgmmaCta {
           ATTNKIT_MLA_TL(kTlSDone, a);
           if constexpr (kP1Buf && g == 1) {
             // Stage 1's rope block: read by S1 only (P1 lives in the P buffer).
-            release_group(empty_rope(), 1, 8, 1, nfirst[1], tid, b, a);
+            release_group(empty_rope(), 1, 8, 1, nfirst[1], tid);
           }
           // Raw scores; the scale (> 0: scaling and k_scale are checked positive) multiplies
           // the row max once and folds into the exp2's FMA. Only a tile that reaches one of this
@@ -1348,7 +1329,7 @@ struct MlaWgmmaCta {
           auto retire_own_pv = [&] {
             wgmma_wait<0>();
             fence_regs(o);
-            release_group(empty(0), 0, 0, 4, nfirst[0], tid, b, a);
+            release_group(empty(0), 0, 0, 4, nfirst[0], tid);
             ATTNKIT_MLA_TL(kTlOwnPvDone, a);
           };
           // kEarlyP0: the hand-over below runs while P0 V0L does (it reads pa and V0L and
@@ -1396,8 +1377,7 @@ struct MlaWgmmaCta {
             if constexpr (!kEarlyS) {
               wgmma_wait<0>();
               fence_regs(o);
-              // Stage 1 blocks 0-3, 8 (P1).
-              release_group(empty_hi(1), 1, 0, kNb1Lo, nfirst[1], tid, b, a);
+              release_group(empty_hi(1), 1, 0, kNb1Lo, nfirst[1], tid);  // stage 1 0-3, 8 (P1)
               ATTNKIT_MLA_TL(kTlRetired, a);
             }
           }
@@ -1434,11 +1414,11 @@ struct MlaWgmmaCta {
           ATTNKIT_MLA_TL(kTlOtherPvIssued, a);
           if constexpr (!kPh) {
             wgmma_wait<1>();
-            release_group(empty(1), 1, 4, 4, nfirst[1], tid, b, a);  // stage 1 blocks 4-7
+            release_group(empty(1), 1, 4, 4, nfirst[1], tid);  // stage 1 blocks 4-7
           }
           wgmma_wait<0>();
           fence_regs(o);
-          release_group(empty_hi(0), 0, 4, 5, nfirst[0], tid, b, a);  // stage 0 blocks 4-8 (P0)
+          release_group(empty_hi(0), 0, 4, 5, nfirst[0], tid);  // stage 0 blocks 4-8 (P0)
           ATTNKIT_MLA_TL(kTlRetired, a);
         }
         return nfirst[1];  // kEarlyS: consumer 0 releases stage 1 blocks 0-3, 8 after the pair
@@ -1468,7 +1448,7 @@ struct MlaWgmmaCta {
               wgmma_commit();
               ATTNKIT_MLA_TL(kTlEarlyLo, a + 2);
               wgmma_wait<1>();  // P1 V1L (o is next touched after the next pair's wait<0>)
-              release_group(empty_hi(1), 1, 0, kNb1Lo, nf1, tid, b, a);  // stage 1 0-3, 8 (P1)
+              release_group(empty_hi(1), 1, 0, kNb1Lo, nf1, tid);  // stage 1 0-3, 8 (P1)
               ATTNKIT_MLA_TL(kTlRetired, a);
               issue_s_blocks<0, 4, 9>(sacc, rq, (pc & 1) ^ 1, tma_next);
               wgmma_commit();
@@ -1480,7 +1460,7 @@ struct MlaWgmmaCta {
           if constexpr (g == 0) {
             wgmma_wait<0>();
             fence_regs(o);
-            release_group(empty_hi(1), 1, 0, kNb1Lo, nf1, tid, b, a);  // stage 1 0-3, 8 (P1)
+            release_group(empty_hi(1), 1, 0, kNb1Lo, nf1, tid);  // stage 1 0-3, 8 (P1)
           }
           ++pc, ++pc1;
           break;

@@ -11,7 +11,6 @@
 #include "backends/mla/kernels/mla_prefix_gather.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/dtype_convert.cuh"
-#include "cuda/common/slot_guard.cuh"
 
 namespace attnkit::mla {
 namespace {
@@ -47,14 +46,8 @@ __global__ void __launch_bounds__(32 * kWarps) gather_kernel(const PrefixGatherP
       hi = mid - 1;
   }
   const int pos = p.chunk_start + (t - p.chunk_indptr[lo]);
-  // The slot guard: a row outside the pool (latent row and, fp4, its block scales) is recorded
-  // and row 0 is read instead.
-  const int64_t slot = cuda::guard_row32(
-      p.guard,
-      static_cast<uint32_t>(
-          p.req_to_token[static_cast<int64_t>(p.req_pool_indices[lo]) * p.req_to_token_stride +
-                         pos]),
-      lo, pos);
+  const int64_t slot =
+      p.req_to_token[static_cast<int64_t>(p.req_pool_indices[lo]) * p.req_to_token_stride + pos];
   Out* dst = static_cast<Out*>(p.latent) + static_cast<int64_t>(t) * p.width;
   if constexpr (std::is_same_v<In, Fp4>) {
     // pool_stride_row counts logical values (two per byte).

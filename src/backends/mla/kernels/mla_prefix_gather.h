@@ -7,7 +7,6 @@
 #include "attnkit/dtype.h"
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
-#include "kv/kv_guard_record.h"
 
 namespace attnkit::mla {
 
@@ -17,9 +16,6 @@ struct PrefixGatherParams {
   const int32_t* req_to_token = nullptr;
   int64_t req_to_token_stride = 0;
   const int32_t* req_pool_indices = nullptr;  // [bs]
-  // The pool's slot guard (kv/kv_guard_record.h): a token's row outside the pool is recorded
-  // (request r, key = its prefix position) and row 0 is read instead.
-  detail::SlotGuard guard;
   // Chunk-local token offsets [bs + 1]: request r's chunk tokens are [indptr[r], indptr[r + 1]),
   // its prefix positions chunk_start + (t - indptr[r]).
   const int32_t* chunk_indptr = nullptr;

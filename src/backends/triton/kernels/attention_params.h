@@ -11,8 +11,6 @@
 
 #include <cstdint>
 
-#include "kv/kv_guard_record.h"
-
 namespace attnkit::triton {
 
 // The most tokens one launch's grid covers (gridDim.z's limit); longer batches are launched in
@@ -48,9 +46,6 @@ struct AttentionParams {
   int64_t kn_stride_token = 0, kn_stride_head = 0;
   int64_t vn_stride_token = 0, vn_stride_head = 0;
   const int64_t* new_slots = nullptr;  // [T] out_cache_loc, used when k_new == nullptr
-  // The pool's slot guard (kv/kv_guard_record.h): every pool row a kernel takes from kv_indices
-  // or new_slots is checked against it; an out-of-pool row is recorded and row 0 read instead.
-  detail::SlotGuard slot_guard;
 
   // Query layout per request. Decode: q_start / q_len are nullptr (request b owns token b).
   const int32_t* q_start = nullptr;  // [bs] extend_start_loc

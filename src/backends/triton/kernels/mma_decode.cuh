@@ -85,8 +85,6 @@ __device__ __forceinline__ void decode_split(const AttentionParams& p, uint8_t* 
   w.scale_log2 = var.scale_log2;
   w.scale = var.sm_scale;
   w.logit_cap = var.cap;
-  w.guard = &p.slot_guard;  // kv_indices rows outside the pool: recorded, row 0 read
-  w.request = token;        // decode: request b owns token b
 
   const QT* q = static_cast<const QT*>(p.q) + token * p.q_stride_token;
   const int32_t* indices = p.kv_indices + p.kv_indptr[token];

@@ -20,7 +20,6 @@
 #include "backends/triton/kernels/split_plan.h"
 #include "cuda/common/dtype_convert.cuh"
 #include "cuda/common/online_softmax.cuh"
-#include "cuda/common/slot_guard.cuh"
 
 namespace attnkit::triton {
 
@@ -127,8 +126,7 @@ struct SimtKernel {
     int64_t ks_stride_row, vs_stride_row;
   };
 
-  // Attends keys [k_begin, k_end) of the index space; key_slot(j) gives the row of key j (called
-  // for visible keys only: the others read no row).
+  // Attends keys [k_begin, k_end) of the index space; key_slot(j) gives the row of key j.
   template <typename Elem, typename SlotFn>
   __device__ __forceinline__ static void attend(const AttentionParams& p, State& st,
                                                 const RowSource& src, const Variant& var,
@@ -315,11 +313,8 @@ struct SimtKernel {
         static_cast<const char*>(p.k_pool) + byte_offset<PoolElem>(kv_head * p.k_stride_head);
     pool_head.v =
         static_cast<const char*>(p.v_pool) + byte_offset<PoolElem>(kv_head * p.v_stride_head);
-    // Pool rows (K, V, fp4 scales; MLA: the latent row) pass the slot guard: an entry outside the
-    // pool is recorded (request, key j) and row 0, the dummy page, is read instead.
-    attend<PoolElem>(
-        p, st, pool_head, var, k_begin, min(k_end, req.num_prefix), heads,
-        [&](int j) -> int64_t { return cuda::guard_row(p.slot_guard, indices[j], req.b, j); });
+    attend<PoolElem>(p, st, pool_head, var, k_begin, min(k_end, req.num_prefix), heads,
+                     [&](int j) -> int64_t { return indices[j]; });
     // New keys: [num_prefix, num_prefix + num_new) from the inputs or from the pool.
     const int n_begin = max(k_begin, req.num_prefix);
     if (n_begin < k_end) {
@@ -340,9 +335,8 @@ struct SimtKernel {
                         [&](int j) -> int64_t { return j - prefix; });
       } else {
         const int64_t* slots = p.new_slots + req.q_begin - req.num_prefix;
-        attend<PoolElem>(p, st, pool_head, var, n_begin, k_end, heads, [&](int j) -> int64_t {
-          return cuda::guard_row(p.slot_guard, slots[j], req.b, j);
-        });
+        attend<PoolElem>(p, st, pool_head, var, n_begin, k_end, heads,
+                         [&](int j) -> int64_t { return slots[j]; });
       }
     }
 
