@@ -50,9 +50,17 @@ class ReqToTokenPool {
   // Host mirror of row `row` (max_context_len entries, always equal to the table row); for CPU
   // pools this is the table itself. nullptr when row is outside [0, max_reqs].
   const int32_t* host_row(int row) const;
+  // A bound on every entry of the table: the largest slot write() or copy_rows_from() stored in a
+  // row since the row was last zeroed (0 for a table that holds none). ForwardBatch::validate and
+  // the backends' CUDA-graph replays compare it with the KV pool's rows, so that a forward whose
+  // table holds only slots of the pool costs one compare, and any other is looked at row by row
+  // (the kernels read these entries as pool rows). Entries stored into table() by other means
+  // (the device view written directly) are not seen here.
+  int32_t max_slot() const;
 
  private:
-  size_t row_offset(int row) const;  // of entry [row, 0]
+  size_t row_offset(int row) const;             // of entry [row, 0]
+  void note_row_max(int row, int32_t largest);  // row_max_[row] and the table's bound take it
   // Stores values at entries [offset, offset + n): the table, and for CUDA pools first the device
   // (synchronous copy) and then, once that succeeded, the host mirror.
   Status store(size_t offset, std::span<const int32_t> values);
@@ -62,6 +70,9 @@ class ReqToTokenPool {
   std::vector<int32_t> host_;
   std::vector<int> free_rows_;
   std::vector<int32_t> written_end_;  // per row: columns at or past it were never written (zero)
+  std::vector<int32_t> row_max_;      // per row: the largest slot stored since it was zeroed
+  mutable int32_t max_slot_ = 0;      // max of row_max_ unless max_slot_stale_
+  mutable bool max_slot_stale_ = false;
   std::vector<uint8_t> in_use_;
 };
 

@@ -10,6 +10,7 @@
 
 #include "core/env_knob.h"
 #include "core/str_cat.h"
+#include "kv/table_slots.h"
 
 namespace attnkit {
 
@@ -309,6 +310,17 @@ Status ForwardBatch::validate() const {
               seq_lens_host[r], verify ? cat(" + draft_token_num ", draft) : std::string(), " = ",
               row_len, " exceeds max_context_len ", max_context, " of req_to_token_pool"));
     }
+  }
+  // The entries the kernels will read as pool rows (kv/table_slots.h): one compare while the
+  // table holds only slots of this pool, the batch's rows scanned otherwise.
+  if (kv_pool != nullptr && req_to_token_pool->max_slot() >= kv_pool->rows()) {
+    std::vector<int64_t> lens(static_cast<size_t>(bs));
+    for (int64_t r = 0; r < bs; ++r) {
+      lens[static_cast<size_t>(r)] =
+          (has_encoder ? encoder_lens_host[r] : 0) + seq_lens_host[r] + (verify ? draft : 0);
+    }
+    ATTNKIT_RETURN_IF_ERROR(detail::check_table_slots(
+        "ForwardBatch", *req_to_token_pool, kv_pool->rows(), req_pool_indices_host, lens));
   }
   if (check_indices_enabled()) {
     if (kv_pool == nullptr) return Status::ok();

@@ -2,8 +2,14 @@
 #include "backend/graph_captures.h"
 
 #include <string>
+#include <vector>
+
+#if defined(ATTNKIT_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
 
 #include "core/str_cat.h"
+#include "kv/table_slots.h"
 
 namespace attnkit {
 
@@ -68,6 +74,40 @@ Status check_graph_lengths(std::string_view backend, int bs, const int32_t* seq_
     }
   }
   return Status::ok();
+}
+
+Status check_graph_table_slots(std::string_view backend, const ReqToTokenPool* table,
+                               const KVPool* pool, int bs, const TensorView& req_pool_indices,
+                               const int32_t* seq_lens_host, int extra, StreamHandle stream) {
+  if (table == nullptr || pool == nullptr || bs <= 0) return Status::ok();
+  if (static_cast<int64_t>(table->max_slot()) < pool->rows()) return Status::ok();
+  std::vector<int32_t> rows(static_cast<size_t>(bs));
+  const int64_t bytes = static_cast<int64_t>(bs) * static_cast<int64_t>(sizeof(int32_t));
+  if (req_pool_indices.device.is_cpu()) {
+    ATTNKIT_RETURN_IF_ERROR(
+        copy_bytes(rows.data(), Device::cpu(), req_pool_indices.data, Device::cpu(), bytes));
+  } else {
+#if defined(ATTNKIT_WITH_CUDA)
+    const auto s = static_cast<cudaStream_t>(stream);
+    cudaError_t err = cudaMemcpyAsync(rows.data(), req_pool_indices.data,
+                                      static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, s);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+    if (err != cudaSuccess) {
+      return Status::internal(
+          cat(backend, ": replay req_pool_indices copy to the host: ", cudaGetErrorString(err)));
+    }
+#else
+    (void)stream;
+    return Status::unsupported(cat(backend, ": a CUDA replay in a build without CUDA"));
+#endif
+  }
+  std::vector<int64_t> lens(static_cast<size_t>(bs));
+  for (int r = 0; r < bs; ++r) {
+    lens[static_cast<size_t>(r)] = seq_lens_host != nullptr
+                                       ? static_cast<int64_t>(seq_lens_host[r]) + extra
+                                       : static_cast<int64_t>(table->max_context_len());
+  }
+  return detail::check_table_slots(cat(backend, ": replay"), *table, pool->rows(), rows, lens);
 }
 
 }  // namespace attnkit

@@ -13,6 +13,7 @@
 
 #include "attnkit/device.h"
 #include "attnkit/forward_batch.h"
+#include "attnkit/kv_cache.h"
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
 
@@ -52,5 +53,14 @@ Status check_graph_inputs(std::string_view backend, int bs, const TensorView& re
 // row they read the next request's slots). max_context_len < 1: not known, only len >= 0.
 Status check_graph_lengths(std::string_view backend, int bs, const int32_t* seq_lens_host,
                            int extra, int max_context_len);
+
+// The req_to_token entries a replay's kernels read (kv/table_slots.h): ok at one compare while
+// `table` holds only rows of `pool`; otherwise the replayed requests' rows are fetched
+// (req_pool_indices copied to the host on `stream`, a synchronous copy on this path only) and
+// their entries [0, seq_lens_host[r] + extra) scanned (the whole row without seq_lens_host), and
+// the first one outside the pool is named. A null table or pool: nothing to check.
+Status check_graph_table_slots(std::string_view backend, const ReqToTokenPool* table,
+                               const KVPool* pool, int bs, const TensorView& req_pool_indices,
+                               const int32_t* seq_lens_host, int extra, StreamHandle stream);
 
 }  // namespace attnkit

@@ -29,7 +29,10 @@ static_assert(sizeof(KVGuardRecord) == 24, "KVGuardRecord is shared with the dev
 // the dummy page inside the pool) is read instead, so no kernel reads outside the pool's buffers.
 struct SlotGuard {
   KVGuardRecord* record = nullptr;
-  int64_t rows = 0;  // KVPool::rows(): usable slots plus page 0
+  // KVPool::rows(): usable slots plus page 0. The default, for a params struct whose caller sets
+  // no guard, lets every non-negative int32 row through (negative rows, which the kernels also use
+  // as sentinels, still fail the compare): it never turns a good row into row 0.
+  int64_t rows = 0x7fffffff;
   int32_t layer = -1;
   int32_t reserved = 0;
 };

@@ -47,6 +47,7 @@ Result<std::unique_ptr<ReqToTokenPool>> ReqToTokenPool::create(int max_reqs, int
   }
   pool->in_use_.assign(static_cast<size_t>(max_reqs) + 1, 0);
   pool->written_end_.assign(static_cast<size_t>(max_reqs) + 1, 0);
+  pool->row_max_.assign(static_cast<size_t>(max_reqs) + 1, 0);
   pool->free_rows_.reserve(static_cast<size_t>(max_reqs));
   for (int row = max_reqs; row >= 1; --row) pool->free_rows_.push_back(row);  // lowest at back
   return pool;
@@ -81,6 +82,8 @@ Status ReqToTokenPool::free(int row) {
   const std::vector<int32_t> zeros(static_cast<size_t>(written_end_[r]), 0);
   ATTNKIT_RETURN_IF_ERROR(store(row_offset(row), zeros));
   written_end_[r] = 0;
+  if (row_max_[r] != 0) max_slot_stale_ = true;  // the table's bound may drop
+  row_max_[r] = 0;
   in_use_[r] = 0;
   free_rows_.push_back(row);
   return Status::ok();
@@ -101,6 +104,20 @@ const int32_t* ReqToTokenPool::host_row(int row) const {
   const size_t offset = row_offset(row);
   if (buffer_.device().is_cpu()) return static_cast<const int32_t*>(buffer_.data()) + offset;
   return host_.data() + offset;
+}
+
+int32_t ReqToTokenPool::max_slot() const {
+  if (max_slot_stale_) {
+    max_slot_ = *std::max_element(row_max_.begin(), row_max_.end());
+    max_slot_stale_ = false;
+  }
+  return max_slot_;
+}
+
+void ReqToTokenPool::note_row_max(int row, int32_t largest) {
+  int32_t& m = row_max_[static_cast<size_t>(row)];
+  m = std::max(m, largest);
+  if (!max_slot_stale_) max_slot_ = std::max(max_slot_, m);
 }
 
 size_t ReqToTokenPool::row_offset(int row) const {
@@ -148,12 +165,15 @@ Status ReqToTokenPool::write(int row, int start, std::span<const int64_t> slots)
     }
   }
   std::vector<int32_t> values(static_cast<size_t>(n));
+  int32_t largest = 0;
   for (int64_t i = 0; i < n; ++i) {
     values[static_cast<size_t>(i)] = static_cast<int32_t>(slots[static_cast<size_t>(i)]);
+    largest = std::max(largest, values[static_cast<size_t>(i)]);
   }
   ATTNKIT_RETURN_IF_ERROR(store(row_offset(row) + static_cast<size_t>(start), values));
   int32_t& end = written_end_[static_cast<size_t>(row)];
   end = std::max(end, static_cast<int32_t>(start + n));
+  note_row_max(row, largest);
   return Status::ok();
 }
 
@@ -178,6 +198,12 @@ Status ReqToTokenPool::copy_rows_from(const ReqToTokenPool& src, std::span<const
     ATTNKIT_RETURN_IF_ERROR(store(
         row_offset(row), std::span<const int32_t>(entries, static_cast<size_t>(max_context_len_))));
     written_end_[static_cast<size_t>(row)] = max_context_len_;  // the whole row was copied
+    // Overwritten whole: the row's bound is src's, which may be lower than this row's was.
+    if (row_max_[static_cast<size_t>(row)] > src.row_max_[static_cast<size_t>(row)]) {
+      max_slot_stale_ = true;
+    }
+    row_max_[static_cast<size_t>(row)] = 0;
+    note_row_max(row, src.row_max_[static_cast<size_t>(row)]);
     const bool allocated = src.is_allocated(row);
     if (allocated == is_allocated(row)) continue;
     in_use_[static_cast<size_t>(row)] = allocated ? 1 : 0;

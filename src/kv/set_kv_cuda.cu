@@ -64,7 +64,7 @@ __device__ __forceinline__ bool slot_in_pool(const ScatterArgs& a, int t, int64_
   // One unsigned compare covers slot < 0 (it wraps to a huge value) and slot >= rows.
   if (static_cast<uint64_t>(slot) < static_cast<uint64_t>(a.rows)) return true;
   if (threadIdx.x == 0 && a.guard != nullptr &&
-      atomicCAS(&a.guard->flag, kGuardNone, kGuardBadWrite) == 0u) {
+      atomicCAS(&a.guard->flag, kGuardNone, kGuardBadWrite) == kGuardNone) {
     a.guard->layer = a.layer;
     a.guard->token = t;
     a.guard->slot = slot;

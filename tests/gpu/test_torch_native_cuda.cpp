@@ -14,6 +14,7 @@
 #include "harness/case_runner.h"
 #include "support/backend_case_test.h"
 #include "support/gpu_test_helpers.h"
+#include "support/plan_check.h"
 
 ATTNKIT_BACKEND_CASE_TESTS(TorchNativeCudaCases, "torch_native", attnkit::Device::cuda(0));
 
@@ -132,10 +133,12 @@ TEST(TorchNativeCuda, CreationNeedsTheKvPool) {
 TEST(TorchNativeCuda, StridedOutKeepsNeighbouringBytes) {
   const CaseSpec* spec = harness::find_case("decode_page24_nonpow2");
   ASSERT_NE(spec, nullptr);
-  Result<PreparedCase> pc = harness::prepare_case(*spec, Device::cuda(0));
-  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
-  Result<std::unique_ptr<AttentionBackend>> backend = create_torch_native_backend(pc->context());
-  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  std::string skip;
+  Result<test_support::CaseOnBackend> made =
+      test_support::case_on_backend("torch_native", *spec, Device::cuda(0), &skip);
+  ASSERT_TRUE(made.is_ok()) << skip << made.status().to_string();
+  PreparedCase* pc = &made->pc;
+  const std::unique_ptr<AttentionBackend>* backend = &made->backend;
   const harness::LayerData& ld = pc->layers[0];
   const int64_t t = ld.out.size(0), hq = ld.out.size(1), dv = ld.out.size(2);
   constexpr float kSentinel = 7.25f;
@@ -184,10 +187,12 @@ TEST(TorchNativeCuda, StridedOutKeepsNeighbouringBytes) {
 TEST(TorchNativeCuda, BadDeviceSinkIsRefusedBeforeTheCacheWrite) {
   const CaseSpec* spec = harness::find_case("extend_sinks");
   ASSERT_NE(spec, nullptr);
-  Result<PreparedCase> pc = harness::prepare_case(*spec, Device::cuda(0));
-  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
-  Result<std::unique_ptr<AttentionBackend>> backend = create_torch_native_backend(pc->context());
-  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  std::string skip;
+  Result<test_support::CaseOnBackend> made =
+      test_support::case_on_backend("torch_native", *spec, Device::cuda(0), &skip);
+  ASSERT_TRUE(made.is_ok()) << skip << made.status().to_string();
+  PreparedCase* pc = &made->pc;
+  const std::unique_ptr<AttentionBackend>* backend = &made->backend;
   const harness::LayerData& ld = pc->layers[0];
   ASSERT_TRUE(ld.layer.sinks.defined() && ld.layer.sinks.device.is_cuda());
   ASSERT_TRUE((*backend)->init_forward_metadata(pc->batch).is_ok());

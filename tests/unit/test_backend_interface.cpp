@@ -335,6 +335,26 @@ TEST(TorchNativeBadInput, PageTablePastThePool) {
                       " (request 0) is outside the KV pool slots");
 }
 
+// ForwardBatch::validate reads ReqToTokenPool::max_slot as the table's bound: a slot past the pool
+// beyond every request's length (a row the batch does not use: GraphCaptures'
+// ReplayTableSlotsAreRowsOfThePool) leaves the forward alone; the same slot inside a request's
+// row is named (PageTablePastThePool).
+TEST(TorchNativeBadInput, PoolPastSlotBeyondTheRequestLengthsIsNotAnError) {
+  Result<PreparedCase> pc =
+      harness::prepare_case(*harness::find_case("extend_page16_ragged"), Device::cpu());
+  ASSERT_TRUE(pc.is_ok());
+  const int64_t bad = pc->kv_pool->rows() + 16;
+  for (size_t r = 0; r < pc->rows.size(); ++r) {
+    const int32_t past = pc->batch.seq_lens_host[r];
+    ASSERT_LT(past, pc->req_to_token->max_context_len());
+    ASSERT_TRUE(pc->req_to_token->write(pc->rows[r], past, std::vector<int64_t>{bad}).is_ok());
+  }
+  ASSERT_GE(pc->req_to_token->max_slot(), pc->kv_pool->rows());
+  auto b = std::move(create_torch_native_backend(pc->context())).value();
+  const Status s = harness::run_backend(*b, *pc, /*save_kv=*/false);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+}
+
 // The shared entry-point check of the CUDA backends (triton, flashinfer, fa3, the MLA backends):
 // forward_decode takes decode batches, forward_extend every other mode.
 TEST(CheckEntryPoint, NamesTheEntryPointAndTheMode) {

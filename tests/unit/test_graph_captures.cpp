@@ -48,6 +48,62 @@ TEST(GraphCaptures, ReplayLengthsFitTheRows) {
   expect_refused(check_graph_lengths("x", 2, negative.data(), 0, 0), "seq_lens_host[1] = -1");
 }
 
+// A replay's req_to_token entries are checked against the KV pool: one compare while the table
+// holds only pool rows, the replayed rows scanned (and the first bad entry named) otherwise. A
+// large slot in a row the replay does not read, or past a request's length, is not its error.
+TEST(GraphCaptures, ReplayTableSlotsAreRowsOfThePool) {
+  KVPoolConfig cfg;
+  cfg.num_layers = 1;
+  cfg.size = 64;  // rows [0, 72) with page 8
+  cfg.page_size = 8;
+  cfg.dtype = DType::kF32;
+  cfg.device = Device::cpu();
+  cfg.num_kv_heads = 1;
+  cfg.head_dim = 4;
+  cfg.v_head_dim = 4;
+  auto pool = MHAKVPool::create(cfg).value();
+  auto table = ReqToTokenPool::create(4, 16, Device::cpu()).value();
+  const int a = table->alloc().value();
+  const int b = table->alloc().value();
+  const int c = table->alloc().value();
+  ASSERT_TRUE(table->write(a, 0, std::vector<int64_t>{8, 9, 10, 71}).is_ok());
+  ASSERT_TRUE(table->write(b, 0, std::vector<int64_t>{16, 17}).is_ok());
+  std::vector<int32_t> rows = {a, b};
+  const TensorView indices(rows.data(), DType::kI32, Device::cpu(), {2});
+  const std::vector<int32_t> lens = {4, 2};
+  EXPECT_TRUE(
+      check_graph_table_slots("x", table.get(), pool.get(), 2, indices, lens.data(), 0, nullptr)
+          .is_ok());
+  // Slot 72 (one past the pool) in a row this replay does not read, and past b's length.
+  ASSERT_TRUE(table->write(c, 5, std::vector<int64_t>{72}).is_ok());
+  ASSERT_TRUE(table->write(b, 3, std::vector<int64_t>{1000}).is_ok());
+  EXPECT_GE(table->max_slot(), pool->rows());
+  EXPECT_TRUE(
+      check_graph_table_slots("x", table.get(), pool.get(), 2, indices, lens.data(), 0, nullptr)
+          .is_ok());
+  // b's entry 3 is read once the replay counts a draft past b's committed tokens (verify).
+  const std::vector<int32_t> short_lens = {3, 2};
+  expect_refused(check_graph_table_slots("flashinfer", table.get(), pool.get(), 2, indices,
+                                         short_lens.data(), 2, nullptr),
+                 "flashinfer: replay: req_to_token[" + std::to_string(b) +
+                     ", 3] = 1000 (request 1) is outside the KV pool slots [0, 72)");
+  // Without seq_lens_host the whole row is read.
+  expect_refused(
+      check_graph_table_slots("x", table.get(), pool.get(), 2, indices, nullptr, 0, nullptr),
+      "req_to_token[" + std::to_string(b) + ", 3] = 1000 (request 1)");
+  // A replayed row outside the request table is named (it is only looked at on this path).
+  rows[1] = 9;
+  expect_refused(
+      check_graph_table_slots("x", table.get(), pool.get(), 2, indices, lens.data(), 0, nullptr),
+      "req_pool_indices[1] = 9 is outside the request table rows [0, 4]");
+  // No pools known: nothing to check.
+  EXPECT_TRUE(check_graph_table_slots("x", nullptr, pool.get(), 2, indices, lens.data(), 0, nullptr)
+                  .is_ok());
+  EXPECT_TRUE(
+      check_graph_table_slots("x", table.get(), nullptr, 2, indices, lens.data(), 0, nullptr)
+          .is_ok());
+}
+
 TEST(GraphCaptures, IndexTensorsAreChecked) {
   std::vector<int32_t> rows = {1, 2, 3};
   std::vector<int64_t> wide = {1, 2, 3};

@@ -842,9 +842,11 @@ TEST(IntelAmxRejects, VerifyForwardWithAnotherDraftCount) {
 // The plan checked its slots against one pool and page table: a forward over another (smaller)
 // pool is refused instead of reading it unchecked.
 TEST(IntelAmxRejects, ForwardOverAnotherPool) {
-  PreparedCase pc = prepare_or_die(make_case("pool_a", ForwardMode::kDecode, 16, {40, 20}, {1, 1}));
+  // The other pool is the larger one, so the batch's slots are rows of both and the refusal is
+  // the plan's (a smaller pool is refused first by ForwardBatch::validate's slot check).
+  PreparedCase pc = prepare_or_die(make_case("pool_a", ForwardMode::kDecode, 16, {4, 2}, {1, 1}));
   PreparedCase other =
-      prepare_or_die(make_case("pool_b", ForwardMode::kDecode, 16, {4, 2}, {1, 1}));
+      prepare_or_die(make_case("pool_b", ForwardMode::kDecode, 16, {40, 20}, {1, 1}));
   Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
   ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
   ASSERT_TRUE((*backend)->init_forward_metadata(pc.batch).is_ok());

@@ -397,6 +397,47 @@ TEST(ReqToTokenPool, CopyRowsFromMirrorsEntriesAndAllocation) {
   EXPECT_EQ(copy->host_row(a)[3], 11);  // a bad argument changed nothing
 }
 
+// max_slot bounds every entry written: it rises with write() and copy_rows_from(), drops back when
+// the row that held the largest slot is freed or overwritten whole by a copy, and never sits
+// below an entry that is still in the table (the backends take it as the table's bound).
+TEST(ReqToTokenPool, MaxSlotBoundsEveryEntryWritten) {
+  auto pool = ReqToTokenPool::create(3, 8, Device::cpu()).value();
+  EXPECT_EQ(pool->max_slot(), 0);
+  const int a = pool->alloc().value();
+  const int b = pool->alloc().value();
+  ASSERT_TRUE(pool->write(a, 0, Slots{40, 7, 41}).is_ok());
+  EXPECT_EQ(pool->max_slot(), 41);
+  ASSERT_TRUE(pool->write(b, 2, Slots{900}).is_ok());
+  EXPECT_EQ(pool->max_slot(), 900);
+  // Overwriting 900 with a small slot keeps the bound (a row's bound only drops when zeroed).
+  ASSERT_TRUE(pool->write(b, 2, Slots{5}).is_ok());
+  EXPECT_EQ(pool->max_slot(), 900);
+  // A refused write changes nothing.
+  EXPECT_FALSE(pool->write(a, 7, Slots{5000, 1}).is_ok());
+  EXPECT_EQ(pool->max_slot(), 900);
+  ASSERT_TRUE(pool->free(b).is_ok());
+  EXPECT_EQ(pool->max_slot(), 41);
+  ASSERT_TRUE(pool->free(a).is_ok());
+  EXPECT_EQ(pool->max_slot(), 0);
+
+  // copy_rows_from: the copied rows take src's bound, higher or lower than theirs was.
+  auto src = ReqToTokenPool::create(3, 8, Device::cpu()).value();
+  auto copy = ReqToTokenPool::create(3, 8, Device::cpu()).value();
+  const int r = src->alloc().value();
+  ASSERT_TRUE(src->write(r, 0, Slots{3000}).is_ok());
+  ASSERT_TRUE(copy->copy_rows_from(*src, std::vector<int32_t>{r}).is_ok());
+  EXPECT_EQ(copy->max_slot(), 3000);
+  ASSERT_TRUE(src->free(r).is_ok());
+  const int r2 = src->alloc().value();
+  ASSERT_EQ(r2, r);
+  ASSERT_TRUE(src->write(r2, 0, Slots{12}).is_ok());
+  ASSERT_TRUE(copy->copy_rows_from(*src, std::vector<int32_t>{r2}).is_ok());
+  EXPECT_EQ(copy->max_slot(), 12);
+  for (int row = 0; row <= 3; ++row) {
+    for (int i = 0; i < 8; ++i) EXPECT_LE(copy->host_row(row)[i], copy->max_slot());
+  }
+}
+
 // ---- host views, driven by a small scheduler simulation ----
 
 class ViewsPageSize : public ::testing::TestWithParam<int> {};

@@ -851,6 +851,8 @@ Status FlashInferBackend::run_mla_quantized(const TensorView& q, const TensorVie
   triton::AttentionParams p;
   detail::set_io_params(p, q, out, lse);
   detail::set_kv_pool_params(p, kbuf, vbuf);
+  // Extend rows outside the pool (an out_cache_loc entry set_kv refused): recorded, row 0 read.
+  p.slot_guard = detail::slot_guard_of(pool, layer.layer_id);
   const DType kv_dtype = pool.dtype();
   if (kv_dtype == DType::kFP4E2M1) {
     const TensorView scales = pool.scale_buffer(layer.layer_id);
@@ -1166,6 +1168,10 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
   ATTNKIT_RETURN_IF_ERROR(
       check_graph_inputs("flashinfer", bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
+  ATTNKIT_RETURN_IF_ERROR(check_graph_table_slots(
+      "flashinfer", ctx_.req_to_token_pool, ctx_.kv_pool, bs, req_pool_indices, seq_lens_host,
+      mode == ForwardMode::kTargetVerify && spec != nullptr ? spec->draft_token_num : 0,
+      ctx_.stream));
   prefix_cache_.drop_plan();
   plan_.replay = true;  // from here the plan's buffers are the replayed batch's
   if (graph_mla_native(encoder_lens, mode, spec)) {

@@ -91,6 +91,10 @@ class MlaPagedBackend final : public AttentionBackend {
           name_, bs, seq_lens_host,
           mode == ForwardMode::kTargetVerify && spec != nullptr ? spec->draft_token_num : 0,
           ctx_.req_to_token_pool != nullptr ? ctx_.req_to_token_pool->max_context_len() : 0));
+      ATTNKIT_RETURN_IF_ERROR(check_graph_table_slots(
+          name_, ctx_.req_to_token_pool, ctx_.kv_pool, bs, req_pool_indices, seq_lens_host,
+          mode == ForwardMode::kTargetVerify && spec != nullptr ? spec->draft_token_num : 0,
+          ctx_.stream));
       return engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream, /*capture=*/false);
     }
     return other_->init_forward_metadata_replay_cuda_graph(

@@ -444,6 +444,8 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     vscale = mha.v_scale_buffer(layer.layer_id);
   }
   detail::set_kv_pool_params(p, kbuf, vbuf);
+  // Extend rows outside the pool (an out_cache_loc entry set_kv refused): recorded, row 0 read.
+  p.slot_guard = detail::slot_guard_of(pool, layer.layer_id);
   if (kv_dtype == DType::kFP4E2M1) {
     p.k_scales = kscale.data_as<const uint8_t>();
     p.v_scales = vscale.data_as<const uint8_t>();
@@ -708,6 +710,9 @@ Status TritonBackend::init_forward_metadata_replay_cuda_graph(
   ATTNKIT_RETURN_IF_ERROR(graph_captures_.check_replay("triton", mode, bs, queries).status());
   ATTNKIT_RETURN_IF_ERROR(check_graph_lengths("triton", bs, seq_lens_host, verify ? queries : 0,
                                               ctx_.req_to_token_pool->max_context_len()));
+  ATTNKIT_RETURN_IF_ERROR(check_graph_table_slots("triton", ctx_.req_to_token_pool, ctx_.kv_pool,
+                                                  bs, req_pool_indices, seq_lens_host,
+                                                  verify ? queries : 0, ctx_.stream));
   ATTNKIT_RETURN_IF_ERROR(graph_metadata(bs, req_pool_indices, seq_lens, mode, spec, ctx_.stream));
   plan_.replay = true;
   if (mode != ForwardMode::kDecode) return Status::ok();

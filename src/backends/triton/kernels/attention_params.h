@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "kv/kv_guard_record.h"
+
 namespace attnkit::triton {
 
 // The most tokens one launch's grid covers (gridDim.z's limit); longer batches are launched in
@@ -46,6 +48,11 @@ struct AttentionParams {
   int64_t kn_stride_token = 0, kn_stride_head = 0;
   int64_t vn_stride_token = 0, vn_stride_head = 0;
   const int64_t* new_slots = nullptr;  // [T] out_cache_loc, used when k_new == nullptr
+  // The pool's slot guard (kv/kv_guard_record.h) for the extend kernels' pool rows: new_slots
+  // (out_cache_loc, which nothing checks on the host) in both, kv_indices too in the mma extend
+  // (the same compare); a row outside the pool is recorded and row 0 read instead. kv_indices come
+  // from req_to_token, whose entries the host checks against the pool (kv/table_slots.h).
+  detail::SlotGuard slot_guard;
 
   // Query layout per request. Decode: q_start / q_len are nullptr (request b owns token b).
   const int32_t* q_start = nullptr;  // [bs] extend_start_loc

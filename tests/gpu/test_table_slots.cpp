@@ -1,0 +1,313 @@
+// req_to_token entries outside the KV pool (kv/table_slots.h): the CUDA kernels read every entry
+// of a request's row as a pool row unchecked, so a forward or a CUDA-graph replay whose rows hold
+// a slot past the pool must be refused on the host, before any launch, naming the entry, with the
+// CUDA context, the output and the pool untouched; a slot past the pool beyond a request's length
+// is not read and not an error; once the entry is mended the forward is the clean one, bit for
+// bit. The triton extend also reads the new tokens at out_cache_loc, which nothing checks on the
+// host: an entry there outside the pool is read as row 0 and recorded (slot_guard.cuh), so
+// KVPool::check_device_errors names the layer and the request.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "attnkit/registry.h"
+#include "harness/case_runner.h"
+#include "support/gpu_test_helpers.h"
+#include "support/plan_check.h"
+
+namespace attnkit {
+namespace {
+
+using harness::CaseSpec;
+
+struct SlotCase {
+  std::string name;
+  ForwardMode mode;
+  int page_size;
+  bool mla;
+};
+
+// Two requests; request 1's cached prefix holds the bad entry at kBadKey (a page start at every
+// page size used here, so a paged kernel would read it as a page-table entry).
+constexpr int kBadKey = 64;
+
+CaseSpec slot_spec(const SlotCase& sc) {
+  const bool decode = sc.mode == ForwardMode::kDecode;
+  const bool verify = sc.mode == ForwardMode::kTargetVerify;
+  CaseSpec c = test_support::plan_check_case("table_slots_" + sc.name, sc.mode, {300, 200},
+                                             decode   ? std::vector<int>{1, 1}
+                                             : verify ? std::vector<int>{}
+                                                      : std::vector<int>{9, 5},
+                                             sc.mla, 11);
+  c.page_size = sc.page_size;
+  return c;
+}
+
+// The bytes of the output rows of request 0 (tokens [0, rows0) of out [T, Hq, dv]).
+std::vector<uint8_t> request0_rows(const std::vector<uint8_t>& out, int64_t tokens, int64_t rows0) {
+  const size_t per_token = out.size() / static_cast<size_t>(tokens);
+  return {out.begin(), out.begin() + static_cast<std::ptrdiff_t>(per_token * rows0)};
+}
+
+class TableSlots : public ::testing::TestWithParam<std::tuple<std::string, SlotCase>> {
+ protected:
+  void SetUp() override {
+    if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
+    const auto& [backend_name, sc] = GetParam();
+    std::string skip;
+    Result<test_support::CaseOnBackend> made =
+        test_support::case_on_backend(backend_name, slot_spec(sc), Device::cuda(0), &skip);
+    if (!skip.empty()) GTEST_SKIP() << skip;
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    made_ = std::move(made).value();
+  }
+
+  // One planned forward of layer 0 (the pool already holds every key); out's bytes after it.
+  std::vector<uint8_t> forward_layer0(Status* st) {
+    harness::PreparedCase& pc = made_->pc;
+    const harness::LayerData& ld = pc.layers[0];
+    *st = made_->backend->init_forward_metadata(pc.batch);
+    if (st->is_ok()) {
+      *st = made_->backend->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
+                                    /*save_kv=*/false, ld.lse);
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the CUDA context must stay usable";
+    return test_support::to_host_bytes(ld.out);
+  }
+
+  // Request r's req_to_token entry at key position `key`, written through the table's write().
+  void set_entry(int r, int key, int64_t value) {
+    harness::PreparedCase& pc = made_->pc;
+    STATUS_OK(
+        pc.req_to_token->write(pc.rows[static_cast<size_t>(r)], key, std::vector<int64_t>{value}));
+  }
+  int32_t get_entry(int r, int key) const {
+    const harness::PreparedCase& pc = made_->pc;
+    return pc.req_to_token->host_row(pc.rows[static_cast<size_t>(r)])[key];
+  }
+  // The key positions request r's kernels read: its row up to its length (verify: + the drafts).
+  int64_t row_len(int r) const {
+    const ForwardBatch& b = made_->pc.batch;
+    return b.seq_lens_host[static_cast<size_t>(r)] +
+           (b.mode == ForwardMode::kTargetVerify ? b.spec.draft_token_num : 0);
+  }
+  std::vector<uint8_t> pool_layer0() const {
+    KVPool& pool = *made_->pc.kv_pool;
+    return test_support::to_host_bytes(pool.is_mla() ? dynamic_cast<MLAKVPool&>(pool).kv_buffer(0)
+                                                     : dynamic_cast<MHAKVPool&>(pool).k_buffer(0));
+  }
+
+  std::optional<test_support::CaseOnBackend> made_;
+};
+
+TEST_P(TableSlots, EntryPastThePoolIsRefusedBeforeAnyLaunch) {
+  harness::PreparedCase& pc = made_->pc;
+  KVPool& pool = *pc.kv_pool;
+  Status st;
+  const std::vector<uint8_t> clean = forward_layer0(&st);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  STATUS_OK(pool.check_device_errors());
+  const std::vector<uint8_t> pool_before = pool_layer0();
+  const TensorView out = pc.layers[0].out;
+
+  const int32_t good = get_entry(1, kBadKey);
+  for (const int64_t bad : {pool.rows(), pool.rows() + 5 * pc.spec.page_size,
+                            int64_t{std::numeric_limits<int32_t>::max()} - 2}) {
+    SCOPED_TRACE("bad entry " + std::to_string(bad));
+    set_entry(1, kBadKey, bad);
+    STATUS_OK(fill_float(out, std::numeric_limits<float>::quiet_NaN()));
+    const std::vector<uint8_t> poisoned = test_support::to_host_bytes(out);
+    const std::vector<uint8_t> after = forward_layer0(&st);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find("req_to_token[" + std::to_string(pc.rows[1]) + ", " +
+                                std::to_string(kBadKey) + "] = " + std::to_string(bad) +
+                                " (request 1) is outside the KV pool slots [0, " +
+                                std::to_string(pool.rows()) + ")"),
+              std::string::npos)
+        << st.to_string();
+    EXPECT_TRUE(after == poisoned) << "a refused forward wrote out";
+    STATUS_OK(pool.check_device_errors());
+  }
+
+  // Past request 1's length the same slot is never read: not an error, and the output is clean.
+  set_entry(1, kBadKey, good);
+  if (row_len(1) < pc.req_to_token->max_context_len()) {
+    set_entry(1, static_cast<int>(row_len(1)), pool.rows() + 7);
+    ASSERT_GE(pc.req_to_token->max_slot(), pool.rows());
+  }
+  const std::vector<uint8_t> again = forward_layer0(&st);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  STATUS_OK(pool.check_device_errors());
+  EXPECT_TRUE(again == clean) << "the mended forward differs from the clean one";
+  EXPECT_TRUE(pool_layer0() == pool_before) << "the pool was written";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Mha, TableSlots,
+    ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3"),
+                       ::testing::Values(SlotCase{"decode_p1", ForwardMode::kDecode, 1, false},
+                                         SlotCase{"decode_p16", ForwardMode::kDecode, 16, false},
+                                         SlotCase{"extend_p16", ForwardMode::kExtend, 16, false},
+                                         SlotCase{"extend_p64", ForwardMode::kExtend, 64, false},
+                                         SlotCase{"verify_p16", ForwardMode::kTargetVerify, 16,
+                                                  false})),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+
+INSTANTIATE_TEST_SUITE_P(
+    Mla, TableSlots,
+    ::testing::Combine(::testing::Values("triton", "flashinfer", "flashmla", "cutlass_mla"),
+                       ::testing::Values(SlotCase{"mla_decode_p64", ForwardMode::kDecode, 64, true},
+                                         SlotCase{"mla_verify_p64", ForwardMode::kTargetVerify, 64,
+                                                  true})),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+
+// The same at CUDA-graph replay, which has no ForwardBatch: the replay refresh looks the replayed
+// rows up (ReqToTokenPool::max_slot first) and refuses, so the caller does not launch the graph.
+class TableSlotsGraph : public TableSlots {};
+
+TEST_P(TableSlotsGraph, ReplayRefreshRefusesTheEntry) {
+  const auto& [backend_name, sc] = GetParam();
+  harness::PreparedCase& pc = made_->pc;
+  KVPool& pool = *pc.kv_pool;
+  const harness::LayerData& ld = pc.layers[0];
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  BackendContext ctx = pc.context();
+  ctx.stream = stream;
+  pc.batch.stream = stream;
+  const BackendDescriptor* descriptor = builtin_registry().find(backend_name);
+  ASSERT_NE(descriptor, nullptr);
+  Result<std::unique_ptr<AttentionBackend>> made = descriptor->create(ctx);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  AttentionBackend& backend = **made;
+
+  const ForwardBatch& b = pc.batch;
+  const int bs = b.batch_size;
+  const SpecInfo* spec = sc.mode == ForwardMode::kTargetVerify ? &b.spec : nullptr;
+  STATUS_OK(backend.init_cuda_graph_state(bs, b.num_tokens));
+  STATUS_OK(backend.init_forward_metadata_capture_cuda_graph(
+      bs, b.num_tokens, b.req_pool_indices, b.seq_lens, TensorView(), sc.mode, spec));
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const Status fwd = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, b,
+                                     /*save_kv=*/false, ld.lse);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(fwd.is_ok()) << fwd.to_string();
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  const auto refresh = [&]() {
+    return backend.init_forward_metadata_replay_cuda_graph(bs, b.req_pool_indices, b.seq_lens,
+                                                           b.seq_lens_sum, TensorView(), sc.mode,
+                                                           spec, b.seq_lens_host.data());
+  };
+  const auto replay = [&]() {
+    const Status refreshed = refresh();
+    EXPECT_TRUE(refreshed.is_ok()) << refreshed.to_string();
+    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << "the CUDA context must stay usable";
+    return test_support::to_host_bytes(ld.out);
+  };
+  const std::vector<uint8_t> clean = replay();
+  STATUS_OK(pool.check_device_errors(stream));
+
+  const int32_t good = get_entry(1, kBadKey);
+  const int64_t bad = pool.rows() + 3 * pc.spec.page_size;
+  set_entry(1, kBadKey, bad);
+  const Status refused = refresh();
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.to_string();
+  EXPECT_NE(refused.message().find(": replay: req_to_token[" + std::to_string(pc.rows[1]) + ", " +
+                                   std::to_string(kBadKey) + "] = " + std::to_string(bad) +
+                                   " (request 1) is outside the KV pool slots"),
+            std::string::npos)
+      << refused.to_string();
+
+  set_entry(1, kBadKey, good);  // the row's bound stays high: the mended replay takes the scan
+  EXPECT_TRUE(replay() == clean) << "the mended replay differs from the clean one";
+  STATUS_OK(pool.check_device_errors(stream));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  pc.batch.stream = nullptr;
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Graphs, TableSlotsGraph,
+    ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3"),
+                       ::testing::Values(SlotCase{"decode_p1", ForwardMode::kDecode, 1, false},
+                                         SlotCase{"decode_p16", ForwardMode::kDecode, 16, false},
+                                         SlotCase{"verify_p16", ForwardMode::kTargetVerify, 16,
+                                                  false})),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+
+INSTANTIATE_TEST_SUITE_P(
+    MlaGraphs, TableSlotsGraph,
+    ::testing::Combine(::testing::Values("triton", "flashinfer", "flashmla", "cutlass_mla"),
+                       ::testing::Values(SlotCase{"mla_decode_p64", ForwardMode::kDecode, 64,
+                                                  true})),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+
+// The triton extend reads the new tokens at out_cache_loc when k / v are not given: an entry there
+// outside the pool is read as row 0 and recorded (layer, request 1, key), request 0's rows stay
+// bit-identical, and the mended forward is the clean one.
+class OutCacheLocRead : public TableSlots {};
+
+TEST_P(OutCacheLocRead, IsReadAsRowZeroAndReported) {
+  harness::PreparedCase& pc = made_->pc;
+  KVPool& pool = *pc.kv_pool;
+  const int64_t tokens = pc.num_tokens;
+  const int64_t rows0 = pc.batch.extend_seq_lens_host.empty() ? tokens / pc.batch.batch_size
+                                                              : pc.batch.extend_seq_lens_host[0];
+  ASSERT_GT(rows0, 0);
+  Status st;
+  const std::vector<uint8_t> clean = forward_layer0(&st);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  STATUS_OK(pool.check_device_errors());
+  const std::vector<uint8_t> pool_before = pool_layer0();
+
+  // The first new token of request 1.
+  int64_t* loc = pc.batch.out_cache_loc.data_as<int64_t>() + rows0;
+  int64_t good = 0;
+  ASSERT_EQ(cudaMemcpy(&good, loc, sizeof(good), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (const int64_t bad : {pool.rows() + 2, int64_t{-5}}) {
+    SCOPED_TRACE("bad out_cache_loc " + std::to_string(bad));
+    ASSERT_EQ(cudaMemcpy(loc, &bad, sizeof(bad), cudaMemcpyHostToDevice), cudaSuccess);
+    const std::vector<uint8_t> out = forward_layer0(&st);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    const Status reported = pool.check_device_errors();
+    EXPECT_EQ(reported.code(), StatusCode::kInvalidArgument) << reported.to_string();
+    EXPECT_NE(
+        reported.message().find("attention kernel (device slot guard): layer " +
+                                std::to_string(pc.layers[0].layer.layer_id) + ", request 1, key "),
+        std::string::npos)
+        << reported.to_string();
+    EXPECT_TRUE(request0_rows(out, tokens, rows0) == request0_rows(clean, tokens, rows0))
+        << "request 0's output changed";
+    STATUS_OK(pool.check_device_errors());  // cleared by the report
+  }
+  ASSERT_EQ(cudaMemcpy(loc, &good, sizeof(good), cudaMemcpyHostToDevice), cudaSuccess);
+  const std::vector<uint8_t> again = forward_layer0(&st);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  STATUS_OK(pool.check_device_errors());
+  EXPECT_TRUE(again == clean) << "the mended forward differs from the clean one";
+  EXPECT_TRUE(pool_layer0() == pool_before) << "the pool was written";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Triton, OutCacheLocRead,
+    ::testing::Combine(
+        ::testing::Values("triton"),
+        ::testing::Values(SlotCase{"extend_p1", ForwardMode::kExtend, 1, false},
+                          SlotCase{"extend_p16", ForwardMode::kExtend, 16, false},
+                          SlotCase{"verify_p16", ForwardMode::kTargetVerify, 16, false},
+                          SlotCase{"mla_extend_p64", ForwardMode::kExtend, 64, true})),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+
+}  // namespace
+}  // namespace attnkit
