@@ -166,10 +166,8 @@ class KVPool {
   virtual Status set_kv(int layer, const TensorView& loc, const TensorView& k, const TensorView& v,
                         float k_scale, float v_scale, StreamHandle stream) = 0;
   // Device slot guard (CUDA pools): returns kInvalidArgument naming the layer, token and slot of
-  // the first out-of-range write that set_kv skipped since the last call (or the layer, request,
-  // key and row of the first out-of-range row an attention kernel met: a bad req_to_token or
-  // out_cache_loc entry, read as row 0 instead), and the pool's rows, then clears the record; ok
-  // when there was none. Costs a 24-byte device->host copy and a
+  // the first out-of-range write that set_kv skipped since the last call, and the pool's rows, then
+  // clears the record; ok when there was none. Costs a 24-byte device->host copy and a
   // synchronisation of `stream` (nullptr = default stream), so a serving engine calls it when it
   // wants (e.g. every N steps, or after a step that looked wrong); the harness calls it after every
   // run_backend. The kernels only record (no allocation, graph-capturable), so a write recorded
@@ -180,17 +178,12 @@ class KVPool {
   // empty when none does. For the backends' check that out / lse do not alias the cache (a forward
   // would overwrite cached k / v). O(log of the buffer count).
   std::string storage_overlapping(const void* begin, int64_t bytes) const;
-  // The device error word (CUDA pools; nullptr on CPU pools) that set_kv's scatter and the CUDA
-  // attention kernels record into: a kernel that meets a req_to_token / page-table / out_cache_loc
-  // entry outside [0, rows) reads row 0 (the dummy page) instead and records the first such
-  // (layer, request, key, row), which check_device_errors reports. For the backends' kernel
-  // parameters (src/backend/kernel_params.h set_slot_guard).
-  void* device_guard() const { return guard_.data(); }
 
  protected:
   explicit KVPool(KVPoolConfig config) : config_(std::move(config)) {}
   // Allocates and zeroes the device error word (CUDA pools; no-op on CPU). Called by create/wrap.
   Status init_device_guard();
+  void* device_guard() const { return guard_.data(); }
   // Records the pool's buffers for storage_overlapping: `groups` pairs a name with one buffer per
   // layer. Called by create/wrap once the buffers exist.
   void index_storage(

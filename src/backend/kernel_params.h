@@ -9,7 +9,6 @@
 #include "attnkit/forward_batch.h"
 #include "attnkit/kv_cache.h"
 #include "attnkit/tensor.h"
-#include "kv/kv_guard_record.h"
 
 namespace attnkit::detail {
 
@@ -64,16 +63,6 @@ void set_page_table_params(Params& p, const ForwardBatch& batch) {
   p.req_to_token = table.data_as<const int32_t>();
   p.req_to_token_stride = table.stride(0);
   p.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
-}
-
-// The pool's slot guard for a kernel reading `layer` of `pool` (kv/kv_guard_record.h): its device
-// error word and rows. A CPU pool has no error word (record nullptr: nothing is recorded).
-inline SlotGuard slot_guard_of(const KVPool& pool, int layer) {
-  SlotGuard g;
-  g.record = static_cast<KVGuardRecord*>(pool.device_guard());
-  g.rows = pool.rows();
-  g.layer = layer;
-  return g;
 }
 
 }  // namespace attnkit::detail

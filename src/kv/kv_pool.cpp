@@ -283,16 +283,7 @@ std::string kv_guard_message(const KVGuardRecord& record, int64_t rows, int page
                            std::to_string(page_size) + ", " + std::to_string(rows) +
                            "), page 0 holds dummy writes)";
   const std::string first =
-      "(the first bad write or read since the last check; later ones are "
-      "not recorded)";
-  if (record.flag == kGuardBadRead) {
-    return "attention kernel (device slot guard): layer " + std::to_string(record.layer) +
-           ", request " + std::to_string(record.token) + ", key " + std::to_string(record.key) +
-           ": pool row " + std::to_string(record.slot) + " is outside " + pool +
-           "; a req_to_token or out_cache_loc entry names a slot outside the pool, so the kernel "
-           "read row 0 instead and that request's output of the forward is wrong " +
-           first;
-  }
+      "(the first bad write since the last check; later ones are not recorded)";
   return "set_kv (device slot guard): layer " + std::to_string(record.layer) + " loc[" +
          std::to_string(record.token) + "] = " + std::to_string(record.slot) + " is outside " +
          pool + "; the write was skipped, so this token's k/v is missing from the cache " + first;

@@ -43,7 +43,7 @@ namespace attnkit::detail {
 
 // KVGuardRecord: kv/kv_guard_record.h.
 
-// The error text of a recorded bad write or read (host logic, in kv_pool.cpp; CPU-testable).
+// The error text of a recorded bad write (host logic, in kv_pool.cpp; CPU-testable).
 std::string kv_guard_message(const KVGuardRecord& record, int64_t rows, int page_size);
 
 // CUDA builds only (set_kv_cuda.cu): copies the record at `guard` to *out on `stream`, synchronises

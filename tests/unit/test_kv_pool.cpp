@@ -591,25 +591,6 @@ TEST(KVGuardMessage, NamesLayerTokenSlotAndPoolSize) {
   EXPECT_NE(msg.find("loc[0] = -1 is outside the pool rows [0, 80)"), std::string::npos) << msg;
 }
 
-// The text for a row an attention kernel met outside the pool (read as row 0 instead): it names
-// the layer, the request, the key, the row, the pool's rows and that the output is wrong.
-TEST(KVGuardMessage, BadReadNamesLayerRequestKeyRowAndPoolSize) {
-  detail::KVGuardRecord record;
-  record.flag = detail::kGuardBadRead;
-  record.layer = 2;
-  record.token = 1;
-  record.key = 300;
-  record.slot = -7;
-  const std::string msg = detail::kv_guard_message(record, 1040, 16);
-  for (const char* needle :
-       {"attention kernel (device slot guard)", "layer 2, request 1, key 300",
-        "pool row -7 is outside the pool rows [0, 1040)", "usable slots [16, 1040)",
-        "req_to_token or out_cache_loc", "read row 0 instead", "output of the forward is wrong"}) {
-    EXPECT_NE(msg.find(needle), std::string::npos) << needle << " not in: " << msg;
-  }
-  EXPECT_EQ(msg.find("loc["), std::string::npos) << msg;
-}
-
 #ifndef ATTNKIT_WITH_CUDA
 TEST(KVPool, CudaPoolIsNotBuiltWithoutCuda) {
   KVPoolConfig c = mha_config(DType::kBF16);

@@ -399,6 +399,7 @@ class FlashInferBackend final : public AttentionBackend {
 
   // Quantised-MLA workspace.
   DeviceArray<int32_t> mla_indptr_, mla_indices_, mla_q_layout_;
+  DeviceArray<int32_t> mla_new_slots_;  // extend modes: the new tokens' slots (req_to_token)
   std::vector<int32_t> mla_q_layout_host_;
   int mla_grid_splits_ = 1;
   int mla_max_splits_ = 1;
@@ -820,6 +821,19 @@ Status FlashInferBackend::plan_mla_quantized(const ForwardBatch& batch) {
     ATTNKIT_CUDA_TRY(cudaMemcpyAsync(mla_q_layout_.data(), mla_q_layout_host_.data(),
                                      mla_q_layout_host_.size() * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, cuda::to_stream(stream)));
+    // The new tokens' slots from the req_to_token columns after each prefix (the triton
+    // backend's plan does the same): only req_to_token is checked against the pool.
+    ATTNKIT_RETURN_IF_ERROR(
+        mla_new_slots_.reserve(ctx_.device, std::max<int64_t>(batch.num_tokens, 1)));
+    cuda::TokenIndexArgs fresh = idx;
+    const bool chain = verify && batch.extend_prefix_lens_host.empty();
+    fresh.start = chain ? batch.seq_lens.data_as<const int32_t>()
+                        : batch.extend_prefix_lens.data_as<const int32_t>();
+    fresh.len = chain ? nullptr : batch.extend_seq_lens.data_as<const int32_t>();
+    fresh.len_value = chain ? batch.spec.draft_token_num : 0;
+    fresh.kv_indptr = nullptr;
+    fresh.kv_indices = mla_new_slots_.data();
+    ATTNKIT_RETURN_IF_ERROR(cuda::build_token_indices(fresh, stream));
   }
   plan_.mla_quantized = true;
   plan_.valid = true;
@@ -851,8 +865,6 @@ Status FlashInferBackend::run_mla_quantized(const TensorView& q, const TensorVie
   triton::AttentionParams p;
   detail::set_io_params(p, q, out, lse);
   detail::set_kv_pool_params(p, kbuf, vbuf);
-  // Extend rows outside the pool (an out_cache_loc entry set_kv refused): recorded, row 0 read.
-  p.slot_guard = detail::slot_guard_of(pool, layer.layer_id);
   const DType kv_dtype = pool.dtype();
   if (kv_dtype == DType::kFP4E2M1) {
     const TensorView scales = pool.scale_buffer(layer.layer_id);
@@ -888,7 +900,7 @@ Status FlashInferBackend::run_mla_quantized(const TensorView& q, const TensorVie
     p.q_start = mla_q_layout_.data();
     p.q_len = mla_q_layout_.data() + bs;
     p.has_new_keys = 1;
-    p.new_slots = batch.out_cache_loc.data_as<const int64_t>();
+    p.new_slots = mla_new_slots_.data();
     if (batch.mode == ForwardMode::kTargetVerify && batch.spec.custom_mask.defined()) {
       p.custom_mask = batch.spec.custom_mask.data_as<const uint8_t>();
       p.mask_indptr = batch.spec.mask_indptr.data_as<const int64_t>();

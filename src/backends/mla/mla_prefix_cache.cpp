@@ -224,7 +224,7 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
     p.causal = 1;
     p.has_new_keys = 1;
     detail::set_new_key_params(p, k, v);
-    p.new_slots = batch.out_cache_loc.data_as<const int64_t>();
+    // k_new is set: the new keys come from the inputs, not from the pool (new_slots unused).
     p.partial_out = slot_out(0);
     p.partial_lse = slot_lse(0);
     ATTNKIT_RETURN_IF_ERROR(

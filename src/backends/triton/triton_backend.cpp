@@ -73,6 +73,7 @@ struct Plan {
   float* partial_lse = nullptr;
   int32_t* split_counters = nullptr;     // tensor-core decode: [bs, mma_head_blocks] zeros
   const int32_t* zero_indptr = nullptr;  // [bs + 1] zeros: no pool keys (MLA prefill)
+  const int32_t* new_slots = nullptr;    // [T] extend modes: the new tokens' slots (req_to_token)
 };
 
 class TritonBackend final : public AttentionBackend {
@@ -183,7 +184,7 @@ class TritonBackend final : public AttentionBackend {
 
   // Eager workspace (grow-only; only init_forward_metadata resizes it).
   IndexSet self_, cross_;
-  DeviceArray<int32_t> q_start_, zeros_;
+  DeviceArray<int32_t> q_start_, zeros_, new_slots_;
   DeviceArray<float> partial_out_, partial_lse_;
   DeviceArray<int32_t> split_counters_;  // zeroed when allocated; kernels leave them zero
   std::vector<int32_t> q_layout_host_;   // [2 * bs]: q_start then q_len
@@ -193,7 +194,7 @@ class TritonBackend final : public AttentionBackend {
   int graph_max_bs_ = 0;
   int graph_max_tokens_ = 0;
   IndexSet graph_self_;
-  DeviceArray<int32_t> graph_q_start_, graph_q_len_;
+  DeviceArray<int32_t> graph_q_start_, graph_q_len_, graph_new_slots_;
   DeviceArray<float> graph_partial_out_, graph_partial_lse_;
   DeviceArray<int32_t> graph_split_counters_;
   DeviceArray<int32_t> graph_min_chunk_;  // [1]: the replayed forward's chunk floor
@@ -321,6 +322,21 @@ Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
     ATTNKIT_CUDA_TRY(
         cudaMemsetAsync(zeros_.data(), 0, (bs + 1) * sizeof(int32_t), cuda::to_stream(stream)));
     plan_.zero_indptr = zeros_.data();
+    // The new tokens' slots, in token order, from the req_to_token columns after each request's
+    // prefix (and its encoder tokens): the kernels read new keys from the pool through them.
+    // out_cache_loc names the same slots, but only req_to_token is checked against the pool.
+    ATTNKIT_RETURN_IF_ERROR(new_slots_.reserve(dev, std::max<int64_t>(batch.num_tokens, 1)));
+    cuda::TokenIndexArgs fresh = idx;
+    fresh.start = verify_without_extend_arrays ? batch.seq_lens.data_as<const int32_t>()
+                                               : batch.extend_prefix_lens.data_as<const int32_t>();
+    fresh.start_plus = has_encoder ? batch.encoder_lens.data_as<const int32_t>() : nullptr;
+    fresh.len =
+        verify_without_extend_arrays ? nullptr : batch.extend_seq_lens.data_as<const int32_t>();
+    fresh.len_value = verify_without_extend_arrays ? batch.spec.draft_token_num : 0;
+    fresh.kv_indptr = nullptr;
+    fresh.kv_indices = new_slots_.data();
+    ATTNKIT_RETURN_IF_ERROR(cuda::build_token_indices(fresh, stream));
+    plan_.new_slots = new_slots_.data();
   }
   plan_.valid = true;
   return Status::ok();
@@ -444,8 +460,6 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     vscale = mha.v_scale_buffer(layer.layer_id);
   }
   detail::set_kv_pool_params(p, kbuf, vbuf);
-  // Extend rows outside the pool (an out_cache_loc entry set_kv refused): recorded, row 0 read.
-  p.slot_guard = detail::slot_guard_of(pool, layer.layer_id);
   if (kv_dtype == DType::kFP4E2M1) {
     p.k_scales = kscale.data_as<const uint8_t>();
     p.v_scales = vscale.data_as<const uint8_t>();
@@ -492,7 +506,7 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     // pool at out_cache_loc.
     const bool inputs_exact = k.defined() && kv_dtype == q.dtype;
     if (mla_prefill || (inputs_exact && !cross)) detail::set_new_key_params(p, k, v);
-    p.new_slots = batch.out_cache_loc.data_as<const int64_t>();
+    p.new_slots = plan_.new_slots;
     // Verify: the tree mask when given (required for topk > 1); a topk-1 chain without a mask is
     // plain causal attention over the drafts.
     if (batch.mode == ForwardMode::kTargetVerify && batch.spec.custom_mask.defined()) {
@@ -576,6 +590,7 @@ Status TritonBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
   ATTNKIT_RETURN_IF_ERROR(graph_self_.indices.reserve(dev, static_cast<int64_t>(max_bs) * max_ctx));
   ATTNKIT_RETURN_IF_ERROR(graph_q_start_.reserve(dev, max_bs));
   ATTNKIT_RETURN_IF_ERROR(graph_q_len_.reserve(dev, max_bs));
+  ATTNKIT_RETURN_IF_ERROR(graph_new_slots_.reserve(dev, max_num_tokens));
   const int dv = ctx_.is_mla ? ctx_.kv_lora_rank : ctx_.v_head_dim;
   // Decode rows: one token per request, split extent max_splits_.
   const int64_t rows = static_cast<int64_t>(max_splits_) * max_bs * ctx_.num_q_heads;
@@ -655,6 +670,15 @@ Status TritonBackend::graph_metadata(int bs, const TensorView& req_pool_indices,
       graph_draft_tokens_ = n;
     }
     plan_.num_tokens = bs * n;
+    // The drafts' slots: req_to_token columns [seq_len, seq_len + N) of each request.
+    cuda::TokenIndexArgs fresh = idx;
+    fresh.start = seq_lens.data_as<const int32_t>();
+    fresh.len = nullptr;
+    fresh.len_value = n;
+    fresh.kv_indptr = nullptr;
+    fresh.kv_indices = graph_new_slots_.data();
+    ATTNKIT_RETURN_IF_ERROR(cuda::build_token_indices(fresh, stream));
+    plan_.new_slots = graph_new_slots_.data();
     plan_.q_start = graph_q_start_.data();
     plan_.q_len = graph_q_len_.data();
     plan_.max_q_len = n;

@@ -28,11 +28,12 @@ __device__ int32_t block_prefix_total(const int32_t* len, int end) {
 // grid: (bs) block: (kMetaThreads)
 __global__ void __launch_bounds__(kMetaThreads) token_indices_kernel(const TokenIndexArgs args) {
   const int b = blockIdx.x;
-  const int32_t offset = block_prefix_total(args.len, b);
-  const int32_t n = args.len[b];
-  const int32_t start = args.start ? args.start[b] : 0;
+  const int32_t offset = args.len != nullptr ? block_prefix_total(args.len, b) : b * args.len_value;
+  const int32_t n = args.len != nullptr ? args.len[b] : args.len_value;
+  const int32_t start =
+      (args.start ? args.start[b] : 0) + (args.start_plus ? args.start_plus[b] : 0);
   const int32_t* row = args.req_to_token + args.req_pool_indices[b] * args.req_to_token_stride;
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && args.kv_indptr != nullptr) {
     args.kv_indptr[b + 1] = offset + n;
     if (b == 0) args.kv_indptr[0] = 0;
   }

@@ -13,18 +13,22 @@
 
 namespace attnkit::cuda {
 
-// Token-level indices: request b covers req_to_token[req_pool_indices[b], start[b] : start[b] +
-// len[b]]. Writes kv_indptr [bs + 1] (exclusive prefix sum of len) and kv_indices
-// [kv_indptr[bs]] (slots, back to back). The caller sizes kv_indices for the largest total it can
-// produce (e.g. bs * max_context_len).
+// Token-level indices: request b covers req_to_token[req_pool_indices[b], s_b : s_b + len[b]]
+// with s_b = start[b] + start_plus[b]. Writes kv_indptr [bs + 1] (exclusive prefix sum of len)
+// and kv_indices [kv_indptr[bs]] (slots, back to back). The caller sizes kv_indices for the
+// largest total it can produce (e.g. bs * max_context_len). With start = the cached prefix and
+// len = the new tokens this is an extend's new-token slots in token order (out_cache_loc as
+// req_to_token holds it).
 struct TokenIndexArgs {
   const int32_t* req_to_token = nullptr;      // [max_reqs + 1, req_to_token_stride]
   int64_t req_to_token_stride = 0;            // max_context_len
   const int32_t* req_pool_indices = nullptr;  // [bs]
   const int32_t* start = nullptr;             // [bs] first column; nullptr = 0
-  const int32_t* len = nullptr;               // [bs] columns per request
+  const int32_t* start_plus = nullptr;        // [bs] added to start (encoder + prefix); nullptr = 0
+  const int32_t* len = nullptr;  // [bs] columns per request; nullptr: len_value for every request
+  int32_t len_value = 0;
   int bs = 0;
-  int32_t* kv_indptr = nullptr;   // [bs + 1] out
+  int32_t* kv_indptr = nullptr;   // [bs + 1] out; nullptr: not written
   int32_t* kv_indices = nullptr;  // [capacity] out
 };
 Status build_token_indices(const TokenIndexArgs& args, StreamHandle stream);

@@ -5,13 +5,12 @@
 // Key index space of request b: [0, num_prefix_b) are pool keys reached through the flattened
 // token indices (kv_indices[kv_indptr[b] + j]); [num_prefix_b, num_prefix_b + num_new_b) are the
 // request's new tokens, read from the contiguous k/v inputs (k_new != nullptr) or from the pool
-// at slot new_slots[q_start_b + j]. Query i of request b has position q_pos = num_prefix_b + i
-// (decode: num_prefix_b - 1, the new token being the last pool key); key j has position j.
+// at slot new_slots[q_start_b + j - num_prefix_b]. Query i of request b has position q_pos =
+// num_prefix_b + i (decode: num_prefix_b - 1, the new token being the last pool key); key j has
+// position j.
 #pragma once
 
 #include <cstdint>
-
-#include "kv/kv_guard_record.h"
 
 namespace attnkit::triton {
 
@@ -47,12 +46,11 @@ struct AttentionParams {
   const void* v_new = nullptr;  // [T, Hkv, Dv]
   int64_t kn_stride_token = 0, kn_stride_head = 0;
   int64_t vn_stride_token = 0, vn_stride_head = 0;
-  const int64_t* new_slots = nullptr;  // [T] out_cache_loc, used when k_new == nullptr
-  // The pool's slot guard (kv/kv_guard_record.h) for the extend kernels' pool rows: new_slots
-  // (out_cache_loc, which nothing checks on the host) in both, kv_indices too in the mma extend
-  // (the same compare); a row outside the pool is recorded and row 0 read instead. kv_indices come
-  // from req_to_token, whose entries the host checks against the pool (kv/table_slots.h).
-  detail::SlotGuard slot_guard;
+  // [T] the new tokens' pool slots in token order, used when k_new == nullptr: read from
+  // req_to_token at plan time (cuda::build_token_indices over each request's columns after its
+  // prefix), whose entries the host checks against the pool (kv/table_slots.h), not from
+  // out_cache_loc, which nothing checks before a kernel reads it (set_kv only skips a bad write).
+  const int32_t* new_slots = nullptr;
 
   // Query layout per request. Decode: q_start / q_len are nullptr (request b owns token b).
   const int32_t* q_start = nullptr;  // [bs] extend_start_loc

@@ -32,7 +32,6 @@
 #include "cuda/common/dtype_convert.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/online_softmax.cuh"
-#include "cuda/common/slot_guard.cuh"
 
 namespace attnkit::triton {
 
@@ -130,39 +129,24 @@ struct MmaExtendKernel {
 
   // Row resolution in two halves so the index load can be issued early: `fetch` reads the pool
   // slot of key j (or -1 for a new-token row read from the contiguous inputs, -2 outside the
-  // keys); `publish` checks it against the pool's slot guard (there, not in `fetch`, so the index
-  // load stays in flight over the tile's MMAs), turns it into the row address and writes this
-  // thread's TileRows entry. Thread tid < 2 * kBN owns row tid % kBN of K (tid < kBN) or V.
+  // keys); `publish` turns it into the row address and writes this thread's TileRows entry.
+  // Thread tid < 2 * kBN owns row tid % kBN of K (tid < kBN) or V.
   __device__ __forceinline__ static int32_t fetch_slot(const Ctx& c, int n0, int total) {
     if (threadIdx.x >= 2 * kBN) return -2;
     const int j = n0 + static_cast<int>(threadIdx.x) % kBN;
     if (j >= total || j < 0) return -2;
     if (j < c.num_prefix) return c.indices[j];
     if (c.p->k_new != nullptr) return -1;
-    // Pool slots are int32 throughout the pools (kv_indices); out_cache_loc only widens them.
-    return static_cast<int32_t>(c.p->new_slots[c.q_begin + j - c.num_prefix]);
-  }
-
-  // A fetched slot of key j that is not a pool row: -2 (outside the keys) and -1 (a new-token row
-  // from the inputs) as fetched, anything else a bad kv_indices / new_slots entry: recorded
-  // (request, key j, the entry) and row 0, the dummy page, read instead (slot_guard.cuh).
-  __device__ __forceinline__ static int32_t off_pool_slot(const Ctx& c, int j, int32_t slot) {
-    if (j >= c.num_prefix + c.num_new) return -2;
-    if (j >= c.num_prefix && c.p->k_new != nullptr) return -1;
-    cuda::record_bad_read(c.p->slot_guard, c.b, j, slot);
-    return 0;
+    return c.p->new_slots[c.q_begin + j - c.num_prefix];
   }
 
   __device__ __forceinline__ static void publish_row(const Ctx& c, int n0, int32_t slot_in,
                                                      TileRows& rows) {
     if (threadIdx.x >= 2 * kBN) return;
+    const int64_t slot = slot_in;
     const AttentionParams& p = *c.p;
     const bool is_v = threadIdx.x >= kBN;
     const int r = threadIdx.x % kBN;
-    // A pool row passes on one unsigned compare; sentinels and bad entries take off_pool_slot.
-    const int64_t slot = static_cast<uint32_t>(slot_in) < static_cast<uint32_t>(p.slot_guard.rows)
-                             ? slot_in
-                             : off_pool_slot(c, n0 + r, slot_in);
     const char* row = nullptr;
     const uint8_t* scale = nullptr;
     bool from_pool = true;

@@ -20,7 +20,6 @@
 #include "backends/triton/kernels/split_plan.h"
 #include "cuda/common/dtype_convert.cuh"
 #include "cuda/common/online_softmax.cuh"
-#include "cuda/common/slot_guard.cuh"
 
 namespace attnkit::triton {
 
@@ -127,8 +126,7 @@ struct SimtKernel {
     int64_t ks_stride_row, vs_stride_row;
   };
 
-  // Attends keys [k_begin, k_end) of the index space; key_slot(j) gives the row of key j (called
-  // for visible keys only: the others read no row).
+  // Attends keys [k_begin, k_end) of the index space; key_slot(j) gives the row of key j.
   template <typename Elem, typename SlotFn>
   __device__ __forceinline__ static void attend(const AttentionParams& p, State& st,
                                                 const RowSource& src, const Variant& var,
@@ -315,8 +313,6 @@ struct SimtKernel {
         static_cast<const char*>(p.k_pool) + byte_offset<PoolElem>(kv_head * p.k_stride_head);
     pool_head.v =
         static_cast<const char*>(p.v_pool) + byte_offset<PoolElem>(kv_head * p.v_stride_head);
-    // kv_indices come from req_to_token, whose entries are checked on the host against the pool
-    // (kv/table_slots.h); out_cache_loc below is not (set_kv's guard only skips a bad write).
     attend<PoolElem>(p, st, pool_head, var, k_begin, min(k_end, req.num_prefix), heads,
                      [&](int j) -> int64_t { return indices[j]; });
     // New keys: [num_prefix, num_prefix + num_new) from the inputs or from the pool.
@@ -338,12 +334,9 @@ struct SimtKernel {
         attend<NewElem>(p, st, in, var, n_begin, k_end, heads,
                         [&](int j) -> int64_t { return j - prefix; });
       } else {
-        const int64_t* slots = p.new_slots + req.q_begin - req.num_prefix;
-        // An out_cache_loc entry outside the pool is recorded (request, key j) and row 0, the
-        // dummy page, read instead (slot_guard.cuh).
-        attend<PoolElem>(p, st, pool_head, var, n_begin, k_end, heads, [&](int j) -> int64_t {
-          return cuda::guard_row(p.slot_guard, slots[j], req.b, j);
-        });
+        const int32_t* slots = p.new_slots + req.q_begin - req.num_prefix;
+        attend<PoolElem>(p, st, pool_head, var, n_begin, k_end, heads,
+                         [&](int j) -> int64_t { return slots[j]; });
       }
     }
 
