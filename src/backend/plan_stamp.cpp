@@ -77,7 +77,7 @@ Status check_forward_matches_plan(std::string_view backend, const PlanStamp& pla
             forward_mode_name(batch.mode), ", batch_size ", batch.batch_size,
             "): launch the captured graph, or call init_forward_metadata for an eager forward"));
   }
-  if (plan.lengths.has_value() && *plan.lengths != plan_lengths_digest(batch)) {
+  if (plan.lengths.has_value() && plan.lengths->lengths != plan_lengths_digest(batch)) {
     return Status::invalid_argument(
         cat(backend, ": forward's batch (mode ", forward_mode_name(batch.mode), ", batch_size ",
             batch.batch_size, ", num_tokens ", batch.num_tokens,
@@ -85,7 +85,22 @@ Status check_forward_matches_plan(std::string_view backend, const PlanStamp& pla
             "(the plan's offsets and partitions come from those): call init_forward_metadata "
             "with this batch first"));
   }
+  if (plan.lengths.has_value() && plan.lengths->stream != batch.stream) {
+    const auto name = [](StreamHandle s) {
+      return s == nullptr ? std::string("the default stream (nullptr)") : cat("stream ", s);
+    };
+    return Status::invalid_argument(
+        cat(backend, ": forward on ", name(batch.stream),
+            " (ForwardBatch.stream) but init_forward_metadata planned this batch on ",
+            name(plan.lengths->stream),
+            ", where its uploads and index kernels were enqueued: run the layers on the stream the "
+            "forward was planned on (or plan again on this one)"));
+  }
   return Status::ok();
+}
+
+PlanKey plan_key(const ForwardBatch& batch) {
+  return PlanKey{plan_lengths_digest(batch), batch.stream};
 }
 
 }  // namespace attnkit

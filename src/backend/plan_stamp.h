@@ -23,12 +23,21 @@ namespace attnkit {
 // O(batch size); about a microsecond at batch 256.
 uint64_t plan_lengths_digest(const ForwardBatch& batch);
 
+// What an eager plan keeps of its batch: the digest above, and the stream it planned on
+// (ForwardBatch::stream): the plan's uploads and index kernels ran there, so a layer launched on
+// another stream could read them before they land.
+struct PlanKey {
+  uint64_t lengths = 0;
+  StreamHandle stream = nullptr;
+};
+PlanKey plan_key(const ForwardBatch& batch);
+
 struct PlanStamp {
   bool valid = false;
   ForwardMode mode = ForwardMode::kIdle;
   int bs = 0;
-  int64_t num_tokens = -1;          // -1: any count (the path it delegates to checks)
-  std::optional<uint64_t> lengths;  // eager plans: plan_lengths_digest; graph plans: none
+  int64_t num_tokens = -1;         // -1: any count (the path it delegates to checks)
+  std::optional<PlanKey> lengths;  // eager plans: plan_key; graph plans: none
   // A CUDA-graph replay plan: its buffers hold the replayed batch's indices for the captured
   // kernels, and no forward() runs on it (a capture plan serves the capture's forwards and the
   // warm-up forwards before it).
@@ -37,7 +46,8 @@ struct PlanStamp {
 
 // kInvalidArgument naming `backend` when `batch` is not the batch `plan` was made for: no plan, or
 // another mode / batch size / token count ("forward called without a matching
-// init_forward_metadata"), the same shape with other lengths, or a replay plan.
+// init_forward_metadata"), the same shape with other lengths, a replay plan, or (eager plans) a
+// forward on another stream than the one it was planned on.
 Status check_forward_matches_plan(std::string_view backend, const PlanStamp& plan,
                                   const ForwardBatch& batch);
 

@@ -5,6 +5,7 @@
 // index bs x N rows, past the smaller q / out. BatchArrays: a batch whose index arrays are on the
 // host or strided over a CUDA pool is refused by name as well. A batch of the planned shape with
 // other lengths or request rows is refused by the plan's digest of its host arrays.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -129,6 +130,41 @@ TEST_P(StalePlan, SameShapeOtherLengthsAreRefused) {
                   .forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch, false,
                            TensorView())
                   .is_ok());
+}
+
+// The same batch on another stream than the one init_forward_metadata planned on: the plan's
+// uploads and index kernels were enqueued on the planning stream, so a layer on another stream
+// could read them before they land. Refused by name (both streams), out untouched; the planned
+// stream still runs, and planning again on the new stream makes it the forward's.
+TEST_P(StalePlan, AnotherStreamThanPlannedIsRefused) {
+  harness::PreparedCase& pc = made_->pc;
+  AttentionBackend& backend = *made_->backend;
+  cudaStream_t side = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&side), cudaSuccess);
+  ForwardBatch moved = pc.batch;
+  moved.stream = side;
+  ASSERT_TRUE(backend.init_forward_metadata(pc.batch).is_ok());
+  const harness::LayerData& ld = pc.layers[0];
+  const std::vector<uint8_t> before = test_support::to_host_bytes(ld.out);
+  const Status st = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, moved,
+                                    false, TensorView());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("(ForwardBatch.stream) but init_forward_metadata planned this batch "
+                              "on "),
+            std::string::npos)
+      << st.to_string();
+  EXPECT_EQ(test_support::to_host_bytes(ld.out), before) << "out was written";
+  EXPECT_TRUE(backend
+                  .forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch, false,
+                           TensorView())
+                  .is_ok());
+  ASSERT_TRUE(backend.init_forward_metadata(moved).is_ok());
+  EXPECT_TRUE(
+      backend
+          .forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, moved, false, TensorView())
+          .is_ok());
+  EXPECT_EQ(cudaStreamSynchronize(side), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(side), cudaSuccess);
 }
 
 // A batch whose index arrays are host arrays (or a strided view) over a CUDA pool is refused by

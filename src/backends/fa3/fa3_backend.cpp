@@ -40,8 +40,7 @@ class Fa3Backend final : public AttentionBackend {
     ATTNKIT_RETURN_IF_ERROR(inner_->init_forward_metadata(batch));
     if (wgmma_ == nullptr) return Status::ok();
     ATTNKIT_RETURN_IF_ERROR(wgmma_->plan(batch, stream_for(batch)));
-    stamp_ =
-        PlanStamp{true, batch.mode, batch.batch_size, batch.num_tokens, plan_lengths_digest(batch)};
+    stamp_ = PlanStamp{true, batch.mode, batch.batch_size, batch.num_tokens, plan_key(batch)};
     return Status::ok();
   }
   Status forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,

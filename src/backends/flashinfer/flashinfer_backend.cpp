@@ -125,8 +125,8 @@ struct Plan {
   // another count is refused, as the plan's query offsets would index past them; -1 where the
   // path it delegates to checks (portable, MLA engine).
   int num_tokens = -1;
-  std::optional<uint64_t> lengths;  // eager plans: plan_lengths_digest (plan_stamp.h)
-  bool replay = false;              // a CUDA-graph replay plan (no forward runs on it)
+  std::optional<PlanKey> lengths;  // eager plans: plan_key (plan_stamp.h)
+  bool replay = false;             // a CUDA-graph replay plan (no forward runs on it)
   TileShape shape = TileShape::kDecode;
   int grid_items = 0;  // CTAs per kv head launched (balanced plan: CTAs)
   // > 0: the decode plan is a balanced-kernel plan of this many slots (the default,
@@ -487,7 +487,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   if (batch.req_to_token_pool == nullptr) {
     return Status::invalid_argument("flashinfer: ForwardBatch.req_to_token_pool is null");
   }
-  plan_.lengths = plan_lengths_digest(batch);
+  plan_.lengths = plan_key(batch);
   plan_.num_tokens = batch.num_tokens;
   const int bs = batch.batch_size;
   plan_.bs = bs;

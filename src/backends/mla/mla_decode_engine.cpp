@@ -214,7 +214,7 @@ Status MlaDecodeEngine::plan(const ForwardBatch& batch, StreamHandle stream) {
   plan_.bs = bs;
   plan_.s_q = s_q;
   plan_.num_tokens = batch.num_tokens;
-  plan_.lengths = plan_lengths_digest(batch);
+  plan_.lengths = plan_key(batch);
   plan_.num_parts = parts;
   plan_.sched = sched_.data();
   plan_.split_indptr = split_indptr_.data();

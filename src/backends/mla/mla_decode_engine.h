@@ -17,6 +17,7 @@
 #include "attnkit/backend.h"
 #include "backend/device_array.h"
 #include "backend/graph_captures.h"
+#include "backend/plan_stamp.h"
 #include "cuda/common/tma_map.h"
 
 namespace attnkit::mla {
@@ -120,8 +121,8 @@ class MlaDecodeEngine {
     // refused: the plan's query rows would index past its q / out); -1 for replay plans (no
     // forward runs on them).
     int num_tokens = -1;
-    std::optional<uint64_t> lengths;  // eager plans: plan_lengths_digest (plan_stamp.h)
-    bool replay = false;              // a CUDA-graph replay plan (no forward runs on it)
+    std::optional<PlanKey> lengths;  // eager plans: plan_key (plan_stamp.h)
+    bool replay = false;             // a CUDA-graph replay plan (no forward runs on it)
     int num_parts = 1;
     const int32_t* sched = nullptr;
     const int32_t* split_indptr = nullptr;

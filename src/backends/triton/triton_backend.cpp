@@ -57,8 +57,8 @@ struct Plan {
   // The planned batch's num_tokens (graphs: bs x queries per request): a forward of another count
   // is refused, as the plan's query offsets would index past its q / out.
   int num_tokens = 0;
-  std::optional<uint64_t> lengths;  // eager plans: plan_lengths_digest (plan_stamp.h)
-  bool replay = false;              // a CUDA-graph replay plan (no forward runs on it)
+  std::optional<PlanKey> lengths;  // eager plans: plan_key (plan_stamp.h)
+  bool replay = false;             // a CUDA-graph replay plan (no forward runs on it)
   const int32_t* self_indptr = nullptr;
   const int32_t* self_indices = nullptr;
   const int32_t* cross_indptr = nullptr;  // nullptr = no encoder
@@ -231,7 +231,7 @@ Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
   if (batch.req_to_token_pool == nullptr) {
     return Status::invalid_argument("triton: ForwardBatch.req_to_token_pool is null");
   }
-  plan_.lengths = plan_lengths_digest(batch);
+  plan_.lengths = plan_key(batch);
   const StreamHandle stream = stream_for(batch);
   const Device dev = ctx_.device;
   const int bs = batch.batch_size;
