@@ -159,9 +159,19 @@ inline double attention_bytes(const BenchCase& c) {
   return static_cast<double>(kv_bytes + q_bytes + out_bytes);
 }
 
-// Which rate a case is judged by: decode is memory-bound (GB/s vs copy bandwidth), extend is
-// compute-bound (TFLOP/s).
-inline bool is_memory_bound(const BenchCase& c) { return c.kind != BenchKind::kExtend; }
+// Which rate a case is judged by: extend is compute-bound (TFLOP/s against the compute ceiling).
+// Decode and MLA decode are memory-bound (GB/s against the copy ceiling) unless both ceilings of
+// the run are known and the case's arithmetic intensity (attention_flops / attention_bytes)
+// reaches the machine's ridge point, compute FLOP/s over copy bytes/s: absorbed MLA decode at 128
+// heads does at s_q 2 (about 480 FLOP/B against an H100's ~250 from 760 TFLOP/s over 3000 GB/s)
+// and sits just under it at s_q 1 (about 242). Without a ceiling: the kind alone decides.
+inline bool is_memory_bound(const BenchCase& c, double copy_gbs = 0, double compute_tflops = 0) {
+  if (c.kind == BenchKind::kExtend) return false;
+  const double bytes = attention_bytes(c);
+  if (copy_gbs <= 0 || compute_tflops <= 0 || bytes <= 0) return true;
+  const double ridge = compute_tflops * 1e3 / copy_gbs;  // FLOP per byte
+  return attention_flops(c) / bytes < ridge;
+}
 
 // Rates from a time in milliseconds.
 inline double gb_per_s(double bytes, double ms) { return ms > 0 ? bytes / (ms * 1e-3) / 1e9 : 0; }

@@ -189,7 +189,9 @@ Json to_json(const BenchRun& run) {
     x["params"] = case_params(r.bench_case);
     x["status"] = case_status_name(r.status);
     x["message"] = r.message;
-    x["bound"] = is_memory_bound(r.bench_case) ? "memory" : "compute";
+    const bool memory =
+        r.status == CaseStatus::kOk ? r.memory_bound : is_memory_bound(r.bench_case);
+    x["bound"] = memory ? "memory" : "compute";
     x["flops"] = r.flops;
     x["bytes"] = r.bytes;
     if (r.status == CaseStatus::kOk) {

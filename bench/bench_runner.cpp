@@ -146,7 +146,8 @@ CaseResult finish_timing(CaseResult r, const Timing& t, const CeilingRates& ceil
   }
   r.gbs = gb_per_s(r.bytes, r.ms_median);
   r.tflops = tflop_per_s(r.flops, r.ms_median);
-  if (is_memory_bound(r.bench_case)) {
+  r.memory_bound = is_memory_bound(r.bench_case, ceilings.copy_gbs, ceilings.compute_tflops);
+  if (r.memory_bound) {
     r.ceiling = ceilings.copy_name;
     r.ceiling_ratio = ceilings.copy_gbs > 0 ? r.gbs / ceilings.copy_gbs : 0;
   } else {

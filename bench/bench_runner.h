@@ -65,6 +65,9 @@ struct CaseResult {
   // that ceiling is unknown.
   double ceiling_ratio = 0;
   std::string ceiling;  // name of the ceiling the ratio is taken against
+  // Judged by GB/s against the copy ceiling (is_memory_bound with the run's ceilings); set with
+  // the timing, before it the kind's default.
+  bool memory_bound = true;
   bool verified = false;
   double rel_l2 = 0;
   double max_abs = 0;

@@ -121,6 +121,35 @@ TEST(BenchFormulas, MlaDecodeBytesAndFlops) {
   EXPECT_DOUBLE_EQ(attention_bytes(c), 23040.0 + 36864.0 + 32768.0);
 }
 
+// Decode is judged by GB/s unless the run's ridge point (compute FLOP/s over copy bytes/s) is
+// known and the case's FLOP/B reach it: MLA decode at 128 heads, s_q 2, on an H100-like machine.
+TEST(BenchFormulas, MemoryBoundByTheRidgePoint) {
+  BenchCase c;
+  c.kind = BenchKind::kMlaDecode;
+  c.batch = 128;
+  c.kv_len = 4096;
+  c.q_heads = 128;
+  c.kv_heads = 1;
+  c.kv_lora_rank = 512;
+  c.qk_rope_head_dim = 64;
+  c.head_dim = 576;
+  c.v_head_dim = 512;
+  c.s_q = 2;
+  const double intensity = attention_flops(c) / attention_bytes(c);
+  EXPECT_GT(intensity, 400.0);
+  EXPECT_TRUE(is_memory_bound(c));                  // no ceilings: the kind decides
+  EXPECT_TRUE(is_memory_bound(c, 3000.0, 0.0));     // no compute ceiling
+  EXPECT_FALSE(is_memory_bound(c, 3000.0, 760.0));  // ridge ~253 FLOP/B
+  c.s_q = 1;
+  EXPECT_LT(attention_flops(c) / attention_bytes(c), 253.0);
+  EXPECT_TRUE(is_memory_bound(c, 3000.0, 760.0));
+  // GQA decode stays memory-bound on any machine; extend is compute-bound on any.
+  const BenchCase d = decode_case(16, 4096, 32, 8, 128, DType::kBF16);
+  EXPECT_TRUE(is_memory_bound(d, 3000.0, 760.0));
+  EXPECT_TRUE(is_memory_bound(d, 3000.0, 1e9));
+  EXPECT_FALSE(is_memory_bound(extend_case(1, 0, 16, 2, 1, 8, true), 3000.0, 760.0));
+}
+
 TEST(BenchFormulas, RatesRotationAndMedian) {
   EXPECT_DOUBLE_EQ(gb_per_s(1e9, 1000.0), 1.0);
   EXPECT_DOUBLE_EQ(tflop_per_s(2e12, 500.0), 4.0);
