@@ -50,8 +50,14 @@ struct ForwardBatch {
 
   TensorView req_pool_indices;  // int32 [bs]: row of each request in req_to_token
   TensorView seq_lens;          // int32 [bs]: total length incl. new tokens (verify: prefix only)
-  TensorView out_cache_loc;     // int64 [T]: pool slots of the new tokens
-  TensorView positions;         // int64 [T]
+  // int64 [T]: pool slots of the new tokens, where save_kv writes their k / v. The attention
+  // kernels read every key, new tokens included, through req_to_token, so before
+  // init_forward_metadata (and before a graph replay's refresh) each request's row must already
+  // hold these slots after its prefix (columns [encoder + prefix, + new); verify: the drafts at
+  // [seq_len, seq_len + N)), as SGLang's scheduler writes them. req_to_token is checked against
+  // the KV pool there; out_cache_loc is only checked by set_kv, which skips a bad write.
+  TensorView out_cache_loc;
+  TensorView positions;  // int64 [T]
   // Extend only.
   TensorView extend_prefix_lens;  // int32 [bs]
   TensorView extend_seq_lens;     // int32 [bs]: new tokens per request

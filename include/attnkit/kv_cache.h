@@ -56,11 +56,12 @@ class ReqToTokenPool {
   // table holds only slots of the pool costs one compare, and any other is looked at row by row
   // (the kernels read these entries as pool rows). Entries stored into table() by other means
   // (the device view written directly) are not seen here.
-  int32_t max_slot() const;
+  int32_t max_slot() const { return max_slot_; }
 
  private:
   size_t row_offset(int row) const;             // of entry [row, 0]
   void note_row_max(int row, int32_t largest);  // row_max_[row] and the table's bound take it
+  void recompute_max_slot();                    // after a row's bound dropped (free, copy)
   // Stores values at entries [offset, offset + n): the table, and for CUDA pools first the device
   // (synchronous copy) and then, once that succeeded, the host mirror.
   Status store(size_t offset, std::span<const int32_t> values);
@@ -71,8 +72,7 @@ class ReqToTokenPool {
   std::vector<int> free_rows_;
   std::vector<int32_t> written_end_;  // per row: columns at or past it were never written (zero)
   std::vector<int32_t> row_max_;      // per row: the largest slot stored since it was zeroed
-  mutable int32_t max_slot_ = 0;      // max of row_max_ unless max_slot_stale_
-  mutable bool max_slot_stale_ = false;
+  int32_t max_slot_ = 0;              // the max of row_max_ (kept current: max_slot() only reads)
   std::vector<uint8_t> in_use_;
 };
 

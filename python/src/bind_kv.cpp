@@ -164,6 +164,12 @@ void bind_kv(nb::module_& m) {
       .def_prop_ro("max_context_len",
                    [](const PyReqToTokenPool& p) { return p.pool->max_context_len(); })
       .def_prop_ro("device", [](const PyReqToTokenPool& p) { return p.pool->device().to_string(); })
+      .def_prop_ro(
+          "max_slot", [](const PyReqToTokenPool& p) { return p.pool->max_slot(); },
+          "A bound on every entry written through write(): the largest slot stored in a row since "
+          "the row was last zeroed. A forward whose rows hold a slot outside the KV pool is "
+          "refused "
+          "(one compare against this while the table holds only pool rows).")
       .def(
           "write",
           [](PyReqToTokenPool& p, int row, int start, nb::handle slots) {
@@ -176,7 +182,8 @@ void bind_kv(nb::module_& m) {
       .def(
           "table", [](PyReqToTokenPool& p) { return to_array(p.pool->table(), nb::find(&p)); },
           "The table as a zero-copy DLPack array on the pool's device (write through write(), "
-          "which also updates the host mirror that planning reads).")
+          "which also updates the host mirror that planning reads and max_slot, which forwards "
+          "check against the KV pool: entries stored into this array directly bypass both).")
       .def(
           "host_row",
           [](PyReqToTokenPool& p, int row) {

@@ -63,7 +63,7 @@ uint64_t plan_lengths_digest(const ForwardBatch& batch) {
 }
 
 Status check_forward_matches_plan(std::string_view backend, const PlanStamp& plan,
-                                  const ForwardBatch& batch) {
+                                  const ForwardBatch& batch, StreamHandle stream) {
   if (!plan.valid || plan.mode != batch.mode || plan.bs != batch.batch_size ||
       (plan.num_tokens >= 0 && plan.num_tokens != batch.num_tokens)) {
     return Status::invalid_argument(
@@ -85,13 +85,14 @@ Status check_forward_matches_plan(std::string_view backend, const PlanStamp& pla
             "(the plan's offsets and partitions come from those): call init_forward_metadata "
             "with this batch first"));
   }
-  if (plan.lengths.has_value() && plan.lengths->stream != batch.stream) {
+  if (plan.lengths.has_value() && plan.lengths->stream != stream) {
     const auto name = [](StreamHandle s) {
       return s == nullptr ? std::string("the default stream (nullptr)") : cat("stream ", s);
     };
     return Status::invalid_argument(
-        cat(backend, ": forward on ", name(batch.stream),
-            " (ForwardBatch.stream) but init_forward_metadata planned this batch on ",
+        cat(backend, ": forward on ", name(stream),
+            " (ForwardBatch.stream, or the context's stream when it is null) but "
+            "init_forward_metadata planned this batch on ",
             name(plan.lengths->stream),
             ", where its uploads and index kernels were enqueued: run the layers on the stream the "
             "forward was planned on (or plan again on this one)"));
@@ -99,8 +100,8 @@ Status check_forward_matches_plan(std::string_view backend, const PlanStamp& pla
   return Status::ok();
 }
 
-PlanKey plan_key(const ForwardBatch& batch) {
-  return PlanKey{plan_lengths_digest(batch), batch.stream};
+PlanKey plan_key(const ForwardBatch& batch, StreamHandle stream) {
+  return PlanKey{plan_lengths_digest(batch), stream};
 }
 
 }  // namespace attnkit

@@ -23,14 +23,15 @@ namespace attnkit {
 // O(batch size); about a microsecond at batch 256.
 uint64_t plan_lengths_digest(const ForwardBatch& batch);
 
-// What an eager plan keeps of its batch: the digest above, and the stream it planned on
-// (ForwardBatch::stream): the plan's uploads and index kernels ran there, so a layer launched on
-// another stream could read them before they land.
+// What an eager plan keeps of its batch: the digest above, and the stream it planned on (the
+// backend's stream for the batch: ForwardBatch::stream, or the context's when that is null): the
+// plan's uploads and index kernels ran there, so a layer launched on another stream could read
+// them before they land.
 struct PlanKey {
   uint64_t lengths = 0;
   StreamHandle stream = nullptr;
 };
-PlanKey plan_key(const ForwardBatch& batch);
+PlanKey plan_key(const ForwardBatch& batch, StreamHandle stream);
 
 struct PlanStamp {
   bool valid = false;
@@ -47,8 +48,8 @@ struct PlanStamp {
 // kInvalidArgument naming `backend` when `batch` is not the batch `plan` was made for: no plan, or
 // another mode / batch size / token count ("forward called without a matching
 // init_forward_metadata"), the same shape with other lengths, a replay plan, or (eager plans) a
-// forward on another stream than the one it was planned on.
+// forward whose stream (the backend's stream for `batch`) is not the one it was planned on.
 Status check_forward_matches_plan(std::string_view backend, const PlanStamp& plan,
-                                  const ForwardBatch& batch);
+                                  const ForwardBatch& batch, StreamHandle stream);
 
 }  // namespace attnkit

@@ -82,8 +82,9 @@ Status ReqToTokenPool::free(int row) {
   const std::vector<int32_t> zeros(static_cast<size_t>(written_end_[r]), 0);
   ATTNKIT_RETURN_IF_ERROR(store(row_offset(row), zeros));
   written_end_[r] = 0;
-  if (row_max_[r] != 0) max_slot_stale_ = true;  // the table's bound may drop
+  const bool held_the_max = row_max_[r] == max_slot_ && max_slot_ != 0;
   row_max_[r] = 0;
+  if (held_the_max) recompute_max_slot();  // O(max_reqs), beside the row's copy above
   in_use_[r] = 0;
   free_rows_.push_back(row);
   return Status::ok();
@@ -106,18 +107,14 @@ const int32_t* ReqToTokenPool::host_row(int row) const {
   return host_.data() + offset;
 }
 
-int32_t ReqToTokenPool::max_slot() const {
-  if (max_slot_stale_) {
-    max_slot_ = *std::max_element(row_max_.begin(), row_max_.end());
-    max_slot_stale_ = false;
-  }
-  return max_slot_;
+void ReqToTokenPool::recompute_max_slot() {
+  max_slot_ = *std::max_element(row_max_.begin(), row_max_.end());
 }
 
 void ReqToTokenPool::note_row_max(int row, int32_t largest) {
   int32_t& m = row_max_[static_cast<size_t>(row)];
   m = std::max(m, largest);
-  if (!max_slot_stale_) max_slot_ = std::max(max_slot_, m);
+  max_slot_ = std::max(max_slot_, m);
 }
 
 size_t ReqToTokenPool::row_offset(int row) const {
@@ -199,11 +196,11 @@ Status ReqToTokenPool::copy_rows_from(const ReqToTokenPool& src, std::span<const
         row_offset(row), std::span<const int32_t>(entries, static_cast<size_t>(max_context_len_))));
     written_end_[static_cast<size_t>(row)] = max_context_len_;  // the whole row was copied
     // Overwritten whole: the row's bound is src's, which may be lower than this row's was.
-    if (row_max_[static_cast<size_t>(row)] > src.row_max_[static_cast<size_t>(row)]) {
-      max_slot_stale_ = true;
-    }
+    const bool lowered =
+        row_max_[static_cast<size_t>(row)] > src.row_max_[static_cast<size_t>(row)];
     row_max_[static_cast<size_t>(row)] = 0;
     note_row_max(row, src.row_max_[static_cast<size_t>(row)]);
+    if (lowered) recompute_max_slot();
     const bool allocated = src.is_allocated(row);
     if (allocated == is_allocated(row)) continue;
     in_use_[static_cast<size_t>(row)] = allocated ? 1 : 0;

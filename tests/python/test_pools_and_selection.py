@@ -84,6 +84,12 @@ def test_req_to_token_pool_rows_and_table():
     assert table.available == 1
     with pytest.raises(ak.InvalidArgumentError):
         table.free(rows[1])  # double free
+    # max_slot bounds every entry written; it drops when the row holding it is freed.
+    assert table.max_slot == 42
+    table.write(rows[2], 0, [900])
+    assert table.max_slot == 900
+    table.free(rows[2])
+    assert table.max_slot == 42
 
 
 def test_page_allocator_fills_partial_pages_first():

@@ -40,7 +40,8 @@ class Fa3Backend final : public AttentionBackend {
     ATTNKIT_RETURN_IF_ERROR(inner_->init_forward_metadata(batch));
     if (wgmma_ == nullptr) return Status::ok();
     ATTNKIT_RETURN_IF_ERROR(wgmma_->plan(batch, stream_for(batch)));
-    stamp_ = PlanStamp{true, batch.mode, batch.batch_size, batch.num_tokens, plan_key(batch)};
+    stamp_ = PlanStamp{true, batch.mode, batch.batch_size, batch.num_tokens,
+                       plan_key(batch, stream_for(batch))};
     return Status::ok();
   }
   Status forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -101,7 +102,7 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
   }
   ATTNKIT_RETURN_IF_ERROR(
       validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
-  ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan("fa3", stamp_, batch));
+  ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan("fa3", stamp_, batch, stream_for(batch)));
   const StreamHandle stream = stream_for(batch);
   if (save_kv && k.defined()) {
     auto& pool = static_cast<MHAKVPool&>(*batch.kv_pool);

@@ -487,7 +487,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   if (batch.req_to_token_pool == nullptr) {
     return Status::invalid_argument("flashinfer: ForwardBatch.req_to_token_pool is null");
   }
-  plan_.lengths = plan_key(batch);
+  plan_.lengths = plan_key(batch, stream_for(batch));
   plan_.num_tokens = batch.num_tokens;
   const int bs = batch.batch_size;
   plan_.bs = bs;
@@ -605,7 +605,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan(
       "flashinfer",
       PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths, plan_.replay},
-      batch));
+      batch, stream_for(batch)));
   if (plan_.graph || plan_.mla_native) {  // the rows a replay's lengths must fit
     if (batch.req_to_token_pool != nullptr) {
       graph_max_context_ = batch.req_to_token_pool->max_context_len();
@@ -1180,10 +1180,15 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
   ATTNKIT_RETURN_IF_ERROR(
       check_graph_inputs("flashinfer", bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
-  ATTNKIT_RETURN_IF_ERROR(check_graph_table_slots(
-      "flashinfer", ctx_.req_to_token_pool, ctx_.kv_pool, bs, req_pool_indices, seq_lens_host,
-      mode == ForwardMode::kTargetVerify && spec != nullptr ? spec->draft_token_num : 0,
-      ctx_.stream));
+  // Verify: the drafts follow seq_lens in the rows. Their count as the paths below take it (this
+  // backend's draft_tokens, the MLA engine's s_q: 1 without a spec), the larger of the two.
+  const int replay_drafts =
+      mode == ForwardMode::kTargetVerify
+          ? std::max({draft_tokens(spec), spec != nullptr ? spec->draft_token_num : 0, 1})
+          : 0;
+  ATTNKIT_RETURN_IF_ERROR(check_graph_table_slots("flashinfer", ctx_.req_to_token_pool,
+                                                  ctx_.kv_pool, bs, req_pool_indices, seq_lens_host,
+                                                  replay_drafts, ctx_.stream));
   prefix_cache_.drop_plan();
   plan_.replay = true;  // from here the plan's buffers are the replayed batch's
   if (graph_mla_native(encoder_lens, mode, spec)) {

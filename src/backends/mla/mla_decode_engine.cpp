@@ -214,7 +214,7 @@ Status MlaDecodeEngine::plan(const ForwardBatch& batch, StreamHandle stream) {
   plan_.bs = bs;
   plan_.s_q = s_q;
   plan_.num_tokens = batch.num_tokens;
-  plan_.lengths = plan_key(batch);
+  plan_.lengths = plan_key(batch, stream);
   plan_.num_parts = parts;
   plan_.sched = sched_.data();
   plan_.split_indptr = split_indptr_.data();
@@ -337,7 +337,7 @@ Status MlaDecodeEngine::run(const TensorView& q, const TensorView& k, const Tens
   ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan(
       owner_,
       PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths, plan_.replay},
-      batch));
+      batch, stream));
   if (!layer.is_mla || layer.qk_head_dim != kRowDim || layer.v_head_dim != kLatentDim ||
       layer.num_kv_heads != 1 || layer.num_q_heads != ctx_.num_q_heads) {
     return Status::invalid_argument(

@@ -4,6 +4,7 @@
 
 #ifdef ATTNKIT_WITH_CUDA
 
+#include <algorithm>
 #include <string>
 
 #include "attnkit/registry.h"
@@ -91,9 +92,12 @@ class MlaPagedBackend final : public AttentionBackend {
           name_, bs, seq_lens_host,
           mode == ForwardMode::kTargetVerify && spec != nullptr ? spec->draft_token_num : 0,
           ctx_.req_to_token_pool != nullptr ? ctx_.req_to_token_pool->max_context_len() : 0));
+      // Verify: the engine reads s_q drafts past seq_lens (1 without a spec).
       ATTNKIT_RETURN_IF_ERROR(check_graph_table_slots(
           name_, ctx_.req_to_token_pool, ctx_.kv_pool, bs, req_pool_indices, seq_lens_host,
-          mode == ForwardMode::kTargetVerify && spec != nullptr ? spec->draft_token_num : 0,
+          mode == ForwardMode::kTargetVerify
+              ? std::max(spec != nullptr ? spec->draft_token_num : 0, 1)
+              : 0,
           ctx_.stream));
       return engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream, /*capture=*/false);
     }

@@ -231,7 +231,7 @@ Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
   if (batch.req_to_token_pool == nullptr) {
     return Status::invalid_argument("triton: ForwardBatch.req_to_token_pool is null");
   }
-  plan_.lengths = plan_key(batch);
+  plan_.lengths = plan_key(batch, stream_for(batch));
   const StreamHandle stream = stream_for(batch);
   const Device dev = ctx_.device;
   const int bs = batch.batch_size;
@@ -388,7 +388,7 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan(
       "triton",
       PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths, plan_.replay},
-      batch));
+      batch, stream_for(batch)));
   if (batch.kv_pool == nullptr)
     return Status::invalid_argument("triton: ForwardBatch.kv_pool is null");
   KVPool& pool = *batch.kv_pool;
