@@ -50,6 +50,13 @@ CaseSpec slot_spec(const SlotCase& sc) {
   return c;
 }
 
+// Test names: backend_case.
+std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, SlotCase>>& info) {
+  return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
+}
+const auto kMhaBackends = ::testing::Values("triton", "flashinfer", "fa3");
+const auto kMlaBackends = ::testing::Values("triton", "flashinfer", "flashmla", "cutlass_mla");
+
 class TableSlots : public ::testing::TestWithParam<std::tuple<std::string, SlotCase>> {
  protected:
   void SetUp() override {
@@ -145,22 +152,22 @@ TEST_P(TableSlots, EntryPastThePoolIsRefusedBeforeAnyLaunch) {
 
 INSTANTIATE_TEST_SUITE_P(
     Mha, TableSlots,
-    ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3"),
+    ::testing::Combine(kMhaBackends,
                        ::testing::Values(SlotCase{"decode_p1", ForwardMode::kDecode, 1, false},
                                          SlotCase{"decode_p16", ForwardMode::kDecode, 16, false},
                                          SlotCase{"extend_p16", ForwardMode::kExtend, 16, false},
                                          SlotCase{"extend_p64", ForwardMode::kExtend, 64, false},
                                          SlotCase{"verify_p16", ForwardMode::kTargetVerify, 16,
                                                   false})),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+    param_name);
 
 INSTANTIATE_TEST_SUITE_P(
     Mla, TableSlots,
-    ::testing::Combine(::testing::Values("triton", "flashinfer", "flashmla", "cutlass_mla"),
+    ::testing::Combine(kMlaBackends,
                        ::testing::Values(SlotCase{"mla_decode_p64", ForwardMode::kDecode, 64, true},
                                          SlotCase{"mla_verify_p64", ForwardMode::kTargetVerify, 64,
                                                   true})),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+    param_name);
 
 // The same at CUDA-graph replay, which has no ForwardBatch: the replay refresh looks the replayed
 // rows up (ReqToTokenPool::max_slot first) and refuses, so the caller does not launch the graph.
@@ -233,19 +240,18 @@ TEST_P(TableSlotsGraph, ReplayRefreshRefusesTheEntry) {
 
 INSTANTIATE_TEST_SUITE_P(
     Graphs, TableSlotsGraph,
-    ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3"),
+    ::testing::Combine(kMhaBackends,
                        ::testing::Values(SlotCase{"decode_p1", ForwardMode::kDecode, 1, false},
                                          SlotCase{"decode_p16", ForwardMode::kDecode, 16, false},
                                          SlotCase{"verify_p16", ForwardMode::kTargetVerify, 16,
                                                   false})),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+    param_name);
 
-INSTANTIATE_TEST_SUITE_P(
-    MlaGraphs, TableSlotsGraph,
-    ::testing::Combine(::testing::Values("triton", "flashinfer", "flashmla", "cutlass_mla"),
-                       ::testing::Values(SlotCase{"mla_decode_p64", ForwardMode::kDecode, 64,
-                                                  true})),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+INSTANTIATE_TEST_SUITE_P(MlaGraphs, TableSlotsGraph,
+                         ::testing::Combine(kMlaBackends,
+                                            ::testing::Values(SlotCase{
+                                                "mla_decode_p64", ForwardMode::kDecode, 64, true})),
+                         param_name);
 
 // out_cache_loc is not read by the attention kernels: with save_kv off (the pool already holds
 // the new tokens) a forward over an out_cache_loc entry outside the pool, negative or past it, is
@@ -280,12 +286,12 @@ TEST_P(OutCacheLocNotRead, BadEntryChangesNothing) {
 
 INSTANTIATE_TEST_SUITE_P(
     Mha, OutCacheLocNotRead,
-    ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3"),
+    ::testing::Combine(kMhaBackends,
                        ::testing::Values(SlotCase{"extend_p1", ForwardMode::kExtend, 1, false},
                                          SlotCase{"extend_p16", ForwardMode::kExtend, 16, false},
                                          SlotCase{"verify_p16", ForwardMode::kTargetVerify, 16,
                                                   false})),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+    param_name);
 
 INSTANTIATE_TEST_SUITE_P(
     Mla, OutCacheLocNotRead,
@@ -293,7 +299,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(SlotCase{"mla_extend_p64", ForwardMode::kExtend, 64, true},
                                          SlotCase{"mla_verify_p64", ForwardMode::kTargetVerify, 64,
                                                   true})),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+    param_name);
 
 }  // namespace
 }  // namespace attnkit
