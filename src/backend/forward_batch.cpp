@@ -295,6 +295,14 @@ Status ForwardBatch::validate() const {
   if (req_to_token_pool == nullptr) return Status::ok();
   const int max_reqs = req_to_token_pool->max_reqs();
   const int max_context = req_to_token_pool->max_context_len();
+  // The req_to_token columns request r's kernels read: its encoder tokens, its sequence and, in
+  // verify, the drafts after it.
+  const auto encoder_of = [&](int64_t r) -> int64_t {
+    return has_encoder ? encoder_lens_host[r] : 0;
+  };
+  const auto row_len_of = [&](int64_t r) -> int64_t {
+    return encoder_of(r) + seq_lens_host[r] + (verify ? draft : 0);
+  };
   for (int64_t r = 0; r < bs; ++r) {
     const int32_t row = req_pool_indices_host[r];
     if (row < 1 || row > max_reqs) {
@@ -302,11 +310,10 @@ Status ForwardBatch::validate() const {
                                           " is outside the request table rows [1, ", max_reqs,
                                           "]"));
     }
-    const int64_t encoder = has_encoder ? encoder_lens_host[r] : 0;
-    const int64_t row_len = encoder + seq_lens_host[r] + (verify ? draft : 0);
+    const int64_t row_len = row_len_of(r);
     if (row_len > max_context) {
       return Status::invalid_argument(
-          cat("ForwardBatch request ", r, ": encoder_len ", encoder, " + seq_len ",
+          cat("ForwardBatch request ", r, ": encoder_len ", encoder_of(r), " + seq_len ",
               seq_lens_host[r], verify ? cat(" + draft_token_num ", draft) : std::string(), " = ",
               row_len, " exceeds max_context_len ", max_context, " of req_to_token_pool"));
     }
@@ -315,10 +322,7 @@ Status ForwardBatch::validate() const {
   // table holds only slots of this pool, the batch's rows scanned otherwise.
   if (kv_pool != nullptr && req_to_token_pool->max_slot() >= kv_pool->rows()) {
     std::vector<int64_t> lens(static_cast<size_t>(bs));
-    for (int64_t r = 0; r < bs; ++r) {
-      lens[static_cast<size_t>(r)] =
-          (has_encoder ? encoder_lens_host[r] : 0) + seq_lens_host[r] + (verify ? draft : 0);
-    }
+    for (int64_t r = 0; r < bs; ++r) lens[static_cast<size_t>(r)] = row_len_of(r);
     ATTNKIT_RETURN_IF_ERROR(detail::check_table_slots(
         "ForwardBatch", *req_to_token_pool, kv_pool->rows(), req_pool_indices_host, lens));
   }
@@ -328,8 +332,7 @@ Status ForwardBatch::validate() const {
     const int64_t hi = kv_pool->rows();
     for (int64_t r = 0; r < bs; ++r) {
       const int32_t* row = req_to_token_pool->host_row(req_pool_indices_host[r]);
-      const int64_t encoder = has_encoder ? encoder_lens_host[r] : 0;
-      const int64_t row_len = encoder + seq_lens_host[r] + (verify ? draft : 0);
+      const int64_t row_len = row_len_of(r);
       for (int64_t i = 0; row != nullptr && i < row_len; ++i) {
         if (row[i] < lo || row[i] >= hi) {
           return Status::invalid_argument(
