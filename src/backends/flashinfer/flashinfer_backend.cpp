@@ -825,15 +825,7 @@ Status FlashInferBackend::plan_mla_quantized(const ForwardBatch& batch) {
     // backend's plan does the same): only req_to_token is checked against the pool.
     ATTNKIT_RETURN_IF_ERROR(
         mla_new_slots_.reserve(ctx_.device, std::max<int64_t>(batch.num_tokens, 1)));
-    cuda::TokenIndexArgs fresh = idx;
-    const bool chain = verify && batch.extend_prefix_lens_host.empty();
-    fresh.start = chain ? batch.seq_lens.data_as<const int32_t>()
-                        : batch.extend_prefix_lens.data_as<const int32_t>();
-    fresh.len = chain ? nullptr : batch.extend_seq_lens.data_as<const int32_t>();
-    fresh.len_value = chain ? batch.spec.draft_token_num : 0;
-    fresh.kv_indptr = nullptr;
-    fresh.kv_indices = mla_new_slots_.data();
-    ATTNKIT_RETURN_IF_ERROR(cuda::build_token_indices(fresh, stream));
+    ATTNKIT_RETURN_IF_ERROR(cuda::build_new_token_slots(batch, mla_new_slots_.data(), stream));
   }
   plan_.mla_quantized = true;
   plan_.valid = true;

@@ -326,16 +326,7 @@ Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
     // prefix (and its encoder tokens): the kernels read new keys from the pool through them.
     // out_cache_loc names the same slots, but only req_to_token is checked against the pool.
     ATTNKIT_RETURN_IF_ERROR(new_slots_.reserve(dev, std::max<int64_t>(batch.num_tokens, 1)));
-    cuda::TokenIndexArgs fresh = idx;
-    fresh.start = verify_without_extend_arrays ? batch.seq_lens.data_as<const int32_t>()
-                                               : batch.extend_prefix_lens.data_as<const int32_t>();
-    fresh.start_plus = has_encoder ? batch.encoder_lens.data_as<const int32_t>() : nullptr;
-    fresh.len =
-        verify_without_extend_arrays ? nullptr : batch.extend_seq_lens.data_as<const int32_t>();
-    fresh.len_value = verify_without_extend_arrays ? batch.spec.draft_token_num : 0;
-    fresh.kv_indptr = nullptr;
-    fresh.kv_indices = new_slots_.data();
-    ATTNKIT_RETURN_IF_ERROR(cuda::build_token_indices(fresh, stream));
+    ATTNKIT_RETURN_IF_ERROR(cuda::build_new_token_slots(batch, new_slots_.data(), stream));
     plan_.new_slots = new_slots_.data();
   }
   plan_.valid = true;

@@ -1,6 +1,7 @@
 // GPU metadata kernels: token-index flattening, page tables, draft multi-step indices.
 #include <cuda_runtime.h>
 
+#include "attnkit/kv_cache.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/metadata_kernels.h"
 
@@ -92,6 +93,25 @@ Status build_token_indices(const TokenIndexArgs& args, StreamHandle stream) {
   token_indices_kernel<<<args.bs, kMetaThreads, 0, to_stream(stream)>>>(args);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
+}
+
+Status build_new_token_slots(const ForwardBatch& batch, int32_t* out, StreamHandle stream) {
+  const TensorView table = batch.req_to_token_pool->table();
+  const bool chain = batch.mode == ForwardMode::kTargetVerify &&
+                     batch.extend_prefix_lens_host.empty();  // seq_lens + N drafts
+  TokenIndexArgs args;
+  args.req_to_token = table.data_as<const int32_t>();
+  args.req_to_token_stride = table.stride(0);
+  args.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
+  args.start = chain ? batch.seq_lens.data_as<const int32_t>()
+                     : batch.extend_prefix_lens.data_as<const int32_t>();
+  args.start_plus =
+      batch.encoder_lens_host.empty() ? nullptr : batch.encoder_lens.data_as<const int32_t>();
+  args.len = chain ? nullptr : batch.extend_seq_lens.data_as<const int32_t>();
+  args.len_value = chain ? batch.spec.draft_token_num : 0;
+  args.bs = batch.batch_size;
+  args.kv_indices = out;
+  return build_token_indices(args, stream);
 }
 
 Status build_page_table(const PageTableArgs& args, StreamHandle stream) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "attnkit/forward_batch.h"
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
 
@@ -32,6 +33,12 @@ struct TokenIndexArgs {
   int32_t* kv_indices = nullptr;  // [capacity] out
 };
 Status build_token_indices(const TokenIndexArgs& args, StreamHandle stream);
+
+// The new tokens' slots of an extend / verify batch, in token order (the slots out_cache_loc
+// names, read from the host-checked req_to_token instead): request b's are the columns
+// [encoder_b + prefix_b, + new_b) of its row (verify without the extend arrays: [seq_len_b,
+// seq_len_b + N)). Writes out [batch.num_tokens]; build_token_indices on the batch's device arrays.
+Status build_new_token_slots(const ForwardBatch& batch, int32_t* out, StreamHandle stream);
 
 // Page table of natively paged backends: page_table[b, p] = req_to_token[row_b, p * page_size] /
 // page_size for p < ceil(seq_lens[b] / page_size); the rest of the row is 0 (the reserved page).
