@@ -37,6 +37,22 @@ BenchCase extend_case(int batch, int prefix, int new_tokens, int hq, int hkv, in
   return c;
 }
 
+// Absorbed MLA decode (DeepSeek latent 512 + rope 64 over one kv head), s_q query tokens each.
+BenchCase mla_decode_case(int batch, int kv_len, int heads, int s_q) {
+  BenchCase c;
+  c.kind = BenchKind::kMlaDecode;
+  c.batch = batch;
+  c.kv_len = kv_len;
+  c.q_heads = heads;
+  c.kv_heads = 1;
+  c.kv_lora_rank = 512;
+  c.qk_rope_head_dim = 64;
+  c.head_dim = 576;
+  c.v_head_dim = 512;
+  c.s_q = s_q;
+  return c;
+}
+
 TEST(BenchFormulas, StoredBytesCountsFp4Scales) {
   EXPECT_EQ(stored_bytes(DType::kBF16, 128), 256);
   EXPECT_EQ(stored_bytes(DType::kF32, 3), 12);
@@ -105,16 +121,7 @@ TEST(BenchFormulas, ExtendBytesAndFlops) {
 }
 
 TEST(BenchFormulas, MlaDecodeBytesAndFlops) {
-  BenchCase c;
-  c.kind = BenchKind::kMlaDecode;
-  c.batch = 2;
-  c.kv_len = 10;
-  c.q_heads = 16;
-  c.kv_heads = 1;
-  c.kv_lora_rank = 512;
-  c.qk_rope_head_dim = 64;
-  c.head_dim = 576;
-  c.v_head_dim = 512;
+  const BenchCase c = mla_decode_case(2, 10, 16, 1);
   // 2 x (576 + 512) x 16 heads x 2 requests x 10 keys.
   EXPECT_DOUBLE_EQ(attention_flops(c), 696320.0);
   // KV 2 x 10 x 1152; q 2 x 16 x 576 x 2; out 2 x 16 x 512 x 2.
@@ -124,17 +131,7 @@ TEST(BenchFormulas, MlaDecodeBytesAndFlops) {
 // Decode is judged by GB/s unless the run's ridge point (compute FLOP/s over copy bytes/s) is
 // known and the case's FLOP/B reach it: MLA decode at 128 heads, s_q 2, on an H100-like machine.
 TEST(BenchFormulas, MemoryBoundByTheRidgePoint) {
-  BenchCase c;
-  c.kind = BenchKind::kMlaDecode;
-  c.batch = 128;
-  c.kv_len = 4096;
-  c.q_heads = 128;
-  c.kv_heads = 1;
-  c.kv_lora_rank = 512;
-  c.qk_rope_head_dim = 64;
-  c.head_dim = 576;
-  c.v_head_dim = 512;
-  c.s_q = 2;
+  BenchCase c = mla_decode_case(128, 4096, 128, 2);
   const double intensity = attention_flops(c) / attention_bytes(c);
   EXPECT_GT(intensity, 400.0);
   EXPECT_TRUE(is_memory_bound(c));                  // no ceilings: the kind decides
