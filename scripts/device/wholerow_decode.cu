@@ -1,7 +1,7 @@
 // A whole-row decode prototype (issue 5, session 43): can a paged decode that reads whole 2 KiB
 // token rows (every kv head of a token in one CTA) reach 95% of the copy at b16 kv 4k on shuffled
-// pages, where the flashinfer decode (one CTA per (request, kv head), 256-byte head pieces) stays at
-// 92.8-94.1% in graphs? Session 20's math-free readers (read_ceiling.cu) put the whole-row
+// pages, where the flashinfer decode (one CTA per (request, kv head), 256-byte head pieces) stays
+// at 92.8-94.1% in graphs? Session 20's math-free readers (read_ceiling.cu) put the whole-row
 // partition 2 points above the per-head one on shuffled p1 pages (fidecode_notes.md, session 20
 // item 4); this measures it with the attention math and the merge.
 //
@@ -68,7 +68,7 @@ struct Shape {
   static constexpr int kRowPad = kPiece + 16;
   static constexpr int kThreads = (kHeads + 1) * 32;
   static constexpr int kStageBytes = 2 * kTok * kRowPad;  // K then V
-  static constexpr int kQ = kHeads * kGroup;               // q heads of a CTA
+  static constexpr int kQ = kHeads * kGroup;              // q heads of a CTA
 };
 
 struct Params {
@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(Shape<kHeads>::kThreads, 1) wholerow_kernel(Pa
   if (warp == kConsumers) {
     // Producer: lanes 0-15 copy the K rows of a stage's 16 tokens, lanes 16-31 their V rows.
     const uint8_t* pool = lane < 16 ? p.k : p.v;
-    const uint32_t dst0 = attnkit::sm90::smem_addr(smem) + (lane / 16) * kTok * kRowPad +
-                          (lane % 16) * kRowPad;
+    const uint32_t dst0 =
+        attnkit::sm90::smem_addr(smem) + (lane / 16) * kTok * kRowPad + (lane % 16) * kRowPad;
     int32_t row = __ldg(rows + lane % 16);
     cudaGridDependencySynchronize();
     for (int i = 0; i < iters; ++i) {
@@ -153,9 +153,9 @@ __global__ void __launch_bounds__(Shape<kHeads>::kThreads, 1) wholerow_kernel(Pa
     const int h = warp;  // the CTA's kv head h: kv head hg * kHeads + h
     // Q of q head 4 (hg * kHeads + h) + g (rows g < 4 of the tile; rows 4..15 are zero).
     uint32_t qa[8][2];
-    const __nv_bfloat16* qrow =
-        p.q + (static_cast<int64_t>(req) * kQHeads + (hg * kHeads + h) * kGroup +
-               (g < kGroup ? g : 0)) * kDim;
+    const __nv_bfloat16* qrow = p.q + (static_cast<int64_t>(req) * kQHeads +
+                                       (hg * kHeads + h) * kGroup + (g < kGroup ? g : 0)) *
+                                          kDim;
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
       qa[ks][0] = g < kGroup ? *reinterpret_cast<const uint32_t*>(qrow + ks * 16 + 2 * tig) : 0u;
@@ -167,8 +167,8 @@ __global__ void __launch_bounds__(Shape<kHeads>::kThreads, 1) wholerow_kernel(Pa
     for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     float m = -INFINITY, l = 0.f;
     const uint32_t base = attnkit::sm90::smem_addr(smem) + h * (kDim * 2);
-    // ldmatrix row addresses: K (non-trans): matrix i = lane / 8 holds tokens (i / 2) * 8 + lane % 8,
-    // d + (i % 2) * 8; V (trans): tokens (i % 2) * 8 + lane % 8, d + (i / 2) * 8.
+    // ldmatrix row addresses: K (non-trans): matrix i = lane / 8 holds tokens (i / 2) * 8 + lane %
+    // 8, d + (i % 2) * 8; V (trans): tokens (i % 2) * 8 + lane % 8, d + (i / 2) * 8.
     const int mi = lane / 8, mr = lane % 8;
     const uint32_t k_off = ((mi / 2) * 8 + mr) * kRowPad + (mi % 2) * 16;
     const uint32_t v_off = kTok * kRowPad + ((mi % 2) * 8 + mr) * kRowPad + (mi / 2) * 16;
@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(Shape<kHeads>::kThreads, 1) wholerow_kernel(Pa
     for (int j = 0; j < kParts; ++j) {
       const float w = exp2f(mj[j] - mx);
       lsum += w * *cluster.map_shared_rank(part_l + head, j);
-      const float2 oj = *cluster.map_shared_rank(reinterpret_cast<float2*>(part_o + head * kDim + d), j);
+      const float2 oj =
+          *cluster.map_shared_rank(reinterpret_cast<float2*>(part_o + head * kDim + d), j);
       a0 += w * oj.x;
       a1 += w * oj.y;
     }
@@ -358,7 +359,8 @@ int main() {
         const uint16_t* qq = &hq[(r * kQHeads + hh) * kDim];
         double mx = -1e300;
         for (int t = 0; t < kv_len; ++t) {
-          const uint16_t* kk = &hk[(static_cast<int64_t>(rows[r * kv_len + t]) * kKvHeads + kh) * kDim];
+          const uint16_t* kk =
+              &hk[(static_cast<int64_t>(rows[r * kv_len + t]) * kKvHeads + kh) * kDim];
           double acc = 0;
           for (int d = 0; d < kDim; ++d) acc += static_cast<double>(bf(qq[d])) * bf(kk[d]);
           sc[t] = acc * scale;
@@ -369,7 +371,8 @@ int main() {
         for (int t = 0; t < kv_len; ++t) {
           const double w = std::exp(sc[t] - mx);
           den += w;
-          const uint16_t* vv = &hv[(static_cast<int64_t>(rows[r * kv_len + t]) * kKvHeads + kh) * kDim];
+          const uint16_t* vv =
+              &hv[(static_cast<int64_t>(rows[r * kv_len + t]) * kKvHeads + kh) * kDim];
           for (int d = 0; d < kDim; ++d) acc[d] += w * bf(vv[d]);
         }
         for (int d = 0; d < kDim; ++d) {
@@ -382,8 +385,8 @@ int main() {
       }
     }
     const bool ok = bad == 0 && max_err <= 2e-2 * max_ref;
-    std::printf("  %-10s check: max |err| %.3g (max |ref| %.3g), non-finite %d: %s\n", name, max_err,
-                max_ref, bad, ok ? "PASS" : "FAIL");
+    std::printf("  %-10s check: max |err| %.3g (max |ref| %.3g), non-finite %d: %s\n", name,
+                max_err, max_ref, bad, ok ? "PASS" : "FAIL");
     return ok;
   };
 
@@ -414,8 +417,8 @@ int main() {
         "%s: %d parts x %d kv heads per CTA x %d stages, smem %d B, grid %d CTAs, max active "
         "clusters %d\n",
         name, kParts, kHeads, kStages, smem, kParts * (kKvHeads / kHeads) * reqs, clusters);
-    for (const auto& lay : {std::pair{1, true}, std::pair{16, true}, std::pair{64, true},
-                            std::pair{16, false}}) {
+    for (const auto& lay :
+         {std::pair{1, true}, std::pair{16, true}, std::pair{64, true}, std::pair{16, false}}) {
       layout(lay.first, lay.second);
       char lname[32];
       std::snprintf(lname, sizeof lname, "p%d_%s", lay.first, lay.second ? "shuf" : "inorder");
@@ -448,9 +451,10 @@ int main() {
         }
         std::sort(per.begin(), per.end());
         const double us = per[per.size() / 2];
-        std::printf("  %-10s graph32 pdl %d: median %.2f us (min %.2f)  %.1f GB/s  %.1f%% of copy\n",
-                    lname, pdl, us, per[0], bytes / (us * 1e-6) / 1e9,
-                    100.0 * bytes / (us * 1e-6) / 1e9 / copy_gbs);
+        std::printf(
+            "  %-10s graph32 pdl %d: median %.2f us (min %.2f)  %.1f GB/s  %.1f%% of copy\n", lname,
+            pdl, us, per[0], bytes / (us * 1e-6) / 1e9,
+            100.0 * bytes / (us * 1e-6) / 1e9 / copy_gbs);
         CK(cudaGraphExecDestroy(exec));
         CK(cudaGraphDestroy(graph));
       }
