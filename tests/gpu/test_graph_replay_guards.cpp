@@ -12,6 +12,7 @@
 
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
+#include "support/on_backend.h"
 #include "support/plan_check.h"
 
 namespace attnkit {
@@ -36,18 +37,13 @@ void expect_refused(const Status& st, const std::string& needle) {
   EXPECT_NE(st.message().find(needle), std::string::npos) << st.to_string();
 }
 
-class GraphReplayGuards : public ::testing::TestWithParam<std::tuple<std::string, GuardCase>> {};
+// The (backend, case) parameter prepared on the GPU in SetUp (support/on_backend.h).
+class GraphReplayGuards : public test_support::OnBackend<GuardCase, guard_spec> {};
 
 TEST_P(GraphReplayGuards, MismatchedReplaysAreRefused) {
-  if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
-  const auto& [backend_name, gc] = GetParam();
-  std::string skip;
-  Result<test_support::CaseOnBackend> made =
-      test_support::case_on_backend(backend_name, guard_spec(gc), Device::cuda(0), &skip);
-  if (!skip.empty()) GTEST_SKIP() << skip;
-  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  harness::PreparedCase& pc = made->pc;
-  AttentionBackend& backend = *made->backend;
+  const GuardCase& gc = std::get<1>(GetParam());
+  harness::PreparedCase& pc = made_->pc;
+  AttentionBackend& backend = *made_->backend;
   const ForwardBatch& b = pc.batch;
   const ForwardMode mode = b.mode;
   const SpecInfo* sp = gc.verify ? &b.spec : nullptr;
@@ -108,14 +104,14 @@ TEST_P(GraphReplayGuards, MismatchedReplaysAreRefused) {
   expect_refused(replay(bs, b.seq_lens, sp, b.seq_lens_host), "was captured");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, GraphReplayGuards,
-    ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3", "flashmla"),
-                       ::testing::Values(GuardCase{"decode", false, false},
-                                         GuardCase{"verify", true, false},
-                                         GuardCase{"mla_decode", false, true},
-                                         GuardCase{"mla_verify", true, true})),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+INSTANTIATE_TEST_SUITE_P(Backends, GraphReplayGuards,
+                         ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3",
+                                                              "flashmla"),
+                                            ::testing::Values(GuardCase{"decode", false, false},
+                                                              GuardCase{"verify", true, false},
+                                                              GuardCase{"mla_decode", false, true},
+                                                              GuardCase{"mla_verify", true, true})),
+                         test_support::backend_case_name<GuardCase>);
 
 }  // namespace
 }  // namespace attnkit

@@ -8,7 +8,6 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -16,6 +15,7 @@
 
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
+#include "support/on_backend.h"
 #include "support/plan_check.h"
 
 namespace attnkit {
@@ -35,22 +35,8 @@ CaseSpec stale_spec(const StaleCase& sc) {
       sc.verify ? std::vector<int>{} : std::vector<int>{9, 3}, sc.mla, 5);
 }
 
-// The (backend, case) parameter prepared on the GPU in SetUp; skipped without a CUDA device or
-// where the backend's descriptor rules the case out.
-class OnBackend : public ::testing::TestWithParam<std::tuple<std::string, StaleCase>> {
- protected:
-  void SetUp() override {
-    if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
-    const auto& [backend_name, sc] = GetParam();
-    std::string skip;
-    Result<test_support::CaseOnBackend> made =
-        test_support::case_on_backend(backend_name, stale_spec(sc), Device::cuda(0), &skip);
-    if (!skip.empty()) GTEST_SKIP() << skip;
-    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-    made_ = std::move(made).value();
-  }
-  std::optional<test_support::CaseOnBackend> made_;
-};
+// The (backend, case) parameter prepared on the GPU in SetUp (support/on_backend.h).
+using OnBackend = test_support::OnBackend<StaleCase, stale_spec>;
 
 class StalePlan : public OnBackend {};
 
@@ -86,13 +72,13 @@ TEST_P(StalePlan, FewerTokensThanPlannedAreRefused) {
   EXPECT_EQ(test_support::to_host_bytes(ld.out), before) << "out was written";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, StalePlan,
-    ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3", "flashmla"),
-                       ::testing::Values(StaleCase{"verify", true, false},
-                                         StaleCase{"extend", false, false},
-                                         StaleCase{"mla_verify", true, true})),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+INSTANTIATE_TEST_SUITE_P(Backends, StalePlan,
+                         ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3",
+                                                              "flashmla"),
+                                            ::testing::Values(StaleCase{"verify", true, false},
+                                                              StaleCase{"extend", false, false},
+                                                              StaleCase{"mla_verify", true, true})),
+                         test_support::backend_case_name<StaleCase>);
 
 // The same mode, batch size and token count with other lengths or request rows: the plan's query
 // offsets, split partitions and token indices are the planned batch's, so the forward ran on them
@@ -149,8 +135,8 @@ TEST_P(StalePlan, AnotherStreamThanPlannedIsRefused) {
   const Status st = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, moved,
                                     false, TensorView());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  EXPECT_NE(st.message().find("(ForwardBatch.stream) but init_forward_metadata planned this batch "
-                              "on "),
+  EXPECT_NE(st.message().find("(ForwardBatch.stream, or the context's stream when it is null) but "
+                              "init_forward_metadata planned this batch on "),
             std::string::npos)
       << st.to_string();
   EXPECT_EQ(test_support::to_host_bytes(ld.out), before) << "out was written";
@@ -200,12 +186,12 @@ TEST_P(BatchArrays, HostOrStridedArraysAreRefused) {
   ASSERT_TRUE(backend.init_forward_metadata(pc.batch).is_ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, BatchArrays,
-    ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3", "flashmla"),
-                       ::testing::Values(StaleCase{"extend", false, false},
-                                         StaleCase{"mla_verify", true, true})),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+INSTANTIATE_TEST_SUITE_P(Backends, BatchArrays,
+                         ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3",
+                                                              "flashmla"),
+                                            ::testing::Values(StaleCase{"extend", false, false},
+                                                              StaleCase{"mla_verify", true, true})),
+                         test_support::backend_case_name<StaleCase>);
 
 }  // namespace
 }  // namespace attnkit

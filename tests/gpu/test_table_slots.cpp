@@ -5,21 +5,25 @@
 // is not read and not an error; once the entry is mended the forward is the clean one, bit for
 // bit. No kernel reads out_cache_loc (nothing checks it before a launch; set_kv only skips a bad
 // write): an extend's new keys come through req_to_token too, so a bad out_cache_loc leaves a
-// forward without save_kv bit-identical to the clean one.
+// forward without save_kv bit-identical to the clean one. Each test's clean forward (every key,
+// the new tokens' included, in the pool) is first checked against the fp64 reference, so the
+// bit-for-bit comparisons are between finite outputs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <limits>
-#include <optional>
 #include <string>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include "attnkit/registry.h"
+#include "backends/mla/mla_decode_engine.h"
+#include "backends/mla/mla_paged_backend.h"
 #include "harness/case_runner.h"
+#include "support/backend_case_test.h"
 #include "support/gpu_test_helpers.h"
+#include "support/on_backend.h"
 #include "support/plan_check.h"
 
 namespace attnkit {
@@ -32,6 +36,10 @@ struct SlotCase {
   ForwardMode mode;
   int page_size;
   bool mla;
+  DType kv_dtype = DType::kBF16;
+  // Non-empty: an encoder-decoder batch (request r's row holds encoder_lens[r] encoder tokens
+  // before its decoder tokens); layer 0 is a self-attention layer over the decoder tokens.
+  std::vector<int> encoder_lens = {};
 };
 
 // Two requests; request 1's cached prefix holds the bad entry at kBadKey (a page start at every
@@ -47,27 +55,33 @@ CaseSpec slot_spec(const SlotCase& sc) {
                                                       : std::vector<int>{9, 5},
                                              sc.mla, 11);
   c.page_size = sc.page_size;
+  c.kv_dtype = sc.kv_dtype;
+  if (!sc.encoder_lens.empty()) {
+    c.cross_attention = true;
+    c.encoder_lens = sc.encoder_lens;
+  }
   return c;
 }
 
 // Test names: backend_case.
-std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, SlotCase>>& info) {
-  return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
-}
+const auto param_name = test_support::backend_case_name<SlotCase>;
 const auto kMhaBackends = ::testing::Values("triton", "flashinfer", "fa3");
 const auto kMlaBackends = ::testing::Values("triton", "flashinfer", "flashmla", "cutlass_mla");
 
-class TableSlots : public ::testing::TestWithParam<std::tuple<std::string, SlotCase>> {
+// The (backend, case) parameter prepared on the GPU in SetUp (support/on_backend.h).
+class TableSlots : public test_support::OnBackend<SlotCase, slot_spec> {
  protected:
   void SetUp() override {
-    if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
-    const auto& [backend_name, sc] = GetParam();
-    std::string skip;
-    Result<test_support::CaseOnBackend> made =
-        test_support::case_on_backend(backend_name, slot_spec(sc), Device::cuda(0), &skip);
-    if (!skip.empty()) GTEST_SKIP() << skip;
-    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-    made_ = std::move(made).value();
+    OnBackend::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    // Layer 0's new tokens into the pool at out_cache_loc, as run_backend does before a forward
+    // without save_kv. prepare_case leaves their slots NaN-poisoned: every query sees its own
+    // token's key, so each forward here gave an all-NaN out, equal bit for bit to any other.
+    harness::PreparedCase& pc = made_->pc;
+    const harness::LayerData& ld = pc.layers[0];
+    STATUS_OK(pc.kv_pool->set_kv(ld.layer.layer_id, pc.batch.out_cache_loc, ld.k, ld.v,
+                                 ld.layer.k_scale, ld.layer.v_scale, nullptr));
+    STATUS_OK(pc.kv_pool->check_device_errors());
   }
 
   // One planned forward of layer 0 (the pool already holds every key); out's bytes after it.
@@ -99,13 +113,17 @@ class TableSlots : public ::testing::TestWithParam<std::tuple<std::string, SlotC
     return b.seq_lens_host[static_cast<size_t>(r)] +
            (b.mode == ForwardMode::kTargetVerify ? b.spec.draft_token_num : 0);
   }
+  // Layer 0's out and lse bytes.
+  std::vector<std::vector<uint8_t>> outputs_layer0() const {
+    const harness::LayerData& ld = made_->pc.layers[0];
+    return {test_support::to_host_bytes(ld.out),
+            ld.lse.defined() ? test_support::to_host_bytes(ld.lse) : std::vector<uint8_t>{}};
+  }
   std::vector<uint8_t> pool_layer0() const {
     KVPool& pool = *made_->pc.kv_pool;
     return test_support::to_host_bytes(pool.is_mla() ? dynamic_cast<MLAKVPool&>(pool).kv_buffer(0)
                                                      : dynamic_cast<MHAKVPool&>(pool).k_buffer(0));
   }
-
-  std::optional<test_support::CaseOnBackend> made_;
 };
 
 TEST_P(TableSlots, EntryPastThePoolIsRefusedBeforeAnyLaunch) {
@@ -114,6 +132,7 @@ TEST_P(TableSlots, EntryPastThePoolIsRefusedBeforeAnyLaunch) {
   Status st;
   const std::vector<uint8_t> clean = forward_layer0(&st);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
+  test_support::expect_layer_matches_reference(pc, 0);
   STATUS_OK(pool.check_device_errors());
   const std::vector<uint8_t> pool_before = pool_layer0();
   const TensorView out = pc.layers[0].out;
@@ -190,6 +209,16 @@ TEST_P(TableSlotsGraph, ReplayRefreshRefusesTheEntry) {
   AttentionBackend& backend = **made;
 
   const ForwardBatch& b = pc.batch;
+  // The eager forward of the same batch on this backend and stream, before the graph state (as
+  // test_support::expect_graph_replay_matches_eager runs it): decode and verify replays are
+  // bit-identical to it.
+  STATUS_OK(backend.init_forward_metadata(b));
+  STATUS_OK(backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, b,
+                            /*save_kv=*/false, ld.lse));
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  test_support::expect_layer_matches_reference(pc, 0);
+  const std::vector<std::vector<uint8_t>> eager = outputs_layer0();
+
   const int bs = b.batch_size;
   const SpecInfo* spec = sc.mode == ForwardMode::kTargetVerify ? &b.spec : nullptr;
   STATUS_OK(backend.init_cuda_graph_state(bs, b.num_tokens));
@@ -208,14 +237,20 @@ TEST_P(TableSlotsGraph, ReplayRefreshRefusesTheEntry) {
                                                            b.seq_lens_sum, TensorView(), sc.mode,
                                                            spec, b.seq_lens_host.data());
   };
+  // NaN-poisoned first, so a replay that wrote nothing cannot pass for the run before it.
   const auto replay = [&]() {
+    constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_TRUE(fill_float(ld.out, kNaN).is_ok());
+    if (ld.lse.defined()) {
+      EXPECT_TRUE(fill_float(ld.lse, kNaN).is_ok());
+    }
     const Status refreshed = refresh();
     EXPECT_TRUE(refreshed.is_ok()) << refreshed.to_string();
     EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << "the CUDA context must stay usable";
-    return test_support::to_host_bytes(ld.out);
+    return outputs_layer0();
   };
-  const std::vector<uint8_t> clean = replay();
+  const std::vector<std::vector<uint8_t>> clean = replay();
   STATUS_OK(pool.check_device_errors(stream));
 
   const int32_t good = get_entry(1, kBadKey);
@@ -230,7 +265,10 @@ TEST_P(TableSlotsGraph, ReplayRefreshRefusesTheEntry) {
       << refused.to_string();
 
   set_entry(1, kBadKey, good);  // the row's bound stays high: the mended replay takes the scan
-  EXPECT_TRUE(replay() == clean) << "the mended replay differs from the clean one";
+  const std::vector<std::vector<uint8_t>> mended = replay();
+  EXPECT_TRUE(mended == clean) << "the mended replay differs from the clean one";
+  EXPECT_TRUE(mended[0] == eager[0]) << "the mended replay's out differs from the eager forward";
+  EXPECT_TRUE(mended[1] == eager[1]) << "the mended replay's lse differs from the eager forward";
   STATUS_OK(pool.check_device_errors(stream));
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
@@ -265,6 +303,7 @@ TEST_P(OutCacheLocNotRead, BadEntryChangesNothing) {
   const std::vector<uint8_t> clean = forward_layer0(&st);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   STATUS_OK(pool.check_device_errors());
+  test_support::expect_layer_matches_reference(pc, 0);
   const std::vector<uint8_t> pool_before = pool_layer0();
   const int64_t tokens = pc.num_tokens;
   std::vector<int64_t> loc(static_cast<size_t>(tokens));
@@ -286,11 +325,18 @@ TEST_P(OutCacheLocNotRead, BadEntryChangesNothing) {
 
 INSTANTIATE_TEST_SUITE_P(
     Mha, OutCacheLocNotRead,
-    ::testing::Combine(kMhaBackends,
-                       ::testing::Values(SlotCase{"extend_p1", ForwardMode::kExtend, 1, false},
-                                         SlotCase{"extend_p16", ForwardMode::kExtend, 16, false},
-                                         SlotCase{"verify_p16", ForwardMode::kTargetVerify, 16,
-                                                  false})),
+    ::testing::Combine(
+        kMhaBackends,
+        ::testing::Values(
+            SlotCase{"extend_p1", ForwardMode::kExtend, 1, false},
+            SlotCase{"extend_p16", ForwardMode::kExtend, 16, false},
+            SlotCase{"verify_p16", ForwardMode::kTargetVerify, 16, false},
+            // The self-attention layer of an encoder-decoder batch:
+            // its new keys are the columns after encoder + prefix
+            // (build_new_token_slots' start_plus), checked against
+            // the reference.
+            SlotCase{
+                "encdec_extend_p16", ForwardMode::kExtend, 16, false, DType::kBF16, {13, 30}})),
     param_name);
 
 INSTANTIATE_TEST_SUITE_P(
@@ -300,6 +346,38 @@ INSTANTIATE_TEST_SUITE_P(
                                          SlotCase{"mla_verify_p64", ForwardMode::kTargetVerify, 64,
                                                   true})),
     param_name);
+
+// An absorbed MLA extend over an fp8_e4m3 latent pool. flashinfer's descriptor does not claim MLA
+// over fp8 (its MLA row: fp4 only), so on "flashinfer" the case would only be skipped; flashmla,
+// which claims it at page 64, sends every extend to the flashinfer backend it holds
+// (mla_paged_backend.h), whose plan_mla_quantized reads the new keys through new_slots.
+const SlotCase kMlaExtendFp8{"mla_extend_fp8_p64", ForwardMode::kExtend, 64, true, DType::kFP8E4M3};
+
+INSTANTIATE_TEST_SUITE_P(MlaFp8, OutCacheLocNotRead,
+                         ::testing::Combine(::testing::Values("flashmla"),
+                                            ::testing::Values(kMlaExtendFp8)),
+                         param_name);
+
+// The case above runs, rather than skips, on an SM90 device, and it runs flashinfer's MLA path:
+// flashmla's own decode engine takes no layer of the extend.
+TEST(OutCacheLocNotReadFp8, FlashmlaRunsTheExtendOnFlashinfersPath) {
+  if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
+  const BackendDescriptor* flashmla = builtin_registry().find("flashmla");
+  ASSERT_NE(flashmla, nullptr);
+  const DeviceInfo device = test_support::device_info_for(Device::cuda(0));
+  if (device.compute_capability < flashmla->min_compute_capability) {
+    GTEST_SKIP() << "flashmla needs compute capability >= " << flashmla->min_compute_capability;
+  }
+  std::string skip;
+  Result<test_support::CaseOnBackend> made =
+      test_support::case_on_backend("flashmla", slot_spec(kMlaExtendFp8), Device::cuda(0), &skip);
+  ASSERT_TRUE(made.is_ok()) << "MlaFp8/OutCacheLocNotRead would skip: " << skip << " "
+                            << made.status().to_string();
+  const mla::MlaDecodeStats* stats = mla_paged_stats(*made->backend);
+  ASSERT_NE(stats, nullptr);
+  STATUS_OK(harness::run_backend(*made->backend, made->pc, /*save_kv=*/false));
+  EXPECT_EQ(stats->runs, 0) << "flashmla's decode engine ran layers of the fp8 extend";
+}
 
 }  // namespace
 }  // namespace attnkit

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <utility>
 #include <vector>
 
 #include "attnkit/device.h"
+#include "attnkit/dtype.h"
 #include "attnkit/tensor.h"
 
 #ifdef ATTNKIT_WITH_CUDA
@@ -53,6 +55,32 @@ Buffer upload_bytes(const void* src, int64_t bytes) {
 bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s) {
   const Result<DeviceInfo> dev = detect_cuda(0);
   return dev.is_ok() && expects_sm90_wgmma_prefill(s, dev->compute_capability);
+}
+
+void expect_layer_matches_reference(const harness::PreparedCase& pc, int layer) {
+  Result<harness::ReferenceResult> ref = harness::reference_for_layer(pc, layer);
+  ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+  const TensorView& out = pc.layers[static_cast<size_t>(layer)].out;
+  ASSERT_TRUE(out.is_contiguous());
+  ASSERT_EQ(static_cast<size_t>(out.numel()), ref->out.size());
+  const std::vector<uint8_t> host = to_host_bytes(out);
+  int64_t non_finite = 0;
+  double err2 = 0.0, ref2 = 0.0;
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const double y = load_as_float(host.data(), out.dtype, i);
+    const double x = ref->out[static_cast<size_t>(i)];
+    if (!std::isfinite(y)) {
+      ++non_finite;
+      continue;
+    }
+    err2 += (y - x) * (y - x);
+    ref2 += x * x;
+  }
+  EXPECT_EQ(non_finite, 0) << "layer " << layer
+                           << ": non-finite outputs (unwritten, or NaN keys read)";
+  const double rel = ref2 > 0.0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  EXPECT_LE(rel, harness::tolerance_for(pc.spec.q_dtype))
+      << "layer " << layer << ": relative L2 against the fp64 reference";
 }
 
 #ifdef ATTNKIT_WITH_CUDA

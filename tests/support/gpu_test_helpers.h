@@ -39,6 +39,12 @@ bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s, int compute_capabili
 // does for the backends); false without a CUDA device.
 bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s);
 
+// Expects layer `layer`'s out (after its forward) to be finite everywhere and within
+// harness::tolerance_for(q dtype) in relative L2 of the fp64 reference over the pool as it is now
+// (the bound compare_with_reference puts on every layer, for a test that ran one layer only).
+// Call from a TEST body or a void helper (uses ASSERT).
+void expect_layer_matches_reference(const harness::PreparedCase& pc, int layer);
+
 using BackendFactory =
     std::function<Result<std::unique_ptr<AttentionBackend>>(const BackendContext&)>;
 
