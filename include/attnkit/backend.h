@@ -19,7 +19,11 @@ struct BackendDescriptor;
 
 // Everything a backend is built with: fixed for its lifetime.
 struct BackendContext {
+  // The device every call of the backend runs on: CUDA backends make it current for the call and
+  // give the caller's device back (a process driving several GPUs may leave any one current).
   Device device;
+  // The context's stream (nullptr: the device's default stream); ForwardBatch::stream overrides it
+  // per forward. A stream of another device than `device` is refused by name.
   StreamHandle stream = nullptr;
   int num_q_heads = 0;  // per rank
   int num_kv_heads = 0;

@@ -13,6 +13,8 @@
 #include <sys/mman.h>
 #endif
 
+#include "core/device_scope.h"
+
 #ifdef ATTNKIT_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -48,25 +50,6 @@ Status cuda_status(cudaError_t err, const std::string& what) {
   return Status::cuda_error(what + " failed: " + cudaGetErrorName(err) + " (" +
                             cudaGetErrorString(err) + ")");
 }
-
-// Makes `ordinal` current for the lifetime of the guard and restores the previous device.
-class CudaDeviceGuard {
- public:
-  explicit CudaDeviceGuard(int ordinal) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != ordinal) status_ = cuda_status(cudaSetDevice(ordinal), "cudaSetDevice");
-  }
-  ~CudaDeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
-  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
-  const Status& status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  Status status_;
-};
 #else
 Status not_built_without_cuda(const std::string& what) {
   return Status::not_built(what + " needs CUDA, but attnkit was built without CUDA");
@@ -304,7 +287,7 @@ Result<Buffer> Buffer::allocate(Device device, int64_t bytes) {
     return buffer;
   }
 #ifdef ATTNKIT_WITH_CUDA
-  CudaDeviceGuard guard(device.ordinal);
+  const DeviceScope guard(device);
   if (!guard.status().is_ok()) {
     buffer.bytes_ = 0;
     return guard.status();
@@ -367,7 +350,7 @@ void Buffer::release() {
       std::free(data_);
     } else {
 #ifdef ATTNKIT_WITH_CUDA
-      CudaDeviceGuard guard(device_.ordinal);
+      const DeviceScope guard(device_);
       cudaFree(data_);
 #endif
     }
@@ -400,7 +383,11 @@ Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_devi
     return Status::ok();
   }
 #ifdef ATTNKIT_WITH_CUDA
-  // Unified addressing: the runtime infers the direction from the pointers.
+  // Unified addressing: the runtime infers the direction from the pointers. The copy goes on the
+  // CUDA side's device (dst's when both are), so that it is ordered after that device's work on
+  // its default stream whichever device the caller left current.
+  const DeviceScope scope(dst_device.is_cpu() ? src_device : dst_device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
   return cuda_status(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault),
                      "cudaMemcpy of " + std::to_string(bytes) + " bytes from " +
                          src_device.to_string() + " to " + dst_device.to_string());

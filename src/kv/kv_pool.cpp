@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attnkit/kv_cache.h"
+#include "core/device_scope.h"
 #include "kv/kv_pool_config.h"
 #include "kv/set_kv_cuda.h"
 
@@ -371,6 +372,8 @@ Status KVPool::check_device_errors(StreamHandle stream) {
   if (guard_.data() == nullptr) return Status::ok();
 #ifdef ATTNKIT_WITH_CUDA
   detail::KVGuardRecord record;
+  const DeviceScope scope(device());
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
   ATTNKIT_RETURN_IF_ERROR(detail::kv_guard_read_and_clear(guard_.data(), &record, stream));
   if (record.flag == 0) return Status::ok();
   return Status::invalid_argument(detail::kv_guard_message(record, rows(), page_size()));
@@ -470,6 +473,8 @@ TensorView MHAKVPool::v_scale_buffer(int layer) const {
 
 Status MHAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k, const TensorView& v,
                          float k_scale, float v_scale, StreamHandle stream) {
+  const DeviceScope scope(device());
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
   ATTNKIT_RETURN_IF_ERROR(check_layer(layer, config_.num_layers));
   ATTNKIT_ASSIGN_OR_RETURN(const int64_t tokens, check_loc(loc, device()));
   ATTNKIT_RETURN_IF_ERROR(
@@ -534,6 +539,8 @@ TensorView MLAKVPool::scale_buffer(int layer) const {
 Status MLAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k,
                          const TensorView& /*v*/, float k_scale, float /*v_scale*/,
                          StreamHandle stream) {
+  const DeviceScope scope(device());
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
   ATTNKIT_RETURN_IF_ERROR(check_layer(layer, config_.num_layers));
   ATTNKIT_ASSIGN_OR_RETURN(const int64_t tokens, check_loc(loc, device()));
   ATTNKIT_RETURN_IF_ERROR(check_src(k, "k", tokens, 1, row_dim(), device()));

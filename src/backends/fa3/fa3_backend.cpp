@@ -19,6 +19,7 @@
 #include "backend/plan_stamp.h"
 #include "backends/fa3/prefill_sm90_engine.h"
 #include "backends/flashinfer/flashinfer_backend.h"
+#include "core/device_scope.h"
 #include "cuda/common/device_attributes.h"
 
 namespace attnkit {
@@ -33,6 +34,8 @@ class Fa3Backend final : public AttentionBackend {
   const BackendDescriptor& descriptor() const override { return *builtin_registry().find("fa3"); }
 
   Status init_forward_metadata(const ForwardBatch& batch) override {
+    const DeviceScope scope(ctx_.device);
+    ATTNKIT_RETURN_IF_ERROR(scope.status());
     // The previous forward's wgmma plan goes first: a failed init below left it live, and a
     // forward of the same shape then ran on it past the inner backend's stale-plan guard.
     if (wgmma_ != nullptr) wgmma_->drop_plan();
@@ -96,6 +99,8 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
                                   const TensorView& out, const AttentionLayer& layer,
                                   const ForwardBatch& batch, bool save_kv, const TensorView& lse) {
   ATTNKIT_RETURN_IF_ERROR(check_entry_point("fa3", /*decode_entry=*/false, batch));
+  const DeviceScope scope(ctx_.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
   if (wgmma_ == nullptr || !wgmma_->why_not_layer(q, out, layer, batch).empty()) {
     ++stats_.flashinfer_calls;
     return inner_->forward_extend(q, k, v, out, layer, batch, save_kv, lse);

@@ -39,6 +39,7 @@
 #include "backends/triton/kernels/split_plan.h"
 #include "backends/triton/kernels/triton_kernels.h"
 #include "backends/triton/triton_backend.h"
+#include "core/device_scope.h"
 #include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/decode_tuning.h"
@@ -185,12 +186,16 @@ class FlashInferBackend final : public AttentionBackend {
                         const TensorView& out, const AttentionLayer& layer,
                         const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
     ATTNKIT_RETURN_IF_ERROR(check_entry_point("flashinfer", /*decode_entry=*/false, batch));
+    const DeviceScope scope(ctx_.device);
+    ATTNKIT_RETURN_IF_ERROR(scope.status());
     return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/false);
   }
   Status forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionLayer& layer,
                         const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
     ATTNKIT_RETURN_IF_ERROR(check_entry_point("flashinfer", /*decode_entry=*/true, batch));
+    const DeviceScope scope(ctx_.device);
+    ATTNKIT_RETURN_IF_ERROR(scope.status());
     return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/true);
   }
 
@@ -473,6 +478,11 @@ std::string FlashInferBackend::portable_reason(const ForwardBatch& batch) const 
 }
 
 Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
+  const DeviceScope scope(ctx_.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
+  ATTNKIT_RETURN_IF_ERROR(
+      check_stream_device(stream_for(batch), ctx_.device,
+                          "ForwardBatch.stream (or the context's stream when it is null)"));
   plan_ = Plan{};
   prefix_cache_.drop_plan();
   cascade_.reset();
@@ -904,6 +914,9 @@ Status FlashInferBackend::run_mla_quantized(const TensorView& q, const TensorVie
 // ---- CUDA graphs (decode and target verify) ----
 
 Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
+  const DeviceScope scope(ctx_.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
+  ATTNKIT_RETURN_IF_ERROR(check_stream_device(ctx_.stream, ctx_.device, "BackendContext.stream"));
   if (max_bs < 1 || max_num_tokens < max_bs) {
     return Status::invalid_argument("flashinfer: init_cuda_graph_state(max_bs " + str(max_bs) +
                                     ", max_num_tokens " + str(max_num_tokens) +
@@ -965,6 +978,9 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
 Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     int bs, int num_tokens, const TensorView& req_pool_indices, const TensorView& seq_lens,
     const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec) {
+  const DeviceScope scope(ctx_.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
+  ATTNKIT_RETURN_IF_ERROR(check_stream_device(ctx_.stream, ctx_.device, "BackendContext.stream"));
   if (!graph_ready_)
     return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
   ATTNKIT_RETURN_IF_ERROR(
@@ -1168,6 +1184,8 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     int bs, const TensorView& req_pool_indices, const TensorView& seq_lens, int64_t seq_lens_sum,
     const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec,
     const int32_t* seq_lens_host) {
+  const DeviceScope scope(ctx_.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
   if (!graph_ready_)
     return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
   ATTNKIT_RETURN_IF_ERROR(

@@ -10,6 +10,7 @@
 #include "attnkit/registry.h"
 #include "backends/flashinfer/flashinfer_backend.h"
 #include "backends/mla/mla_decode_engine.h"
+#include "core/device_scope.h"
 
 namespace attnkit {
 namespace {
@@ -28,6 +29,11 @@ class MlaPagedBackend final : public AttentionBackend {
   const mla::MlaDecodeStats& stats() const { return engine_->stats(); }
 
   Status init_forward_metadata(const ForwardBatch& batch) override {
+    const DeviceScope scope(ctx_.device);
+    ATTNKIT_RETURN_IF_ERROR(scope.status());
+    ATTNKIT_RETURN_IF_ERROR(
+        check_stream_device(stream_for(batch), ctx_.device,
+                            "ForwardBatch.stream (or the context's stream when it is null)"));
     engine_forward_ = false;
     if (batch.mode != ForwardMode::kIdle && engine_->why_not(batch).empty()) {
       ATTNKIT_RETURN_IF_ERROR(batch.validate());
@@ -43,6 +49,8 @@ class MlaPagedBackend final : public AttentionBackend {
                         const TensorView& out, const AttentionLayer& layer,
                         const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
     ATTNKIT_RETURN_IF_ERROR(check_entry_point(name_, /*decode_entry=*/false, batch));
+    const DeviceScope scope(ctx_.device);
+    ATTNKIT_RETURN_IF_ERROR(scope.status());
     if (engine_forward_) return run_engine(q, k, v, out, layer, batch, save_kv, lse);
     return other_->forward_extend(q, k, v, out, layer, batch, save_kv, lse);
   }
@@ -50,11 +58,16 @@ class MlaPagedBackend final : public AttentionBackend {
                         const TensorView& out, const AttentionLayer& layer,
                         const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
     ATTNKIT_RETURN_IF_ERROR(check_entry_point(name_, /*decode_entry=*/true, batch));
+    const DeviceScope scope(ctx_.device);
+    ATTNKIT_RETURN_IF_ERROR(scope.status());
     if (engine_forward_) return run_engine(q, k, v, out, layer, batch, save_kv, lse);
     return other_->forward_decode(q, k, v, out, layer, batch, save_kv, lse);
   }
 
   Status init_cuda_graph_state(int max_bs, int max_num_tokens) override {
+    const DeviceScope scope(ctx_.device);
+    ATTNKIT_RETURN_IF_ERROR(scope.status());
+    ATTNKIT_RETURN_IF_ERROR(check_stream_device(ctx_.stream, ctx_.device, "BackendContext.stream"));
     // Checked before either part is touched (the engine does not check them; a refusal by the
     // other part after the engine re-sized its workspaces left the two out of step).
     if (max_bs < 1 || max_num_tokens < max_bs) {
@@ -70,6 +83,9 @@ class MlaPagedBackend final : public AttentionBackend {
                                                   const TensorView& seq_lens,
                                                   const TensorView& encoder_lens, ForwardMode mode,
                                                   const SpecInfo* spec) override {
+    const DeviceScope scope(ctx_.device);
+    ATTNKIT_RETURN_IF_ERROR(scope.status());
+    ATTNKIT_RETURN_IF_ERROR(check_stream_device(ctx_.stream, ctx_.device, "BackendContext.stream"));
     engine_forward_ = !encoder_lens.defined() && engine_->why_not_graph(mode, spec).empty();
     if (engine_forward_) {
       ATTNKIT_RETURN_IF_ERROR(
@@ -84,6 +100,8 @@ class MlaPagedBackend final : public AttentionBackend {
                                                  const TensorView& encoder_lens, ForwardMode mode,
                                                  const SpecInfo* spec,
                                                  const int32_t* seq_lens_host) override {
+    const DeviceScope scope(ctx_.device);
+    ATTNKIT_RETURN_IF_ERROR(scope.status());
     engine_forward_ = !encoder_lens.defined() && engine_->why_not_graph(mode, spec).empty();
     if (engine_forward_) {
       ATTNKIT_RETURN_IF_ERROR(

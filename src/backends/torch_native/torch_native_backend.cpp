@@ -10,6 +10,7 @@
 
 #include "attnkit/registry.h"
 #include "backend/validate.h"
+#include "core/device_scope.h"
 #include "core/str_cat.h"
 #ifdef ATTNKIT_WITH_CUDA
 #include "cuda/common/cuda_check.cuh"
@@ -477,12 +478,9 @@ const BackendDescriptor& fallback_descriptor() {
 // the cache write, and the pageable host->device copies of the results).
 Status synchronize_device(Device device) {
 #ifdef ATTNKIT_WITH_CUDA
-  int previous = -1;
-  ATTNKIT_CUDA_TRY(cudaGetDevice(&previous));
-  if (previous != device.ordinal) ATTNKIT_CUDA_TRY(cudaSetDevice(device.ordinal));
-  const cudaError_t err = cudaDeviceSynchronize();
-  if (previous != device.ordinal) ATTNKIT_CUDA_TRY(cudaSetDevice(previous));
-  ATTNKIT_CUDA_TRY(err);
+  const DeviceScope scope(device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
+  ATTNKIT_CUDA_TRY(cudaDeviceSynchronize());
   return Status::ok();
 #else
   return Status::not_built("torch_native: synchronising " + device.to_string() +
@@ -550,7 +548,12 @@ class TorchNativeBackend final : public AttentionBackend {
     return found != nullptr ? *found : fallback_descriptor();
   }
 
-  Status init_forward_metadata(const ForwardBatch& batch) override { return batch.validate(); }
+  Status init_forward_metadata(const ForwardBatch& batch) override {
+    ATTNKIT_RETURN_IF_ERROR(
+        check_stream_device(batch.stream != nullptr ? batch.stream : ctx_.stream, ctx_.device,
+                            "ForwardBatch.stream (or the context's stream when it is null)"));
+    return batch.validate();
+  }
 
   Status forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionLayer& layer,
@@ -578,6 +581,8 @@ class TorchNativeBackend final : public AttentionBackend {
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse) {
+    const DeviceScope scope(ctx_.device);
+    ATTNKIT_RETURN_IF_ERROR(scope.status());
     ATTNKIT_RETURN_IF_ERROR(
         validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
     if (batch.mode == ForwardMode::kIdle) return Status::ok();

@@ -28,6 +28,7 @@
 #include "backends/triton/kernels/simt_layout.h"
 #include "backends/triton/kernels/split_plan.h"
 #include "backends/triton/kernels/triton_kernels.h"
+#include "core/device_scope.h"
 #include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/decode_tuning.h"
@@ -221,6 +222,11 @@ int TritonBackend::forward_chunk(std::span<const int32_t> seq_lens) const {
 }
 
 Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
+  const DeviceScope scope(ctx_.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
+  ATTNKIT_RETURN_IF_ERROR(
+      check_stream_device(stream_for(batch), ctx_.device,
+                          "ForwardBatch.stream (or the context's stream when it is null)"));
   plan_ = Plan{};
   plan_.mode = batch.mode;
   if (batch.mode == ForwardMode::kIdle) {
@@ -338,6 +344,8 @@ Status TritonBackend::forward_extend(const TensorView& q, const TensorView& k, c
                                      const ForwardBatch& batch, bool save_kv,
                                      const TensorView& lse) {
   ATTNKIT_RETURN_IF_ERROR(check_entry_point("triton", /*decode_entry=*/false, batch));
+  const DeviceScope scope(ctx_.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
   return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/false);
 }
 
@@ -346,6 +354,8 @@ Status TritonBackend::forward_decode(const TensorView& q, const TensorView& k, c
                                      const ForwardBatch& batch, bool save_kv,
                                      const TensorView& lse) {
   ATTNKIT_RETURN_IF_ERROR(check_entry_point("triton", /*decode_entry=*/true, batch));
+  const DeviceScope scope(ctx_.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
   return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/true);
 }
 
@@ -567,6 +577,9 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
 // ---- CUDA graphs ----
 
 Status TritonBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
+  const DeviceScope scope(ctx_.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
+  ATTNKIT_RETURN_IF_ERROR(check_stream_device(ctx_.stream, ctx_.device, "BackendContext.stream"));
   if (max_bs < 1 || max_num_tokens < max_bs) {
     return Status::invalid_argument(
         "triton: init_cuda_graph_state(max_bs " + std::to_string(max_bs) + ", max_num_tokens " +
@@ -688,6 +701,9 @@ Status TritonBackend::graph_metadata(int bs, const TensorView& req_pool_indices,
 Status TritonBackend::init_forward_metadata_capture_cuda_graph(
     int bs, int num_tokens, const TensorView& req_pool_indices, const TensorView& seq_lens,
     const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec) {
+  const DeviceScope scope(ctx_.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
+  ATTNKIT_RETURN_IF_ERROR(check_stream_device(ctx_.stream, ctx_.device, "BackendContext.stream"));
   if (encoder_lens.defined()) {
     return Status::unsupported("triton: CUDA graphs with encoder lengths are not supported");
   }
@@ -711,6 +727,8 @@ Status TritonBackend::init_forward_metadata_replay_cuda_graph(
     int bs, const TensorView& req_pool_indices, const TensorView& seq_lens, int64_t seq_lens_sum,
     const TensorView& encoder_lens, ForwardMode mode, const SpecInfo* spec,
     const int32_t* seq_lens_host) {
+  const DeviceScope scope(ctx_.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
   (void)seq_lens_sum;
   if (encoder_lens.defined()) {
     return Status::unsupported("triton: CUDA graphs with encoder lengths are not supported");

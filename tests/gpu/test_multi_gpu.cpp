@@ -1,0 +1,129 @@
+// Backends on a second GPU (review_s40 "Multi-GPU"). A serving process that drives several GPUs
+// from one thread leaves whichever device it used last current. A backend made for cuda:1 (its
+// context, pools and tensors there) must still launch on cuda:1, where its pointers live, and
+// give the caller its device back (core/device_scope.h). A stream of another device is refused by
+// name. Skipped on machines with fewer than two CUDA devices.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "harness/case_runner.h"
+#include "support/gpu_test_helpers.h"
+#include "support/on_backend.h"
+#include "support/plan_check.h"
+
+namespace attnkit {
+namespace {
+
+using harness::CaseSpec;
+
+struct DeviceCase {
+  std::string name;
+  ForwardMode mode;
+  bool mla;
+};
+
+CaseSpec device_spec(const DeviceCase& dc) {
+  // New tokens: 9 and 3 (extend), one each (decode); verify takes a chain of 4 drafts.
+  std::vector<int> fresh;
+  if (dc.mode == ForwardMode::kExtend) fresh = {9, 3};
+  if (dc.mode == ForwardMode::kDecode) fresh = {1, 1};
+  return test_support::plan_check_case("cuda1_" + dc.name, dc.mode, {300, 41}, fresh, dc.mla, 11);
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+class OtherDevice : public ::testing::TestWithParam<std::tuple<std::string, DeviceCase>> {
+ protected:
+  void SetUp() override {
+    const int n = device_count();
+    if (n < 2) GTEST_SKIP() << "needs two CUDA devices; this machine has " << n;
+    const auto& [backend_name, dc] = GetParam();
+    // The case is prepared with cuda:1 current (its set-up copies and fills run there); the
+    // tests then make cuda:0 current, as a caller that last served another rank would.
+    CUDA_OK(cudaSetDevice(1));
+    std::string skip;
+    Result<test_support::CaseOnBackend> made =
+        test_support::case_on_backend(backend_name, device_spec(dc), Device::cuda(1), &skip);
+    if (!skip.empty()) GTEST_SKIP() << skip;
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    made_ = std::move(made).value();
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaSetDevice(0));
+  }
+  void TearDown() override { cudaSetDevice(0); }
+
+  std::optional<test_support::CaseOnBackend> made_;
+};
+
+TEST_P(OtherDevice, RunsOnItsDeviceWhateverIsCurrent) {
+  harness::PreparedCase& pc = made_->pc;
+  ASSERT_EQ(pc.device.ordinal, 1);
+  // save_kv on: the backend writes the new keys into the cuda:1 pool too.
+  STATUS_OK(harness::run_backend(*made_->backend, pc, /*save_kv=*/true));
+  int current = -1;
+  CUDA_OK(cudaGetDevice(&current));
+  EXPECT_EQ(current, 0) << "the backend did not give the caller's device back";
+  Result<harness::Comparison> cmp = harness::compare_with_reference(pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_TRUE(cmp.value().passed()) << cmp.value().summary();
+  CUDA_OK(cudaGetDevice(&current));
+  EXPECT_EQ(current, 0);
+  // Nothing was launched on cuda:0 with cuda:1's pointers: its context is clean.
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaGetLastError());
+}
+
+TEST_P(OtherDevice, StreamOfAnotherDeviceIsRefused) {
+  harness::PreparedCase& pc = made_->pc;
+  cudaStream_t on0 = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&on0, cudaStreamNonBlocking));  // cuda:0 is current
+  ForwardBatch batch = pc.batch;
+  batch.stream = on0;
+  const Status st = made_->backend->init_forward_metadata(batch);
+  CUDA_OK(cudaStreamDestroy(on0));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("ForwardBatch.stream"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("belongs to cuda:0, but the backend runs on cuda:1"),
+            std::string::npos)
+      << st.to_string();
+  int current = -1;
+  CUDA_OK(cudaGetDevice(&current));
+  EXPECT_EQ(current, 0);
+  // The refused plan leaves the backend usable: the batch on the context's stream runs.
+  STATUS_OK(harness::run_backend(*made_->backend, pc, /*save_kv=*/true));
+  Result<harness::Comparison> cmp = harness::compare_with_reference(pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_TRUE(cmp.value().passed()) << cmp.value().summary();
+}
+
+const std::vector<DeviceCase> kMhaCases = {{"decode", ForwardMode::kDecode, false},
+                                           {"extend", ForwardMode::kExtend, false},
+                                           {"verify", ForwardMode::kTargetVerify, false}};
+const std::vector<DeviceCase> kMlaCases = {{"mla_decode", ForwardMode::kDecode, true},
+                                           {"mla_verify", ForwardMode::kTargetVerify, true}};
+
+INSTANTIATE_TEST_SUITE_P(Mha, OtherDevice,
+                         ::testing::Combine(::testing::Values("triton", "flashinfer", "fa3",
+                                                              "torch_native"),
+                                            ::testing::ValuesIn(kMhaCases)),
+                         test_support::backend_case_name<DeviceCase>);
+INSTANTIATE_TEST_SUITE_P(Mla, OtherDevice,
+                         ::testing::Combine(::testing::Values("triton", "flashinfer", "flashmla"),
+                                            ::testing::ValuesIn(kMlaCases)),
+                         test_support::backend_case_name<DeviceCase>);
+
+}  // namespace
+}  // namespace attnkit
