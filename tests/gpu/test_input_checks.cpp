@@ -221,6 +221,47 @@ TEST(MlaInputs, NonBf16QIsRefused) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+// The MLA decode kernels address a token's row with the page size they were built for (the
+// context's, 64 here): a batch over a pool of another page size would read other requests' rows.
+// It is refused by name before any launch; out is untouched; the batch on its own pool then runs.
+TEST(MlaInputs, PoolOfAnotherPageSizeIsRefused) {
+  if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
+  CaseOnBackend made;
+  const std::string skip =
+      make("flashmla",
+           test_support::plan_check_case("checks_mla_page", ForwardMode::kDecode, {300, 41}, {1, 1},
+                                         true, 17),
+           &made);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_NE(made.backend, nullptr);
+  const KVPool& own = *made.pc.kv_pool;
+  ASSERT_EQ(own.page_size(), 64);
+  // The same pool with pages of 16 and at least as many rows, so that every index of the batch is
+  // inside it (the table check would refuse it first otherwise).
+  KVPoolConfig config = own.config();
+  config.page_size = 16;
+  config.size += 64;
+  Result<std::unique_ptr<MLAKVPool>> other = MLAKVPool::create(config);
+  ASSERT_TRUE(other.is_ok()) << other.status().to_string();
+  ForwardBatch batch = made.pc.batch;
+  batch.kv_pool = other.value().get();
+  const harness::LayerData& ld = made.pc.layers[0];
+  const std::vector<uint8_t> out_before = test_support::to_host_bytes(ld.out);
+  Status st = made.backend->init_forward_metadata(batch);
+  if (st.is_ok()) {
+    st = made.backend->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, batch, false,
+                               TensorView());
+  }
+  expect_refused(st, StatusCode::kInvalidArgument,
+                 "the batch's KV pool has page_size 16; this MLA decode runs page_size 64");
+  EXPECT_EQ(test_support::to_host_bytes(ld.out), out_before) << "out was written";
+  // The batch on the pool it was made for runs and matches the reference.
+  STATUS_OK(harness::run_backend(*made.backend, made.pc, /*save_kv=*/false));
+  Result<harness::Comparison> cmp = harness::compare_with_reference(made.pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_TRUE(cmp.value().passed()) << cmp.value().summary();
+}
+
 // Cross-attention lengths on the host only, over a CUDA pool: the kernels read the device array.
 TEST(BatchInputs, EncoderLensMustBeOnTheDevice) {
   if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
