@@ -88,15 +88,6 @@ constexpr int smem_bytes() {
   return kStages * S::kStageBytes + (2 * S::kQ + S::kQ * kDim) * 4 + 2 * kStages * 8;
 }
 
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,
-                                         uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-
 // CTA (part, head group hg, request): tokens [part * L / kParts, ...) of kv heads
 // [hg * kHeads, hg * kHeads + kHeads); the cluster is the kParts CTAs of one (request, head group).
 template <int kParts, int kHeads, int kStages, bool kMath = true>
@@ -142,9 +133,9 @@ __global__ void __launch_bounds__(Shape<kHeads>::kThreads, 1) wholerow_kernel(Pa
       attnkit::sm90::mbar_wait(empty0 + 8 * s, phase ^ 1);
       if (lane == 0) attnkit::sm90::mbar_arrive_expect_tx(full0 + 8 * s, 2 * kTok * S::kPiece);
       __syncwarp();
-      bulk_g2s(dst0 + s * kStageBytes,
-               pool + static_cast<int64_t>(row) * kRowBytes + hg * S::kPiece, S::kPiece,
-               full0 + 8 * s);
+      attnkit::sm90::bulk_load(dst0 + s * kStageBytes,
+                               pool + static_cast<int64_t>(row) * kRowBytes + hg * S::kPiece,
+                               S::kPiece, full0 + 8 * s);
       row = next;
     }
   } else {

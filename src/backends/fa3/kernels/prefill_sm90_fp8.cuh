@@ -181,17 +181,6 @@ __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt,
 
 // ---- producer ----
 
-// One bulk copy (no tensor map) of `bytes` from global `src` into shared memory at `dst`,
-// completing its transactions on `bar` (16-byte aligned, bytes a multiple of 16).
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
-                                          uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-
 // kVtPre (Fa3Params::vt_pre): V^T stages are bulk copies of the pre-transposed workspace
 // (fp8_vt_pre_kernel) on the vt_full barrier; no V load, no transpose in this kernel.
 template <bool kVtPre, int kN = 128>
