@@ -20,6 +20,7 @@
 #include "support/backend_case_test.h"
 #include "support/gpu_test_helpers.h"
 #include "support/nan_key_check.h"
+#include "support/on_backend.h"
 #include "support/plan_check.h"
 
 namespace attnkit {
@@ -121,12 +122,12 @@ TEST_P(NanKeyCases, RowsThatSeeTheKeyAreNan) {
                                           });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, NanKeyCases,
-    ::testing::Combine(::testing::Values("torch_native", "triton", "flashinfer", "fa3", "flashmla",
-                                         "cutlass_mla"),
-                       ::testing::ValuesIn(nan_cases())),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+INSTANTIATE_TEST_SUITE_P(Backends, NanKeyCases,
+                         ::testing::Combine(::testing::Values("torch_native", "triton",
+                                                              "flashinfer", "fa3", "flashmla",
+                                                              "cutlass_mla"),
+                                            ::testing::ValuesIn(nan_cases())),
+                         test_support::backend_case_name<NanCase>);
 
 }  // namespace
 }  // namespace attnkit
