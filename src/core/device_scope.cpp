@@ -5,12 +5,46 @@
 #include "core/str_cat.h"
 
 #ifdef ATTNKIT_WITH_CUDA
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #endif
 
 namespace attnkit {
 
 #ifdef ATTNKIT_WITH_CUDA
+namespace {
+
+// A driver entry point through the runtime (no libcuda link); nullptr if absent.
+void* driver_entry(const char* name, unsigned version) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(name, &f, version, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return f;
+}
+
+}  // namespace
+
+bool cuda_has_primary_context(int ordinal) {
+  static const auto device_get =
+      reinterpret_cast<PFN_cuDeviceGet_v2000>(driver_entry("cuDeviceGet", 2000));
+  static const auto get_state = reinterpret_cast<PFN_cuDevicePrimaryCtxGetState_v7000>(
+      driver_entry("cuDevicePrimaryCtxGetState", 7000));
+  if (device_get == nullptr || get_state == nullptr) return true;
+  CUdevice dev = 0;
+  unsigned flags = 0;
+  int active = 0;
+  if (device_get(&dev, ordinal) != CUDA_SUCCESS ||
+      get_state(dev, &flags, &active) != CUDA_SUCCESS) {
+    return true;
+  }
+  return active != 0;
+}
+
 DeviceScope::DeviceScope(const Device& device) {
   if (device.is_cpu()) return;
   int current = -1;
@@ -27,11 +61,14 @@ DeviceScope::DeviceScope(const Device& device) {
 }
 
 DeviceScope::~DeviceScope() {
-  if (previous_ >= 0) cudaSetDevice(previous_);
+  // cudaSetDevice creates the device's primary context (hundreds of MB). A device the caller never
+  // used (current only by default) gets none: the scope's device stays current instead.
+  if (previous_ >= 0 && cuda_has_primary_context(previous_)) cudaSetDevice(previous_);
 }
 
 Status check_stream_device(StreamHandle stream, const Device& device, std::string_view what) {
   if (stream == nullptr || device.is_cpu()) return Status::ok();
+#if CUDART_VERSION >= 12080
   int owner = -1;
   const cudaError_t err = cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &owner);
   if (err != cudaSuccess) {
@@ -45,9 +82,13 @@ Status check_stream_device(StreamHandle stream, const Device& device, std::strin
                                         ": pass a stream created on ", device.to_string(),
                                         " (or nullptr for its default stream)"));
   }
+#else
+  (void)what;  // cudaStreamGetDevice needs CUDA 12.8: not checked
+#endif
   return Status::ok();
 }
 #else
+bool cuda_has_primary_context(int /*ordinal*/) { return false; }
 DeviceScope::DeviceScope(const Device& /*device*/) {}
 DeviceScope::~DeviceScope() = default;
 Status check_stream_device(StreamHandle /*stream*/, const Device& /*device*/,
@@ -55,5 +96,20 @@ Status check_stream_device(StreamHandle /*stream*/, const Device& /*device*/,
   return Status::ok();
 }
 #endif
+
+Status check_pools_on_device(std::string_view owner, const KVPool* kv_pool,
+                             const ReqToTokenPool* req_to_token_pool, const Device& device) {
+  if (kv_pool != nullptr && kv_pool->device() != device) {
+    return Status::invalid_argument(
+        cat(owner, ": the KV pool is on ", kv_pool->device().to_string(), ", the backend on ",
+            device.to_string(), ": make the pools on the backend's device"));
+  }
+  if (req_to_token_pool != nullptr && req_to_token_pool->device() != device) {
+    return Status::invalid_argument(
+        cat(owner, ": the req_to_token pool is on ", req_to_token_pool->device().to_string(),
+            ", the backend on ", device.to_string(), ": make the pools on the backend's device"));
+  }
+  return Status::ok();
+}
 
 }  // namespace attnkit

@@ -6,15 +6,18 @@
 
 #include <string_view>
 
+#include "attnkit/kv_cache.h"
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
 
 namespace attnkit {
 
 // Makes `device` current for the scope's lifetime (a cudaGetDevice, and a cudaSetDevice only when
-// another device is current) and restores the previous device at its end. status(): the error of
-// a failed switch (an ordinal past the machine's devices), naming `device`; callers return it
-// before any launch.
+// another device is current) and restores the previous device at its end, unless that device has
+// no primary context (the caller never used it: it was current only by default). Restoring it
+// would create one, hundreds of MB on a GPU the process does not use, so `device` stays current
+// then, as PyTorch's device guard does. status(): the error of a failed switch (an ordinal past
+// the machine's devices), naming `device`; callers return it before any launch.
 class DeviceScope {
  public:
   explicit DeviceScope(const Device& device);
@@ -28,9 +31,20 @@ class DeviceScope {
   Status status_;
 };
 
+// Whether CUDA device `ordinal` has an active primary context (true when the driver cannot say;
+// false without CUDA).
+bool cuda_has_primary_context(int ordinal);
+
 // kInvalidArgument when the non-null `stream` belongs to another device than `device` (its kernels
 // would run there, on pointers of `device`), naming `what` (the parameter), both devices and the
-// fix. A null stream is the current device's default stream: inside a DeviceScope, `device`'s.
+// fix. A null stream is the current device's default stream: inside a DeviceScope, `device`'s
+// (so are the special handles cudaStreamLegacy / cudaStreamPerThread: check them inside one).
+// Needs CUDA 12.8 (cudaStreamGetDevice); older toolkits skip the check.
 Status check_stream_device(StreamHandle stream, const Device& device, std::string_view what);
+
+// kInvalidArgument naming `owner` when the KV pool or the request table (either may be null) is
+// not on `device`: the kernels would read another GPU's memory through their pointers.
+Status check_pools_on_device(std::string_view owner, const KVPool* kv_pool,
+                             const ReqToTokenPool* req_to_token_pool, const Device& device);
 
 }  // namespace attnkit

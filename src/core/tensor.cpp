@@ -383,9 +383,10 @@ Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_devi
     return Status::ok();
   }
 #ifdef ATTNKIT_WITH_CUDA
-  // Unified addressing: the runtime infers the direction from the pointers. The copy goes on the
-  // CUDA side's device (dst's when both are), so that it is ordered after that device's work on
-  // its default stream whichever device the caller left current.
+  // Unified addressing: the runtime infers the direction from the pointers. The copy is issued
+  // with the CUDA side's device current (dst's when both are), so it is ordered after that
+  // device's work on its legacy default stream whichever device the caller left current (a copy
+  // between two devices is not ordered after the source device's work).
   const DeviceScope scope(dst_device.is_cpu() ? src_device : dst_device);
   ATTNKIT_RETURN_IF_ERROR(scope.status());
   return cuda_status(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault),

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/device_scope.h"
 #include "core/str_cat.h"
 
 namespace attnkit {
@@ -175,6 +176,12 @@ Result<std::unique_ptr<AttentionBackend>> BackendRegistry::create(std::string_vi
                                       std::to_string(ctx.kv_pool->page_size()));
     }
   }
+  ATTNKIT_RETURN_IF_ERROR(
+      check_pools_on_device("BackendContext", ctx.kv_pool, ctx.req_to_token_pool, ctx.device));
+  // Construction queries and allocates on the context's device (kernel attributes, workspaces).
+  const DeviceScope scope(ctx.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
+  ATTNKIT_RETURN_IF_ERROR(check_stream_device(ctx.stream, ctx.device, "BackendContext.stream"));
   return d->create(ctx);
 }
 

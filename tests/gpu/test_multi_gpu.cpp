@@ -6,12 +6,15 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "attnkit/kv_cache.h"
+#include "core/device_scope.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
 #include "support/on_backend.h"
@@ -68,22 +71,76 @@ class OtherDevice : public ::testing::TestWithParam<std::tuple<std::string, Devi
   std::optional<test_support::CaseOnBackend> made_;
 };
 
-TEST_P(OtherDevice, RunsOnItsDeviceWhateverIsCurrent) {
-  harness::PreparedCase& pc = made_->pc;
-  ASSERT_EQ(pc.device.ordinal, 1);
-  // save_kv on: the backend writes the new keys into the cuda:1 pool too.
-  STATUS_OK(harness::run_backend(*made_->backend, pc, /*save_kv=*/true));
-  int current = -1;
-  CUDA_OK(cudaGetDevice(&current));
-  EXPECT_EQ(current, 0) << "the backend did not give the caller's device back";
+// Every layer of the case on `backend` (save_kv on: the backend writes the new keys into the pool
+// too), compared with the fp64 reference; `current` must stay the current device throughout.
+void expect_runs_and_matches(AttentionBackend& backend, harness::PreparedCase& pc, int current) {
+  STATUS_OK(harness::run_backend(backend, pc, /*save_kv=*/true));
+  int now = -1;
+  CUDA_OK(cudaGetDevice(&now));
+  EXPECT_EQ(now, current) << "the backend did not give the caller's device back";
   Result<harness::Comparison> cmp = harness::compare_with_reference(pc);
   ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
   EXPECT_TRUE(cmp.value().passed()) << cmp.value().summary();
-  CUDA_OK(cudaGetDevice(&current));
-  EXPECT_EQ(current, 0);
+  CUDA_OK(cudaGetDevice(&now));
+  EXPECT_EQ(now, current);
+}
+
+TEST_P(OtherDevice, RunsOnItsDeviceWhateverIsCurrent) {
+  ASSERT_EQ(made_->pc.device.ordinal, 1);
+  expect_runs_and_matches(*made_->backend, made_->pc, 0);
   // Nothing was launched on cuda:0 with cuda:1's pointers: its context is clean.
   CUDA_OK(cudaDeviceSynchronize());
   CUDA_OK(cudaGetLastError());
+}
+
+// The same kernels on both devices in one process: each device needs its own kernel attributes
+// (the shared-memory opt-in, cuda/common/per_device_once.h), so a backend that ran on cuda:0 first
+// must still launch on cuda:1.
+TEST_P(OtherDevice, RunsOnBothDevicesInOneProcess) {
+  const auto& [backend_name, dc] = GetParam();
+  std::string skip;
+  Result<test_support::CaseOnBackend> on0 =
+      test_support::case_on_backend(backend_name, device_spec(dc), Device::cuda(0), &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_TRUE(on0.is_ok()) << on0.status().to_string();
+  expect_runs_and_matches(*on0.value().backend, on0.value().pc, 0);
+  expect_runs_and_matches(*made_->backend, made_->pc, 0);
+  CUDA_OK(cudaSetDevice(1));
+  expect_runs_and_matches(*on0.value().backend, on0.value().pc, 1);
+}
+
+// cudaStreamPerThread is a handle of whichever device is current: inside the backend's scope it is
+// cuda:1's, so it is not refused and the forward runs there.
+TEST_P(OtherDevice, PerThreadStreamHandleRunsOnTheBackendsDevice) {
+  made_->pc.batch.stream = cudaStreamPerThread;
+  expect_runs_and_matches(*made_->backend, made_->pc, 0);
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(cudaStreamSynchronize(cudaStreamPerThread));
+}
+
+// A batch over pools of another device than the backend's is refused by name before any launch.
+TEST_P(OtherDevice, PoolsOfAnotherDeviceAreRefused) {
+  const KVPool& own = *made_->pc.kv_pool;
+  KVPoolConfig config = own.config();
+  config.device = Device::cuda(0);
+  std::unique_ptr<KVPool> on0;
+  if (made_->pc.spec.mla) {
+    Result<std::unique_ptr<MLAKVPool>> made = MLAKVPool::create(config);
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    on0 = std::move(made).value();
+  } else {
+    Result<std::unique_ptr<MHAKVPool>> made = MHAKVPool::create(config);
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    on0 = std::move(made).value();
+  }
+  ForwardBatch batch = made_->pc.batch;
+  batch.kv_pool = on0.get();
+  const Status st = made_->backend->init_forward_metadata(batch);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("the KV pool is on cuda:0, the backend on cuda:1"), std::string::npos)
+      << st.to_string();
+  CUDA_OK(cudaDeviceSynchronize());
+  expect_runs_and_matches(*made_->backend, made_->pc, 0);
 }
 
 TEST_P(OtherDevice, StreamOfAnotherDeviceIsRefused) {
@@ -103,10 +160,25 @@ TEST_P(OtherDevice, StreamOfAnotherDeviceIsRefused) {
   CUDA_OK(cudaGetDevice(&current));
   EXPECT_EQ(current, 0);
   // The refused plan leaves the backend usable: the batch on the context's stream runs.
-  STATUS_OK(harness::run_backend(*made_->backend, pc, /*save_kv=*/true));
-  Result<harness::Comparison> cmp = harness::compare_with_reference(pc);
-  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
-  EXPECT_TRUE(cmp.value().passed()) << cmp.value().summary();
+  expect_runs_and_matches(*made_->backend, pc, 0);
+}
+
+// A scope's end gives the caller its device back only when that device has a context: restoring
+// a device that was current by default alone would create one (hundreds of MB on a GPU this
+// process does not use). Meaningful in a fresh process (ctest runs each test in its own).
+TEST(DeviceScopeRestore, CreatesNoContextOnAnUntouchedDevice) {
+  const int n = device_count();
+  if (n < 2) GTEST_SKIP() << "needs two CUDA devices; this machine has " << n;
+  if (cuda_has_primary_context(0)) GTEST_SKIP() << "cuda:0 already has a context in this process";
+  int current = -1;
+  CUDA_OK(cudaGetDevice(&current));
+  ASSERT_EQ(current, 0);
+  Result<Buffer> buf = Buffer::allocate(Device::cuda(1), 4096);
+  ASSERT_TRUE(buf.is_ok()) << buf.status().to_string();
+  EXPECT_FALSE(cuda_has_primary_context(0)) << "the scope's end created a context on cuda:0";
+  EXPECT_TRUE(cuda_has_primary_context(1));
+  CUDA_OK(cudaGetDevice(&current));
+  EXPECT_EQ(current, 1) << "cuda:1 stays current when cuda:0 has no context";
 }
 
 const std::vector<DeviceCase> kMhaCases = {{"decode", ForwardMode::kDecode, false},

@@ -483,6 +483,8 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   ATTNKIT_RETURN_IF_ERROR(
       check_stream_device(stream_for(batch), ctx_.device,
                           "ForwardBatch.stream (or the context's stream when it is null)"));
+  ATTNKIT_RETURN_IF_ERROR(
+      check_pools_on_device("ForwardBatch", batch.kv_pool, batch.req_to_token_pool, ctx_.device));
   plan_ = Plan{};
   prefix_cache_.drop_plan();
   cascade_.reset();

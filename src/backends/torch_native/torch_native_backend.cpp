@@ -549,6 +549,11 @@ class TorchNativeBackend final : public AttentionBackend {
   }
 
   Status init_forward_metadata(const ForwardBatch& batch) override {
+    // In the device's scope: cudaStreamLegacy / cudaStreamPerThread resolve to the current device.
+    const DeviceScope scope(ctx_.device);
+    ATTNKIT_RETURN_IF_ERROR(scope.status());
+    ATTNKIT_RETURN_IF_ERROR(
+        check_pools_on_device("ForwardBatch", batch.kv_pool, batch.req_to_token_pool, ctx_.device));
     ATTNKIT_RETURN_IF_ERROR(
         check_stream_device(batch.stream != nullptr ? batch.stream : ctx_.stream, ctx_.device,
                             "ForwardBatch.stream (or the context's stream when it is null)"));

@@ -5,6 +5,7 @@
 #include "backends/fa3/kernels/prefill_sm90_fp8.cuh"
 #include "backends/fa3/kernels/prefill_sm90_launch.cuh"
 #include "backends/fa3/kernels/tile_plan.h"
+#include "cuda/common/per_device_once.h"
 
 #ifdef ATTNKIT_HEAD_DIM_128
 ATTNKIT_FA3_PREFILL_SM90(128)
@@ -32,10 +33,13 @@ Status launch_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max
     return Status::internal("fa3 fp8: vt_pre without max_kv_len (" + std::to_string(max_kv_len) +
                             ")");
   }
-  // A per-function attribute (not a stream operation): set once per instantiation.
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  ATTNKIT_CUDA_TRY(attr);
+  // A per-function attribute (not a stream operation): set once per instantiation and device
+  // (per_device_once.h).
+  static cuda::PerDeviceOnce opt_in;
+  ATTNKIT_CUDA_TRY(opt_in.run([] {
+    return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                Tr::kSmemBytes);
+  }));
   const int64_t units = static_cast<int64_t>(p.num_tiles) * p.num_q_heads;
   if (units == 0) return Status::ok();
   if (p.vt_pre != 0) {

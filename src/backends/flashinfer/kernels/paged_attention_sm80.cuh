@@ -24,6 +24,7 @@
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/online_softmax.cuh"
+#include "cuda/common/per_device_once.h"
 
 namespace attnkit::flashinfer {
 
@@ -74,10 +75,11 @@ template <typename Tr, bool kBalanced>
 Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   if (grid_items <= 0) return Status::ok();
   const auto kernel = kBalanced ? paged_decode_balanced_kernel<Tr> : paged_decode_ring_kernel<Tr>;
-  // Per-function attributes, set once per instantiation (not stream operations): the dynamic
-  // shared memory and all of the unified L1/shared storage as shared memory (two decode CTAs per
-  // SM need 2 x 107 KB).
-  static const cudaError_t attr = [&] {
+  // Per-function attributes, set once per instantiation and device (not stream operations;
+  // per_device_once.h): the dynamic shared memory and all of the unified L1/shared storage as
+  // shared memory (two decode CTAs per SM need 2 x 107 KB).
+  static cuda::PerDeviceOnce attributes;
+  ATTNKIT_CUDA_TRY(attributes.run([&] {
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
     if (e == cudaSuccess) {
@@ -85,8 +87,7 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
                                cudaSharedmemCarveoutMaxShared);
     }
     return e;
-  }();
-  ATTNKIT_CUDA_TRY(attr);
+  }));
   const auto items = static_cast<unsigned>(grid_items);
   const auto heads = static_cast<unsigned>(p.num_kv_heads);
   // kv heads fastest; a balanced plan's segments name their head.

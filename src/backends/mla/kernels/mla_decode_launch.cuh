@@ -9,6 +9,7 @@
 #include "backends/mla/kernels/mla_decode_mma.cuh"
 #include "backends/mla/kernels/mla_decode_wgmma.cuh"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/per_device_once.h"
 
 namespace attnkit::mla {
 
@@ -30,13 +31,11 @@ template <int kWarpsM, int kPage, bool kFp8, bool kF16 = false, bool kPtSmem = f
 Status launch_decode(const MlaDecodeParams& p_in, cudaStream_t s) {
   const MlaDecodeParams p = decode_grid_order(p_in, /*wgmma=*/false);
   using Traits = MlaDecodeTraits<kWarpsM, kPage, kFp8, kF16, kPtSmem>;
-  static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
-  if (!attribute_set) {
-    ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_kernel<Traits>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          Traits::kSmemBytes));
-    attribute_set = true;
-  }
+  static cuda::PerDeviceOnce opt_in;  // per instantiation and device (per_device_once.h)
+  ATTNKIT_CUDA_TRY(opt_in.run([] {
+    return cudaFuncSetAttribute(mla_decode_kernel<Traits>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+  }));
   const dim3 grid = decode_grid(p, Traits::kRows);
   mla_decode_kernel<Traits><<<grid, Traits::kThreads, Traits::kSmemBytes, s>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());
@@ -47,13 +46,11 @@ template <int kPage, int kVariant, bool kFp8 = false>
 Status launch_decode_wgmma(const MlaDecodeParams& p_in, cudaStream_t s) {
   const MlaDecodeParams p = decode_grid_order(p_in, /*wgmma=*/true);
   using Traits = MlaWgmmaTraits<kPage>;
-  static bool attribute_set = false;  // per instantiation; the opt-in is process-wide
-  if (!attribute_set) {
-    ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(mla_decode_wgmma_kernel<kPage, kVariant, kFp8>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          Traits::kSmemBytes));
-    attribute_set = true;
-  }
+  static cuda::PerDeviceOnce opt_in;  // per instantiation and device (per_device_once.h)
+  ATTNKIT_CUDA_TRY(opt_in.run([] {
+    return cudaFuncSetAttribute(mla_decode_wgmma_kernel<kPage, kVariant, kFp8>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+  }));
   const dim3 grid = decode_grid(p, Traits::kRows);
   mla_decode_wgmma_kernel<kPage, kVariant, kFp8>
       <<<grid, Traits::kThreads, Traits::kSmemBytes, s>>>(p);

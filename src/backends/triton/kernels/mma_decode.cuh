@@ -23,6 +23,7 @@
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/dtype_convert.cuh"
 #include "cuda/common/online_softmax.cuh"
+#include "cuda/common/per_device_once.h"
 #include "cuda/common/ring_decode.cuh"
 
 namespace attnkit::triton {
@@ -155,7 +156,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 // p.split_counters: [T, num_kv_heads * ceil(group / 16)] zeros when p.max_splits > 1.
 template <typename Tr>
 Status launch_ring_decode(AttentionParams p, int grid_splits, StreamHandle stream) {
-  static const cudaError_t attr = [] {
+  static cuda::PerDeviceOnce attributes;  // per instantiation and device (per_device_once.h)
+  ATTNKIT_CUDA_TRY(attributes.run([] {
     cudaError_t e = cudaFuncSetAttribute(
         mma_decode_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
     if (e == cudaSuccess) {
@@ -164,8 +166,7 @@ Status launch_ring_decode(AttentionParams p, int grid_splits, StreamHandle strea
                                cudaSharedmemCarveoutMaxShared);
     }
     return e;
-  }();
-  ATTNKIT_CUDA_TRY(attr);
+  }));
   p.group_tiles = (p.group_size + cuda::ring::kRows - 1) / cuda::ring::kRows;
   if (p.num_tokens == 0) return Status::ok();
   cudaStream_t s = cuda::to_stream(stream);

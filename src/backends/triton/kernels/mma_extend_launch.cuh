@@ -9,6 +9,7 @@
 #include "backends/triton/kernels/triton_kernels.h"
 #include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/per_device_once.h"
 
 namespace attnkit::triton {
 
@@ -17,17 +18,18 @@ Status launch_mma_extend_traits(const AttentionParams& p, int max_q_len, StreamH
   using Kernel = MmaExtendKernel<Traits>;
   const int smem = static_cast<int>(Kernel::smem_bytes());
   // Opting in to more than 48 KB of dynamic shared memory is a per-function attribute; setting
-  // it is idempotent and not a stream operation, so it is done once per instantiation.
-  // The shared-memory carveout is raised to its maximum so two blocks share an SM.
-  static const cudaError_t attr = [smem] {
+  // it is idempotent and not a stream operation, so it is done once per instantiation and
+  // device (per_device_once.h). The shared-memory carveout is raised to its maximum so two blocks
+  // share an SM.
+  static cuda::PerDeviceOnce attributes;
+  ATTNKIT_CUDA_TRY(attributes.run([smem] {
     const cudaError_t e = cudaFuncSetAttribute(mma_extend_kernel<Traits>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     return cudaFuncSetAttribute(mma_extend_kernel<Traits>,
                                 cudaFuncAttributePreferredSharedMemoryCarveout,
                                 cudaSharedmemCarveoutMaxShared);
-  }();
-  ATTNKIT_CUDA_TRY(attr);
+  }));
   const int m_tiles = (max_q_len + Traits::kBlockM - 1) / Traits::kBlockM;
   if (m_tiles == 0 || p.bs == 0) return Status::ok();
   // One-dimensional grid, numbered heaviest query tile first (see mma_extend.cuh).
