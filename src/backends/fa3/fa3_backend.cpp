@@ -151,10 +151,9 @@ Result<std::unique_ptr<AttentionBackend>> create_fa3_backend(const BackendContex
   // routes, so that Fa3Stats counts every wgmma call.
   FlashInferOptions fi_options;
   fi_options.sm90_prefill = false;
+  fi_options.name = "fa3";  // the paths it runs say fa3 in their errors
   Result<std::unique_ptr<AttentionBackend>> inner = create_flashinfer_backend_with(ctx, fi_options);
-  if (!inner.is_ok()) {
-    return Status(inner.status().code(), "fa3: " + inner.status().message());
-  }
+  if (!inner.is_ok()) return inner.status();
   std::unique_ptr<fa3::PrefillSm90Engine> wgmma =
       fa3::PrefillSm90Engine::create(ctx, attrs.sm_count, attrs.compute_capability, nullptr,
                                      /*allow_fp8_kv=*/true);

@@ -157,11 +157,13 @@ int log2_exact(int v) {
 
 class FlashInferBackend final : public AttentionBackend {
  public:
-  FlashInferBackend(const BackendContext& ctx, int sm_count, int cc,
+  FlashInferBackend(const BackendContext& ctx, std::string name, int sm_count, int cc,
                     std::unique_ptr<AttentionBackend> portable, std::string portable_reason,
                     std::unique_ptr<mla::MlaDecodeEngine> mla_engine,
                     std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill)
       : ctx_(ctx),
+        name_(std::move(name)),
+        head_dim_what_(name_ + ": head_dim"),
         sm_count_(sm_count),
         cc_(cc),
         portable_(std::move(portable)),
@@ -185,7 +187,7 @@ class FlashInferBackend final : public AttentionBackend {
   Status forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionLayer& layer,
                         const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
-    ATTNKIT_RETURN_IF_ERROR(check_entry_point("flashinfer", /*decode_entry=*/false, batch));
+    ATTNKIT_RETURN_IF_ERROR(check_entry_point(name_, /*decode_entry=*/false, batch));
     const DeviceScope scope(ctx_.device);
     ATTNKIT_RETURN_IF_ERROR(scope.status());
     return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/false);
@@ -193,7 +195,7 @@ class FlashInferBackend final : public AttentionBackend {
   Status forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const AttentionLayer& layer,
                         const ForwardBatch& batch, bool save_kv, const TensorView& lse) override {
-    ATTNKIT_RETURN_IF_ERROR(check_entry_point("flashinfer", /*decode_entry=*/true, batch));
+    ATTNKIT_RETURN_IF_ERROR(check_entry_point(name_, /*decode_entry=*/true, batch));
     const DeviceScope scope(ctx_.device);
     ATTNKIT_RETURN_IF_ERROR(scope.status());
     return run(q, k, v, out, layer, batch, save_kv, lse, /*decode=*/true);
@@ -338,7 +340,7 @@ class FlashInferBackend final : public AttentionBackend {
                            bool decode);
   Status portable_or_error(const char* what) const {
     if (portable_ == nullptr) {
-      return Status::unsupported("flashinfer: " + std::string(what) +
+      return Status::unsupported(name_ + ": " + std::string(what) +
                                  " needs the portable path, which is unavailable here (" +
                                  ctx_portable_reason_ + ")");
     }
@@ -346,6 +348,10 @@ class FlashInferBackend final : public AttentionBackend {
   }
 
   BackendContext ctx_;
+  // The name its errors carry: "flashinfer", or the backend that owns this one (fa3, flashmla,
+  // cutlass_mla: FlashInferOptions::name).
+  std::string name_;
+  std::string head_dim_what_;  // "<name_>: head_dim", for dispatch_value's errors
   int sm_count_ = 0;
   int cc_ = 0;
   std::unique_ptr<AttentionBackend> portable_;
@@ -497,7 +503,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   }
   ATTNKIT_RETURN_IF_ERROR(batch.validate());
   if (batch.req_to_token_pool == nullptr) {
-    return Status::invalid_argument("flashinfer: ForwardBatch.req_to_token_pool is null");
+    return Status::invalid_argument(name_ + ": ForwardBatch.req_to_token_pool is null");
   }
   plan_.lengths = plan_key(batch, stream_for(batch));
   plan_.num_tokens = batch.num_tokens;
@@ -615,7 +621,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
       validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
   if (batch.mode == ForwardMode::kIdle || batch.num_tokens == 0) return Status::ok();
   ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan(
-      "flashinfer",
+      name_,
       PlanStamp{plan_.valid, plan_.mode, plan_.bs, plan_.num_tokens, plan_.lengths, plan_.replay},
       batch, stream_for(batch)));
   if (plan_.graph || plan_.mla_native) {  // the rows a replay's lengths must fit
@@ -645,28 +651,28 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
                   : portable_->forward_extend(q, k, v, out, layer, batch, save_kv, lse);
   }
   if (batch.kv_pool == nullptr || batch.kv_pool->is_mla()) {
-    return Status::invalid_argument("flashinfer: ForwardBatch.kv_pool must be an MHA pool");
+    return Status::invalid_argument(name_ + ": ForwardBatch.kv_pool must be an MHA pool");
   }
   if (layer.is_cross_attention) {
     return Status::invalid_argument(
-        "flashinfer: layer " + str(layer.layer_id) +
+        name_ + ": layer " + str(layer.layer_id) +
         " is a cross-attention layer but the batch has no encoder_lens");
   }
   if (layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.qk_head_dim ||
       layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads) {
     return Status::invalid_argument(
-        "flashinfer: layer " + str(layer.layer_id) + " (heads " + str(layer.num_q_heads) + "/" +
+        name_ + ": layer " + str(layer.layer_id) + " (heads " + str(layer.num_q_heads) + "/" +
         str(layer.num_kv_heads) + ", dims " + str(layer.qk_head_dim) + "/" + str(layer.v_head_dim) +
         ") differs from the backend context (heads " + str(ctx_.num_q_heads) + "/" +
         str(ctx_.num_kv_heads) + ", dim " + str(ctx_.qk_head_dim) + ")");
   }
   if (q.dtype != ctx_.q_dtype || out.dtype != ctx_.q_dtype) {
-    return Status::invalid_argument(
-        std::string("flashinfer: q ") + dtype_name(q.dtype) + " / out " + dtype_name(out.dtype) +
-        " differ from the context's q dtype " + dtype_name(ctx_.q_dtype));
+    return Status::invalid_argument((name_ + ": q ") + dtype_name(q.dtype) + " / out " +
+                                    dtype_name(out.dtype) + " differ from the context's q dtype " +
+                                    dtype_name(ctx_.q_dtype));
   }
-  ATTNKIT_RETURN_IF_ERROR(check_vector_rows("flashinfer", q, "q"));
-  ATTNKIT_RETURN_IF_ERROR(check_vector_rows("flashinfer", out, "out"));
+  ATTNKIT_RETURN_IF_ERROR(check_vector_rows(name_, q, "q"));
+  ATTNKIT_RETURN_IF_ERROR(check_vector_rows(name_, out, "out"));
 
   auto& pool = static_cast<MHAKVPool&>(*batch.kv_pool);
   const StreamHandle stream = stream_for(batch);
@@ -751,14 +757,15 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   stats_.last_grid_items = grid;
   const TileShape shape = plan_.shape;
   if (shape == TileShape::kDecode) {
-    ATTNKIT_RETURN_IF_ERROR(cuda::check_ring_decode_row_stride("flashinfer", kv_dtype, kbuf, vbuf));
+    ATTNKIT_RETURN_IF_ERROR(
+        cuda::check_ring_decode_row_stride(name_.c_str(), kv_dtype, kbuf, vbuf));
     if (p.decode_pdl == 1) ++stats_.decode_pdl_wait_first_calls;
     if (p.decode_pdl == 2) ++stats_.decode_pdl_early_reads_calls;
   }
   return dispatch_value<flashinfer::NativeHeadDims>(
-      ctx_.qk_head_dim, "flashinfer: head_dim", [&]<int kD>() -> Status {
+      ctx_.qk_head_dim, head_dim_what_.c_str(), [&]<int kD>() -> Status {
         if constexpr (!flashinfer::head_dim_compiled(kD)) {
-          return Status::unsupported("flashinfer: head_dim " + str(kD) + " is not compiled in");
+          return Status::unsupported(name_ + ": head_dim " + str(kD) + " is not compiled in");
         } else if (shape == TileShape::kDecode) {
           return flashinfer::run_paged<kD, TileShape::kDecode>(p, q.dtype, kv_dtype, grid, stream);
         } else {
@@ -771,7 +778,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
 
 Status FlashInferBackend::plan_mla_quantized(const ForwardBatch& batch) {
   if (!batch.encoder_lens_host.empty()) {
-    return Status::unsupported("flashinfer: MLA with encoder lengths is not supported");
+    return Status::unsupported(name_ + ": MLA with encoder lengths is not supported");
   }
   const int bs = batch.batch_size;
   const bool decode = batch.mode == ForwardMode::kDecode;
@@ -850,13 +857,13 @@ Status FlashInferBackend::run_mla_quantized(const TensorView& q, const TensorVie
                                             bool save_kv, const TensorView& lse, bool decode) {
   if (!layer.is_mla || layer.qk_head_dim != triton::kMlaHeadDimQK ||
       layer.v_head_dim != triton::kMlaHeadDimV || !batch.kv_pool->is_mla()) {
-    return Status::unsupported("flashinfer: quantised-KV MLA needs the absorbed head dims " +
+    return Status::unsupported(name_ + ": quantised-KV MLA needs the absorbed head dims " +
                                str(triton::kMlaHeadDimQK) + "/" + str(triton::kMlaHeadDimV) +
                                " and an MLA pool, got " + str(layer.qk_head_dim) + "/" +
                                str(layer.v_head_dim));
   }
   if (lse.defined() && lse.stride(1) != 1) {
-    return Status::unsupported("flashinfer: quantised-KV MLA needs lse with a unit head stride");
+    return Status::unsupported(name_ + ": quantised-KV MLA needs lse with a unit head stride");
   }
   auto& pool = static_cast<MLAKVPool&>(*batch.kv_pool);
   const StreamHandle stream = stream_for(batch);
@@ -920,7 +927,7 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   ATTNKIT_RETURN_IF_ERROR(scope.status());
   ATTNKIT_RETURN_IF_ERROR(check_stream_device(ctx_.stream, ctx_.device, "BackendContext.stream"));
   if (max_bs < 1 || max_num_tokens < max_bs) {
-    return Status::invalid_argument("flashinfer: init_cuda_graph_state(max_bs " + str(max_bs) +
+    return Status::invalid_argument(name_ + ": init_cuda_graph_state(max_bs " + str(max_bs) +
                                     ", max_num_tokens " + str(max_num_tokens) +
                                     ") needs max_bs >= 1 and max_num_tokens >= max_bs");
   }
@@ -984,9 +991,9 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   ATTNKIT_RETURN_IF_ERROR(scope.status());
   ATTNKIT_RETURN_IF_ERROR(check_stream_device(ctx_.stream, ctx_.device, "BackendContext.stream"));
   if (!graph_ready_)
-    return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
+    return Status::invalid_argument(name_ + ": init_cuda_graph_state was not called");
   ATTNKIT_RETURN_IF_ERROR(
-      check_graph_inputs("flashinfer", bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
+      check_graph_inputs(name_, bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
   prefix_cache_.drop_plan();  // graphs capture no prefix mode (mla_prefix_cache.h)
   if (graph_mla_native(encoder_lens, mode, spec)) {
     plan_ = Plan{};
@@ -1007,15 +1014,14 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     return Status::ok();
   }
   if (mode != ForwardMode::kDecode && mode != ForwardMode::kTargetVerify) {
-    return Status::unsupported(
-        std::string("flashinfer: CUDA graphs cover decode and target_verify, not ") +
-        forward_mode_name(mode));
+    return Status::unsupported((name_ + ": CUDA graphs cover decode and target_verify, not ") +
+                               forward_mode_name(mode));
   }
   if (encoder_lens.defined()) {
-    return Status::unsupported("flashinfer: CUDA graphs with encoder lengths are not supported");
+    return Status::unsupported(name_ + ": CUDA graphs with encoder lengths are not supported");
   }
   if (bs < 1 || bs > graph_max_bs_) {
-    return Status::invalid_argument("flashinfer: graph batch size " + str(bs) + " is outside [1, " +
+    return Status::invalid_argument(name_ + ": graph batch size " + str(bs) + " is outside [1, " +
                                     str(graph_max_bs_) + "]");
   }
   cascade_.reset();  // graphs run the plain plan
@@ -1033,14 +1039,14 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     const int n = draft_tokens(spec);
     if (n < 1 || static_cast<int64_t>(bs) * n > num_tokens) {
       return Status::invalid_argument(
-          "flashinfer: target_verify graph of bs " + str(bs) +
+          name_ + ": target_verify graph of bs " + str(bs) +
           " needs spec.draft_token_num >= 1 with bs * N <= num_tokens " + str(num_tokens) +
           ", got N " + str(n));
     }
     const int64_t items = verify_items(bs, n);
     if (items > graph_items_) {
       return Status::invalid_argument(
-          "flashinfer: target_verify graph of bs " + str(bs) + " x " + str(n) + " drafts needs " +
+          name_ + ": target_verify graph of bs " + str(bs) + " x " + str(n) + " drafts needs " +
           str(items) + " work items, above the " + str(graph_items_) +
           " init_cuda_graph_state sized (set speculative_num_draft_tokens or max_num_tokens)");
     }
@@ -1077,14 +1083,14 @@ Status FlashInferBackend::replay_device_plan(int bs, int slots) {
   const flashinfer::BalanceConfig bc = balance_config(bs);
   const int64_t entries = balanced_partial_entries(flashinfer::encoded_plan_partials(wp, bc));
   if (entries > graph_partial_entries_) {  // bounded at init (balanced_graph_partial_entries)
-    return Status::internal("flashinfer: replay's encoded plan needs " + str(entries) +
+    return Status::internal(name_ + ": replay's encoded plan needs " + str(entries) +
                             " partial entries, above the graph workspace's " +
                             str(graph_partial_entries_));
   }
   const int64_t words =
       flashinfer::encoded_plan_words(bs, static_cast<int64_t>(wp.items.size()), bc);
   if (words > graph_words_.capacity || wp.serialized_words() > graph_work_words_.capacity) {
-    return Status::internal("flashinfer: replay's encoded plan needs " + str(words) + " + " +
+    return Status::internal(name_ + ": replay's encoded plan needs " + str(words) + " + " +
                             str(wp.serialized_words()) + " words, above the graph workspace's " +
                             str(graph_words_.capacity) + " + " + str(graph_work_words_.capacity));
   }
@@ -1158,7 +1164,7 @@ Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_le
     const flashinfer::BalancedBounds bounds = flashinfer::balanced_plan_bounds(bs, bc);
     const int64_t entries = balanced_partial_entries(bounds.partials);
     if (bounds.words > graph_words_.capacity || entries > graph_partial_entries_) {
-      return Status::internal("flashinfer: replay's cut plan may need " + str(bounds.words) +
+      return Status::internal(name_ + ": replay's cut plan may need " + str(bounds.words) +
                               " words and " + str(entries) +
                               " partial entries, above the graph workspace's " +
                               str(graph_words_.capacity) + " and " + str(graph_partial_entries_));
@@ -1171,7 +1177,7 @@ Status FlashInferBackend::replay_plan_from_lengths(int bs, const int32_t* seq_le
     if (device_plan_ == 1 && ctas < kLengthPlanMinCtas) return Status::ok();
     const int64_t words = flashinfer::encoded_plan_words(bs, items, bc);
     if (words > graph_words_.capacity) {
-      return Status::internal("flashinfer: replay's encoded plan needs " + str(words) +
+      return Status::internal(name_ + ": replay's encoded plan needs " + str(words) +
                               " words, above the graph workspace's " + str(graph_words_.capacity));
     }
     ATTNKIT_RETURN_IF_ERROR(flashinfer::expand_plan_from_lengths(p, ctx_.stream));
@@ -1189,23 +1195,23 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   const DeviceScope scope(ctx_.device);
   ATTNKIT_RETURN_IF_ERROR(scope.status());
   if (!graph_ready_)
-    return Status::invalid_argument("flashinfer: init_cuda_graph_state was not called");
+    return Status::invalid_argument(name_ + ": init_cuda_graph_state was not called");
   ATTNKIT_RETURN_IF_ERROR(
-      check_graph_inputs("flashinfer", bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
+      check_graph_inputs(name_, bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
   // Verify: the drafts follow seq_lens in the rows. Their count as the paths below take it (this
   // backend's draft_tokens, the MLA engine's s_q: 1 without a spec), the larger of the two.
   const int replay_drafts =
       mode == ForwardMode::kTargetVerify
           ? std::max({draft_tokens(spec), spec != nullptr ? spec->draft_token_num : 0, 1})
           : 0;
-  ATTNKIT_RETURN_IF_ERROR(check_graph_table_slots("flashinfer", ctx_.req_to_token_pool,
-                                                  ctx_.kv_pool, bs, req_pool_indices, seq_lens_host,
-                                                  replay_drafts, ctx_.stream));
+  ATTNKIT_RETURN_IF_ERROR(check_graph_table_slots(name_, ctx_.req_to_token_pool, ctx_.kv_pool, bs,
+                                                  req_pool_indices, seq_lens_host, replay_drafts,
+                                                  ctx_.stream));
   prefix_cache_.drop_plan();
   plan_.replay = true;  // from here the plan's buffers are the replayed batch's
   if (graph_mla_native(encoder_lens, mode, spec)) {
     ATTNKIT_RETURN_IF_ERROR(check_graph_lengths(
-        "flashinfer", bs, seq_lens_host,
+        name_, bs, seq_lens_host,
         mode == ForwardMode::kTargetVerify && spec != nullptr ? spec->draft_token_num : 0,
         graph_rows()));
     return mla_engine_->plan_graph(bs, seq_lens, mode, spec, ctx_.stream, /*capture=*/false);
@@ -1217,14 +1223,14 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   const bool verify = mode == ForwardMode::kTargetVerify;
   const int n = verify ? draft_tokens(spec) : 1;
   // The grid captured for this (mode, bs) (init_forward_metadata_capture_cuda_graph).
-  ATTNKIT_ASSIGN_OR_RETURN(const int grid, graph_captures_.check_replay("flashinfer", mode, bs, n));
+  ATTNKIT_ASSIGN_OR_RETURN(const int grid, graph_captures_.check_replay(name_, mode, bs, n));
   if (seq_lens_host == nullptr) {
     return Status::invalid_argument(
-        "flashinfer: replay needs seq_lens_host (the split plan is computed on the host)");
+        name_ + ": replay needs seq_lens_host (the split plan is computed on the host)");
   }
   // The same requests and planner as eager init_forward_metadata, so every CTA does the same work.
   ATTNKIT_RETURN_IF_ERROR(
-      check_graph_lengths("flashinfer", bs, seq_lens_host, verify ? n : 0, graph_rows()));
+      check_graph_lengths(name_, bs, seq_lens_host, verify ? n : 0, graph_rows()));
   std::vector<PlanRequest>& reqs = plan_requests_;
   reqs.resize(static_cast<size_t>(bs));
   for (int r = 0; r < bs; ++r) {
@@ -1255,17 +1261,17 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     ATTNKIT_RETURN_IF_ERROR(build_chosen_balanced_plan(reqs, cut));
     const flashinfer::BalancedPlan& bp = balanced_plan_;
     if (bp.slots() != grid) {  // the same function of bs: cannot happen
-      return Status::internal("flashinfer: replay's balanced plan has " + str(bp.slots()) +
+      return Status::internal(name_ + ": replay's balanced plan has " + str(bp.slots()) +
                               " slots, its graph was captured with " + str(grid));
     }
     const int64_t entries = balanced_partial_entries(bp.num_partials);
     if (entries > graph_partial_entries_) {  // bounded at init (balanced_graph_partial_entries)
-      return Status::internal("flashinfer: replay's balanced plan needs " + str(entries) +
+      return Status::internal(name_ + ": replay's balanced plan needs " + str(entries) +
                               " partial entries, above the graph workspace's " +
                               str(graph_partial_entries_));
     }
     if (bp.serialized_words() > graph_words_.capacity) {
-      return Status::internal("flashinfer: replay's balanced plan needs " +
+      return Status::internal(name_ + ": replay's balanced plan needs " +
                               str(bp.serialized_words()) + " words, above the graph workspace's " +
                               str(graph_words_.capacity));
     }
@@ -1278,12 +1284,12 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   // A plan with more items than the captured grid would have CTAs missing.
   if (static_cast<int64_t>(wp.items.size()) > grid) {
     return Status::invalid_argument(
-        "flashinfer: " + std::string(forward_mode_name(mode)) + " replay of bs " + str(bs) +
+        name_ + ": " + std::string(forward_mode_name(mode)) + " replay of bs " + str(bs) +
         (verify ? " x " + str(n) + " drafts" : std::string()) + " plans " + str(wp.items.size()) +
         " work items, above the " + str(grid) + " CTAs per kv head its graph was captured with");
   }
   if (wp.serialized_words() > graph_words_.capacity) {
-    return Status::internal("flashinfer: replay plan needs " + str(wp.serialized_words()) +
+    return Status::internal(name_ + ": replay plan needs " + str(wp.serialized_words()) +
                             " words, above the graph workspace's " + str(graph_words_.capacity));
   }
   return staging_.upload(wp, graph_words_.data(), ctx_.stream);
@@ -1319,11 +1325,11 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const Backen
 Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
     const BackendContext& ctx, const FlashInferOptions& options) {
   if (!ctx.device.is_cuda()) {
-    return Status::invalid_argument("flashinfer: BackendContext.device " + ctx.device.to_string() +
-                                    " is not a CUDA device");
+    return Status::invalid_argument(options.name + ": BackendContext.device " +
+                                    ctx.device.to_string() + " is not a CUDA device");
   }
   if (ctx.num_kv_heads < 1 || ctx.num_q_heads < 1 || ctx.num_q_heads % ctx.num_kv_heads != 0) {
-    return Status::invalid_argument("flashinfer: num_q_heads " + str(ctx.num_q_heads) +
+    return Status::invalid_argument(options.name + ": num_q_heads " + str(ctx.num_q_heads) +
                                     " must be a positive multiple of num_kv_heads " +
                                     str(ctx.num_kv_heads));
   }
@@ -1355,7 +1361,7 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
     portable = std::move(made).value();
   } else if (!reason.empty()) {
     return Status(made.status().code(),
-                  "flashinfer: " + reason +
+                  options.name + ": " + reason +
                       " needs the portable path, which failed: " + made.status().message());
   }
   // MLA decode on the shared tensor-core kernels where the device can run them.
@@ -1363,7 +1369,7 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
   if (ctx.is_mla) {
     constexpr int kTokenPage = 1;
     Result<std::unique_ptr<mla::MlaDecodeEngine>> engine =
-        mla::MlaDecodeEngine::create(ctx, "flashinfer", kTokenPage, /*allow_fp8=*/false);
+        mla::MlaDecodeEngine::create(ctx, options.name, kTokenPage, /*allow_fp8=*/false);
     if (engine.is_ok()) mla_engine = std::move(engine).value();
   }
   // SM90 prefill on the wgmma kernel (nullptr elsewhere; ATTNKIT_FLASHINFER_SM90_PREFILL=0: off).
@@ -1371,8 +1377,9 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
   if (reason.empty() && options.sm90_prefill && env_flag("ATTNKIT_FLASHINFER_SM90_PREFILL", true)) {
     sm90_prefill = fa3::PrefillSm90Engine::create(ctx, sm_count, cc, nullptr);
   }
-  auto* fi = new FlashInferBackend(ctx, sm_count, cc, std::move(portable), std::move(reason),
-                                   std::move(mla_engine), std::move(sm90_prefill));
+  auto* fi =
+      new FlashInferBackend(ctx, options.name, sm_count, cc, std::move(portable), std::move(reason),
+                            std::move(mla_engine), std::move(sm90_prefill));
   // ATTNKIT_FLASHINFER_CASCADE (for processes that cannot call set_flashinfer_cascade: the bench's
   // cascade A/B): 0 = off; 1 = on for fp8 KV and every forward mode too (the size thresholds of
   // FlashInferCascadeOptions stay); unset = FlashInferCascadeOptions{}.

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "attnkit/backend.h"
 
@@ -35,6 +36,9 @@ struct FlashInferOptions {
   // SM90: route eligible prefill / extend layers to the wgmma kernel (see above). The fa3 backend,
   // which owns a flashinfer backend and routes to the same kernel itself, turns it off.
   bool sm90_prefill = true;
+  // The backend name its errors start with: the owning backend's (fa3, flashmla, cutlass_mla run
+  // some paths on a flashinfer backend they hold), so that a user of those sees their own name.
+  std::string name = "flashinfer";
 };
 Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
     const BackendContext& ctx, const FlashInferOptions& options);

@@ -162,7 +162,10 @@ Result<std::unique_ptr<AttentionBackend>> create_paged_mla(const BackendContext&
   const bool fp8 = d != nullptr && d->mla.has_value() && d->mla->fp8_kv;
   ATTNKIT_ASSIGN_OR_RETURN(std::unique_ptr<mla::MlaDecodeEngine> engine,
                            mla::MlaDecodeEngine::create(ctx, name, page, fp8));
-  ATTNKIT_ASSIGN_OR_RETURN(std::unique_ptr<AttentionBackend> other, create_flashinfer_backend(ctx));
+  FlashInferOptions other_options;
+  other_options.name = name;  // its errors (extends, prefill) carry this backend's name
+  ATTNKIT_ASSIGN_OR_RETURN(std::unique_ptr<AttentionBackend> other,
+                           create_flashinfer_backend_with(ctx, other_options));
   return std::unique_ptr<AttentionBackend>(
       new MlaPagedBackend(ctx, name, std::move(engine), std::move(other)));
 }
