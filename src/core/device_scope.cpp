@@ -112,4 +112,10 @@ Status check_pools_on_device(std::string_view owner, const KVPool* kv_pool,
   return Status::ok();
 }
 
+Status check_batch_devices(const ForwardBatch& batch, StreamHandle stream, const Device& device) {
+  ATTNKIT_RETURN_IF_ERROR(check_stream_device(
+      stream, device, "ForwardBatch.stream (or the context's stream when it is null)"));
+  return check_pools_on_device("ForwardBatch", batch.kv_pool, batch.req_to_token_pool, device);
+}
+
 }  // namespace attnkit

@@ -6,6 +6,7 @@
 
 #include <string_view>
 
+#include "attnkit/forward_batch.h"
 #include "attnkit/kv_cache.h"
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
@@ -46,5 +47,10 @@ Status check_stream_device(StreamHandle stream, const Device& device, std::strin
 // not on `device`: the kernels would read another GPU's memory through their pointers.
 Status check_pools_on_device(std::string_view owner, const KVPool* kv_pool,
                              const ReqToTokenPool* req_to_token_pool, const Device& device);
+
+// The device checks of a CUDA backend's init_forward_metadata, inside its DeviceScope: the
+// forward's stream (`stream`: ForwardBatch::stream, or the context's when that is null) and the
+// batch's pools are `device`'s.
+Status check_batch_devices(const ForwardBatch& batch, StreamHandle stream, const Device& device);
 
 }  // namespace attnkit

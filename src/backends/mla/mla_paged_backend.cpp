@@ -31,11 +31,7 @@ class MlaPagedBackend final : public AttentionBackend {
   Status init_forward_metadata(const ForwardBatch& batch) override {
     const DeviceScope scope(ctx_.device);
     ATTNKIT_RETURN_IF_ERROR(scope.status());
-    ATTNKIT_RETURN_IF_ERROR(
-        check_stream_device(stream_for(batch), ctx_.device,
-                            "ForwardBatch.stream (or the context's stream when it is null)"));
-    ATTNKIT_RETURN_IF_ERROR(
-        check_pools_on_device("ForwardBatch", batch.kv_pool, batch.req_to_token_pool, ctx_.device));
+    ATTNKIT_RETURN_IF_ERROR(check_batch_devices(batch, stream_for(batch), ctx_.device));
     engine_forward_ = false;
     if (batch.mode != ForwardMode::kIdle && engine_->why_not(batch).empty()) {
       ATTNKIT_RETURN_IF_ERROR(batch.validate());

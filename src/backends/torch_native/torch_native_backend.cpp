@@ -552,11 +552,8 @@ class TorchNativeBackend final : public AttentionBackend {
     // In the device's scope: cudaStreamLegacy / cudaStreamPerThread resolve to the current device.
     const DeviceScope scope(ctx_.device);
     ATTNKIT_RETURN_IF_ERROR(scope.status());
-    ATTNKIT_RETURN_IF_ERROR(
-        check_pools_on_device("ForwardBatch", batch.kv_pool, batch.req_to_token_pool, ctx_.device));
-    ATTNKIT_RETURN_IF_ERROR(
-        check_stream_device(batch.stream != nullptr ? batch.stream : ctx_.stream, ctx_.device,
-                            "ForwardBatch.stream (or the context's stream when it is null)"));
+    ATTNKIT_RETURN_IF_ERROR(check_batch_devices(
+        batch, batch.stream != nullptr ? batch.stream : ctx_.stream, ctx_.device));
     return batch.validate();
   }
 

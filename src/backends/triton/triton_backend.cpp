@@ -224,11 +224,7 @@ int TritonBackend::forward_chunk(std::span<const int32_t> seq_lens) const {
 Status TritonBackend::init_forward_metadata(const ForwardBatch& batch) {
   const DeviceScope scope(ctx_.device);
   ATTNKIT_RETURN_IF_ERROR(scope.status());
-  ATTNKIT_RETURN_IF_ERROR(
-      check_stream_device(stream_for(batch), ctx_.device,
-                          "ForwardBatch.stream (or the context's stream when it is null)"));
-  ATTNKIT_RETURN_IF_ERROR(
-      check_pools_on_device("ForwardBatch", batch.kv_pool, batch.req_to_token_pool, ctx_.device));
+  ATTNKIT_RETURN_IF_ERROR(check_batch_devices(batch, stream_for(batch), ctx_.device));
   plan_ = Plan{};
   plan_.mode = batch.mode;
   if (batch.mode == ForwardMode::kIdle) {
