@@ -83,6 +83,24 @@ INSTANTIATE_TEST_SUITE_P(Backends, StalePlan,
 // The same mode, batch size and token count with other lengths or request rows: the plan's query
 // offsets, split partitions and token indices are the planned batch's, so the forward ran on them
 // and returned ok with wrong rows. Refused by the plan's digest of the host arrays.
+// Plans pc.batch, then expects layer 0's forward of `other` refused (kInvalidArgument, `needle` in
+// the message) with out untouched, and the planned batch itself still running on the plan.
+void expect_refused_after_planning(AttentionBackend& backend, harness::PreparedCase& pc,
+                                   const ForwardBatch& other, const std::string& needle) {
+  ASSERT_TRUE(backend.init_forward_metadata(pc.batch).is_ok());
+  const harness::LayerData& ld = pc.layers[0];
+  const std::vector<uint8_t> before = test_support::to_host_bytes(ld.out);
+  const Status st = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, other,
+                                    false, TensorView());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find(needle), std::string::npos) << st.to_string();
+  EXPECT_EQ(test_support::to_host_bytes(ld.out), before) << "out was written";
+  EXPECT_TRUE(backend
+                  .forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch, false,
+                           TensorView())
+                  .is_ok());
+}
+
 TEST_P(StalePlan, SameShapeOtherLengthsAreRefused) {
   const StaleCase& sc = std::get<1>(GetParam());
   harness::PreparedCase& pc = made_->pc;
@@ -100,22 +118,9 @@ TEST_P(StalePlan, SameShapeOtherLengthsAreRefused) {
     other.extend_start_loc_host[1] -= 1;
   }
   ASSERT_EQ(other.num_tokens, pc.batch.num_tokens);
-  ASSERT_TRUE(backend.init_forward_metadata(pc.batch).is_ok());
-  const harness::LayerData& ld = pc.layers[0];
-  const std::vector<uint8_t> before = test_support::to_host_bytes(ld.out);
-  const Status st = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, other,
-                                    false, TensorView());
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  EXPECT_NE(st.message().find("has other request rows or lengths than the batch "
-                              "init_forward_metadata planned"),
-            std::string::npos)
-      << st.to_string();
-  EXPECT_EQ(test_support::to_host_bytes(ld.out), before) << "out was written";
-  // The planned batch itself still runs on the plan.
-  EXPECT_TRUE(backend
-                  .forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch, false,
-                           TensorView())
-                  .is_ok());
+  expect_refused_after_planning(
+      backend, pc, other,
+      "has other request rows or lengths than the batch init_forward_metadata planned");
 }
 
 // The same batch on another stream than the one init_forward_metadata planned on: the plan's
@@ -129,21 +134,10 @@ TEST_P(StalePlan, AnotherStreamThanPlannedIsRefused) {
   ASSERT_EQ(cudaStreamCreate(&side), cudaSuccess);
   ForwardBatch moved = pc.batch;
   moved.stream = side;
-  ASSERT_TRUE(backend.init_forward_metadata(pc.batch).is_ok());
+  expect_refused_after_planning(backend, pc, moved,
+                                "(ForwardBatch.stream, or the context's stream when it is null) "
+                                "but init_forward_metadata planned this batch on ");
   const harness::LayerData& ld = pc.layers[0];
-  const std::vector<uint8_t> before = test_support::to_host_bytes(ld.out);
-  const Status st = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, moved,
-                                    false, TensorView());
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  EXPECT_NE(st.message().find("(ForwardBatch.stream, or the context's stream when it is null) but "
-                              "init_forward_metadata planned this batch on "),
-            std::string::npos)
-      << st.to_string();
-  EXPECT_EQ(test_support::to_host_bytes(ld.out), before) << "out was written";
-  EXPECT_TRUE(backend
-                  .forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch, false,
-                           TensorView())
-                  .is_ok());
   ASSERT_TRUE(backend.init_forward_metadata(moved).is_ok());
   EXPECT_TRUE(
       backend
