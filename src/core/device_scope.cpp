@@ -8,32 +8,17 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
+
+#include "cuda/common/driver_entry.h"
 #endif
 
 namespace attnkit {
 
 #ifdef ATTNKIT_WITH_CUDA
-namespace {
-
-// A driver entry point through the runtime (no libcuda link); nullptr if absent.
-void* driver_entry(const char* name, unsigned version) {
-  void* f = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion(name, &f, version, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess) {
-    (void)cudaGetLastError();
-    return nullptr;
-  }
-  return f;
-}
-
-}  // namespace
-
 bool cuda_has_primary_context(int ordinal) {
-  static const auto device_get =
-      reinterpret_cast<PFN_cuDeviceGet_v2000>(driver_entry("cuDeviceGet", 2000));
-  static const auto get_state = reinterpret_cast<PFN_cuDevicePrimaryCtxGetState_v7000>(
-      driver_entry("cuDevicePrimaryCtxGetState", 7000));
+  static const auto device_get = cuda::driver_entry<PFN_cuDeviceGet_v2000>("cuDeviceGet", 2000);
+  static const auto get_state =
+      cuda::driver_entry<PFN_cuDevicePrimaryCtxGetState_v7000>("cuDevicePrimaryCtxGetState", 7000);
   if (device_get == nullptr || get_state == nullptr) return true;
   CUdevice dev = 0;
   unsigned flags = 0;

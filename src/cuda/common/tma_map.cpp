@@ -9,23 +9,15 @@
 
 #include <cstring>
 
+#include "cuda/common/driver_entry.h"
+
 namespace attnkit::cuda {
 namespace {
 
-// The driver's cuTensorMapEncodeTiled through the runtime (no libcuda link); nullptr if absent.
+// The driver's cuTensorMapEncodeTiled (no libcuda link); nullptr if absent.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    constexpr unsigned kVersion = 12000;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, kVersion, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
+  static const auto fn =
+      driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
   return fn;
 }
 
