@@ -1,4 +1,5 @@
-// One-time setup of a kernel per CUDA device. cudaFuncSetAttribute (the dynamic shared-memory
+// Once per CUDA device: the setup of a kernel (PerDeviceOnce) and a probe's answer
+// (PerDeviceValue). cudaFuncSetAttribute (the dynamic shared-memory
 // opt-in, the carveout) applies to the function's instance on the current device, so a process
 // that launches the same kernel on two devices must set it on each: a flag kept once per process
 // let the second device launch without the opt-in (cudaErrorInvalidValue past 48 KB).
@@ -6,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 
@@ -33,5 +35,50 @@ class PerDeviceOnce {
   static constexpr int kDevices = 64;
   std::atomic<uint64_t> done_{0};
 };
+
+// A small int computed once per device by a probe of the current device: whether a kernel loads as
+// sm_90a code there (cudaFuncGetAttributes' binaryVersion), the launch mode its compute capability
+// allows. A process-wide static would keep the first device's answer for every GPU of a process
+// that mixes generations. Devices past 64 run the probe every time; two threads may both run it.
+class PerDeviceValue {
+ public:
+  PerDeviceValue() {
+    for (std::atomic<int>& v : values_) v.store(kUnset, std::memory_order_relaxed);
+  }
+
+  // `probe` (returning int) runs on the current device unless that device has its answer.
+  template <typename F>
+  int get(F&& probe) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return probe();
+    }
+    if (device < 0 || device >= kDevices) return probe();
+    std::atomic<int>& slot = values_[static_cast<size_t>(device)];
+    int v = slot.load(std::memory_order_acquire);
+    if (v != kUnset) return v;
+    v = probe();
+    slot.store(v, std::memory_order_release);
+    return v;
+  }
+
+ private:
+  static constexpr int kDevices = 64;
+  static constexpr int kUnset = -0x7fffffff;
+  std::array<std::atomic<int>, kDevices> values_;
+};
+
+// 1 when `kernel` loads as sm_90a code on the current device (the wgmma / TMA kernels' probe), else
+// 0 (another architecture's code, or no image for this device).
+template <typename Kernel>
+int loads_as_sm90(Kernel* kernel) {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return attr.binaryVersion == 90 ? 1 : 0;
+}
 
 }  // namespace attnkit::cuda

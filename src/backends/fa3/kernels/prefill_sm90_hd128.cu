@@ -13,15 +13,9 @@ ATTNKIT_FA3_PREFILL_SM90(128)
 namespace attnkit::fa3 {
 
 bool prefill_sm90_fp8_available() {
-  static const bool ok = [] {
-    cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, prefill_sm90_fp8_kernel<true, true, false>) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return attr.binaryVersion == 90;
-  }();
-  return ok;
+  static cuda::PerDeviceValue ok;  // per device: a process may mix GPU generations
+  return ok.get([] { return cuda::loads_as_sm90(prefill_sm90_fp8_kernel<true, true, false>); }) !=
+         0;
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include "backends/fa3/kernels/fa3_kernels.h"
 #include "backends/fa3/kernels/prefill_sm90.cuh"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/per_device_once.h"
 
 namespace attnkit::fa3 {
 
@@ -85,17 +86,6 @@ Status launch_prefill_sm90_n(const Fa3Params& p, DType q_dtype, int block_n, int
   });
 }
 
-template <int kD>
-bool available_impl() {
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, prefill_sm90_kernel<kD, default_block_n(kD), true>) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return attr.binaryVersion == 90;
-}
-
 }  // namespace attnkit::fa3
 
 // Explicit instantiations of the host entry points for one head dim.
@@ -103,8 +93,10 @@ bool available_impl() {
   namespace attnkit::fa3 {                                                                  \
   template <>                                                                               \
   bool prefill_sm90_available<kD>() {                                                       \
-    static const bool ok = available_impl<kD>();                                            \
-    return ok;                                                                              \
+    static cuda::PerDeviceValue ok; /* per device: a process may mix GPU generations */     \
+    return ok.get([] {                                                                      \
+      return cuda::loads_as_sm90(prefill_sm90_kernel<kD, default_block_n(kD), true>);       \
+    }) != 0;                                                                                \
   }                                                                                         \
   template <>                                                                               \
   Status run_prefill_sm90<kD>(const Fa3Params& p, DType q_dtype, int block_n, int sm_count, \

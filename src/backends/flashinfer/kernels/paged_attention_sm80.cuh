@@ -57,16 +57,18 @@ __device__ __forceinline__ void dequant16(const uint4& raw, uint4 (&out)[2]) {
 // 39.0 us fp8 vs mode 1 70.4 / 40.0 (fp8/bf16 1.79x vs 1.76x). ATTNKIT_FLASHINFER_PDL = 0 / 1 / 2
 // lowers the mode (an A/B knob; it never raises it above what the backend allows).
 inline int decode_pdl(int allowed) {
-  static const int limit = [] {
+  // Per device (the current one is the backend's): a process may mix GPU generations.
+  static cuda::PerDeviceValue limit;
+  return std::min(allowed, limit.get([] {
     const int m = env_int("ATTNKIT_FLASHINFER_PDL", 2, {0, 1, 2});
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
       return 0;
     }
     return major >= 9 ? m : 0;
-  }();
-  return std::min(allowed, limit);
+  }));
 }
 
 // kBalanced: paged_decode_balanced_kernel over a balanced plan (p.balance_slots > 0; grid_items =

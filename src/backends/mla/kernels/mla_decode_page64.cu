@@ -13,15 +13,8 @@ template Status run_decode_page<64>(const MlaDecodeParams&, DType, StreamHandle)
 
 // Here, where the page-64 wgmma kernel is instantiated anyway.
 bool wgmma_available() {
-  static const bool ok = [] {
-    cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, mla_decode_wgmma_kernel<64>) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return attr.binaryVersion == 90;
-  }();
-  return ok;
+  static cuda::PerDeviceValue ok;  // per device: a process may mix GPU generations
+  return ok.get([] { return cuda::loads_as_sm90(mla_decode_wgmma_kernel<64>); }) != 0;
 }
 
 int wgmma_smem_bytes() { return MlaWgmmaTraits<64>::kSmemBytes; }
