@@ -72,8 +72,38 @@ Status check_stream_device(StreamHandle stream, const Device& device, std::strin
 #endif
   return Status::ok();
 }
+
+Status check_memory_on_device(const void* ptr, const Device& device, std::string_view what) {
+  if (ptr == nullptr || device.is_cpu()) return Status::ok();
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::invalid_argument(
+        cat(what, ": address ", ptr, " is not memory CUDA knows in this process (",
+            cudaGetErrorName(err), "); the pool is on ", device.to_string()));
+  }
+  if (attr.type == cudaMemoryTypeManaged) return Status::ok();
+  if (attr.type != cudaMemoryTypeDevice) {
+    return Status::invalid_argument(
+        cat(what, ": address ", ptr, " is ",
+            attr.type == cudaMemoryTypeHost ? "pinned host memory" : "host memory",
+            ", not device memory of ", device.to_string(), " (where the pool is): allocate it on ",
+            device.to_string()));
+  }
+  if (attr.device != device.ordinal) {
+    return Status::invalid_argument(cat(
+        what, ": address ", ptr, " is memory of cuda:", attr.device, ", but the pool is on ",
+        device.to_string(), ": allocate it on ", device.to_string(), " (or make the pool there)"));
+  }
+  return Status::ok();
+}
 #else
 bool cuda_has_primary_context(int /*ordinal*/) { return false; }
+Status check_memory_on_device(const void* /*ptr*/, const Device& /*device*/,
+                              std::string_view /*what*/) {
+  return Status::ok();
+}
 DeviceScope::DeviceScope(const Device& /*device*/) {}
 DeviceScope::~DeviceScope() = default;
 Status check_stream_device(StreamHandle /*stream*/, const Device& /*device*/,

@@ -43,6 +43,12 @@ bool cuda_has_primary_context(int ordinal);
 // Needs CUDA 12.8 (cudaStreamGetDevice); older toolkits skip the check.
 Status check_stream_device(StreamHandle stream, const Device& device, std::string_view what);
 
+// kInvalidArgument naming `what` when `ptr` (not null) is not device memory of `device` (a CUDA
+// device): pageable or pinned host memory, another GPU's memory, or an address CUDA does not
+// know. Managed memory passes. For caller-owned memory whose device the caller states
+// (MHAKVPool::wrap): a wrong claim would otherwise fault inside a kernel.
+Status check_memory_on_device(const void* ptr, const Device& device, std::string_view what);
+
 // kInvalidArgument naming `owner` when the KV pool or the request table (either may be null) is
 // not on `device`: the kernels would read another GPU's memory through their pointers.
 Status check_pools_on_device(std::string_view owner, const KVPool* kv_pool,

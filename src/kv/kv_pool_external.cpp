@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "attnkit/kv_cache.h"
+#include "core/device_scope.h"
 #include "core/str_cat.h"
 #include "kv/kv_pool_config.h"
 
@@ -66,7 +67,7 @@ struct Borrowed {
   uintptr_t begin = 0;
   uintptr_t end = 0;
 };
-Status check_disjoint(std::vector<Borrowed> views) {
+Status check_disjoint(std::vector<Borrowed> views) {  // a copy: sorted here
   std::stable_sort(views.begin(), views.end(),
                    [](const Borrowed& a, const Borrowed& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < views.size(); ++i) {
@@ -75,6 +76,16 @@ Status check_disjoint(std::vector<Borrowed> views) {
                                           " share memory (each view needs its own; set_kv would "
                                           "overwrite one with the other)"));
     }
+  }
+  return Status::ok();
+}
+// A CUDA pool's views name their device, which is the caller's word: CUDA is asked where each
+// view's memory really is (after the checks that need no device).
+Status check_located(const std::vector<Borrowed>& views, const Device& device) {
+  if (!device.is_cuda()) return Status::ok();
+  for (const Borrowed& b : views) {
+    ATTNKIT_RETURN_IF_ERROR(
+        check_memory_on_device(reinterpret_cast<const void*>(b.begin), device, b.label));
   }
   return Status::ok();
 }
@@ -130,7 +141,8 @@ Result<std::unique_ptr<MHAKVPool>> MHAKVPool::wrap(const KVPoolConfig& config,
     pool->k_scales_.push_back(std::move(ks));
     pool->v_scales_.push_back(std::move(vs));
   }
-  ATTNKIT_RETURN_IF_ERROR(check_disjoint(std::move(views)));
+  ATTNKIT_RETURN_IF_ERROR(check_disjoint(views));
+  ATTNKIT_RETURN_IF_ERROR(check_located(views, config.device));
   pool->index_buffers();
   ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;
@@ -168,7 +180,8 @@ Result<std::unique_ptr<MLAKVPool>> MLAKVPool::wrap(const KVPoolConfig& config,
     views.push_back(borrowed(s, "scales", layer));
     pool->scales_.push_back(std::move(s));
   }
-  ATTNKIT_RETURN_IF_ERROR(check_disjoint(std::move(views)));
+  ATTNKIT_RETURN_IF_ERROR(check_disjoint(views));
+  ATTNKIT_RETURN_IF_ERROR(check_located(views, config.device));
   pool->index_buffers();
   ATTNKIT_RETURN_IF_ERROR(pool->init_device_guard());
   return pool;

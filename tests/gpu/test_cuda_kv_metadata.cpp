@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnkit/kv_cache.h"
@@ -143,6 +144,63 @@ struct MetaFixture {
     }
   }
 };
+
+// MHAKVPool::wrap / MLAKVPool::wrap take the views' device from the caller; CUDA is asked where
+// the memory is, so host memory labelled cuda:0 is refused by name instead of faulting in a kernel.
+TEST(CudaWrapTest, HostMemoryLabelledCudaIsRefused) {
+  if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
+  KVPoolConfig c;
+  c.num_layers = 1;
+  c.size = 32;
+  c.page_size = 16;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.v_head_dim = 64;
+  c.dtype = DType::kBF16;
+  c.device = Device::cuda(0);
+  const int64_t rows = c.size + c.page_size;
+  const int64_t bytes = rows * c.num_kv_heads * c.head_dim * 2;
+  std::vector<uint16_t> pageable(static_cast<size_t>(bytes / 2), 0);
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, static_cast<size_t>(bytes)), cudaSuccess);
+  Result<Buffer> dk = Buffer::allocate(Device::cuda(0), bytes);
+  Result<Buffer> dv = Buffer::allocate(Device::cuda(0), bytes);
+  ASSERT_TRUE(dk.is_ok() && dv.is_ok());
+  const auto view = [&](void* p) {
+    return TensorView(p, DType::kBF16, Device::cuda(0), {rows, c.num_kv_heads, c.head_dim});
+  };
+  const std::vector<TensorView> on_device = {view(dv->data())};
+  for (const auto& [data, what] : {std::pair<void*, const char*>{pageable.data(), "is host memory"},
+                                   {pinned, "is pinned host memory"}}) {
+    const std::vector<TensorView> k = {view(data)};
+    const Status st = MHAKVPool::wrap(c, k, on_device).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find(std::string("k[0]: address ")), std::string::npos)
+        << st.to_string();
+    EXPECT_NE(st.message().find(what), std::string::npos) << st.to_string();
+    EXPECT_NE(st.message().find("not device memory of cuda:0"), std::string::npos)
+        << st.to_string();
+  }
+  const std::vector<TensorView> k = {view(dk->data())};
+  Result<std::unique_ptr<MHAKVPool>> ok = MHAKVPool::wrap(c, k, on_device);
+  EXPECT_TRUE(ok.is_ok()) << ok.status().to_string();
+
+  KVPoolConfig m;
+  m.num_layers = 1;
+  m.size = 32;
+  m.page_size = 16;
+  m.dtype = DType::kBF16;
+  m.device = Device::cuda(0);
+  m.kv_lora_rank = 64;
+  m.qk_rope_head_dim = 64;  // a row of 128 bf16: fits the pageable buffer
+  const std::vector<TensorView> latent = {
+      TensorView(pageable.data(), DType::kBF16, Device::cuda(0), {rows, 1, 128})};
+  const Status mla = MLAKVPool::wrap(m, latent).status();
+  EXPECT_EQ(mla.code(), StatusCode::kInvalidArgument) << mla.to_string();
+  EXPECT_NE(mla.message().find("kv[0]: address "), std::string::npos) << mla.to_string();
+  EXPECT_NE(mla.message().find("is host memory"), std::string::npos) << mla.to_string();
+  ASSERT_EQ(cudaFreeHost(pinned), cudaSuccess);
+}
 
 TEST(CudaMetadataTest, TokenIndicesMatchHost) {
   if (!has_cuda()) GTEST_SKIP() << "no CUDA device";

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attnkit/kv_cache.h"
+#include "attnkit/registry.h"
 #include "core/device_scope.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
@@ -161,6 +162,105 @@ TEST_P(OtherDevice, StreamOfAnotherDeviceIsRefused) {
   EXPECT_EQ(current, 0);
   // The refused plan leaves the backend usable: the batch on the context's stream runs.
   expect_runs_and_matches(*made_->backend, pc, 0);
+}
+
+// CUDA graphs on cuda:1 with cuda:0 current: the caller's stream is cuda:1's, the backend is made
+// through the registry (its create runs in the context's device scope) and every call to it is
+// made with cuda:0 current. Capture, replays and eager must agree bit for bit (and eager with the
+// fp64 reference).
+TEST_P(OtherDevice, GraphReplayMatchesEager) {
+  const auto& [backend_name, dc] = GetParam();
+  if (dc.mode == ForwardMode::kExtend) GTEST_SKIP() << "graphs capture decode and verify only";
+  const BackendDescriptor* descriptor = builtin_registry().find(backend_name);
+  ASSERT_NE(descriptor, nullptr) << backend_name;
+  if (!descriptor->cuda_graph) GTEST_SKIP() << backend_name << " has no CUDA-graph support";
+  cudaStream_t on1 = nullptr;
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(cudaStreamCreateWithFlags(&on1, cudaStreamNonBlocking));
+  CUDA_OK(cudaSetDevice(0));
+  const test_support::BackendFactory make = [&](const BackendContext& ctx) {
+    return builtin_registry().create(backend_name, ctx);
+  };
+  test_support::expect_graph_replay_matches_eager_on(made_->pc, make, dc.mode, on1);
+  int now = -1;
+  CUDA_OK(cudaGetDevice(&now));
+  EXPECT_EQ(now, 0) << "the backend did not give the caller's device back";
+  CUDA_OK(cudaStreamSynchronize(on1));
+  CUDA_OK(cudaStreamDestroy(on1));
+  CUDA_OK(cudaDeviceSynchronize());  // cuda:0's context: nothing was launched there
+  CUDA_OK(cudaGetLastError());
+}
+
+// set_kv and check_device_errors on a pool of cuda:1 refuse a stream of cuda:0 by name, before
+// anything is written: the layer's keys stay as they were.
+TEST_P(OtherDevice, PoolCallsRefuseAStreamOfAnotherDevice) {
+  harness::PreparedCase& pc = made_->pc;
+  const harness::LayerData& ld = pc.layers.front();
+  KVPool& pool = *pc.kv_pool;
+  const TensorView keys = pc.spec.mla ? static_cast<MLAKVPool&>(pool).kv_buffer(ld.layer.layer_id)
+                                      : static_cast<MHAKVPool&>(pool).k_buffer(ld.layer.layer_id);
+  const std::vector<uint8_t> before = test_support::to_host_bytes(keys);
+  cudaStream_t on0 = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&on0, cudaStreamNonBlocking));  // cuda:0 is current
+  // New keys that differ from the stored ones, so a write would show.
+  Result<Buffer> other = Buffer::allocate(ld.k.device, ld.k.storage_bytes());
+  ASSERT_TRUE(other.is_ok()) << other.status().to_string();
+  TensorView k = ld.k;
+  k.data = other->data();
+  STATUS_OK(fill_float(k, 3.0f));
+  const Status st = pool.set_kv(ld.layer.layer_id, pc.batch.out_cache_loc, k, ld.v,
+                                ld.layer.k_scale, ld.layer.v_scale, on0);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("set_kv stream"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("belongs to cuda:0, but the backend runs on cuda:1"),
+            std::string::npos)
+      << st.to_string();
+  const Status errors = pool.check_device_errors(on0);
+  EXPECT_EQ(errors.code(), StatusCode::kInvalidArgument) << errors.to_string();
+  EXPECT_NE(errors.message().find("check_device_errors stream"), std::string::npos)
+      << errors.to_string();
+  CUDA_OK(cudaStreamDestroy(on0));
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaSetDevice(0));
+  EXPECT_TRUE(test_support::to_host_bytes(keys) == before) << "the refused set_kv wrote keys";
+  int current = -1;
+  CUDA_OK(cudaGetDevice(&current));
+  EXPECT_EQ(current, 0);
+}
+
+// A pool wrapped over caller memory whose views say cuda:0 while the memory is cuda:1's is refused
+// by name (MHAKVPool::wrap asks CUDA where each view lies); the same views as cuda:1 are taken.
+TEST(WrapOnTwoDevices, MemoryOfAnotherDeviceIsRefused) {
+  const int n = device_count();
+  if (n < 2) GTEST_SKIP() << "needs two CUDA devices; this machine has " << n;
+  KVPoolConfig c;
+  c.num_layers = 1;
+  c.size = 64;
+  c.page_size = 16;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.v_head_dim = 64;
+  c.dtype = DType::kBF16;
+  c.device = Device::cuda(0);
+  const int64_t rows = c.size + c.page_size;
+  const int64_t bytes = rows * c.num_kv_heads * c.head_dim * 2;
+  Result<Buffer> k1 = Buffer::allocate(Device::cuda(1), bytes);
+  Result<Buffer> v1 = Buffer::allocate(Device::cuda(1), bytes);
+  ASSERT_TRUE(k1.is_ok() && v1.is_ok());
+  std::vector<TensorView> k = {
+      TensorView(k1->data(), DType::kBF16, Device::cuda(0), {rows, c.num_kv_heads, c.head_dim})};
+  std::vector<TensorView> v = {
+      TensorView(v1->data(), DType::kBF16, Device::cuda(0), {rows, c.num_kv_heads, c.head_dim})};
+  const Status st = MHAKVPool::wrap(c, k, v).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("k[0]: address"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("is memory of cuda:1, but the pool is on cuda:0"), std::string::npos)
+      << st.to_string();
+  c.device = Device::cuda(1);
+  k[0].device = v[0].device = Device::cuda(1);
+  Result<std::unique_ptr<MHAKVPool>> ok = MHAKVPool::wrap(c, k, v);
+  EXPECT_TRUE(ok.is_ok()) << ok.status().to_string();
 }
 
 // A scope's end gives the caller its device back only when that device has a context: restoring

@@ -179,9 +179,18 @@ void expect_graph_replay_matches_eager(harness::PreparedCase& pc, const BackendF
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   cudaStreamDestroy(stream);
 }
+
+void expect_graph_replay_matches_eager_on(harness::PreparedCase& pc, const BackendFactory& make,
+                                          ForwardMode mode, StreamHandle stream, int replays) {
+  graph_replay_on(pc, make, mode, replays, {}, static_cast<cudaStream_t>(stream), 0);
+}
 #else
 void expect_graph_replay_matches_eager(harness::PreparedCase&, const BackendFactory&, ForwardMode,
                                        int, const std::function<void(AttentionBackend&)>&, int) {
+  GTEST_SKIP() << "built without CUDA";
+}
+void expect_graph_replay_matches_eager_on(harness::PreparedCase&, const BackendFactory&,
+                                          ForwardMode, StreamHandle, int) {
   GTEST_SKIP() << "built without CUDA";
 }
 #endif  // ATTNKIT_WITH_CUDA

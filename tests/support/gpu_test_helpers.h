@@ -60,4 +60,9 @@ void expect_graph_replay_matches_eager(
     harness::PreparedCase& pc, const BackendFactory& make, ForwardMode mode, int replays = 2,
     const std::function<void(AttentionBackend&)>& after_replay = {}, int graph_max_bs = 0);
 
+// The same on the caller's `stream` (not synchronised or destroyed here): a stream of another
+// device than the current one, say.
+void expect_graph_replay_matches_eager_on(harness::PreparedCase& pc, const BackendFactory& make,
+                                          ForwardMode mode, StreamHandle stream, int replays = 2);
+
 }  // namespace attnkit::test_support
