@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "attnkit/attention_layer.h"
 #include "attnkit/forward_batch.h"
@@ -60,6 +61,10 @@ class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;
   virtual const BackendDescriptor& descriptor() const = 0;
+  // The device the backend was made for (its BackendContext::device); nullopt for a backend that
+  // does not say (the default, for backends outside attnkit). HybridAttnBackend::create refuses
+  // two parts that name different devices.
+  virtual std::optional<Device> device() const { return std::nullopt; }
 
   // Once per forward, before the layers run.
   virtual Status init_forward_metadata(const ForwardBatch& batch) = 0;

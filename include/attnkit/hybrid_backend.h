@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "attnkit/backend.h"
@@ -43,6 +44,11 @@ class HybridAttnBackend final : public AttentionBackend {
   // A descriptor named "hybrid(prefill=X, decode=Y)" whose CUDA-graph flag says whether every
   // backend that gets captured supports graphs.
   const BackendDescriptor& descriptor() const override { return descriptor_; }
+  // The decode backend's device (create checked that the prefill backend's is the same).
+  std::optional<Device> device() const override {
+    const std::optional<Device> d = decode_->device();
+    return d ? d : prefill_->device();
+  }
 
   AttentionBackend& prefill_backend() const { return *prefill_; }
   AttentionBackend& decode_backend() const { return *decode_; }

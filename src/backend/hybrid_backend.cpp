@@ -1,6 +1,7 @@
 // HybridAttnBackend: per-phase dispatch between a prefill and a decode backend.
 #include "attnkit/hybrid_backend.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -82,6 +83,15 @@ Result<std::unique_ptr<HybridAttnBackend>> HybridAttnBackend::create(
   }
   ATTNKIT_RETURN_IF_ERROR(check_shared_constraints(*prefill, "prefill", options));
   ATTNKIT_RETURN_IF_ERROR(check_shared_constraints(*decode, "decode", options));
+  // Both parts serve one KV pool, so they must run where it lives.
+  const std::optional<Device> pd = prefill->device();
+  const std::optional<Device> dd = decode->device();
+  if (pd && dd && *pd != *dd) {
+    return Status::invalid_argument(
+        "HybridAttnBackend::create: prefill backend " + prefill->descriptor().name + " runs on " +
+        pd->to_string() + ", decode backend " + decode->descriptor().name + " on " +
+        dd->to_string() + ": make both for the device of the shared KV pool");
+  }
   return std::unique_ptr<HybridAttnBackend>(
       new HybridAttnBackend(std::move(prefill), std::move(decode), options));
 }

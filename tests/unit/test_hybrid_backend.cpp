@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,9 +39,11 @@ BackendDescriptor fake_descriptor(const std::string& name, PageRule pages, bool 
 // Records "<name>.<call>[:<mode>]" for every call it receives.
 class RecordingBackend final : public AttentionBackend {
  public:
-  RecordingBackend(BackendDescriptor d, Log* log, int fill_value = 1)
-      : d_(std::move(d)), log_(log), fill_value_(fill_value) {}
+  RecordingBackend(BackendDescriptor d, Log* log, int fill_value = 1,
+                   std::optional<Device> device = std::nullopt)
+      : d_(std::move(d)), log_(log), fill_value_(fill_value), device_(device) {}
   const BackendDescriptor& descriptor() const override { return d_; }
+  std::optional<Device> device() const override { return device_; }
   Status init_forward_metadata(const ForwardBatch& batch) override {
     return record("init_forward_metadata", batch.mode);
   }
@@ -79,6 +82,7 @@ class RecordingBackend final : public AttentionBackend {
   BackendDescriptor d_;
   Log* log_;
   int fill_value_;
+  std::optional<Device> device_;
 };
 
 PageRule any() { return PageRule{PageRule::Kind::kAny, {}}; }
@@ -303,6 +307,32 @@ TEST(HybridAttnBackend, AttentionKindMustBeSupported) {
   const std::string err = create_error(fake_descriptor("P", any(), true, true, true),
                                        fake_descriptor("D", any(), true, true, false), o);
   EXPECT_NE(err.find("decode backend D does not support MLA"), std::string::npos) << err;
+}
+
+// Both parts serve one KV pool: parts made for different devices are refused by name; parts that
+// name no device (backends outside attnkit) are taken as they are.
+TEST(HybridAttnBackend, PartsOnDifferentDevicesAreRefused) {
+  Log log;
+  const auto part = [&](const char* name, std::optional<Device> device) {
+    return std::make_unique<RecordingBackend>(fake_descriptor(name, any(), true, true, false), &log,
+                                              1, device);
+  };
+  auto h = HybridAttnBackend::create(part("P", Device::cuda(1)), part("D", Device::cuda(0)),
+                                     HybridOptions{});
+  ASSERT_FALSE(h.is_ok());
+  EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(h.status().message().find("prefill backend P runs on cuda:1, decode backend D on "
+                                      "cuda:0"),
+            std::string::npos)
+      << h.status().message();
+  auto same = HybridAttnBackend::create(part("P", Device::cuda(1)), part("D", Device::cuda(1)),
+                                        HybridOptions{});
+  ASSERT_TRUE(same.is_ok()) << same.status().to_string();
+  EXPECT_EQ((*same)->device(), Device::cuda(1));
+  auto unsaid =
+      HybridAttnBackend::create(part("P", std::nullopt), part("D", Device::cpu()), HybridOptions{});
+  ASSERT_TRUE(unsaid.is_ok()) << unsaid.status().to_string();
+  EXPECT_EQ((*unsaid)->device(), Device::cpu());
 }
 
 TEST(HybridAttnBackend, NullBackendsRejected) {

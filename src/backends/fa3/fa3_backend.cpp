@@ -31,6 +31,7 @@ class Fa3Backend final : public AttentionBackend {
              std::unique_ptr<fa3::PrefillSm90Engine> wgmma)
       : ctx_(ctx), inner_(std::move(inner)), wgmma_(std::move(wgmma)) {}
 
+  std::optional<Device> device() const override { return ctx_.device; }
   const BackendDescriptor& descriptor() const override { return *builtin_registry().find("fa3"); }
 
   Status init_forward_metadata(const ForwardBatch& batch) override {

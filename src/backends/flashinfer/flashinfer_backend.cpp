@@ -179,6 +179,7 @@ class FlashInferBackend final : public AttentionBackend {
         split_long_(env_flag("ATTNKIT_FLASHINFER_SPLIT_LONG", false)),
         device_plan_(env_int_range("ATTNKIT_FLASHINFER_DEVICE_PLAN", 1, 0, 2)) {}
 
+  std::optional<Device> device() const override { return ctx_.device; }
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("flashinfer");
   }

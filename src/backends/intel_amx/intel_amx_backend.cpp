@@ -213,6 +213,7 @@ class IntelAmxBackend final : public AttentionBackend {
     return Status::ok();
   }
 
+  std::optional<Device> device() const override { return ctx_.device; }
   const BackendDescriptor& descriptor() const override { return descriptor_; }
   CpuIsa isa() const { return isa_; }
   const char* last_extend_kernel() const { return last_extend_kernel_; }

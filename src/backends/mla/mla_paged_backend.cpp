@@ -25,6 +25,7 @@ class MlaPagedBackend final : public AttentionBackend {
                   std::unique_ptr<AttentionBackend> other)
       : ctx_(ctx), name_(std::move(name)), engine_(std::move(engine)), other_(std::move(other)) {}
 
+  std::optional<Device> device() const override { return ctx_.device; }
   const BackendDescriptor& descriptor() const override { return *builtin_registry().find(name_); }
   const mla::MlaDecodeStats& stats() const { return engine_->stats(); }
 

@@ -543,6 +543,7 @@ class TorchNativeBackend final : public AttentionBackend {
     return Status::ok();
   }
 
+  std::optional<Device> device() const override { return ctx_.device; }
   const BackendDescriptor& descriptor() const override {
     const BackendDescriptor* found = builtin_registry().find("torch_native");
     return found != nullptr ? *found : fallback_descriptor();

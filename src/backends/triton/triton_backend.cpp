@@ -101,6 +101,7 @@ class TritonBackend final : public AttentionBackend {
                        ((group + triton::kMmaDecodeGroupTile - 1) / triton::kMmaDecodeGroupTile);
   }
 
+  std::optional<Device> device() const override { return ctx_.device; }
   const BackendDescriptor& descriptor() const override {
     return *builtin_registry().find("triton");
   }
