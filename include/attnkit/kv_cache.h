@@ -161,8 +161,9 @@ class KVPool {
   // scatter kernel skips every write whose slot is outside [0, rows) (nothing outside the pool is
   // touched) and records the first such (layer, token, slot) in the pool's device error word, which
   // check_device_errors() reports. With ATTNKIT_CHECK_INDICES=1 CUDA pools also check the slots
-  // synchronously before writing and return kInvalidArgument at once. CUDA pools in a build without
-  // CUDA return kNotBuilt.
+  // synchronously before writing and return kInvalidArgument at once. A `stream` of another device
+  // than the pool's is refused by name before anything is written (CUDA 12.8+). CUDA pools in a
+  // build without CUDA return kNotBuilt.
   virtual Status set_kv(int layer, const TensorView& loc, const TensorView& k, const TensorView& v,
                         float k_scale, float v_scale, StreamHandle stream) = 0;
   // Device slot guard (CUDA pools): returns kInvalidArgument naming the layer, token and slot of
@@ -172,7 +173,7 @@ class KVPool {
   // wants (e.g. every N steps, or after a step that looked wrong); the harness calls it after every
   // run_backend. The kernels only record (no allocation, graph-capturable), so a write recorded
   // inside a replayed CUDA graph is reported here too. CPU pools (which check slots before writing)
-  // always return ok.
+  // always return ok. A `stream` of another device than the pool's is refused by name.
   Status check_device_errors(StreamHandle stream = nullptr);
   // The pool buffer that bytes [begin, begin + bytes) overlap, named as "k[3]" (buffer and layer);
   // empty when none does. For the backends' check that out / lse do not alias the cache (a forward
@@ -208,7 +209,9 @@ class MHAKVPool final : public KVPool {
   // contiguous [size + page_size, num_kv_heads, head_dim / v_head_dim] views of config.dtype on
   // config.device (one per layer); fp4 also needs k_scales / v_scales ([rows, H, D / 16]
   // fp8_e4m3), other dtypes leave them empty. Nothing is copied or zeroed; the pool never frees the
-  // memory, which must outlive it. Errors name the layer, the view and what was expected.
+  // memory, which must outlive it. Errors name the layer, the view and what was expected. For a
+  // CUDA pool each view's memory must really be device (or managed) memory of config.device: CUDA
+  // is asked, and host memory or another GPU's memory is refused by name.
   static Result<std::unique_ptr<MHAKVPool>> wrap(const KVPoolConfig& config,
                                                  std::span<const TensorView> k,
                                                  std::span<const TensorView> v,
@@ -235,7 +238,8 @@ class MLAKVPool final : public KVPool {
   static Result<std::unique_ptr<MLAKVPool>> create(const KVPoolConfig& config);
   // A pool over caller-owned per-layer buffers: kv[l] is a contiguous [size + page_size, 1,
   // kv_lora_rank + qk_rope_head_dim] view of config.dtype on config.device; fp4 also needs
-  // scales[l] ([rows, 1, row_dim / 16] fp8_e4m3). The pool never frees the memory.
+  // scales[l] ([rows, 1, row_dim / 16] fp8_e4m3). The pool never frees the memory. The views'
+  // memory is checked as MHAKVPool::wrap checks it.
   static Result<std::unique_ptr<MLAKVPool>> wrap(const KVPoolConfig& config,
                                                  std::span<const TensorView> kv,
                                                  std::span<const TensorView> scales = {});

@@ -11,8 +11,8 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT/mg"
-TARGETS="test_multi_gpu test_cuda_kv_metadata test_verify_graphs" OUT="$OUT/mg" STAGES="build test" \
-  CTEST_JOBS=4 CTEST_REGEX="${CTEST_REGEX:-OtherDevice|DeviceScopeRestore|WrapOnTwoDevices|CudaWrapTest|CudaSetKv|VerifyGraphs}" \
+TARGETS="test_multi_gpu test_cuda_kv_metadata test_verify_graphs test_kv_guard" OUT="$OUT/mg" STAGES="build test" \
+  CTEST_JOBS=4 CTEST_REGEX="${CTEST_REGEX:-OtherDevice|DeviceScopeRestore|WrapOnTwoDevices|PerDeviceValue|CudaWrapTest|CudaSetKv|VerifyGraphs|KVGuard}" \
   bash scripts/device/check.sh 2>&1 | tail -8
 
 [ "${NEGATIVE:-1}" = 1 ] || exit 0

@@ -51,7 +51,8 @@ DeviceScope::~DeviceScope() {
   if (previous_ >= 0 && cuda_has_primary_context(previous_)) cudaSetDevice(previous_);
 }
 
-Status check_stream_device(StreamHandle stream, const Device& device, std::string_view what) {
+Status check_stream_device(StreamHandle stream, const Device& device, std::string_view what,
+                           std::string_view where) {
   if (stream == nullptr || device.is_cpu()) return Status::ok();
 #if CUDART_VERSION >= 12080
   int owner = -1;
@@ -62,32 +63,35 @@ Status check_stream_device(StreamHandle stream, const Device& device, std::strin
         what, " ", stream, " is not a CUDA stream of this process (", cudaGetErrorName(err), ")"));
   }
   if (owner != device.ordinal) {
-    return Status::invalid_argument(cat(what, " ", stream, " belongs to cuda:", owner,
-                                        ", but the backend runs on ", device.to_string(),
-                                        ": pass a stream created on ", device.to_string(),
-                                        " (or nullptr for its default stream)"));
+    return Status::invalid_argument(cat(
+        what, " ", stream, " belongs to cuda:", owner, ", but ", where, " ", device.to_string(),
+        ": pass a stream created on ", device.to_string(), " (or nullptr for its default stream)"));
   }
 #else
   (void)what;  // cudaStreamGetDevice needs CUDA 12.8: not checked
+  (void)where;
 #endif
   return Status::ok();
 }
 
 Status check_memory_on_device(const void* ptr, const Device& device, std::string_view what) {
   if (ptr == nullptr || device.is_cpu()) return Status::ok();
+  const DeviceScope scope(device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return Status::invalid_argument(
-        cat(what, ": address ", ptr, " is not memory CUDA knows in this process (",
-            cudaGetErrorName(err), "); the pool is on ", device.to_string()));
+    return Status::cuda_error(cat(what, ": asking CUDA where address ", ptr, " lies failed: ",
+                                  cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
   }
   if (attr.type == cudaMemoryTypeManaged) return Status::ok();
   if (attr.type != cudaMemoryTypeDevice) {
     return Status::invalid_argument(
         cat(what, ": address ", ptr, " is ",
-            attr.type == cudaMemoryTypeHost ? "pinned host memory" : "host memory",
+            attr.type == cudaMemoryTypeHost
+                ? "pinned host memory"
+                : "memory CUDA neither allocated nor registered (pageable host memory, say)",
             ", not device memory of ", device.to_string(), " (where the pool is): allocate it on ",
             device.to_string()));
   }
@@ -107,7 +111,7 @@ Status check_memory_on_device(const void* /*ptr*/, const Device& /*device*/,
 DeviceScope::DeviceScope(const Device& /*device*/) {}
 DeviceScope::~DeviceScope() = default;
 Status check_stream_device(StreamHandle /*stream*/, const Device& /*device*/,
-                           std::string_view /*what*/) {
+                           std::string_view /*what*/, std::string_view /*where*/) {
   return Status::ok();
 }
 #endif

@@ -41,12 +41,16 @@ bool cuda_has_primary_context(int ordinal);
 // fix. A null stream is the current device's default stream: inside a DeviceScope, `device`'s
 // (so are the special handles cudaStreamLegacy / cudaStreamPerThread: check them inside one).
 // Needs CUDA 12.8 (cudaStreamGetDevice); older toolkits skip the check.
-Status check_stream_device(StreamHandle stream, const Device& device, std::string_view what);
+// `where` ends the message: "the backend runs on" (the default) or "the pool is on".
+Status check_stream_device(StreamHandle stream, const Device& device, std::string_view what,
+                           std::string_view where = "the backend runs on");
 
-// kInvalidArgument naming `what` when `ptr` (not null) is not device memory of `device` (a CUDA
-// device): pageable or pinned host memory, another GPU's memory, or an address CUDA does not
-// know. Managed memory passes. For caller-owned memory whose device the caller states
-// (MHAKVPool::wrap): a wrong claim would otherwise fault inside a kernel.
+// For the caller-owned memory of a KV pool whose device the caller states (MHAKVPool::wrap /
+// MLAKVPool::wrap; a wrong claim would fault inside a kernel): kInvalidArgument naming `what` when
+// `ptr` (not null) is not device memory of `device` (a CUDA device): memory CUDA neither allocated
+// nor registered (pageable host memory, say), pinned host memory, or another GPU's memory.
+// Managed memory passes. kCudaError when CUDA cannot answer (no device, no driver). Asks in
+// `device`'s scope, so no context is made on a device the caller does not use.
 Status check_memory_on_device(const void* ptr, const Device& device, std::string_view what);
 
 // kInvalidArgument naming `owner` when the KV pool or the request table (either may be null) is

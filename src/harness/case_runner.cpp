@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "backends/torch_native/torch_native_backend.h"
+#include "core/device_scope.h"
 #include "core/str_cat.h"
 #include "harness/mla_prefix_expander.h"
 
@@ -1520,6 +1521,9 @@ Result<std::unique_ptr<AttentionBackend>> create_backend_for_case(
         descriptor.name + " has no factory in this build" +
         (descriptor.not_built_reason.empty() ? std::string() : ": " + descriptor.not_built_reason));
   }
+  // As BackendRegistry::create does: the factory probes and allocates on the current device.
+  const DeviceScope scope(prepared.device);
+  ATTNKIT_RETURN_IF_ERROR(scope.status());
   return descriptor.create(prepared.context());
 }
 

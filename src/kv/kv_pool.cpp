@@ -374,7 +374,8 @@ Status KVPool::check_device_errors(StreamHandle stream) {
   detail::KVGuardRecord record;
   const DeviceScope scope(device());
   ATTNKIT_RETURN_IF_ERROR(scope.status());
-  ATTNKIT_RETURN_IF_ERROR(check_stream_device(stream, device(), "check_device_errors stream"));
+  ATTNKIT_RETURN_IF_ERROR(
+      check_stream_device(stream, device(), "check_device_errors stream", "the pool is on"));
   ATTNKIT_RETURN_IF_ERROR(detail::kv_guard_read_and_clear(guard_.data(), &record, stream));
   if (record.flag == 0) return Status::ok();
   return Status::invalid_argument(detail::kv_guard_message(record, rows(), page_size()));
@@ -476,7 +477,7 @@ Status MHAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k, 
                          float k_scale, float v_scale, StreamHandle stream) {
   const DeviceScope scope(device());
   ATTNKIT_RETURN_IF_ERROR(scope.status());
-  ATTNKIT_RETURN_IF_ERROR(check_stream_device(stream, device(), "set_kv stream"));
+  ATTNKIT_RETURN_IF_ERROR(check_stream_device(stream, device(), "set_kv stream", "the pool is on"));
   ATTNKIT_RETURN_IF_ERROR(check_layer(layer, config_.num_layers));
   ATTNKIT_ASSIGN_OR_RETURN(const int64_t tokens, check_loc(loc, device()));
   ATTNKIT_RETURN_IF_ERROR(
@@ -543,7 +544,7 @@ Status MLAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k,
                          StreamHandle stream) {
   const DeviceScope scope(device());
   ATTNKIT_RETURN_IF_ERROR(scope.status());
-  ATTNKIT_RETURN_IF_ERROR(check_stream_device(stream, device(), "set_kv stream"));
+  ATTNKIT_RETURN_IF_ERROR(check_stream_device(stream, device(), "set_kv stream", "the pool is on"));
   ATTNKIT_RETURN_IF_ERROR(check_layer(layer, config_.num_layers));
   ATTNKIT_ASSIGN_OR_RETURN(const int64_t tokens, check_loc(loc, device()));
   ATTNKIT_RETURN_IF_ERROR(check_src(k, "k", tokens, 1, row_dim(), device()));

@@ -80,12 +80,14 @@ Status check_disjoint(std::vector<Borrowed> views) {  // a copy: sorted here
   return Status::ok();
 }
 // A CUDA pool's views name their device, which is the caller's word: CUDA is asked where each
-// view's memory really is (after the checks that need no device).
+// view's first and last byte really are (after the checks that need no device).
 Status check_located(const std::vector<Borrowed>& views, const Device& device) {
   if (!device.is_cuda()) return Status::ok();
   for (const Borrowed& b : views) {
-    ATTNKIT_RETURN_IF_ERROR(
-        check_memory_on_device(reinterpret_cast<const void*>(b.begin), device, b.label));
+    for (const uintptr_t at : {b.begin, b.end - 1}) {
+      ATTNKIT_RETURN_IF_ERROR(
+          check_memory_on_device(reinterpret_cast<const void*>(at), device, b.label));
+    }
   }
   return Status::ok();
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -146,7 +147,8 @@ struct MetaFixture {
 };
 
 // MHAKVPool::wrap / MLAKVPool::wrap take the views' device from the caller; CUDA is asked where
-// the memory is, so host memory labelled cuda:0 is refused by name instead of faulting in a kernel.
+// the memory is, so host memory labelled cuda:0 is refused by name instead of faulting in a
+// kernel, while device and managed memory are taken.
 TEST(CudaWrapTest, HostMemoryLabelledCudaIsRefused) {
   if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
   KVPoolConfig c;
@@ -161,8 +163,12 @@ TEST(CudaWrapTest, HostMemoryLabelledCudaIsRefused) {
   const int64_t rows = c.size + c.page_size;
   const int64_t bytes = rows * c.num_kv_heads * c.head_dim * 2;
   std::vector<uint16_t> pageable(static_cast<size_t>(bytes / 2), 0);
-  void* pinned = nullptr;
-  ASSERT_EQ(cudaMallocHost(&pinned, static_cast<size_t>(bytes)), cudaSuccess);
+  void* pinned_raw = nullptr;
+  void* managed_raw = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned_raw, static_cast<size_t>(bytes)), cudaSuccess);
+  const std::unique_ptr<void, cudaError_t (*)(void*)> pinned(pinned_raw, cudaFreeHost);
+  ASSERT_EQ(cudaMallocManaged(&managed_raw, static_cast<size_t>(bytes)), cudaSuccess);
+  const std::unique_ptr<void, cudaError_t (*)(void*)> managed(managed_raw, cudaFree);
   Result<Buffer> dk = Buffer::allocate(Device::cuda(0), bytes);
   Result<Buffer> dv = Buffer::allocate(Device::cuda(0), bytes);
   ASSERT_TRUE(dk.is_ok() && dv.is_ok());
@@ -170,20 +176,24 @@ TEST(CudaWrapTest, HostMemoryLabelledCudaIsRefused) {
     return TensorView(p, DType::kBF16, Device::cuda(0), {rows, c.num_kv_heads, c.head_dim});
   };
   const std::vector<TensorView> on_device = {view(dv->data())};
-  for (const auto& [data, what] : {std::pair<void*, const char*>{pageable.data(), "is host memory"},
-                                   {pinned, "is pinned host memory"}}) {
+  for (const auto& [data, what] :
+       {std::pair<void*, const char*>{pageable.data(),
+                                      "is memory CUDA neither allocated nor "
+                                      "registered (pageable host memory, say)"},
+        {pinned.get(), "is pinned host memory"}}) {
     const std::vector<TensorView> k = {view(data)};
     const Status st = MHAKVPool::wrap(c, k, on_device).status();
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-    EXPECT_NE(st.message().find(std::string("k[0]: address ")), std::string::npos)
-        << st.to_string();
+    EXPECT_NE(st.message().find("k[0]: address "), std::string::npos) << st.to_string();
     EXPECT_NE(st.message().find(what), std::string::npos) << st.to_string();
     EXPECT_NE(st.message().find("not device memory of cuda:0"), std::string::npos)
         << st.to_string();
   }
-  const std::vector<TensorView> k = {view(dk->data())};
-  Result<std::unique_ptr<MHAKVPool>> ok = MHAKVPool::wrap(c, k, on_device);
-  EXPECT_TRUE(ok.is_ok()) << ok.status().to_string();
+  for (void* ok_memory : {dk->data(), managed.get()}) {
+    const std::vector<TensorView> k = {view(ok_memory)};
+    Result<std::unique_ptr<MHAKVPool>> ok = MHAKVPool::wrap(c, k, on_device);
+    EXPECT_TRUE(ok.is_ok()) << ok.status().to_string();
+  }
 
   KVPoolConfig m;
   m.num_layers = 1;
@@ -198,8 +208,7 @@ TEST(CudaWrapTest, HostMemoryLabelledCudaIsRefused) {
   const Status mla = MLAKVPool::wrap(m, latent).status();
   EXPECT_EQ(mla.code(), StatusCode::kInvalidArgument) << mla.to_string();
   EXPECT_NE(mla.message().find("kv[0]: address "), std::string::npos) << mla.to_string();
-  EXPECT_NE(mla.message().find("is host memory"), std::string::npos) << mla.to_string();
-  ASSERT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_NE(mla.message().find("pageable host memory"), std::string::npos) << mla.to_string();
 }
 
 TEST(CudaMetadataTest, TokenIndicesMatchHost) {

@@ -16,6 +16,7 @@
 #include "attnkit/kv_cache.h"
 #include "attnkit/registry.h"
 #include "core/device_scope.h"
+#include "cuda/common/per_device_once.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
 #include "support/on_backend.h"
@@ -145,6 +146,9 @@ TEST_P(OtherDevice, PoolsOfAnotherDeviceAreRefused) {
 }
 
 TEST_P(OtherDevice, StreamOfAnotherDeviceIsRefused) {
+#if CUDART_VERSION < 12080
+  GTEST_SKIP() << "the stream's device is checked from CUDA 12.8 (cudaStreamGetDevice)";
+#endif
   harness::PreparedCase& pc = made_->pc;
   cudaStream_t on0 = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&on0, cudaStreamNonBlocking));  // cuda:0 is current
@@ -177,6 +181,7 @@ TEST_P(OtherDevice, GraphReplayMatchesEager) {
   cudaStream_t on1 = nullptr;
   CUDA_OK(cudaSetDevice(1));
   CUDA_OK(cudaStreamCreateWithFlags(&on1, cudaStreamNonBlocking));
+  const std::unique_ptr<CUstream_st, cudaError_t (*)(cudaStream_t)> owned(on1, cudaStreamDestroy);
   CUDA_OK(cudaSetDevice(0));
   const test_support::BackendFactory make = [&](const BackendContext& ctx) {
     return builtin_registry().create(backend_name, ctx);
@@ -186,7 +191,6 @@ TEST_P(OtherDevice, GraphReplayMatchesEager) {
   CUDA_OK(cudaGetDevice(&now));
   EXPECT_EQ(now, 0) << "the backend did not give the caller's device back";
   CUDA_OK(cudaStreamSynchronize(on1));
-  CUDA_OK(cudaStreamDestroy(on1));
   CUDA_OK(cudaDeviceSynchronize());  // cuda:0's context: nothing was launched there
   CUDA_OK(cudaGetLastError());
 }
@@ -194,6 +198,9 @@ TEST_P(OtherDevice, GraphReplayMatchesEager) {
 // set_kv and check_device_errors on a pool of cuda:1 refuse a stream of cuda:0 by name, before
 // anything is written: the layer's keys stay as they were.
 TEST_P(OtherDevice, PoolCallsRefuseAStreamOfAnotherDevice) {
+#if CUDART_VERSION < 12080
+  GTEST_SKIP() << "the stream's device is checked from CUDA 12.8 (cudaStreamGetDevice)";
+#endif
   harness::PreparedCase& pc = made_->pc;
   const harness::LayerData& ld = pc.layers.front();
   KVPool& pool = *pc.kv_pool;
@@ -212,8 +219,7 @@ TEST_P(OtherDevice, PoolCallsRefuseAStreamOfAnotherDevice) {
                                 ld.layer.k_scale, ld.layer.v_scale, on0);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
   EXPECT_NE(st.message().find("set_kv stream"), std::string::npos) << st.to_string();
-  EXPECT_NE(st.message().find("belongs to cuda:0, but the backend runs on cuda:1"),
-            std::string::npos)
+  EXPECT_NE(st.message().find("belongs to cuda:0, but the pool is on cuda:1"), std::string::npos)
       << st.to_string();
   const Status errors = pool.check_device_errors(on0);
   EXPECT_EQ(errors.code(), StatusCode::kInvalidArgument) << errors.to_string();
@@ -261,6 +267,35 @@ TEST(WrapOnTwoDevices, MemoryOfAnotherDeviceIsRefused) {
   k[0].device = v[0].device = Device::cuda(1);
   Result<std::unique_ptr<MHAKVPool>> ok = MHAKVPool::wrap(c, k, v);
   EXPECT_TRUE(ok.is_ok()) << ok.status().to_string();
+}
+
+// cuda::PerDeviceValue runs its probe once on each device and keeps each device's own answer; a
+// negative answer ("could not tell") is not kept.
+TEST(PerDeviceValueOnTwoDevices, ProbesEachDeviceOnce) {
+  const int n = device_count();
+  if (n < 2) GTEST_SKIP() << "needs two CUDA devices; this machine has " << n;
+  cuda::PerDeviceValue value;
+  int calls = 0;
+  const auto probe = [&] {
+    ++calls;
+    int device = -1;
+    EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
+    return 10 + device;
+  };
+  for (int round = 0; round < 3; ++round) {
+    for (int device : {0, 1}) {
+      CUDA_OK(cudaSetDevice(device));
+      EXPECT_EQ(value.get(probe), 10 + device);
+    }
+  }
+  EXPECT_EQ(calls, 2);
+  cuda::PerDeviceValue unsure;
+  int tries = 0;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(unsure.get([&] { return ++tries, -1; }), -1);
+  EXPECT_EQ(tries, 3);
+  EXPECT_EQ(unsure.get([] { return 2; }), 2);
+  EXPECT_EQ(unsure.get([] { return 5; }), 2);
+  CUDA_OK(cudaSetDevice(0));
 }
 
 // A scope's end gives the caller its device back only when that device has a context: restoring

@@ -39,7 +39,9 @@ class PerDeviceOnce {
 // A small int computed once per device by a probe of the current device: whether a kernel loads as
 // sm_90a code there (cudaFuncGetAttributes' binaryVersion), the launch mode its compute capability
 // allows. A process-wide static would keep the first device's answer for every GPU of a process
-// that mixes generations. Devices past 64 run the probe every time; two threads may both run it.
+// that mixes generations. A negative answer means "could not tell" (a failed query): it is
+// returned, not kept, and the probe runs again at the next call. Devices past 64 run the probe
+// every time; two threads may both run it.
 class PerDeviceValue {
  public:
   PerDeviceValue() {
@@ -59,7 +61,7 @@ class PerDeviceValue {
     int v = slot.load(std::memory_order_acquire);
     if (v != kUnset) return v;
     v = probe();
-    slot.store(v, std::memory_order_release);
+    if (v >= 0) slot.store(v, std::memory_order_release);
     return v;
   }
 
@@ -69,14 +71,17 @@ class PerDeviceValue {
   std::array<std::atomic<int>, kDevices> values_;
 };
 
-// 1 when `kernel` loads as sm_90a code on the current device (the wgmma / TMA kernels' probe), else
-// 0 (another architecture's code, or no image for this device).
+// 1 when `kernel` loads as sm_90a code on the current device (the wgmma / TMA kernels' probe); 0
+// when it does not (another architecture's code, or no image for this device); -1 when the query
+// failed otherwise (out of memory while loading the module, say), which PerDeviceValue does not
+// keep.
 template <typename Kernel>
 int loads_as_sm90(Kernel* kernel) {
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return 0;
+    return err == cudaErrorInvalidDeviceFunction || err == cudaErrorNoKernelImageForDevice ? 0 : -1;
   }
   return attr.binaryVersion == 90 ? 1 : 0;
 }

@@ -14,8 +14,7 @@ namespace attnkit::fa3 {
 
 bool prefill_sm90_fp8_available() {
   static cuda::PerDeviceValue ok;  // per device: a process may mix GPU generations
-  return ok.get([] { return cuda::loads_as_sm90(prefill_sm90_fp8_kernel<true, true, false>); }) !=
-         0;
+  return ok.get([] { return cuda::loads_as_sm90(prefill_sm90_fp8_kernel<true, true, false>); }) > 0;
 }
 
 namespace {

@@ -96,7 +96,7 @@ Status launch_prefill_sm90_n(const Fa3Params& p, DType q_dtype, int block_n, int
     static cuda::PerDeviceValue ok; /* per device: a process may mix GPU generations */     \
     return ok.get([] {                                                                      \
       return cuda::loads_as_sm90(prefill_sm90_kernel<kD, default_block_n(kD), true>);       \
-    }) != 0;                                                                                \
+    }) > 0;                                                                                 \
   }                                                                                         \
   template <>                                                                               \
   Status run_prefill_sm90<kD>(const Fa3Params& p, DType q_dtype, int block_n, int sm_count, \

@@ -59,16 +59,17 @@ __device__ __forceinline__ void dequant16(const uint4& raw, uint4 (&out)[2]) {
 inline int decode_pdl(int allowed) {
   // Per device (the current one is the backend's): a process may mix GPU generations.
   static cuda::PerDeviceValue limit;
-  return std::min(allowed, limit.get([] {
+  const int mode = limit.get([] {
     const int m = env_int("ATTNKIT_FLASHINFER_PDL", 2, {0, 1, 2});
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
       (void)cudaGetLastError();
-      return 0;
+      return -1;  // not kept: asked again at the next launch
     }
     return major >= 9 ? m : 0;
-  }));
+  });
+  return std::min(allowed, std::max(mode, 0));
 }
 
 // kBalanced: paged_decode_balanced_kernel over a balanced plan (p.balance_slots > 0; grid_items =

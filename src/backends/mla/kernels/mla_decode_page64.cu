@@ -14,7 +14,7 @@ template Status run_decode_page<64>(const MlaDecodeParams&, DType, StreamHandle)
 // Here, where the page-64 wgmma kernel is instantiated anyway.
 bool wgmma_available() {
   static cuda::PerDeviceValue ok;  // per device: a process may mix GPU generations
-  return ok.get([] { return cuda::loads_as_sm90(mla_decode_wgmma_kernel<64>); }) != 0;
+  return ok.get([] { return cuda::loads_as_sm90(mla_decode_wgmma_kernel<64>); }) > 0;
 }
 
 int wgmma_smem_bytes() { return MlaWgmmaTraits<64>::kSmemBytes; }
