@@ -170,8 +170,8 @@ TEST_P(OtherDevice, StreamOfAnotherDeviceIsRefused) {
 
 // CUDA graphs on cuda:1 with cuda:0 current: the caller's stream is cuda:1's, the backend is made
 // through the registry (its create runs in the context's device scope) and every call to it is
-// made with cuda:0 current. Capture, replays and eager must agree bit for bit (and eager with the
-// fp64 reference).
+// made with cuda:0 current; the capture is in global mode. Capture, replays and eager must agree
+// bit for bit (and eager with the fp64 reference).
 TEST_P(OtherDevice, GraphReplayMatchesEager) {
   const auto& [backend_name, dc] = GetParam();
   if (dc.mode == ForwardMode::kExtend) GTEST_SKIP() << "graphs capture decode and verify only";
@@ -186,7 +186,10 @@ TEST_P(OtherDevice, GraphReplayMatchesEager) {
   const test_support::BackendFactory make = [&](const BackendContext& ctx) {
     return builtin_registry().create(backend_name, ctx);
   };
-  test_support::expect_graph_replay_matches_eager_on(made_->pc, make, dc.mode, on1);
+  // Captured in global mode, as PyTorch captures: the device scope's calls inside the capture
+  // (cudaGetDevice / cudaSetDevice, the stream's device) must be allowed there.
+  test_support::expect_graph_replay_matches_eager_on(made_->pc, make, dc.mode, on1,
+                                                     /*global_capture=*/true);
   int now = -1;
   CUDA_OK(cudaGetDevice(&now));
   EXPECT_EQ(now, 0) << "the backend did not give the caller's device back";

@@ -103,7 +103,8 @@ std::vector<std::vector<uint8_t>> copy_layer_outputs(const harness::PreparedCase
 // Captures and replays on `stream`; the caller owns the stream.
 void graph_replay_on(harness::PreparedCase& pc, const BackendFactory& make, ForwardMode mode,
                      int replays, const std::function<void(AttentionBackend&)>& after_replay,
-                     cudaStream_t stream, int graph_max_bs) {
+                     cudaStream_t stream, int graph_max_bs,
+                     cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeThreadLocal) {
   BackendContext ctx = pc.context();
   ctx.stream = stream;
   pc.batch.stream = stream;
@@ -135,7 +136,7 @@ void graph_replay_on(harness::PreparedCase& pc, const BackendFactory& make, Forw
       spec);
   ASSERT_TRUE(cap.is_ok()) << cap.to_string();
   cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, capture_mode), cudaSuccess);
   for (harness::LayerData& ld : pc.layers) {
     const Status s = backend.forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
                                      /*save_kv=*/false, ld.lse);
@@ -181,8 +182,10 @@ void expect_graph_replay_matches_eager(harness::PreparedCase& pc, const BackendF
 }
 
 void expect_graph_replay_matches_eager_on(harness::PreparedCase& pc, const BackendFactory& make,
-                                          ForwardMode mode, StreamHandle stream, int replays) {
-  graph_replay_on(pc, make, mode, replays, {}, static_cast<cudaStream_t>(stream), 0);
+                                          ForwardMode mode, StreamHandle stream,
+                                          bool global_capture, int replays) {
+  graph_replay_on(pc, make, mode, replays, {}, static_cast<cudaStream_t>(stream), 0,
+                  global_capture ? cudaStreamCaptureModeGlobal : cudaStreamCaptureModeThreadLocal);
 }
 #else
 void expect_graph_replay_matches_eager(harness::PreparedCase&, const BackendFactory&, ForwardMode,
@@ -190,7 +193,7 @@ void expect_graph_replay_matches_eager(harness::PreparedCase&, const BackendFact
   GTEST_SKIP() << "built without CUDA";
 }
 void expect_graph_replay_matches_eager_on(harness::PreparedCase&, const BackendFactory&,
-                                          ForwardMode, StreamHandle, int) {
+                                          ForwardMode, StreamHandle, bool, int) {
   GTEST_SKIP() << "built without CUDA";
 }
 #endif  // ATTNKIT_WITH_CUDA

@@ -61,8 +61,10 @@ void expect_graph_replay_matches_eager(
     const std::function<void(AttentionBackend&)>& after_replay = {}, int graph_max_bs = 0);
 
 // The same on the caller's `stream` (not synchronised or destroyed here): a stream of another
-// device than the current one, say.
+// device than the current one, say. `global_capture`: cudaStreamCaptureModeGlobal (PyTorch's
+// default, under which other threads' unsafe calls are refused too) instead of ThreadLocal.
 void expect_graph_replay_matches_eager_on(harness::PreparedCase& pc, const BackendFactory& make,
-                                          ForwardMode mode, StreamHandle stream, int replays = 2);
+                                          ForwardMode mode, StreamHandle stream,
+                                          bool global_capture = false, int replays = 2);
 
 }  // namespace attnkit::test_support
