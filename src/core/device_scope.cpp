@@ -55,6 +55,14 @@ Status check_stream_device(StreamHandle stream, const Device& device, std::strin
                            std::string_view where) {
   if (stream == nullptr || device.is_cpu()) return Status::ok();
 #if CUDART_VERSION >= 12080
+  // A stream being captured is not asked (cudaStreamGetDevice there invalidates the capture: H200
+  // 2026-11-27, set_kv inside a captured graph); cudaStreamIsCapturing is the capture-safe query.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture) != cudaSuccess) {
+    cudaGetLastError();  // the device query below names the bad handle
+  } else if (capture != cudaStreamCaptureStatusNone) {
+    return Status::ok();
+  }
   int owner = -1;
   const cudaError_t err = cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &owner);
   if (err != cudaSuccess) {

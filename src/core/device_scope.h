@@ -40,7 +40,8 @@ bool cuda_has_primary_context(int ordinal);
 // would run there, on pointers of `device`), naming `what` (the parameter), both devices and the
 // fix. A null stream is the current device's default stream: inside a DeviceScope, `device`'s
 // (so are the special handles cudaStreamLegacy / cudaStreamPerThread: check them inside one).
-// Needs CUDA 12.8 (cudaStreamGetDevice); older toolkits skip the check.
+// Needs CUDA 12.8 (cudaStreamGetDevice); older toolkits skip the check, and so does a stream that
+// is being captured into a CUDA graph (asking its device there would invalidate the capture).
 // `where` ends the message: "the backend runs on" (the default) or "the pool is on".
 Status check_stream_device(StreamHandle stream, const Device& device, std::string_view what,
                            std::string_view where = "the backend runs on");
