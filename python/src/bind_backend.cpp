@@ -3,6 +3,7 @@
 // calls) and create_backend.
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -267,6 +268,14 @@ void bind_backend(nb::module_& m) {
 
   nb::class_<PyBackend>(m, "Backend", "An attention backend (from create_backend).")
       .def_prop_ro("name", [](const PyBackend& b) { return b.backend->descriptor().name; })
+      .def_prop_ro(
+          "device",
+          [](const PyBackend& b) -> std::optional<std::string> {
+            const std::optional<Device> d = b.backend->device();
+            if (!d) return std::nullopt;
+            return d->to_string();
+          },
+          "The device the backend was made for (\"cpu\", \"cuda:1\"), as KVPool.device says it.")
       .def_prop_ro("descriptor",
                    [](const PyBackend& b) { return descriptor_dict(b.backend->descriptor()); })
       .def(

@@ -128,6 +128,7 @@ def test_create_backend_from_a_selection():
     backend = ak.create_backend(selection, kv_pool=pool, req_to_token_pool=table, num_q_heads=8,
                                 q_dtype="f32")
     assert backend.name == "torch_native"
+    assert backend.device == pool.device == "cpu"
     assert backend.descriptor["cuda_graph"] is False
     with pytest.raises(ak.UnsupportedError):
         backend.init_cuda_graph_state(4, 4)
