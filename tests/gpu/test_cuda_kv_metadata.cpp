@@ -151,15 +151,7 @@ struct MetaFixture {
 // kernel, while device and managed memory are taken.
 TEST(CudaWrapTest, HostMemoryLabelledCudaIsRefused) {
   if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
-  KVPoolConfig c;
-  c.num_layers = 1;
-  c.size = 32;
-  c.page_size = 16;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.v_head_dim = 64;
-  c.dtype = DType::kBF16;
-  c.device = Device::cuda(0);
+  KVPoolConfig c = test_support::small_bf16_mha_pool_config(32, Device::cuda(0));
   const int64_t rows = c.size + c.page_size;
   const int64_t bytes = rows * c.num_kv_heads * c.head_dim * 2;
   std::vector<uint16_t> pageable(static_cast<size_t>(bytes / 2), 0);

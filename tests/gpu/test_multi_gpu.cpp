@@ -243,15 +243,7 @@ TEST_P(OtherDevice, PoolCallsRefuseAStreamOfAnotherDevice) {
 TEST(WrapOnTwoDevices, MemoryOfAnotherDeviceIsRefused) {
   const int n = device_count();
   if (n < 2) GTEST_SKIP() << "needs two CUDA devices; this machine has " << n;
-  KVPoolConfig c;
-  c.num_layers = 1;
-  c.size = 64;
-  c.page_size = 16;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.v_head_dim = 64;
-  c.dtype = DType::kBF16;
-  c.device = Device::cuda(0);
+  KVPoolConfig c = test_support::small_bf16_mha_pool_config(64, Device::cuda(0));
   const int64_t rows = c.size + c.page_size;
   const int64_t bytes = rows * c.num_kv_heads * c.head_dim * 2;
   Result<Buffer> k1 = Buffer::allocate(Device::cuda(1), bytes);

@@ -57,6 +57,19 @@ bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s) {
   return dev.is_ok() && expects_sm90_wgmma_prefill(s, dev->compute_capability);
 }
 
+KVPoolConfig small_bf16_mha_pool_config(int64_t size, Device device) {
+  KVPoolConfig c;
+  c.num_layers = 1;
+  c.size = size;
+  c.page_size = 16;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.v_head_dim = 64;
+  c.dtype = DType::kBF16;
+  c.device = device;
+  return c;
+}
+
 void expect_layer_matches_reference(const harness::PreparedCase& pc, int layer) {
   Result<harness::ReferenceResult> ref = harness::reference_for_layer(pc, layer);
   ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();

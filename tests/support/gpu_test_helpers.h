@@ -9,6 +9,7 @@
 
 #include "attnkit/backend.h"
 #include "attnkit/forward_batch.h"
+#include "attnkit/kv_cache.h"
 #include "attnkit/tensor.h"
 #include "harness/case_runner.h"
 
@@ -22,6 +23,10 @@
   } while (0)
 
 namespace attnkit::test_support {
+
+// A one-layer bf16 MHA pool config on `device`: `size` slots, page 16, 2 kv heads, d 64 (the wrap
+// tests' pools over caller memory).
+KVPoolConfig small_bf16_mha_pool_config(int64_t size, Device device);
 
 // Whether this process sees a CUDA device (false in CPU-only builds).
 bool has_cuda();
