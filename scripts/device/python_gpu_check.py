@@ -469,6 +469,12 @@ def run_case(name, descriptor, case, results):
     except ak.Error as e:
         results.report("FAIL", label, f"create_backend: {type(e).__name__}: {e}")
         return
+    # Backend.device / KVPool.device: the wrapped tensors' GPU, as "cuda:N".
+    want = f"cuda:{torch.cuda.current_device()}"
+    if backend.device != want or cache.pool.device != want:
+        results.report("FAIL", label, f"device: backend {backend.device!r}, pool "
+                       f"{cache.pool.device!r}, expected {want!r}")
+        return
     gen = torch.Generator(device=DEVICE)
     gen.manual_seed(sum(map(ord, label)))
     try:
