@@ -106,14 +106,14 @@ inline const char* allowed_keys(BenchKind kind) {
 // Integer parameter >= min_value.
 inline Status get_int(const Json& v, const std::string& where, int min_value, int* out) {
   if (!v.is_number_integer()) {
-    return Status::invalid_argument(
-        where + ": expected an integer >= " + std::to_string(min_value) + ", got " + v.dump());
+    return Status::invalid_argument(where + ": expected an integer >= " +
+                                    std::to_string(min_value) + ", got " + json_excerpt(v));
   }
   // Unsigned values past INT64_MAX would wrap negative as int64 (2^64 - 1 -> -1).
   const bool huge = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX);
   const int64_t x = huge ? int64_t{INT32_MAX} + 1 : v.get<int64_t>();
   if (x < min_value || x > INT32_MAX) {
-    return Status::invalid_argument(where + ": " + v.dump() +
+    return Status::invalid_argument(where + ": " + json_excerpt(v) +
                                     " is out of range (accepted: " + std::to_string(min_value) +
                                     " to " + std::to_string(INT32_MAX) + ")");
   }
@@ -124,7 +124,7 @@ inline Status get_int(const Json& v, const std::string& where, int min_value, in
 // Boolean parameter (true / false only).
 inline Status get_bool(const Json& v, const std::string& where, bool* out) {
   if (!v.is_boolean()) {
-    return Status::invalid_argument(where + ": expected true or false, got " + v.dump());
+    return Status::invalid_argument(where + ": expected true or false, got " + json_excerpt(v));
   }
   *out = v.get<bool>();
   return Status::ok();
@@ -157,7 +157,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
     if (!v.is_array() || v.empty()) {
       return Status::invalid_argument(
           where + ": expected a non-empty list of sequence lengths (one per request), got " +
-          v.dump());
+          json_excerpt(v));
     }
     c->kv_lens.assign(v.size(), 0);
     for (size_t i = 0; i < v.size(); ++i) {
@@ -180,7 +180,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   if (key == "heads") {
     if (!v.is_array() || v.size() != 2) {
       return Status::invalid_argument(where + ": expected a [q_heads, kv_heads] pair, got " +
-                                      v.dump());
+                                      json_excerpt(v));
     }
     ATTNKIT_RETURN_IF_ERROR(get_int(v[0], where + "[0] (q_heads)", 1, &c->q_heads));
     return get_int(v[1], where + "[1] (kv_heads)", 1, &c->kv_heads);
@@ -188,7 +188,8 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   if (key == "causal") return get_bool(v, where, &c->causal);
   if (key == "dtype" || key == "kv_dtype") {
     if (!v.is_string()) {
-      return Status::invalid_argument(where + ": expected a dtype name string, got " + v.dump());
+      return Status::invalid_argument(where + ": expected a dtype name string, got " +
+                                      json_excerpt(v));
     }
     const std::string name = v.get<std::string>();
     if (key == "kv_dtype") state->kv_dtype_auto = name == "auto";
@@ -314,6 +315,9 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
 
 }  // namespace case_file_detail
 
+// The most points one file's sweep may expand to (bench/cases' largest has a few dozen).
+inline constexpr uint64_t kMaxSweepPoints = 100000;
+
 // Parses a case file's text; `source` names it in messages.
 inline Result<CaseFile> parse_case_file_text(const std::string& text, const std::string& source) {
   using case_file_detail::Json;
@@ -338,7 +342,11 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
   Result<BenchKind> kind = case_file_detail::parse_kind(root["kind"].get<std::string>());
   if (!kind) return Status::invalid_argument(source + ": " + kind.status().message());
   file.kind = *kind;
-  if (root.contains("description") && root["description"].is_string()) {
+  if (root.contains("description")) {
+    if (!root["description"].is_string()) {
+      return Status::invalid_argument(source + ": \"description\" must be a string, got " +
+                                      json_excerpt(root["description"]));
+    }
     file.description = root["description"].get<std::string>();
   }
   if (!root.contains("sweep") && !root.contains("cases")) {
@@ -356,7 +364,7 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
   auto check_object = [&](const Json& obj, const std::string& where) -> Status {
     if (!obj.is_object()) {
       return Status::invalid_argument(source + ": " + where + ": expected an object, got " +
-                                      obj.dump());
+                                      json_excerpt(obj));
     }
     for (const auto& [key, value] : obj.items()) {
       if (!case_file_detail::key_allowed(file.kind, key)) {
@@ -380,13 +388,23 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
     const Json& sweep = root["sweep"];
     ATTNKIT_RETURN_IF_ERROR(check_object(sweep, "sweep"));
     std::vector<std::string> keys;
+    uint64_t points = 1;
     for (const auto& [key, value] : sweep.items()) {
       if (!value.is_array() || value.empty()) {
         return Status::invalid_argument(source + ": sweep." + key +
                                         ": expected a non-empty array of values, got " +
-                                        value.dump());
+                                        json_excerpt(value));
       }
       keys.push_back(key);
+      // Counted before any point is built (at most kMaxSweepPoints x the next array's size, so
+      // no overflow): 200 values in each of four keys would be 1.6 billion points.
+      points *= value.size();
+      if (points > kMaxSweepPoints) {
+        return Status::invalid_argument(
+            source + ": the sweep has more than " + std::to_string(kMaxSweepPoints) +
+            " points (the product of its arrays' sizes, through sweep." + key +
+            "); split it into several files or list the points under \"cases\"");
+      }
     }
     // Odometer over the sweep keys; the last key varies fastest.
     std::vector<size_t> index(keys.size(), 0);
@@ -396,7 +414,7 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
       case_file_detail::ParseState state = base_state;
       std::string where = source + ": sweep point {";
       for (size_t k = 0; k < keys.size(); ++k) {
-        where += (k ? ", " : "") + keys[k] + "=" + sweep[keys[k]][index[k]].dump();
+        where += (k ? ", " : "") + keys[k] + "=" + json_excerpt(sweep[keys[k]][index[k]]);
       }
       where += "}";
       for (size_t k = 0; k < keys.size(); ++k) {

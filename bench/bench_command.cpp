@@ -517,7 +517,8 @@ void run_main(const RunArgs& args) {
     cli_fail("run: --backend and --case are required (or --list-cases)");
   }
   harness::CaseSpec spec;
-  if (!args.case_arg.empty() && args.case_arg.front() == '{') {
+  const size_t first = args.case_arg.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && args.case_arg[first] == '{') {
     Result<harness::CaseSpec> parsed = bench::parse_case_spec_json(args.case_arg);
     if (!parsed) cli_fail("--case: " + parsed.status().to_string());
     spec = std::move(*parsed);
@@ -582,8 +583,9 @@ void register_bench_commands(CLI::App& app) {
                    "the device)")
       ->required();
   bench->add_option("--cases", bench_args->cases, "Case file (bench/cases/*.json)")->required();
-  bench->add_option("--device", bench_args->device,
-                    "cpu, cuda or cuda:N (default: cuda if present)");
+  bench
+      ->add_option("--device", bench_args->device, "cpu, cuda or cuda:N (default: cuda if present)")
+      ->check(cli::non_empty("cpu, cuda, cuda:N"));
   bench->add_flag("--verify", bench_args->verify,
                   "Compare each case with the fp64 reference once before timing; a mismatch "
                   "fails the case");
@@ -645,11 +647,14 @@ void register_bench_commands(CLI::App& app) {
   auto run_args = std::make_shared<RunArgs>();
   CLI::App* run = app.add_subcommand(
       "run", "Run one case (a JSON CaseSpec or a name from the shared case table) on one backend");
-  run->add_option("--backend", run_args->backend, "Backend flag name");
+  run->add_option("--backend", run_args->backend, "Backend flag name")
+      ->check(cli::non_empty("a backend flag name, see `attnkit backends`"));
   run->add_option("--case", run_args->case_arg,
                   "A name from the shared case table or a JSON CaseSpec ('{\"mode\": \"decode\", "
-                  "\"prefix_lens\": [100], ...}')");
-  run->add_option("--device", run_args->device, "cpu, cuda or cuda:N (default: cuda if present)");
+                  "\"prefix_lens\": [100], ...}')")
+      ->check(cli::non_empty("a case name (`attnkit run --list-cases`) or a JSON CaseSpec"));
+  run->add_option("--device", run_args->device, "cpu, cuda or cuda:N (default: cuda if present)")
+      ->check(cli::non_empty("cpu, cuda, cuda:N"));
   run->add_flag("--verify", run_args->verify, "Compare with the fp64 reference and print it");
   run->add_flag("--save-kv", run_args->save_kv,
                 "Let the backend write the new k/v (default: the runner writes them)");

@@ -16,7 +16,7 @@ namespace {
 using Json = nlohmann::json;
 
 Status bad(const std::string& key, const Json& v, const char* accepted) {
-  return Status::invalid_argument("case spec: \"" + key + "\" = " + v.dump() +
+  return Status::invalid_argument("case spec: \"" + key + "\" = " + json_excerpt(v) +
                                   " (accepted: " + accepted + ")");
 }
 
@@ -58,8 +58,8 @@ Status get_dtype(const std::string& key, const Json& v, DType* out) {
 }
 
 Status get_mode(const std::string& key, const Json& v, ForwardMode* out) {
-  constexpr ForwardMode kModes[] = {ForwardMode::kExtend,       ForwardMode::kDecode,
-                                    ForwardMode::kMixed,        ForwardMode::kIdle,
+  // Not idle: a case of an idle forward has no work to prepare (check_spec refuses it).
+  constexpr ForwardMode kModes[] = {ForwardMode::kExtend, ForwardMode::kDecode, ForwardMode::kMixed,
                                     ForwardMode::kTargetVerify, ForwardMode::kDraftExtend};
   if (v.is_string()) {
     for (ForwardMode m : kModes) {
@@ -69,7 +69,7 @@ Status get_mode(const std::string& key, const Json& v, ForwardMode* out) {
       }
     }
   }
-  return bad(key, v, "extend, decode, mixed, idle, target_verify, draft_extend");
+  return bad(key, v, "extend, decode, mixed, target_verify, draft_extend");
 }
 
 }  // namespace

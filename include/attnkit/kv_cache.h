@@ -122,6 +122,12 @@ class PageAllocator {
   enum PageState : uint8_t { kFree = 0, kAllocated = 1, kCached = 2 };
   // The distinct pages of `slots` (sorted), or an error naming `fn` and the slot outside the pool.
   Result<std::vector<int64_t>> pages_of(const char* fn, std::span<const int64_t> slots) const;
+  // alloc_extend / free_pages with their errors naming `fn`, the public call the user made
+  // (alloc_decode, free_slots, free_cached_slots go through them).
+  Result<std::vector<int64_t>> alloc_extend_as(const char* fn, std::span<const int32_t> prefix_lens,
+                                               std::span<const int32_t> seq_lens,
+                                               std::span<const int64_t> last_loc);
+  Status free_pages_as(const char* fn, std::span<const int64_t> pages);
   int64_t num_pages_ = 0;
   int page_size_ = 1;
   std::vector<int64_t> free_pages_;  // stack; lowest ids handed out first

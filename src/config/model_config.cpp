@@ -21,6 +21,8 @@
 #include <sstream>
 #include <utility>
 
+#include "core/json_text.h"
+
 namespace attnkit {
 namespace {
 
@@ -36,6 +38,12 @@ constexpr int kGptOssSlidingPeriod = 2;
 constexpr double kYarnMscaleSlope = 0.1;
 // Longest stretch of a JSON value quoted in an error message.
 constexpr size_t kMaxQuotedValueChars = 80;
+// The most layers a config may declare (num_hidden_layers, decoder_layers, encoder_layers, a
+// vision tower's depth): the plan keeps one entry per layer, and the largest published models
+// have a few hundred, so a larger count is a wrong file, not a model.
+constexpr int kMaxLayers = 65536;
+// A config.json is a few KB; the largest accepted is that of the bench case files.
+constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
 
 // Gemma3TextConfig's class defaults. The published Gemma-3 checkpoints (gemma-3-4b/12b/27b-it)
 // write only the keys that differ from these, so the defaults are part of the format.
@@ -149,6 +157,18 @@ class Reader {
     if (!value) return missing(key, describe(rule));
     *out = *value;
     return Status::ok();
+  }
+
+  // A layer count: a positive integer of at most kMaxLayers.
+  Status require_layers(std::string_view key, int* out) const {
+    ATTNKIT_RETURN_IF_ERROR(require_int(key, IntRule::kPositive, out));
+    return check_layers(key, *out);
+  }
+  Status check_layers(std::string_view key, int layers) const {
+    if (layers <= kMaxLayers) return Status::ok();
+    return find(key).second->error(key, std::to_string(layers) +
+                                            " is more layers than a model has (at most " +
+                                            std::to_string(kMaxLayers) + ")");
   }
 
   // A finite number >= min_value.
@@ -295,11 +315,10 @@ Status parse_rope(const Reader& text, ModelAttentionConfig* cfg) {
 Status parse_encoder_decoder(const Reader& root, ModelAttentionConfig* cfg) {
   cfg->is_encoder_decoder = true;
   ATTNKIT_RETURN_IF_ERROR(root.require_int("d_model", IntRule::kPositive, &cfg->hidden_size));
-  ATTNKIT_RETURN_IF_ERROR(root.require_int("decoder_layers", IntRule::kPositive, &cfg->num_layers));
+  ATTNKIT_RETURN_IF_ERROR(root.require_layers("decoder_layers", &cfg->num_layers));
   ATTNKIT_RETURN_IF_ERROR(
       root.require_int("decoder_attention_heads", IntRule::kPositive, &cfg->num_attention_heads));
-  ATTNKIT_RETURN_IF_ERROR(
-      root.require_int("encoder_layers", IntRule::kPositive, &cfg->encoder_layers));
+  ATTNKIT_RETURN_IF_ERROR(root.require_layers("encoder_layers", &cfg->encoder_layers));
   ATTNKIT_RETURN_IF_ERROR(root.require_int("encoder_attention_heads", IntRule::kPositive,
                                            &cfg->encoder_attention_heads));
   for (auto [heads_key, heads] :
@@ -357,8 +376,7 @@ Status parse_mla(const Reader& text, ModelAttentionConfig* cfg) {
 
 Status parse_decoder_heads(const Reader& text, ModelAttentionConfig* cfg) {
   ATTNKIT_RETURN_IF_ERROR(text.require_int("hidden_size", IntRule::kPositive, &cfg->hidden_size));
-  ATTNKIT_RETURN_IF_ERROR(
-      text.require_int("num_hidden_layers", IntRule::kPositive, &cfg->num_layers));
+  ATTNKIT_RETURN_IF_ERROR(text.require_layers("num_hidden_layers", &cfg->num_layers));
   ATTNKIT_RETURN_IF_ERROR(
       text.require_int("num_attention_heads", IntRule::kPositive, &cfg->num_attention_heads));
   std::optional<int> kv_heads;
@@ -587,6 +605,9 @@ Status parse_vision(const Reader& root, ModelAttentionConfig* cfg) {
   int width = 0;
   ATTNKIT_RETURN_IF_ERROR(
       first_int({"depth", "num_hidden_layers"}, &cfg->vision_num_layers, &layers_key));
+  if (layers_key != nullptr) {
+    ATTNKIT_RETURN_IF_ERROR(reader.check_layers(layers_key, cfg->vision_num_layers));
+  }
   ATTNKIT_RETURN_IF_ERROR(first_int({"num_heads", "num_attention_heads", "attention_heads"},
                                     &cfg->vision_num_attention_heads, &heads_key));
   ATTNKIT_RETURN_IF_ERROR(first_int({"embed_dim", "hidden_size"}, &width, &width_key));
@@ -627,6 +648,13 @@ Status parse_max_positions(const Reader& text, ModelAttentionConfig* cfg) {
 
 Result<ModelAttentionConfig> parse_with_source(std::string_view json_text,
                                                const std::string& source) {
+  const size_t too_deep = json_nesting_past(json_text, kMaxJsonNesting);
+  if (too_deep != std::string_view::npos) {
+    return Status::invalid_argument(source + ": arrays / objects nested more than " +
+                                    std::to_string(kMaxJsonNesting) + " levels deep at " +
+                                    describe_position(json_text, too_deep + 1) +
+                                    " (a config.json nests a few levels)");
+  }
   Json root;
   try {
     root = Json::parse(json_text.begin(), json_text.end());
@@ -634,8 +662,9 @@ Result<ModelAttentionConfig> parse_with_source(std::string_view json_text,
     return Status::invalid_argument(source + ": malformed JSON at " +
                                     describe_position(json_text, e.byte) + ": " +
                                     parser_reason(e.what()));
-  } catch (const Json::exception& e) {
-    return Status::invalid_argument(source + ": malformed JSON: " + std::string(e.what()));
+  } catch (const Json::exception& e) {  // out_of_range: a number past double's range
+    return Status::invalid_argument(source +
+                                    ": malformed JSON: " + without_json_exception_tag(e.what()));
   }
   if (!root.is_object()) {
     return Status::invalid_argument(source + ": the top level must be a JSON object, got " +
@@ -652,7 +681,6 @@ Result<ModelAttentionConfig> parse_with_source(std::string_view json_text,
 
   const Json* nested = nullptr;
   ATTNKIT_RETURN_IF_ERROR(top.get_object("text_config", &nested));
-  Json text_object = nested != nullptr ? *nested : Json::object();
   cfg.text_model_type = cfg.model_type;
   if (nested != nullptr) {
     auto it = nested->find("model_type");
@@ -662,7 +690,7 @@ Result<ModelAttentionConfig> parse_with_source(std::string_view json_text,
       cfg.text_model_type = "gemma3_text";
     }
   }
-  const Json& text_source = nested != nullptr ? text_object : root;
+  const Json& text_source = nested != nullptr ? *nested : root;
   Json with_defaults;
   if (is_gemma3(cfg)) {
     with_defaults = text_source;
@@ -805,6 +833,13 @@ Result<ModelAttentionConfig> load_model_config(const std::string& path) {
     return Status::not_found("model config \"" + file.string() +
                              "\" does not exist or is not a regular file (expected a "
                              "config.json file or a model directory containing one)");
+  }
+  const std::uintmax_t bytes = fs::file_size(file, ec);
+  if (!ec && bytes > static_cast<std::uintmax_t>(kMaxConfigBytes)) {
+    return Status::invalid_argument("model config \"" + file.string() + "\" is " +
+                                    std::to_string(bytes) + " bytes; a config.json is at most " +
+                                    std::to_string(kMaxConfigBytes >> 20) +
+                                    " MiB (is it a weights file?)");
   }
   std::ifstream in(file, std::ios::binary);
   if (!in) {

@@ -280,9 +280,23 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
                    shortest - s.prefix_lens.begin(), "] = ", *shortest,
                    "; a decode request of kv_len n caches n - 1 tokens)"));
   }
-  if (verify && (s.spec_draft_tokens < 1 || s.spec_topk < 1)) {
-    return bad(cat("target_verify needs spec_draft_tokens >= 1 and spec_topk >= 1, got ",
-                   s.spec_draft_tokens, " / ", s.spec_topk));
+  const bool spec_mode = verify || s.mode == ForwardMode::kDraftExtend;
+  if (spec_mode && (s.spec_draft_tokens < 1 || s.spec_topk < 1)) {
+    return bad(cat(forward_mode_name(s.mode),
+                   " needs spec_draft_tokens >= 1 and spec_topk >= 1, got ", s.spec_draft_tokens,
+                   " / ", s.spec_topk));
+  }
+  if (!spec_mode && (s.spec_draft_tokens != 0 || s.spec_topk != 0)) {
+    return bad(cat("spec_draft_tokens / spec_topk ", s.spec_draft_tokens, " / ", s.spec_topk,
+                   " are for target_verify and draft_extend only (leave them 0 in mode ",
+                   forward_mode_name(s.mode), ")"));
+  }
+  if (s.sliding_window < -1) {
+    return bad(cat("sliding_window ", s.sliding_window, " must be -1 (off) or >= 0"));
+  }
+  if (!s.mla && (s.kv_lora_rank != 0 || s.qk_rope_head_dim != 0)) {
+    return bad(cat("kv_lora_rank / qk_rope_head_dim ", s.kv_lora_rank, " / ", s.qk_rope_head_dim,
+                   " are for MLA cases only (leave them 0 without mla)"));
   }
   for (int r = 0; s.cross_attention && r < bs; ++r) {
     if (s.encoder_lens[static_cast<size_t>(r)] < 0) {
@@ -307,6 +321,11 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
                      " plus one) but at most 2147483647 fit in int32"));
     }
     total_new += fresh;
+  }
+  if (total_new == 0) {
+    return bad(
+        "no request has new tokens (new_lens are all 0): the forward would compute nothing "
+        "(and --verify would compare nothing)");
   }
   if (total_new > INT32_MAX) {
     return bad(cat(total_new,
@@ -437,6 +456,25 @@ Status check_host_footprint(const CaseSpec& spec, Device device, const PrepareOp
 }
 
 namespace {
+
+// Half the smallest positive value of the KV dtype (at scale 1): the most a value in its
+// subnormal range moves in a round trip. 0 for fp4 (block scales: the relative tolerance holds).
+double kv_subnormal_half_step(DType kv) {
+  switch (kv) {
+    case DType::kF32:
+      return std::ldexp(1.0, -150);
+    case DType::kF16:
+      return std::ldexp(1.0, -25);
+    case DType::kBF16:
+      return std::ldexp(1.0, -134);
+    case DType::kFP8E4M3:
+      return std::ldexp(1.0, -10);
+    case DType::kFP8E5M2:
+      return std::ldexp(1.0, -17);
+    default:
+      return 0.0;
+  }
+}
 
 // Float tolerance of a round trip through the KV dtype (rel L2 of one [token, head] row).
 double kv_roundtrip_tolerance(DType kv, DType q) {
@@ -586,7 +624,11 @@ void check_pool_layer(const HostMirror& m, const PreparedCase& pc, int l, Compar
       err += (x - y) * (x - y);
       norm += x * x;
     }
-    return std::sqrt(err) <= tol * std::sqrt(norm) + std::numeric_limits<float>::min();
+    // Plus the absolute rounding of values in the dtype's subnormal range (at head_dim 1 one
+    // fp8 value below half its smallest step rounds to 0: a 100% relative error).
+    const double floor = kv_subnormal_half_step(pc.spec.kv_dtype) * std::fabs(scale) *
+                         std::sqrt(static_cast<double>(dim));
+    return std::sqrt(err) <= tol * std::sqrt(norm) + floor + std::numeric_limits<float>::min();
   };
   for (int64_t t = 0; t < pc.num_tokens; ++t) {
     if (m.pool->is_mla()) {

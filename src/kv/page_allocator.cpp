@@ -55,7 +55,13 @@ bool PageAllocator::is_allocated(int64_t page) const {
 Result<std::vector<int64_t>> PageAllocator::alloc_extend(std::span<const int32_t> prefix_lens,
                                                          std::span<const int32_t> seq_lens,
                                                          std::span<const int64_t> last_loc) {
-  constexpr const char* kFn = "alloc_extend";
+  return alloc_extend_as("alloc_extend", prefix_lens, seq_lens, last_loc);
+}
+
+Result<std::vector<int64_t>> PageAllocator::alloc_extend_as(const char* kFn,
+                                                            std::span<const int32_t> prefix_lens,
+                                                            std::span<const int32_t> seq_lens,
+                                                            std::span<const int64_t> last_loc) {
   if (prefix_lens.size() != seq_lens.size() || prefix_lens.size() != last_loc.size()) {
     return Status::invalid_argument(
         std::string(kFn) + ": prefix_lens (" + std::to_string(prefix_lens.size()) +
@@ -164,7 +170,7 @@ Result<std::vector<int64_t>> PageAllocator::alloc_decode(std::span<const int32_t
     }
     prefix_lens[r] = seq_lens[r] - 1;
   }
-  return alloc_extend(prefix_lens, seq_lens, last_loc);
+  return alloc_extend_as("alloc_decode", prefix_lens, seq_lens, last_loc);
 }
 
 Result<std::vector<int64_t>> PageAllocator::alloc_pages(int64_t n) {
@@ -210,7 +216,7 @@ Result<std::vector<int64_t>> PageAllocator::pages_of(const char* fn,
 
 Status PageAllocator::free_slots(std::span<const int64_t> slots) {
   ATTNKIT_ASSIGN_OR_RETURN(std::vector<int64_t> pages, pages_of("free_slots", slots));
-  return free_pages(pages);
+  return free_pages_as("free_slots", pages);
 }
 
 bool PageAllocator::is_cached(int64_t page) const {
@@ -241,29 +247,32 @@ Status PageAllocator::free_cached_slots(std::span<const int64_t> slots) {
     }
   }
   for (const int64_t page : pages) allocated_[static_cast<size_t>(page)] = kAllocated;
-  return free_pages(pages);
+  return free_pages_as("free_cached_slots", pages);
 }
 
 Status PageAllocator::free_pages(std::span<const int64_t> pages) {
+  return free_pages_as("free_pages", pages);
+}
+
+Status PageAllocator::free_pages_as(const char* fn, std::span<const int64_t> pages) {
+  const std::string at = std::string(fn) + ": page ";
   std::vector<int64_t> sorted(pages.begin(), pages.end());
   std::sort(sorted.begin(), sorted.end());
   for (size_t i = 0; i < sorted.size(); ++i) {
     const int64_t page = sorted[i];
     if (page < 1 || page > num_pages_) {
-      return Status::invalid_argument("free_pages: page " + std::to_string(page) +
-                                      " is outside [1, " + std::to_string(num_pages_) +
-                                      "] (page 0 is reserved)");
+      return Status::invalid_argument(at + std::to_string(page) + " is outside [1, " +
+                                      std::to_string(num_pages_) + "] (page 0 is reserved)");
     }
     if (i > 0 && sorted[i - 1] == page) {
-      return Status::invalid_argument("free_pages: page " + std::to_string(page) +
-                                      " appears more than once");
+      return Status::invalid_argument(at + std::to_string(page) + " appears more than once");
     }
     if (allocated_[static_cast<size_t>(page)] == kFree) {
-      return Status::invalid_argument("free_pages: page " + std::to_string(page) +
+      return Status::invalid_argument(at + std::to_string(page) +
                                       " is not allocated (double free?)");
     }
     if (allocated_[static_cast<size_t>(page)] == kCached) {
-      return Status::invalid_argument("free_pages: page " + std::to_string(page) +
+      return Status::invalid_argument(at + std::to_string(page) +
                                       " is held by the radix cache (its eviction frees it; free "
                                       "only a request's pages past its cached prefix)");
     }

@@ -493,6 +493,75 @@ TEST(BenchCli, JsonOverflowAndDuplicateKeysNameTheFlag) {
       {"json.exception", "escaped"});
 }
 
+// Input that cost the process its stack or its memory, or was accepted as nonsense, is refused by
+// name (a review helper's findings, 2026-11-27): JSON nested past 64 levels (100000 levels crashed
+// the message quoting the value), a sweep of 1.6 billion points (std::bad_alloc after 40 s), a
+// batch without new tokens (--verify passed comparing nothing), speculative counts in the wrong
+// mode or below 1, MLA sizes without mla, a window below -1 (was caught only at run time), empty
+// --device / --backend / --case values, and a hexadecimal or out-of-range --gemm-tflops.
+TEST(BenchCli, DeepHugeAndEmptyInputsAreRefusedByName) {
+  const std::string dir = ::testing::TempDir();
+  const auto nested = [](int depth) {
+    return std::string(static_cast<size_t>(depth), '[') + "1" +
+           std::string(static_cast<size_t>(depth), ']');
+  };
+  const std::string deep = dir + "bench_cli_deep.json";
+  write_text_file(deep, R"({"kind": "decode", "fixed": {"batch": )" + nested(100000) +
+                            R"(}, "sweep": {"kv_len": [64]}})");
+  const std::string sweep = dir + "bench_cli_sweep.json";
+  std::string values;
+  for (int i = 1; i <= 200; ++i) values += (i > 1 ? ", " : "") + std::to_string(i);
+  write_text_file(sweep, R"({"kind": "decode", "sweep": {"batch": [)" + values +
+                             R"(], "kv_len": [)" + values + R"(], "page_size": [)" + values +
+                             R"(], "head_dim": [)" + values + "]}}");
+  const std::string described = dir + "bench_cli_description.json";
+  write_text_file(described, R"({"kind": "decode", "description": 5, "sweep": {"kv_len": [64]}})");
+  const std::string list = "bench --backend torch_native --device cpu --list --cases ";
+  const std::string run = "run --backend torch_native --device cpu --case ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {list + "'" + deep + "'", deep + ": arrays / objects nested more than 64 levels deep"},
+          {list + "'" + sweep + "'",
+           sweep + ": the sweep has more than 100000 points (the product of its arrays' sizes, "
+                   "through sweep.page_size)"},
+          {list + "'" + described + "'", R"("description" must be a string, got 5)"},
+          {run + R"('{"mode": "decode", "prefix_lens": )" + nested(70) + "}'",
+           "case spec: arrays / objects nested more than 64 levels deep"},
+          {run + R"('{"mode": "extend", "prefix_lens": [5, 0], "new_lens": [0, 0]}')",
+           "no request has new tokens (new_lens are all 0)"},
+          {run + R"('{"mode": "draft_extend", "prefix_lens": [10], "new_lens": [4],
+                      "spec_draft_tokens": -7, "spec_topk": -3}')",
+           "draft_extend needs spec_draft_tokens >= 1 and spec_topk >= 1, got -7 / -3"},
+          {run + R"('{"mode": "extend", "prefix_lens": [10], "new_lens": [4], "spec_topk": 2}')",
+           "spec_draft_tokens / spec_topk 0 / 2 are for target_verify and draft_extend only"},
+          {run + R"('{"mode": "extend", "prefix_lens": [10], "new_lens": [4],
+                      "kv_lora_rank": -1}')",
+           "kv_lora_rank / qk_rope_head_dim -1 / 0 are for MLA cases only"},
+          {run + R"('{"mode": "decode", "prefix_lens": [10], "sliding_window": -5}')",
+           "sliding_window -5 must be -1 (off) or >= 0"},
+          {run + R"('{"mode": "idle", "prefix_lens": [10]}')",
+           "(accepted: extend, decode, mixed, target_verify, draft_extend)"},
+          {"run --backend torch_native --case decode_page16 --device ''",
+           "--device: the value is empty (accepted: cpu, cuda, cuda:N)"},
+          {"run --backend '' --case decode_page16 --device cpu", "--backend: the value is empty"},
+          {"run --backend torch_native --case '' --device cpu", "--case: the value is empty"},
+          {list + "unused.json --device ''", "--device: the value is empty"},
+          {list + "unused.json --gemm-tflops 0x10", "--gemm-tflops: \"0x10\" is not a number"},
+          {list + "unused.json --gemm-tflops 1e400", "--gemm-tflops: 1e400 is out of range"},
+          {"matrix --device cpu", "attnkit matrix: not expected: --device cpu"},
+      },
+      {"json.exception", "escaped", "bad_alloc"});
+  // A JSON spec after white space is still JSON; fp8 values in the subnormal range at head_dim 1
+  // verify (one value rounding to 0 was a 100% relative error on the reference itself).
+  CliRun r = run_cli(run + R"('  {"mode": "decode", "prefix_lens": [10]}')");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = run_cli(run + R"('{"mode": "extend", "prefix_lens": [5, 33], "new_lens": [20, 3],
+      "head_dim": 1, "kv_dtype": "fp8_e4m3", "page_size": 16}' --verify)");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
+}
+
 // Every backend named is not built (or not for this platform): an error naming each and why, not
 // a run of skipped rows that exits 0. `all` still means the runnable ones.
 TEST(BenchCli, NamedBackendsThatCannotRunAreRefused) {

@@ -253,6 +253,8 @@ TEST(Cli, NumericFlagsSayWhatIsAllowed) {
           {select + "--chunked-prefill-size 0",
            "--chunked-prefill-size 0 is invalid; use -1 (off)"},
           {"demo --device cpu --page-size 0", "--page-size: 0 is not allowed: must be an integer"},
+          {"demo --device cpu --page-size 2147483647",
+           "--page-size 2147483647 does not fit the demo's requests"},
       });
   // In range: accepted.
   EXPECT_EQ(run_cli(select + "--page-size 64 --tp-size 2").exit_code, 0);

@@ -246,6 +246,18 @@ TEST(PageAllocator, ValidatesInputs) {
   EXPECT_EQ(ok->available_slots(), 4 * 24);
 }
 
+// Errors name the call the user made, not the one it goes through (free_slots said "free_pages",
+// alloc_decode "alloc_extend").
+TEST(PageAllocator, ErrorsNameTheCallMade) {
+  PageAllocator alloc(8, 16);
+  const Status freed = alloc.free_slots(Slots{16 * 3});
+  ASSERT_FALSE(freed.is_ok());
+  EXPECT_EQ(freed.message().rfind("free_slots: page 3 is not allocated", 0), 0u) << freed.message();
+  const auto decoded = alloc.alloc_decode(std::vector<int32_t>{5}, Slots{7});
+  ASSERT_FALSE(decoded.is_ok());
+  EXPECT_EQ(decoded.status().message().rfind("alloc_decode", 0), 0u) << decoded.status().message();
+}
+
 TEST(PageAllocator, ExtendOfZeroNewTokensAllocatesNothing) {
   PageAllocator alloc(4, 16);
   auto base = alloc.alloc_extend(std::vector<int32_t>{0}, std::vector<int32_t>{16}, Slots{-1});

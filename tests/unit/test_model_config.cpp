@@ -679,6 +679,48 @@ TEST(ModelConfigErrors, EncoderDecoderHeadsMustDivideDModel) {
               HasSubstr("required key \"encoder_layers\" is missing"));
 }
 
+// A wrong file is refused by name before it costs the process its stack or memory: nesting past
+// kMaxJsonNesting (a 100000-deep array crashed the error message that quoted it, and a deep
+// text_config was copied recursively), a layer count no model has (one plan entry per layer:
+// 2^31 - 1 took 8 GB), and a file far larger than any config.json (a weights file).
+TEST(ModelConfigErrors, DeepNestingHugeLayerCountsAndHugeFilesAreRefused) {
+  const auto nested = [](int depth) {
+    return std::string(static_cast<size_t>(depth), '[') +
+           std::string(static_cast<size_t>(depth), ']');
+  };
+  EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32, "x": )" + nested(100000))),
+              HasSubstr("nested more than 64 levels deep at line 1"));
+  EXPECT_THAT(
+      parse_error(R"({"model_type": "llava", "text_config": {"model_type": "llama", "x": )" +
+                  nested(70) + "}}"),
+      HasSubstr("nested more than 64 levels deep"));
+  // Brackets inside strings do not count; 64 levels are accepted.
+  auto shallow = parse_model_config(
+      llama_json(R"(, "num_attention_heads": 32, "name": "[[[[[[", "x": )" + nested(63)));
+  EXPECT_TRUE(shallow.is_ok()) << shallow.status().to_string();
+  EXPECT_THAT(parse_error(R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+      "num_hidden_layers": 2147483647})"),
+              HasSubstr("num_hidden_layers 2147483647 is more layers than a model has (at most "
+                        "65536)"));
+  EXPECT_THAT(parse_error(R"({"model_type": "whisper", "is_encoder_decoder": true,
+      "d_model": 1280, "decoder_layers": 4, "decoder_attention_heads": 20, "encoder_layers": 70000,
+      "encoder_attention_heads": 20})"),
+              HasSubstr("encoder_layers 70000 is more layers than a model has"));
+  auto ok = parse_model_config(R"({"model_type": "llama", "hidden_size": 4096,
+      "num_attention_heads": 32, "num_hidden_layers": 65536})");
+  EXPECT_TRUE(ok.is_ok()) << ok.status().to_string();
+
+  const auto big = std::filesystem::temp_directory_path() / "attnkit_test_huge_config.json";
+  { std::ofstream out(big); }
+  std::filesystem::resize_file(big, (uintmax_t{16} << 20) + 1);  // sparse: no 16 MiB written
+  auto r = load_model_config(big.string());
+  std::filesystem::remove(big);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_THAT(
+      r.status().message(),
+      HasSubstr("is 16777217 bytes; a config.json is at most 16 MiB (is it a weights file?)"));
+}
+
 TEST(ModelConfigErrors, MissingFileNamesPath) {
   const std::string path = std::string(ATTNKIT_TEST_DATA_DIR) + "/configs/no-such-model.json";
   auto r = load_model_config(path);

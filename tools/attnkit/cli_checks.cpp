@@ -39,20 +39,30 @@ CLI::Validator non_negative_int() { return int_at_least(0, "NONNEGATIVE"); }
 CLI::Validator positive_number() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
+        // Decimal only (std::stod would also read "0x10" as 16 and "inf"); from_chars reports a
+        // number past double's range (1e400) as out of range, not as "not a number".
         double v = 0.0;
-        size_t used = 0;
-        try {
-          v = std::stod(value, &used);
-        } catch (const std::exception&) {
-          used = 0;
+        const char* end = value.data() + value.size();
+        const auto [ptr, ec] = std::from_chars(value.data(), end, v, std::chars_format::general);
+        if (value.empty() || ec == std::errc::invalid_argument || ptr != end) {
+          return "\"" + value + "\" is not a number (must be a decimal number > 0)";
         }
-        if (value.empty() || used != value.size()) {
-          return "\"" + value + "\" is not a number (must be a number > 0)";
+        if (ec == std::errc::result_out_of_range) {
+          return value + " is out of range (must be a number > 0 within double's range)";
         }
         if (!std::isfinite(v) || v <= 0.0) return value + " is not allowed: must be a number > 0";
         return std::string();
       },
       "POSITIVE");
+}
+
+CLI::Validator non_empty(const std::string& accepted) {
+  return CLI::Validator(
+      [accepted](std::string& value) -> std::string {
+        if (!value.empty()) return std::string();
+        return "the value is empty (accepted: " + accepted + ")";
+      },
+      "NONEMPTY");
 }
 
 }  // namespace attnkit::cli

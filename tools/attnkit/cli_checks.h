@@ -16,7 +16,9 @@ CLI::Validator integer_at_least(int lo);
 CLI::Validator positive_int();
 // A whole number in [0, INT_MAX] (help: NONNEGATIVE).
 CLI::Validator non_negative_int();
-// A finite number > 0 (help: POSITIVE).
+// A finite decimal number > 0 (help: POSITIVE).
 CLI::Validator positive_number();
+// Any string but the empty one (`--device ""` is not "no --device"); `accepted` lists the values.
+CLI::Validator non_empty(const std::string& accepted);
 
 }  // namespace attnkit::cli

@@ -15,6 +15,7 @@
 #include "attnkit/registry.h"
 #include "attnkit/selection.h"
 #include "attnkit/server_args.h"
+#include "core/str_cat.h"
 #include "harness/case_runner.h"
 #include "tools/attnkit/cli_checks.h"
 #include "tools/attnkit/commands.h"
@@ -95,7 +96,6 @@ Status run_demo(const DemoOptions& opt, bool* passed) {
   args.kv_cache_dtype = opt.kv_cache_dtype;
   const ModelAttentionConfig model = demo_model();
   ATTNKIT_ASSIGN_OR_RETURN(Selection selection, resolve(args, model, device_info));
-  std::printf("attnkit demo on %s\n%s", device_info.name.c_str(), selection.to_text().c_str());
 
   const Device device = device_info.platform == Platform::kCUDA ? Device::cuda(0) : Device::cpu();
   harness::CaseSpec mixed;
@@ -109,15 +109,26 @@ Status run_demo(const DemoOptions& opt, bool* passed) {
   mixed.v_head_dim = model.v_head_dim;
   mixed.q_dtype = model.dtype;
   mixed.seed = 20261122;
-  ATTNKIT_RETURN_IF_ERROR(
-      run_step("step 1: mixed batch (chunked prefill + decode)", mixed, selection, device, passed));
-
   harness::CaseSpec decode = mixed;
   decode.name = "demo_decode";
   decode.mode = ForwardMode::kDecode;
   decode.prefix_lens = {96, 100, 300, 1013, 4095};
   decode.new_lens = {1, 1, 1, 1, 1};
   decode.seed = mixed.seed + 1;
+  // The steps' shapes under the selected page size, checked before anything is printed or run
+  // (--page-size 2147483647 printed the plan, then failed naming a request-table row).
+  for (harness::CaseSpec* spec : {&mixed, &decode}) {
+    harness::CaseSpec sized = *spec;
+    sized.page_size = selection.page_size;
+    sized.kv_dtype = selection.kv_dtype;
+    if (const Status st = harness::validate_case(sized); !st.is_ok()) {
+      return Status::invalid_argument(cat("--page-size ", selection.page_size,
+                                          " does not fit the demo's requests: ", st.message()));
+    }
+  }
+  std::printf("attnkit demo on %s\n%s", device_info.name.c_str(), selection.to_text().c_str());
+  ATTNKIT_RETURN_IF_ERROR(
+      run_step("step 1: mixed batch (chunked prefill + decode)", mixed, selection, device, passed));
   ATTNKIT_RETURN_IF_ERROR(run_step("step 2: decode", decode, selection, device, passed));
   std::printf("\n%s\n", *passed ? "demo: all outputs match the reference"
                                 : "demo: MISMATCH against the reference");

@@ -77,6 +77,13 @@ int main(int argc, char** argv) {
                 argv[1] + "\"";
     }
     if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+      // CLI11's own text lists the extra arguments last first ("cpu --device").
+      if (!no_subcommand) {
+        std::string extras;
+        for (const std::string& arg : where->remaining())
+          extras += (extras.empty() ? "" : " ") + arg;
+        if (!extras.empty()) message = cmd + ": not expected: " + extras;
+      }
       message += no_subcommand ? "; valid subcommands: " + valid_subcommands(app)
                                : "; valid options: " + valid_options(*where);
     } else if (no_subcommand) {
