@@ -57,6 +57,10 @@ struct BackendContext {
   bool early_page_table_reads = false;
 };
 
+// One call at a time: a backend keeps the plan of its last init_forward_metadata and per-instance
+// scratch, so two threads calling one backend (or planning while another forwards) race on them.
+// Give each thread its own backend (and batch), or serialise the calls; the Python binding refuses
+// a call made while another thread is inside one.
 class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;

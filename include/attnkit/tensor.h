@@ -58,6 +58,15 @@ struct TensorView {
   int64_t stride(int dim) const { return strides[static_cast<size_t>(dim < 0 ? dim + ndim : dim)]; }
   bool is_contiguous() const;
   int64_t storage_bytes() const;  // bytes spanned by a contiguous view
+  // Bytes from data to the lowest-addressed element (<= 0: a negative stride walks below data);
+  // the view's bytes are [data + lowest_byte_offset(), ... + storage_bytes()).
+  int64_t lowest_byte_offset() const;
+  // Whether two elements may share an address (a stride of 0, or strides that interleave): the
+  // dims sorted by |stride|, each must step past everything the smaller ones span. Conservative:
+  // a layout that only this order cannot prove disjoint counts as overlapping.
+  bool may_self_overlap() const;
+  // Whether this view's byte range and `other`'s share a byte (undefined or empty views: no).
+  bool overlaps(const TensorView& other) const;
   template <typename T>
   T* data_as() const {
     return static_cast<T*>(data);

@@ -43,7 +43,9 @@ Status check_exact(const TensorView& t, const char* name, std::initializer_list<
     return Status::invalid_argument(
         cat(name, ": expected shape ", shape_string(dims), " ", layout, ", got ", t.describe()));
   }
-  if (t.ndim > 0 && t.shape[static_cast<size_t>(t.ndim - 1)] > 1 && t.stride(-1) != 1) {
+  // (An array of no elements has no layout to check: numpy gives zero-size arrays stride 0.)
+  if (t.ndim > 0 && t.numel() > 0 && t.shape[static_cast<size_t>(t.ndim - 1)] > 1 &&
+      t.stride(-1) != 1) {
     return Status::invalid_argument(
         cat(name, ": the innermost stride must be 1, got ", t.stride(-1), " (", t.describe(), ")"));
   }
@@ -392,14 +394,32 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
                                         dtype_name(cfg.dtype),
                                         " pool, x log2(e)) must be a finite normal float"));
   }
-  // out and lse must not be views of the cache: the forward would overwrite cached k / v (any
-  // layer's) with its results.
+  // out and lse must not be views of the cache (the forward would overwrite cached k / v, any
+  // layer's) or of the request table (its slots; a CPU kernel then read the pool at garbage
+  // rows), and no two of their elements may share an address (a stride-0 out kept only the last
+  // head's result). The bytes are those of the view's lowest to highest element: a negative
+  // stride walks below data.
+  const TensorView table =
+      batch.req_to_token_pool != nullptr ? batch.req_to_token_pool->table() : TensorView();
   for (const auto& [t, name] : {std::pair{out, "out"}, std::pair{&lse, "lse"}}) {
     if (t == nullptr || !t->defined()) continue;
-    const std::string hit = pool->storage_overlapping(t->data, t->storage_bytes());
+    const auto* lowest = static_cast<const char*>(t->data) + t->lowest_byte_offset();
+    const std::string hit = pool->storage_overlapping(lowest, t->storage_bytes());
     if (!hit.empty()) {
       return Status::invalid_argument(cat(name, " ", t->describe(), " overlaps the KV pool's ", hit,
                                           " buffer: the forward would overwrite cached k / v"));
+    }
+    if (t->overlaps(table)) {
+      return Status::invalid_argument(
+          cat(name, " ", t->describe(),
+              " overlaps the request table (req_to_token_pool.table()): the forward would "
+              "overwrite its slots"));
+    }
+    if (t->may_self_overlap()) {
+      return Status::invalid_argument(
+          cat(name, " ", t->describe(),
+              " has elements that share memory (a stride of 0, or strides that interleave): each "
+              "result would overwrite another; pass a view whose elements are distinct"));
     }
   }
   if (batch.req_to_token_pool != nullptr && batch.req_to_token_pool->device() != device) {

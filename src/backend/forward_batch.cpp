@@ -133,6 +133,13 @@ Status ForwardBatch::validate() const {
                                           bs * draft, " in mode target_verify"));
     }
   }
+  // A SpecInfo in any mode (draft_extend carries one too) holds counts: topk >= 1 (1 = chain), the
+  // others >= 0.
+  if (has_spec && (spec.topk < 1 || spec.draft_token_num < 0 || spec.num_steps < 0)) {
+    return Status::invalid_argument(cat("ForwardBatch.spec: topk ", spec.topk, ", draft_token_num ",
+                                        spec.draft_token_num, ", num_steps ", spec.num_steps,
+                                        " (topk must be >= 1, the counts >= 0)"));
+  }
 
   // Encoder lengths (optional).
   const bool has_encoder = !encoder_lens_host.empty();

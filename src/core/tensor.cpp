@@ -127,6 +127,47 @@ int64_t TensorView::storage_bytes() const {
   return dtype_storage_bytes(dtype, span);
 }
 
+int64_t TensorView::lowest_byte_offset() const {
+  if (numel() <= 0) return 0;
+  int64_t below = 0;  // elements below data
+  for (int d = 0; d < ndim; ++d) {
+    const auto i = static_cast<size_t>(d);
+    if (strides[i] < 0) below += (shape[i] - 1) * -strides[i];
+  }
+  return below == 0 ? 0 : -dtype_storage_bytes(dtype, below);
+}
+
+bool TensorView::overlaps(const TensorView& other) const {
+  const int64_t bytes = defined() ? storage_bytes() : 0;
+  const int64_t other_bytes = other.defined() ? other.storage_bytes() : 0;
+  if (bytes <= 0 || other_bytes <= 0) return false;
+  const auto lo =
+      reinterpret_cast<uintptr_t>(static_cast<const char*>(data) + lowest_byte_offset());
+  const auto other_lo = reinterpret_cast<uintptr_t>(static_cast<const char*>(other.data) +
+                                                    other.lowest_byte_offset());
+  return lo < other_lo + static_cast<uintptr_t>(other_bytes) &&
+         other_lo < lo + static_cast<uintptr_t>(bytes);
+}
+
+bool TensorView::may_self_overlap() const {
+  if (numel() <= 1) return false;
+  // (|stride|, size) of the dims with size > 1, sorted by |stride| (no allocation: a check of
+  // every forward's out).
+  std::array<std::pair<int64_t, int64_t>, kMaxDims> dims{};
+  size_t n = 0;
+  for (int d = 0; d < ndim; ++d) {
+    const auto i = static_cast<size_t>(d);
+    if (shape[i] > 1) dims[n++] = {strides[i] < 0 ? -strides[i] : strides[i], shape[i]};
+  }
+  std::sort(dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(n));
+  int64_t reach = 1;  // elements spanned by the smaller dims, plus one
+  for (size_t i = 0; i < n; ++i) {
+    if (dims[i].first < reach) return true;
+    reach += dims[i].first * (dims[i].second - 1);
+  }
+  return false;
+}
+
 TensorView TensorView::slice0(int64_t begin, int64_t end) const {
   if (ndim == 0) return TensorView();
   const int64_t rows = shape[0];

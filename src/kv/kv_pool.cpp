@@ -10,6 +10,7 @@
 
 #include "attnkit/kv_cache.h"
 #include "core/device_scope.h"
+#include "core/str_cat.h"
 #include "kv/kv_pool_config.h"
 #include "kv/set_kv_cuda.h"
 
@@ -125,7 +126,7 @@ Status check_src(const TensorView& t, const char* name, int64_t tokens, int64_t 
   if (t.numel() > 0 && t.data == nullptr) {
     return Status::invalid_argument(std::string(name) + ": " + t.describe() + " has no data");
   }
-  if (dim > 1 && t.stride(2) != 1) {
+  if (dim > 1 && t.numel() > 0 && t.stride(2) != 1) {  // (numpy: zero-size arrays have stride 0)
     return Status::invalid_argument(std::string(name) + ": innermost stride " +
                                     std::to_string(t.stride(2)) + " must be 1 (" + t.describe() +
                                     ")");
@@ -162,6 +163,24 @@ Status check_slots_host(const TensorView& loc, int64_t page_size, int64_t rows) 
           "loc[" + std::to_string(by_slot[i].second) + "] = " + std::to_string(by_slot[i].first) +
           " repeats loc[" + std::to_string(by_slot[i - 1].second) +
           "] (each new token needs its own slot; the earlier token's k/v would be lost)");
+    }
+  }
+  return Status::ok();
+}
+
+// set_kv's sources (k, v, loc) must not share bytes with the buffers it writes: the scatter would
+// read rows it had already overwritten (k[7:11] written to slots 8..11 came out [3, 3, 3, 3], and a
+// swap lost a row). Other buffers of the pool (another layer's) are fine to read.
+Status check_sources_apart(std::initializer_list<std::pair<const TensorView*, const char*>> sources,
+                           std::initializer_list<std::pair<TensorView, const char*>> written,
+                           int layer) {
+  for (const auto& [src, name] : sources) {
+    for (const auto& [dst, dst_name] : written) {
+      if (src->overlaps(dst)) {
+        return Status::invalid_argument(cat("set_kv ", name, " ", src->describe(),
+                                            " overlaps the pool's ", dst_name, "[", layer,
+                                            "] buffer it writes: copy it out of the pool first"));
+      }
     }
   }
   return Status::ok();
@@ -487,6 +506,12 @@ Status MHAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k, 
   ATTNKIT_RETURN_IF_ERROR(check_scale(k_scale, "k_scale"));
   ATTNKIT_RETURN_IF_ERROR(check_scale(v_scale, "v_scale"));
   if (tokens == 0) return Status::ok();
+  ATTNKIT_RETURN_IF_ERROR(check_sources_apart({{&k, "k"}, {&v, "v"}, {&loc, "loc"}},
+                                              {{k_buffer(layer), "k"},
+                                               {v_buffer(layer), "v"},
+                                               {k_scale_buffer(layer), "k scales"},
+                                               {v_scale_buffer(layer), "v scales"}},
+                                              layer));
   ATTNKIT_RETURN_IF_ERROR(check_slots(loc, page_size(), rows(), stream));
   // Every check of K, V, the slots and the scales has passed: only a device launch error can stop
   // the V scatter after the K scatter.
@@ -550,6 +575,9 @@ Status MLAKVPool::set_kv(int layer, const TensorView& loc, const TensorView& k,
   ATTNKIT_RETURN_IF_ERROR(check_src(k, "k", tokens, 1, row_dim(), device()));
   ATTNKIT_RETURN_IF_ERROR(check_scale(k_scale, "k_scale"));
   if (tokens == 0) return Status::ok();
+  ATTNKIT_RETURN_IF_ERROR(
+      check_sources_apart({{&k, "k"}, {&loc, "loc"}},
+                          {{kv_buffer(layer), "kv"}, {scale_buffer(layer), "scales"}}, layer));
   ATTNKIT_RETURN_IF_ERROR(check_slots(loc, page_size(), rows(), stream));
   return scatter(kv_buffer(layer), scale_buffer(layer), loc, k, k_scale, layer, device_guard(),
                  stream);

@@ -2,6 +2,9 @@
 // torch_native's handling of bad input: every error names the argument and the value.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -158,6 +161,50 @@ TEST_F(ValidateInputs, OutMustNotOverlapThePool) {
   EXPECT_TRUE(validate().is_ok());
 }
 
+// The bytes an out spans run from its lowest element: a view walking backwards from inside the
+// pool's buffer was taken (the check looked above data only) and overwrote cached k.
+TEST_F(ValidateInputs, NegativeStrideOutOverThePoolIsRefused) {
+  const auto& pool = static_cast<const MHAKVPool&>(*pc_->batch.kv_pool);
+  const TensorView& l_out = pc_->layers[0].out;  // bf16 [T, 8, 128]
+  TensorView back = l_out;
+  back.strides[0] = -l_out.strides[0];
+  // data just past the pool's k[1] buffer: every other element lies below, inside it.
+  back.data = static_cast<char*>(pool.k_buffer(1).data) + pool.k_buffer(1).storage_bytes();
+  out_ = back;
+  // (The view spans more than k[1]: the lowest buffer it reaches is named.)
+  expect_error(validate(), " overlaps the KV pool's ");
+}
+
+// out laid over the request table: the forward wrote results into its slots (a CPU kernel then
+// read the pool at garbage rows and crashed).
+TEST_F(ValidateInputs, OutOverTheRequestTableIsRefused) {
+  // A table larger than out, so that out lies inside it and nowhere else.
+  Result<std::unique_ptr<ReqToTokenPool>> big = ReqToTokenPool::create(256, 1 << 14, Device::cpu());
+  ASSERT_TRUE(big.is_ok()) << big.status().to_string();
+  ASSERT_GT((*big)->table().storage_bytes(), pc_->layers[0].out.storage_bytes() + 4);
+  pc_->batch.req_to_token_pool = big->get();
+  TensorView over = pc_->layers[0].out;
+  over.data = static_cast<char*>((*big)->table().data) + 4;
+  out_ = over;
+  expect_error(validate(), " overlaps the request table (req_to_token_pool.table())");
+}
+
+// Elements of out sharing memory: every head's result overwrote the last one.
+TEST_F(ValidateInputs, OutWhoseElementsShareMemoryIsRefused) {
+  TensorView shared = pc_->layers[0].out;
+  shared.strides[1] = 0;  // every head of a token at one address
+  out_ = shared;
+  expect_error(validate(), "has elements that share memory");
+  TensorView interleaved = pc_->layers[0].out;
+  interleaved.strides[1] = 64;  // head h + 1 starts halfway through head h's 128 values
+  out_ = interleaved;
+  expect_error(validate(), "has elements that share memory");
+  TensorView transposed = pc_->layers[0].out;  // disjoint, just not row-major: fine
+  std::swap(transposed.strides[0], transposed.strides[1]);
+  std::swap(transposed.shape[0], transposed.shape[1]);
+  EXPECT_FALSE(transposed.may_self_overlap());
+}
+
 TEST_F(ValidateInputs, WrongQShape) {
   TensorView q = pc_->layers[0].q;
   q.shape[2] = 64;
@@ -311,6 +358,35 @@ TEST(TorchNativeBadInput, PlusInfSinkIsRefused) {
   expect_error(harness::run_backend(*b, *pc, /*save_kv=*/true), "layer.sinks[1] (q head 1) is inf");
 }
 
+// A NaN in q makes its rows NaN (out and lse), as softmax attention does: the reference kept -inf
+// as the row's max when every logit was NaN, read the row as "no visible key" and wrote 0 / -inf.
+TEST(TorchNativeBadInput, NanQueryGivesNanRows) {
+  Result<PreparedCase> pc =
+      harness::prepare_case(*harness::find_case("decode_page16"), Device::cpu());
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  harness::LayerData& ld = pc->layers[0];
+  ASSERT_EQ(ld.q.dtype, DType::kBF16);
+  const int64_t dim = ld.q.size(2);
+  ld.q.data_as<uint16_t>()[2 * dim + 5] = 0x7fc0;  // token 0, q head 2: a bf16 quiet NaN
+  auto b = std::move(create_torch_native_backend(pc->context())).value();
+  ASSERT_TRUE(b->init_forward_metadata(pc->batch).is_ok());
+  ASSERT_TRUE(
+      b->forward(ld.q, ld.k, ld.v, ld.out, ld.layer, pc->batch, /*save_kv=*/true, ld.lse).is_ok());
+  const auto bf16_at = [&](int64_t head, int64_t d) {
+    const uint32_t bits = uint32_t{ld.out.data_as<uint16_t>()[head * ld.out.size(2) + d]} << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  };
+  for (int64_t d = 0; d < ld.out.size(2); ++d) {
+    EXPECT_TRUE(std::isnan(bf16_at(2, d))) << d;
+    EXPECT_TRUE(std::isfinite(bf16_at(1, d))) << d;
+  }
+  ASSERT_TRUE(ld.lse.defined());
+  EXPECT_TRUE(std::isnan(ld.lse.data_as<float>()[2]));
+  EXPECT_TRUE(std::isfinite(ld.lse.data_as<float>()[1]));
+}
+
 TEST(TorchNativeBadInput, OutOfRangeSlotViaSetKv) {
   Result<PreparedCase> pc =
       harness::prepare_case(*harness::find_case("decode_page16"), Device::cpu());
@@ -399,6 +475,24 @@ TEST(TorchNativeBadInput, VerifyNeedsConsistentMask) {
   pc->batch.spec.mask_indptr_host[1] -= 1;
   pc->batch.spec.custom_mask = TensorView();
   expect_error(harness::run_backend(*b, *pc, true), "spec.topk 4 > 1 needs the tree mask");
+}
+
+// A draft_extend batch carries a SpecInfo too: its counts are checked in every mode (topk -3 and
+// draft_token_num -7 passed in draft_extend).
+TEST(ForwardBatchSpec, CountsAreCheckedInDraftExtend) {
+  Result<PreparedCase> pc =
+      harness::prepare_case(*harness::find_case("draft_extend_page16"), Device::cpu());
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  ASSERT_TRUE(pc->batch.has_spec);
+  EXPECT_TRUE(pc->batch.validate().is_ok());
+  pc->batch.spec.topk = -3;
+  expect_error(pc->batch.validate(), "ForwardBatch.spec: topk -3, draft_token_num 4");
+  pc->batch.spec.topk = 1;
+  pc->batch.spec.draft_token_num = -7;
+  expect_error(pc->batch.validate(), "(topk must be >= 1, the counts >= 0)");
+  pc->batch.spec.draft_token_num = 4;
+  pc->batch.spec.num_steps = -1;
+  expect_error(pc->batch.validate(), "num_steps -1");
 }
 
 // A tree mask laid out with a stride (the bits of every other byte) was read as contiguous: the

@@ -858,6 +858,35 @@ TEST(IntelAmxRejects, ForwardOverAnotherPool) {
   expect_error_mentions(st, StatusCode::kInvalidArgument, "init_forward_metadata");
 }
 
+// The table changed between init_forward_metadata and the forward: a request freed (its row reads
+// 0, the reserved page: a silent wrong answer) or a slot stored into table() past write()'s check
+// (a segfault). The forward checks the slots it reads again, as torch_native does.
+TEST(IntelAmxRejects, TableRowsChangedAfterPlanningAreRefused) {
+  PreparedCase pc =
+      prepare_or_die(make_case("stale_rows", ForwardMode::kDecode, 16, {40, 20}, {1, 1}));
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  ASSERT_TRUE((*backend)->init_forward_metadata(pc.batch).is_ok());
+  const harness::LayerData& ld = pc.layers[0];
+  auto* table = const_cast<ReqToTokenPool*>(pc.batch.req_to_token_pool);
+  const int row = pc.batch.req_pool_indices_host[1];
+  int32_t* entries = table->table().data_as<int32_t>() + int64_t{row} * table->max_context_len();
+  const int32_t kept = entries[3];
+  entries[3] = 100000000;  // past the pool, stored around write()
+  Status st = (*backend)->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
+                                  /*save_kv=*/false, ld.lse);
+  expect_error_mentions(st, StatusCode::kInvalidArgument, "= 100000000 (request 1) is outside");
+  entries[3] = kept;
+  ASSERT_TRUE((*backend)
+                  ->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
+                            /*save_kv=*/false, ld.lse)
+                  .is_ok());
+  ASSERT_TRUE(table->free(row).is_ok());
+  st = (*backend)->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
+                           /*save_kv=*/false, ld.lse);
+  expect_error_mentions(st, StatusCode::kInvalidArgument, "] = 0 (request 1) is outside");
+}
+
 TEST(IntelAmxIsa, ParsesNamesAndRejectsUnknown) {
   for (CpuIsa isa : kIsas) {
     Result<CpuIsa> parsed = parse_cpu_isa(cpu_isa_name(isa));

@@ -437,6 +437,27 @@ TEST_F(KVPoolErrors, SlotTwiceInOneWrite) {
                "loc[2] = 16 repeats loc[0]");
 }
 
+// k / v read from the buffers being written: the scatter would read rows it already overwrote
+// (rows 4..11 moved to 8..11 came out [3, 3, 3, 3]; a swap lost a row). Another layer's buffer is
+// fine to read.
+TEST_F(KVPoolErrors, SourcesInsideTheWrittenBuffersAreRefused) {
+  const TensorView k0 = pool_->k_buffer(0);  // bf16 [rows, 2, 64]
+  TensorView inside = k0.slice0(40, 43);
+  TensorView bf16_v(v_.data(), DType::kF32, Device::cpu(), {3, 2, 32});
+  expect_error(pool_->set_kv(0, loc(), inside, bf16_v, 1.0f, 1.0f, nullptr),
+               "set_kv k bf16[3, 2, 64]");
+  expect_error(pool_->set_kv(0, loc(), inside, bf16_v, 1.0f, 1.0f, nullptr),
+               "overlaps the pool's k[0] buffer it writes: copy it out of the pool first");
+  TensorView v_inside = pool_->v_buffer(0).slice0(40, 43);
+  expect_error(pool_->set_kv(0, loc(), k(), v_inside, 1.0f, 1.0f, nullptr),
+               "set_kv v bf16[3, 2, 32]");
+  // Another layer's rows into layer 0: nothing of layer 0 is read.
+  EXPECT_TRUE(pool_
+                  ->set_kv(0, loc(), pool_->k_buffer(1).slice0(40, 43),
+                           pool_->v_buffer(1).slice0(40, 43), 1.0f, 1.0f, nullptr)
+                  .is_ok());
+}
+
 TEST_F(KVPoolErrors, ShapesDTypesDevicesLayersAndScales) {
   TensorView bad_heads(k_.data(), DType::kF32, Device::cpu(), {3, 1, 128});
   expect_error(pool_->set_kv(0, loc(), bad_heads, v(), 1.0f, 1.0f, nullptr), "k");

@@ -594,6 +594,12 @@ class IntelAmxBackend final : public AttentionBackend {
     if (batch.req_to_token_pool == nullptr) {
       return Status::invalid_argument("batch.req_to_token_pool is null");
     }
+    // The slots again, per layer: the kernels index the pool with them unchecked, and the table
+    // may have changed since init_forward_metadata (a request freed, whose row reads as 0, or a
+    // store into table() past write()'s check: a slot past the pool segfaulted). One compare per
+    // key, O(keys) against the layer's O(keys x heads x dim).
+    ATTNKIT_RETURN_IF_ERROR(check_key_slots(batch, self_));
+    if (has_cross_) ATTNKIT_RETURN_IF_ERROR(check_key_slots(batch, cross_));
     if (save_kv && batch.num_tokens > 0) {
       ATTNKIT_RETURN_IF_ERROR(batch.kv_pool->set_kv(layer.layer_id, batch.out_cache_loc, k, v,
                                                     layer.k_scale, layer.v_scale, nullptr));

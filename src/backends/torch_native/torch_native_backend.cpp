@@ -212,7 +212,9 @@ void attend(const TensorView& q, int64_t q_begin, int64_t num_q, const GatheredK
       double s = dot * p.scaling;
       if (p.logit_cap > 0.0) s = p.logit_cap * std::tanh(s / p.logit_cap);
       logits[static_cast<size_t>(j)] = s;
-      max_logit = std::max(max_logit, s);
+      // NaN-propagating max: a NaN logit (a NaN in q or k) makes the row NaN, as softmax does
+      // (std::max kept -inf when every logit was NaN: the row read as "no visible key", out 0).
+      if (std::isnan(s) || s > max_logit) max_logit = s;  // once NaN, it stays NaN
     }
     double* out = &result->out[static_cast<size_t>((token * p.num_q_heads + h) * p.dv)];
     std::fill(out, out + p.dv, 0.0);
