@@ -40,6 +40,25 @@ using ForwardFn = Status (AttentionBackend::*)(const TensorView&, const TensorVi
                                                const AttentionLayer&, const ForwardBatch&, bool,
                                                const TensorView&);
 
+// Holds PyBackend::busy for one call; a call made while another thread holds it raises (the
+// backend's plan and scratch would be shared: intel_amx gave wrong outputs under four threads).
+class OneCallAtATime {
+ public:
+  OneCallAtATime(PyBackend& b, const char* method) : busy_(b.busy) {
+    if (busy_.exchange(true, std::memory_order_acquire)) {
+      raise_invalid(std::string("Backend.") + method +
+                    ": another thread is inside a call of this backend; a backend runs one call "
+                    "at a time (use one backend per thread, or a lock)");
+    }
+  }
+  ~OneCallAtATime() { busy_.store(false, std::memory_order_release); }
+  OneCallAtATime(const OneCallAtATime&) = delete;
+  OneCallAtATime& operator=(const OneCallAtATime&) = delete;
+
+ private:
+  std::atomic<bool>& busy_;
+};
+
 void run_forward(PyBackend& b, ForwardFn fn, const Array& q, const std::optional<Array>& k,
                  const std::optional<Array>& v, nb::handle out, const PyAttentionLayer& layer,
                  const PyForwardBatch& batch, bool save_kv, nb::handle lse) {
@@ -51,6 +70,7 @@ void run_forward(PyBackend& b, ForwardFn fn, const Array& q, const std::optional
       lse.is_none() ? TensorView() : to_view(writable_array(lse, "lse", "the log-sum-exp"), "lse");
   Status status;
   {
+    const OneCallAtATime one(b, "forward");
     nb::gil_scoped_release release;
     status = (b.backend.get()->*fn)(qv, kv, vv, ov, layer.layer, batch.batch, save_kv, lv);
   }
@@ -283,6 +303,7 @@ void bind_backend(nb::module_& m) {
           [](PyBackend& b, const PyForwardBatch& batch) {
             Status status;
             {
+              const OneCallAtATime one(b, "init_forward_metadata");
               nb::gil_scoped_release release;
               status = b.backend->init_forward_metadata(batch.batch);
             }
@@ -301,6 +322,7 @@ void bind_backend(nb::module_& m) {
       .def(
           "init_cuda_graph_state",
           [](PyBackend& b, int max_bs, int max_num_tokens) {
+            const OneCallAtATime one(b, "init_cuda_graph_state");
             check(b.backend->init_cuda_graph_state(max_bs, max_num_tokens));
             b.graph_buffers.clear();  // the earlier captures are refused from here on
           },
@@ -317,6 +339,7 @@ void bind_backend(nb::module_& m) {
             const TensorView ev =
                 encoder_lens ? to_view(*encoder_lens, "encoder_lens") : TensorView();
             const ForwardMode fm = parse_mode_arg(mode);
+            const OneCallAtATime one(b, "init_forward_metadata_capture_cuda_graph");
             check(b.backend->init_forward_metadata_capture_cuda_graph(
                 bs, num_tokens, rv, sv, ev, fm, spec != nullptr ? &spec->spec : nullptr));
             std::vector<Array>& kept = b.graph_buffers[{static_cast<int>(fm), bs}];
@@ -345,6 +368,7 @@ void bind_backend(nb::module_& m) {
             const ForwardMode fm = parse_mode_arg(mode);
             Status status;
             {
+              const OneCallAtATime one(b, "init_forward_metadata_replay_cuda_graph");
               nb::gil_scoped_release release;
               status = b.backend->init_forward_metadata_replay_cuda_graph(
                   bs, rv, sv, seq_lens_sum, ev, fm, spec != nullptr ? &spec->spec : nullptr,

@@ -235,6 +235,12 @@ std::vector<int64_t> view_ints(const TensorView& view, const char* name) {
     raise_invalid(with_name(name, "expected a 1-D int32 or int64 array, got " + view.describe()));
   }
   const int64_t n = view.size(0);
+  // A broadcast array (stride 0) is tiny whatever its length: copying 2^31 of its elements took
+  // 23 GB before validate() refused the stride.
+  if (n > 1 && view.stride(0) == 0) {
+    raise_invalid(with_name(name, "a broadcast (stride 0) array is not accepted, got " +
+                                      view.describe() + ": pass a contiguous one"));
+  }
   std::vector<int64_t> out(static_cast<size_t>(n));
   if (n == 0) return out;
   const int64_t elem = dtype_storage_bytes(view.dtype, 1);

@@ -2,6 +2,7 @@
 // the library object points into (zero-copy), so a view never outlives its buffer.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -53,6 +54,9 @@ struct PyForwardBatch {
 
 struct PyBackend {
   std::unique_ptr<AttentionBackend> backend;
+  // A backend runs one call at a time (its plan and scratch are per instance); the calls release
+  // the GIL, so a second Python thread entering is refused by this flag (OneCallAtATime).
+  std::atomic<bool> busy{false};
   nb::object req_to_token_pool;
   nb::object kv_pool;
   // The static index arrays of each captured (mode, batch size): a captured graph's kernels may

@@ -69,8 +69,13 @@ def test_forward_batch_rejects_int64_lengths_naming_the_field():
     assert "int64" in str(info.value)
 
 
-def _extend_setup():
-    pool, table = small_setup()
+def _extend_setup(pool=None):
+    # One 3-token extend on a torch_native backend, planned; `pool`: a wrapped pool to use instead
+    # of small_setup's (the same shape: 32 rows of 2 x 64, page 4).
+    if pool is None:
+        pool, table = small_setup()
+    else:
+        table = ak.ReqToTokenPool(4, 64)
     backend = ak.create_backend("torch_native", kv_pool=pool, req_to_token_pool=table,
                                 num_q_heads=4, q_dtype="f32")
     row = table.alloc()
@@ -269,3 +274,102 @@ def test_wrap_refuses_read_only_kv_buffers_by_name():
     stacked.setflags(write=False)
     with pytest.raises(ak.InvalidArgumentError, match="k: the array is read-only"):
         ak.MHAKVPool.wrap(stacked, stacked, page_size=4)
+
+
+def test_broadcast_index_arrays_are_refused_before_any_copy():
+    # A stride-0 array of 2^31 + 3 elements is a few bytes; copying it to the host ints took 23 GB
+    # before validate() refused the stride. Now the copy itself refuses it.
+    pool, table = small_setup()
+    n = 2**31 + 3
+    i32 = np.broadcast_to(np.int32(1), (n,))
+    i64 = np.broadcast_to(np.int64(4), (n,))
+    with pytest.raises(ak.InvalidArgumentError, match="a broadcast \\(stride 0\\) array"):
+        ak.ForwardBatch("decode", i32, i32, i64, table, pool)
+    with pytest.raises(ak.InvalidArgumentError, match="slots: a broadcast"):
+        table.write(table.alloc(), 0, i64)
+
+
+def test_out_over_the_kv_pool_walking_backwards_is_refused():
+    # out with a negative stride spans the bytes below its data pointer: ending just past the
+    # cached k rows, it was taken and overwrote them.
+    pool_v = np.zeros((40, 2, 64), np.float32)
+    store = np.zeros((60, 4, 64), np.float32)  # pool k of 32 rows, then room past it
+    store_k = store.reshape(-1)[: 32 * 2 * 64].reshape(32, 2, 64)
+    backend, batch, layer = _extend_setup(
+        ak.MHAKVPool.wrap([store_k], [pool_v[:32]], page_size=4))
+    q = np.ones((3, 4, 64), np.float32)
+    k = np.ones((3, 2, 64), np.float32)
+    flat = store.reshape(-1, 4, 64)  # rows of 4 x 64 floats; the pool's k ends at row 16
+    backwards = flat[17:14:-1]  # rows 17, 16, 15: row 15 is inside the pool's k
+    before = store_k.copy()
+    with pytest.raises(ak.InvalidArgumentError, match="overlaps the KV pool's k\\[0\\] buffer"):
+        backend.forward_extend(q, k, k, backwards, layer, batch, save_kv=False)
+    np.testing.assert_array_equal(store_k, before)
+
+
+def test_set_kv_from_the_rows_it_writes_is_refused():
+    # k[7:11] into slots 8..11 read rows it had already overwritten ([3, 3, 3, 3]).
+    pool, _ = small_setup()
+    k = np.from_dlpack(pool.k_buffer(0))
+    k[4:12] = np.arange(8, dtype=np.float32)[:, None, None]
+    before = k.copy()
+    with pytest.raises(ak.InvalidArgumentError, match="set_kv k f32\\[4, 2, 64\\]"):
+        pool.set_kv(0, np.array([8, 9, 10, 11]), k[7:11], np.zeros((4, 2, 64), np.float32))
+    np.testing.assert_array_equal(k, before)
+    pool.set_kv(0, np.array([8, 9, 10, 11]), k[7:11].copy(), np.zeros((4, 2, 64), np.float32))
+    np.testing.assert_array_equal(k[8:12, 0, 0], [3, 4, 5, 6])
+
+
+def test_empty_arrays_pass_the_layout_checks():
+    # numpy gives zero-size arrays stride 0: an empty set_kv was refused as "the innermost stride
+    # must be 1, got 0".
+    pool, _ = small_setup()
+    empty = np.zeros((0, 2, 64), np.float32)
+    pool.set_kv(0, np.zeros(0, np.int64), empty, empty)
+
+
+def test_a_backend_runs_one_call_at_a_time():
+    # Two threads inside one backend shared its plan and scratch: intel_amx gave wrong outputs. A
+    # call made while another thread is inside now raises; every call that runs is exact.
+    import threading
+
+    pool = ak.MHAKVPool(1, 4096, 16, 2, 64, dtype="f32")
+    table = ak.ReqToTokenPool(8, 4096)
+    backend = ak.create_backend("intel_amx", kv_pool=pool, req_to_token_pool=table,
+                                num_q_heads=8, q_dtype="f32")
+    seq = 2000
+    rows = [table.alloc() for _ in range(4)]
+    for r, row in enumerate(rows):
+        table.write(row, 0, (np.arange(seq, dtype=np.int64) * 7 + r) % 4064 + 16)
+    rng = np.random.default_rng(5)
+    np.from_dlpack(pool.k_buffer(0))[:] = rng.standard_normal((4112, 2, 64)).astype(np.float32)
+    np.from_dlpack(pool.v_buffer(0))[:] = rng.standard_normal((4112, 2, 64)).astype(np.float32)
+    batch = ak.ForwardBatch("decode", np.array(rows, dtype=np.int32),
+                            np.full(4, seq, dtype=np.int32),
+                            np.arange(4, dtype=np.int64) + 20, table, pool)
+    backend.init_forward_metadata(batch)
+    layer = ak.AttentionLayer(8, 2, 64)
+    q = rng.standard_normal((4, 8, 64)).astype(np.float32)
+    expected = np.empty((4, 8, 64), np.float32)
+    backend.forward_decode(q, None, None, expected, layer, batch, save_kv=False)
+    refused, exact, wrong = [], [], []
+
+    def work():
+        out = np.empty((4, 8, 64), np.float32)
+        for _ in range(100):
+            try:
+                backend.forward_decode(q, None, None, out, layer, batch, save_kv=False)
+            except ak.InvalidArgumentError as e:
+                refused.append(str(e))
+                continue
+            (exact if np.array_equal(out, expected) else wrong).append(1)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"{len(wrong)} of {len(wrong) + len(exact)} concurrent calls were wrong"
+    assert exact
+    for e in refused:
+        assert "another thread is inside a call of this backend" in e
