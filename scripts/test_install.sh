@@ -11,7 +11,12 @@ cuda_args=()
 if grep -q '^CMAKE_CUDA_COMPILER:' "$build/CMakeCache.txt" 2>/dev/null; then
   cuda_args=(-DCMAKE_CUDA_COMPILER="$(grep '^CMAKE_CUDA_COMPILER:' "$build/CMakeCache.txt" | cut -d= -f2)")
 fi
-cmake -S "$src/tests/consumer" -B "$tmp/build" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+# The dependencies the build found (dlpack from a .deps prefix on the device machine, say) are the
+# consumer's too: its find_package(attnkit) looks them up through the same prefix path.
+prefix="$tmp/prefix"
+build_prefix=$(grep '^CMAKE_PREFIX_PATH:' "$build/CMakeCache.txt" 2>/dev/null | cut -d= -f2- || true)
+if [ -n "$build_prefix" ]; then prefix="$prefix;$build_prefix"; fi
+cmake -S "$src/tests/consumer" -B "$tmp/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
   "${cuda_args[@]}" >/dev/null
 cmake --build "$tmp/build" >/dev/null
 "$tmp/build/consumer"

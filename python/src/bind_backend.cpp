@@ -283,7 +283,8 @@ void bind_backend(nb::module_& m) {
           "stream",
           [](const PyForwardBatch& b) { return reinterpret_cast<uintptr_t>(b.batch.stream); },
           [](PyForwardBatch& b, nb::handle s) { b.batch.stream = parse_stream_arg(s); },
-          "cudaStream_t the layer calls run on (0 = the backend's stream).")
+          nb::for_setter(nb::arg("stream").none()),  // None: the backend's stream, as in __init__
+          "cudaStream_t the layer calls run on (0 or None = the backend's stream).")
       .def("validate", [](const PyForwardBatch& b) { check(b.batch.validate()); });
 
   nb::class_<PyBackend>(m, "Backend", "An attention backend (from create_backend).")

@@ -373,3 +373,15 @@ def test_a_backend_runs_one_call_at_a_time():
     assert exact
     for e in refused:
         assert "another thread is inside a call of this backend" in e
+
+
+def test_batch_stream_accepts_none_like_the_constructor():
+    # ForwardBatch(stream=None) meant the backend's stream, but `batch.stream = None` raised a bare
+    # "incompatible function arguments" TypeError.
+    backend, batch, layer = _extend_setup()
+    batch.stream = 5
+    assert batch.stream == 5
+    batch.stream = None
+    assert batch.stream == 0
+    with pytest.raises(ak.InvalidArgumentError, match="stream must be a cudaStream_t handle"):
+        batch.stream = -1
