@@ -569,7 +569,8 @@ TEST(ModelConfigErrors, WrongTypeNamesKeyAndValue) {
   EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32, "torch_dtype": "int8")")),
               HasSubstr("torch_dtype must be one of \"bfloat16\", \"float16\", \"float32\", "
                         "got \"int8\""));
-  EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32, "architectures": "x")")),
+  EXPECT_THAT(parse_error(R"({"model_type": "llama", "architectures": "x", "hidden_size": 4096,
+      "num_hidden_layers": 4, "num_attention_heads": 32})"),
               HasSubstr("architectures must be a list of strings, got \"x\""));
 }
 
@@ -706,6 +707,9 @@ TEST(ModelConfigErrors, DeepNestingHugeLayerCountsAndHugeFilesAreRefused) {
       "d_model": 1280, "decoder_layers": 4, "decoder_attention_heads": 20, "encoder_layers": 70000,
       "encoder_attention_heads": 20})"),
               HasSubstr("encoder_layers 70000 is more layers than a model has"));
+  // A key twice: which one the file meant is not ours to guess (nlohmann kept the last).
+  EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32, "num_attention_heads": 8)")),
+              HasSubstr("key \"num_attention_heads\" is given twice in one object"));
   auto ok = parse_model_config(R"({"model_type": "llama", "hidden_size": 4096,
       "num_attention_heads": 32, "num_hidden_layers": 65536})");
   EXPECT_TRUE(ok.is_ok()) << ok.status().to_string();
