@@ -111,14 +111,16 @@ class PageAllocator {
   bool is_allocated(int64_t page) const;  // allocated, held by a RadixCache or not
   bool is_cached(int64_t page) const;     // held by a RadixCache
 
-  // For RadixCache: allocated pages handed to the cache, which alone frees them (through
-  // free_cached_slots on eviction), so a request freeing its whole row cannot free a cached prefix
-  // page that the cache would go on serving. Errors (a page not allocated, already held) change
-  // nothing.
+ private:
+  // Only a RadixCache calls these (friend): allocated pages handed to the cache, which alone frees
+  // them (through free_cached_slots on eviction), so a request freeing its whole row cannot free a
+  // cached prefix page that the cache would go on serving. Errors (a page not allocated, already
+  // held) change nothing. (Public before session 45: a caller's free_cached_slots let the
+  // allocator hand out a page match_prefix still served.)
+  friend class RadixCache;
   Status hold_for_cache(std::span<const int64_t> pages);
   Status free_cached_slots(std::span<const int64_t> slots);
 
- private:
   enum PageState : uint8_t { kFree = 0, kAllocated = 1, kCached = 2 };
   // The distinct pages of `slots` (sorted), or an error naming `fn` and the slot outside the pool.
   Result<std::vector<int64_t>> pages_of(const char* fn, std::span<const int64_t> slots) const;

@@ -11,7 +11,8 @@
 // above it); an unlocked handle may be invalidated by evict().
 //
 // Typical request life cycle (as in SGLang's scheduler):
-//   m = match_prefix(prompt); inc_lock_ref(m.last_node);       // reuse m.slots, allocate the rest
+//   m = match_prefix(prompt); inc_lock_ref(m.last_node);  // (a Status) reuse m.slots, allocate the
+//   rest
 //   ... run ...
 //   r = insert(prompt + output, slots);  free r.duplicate_slots and the tail slots[r.aligned_len:]
 //   dec_lock_ref(m.last_node);
@@ -64,9 +65,12 @@ class RadixCache {
   // page >= 1); otherwise kInvalidArgument and nothing changes.
   Result<InsertResult> insert(std::span<const int32_t> tokens, std::span<const int64_t> slots);
 
-  // Reference counts on the path root..node: locked nodes are protected from eviction.
-  void inc_lock_ref(RadixNode* node);
-  // Error (and no change) when some node on the path is not locked.
+  // Reference counts on the path root..node: locked nodes are protected from eviction. Error (and
+  // no change) for a node that is not this cache's (its path does not end at this root).
+  Status inc_lock_ref(RadixNode* node);
+  // Error (and no change) for a node that is not this cache's, or when no lock ends at `node`: some
+  // node on the path is not locked, or every lock through `node` belongs to a longer match below
+  // it (undoing one of those here would leave its own unlock unbalanced).
   Status dec_lock_ref(RadixNode* node);
 
   // Frees at least num_tokens tokens (rounded up to whole pages) when possible, least recently
@@ -86,6 +90,7 @@ class RadixCache {
   // Splits `node` after `pages` pages; returns the new parent holding the first part.
   RadixNode* split(RadixNode* node, int64_t pages);
   void touch(RadixNode* node);
+  bool owns(const RadixNode* node) const;
 
   PageAllocator* allocator_ = nullptr;
   int page_size_ = 1;

@@ -116,7 +116,20 @@ Result<std::vector<int64_t>> PageAllocator::alloc_extend_as(const char* kFn,
     const int64_t rest = std::max<int64_t>(extend - room_in_last_page, 0);
     pages_needed += (rest + ps - 1) / ps;
     tokens_needed += extend;
-    if (room_in_last_page > 0 && extend > 0) partial_pages.emplace_back(last / ps, r);
+    if (room_in_last_page > 0 && extend > 0) {
+      // The partial page must be the request's own: a page the radix cache holds is shared (its
+      // slots past last_loc may be another prefix's cached tokens, which match_prefix still
+      // serves), so filling it would hand those slots out a second time.
+      if (allocated_[static_cast<size_t>(last / ps)] == kCached) {
+        return Status::invalid_argument(
+            req_prefix(kFn, r) + "last_loc " + std::to_string(last) + " is in page " +
+            std::to_string(last / ps) +
+            ", which the radix cache holds: only a request's own partial page can be extended "
+            "(a prefix matched from the cache ends at a page boundary; round prefix_len down to " +
+            std::to_string(prefix / ps * ps) + " and allocate from there)");
+      }
+      partial_pages.emplace_back(last / ps, r);
+    }
   }
   std::sort(partial_pages.begin(), partial_pages.end());
   for (size_t i = 1; i < partial_pages.size(); ++i) {

@@ -233,7 +233,19 @@ Result<InsertResult> RadixCache::insert(std::span<const int32_t> tokens,
   return result;
 }
 
-void RadixCache::inc_lock_ref(RadixNode* node) {
+// Whether node's parent chain ends at root (the node is a node of this cache, or root itself).
+bool RadixCache::owns(const RadixNode* node) const {
+  const RadixNode* n = node;
+  while (n != nullptr && n != root_.get()) n = n->parent;
+  return n == root_.get();
+}
+
+Status RadixCache::inc_lock_ref(RadixNode* node) {
+  if (!owns(node)) {
+    return Status::invalid_argument(
+        "RadixCache::inc_lock_ref: the node is not one of this cache's (a match of another "
+        "RadixCache, or null)");
+  }
   for (RadixNode* n = node; n != nullptr && n != root_.get(); n = n->parent) {
     if (n->lock_ref == 0) {
       evictable_size_ -= static_cast<int64_t>(n->key.size());
@@ -241,9 +253,26 @@ void RadixCache::inc_lock_ref(RadixNode* node) {
     }
     ++n->lock_ref;
   }
+  return Status::ok();
 }
 
 Status RadixCache::dec_lock_ref(RadixNode* node) {
+  if (!owns(node)) {
+    return Status::invalid_argument(
+        "RadixCache::dec_lock_ref: the node is not one of this cache's (a match of another "
+        "RadixCache, or null)");
+  }
+  if (node != root_.get()) {
+    // A lock ends at node only if its count exceeds what the locks of longer matches through it
+    // (its children's counts) account for.
+    int64_t below = 0;
+    for (const auto& entry : node->children) below += entry.second->lock_ref;
+    if (node->lock_ref <= below) {
+      return Status::invalid_argument(
+          "RadixCache::dec_lock_ref: no lock ends at this node (its locks belong to longer "
+          "matches below it; unlock the node that inc_lock_ref was given)");
+    }
+  }
   for (RadixNode* n = node; n != nullptr && n != root_.get(); n = n->parent) {
     if (n->lock_ref < 1) {
       return Status::invalid_argument(
@@ -281,7 +310,10 @@ Result<int64_t> RadixCache::evict(int64_t num_tokens) {
     RadixNode* leaf = leaves.top();
     leaves.pop();
     const int64_t leaf_pages = static_cast<int64_t>(leaf->key.size()) / ps;
-    const int64_t wanted_pages = (num_tokens - freed + ps - 1) / ps;
+    // Pages covering the tokens still wanted, rounded up without overflow (evict(INT64_MAX),
+    // "everything evictable", wrapped negative and aborted in a vector reserve).
+    const int64_t still = num_tokens - freed;
+    const int64_t wanted_pages = still / ps + (still % ps != 0 ? 1 : 0);
     const int64_t take = std::min(leaf_pages, wanted_pages);
     const auto keep = static_cast<size_t>((leaf_pages - take) * ps);
     const std::span<const int64_t> gone(leaf->slots.data() + keep, leaf->slots.size() - keep);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -241,14 +242,58 @@ TEST(RadixCache, CachedPagesAreFreedOnlyByEviction) {
   EXPECT_EQ(f.alloc.available_pages(), available);  // nothing freed
   EXPECT_FALSE(f.alloc.free_pages(Slots{cached[0] / ps}).is_ok());
   EXPECT_EQ(f.cache->match_prefix(a).length, 2 * ps);
-  // Pages the cache does not hold still free as before; cached ones only through eviction.
-  EXPECT_FALSE(f.alloc.free_cached_slots(Slots{alloc_slots(f.alloc, 1)[0]}).is_ok());
+  // Cached pages are freed only through eviction (free_cached_slots is the cache's own).
   auto all = f.cache->evict(1000);
   ASSERT_TRUE(all.is_ok()) << all.status().to_string();
   EXPECT_EQ(*all, 2 * ps);
   EXPECT_FALSE(f.alloc.is_cached(cached[0] / ps));
   EXPECT_FALSE(f.alloc.is_allocated(cached[0] / ps));
   EXPECT_TRUE(f.cache->reset().is_ok());
+}
+
+// A request may extend only its own partial page: a prefix trimmed inside a cached page (to
+// recompute the last prompt token, say) had alloc_decode / alloc_extend hand out the cached page's
+// later slots, which match_prefix still served (slot 11 twice at page size 4). A prefix matched up
+// to a page boundary extends into fresh pages as before.
+TEST(RadixCache, AllocationNeverFillsACachedPage) {
+  const int ps = 4;
+  Fixture f(ps, 8);
+  std::mt19937 rng(21);
+  const Tokens a = random_tokens(2 * ps, rng);
+  Slots a_slots;
+  f.insert_fresh(a, &a_slots);  // both pages cached
+  ASSERT_TRUE(f.alloc.is_cached(a_slots[6] / ps));
+  const int64_t available = f.alloc.available_pages();
+  const auto decode = f.alloc.alloc_decode(std::vector<int32_t>{8}, Slots{a_slots[6]});
+  ASSERT_FALSE(decode.is_ok());
+  EXPECT_NE(decode.status().message().find("which the radix cache holds"), std::string::npos)
+      << decode.status().message();
+  const auto extend =
+      f.alloc.alloc_extend(std::vector<int32_t>{6}, std::vector<int32_t>{8}, Slots{a_slots[5]});
+  ASSERT_FALSE(extend.is_ok());
+  EXPECT_NE(extend.status().message().find("round prefix_len down to 4"), std::string::npos)
+      << extend.status().message();
+  EXPECT_EQ(f.alloc.available_pages(), available);  // nothing allocated
+  // From the page boundary: a fresh page.
+  const auto fresh =
+      f.alloc.alloc_extend(std::vector<int32_t>{8}, std::vector<int32_t>{10}, Slots{a_slots[7]});
+  ASSERT_TRUE(fresh.is_ok()) << fresh.status().to_string();
+  EXPECT_FALSE(f.alloc.is_cached((*fresh)[0] / ps));
+  EXPECT_EQ(f.cache->match_prefix(a).length, 2 * ps);
+}
+
+// evict(INT64_MAX), "everything evictable": the page count wrapped negative and the process
+// aborted in a vector reserve.
+TEST(RadixCache, EvictingTheMostTokensFreesEverythingEvictable) {
+  const int ps = 16;
+  Fixture f(ps, 32);
+  std::mt19937 rng(23);
+  f.insert_fresh(random_tokens(3 * ps + 5, rng));
+  auto all = f.cache->evict(std::numeric_limits<int64_t>::max());
+  ASSERT_TRUE(all.is_ok()) << all.status().to_string();
+  EXPECT_EQ(*all, 3 * ps);
+  EXPECT_EQ(f.alloc.available_pages(), 32);
+  EXPECT_EQ(f.cache->total_size(), 0);
 }
 
 TEST(RadixCache, LockedNodesAreNeverEvicted) {
@@ -266,7 +311,7 @@ TEST(RadixCache, LockedNodesAreNeverEvicted) {
 
   PrefixMatch m = f.cache->match_prefix(a);
   ASSERT_EQ(m.length, 4 * ps);
-  f.cache->inc_lock_ref(m.last_node);
+  ASSERT_TRUE(f.cache->inc_lock_ref(m.last_node).is_ok());
   EXPECT_EQ(f.cache->protected_size(), 4 * ps);  // a's own pages and the shared prefix
   EXPECT_EQ(f.cache->evictable_size(), 3 * ps);
   auto freed = f.cache->evict(1000);
@@ -279,7 +324,14 @@ TEST(RadixCache, LockedNodesAreNeverEvicted) {
 
   // A second lock on the shared prefix keeps it after a is unlocked.
   PrefixMatch ms = f.cache->match_prefix(shared);
-  f.cache->inc_lock_ref(ms.last_node);
+  // Unlocking the shared prefix, which only a's lock (a longer match) holds, is refused: it
+  // would leave a's own unlock unbalanced (it was accepted, and a's unlock then failed).
+  const Status stolen = f.cache->dec_lock_ref(ms.last_node);
+  EXPECT_FALSE(stolen.is_ok());
+  EXPECT_NE(stolen.message().find("no lock ends at this node"), std::string::npos)
+      << stolen.message();
+  EXPECT_EQ(f.cache->protected_size(), 4 * ps);  // nothing changed
+  ASSERT_TRUE(f.cache->inc_lock_ref(ms.last_node).is_ok());
   ASSERT_TRUE(f.cache->dec_lock_ref(m.last_node).is_ok());
   EXPECT_EQ(f.cache->protected_size(), 2 * ps);
   EXPECT_EQ(f.cache->evictable_size(), 2 * ps);
@@ -290,6 +342,23 @@ TEST(RadixCache, LockedNodesAreNeverEvicted) {
   EXPECT_EQ(f.cache->evictable_size(), 2 * ps);
   ASSERT_TRUE(f.cache->reset().is_ok());
   EXPECT_EQ(f.alloc.available_pages(), 64);
+}
+
+// A node of another cache: locking it moved this cache's sizes (evictable_size -2).
+TEST(RadixCache, LocksRefuseANodeOfAnotherCache) {
+  const int ps = 4;
+  Fixture f(ps, 16), g(ps, 16);
+  std::mt19937 rng(29);
+  const Tokens a = random_tokens(2 * ps, rng);
+  f.insert_fresh(a);
+  g.insert_fresh(a);
+  const PrefixMatch other = g.cache->match_prefix(a);
+  const int64_t evictable = f.cache->evictable_size();
+  EXPECT_FALSE(f.cache->inc_lock_ref(other.last_node).is_ok());
+  EXPECT_FALSE(f.cache->dec_lock_ref(other.last_node).is_ok());
+  EXPECT_FALSE(f.cache->inc_lock_ref(nullptr).is_ok());
+  EXPECT_EQ(f.cache->evictable_size(), evictable);
+  EXPECT_EQ(f.cache->protected_size(), 0);
 }
 
 TEST(RadixCache, EvictsLeastRecentlyUsedFirst) {
@@ -377,7 +446,7 @@ TEST_P(RadixRandom, EvictionKeepsLockedPrefixesAndAccounting) {
       f.insert_fresh(t);
       if (op == 1) {
         PrefixMatch m = f.cache->match_prefix(t);
-        f.cache->inc_lock_ref(m.last_node);
+        ASSERT_TRUE(f.cache->inc_lock_ref(m.last_node).is_ok());
         held.push_back({t, m});
       }
     } else if (op == 2 && !held.empty()) {
