@@ -106,6 +106,11 @@ struct RoleChoice {
   bool from_flag = false;  // the user named it
 };
 
+// A candidate list in a message: "none" when it is empty (a message ended in ": ").
+std::string or_none(const std::vector<std::string>& names) {
+  return names.empty() ? std::string("none") : join(names);
+}
+
 class Resolver {
  public:
   Resolver(const ServerArgs& args, const ModelAttentionConfig& model, const DeviceInfo& device,
@@ -413,8 +418,9 @@ void Resolver::generic_default() {
   if (kind_ == AttentionKind::kMHA) {
     if (hopper_cuda_12_3 && no_spec_or_topk1) {
       set_default("fa3", "generic default", "MHA on Hopper with CUDA >= 12.3");
-    } else if (device_.is_sm100() && (!spec || (spec_topk_ && *spec_topk_ == 1))) {
-      set_default("trtllm_mha", "generic default", "MHA on SM100 without spec topk > 1");
+    } else if (device_.is_sm100() && no_spec_or_topk1) {
+      set_default("trtllm_mha", "generic default",
+                  "MHA on SM100 without speculative decoding or with topk 1 at page size 1");
     } else if (device_.platform == Platform::kROCm) {
       set_default("aiter", "generic default", "MHA on ROCm");
     } else if (available("flashinfer", BackendRole::kPrefill) &&
@@ -542,7 +548,7 @@ Status Resolver::check_roles_on_device() {
                                    device_label(device_) + ": " + on_device.message() +
                                    "; use it as --decode-attention-backend trtllm_mha with another "
                                    "--prefill-attention-backend (" +
-                                   join(candidates(BackendRole::kPrefill)) + ")");
+                                   or_none(candidates(BackendRole::kPrefill)) + ")");
       }
       const std::vector<std::string> ok = candidates(role);
       return Status::unsupported(who(*c, role) + " cannot run on " + device_label(device_) + ": " +
@@ -671,7 +677,7 @@ Status Resolver::check_model_features() {
           "(sliding_window " +
           std::to_string(model_.sliding_window) + "); backends with sliding window for " +
           device_label(device_) + ": " +
-          join(candidates(role, [](const FeatureRow& x) { return x.sliding_window; })));
+          or_none(candidates(role, [](const FeatureRow& x) { return x.sliding_window; })));
     }
     if (model_.is_encoder_decoder && !r->multimodal) {
       return Status::unsupported(
@@ -679,7 +685,7 @@ Status Resolver::check_model_features() {
           " does not support non-causal encoder attention, which the "
           "encoder-decoder model needs; backends with it for " +
           device_label(device_) + ": " +
-          join(candidates(role, [](const FeatureRow& x) { return x.multimodal; })));
+          or_none(candidates(role, [](const FeatureRow& x) { return x.multimodal; })));
     }
     if (model_.has_attention_sinks && !contains(kAttentionSinkBackends, c->backend)) {
       return Status::unsupported(who(*c, role) +
@@ -821,7 +827,7 @@ Status Resolver::kv_cache_dtype() {
       return Status::unsupported(
           flag + " with " + who(decode_, BackendRole::kDecode) +
           ": fa4 runs KV4 only as the prefill backend; set --decode-attention-backend to one of " +
-          join(candidates(BackendRole::kDecode, [](const FeatureRow& x) { return x.fp4_kv; })));
+          or_none(candidates(BackendRole::kDecode, [](const FeatureRow& x) { return x.fp4_kv; })));
     }
     if (prefill_.backend == "fa4" && contains(kKv4Fa4IncompatibleDecode, decode_.backend)) {
       std::vector<std::string> ok;
@@ -841,7 +847,7 @@ Status Resolver::kv_cache_dtype() {
       return Status::unsupported(
           flag + " is not supported by " + who(*c, role) + " (" + kind_name +
           "); backends with fp8 KV: " +
-          join(candidates(role, [](const FeatureRow& x) { return x.fp8_kv; })));
+          or_none(candidates(role, [](const FeatureRow& x) { return x.fp8_kv; })));
     }
     if (kv_ == KVCacheDType::kFP8E5M2 && r->fp8_e4m3_only) {
       return Status::unsupported(flag + " is not supported by " + who(*c, role) + " (" + kind_name +
@@ -853,7 +859,7 @@ Status Resolver::kv_cache_dtype() {
       return Status::unsupported(
           flag + " (KV4) is not supported by " + who(*c, role) + " (" + kind_name +
           "); KV4 backends: " +
-          join(candidates(role, [](const FeatureRow& x) { return x.fp4_kv; })));
+          or_none(candidates(role, [](const FeatureRow& x) { return x.fp4_kv; })));
     }
   }
   if (kv_ == KVCacheDType::kFP4E2M1 && s_.is_hybrid() && prefill_.backend != "fa4") {
@@ -953,13 +959,14 @@ Status Resolver::speculative_rules() {
       return Status::unsupported(
           "--speculative-algorithm " + *args_.speculative_algorithm + " is not supported with " +
           who(*c, role) + ": flex_attention rejects speculative decoding; spec-capable " +
-          attention_kind_name(kind_) +
-          " backends: " + join(candidates(role, [](const FeatureRow& x) { return x.spec_topk1; })));
+          attention_kind_name(kind_) + " backends: " +
+          or_none(candidates(role, [](const FeatureRow& x) { return x.spec_topk1; })));
     }
   }
   const std::string arch = model_.architectures.empty() ? "" : model_.architectures.front();
   const bool chain_model = sp.algorithm == "STANDALONE" || arch == "DeepseekV3ForCausalLM" ||
-                           arch == "DeepseekV2ForCausalLM" || arch == "GptOssForCausalLM";
+                           arch == "DeepseekV2ForCausalLM" || arch == "DeepseekV32ForCausalLM" ||
+                           arch == "GptOssForCausalLM";
   const SpecParams auto_params = chain_model ? kSpecParamsChain : kSpecParamsTree;
   const bool any_given = args_.speculative_num_steps || args_.speculative_eagle_topk ||
                          args_.speculative_num_draft_tokens;
@@ -997,7 +1004,7 @@ Status Resolver::speculative_rules() {
                                  " is not supported by " + who(*c, role) + "; " +
                                  attention_kind_name(kind_) + " backends with spec topk" +
                                  (tree ? ">1" : "=1") + ": " +
-                                 join(candidates(role, [tree](const FeatureRow& x) {
+                                 or_none(candidates(role, [tree](const FeatureRow& x) {
                                    return tree ? x.spec_topk_gt1 : x.spec_topk1;
                                  })));
     }

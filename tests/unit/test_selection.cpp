@@ -104,6 +104,34 @@ std::vector<Case> cases() {
       ok("mha_sm90_fa3", kLlama, "sm90", none(), {"fa3", "fa3", 1, "auto", true}),
       ok("mha_sm100_trtllm_mha_page64", kLlama, "sm100", none(),
          {"trtllm_mha", "trtllm_mha", 64, "auto", true}),
+      // SGLang's is_no_spec_infer_or_topk_one: topk 1 counts as "no tree" only at page size 1, on
+      // SM100 as on Hopper (SM100 picked trtllm_mha at page 16 while SGLang picks flashinfer).
+      ok("mha_sm100_spec_topk1_page16_flashinfer", kLlama, "sm100",
+         [](ServerArgs& a) {
+           a.speculative_algorithm = "EAGLE";
+           a.speculative_num_steps = 3;
+           a.speculative_eagle_topk = 1;
+           a.speculative_num_draft_tokens = 4;
+           a.page_size = 16;
+         },
+         {"flashinfer", "flashinfer", 16, "auto", true, {}, 1, "flashinfer"}),
+      ok("mha_sm100_spec_topk1_page1_trtllm_mha", kLlama, "sm100",
+         [](ServerArgs& a) {
+           a.speculative_algorithm = "EAGLE";
+           a.speculative_num_steps = 3;
+           a.speculative_eagle_topk = 1;
+           a.speculative_num_draft_tokens = 4;
+         },
+         {"trtllm_mha", "trtllm_mha", 64, "auto", true, {}, 1, "trtllm_mha"}),
+      // DeepSeek-V3.2 takes SGLang's chain parameters (topk 1) like V3 / V2: the refusal names
+      // topk 1 (nsa, a descriptor here, has no speculative row), not the tree's 4.
+      err("mla_sm90_dsv32_spec_chain_params", kDsV32, "sm90",
+          [](ServerArgs& a) { a.speculative_algorithm = "EAGLE"; }, kUnsupported,
+          {"--speculative-eagle-topk 1 is not supported by the model rule nsa"}),
+      // An empty candidate list says "none" (the message ended in ": ").
+      err("cpu_spec_tree_has_no_backend", kLlama, "cpu",
+          [](ServerArgs& a) { a.speculative_algorithm = "NGRAM"; }, kUnsupported,
+          {"MHA backends with spec topk>1: none"}),
       ok("mha_sm100_spec_topk4_flashinfer", kLlama, "sm100",
          [](ServerArgs& a) {
            a.speculative_algorithm = "EAGLE";
