@@ -58,9 +58,10 @@ struct TensorView {
   int64_t stride(int dim) const { return strides[static_cast<size_t>(dim < 0 ? dim + ndim : dim)]; }
   bool is_contiguous() const;
   int64_t storage_bytes() const;  // bytes spanned by a contiguous view
-  // Bytes from data to the lowest-addressed element (<= 0: a negative stride walks below data);
-  // the view's bytes are [data + lowest_byte_offset(), ... + storage_bytes()).
-  int64_t lowest_byte_offset() const;
+  // The bytes the elements occupy, [data + *first, data + *end) (first <= 0 where a negative
+  // stride walks below data; fp4 counts the bytes its nibbles sit in). false, with both 0, for an
+  // empty view or one whose span overflows int64 (no memory holds it).
+  bool byte_extent(int64_t* first, int64_t* end) const;
   // Whether two elements may share an address (a stride of 0, or strides that interleave): the
   // dims sorted by |stride|, each must step past everything the smaller ones span. Conservative:
   // a layout that only this order cannot prove disjoint counts as overlapping.

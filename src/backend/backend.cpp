@@ -403,8 +403,14 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
       batch.req_to_token_pool != nullptr ? batch.req_to_token_pool->table() : TensorView();
   for (const auto& [t, name] : {std::pair{out, "out"}, std::pair{&lse, "lse"}}) {
     if (t == nullptr || !t->defined()) continue;
-    const auto* lowest = static_cast<const char*>(t->data) + t->lowest_byte_offset();
-    const std::string hit = pool->storage_overlapping(lowest, t->storage_bytes());
+    int64_t first = 0;
+    int64_t end = 0;
+    if (!t->byte_extent(&first, &end) && t->numel() > 0) {
+      return Status::invalid_argument(
+          cat(name, " ", t->describe(), ": its strides span more bytes than an address holds"));
+    }
+    const std::string hit =
+        pool->storage_overlapping(static_cast<const char*>(t->data) + first, end - first);
     if (!hit.empty()) {
       return Status::invalid_argument(cat(name, " ", t->describe(), " overlaps the KV pool's ", hit,
                                           " buffer: the forward would overwrite cached k / v"));

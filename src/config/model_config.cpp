@@ -18,7 +18,6 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 #include <utility>
 
@@ -656,24 +655,11 @@ Result<ModelAttentionConfig> parse_with_source(std::string_view json_text,
                                     describe_position(json_text, too_deep + 1) +
                                     " (a config.json nests a few levels)");
   }
-  // A key given twice in one object: nlohmann keeps the last silently, and which of two
-  // num_key_value_heads a config meant is not ours to guess.
-  std::vector<std::set<std::string>> keys;  // one set per object being parsed
-  std::string duplicate;
-  const auto on_event = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::object_start) {
-      keys.emplace_back();
-    } else if (event == Json::parse_event_t::object_end && !keys.empty()) {
-      keys.pop_back();
-    } else if (event == Json::parse_event_t::key && !keys.empty() && duplicate.empty() &&
-               !keys.back().insert(parsed.get<std::string>()).second) {
-      duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
+  // A key given twice keeps its last value, as Python's json (transformers, SGLang) does: published
+  // config.json files are hand-edited, and refusing them would refuse what the engine loads.
   Json root;
   try {
-    root = Json::parse(json_text.begin(), json_text.end(), on_event);
+    root = Json::parse(json_text.begin(), json_text.end());
   } catch (const Json::parse_error& e) {
     return Status::invalid_argument(source + ": malformed JSON at " +
                                     describe_position(json_text, e.byte) + ": " +
@@ -681,10 +667,6 @@ Result<ModelAttentionConfig> parse_with_source(std::string_view json_text,
   } catch (const Json::exception& e) {  // out_of_range: a number past double's range
     return Status::invalid_argument(source +
                                     ": malformed JSON: " + without_json_exception_tag(e.what()));
-  }
-  if (!duplicate.empty()) {
-    return Status::invalid_argument(source + ": key \"" + duplicate +
-                                    "\" is given twice in one object (each key once)");
   }
   if (!root.is_object()) {
     return Status::invalid_argument(source + ": the top level must be a JSON object, got " +

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -127,26 +128,46 @@ int64_t TensorView::storage_bytes() const {
   return dtype_storage_bytes(dtype, span);
 }
 
-int64_t TensorView::lowest_byte_offset() const {
-  if (numel() <= 0) return 0;
-  int64_t below = 0;  // elements below data
+bool TensorView::byte_extent(int64_t* first, int64_t* end) const {
+  *first = 0;
+  *end = 0;
+  if (!defined() || numel() <= 0) return false;
+  int64_t lo = 0;  // lowest and highest element offsets from data
+  int64_t hi = 0;
   for (int d = 0; d < ndim; ++d) {
     const auto i = static_cast<size_t>(d);
-    if (strides[i] < 0) below += (shape[i] - 1) * -strides[i];
+    int64_t step = 0;
+    if (__builtin_mul_overflow(shape[i] - 1, strides[i], &step)) return false;
+    if (step < 0 ? __builtin_add_overflow(lo, step, &lo) : __builtin_add_overflow(hi, step, &hi)) {
+      return false;
+    }
   }
-  return below == 0 ? 0 : -dtype_storage_bytes(dtype, below);
+  if (dtype == DType::kFP4E2M1) {  // two elements per byte: element e lies in byte floor(e / 2)
+    *first = lo >= 0 ? lo / 2 : -((-lo + 1) / 2);
+    *end = hi / 2 + 1;
+    return true;
+  }
+  const int64_t size = dtype_storage_bytes(dtype, 1);
+  int64_t lo_bytes = 0;
+  int64_t hi_bytes = 0;
+  if (__builtin_mul_overflow(lo, size, &lo_bytes) ||
+      __builtin_mul_overflow(hi + 1, size, &hi_bytes)) {
+    return false;
+  }
+  *first = lo_bytes;
+  *end = hi_bytes;
+  return true;
 }
 
 bool TensorView::overlaps(const TensorView& other) const {
-  const int64_t bytes = defined() ? storage_bytes() : 0;
-  const int64_t other_bytes = other.defined() ? other.storage_bytes() : 0;
-  if (bytes <= 0 || other_bytes <= 0) return false;
-  const auto lo =
-      reinterpret_cast<uintptr_t>(static_cast<const char*>(data) + lowest_byte_offset());
-  const auto other_lo = reinterpret_cast<uintptr_t>(static_cast<const char*>(other.data) +
-                                                    other.lowest_byte_offset());
-  return lo < other_lo + static_cast<uintptr_t>(other_bytes) &&
-         other_lo < lo + static_cast<uintptr_t>(bytes);
+  int64_t first = 0, end = 0, other_first = 0, other_end = 0;
+  if (!byte_extent(&first, &end) || !other.byte_extent(&other_first, &other_end)) {
+    // Empty: nothing to share. A span past int64 is no real view: count it as overlapping.
+    return defined() && other.defined() && numel() > 0 && other.numel() > 0;
+  }
+  const auto lo = reinterpret_cast<intptr_t>(data);
+  const auto other_lo = reinterpret_cast<intptr_t>(other.data);
+  return lo + first < other_lo + other_end && other_lo + other_first < lo + end;
 }
 
 bool TensorView::may_self_overlap() const {
@@ -157,13 +178,19 @@ bool TensorView::may_self_overlap() const {
   size_t n = 0;
   for (int d = 0; d < ndim; ++d) {
     const auto i = static_cast<size_t>(d);
-    if (shape[i] > 1) dims[n++] = {strides[i] < 0 ? -strides[i] : strides[i], shape[i]};
+    if (shape[i] <= 1) continue;
+    if (strides[i] == std::numeric_limits<int64_t>::min()) return true;  // |stride| past int64
+    dims[n++] = {strides[i] < 0 ? -strides[i] : strides[i], shape[i]};
   }
   std::sort(dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(n));
   int64_t reach = 1;  // elements spanned by the smaller dims, plus one
   for (size_t i = 0; i < n; ++i) {
     if (dims[i].first < reach) return true;
-    reach += dims[i].first * (dims[i].second - 1);
+    int64_t step = 0;
+    if (__builtin_mul_overflow(dims[i].first, dims[i].second - 1, &step) ||
+        __builtin_add_overflow(reach, step, &reach)) {
+      return true;  // a span past int64: no memory holds it
+    }
   }
   return false;
 }

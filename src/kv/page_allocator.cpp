@@ -126,7 +126,11 @@ Result<std::vector<int64_t>> PageAllocator::alloc_extend_as(const char* kFn,
             std::to_string(last / ps) +
             ", which the radix cache holds: only a request's own partial page can be extended "
             "(a prefix matched from the cache ends at a page boundary; round prefix_len down to " +
-            std::to_string(prefix / ps * ps) + " and allocate from there)");
+            std::to_string(prefix / ps * ps) +
+            (prefix < ps ? ", with last_loc -1,"
+                         : " (last_loc then the slot of token " +
+                               std::to_string(prefix / ps * ps - 1) + ")") +
+            " and allocate from there)");
       }
       partial_pages.emplace_back(last / ps, r);
     }

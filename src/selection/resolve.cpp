@@ -418,9 +418,13 @@ void Resolver::generic_default() {
   if (kind_ == AttentionKind::kMHA) {
     if (hopper_cuda_12_3 && no_spec_or_topk1) {
       set_default("fa3", "generic default", "MHA on Hopper with CUDA >= 12.3");
-    } else if (device_.is_sm100() && no_spec_or_topk1) {
+    } else if (device_.is_sm100() &&
+               (!spec || (spec_topk_ && *spec_topk_ == 1 && args_.page_size.value_or(1) == 1))) {
+      // SGLang's is_no_spec_infer_or_topk_one, except that a topk not given does not count as 1
+      // here: attnkit's automatic speculative parameters for most models have topk 4 (SGLang's
+      // older (5, 4, 8)), which trtllm_mha cannot run, so such a batch goes to flashinfer.
       set_default("trtllm_mha", "generic default",
-                  "MHA on SM100 without speculative decoding or with topk 1 at page size 1");
+                  "MHA on SM100 without speculative decoding, or with topk 1 at page size 1");
     } else if (device_.platform == Platform::kROCm) {
       set_default("aiter", "generic default", "MHA on ROCm");
     } else if (available("flashinfer", BackendRole::kPrefill) &&

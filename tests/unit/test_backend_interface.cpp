@@ -161,18 +161,37 @@ TEST_F(ValidateInputs, OutMustNotOverlapThePool) {
   EXPECT_TRUE(validate().is_ok());
 }
 
-// The bytes an out spans run from its lowest element: a view walking backwards from inside the
-// pool's buffer was taken (the check looked above data only) and overwrote cached k.
+// The bytes an out spans run from its lowest element: a view walking backwards from just past
+// the pool's highest buffer was taken (the check looked above data only, where no buffer is) and
+// overwrote cached k / v.
 TEST_F(ValidateInputs, NegativeStrideOutOverThePoolIsRefused) {
   const auto& pool = static_cast<const MHAKVPool&>(*pc_->batch.kv_pool);
+  TensorView top;  // the highest-addressed buffer of the pool
+  for (int l = 0; l < pool.config().num_layers; ++l) {
+    for (const TensorView& b : {pool.k_buffer(l), pool.v_buffer(l)}) {
+      if (!top.defined() || b.data > top.data) top = b;
+    }
+  }
   const TensorView& l_out = pc_->layers[0].out;  // bf16 [T, 8, 128]
   TensorView back = l_out;
   back.strides[0] = -l_out.strides[0];
-  // data just past the pool's k[1] buffer: every other element lies below, inside it.
-  back.data = static_cast<char*>(pool.k_buffer(1).data) + pool.k_buffer(1).storage_bytes();
+  back.data = static_cast<char*>(top.data) + top.storage_bytes();  // one past its end
+  // The old check, [data, data + bytes), sees no buffer of the pool: only the walk down does.
+  ASSERT_EQ(pool.storage_overlapping(back.data, back.storage_bytes()), "");
   out_ = back;
-  // (The view spans more than k[1]: the lowest buffer it reaches is named.)
   expect_error(validate(), " overlaps the KV pool's ");
+}
+
+// A strided out whose elements are distinct passes: heads-major storage viewed as [T, H, D].
+TEST_F(ValidateInputs, HeadsMajorOutIsAccepted) {
+  const TensorView& l_out = pc_->layers[0].out;
+  const int64_t t = l_out.size(0), h = l_out.size(1), d = l_out.size(2);
+  std::vector<uint16_t> storage(static_cast<size_t>(t * h * d));
+  TensorView heads_major(storage.data(), DType::kBF16, Device::cpu(), {t, h, d});
+  heads_major.strides = {d, t * d, 1, 0, 0, 0};
+  ASSERT_FALSE(heads_major.may_self_overlap());
+  out_ = heads_major;
+  EXPECT_TRUE(validate().is_ok()) << validate().to_string();
 }
 
 // out laid over the request table: the forward wrote results into its slots (a CPU kernel then

@@ -552,6 +552,11 @@ TEST(BenchCli, DeepHugeAndEmptyInputsAreRefusedByName) {
           {"matrix --device cpu", "attnkit matrix: not expected: --device cpu"},
       },
       {"json.exception", "escaped", "bad_alloc"});
+  // A leading '+' is a number, as before (std::stod took it).
+  const CliRun plus = run_cli(
+      "bench --backend torch_native --device cpu --cases /nonexistent.json --gemm-tflops +5");
+  EXPECT_EQ(plus.err.find("--gemm-tflops"), std::string::npos) << plus.err;
+  EXPECT_NE(plus.err.find("nonexistent.json"), std::string::npos) << plus.err;
   // A JSON spec after white space is still JSON; fp8 values in the subnormal range at head_dim 1
   // verify (one value rounding to 0 was a 100% relative error on the reference itself).
   CliRun r = run_cli(run + R"('  {"mode": "decode", "prefix_lens": [10]}')");

@@ -123,6 +123,12 @@ std::vector<Case> cases() {
            a.speculative_num_draft_tokens = 4;
          },
          {"trtllm_mha", "trtllm_mha", 64, "auto", true, {}, 1, "trtllm_mha"}),
+      // Speculative decoding without a topk: the automatic topk is 4 for Llama, which trtllm_mha
+      // cannot run, so SM100 keeps flashinfer (picking trtllm_mha there made every such select
+      // fail).
+      ok("mha_sm100_spec_auto_topk_flashinfer", kLlama, "sm100",
+         [](ServerArgs& a) { a.speculative_algorithm = "EAGLE"; },
+         {"flashinfer", "flashinfer", 1, "auto", true, {}, 4, "flashinfer"}),
       // DeepSeek-V3.2 takes SGLang's chain parameters (topk 1) like V3 / V2: the refusal names
       // topk 1 (nsa, a descriptor here, has no speculative row), not the tree's 4.
       err("mla_sm90_dsv32_spec_chain_params", kDsV32, "sm90",

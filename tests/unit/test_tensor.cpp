@@ -83,6 +83,58 @@ TEST(TensorViewTest, DescribeAndEmpty) {
   EXPECT_EQ(TensorView().describe(), "f32[] cpu");
 }
 
+// The bytes a view's elements occupy, negative strides and fp4 nibbles included; overlaps() and
+// may_self_overlap() on them (the KV-pool / request-table / set_kv checks use these).
+TEST(TensorViewTest, ByteExtentOverlapsAndSelfOverlap) {
+  std::vector<float> buf(64);
+  TensorView fwd(buf.data() + 8, DType::kF32, Device::cpu(), {4, 2});  // floats 8..15
+  int64_t first = 0, end = 0;
+  ASSERT_TRUE(fwd.byte_extent(&first, &end));
+  EXPECT_EQ(first, 0);
+  EXPECT_EQ(end, 8 * 4);
+  TensorView back = fwd;  // rows 8.., 6.., 4.., 2..: floats 2..9
+  back.strides[0] = -2;
+  ASSERT_TRUE(back.byte_extent(&first, &end));
+  EXPECT_EQ(first, -6 * 4);
+  EXPECT_EQ(end, 2 * 4);
+  TensorView below(buf.data(), DType::kF32, Device::cpu(), {2});  // floats 0..1
+  TensorView at2(buf.data() + 2, DType::kF32, Device::cpu(), {1});
+  TensorView at10(buf.data() + 10, DType::kF32, Device::cpu(), {1});
+  EXPECT_FALSE(back.overlaps(below));
+  EXPECT_TRUE(back.overlaps(at2));
+  EXPECT_FALSE(back.overlaps(at10));
+  EXPECT_TRUE(fwd.overlaps(at10));
+  EXPECT_FALSE(fwd.overlaps(TensorView()));
+  // fp4: element e lies in byte floor(e / 2); two elements walking down from byte 4 cover 3..4.
+  std::vector<uint8_t> bytes(16);
+  TensorView nibbles(bytes.data() + 4, DType::kFP4E2M1, Device::cpu(), {2});
+  nibbles.strides[0] = -1;
+  ASSERT_TRUE(nibbles.byte_extent(&first, &end));
+  EXPECT_EQ(first, -1);
+  EXPECT_EQ(end, 1);
+  EXPECT_TRUE(nibbles.overlaps(TensorView(bytes.data() + 4, DType::kU8, Device::cpu(), {1})));
+  EXPECT_TRUE(nibbles.overlaps(TensorView(bytes.data() + 3, DType::kU8, Device::cpu(), {1})));
+  EXPECT_FALSE(nibbles.overlaps(TensorView(bytes.data() + 5, DType::kU8, Device::cpu(), {1})));
+  // Self-overlap: stride 0, interleaved strides; disjoint padded / transposed layouts are fine.
+  TensorView zero = fwd;
+  zero.strides[1] = 0;
+  EXPECT_TRUE(zero.may_self_overlap());
+  TensorView interleaved(buf.data(), DType::kF32, Device::cpu(), {4, 4});
+  interleaved.strides[0] = 2;
+  EXPECT_TRUE(interleaved.may_self_overlap());
+  TensorView padded = interleaved;
+  padded.strides[0] = 5;
+  EXPECT_FALSE(padded.may_self_overlap());
+  TensorView transposed = interleaved;
+  transposed.strides = {1, 4, 0, 0, 0, 0};
+  EXPECT_FALSE(transposed.may_self_overlap());
+  // A span past int64: no memory holds it.
+  TensorView huge(buf.data(), DType::kF32, Device::cpu(), {3});
+  huge.strides[0] = std::numeric_limits<int64_t>::max() / 2 + 1;
+  EXPECT_FALSE(huge.byte_extent(&first, &end));
+  EXPECT_TRUE(huge.overlaps(fwd));
+}
+
 TEST(TensorViewTest, Fp4StorageAndSlicing) {
   std::vector<uint8_t> storage(8);
   const TensorView t(storage.data(), DType::kFP4E2M1, Device::cpu(), {3, 5});

@@ -43,7 +43,10 @@ CLI::Validator positive_number() {
         // number past double's range (1e400) as out of range, not as "not a number".
         double v = 0.0;
         const char* end = value.data() + value.size();
-        const auto [ptr, ec] = std::from_chars(value.data(), end, v, std::chars_format::general);
+        // A leading '+' as std::stod took it (from_chars alone refuses it).
+        const bool plus = value.size() > 1 && value[0] == '+' && value[1] != '-' && value[1] != '+';
+        const char* begin = value.data() + (plus ? 1 : 0);
+        const auto [ptr, ec] = std::from_chars(begin, end, v, std::chars_format::general);
         if (value.empty() || ec == std::errc::invalid_argument || ptr != end) {
           return "\"" + value + "\" is not a number (must be a decimal number > 0)";
         }
