@@ -448,6 +448,21 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
   for (const auto& [tensor, name] : batch_tensors) {
     if (tensor->defined()) ATTNKIT_RETURN_IF_ERROR(check_on(*tensor, name, device));
   }
+  // The results must not land in each other or in the batch's index arrays (the forward reads
+  // them: a later layer, or the same forward's later kernels, would read results as indices).
+  for (const auto& [t, name] : {std::pair{out, "out"}, std::pair{&lse, "lse"}}) {
+    if (t == nullptr || !t->defined()) continue;
+    if (t == &lse && out != nullptr && lse.overlaps(*out)) {
+      return Status::invalid_argument(cat("lse ", lse.describe(), " overlaps out ", out->describe(),
+                                          ": each would overwrite the other's results"));
+    }
+    for (const auto& [tensor, tensor_name] : batch_tensors) {
+      if (t->overlaps(*tensor)) {
+        return Status::invalid_argument(cat(name, " ", t->describe(), " overlaps ", tensor_name,
+                                            ": the forward would overwrite the batch's indices"));
+      }
+    }
+  }
   return Status::ok();
 }
 

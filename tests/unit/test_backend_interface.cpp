@@ -182,6 +182,27 @@ TEST_F(ValidateInputs, NegativeStrideOutOverThePoolIsRefused) {
   expect_error(validate(), " overlaps the KV pool's ");
 }
 
+// Results laid over each other or over the batch's index arrays (which later layers read).
+TEST_F(ValidateInputs, OutAndLseApartFromEachOtherAndTheBatch) {
+  TensorView lse_in_out = pc_->layers[0].lse;
+  lse_in_out.data = pc_->layers[0].out.data;
+  lse_ = lse_in_out;
+  expect_error(validate(), " overlaps out bf16[");
+  lse_.reset();
+  // out_cache_loc moved into a buffer large enough to hold all of lse (and nothing of the pool).
+  const TensorView loc = pc_->batch.out_cache_loc;
+  std::vector<int64_t> roomy(static_cast<size_t>(pc_->layers[0].lse.storage_bytes() / 8 + 8));
+  std::memcpy(roomy.data(), loc.data, static_cast<size_t>(loc.storage_bytes()));
+  pc_->batch.out_cache_loc.data = roomy.data();
+  TensorView over_loc = pc_->layers[0].lse;
+  over_loc.data = roomy.data();
+  lse_ = over_loc;
+  expect_error(validate(), " overlaps batch.out_cache_loc: the forward would overwrite");
+  lse_.reset();
+  EXPECT_TRUE(validate().is_ok());
+  pc_->batch.out_cache_loc = loc;
+}
+
 // A strided out whose elements are distinct passes: heads-major storage viewed as [T, H, D].
 TEST_F(ValidateInputs, HeadsMajorOutIsAccepted) {
   const TensorView& l_out = pc_->layers[0].out;
