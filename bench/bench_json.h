@@ -23,24 +23,9 @@ inline std::string json_error_text(const nlohmann::json::exception& e) {
   return without_json_exception_tag(e.what());
 }
 
-// A value as an error message quotes it: its JSON text, cut after 80 characters (a message is one
-// line; a 16 MiB case file's array is not).
-template <typename Json>
-std::string json_excerpt(const Json& v) {
-  constexpr size_t kMaxChars = 80;
-  std::string text = v.dump();
-  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
-  return text;
-}
-
 template <typename Json>
 Status parse_json_text(const std::string& text, const std::string& source, Json* out) {
-  const size_t too_deep = json_nesting_past(text, kMaxJsonNesting);
-  if (too_deep != std::string::npos) {
-    return Status::invalid_argument(source + ": arrays / objects nested more than " +
-                                    std::to_string(kMaxJsonNesting) + " levels deep at byte " +
-                                    std::to_string(too_deep) + " (case files nest a few levels)");
-  }
+  ATTNKIT_RETURN_IF_ERROR(check_json_nesting(text, source, "case files nest a few levels"));
   std::vector<std::set<std::string>> keys;  // one set per object being parsed
   std::string duplicate;
   const auto on_event = [&](int /*depth*/, nlohmann::json::parse_event_t event, Json& parsed) {

@@ -394,11 +394,24 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
                                         dtype_name(cfg.dtype),
                                         " pool, x log2(e)) must be a finite normal float"));
   }
+  const std::pair<const TensorView*, const char*> batch_tensors[] = {
+      {&batch.req_pool_indices, "batch.req_pool_indices"},
+      {&batch.seq_lens, "batch.seq_lens"},
+      {&batch.out_cache_loc, "batch.out_cache_loc"},
+      {&batch.positions, "batch.positions"},
+      {&batch.extend_prefix_lens, "batch.extend_prefix_lens"},
+      {&batch.extend_seq_lens, "batch.extend_seq_lens"},
+      {&batch.extend_start_loc, "batch.extend_start_loc"},
+      {&batch.encoder_lens, "batch.encoder_lens"},
+      {&batch.spec.custom_mask, "batch.spec.custom_mask"},
+      {&batch.spec.mask_indptr, "batch.spec.mask_indptr"},
+  };
   // out and lse must not be views of the cache (the forward would overwrite cached k / v, any
   // layer's) or of the request table (its slots; a CPU kernel then read the pool at garbage
-  // rows), and no two of their elements may share an address (a stride-0 out kept only the last
-  // head's result). The bytes are those of the view's lowest to highest element: a negative
-  // stride walks below data.
+  // rows), nor of each other or the batch's index arrays (read as indices by later layers), and no
+  // two of their elements may share an address (a stride-0 out kept only the last head's result).
+  // The bytes are those of the view's lowest to highest element: a negative stride walks below
+  // data.
   const TensorView table =
       batch.req_to_token_pool != nullptr ? batch.req_to_token_pool->table() : TensorView();
   for (const auto& [t, name] : {std::pair{out, "out"}, std::pair{&lse, "lse"}}) {
@@ -421,6 +434,16 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
               " overlaps the request table (req_to_token_pool.table()): the forward would "
               "overwrite its slots"));
     }
+    if (t == &lse && out != nullptr && lse.overlaps(*out)) {
+      return Status::invalid_argument(cat("lse ", lse.describe(), " overlaps out ", out->describe(),
+                                          ": each would overwrite the other's results"));
+    }
+    for (const auto& [tensor, tensor_name] : batch_tensors) {
+      if (t->overlaps(*tensor)) {
+        return Status::invalid_argument(cat(name, " ", t->describe(), " overlaps ", tensor_name,
+                                            ": the forward would overwrite the batch's indices"));
+      }
+    }
     if (t->may_self_overlap()) {
       return Status::invalid_argument(
           cat(name, " ", t->describe(),
@@ -433,35 +456,8 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
                                         batch.req_to_token_pool->device().to_string(),
                                         " but the backend runs on ", device.to_string()));
   }
-  const std::pair<const TensorView*, const char*> batch_tensors[] = {
-      {&batch.req_pool_indices, "batch.req_pool_indices"},
-      {&batch.seq_lens, "batch.seq_lens"},
-      {&batch.out_cache_loc, "batch.out_cache_loc"},
-      {&batch.positions, "batch.positions"},
-      {&batch.extend_prefix_lens, "batch.extend_prefix_lens"},
-      {&batch.extend_seq_lens, "batch.extend_seq_lens"},
-      {&batch.extend_start_loc, "batch.extend_start_loc"},
-      {&batch.encoder_lens, "batch.encoder_lens"},
-      {&batch.spec.custom_mask, "batch.spec.custom_mask"},
-      {&batch.spec.mask_indptr, "batch.spec.mask_indptr"},
-  };
   for (const auto& [tensor, name] : batch_tensors) {
     if (tensor->defined()) ATTNKIT_RETURN_IF_ERROR(check_on(*tensor, name, device));
-  }
-  // The results must not land in each other or in the batch's index arrays (the forward reads
-  // them: a later layer, or the same forward's later kernels, would read results as indices).
-  for (const auto& [t, name] : {std::pair{out, "out"}, std::pair{&lse, "lse"}}) {
-    if (t == nullptr || !t->defined()) continue;
-    if (t == &lse && out != nullptr && lse.overlaps(*out)) {
-      return Status::invalid_argument(cat("lse ", lse.describe(), " overlaps out ", out->describe(),
-                                          ": each would overwrite the other's results"));
-    }
-    for (const auto& [tensor, tensor_name] : batch_tensors) {
-      if (t->overlaps(*tensor)) {
-        return Status::invalid_argument(cat(name, " ", t->describe(), " overlaps ", tensor_name,
-                                            ": the forward would overwrite the batch's indices"));
-      }
-    }
   }
   return Status::ok();
 }

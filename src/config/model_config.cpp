@@ -36,8 +36,6 @@ constexpr int kGemma2SlidingPeriod = 2;
 constexpr int kGptOssSlidingPeriod = 2;
 // DeepSeek YaRN: mscale = kYarnMscaleSlope * mscale_all_dim * ln(factor) + 1.
 constexpr double kYarnMscaleSlope = 0.1;
-// Longest stretch of a JSON value quoted in an error message.
-constexpr size_t kMaxQuotedValueChars = 80;
 // The most layers a config may declare (num_hidden_layers, decoder_layers, encoder_layers, a
 // vision tower's depth): the plan keeps one entry per layer, and the largest published models
 // have a few hundred, so a larger count is a wrong file, not a model.
@@ -70,12 +68,6 @@ constexpr const char* kDualChunkKnownKeys[] = {
     "sparse_attention_threshold",
     "sparse_attention_last_q",
 };
-
-std::string quote_value(const Json& value) {
-  std::string text = value.dump();
-  if (text.size() > kMaxQuotedValueChars) text = text.substr(0, kMaxQuotedValueChars) + "...";
-  return text;
-}
 
 bool contains(const std::vector<std::string>& list, std::string_view item) {
   return std::find(list.begin(), list.end(), item) != list.end();
@@ -117,7 +109,7 @@ class Reader {
     return Status::invalid_argument(source_ + ": " + key_name(key) + " " + what);
   }
   Status type_error(std::string_view key, const Json& value, std::string_view expected) const {
-    return error(key, "must be " + std::string(expected) + ", got " + quote_value(value));
+    return error(key, "must be " + std::string(expected) + ", got " + json_excerpt(value));
   }
   Status missing(std::string_view key, std::string_view expected) const {
     return Status::invalid_argument(source_ + ": required key \"" + key_name(key) +
@@ -222,24 +214,6 @@ class Reader {
   std::string prefix_;
   const Reader* fallback_;
 };
-
-// "line 3, column 7 (byte 42)" for a 1-based byte offset as nlohmann reports it.
-std::string describe_position(std::string_view text, size_t byte) {
-  const size_t end = std::min(byte == 0 ? size_t{0} : byte - 1, text.size());
-  size_t line = 1;
-  size_t column = 1;
-  for (size_t i = 0; i < end; ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      column = 1;
-    } else {
-      ++column;
-    }
-  }
-  std::ostringstream out;
-  out << "line " << line << ", column " << column << " (byte " << byte << ")";
-  return out.str();
-}
 
 // The parser's own description without its "[json.exception...] parse error at ...: " prefix.
 std::string parser_reason(const std::string& what) {
@@ -430,7 +404,7 @@ Status parse_layer_types(const Reader& text, ModelAttentionConfig* cfg) {
     } else if (name == "linear_attention") {
       kind = LayerKind::kLinearAttention;
     } else {
-      return owner->error("layer_types", "[" + std::to_string(i) + "] is " + quote_value(name) +
+      return owner->error("layer_types", "[" + std::to_string(i) + "] is " + json_excerpt(name) +
                                              " (expected \"full_attention\", "
                                              "\"sliding_attention\" or \"linear_attention\")");
     }
@@ -555,7 +529,7 @@ Status parse_dual_chunk(const Reader& text, ModelAttentionConfig* cfg) {
     if (std::find_if(std::begin(known), std::end(known),
                      [&](const char* k) { return item.key() == k; }) == std::end(known)) {
       return reader.error(item.key(), "is not a dual-chunk attention setting (value " +
-                                          quote_value(item.value()) +
+                                          json_excerpt(item.value()) +
                                           "; expected keys chunk_size, local_size, "
                                           "original_max_position_embeddings, sparse_attention_*)");
     }
@@ -648,13 +622,8 @@ Status parse_max_positions(const Reader& text, ModelAttentionConfig* cfg) {
 
 Result<ModelAttentionConfig> parse_with_source(std::string_view json_text,
                                                const std::string& source) {
-  const size_t too_deep = json_nesting_past(json_text, kMaxJsonNesting);
-  if (too_deep != std::string_view::npos) {
-    return Status::invalid_argument(source + ": arrays / objects nested more than " +
-                                    std::to_string(kMaxJsonNesting) + " levels deep at " +
-                                    describe_position(json_text, too_deep + 1) +
-                                    " (a config.json nests a few levels)");
-  }
+  ATTNKIT_RETURN_IF_ERROR(
+      check_json_nesting(json_text, source, "a config.json nests a few levels"));
   // A key given twice keeps its last value, as Python's json (transformers, SGLang) does: published
   // config.json files are hand-edited, and refusing them would refuse what the engine loads.
   Json root;

@@ -8,9 +8,12 @@
 //   json_nesting_past(R"({"a": "[[[["})", 2) -> npos (brackets inside strings do not count)
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <string_view>
+
+#include "attnkit/status.h"
 
 namespace attnkit {
 
@@ -40,6 +43,44 @@ inline size_t json_nesting_past(std::string_view text, int max_depth) {
     }
   }
   return std::string_view::npos;
+}
+
+// "line 3, column 7 (byte 42)" for a 1-based byte offset (as nlohmann reports parse errors).
+inline std::string describe_position(std::string_view text, size_t byte) {
+  const size_t end = std::min(byte == 0 ? size_t{0} : byte - 1, text.size());
+  size_t line = 1;
+  size_t column = 1;
+  for (size_t i = 0; i < end; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+  }
+  return "line " + std::to_string(line) + ", column " + std::to_string(column) + " (byte " +
+         std::to_string(byte) + ")";
+}
+
+// kInvalidArgument naming `source` and where the text first nests past kMaxJsonNesting levels;
+// ok otherwise. `what` says what such a file usually nests ("a config.json nests a few levels").
+inline Status check_json_nesting(std::string_view text, const std::string& source,
+                                 std::string_view what) {
+  const size_t too_deep = json_nesting_past(text, kMaxJsonNesting);
+  if (too_deep == std::string_view::npos) return Status::ok();
+  return Status::invalid_argument(
+      source + ": arrays / objects nested more than " + std::to_string(kMaxJsonNesting) +
+      " levels deep at " + describe_position(text, too_deep + 1) + " (" + std::string(what) + ")");
+}
+
+// A JSON value as an error message quotes it: its text, cut after 80 characters (a message is one
+// line; a 16 MiB file's array is not). Json: nlohmann::json (not included here).
+template <typename Json>
+std::string json_excerpt(const Json& value) {
+  constexpr size_t kMaxChars = 80;
+  std::string text = value.dump();
+  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
+  return text;
 }
 
 // An nlohmann exception's what() without its "[json.exception.parse_error.101] " tag.

@@ -50,6 +50,16 @@ std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name;
 Flags none() {
   return [](ServerArgs&) {};
 }
+// EAGLE as a chain (steps 3, topk 1, 4 draft tokens), at `page_size` when given.
+Flags eagle_chain(std::optional<int> page_size) {
+  return [page_size](ServerArgs& a) {
+    a.speculative_algorithm = "EAGLE";
+    a.speculative_num_steps = 3;
+    a.speculative_eagle_topk = 1;
+    a.speculative_num_draft_tokens = 4;
+    if (page_size) a.page_size = *page_size;
+  };
+}
 Flags backend(const std::string& b) {
   return [b](ServerArgs& a) { a.attention_backend = b; };
 }
@@ -106,22 +116,9 @@ std::vector<Case> cases() {
          {"trtllm_mha", "trtllm_mha", 64, "auto", true}),
       // SGLang's is_no_spec_infer_or_topk_one: topk 1 counts as "no tree" only at page size 1, on
       // SM100 as on Hopper (SM100 picked trtllm_mha at page 16 while SGLang picks flashinfer).
-      ok("mha_sm100_spec_topk1_page16_flashinfer", kLlama, "sm100",
-         [](ServerArgs& a) {
-           a.speculative_algorithm = "EAGLE";
-           a.speculative_num_steps = 3;
-           a.speculative_eagle_topk = 1;
-           a.speculative_num_draft_tokens = 4;
-           a.page_size = 16;
-         },
+      ok("mha_sm100_spec_topk1_page16_flashinfer", kLlama, "sm100", eagle_chain(16),
          {"flashinfer", "flashinfer", 16, "auto", true, {}, 1, "flashinfer"}),
-      ok("mha_sm100_spec_topk1_page1_trtllm_mha", kLlama, "sm100",
-         [](ServerArgs& a) {
-           a.speculative_algorithm = "EAGLE";
-           a.speculative_num_steps = 3;
-           a.speculative_eagle_topk = 1;
-           a.speculative_num_draft_tokens = 4;
-         },
+      ok("mha_sm100_spec_topk1_page1_trtllm_mha", kLlama, "sm100", eagle_chain(std::nullopt),
          {"trtllm_mha", "trtllm_mha", 64, "auto", true, {}, 1, "trtllm_mha"}),
       // Speculative decoding without a topk: the automatic topk is 4 for Llama, which trtllm_mha
       // cannot run, so SM100 keeps flashinfer (picking trtllm_mha there made every such select
