@@ -103,7 +103,7 @@ bool default_fp8_knobs() {
   return k.vt_pre_mode == d.vt_pre_mode && k.spec == d.spec && k.block_mode == d.block_mode &&
          k.gemm_sum == d.gemm_sum && k.uniform_wg == d.uniform_wg &&
          k.gemm_sum_max_keys == d.gemm_sum_max_keys && k.promote == d.promote &&
-         k.promote_late == d.promote_late && k.promote_auto == d.promote_auto;
+         k.promote_late == d.promote_late && k.promote_auto == d.promote_auto && k.wg3 == d.wg3;
 }
 
 using test_support::ScopedEnv;
@@ -163,6 +163,7 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
       const fa3::Fp8Variant want =
           fa3::choose_fp8_variant(r.requests, spec.num_kv_heads, fa3::fp8_knobs_from_env());
       EXPECT_EQ(stats->last_block_n, want.block_n);
+      EXPECT_EQ(stats->last_block_m, want.block_m);
       EXPECT_EQ(stats->last_fp8_vt_pre, want.vt_pre);
       EXPECT_EQ(stats->last_fp8_spec, want.spec);
       EXPECT_EQ(stats->last_fp8_gemm_sum, want.gemm_sum);

@@ -188,6 +188,42 @@ TEST(Fa3Fp8VariantTest, LongRowsArePromotedByDefault) {
   EXPECT_TRUE(v.not_honoured.empty()) << v.not_honoured;
 }
 
+TEST(Fa3Fp8VariantTest, ThreeConsumerWarpgroupsOnlyWithThePreTransposeAndSpeculation) {
+  // Off by default: 128-row tiles.
+  EXPECT_EQ(choose_fp8_variant(std::vector<TileRequest>{{0, 4096, 4096}}, 1, {}).block_m, 128);
+  Fp8Knobs wg3;
+  wg3.wg3 = true;
+  // A promoted prefill (4096 keys) and an unpromoted one at 192 keys by default (16k with the
+  // GEMM sums allowed at any length): both 192-row tiles on 128-key blocks.
+  Fp8Variant v = choose_fp8_variant(std::vector<TileRequest>{{0, 4096, 4096}}, 1, wg3);
+  EXPECT_EQ(v.block_m, 192);
+  EXPECT_EQ(v.block_n, 128);
+  EXPECT_TRUE(v.promote && v.vt_pre && v.spec);
+  Fp8Knobs fast = fast_at_any_length();
+  fast.wg3 = true;
+  v = choose_fp8_variant(std::vector<TileRequest>{{0, 16384, 16384}}, 1, fast);
+  EXPECT_EQ(v.block_m, 192);
+  EXPECT_EQ(v.block_n, 128);
+  EXPECT_FALSE(v.promote);
+  // Without the pre-transpose (a decode-like extend), without speculation or with 192-key blocks
+  // forced: two warpgroups.
+  EXPECT_EQ(choose_fp8_variant(std::vector<TileRequest>{{0, 16, 4096}}, 1, wg3).block_m, 128);
+  Fp8Knobs no_spec = wg3;
+  no_spec.spec = false;
+  EXPECT_EQ(choose_fp8_variant(std::vector<TileRequest>{{0, 4096, 4096}}, 1, no_spec).block_m, 128);
+  Fp8Knobs forced192 = fast;
+  forced192.block_mode = 192;
+  v = choose_fp8_variant(std::vector<TileRequest>{{0, 16384, 16384}}, 1, forced192);
+  EXPECT_EQ(v.block_m, 128);
+  EXPECT_EQ(v.block_n, 192);
+  // The kernels that exist: 192 rows only with vt_pre, spec, the GEMM sums and 128 keys.
+  EXPECT_EQ(fp8_kernel_missing(128, true, true, true, 2, true, 192), "");
+  EXPECT_EQ(fp8_kernel_missing(128, true, true, true, 0, true, 192), "");
+  EXPECT_NE(fp8_kernel_missing(192, true, true, true, 0, true, 192), "");
+  EXPECT_NE(fp8_kernel_missing(128, true, false, true, 0, true, 192), "");
+  EXPECT_NE(fp8_kernel_missing(128, true, true, true, 0, true, 256), "");
+}
+
 TEST(Fa3Fp8VariantTest, LongRowsTakeFaddRowSumsWithoutPromotion) {
   // ATTNKIT_FA3_FP8_PROMOTE=0: 2048 keys: GEMM row sums (and the pre-transpose for a prefill);
   // 2049: FADD.

@@ -36,6 +36,8 @@ struct Fa3Stats {
   int64_t wgmma_fp8_calls = 0;   // of which the FP8 kernel (fp8_e4m3 pool, bf16 q, d 128)
   int64_t flashinfer_calls = 0;  // delegated to the owned flashinfer backend
   int last_block_n = 0;          // key block of the last wgmma call (fa3::default_block_n)
+  int last_block_m = 0;          // query rows per tile of the last wgmma call (128; 192: three
+                                 // consumer warpgroups)
   // FP8 variant of the last wgmma call (fa3::choose_fp8_variant; false for bf16 / f16 calls):
   // V^T pre-transposed (else transposed in the kernel), speculative softmax, row sums through the
   // P V GEMM (else fp32 FADDs), per-block promotion of P V to f32 (Fa3Params::fp8_promote: 0 off,

@@ -211,7 +211,13 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   const int bs = batch.batch_size;
   const std::vector<TileRequest> reqs = tile_requests(batch);
   const bool fp8 = batch.kv_pool->dtype() == DType::kFP8E4M3;
-  ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(reqs, fp8 ? kBlockM : block_m_));
+  // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
+  // producer for prefill-like forwards (a few queries over a long prefix keep the in-kernel
+  // transpose), speculative softmax, 192-key blocks for long requests: choose_fp8_variant.
+  fp8_variant_ = Fp8Variant{};
+  if (fp8) fp8_variant_ = choose_fp8_variant(reqs, ctx_.num_kv_heads, fp8_knobs_);
+  const int rows = fp8 ? fp8_variant_.block_m : block_m_;
+  ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(reqs, rows));
   words_ = std::move(plan.words);
   ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
   // Pageable source: the copy is staged before cudaMemcpyAsync returns, so words_ may be reused.
@@ -222,12 +228,7 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   plan_tokens_ = batch.num_tokens;
   num_tiles_ = plan.num_tiles;
   planned_fp8_ = fp8;
-  // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
-  // producer for prefill-like forwards (a few queries over a long prefix keep the in-kernel
-  // transpose), speculative softmax, 192-key blocks for long requests: choose_fp8_variant.
-  fp8_variant_ = Fp8Variant{};
   if (planned_fp8_) {
-    fp8_variant_ = choose_fp8_variant(reqs, ctx_.num_kv_heads, fp8_knobs_);
     if (fp8_variant_.vt_units != words_[1]) {
       return Status::internal("fa3 fp8: V^T units " + str(fp8_variant_.vt_units) +
                               " != the plan's " + str(words_[1]));
@@ -242,7 +243,6 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   }
   // Tail split of the causal and the bidirectional (encoder-only) layers of this forward, with
   // the rows and key block of the kernel that runs it.
-  const int rows = fp8 ? kBlockM : block_m_;
   const int keys = fp8 ? fp8_variant_.block_n : block_n_;
   int64_t max_kv_len = 0;
   for (const TileRequest& r : reqs) {
@@ -314,7 +314,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     p.v_scale = layer.v_scale;
   }
   const int block_n = planned_fp8_ ? planned_fp8_block_n() : block_n_;
-  p.block_m = planned_fp8_ ? kBlockM : block_m_;
+  p.block_m = planned_fp8_ ? fp8_variant_.block_m : block_m_;
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
   p.pingpong = pingpong_ ? 1 : 0;
   p.diag = diag_;

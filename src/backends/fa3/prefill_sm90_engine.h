@@ -59,6 +59,7 @@ class PrefillSm90Engine {
   // Keys per block of the kernel this engine launches (default_block_n of the head dim, or
   // ATTNKIT_FA3_BLOCK_N where block_n_supported).
   int block_n() const { return block_n_; }
+  int block_m() const { return block_m_; }
   // Whether the planned forward runs the FP8 kernel (an fp8_e4m3 pool, allow_fp8_kv).
   bool planned_fp8() const { return planned_ && planned_fp8_; }
   // The variant of the planned FP8 forward (choose_fp8_variant: 192-key blocks by default for a

@@ -56,20 +56,21 @@ namespace attnkit::fa3 {
 // kN: key block, 128 or 192 (192 only with the V^T pre-transpose: no V stage, no transpose in the
 // kernel; the producer keeps 56 registers and the consumers get 224 for S 96 + O 68 + P 24: at
 // 40 / 232 a session-9 speculative variant, since dropped, spilled 16 bytes; at 56 / 224 none).
-template <int kN = 128>
+template <int kN = 128, int kWG = 2>
 struct PrefillFp8Traits {
   static constexpr int kHeadDim = 128;
-  static constexpr int kBlockM = fa3::kBlockM;
+  static constexpr int kBlockM = 64 * kWG;
   static constexpr int kBlockN = kN;
   static_assert(kN == 128 || kN == 192, "FP8 key block");
-  static constexpr int kConsumerWarpgroups = 2;
+  static_assert(kWG == 2 || (kWG == 3 && kN == 128), "3 consumer warpgroups: 128-key blocks");
+  static constexpr int kConsumerWarpgroups = kWG;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kQChunksPerRow = kHeadDim / 8;  // bf16 Q: 16-byte chunks
   static constexpr int kChunksPerRow = kHeadDim / 16;  // e4m3 K / V: 16-byte chunks
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kQ8Bytes = kBlockM * kHeadDim;
   static constexpr int kKVBytes = kBlockN * kHeadDim;  // one K (and, at 128, V) stage
-  static constexpr int kVStageBytes = kN == 128 ? kKVBytes : 0;
+  static constexpr int kVStageBytes = kN == 128 && kWG == 2 ? kKVBytes : 0;
   static constexpr int kAlign = 1024;
   static constexpr int kStages = 3;
   static constexpr int kQOffset = 0;
@@ -109,12 +110,13 @@ struct PrefillFp8Traits {
 // Promotion (128-key blocks only) keeps a 36-register temporary live across the softmax; the
 // consumers then get 224 with the V^T pre-transpose (the producer only issues TMA / bulk copies:
 // 56, as at kN 192) and 208 otherwise (the producer's in-kernel transpose needs 88).
-template <int kN, bool kVtPre, bool kPromote>
+template <int kN, bool kVtPre, bool kPromote, int kWG = 2>
 struct Fp8RegSplit {
   static_assert(!kPromote || kN == 128, "promotion: 128-key blocks only (kN 192 has no registers)");
-  static constexpr int kProducer = kN == 192 || (kPromote && kVtPre) ? 56 : 88;
-  static constexpr int kConsumer = kN == 192 || (kPromote && kVtPre) ? 224 : 208;
-  static_assert(128 * kProducer + 128 * 2 * kConsumer <= 65536, "register budget");
+  static_assert(kWG == 2 || kVtPre, "3 consumer warpgroups: V^T pre-transpose");
+  static constexpr int kProducer = kWG == 3 ? 32 : kN == 192 || (kPromote && kVtPre) ? 56 : 88;
+  static constexpr int kConsumer = kWG == 3 ? 160 : kN == 192 || (kPromote && kVtPre) ? 224 : 208;
+  static_assert(128 * kProducer + 128 * kWG * kConsumer <= 65536, "register budget");
 };
 
 __device__ __forceinline__ uint32_t fp8_bar(uint32_t bars, int stage, int which) {
@@ -183,10 +185,10 @@ __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt,
 
 // kVtPre (Fa3Params::vt_pre): V^T stages are bulk copies of the pre-transposed workspace
 // (fp8_vt_pre_kernel) on the vt_full barrier; no V load, no transpose in this kernel.
-template <bool kVtPre, int kN = 128>
+template <bool kVtPre, int kN = 128, int kWG = 2>
 __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
-  using Tr = PrefillFp8Traits<kN>;
+  using Tr = PrefillFp8Traits<kN, kWG>;
   static_assert(kVtPre || kN == 128, "192-key blocks only with the V^T pre-transpose");
   constexpr int kD = Tr::kHeadDim;
   constexpr int CQ = Tr::kQChunksPerRow;
@@ -362,9 +364,8 @@ __device__ __forceinline__ void pack_p_fp8(const float (&s)[kN / 2], uint32_t (&
 
 // This warpgroup's 64 bf16 Q rows -> e4m3 with one scale per row (thread: row tid / 2, half of
 // its 128 columns); returns nothing, writes the tile and the row scales.
-template <int kN>
+template <typename Tr>
 __device__ __forceinline__ void quantize_q_rows(uint8_t* smem, int g, int tid) {
-  using Tr = PrefillFp8Traits<kN>;
   const int row = g * 64 + tid / 2, half = tid & 1;
   uint4 raw[8];
 #pragma unroll
@@ -451,7 +452,7 @@ __device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
 template <int kNc, int kC0, int kN, bool kFresh>
 __device__ __forceinline__ void issue_pv_fp8(float (&d)[kNc / 2], const uint32_t (&pa)[kN / 32][4],
                                              uint32_t vt_stage) {
-  using Tr = PrefillFp8Traits<kN>;
+  using Tr = PrefillFp8Traits<kN>;  // V^T stage geometry (independent of the warpgroups)
   static_assert(kC0 % 8 == 0, "column chunk on a swizzle atom");
 #pragma unroll
   for (int kk = 0; kk < kN / 32; ++kk) {  // 4 k-steps of 32 keys per V^T half
@@ -494,12 +495,12 @@ __device__ __forceinline__ void promote_add(float (&o)[kPvN / 2], const float (&
 // without promotion. kPromote 1 (Fa3Params::fp8_promote 1); kPromote 2 (fp8_promote 2) orders the
 // chunks the other way (chunk 0 behind S(next), during the softmax; chunk 1 after it), for the A/B
 // of the two.
-template <bool kGemmSum, bool kSpec = false, int kN = 128, int kPromote = 0>
+template <bool kGemmSum, bool kSpec = false, int kN = 128, int kPromote = 0, int kWG = 2>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   // A speculated block adds nothing to l in the softmax: its row sum must come from the GEMM.
   static_assert(!kSpec || kGemmSum, "the speculative softmax needs the GEMM row sum");
   using namespace sm90;
-  using Tr = PrefillFp8Traits<kN>;
+  using Tr = PrefillFp8Traits<kN, kWG>;
   constexpr int kD = Tr::kHeadDim;
   const int tid = threadIdx.x - 128 * (g + 1);
   const int warp = tid / 32, lane = tid % 32;
@@ -507,7 +508,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
   const uint32_t bars = base + Tr::kBarOffset;
   const uint32_t q_full = bars, q_empty = bars + 8;
   const uint64_t q_desc = make_desc(base + Tr::kQ8Offset + g * 64 * 128, 16, 1024);
-  const bool pingpong = p.pingpong != 0;
+  const bool pingpong = kWG == 2 && p.pingpong != 0;  // two consumer warpgroups only
   auto turn_wait = [&] {
     if (pingpong) asm volatile("bar.sync %0, 256;" ::"r"(1 + g) : "memory");
   };
@@ -543,7 +544,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     // Q: quantise this warpgroup's rows (the previous tile's QK^T reads of the e4m3 tile are
     // complete: every S was waited for), publish to the async proxy, release the bf16 tile.
     mbar_wait(q_full, tcount & 1);
-    quantize_q_rows<kN>(smem, g, tid);
+    quantize_q_rows<Tr>(smem, g, tid);
     fence_proxy_async();
     asm volatile("bar.sync %0, 128;" ::"r"(3 + g) : "memory");
     mbar_arrive(q_empty);
@@ -620,98 +621,158 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       mbar_arrive(fp8_bar(bars, stage, 3));
     };
 
-    int it_c = it;
-    int nb = t.n_blocks - 1;
-    wait_k(it_c, nb);
-    turn_wait();
-    wgmma_fence();
-    issue_qk(it_c % Tr::kStages);
-    wgmma_commit();
-    turn_pass();
-    wgmma_wait<0>();
-    fence_regs(s);
-    softmax(nb);
-    pack();
-    for (--nb; nb >= t.nb_begin; --nb) {
-      const int it_n = it_c + 1;
-      const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
-      wait_k(it_n, nb);
-      wait_vt(it_c);
-      fence_regs(o);
-      if constexpr (kPromote != 0) {
-        if constexpr (!late) issue_pv0(stage_c);  // runs while this warpgroup waits for its turn
-      }
-      turn_wait();
-      wgmma_fence();
-      issue_qk(stage_n);
-      wgmma_commit();
-      if constexpr (kPromote == 0) {
-        issue_pv(stage_c);
+    if constexpr (kWG == 3) {
+      // Three consumer warpgroups: each runs S, the softmax and P V of a block in turn (no
+      // ping-pong, no S(next) under P(cur) V), and the other two warpgroups' GEMMs run under its
+      // softmax. S, P and the promoted temporary are never live together (160 registers).
+      int it_c = it;
+      for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it_c) {
+        const int stage = it_c % Tr::kStages;
+        wait_k(it_c, nb);
+        wgmma_fence();
+        issue_qk(stage);
         wgmma_commit();
-      } else if constexpr (late) {
-        issue_pv0(stage_c);  // behind S(next), in flight during the softmax
-      }
-      turn_pass();
-      if constexpr (kPromote != 0) {
-        if constexpr (late) {
-          wgmma_wait<1>();  // S(next) ready; chunk 0 still in flight
-          fence_regs(s);
-        } else {
-          wgmma_wait<0>();  // S(next) and chunk 0 ready
-          fence_regs(s);
-          add_pv0();
-          issue_pv1(stage_c);  // in flight during the softmax
-        }
-      } else {
-        wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
+        wgmma_wait<0>();
         fence_regs(s);
-      }
-      if constexpr (kSpec) {
-        const int n0 = nb * kN;
-        const bool masked =
-            n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
-        bool exact = true, bad = false;
-        if (__all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf)) {
-          bad = spec_softmax_fp8<kN>(s, rsc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
-          exact = false;
-        }
-        if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S(next), then the exact step
-          wgmma_fence();
-          issue_qk(stage_n);
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_regs(s);
-          exact = true;
+        bool exact = true;
+        if constexpr (kSpec) {
+          const int n0 = nb * kN;
+          const bool masked =
+              n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+          bool bad = false;
+          if (__all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf)) {
+            bad = spec_softmax_fp8<kN>(s, rsc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
+            exact = false;
+          }
+          if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S, then the exact step
+            wgmma_fence();
+            issue_qk(stage);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(s);
+            exact = true;
+          }
         }
         if (exact) {
           softmax(nb);
         } else {
           corr[0] = corr[1] = 1.f;
         }
-      } else {
-        softmax(nb);
+        pack();
+        rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
+        wait_vt(it_c);
+        fence_regs(o);
+        if constexpr (kPromote != 0) {
+          issue_pv0(stage);
+          wgmma_wait<0>();
+          add_pv0();
+          issue_pv1(stage);
+          wgmma_wait<0>();
+          add_pv1();
+        } else {
+          wgmma_fence();
+          issue_pv(stage);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(o);
+        }
+        mbar_arrive(fp8_bar(bars, stage, 3));
       }
-      wgmma_wait<0>();
-      retire_pv(stage_c, std::bool_constant<late>{});  // late: chunk 1 after the softmax, exposed
-      pack();
-      rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
-      it_c = it_n;
-    }
-    const int stage_c = it_c % Tr::kStages;
-    wait_vt(it_c);
-    fence_regs(o);
-    turn_wait();
-    if constexpr (kPromote != 0) {
-      issue_pv0(stage_c);
+      it = it_c;
     } else {
+      int it_c = it;
+      int nb = t.n_blocks - 1;
+      wait_k(it_c, nb);
+      turn_wait();
       wgmma_fence();
-      issue_pv(stage_c);
+      issue_qk(it_c % Tr::kStages);
       wgmma_commit();
+      turn_pass();
+      wgmma_wait<0>();
+      fence_regs(s);
+      softmax(nb);
+      pack();
+      for (--nb; nb >= t.nb_begin; --nb) {
+        const int it_n = it_c + 1;
+        const int stage_c = it_c % Tr::kStages, stage_n = it_n % Tr::kStages;
+        wait_k(it_n, nb);
+        wait_vt(it_c);
+        fence_regs(o);
+        if constexpr (kPromote != 0) {
+          if constexpr (!late) issue_pv0(stage_c);  // runs while this warpgroup waits for its turn
+        }
+        turn_wait();
+        wgmma_fence();
+        issue_qk(stage_n);
+        wgmma_commit();
+        if constexpr (kPromote == 0) {
+          issue_pv(stage_c);
+          wgmma_commit();
+        } else if constexpr (late) {
+          issue_pv0(stage_c);  // behind S(next), in flight during the softmax
+        }
+        turn_pass();
+        if constexpr (kPromote != 0) {
+          if constexpr (late) {
+            wgmma_wait<1>();  // S(next) ready; chunk 0 still in flight
+            fence_regs(s);
+          } else {
+            wgmma_wait<0>();  // S(next) and chunk 0 ready
+            fence_regs(s);
+            add_pv0();
+            issue_pv1(stage_c);  // in flight during the softmax
+          }
+        } else {
+          wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
+          fence_regs(s);
+        }
+        if constexpr (kSpec) {
+          const int n0 = nb * kN;
+          const bool masked =
+              n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+          bool exact = true, bad = false;
+          if (__all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf)) {
+            bad = spec_softmax_fp8<kN>(s, rsc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
+            exact = false;
+          }
+          if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S(next), then the exact step
+            wgmma_fence();
+            issue_qk(stage_n);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(s);
+            exact = true;
+          }
+          if (exact) {
+            softmax(nb);
+          } else {
+            corr[0] = corr[1] = 1.f;
+          }
+        } else {
+          softmax(nb);
+        }
+        wgmma_wait<0>();
+        retire_pv(stage_c, std::bool_constant<late>{});  // late: chunk 1 after the softmax, exposed
+        pack();
+        rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
+        it_c = it_n;
+      }
+      const int stage_c = it_c % Tr::kStages;
+      wait_vt(it_c);
+      fence_regs(o);
+      turn_wait();
+      if constexpr (kPromote != 0) {
+        issue_pv0(stage_c);
+      } else {
+        wgmma_fence();
+        issue_pv(stage_c);
+        wgmma_commit();
+      }
+      if (g == 0 || !last_unit) turn_pass();
+      wgmma_wait<0>();
+      retire_pv(stage_c, std::true_type{});
+      it = it_c + 1;
     }
-    if (g == 0 || !last_unit) turn_pass();
-    wgmma_wait<0>();
-    retire_pv(stage_c, std::true_type{});
-    it = it_c + 1;
 
     // Epilogue: O * v_scale / l, natural-log LSE (the exp2-domain maximum includes every scale).
     if constexpr (kGemmSum) {
@@ -733,11 +794,11 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 // grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
 // kUniformWg: see warpgroup_index (prefill_sm90.cuh).
 template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, bool kSpec = false,
-          int kN = 128, int kPromote = 0>
-__global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
+          int kN = 128, int kPromote = 0, int kWG = 2>
+__global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG>::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = PrefillFp8Traits<kN>;
+  using Tr = PrefillFp8Traits<kN, kWG>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + smem_align_pad<Tr>(smem_raw);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
@@ -761,13 +822,13 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN>::kThreads, 1)
   sm90::fence_proxy_async();
   __syncthreads();
   const int wg = warpgroup_index<kUniformWg>();
-  using Regs = Fp8RegSplit<kN, kVtPre, kPromote != 0>;
+  using Regs = Fp8RegSplit<kN, kVtPre, kPromote != 0, kWG>;
   if (wg == 0) {
     sm90::setmaxnreg_dec<Regs::kProducer>();
-    producer_fp8<kVtPre, kN>(p, smem);
+    producer_fp8<kVtPre, kN, kWG>(p, smem);
   } else {
     sm90::setmaxnreg_inc<Regs::kConsumer>();
-    consumer_fp8<kGemmSum, kSpec, kN, kPromote>(p, smem, wg - 1);
+    consumer_fp8<kGemmSum, kSpec, kN, kPromote, kWG>(p, smem, wg - 1);
   }
 #endif
 }

@@ -19,9 +19,13 @@ bool prefill_sm90_fp8_available() {
 
 namespace {
 
-template <auto kKernel, int kN>
+template <auto kKernel, int kN, int kWG = 2>
 Status launch_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max_kv_len) {
-  using Tr = PrefillFp8Traits<kN>;
+  using Tr = PrefillFp8Traits<kN, kWG>;
+  if (p.block_m != Tr::kBlockM) {
+    return Status::internal("fa3 fp8: plan rows per tile " + std::to_string(p.block_m) +
+                            " != the kernel's " + std::to_string(Tr::kBlockM));
+  }
   if (p.vt_pre != 0 && max_kv_len <= 0) {
     return Status::internal("fa3 fp8: vt_pre without max_kv_len (" + std::to_string(max_kv_len) +
                             ")");
@@ -62,9 +66,17 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
   // gives one.
   if (const std::string why =
           fp8_kernel_missing(p.fp8_block_n, p.vt_pre != 0, p.fp8_spec != 0, p.fp8_gemm_sum != 0,
-                             p.fp8_promote, p.uniform_wg != 0);
+                             p.fp8_promote, p.uniform_wg != 0, p.block_m);
       !why.empty()) {
     return Status::internal("fa3 fp8: no kernel: " + why);
+  }
+  if (p.block_m == 3 * 64) {  // three consumer warpgroups (vt_pre, spec, 128-key blocks)
+    if (p.fp8_promote != 0) {  // serial per warpgroup: one kernel for either chunk order
+      return launch_fp8<prefill_sm90_fp8_kernel<true, true, true, true, 128, 2, 3>, 128, 3>(
+          p, sm_count, stream, max_kv_len);
+    }
+    return launch_fp8<prefill_sm90_fp8_kernel<true, true, true, true, 128, 0, 3>, 128, 3>(
+        p, sm_count, stream, max_kv_len);
   }
   if (p.uniform_wg == 0) {
     Fa3Params q = p;

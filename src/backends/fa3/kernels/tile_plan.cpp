@@ -151,11 +151,18 @@ Fp8Knobs fp8_knobs_from_env() {
   k.promote = promote == "1" || promote == "2";
   k.promote_late = promote == "2";
   k.block_mode = env_int("ATTNKIT_FA3_FP8_BLOCK_N", k.block_mode, {128, 192});
+  k.wg3 = env_flag("ATTNKIT_FA3_FP8_WG3", false);
   return k;
 }
 
 std::string fp8_kernel_missing(int block_n, bool vt_pre, bool spec, bool gemm_sum, int promote,
-                               bool uniform_wg) {
+                               bool uniform_wg, int block_m) {
+  if (block_m != 128 && block_m != 3 * 64) {
+    return "block_m " + std::to_string(block_m) + " (128 or 192)";
+  }
+  if (block_m == 3 * 64 && !(vt_pre && spec && gemm_sum && block_n == 128)) {
+    return "192-row tiles without vt_pre, spec and 128-key blocks";
+  }
   if (block_n != 128 && block_n != 192) {
     return "block_n " + std::to_string(block_n) + " (128 or 192)";
   }
@@ -207,6 +214,12 @@ Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_head
   const int want_block =
       knobs.block_mode != 0 ? knobs.block_mode : (v.max_kv_len >= kFp8Block192MinKeys ? 192 : 128);
   v.block_n = v.spec && !v.promote ? want_block : 128;
+  // Three consumer warpgroups: the pre-transpose and speculative kernels at 128-key blocks
+  // (promoted or not), unless 192-key blocks were forced.
+  if (knobs.wg3 && v.vt_pre && v.spec && knobs.block_mode != 192) {
+    v.block_n = 128;
+    v.block_m = 3 * 64;
+  }
   v.vt_bytes = v.vt_pre ? bytes : 0;
   if (knobs.vt_pre_mode == 1 && !v.vt_pre && v.vt_units > 0) {
     v.not_honoured =

@@ -118,6 +118,9 @@ struct Fp8Knobs {
   bool promote = false;
   bool promote_late = false;
   bool promote_auto = true;
+  // ATTNKIT_FA3_FP8_WG3=1: three consumer warpgroups (192-row tiles, 128-key blocks) wherever
+  // the forward runs the pre-transpose with the speculative softmax; off by default.
+  bool wg3 = false;
 };
 // Reads the knobs above; a value that is not accepted (e.g. ATTNKIT_FA3_FP8_BLOCK_N=256) is
 // ignored with a one-line warning on stderr (core/env_knob.h).
@@ -129,6 +132,7 @@ struct Fp8Variant {
   bool spec = false;          // Fa3Params::fp8_spec (vt_pre only)
   bool gemm_sum = false;      // row sums through the P V GEMM (always with vt_pre)
   int block_n = 128;          // Fa3Params::fp8_block_n (192: vt_pre and spec only, no promote)
+  int block_m = 128;          // query rows per tile (fa3::kBlockM); 192: three consumer warpgroups
   bool promote = false;       // Fa3Params::fp8_promote != 0 (uniform_wg kernels only)
   bool promote_late = false;  // with promote: Fa3Params::fp8_promote 2 (else 1)
   int vt_units = 0;           // V^T units of the plan (vt_units over the requests with new tokens)
@@ -168,6 +172,6 @@ Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_head
 // pre-transpose (GEMM row sums) with the exact or the speculative softmax; 192-key blocks:
 // pre-transpose + speculative softmax, promote 0 only.
 std::string fp8_kernel_missing(int block_n, bool vt_pre, bool spec, bool gemm_sum, int promote,
-                               bool uniform_wg);
+                               bool uniform_wg, int block_m = 128);
 
 }  // namespace attnkit::fa3
