@@ -338,7 +338,13 @@ TEST(Fa3TailSplitTest, MoreUnitsThanSmsSplitOnlyTheLastRound) {
   c.type = AttentionType::kEncoderOnly;
   run_split(c, 1.f, 8);
   run_split(prefill("split_rounds_d256", {256}, {fresh}, 16, 8, 2, 256), 1.f, 8);
-  run_split(fp8(prefill("split_rounds_fp8", {256}, {fresh}, 16, 8, 2, 128)), 1.f, 8);
+  // The FP8 kernel's tiles: 192 rows with three consumer warpgroups (ATTNKIT_FA3_FP8_WG3).
+  const int fp8_rows =
+      fa3::choose_fp8_variant(std::vector<fa3::TileRequest>{{0, fresh, 256 + fresh}}, 2,
+                              fa3::fp8_knobs_from_env())
+          .block_m;
+  const int fresh_fp8 = (dev.sm_count + 8 + 7) / 8 * fp8_rows;
+  run_split(fp8(prefill("split_rounds_fp8", {256}, {fresh_fp8}, 16, 8, 2, 128)), 1.f, 8);
 }
 
 TEST(Fa3TailSplitTest, Fp8KernelSplitsToo) {

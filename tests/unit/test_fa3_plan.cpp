@@ -87,10 +87,12 @@ TEST(Fa3PlanTest, RequestsFromTheForwardBatch) {
 
 // ---- FP8 variant ----
 
-// Knobs that let every request take the GEMM row sums (the fast kernels at any row length).
+// Knobs that let every request take the GEMM row sums (the fast kernels at any row length), on
+// two consumer warpgroups (ATTNKIT_FA3_FP8_WG3=0: the 192-key rule applies).
 Fp8Knobs fast_at_any_length() {
   Fp8Knobs k;
   k.gemm_sum_max_keys = 1 << 30;
+  k.wg3 = false;
   return k;
 }
 
@@ -189,10 +191,12 @@ TEST(Fa3Fp8VariantTest, LongRowsArePromotedByDefault) {
 }
 
 TEST(Fa3Fp8VariantTest, ThreeConsumerWarpgroupsOnlyWithThePreTransposeAndSpeculation) {
-  // Off by default: 128-row tiles.
-  EXPECT_EQ(choose_fp8_variant(std::vector<TileRequest>{{0, 4096, 4096}}, 1, {}).block_m, 128);
-  Fp8Knobs wg3;
-  wg3.wg3 = true;
+  // On by default; ATTNKIT_FA3_FP8_WG3=0: 128-row tiles.
+  Fp8Knobs two;
+  two.wg3 = false;
+  EXPECT_EQ(choose_fp8_variant(std::vector<TileRequest>{{0, 4096, 4096}}, 1, two).block_m, 128);
+  const Fp8Knobs wg3;
+  EXPECT_EQ(choose_fp8_variant(std::vector<TileRequest>{{0, 4096, 4096}}, 1, wg3).block_m, 192);
   // A promoted prefill (4096 keys) and an unpromoted one at 192 keys by default (16k with the
   // GEMM sums allowed at any length): both 192-row tiles on 128-key blocks.
   Fp8Variant v = choose_fp8_variant(std::vector<TileRequest>{{0, 4096, 4096}}, 1, wg3);

@@ -269,9 +269,10 @@ struct Fa3Params {
   // 2: the same promotion with the other order of its two column chunks (prefill_sm90_fp8.cuh,
   // consumer_fp8: chunk 0 behind Q K^T, chunk 1 after the softmax), to measure which is faster.
   int fp8_promote = 0;
-  // bf16 / f16 kernel: query rows per tile of p.plan (the plan is built with the same count):
-  // kBlockM (128, two consumer warpgroups) or, at d 64 with 128-key blocks, 192 (three consumer
-  // warpgroups; ATTNKIT_FA3_WG3, prefill_sm90_engine.cpp).
+  // Query rows per tile of p.plan (the plan is built with the same count): kBlockM (128, two
+  // consumer warpgroups) or 192 (three consumer warpgroups): the bf16 / f16 kernel at d 64 with
+  // 128-key blocks (ATTNKIT_FA3_WG3, prefill_sm90_engine.cpp), the FP8 kernel with the V^T
+  // pre-transpose and the speculative softmax (ATTNKIT_FA3_FP8_WG3, choose_fp8_variant).
   int block_m = kBlockM;
   // Both kernels: the tail split (virtual_units above; split_units 0: none). Piece j writes its
   // rows normalised (O / l, f32; the FP8 kernel's times v_scale) to split_o [j][block_m][D] and

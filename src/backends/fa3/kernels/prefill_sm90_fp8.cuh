@@ -26,6 +26,13 @@
 //   * Softmax (kSpec, with kVtPre and kGemmSum): speculative against the running maximum
 //     (consumer_fp8).
 //   * Key blocks of 128, or 192 with kVtPre (Q K^T at N = 192, P V over two V^T halves).
+//   * kWG 3 (Fa3Params::block_m 192; with kVtPre, kSpec, 128-key blocks; the default wherever
+//     those apply): three consumer warpgroups of 64 rows, no ping-pong, and each warpgroup runs
+//     S, the softmax and P V of a key block in turn (no S(next) under P(cur) V): the other two
+//     warpgroups' GEMMs run under its softmax. The e4m3 GEMMs take half the tensor time of bf16
+//     while the softmax costs the same, so a third softmax stream per SM sub-partition is what
+//     the 2-warpgroup schedule lacked. 32 / 160 registers (S, P and O are never all live); the
+//     overlapped 2-warpgroup loop at 160 spills 192 bytes and ran 17% slower (session 46).
 //   * Promotion (kPromote, Fa3Params::fp8_promote, 128-key blocks): the e4m3 wgmma adds products
 //     into its f32 accumulator with ~13 bits aligned to the largest term (truncated), so a
 //     running O / l kept in the accumulator over thousands of keys loses the low bits of every
@@ -38,7 +45,7 @@
 //   only: blocks that speculate still compute), 4 no in-kernel V transpose.
 //
 // Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
-//   Q bf16 [128 x 128] | Q e4m3 [128 x 128] | K [3][kN x 128] | V [3] (kN 128 only) |
+//   Q bf16 [64 kWG x 128] | Q e4m3 [64 kWG x 128] | K [3][kN x 128] | V [3] (kN 128, kWG 2) |
 //   V^T [3][kN / 128 rounded up][136 x 128] (rows 128..135: ones) | q scales [128] | mbarriers
 #pragma once
 
@@ -56,7 +63,7 @@ namespace attnkit::fa3 {
 // kN: key block, 128 or 192 (192 only with the V^T pre-transpose: no V stage, no transpose in the
 // kernel; the producer keeps 56 registers and the consumers get 224 for S 96 + O 68 + P 24: at
 // 40 / 232 a session-9 speculative variant, since dropped, spilled 16 bytes; at 56 / 224 none).
-template <int kN = 128, int kWG = 2>
+template <int kN = 128, int kWG = 2, int kSt = 3>
 struct PrefillFp8Traits {
   static constexpr int kHeadDim = 128;
   static constexpr int kBlockM = 64 * kWG;
@@ -72,7 +79,7 @@ struct PrefillFp8Traits {
   static constexpr int kKVBytes = kBlockN * kHeadDim;  // one K (and, at 128, V) stage
   static constexpr int kVStageBytes = kN == 128 && kWG == 2 ? kKVBytes : 0;
   static constexpr int kAlign = 1024;
-  static constexpr int kStages = 3;
+  static constexpr int kStages = kSt;
   static constexpr int kQOffset = 0;
   static constexpr int kQ8Offset = kQBytes;
   static constexpr int kKOffset = kQ8Offset + kQ8Bytes;
@@ -109,7 +116,9 @@ struct PrefillFp8Traits {
 // spilled 64 bytes, 88 / 208: no spill with nvcc 13.0). 192 (V^T pre-transpose only): 56 / 224.
 // Promotion (128-key blocks only) keeps a 36-register temporary live across the softmax; the
 // consumers then get 224 with the V^T pre-transpose (the producer only issues TMA / bulk copies:
-// 56, as at kN 192) and 208 otherwise (the producer's in-kernel transpose needs 88).
+// 56, as at kN 192) and 208 otherwise (the producer's in-kernel transpose needs 88). Three
+// consumer warpgroups (512 threads): 32 / 160 (nvcc 13.0: no spill unpromoted, 4 bytes promoted;
+// a 24-register producer spills 32-36 bytes).
 template <int kN, bool kVtPre, bool kPromote, int kWG = 2>
 struct Fp8RegSplit {
   static_assert(!kPromote || kN == 128, "promotion: 128-key blocks only (kN 192 has no registers)");
@@ -185,10 +194,10 @@ __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt,
 
 // kVtPre (Fa3Params::vt_pre): V^T stages are bulk copies of the pre-transposed workspace
 // (fp8_vt_pre_kernel) on the vt_full barrier; no V load, no transpose in this kernel.
-template <bool kVtPre, int kN = 128, int kWG = 2>
+template <bool kVtPre, int kN = 128, int kWG = 2, int kSt = 3>
 __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
-  using Tr = PrefillFp8Traits<kN, kWG>;
+  using Tr = PrefillFp8Traits<kN, kWG, kSt>;
   static_assert(kVtPre || kN == 128, "192-key blocks only with the V^T pre-transpose");
   constexpr int kD = Tr::kHeadDim;
   constexpr int CQ = Tr::kQChunksPerRow;
@@ -495,12 +504,13 @@ __device__ __forceinline__ void promote_add(float (&o)[kPvN / 2], const float (&
 // without promotion. kPromote 1 (Fa3Params::fp8_promote 1); kPromote 2 (fp8_promote 2) orders the
 // chunks the other way (chunk 0 behind S(next), during the softmax; chunk 1 after it), for the A/B
 // of the two.
-template <bool kGemmSum, bool kSpec = false, int kN = 128, int kPromote = 0, int kWG = 2>
+template <bool kGemmSum, bool kSpec = false, int kN = 128, int kPromote = 0, int kWG = 2,
+          int kSt = 3>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   // A speculated block adds nothing to l in the softmax: its row sum must come from the GEMM.
   static_assert(!kSpec || kGemmSum, "the speculative softmax needs the GEMM row sum");
   using namespace sm90;
-  using Tr = PrefillFp8Traits<kN, kWG>;
+  using Tr = PrefillFp8Traits<kN, kWG, kSt>;
   constexpr int kD = Tr::kHeadDim;
   const int tid = threadIdx.x - 128 * (g + 1);
   const int warp = tid / 32, lane = tid % 32;
@@ -662,7 +672,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
         wait_vt(it_c);
         fence_regs(o);
-        if constexpr (kPromote != 0) {
+        if constexpr (kPromote != 0) {  // one chunk at a time (one temporary)
           issue_pv0(stage);
           wgmma_wait<0>();
           add_pv0();
@@ -791,14 +801,14 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
   }
 }
 
-// grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
-// kUniformWg: see warpgroup_index (prefill_sm90.cuh).
+// grid: (min(work units, SMs)) persistent; block: producer warpgroup + kWG (2 or 3) consumers.
+// kUniformWg: see warpgroup_index (prefill_sm90.cuh). kSt: K / V^T stages.
 template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, bool kSpec = false,
-          int kN = 128, int kPromote = 0, int kWG = 2>
-__global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG>::kThreads, 1)
+          int kN = 128, int kPromote = 0, int kWG = 2, int kSt = 3>
+__global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG, kSt>::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = PrefillFp8Traits<kN, kWG>;
+  using Tr = PrefillFp8Traits<kN, kWG, kSt>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + smem_align_pad<Tr>(smem_raw);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
@@ -825,10 +835,10 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG>::kThreads, 1)
   using Regs = Fp8RegSplit<kN, kVtPre, kPromote != 0, kWG>;
   if (wg == 0) {
     sm90::setmaxnreg_dec<Regs::kProducer>();
-    producer_fp8<kVtPre, kN, kWG>(p, smem);
+    producer_fp8<kVtPre, kN, kWG, kSt>(p, smem);
   } else {
     sm90::setmaxnreg_inc<Regs::kConsumer>();
-    consumer_fp8<kGemmSum, kSpec, kN, kPromote, kWG>(p, smem, wg - 1);
+    consumer_fp8<kGemmSum, kSpec, kN, kPromote, kWG, kSt>(p, smem, wg - 1);
   }
 #endif
 }

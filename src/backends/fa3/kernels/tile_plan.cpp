@@ -151,7 +151,7 @@ Fp8Knobs fp8_knobs_from_env() {
   k.promote = promote == "1" || promote == "2";
   k.promote_late = promote == "2";
   k.block_mode = env_int("ATTNKIT_FA3_FP8_BLOCK_N", k.block_mode, {128, 192});
-  k.wg3 = env_flag("ATTNKIT_FA3_FP8_WG3", false);
+  k.wg3 = env_flag("ATTNKIT_FA3_FP8_WG3", true);
   return k;
 }
 

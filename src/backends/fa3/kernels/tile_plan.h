@@ -118,9 +118,12 @@ struct Fp8Knobs {
   bool promote = false;
   bool promote_late = false;
   bool promote_auto = true;
-  // ATTNKIT_FA3_FP8_WG3=1: three consumer warpgroups (192-row tiles, 128-key blocks) wherever
-  // the forward runs the pre-transpose with the speculative softmax; off by default.
-  bool wg3 = false;
+  // Three consumer warpgroups (192-row tiles, 128-key blocks) wherever the forward runs the
+  // pre-transpose with the speculative softmax (the default; ATTNKIT_FA3_FP8_WG3=0: two, with
+  // 192-key blocks from 8192 keys). H200 2026-11-27 08:29Z / 08:34Z, causal 4k / 8k / 16k,
+  // bidirectional 8k vs two warpgroups: +3 / +10-11 / +13 / +15% (docs/perf/fa3_notes.md,
+  // session 46).
+  bool wg3 = true;
 };
 // Reads the knobs above; a value that is not accepted (e.g. ATTNKIT_FA3_FP8_BLOCK_N=256) is
 // ignored with a one-line warning on stderr (core/env_knob.h).
