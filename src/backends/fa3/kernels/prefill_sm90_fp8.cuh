@@ -63,7 +63,7 @@ namespace attnkit::fa3 {
 // kN: key block, 128 or 192 (192 only with the V^T pre-transpose: no V stage, no transpose in the
 // kernel; the producer keeps 56 registers and the consumers get 224 for S 96 + O 68 + P 24: at
 // 40 / 232 a session-9 speculative variant, since dropped, spilled 16 bytes; at 56 / 224 none).
-template <int kN = 128, int kWG = 2, int kSt = 3>
+template <int kN = 128, int kWG = 2>
 struct PrefillFp8Traits {
   static constexpr int kHeadDim = 128;
   static constexpr int kBlockM = 64 * kWG;
@@ -79,7 +79,7 @@ struct PrefillFp8Traits {
   static constexpr int kKVBytes = kBlockN * kHeadDim;  // one K (and, at 128, V) stage
   static constexpr int kVStageBytes = kN == 128 && kWG == 2 ? kKVBytes : 0;
   static constexpr int kAlign = 1024;
-  static constexpr int kStages = kSt;
+  static constexpr int kStages = 3;
   static constexpr int kQOffset = 0;
   static constexpr int kQ8Offset = kQBytes;
   static constexpr int kKOffset = kQ8Offset + kQ8Bytes;
@@ -194,10 +194,10 @@ __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt,
 
 // kVtPre (Fa3Params::vt_pre): V^T stages are bulk copies of the pre-transposed workspace
 // (fp8_vt_pre_kernel) on the vt_full barrier; no V load, no transpose in this kernel.
-template <bool kVtPre, int kN = 128, int kWG = 2, int kSt = 3>
+template <bool kVtPre, int kN = 128, int kWG = 2>
 __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
-  using Tr = PrefillFp8Traits<kN, kWG, kSt>;
+  using Tr = PrefillFp8Traits<kN, kWG>;
   static_assert(kVtPre || kN == 128, "192-key blocks only with the V^T pre-transpose");
   constexpr int kD = Tr::kHeadDim;
   constexpr int CQ = Tr::kQChunksPerRow;
@@ -504,13 +504,12 @@ __device__ __forceinline__ void promote_add(float (&o)[kPvN / 2], const float (&
 // without promotion. kPromote 1 (Fa3Params::fp8_promote 1); kPromote 2 (fp8_promote 2) orders the
 // chunks the other way (chunk 0 behind S(next), during the softmax; chunk 1 after it), for the A/B
 // of the two.
-template <bool kGemmSum, bool kSpec = false, int kN = 128, int kPromote = 0, int kWG = 2,
-          int kSt = 3>
+template <bool kGemmSum, bool kSpec = false, int kN = 128, int kPromote = 0, int kWG = 2>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   // A speculated block adds nothing to l in the softmax: its row sum must come from the GEMM.
   static_assert(!kSpec || kGemmSum, "the speculative softmax needs the GEMM row sum");
   using namespace sm90;
-  using Tr = PrefillFp8Traits<kN, kWG, kSt>;
+  using Tr = PrefillFp8Traits<kN, kWG>;
   constexpr int kD = Tr::kHeadDim;
   const int tid = threadIdx.x - 128 * (g + 1);
   const int warp = tid / 32, lane = tid % 32;
@@ -802,13 +801,13 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 }
 
 // grid: (min(work units, SMs)) persistent; block: producer warpgroup + kWG (2 or 3) consumers.
-// kUniformWg: see warpgroup_index (prefill_sm90.cuh). kSt: K / V^T stages.
+// kUniformWg: see warpgroup_index (prefill_sm90.cuh).
 template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, bool kSpec = false,
-          int kN = 128, int kPromote = 0, int kWG = 2, int kSt = 3>
-__global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG, kSt>::kThreads, 1)
+          int kN = 128, int kPromote = 0, int kWG = 2>
+__global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG>::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = PrefillFp8Traits<kN, kWG, kSt>;
+  using Tr = PrefillFp8Traits<kN, kWG>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + smem_align_pad<Tr>(smem_raw);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
@@ -835,10 +834,10 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG, kSt>::kThreads, 1)
   using Regs = Fp8RegSplit<kN, kVtPre, kPromote != 0, kWG>;
   if (wg == 0) {
     sm90::setmaxnreg_dec<Regs::kProducer>();
-    producer_fp8<kVtPre, kN, kWG, kSt>(p, smem);
+    producer_fp8<kVtPre, kN, kWG>(p, smem);
   } else {
     sm90::setmaxnreg_inc<Regs::kConsumer>();
-    consumer_fp8<kGemmSum, kSpec, kN, kPromote, kWG, kSt>(p, smem, wg - 1);
+    consumer_fp8<kGemmSum, kSpec, kN, kPromote, kWG>(p, smem, wg - 1);
   }
 #endif
 }

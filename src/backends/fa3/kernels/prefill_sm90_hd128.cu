@@ -5,7 +5,6 @@
 #include "backends/fa3/kernels/prefill_sm90_fp8.cuh"
 #include "backends/fa3/kernels/prefill_sm90_launch.cuh"
 #include "backends/fa3/kernels/tile_plan.h"
-#include "core/env_knob.h"
 #include "cuda/common/per_device_once.h"
 
 #ifdef ATTNKIT_HEAD_DIM_128
@@ -20,9 +19,9 @@ bool prefill_sm90_fp8_available() {
 
 namespace {
 
-template <auto kKernel, int kN, int kWG = 2, int kSt = 3>
+template <auto kKernel, int kN, int kWG = 2>
 Status launch_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max_kv_len) {
-  using Tr = PrefillFp8Traits<kN, kWG, kSt>;
+  using Tr = PrefillFp8Traits<kN, kWG>;
   if (p.block_m != Tr::kBlockM) {
     return Status::internal("fa3 fp8: plan rows per tile " + std::to_string(p.block_m) +
                             " != the kernel's " + std::to_string(Tr::kBlockM));
@@ -71,17 +70,13 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
       !why.empty()) {
     return Status::internal("fa3 fp8: no kernel: " + why);
   }
-  if (p.block_m == 3 * 64) {  // three consumer warpgroups (vt_pre, spec, 128-key blocks)
-    // Experiment (A/B): 4 K / V^T stages instead of 3.
-    static const int stages = env_int("ATTNKIT_FA3_FP8_WG3_STAGES", 3, {3, 4});
-    return dispatch_value<ValueList<3, 4>>(stages, "stages", [&]<int kSt>() -> Status {
-      if (p.fp8_promote != 0) {  // one kernel for either chunk order (one chunk at a time)
-        return launch_fp8<prefill_sm90_fp8_kernel<true, true, true, true, 128, 2, 3, kSt>, 128, 3,
-                          kSt>(p, sm_count, stream, max_kv_len);
-      }
-      return launch_fp8<prefill_sm90_fp8_kernel<true, true, true, true, 128, 0, 3, kSt>, 128, 3,
-                        kSt>(p, sm_count, stream, max_kv_len);
-    });
+  if (p.block_m == 3 * 64) {   // three consumer warpgroups (vt_pre, spec, 128-key blocks)
+    if (p.fp8_promote != 0) {  // one kernel for either chunk order (one chunk at a time)
+      return launch_fp8<prefill_sm90_fp8_kernel<true, true, true, true, 128, 2, 3>, 128, 3>(
+          p, sm_count, stream, max_kv_len);
+    }
+    return launch_fp8<prefill_sm90_fp8_kernel<true, true, true, true, 128, 0, 3>, 128, 3>(
+        p, sm_count, stream, max_kv_len);
   }
   if (p.uniform_wg == 0) {
     Fa3Params q = p;
