@@ -408,8 +408,10 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
   };
   // out and lse must not be views of the cache (the forward would overwrite cached k / v, any
   // layer's) or of the request table (its slots; a CPU kernel then read the pool at garbage
-  // rows), nor of each other or the batch's index arrays (read as indices by later layers), and no
-  // two of their elements may share an address (a stride-0 out kept only the last head's result).
+  // rows), nor of each other, the batch's index arrays (read as indices by later layers) or the
+  // forward's q / k / v (the GPU kernels read q tiles while other CTAs store results, and set_kv
+  // reads k / v), and no two of their elements may share an address (a stride-0 out kept only the
+  // last head's result).
   // The bytes are those of the view's lowest to highest element: a negative stride walks below
   // data.
   const TensorView table =
@@ -442,6 +444,14 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
       if (t->overlaps(*tensor)) {
         return Status::invalid_argument(cat(name, " ", t->describe(), " overlaps ", tensor_name,
                                             ": the forward would overwrite the batch's indices"));
+      }
+    }
+    for (const auto& [input, input_name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+      if (t->overlaps(*input)) {
+        return Status::invalid_argument(cat(
+            name, " ", t->describe(), " overlaps ", input_name, " ", input->describe(),
+            ": the forward reads ", input_name,
+            " while it writes its results (in place is not supported); pass a separate buffer"));
       }
     }
     if (t->may_self_overlap()) {

@@ -73,14 +73,22 @@ inline Status check_json_nesting(std::string_view text, const std::string& sourc
       " levels deep at " + describe_position(text, too_deep + 1) + " (" + std::string(what) + ")");
 }
 
-// A JSON value as an error message quotes it: its text, cut after 80 characters (a message is one
+// `text` cut to at most max_bytes bytes and then "..." when it is longer, the cut moved back to
+// the start of a UTF-8 sequence (continuation bytes are 10xxxxxx), so a message never ends in
+// half a character.
+inline std::string utf8_prefix(const std::string& text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return text.substr(0, cut) + "...";
+}
+
+// A JSON value as an error message quotes it: its text, cut after 80 bytes (a message is one
 // line; a 16 MiB file's array is not). Json: nlohmann::json (not included here).
 template <typename Json>
 std::string json_excerpt(const Json& value) {
-  constexpr size_t kMaxChars = 80;
-  std::string text = value.dump();
-  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
-  return text;
+  constexpr size_t kMaxBytes = 80;
+  return utf8_prefix(value.dump(), kMaxBytes);
 }
 
 // An nlohmann exception's what() without its "[json.exception.parse_error.101] " tag.

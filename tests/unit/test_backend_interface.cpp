@@ -203,6 +203,28 @@ TEST_F(ValidateInputs, OutAndLseApartFromEachOtherAndTheBatch) {
   pc_->batch.out_cache_loc = loc;
 }
 
+// Results written over the forward's own inputs: out over q (in place), lse inside k / v.
+TEST_F(ValidateInputs, OutAndLseApartFromTheInputs) {
+  const harness::LayerData& l = pc_->layers[0];
+  ASSERT_EQ(l.out.dtype, l.q.dtype);
+  ASSERT_EQ(l.out.storage_bytes(), l.q.storage_bytes());
+  TensorView in_place = l.out;
+  in_place.data = l.q.data;
+  out_ = in_place;
+  expect_error(validate(), " overlaps q bf16[");
+  expect_error(validate(), "in place is not supported");
+  out_.reset();
+  for (const TensorView* input : {&l.k, &l.v}) {
+    ASSERT_GE(input->storage_bytes(), l.lse.storage_bytes());
+    TensorView over = l.lse;
+    over.data = input->data;
+    lse_ = over;
+    expect_error(validate(), input == &l.k ? " overlaps k bf16[" : " overlaps v bf16[");
+  }
+  lse_.reset();
+  EXPECT_TRUE(validate().is_ok());
+}
+
 // A strided out whose elements are distinct passes: heads-major storage viewed as [T, H, D].
 TEST_F(ValidateInputs, HeadsMajorOutIsAccepted) {
   const TensorView& l_out = pc_->layers[0].out;

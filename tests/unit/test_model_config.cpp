@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attnkit/model_config.h"
+#include "core/json_text.h"
 
 namespace attnkit {
 
@@ -62,6 +63,23 @@ std::string parse_error(const std::string& json) {
 }
 
 // ---------------------------------------------------------------- shipped configs
+
+// Error messages quote JSON values cut to 80 bytes, never inside a UTF-8 sequence.
+TEST(JsonText, ExcerptsCutAtCharacterBoundaries) {
+  EXPECT_EQ(utf8_prefix("short", 80), "short");
+  EXPECT_EQ(utf8_prefix("abcdef", 4), "abcd...");
+  // "\u00e9" is 2 bytes (C3 A9), "\u20ac" 3 (E2 82 AC): a cut after byte 4 / 5 of "ab" + 2 x
+  // e-acute would split the second one / a euro sign.
+  EXPECT_EQ(utf8_prefix("ab\xC3\xA9\xC3\xA9z", 5), "ab\xC3\xA9...");
+  EXPECT_EQ(utf8_prefix("a\xE2\x82\xAC\xE2\x82\xACz", 5), "a\xE2\x82\xAC...");
+  EXPECT_EQ(utf8_prefix("a\xE2\x82\xAC\xE2\x82\xACz", 4), "a\xE2\x82\xAC...");
+  // A string of 3-byte characters: every cut lands on a boundary.
+  std::string euros;
+  for (int i = 0; i < 40; ++i) euros += "\xE2\x82\xAC";
+  const std::string cut = utf8_prefix(euros, 80);
+  EXPECT_EQ(cut.size(), 78u + 3u);
+  EXPECT_EQ(cut.substr(78), "...");
+}
 
 TEST(ModelConfigFiles, Llama31_8B) {
   auto r = load("llama-3.1-8b-instruct");
