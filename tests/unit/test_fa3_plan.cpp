@@ -190,6 +190,27 @@ TEST(Fa3Fp8VariantTest, LongRowsArePromotedByDefault) {
   EXPECT_TRUE(v.not_honoured.empty()) << v.not_honoured;
 }
 
+TEST(Fa3TilePlanTest, RowsPerTileAtD128FollowThePadding) {
+  using R = std::vector<TileRequest>;
+  // 8192 = 42 x 192 + 128: 64 padded rows x 8192 keys = 1.6% of the causal pairs -> 192.
+  EXPECT_EQ(choose_block_m_d128(R{{0, 8192, 8192}}), 192);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 16384, 16384}}), 192);  // 128 padded rows, 1.6%
+  // 4096 = 21 x 192 + 64: 128 padded rows x 4096 keys = 6.25% -> 128.
+  EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 4096}}), 128);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 4096}, {4096, 4096, 4096}}), 128);
+  // Whole 192-row tiles pad nothing.
+  EXPECT_EQ(choose_block_m_d128(R{{0, 2304, 2560}}), 192);
+  // 4096 new tokens after a 4096 prefix: 128 x 8192 padded of 25.2M pairs (4.2%) -> 192.
+  EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 8192}}), 192);
+  // A short extend pads most of its one tile: 128.
+  EXPECT_EQ(choose_block_m_d128(R{{0, 128, 2176}}), 128);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 100, 100}}), 128);
+  // Requests without new tokens count nowhere; none at all: 128.
+  EXPECT_EQ(choose_block_m_d128(R{{0, 0, 9000}, {0, 8192, 8192}}), 192);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 0, 9000}}), 128);
+  EXPECT_EQ(choose_block_m_d128(R{}), 128);
+}
+
 TEST(Fa3Fp8VariantTest, ThreeConsumerWarpgroupsOnlyWithThePreTransposeAndSpeculation) {
   // On by default; ATTNKIT_FA3_FP8_WG3=0: 128-row tiles.
   Fp8Knobs two;

@@ -118,8 +118,7 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
   ++stats_.wgmma_calls;
   if (wgmma_->planned_fp8()) ++stats_.wgmma_fp8_calls;
   stats_.last_block_n = wgmma_->planned_fp8() ? wgmma_->planned_fp8_block_n() : wgmma_->block_n();
-  stats_.last_block_m =
-      wgmma_->planned_fp8() ? wgmma_->planned_fp8_variant().block_m : wgmma_->block_m();
+  stats_.last_block_m = wgmma_->planned_block_m();
   stats_.last_fp8_vt_pre = wgmma_->planned_fp8() && wgmma_->planned_fp8_variant().vt_pre;
   stats_.last_fp8_spec = wgmma_->planned_fp8() && wgmma_->planned_fp8_variant().spec;
   stats_.last_fp8_gemm_sum = wgmma_->planned_fp8() && wgmma_->planned_fp8_variant().gemm_sum;

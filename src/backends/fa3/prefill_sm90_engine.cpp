@@ -162,8 +162,13 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   // Three consumer warpgroups (192-row tiles): d 64 with 128-key blocks only (the default;
   // ATTNKIT_FA3_WG3=0: two). H200 10:38Z, causal 4k / 8k / 16k, bidir 8k vs the default
   // (two warpgroups, 192 keys): +9 / +16 / +16 / +25% (docs/perf/fa3_notes.md, session 9).
-  if (ctx.qk_head_dim == 64 && e->block_n_ == 128 && env_flag("ATTNKIT_FA3_WG3", true)) {
-    e->block_m_ = 192;
+  // d 128 with 128-key blocks: three warpgroups (serial loop, 2 stages) per forward by
+  // choose_block_m_d128 (unset), always (=1) or never (=0); tile_plan.h has the figures.
+  const std::string wg3 =
+      env_choice("ATTNKIT_FA3_WG3", {"0", "1"}, "d 64: on; d 128: by the forward");
+  if (ctx.qk_head_dim == 64 && e->block_n_ == 128 && wg3 != "0") e->block_m_ = 192;
+  if (ctx.qk_head_dim == 128 && e->block_n_ == 128) {
+    e->wg3_d128_ = wg3 == "1" ? 1 : wg3 == "0" ? 0 : -1;
   }
   e->diag_ = env_int_if(
       "ATTNKIT_FA3_DIAG", 0,
@@ -216,7 +221,11 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   // transpose), speculative softmax, 192-key blocks for long requests: choose_fp8_variant.
   fp8_variant_ = Fp8Variant{};
   if (fp8) fp8_variant_ = choose_fp8_variant(reqs, ctx_.num_kv_heads, fp8_knobs_);
-  const int rows = fp8 ? fp8_variant_.block_m : block_m_;
+  const int rows = fp8               ? fp8_variant_.block_m
+                   : wg3_d128_ == 1  ? 192
+                   : wg3_d128_ == -1 ? choose_block_m_d128(reqs)
+                                     : block_m_;
+  planned_block_m_ = rows;
   ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(reqs, rows));
   words_ = std::move(plan.words);
   ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
@@ -314,7 +323,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     p.v_scale = layer.v_scale;
   }
   const int block_n = planned_fp8_ ? planned_fp8_block_n() : block_n_;
-  p.block_m = planned_fp8_ ? fp8_variant_.block_m : block_m_;
+  p.block_m = planned_block_m_;
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
   p.pingpong = pingpong_ ? 1 : 0;
   p.diag = diag_;

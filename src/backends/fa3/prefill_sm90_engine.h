@@ -59,7 +59,8 @@ class PrefillSm90Engine {
   // Keys per block of the kernel this engine launches (default_block_n of the head dim, or
   // ATTNKIT_FA3_BLOCK_N where block_n_supported).
   int block_n() const { return block_n_; }
-  int block_m() const { return block_m_; }
+  // Query rows per tile of the planned forward (Fa3Params::block_m).
+  int planned_block_m() const { return planned_block_m_; }
   // Whether the planned forward runs the FP8 kernel (an fp8_e4m3 pool, allow_fp8_kv).
   bool planned_fp8() const { return planned_ && planned_fp8_; }
   // The variant of the planned FP8 forward (choose_fp8_variant: 192-key blocks by default for a
@@ -113,6 +114,10 @@ class PrefillSm90Engine {
   // Query rows per tile (Fa3Params::block_m): 192 at d 64 with 128-key blocks and
   // ATTNKIT_FA3_WG3=1 (three consumer warpgroups), else 128.
   int block_m_ = 128;
+  // d 128 (bf16 / f16): 192-row tiles on three warpgroups by choose_block_m_d128 (-1, the
+  // default), always (1) or never (0); ATTNKIT_FA3_WG3.
+  int wg3_d128_ = 0;
+  int planned_block_m_ = 128;
   int diag_ = 0;
   int split_forced_ = -1;   // ATTNKIT_FA3_SPLIT (-1: unset, the model decides)
   int section_forced_ = 0;  // ATTNKIT_FA3_L2_SECTION (0: unset, one section; -1: "auto")

@@ -42,8 +42,8 @@ struct PrefillTraits {
   static_assert(kD == 64 || kD == 128 || kD == 256, "fa3 wgmma head dims: 64, 128, 256");
   static_assert(block_n_supported(kD, kN), "fa3 wgmma key block not instantiated for this d");
   static constexpr int kHeadDim = kD;
-  static_assert(kWG == 2 || (kWG == 3 && kD == 64 && kN == 128),
-                "3 consumer warpgroups: d 64 / N 128");
+  static_assert(kWG == 2 || (kWG == 3 && (kD == 64 || kD == 128) && kN == 128),
+                "3 consumer warpgroups: d 64 / 128, N 128");
   static constexpr int kBlockM = 64 * kWG;
   // Keys per block. Registers per consumer thread: O kD/2 + S kBlockN/2 + P kBlockN/4 words.
   static constexpr int kBlockN = kN;
@@ -423,7 +423,10 @@ struct ConsumerCtx {
   // rounds against the shared-memory Q: causal 16k +1.9%, bidirectional 4k +0.9%, 8k +0.3%, 4k
   // +-0 (docs/perf/fa3_notes.md, session 16; the DIAG 8 / 16 timings that suggested up to 5.7% at
   // 4k run the GEMMs on stale or constant Q, which is no measure of the loads).
-  static constexpr bool kQRegs = kD == 128 && (kN == 64 || kN == 128 || kN == 256);
+  static constexpr bool kQRegs =
+      kD == 128 && (kN == 64 || kN == 128 || kN == 256) && Tr::kConsumerWarpgroups == 2;
+  // d 128 on three warpgroups (160 registers): the serial loop only (S 64 + O 64, then P 32).
+  static constexpr bool kSerialOnly = kD == 128 && Tr::kConsumerWarpgroups == 3;
   uint32_t base, sQ, bars;
   uint64_t q_desc;                       // this warpgroup's 64 Q rows, k-step 0
   uint32_t qa[kQRegs ? kD / 16 : 1][4];  // kQRegs: Q A fragment of k-step kk
@@ -808,7 +811,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
     }
     stamp(p, round, 8 * g + 1, who);
     auto fence_for = [&](int nb) { return p.fence_tma != 0 || !block_uses_tma<Tr>(p, t, nb); };
-    if (p.overlap) {
+    if (!Ctx::kSerialOnly && p.overlap) {
       // Intra-warpgroup overlap: S(next) = Q K(next)^T and O += P(cur) V(cur) are issued
       // together; the softmax of S(next) runs while the P V GEMM is in flight.
       int it_c = it;

@@ -50,7 +50,7 @@ Status launch_tail_merge(const Fa3Params& p, StreamHandle stream) {
 template <int kD, int kN, bool kBf16, int kWG = 2>
 Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream) {
   using Tr = PrefillTraits<kD, kN, kBf16, kWG>;
-  if constexpr (kWG == 2 && kD == 64 && kN == 128) {
+  if constexpr (kWG == 2 && (kD == 64 || kD == 128) && kN == 128) {
     // Three consumer warpgroups (192-row tiles: the plan was built for them; uniform only).
     if (p.block_m == 3 * 64) return launch_prefill_sm90<kD, kN, kBf16, 3>(p, sm_count, stream);
   }

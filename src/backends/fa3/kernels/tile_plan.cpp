@@ -134,6 +134,25 @@ constexpr int kFp8HeadDim = 128;  // the FP8 kernel's head dim
 
 }  // namespace
 
+int choose_block_m_d128(std::span<const TileRequest> requests) {
+  constexpr double kWg3MaxPaddingShare = 0.05;
+  // Pairs a causal tile set pads beyond the request's rows, for tiles of `rows`.
+  auto padding = [](const TileRequest& r, int64_t rows) -> double {
+    const int64_t tiles = (int64_t{r.q_len} + rows - 1) / rows;
+    const int64_t pad = tiles * rows - r.q_len;
+    return static_cast<double>(pad) * r.kv_len;  // the last tile's keys (causal: kv_len)
+  };
+  double useful = 0, extra = 0;
+  for (const TileRequest& r : requests) {
+    if (r.q_len <= 0) continue;
+    // Causal pairs of the request's rows: row i sees kv_len - q_len + i + 1 keys.
+    useful += static_cast<double>(r.q_len) * (r.kv_len - r.q_len) +
+              0.5 * static_cast<double>(r.q_len) * (r.q_len + 1);
+    extra += padding(r, 192) - padding(r, 128);
+  }
+  return useful > 0 && extra <= kWg3MaxPaddingShare * useful ? 192 : 128;
+}
+
 Fp8Knobs fp8_knobs_from_env() {
   Fp8Knobs k;
   k.spec = env_flag("ATTNKIT_FA3_FP8_SPEC", true);

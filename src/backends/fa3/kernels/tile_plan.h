@@ -38,6 +38,17 @@ struct TilePlan {
 // tokens get no tiles and no V^T units.
 Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int block_m = 128);
 
+// Query rows per tile of a bf16 / f16 forward at d 128 when three consumer warpgroups are allowed:
+// 192 unless the rows that pad the requests' last 192-row tiles cost more than
+// kWg3MaxPaddingShare (5%) of the forward's causal (q, k) pairs beyond what 128-row tiles pad, else
+// 128. A padded row costs the keys of its tile's last row. Three warpgroups are ~5% faster per
+// useful pair (H200 2026-11-27 09:08Z: causal 8k / 16k +3.4-4.3% with 1.6% padding, bidirectional
+// +5-6%, 4096 after a 4096 prefix at page 1 +25%), so the padding of a 4096-token prompt (64 of
+// the last tile's 192 rows, 6.25%) tips it back to 128 (measured -2.5%).
+//   {q_len 8192, kv 8192}: 42 x 192 + 128 rows, padding 64 x 8192 = 1.6% -> 192
+//   {q_len 4096, kv 4096}: padding 128 x 4096 = 6.25% -> 128
+int choose_block_m_d128(std::span<const TileRequest> requests);
+
 // The requests of a forward from its host lengths (seq_lens counts the new tokens; without
 // extend lengths, spec.draft_token_num new tokens per request).
 std::vector<TileRequest> tile_requests(const ForwardBatch& batch);
