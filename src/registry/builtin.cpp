@@ -181,8 +181,9 @@ BackendDescriptor fa3() {
       "fa3",
       "SM90: warp-specialised wgmma prefill/extend (TMA page boxes for pages of >= 8 rows, "
       "cp.async page gather otherwise, into a 128B-swizzled mbarrier ring; 2 consumer warpgroups "
-      "(3 at d 64, 192-row tiles), ping-pong (not at d 64) + softmax/P.V overlap (serial softmax "
-      "then P.V at d 256), P.V "
+      "(3 on 192-row tiles at d 64, and at d 128 where the last tiles pad under 5% of the "
+      "work), ping-pong (2 warpgroups) + softmax/P.V overlap (serial softmax then P.V at d 256 "
+      "and on 3 warpgroups at d 128), P.V "
       "from registers, "
       "causal block skip, persistent "
       "zigzag over longest-first tiles, the last partial round's units split over key ranges "
