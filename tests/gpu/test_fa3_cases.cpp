@@ -175,6 +175,17 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
       }
     } else {
       EXPECT_EQ(stats->last_block_n, expected_block_n(spec));
+      if (spec.head_dim == 128 && stats->last_block_n == 128) {
+        // Rows per tile: choose_block_m_d128 unless ATTNKIT_FA3_WG3 / _UNIFORM_WG force them.
+        const char* wg3 = std::getenv("ATTNKIT_FA3_WG3");
+        const char* uniform = std::getenv("ATTNKIT_FA3_UNIFORM_WG");
+        const std::string w = wg3 != nullptr ? wg3 : "";
+        const int want = uniform != nullptr && std::string(uniform) == "0" ? 128
+                         : w == "1"                                        ? 192
+                         : w == "0"                                        ? 128
+                                    : fa3::choose_block_m_d128(r.requests);
+        EXPECT_EQ(stats->last_block_m, want) << spec.name;
+      }
     }
   } else {
     EXPECT_EQ(stats->wgmma_calls, 0) << "a case outside the wgmma kernel's scope ran on it";
@@ -227,6 +238,21 @@ TEST(Fa3LongTest, CausalPrefillAcrossTilesAllHeadDims) {
   run_and_compare(prefill("long_page1", {100}, {500}, 1, 4, 4, 128), true);
   // d 256 blocks of 80 keys: TMA boxes of 16 rows inside 64-row pages, partial last blocks.
   run_and_compare(prefill("long_d256_page64", {333, 0}, {300, 161}, 64, 4, 2, 256), true);
+}
+
+TEST(Fa3LongTest, ThreeWarpgroupsAtD128WithPartialTiles) {
+  // ATTNKIT_FA3_WG3=1: 192-row tiles at d 128 however much the last tiles pad (the default rule
+  // would keep 128 rows for most of these): tiles of 1, 129, 245 and 437 rows, a prefix, the
+  // page-1 gather and the bidirectional mask, bf16 and f16.
+  ScopedEnv wg3("ATTNKIT_FA3_WG3", "1");
+  run_and_compare(prefill("wg3_d128_causal", {300, 0, 0, 77}, {437, 1, 129, 245}, 16, 8, 2, 128),
+                  true);
+  CaseSpec c = prefill("wg3_d128_encoder_page1", {0, 0}, {700, 177}, 1, 4, 2, 128);
+  c.type = AttentionType::kEncoderOnly;
+  run_and_compare(c, true);
+  c = prefill("wg3_d128_f16", {200}, {333}, 16, 4, 2, 128);
+  c.q_dtype = c.kv_dtype = DType::kF16;
+  run_and_compare(c, true, 12.f);
 }
 
 TEST(Fa3LongTest, BidirectionalAndF16) {
@@ -298,7 +324,7 @@ TEST(Fa3TailSplitTest, ChosenForFewUnitsOverALongPrefix) {
   // splits each (16 pieces on 132 SMs) and merges them. Causal and bidirectional.
   run_split(prefill("split_auto_causal", {2048}, {128}, 16, 8, 2, 128));
   CaseSpec c = prefill("split_auto_encoder", {0}, {2100}, 64, 2, 1, 128);
-  c.type = AttentionType::kEncoderOnly;  // 17 tiles x 2 heads = 34 units of 17 blocks: 3 pieces
+  c.type = AttentionType::kEncoderOnly;  // 2100 rows: 11 tiles of 192 (17 of 128) x 2 heads
   run_split(c);
 }
 

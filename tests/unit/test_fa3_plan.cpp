@@ -423,8 +423,8 @@ TEST(Fa3Fp8VariantTest, EveryChosenVariantHasAKernel) {
       {{0, 1036, 8236}, {1036, 90, 90}},
       {{0, 0, 4000}, {0, 64, 64}},
   };
-  int checked = 0, promoted_192 = 0, k192 = 0, promoted = 0;
-  for (int mask = 0; mask < (1 << 8); ++mask) {
+  int checked = 0, promoted_192 = 0, k192 = 0, promoted = 0, rows192 = 0;
+  for (int mask = 0; mask < (1 << 9); ++mask) {
     Fp8Knobs k;
     k.spec = (mask & 1) != 0;
     k.gemm_sum = (mask & 2) != 0;
@@ -434,23 +434,26 @@ TEST(Fa3Fp8VariantTest, EveryChosenVariantHasAKernel) {
     k.block_mode = (mask & 32) != 0 ? 192 : 0;
     k.gemm_sum_max_keys = (mask & 64) != 0 ? 1 << 30 : kFp8GemmSumMaxKeys;
     k.promote_auto = (mask & 128) != 0;
+    k.wg3 = (mask & 256) != 0;
     for (int vt_mode : {-1, 0, 1}) {
       k.vt_pre_mode = vt_mode;
       for (const auto& reqs : shapes) {
         const Fp8Variant v = choose_fp8_variant(reqs, 2, k);
         const int promote = v.promote ? (v.promote_late ? 2 : 1) : 0;
-        const std::string why =
-            fp8_kernel_missing(v.block_n, v.vt_pre, v.spec, v.gemm_sum, promote, k.uniform_wg);
+        const std::string why = fp8_kernel_missing(v.block_n, v.vt_pre, v.spec, v.gemm_sum, promote,
+                                                   k.uniform_wg, v.block_m);
         EXPECT_TRUE(why.empty()) << why << " (knob mask " << mask << ", vt_pre mode " << vt_mode
                                  << ", first request " << reqs[0].kv_len << " keys)";
         ++checked;
         k192 += v.block_n == 192;
         promoted += promote != 0;
         promoted_192 += promote != 0 && v.block_n == 192;
+        rows192 += v.block_m == 192;
       }
     }
   }
-  EXPECT_EQ(checked, 256 * 3 * 7);
+  EXPECT_EQ(checked, 512 * 3 * 7);
+  EXPECT_GT(rows192, 0);   // three warpgroups (192-row tiles), promoted or not
   EXPECT_GT(k192, 0);      // the sweep reaches 192-key blocks (unpromoted) ...
   EXPECT_GT(promoted, 0);  // ... and promotion, never together
   EXPECT_EQ(promoted_192, 0);

@@ -166,8 +166,11 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   // choose_block_m_d128 (unset), always (=1) or never (=0); tile_plan.h has the figures.
   const std::string wg3 =
       env_choice("ATTNKIT_FA3_WG3", {"0", "1"}, "d 64: on; d 128: by the forward");
-  if (ctx.qk_head_dim == 64 && e->block_n_ == 128 && wg3 != "0") e->block_m_ = 192;
-  if (ctx.qk_head_dim == 128 && e->block_n_ == 128) {
+  // The three-warpgroup kernels exist in the uniform variant only (ATTNKIT_FA3_UNIFORM_WG=0: two).
+  if (ctx.qk_head_dim == 64 && e->block_n_ == 128 && wg3 != "0" && e->uniform_wg_) {
+    e->block_m_ = 192;
+  }
+  if (ctx.qk_head_dim == 128 && e->block_n_ == 128 && e->uniform_wg_) {
     e->wg3_d128_ = wg3 == "1" ? 1 : wg3 == "0" ? 0 : -1;
   }
   e->diag_ = env_int_if(

@@ -111,8 +111,8 @@ class PrefillSm90Engine {
   Fp8Knobs fp8_knobs_;
   bool warned_fp8_knob_ = false;  // a not-followed knob is reported once per engine
   int block_n_ = 128;
-  // Query rows per tile (Fa3Params::block_m): 192 at d 64 with 128-key blocks and
-  // ATTNKIT_FA3_WG3=1 (three consumer warpgroups), else 128.
+  // Query rows per tile at d 64 (Fa3Params::block_m): 192 with 128-key blocks unless
+  // ATTNKIT_FA3_WG3=0 (three consumer warpgroups), else 128; d 128: wg3_d128_.
   int block_m_ = 128;
   // d 128 (bf16 / f16): 192-row tiles on three warpgroups by choose_block_m_d128 (-1, the
   // default), always (1) or never (0); ATTNKIT_FA3_WG3.

@@ -993,9 +993,9 @@ __device__ __forceinline__ int warpgroup_index() {
   }
 }
 
-// grid: (min(work units, SMs)) persistent; block: (384) = producer warpgroup + 2 consumers.
-// kUniformWg: see warpgroup_index. kWG: consumer warpgroups (PrefillTraits; 3 with p.block_m 192,
-// d 64 only).
+// grid: (min(work units, SMs)) persistent; block: producer warpgroup + kWG consumers (384 / 512
+// threads). kUniformWg: see warpgroup_index. kWG: consumer warpgroups (PrefillTraits; 3 with
+// p.block_m 192: d 64, and d 128 on the serial loop).
 template <int kD, int kN, bool kBf16, bool kUniformWg = true, int kWG = 2>
 __global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16, kWG>::kThreads, 1)
     prefill_sm90_kernel(const __grid_constant__ Fa3Params p) {

@@ -46,7 +46,7 @@
 //
 // Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
 //   Q bf16 [64 kWG x 128] | Q e4m3 [64 kWG x 128] | K [3][kN x 128] | V [3] (kN 128, kWG 2) |
-//   V^T [3][kN / 128 rounded up][136 x 128] (rows 128..135: ones) | q scales [128] | mbarriers
+//   V^T [3][kN / 128 rounded up][136 x 128] (rows 128..135: ones) | q scales [64 kWG] | mbarriers
 #pragma once
 
 #include <cuda_bf16.h>

@@ -234,8 +234,8 @@ Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_head
       knobs.block_mode != 0 ? knobs.block_mode : (v.max_kv_len >= kFp8Block192MinKeys ? 192 : 128);
   v.block_n = v.spec && !v.promote ? want_block : 128;
   // Three consumer warpgroups: the pre-transpose and speculative kernels at 128-key blocks
-  // (promoted or not), unless 192-key blocks were forced.
-  if (knobs.wg3 && v.vt_pre && v.spec && knobs.block_mode != 192) {
+  // (promoted or not), unless 192-key blocks were forced and are followed.
+  if (knobs.wg3 && v.vt_pre && v.spec && (knobs.block_mode != 192 || v.block_n == 128)) {
     v.block_n = 128;
     v.block_m = 3 * 64;
   }

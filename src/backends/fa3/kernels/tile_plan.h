@@ -2,10 +2,10 @@
 // into the plan words of fa3_params.h (planned once per forward, shared by every layer). Plain
 // C++, unit-tested on the CPU (tests/unit/test_fa3_plan.cpp).
 //
-// One tile = kBlockM (128) consecutive new tokens of one request; the kernel runs every tile for
-// every q head. Tiles are sorted by descending key count under the causal mask (stable, so equal
-// tiles keep request order): a persistent CTA strides through the list, so the heavy tiles start
-// first and the short ones fill the tail.
+// One tile = block_m (128, or 192 on three consumer warpgroups) consecutive new tokens of one
+// request; the kernel runs every tile for every q head. Tiles are sorted by descending key count
+// under the causal mask (stable, so equal tiles keep request order): a persistent CTA strides
+// through the list, so the heavy tiles start first and the short ones fill the tail.
 //
 // Worked example: requests (q_len 300, kv_len 300) and (q_len 1, kv_len 77):
 //   request 0 -> tiles m 0, 1, 2 reading 128, 256, 300 keys; request 1 -> tile m 0 reading 77.
