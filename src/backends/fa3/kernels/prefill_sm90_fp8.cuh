@@ -634,6 +634,9 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       // Three consumer warpgroups: each runs S, the softmax and P V of a block in turn (no
       // ping-pong, no S(next) under P(cur) V), and the other two warpgroups' GEMMs run under its
       // softmax. S, P and the promoted temporary are never live together (160 registers).
+      // The speculative step below repeats the overlapped loop's on purpose: one shared lambda
+      // moved the SASS of every speculative kernel and measured level to 3% slower (session 46,
+      // scripts/device/patches/fa3_s46_fp8_block_softmax_dedup.patch).
       int it_c = it;
       for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it_c) {
         const int stage = it_c % Tr::kStages;
