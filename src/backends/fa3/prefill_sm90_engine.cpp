@@ -159,7 +159,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->block_n_ = env_int_if(
       "ATTNKIT_FA3_BLOCK_N", default_block_n(d), [d](int n) { return block_n_supported(d, n); },
       block_ns + " at head dim " + std::to_string(d));
-  // Three consumer warpgroups (192-row tiles): d 64 with 128-key blocks only (the default;
+  // Three consumer warpgroups (192-row tiles) at d 64 with 128-key blocks (the default;
   // ATTNKIT_FA3_WG3=0: two). H200 10:38Z, causal 4k / 8k / 16k, bidir 8k vs the default
   // (two warpgroups, 192 keys): +9 / +16 / +16 / +25% (docs/perf/fa3_notes.md, session 9).
   // d 128 with 128-key blocks: three warpgroups (serial loop, 2 stages) per forward by
