@@ -171,7 +171,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
     e->block_m_ = 192;
   }
   if (ctx.qk_head_dim == 128 && e->block_n_ == 128 && e->uniform_wg_) {
-    e->wg3_d128_ = wg3 == "1" ? 1 : wg3 == "0" ? 0 : -1;
+    e->block_m_ = wg3 == "1" ? 192 : wg3 == "0" ? 128 : 0;  // 0: choose_block_m_d128
   }
   e->diag_ = env_int_if(
       "ATTNKIT_FA3_DIAG", 0,
@@ -224,10 +224,9 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   // transpose), speculative softmax, 192-key blocks for long requests: choose_fp8_variant.
   fp8_variant_ = Fp8Variant{};
   if (fp8) fp8_variant_ = choose_fp8_variant(reqs, ctx_.num_kv_heads, fp8_knobs_);
-  const int rows = fp8               ? fp8_variant_.block_m
-                   : wg3_d128_ == 1  ? 192
-                   : wg3_d128_ == -1 ? choose_block_m_d128(reqs)
-                                     : block_m_;
+  const int rows = fp8             ? fp8_variant_.block_m
+                   : block_m_ != 0 ? block_m_
+                                   : choose_block_m_d128(reqs);
   planned_block_m_ = rows;
   ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(reqs, rows));
   words_ = std::move(plan.words);

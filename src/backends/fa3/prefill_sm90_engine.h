@@ -111,13 +111,11 @@ class PrefillSm90Engine {
   Fp8Knobs fp8_knobs_;
   bool warned_fp8_knob_ = false;  // a not-followed knob is reported once per engine
   int block_n_ = 128;
-  // Query rows per tile at d 64 (Fa3Params::block_m): 192 with 128-key blocks unless
-  // ATTNKIT_FA3_WG3=0 (three consumer warpgroups), else 128; d 128: wg3_d128_.
+  // Query rows per tile of bf16 / f16 forwards (Fa3Params::block_m; 192: three consumer
+  // warpgroups), ATTNKIT_FA3_WG3: d 64 with 128-key blocks 192 unless =0; d 128 with 128-key
+  // blocks 192 with =1, 128 with =0, else 0: per forward by choose_block_m_d128; otherwise 128.
   int block_m_ = 128;
-  // d 128 (bf16 / f16): 192-row tiles on three warpgroups by choose_block_m_d128 (-1, the
-  // default), always (1) or never (0); ATTNKIT_FA3_WG3.
-  int wg3_d128_ = 0;
-  int planned_block_m_ = 128;
+  int planned_block_m_ = 128;  // of the planned forward (FP8: Fp8Variant::block_m)
   int diag_ = 0;
   int split_forced_ = -1;   // ATTNKIT_FA3_SPLIT (-1: unset, the model decides)
   int section_forced_ = 0;  // ATTNKIT_FA3_L2_SECTION (0: unset, one section; -1: "auto")
