@@ -11,7 +11,8 @@
 #   TEST_ENV="ATTNKIT_FA3_FENCE_TMA=1" (environment of the full test run), TEST_SUBSETS (extra
 #   test runs "ENV=VALUE:gtest_filter ..."), BENCH_VARIANTS (fa3 env settings timed one after
 #   another, "default" = none; "ENV=VALUE@filter" times only the cases whose name contains
-#   filter; "A=1,B=0" sets several), DIAG_VARIANTS (ATTNKIT_FA3_DIAG bit sets timed at S 8k d 128; "" = none), BENCH_OTHERS (other
+#   filter; "A=1,B=0" sets several), BENCH_CASES (default bench/cases/fa3_prefill.json; several
+#   files: one bench per file and variant), DIAG_VARIANTS (ATTNKIT_FA3_DIAG bit sets timed at S 8k d 128; "" = none), BENCH_OTHERS (other
 #   backends at S 8k; "" = none), BENCH_TIMEOUT=60, NCU_FILTER (case of the ncu stage: one launch
 #   of fa3 under Nsight Compute, --clock-control none), NCU_ARGS (extra ncu arguments, e.g.
 #   "--section SourceCounters --print-details all"), NCU_TIMEOUT=60.
@@ -78,26 +79,28 @@ fi
 cli="$build/tools/attnkit/attnkit"
 if has_stage bench && [ -x "$cli" ]; then
   # One bench.log: fa3 with each schedule variant (env knobs of the fa3 backend), then flashinfer.
-  args=(bench --cases bench/cases/fa3_prefill.json --device cuda --warmup 3 --iters 10)
+  args=(bench --device cuda --warmup 3 --iters 10)
   : > "$OUT/bench.log"
   for variant in ${BENCH_VARIANTS:-default ATTNKIT_FA3_TMA=0 ATTNKIT_FA3_OVERLAP=0}; do
-    echo "=== fa3 $variant" >> "$OUT/bench.log"
     filt=()
     if [[ "$variant" == *@* ]]; then filt=(--filter "${variant#*@}"); variant=${variant%@*}; fi
     if [ "$variant" = default ]; then envs=(); else IFS=, read -r -a envs <<< "$variant"; fi
-    env "${envs[@]}" timeout "${BENCH_TIMEOUT:-60}" "$cli" "${args[@]}" "${filt[@]}" --backend fa3 2>&1 |
-      grep -E "^fa3 |ceiling|rror" >> "$OUT/bench.log"
-    note "bench fa3 $variant ${filt[*]}: rc=${PIPESTATUS[0]}"
+    for cases in ${BENCH_CASES:-bench/cases/fa3_prefill.json}; do
+      echo "=== fa3 $variant ($cases)" >> "$OUT/bench.log"
+      env "${envs[@]}" timeout "${BENCH_TIMEOUT:-60}" "$cli" "${args[@]}" --cases "$cases" \
+        "${filt[@]}" --backend fa3 2>&1 | grep -E "^fa3 |ceiling|rror" >> "$OUT/bench.log"
+      note "bench fa3 $variant ${filt[*]} ($cases): rc=${PIPESTATUS[0]}"
+    done
   done
   # Time decomposition (wrong results): loads off, softmax off, GEMMs off, at 8k d 128.
   for diag in ${DIAG_VARIANTS-1 2 3 12 13}; do
     echo "=== fa3 ATTNKIT_FA3_DIAG=$diag" >> "$OUT/bench.log"
-    ATTNKIT_FA3_DIAG=$diag timeout 30 "$cli" "${args[@]}" --backend fa3 --filter new8192_p16_h32x8_d128 2>&1 |
+    ATTNKIT_FA3_DIAG=$diag timeout 30 "$cli" "${args[@]}" --cases bench/cases/fa3_prefill.json --backend fa3 --filter new8192_p16_h32x8_d128 2>&1 |
       grep -E "^fa3 " >> "$OUT/bench.log"
   done
   if [ -n "${BENCH_OTHERS-flashinfer}" ]; then
     echo "=== ${BENCH_OTHERS-flashinfer}" >> "$OUT/bench.log"
-    timeout 60 "$cli" "${args[@]}" --backend "${BENCH_OTHERS-flashinfer}" --filter "${OTHERS_FILTER:-new8192}" 2>&1 |
+    timeout 60 "$cli" "${args[@]}" --cases bench/cases/fa3_prefill.json --backend "${BENCH_OTHERS-flashinfer}" --filter "${OTHERS_FILTER:-new8192}" 2>&1 |
       grep -vE "^\[" >> "$OUT/bench.log"
     note "bench ${BENCH_OTHERS-flashinfer}: rc=${PIPESTATUS[0]}"
   fi

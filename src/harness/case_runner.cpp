@@ -86,22 +86,29 @@ Result<TensorView> upload_bytes(std::vector<Buffer>& storage, Device device, DTy
   return view;
 }
 
-// An uninitialised output tensor followed by kCanaryBytes of kCanaryByte; the canary's address is
-// recorded so compare_with_reference can check that nothing wrote past the tensor.
+// An uninitialised output tensor with kCanaryBytes of kCanaryByte right before and right after
+// it; the canaries' addresses are recorded so compare_with_reference can check that nothing wrote
+// outside the tensor (rows before the first token: the fa3 kernels' first tiles start there). The
+// tensor starts kLeadBytes into its buffer, which keeps the buffer's 256-byte alignment.
 Result<TensorView> output_with_canary(PreparedCase& pc, DType dtype,
                                       const std::vector<int64_t>& shape) {
+  constexpr int64_t kLeadBytes = 256;
+  static_assert(kLeadBytes >= kCanaryBytes, "the leading canary fits before the tensor");
   const int64_t bytes = dtype_storage_bytes(dtype, numel_of(shape));
-  ATTNKIT_ASSIGN_OR_RETURN(Buffer buffer, Buffer::allocate(pc.device, bytes + kCanaryBytes));
+  ATTNKIT_ASSIGN_OR_RETURN(Buffer buffer,
+                           Buffer::allocate(pc.device, kLeadBytes + bytes + kCanaryBytes));
+  uint8_t* const data = static_cast<uint8_t*>(buffer.data()) + kLeadBytes;
   // Host outputs are written once here so that their pages exist before any timed call: on a VM
   // the first touch of a fresh page costs a fault in the guest and often one in the host (a bench
   // call writing a never-touched 16 MiB output measured 27 ms of faults on top of a 27 ms kernel),
   // while a serving engine reuses its output buffers. Poisoned cases overwrite this with NaN.
-  if (pc.device.is_cpu()) std::memset(buffer.data(), 0, static_cast<size_t>(bytes));
+  if (pc.device.is_cpu()) std::memset(data, 0, static_cast<size_t>(bytes));
   const std::vector<uint8_t> canary(kCanaryBytes, kCanaryByte);
-  void* at = static_cast<uint8_t*>(buffer.data()) + bytes;
-  ATTNKIT_RETURN_IF_ERROR(copy_bytes(at, pc.device, canary.data(), Device::cpu(), kCanaryBytes));
-  pc.canaries.push_back(at);
-  TensorView view = make_view(buffer.data(), dtype, pc.device, shape);
+  for (uint8_t* at : {data - kCanaryBytes, data + bytes}) {
+    ATTNKIT_RETURN_IF_ERROR(copy_bytes(at, pc.device, canary.data(), Device::cpu(), kCanaryBytes));
+    pc.canaries.push_back(at);
+  }
+  TensorView view = make_view(data, dtype, pc.device, shape);
   pc.storage.push_back(std::move(buffer));
   return view;
 }

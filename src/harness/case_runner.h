@@ -153,7 +153,7 @@ struct PreparedCase {
   std::vector<int32_t> verify_depth;   // TARGET_VERIFY: tree depth of each draft (per token)
   std::vector<std::vector<uint8_t>> pool_snapshot;  // per layer: all pool bytes after history
   std::vector<Buffer> storage;                      // owns the memory behind batch and layers
-  std::vector<void*> canaries;  // guard bytes after each out / lse tensor (on `device`)
+  std::vector<void*> canaries;  // guard bytes before and after each out / lse (on `device`)
   // spec.mla_prefix_chunk > 0: the decompressor every layer's AttentionLayer::mla_prefix points to.
   std::unique_ptr<MlaPrefixDecompressor> mla_prefix;
 
@@ -220,7 +220,7 @@ struct Comparison {
   double lse_max_abs = 0.0;         // max |lse - ref_lse| (0 when lse not requested)
   int64_t pool_stray_writes = 0;    // pool bytes changed outside the new tokens' slots
   int64_t pool_bad_new_values = 0;  // new-token rows not matching k/v within kv-dtype tolerance
-  int64_t canaries_damaged = 0;     // output / lse tensors written past their end
+  int64_t canaries_damaged = 0;     // canaries of output / lse tensors overwritten
   double tolerance = 0.0;           // rel L2 bound (from q dtype); per request: kRequestFactor x
   double max_abs_tolerance = 0.0;   // max-abs bound (tolerance scaled by the reference's magnitude)
   double lse_tolerance = 0.0;

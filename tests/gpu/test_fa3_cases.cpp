@@ -58,6 +58,16 @@ bool expects_wgmma(const CaseSpec& s) {
   return test_support::expects_sm90_wgmma_prefill(same_dtype);
 }
 
+// Whether the knobs leave the bf16 / f16 kernels their three-warpgroup (192-row) variants:
+// ATTNKIT_FA3_WG3=0 and ATTNKIT_FA3_UNIFORM_WG=0 both keep 128 rows (prefill_sm90_engine.cpp).
+bool three_warpgroups_allowed() {
+  for (const char* knob : {"ATTNKIT_FA3_WG3", "ATTNKIT_FA3_UNIFORM_WG"}) {
+    const char* e = std::getenv(knob);
+    if (e != nullptr && std::string(e) == "0") return false;
+  }
+  return true;
+}
+
 // The key block the wgmma kernel must have used: ATTNKIT_FA3_BLOCK_N where the run sets it to a
 // block instantiated for the head dim (the device script runs the tests again with the
 // non-default blocks), else the default for (d, causal).
@@ -178,12 +188,11 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
       if (spec.head_dim == 128 && stats->last_block_n == 128) {
         // Rows per tile: choose_block_m_d128 unless ATTNKIT_FA3_WG3 / _UNIFORM_WG force them.
         const char* wg3 = std::getenv("ATTNKIT_FA3_WG3");
-        const char* uniform = std::getenv("ATTNKIT_FA3_UNIFORM_WG");
-        const std::string w = wg3 != nullptr ? wg3 : "";
-        const int want = uniform != nullptr && std::string(uniform) == "0" ? 128
-                         : w == "1"                                        ? 192
-                         : w == "0"                                        ? 128
-                                    : fa3::choose_block_m_d128(r.requests);
+        const bool forced = wg3 != nullptr && std::string(wg3) == "1";
+        const int want = !three_warpgroups_allowed() ? 128
+                         : forced
+                             ? 192
+                             : fa3::choose_block_m_d128(r.requests, fa3::tile_anchor_from_env());
         EXPECT_EQ(stats->last_block_m, want) << spec.name;
       }
     }
@@ -307,6 +316,44 @@ CaseSpec fp8(CaseSpec c) {
   return c;
 }
 
+TEST(Fa3LongTest, TilesAnchoredAtEitherEnd) {
+  // Partial tiles (tile_plan.h, TileAnchor). By default a request's first tile starts before its
+  // first token: request 0's before the first row of q / out, so its Q box starts at a negative
+  // row (TMA zero-fills it) and its stores are guarded (the harness's canaries sit right before
+  // and after out / lse). ATTNKIT_FA3_TILE_ANCHOR=start pads after the last token instead. Both,
+  // on the bf16 kernels of every head dim, 192 rows at d 128, the cp.async Q gather, the FP8
+  // kernel and tail-split pieces.
+  for (const char* anchor : {"end", "start"}) {
+    ScopedEnv a("ATTNKIT_FA3_TILE_ANCHOR", anchor);
+    const std::string tag = std::string("_") + anchor;
+    for (int d : {64, 128, 256}) {
+      run_and_compare(
+          prefill("anchor_d" + std::to_string(d) + tag, {0, 300, 0}, {437, 129, 1}, 16, 8, 2, d),
+          true);
+    }
+    {
+      ScopedEnv wg3("ATTNKIT_FA3_WG3", "1");
+      run_and_compare(prefill("anchor_wg3" + tag, {0, 77}, {245, 300}, 16, 4, 2, 128), true);
+      CaseSpec c = prefill("anchor_wg3_encoder" + tag, {0, 0}, {245, 70}, 64, 4, 2, 128);
+      c.type = AttentionType::kEncoderOnly;
+      run_and_compare(c, true);
+    }
+    {
+      ScopedEnv q_tma("ATTNKIT_FA3_Q_TMA", "0");
+      run_and_compare(prefill("anchor_q_gather" + tag, {0, 77}, {245, 300}, 1, 4, 2, 128), true);
+    }
+    run_and_compare(fp8(prefill("anchor_fp8" + tag, {0, 200}, {437, 129}, 16, 4, 2, 128)), true);
+    {
+      ScopedEnv split("ATTNKIT_FA3_SPLIT", "3");
+      Fa3Stats stats;
+      ASSERT_NO_FATAL_FAILURE(
+          run_and_compare(prefill("anchor_split" + tag, {300, 500}, {300, 100}, 16, 4, 2, 128),
+                          true, 1.f, std::nullopt, {}, &stats));
+      if (stats.wgmma_calls > 0) EXPECT_GE(stats.last_num_splits, 2) << tag;
+    }
+  }
+}
+
 // ---- tail split: the last round's units in pieces, merged by LSE (fa3::choose_tail_split) ----
 
 // Runs spec (save_kv) against the reference and, where the case runs on a wgmma kernel, checks
@@ -342,13 +389,15 @@ TEST(Fa3TailSplitTest, ForcedSplitsMatchTheReference) {
     run_split(c, 12.f);
   }
   // d 256 (80-key blocks) and d 64 (192-row tiles), no prefix: a tile's diagonal pieces hold
-  // rows that see no key of the piece (their LSE is -inf and they weigh 0 in the merge).
-  run_split(prefill("split_d256", {0}, {300}, 16, 4, 2, 256));
-  // (With ATTNKIT_FA3_WG3=0, d 64 runs 128-row tiles whose first tile holds one 128-key block:
-  // nothing to split, so the case runs without the split expectation.)
-  const char* wg3 = std::getenv("ATTNKIT_FA3_WG3");
-  const CaseSpec d64 = prefill("split_d64", {0, 40}, {500, 300}, 16, 4, 2, 64);
-  if (wg3 != nullptr && std::string(wg3) == "0") {
+  // rows that see no key of the piece (their LSE is -inf and they weigh 0 in the merge). The
+  // lengths give every tile >= 2 key blocks under either anchor (tile_plan.h: by default the
+  // first tile holds the q_len % block_m remainder, 340 - 256 = 84 keys at d 256 and 520 - 384 =
+  // 136 at d 64), else the forced split has nothing to split.
+  run_split(prefill("split_d256", {0}, {340}, 16, 4, 2, 256));
+  // (With ATTNKIT_FA3_WG3=0 or ATTNKIT_FA3_UNIFORM_WG=0, d 64 runs 128-row tiles whose first tile
+  // holds one 128-key block: nothing to split, so the case runs without the split expectation.)
+  const CaseSpec d64 = prefill("split_d64", {0, 40}, {520, 300}, 16, 4, 2, 64);
+  if (!three_warpgroups_allowed()) {
     run_and_compare(d64, true);
   } else {
     run_split(d64);
@@ -367,15 +416,14 @@ TEST(Fa3TailSplitTest, MoreUnitsThanSmsSplitOnlyTheLastRound) {
   if (dev.platform != Platform::kCUDA || dev.sm_count <= 0) GTEST_SKIP() << "no CUDA device";
   const int fresh = (dev.sm_count + 8 + 7) / 8 * 128;
   ScopedEnv split("ATTNKIT_FA3_SPLIT", "4");
-  // d 128: 192-row tiles (three warpgroups) unless ATTNKIT_FA3_WG3=0; whole 192-row tiles pad
-  // nothing, so choose_block_m_d128 keeps them.
-  const char* wg3 = std::getenv("ATTNKIT_FA3_WG3");
-  const int rows128 = wg3 != nullptr && std::string(wg3) == "0" ? 128 : 192;
+  // d 128: 192-row tiles (three warpgroups) unless ATTNKIT_FA3_WG3=0 / _UNIFORM_WG=0; whole
+  // 192-row tiles pad nothing, so choose_block_m_d128 keeps them.
+  const int rows128 = three_warpgroups_allowed() ? 192 : 128;
   const int fresh128 = (dev.sm_count + 8 + 7) / 8 * rows128;
   if (rows128 == 192) {
-    ASSERT_EQ(
-        fa3::choose_block_m_d128(std::vector<fa3::TileRequest>{{0, fresh128, 256 + fresh128}}),
-        192);
+    ASSERT_EQ(fa3::choose_block_m_d128(std::vector<fa3::TileRequest>{{0, fresh128, 256 + fresh128}},
+                                       fa3::tile_anchor_from_env()),
+              192);
   }
   run_split(prefill("split_rounds_causal", {256}, {fresh128}, 16, 8, 2, 128), 1.f, 8);
   CaseSpec c = prefill("split_rounds_encoder", {0}, {fresh128}, 64, 8, 2, 128);
@@ -428,7 +476,8 @@ TEST(Fa3L2SectionTest, SectionsMatchTheReference) {
     CaseSpec c = prefill("section_encoder" + tag, {0, 0}, {500, 300}, 64, 8, 4, 128);
     c.type = AttentionType::kEncoderOnly;
     run(c, false, 2);
-    run(prefill("section_d64" + tag, {0, 40}, {500, 300}, 16, 8, 2, 64), true, 4);
+    // (Prefixes give every tile >= 2 key blocks on 192- and 128-row tiles: see split_d64.)
+    run(prefill("section_d64" + tag, {200, 40}, {520, 300}, 16, 8, 2, 64), true, 4);
     run(prefill("section_d256" + tag, {100}, {300}, 16, 8, 2, 256), true, 4);
     run(fp8(prefill("section_fp8" + tag, {300, 700}, {437, 129}, 16, 8, 2, 128)), true, 4);
   }

@@ -220,6 +220,7 @@ class BrokenBackend final : public AttentionBackend {
     kStrayWrite,
     kWrongLse,
     kOverrun,
+    kUnderrun,
     kBadNewRow,
     kPerturbLastRequest
   };
@@ -271,6 +272,9 @@ class BrokenBackend final : public AttentionBackend {
       case Bug::kOverrun:  // one byte past the end of out (the harness's canary)
         static_cast<uint8_t*>(out.data)[out.storage_bytes()] = 0;
         return Status::ok();
+      case Bug::kUnderrun:  // the byte before out (a row before the first token)
+        static_cast<uint8_t*>(out.data)[-1] = 0;
+        return Status::ok();
       case Bug::kStrayWrite: {
         // Overwrite the first cached token of request 0 (a history slot, not a new one).
         const int32_t slot = batch.req_to_token_pool->host_row(batch.req_pool_indices_host[0])[0];
@@ -300,7 +304,7 @@ class BrokenBackend final : public AttentionBackend {
 TEST(Comparison, CatchesBrokenBackends) {
   using Bug = BrokenBackend::Bug;
   for (Bug bug : {Bug::kSkipLastToken, Bug::kPerturbOutput, Bug::kStrayWrite, Bug::kWrongLse,
-                  Bug::kOverrun, Bug::kBadNewRow, Bug::kPerturbLastRequest}) {
+                  Bug::kOverrun, Bug::kUnderrun, Bug::kBadNewRow, Bug::kPerturbLastRequest}) {
     Result<PreparedCase> pc =
         harness::prepare_case(*harness::find_case("extend_page16_ragged"), Device::cpu());
     ASSERT_TRUE(pc.is_ok());
@@ -328,6 +332,7 @@ TEST(Comparison, CatchesBrokenBackends) {
         EXPECT_GT(c->lse_max_abs, c->lse_tolerance);
         break;
       case Bug::kOverrun:
+      case Bug::kUnderrun:
         EXPECT_GT(c->canaries_damaged, 0);
         break;
       case Bug::kBadNewRow:  // a new slot: no stray write, but its value is wrong

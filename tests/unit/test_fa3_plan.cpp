@@ -3,6 +3,7 @@
 // schedule (fa3_params.h); the FP8 kernel variant (choose_fp8_variant), promotion and its knobs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -16,7 +17,7 @@ namespace attnkit::fa3 {
 namespace {
 
 struct TileWords {
-  int32_t request, m_block;
+  int32_t request, m0;
   bool operator==(const TileWords&) const = default;
 };
 
@@ -47,16 +48,63 @@ TEST(Fa3PlanTest, WorkedExampleOfTheHeader) {
   EXPECT_EQ(plan->words[kPlanHeaderWords + kRequestWords + 0], 300);
   EXPECT_EQ(plan->words[kPlanHeaderWords + kRequestWords + 2], 77);
   EXPECT_EQ(plan->words[kPlanHeaderWords + kRequestWords + 3], 4);
-  const std::vector<TileWords> expected = {{0, 2}, {0, 1}, {0, 0}, {1, 0}};
+  // Tiles end at each request's last token (TileAnchor::kEnd): request 0's 300 rows as -84..43,
+  // 44..171, 172..299 (44 / 172 / 300 keys), request 1's one row as the last of -127..0 (77 keys).
+  const std::vector<TileWords> expected = {{0, 172}, {0, 44}, {1, -127}, {0, -84}};
   EXPECT_EQ(tiles_of(*plan, 2), expected);
+  // TileAnchor::kStart (ATTNKIT_FA3_TILE_ANCHOR=start): 0..127, 128..255, 256..383 and 0..127.
+  Result<TilePlan> start = build_tile_plan(reqs, 128, TileAnchor::kStart);
+  ASSERT_TRUE(start.is_ok());
+  const std::vector<TileWords> expected_start = {{0, 256}, {0, 128}, {0, 0}, {1, 0}};
+  EXPECT_EQ(tiles_of(*start, 2), expected_start);
+}
+
+// Every new token of every request lies in exactly one tile; no tile lies wholly outside its
+// request; kEnd ends each request's last tile at its last token.
+TEST(Fa3PlanTest, TilesCoverEveryRowOnceUnderBothAnchors) {
+  for (const TileAnchor anchor : {TileAnchor::kStart, TileAnchor::kEnd}) {
+    for (const int block_m : {128, 192}) {
+      std::vector<TileRequest> reqs;
+      int start = 0;
+      for (const int q : {1, 63, 64, 127, 128, 129, 191, 192, 193, 300, 4096, 4097, 0, 8191}) {
+        reqs.push_back({start, q, q + 17});
+        start += q;
+      }
+      Result<TilePlan> plan = build_tile_plan(reqs, block_m, anchor);
+      ASSERT_TRUE(plan.is_ok());
+      std::vector<std::vector<int>> hits(reqs.size());
+      for (size_t r = 0; r < reqs.size(); ++r) hits[r].assign(reqs[r].q_len, 0);
+      std::vector<int> last_row(reqs.size(), -1);
+      for (const TileWords& t : tiles_of(*plan, static_cast<int>(reqs.size()))) {
+        const int q_len = reqs[t.request].q_len;
+        ASSERT_GT(t.m0, -block_m);
+        ASSERT_LT(t.m0, q_len);
+        if (anchor == TileAnchor::kStart) EXPECT_GE(t.m0, 0);
+        for (int row = std::max(t.m0, 0); row < std::min(t.m0 + block_m, q_len); ++row) {
+          ++hits[t.request][row];
+        }
+        last_row[t.request] = std::max(last_row[t.request], t.m0 + block_m - 1);
+      }
+      for (size_t r = 0; r < reqs.size(); ++r) {
+        for (int row = 0; row < reqs[r].q_len; ++row) {
+          ASSERT_EQ(hits[r][row], 1) << "request " << r << " row " << row << " block_m " << block_m
+                                     << " anchor " << static_cast<int>(anchor);
+        }
+        if (anchor == TileAnchor::kEnd && reqs[r].q_len > 0) {
+          EXPECT_EQ(last_row[r], reqs[r].q_len - 1) << r;
+        }
+      }
+    }
+  }
 }
 
 TEST(Fa3PlanTest, PrefixRaisesEveryTileAndEmptyRequestsHaveNone) {
-  // A 1000-key prefix: every tile of request 1 reads more keys than request 0's longest tile.
+  // A 1000-key prefix: every tile of request 2 reads more keys than request 0's longest tile
+  // (tiles at 1 and -127 read 1129 and 1001 keys; request 0's at 72 and -56, 200 and 72).
   const std::vector<TileRequest> reqs = {{0, 200, 200}, {200, 0, 5}, {200, 129, 1129}};
   Result<TilePlan> plan = build_tile_plan(reqs);
   ASSERT_TRUE(plan.is_ok());
-  const std::vector<TileWords> expected = {{2, 1}, {2, 0}, {0, 1}, {0, 0}};
+  const std::vector<TileWords> expected = {{2, 1}, {2, -127}, {0, 72}, {0, -56}};
   EXPECT_EQ(tiles_of(*plan, 3), expected);
   // V^T units only for requests with new tokens: vt_units(200) + vt_units(1129) = 4 + 12.
   EXPECT_EQ(plan->words[1], vt_units(200) + vt_units(1129));
@@ -192,22 +240,39 @@ TEST(Fa3Fp8VariantTest, LongRowsArePromotedByDefault) {
 
 TEST(Fa3TilePlanTest, RowsPerTileAtD128FollowThePadding) {
   using R = std::vector<TileRequest>;
+  constexpr TileAnchor kStart = TileAnchor::kStart;
+  // Padding in the last tile (kStart), where it sees every key.
   // 8192 = 42 x 192 + 128: 64 padded rows x 8192 keys = 1.6% of the causal pairs -> 192.
-  EXPECT_EQ(choose_block_m_d128(R{{0, 8192, 8192}}), 192);
-  EXPECT_EQ(choose_block_m_d128(R{{0, 16384, 16384}}), 192);  // 128 padded rows, 1.6%
+  EXPECT_EQ(choose_block_m_d128(R{{0, 8192, 8192}}, kStart), 192);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 16384, 16384}}, kStart), 192);  // 128 padded rows, 1.6%
   // 4096 = 21 x 192 + 64: 128 padded rows x 4096 keys = 6.25% -> 128.
-  EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 4096}}), 128);
-  EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 4096}, {4096, 4096, 4096}}), 128);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 4096}}, kStart), 128);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 4096}, {4096, 4096, 4096}}, kStart), 128);
   // Whole 192-row tiles pad nothing.
-  EXPECT_EQ(choose_block_m_d128(R{{0, 2304, 2560}}), 192);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 2304, 2560}}, kStart), 192);
   // 4096 new tokens after a 4096 prefix: 128 x 8192 padded of 25.2M pairs (4.2%) -> 192.
-  EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 8192}}), 192);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 8192}}, kStart), 192);
   // A short extend pads most of its one tile: 128.
-  EXPECT_EQ(choose_block_m_d128(R{{0, 128, 2176}}), 128);
-  EXPECT_EQ(choose_block_m_d128(R{{0, 100, 100}}), 128);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 128, 2176}}, kStart), 128);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 100, 100}}, kStart), 128);
   // Requests without new tokens count nowhere; none at all: 128.
-  EXPECT_EQ(choose_block_m_d128(R{{0, 0, 9000}, {0, 8192, 8192}}), 192);
-  EXPECT_EQ(choose_block_m_d128(R{{0, 0, 9000}}), 128);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 0, 9000}, {0, 8192, 8192}}, kStart), 192);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 0, 9000}}, kStart), 128);
+  EXPECT_EQ(choose_block_m_d128(R{}, kStart), 128);
+
+  // Padding in the first tile (kEnd, the default), where the padded rows see the prefix and the
+  // tile's real rows: 4096 on 192 rows pads 128 rows x 64 keys (0.1%) -> 192.
+  EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 4096}}), 192);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 4096}, {4096, 4096, 4096}}), 192);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 8192, 8192}}), 192);
+  // After a prefix the padded rows see it: 128 new tokens after 2048 pad 64 x 2176 keys of 270k
+  // pairs on 192 rows, none on 128 -> 128; 4096 after 4096: 128 x 4160 of 25.2M (2.1%) -> 192.
+  EXPECT_EQ(choose_block_m_d128(R{{0, 128, 2176}}), 128);
+  EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 8192}}), 192);
+  // One short prompt: 92 x 100 padded pairs on 192 rows, 28 x 100 on 128, of 5050 -> 128.
+  EXPECT_EQ(choose_block_m_d128(R{{0, 100, 100}}), 128);
+  // Many 1000-token prompts: 152 rows x 40 keys on 192, 24 x 104 on 128: 0.7% more -> 192.
+  EXPECT_EQ(choose_block_m_d128(R(16, TileRequest{0, 1000, 1000})), 192);
   EXPECT_EQ(choose_block_m_d128(R{}), 128);
 }
 
@@ -531,14 +596,18 @@ TEST(Fa3Fp8VariantTest, KnobsFromTheEnvironment) {
 }
 
 TEST(Fa3PlanTest, TilesOf192RowsForThreeConsumerWarpgroups) {
-  // block_m 192 (d 64, ATTNKIT_FA3_WG3): 300 new tokens -> tiles m 0, 1 (rows 0..191, 192..299),
-  // a 1000-key prefix request of 129 tokens -> one tile; longest first.
+  // block_m 192 (three consumer warpgroups): 300 new tokens -> tiles at m0 -84, 108 (rows
+  // 0..107, 108..299), a 1000-key prefix request of 129 tokens -> one tile at -63; longest first.
   const std::vector<TileRequest> reqs = {{0, 300, 300}, {300, 129, 1129}};
   Result<TilePlan> plan = build_tile_plan(reqs, 192);
   ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
   EXPECT_EQ(plan->num_tiles, 3);
-  const std::vector<TileWords> expected = {{1, 0}, {0, 1}, {0, 0}};
+  const std::vector<TileWords> expected = {{1, -63}, {0, 108}, {0, -84}};
   EXPECT_EQ(tiles_of(*plan, 2), expected);
+  Result<TilePlan> start = build_tile_plan(reqs, 192, TileAnchor::kStart);
+  ASSERT_TRUE(start.is_ok());
+  const std::vector<TileWords> expected_start = {{1, 0}, {0, 192}, {0, 0}};
+  EXPECT_EQ(tiles_of(*start, 2), expected_start);
 }
 
 TEST(Fa3PlanTest, RejectsInconsistentLengths) {

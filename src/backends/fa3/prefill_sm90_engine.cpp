@@ -173,6 +173,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   if (ctx.qk_head_dim == 128 && e->block_n_ == 128 && e->uniform_wg_) {
     e->block_m_ = wg3 == "1" ? 192 : wg3 == "0" ? 128 : 0;  // 0: choose_block_m_d128
   }
+  e->tile_anchor_ = tile_anchor_from_env();
   e->diag_ = env_int_if(
       "ATTNKIT_FA3_DIAG", 0,
       [](int bits) { return bits >= 0 && (bits & ~(1 | 2 | 4 | 8 | 16)) == 0; },
@@ -226,9 +227,9 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   if (fp8) fp8_variant_ = choose_fp8_variant(reqs, ctx_.num_kv_heads, fp8_knobs_);
   const int rows = fp8             ? fp8_variant_.block_m
                    : block_m_ != 0 ? block_m_
-                                   : choose_block_m_d128(reqs);
+                                   : choose_block_m_d128(reqs, tile_anchor_);
   planned_block_m_ = rows;
-  ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(reqs, rows));
+  ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(reqs, rows, tile_anchor_));
   words_ = std::move(plan.words);
   ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
   // Pageable source: the copy is staged before cudaMemcpyAsync returns, so words_ may be reused.

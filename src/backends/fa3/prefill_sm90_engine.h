@@ -116,6 +116,8 @@ class PrefillSm90Engine {
   // blocks 192 with =1, 128 with =0, else 0: per forward by choose_block_m_d128; otherwise 128.
   int block_m_ = 128;
   int planned_block_m_ = 128;  // of the planned forward (FP8: Fp8Variant::block_m)
+  // Where a request's tiles sit (tile_plan.h; ATTNKIT_FA3_TILE_ANCHOR, default kEnd).
+  TileAnchor tile_anchor_ = TileAnchor::kEnd;
   int diag_ = 0;
   int split_forced_ = -1;   // ATTNKIT_FA3_SPLIT (-1: unset, the model decides)
   int section_forced_ = 0;  // ATTNKIT_FA3_L2_SECTION (0: unset, one section; -1: "auto")

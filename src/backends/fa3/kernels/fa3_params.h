@@ -3,9 +3,10 @@
 // passed as `const __grid_constant__`. Plain C++ (no CUDA types), shared by host and device.
 //
 // Vocabulary:
-//  * tile: kBlockM = 128 consecutive new tokens of one request and one q head (two consumer
-//    warpgroups of 64 rows each). Work unit u = tile * num_q_heads + q head, so the q heads of one
-//    kv head are neighbours in the schedule (their K/V reads share L2).
+//  * tile: block_m (kBlockM = 128, or 192) consecutive rows m0 .. m0 + block_m - 1 of one request
+//    and one q head (64 rows per consumer warpgroup); only the rows in [0, q_len) are stored. Work
+//    unit u = tile * num_q_heads + q head, so the q heads of one kv head are neighbours in the
+//    schedule (their K/V reads share L2).
 //  * key k of a request is decoder token k of its req_to_token row; its pool slot comes from the
 //    page table read in place: slot(k) = req_to_token[row, k - k % page_size] + k % page_size.
 //  * query i (0-based among the request's q_len new tokens) sits at position kv_len - q_len + i.
@@ -77,10 +78,11 @@ constexpr int schedule_unit(int round, int cta, int grid, bool zigzag) {
   return round * grid + ((zigzag && (round & 1)) ? grid - 1 - cta : cta);
 }
 
-// One past the last key a tile's rows may see: the tile whose first row is new token m0 of a
-// request with q_len new tokens and kv_len keys, block_m rows; causal: up to its last row's
-// position (clipped to kv_len), else every key. The kernels' decode_tile, build_tile_plan's
-// longest-first order and choose_tail_split's block counts all take it from here.
+// One past the last key a tile's rows may see: the tile whose first row is new token m0 (< 0 for
+// a first tile anchored at the request's end) of a request with q_len new tokens and kv_len keys,
+// block_m rows; causal: up to its last row's position (clipped to kv_len), else every key. The
+// kernels' decode_tile, build_tile_plan's longest-first order and choose_tail_split's block counts
+// all take it from here.
 constexpr int tile_key_end(int kv_len, int q_len, int m0, int block_m, bool causal) {
   return causal ? std::min(kv_len, kv_len - q_len + m0 + block_m) : kv_len;
 }
@@ -125,9 +127,11 @@ using TmaDesc = cuda::TmaDesc;
 // Header: tile count, V^T units (the sum of vt_units(kv_len) over the requests with new tokens),
 // 0, 0.
 // Request: q_start, q_len, kv_len, vt_block (its first 16 KB unit in the FP8 kernel's V^T
-// workspace: the V^T units of the requests before it). Tile: request, m_block (tiles sorted by
+// workspace: the V^T units of the requests before it). Tile: request, m0 (its first new token;
+// negative for a request's first tile when the tiles end at its last token (tile_plan.h,
+// TileAnchor::kEnd): rows before token 0 are computed and never stored). Tiles are sorted by
 // descending key count, so a persistent CTA's static stride over the list takes the longest work
-// first).
+// first.
 inline constexpr int kPlanHeaderWords = 4;
 // Keys per unit of the FP8 kernel's pre-transposed V^T workspace (one 128 d x 128 keys image).
 inline constexpr int kVtBlockKeys = 128;
@@ -158,9 +162,10 @@ struct Fa3Params {
   int tma_rows = 0;
   // Both kernels, 1 (the engine's default where the map encodes; ATTNKIT_FA3_Q_TMA=0: off):
   // the (bf16 / f16) Q tile arrives by TMA, boxes {64, 1, block_m} of tma_q ({D, Hq, tokens} over
-  // q), one thread issuing; rows past the request's q_len then hold the next request's tokens (or
-  // zeros past the last token), whose outputs are computed and never stored. 0: the 16-byte
-  // cp.async gather of every producer thread, those rows zero-filled.
+  // q), one thread issuing; rows outside the request's [0, q_len) then hold the neighbouring
+  // requests' tokens (or zeros before the first / past the last token: TMA fills the box's rows
+  // outside the map with zeros, negative coordinates included), whose outputs are computed and
+  // never stored. 0: the 16-byte cp.async gather of every producer thread, those rows zero-filled.
   TmaDesc tma_q;
   int q_tma = 0;
   // bf16 / f16 kernel, 1 (the engine's default; ATTNKIT_FA3_UNIT_SMEM=0: off): the producer,

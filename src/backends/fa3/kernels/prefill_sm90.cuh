@@ -140,7 +140,7 @@ __device__ __forceinline__ TileInfo decode_tile(const Fa3Params& p, int unit) {
   t.head = th.head;
   const int32_t* tw = p.plan + kPlanHeaderWords + p.bs * kRequestWords + tile * kTileWords;
   t.request = tw[0];
-  t.m0 = tw[1] * Tr::kBlockM;
+  t.m0 = tw[1];  // may be negative (fa3_params.h)
   const int32_t* rw = p.plan + kPlanHeaderWords + t.request * kRequestWords;
   t.q_start = rw[0];
   t.q_len = rw[1];
@@ -192,8 +192,8 @@ __device__ __forceinline__ bool block_uses_tma(const Fa3Params& p, const TileInf
 
 // Producer (128 threads): tile t's Q rows into the swizzled [kBlockM x kRowChunks x 16 B] tile at
 // sQ by cp.async, one 16-byte chunk of 2-byte elements per copy. Row r = token m0 + r of the
-// request; rows past q_len are zero-filled. Both prefill producers (bf16 / f16 and FP8) call it
-// when Fa3Params::q_tma is 0 (the TMA box otherwise).
+// request; rows outside [0, q_len) are zero-filled. Both prefill producers (bf16 / f16 and FP8)
+// call it when Fa3Params::q_tma is 0 (the TMA box otherwise).
 template <int kBlockM, int kRowChunks>
 __device__ __forceinline__ void load_q_tile(const Fa3Params& p, const TileInfo& t, uint32_t sQ,
                                             int tid) {
@@ -205,7 +205,7 @@ __device__ __forceinline__ void load_q_tile(const Fa3Params& p, const TileInfo& 
     const int c = tid + 128 * i;
     const int row = c / kRowChunks, chunk = c % kRowChunks;
     const int token = t.m0 + row;
-    const bool valid = token < t.q_len;
+    const bool valid = token >= 0 && token < t.q_len;
     const char* src = valid
                           ? q_base + ((static_cast<int64_t>(t.q_start + token) * p.q_stride_token +
                                        static_cast<int64_t>(t.head) * p.q_stride_head + chunk * 8) *
@@ -324,7 +324,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
     };
     load_slots(t.n_blocks - 1);
 
-    // Q tile: row r = token m0 + r of the request (rows past q_len are zero-filled).
+    // Q tile: row r = token m0 + r of the request (rows outside [0, q_len) are zero-filled).
     mbar_wait(q_empty, (tcount & 1) ^ 1);
     stamp(p, round, 17, tid == 0);
     if (tid == 0) {  // q_full counts this extra arrival: it releases the TileInfo copy
@@ -699,7 +699,7 @@ __device__ __forceinline__ void store_o_tile(const Fa3Params& p, const TileInfo&
     uint32_t* rowp =
         static_cast<uint32_t*>(p.out) +
         ((trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) >> 1);
-    const bool store = token < t.q_len && !(p.diag & 16);
+    const bool store = token >= 0 && token < t.q_len && !(p.diag & 16);
     if (p.epi_wide) {
       const int qt = lane % 4;
       const bool b1 = (qt & 1) != 0, c1 = (qt & 2) != 0;
@@ -736,7 +736,7 @@ __device__ __forceinline__ void store_o_tile(const Fa3Params& p, const TileInfo&
 // Epilogue of tail-split piece `piece` (virtual unit units - split_units + piece): this thread's
 // two rows normalised (O * out_scale / l; the FP8 kernel's v_scale) in f32 to p.split_o and their
 // natural-log LSE (-inf where the piece holds no visible key of the row) to p.split_lse, for
-// merge_tail_splits_kernel. Rows past q_len are not written (nor read back).
+// merge_tail_splits_kernel. Rows outside [0, q_len) are not written (nor read back).
 template <int kD>
 __device__ __forceinline__ void store_o_piece(const Fa3Params& p, const TileInfo& t, int piece,
                                               const float (&o)[kD / 2], const float (&m)[2],
@@ -747,7 +747,8 @@ __device__ __forceinline__ void store_o_piece(const Fa3Params& p, const TileInfo
     const float sum = quad_row_sum(l[h]);
     const float inv = cuda::row_inv(sum, out_scale);
     const int row = row0 + 8 * h;
-    if (t.m0 + row >= t.q_len) continue;
+    const int token = t.m0 + row;
+    if (token < 0 || token >= t.q_len) continue;
     const int64_t prow = static_cast<int64_t>(piece) * p.block_m + row;
     float* rowp = p.split_o + prow * kD + 2 * (lane % 4);
 #pragma unroll
@@ -933,8 +934,8 @@ __global__ void __launch_bounds__(128)
   const int head = th.head;
   const int32_t* tw = p.plan + kPlanHeaderWords + p.bs * kRequestWords + tile * kTileWords;
   const int32_t* rw = p.plan + kPlanHeaderWords + tw[0] * kRequestWords;
-  const int token = tw[1] * p.block_m + row;  // among the request's new tokens
-  if (token >= rw[1]) return;
+  const int token = tw[1] + row;  // among the request's new tokens (tw[1]: the tile's m0)
+  if (token < 0 || token >= rw[1]) return;
   const int64_t piece0 = static_cast<int64_t>(i) * p.num_splits;
   float mx = kNegInf;
   for (int k = 0; k < p.num_splits; ++k)

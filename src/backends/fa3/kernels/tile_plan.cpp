@@ -10,9 +10,10 @@
 
 namespace attnkit::fa3 {
 
-Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int block_m) {
+Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int block_m,
+                                 TileAnchor anchor) {
   struct Tile {
-    int32_t request, m_block, work;
+    int32_t request, m0, work;
   };
   std::vector<Tile> tiles;
   TilePlan plan;
@@ -29,16 +30,17 @@ Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int bloc
     plan.words.insert(plan.words.end(), {q.q_start, q.q_len, q.kv_len, vt_blocks});
     if (q.q_len > 0) vt_blocks += vt_units(q.kv_len);
     for (int32_t m = 0; m * block_m < q.q_len; ++m) {
+      const int32_t m0 = tile_first_row(q.q_len, m, block_m, anchor);
       // The keys the tile sees under the causal mask (its sort key).
-      tiles.push_back({static_cast<int32_t>(r), m,
-                       tile_key_end(q.kv_len, q.q_len, m * block_m, block_m, /*causal=*/true)});
+      tiles.push_back({static_cast<int32_t>(r), m0,
+                       tile_key_end(q.kv_len, q.q_len, m0, block_m, /*causal=*/true)});
     }
   }
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const Tile& a, const Tile& b) { return a.work > b.work; });
   plan.words[0] = static_cast<int32_t>(tiles.size());
   plan.words[1] = vt_blocks;
-  for (const Tile& t : tiles) plan.words.insert(plan.words.end(), {t.request, t.m_block});
+  for (const Tile& t : tiles) plan.words.insert(plan.words.end(), {t.request, t.m0});
   plan.num_tiles = static_cast<int>(tiles.size());
   return plan;
 }
@@ -77,8 +79,8 @@ TailSplit choose_tail_split(std::span<const int32_t> plan_words, int bs, int num
     const TileHead th = unit_tile_head(static_cast<int>(u), static_cast<int>(tiles), section_heads);
     const size_t tw = tile_base + static_cast<size_t>(th.tile) * kTileWords;
     const size_t rw = kPlanHeaderWords + static_cast<size_t>(plan_words[tw]) * kRequestWords;
-    const int n_end = tile_key_end(plan_words[rw + 2], plan_words[rw + 1],
-                                   plan_words[tw + 1] * block_m, block_m, causal);
+    const int n_end =
+        tile_key_end(plan_words[rw + 2], plan_words[rw + 1], plan_words[tw + 1], block_m, causal);
     return (n_end + block_n - 1) / block_n;  // as decode_tile
   };
   const int64_t rem = units >= sm_count ? units % sm_count : units;
@@ -134,13 +136,25 @@ constexpr int kFp8HeadDim = 128;  // the FP8 kernel's head dim
 
 }  // namespace
 
-int choose_block_m_d128(std::span<const TileRequest> requests) {
+TileAnchor tile_anchor_from_env() {
+  return env_choice("ATTNKIT_FA3_TILE_ANCHOR", {"start", "end"}, "end") == "start"
+             ? TileAnchor::kStart
+             : TileAnchor::kEnd;
+}
+
+int choose_block_m_d128(std::span<const TileRequest> requests, TileAnchor anchor) {
   constexpr double kWg3MaxPaddingShare = 0.05;
-  // Pairs a causal tile set pads beyond the request's rows, for tiles of `rows`.
-  auto padding = [](const TileRequest& r, int64_t rows) -> double {
+  // Pairs a causal tile set pads beyond the request's rows, for tiles of `rows`: the padded rows
+  // see what the last row of their tile sees (the first tile under kEnd, the last under kStart).
+  auto padding = [anchor](const TileRequest& r, int64_t rows) -> double {
     const int64_t tiles = (int64_t{r.q_len} + rows - 1) / rows;
     const int64_t pad = tiles * rows - r.q_len;
-    return static_cast<double>(pad) * r.kv_len;  // the last tile's keys (causal: kv_len)
+    const int64_t padded_tile = anchor == TileAnchor::kEnd ? 0 : tiles - 1;
+    const int64_t last_row =
+        tile_first_row(r.q_len, static_cast<int>(padded_tile), static_cast<int>(rows), anchor) +
+        rows - 1;
+    const int64_t keys = std::min<int64_t>(r.kv_len, r.kv_len - r.q_len + last_row + 1);
+    return static_cast<double>(pad) * keys;
   };
   double useful = 0, extra = 0;
   for (const TileRequest& r : requests) {

@@ -3,13 +3,18 @@
 // C++, unit-tested on the CPU (tests/unit/test_fa3_plan.cpp).
 //
 // One tile = block_m (128, or 192 on three consumer warpgroups) consecutive new tokens of one
-// request; the kernel runs every tile for every q head. Tiles are sorted by descending key count
-// under the causal mask (stable, so equal tiles keep request order): a persistent CTA strides
-// through the list, so the heavy tiles start first and the short ones fill the tail.
+// request; the kernel runs every tile for every q head. By default (TileAnchor::kEnd) a request's
+// last tile ends at its last new token, so the remainder q_len % block_m sits in its first tile,
+// whose first rows lie before token 0 (m0 < 0: computed, never stored). Tiles are sorted by
+// descending key count under the causal mask (stable, so equal tiles keep request order): a
+// persistent CTA strides through the list, so the heavy tiles start first and the short ones fill
+// the tail.
 //
-// Worked example: requests (q_len 300, kv_len 300) and (q_len 1, kv_len 77):
-//   request 0 -> tiles m 0, 1, 2 reading 128, 256, 300 keys; request 1 -> tile m 0 reading 77.
-//   Order: (0, 2) 300, (0, 1) 256, (0, 0) 128, (1, 0) 77.
+// Worked example: requests (q_len 300, kv_len 300) and (q_len 1, kv_len 77), 128-row tiles:
+//   request 0 -> tiles m0 -84, 44, 172 reading 44, 172, 300 keys; request 1 -> tile m0 -127
+//   reading 77. Order: (0, 172) 300, (0, 44) 172, (1, -127) 77, (0, -84) 44.
+//   TileAnchor::kStart: tiles m0 0, 128, 256 reading 128, 256, 300 keys and m0 0 reading 77;
+//   order (0, 256), (0, 128), (0, 0), (1, 0).
 #pragma once
 
 #include <cstdint>
@@ -33,21 +38,45 @@ struct TilePlan {
   int num_tiles = 0;
 };
 
+// Where a request's tiles sit (the tile word m0 of fa3_params.h).
+//  * kEnd (the default): the last tile ends at the last new token; the first holds the remainder
+//    and starts block_m - q_len % block_m rows before token 0 (when block_m does not divide q_len).
+//  * kStart (ATTNKIT_FA3_TILE_ANCHOR=start): tile 0 starts at token 0; the last holds the
+//    remainder, its rows past q_len padded.
+// A padded row costs what its tile's last row sees. Under the causal mask that is every key for
+// the last tile but only the prefix and the tile's own rows for the first, so kEnd makes the
+// padding nearly free: 4096 tokens on 192-row tiles pad 128 rows x 64 keys instead of x 4096
+// keys (6.25% of the causal pairs). Bidirectional layers pay the same padding either way.
+enum class TileAnchor { kStart, kEnd };
+
+// ATTNKIT_FA3_TILE_ANCHOR: "start" / "end" (unset: kEnd); another value is ignored with a warning.
+TileAnchor tile_anchor_from_env();
+
+// The first new token of tile m (0-based among the request's ceil(q_len / block_m) tiles).
+constexpr int tile_first_row(int q_len, int m, int block_m, TileAnchor anchor) {
+  const int tiles = (q_len + block_m - 1) / block_m;
+  return anchor == TileAnchor::kStart ? m * block_m : q_len - (tiles - m) * block_m;
+}
+
 // kInvalidArgument names the first request with q_len < 0 or kv_len < q_len. block_m: query rows
-// per tile (Fa3Params::block_m; 192 for the three-warpgroup d 64 kernel). Requests without new
-// tokens get no tiles and no V^T units.
-Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int block_m = 128);
+// per tile (Fa3Params::block_m; 192 on three consumer warpgroups). Requests without new tokens get
+// no tiles and no V^T units.
+Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int block_m = 128,
+                                 TileAnchor anchor = TileAnchor::kEnd);
 
 // Query rows per tile of a bf16 / f16 forward at d 128 when three consumer warpgroups are allowed:
-// 192 unless the rows that pad the requests' last 192-row tiles cost more than
-// kWg3MaxPaddingShare (5%) of the forward's causal (q, k) pairs beyond what 128-row tiles pad, else
-// 128. A padded row costs the keys of its tile's last row. Three warpgroups are ~5% faster per
-// useful pair (H200 2026-11-27 09:08Z: causal 8k / 16k +3.4-4.3% with 1.6% padding, bidirectional
-// +5-6%, 4096 after a 4096 prefix at page 1 +25%), so the padding of a 4096-token prompt (64 of
-// the last tile's 192 rows, 6.25%) tips it back to 128 (measured -2.5%).
-//   {q_len 8192, kv 8192}: 42 x 192 + 128 rows, padding 64 x 8192 = 1.6% -> 192
-//   {q_len 4096, kv 4096}: padding 128 x 4096 = 6.25% -> 128
-int choose_block_m_d128(std::span<const TileRequest> requests);
+// 192 unless the rows that pad the requests' 192-row tiles cost more than kWg3MaxPaddingShare (5%)
+// of the forward's causal (q, k) pairs beyond what 128-row tiles pad, else 128. A padded row costs
+// the keys of its tile's last row (causal), which depends on where the tiles sit (anchor). Three
+// warpgroups are ~5% faster per useful pair (H200 2026-11-27 09:08Z: causal 8k / 16k +3.4-4.3%
+// with 1.6% padding, bidirectional +5-6%, 4096 after a 4096 prefix at page 1 +25%); with the
+// padding in the last tile (kStart) a 4096-token prompt pads 6.25% and measured -2.5% on 192 rows.
+//   kStart {q_len 8192, kv 8192}: 42 x 192 + 128 rows, padding 64 x 8192 = 1.6% -> 192
+//   kStart {q_len 4096, kv 4096}: padding 128 x 4096 = 6.25% -> 128
+//   kEnd   {q_len 4096, kv 4096}: the first tile's 128 padded rows see 64 keys: 0.1% -> 192
+//   kEnd   {q_len 100, kv 100}: 92 x 100 padded pairs on 192 rows, 28 x 100 on 128, of 5050 -> 128
+int choose_block_m_d128(std::span<const TileRequest> requests,
+                        TileAnchor anchor = TileAnchor::kEnd);
 
 // The requests of a forward from its host lengths (seq_lens counts the new tokens; without
 // extend lengths, spec.draft_token_num new tokens per request).
