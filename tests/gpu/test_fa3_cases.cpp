@@ -477,7 +477,7 @@ TEST(Fa3L2SectionTest, SectionsMatchTheReference) {
     c.type = AttentionType::kEncoderOnly;
     run(c, false, 2);
     // (Prefixes give every tile >= 2 key blocks on 192- and 128-row tiles: see split_d64.)
-    run(prefill("section_d64" + tag, {200, 40}, {520, 300}, 16, 8, 2, 64), true, 4);
+    run(prefill("section_d64" + tag, {200, 200}, {520, 300}, 16, 8, 2, 64), true, 4);
     run(prefill("section_d256" + tag, {100}, {300}, 16, 8, 2, 256), true, 4);
     run(fp8(prefill("section_fp8" + tag, {300, 700}, {437, 129}, 16, 8, 2, 128)), true, 4);
   }
