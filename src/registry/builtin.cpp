@@ -181,8 +181,9 @@ BackendDescriptor fa3() {
       "fa3",
       "SM90: warp-specialised wgmma prefill/extend (TMA page boxes for pages of >= 8 rows, "
       "cp.async page gather otherwise, into a 128B-swizzled mbarrier ring; 2 consumer warpgroups "
-      "(3 on 192-row tiles at d 64, and at d 128 where the last tiles pad under 5% of the "
-      "work), ping-pong (2 warpgroups) + softmax/P.V overlap (serial softmax then P.V at d 256 "
+      "(3 on 192-row tiles at d 64, and at d 128 where the padding costs under 5% of the "
+      "work; a request's tiles end at its last token, so its first tile holds the padding), "
+      "ping-pong (2 warpgroups) + softmax/P.V overlap (serial softmax then P.V at d 256 "
       "and on 3 warpgroups at d 128), P.V "
       "from registers, "
       "causal block skip, persistent "
