@@ -86,27 +86,30 @@ Result<TensorView> upload_bytes(std::vector<Buffer>& storage, Device device, DTy
   return view;
 }
 
-// An uninitialised output tensor with kCanaryBytes of kCanaryByte right before and right after
-// it; the canaries' addresses are recorded so compare_with_reference can check that nothing wrote
-// outside the tensor (rows before the first token: the fa3 kernels' first tiles start there). The
-// tensor starts kLeadBytes into its buffer, which keeps the buffer's 256-byte alignment.
+// An uninitialised output tensor between two canaries of kCanaryByte, whose addresses are
+// recorded so compare_with_reference can check that nothing wrote outside the tensor. The leading
+// canary spans at least one token's row (shape[0] is the token dimension), rounded up to 256
+// bytes, so that the tensor keeps the buffer's 256-byte alignment: the fa3 kernels compute rows
+// before the first token (a request's first tile may start there) and must not store them. The
+// trailing canary is kCanaryBytes.
 Result<TensorView> output_with_canary(PreparedCase& pc, DType dtype,
                                       const std::vector<int64_t>& shape) {
-  constexpr int64_t kLeadBytes = 256;
-  static_assert(kLeadBytes >= kCanaryBytes, "the leading canary fits before the tensor");
+  constexpr int64_t kAlign = 256;
   const int64_t bytes = dtype_storage_bytes(dtype, numel_of(shape));
-  ATTNKIT_ASSIGN_OR_RETURN(Buffer buffer,
-                           Buffer::allocate(pc.device, kLeadBytes + bytes + kCanaryBytes));
-  uint8_t* const data = static_cast<uint8_t*>(buffer.data()) + kLeadBytes;
+  const int64_t row_bytes = !shape.empty() && shape[0] > 0 ? bytes / shape[0] : 0;
+  const int64_t lead = (std::max(kCanaryBytes, row_bytes) + kAlign - 1) / kAlign * kAlign;
+  ATTNKIT_ASSIGN_OR_RETURN(Buffer buffer, Buffer::allocate(pc.device, lead + bytes + kCanaryBytes));
+  uint8_t* const data = static_cast<uint8_t*>(buffer.data()) + lead;
   // Host outputs are written once here so that their pages exist before any timed call: on a VM
   // the first touch of a fresh page costs a fault in the guest and often one in the host (a bench
   // call writing a never-touched 16 MiB output measured 27 ms of faults on top of a 27 ms kernel),
   // while a serving engine reuses its output buffers. Poisoned cases overwrite this with NaN.
   if (pc.device.is_cpu()) std::memset(data, 0, static_cast<size_t>(bytes));
-  const std::vector<uint8_t> canary(kCanaryBytes, kCanaryByte);
-  for (uint8_t* at : {data - kCanaryBytes, data + bytes}) {
-    ATTNKIT_RETURN_IF_ERROR(copy_bytes(at, pc.device, canary.data(), Device::cpu(), kCanaryBytes));
-    pc.canaries.push_back(at);
+  for (const PreparedCase::Canary& c : {PreparedCase::Canary{buffer.data(), lead},
+                                        PreparedCase::Canary{data + bytes, kCanaryBytes}}) {
+    const std::vector<uint8_t> canary(static_cast<size_t>(c.bytes), kCanaryByte);
+    ATTNKIT_RETURN_IF_ERROR(copy_bytes(c.at, pc.device, canary.data(), Device::cpu(), c.bytes));
+    pc.canaries.push_back(c);
   }
   TensorView view = make_view(data, dtype, pc.device, shape);
   pc.storage.push_back(std::move(buffer));
@@ -1483,9 +1486,10 @@ Result<Comparison> compare_with_reference(const PreparedCase& pc) {
     check_pool_layer(m, pc, l, &c);
   }
   c.max_abs_tolerance = kMaxAbsFactor * c.tolerance * std::max(1.0, max_ref);
-  std::vector<uint8_t> guard(kCanaryBytes);
-  for (const void* at : pc.canaries) {
-    ATTNKIT_RETURN_IF_ERROR(copy_bytes(guard.data(), Device::cpu(), at, pc.device, kCanaryBytes));
+  for (const PreparedCase::Canary& canary : pc.canaries) {
+    std::vector<uint8_t> guard(static_cast<size_t>(canary.bytes));
+    ATTNKIT_RETURN_IF_ERROR(
+        copy_bytes(guard.data(), Device::cpu(), canary.at, pc.device, canary.bytes));
     if (std::any_of(guard.begin(), guard.end(), [](uint8_t x) { return x != kCanaryByte; })) {
       ++c.canaries_damaged;
     }

@@ -153,7 +153,12 @@ struct PreparedCase {
   std::vector<int32_t> verify_depth;   // TARGET_VERIFY: tree depth of each draft (per token)
   std::vector<std::vector<uint8_t>> pool_snapshot;  // per layer: all pool bytes after history
   std::vector<Buffer> storage;                      // owns the memory behind batch and layers
-  std::vector<void*> canaries;  // guard bytes before and after each out / lse (on `device`)
+  // Guard bytes before and after each out / lse (on `device`): where, and how many.
+  struct Canary {
+    void* at = nullptr;
+    int64_t bytes = 0;
+  };
+  std::vector<Canary> canaries;
   // spec.mla_prefix_chunk > 0: the decompressor every layer's AttentionLayer::mla_prefix points to.
   std::unique_ptr<MlaPrefixDecompressor> mla_prefix;
 

@@ -250,9 +250,9 @@ TEST(Fa3LongTest, CausalPrefillAcrossTilesAllHeadDims) {
 }
 
 TEST(Fa3LongTest, ThreeWarpgroupsAtD128WithPartialTiles) {
-  // ATTNKIT_FA3_WG3=1: 192-row tiles at d 128 however much the last tiles pad (the default rule
-  // would keep 128 rows for most of these): tiles of 1, 129, 245 and 437 rows, a prefix, the
-  // page-1 gather and the bidirectional mask, bf16 and f16.
+  // ATTNKIT_FA3_WG3=1: 192-row tiles at d 128 however much the tiles pad (the default rule would
+  // keep 128 rows for most of these): requests of 1, 129, 245 and 437 rows, a prefix, the page-1
+  // gather and the bidirectional mask, bf16 and f16.
   ScopedEnv wg3("ATTNKIT_FA3_WG3", "1");
   run_and_compare(prefill("wg3_d128_causal", {300, 0, 0, 77}, {437, 1, 129, 245}, 16, 8, 2, 128),
                   true);

@@ -272,8 +272,8 @@ class BrokenBackend final : public AttentionBackend {
       case Bug::kOverrun:  // one byte past the end of out (the harness's canary)
         static_cast<uint8_t*>(out.data)[out.storage_bytes()] = 0;
         return Status::ok();
-      case Bug::kUnderrun:  // the byte before out (a row before the first token)
-        static_cast<uint8_t*>(out.data)[-1] = 0;
+      case Bug::kUnderrun:  // head 0, column 0 of the row before the first token
+        static_cast<uint8_t*>(out.data)[-(out.storage_bytes() / out.size(0))] = 0;
         return Status::ok();
       case Bug::kStrayWrite: {
         // Overwrite the first cached token of request 0 (a history slot, not a new one).

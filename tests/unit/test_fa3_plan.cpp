@@ -271,8 +271,13 @@ TEST(Fa3TilePlanTest, RowsPerTileAtD128FollowThePadding) {
   EXPECT_EQ(choose_block_m_d128(R{{0, 4096, 8192}}), 192);
   // One short prompt: 92 x 100 padded pairs on 192 rows, 28 x 100 on 128, of 5050 -> 128.
   EXPECT_EQ(choose_block_m_d128(R{{0, 100, 100}}), 128);
-  // Many 1000-token prompts: 152 rows x 40 keys on 192, 24 x 104 on 128: 0.7% more -> 192.
-  EXPECT_EQ(choose_block_m_d128(R(16, TileRequest{0, 1000, 1000})), 192);
+  // Many 1000-token prompts: causal 152 rows x 40 keys on 192, 24 x 104 on 128 (0.7% more), but
+  // a bidirectional layer of the forward would pad 128 more rows of 1000 keys per 1000 rows
+  // (12.8% > 8%) -> 128. At 3000 tokens neither tile size pads more than the other -> 192.
+  EXPECT_EQ(choose_block_m_d128(R(16, TileRequest{0, 1000, 1000})), 128);
+  EXPECT_EQ(choose_block_m_d128(R(5, TileRequest{0, 3000, 3000})), 192);
+  // 4096: bidirectional 128 more padded rows of 4096 (3.1%) -> 192, as measured (+5.5%).
+  EXPECT_EQ(choose_block_m_d128(R(4, TileRequest{0, 4096, 4096})), 192);
   EXPECT_EQ(choose_block_m_d128(R{}), 128);
 }
 

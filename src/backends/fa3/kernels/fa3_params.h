@@ -275,8 +275,9 @@ struct Fa3Params {
   // consumer_fp8: chunk 0 behind Q K^T, chunk 1 after the softmax), to measure which is faster.
   int fp8_promote = 0;
   // Query rows per tile of p.plan (the plan is built with the same count): kBlockM (128, two
-  // consumer warpgroups) or 192 (three consumer warpgroups): the bf16 / f16 kernel at d 64 with
-  // 128-key blocks (ATTNKIT_FA3_WG3, prefill_sm90_engine.cpp), the FP8 kernel with the V^T
+  // consumer warpgroups) or 192 (three consumer warpgroups): the bf16 / f16 kernel at d 64 and
+  // d 128 with 128-key blocks (ATTNKIT_FA3_WG3, prefill_sm90_engine.cpp; at d 128 per forward by
+  // choose_block_m_d128), the FP8 kernel with the V^T
   // pre-transpose and the speculative softmax (ATTNKIT_FA3_FP8_WG3, choose_fp8_variant).
   int block_m = kBlockM;
   // Both kernels: the tail split (virtual_units above; split_units 0: none). Piece j writes its

@@ -34,9 +34,10 @@
 
 namespace attnkit::fa3 {
 
-// kWG consumer warpgroups of 64 query rows (2: 128-row tiles; 3: 192-row tiles, d 64 with
-// 128-key blocks only, as FlashAttention-3 runs d 64: more softmax warps per GEMM stream where the
-// GEMMs are short; no ping-pong, 160 consumer / 32 producer registers).
+// kWG consumer warpgroups of 64 query rows (2: 128-row tiles; 3: 192-row tiles with 128-key
+// blocks at d 64, as FlashAttention-3 runs d 64, and at d 128 on the serial loop: more softmax
+// warps per GEMM stream where the GEMMs are short; no ping-pong, 160 consumer / 32 producer
+// registers).
 template <int kD, int kN, bool kBf16, int kWG = 2>
 struct PrefillTraits {
   static_assert(kD == 64 || kD == 128 || kD == 256, "fa3 wgmma head dims: 64, 128, 256");
@@ -324,7 +325,8 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
     };
     load_slots(t.n_blocks - 1);
 
-    // Q tile: row r = token m0 + r of the request (rows outside [0, q_len) are zero-filled).
+    // Q tile: row r = token m0 + r of the request. Rows outside [0, q_len) are zero-filled by the
+    // cp.async gather; by TMA they hold the neighbouring requests' tokens, or zeros outside q.
     mbar_wait(q_empty, (tcount & 1) ^ 1);
     stamp(p, round, 17, tid == 0);
     if (tid == 0) {  // q_full counts this extra arrival: it releases the TileInfo copy
@@ -694,8 +696,9 @@ __device__ __forceinline__ void store_o_tile(const Fa3Params& p, const TileInfo&
     const float inv = cuda::row_inv(sum, out_scale);
     const int token = t.m0 + row0 + 8 * h;
     const int64_t trow = t.q_start + token;
-    // One base address per row (element offsets are even and non-negative: 16-byte aligned rows
-    // where p.epi_wide), then compile-time offsets.
+    // One base address per row (even element offsets: 16-byte aligned rows where p.epi_wide), then
+    // compile-time offsets. For a row before the request's first token (token < 0) the address
+    // lies before the row and is never dereferenced: `store` is false.
     uint32_t* rowp =
         static_cast<uint32_t*>(p.out) +
         ((trow * p.o_stride_token + static_cast<int64_t>(t.head) * p.o_stride_head) >> 1);

@@ -66,15 +66,21 @@ Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int bloc
 
 // Query rows per tile of a bf16 / f16 forward at d 128 when three consumer warpgroups are allowed:
 // 192 unless the rows that pad the requests' 192-row tiles cost more than kWg3MaxPaddingShare (5%)
-// of the forward's causal (q, k) pairs beyond what 128-row tiles pad, else 128. A padded row costs
-// the keys of its tile's last row (causal), which depends on where the tiles sit (anchor). Three
-// warpgroups are ~5% faster per useful pair (H200 2026-11-27 09:08Z: causal 8k / 16k +3.4-4.3%
-// with 1.6% padding, bidirectional +5-6%, 4096 after a 4096 prefix at page 1 +25%); with the
-// padding in the last tile (kStart) a 4096-token prompt pads 6.25% and measured -2.5% on 192 rows.
+// of the forward's causal (q, k) pairs beyond what 128-row tiles pad, or, for the bidirectional
+// layers a forward may also run (the plan serves both), more than kWg3MaxBidirPaddingShare (8%) of
+// its bidirectional pairs; else 128. A causal padded row costs the keys of its tile's last row,
+// which depends on where the tiles sit (anchor); a bidirectional one kv_len keys either way. Three
+// warpgroups are ~5% faster per useful causal pair (H200 2026-11-27 09:08Z: causal 8k / 16k
+// +3.4-4.3% with 1.6% padding, 4096 after a 4096 prefix at page 1 +25%); with the padding in the
+// last tile (kStart) a 4096-token prompt pads 6.25% and measured -2.5% on 192 rows. Bidirectional
+// 4 x 4096 measured +5.5% on 192 rows with 3.1% more padded pairs (session 47, 11:48Z); 1000-token
+// prompts (12.8% more) take 128 rows, which measured level with 192 causal (session 47, 11:44Z).
+// The 8% bound itself was not measured at its edge.
 //   kStart {q_len 8192, kv 8192}: 42 x 192 + 128 rows, padding 64 x 8192 = 1.6% -> 192
 //   kStart {q_len 4096, kv 4096}: padding 128 x 4096 = 6.25% -> 128
 //   kEnd   {q_len 4096, kv 4096}: the first tile's 128 padded rows see 64 keys: 0.1% -> 192
 //   kEnd   {q_len 100, kv 100}: 92 x 100 padded pairs on 192 rows, 28 x 100 on 128, of 5050 -> 128
+//   kEnd   16 x {q_len 1000, kv 1000}: causal 0.7% more, bidirectional 128 / 1000 = 12.8% -> 128
 int choose_block_m_d128(std::span<const TileRequest> requests,
                         TileAnchor anchor = TileAnchor::kEnd);
 
