@@ -71,6 +71,8 @@ void run_forward(PyBackend& b, ForwardFn fn, const Array& q, const std::optional
   Status status;
   {
     const OneCallAtATime one(b, "forward");
+    const PoolUse use(nb::cast<PyKVPool&>(batch.kv_pool), PoolUse::Kind::kForward,
+                      "Backend.forward");
     nb::gil_scoped_release release;
     status = (b.backend.get()->*fn)(qv, kv, vv, ov, layer.layer, batch.batch, save_kv, lv);
   }

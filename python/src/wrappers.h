@@ -26,6 +26,28 @@ struct PyKVPool {
   virtual ~PyKVPool() = default;
   std::unique_ptr<KVPool> pool;
   std::vector<OutArray> keep_alive;  // caller-owned buffers of a wrapped pool (written)
+  // Calls inside the pool with the GIL released (PoolUse): the low 32 bits count forwards that
+  // read it, the high 32 bits set_kv calls that write it. Each kind refuses to start while the
+  // other runs, so a set_kv from another thread cannot change rows under a forward.
+  std::atomic<uint64_t> users{0};
+};
+
+// One call's use of a pool while the GIL is released: kForward (any number at once; every backend
+// call that runs attention over the pool) or kSetKv (any number at once, writing its rows). A call
+// of one kind made while the other kind is inside raises InvalidArgumentError naming `method`. It
+// guards the host side only: a CUDA forward returns once its kernels are queued, and a set_kv on
+// another stream after that is ordered by the caller's streams, not by this.
+class PoolUse {
+ public:
+  enum class Kind { kForward, kSetKv };
+  PoolUse(PyKVPool& p, Kind kind, const char* method);
+  ~PoolUse();
+  PoolUse(const PoolUse&) = delete;
+  PoolUse& operator=(const PoolUse&) = delete;
+
+ private:
+  std::atomic<uint64_t>& users_;
+  uint64_t unit_;
 };
 struct PyMHAKVPool : PyKVPool {
   MHAKVPool& mha() const { return static_cast<MHAKVPool&>(*pool); }

@@ -375,6 +375,77 @@ def test_a_backend_runs_one_call_at_a_time():
         assert "another thread is inside a call of this backend" in e
 
 
+def test_set_kv_and_forwards_of_one_pool_do_not_overlap():
+    # Backend calls were one at a time per backend, but KVPool.set_kv from another thread could
+    # rewrite rows under a running forward (both release the GIL). Now a set_kv made while a
+    # forward over its pool runs raises, and a forward made while a set_kv runs raises: every
+    # forward sees the rows of one set_kv or the other, never a mix.
+    import threading
+
+    pool = ak.MHAKVPool(1, 4096, 16, 2, 64, dtype="f32")
+    table = ak.ReqToTokenPool(8, 4096)
+    backend = ak.create_backend("intel_amx", kv_pool=pool, req_to_token_pool=table,
+                                num_q_heads=8, q_dtype="f32")
+    seq = 2000
+    rows = [table.alloc() for _ in range(4)]
+    for r, row in enumerate(rows):
+        table.write(row, 0, (np.arange(seq, dtype=np.int64) * 7 + r) % 4064 + 16)
+    rng = np.random.default_rng(9)
+    np.from_dlpack(pool.k_buffer(0))[:] = rng.standard_normal((4112, 2, 64)).astype(np.float32)
+    np.from_dlpack(pool.v_buffer(0))[:] = rng.standard_normal((4112, 2, 64)).astype(np.float32)
+    batch = ak.ForwardBatch("decode", np.array(rows, dtype=np.int32),
+                            np.full(4, seq, dtype=np.int32),
+                            np.arange(4, dtype=np.int64) + 20, table, pool)
+    backend.init_forward_metadata(batch)
+    layer = ak.AttentionLayer(8, 2, 64)
+    q = rng.standard_normal((4, 8, 64)).astype(np.float32)
+    # Two states of 1024 rows every request reads (slots 16..1039): set_kv alternates them.
+    loc = np.arange(16, 1040, dtype=np.int64)
+    states = [(rng.standard_normal((1024, 2, 64)).astype(np.float32),
+               rng.standard_normal((1024, 2, 64)).astype(np.float32)) for _ in range(2)]
+    expected = []
+    for k, v in states:
+        pool.set_kv(0, loc, k, v)
+        out = np.empty((4, 8, 64), np.float32)
+        backend.forward_decode(q, None, None, out, layer, batch, save_kv=False)
+        expected.append(out)
+    assert not np.array_equal(expected[0], expected[1])
+    refused, exact, wrong = [], [], []
+    stop = threading.Event()
+
+    def forwards():
+        out = np.empty((4, 8, 64), np.float32)
+        for _ in range(60):
+            try:
+                backend.forward_decode(q, None, None, out, layer, batch, save_kv=False)
+            except ak.InvalidArgumentError as e:
+                refused.append(str(e))
+                continue
+            ok = any(np.array_equal(out, e) for e in expected)
+            (exact if ok else wrong).append(1)
+        stop.set()
+
+    def writes():
+        i = 0
+        while not stop.is_set():
+            try:
+                pool.set_kv(0, loc, *states[i % 2])
+                i += 1
+            except ak.InvalidArgumentError as e:
+                refused.append(str(e))
+
+    threads = [threading.Thread(target=forwards), threading.Thread(target=writes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"{len(wrong)} of {len(wrong) + len(exact)} forwards saw mixed rows"
+    assert exact
+    for e in refused:
+        assert ("KVPool.set_kv: another thread is inside a forward over this pool" in e or
+                "Backend.forward: another thread is inside KVPool.set_kv" in e), e
+
+
 def test_batch_stream_accepts_none_like_the_constructor():
     # ForwardBatch(stream=None) meant the backend's stream, but `batch.stream = None` raised a bare
     # "incompatible function arguments" TypeError.
