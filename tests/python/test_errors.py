@@ -328,11 +328,9 @@ def test_empty_arrays_pass_the_layout_checks():
     pool.set_kv(0, np.zeros(0, np.int64), empty, empty)
 
 
-def test_a_backend_runs_one_call_at_a_time():
-    # Two threads inside one backend shared its plan and scratch: intel_amx gave wrong outputs. A
-    # call made while another thread is inside now raises; every call that runs is exact.
-    import threading
-
+def _threaded_decode_setup(seed):
+    """An intel_amx decode of 4 requests x 2000 keys (f32, pool slots 16..4079 shuffled), planned:
+    long enough for threads to overlap. Returns (pool, backend, batch, layer, q, rng)."""
     pool = ak.MHAKVPool(1, 4096, 16, 2, 64, dtype="f32")
     table = ak.ReqToTokenPool(8, 4096)
     backend = ak.create_backend("intel_amx", kv_pool=pool, req_to_token_pool=table,
@@ -341,7 +339,7 @@ def test_a_backend_runs_one_call_at_a_time():
     rows = [table.alloc() for _ in range(4)]
     for r, row in enumerate(rows):
         table.write(row, 0, (np.arange(seq, dtype=np.int64) * 7 + r) % 4064 + 16)
-    rng = np.random.default_rng(5)
+    rng = np.random.default_rng(seed)
     np.from_dlpack(pool.k_buffer(0))[:] = rng.standard_normal((4112, 2, 64)).astype(np.float32)
     np.from_dlpack(pool.v_buffer(0))[:] = rng.standard_normal((4112, 2, 64)).astype(np.float32)
     batch = ak.ForwardBatch("decode", np.array(rows, dtype=np.int32),
@@ -350,25 +348,45 @@ def test_a_backend_runs_one_call_at_a_time():
     backend.init_forward_metadata(batch)
     layer = ak.AttentionLayer(8, 2, 64)
     q = rng.standard_normal((4, 8, 64)).astype(np.float32)
+    return pool, backend, batch, layer, q, rng
+
+
+def _run_threads(targets):
+    import threading
+
+    threads = [threading.Thread(target=t) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _decode_calls(n, backend, q, layer, batch, expected, refused, exact, wrong):
+    """n forward_decode calls: a refusal's message goes to `refused`; an output equal to one of
+    `expected` counts in `exact`, any other in `wrong`."""
+    out = np.empty((4, 8, 64), np.float32)
+    for _ in range(n):
+        try:
+            backend.forward_decode(q, None, None, out, layer, batch, save_kv=False)
+        except ak.InvalidArgumentError as e:
+            refused.append(str(e))
+            continue
+        ok = any(np.array_equal(out, x) for x in expected)
+        (exact if ok else wrong).append(1)
+
+
+def test_a_backend_runs_one_call_at_a_time():
+    # Two threads inside one backend shared its plan and scratch: intel_amx gave wrong outputs. A
+    # call made while another thread is inside now raises; every call that runs is exact.
+    _, backend, batch, layer, q, _ = _threaded_decode_setup(5)
     expected = np.empty((4, 8, 64), np.float32)
     backend.forward_decode(q, None, None, expected, layer, batch, save_kv=False)
     refused, exact, wrong = [], [], []
 
     def work():
-        out = np.empty((4, 8, 64), np.float32)
-        for _ in range(100):
-            try:
-                backend.forward_decode(q, None, None, out, layer, batch, save_kv=False)
-            except ak.InvalidArgumentError as e:
-                refused.append(str(e))
-                continue
-            (exact if np.array_equal(out, expected) else wrong).append(1)
+        _decode_calls(100, backend, q, layer, batch, [expected], refused, exact, wrong)
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_threads([work] * 4)
     assert not wrong, f"{len(wrong)} of {len(wrong) + len(exact)} concurrent calls were wrong"
     assert exact
     for e in refused:
@@ -382,23 +400,7 @@ def test_set_kv_and_forwards_of_one_pool_do_not_overlap():
     # forward sees the rows of one set_kv or the other, never a mix.
     import threading
 
-    pool = ak.MHAKVPool(1, 4096, 16, 2, 64, dtype="f32")
-    table = ak.ReqToTokenPool(8, 4096)
-    backend = ak.create_backend("intel_amx", kv_pool=pool, req_to_token_pool=table,
-                                num_q_heads=8, q_dtype="f32")
-    seq = 2000
-    rows = [table.alloc() for _ in range(4)]
-    for r, row in enumerate(rows):
-        table.write(row, 0, (np.arange(seq, dtype=np.int64) * 7 + r) % 4064 + 16)
-    rng = np.random.default_rng(9)
-    np.from_dlpack(pool.k_buffer(0))[:] = rng.standard_normal((4112, 2, 64)).astype(np.float32)
-    np.from_dlpack(pool.v_buffer(0))[:] = rng.standard_normal((4112, 2, 64)).astype(np.float32)
-    batch = ak.ForwardBatch("decode", np.array(rows, dtype=np.int32),
-                            np.full(4, seq, dtype=np.int32),
-                            np.arange(4, dtype=np.int64) + 20, table, pool)
-    backend.init_forward_metadata(batch)
-    layer = ak.AttentionLayer(8, 2, 64)
-    q = rng.standard_normal((4, 8, 64)).astype(np.float32)
+    pool, backend, batch, layer, q, rng = _threaded_decode_setup(9)
     # Two states of 1024 rows every request reads (slots 16..1039): set_kv alternates them.
     loc = np.arange(16, 1040, dtype=np.int64)
     states = [(rng.standard_normal((1024, 2, 64)).astype(np.float32),
@@ -414,15 +416,7 @@ def test_set_kv_and_forwards_of_one_pool_do_not_overlap():
     stop = threading.Event()
 
     def forwards():
-        out = np.empty((4, 8, 64), np.float32)
-        for _ in range(60):
-            try:
-                backend.forward_decode(q, None, None, out, layer, batch, save_kv=False)
-            except ak.InvalidArgumentError as e:
-                refused.append(str(e))
-                continue
-            ok = any(np.array_equal(out, e) for e in expected)
-            (exact if ok else wrong).append(1)
+        _decode_calls(60, backend, q, layer, batch, expected, refused, exact, wrong)
         stop.set()
 
     def writes():
@@ -434,11 +428,7 @@ def test_set_kv_and_forwards_of_one_pool_do_not_overlap():
             except ak.InvalidArgumentError as e:
                 refused.append(str(e))
 
-    threads = [threading.Thread(target=forwards), threading.Thread(target=writes)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_threads([forwards, writes])
     assert not wrong, f"{len(wrong)} of {len(wrong) + len(exact)} forwards saw mixed rows"
     assert exact
     for e in refused:
