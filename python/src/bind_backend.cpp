@@ -42,6 +42,9 @@ using ForwardFn = Status (AttentionBackend::*)(const TensorView&, const TensorVi
 
 // Holds PyBackend::busy for one call; a call made while another thread holds it raises (the
 // backend's plan and scratch would be shared: intel_amx gave wrong outputs under four threads).
+// Constructed with the GIL held (a refusal raises). done() lets go before the GIL is taken back:
+// a finished call that still counted while it waited for the GIL would refuse the thread holding
+// the GIL, which never lets go of it while it is refused (starvation).
 class OneCallAtATime {
  public:
   OneCallAtATime(PyBackend& b, const char* method) : busy_(b.busy) {
@@ -51,17 +54,23 @@ class OneCallAtATime {
                     "at a time (use one backend per thread, or a lock)");
     }
   }
-  ~OneCallAtATime() { busy_.store(false, std::memory_order_release); }
+  void done() {
+    if (!done_) busy_.store(false, std::memory_order_release);
+    done_ = true;
+  }
+  ~OneCallAtATime() { done(); }
   OneCallAtATime(const OneCallAtATime&) = delete;
   OneCallAtATime& operator=(const OneCallAtATime&) = delete;
 
  private:
   std::atomic<bool>& busy_;
+  bool done_ = false;
 };
 
-void run_forward(PyBackend& b, ForwardFn fn, const Array& q, const std::optional<Array>& k,
-                 const std::optional<Array>& v, nb::handle out, const PyAttentionLayer& layer,
-                 const PyForwardBatch& batch, bool save_kv, nb::handle lse) {
+void run_forward(PyBackend& b, ForwardFn fn, const char* method, const Array& q,
+                 const std::optional<Array>& k, const std::optional<Array>& v, nb::handle out,
+                 const PyAttentionLayer& layer, const PyForwardBatch& batch, bool save_kv,
+                 nb::handle lse) {
   const TensorView qv = to_view(q, "q");
   const TensorView kv = k ? to_view(*k, "k") : TensorView();
   const TensorView vv = v ? to_view(*v, "v") : TensorView();
@@ -70,21 +79,24 @@ void run_forward(PyBackend& b, ForwardFn fn, const Array& q, const std::optional
       lse.is_none() ? TensorView() : to_view(writable_array(lse, "lse", "the log-sum-exp"), "lse");
   Status status;
   {
-    const OneCallAtATime one(b, "forward");
-    const PoolUse use(nb::cast<PyKVPool&>(batch.kv_pool), PoolUse::Kind::kForward,
-                      "Backend.forward");
+    OneCallAtATime one(b, method);
+    PoolUse use(nb::cast<PyKVPool&>(batch.kv_pool), PoolUse::Kind::kForward,
+                (std::string("Backend.") + method).c_str());
     nb::gil_scoped_release release;
     status = (b.backend.get()->*fn)(qv, kv, vv, ov, layer.layer, batch.batch, save_kv, lv);
+    use.done();  // before the GIL is taken back (OneCallAtATime)
+    one.done();
   }
   check(status);
 }
 
 // The Python method for one of the forward entry points (forward_extend, forward_decode, forward).
-auto forward_method(ForwardFn fn) {
-  return
-      [fn](PyBackend& b, const Array& q, std::optional<Array> k, std::optional<Array> v,
-           nb::handle out, const PyAttentionLayer& layer, const PyForwardBatch& batch, bool save_kv,
-           nb::handle lse) { run_forward(b, fn, q, k, v, out, layer, batch, save_kv, lse); };
+auto forward_method(ForwardFn fn, const char* method) {
+  return [fn, method](PyBackend& b, const Array& q, std::optional<Array> k, std::optional<Array> v,
+                      nb::handle out, const PyAttentionLayer& layer, const PyForwardBatch& batch,
+                      bool save_kv, nb::handle lse) {
+    run_forward(b, fn, method, q, k, v, out, layer, batch, save_kv, lse);
+  };
 }
 
 constexpr const char* kForwardDoc =
@@ -306,21 +318,22 @@ void bind_backend(nb::module_& m) {
           [](PyBackend& b, const PyForwardBatch& batch) {
             Status status;
             {
-              const OneCallAtATime one(b, "init_forward_metadata");
+              OneCallAtATime one(b, "init_forward_metadata");
               nb::gil_scoped_release release;
               status = b.backend->init_forward_metadata(batch.batch);
+              one.done();
             }
             check(status);
           },
           "batch"_a, "Once per forward, before the layers run.")
-      .def("forward_extend", forward_method(&AttentionBackend::forward_extend), "q"_a, "k"_a.none(),
+      .def("forward_extend", forward_method(&AttentionBackend::forward_extend, "forward_extend"),
+           "q"_a, "k"_a.none(), "v"_a.none(), "out"_a, "layer"_a, "batch"_a, "save_kv"_a = true,
+           "lse"_a = nb::none(), kForwardDoc)
+      .def("forward_decode", forward_method(&AttentionBackend::forward_decode, "forward_decode"),
+           "q"_a, "k"_a.none(), "v"_a.none(), "out"_a, "layer"_a, "batch"_a, "save_kv"_a = true,
+           "lse"_a = nb::none(), kForwardDoc)
+      .def("forward", forward_method(&AttentionBackend::forward, "forward"), "q"_a, "k"_a.none(),
            "v"_a.none(), "out"_a, "layer"_a, "batch"_a, "save_kv"_a = true, "lse"_a = nb::none(),
-           kForwardDoc)
-      .def("forward_decode", forward_method(&AttentionBackend::forward_decode), "q"_a, "k"_a.none(),
-           "v"_a.none(), "out"_a, "layer"_a, "batch"_a, "save_kv"_a = true, "lse"_a = nb::none(),
-           kForwardDoc)
-      .def("forward", forward_method(&AttentionBackend::forward), "q"_a, "k"_a.none(), "v"_a.none(),
-           "out"_a, "layer"_a, "batch"_a, "save_kv"_a = true, "lse"_a = nb::none(),
            "IDLE -> nothing, DECODE -> forward_decode, else forward_extend.")
       .def(
           "init_cuda_graph_state",
@@ -371,11 +384,12 @@ void bind_backend(nb::module_& m) {
             const ForwardMode fm = parse_mode_arg(mode);
             Status status;
             {
-              const OneCallAtATime one(b, "init_forward_metadata_replay_cuda_graph");
+              OneCallAtATime one(b, "init_forward_metadata_replay_cuda_graph");
               nb::gil_scoped_release release;
               status = b.backend->init_forward_metadata_replay_cuda_graph(
                   bs, rv, sv, seq_lens_sum, ev, fm, spec != nullptr ? &spec->spec : nullptr,
                   host.empty() ? nullptr : host.data());
+              one.done();
             }
             check(status);
           },

@@ -26,7 +26,10 @@ PoolUse::PoolUse(PyKVPool& p, Kind kind, const char* method)
                                          std::memory_order_relaxed));
 }
 
-PoolUse::~PoolUse() { users_.fetch_sub(unit_, std::memory_order_release); }
+void PoolUse::done() {
+  if (!done_) users_.fetch_sub(unit_, std::memory_order_release);
+  done_ = true;
+}
 
 namespace {
 
@@ -133,9 +136,10 @@ void bind_pool_common(nb::class_<PyKVPool>& cls) {
             const StreamHandle s = parse_stream_arg(stream);
             Status status;
             {
-              const PoolUse use(p, PoolUse::Kind::kSetKv, "KVPool.set_kv");
+              PoolUse use(p, PoolUse::Kind::kSetKv, "KVPool.set_kv");
               nb::gil_scoped_release release;
               status = p.pool->set_kv(layer, loc_v, k_v, v_v, k_scale, v_scale, s);
+              use.done();  // before the GIL is taken back
             }
             check(status);
           },

@@ -33,21 +33,26 @@ struct PyKVPool {
 };
 
 // One call's use of a pool while the GIL is released: kForward (any number at once; every backend
-// call that runs attention over the pool) or kSetKv (any number at once, writing its rows). A call
-// of one kind made while the other kind is inside raises InvalidArgumentError naming `method`. It
-// guards the host side only: a CUDA forward returns once its kernels are queued, and a set_kv on
-// another stream after that is ordered by the caller's streams, not by this.
+// call that runs attention over the pool, save_kv's writes of the batch's new slots included) or
+// kSetKv (any number at once, writing rows). A call of one kind made while the other kind is
+// inside raises InvalidArgumentError naming `method`; construct it with the GIL held, and call
+// done() before the GIL is taken back (see OneCallAtATime in bind_backend.cpp: a use that outlives
+// its call while waiting for the GIL starves the other thread). It guards the host side only: a
+// CUDA forward returns once its kernels are queued, and a set_kv on another stream after that is
+// ordered by the caller's streams, not by this.
 class PoolUse {
  public:
   enum class Kind { kForward, kSetKv };
   PoolUse(PyKVPool& p, Kind kind, const char* method);
-  ~PoolUse();
+  void done();
+  ~PoolUse() { done(); }
   PoolUse(const PoolUse&) = delete;
   PoolUse& operator=(const PoolUse&) = delete;
 
  private:
   std::atomic<uint64_t>& users_;
   uint64_t unit_;
+  bool done_ = false;
 };
 struct PyMHAKVPool : PyKVPool {
   MHAKVPool& mha() const { return static_cast<MHAKVPool&>(*pool); }

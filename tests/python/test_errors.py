@@ -361,18 +361,27 @@ def _run_threads(targets):
         t.join()
 
 
-def _decode_calls(n, backend, q, layer, batch, expected, refused, exact, wrong):
-    """n forward_decode calls: a refusal's message goes to `refused`; an output equal to one of
-    `expected` counts in `exact`, any other in `wrong`."""
+def _decode_calls(n, backend, q, layer, batch, expected, refused, exact, wrong, until=None):
+    """Up to n forward_decode calls (fewer once until() holds), each followed by a 0.1 ms sleep that
+    gives the GIL to the other threads: a refusal's message goes to `refused`; an output equal to
+    expected[i] appends i to `exact`, any other output counts in `wrong`."""
+    import time
+
     out = np.empty((4, 8, 64), np.float32)
     for _ in range(n):
+        if until is not None and until():
+            break
         try:
             backend.forward_decode(q, None, None, out, layer, batch, save_kv=False)
         except ak.InvalidArgumentError as e:
             refused.append(str(e))
-            continue
-        ok = any(np.array_equal(out, x) for x in expected)
-        (exact if ok else wrong).append(1)
+        else:
+            match = [i for i, x in enumerate(expected) if np.array_equal(out, x)]
+            if match:
+                exact.append(match[0])
+            else:
+                wrong.append(1)
+        time.sleep(1e-4)
 
 
 def test_a_backend_runs_one_call_at_a_time():
@@ -399,6 +408,7 @@ def test_set_kv_and_forwards_of_one_pool_do_not_overlap():
     # forward over its pool runs raises, and a forward made while a set_kv runs raises: every
     # forward sees the rows of one set_kv or the other, never a mix.
     import threading
+    import time
 
     pool, backend, batch, layer, q, rng = _threaded_decode_setup(9)
     # Two states of 1024 rows every request reads (slots 16..1039): set_kv alternates them.
@@ -412,11 +422,16 @@ def test_set_kv_and_forwards_of_one_pool_do_not_overlap():
         backend.forward_decode(q, None, None, out, layer, batch, save_kv=False)
         expected.append(out)
     assert not np.array_equal(expected[0], expected[1])
-    refused, exact, wrong = [], [], []
+    refused, exact, wrong, written = [], [], [], []
     stop = threading.Event()
+    deadline = time.monotonic() + 20
+
+    def enough():  # both states seen by forwards, and set_kv calls that ran between them
+        return exact.count(0) >= 3 and exact.count(1) >= 3 and len(written) >= 10
 
     def forwards():
-        _decode_calls(60, backend, q, layer, batch, expected, refused, exact, wrong)
+        _decode_calls(10**6, backend, q, layer, batch, expected, refused, exact, wrong,
+                      until=lambda: enough() or time.monotonic() > deadline)
         stop.set()
 
     def writes():
@@ -424,16 +439,20 @@ def test_set_kv_and_forwards_of_one_pool_do_not_overlap():
         while not stop.is_set():
             try:
                 pool.set_kv(0, loc, *states[i % 2])
-                i += 1
             except ak.InvalidArgumentError as e:
                 refused.append(str(e))
+            else:
+                written.append(i % 2)
+                i += 1
+            time.sleep(1e-4)
 
     _run_threads([forwards, writes])
     assert not wrong, f"{len(wrong)} of {len(wrong) + len(exact)} forwards saw mixed rows"
-    assert exact
+    assert enough(), (f"in 20 s: forwards saw state 0 {exact.count(0)} / state 1 "
+                      f"{exact.count(1)} times, {len(written)} set_kv ran, {len(refused)} refused")
     for e in refused:
         assert ("KVPool.set_kv: another thread is inside a forward over this pool" in e or
-                "Backend.forward: another thread is inside KVPool.set_kv" in e), e
+                "Backend.forward_decode: another thread is inside KVPool.set_kv" in e), e
 
 
 def test_batch_stream_accepts_none_like_the_constructor():
