@@ -80,8 +80,7 @@ void run_forward(PyBackend& b, ForwardFn fn, const char* method, const Array& q,
   Status status;
   {
     OneCallAtATime one(b, method);
-    PoolUse use(nb::cast<PyKVPool&>(batch.kv_pool), PoolUse::Kind::kForward,
-                (std::string("Backend.") + method).c_str());
+    PoolUse use(nb::cast<PyKVPool&>(batch.kv_pool), PoolUse::Kind::kForward, "Backend", method);
     nb::gil_scoped_release release;
     status = (b.backend.get()->*fn)(qv, kv, vv, ov, layer.layer, batch.batch, save_kv, lv);
     use.done();  // before the GIL is taken back (OneCallAtATime)

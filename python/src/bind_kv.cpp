@@ -8,13 +8,13 @@
 
 namespace attnkit::python {
 
-PoolUse::PoolUse(PyKVPool& p, Kind kind, const char* method)
+PoolUse::PoolUse(PyKVPool& p, Kind kind, const char* object, const char* method)
     : users_(p.users), unit_(kind == Kind::kForward ? uint64_t{1} : uint64_t{1} << 32) {
   const uint64_t other_mask = kind == Kind::kForward ? ~uint64_t{0} << 32 : (uint64_t{1} << 32) - 1;
   uint64_t seen = users_.load(std::memory_order_relaxed);
   do {
     if ((seen & other_mask) != 0) {
-      raise_invalid(std::string(method) +
+      raise_invalid(std::string(object) + "." + method +
                     (kind == Kind::kForward
                          ? ": another thread is inside KVPool.set_kv of this forward's pool; a "
                            "forward and a set_kv of one pool do not overlap (order them, e.g. with "
@@ -136,7 +136,7 @@ void bind_pool_common(nb::class_<PyKVPool>& cls) {
             const StreamHandle s = parse_stream_arg(stream);
             Status status;
             {
-              PoolUse use(p, PoolUse::Kind::kSetKv, "KVPool.set_kv");
+              PoolUse use(p, PoolUse::Kind::kSetKv, "KVPool", "set_kv");
               nb::gil_scoped_release release;
               status = p.pool->set_kv(layer, loc_v, k_v, v_v, k_scale, v_scale, s);
               use.done();  // before the GIL is taken back

@@ -35,7 +35,8 @@ struct PyKVPool {
 // One call's use of a pool while the GIL is released: kForward (any number at once; every backend
 // call that runs attention over the pool, save_kv's writes of the batch's new slots included) or
 // kSetKv (any number at once, writing rows). A call of one kind made while the other kind is
-// inside raises InvalidArgumentError naming `method`; construct it with the GIL held, and call
+// inside raises InvalidArgumentError naming `object`.`method` (the message is built only then);
+// construct it with the GIL held, and call
 // done() before the GIL is taken back (see OneCallAtATime in bind_backend.cpp: a use that outlives
 // its call while waiting for the GIL starves the other thread). It guards the host side only: a
 // CUDA forward returns once its kernels are queued, and a set_kv on another stream after that is
@@ -43,7 +44,7 @@ struct PyKVPool {
 class PoolUse {
  public:
   enum class Kind { kForward, kSetKv };
-  PoolUse(PyKVPool& p, Kind kind, const char* method);
+  PoolUse(PyKVPool& p, Kind kind, const char* object, const char* method);
   void done();
   ~PoolUse() { done(); }
   PoolUse(const PoolUse&) = delete;

@@ -145,21 +145,21 @@ TileAnchor tile_anchor_from_env() {
 int choose_block_m_d128(std::span<const TileRequest> requests, TileAnchor anchor) {
   constexpr double kWg3MaxPaddingShare = 0.05;
   constexpr double kWg3MaxBidirPaddingShare = 0.08;
+  // Rows that pad the request's tiles of `rows`. Bidirectional layers of the same forward: every
+  // row, padded or not, sees kv_len keys.
+  auto padded_rows = [](const TileRequest& r, int64_t rows) -> int64_t {
+    return (int64_t{r.q_len} + rows - 1) / rows * rows - r.q_len;
+  };
   // Pairs a causal tile set pads beyond the request's rows, for tiles of `rows`: the padded rows
   // see what the last row of their tile sees (the first tile under kEnd, the last under kStart).
-  auto padding = [anchor](const TileRequest& r, int64_t rows) -> double {
+  auto padding = [anchor, &padded_rows](const TileRequest& r, int64_t rows) -> double {
     const int64_t tiles = (int64_t{r.q_len} + rows - 1) / rows;
-    const int64_t pad = tiles * rows - r.q_len;
     const int64_t padded_tile = anchor == TileAnchor::kEnd ? 0 : tiles - 1;
     const int64_t last_row =
         tile_first_row(r.q_len, static_cast<int>(padded_tile), static_cast<int>(rows), anchor) +
         rows - 1;
     const int64_t keys = std::min<int64_t>(r.kv_len, r.kv_len - r.q_len + last_row + 1);
-    return static_cast<double>(pad) * keys;
-  };
-  // Bidirectional layers of the same forward: every row, padded or not, sees kv_len keys.
-  auto padded_rows = [](const TileRequest& r, int64_t rows) -> double {
-    return static_cast<double>((int64_t{r.q_len} + rows - 1) / rows * rows - r.q_len);
+    return static_cast<double>(padded_rows(r, rows)) * keys;
   };
   double useful = 0, extra = 0, useful_bidir = 0, extra_bidir = 0;
   for (const TileRequest& r : requests) {
@@ -169,7 +169,7 @@ int choose_block_m_d128(std::span<const TileRequest> requests, TileAnchor anchor
               0.5 * static_cast<double>(r.q_len) * (r.q_len + 1);
     extra += padding(r, 192) - padding(r, 128);
     useful_bidir += static_cast<double>(r.q_len) * r.kv_len;
-    extra_bidir += (padded_rows(r, 192) - padded_rows(r, 128)) * r.kv_len;
+    extra_bidir += static_cast<double>(padded_rows(r, 192) - padded_rows(r, 128)) * r.kv_len;
   }
   return useful > 0 && extra <= kWg3MaxPaddingShare * useful &&
                  extra_bidir <= kWg3MaxBidirPaddingShare * useful_bidir
