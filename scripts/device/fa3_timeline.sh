@@ -29,21 +29,30 @@ fi
 cli="$build/tools/attnkit/attnkit"
 # One case file per case (CASE_INDICES: indices into bench/cases/fa3_prefill.json; default the d 128
 # causal and bidirectional 4k / 8k / 16k), so each timeline file holds its case's last launch.
+# FP8 KV cases (10..13) record the three-warpgroup loop's per-block stamps instead, summarised by
+# scripts/device/fa3_fp8_timeline.py.
 for i in ${CASE_INDICES:-0 1 2 3 4 5}; do
-  python3 - "$i" "$OUT/case_$i.json" <<'PY'
+  kind=$(python3 - "$i" "$OUT/case_$i.json" <<'PY'
 import json, sys
 d = json.load(open("bench/cases/fa3_prefill.json"))
 d["cases"] = [d["cases"][int(sys.argv[1])]]
 json.dump(d, open(sys.argv[2], "w"))
+print("fp8" if d["cases"][0].get("kv_dtype", "").startswith("fp8") else "bf16")
 PY
+)
   args=(bench --cases "$OUT/case_$i.json" --device cuda --backend fa3 --warmup 3 --iters 10)
   # shellcheck disable=SC2086
   env ${BENCH_ENV:-} timeout 60 "$cli" "${args[@]}" 2>&1 | grep -E "^fa3 " | sed 's/^/stamps off: /' | tee -a "$summary"
   # shellcheck disable=SC2086
   env ${BENCH_ENV:-} ATTNKIT_FA3_TIMELINE="$OUT/tl/case_$i.bin" timeout 60 "$cli" "${args[@]}" 2>&1 |
     grep -E "^fa3 " | sed 's/^/stamps on:  /' | tee -a "$summary"
+  [ "$kind" = fp8 ] && mv "$OUT/tl/case_$i.bin" "$OUT/tl/fp8_case_$i.bin" 2>/dev/null
   rm -f "$OUT/case_$i.json"
 done
-python3 scripts/device/fa3_timeline.py "$OUT"/tl/*.bin > "$OUT/timeline.txt" 2>&1
+: > "$OUT/timeline.txt"
+ls "$OUT"/tl/case_*.bin > /dev/null 2>&1 &&
+  python3 scripts/device/fa3_timeline.py "$OUT"/tl/case_*.bin >> "$OUT/timeline.txt" 2>&1
+ls "$OUT"/tl/fp8_case_*.bin > /dev/null 2>&1 &&
+  python3 scripts/device/fa3_fp8_timeline.py "$OUT"/tl/fp8_case_*.bin >> "$OUT/timeline.txt" 2>&1
 cat "$OUT/timeline.txt" >> "$summary"
 tar -C "$OUT" -czf "$OUT/tl.tar.gz" tl && rm -rf "$OUT/tl"

@@ -149,6 +149,14 @@ inline constexpr int kTileWords = 2;
 // unit's key blocks, 23: the unit index (values, not clocks).
 inline constexpr int kTimelineRounds = 64;
 inline constexpr int kTimelineEvents = 24;
+// The FP8 kernel's three-warpgroup loop writes the same buffer in another layout (per CTA: the
+// first kFp8TlUnits units x 3 warpgroups x the first kFp8TlBlocks key blocks x kFp8TlEvents;
+// prefill_sm90_fp8.cuh fp8_stamp, scripts/device/fa3_fp8_timeline.py).
+inline constexpr int kFp8TlUnits = 4;
+inline constexpr int kFp8TlBlocks = 16;
+inline constexpr int kFp8TlEvents = 8;
+static_assert(kFp8TlUnits * 3 * kFp8TlBlocks * kFp8TlEvents == kTimelineRounds * kTimelineEvents,
+              "one timeline buffer");
 #endif
 
 struct Fa3Params {

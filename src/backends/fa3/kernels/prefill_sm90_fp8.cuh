@@ -350,6 +350,24 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
 
 // ---- consumers ----
 
+// Timeline builds (-DATTNKIT_FA3_TIMELINE): the three-warpgroup loop's stamp e (0..kFp8TlEvents-1)
+// of key block blk (loop order) of warpgroup g in unit `round` of this CTA: the SM clock, or
+// `value`; written by the warpgroup's first thread. Nothing in other builds.
+__device__ __forceinline__ void fp8_stamp(const Fa3Params& p, int round, int g, int blk, int e,
+                                          bool who, long long value = -1) {
+#if defined(ATTNKIT_FA3_TIMELINE)
+  if (who && p.timeline != nullptr && round < kFp8TlUnits && blk < kFp8TlBlocks) {
+    unsigned long long c;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
+    p.timeline[static_cast<int64_t>(blockIdx.x) * kTimelineRounds * kTimelineEvents +
+               ((round * 3 + g) * kFp8TlBlocks + blk) * kFp8TlEvents + e] =
+        value >= 0 ? static_cast<unsigned long long>(value) : c;
+  }
+#else
+  (void)p, (void)round, (void)g, (void)blk, (void)e, (void)who, (void)value;
+#endif
+}
+
 // P (f32 accumulator layout) -> the e4m3 A fragment of k-step kk (32 keys): register 0 holds
 // row r, fragment columns 4 t .. 4 t + 3 = keys 2 t, 2 t + 1, 8 + 2 t, 9 + 2 t (the V^T column
 // order of fp8_transpose_v); register 1 row r + 8; registers 2, 3 the next 16 keys.
@@ -550,6 +568,10 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     float s[kN / 2];
     uint32_t pa[kN / 32][4];
 
+    // Timeline builds, event 7 of blocks 0..4: unit start, Q quantised, O stored, key blocks,
+    // speculation failures (values).
+    const bool who = kWG == 3 && tid == 0;
+    fp8_stamp(p, round, g, 0, 7, who);
     // Q: quantise this warpgroup's rows (the previous tile's QK^T reads of the e4m3 tile are
     // complete: every S was waited for), publish to the async proxy, release the bf16 tile.
     mbar_wait(q_full, tcount & 1);
@@ -557,6 +579,9 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     fence_proxy_async();
     asm volatile("bar.sync %0, 128;" ::"r"(3 + g) : "memory");
     mbar_arrive(q_empty);
+    fp8_stamp(p, round, g, 1, 7, who);
+    fp8_stamp(p, round, g, 3, 7, who, t.n_blocks - t.nb_begin);
+    [[maybe_unused]] int tl_bad = 0;
     float rsc[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -640,12 +665,16 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       int it_c = it;
       for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it_c) {
         const int stage = it_c % Tr::kStages;
+        const int blk = t.n_blocks - 1 - nb;  // timeline builds: events 0..6 of this block
+        fp8_stamp(p, round, g, blk, 0, who);
         wait_k(it_c, nb);
+        fp8_stamp(p, round, g, blk, 1, who);
         wgmma_fence();
         issue_qk(stage);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(s);
+        fp8_stamp(p, round, g, blk, 2, who);
         bool exact = true;
         if constexpr (kSpec) {
           const int n0 = nb * kN;
@@ -657,6 +686,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
             exact = false;
           }
           if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S, then the exact step
+            ++tl_bad;
             wgmma_fence();
             issue_qk(stage);
             wgmma_commit();
@@ -672,12 +702,15 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         }
         pack();
         rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
+        fp8_stamp(p, round, g, blk, 3, who);
         wait_vt(it_c);
         fence_regs(o);
+        fp8_stamp(p, round, g, blk, 4, who);
         if constexpr (kPromote != 0) {  // one chunk at a time (one temporary)
           issue_pv0(stage);
           wgmma_wait<0>();
           add_pv0();
+          fp8_stamp(p, round, g, blk, 5, who);
           issue_pv1(stage);
           wgmma_wait<0>();
           add_pv1();
@@ -688,6 +721,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
           wgmma_wait<0>();
           fence_regs(o);
         }
+        fp8_stamp(p, round, g, blk, 6, who);
         mbar_arrive(fp8_bar(bars, stage, 3));
       }
       it = it_c;
@@ -800,6 +834,8 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     } else {
       store_o_piece<Tr::kHeadDim>(p, t, piece, o_d, sm.m, sm.l, p.v_scale, row0, lane);
     }
+    fp8_stamp(p, round, g, 2, 7, who);
+    fp8_stamp(p, round, g, 4, 7, who, tl_bad);
   }
 }
 
