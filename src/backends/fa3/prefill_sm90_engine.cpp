@@ -373,8 +373,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     // Timeline builds: the three-warpgroup loop's per-block stamps (kFp8Tl*, fa3_params.h).
     Timeline timeline;
     ATTNKIT_RETURN_IF_ERROR(timeline.begin(p, sm_count_, stream));
-    const Status launched =
-        run_prefill_sm90_fp8(p, sm_count_, stream, v.vt_pre ? v.max_kv_len : 0);
+    const Status launched = run_prefill_sm90_fp8(p, sm_count_, stream, v.vt_pre ? v.max_kv_len : 0);
     if (!launched) return launched;
     return timeline.end(p, sm_count_, stream);
   }
