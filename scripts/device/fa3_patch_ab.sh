@@ -11,7 +11,8 @@
 #      tree's timeline build (scripts/device/fa3_timeline.sh, CASE_INDICES).
 #   run(carry=[".deps", ".peers"], command="PATCHES='a.patch b.patch' bash scripts/device/fa3_patch_ab.sh")
 # Knobs: PATCHES (paths under scripts/device/patches, applied in order), HEAD_DIMS="64;128;256",
-#   TEST_SUBSETS, NEW_VARIANTS="", FILTER="d128_kvbf16", ROUNDS=2, TIMELINE=0, CASE_INDICES="0 3".
+#   TEST_SUBSETS, NEW_VARIANTS="", FILTER="d128_kvbf16", ROUNDS=2, TIMELINE=0, CASE_INDICES="0 3",
+#   CASES (the bench's case file, default bench/cases/fa3_prefill.json).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -40,7 +41,7 @@ log "base build rc $? at $(( $(date +%s) - t_start )) s"
 
 N=build/device/tools/attnkit/attnkit
 B=.wt/base/build/tools/attnkit/attnkit
-args=(bench --backend fa3 --cases bench/cases/fa3_prefill.json --device cuda --warmup 3 --iters 10
+args=(bench --backend fa3 --cases "${CASES:-bench/cases/fa3_prefill.json}" --device cuda --warmup 3 --iters 10
   --filter "${FILTER:-d128_kvbf16}")
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for v in base new ${NEW_VARIANTS:-}; do

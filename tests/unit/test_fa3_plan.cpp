@@ -1,6 +1,7 @@
 // The fa3 host planner: plan layout, longest-first tile order (the header's worked example), empty
 // requests, the error for inconsistent lengths; key blocks, TMA box rows and the persistent
-// schedule (fa3_params.h); the FP8 kernel variant (choose_fp8_variant), promotion and its knobs.
+// schedule (fa3_params.h); the FP8 kernel variant (choose_fp8_variant), promotion and its knobs;
+// the FP8 kernel's check of a speculative step on packed e4m3 P (fp8_spec_check.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "attnkit/dtype.h"
 #include "backends/fa3/kernels/fa3_params.h"
+#include "backends/fa3/kernels/fp8_spec_check.h"
 #include "backends/fa3/kernels/tile_plan.h"
 #include "support/scoped_env.h"
 
@@ -279,6 +282,40 @@ TEST(Fa3TilePlanTest, RowsPerTileAtD128FollowThePadding) {
   // 4096: bidirectional 128 more padded rows of 4096 (3.1%) -> 192, as measured (+5.5%).
   EXPECT_EQ(choose_block_m_d128(R(4, TileRequest{0, 4096, 4096})), 192);
   EXPECT_EQ(choose_block_m_d128(R{}), 128);
+}
+
+TEST(Fa3Fp8SpecCheckTest, PackedBytesReachTheLimitExactlyWhereTheValuesDo) {
+  // Every e4m3 byte a P can take (0x00..0x7f: P >= 0, NaN 0x7f) in every byte of every word,
+  // among other bytes just below the limit (the worst case for a carry), against the plain
+  // comparison.
+  for (const uint32_t limit : {kE4m3SpecLimitLazy, kE4m3SpecLimitEager}) {
+    for (uint32_t b = 0; b < 0x80; ++b) {
+      for (int word = 0; word < 16; ++word) {
+        for (int byte = 0; byte < 4; ++byte) {
+          uint32_t w[4][4];
+          for (auto& row : w) {
+            for (uint32_t& x : row) x = (limit - 1) * 0x01010101u;
+          }
+          uint32_t& x = w[word / 4][word % 4];
+          x = (x & ~(0xffu << (8 * byte))) | (b << (8 * byte));
+          ASSERT_EQ(e4m3_words_reach<4>(w, limit), b >= limit)
+              << "limit " << limit << " byte " << b << " at word " << word << " byte " << byte;
+        }
+      }
+    }
+    const uint32_t zeros[4][4] = {};
+    EXPECT_FALSE(e4m3_words_reach<4>(zeros, limit));
+  }
+  // What the limits mean: with lazy rescale, P >= 248 (a rise of the row maximum by about 8 in
+  // log2 units) rounds to 256 = 0x78 and fails; 240 passes. Without, anything that rounds above
+  // 1.0 fails; 1.0 and the tie 1.0625 (rounded to even: 1.0) pass.
+  EXPECT_EQ(float_to_fp8_e4m3(248.f), kE4m3SpecLimitLazy);
+  EXPECT_EQ(float_to_fp8_e4m3(256.f), kE4m3SpecLimitLazy);
+  EXPECT_LT(float_to_fp8_e4m3(240.f), kE4m3SpecLimitLazy);
+  EXPECT_GE(float_to_fp8_e4m3(1e30f), kE4m3SpecLimitLazy);  // saturated (448)
+  EXPECT_LT(float_to_fp8_e4m3(1.0f), kE4m3SpecLimitEager);
+  EXPECT_LT(float_to_fp8_e4m3(1.0625f), kE4m3SpecLimitEager);
+  EXPECT_EQ(float_to_fp8_e4m3(1.125f), kE4m3SpecLimitEager);
 }
 
 TEST(Fa3Fp8VariantTest, ThreeConsumerWarpgroupsOnlyWithThePreTransposeAndSpeculation) {

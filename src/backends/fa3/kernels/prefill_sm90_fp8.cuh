@@ -55,6 +55,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backends/fa3/kernels/fp8_spec_check.h"
 #include "backends/fa3/kernels/prefill_sm90.cuh"
 #include "cuda/sm90/wgmma_fp8_sm90.cuh"
 
@@ -460,6 +461,27 @@ __device__ __forceinline__ bool spec_softmax_fp8(float (&s)[kN / 2], const float
   return bad;
 }
 
+// The three-warpgroup loop's speculative step (Fa3Params::fp8_spec, unmasked blocks, rows with a
+// finite running maximum m): P = exp2(S sc - m) against the maximum of the blocks before, with no
+// block maximum. The check is made on the packed e4m3 P instead (spec_p_too_large).
+template <int kN>
+__device__ __forceinline__ void spec_exps_fp8(float (&s)[kN / 2], const float (&sc)[2],
+                                              const float (&m)[2]) {
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[4 * j + e] = sm90::exp2_approx(fmaf(s[4 * j + e], sc[e >> 1], -m[e >> 1]));
+    }
+  }
+}
+
+// Whether any packed e4m3 P of this thread is at least the byte `limit` (e4m3_words_reach).
+template <int kN>
+__device__ __forceinline__ bool spec_p_too_large(const uint32_t (&pa)[kN / 32][4], uint32_t limit) {
+  return e4m3_words_reach<kN / 32>(pa, limit);
+}
+
 // OR of `pred` over the 128 threads of named barrier `id` (one warpgroup), as a barrier.
 __device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
   uint32_t r;
@@ -662,6 +684,15 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       // The speculative step below repeats the overlapped loop's on purpose: one shared lambda
       // moved the SASS of every speculative kernel and measured level to 3% slower (session 46,
       // scripts/device/patches/fa3_s46_fp8_block_softmax_dedup.patch).
+      // kByteCheck (the promoted kernel, i.e. forwards with a request past 2048 keys): the
+      // speculation is checked on the packed e4m3 P (spec_p_too_large) instead of by the block
+      // maximum (64 FMNMX per thread and block and its shuffles): H200 2026-11-27 15:16Z, causal
+      // 4k / 8k / 16k +4.5 / +4.6 / +4.4%, bidirectional 8k +3.2% (docs/PERF.md "Session 48").
+      // A block fails when a packed byte is >= 0x78 (e4m3 256: P rounded from >= 248, a row
+      // maximum risen by about the lazy-rescale threshold of 8), or > 0x38 (1.0) without lazy
+      // rescale: slightly stricter than the exact step's keep rule, which then keeps m. The
+      // unpromoted kernel keeps the block maximum: with the check on P it spilled 200 bytes.
+      constexpr bool kByteCheck = kPromote != 0;
       int it_c = it;
       for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it_c) {
         const int stage = it_c % Tr::kStages;
@@ -682,11 +713,27 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
               n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
           bool bad = false;
           if (__all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf)) {
-            bad = spec_softmax_fp8<kN>(s, rsc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
+            if constexpr (kByteCheck) {
+              spec_exps_fp8<kN>(s, rsc, sm.m);
+              pack();
+              bad = spec_p_too_large<kN>(
+                  pa, p.lazy_rescale != 0 ? kE4m3SpecLimitLazy : kE4m3SpecLimitEager);
+            } else {
+              bad =
+                  spec_softmax_fp8<kN>(s, rsc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
+            }
             exact = false;
           }
           if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S, then the exact step
             ++tl_bad;
+            if constexpr (kByteCheck) {
+              // The speculative P is dead (packed again below). Zeroing it tells the compiler
+              // so (52 instead of 56 bytes of spill; the measured build had it).
+#pragma unroll
+              for (int kk = 0; kk < kN / 32; ++kk) {
+                pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0;
+              }
+            }
             wgmma_fence();
             issue_qk(stage);
             wgmma_commit();
@@ -697,10 +744,11 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         }
         if (exact) {
           softmax(nb);
+          if constexpr (kByteCheck) pack();
         } else {
           corr[0] = corr[1] = 1.f;
         }
-        pack();
+        if constexpr (!kByteCheck) pack();
         rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
         fp8_stamp(p, round, g, blk, 3, who);
         wait_vt(it_c);
