@@ -534,7 +534,8 @@ __device__ __forceinline__ void promote_add(float (&o)[kPvN / 2], const float (&
 // when any row of the warpgroup fails, S is recomputed (one more Q K^T of the block, whose K stage
 // is still held: it is released after the next block's P V) and the exact step runs. Without lazy
 // rescale (ATTNKIT_FA3_LAZY_RESCALE=0) the threshold is 0, so every block whose maximum rises takes
-// the recompute path (how the tests cover it).
+// the recompute path (how the tests cover it). The promoted three-warpgroup kernel checks the
+// packed P instead of a block maximum (kByteCheck below), which lets rises below 0.0875 pass there.
 // kPromote (Fa3Params::fp8_promote; 128-key blocks): each block's P V accumulates from zero in
 // the wgmma and is added to the running O in f32 registers (file comment). Per iteration of the
 // overlapped loop (P(cur) V, S(next)): chunk 0 of P(cur) V (O columns 0..63) is issued before
@@ -684,14 +685,19 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       // The speculative step below repeats the overlapped loop's on purpose: one shared lambda
       // moved the SASS of every speculative kernel and measured level to 3% slower (session 46,
       // scripts/device/patches/fa3_s46_fp8_block_softmax_dedup.patch).
-      // kByteCheck (the promoted kernel, i.e. forwards with a request past 2048 keys): the
-      // speculation is checked on the packed e4m3 P (spec_p_too_large) instead of by the block
-      // maximum (64 FMNMX per thread and block and its shuffles): H200 2026-11-27 15:16Z, causal
-      // 4k / 8k / 16k +4.5 / +4.6 / +4.4%, bidirectional 8k +3.2% (docs/PERF.md "Session 48").
-      // A block fails when a packed byte is >= 0x78 (e4m3 256: P rounded from >= 248, a row
-      // maximum risen by about the lazy-rescale threshold of 8), or > 0x38 (1.0) without lazy
-      // rescale: slightly stricter than the exact step's keep rule, which then keeps m. The
-      // unpromoted kernel keeps the block maximum: with the check on P it spilled 200 bytes.
+      // kByteCheck (the promoted kernel: by default the forwards with a request past 2048 keys;
+      // ATTNKIT_FA3_FP8_PROMOTE=1 / 2 forces it): the speculation is checked on the packed e4m3 P
+      // (spec_p_too_large) instead of by the block maximum (64 FMNMX per thread and block and its
+      // shuffles): H200 2026-11-27 15:16Z, causal 4k / 8k / 16k +4.5 / +4.6 / +4.4%,
+      // bidirectional 8k +3.2% (docs/PERF.md "Session 48"). A block fails when a packed byte is:
+      //  * >= 0x78 with lazy rescale: e4m3 256, i.e. P >= 248, a rise of the row maximum by
+      //    >= log2(248) = 7.954. Slightly stricter than the exact step's keep rule (<= 8), which
+      //    then keeps m;
+      //  * >= 0x39 without: P > 1.0625. Looser than that mode's exact step, which rescales on any
+      //    rise. A rise below 0.0875 then keeps m under the true maximum, a consistent state:
+      //    O and l hold the same P, later steps rescale from m, and P <= 1.0625 packs to 1.0.
+      // Saturated or NaN P (0x7e / 0x7f) fail too. The unpromoted kernel keeps the block maximum:
+      // with the check on P it spilled 200 bytes.
       constexpr bool kByteCheck = kPromote != 0;
       int it_c = it;
       for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it_c) {
