@@ -6,7 +6,8 @@ warpgroups' GEMMs and softmaxes overlap on the SM.
 
   python3 scripts/device/fa3_fp8_timeline.py FILE.bin [FILE.bin ...]
 
-Per key block of one warpgroup (events 0..6):
+Per key block of one warpgroup (events 0..6; event 7 of blocks 0..5 holds the unit start, Q ready,
+O stored, the block count, the speculation failures and the loop end):
   wait_k   block start -> its K stage full      qk      -> S = Q K^T complete (issue + GEMM + wait)
   softmax  -> P packed, O rescaled               wait_vt -> its V^T stage full
   pv0      -> P V chunk 0 complete and added     pv1     -> chunk 1 complete and added
@@ -82,10 +83,9 @@ def summarise(path):
                 first = ev(words, per_cta, b, r, g, 0, 0)
                 if first and qdone:
                     boundary["first_block"].append(ev(words, per_cta, b, r, g, 0, 6) - qdone)
-                if nblk <= BLOCKS and stored:
-                    last = ev(words, per_cta, b, r, g, nblk - 1, 6)
-                    if last:
-                        boundary["epilogue"].append(stored - last)
+                loop_end = ev(words, per_cta, b, r, g, 5, 7)
+                if stored and loop_end:
+                    boundary["epilogue"].append(stored - loop_end)
                 for blk in range(1, usable):
                     e = [ev(words, per_cta, b, r, g, blk, i) for i in range(7)]
                     if not all(e):
@@ -147,7 +147,7 @@ def summarise(path):
     print(f"  gemm_any {100 * med(gemm_any):.1f}%  softmax_0/1/2/3 " +
           " / ".join(f"{100 * med(h):.1f}%" for h in sm_hist))
     print(f"  boundary: Q quantise {med(boundary['q']):.0f}, first block {med(boundary['first_block']):.0f}, "
-          f"last block -> O stored {med(boundary['epilogue']):.0f} cycles (medians)")
+          f"loop end -> O stored {med(boundary['epilogue']):.0f} cycles (medians)")
 
 
 if __name__ == "__main__":

@@ -591,8 +591,8 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     float s[kN / 2];
     uint32_t pa[kN / 32][4];
 
-    // Timeline builds, event 7 of blocks 0..4: unit start, Q quantised, O stored, key blocks,
-    // speculation failures (values).
+    // Timeline builds, event 7 of blocks 0..5: unit start, Q quantised, O stored, key blocks,
+    // speculation failures (values), the key-block loop's end.
     const bool who = kWG == 3 && tid == 0;
     fp8_stamp(p, round, g, 0, 7, who);
     // Q: quantise this warpgroup's rows (the previous tile's QK^T reads of the e4m3 tile are
@@ -779,6 +779,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         mbar_arrive(fp8_bar(bars, stage, 3));
       }
       it = it_c;
+      fp8_stamp(p, round, g, 5, 7, who);  // the key-block loop's end
     } else {
       int it_c = it;
       int nb = t.n_blocks - 1;
