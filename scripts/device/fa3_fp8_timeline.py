@@ -16,6 +16,7 @@ Across the three warpgroups of a CTA's unit (blocks 1.. of the loop, where all t
   gemm_any   share of the time at least one warpgroup has a GEMM issued and not yet waited for
              (qk, pv0, pv1): the tensor pipe has work queued
   softmax_k  share of the time exactly k warpgroups are between S complete and P packed
+and each softmax's duration by the share of it that the other two warpgroups' softmaxes cover.
 """
 import statistics
 import struct
@@ -64,6 +65,9 @@ def summarise(path):
     period = []
     unit_rows = []
     gemm_any, sm_hist = [], [[] for _ in range(4)]
+    # Softmax durations by how much of them other warpgroups' softmaxes cover (summed over the
+    # other two, as a fraction of the duration): < 1/8, 1/8-3/8, 3/8-5/8, 5/8-7/8, >= 7/8.
+    by_overlap = [[] for _ in range(5)]
     boundary = {"q": [], "epilogue": [], "first_block": []}
     bad = 0
     for b in range(grid):
@@ -117,6 +121,17 @@ def summarise(path):
                     sms.append((e[2], e[3]))
             if not ok or hi is None or hi <= lo:
                 continue
+            per_wg = [[(ev(words, per_cta, b, r, g, blk, 2), ev(words, per_cta, b, r, g, blk, 3))
+                       for blk in range(1, usable)] for g in range(WGS)]
+            for g in range(WGS):
+                for a, z in per_wg[g]:
+                    if z <= a:
+                        continue
+                    ov = sum(max(0, min(z, d) - max(a, c)) for h in range(WGS) if h != g
+                             for c, d in per_wg[h])
+                    f = ov / (z - a)
+                    by_overlap[0 if f < 0.125 else 1 if f < 0.375 else 2 if f < 0.625 else
+                               3 if f < 0.875 else 4].append(z - a)
             clip = lambda iv: [(max(a, lo), min(z, hi)) for a, z in iv if min(z, hi) > max(a, lo)]
             span = hi - lo
             gemm_any.append(union_len(clip(gemms)) / span)
@@ -146,6 +161,8 @@ def summarise(path):
     print("  " + "  ".join(f"{n} {100 * med(parts[n]) / tot:.0f}%" for n in names))
     print(f"  gemm_any {100 * med(gemm_any):.1f}%  softmax_0/1/2/3 " +
           " / ".join(f"{100 * med(h):.1f}%" for h in sm_hist))
+    print("  softmax by the share other softmaxes cover (<1/8, 1/8-3/8, 3/8-5/8, 5/8-7/8, >=7/8): " +
+          ", ".join(f"{med(x):.0f} ({len(x)})" for x in by_overlap) + " cycles (medians, count)")
     print(f"  boundary: Q quantise {med(boundary['q']):.0f}, first block {med(boundary['first_block']):.0f}, "
           f"loop end -> O stored {med(boundary['epilogue']):.0f} cycles (medians)")
 
