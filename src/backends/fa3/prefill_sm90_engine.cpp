@@ -360,6 +360,11 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     p.split_o = split_ws_.data();
     p.split_lse = split_ws_.data() + o_floats;
   }
+  // Timeline builds: the bf16 / f16 kernel's unit-boundary stamps, or the FP8 three-warpgroup
+  // loop's per-block ones (kFp8Tl*, fa3_params.h).
+  Timeline timeline;
+  ATTNKIT_RETURN_IF_ERROR(timeline.begin(p, sm_count_, stream));
+  Status launched;
   if (planned_fp8_) {
     const Fp8Variant& v = fp8_variant_;
     if (v.vt_pre) {
@@ -370,23 +375,18 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     }
     p.fp8_block_n = v.block_n;
     p.fp8_promote = v.promote ? (v.promote_late ? 2 : 1) : 0;
-    // Timeline builds: the three-warpgroup loop's per-block stamps (kFp8Tl*, fa3_params.h).
-    Timeline timeline;
-    ATTNKIT_RETURN_IF_ERROR(timeline.begin(p, sm_count_, stream));
-    const Status launched = run_prefill_sm90_fp8(p, sm_count_, stream, v.vt_pre ? v.max_kv_len : 0);
-    if (!launched) return launched;
-    return timeline.end(p, sm_count_, stream);
+    launched = run_prefill_sm90_fp8(p, sm_count_, stream, v.vt_pre ? v.max_kv_len : 0);
+  } else {
+    launched = dispatch_value<WgmmaHeadDims>(
+        ctx_.qk_head_dim, "wgmma prefill: head_dim", [&]<int kD>() -> Status {
+          if constexpr (wgmma_head_dim_compiled(kD)) {
+            return run_prefill_sm90<kD>(p, q.dtype, block_n_, sm_count_, stream);
+          } else {
+            return Status::unsupported("wgmma prefill: head_dim " + str(kD) +
+                                       " is not compiled in");
+          }
+        });
   }
-  Timeline timeline;
-  ATTNKIT_RETURN_IF_ERROR(timeline.begin(p, sm_count_, stream));
-  const Status launched = dispatch_value<WgmmaHeadDims>(
-      ctx_.qk_head_dim, "wgmma prefill: head_dim", [&]<int kD>() -> Status {
-        if constexpr (wgmma_head_dim_compiled(kD)) {
-          return run_prefill_sm90<kD>(p, q.dtype, block_n_, sm_count_, stream);
-        } else {
-          return Status::unsupported("wgmma prefill: head_dim " + str(kD) + " is not compiled in");
-        }
-      });
   if (!launched) return launched;
   return timeline.end(p, sm_count_, stream);
 }

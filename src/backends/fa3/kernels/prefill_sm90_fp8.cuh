@@ -353,16 +353,14 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
 
 // Timeline builds (-DATTNKIT_FA3_TIMELINE): the three-warpgroup loop's stamp e (0..kFp8TlEvents-1)
 // of key block blk (loop order) of warpgroup g in unit `round` of this CTA: the SM clock, or
-// `value`; written by the warpgroup's first thread. Nothing in other builds.
+// `value`; written by the warpgroup's first thread through stamp() (prefill_sm90.cuh), whose
+// per-CTA words this layout reuses. Nothing in other builds.
 __device__ __forceinline__ void fp8_stamp(const Fa3Params& p, int round, int g, int blk, int e,
                                           bool who, long long value = -1) {
 #if defined(ATTNKIT_FA3_TIMELINE)
-  if (who && p.timeline != nullptr && round < kFp8TlUnits && blk < kFp8TlBlocks) {
-    unsigned long long c;
-    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
-    p.timeline[static_cast<int64_t>(blockIdx.x) * kTimelineRounds * kTimelineEvents +
-               ((round * 3 + g) * kFp8TlBlocks + blk) * kFp8TlEvents + e] =
-        value >= 0 ? static_cast<unsigned long long>(value) : c;
+  if (round < kFp8TlUnits && blk < kFp8TlBlocks) {
+    const int word = ((round * 3 + g) * kFp8TlBlocks + blk) * kFp8TlEvents + e;
+    stamp(p, word / kTimelineEvents, word % kTimelineEvents, who, value);
   }
 #else
   (void)p, (void)round, (void)g, (void)blk, (void)e, (void)who, (void)value;
@@ -463,7 +461,7 @@ __device__ __forceinline__ bool spec_softmax_fp8(float (&s)[kN / 2], const float
 
 // The three-warpgroup loop's speculative step (Fa3Params::fp8_spec, unmasked blocks, rows with a
 // finite running maximum m): P = exp2(S sc - m) against the maximum of the blocks before, with no
-// block maximum. The check is made on the packed e4m3 P instead (spec_p_too_large).
+// block maximum. The check is made on the packed e4m3 P instead (e4m3_words_reach).
 template <int kN>
 __device__ __forceinline__ void spec_exps_fp8(float (&s)[kN / 2], const float (&sc)[2],
                                               const float (&m)[2]) {
@@ -474,12 +472,6 @@ __device__ __forceinline__ void spec_exps_fp8(float (&s)[kN / 2], const float (&
       s[4 * j + e] = sm90::exp2_approx(fmaf(s[4 * j + e], sc[e >> 1], -m[e >> 1]));
     }
   }
-}
-
-// Whether any packed e4m3 P of this thread is at least the byte `limit` (e4m3_words_reach).
-template <int kN>
-__device__ __forceinline__ bool spec_p_too_large(const uint32_t (&pa)[kN / 32][4], uint32_t limit) {
-  return e4m3_words_reach<kN / 32>(pa, limit);
 }
 
 // OR of `pred` over the 128 threads of named barrier `id` (one warpgroup), as a barrier.
@@ -687,9 +679,10 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       // scripts/device/patches/fa3_s46_fp8_block_softmax_dedup.patch).
       // kByteCheck (the promoted kernel: by default the forwards with a request past 2048 keys;
       // ATTNKIT_FA3_FP8_PROMOTE=1 / 2 forces it): the speculation is checked on the packed e4m3 P
-      // (spec_p_too_large) instead of by the block maximum (64 FMNMX per thread and block and its
-      // shuffles): H200 2026-11-27 15:16Z, causal 4k / 8k / 16k +4.5 / +4.6 / +4.4%,
-      // bidirectional 8k +3.2% (docs/PERF.md "Session 48"). A block fails when a packed byte is:
+      // (e4m3_words_reach, fp8_spec_check.h) instead of by the block maximum (64 FMNMX per thread
+      // and block and its shuffles): H200 2026-11-27 15:16Z, causal 4k / 8k / 16k +4.5 / +4.6 /
+      // +4.4%, bidirectional 8k +3.2% (docs/PERF.md "Session 48"). A block fails when a packed byte
+      // is:
       //  * >= 0x78 with lazy rescale: e4m3 256, i.e. P >= 248, a rise of the row maximum by
       //    >= log2(248) = 7.954. Slightly stricter than the exact step's keep rule (<= 8), which
       //    then keeps m;
@@ -722,7 +715,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
             if constexpr (kByteCheck) {
               spec_exps_fp8<kN>(s, rsc, sm.m);
               pack();
-              bad = spec_p_too_large<kN>(
+              bad = e4m3_words_reach<kN / 32>(
                   pa, p.lazy_rescale != 0 ? kE4m3SpecLimitLazy : kE4m3SpecLimitEager);
             } else {
               bad =
