@@ -392,6 +392,9 @@ __device__ __forceinline__ void pack_p_fp8(const float (&s)[kN / 2], uint32_t (&
 // its 128 columns); returns nothing, writes the tile and the row scales.
 template <typename Tr>
 __device__ __forceinline__ void quantize_q_rows(uint8_t* smem, int g, int tid) {
+  // Opaque to the compiler, so that the tile addresses below are formed here, once per unit:
+  // hoisted out of the unit loop, they stay live across the key-block loop and spill.
+  asm volatile("" : "+r"(tid));
   const int row = g * 64 + tid / 2, half = tid & 1;
   uint4 raw[8];
 #pragma unroll
@@ -691,7 +694,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       //    O and l hold the same P, later steps rescale from m, and P <= 1.0625 packs to 1.0.
       // Saturated or NaN P (0x7e / 0x7f) fail too. The unpromoted kernel keeps the block maximum:
       // with the check on P it spilled 200 bytes.
-      constexpr bool kByteCheck = kPromote != 0;
+      constexpr bool kByteCheck = kSpec && kPromote != 0;
       int it_c = it;
       for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it_c) {
         const int stage = it_c % Tr::kStages;
@@ -705,49 +708,67 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         wgmma_wait<0>();
         fence_regs(s);
         fp8_stamp(p, round, g, blk, 2, who);
-        bool exact = true;
-        if constexpr (kSpec) {
+        if constexpr (kByteCheck) {
+          // Each warp packs its P before the warpgroup vote, by the speculative or the exact
+          // step, so that only P (16 words) and O are live across the vote; a failed vote
+          // recomputes S and reruns the exact step in the warps that speculated.
           const int n0 = nb * kN;
           const bool masked =
               n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+          const bool spec =
+              __all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf);
           bool bad = false;
-          if (__all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf)) {
-            if constexpr (kByteCheck) {
-              spec_exps_fp8<kN>(s, rsc, sm.m);
-              pack();
-              bad = e4m3_words_reach<kN / 32>(
-                  pa, p.lazy_rescale != 0 ? kE4m3SpecLimitLazy : kE4m3SpecLimitEager);
-            } else {
-              bad =
-                  spec_softmax_fp8<kN>(s, rsc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
-            }
-            exact = false;
+          if (spec) {
+            spec_exps_fp8<kN>(s, rsc, sm.m);
+            pack();
+            bad = e4m3_words_reach<kN / 32>(
+                pa, p.lazy_rescale != 0 ? kE4m3SpecLimitLazy : kE4m3SpecLimitEager);
+            corr[0] = corr[1] = 1.f;
+          } else {
+            softmax(nb);
+            pack();
           }
           if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S, then the exact step
             ++tl_bad;
-            if constexpr (kByteCheck) {
-              // The speculative P is dead (packed again below). Zeroing it tells the compiler
-              // so (52 instead of 56 bytes of spill; the measured build had it).
-#pragma unroll
-              for (int kk = 0; kk < kN / 32; ++kk) {
-                pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0;
-              }
-            }
             wgmma_fence();
             issue_qk(stage);
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(s);
-            exact = true;
+            if (spec) {
+              softmax(nb);
+              pack();
+            }
           }
-        }
-        if (exact) {
-          softmax(nb);
-          if constexpr (kByteCheck) pack();
         } else {
-          corr[0] = corr[1] = 1.f;
+          bool exact = true;
+          if constexpr (kSpec) {
+            const int n0 = nb * kN;
+            const bool masked =
+                n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+            bool bad = false;
+            if (__all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf)) {
+              bad =
+                  spec_softmax_fp8<kN>(s, rsc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
+              exact = false;
+            }
+            if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S, then the exact step
+              ++tl_bad;
+              wgmma_fence();
+              issue_qk(stage);
+              wgmma_commit();
+              wgmma_wait<0>();
+              fence_regs(s);
+              exact = true;
+            }
+          }
+          if (exact) {
+            softmax(nb);
+          } else {
+            corr[0] = corr[1] = 1.f;
+          }
+          pack();
         }
-        if constexpr (!kByteCheck) pack();
         rescale_o_if_needed<kPvN>(o, corr, p.lazy_rescale);
         fp8_stamp(p, round, g, blk, 3, who);
         wait_vt(it_c);

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# A/B of several prepared fa3 patch sets against the unpatched tree in one device call (issue 6),
+# head dim 128 only: each variant is its own tree and CLI, the benches alternate per round.
+# Runs ON the device machine from the repository root with .deps carried:
+#   run(carry=[".deps", ".peers"], command="VARIANTS='base a=x.patch ab=x.patch+y.patch' \
+#       CASES=scripts/device/fa3_fp8_ab.json FILTER=kvfp8 bash scripts/device/fa3_variants_ab.sh")
+# VARIANTS: "name=patch+patch" (patches under scripts/device/patches, applied in order); "base" is
+#   the tree as it is. Knobs: CASES (default bench/cases/fa3_prefill.json), FILTER (default
+#   d128_kvbf16), ROUNDS=3, JOBS=16 (ninja -j, split between the parallel builds).
+# Correctness is not checked here: a variant that is kept runs `ctest -L gpu` once committed.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+. scripts/device/lib.sh
+OUT="${OUT:-$root/out}"
+mkdir -p "$OUT"
+t_start=$(date +%s)
+log() { echo "$*" | tee -a "$OUT/ab_summary.txt"; }
+read -r -a variants <<< "${VARIANTS:-base}"
+jobs=$(( ${JOBS:-16} / ${#variants[@]} + 1 ))
+names=()
+for v in "${variants[@]}"; do
+  name=${v%%=*}
+  names+=("$name")
+  tree=.wt/v_$name
+  rm -rf "$tree" && mkdir -p "$tree"
+  tar --exclude=./.wt --exclude=./build --exclude=./out --exclude=./.deps --exclude=./.peers \
+    -cf - . | tar -xf - -C "$tree"
+  ln -sfn "$root/.deps" "$tree/.deps"
+  if [[ $v == *=* ]]; then
+    IFS=+ read -r -a patches <<< "${v#*=}"
+    for p in "${patches[@]}"; do
+      (cd "$tree" && git apply "$root/scripts/device/patches/$p" 2>/dev/null ||
+        patch -p1 --forward < "$root/scripts/device/patches/$p" > /dev/null) ||
+        { log "$name: patch $p does not apply"; exit 1; }
+    done
+    log "$name: applied ${v#*=}"
+  fi
+  (cd "$tree" && attnkit_configure build 90a-real 128 > "$OUT/build_$name.log" 2>&1 &&
+    ninja -C build -j"$jobs" attnkit_cli >> "$OUT/build_$name.log" 2>&1
+    echo "$name build rc $?" >> "$OUT/ab_summary.txt") &
+done
+wait
+log "builds done at $(( $(date +%s) - t_start )) s"
+args=(bench --backend fa3 --cases "${CASES:-bench/cases/fa3_prefill.json}" --device cuda --warmup 3
+  --iters 10 --filter "${FILTER:-d128_kvbf16}")
+for r in $(seq 1 "${ROUNDS:-3}"); do
+  for name in "${names[@]}"; do
+    echo "== round $r $name"
+    timeout 60 ".wt/v_$name/build/tools/attnkit/attnkit" "${args[@]}" 2>&1 |
+      awk '$1 !~ /^\[/ && $3 ~ /^[0-9.]+$/ {print $2, $3, $6}'
+  done
+done > "$OUT/ab_bench.txt" 2>&1
+log "bench done at $(( $(date +%s) - t_start )) s"
+python3 - "$OUT/ab_bench.txt" <<'PY' | tee -a "$OUT/ab_summary.txt"
+import collections, statistics, sys
+rows = collections.defaultdict(lambda: collections.defaultdict(list))
+variants = []
+for line in open(sys.argv[1]):
+    f = line.split()
+    if line.startswith("=="):
+        variant = f[3]
+        if variant not in variants:
+            variants.append(variant)
+    elif len(f) == 3:
+        rows[f[0]][variant].append(float(f[1]))
+print("case: median ms (per round) | " + " | ".join(variants) + " | median vs " + variants[0])
+for name, case in rows.items():
+    base = statistics.median(case[variants[0]]) if case[variants[0]] else float("nan")
+    cells = [f"{statistics.median(case[v]):.3f} ({','.join(f'{x:.3f}' for x in case[v])})"
+             if case[v] else "-" for v in variants]
+    ratios = [f"{v} {100 * (statistics.median(case[v]) / base - 1):+.1f}%"
+              for v in variants[1:] if case[v]]
+    print(name.replace("extend_", "").replace("_h32x8", ""), "|", " | ".join(cells), "|",
+          ", ".join(ratios))
+PY
+log "total $(( $(date +%s) - t_start )) s"
