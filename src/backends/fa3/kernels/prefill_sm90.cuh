@@ -874,7 +874,22 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       it = it_c + 1;
     } else {
       // Serial: S = Q K^T, softmax, O += P V, one block at a time.
-      for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it) {
+      // Three warpgroups, causal: the first blocks (the loop runs from the last) may lie wholly
+      // after this warpgroup's last row, while the tile's later warpgroups still see them: they
+      // add nothing here. Each one's K is waited for, so that the release counts toward that
+      // load's phase of the stage's empty barrier, then its stage (and, at the last block, Q) is
+      // released. Before the loop, so that the loop's code is unchanged. Two warpgroups take
+      // turns: never skipped.
+      int nb_top = t.n_blocks - 1;
+      if (Tr::kConsumerWarpgroups == 3 && p.causal) {
+        const int last_row = t.causal_limit + g * 64 + 63;
+        for (; nb_top >= t.nb_begin && nb_top * kN > last_row; --nb_top, ++it) {
+          sm90::mbar_wait(c.k_full(it % Tr::kStages), (it / Tr::kStages) & 1);
+          c.release_q_after_s(nb_top, t.nb_begin);
+          mbar_arrive(c.empty(it % Tr::kStages));
+        }
+      }
+      for (int nb = nb_top; nb >= t.nb_begin; --nb, ++it) {
         const int stage = it % Tr::kStages;
         c.wait_full(c.k_full(stage), it, fence_for(nb));
         c.turn_wait();

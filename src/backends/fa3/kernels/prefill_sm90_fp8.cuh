@@ -696,7 +696,20 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       // with the check on P it spilled 200 bytes.
       constexpr bool kByteCheck = kSpec && kPromote != 0;
       int it_c = it;
-      for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it_c) {
+      // Causal: the first blocks (the loop runs from the last) may lie wholly after this
+      // warpgroup's last row, while the tile's later warpgroups still see them: they add nothing
+      // here. Each one's K is waited for, so that the release counts toward that load's phase of
+      // the stage's empty barrier, then its stage is released. Before the loop, so that the
+      // loop's code is unchanged.
+      int nb_top = t.n_blocks - 1;
+      if (p.causal) {
+        const int last_row = t.causal_limit + g * 64 + 63;
+        for (; nb_top >= t.nb_begin && nb_top * kN > last_row; --nb_top, ++it_c) {
+          wait_k(it_c, nb_top);
+          mbar_arrive(fp8_bar(bars, it_c % Tr::kStages, 3));
+        }
+      }
+      for (int nb = nb_top; nb >= t.nb_begin; --nb, ++it_c) {
         const int stage = it_c % Tr::kStages;
         const int blk = t.n_blocks - 1 - nb;  // timeline builds: events 0..6 of this block
         fp8_stamp(p, round, g, blk, 0, who);
