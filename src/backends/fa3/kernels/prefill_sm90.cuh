@@ -878,8 +878,10 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       // after this warpgroup's last row, while the tile's later warpgroups still see them: they
       // add nothing here. Each one's K is waited for, so that the release counts toward that
       // load's phase of the stage's empty barrier, then its stage (and, at the last block, Q) is
-      // released. Before the loop, so that the loop's code is unchanged. Two warpgroups take
-      // turns: never skipped.
+      // released. Before the loop, so that the loop's code is unchanged. This relies on the last
+      // warpgroup never skipping (n_blocks ends at the tile's last row, tile_key_end): it waits
+      // for every block's V and releases it after its P V, so no stage is reloaded while a
+      // skipped block's V still lands. Two warpgroups take turns: never skipped.
       int nb_top = t.n_blocks - 1;
       if (Tr::kConsumerWarpgroups == 3 && p.causal) {
         const int last_row = t.causal_limit + g * 64 + 63;

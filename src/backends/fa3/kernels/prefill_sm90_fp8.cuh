@@ -700,7 +700,9 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       // warpgroup's last row, while the tile's later warpgroups still see them: they add nothing
       // here. Each one's K is waited for, so that the release counts toward that load's phase of
       // the stage's empty barrier, then its stage is released. Before the loop, so that the
-      // loop's code is unchanged.
+      // loop's code is unchanged. This relies on the last warpgroup never skipping (n_blocks
+      // ends at the tile's last row, tile_key_end): it waits for every block's V^T and releases
+      // it after its P V, so no stage is reloaded while a skipped block's V^T still lands.
       int nb_top = t.n_blocks - 1;
       if (p.causal) {
         const int last_row = t.causal_limit + g * 64 + 63;
