@@ -56,26 +56,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   done
 done > "$OUT/ab_bench.txt" 2>&1
 log "bench done at $(( $(date +%s) - t_start )) s"
-python3 - "$OUT/ab_bench.txt" <<'PY' | tee -a "$OUT/ab_summary.txt"
-import collections, sys
-rows = collections.defaultdict(lambda: collections.defaultdict(list))
-variant = None
-for line in open(sys.argv[1]):
-    f = line.split()
-    if line.startswith("=="):
-        variant = f[3]
-    elif len(f) == 3:
-        rows[f[0]][variant].append(float(f[1]))
-variants = []
-for case in rows.values():
-    for v in case:
-        if v not in variants:
-            variants.append(v)
-print("case (ms per round) | " + " | ".join(variants))
-for name, case in rows.items():
-    print(name.replace("extend_", "").replace("_h32x8", ""), "|",
-          " | ".join(",".join(f"{x:.3f}" for x in case[v]) for v in variants))
-PY
+python3 scripts/device/ab_table.py "$OUT/ab_bench.txt" | tee -a "$OUT/ab_summary.txt"
 
 if [ "${TIMELINE:-0}" = 1 ] && [ $(( $(date +%s) - t_start )) -lt "${TIMELINE_AFTER_S:-420}" ]; then
   OUT="$OUT/timeline" CASE_INDICES="${CASE_INDICES:-0 3}" bash scripts/device/fa3_timeline.sh \

@@ -52,26 +52,5 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
   done
 done > "$OUT/ab_bench.txt" 2>&1
 log "bench done at $(( $(date +%s) - t_start )) s"
-python3 - "$OUT/ab_bench.txt" <<'PY' | tee -a "$OUT/ab_summary.txt"
-import collections, statistics, sys
-rows = collections.defaultdict(lambda: collections.defaultdict(list))
-variants = []
-for line in open(sys.argv[1]):
-    f = line.split()
-    if line.startswith("=="):
-        variant = f[3]
-        if variant not in variants:
-            variants.append(variant)
-    elif len(f) == 3:
-        rows[f[0]][variant].append(float(f[1]))
-print("case: median ms (per round) | " + " | ".join(variants) + " | median vs " + variants[0])
-for name, case in rows.items():
-    base = statistics.median(case[variants[0]]) if case[variants[0]] else float("nan")
-    cells = [f"{statistics.median(case[v]):.3f} ({','.join(f'{x:.3f}' for x in case[v])})"
-             if case[v] else "-" for v in variants]
-    ratios = [f"{v} {100 * (statistics.median(case[v]) / base - 1):+.1f}%"
-              for v in variants[1:] if case[v]]
-    print(name.replace("extend_", "").replace("_h32x8", ""), "|", " | ".join(cells), "|",
-          ", ".join(ratios))
-PY
+python3 scripts/device/ab_table.py "$OUT/ab_bench.txt" | tee -a "$OUT/ab_summary.txt"
 log "total $(( $(date +%s) - t_start )) s"
