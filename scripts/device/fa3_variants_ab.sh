@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # A/B of several prepared fa3 patch sets against the unpatched tree in one device call (issue 6),
-# head dim 128 only: each variant is its own tree and CLI, the benches alternate per round.
+# head dim 128 by default: each variant is its own tree and CLI, the benches alternate per round.
 # Runs ON the device machine from the repository root with .deps carried:
 #   run(carry=[".deps", ".peers"], command="VARIANTS='base a=x.patch ab=x.patch+y.patch' \
 #       CASES=scripts/device/fa3_fp8_ab.json FILTER=kvfp8 bash scripts/device/fa3_variants_ab.sh")
 # VARIANTS: "name=patch+patch" (patches under scripts/device/patches, applied in order); "base" is
 #   the tree as it is. Knobs: CASES (default bench/cases/fa3_prefill.json), FILTER (default
-#   d128_kvbf16), ROUNDS=3, JOBS=16 (ninja -j, split between the parallel builds).
+#   d128_kvbf16), ROUNDS=3, JOBS=16 (ninja -j, split between the parallel builds), HEAD_DIMS=128
+#   (-DATTNKIT_HEAD_DIMS of every tree, e.g. "64" for a d 64 A/B).
 # Correctness is not checked here: a variant that is kept runs `ctest -L gpu` once committed.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -36,7 +37,7 @@ for v in "${variants[@]}"; do
     done
     log "$name: applied ${v#*=}"
   fi
-  (cd "$tree" && attnkit_configure build 90a-real 128 > "$OUT/build_$name.log" 2>&1 &&
+  (cd "$tree" && attnkit_configure build 90a-real "${HEAD_DIMS:-128}" > "$OUT/build_$name.log" 2>&1 &&
     ninja -C build -j"$jobs" attnkit_cli >> "$OUT/build_$name.log" 2>&1
     echo "$name build rc $?" >> "$OUT/ab_summary.txt") &
 done
