@@ -886,7 +886,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       if (Tr::kConsumerWarpgroups == 3 && p.causal) {
         const int last_row = t.causal_limit + g * 64 + 63;
         for (; nb_top >= t.nb_begin && nb_top * kN > last_row; --nb_top, ++it) {
-          sm90::mbar_wait(c.k_full(it % Tr::kStages), (it / Tr::kStages) & 1);
+          c.wait_full(c.k_full(it % Tr::kStages), it, false);
           c.release_q_after_s(nb_top, t.nb_begin);
           mbar_arrive(c.empty(it % Tr::kStages));
         }

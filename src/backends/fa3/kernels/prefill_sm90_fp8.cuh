@@ -723,13 +723,14 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         wgmma_wait<0>();
         fence_regs(s);
         fp8_stamp(p, round, g, blk, 2, who);
+        // Some row of the warpgroup has keys of this block masked (no speculation then).
+        const int n0 = nb * kN;
+        const bool masked =
+            n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
         if constexpr (kByteCheck) {
           // Each warp packs its P before the warpgroup vote, by the speculative or the exact
           // step, so that only P (16 words) and O are live across the vote; a failed vote
           // recomputes S and reruns the exact step in the warps that speculated.
-          const int n0 = nb * kN;
-          const bool masked =
-              n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
           const bool spec =
               __all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf);
           bool bad = false;
@@ -758,9 +759,6 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         } else {
           bool exact = true;
           if constexpr (kSpec) {
-            const int n0 = nb * kN;
-            const bool masked =
-                n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
             bool bad = false;
             if (__all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf)) {
               bad =
