@@ -787,12 +787,12 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         wait_vt(it_c);
         fence_regs(o);
         fp8_stamp(p, round, g, blk, 4, who);
-        if constexpr (kPromote != 0) {  // one chunk at a time (one temporary)
+        if constexpr (kPromote != 0) {  // both chunks in flight, chunk 0 added under chunk 1
           issue_pv0(stage);
-          wgmma_wait<0>();
+          issue_pv1(stage);
+          wgmma_wait<1>();
           add_pv0();
           fp8_stamp(p, round, g, blk, 5, who);
-          issue_pv1(stage);
           wgmma_wait<0>();
           add_pv1();
         } else {
