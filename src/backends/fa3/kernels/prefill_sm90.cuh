@@ -818,8 +818,19 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
     if (!Ctx::kSerialOnly && p.overlap) {
       // Intra-warpgroup overlap: S(next) = Q K(next)^T and O += P(cur) V(cur) are issued
       // together; the softmax of S(next) runs while the P V GEMM is in flight.
-      int it_c = it;
+      // Three warpgroups (d 64), causal: the first blocks wholly after this warpgroup's last row
+      // are released unworked, as in the serial loop below, but one block is always left to the
+      // loop (a branch around its GEMMs would serialise every wgmma of the kernel): a dead last
+      // block still runs, all masked, as before.
       int nb = t.n_blocks - 1;
+      if (Tr::kConsumerWarpgroups == 3 && p.causal) {
+        const int last_row = t.causal_limit + g * 64 + 63;
+        for (; nb > t.nb_begin && nb * kN > last_row; --nb, ++it) {
+          c.wait_full(c.k_full(it % Tr::kStages), it, false);
+          mbar_arrive(c.empty(it % Tr::kStages));
+        }
+      }
+      int it_c = it;
       c.wait_full(c.k_full(it_c % Tr::kStages), it_c, fence_for(nb));
       stamp(p, round, 8 * g + 2, who);
       c.turn_wait();
