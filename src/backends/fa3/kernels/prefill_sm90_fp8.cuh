@@ -38,9 +38,10 @@
 //     running O / l kept in the accumulator over thousands of keys loses the low bits of every
 //     block (docs/PERF.md "FP8 accuracy at long rows"). With kPromote each block's P V starts
 //     from zero in a temporary and is added to the running O (f32 registers) by FADD: in two
-//     column chunks (d 0..63, then d 64..127 + the ones columns) through one 36-register
-//     temporary, the first issued before the next block's Q K^T, the second overlapping the next
-//     block's softmax.
+//     column chunks (d 0..63, then d 64..127 + the ones columns). The two-warpgroup loop runs
+//     them through one 36-register temporary, the first issued before the next block's Q K^T,
+//     the second overlapping the next block's softmax; the three-warpgroup loop issues both at
+//     once and adds chunk 0 while chunk 1 runs.
 //   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax (the exact step
 //   only: blocks that speculate still compute), 4 no in-kernel V transpose.
 //
@@ -624,8 +625,9 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     auto issue_pv = [&](int stage) {  // without promotion: O += P V in the accumulator
       issue_pv_fp8<kPvN, 0, kN, false>(o, pa, vt_stage(stage));
     };
-    // Promotion: the two chunks of the block's P V, each from zero, and their adds to O. t0 and t1
-    // are never live together (chunk 1 is issued after chunk 0 is added): one temporary.
+    // Promotion: the two chunks of the block's P V, each from zero, and their adds to O. In the
+    // two-warpgroup loops t0 and t1 are never live together (chunk 1 is issued after chunk 0 is
+    // added): one temporary. The three-warpgroup loop keeps both in flight (S is dead by then).
     // late (kPromote 2, an ordering to measure): chunk 0 is issued behind S(next) and runs during
     // the softmax, chunk 1 after it (exposed); kPromote 1: chunk 0 ahead of S(next).
     [[maybe_unused]] constexpr bool late = kPromote == 2;
@@ -676,7 +678,9 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     if constexpr (kWG == 3) {
       // Three consumer warpgroups: each runs S, the softmax and P V of a block in turn (no
       // ping-pong, no S(next) under P(cur) V), and the other two warpgroups' GEMMs run under its
-      // softmax. S, P and the promoted temporary are never live together (160 registers).
+      // softmax. S and the promoted temporaries are never live together (160 registers): both
+      // P V chunks go out together once P is packed (H200 2026-11-27 20:29Z: one chunk at a
+      // time +0.5 / +0.5 / +1.4% time at causal 4k / 8k / 16k; one N = 136 GEMM +1.3-3.0%).
       // The speculative step below repeats the overlapped loop's on purpose: one shared lambda
       // moved the SASS of every speculative kernel and measured level to 3% slower (session 46,
       // scripts/device/patches/fa3_s46_fp8_block_softmax_dedup.patch).
