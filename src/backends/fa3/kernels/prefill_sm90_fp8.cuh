@@ -621,6 +621,15 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
                           kk > 0 ? 1 : 0);
       }
     };
+    // S = Q K^T of the block in `stage`, waited for (the three-warpgroup loop's S and every
+    // speculation recompute).
+    auto compute_s = [&](int stage) {
+      wgmma_fence();
+      issue_qk(stage);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(s);
+    };
     auto vt_stage = [&](int stage) { return base + Tr::kVtOffset + stage * Tr::kVtBytes; };
     auto issue_pv = [&](int stage) {  // without promotion: O += P V in the accumulator
       issue_pv_fp8<kPvN, 0, kN, false>(o, pa, vt_stage(stage));
@@ -721,11 +730,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         fp8_stamp(p, round, g, blk, 0, who);
         wait_k(it_c, nb);
         fp8_stamp(p, round, g, blk, 1, who);
-        wgmma_fence();
-        issue_qk(stage);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(s);
+        compute_s(stage);
         fp8_stamp(p, round, g, blk, 2, who);
         // Some row of the warpgroup has keys of this block masked (no speculation then).
         const int n0 = nb * kN;
@@ -750,11 +755,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
           }
           if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S, then the exact step
             ++tl_bad;
-            wgmma_fence();
-            issue_qk(stage);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(s);
+            compute_s(stage);
             if (spec) {
               softmax(nb);
               pack();
@@ -771,11 +772,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
             }
             if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S, then the exact step
               ++tl_bad;
-              wgmma_fence();
-              issue_qk(stage);
-              wgmma_commit();
-              wgmma_wait<0>();
-              fence_regs(s);
+              compute_s(stage);
               exact = true;
             }
           }
@@ -868,11 +865,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
             exact = false;
           }
           if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S(next), then the exact step
-            wgmma_fence();
-            issue_qk(stage_n);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(s);
+            compute_s(stage_n);
             exact = true;
           }
           if (exact) {
