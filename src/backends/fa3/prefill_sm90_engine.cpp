@@ -150,6 +150,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->epi_wide_ = env_on("ATTNKIT_FA3_EPI_WIDE");
   e->uniform_wg_ = env_on("ATTNKIT_FA3_UNIFORM_WG");
   e->q_tma_ = env_on("ATTNKIT_FA3_Q_TMA");
+  e->o_tma_ = env_on("ATTNKIT_FA3_O_TMA");
   e->unit_smem_ = env_on("ATTNKIT_FA3_UNIT_SMEM");
   const int d = ctx.qk_head_dim;
   std::string block_ns;  // the key blocks instantiated for d
@@ -349,6 +350,11 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   p.overlap = overlap_ ? 1 : 0;
   // Q by TMA (both kernels): the map covers every token of q; box rows = the tile's rows.
   p.q_tma = q_tma_ && q.stride(2) == 1 && encode_pool_map(q, q.dtype, p.block_m, &p.tma_q) ? 1 : 0;
+  // O by TMA stores: the FP8 kernel on three consumer warpgroups (192-row tiles) only.
+  p.o_tma = o_tma_ && planned_fp8_ && p.block_m == 192 && out.dtype == DType::kBF16 &&
+                    out.stride(2) == 1 && encode_pool_map(out, out.dtype, 64, &p.tma_o)
+                ? 1
+                : 0;
   p.unit_smem = !planned_fp8_ && unit_smem_ ? 1 : 0;
   p.section_heads = section_heads_;
   const TailSplit ts = planned_tail_split(p.causal != 0);

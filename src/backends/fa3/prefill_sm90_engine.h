@@ -104,6 +104,7 @@ class PrefillSm90Engine {
   bool lazy_rescale_ = true;
   bool epi_wide_ = true;
   bool uniform_wg_ = true;
+  bool o_tma_ = true;      // ATTNKIT_FA3_O_TMA=0: register O stores only (Fa3Params::o_tma)
   bool q_tma_ = true;      // ATTNKIT_FA3_Q_TMA=0: Q by the cp.async gather (Fa3Params::q_tma)
   bool unit_smem_ = true;  // ATTNKIT_FA3_UNIT_SMEM=0: consumers decode the plan (::unit_smem)
   // FP8 knobs (the speculative softmax: H200 09:38Z +5.5-7% over the exact step at causal 4k-16k

@@ -241,6 +241,13 @@ struct Fa3Params {
   // aligned; ATTNKIT_FA3_EPI_WIDE=0: off): the epilogue writes O with 16-byte stores after a quad
   // shuffle transpose; 0: 4-byte stores straight from the accumulator layout.
   int epi_wide = 0;
+  // FP8 three-warpgroup kernel, 1 (the engine's default where the map encodes;
+  // ATTNKIT_FA3_O_TMA=0: off): a warpgroup whose 64 rows all lie in the request's [0, q_len)
+  // writes its normalised O tile into shared memory (stmatrix) and stores it with two TMA boxes
+  // {64, 1, 64} of tma_o ({D, Hq, tokens} over out, 128-byte swizzle) instead of the shuffled
+  // 16-byte stores; other tiles and tail-split pieces keep the register stores.
+  TmaDesc tma_o;
+  int o_tma = 0;
   // Both kernels: 1 (the engine's default; ATTNKIT_FA3_UNIFORM_WG=0: off) launches the
   // instantiation whose warpgroup index is broadcast from lane 0, so the consumer loop's counters
   // and wgmma descriptors live in uniform registers (prefill_sm90_kernel's kUniformWg). Measured

@@ -47,7 +47,8 @@
 //
 // Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
 //   Q bf16 [64 kWG x 128] | Q e4m3 [64 kWG x 128] | K [3][kN x 128] | V [3] (kN 128, kWG 2) |
-//   V^T [3][kN / 128 rounded up][136 x 128] (rows 128..135: ones) | q scales [64 kWG] | mbarriers
+//   V^T [3][kN / 128 rounded up][136 x 128] (rows 128..135: ones) | O stage [kWG][2][64 x 64] bf16
+//   (kWG 3, Fa3Params::o_tma) | q scales [64 kWG] | mbarriers
 #pragma once
 
 #include <cuda_bf16.h>
@@ -96,7 +97,11 @@ struct PrefillFp8Traits {
   static constexpr int kVtBytes = kVtHalves * kVtHalfBytes;
   static constexpr int kVtUnitBytes = kVtBlockKeys * kHeadDim;  // one half's V^T image
   static constexpr int kVtOffset = kVOffset + kStages * kVStageBytes;
-  static constexpr int kQScaleOffset = kVtOffset + kStages * kVtBytes;
+  // kWG 3 (Fa3Params::o_tma): each warpgroup's O tile staged for its TMA store, [2][64 rows][64]
+  // bf16 in the 128-byte swizzle (store_o_tile_tma).
+  static constexpr int kOStageBytes = kWG == 3 ? 64 * kHeadDim * 2 : 0;
+  static constexpr int kOStageOffset = kVtOffset + kStages * kVtBytes;
+  static constexpr int kQScaleOffset = kOStageOffset + kWG * kOStageBytes;
   static constexpr int kBarOffset = kQScaleOffset + kBlockM * 4;
   // q_full, q_empty, then per stage k_full, v_full, vt_full, empty.
   static constexpr int kNumBarriers = 2 + 4 * kStages;
@@ -430,6 +435,60 @@ __device__ __forceinline__ void quantize_q_rows(uint8_t* smem, int g, int tid) {
         make_uint4(q4(a.x, a.y), q4(a.z, a.w), q4(b.x, b.y), q4(b.z, b.w));
   }
   if (half == 0) reinterpret_cast<float*>(smem + Tr::kQScaleOffset)[row] = qs;
+}
+
+// Fa3Params::o_tma: this warpgroup's normalised O tile (rows wrow0 .. wrow0 + 63 of the request,
+// all in [0, q_len)) into its staging buffer by stmatrix, then two TMA boxes of 64 columns, issued
+// by the warpgroup's first thread; the LSE as store_o_tile writes it. The previous tile's boxes
+// must have read the buffer first (bulk_wait_read). Named barrier 3 + g (the warpgroup's).
+template <typename Tr>
+__device__ __forceinline__ void store_o_tile_tma(const Fa3Params& p, const TileInfo& t,
+                                                 const float (&o)[Tr::kHeadDim / 2],
+                                                 const float (&m)[2], const float (&l)[2],
+                                                 float out_scale, uint8_t* smem, int g, int tid,
+                                                 int wrow0) {
+  constexpr int kD = Tr::kHeadDim;
+  // Opaque, so that the stmatrix addresses are formed here (as in quantize_q_rows).
+  asm volatile("" : "+r"(tid));
+  const int warp = tid / 32, lane = tid % 32;
+  const uint32_t stage = sm90::smem_addr(smem) + Tr::kOStageOffset + g * Tr::kOStageBytes;
+  if (tid == 0) sm90::bulk_wait_read<0>();
+  asm volatile("bar.sync %0, 128;" ::"r"(3 + g) : "memory");
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sum = quad_row_sum(l[h]);
+    inv[h] = cuda::row_inv(sum, out_scale);
+    if (p.lse != nullptr && lane % 4 == 0) {
+      const int64_t trow = t.q_start + wrow0 + 16 * warp + lane / 4 + 8 * h;
+      p.lse[trow * p.lse_stride_token + static_cast<int64_t>(t.head) * p.lse_stride_head] =
+          row_lse(m[h], sum);
+    }
+  }
+  // stmatrix.x4 of column groups 2 q, 2 q + 1 (8 columns each): matrix i = rows + 8 (i % 2) of
+  // group 2 q + i / 2; lane gives the row address of row lane % 8 of matrix lane / 8.
+  const int mi = lane / 8;
+  const int row = 16 * warp + 8 * (mi & 1) + lane % 8;
+#pragma unroll
+  for (int q = 0; q < kD / 16; ++q) {
+    uint32_t r[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int h = i & 1, j = 2 * q + (i >> 1);
+      r[i] = pack2<true>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+    }
+    const int jj = 2 * q + (mi >> 1);
+    sm90::stmatrix_x4(stage + (jj / 8) * (64 * 128) + row * 128 + (((jj % 8) ^ (row & 7)) << 4), r);
+  }
+  sm90::fence_proxy_async();
+  asm volatile("bar.sync %0, 128;" ::"r"(3 + g) : "memory");
+  if (tid == 0) {
+#pragma unroll
+    for (int cb = 0; cb < kD / 64; ++cb) {
+      sm90::tma_store_3d(&p.tma_o, stage + cb * (64 * 128), cb * 64, t.head, t.q_start + wrow0);
+    }
+    sm90::bulk_commit();
+  }
 }
 
 // Speculative softmax step (Fa3Params::fp8_spec, unmasked blocks, rows with a finite running
@@ -908,13 +967,21 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     }
     const float(&o_d)[kD / 2] = *reinterpret_cast<const float(*)[kD / 2]>(&o[0]);
     const int piece = split_piece(p, unit, units);
-    if (piece < 0) {
+    const int wrow0 = t.m0 + g * 64;  // this warpgroup's first row (request token)
+    if (kWG == 3 && piece < 0 && p.o_tma != 0 && wrow0 >= 0 && wrow0 + 64 <= t.q_len &&
+        (p.diag & 16) == 0) {
+      store_o_tile_tma<Tr>(p, t, o_d, sm.m, sm.l, p.v_scale, smem, g, tid, wrow0);
+    } else if (piece < 0) {
       store_o_tile<Tr::kHeadDim, true>(p, t, o_d, sm.m, sm.l, p.v_scale, row0, lane);
     } else {
       store_o_piece<Tr::kHeadDim>(p, t, piece, o_d, sm.m, sm.l, p.v_scale, row0, lane);
     }
     fp8_stamp(p, round, g, 2, 7, who);
     fp8_stamp(p, round, g, 4, 7, who, tl_bad);
+  }
+  // Fa3Params::o_tma: the last O boxes complete before the CTA (and its shared memory) goes.
+  if constexpr (kWG == 3) {
+    if (tid == 0) sm90::bulk_wait<0>();
   }
 }
 
