@@ -355,7 +355,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
                     out.stride(2) == 1 && encode_pool_map(out, out.dtype, 64, &p.tma_o)
                 ? 1
                 : 0;
-  p.unit_smem = !planned_fp8_ && unit_smem_ ? 1 : 0;
+  p.unit_smem = unit_smem_ ? 1 : 0;
   p.section_heads = section_heads_;
   const TailSplit ts = planned_tail_split(p.causal != 0);
   if (ts.split_units > 0) {

@@ -176,7 +176,7 @@ struct Fa3Params {
   // never stored. 0: the 16-byte cp.async gather of every producer thread, those rows zero-filled.
   TmaDesc tma_q;
   int q_tma = 0;
-  // bf16 / f16 kernel, 1 (the engine's default; ATTNKIT_FA3_UNIT_SMEM=0: off): the producer,
+  // Both kernels, 1 (the engine's default; ATTNKIT_FA3_UNIT_SMEM=0: off): the producer,
   // which decodes every unit anyway, writes its TileInfo into shared memory before q_full
   // completes and the consumers read it there instead of decoding the plan again (two dependent
   // global reads on their path from one unit's stores to the next unit's first S).

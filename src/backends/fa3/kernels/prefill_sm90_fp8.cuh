@@ -105,7 +105,10 @@ struct PrefillFp8Traits {
   static constexpr int kBarOffset = kQScaleOffset + kBlockM * 4;
   // q_full, q_empty, then per stage k_full, v_full, vt_full, empty.
   static constexpr int kNumBarriers = 2 + 4 * kStages;
-  static constexpr int kSmemBytes = kBarOffset + kNumBarriers * 8 + kAlign;
+  // The unit's TileInfo as the producer decoded it (Fa3Params::unit_smem), after the barriers.
+  static constexpr int kInfoOffset = kBarOffset + kNumBarriers * 8;
+  static constexpr int kInfoBytes = 48;
+  static constexpr int kSmemBytes = kInfoOffset + kInfoBytes + kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kHeadDim == 128, "one 128-byte swizzle line per K / V^T row");
   static constexpr int kSlots = 1;
@@ -261,6 +264,10 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
             : nullptr;
 
     mbar_wait(q_empty, (tcount & 1) ^ 1);
+    if (tid == 0) {  // q_full counts this extra arrival: it releases the TileInfo copy
+      if (p.unit_smem) store_tile_info(base + Tr::kInfoOffset, t);
+      mbar_arrive(q_full);
+    }
     if (p.q_tma) {  // the bf16 Q tile by TMA (Fa3Params::q_tma)
       static_assert(Tr::kQBytes == Tr::kBlockM * Tr::kHeadDim * 2);
       load_q_tile_tma<Tr::kBlockM, Tr::kHeadDim, /*kDiag=*/false>(p, t, sQ, q_full, tid);
@@ -628,7 +635,14 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
   const int units = p.num_tiles * p.num_q_heads;
   const int vunits = scheduled_units(p);
   for (int round = 0, unit = unit_at(p, 0); unit < vunits; unit = unit_at(p, ++round), ++tcount) {
-    const TileInfo t = decode_unit<Tr>(p, unit, units);
+    // Timeline builds, event 7 of blocks 0..5: unit start, Q quantised, O stored, key blocks,
+    // speculation failures (values), the key-block loop's end.
+    const bool who = kWG == 3 && tid == 0;
+    fp8_stamp(p, round, g, 0, 7, who);
+    // The unit's geometry: the producer's copy (Fa3Params::unit_smem) lands with the Q tile.
+    mbar_wait(q_full, tcount & 1);
+    const TileInfo t =
+        p.unit_smem ? load_tile_info(base + Tr::kInfoOffset) : decode_unit<Tr>(p, unit, units);
     const bool last_unit = unit_at(p, round + 1) >= vunits;
     const int row0 = g * 64 + warp * 16 + lane / 4;
     const int qpos0 = t.causal_limit + row0;
@@ -646,13 +660,9 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     float s[kN / 2];
     uint32_t pa[kN / 32][4];
 
-    // Timeline builds, event 7 of blocks 0..5: unit start, Q quantised, O stored, key blocks,
-    // speculation failures (values), the key-block loop's end.
-    const bool who = kWG == 3 && tid == 0;
-    fp8_stamp(p, round, g, 0, 7, who);
-    // Q: quantise this warpgroup's rows (the previous tile's QK^T reads of the e4m3 tile are
-    // complete: every S was waited for), publish to the async proxy, release the bf16 tile.
-    mbar_wait(q_full, tcount & 1);
+    // Q (landed: q_full above): quantise this warpgroup's rows (the previous tile's QK^T reads of
+    // the e4m3 tile are complete: every S was waited for), publish to the async proxy, release
+    // the bf16 tile and the TileInfo copy.
     quantize_q_rows<Tr>(smem, g, tid);
     fence_proxy_async();
     asm volatile("bar.sync %0, 128;" ::"r"(3 + g) : "memory");
@@ -997,7 +1007,7 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG>::kThreads, 1)
   uint8_t* smem = smem_raw + smem_align_pad<Tr>(smem_raw);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
   if (threadIdx.x == 0) {
-    sm90::mbar_init(bars, 128);                                // q_full: producer threads
+    sm90::mbar_init(bars, 129);  // q_full: producer threads + thread 0's TileInfo arrival
     sm90::mbar_init(bars + 8, 128 * Tr::kConsumerWarpgroups);  // q_empty: consumer threads
     for (int s = 0; s < Tr::kStages; ++s) {
       sm90::mbar_init(fp8_bar(bars, s, 0), 128);                            // k_full
