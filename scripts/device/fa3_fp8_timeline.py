@@ -6,8 +6,8 @@ warpgroups' GEMMs and softmaxes overlap on the SM.
 
   python3 scripts/device/fa3_fp8_timeline.py FILE.bin [FILE.bin ...]
 
-Per key block of one warpgroup (events 0..6; event 7 of blocks 0..5 holds the unit start, Q ready,
-O stored, the block count, the speculation failures and the loop end):
+Per key block of one warpgroup (events 0..6; event 7 of blocks 0..6 holds the unit start, Q ready,
+O stored, the block count, the speculation failures, the loop end and the q_full wait's end):
   wait_k   block start -> its K stage full      qk      -> S = Q K^T complete (issue + GEMM + wait)
   softmax  -> P packed, O rescaled               wait_vt -> its V^T stage full
   pv0      -> P V chunk 0 complete and added     pv1     -> chunk 1 complete and added
@@ -68,7 +68,8 @@ def summarise(path):
     # Softmax durations by how much of them other warpgroups' softmaxes cover (summed over the
     # other two, as a fraction of the duration): < 1/8, 1/8-3/8, 3/8-5/8, 5/8-7/8, >= 7/8.
     by_overlap = [[] for _ in range(5)]
-    boundary = {"q": [], "epilogue": [], "first_block": []}
+    boundary = {"q": [], "epilogue": [], "first_block": [], "q_wait": [], "spread_start": [],
+                "spread_landed": [], "q_wait_later": []}
     bad = 0
     for b in range(grid):
         for r in range(UNITS):
@@ -76,6 +77,11 @@ def summarise(path):
             if nblk == 0 or ev(words, per_cta, b, r, 0, 0, 7) == 0:
                 continue
             unit_rows.append(nblk)
+            # How far apart the three warpgroups start the unit and see its Q land.
+            for key, blk in (("spread_start", 0), ("spread_landed", 6)):
+                ts = [ev(words, per_cta, b, r, g, blk, 7) for g in range(WGS)]
+                if all(ts) and r > 0:
+                    boundary[key].append(max(ts) - min(ts))
             bad += sum(ev(words, per_cta, b, r, g, 4, 7) for g in range(WGS))
             usable = min(nblk, BLOCKS)
             for g in range(WGS):
@@ -84,6 +90,11 @@ def summarise(path):
                 stored = ev(words, per_cta, b, r, g, 2, 7)
                 if qdone and start:
                     boundary["q"].append(qdone - start)
+                landed = ev(words, per_cta, b, r, g, 6, 7)
+                if landed and start:
+                    boundary["q_wait"].append(landed - start)
+                    if r > 0:  # not the CTA's first unit, whose Q load starts with the kernel
+                        boundary["q_wait_later"].append(landed - start)
                 first = ev(words, per_cta, b, r, g, 0, 0)
                 if first and qdone:
                     boundary["first_block"].append(ev(words, per_cta, b, r, g, 0, 6) - qdone)
@@ -165,6 +176,16 @@ def summarise(path):
           ", ".join(f"{med(x):.0f} ({len(x)})" for x in by_overlap) + " cycles (medians, count)")
     print(f"  boundary: Q quantise {med(boundary['q']):.0f}, first block {med(boundary['first_block']):.0f}, "
           f"loop end -> O stored {med(boundary['epilogue']):.0f} cycles (medians)")
+    if boundary["q_wait"]:
+        print(f"  unit start -> Q landed (q_full) {med(boundary['q_wait']):.0f}, units after the "
+              f"first {med(boundary['q_wait_later']):.0f}; warpgroup spread (max - min, units after "
+              f"the first) at the start {med(boundary['spread_start']):.0f}, when Q landed "
+              f"{med(boundary['spread_landed']):.0f} cycles (medians)")
+        later = boundary["q_wait_later"]
+        if later:
+            late = sum(1 for x in later if x > 500) / len(later)
+            print(f"  units after the first whose warpgroup waited > 500 cycles for Q: "
+                  f"{100 * late:.0f}% of {len(later)}")
 
 
 if __name__ == "__main__":

@@ -635,12 +635,13 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
   const int units = p.num_tiles * p.num_q_heads;
   const int vunits = scheduled_units(p);
   for (int round = 0, unit = unit_at(p, 0); unit < vunits; unit = unit_at(p, ++round), ++tcount) {
-    // Timeline builds, event 7 of blocks 0..5: unit start, Q quantised, O stored, key blocks,
-    // speculation failures (values), the key-block loop's end.
+    // Timeline builds, event 7 of blocks 0..6: unit start, Q quantised, O stored, key blocks,
+    // speculation failures (values), the key-block loop's end, Q landed (q_full).
     const bool who = kWG == 3 && tid == 0;
     fp8_stamp(p, round, g, 0, 7, who);
     // The unit's geometry: the producer's copy (Fa3Params::unit_smem) lands with the Q tile.
     mbar_wait(q_full, tcount & 1);
+    fp8_stamp(p, round, g, 6, 7, who);
     const TileInfo t =
         p.unit_smem ? load_tile_info(base + Tr::kInfoOffset) : decode_unit<Tr>(p, unit, units);
     const bool last_unit = unit_at(p, round + 1) >= vunits;
