@@ -695,6 +695,95 @@ TEST(Fa3Fp8Test, E4m3KvAtOtherHeadDimsFallsBack) {
   run_and_compare(fp8(prefill("e4m3_d64", {40, 0}, {60, 17}, 16, 8, 2, 64)), true);
 }
 
+// The FP8 three-warpgroup kernels store full 64-row O tiles by TMA (Fa3Params::o_tma) through a
+// map built from out's strides. Outputs that are not [T, H, D] contiguous must get the same bits
+// as the contiguous run, and the padding between rows must stay as it was:
+//  * heads padded to 136 columns;
+//  * one spare head per token;
+//  * heads-major storage viewed as [T, H, D].
+// Two cases: unpromoted (700 and 64 + 400 tokens) and promoted (2304 keys, past 2048). With the
+// default knobs each runs the 192-row kernel, with full tiles (TMA stores) and partial ones
+// (register stores); ATTNKIT_FA3_O_TMA=0 and the other knob runs check the register stores.
+TEST(Fa3Fp8Test, StridedOutMatchesContiguous) {
+  const CaseSpec cases[] = {fp8(prefill("fp8_strided_out", {0, 64}, {700, 400}, 16, 4, 2, 128)),
+                            fp8(prefill("fp8_strided_out_promoted", {0}, {2304}, 16, 4, 2, 128))};
+  for (const CaseSpec& spec : cases) {
+    SCOPED_TRACE(spec.name);
+    if (!expects_wgmma(spec) || !expects_fp8_kernel(spec)) GTEST_SKIP() << "no SM90 FP8 kernel";
+    Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    Result<std::unique_ptr<AttentionBackend>> backend = create_fa3_backend(pc->context());
+    ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+    AttentionBackend& b = **backend;
+    ASSERT_TRUE(harness::run_backend(b, *pc, /*save_kv=*/true).is_ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Result<harness::Comparison> cmp = harness::compare_with_reference(*pc);
+    ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+    EXPECT_TRUE(passes_fp8(*cmp)) << cmp->summary();
+    const Fa3Stats* st = fa3_stats(b);
+    ASSERT_NE(st, nullptr);
+    ASSERT_GT(st->wgmma_fp8_calls, 0);
+    // Knobs may pick another variant; the layouts must match whichever kernel ran.
+    if (three_warpgroups_allowed() && default_fp8_knobs()) {
+      EXPECT_EQ(st->last_block_m, 192) << "the TMA-store kernel did not run";
+    }
+
+    const int64_t t = pc->num_tokens, hq = spec.num_q_heads, d = 128;
+    struct Layout {
+      const char* name;
+      int64_t elems;       // bf16 elements of the buffer
+      int64_t strides[3];  // token, head, column
+    };
+    const Layout layouts[] = {
+        {"head stride 136", t * hq * 136, {hq * 136, 136, 1}},
+        {"a spare head per token", t * (hq + 1) * d, {(hq + 1) * d, d, 1}},
+        {"heads-major", t * hq * d, {d, t * d, 1}},
+    };
+    for (const harness::LayerData& ld : pc->layers) {
+      std::vector<uint16_t> want(static_cast<size_t>(t * hq * d));
+      ASSERT_EQ(cudaMemcpy(want.data(), ld.out.data, want.size() * 2, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      for (const Layout& lay : layouts) {
+        SCOPED_TRACE(lay.name);
+        const size_t bytes = static_cast<size_t>(lay.elems) * 2;
+        void* buf = nullptr;
+        ASSERT_EQ(cudaMalloc(&buf, bytes), cudaSuccess);
+        ASSERT_EQ(cudaMemset(buf, 0xff, bytes), cudaSuccess);  // NaN bf16: the untouched marker
+        TensorView out = ld.out;
+        out.data = buf;
+        for (int i = 0; i < 3; ++i) out.strides[i] = lay.strides[i];
+        const Status planned = b.init_forward_metadata(pc->batch);
+        ASSERT_TRUE(planned.is_ok()) << planned.to_string();
+        const Status s = b.forward(ld.q, {}, {}, out, ld.layer, pc->batch, false, ld.lse);
+        ASSERT_TRUE(s.is_ok()) << s.to_string();
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<uint16_t> got(static_cast<size_t>(lay.elems));
+        ASSERT_EQ(cudaMemcpy(got.data(), buf, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaFree(buf), cudaSuccess);
+        std::vector<uint8_t> covered(got.size(), 0);
+        int64_t bad_rows = 0;
+        for (int64_t tok = 0; tok < t; ++tok) {
+          for (int64_t h = 0; h < hq; ++h) {
+            const int64_t at = tok * lay.strides[0] + h * lay.strides[1];
+            bool same = true;
+            for (int64_t c = 0; c < d; ++c) {
+              covered[static_cast<size_t>(at + c)] = 1;
+              same = same && got[static_cast<size_t>(at + c)] ==
+                                 want[static_cast<size_t>((tok * hq + h) * d + c)];
+            }
+            bad_rows += same ? 0 : 1;
+          }
+        }
+        int64_t gap_written = 0;
+        for (size_t i = 0; i < got.size(); ++i) gap_written += !covered[i] && got[i] != 0xffff;
+        EXPECT_EQ(bad_rows, 0) << "of " << t * hq << " (token, head) rows differ from the "
+                               << "contiguous run";
+        EXPECT_EQ(gap_written, 0) << "padding elements written";
+      }
+    }
+  }
+}
+
 // ---- CUDA graphs (decode, delegated): replay equals eager bit for bit ----
 
 TEST(Fa3GraphTest, DecodeReplayIsBitIdenticalToEager) {
