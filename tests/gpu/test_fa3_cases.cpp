@@ -701,14 +701,29 @@ TEST(Fa3Fp8Test, E4m3KvAtOtherHeadDimsFallsBack) {
 //  * heads padded to 136 columns;
 //  * one spare head per token;
 //  * heads-major storage viewed as [T, H, D].
-// Two cases: unpromoted (700 and 64 + 400 tokens) and promoted (2304 keys, past 2048). With the
-// default knobs each runs the 192-row kernel, with full tiles (TMA stores) and partial ones
-// (register stores); ATTNKIT_FA3_O_TMA=0 and the other knob runs check the register stores.
+// The LSE of every run must equal the contiguous run's as well. Three runs, each on the 192-row
+// kernel with the default knobs:
+//  * unpromoted (700 and 64 + 400 tokens): full tiles (TMA stores) and partial ones (register
+//    stores);
+//  * promoted (2304 keys, past 2048) with the tail split off: 48 full tiles, all TMA-stored;
+//  * the same with the split the model picks there (48 units on 132 SMs): every unit a piece,
+//    merged into out by the merge kernel.
+// ATTNKIT_FA3_O_TMA=0 and the other knob runs check the register stores the same way.
 TEST(Fa3Fp8Test, StridedOutMatchesContiguous) {
-  const CaseSpec cases[] = {fp8(prefill("fp8_strided_out", {0, 64}, {700, 400}, 16, 4, 2, 128)),
-                            fp8(prefill("fp8_strided_out_promoted", {0}, {2304}, 16, 4, 2, 128))};
-  for (const CaseSpec& spec : cases) {
+  struct Run {
+    CaseSpec spec;
+    const char* split;  // ATTNKIT_FA3_SPLIT for the run, or nullptr: as set
+  };
+  const Run runs[] = {
+      {fp8(prefill("fp8_strided_out", {0, 64}, {700, 400}, 16, 4, 2, 128)), nullptr},
+      {fp8(prefill("fp8_strided_out_promoted", {0}, {2304}, 16, 4, 2, 128)), "0"},
+      {fp8(prefill("fp8_strided_out_promoted_split", {0}, {2304}, 16, 4, 2, 128)), nullptr},
+  };
+  for (const Run& run : runs) {
+    const CaseSpec& spec = run.spec;
     SCOPED_TRACE(spec.name);
+    std::optional<ScopedEnv> split;
+    if (run.split != nullptr) split.emplace("ATTNKIT_FA3_SPLIT", run.split);
     if (!expects_wgmma(spec) || !expects_fp8_kernel(spec)) GTEST_SKIP() << "no SM90 FP8 kernel";
     Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
     ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
@@ -726,6 +741,7 @@ TEST(Fa3Fp8Test, StridedOutMatchesContiguous) {
     // Knobs may pick another variant; the layouts must match whichever kernel ran.
     if (three_warpgroups_allowed() && default_fp8_knobs()) {
       EXPECT_EQ(st->last_block_m, 192) << "the TMA-store kernel did not run";
+      if (run.split != nullptr) EXPECT_EQ(st->last_split_units, 0) << "split pieces, not tiles";
     }
 
     const int64_t t = pc->num_tokens, hq = spec.num_q_heads, d = 128;
@@ -743,6 +759,12 @@ TEST(Fa3Fp8Test, StridedOutMatchesContiguous) {
       std::vector<uint16_t> want(static_cast<size_t>(t * hq * d));
       ASSERT_EQ(cudaMemcpy(want.data(), ld.out.data, want.size() * 2, cudaMemcpyDeviceToHost),
                 cudaSuccess);
+      ASSERT_TRUE(ld.lse.defined());
+      const size_t lse_bytes = static_cast<size_t>(ld.lse.storage_bytes());
+      std::vector<uint8_t> want_lse(lse_bytes), got_lse(lse_bytes);
+      ASSERT_EQ(cudaMemcpy(want_lse.data(), ld.lse.data, lse_bytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemset(ld.lse.data, 0xff, lse_bytes), cudaSuccess);  // rewritten by each run
       for (const Layout& lay : layouts) {
         SCOPED_TRACE(lay.name);
         const size_t bytes = static_cast<size_t>(lay.elems) * 2;
@@ -758,8 +780,13 @@ TEST(Fa3Fp8Test, StridedOutMatchesContiguous) {
         ASSERT_TRUE(s.is_ok()) << s.to_string();
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         std::vector<uint16_t> got(static_cast<size_t>(lay.elems));
-        ASSERT_EQ(cudaMemcpy(got.data(), buf, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        const cudaError_t copied = cudaMemcpy(got.data(), buf, bytes, cudaMemcpyDeviceToHost);
         ASSERT_EQ(cudaFree(buf), cudaSuccess);
+        ASSERT_EQ(copied, cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(got_lse.data(), ld.lse.data, lse_bytes, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        EXPECT_EQ(got_lse, want_lse) << "the LSE differs from the contiguous run's";
+        ASSERT_EQ(cudaMemset(ld.lse.data, 0xff, lse_bytes), cudaSuccess);
         std::vector<uint8_t> covered(got.size(), 0);
         int64_t bad_rows = 0;
         for (int64_t tok = 0; tok < t; ++tok) {
