@@ -178,6 +178,22 @@ __device__ __forceinline__ TileInfo decode_unit(const Fa3Params& p, int v, int u
   return t;
 }
 
+// Fa3Params::unit_smem, both prefill kernels. The producer: thread 0 copies the unit's TileInfo
+// (when on) and makes q_full's extra arrival, which releases the copy (q_full counts 129). The
+// consumers, after their q_full wait: the copy, or the plan decoded again.
+__device__ __forceinline__ void publish_tile_info(const Fa3Params& p, uint32_t info,
+                                                  const TileInfo& t, uint32_t q_full, int tid) {
+  if (tid == 0) {
+    if (p.unit_smem) store_tile_info(info, t);
+    sm90::mbar_arrive(q_full);
+  }
+}
+template <typename Tr>
+__device__ __forceinline__ TileInfo unit_tile_info(const Fa3Params& p, uint32_t info, int unit,
+                                                   int units) {
+  return p.unit_smem ? load_tile_info(info) : decode_unit<Tr>(p, unit, units);
+}
+
 // The schedule length of the prefill kernels (the tail split's pieces included).
 __device__ __forceinline__ int scheduled_units(const Fa3Params& p) {
   return static_cast<int>(virtual_units(static_cast<int64_t>(p.num_tiles) * p.num_q_heads,
@@ -329,10 +345,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
     // cp.async gather; by TMA they hold the neighbouring requests' tokens, or zeros outside q.
     mbar_wait(q_empty, (tcount & 1) ^ 1);
     stamp(p, round, 17, tid == 0);
-    if (tid == 0) {  // q_full counts this extra arrival: it releases the TileInfo copy
-      if (p.unit_smem) store_tile_info(base + Tr::kInfoOffset, t);
-      mbar_arrive(q_full);
-    }
+    publish_tile_info(p, base + Tr::kInfoOffset, t, q_full, tid);
     if (p.q_tma) {
       static_assert(Tr::kQBytes == Tr::kBlockM * kD * 2);
       load_q_tile_tma<Tr::kBlockM, kD, /*kDiag=*/true>(p, t, sQ, q_full, tid);
@@ -792,8 +805,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
     const bool who = tid == 0;  // timeline builds: the warpgroup's first thread stamps
     stamp(p, round, 8 * g + 0, who);
     mbar_wait(q_full, tcount & 1);
-    const TileInfo t =
-        p.unit_smem ? load_tile_info(c.base + Tr::kInfoOffset) : decode_unit<Tr>(p, unit, units);
+    const TileInfo t = unit_tile_info<Tr>(p, c.base + Tr::kInfoOffset, unit, units);
     const bool last_unit = unit_at(p, round + 1) >= vunits;
     // This thread's two rows (r, r + 8) within the tile and their query positions.
     const int row0 = g * 64 + c.warp * 16 + lane / 4;
