@@ -177,8 +177,8 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->tile_anchor_ = tile_anchor_from_env();
   e->diag_ = env_int_if(
       "ATTNKIT_FA3_DIAG", 0,
-      [](int bits) { return bits >= 0 && (bits & ~(1 | 2 | 4 | 8 | 16)) == 0; },
-      "a sum of the Fa3Params::diag bits 1, 2, 4, 8, 16");
+      [](int bits) { return bits >= 0 && (bits & ~(1 | 2 | 4 | 8 | 16 | 32)) == 0; },
+      "a sum of the Fa3Params::diag bits 1, 2, 4, 8, 16, 32");
   // 0: never split the tail; n >= 2: split it into up to n pieces whenever possible (tests).
   e->split_forced_ = env_int_if(
       "ATTNKIT_FA3_SPLIT", -1, [](int n) { return n == 0 || (n >= 2 && n <= 1024); },

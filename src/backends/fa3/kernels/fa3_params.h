@@ -194,8 +194,9 @@ struct Fa3Params {
   // Diagnostics only (wrong results; timing decomposition): bit 1 = the producer loads nothing,
   // 2 = no softmax (P = raw S), 4 = (FP8 kernel) no V transpose, 8 = (bf16 / f16 kernel) no Q
   // tile loads (the consumers multiply whatever the Q buffer holds), 16 = (bf16 / f16 kernel) no O
-  // / LSE stores. (GEMM-off bits are not offered: a branch around a wgmma makes ptxas serialise
-  // every wgmma of the kernel.)
+  // / LSE stores, 32 = (FP8 kernel) Q quantised in each CTA's first unit only (later units reuse
+  // its e4m3 tile and row scales: the time an e4m3 Q input would save). (GEMM-off bits are not
+  // offered: a branch around a wgmma makes ptxas serialise every wgmma of the kernel.)
   int diag = 0;
 #if defined(ATTNKIT_FA3_TIMELINE)
   // Timeline builds only (-DATTNKIT_FA3_TIMELINE in the C++ and CUDA flags; never the default):

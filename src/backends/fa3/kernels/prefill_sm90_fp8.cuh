@@ -43,7 +43,8 @@
 //     the second overlapping the next block's softmax; the three-warpgroup loop issues both at
 //     once and adds chunk 0 while chunk 1 runs.
 //   Diagnostics (Fa3Params::diag, timing only): bit 1 no K/V loads, 2 no softmax (the exact step
-//   only: blocks that speculate still compute), 4 no in-kernel V transpose.
+//   only: blocks that speculate still compute), 4 no in-kernel V transpose, 32 Q quantised in the
+//   CTA's first unit only.
 //
 // Layout of shared memory (dynamic, aligned to 1024 bytes in the kernel):
 //   Q bf16 [64 kWG x 128] | Q e4m3 [64 kWG x 128] | K [3][kN x 128] | V [3] (kN 128, kWG 2) |
@@ -662,7 +663,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     // Q (landed: q_full above): quantise this warpgroup's rows (the previous tile's QK^T reads of
     // the e4m3 tile are complete: every S was waited for), publish to the async proxy, release
     // the bf16 tile and the TileInfo copy.
-    quantize_q_rows<Tr>(smem, g, tid);
+    if ((p.diag & 32) == 0 || tcount == 0) quantize_q_rows<Tr>(smem, g, tid);
     fence_proxy_async();
     asm volatile("bar.sync %0, 128;" ::"r"(3 + g) : "memory");
     mbar_arrive(q_empty);
