@@ -17,7 +17,8 @@
 // (default head_dim); decode and mla_decode: kv_len, or kv_lens (one length per request, for
 // uneven batches: batch = its size, kv_len = its longest; "batch" may be given only if equal,
 // "kv_len" not with it; in a sweep each value is a list, e.g. "kv_lens": [[4096, 128, 128]]);
-// extend: prefix_len (default 0), new_tokens, causal (default true); decode and extend:
+// extend: prefix_len (default 0), new_tokens, causal (default true), fp8_q (default false: q in
+// fp8_e4m3 with a per-layer scale, the case named with "_qfp8"); decode and extend:
 // shared_prefix (default 0: leading tokens shared by every request, a multiple of page_size);
 // mla_decode: kv_lora_rank (default 512), qk_rope_head_dim (default 64), s_q (default 1; > 1: a
 // topk-1 verify chain of s_q tokens ending at kv_len), no kv_heads / head_dim / v_head_dim (they
@@ -80,7 +81,7 @@ inline bool key_allowed(BenchKind kind, const std::string& key) {
     case BenchKind::kExtend:
       return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
              key == "prefix_len" || key == "new_tokens" || key == "causal" ||
-             key == "shared_prefix";
+             key == "shared_prefix" || key == "fp8_q";
     case BenchKind::kMlaDecode:
       return key == "kv_len" || key == "kv_lens" || key == "kv_lora_rank" ||
              key == "qk_rope_head_dim" || key == "s_q";
@@ -95,7 +96,7 @@ inline const char* allowed_keys(BenchKind kind) {
              "kv_len, kv_lens, shared_prefix, shuffle_pages";
     case BenchKind::kExtend:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
-             "prefix_len, new_tokens, causal, shared_prefix, shuffle_pages";
+             "prefix_len, new_tokens, causal, shared_prefix, fp8_q, shuffle_pages";
     case BenchKind::kMlaDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lens, kv_lora_rank, "
              "qk_rope_head_dim, s_q, shuffle_pages";
@@ -186,6 +187,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
     return get_int(v[1], where + "[1] (kv_heads)", 1, &c->kv_heads);
   }
   if (key == "causal") return get_bool(v, where, &c->causal);
+  if (key == "fp8_q") return get_bool(v, where, &c->fp8_q);
   if (key == "dtype" || key == "kv_dtype") {
     if (!v.is_string()) {
       return Status::invalid_argument(where + ": expected a dtype name string, got " +
@@ -242,6 +244,7 @@ inline std::string case_name(const BenchCase& c) {
   s << "_kv" << dtype_name(c.kv_dtype);
   if (c.dtype != DType::kBF16) s << "_act" << dtype_name(c.dtype);
   if (c.kind == BenchKind::kExtend && !c.causal) s << "_bidir";
+  if (c.fp8_q) s << "_qfp8";
   if (c.shared_prefix > 0) s << "_shared" << c.shared_prefix;
   if (!c.shuffle_pages) s << "_inorder";
   return s.str();

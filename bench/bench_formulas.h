@@ -63,6 +63,9 @@ struct BenchCase {
   bool shuffle_pages = true;
   DType dtype = DType::kBF16;     // q, new k/v and out
   DType kv_dtype = DType::kBF16;  // KV pool storage
+  // Extend: q handed over in fp8_e4m3 with a per-layer q_scale (the fa3 FP8 prefill's e4m3
+  // input; harness::CaseSpec::fp8_q); k / v / out stay `dtype`.
+  bool fp8_q = false;
   // MLA decode: query tokens per request. s_q > 1 is a topk-1 verify chain (TARGET_VERIFY): the
   // last s_q of the kv_len keys are the drafts, draft i sees kv_len - s_q + 1 + i keys.
   int s_q = 1;
@@ -153,7 +156,7 @@ inline double attention_flops(const BenchCase& c) {
 inline double attention_bytes(const BenchCase& c) {
   const int64_t act = dtype_bits(c.dtype) / 8;
   const int64_t t = c.num_tokens();
-  const int64_t q_bytes = t * c.q_heads * c.head_dim * act;
+  const int64_t q_bytes = t * c.q_heads * c.head_dim * (c.fp8_q ? 1 : act);
   const int64_t out_bytes = t * c.q_heads * c.v_head_dim * act;
   const int64_t kv_bytes = kv_tokens_total(c) * kv_bytes_per_token(c);
   return static_cast<double>(kv_bytes + q_bytes + out_bytes);

@@ -84,6 +84,7 @@ Json case_params(const BenchCase& c) {
   if (!c.shuffle_pages) p["shuffle_pages"] = false;
   p["dtype"] = dtype_name(c.dtype);
   p["kv_dtype"] = dtype_name(c.kv_dtype);
+  if (c.fp8_q) p["fp8_q"] = true;
   return p;
 }
 

@@ -110,11 +110,13 @@ class AttentionBackend {
 
 // Shared input validation for forward_extend / forward_decode: shapes, dtypes, devices, head
 // counts vs the layer, lengths vs pool capacity, and the values of host-resident sinks (finite or
-// -inf; device sinks are not read). Every backend calls it before any launch.
+// -inf; device sinks are not read). Every backend calls it before any launch. allow_fp8_q: q may
+// be fp8_e4m3 (AttentionLayer::q_scale; out, k and v then share out's dtype), for a backend
+// that takes e4m3 q; false (the default) refuses it by name.
 Status validate_forward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const AttentionLayer& layer,
                                const ForwardBatch& batch, bool save_kv, const TensorView& lse,
-                               Device device);
+                               Device device, bool allow_fp8_q = false);
 
 // forward_decode takes decode batches only and forward_extend every other mode (forward() picks
 // the entry point from batch.mode): the wrong one is an error naming `backend`, the entry point

@@ -97,6 +97,10 @@ Status check_layer(const AttentionLayer& layer) {
     return Status::invalid_argument(cat("layer.k_scale ", layer.k_scale, " and layer.v_scale ",
                                         layer.v_scale, " must be finite and > 0"));
   }
+  if (!(layer.q_scale > 0.f) || !std::isfinite(layer.q_scale)) {
+    return Status::invalid_argument(
+        cat("layer.q_scale ", layer.q_scale, " must be finite and > 0 (1 unless q is fp8_e4m3)"));
+  }
   if (layer.is_mla) {
     const int row = layer.kv_lora_rank + layer.qk_rope_head_dim;
     if (layer.kv_lora_rank <= 0 || layer.qk_rope_head_dim < 0) {
@@ -230,7 +234,7 @@ namespace {
 Status validate_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView* out, const AttentionLayer& layer,
                        const ForwardBatch& batch, bool save_kv, const TensorView& lse,
-                       Device device) {
+                       Device device, bool allow_fp8_q) {
   ATTNKIT_RETURN_IF_ERROR(check_layer(layer));
   if (batch.mode == ForwardMode::kIdle) return Status::ok();
   ATTNKIT_RETURN_IF_ERROR(batch.validate());
@@ -258,15 +262,29 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
 
   // Activations.
   if (!q.defined()) return Status::invalid_argument("q is missing (null data)");
-  if (!is_activation_dtype(q.dtype)) {
+  // The activations' dtype (out, k, v): q's, or with an e4m3 q (allow_fp8_q) out's (the
+  // reference, which has no out: k's, else bf16).
+  const bool fp8_q = allow_fp8_q && q.dtype == DType::kFP8E4M3;
+  const DType act = !fp8_q           ? q.dtype
+                    : out != nullptr ? out->dtype
+                    : k.defined()    ? k.dtype
+                                     : DType::kBF16;
+  if (!is_activation_dtype(q.dtype) && !fp8_q) {
+    return Status::invalid_argument(cat("q: dtype ", dtype_name(q.dtype),
+                                        " is not supported (expected f32, f16 or bf16",
+                                        allow_fp8_q ? ", or fp8_e4m3 with layer.q_scale)" : ")"));
+  }
+  if (fp8_q && !is_activation_dtype(act)) {
     return Status::invalid_argument(
-        cat("q: dtype ", dtype_name(q.dtype), " is not supported (expected f32, f16 or bf16)"));
+        cat("q: dtype fp8_e4m3 needs out / k / v in f32, f16 or bf16, "
+            "not ",
+            dtype_name(act)));
   }
   ATTNKIT_RETURN_IF_ERROR(check_exact(q, "q", {t, hq, dqk}, "[tokens, q_heads, qk_head_dim]"));
   ATTNKIT_RETURN_IF_ERROR(check_on(q, "q", device));
   if (out != nullptr) {
     if (!out->defined()) return Status::invalid_argument("out is missing (null data)");
-    if (out->dtype != q.dtype) {
+    if (out->dtype != act) {
       return Status::invalid_argument(cat("out: dtype ", dtype_name(out->dtype),
                                           " must equal q's dtype ", dtype_name(q.dtype)));
     }
@@ -277,17 +295,17 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
   const bool k_given = k.defined();
   const bool v_given = v.defined();
   if (k_given) {
-    if (k.dtype != q.dtype) {
-      return Status::invalid_argument(
-          cat("k: dtype ", dtype_name(k.dtype), " must equal q's dtype ", dtype_name(q.dtype)));
+    if (k.dtype != act) {
+      return Status::invalid_argument(cat("k: dtype ", dtype_name(k.dtype), " must equal ",
+                                          fp8_q ? "out's dtype " : "q's dtype ", dtype_name(act)));
     }
     ATTNKIT_RETURN_IF_ERROR(check_exact(k, "k", {t, hkv, dqk}, "[tokens, kv_heads, qk_head_dim]"));
     ATTNKIT_RETURN_IF_ERROR(check_on(k, "k", device));
   }
   if (v_given) {
-    if (v.dtype != q.dtype) {
-      return Status::invalid_argument(
-          cat("v: dtype ", dtype_name(v.dtype), " must equal q's dtype ", dtype_name(q.dtype)));
+    if (v.dtype != act) {
+      return Status::invalid_argument(cat("v: dtype ", dtype_name(v.dtype), " must equal ",
+                                          fp8_q ? "out's dtype " : "q's dtype ", dtype_name(act)));
     }
     ATTNKIT_RETURN_IF_ERROR(check_exact(v, "v", {t, hkv, dv}, "[tokens, kv_heads, v_head_dim]"));
     ATTNKIT_RETURN_IF_ERROR(check_on(v, "v", device));
@@ -477,14 +495,15 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
 Status validate_forward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const AttentionLayer& layer,
                                const ForwardBatch& batch, bool save_kv, const TensorView& lse,
-                               Device device) {
-  return validate_inputs(q, k, v, &out, layer, batch, save_kv, lse, device);
+                               Device device, bool allow_fp8_q) {
+  return validate_inputs(q, k, v, &out, layer, batch, save_kv, lse, device, allow_fp8_q);
 }
 
 Status validate_reference_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const AttentionLayer& layer, const ForwardBatch& batch,
                                  Device device) {
-  return validate_inputs(q, k, v, nullptr, layer, batch, /*save_kv=*/false, TensorView(), device);
+  return validate_inputs(q, k, v, nullptr, layer, batch, /*save_kv=*/false, TensorView(), device,
+                         /*allow_fp8_q=*/true);
 }
 
 }  // namespace attnkit

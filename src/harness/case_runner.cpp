@@ -364,6 +364,11 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
     // own (prepare_case draws none), so only the new tokens' V would move.
     return bad(cat("v_mean ", s.v_mean, " must be finite, and 0 for MLA cases"));
   }
+  if (s.fp8_q && (s.mla || (s.q_dtype != DType::kBF16 && s.q_dtype != DType::kF16 &&
+                            s.q_dtype != DType::kF32))) {
+    return bad(cat("fp8_q needs an MHA case with an f32 / f16 / bf16 q_dtype (got ",
+                   s.mla ? "MLA" : dtype_name(s.q_dtype), ")"));
+  }
   if (o.num_layers < 1) return bad(cat("num_layers ", o.num_layers, " must be >= 1"));
   if (o.spare_pages < 0) return bad(cat("spare_pages ", o.spare_pages, " must be >= 0"));
   return Status::ok();
@@ -686,6 +691,7 @@ std::string CaseSpec::describe() const {
   if (shared_prefix > 0) os << " shared " << shared_prefix;
   if (mla_prefix_chunk > 0) os << " prefix chunks of " << mla_prefix_chunk;
   if (v_mean != 0.f) os << " v_mean " << v_mean;
+  if (fp8_q) os << " q in fp8_e4m3";
   return os.str();
 }
 
@@ -1189,10 +1195,17 @@ Result<PreparedCase> prepare_case_unguarded(const CaseSpec& spec, Device device,
           pc.kv_pool->set_kv(l, hist_loc, hk, hv, layer.k_scale, layer.v_scale, nullptr));
     }
 
-    // New tokens.
+    // New tokens (fp8_q: q stored as e4m3 with the layer's scale, amax / 448).
+    std::vector<float> qvals = normals(t * spec.num_q_heads * spec.head_dim);
+    if (spec.fp8_q) {
+      float amax = 0.f;
+      for (float x : qvals) amax = std::max(amax, std::fabs(x));
+      layer.q_scale = amax > 0.f ? amax / 448.f : 1.f;
+      for (float& x : qvals) x /= layer.q_scale;
+    }
     ATTNKIT_ASSIGN_OR_RETURN(
-        ld.q, upload_floats(pc.storage, device, spec.q_dtype, {t, spec.num_q_heads, spec.head_dim},
-                            normals(t * spec.num_q_heads * spec.head_dim)));
+        ld.q, upload_floats(pc.storage, device, spec.fp8_q ? DType::kFP8E4M3 : spec.q_dtype,
+                            {t, spec.num_q_heads, spec.head_dim}, qvals));
     const std::vector<float> kvals = normals(t * spec.num_kv_heads * spec.head_dim);
     ATTNKIT_ASSIGN_OR_RETURN(ld.k, upload_floats(pc.storage, device, spec.q_dtype,
                                                  {t, spec.num_kv_heads, spec.head_dim}, kvals));

@@ -20,6 +20,7 @@
 //    the natural log of that full denominator: lse = log(sum_j exp(logit_j) + exp(sink_h)).
 //  * fp8 KV: logits use the dequantised keys (stored * k_scale), outputs the dequantised values
 //    (stored * v_scale); fp4: code * block scale * layer scale. Non-quantised pools ignore scales.
+//    An fp8_q case's logits use the dequantised q (stored * q_scale).
 //  * Layers: every case runs `num_layers` layers with independent data. With cross_attention the
 //    odd layers are cross-attention layers (they read encoder K/V from the pool; save_kv is off
 //    for them), the even layers self-attention over the decoder tokens.
@@ -88,6 +89,10 @@ struct CaseSpec {
   // nonzero mean O grows with the row like the softmax row sum does (the fa3 FP8 kernel's long-row
   // accumulation tests).
   float v_mean = 0.f;
+  // q handed to the backend in fp8_e4m3 (the fa3 FP8 prefill's e4m3 input): each layer's q is
+  // drawn as usual, then stored as RNE(x / q_scale) with one AttentionLayer::q_scale per layer
+  // (amax / 448); the reference reads the e4m3 values times q_scale. out, k and v stay q_dtype.
+  bool fp8_q = false;
   uint64_t seed = 0;
 
   int batch_size() const { return static_cast<int>(prefix_lens.size()); }

@@ -5,11 +5,13 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -808,6 +810,160 @@ TEST(Fa3Fp8Test, StridedOutMatchesContiguous) {
         EXPECT_EQ(gap_written, 0) << "padding elements written";
       }
     }
+  }
+}
+
+// ---- e4m3 q (AttentionLayer::q_scale): the FP8 kernel takes q already quantised ----
+
+CaseSpec fp8_q(CaseSpec c) {
+  c.kv_dtype = DType::kFP8E4M3;
+  c.fp8_q = true;
+  return c;
+}
+
+// q in fp8_e4m3 with one scale per layer (amax / 448), against the fp64 reference over the
+// dequantised q: TMA Q boxes and the cp.async gather, the 192-row kernel, promoted and
+// unpromoted, the two-warpgroup kernel with the in-kernel V transpose, bidirectional.
+TEST(Fa3Fp8Test, E4m3QInputMatchesReference) {
+  if (!expects_wgmma(fp8_q(prefill("probe", {0}, {1}, 16, 1, 1, 128))) ||
+      !expects_fp8_kernel(fp8_q(prefill("probe", {0}, {1}, 16, 1, 1, 128)))) {
+    GTEST_SKIP() << "no SM90 FP8 kernel (ATTNKIT_FA3_FP8=0 or not SM90): e4m3 q is refused there";
+  }
+  run_and_compare(fp8_q(prefill("fp8q_page16", {300, 0, 0, 77}, {437, 1, 129, 256}, 16, 8, 2, 128)),
+                  true);
+  run_and_compare(fp8_q(prefill("fp8q_page1", {100}, {500}, 1, 4, 4, 128)), false);
+  CaseSpec enc = fp8_q(prefill("fp8q_encoder", {0, 0, 0}, {700, 177, 5}, 64, 4, 2, 128));
+  enc.type = AttentionType::kEncoderOnly;
+  run_and_compare(enc, true);
+  // 2400 keys: past 2048, promoted.
+  run_and_compare(fp8_q(prefill("fp8q_promoted", {2100}, {300}, 16, 4, 2, 128)), true);
+  // A few queries over a long prefix: V transposed in the kernel.
+  run_and_compare(fp8_q(prefill("fp8q_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128)), true, 1.f,
+                  Fp8Expect{false, false, 128});
+  {
+    ScopedEnv q_tma("ATTNKIT_FA3_Q_TMA", "0");  // the cp.async gather of the e4m3 rows
+    run_and_compare(fp8_q(prefill("fp8q_gather", {0, 64}, {700, 400}, 16, 4, 2, 128)), true);
+  }
+}
+
+// The e4m3 q path computes what the bf16 path computes when the bf16 q quantises to the same
+// codes: q = code x 2^-6 with one +-448 in every (token, head) row makes the kernel's per-row
+// quantisation exact (row scale 2^-6), so with q_scale 2^-6 both runs multiply the same e4m3
+// operands by the same folded scale and must write the same bits (out and LSE).
+TEST(Fa3Fp8Test, E4m3QEqualsTheBf16QItQuantisesTo) {
+  const CaseSpec specs[] = {
+      fp8_q(prefill("fp8q_same_bits", {0, 64}, {700, 400}, 16, 4, 2, 128)),
+      fp8_q(prefill("fp8q_same_bits_promoted", {2100}, {300}, 16, 4, 2, 128)),
+  };
+  for (const CaseSpec& spec : specs) {
+    SCOPED_TRACE(spec.name);
+    if (!expects_wgmma(spec) || !expects_fp8_kernel(spec)) GTEST_SKIP() << "no SM90 FP8 kernel";
+    Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    Result<std::unique_ptr<AttentionBackend>> backend = create_fa3_backend(pc->context());
+    ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+    AttentionBackend& b = **backend;
+    ASSERT_TRUE(harness::run_backend(b, *pc, /*save_kv=*/true).is_ok());  // writes the new K / V
+    const int64_t t = pc->num_tokens, hq = spec.num_q_heads, d = 128, n = t * hq * d;
+    constexpr float kQScale = 1.f / 64.f;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.f, 64.f);
+    std::vector<uint8_t> codes(static_cast<size_t>(n));
+    std::vector<uint16_t> q_bf16(static_cast<size_t>(n));
+    for (int64_t row = 0; row < t * hq; ++row) {
+      const int64_t peak = (row * 37) % d;  // one +-448 per row: the row's amax
+      for (int64_t c = 0; c < d; ++c) {
+        const size_t i = static_cast<size_t>(row * d + c);
+        const float x =
+            c == peak ? (row % 2 == 0 ? 448.f : -448.f) : std::clamp(normal(rng), -440.f, 440.f);
+        codes[i] = float_to_fp8_e4m3(x);
+        q_bf16[i] = float_to_bf16_bits(fp8_e4m3_to_float(codes[i]) * kQScale);
+      }
+    }
+    void* q8 = nullptr;
+    void* qb = nullptr;
+    void* out2 = nullptr;
+    ASSERT_EQ(cudaMalloc(&q8, codes.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&qb, q_bf16.size() * 2), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&out2, q_bf16.size() * 2), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(q8, codes.data(), codes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(qb, q_bf16.data(), q_bf16.size() * 2, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    const TensorView q8_view(q8, DType::kFP8E4M3, Device::cuda(0), {t, hq, d});
+    const TensorView qb_view(qb, DType::kBF16, Device::cuda(0), {t, hq, d});
+    for (const harness::LayerData& ld : pc->layers) {
+      AttentionLayer layer = ld.layer;
+      layer.q_scale = kQScale;
+      TensorView out_b = ld.out;
+      out_b.data = out2;
+      const size_t lse_bytes = static_cast<size_t>(ld.lse.storage_bytes());
+      std::vector<uint8_t> lse8(lse_bytes), lseb(lse_bytes);
+      std::vector<uint16_t> o8(static_cast<size_t>(n)), ob(static_cast<size_t>(n));
+      ASSERT_EQ(cudaMemset(ld.out.data, 0xff, o8.size() * 2), cudaSuccess);  // NaN poison
+      ASSERT_EQ(cudaMemset(out2, 0xff, ob.size() * 2), cudaSuccess);
+      ASSERT_TRUE(b.init_forward_metadata(pc->batch).is_ok());
+      Status s = b.forward(q8_view, {}, {}, ld.out, layer, pc->batch, false, ld.lse);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+      ASSERT_EQ(cudaMemcpy(lse8.data(), ld.lse.data, lse_bytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemset(ld.lse.data, 0xff, lse_bytes), cudaSuccess);
+      s = b.forward(qb_view, {}, {}, out_b, layer, pc->batch, false, ld.lse);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(lseb.data(), ld.lse.data, lse_bytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(o8.data(), ld.out.data, o8.size() * 2, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(ob.data(), out2, ob.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      int64_t nan_rows = 0, diff = 0;
+      for (size_t i = 0; i < o8.size(); ++i) {
+        nan_rows += o8[i] == 0xffff ? 1 : 0;
+        diff += o8[i] != ob[i] ? 1 : 0;
+      }
+      EXPECT_EQ(nan_rows, 0) << "outputs left at the NaN poison";
+      EXPECT_EQ(diff, 0) << "of " << n << " output elements differ between e4m3 and bf16 q";
+      EXPECT_EQ(lse8, lseb) << "the LSE differs between e4m3 and bf16 q";
+    }
+    const Fa3Stats* st = fa3_stats(b);
+    ASSERT_NE(st, nullptr);
+    EXPECT_EQ(st->wgmma_fp8_calls, st->wgmma_calls);
+    EXPECT_EQ(st->flashinfer_calls, 0);
+    ASSERT_EQ(cudaFree(q8), cudaSuccess);
+    ASSERT_EQ(cudaFree(qb), cudaSuccess);
+    ASSERT_EQ(cudaFree(out2), cudaSuccess);
+  }
+}
+
+// Outside the FP8 kernel an e4m3 q is refused by name, before anything is written: a bf16 pool,
+// head dim 64, a soft-capped layer, a decode batch. The pool and out stay as they were (the
+// harness's checks: no stray pool writes, out still the NaN poison).
+TEST(Fa3Fp8Test, E4m3QRefusedOffTheFp8Kernel) {
+  CaseSpec bf16_pool = fp8_q(prefill("fp8q_bf16_pool", {40}, {60}, 16, 4, 2, 128));
+  bf16_pool.kv_dtype = DType::kBF16;
+  CaseSpec capped = fp8_q(prefill("fp8q_softcap", {40}, {60}, 16, 4, 2, 128));
+  capped.logit_cap = 30.f;
+  CaseSpec decode = fp8_q(prefill("fp8q_decode", {100, 37}, {1, 1}, 16, 4, 2, 128));
+  decode.mode = ForwardMode::kDecode;
+  const CaseSpec specs[] = {bf16_pool, fp8_q(prefill("fp8q_d64", {40}, {60}, 16, 4, 2, 64)), capped,
+                            decode};
+  for (const CaseSpec& spec : specs) {
+    SCOPED_TRACE(spec.name);
+    Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    Result<std::unique_ptr<AttentionBackend>> backend = create_fa3_backend(pc->context());
+    ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+    const Status s = harness::run_backend(**backend, *pc, /*save_kv=*/true);
+    ASSERT_FALSE(s.is_ok()) << "an e4m3 q ran off the FP8 kernel";
+    EXPECT_NE(s.message().find("fp8_e4m3"), std::string::npos) << s.to_string();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Result<harness::Comparison> c = harness::compare_with_reference(*pc);
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    EXPECT_EQ(c->pool_stray_writes, 0);
+    // Every out element and LSE value still the NaN poison.
+    const int64_t per_row = spec.v_head_dim + (pc->layers[0].lse.defined() ? 1 : 0);
+    EXPECT_EQ(c->nan_inf_count, static_cast<int64_t>(pc->num_tokens) * spec.num_q_heads * per_row *
+                                    static_cast<int64_t>(pc->layers.size()))
+        << "out or the LSE was written";
   }
 }
 

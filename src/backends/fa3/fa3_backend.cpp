@@ -102,12 +102,24 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
   ATTNKIT_RETURN_IF_ERROR(check_entry_point("fa3", /*decode_entry=*/false, batch));
   const DeviceScope scope(ctx_.device);
   ATTNKIT_RETURN_IF_ERROR(scope.status());
-  if (wgmma_ == nullptr || !wgmma_->why_not_layer(q, out, layer, batch).empty()) {
+  const std::string why_not =
+      wgmma_ == nullptr ? std::string("no SM90 wgmma prefill in this context (needs SM90, MHA)")
+                        : wgmma_->why_not_layer(q, out, layer, batch);
+  if (!why_not.empty()) {
+    // An e4m3 q runs on the FP8 wgmma kernel only; the flashinfer path would refuse it by its
+    // dtype alone, so the reason the kernel declined is the one to give.
+    if (q.dtype == DType::kFP8E4M3) {
+      return Status::invalid_argument(
+          "fa3: q dtype fp8_e4m3 (layer " + std::to_string(layer.layer_id) +
+          ") runs only on the SM90 FP8 prefill (extend / mixed / draft-extend, an fp8_e4m3 KV "
+          "pool, bf16 out, head dim 128, no window / soft-cap / sinks), which declined it: " +
+          why_not);
+    }
     ++stats_.flashinfer_calls;
     return inner_->forward_extend(q, k, v, out, layer, batch, save_kv, lse);
   }
-  ATTNKIT_RETURN_IF_ERROR(
-      validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
+  ATTNKIT_RETURN_IF_ERROR(validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse,
+                                                  ctx_.device, /*allow_fp8_q=*/true));
   ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan("fa3", stamp_, batch, stream_for(batch)));
   const StreamHandle stream = stream_for(batch);
   if (save_kv && k.defined()) {

@@ -287,8 +287,19 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
       layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads) {
     return "layer shape differs from the context";
   }
-  if (q.dtype != ctx_.q_dtype || out.dtype != ctx_.q_dtype) return "q / out dtype";
-  if (!vec_aligned(q) || !vec_aligned(out)) return "q / out rows not 16-byte aligned";
+  if (q.dtype == DType::kFP8E4M3) {  // e4m3 q (AttentionLayer::q_scale): the FP8 kernel only
+    if (!planned_fp8_) {
+      return "q dtype fp8_e4m3 (needs the FP8 kernel: an fp8_e4m3 KV pool, bf16 activations, head "
+             "dim 128)";
+    }
+    if (out.dtype != ctx_.q_dtype) return "out dtype (must be the context's q_dtype)";
+    if (!vec_aligned_fp8(q) || q.stride(2) != 1) return "fp8 q rows not 16-byte aligned";
+  } else if (q.dtype != ctx_.q_dtype || out.dtype != ctx_.q_dtype) {
+    return "q / out dtype";
+  } else if (!vec_aligned(q)) {
+    return "q rows not 16-byte aligned";
+  }
+  if (!vec_aligned(out)) return "out rows not 16-byte aligned";
   if (batch.kv_pool == nullptr || batch.kv_pool->is_mla()) return "no MHA pool";
   if (batch.batch_size != plan_bs_) return "batch size differs from the plan";
   if (batch.num_tokens != plan_tokens_) return "num_tokens differs from the plan";
@@ -325,6 +336,10 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   if (planned_fp8_) {
     p.scale_log2 *= layer.k_scale;
     p.v_scale = layer.v_scale;
+    if (q.dtype == DType::kFP8E4M3) {
+      p.q_fp8 = 1;
+      p.scale_log2 *= layer.q_scale;
+    }
   }
   const int block_n = planned_fp8_ ? planned_fp8_block_n() : block_n_;
   p.block_m = planned_block_m_;

@@ -298,7 +298,9 @@ Result<ReferenceOutput> compute_attention_fp64(const TensorView& q, const Tensor
   p.num_kv_heads = layer.num_kv_heads;
   p.dqk = layer.qk_head_dim;
   p.dv = layer.v_head_dim;
-  p.scaling = layer.scaling;
+  // An e4m3 q (the fa3 FP8 prefill's input) is stored as x / q_scale.
+  p.scaling = static_cast<double>(layer.scaling) *
+              (q.dtype == DType::kFP8E4M3 ? static_cast<double>(layer.q_scale) : 1.0);
   p.logit_cap = layer.logit_cap;
   p.sinks = layer.sinks.defined() ? layer.sinks.data_as<const float>() : nullptr;
   result.out.assign(static_cast<size_t>(t * p.num_q_heads * p.dv), 0.0);

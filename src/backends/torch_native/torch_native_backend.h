@@ -56,7 +56,7 @@ struct ReferenceOutput {
 // The whole computation of forward_extend / forward_decode without the cache write and without
 // rounding: host tensors, host pools (batch.kv_pool / batch.req_to_token_pool on the CPU). Inputs
 // are validated with validate_forward_inputs (save_kv = false) and every req_to_token entry read
-// is checked against the pool's slots.
+// is checked against the pool's slots. q may be fp8_e4m3 (dequantised with layer.q_scale).
 Result<ReferenceOutput> compute_attention_fp64(const TensorView& q, const TensorView& k,
                                                const TensorView& v, const AttentionLayer& layer,
                                                const ForwardBatch& batch);

@@ -176,6 +176,11 @@ struct Fa3Params {
   // never stored. 0: the 16-byte cp.async gather of every producer thread, those rows zero-filled.
   TmaDesc tma_q;
   int q_tma = 0;
+  // FP8 kernel: q arrives in e4m3 (AttentionLayer::q_scale, folded into scale_log2 by the engine;
+  // tma_q then has boxes {128 bytes, 1, block_m}): the producer loads it into the bf16 Q tile's
+  // place and each consumer warpgroup copies its 64 rows into the e4m3 tile instead of quantising
+  // them (the row scales are 1).
+  int q_fp8 = 0;
   // Both kernels, 1 (the engine's default; ATTNKIT_FA3_UNIT_SMEM=0: off): the producer,
   // which decodes every unit anyway, writes its TileInfo into shared memory before q_full
   // completes and the consumers read it there instead of decoding the plan again (two dependent

@@ -208,10 +208,11 @@ __device__ __forceinline__ bool block_uses_tma(const Fa3Params& p, const TileInf
 }
 
 // Producer (128 threads): tile t's Q rows into the swizzled [kBlockM x kRowChunks x 16 B] tile at
-// sQ by cp.async, one 16-byte chunk of 2-byte elements per copy. Row r = token m0 + r of the
-// request; rows outside [0, q_len) are zero-filled. Both prefill producers (bf16 / f16 and FP8)
-// call it when Fa3Params::q_tma is 0 (the TMA box otherwise).
-template <int kBlockM, int kRowChunks>
+// sQ by cp.async, one 16-byte chunk of kElemBytes-byte elements per copy. Row r = token m0 + r of
+// the request; rows outside [0, q_len) are zero-filled. Both prefill producers (bf16 / f16 and
+// FP8, whose e4m3 q (Fa3Params::q_fp8) takes kElemBytes 1 and 8 chunks: one 128-byte swizzle
+// line per row) call it when Fa3Params::q_tma is 0 (the TMA box otherwise).
+template <int kBlockM, int kRowChunks, int kElemBytes = 2>
 __device__ __forceinline__ void load_q_tile(const Fa3Params& p, const TileInfo& t, uint32_t sQ,
                                             int tid) {
   constexpr int kPasses = kBlockM * kRowChunks / 128;
@@ -223,11 +224,12 @@ __device__ __forceinline__ void load_q_tile(const Fa3Params& p, const TileInfo& 
     const int row = c / kRowChunks, chunk = c % kRowChunks;
     const int token = t.m0 + row;
     const bool valid = token >= 0 && token < t.q_len;
-    const char* src = valid
-                          ? q_base + ((static_cast<int64_t>(t.q_start + token) * p.q_stride_token +
-                                       static_cast<int64_t>(t.head) * p.q_stride_head + chunk * 8) *
-                                      2)
-                          : q_base;
+    const char* src =
+        valid ? q_base +
+                    ((static_cast<int64_t>(t.q_start + token) * p.q_stride_token +
+                      static_cast<int64_t>(t.head) * p.q_stride_head + chunk * (16 / kElemBytes)) *
+                     kElemBytes)
+              : q_base;
     sm90::cp_async_16(sQ + sm90::swizzle_offset(kBlockM, row, chunk), src, valid ? 16 : 0);
   }
 }

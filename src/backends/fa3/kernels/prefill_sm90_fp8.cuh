@@ -6,7 +6,9 @@
 //   * Q: the producer loads the bf16 tile as in the bf16 kernel; each consumer warpgroup quantises
 //     its 64 rows to e4m3 with one scale per row (amax / 448; all-zero rows: scale 1) into a
 //     second, 128-byte-swizzled K-major tile, and folds the row scale into the softmax scale
-//     (scale_log2 * k_scale * q_scale[row]).
+//     (scale_log2 * k_scale * q_scale[row]). An e4m3 q (Fa3Params::q_fp8, one
+//     AttentionLayer::q_scale in scale_log2) lands in the bf16 tile's place already in the e4m3
+//     tile's layout, and each warpgroup copies its rows over (copy_q8_rows) instead.
 //   * K: e4m3 rows of 128 bytes: one 128-byte swizzle line per row, TMA boxes {128 B, 1, rows} or
 //     the 16-byte cp.async gather (8 chunks per row). QK^T: A = Q e4m3, B = K (both K-major).
 //   * V: 8-bit wgmma operands must be K-major, so P V needs V^T ([d][keys]) in shared memory.
@@ -205,7 +207,14 @@ __device__ __forceinline__ void fp8_transpose_v(const uint8_t* sv, uint8_t* svt,
 
 // kVtPre (Fa3Params::vt_pre): V^T stages are bulk copies of the pre-transposed workspace
 // (fp8_vt_pre_kernel) on the vt_full barrier; no V load, no transpose in this kernel.
-template <bool kVtPre, int kN = 128, int kWG = 2>
+// kQIn: which q the kernel takes (kQInBf16 / kQInE4m3: that one only, compiled without the other
+// path; kQInEither: Fa3Params::q_fp8 decides at run time).
+constexpr int kQInBf16 = 0, kQInE4m3 = 1, kQInEither = 2;
+__host__ __device__ constexpr bool q_in_e4m3(int q_in, int q_fp8) {
+  return q_in == kQInE4m3 || (q_in == kQInEither && q_fp8 != 0);
+}
+
+template <bool kVtPre, int kN = 128, int kWG = 2, int kQIn = kQInEither>
 __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
   using Tr = PrefillFp8Traits<kN, kWG>;
@@ -266,7 +275,16 @@ __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) 
 
     mbar_wait(q_empty, (tcount & 1) ^ 1);
     publish_tile_info(p, base + Tr::kInfoOffset, t, q_full, tid);
-    if (p.q_tma) {  // the bf16 Q tile by TMA (Fa3Params::q_tma)
+    if (q_in_e4m3(kQIn, p.q_fp8)) {  // e4m3 q: one 128-byte line per row, by TMA or cp.async
+      static_assert(Tr::kQ8Bytes <= Tr::kQBytes, "the e4m3 tile lands in the bf16 tile's place");
+      if (p.q_tma) {
+        if (tid == 0) tma_load_3d(sQ, &p.tma_q, 0, t.head, t.q_start + t.m0, q_full);
+        arrive_tma_tile(q_full, Tr::kQ8Bytes, tid);
+      } else {
+        load_q_tile<Tr::kBlockM, Tr::kChunksPerRow, 1>(p, t, sQ, tid);
+        cp_async_arrive_noinc(q_full);
+      }
+    } else if (p.q_tma) {  // the bf16 Q tile by TMA (Fa3Params::q_tma)
       static_assert(Tr::kQBytes == Tr::kBlockM * Tr::kHeadDim * 2);
       load_q_tile_tma<Tr::kBlockM, Tr::kHeadDim, /*kDiag=*/false>(p, t, sQ, q_full, tid);
     } else {
@@ -442,6 +460,22 @@ __device__ __forceinline__ void quantize_q_rows(uint8_t* smem, int g, int tid) {
   if (half == 0) reinterpret_cast<float*>(smem + Tr::kQScaleOffset)[row] = qs;
 }
 
+// Fa3Params::q_fp8: this warpgroup's 64 e4m3 Q rows, landed in the bf16 tile's place in the
+// e4m3 tile's own layout (one 128-byte swizzle line per row), copied into the e4m3 tile (8 KB:
+// four 16-byte vectors per thread), with row scales of 1 (q_scale is in scale_log2).
+template <typename Tr>
+__device__ __forceinline__ void copy_q8_rows(uint8_t* smem, int g, int tid) {
+  asm volatile("" : "+r"(tid));  // addresses formed here, as in quantize_q_rows
+  const uint4* src = reinterpret_cast<const uint4*>(smem + Tr::kQOffset + g * 64 * 128);
+  uint4* dst = reinterpret_cast<uint4*>(smem + Tr::kQ8Offset + g * 64 * 128);
+  uint4 v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = src[tid + 128 * i];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) dst[tid + 128 * i] = v[i];
+  if (tid < 64) reinterpret_cast<float*>(smem + Tr::kQScaleOffset)[g * 64 + tid] = 1.f;
+}
+
 // Fa3Params::o_tma: this warpgroup's normalised O tile (rows wrow0 .. wrow0 + 63 of the request,
 // all in [0, q_len)) into its staging buffer by stmatrix, then two TMA boxes of 64 columns, issued
 // by the warpgroup's first thread; the LSE as store_o_tile writes it. The previous tile's boxes
@@ -607,7 +641,8 @@ __device__ __forceinline__ void promote_add(float (&o)[kPvN / 2], const float (&
 // without promotion. kPromote 1 (Fa3Params::fp8_promote 1); kPromote 2 (fp8_promote 2) orders the
 // chunks the other way (chunk 0 behind S(next), during the softmax; chunk 1 after it), for the A/B
 // of the two.
-template <bool kGemmSum, bool kSpec = false, int kN = 128, int kPromote = 0, int kWG = 2>
+template <bool kGemmSum, bool kSpec = false, int kN = 128, int kPromote = 0, int kWG = 2,
+          int kQIn = kQInEither>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   // A speculated block adds nothing to l in the softmax: its row sum must come from the GEMM.
   static_assert(!kSpec || kGemmSum, "the speculative softmax needs the GEMM row sum");
@@ -663,7 +698,11 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     // Q (landed: q_full above): quantise this warpgroup's rows (the previous tile's QK^T reads of
     // the e4m3 tile are complete: every S was waited for), publish to the async proxy, release
     // the bf16 tile and the TileInfo copy.
-    if ((p.diag & 32) == 0 || tcount == 0) quantize_q_rows<Tr>(smem, g, tid);
+    if (q_in_e4m3(kQIn, p.q_fp8)) {
+      copy_q8_rows<Tr>(smem, g, tid);
+    } else if ((p.diag & 32) == 0 || tcount == 0) {
+      quantize_q_rows<Tr>(smem, g, tid);
+    }
     fence_proxy_async();
     asm volatile("bar.sync %0, 128;" ::"r"(3 + g) : "memory");
     mbar_arrive(q_empty);
@@ -996,9 +1035,11 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 }
 
 // grid: (min(work units, SMs)) persistent; block: producer warpgroup + kWG (2 or 3) consumers.
-// kUniformWg: see warpgroup_index (prefill_sm90.cuh).
+// kUniformWg: see warpgroup_index (prefill_sm90.cuh). kQIn: the q it takes (kQInEither: bf16 or
+// e4m3 by Fa3Params::q_fp8; the three-warpgroup kernels come in one of each, kQInBf16 / kQInE4m3,
+// as the run-time choice there cost the bf16-q kernel 0.5-3.5%: H200, 2026-11-28 01:10Z).
 template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, bool kSpec = false,
-          int kN = 128, int kPromote = 0, int kWG = 2>
+          int kN = 128, int kPromote = 0, int kWG = 2, int kQIn = kQInEither>
 __global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG>::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1029,10 +1070,10 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG>::kThreads, 1)
   using Regs = Fp8RegSplit<kN, kVtPre, kPromote != 0, kWG>;
   if (wg == 0) {
     sm90::setmaxnreg_dec<Regs::kProducer>();
-    producer_fp8<kVtPre, kN, kWG>(p, smem);
+    producer_fp8<kVtPre, kN, kWG, kQIn>(p, smem);
   } else {
     sm90::setmaxnreg_inc<Regs::kConsumer>();
-    consumer_fp8<kGemmSum, kSpec, kN, kPromote, kWG>(p, smem, wg - 1);
+    consumer_fp8<kGemmSum, kSpec, kN, kPromote, kWG, kQIn>(p, smem, wg - 1);
   }
 #endif
 }

@@ -70,13 +70,18 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
       !why.empty()) {
     return Status::internal("fa3 fp8: no kernel: " + why);
   }
-  if (p.block_m == 3 * 64) {   // three consumer warpgroups (vt_pre, spec, 128-key blocks)
-    if (p.fp8_promote != 0) {  // one kernel for either chunk order (one chunk at a time)
-      return launch_fp8<prefill_sm90_fp8_kernel<true, true, true, true, 128, 2, 3>, 128, 3>(
-          p, sm_count, stream, max_kv_len);
-    }
-    return launch_fp8<prefill_sm90_fp8_kernel<true, true, true, true, 128, 0, 3>, 128, 3>(
-        p, sm_count, stream, max_kv_len);
+  if (p.block_m == 3 * 64) {  // three consumer warpgroups (vt_pre, spec, 128-key blocks)
+    // One kernel per q dtype; promoted: one for either chunk order (one chunk at a time).
+    const auto wg3 = [&]<int kPromote>() {
+      if (p.q_fp8 != 0) {
+        return launch_fp8<
+            prefill_sm90_fp8_kernel<true, true, true, true, 128, kPromote, 3, kQInE4m3>, 128, 3>(
+            p, sm_count, stream, max_kv_len);
+      }
+      return launch_fp8<prefill_sm90_fp8_kernel<true, true, true, true, 128, kPromote, 3, kQInBf16>,
+                        128, 3>(p, sm_count, stream, max_kv_len);
+    };
+    return p.fp8_promote != 0 ? wg3.template operator()<2>() : wg3.template operator()<0>();
   }
   if (p.uniform_wg == 0) {
     Fa3Params q = p;
