@@ -2,6 +2,7 @@
 // torch_native's handling of bad input: every error names the argument and the value.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -621,6 +622,92 @@ TEST(ValidateFoldedScale, QuantizedPoolNeedsANormalProduct) {
     layer.k_scale = 1.0f;
     layer.scaling = l.layer.scaling;
     EXPECT_TRUE(validate().is_ok()) << name;
+  }
+}
+
+// An e4m3 q (AttentionLayer::q_scale): refused by name unless the caller passes allow_fp8_q (fa3's
+// FP8 prefill); with it, out / k / v must share out's activation dtype and q_scale must be finite
+// and > 0. torch_native takes no e4m3 q.
+TEST(ValidateFp8Q, RefusedUnlessAllowed) {
+  harness::CaseSpec spec = *harness::find_case("extend_fp8_e4m3_kv");
+  spec.fp8_q = true;
+  Result<PreparedCase> pc = harness::prepare_case(spec, Device::cpu());
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  const harness::LayerData& l = pc->layers[0];
+  ASSERT_EQ(l.q.dtype, DType::kFP8E4M3);
+  AttentionLayer layer = l.layer;
+  const auto validate = [&](bool allow, const TensorView& out) {
+    return validate_forward_inputs(l.q, l.k, l.v, out, layer, pc->batch, true, l.lse, Device::cpu(),
+                                   allow);
+  };
+  expect_error(validate(false, l.out),
+               "q: dtype fp8_e4m3 is not supported (expected f32, f16 or bf16)");
+  EXPECT_TRUE(validate(true, l.out).is_ok()) << validate(true, l.out).to_string();
+  // out in another activation dtype than k / v.
+  std::vector<float> out_f32(static_cast<size_t>(l.out.numel()));
+  TensorView out32(out_f32.data(), DType::kF32, Device::cpu(),
+                   {l.out.size(0), l.out.size(1), l.out.size(2)});
+  expect_error(validate(true, out32), "k: dtype bf16 must equal out's dtype f32");
+  // out in e4m3: no activation dtype.
+  std::vector<uint8_t> out_e4m3(static_cast<size_t>(l.out.numel()));
+  TensorView out8(out_e4m3.data(), DType::kFP8E4M3, Device::cpu(),
+                  {l.out.size(0), l.out.size(1), l.out.size(2)});
+  expect_error(validate(true, out8), "q: dtype fp8_e4m3 needs out / k / v in f32, f16 or bf16");
+  for (float bad : {0.f, -1.f, std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    layer.q_scale = bad;
+    expect_error(validate(true, l.out), "layer.q_scale ");
+  }
+  layer.q_scale = l.layer.q_scale;
+  auto b = std::move(create_torch_native_backend(pc->context())).value();
+  expect_error(harness::run_backend(*b, *pc, true), "q: dtype fp8_e4m3 is not supported");
+}
+
+// The fp64 reference reads an e4m3 q times q_scale: the same logits as the f32 q holding those
+// values (a check of the harness's fp8_q cases, whose reference the GPU tests compare against).
+TEST(ValidateFp8Q, ReferenceDequantisesQ) {
+  harness::CaseSpec spec = *harness::find_case("extend_fp8_e4m3_kv");
+  spec.fp8_q = true;
+  Result<PreparedCase> pc = harness::prepare_case(spec, Device::cpu());
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  const harness::LayerData& l = pc->layers[0];
+  ASSERT_GT(l.layer.q_scale, 0.f);
+  ASSERT_NE(l.layer.q_scale, 1.f);
+  // The new tokens' K / V (a backend's save_kv; until then their pool rows hold the NaN poison).
+  ASSERT_TRUE(pc->kv_pool
+                  ->set_kv(l.layer.layer_id, pc->batch.out_cache_loc, l.k, l.v, l.layer.k_scale,
+                           l.layer.v_scale, nullptr)
+                  .is_ok());
+  std::vector<float> qf(static_cast<size_t>(l.q.numel()));
+  for (size_t i = 0; i < qf.size(); ++i) {
+    qf[i] = load_as_float(l.q.data, DType::kFP8E4M3, static_cast<int64_t>(i)) * l.layer.q_scale;
+  }
+  const TensorView q32(qf.data(), DType::kF32, Device::cpu(),
+                       {l.q.size(0), l.q.size(1), l.q.size(2)});
+  AttentionLayer plain = l.layer;
+  plain.q_scale = 7.f;  // ignored for an f32 q
+  Result<reference::ReferenceOutput> a =
+      reference::compute_attention_fp64(l.q, TensorView(), TensorView(), l.layer, pc->batch);
+  Result<reference::ReferenceOutput> b =
+      reference::compute_attention_fp64(q32, TensorView(), TensorView(), plain, pc->batch);
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  ASSERT_EQ(a->out.size(), b->out.size());
+  double worst = 0.0, peak = 0.0;
+  int64_t non_finite = 0;
+  for (size_t i = 0; i < a->out.size(); ++i) {
+    non_finite += std::isfinite(a->out[i]) && std::isfinite(b->out[i]) ? 0 : 1;
+    worst = std::max(worst, std::fabs(a->out[i] - b->out[i]));
+    peak = std::max(peak, std::fabs(b->out[i]));
+  }
+  EXPECT_EQ(non_finite, 0);
+  EXPECT_GT(peak, 0.1);
+  // The f32 q rounds code x q_scale to 24 bits; the reference multiplies in fp64.
+  EXPECT_LT(worst, 1e-5 * std::max(1.0, peak));
+  ASSERT_EQ(a->lse.size(), b->lse.size());
+  for (size_t i = 0; i < a->lse.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(a->lse[i])) << "row " << i;
+    EXPECT_NEAR(a->lse[i], b->lse[i], 1e-5);
   }
 }
 

@@ -226,6 +226,28 @@ TEST(BenchCaseFile, ShufflePagesParsedAndNamed) {
       << bad.status().message();
 }
 
+// fp8_q (extend only): q handed over in e4m3, named "_qfp8", q counted at one byte per element.
+TEST(BenchCaseFile, Fp8QParsedNamedAndCounted) {
+  Result<CaseFile> f = parse_case_file_text(R"({"kind": "extend",
+    "fixed": {"q_heads": 2, "kv_heads": 1, "head_dim": 8, "batch": 2, "page_size": 1,
+              "prefix_len": 3, "new_tokens": 4, "kv_dtype": "fp8_e4m3"},
+    "cases": [{}, {"fp8_q": true}]})",
+                                            "q.json");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  ASSERT_EQ(f->cases.size(), 2u);
+  EXPECT_FALSE(f->cases[0].fp8_q);
+  EXPECT_TRUE(f->cases[1].fp8_q);
+  EXPECT_EQ(f->cases[1].name, f->cases[0].name + "_qfp8");
+  // 8 tokens x 2 heads x 8 q elements: 256 bytes in bf16, 128 in e4m3; the rest is equal.
+  EXPECT_DOUBLE_EQ(attention_bytes(f->cases[0]) - attention_bytes(f->cases[1]), 128.0);
+  EXPECT_DOUBLE_EQ(attention_flops(f->cases[0]), attention_flops(f->cases[1]));
+  Result<CaseFile> bad = parse_case_file_text(R"({"kind": "decode",
+    "cases": [{"batch": 1, "kv_len": 64, "fp8_q": true}]})",
+                                              "d.json");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("fp8_q"), std::string::npos) << bad.status().message();
+}
+
 TEST(BenchCaseFile, MlaDerivesHeadDims) {
   Result<CaseFile> f = parse_case_file_text(
       R"({"kind": "mla_decode", "sweep": {"q_heads": [16], "batch": [8], "kv_len": [100]}})",
