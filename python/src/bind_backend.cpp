@@ -140,7 +140,7 @@ void bind_backend(nb::module_& m) {
           [](PyAttentionLayer* self, int num_q_heads, int num_kv_heads, int qk_head_dim,
              std::optional<int> v_head_dim, int layer_id, std::optional<float> scaling,
              float logit_cap, int sliding_window, bool is_cross_attention, const std::string& type,
-             std::optional<Array> sinks, float k_scale, float v_scale, bool is_mla,
+             std::optional<Array> sinks, float k_scale, float v_scale, float q_scale, bool is_mla,
              int kv_lora_rank, int qk_rope_head_dim) {
             AttentionLayer l;
             l.layer_id = layer_id;
@@ -157,6 +157,7 @@ void bind_backend(nb::module_& m) {
             if (sinks) l.sinks = to_view(*sinks, "sinks");
             l.k_scale = k_scale;
             l.v_scale = v_scale;
+            l.q_scale = q_scale;
             l.is_mla = is_mla;
             l.kv_lora_rank = kv_lora_rank;
             l.qk_rope_head_dim = qk_rope_head_dim;
@@ -165,11 +166,13 @@ void bind_backend(nb::module_& m) {
           "num_q_heads"_a, "num_kv_heads"_a, "qk_head_dim"_a, "v_head_dim"_a = nb::none(),
           nb::kw_only(), "layer_id"_a = 0, "scaling"_a = nb::none(), "logit_cap"_a = 0.0f,
           "sliding_window"_a = -1, "is_cross_attention"_a = false, "type"_a = "decoder",
-          "sinks"_a = nb::none(), "k_scale"_a = 1.0f, "v_scale"_a = 1.0f, "is_mla"_a = false,
-          "kv_lora_rank"_a = 0, "qk_rope_head_dim"_a = 0,
+          "sinks"_a = nb::none(), "k_scale"_a = 1.0f, "v_scale"_a = 1.0f, "q_scale"_a = 1.0f,
+          "is_mla"_a = false, "kv_lora_rank"_a = 0, "qk_rope_head_dim"_a = 0,
           "scaling defaults to 1/sqrt(qk_head_dim). sliding_window: a key is visible when "
           "q_pos - k_pos <= sliding_window (-1 = off). type: \"decoder\" (causal) or "
-          "\"encoder_only\" (bidirectional). sinks: optional f32 [num_q_heads] logits.")
+          "\"encoder_only\" (bidirectional). sinks: optional f32 [num_q_heads] logits. q_scale: "
+          "the "
+          "scale of an e4m3 q (stored x / q_scale; fa3's SM90 FP8 prefill), ignored otherwise.")
       .def_prop_rw(
           "layer_id", [](const PyAttentionLayer& l) { return l.layer.layer_id; },
           [](PyAttentionLayer& l, int v) { l.layer.layer_id = v; })
@@ -192,6 +195,9 @@ void bind_backend(nb::module_& m) {
       .def_prop_rw(
           "v_scale", [](const PyAttentionLayer& l) { return l.layer.v_scale; },
           [](PyAttentionLayer& l, float v) { l.layer.v_scale = v; })
+      .def_prop_rw(
+          "q_scale", [](const PyAttentionLayer& l) { return l.layer.q_scale; },
+          [](PyAttentionLayer& l, float v) { l.layer.q_scale = v; })
       .def_prop_ro("is_mla", [](const PyAttentionLayer& l) { return l.layer.is_mla; });
 
   nb::class_<PySpecInfo>(m, "SpecInfo",

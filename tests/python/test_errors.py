@@ -100,6 +100,25 @@ def test_forward_with_wrong_q_shape_names_q():
     assert np.isnan(out).all()  # checks happen before anything runs
 
 
+def test_q_scale_is_a_layer_field_checked_before_anything_runs():
+    # AttentionLayer.q_scale (an e4m3 q's scale, fa3's FP8 prefill): a keyword and a property,
+    # checked like k_scale (finite, > 0) whatever q's dtype; torch_native takes no e4m3 q.
+    backend, batch, _ = _extend_setup()
+    layer = ak.AttentionLayer(4, 2, 64, q_scale=0.25)
+    assert layer.q_scale == 0.25
+    layer.q_scale = 0.0
+    q = np.ones((3, 4, 64), dtype=np.float32)
+    k = np.ones((3, 2, 64), dtype=np.float32)
+    out = np.full((3, 4, 64), np.nan, dtype=np.float32)
+    with pytest.raises(ak.InvalidArgumentError) as info:
+        backend.forward_extend(q, k, k, out, layer, batch)
+    assert "layer.q_scale 0 must be finite and > 0" in str(info.value)
+    assert np.isnan(out).all()
+    layer.q_scale = 1.0
+    backend.forward_extend(q, k, k, out, layer, batch)
+    assert np.isfinite(out).all()
+
+
 def test_wrap_rejects_mismatched_layer_buffer():
     k = [np.zeros((12, 2, 64), np.float32), np.zeros((12, 2, 32), np.float32)]
     v = [np.zeros((12, 2, 64), np.float32), np.zeros((12, 2, 64), np.float32)]
