@@ -56,7 +56,8 @@ struct AttentionLayer {
   // fp8_e4m3 q (stored value = x / q_scale, one scale for the layer's whole q): folded into the
   // softmax scale. Only backends that take e4m3 q read it (fa3's SM90 FP8 prefill: an
   // fp8_e4m3 pool, head dim 128; out, k and v stay in the context's q_dtype); every other
-  // backend refuses an e4m3 q, and a bf16 / f16 / f32 q ignores it.
+  // backend refuses an e4m3 q. A bf16 / f16 / f32 q does not use it, but it must still be finite
+  // and > 0 (as k_scale must be over a pool that is not quantised).
   float q_scale = 1.f;
   // MLA: the pool row is [kv_lora_rank | qk_rope_head_dim]; V is its first kv_lora_rank columns.
   bool is_mla = false;

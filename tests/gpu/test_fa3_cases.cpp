@@ -846,17 +846,39 @@ TEST(Fa3Fp8Test, E4m3QInputMatchesReference) {
   }
 }
 
+// Device memory freed on every exit of a test (an ASSERT included).
+struct CudaBuffer {
+  void* p = nullptr;
+  explicit CudaBuffer(size_t bytes) {
+    if (cudaMalloc(&p, bytes) != cudaSuccess) p = nullptr;
+  }
+  ~CudaBuffer() { cudaFree(p); }
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
+};
+
 // The e4m3 q path computes what the bf16 path computes when the bf16 q quantises to the same
 // codes: q = code x 2^-6 with one +-448 in every (token, head) row makes the kernel's per-row
 // quantisation exact (row scale 2^-6), so with q_scale 2^-6 both runs multiply the same e4m3
-// operands by the same folded scale and must write the same bits (out and LSE).
+// operands by the same folded scale and must write the same bits (out and LSE). Three-warpgroup
+// kernels unpromoted and promoted (one instantiation per q dtype), the two-warpgroup kernel with
+// the in-kernel V transpose (the q dtype chosen at run time), and the cp.async gather of q.
 TEST(Fa3Fp8Test, E4m3QEqualsTheBf16QItQuantisesTo) {
-  const CaseSpec specs[] = {
-      fp8_q(prefill("fp8q_same_bits", {0, 64}, {700, 400}, 16, 4, 2, 128)),
-      fp8_q(prefill("fp8q_same_bits_promoted", {2100}, {300}, 16, 4, 2, 128)),
+  struct Run {
+    CaseSpec spec;
+    bool gather;  // ATTNKIT_FA3_Q_TMA=0
   };
-  for (const CaseSpec& spec : specs) {
+  const Run runs[] = {
+      {fp8_q(prefill("fp8q_same_bits", {0, 64}, {700, 400}, 16, 4, 2, 128)), false},
+      {fp8_q(prefill("fp8q_same_bits_promoted", {2100}, {300}, 16, 4, 2, 128)), false},
+      {fp8_q(prefill("fp8q_same_bits_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128)), false},
+      {fp8_q(prefill("fp8q_same_bits_gather", {0, 64}, {700, 400}, 16, 4, 2, 128)), true},
+  };
+  for (const Run& run : runs) {
+    const CaseSpec& spec = run.spec;
     SCOPED_TRACE(spec.name);
+    std::optional<ScopedEnv> gather;
+    if (run.gather) gather.emplace("ATTNKIT_FA3_Q_TMA", "0");
     if (!expects_wgmma(spec) || !expects_fp8_kernel(spec)) GTEST_SKIP() << "no SM90 FP8 kernel";
     Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
     ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
@@ -880,27 +902,24 @@ TEST(Fa3Fp8Test, E4m3QEqualsTheBf16QItQuantisesTo) {
         q_bf16[i] = float_to_bf16_bits(fp8_e4m3_to_float(codes[i]) * kQScale);
       }
     }
-    void* q8 = nullptr;
-    void* qb = nullptr;
-    void* out2 = nullptr;
-    ASSERT_EQ(cudaMalloc(&q8, codes.size()), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&qb, q_bf16.size() * 2), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&out2, q_bf16.size() * 2), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(q8, codes.data(), codes.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(qb, q_bf16.data(), q_bf16.size() * 2, cudaMemcpyHostToDevice),
+    const CudaBuffer q8(codes.size()), qb(q_bf16.size() * 2), out2(q_bf16.size() * 2);
+    ASSERT_TRUE(q8.p != nullptr && qb.p != nullptr && out2.p != nullptr);
+    ASSERT_EQ(cudaMemcpy(q8.p, codes.data(), codes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(qb.p, q_bf16.data(), q_bf16.size() * 2, cudaMemcpyHostToDevice),
               cudaSuccess);
-    const TensorView q8_view(q8, DType::kFP8E4M3, Device::cuda(0), {t, hq, d});
-    const TensorView qb_view(qb, DType::kBF16, Device::cuda(0), {t, hq, d});
+    const TensorView q8_view(q8.p, DType::kFP8E4M3, Device::cuda(0), {t, hq, d});
+    const TensorView qb_view(qb.p, DType::kBF16, Device::cuda(0), {t, hq, d});
     for (const harness::LayerData& ld : pc->layers) {
       AttentionLayer layer = ld.layer;
       layer.q_scale = kQScale;
       TensorView out_b = ld.out;
-      out_b.data = out2;
+      out_b.data = out2.p;
       const size_t lse_bytes = static_cast<size_t>(ld.lse.storage_bytes());
       std::vector<uint8_t> lse8(lse_bytes), lseb(lse_bytes);
       std::vector<uint16_t> o8(static_cast<size_t>(n)), ob(static_cast<size_t>(n));
       ASSERT_EQ(cudaMemset(ld.out.data, 0xff, o8.size() * 2), cudaSuccess);  // NaN poison
-      ASSERT_EQ(cudaMemset(out2, 0xff, ob.size() * 2), cudaSuccess);
+      ASSERT_EQ(cudaMemset(out2.p, 0xff, ob.size() * 2), cudaSuccess);
+      ASSERT_EQ(cudaMemset(ld.lse.data, 0xff, lse_bytes), cudaSuccess);
       ASSERT_TRUE(b.init_forward_metadata(pc->batch).is_ok());
       Status s = b.forward(q8_view, {}, {}, ld.out, layer, pc->batch, false, ld.lse);
       ASSERT_TRUE(s.is_ok()) << s.to_string();
@@ -914,13 +933,20 @@ TEST(Fa3Fp8Test, E4m3QEqualsTheBf16QItQuantisesTo) {
                 cudaSuccess);
       ASSERT_EQ(cudaMemcpy(o8.data(), ld.out.data, o8.size() * 2, cudaMemcpyDeviceToHost),
                 cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(ob.data(), out2, ob.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-      int64_t nan_rows = 0, diff = 0;
+      ASSERT_EQ(cudaMemcpy(ob.data(), out2.p, ob.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      int64_t nan_out = 0, diff = 0, nan_lse = 0;
       for (size_t i = 0; i < o8.size(); ++i) {
-        nan_rows += o8[i] == 0xffff ? 1 : 0;
+        nan_out += o8[i] == 0xffff ? 1 : 0;
         diff += o8[i] != ob[i] ? 1 : 0;
       }
-      EXPECT_EQ(nan_rows, 0) << "outputs left at the NaN poison";
+      for (size_t i = 0; i + 4 <= lse8.size(); i += 4) {
+        nan_lse +=
+            lse8[i] == 0xff && lse8[i + 1] == 0xff && lse8[i + 2] == 0xff && lse8[i + 3] == 0xff
+                ? 1
+                : 0;
+      }
+      EXPECT_EQ(nan_out, 0) << "outputs left at the NaN poison";
+      EXPECT_EQ(nan_lse, 0) << "LSE values left at the NaN poison";
       EXPECT_EQ(diff, 0) << "of " << n << " output elements differ between e4m3 and bf16 q";
       EXPECT_EQ(lse8, lseb) << "the LSE differs between e4m3 and bf16 q";
     }
@@ -928,15 +954,12 @@ TEST(Fa3Fp8Test, E4m3QEqualsTheBf16QItQuantisesTo) {
     ASSERT_NE(st, nullptr);
     EXPECT_EQ(st->wgmma_fp8_calls, st->wgmma_calls);
     EXPECT_EQ(st->flashinfer_calls, 0);
-    ASSERT_EQ(cudaFree(q8), cudaSuccess);
-    ASSERT_EQ(cudaFree(qb), cudaSuccess);
-    ASSERT_EQ(cudaFree(out2), cudaSuccess);
   }
 }
 
 // Outside the FP8 kernel an e4m3 q is refused by name, before anything is written: a bf16 pool,
 // head dim 64, a soft-capped layer, a decode batch. The pool and out stay as they were (the
-// harness's checks: no stray pool writes, out still the NaN poison).
+// harness's checks: no pool writes at all, out and the LSE still the NaN poison).
 TEST(Fa3Fp8Test, E4m3QRefusedOffTheFp8Kernel) {
   CaseSpec bf16_pool = fp8_q(prefill("fp8q_bf16_pool", {40}, {60}, 16, 4, 2, 128));
   bf16_pool.kv_dtype = DType::kBF16;
@@ -959,6 +982,11 @@ TEST(Fa3Fp8Test, E4m3QRefusedOffTheFp8Kernel) {
     Result<harness::Comparison> c = harness::compare_with_reference(*pc);
     ASSERT_TRUE(c.is_ok()) << c.status().to_string();
     EXPECT_EQ(c->pool_stray_writes, 0);
+    // The new tokens' slots were not written either: every (token, kv head) row of every layer
+    // still holds the pool's NaN poison, so none matches the new k / v.
+    EXPECT_EQ(c->pool_bad_new_values, static_cast<int64_t>(pc->num_tokens) * spec.num_kv_heads *
+                                          static_cast<int64_t>(pc->layers.size()))
+        << "save_kv wrote the new tokens before the refusal";
     // Every out element and LSE value still the NaN poison.
     const int64_t per_row = spec.v_head_dim + (pc->layers[0].lse.defined() ? 1 : 0);
     EXPECT_EQ(c->nan_inf_count, static_cast<int64_t>(pc->num_tokens) * spec.num_q_heads * per_row *

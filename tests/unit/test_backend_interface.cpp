@@ -658,6 +658,10 @@ TEST(ValidateFp8Q, RefusedUnlessAllowed) {
     layer.q_scale = bad;
     expect_error(validate(true, l.out), "layer.q_scale ");
   }
+  // Finite and > 0, but folded into the softmax scale (x log2(e) x k_scale) below the normal
+  // range: uniform rows had followed; refused only for an e4m3 q, which folds it.
+  layer.q_scale = 1e-38f;
+  expect_error(validate(true, l.out), "x layer.q_scale 1e-38 (the softmax scale of an fp8_e4m3 q");
   layer.q_scale = l.layer.q_scale;
   auto b = std::move(create_torch_native_backend(pc->context())).value();
   expect_error(harness::run_backend(*b, *pc, true), "q: dtype fp8_e4m3 is not supported");

@@ -102,9 +102,12 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
   ATTNKIT_RETURN_IF_ERROR(check_entry_point("fa3", /*decode_entry=*/false, batch));
   const DeviceScope scope(ctx_.device);
   ATTNKIT_RETURN_IF_ERROR(scope.status());
-  const std::string why_not =
-      wgmma_ == nullptr ? std::string("no SM90 wgmma prefill in this context (needs SM90, MHA)")
-                        : wgmma_->why_not_layer(q, out, layer, batch);
+  const std::string why_not = wgmma_ == nullptr
+                                  ? std::string(
+                                        "this context has no SM90 wgmma prefill (it needs an SM90 "
+                                        "device with sm_90a code, MHA, bf16 / f16 q, head dim "
+                                        "64 / 128 / 256)")
+                                  : wgmma_->why_not_layer(q, out, layer, batch);
   if (!why_not.empty()) {
     // An e4m3 q runs on the FP8 wgmma kernel only; the flashinfer path would refuse it by its
     // dtype alone, so the reason the kernel declined is the one to give.

@@ -293,7 +293,8 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
              "dim 128)";
     }
     if (out.dtype != ctx_.q_dtype) return "out dtype (must be the context's q_dtype)";
-    if (!vec_aligned_fp8(q) || q.stride(2) != 1) return "fp8 q rows not 16-byte aligned";
+    if (!vec_aligned_fp8(q)) return "fp8 q rows not 16-byte aligned";
+    if (q.stride(2) != 1) return "fp8 q's innermost stride is not 1";
   } else if (q.dtype != ctx_.q_dtype || out.dtype != ctx_.q_dtype) {
     return "q / out dtype";
   } else if (!vec_aligned(q)) {
