@@ -171,8 +171,8 @@ void bind_backend(nb::module_& m) {
           "scaling defaults to 1/sqrt(qk_head_dim). sliding_window: a key is visible when "
           "q_pos - k_pos <= sliding_window (-1 = off). type: \"decoder\" (causal) or "
           "\"encoder_only\" (bidirectional). sinks: optional f32 [num_q_heads] logits. q_scale: "
-          "the "
-          "scale of an e4m3 q (stored x / q_scale; fa3's SM90 FP8 prefill), ignored otherwise.")
+          "the scale of an e4m3 q (stored x / q_scale; fa3's SM90 FP8 prefill), ignored "
+          "otherwise.")
       .def_prop_rw(
           "layer_id", [](const PyAttentionLayer& l) { return l.layer.layer_id; },
           [](PyAttentionLayer& l, int v) { l.layer.layer_id = v; })

@@ -405,20 +405,18 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
   // product overflowed to inf (NaN rows) or flushed to 0 (uniform rows) with each factor valid. A
   // non-absorbed MLA layer reads no pool rows, so no scale is folded there. An e4m3 q folds
   // q_scale in as well (the fa3 engine's order: scaling x log2(e) x k_scale x q_scale).
-  if (const float folded = layer.scaling * 1.44269504f * layer.k_scale;
-      dtype_is_quantized(cfg.dtype) && !mla_prefill &&
+  const bool fold_k = dtype_is_quantized(cfg.dtype) && !mla_prefill;
+  if (const float folded = layer.scaling * 1.44269504f * (fold_k ? layer.k_scale : 1.f) *
+                           (fp8_q ? layer.q_scale : 1.f);
+      (fold_k || fp8_q) &&
       (!std::isfinite(folded) || !(folded >= std::numeric_limits<float>::min()))) {
-    return Status::invalid_argument(cat("layer.scaling ", layer.scaling, " x layer.k_scale ",
-                                        layer.k_scale, " (the softmax scale over the ",
-                                        dtype_name(cfg.dtype),
-                                        " pool, x log2(e)) must be a finite normal float"));
-  }
-  if (const float folded = layer.scaling * 1.44269504f * layer.k_scale * layer.q_scale;
-      fp8_q && (!std::isfinite(folded) || !(folded >= std::numeric_limits<float>::min()))) {
-    return Status::invalid_argument(cat("layer.scaling ", layer.scaling, " x layer.k_scale ",
-                                        layer.k_scale, " x layer.q_scale ", layer.q_scale,
-                                        " (the softmax scale of an fp8_e4m3 q, x log2(e)) must be "
-                                        "a finite normal float"));
+    return Status::invalid_argument(
+        cat("layer.scaling ", layer.scaling,
+            fold_k ? cat(" x layer.k_scale ", layer.k_scale) : std::string(),
+            fp8_q ? cat(" x layer.q_scale ", layer.q_scale) : std::string(), " (the softmax scale",
+            fp8_q ? " of an fp8_e4m3 q" : "",
+            fold_k ? cat(" over the ", dtype_name(cfg.dtype), " pool") : std::string(),
+            ", x log2(e)) must be a finite normal float"));
   }
   const std::pair<const TensorView*, const char*> batch_tensors[] = {
       {&batch.req_pool_indices, "batch.req_pool_indices"},

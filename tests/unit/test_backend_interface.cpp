@@ -625,13 +625,18 @@ TEST(ValidateFoldedScale, QuantizedPoolNeedsANormalProduct) {
   }
 }
 
+// The shared table's fp8_e4m3-pool extend with q given in e4m3 (CaseSpec::fp8_q), on the host.
+Result<PreparedCase> prepare_fp8_q_case() {
+  harness::CaseSpec spec = *harness::find_case("extend_fp8_e4m3_kv");
+  spec.fp8_q = true;
+  return harness::prepare_case(spec, Device::cpu());
+}
+
 // An e4m3 q (AttentionLayer::q_scale): refused by name unless the caller passes allow_fp8_q (fa3's
 // FP8 prefill); with it, out / k / v must share out's activation dtype and q_scale must be finite
 // and > 0. torch_native takes no e4m3 q.
 TEST(ValidateFp8Q, RefusedUnlessAllowed) {
-  harness::CaseSpec spec = *harness::find_case("extend_fp8_e4m3_kv");
-  spec.fp8_q = true;
-  Result<PreparedCase> pc = harness::prepare_case(spec, Device::cpu());
+  Result<PreparedCase> pc = prepare_fp8_q_case();
   ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
   const harness::LayerData& l = pc->layers[0];
   ASSERT_EQ(l.q.dtype, DType::kFP8E4M3);
@@ -670,9 +675,7 @@ TEST(ValidateFp8Q, RefusedUnlessAllowed) {
 // The fp64 reference reads an e4m3 q times q_scale: the same logits as the f32 q holding those
 // values (a check of the harness's fp8_q cases, whose reference the GPU tests compare against).
 TEST(ValidateFp8Q, ReferenceDequantisesQ) {
-  harness::CaseSpec spec = *harness::find_case("extend_fp8_e4m3_kv");
-  spec.fp8_q = true;
-  Result<PreparedCase> pc = harness::prepare_case(spec, Device::cpu());
+  Result<PreparedCase> pc = prepare_fp8_q_case();
   ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
   const harness::LayerData& l = pc->layers[0];
   ASSERT_GT(l.layer.q_scale, 0.f);
