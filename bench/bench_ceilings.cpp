@@ -419,6 +419,21 @@ Result<Ceiling> measure_cpu_amx_peak(bool has_amx_bf16, int reps) {
 #endif
 }
 
+Result<double> cpu_peak_pass_tflops(const std::string& name, int reps) {
+  if (name == "cpu_amx_bf16_peak") {
+    ATTNKIT_ASSIGN_OR_RETURN(Ceiling c, measure_cpu_amx_peak(/*has_amx_bf16=*/true, reps));
+    return c.median_tflops;
+  }
+  if (name == "cpu_bf16_dot_peak" || name == "cpu_fp32_fma_peak") {
+    ATTNKIT_ASSIGN_OR_RETURN(
+        Ceiling c, measure_cpu_compute_peak(name == "cpu_bf16_dot_peak", /*has_avx2=*/true, reps));
+    return c.tflops;
+  }
+  return Status::invalid_argument("cpu_peak_pass_tflops: '" + name +
+                                  "' is not a CPU compute ceiling (cpu_amx_bf16_peak, "
+                                  "cpu_bf16_dot_peak or cpu_fp32_fma_peak)");
+}
+
 Result<Ceiling> measure_cuda_copy(int ordinal, int64_t buffer_bytes, int reps) {
 #ifdef ATTNKIT_WITH_CUDA
   if (buffer_bytes <= 0 || reps <= 0) {

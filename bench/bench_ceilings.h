@@ -75,6 +75,13 @@ Result<Ceiling> measure_cpu_compute_peak(bool has_avx512_bf16, bool has_avx2, in
 // CPU prefill on a machine with AMX-BF16; kUnsupported without it (or in an ATTNKIT_AMX_EMULATE
 // build).
 Result<Ceiling> measure_cpu_amx_peak(bool has_amx_bf16, int reps);
+// One reading of the CPU compute ceiling `name` (cpu_amx_bf16_peak, cpu_bf16_dot_peak or
+// cpu_fp32_fma_peak), for the paired rounds of compute-bound cases: `reps` passes of the same
+// kernel as the ceiling, reduced as the table's ratios use it (the AMX peak's median pass, a vector
+// peak's best). kInvalidArgument for another name; the ceiling's own errors otherwise.
+Result<double> cpu_peak_pass_tflops(const std::string& name, int reps);
+// Passes per paired-round reading of the compute ceiling.
+inline constexpr int kPairedPeakReps = 3;
 // cudaMemcpy device-to-device of `buffer_bytes` (>= 1 GiB) timed with CUDA events; bytes counted
 // = 2 x buffer_bytes.
 Result<Ceiling> measure_cuda_copy(int ordinal, int64_t buffer_bytes, int reps);

@@ -430,6 +430,9 @@ void bench_main(const CLI::App& cmd, const BenchArgs& args) {
     // median 21.5, worst 15.4 TFLOP/s in one process); every pass figure stays in the method.
     const bench::Ceiling& peak = run.ceilings.back();
     rates.compute_tflops = peak.name == "cpu_amx_bf16_peak" ? peak.median_tflops : peak.tflops;
+    // Paired rounds of the compute-bound cases against passes of the same ceiling (not a given
+    // --gemm-tflops, which nothing here measures).
+    if (device.is_cpu() && peak.name != "gemm_given") settings.paired_peak = peak.name;
   }
   std::cout << "# " << run.device_info.name << " " << run.device << ", " << run.date << "\n";
   for (const bench::Ceiling& c : run.ceilings) {
@@ -615,15 +618,16 @@ void register_bench_commands(CLI::App& app) {
       "copies) forwards, time divided by that count; other cases are skipped");
   bench
       ->add_option("--paired-rounds", bench_args->paired_rounds,
-                   "CPU, memory-bound cases: after the timed calls, rounds of one copy-ceiling "
-                   "pass followed by --paired-calls forwards; the ratio to the copy is reported "
-                   "per round and as the median (default " +
+                   "CPU: after the timed calls, rounds of one ceiling reading followed by "
+                   "--paired-calls forwards (memory-bound cases: a copy pass; compute-bound "
+                   "ones: passes of the compute peak, unless --gemm-tflops gives it); the ratio "
+                   "to it is reported per round and as the median (default " +
                        std::to_string(kCpuPairedRounds) + ", 0 = off)")
       ->check(cli::non_negative_int());
   bench
       ->add_option("--paired-calls", bench_args->paired_calls,
                    "CPU: forwards per paired round (their median is compared with the round's "
-                   "copy)")
+                   "ceiling reading)")
       ->check(cli::positive_int());
   bench->add_option("--filter", bench_args->filter, "Only cases whose name contains this");
   bench

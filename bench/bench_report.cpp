@@ -121,6 +121,12 @@ std::string table_row(const CaseResult& r, int name_width) {
               fixed(median(r.paired_read_gbs), 1) + " GB/s read ceiling)";
     }
   }
+  if (!r.paired_peak_ratios.empty()) {
+    line += " (paired peak: median " + fixed(100.0 * r.paired_peak_ratio_median, 1) + "% of " +
+            std::to_string(r.paired_peak_ratios.size()) + " rounds:";
+    for (double x : r.paired_peak_ratios) line += " " + fixed(100.0 * x, 0);
+    line += "; peak readings " + fixed(median(r.paired_peak_tflops), 2) + " TFLOP/s median)";
+  }
   return line;
 }
 
@@ -234,6 +240,20 @@ Json to_json(const BenchRun& run) {
                             {"read_gbs", r.paired_read_gbs},
                             {"read_ratios", r.paired_read_ratios},
                             {"read_ratio_median", r.paired_read_ratio_median}};
+      }
+      if (!r.paired_peak_ratios.empty()) {
+        x["paired_peak"] = {
+            {"method", "per round: a reading of the compute ceiling (the ceiling's kernel, " +
+                           std::to_string(bench::kPairedPeakReps) +
+                           " passes, reduced as the table's ratio uses it), then that many "
+                           "forwards; ratio = the case's TFLOP/s over the median of the "
+                           "round's calls / the reading"},
+            {"ceiling", r.ceiling},
+            {"calls_per_round", run.settings.paired_calls},
+            {"peak_tflops", r.paired_peak_tflops},
+            {"tflops", r.paired_tflops},
+            {"ratios", r.paired_peak_ratios},
+            {"ratio_median", r.paired_peak_ratio_median}};
       }
     }
     if (r.verified)

@@ -39,6 +39,10 @@ struct RunSettings {
   int paired_rounds = 0;
   int paired_calls = 5;
   CpuCopyProbe* copy_probe = nullptr;
+  // CPU, compute-bound cases: the same rounds against `paired_peak`, the name of the run's CPU
+  // compute ceiling (cpu_peak_pass_tflops measures one of it per round); empty: off (e.g. a
+  // --gemm-tflops ceiling, which no pass can measure).
+  std::string paired_peak;
 };
 
 enum class CaseStatus { kOk, kSkipped, kFailed, kMismatch };
@@ -82,6 +86,13 @@ struct CaseResult {
   std::vector<double> paired_read_gbs;
   std::vector<double> paired_read_ratios;
   double paired_read_ratio_median = 0;
+  // Paired peak rounds (RunSettings::paired_peak), one entry per round: the compute ceiling's
+  // TFLOP/s measured right before the round's calls, the case's TFLOP/s over their median, and
+  // the ratio.
+  std::vector<double> paired_peak_tflops;
+  std::vector<double> paired_tflops;
+  std::vector<double> paired_peak_ratios;
+  double paired_peak_ratio_median = 0;  // median of paired_peak_ratios (0: no rounds)
   // --graph: host wall time of init_forward_metadata_replay_cuda_graph, the refresh a serving
   // engine runs once before every replay of its captured decode step (all layers), in us (0: not
   // measured). refresh_samples samples, each followed by one replay, with the host one replay

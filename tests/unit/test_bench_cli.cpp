@@ -203,7 +203,41 @@ TEST(BenchCli, ExtendIsJudgedAgainstTheComputeCeiling) {
   EXPECT_EQ(x["bound"], "compute");
   EXPECT_EQ(x["ceiling"], "gemm_given");
   EXPECT_FALSE(x.contains("paired_copy")) << "paired copy rounds are for memory-bound cases";
+  EXPECT_FALSE(x.contains("paired_peak")) << "no pass can measure a --gemm-tflops ceiling";
   EXPECT_NEAR(x["ceiling_ratio"].get<double>(), x["tflops"].get<double>() / 2.0, 1e-12);
+}
+
+// A compute-bound case on the CPU is paired with readings of the compute ceiling it is judged by
+// (the vector peak here, the AMX peak on an AMX host): per round the case's TFLOP/s over that
+// round's reading, and the median of those ratios.
+TEST(BenchCli, ExtendPairedWithTheComputePeak) {
+  const BenchRun r = run_bench("bench_cli_extend_paired", kExtendFile,
+                               "--backend torch_native --device cpu --rotate-mib 1 --warmup 0 "
+                               "--iters 1 --paired-rounds 3 --paired-calls 2");
+  ASSERT_EQ(r.cli.exit_code, 0) << r.cli.out << r.cli.err;
+  const nlohmann::json& x = r.doc["results"][0];
+  EXPECT_EQ(x["bound"], "compute");
+  const std::string ceiling = x["ceiling"].get<std::string>();
+  if (ceiling.empty()) GTEST_SKIP() << "no CPU compute ceiling on this host (no AVX2)";
+  EXPECT_FALSE(x.contains("paired_copy")) << "paired copy rounds are for memory-bound cases";
+  ASSERT_TRUE(x.contains("paired_peak")) << x.dump();
+  const nlohmann::json& paired = x["paired_peak"];
+  EXPECT_EQ(paired["ceiling"], ceiling);
+  EXPECT_EQ(paired["calls_per_round"], 2);
+  ASSERT_EQ(paired["ratios"].size(), 3u);
+  ASSERT_EQ(paired["peak_tflops"].size(), 3u);
+  ASSERT_EQ(paired["tflops"].size(), 3u);
+  std::vector<double> ratios;
+  for (size_t k = 0; k < 3; ++k) {
+    const double peak = paired["peak_tflops"][k].get<double>();
+    ASSERT_GT(peak, 0.0);
+    const double tflops = paired["tflops"][k].get<double>();
+    ASSERT_GT(tflops, 0.0);
+    EXPECT_NEAR(paired["ratios"][k].get<double>(), tflops / peak, 1e-12);
+    ratios.push_back(paired["ratios"][k].get<double>());
+  }
+  EXPECT_DOUBLE_EQ(paired["ratio_median"].get<double>(), median(ratios));
+  EXPECT_NE(r.cli.out.find("(paired peak: median"), std::string::npos) << r.cli.out;
 }
 
 TEST(BenchCli, ErrorsExitNonZeroWithAMessage) {
