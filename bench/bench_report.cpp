@@ -232,7 +232,7 @@ Json to_json(const BenchRun& run) {
                              "per round: one pass of the copy ceiling, then that many forwards; "
                              "ratio = the case's GB/s over the median of the round's calls / the "
                              "pass's GB/s"},
-                            {"calls_per_round", run.settings.paired_calls},
+                            {"calls_per_round", r.paired_calls},
                             {"copy_gbs", r.paired_copy_gbs},
                             {"gbs", r.paired_gbs},
                             {"ratios", r.paired_ratios},
@@ -249,7 +249,7 @@ Json to_json(const BenchRun& run) {
                            "forwards; ratio = the case's TFLOP/s over the median of the "
                            "round's calls / the reading"},
             {"ceiling", r.ceiling},
-            {"calls_per_round", run.settings.paired_calls},
+            {"calls_per_round", r.paired_calls},
             {"peak_tflops", r.paired_peak_tflops},
             {"tflops", r.paired_tflops},
             {"ratios", r.paired_peak_ratios},

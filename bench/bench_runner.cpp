@@ -473,11 +473,19 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   Result<Timing> timing =
       time_forward(**backend, *prepared, settings.warmup, settings.iters, settings.launches);
   if (!timing) return fail(timing.status(), "timing");
-  // Paired rounds (CPU): each round measures its ceiling, then times paired_calls forwards.
+  // Paired rounds (CPU): each round measures its ceiling, then times calls_per_round forwards:
+  // paired_calls, fewer where the rounds' calls would take more than kPairedMaxSeconds at the
+  // timed median (a reference backend's 2k prefill takes seconds per call), at least one.
   int index = settings.warmup + settings.iters;
+  const double round_calls_ms =
+      r.ms_median * static_cast<double>(std::max(settings.paired_rounds, 1));
+  r.paired_calls = round_calls_ms > 0
+                       ? std::clamp(static_cast<int>(kPairedMaxSeconds * 1e3 / round_calls_ms), 1,
+                                    settings.paired_calls)
+                       : settings.paired_calls;
   auto round_ms = [&]() -> Result<double> {  // the median of one round's forwards
     std::vector<double> ms;
-    for (int i = 0; i < settings.paired_calls; ++i, ++index) {
+    for (int i = 0; i < r.paired_calls; ++i, ++index) {
       const auto t0 = std::chrono::steady_clock::now();
       ATTNKIT_RETURN_IF_ERROR(forward_copy(**backend, *prepared, index));
       ms.push_back(

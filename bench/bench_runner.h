@@ -45,6 +45,9 @@ struct RunSettings {
   std::string paired_peak;
 };
 
+// The most the paired rounds' forwards of one case may take, estimated from its timed median.
+inline constexpr double kPairedMaxSeconds = 60;
+
 enum class CaseStatus { kOk, kSkipped, kFailed, kMismatch };
 const char* case_status_name(CaseStatus status);
 
@@ -75,6 +78,9 @@ struct CaseResult {
   bool verified = false;
   double rel_l2 = 0;
   double max_abs = 0;
+  // Forwards per paired round: RunSettings::paired_calls, fewer where the rounds would take more
+  // than kPairedMaxSeconds (run_case).
+  int paired_calls = 0;
   // Paired copy rounds (RunSettings::paired_rounds), one entry per round: the copy pass's GB/s,
   // the case's GB/s over the median of that round's calls, and their ratio.
   std::vector<double> paired_copy_gbs;
