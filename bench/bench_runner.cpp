@@ -477,12 +477,8 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   // paired_calls, fewer where the rounds' calls would take more than kPairedMaxSeconds at the
   // timed median (a reference backend's 2k prefill takes seconds per call), at least one.
   int index = settings.warmup + settings.iters;
-  const double round_calls_ms =
-      r.ms_median * static_cast<double>(std::max(settings.paired_rounds, 1));
-  r.paired_calls = round_calls_ms > 0
-                       ? std::clamp(static_cast<int>(kPairedMaxSeconds * 1e3 / round_calls_ms), 1,
-                                    settings.paired_calls)
-                       : settings.paired_calls;
+  r.paired_calls =
+      paired_calls_per_round(timing->ms_median, settings.paired_rounds, settings.paired_calls);
   auto round_ms = [&]() -> Result<double> {  // the median of one round's forwards
     std::vector<double> ms;
     for (int i = 0; i < r.paired_calls; ++i, ++index) {

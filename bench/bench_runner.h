@@ -45,9 +45,6 @@ struct RunSettings {
   std::string paired_peak;
 };
 
-// The most the paired rounds' forwards of one case may take, estimated from its timed median.
-inline constexpr double kPairedMaxSeconds = 60;
-
 enum class CaseStatus { kOk, kSkipped, kFailed, kMismatch };
 const char* case_status_name(CaseStatus status);
 
