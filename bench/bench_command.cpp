@@ -627,8 +627,8 @@ void register_bench_commands(CLI::App& app) {
   bench
       ->add_option("--paired-calls", bench_args->paired_calls,
                    "CPU: forwards per paired round (their median is compared with the round's "
-                   "ceiling reading); fewer, at least one, where a case's rounds would take more "
-                   "than a minute at its timed median")
+                   "ceiling reading); fewer where a case's rounds would take more than a minute "
+                   "at its timed median, and no rounds where one call per round would")
       ->check(cli::positive_int());
   bench->add_option("--filter", bench_args->filter, "Only cases whose name contains this");
   bench

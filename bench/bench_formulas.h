@@ -179,13 +179,14 @@ inline bool is_memory_bound(const BenchCase& c, double copy_gbs = 0, double comp
 // The most the paired rounds' forwards of one case may take, estimated from its timed median.
 inline constexpr double kPairedMaxSeconds = 60;
 // Forwards per paired round for a case whose timed median is `ms_median`: `calls`, fewer where
-// `rounds` rounds of them would take more than kPairedMaxSeconds, at least 1 (`calls` as given
-// when the median is not positive).
+// `rounds` rounds of them would take more than kPairedMaxSeconds, and 0 (no paired rounds) where
+// even one forward per round would (a reference backend's long CPU prefill); `calls` as given when
+// the median is not positive.
 inline int paired_calls_per_round(double ms_median, int rounds, int calls) {
   const double round_ms = ms_median * static_cast<double>(rounds > 1 ? rounds : 1);
   if (!(round_ms > 0)) return calls;
   const double fit = kPairedMaxSeconds * 1e3 / round_ms;
-  return fit >= calls ? calls : fit >= 1 ? static_cast<int>(fit) : 1;
+  return fit >= calls ? calls : static_cast<int>(fit);
 }
 
 // Rates from a time in milliseconds.

@@ -473,9 +473,10 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   Result<Timing> timing =
       time_forward(**backend, *prepared, settings.warmup, settings.iters, settings.launches);
   if (!timing) return fail(timing.status(), "timing");
-  // Paired rounds (CPU): each round measures its ceiling, then times calls_per_round forwards:
+  // Paired rounds (CPU): each round measures its ceiling, then times r.paired_calls forwards:
   // paired_calls, fewer where the rounds' calls would take more than kPairedMaxSeconds at the
-  // timed median (a reference backend's 2k prefill takes seconds per call), at least one.
+  // timed median, none (no rounds) where one call per round would (a reference backend's 2k
+  // prefill takes seconds per call).
   int index = settings.warmup + settings.iters;
   r.paired_calls =
       paired_calls_per_round(timing->ms_median, settings.paired_rounds, settings.paired_calls);
@@ -490,7 +491,7 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
     return median(ms);
   };
   if (settings.device.is_cpu() && is_memory_bound(c) && settings.paired_rounds > 0 &&
-      settings.copy_probe != nullptr) {
+      r.paired_calls > 0 && settings.copy_probe != nullptr) {
     for (int round = 0; round < settings.paired_rounds; ++round) {
       const double copy_gbs = settings.copy_probe->pass_gbs();
       const double read_gbs = settings.copy_probe->read_pass_gbs();
@@ -508,8 +509,8 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   }
   // Compute-bound cases against passes of the compute ceiling they are judged by (the AMX peak
   // moves 2x between seconds on a shared Xeon host: docs/perf/amx_notes.md "Session 35").
-  if (settings.device.is_cpu() && settings.paired_rounds > 0 && !settings.paired_peak.empty() &&
-      settings.paired_peak == ceilings.compute_name &&
+  if (settings.device.is_cpu() && settings.paired_rounds > 0 && r.paired_calls > 0 &&
+      !settings.paired_peak.empty() && settings.paired_peak == ceilings.compute_name &&
       !is_memory_bound(c, ceilings.copy_gbs, ceilings.compute_tflops)) {
     for (int round = 0; round < settings.paired_rounds; ++round) {
       Result<double> peak = cpu_peak_pass_tflops(settings.paired_peak, kPairedPeakReps);

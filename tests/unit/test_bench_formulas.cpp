@@ -54,15 +54,16 @@ BenchCase mla_decode_case(int batch, int kv_len, int heads, int s_q) {
 }
 
 // The paired rounds' forwards per round: as asked while the rounds fit kPairedMaxSeconds, fewer
-// (at least one) past it. 9 rounds of 5 calls of 1 ms: 5; of 2 s: 3 (9 x 3 x 2 s = 54 s); of 6.2 s
-// (a reference backend's 2k CPU prefill): 1, and still 1 when even one call per round is over.
+// past it, none (no paired rounds) where one call per round is already over. 9 rounds of 5 calls
+// of 1 ms: 5; of 2 s: 3 (9 x 3 x 2 s = 54 s); of 6.2 s (the 2k CPU prefill of a reference backend
+// on a fast host): 1; of 20 s: 0.
 TEST(BenchFormulas, PairedCallsPerRoundCapped) {
   EXPECT_EQ(paired_calls_per_round(1.0, 9, 5), 5);
   EXPECT_EQ(paired_calls_per_round(2000.0, 9, 5), 3);
-  EXPECT_EQ(paired_calls_per_round(6200.0, 9, 5), 1);
-  EXPECT_EQ(paired_calls_per_round(20000.0, 9, 5), 1);
-  EXPECT_EQ(paired_calls_per_round(0.0, 9, 5), 5);
   EXPECT_EQ(paired_calls_per_round(3000.0, 9, 5), 2);  // 60 s / (9 x 3 s) = 2.2
+  EXPECT_EQ(paired_calls_per_round(6200.0, 9, 5), 1);
+  EXPECT_EQ(paired_calls_per_round(20000.0, 9, 5), 0);
+  EXPECT_EQ(paired_calls_per_round(0.0, 9, 5), 5);
   EXPECT_EQ(paired_calls_per_round(100.0, 0, 7), 7);
 }
 
