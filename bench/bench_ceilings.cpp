@@ -422,12 +422,12 @@ Result<Ceiling> measure_cpu_amx_peak(bool has_amx_bf16, int reps) {
 Result<double> cpu_peak_pass_tflops(const std::string& name, int reps) {
   if (name == "cpu_amx_bf16_peak") {
     ATTNKIT_ASSIGN_OR_RETURN(Ceiling c, measure_cpu_amx_peak(/*has_amx_bf16=*/true, reps));
-    return c.median_tflops;
+    return compute_ceiling_tflops(c);
   }
   if (name == "cpu_bf16_dot_peak" || name == "cpu_fp32_fma_peak") {
     ATTNKIT_ASSIGN_OR_RETURN(
         Ceiling c, measure_cpu_compute_peak(name == "cpu_bf16_dot_peak", /*has_avx2=*/true, reps));
-    return c.tflops;
+    return compute_ceiling_tflops(c);
   }
   return Status::invalid_argument("cpu_peak_pass_tflops: '" + name +
                                   "' is not a CPU compute ceiling (cpu_amx_bf16_peak, "

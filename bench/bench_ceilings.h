@@ -75,10 +75,15 @@ Result<Ceiling> measure_cpu_compute_peak(bool has_avx512_bf16, bool has_avx2, in
 // CPU prefill on a machine with AMX-BF16; kUnsupported without it (or in an ATTNKIT_AMX_EMULATE
 // build).
 Result<Ceiling> measure_cpu_amx_peak(bool has_amx_bf16, int reps);
+// The rate a compute ceiling's ratios are taken against: the AMX peak's median pass (its best can
+// catch a moment when the vCPUs' tile units are not shared), every other ceiling's best.
+inline double compute_ceiling_tflops(const Ceiling& c) {
+  return c.name == "cpu_amx_bf16_peak" ? c.median_tflops : c.tflops;
+}
 // One reading of the CPU compute ceiling `name` (cpu_amx_bf16_peak, cpu_bf16_dot_peak or
 // cpu_fp32_fma_peak), for the paired rounds of compute-bound cases: `reps` passes of the same
-// kernel as the ceiling, reduced as the table's ratios use it (the AMX peak's median pass, a vector
-// peak's best). kInvalidArgument for another name; the ceiling's own errors otherwise.
+// kernel as the ceiling, reduced by compute_ceiling_tflops as the table's ratios are.
+// kInvalidArgument for another name; the ceiling's own errors otherwise.
 Result<double> cpu_peak_pass_tflops(const std::string& name, int reps);
 // Passes per paired-round reading of the compute ceiling.
 inline constexpr int kPairedPeakReps = 3;

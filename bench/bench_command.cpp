@@ -429,7 +429,7 @@ void bench_main(const CLI::App& cmd, const BenchArgs& args) {
     // moment when the vCPUs' tile units are not shared (Xeon host 09:47Z, 16 threads: best 34.1,
     // median 21.5, worst 15.4 TFLOP/s in one process); every pass figure stays in the method.
     const bench::Ceiling& peak = run.ceilings.back();
-    rates.compute_tflops = peak.name == "cpu_amx_bf16_peak" ? peak.median_tflops : peak.tflops;
+    rates.compute_tflops = bench::compute_ceiling_tflops(peak);
     // Paired rounds of the compute-bound cases against passes of the same ceiling (not a given
     // --gemm-tflops, which nothing here measures).
     if (device.is_cpu() && peak.name != "gemm_given") settings.paired_peak = peak.name;

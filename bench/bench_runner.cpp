@@ -492,7 +492,7 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   };
   // Copy rounds for the memory-bound kinds (decode: their targets are stated against the copy,
   // even where a slow vector peak makes the table judge one compute-bound), peak rounds for the
-  // compute-bound kinds the table judges so (extend), never both.
+  // compute-bound one (extend, which the table always judges compute-bound), never both.
   const bool memory_kind = is_memory_bound(c);
   if (settings.device.is_cpu() && memory_kind && settings.paired_rounds > 0 && r.paired_calls > 0 &&
       settings.copy_probe != nullptr) {
@@ -515,7 +515,7 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   // moves 2x between seconds on a shared Xeon host: docs/perf/amx_notes.md "Session 35").
   if (settings.device.is_cpu() && settings.paired_rounds > 0 && r.paired_calls > 0 &&
       !settings.paired_peak.empty() && settings.paired_peak == ceilings.compute_name &&
-      !memory_kind && !is_memory_bound(c, ceilings.copy_gbs, ceilings.compute_tflops)) {
+      !memory_kind) {
     for (int round = 0; round < settings.paired_rounds; ++round) {
       Result<double> peak = cpu_peak_pass_tflops(settings.paired_peak, kPairedPeakReps);
       if (!peak) {  // the rounds end; the case's timing stands (a failed ceiling only warns)

@@ -5,7 +5,8 @@
 #   scripts/device/fa3_s53_causal_vs_bidir.json (causal / bidirectional 4k, bidirectional 8k) and
 #   scripts/device/fa3_s53_unit_counts.json (causal, ~the same FLOPs over 1x to ~8x the units),
 # ROUNDS alternated rounds; then scripts/fa3_cost_fit.py-style fits are left to the reader of
-# $OUT/fixed_cost.txt. Builds attnkit_cli for head dim 128 only (build/d128) unless it exists.
+# $OUT/fixed_cost.txt. Builds attnkit_cli for head dim 128 only (build/d128; incremental on a warm
+# machine).
 #   run(carry=[".deps"], command="bash scripts/device/fa3_fixed_cost.sh")
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -14,12 +15,10 @@ cd "$root"
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
 B=build/d128
-if [ ! -x "$B/tools/attnkit/attnkit" ] || [ "${REBUILD:-1}" = 1 ]; then
-  [ -f "$B/build.ninja" ] || attnkit_configure "$B" 90a-real 128 > "$OUT/cfg.log" 2>&1
-  t0=$(date +%s)
-  ninja -C "$B" -j16 attnkit_cli > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-  echo "build: $(( $(date +%s) - t0 )) s"
-fi
+[ -f "$B/build.ninja" ] || attnkit_configure "$B" 90a-real 128 > "$OUT/cfg.log" 2>&1
+t0=$(date +%s)
+ninja -C "$B" -j16 attnkit_cli > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for cases in scripts/device/fa3_s53_causal_vs_bidir.json scripts/device/fa3_s53_unit_counts.json; do
