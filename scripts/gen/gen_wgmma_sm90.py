@@ -43,7 +43,9 @@ FAMILIES = {
     "e4m3": {
         "header": "wgmma_fp8_sm90.cuh",
         "k": 32,
-        "ss_n": (128, 192),  # QK^T: N = key block (192: the FP8 kernel's 192-key blocks)
+        # QK^T: N = key block (192: the FP8 kernel's 192-key blocks; 64: the first half of a causal
+        # diagonal block, prefill_sm90_fp8.cuh Fa3Params::fp8_half_diag).
+        "ss_n": (64, 128, 192),
         # PV: N = head dim (136: + 8 columns of ones, the row sum); 64 / 72: the two column chunks
         # of the promoted P V (prefill_sm90_fp8.cuh, kPromote: d 0..63, then d 64..127 + ones).
         "rs_n": (64, 72, 128, 136),

@@ -846,6 +846,37 @@ TEST(Fa3Fp8Test, E4m3QInputMatchesReference) {
   }
 }
 
+// Fa3Params::fp8_half_diag: a three-warpgroup FP8 causal tile's warpgroup whose last row ends in
+// the first half of its diagonal key block computes S (and, in the e4m3-q kernel, the softmax) of
+// that block over its first 64 keys. Prefixes of 2113 and 37 put the rows off the 64-key grid, so
+// warpgroups end in both halves; past 2048 keys (the promoted kernel) and below (unpromoted); e4m3
+// and bf16 q; the knob off as the control. Against the fp64 reference. Logits x 4 (the diagonal
+// block's rows raise the running maximum) with e4m3 q only: with bf16 q the kernel's per-row
+// e4m3 rounding of q (the reference keeps the bf16 q) scales with the logits, and at x 4 the LSE
+// error is ~0.4 with the knob on or off (H200, 2026-11-28 07:49Z), past the FP8 tolerance.
+TEST(Fa3Fp8Test, HalfDiagonalBlockMatchesReference) {
+  const CaseSpec probe = fp8_q(prefill("probe", {0}, {1}, 16, 1, 1, 128));
+  if (!expects_wgmma(probe) || !expects_fp8_kernel(probe)) {
+    GTEST_SKIP() << "no SM90 FP8 kernel (ATTNKIT_FA3_FP8=0 or not SM90)";
+  }
+  for (const char* knob : {"1", "0"}) {
+    ScopedEnv half("ATTNKIT_FA3_FP8_HALF_DIAG", knob);
+    for (const bool e4m3_q : {true, false}) {
+      for (CaseSpec c : {prefill("half_diag_promoted", {2113, 0}, {333, 1100}, 16, 4, 2, 128),
+                         prefill("half_diag", {37, 0}, {700, 450}, 16, 4, 2, 128)}) {
+        c = e4m3_q ? fp8_q(c) : fp8(c);
+        c.name += std::string(e4m3_q ? "_q8" : "_qbf16") + "_knob" + knob;
+        for (const float logit_mult :
+             e4m3_q ? std::vector<float>{1.f, 4.f} : std::vector<float>{1.f}) {
+          Fa3Stats stats;
+          run_and_compare(c, true, logit_mult, std::nullopt, {}, &stats);
+          EXPECT_EQ(stats.last_block_m, 192) << c.name << ": not the three-warpgroup kernel";
+        }
+      }
+    }
+  }
+}
+
 // Device memory freed on every exit of a test (an ASSERT included).
 struct CudaBuffer {
   void* p = nullptr;

@@ -152,6 +152,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->q_tma_ = env_on("ATTNKIT_FA3_Q_TMA");
   e->o_tma_ = env_on("ATTNKIT_FA3_O_TMA");
   e->unit_smem_ = env_on("ATTNKIT_FA3_UNIT_SMEM");
+  e->fp8_half_diag_ = env_on("ATTNKIT_FA3_FP8_HALF_DIAG");
   const int d = ctx.qk_head_dim;
   std::string block_ns;  // the key blocks instantiated for d
   for (int n : {64, 80, 128, 192}) {
@@ -397,6 +398,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     }
     p.fp8_block_n = v.block_n;
     p.fp8_promote = v.promote ? (v.promote_late ? 2 : 1) : 0;
+    p.fp8_half_diag = fp8_half_diag_ ? 1 : 0;
     launched = run_prefill_sm90_fp8(p, sm_count_, stream, v.vt_pre ? v.max_kv_len : 0);
   } else {
     launched = dispatch_value<WgmmaHeadDims>(

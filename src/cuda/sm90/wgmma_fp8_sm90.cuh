@@ -16,6 +16,27 @@
 
 namespace attnkit::sm90 {
 
+__device__ __forceinline__ void wgmma_ss_e4m3_m64n64(float (&d)[32], uint64_t desc_a,
+                                                     uint64_t desc_b, int scale_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#endif
+}
+
 __device__ __forceinline__ void wgmma_ss_e4m3_m64n128(float (&d)[64], uint64_t desc_a,
                                                       uint64_t desc_b, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -224,7 +245,9 @@ __device__ __forceinline__ void wgmma_rs_e4m3_zero_m64n72(float (&d)[36], const 
 template <int kN>
 __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
                                               int scale_d) {
-  if constexpr (kN == 128) {
+  if constexpr (kN == 64) {
+    wgmma_ss_e4m3_m64n64(d, desc_a, desc_b, scale_d);
+  } else if constexpr (kN == 128) {
     wgmma_ss_e4m3_m64n128(d, desc_a, desc_b, scale_d);
   } else if constexpr (kN == 192) {
     wgmma_ss_e4m3_m64n192(d, desc_a, desc_b, scale_d);

@@ -295,6 +295,11 @@ struct Fa3Params {
   // 2: the same promotion with the other order of its two column chunks (prefill_sm90_fp8.cuh,
   // consumer_fp8: chunk 0 behind Q K^T, chunk 1 after the softmax), to measure which is faster.
   int fp8_promote = 0;
+  // FP8 kernel, three consumer warpgroups, causal, 128-key blocks: 1 (the engine's default;
+  // ATTNKIT_FA3_FP8_HALF_DIAG=0 off): a warpgroup whose last row ends in the first half of its
+  // diagonal key block computes S (and, with e4m3 q, the softmax) of that block over its first 64
+  // keys only (the rest are after each of its rows; prefill_sm90_fp8.cuh, half_top).
+  int fp8_half_diag = 0;
   // Query rows per tile of p.plan (the plan is built with the same count): kBlockM (128, two
   // consumer warpgroups) or 192 (three consumer warpgroups): the bf16 / f16 kernel at d 64 and
   // d 128 with 128-key blocks (ATTNKIT_FA3_WG3, prefill_sm90_engine.cpp; at d 128 per forward by

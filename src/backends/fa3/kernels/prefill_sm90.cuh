@@ -580,11 +580,14 @@ struct RowSoftmax {
     step_scaled(s, sc, p, t, nb, g, lane, qpos0, corr);
   }
   // The same with a softmax scale per row (sc[h]: row r + 8 h, exp2 domain; > 0). kSum false: l
-  // is left alone (the FP8 kernel's row sum through the P V GEMM).
-  template <bool kSum = true>
-  __device__ __forceinline__ void step_scaled(float (&s)[kN / 2], const float (&sc)[2],
+  // is left alone (the FP8 kernel's row sum through the P V GEMM). kW < kN: the block's first kW
+  // keys only (the FP8 kernel's half diagonal block; the caller vouches that the block's other keys
+  // are masked for every row).
+  template <bool kSum = true, int kW = kN>
+  __device__ __forceinline__ void step_scaled(float (&s)[kW / 2], const float (&sc)[2],
                                               const Fa3Params& p, const TileInfo& t, int nb, int g,
                                               int lane, int qpos0, float (&corr)[2]) {
+    static_assert(kW <= kN && kW % 16 == 0, "softmax width");
     if (p.diag & 2) {
       corr[0] = corr[1] = 1.f;
       return;
@@ -595,7 +598,7 @@ struct RowSoftmax {
         n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
     if (need_mask) {
 #pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
+      for (int j = 0; j < kW / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = n0 + 8 * j + 2 * (lane % 4) + (e & 1);
@@ -608,10 +611,10 @@ struct RowSoftmax {
     // Both rows at once with independent partial chains (max: 2 per row, sum: 4 per row): the
     // softmax is one warp's latency-bound sequence on its scheduler while the other warpgroup's
     // GEMMs run, so the dependent FMNMX / FADD chains are kept short.
-    constexpr int kJ = kN / 8;
+    constexpr int kJ = kW / 8;
     static_assert(kJ % 2 == 0, "key block: a multiple of 16");
     float mx[2][2];
-    block_row_max<kN>(s, mx);
+    block_row_max<kW>(s, mx);
     float m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

@@ -719,6 +719,20 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     auto softmax = [&](int nbx) {
       sm.template step_scaled<!kGemmSum>(s, rsc, p, t, nbx, g, lane, qpos0, corr);
     };
+    // The half diagonal block's exact step (after compute_s_half): over its first 64 keys, P zero
+    // past them. In the e4m3-q kernel only (kHalfSoftmax): in the bf16-q one ptxas (CUDA 13.0) then
+    // serialised the wgmma for want of registers, so there the whole-width step runs (its mask
+    // zeroes the same P). H200, 2026-11-28 07:49Z: the e4m3-q kernel 1.0-1.9% faster at causal
+    // 4k-8k, the bf16-q one (half S only) level.
+    constexpr bool kHalfSoftmax = kN == 128 && kQIn == kQInE4m3;
+    auto softmax_half = [&](int nbx) {
+      if constexpr (kHalfSoftmax) {
+        float(&s_lo)[kN / 4] = *reinterpret_cast<float(*)[kN / 4]>(&s[0]);
+        sm.template step_scaled<!kGemmSum, kN / 2>(s_lo, rsc, p, t, nbx, g, lane, qpos0, corr);
+#pragma unroll
+        for (int i = kN / 4; i < kN / 2; ++i) s[i] = 0.f;
+      }
+    };
     auto pack = [&] { pack_p_fp8<kN>(s, pa); };
 
     auto issue_qk = [&](int stage) {
@@ -737,6 +751,27 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       wgmma_commit();
       wgmma_wait<0>();
       fence_regs(s);
+    };
+    // The same for the block's first 64 keys only (the half diagonal block, Fa3Params::
+    // fp8_half_diag): S into s[0 .. kN / 4 - 1], which hold those keys' columns in the N = kN
+    // fragment order; the rest is set to -inf, as the exact step's causal mask would (every one of
+    // those keys lies after the warpgroup's last row), so that no stale value stays live.
+    auto compute_s_half = [&](int stage) {
+      if constexpr (kN == 128) {
+        float(&s_lo)[kN / 4] = *reinterpret_cast<float(*)[kN / 4]>(&s[0]);
+        const uint64_t k_desc = make_desc(base + Tr::kKOffset + stage * Tr::kKVBytes, 16, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kD / 32; ++kk) {
+          wgmma_ss_e4m3<kN / 2>(s_lo, desc_advance(q_desc, kk * 32), desc_advance(k_desc, kk * 32),
+                                kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = kN / 4; i < kN / 2; ++i) s[i] = kNegInf;
+        fence_regs(s);
+      }
     };
     auto vt_stage = [&](int stage) { return base + Tr::kVtOffset + stage * Tr::kVtBytes; };
     auto issue_pv = [&](int stage) {  // without promotion: O += P V in the accumulator
@@ -825,20 +860,32 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       // ends at the tile's last row, tile_key_end): it waits for every block's V^T and releases
       // it after its P V, so no stage is reloaded while a skipped block's V^T still lands.
       int nb_top = t.n_blocks - 1;
+      const int last_row = t.causal_limit + g * 64 + 63;
       if (p.causal) {
-        const int last_row = t.causal_limit + g * 64 + 63;
         for (; nb_top >= t.nb_begin && nb_top * kN > last_row; --nb_top, ++it_c) {
           wait_k(it_c, nb_top);
           mbar_arrive(fp8_bar(bars, it_c % Tr::kStages, 3));
         }
       }
+      // Fa3Params::fp8_half_diag: when this warpgroup's last row ends in the first half of its
+      // diagonal block (nb_top), keys 64 .. 127 of that block are after every one of its rows:
+      // S (m64n64) and, with kHalfSoftmax, the exact step run over the first 64 keys only; P V
+      // stays whole (P is zero past them; the half P V made ptxas serialise the e4m3-q kernel's
+      // wgmma). About half the warpgroups of a causal tile, once per unit.
+      const bool half_top =
+          kN == 128 && p.causal && p.fp8_half_diag != 0 && nb_top * kN + kN / 2 > last_row;
       for (int nb = nb_top; nb >= t.nb_begin; --nb, ++it_c) {
         const int stage = it_c % Tr::kStages;
         const int blk = t.n_blocks - 1 - nb;  // timeline builds: events 0..6 of this block
         fp8_stamp(p, round, g, blk, 0, who);
         wait_k(it_c, nb);
         fp8_stamp(p, round, g, blk, 1, who);
-        compute_s(stage);
+        const bool half = half_top && nb == nb_top;
+        if (half) {
+          compute_s_half(stage);
+        } else {
+          compute_s(stage);
+        }
         fp8_stamp(p, round, g, blk, 2, who);
         // Some row of the warpgroup has keys of this block masked (no speculation then).
         const int n0 = nb * kN;
@@ -857,6 +904,9 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
             bad = e4m3_words_reach<kN / 32>(
                 pa, p.lazy_rescale != 0 ? kE4m3SpecLimitLazy : kE4m3SpecLimitEager);
             corr[0] = corr[1] = 1.f;
+          } else if (kHalfSoftmax && half) {
+            softmax_half(nb);
+            pack();
           } else {
             softmax(nb);
             pack();
@@ -884,7 +934,9 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
               exact = true;
             }
           }
-          if (exact) {
+          if (kHalfSoftmax && exact && half) {
+            softmax_half(nb);
+          } else if (exact) {
             softmax(nb);
           } else {
             corr[0] = corr[1] = 1.f;
