@@ -64,6 +64,7 @@ struct BenchArgs {
   bool graph = false;
   int paired_rounds = -1;
   int paired_calls = 5;
+  double paired_max_seconds = bench::kPairedMaxSeconds;
   std::string filter;
   int64_t rotate_mib = 0;
   int max_copies = 512;
@@ -192,10 +193,10 @@ int omp_threads() {
 
 // The options that only act on a run (timing, verification, outputs): refused beside a true
 // --list, which runs nothing.
-constexpr const char* kRunOnlyOptions[] = {"--verify",     "--json",          "--csv",
-                                           "--warmup",     "--iters",         "--launches",
-                                           "--graph",      "--paired-rounds", "--paired-calls",
-                                           "--rotate-mib", "--max-copies",    "--gemm-tflops"};
+constexpr const char* kRunOnlyOptions[] = {
+    "--verify",     "--json",       "--csv",           "--warmup",       "--iters",
+    "--launches",   "--graph",      "--paired-rounds", "--paired-calls", "--paired-max-seconds",
+    "--rotate-mib", "--max-copies", "--gemm-tflops"};
 
 // The backends named by --backend, each once in first-named order: `all` adds every built backend
 // that runs on `platform` and was not named before. Refused when none of them can run here, with
@@ -266,7 +267,7 @@ void bench_main(const CLI::App& cmd, const BenchArgs& args) {
                device.to_string() + "; the CPU times one forward per sample)");
     }
     // The paired rounds pair forwards with passes of the CPU copy ceiling; CUDA has none.
-    for (const char* option : {"--paired-rounds", "--paired-calls"}) {
+    for (const char* option : {"--paired-rounds", "--paired-calls", "--paired-max-seconds"}) {
       if (device.is_cuda() && cmd.count(option) > 0) {
         cli_fail(std::string(option) +
                  " applies to --device cpu only (paired copy rounds of memory-bound cases; got "
@@ -337,6 +338,7 @@ void bench_main(const CLI::App& cmd, const BenchArgs& args) {
   settings.paired_rounds =
       device.is_cpu() ? (args.paired_rounds >= 0 ? args.paired_rounds : kCpuPairedRounds) : 0;
   settings.paired_calls = args.paired_calls;
+  settings.paired_max_seconds = args.paired_max_seconds;
   if (args.rotate_mib > 0) {
     // The rotating copies are allocated and filled on this host for a CPU device: more than it has
     // available would get the process killed part-way (CUDA allocations fail with an error).
@@ -627,9 +629,16 @@ void register_bench_commands(CLI::App& app) {
   bench
       ->add_option("--paired-calls", bench_args->paired_calls,
                    "CPU: forwards per paired round (their median is compared with the round's "
-                   "ceiling reading); fewer where a case's rounds would take more than a minute "
-                   "at its timed median, and no rounds where one call per round would")
+                   "ceiling reading); fewer where a case's rounds would take more than "
+                   "--paired-max-seconds at its timed median, and no rounds where one call per "
+                   "round would (the row and the JSON's paired_note say so)")
       ->check(cli::positive_int());
+  bench
+      ->add_option("--paired-max-seconds", bench_args->paired_max_seconds,
+                   "CPU: the most one case's paired forwards may take, estimated from its timed "
+                   "median (default " +
+                       std::to_string(static_cast<int>(bench::kPairedMaxSeconds)) + ")")
+      ->check(cli::positive_number());
   bench->add_option("--filter", bench_args->filter, "Only cases whose name contains this");
   bench
       ->add_option("--rotate-mib", bench_args->rotate_mib,

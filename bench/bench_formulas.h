@@ -176,16 +176,18 @@ inline bool is_memory_bound(const BenchCase& c, double copy_gbs = 0, double comp
   return attention_flops(c) / bytes < ridge;
 }
 
-// The most the paired rounds' forwards of one case may take, estimated from its timed median.
+// The most the paired rounds' forwards of one case may take by default, estimated from its timed
+// median (`attnkit bench --paired-max-seconds`).
 inline constexpr double kPairedMaxSeconds = 60;
 // Forwards per paired round for a case whose timed median is `ms_median`: `calls`, fewer where
-// `rounds` rounds of them would take more than kPairedMaxSeconds, and 0 (no paired rounds) where
-// even one forward per round would (a reference backend's long CPU prefill); `calls` as given when
-// the median is not positive.
-inline int paired_calls_per_round(double ms_median, int rounds, int calls) {
+// `rounds` rounds of them would take more than `max_seconds`, and 0 (no paired rounds) where even
+// one forward per round would (a reference backend's long CPU prefill); `calls` as given when the
+// median is not positive.
+inline int paired_calls_per_round(double ms_median, int rounds, int calls,
+                                  double max_seconds = kPairedMaxSeconds) {
   const double round_ms = ms_median * static_cast<double>(rounds > 1 ? rounds : 1);
   if (!(round_ms > 0)) return calls;
-  const double fit = kPairedMaxSeconds * 1e3 / round_ms;
+  const double fit = max_seconds * 1e3 / round_ms;
   return fit >= calls ? calls : static_cast<int>(fit);
 }
 

@@ -127,6 +127,7 @@ std::string table_row(const CaseResult& r, int name_width) {
     for (double x : r.paired_peak_ratios) line += " " + fixed(100.0 * x, 0);
     line += "; peak readings " + fixed(median(r.paired_peak_tflops), 2) + " TFLOP/s median)";
   }
+  if (!r.paired_note.empty()) line += " (paired rounds " + r.paired_note + ")";
   return line;
 }
 
@@ -227,6 +228,7 @@ Json to_json(const BenchRun& run) {
                                {"us_max", r.refresh_us_max},
                                {"idle_us_median", r.refresh_idle_us_median}};
       }
+      if (!r.paired_note.empty()) x["paired_note"] = r.paired_note;
       if (!r.paired_ratios.empty()) {
         x["paired_copy"] = {{"method",
                              "per round: one pass of the copy ceiling, then that many forwards; "

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -163,6 +164,18 @@ Timing summarize(std::vector<double> ms) {
   t.ms_min = *std::min_element(ms.begin(), ms.end());
   t.ms_max = *std::max_element(ms.begin(), ms.end());
   return t;
+}
+
+// Why a case's paired rounds run fewer calls than asked (calls > 0) or none (calls 0), from the
+// timed median the cut was made by (paired_calls_per_round).
+std::string paired_cut_note(double ms_median, const RunSettings& settings, int calls) {
+  std::ostringstream why;
+  why << settings.paired_rounds << " rounds at the timed median " << ms_median
+      << " ms would take more than --paired-max-seconds " << settings.paired_max_seconds;
+  if (calls == 0) return "skipped: one call per round over " + why.str();
+  return std::to_string(calls) + " of " + std::to_string(settings.paired_calls) +
+         " calls per round: " + std::to_string(settings.paired_calls) + " per round over " +
+         why.str();
 }
 
 }  // namespace
@@ -474,12 +487,12 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
       time_forward(**backend, *prepared, settings.warmup, settings.iters, settings.launches);
   if (!timing) return fail(timing.status(), "timing");
   // Paired rounds (CPU): each round measures its ceiling, then times r.paired_calls forwards:
-  // paired_calls, fewer where the rounds' calls would take more than kPairedMaxSeconds at the
+  // paired_calls, fewer where the rounds' calls would take more than paired_max_seconds at the
   // timed median, none (no rounds) where one call per round would (a reference backend's 2k
-  // prefill takes seconds per call).
+  // prefill takes seconds per call); r.paired_note says which.
   int index = settings.warmup + settings.iters;
-  r.paired_calls =
-      paired_calls_per_round(timing->ms_median, settings.paired_rounds, settings.paired_calls);
+  r.paired_calls = paired_calls_per_round(timing->ms_median, settings.paired_rounds,
+                                          settings.paired_calls, settings.paired_max_seconds);
   auto round_ms = [&]() -> Result<double> {  // the median of one round's forwards
     std::vector<double> ms;
     for (int i = 0; i < r.paired_calls; ++i, ++index) {
@@ -494,8 +507,15 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   // even where a slow vector peak makes the table judge one compute-bound), peak rounds for the
   // compute-bound one (extend, which the table always judges compute-bound), never both.
   const bool memory_kind = is_memory_bound(c);
-  if (settings.device.is_cpu() && memory_kind && settings.paired_rounds > 0 && r.paired_calls > 0 &&
-      settings.copy_probe != nullptr) {
+  const bool copy_rounds = settings.device.is_cpu() && memory_kind && settings.paired_rounds > 0 &&
+                           settings.copy_probe != nullptr;
+  const bool peak_rounds = settings.device.is_cpu() && settings.paired_rounds > 0 &&
+                           !settings.paired_peak.empty() &&
+                           settings.paired_peak == ceilings.compute_name && !memory_kind;
+  if ((copy_rounds || peak_rounds) && r.paired_calls < settings.paired_calls) {
+    r.paired_note = paired_cut_note(timing->ms_median, settings, r.paired_calls);
+  }
+  if (copy_rounds && r.paired_calls > 0) {
     for (int round = 0; round < settings.paired_rounds; ++round) {
       const double copy_gbs = settings.copy_probe->pass_gbs();
       const double read_gbs = settings.copy_probe->read_pass_gbs();
@@ -513,9 +533,7 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   }
   // Compute-bound cases against passes of the compute ceiling they are judged by (the AMX peak
   // moves 2x between seconds on a shared Xeon host: docs/perf/amx_notes.md "Session 35").
-  if (settings.device.is_cpu() && settings.paired_rounds > 0 && r.paired_calls > 0 &&
-      !settings.paired_peak.empty() && settings.paired_peak == ceilings.compute_name &&
-      !memory_kind) {
+  if (peak_rounds && r.paired_calls > 0) {
     for (int round = 0; round < settings.paired_rounds; ++round) {
       Result<double> peak = cpu_peak_pass_tflops(settings.paired_peak, kPairedPeakReps);
       if (!peak) {  // the rounds end; the case's timing stands (a failed ceiling only warns)

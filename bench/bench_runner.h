@@ -38,6 +38,9 @@ struct RunSettings {
   // 0 rounds or no probe: off.
   int paired_rounds = 0;
   int paired_calls = 5;
+  // The most one case's paired forwards may take, estimated from its timed median: fewer calls
+  // per round past it, no rounds where one call per round would pass it (paired_calls_per_round).
+  double paired_max_seconds = kPairedMaxSeconds;
   CpuCopyProbe* copy_probe = nullptr;
   // CPU, compute-bound cases: the same rounds against `paired_peak`, the name of the run's CPU
   // compute ceiling (cpu_peak_pass_tflops measures one of it per round); empty: off (e.g. a
@@ -76,8 +79,11 @@ struct CaseResult {
   double rel_l2 = 0;
   double max_abs = 0;
   // Forwards per paired round: RunSettings::paired_calls, fewer where the rounds would take more
-  // than kPairedMaxSeconds (run_case).
+  // than RunSettings::paired_max_seconds (run_case).
   int paired_calls = 0;
+  // Why the case's paired rounds were cut or skipped (empty: run as asked, or none were due):
+  // "1 of 5 calls per round ..." or "skipped: ...". In the table row and the JSON.
+  std::string paired_note;
   // Paired copy rounds (RunSettings::paired_rounds), one entry per round: the copy pass's GB/s,
   // the case's GB/s over the median of that round's calls, and their ratio.
   std::vector<double> paired_copy_gbs;

@@ -240,6 +240,37 @@ TEST(BenchCli, ExtendPairedWithTheComputePeak) {
   EXPECT_NE(r.cli.out.find("(paired peak: median"), std::string::npos) << r.cli.out;
 }
 
+// A case whose paired rounds would take longer than --paired-max-seconds gets fewer calls per
+// round or, where one call per round would already pass it, none; the row and the JSON say why.
+// A cap far below any forward's time forces the no-rounds path for a decode (copy rounds) and an
+// extend (peak rounds) case; the default cap leaves a small case's rounds whole and says nothing.
+TEST(BenchCli, PairedRoundsPastTheCapAreSkippedWithANote) {
+  for (const char* file : {kDecodeFile, kExtendFile}) {
+    SCOPED_TRACE(file);
+    const BenchRun r = run_bench("bench_cli_paired_cap", file,
+                                 "--backend torch_native --device cpu --rotate-mib 1 --warmup 0 "
+                                 "--iters 1 --paired-rounds 3 --paired-calls 2 "
+                                 "--paired-max-seconds 1e-9");
+    ASSERT_EQ(r.cli.exit_code, 0) << r.cli.out << r.cli.err;
+    const nlohmann::json& x = r.doc["results"][0];
+    if (x["ceiling"].get<std::string>().empty()) continue;  // no ceiling here: no rounds due
+    EXPECT_FALSE(x.contains("paired_copy")) << x.dump();
+    EXPECT_FALSE(x.contains("paired_peak")) << x.dump();
+    ASSERT_TRUE(x.contains("paired_note")) << x.dump();
+    const std::string note = x["paired_note"].get<std::string>();
+    EXPECT_EQ(note.rfind("skipped: one call per round over 3 rounds at the timed median ", 0), 0u)
+        << note;
+    EXPECT_NE(note.find("--paired-max-seconds 1e-09"), std::string::npos) << note;
+    EXPECT_NE(r.cli.out.find("(paired rounds skipped: "), std::string::npos) << r.cli.out;
+  }
+  const BenchRun whole = run_bench("bench_cli_paired_whole", kDecodeFile,
+                                   "--backend torch_native --device cpu --rotate-mib 1 "
+                                   "--warmup 0 --iters 1 --paired-rounds 2 --paired-calls 1");
+  ASSERT_EQ(whole.cli.exit_code, 0) << whole.cli.out << whole.cli.err;
+  EXPECT_FALSE(whole.doc["results"][0].contains("paired_note")) << whole.doc.dump();
+  EXPECT_EQ(whole.cli.out.find("(paired rounds "), std::string::npos) << whole.cli.out;
+}
+
 TEST(BenchCli, ErrorsExitNonZeroWithAMessage) {
   const std::string dir = ::testing::TempDir();
   CliRun r = run_cli("bench --backend torch_native --cases /nonexistent/cases.json --device cpu");
@@ -636,6 +667,8 @@ TEST(BenchCli, DeviceOnlyOptionsAreRefusedOnTheOtherDevice) {
            "--paired-rounds applies to --device cpu only"},
           {bench + "--device cuda:0 --paired-calls 2",
            "--paired-calls applies to --device cpu only"},
+          {bench + "--device cuda --paired-max-seconds 5",
+           "--paired-max-seconds applies to --device cpu only"},
       },
       {"ceiling"});
 }
@@ -723,7 +756,7 @@ TEST(BenchCli, ListRefusesRunOnlyOptions) {
   for (const std::string option :
        {"--iters 3", "--launches 2", "--rotate-mib 1", "--gemm-tflops 1", "--paired-calls 2",
         "--warmup 1", "--paired-rounds 1", "--max-copies 4", "--verify", "--json x.json",
-        "--csv x.csv", "--graph"}) {
+        "--csv x.csv", "--graph", "--paired-max-seconds 5"}) {
     errors.push_back({list + option, option.substr(0, option.find(' ')) + " excludes --list"});
   }
   attnkit::test_support::expect_cli_errors(ATTNKIT_CLI_PATH, errors);
