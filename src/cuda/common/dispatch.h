@@ -28,6 +28,15 @@ struct ValueList {
     ((os << (i++ ? ", " : "") << static_cast<long long>(kValues)), ...);
     return os.str();
   }
+  // The values for which keep(value) holds, in order ("none" when no value does).
+  template <typename Keep>
+  static std::string to_string_if(Keep&& keep) {
+    std::ostringstream os;
+    int i = 0;
+    ((keep(kValues) ? (void)(os << (i++ ? ", " : "") << static_cast<long long>(kValues)) : (void)0),
+     ...);
+    return i > 0 ? os.str() : "none";
+  }
 };
 
 namespace detail {
