@@ -266,12 +266,13 @@ void bench_main(const CLI::App& cmd, const BenchArgs& args) {
                " enqueues back-to-back CUDA forwards: it needs --device cuda (got --device " +
                device.to_string() + "; the CPU times one forward per sample)");
     }
-    // The paired rounds pair forwards with passes of the CPU copy ceiling; CUDA has none.
+    // The paired rounds pair forwards with passes of the CPU ceilings (copy, compute peak); CUDA
+    // has none.
     for (const char* option : {"--paired-rounds", "--paired-calls", "--paired-max-seconds"}) {
       if (device.is_cuda() && cmd.count(option) > 0) {
         cli_fail(std::string(option) +
-                 " applies to --device cpu only (paired copy rounds of memory-bound cases; got "
-                 "--device " +
+                 " applies to --device cpu only (paired rounds against passes of the CPU copy and "
+                 "compute peak; got --device " +
                  device.to_string() + ")");
       }
     }

@@ -60,11 +60,13 @@ def session54(path):
     times = collections.defaultdict(list)
     launches = None
     for line in open(path):
-        if line.startswith("=="):
+        if line.startswith("=="):  # "== round R launches L FILE"
             launches = int(line.split()[4])
             continue
-        name, ms, _ = line.split()
-        times[(name, launches)].append(float(ms))
+        fields = line.split()
+        if len(fields) != 3 or launches is None or not fields[0].startswith("extend_b"):
+            continue  # blank or foreign lines
+        times[(fields[0], launches)].append(float(fields[1]))
     for la in sorted({k[1] for k in times}):
         for kind in ("bf16", "fp8"):
             rows = []
@@ -72,6 +74,8 @@ def session54(path):
                 if l != la or ("qfp8" in name) != (kind == "fp8"):
                     continue
                 m = re.match(r"extend_b(\d+)_pre0_new(\d+)", name)
+                if m is None:  # only prefills without a prefix fit this model
+                    continue
                 rows.append((int(m[2]), int(m[1]), "bidir" not in name, statistics.median(v)))
             fit(rows, f"--launches {la} {kind}")
 
