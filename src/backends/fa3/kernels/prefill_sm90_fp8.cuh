@@ -735,14 +735,17 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     };
     auto pack = [&] { pack_p_fp8<kN>(s, pa); };
 
-    auto issue_qk = [&](int stage) {
+    // Q K^T of the block in `stage` into d: all kN keys (issue_qk), or the first kNs (the half
+    // diagonal block's S).
+    auto issue_qk_n = [&]<int kNs>(int stage, float(&d)[kNs / 2]) {
       const uint64_t k_desc = make_desc(base + Tr::kKOffset + stage * Tr::kKVBytes, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < kD / 32; ++kk) {
-        wgmma_ss_e4m3<kN>(s, desc_advance(q_desc, kk * 32), desc_advance(k_desc, kk * 32),
-                          kk > 0 ? 1 : 0);
+        wgmma_ss_e4m3<kNs>(d, desc_advance(q_desc, kk * 32), desc_advance(k_desc, kk * 32),
+                           kk > 0 ? 1 : 0);
       }
     };
+    auto issue_qk = [&](int stage) { issue_qk_n.template operator()<kN>(stage, s); };
     // S = Q K^T of the block in `stage`, waited for (the three-warpgroup loop's S and every
     // speculation recompute).
     auto compute_s = [&](int stage) {
@@ -759,13 +762,8 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     auto compute_s_half = [&](int stage) {
       if constexpr (kN == 128) {
         float(&s_lo)[kN / 4] = *reinterpret_cast<float(*)[kN / 4]>(&s[0]);
-        const uint64_t k_desc = make_desc(base + Tr::kKOffset + stage * Tr::kKVBytes, 16, 1024);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kD / 32; ++kk) {
-          wgmma_ss_e4m3<kN / 2>(s_lo, desc_advance(q_desc, kk * 32), desc_advance(k_desc, kk * 32),
-                                kk > 0 ? 1 : 0);
-        }
+        issue_qk_n.template operator()<kN / 2>(stage, s_lo);
         wgmma_commit();
         wgmma_wait<0>();
 #pragma unroll
