@@ -39,6 +39,9 @@ TEST(DispatchTest, ToStringIfListsTheKeptValues) {
   EXPECT_EQ(Dims::to_string_if([](int) { return false; }), "none");
   EXPECT_TRUE(Dims::contains(80));
   EXPECT_FALSE(Dims::contains(96));
+  EXPECT_EQ(
+      head_dims_built<Dims>([](int d) { return d == 128; }),
+      "128; the kernels cover 64, 80, 128, 256, ATTNKIT_HEAD_DIMS chooses which are compiled");
 }
 
 }  // namespace

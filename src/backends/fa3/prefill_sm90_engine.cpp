@@ -127,9 +127,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
     off = "qk_head_dim " + str(ctx.qk_head_dim) + " != v_head_dim " + str(ctx.v_head_dim);
   } else if (!wgmma_head_dim_compiled(ctx.qk_head_dim)) {
     off = "head_dim " + str(ctx.qk_head_dim) + " (wgmma head dims built: " +
-          WgmmaHeadDims::to_string_if([](int d) { return wgmma_head_dim_compiled(d); }) +
-          "; the kernels cover " + WgmmaHeadDims::to_string() +
-          ", ATTNKIT_HEAD_DIMS chooses which are compiled)";
+          head_dims_built<WgmmaHeadDims>([](int d) { return wgmma_head_dim_compiled(d); }) + ")";
   } else {
     bool available = false;
     (void)dispatch_value<WgmmaHeadDims>(ctx.qk_head_dim, "head_dim", [&]<int kD>() {

@@ -1347,12 +1347,10 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
     reason = "qk_head_dim " + str(ctx.qk_head_dim) + " != v_head_dim " + str(ctx.v_head_dim);
   } else if (!flashinfer::NativeHeadDims::contains(ctx.qk_head_dim) ||
              !flashinfer::head_dim_compiled(ctx.qk_head_dim)) {
-    // The kernels' head dims that this build compiled (ATTNKIT_HEAD_DIMS may leave some out).
-    const std::string built = flashinfer::NativeHeadDims::to_string_if(
-        [](int d) { return flashinfer::head_dim_compiled(d); });
-    reason = "head_dim " + str(ctx.qk_head_dim) + " (tensor-core head dims built: " + built +
-             "; the kernels cover " + flashinfer::NativeHeadDims::to_string() +
-             ", ATTNKIT_HEAD_DIMS chooses which are compiled)";
+    reason = "head_dim " + str(ctx.qk_head_dim) + " (tensor-core head dims built: " +
+             head_dims_built<flashinfer::NativeHeadDims>(
+                 [](int d) { return flashinfer::head_dim_compiled(d); }) +
+             ")";
   }
   // The portable path serves those contexts, encoder batches and non-fp8 KV of another dtype.
   std::unique_ptr<AttentionBackend> portable;

@@ -39,6 +39,15 @@ struct ValueList {
   }
 };
 
+// The head dims of `List` (a kernel family's ValueList) that this build compiled, for a reason
+// naming a head dim outside them: "128; the kernels cover 64, 128, 256, ATTNKIT_HEAD_DIMS chooses
+// which are compiled".
+template <typename List, typename Compiled>
+std::string head_dims_built(Compiled&& compiled) {
+  return List::to_string_if(std::forward<Compiled>(compiled)) + "; the kernels cover " +
+         List::to_string() + ", ATTNKIT_HEAD_DIMS chooses which are compiled";
+}
+
 namespace detail {
 template <auto kFirst, auto... kRest, typename V, typename F>
 Status dispatch_value_impl(ValueList<kFirst, kRest...>, V value, const char* name, F&& f,
