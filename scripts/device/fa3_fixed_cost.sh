@@ -4,9 +4,9 @@
 # are measured) and back to back (--launches 10: kernel time), over
 #   scripts/device/fa3_s53_causal_vs_bidir.json (causal / bidirectional 4k, bidirectional 8k) and
 #   scripts/device/fa3_s53_unit_counts.json (causal, ~the same FLOPs over 1x to ~8x the units),
-# ROUNDS alternated rounds (LAUNCHES: the --launches values, default "1 10"); then scripts/fa3_cost_fit.py-style fits are left to the reader of
-# $OUT/fixed_cost.txt. Builds attnkit_cli for head dim 128 only (build/d128; incremental on a warm
-# machine).
+# ROUNDS alternated rounds (LAUNCHES: the --launches values, default "1 10"); fit the output with
+# `python3 scripts/fa3_cost_fit.py $OUT/fixed_cost.txt`. Builds attnkit_cli for head dim 128 only
+# (build/d128; incremental on a warm machine).
 #   run(carry=[".deps"], command="bash scripts/device/fa3_fixed_cost.sh")
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"

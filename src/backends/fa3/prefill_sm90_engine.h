@@ -107,8 +107,8 @@ class PrefillSm90Engine {
   bool o_tma_ = true;      // ATTNKIT_FA3_O_TMA=0: register O stores only (Fa3Params::o_tma)
   bool q_tma_ = true;      // ATTNKIT_FA3_Q_TMA=0: Q by the cp.async gather (Fa3Params::q_tma)
   bool unit_smem_ = true;  // ATTNKIT_FA3_UNIT_SMEM=0: consumers decode the plan (::unit_smem)
-  bool fp8_half_diag_ =
-      true;  // ATTNKIT_FA3_FP8_HALF_DIAG=0: whole diagonal blocks (::fp8_half_diag)
+  // ATTNKIT_FA3_FP8_HALF_DIAG=0: whole diagonal blocks (Fa3Params::fp8_half_diag).
+  bool fp8_half_diag_ = true;
   // FP8 knobs (the speculative softmax: H200 09:38Z +5.5-7% over the exact step at causal 4k-16k
   // and bidir 8k).
   Fp8Knobs fp8_knobs_;
