@@ -18,7 +18,8 @@
 // uneven batches: batch = its size, kv_len = its longest; "batch" may be given only if equal,
 // "kv_len" not with it; in a sweep each value is a list, e.g. "kv_lens": [[4096, 128, 128]]);
 // extend: prefix_len (default 0), new_tokens, causal (default true), fp8_q (default false: q in
-// fp8_e4m3 with a per-layer scale, the case named with "_qfp8"); decode and extend:
+// fp8_e4m3 with a per-layer scale, the case named with "_qfp8"), sliding_window (default -1: off;
+// "_win<w>"), logit_cap (default 0: off; "_cap<c>"), sinks (default false; "_sinks"); decode and
 // shared_prefix (default 0: leading tokens shared by every request, a multiple of page_size);
 // mla_decode: kv_lora_rank (default 512), qk_rope_head_dim (default 64), s_q (default 1; > 1: a
 // topk-1 verify chain of s_q tokens ending at kv_len), no kv_heads / head_dim / v_head_dim (they
@@ -35,6 +36,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -81,7 +83,8 @@ inline bool key_allowed(BenchKind kind, const std::string& key) {
     case BenchKind::kExtend:
       return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
              key == "prefix_len" || key == "new_tokens" || key == "causal" ||
-             key == "shared_prefix" || key == "fp8_q";
+             key == "shared_prefix" || key == "fp8_q" || key == "sliding_window" ||
+             key == "logit_cap" || key == "sinks";
     case BenchKind::kMlaDecode:
       return key == "kv_len" || key == "kv_lens" || key == "kv_lora_rank" ||
              key == "qk_rope_head_dim" || key == "s_q";
@@ -96,7 +99,8 @@ inline const char* allowed_keys(BenchKind kind) {
              "kv_len, kv_lens, shared_prefix, shuffle_pages";
     case BenchKind::kExtend:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
-             "prefix_len, new_tokens, causal, shared_prefix, fp8_q, shuffle_pages";
+             "prefix_len, new_tokens, causal, shared_prefix, fp8_q, sliding_window, logit_cap, "
+             "sinks, shuffle_pages";
     case BenchKind::kMlaDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lens, kv_lora_rank, "
              "qk_rope_head_dim, s_q, shuffle_pages";
@@ -188,6 +192,18 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   }
   if (key == "causal") return get_bool(v, where, &c->causal);
   if (key == "fp8_q") return get_bool(v, where, &c->fp8_q);
+  if (key == "sliding_window") return get_int(v, where, -1, &c->sliding_window);
+  if (key == "sinks") return get_bool(v, where, &c->sinks);
+  if (key == "logit_cap") {
+    // A double past FLT_MAX would become an infinite cap (no soft-cap at all), silently.
+    if (!v.is_number() || !(v.get<double>() >= 0.0) ||
+        v.get<double>() > static_cast<double>(std::numeric_limits<float>::max())) {
+      return Status::invalid_argument(where + ": expected a finite number >= 0 (0 = off), got " +
+                                      json_excerpt(v));
+    }
+    c->logit_cap = v.get<float>();
+    return Status::ok();
+  }
   if (key == "dtype" || key == "kv_dtype") {
     if (!v.is_string()) {
       return Status::invalid_argument(where + ": expected a dtype name string, got " +
@@ -245,6 +261,9 @@ inline std::string case_name(const BenchCase& c) {
   if (c.dtype != DType::kBF16) s << "_act" << dtype_name(c.dtype);
   if (c.kind == BenchKind::kExtend && !c.causal) s << "_bidir";
   if (c.fp8_q) s << "_qfp8";
+  if (c.sliding_window >= 0) s << "_win" << c.sliding_window;
+  if (c.logit_cap > 0.f) s << "_cap" << c.logit_cap;
+  if (c.sinks) s << "_sinks";
   if (c.shared_prefix > 0) s << "_shared" << c.shared_prefix;
   if (!c.shuffle_pages) s << "_inorder";
   return s.str();

@@ -66,6 +66,12 @@ struct BenchCase {
   // Extend: q handed over in fp8_e4m3 with a per-layer q_scale (the fa3 FP8 prefill's e4m3
   // input; harness::CaseSpec::fp8_q); k / v / out stay `dtype`.
   bool fp8_q = false;
+  // Extend: the layer's sliding window (AttentionLayer::sliding_window: a query at position q sees
+  // key k when q - k <= sliding_window; -1 off), soft-cap (logit_cap; 0 off) and attention sinks.
+  // The window shrinks the pairs and the keys counted below; the other two change neither.
+  int sliding_window = -1;
+  float logit_cap = 0.f;
+  bool sinks = false;
   // MLA decode: query tokens per request. s_q > 1 is a topk-1 verify chain (TARGET_VERIFY): the
   // last s_q of the kv_len keys are the drafts, draft i sees kv_len - s_q + 1 + i keys.
   int s_q = 1;
@@ -103,6 +109,10 @@ inline int64_t kv_bytes_per_token(const BenchCase& c) {
 //   extend, causal: new token i (0-based) sees prefix + i + 1 keys, so the sum is
 //     new * prefix + new * (new + 1) / 2; only visible pairs count.
 //   extend, bidirectional: new * (prefix + new).
+//   extend with a sliding window w: the query at position q (prefix <= q < prefix + new) sees
+//     keys max(0, q - w) .. q (causal: min(q + 1, w + 1) of them) or max(0, q - w) .. L - 1
+//     (bidirectional, L = prefix + new), summed over q. E.g. prefix 0, new 4, w 1, causal:
+//     1 + 2 + 2 + 2 = 7 (of the 10 without the window).
 //   MLA decode with s_q queries: s_q * kv_len - s_q * (s_q - 1) / 2.
 inline int64_t attended_pairs_at(const BenchCase& c, int64_t len) {
   if (c.kind == BenchKind::kMlaDecode) {
@@ -112,7 +122,18 @@ inline int64_t attended_pairs_at(const BenchCase& c, int64_t len) {
   if (c.kind != BenchKind::kExtend) return len;
   const int64_t p = c.prefix_len;
   const int64_t n = c.new_tokens;
-  return c.causal ? n * p + n * (n + 1) / 2 : n * (p + n);
+  if (c.sliding_window < 0) return c.causal ? n * p + n * (n + 1) / 2 : n * (p + n);
+  // Sum over q in [p, p + n) of (the last key seen + 1) - max(0, q - w), in closed form: the
+  // rows before q = w start at key 0, the rest at q - w.
+  const int64_t w = c.sliding_window;
+  const int64_t L = p + n;
+  auto sum_range = [](int64_t a, int64_t b) {  // a + (a + 1) + ... + (b - 1), 0 when b <= a
+    return b > a ? (a + b - 1) * (b - a) / 2 : int64_t{0};
+  };
+  const int64_t ends = c.causal ? sum_range(p + 1, L + 1) : n * L;  // sum of last key + 1
+  const int64_t split = std::clamp<int64_t>(w, p, L);               // first q with q - w >= 0
+  const int64_t starts = sum_range(split - w, L - w);               // sum of q - w, q >= split
+  return ends - starts;
 }
 inline int64_t attended_pairs_per_request(const BenchCase& c) {
   return attended_pairs_at(c, c.kind == BenchKind::kExtend ? 0 : c.kv_len);
@@ -134,6 +155,16 @@ inline int64_t kv_tokens_total(const BenchCase& c) {
   return sum;
 }
 
+// Tokens whose K / V some query reads: kv_tokens_total, or for an extend with a sliding window w
+// the keys from max(0, prefix - w) on (the first query's window start) in every request.
+inline int64_t kv_tokens_read(const BenchCase& c) {
+  if (c.kind == BenchKind::kExtend && c.sliding_window >= 0) {
+    const int64_t first = std::max<int64_t>(0, int64_t{c.prefix_len} - c.sliding_window);
+    return static_cast<int64_t>(c.batch) * (c.seq_len() - first);
+  }
+  return kv_tokens_total(c);
+}
+
 // FLOPs of one call: 2 * head_dim for the q.k dot product and 2 * v_head_dim for the p.V
 // accumulation per attended pair and q head (softmax work is not counted):
 //   FLOPs = 2 * (head_dim + v_head_dim) * q_heads * sum over requests of attended pairs.
@@ -148,7 +179,8 @@ inline double attention_flops(const BenchCase& c) {
 // harness does: the pool already holds every token (history and new), k/v are passed empty with
 // save_kv = false, so every key and value is read from the pool:
 //   bytes = K+V of all seq_len tokens of every request (kv_bytes_per_token each, at the pool dtype;
-//           with kv_lens, each request's own length)
+//           with kv_lens, each request's own length; an extend with a sliding window: the tokens
+//           its queries see, kv_tokens_read)
 //         + q [T, q_heads, head_dim] read + out [T, q_heads, v_head_dim] written (activation dtype)
 // with T = batch for decode and batch x new_tokens for extend; seq_len = kv_len for decode and
 // prefix_len + new_tokens for extend. Page-table and index reads are not counted (4 bytes per page
@@ -158,7 +190,7 @@ inline double attention_bytes(const BenchCase& c) {
   const int64_t t = c.num_tokens();
   const int64_t q_bytes = t * c.q_heads * c.head_dim * (c.fp8_q ? 1 : act);
   const int64_t out_bytes = t * c.q_heads * c.v_head_dim * act;
-  const int64_t kv_bytes = kv_tokens_total(c) * kv_bytes_per_token(c);
+  const int64_t kv_bytes = kv_tokens_read(c) * kv_bytes_per_token(c);
   return static_cast<double>(kv_bytes + q_bytes + out_bytes);
 }
 

@@ -85,6 +85,9 @@ Json case_params(const BenchCase& c) {
   p["dtype"] = dtype_name(c.dtype);
   p["kv_dtype"] = dtype_name(c.kv_dtype);
   if (c.fp8_q) p["fp8_q"] = true;
+  if (c.sliding_window >= 0) p["sliding_window"] = c.sliding_window;
+  if (c.logit_cap > 0.f) p["logit_cap"] = c.logit_cap;
+  if (c.sinks) p["sinks"] = true;
   return p;
 }
 

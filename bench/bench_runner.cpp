@@ -207,6 +207,11 @@ harness::CaseSpec to_case_spec(const BenchCase& c) {
   spec.shuffle_pages = c.shuffle_pages;
   if (extend && !c.causal) spec.type = AttentionType::kEncoderOnly;
   spec.fp8_q = extend && c.fp8_q;
+  if (extend) {
+    spec.sliding_window = c.sliding_window;
+    spec.logit_cap = c.logit_cap;
+    spec.sinks = c.sinks;
+  }
   if (c.kind == BenchKind::kMlaDecode) {
     if (c.s_q > 1) {  // the drafts are the last s_q of kv_len keys
       spec.mode = ForwardMode::kTargetVerify;

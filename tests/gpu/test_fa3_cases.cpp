@@ -52,9 +52,11 @@ bool expects_fp8_kernel(const CaseSpec& s) {
 }
 
 // Whether every layer of the case must run on a wgmma kernel: the shared bf16/f16 rule, or the
-// fa3-only FP8 kernel under the same mode / mask / device conditions.
+// fa3-only FP8 kernel under the same mode / device conditions and without a sliding window,
+// soft-cap or sinks (which only the bf16 / f16 kernel's variant instantiations take).
 bool expects_wgmma(const CaseSpec& s) {
   if (!expects_fp8_kernel(s)) return test_support::expects_sm90_wgmma_prefill(s);
+  if (s.sliding_window >= 0 || s.logit_cap != 0.f || s.sinks) return false;
   CaseSpec same_dtype = s;
   same_dtype.kv_dtype = s.q_dtype;
   return test_support::expects_sm90_wgmma_prefill(same_dtype);
@@ -282,6 +284,57 @@ TEST(Fa3LongTest, BidirectionalAndF16) {
   run_and_compare(c, true);
   c.head_dim = c.v_head_dim = 256;
   run_and_compare(c, false);
+}
+
+// Sliding window, soft-cap and sinks on the bf16 / f16 kernel's variant instantiations
+// (PrefillTraits::kVariant): windows that start inside a key block and several blocks past the
+// first (decode_tile's nb_begin), every head dim, two and three consumer warpgroups, the
+// bidirectional mask, f16, page 1 and large logits (the sinks' max above or below the rows').
+// run_and_compare asserts every layer ran on the wgmma kernel.
+TEST(Fa3VariantTest, WindowSoftcapSinksMatchReference) {
+  auto with = [](CaseSpec c, int window, float cap, bool sinks) {
+    c.sliding_window = window;
+    c.logit_cap = cap;
+    c.sinks = sinks;
+    return c;
+  };
+  for (int d : {64, 128, 256}) {
+    const std::string sd = "_d" + std::to_string(d);
+    run_and_compare(with(prefill("window200" + sd, {300, 0, 77}, {437, 700, 129}, 16, 8, 2, d), 200,
+                         0.f, false),
+                    true);
+    run_and_compare(with(prefill("softcap_sinks" + sd, {150, 0}, {333, 260}, 16, 8, 2, d), -1,
+                         d == 256 ? 50.f : 5.f, true),
+                    false);
+    run_and_compare(
+        with(prefill("all_three" + sd, {900, 5}, {300, 400}, 64, 4, 1, d), 333, 20.f, true), true,
+        4.f);
+  }
+  {
+    ScopedEnv wg3("ATTNKIT_FA3_WG3", "1");  // 192-row tiles at d 128: warpgroup windows differ
+    run_and_compare(with(prefill("wg3_window", {0, 64}, {1000, 450}, 16, 8, 2, 128), 70, 0.f, true),
+                    true);
+  }
+  {
+    ScopedEnv wg3("ATTNKIT_FA3_WG3", "0");
+    run_and_compare(with(prefill("wg2_window", {0, 64}, {1000, 450}, 16, 8, 2, 128), 70, 0.f, true),
+                    true);
+  }
+  // Window 0 (a row sees its own key only), page 1, one-row requests.
+  run_and_compare(
+      with(prefill("window0_page1", {10, 0, 3}, {300, 1, 2}, 1, 4, 2, 128), 0, 0.f, false), true);
+  // Bidirectional (encoder-only): the window bounds the past only.
+  CaseSpec c = with(prefill("encoder_window", {0, 0}, {700, 177}, 16, 4, 2, 128), 100, 0.f, true);
+  c.type = AttentionType::kEncoderOnly;
+  run_and_compare(c, true);
+  // f16, with small logits (sinks above the rows' maxima) and large ones.
+  c = with(prefill("f16_all_three", {200, 0}, {333, 64}, 16, 8, 2, 128), 150, 10.f, true);
+  c.q_dtype = c.kv_dtype = DType::kF16;
+  run_and_compare(c, true, 0.05f);
+  run_and_compare(c, false, 8.f);
+  // A forced tail split: the variant layers run without it (the engine drops it for them).
+  ScopedEnv split("ATTNKIT_FA3_SPLIT", "4");
+  run_and_compare(with(prefill("split_window", {0}, {600}, 16, 8, 2, 128), 128, 0.f, true), true);
 }
 
 TEST(Fa3LongTest, ManyUnitsPerCta) {

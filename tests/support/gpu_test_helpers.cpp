@@ -26,8 +26,7 @@ bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s, int compute_capabili
       (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.kv_dtype == s.q_dtype;
   const bool dim_ok =
       (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) && s.head_dim == s.v_head_dim;
-  return compute_capability == 90 && mode_ok && dtype_ok && dim_ok && !s.mla &&
-         !s.cross_attention && s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks;
+  return compute_capability == 90 && mode_ok && dtype_ok && dim_ok && !s.mla && !s.cross_attention;
 }
 
 bool has_cuda() {

@@ -38,7 +38,8 @@ Buffer upload_bytes(const void* src, int64_t bytes);
 // Whether every layer of the case must run on the SM90 wgmma prefill kernel that the fa3 and
 // flashinfer backends share (prefill_sm90_engine.h): a device of compute capability 90; an extend,
 // mixed or draft-extend forward; bf16/f16 MHA with KV of the q dtype; d 64/128/256 with
-// qk dim = v dim; no cross-attention, sliding window, soft-cap or sinks.
+// qk dim = v dim; no cross-attention (a sliding window, soft-cap or sinks run the kernel's variant
+// instantiations).
 bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s, int compute_capability);
 // The same for this process's CUDA device 0 (detect_cuda, so ATTNKIT_EMULATE_CC counts, as it
 // does for the backends); false without a CUDA device.

@@ -168,6 +168,37 @@ TEST(BenchCli, UnevenDecodeBatchIsVerified) {
   }
 }
 
+// An extend with a sliding window, soft-cap and sinks reaches the forward (verified against the
+// reference: a case that dropped them would mismatch), and its JSON carries them with the
+// window's pair count (torch_native has no window: skipped with its reason).
+TEST(BenchCli, WindowSoftcapSinksExtendIsVerified) {
+  constexpr const char* kFile = R"({
+    "kind": "extend",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16, "batch": 2},
+    "cases": [{"prefix_len": 40, "new_tokens": 50, "sliding_window": 17, "logit_cap": 3.5,
+               "sinks": true}]
+  })";
+  const BenchRun r =
+      run_bench("bench_cli_window", kFile,
+                "--backend intel_amx --device cpu --verify --rotate-mib 1 --warmup 0 --iters 1");
+  ASSERT_EQ(r.cli.exit_code, 0) << r.cli.out << r.cli.err;
+  Result<CaseFile> file = parse_case_file_text(kFile, "inline");
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  const BenchCase& c = file->cases[0];
+  ASSERT_EQ(r.doc["results"].size(), 1u);
+  for (const nlohmann::json& x : r.doc["results"]) {
+    EXPECT_EQ(x["case"], c.name);
+    EXPECT_EQ(x["status"], "ok") << x["message"];
+    EXPECT_TRUE(x["verify"]["passed"].get<bool>());
+    EXPECT_EQ(x["params"]["sliding_window"], 17);
+    EXPECT_EQ(x["params"]["logit_cap"], 3.5);
+    EXPECT_EQ(x["params"]["sinks"], true);
+    // 50 new tokens at 40..89 see 18 keys each: 900 pairs per request, 2 x (64 + 64) FLOPs per
+    // pair and head.
+    EXPECT_DOUBLE_EQ(x["flops"].get<double>(), 2.0 * 900 * 4 * 256);
+  }
+}
+
 // The JSON's params carry what the counts depend on: an MLA verify chain's s_q and a shared
 // prefix (recomputing the s_q 2 rows from params alone gave half their FLOPs).
 TEST(BenchCli, ParamsCarrySqAndSharedPrefix) {

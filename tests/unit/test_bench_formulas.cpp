@@ -121,6 +121,42 @@ TEST(BenchFormulas, ExtendPairsCountOnlyVisibleKeys) {
   }
 }
 
+TEST(BenchFormulas, ExtendWindowPairsAndKeys) {
+  // The worked example of attended_pairs_at: prefix 0, 4 new, window 1, causal: 1 + 2 + 2 + 2.
+  BenchCase c = extend_case(1, 0, 4, 1, 1, 8, true);
+  c.sliding_window = 1;
+  EXPECT_EQ(attended_pairs_per_request(c), 7);
+  // Brute force (q sees k when q - k <= w, and k <= q if causal) over lengths and windows,
+  // including windows wider than the sequence (no change) and 0 (the row's own key).
+  for (bool causal : {true, false}) {
+    for (int prefix : {0, 1, 5, 64}) {
+      for (int n : {1, 2, 7, 33}) {
+        for (int w : {0, 1, 3, 6, 40, 200}) {
+          int64_t visible = 0;
+          int first = prefix + n;
+          for (int i = 0; i < n; ++i) {
+            const int q = prefix + i;
+            for (int k = 0; k < prefix + n; ++k) {
+              const bool seen = (!causal || k <= q) && q - k <= w;
+              visible += seen ? 1 : 0;
+              if (seen) first = std::min(first, k);
+            }
+          }
+          BenchCase wc = extend_case(3, prefix, n, 1, 1, 8, causal);
+          wc.sliding_window = w;
+          EXPECT_EQ(attended_pairs_per_request(wc), visible)
+              << "causal " << causal << " prefix " << prefix << " new " << n << " window " << w;
+          // Keys read: from the first one any query sees to the end, per request (the pool holds
+          // them all).
+          EXPECT_EQ(kv_tokens_total(wc), 3 * (prefix + n));
+          EXPECT_EQ(kv_tokens_read(wc), 3 * (prefix + n - first))
+              << "causal " << causal << " prefix " << prefix << " new " << n << " window " << w;
+        }
+      }
+    }
+  }
+}
+
 TEST(BenchFormulas, ExtendBytesAndFlops) {
   const BenchCase c = extend_case(2, 3, 4, 2, 1, 8, true);
   // 2 x (8 + 8) per pair and head, 2 heads, 2 requests, 22 pairs each.
@@ -260,6 +296,39 @@ TEST(BenchCaseFile, Fp8QParsedNamedAndCounted) {
                                               "d.json");
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("fp8_q"), std::string::npos) << bad.status().message();
+}
+
+TEST(BenchCaseFile, WindowSoftcapSinksParsedNamedAndPassed) {
+  Result<CaseFile> f = parse_case_file_text(R"({"kind": "extend",
+    "fixed": {"q_heads": 2, "kv_heads": 1, "head_dim": 8, "batch": 2, "page_size": 1,
+              "prefix_len": 3, "new_tokens": 4},
+    "cases": [{}, {"sliding_window": 2, "logit_cap": 50, "sinks": true}]})",
+                                            "w.json");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  ASSERT_EQ(f->cases.size(), 2u);
+  const BenchCase& w = f->cases[1];
+  EXPECT_EQ(w.sliding_window, 2);
+  EXPECT_EQ(w.logit_cap, 50.f);
+  EXPECT_TRUE(w.sinks);
+  EXPECT_EQ(w.name, f->cases[0].name + "_win2_cap50_sinks");
+  // The new tokens at 3..6 see 3 keys each (q - 2 .. q): 12 pairs of the 22.
+  EXPECT_EQ(attended_pairs_per_request(w), 12);
+  for (const char* bad_case :
+       {R"({"sliding_window": -2})", R"({"logit_cap": -1})", R"({"sinks": 1})"}) {
+    Result<CaseFile> bad = parse_case_file_text(
+        std::string(R"({"kind": "extend", "fixed": {"q_heads": 2, "kv_heads": 1, "head_dim": 8,
+          "new_tokens": 4}, "cases": [)") +
+            bad_case + "]}",
+        "b.json");
+    EXPECT_FALSE(bad.is_ok()) << bad_case;
+  }
+  Result<CaseFile> decode = parse_case_file_text(R"({"kind": "decode",
+    "cases": [{"batch": 1, "kv_len": 64, "q_heads": 2, "kv_heads": 1, "head_dim": 8,
+               "sliding_window": 4}]})",
+                                                 "d.json");
+  ASSERT_FALSE(decode.is_ok());
+  EXPECT_NE(decode.status().message().find("sliding_window"), std::string::npos)
+      << decode.status().message();
 }
 
 TEST(BenchCaseFile, MlaDerivesHeadDims) {

@@ -2,8 +2,9 @@
 // src/registry/builtin.cpp.
 //
 // On SM90 (sm_90a code in the binary), extend / mixed / draft-extend forwards of MHA layers with
-// bf16 / f16 q and KV of the same dtype, head dim 64 / 128 / 256, and no sliding window, soft-cap,
-// sinks or encoder (cross-attention) tokens run the warp-specialised wgmma kernel
+// bf16 / f16 q and KV of the same dtype, head dim 64 / 128 / 256 (sliding window, soft-cap and
+// sinks included, in the kernel's variant instantiations) and no encoder (cross-attention) tokens
+// run the warp-specialised wgmma kernel
 // (kernels/prefill_sm90.cuh through the engine of prefill_sm90_engine.h, which the flashinfer
 // backend's SM90 prefill shares): TMA page boxes or a cp.async page-table gather into a swizzled
 // shared-memory ring, mbarrier pipeline, two consumer warpgroups (three at d 64, 192-row tiles)
@@ -14,11 +15,11 @@
 // the page table (any page size) or, for forwards with few queries per key, in shared memory by the
 // producer; speculative softmax and row sums through the P.V GEMM only while the longest request
 // has <= 2048 keys, fp32 row sums beyond (kernels/tile_plan.h choose_fp8_variant);
-// ATTNKIT_FA3_FP8=0: off). Everything else -- decode, target verify, window / soft-cap / sinks,
-// fp8_e5m2 KV (and e4m3 KV at other head dims / f16 q), head dims 80 / 96, encoder batches, MLA,
-// SM80, CUDA graphs -- runs on an owned `flashinfer` backend (mma.sync tensor-core kernels, which
-// themselves hand MLA, f32 and encoder batches to the portable triton kernels). fa3_stats() says
-// which path ran.
+// ATTNKIT_FA3_FP8=0: off; no window / soft-cap / sinks). Everything else -- decode, target
+// verify, window / soft-cap / sinks over an fp8_e4m3 pool, fp8_e5m2 KV (and e4m3 KV at other head
+// dims / f16 q), head dims 80 / 96, encoder batches, MLA, SM80, CUDA graphs -- runs on an owned
+// `flashinfer` backend (mma.sync tensor-core kernels, which themselves hand MLA, f32 and encoder
+// batches to the portable triton kernels). fa3_stats() says which path ran.
 #pragma once
 
 #include <cstdint>

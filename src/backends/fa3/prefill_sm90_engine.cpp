@@ -281,9 +281,11 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
                                              const ForwardBatch& batch) const {
   if (!planned_) return "forward not planned for wgmma";
   if (layer.is_mla || layer.is_cross_attention) return "MLA / cross-attention layer";
-  if (layer.sliding_window >= 0) return "sliding window";
-  if (layer.logit_cap != 0.f) return "soft-cap";
-  if (layer.sinks.defined()) return "attention sinks";
+  if (planned_fp8_) {  // the bf16 / f16 kernel's variant instantiations take these; FP8 none
+    if (layer.sliding_window >= 0) return "sliding window with an fp8_e4m3 pool";
+    if (layer.logit_cap != 0.f) return "soft-cap with an fp8_e4m3 pool";
+    if (layer.sinks.defined()) return "attention sinks with an fp8_e4m3 pool";
+  }
   if (layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.qk_head_dim ||
       layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads) {
     return "layer shape differs from the context";
@@ -374,7 +376,14 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
                 : 0;
   p.unit_smem = unit_smem_ ? 1 : 0;
   p.section_heads = section_heads_;
-  const TailSplit ts = planned_tail_split(p.causal != 0);
+  // Window / soft-cap / sinks (bf16 / f16: the kernel's variant instantiations). A window moves
+  // each unit's first key block (decode_tile) and the sinks join each whole row's denominator, so
+  // these layers run without the tail split (planned for the forward's plain layers).
+  p.sliding_window = layer.sliding_window;
+  p.logit_cap = layer.logit_cap;
+  if (layer.sinks.defined()) p.sinks = layer.sinks.data_as<const float>();
+  const bool variant = p.sliding_window >= 0 || p.logit_cap > 0.f || p.sinks != nullptr;
+  const TailSplit ts = variant ? TailSplit{} : planned_tail_split(p.causal != 0);
   if (ts.split_units > 0) {
     const int64_t o_floats =
         static_cast<int64_t>(ts.split_units) * ts.num_splits * p.block_m * ctx_.qk_head_dim;

@@ -9,8 +9,10 @@
 //  * forward: extend / mixed / draft-extend (queries = the last q_len keys of each request), no
 //    encoder (cross-attention) tokens, an MHA pool holding the q dtype (or fp8_e4m3 with bf16 q at
 //    d 128 when created with allow_fp8_kv: the FP8 kernel), any page size;
-//  * layer: no sliding window, soft-cap or sinks, not MLA / cross-attention, the context's shape,
-//    q / out / K / V rows 16-byte aligned. Causal, or bidirectional for encoder-only layers.
+//  * layer: not MLA / cross-attention, the context's shape, q / out / K / V rows 16-byte aligned.
+//    Causal, or bidirectional for encoder-only layers. A sliding window, soft-cap or sinks run the
+//    bf16 / f16 kernel's variant instantiations (PrefillTraits::kVariant), without the tail split;
+//    the FP8 kernel takes none of them.
 //
 // Protocol: plan() once per forward (host tile plan, sorted longest-first, uploaded into a
 // grow-only device workspace); run() per layer after the caller has written the layer's new K/V

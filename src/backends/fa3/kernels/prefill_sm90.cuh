@@ -38,9 +38,16 @@ namespace attnkit::fa3 {
 // blocks at d 64, as FlashAttention-3 runs d 64, and at d 128 on the serial loop: more softmax
 // warps per GEMM stream where the GEMMs are short; no ping-pong, 160 consumer / 32 producer
 // registers).
-template <int kD, int kN, bool kBf16, int kWG = 2>
+// kVariant: the instantiations for layers with a sliding window or attention sinks (kWindowSinks)
+// and, beside those, a soft-cap (kSoftcap; Fa3Params::sliding_window / sinks / logit_cap are read
+// at run time there); the default ones (kPlain) compile none of it. The soft-cap has its own
+// instantiation because its pass over S costs registers: ptxas sm_90a spills 32 / 120 bytes in the
+// two / three-warpgroup d 128 kernels with it, none / 20 (as the plain kernels) without.
+enum PrefillVariant : int { kPlain = 0, kWindowSinks = 1, kSoftcap = 2 };
+template <int kD, int kN, bool kBf16, int kWG = 2, int kVariant_ = kPlain>
 struct PrefillTraits {
   static_assert(kD == 64 || kD == 128 || kD == 256, "fa3 wgmma head dims: 64, 128, 256");
+  static constexpr int kVariant = kVariant_;
   static_assert(block_n_supported(kD, kN), "fa3 wgmma key block not instantiated for this d");
   static constexpr int kHeadDim = kD;
   static_assert(kWG == 2 || (kWG == 3 && (kD == 64 || kD == 128) && kN == 128),
@@ -84,6 +91,16 @@ struct PrefillTraits {
   static_assert(kChunksPerRow <= 32 && 32 % kChunksPerRow == 0, "gather");
   static constexpr int kPassesPerWarp = 32 / kRowsPerPass;
 };
+
+// Traits Tr's PrefillVariant (the FP8 kernel's traits have no such member: kPlain).
+template <typename Tr>
+inline constexpr int kVariantOf = [] {
+  if constexpr (requires { Tr::kVariant; }) {
+    return Tr::kVariant;
+  } else {
+    return static_cast<int>(kPlain);
+  }
+}();
 
 // Timeline builds (-DATTNKIT_FA3_TIMELINE): the SM clock (or `value`) as event e of round
 // `round` of this CTA, written by the calling thread when `who`; nothing in other builds.
@@ -151,6 +168,16 @@ __device__ __forceinline__ TileInfo decode_tile(const Fa3Params& p, int unit) {
   const int n_end = tile_key_end(t.kv_len, t.q_len, t.m0, Tr::kBlockM, p.causal != 0);
   t.n_blocks = (n_end + Tr::kBlockN - 1) / Tr::kBlockN;
   t.nb_begin = 0;
+  if constexpr (kVariantOf<Tr> != kPlain) {
+    // Sliding window: the blocks wholly before the first row's window are no row's. The tile's
+    // first row sees its own key at least, so n_blocks > nb_begin. (Variant layers run without
+    // a tail split: decode_unit's pieces would override nb_begin.) E.g. window 100, first row at
+    // position 1000, 128-key blocks: keys 900.. are visible, blocks 7.. are loaded (896..).
+    if (p.sliding_window >= 0) {
+      const int first_key = t.causal_limit - p.sliding_window;
+      if (first_key > 0) t.nb_begin = min(first_key / Tr::kBlockN, t.n_blocks - 1);
+    }
+  }
   return t;
 }
 
@@ -576,14 +603,34 @@ struct RowSoftmax {
   // P = exp2(S * scale_log2 - m_new) in place, updates m and l, returns the O rescale factors.
   __device__ __forceinline__ void step(float (&s)[kN / 2], const Fa3Params& p, const TileInfo& t,
                                        int nb, int g, int lane, int qpos0, float (&corr)[2]) {
+    if constexpr (kVariantOf<Tr> == kSoftcap) {
+      if (p.logit_cap > 0.f) {
+        // Soft-cap: the log2-domain logits cap tanh(x scale / cap) log2(e), before the mask (which
+        // then sets the invisible ones to -inf), scaled by 1 below. tanh(y) = 1 - 2 / (e^2y + 1)
+        // with e^2y = 2^(2 y log2(e)) = 2^(x pre), clamped at 2^64 where tanh is 1 in f32 (a
+        // NaN stays NaN: the compare is false), as cuda::soft_capped_log2_logit computes it.
+        const float pre = 2.f * p.scale_log2 / p.logit_cap;
+        const float post = p.logit_cap * cuda::kLog2e;
+#pragma unroll
+        for (int i = 0; i < kN / 2; ++i) {
+          const float a = s[i] * pre;
+          const float e = sm90::exp2_approx(a > 64.f ? 64.f : a);
+          s[i] = post * (1.f - __fdividef(2.f, e + 1.f));
+        }
+        const float one[2] = {1.f, 1.f};
+        step_scaled<true, kN, true>(s, one, p, t, nb, g, lane, qpos0, corr);
+        return;
+      }
+    }
     const float sc[2] = {p.scale_log2, p.scale_log2};
-    step_scaled(s, sc, p, t, nb, g, lane, qpos0, corr);
+    step_scaled<true, kN, kVariantOf<Tr> != kPlain>(s, sc, p, t, nb, g, lane, qpos0, corr);
   }
   // The same with a softmax scale per row (sc[h]: row r + 8 h, exp2 domain; > 0). kSum false: l
   // is left alone (the FP8 kernel's row sum through the P V GEMM). kW < kN: the block's first kW
   // keys only (the FP8 kernel's half diagonal block; the caller vouches that the block's other keys
-  // are masked for every row).
-  template <bool kSum = true, int kW = kN>
+  // are masked for every row). kWindow: Fa3Params::sliding_window masks too (the variant
+  // kernels; the window's first blocks are masked like the diagonal ones).
+  template <bool kSum = true, int kW = kN, bool kWindow = false>
   __device__ __forceinline__ void step_scaled(float (&s)[kW / 2], const float (&sc)[2],
                                               const Fa3Params& p, const TileInfo& t, int nb, int g,
                                               int lane, int qpos0, float (&corr)[2]) {
@@ -594,17 +641,42 @@ struct RowSoftmax {
     }
     const float kNegInf = -__int_as_float(0x7f800000);
     const int n0 = nb * kN;
-    const bool need_mask =
-        n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+    bool need_mask = n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+    if constexpr (kWindow) {
+      // The block's first key lies before the window of this warpgroup's last row.
+      need_mask = need_mask ||
+                  (p.sliding_window >= 0 && n0 < t.causal_limit + g * 64 + 63 - p.sliding_window);
+    }
     if (need_mask) {
+      if constexpr (kWindow) {
+        // Each row's visible keys as one range [lo, hi] relative to this lane's first key, so
+        // that an element's test is two compares against its compile-time offset.
+        const int k0 = n0 + 2 * (lane % 4);
+        int lo[2], hi[2];
 #pragma unroll
-      for (int j = 0; j < kW / 8; ++j) {
+        for (int h = 0; h < 2; ++h) {
+          const int qpos = qpos0 + 8 * h;
+          hi[h] = (p.causal ? min(qpos, t.kv_len - 1) : t.kv_len - 1) - k0;
+          lo[h] = p.sliding_window >= 0 ? qpos - p.sliding_window - k0 : -k0;
+        }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = n0 + 8 * j + 2 * (lane % 4) + (e & 1);
-          const int qpos = qpos0 + 8 * (e >> 1);
-          const bool visible = key < t.kv_len && (!p.causal || key <= qpos);
-          if (!visible) s[4 * j + e] = kNegInf;
+        for (int j = 0; j < kW / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int off = 8 * j + (e & 1);
+            if (off < lo[e >> 1] || off > hi[e >> 1]) s[4 * j + e] = kNegInf;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kW / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = n0 + 8 * j + 2 * (lane % 4) + (e & 1);
+            const int qpos = qpos0 + 8 * (e >> 1);
+            const bool visible = key < t.kv_len && (!p.causal || key <= qpos);
+            if (!visible) s[4 * j + e] = kNegInf;
+          }
         }
       }
     }
@@ -695,6 +767,28 @@ __device__ __forceinline__ float row_lse(float m, float sum) {
   constexpr float kLn2 = 0.693147180559945309f;
   const float m_use = m == kNegInf ? 0.f : m;
   return cuda::row_has_keys(sum) ? (m_use + __log2f(sum)) * kLn2 : kNegInf;
+}
+
+// Attention sinks (the variant kernels, whole units): sink_log2 (the head's sink logit x
+// log2(e); -inf: none on this head) joins the denominator of this thread's two rows. With M =
+// max(m, sink): O is rescaled by 2^(m - M), the row sum becomes L 2^(m - M) + 2^(sink - M), a
+// quarter of it on each lane of the quad (store_o_tile sums the four exactly), and m becomes M,
+// so that the store's O / sum and LSE M + log2(sum) hold the sink with nothing overflowing. A row
+// without visible keys (m = -inf) gets O = 0 and the sink as its LSE.
+template <int kD>
+__device__ __forceinline__ void add_sink(float (&o)[kD / 2], float (&m)[2], float (&l)[2],
+                                         float sink_log2) {
+  if (sink_log2 == -__int_as_float(0x7f800000)) return;
+  float f[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sum = quad_row_sum(l[h]);
+    const float mx = fmaxf(m[h], sink_log2);
+    f[h] = sm90::exp2_approx(m[h] - mx);
+    l[h] = (sum * f[h] + sm90::exp2_approx(sink_log2 - mx)) * 0.25f;
+    m[h] = mx;
+  }
+  rescale_o<kD>(o, f);
 }
 
 // Epilogue of one consumer thread's two rows (row0, row0 + 8 of tile t): O * out_scale / l and
@@ -947,6 +1041,9 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
     }
 
     const int piece = split_piece(p, unit, units);
+    if constexpr (Tr::kVariant != kPlain) {  // run without a tail split (the engine's rule)
+      if (p.sinks != nullptr) add_sink<kD>(o, sm.m, sm.l, p.sinks[t.head] * cuda::kLog2e);
+    }
     if (piece < 0) {
       store_o_tile<kD, kBf16>(p, t, o, sm.m, sm.l, 1.f, row0, lane);
     } else {
@@ -1045,11 +1142,11 @@ __device__ __forceinline__ int warpgroup_index() {
 // grid: (min(work units, SMs)) persistent; block: producer warpgroup + kWG consumers (384 / 512
 // threads). kUniformWg: see warpgroup_index. kWG: consumer warpgroups (PrefillTraits; 3 with
 // p.block_m 192: d 64, and d 128 on the serial loop).
-template <int kD, int kN, bool kBf16, bool kUniformWg = true, int kWG = 2>
+template <int kD, int kN, bool kBf16, bool kUniformWg = true, int kWG = 2, int kVariant = kPlain>
 __global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16, kWG>::kThreads, 1)
     prefill_sm90_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = PrefillTraits<kD, kN, kBf16, kWG>;
+  using Tr = PrefillTraits<kD, kN, kBf16, kWG, kVariant>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + smem_align_pad<Tr>(smem_raw);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;

@@ -47,16 +47,29 @@ Status launch_tail_merge(const Fa3Params& p, StreamHandle stream) {
   return Status::ok();
 }
 
-template <int kD, int kN, bool kBf16, int kWG = 2>
+template <int kD, int kN, bool kBf16, int kWG = 2, int kVariant = kPlain>
 Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream) {
-  using Tr = PrefillTraits<kD, kN, kBf16, kWG>;
+  using Tr = PrefillTraits<kD, kN, kBf16, kWG, kVariant>;
+  if constexpr (kVariant == kPlain) {
+    // A soft-cap, or a sliding window / sinks: a variant instantiation (uniform warpgroups only).
+    if (p.logit_cap > 0.f) {
+      return launch_prefill_sm90<kD, kN, kBf16, kWG, kSoftcap>(p, sm_count, stream);
+    }
+    if (p.sliding_window >= 0 || p.sinks != nullptr) {
+      return launch_prefill_sm90<kD, kN, kBf16, kWG, kWindowSinks>(p, sm_count, stream);
+    }
+  } else if (p.split_units > 0) {
+    return Status::internal("fa3: a tail split of a window / soft-cap / sinks layer");
+  }
   if constexpr (kWG == 2 && (kD == 64 || kD == 128) && kN == 128) {
     // Three consumer warpgroups (192-row tiles: the plan was built for them; uniform only).
-    if (p.block_m == 3 * 64) return launch_prefill_sm90<kD, kN, kBf16, 3>(p, sm_count, stream);
+    if (p.block_m == 3 * 64) {
+      return launch_prefill_sm90<kD, kN, kBf16, 3, kVariant>(p, sm_count, stream);
+    }
   }
   if (p.block_m != Tr::kBlockM) return Status::invalid_argument("fa3: plan rows per tile");
-  auto kernel = prefill_sm90_kernel<kD, kN, kBf16, true, kWG>;
-  if constexpr (kWG == 2) {
+  auto kernel = prefill_sm90_kernel<kD, kN, kBf16, true, kWG, kVariant>;
+  if constexpr (kWG == 2 && kVariant == kPlain) {
     if (p.uniform_wg == 0) kernel = prefill_sm90_kernel<kD, kN, kBf16, false>;
   }
   ATTNKIT_CUDA_TRY(
