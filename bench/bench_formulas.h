@@ -110,9 +110,9 @@ inline int64_t kv_bytes_per_token(const BenchCase& c) {
 //     new * prefix + new * (new + 1) / 2; only visible pairs count.
 //   extend, bidirectional: new * (prefix + new).
 //   extend with a sliding window w: the query at position q (prefix <= q < prefix + new) sees
-//     keys max(0, q - w) .. q (causal: min(q + 1, w + 1) of them) or max(0, q - w) .. L - 1
-//     (bidirectional, L = prefix + new), summed over q. E.g. prefix 0, new 4, w 1, causal:
-//     1 + 2 + 2 + 2 = 7 (of the 10 without the window).
+//     keys max(0, q - w) .. q (causal: min(q + 1, w + 1) of them) or max(0, q - w) ..
+//     min(L - 1, q + w) (bidirectional, L = prefix + new: |q - k| <= w), summed over q. E.g.
+//     prefix 0, new 4, w 1, causal: 1 + 2 + 2 + 2 = 7 (of the 10 without the window).
 //   MLA decode with s_q queries: s_q * kv_len - s_q * (s_q - 1) / 2.
 inline int64_t attended_pairs_at(const BenchCase& c, int64_t len) {
   if (c.kind == BenchKind::kMlaDecode) {
@@ -124,15 +124,18 @@ inline int64_t attended_pairs_at(const BenchCase& c, int64_t len) {
   const int64_t n = c.new_tokens;
   if (c.sliding_window < 0) return c.causal ? n * p + n * (n + 1) / 2 : n * (p + n);
   // Sum over q in [p, p + n) of (the last key seen + 1) - max(0, q - w), in closed form: the
-  // rows before q = w start at key 0, the rest at q - w.
+  // rows before q = w start at key 0, the rest at q - w; bidirectional rows from q = L - w on end
+  // at L - 1, the rest at q + w.
   const int64_t w = c.sliding_window;
   const int64_t L = p + n;
   auto sum_range = [](int64_t a, int64_t b) {  // a + (a + 1) + ... + (b - 1), 0 when b <= a
     return b > a ? (a + b - 1) * (b - a) / 2 : int64_t{0};
   };
-  const int64_t ends = c.causal ? sum_range(p + 1, L + 1) : n * L;  // sum of last key + 1
-  const int64_t split = std::clamp<int64_t>(w, p, L);               // first q with q - w >= 0
-  const int64_t starts = sum_range(split - w, L - w);               // sum of q - w, q >= split
+  const int64_t full = std::clamp<int64_t>(L - w, p, L);   // first q whose window reaches L - 1
+  const int64_t ends = c.causal ? sum_range(p + 1, L + 1)  // sum of last key + 1
+                                : sum_range(p + w + 1, full + w + 1) + (L - full) * L;
+  const int64_t split = std::clamp<int64_t>(w, p, L);  // first q with q - w >= 0
+  const int64_t starts = sum_range(split - w, L - w);  // sum of q - w, q >= split
   return ends - starts;
 }
 inline int64_t attended_pairs_per_request(const BenchCase& c) {

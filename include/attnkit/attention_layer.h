@@ -40,8 +40,9 @@ struct AttentionLayer {
   int v_head_dim = 0;     // MLA absorbed: kv_lora_rank (512)
   float scaling = 0.f;    // softmax scale, usually 1 / sqrt(qk_head_dim)
   float logit_cap = 0.f;  // soft-cap: cap * tanh(x / cap); 0 = off
-  // -1 = off. Key k is visible from query q when q_pos - k_pos <= sliding_window (and k_pos <=
-  // q_pos for causal attention): the query sees itself plus `sliding_window` earlier tokens.
+  // -1 = off. Key k is visible from query q when q_pos - k_pos <= sliding_window and k_pos <=
+  // q_pos (causal attention: the query sees itself plus `sliding_window` earlier tokens), or,
+  // without the causal mask (encoder-only layers), when |q_pos - k_pos| <= sliding_window.
   int sliding_window = -1;
   bool is_cross_attention = false;  // keys = the request's encoder tokens (see ForwardBatch)
   AttentionType type = AttentionType::kDecoder;

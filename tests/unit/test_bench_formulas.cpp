@@ -1,6 +1,8 @@
 // The benchmark's FLOP/byte formulas against hand-computed values, and case-file parsing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -126,7 +128,8 @@ TEST(BenchFormulas, ExtendWindowPairsAndKeys) {
   BenchCase c = extend_case(1, 0, 4, 1, 1, 8, true);
   c.sliding_window = 1;
   EXPECT_EQ(attended_pairs_per_request(c), 7);
-  // Brute force (q sees k when q - k <= w, and k <= q if causal) over lengths and windows,
+  // Brute force (q sees k when q - k <= w and k <= q, or |q - k| <= w without the causal mask)
+  // over lengths and windows,
   // including windows wider than the sequence (no change) and 0 (the row's own key).
   for (bool causal : {true, false}) {
     for (int prefix : {0, 1, 5, 64}) {
@@ -137,7 +140,7 @@ TEST(BenchFormulas, ExtendWindowPairsAndKeys) {
           for (int i = 0; i < n; ++i) {
             const int q = prefix + i;
             for (int k = 0; k < prefix + n; ++k) {
-              const bool seen = (!causal || k <= q) && q - k <= w;
+              const bool seen = causal ? k <= q && q - k <= w : std::abs(q - k) <= w;
               visible += seen ? 1 : 0;
               if (seen) first = std::min(first, k);
             }

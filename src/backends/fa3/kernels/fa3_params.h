@@ -323,9 +323,10 @@ struct Fa3Params {
   // The bf16 / f16 kernel's variant instantiations only (PrefillTraits::kVariant; the engine runs
   // them for layers that set any of these, without a tail split; the FP8 kernel takes none):
   // sliding window (AttentionLayer::sliding_window: key k is visible from the row at position q
-  // when q - k <= sliding_window; -1 off; decode_tile skips the key blocks before the tile's first
-  // row's window), soft-cap (logit_cap: cap * tanh(x / cap) of the scaled logit; 0 off) and
-  // attention sinks (sinks: [num_q_heads] f32 logits joining each row's denominator; null off).
+  // when q - k <= sliding_window, and without the causal mask also k - q <= sliding_window; -1 off;
+  // decode_tile skips the key blocks outside every row's window), soft-cap (logit_cap: cap * tanh(x
+  // / cap) of the scaled logit; 0 off) and attention sinks (sinks: [num_q_heads] f32 logits joining
+  // each row's denominator; null off).
   int sliding_window = -1;
   float logit_cap = 0.f;
   const float* sinks = nullptr;  // [num_q_heads]

@@ -169,11 +169,16 @@ __device__ __forceinline__ TileInfo decode_tile(const Fa3Params& p, int unit) {
   t.n_blocks = (n_end + Tr::kBlockN - 1) / Tr::kBlockN;
   t.nb_begin = 0;
   if constexpr (kVariantOf<Tr> != kPlain) {
-    // Sliding window: the blocks wholly before the first row's window are no row's. The tile's
-    // first row sees its own key at least, so n_blocks > nb_begin. (Variant layers run without
-    // a tail split: decode_unit's pieces would override nb_begin.) E.g. window 100, first row at
-    // position 1000, 128-key blocks: keys 900.. are visible, blocks 7.. are loaded (896..).
+    // Sliding window: the blocks wholly before the first row's window are no row's, and without
+    // the causal mask (where the window bounds both sides, |q - k| <= window) those wholly after
+    // the last row's. The tile's rows see their own keys, so n_blocks > nb_begin. (Variant layers
+    // run without a tail split: decode_unit's pieces would override nb_begin.) E.g. window 100,
+    // first row at position 1000, 128-key blocks: keys 900.. are visible, blocks 7.. are loaded.
     if (p.sliding_window >= 0) {
+      if (!p.causal) {
+        const int key_end = t.causal_limit + Tr::kBlockM + p.sliding_window;  // last row + w + 1
+        if (key_end < n_end) t.n_blocks = (key_end + Tr::kBlockN - 1) / Tr::kBlockN;
+      }
       const int first_key = t.causal_limit - p.sliding_window;
       if (first_key > 0) t.nb_begin = min(first_key / Tr::kBlockN, t.n_blocks - 1);
     }
@@ -643,9 +648,12 @@ struct RowSoftmax {
     const int n0 = nb * kN;
     bool need_mask = n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
     if constexpr (kWindow) {
-      // The block's first key lies before the window of this warpgroup's last row.
-      need_mask = need_mask ||
-                  (p.sliding_window >= 0 && n0 < t.causal_limit + g * 64 + 63 - p.sliding_window);
+      // The block's first key lies before the window of this warpgroup's last row, or (without
+      // the causal mask) its last key after the window of the first row.
+      need_mask =
+          need_mask || (p.sliding_window >= 0 &&
+                        (n0 < t.causal_limit + g * 64 + 63 - p.sliding_window ||
+                         (!p.causal && n0 + kN - 1 > t.causal_limit + g * 64 + p.sliding_window)));
     }
     if (need_mask) {
       if constexpr (kWindow) {
@@ -656,7 +664,10 @@ struct RowSoftmax {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int qpos = qpos0 + 8 * h;
-          hi[h] = (p.causal ? min(qpos, t.kv_len - 1) : t.kv_len - 1) - k0;
+          const int last = p.causal                ? min(qpos, t.kv_len - 1)
+                           : p.sliding_window >= 0 ? min(qpos + p.sliding_window, t.kv_len - 1)
+                                                   : t.kv_len - 1;
+          hi[h] = last - k0;
           lo[h] = p.sliding_window >= 0 ? qpos - p.sliding_window - k0 : -k0;
         }
 #pragma unroll
