@@ -151,9 +151,9 @@ BackendDescriptor flashinfer() {
       "flashinfer",
       "tensor-core (mma.sync, SM80+) plan/run kernels, GQA-packed decode load-balanced across "
       "SMs (uneven batches cut into equal key chunks, split-KV merged by LSE); SM90 prefill/extend "
-      "of bf16/f16 MHA d 64/128/256 with KV of the q dtype and no "
-      "window/soft-cap/sinks runs the fa3 wgmma kernel (shared engine), everything else (SM80, "
-      "those features, fp8 KV, verify masks, d 80/96) the mma.sync prefill kernel; page-1 MLA: "
+      "of bf16/f16 MHA d 64/128/256 with KV of the q dtype (window / soft-cap / sinks too) "
+      "runs the fa3 wgmma kernel (shared engine), everything else (SM80, fp8 KV, verify masks, "
+      "d 80/96) the mma.sync prefill kernel; page-1 MLA: "
       "decode and verify (topk 1) on the shared tensor-core MLA kernels "
       "(bf16 KV, needs 227 KiB shared memory per block: SM90; wgmma for 64-row tiles), extend / "
       "192-128 prefill / fp4 KV "

@@ -9,10 +9,11 @@
 // Which kernel runs a prefill / extend layer:
 //  * SM90 (sm_90a code in the binary): extend / mixed / draft-extend forwards of bf16/f16 MHA with
 //    KV of the q dtype, head dim 64 / 128 / 256, causal (or bidirectional encoder-only layers),
-//    any page size, no sliding window / soft-cap / sinks -> the SM90 wgmma kernel of the fa3
-//    backend through the shared engine (backends/fa3/prefill_sm90_engine.h), as upstream FlashInfer
-//    runs its FA3-based templates on SM90. ATTNKIT_FLASHINFER_SM90_PREFILL=0 turns this off (A/B).
-//  * everything else (SM80/SM89, window, soft-cap, sinks, fp8 KV, target verify tree masks,
+//    any page size, with or without a sliding window / soft-cap / sinks -> the SM90 wgmma kernel
+//    of the fa3 backend through the shared engine (backends/fa3/prefill_sm90_engine.h), as upstream
+//    FlashInfer runs its FA3-based templates on SM90. ATTNKIT_FLASHINFER_SM90_PREFILL=0 turns this
+//    off (A/B).
+//  * everything else (SM80/SM89, fp8 KV, target verify tree masks,
 //    head dims 80 / 96, layers of a shape other than the context's): the mma.sync prefill kernel
 //    (kernels/paged_prefill_sm80.cuh). A shared-prefix cascade, when active, serves the layers
 //    the wgmma kernel does not take. Decode always runs the mma.sync decode kernel.
