@@ -9,6 +9,7 @@
 #include "attnkit/device.h"
 #include "attnkit/registry.h"
 #include "attnkit/tensor.h"
+#include "bench/bench_case_spec.h"
 #include "bench/bench_ceilings.h"
 #include "bench/bench_formulas.h"
 #include "harness/case_runner.h"
@@ -113,9 +114,6 @@ struct CaseResult {
   double refresh_us_max = 0;
   double refresh_idle_us_median = 0;
 };
-
-// The shared harness's CaseSpec for a benchmark point (uniform lengths, shuffled pages, seed 0).
-harness::CaseSpec to_case_spec(const BenchCase& c);
 
 // The rates the ratios are taken against (0 = not measured).
 struct CeilingRates {

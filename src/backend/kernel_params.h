@@ -4,6 +4,7 @@
 // field (e.g. a per-head LSE stride) is simply not given it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "attnkit/forward_batch.h"
@@ -63,6 +64,22 @@ void set_page_table_params(Params& p, const ForwardBatch& batch) {
   p.req_to_token = table.data_as<const int32_t>();
   p.req_to_token_stride = table.stride(0);
   p.req_pool_indices = batch.req_pool_indices.data_as<const int32_t>();
+}
+
+// The layer's sliding window as the kernels take it (AttentionLayer::sliding_window): -1 for none;
+// otherwise clipped to the page table's row width (the most keys a request can have; at most 2^30).
+// The clip changes no visible key (a window of a request's length or more bounds nothing) and keeps
+// the kernels' int32 position arithmetic (q_pos + window + 1) from overflowing for every window the
+// API accepts, up to INT32_MAX: unclipped, such a window made the CUDA and CPU kernels see no key,
+// and fa3's wgmma kernel wait for key blocks it never loaded. E.g. window 2^31 - 1 with a
+// 131072-wide table: 131072.
+inline int kernel_sliding_window(int window, const ForwardBatch& batch) {
+  if (window < 0) return -1;
+  int64_t width = int64_t{1} << 30;
+  if (batch.req_to_token_pool != nullptr) {
+    width = std::min<int64_t>(width, batch.req_to_token_pool->table().shape[1]);
+  }
+  return static_cast<int>(std::min<int64_t>(window, width));
 }
 
 }  // namespace attnkit::detail

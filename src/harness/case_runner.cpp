@@ -944,6 +944,19 @@ const std::vector<CaseSpec>& shared_case_table() {
       c.sliding_window = 24;
       c.sinks = true;
     }
+    // (appended: earlier seeds keep) A window past every length, INT32_MAX (the API accepts it):
+    // it bounds nothing. The kernels' int32 position arithmetic (q + window + 1) overflowed on it
+    // (no key visible; fa3's wgmma kernel waited for blocks it never loaded) until
+    // detail::kernel_sliding_window clipped it. Causal and bidirectional extend, decode.
+    add("extend_window_int32_max", M::kExtend, 16, {40, 3, 0}, {25, 10, 200}).sliding_window =
+        std::numeric_limits<int>::max();
+    {
+      CaseSpec& c = add("encoder_window_int32_max", M::kExtend, 16, {0, 0}, {150, 7});
+      c.type = AttentionType::kEncoderOnly;
+      c.sliding_window = std::numeric_limits<int>::max();
+    }
+    add("decode_window_int32_max", M::kDecode, 16, decode_prefix, ones4).sliding_window =
+        std::numeric_limits<int>::max();
     return t;
   }();
   return table;

@@ -323,10 +323,32 @@ TEST(Fa3VariantTest, WindowSoftcapSinksMatchReference) {
   // Window 0 (a row sees its own key only), page 1, one-row requests.
   run_and_compare(
       with(prefill("window0_page1", {10, 0, 3}, {300, 1, 2}, 1, 4, 2, 128), 0, 0.f, false), true);
-  // Bidirectional (encoder-only): the window bounds the past only.
+  // Bidirectional (encoder-only): the window bounds both sides (|q - k| <= w), also at w 0.
   CaseSpec c = with(prefill("encoder_window", {0, 0}, {700, 177}, 16, 4, 2, 128), 100, 0.f, true);
   c.type = AttentionType::kEncoderOnly;
   run_and_compare(c, true);
+  c.sliding_window = 0;
+  run_and_compare(c, false);
+  // Windows whose start falls exactly on a key-block boundary for a tile, and one key to either
+  // side: 300 new tokens after 256 make 128-row tiles whose first rows sit at 172, 300 and 428, so
+  // w 44 starts them at keys 128, 256 and 384 (192-row tiles: 172 -> 128); d 256's 80-key blocks:
+  // 200 after 240, a tile's first row at 312, w 72 starts it at key 240.
+  for (int w : {43, 44, 45}) {
+    run_and_compare(
+        with(prefill("window_at_block" + std::to_string(w), {256}, {300}, 16, 8, 2, 128), w, 0.f,
+             false),
+        true);
+  }
+  run_and_compare(
+      with(prefill("window_at_block_d256", {240}, {200}, 16, 4, 2, 256), 72, 0.f, false), true);
+  // The variant kernels under the knobs that change their loop: no lazy rescale, the plan decoded
+  // again by the consumers instead of the producer's shared-memory copy.
+  for (const char* knob : {"ATTNKIT_FA3_LAZY_RESCALE", "ATTNKIT_FA3_UNIT_SMEM"}) {
+    ScopedEnv off(knob, "0");
+    run_and_compare(with(prefill(std::string("knob_") + knob, {300, 0}, {437, 700}, 16, 8, 2, 128),
+                         200, 5.f, true),
+                    true, 4.f);
+  }
   // f16, with small logits (sinks above the rows' maxima) and large ones.
   c = with(prefill("f16_all_three", {200, 0}, {333, 64}, 16, 8, 2, 128), 150, 10.f, true);
   c.q_dtype = c.kv_dtype = DType::kF16;
@@ -369,6 +391,20 @@ TEST(Fa3LongTest, LargeLogitsRescaleAcrossBlocks) {
 CaseSpec fp8(CaseSpec c) {
   c.kv_dtype = DType::kFP8E4M3;
   return c;
+}
+
+// Over an fp8_e4m3 pool a window, soft-cap or sinks leave the FP8 kernel for flashinfer's mma.sync
+// kernels (why_not_layer): run_and_compare asserts no wgmma call (expects_wgmma).
+TEST(Fa3VariantTest, Fp8PoolSendsThemToFlashinfer) {
+  CaseSpec c = fp8(prefill("fp8_window", {300, 0}, {200, 150}, 16, 8, 2, 128));
+  c.sliding_window = 100;
+  run_and_compare(c, true);
+  c.sliding_window = -1;
+  c.logit_cap = 10.f;
+  run_and_compare(c, true);
+  c.logit_cap = 0.f;
+  c.sinks = true;
+  run_and_compare(c, false);
 }
 
 TEST(Fa3LongTest, TilesAnchoredAtEitherEnd) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -20,6 +21,7 @@
 #include "backends/flashinfer/flashinfer_backend.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
+#include "support/scoped_env.h"
 
 namespace attnkit {
 namespace {
@@ -111,9 +113,12 @@ void cascade_matches_plain(const CaseSpec& spec, int shared, bool expect_cascade
     return;
   }
   // On SM90 the wgmma prefill kernel takes the eligible extend layers before the cascade
-  // (flashinfer_backend.h); the cascade serves the rest.
+  // (flashinfer_backend.h; unless ATTNKIT_FLASHINFER_SM90_PREFILL=0); the cascade serves the rest.
   const int64_t layers = static_cast<int64_t>(pc.layers.size());
-  EXPECT_EQ(cas.stats.wgmma_calls, test_support::expects_sm90_wgmma_prefill(spec) ? layers : 0);
+  const char* sm90_env = std::getenv("ATTNKIT_FLASHINFER_SM90_PREFILL");
+  const bool sm90_prefill = sm90_env == nullptr || std::string(sm90_env) != "0";
+  EXPECT_EQ(cas.stats.wgmma_calls,
+            sm90_prefill && test_support::expects_sm90_wgmma_prefill(spec) ? layers : 0);
   EXPECT_EQ(cas.stats.cascade_calls, layers - cas.stats.wgmma_calls);
   if (cas.stats.cascade_calls == 0) return;
   EXPECT_GE(cas.stats.cascade_shared_prefix, shared - spec.page_size + 1);
@@ -188,7 +193,9 @@ TEST(FlashInferCascadeTest, ExtendAndF16) {
   c.q_dtype = c.kv_dtype = DType::kF16;
   c.head_dim = c.v_head_dim = 64;
   cascade_matches_plain(c, 300);
-  // Soft-capped extend layers stay off the SM90 wgmma kernel: the cascade runs on every device.
+  // The same with the SM90 prefill off (it takes soft-capped layers too since session 55): the
+  // extend cascade runs on every device, soft-capped.
+  test_support::ScopedEnv no_sm90("ATTNKIT_FLASHINFER_SM90_PREFILL", "0");
   CaseSpec cap =
       base("casc_extend_softcap", ForwardMode::kExtend, 16, {700, 512, 900}, {37, 64, 5});
   cap.logit_cap = 30.f;
@@ -258,8 +265,12 @@ TEST(FlashInferCascadeTest, DefaultPolicy) {
   run_policy(small, 4096, &on, false);  // fewer than 16 requests
   CaseSpec ext = base("casc_default_extend", ForwardMode::kExtend, 16, std::vector<int>(16, 4100),
                       std::vector<int>(16, 3));
-  ext.logit_cap = 30.f;               // off the SM90 wgmma kernel, so only the policy decides
-  run_policy(ext, 4096, &on, false);  // extend forward
+  ext.logit_cap = 30.f;
+  {
+    // The SM90 prefill off, so that only the policy decides on every device.
+    test_support::ScopedEnv no_sm90("ATTNKIT_FLASHINFER_SM90_PREFILL", "0");
+    run_policy(ext, 4096, &on, false);  // extend forward
+  }
 }
 
 // ---- target-verify CUDA graphs: replay equals eager bit for bit ----

@@ -215,10 +215,12 @@ TEST(FlashInferPrefillPathsTest, LongCausalPrefillBothKernelsAllHeadDims) {
   f16.q_dtype = f16.kv_dtype = DType::kF16;
   run_and_compare(f16, true);
   run_and_compare(prefill("fi_long_page64", {640, 5}, {300, 200}, 64, 4, 1, 128), false);
-  // A soft-capped layer stays on mma.sync (wgmma_calls 0) on every device.
+  // A soft-capped layer: the wgmma kernel's variant on SM90, the mma.sync kernel with the SM90
+  // prefill off (and on every other device).
   CaseSpec cap = prefill("fi_long_softcap", {200}, {300}, 16, 8, 2, 128);
   cap.logit_cap = 20.f;
   run_and_compare(cap, true);
+  run_and_compare(cap, false, nullptr, /*sm90_prefill=*/false);
 }
 
 // ---- CUDA graphs: replay equals eager bit for bit ----

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../../bench/bench_case_file.h"
+#include "../../bench/bench_case_spec.h"
 #include "../../bench/bench_formulas.h"
 #include "harness/case_runner.h"
 #include "support/cli_runner.h"
@@ -168,9 +169,9 @@ TEST(BenchCli, UnevenDecodeBatchIsVerified) {
   }
 }
 
-// An extend with a sliding window, soft-cap and sinks reaches the forward (verified against the
-// reference: a case that dropped them would mismatch), and its JSON carries them with the
-// window's pair count (torch_native has no window: skipped with its reason).
+// An extend with a sliding window, soft-cap and sinks: the CaseSpec the bench prepares carries them
+// (to_case_spec; --verify alone could not tell, as the reference reads the same spec), the forward
+// matches the reference, and the JSON carries them with the window's pair count.
 TEST(BenchCli, WindowSoftcapSinksExtendIsVerified) {
   constexpr const char* kFile = R"({
     "kind": "extend",
@@ -185,6 +186,11 @@ TEST(BenchCli, WindowSoftcapSinksExtendIsVerified) {
   Result<CaseFile> file = parse_case_file_text(kFile, "inline");
   ASSERT_TRUE(file.is_ok()) << file.status().to_string();
   const BenchCase& c = file->cases[0];
+  const harness::CaseSpec spec = to_case_spec(c);
+  EXPECT_EQ(spec.sliding_window, 17);
+  EXPECT_EQ(spec.logit_cap, 3.5f);
+  EXPECT_TRUE(spec.sinks);
+  EXPECT_EQ(spec.type, AttentionType::kDecoder);
   ASSERT_EQ(r.doc["results"].size(), 1u);
   for (const nlohmann::json& x : r.doc["results"]) {
     EXPECT_EQ(x["case"], c.name);

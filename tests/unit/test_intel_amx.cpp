@@ -185,6 +185,25 @@ TEST_P(IntelAmxTargeted, SlidingWindow) {
   }
 }
 
+// A window past every request's length bounds nothing, INT32_MAX included (the API accepts any
+// window >= 0): the kernels take it clipped to the page table's width
+// (detail::kernel_sliding_window), as the position arithmetic q + window + 1 overflowed int32
+// before, hiding every key. Causal and bidirectional extend, and decode.
+TEST_P(IntelAmxTargeted, HugeWindowBoundsNothing) {
+  for (int window :
+       {std::numeric_limits<int>::max(), std::numeric_limits<int>::max() - 100, 5000}) {
+    SCOPED_TRACE(window);
+    CaseSpec extend = make_case("huge_window_extend", ForwardMode::kExtend, 16, {150, 0}, {90, 40});
+    extend.sliding_window = window;
+    expect_matches_reference(extend, GetParam(), true);
+    extend.type = AttentionType::kEncoderOnly;
+    expect_matches_reference(extend, GetParam(), true);
+    CaseSpec decode = make_case("huge_window_decode", ForwardMode::kDecode, 1, {150, 3}, {1, 1});
+    decode.sliding_window = window;
+    expect_matches_reference(decode, GetParam(), true);
+  }
+}
+
 TEST_P(IntelAmxTargeted, SoftCapAndSinks) {
   CaseSpec cap = make_case("softcap", ForwardMode::kExtend, 16, {50, 0}, {70, 20});
   cap.logit_cap = 1.5f;

@@ -379,7 +379,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   // Window / soft-cap / sinks (bf16 / f16: the kernel's variant instantiations). A window moves
   // each unit's first key block (decode_tile) and the sinks join each whole row's denominator, so
   // these layers run without the tail split (planned for the forward's plain layers).
-  p.sliding_window = layer.sliding_window;
+  p.sliding_window = detail::kernel_sliding_window(layer.sliding_window, batch);
   p.logit_cap = layer.logit_cap;
   if (layer.sinks.defined()) p.sinks = layer.sinks.data_as<const float>();
   const bool variant = p.sliding_window >= 0 || p.logit_cap > 0.f || p.sinks != nullptr;

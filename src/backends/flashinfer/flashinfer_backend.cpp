@@ -737,7 +737,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   p.scale_log2 = p.scale * cuda::kLog2e;
   p.logit_cap = layer.logit_cap;
   p.v_scale = quant ? layer.v_scale : 1.f;
-  p.sliding_window = layer.sliding_window;
+  p.sliding_window = detail::kernel_sliding_window(layer.sliding_window, batch);
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
 
   ++stats_.native_calls;
@@ -890,7 +890,7 @@ Status FlashInferBackend::run_mla_quantized(const TensorView& q, const TensorVie
   p.group_size = layer.num_q_heads / layer.num_kv_heads;
   p.causal = 1;
   p.is_decode = decode ? 1 : 0;
-  p.sliding_window = layer.sliding_window;
+  p.sliding_window = detail::kernel_sliding_window(layer.sliding_window, batch);
   p.logit_cap = layer.logit_cap;
   // The stored row is x / k_scale for both K and its V columns.
   p.sm_scale = layer.scaling * layer.k_scale;

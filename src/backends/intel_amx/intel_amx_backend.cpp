@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attnkit/registry.h"
+#include "backend/kernel_params.h"
 #include "backends/intel_amx/kernels/cpu_attention_params.h"
 #include "core/env_knob.h"
 #include "core/str_cat.h"
@@ -660,7 +661,8 @@ class IntelAmxBackend final : public AttentionBackend {
     p->score_scale = layer.scaling * (fp8 ? layer.k_scale * widen : 1.f);
     p->value_scale = fp8 ? layer.v_scale * widen : 1.f;
     p->logit_cap = layer.logit_cap;
-    p->sliding_window = layer.is_cross_attention ? -1 : layer.sliding_window;
+    p->sliding_window =
+        layer.is_cross_attention ? -1 : detail::kernel_sliding_window(layer.sliding_window, batch);
     p->causal = layer.type == AttentionType::kDecoder && !layer.is_cross_attention;
     p->sinks = layer.sinks.defined() ? layer.sinks.data_as<const float>() : nullptr;
     return Status::ok();

@@ -474,7 +474,7 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   p.num_q_heads = layer.num_q_heads;
   p.num_kv_heads = layer.num_kv_heads;
   p.group_size = layer.num_q_heads / layer.num_kv_heads;
-  p.sliding_window = cross ? -1 : layer.sliding_window;
+  p.sliding_window = cross ? -1 : detail::kernel_sliding_window(layer.sliding_window, batch);
   p.causal = (cross || layer.type == AttentionType::kEncoderOnly) ? 0 : 1;
   p.is_decode = decode ? 1 : 0;
   p.logit_cap = layer.logit_cap;
