@@ -202,6 +202,11 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
                                       json_excerpt(v));
     }
     c->logit_cap = v.get<float>();
+    if (c->logit_cap == 0.f && v.get<double>() != 0.0) {  // 1e-50: no f32 cap, not "off"
+      return Status::invalid_argument(where + ": " + json_excerpt(v) +
+                                      " rounds to 0 in f32 (a soft-cap needs a cap of at least " +
+                                      "the smallest f32; 0 = off)");
+    }
     return Status::ok();
   }
   if (key == "dtype" || key == "kv_dtype") {

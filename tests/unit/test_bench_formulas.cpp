@@ -316,8 +316,8 @@ TEST(BenchCaseFile, WindowSoftcapSinksParsedNamedAndPassed) {
   EXPECT_EQ(w.name, f->cases[0].name + "_win2_cap50_sinks");
   // The new tokens at 3..6 see 3 keys each (q - 2 .. q): 12 pairs of the 22.
   EXPECT_EQ(attended_pairs_per_request(w), 12);
-  for (const char* bad_case :
-       {R"({"sliding_window": -2})", R"({"logit_cap": -1})", R"({"sinks": 1})"}) {
+  for (const char* bad_case : {R"({"sliding_window": -2})", R"({"logit_cap": -1})",
+                               R"({"logit_cap": 1e-50})", R"({"sinks": 1})"}) {
     Result<CaseFile> bad = parse_case_file_text(
         std::string(R"({"kind": "extend", "fixed": {"q_heads": 2, "kv_heads": 1, "head_dim": 8,
           "new_tokens": 4}, "cases": [)") +

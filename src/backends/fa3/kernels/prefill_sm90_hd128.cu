@@ -55,6 +55,12 @@ Status launch_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max
 }  // namespace
 
 Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max_kv_len) {
+  // The FP8 kernels have no window, soft-cap or sinks (the engine's why_not_layer sends such
+  // layers elsewhere); a launch with one would silently ignore it.
+  if (p.sliding_window >= 0 || p.logit_cap > 0.f || p.sinks != nullptr) {
+    return Status::internal(
+        "fa3 fp8: a layer with a window / soft-cap / sinks reached the FP8 kernel");
+  }
   // uniform_wg 0 (the pre-session-7 kernel) keeps the row sum by FADD (no GEMM row sum) and the
   // in-kernel V transpose, without promotion; vt_pre: the GEMM row sum only; 192-key blocks:
   // vt_pre with the speculative softmax only, without promotion.
