@@ -41,7 +41,7 @@ namespace attnkit::fa3 {
 // kVariant: the instantiations for layers with a sliding window or attention sinks (kWindowSinks)
 // and, beside those, a soft-cap (kSoftcap; Fa3Params::sliding_window / sinks / logit_cap are read
 // at run time there); the default ones (kPlain) compile none of it. The soft-cap has its own
-// instantiation because its pass over S costs registers: ptxas sm_90a spills 32 / 120 bytes in the
+// instantiation because its pass over S costs registers: ptxas sm_90a spills 40 / 116 bytes in the
 // two / three-warpgroup d 128 kernels with it, none / 20 (as the plain kernels) without.
 enum PrefillVariant : int { kPlain = 0, kWindowSinks = 1, kSoftcap = 2 };
 template <int kD, int kN, bool kBf16, int kWG = 2, int kVariant_ = kPlain>
