@@ -70,9 +70,9 @@ void set_page_table_params(Params& p, const ForwardBatch& batch) {
 // otherwise clipped to the page table's row width (the most keys a request can have; at most 2^30).
 // The clip changes no visible key (a window of a request's length or more bounds nothing) and keeps
 // the kernels' int32 position arithmetic (q_pos + window + 1) from overflowing for every window the
-// API accepts, up to INT32_MAX: unclipped, such a window made the CUDA and CPU kernels see no key,
-// and fa3's wgmma kernel wait for key blocks it never loaded. E.g. window 2^31 - 1 with a
-// 131072-wide table: 131072.
+// API accepts, up to INT32_MAX: unclipped, such a window made the CUDA and CPU kernels'
+// bidirectional (encoder-only) rows see no key, and fa3's wgmma kernel wait for key blocks it never
+// loaded. E.g. window 2^31 - 1 with a 131072-wide table: 131072.
 inline int kernel_sliding_window(int window, const ForwardBatch& batch) {
   if (window < 0) return -1;
   int64_t width = int64_t{1} << 30;

@@ -946,7 +946,7 @@ const std::vector<CaseSpec>& shared_case_table() {
     }
     // (appended: earlier seeds keep) A window past every length, INT32_MAX (the API accepts it):
     // it bounds nothing. The kernels' int32 position arithmetic (q + window + 1) overflowed on it
-    // (no key visible; fa3's wgmma kernel waited for blocks it never loaded) until
+    // (bidirectional rows saw no key; fa3's wgmma kernel waited for blocks it never loaded) until
     // detail::kernel_sliding_window clipped it. Causal and bidirectional extend, decode.
     add("extend_window_int32_max", M::kExtend, 16, {40, 3, 0}, {25, 10, 200}).sliding_window =
         std::numeric_limits<int>::max();
