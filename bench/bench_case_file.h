@@ -36,9 +36,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -195,13 +195,12 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   if (key == "sliding_window") return get_int(v, where, -1, &c->sliding_window);
   if (key == "sinks") return get_bool(v, where, &c->sinks);
   if (key == "logit_cap") {
-    // A double past FLT_MAX would become an infinite cap (no soft-cap at all), silently.
-    if (!v.is_number() || !(v.get<double>() >= 0.0) ||
-        v.get<double>() > static_cast<double>(std::numeric_limits<float>::max())) {
+    const std::optional<float> cap = logit_cap_from_json(v);
+    if (!cap) {
       return Status::invalid_argument(where + ": expected a finite number >= 0 (0 = off), got " +
                                       json_excerpt(v));
     }
-    c->logit_cap = v.get<float>();
+    c->logit_cap = *cap;
     if (c->logit_cap == 0.f && v.get<double>() != 0.0) {  // 1e-50: no f32 cap, not "off"
       return Status::invalid_argument(where + ": " + json_excerpt(v) +
                                       " rounds to 0 in f32 (a soft-cap needs a cap of at least " +

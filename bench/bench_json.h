@@ -8,7 +8,9 @@
 //     -> invalid_argument "case spec: key \"a\" is given twice in one object"
 #pragma once
 
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -21,6 +23,18 @@ namespace attnkit::bench {
 // nlohmann's what() without its "[json.exception.parse_error.101] " tag.
 inline std::string json_error_text(const nlohmann::json::exception& e) {
   return without_json_exception_tag(e.what());
+}
+
+// A soft-cap value (logit_cap) of the case files and of `run --case` specs: a finite number >= 0
+// (0 = off) that f32 holds, or nothing. A double past FLT_MAX would become an infinite cap (no
+// soft-cap at all), silently.
+template <typename Json>
+std::optional<float> logit_cap_from_json(const Json& v) {
+  if (!v.is_number() || !(v.template get<double>() >= 0.0) ||
+      v.template get<double>() > static_cast<double>(std::numeric_limits<float>::max())) {
+    return std::nullopt;
+  }
+  return v.template get<float>();
 }
 
 template <typename Json>

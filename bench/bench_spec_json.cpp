@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
-#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -118,12 +118,9 @@ Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
     } else if (key == "sliding_window") {
       s = get_int(key, v, &spec.sliding_window);
     } else if (key == "logit_cap") {
-      // A double past FLT_MAX would become an infinite cap (no soft-cap at all), silently.
-      if (!v.is_number() || !(v.get<double>() >= 0.0) ||
-          v.get<double>() > std::numeric_limits<float>::max()) {
-        return bad(key, v, "a finite number >= 0 (0 = off)");
-      }
-      spec.logit_cap = v.get<float>();
+      const std::optional<float> cap = logit_cap_from_json(v);
+      if (!cap) return bad(key, v, "a finite number >= 0 (0 = off)");
+      spec.logit_cap = *cap;
     } else if (key == "sinks") {
       s = get_bool(key, v, &spec.sinks);
     } else if (key == "type") {

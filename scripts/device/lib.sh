@@ -11,6 +11,10 @@
 # attnkit_build_base_cli BASE LOG_DIR
 #   Builds the attnkit CLI of an older tree unpacked at BASE (its own lib.sh, this .deps linked in)
 #   into BASE/build, logs in LOG_DIR/base_{cfg,build}.log; prints "base build rc N".
+# attnkit_build_cli_d128 LOG_DIR
+#   Configures (first time only) and builds the CLI for head dim 128 alone in build/d128
+#   (incremental on a warm machine), logs in LOG_DIR/{cfg,build}.log; prints the build time, or
+#   the build log's tail and returns 1 when the build fails.
 # attnkit_ncu_bin
 #   Prints the path of Nsight Compute's ncu (PATH first, else the newest under
 #   /opt/nvidia/nsight-compute, else the CUDA toolkit's); nothing when there is none.
@@ -38,6 +42,17 @@ attnkit_configure_cpu() {
   local build=$1
   shift
   _attnkit_cmake "$build" OFF "$@"
+}
+
+attnkit_build_cli_d128() {
+  local logs=$1 build=build/d128 t0
+  [ -f "$build/build.ninja" ] || attnkit_configure "$build" 90a-real 128 > "$logs/cfg.log" 2>&1
+  t0=$(date +%s)
+  ninja -C "$build" -j16 attnkit_cli > "$logs/build.log" 2>&1 || {
+    tail -20 "$logs/build.log"
+    return 1
+  }
+  echo "build: $(($(date +%s) - t0)) s"
 }
 
 attnkit_ncu_bin() {

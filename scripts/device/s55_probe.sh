@@ -12,11 +12,8 @@ cd "$root"
 . scripts/device/lib.sh
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
+attnkit_build_cli_d128 "$OUT" || exit 1
 B=build/d128
-[ -f "$B/build.ninja" ] || attnkit_configure "$B" 90a-real 128 > "$OUT/cfg.log" 2>&1
-t0=$(date +%s)
-ninja -C "$B" -j16 attnkit_cli > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
 ak="$B/tools/attnkit/attnkit"
 if [[ " ${STAGES:-decode clocks} " == *" decode "* ]]; then

@@ -382,8 +382,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   p.sliding_window = detail::kernel_sliding_window(layer.sliding_window, batch);
   p.logit_cap = layer.logit_cap;
   if (layer.sinks.defined()) p.sinks = layer.sinks.data_as<const float>();
-  const bool variant = p.sliding_window >= 0 || p.logit_cap > 0.f || p.sinks != nullptr;
-  const TailSplit ts = variant ? TailSplit{} : planned_tail_split(p.causal != 0);
+  const TailSplit ts = uses_variant_features(p) ? TailSplit{} : planned_tail_split(p.causal != 0);
   if (ts.split_units > 0) {
     const int64_t o_floats =
         static_cast<int64_t>(ts.split_units) * ts.num_splits * p.block_m * ctx_.qk_head_dim;

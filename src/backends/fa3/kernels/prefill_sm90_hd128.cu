@@ -57,7 +57,7 @@ Status launch_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max
 Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max_kv_len) {
   // The FP8 kernels have no window, soft-cap or sinks (the engine's why_not_layer sends such
   // layers elsewhere); a launch with one would silently ignore it.
-  if (p.sliding_window >= 0 || p.logit_cap > 0.f || p.sinks != nullptr) {
+  if (uses_variant_features(p)) {
     return Status::internal(
         "fa3 fp8: a layer with a window / soft-cap / sinks reached the FP8 kernel");
   }

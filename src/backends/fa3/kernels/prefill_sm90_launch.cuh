@@ -52,11 +52,10 @@ Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream
   using Tr = PrefillTraits<kD, kN, kBf16, kWG, kVariant>;
   if constexpr (kVariant == kPlain) {
     // A soft-cap, or a sliding window / sinks: a variant instantiation (uniform warpgroups only).
-    if (p.logit_cap > 0.f) {
-      return launch_prefill_sm90<kD, kN, kBf16, kWG, kSoftcap>(p, sm_count, stream);
-    }
-    if (p.sliding_window >= 0 || p.sinks != nullptr) {
-      return launch_prefill_sm90<kD, kN, kBf16, kWG, kWindowSinks>(p, sm_count, stream);
+    if (uses_variant_features(p)) {
+      return p.logit_cap > 0.f
+                 ? launch_prefill_sm90<kD, kN, kBf16, kWG, kSoftcap>(p, sm_count, stream)
+                 : launch_prefill_sm90<kD, kN, kBf16, kWG, kWindowSinks>(p, sm_count, stream);
     }
   } else if (p.split_units > 0) {
     return Status::internal("fa3: a tail split of a window / soft-cap / sinks layer");
