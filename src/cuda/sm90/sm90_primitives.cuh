@@ -239,4 +239,12 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// tanh by one MUFU op (tanh.approx.f32, sm_75+: relative error below 2^-10.9, NaN stays NaN,
+// +-1 at +-inf). FlashAttention-3's soft-cap uses it too.
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 }  // namespace attnkit::sm90

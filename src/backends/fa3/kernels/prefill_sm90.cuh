@@ -41,8 +41,9 @@ namespace attnkit::fa3 {
 // kVariant: the instantiations for layers with a sliding window or attention sinks (kWindowSinks)
 // and, beside those, a soft-cap (kSoftcap; Fa3Params::sliding_window / sinks / logit_cap are read
 // at run time there); the default ones (kPlain) compile none of it. The soft-cap has its own
-// instantiation because its pass over S costs registers: ptxas sm_90a spills 40 / 116 bytes in the
-// two / three-warpgroup d 128 kernels with it, none / 20 (as the plain kernels) without.
+// instantiation because its pass over S costs registers: ptxas sm_90a spills 8 bytes in the
+// two-warpgroup d 128 kernel with it (tanh.approx; 40 with session 55's exp2 + reciprocal), none
+// without; the three-warpgroup kernels spill 20 bytes with or without it, as the plain one.
 enum PrefillVariant : int { kPlain = 0, kWindowSinks = 1, kSoftcap = 2 };
 template <int kD, int kN, bool kBf16, int kWG = 2, int kVariant_ = kPlain>
 struct PrefillTraits {
@@ -611,17 +612,16 @@ struct RowSoftmax {
     if constexpr (kVariantOf<Tr> == kSoftcap) {
       if (p.logit_cap > 0.f) {
         // Soft-cap: the log2-domain logits cap tanh(x scale / cap) log2(e), before the mask (which
-        // then sets the invisible ones to -inf), scaled by 1 below. tanh(y) = 1 - 2 / (e^2y + 1)
-        // with e^2y = 2^(2 y log2(e)) = 2^(x pre), clamped at 2^64 where tanh is 1 in f32 (a
-        // NaN stays NaN: the compare is false), as cuda::soft_capped_log2_logit computes it.
-        const float pre = 2.f * p.scale_log2 / p.logit_cap;
+        // then sets the invisible ones to -inf), scaled by 1 below. One tanh.approx per score
+        // (sm90::tanh_approx; a NaN stays NaN). The exp2 + fast-reciprocal formula of
+        // cuda::soft_capped_log2_logit costs two MUFU ops per score and more registers here:
+        // session 56 measured this kernel 1.21x faster at d 128 (soft-cap 50, 2 x 8192) with
+        // tanh.approx, its output errors against the fp64 reference unchanged (bf16 rounding
+        // dominates; LSE 6e-6 -> 2e-5).
+        const float pre = p.scale_log2 * cuda::kLn2 / p.logit_cap;
         const float post = p.logit_cap * cuda::kLog2e;
 #pragma unroll
-        for (int i = 0; i < kN / 2; ++i) {
-          const float a = s[i] * pre;
-          const float e = sm90::exp2_approx(a > 64.f ? 64.f : a);
-          s[i] = post * (1.f - __fdividef(2.f, e + 1.f));
-        }
+        for (int i = 0; i < kN / 2; ++i) s[i] = post * sm90::tanh_approx(s[i] * pre);
         const float one[2] = {1.f, 1.f};
         step_scaled<true, kN, true>(s, one, p, t, nb, g, lane, qpos0, corr);
         return;
