@@ -17,6 +17,13 @@ namespace attnkit {
 
 namespace {
 
+// log2(e) as the kernels use it, and the room the shared checks leave above the log2-unit softmax
+// scale and the fp8 v_scale for the kernels' extra 2^8 (the CPU fp8 widening, the f16 staging).
+constexpr float kLog2eF = 1.44269504f;
+constexpr float kKernelScaleRoom = 256.f;
+// The most keys a request of a windowed layer may have: 2^30 less room for a key block.
+constexpr int64_t kMaxWindowedKeys = (int64_t{1} << 30) - (int64_t{1} << 16);
+
 std::string shape_string(std::initializer_list<int64_t> dims) {
   std::ostringstream os;
   os << "[";
@@ -87,6 +94,10 @@ Status check_layer(const AttentionLayer& layer) {
   if (layer.logit_cap < 0.f || !std::isfinite(layer.logit_cap)) {
     return Status::invalid_argument(
         cat("layer.logit_cap ", layer.logit_cap, " must be finite and >= 0 (0 = off)"));
+  }
+  if (layer.type != AttentionType::kDecoder && layer.type != AttentionType::kEncoderOnly) {
+    return Status::invalid_argument(cat("layer.type ", static_cast<int>(layer.type),
+                                        " is not an AttentionType (0 decoder, 1 encoder-only)"));
   }
   if (layer.sliding_window < -1) {
     return Status::invalid_argument(
@@ -191,6 +202,29 @@ Status check_sink_values(const TensorView& sinks) {
     if (std::isnan(sink) || sink == std::numeric_limits<float>::infinity()) {
       return Status::invalid_argument(cat("layer.sinks[", h, "] (q head ", h, ") is ", sink,
                                           ": a sink must be finite, or -inf for no sink"));
+    }
+    // The kernels take the sink in log2 units (and the max of it and the row's logits): a finite
+    // sink whose product overflowed gave inf - inf, NaN rows.
+    if (!std::isfinite(2.f * kLog2eF * sink) && sink > 0.f) {
+      return Status::invalid_argument(cat("layer.sinks[", h, "] (q head ", h, ") is ", sink,
+                                          ": sink x 2 log2(e) must be finite (at most ",
+                                          std::numeric_limits<float>::max() / (2.f * kLog2eF),
+                                          ")"));
+    }
+  }
+  return Status::ok();
+}
+
+Status check_windowed_lengths(const AttentionLayer& layer, const ForwardBatch& batch) {
+  if (layer.sliding_window < 0) return Status::ok();
+  const int64_t drafts = batch.mode == ForwardMode::kTargetVerify ? batch.spec.draft_token_num : 0;
+  for (size_t r = 0; r < batch.seq_lens_host.size(); ++r) {
+    const int64_t keys = int64_t{batch.seq_lens_host[r]} + drafts;
+    if (keys > kMaxWindowedKeys) {
+      return Status::invalid_argument(
+          cat("layer.sliding_window ", layer.sliding_window, " over request ", r, " of ", keys,
+              " keys: windowed layers take requests of at most ", kMaxWindowedKeys,
+              " keys (int32 key positions in the kernels)"));
     }
   }
   return Status::ok();
@@ -327,6 +361,8 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
     ATTNKIT_RETURN_IF_ERROR(check_sink_values(layer.sinks));
   }
 
+  ATTNKIT_RETURN_IF_ERROR(check_windowed_lengths(layer, batch));
+
   // What save_kv needs.
   if (save_kv) {
     if (layer.is_cross_attention) {
@@ -405,18 +441,38 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
   // product overflowed to inf (NaN rows) or flushed to 0 (uniform rows) with each factor valid. A
   // non-absorbed MLA layer reads no pool rows, so no scale is folded there. An e4m3 q folds
   // q_scale in as well (the fa3 engine's order: scaling x log2(e) x k_scale x q_scale).
+  // Every pool: the kernels scale by the softmax scale in log2 units, some with a further 2^8
+  // (the CPU fp8 widening, the f16 staging of the MLA kernels), so that product must be finite and
+  // the scale itself normal; a scale of 3e38 had turned every score into inf / NaN.
   const bool fold_k = dtype_is_quantized(cfg.dtype) && !mla_prefill;
-  if (const float folded = layer.scaling * 1.44269504f * (fold_k ? layer.k_scale : 1.f) *
-                           (fp8_q ? layer.q_scale : 1.f);
-      (fold_k || fp8_q) &&
-      (!std::isfinite(folded) || !(folded >= std::numeric_limits<float>::min()))) {
+  const float folded =
+      layer.scaling * kLog2eF * (fold_k ? layer.k_scale : 1.f) * (fp8_q ? layer.q_scale : 1.f);
+  if (!std::isfinite(folded * kKernelScaleRoom) || !(folded >= std::numeric_limits<float>::min())) {
     return Status::invalid_argument(
         cat("layer.scaling ", layer.scaling,
             fold_k ? cat(" x layer.k_scale ", layer.k_scale) : std::string(),
             fp8_q ? cat(" x layer.q_scale ", layer.q_scale) : std::string(), " (the softmax scale",
             fp8_q ? " of an fp8_e4m3 q" : "",
             fold_k ? cat(" over the ", dtype_name(cfg.dtype), " pool") : std::string(),
-            ", x log2(e)) must be a finite normal float"));
+            ", x log2(e)) must be a finite normal float, with room for the kernels' 2^8 (at most ",
+            std::numeric_limits<float>::max() / kKernelScaleRoom, ")"));
+  }
+  if (fold_k && !std::isfinite(layer.v_scale * kKernelScaleRoom)) {
+    return Status::invalid_argument(cat("layer.v_scale ", layer.v_scale, " over the ",
+                                        dtype_name(cfg.dtype),
+                                        " pool must leave room for the kernels' 2^8 (at most ",
+                                        std::numeric_limits<float>::max() / kKernelScaleRoom, ")"));
+  }
+  // A soft-cap: the kernels take cap x log2(e) (x 2 in some tanh forms) and the scale / cap; a
+  // cap near FLT_MAX made the first inf (every row NaN), one past ~1e37 the second subnormal (the
+  // CPU kernels flush it: uniform rows). Such a cap changes no logit (0 turns the cap off).
+  if (layer.logit_cap > 0.f &&
+      (!std::isfinite(2.f * kLog2eF * layer.logit_cap) ||
+       !(folded / (2.f * layer.logit_cap) >= std::numeric_limits<float>::min()))) {
+    return Status::invalid_argument(
+        cat("layer.logit_cap ", layer.logit_cap, " with the softmax scale ", layer.scaling,
+            ": cap x 2 log2(e) must be finite and scale / cap a normal float (a cap this large "
+            "changes no logit; 0 turns it off)"));
   }
   const std::pair<const TensorView*, const char*> batch_tensors[] = {
       {&batch.req_pool_indices, "batch.req_pool_indices"},

@@ -1,6 +1,7 @@
 // GraphCaptures and the CUDA-graph capture / replay input checks (graph_captures.h).
 #include "backend/graph_captures.h"
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -61,9 +62,20 @@ Status check_graph_inputs(std::string_view backend, int bs, const TensorView& re
   return Status::ok();
 }
 
+Status check_graph_key_total(std::string_view backend, int64_t total_keys) {
+  if (total_keys > std::numeric_limits<int32_t>::max()) {
+    return Status::invalid_argument(
+        cat(backend, ": replay batch reads ", total_keys,
+            " keys in all (seq_lens plus drafts), past the int32 total (2147483647) of the "
+            "kernels' kv_indptr, as ForwardBatch::validate bounds an eager batch"));
+  }
+  return Status::ok();
+}
+
 Status check_graph_lengths(std::string_view backend, int bs, const int32_t* seq_lens_host,
                            int extra, int max_context_len) {
   if (seq_lens_host == nullptr) return Status::ok();
+  int64_t total = 0;
   for (int r = 0; r < bs; ++r) {
     const int64_t len = seq_lens_host[r];
     if (len < 0 || (max_context_len >= 1 && len + extra > max_context_len)) {
@@ -72,8 +84,9 @@ Status check_graph_lengths(std::string_view backend, int bs, const int32_t* seq_
               extra > 0 ? cat(" (+ ", extra, " drafts)") : std::string(),
               " must be >= 0 and fit the req_to_token rows of max_context_len ", max_context_len));
     }
+    total += len + extra;
   }
-  return Status::ok();
+  return check_graph_key_total(backend, total);
 }
 
 Status check_graph_table_slots(std::string_view backend, const ReqToTokenPool* table,

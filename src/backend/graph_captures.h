@@ -47,10 +47,16 @@ Status check_graph_inputs(std::string_view backend, int bs, const TensorView& re
                           const TensorView& seq_lens, const TensorView& encoder_lens,
                           Device device);
 
+// A replay's keys in all (the sum of seq_lens, plus the drafts of a verify batch) within the int32
+// total of the kernels' kv_indptr, as ForwardBatch::validate bounds an eager batch (a larger sum
+// wrapped the triton graph's token-index offsets: writes out of bounds).
+Status check_graph_key_total(std::string_view backend, int64_t total_keys);
+
 // seq_lens_host[0, bs) of a replay: 0 <= len and len + extra <= max_context_len (extra: the N
 // drafts that follow a verify request's committed prefix, else 0), as ForwardBatch::validate
 // bounds an eager batch (the kernels walk a request's req_to_token row up to its length: past the
-// row they read the next request's slots). max_context_len < 1: not known, only len >= 0.
+// row they read the next request's slots), and their total (check_graph_key_total).
+// max_context_len < 1: not known, only len >= 0.
 Status check_graph_lengths(std::string_view backend, int bs, const int32_t* seq_lens_host,
                            int extra, int max_context_len);
 

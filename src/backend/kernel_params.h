@@ -67,12 +67,13 @@ void set_page_table_params(Params& p, const ForwardBatch& batch) {
 }
 
 // The layer's sliding window as the kernels take it (AttentionLayer::sliding_window): -1 for none;
-// otherwise clipped to the page table's row width (the most keys a request can have; at most 2^30).
-// The clip changes no visible key (a window of a request's length or more bounds nothing) and keeps
-// the kernels' int32 position arithmetic (q_pos + window + 1) from overflowing for every window the
-// API accepts, up to INT32_MAX: unclipped, such a window made the CUDA and CPU kernels'
-// bidirectional (encoder-only) rows see no key, and fa3's wgmma kernel wait for key blocks it never
-// loaded. E.g. window 2^31 - 1 with a 131072-wide table: 131072.
+// otherwise clipped to the page table's row width (the most keys a request can have) and to 2^30.
+// validate_forward_inputs refuses windowed layers over requests of more than 2^30 - 2^16 keys, so
+// the clip changes no visible key (a window of a request's length or more bounds nothing) and
+// keeps the kernels' int32 position arithmetic (q_pos + window + 1, plus a key block) from
+// overflowing for every window the API accepts, up to INT32_MAX: unclipped, such a window made
+// the CUDA and CPU kernels' bidirectional (encoder-only) rows see no key, and fa3's wgmma kernel
+// wait for key blocks it never loaded. E.g. window 2^31 - 1 with a 131072-wide table: 131072.
 inline int kernel_sliding_window(int window, const ForwardBatch& batch) {
   if (window < 0) return -1;
   int64_t width = int64_t{1} << 30;

@@ -16,4 +16,9 @@ Status validate_reference_inputs(const TensorView& q, const TensorView& k, const
 // writing the cache.
 Status check_sink_values(const TensorView& sinks);
 
+// A sliding-window layer over requests of at most 2^30 - 2^16 keys each (seq_lens_host, plus the
+// drafts of a verify batch): the kernels clip the window to 2^30 (detail::kernel_sliding_window)
+// and compute key positions in int32. validate_forward_inputs runs it.
+Status check_windowed_lengths(const AttentionLayer& layer, const ForwardBatch& batch);
+
 }  // namespace attnkit

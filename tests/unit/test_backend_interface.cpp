@@ -12,6 +12,7 @@
 
 #include "attnkit/backend.h"
 #include "attnkit/registry.h"
+#include "backend/validate.h"
 #include "backends/torch_native/torch_native_backend.h"
 #include "harness/case_runner.h"
 
@@ -623,6 +624,83 @@ TEST(ValidateFoldedScale, QuantizedPoolNeedsANormalProduct) {
     layer.scaling = l.layer.scaling;
     EXPECT_TRUE(validate().is_ok()) << name;
   }
+}
+
+// Values each check above accepted (finite, >= 0) but the kernels' log2-unit arithmetic did not:
+// a softmax scale or soft-cap near FLT_MAX (inf / NaN scores), a cap past ~1e37 (scale / cap
+// subnormal: the CPU kernels flushed it, uniform rows), a sink near FLT_MAX (inf - inf rows), an
+// fp8 v_scale with no room for the kernels' 2^8, and a layer.type outside the enum (one backend ran
+// it bidirectional, another causal). Each is refused by name; values beside them pass.
+TEST(ValidateFoldedScale, KernelRangesAndLayerType) {
+  for (const char* name : {"extend_fp8_e4m3_kv", "extend_page16_ragged"}) {
+    SCOPED_TRACE(name);
+    Result<PreparedCase> pc = harness::prepare_case(*harness::find_case(name), Device::cpu());
+    ASSERT_TRUE(pc.is_ok()) << name;
+    const bool quantized = pc->spec.kv_dtype == DType::kFP8E4M3;
+    const harness::LayerData& l = pc->layers[0];
+    const AttentionLayer good = l.layer;
+    AttentionLayer layer = good;
+    const auto validate = [&] {
+      return validate_forward_inputs(l.q, l.k, l.v, l.out, layer, pc->batch, true, l.lse,
+                                     Device::cpu());
+    };
+    ASSERT_TRUE(validate().is_ok());
+    layer.scaling = 3e38f;
+    expect_error(validate(),
+                 "x log2(e)) must be a finite normal float, with room for the "
+                 "kernels' 2^8");
+    layer.scaling = 1.5e36f / (quantized ? good.k_scale : 1.f);  // x log2(e) finite, x 2^8 not
+    expect_error(validate(), "with room for the kernels' 2^8");
+    layer = good;
+    layer.logit_cap = 3e38f;
+    expect_error(validate(), "layer.logit_cap 3e+38 with the softmax scale");
+    layer.logit_cap = 1e37f;
+    expect_error(validate(), "scale / cap a normal float");
+    for (float cap : {1e30f, 50.f, 1e-3f}) {
+      layer.logit_cap = cap;
+      EXPECT_TRUE(validate().is_ok()) << cap;
+    }
+    layer = good;
+    layer.v_scale = 1e37f;
+    if (quantized) {
+      expect_error(validate(), "layer.v_scale 1e+37 over the fp8_e4m3 pool");
+    } else {
+      EXPECT_TRUE(validate().is_ok());
+    }
+    layer = good;
+    layer.type = static_cast<AttentionType>(7);
+    expect_error(validate(), "layer.type 7 is not an AttentionType");
+  }
+  // A windowed layer over a request past 2^30 - 2^16 keys (int32 key positions in the kernels).
+  {
+    Result<PreparedCase> pc =
+        harness::prepare_case(*harness::find_case("extend_page16_ragged"), Device::cpu());
+    ASSERT_TRUE(pc.is_ok());
+    const harness::LayerData& l = pc->layers[0];
+    AttentionLayer layer = l.layer;
+    layer.sliding_window = 100;
+    ASSERT_TRUE(check_windowed_lengths(layer, pc->batch).is_ok());
+    // (ForwardBatch::validate bounds each length by the table's width first: a table this wide
+    // takes gigabytes, so the length check runs alone here.)
+    ForwardBatch batch = pc->batch;
+    batch.seq_lens_host[0] = (1 << 30) - (1 << 16) + 1;
+    expect_error(check_windowed_lengths(layer, batch),
+                 "layer.sliding_window 100 over request 0 of 1073676289 keys: windowed layers "
+                 "take requests of at most 1073676288 keys");
+    batch.seq_lens_host[0] -= 1;
+    EXPECT_TRUE(check_windowed_lengths(layer, batch).is_ok());
+    layer.sliding_window = -1;
+    batch.seq_lens_host[0] = std::numeric_limits<int32_t>::max();
+    EXPECT_TRUE(check_windowed_lengths(layer, batch).is_ok());
+  }
+  // Sinks: 3e38 is refused, 1e37 and a very negative one (no weight) pass.
+  std::vector<float> sinks = {0.5f, 3e38f};
+  const TensorView view(sinks.data(), DType::kF32, Device::cpu(), {2});
+  expect_error(check_sink_values(view), "layer.sinks[1] (q head 1) is 3e+38: sink x 2 log2(e)");
+  sinks[1] = 1e37f;
+  EXPECT_TRUE(check_sink_values(view).is_ok());
+  sinks[1] = -3e38f;
+  EXPECT_TRUE(check_sink_values(view).is_ok());
 }
 
 // The shared table's fp8_e4m3-pool extend with q given in e4m3 (CaseSpec::fp8_q), on the host.

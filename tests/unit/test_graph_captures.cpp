@@ -46,6 +46,17 @@ TEST(GraphCaptures, ReplayLengthsFitTheRows) {
                  "of max_context_len 100");
   const std::vector<int32_t> negative = {3, -1};
   expect_refused(check_graph_lengths("x", 2, negative.data(), 0, 0), "seq_lens_host[1] = -1");
+  // The total within int32 (the kernels' kv_indptr): two 1.5e9-key requests (prefix sharing) are
+  // refused by name, one is not; the drafts count.
+  const std::vector<int32_t> huge = {1500000000, 1500000000};
+  expect_refused(check_graph_lengths("x", 2, huge.data(), 0, 0),
+                 "x: replay batch reads 3000000000 keys in all");
+  EXPECT_TRUE(check_graph_lengths("x", 1, huge.data(), 0, 0).is_ok());
+  const std::vector<int32_t> edge = {2147483640, 4};
+  EXPECT_TRUE(check_graph_lengths("x", 2, edge.data(), 0, 0).is_ok());
+  expect_refused(check_graph_lengths("x", 2, edge.data(), 2, 0), "2147483648 keys in all");
+  expect_refused(check_graph_key_total("triton", int64_t{1} << 31), "triton: replay batch reads");
+  EXPECT_TRUE(check_graph_key_total("triton", (int64_t{1} << 31) - 1).is_ok());
 }
 
 // A replay's req_to_token entries are checked against the KV pool: one compare while the table

@@ -772,6 +772,53 @@ TEST(IntelAmxRejects, SpecTreeMask) {
                         "topk " + std::to_string(tree->spec_topk));
 }
 
+// topk 1 with a custom_mask: the backend verifies the chain causally, so a mask that is not the
+// chain is refused (it was ignored: rel L2 ~0.1 against the reference, which applies it), the
+// chain mask itself runs and matches, and a forward whose topk or mask differs from the plan's is
+// refused (it ran the planned causal chain).
+TEST(IntelAmxRejects, SpecMaskThatIsNotTheChain) {
+  const CaseSpec* tree = nullptr;
+  for (const CaseSpec& c : harness::shared_case_table()) {
+    if (c.mode == ForwardMode::kTargetVerify && c.spec_topk > 1 && !c.mla) tree = &c;
+  }
+  ASSERT_NE(tree, nullptr) << "the shared table has no MHA verify tree (topk > 1)";
+  PreparedCase pc = prepare_or_die(*tree);
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  SpecInfo& spec = pc.batch.spec;
+  ASSERT_TRUE(spec.custom_mask.defined());
+  spec.topk = 1;  // the tree's mask kept
+  expect_error_mentions((*backend)->init_forward_metadata(pc.batch), StatusCode::kUnsupported,
+                        "spec.custom_mask of request");
+  // Rewrite every request's block as the chain: prefix columns 1, draft i sees drafts 0..i.
+  auto* mask = static_cast<uint8_t*>(spec.custom_mask.data);
+  const int64_t n = spec.draft_token_num;
+  for (int r = 0; r < pc.batch.batch_size; ++r) {
+    const int64_t prefix = pc.batch.seq_lens_host[static_cast<size_t>(r)];
+    uint8_t* block = mask + spec.mask_indptr_host[static_cast<size_t>(r)];
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t c = 0; c < prefix + n; ++c) block[i * (prefix + n) + c] = c <= prefix + i;
+    }
+  }
+  ASSERT_TRUE(harness::run_backend(**backend, pc, /*save_kv=*/true).is_ok());
+  Result<harness::Comparison> cmp = harness::compare_with_reference(pc);
+  ASSERT_TRUE(cmp.is_ok()) << cmp.status().to_string();
+  EXPECT_TRUE(cmp->passed()) << cmp->summary();
+  // Planned as a chain, then run with topk 2 or another mask buffer: refused by name.
+  ASSERT_TRUE((*backend)->init_forward_metadata(pc.batch).is_ok());
+  const harness::LayerData& ld = pc.layers[0];
+  spec.topk = 2;
+  expect_error_mentions((*backend)->forward(ld.q, ld.k, ld.v, ld.out, ld.layer, pc.batch,
+                                            /*save_kv=*/false, ld.lse),
+                        StatusCode::kInvalidArgument, "init_forward_metadata");
+  spec.topk = 1;
+  std::vector<uint8_t> copy(mask, mask + spec.custom_mask.numel());
+  spec.custom_mask.data = copy.data();
+  expect_error_mentions((*backend)->forward(ld.q, ld.k, ld.v, ld.out, ld.layer, pc.batch,
+                                            /*save_kv=*/false, ld.lse),
+                        StatusCode::kInvalidArgument, "init_forward_metadata");
+}
+
 TEST(IntelAmxRejects, ForwardWithoutMetadata) {
   PreparedCase pc = prepare_or_die(make_case("nometa", ForwardMode::kDecode, 16, {40}, {1}));
   Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());

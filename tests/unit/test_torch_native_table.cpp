@@ -165,5 +165,40 @@ TEST(TorchNativeGqa, EqualsMhaWithReplicatedHeads) {
   }
 }
 
+// A req_to_token entry in the reserved page 0 is refused by name before the cache write: the call
+// leaves the pool as it was (the check ran after set_kv, so the refused call had written the new
+// tokens' k / v).
+TEST(TorchNativeRejects, BadTableEntryLeavesThePoolAlone) {
+  CaseSpec spec;
+  spec.name = "page0_entry";
+  spec.mode = ForwardMode::kExtend;
+  spec.page_size = 16;
+  spec.prefix_lens = {30, 5};
+  spec.new_lens = {9, 20};
+  spec.num_q_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.v_head_dim = 64;
+  PreparedCase pc = prepare_or_die(spec);
+  // Request 1's second prefix key now names slot 0.
+  auto* row = const_cast<int32_t*>(pc.req_to_token->host_row(pc.rows[1]));
+  ASSERT_NE(row, nullptr);
+  row[1] = 0;
+  auto backend = torch_native(pc);
+  const Status st = harness::run_backend(*backend, pc, /*save_kv=*/true);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("req_to_token[" + std::to_string(pc.rows[1]) + ", 1] = 0"),
+            std::string::npos)
+      << st.message();
+  const auto* pool = dynamic_cast<const MHAKVPool*>(pc.kv_pool.get());
+  ASSERT_NE(pool, nullptr);
+  std::vector<uint8_t> bytes;
+  for (const TensorView& b : {pool->k_buffer(0), pool->v_buffer(0)}) {
+    const auto* p = static_cast<const uint8_t*>(b.data);
+    bytes.insert(bytes.end(), p, p + b.storage_bytes());
+  }
+  EXPECT_EQ(bytes, pc.pool_snapshot.at(0)) << "the refused forward wrote the cache";
+}
+
 }  // namespace
 }  // namespace attnkit

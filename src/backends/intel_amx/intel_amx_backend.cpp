@@ -260,6 +260,8 @@ class IntelAmxBackend final : public AttentionBackend {
     planned_req_to_token_ = batch.req_to_token_pool;
     planned_draft_tokens_ =
         batch.mode == ForwardMode::kTargetVerify ? batch.spec.draft_token_num : 0;
+    planned_topk_ = batch.spec.topk;
+    planned_custom_mask_ = batch.spec.custom_mask.data;
     planned_ = true;
     return Status::ok();
   }
@@ -367,12 +369,37 @@ class IntelAmxBackend final : public AttentionBackend {
     return {static_cast<float*>(scratch_.data()), scratch_stride_, num_threads_};
   }
 
+  // Target verify runs each request's drafts causally after its prefix: right for a chain
+  // (topk 1). A custom_mask given with topk 1 must then be that chain (prefix columns 1, draft
+  // row i sees drafts 0..i); any other mask was ignored, a silent wrong answer where the other
+  // backends apply it. One pass over the mask per plan (host memory on this backend).
   static Status check_spec(const ForwardBatch& batch) {
     if (batch.mode != ForwardMode::kTargetVerify) return Status::ok();
     if (batch.spec.topk > 1) {
       return Status::unsupported(cat("intel_amx does not support speculative verify trees (topk ",
                                      batch.spec.topk,
                                      "; supported: topk 1, a chain verified causally)"));
+    }
+    if (!batch.spec.custom_mask.defined()) return Status::ok();
+    const auto* mask = static_cast<const uint8_t*>(batch.spec.custom_mask.data);
+    const int64_t n = batch.spec.draft_token_num;
+    for (int r = 0; r < batch.batch_size; ++r) {
+      const int64_t prefix = batch.seq_lens_host[static_cast<size_t>(r)];
+      const uint8_t* block = mask + batch.spec.mask_indptr_host[static_cast<size_t>(r)];
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* row = block + i * (prefix + n);
+        for (int64_t c = 0; c < prefix + n; ++c) {
+          const bool want = c < prefix + i + 1;
+          if ((row[c] != 0) != want) {
+            return Status::unsupported(
+                cat("intel_amx verifies a chain causally (topk 1): spec.custom_mask of request ", r,
+                    ", draft ", i, ", column ", c, " is ", int{row[c]}, " where the chain has ",
+                    int{want},
+                    " (prefix columns 1, draft i sees drafts 0..i); other masks "
+                    "(speculative trees) are not supported"));
+          }
+        }
+      }
     }
     return Status::ok();
   }
@@ -591,13 +618,15 @@ class IntelAmxBackend final : public AttentionBackend {
         planned_num_tokens_ != batch.num_tokens || planned_kv_pool_ != batch.kv_pool ||
         planned_req_to_token_ != batch.req_to_token_pool ||
         (batch.mode == ForwardMode::kTargetVerify &&
-         planned_draft_tokens_ != batch.spec.draft_token_num)) {
+         (planned_draft_tokens_ != batch.spec.draft_token_num || planned_topk_ != batch.spec.topk ||
+          planned_custom_mask_ != batch.spec.custom_mask.data))) {
       return Status::invalid_argument(
           cat("intel_amx: init_forward_metadata was not called for this batch (mode ",
               forward_mode_name(batch.mode), ", batch_size ", batch.batch_size, ", num_tokens ",
               batch.num_tokens,
               "): the plan is for the batch it was last called with (mode, request rows, "
-              "seq_lens, extend and encoder lengths, num_tokens, draft_token_num, and the KV and "
+              "seq_lens, extend and encoder lengths, num_tokens, draft_token_num, topk and "
+              "custom_mask, and the KV and "
               "req_to_token pools its slots were checked against)"));
     }
     if (layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads ||
@@ -698,6 +727,8 @@ class IntelAmxBackend final : public AttentionBackend {
   const KVPool* planned_kv_pool_ = nullptr;
   const ReqToTokenPool* planned_req_to_token_ = nullptr;
   int planned_draft_tokens_ = 0;  // target verify's N
+  int planned_topk_ = 1;          // target verify's topk and mask, checked by check_spec
+  const void* planned_custom_mask_ = nullptr;
   Plan self_;
   Plan cross_;
   bool has_cross_ = false;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -270,7 +271,29 @@ Status check_rows(const ForwardBatch& batch, const std::vector<RequestPlan>& pla
   return Status::ok();
 }
 
+// The (read_self, read_encoder) row ranges compute_attention_fp64 reads for this layer; none for
+// an MLA prefill without a prefix cache (it reads no pool row).
+std::optional<std::pair<bool, bool>> rows_read(const AttentionLayer& layer) {
+  const bool mla_prefill =
+      layer.is_mla && layer.qk_head_dim != layer.kv_lora_rank + layer.qk_rope_head_dim;
+  if (mla_prefill) {
+    if (layer.mla_prefix == nullptr) return std::nullopt;
+    return std::pair{true, false};
+  }
+  return std::pair{!layer.is_cross_attention, layer.is_cross_attention};
+}
+
 }  // namespace
+
+Status check_pool_rows(const AttentionLayer& layer, const ForwardBatch& batch) {
+  if (batch.mode == ForwardMode::kIdle) return Status::ok();
+  if (batch.kv_pool == nullptr || batch.req_to_token_pool == nullptr) {
+    return Status::invalid_argument("batch.kv_pool and batch.req_to_token_pool must be set");
+  }
+  const auto read = rows_read(layer);
+  if (!read) return Status::ok();
+  return check_rows(batch, plan_requests(batch), read->first, read->second);
+}
 
 Result<ReferenceOutput> compute_attention_fp64(const TensorView& q, const TensorView& k,
                                                const TensorView& v, const AttentionLayer& layer,
@@ -306,6 +329,7 @@ Result<ReferenceOutput> compute_attention_fp64(const TensorView& q, const Tensor
   result.out.assign(static_cast<size_t>(t * p.num_q_heads * p.dv), 0.0);
   result.lse.assign(static_cast<size_t>(t * p.num_q_heads), kNegInf);
 
+  ATTNKIT_RETURN_IF_ERROR(check_pool_rows(layer, batch));
   const std::vector<RequestPlan> plans = plan_requests(batch);
   const bool mla_prefill =
       layer.is_mla && layer.qk_head_dim != layer.kv_lora_rank + layer.qk_rope_head_dim;
@@ -315,7 +339,6 @@ Result<ReferenceOutput> compute_attention_fp64(const TensorView& q, const Tensor
   if (mla_prefill && layer.mla_prefix != nullptr) {
     // Chunked prefix cache: the whole prefix decompressed at once (the reference may), then the
     // new tokens: prefix keys all visible, new keys causal.
-    ATTNKIT_RETURN_IF_ERROR(check_rows(batch, plans, true, false));
     for (const RequestPlan& plan : plans) {
       ATTNKIT_ASSIGN_OR_RETURN(GatheredKV pre, expand_prefix_host(q.dtype, layer, batch, plan));
       const GatheredKV fresh = gather_from_tensors(k, v, plan.q_begin, plan.num_q);
@@ -343,8 +366,6 @@ Result<ReferenceOutput> compute_attention_fp64(const TensorView& q, const Tensor
     return result;
   }
 
-  ATTNKIT_RETURN_IF_ERROR(
-      check_rows(batch, plans, !layer.is_cross_attention, layer.is_cross_attention));
   const uint8_t* mask =
       batch.has_spec && batch.spec.custom_mask.defined() && batch.mode == ForwardMode::kTargetVerify
           ? batch.spec.custom_mask.data_as<const uint8_t>()
@@ -604,6 +625,10 @@ class TorchNativeBackend final : public AttentionBackend {
       ATTNKIT_RETURN_IF_ERROR(check_sink_values(host));
     }
     if (save_kv) {
+      // The rows the reference will read are checked before the write (a refused call must leave
+      // the pool as it was; compute_attention_fp64 checks them only after it).
+      ATTNKIT_RETURN_IF_ERROR(ctx_.device.is_cuda() ? check_mirrored_rows(layer, batch)
+                                                    : reference::check_pool_rows(layer, batch));
       const StreamHandle stream = batch.stream != nullptr ? batch.stream : ctx_.stream;
       ATTNKIT_RETURN_IF_ERROR(batch.kv_pool->set_kv(layer.layer_id, batch.out_cache_loc, k, v,
                                                     layer.k_scale, layer.v_scale, stream));
@@ -694,16 +719,39 @@ class TorchNativeBackend final : public AttentionBackend {
     return host;
   }
 
+  // The requests' req_to_token rows from the device table's host mirror. Rows outside
+  // [1, max_reqs] are left alone: row 0 is all zeros in both tables, and an invalid row reads
+  // as missing in the mirror too, so the host path reports it.
+  // copy_rows_from carries whether each row is allocated, as write() asks.
+  Status mirror_table_rows(const ForwardBatch& batch) {
+    if (batch.req_to_token_pool == nullptr) {
+      return Status::invalid_argument("batch.req_to_token_pool is null");
+    }
+    ATTNKIT_RETURN_IF_ERROR(ensure_table_mirror(*batch.req_to_token_pool));
+    const ReqToTokenPool& table = *batch.req_to_token_pool;
+    for (const int32_t row : batch.req_pool_indices_host) {
+      if (row < 1 || row > table.max_reqs()) continue;
+      ATTNKIT_RETURN_IF_ERROR(host_table_->copy_rows_from(table, std::span(&row, 1)));
+    }
+    return Status::ok();
+  }
+
+  // check_pool_rows over the device table's rows, mirrored to the host (after the caller's
+  // writes to the table have finished).
+  Status check_mirrored_rows(const AttentionLayer& layer, const ForwardBatch& batch) {
+    ATTNKIT_RETURN_IF_ERROR(synchronize_device(ctx_.device));
+    ATTNKIT_RETURN_IF_ERROR(mirror_table_rows(batch));
+    ForwardBatch host = batch;
+    host.req_to_token_pool = host_table_.get();
+    return reference::check_pool_rows(layer, host);
+  }
+
   Status stage_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
                       const TensorView& lse, HostCall* call) {
     // The caller's producers of q/k/v and the cache write above may still be running.
     ATTNKIT_RETURN_IF_ERROR(synchronize_device(ctx_.device));
     ATTNKIT_RETURN_IF_ERROR(ensure_pool_mirror(*batch.kv_pool));
-    if (batch.req_to_token_pool == nullptr) {
-      return Status::invalid_argument("batch.req_to_token_pool is null");
-    }
-    ATTNKIT_RETURN_IF_ERROR(ensure_table_mirror(*batch.req_to_token_pool));
 
     // The layer's pool buffers, byte for byte (MLA prefill never reads the pool).
     const std::vector<TensorView> src = layer_buffers(*batch.kv_pool, layer.layer_id);
@@ -714,15 +762,7 @@ class TorchNativeBackend final : public AttentionBackend {
                                          src[i].storage_bytes()));
     }
 
-    // The requests' req_to_token rows from the device table's host mirror. Rows outside
-    // [1, max_reqs] are left alone: row 0 is all zeros in both tables, and an invalid row reads
-    // as missing in the mirror too, so the host path reports it.
-    // copy_rows_from carries whether each row is allocated, as write() asks.
-    const ReqToTokenPool& table = *batch.req_to_token_pool;
-    for (const int32_t row : batch.req_pool_indices_host) {
-      if (row < 1 || row > table.max_reqs()) continue;
-      ATTNKIT_RETURN_IF_ERROR(host_table_->copy_rows_from(table, std::span(&row, 1)));
-    }
+    ATTNKIT_RETURN_IF_ERROR(mirror_table_rows(batch));
 
     staging_used_ = 0;
     ATTNKIT_ASSIGN_OR_RETURN(call->q, stage_view(q, "q"));

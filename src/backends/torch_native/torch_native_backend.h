@@ -61,6 +61,12 @@ Result<ReferenceOutput> compute_attention_fp64(const TensorView& q, const Tensor
                                                const TensorView& v, const AttentionLayer& layer,
                                                const ForwardBatch& batch);
 
+// The req_to_token check compute_attention_fp64 makes: every entry it reads for this layer and
+// batch is a usable slot of batch.kv_pool ([page_size, rows)). batch.req_to_token_pool must be a
+// host table. torch_native runs it before its cache write, so that a refused call leaves the
+// pool as it was.
+Status check_pool_rows(const AttentionLayer& layer, const ForwardBatch& batch);
+
 // Plain (non-paged) variable-length MHA in fp64 on host tensors: q [Tq, H, D], k [Tk, Hkv, D],
 // v [Tk, Hkv, Dv] (f32/f16/bf16), sequences given by cu_seqlens_q / cu_seqlens_k (bs + 1 entries).
 // causal: query i of a sequence sees key j when j <= i + (Lk - Lq) (bottom-right aligned).

@@ -728,7 +728,6 @@ Status TritonBackend::init_forward_metadata_replay_cuda_graph(
     const int32_t* seq_lens_host) {
   const DeviceScope scope(ctx_.device);
   ATTNKIT_RETURN_IF_ERROR(scope.status());
-  (void)seq_lens_sum;
   if (encoder_lens.defined()) {
     return Status::unsupported("triton: CUDA graphs with encoder lengths are not supported");
   }
@@ -740,6 +739,9 @@ Status TritonBackend::init_forward_metadata_replay_cuda_graph(
   const bool verify = mode == ForwardMode::kTargetVerify;
   const int queries = verify ? (spec != nullptr ? spec->draft_token_num : 0) : 1;
   ATTNKIT_RETURN_IF_ERROR(graph_captures_.check_replay("triton", mode, bs, queries).status());
+  // The token-index build's int32 offsets: seq_lens_host's total is checked below where given.
+  ATTNKIT_RETURN_IF_ERROR(check_graph_key_total(
+      "triton", seq_lens_sum + (verify ? static_cast<int64_t>(bs) * queries : 0)));
   ATTNKIT_RETURN_IF_ERROR(check_graph_lengths("triton", bs, seq_lens_host, verify ? queries : 0,
                                               ctx_.req_to_token_pool->max_context_len()));
   ATTNKIT_RETURN_IF_ERROR(check_graph_table_slots("triton", ctx_.req_to_token_pool, ctx_.kv_pool,

@@ -87,7 +87,11 @@ inline void visible_keys(const CpuAttentionParams& p, int q_pos, int seq_len, in
   if (p.causal) {
     *hi = std::min(q_pos + 1, seq_len);
   } else {
-    *hi = windowed ? std::min(seq_len, q_pos + p.sliding_window + 1) : seq_len;
+    // int64: q_pos + window + 1 overflows int past INT32_MAX (the backend clips the window to
+    // the page table's width, which may itself approach INT32_MAX).
+    *hi = windowed
+              ? static_cast<int>(std::min<int64_t>(seq_len, int64_t{q_pos} + p.sliding_window + 1))
+              : seq_len;
   }
 }
 
