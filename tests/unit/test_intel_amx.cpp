@@ -759,11 +759,17 @@ TEST(IntelAmxRejects, HeadDimNotMultipleOf16) {
   expect_error_mentions(backend.status(), StatusCode::kUnsupported, "qk_head_dim 72");
 }
 
-TEST(IntelAmxRejects, SpecTreeMask) {
+// The shared table's last MHA target-verify case with a tree (topk > 1); null if none.
+const CaseSpec* verify_tree_case() {
   const CaseSpec* tree = nullptr;
   for (const CaseSpec& c : harness::shared_case_table()) {
     if (c.mode == ForwardMode::kTargetVerify && c.spec_topk > 1 && !c.mla) tree = &c;
   }
+  return tree;
+}
+
+TEST(IntelAmxRejects, SpecTreeMask) {
+  const CaseSpec* tree = verify_tree_case();
   ASSERT_NE(tree, nullptr) << "the shared table has no MHA verify tree (topk > 1)";
   PreparedCase pc = prepare_or_die(*tree);
   Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
@@ -777,10 +783,7 @@ TEST(IntelAmxRejects, SpecTreeMask) {
 // chain mask itself runs and matches, and a forward whose topk or mask differs from the plan's is
 // refused (it ran the planned causal chain).
 TEST(IntelAmxRejects, SpecMaskThatIsNotTheChain) {
-  const CaseSpec* tree = nullptr;
-  for (const CaseSpec& c : harness::shared_case_table()) {
-    if (c.mode == ForwardMode::kTargetVerify && c.spec_topk > 1 && !c.mla) tree = &c;
-  }
+  const CaseSpec* tree = verify_tree_case();
   ASSERT_NE(tree, nullptr) << "the shared table has no MHA verify tree (topk > 1)";
   PreparedCase pc = prepare_or_die(*tree);
   Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
