@@ -171,6 +171,36 @@ TEST(TritonInputs, UnbuiltHeadDimIsRefusedBeforeTheCacheWrite) {
   EXPECT_EQ(test_support::to_host_bytes(pool.k_buffer(0)), k_before) << "the cache was written";
 }
 
+// A pool of another activation dtype (f16 under bf16 q) has no triton kernel (launch_simt_kv): it
+// is refused before the cache write, for decode and extend. The kernels refused it after set_kv had
+// stored k / v, and flashinfer sends such pools to triton on purpose (helper 49's audit).
+TEST(TritonInputs, PoolOfAnotherActivationDtypeIsRefusedBeforeTheCacheWrite) {
+  if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
+  for (ForwardMode mode : {ForwardMode::kExtend, ForwardMode::kDecode}) {
+    SCOPED_TRACE(forward_mode_name(mode));
+    CaseSpec spec = mode == ForwardMode::kExtend
+                        ? mha_extend()
+                        : test_support::plan_check_case("checks_decode", ForwardMode::kDecode,
+                                                        {300, 41}, {1, 1}, false, 11);
+    spec.q_dtype = DType::kBF16;
+    spec.kv_dtype = DType::kF16;
+    Result<harness::PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    Result<std::unique_ptr<AttentionBackend>> b =
+        builtin_registry().find("triton")->create(pc->context());
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    STATUS_OK((*b)->init_forward_metadata(pc->batch));
+    const harness::LayerData& ld = pc->layers[0];
+    auto& pool = static_cast<MHAKVPool&>(*pc->kv_pool);
+    const std::vector<uint8_t> k_before = test_support::to_host_bytes(pool.k_buffer(0));
+    const std::vector<uint8_t> v_before = test_support::to_host_bytes(pool.v_buffer(0));
+    expect_refused((*b)->forward(ld.q, ld.k, ld.v, ld.out, ld.layer, pc->batch, true, TensorView()),
+                   StatusCode::kUnsupported, "triton: kv cache dtype f16 with bf16 activations");
+    EXPECT_EQ(test_support::to_host_bytes(pool.k_buffer(0)), k_before) << "the cache was written";
+    EXPECT_EQ(test_support::to_host_bytes(pool.v_buffer(0)), v_before) << "the cache was written";
+  }
+}
+
 // More tokens than a grid's z extent (65535): the SIMT extend (f32 activations) and the
 // tensor-core decode put the token on blockIdx.z, and such a launch failed with a raw "invalid
 // configuration argument" after the cache write. They launch in slices now; checked against the
