@@ -11,15 +11,15 @@
 #include "attnkit/kv_cache.h"
 #include "attnkit/registry.h"
 #include "backend/validate.h"
+#include "core/math_constants.h"
 #include "core/str_cat.h"
 
 namespace attnkit {
 
 namespace {
 
-// log2(e) as the kernels use it, and the room the shared checks leave above the log2-unit softmax
-// scale and the fp8 v_scale for the kernels' extra 2^8 (the CPU fp8 widening, the f16 staging).
-constexpr float kLog2eF = 1.44269504f;
+// The room the shared checks leave above the log2-unit softmax scale and the fp8 v_scale for the
+// kernels' extra 2^8 (the CPU fp8 widening, the f16 staging).
 constexpr float kKernelScaleRoom = 256.f;
 // The most keys a request of a windowed layer may have: 2^30 less room for a key block.
 constexpr int64_t kMaxWindowedKeys = (int64_t{1} << 30) - (int64_t{1} << 16);
@@ -205,11 +205,10 @@ Status check_sink_values(const TensorView& sinks) {
     }
     // The kernels take the sink in log2 units (and the max of it and the row's logits): a finite
     // sink whose product overflowed gave inf - inf, NaN rows.
-    if (!std::isfinite(2.f * kLog2eF * sink) && sink > 0.f) {
+    if (!std::isfinite(2.f * kLog2e * sink) && sink > 0.f) {
       return Status::invalid_argument(cat("layer.sinks[", h, "] (q head ", h, ") is ", sink,
                                           ": sink x 2 log2(e) must be finite (at most ",
-                                          std::numeric_limits<float>::max() / (2.f * kLog2eF),
-                                          ")"));
+                                          std::numeric_limits<float>::max() / (2.f * kLog2e), ")"));
     }
   }
   return Status::ok();
@@ -437,16 +436,15 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
               cfg.head_dim, ", v_head_dim ", cfg.v_head_dim, ")"));
     }
   }
-  // Quantized pools fold k_scale into the softmax scale, which the kernels take in log2 units: the
-  // product overflowed to inf (NaN rows) or flushed to 0 (uniform rows) with each factor valid. A
-  // non-absorbed MLA layer reads no pool rows, so no scale is folded there. An e4m3 q folds
-  // q_scale in as well (the fa3 engine's order: scaling x log2(e) x k_scale x q_scale).
-  // Every pool: the kernels scale by the softmax scale in log2 units, some with a further 2^8
-  // (the CPU fp8 widening, the f16 staging of the MLA kernels), so that product must be finite and
-  // the scale itself normal; a scale of 3e38 had turned every score into inf / NaN.
+  // The kernels take the softmax scale in log2 units, some with a further 2^8 (the CPU fp8
+  // widening, the f16 staging of the MLA kernels): that product must be finite and the scale
+  // normal, on every pool (a scale of 3e38 turned every score into inf / NaN). Quantized pools fold
+  // k_scale in (each factor valid, the product had overflowed to inf or flushed to 0: NaN or
+  // uniform rows); a non-absorbed MLA layer reads no pool rows, so none is folded there. An e4m3 q
+  // folds q_scale in as well (the fa3 engine's order: scaling x log2(e) x k_scale x q_scale).
   const bool fold_k = dtype_is_quantized(cfg.dtype) && !mla_prefill;
   const float folded =
-      layer.scaling * kLog2eF * (fold_k ? layer.k_scale : 1.f) * (fp8_q ? layer.q_scale : 1.f);
+      layer.scaling * kLog2e * (fold_k ? layer.k_scale : 1.f) * (fp8_q ? layer.q_scale : 1.f);
   if (!std::isfinite(folded * kKernelScaleRoom) || !(folded >= std::numeric_limits<float>::min())) {
     return Status::invalid_argument(
         cat("layer.scaling ", layer.scaling,
@@ -467,7 +465,7 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
   // cap near FLT_MAX made the first inf (every row NaN), one past ~1e37 the second subnormal (the
   // CPU kernels flush it: uniform rows). Such a cap changes no logit (0 turns the cap off).
   if (layer.logit_cap > 0.f &&
-      (!std::isfinite(2.f * kLog2eF * layer.logit_cap) ||
+      (!std::isfinite(2.f * kLog2e * layer.logit_cap) ||
        !(folded / (2.f * layer.logit_cap) >= std::numeric_limits<float>::min()))) {
     return Status::invalid_argument(
         cat("layer.logit_cap ", layer.logit_cap, " with the softmax scale ", layer.scaling,

@@ -20,6 +20,7 @@
 #include "backends/fa3/kernels/fa3_kernels.h"
 #include "backends/fa3/kernels/tile_plan.h"
 #include "core/env_knob.h"
+#include "core/math_constants.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/dispatch.h"
 #include "cuda/common/tma_map.h"
@@ -29,7 +30,6 @@ namespace {
 
 constexpr int kWgmmaComputeCapability = 90;
 constexpr int kVecElems = 8;  // 16-byte rows of bf16/f16
-constexpr float kLog2e = 1.4426950408889634f;
 
 std::string str(int64_t v) { return std::to_string(v); }
 

@@ -8,10 +8,12 @@
 
 #include <cmath>
 
+#include "core/math_constants.h"
+
 namespace attnkit::cuda {
 
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
+using attnkit::kLn2;
+using attnkit::kLog2e;
 // Running max of a state that has seen no key. Finite so that exp2(m_old - m_new) never sees
 // (-inf) - (-inf); any real logit is far above it.
 inline constexpr float kNoKeyMax = -1e30f;

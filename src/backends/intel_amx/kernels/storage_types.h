@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "core/math_constants.h"
+
 namespace attnkit::cpu_attention {
 
 struct StoreF32 {
@@ -22,8 +24,8 @@ struct StoreFp8E5M2 {
   using T = uint8_t;
 };
 
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
+using attnkit::kLn2;
+using attnkit::kLog2e;
 // exp2 of arguments below this is 0 to f32 precision (the smallest normal is 2^-126).
 inline constexpr float kExp2Floor = -126.f;
 
