@@ -435,20 +435,10 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
                                "ATTNKIT_HEAD_DIMS; MLA: 576/512, 192/128)");
   }
 
-  // The pool dtypes the kernels read with this q (launch_simt_kv): q's own, or for MHA fp8_e4m3 /
-  // fp8_e5m2 / fp4_e2m1. Checked before the cache write: flashinfer routes pools of another dtype
-  // here on purpose, and the kernels' own refusal came after set_kv had written k / v.
-  if (!mla_prefill) {
-    const DType kvd = pool.dtype();
-    const bool quantized = !mla_absorbed && (kvd == DType::kFP8E4M3 || kvd == DType::kFP8E5M2 ||
-                                             kvd == DType::kFP4E2M1);
-    if (kvd != q.dtype && !quantized) {
-      return Status::unsupported(std::string("triton: kv cache dtype ") + dtype_name(kvd) +
-                                 " with " + dtype_name(q.dtype) +
-                                 " activations is not supported (accepted: " + dtype_name(q.dtype) +
-                                 (mla_absorbed ? "" : ", fp8_e4m3, fp8_e5m2, fp4_e2m1") + ")");
-    }
-  }
+  // The pool dtype, before the cache write: flashinfer routes pools of another dtype here on
+  // purpose, and the kernels' own refusal came after set_kv had written k / v.
+  if (!mla_prefill)
+    ATTNKIT_RETURN_IF_ERROR(triton::check_kv_dtype(q.dtype, pool.dtype(), mla_absorbed));
 
   // The cache write comes first; cross-attention and MLA prefill layers never write.
   if (save_kv && k.defined() && !cross && !mla_prefill) {

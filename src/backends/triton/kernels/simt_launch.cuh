@@ -40,6 +40,7 @@ template <int kDqk, int kDv, DType kQ>
 Status launch_simt_kv(AttentionParams p, DType kv_dtype, bool extend, int grid_splits,
                       StreamHandle stream) {
   constexpr bool kMla = kDqk == kMlaHeadDimQK || kDqk == kMlaPrefillHeadDimQK;
+  ATTNKIT_RETURN_IF_ERROR(check_kv_dtype(kQ, kv_dtype, kMla));
   if (kv_dtype == kQ) return launch_simt<kDqk, kDv, kQ, kQ>(p, extend, grid_splits, stream);
   if constexpr (!kMla) {
     switch (kv_dtype) {
@@ -53,10 +54,8 @@ Status launch_simt_kv(AttentionParams p, DType kv_dtype, bool extend, int grid_s
         break;
     }
   }
-  return Status::unsupported(std::string("triton: kv cache dtype ") + dtype_name(kv_dtype) +
-                             " with " + dtype_name(kQ) +
-                             " activations is not supported (accepted: " + dtype_name(kQ) +
-                             (kMla ? "" : ", fp8_e4m3, fp8_e5m2, fp4_e2m1") + ")");
+  return Status::internal(std::string("triton: kv cache dtype ") + dtype_name(kv_dtype) +
+                          " passed check_kv_dtype but has no SIMT instantiation");
 }
 
 template <int kDqk, int kDv>

@@ -4,6 +4,8 @@
 // exist is decided by the ATTNKIT_HEAD_DIMS_LIST compile definition (the instantiation budget).
 #pragma once
 
+#include <string>
+
 #include "attnkit/dtype.h"
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
@@ -25,6 +27,20 @@ inline constexpr int kMlaHeadDimQK = 576;
 inline constexpr int kMlaHeadDimV = 512;
 inline constexpr int kMlaPrefillHeadDimQK = 192;
 inline constexpr int kMlaPrefillHeadDimV = 128;
+
+// The pool dtypes the kernels read with q_dtype activations: q's own, or for MHA fp8_e4m3,
+// fp8_e5m2 or fp4_e2m1 (MLA: q's own only); kUnsupported naming both otherwise. The backend checks
+// it before its cache write (flashinfer routes pools of another dtype to triton on purpose),
+// run_simt at its dispatch.
+inline Status check_kv_dtype(DType q_dtype, DType kv_dtype, bool mla) {
+  const bool quantized = !mla && (kv_dtype == DType::kFP8E4M3 || kv_dtype == DType::kFP8E5M2 ||
+                                  kv_dtype == DType::kFP4E2M1);
+  if (kv_dtype == q_dtype || quantized) return Status::ok();
+  return Status::unsupported(std::string("triton: kv cache dtype ") + dtype_name(kv_dtype) +
+                             " with " + dtype_name(q_dtype) +
+                             " activations is not supported (accepted: " + dtype_name(q_dtype) +
+                             (mla ? "" : ", fp8_e4m3, fp8_e5m2, fp4_e2m1") + ")");
+}
 
 // SIMT attention: decode (extend = false; with p.max_splits > 1 followed by the merge kernel) or
 // extend. grid_splits is the launched split extent (<= p.max_splits; 1 for extend).
