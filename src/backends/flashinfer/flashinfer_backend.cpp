@@ -673,20 +673,32 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
 
   auto& pool = static_cast<MHAKVPool&>(*batch.kv_pool);
   const StreamHandle stream = stream_for(batch);
-  if (save_kv && k.defined()) {
-    ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
-                                        layer.v_scale, stream));
-  }
-  if (!decode && sm90_prefill_ != nullptr &&
-      sm90_prefill_->why_not_layer(q, out, layer, batch).empty()) {
-    ++stats_.native_calls;
-    ++stats_.wgmma_calls;
-    return sm90_prefill_->run(q, out, lse, layer, batch, stream);
-  }
   const TensorView kbuf = pool.k_buffer(layer.layer_id);
   const TensorView vbuf = pool.v_buffer(layer.layer_id);
   const DType kv_dtype = pool.dtype();
   const bool quant = dtype_is_fp8(kv_dtype);
+  // Which kernel runs and its launch limits, before the cache write (a refusal after it would
+  // leave the new k / v stored for a forward that did not run).
+  const bool wgmma = !decode && sm90_prefill_ != nullptr &&
+                     sm90_prefill_->why_not_layer(q, out, layer, batch).empty();
+  const bool cascade = cascade_.active() && layer.sliding_window < 0;  // windows: plain plan
+  if (!wgmma && !cascade) {
+    if (plan_.shape == TileShape::kDecode) {
+      ATTNKIT_RETURN_IF_ERROR(
+          cuda::check_ring_decode_row_stride(name_.c_str(), kv_dtype, kbuf, vbuf));
+    } else {
+      ATTNKIT_RETURN_IF_ERROR(flashinfer::check_prefill_grid(plan_.grid_items, layer.num_kv_heads));
+    }
+  }
+  if (save_kv && k.defined()) {
+    ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
+                                        layer.v_scale, stream));
+  }
+  if (wgmma) {
+    ++stats_.native_calls;
+    ++stats_.wgmma_calls;
+    return sm90_prefill_->run(q, out, lse, layer, batch, stream);
+  }
 
   PagedParams p;
   detail::set_io_params(p, q, out, lse);
@@ -741,7 +753,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
 
   ++stats_.native_calls;
-  if (cascade_.active() && layer.sliding_window < 0) {  // windowed layers use the plain plan
+  if (cascade) {
     ++stats_.cascade_calls;
     return cascade_.run(p, q.dtype, kv_dtype, ctx_.qk_head_dim, stream);
   }
@@ -754,8 +766,6 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   stats_.last_grid_items = grid;
   const TileShape shape = plan_.shape;
   if (shape == TileShape::kDecode) {
-    ATTNKIT_RETURN_IF_ERROR(
-        cuda::check_ring_decode_row_stride(name_.c_str(), kv_dtype, kbuf, vbuf));
     if (p.decode_pdl == 1) ++stats_.decode_pdl_wait_first_calls;
     if (p.decode_pdl == 2) ++stats_.decode_pdl_early_reads_calls;
   }

@@ -437,19 +437,10 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
 
   // The pool dtype, before the cache write: flashinfer routes pools of another dtype here on
   // purpose, and the kernels' own refusal came after set_kv had written k / v.
-  if (!mla_prefill)
-    ATTNKIT_RETURN_IF_ERROR(triton::check_kv_dtype(q.dtype, pool.dtype(), mla_absorbed));
-
-  // The cache write comes first; cross-attention and MLA prefill layers never write.
-  if (save_kv && k.defined() && !cross && !mla_prefill) {
-    ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
-                                        layer.v_scale, stream));
-  }
-
-  AttentionParams p;
-  detail::set_io_params(p, q, out, lse);
   const DType kv_dtype = pool.dtype();
   const bool quant = dtype_is_quantized(kv_dtype);
+  if (!mla_prefill)
+    ATTNKIT_RETURN_IF_ERROR(triton::check_kv_dtype(q.dtype, kv_dtype, mla_absorbed));
   TensorView kbuf, vbuf, kscale, vscale;
   if (pool.is_mla()) {
     const auto& mla = static_cast<const MLAKVPool&>(pool);
@@ -464,6 +455,31 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     kscale = mha.k_scale_buffer(layer.layer_id);
     vscale = mha.v_scale_buffer(layer.layer_id);
   }
+  // Which MHA kernel runs, and its launch limits, also before the cache write. Extend on tensor
+  // cores where the architecture and dtype allow (the SIMT kernel covers SM75, f32 activations and
+  // decode); decode on tensor cores except fp4 pools and cross-attention.
+  const bool mha = !mla_absorbed && !mla_prefill;
+  const bool tensor_cores = mha && cc_ >= kTensorCoreComputeCapability &&
+                            (q.dtype == DType::kBF16 || q.dtype == DType::kF16) &&
+                            (kv_dtype == q.dtype || quant);
+  const bool mma_decode = mha && decode && !cross && decode_tensor_cores(q.dtype) &&
+                          (kv_dtype == q.dtype || dtype_is_fp8(kv_dtype));
+  if (mma_decode) {
+    ATTNKIT_RETURN_IF_ERROR(cuda::check_ring_decode_row_stride("triton", kv_dtype, kbuf, vbuf));
+  }
+  if (tensor_cores && !decode) {
+    ATTNKIT_RETURN_IF_ERROR(triton::check_mma_extend_grid(plan_.bs, plan_.max_q_len,
+                                                          layer.num_q_heads, layer.qk_head_dim));
+  }
+
+  // The cache write; cross-attention and MLA prefill layers never write.
+  if (save_kv && k.defined() && !cross && !mla_prefill) {
+    ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
+                                        layer.v_scale, stream));
+  }
+
+  AttentionParams p;
+  detail::set_io_params(p, q, out, lse);
   detail::set_kv_pool_params(p, kbuf, vbuf);
   if (kv_dtype == DType::kFP4E2M1) {
     p.k_scales = kscale.data_as<const uint8_t>();
@@ -550,17 +566,6 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     return Status::unsupported("triton: qk_head_dim " + std::to_string(dqk) + " != v_head_dim " +
                                std::to_string(dv) +
                                " is only supported for MLA (576/512, 192/128)");
-  }
-  // Extend on tensor cores where the architecture and dtype allow (the SIMT kernel covers SM75,
-  // f32 activations and decode).
-  const bool tensor_cores = cc_ >= kTensorCoreComputeCapability &&
-                            (q.dtype == DType::kBF16 || q.dtype == DType::kF16) &&
-                            (kv_dtype == q.dtype || quant);
-  // Decode: fp4 pools and cross-attention stay on the SIMT kernel.
-  const bool mma_decode = decode && !cross && decode_tensor_cores(q.dtype) &&
-                          (kv_dtype == q.dtype || dtype_is_fp8(kv_dtype));
-  if (mma_decode) {
-    ATTNKIT_RETURN_IF_ERROR(cuda::check_ring_decode_row_stride("triton", kv_dtype, kbuf, vbuf));
   }
   return dispatch_value<triton::HeadDimList>(dqk, "triton: head_dim", [&]<int kD>() {
     if (mma_decode) {

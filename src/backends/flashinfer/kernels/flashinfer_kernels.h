@@ -3,6 +3,9 @@
 // when <d> is in ATTNKIT_HEAD_DIMS (the instantiation budget).
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include "attnkit/dtype.h"
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
@@ -26,6 +29,18 @@ constexpr bool head_dim_compiled(int d) {
   (void)d;
   return false;
 #endif
+}
+
+// The prefill kernels launch one block per (work item, kv head) in a one-dimensional grid: plans
+// past 2^31 - 1 blocks are refused by name. The backend checks it before its cache write; the
+// launch again.
+inline Status check_prefill_grid(int64_t grid_items, int64_t num_kv_heads) {
+  const int64_t blocks = grid_items * num_kv_heads;
+  if (blocks <= 0x7fffffff) return Status::ok();
+  return Status::invalid_argument("flashinfer: prefill grid of " + std::to_string(blocks) +
+                                  " blocks (" + std::to_string(grid_items) + " work items x " +
+                                  std::to_string(num_kv_heads) +
+                                  " kv heads) exceeds 2^31 - 1; split the batch");
 }
 
 // Paged attention over the work items of p.plan (grid_items CTAs per kv head; a CUDA-graph grid

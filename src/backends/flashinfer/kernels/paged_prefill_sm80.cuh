@@ -589,11 +589,8 @@ Status launch_paged_prefill(const PagedParams& p, int grid_items, StreamHandle s
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
+  ATTNKIT_RETURN_IF_ERROR(check_prefill_grid(grid_items, p.num_kv_heads));
   const int64_t blocks = static_cast<int64_t>(grid_items) * p.num_kv_heads;
-  if (blocks > 0x7fffffff) {
-    return Status::invalid_argument("flashinfer: prefill grid of " + std::to_string(blocks) +
-                                    " blocks (work items x kv heads) exceeds 2^31 - 1");
-  }
   kernel<<<static_cast<unsigned>(blocks), Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(
       p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());

@@ -29,6 +29,7 @@
 
 #include "backends/triton/kernels/attention_params.h"
 #include "backends/triton/kernels/attention_variant.cuh"
+#include "backends/triton/kernels/triton_kernels.h"
 #include "cuda/common/dtype_convert.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/online_softmax.cuh"
@@ -70,7 +71,8 @@ struct MmaExtendTraits {
   static constexpr int kMTiles = kD <= 128 ? 2 : 1;  // 16-row MMA tiles per warp
   static constexpr int kWarpRows = kMTiles * cuda::kMmaM;
   static constexpr int kBlockM = kWarps * kWarpRows;  // 128 query rows (d 256: 64)
-  static constexpr int kQKUnroll = kQKUnrollSteps;    // unroll of the QK^T loop (Q from smem)
+  static_assert(kBlockM == mma_extend_block_m(kD), "the host's grid check sizes tiles alike");
+  static constexpr int kQKUnroll = kQKUnrollSteps;  // unroll of the QK^T loop (Q from smem)
   // The softmax scale is applied inside the exponent (one FFMA per logit) instead of a
   // multiplication pass over the logits, when it is positive and there is no soft-cap.
   static constexpr bool kFoldScaleIntoExp = kFoldScale;

@@ -33,11 +33,8 @@ Status launch_mma_extend_traits(const AttentionParams& p, int max_q_len, StreamH
   const int m_tiles = (max_q_len + Traits::kBlockM - 1) / Traits::kBlockM;
   if (m_tiles == 0 || p.bs == 0) return Status::ok();
   // One-dimensional grid, numbered heaviest query tile first (see mma_extend.cuh).
+  ATTNKIT_RETURN_IF_ERROR(check_mma_extend_grid(p.bs, max_q_len, p.num_q_heads, Traits::kD));
   const int64_t blocks = static_cast<int64_t>(p.bs) * m_tiles * p.num_q_heads;
-  if (blocks > 0x7fffffff) {
-    return Status::invalid_argument("triton: extend grid of " + std::to_string(blocks) +
-                                    " blocks (bs x query tiles x q heads) exceeds 2^31 - 1");
-  }
   mma_extend_kernel<Traits>
       <<<static_cast<unsigned>(blocks), Traits::kThreads, smem, cuda::to_stream(stream)>>>(p);
   ATTNKIT_CUDA_TRY(cudaGetLastError());

@@ -74,6 +74,27 @@ template <int kD>
 Status run_mma_decode(AttentionParams p, DType q_dtype, DType kv_dtype, int grid_splits,
                       MmaDecodeRing ring, StreamHandle stream);
 
+// Query rows per block of the tensor-core extend: 4 warps of 2 (d <= 128) or 1 (d 256) 16-row
+// MMA tiles. MmaExtendTraits::kBlockM is this value.
+inline constexpr int mma_extend_block_m(int head_dim) { return head_dim <= 128 ? 128 : 64; }
+
+// The tensor-core extend launches one block per (query tile, request, q head) in a
+// one-dimensional grid (numbered heaviest tile first, mma_extend.cuh): batches past 2^31 - 1
+// blocks are refused by name. The backend checks it before its cache write; the launch again.
+inline Status check_mma_extend_grid(int64_t bs, int64_t max_q_len, int64_t num_q_heads,
+                                    int head_dim) {
+  const int64_t block_m = mma_extend_block_m(head_dim);
+  const int64_t m_tiles = (max_q_len + block_m - 1) / block_m;
+  const int64_t blocks = bs * m_tiles * num_q_heads;
+  if (blocks <= 0x7fffffff) return Status::ok();
+  return Status::invalid_argument(
+      "triton: extend grid of " + std::to_string(blocks) + " blocks (" + std::to_string(bs) +
+      " requests x " + std::to_string(m_tiles) + " query tiles of " + std::to_string(block_m) +
+      " rows for the longest extend of " + std::to_string(max_q_len) + " tokens x " +
+      std::to_string(num_q_heads) +
+      " q heads) exceeds 2^31 - 1; split the batch or chunk its longest prefill");
+}
+
 // Tensor-core extend (SM80+, bf16/f16 activations, MHA head dims <= 256).
 template <int kD>
 Status run_mma_extend(AttentionParams p, DType q_dtype, DType kv_dtype, int max_q_len,
