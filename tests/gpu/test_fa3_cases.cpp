@@ -52,11 +52,18 @@ bool expects_fp8_kernel(const CaseSpec& s) {
 }
 
 // Whether every layer of the case must run on a wgmma kernel: the shared bf16/f16 rule, or the
-// fa3-only FP8 kernel under the same mode / device conditions and without a sliding window,
-// soft-cap or sinks (which only the bf16 / f16 kernel's variant instantiations take).
-bool expects_wgmma(const CaseSpec& s) {
+// fa3-only FP8 kernel under the same mode / device conditions: never with a soft-cap; with a
+// sliding window or sinks only on the FP8 plan that has them (fa3::fp8_plan_takes_window_sinks,
+// for the forward's `requests`; without them such a case is not expected on wgmma).
+bool expects_wgmma(const CaseSpec& s, const std::vector<fa3::TileRequest>* requests = nullptr) {
   if (!expects_fp8_kernel(s)) return test_support::expects_sm90_wgmma_prefill(s);
-  if (s.sliding_window >= 0 || s.logit_cap != 0.f || s.sinks) return false;
+  if (s.logit_cap != 0.f) return false;
+  if (s.sliding_window >= 0 || s.sinks) {
+    if (requests == nullptr) return false;
+    const fa3::Fp8Variant v =
+        fa3::choose_fp8_variant(*requests, s.num_kv_heads, fa3::fp8_knobs_from_env());
+    if (!fa3::fp8_plan_takes_window_sinks(v)) return false;
+  }
   CaseSpec same_dtype = s;
   same_dtype.kv_dtype = s.q_dtype;
   return test_support::expects_sm90_wgmma_prefill(same_dtype);
@@ -168,7 +175,7 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
   } else {
     EXPECT_TRUE(cmp->passed()) << cmp->summary();
   }
-  if (expects_wgmma(spec)) {
+  if (expects_wgmma(spec, &r.requests)) {
     EXPECT_EQ(stats->flashinfer_calls, 0) << "a wgmma case ran on the flashinfer path";
     EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(r.layers));
     EXPECT_EQ(stats->wgmma_fp8_calls, expects_fp8_kernel(spec) ? stats->wgmma_calls : 0);
@@ -393,18 +400,109 @@ CaseSpec fp8(CaseSpec c) {
   return c;
 }
 
-// Over an fp8_e4m3 pool a window, soft-cap or sinks leave the FP8 kernel for flashinfer's mma.sync
-// kernels (why_not_layer): run_and_compare asserts no wgmma call (expects_wgmma).
-TEST(Fa3VariantTest, Fp8PoolSendsThemToFlashinfer) {
-  CaseSpec c = fp8(prefill("fp8_window", {300, 0}, {200, 150}, 16, 8, 2, 128));
-  c.sliding_window = 100;
-  run_and_compare(c, true);
-  c.sliding_window = -1;
+// The same with q given in fp8_e4m3 (one AttentionLayer::q_scale): the FP8 kernel takes it as is.
+CaseSpec fp8_q(CaseSpec c) {
+  c.kv_dtype = DType::kFP8E4M3;
+  c.fp8_q = true;
+  return c;
+}
+
+// Over an fp8_e4m3 pool, a sliding window and sinks run on the FP8 kernel's kWindowSinks
+// instantiations where the forward's plan is the three-warpgroup one (192-row tiles, V^T
+// pre-transpose, speculative softmax; promoted past 2048 keys or not, bf16 or e4m3 q); other plans,
+// and any soft-cap, leave them to flashinfer's mma.sync kernels (why_not_layer). run_and_compare
+// asserts which (expects_wgmma with the forward's requests) and, on the FP8 kernel, the plan's
+// variant; against the fp64 reference with the FP8 tolerance. Windows that start inside a key block
+// and several blocks in (decode_tile's nb_begin, per-warpgroup masks: 64-row warpgroups of one
+// tile see different windows), on a block boundary and a key to either side, window 0, the
+// bidirectional mask, the half diagonal block, the knobs that change the loop, a forced tail split
+// (dropped for these layers).
+TEST(Fa3VariantTest, Fp8PoolWindowAndSinks) {
+  const CaseSpec probe = fp8(prefill("probe", {0}, {1}, 16, 1, 1, 128));
+  const bool fp8_kernel = expects_fp8_kernel(probe) && expects_wgmma(probe);
+  auto with = [](CaseSpec c, int window, float cap, bool sinks) {
+    c.sliding_window = window;
+    c.logit_cap = cap;
+    c.sinks = sinks;
+    return c;
+  };
+  // On the FP8 kernel when it exists: the stats say so (a wgmma FP8 call per layer, 192 rows).
+  auto on_fp8 = [&](const CaseSpec& c, bool save_kv, float logit_mult = 1.f) {
+    Fa3Stats stats;
+    run_and_compare(c, save_kv, logit_mult, std::nullopt, {}, &stats);
+    if (fp8_kernel) {
+      EXPECT_GT(stats.wgmma_fp8_calls, 0) << c.name << ": not on the FP8 kernel";
+      EXPECT_EQ(stats.flashinfer_calls, 0) << c.name;
+      EXPECT_EQ(stats.last_block_m, 192) << c.name << ": not the three-warpgroup kernel";
+    }
+  };
+  for (const bool e4m3_q : {false, true}) {
+    auto f = [&](CaseSpec c) {
+      c = e4m3_q ? fp8_q(c) : fp8(c);
+      c.name += e4m3_q ? "_q8" : "_qbf16";
+      return c;
+    };
+    on_fp8(f(with(prefill("fp8_window100", {300, 0}, {200, 150}, 16, 8, 2, 128), 100, 0.f, false)),
+           true);
+    on_fp8(f(with(prefill("fp8_sinks", {150, 0}, {333, 260}, 16, 8, 2, 128), -1, 0.f, true)),
+           false);
+    on_fp8(f(with(prefill("fp8_window_sinks", {0, 64}, {1000, 450}, 16, 8, 2, 128), 70, 0.f, true)),
+           true);
+    // 2400 keys: the promoted kernel.
+    on_fp8(f(with(prefill("fp8_promoted_window", {2100}, {300}, 16, 4, 2, 128), 333, 0.f, true)),
+           true);
+    // The half diagonal block (prefix 37: warpgroups end in both halves) under a window.
+    on_fp8(f(with(prefill("fp8_half_diag_window", {37, 0}, {700, 450}, 16, 4, 2, 128), 150, 0.f,
+                  false)),
+           true);
+    CaseSpec enc =
+        f(with(prefill("fp8_encoder_window", {0, 0}, {700, 177}, 16, 4, 2, 128), 100, 0.f, true));
+    enc.type = AttentionType::kEncoderOnly;
+    on_fp8(enc, true);
+    enc.sliding_window = 0;
+    on_fp8(enc, false);
+  }
+  // Window 0 (a row sees its own key only), page 1, one-row requests.
+  on_fp8(
+      fp8(with(prefill("fp8_window0_page1", {10, 0, 3}, {300, 1, 2}, 1, 4, 2, 128), 0, 0.f, false)),
+      true);
+  // 192-row tiles of 300 tokens after 256 start at rows 172 and 364 (the first tile's warpgroups
+  // at 172, 236, 300): w 43 / 44 / 45 put a warpgroup's window start a key before, on and after
+  // the 128-key block boundary at 128 (and 256 for the row at 300).
+  for (int w : {43, 44, 45}) {
+    on_fp8(fp8(with(prefill("fp8_window_at_block" + std::to_string(w), {256}, {300}, 16, 8, 2, 128),
+                    w, 0.f, false)),
+           true);
+  }
+  // Larger logits (the exact step's rescales; sinks above and below the rows' maxima), e4m3 q.
+  on_fp8(fp8_q(with(prefill("fp8_window_sinks_x4", {200, 0}, {333, 64}, 16, 8, 2, 128), 150, 0.f,
+                    true)),
+         true, 4.f);
+  for (const char* knob : {"ATTNKIT_FA3_LAZY_RESCALE", "ATTNKIT_FA3_UNIT_SMEM"}) {
+    ScopedEnv off(knob, "0");
+    on_fp8(fp8(with(prefill(std::string("fp8_knob_") + knob, {300, 0}, {437, 700}, 16, 8, 2, 128),
+                    200, 0.f, true)),
+           true);
+  }
+  {
+    ScopedEnv split("ATTNKIT_FA3_SPLIT", "4");
+    on_fp8(fp8(with(prefill("fp8_split_window", {0}, {600}, 16, 8, 2, 128), 128, 0.f, true)), true);
+  }
+  // Not the three-warpgroup plan (a few queries over a long prefix: V transposed in the kernel),
+  // and a soft-cap: flashinfer's mma.sync kernels (run_and_compare asserts no wgmma call).
+  Fa3Stats stats;
+  run_and_compare(
+      fp8(with(prefill("fp8_window_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128), 100, 0.f, true)),
+      true, 1.f, std::nullopt, {}, &stats);
+  EXPECT_EQ(stats.wgmma_fp8_calls, 0);
+  CaseSpec c = fp8(prefill("fp8_softcap", {300, 0}, {200, 150}, 16, 8, 2, 128));
   c.logit_cap = 10.f;
-  run_and_compare(c, true);
-  c.logit_cap = 0.f;
+  run_and_compare(c, true, 1.f, std::nullopt, {}, &stats);
+  EXPECT_EQ(stats.wgmma_fp8_calls, 0);
+  c.sliding_window = 100;
   c.sinks = true;
-  run_and_compare(c, false);
+  run_and_compare(c, false, 1.f, std::nullopt, {}, &stats);
+  EXPECT_EQ(stats.wgmma_fp8_calls, 0);
 }
 
 TEST(Fa3LongTest, TilesAnchoredAtEitherEnd) {
@@ -902,13 +1000,7 @@ TEST(Fa3Fp8Test, StridedOutMatchesContiguous) {
   }
 }
 
-// ---- e4m3 q (AttentionLayer::q_scale): the FP8 kernel takes q already quantised ----
-
-CaseSpec fp8_q(CaseSpec c) {
-  c.kv_dtype = DType::kFP8E4M3;
-  c.fp8_q = true;
-  return c;
-}
+// ---- e4m3 q (AttentionLayer::q_scale): the FP8 kernel takes q already quantised (fp8_q) ----
 
 // q in fp8_e4m3 with one scale per layer (amax / 448), against the fp64 reference over the
 // dequantised q: TMA Q boxes and the cp.async gather, the 192-row kernel, promoted and

@@ -281,10 +281,13 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
                                              const ForwardBatch& batch) const {
   if (!planned_) return "forward not planned for wgmma";
   if (layer.is_mla || layer.is_cross_attention) return "MLA / cross-attention layer";
-  if (planned_fp8_) {  // the bf16 / f16 kernel's variant instantiations take these; FP8 none
-    if (layer.sliding_window >= 0) return "sliding window with an fp8_e4m3 pool";
+  if (planned_fp8_) {  // the FP8 kernel's variant takes window / sinks on one plan, no soft-cap
     if (layer.logit_cap != 0.f) return "soft-cap with an fp8_e4m3 pool";
-    if (layer.sinks.defined()) return "attention sinks with an fp8_e4m3 pool";
+    if ((layer.sliding_window >= 0 || layer.sinks.defined()) &&
+        !fp8_plan_takes_window_sinks(fp8_variant_)) {
+      return "sliding window / sinks with an fp8_e4m3 pool outside the three-warpgroup FP8 plan "
+             "(192-row tiles, V^T pre-transpose, speculative softmax)";
+    }
   }
   if (layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.qk_head_dim ||
       layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads) {
@@ -376,7 +379,8 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
                 : 0;
   p.unit_smem = unit_smem_ ? 1 : 0;
   p.section_heads = section_heads_;
-  // Window / soft-cap / sinks (bf16 / f16: the kernel's variant instantiations). A window moves
+  // Window / soft-cap / sinks (the kernels' variant instantiations; FP8: window / sinks on the
+  // three-warpgroup plan, why_not_layer). A window moves
   // each unit's first key block (decode_tile) and the sinks join each whole row's denominator, so
   // these layers run without the tail split (planned for the forward's plain layers).
   p.sliding_window = detail::kernel_sliding_window(layer.sliding_window, batch);

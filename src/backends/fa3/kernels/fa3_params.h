@@ -332,9 +332,10 @@ struct Fa3Params {
   const float* sinks = nullptr;  // [num_q_heads]
 };
 
-// Whether p's layer needs the bf16 / f16 kernel's variant instantiations (a sliding window, a
-// soft-cap or sinks): the engine then runs it without a tail split, the launcher picks the
-// variant, and the FP8 kernel refuses it.
+// Whether p's layer needs the kernels' variant instantiations (a sliding window, a soft-cap or
+// sinks): the engine then runs it without a tail split and the launcher picks the variant (the
+// FP8 kernel has window / sinks on its three-warpgroup plan only, no soft-cap: it refuses the
+// rest, which why_not_layer sends to the mma.sync kernels).
 constexpr bool uses_variant_features(const Fa3Params& p) {
   return p.sliding_window >= 0 || p.logit_cap > 0.f || p.sinks != nullptr;
 }

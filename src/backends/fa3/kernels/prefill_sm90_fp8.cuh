@@ -69,8 +69,15 @@ namespace attnkit::fa3 {
 // kN: key block, 128 or 192 (192 only with the V^T pre-transpose: no V stage, no transpose in the
 // kernel; the producer keeps 56 registers and the consumers get 224 for S 96 + O 68 + P 24: at
 // 40 / 232 a session-9 speculative variant, since dropped, spilled 16 bytes; at 56 / 224 none).
-template <int kN = 128, int kWG = 2>
+// kVariant_ (PrefillVariant): kWindowSinks for layers with a sliding window or attention sinks
+// (decode_tile's first key block, the window mask in the exact step and the speculation test, the
+// sink in the epilogue); three consumer warpgroups only. No soft-cap instantiation: such layers
+// over an fp8 pool stay on the mma.sync kernels (why_not_layer).
+template <int kN = 128, int kWG = 2, int kVariant_ = kPlain>
 struct PrefillFp8Traits {
+  static constexpr int kVariant = kVariant_;
+  static_assert(kVariant_ == kPlain || (kVariant_ == kWindowSinks && kWG == 3 && kN == 128),
+                "FP8 variants: window / sinks on the three-warpgroup kernel");
   static constexpr int kHeadDim = 128;
   static constexpr int kBlockM = 64 * kWG;
   static constexpr int kBlockN = kN;
@@ -214,10 +221,10 @@ __host__ __device__ constexpr bool q_in_e4m3(int q_in, int q_fp8) {
   return q_in == kQInE4m3 || (q_in == kQInEither && q_fp8 != 0);
 }
 
-template <bool kVtPre, int kN = 128, int kWG = 2, int kQIn = kQInEither>
+template <bool kVtPre, int kN = 128, int kWG = 2, int kQIn = kQInEither, int kVariant = kPlain>
 __device__ __forceinline__ void producer_fp8(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
-  using Tr = PrefillFp8Traits<kN, kWG>;
+  using Tr = PrefillFp8Traits<kN, kWG, kVariant>;
   static_assert(kVtPre || kN == 128, "192-key blocks only with the V^T pre-transpose");
   constexpr int kD = Tr::kHeadDim;
   constexpr int CQ = Tr::kQChunksPerRow;
@@ -532,6 +539,18 @@ __device__ __forceinline__ void store_o_tile_tma(const Fa3Params& p, const TileI
   }
 }
 
+// The variant kernels' part of the speculation test: whether Fa3Params::sliding_window hides keys
+// of the block at n0 from some row of warpgroup g (the first key lies before its last row's
+// window, or without the causal mask the last key after its first row's; RowSoftmax::step_scaled
+// masks the same keys).
+template <int kN>
+__device__ __forceinline__ bool window_masks_block(const Fa3Params& p, const TileInfo& t, int n0,
+                                                   int g) {
+  const int first_row = t.causal_limit + g * 64;
+  return p.sliding_window >= 0 && (n0 < first_row + 63 - p.sliding_window ||
+                                   (!p.causal && n0 + kN - 1 > first_row + p.sliding_window));
+}
+
 // Speculative softmax step (Fa3Params::fp8_spec, unmasked blocks, rows with a finite running
 // maximum m): P = exp2(S sc - m) with the maximum of the blocks before, issued without waiting
 // for this block's maximum, which is computed alongside only to check the speculation. Returns
@@ -642,12 +661,13 @@ __device__ __forceinline__ void promote_add(float (&o)[kPvN / 2], const float (&
 // chunks the other way (chunk 0 behind S(next), during the softmax; chunk 1 after it), for the A/B
 // of the two.
 template <bool kGemmSum, bool kSpec = false, int kN = 128, int kPromote = 0, int kWG = 2,
-          int kQIn = kQInEither>
+          int kQIn = kQInEither, int kVariant = kPlain>
 __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, int g) {
   // A speculated block adds nothing to l in the softmax: its row sum must come from the GEMM.
   static_assert(!kSpec || kGemmSum, "the speculative softmax needs the GEMM row sum");
   using namespace sm90;
-  using Tr = PrefillFp8Traits<kN, kWG>;
+  using Tr = PrefillFp8Traits<kN, kWG, kVariant>;
+  constexpr bool kWindow = kVariant != kPlain;  // Fa3Params::sliding_window read at run time
   constexpr int kD = Tr::kHeadDim;
   const int tid = threadIdx.x - 128 * (g + 1);
   const int warp = tid / 32, lane = tid % 32;
@@ -717,8 +737,9 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     }
     // One block's softmax (P in place in s; kGemmSum: without the row sum), packed after the wait.
     auto softmax = [&](int nbx) {
-      sm.template step_scaled<!kGemmSum>(s, rsc, p, t, nbx, g, lane, qpos0, corr);
+      sm.template step_scaled<!kGemmSum, kN, kWindow>(s, rsc, p, t, nbx, g, lane, qpos0, corr);
     };
+
     // The half diagonal block's exact step (after compute_s_half): over its first 64 keys, P zero
     // past them. In the e4m3-q kernel only (kHalfSoftmax): in the bf16-q one ptxas (CUDA 13.0) then
     // serialised the wgmma for want of registers, so there the whole-width step runs (its mask
@@ -728,7 +749,8 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     auto softmax_half = [&](int nbx) {
       if constexpr (kHalfSoftmax) {
         float(&s_lo)[kN / 4] = *reinterpret_cast<float(*)[kN / 4]>(&s[0]);
-        sm.template step_scaled<!kGemmSum, kN / 2>(s_lo, rsc, p, t, nbx, g, lane, qpos0, corr);
+        sm.template step_scaled<!kGemmSum, kN / 2, kWindow>(s_lo, rsc, p, t, nbx, g, lane, qpos0,
+                                                            corr);
 #pragma unroll
         for (int i = kN / 4; i < kN / 2; ++i) s[i] = 0.f;
       }
@@ -885,10 +907,11 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
           compute_s(stage);
         }
         fp8_stamp(p, round, g, blk, 2, who);
-        // Some row of the warpgroup has keys of this block masked (no speculation then).
+        // Some row of the warpgroup has keys of this block masked (no speculation then): past
+        // kv_len, after the row (causal) or, in the variant, outside its window.
         const int n0 = nb * kN;
-        const bool masked =
-            n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+        bool masked = n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+        if constexpr (kWindow) masked = masked || window_masks_block<kN>(p, t, n0, g);
         if constexpr (kByteCheck) {
           // Each warp packs its P before the warpgroup vote, by the speculative or the exact
           // step, so that only P (16 words) and O are live across the vote; a failed vote
@@ -1064,6 +1087,10 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       sm.l[0] = o[kD / 2] * 0.25f;
       sm.l[1] = o[kD / 2 + 2] * 0.25f;
     }
+    if constexpr (kWindow) {  // the variant runs whole units (no tail split: the engine's rule)
+      float(&o_w)[kD / 2] = *reinterpret_cast<float(*)[kD / 2]>(&o[0]);
+      if (p.sinks != nullptr) add_sink<kD>(o_w, sm.m, sm.l, p.sinks[t.head] * cuda::kLog2e);
+    }
     const float(&o_d)[kD / 2] = *reinterpret_cast<const float(*)[kD / 2]>(&o[0]);
     const int piece = split_piece(p, unit, units);
     const int wrow0 = t.m0 + g * 64;  // this warpgroup's first row (request token)
@@ -1089,11 +1116,11 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 // e4m3 by Fa3Params::q_fp8; the three-warpgroup kernels come in one of each, kQInBf16 / kQInE4m3,
 // as the run-time choice there cost the bf16-q kernel 0.5-3.5%: H200, 2026-11-28 01:10Z).
 template <bool kUniformWg = true, bool kGemmSum = true, bool kVtPre = false, bool kSpec = false,
-          int kN = 128, int kPromote = 0, int kWG = 2, int kQIn = kQInEither>
-__global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG>::kThreads, 1)
+          int kN = 128, int kPromote = 0, int kWG = 2, int kQIn = kQInEither, int kVariant = kPlain>
+__global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG, kVariant>::kThreads, 1)
     prefill_sm90_fp8_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = PrefillFp8Traits<kN, kWG>;
+  using Tr = PrefillFp8Traits<kN, kWG, kVariant>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + smem_align_pad<Tr>(smem_raw);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
@@ -1120,10 +1147,10 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG>::kThreads, 1)
   using Regs = Fp8RegSplit<kN, kVtPre, kPromote != 0, kWG>;
   if (wg == 0) {
     sm90::setmaxnreg_dec<Regs::kProducer>();
-    producer_fp8<kVtPre, kN, kWG, kQIn>(p, smem);
+    producer_fp8<kVtPre, kN, kWG, kQIn, kVariant>(p, smem);
   } else {
     sm90::setmaxnreg_inc<Regs::kConsumer>();
-    consumer_fp8<kGemmSum, kSpec, kN, kPromote, kWG, kQIn>(p, smem, wg - 1);
+    consumer_fp8<kGemmSum, kSpec, kN, kPromote, kWG, kQIn, kVariant>(p, smem, wg - 1);
   }
 #endif
 }
