@@ -199,9 +199,10 @@ BackendDescriptor fa3() {
       "consumer warpgroups on 192-row tiles, each running S, softmax and P.V of a key block "
       "in turn; forwards whose "
       "longest request has > 2048 keys promote each key block's P.V to fp32 registers, as the "
-      "e4m3 wgmma's short accumulator loses long sums; fp8 accuracy, about 3-4% rel L2; no "
-      "window / soft-cap / sinks); decode, target verify, those features over fp8 KV, other "
-      "fp8 KV, d 80/96, "
+      "e4m3 wgmma's short accumulator loses long sums; fp8 accuracy, about 3-4% rel L2; "
+      "sliding window / sinks in that three-warpgroup plan's variant instantiations, no "
+      "soft-cap); decode, target verify, a soft-cap over fp8 KV (and a window / sinks outside "
+      "that plan), other fp8 KV, d 80/96, "
       "cross-attention, SM80 and CUDA graphs run the flashinfer mma.sync kernels; MLA runs the "
       "portable triton kernels and flashinfer's MLA chunked prefix cache",
       kMinCc, kMaxCc);
