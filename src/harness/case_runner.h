@@ -251,6 +251,19 @@ double tolerance_for(DType dtype);
 // reference evaluated on the pool as it is after the run (fp8/fp4 KV: the same dequantised cache).
 Result<Comparison> compare_with_reference(const PreparedCase& prepared);
 
+// fa3's FP8 kernel computes with e4m3 Q (one scale per row, or the layer's) and e4m3 P, so its
+// error against the fp64 reference over the same quantised pool is that of fp8 arithmetic, not of
+// the bf16 output: rel L2 2.9-3.8% and LSE errors up to ~0.13 in a numpy model of exactly this
+// arithmetic (N(0, 1) inputs, d 128, 1..1000 keys). Its outputs are held to these bounds.
+inline constexpr double kFp8ArithmeticRelTolerance = 0.07;
+inline constexpr double kFp8ArithmeticLseTolerance = 0.15;
+// Raises c's bounds to rel (rel L2; the per-request and max-abs bounds scale with it) and lse
+// (when the LSE is compared); bounds already looser stay.
+void widen_tolerance(Comparison* c, double rel, double lse);
+// The bounds of the arithmetic `backend` ran the case with: widen_tolerance to the FP8 ones when
+// an fa3 backend ran any layer on its FP8 kernel (fa3_stats); otherwise c is left as it is.
+void apply_backend_arithmetic(const AttentionBackend& backend, Comparison* c);
+
 // The fp64 reference outputs of one layer ([T, Hq, Dv] and [T, Hq]), from the current pool.
 struct ReferenceResult {
   std::vector<double> out;
