@@ -93,7 +93,7 @@ struct PrefillTraits {
   static constexpr int kPassesPerWarp = 32 / kRowsPerPass;
 };
 
-// Traits Tr's PrefillVariant (the FP8 kernel's traits have no such member: kPlain).
+// Traits Tr's PrefillVariant (kPlain for traits without the member).
 template <typename Tr>
 inline constexpr int kVariantOf = [] {
   if constexpr (requires { Tr::kVariant; }) {

@@ -61,7 +61,7 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
   // a launch of one here would silently ignore the feature.
   if (uses_variant_features(p)) {
     if (p.logit_cap > 0.f || p.block_m != 3 * 64 || p.vt_pre == 0 || p.fp8_spec == 0 ||
-        p.fp8_block_n != 128 || p.split_units > 0) {
+        p.fp8_gemm_sum == 0 || p.uniform_wg == 0 || p.fp8_block_n != 128 || p.split_units > 0) {
       return Status::internal(
           "fa3 fp8: a window / sinks layer needs the three-warpgroup plan without a tail split and "
           "no soft-cap (block_m " +

@@ -13,12 +13,8 @@
 //    k % page] + k % page, read in place from the page table (no per-token index list); the slots
 //    of a tile are looked up an iteration before its copies are issued (the page-table loads are
 //    issued before the current tile's MMAs and published after them), so a copy never waits on a
-//    page-table load. fp8 tiles arrive raw by cp.async into a ring of their own (kRawStageBytes per
-//    stage) and are converted to QT in shared memory when their turn comes (convert_kv: one pass
-//    and a barrier per tile; k_scale folded into the logit scale, v_scale into the output). Until
-//    session 57 each thread loaded its fp8 chunks with plain global loads and converted them in
-//    registers on the way in: every prefetch then waited for its loads before the tile's MMAs, and
-//    the fp8 extend ran ~6x slower than the bf16 one (H200: 2 x 8192 causal d 128, 6.8 vs 1.1 ms).
+//    page-table load. fp8 tiles are dequantised in registers on the way in (k_scale folded into the
+//    logit scale, v_scale into the output).
 //  * Shared rows are padded by 16 bytes: the 8 row addresses of an ldmatrix hit 8 distinct bank
 //    groups. S = Q K^T and O += P V on mma.sync m16n8k16, f32 accumulators; S stays in registers
 //    and becomes the A operand of P V; exp2 with log2(e) folded into the scale; O is rescaled
@@ -100,11 +96,7 @@ struct PrefillSm80Traits {
   static constexpr int kQBytes = kTileM * kRowBytes;
   static constexpr int kStageBytes = 2 * kTileN * kRowBytes;  // K + V
   static constexpr int kSlotBytes = kStages * kTileN * static_cast<int>(sizeof(int32_t));
-  // fp8: the raw K + V bytes of a tile (rows of kHeadDim bytes, unpadded: each thread converts
-  // whole 16-byte chunks, so no ldmatrix reads them).
-  static constexpr int kRawStageBytes = kQuant ? 2 * kTileN * kHeadDim : 0;
-  static constexpr int kSmemBytes =
-      kQBytes + kStages * kStageBytes + kSlotBytes + kStages * kRawStageBytes;
+  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + kSlotBytes;
 
   static_assert(kHeadDim % cuda::kMmaK == 0 && kHeadDim <= 256, "head dim: multiple of 16, <= 256");
   static_assert(kTileM % kWarpRows == 0 && kWarps >= 1, "tile rows: whole warps");
@@ -182,11 +174,9 @@ struct PagedPrefill {
     return t.table_row[k - off] + off;
   }
 
-  // K and V of the keys whose slots are in `slots` -> one stage (zero rows for slot -1) by
-  // cp.async, one commit group; fp8: into the raw stage `raw` (convert_kv makes the QT stage).
+  // K and V of the keys whose slots are in `slots` -> one stage (zero rows for slot -1).
   __device__ __forceinline__ static void load_kv(const PagedParams& p, const Tile& t,
-                                                 const int32_t* slots, uint8_t* stage,
-                                                 uint8_t* raw) {
+                                                 const int32_t* slots, uint8_t* stage) {
     const uint8_t* kp = static_cast<const uint8_t*>(p.k_pool);
     const uint8_t* vp = static_cast<const uint8_t*>(p.v_pool);
     constexpr int kChunks = kBN * Tr::kChunksPerRow;
@@ -205,30 +195,13 @@ struct PagedPrefill {
       if constexpr (!Tr::kQuant) {
         cuda::cp_async_16(cuda::smem_addr(dst), slot >= 0 ? src : kp, slot >= 0 ? 16 : 0);
       } else {
-        (void)dst;
-        cuda::cp_async_16(cuda::smem_addr(raw + c * 16), slot >= 0 ? src : kp, slot >= 0 ? 16 : 0);
+        uint4 out[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        if (slot >= 0) dequant16(__ldg(reinterpret_cast<const uint4*>(src)), out);
+        reinterpret_cast<uint4*>(dst)[0] = out[0];
+        reinterpret_cast<uint4*>(dst)[1] = out[1];
       }
     }
     cuda::cp_async_commit();
-  }
-
-  // fp8: the raw stage (landed for every thread: after the wait and the barrier) -> the QT stage,
-  // chunk c of the raw stage to the place load_kv's chunk c has in the QT layout.
-  __device__ __forceinline__ static void convert_kv(const uint8_t* raw, uint8_t* stage) {
-    constexpr int kChunks = kBN * Tr::kChunksPerRow;
-#pragma unroll 4
-    for (int c = threadIdx.x; c < 2 * kChunks; c += Tr::kThreads) {
-      const bool is_v = c >= kChunks;
-      const int local = is_v ? c - kChunks : c;
-      const int r = local / Tr::kChunksPerRow;
-      const int ch = local % Tr::kChunksPerRow;
-      uint8_t* dst = stage + (is_v ? kBN * Tr::kRowBytes : 0) + r * Tr::kRowBytes +
-                     ch * Tr::kElemsPerChunk * static_cast<int>(sizeof(QT));
-      uint4 out[2];
-      dequant16(*reinterpret_cast<const uint4*>(raw + c * 16), out);
-      reinterpret_cast<uint4*>(dst)[0] = out[0];
-      reinterpret_cast<uint4*>(dst)[1] = out[1];
-    }
   }
 
   // 16 fp8 values -> 16 QT values (exact: e4m3 and e5m2 embed in f16 and bf16).
@@ -269,7 +242,6 @@ struct PagedPrefill {
     QT* sq = reinterpret_cast<QT*>(smem);
     uint8_t* kv = smem + Tr::kQBytes;
     int32_t* slots = reinterpret_cast<int32_t*>(kv + Tr::kStages * Tr::kStageBytes);
-    uint8_t* raw = reinterpret_cast<uint8_t*>(slots) + Tr::kSlotBytes;  // fp8 only
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -317,7 +289,7 @@ struct PagedPrefill {
 #pragma unroll
     for (int i = 0; i < kS - 1; ++i) {
       if (n_begin + i * kBN < k_hi) {
-        load_kv(p, t, slots + i * kBN, kv + i * Tr::kStageBytes, raw + i * Tr::kRawStageBytes);
+        load_kv(p, t, slots + i * kBN, kv + i * Tr::kStageBytes);
       } else {
         cuda::cp_async_commit();
       }
@@ -370,12 +342,6 @@ struct PagedPrefill {
       const int32_t next_slot = fetch_slot(p, t, n0 + kS * kBN);
       cuda::cp_async_wait<kS - 2>();  // this tile (and Q) landed for this thread
       __syncthreads();                // ... for every thread; the previous tile is done with
-      if constexpr (Tr::kQuant) {
-        // Its raw fp8 bytes -> the QT stage, visible to every warp after the barrier. (The raw
-        // stage is refilled only after the next iteration's first barrier.)
-        convert_kv(raw + stage * Tr::kRawStageBytes, kv + stage * Tr::kStageBytes);
-        __syncthreads();
-      }
       if constexpr (Tr::kQInRegisters) {
         if (n0 == n_begin) {
 #pragma unroll
@@ -389,7 +355,7 @@ struct PagedPrefill {
       {
         const int pf = stage == 0 ? kS - 1 : stage - 1;
         if (n0 + (kS - 1) * kBN < k_hi) {
-          load_kv(p, t, slots + pf * kBN, kv + pf * Tr::kStageBytes, raw + pf * Tr::kRawStageBytes);
+          load_kv(p, t, slots + pf * kBN, kv + pf * Tr::kStageBytes);
         } else {
           cuda::cp_async_commit();
         }
