@@ -16,7 +16,8 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 if [ "${PATCH:-0}" = 1 ]; then
-  patch -p1 --forward < scripts/device/patches/fi_s57_fp8_raw_ring.patch || exit 1
+  git apply scripts/device/patches/fi_s57_fp8_raw_ring.patch ||
+    patch -p1 --forward < scripts/device/patches/fi_s57_fp8_raw_ring.patch || exit 1
 fi
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
