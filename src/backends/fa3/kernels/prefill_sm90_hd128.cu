@@ -55,32 +55,6 @@ Status launch_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max
 }  // namespace
 
 Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle stream, int max_kv_len) {
-  // A sliding window or sinks: the three-warpgroup kernel's kWindowSinks instantiations (the
-  // plan of 192-row tiles with the V^T pre-transpose and the speculative softmax, whole units).
-  // The engine's why_not_layer sends every other such layer, and any soft-capped one, elsewhere;
-  // a launch of one here would silently ignore the feature.
-  if (uses_variant_features(p)) {
-    if (p.logit_cap > 0.f || p.block_m != 3 * 64 || p.vt_pre == 0 || p.fp8_spec == 0 ||
-        p.fp8_gemm_sum == 0 || p.uniform_wg == 0 || p.fp8_block_n != 128 || p.split_units > 0) {
-      return Status::internal(
-          "fa3 fp8: a window / sinks layer needs the three-warpgroup plan without a tail split and "
-          "no soft-cap (block_m " +
-          std::to_string(p.block_m) + ", vt_pre " + std::to_string(p.vt_pre) + ", spec " +
-          std::to_string(p.fp8_spec) + ", split units " + std::to_string(p.split_units) +
-          ", logit_cap " + std::to_string(p.logit_cap) + ")");
-    }
-    const auto wg3 = [&]<int kPromote>() {
-      if (p.q_fp8 != 0) {
-        return launch_fp8<prefill_sm90_fp8_kernel<true, true, true, true, 128, kPromote, 3,
-                                                  kQInE4m3, kWindowSinks>,
-                          128, 3>(p, sm_count, stream, max_kv_len);
-      }
-      return launch_fp8<
-          prefill_sm90_fp8_kernel<true, true, true, true, 128, kPromote, 3, kQInBf16, kWindowSinks>,
-          128, 3>(p, sm_count, stream, max_kv_len);
-    };
-    return p.fp8_promote != 0 ? wg3.template operator()<2>() : wg3.template operator()<0>();
-  }
   // uniform_wg 0 (the pre-session-7 kernel) keeps the row sum by FADD (no GEMM row sum) and the
   // in-kernel V transpose, without promotion; vt_pre: the GEMM row sum only; 192-key blocks:
   // vt_pre with the speculative softmax only, without promotion.
@@ -96,18 +70,35 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
       !why.empty()) {
     return Status::internal("fa3 fp8: no kernel: " + why);
   }
+  // A sliding window or sinks: the three-warpgroup kernel's kWindowSinks instantiations (whole
+  // units). The engine's why_not_layer sends every other such layer, and any soft-capped one,
+  // elsewhere; a launch of one here would silently ignore the feature.
+  if (uses_variant_features(p) && (p.logit_cap > 0.f || p.block_m != 3 * 64 || p.split_units > 0)) {
+    return Status::internal(
+        "fa3 fp8: a window / sinks layer needs the three-warpgroup plan without a tail split and "
+        "no soft-cap (block_m " +
+        std::to_string(p.block_m) + ", split units " + std::to_string(p.split_units) +
+        ", logit_cap " + std::to_string(p.logit_cap) + ")");
+  }
   if (p.block_m == 3 * 64) {  // three consumer warpgroups (vt_pre, spec, 128-key blocks)
-    // One kernel per q dtype; promoted: one for either chunk order (one chunk at a time).
-    const auto wg3 = [&]<int kPromote>() {
+    // One kernel per q dtype and variant; promoted: one for either chunk order (one chunk at a
+    // time).
+    const auto wg3 = [&]<int kPromote, int kVariant>() {
       if (p.q_fp8 != 0) {
         return launch_fp8<
-            prefill_sm90_fp8_kernel<true, true, true, true, 128, kPromote, 3, kQInE4m3>, 128, 3>(
-            p, sm_count, stream, max_kv_len);
+            prefill_sm90_fp8_kernel<true, true, true, true, 128, kPromote, 3, kQInE4m3, kVariant>,
+            128, 3>(p, sm_count, stream, max_kv_len);
       }
-      return launch_fp8<prefill_sm90_fp8_kernel<true, true, true, true, 128, kPromote, 3, kQInBf16>,
-                        128, 3>(p, sm_count, stream, max_kv_len);
+      return launch_fp8<
+          prefill_sm90_fp8_kernel<true, true, true, true, 128, kPromote, 3, kQInBf16, kVariant>,
+          128, 3>(p, sm_count, stream, max_kv_len);
     };
-    return p.fp8_promote != 0 ? wg3.template operator()<2>() : wg3.template operator()<0>();
+    const auto promoted = [&]<int kVariant>() {
+      return p.fp8_promote != 0 ? wg3.template operator()<2, kVariant>()
+                                : wg3.template operator()<0, kVariant>();
+    };
+    return uses_variant_features(p) ? promoted.template operator()<kWindowSinks>()
+                                    : promoted.template operator()<kPlain>();
   }
   if (p.uniform_wg == 0) {
     Fa3Params q = p;
