@@ -8,17 +8,11 @@
 #     prefill (bf16 pools there) and with ATTNKIT_FLASHINFER_SM90_PREFILL=0 (every pool on
 #     mma.sync: the fp8 / bf16 ratio of the same kernel), then fa3 on fa3_s57_fp8_variants.json.
 #   run(carry=[".deps"], command="bash scripts/device/s57_fi_fp8.sh")
-# PATCH=1 applies scripts/device/patches/fi_s57_fp8_raw_ring.patch first: the raw ring measured at
-# 17:58Z (then in 2452b0e) with one QT stage for fp8 (less shared memory than the sync-load kernel:
-# 2452b0e's ring needed 112 KB at d 128 and 122 KB at d 80, past the 99 KB of sm_86 / sm_89, so it
-# was reverted; the one-stage form has not run on a GPU).
+# (The prepared one-QT-stage ring that PATCH=1 applied landed in session 58; the script now
+# measures the tree as it is.)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
-if [ "${PATCH:-0}" = 1 ]; then
-  git apply scripts/device/patches/fi_s57_fp8_raw_ring.patch ||
-    patch -p1 --forward < scripts/device/patches/fi_s57_fp8_raw_ring.patch || exit 1
-fi
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
 OUT="$OUT/check" STAGES="build test" CTEST_JOBS=12 \
