@@ -20,10 +20,12 @@
 // extend: prefix_len (default 0), new_tokens, causal (default true), fp8_q (default false: q in
 // fp8_e4m3 with a per-layer scale, the case named with "_qfp8"), sliding_window (default -1: off;
 // "_win<w>"), logit_cap (default 0: off; "_cap<c>"), sinks (default false; "_sinks"); decode and
-// shared_prefix (default 0: leading tokens shared by every request, a multiple of page_size);
-// mla_decode: kv_lora_rank (default 512), qk_rope_head_dim (default 64), s_q (default 1; > 1: a
-// topk-1 verify chain of s_q tokens ending at kv_len), no kv_heads / head_dim / v_head_dim (they
-// follow from the rank); every kind: shuffle_pages (default true: the pool's pages and request
+// extend: shared_prefix (default 0: leading tokens shared by every request, a multiple of
+// page_size); decode and mla_decode: s_q (default 1; > 1: a speculative verify step, TARGET_VERIFY,
+// of s_q draft tokens ending at kv_len, "_sq<s_q>") and topk (default 1: the drafts form a chain; >
+// 1: a tree with its mask, "_topk<k>"; needs s_q > 1); mla_decode: kv_lora_rank (default 512),
+// qk_rope_head_dim (default 64), no kv_heads / head_dim / v_head_dim (they follow from the
+// rank); every kind: shuffle_pages (default true: the pool's pages and request
 // rows in random order, as a serving pool's are after churn; false: each request's pages in
 // order, the case named with "_inorder"). Errors name the file, the key and what is accepted. Each
 // point once (two points of one name are refused), each key once per object; a file is a regular
@@ -79,7 +81,8 @@ inline bool key_allowed(BenchKind kind, const std::string& key) {
   switch (kind) {
     case BenchKind::kDecode:
       return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
-             key == "kv_len" || key == "kv_lens" || key == "shared_prefix";
+             key == "kv_len" || key == "kv_lens" || key == "shared_prefix" || key == "s_q" ||
+             key == "topk";
     case BenchKind::kExtend:
       return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
              key == "prefix_len" || key == "new_tokens" || key == "causal" ||
@@ -87,7 +90,7 @@ inline bool key_allowed(BenchKind kind, const std::string& key) {
              key == "logit_cap" || key == "sinks";
     case BenchKind::kMlaDecode:
       return key == "kv_len" || key == "kv_lens" || key == "kv_lora_rank" ||
-             key == "qk_rope_head_dim" || key == "s_q";
+             key == "qk_rope_head_dim" || key == "s_q" || key == "topk";
   }
   return false;
 }
@@ -96,14 +99,14 @@ inline const char* allowed_keys(BenchKind kind) {
   switch (kind) {
     case BenchKind::kDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
-             "kv_len, kv_lens, shared_prefix, shuffle_pages";
+             "kv_len, kv_lens, shared_prefix, s_q, topk, shuffle_pages";
     case BenchKind::kExtend:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
              "prefix_len, new_tokens, causal, shared_prefix, fp8_q, sliding_window, logit_cap, "
              "sinks, shuffle_pages";
     case BenchKind::kMlaDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lens, kv_lora_rank, "
-             "qk_rope_head_dim, s_q, shuffle_pages";
+             "qk_rope_head_dim, s_q, topk, shuffle_pages";
   }
   return "";
 }
@@ -178,6 +181,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   if (key == "kv_lora_rank") return get_int(v, where, 1, &c->kv_lora_rank);
   if (key == "qk_rope_head_dim") return get_int(v, where, 1, &c->qk_rope_head_dim);
   if (key == "s_q") return get_int(v, where, 1, &c->s_q);
+  if (key == "topk") return get_int(v, where, 1, &c->topk);
   if (key == "v_head_dim") {
     state->v_head_dim_set = true;
     return get_int(v, where, 1, &c->v_head_dim);
@@ -252,11 +256,11 @@ inline std::string case_name(const BenchCase& c) {
     }
     s << "_kv" << lo << "-" << c.kv_len << "_sum" << sum << "_" << std::hex << (h & 0xFFFFu)
       << std::dec;
-    if (c.s_q > 1) s << "_sq" << c.s_q;
   } else {
     s << "_kv" << c.kv_len;
-    if (c.s_q > 1) s << "_sq" << c.s_q;
   }
+  if (c.s_q > 1) s << "_sq" << c.s_q;
+  if (c.topk > 1) s << "_topk" << c.topk;
   s << "_p" << c.page_size << "_h" << c.q_heads;
   if (c.kind != BenchKind::kMlaDecode) s << "x" << c.kv_heads;
   s << "_d" << c.head_dim;
@@ -317,7 +321,7 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
     }
     c->batch = n;
     c->kv_len = *std::max_element(c->kv_lens.begin(), c->kv_lens.end());
-    if (c->kind == BenchKind::kMlaDecode) {
+    if (c->kind != BenchKind::kExtend) {
       const int shortest = *std::min_element(c->kv_lens.begin(), c->kv_lens.end());
       if (c->s_q > shortest) {
         return Status::invalid_argument(where + ": s_q " + std::to_string(c->s_q) +
@@ -331,9 +335,14 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
   } else if (c->kv_len == 0) {
     return missing("kv_len");
   }
-  if (c->kind == BenchKind::kMlaDecode && c->s_q > c->kv_len) {
+  if (c->kind != BenchKind::kExtend && c->s_q > c->kv_len) {
     return Status::invalid_argument(where + ": s_q " + std::to_string(c->s_q) + " exceeds kv_len " +
                                     std::to_string(c->kv_len));
+  }
+  if (c->topk > 1 && c->s_q == 1) {
+    return Status::invalid_argument(where + ": topk " + std::to_string(c->topk) +
+                                    " needs s_q > 1 (the draft tree of a verify step; s_q 1 is a "
+                                    "plain decode)");
   }
   c->name = case_name(*c);
   return Status::ok();

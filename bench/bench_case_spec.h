@@ -10,7 +10,8 @@
 namespace attnkit::bench {
 
 // Uniform lengths (or kv_lens), shuffled pages unless the point says otherwise, seed 0; an extend
-// point's window, soft-cap and sinks; MLA decode's absorbed shape and verify chain.
+// point's window, soft-cap and sinks; a decode point's verify drafts (s_q > 1, topk); MLA decode's
+// absorbed shape.
 inline harness::CaseSpec to_case_spec(const BenchCase& c) {
   const bool extend = c.kind == BenchKind::kExtend;
   // Decode: kv_len - 1 cached tokens plus the new one.
@@ -29,14 +30,14 @@ inline harness::CaseSpec to_case_spec(const BenchCase& c) {
     spec.logit_cap = c.logit_cap;
     spec.sinks = c.sinks;
   }
+  if (!extend && c.s_q > 1) {  // verify: the drafts are the last s_q of kv_len keys
+    spec.mode = ForwardMode::kTargetVerify;
+    spec.prefix_lens.assign(static_cast<size_t>(c.batch), c.kv_len - c.s_q);
+    spec.new_lens.clear();
+    spec.spec_draft_tokens = c.s_q;
+    spec.spec_topk = c.topk;
+  }
   if (c.kind == BenchKind::kMlaDecode) {
-    if (c.s_q > 1) {  // the drafts are the last s_q of kv_len keys
-      spec.mode = ForwardMode::kTargetVerify;
-      spec.prefix_lens.assign(static_cast<size_t>(c.batch), c.kv_len - c.s_q);
-      spec.new_lens.clear();
-      spec.spec_draft_tokens = c.s_q;
-      spec.spec_topk = 1;
-    }
     spec.mla = true;
     spec.num_kv_heads = 1;
     spec.kv_lora_rank = c.kv_lora_rank;
@@ -45,7 +46,7 @@ inline harness::CaseSpec to_case_spec(const BenchCase& c) {
     spec.v_head_dim = c.kv_lora_rank;
   }
   if (!c.kv_lens.empty()) {  // uneven batch: each request's own length, same new-token rule
-    const int fresh = c.kind == BenchKind::kMlaDecode ? c.s_q : 1;
+    const int fresh = c.s_q;
     spec.prefix_lens.resize(c.kv_lens.size());
     for (size_t r = 0; r < c.kv_lens.size(); ++r) spec.prefix_lens[r] = c.kv_lens[r] - fresh;
     if (!spec.new_lens.empty()) spec.new_lens.assign(c.kv_lens.size(), fresh);

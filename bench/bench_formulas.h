@@ -72,14 +72,15 @@ struct BenchCase {
   int sliding_window = -1;
   float logit_cap = 0.f;
   bool sinks = false;
-  // MLA decode: query tokens per request. s_q > 1 is a topk-1 verify chain (TARGET_VERIFY): the
-  // last s_q of the kv_len keys are the drafts, draft i sees kv_len - s_q + 1 + i keys.
+  // Decode / MLA decode: query tokens per request. s_q > 1 is a speculative verify step
+  // (TARGET_VERIFY): the last s_q of the kv_len keys are the drafts, every cached key is visible
+  // to each of them, and among the drafts the tree mask of `topk` (1: a chain, draft i sees
+  // kv_len - s_q + 1 + i keys; > 1: a random tree, draft i sees its ancestors and itself, the
+  // harness's trees).
   int s_q = 1;
+  int topk = 1;
 
-  int num_tokens() const {
-    if (kind == BenchKind::kExtend) return batch * new_tokens;
-    return kind == BenchKind::kMlaDecode ? batch * s_q : batch;
-  }
+  int num_tokens() const { return kind == BenchKind::kExtend ? batch * new_tokens : batch * s_q; }
   // Tokens per request held in the KV pool.
   int seq_len() const { return kind == BenchKind::kExtend ? prefix_len + new_tokens : kv_len; }
 };
@@ -113,13 +114,15 @@ inline int64_t kv_bytes_per_token(const BenchCase& c) {
 //     keys max(0, q - w) .. q (causal: min(q + 1, w + 1) of them) or max(0, q - w) ..
 //     min(L - 1, q + w) (bidirectional, L = prefix + new: |q - k| <= w), summed over q. E.g.
 //     prefix 0, new 4, w 1, causal: 1 + 2 + 2 + 2 = 7 (of the 10 without the window).
-//   MLA decode with s_q queries: s_q * kv_len - s_q * (s_q - 1) / 2.
+//   decode / MLA decode with s_q queries (verify): s_q * kv_len - s_q * (s_q - 1) / 2, a chain's
+//     pairs. A tree (topk > 1) shows each draft only its ancestors among the drafts, fewer than
+//     the chain's at most by s_q * (s_q - 1) / 2 (36 of the 32 K pairs of 8 drafts over 4 K keys):
+//     the count is an upper bound there, the rates derived from it as well.
 inline int64_t attended_pairs_at(const BenchCase& c, int64_t len) {
-  if (c.kind == BenchKind::kMlaDecode) {
+  if (c.kind != BenchKind::kExtend) {
     const int64_t s = c.s_q;
     return s * len - s * (s - 1) / 2;
   }
-  if (c.kind != BenchKind::kExtend) return len;
   const int64_t p = c.prefix_len;
   const int64_t n = c.new_tokens;
   if (c.sliding_window < 0) return c.causal ? n * p + n * (n + 1) / 2 : n * (p + n);
@@ -185,9 +188,9 @@ inline double attention_flops(const BenchCase& c) {
 //           with kv_lens, each request's own length; an extend with a sliding window: the tokens
 //           its queries see, kv_tokens_read)
 //         + q [T, q_heads, head_dim] read + out [T, q_heads, v_head_dim] written (activation dtype)
-// with T = batch for decode and batch x new_tokens for extend; seq_len = kv_len for decode and
-// prefix_len + new_tokens for extend. Page-table and index reads are not counted (4 bytes per page
-// or token against >= 64 bytes of KV per token per head).
+// with T = batch x s_q for decode and batch x new_tokens for extend; seq_len = kv_len for decode
+// and prefix_len + new_tokens for extend. Page-table and index reads are not counted (4 bytes per
+// page or token against >= 64 bytes of KV per token per head).
 inline double attention_bytes(const BenchCase& c) {
   const int64_t act = dtype_bits(c.dtype) / 8;
   const int64_t t = c.num_tokens();

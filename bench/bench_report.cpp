@@ -69,8 +69,9 @@ Json case_params(const BenchCase& c) {
     if (!c.kv_lens.empty()) p["kv_lens"] = c.kv_lens;
   }
   // What the FLOPs / bytes depend on beyond the shape (the case name carried them alone): the
-  // MLA verify chain's query tokens, the tokens every request shares.
+  // verify step's query tokens and its tree, the tokens every request shares.
   if (c.s_q != 1) p["s_q"] = c.s_q;
+  if (c.topk != 1) p["topk"] = c.topk;
   if (c.shared_prefix > 0) p["shared_prefix"] = c.shared_prefix;
   p["q_heads"] = c.q_heads;
   p["kv_heads"] = c.kv_heads;

@@ -228,6 +228,35 @@ TEST(BenchCli, ParamsCarrySqAndSharedPrefix) {
   EXPECT_FALSE(dec["params"].contains("s_q"));
 }
 
+// A decode file's verify steps (s_q drafts, topk): the chain runs as TARGET_VERIFY and matches
+// the reference on a backend with topk-1 support, the JSON carries s_q / topk and the drafts'
+// pair count, and the tree (topk > 1) is skipped with the descriptor's reason there.
+TEST(BenchCli, DecodeVerifyStepIsVerified) {
+  constexpr const char* kFile = R"({
+    "kind": "decode",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16, "batch": 2,
+              "kv_len": 70, "s_q": 5},
+    "sweep": {"topk": [1, 2]}
+  })";
+  const BenchRun r =
+      run_bench("bench_cli_verify_step", kFile,
+                "--backend intel_amx --device cpu --verify --rotate-mib 1 --warmup 0 --iters 1");
+  ASSERT_EQ(r.cli.exit_code, 0) << r.cli.out << r.cli.err;
+  ASSERT_EQ(r.doc["results"].size(), 2u);
+  const nlohmann::json& chain = r.doc["results"][0];
+  EXPECT_EQ(chain["case"], "decode_b2_kv70_sq5_p16_h4x2_d64_kvbf16");
+  EXPECT_EQ(chain["status"], "ok") << chain["message"];
+  EXPECT_TRUE(chain["verify"]["passed"].get<bool>());
+  EXPECT_EQ(chain["params"]["s_q"], 5);
+  EXPECT_FALSE(chain["params"].contains("topk"));
+  // Drafts see 66..70 keys: 340 pairs per request, 2 x (64 + 64) FLOPs per pair and head.
+  EXPECT_DOUBLE_EQ(chain["flops"].get<double>(), 2.0 * 340 * 4 * 256);
+  const nlohmann::json& tree = r.doc["results"][1];
+  EXPECT_EQ(tree["params"]["topk"], 2);
+  EXPECT_EQ(tree["status"], "skipped") << tree.dump();
+  EXPECT_NE(tree["message"].get<std::string>().find("topk"), std::string::npos) << tree.dump();
+}
+
 TEST(BenchCli, ExtendIsJudgedAgainstTheComputeCeiling) {
   const BenchRun r =
       run_bench("bench_cli_extend", kExtendFile,

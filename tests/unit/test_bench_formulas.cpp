@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../../bench/bench_case_file.h"
+#include "../../bench/bench_case_spec.h"
 #include "../../bench/bench_formulas.h"
 
 namespace attnkit::bench {
@@ -525,6 +526,78 @@ TEST(BenchFormulas, MlaDecodeVerifyChainCountsEveryDraft) {
                    R"({"kind": "mla_decode", "cases": [{"q_heads": 16, "kv_len": 1, "s_q": 2}]})",
                    "<inline>")
                    .is_ok());
+}
+
+}  // namespace
+}  // namespace attnkit::bench
+
+namespace attnkit::bench {
+namespace {
+
+// A decode point with s_q > 1 is a verify step: s_q drafts per request at the end of kv_len, a
+// chain (topk 1) or a tree (topk > 1), named and counted as such; topk without drafts and drafts
+// longer than a request are refused with the key and the values.
+TEST(BenchFormulas, DecodeVerifyStepCountsEveryDraft) {
+  Result<CaseFile> f = parse_case_file_text(
+      R"({"kind": "decode", "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64,
+          "page_size": 16, "batch": 2, "kv_len": 100}, "sweep": {"s_q": [1, 4], "topk": [1, 3]},
+          "cases": []})",
+      "<inline>");
+  // topk 3 at s_q 1 is part of the sweep: the file is refused, naming it.
+  ASSERT_FALSE(f.is_ok());
+  EXPECT_NE(f.status().message().find("topk 3 needs s_q > 1"), std::string::npos)
+      << f.status().to_string();
+  f = parse_case_file_text(
+      R"({"kind": "decode", "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64,
+          "page_size": 16, "batch": 2, "kv_len": 100, "s_q": 4}, "sweep": {"topk": [1, 3]}})",
+      "<inline>");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  ASSERT_EQ(f->cases.size(), 2u);
+  const BenchCase& chain = f->cases[0];
+  const BenchCase& tree = f->cases[1];
+  EXPECT_EQ(chain.name, "decode_b2_kv100_sq4_p16_h4x2_d64_kvbf16");
+  EXPECT_EQ(tree.name, "decode_b2_kv100_sq4_topk3_p16_h4x2_d64_kvbf16");
+  EXPECT_EQ(chain.num_tokens(), 8);
+  // Drafts see 97, 98, 99 and 100 keys (the tree's count is that bound).
+  EXPECT_EQ(attended_pairs_per_request(chain), 97 + 98 + 99 + 100);
+  EXPECT_EQ(attended_pairs_per_request(tree), attended_pairs_per_request(chain));
+  EXPECT_DOUBLE_EQ(attention_flops(chain), 2.0 * 128 * 4 * 2 * 394);
+  // K + V of 100 tokens x 2 heads x 64 x 2 bytes per request; q / out 8 x 4 x 64 x 2 bytes each.
+  EXPECT_DOUBLE_EQ(attention_bytes(chain), 2.0 * 100 * 2 * 2 * 64 * 2 + 2.0 * 8 * 4 * 64 * 2);
+  // The CaseSpec: TARGET_VERIFY over the kv_len - s_q cached tokens, the drafts and the tree.
+  const harness::CaseSpec spec = to_case_spec(tree);
+  EXPECT_EQ(spec.mode, ForwardMode::kTargetVerify);
+  EXPECT_EQ(spec.prefix_lens, std::vector<int>({96, 96}));
+  EXPECT_TRUE(spec.new_lens.empty());
+  EXPECT_EQ(spec.spec_draft_tokens, 4);
+  EXPECT_EQ(spec.spec_topk, 3);
+  EXPECT_EQ(to_case_spec(chain).spec_topk, 1);
+  // Uneven batches: each request's own prefix.
+  f = parse_case_file_text(
+      R"({"kind": "decode", "cases": [{"q_heads": 4, "kv_heads": 2, "head_dim": 64,
+          "kv_lens": [50, 9], "s_q": 3, "topk": 2}]})",
+      "<inline>");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  EXPECT_EQ(to_case_spec(f->cases[0]).prefix_lens, std::vector<int>({47, 6}));
+  EXPECT_EQ(attended_pairs_total(f->cases[0]), (3 * 50 - 3) + (3 * 9 - 3));
+  for (const BadFile& b : std::vector<BadFile>{
+           {R"({"kind": "decode", "cases": [{"q_heads": 4, "kv_heads": 2, "head_dim": 64,
+                "kv_len": 3, "s_q": 4}]})",
+            "s_q 4 exceeds kv_len 3"},
+           {R"({"kind": "decode", "cases": [{"q_heads": 4, "kv_heads": 2, "head_dim": 64,
+                "kv_lens": [64, 3], "s_q": 4}]})",
+            "s_q 4 exceeds the shortest of kv_lens (3)"},
+           {R"({"kind": "decode", "cases": [{"q_heads": 4, "kv_heads": 2, "head_dim": 64,
+                "kv_len": 64, "topk": 0}]})",
+            "out of range"},
+           {R"({"kind": "extend", "cases": [{"q_heads": 4, "kv_heads": 2, "head_dim": 64,
+                "new_tokens": 64, "s_q": 2}]})",
+            "unknown parameter for kind extend"}}) {
+    Result<CaseFile> bad = parse_case_file_text(b.text, "v.json");
+    ASSERT_FALSE(bad.is_ok()) << b.text;
+    EXPECT_NE(bad.status().message().find(b.expected_in_message), std::string::npos)
+        << bad.status().to_string();
+  }
 }
 
 }  // namespace
