@@ -304,6 +304,13 @@ TEST(FlashInferVerifyGraphTest, ReplayIsBitIdenticalToEager) {
   wide.num_q_heads = 32;
   wide.num_kv_heads = 8;
   verify_graph_matches_eager(wide);
+  // Split plans (the long prefixes) beside a whole request, with sinks over fp8: the captured
+  // merge joins the split requests and leaves the whole one.
+  wide.name = "verify_graph_split_fp8_sinks";
+  wide.prefix_lens = {6000, 10, 2500};
+  wide.kv_dtype = DType::kFP8E4M3;
+  wide.sinks = true;
+  verify_graph_matches_eager(wide);
 }
 
 // ---- the shared-prefix detector (host) ----

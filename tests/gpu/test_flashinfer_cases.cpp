@@ -186,6 +186,54 @@ TEST(FlashInferSplitTest, WideGroupUsesSeveralQueryTiles) {
   run_and_compare(c, true);
 }
 
+// Target verify over long cached prefixes: the eager plan splits the prefixes into key chunks
+// (verify_plan_config) and the cascade merge joins the partials; whole requests of the same
+// forward keep the kernel's own output. Trees and chains, page 1 / 16 / 64, sinks, a soft-cap, a
+// sliding window (chunks before it see nothing), fp8 and f16, lse checked by the comparison.
+TEST(FlashInferVerifySplitTest, LongPrefixesSplitAndMatch) {
+  const CaseSpec* base = harness::find_case("verify_topk4_page16");
+  ASSERT_NE(base, nullptr);
+  CaseSpec c = *base;
+  c.name = "verify_split_tree";
+  c.prefix_lens = {5000, 3000};
+  c.spec_draft_tokens = 8;
+  c.spec_topk = 4;
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.sinks = true;
+  FlashInferStats stats;
+  run_and_compare(c, true, &stats);
+  EXPECT_GT(stats.verify_split_merges, 0) << "the 5000-key verify was not split";
+  run_and_compare(c, false);
+  c.name = "verify_split_chain_fp8";
+  c.prefix_lens = {9000};
+  c.spec_draft_tokens = 6;
+  c.spec_topk = 1;
+  c.page_size = 1;
+  c.sinks = false;
+  c.logit_cap = 4.f;
+  c.kv_dtype = DType::kFP8E4M3;
+  run_and_compare(c, true, &stats);
+  EXPECT_GT(stats.verify_split_merges, 0);
+  c.name = "verify_split_window_uneven";
+  c.prefix_lens = {4000, 40, 2600};
+  c.spec_draft_tokens = 5;
+  c.spec_topk = 3;
+  c.page_size = 64;
+  c.logit_cap = 0.f;
+  c.sliding_window = 1000;
+  c.kv_dtype = DType::kF16;
+  c.q_dtype = DType::kF16;
+  run_and_compare(c, true, &stats);
+  EXPECT_GT(stats.verify_split_merges, 0);
+  // Short prefixes stay whole: no merge.
+  c.name = "verify_short_unsplit";
+  c.prefix_lens = {30, 200};
+  c.sliding_window = -1;
+  run_and_compare(c, true, &stats);
+  EXPECT_EQ(stats.verify_split_merges, 0) << "a 230-key verify was split";
+}
+
 // ---- SM90: prefill on the wgmma kernel and on the mma.sync kernel (the fallback) ----
 
 CaseSpec prefill(std::string name, std::vector<int> prefix, std::vector<int> fresh, int page,

@@ -441,3 +441,64 @@ TEST(FlashInferSplitLong, RandomBatches) {
 
 }  // namespace
 }  // namespace attnkit::flashinfer
+
+namespace attnkit::flashinfer {
+namespace {
+
+// Target-verify plans on prefill tiles with allow_split (the backend's verify_plan_config): the
+// decode chunk rule cuts the long cached prefixes, every (request, key) in exactly one item, and
+// the partial rows are per (split, draft token) with the merge's split count in reserved[0];
+// requests left whole keep reserved[0] 0 (the merge leaves their tokens, written by the kernel).
+TEST(FlashInferVerifySplit, PrefillTilesSplitPerDraftToken) {
+  PlanConfig cfg = h200(false);
+  cfg.shape = TileShape::kPrefill;
+  cfg.target_ctas = 2 * kH200Sms;  // verify_plan_config: two prefill CTAs per SM
+  constexpr int kDrafts = 8;
+  // bs 1 at kv 32k + 8 drafts: 33 chunks of 1024 keys (<= 264 / 8 = 33 items per kv head).
+  std::vector<PlanRequest> one = {PlanRequest{0, kDrafts, 32768 + kDrafts}};
+  Result<WorkPlan> plan = build_work_plan(one, cfg);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  EXPECT_TRUE(plan->any_split);
+  EXPECT_EQ(plan->chunk, 1024);
+  const RequestPlan& r0 = plan->requests[0];
+  EXPECT_EQ(r0.num_splits, 33);
+  EXPECT_EQ(r0.reserved[0], 33);
+  EXPECT_EQ(r0.partial_base, 0);
+  EXPECT_EQ(plan->num_partials, 33 * kDrafts);
+  ASSERT_EQ(plan->items.size(), 33u);
+  std::vector<int> hits(32768 + kDrafts, 0);
+  for (size_t i = 0; i < plan->items.size(); ++i) {
+    const WorkItem& w = plan->items[i];
+    EXPECT_EQ(w.q_row_begin, 0);
+    EXPECT_EQ(w.split, static_cast<int>(i));
+    for (int k = w.kv_begin; k < w.kv_end; ++k) ++hits[static_cast<size_t>(k)];
+  }
+  EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+  // An uneven batch: the long requests split, the short one stays whole; partial rows are
+  // disjoint runs of splits x drafts.
+  std::vector<PlanRequest> mixed = {PlanRequest{0, kDrafts, 6000 + kDrafts},
+                                    PlanRequest{kDrafts, kDrafts, 100 + kDrafts},
+                                    PlanRequest{2 * kDrafts, kDrafts, 9000 + kDrafts}};
+  plan = build_work_plan(mixed, cfg);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  const RequestPlan& a = plan->requests[0];
+  const RequestPlan& b = plan->requests[1];
+  const RequestPlan& c = plan->requests[2];
+  EXPECT_GT(a.num_splits, 1);
+  EXPECT_EQ(b.num_splits, 1);
+  EXPECT_EQ(b.reserved[0], 0);
+  EXPECT_GT(c.num_splits, a.num_splits);
+  EXPECT_EQ(a.reserved[0], a.num_splits);
+  EXPECT_EQ(c.partial_base, a.partial_base + a.num_splits * kDrafts);
+  EXPECT_EQ(plan->num_partials, (a.num_splits + c.num_splits) * kDrafts);
+  // Without allow_split (extend, graph replays of verify) nothing changes: one item per request.
+  cfg.allow_split = false;
+  plan = build_work_plan(one, cfg);
+  ASSERT_TRUE(plan.is_ok());
+  EXPECT_FALSE(plan->any_split);
+  EXPECT_EQ(plan->requests[0].reserved[0], 0);
+  EXPECT_EQ(plan->items.size(), 1u);
+}
+
+}  // namespace
+}  // namespace attnkit::flashinfer

@@ -29,6 +29,7 @@
 #include "backends/fa3/prefill_sm90_engine.h"
 #include "backends/flashinfer/cascade.h"
 #include "backends/flashinfer/kernels/balanced_plan.h"
+#include "backends/flashinfer/kernels/cascade_kernels.h"
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
 #include "backends/flashinfer/kernels/mla_quantized_portable.h"
 #include "backends/flashinfer/kernels/plan_expand.h"
@@ -242,6 +243,18 @@ class FlashInferBackend final : public AttentionBackend {
            std::max(1, ctx_.num_kv_heads);
   }
 
+  // Eager target-verify plans on prefill tiles: split like a decode (a verify has a few drafts per
+  // request over a long cached prefix, so its unsplit grid is one CTA per request and kv head: 8
+  // CTAs at bs 1 on a 132-SM H200, 4.5 ms at kv 32k), towards two CTAs per SM (two prefill CTAs
+  // fit at d <= 128; with few packed rows one warp of each does the MMAs). The partials are
+  // merged by cascade_merge after the kernel (run). Graph replays keep the unsplit plan their
+  // grid was captured with.
+  PlanConfig verify_plan_config() const {
+    PlanConfig c = plan_config(TileShape::kPrefill, true);
+    c.target_ctas *= 2;
+    return c;
+  }
+
   PlanConfig plan_config(TileShape shape, bool allow_split) const {
     PlanConfig c;
     c.shape = shape;
@@ -330,6 +343,9 @@ class FlashInferBackend final : public AttentionBackend {
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse, bool decode);
   Status plan_mla_quantized(const ForwardBatch& batch);
+  // The split verify plan's merge (verify_plan_config): partials of the split requests -> out /
+  // lse, with the sinks and v_scale; after the prefill kernel on the same stream.
+  Status merge_prefill_splits(const PagedParams& p, DType q_dtype, int tokens, StreamHandle stream);
   bool graph_mla_native(const TensorView& encoder_lens, ForwardMode mode,
                         const SpecInfo* spec) const {
     return mla_engine_ != nullptr && !encoder_lens.defined() &&
@@ -434,12 +450,25 @@ class FlashInferBackend final : public AttentionBackend {
     return ctx_.req_to_token_pool != nullptr ? ctx_.req_to_token_pool->max_context_len()
                                              : graph_max_context_;
   }
-  // Target verify: a prefill-tile plan of bs requests x N drafts (no split); its item count.
+  // Target verify: the most work items (CTAs per kv head) of a prefill-tile plan of bs requests
+  // x N drafts (verify_plan_config): one per (request, q tile) unsplit, and a plan that splits
+  // stays within its per-head target (build_work_plan's chunk rule splits only below it).
+  int64_t verify_split_target() const {
+    const PlanConfig c = verify_plan_config();
+    return std::max(c.target_ctas, c.split_ctas) / std::max(1, c.num_kv_heads);
+  }
   int64_t verify_items(int bs, int draft_tokens) const {
     const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
-    return static_cast<int64_t>(bs) *
-           ((static_cast<int64_t>(draft_tokens) * group + flashinfer::kPrefillTileRows - 1) /
-            flashinfer::kPrefillTileRows);
+    const int64_t unsplit =
+        static_cast<int64_t>(bs) *
+        ((static_cast<int64_t>(draft_tokens) * group + flashinfer::kPrefillTileRows - 1) /
+         flashinfer::kPrefillTileRows);
+    return std::max(unsplit, verify_split_target());
+  }
+  // Partial rows of a split verify plan: splits x N per split request, and the splits of all
+  // requests together stay within the per-head target (times Hq entries each).
+  int64_t verify_partial_entries(int draft_tokens) const {
+    return verify_split_target() * draft_tokens * ctx_.num_q_heads;
   }
   int draft_tokens(const SpecInfo* spec) const {
     return spec != nullptr && spec->draft_token_num > 0 ? spec->draft_token_num
@@ -579,8 +608,8 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
       --plan_.grid_items;
     }
   } else {
-    ATTNKIT_RETURN_IF_ERROR(
-        flashinfer::build_work_plan(reqs, plan_config(shape, decode), &work_plan_));
+    ATTNKIT_RETURN_IF_ERROR(flashinfer::build_work_plan(
+        reqs, verify ? verify_plan_config() : plan_config(shape, decode), &work_plan_));
     const WorkPlan& wp = work_plan_;
     ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, wp.serialized_words()));
     ATTNKIT_RETURN_IF_ERROR(staging_.upload(wp, plan_words_.data(), stream));
@@ -776,9 +805,37 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
         } else if (shape == TileShape::kDecode) {
           return flashinfer::run_paged<kD, TileShape::kDecode>(p, q.dtype, kv_dtype, grid, stream);
         } else {
-          return flashinfer::run_paged<kD, TileShape::kPrefill>(p, q.dtype, kv_dtype, grid, stream);
+          const Status ran =
+              flashinfer::run_paged<kD, TileShape::kPrefill>(p, q.dtype, kv_dtype, grid, stream);
+          if (!ran.is_ok()) return ran;
+          // A split verify plan: the split requests' partials -> out / lse (the whole ones were
+          // written by the kernel; the merge leaves them).
+          return plan_.split ? merge_prefill_splits(p, q.dtype, batch.num_tokens, stream)
+                             : Status::ok();
         }
       });
+}
+
+Status FlashInferBackend::merge_prefill_splits(const PagedParams& p, DType q_dtype, int tokens,
+                                               StreamHandle stream) {
+  flashinfer::CascadeMergeParams m;
+  m.suffix_plan = p.plan;
+  m.bs = p.bs;
+  m.tokens = tokens;
+  m.partial_out = p.partial_out;
+  m.partial_lse = p.partial_lse;
+  m.out = p.out;
+  m.o_stride_token = p.o_stride_token;
+  m.o_stride_head = p.o_stride_head;
+  m.lse = p.lse;
+  m.lse_stride_token = p.lse_stride_token;
+  m.lse_stride_head = p.lse_stride_head;
+  m.sinks = p.sinks;
+  m.v_scale = p.v_scale;
+  m.num_q_heads = p.num_q_heads;
+  m.head_dim = ctx_.qk_head_dim;
+  ++stats_.verify_split_merges;
+  return flashinfer::cascade_merge(m, q_dtype, stream);
 }
 
 // ---- MLA over an fp4 / fp8_e4m3 pool (portable SIMT kernel, planned like the triton backend) --
@@ -955,8 +1012,9 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   graph_items_ = std::max(graph_items_, verify_items(max_bs, n));
   graph_captures_.clear();
   int64_t words = WorkPlan::words_for(max_bs, graph_items_);
-  // WorkItem plans (decode and verify): partial rows <= items, each Hq entries wide.
-  int64_t partial_entries = graph_items_ * ctx_.num_q_heads;
+  // WorkItem plans: decode partial rows <= items, each Hq entries wide; verify's split plans
+  // verify_partial_entries.
+  int64_t partial_entries = std::max(graph_items_ * ctx_.num_q_heads, verify_partial_entries(n));
   if (balanced_kernel()) {  // the balanced decode plan's bounds (balanced_plan.h)
     // The slots grow with bs (balanced_kernel_slots), and so do the bounds.
     const flashinfer::BalanceConfig bc = balance_config(max_bs);
@@ -1041,8 +1099,10 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   plan_.bs = bs;
   plan_.shape = TileShape::kDecode;
   if (mode == ForwardMode::kTargetVerify) {
-    // Verify runs prefill tiles without split (as eager verify does): bs * ceil(N * group / 64)
-    // CTAs per kv head, every one of them real work on replay.
+    // Verify runs prefill tiles split as eager verify does (verify_plan_config): up to
+    // verify_items CTAs per kv head (the unsplit bs * ceil(N * group / 128), or the split
+    // target), and the merge after the kernel is captured too (it leaves the tokens of requests a
+    // replay's plan keeps whole), so a replay computes what eager computes.
     const int n = draft_tokens(spec);
     if (n < 1 || static_cast<int64_t>(bs) * n > num_tokens) {
       return Status::invalid_argument(
@@ -1059,6 +1119,7 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     }
     plan_.shape = TileShape::kPrefill;
     plan_.grid_items = static_cast<int>(items);
+    plan_.split = true;
   } else if (balanced_kernel()) {
     // One CTA per slot, every replay (the replay's cut or encoded plan has the same slots).
     plan_.balance_slots = balance_config(bs).slots;
@@ -1284,10 +1345,15 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     }
     return staging_.upload(bp, graph_words_.data(), ctx_.stream);
   }
-  const TileShape shape = verify ? TileShape::kPrefill : TileShape::kDecode;
-  ATTNKIT_RETURN_IF_ERROR(
-      flashinfer::build_work_plan(reqs, plan_config(shape, !verify), &work_plan_));
+  ATTNKIT_RETURN_IF_ERROR(flashinfer::build_work_plan(
+      reqs, verify ? verify_plan_config() : plan_config(TileShape::kDecode, true), &work_plan_));
   const WorkPlan& wp = work_plan_;
+  if (static_cast<int64_t>(wp.num_partials) * ctx_.num_q_heads > graph_partial_entries_) {
+    return Status::internal(name_ + ": replay plan needs " + str(wp.num_partials) +
+                            " partial rows of " + str(ctx_.num_q_heads) +
+                            " heads, above the graph workspace's " + str(graph_partial_entries_) +
+                            " entries");
+  }
   // A plan with more items than the captured grid would have CTAs missing.
   if (static_cast<int64_t>(wp.items.size()) > grid) {
     return Status::invalid_argument(

@@ -89,6 +89,9 @@ struct FlashInferStats {
   // ATTNKIT_FLASHINFER_SPLIT_LONG=1, work_plan.h; graph replays plan on the host at replay and are
   // not counted).
   int64_t decode_split_long_calls = 0;
+  // Eager target-verify calls whose prefill-tile plan split some request (verify_plan_config):
+  // the cascade merge ran after the attention kernel.
+  int64_t verify_split_merges = 0;
   // CTAs per kv head (balanced plan: CTAs) of the last native launch, eager or captured.
   int64_t last_grid_items = 0;
   // Bytes of split-KV partials (O and LSE, f32) reserved by the last init_cuda_graph_state

@@ -14,7 +14,10 @@ struct CascadeMergeParams {
   // Pass-2 plan (header + [bs] RequestPlan): q_start, q_len, partial_base and, in reserved[0], the
   // request's number of suffix partials. nullptr: no suffix partials (token_request unused).
   const int32_t* suffix_plan = nullptr;
-  const int32_t* token_request = nullptr;  // [tokens] request of each token
+  // [tokens] request of each token; nullptr: found in the plan by q_start (binary search; tokens
+  // in request order). A token whose request has no partials (reserved[0] 0, no prefix chunks)
+  // is left as it is: a split plan's whole requests write out / lse in the attention kernel.
+  const int32_t* token_request = nullptr;
   int bs = 0;
   int tokens = 0;
   int prefix_chunks = 0;  // pass-1 partial rows of token t: c * tokens + t, c < prefix_chunks

@@ -46,12 +46,31 @@ __global__ void __launch_bounds__(kThreads) cascade_merge_kernel(const CascadeMe
   }
   const int col = (static_cast<int>(threadIdx.x) % threads_per_head) * kVec;
   RequestPlan none{};
-  const RequestPlan& req = p.suffix_plan != nullptr
-                               ? reinterpret_cast<const RequestPlan*>(
-                                     p.suffix_plan + kPlanHeaderWords)[p.token_request[token]]
-                               : none;
+  const RequestPlan* plan_reqs =
+      p.suffix_plan != nullptr
+          ? reinterpret_cast<const RequestPlan*>(p.suffix_plan + kPlanHeaderWords)
+          : nullptr;
+  int request = 0;
+  if (plan_reqs != nullptr && p.token_request != nullptr) {
+    request = p.token_request[token];
+  } else if (plan_reqs != nullptr) {
+    // The last request whose tokens start at or before this one (q_start is non-decreasing).
+    int lo = 0, hi = p.bs - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (plan_reqs[mid].q_start <= token) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    request = lo;
+  }
+  const RequestPlan& req = plan_reqs != nullptr ? plan_reqs[request] : none;
   const int offset = token - req.q_start;
   const int suffix_rows = p.suffix_plan != nullptr ? req.reserved[0] : 0;
+  // Nothing to merge: a request the split plan left whole (its kernel wrote out / lse itself).
+  if (p.prefix_chunks == 0 && suffix_rows == 0) return;
   const auto prefix_row = [&](int c) {
     return (static_cast<int64_t>(c) * p.tokens + token) * p.num_q_heads + head;
   };

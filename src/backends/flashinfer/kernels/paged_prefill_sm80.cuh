@@ -341,8 +341,12 @@ struct PagedPrefill {
         kv + kBN * Tr::kRowBytes + ((lr + (li & 1) * 8) * kRE + (li >> 1) * 8) * sizeof(QT));
 
     // This warp's rows: union [w_lo, w_hi) of their ranges (empty without rows) and the
-    // intersection [w_lo_max, w_hi_min) (empty when every tile needs the per-element check: tree
-    // mask, rows past the request).
+    // intersection [w_lo_max, w_hi_min) (empty when every tile needs the per-element check: rows
+    // past the request without a tree mask). A verify tree mask leaves the cached prefix [0,
+    // prefix) visible to every draft (SpecInfo::custom_mask: its prefix columns are all 1), so
+    // the intersection there stops at the prefix: only the tiles over the drafts' keys read mask
+    // bytes (before, every tile of the prefix did, byte by byte), and rows past the request (zero
+    // Q rows, never stored) ride along.
     const bool warp_active = warp_row0 < t.rows;
     const bool warp_full = warp_row0 + Tr::kWarpRows <= t.rows;
     int w_lo, w_hi, w_lo_max, w_hi_min;
@@ -355,7 +359,9 @@ struct PagedPrefill {
       w_lo = lo0;
       w_hi = warp_active ? max(hi0, hi1) : 0;
       w_lo_max = lo1;
-      w_hi_min = p.custom_mask == nullptr && warp_full ? min(hi0, hi1) : -1;
+      w_hi_min = p.custom_mask != nullptr ? min(min(hi0, hi1), t.prefix)
+                 : warp_full              ? min(hi0, hi1)
+                                          : -1;
     }
     const float scale_log2 = p.scale_log2;
 
@@ -476,7 +482,7 @@ struct PagedPrefill {
                 const int x = 2 * (h % 2) + e;
                 const int key = ns + n * 8 + 2 * t4 + e;
                 bool ok = key >= lo && key < hi;
-                if (mrow != nullptr && ok) ok = mrow[key] != 0;
+                if (mrow != nullptr && ok && key >= t.prefix) ok = mrow[key] != 0;
                 if (!ok) s[mt][n][x] = -INFINITY;
               }
           }
@@ -639,9 +645,9 @@ Status launch_paged_prefill(const PagedParams& p, int grid_items, StreamHandle s
   return Status::ok();
 }
 
-// Picks the instantiation for (q dtype, kv dtype); the default branches name the value. Prefill
-// plans never split a request (work_plan.cpp splits decode only), so there is no merge to launch;
-// the epilogue's partial path stays for a future split prefill plan.
+// Picks the instantiation for (q dtype, kv dtype); the default branches name the value. Split
+// items (eager target-verify plans, work_plan.cpp; the cascade's passes) leave normalised partials
+// to the caller's merge (cascade_merge).
 template <int kD>
 Status run_paged_prefill_sm80(const PagedParams& p, DType q_dtype, DType kv_dtype, int grid_items,
                               StreamHandle stream) {

@@ -97,9 +97,10 @@ Status build_work_plan(std::span<const PlanRequest> requests, const PlanConfig& 
   plan.items.clear();
   plan.requests.resize(requests.size());
 
-  // Decode split: the smallest tile-aligned chunk that keeps the grid within target_ctas.
+  // Decode (and verify on prefill tiles) split: the smallest tile-aligned chunk that keeps the
+  // grid within target_ctas.
   int64_t chunk = 0;
-  if (config.shape == TileShape::kDecode && config.allow_split && !requests.empty()) {
+  if (config.allow_split && !requests.empty()) {
     int64_t max_len = 0;
     for (const PlanRequest& r : requests) max_len = std::max<int64_t>(max_len, r.kv_len);
     const int64_t per_head_target = config.target_ctas / config.num_kv_heads;
@@ -177,8 +178,13 @@ Status build_work_plan(std::span<const PlanRequest> requests, const PlanConfig& 
     const int64_t splits = req_chunk > 0 ? std::max<int64_t>(1, ceil_div(in.kv_len, req_chunk)) : 1;
     out.num_splits = static_cast<int32_t>(splits);
     if (splits > 1) {
+      // Partial rows: one per split (decode: one query token), or one per (split, token) on
+      // prefill tiles (the kernel's row partial_base + split * q_len + token offset), whose count
+      // the merge reads from reserved[0] (cascade_merge, as the cascade's pass-2 plans do).
+      const bool prefill = config.shape == TileShape::kPrefill;
       out.partial_base = partials;
-      partials += static_cast<int32_t>(splits);
+      partials += static_cast<int32_t>(splits * (prefill ? in.q_len : 1));
+      if (prefill) out.reserved[0] = static_cast<int32_t>(splits);
       plan.any_split = true;
     }
     for (int64_t t = 0; t < q_tiles; ++t) {
