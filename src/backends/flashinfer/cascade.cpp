@@ -221,7 +221,7 @@ Status Cascade::run(const PagedParams& p, DType q_dtype, DType kv_dtype, int hea
   const Status ran =
       dispatch_value<NativeHeadDims>(head_dim, "flashinfer cascade: head_dim", passes);
   if (!ran.is_ok()) return ran;
-  CascadeMergeParams m;
+  CascadeMergeParams m = merge_output_params(p, head_dim);
   m.suffix_plan = words + suffix_offset_;
   m.token_request = words + merge_offset_;
   m.bs = bs_;
@@ -229,16 +229,6 @@ Status Cascade::run(const PagedParams& p, DType q_dtype, DType kv_dtype, int hea
   m.prefix_chunks = prefix_chunks_;
   m.partial_out = partial_out_.data();
   m.partial_lse = partial_lse_.data();
-  m.out = p.out;
-  m.o_stride_token = p.o_stride_token;
-  m.o_stride_head = p.o_stride_head;
-  m.lse = p.lse;
-  m.lse_stride_token = p.lse_stride_token;
-  m.lse_stride_head = p.lse_stride_head;
-  m.sinks = p.sinks;
-  m.v_scale = p.v_scale;
-  m.num_q_heads = p.num_q_heads;
-  m.head_dim = head_dim;
   return cascade_merge(m, q_dtype, stream);
 }
 

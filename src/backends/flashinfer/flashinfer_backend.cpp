@@ -818,22 +818,12 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
 
 Status FlashInferBackend::merge_prefill_splits(const PagedParams& p, DType q_dtype, int tokens,
                                                StreamHandle stream) {
-  flashinfer::CascadeMergeParams m;
+  flashinfer::CascadeMergeParams m = flashinfer::merge_output_params(p, ctx_.qk_head_dim);
   m.suffix_plan = p.plan;
   m.bs = p.bs;
   m.tokens = tokens;
   m.partial_out = p.partial_out;
   m.partial_lse = p.partial_lse;
-  m.out = p.out;
-  m.o_stride_token = p.o_stride_token;
-  m.o_stride_head = p.o_stride_head;
-  m.lse = p.lse;
-  m.lse_stride_token = p.lse_stride_token;
-  m.lse_stride_head = p.lse_stride_head;
-  m.sinks = p.sinks;
-  m.v_scale = p.v_scale;
-  m.num_q_heads = p.num_q_heads;
-  m.head_dim = ctx_.qk_head_dim;
   ++stats_.verify_split_merges;
   return flashinfer::cascade_merge(m, q_dtype, stream);
 }

@@ -7,6 +7,7 @@
 #include "attnkit/dtype.h"
 #include "attnkit/status.h"
 #include "attnkit/tensor.h"
+#include "backends/flashinfer/kernels/paged_params.h"
 
 namespace attnkit::flashinfer {
 
@@ -37,6 +38,23 @@ struct CascadeMergeParams {
   int num_q_heads = 0;
   int head_dim = 0;  // multiple of 8
 };
+
+// The merge's output side from a layer's launch parameters: out / lse and their strides, the
+// sinks, v_scale, the q heads and the head dim (the partials and the plan are the caller's).
+inline CascadeMergeParams merge_output_params(const PagedParams& p, int head_dim) {
+  CascadeMergeParams m;
+  m.out = p.out;
+  m.o_stride_token = p.o_stride_token;
+  m.o_stride_head = p.o_stride_head;
+  m.lse = p.lse;
+  m.lse_stride_token = p.lse_stride_token;
+  m.lse_stride_head = p.lse_stride_head;
+  m.sinks = p.sinks;
+  m.v_scale = p.v_scale;
+  m.num_q_heads = p.num_q_heads;
+  m.head_dim = head_dim;
+  return m;
+}
 
 // out[t] = the LSE-weighted merge of every partial of token t (+ sink, x v_scale).
 Status cascade_merge(const CascadeMergeParams& p, DType q_dtype, StreamHandle stream);
