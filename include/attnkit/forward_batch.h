@@ -32,6 +32,8 @@ struct SpecInfo {
   int num_steps = 0;
   // uint8 flat buffer; request r's block is row-major [N, prefix_r + N] starting at
   // mask_indptr[r]: prefix columns all 1, draft columns hold the tree ancestry (including self).
+  // The prefix columns are a contract, not a mask: kernels may read only the draft columns (the
+  // flashinfer / fa3 verify does), so a 0 there is not honoured everywhere.
   TensorView custom_mask;
   TensorView mask_indptr;                 // int64 [bs + 1]
   std::vector<int64_t> mask_indptr_host;  // host copy

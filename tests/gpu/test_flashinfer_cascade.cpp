@@ -313,6 +313,40 @@ TEST(FlashInferVerifyGraphTest, ReplayIsBitIdenticalToEager) {
   verify_graph_matches_eager(wide);
 }
 
+// A verify graph captured with more drafts than init_cuda_graph_state sized the split partials
+// for (no speculative_num_draft_tokens: N = max_num_tokens / max_bs = 4) is refused at the capture,
+// naming the partials, not at a replay whose plan splits.
+TEST(FlashInferVerifyGraphTest, CaptureRefusesDraftsPastThePartialWorkspace) {
+  const CaseSpec* c = harness::find_case("verify_topk4_page16");
+  ASSERT_NE(c, nullptr);
+  CaseSpec spec = *c;
+  spec.num_q_heads = 32;
+  spec.num_kv_heads = 8;
+  Result<PreparedCase> prepared = harness::prepare_case(spec, Device::cuda(0));
+  ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
+  PreparedCase& pc = *prepared;
+  BackendContext ctx = pc.context();
+  ctx.speculative_num_draft_tokens = 0;
+  Result<std::unique_ptr<AttentionBackend>> made = create_flashinfer_backend(ctx);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  AttentionBackend& b = **made;
+  ASSERT_TRUE(b.init_cuda_graph_state(16, 64).is_ok());
+  const int bs = pc.batch.batch_size;
+  SpecInfo drafts = pc.batch.spec;
+  drafts.draft_token_num = 8;
+  const Status s = b.init_forward_metadata_capture_cuda_graph(bs, bs * 8, pc.batch.req_pool_indices,
+                                                              pc.batch.seq_lens, TensorView(),
+                                                              ForwardMode::kTargetVerify, &drafts);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("split partial entries"), std::string::npos) << s.to_string();
+  // Four drafts, as sized: accepted.
+  drafts.draft_token_num = 4;
+  EXPECT_TRUE(b.init_forward_metadata_capture_cuda_graph(bs, bs * 4, pc.batch.req_pool_indices,
+                                                         pc.batch.seq_lens, TensorView(),
+                                                         ForwardMode::kTargetVerify, &drafts)
+                  .is_ok());
+}
+
 // ---- the shared-prefix detector (host) ----
 
 TEST(FlashInferCascadePlanTest, SharedPrefixFromPageStarts) {

@@ -255,11 +255,21 @@ TEST(FlashInferSplitLong, OffByDefaultAndOnlyForDecode) {
   auto p = build_work_plan(reqs, no_split);
   ASSERT_TRUE(p.is_ok());
   EXPECT_FALSE(p->any_split);
+  // Prefill tiles: split-long never applies; without allow_split (extend plans) nothing splits,
+  // with it (verify plans) only the uniform chunk rule does (FlashInferVerifySplit below): 15
+  // requests are below the per-head target of 16, so the 32k one is cut, but not by split-long.
   PlanConfig prefill = h200();
   prefill.shape = TileShape::kPrefill;
+  prefill.allow_split = false;
   auto q = build_work_plan(reqs, prefill);
   ASSERT_TRUE(q.is_ok());
   EXPECT_FALSE(q->any_split);
+  EXPECT_FALSE(q->split_long);
+  prefill.allow_split = true;
+  const std::vector<PlanRequest> fifteen(reqs.begin(), reqs.begin() + 15);  // the 32k one first
+  q = build_work_plan(fifteen, prefill);
+  ASSERT_TRUE(q.is_ok());
+  EXPECT_TRUE(q->any_split);
   EXPECT_FALSE(q->split_long);
 }
 
@@ -491,7 +501,7 @@ TEST(FlashInferVerifySplit, PrefillTilesSplitPerDraftToken) {
   EXPECT_EQ(a.reserved[0], a.num_splits);
   EXPECT_EQ(c.partial_base, a.partial_base + a.num_splits * kDrafts);
   EXPECT_EQ(plan->num_partials, (a.num_splits + c.num_splits) * kDrafts);
-  // Without allow_split (extend, graph replays of verify) nothing changes: one item per request.
+  // Without allow_split (extend plans) nothing changes: one item per request.
   cfg.allow_split = false;
   plan = build_work_plan(one, cfg);
   ASSERT_TRUE(plan.is_ok());

@@ -243,12 +243,12 @@ class FlashInferBackend final : public AttentionBackend {
            std::max(1, ctx_.num_kv_heads);
   }
 
-  // Eager target-verify plans on prefill tiles: split like a decode (a verify has a few drafts per
-  // request over a long cached prefix, so its unsplit grid is one CTA per request and kv head: 8
-  // CTAs at bs 1 on a 132-SM H200, 4.5 ms at kv 32k), towards two CTAs per SM (two prefill CTAs
-  // fit at d <= 128; with few packed rows one warp of each does the MMAs). The partials are
-  // merged by cascade_merge after the kernel (run). Graph replays keep the unsplit plan their
-  // grid was captured with.
+  // Target-verify plans on prefill tiles, eager and graph replays: split like a decode (a verify
+  // has a few drafts per request over a long cached prefix, so its unsplit grid is one CTA per
+  // request and kv head: 8 CTAs at bs 1 on a 132-SM H200, 4.5 ms at kv 32k), towards two CTAs per
+  // SM (two prefill CTAs fit at d <= 128; with few packed rows one warp of each does the MMAs).
+  // The partials are merged by cascade_merge after the kernel (run). A graph's grid is the bound
+  // verify_items, so at a small bs most of its CTAs exit at once when the replay does not split.
   PlanConfig verify_plan_config() const {
     PlanConfig c = plan_config(TileShape::kPrefill, true);
     c.target_ctas *= 2;
@@ -786,7 +786,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     ++stats_.cascade_calls;
     return cascade_.run(p, q.dtype, kv_dtype, ctx_.qk_head_dim, stream);
   }
-  if (plan_.split) ++stats_.split_calls;
+  if (plan_.split && plan_.shape == TileShape::kDecode) ++stats_.split_calls;
   if (plan_.split_long) ++stats_.decode_split_long_calls;
   p.balance_slots = plan_.balance_slots;  // after the cascade: its passes run WorkItem plans
   if (plan_.balance_slots > 0 && plan_.balance_cut) ++stats_.decode_balanced_calls;
@@ -1106,6 +1106,15 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
           name_ + ": target_verify graph of bs " + str(bs) + " x " + str(n) + " drafts needs " +
           str(items) + " work items, above the " + str(graph_items_) +
           " init_cuda_graph_state sized (set speculative_num_draft_tokens or max_num_tokens)");
+    }
+    // The split replays' partial rows (splits x N): refused here rather than at a replay.
+    if (verify_partial_entries(n) > graph_partial_entries_) {
+      return Status::invalid_argument(
+          name_ + ": target_verify graph of bs " + str(bs) + " x " + str(n) + " drafts needs " +
+          str(verify_partial_entries(n)) + " split partial entries, above the " +
+          str(graph_partial_entries_) +
+          " init_cuda_graph_state sized for its draft count (set speculative_num_draft_tokens or "
+          "max_num_tokens)");
     }
     plan_.shape = TileShape::kPrefill;
     plan_.grid_items = static_cast<int>(items);

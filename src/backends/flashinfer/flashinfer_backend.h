@@ -68,11 +68,11 @@ struct FlashInferCascadeOptions {
 
 // Per-layer call counters of a flashinfer backend.
 struct FlashInferStats {
-  int64_t native_calls = 0;           // tensor-core kernels (mma.sync, or wgmma on SM90)
-  int64_t wgmma_calls = 0;            // native calls that ran the SM90 wgmma prefill kernel
-  int64_t portable_calls = 0;         // delegated to the portable SIMT path
-  int64_t split_calls = 0;            // native calls whose plan split some request (merge ran)
-  int64_t cascade_calls = 0;          // native calls that ran the shared-prefix cascade
+  int64_t native_calls = 0;    // tensor-core kernels (mma.sync, or wgmma on SM90)
+  int64_t wgmma_calls = 0;     // native calls that ran the SM90 wgmma prefill kernel
+  int64_t portable_calls = 0;  // delegated to the portable SIMT path
+  int64_t split_calls = 0;     // native decode calls whose plan split some request (merge ran)
+  int64_t cascade_calls = 0;   // native calls that ran the shared-prefix cascade
   int64_t cascade_shared_prefix = 0;  // shared prefix (keys) of the last forward's cascade, or 0
   // Decode kernel calls by the PDL mode the backend allowed (PagedParams::decode_pdl; launch_paged
   // lowers it below SM90 or with ATTNKIT_FLASHINFER_PDL): 1 = wait for the previous kernel first,
@@ -89,8 +89,9 @@ struct FlashInferStats {
   // ATTNKIT_FLASHINFER_SPLIT_LONG=1, work_plan.h; graph replays plan on the host at replay and are
   // not counted).
   int64_t decode_split_long_calls = 0;
-  // Eager target-verify calls whose prefill-tile plan split some request (verify_plan_config):
-  // the cascade merge ran after the attention kernel.
+  // Target-verify calls that ran the cascade merge after the attention kernel: eager ones whose
+  // plan split some request (verify_plan_config), and every captured verify layer (a graph
+  // launches the merge at every replay; it leaves the requests a replay keeps whole).
   int64_t verify_split_merges = 0;
   // CTAs per kv head (balanced plan: CTAs) of the last native launch, eager or captured.
   int64_t last_grid_items = 0;

@@ -68,6 +68,8 @@ __global__ void __launch_bounds__(kThreads) cascade_merge_kernel(const CascadeMe
   }
   const RequestPlan& req = plan_reqs != nullptr ? plan_reqs[request] : none;
   const int offset = token - req.q_start;
+  // A token outside its request's rows (tokens not laid out in request order): nothing of it.
+  if (plan_reqs != nullptr && (offset < 0 || offset >= req.q_len)) return;
   const int suffix_rows = p.suffix_plan != nullptr ? req.reserved[0] : 0;
   // Nothing to merge: a request the split plan left whole (its kernel wrote out / lse itself).
   if (p.prefix_chunks == 0 && suffix_rows == 0) return;
