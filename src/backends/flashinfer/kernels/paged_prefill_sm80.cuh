@@ -646,8 +646,8 @@ Status launch_paged_prefill(const PagedParams& p, int grid_items, StreamHandle s
 }
 
 // Picks the instantiation for (q dtype, kv dtype); the default branches name the value. Split
-// items (eager target-verify plans, work_plan.cpp; the cascade's passes) leave normalised partials
-// to the caller's merge (cascade_merge).
+// items (target-verify plans, eager and graph replays, work_plan.cpp; the cascade's passes) leave
+// normalised partials to the caller's merge (cascade_merge).
 template <int kD>
 Status run_paged_prefill_sm80(const PagedParams& p, DType q_dtype, DType kv_dtype, int grid_items,
                               StreamHandle stream) {
