@@ -1,7 +1,8 @@
 // The host-side launch limits the CUDA backends check before their cache write (a refusal after
 // set_kv would leave the new k / v stored for a forward that never ran): triton's tensor-core
 // extend grid (triton_kernels.h) and flashinfer's prefill grid (flashinfer_kernels.h), both one
-// block per tile in a one-dimensional grid of at most 2^31 - 1 blocks.
+// block per tile in a one-dimensional grid of at most 2^31 - 1 blocks; and which tile of those
+// kernels fits a device's opt-in shared memory per block (cuda/common/smem_fit.h).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -48,6 +49,93 @@ TEST(LaunchLimits, FlashInferPrefillGridAtTheLimit) {
   EXPECT_EQ(over.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(over.message().find("268435456 work items x 8 kv heads"), std::string::npos)
       << over.message();
+}
+
+// Opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin) of the tensor-core
+// generations: H100 / H200, A100, sm_86 / sm_89.
+constexpr int kSm90Optin = 227 * 1024;
+constexpr int kSm80Optin = 163 * 1024;
+constexpr int kSm86Optin = 99 * 1024;
+
+// docs/review_s58.md measured the kernels' Traits on the host: the rule's bytes are theirs (the
+// Traits static_assert the same), and the defaults past 99 KB are the ones it found.
+TEST(SharedMemoryFit, FlashInferPrefillBytesAreTheKernels) {
+  using flashinfer::prefill_smem_bytes;
+  using flashinfer::prefill_tile;
+  EXPECT_EQ(prefill_smem_bytes(64, false, prefill_tile(64, true)), 74496);
+  EXPECT_EQ(prefill_smem_bytes(64, true, prefill_tile(64, false)), 62208);
+  EXPECT_EQ(prefill_smem_bytes(80, false, prefill_tile(80, true)), 90880);
+  EXPECT_EQ(prefill_smem_bytes(96, false, prefill_tile(96, true)), 66944);
+  EXPECT_EQ(prefill_smem_bytes(128, false, prefill_tile(128, true)), 104960);
+  EXPECT_EQ(prefill_smem_bytes(128, true, prefill_tile(128, false)), 77184);
+  EXPECT_EQ(prefill_smem_bytes(256, false, prefill_tile(256, true)), 169344);
+  EXPECT_EQ(prefill_smem_bytes(256, true, prefill_tile(256, false)), 150912);
+}
+
+TEST(SharedMemoryFit, FlashInferPrefillTilePerDevice) {
+  using flashinfer::prefill_fit;
+  using flashinfer::PrefillFit;
+  for (const int d : {64, 80, 96, 128, 256}) {
+    for (const bool quant : {false, true}) {
+      SCOPED_TRACE("d " + std::to_string(d) + (quant ? " fp8" : " native"));
+      // SM90 runs every default tile.
+      EXPECT_EQ(prefill_fit(d, quant, kSm90Optin), PrefillFit::kDefault);
+      // A compact tile is never larger than the default, and it is the default itself wherever
+      // the default fits the smallest device.
+      const flashinfer::PrefillTile def = flashinfer::prefill_tile(d, !quant);
+      const flashinfer::PrefillTile small = flashinfer::prefill_tile_compact(d, !quant);
+      EXPECT_LE(flashinfer::prefill_smem_bytes(d, quant, small),
+                flashinfer::prefill_smem_bytes(d, quant, def));
+      if (flashinfer::prefill_smem_bytes(d, quant, def) <= kSm86Optin) {
+        EXPECT_EQ(small.tile_n, def.tile_n);
+        EXPECT_EQ(small.sub_n, def.sub_n);
+        EXPECT_EQ(small.stages, def.stages);
+      }
+    }
+  }
+  // An A100: d 256 bf16 takes two-stage 32-key tiles (135,424 bytes); the rest, fp8 d 256
+  // (150,912) included, their default.
+  EXPECT_EQ(prefill_fit(256, false, kSm80Optin), PrefillFit::kCompact);
+  EXPECT_EQ(prefill_fit(256, true, kSm80Optin), PrefillFit::kDefault);
+  EXPECT_EQ(flashinfer::prefill_smem_bytes(256, false, flashinfer::prefill_tile_compact(256, true)),
+            135424);
+  EXPECT_EQ(prefill_fit(128, false, kSm80Optin), PrefillFit::kDefault);
+  // sm_86 / sm_89: d 128 bf16 takes three-stage 32-key tiles (87,424 bytes), d 256 has none (the
+  // backend's portable path), d <= 96 and fp8 d 128 keep their default.
+  EXPECT_EQ(prefill_fit(128, false, kSm86Optin), PrefillFit::kCompact);
+  EXPECT_EQ(flashinfer::prefill_smem_bytes(128, false, flashinfer::prefill_tile_compact(128, true)),
+            87424);
+  EXPECT_EQ(prefill_fit(128, true, kSm86Optin), PrefillFit::kDefault);
+  EXPECT_EQ(prefill_fit(256, false, kSm86Optin), PrefillFit::kNone);
+  EXPECT_EQ(prefill_fit(256, true, kSm86Optin), PrefillFit::kNone);
+  for (const int d : {64, 80, 96}) {
+    EXPECT_EQ(prefill_fit(d, false, kSm86Optin), PrefillFit::kDefault) << d;
+    EXPECT_EQ(prefill_fit(d, true, kSm86Optin), PrefillFit::kDefault) << d;
+  }
+}
+
+TEST(SharedMemoryFit, TritonExtendTilePerDevice) {
+  using triton::mma_extend_fits;
+  using triton::mma_extend_smem_bytes;
+  using triton::mma_extend_tile;
+  using triton::mma_extend_tile_compact;
+  // The kernel's bytes (MmaExtendKernel::smem_bytes static_asserts the rule): docs/review_s58.md.
+  EXPECT_EQ(mma_extend_smem_bytes(64, mma_extend_tile(64, true)), 80256);
+  EXPECT_EQ(mma_extend_smem_bytes(80, mma_extend_tile(80, true)), 96640);
+  EXPECT_EQ(mma_extend_smem_bytes(96, mma_extend_tile(96, true)), 69824);
+  EXPECT_EQ(mma_extend_smem_bytes(128, mma_extend_tile(128, true)), 108800);
+  EXPECT_EQ(mma_extend_smem_bytes(128, mma_extend_tile(128, false)), 90304);
+  EXPECT_EQ(mma_extend_smem_bytes(256, mma_extend_tile(256, true)), 103552);
+  // d 128 with KV of the q dtype: the compact tile (that of fp8 KV) on sm_86 / sm_89.
+  EXPECT_EQ(mma_extend_smem_bytes(128, mma_extend_tile_compact(128, true)), 90304);
+  for (const int d : {64, 80, 96, 128, 256}) {
+    for (const bool native : {true, false}) {
+      EXPECT_TRUE(mma_extend_fits(d, native, kSm90Optin)) << d;
+      EXPECT_TRUE(mma_extend_fits(d, native, kSm80Optin)) << d;
+      // sm_86 / sm_89: everything but d 256 (the SIMT kernel there).
+      EXPECT_EQ(mma_extend_fits(d, native, kSm86Optin), d != 256) << d << " native " << native;
+    }
+  }
 }
 
 }  // namespace

@@ -1367,6 +1367,26 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
   return staging_.upload(wp, graph_words_.data(), ctx_.stream);
 }
 
+// "" when a prefill tile fits the device's opt-in shared memory per block (prefill_fit) for the
+// context's pool dtype, or, without a pool, for KV of the q dtype and fp8 alike; else the reason
+// (d 256 on sm_86 / sm_89: the whole context then runs the portable path, decode included, so that
+// a verify graph captures the path its eager forward runs).
+std::string prefill_smem_reason(const BackendContext& ctx, int optin) {
+  const int d = ctx.qk_head_dim;
+  const bool pool_fp8 = ctx.kv_pool != nullptr && dtype_is_fp8(ctx.kv_pool->dtype());
+  const bool pool_native = ctx.kv_pool != nullptr && !pool_fp8;
+  for (const bool quant : {false, true}) {
+    if ((quant && pool_native) || (!quant && pool_fp8)) continue;
+    if (flashinfer::prefill_fit(d, quant, optin) != flashinfer::PrefillFit::kNone) continue;
+    const int need = flashinfer::prefill_smem_bytes(
+        d, quant, flashinfer::prefill_tile_compact(d, /*native_kv=*/!quant));
+    return "head_dim " + str(d) + (quant ? " with fp8 KV" : "") +
+           ": the tensor-core prefill tile needs " + str(need) +
+           " bytes of shared memory per block, this device allows " + str(optin);
+  }
+  return "";
+}
+
 }  // namespace
 
 const FlashInferStats* flashinfer_stats(const AttentionBackend& backend) {
@@ -1426,6 +1446,9 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
              head_dims_built<flashinfer::NativeHeadDims>(
                  [](int d) { return flashinfer::head_dim_compiled(d); }) +
              ")";
+  } else if (std::string fit = prefill_smem_reason(ctx, attrs.max_smem_per_block_optin);
+             !fit.empty()) {
+    reason = std::move(fit);
   }
   // The portable path serves those contexts, encoder batches and non-fp8 KV of another dtype.
   std::unique_ptr<AttentionBackend> portable;

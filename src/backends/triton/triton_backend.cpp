@@ -80,7 +80,7 @@ struct Plan {
 class TritonBackend final : public AttentionBackend {
  public:
   TritonBackend(const BackendContext& ctx, int sm_count, int compute_capability, int optin_smem)
-      : ctx_(ctx), sm_count_(sm_count), cc_(compute_capability) {
+      : ctx_(ctx), sm_count_(sm_count), cc_(compute_capability), optin_smem_(optin_smem) {
     const int dqk = ctx.is_mla ? ctx.kv_lora_rank + ctx.qk_rope_head_dim : ctx.qk_head_dim;
     const int dv = ctx.is_mla ? ctx.kv_lora_rank : ctx.v_head_dim;
     const int group = ctx.num_kv_heads > 0 ? ctx.num_q_heads / ctx.num_kv_heads : 1;
@@ -175,6 +175,7 @@ class TritonBackend final : public AttentionBackend {
   BackendContext ctx_;
   int sm_count_ = 0;
   int cc_ = 0;
+  int optin_smem_ = 0;  // opt-in shared memory per block (bytes; ATTNKIT_EMULATE_CC applied)
   int head_blocks_ = 1;
   int mma_head_blocks_ = 1;  // blocks of one request/split of the tensor-core decode
   int max_splits_ = 1;
@@ -456,12 +457,14 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
     vscale = mha.v_scale_buffer(layer.layer_id);
   }
   // Which MHA kernel runs, and its launch limits, also before the cache write. Extend on tensor
-  // cores where the architecture and dtype allow (the SIMT kernel covers SM75, f32 activations and
-  // decode); decode on tensor cores except fp4 pools and cross-attention.
+  // cores where the architecture, dtype and shared memory per block allow (the SIMT kernel covers
+  // SM75, f32 activations, d 256 on sm_86 / sm_89 and decode); decode on tensor cores except fp4
+  // pools and cross-attention.
   const bool mha = !mla_absorbed && !mla_prefill;
-  const bool tensor_cores = mha && cc_ >= kTensorCoreComputeCapability &&
-                            (q.dtype == DType::kBF16 || q.dtype == DType::kF16) &&
-                            (kv_dtype == q.dtype || quant);
+  const bool tensor_cores =
+      mha && cc_ >= kTensorCoreComputeCapability &&
+      (q.dtype == DType::kBF16 || q.dtype == DType::kF16) && (kv_dtype == q.dtype || quant) &&
+      (decode || triton::mma_extend_fits(layer.qk_head_dim, kv_dtype == q.dtype, optin_smem_));
   const bool mma_decode = mha && decode && !cross && decode_tensor_cores(q.dtype) &&
                           (kv_dtype == q.dtype || dtype_is_fp8(kv_dtype));
   if (mma_decode) {

@@ -31,6 +31,7 @@
 #include "cuda/common/dtype_convert.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/online_softmax.cuh"
+#include "cuda/common/smem_fit.h"
 
 namespace attnkit::cuda::ring {
 
@@ -43,6 +44,13 @@ inline constexpr int kRows = 16;                  // packed q rows of a CTA
 inline constexpr int kCtaSmemBudget = 110 * 1024;
 inline constexpr int kCtasPerSm = 2;
 inline constexpr int kMaxStages = 8;
+// The compact CTA, for devices whose blocks may not opt in to the default's shared memory
+// (smem_fit.h; sm_86 / sm_89: 99 KB, where the default d 128 bf16 CTA takes 110 KB): a 96 KB
+// budget, one CTA per SM, 2 warps at head dims > 128 (four warps' two-stage d 256 rings need
+// 145 KB). The same kernel with fewer stages or warps in flight per SM.
+inline constexpr int kCompactCtaSmemBudget = 96 * 1024;
+inline constexpr int kCompactCtasPerSm = 1;
+constexpr int compact_warps(int head_dim) { return head_dim > 128 ? 2 : kWarps; }
 
 // kWarps_ / kCtaSmemBudget_ / kCtasPerSm_: the CTA shape (defaults: the 2 CTAs of 4 warps above;
 // a backend may instead run one CTA of 8 warps per SM90 multiprocessor, same rings, fewer CTAs).
@@ -114,7 +122,17 @@ struct Traits {
 
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16, <= 256");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory above the SM90 opt-in limit");
+  static_assert(kCtaSmemBudget != kCompactCtaSmemBudget ||
+                    kSmemBytes <= kSmallestTensorCoreSmemOptin,
+                "the compact CTA fits every tensor-core device");
 };
+
+// The ring shape a backend launches on a device that cannot opt in to Tr's shared memory: Compact
+// (Tr's traits at kCompactCtaSmemBudget, compact_warps, kCompactCtasPerSm), or Tr itself where it
+// fits every tensor-core device already (no second instantiation).
+template <typename Tr, typename Compact>
+using CompactShape =
+    std::conditional_t<(Tr::kSmemBytes <= kSmallestTensorCoreSmemOptin), Tr, Compact>;
 
 // Where a key's pool row comes from: *word + add (a page-table entry plus the offset in the page,
 // or a flattened token index plus 0).

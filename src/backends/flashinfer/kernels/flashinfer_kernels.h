@@ -31,6 +31,58 @@ constexpr bool head_dim_compiled(int d) {
 #endif
 }
 
+// The prefill kernel's key tile (paged_prefill_sm80.cuh): keys per shared-memory tile (one barrier
+// pair), keys per compute step (S registers) and the cp.async ring depth.
+struct PrefillTile {
+  int tile_n;
+  int sub_n;
+  int stages;
+};
+
+// The default tile of a head dim, KV of the q dtype (native) or fp8. Measured on H200
+// (docs/perf/extend_notes.md): at d 128 with native-dtype KV, 64-key tiles and steps with 2
+// stages beat 32-key tiles with 3 stages by 17% and two 32-key steps per 64-key tile by 8%,
+// although ptxas spills ~180 bytes per thread for it (outside the MMA loops' critical path).
+constexpr PrefillTile prefill_tile(int head_dim, bool native_kv) {
+  const bool wide = head_dim == 128 && native_kv;
+  const int n = wide || head_dim < 96 ? 64 : 32;
+  return {n, n, wide ? 2 : 3};
+}
+
+// Dynamic shared memory of a prefill block (the Traits' kSmemBytes, which static_asserts it):
+// kPrefillTileRows Q rows, the K + V ring (fp8: one 16-bit stage converted from a raw fp8 ring),
+// the key slots; 16-bit rows padded by 8 elements.
+constexpr int prefill_smem_bytes(int head_dim, bool quant_kv, PrefillTile t) {
+  const int row_bytes = (head_dim + 8) * 2;
+  const int stage_bytes = 2 * t.tile_n * row_bytes;
+  const int raw_stage_bytes = quant_kv ? 2 * t.tile_n * head_dim : 0;
+  return kPrefillTileRows * row_bytes + (quant_kv ? 1 : t.stages) * stage_bytes +
+         t.stages * t.tile_n * 4 + t.stages * raw_stage_bytes;
+}
+
+// The tile for devices that cannot opt in to the default's shared memory (smem_fit.h): the
+// default where it fits every tensor-core device (99 KB), else 32-key tiles with three stages
+// at d <= 128 (d 128 bf16: 87,424 bytes instead of 104,960) and two at d 256 (an A100: 135,424
+// instead of 169,344; no d 256 tile of 128 rows fits 99 KB).
+constexpr PrefillTile prefill_tile_compact(int head_dim, bool native_kv) {
+  const PrefillTile d = prefill_tile(head_dim, native_kv);
+  if (prefill_smem_bytes(head_dim, !native_kv, d) <= 99 * 1024) return d;
+  return {32, 32, head_dim > 128 ? 2 : 3};
+}
+
+// Which tile a device whose blocks may opt in to `optin` bytes runs: the default, the compact
+// one, or none (the backend takes its portable path for prefill-shaped forwards).
+enum class PrefillFit { kDefault, kCompact, kNone };
+constexpr PrefillFit prefill_fit(int head_dim, bool quant_kv, int optin) {
+  if (prefill_smem_bytes(head_dim, quant_kv, prefill_tile(head_dim, !quant_kv)) <= optin) {
+    return PrefillFit::kDefault;
+  }
+  if (prefill_smem_bytes(head_dim, quant_kv, prefill_tile_compact(head_dim, !quant_kv)) <= optin) {
+    return PrefillFit::kCompact;
+  }
+  return PrefillFit::kNone;
+}
+
 // The prefill kernels launch one block per (work item, kv head) in a one-dimensional grid: plans
 // past 2^31 - 1 blocks are refused by name. The backend checks it before its cache write; the
 // launch again.

@@ -25,6 +25,7 @@
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/per_device_once.h"
+#include "cuda/common/smem_fit.h"
 
 namespace attnkit::flashinfer {
 
@@ -78,6 +79,7 @@ template <typename Tr, bool kBalanced>
 Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   if (grid_items <= 0) return Status::ok();
   const auto kernel = kBalanced ? paged_decode_balanced_kernel<Tr> : paged_decode_ring_kernel<Tr>;
+  ATTNKIT_RETURN_IF_ERROR(cuda::check_smem_fits(Tr::kSmemBytes, "flashinfer: the decode CTA"));
   // Per-function attributes, set once per instantiation and device (not stream operations;
   // per_device_once.h): the dynamic shared memory and all of the unified L1/shared storage as
   // shared memory (two decode CTAs per SM need 2 x 107 KB).
@@ -127,9 +129,13 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
     const auto with_kv = [&]<DType kKv>() -> Status {
       static_assert(kShape == TileShape::kDecode,
                     "prefill runs paged_prefill_sm80.cuh (run_paged_prefill_sm80)");
+      // The default CTA, or the compact one where the device cannot opt in to it (smem_fit.h).
       using Tr = RingDecodeTraits<kD, QT, kKv>;
-      return p.balance_slots > 0 ? launch_paged<Tr, true>(p, grid_items, stream)
-                                 : launch_paged<Tr, false>(p, grid_items, stream);
+      return cuda::launch_fitting<Tr, RingDecodeCompact<kD, QT, kKv>>(
+          Tr::kSmemBytes, [&]<typename Shape>() -> Status {
+            return p.balance_slots > 0 ? launch_paged<Shape, true>(p, grid_items, stream)
+                                       : launch_paged<Shape, false>(p, grid_items, stream);
+          });
     };
     switch (kv_dtype) {
       case DType::kFP8E4M3:

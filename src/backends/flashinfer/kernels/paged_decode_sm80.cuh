@@ -27,10 +27,11 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
 
 // The decode's ring traits: the ring core's default CTA shape (2 CTAs of 4 warps per SM, 110 KB
 // each; sessions 5-7 measured one CTA of 8 warps, or of 4 warps with twice the ring depth, per
-// SM90 multiprocessor: no faster).
-template <int kD, typename QT, DType kKv>
-struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
-  using Base = cuda::ring::Traits<kD, QT, kKv>;
+// SM90 multiprocessor: no faster); RingDecodeCompact on devices that cannot opt in to it.
+template <int kD, typename QT, DType kKv, int kWarps = cuda::ring::kWarps,
+          int kBudget = cuda::ring::kCtaSmemBudget, int kCtas = cuda::ring::kCtasPerSm>
+struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps, kBudget, kCtas> {
+  using Base = cuda::ring::Traits<kD, QT, kKv, kWarps, kBudget, kCtas>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
   // fp8 KV streams 32-key warp tiles (two 16-key ring stages per softmax step) where the ring has
   // >= 4 stages (d <= 128): a 16-key fp8 tile carries half the bytes of a bf16 one for the same
@@ -47,6 +48,13 @@ struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv> {
   // --launches 10 39.1-39.4 vs 39.6-40.3 us without, --graph 41.6-41.9 vs 42.2-42.3 us.
   static constexpr bool kFp8PairCvt = true;
 };
+
+// The compact CTA of the ring core (cuda::ring::CompactShape) for sm_86 / sm_89-class limits.
+template <int kD, typename QT, DType kKv>
+using RingDecodeCompact = cuda::ring::CompactShape<
+    RingDecodeTraits<kD, QT, kKv>,
+    RingDecodeTraits<kD, QT, kKv, cuda::ring::compact_warps(kD), cuda::ring::kCompactCtaSmemBudget,
+                     cuda::ring::kCompactCtasPerSm>>;
 
 // A merged row's 4 columns (col .. col + 3 of q head `head` of token `token`): out = a * v_scale /
 // dsum, and the natural-log LSE from the exp2-domain max `mx` and the sum (column 0 only).

@@ -9,7 +9,7 @@
 //    loaded from shared memory feeds two MMAs); d 256: 8 warps x 16 rows (the O accumulators fill
 //    the registers).
 //  * Keys stream in tiles of kTileN (computed in steps of kSubN) through a 2- or 3-stage cp.async
-//    ring (PrefillSm80Tile) straight from the pool. The pool slot of key k is req_to_token[row, k -
+//    ring (prefill_tile) straight from the pool. The pool slot of key k is req_to_token[row, k -
 //    k % page] + k % page, read in place from the page table (no per-token index list); the slots
 //    of a tile are looked up an iteration before its copies are issued (the page-table loads are
 //    issued before the current tile's MMAs and published after them), so a copy never waits on a
@@ -50,30 +50,19 @@
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/online_softmax.cuh"
+#include "cuda/common/smem_fit.h"
 
 namespace attnkit::flashinfer {
 
-// Tile configuration of a head dim: keys per shared-memory tile (one barrier pair), keys per
-// compute step (S registers: kMTiles x kSubN / 2) and the cp.async ring depth. Measured on H200
-// (docs/perf/extend_notes.md): at d 128 with native-dtype KV, 64-key tiles and steps with 2 stages
-// beat 32-key tiles with 3 stages by 17% and two 32-key steps per 64-key tile by 8%, although
-// ptxas spills ~180 bytes per thread for it (outside the MMA loops' critical path, as measured).
-template <int kHeadDim, bool kNative>
-struct PrefillSm80Tile {
-  static constexpr bool kWide = kHeadDim == 128 && kNative;
-  static constexpr int kTileN = kWide || kHeadDim < 96 ? 64 : 32;
-  static constexpr int kSubN = kTileN;
-  static constexpr int kStages = kWide ? 2 : 3;
-};
-
-template <
-    int kHeadDim_, typename QT_, DType kKvDType_,
-    int kTileN_ =
-        PrefillSm80Tile<kHeadDim_, kKvDType_ == DType::kBF16 || kKvDType_ == DType::kF16>::kTileN,
-    int kSubN_ =
-        PrefillSm80Tile<kHeadDim_, kKvDType_ == DType::kBF16 || kKvDType_ == DType::kF16>::kSubN,
-    int kStages_ =
-        PrefillSm80Tile<kHeadDim_, kKvDType_ == DType::kBF16 || kKvDType_ == DType::kF16>::kStages>
+// kTileN_ / kSubN_ / kStages_: the key tile (flashinfer_kernels.h prefill_tile: the default of
+// the head dim and KV dtype; prefill_tile_compact where the device cannot opt in to it).
+template <int kHeadDim_, typename QT_, DType kKvDType_,
+          int kTileN_ =
+              prefill_tile(kHeadDim_, kKvDType_ == DType::kBF16 || kKvDType_ == DType::kF16).tile_n,
+          int kSubN_ =
+              prefill_tile(kHeadDim_, kKvDType_ == DType::kBF16 || kKvDType_ == DType::kF16).sub_n,
+          int kStages_ =
+              prefill_tile(kHeadDim_, kKvDType_ == DType::kBF16 || kKvDType_ == DType::kF16).stages>
 struct PrefillSm80Traits {
   static constexpr int kHeadDim = kHeadDim_;
   using QT = QT_;
@@ -116,7 +105,17 @@ struct PrefillSm80Traits {
   static_assert(kTileN <= kThreads, "one thread looks up each key slot of a tile");
   static_assert(kTileN % kSubN == 0 && kStages >= 2, "whole key steps per tile, >= 2 stages");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory above the SM90 opt-in limit");
+  static_assert(kSmemBytes == prefill_smem_bytes(kHeadDim, kQuant, {kTileN, kSubN, kStages}),
+                "the host's fit rule (flashinfer_kernels.h) counts this block's bytes");
 };
+
+// The compact tile's traits (prefill_tile_compact; Tr's own type where its default fits).
+template <int kD, typename QT, DType kKv>
+using PrefillSm80Compact =
+    PrefillSm80Traits<kD, QT, kKv,
+                      prefill_tile_compact(kD, kKv == DType::kBF16 || kKv == DType::kF16).tile_n,
+                      prefill_tile_compact(kD, kKv == DType::kBF16 || kKv == DType::kF16).sub_n,
+                      prefill_tile_compact(kD, kKv == DType::kBF16 || kKv == DType::kF16).stages>;
 
 template <typename Tr>
 struct PagedPrefill {
@@ -633,6 +632,7 @@ template <typename Tr>
 Status launch_paged_prefill(const PagedParams& p, int grid_items, StreamHandle stream) {
   if (grid_items <= 0 || p.num_kv_heads <= 0) return Status::ok();
   const auto kernel = paged_prefill_sm80_kernel<Tr>;
+  ATTNKIT_RETURN_IF_ERROR(cuda::check_smem_fits(Tr::kSmemBytes, "flashinfer: the prefill tile"));
   ATTNKIT_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   ATTNKIT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -653,8 +653,13 @@ Status run_paged_prefill_sm80(const PagedParams& p, DType q_dtype, DType kv_dtyp
                               StreamHandle stream) {
   const auto with_q = [&]<typename QT>() -> Status {
     const auto with_kv = [&]<DType kKv>() -> Status {
+      // The default tile, or the compact one where the device cannot opt in to it (smem_fit.h;
+      // the backend takes its portable path where neither fits: prefill_fit).
       using Tr = PrefillSm80Traits<kD, QT, kKv>;
-      return launch_paged_prefill<Tr>(p, grid_items, stream);
+      return cuda::launch_fitting<Tr, PrefillSm80Compact<kD, QT, kKv>>(
+          Tr::kSmemBytes, [&]<typename Shape>() -> Status {
+            return launch_paged_prefill<Shape>(p, grid_items, stream);
+          });
     };
     switch (kv_dtype) {
       case DType::kFP8E4M3:

@@ -25,6 +25,7 @@
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/per_device_once.h"
 #include "cuda/common/ring_decode.cuh"
+#include "cuda/common/smem_fit.h"
 
 namespace attnkit::triton {
 
@@ -156,6 +157,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 // p.split_counters: [T, num_kv_heads * ceil(group / 16)] zeros when p.max_splits > 1.
 template <typename Tr>
 Status launch_ring_decode(AttentionParams p, int grid_splits, StreamHandle stream) {
+  ATTNKIT_RETURN_IF_ERROR(cuda::check_smem_fits(Tr::kSmemBytes, "triton: the decode CTA"));
   static cuda::PerDeviceOnce attributes;  // per instantiation and device (per_device_once.h)
   ATTNKIT_CUDA_TRY(attributes.run([] {
     cudaError_t e = cudaFuncSetAttribute(
@@ -193,7 +195,15 @@ Status launch_mma_decode(const AttentionParams& p, int grid_splits, MmaDecodeRin
           p, grid_splits, stream);
     }
   }
-  return launch_ring_decode<cuda::ring::Traits<kD, QT, kKV>>(p, grid_splits, stream);
+  // The default 2 x 4-warp CTA, or the ring core's compact one where the device cannot opt in to
+  // it (smem_fit.h: sm_86 / sm_89).
+  using Tr = cuda::ring::Traits<kD, QT, kKV>;
+  using Compact = cuda::ring::CompactShape<
+      Tr, cuda::ring::Traits<kD, QT, kKV, cuda::ring::compact_warps(kD),
+                             cuda::ring::kCompactCtaSmemBudget, cuda::ring::kCompactCtasPerSm>>;
+  return cuda::launch_fitting<Tr, Compact>(Tr::kSmemBytes, [&]<typename Shape>() -> Status {
+    return launch_ring_decode<Shape>(p, grid_splits, stream);
+  });
 }
 
 template <int kD, DType kQ>

@@ -37,17 +37,14 @@
 namespace attnkit::triton {
 
 // Tile configuration of a head dim: keys per shared-memory tile (one barrier pair), keys per
-// compute step (S registers: kMTiles x kSubN / 2), the cp.async ring depth, the unroll of the
-// QK^T k-loop (when Q is re-read from shared memory) and whether the scale is folded into exp2.
-// Measured on H200 (docs/perf/extend_notes.md): at d 128 with native-dtype KV, 64-key tiles
-// computed in two 32-key steps with 2 stages beat 32-key tiles with 3 stages by 8% and 64-key steps
-// (which spill) by 3%.
+// compute step (S registers: kMTiles x kSubN / 2), the cp.async ring depth (mma_extend_tile,
+// triton_kernels.h, with the measurements), the unroll of the QK^T k-loop (when Q is re-read from
+// shared memory) and whether the scale is folded into exp2.
 template <int kHeadDim, bool kNativeKV>
 struct MmaExtendTile {
-  static constexpr bool kWide = kHeadDim == 128 && kNativeKV;
-  static constexpr int kBlockN = kWide || kHeadDim < 96 ? 64 : 32;
-  static constexpr int kSubN = kWide ? 32 : kBlockN;
-  static constexpr int kStages = kWide || kHeadDim > 128 ? 2 : 3;
+  static constexpr int kBlockN = mma_extend_tile(kHeadDim, kNativeKV).block_n;
+  static constexpr int kSubN = mma_extend_tile(kHeadDim, kNativeKV).sub_n;
+  static constexpr int kStages = mma_extend_tile(kHeadDim, kNativeKV).stages;
   // Native KV: QK^T loop fully unrolled (the ldmatrix of the next k-step overlaps this one's
   // MMAs) and the softmax scale folded into the exponent: causal prefill +7-8% at d 128, +12% at
   // d 256, +2% at d 64 (H200, docs/perf/extend_notes.md, Session 4); fp8/fp4 KV keep the rolled
@@ -119,7 +116,7 @@ struct MmaExtendKernel {
     bool pool[2][kBN];             // row in the pool dtype (else the activation dtype)
   };
 
-  static size_t smem_bytes() {
+  static constexpr size_t smem_bytes() {
     return Traits::kSmemElems * sizeof(T) + Traits::kStages * sizeof(TileRows);
   }
 

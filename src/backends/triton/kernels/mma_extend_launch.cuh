@@ -10,13 +10,18 @@
 #include "core/env_knob.h"
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/common/per_device_once.h"
+#include "cuda/common/smem_fit.h"
 
 namespace attnkit::triton {
 
 template <typename Traits>
 Status launch_mma_extend_traits(const AttentionParams& p, int max_q_len, StreamHandle stream) {
   using Kernel = MmaExtendKernel<Traits>;
-  const int smem = static_cast<int>(Kernel::smem_bytes());
+  constexpr int smem = static_cast<int>(Kernel::smem_bytes());
+  static_assert(
+      smem == mma_extend_smem_bytes(Traits::kD, {Traits::kBlockN, Traits::kSubN, Traits::kStages}),
+      "the host's fit rule (triton_kernels.h) counts this block's bytes");
+  ATTNKIT_RETURN_IF_ERROR(cuda::check_smem_fits(smem, "triton: the extend tile"));
   // Opting in to more than 48 KB of dynamic shared memory is a per-function attribute; setting
   // it is idempotent and not a stream operation, so it is done once per instantiation and
   // device (per_device_once.h). The shared-memory carveout is raised to its maximum so two blocks
@@ -58,7 +63,15 @@ Status launch_mma_extend(const AttentionParams& p, int max_q_len, StreamHandle s
           p, max_q_len, stream);
     }
   }
-  return launch_mma_extend_traits<MmaExtendTraits<kD, kQ, kKV>>(p, max_q_len, stream);
+  // The default tile, or the compact one where the device cannot opt in to it (smem_fit.h; the
+  // backend runs the SIMT kernel where neither fits: mma_extend_fits).
+  using Tr = MmaExtendTraits<kD, kQ, kKV>;
+  constexpr MmaExtendKeyTile kCompact = mma_extend_tile_compact(kD, kQ == kKV);
+  using Compact = MmaExtendTraits<kD, kQ, kKV, kCompact.block_n, kCompact.sub_n, kCompact.stages>;
+  return cuda::launch_fitting<Tr, Compact>(
+      static_cast<int>(MmaExtendKernel<Tr>::smem_bytes()), [&]<typename Shape>() -> Status {
+        return launch_mma_extend_traits<Shape>(p, max_q_len, stream);
+      });
 }
 
 template <int kD, DType kQ>

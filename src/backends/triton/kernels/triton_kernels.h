@@ -78,6 +78,45 @@ Status run_mma_decode(AttentionParams p, DType q_dtype, DType kv_dtype, int grid
 // MMA tiles. MmaExtendTraits::kBlockM is this value.
 inline constexpr int mma_extend_block_m(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 
+// The tensor-core extend's key tile (mma_extend.cuh MmaExtendTile): keys per shared-memory tile,
+// keys per compute step, cp.async ring depth. Measured on H200 (docs/perf/extend_notes.md): at
+// d 128 with native-dtype KV, 64-key tiles computed in two 32-key steps with 2 stages beat 32-key
+// tiles with 3 stages by 8% and 64-key steps (which spill) by 3%.
+struct MmaExtendKeyTile {
+  int block_n;
+  int sub_n;
+  int stages;
+};
+constexpr MmaExtendKeyTile mma_extend_tile(int head_dim, bool native_kv) {
+  const bool wide = head_dim == 128 && native_kv;
+  const int n = wide || head_dim < 96 ? 64 : 32;
+  return {n, wide ? 32 : n, wide || head_dim > 128 ? 2 : 3};
+}
+
+// Dynamic shared memory of an extend block (MmaExtendKernel::smem_bytes, which static_asserts
+// it): Q rows and the K + V ring of padded 16-bit rows, and per stage the rows' addresses (K and
+// V: a row pointer, an fp4 scale pointer and a flag per key).
+constexpr int mma_extend_smem_bytes(int head_dim, MmaExtendKeyTile t) {
+  return (mma_extend_block_m(head_dim) + 2 * t.stages * t.block_n) * (head_dim + 8) * 2 +
+         t.stages * 2 * t.block_n * (8 + 8 + 1);
+}
+
+// The tile for devices that cannot opt in to the default's shared memory (cuda/common/smem_fit.h):
+// the default where it fits every tensor-core device (99 KB), else (d 128, KV of the q dtype:
+// 108,800 bytes) 32-key tiles with three stages (90,304). d 256 keeps its default (103,552 bytes):
+// on sm_86 / sm_89 its extend runs the SIMT kernel (mma_extend_fits).
+constexpr MmaExtendKeyTile mma_extend_tile_compact(int head_dim, bool native_kv) {
+  const MmaExtendKeyTile d = mma_extend_tile(head_dim, native_kv);
+  if (head_dim > 128 || mma_extend_smem_bytes(head_dim, d) <= 99 * 1024) return d;
+  return {32, 32, 3};
+}
+
+// Whether the tensor-core extend has a tile for a device whose blocks may opt in to `optin` bytes
+// (else the backend runs the SIMT extend kernel).
+constexpr bool mma_extend_fits(int head_dim, bool native_kv, int optin) {
+  return mma_extend_smem_bytes(head_dim, mma_extend_tile_compact(head_dim, native_kv)) <= optin;
+}
+
 // The tensor-core extend launches one block per (query tile, request, q head) in a
 // one-dimensional grid (numbered heaviest tile first, mma_extend.cuh): batches past 2^31 - 1
 // blocks are refused by name. The backend checks it before its cache write; the launch again.
