@@ -126,14 +126,23 @@ TEST(SharedMemoryFit, TritonExtendTilePerDevice) {
   EXPECT_EQ(mma_extend_smem_bytes(128, mma_extend_tile(128, true)), 108800);
   EXPECT_EQ(mma_extend_smem_bytes(128, mma_extend_tile(128, false)), 90304);
   EXPECT_EQ(mma_extend_smem_bytes(256, mma_extend_tile(256, true)), 103552);
-  // d 128 with KV of the q dtype: the compact tile (that of fp8 KV) on sm_86 / sm_89.
+  // sm_86 / sm_89: d 128 with KV of the q dtype takes the compact tile (that of fp8 KV), d 256
+  // three stages of 16-key tiles.
   EXPECT_EQ(mma_extend_smem_bytes(128, mma_extend_tile_compact(128, true)), 90304);
+  EXPECT_EQ(mma_extend_smem_bytes(256, mma_extend_tile_compact(256, true)), 86112);
+  EXPECT_EQ(mma_extend_tile_compact(256, false).block_n, 16);
   for (const int d : {64, 80, 96, 128, 256}) {
     for (const bool native : {true, false}) {
-      EXPECT_TRUE(mma_extend_fits(d, native, kSm90Optin)) << d;
-      EXPECT_TRUE(mma_extend_fits(d, native, kSm80Optin)) << d;
-      // sm_86 / sm_89: everything but d 256 (the SIMT kernel there).
-      EXPECT_EQ(mma_extend_fits(d, native, kSm86Optin), d != 256) << d << " native " << native;
+      SCOPED_TRACE("d " + std::to_string(d) + (native ? " native" : " quantised"));
+      EXPECT_TRUE(mma_extend_fits(d, native, kSm90Optin));
+      EXPECT_TRUE(mma_extend_fits(d, native, kSm80Optin));
+      EXPECT_TRUE(mma_extend_fits(d, native, kSm86Optin));
+      // The compact tile is the default wherever that fits 99 KB.
+      const triton::MmaExtendKeyTile def = mma_extend_tile(d, native);
+      if (mma_extend_smem_bytes(d, def) <= kSm86Optin) {
+        EXPECT_EQ(mma_extend_tile_compact(d, native).block_n, def.block_n);
+        EXPECT_EQ(mma_extend_tile_compact(d, native).stages, def.stages);
+      }
     }
   }
 }

@@ -458,8 +458,8 @@ Status TritonBackend::run(const TensorView& q, const TensorView& k, const Tensor
   }
   // Which MHA kernel runs, and its launch limits, also before the cache write. Extend on tensor
   // cores where the architecture, dtype and shared memory per block allow (the SIMT kernel covers
-  // SM75, f32 activations, d 256 on sm_86 / sm_89 and decode); decode on tensor cores except fp4
-  // pools and cross-attention.
+  // SM75, f32 activations and decode); decode on tensor cores except fp4 pools and
+  // cross-attention.
   const bool mha = !mla_absorbed && !mla_prefill;
   const bool tensor_cores =
       mha && cc_ >= kTensorCoreComputeCapability &&

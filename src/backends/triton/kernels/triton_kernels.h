@@ -102,17 +102,17 @@ constexpr int mma_extend_smem_bytes(int head_dim, MmaExtendKeyTile t) {
 }
 
 // The tile for devices that cannot opt in to the default's shared memory (cuda/common/smem_fit.h):
-// the default where it fits every tensor-core device (99 KB), else (d 128, KV of the q dtype:
-// 108,800 bytes) 32-key tiles with three stages (90,304). d 256 keeps its default (103,552 bytes):
-// on sm_86 / sm_89 its extend runs the SIMT kernel (mma_extend_fits).
+// the default where it fits every tensor-core device (99 KB), else three stages of 32-key tiles
+// at d <= 128 (d 128 with KV of the q dtype: 90,304 bytes instead of 108,800) and of 16-key
+// tiles at d 256 (86,112 instead of 103,552).
 constexpr MmaExtendKeyTile mma_extend_tile_compact(int head_dim, bool native_kv) {
   const MmaExtendKeyTile d = mma_extend_tile(head_dim, native_kv);
-  if (head_dim > 128 || mma_extend_smem_bytes(head_dim, d) <= 99 * 1024) return d;
-  return {32, 32, 3};
+  if (mma_extend_smem_bytes(head_dim, d) <= 99 * 1024) return d;
+  return head_dim > 128 ? MmaExtendKeyTile{16, 16, 3} : MmaExtendKeyTile{32, 32, 3};
 }
 
 // Whether the tensor-core extend has a tile for a device whose blocks may opt in to `optin` bytes
-// (else the backend runs the SIMT extend kernel).
+// (else the backend runs the SIMT extend kernel; every tensor-core device has one today).
 constexpr bool mma_extend_fits(int head_dim, bool native_kv, int optin) {
   return mma_extend_smem_bytes(head_dim, mma_extend_tile_compact(head_dim, native_kv)) <= optin;
 }
