@@ -126,8 +126,9 @@ BackendDescriptor triton() {
   constexpr int kMinCc = 75;
   BackendDescriptor d = cuda_descriptor(
       "triton",
-      "portable CUDA (SM75+ SIMT; mma.sync on SM80+), split-KV decode + two-loop extend; the "
-      "universal GPU fallback",
+      "portable CUDA (SM75+ SIMT; mma.sync on SM80+, compact tiles where a block may opt in to "
+      "less shared memory: sm_86 / sm_89), split-KV decode + two-loop extend; the universal GPU "
+      "fallback",
       kMinCc);
   d.mha = mha_row(token_pages(), true, true, true, true, true, true);
   d.mha->head_dims = cuda_head_dims();
@@ -153,7 +154,8 @@ BackendDescriptor flashinfer() {
       "SMs (uneven batches cut into equal key chunks, split-KV merged by LSE); SM90 prefill/extend "
       "of bf16/f16 MHA d 64/128/256 with KV of the q dtype (window / soft-cap / sinks too) "
       "runs the fa3 wgmma kernel (shared engine), everything else (SM80, fp8 KV, verify masks, "
-      "d 80/96) the mma.sync prefill kernel; page-1 MLA: "
+      "d 80/96) the mma.sync prefill kernel; sm_86 / sm_89 (99 KiB shared memory per block): "
+      "compact decode / prefill tiles, MHA d 256 on the portable kernels; page-1 MLA: "
       "decode and verify (topk 1) on the shared tensor-core MLA kernels "
       "(bf16 KV, needs 227 KiB shared memory per block: SM90; wgmma for 64-row tiles), extend / "
       "192-128 prefill / fp4 KV "
