@@ -9,6 +9,7 @@
 
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
 #include "backends/triton/kernels/triton_kernels.h"
+#include "cuda/common/ring_shape.h"
 
 namespace attnkit {
 namespace {
@@ -112,6 +113,40 @@ TEST(SharedMemoryFit, FlashInferPrefillTilePerDevice) {
     EXPECT_EQ(prefill_fit(d, false, kSm86Optin), PrefillFit::kDefault) << d;
     EXPECT_EQ(prefill_fit(d, true, kSm86Optin), PrefillFit::kDefault) << d;
   }
+}
+
+// The ring decode CTA (flashinfer's decode, triton's 2 x 4-warp shape): docs/review_s58.md's
+// column, and the compact CTA where the default does not fit 99 KB (ring::Traits static_asserts
+// both sizes).
+TEST(SharedMemoryFit, RingDecodeCtaPerDevice) {
+  using cuda::ring::cta_smem_bytes;
+  struct Row {
+    int d;
+    bool fp8;
+    int bytes;          // the default CTA
+    int compact_bytes;  // the compact one (the default's where that fits 99 KB)
+  };
+  const Row rows[] = {
+      {64, false, 97024, 97024},   {64, true, 88320, 88320},   {80, false, 94976, 94976},
+      {80, true, 105216, 92416},   {96, false, 111872, 84736}, {96, true, 107264, 92416},
+      {128, false, 110336, 75008}, {128, true, 99072, 99072},  {256, false, 144640, 76544},
+      {256, true, 79104, 79104},
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE("d " + std::to_string(r.d) + (r.fp8 ? " fp8" : " bf16"));
+    EXPECT_EQ(cta_smem_bytes(r.d, r.fp8), r.bytes);
+    const bool fits = cuda::ring::default_cta_fits(r.d, r.fp8, kSm86Optin);
+    EXPECT_EQ(fits, r.bytes <= kSm86Optin);
+    const int compact = fits ? r.bytes
+                             : cta_smem_bytes(r.d, r.fp8, cuda::ring::compact_warps(r.d),
+                                              cuda::ring::kCompactCtaSmemBudget);
+    EXPECT_EQ(compact, r.compact_bytes);
+    EXPECT_LE(compact, kSm86Optin);
+    EXPECT_TRUE(cuda::ring::default_cta_fits(r.d, r.fp8, kSm80Optin));
+  }
+  // d 128 bf16: three stages per warp by default, two in the compact CTA.
+  EXPECT_EQ(cuda::ring::cta_stages(128, false), 3);
+  EXPECT_EQ(cuda::ring::cta_stages(128, false, 4, cuda::ring::kCompactCtaSmemBudget), 2);
 }
 
 TEST(SharedMemoryFit, TritonExtendTilePerDevice) {

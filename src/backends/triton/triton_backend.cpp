@@ -35,6 +35,7 @@
 #include "cuda/common/device_attributes.h"
 #include "cuda/common/dispatch.h"
 #include "cuda/common/metadata_kernels.h"
+#include "cuda/common/ring_shape.h"
 
 namespace attnkit {
 namespace {
@@ -90,8 +91,14 @@ class TritonBackend final : public AttentionBackend {
                                                       : triton::simt::gqa_tile(dqk, dv);
     head_blocks_ = std::max(1, ctx.num_kv_heads) * ((group + tile - 1) / tile);
     ring_ = pick_ring(optin_smem, dqk);
+    // Resident CTAs per SM the split planner fills: 2 of the 2 x 4-warp shape, 1 of the one-CTA
+    // shape or of the compact CTA that devices without the default's shared memory run (sm_86 /
+    // sm_89: d 96 / 128 / 256 with KV of the q dtype, d 80 / 96 fp8; ring_shape.h).
+    const DType kv = ctx.kv_pool != nullptr ? ctx.kv_pool->dtype() : ctx.q_dtype;
+    const bool compact = decode_tensor_cores(ctx.q_dtype) && dqk <= 256 &&
+                         !cuda::ring::default_cta_fits(dqk, dtype_is_fp8(kv), optin_smem);
     blocks_per_sm_ = cuda::decode_blocks_per_sm(
-        ring_ == triton::MmaDecodeRing::k2x4 ? triton::kTargetBlocksPerSm : 1);
+        ring_ == triton::MmaDecodeRing::k2x4 && !compact ? triton::kTargetBlocksPerSm : 1);
     max_splits_ = triton::plan_max_splits(sm_count_, head_blocks_, blocks_per_sm_);
     // Experiment: "request" = old rule.
     batch_chunk_ = env_choice("ATTNKIT_TRITON_SPLIT", {"request"}, "batch") != "request";

@@ -31,29 +31,14 @@
 #include "cuda/common/dtype_convert.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/online_softmax.cuh"
+#include "cuda/common/ring_shape.h"
 #include "cuda/common/smem_fit.h"
 
 namespace attnkit::cuda::ring {
 
-inline constexpr int kWarps = 4;
-inline constexpr int kKeys = 16;                  // keys of one warp tile (one PV k-step)
-inline constexpr int kTileKeys = kWarps * kKeys;  // keys of one round of the CTA's warps
-inline constexpr int kRows = 16;                  // packed q rows of a CTA
-// Shared memory of one CTA: 2 fit in the 228 KB of an SM90 multiprocessor (an SM80 one, 164 KB,
-// holds one).
-inline constexpr int kCtaSmemBudget = 110 * 1024;
-inline constexpr int kCtasPerSm = 2;
-inline constexpr int kMaxStages = 8;
-// The compact CTA, for devices whose blocks may not opt in to the default's shared memory
-// (smem_fit.h; sm_86 / sm_89: 99 KB, where the default d 128 bf16 CTA takes 110 KB): a 96 KB
-// budget, one CTA per SM, 2 warps at head dims > 128 (four warps' two-stage d 256 rings need
-// 145 KB). The same kernel with fewer stages or warps in flight per SM.
-inline constexpr int kCompactCtaSmemBudget = 96 * 1024;
-inline constexpr int kCompactCtasPerSm = 1;
-constexpr int compact_warps(int head_dim) { return head_dim > 128 ? 2 : kWarps; }
-
-// kWarps_ / kCtaSmemBudget_ / kCtasPerSm_: the CTA shape (defaults: the 2 CTAs of 4 warps above;
-// a backend may instead run one CTA of 8 warps per SM90 multiprocessor, same rings, fewer CTAs).
+// kWarps_ / kCtaSmemBudget_ / kCtasPerSm_: the CTA shape (defaults: 2 CTAs of 4 warps,
+// ring_shape.h; a backend may instead run one CTA of 8 warps per SM90 multiprocessor, same rings,
+// fewer CTAs).
 template <int kHeadDim_, typename QT_, DType kKvDType_, int kWarps_ = kWarps,
           int kCtaSmemBudget_ = kCtaSmemBudget, int kCtasPerSm_ = kCtasPerSm>
 struct Traits {
@@ -125,6 +110,9 @@ struct Traits {
   static_assert(kCtaSmemBudget != kCompactCtaSmemBudget ||
                     kSmemBytes <= kSmallestTensorCoreSmemOptin,
                 "the compact CTA fits every tensor-core device");
+  static_assert(kSmemBytes == cta_smem_bytes(kHeadDim, kQuant, kWarps, kCtaSmemBudget) &&
+                    kStages == cta_stages(kHeadDim, kQuant, kWarps, kCtaSmemBudget),
+                "the host's CTA sizes (ring_shape.h) are this CTA's");
 };
 
 // The ring shape a backend launches on a device that cannot opt in to Tr's shared memory: Compact
