@@ -20,8 +20,10 @@ if [ "${BUILD:-1}" = 1 ]; then
       >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
 fi
-(cd "$build" && ctest -R "Sm(80|86)Emulated" -j6 --output-on-failure > "$OUT/ctest.log" 2>&1)
-echo "ctest Sm80/86Emulated: rc=$?" | tee -a "$OUT/summary.txt"
+# CTEST_EXTRA: more ctest -R alternatives (e.g. the same binaries' native-device tests).
+regex="Sm(80|86)Emulated${CTEST_EXTRA:+|$CTEST_EXTRA}"
+(cd "$build" && ctest -R "$regex" -j12 --output-on-failure > "$OUT/ctest.log" 2>&1)
+echo "ctest -R \"$regex\": rc=$?" | tee -a "$OUT/summary.txt"
 grep -E "tests passed|Failed|\*\*\*" "$OUT/ctest.log" | head -20 | tee -a "$OUT/summary.txt"
 ak="$build/tools/attnkit/attnkit"
 row='^(flashinfer|triton) |ceiling|copy'

@@ -46,7 +46,9 @@ DeviceInfo cuda_device() {
 // Device 0's opt-in shared memory per block as the backend reads it (ATTNKIT_EMULATE_CC counts).
 int device_smem_optin() {
   cuda::DeviceAttributes a;
-  return cuda::query_device_attributes(0, &a).is_ok() ? a.max_smem_per_block_optin : 0;
+  const Status got = cuda::query_device_attributes(0, &a);
+  if (!got.is_ok()) ADD_FAILURE() << "device attributes: " << got.to_string();
+  return got.is_ok() ? a.max_smem_per_block_optin : 0;
 }
 
 // Whether a case must run on the tensor-core kernels (everything else may use the portable path):

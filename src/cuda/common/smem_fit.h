@@ -1,10 +1,11 @@
 // Shared memory per block against the device. The tensor-core kernels' default shapes are sized
 // for SM90 (227 KB a block) and SM80 (163 KB); sm_86 / sm_89 blocks (A10, A40, L4, L40, L40S,
-// RTX 30 / 40) may opt in to 99 KB only. Every launcher that opts in past 48 KB checks its bytes
-// against the current device here first, and the families whose default needs more than 99 KB
-// keep a compact shape that fits (ring decode, flashinfer's prefill, triton's extend), chosen at
-// launch from the same limit; where no compact shape exists the backend takes its portable kernel
-// before it launches (docs/review_s58.md).
+// RTX 30 / 40) may opt in to 99 KB only. The ring decode, prefill and extend launchers check their
+// bytes against the current device here first (the MLA decode engine refuses at creation, fa3's
+// kernels run on SM90 only, the cut-plan kernel sizes itself), and the families whose default needs
+// more than 99 KB keep a compact shape that fits (ring decode, flashinfer's prefill, triton's
+// extend), chosen at launch from the same limit; where no compact shape exists the backend takes
+// its portable kernel before it launches (docs/review_s58.md).
 //
 // The limit is the one the backends read (device_attributes.h), so ATTNKIT_EMULATE_CC=86 caps it
 // at 99 KB on an H200 and a launch past it fails there as it would on the real device.
@@ -26,26 +27,32 @@ namespace attnkit::cuda {
 // tensor-core generation attnkit runs: sm_86 / sm_89, 99 KB.
 inline constexpr int kSmallestTensorCoreSmemOptin = 99 * 1024;
 
-// The current device's opt-in shared memory per block, ATTNKIT_EMULATE_CC applied, queried once
-// per device (per_device_once.h). INT_MAX when the query fails (the launch then reports CUDA's own
-// error rather than this check inventing one).
+// The current device's opt-in shared memory per block, ATTNKIT_EMULATE_CC applied at every call
+// (as device_attributes.h applies it at every backend creation, so a process that changes the
+// variable between backends sees the same limit here as there); the device's own attributes are
+// queried once per device (per_device_once.h). INT_MAX when the query fails (the launch then
+// reports CUDA's own error rather than this check inventing one).
 inline int current_device_smem_optin() {
-  static PerDeviceValue value;
-  const int got = value.get([] {
-    int device = 0, major = 0, minor = 0, optin = 0;
+  static PerDeviceValue compute_capability;
+  static PerDeviceValue optin_bytes;
+  const auto query = [](cudaDeviceAttr attr) {
+    int device = 0, value = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-            cudaSuccess) {
+        cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess) {
       (void)cudaGetLastError();
       return -1;
     }
-    int cc = major * 10 + minor;
-    if (!detail::apply_emulated_compute_capability(&cc, &optin).is_ok()) return -1;
-    return optin;
+    return value;
+  };
+  int cc = compute_capability.get([&] {
+    const int major = query(cudaDevAttrComputeCapabilityMajor);
+    const int minor = query(cudaDevAttrComputeCapabilityMinor);
+    return major < 0 || minor < 0 ? -1 : major * 10 + minor;
   });
-  return got < 0 ? INT_MAX : got;
+  int optin = optin_bytes.get([&] { return query(cudaDevAttrMaxSharedMemoryPerBlockOptin); });
+  if (cc < 0 || optin < 0) return INT_MAX;
+  if (!detail::apply_emulated_compute_capability(&cc, &optin).is_ok()) return INT_MAX;
+  return optin;
 }
 
 // ok when a block of `bytes` dynamic shared memory fits the current device; else unsupported,

@@ -121,14 +121,14 @@ __device__ __forceinline__ void merge_splits_one_trip(const PagedParams& p, int 
 // saw no key) and their sum with the sink; (3) per (row, 4 columns) the weighted sum of the
 // partials (ld.global.cg: written by other CTAs of this launch), up to 16 partial loads in flight
 // per thread. `scratch`: the CTA's shared memory (Tr::kSmemBytes), free after attend; it holds the
-// weights of up to ~1700 splits (the default planner makes at most one wave of CTAs; a balanced cut
-// plan's item can have up to ~slots / (kv heads x q tiles) + 1 parts, past 1700 only with one kv
-// head and ~1700+ requests at the 2112-slot cap); past that the weights are recomputed from the
-// LSEs in global memory (slower, correct). `head_of(r)` / `token_of(r)`: q head / token of packed
-// row r. `num_splits`: the request's (RequestPlan) or, in the balanced plan, the item's
-// (Segment::parts); split s of packed row r is partial entry entry0(r) + s x `stride` (the WorkItem
-// kernel: (partial_base + s) x Hq + head; the balanced kernel: (partial_base + s) x W + r,
-// balanced_partial_width).
+// weights of up to ~1700 splits (~1170 in the compact CTA of smem_fit.h; the default planner makes
+// at most one wave of CTAs; a balanced cut plan's item can have up to ~slots / (kv heads x q tiles)
+// + 1 parts, past 1700 only with one kv head and ~1700+ requests at the 2112-slot cap); past that
+// the weights are recomputed from the LSEs in global memory (slower, correct). `head_of(r)` /
+// `token_of(r)`: q head / token of packed row r. `num_splits`: the request's (RequestPlan) or, in
+// the balanced plan, the item's (Segment::parts); split s of packed row r is partial entry
+// entry0(r) + s x `stride` (the WorkItem kernel: (partial_base + s) x Hq + head; the balanced
+// kernel: (partial_base + s) x W + r, balanced_partial_width).
 template <typename Tr, typename HeadFn, typename TokenFn, typename EntryFn>
 __device__ __forceinline__ void merge_splits(const PagedParams& p, int num_splits, int64_t stride,
                                              EntryFn entry0, int rows, HeadFn head_of,

@@ -57,7 +57,10 @@ template <int kD, DType kQ, DType kKV>
 Status launch_mma_extend(const AttentionParams& p, int max_q_len, StreamHandle stream) {
   if constexpr (kQ == kKV) {
     using Tile = MmaExtendTile<kD, true>;
-    if (extend_legacy()) {
+    // (Where the default tile fits the device; elsewhere the compact tile runs below.)
+    if (extend_legacy() &&
+        static_cast<int>(MmaExtendKernel<MmaExtendTraits<kD, kQ, kKV>>::smem_bytes()) <=
+            cuda::current_device_smem_optin()) {
       return launch_mma_extend_traits<
           MmaExtendTraits<kD, kQ, kKV, Tile::kBlockN, Tile::kSubN, Tile::kStages, 1, false>>(
           p, max_q_len, stream);
