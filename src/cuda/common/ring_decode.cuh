@@ -66,11 +66,9 @@ struct Traits {
 
   static constexpr int kQBytes = kRows * kRowBytes;
   static constexpr int kStageBytes = 2 * kKeys * kRawRowBytes;  // K + V of one warp tile
-  static constexpr int kWarpBudget = (kCtaSmemBudget - kQBytes) / kWarps;
-  static constexpr int kSlotBytesPerStage = 2 * kKeys * 4;  // slot ring: 2 entries per stage
-  static constexpr int kStagesFit = kWarpBudget / (kStageBytes + kSlotBytesPerStage);
-  static constexpr int kStages =
-      kStagesFit < 2 ? 2 : (kStagesFit > kMaxStages ? kMaxStages : kStagesFit);
+  static constexpr int kSlotBytesPerStage = 2 * kKeys * 4;      // slot ring: 2 entries per stage
+  // As many stages as the budget left after Q holds per warp, 2 to kMaxStages (ring_shape.h).
+  static constexpr int kStages = cta_stages(kHeadDim, kQuant, kWarps, kCtaSmemBudget);
   static constexpr int kWarpBytes = kStages * (kStageBytes + kSlotBytesPerStage);
   static constexpr int kEpiBytes = kWarps * kRows * kHeadDim * 4 + 2 * kWarps * kRows * 4;
   static constexpr int kMainBytes = kWarps * kWarpBytes;
@@ -110,8 +108,9 @@ struct Traits {
   static_assert(kCtaSmemBudget != kCompactCtaSmemBudget ||
                     kSmemBytes <= kSmallestTensorCoreSmemOptin,
                 "the compact CTA fits every tensor-core device");
-  static_assert(kSmemBytes == cta_smem_bytes(kHeadDim, kQuant, kWarps, kCtaSmemBudget) &&
-                    kStages == cta_stages(kHeadDim, kQuant, kWarps, kCtaSmemBudget),
+  static_assert(kQBytes == cta_q_bytes(kHeadDim) &&
+                    kStageBytes + kSlotBytesPerStage == cta_stage_bytes(kHeadDim, kQuant) &&
+                    kSmemBytes == cta_smem_bytes(kHeadDim, kQuant, kWarps, kCtaSmemBudget),
                 "the host's CTA sizes (ring_shape.h) are this CTA's");
 };
 

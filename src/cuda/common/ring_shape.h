@@ -22,14 +22,20 @@ inline constexpr int kCompactCtaSmemBudget = 96 * 1024;
 inline constexpr int kCompactCtasPerSm = 1;
 constexpr int compact_warps(int head_dim) { return head_dim > 128 ? 2 : kWarps; }
 
-// Ring stages per warp of a CTA: the budget left after Q, split over the warps, in stages of one
-// 16-key K + V tile (16-bit rows padded by 16 bytes, raw fp8 rows too) and its two slot words per
-// key; at least 2, at most kMaxStages.
+// Q of a CTA: kRows rows of 16-bit values padded by 8 elements.
+constexpr int cta_q_bytes(int head_dim) { return kRows * (head_dim + 8) * 2; }
+
+// One ring stage of a warp: a 16-key K + V tile (16-bit rows padded by 16 bytes, raw fp8 rows
+// too) and its two slot words per key.
+constexpr int cta_stage_bytes(int head_dim, bool quant_kv) {
+  return 2 * kKeys * (quant_kv ? head_dim + 16 : (head_dim + 8) * 2) + 2 * kKeys * 4;
+}
+
+// Ring stages per warp of a CTA: the budget left after Q, split over the warps; at least 2, at
+// most kMaxStages.
 constexpr int cta_stages(int head_dim, bool quant_kv, int warps = kWarps,
                          int budget = kCtaSmemBudget) {
-  const int q_bytes = kRows * (head_dim + 8) * 2;
-  const int stage = 2 * kKeys * (quant_kv ? head_dim + 16 : (head_dim + 8) * 2) + 2 * kKeys * 4;
-  const int fit = (budget - q_bytes) / warps / stage;
+  const int fit = (budget - cta_q_bytes(head_dim)) / warps / cta_stage_bytes(head_dim, quant_kv);
   return fit < 2 ? 2 : (fit > kMaxStages ? kMaxStages : fit);
 }
 
@@ -37,11 +43,10 @@ constexpr int cta_stages(int head_dim, bool quant_kv, int warps = kWarps,
 // warp (their (m, d) too) where that is larger.
 constexpr int cta_smem_bytes(int head_dim, bool quant_kv, int warps = kWarps,
                              int budget = kCtaSmemBudget) {
-  const int q_bytes = kRows * (head_dim + 8) * 2;
-  const int stage = 2 * kKeys * (quant_kv ? head_dim + 16 : (head_dim + 8) * 2) + 2 * kKeys * 4;
-  const int main = warps * cta_stages(head_dim, quant_kv, warps, budget) * stage;
+  const int main =
+      warps * cta_stages(head_dim, quant_kv, warps, budget) * cta_stage_bytes(head_dim, quant_kv);
   const int epi = warps * kRows * head_dim * 4 + 2 * warps * kRows * 4;
-  return q_bytes + (main > epi ? main : epi);
+  return cta_q_bytes(head_dim) + (main > epi ? main : epi);
 }
 
 // Whether the default CTA fits a device whose blocks may opt in to `optin` bytes (else the

@@ -20,12 +20,9 @@
 #include "attnkit/status.h"
 #include "core/emulated_cc.h"
 #include "cuda/common/per_device_once.h"
+#include "cuda/common/smem_limits.h"
 
 namespace attnkit::cuda {
-
-// Opt-in dynamic shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin) of the smallest
-// tensor-core generation attnkit runs: sm_86 / sm_89, 99 KB.
-inline constexpr int kSmallestTensorCoreSmemOptin = 99 * 1024;
 
 // The current device's opt-in shared memory per block, ATTNKIT_EMULATE_CC applied at every call
 // (as device_attributes.h applies it at every backend creation, so a process that changes the

@@ -11,6 +11,7 @@
 #include "attnkit/tensor.h"
 #include "backends/flashinfer/kernels/paged_params.h"
 #include "cuda/common/dispatch.h"
+#include "cuda/common/smem_limits.h"
 
 namespace attnkit::flashinfer {
 
@@ -66,7 +67,7 @@ constexpr int prefill_smem_bytes(int head_dim, bool quant_kv, PrefillTile t) {
 // instead of 169,344; no d 256 tile of 128 rows fits 99 KB).
 constexpr PrefillTile prefill_tile_compact(int head_dim, bool native_kv) {
   const PrefillTile d = prefill_tile(head_dim, native_kv);
-  if (prefill_smem_bytes(head_dim, !native_kv, d) <= 99 * 1024) return d;
+  if (prefill_smem_bytes(head_dim, !native_kv, d) <= cuda::kSmallestTensorCoreSmemOptin) return d;
   return {32, 32, head_dim > 128 ? 2 : 3};
 }
 

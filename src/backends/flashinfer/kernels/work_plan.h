@@ -37,10 +37,10 @@
 //     one 32768-key CTA per head.
 // Prefill: one CTA per (tile of packed rows, kv head), whole key range (the kernel clips it to the
 // causal / window bound of the tile). With allow_split (target-verify forwards, eager and graph
-// replays: a few drafts
-// per request over a long cached prefix, so one tile per request and kv head), the same chunk rule
-// cuts the keys; the partial rows are per (split, token) and the caller merges them
-// (cascade_merge with the plan as its suffix plan: RequestPlan::reserved[0] = num_splits).
+// replays: a few drafts per request over a long cached prefix, so one tile per request and kv
+// head), the same chunk rule cuts the keys; the partial rows are per (split, token) and the caller
+// merges them (cascade_merge with the plan as its suffix plan: RequestPlan::reserved[0] =
+// num_splits).
 #pragma once
 
 #include <cstdint>

@@ -11,6 +11,7 @@
 #include "attnkit/tensor.h"
 #include "backends/triton/kernels/attention_params.h"
 #include "cuda/common/dispatch.h"
+#include "cuda/common/smem_limits.h"
 
 namespace attnkit::triton {
 
@@ -107,7 +108,7 @@ constexpr int mma_extend_smem_bytes(int head_dim, MmaExtendKeyTile t) {
 // tiles at d 256 (86,112 instead of 103,552).
 constexpr MmaExtendKeyTile mma_extend_tile_compact(int head_dim, bool native_kv) {
   const MmaExtendKeyTile d = mma_extend_tile(head_dim, native_kv);
-  if (mma_extend_smem_bytes(head_dim, d) <= 99 * 1024) return d;
+  if (mma_extend_smem_bytes(head_dim, d) <= cuda::kSmallestTensorCoreSmemOptin) return d;
   return head_dim > 128 ? MmaExtendKeyTile{16, 16, 3} : MmaExtendKeyTile{32, 32, 3};
 }
 
