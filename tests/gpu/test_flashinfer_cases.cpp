@@ -127,6 +127,21 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_
   if (split_long == nullptr || std::string(split_long) != "1") {
     EXPECT_EQ(stats->decode_split_long_calls, 0) << "the split-long rule ran with the knob off";
   }
+  // Target verify on decode tiles up to ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS packed rows per
+  // request (N drafts x group; default 32; ctest FlashInferVerifyPrefillTiles sets 0,
+  // FlashInferVerifyDecodeTiles 2^20), on prefill tiles above: every native verify layer outside
+  // a cascade ran the tiles the rule names.
+  if (spec.mode == ForwardMode::kTargetVerify && expects_native(spec) &&
+      stats->cascade_calls == 0) {
+    const char* rows_env = std::getenv("ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS");
+    const int64_t bound = rows_env == nullptr ? 32 : std::atoll(rows_env);
+    const int64_t rows = static_cast<int64_t>(spec.spec_draft_tokens) *
+                         (spec.num_q_heads / std::max(1, spec.num_kv_heads));
+    EXPECT_EQ(stats->verify_decode_calls, rows <= bound ? layers : 0)
+        << rows << " packed rows per request, decode-tile bound " << bound;
+  } else {
+    EXPECT_EQ(stats->verify_decode_calls, 0) << "a non-verify forward ran the verify kernel";
+  }
   if (stats_out != nullptr) *stats_out = *stats;
 }
 
@@ -201,10 +216,29 @@ TEST(FlashInferSplitTest, WideGroupUsesSeveralQueryTiles) {
 }
 
 // Target verify over long cached prefixes: the eager plan splits the prefixes into key chunks
-// (verify_plan_config) and the cascade merge joins the partials; whole requests of the same
-// forward keep the kernel's own output. Trees and chains, page 1 / 16 / 64, sinks, a soft-cap, a
-// sliding window (chunks before it see nothing), fp8 and f16, lse checked by the comparison.
-TEST(FlashInferVerifySplitTest, LongPrefixesSplitAndMatch) {
+// (verify_plan_config); on prefill tiles the cascade merge joins the partials, on decode tiles the
+// request's last split CTA (the kernel's fused merge); whole requests of the same forward keep
+// the kernel's own output. Trees and chains, page 1 / 16 / 64, sinks, a soft-cap, a sliding
+// window (chunks before it see nothing; on decode tiles the rows of one CTA start at different
+// keys), fp8 and f16, groups whose tokens straddle a 16-row decode tile (group 6), lse checked by
+// the comparison. Run on both tile shapes (ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS).
+void expect_split(const FlashInferStats& stats, bool decode_tiles, const std::string& what) {
+  if (decode_tiles) {
+    EXPECT_GT(stats.verify_decode_calls, 0) << what << " did not run on decode tiles";
+    EXPECT_GT(stats.split_calls, 0) << what << " was not split";
+    EXPECT_EQ(stats.verify_split_merges, 0) << what << ": a merge launch on decode tiles";
+  } else {
+    EXPECT_EQ(stats.verify_decode_calls, 0) << what << " ran on decode tiles";
+    EXPECT_GT(stats.verify_split_merges, 0) << what << " was not split";
+  }
+}
+
+class FlashInferVerifySplitTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FlashInferVerifySplitTest, LongPrefixesSplitAndMatch) {
+  const bool decode_tiles = GetParam();
+  test_support::ScopedEnv rows("ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS",
+                               decode_tiles ? "1048576" : "0");
   const CaseSpec* base = harness::find_case("verify_topk4_page16");
   ASSERT_NE(base, nullptr);
   CaseSpec c = *base;
@@ -217,7 +251,7 @@ TEST(FlashInferVerifySplitTest, LongPrefixesSplitAndMatch) {
   c.sinks = true;
   FlashInferStats stats;
   run_and_compare(c, true, &stats);
-  EXPECT_GT(stats.verify_split_merges, 0) << "the 5000-key verify was not split";
+  expect_split(stats, decode_tiles, "the 5000-key verify");
   run_and_compare(c, false);
   c.name = "verify_split_chain_fp8";
   c.prefix_lens = {9000};
@@ -228,7 +262,7 @@ TEST(FlashInferVerifySplitTest, LongPrefixesSplitAndMatch) {
   c.logit_cap = 4.f;
   c.kv_dtype = DType::kFP8E4M3;
   run_and_compare(c, true, &stats);
-  EXPECT_GT(stats.verify_split_merges, 0);
+  expect_split(stats, decode_tiles, c.name);
   c.name = "verify_split_window_uneven";
   c.prefix_lens = {4000, 40, 2600};
   c.spec_draft_tokens = 5;
@@ -239,14 +273,43 @@ TEST(FlashInferVerifySplitTest, LongPrefixesSplitAndMatch) {
   c.kv_dtype = DType::kF16;
   c.q_dtype = DType::kF16;
   run_and_compare(c, true, &stats);
-  EXPECT_GT(stats.verify_split_merges, 0);
+  expect_split(stats, decode_tiles, c.name);
+  // Group 6: a decode tile's 16 rows end inside a token (tokens 0-2 | 2-4 of 5), so one CTA's
+  // rows have different draft and window bounds; a chain and a tree, a window beside the drafts.
+  c.name = "verify_split_group6_window";
+  c.num_q_heads = 12;
+  c.num_kv_heads = 2;
+  c.prefix_lens = {3000, 700, 4100};
+  c.spec_draft_tokens = 5;
+  c.spec_topk = 1;
+  c.page_size = 16;
+  c.sliding_window = 3;
+  c.kv_dtype = DType::kBF16;
+  c.q_dtype = DType::kBF16;
+  run_and_compare(c, true, &stats);
+  expect_split(stats, decode_tiles, c.name);
+  c.spec_topk = 2;
+  c.sliding_window = 900;
+  c.sinks = true;
+  run_and_compare(c, false, &stats);
+  expect_split(stats, decode_tiles, c.name + " tree");
   // Short prefixes stay whole: no merge.
   c.name = "verify_short_unsplit";
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
   c.prefix_lens = {30, 200};
   c.sliding_window = -1;
+  c.sinks = false;
   run_and_compare(c, true, &stats);
   EXPECT_EQ(stats.verify_split_merges, 0) << "a 230-key verify was split";
+  EXPECT_EQ(stats.split_calls, 0) << "a 230-key verify was split";
+  EXPECT_EQ(stats.verify_decode_calls > 0, decode_tiles);
 }
+
+INSTANTIATE_TEST_SUITE_P(Tiles, FlashInferVerifySplitTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "DecodeTiles" : "PrefillTiles");
+                         });
 
 // ---- SM90: prefill on the wgmma kernel and on the mma.sync kernel (the fallback) ----
 

@@ -139,6 +139,9 @@ struct Plan {
   bool balance_cut = false;
   bool split = false;       // some request is split (stats)
   bool split_long = false;  // the split-long rule cut some request (stats)
+  // Target verify on decode tiles (PagedParams::decode_verify / decode_q_tiles).
+  bool verify_decode = false;
+  int decode_q_tiles = 0;
   // Captured for CUDA-graph replay: the launch (PDL attribute included) is fixed at capture while
   // each replay's plan may or may not split.
   bool graph = false;
@@ -149,6 +152,9 @@ struct Plan {
 };
 
 bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// FlashInferBackend::verify_decode_tiles' default bound on a request's packed (draft, q head) rows.
+inline constexpr int kVerifyDecodeRows = 32;
 
 int log2_exact(int v) {
   int s = 0;
@@ -178,6 +184,8 @@ class FlashInferBackend final : public AttentionBackend {
                    "end"),
         balance_(balance_from_env()),
         split_long_(env_flag("ATTNKIT_FLASHINFER_SPLIT_LONG", false)),
+        verify_decode_rows_(
+            env_int_range("ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS", kVerifyDecodeRows, 0, 1 << 20)),
         device_plan_(env_int_range("ATTNKIT_FLASHINFER_DEVICE_PLAN", 1, 0, 2)) {}
 
   std::optional<Device> device() const override { return ctx_.device; }
@@ -235,12 +243,26 @@ class FlashInferBackend final : public AttentionBackend {
   }
   // The single answer to "tensor cores or the portable path" for this forward: "" = tensor cores.
   std::string portable_reason(const ForwardBatch& batch) const;
-  // Split counters of one decode request: one per (q tile, kv head).
-  int64_t decode_counters_per_request() const {
+  // Split counters of one decode request (q_len 1) or decode-tile verify request (q_len N): one
+  // per (q tile, kv head).
+  int64_t decode_q_tiles(int q_len) const {
     const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
-    return static_cast<int64_t>((group + flashinfer::kDecodeTileRows - 1) /
-                                flashinfer::kDecodeTileRows) *
-           std::max(1, ctx_.num_kv_heads);
+    return (static_cast<int64_t>(q_len) * group + flashinfer::kDecodeTileRows - 1) /
+           flashinfer::kDecodeTileRows;
+  }
+  int64_t decode_counters_per_request(int q_len = 1) const {
+    return decode_q_tiles(q_len) * std::max(1, ctx_.num_kv_heads);
+  }
+  // Target verify of N drafts per request on decode tiles (paged_decode_ring_kernel's kVerify:
+  // the decode's warps-along-keys shape, <= 16 (draft, q head) rows per CTA, the drafts' mask over
+  // the last keys) or on prefill tiles (128 rows per CTA, one warp of MMAs per 32 rows). A verify
+  // reads the bytes of the decode of its shape; on decode tiles each q tile of a request streams
+  // them again (from L2 when its tiles run together), so past a few tiles the prefill tile's one
+  // pass wins (H200 measurements: docs/PERF.md session 60). The same answer for eager forwards,
+  // graph sizing, capture and replay.
+  bool verify_decode_tiles(int draft_tokens) const {
+    const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
+    return draft_tokens >= 1 && static_cast<int64_t>(draft_tokens) * group <= verify_decode_rows_;
   }
 
   // Target-verify plans on prefill tiles, eager and graph replays: split like a decode (a verify
@@ -249,7 +271,9 @@ class FlashInferBackend final : public AttentionBackend {
   // SM (two prefill CTAs fit at d <= 128; with few packed rows one warp of each does the MMAs).
   // The partials are merged by cascade_merge after the kernel (run). A graph's grid is the bound
   // verify_items, so at a small bs most of its CTAs exit at once when the replay does not split.
-  PlanConfig verify_plan_config() const {
+  // On decode tiles (verify_decode_tiles) the decode's own config: one CTA per SM, two resident.
+  PlanConfig verify_plan_config(int draft_tokens) const {
+    if (verify_decode_tiles(draft_tokens)) return plan_config(TileShape::kDecode, true);
     PlanConfig c = plan_config(TileShape::kPrefill, true);
     c.target_ctas *= 2;
     return c;
@@ -410,6 +434,11 @@ class FlashInferBackend final : public AttentionBackend {
   // not yet run on a GPU): decode plans cut requests much longer than the per-slot share even at
   // bs >= 16 (work_plan.h PlanConfig::split_long), on the split kernel and its fused merge.
   bool split_long_ = false;
+  // Target verify on decode tiles (paged_decode_ring_kernel's kVerify) up to this many packed rows
+  // per request (N drafts x group), on prefill tiles above (verify_decode_tiles).
+  // ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS (read when the backend is created): 0 = prefill tiles
+  // always (sessions 58-59).
+  int verify_decode_rows_ = kVerifyDecodeRows;
   Plan plan_;
   FlashInferStats stats_;
   flashinfer::Cascade cascade_;  // shared-prefix plans of this forward (cascade.h)
@@ -438,7 +467,9 @@ class FlashInferBackend final : public AttentionBackend {
   bool graph_portable_ = false;
   int graph_max_bs_ = 0;
   int64_t graph_items_ = 0;
-  int64_t graph_partial_entries_ = 0;  // partial entries (LSE floats) of the graph workspace
+  int64_t graph_partial_entries_ = 0;      // partial entries (LSE floats) of the graph workspace
+  int graph_verify_drafts_ = 1;            // the N init_cuda_graph_state sized verify for
+  int64_t graph_split_counter_count_ = 0;  // split counters it reserved
   // (mode, bs) of the captured graphs -> their queries per request (1, or verify's N) and the grid
   // (CTAs per kv head) each launches.
   GraphCaptures graph_captures_;
@@ -450,25 +481,26 @@ class FlashInferBackend final : public AttentionBackend {
     return ctx_.req_to_token_pool != nullptr ? ctx_.req_to_token_pool->max_context_len()
                                              : graph_max_context_;
   }
-  // Target verify: the most work items (CTAs per kv head) of a prefill-tile plan of bs requests
-  // x N drafts (verify_plan_config): one per (request, q tile) unsplit, and a plan that splits
-  // stays within its per-head target (build_work_plan's chunk rule splits only below it).
-  int64_t verify_split_target() const {
-    const PlanConfig c = verify_plan_config();
+  // Target verify: the most work items (CTAs per kv head) of a plan of bs requests x N drafts
+  // (verify_plan_config, decode or prefill tiles): one per (request, q tile) unsplit, and a plan
+  // that splits stays within its per-head target (build_work_plan's chunk rule splits only below
+  // it).
+  int64_t verify_split_target(int draft_tokens) const {
+    const PlanConfig c = verify_plan_config(draft_tokens);
     return std::max(c.target_ctas, c.split_ctas) / std::max(1, c.num_kv_heads);
   }
   int64_t verify_items(int bs, int draft_tokens) const {
     const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
+    const int64_t rows = verify_decode_tiles(draft_tokens) ? flashinfer::kDecodeTileRows
+                                                           : flashinfer::kPrefillTileRows;
     const int64_t unsplit =
-        static_cast<int64_t>(bs) *
-        ((static_cast<int64_t>(draft_tokens) * group + flashinfer::kPrefillTileRows - 1) /
-         flashinfer::kPrefillTileRows);
-    return std::max(unsplit, verify_split_target());
+        static_cast<int64_t>(bs) * ((static_cast<int64_t>(draft_tokens) * group + rows - 1) / rows);
+    return std::max(unsplit, verify_split_target(draft_tokens));
   }
   // Partial rows of a split verify plan: splits x N per split request, and the splits of all
   // requests together stay within the per-head target (times Hq entries each).
   int64_t verify_partial_entries(int draft_tokens) const {
-    return verify_split_target() * draft_tokens * ctx_.num_q_heads;
+    return verify_split_target(draft_tokens) * draft_tokens * ctx_.num_q_heads;
   }
   int draft_tokens(const SpecInfo* spec) const {
     return spec != nullptr && spec->draft_token_num > 0 ? spec->draft_token_num
@@ -586,7 +618,14 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     }
     start += q.q_len;
   }
-  const TileShape shape = decode ? TileShape::kDecode : TileShape::kPrefill;
+  // Target verify's N: the same for every request (draft_token_num), the first one's here.
+  const int verify_n = verify && bs > 0 ? reqs[0].q_len : 0;
+  bool uniform_drafts = true;
+  for (const PlanRequest& q : reqs) uniform_drafts = uniform_drafts && q.q_len == verify_n;
+  const bool verify_decode = verify && uniform_drafts && verify_decode_tiles(verify_n);
+  const TileShape shape = decode || verify_decode ? TileShape::kDecode : TileShape::kPrefill;
+  // The cascade keeps planning verify on prefill tiles (its passes run their own plans).
+  const TileShape cascade_shape = decode ? TileShape::kDecode : TileShape::kPrefill;
   const StreamHandle stream = stream_for(batch);
   int64_t partial_entries = 0;  // partial rows x their width (balanced_plan.h)
   if (decode && balanced_kernel()) {
@@ -609,7 +648,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     }
   } else {
     ATTNKIT_RETURN_IF_ERROR(flashinfer::build_work_plan(
-        reqs, verify ? verify_plan_config() : plan_config(shape, decode), &work_plan_));
+        reqs, verify ? verify_plan_config(verify_n) : plan_config(shape, decode), &work_plan_));
     const WorkPlan& wp = work_plan_;
     ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, wp.serialized_words()));
     ATTNKIT_RETURN_IF_ERROR(staging_.upload(wp, plan_words_.data(), stream));
@@ -621,8 +660,11 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(ctx_.device, partial_entries * ctx_.v_head_dim));
     ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, partial_entries));
     ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(
-        split_counters_, ctx_.device, bs * decode_counters_per_request(), stream));
+        split_counters_, ctx_.device,
+        bs * decode_counters_per_request(verify_decode ? verify_n : 1), stream));
   }
+  plan_.verify_decode = verify_decode;
+  plan_.decode_q_tiles = verify_decode ? static_cast<int>(decode_q_tiles(verify_n)) : 0;
   plan_.shape = shape;
   plan_.split = partial_entries > 0;
   plan_.words = plan_words_.data();
@@ -631,9 +673,9 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   plan_.split_counters = split_counters_.data();
   // SM90 wgmma tiles for the extend layers it takes (the plan above serves the others).
   if (sm90_prefill_ != nullptr) ATTNKIT_RETURN_IF_ERROR(sm90_prefill_->plan(batch, stream));
-  ATTNKIT_RETURN_IF_ERROR(cascade_.plan(batch, reqs, shape, plan_config(shape, decode),
-                                        ctx_.num_q_heads, ctx_.qk_head_dim, ctx_.device,
-                                        cascade_options, stream));
+  ATTNKIT_RETURN_IF_ERROR(cascade_.plan(batch, reqs, cascade_shape,
+                                        plan_config(cascade_shape, decode), ctx_.num_q_heads,
+                                        ctx_.qk_head_dim, ctx_.device, cascade_options, stream));
   stats_.cascade_shared_prefix = cascade_.active() ? cascade_.shared_prefix() : 0;
   plan_.valid = true;
   return Status::ok();
@@ -789,6 +831,9 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   if (plan_.split && plan_.shape == TileShape::kDecode) ++stats_.split_calls;
   if (plan_.split_long) ++stats_.decode_split_long_calls;
   p.balance_slots = plan_.balance_slots;  // after the cascade: its passes run WorkItem plans
+  p.decode_verify = plan_.verify_decode ? 1 : 0;
+  p.decode_q_tiles = plan_.decode_q_tiles;
+  if (plan_.verify_decode) ++stats_.verify_decode_calls;
   if (plan_.balance_slots > 0 && plan_.balance_cut) ++stats_.decode_balanced_calls;
   if (plan_.balance_slots > 0 && !plan_.balance_cut) ++stats_.decode_encoded_default_calls;
   const int grid = plan_.grid_items;
@@ -1000,6 +1045,7 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   const int n = ctx_.speculative_num_draft_tokens > 0 ? ctx_.speculative_num_draft_tokens
                                                       : max_num_tokens / max_bs;
   graph_items_ = std::max(graph_items_, verify_items(max_bs, n));
+  graph_verify_drafts_ = n;
   graph_captures_.clear();
   int64_t words = WorkPlan::words_for(max_bs, graph_items_);
   // WorkItem plans: decode partial rows <= items, each Hq entries wide; verify's split plans
@@ -1030,8 +1076,11 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
   ATTNKIT_RETURN_IF_ERROR(graph_partial_lse_.reserve(ctx_.device, partial_entries));
   stats_.graph_partial_bytes =
       partial_entries * (ctx_.v_head_dim + 1) * static_cast<int64_t>(sizeof(float));
-  ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(
-      graph_split_counters_, ctx_.device, max_bs * decode_counters_per_request(), nullptr));
+  // Decode's counters, or a decode-tile verify's (its q tiles per request).
+  graph_split_counter_count_ =
+      max_bs * decode_counters_per_request(verify_decode_tiles(n) ? std::max(n, 1) : 1);
+  ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(graph_split_counters_, ctx_.device,
+                                                        graph_split_counter_count_, nullptr));
   ATTNKIT_CUDA_TRY(cudaDeviceSynchronize());  // the counters are zero before any capture
   graph_max_bs_ = max_bs;
   graph_ready_ = true;
@@ -1089,10 +1138,11 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   plan_.bs = bs;
   plan_.shape = TileShape::kDecode;
   if (mode == ForwardMode::kTargetVerify) {
-    // Verify runs prefill tiles split as eager verify does (verify_plan_config): up to
-    // verify_items CTAs per kv head (the unsplit bs * ceil(N * group / 128), or the split
-    // target), and the merge after the kernel is captured too (it leaves the tokens of requests a
-    // replay's plan keeps whole), so a replay computes what eager computes.
+    // Verify runs the tiles and split plan eager verify runs (verify_decode_tiles,
+    // verify_plan_config): up to verify_items CTAs per kv head (the unsplit bs x q tiles, or the
+    // split target); on prefill tiles the merge after the kernel is captured too (it leaves the
+    // tokens of requests a replay's plan keeps whole), on decode tiles the kernel merges, so a
+    // replay computes what eager computes.
     const int n = draft_tokens(spec);
     if (n < 1 || static_cast<int64_t>(bs) * n > num_tokens) {
       return Status::invalid_argument(
@@ -1116,9 +1166,23 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
           " init_cuda_graph_state sized for its draft count (set speculative_num_draft_tokens or "
           "max_num_tokens)");
     }
-    plan_.shape = TileShape::kPrefill;
+    // A decode-tile verify's split counters: within those init_cuda_graph_state reserved.
+    const int64_t counters = static_cast<int64_t>(bs) * decode_counters_per_request(n);
+    if (verify_decode_tiles(n) && counters > graph_split_counter_count_) {
+      return Status::invalid_argument(
+          name_ + ": target_verify graph of bs " + str(bs) + " x " + str(n) + " drafts needs " +
+          str(counters) + " split counters, above the " + str(graph_split_counter_count_) +
+          " init_cuda_graph_state sized for " + str(graph_verify_drafts_) +
+          " drafts (set speculative_num_draft_tokens or max_num_tokens)");
+    }
+    if (verify_decode_tiles(n)) {
+      plan_.verify_decode = true;
+      plan_.decode_q_tiles = static_cast<int>(decode_q_tiles(n));
+    } else {
+      plan_.shape = TileShape::kPrefill;
+      plan_.split = true;
+    }
     plan_.grid_items = static_cast<int>(items);
-    plan_.split = true;
   } else if (balanced_kernel()) {
     // One CTA per slot, every replay (the replay's cut or encoded plan has the same slots).
     plan_.balance_slots = balance_config(bs).slots;
@@ -1345,7 +1409,7 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
     return staging_.upload(bp, graph_words_.data(), ctx_.stream);
   }
   ATTNKIT_RETURN_IF_ERROR(flashinfer::build_work_plan(
-      reqs, verify ? verify_plan_config() : plan_config(TileShape::kDecode, true), &work_plan_));
+      reqs, verify ? verify_plan_config(n) : plan_config(TileShape::kDecode, true), &work_plan_));
   const WorkPlan& wp = work_plan_;
   if (static_cast<int64_t>(wp.num_partials) * ctx_.num_q_heads > graph_partial_entries_) {
     return Status::internal(name_ + ": replay plan needs " + str(wp.num_partials) +

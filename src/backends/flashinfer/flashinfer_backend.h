@@ -93,6 +93,9 @@ struct FlashInferStats {
   // plan split some request (verify_plan_config), and every captured verify layer (a graph
   // launches the merge at every replay; it leaves the requests a replay keeps whole).
   int64_t verify_split_merges = 0;
+  // Target-verify calls on decode tiles (paged_decode_ring_kernel's kVerify; its split plans merge
+  // in the kernel, counted in split_calls).
+  int64_t verify_decode_calls = 0;
   // CTAs per kv head (balanced plan: CTAs) of the last native launch, eager or captured.
   int64_t last_grid_items = 0;
   // Bytes of split-KV partials (O and LSE, f32) reserved by the last init_cuda_graph_state

@@ -150,6 +150,17 @@ struct Work {
   float scale_log2 = 0.f;  // logit scale (k_scale folded in) * log2(e)
   float scale = 0.f;       // soft-cap path
   float logit_cap = 0.f;   // 0 = off
+  // attend's kRowMask: the keys below mask_head_end and from mask_tail_begin on are visible per
+  // row (the caller's `visible(row, key)`, asked only in the softmax steps that overlap them);
+  // every other key of the range is visible to every row. Target verify: the drafts' keys at the
+  // end (chain or tree), the window's first keys at the start.
+  int mask_head_end = 0;
+  int mask_tail_begin = 0x7fffffff;
+};
+
+// attend's default: no per-row mask (kRowMask false never calls it).
+struct NoRowMask {
+  __device__ bool operator()(int, int) const { return true; }
 };
 
 // 2^x: exp2f, or (kFast) the bare ex2.approx.ftz.f32 (relative error ~2^-22; 2^-inf = 0, results
@@ -208,9 +219,13 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t add
 // denominator d (d == 0: no visible key). Every thread of the CTA must call it (it has CTA
 // barriers). kMayCap = false compiles the soft-cap out of the loop (the caller guarantees
 // w.logit_cap == 0): the tanh code of every logit otherwise sits between the hot instructions.
-template <typename Tr, bool kMayCap = true, typename QRowFn, typename SlotFn, typename WriteFn>
+// kRowMask: visible(r, key) -> bool decides the keys of Work's mask regions per row (r < kRows,
+// padding rows included: it must not read memory for r >= w.rows); the steps outside them run
+// the decode's code.
+template <typename Tr, bool kMayCap = true, bool kRowMask = false, typename QRowFn, typename SlotFn,
+          typename WriteFn, typename MaskFn = NoRowMask>
 __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_row, SlotFn slot_of,
-                                       WriteFn write) {
+                                       WriteFn write, MaskFn visible = {}) {
   using QT = typename Tr::QT;
   using CT = typename Tr::CT;
   constexpr int kS = Tr::kStages;
@@ -498,8 +513,11 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
       }
     }
 
-    // Logits (soft-cap), the tail mask, online softmax (rescale only when the max grows).
+    // Logits (soft-cap), the tail mask (and the rows' masks), online softmax (rescale only when
+    // the max grows).
     const bool full = key0 + kStepKeys <= kv_end;
+    const bool row_masked =
+        kRowMask && (key0 < w.mask_head_end || key0 + kStepKeys > w.mask_tail_begin);
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
@@ -513,7 +531,11 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
           } else {
             x *= w.scale_log2;
           }
-          if (!full && key0 + u * kKeys + n * 8 + 2 * tq + (e & 1) >= kv_end) x = -INFINITY;
+          const int key = key0 + u * kKeys + n * 8 + 2 * tq + (e & 1);
+          if (!full && key >= kv_end) x = -INFINITY;
+          if constexpr (kRowMask) {
+            if (row_masked && !visible(g + (e / 2) * 8, key)) x = -INFINITY;
+          }
           s[u][n][e] = x;
           tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
         }

@@ -73,12 +73,18 @@ inline int decode_pdl(int allowed) {
   return std::min(allowed, std::max(mode, 0));
 }
 
-// kBalanced: paged_decode_balanced_kernel over a balanced plan (p.balance_slots > 0; grid_items =
-// its slots), else paged_decode_ring_kernel over WorkItems.
-template <typename Tr, bool kBalanced>
+// The decode kernels: paged_decode_balanced_kernel over a balanced plan (p.balance_slots > 0;
+// grid_items = its slots), paged_decode_ring_kernel over WorkItems, and its target-verify form
+// (p.decode_verify).
+enum class DecodeKernel { kItems, kBalanced, kVerify };
+
+template <typename Tr, DecodeKernel kKind>
 Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   if (grid_items <= 0) return Status::ok();
-  const auto kernel = kBalanced ? paged_decode_balanced_kernel<Tr> : paged_decode_ring_kernel<Tr>;
+  constexpr bool kBalanced = kKind == DecodeKernel::kBalanced;
+  const auto kernel = kBalanced                        ? paged_decode_balanced_kernel<Tr>
+                      : kKind == DecodeKernel::kVerify ? paged_decode_ring_kernel<Tr, true>
+                                                       : paged_decode_ring_kernel<Tr, false>;
   ATTNKIT_RETURN_IF_ERROR(cuda::check_smem_fits(Tr::kSmemBytes, "flashinfer: the decode CTA"));
   // Per-function attributes, set once per instantiation and device (not stream operations;
   // per_device_once.h): the dynamic shared memory and all of the unified L1/shared storage as
@@ -133,8 +139,12 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
       using Tr = RingDecodeTraits<kD, QT, kKv>;
       return cuda::launch_fitting<Tr, RingDecodeCompact<kD, QT, kKv>>(
           Tr::kSmemBytes, [&]<typename Shape>() -> Status {
-            return p.balance_slots > 0 ? launch_paged<Shape, true>(p, grid_items, stream)
-                                       : launch_paged<Shape, false>(p, grid_items, stream);
+            if (p.decode_verify != 0) {
+              return launch_paged<Shape, DecodeKernel::kVerify>(p, grid_items, stream);
+            }
+            return p.balance_slots > 0
+                       ? launch_paged<Shape, DecodeKernel::kBalanced>(p, grid_items, stream)
+                       : launch_paged<Shape, DecodeKernel::kItems>(p, grid_items, stream);
           });
     };
     switch (kv_dtype) {

@@ -225,11 +225,15 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, int num_split
 // and a branch region per copied row (+300 SASS instructions per tile). The hot instantiation
 // (power-of-two pages, no soft-cap) carries neither the division nor the tanh code; the others
 // check the cap per logit.
-template <typename Tr, typename TokenFn, typename HeadFn, typename PartialEntryFn>
+// kRowMask (target verify): `visible` decides the keys of w's mask regions per row (ring::attend);
+// two loops then (power-of-two pages or not, the soft-cap checked per logit).
+template <typename Tr, bool kRowMask = false, typename TokenFn, typename HeadFn,
+          typename PartialEntryFn, typename MaskFn = cuda::ring::NoRowMask>
 __device__ __forceinline__ void attend_item(const PagedParams& p, const cuda::ring::Work& w,
                                             uint8_t* smem, const typename Tr::QT* q,
                                             const int32_t* table, TokenFn token_of, HeadFn head_of,
-                                            bool partial, PartialEntryFn partial_entry) {
+                                            bool partial, PartialEntryFn partial_entry,
+                                            MaskFn visible = {}) {
   using QT = typename Tr::QT;
   const auto q_row = [&](int r) {
     return q + token_of(r) * p.q_stride_token + head_of(r) * p.q_stride_head;
@@ -271,7 +275,13 @@ __device__ __forceinline__ void attend_item(const PagedParams& p, const cuda::ri
       p.lse[token * p.lse_stride_token + head * p.lse_stride_head] = cuda::row_ln_lse(mx, dsum);
     }
   };
-  if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) {
+  if constexpr (kRowMask) {
+    if (p.page_shift >= 0) {
+      cuda::ring::attend<Tr, true, true>(w, smem, q_row, slot_pow2, write, visible);
+    } else {
+      cuda::ring::attend<Tr, true, true>(w, smem, q_row, slot_any, write, visible);
+    }
+  } else if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) {
     cuda::ring::attend<Tr, /*kMayCap=*/false>(w, smem, q_row, slot_pow2, write);
   } else if (p.page_shift >= 0) {
     cuda::ring::attend<Tr>(w, smem, q_row, slot_pow2, write);
@@ -283,7 +293,14 @@ __device__ __forceinline__ void attend_item(const PagedParams& p, const cuda::ri
 // grid: (num_kv_heads, work items) block: (Tr::kThreads); dynamic smem Tr::kSmemBytes. The kv heads
 // of one item are adjacent in launch order, so they stream the same pool rows (one slot holds all
 // heads) at about the same time: DRAM pages are opened once, not once per head.
-template <typename Tr>
+// kVerify (target verify on decode tiles, PagedParams::decode_verify): an item's packed rows are
+// (draft token, q head) pairs of one request, token-major (row i: token i / group), <= 16 per
+// CTA; draft t sits at position prefix + t (prefix = kv_len - q_len) and sees the cached prefix
+// (within its window) and, of the drafts' keys, itself and the earlier drafts (a chain) or the
+// tree mask's row (SpecInfo::custom_mask: [q_len, kv_len] bytes per request). A split's partial
+// rows are per (split, draft token): entry ((partial_base + split * q_len + t) * Hq + head, the
+// prefill tiles' row order), its counters per (request, q tile of decode_q_tiles, kv head).
+template <typename Tr, bool kVerify = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     paged_decode_ring_kernel(const __grid_constant__ PagedParams p) {
   using QT = typename Tr::QT;
@@ -310,8 +327,25 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   w.rows = min(cuda::ring::kRows, item.req_q_len * p.group - item.q_row_begin);
   w.kv_begin = item.kv_begin;
   w.kv_end = min(item.kv_end, item.req_kv_len);
-  // Decode: the query is the last key (causal keeps every key); the window clips the start.
-  if (p.sliding_window >= 0) {
+  // Verify: the item's tokens t_lo..t_hi at positions prefix + t (decode: one, the last key).
+  [[maybe_unused]] const int prefix = item.req_kv_len - item.req_q_len;
+  [[maybe_unused]] const int t_lo = item.q_row_begin / p.group;
+  [[maybe_unused]] const int t_hi = (item.q_row_begin + w.rows - 1) / p.group;
+  if constexpr (kVerify) {
+    // The keys before every row's window are skipped; up to the last row's window start the rows
+    // differ (the head mask region). The drafts' keys are the tail region: a tree mask's row, or
+    // (a chain) the drafts up to the row's own.
+    if (p.sliding_window >= 0) {
+      w.kv_begin = max(w.kv_begin, prefix + t_lo - p.sliding_window);
+      w.mask_head_end = prefix + t_hi - p.sliding_window;
+    }
+    if (p.custom_mask != nullptr) {
+      w.mask_tail_begin = prefix;
+    } else if (p.causal != 0) {
+      w.mask_tail_begin = prefix + t_lo + 1;
+    }
+  } else if (p.sliding_window >= 0) {
+    // Decode: the query is the last key (causal keeps every key); the window clips the start.
     w.kv_begin = max(w.kv_begin, item.req_kv_len - 1 - p.sliding_window);
   }
   w.k_base = static_cast<const uint8_t*>(p.k_pool) +
@@ -329,11 +363,37 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const auto token_of = [&](int r) { return item.req_q_start + (item.q_row_begin + r) / p.group; };
   const auto head_of = [&](int r) { return kv_head * p.group + (item.q_row_begin + r) % p.group; };
   const bool split = req.num_splits > 1;
-  const auto entry0 = [&](int r) {  // split 0's entry of packed row r (Hq-wide rows)
-    return static_cast<int64_t>(req.partial_base) * p.num_q_heads + head_of(r);
+  // Split 0's entry of packed row r (Hq-wide rows; verify: one row per draft token) and the
+  // entries between splits.
+  const int q_len = kVerify ? item.req_q_len : 1;
+  const auto entry0 = [&](int r) {
+    const int t = kVerify ? (item.q_row_begin + r) / p.group : 0;
+    return static_cast<int64_t>(req.partial_base + t) * p.num_q_heads + head_of(r);
   };
-  attend_item<Tr>(p, w, smem, q, table, token_of, head_of, split,
-                  [&](int r) { return entry0(r) + int64_t{item.split} * p.num_q_heads; });
+  const int64_t split_stride = static_cast<int64_t>(q_len) * p.num_q_heads;
+  const auto partial_entry = [&](int r) { return entry0(r) + item.split * split_stride; };
+  if constexpr (kVerify) {
+    // The mask is read in the masked steps only, after attend's wait for the previous grid (with
+    // PDL mode 2 the previous kernel may still be running at the kernel's start: an engine may
+    // write the tree mask right before).
+    const int kv_len = item.req_kv_len;
+    const auto visible = [&](int r, int key) {
+      if (r >= w.rows) return true;  // padding rows: never written, no mask row to read
+      const int t = (item.q_row_begin + r) / p.group;
+      if (p.sliding_window >= 0 && key < prefix + t - p.sliding_window) return false;
+      if (key >= prefix) {
+        if (p.custom_mask != nullptr) {
+          return p.custom_mask[p.mask_indptr[item.request] + static_cast<int64_t>(t) * kv_len +
+                               key] != 0;
+        }
+        if (p.causal != 0) return key <= prefix + t;
+      }
+      return true;
+    };
+    attend_item<Tr, true>(p, w, smem, q, table, token_of, head_of, split, partial_entry, visible);
+  } else {
+    attend_item<Tr>(p, w, smem, q, table, token_of, head_of, split, partial_entry);
+  }
   // This CTA's streaming is done: the next PDL-launched kernel may start its prologue (it waits
   // for this whole grid before touching anything this grid writes). The fallback trigger: by
   // default (decode_pdl 1 or 2 with decode_pdl_early) each CTA triggered right after its wait
@@ -343,7 +403,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
   // Fused split-KV merge: the request's last split CTA of this (q tile, kv head) merges the
   // partials (out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - max), plus the sink).
-  const int q_tiles = (p.group + cuda::ring::kRows - 1) / cuda::ring::kRows;  // decode: q_len 1
+  const int q_tiles =  // decode: q_len 1
+      kVerify ? p.decode_q_tiles : (p.group + cuda::ring::kRows - 1) / cuda::ring::kRows;
   int* counter =
       p.split_counters +
       (static_cast<int64_t>(item.request) * q_tiles + item.q_row_begin / cuda::ring::kRows) *
@@ -353,7 +414,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
                         ? cuda::ring::last_split_cta(counter, req.num_splits)
                         : cuda::ring::last_split_cta_acq_rel(counter, req.num_splits);
   if (!last) return;
-  merge_splits<Tr>(p, req.num_splits, p.num_q_heads, entry0, w.rows, head_of, token_of,
+  merge_splits<Tr>(p, req.num_splits, split_stride, entry0, w.rows, head_of, token_of,
                    reinterpret_cast<float*>(smem));
 }
 

@@ -141,6 +141,12 @@ struct PagedParams {
   // balanced_plan.h): > 0 = the plan is a balanced-kernel plan of this many slots, launched as
   // paged_decode_balanced_kernel with one CTA per slot; 0 = a WorkItem plan.
   int balance_slots = 0;
+  // Target verify on decode tiles (WorkItem plans of TileShape::kDecode with q_len = N drafts;
+  // paged_decode_ring_kernel's kVerify): 1 launches that kernel; decode_q_tiles = its split
+  // counters' q tiles per request (ceil(N x group / kDecodeTileRows), the same N for every
+  // request of the forward).
+  int decode_verify = 0;
+  int decode_q_tiles = 0;
 };
 
 }  // namespace attnkit::flashinfer

@@ -178,12 +178,14 @@ Status build_work_plan(std::span<const PlanRequest> requests, const PlanConfig& 
     const int64_t splits = req_chunk > 0 ? std::max<int64_t>(1, ceil_div(in.kv_len, req_chunk)) : 1;
     out.num_splits = static_cast<int32_t>(splits);
     if (splits > 1) {
-      // Partial rows: one per split (decode: one query token), or one per (split, token) on
-      // prefill tiles (the kernel's row partial_base + split * q_len + token offset), whose count
-      // the merge reads from reserved[0] (cascade_merge, as the cascade's pass-2 plans do).
+      // Partial rows: one per (split, token), row partial_base + split * q_len + token offset
+      // (decode: one query token; verify on decode tiles: the kernel's fused merge reads them;
+      // on prefill tiles the merge after the kernel, which reads the split count from
+      // reserved[0], as cascade_merge reads the cascade's pass-2 plans).
       const bool prefill = config.shape == TileShape::kPrefill;
       out.partial_base = partials;
-      partials += static_cast<int32_t>(splits * (prefill ? in.q_len : 1));
+      partials +=
+          static_cast<int32_t>(splits * (prefill ? in.q_len : std::max<int32_t>(in.q_len, 1)));
       if (prefill) out.reserved[0] = static_cast<int32_t>(splits);
       plan.any_split = true;
     }

@@ -40,7 +40,9 @@
 // replays: a few drafts per request over a long cached prefix, so one tile per request and kv
 // head), the same chunk rule cuts the keys; the partial rows are per (split, token) and the caller
 // merges them (cascade_merge with the plan as its suffix plan: RequestPlan::reserved[0] =
-// num_splits).
+// num_splits). Target verify on decode tiles (TileShape::kDecode with q_len = N drafts): q tiles of
+// 16 (draft, q head) rows, the decode's chunk rule, partial rows per (split, token) as on prefill
+// tiles, merged by the kernel's last split CTA.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 60: target verify on decode tiles (paged_decode_ring_kernel's kVerify).
+#  1. builds the CLI and the flashinfer / fa3 / verify-graph / NaN-key GPU tests; runs the suites
+#     that reach the verify paths on both tile shapes (CTEST_REGEX overrides; CTEST_SKIP=1 skips);
+#  2. scripts/device/verify_s60.json on flashinfer: --verify at the default rule, then
+#     --launches 10 at ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS 0 (prefill tiles) / 16 / 32 / 64 /
+#     128 (ROWS overrides), then --graph at the default.
+#   run(carry=[".deps"], command="bash scripts/device/s60_verify.sh")
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/out}"
+mkdir -p "$OUT"
+regex="${CTEST_REGEX:-FlashInferCase|FlashInferVerify|FlashInferSplitTest|FlashInferGraph|FlashInferCascade|NanKeyCases|Fa3CaseTest|Fa3GraphTest|VerifyGraphs|Sm86Emulated_flashinfer|Sm80Emulated_flashinfer}"
+stages="build test"
+[ "${CTEST_SKIP:-0}" = 1 ] && stages="build"
+OUT="$OUT/check" STAGES="$stages" CTEST_JOBS=12 \
+  TARGETS="attnkit_cli test_flashinfer_cases test_flashinfer_cascade test_nan_key_cases test_fa3_cases test_verify_graphs" \
+  CTEST_REGEX="$regex" bash scripts/device/check.sh 2>&1 | tail -4
+grep -E "^\s*[0-9]+ - .*(Failed|SEGFAULT|Timeout|Exception)" "$OUT/check/ctest.log" 2>/dev/null | head -20
+ak=build/device/tools/attnkit/attnkit
+cases=scripts/device/verify_s60.json
+row='^(flashinfer|fa3|triton) |ceiling'
+echo "== --verify (default rule)" | tee "$OUT/bench.txt"
+timeout 150 "$ak" bench --backend flashinfer --device cuda --cases "$cases" \
+  --verify --json "$OUT/verify.json" 2>&1 | grep -E "$row|mismatch|failed|FAIL" | tee -a "$OUT/bench.txt"
+for rows in ${ROWS:-0 16 32 64 128}; do
+  echo "== --launches 10, ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=$rows" | tee -a "$OUT/bench.txt"
+  ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=$rows timeout 90 "$ak" bench --backend flashinfer \
+    --device cuda --cases "$cases" --launches 10 --json "$OUT/bench_rows$rows.json" 2>&1 |
+    grep -E "$row" | tee -a "$OUT/bench.txt"
+done
+echo "== --graph (default rule)" | tee -a "$OUT/bench.txt"
+timeout 90 "$ak" bench --backend flashinfer --device cuda --cases "$cases" --graph \
+  --json "$OUT/bench_graph.json" 2>&1 | grep -E "$row" | tee -a "$OUT/bench.txt"
