@@ -3,8 +3,8 @@
 #  1. builds the CLI and the flashinfer / fa3 / verify-graph / NaN-key GPU tests; runs the suites
 #     that reach the verify paths on both tile shapes (CTEST_REGEX overrides; CTEST_SKIP=1 skips);
 #  2. scripts/device/verify_s60.json on flashinfer: --verify at the default rule, then
-#     --launches 10 at ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS 0 (prefill tiles) / 16 / 32 / 64 /
-#     128 (ROWS overrides), then --graph at the default.
+#     --launches 10 under each A/B setting (AB overrides, see below), then --graph at the default.
+#     Results: $OUT/tests.txt, bench.txt, verify.json, bench_graph.json.
 #   run(carry=[".deps"], command="bash scripts/device/s60_verify.sh")
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -17,18 +17,28 @@ stages="build test"
 OUT="$OUT/check" STAGES="$stages" CTEST_JOBS=12 \
   TARGETS="attnkit_cli test_flashinfer_cases test_flashinfer_cascade test_nan_key_cases test_fa3_cases test_verify_graphs" \
   CTEST_REGEX="$regex" bash scripts/device/check.sh 2>&1 | tail -4
-grep -E "^\s*[0-9]+ - .*(Failed|SEGFAULT|Timeout|Exception)" "$OUT/check/ctest.log" 2>/dev/null | head -20
+{
+  echo "== ctest -R '$regex'"
+  grep -E "tests passed|tests failed|Total Test time" "$OUT/check/ctest.log" 2>/dev/null
+  grep -E "^\s*[0-9]+ - .*(Failed|SEGFAULT|Timeout|Exception)|\*\*\*Failed" "$OUT/check/ctest.log" 2>/dev/null |
+    head -30
+} | tee "$OUT/tests.txt"
 ak=build/device/tools/attnkit/attnkit
 cases=scripts/device/verify_s60.json
 row='^(flashinfer|fa3|triton) |ceiling'
 echo "== --verify (default rule)" | tee "$OUT/bench.txt"
 timeout 150 "$ak" bench --backend flashinfer --device cuda --cases "$cases" \
   --verify --json "$OUT/verify.json" 2>&1 | grep -E "$row|mismatch|failed|FAIL" | tee -a "$OUT/bench.txt"
-for rows in ${ROWS:-0 16 32 64 128}; do
-  echo "== --launches 10, ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=$rows" | tee -a "$OUT/bench.txt"
-  ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=$rows timeout 90 "$ak" bench --backend flashinfer \
-    --device cuda --cases "$cases" --launches 10 --json "$OUT/bench_rows$rows.json" 2>&1 |
-    grep -E "$row" | tee -a "$OUT/bench.txt"
+# A/B runs, each "NAME=VALUE ..." (env for one --launches 10 pass; "-" = the defaults): the tile
+# rule's bound, then (session 60) the verify CTAs per SM and the soft-cap-checking loop.
+ab_default='ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=0|-|ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=64|ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM=2|ATTNKIT_FLASHINFER_DECODE_LOOP=generic'
+IFS='|' read -r -a abs <<< "${AB:-$ab_default}"
+for ab in "${abs[@]}"; do
+  echo "== --launches 10, $ab" | tee -a "$OUT/bench.txt"
+  envs=()
+  [ "$ab" != "-" ] && read -r -a envs <<< "$ab"
+  env "${envs[@]}" timeout 90 "$ak" bench --backend flashinfer --device cuda --cases "$cases" \
+    --launches 10 2>&1 | grep -E "$row" | tee -a "$OUT/bench.txt"
 done
 echo "== --graph (default rule)" | tee -a "$OUT/bench.txt"
 timeout 90 "$ak" bench --backend flashinfer --device cuda --cases "$cases" --graph \

@@ -186,6 +186,7 @@ class FlashInferBackend final : public AttentionBackend {
         split_long_(env_flag("ATTNKIT_FLASHINFER_SPLIT_LONG", false)),
         verify_decode_rows_(
             env_int_range("ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS", kVerifyDecodeRows, 0, 1 << 20)),
+        verify_ctas_per_sm_(env_int_range("ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM", 1, 1, 2)),
         device_plan_(env_int_range("ATTNKIT_FLASHINFER_DEVICE_PLAN", 1, 0, 2)) {}
 
   std::optional<Device> device() const override { return ctx_.device; }
@@ -271,9 +272,14 @@ class FlashInferBackend final : public AttentionBackend {
   // SM (two prefill CTAs fit at d <= 128; with few packed rows one warp of each does the MMAs).
   // The partials are merged by cascade_merge after the kernel (run). A graph's grid is the bound
   // verify_items, so at a small bs most of its CTAs exit at once when the replay does not split.
-  // On decode tiles (verify_decode_tiles) the decode's own config: one CTA per SM, two resident.
+  // On decode tiles (verify_decode_tiles) the decode's own config: one CTA per SM (two resident),
+  // or verify_ctas_per_sm_ (ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM, an A/B knob).
   PlanConfig verify_plan_config(int draft_tokens) const {
-    if (verify_decode_tiles(draft_tokens)) return plan_config(TileShape::kDecode, true);
+    if (verify_decode_tiles(draft_tokens)) {
+      PlanConfig c = plan_config(TileShape::kDecode, true);
+      c.target_ctas *= verify_ctas_per_sm_;
+      return c;
+    }
     PlanConfig c = plan_config(TileShape::kPrefill, true);
     c.target_ctas *= 2;
     return c;
@@ -439,6 +445,7 @@ class FlashInferBackend final : public AttentionBackend {
   // ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS (read when the backend is created): 0 = prefill tiles
   // always (sessions 58-59).
   int verify_decode_rows_ = kVerifyDecodeRows;
+  int verify_ctas_per_sm_ = 1;
   Plan plan_;
   FlashInferStats stats_;
   flashinfer::Cascade cascade_;  // shared-prefix plans of this forward (cascade.h)

@@ -225,8 +225,8 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, int num_split
 // and a branch region per copied row (+300 SASS instructions per tile). The hot instantiation
 // (power-of-two pages, no soft-cap) carries neither the division nor the tanh code; the others
 // check the cap per logit.
-// kRowMask (target verify): `visible` decides the keys of w's mask regions per row (ring::attend);
-// two loops then (power-of-two pages or not, the soft-cap checked per logit).
+// kRowMask (target verify): `visible` decides the keys of w's mask regions per row (ring::attend),
+// in the same three loops.
 template <typename Tr, bool kRowMask = false, typename TokenFn, typename HeadFn,
           typename PartialEntryFn, typename MaskFn = cuda::ring::NoRowMask>
 __device__ __forceinline__ void attend_item(const PagedParams& p, const cuda::ring::Work& w,
@@ -275,18 +275,12 @@ __device__ __forceinline__ void attend_item(const PagedParams& p, const cuda::ri
       p.lse[token * p.lse_stride_token + head * p.lse_stride_head] = cuda::row_ln_lse(mx, dsum);
     }
   };
-  if constexpr (kRowMask) {
-    if (p.page_shift >= 0) {
-      cuda::ring::attend<Tr, true, true>(w, smem, q_row, slot_pow2, write, visible);
-    } else {
-      cuda::ring::attend<Tr, true, true>(w, smem, q_row, slot_any, write, visible);
-    }
-  } else if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) {
-    cuda::ring::attend<Tr, /*kMayCap=*/false>(w, smem, q_row, slot_pow2, write);
+  if (p.page_shift >= 0 && p.logit_cap == 0.f && p.decode_generic_loop == 0) {
+    cuda::ring::attend<Tr, /*kMayCap=*/false, kRowMask>(w, smem, q_row, slot_pow2, write, visible);
   } else if (p.page_shift >= 0) {
-    cuda::ring::attend<Tr>(w, smem, q_row, slot_pow2, write);
+    cuda::ring::attend<Tr, true, kRowMask>(w, smem, q_row, slot_pow2, write, visible);
   } else {
-    cuda::ring::attend<Tr>(w, smem, q_row, slot_any, write);
+    cuda::ring::attend<Tr, true, kRowMask>(w, smem, q_row, slot_any, write, visible);
   }
 }
 
