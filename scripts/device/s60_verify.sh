@@ -11,11 +11,11 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
-regex="${CTEST_REGEX:-FlashInferCase|FlashInferVerify|FlashInferSplitTest|FlashInferGraph|FlashInferCascade|NanKeyCases|Fa3CaseTest|Fa3GraphTest|VerifyGraphs|Sm86Emulated_flashinfer|Sm80Emulated_flashinfer}"
+regex="${CTEST_REGEX:-FlashInferCase|FlashInferVerify|FlashInferSplitTest|FlashInferGraph|FlashInferCascade|NanKeyCases|Fa3CaseTest|Fa3GraphTest|VerifyGraphs|Sm86Emulated_flashinfer|Sm80Emulated_flashinfer|FlashInferDecode(Balance|DefaultPlan|SplitLong)|TritonCase|FlashInferPlanTest}"
 stages="build test"
 [ "${CTEST_SKIP:-0}" = 1 ] && stages="build"
 OUT="$OUT/check" STAGES="$stages" CTEST_JOBS=12 \
-  TARGETS="attnkit_cli test_flashinfer_cases test_flashinfer_cascade test_nan_key_cases test_fa3_cases test_verify_graphs" \
+  TARGETS="attnkit_cli test_flashinfer_cases test_flashinfer_cascade test_nan_key_cases test_fa3_cases test_verify_graphs test_triton_cases" \
   CTEST_REGEX="$regex" bash scripts/device/check.sh 2>&1 | tail -4
 {
   echo "== ctest -R '$regex'"
@@ -31,7 +31,10 @@ timeout 150 "$ak" bench --backend flashinfer --device cuda --cases "$cases" \
   --verify --json "$OUT/verify.json" 2>&1 | grep -E "$row|mismatch|failed|FAIL" | tee -a "$OUT/bench.txt"
 # A/B runs, each "NAME=VALUE ..." (env for one --launches 10 pass; "-" = the defaults): the tile
 # rule's bound, then (session 60) the verify CTAs per SM and the soft-cap-checking loop.
-ab_default='ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=0|-|ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=64|ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM=2|ATTNKIT_FLASHINFER_DECODE_LOOP=generic'
+# (02:46Z run: 'ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=0|-|ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=64|
+# ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM=2|ATTNKIT_FLASHINFER_DECODE_LOOP=generic'; then the
+# 32-row tiles against 16-row ones.)
+ab_default='ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=0|-|ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS=16|ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=64'
 IFS='|' read -r -a abs <<< "${AB:-$ab_default}"
 for ab in "${abs[@]}"; do
   echo "== --launches 10, $ab" | tee -a "$OUT/bench.txt"
@@ -43,3 +46,9 @@ done
 echo "== --graph (default rule)" | tee -a "$OUT/bench.txt"
 timeout 90 "$ak" bench --backend flashinfer --device cuda --cases "$cases" --graph \
   --json "$OUT/bench_graph.json" 2>&1 | grep -E "$row" | tee -a "$OUT/bench.txt"
+# fa3 hands decode and verify to the same kernels (FA3_BENCH=0 skips).
+if [ "${FA3_BENCH:-1}" = 1 ]; then
+  echo "== fa3 --launches 10" | tee -a "$OUT/bench.txt"
+  timeout 90 "$ak" bench --backend fa3 --device cuda --cases "$cases" --launches 10 2>&1 |
+    grep -E "$row" | tee -a "$OUT/bench.txt"
+fi

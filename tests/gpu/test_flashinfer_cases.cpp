@@ -274,13 +274,14 @@ TEST_P(FlashInferVerifySplitTest, LongPrefixesSplitAndMatch) {
   c.q_dtype = DType::kF16;
   run_and_compare(c, true, &stats);
   expect_split(stats, decode_tiles, c.name);
-  // Group 6: a decode tile's 16 rows end inside a token (tokens 0-2 | 2-4 of 5), so one CTA's
-  // rows have different draft and window bounds; a chain and a tree, a window beside the drafts.
+  // Group 6 x 6 drafts = 36 rows: a decode tile ends inside a token (32-row tiles: tokens 0-5 |
+  // 5; 16-row ones, ctest FlashInferVerifyDecodeTiles16: 0-2 | 2-5 | 5), so one CTA's rows have
+  // different draft and window bounds; a chain and a tree, a window beside the drafts.
   c.name = "verify_split_group6_window";
   c.num_q_heads = 12;
   c.num_kv_heads = 2;
   c.prefix_lens = {3000, 700, 4100};
-  c.spec_draft_tokens = 5;
+  c.spec_draft_tokens = 6;
   c.spec_topk = 1;
   c.page_size = 16;
   c.sliding_window = 3;

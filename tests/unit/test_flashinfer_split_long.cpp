@@ -510,5 +510,48 @@ TEST(FlashInferVerifySplit, PrefillTilesSplitPerDraftToken) {
   EXPECT_EQ(plan->items.size(), 1u);
 }
 
+// Target-verify plans on decode tiles (the backend's verify_plan_config with verify_decode_tiles):
+// the decode's config with q_len N, q tiles of tile_rows (16 or 32) packed (draft, q head) rows,
+// partial rows per (split, draft token) as on prefill tiles (the kernel's fused merge reads split
+// s of token t at partial_base + s N + t), every (q tile, key) in exactly one item.
+TEST(FlashInferVerifySplit, DecodeTilesSplitPerDraftToken) {
+  PlanConfig cfg = h200(false);  // decode shape, group 4, 8 kv heads, 132 CTAs
+  constexpr int kDrafts = 8;     // 32 rows per request
+  for (const int rows : {16, 32}) {
+    SCOPED_TRACE("tile rows " + std::to_string(rows));
+    cfg.tile_rows = rows;
+    const int q_tiles = kDrafts * cfg.group / rows;
+    // bs 1 at kv 32k: q_tiles x chunks <= 132 / 8 = 16 items per kv head.
+    std::vector<PlanRequest> one = {PlanRequest{0, kDrafts, 32768 + kDrafts}};
+    Result<WorkPlan> plan = build_work_plan(one, cfg);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    ASSERT_TRUE(plan->any_split);
+    const RequestPlan& r0 = plan->requests[0];
+    EXPECT_EQ(r0.num_splits * q_tiles, static_cast<int>(plan->items.size()));
+    EXPECT_LE(static_cast<int>(plan->items.size()), 16);
+    EXPECT_EQ(plan->num_partials, r0.num_splits * kDrafts);
+    std::vector<int> hits(static_cast<size_t>(q_tiles) * (32768 + kDrafts), 0);
+    for (const WorkItem& w : plan->items) {
+      EXPECT_EQ(w.q_row_begin % rows, 0);
+      const int t = w.q_row_begin / rows;
+      ASSERT_LT(t, q_tiles);
+      for (int k = w.kv_begin; k < w.kv_end; ++k) {
+        ++hits[static_cast<size_t>(t) * (32768 + kDrafts) + static_cast<size_t>(k)];
+      }
+    }
+    EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+    // b16 kv 4k: one item per (request, q tile), unsplit (16 x q_tiles >= 16 per kv head).
+    std::vector<PlanRequest> b16;
+    for (int r = 0; r < 16; ++r) b16.push_back(PlanRequest{r * kDrafts, kDrafts, 4096 + kDrafts});
+    plan = build_work_plan(b16, cfg);
+    ASSERT_TRUE(plan.is_ok());
+    EXPECT_FALSE(plan->any_split);
+    EXPECT_EQ(static_cast<int>(plan->items.size()), 16 * q_tiles);
+  }
+  cfg.tile_rows = -1;
+  const std::vector<PlanRequest> small = {PlanRequest{0, 1, 5}};
+  EXPECT_FALSE(build_work_plan(small, cfg).is_ok());
+}
+
 }  // namespace
 }  // namespace attnkit::flashinfer

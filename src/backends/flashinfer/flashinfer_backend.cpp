@@ -142,6 +142,7 @@ struct Plan {
   // Target verify on decode tiles (PagedParams::decode_verify / decode_q_tiles).
   bool verify_decode = false;
   int decode_q_tiles = 0;
+  int decode_tile_rows = flashinfer::kDecodeTileRows;
   // Captured for CUDA-graph replay: the launch (PDL attribute included) is fixed at capture while
   // each replay's plan may or may not split.
   bool graph = false;
@@ -187,6 +188,7 @@ class FlashInferBackend final : public AttentionBackend {
         verify_decode_rows_(
             env_int_range("ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS", kVerifyDecodeRows, 0, 1 << 20)),
         verify_ctas_per_sm_(env_int_range("ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM", 1, 1, 2)),
+        verify_tile_rows_(env_int("ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS", 32, {16, 32})),
         device_plan_(env_int_range("ATTNKIT_FLASHINFER_DEVICE_PLAN", 1, 0, 2)) {}
 
   std::optional<Device> device() const override { return ctx_.device; }
@@ -244,15 +246,26 @@ class FlashInferBackend final : public AttentionBackend {
   }
   // The single answer to "tensor cores or the portable path" for this forward: "" = tensor cores.
   std::string portable_reason(const ForwardBatch& batch) const;
-  // Split counters of one decode request (q_len 1) or decode-tile verify request (q_len N): one
-  // per (q tile, kv head).
-  int64_t decode_q_tiles(int q_len) const {
+  // Split counters of one decode request or decode-tile verify request (verify: its N drafts in
+  // tiles of verify_tile_rows(N) rows): one per (q tile, kv head).
+  int64_t verify_q_tiles(int draft_tokens) const {
     const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
-    return (static_cast<int64_t>(q_len) * group + flashinfer::kDecodeTileRows - 1) /
-           flashinfer::kDecodeTileRows;
+    const int rows = verify_tile_rows(draft_tokens);
+    return (static_cast<int64_t>(draft_tokens) * group + rows - 1) / rows;
   }
-  int64_t decode_counters_per_request(int q_len = 1) const {
-    return decode_q_tiles(q_len) * std::max(1, ctx_.num_kv_heads);
+  int64_t decode_counters_per_request(bool verify = false, int draft_tokens = 1) const {
+    const int64_t q_tiles = verify ? verify_q_tiles(draft_tokens) : decode_q_tiles();
+    return q_tiles * std::max(1, ctx_.num_kv_heads);
+  }
+  // Rows of a decode-tile verify item: 32 (the two-M-tile CTA, RingVerify32Traits) where a
+  // request has more than 16 rows at head dims <= 128, else 16; ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS
+  // =16 (an A/B knob) keeps 16.
+  int verify_tile_rows(int draft_tokens) const {
+    const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
+    const bool wide = static_cast<int64_t>(draft_tokens) * group > flashinfer::kDecodeTileRows;
+    return wide && ctx_.qk_head_dim <= 128 && verify_tile_rows_ == 32
+               ? 2 * flashinfer::kDecodeTileRows
+               : flashinfer::kDecodeTileRows;
   }
   // Target verify of N drafts per request on decode tiles (paged_decode_ring_kernel's kVerify:
   // the decode's warps-along-keys shape, <= 16 (draft, q head) rows per CTA, the drafts' mask over
@@ -278,6 +291,7 @@ class FlashInferBackend final : public AttentionBackend {
     if (verify_decode_tiles(draft_tokens)) {
       PlanConfig c = plan_config(TileShape::kDecode, true);
       c.target_ctas *= verify_ctas_per_sm_;
+      c.tile_rows = verify_tile_rows(draft_tokens);
       return c;
     }
     PlanConfig c = plan_config(TileShape::kPrefill, true);
@@ -446,6 +460,7 @@ class FlashInferBackend final : public AttentionBackend {
   // always (sessions 58-59).
   int verify_decode_rows_ = kVerifyDecodeRows;
   int verify_ctas_per_sm_ = 1;
+  int verify_tile_rows_ = 32;
   Plan plan_;
   FlashInferStats stats_;
   flashinfer::Cascade cascade_;  // shared-prefix plans of this forward (cascade.h)
@@ -498,7 +513,7 @@ class FlashInferBackend final : public AttentionBackend {
   }
   int64_t verify_items(int bs, int draft_tokens) const {
     const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
-    const int64_t rows = verify_decode_tiles(draft_tokens) ? flashinfer::kDecodeTileRows
+    const int64_t rows = verify_decode_tiles(draft_tokens) ? verify_tile_rows(draft_tokens)
                                                            : flashinfer::kPrefillTileRows;
     const int64_t unsplit =
         static_cast<int64_t>(bs) * ((static_cast<int64_t>(draft_tokens) * group + rows - 1) / rows);
@@ -667,11 +682,12 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(ctx_.device, partial_entries * ctx_.v_head_dim));
     ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, partial_entries));
     ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(
-        split_counters_, ctx_.device,
-        bs * decode_counters_per_request(verify_decode ? verify_n : 1), stream));
+        split_counters_, ctx_.device, bs * decode_counters_per_request(verify_decode, verify_n),
+        stream));
   }
   plan_.verify_decode = verify_decode;
-  plan_.decode_q_tiles = verify_decode ? static_cast<int>(decode_q_tiles(verify_n)) : 0;
+  plan_.decode_q_tiles = verify_decode ? static_cast<int>(verify_q_tiles(verify_n)) : 0;
+  plan_.decode_tile_rows = verify_decode ? verify_tile_rows(verify_n) : flashinfer::kDecodeTileRows;
   plan_.shape = shape;
   plan_.split = partial_entries > 0;
   plan_.words = plan_words_.data();
@@ -840,6 +856,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   p.balance_slots = plan_.balance_slots;  // after the cascade: its passes run WorkItem plans
   p.decode_verify = plan_.verify_decode ? 1 : 0;
   p.decode_q_tiles = plan_.decode_q_tiles;
+  p.decode_tile_rows = plan_.decode_tile_rows;
   if (plan_.verify_decode) ++stats_.verify_decode_calls;
   if (plan_.balance_slots > 0 && plan_.balance_cut) ++stats_.decode_balanced_calls;
   if (plan_.balance_slots > 0 && !plan_.balance_cut) ++stats_.decode_encoded_default_calls;
@@ -1085,7 +1102,8 @@ Status FlashInferBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) 
       partial_entries * (ctx_.v_head_dim + 1) * static_cast<int64_t>(sizeof(float));
   // Decode's counters, or a decode-tile verify's (its q tiles per request).
   graph_split_counter_count_ =
-      max_bs * decode_counters_per_request(verify_decode_tiles(n) ? std::max(n, 1) : 1);
+      max_bs * std::max(decode_counters_per_request(),
+                        decode_counters_per_request(verify_decode_tiles(n), std::max(n, 1)));
   ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(graph_split_counters_, ctx_.device,
                                                         graph_split_counter_count_, nullptr));
   ATTNKIT_CUDA_TRY(cudaDeviceSynchronize());  // the counters are zero before any capture
@@ -1174,7 +1192,7 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
           "max_num_tokens)");
     }
     // A decode-tile verify's split counters: within those init_cuda_graph_state reserved.
-    const int64_t counters = static_cast<int64_t>(bs) * decode_counters_per_request(n);
+    const int64_t counters = static_cast<int64_t>(bs) * decode_counters_per_request(true, n);
     if (verify_decode_tiles(n) && counters > graph_split_counter_count_) {
       return Status::invalid_argument(
           name_ + ": target_verify graph of bs " + str(bs) + " x " + str(n) + " drafts needs " +
@@ -1184,7 +1202,8 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
     }
     if (verify_decode_tiles(n)) {
       plan_.verify_decode = true;
-      plan_.decode_q_tiles = static_cast<int>(decode_q_tiles(n));
+      plan_.decode_q_tiles = static_cast<int>(verify_q_tiles(n));
+      plan_.decode_tile_rows = verify_tile_rows(n);
     } else {
       plan_.shape = TileShape::kPrefill;
       plan_.split = true;

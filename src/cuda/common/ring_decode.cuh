@@ -39,10 +39,13 @@ namespace attnkit::cuda::ring {
 // kWarps_ / kCtaSmemBudget_ / kCtasPerSm_: the CTA shape (defaults: 2 CTAs of 4 warps,
 // ring_shape.h; a backend may instead run one CTA of 8 warps per SM90 multiprocessor, same rings,
 // fewer CTAs).
+// kMTiles_: M tiles of kRows rows per CTA (ring_shape.h kMaxMTiles; Q then in shared memory).
 template <int kHeadDim_, typename QT_, DType kKvDType_, int kWarps_ = kWarps,
-          int kCtaSmemBudget_ = kCtaSmemBudget, int kCtasPerSm_ = kCtasPerSm>
+          int kCtaSmemBudget_ = kCtaSmemBudget, int kCtasPerSm_ = kCtasPerSm, int kMTiles_ = 1>
 struct Traits {
   static constexpr int kWarps = kWarps_;
+  static constexpr int kMTiles = kMTiles_;
+  static constexpr int kCtaRows = kMTiles * kRows;  // packed q rows of the CTA
   static constexpr int kCtaSmemBudget = kCtaSmemBudget_;
   static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -64,13 +67,13 @@ struct Traits {
   static constexpr int kRawChunks = kHeadDim * kKvElemBytes / 16;  // 16-byte chunks of a row
   static constexpr int kQChunks = kHeadDim * 2 / 16;
 
-  static constexpr int kQBytes = kRows * kRowBytes;
+  static constexpr int kQBytes = kCtaRows * kRowBytes;
   static constexpr int kStageBytes = 2 * kKeys * kRawRowBytes;  // K + V of one warp tile
   static constexpr int kSlotBytesPerStage = 2 * kKeys * 4;      // slot ring: 2 entries per stage
   // As many stages as the budget left after Q holds per warp, 2 to kMaxStages (ring_shape.h).
-  static constexpr int kStages = cta_stages(kHeadDim, kQuant, kWarps, kCtaSmemBudget);
+  static constexpr int kStages = cta_stages(kHeadDim, kQuant, kWarps, kCtaSmemBudget, kMTiles);
   static constexpr int kWarpBytes = kStages * (kStageBytes + kSlotBytesPerStage);
-  static constexpr int kEpiBytes = kWarps * kRows * kHeadDim * 4 + 2 * kWarps * kRows * 4;
+  static constexpr int kEpiBytes = kWarps * kCtaRows * kHeadDim * 4 + 2 * kWarps * kCtaRows * 4;
   static constexpr int kMainBytes = kWarps * kWarpBytes;
   static constexpr int kSmemBytes = kQBytes + (kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes);
   static constexpr int kMinBlocks = kSmemBytes <= kCtaSmemBudget ? kCtasPerSm : 1;
@@ -97,20 +100,21 @@ struct Traits {
   // per 32 keys at d 128). The results are the same bits; a backend's derived traits may set it.
   static constexpr bool kFp8PairCvt = false;
 
-  static constexpr bool kQInRegisters = kHeadDim <= 128;
+  static constexpr bool kQInRegisters = kHeadDim <= 128 && kMTiles == 1;
   static constexpr int kKSteps = kHeadDim / kMmaK;  // also the 16-column chunks of a row
   static constexpr int kDimTiles = kHeadDim / kMmaN;
   static constexpr int kCopies = kKeys * kRawChunks;  // 16-byte copies per K (or V) tile
   static constexpr int kCopiesPerLane = (kCopies + 31) / 32;
 
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16, <= 256");
+  static_assert(kMTiles >= 1 && kMTiles <= kMaxMTiles, "1 or 2 M tiles per CTA");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory above the SM90 opt-in limit");
   static_assert(kCtaSmemBudget != kCompactCtaSmemBudget ||
                     kSmemBytes <= kSmallestTensorCoreSmemOptin,
                 "the compact CTA fits every tensor-core device");
-  static_assert(kQBytes == cta_q_bytes(kHeadDim) &&
+  static_assert(kQBytes == cta_q_bytes(kHeadDim, kMTiles) &&
                     kStageBytes + kSlotBytesPerStage == cta_stage_bytes(kHeadDim, kQuant) &&
-                    kSmemBytes == cta_smem_bytes(kHeadDim, kQuant, kWarps, kCtaSmemBudget),
+                    kSmemBytes == cta_smem_bytes(kHeadDim, kQuant, kWarps, kCtaSmemBudget, kMTiles),
                 "the host's CTA sizes (ring_shape.h) are this CTA's");
 };
 
@@ -137,7 +141,7 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
 
 // One CTA's problem.
 struct Work {
-  int rows = 0;  // valid q rows (<= kRows); the others are zero and never written
+  int rows = 0;  // valid q rows (<= Tr::kCtaRows); the others are zero and never written
   int kv_begin = 0, kv_end = 0;
   const uint8_t* k_base = nullptr;  // K of this kv head at pool row 0 (bytes)
   const uint8_t* v_base = nullptr;
@@ -219,7 +223,7 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t add
 // denominator d (d == 0: no visible key). Every thread of the CTA must call it (it has CTA
 // barriers). kMayCap = false compiles the soft-cap out of the loop (the caller guarantees
 // w.logit_cap == 0): the tanh code of every logit otherwise sits between the hot instructions.
-// kRowMask: visible(r, key) -> bool decides the keys of Work's mask regions per row (r < kRows,
+// kRowMask: visible(r, key) -> bool decides the keys of Work's mask regions per row (r < kCtaRows,
 // padding rows included: it must not read memory for r >= w.rows); the steps outside them run
 // the decode's code.
 template <typename Tr, bool kMayCap = true, bool kRowMask = false, typename QRowFn, typename SlotFn,
@@ -327,7 +331,9 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     }
     cp_async_commit();
   }
-  for (int c = threadIdx.x; c < kRows * Tr::kQChunks; c += Tr::kThreads) {
+  constexpr int kMT = Tr::kMTiles;
+  constexpr int kR = Tr::kCtaRows;
+  for (int c = threadIdx.x; c < kR * Tr::kQChunks; c += Tr::kThreads) {
     const int r = c / Tr::kQChunks;
     const int ch = c % Tr::kQChunks;
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -347,41 +353,51 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
 
   const int g = lane / 4;
   const int tq = lane % 4;
-  const auto load_q_fragment = [&](int kk, uint32_t(&a)[4]) {
+  // A fragment of M tile mt (rows 16 mt ..), k-step kk.
+  const auto load_q_fragment = [&](int mt, int kk, uint32_t(&a)[4]) {
+    const CT* sqm = sq + mt * kRows * Tr::kRowElems;
     if constexpr (Tr::kQuant) {  // the permuted columns of the fp8 K fragments (see above)
-      const CT* r0 = sq + g * Tr::kRowElems + kk * kMmaK + 4 * tq;
+      const CT* r0 = sqm + g * Tr::kRowElems + kk * kMmaK + 4 * tq;
       const CT* r1 = r0 + 8 * Tr::kRowElems;
       a[0] = *reinterpret_cast<const uint32_t*>(r0);
       a[1] = *reinterpret_cast<const uint32_t*>(r1);
       a[2] = *reinterpret_cast<const uint32_t*>(r0 + 2);
       a[3] = *reinterpret_cast<const uint32_t*>(r1 + 2);
     } else {
-      ldmatrix_x4(a, smem_addr(sq + (lane % 16) * Tr::kRowElems + kk * kMmaK + (lane / 16) * 8));
+      ldmatrix_x4(a, smem_addr(sqm + (lane % 16) * Tr::kRowElems + kk * kMmaK + (lane / 16) * 8));
     }
   };
   uint32_t qf[Tr::kQInRegisters ? Tr::kKSteps : 1][4];
-  if constexpr (Tr::kQInRegisters) {
+  if constexpr (Tr::kQInRegisters) {  // (one M tile)
 #pragma unroll
-    for (int kk = 0; kk < Tr::kKSteps; ++kk) load_q_fragment(kk, qf[kk]);
+    for (int kk = 0; kk < Tr::kKSteps; ++kk) load_q_fragment(0, kk, qf[kk]);
   }
-  float o[Tr::kDimTiles][4];
+  // Per M tile: O, the running max and denominator of rows g and g + 8.
+  float o[kMT][Tr::kDimTiles][4];
+  float m[kMT][2];
+  float d[kMT][2];
 #pragma unroll
-  for (int i = 0; i < Tr::kDimTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {kNoKeyMax, kNoKeyMax};
-  float d[2] = {0.f, 0.f};
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < Tr::kDimTiles; ++i)
+      o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+    m[mt][0] = m[mt][1] = kNoKeyMax;
+    d[mt][0] = d[mt][1] = 0.f;
+  }
 
-  const auto q_frag = [&](int kk, uint32_t(&a)[4]) {
+  const auto q_frag = [&](int mt, int kk, uint32_t(&a)[4]) {
     if constexpr (Tr::kQInRegisters) {
 #pragma unroll
       for (int x = 0; x < 4; ++x) a[x] = qf[kk][x];
     } else {
-      load_q_fragment(kk, a);
+      load_q_fragment(mt, kk, a);
     }
   };
   // S = Q K^T over the 16 keys of one staged sub-tile (two n-tiles of 8). Even and odd k-steps
   // accumulate into separate registers (s, s2), summed by the caller: the dependent MMA chain of
   // each n-tile is half as long (a warp's tile time is latency-bound at 2 warps per scheduler).
-  const auto qk = [&](const uint8_t* sk, float(&s)[2][4], float(&s2)[2][4]) {
+  // With kMT M tiles every K fragment feeds kMT MMAs (s[mt], s2[mt]).
+  const auto qk = [&](const uint8_t* sk, float(&s)[kMT][2][4], float(&s2)[kMT][2][4]) {
     if constexpr (Tr::kQuant) {
       // Lane l addresses row (l / 16) * 8 + l % 8 (key), 16-byte chunk 2 kp + (l / 8) % 2.
       const int key = (lane / 16) * 8 + lane % 8;
@@ -391,14 +407,17 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
         ldmatrix_x4(r, smem_addr(sk + key * Tr::kRawRowBytes + (2 * kp + (lane / 8) % 2) * 16));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          uint32_t a[4];
-          q_frag(2 * kp + h, a);
+          uint32_t b[2][2];
 #pragma unroll
           for (int n = 0; n < 2; ++n) {
-            const uint32_t raw = r[2 * n + h];
-            uint32_t b[2];
-            fp8x4_to_f16x2x2<Tr::kKvDType, Tr::kFp8PairCvt>(raw, b[0], b[1]);
-            mma_m16n8k16<CT>(h == 0 ? s[n] : s2[n], a, b);
+            fp8x4_to_f16x2x2<Tr::kKvDType, Tr::kFp8PairCvt>(r[2 * n + h], b[n][0], b[n][1]);
+          }
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            uint32_t a[4];
+            q_frag(mt, 2 * kp + h, a);
+#pragma unroll
+            for (int n = 0; n < 2; ++n) mma_m16n8k16<CT>(h == 0 ? s[mt][n] : s2[mt][n], a, b[n]);
           }
         }
       }
@@ -407,36 +426,43 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
         uint32_t r[2];  // (keys 0-7, kk), (keys 8-15, kk); lanes 0-15 address
         ldmatrix_x2(r,
                     smem_addr(sk + ((lane / 8) % 2 * 8 + lane % 8) * Tr::kRawRowBytes + kk * 16));
-        uint32_t a[4];
-        q_frag(kk, a);
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          const uint32_t b[2] = {fp8x2_to_f16x2<Tr::kKvDType>(r[n]),
-                                 fp8x2_to_f16x2<Tr::kKvDType>(r[n] >> 16)};
-          mma_m16n8k16<CT>(s[n], a, b);
+        for (int mt = 0; mt < kMT; ++mt) {
+          uint32_t a[4];
+          q_frag(mt, kk, a);
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            const uint32_t b[2] = {fp8x2_to_f16x2<Tr::kKvDType>(r[n]),
+                                   fp8x2_to_f16x2<Tr::kKvDType>(r[n] >> 16)};
+            mma_m16n8k16<CT>(s[mt][n], a, b);
+          }
         }
       }
     } else {
       const CT* k16 = reinterpret_cast<const CT*>(sk);
 #pragma unroll
       for (int kk = 0; kk < Tr::kKSteps; ++kk) {
-        uint32_t a[4];
-        q_frag(kk, a);
         uint32_t b[4];
         const int key = (lane / 16) * 8 + lane % 8;
         ldmatrix_x4(b, smem_addr(k16 + key * Tr::kRowElems + kk * kMmaK + ((lane / 8) % 2) * 8));
         const uint32_t b0[2] = {b[0], b[1]};
         const uint32_t b1[2] = {b[2], b[3]};
-        mma_m16n8k16<CT>(kk % 2 == 0 ? s[0] : s2[0], a, b0);
-        mma_m16n8k16<CT>(kk % 2 == 0 ? s[1] : s2[1], a, b1);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          uint32_t a[4];
+          q_frag(mt, kk, a);
+          mma_m16n8k16<CT>(kk % 2 == 0 ? s[mt][0] : s2[mt][0], a, b0);
+          mma_m16n8k16<CT>(kk % 2 == 0 ? s[mt][1] : s2[mt][1], a, b1);
+        }
       }
     }
   };
   // O += P V over one staged sub-tile: a = its 16 probabilities per row (one k-step).
   const int vkey = ((lane / 8) % 2) * 8 + lane % 8;
-  const auto pv = [&](const uint8_t* sv, const uint32_t(&a)[4]) {
+  // a[mt]: M tile mt's probabilities; every V fragment feeds kMT MMAs.
+  const auto pv = [&](const uint8_t* sv, const uint32_t(&a)[kMT][4]) {
     if constexpr (Tr::kQuant) {
-      // o[2c] / o[2c + 1]: the even / odd columns of 16-column chunk c (see above).
+      // o[mt][2c] / o[mt][2c + 1]: the even / odd columns of 16-column chunk c (see above).
       const auto pv_chunk = [&](int c, uint32_t lo, uint32_t hi) {
         uint32_t be[2], bo[2];
         if constexpr (Tr::kFp8PairCvt) {
@@ -450,8 +476,11 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
           bo[0] = fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(lo, 0, 0x0031));
           bo[1] = fp8x2_to_f16x2<Tr::kKvDType>(__byte_perm(hi, 0, 0x0031));
         }
-        mma_m16n8k16<CT>(o[2 * c], a, be);
-        mma_m16n8k16<CT>(o[2 * c + 1], a, bo);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_m16n8k16<CT>(o[mt][2 * c], a[mt], be);
+          mma_m16n8k16<CT>(o[mt][2 * c + 1], a[mt], bo);
+        }
       };
 #pragma unroll
       for (int cp = 0; cp < Tr::kKSteps / 2; ++cp) {
@@ -474,8 +503,11 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
         ldmatrix_x4_trans(b, smem_addr(v16 + vkey * Tr::kRowElems + d2 * 16 + (lane / 16) * 8));
         const uint32_t b0[2] = {b[0], b[1]};
         const uint32_t b1[2] = {b[2], b[3]};
-        mma_m16n8k16<CT>(o[2 * d2], a, b0);
-        mma_m16n8k16<CT>(o[2 * d2 + 1], a, b1);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_m16n8k16<CT>(o[mt][2 * d2], a[mt], b0);
+          mma_m16n8k16<CT>(o[mt][2 * d2 + 1], a[mt], b1);
+        }
       }
     }
   };
@@ -496,20 +528,26 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     __syncwarp();
     const int key0 = tile_key0(i);  // the step's kSub sub-tiles are consecutive keys
 
-    float s[kSub][2][4];
+    float s[kSub][kMT][2][4];
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
-      float s2[2][4];
+      float s2[kMT][2][4];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        s[u][n][0] = s[u][n][1] = s[u][n][2] = s[u][n][3] = 0.f;
-        s2[n][0] = s2[n][1] = s2[n][2] = s2[n][3] = 0.f;
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          s[u][mt][n][0] = s[u][mt][n][1] = s[u][mt][n][2] = s[u][mt][n][3] = 0.f;
+          s2[mt][n][0] = s2[mt][n][1] = s2[mt][n][2] = s2[mt][n][3] = 0.f;
+        }
       }
       qk(ring + ((i + u) % kS) * Tr::kStageBytes, s[u], s2);
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[u][n][e] += s2[n][e];
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[u][mt][n][e] += s2[mt][n][e];
+        }
       }
     }
 
@@ -518,62 +556,71 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     const bool full = key0 + kStepKeys <= kv_end;
     const bool row_masked =
         kRowMask && (key0 < w.mask_head_end || key0 + kStepKeys > w.mask_tail_begin);
-    float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int u = 0; u < kSub; ++u) {
+    for (int mt = 0; mt < kMT; ++mt) {
+      float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int u = 0; u < kSub; ++u) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[u][n][e];
-          if (kMayCap && w.logit_cap > 0.f) {
-            x = w.logit_cap * tanhf(x * w.scale / w.logit_cap) * kLog2e;
-          } else {
-            x *= w.scale_log2;
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = s[u][mt][n][e];
+            if (kMayCap && w.logit_cap > 0.f) {
+              x = w.logit_cap * tanhf(x * w.scale / w.logit_cap) * kLog2e;
+            } else {
+              x *= w.scale_log2;
+            }
+            const int key = key0 + u * kKeys + n * 8 + 2 * tq + (e & 1);
+            if (!full && key >= kv_end) x = -INFINITY;
+            if constexpr (kRowMask) {
+              if (row_masked && !visible(mt * kRows + g + (e / 2) * 8, key)) x = -INFINITY;
+            }
+            s[u][mt][n][e] = x;
+            tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
           }
-          const int key = key0 + u * kKeys + n * 8 + 2 * tq + (e & 1);
-          if (!full && key >= kv_end) x = -INFINITY;
-          if constexpr (kRowMask) {
-            if (row_masked && !visible(g + (e / 2) * 8, key)) x = -INFINITY;
-          }
-          s[u][n][e] = x;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
         }
       }
-    }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      if (tile_max[h] > m[h]) {
-        const float factor = exp2_of<Tr::kFastExp2>(m[h] - tile_max[h]);
-        m[h] = tile_max[h];
-        d[h] *= factor;
+      for (int h = 0; h < 2; ++h) {
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        if (tile_max[h] > m[mt][h]) {
+          const float factor = exp2_of<Tr::kFastExp2>(m[mt][h] - tile_max[h]);
+          m[mt][h] = tile_max[h];
+          d[mt][h] *= factor;
 #pragma unroll
-        for (int x = 0; x < Tr::kDimTiles; ++x) {
-          o[x][2 * h] *= factor;
-          o[x][2 * h + 1] *= factor;
+          for (int x = 0; x < Tr::kDimTiles; ++x) {
+            o[mt][x][2 * h] *= factor;
+            o[mt][x][2 * h + 1] *= factor;
+          }
         }
       }
-    }
 #pragma unroll
-    for (int u = 0; u < kSub; ++u) {
+      for (int u = 0; u < kSub; ++u) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < 2; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float pr = exp2_of<Tr::kFastExp2>(s[u][n][e] - m[e / 2]);
-          s[u][n][e] = pr;
-          d[e / 2] += pr;
+          for (int e = 0; e < 4; ++e) {
+            const float pr = exp2_of<Tr::kFastExp2>(s[u][mt][n][e] - m[mt][e / 2]);
+            s[u][mt][n][e] = pr;
+            d[mt][e / 2] += pr;
+          }
         }
       }
     }
 
-    // O += P V: the two S n-tiles of a sub-tile form the A fragment of one k-step.
+    // O += P V: the two S n-tiles of a sub-tile form the A fragment of one k-step (per M tile).
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
-      const uint32_t a[4] = {pack2<CT>(s[u][0][0], s[u][0][1]), pack2<CT>(s[u][0][2], s[u][0][3]),
-                             pack2<CT>(s[u][1][0], s[u][1][1]), pack2<CT>(s[u][1][2], s[u][1][3])};
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        a[mt][0] = pack2<CT>(s[u][mt][0][0], s[u][mt][0][1]);
+        a[mt][1] = pack2<CT>(s[u][mt][0][2], s[u][mt][0][3]);
+        a[mt][2] = pack2<CT>(s[u][mt][1][0], s[u][mt][1][1]);
+        a[mt][3] = pack2<CT>(s[u][mt][1][2], s[u][mt][1][3]);
+      }
       pv(ring + ((i + u) % kS) * Tr::kStageBytes + kKeys * Tr::kRawRowBytes, a);
     }
     __syncwarp();  // every lane is done with the step's stages before the next step refills them
@@ -582,32 +629,36 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   __syncthreads();  // the rings become the epilogue region
 
   // Epilogue 1: every warp's (m, d, O) to shared memory.
-  float* epi_o = reinterpret_cast<float*>(main);             // [Tr::kWarps, kRows, kHeadDim]
-  float* epi_m = epi_o + Tr::kWarps * kRows * Tr::kHeadDim;  // [Tr::kWarps, kRows]
-  float* epi_d = epi_m + Tr::kWarps * kRows;                 // [Tr::kWarps, kRows]
+  float* epi_o = reinterpret_cast<float*>(main);          // [Tr::kWarps, kR, kHeadDim]
+  float* epi_m = epi_o + Tr::kWarps * kR * Tr::kHeadDim;  // [Tr::kWarps, kR]
+  float* epi_d = epi_m + Tr::kWarps * kR;                 // [Tr::kWarps, kR]
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
-    d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
-    const int r = g + h * 8;
-    if (r >= w.rows) continue;  // padding rows: epilogue 2 reads rows < w.rows only
-    float* orow = epi_o + (warp * kRows + r) * Tr::kHeadDim;
-    if constexpr (Tr::kQuant) {  // chunk c: columns 16c + 4t + {0, 1, 2, 3} = even, odd, even, odd
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-      for (int c = 0; c < Tr::kKSteps; ++c) {
-        *reinterpret_cast<float4*>(orow + c * 16 + 4 * tq) = make_float4(
-            o[2 * c][2 * h], o[2 * c + 1][2 * h], o[2 * c][2 * h + 1], o[2 * c + 1][2 * h + 1]);
+    for (int h = 0; h < 2; ++h) {
+      d[mt][h] += __shfl_xor_sync(0xffffffffu, d[mt][h], 1);
+      d[mt][h] += __shfl_xor_sync(0xffffffffu, d[mt][h], 2);
+      const int r = mt * kRows + g + h * 8;
+      if (r >= w.rows) continue;  // padding rows: epilogue 2 reads rows < w.rows only
+      float* orow = epi_o + (warp * kR + r) * Tr::kHeadDim;
+      if constexpr (Tr::kQuant) {  // chunk c: columns 16c + 4t + {0, 1, 2, 3} = even, odd, ...
+#pragma unroll
+        for (int c = 0; c < Tr::kKSteps; ++c) {
+          *reinterpret_cast<float4*>(orow + c * 16 + 4 * tq) =
+              make_float4(o[mt][2 * c][2 * h], o[mt][2 * c + 1][2 * h], o[mt][2 * c][2 * h + 1],
+                          o[mt][2 * c + 1][2 * h + 1]);
+        }
+      } else {
+#pragma unroll
+        for (int x = 0; x < Tr::kDimTiles; ++x) {
+          *reinterpret_cast<float2*>(orow + x * kMmaN + 2 * tq) =
+              make_float2(o[mt][x][2 * h], o[mt][x][2 * h + 1]);
+        }
       }
-    } else {
-#pragma unroll
-      for (int x = 0; x < Tr::kDimTiles; ++x) {
-        *reinterpret_cast<float2*>(orow + x * kMmaN + 2 * tq) =
-            make_float2(o[x][2 * h], o[x][2 * h + 1]);
+      if (tq == 0) {
+        epi_m[warp * kR + r] = m[mt][h];
+        epi_d[warp * kR + r] = d[mt][h];
       }
-    }
-    if (tq == 0) {
-      epi_m[warp * kRows + r] = m[h];
-      epi_d[warp * kRows + r] = d[h];
     }
   }
   __syncthreads();
@@ -619,15 +670,15 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
     const int col = (c % kVecsPerRow) * 8;
     float mx = kNoKeyMax;
 #pragma unroll
-    for (int x = 0; x < Tr::kWarps; ++x) mx = fmaxf(mx, epi_m[x * kRows + r]);
+    for (int x = 0; x < Tr::kWarps; ++x) mx = fmaxf(mx, epi_m[x * kR + r]);
     float dsum = 0.f;
     float acc[8] = {};
 #pragma unroll
     for (int x = 0; x < Tr::kWarps; ++x) {
-      const float f = exp2f(epi_m[x * kRows + r] - mx);
-      dsum += epi_d[x * kRows + r] * f;
+      const float f = exp2f(epi_m[x * kR + r] - mx);
+      dsum += epi_d[x * kR + r] * f;
       const float4* src =
-          reinterpret_cast<const float4*>(epi_o + (x * kRows + r) * Tr::kHeadDim + col);
+          reinterpret_cast<const float4*>(epi_o + (x * kR + r) * Tr::kHeadDim + col);
       const float4 x0 = src[0], x1 = src[1];
       acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
       acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;

@@ -8,7 +8,10 @@ namespace attnkit::cuda::ring {
 inline constexpr int kWarps = 4;
 inline constexpr int kKeys = 16;                  // keys of one warp tile (one PV k-step)
 inline constexpr int kTileKeys = kWarps * kKeys;  // keys of one round of the CTA's warps
-inline constexpr int kRows = 16;                  // packed q rows of a CTA
+inline constexpr int kRows = 16;                  // packed q rows of a CTA (of one M tile)
+// A CTA may pack m_tiles x kRows rows (each warp runs every M tile over its keys: the K / V
+// fragments of a tile feed m_tiles MMAs); Q then stays in shared memory.
+inline constexpr int kMaxMTiles = 2;
 // Shared memory of one CTA: 2 fit in the 228 KB of an SM90 multiprocessor (an SM80 one, 164 KB,
 // holds one).
 inline constexpr int kCtaSmemBudget = 110 * 1024;
@@ -22,8 +25,10 @@ inline constexpr int kCompactCtaSmemBudget = 96 * 1024;
 inline constexpr int kCompactCtasPerSm = 1;
 constexpr int compact_warps(int head_dim) { return head_dim > 128 ? 2 : kWarps; }
 
-// Q of a CTA: kRows rows of 16-bit values padded by 8 elements.
-constexpr int cta_q_bytes(int head_dim) { return kRows * (head_dim + 8) * 2; }
+// Q of a CTA: m_tiles x kRows rows of 16-bit values padded by 8 elements.
+constexpr int cta_q_bytes(int head_dim, int m_tiles = 1) {
+  return m_tiles * kRows * (head_dim + 8) * 2;
+}
 
 // One ring stage of a warp: a 16-key K + V tile (16-bit rows padded by 16 bytes, raw fp8 rows
 // too) and its two slot words per key.
@@ -34,19 +39,21 @@ constexpr int cta_stage_bytes(int head_dim, bool quant_kv) {
 // Ring stages per warp of a CTA: the budget left after Q, split over the warps; at least 2, at
 // most kMaxStages.
 constexpr int cta_stages(int head_dim, bool quant_kv, int warps = kWarps,
-                         int budget = kCtaSmemBudget) {
-  const int fit = (budget - cta_q_bytes(head_dim)) / warps / cta_stage_bytes(head_dim, quant_kv);
+                         int budget = kCtaSmemBudget, int m_tiles = 1) {
+  const int fit =
+      (budget - cta_q_bytes(head_dim, m_tiles)) / warps / cta_stage_bytes(head_dim, quant_kv);
   return fit < 2 ? 2 : (fit > kMaxStages ? kMaxStages : fit);
 }
 
 // Dynamic shared memory of a CTA: Q, then the warps' rings, or the epilogue's f32 rows of every
 // warp (their (m, d) too) where that is larger.
 constexpr int cta_smem_bytes(int head_dim, bool quant_kv, int warps = kWarps,
-                             int budget = kCtaSmemBudget) {
-  const int main =
-      warps * cta_stages(head_dim, quant_kv, warps, budget) * cta_stage_bytes(head_dim, quant_kv);
-  const int epi = warps * kRows * head_dim * 4 + 2 * warps * kRows * 4;
-  return cta_q_bytes(head_dim) + (main > epi ? main : epi);
+                             int budget = kCtaSmemBudget, int m_tiles = 1) {
+  const int main = warps * cta_stages(head_dim, quant_kv, warps, budget, m_tiles) *
+                   cta_stage_bytes(head_dim, quant_kv);
+  const int rows = m_tiles * kRows;
+  const int epi = warps * rows * head_dim * 4 + 2 * warps * rows * 4;
+  return cta_q_bytes(head_dim, m_tiles) + (main > epi ? main : epi);
 }
 
 // Whether the default CTA fits a device whose blocks may opt in to `optin` bytes (else the

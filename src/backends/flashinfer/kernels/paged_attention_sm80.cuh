@@ -82,9 +82,15 @@ template <typename Tr, DecodeKernel kKind>
 Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   if (grid_items <= 0) return Status::ok();
   constexpr bool kBalanced = kKind == DecodeKernel::kBalanced;
-  const auto kernel = kBalanced                        ? paged_decode_balanced_kernel<Tr>
-                      : kKind == DecodeKernel::kVerify ? paged_decode_ring_kernel<Tr, true>
-                                                       : paged_decode_ring_kernel<Tr, false>;
+  // Only the kernel of kKind is instantiated (a ternary would instantiate all three for every
+  // shape, the verify-only 32-row CTA included).
+  const auto kernel = [] {
+    if constexpr (kBalanced) {
+      return paged_decode_balanced_kernel<Tr>;
+    } else {
+      return paged_decode_ring_kernel<Tr, kKind == DecodeKernel::kVerify>;
+    }
+  }();
   ATTNKIT_RETURN_IF_ERROR(cuda::check_smem_fits(Tr::kSmemBytes, "flashinfer: the decode CTA"));
   // Per-function attributes, set once per instantiation and device (not stream operations;
   // per_device_once.h): the dynamic shared memory and all of the unified L1/shared storage as
@@ -135,6 +141,22 @@ Status run_paged_impl(const PagedParams& p, DType q_dtype, DType kv_dtype, int g
     const auto with_kv = [&]<DType kKv>() -> Status {
       static_assert(kShape == TileShape::kDecode,
                     "prefill runs paged_prefill_sm80.cuh (run_paged_prefill_sm80)");
+      // Target verify of 32-row tiles (head dims <= 128): the two-M-tile CTA.
+      if constexpr (kD <= 128) {
+        if (p.decode_verify != 0 &&
+            p.decode_tile_rows == RingVerify32Traits<kD, QT, kKv>::kCtaRows) {
+          using Tr32 = RingVerify32Traits<kD, QT, kKv>;
+          return cuda::launch_fitting<Tr32, RingVerify32Compact<kD, QT, kKv>>(
+              Tr32::kSmemBytes, [&]<typename Shape>() -> Status {
+                return launch_paged<Shape, DecodeKernel::kVerify>(p, grid_items, stream);
+              });
+        }
+      }
+      if (p.decode_verify != 0 && p.decode_tile_rows != cuda::ring::kRows) {
+        return Status::internal("flashinfer: verify decode tiles of " +
+                                std::to_string(p.decode_tile_rows) + " rows at head_dim " +
+                                std::to_string(kD) + " (built: 16, and 32 at head dims <= 128)");
+      }
       // The default CTA, or the compact one where the device cannot opt in to it (smem_fit.h).
       using Tr = RingDecodeTraits<kD, QT, kKv>;
       return cuda::launch_fitting<Tr, RingDecodeCompact<kD, QT, kKv>>(

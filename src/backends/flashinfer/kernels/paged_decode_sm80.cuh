@@ -29,9 +29,10 @@ static_assert(kDecodeRingWarps == cuda::ring::kWarps && kDecodeRingKeys == cuda:
 // each; sessions 5-7 measured one CTA of 8 warps, or of 4 warps with twice the ring depth, per
 // SM90 multiprocessor: no faster); RingDecodeCompact on devices that cannot opt in to it.
 template <int kD, typename QT, DType kKv, int kWarps = cuda::ring::kWarps,
-          int kBudget = cuda::ring::kCtaSmemBudget, int kCtas = cuda::ring::kCtasPerSm>
-struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps, kBudget, kCtas> {
-  using Base = cuda::ring::Traits<kD, QT, kKv, kWarps, kBudget, kCtas>;
+          int kBudget = cuda::ring::kCtaSmemBudget, int kCtas = cuda::ring::kCtasPerSm,
+          int kMTiles = 1>
+struct RingDecodeTraits : cuda::ring::Traits<kD, QT, kKv, kWarps, kBudget, kCtas, kMTiles> {
+  using Base = cuda::ring::Traits<kD, QT, kKv, kWarps, kBudget, kCtas, kMTiles>;
   static constexpr bool kRingDecode = true;  // launched as paged_decode_ring_kernel
   // fp8 KV streams 32-key warp tiles (two 16-key ring stages per softmax step) where the ring has
   // >= 4 stages (d <= 128): a 16-key fp8 tile carries half the bytes of a bf16 one for the same
@@ -55,6 +56,21 @@ using RingDecodeCompact = cuda::ring::CompactShape<
     RingDecodeTraits<kD, QT, kKv>,
     RingDecodeTraits<kD, QT, kKv, cuda::ring::compact_warps(kD), cuda::ring::kCompactCtaSmemBudget,
                      cuda::ring::kCompactCtasPerSm>>;
+
+// Target verify's 32-row CTA (head dims <= 128; PagedParams::decode_tile_rows 32): two M tiles
+// per warp, so each K / V fragment feeds two MMAs and a request's 32 (draft, q head) rows stream
+// the keys once instead of twice. Q (17 KB at d 128) lives in shared memory; the budget, 112 KB,
+// keeps three bf16 stages per warp at d 128 and two CTAs per SM90 multiprocessor (2 x (112 + 1)
+// KB of its 228). The compact form: the 96 KB budget, one CTA per SM.
+inline constexpr int kVerify32CtaSmemBudget = 112 * 1024;
+template <int kD, typename QT, DType kKv>
+using RingVerify32Traits = RingDecodeTraits<kD, QT, kKv, cuda::ring::kWarps, kVerify32CtaSmemBudget,
+                                            cuda::ring::kCtasPerSm, 2>;
+template <int kD, typename QT, DType kKv>
+using RingVerify32Compact = cuda::ring::CompactShape<
+    RingVerify32Traits<kD, QT, kKv>,
+    RingDecodeTraits<kD, QT, kKv, cuda::ring::kWarps, cuda::ring::kCompactCtaSmemBudget,
+                     cuda::ring::kCompactCtasPerSm, 2>>;
 
 // A merged row's 4 columns (col .. col + 3 of q head `head` of token `token`): out = a * v_scale /
 // dsum, and the natural-log LSE from the exp2-domain max `mx` and the sum (column 0 only).
@@ -134,7 +150,7 @@ __device__ __forceinline__ void merge_splits(const PagedParams& p, int num_split
                                              EntryFn entry0, int rows, HeadFn head_of,
                                              TokenFn token_of, float* scratch) {
   using QT = typename Tr::QT;
-  constexpr int kR = cuda::ring::kRows;
+  constexpr int kR = Tr::kCtaRows;
   constexpr int kVec4 = Tr::kHeadDim / 4;
   // Head dims <= 128: at 256 the balanced kernel (255 registers already) spilled 12 B with it.
   if constexpr (Tr::kHeadDim <= 128) {
@@ -289,11 +305,12 @@ __device__ __forceinline__ void attend_item(const PagedParams& p, const cuda::ri
 // heads) at about the same time: DRAM pages are opened once, not once per head.
 // kVerify (target verify on decode tiles, PagedParams::decode_verify): an item's packed rows are
 // (draft token, q head) pairs of one request, token-major (row i: token i / group), <= 16 per
-// CTA; draft t sits at position prefix + t (prefix = kv_len - q_len) and sees the cached prefix
-// (within its window) and, of the drafts' keys, itself and the earlier drafts (a chain) or the
-// tree mask's row (SpecInfo::custom_mask: [q_len, kv_len] bytes per request). A split's partial
-// rows are per (split, draft token): entry ((partial_base + split * q_len + t) * Hq + head, the
-// prefill tiles' row order), its counters per (request, q tile of decode_q_tiles, kv head).
+// CTA (32 with RingVerify32Traits); draft t sits at position prefix + t (prefix = kv_len - q_len)
+// and sees the cached prefix (within its window) and, of the drafts' keys, itself and the earlier
+// drafts (a chain) or the tree mask's row (SpecInfo::custom_mask: [q_len, kv_len] bytes per
+// request). A split's partial rows are per (split, draft token): entry ((partial_base + split *
+// q_len + t) * Hq + head, the prefill tiles' row order), its counters per (request, q tile of
+// decode_q_tiles, kv head).
 template <typename Tr, bool kVerify = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     paged_decode_ring_kernel(const __grid_constant__ PagedParams p) {
@@ -318,7 +335,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const int kv_head = blockIdx.x;
 
   cuda::ring::Work w;
-  w.rows = min(cuda::ring::kRows, item.req_q_len * p.group - item.q_row_begin);
+  w.rows = min(Tr::kCtaRows, item.req_q_len * p.group - item.q_row_begin);
   w.kv_begin = item.kv_begin;
   w.kv_end = min(item.kv_end, item.req_kv_len);
   // Verify: the item's tokens t_lo..t_hi at positions prefix + t (decode: one, the last key).
@@ -399,11 +416,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   // partials (out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - max), plus the sink).
   const int q_tiles =  // decode: q_len 1
       kVerify ? p.decode_q_tiles : (p.group + cuda::ring::kRows - 1) / cuda::ring::kRows;
-  int* counter =
-      p.split_counters +
-      (static_cast<int64_t>(item.request) * q_tiles + item.q_row_begin / cuda::ring::kRows) *
-          p.num_kv_heads +
-      kv_head;
+  int* counter = p.split_counters +
+                 (static_cast<int64_t>(item.request) * q_tiles + item.q_row_begin / Tr::kCtaRows) *
+                     p.num_kv_heads +
+                 kv_head;
   const bool last = p.split_sync_fence_all != 0
                         ? cuda::ring::last_split_cta(counter, req.num_splits)
                         : cuda::ring::last_split_cta_acq_rel(counter, req.num_splits);

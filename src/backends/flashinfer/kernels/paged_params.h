@@ -143,10 +143,13 @@ struct PagedParams {
   int balance_slots = 0;
   // Target verify on decode tiles (WorkItem plans of TileShape::kDecode with q_len = N drafts;
   // paged_decode_ring_kernel's kVerify): 1 launches that kernel; decode_q_tiles = its split
-  // counters' q tiles per request (ceil(N x group / kDecodeTileRows), the same N for every
+  // counters' q tiles per request (ceil(N x group / decode_tile_rows), the same N for every
   // request of the forward).
   int decode_verify = 0;
   int decode_q_tiles = 0;
+  // Rows of a decode-tile verify item (WorkItem::q_row_begin steps by it): 16, or 32 (head dims
+  // <= 128: the two-M-tile CTA, RingVerify32Traits).
+  int decode_tile_rows = kDecodeTileRows;
 };
 
 }  // namespace attnkit::flashinfer

@@ -87,7 +87,11 @@ Status build_work_plan(std::span<const PlanRequest> requests, const PlanConfig& 
           std::to_string(q.kv_len) + " (needs 0 <= q_len <= kv_len, q_start >= 0)");
     }
   }
-  const int rows_per_tile = tile_rows(config.shape);
+  if (config.tile_rows < 0) {
+    return Status::invalid_argument("flashinfer plan: tile_rows " +
+                                    std::to_string(config.tile_rows) + " must be >= 0");
+  }
+  const int rows_per_tile = config.tile_rows > 0 ? config.tile_rows : tile_rows(config.shape);
   // A fresh plan that takes over dst's vector storage (every field, element and scalar, starts at
   // its default: clear() before resize()).
   WorkPlan plan;

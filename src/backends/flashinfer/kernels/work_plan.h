@@ -75,6 +75,9 @@ struct PlanConfig {
   // longer" = more than this percentage of the share (>= 100).
   bool split_long = false;
   int split_long_pct = 150;
+  // Packed rows of one work item; 0 = the shape's (kDecodeTileRows / kPrefillTileRows). Target
+  // verify on decode tiles: 16, or 32 (the two-M-tile CTA, PagedParams::decode_tile_rows).
+  int tile_rows = 0;
 };
 
 // Per-request inputs (host copies of the batch lengths).
