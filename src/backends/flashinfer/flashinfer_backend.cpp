@@ -258,12 +258,18 @@ class FlashInferBackend final : public AttentionBackend {
     return q_tiles * std::max(1, ctx_.num_kv_heads);
   }
   // Rows of a decode-tile verify item: 32 (the two-M-tile CTA, RingVerify32Traits) where a
-  // request has more than 16 rows at head dims <= 128, else 16; ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS
-  // =16 (an A/B knob) keeps 16.
+  // request has more than 16 rows at head dims <= 128 over the context's 16-bit pool, else 16;
+  // ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS=16 (an A/B knob) keeps 16. H200 03:19Z (docs/PERF.md
+  // session 60), b16 kv 4k s_q 8 topk 4: bf16 0.1068-0.1077 ms on 32-row tiles vs 0.1129 on
+  // 16-row ones; over fp8 the 32-row CTA (255 registers) took 0.147 vs 0.0687 ms, so fp8 pools
+  // (and a context without a pool, whose dtype the graph workspace cannot know) keep 16 rows. The
+  // context's pool decides for eager forwards and graphs alike (the same plans); a batch pool of
+  // another dtype still runs (every tile shape is built for every pool dtype).
   int verify_tile_rows(int draft_tokens) const {
     const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
     const bool wide = static_cast<int64_t>(draft_tokens) * group > flashinfer::kDecodeTileRows;
-    return wide && ctx_.qk_head_dim <= 128 && verify_tile_rows_ == 32
+    const bool pool_16bit = ctx_.kv_pool != nullptr && !dtype_is_fp8(ctx_.kv_pool->dtype());
+    return wide && pool_16bit && ctx_.qk_head_dim <= 128 && verify_tile_rows_ == 32
                ? 2 * flashinfer::kDecodeTileRows
                : flashinfer::kDecodeTileRows;
   }
