@@ -2,7 +2,9 @@
 // items, page table in place) and by the triton backend on SM80+ (its split-KV heuristic, flattened
 // token indices). Each backend keeps its own planning, key addressing and epilogue; this file only
 // streams one CTA's keys and runs the math. Decode: one query token, the GQA rows of one kv head
-// (<= 16) packed into the M dimension of mma.sync m16n8k16.
+// (<= 16) packed into the M dimension of mma.sync m16n8k16. Target verify (flashinfer): the
+// (draft, q head) rows of a request, 16, or 32 in two M tiles per warp (Traits::kMTiles; every K /
+// V fragment then feeds two MMAs), with a per-row mask over the drafts' keys (attend's kRowMask).
 //
 // Why this shape: decode reads every K/V byte once and does ~4 FLOP per byte, so it is bound by
 // the bytes each SM keeps in flight, not by math. A CTA's kWarps warps take the key range's 16-key
