@@ -293,11 +293,17 @@ class FlashInferBackend final : public AttentionBackend {
   // verify_items, so at a small bs most of its CTAs exit at once when the replay does not split.
   // On decode tiles (verify_decode_tiles) the decode's own config: one CTA per SM (two resident),
   // or verify_ctas_per_sm_ (ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM, an A/B knob).
+  // The split-long rule stays off for verify (its graph bound, verify_items, assumes the chunk
+  // rule). decode_tiles: the forward's choice (verify_decode_tiles, default).
   PlanConfig verify_plan_config(int draft_tokens) const {
-    if (verify_decode_tiles(draft_tokens)) {
+    return verify_plan_config(draft_tokens, verify_decode_tiles(draft_tokens));
+  }
+  PlanConfig verify_plan_config(int draft_tokens, bool decode_tiles) const {
+    if (decode_tiles) {
       PlanConfig c = plan_config(TileShape::kDecode, true);
       c.target_ctas *= verify_ctas_per_sm_;
       c.tile_rows = verify_tile_rows(draft_tokens);
+      c.split_long = false;
       return c;
     }
     PlanConfig c = plan_config(TileShape::kPrefill, true);
@@ -676,7 +682,8 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     }
   } else {
     ATTNKIT_RETURN_IF_ERROR(flashinfer::build_work_plan(
-        reqs, verify ? verify_plan_config(verify_n) : plan_config(shape, decode), &work_plan_));
+        reqs, verify ? verify_plan_config(verify_n, verify_decode) : plan_config(shape, decode),
+        &work_plan_));
     const WorkPlan& wp = work_plan_;
     ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, wp.serialized_words()));
     ATTNKIT_RETURN_IF_ERROR(staging_.upload(wp, plan_words_.data(), stream));
@@ -786,6 +793,19 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     if (plan_.shape == TileShape::kDecode) {
       ATTNKIT_RETURN_IF_ERROR(
           cuda::check_ring_decode_row_stride(name_.c_str(), kv_dtype, kbuf, vbuf));
+      // WorkItem plans launch (kv heads, items): the items ride grid y (at most 65535).
+      constexpr int kMaxGridY = 65535;
+      if (plan_.balance_slots == 0 && plan_.grid_items > kMaxGridY) {
+        return Status::invalid_argument(
+            name_ + ": the " + std::string(plan_.verify_decode ? "target_verify" : "decode") +
+            " plan has " + str(plan_.grid_items) + " work items per kv head, above the " +
+            str(kMaxGridY) + " a launch allows" +
+            (plan_.verify_decode
+                 ? " (fewer requests, or ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS below " +
+                       str(plan_.decode_q_tiles * plan_.decode_tile_rows) +
+                       " for the prefill tiles)"
+                 : std::string()));
+      }
     } else {
       ATTNKIT_RETURN_IF_ERROR(flashinfer::check_prefill_grid(plan_.grid_items, layer.num_kv_heads));
     }

@@ -355,6 +355,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     } else if (p.causal != 0) {
       w.mask_tail_begin = prefix + t_lo + 1;
     }
+    // Bidirectional layers with a window (the prefill kernel's rule): keys past position + window
+    // are hidden too.
+    if (p.causal == 0 && p.sliding_window >= 0) {
+      w.mask_tail_begin = min(w.mask_tail_begin, prefix + t_lo + p.sliding_window + 1);
+    }
   } else if (p.sliding_window >= 0) {
     // Decode: the query is the last key (causal keeps every key); the window clips the start.
     w.kv_begin = max(w.kv_begin, item.req_kv_len - 1 - p.sliding_window);
@@ -388,10 +393,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     // PDL mode 2 the previous kernel may still be running at the kernel's start: an engine may
     // write the tree mask right before).
     const int kv_len = item.req_kv_len;
+    // Keys at or past kv_len (a step's padding, already -inf) read no mask byte: the request's
+    // block ends at its last key.
     const auto visible = [&](int r, int key) {
       if (r >= w.rows) return true;  // padding rows: never written, no mask row to read
+      if (key >= kv_len) return false;
       const int t = (item.q_row_begin + r) / p.group;
-      if (p.sliding_window >= 0 && key < prefix + t - p.sliding_window) return false;
+      if (p.sliding_window >= 0) {
+        if (key < prefix + t - p.sliding_window) return false;
+        if (p.causal == 0 && key > prefix + t + p.sliding_window) return false;
+      }
       if (key >= prefix) {
         if (p.custom_mask != nullptr) {
           return p.custom_mask[p.mask_indptr[item.request] + static_cast<int64_t>(t) * kv_len +
