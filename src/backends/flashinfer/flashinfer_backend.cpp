@@ -284,6 +284,13 @@ class FlashInferBackend final : public AttentionBackend {
     const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
     return draft_tokens >= 1 && static_cast<int64_t>(draft_tokens) * group <= verify_decode_rows_;
   }
+  // plan_'s decode-tile verify fields (PagedParams::decode_verify / decode_q_tiles /
+  // decode_tile_rows) for N drafts, eager and captured alike.
+  void plan_verify_on_decode_tiles(int draft_tokens) {
+    plan_.verify_decode = true;
+    plan_.decode_q_tiles = static_cast<int>(verify_q_tiles(draft_tokens));
+    plan_.decode_tile_rows = verify_tile_rows(draft_tokens);
+  }
 
   // Target-verify plans on prefill tiles, eager and graph replays: split like a decode (a verify
   // has a few drafts per request over a long cached prefix, so its unsplit grid is one CTA per
@@ -525,11 +532,12 @@ class FlashInferBackend final : public AttentionBackend {
   }
   int64_t verify_items(int bs, int draft_tokens) const {
     const int group = ctx_.num_q_heads / ctx_.num_kv_heads;
-    const int64_t rows = verify_decode_tiles(draft_tokens) ? verify_tile_rows(draft_tokens)
-                                                           : flashinfer::kPrefillTileRows;
-    const int64_t unsplit =
-        static_cast<int64_t>(bs) * ((static_cast<int64_t>(draft_tokens) * group + rows - 1) / rows);
-    return std::max(unsplit, verify_split_target(draft_tokens));
+    const int64_t q_tiles =
+        verify_decode_tiles(draft_tokens)
+            ? verify_q_tiles(draft_tokens)
+            : (static_cast<int64_t>(draft_tokens) * group + flashinfer::kPrefillTileRows - 1) /
+                  flashinfer::kPrefillTileRows;
+    return std::max(static_cast<int64_t>(bs) * q_tiles, verify_split_target(draft_tokens));
   }
   // Partial rows of a split verify plan: splits x N per split request, and the splits of all
   // requests together stay within the per-head target (times Hq entries each).
@@ -698,9 +706,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
         split_counters_, ctx_.device, bs * decode_counters_per_request(verify_decode, verify_n),
         stream));
   }
-  plan_.verify_decode = verify_decode;
-  plan_.decode_q_tiles = verify_decode ? static_cast<int>(verify_q_tiles(verify_n)) : 0;
-  plan_.decode_tile_rows = verify_decode ? verify_tile_rows(verify_n) : flashinfer::kDecodeTileRows;
+  if (verify_decode) plan_verify_on_decode_tiles(verify_n);  // (plan_ was reset above)
   plan_.shape = shape;
   plan_.split = partial_entries > 0;
   plan_.words = plan_words_.data();
@@ -793,18 +799,13 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     if (plan_.shape == TileShape::kDecode) {
       ATTNKIT_RETURN_IF_ERROR(
           cuda::check_ring_decode_row_stride(name_.c_str(), kv_dtype, kbuf, vbuf));
-      // WorkItem plans launch (kv heads, items): the items ride grid y (at most 65535).
-      constexpr int kMaxGridY = 65535;
-      if (plan_.balance_slots == 0 && plan_.grid_items > kMaxGridY) {
-        return Status::invalid_argument(
-            name_ + ": the " + std::string(plan_.verify_decode ? "target_verify" : "decode") +
-            " plan has " + str(plan_.grid_items) + " work items per kv head, above the " +
-            str(kMaxGridY) + " a launch allows" +
-            (plan_.verify_decode
-                 ? " (fewer requests, or ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS below " +
-                       str(plan_.decode_q_tiles * plan_.decode_tile_rows) +
-                       " for the prefill tiles)"
-                 : std::string()));
+      if (plan_.balance_slots == 0) {  // a balanced plan's grid is 1-D
+        ATTNKIT_RETURN_IF_ERROR(flashinfer::check_decode_grid(
+            plan_.grid_items, plan_.verify_decode ? "target_verify" : "decode",
+            plan_.verify_decode
+                ? " (fewer requests, or ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS below " +
+                      str(plan_.decode_q_tiles * plan_.decode_tile_rows) + " for the prefill tiles)"
+                : std::string()));
       }
     } else {
       ATTNKIT_RETURN_IF_ERROR(flashinfer::check_prefill_grid(plan_.grid_items, layer.num_kv_heads));
@@ -1227,9 +1228,7 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
           " drafts (set speculative_num_draft_tokens or max_num_tokens)");
     }
     if (verify_decode_tiles(n)) {
-      plan_.verify_decode = true;
-      plan_.decode_q_tiles = static_cast<int>(verify_q_tiles(n));
-      plan_.decode_tile_rows = verify_tile_rows(n);
+      plan_verify_on_decode_tiles(n);
     } else {
       plan_.shape = TileShape::kPrefill;
       plan_.split = true;

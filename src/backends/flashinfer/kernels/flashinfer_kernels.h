@@ -96,6 +96,18 @@ inline Status check_prefill_grid(int64_t grid_items, int64_t num_kv_heads) {
                                   " kv heads) exceeds 2^31 - 1; split the batch");
 }
 
+// Decode WorkItem plans launch (kv heads, items): the items ride grid y, whose limit is 65535.
+// `hint`: what the caller can change (appended to the message).
+inline Status check_decode_grid(int64_t grid_items, const std::string& what,
+                                const std::string& hint = "") {
+  constexpr int64_t kMaxGridY = 65535;
+  if (grid_items <= kMaxGridY) return Status::ok();
+  return Status::invalid_argument("flashinfer: the " + what + " plan has " +
+                                  std::to_string(grid_items) +
+                                  " work items per kv head, above the " +
+                                  std::to_string(kMaxGridY) + " a launch allows" + hint);
+}
+
 // Paged attention over the work items of p.plan (grid_items CTAs per kv head; a CUDA-graph grid
 // may be larger than the plan: extra CTAs exit). Decode merges split requests in the kernel (the
 // last split CTA; p.split_counters).
