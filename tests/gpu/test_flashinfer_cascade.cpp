@@ -19,6 +19,7 @@
 #include "attnkit/kv_cache.h"
 #include "backends/flashinfer/cascade.h"
 #include "backends/flashinfer/flashinfer_backend.h"
+#include "cuda/common/device_attributes.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
 #include "support/scoped_env.h"
@@ -313,9 +314,13 @@ TEST(FlashInferVerifyGraphTest, ReplayIsBitIdenticalToEager) {
   verify_graph_matches_eager(wide);
 }
 
-// A verify graph captured with more drafts than init_cuda_graph_state sized the split partials
-// for (no speculative_num_draft_tokens: N = max_num_tokens / max_bs = 4) is refused at the capture,
-// naming the partials, not at a replay whose plan splits.
+// A verify graph captured with more drafts than init_cuda_graph_state sized (no
+// speculative_num_draft_tokens: N = max_num_tokens / max_bs = 4) is refused at the capture, naming
+// the workspace init sized, not at a replay whose plan splits. Eight drafts of group 4 are 32 rows:
+// on 32-row decode tiles of an SM90 device the plan's target is two CTAs per SM, so the grid (33
+// items per kv head against the 16 sized for four drafts) is refused first; at one CTA per SM
+// (ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM=1), on 16-row tiles and on prefill tiles the grids agree
+// and the split partials (splits x N rows) are what does not fit.
 TEST(FlashInferVerifyGraphTest, CaptureRefusesDraftsPastThePartialWorkspace) {
   const CaseSpec* c = harness::find_case("verify_topk4_page16");
   ASSERT_NE(c, nullptr);
@@ -327,24 +332,41 @@ TEST(FlashInferVerifyGraphTest, CaptureRefusesDraftsPastThePartialWorkspace) {
   PreparedCase& pc = *prepared;
   BackendContext ctx = pc.context();
   ctx.speculative_num_draft_tokens = 0;
-  Result<std::unique_ptr<AttentionBackend>> made = create_flashinfer_backend(ctx);
-  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  AttentionBackend& b = **made;
-  ASSERT_TRUE(b.init_cuda_graph_state(16, 64).is_ok());
-  const int bs = pc.batch.batch_size;
-  SpecInfo drafts = pc.batch.spec;
-  drafts.draft_token_num = 8;
-  const Status s = b.init_forward_metadata_capture_cuda_graph(bs, bs * 8, pc.batch.req_pool_indices,
-                                                              pc.batch.seq_lens, TensorView(),
-                                                              ForwardMode::kTargetVerify, &drafts);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-  EXPECT_NE(s.message().find("split partial entries"), std::string::npos) << s.to_string();
-  // Four drafts, as sized: accepted.
-  drafts.draft_token_num = 4;
-  EXPECT_TRUE(b.init_forward_metadata_capture_cuda_graph(bs, bs * 4, pc.batch.req_pool_indices,
-                                                         pc.batch.seq_lens, TensorView(),
-                                                         ForwardMode::kTargetVerify, &drafts)
-                  .is_ok());
+  // The capture of N drafts on a backend made now (the knobs are read at creation).
+  auto check = [&](const char* what, const char* expected) {
+    SCOPED_TRACE(what);
+    Result<std::unique_ptr<AttentionBackend>> made = create_flashinfer_backend(ctx);
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    AttentionBackend& b = **made;
+    ASSERT_TRUE(b.init_cuda_graph_state(16, 64).is_ok());
+    const int bs = pc.batch.batch_size;
+    SpecInfo drafts = pc.batch.spec;
+    drafts.draft_token_num = 8;
+    const Status s = b.init_forward_metadata_capture_cuda_graph(
+        bs, bs * 8, pc.batch.req_pool_indices, pc.batch.seq_lens, TensorView(),
+        ForwardMode::kTargetVerify, &drafts);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find(expected), std::string::npos) << s.to_string();
+    EXPECT_NE(s.message().find("init_cuda_graph_state sized"), std::string::npos) << s.to_string();
+    // Four drafts, as sized: accepted.
+    drafts.draft_token_num = 4;
+    EXPECT_TRUE(b.init_forward_metadata_capture_cuda_graph(bs, bs * 4, pc.batch.req_pool_indices,
+                                                           pc.batch.seq_lens, TensorView(),
+                                                           ForwardMode::kTargetVerify, &drafts)
+                    .is_ok());
+  };
+  // The tile shape this process's environment picks for 32 rows (ctest runs this binary with
+  // ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS / _TILE_ROWS set), as the backend decides it.
+  const char* rows_env = std::getenv("ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS");
+  const char* tile_env = std::getenv("ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS");
+  const bool decode_tiles = rows_env == nullptr || std::atoi(rows_env) >= 32;
+  const bool rows32 = decode_tiles && (tile_env == nullptr || std::atoi(tile_env) == 32);
+  cuda::DeviceAttributes attrs;  // the compute capability as the backend sees it (emulation too)
+  ASSERT_TRUE(cuda::query_device_attributes(0, &attrs).is_ok());
+  const bool two_ctas = rows32 && attrs.compute_capability / 10 == 9;
+  check("the default rule", two_ctas ? "work items" : "split partial entries");
+  test_support::ScopedEnv one_cta("ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM", "1");
+  check("one CTA per SM", "split partial entries");
 }
 
 // ---- the shared-prefix detector (host) ----
