@@ -292,19 +292,9 @@ class FlashInferBackend final : public AttentionBackend {
     plan_.decode_tile_rows = verify_tile_rows(draft_tokens);
   }
 
-  // Target-verify plans on prefill tiles, eager and graph replays: split like a decode (a verify
-  // has a few drafts per request over a long cached prefix, so its unsplit grid is one CTA per
-  // request and kv head: 8 CTAs at bs 1 on a 132-SM H200, 4.5 ms at kv 32k), towards two CTAs per
-  // SM (two prefill CTAs fit at d <= 128; with few packed rows one warp of each does the MMAs).
-  // The partials are merged by cascade_merge after the kernel (run). A graph's grid is the bound
-  // verify_items, so at a small bs most of its CTAs exit at once when the replay does not split.
-  // On decode tiles (verify_decode_tiles) the decode's config at verify_ctas_per_sm(N) CTAs per
-  // SM (two resident).
-  // The split-long rule stays off for verify (its graph bound, verify_items, assumes the chunk
-  // rule). decode_tiles: the forward's choice (verify_decode_tiles, default).
   // The decode-tile verify plan's CTAs per SM: 2 on 32-row tiles, 1 on 16-row ones (the decode's
   // own target); ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM=1|2 (an A/B knob) fixes it. H200
-  // 2026-11-29 06:35Z (docs/PERF.md session 61, --launches 10, two alternated rounds), b16 kv 4k
+  // 2026-11-29 06:37Z (docs/PERF.md session 61, --launches 10, two alternated rounds), b16 kv 4k
   // s_q 8 topk 4 (32-row tiles: 128 unsplit CTAs, one per SM, each two M tiles deep) p1 / p16 /
   // p64: 0.1058-0.1079 ms at 1, 0.0978-0.0985 at 2 (+9%; 2-way splits, both CTAs of an SM
   // streaming); b1 kv 32k s_q 8 topk 4 0.0710-0.0713 vs 0.0696-0.0700; s_q 4 (16-row tiles, 128
@@ -317,6 +307,16 @@ class FlashInferBackend final : public AttentionBackend {
     const bool rows32 = verify_tile_rows(draft_tokens) == 2 * flashinfer::kDecodeTileRows;
     return rows32 && cc_ / 10 == 9 ? 2 : 1;
   }
+  // Target-verify plans on prefill tiles, eager and graph replays: split like a decode (a verify
+  // has a few drafts per request over a long cached prefix, so its unsplit grid is one CTA per
+  // request and kv head: 8 CTAs at bs 1 on a 132-SM H200, 4.5 ms at kv 32k), towards two CTAs per
+  // SM (two prefill CTAs fit at d <= 128; with few packed rows one warp of each does the MMAs).
+  // The partials are merged by cascade_merge after the kernel (run). A graph's grid is the bound
+  // verify_items, so at a small bs most of its CTAs exit at once when the replay does not split.
+  // On decode tiles (verify_decode_tiles) the decode's config at verify_ctas_per_sm(N) CTAs per
+  // SM (two resident).
+  // The split-long rule stays off for verify (its graph bound, verify_items, assumes the chunk
+  // rule). decode_tiles: the forward's choice (verify_decode_tiles, default).
   PlanConfig verify_plan_config(int draft_tokens) const {
     return verify_plan_config(draft_tokens, verify_decode_tiles(draft_tokens));
   }
