@@ -548,6 +548,31 @@ TEST(FlashInferVerifySplit, DecodeTilesSplitPerDraftToken) {
     EXPECT_FALSE(plan->any_split);
     EXPECT_EQ(static_cast<int>(plan->items.size()), 16 * q_tiles);
   }
+  // 32-row tiles at two CTAs per SM (the backend's rule on SM90, session 61): b16 kv 4k x 8 drafts
+  // (128 unsplit CTAs against a target of 264) splits each request in two, 32 items per kv head
+  // within the graph bound verify_items (264 / 8 = 33), partial rows per (split, draft token),
+  // every key of every request in exactly one item.
+  cfg.tile_rows = 32;
+  cfg.target_ctas = 2 * kH200Sms;
+  std::vector<PlanRequest> b16;
+  for (int r = 0; r < 16; ++r) b16.push_back(PlanRequest{r * kDrafts, kDrafts, 4096 + kDrafts});
+  Result<WorkPlan> two = build_work_plan(b16, cfg);
+  ASSERT_TRUE(two.is_ok()) << two.status().to_string();
+  EXPECT_TRUE(two->any_split);
+  EXPECT_EQ(static_cast<int>(two->items.size()), 32);
+  EXPECT_LE(static_cast<int>(two->items.size()), 2 * kH200Sms / cfg.num_kv_heads);
+  EXPECT_EQ(two->num_partials, 16 * 2 * kDrafts);
+  std::vector<int> hits(16 * (4096 + kDrafts), 0);
+  for (const WorkItem& w : two->items) {
+    const int r = w.request;
+    ASSERT_TRUE(r >= 0 && r < 16);
+    EXPECT_EQ(two->requests[static_cast<size_t>(r)].num_splits, 2);
+    EXPECT_EQ(w.q_row_begin, 0);  // the request's one 32-row q tile
+    for (int k = w.kv_begin; k < w.kv_end; ++k) {
+      ++hits[static_cast<size_t>(r) * (4096 + kDrafts) + static_cast<size_t>(k)];
+    }
+  }
+  EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
   cfg.tile_rows = -1;
   const std::vector<PlanRequest> small = {PlanRequest{0, 1, 5}};
   EXPECT_FALSE(build_work_plan(small, cfg).is_ok());
