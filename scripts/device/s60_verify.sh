@@ -38,8 +38,9 @@ timeout 150 "$ak" bench --backend flashinfer --device cuda --cases "$cases" \
 # 32-row tiles against 16-row ones.)
 # (03:09Z: 'ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=0|-|ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS=16|
 # ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=64', cut off by the 10 minutes; 03:19Z by hand: 32 vs 16
-# rows.) Next: the 32-row tiles at two CTAs per SM (b16 s_q 8 has 128 CTAs, one per SM).
-ab_default='ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=0|-|ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM=2|ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS=16'
+# rows.) Session 61 (scripts/device/snapshot_s61.sh) measured the 32-row tiles at two CTAs per SM
+# (+9% at b16 s_q 8) and made it the default on SM90: the A/B is now against one CTA per SM.
+ab_default='ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS=0|-|ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM=1|ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS=16'
 IFS='|' read -r -a abs <<< "${AB:-$ab_default}"
 for ab in "${abs[@]}"; do
   echo "== --launches 10, $ab" | tee -a "$OUT/bench.txt"
