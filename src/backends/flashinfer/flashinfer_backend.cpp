@@ -292,20 +292,20 @@ class FlashInferBackend final : public AttentionBackend {
     plan_.decode_tile_rows = verify_tile_rows(draft_tokens);
   }
 
-  // The decode-tile verify plan's CTAs per SM: 2 on 32-row tiles, 1 on 16-row ones (the decode's
-  // own target); ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM=1|2 (an A/B knob) fixes it. H200
-  // 2026-11-29 06:37Z (docs/PERF.md session 61, --launches 10, two alternated rounds), b16 kv 4k
-  // s_q 8 topk 4 (32-row tiles: 128 unsplit CTAs, one per SM, each two M tiles deep) p1 / p16 /
-  // p64: 0.1058-0.1079 ms at 1, 0.0978-0.0985 at 2 (+9%; 2-way splits, both CTAs of an SM
-  // streaming); b1 kv 32k s_q 8 topk 4 0.0710-0.0713 vs 0.0696-0.0700; s_q 4 (16-row tiles, 128
-  // CTAs of one M tile) 0.0760-0.0767 at 1, 0.0830-0.0833 at 2 (its split's merge costs more than
-  // the second CTA gives); fp8 pools (16-row tiles) level to 1% slower at 2. SM90 only, where two
+  // The decode-tile verify plan's CTAs per SM for its tile rows (verify_tile_rows): 2 on 32-row
+  // tiles, 1 on 16-row ones (the decode's own target); ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM=1|2
+  // (an A/B knob) fixes it. H200 2026-11-29 06:37Z (docs/PERF.md session 61, --launches 10, two
+  // alternated rounds), b16 kv 4k s_q 8 topk 4 (32-row tiles: 128 unsplit CTAs, one per SM, each
+  // two M tiles deep) p1 / p16 / p64: 0.1058-0.1079 ms at 1, 0.0978-0.0985 at 2 (+9%; 2-way
+  // splits, both CTAs of an SM streaming); b1 kv 32k s_q 8 topk 4 0.0710-0.0713 vs
+  // 0.0696-0.0700; s_q 4 (16-row tiles, 128 CTAs of one M tile) 0.0760-0.0767 at 1, 0.0830-0.0833
+  // at 2 (its split's merge costs more than the second CTA gives); fp8 pools (16-row tiles) level
+  // to 1% slower at 2. SM90 only, where two
   // 32-row CTAs (113 KB each) are resident per SM: an A100's 164 KB per SM holds one and sm_86 /
   // sm_89 run the compact CTA, one per SM, so a second CTA per SM would be a second wave there.
-  int verify_ctas_per_sm(int draft_tokens) const {
+  int verify_ctas_per_sm(int tile_rows) const {
     if (verify_ctas_per_sm_ != 0) return verify_ctas_per_sm_;
-    const bool rows32 = verify_tile_rows(draft_tokens) == 2 * flashinfer::kDecodeTileRows;
-    return rows32 && cc_ / 10 == 9 ? 2 : 1;
+    return tile_rows == 2 * flashinfer::kDecodeTileRows && cc_ / 10 == 9 ? 2 : 1;
   }
   // Target-verify plans on prefill tiles, eager and graph replays: split like a decode (a verify
   // has a few drafts per request over a long cached prefix, so its unsplit grid is one CTA per
@@ -313,8 +313,8 @@ class FlashInferBackend final : public AttentionBackend {
   // SM (two prefill CTAs fit at d <= 128; with few packed rows one warp of each does the MMAs).
   // The partials are merged by cascade_merge after the kernel (run). A graph's grid is the bound
   // verify_items, so at a small bs most of its CTAs exit at once when the replay does not split.
-  // On decode tiles (verify_decode_tiles) the decode's config at verify_ctas_per_sm(N) CTAs per
-  // SM (two resident).
+  // On decode tiles (verify_decode_tiles) the decode's config at verify_ctas_per_sm CTAs per SM
+  // (two resident) for the tile rows of N drafts.
   // The split-long rule stays off for verify (its graph bound, verify_items, assumes the chunk
   // rule). decode_tiles: the forward's choice (verify_decode_tiles, default).
   PlanConfig verify_plan_config(int draft_tokens) const {
@@ -323,8 +323,8 @@ class FlashInferBackend final : public AttentionBackend {
   PlanConfig verify_plan_config(int draft_tokens, bool decode_tiles) const {
     if (decode_tiles) {
       PlanConfig c = plan_config(TileShape::kDecode, true);
-      c.target_ctas *= verify_ctas_per_sm(draft_tokens);
       c.tile_rows = verify_tile_rows(draft_tokens);
+      c.target_ctas *= verify_ctas_per_sm(c.tile_rows);
       c.split_long = false;
       return c;
     }
