@@ -19,7 +19,6 @@
 #include "attnkit/kv_cache.h"
 #include "backends/flashinfer/cascade.h"
 #include "backends/flashinfer/flashinfer_backend.h"
-#include "cuda/common/device_attributes.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
 #include "support/scoped_env.h"
@@ -357,13 +356,12 @@ TEST(FlashInferVerifyGraphTest, CaptureRefusesDraftsPastThePartialWorkspace) {
   };
   // The tile shape this process's environment picks for 32 rows (ctest runs this binary with
   // ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS / _TILE_ROWS set), as the backend decides it.
-  const char* rows_env = std::getenv("ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS");
   const char* tile_env = std::getenv("ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS");
-  const bool decode_tiles = rows_env == nullptr || std::atoi(rows_env) >= 32;
+  const bool decode_tiles = test_support::flashinfer_verify_decode_rows() >= 32;
   const bool rows32 = decode_tiles && (tile_env == nullptr || std::atoi(tile_env) == 32);
-  cuda::DeviceAttributes attrs;  // the compute capability as the backend sees it (emulation too)
-  ASSERT_TRUE(cuda::query_device_attributes(0, &attrs).is_ok());
-  const bool two_ctas = rows32 && attrs.compute_capability / 10 == 9;
+  const Result<DeviceInfo> dev = detect_cuda(0);  // as the backend sees it (emulation too)
+  ASSERT_TRUE(dev.is_ok()) << dev.status().to_string();
+  const bool two_ctas = rows32 && dev->compute_capability / 10 == 9;
   check("the default rule", two_ctas ? "work items" : "split partial entries");
   test_support::ScopedEnv one_cta("ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM", "1");
   check("one CTA per SM", "split partial entries");

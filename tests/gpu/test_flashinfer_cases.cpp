@@ -133,8 +133,7 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_
   // a cascade ran the tiles the rule names.
   if (spec.mode == ForwardMode::kTargetVerify && expects_native(spec) &&
       stats->cascade_calls == 0) {
-    const char* rows_env = std::getenv("ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS");
-    const int64_t bound = rows_env == nullptr ? 32 : std::atoll(rows_env);
+    const int64_t bound = test_support::flashinfer_verify_decode_rows();
     const int64_t rows = static_cast<int64_t>(spec.spec_draft_tokens) *
                          (spec.num_q_heads / std::max(1, spec.num_kv_heads));
     EXPECT_EQ(stats->verify_decode_calls, rows <= bound ? layers : 0)

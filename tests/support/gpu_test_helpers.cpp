@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -54,6 +55,11 @@ Buffer upload_bytes(const void* src, int64_t bytes) {
 bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s) {
   const Result<DeviceInfo> dev = detect_cuda(0);
   return dev.is_ok() && expects_sm90_wgmma_prefill(s, dev->compute_capability);
+}
+
+int64_t flashinfer_verify_decode_rows() {
+  const char* rows_env = std::getenv("ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS");
+  return rows_env == nullptr ? 32 : std::atoll(rows_env);
 }
 
 KVPoolConfig small_bf16_mha_pool_config(int64_t size, Device device) {

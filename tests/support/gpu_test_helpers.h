@@ -51,6 +51,11 @@ bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s);
 // Call from a TEST body or a void helper (uses ASSERT).
 void expect_layer_matches_reference(const harness::PreparedCase& pc, int layer);
 
+// flashinfer's target-verify decode-tile bound as this process's environment sets it
+// (ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS, default 32; ctest's FlashInferVerify* variants set it):
+// a verify of N drafts x group packed rows per request runs on decode tiles when that is <= it.
+int64_t flashinfer_verify_decode_rows();
+
 using BackendFactory =
     std::function<Result<std::unique_ptr<AttentionBackend>>(const BackendContext&)>;
 
