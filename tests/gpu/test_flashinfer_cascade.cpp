@@ -356,13 +356,16 @@ TEST(FlashInferVerifyGraphTest, CaptureRefusesDraftsPastThePartialWorkspace) {
   };
   // The tile shape this process's environment picks for 32 rows (ctest runs this binary with
   // ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS / _TILE_ROWS set), as the backend decides it.
-  const char* tile_env = std::getenv("ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS");
   const bool decode_tiles = test_support::flashinfer_verify_decode_rows() >= 32;
-  const bool rows32 = decode_tiles && (tile_env == nullptr || std::atoi(tile_env) == 32);
+  const bool rows32 = decode_tiles && test_support::flashinfer_verify_tile_rows() == 32;
   const Result<DeviceInfo> dev = detect_cuda(0);  // as the backend sees it (emulation too)
   ASSERT_TRUE(dev.is_ok()) << dev.status().to_string();
   const bool two_ctas = rows32 && dev->compute_capability / 10 == 9;
-  check("the default rule", two_ctas ? "work items" : "split partial entries");
+  {
+    // The rule itself, whatever CTAs-per-SM setting the environment carries (0 = the rule).
+    test_support::ScopedEnv rule("ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM", "0");
+    check("the default rule", two_ctas ? "work items" : "split partial entries");
+  }
   test_support::ScopedEnv one_cta("ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM", "1");
   check("one CTA per SM", "split partial entries");
 }

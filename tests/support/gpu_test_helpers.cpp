@@ -13,6 +13,7 @@
 #include "attnkit/device.h"
 #include "attnkit/dtype.h"
 #include "attnkit/tensor.h"
+#include "core/env_knob.h"
 
 #ifdef ATTNKIT_WITH_CUDA
 #include <cuda_runtime.h>
@@ -58,8 +59,12 @@ bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s) {
 }
 
 int64_t flashinfer_verify_decode_rows() {
-  const char* rows_env = std::getenv("ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS");
-  return rows_env == nullptr ? 32 : std::atoll(rows_env);
+  // The backend's reading (flashinfer_backend.cpp): 0 .. 2^20, else the default 32.
+  return env_int_range("ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS", 32, 0, 1 << 20);
+}
+
+int flashinfer_verify_tile_rows() {
+  return env_int("ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS", 32, {16, 32});
 }
 
 KVPoolConfig small_bf16_mha_pool_config(int64_t size, Device device) {

@@ -55,6 +55,10 @@ void expect_layer_matches_reference(const harness::PreparedCase& pc, int layer);
 // (ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS, default 32; ctest's FlashInferVerify* variants set it):
 // a verify of N drafts x group packed rows per request runs on decode tiles when that is <= it.
 int64_t flashinfer_verify_decode_rows();
+// Its verify tile rows on decode tiles as the environment sets them
+// (ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS: 16 or 32, else the default 32), read as the backend reads
+// it.
+int flashinfer_verify_tile_rows();
 
 using BackendFactory =
     std::function<Result<std::unique_ptr<AttentionBackend>>(const BackendContext&)>;
