@@ -9,6 +9,9 @@
 #     forwards, default vs ATTNKIT_FLASHINFER_MERGE_CHUNK=16 (the previous merge), three
 #     alternated rounds, with --verify on the first round of each.
 #   run(carry=[".deps", ".peers"], command="bash scripts/device/s62_merge.sh")
+# The merge was measured level and not kept: apply scripts/device/patches/decode_s62_merge_one_trip.patch
+# first to rerun the A/B (without it ATTNKIT_FLASHINFER_MERGE_CHUNK is not read and both variants are
+# main's merge). Results: docs/perf/s62/h200_1026_merge_ab.txt.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
