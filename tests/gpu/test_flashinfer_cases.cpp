@@ -17,6 +17,7 @@
 #include "backends/flashinfer/flashinfer_backend.h"
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
 #include "backends/flashinfer/kernels/work_plan.h"
+#include "core/env_knob.h"
 #include "cuda/common/device_attributes.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
@@ -138,6 +139,22 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_
                          (spec.num_q_heads / std::max(1, spec.num_kv_heads));
     EXPECT_EQ(stats->verify_decode_calls, rows <= bound ? layers : 0)
         << rows << " packed rows per request, decode-tile bound " << bound;
+    // The tile rows and CTAs per SM the rule names: 32-row tiles past 16 rows over a non-fp8
+    // pool at head dims <= 128 (ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS=16 keeps 16), two CTAs per
+    // SM on those on SM90 (ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM fixes it).
+    if (rows <= bound) {
+      const bool rows32 = rows > 16 && !dtype_is_fp8(spec.kv_dtype) && spec.head_dim <= 128 &&
+                          test_support::flashinfer_verify_tile_rows() == 32;
+      EXPECT_EQ(stats->verify_decode_rows32_calls, rows32 ? layers : 0)
+          << rows << " packed rows per request over " << dtype_name(spec.kv_dtype) << ", d "
+          << spec.head_dim;
+      const Result<DeviceInfo> dev = detect_cuda(0);  // as the backend sees it (emulation too)
+      ASSERT_TRUE(dev.is_ok()) << dev.status().to_string();
+      const int knob = env_int_range("ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM", 0, 0, 2);
+      const int ctas = knob != 0 ? knob : (rows32 && dev->compute_capability / 10 == 9 ? 2 : 1);
+      EXPECT_EQ(stats->last_verify_ctas_per_sm, ctas)
+          << "compute capability " << dev->compute_capability;
+    }
   } else {
     EXPECT_EQ(stats->verify_decode_calls, 0) << "a non-verify forward ran the verify kernel";
   }

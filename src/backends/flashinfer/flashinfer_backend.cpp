@@ -901,7 +901,13 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   p.decode_verify = plan_.verify_decode ? 1 : 0;
   p.decode_q_tiles = plan_.decode_q_tiles;
   p.decode_tile_rows = plan_.decode_tile_rows;
-  if (plan_.verify_decode) ++stats_.verify_decode_calls;
+  if (plan_.verify_decode) {
+    ++stats_.verify_decode_calls;
+    if (plan_.decode_tile_rows == 2 * flashinfer::kDecodeTileRows) {
+      ++stats_.verify_decode_rows32_calls;
+    }
+    stats_.last_verify_ctas_per_sm = verify_ctas_per_sm(plan_.decode_tile_rows);
+  }
   if (plan_.balance_slots > 0 && plan_.balance_cut) ++stats_.decode_balanced_calls;
   if (plan_.balance_slots > 0 && !plan_.balance_cut) ++stats_.decode_encoded_default_calls;
   const int grid = plan_.grid_items;

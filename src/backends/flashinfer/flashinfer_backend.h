@@ -96,6 +96,11 @@ struct FlashInferStats {
   // Target-verify calls on decode tiles (paged_decode_ring_kernel's kVerify; its split plans merge
   // in the kernel, counted in split_calls).
   int64_t verify_decode_calls = 0;
+  // Of those, the calls on 32-row tiles (two M tiles per CTA; verify_tile_rows), and the CTAs per
+  // SM the last one's plan targeted (verify_ctas_per_sm: 2 on 32-row tiles on SM90, else 1, or
+  // ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM), 0 before one.
+  int64_t verify_decode_rows32_calls = 0;
+  int64_t last_verify_ctas_per_sm = 0;
   // CTAs per kv head (balanced plan: CTAs) of the last native launch, eager or captured.
   int64_t last_grid_items = 0;
   // Bytes of split-KV partials (O and LSE, f32) reserved by the last init_cuda_graph_state
