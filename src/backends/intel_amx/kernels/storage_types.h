@@ -48,6 +48,11 @@ inline constexpr uint16_t kFp8E4M3MagnitudeMask = 0x7F;
 // widen it to 480 (times the 2^-8 of the move), so every widening maps it to an f16 / bf16 NaN.
 inline constexpr uint16_t kFp8E4M3NanMagnitude = 0x7F;
 inline constexpr uint16_t kF16QuietNan = 0x7E00;
+// The fp16 bits an e4m3 byte moves to (sign bit 15, magnitude bits 7..13: kFp8E4M3ToF16Shift):
+// all of them set is the NaN code's image with its sign.
+inline constexpr uint16_t kF16SignBit = 0x8000;
+inline constexpr uint16_t kFp8E4M3F16Bits =
+    kF16SignBit | (kFp8E4M3MagnitudeMask << kFp8E4M3ToF16Shift);
 inline constexpr uint16_t kBf16QuietNan = 0x7FC0;
 inline constexpr int kBf16ToF32Shift = 16;
 
