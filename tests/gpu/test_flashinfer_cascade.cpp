@@ -360,10 +360,11 @@ TEST(FlashInferVerifyGraphTest, CaptureRefusesDraftsPastThePartialWorkspace) {
   const bool rows32 = decode_tiles && test_support::flashinfer_verify_tile_rows() == 32;
   const Result<DeviceInfo> dev = detect_cuda(0);  // as the backend sees it (emulation too)
   ASSERT_TRUE(dev.is_ok()) << dev.status().to_string();
-  const bool two_ctas = rows32 && dev->compute_capability / 10 == 9;
   {
     // The rule itself, whatever CTAs-per-SM setting the environment carries (0 = the rule).
     test_support::ScopedEnv rule("ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM", "0");
+    const bool two_ctas =
+        test_support::flashinfer_verify_ctas_per_sm(rows32, dev->compute_capability) == 2;
     check("the default rule", two_ctas ? "work items" : "split partial entries");
   }
   test_support::ScopedEnv one_cta("ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM", "1");

@@ -17,7 +17,6 @@
 #include "backends/flashinfer/flashinfer_backend.h"
 #include "backends/flashinfer/kernels/flashinfer_kernels.h"
 #include "backends/flashinfer/kernels/work_plan.h"
-#include "core/env_knob.h"
 #include "cuda/common/device_attributes.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
@@ -150,9 +149,8 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_
           << spec.head_dim;
       const Result<DeviceInfo> dev = detect_cuda(0);  // as the backend sees it (emulation too)
       ASSERT_TRUE(dev.is_ok()) << dev.status().to_string();
-      const int knob = env_int_range("ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM", 0, 0, 2);
-      const int ctas = knob != 0 ? knob : (rows32 && dev->compute_capability / 10 == 9 ? 2 : 1);
-      EXPECT_EQ(stats->last_verify_ctas_per_sm, ctas)
+      EXPECT_EQ(stats->last_verify_ctas_per_sm,
+                test_support::flashinfer_verify_ctas_per_sm(rows32, dev->compute_capability))
           << "compute capability " << dev->compute_capability;
     }
   } else {

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -65,6 +64,12 @@ int64_t flashinfer_verify_decode_rows() {
 
 int flashinfer_verify_tile_rows() {
   return env_int("ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS", 32, {16, 32});
+}
+
+int flashinfer_verify_ctas_per_sm(bool rows32, int compute_capability) {
+  const int knob = env_int_range("ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM", 0, 0, 2);
+  if (knob != 0) return knob;
+  return rows32 && compute_capability / 10 == 9 ? 2 : 1;
 }
 
 KVPoolConfig small_bf16_mha_pool_config(int64_t size, Device device) {

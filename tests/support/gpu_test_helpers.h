@@ -59,6 +59,10 @@ int64_t flashinfer_verify_decode_rows();
 // (ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS: 16 or 32, else the default 32), read as the backend reads
 // it.
 int flashinfer_verify_tile_rows();
+// The CTAs per SM its decode-tile verify plan targets, as the backend decides it:
+// ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM (1 or 2) where set, else 2 on 32-row tiles (rows32) of a
+// device of compute capability 9.x (the one detect_cuda reports, emulation included), else 1.
+int flashinfer_verify_ctas_per_sm(bool rows32, int compute_capability);
 
 using BackendFactory =
     std::function<Result<std::unique_ptr<AttentionBackend>>(const BackendContext&)>;
