@@ -102,6 +102,18 @@ struct MlaWgmmaTraits {
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// The same barrier in its non-aligned form (barrier.sync without .aligned). bar.sync is
+// barrier.sync.aligned: every thread that blocks on one generation of the barrier must execute the
+// same instruction, else the behaviour is undefined (PTX ISA, barrier). A barrier that both
+// consumers block on from their own code (consumer<g>() / consumer_seesaw<g>() are two template
+// instances, so two instructions) must use this form. compute-sanitizer's synccheck reports the
+// aligned form there as "Divergent thread(s) in block" and racecheck the accesses it orders as
+// races (H200, 2026-11-29, kBarEpilogue in publish_row_sums). A sync paired with bar.arrive on the
+// other side (kBarM0, kBarSc1, kBarP0, kBarP1, kBarPReady) has one blocking instruction per
+// generation and keeps the aligned form.
+__device__ __forceinline__ void named_bar_sync_any(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
@@ -554,12 +566,12 @@ struct MlaWgmmaCta {
       l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
       l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
     }
-    named_bar_sync(kBarEpilogue, 256);
+    named_bar_sync_any(kBarEpilogue, 256);
     if ((lane & 3) == 0) {
       l_sh[g * Tr::kRows + r_lo] = l[0];
       l_sh[g * Tr::kRows + r_lo + 8] = l[1];
     }
-    named_bar_sync(kBarEpilogue, 256);
+    named_bar_sync_any(kBarEpilogue, 256);
   }
 
   template <int g>
@@ -1024,7 +1036,7 @@ struct MlaWgmmaCta {
       q[u] = v;
     }
     sm90::fence_proxy_async();
-    named_bar_sync(kBarQCvt, 256);
+    named_bar_sync_any(kBarQCvt, 256);
   }
 
   // Consumer kS (the seesaw's consumer g multiplies stage g in S) before its S reads block kb of

@@ -1,0 +1,61 @@
+// Session 63 probe: does compute-sanitizer's racecheck credit a named barrier that two warpgroups
+// block on from two different instructions (template instances, as mla_decode_wgmma.cuh's
+// publish_row_sums<g>)? Each of 2 warpgroups writes its row sums, both sync, both read both rows,
+// for several segments; variant 0: one instruction (runtime g), 1: two instructions (template g,
+// barrier.sync), 2: two instructions (template g, bar.sync = barrier.sync.aligned).
+//   nvcc -arch=sm_90a -o /tmp/rc scripts/device/probes/racecheck_two_role_barrier.cu
+//   compute-sanitizer --tool racecheck /tmp/rc <variant>
+#include <cstdio>
+#include <cstdlib>
+
+template <int kAligned>
+__device__ __forceinline__ void sync3() {
+  if constexpr (kAligned) {
+    asm volatile("bar.sync 3, 256;" ::: "memory");
+  } else {
+    asm volatile("barrier.sync 3, 256;" ::: "memory");
+  }
+}
+
+__device__ float segment_runtime(float* l_sh, int g, int r, float v) {
+  sync3<0>();
+  l_sh[g * 128 + r] = v;
+  sync3<0>();
+  return l_sh[r] + l_sh[128 + r];
+}
+
+template <int g, int kAligned>
+__device__ float segment_template(float* l_sh, int r, float v) {
+  sync3<kAligned>();
+  l_sh[g * 128 + r] = v;
+  sync3<kAligned>();
+  return l_sh[r] + l_sh[128 + r];
+}
+
+__global__ void probe(float* out, int variant, int segments) {
+  __shared__ float l_sh[256];
+  const int g = threadIdx.x / 128, r = threadIdx.x % 128;
+  float acc = 0.f;
+  for (int s = 0; s < segments; ++s) {
+    const float v = static_cast<float>(s * 256 + threadIdx.x);
+    if (variant == 0) {
+      acc += segment_runtime(l_sh, g, r, v);
+    } else if (variant == 1) {
+      acc += g == 0 ? segment_template<0, 0>(l_sh, r, v) : segment_template<1, 0>(l_sh, r, v);
+    } else {
+      acc += g == 0 ? segment_template<0, 1>(l_sh, r, v) : segment_template<1, 1>(l_sh, r, v);
+    }
+  }
+  out[blockIdx.x * 256 + threadIdx.x] = acc;
+}
+
+int main(int argc, char** argv) {
+  const int variant = argc > 1 ? std::atoi(argv[1]) : 0;
+  float* out = nullptr;
+  if (cudaMalloc(&out, 4 * 256 * sizeof(float)) != cudaSuccess) return 2;
+  probe<<<4, 256>>>(out, variant, 8);
+  const cudaError_t e = cudaDeviceSynchronize();
+  std::printf("variant %d: %s\n", variant, cudaGetErrorString(e));
+  cudaFree(out);
+  return e == cudaSuccess ? 0 : 1;
+}
