@@ -37,15 +37,10 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . scripts/device/lib.sh
-OUT="${OUT:-$root/out}"
-mkdir -p "$OUT"
+attnkit_script_start  # OUT, summary, note, has_stage
 ARCHS="${ARCHS:-90a-real}"
 STAGES="${STAGES:-build test bench peers}"
 build="${BUILD_DIR:-$root/build/device}"
-summary="$OUT/summary.txt"
-: > "$summary"
-note() { echo "$*" | tee -a "$summary"; }
-has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 # At most 8 files come back from $OUT: summary.txt build.log ctest.log bench.log bench_decode.json
 # bench_extend.json peers.log torch_peers.json.

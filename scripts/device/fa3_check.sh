@@ -22,14 +22,9 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . scripts/device/lib.sh
-OUT="${OUT:-$root/out}"
-mkdir -p "$OUT"
+attnkit_script_start  # OUT, summary, note, has_stage
 STAGES="${STAGES:-build test bench peers}"
 build="$root/build/device"
-summary="$OUT/summary.txt"
-: > "$summary"
-note() { echo "$*" | tee -a "$summary"; }
-has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 note "device: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | head -1) date: $(date -u +%Y-%m-%dT%H:%MZ)"
 
 if has_stage build; then

@@ -15,6 +15,11 @@
 #   Configures (first time only) and builds the CLI for head dim 128 alone in build/d128
 #   (incremental on a warm machine), logs in LOG_DIR/{cfg,build}.log; prints the build time, or
 #   the build log's tail and returns 1 when the build fails.
+# attnkit_script_start
+#   The common start of a device script, run from the repository root after sourcing this file:
+#   OUT (default ./out) created, summary=$OUT/summary.txt emptied, t_start now. With it come
+#   note TEXT (echo, appended to the summary), has_stage NAME (whether STAGES lists it) and elapsed
+#   (seconds since attnkit_script_start).
 # attnkit_ncu_bin
 #   Prints the path of Nsight Compute's ncu (PATH first, else the newest under
 #   /opt/nvidia/nsight-compute, else the CUDA toolkit's); nothing when there is none.
@@ -67,3 +72,14 @@ attnkit_build_base_cli() {
     ninja -C build -j16 attnkit_cli > "$logs/base_build.log" 2>&1
     echo "base build rc $?")
 }
+
+attnkit_script_start() {
+  OUT="${OUT:-$(pwd)/out}"
+  mkdir -p "$OUT"
+  summary="$OUT/summary.txt"
+  : > "$summary"
+  t_start=$(date +%s)
+}
+note() { echo "$*" | tee -a "$summary"; }
+has_stage() { [[ " ${STAGES:-} " == *" $1 "* ]]; }
+elapsed() { echo $(($(date +%s) - t_start)); }

@@ -11,15 +11,10 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . scripts/device/lib.sh
-OUT="${OUT:-$root/out}"
-mkdir -p "$OUT"
+attnkit_script_start  # OUT, summary, note, has_stage, elapsed
 build="${BUILD_DIR:-$root/build/cpu-device}"
 STAGES="${STAGES:-build test}"
 limit="${LIMIT_S:-560}"
-t_start=$(date +%s)
-elapsed() { echo $(($(date +%s) - t_start)); }
-note() { echo "$*" | tee -a "$OUT/summary.txt"; }
-has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 note "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  $(lscpu | grep -m1 'Model name' | sed -E 's/  +/ /g')  nproc $(nproc)"
 note "flags: $(grep -m1 -o -w -E 'amx_bf16|amx_tile|avx512f|avx512_bf16|avx512_fp16|avx512vbmi' /proc/cpuinfo | sort -u | tr '\n' ' ')"

@@ -13,14 +13,10 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . scripts/device/lib.sh
-OUT="${OUT:-$root/out}"
+attnkit_script_start  # OUT, summary, note, has_stage, elapsed
 mkdir -p "$OUT/logs"
 build="${BUILD_DIR:-$root/build/device}"
 STAGES="${STAGES:-build sanitize}"
-t_start=$(date +%s)
-elapsed() { echo $(($(date +%s) - t_start)); }
-note() { echo "$*" | tee -a "$OUT/summary.txt"; }
-has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)  date: $(date -u +%Y-%m-%dT%H:%MZ)"
 
 if has_stage build; then
