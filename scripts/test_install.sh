@@ -16,7 +16,10 @@ fi
 prefix="$tmp/prefix"
 build_prefix=$(grep '^CMAKE_PREFIX_PATH:' "$build/CMakeCache.txt" 2>/dev/null | cut -d= -f2- || true)
 if [ -n "$build_prefix" ]; then prefix="$prefix;$build_prefix"; fi
+# So are its compiler flags: a library built with -fsanitize=address,undefined (the debug-asan
+# preset) links only into a consumer compiled and linked with them.
+cxx_flags=$(grep '^CMAKE_CXX_FLAGS:' "$build/CMakeCache.txt" 2>/dev/null | cut -d= -f2- || true)
 cmake -S "$src/tests/consumer" -B "$tmp/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
-  "${cuda_args[@]}" >/dev/null
+  -DCMAKE_CXX_FLAGS="$cxx_flags" "${cuda_args[@]}" >/dev/null
 cmake --build "$tmp/build" >/dev/null
 "$tmp/build/consumer"

@@ -108,6 +108,8 @@ TEST(BenchCli, VerifiedCpuSweepWritesFormulaValues) {
   ASSERT_GE(doc["ceilings"].size(), 1u);
   EXPECT_EQ(doc["ceilings"][0]["name"], "cpu_copy");
   EXPECT_GT(doc["ceilings"][0]["gbs"].get<double>(), 0.0);
+  // The compute ceiling (pushed last, after the copy and read ones) where one was measured.
+  const nlohmann::json& peak = doc["ceilings"].back();
   ASSERT_EQ(doc["results"].size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     const nlohmann::json& x = doc["results"][i];
@@ -121,7 +123,17 @@ TEST(BenchCli, VerifiedCpuSweepWritesFormulaValues) {
     ASSERT_GT(ms, 0.0);
     EXPECT_NEAR(x["gbs"].get<double>(), gb_per_s(attention_bytes(c), ms), 1e-9);
     EXPECT_GE(x["copies"].get<int>(), 1);
+    // Judged by the run's own ridge point (is_memory_bound over the measured ceilings): the copy
+    // ceiling at these 1.9 FLOP/B wherever the probe loops are optimised. Those of a Debug or
+    // sanitizer build keep their register chains in memory (debug-asan on a 2-core EPYC: an AVX2
+    // peak of 0.003 TFLOP/s over 13.5 GB/s of copy, a ridge of 0.23 FLOP/B), so there the point is
+    // judged by the compute peak.
+    const bool by_copy =
+        is_memory_bound(c, doc["ceilings"][0]["gbs"].get<double>(), peak.value("tflops", 0.0));
+    EXPECT_EQ(x["ceiling"], by_copy ? "cpu_copy" : peak["name"].get<std::string>());
+#if defined(__OPTIMIZE__) && !defined(__SANITIZE_ADDRESS__)
     EXPECT_EQ(x["ceiling"], "cpu_copy");
+#endif
     // Paired copy rounds: per round the case's GB/s over that round's copy pass.
     const nlohmann::json& paired = x["paired_copy"];
     EXPECT_EQ(paired["calls_per_round"], 2);
@@ -421,6 +433,10 @@ TEST(BenchCli, BadValuesSayWhatIsAllowed) {
 // line, not with std::terminate's "terminate called after throwing an instance of
 // 'std::bad_alloc'" and an abort.
 TEST(BenchCli, CaseTooLargeForMemoryIsAnErrorNotAnAbort) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of shadow address space at start: the "
+                  "CLI cannot start under ulimit -v";
+#endif
   const std::string cli = ATTNKIT_CLI_PATH;
   const std::string inner = "ulimit -v 1000000; exec \"" + cli +
                             "\" run --backend torch_native --device cpu --case "
@@ -486,6 +502,10 @@ constexpr const char* kSmallFile = R"({"kind": "decode",
 // them first ended in "host memory ran out while preparing it" (and without a limit grew the
 // process for a minute).
 TEST(BenchCli, HugeCaseIsRefusedBeforeAnythingIsAllocated) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of shadow address space at start: the "
+                  "CLI cannot start under ulimit -v";
+#endif
   const std::string cli = ATTNKIT_CLI_PATH;
   const std::string inner = "ulimit -v 4000000; exec timeout 60 \"" + cli +
                             "\" run --backend torch_native --device cpu --case "

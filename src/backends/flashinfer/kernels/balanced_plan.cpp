@@ -38,14 +38,14 @@ void BalancedPlan::serialize(int32_t* words) const {
   words[1] = static_cast<int32_t>(n);
   words[2] = kBalancedPlanTag;
   // The request and segment records are their words (kRequestWords / kSegmentWords are their
-  // sizes in words): one copy per array.
+  // sizes in words): one copy per array (none for an empty one, whose data() may be null).
   int32_t* at = words + kPlanHeaderWords;
-  std::memcpy(at, requests.data(), requests.size() * sizeof(RequestPlan));
+  if (bs > 0) std::memcpy(at, requests.data(), requests.size() * sizeof(RequestPlan));
   at += bs * kRequestWords;
   std::copy(cta_begin.begin(), cta_begin.end(), at);
   std::fill(at + cta_begin.size(), at + cta_begin_words(), 0);
   at += cta_begin_words();
-  std::memcpy(at, segments.data(), segments.size() * sizeof(Segment));
+  if (n > 0) std::memcpy(at, segments.data(), segments.size() * sizeof(Segment));
   // At least one segment per slot (zeros past n): the kernel loads segment blockIdx.x beside
   // cta_begin before it knows its range (paged_decode_balanced_kernel), so it stays in bounds.
   at += n * kSegmentWords;

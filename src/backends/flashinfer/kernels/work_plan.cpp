@@ -44,9 +44,9 @@ void WorkPlan::serialize(int32_t* words) const {
   std::fill(words, words + kPlanHeaderWords, 0);
   words[0] = static_cast<int32_t>(n);
   // The request and item records are their words (kRequestWords / kItemWords are their sizes in
-  // words).
+  // words; no copy for an empty batch, whose data() may be null).
   int32_t* at = words + kPlanHeaderWords;
-  std::memcpy(at, requests.data(), requests.size() * sizeof(RequestPlan));
+  if (bs > 0) std::memcpy(at, requests.data(), requests.size() * sizeof(RequestPlan));
   at += bs * kRequestWords;
   for (WorkItem w : items) {
     if (w.request >= 0 && w.request < bs) {
