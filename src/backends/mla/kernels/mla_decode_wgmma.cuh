@@ -106,10 +106,11 @@ __device__ __forceinline__ void named_bar_sync(int id, int threads) {
 // barrier.sync.aligned: every thread that blocks on one generation of the barrier must execute the
 // same instruction, else the behaviour is undefined (PTX ISA, barrier). A barrier that both
 // consumers block on from their own code (consumer<g>() / consumer_seesaw<g>() are two template
-// instances, so two instructions) must use this form. compute-sanitizer's synccheck reports the
-// aligned form there as "Divergent thread(s) in block" and racecheck the accesses it orders as
-// races (H200, 2026-11-29, kBarEpilogue in publish_row_sums). A sync paired with bar.arrive on the
-// other side (kBarM0, kBarSc1, kBarP0, kBarP1, kBarPReady) has one blocking instruction per
+// instances, so two instructions) must use this form. compute-sanitizer's synccheck reported the
+// aligned form there as "Divergent thread(s) in block" (H200, 2026-11-29, kBarEpilogue in
+// publish_row_sums) and passes with this one; racecheck reports the l_sh exchange this barrier
+// orders with either form (docs/perf/mla_notes.md "Session 63"). A sync paired with bar.arrive on
+// the other side (kBarM0, kBarSc1, kBarP0, kBarP1, kBarPReady) has one blocking instruction per
 // generation and keeps the aligned form.
 __device__ __forceinline__ void named_bar_sync_any(int id, int threads) {
   asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
