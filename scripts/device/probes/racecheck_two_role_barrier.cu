@@ -2,7 +2,10 @@
 // block on from two different instructions (template instances, as mla_decode_wgmma.cuh's
 // publish_row_sums<g>)? Each of 2 warpgroups writes its row sums, both sync, both read both rows,
 // for several segments; variant 0: one instruction (runtime g), 1: two instructions (template g,
-// barrier.sync), 2: two instructions (template g, bar.sync = barrier.sync.aligned).
+// barrier.sync), 2: two instructions (template g, bar.sync = barrier.sync.aligned). Variants
+// 3-5 are 0-2 in a block of 384 threads whose first warpgroup (the MLA kernel's producer) is not
+// in barrier 3 and returns at once; variants 6-8 add the kernel's kBarM0 hand-over per segment
+// (group 0 bar.arrive 1, group 1 bar.sync 1) to 3-5. Session 64 (H200): 0-2 reported 0 hazards.
 //   nvcc -arch=sm_90a -o /tmp/rc scripts/device/probes/racecheck_two_role_barrier.cu
 //   compute-sanitizer --tool racecheck /tmp/rc <variant>
 #include <cstdio>
@@ -34,10 +37,22 @@ __device__ float segment_template(float* l_sh, int r, float v) {
 
 __global__ void probe(float* out, int variant, int segments) {
   __shared__ float l_sh[256];
-  const int g = threadIdx.x / 128, r = threadIdx.x % 128;
+  const int first = variant >= 3 ? 128 : 0;  // threads before the two groups (a producer)
+  if (static_cast<int>(threadIdx.x) < first) return;
+  const int t = threadIdx.x - first;
+  const int g = t / 128, r = t % 128;
+  const bool hand_over = variant >= 6;
+  variant %= 3;
   float acc = 0.f;
   for (int s = 0; s < segments; ++s) {
-    const float v = static_cast<float>(s * 256 + threadIdx.x);
+    const float v = static_cast<float>(s * 256 + t);
+    if (hand_over) {
+      if (g == 0) {
+        asm volatile("bar.arrive 1, 256;" ::: "memory");
+      } else {
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+      }
+    }
     if (variant == 0) {
       acc += segment_runtime(l_sh, g, r, v);
     } else if (variant == 1) {
@@ -46,14 +61,14 @@ __global__ void probe(float* out, int variant, int segments) {
       acc += g == 0 ? segment_template<0, 1>(l_sh, r, v) : segment_template<1, 1>(l_sh, r, v);
     }
   }
-  out[blockIdx.x * 256 + threadIdx.x] = acc;
+  out[blockIdx.x * 256 + t] = acc;
 }
 
 int main(int argc, char** argv) {
   const int variant = argc > 1 ? std::atoi(argv[1]) : 0;
   float* out = nullptr;
   if (cudaMalloc(&out, 4 * 256 * sizeof(float)) != cudaSuccess) return 2;
-  probe<<<4, 256>>>(out, variant, 8);
+  probe<<<4, variant >= 3 ? 384 : 256>>>(out, variant, 8);
   const cudaError_t e = cudaDeviceSynchronize();
   std::printf("variant %d: %s\n", variant, cudaGetErrorString(e));
   cudaFree(out);

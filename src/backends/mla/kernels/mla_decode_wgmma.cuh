@@ -108,8 +108,10 @@ __device__ __forceinline__ void named_bar_sync(int id, int threads) {
 // consumers block on from their own code (consumer<g>() / consumer_seesaw<g>() are two template
 // instances, so two instructions) must use this form. compute-sanitizer's synccheck reported the
 // aligned form there as "Divergent thread(s) in block" (H200, 2026-11-29, kBarEpilogue in
-// publish_row_sums) and passes with this one; racecheck reports the l_sh exchange this barrier
-// orders with either form (docs/perf/mla_notes.md "Session 63"). A sync paired with bar.arrive on
+// publish_row_sums) and passes with this one. racecheck reports the l_sh exchange this barrier
+// orders with either form: a false positive, reproduced by a probe (the tool drops this barrier's
+// order once a bar.arrive / bar.sync pair on another barrier runs between its generations,
+// docs/perf/mla_notes.md "Session 64"). A sync paired with bar.arrive on
 // the other side (kBarM0, kBarSc1, kBarP0, kBarP1, kBarPReady) has one blocking instruction per
 // generation and keeps the aligned form.
 __device__ __forceinline__ void named_bar_sync_any(int id, int threads) {
