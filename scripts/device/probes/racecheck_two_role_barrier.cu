@@ -5,7 +5,11 @@
 // barrier.sync), 2: two instructions (template g, bar.sync = barrier.sync.aligned). Variants
 // 3-5 are 0-2 in a block of 384 threads whose first warpgroup (the MLA kernel's producer) is not
 // in barrier 3 and returns at once; variants 6-8 add the kernel's kBarM0 hand-over per segment
-// (group 0 bar.arrive 1, group 1 bar.sync 1) to 3-5. Session 64 (H200): 0-2 reported 0 hazards.
+// (group 0 bar.arrive 1, group 1 bar.sync 1) to 3-5. Session 64 (H200): 0-5 reported 0 hazards,
+// 6-8 4 hazards each (the l_sh write / read, which barrier 3 alone orders). Variant 9: the
+// seesaw's running-max hand-over as the only order (group 0 writes m0, bar.arrive 1; group 1
+// bar.sync 1, reads m0, writes m1, bar.arrive 2; group 0 bar.sync 2, reads m1; race-free). Variant
+// 10: its positive control, group 1 reading m0 with no barrier (a real race). 9-10: not run yet.
 //   nvcc -arch=sm_90a -o /tmp/rc scripts/device/probes/racecheck_two_role_barrier.cu
 //   compute-sanitizer --tool racecheck /tmp/rc <variant>
 #include <cstdio>
@@ -64,11 +68,41 @@ __global__ void probe(float* out, int variant, int segments) {
   out[blockIdx.x * 256 + t] = acc;
 }
 
+// Variants 9 / 10 (see the top): 384 threads, the first warpgroup returns at once.
+__global__ void handover(float* out, int variant, int segments) {
+  __shared__ float m0_sh[128];
+  __shared__ float m1_sh[128];
+  if (threadIdx.x < 128) return;
+  const int t = threadIdx.x - 128;
+  const int g = t / 128, r = t % 128;
+  const bool synced = variant == 9;
+  float acc = 0.f;
+  for (int s = 0; s < segments; ++s) {
+    const float v = static_cast<float>(s * 256 + t);
+    if (g == 0) {
+      m0_sh[r] = v;
+      if (synced) asm volatile("bar.arrive 1, 256;" ::: "memory");
+      if (synced) asm volatile("bar.sync 2, 256;" ::: "memory");
+      acc += synced ? m1_sh[r] : 0.f;
+    } else {
+      if (synced) asm volatile("bar.sync 1, 256;" ::: "memory");
+      acc += m0_sh[r];
+      m1_sh[r] = v + acc;
+      if (synced) asm volatile("bar.arrive 2, 256;" ::: "memory");
+    }
+  }
+  out[blockIdx.x * 256 + t] = acc;
+}
+
 int main(int argc, char** argv) {
   const int variant = argc > 1 ? std::atoi(argv[1]) : 0;
   float* out = nullptr;
   if (cudaMalloc(&out, 4 * 256 * sizeof(float)) != cudaSuccess) return 2;
-  probe<<<4, variant >= 3 ? 384 : 256>>>(out, variant, 8);
+  if (variant >= 9) {
+    handover<<<4, 384>>>(out, variant, 8);
+  } else {
+    probe<<<4, variant >= 3 ? 384 : 256>>>(out, variant, 8);
+  }
   const cudaError_t e = cudaDeviceSynchronize();
   std::printf("variant %d: %s\n", variant, cudaGetErrorString(e));
   cudaFree(out);
