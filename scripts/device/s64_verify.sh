@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 64: the GPU tests of session 63's MLA barrier change (f73150d), which only synccheck had
 # run: the whole build, the racecheck probe (scripts/device/probes/racecheck_two_role_barrier.cu,
-# variants 0-2), then `ctest -L gpu` over the MLA suites and the synccheck ctests. Runs ON the
+# PROBE_VARIANTS, default every variant 0-10; session 64 ran 0-2 here), then `ctest -L gpu` over the MLA suites and the synccheck ctests. Runs ON the
 # device machine from the repository root:
 #   run(carry=[".deps", ".peers"], command="bash scripts/device/s64_verify.sh")
 #   STAGES="build probe test bench"   CTEST_REGEX (default below)   CTEST_LIMIT_S (default 330)
@@ -26,7 +26,7 @@ fi
 if has_stage probe; then
   cs="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)"
   nvcc -arch=sm_90a -o /tmp/rc scripts/device/probes/racecheck_two_role_barrier.cu > "$OUT/probe.log" 2>&1
-  for v in 0 1 2; do
+  for v in ${PROBE_VARIANTS:-0 1 2 3 4 5 6 7 8 9 10}; do
     echo "=== variant $v" >> "$OUT/probe.log"
     timeout 60 "$cs" --tool racecheck /tmp/rc "$v" >> "$OUT/probe.log" 2>&1
     note "racecheck probe variant $v: rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/probe.log" | tail -1)"
@@ -50,5 +50,5 @@ if has_stage bench; then
       --cases scripts/device/mla_decode_128h.json >> "$OUT/bench_mla.txt" 2>&1
     note "mla bench round $round: rc=$? at $(elapsed) s"
   done
-  grep -E "TFLOP|kv_len|tflops" "$OUT/bench_mla.txt" | head -20 >> "$summary"
+  grep -E "^flashmla " "$OUT/bench_mla.txt" | sed -E 's/ +/ /g' | head -20 >> "$summary"
 fi
