@@ -5,7 +5,8 @@
 # FlashInferVerifyMemcheck). Runs ON the device machine from the repository root, carrying .deps:
 #   run(carry=[".deps"], command="bash scripts/device/s63_sanitize.sh")
 #   STAGES="build sanitize"   BUILD_TARGETS (the case binaries to build)
-#   RUNS="synccheck:flashinfer racecheck:fa3 ..." (tool:binary pairs, binary = test_<binary>_cases)
+#   RUNS="synccheck:flashinfer racecheck:fa3 ..." (tool:binary pairs, binary = test_<binary>_cases,
+#   or a whole test binary name such as test_flashinfer_cascade)
 #   FILTER (gtest filter, default SharedTable/*; the flashmla and triton binaries name their
 #   suites otherwise: FILTER="*")   LIMIT_S (seconds per run)
 # Files back from $OUT: summary.txt build.log logs.tar.gz (one log per run).
@@ -37,12 +38,16 @@ if has_stage sanitize; then
   runs="${RUNS:-synccheck:flashinfer synccheck:fa3 racecheck:flashinfer racecheck:fa3}"
   for r in $runs; do
     tool="${r%%:*}"
-    bin="$build/tests/test_${r#*:}_cases"
-    log="$OUT/logs/${tool}_${r#*:}.log"
+    name="${r#*:}"
+    case "$name" in  # a case binary's short name, or a whole test binary name (test_...)
+      test_*) bin="$build/tests/$name" ;;
+      *) bin="$build/tests/test_${name}_cases" ;;
+    esac
+    log="$OUT/logs/${tool}_${name}.log"
     timeout "${LIMIT_S:-100}" "$cs" --tool "$tool" --error-exitcode 99 "$bin" \
       --gtest_filter="${FILTER:-SharedTable/*}" > "$log" 2>&1
     rc=$?
-    note "$tool ${r#*:}: rc=$rc at $(elapsed) s: $(grep -E '^\[  (PASSED|FAILED) |SUMMARY' "$log" | tr '\n' ' ' | cut -c1-300)"
+    note "$tool $name: rc=$rc at $(elapsed) s: $(grep -E '^\[  (PASSED|FAILED) |SUMMARY' "$log" | tr '\n' ' ' | cut -c1-300)"
     tar -czf "$OUT/logs.tar.gz" -C "$OUT/logs" .  # after every run: a call cut short keeps what ran
   done
   rm -rf "$OUT/logs"
