@@ -1569,7 +1569,7 @@ std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
        spec.mode == ForwardMode::kDecode || spec.mode == ForwardMode::kTargetVerify ||
        spec.sliding_window >= 0 || spec.logit_cap != 0.f || spec.sinks || spec.cross_attention)) {
     return "fp8_q (q in fp8_e4m3) runs only on fa3's SM90 FP8 prefill (an extend with an fp8_e4m3 "
-           "pool, bf16 activations, head dim 128, no soft-cap / cross-attention; a window / sinks "
+           "pool, bf16 activations, head dim 128, no cross-attention; a window / sinks / soft-cap "
            "only on its three-warpgroup plan, which this check does not predict, so not here)";
   }
   if (spec.mode == ForwardMode::kDecode && !d.decode_role) {

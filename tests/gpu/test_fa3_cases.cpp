@@ -52,17 +52,16 @@ bool expects_fp8_kernel(const CaseSpec& s) {
 }
 
 // Whether every layer of the case must run on a wgmma kernel: the shared bf16/f16 rule, or the
-// fa3-only FP8 kernel under the same mode / device conditions: never with a soft-cap; with a
-// sliding window or sinks only on the FP8 plan that has them (fa3::fp8_plan_takes_window_sinks,
-// for the forward's `requests`; without them such a case is not expected on wgmma).
+// fa3-only FP8 kernel under the same mode / device conditions: with a sliding window, sinks or a
+// soft-cap only on the FP8 plan that has them (fa3::fp8_plan_takes_variants, for the forward's
+// `requests`; without them such a case is not expected on wgmma).
 bool expects_wgmma(const CaseSpec& s, const std::vector<fa3::TileRequest>* requests = nullptr) {
   if (!expects_fp8_kernel(s)) return test_support::expects_sm90_wgmma_prefill(s);
-  if (s.logit_cap != 0.f) return false;
-  if (s.sliding_window >= 0 || s.sinks) {
+  if (s.sliding_window >= 0 || s.sinks || s.logit_cap != 0.f) {
     if (requests == nullptr) return false;
     const fa3::Fp8Variant v =
         fa3::choose_fp8_variant(*requests, s.num_kv_heads, fa3::fp8_knobs_from_env());
-    if (!fa3::fp8_plan_takes_window_sinks(v)) return false;
+    if (!fa3::fp8_plan_takes_variants(v)) return false;
   }
   CaseSpec same_dtype = s;
   same_dtype.kv_dtype = s.q_dtype;
@@ -406,12 +405,12 @@ CaseSpec fp8_q(CaseSpec c) {
 
 // Over an fp8_e4m3 pool, a sliding window and sinks run on the FP8 kernel's kWindowSinks
 // instantiations where the forward's plan is the three-warpgroup one (192-row tiles, V^T
-// pre-transpose, speculative softmax; promoted past 2048 keys or not, bf16 or e4m3 q); other plans,
-// and any soft-cap, leave them to flashinfer's mma.sync kernels (why_not_layer). run_and_compare
-// asserts which (expects_wgmma with the forward's requests) and, on the FP8 kernel, the plan's
-// variant; against the fp64 reference with the FP8 tolerance. Windows that start inside a key block
-// and several blocks in (decode_tile's nb_begin, per-warpgroup masks: 64-row warpgroups of one
-// tile see different windows), on a block boundary and a key to either side, window 0, the
+// pre-transpose, speculative softmax; promoted past 2048 keys or not, bf16 or e4m3 q); other plans
+// leave them to flashinfer's mma.sync kernels (why_not_layer). Soft-caps: Fp8PoolSoftcap.
+// run_and_compare asserts which (expects_wgmma with the forward's requests) and, on the FP8 kernel,
+// the plan's variant; against the fp64 reference with the FP8 tolerance. Windows that start inside
+// a key block and several blocks in (decode_tile's nb_begin, per-warpgroup masks: 64-row warpgroups
+// of one tile see different windows), on a block boundary and a key to either side, window 0, the
 // bidirectional mask, the half diagonal block, the knobs that change the loop, a forced tail split
 // (dropped for these layers).
 TEST(Fa3VariantTest, Fp8PoolWindowAndSinks) {
@@ -485,20 +484,79 @@ TEST(Fa3VariantTest, Fp8PoolWindowAndSinks) {
     ScopedEnv split("ATTNKIT_FA3_SPLIT", "4");
     on_fp8(fp8(with(prefill("fp8_split_window", {0}, {600}, 16, 8, 2, 128), 128, 0.f, true)), true);
   }
-  // Not the three-warpgroup plan (a few queries over a long prefix: V transposed in the kernel),
-  // and a soft-cap: flashinfer's mma.sync kernels (run_and_compare asserts no wgmma call).
+  // Not the three-warpgroup plan (a few queries over a long prefix: V transposed in the kernel):
+  // flashinfer's mma.sync kernels (run_and_compare asserts no wgmma call).
   Fa3Stats stats;
   run_and_compare(
       fp8(with(prefill("fp8_window_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128), 100, 0.f, true)),
       true, 1.f, std::nullopt, {}, &stats);
   EXPECT_EQ(stats.wgmma_fp8_calls, 0);
-  CaseSpec c = fp8(prefill("fp8_softcap", {300, 0}, {200, 150}, 16, 8, 2, 128));
-  c.logit_cap = 10.f;
-  run_and_compare(c, true, 1.f, std::nullopt, {}, &stats);
-  EXPECT_EQ(stats.wgmma_fp8_calls, 0);
-  c.sliding_window = 100;
-  c.sinks = true;
-  run_and_compare(c, false, 1.f, std::nullopt, {}, &stats);
+}
+
+// A soft-cap over an fp8_e4m3 pool runs on the FP8 kernel's kSoftcap instantiations (the logits
+// cap tanh(x scale / cap) after each Q K^T, before the masks and the speculation; window / sinks
+// beside it) where the plan is the three-warpgroup one, else on flashinfer's mma.sync kernels:
+// caps 2 to 50 (small caps saturate most logits: tanh's flat end), with a window and sinks, the
+// promoted kernel, the half diagonal block, the bidirectional mask, bf16 and e4m3 q, logits x 4,
+// and lazy rescale off (every rise of a row maximum takes the speculation's recompute, whose S is
+// capped again). Against the fp64 reference with the FP8 tolerance.
+TEST(Fa3VariantTest, Fp8PoolSoftcap) {
+  const CaseSpec probe = fp8(prefill("probe", {0}, {1}, 16, 1, 1, 128));
+  const bool fp8_kernel = expects_fp8_kernel(probe) && expects_wgmma(probe);
+  auto with = [](CaseSpec c, float cap, int window = -1, bool sinks = false) {
+    c.logit_cap = cap;
+    c.sliding_window = window;
+    c.sinks = sinks;
+    return c;
+  };
+  auto on_fp8 = [&](const CaseSpec& c, bool save_kv, float logit_mult = 1.f) {
+    Fa3Stats stats;
+    run_and_compare(c, save_kv, logit_mult, std::nullopt, {}, &stats);
+    if (fp8_kernel) {
+      EXPECT_GT(stats.wgmma_fp8_calls, 0) << c.name << ": not on the FP8 kernel";
+      EXPECT_EQ(stats.flashinfer_calls, 0) << c.name;
+      EXPECT_EQ(stats.last_block_m, 192) << c.name << ": not the three-warpgroup kernel";
+    }
+  };
+  for (const bool e4m3_q : {false, true}) {
+    auto f = [&](CaseSpec c) {
+      c = e4m3_q ? fp8_q(c) : fp8(c);
+      c.name += e4m3_q ? "_q8" : "_qbf16";
+      return c;
+    };
+    on_fp8(f(with(prefill("fp8_cap10", {300, 0}, {200, 150}, 16, 8, 2, 128), 10.f)), true);
+    on_fp8(f(with(prefill("fp8_cap2", {0, 64}, {333, 260}, 16, 8, 2, 128), 2.f)), true);
+    on_fp8(f(with(prefill("fp8_cap50_window_sinks", {0, 64}, {1000, 450}, 16, 8, 2, 128), 50.f, 70,
+                  true)),
+           true);
+    // 2400 keys: the promoted kernel.
+    on_fp8(f(with(prefill("fp8_cap_promoted", {2100}, {300}, 16, 4, 2, 128), 30.f, -1, true)),
+           true);
+    // The half diagonal block (prefix 37: warpgroups end in both halves).
+    on_fp8(f(with(prefill("fp8_cap_half_diag", {37, 0}, {700, 450}, 16, 4, 2, 128), 20.f)), true);
+    CaseSpec enc = f(with(prefill("fp8_cap_encoder", {0, 0}, {700, 177}, 16, 4, 2, 128), 5.f));
+    enc.type = AttentionType::kEncoderOnly;
+    on_fp8(enc, true);
+  }
+  // Larger logits: the cap bounds them (e4m3 q: bf16 q's per-row e4m3 rounding grows the LSE
+  // error with the logits, Fa3Fp8Test.HalfDiagonalBlockMatchesReference).
+  on_fp8(fp8_q(with(prefill("fp8_cap10_x4", {200, 0}, {333, 640}, 16, 8, 2, 128), 10.f, 150, true)),
+         true, 4.f);
+  {
+    ScopedEnv off("ATTNKIT_FA3_LAZY_RESCALE", "0");
+    on_fp8(fp8(with(prefill("fp8_cap_eager_rescale", {300, 0}, {437, 700}, 16, 8, 2, 128), 15.f)),
+           true);
+    on_fp8(fp8_q(with(prefill("fp8_cap_eager_rescale_x4", {0}, {900}, 16, 8, 2, 128), 25.f)), true,
+           4.f);
+  }
+  {
+    ScopedEnv split("ATTNKIT_FA3_SPLIT", "4");
+    on_fp8(fp8(with(prefill("fp8_split_cap", {0}, {600}, 16, 8, 2, 128), 12.f)), true);
+  }
+  // Not the three-warpgroup plan: flashinfer's mma.sync kernels.
+  Fa3Stats stats;
+  run_and_compare(fp8(with(prefill("fp8_cap_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128), 10.f)),
+                  true, 1.f, std::nullopt, {}, &stats);
   EXPECT_EQ(stats.wgmma_fp8_calls, 0);
 }
 

@@ -9,7 +9,9 @@
 // 6-8 4 hazards each (the l_sh write / read, which barrier 3 alone orders). Variant 9: the
 // seesaw's running-max hand-over as the only order (group 0 writes m0, bar.arrive 1; group 1
 // bar.sync 1, reads m0, writes m1, bar.arrive 2; group 0 bar.sync 2, reads m1; race-free). Variant
-// 10: its positive control, group 1 reading m0 with no barrier (a real race). 9-10: not run yet.
+// 10: its positive control, group 1 reading m0 with no barrier (a real race). Session 65 (H200):
+// variant 9 8 hazards (every write / read pair of both buffers), variant 10 4: racecheck does not
+// credit an arrive -> sync hand-over as an order at all.
 //   nvcc -arch=sm_90a -o /tmp/rc scripts/device/probes/racecheck_two_role_barrier.cu
 //   compute-sanitizer --tool racecheck /tmp/rc <variant>
 #include <cstdio>

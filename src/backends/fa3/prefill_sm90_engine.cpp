@@ -281,12 +281,11 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
                                              const ForwardBatch& batch) const {
   if (!planned_) return "forward not planned for wgmma";
   if (layer.is_mla || layer.is_cross_attention) return "MLA / cross-attention layer";
-  if (planned_fp8_) {  // the FP8 kernel's variant takes window / sinks on one plan, no soft-cap
-    if (layer.logit_cap != 0.f) return "soft-cap with an fp8_e4m3 pool";
-    if ((layer.sliding_window >= 0 || layer.sinks.defined()) &&
-        !fp8_plan_takes_window_sinks(fp8_variant_)) {
-      return "sliding window / sinks with an fp8_e4m3 pool outside the three-warpgroup FP8 plan "
-             "(192-row tiles, V^T pre-transpose, speculative softmax)";
+  if (planned_fp8_) {  // the FP8 kernel's variants take window / sinks / soft-cap on one plan
+    if ((layer.sliding_window >= 0 || layer.sinks.defined() || layer.logit_cap != 0.f) &&
+        !fp8_plan_takes_variants(fp8_variant_)) {
+      return "sliding window / sinks / soft-cap with an fp8_e4m3 pool outside the three-warpgroup "
+             "FP8 plan (192-row tiles, V^T pre-transpose, speculative softmax)";
     }
   }
   if (layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.qk_head_dim ||

@@ -334,8 +334,8 @@ struct Fa3Params {
 
 // Whether p's layer needs the kernels' variant instantiations (a sliding window, a soft-cap or
 // sinks): the engine then runs it without a tail split and the launcher picks the variant (the
-// FP8 kernel has window / sinks on its three-warpgroup plan only, no soft-cap: it refuses the
-// rest, which why_not_layer sends to the mma.sync kernels).
+// FP8 kernel has them on its three-warpgroup plan only: it refuses the other plans' such layers,
+// which why_not_layer sends to the mma.sync kernels).
 constexpr bool uses_variant_features(const Fa3Params& p) {
   return p.sliding_window >= 0 || p.logit_cap > 0.f || p.sinks != nullptr;
 }

@@ -71,13 +71,13 @@ namespace attnkit::fa3 {
 // 40 / 232 a session-9 speculative variant, since dropped, spilled 16 bytes; at 56 / 224 none).
 // kVariant_ (PrefillVariant): kWindowSinks for layers with a sliding window or attention sinks
 // (decode_tile's first key block, the window mask in the exact step and the speculation test, the
-// sink in the epilogue); three consumer warpgroups only. No soft-cap instantiation: such layers
-// over an fp8 pool stay on the mma.sync kernels (why_not_layer).
+// sink in the epilogue); kSoftcap for soft-capped layers (softcap_s_fp8 after every Q K^T, and
+// the window / sinks as kWindowSinks has them); three consumer warpgroups only.
 template <int kN = 128, int kWG = 2, int kVariant_ = kPlain>
 struct PrefillFp8Traits {
   static constexpr int kVariant = kVariant_;
-  static_assert(kVariant_ == kPlain || (kVariant_ == kWindowSinks && kWG == 3 && kN == 128),
-                "FP8 variants: window / sinks on the three-warpgroup kernel");
+  static_assert(kVariant_ == kPlain || (kWG == 3 && kN == 128),
+                "FP8 variants: window / sinks / soft-cap on the three-warpgroup kernel");
   static constexpr int kHeadDim = 128;
   static constexpr int kBlockM = 64 * kWG;
   static constexpr int kBlockN = kN;
@@ -597,6 +597,18 @@ __device__ __forceinline__ void spec_exps_fp8(float (&s)[kN / 2], const float (&
   }
 }
 
+// The soft-cap (kSoftcap) on the first kCount accumulators of a block of S (f32 accumulator
+// layout: element i is row r + 8 ((i >> 1) & 1)): S becomes the log2-domain logit
+// post tanh(S pre[h]), pre[h] = the row's scale (exp2 domain) x ln 2 / cap, post = cap x log2(e),
+// as the bf16 kernel's RowSoftmax::step does; the softmax then takes a scale of 1. One
+// tanh.approx per score (sm90::tanh_approx; NaN stays NaN). Before the masks, which set the
+// invisible scores to -inf afterwards.
+template <int kCount>
+__device__ __forceinline__ void softcap_s_fp8(float* s, const float (&pre)[2], float post) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) s[i] = post * sm90::tanh_approx(s[i] * pre[(i >> 1) & 1]);
+}
+
 // OR of `pred` over the 128 threads of named barrier `id` (one warpgroup), as a barrier.
 __device__ __forceinline__ bool warpgroup_any(bool pred, int id) {
   uint32_t r;
@@ -668,6 +680,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
   using namespace sm90;
   using Tr = PrefillFp8Traits<kN, kWG, kVariant>;
   constexpr bool kWindow = kVariant != kPlain;  // Fa3Params::sliding_window read at run time
+  constexpr bool kCap = kVariant == kSoftcap;   // Fa3Params::logit_cap > 0 (the launcher's rule)
   constexpr int kD = Tr::kHeadDim;
   const int tid = threadIdx.x - 128 * (g + 1);
   const int warp = tid / 32, lane = tid % 32;
@@ -735,9 +748,19 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       rsc[h] =
           p.scale_log2 * reinterpret_cast<const float*>(smem + Tr::kQScaleOffset)[row0 + 8 * h];
     }
+    // kCap: rsc becomes the soft-cap's pre factors (softcap_s_fp8, after each Q K^T) and the
+    // softmax and the speculation scale by 1 (ssc); post is formed from the parameter at each use,
+    // so that nothing more stays live across the loop (a register more made ptxas serialise the
+    // wgmma of three of the four kSoftcap kernels).
+    if constexpr (kCap) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) rsc[h] *= cuda::kLn2 / p.logit_cap;
+    }
+    const float kUnitScale[2] = {1.f, 1.f};
+    const float(&ssc)[2] = *(kCap ? &kUnitScale : &rsc);
     // One block's softmax (P in place in s; kGemmSum: without the row sum), packed after the wait.
     auto softmax = [&](int nbx) {
-      sm.template step_scaled<!kGemmSum, kN, kWindow>(s, rsc, p, t, nbx, g, lane, qpos0, corr);
+      sm.template step_scaled<!kGemmSum, kN, kWindow>(s, ssc, p, t, nbx, g, lane, qpos0, corr);
     };
 
     // The half diagonal block's exact step (after compute_s_half): over its first 64 keys, P zero
@@ -749,7 +772,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
     auto softmax_half = [&](int nbx) {
       if constexpr (kHalfSoftmax) {
         float(&s_lo)[kN / 4] = *reinterpret_cast<float(*)[kN / 4]>(&s[0]);
-        sm.template step_scaled<!kGemmSum, kN / 2, kWindow>(s_lo, rsc, p, t, nbx, g, lane, qpos0,
+        sm.template step_scaled<!kGemmSum, kN / 2, kWindow>(s_lo, ssc, p, t, nbx, g, lane, qpos0,
                                                             corr);
 #pragma unroll
         for (int i = kN / 4; i < kN / 2; ++i) s[i] = 0.f;
@@ -776,6 +799,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       wgmma_commit();
       wgmma_wait<0>();
       fence_regs(s);
+      if constexpr (kCap) softcap_s_fp8<kN / 2>(s, rsc, p.logit_cap * cuda::kLog2e);
     };
     // The same for the block's first 64 keys only (the half diagonal block, Fa3Params::
     // fp8_half_diag): S into s[0 .. kN / 4 - 1], which hold those keys' columns in the N = kN
@@ -788,6 +812,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         issue_qk_n.template operator()<kN / 2>(stage, s_lo);
         wgmma_commit();
         wgmma_wait<0>();
+        if constexpr (kCap) softcap_s_fp8<kN / 4>(s, rsc, p.logit_cap * cuda::kLog2e);
 #pragma unroll
         for (int i = kN / 4; i < kN / 2; ++i) s[i] = kNegInf;
         fence_regs(s);
@@ -920,7 +945,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
               __all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf);
           bool bad = false;
           if (spec) {
-            spec_exps_fp8<kN>(s, rsc, sm.m);
+            spec_exps_fp8<kN>(s, ssc, sm.m);
             pack();
             bad = e4m3_words_reach<kN / 32>(
                 pa, p.lazy_rescale != 0 ? kE4m3SpecLimitLazy : kE4m3SpecLimitEager);
@@ -946,7 +971,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
             bool bad = false;
             if (__all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf)) {
               bad =
-                  spec_softmax_fp8<kN>(s, rsc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
+                  spec_softmax_fp8<kN>(s, ssc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
               exact = false;
             }
             if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S, then the exact step
@@ -1042,7 +1067,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
               n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
           bool exact = true, bad = false;
           if (__all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf)) {
-            bad = spec_softmax_fp8<kN>(s, rsc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
+            bad = spec_softmax_fp8<kN>(s, ssc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);
             exact = false;
           }
           if (warpgroup_any(bad, 3 + g)) {  // rare: recompute S(next), then the exact step

@@ -70,15 +70,14 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
       !why.empty()) {
     return Status::internal("fa3 fp8: no kernel: " + why);
   }
-  // A sliding window or sinks: the three-warpgroup kernel's kWindowSinks instantiations (whole
-  // units). The engine's why_not_layer sends every other such layer, and any soft-capped one,
+  // A sliding window, sinks or a soft-cap: the three-warpgroup kernel's kWindowSinks / kSoftcap
+  // instantiations (whole units). The engine's why_not_layer sends such layers on other plans
   // elsewhere; a launch of one here would silently ignore the feature.
-  if (uses_variant_features(p) && (p.logit_cap > 0.f || p.block_m != 3 * 64 || p.split_units > 0)) {
+  if (uses_variant_features(p) && (p.block_m != 3 * 64 || p.split_units > 0)) {
     return Status::internal(
-        "fa3 fp8: a window / sinks layer needs the three-warpgroup plan without a tail split and "
-        "no soft-cap (block_m " +
-        std::to_string(p.block_m) + ", split units " + std::to_string(p.split_units) +
-        ", logit_cap " + std::to_string(p.logit_cap) + ")");
+        "fa3 fp8: a window / sinks / soft-cap layer needs the three-warpgroup plan without a tail "
+        "split (block_m " +
+        std::to_string(p.block_m) + ", split units " + std::to_string(p.split_units) + ")");
   }
   if (p.block_m == 3 * 64) {  // three consumer warpgroups (vt_pre, spec, 128-key blocks)
     // One kernel per q dtype and variant; promoted: one for either chunk order (one chunk at a
@@ -97,6 +96,7 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
       return p.fp8_promote != 0 ? wg3.template operator()<2, kVariant>()
                                 : wg3.template operator()<0, kVariant>();
     };
+    if (p.logit_cap > 0.f) return promoted.template operator()<kSoftcap>();
     return uses_variant_features(p) ? promoted.template operator()<kWindowSinks>()
                                     : promoted.template operator()<kPlain>();
   }

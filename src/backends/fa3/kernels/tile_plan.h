@@ -214,11 +214,11 @@ struct Fp8Variant {
 Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_heads,
                               const Fp8Knobs& knobs);
 
-// Whether the FP8 plan v runs layers with a sliding window or attention sinks on the wgmma
-// kernel: its three-warpgroup plan (192-row tiles, V^T pre-transpose, speculative softmax,
-// 128-key blocks) has kWindowSinks instantiations; other plans, and soft-capped layers on any,
-// leave such layers to the mma.sync kernels (the engine's why_not_layer).
-constexpr bool fp8_plan_takes_window_sinks(const Fp8Variant& v) {
+// Whether the FP8 plan v runs layers with a sliding window, attention sinks or a soft-cap on the
+// wgmma kernel: its three-warpgroup plan (192-row tiles, V^T pre-transpose, speculative softmax,
+// 128-key blocks) has kWindowSinks / kSoftcap instantiations; other plans leave such layers to the
+// mma.sync kernels (the engine's why_not_layer).
+constexpr bool fp8_plan_takes_variants(const Fp8Variant& v) {
   return v.block_m == 3 * 64 && v.vt_pre && v.spec && v.block_n == 128;
 }
 
