@@ -1225,12 +1225,14 @@ TEST(Fa3Fp8Test, E4m3QEqualsTheBf16QItQuantisesTo) {
 }
 
 // Outside the FP8 kernel an e4m3 q is refused by name, before anything is written: a bf16 pool,
-// head dim 64, a soft-capped layer, a decode batch. The pool and out stay as they were (the
-// harness's checks: no pool writes at all, out and the LSE still the NaN poison).
+// head dim 64, a soft-capped layer on a plan without the soft-cap (a few queries over a long
+// prefix: V^T in the kernel, not the three-warpgroup plan, which has it: Fp8PoolSoftcap), a
+// decode batch. The pool and out stay as they were (the harness's checks: no pool writes at all,
+// out and the LSE still the NaN poison).
 TEST(Fa3Fp8Test, E4m3QRefusedOffTheFp8Kernel) {
   CaseSpec bf16_pool = fp8_q(prefill("fp8q_bf16_pool", {40}, {60}, 16, 4, 2, 128));
   bf16_pool.kv_dtype = DType::kBF16;
-  CaseSpec capped = fp8_q(prefill("fp8q_softcap", {40}, {60}, 16, 4, 2, 128));
+  CaseSpec capped = fp8_q(prefill("fp8q_softcap_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128));
   capped.logit_cap = 30.f;
   CaseSpec decode = fp8_q(prefill("fp8q_decode", {100, 37}, {1, 1}, 16, 4, 2, 128));
   decode.mode = ForwardMode::kDecode;

@@ -2,13 +2,13 @@
 // cutlass_mla): exactly the rows that see the key are NaN, as in the fp64 reference
 // (support/nan_key_check.h). MHA decode (bf16 and fp8_e4m3 KV, page 1 and 16, a window that
 // excludes the key, a long request the plan splits, soft-cap) and extend (the SM90 wgmma prefill
-// at d 128, a window, soft-cap, a new token's key); absorbed MLA decode and extend with the NaN
-// in a rope dim (K only) or a latent dim (K and V); a NaN in an MHA key's V (decode: exactly its
-// column of the rows that see the key; extend: those, and possibly that column of rows sharing a
-// key block). Cases a backend's descriptor rules out are skipped with the reason. cutlass_mla's row
-// keeps SGLang's SM100 rule for selection, but its page-128 kernel runs on SM90 too: as in
-// test_cutlass_mla_cases, a copy of its row with the floor lowered to SM90 runs the MLA cases, at
-// its page size 128 where the case's page is 64.
+// at d 128, a window, soft-cap, over fp8_e4m3 too, a new token's key); absorbed MLA decode and
+// extend with the NaN in a rope dim (K only) or a latent dim (K and V); a NaN in an MHA key's V
+// (decode: exactly its column of the rows that see the key; extend: those, and possibly that column
+// of rows sharing a key block). Cases a backend's descriptor rules out are skipped with the reason.
+// cutlass_mla's row keeps SGLang's SM100 rule for selection, but its page-128 kernel runs on SM90
+// too: as in test_cutlass_mla_cases, a copy of its row with the floor lowered to SM90 runs the MLA
+// cases, at its page size 128 where the case's page is 64.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -61,6 +61,9 @@ std::vector<NanCase> nan_cases() {
       {"extend_window", ext, {295, 64}, {37, 20}, bf16, 16, 20, 0.f, true, -1},
       {"extend_new_key", ext, {0, 64}, {330, 20}, bf16, 16, -1, 0.f, true, -1},
       {"extend_softcap", ext, {295, 64}, {37, 20}, bf16, 16, -1, 1.5f, true, -1},
+      // fa3: the FP8 kernel's kSoftcap (tanh of a NaN score stays NaN; the speculation's byte
+      // check fails on a NaN P and the exact step reruns).
+      {"extend_fp8_softcap", ext, {295, 64}, {200, 20}, fp8, 16, -1, 1.5f, true, -1},
       {"mla_decode_rope", dec, {300, 41}, {1, 1}, bf16, 64, -1, 0.f, true, kRope},
       {"mla_decode_latent", dec, {300, 41}, {1, 1}, bf16, 64, -1, 0.f, true, kLora},
       {"mla_decode_page1", dec, {300, 41}, {1, 1}, bf16, 1, -1, 0.f, true, kRope},
