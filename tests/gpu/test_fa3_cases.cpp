@@ -403,6 +403,35 @@ CaseSpec fp8_q(CaseSpec c) {
   return c;
 }
 
+// c with a sliding window (-1: none), a soft-cap (0: none) and sinks.
+CaseSpec with_variant(CaseSpec c, int window, float cap, bool sinks) {
+  c.sliding_window = window;
+  c.logit_cap = cap;
+  c.sinks = sinks;
+  return c;
+}
+
+// c over an fp8_e4m3 pool with bf16 q, or e4m3 q (fp8_q), its name saying which.
+CaseSpec fp8_pool_q(CaseSpec c, bool e4m3_q) {
+  c = e4m3_q ? fp8_q(c) : fp8(c);
+  c.name += e4m3_q ? "_q8" : "_qbf16";
+  return c;
+}
+
+// run_and_compare, and on a device with the FP8 kernel the stats say c ran there on the
+// three-warpgroup plan (a wgmma FP8 call per layer, 192 rows): the FP8 variants' cases.
+void run_on_fp8_wg3(const CaseSpec& c, bool save_kv, float logit_mult = 1.f) {
+  const CaseSpec probe = fp8(prefill("probe", {0}, {1}, 16, 1, 1, 128));
+  const bool fp8_kernel = expects_fp8_kernel(probe) && expects_wgmma(probe);
+  Fa3Stats stats;
+  run_and_compare(c, save_kv, logit_mult, std::nullopt, {}, &stats);
+  if (fp8_kernel) {
+    EXPECT_GT(stats.wgmma_fp8_calls, 0) << c.name << ": not on the FP8 kernel";
+    EXPECT_EQ(stats.flashinfer_calls, 0) << c.name;
+    EXPECT_EQ(stats.last_block_m, 192) << c.name << ": not the three-warpgroup kernel";
+  }
+}
+
 // Over an fp8_e4m3 pool, a sliding window and sinks run on the FP8 kernel's kWindowSinks
 // instantiations where the forward's plan is the three-warpgroup one (192-row tiles, V^T
 // pre-transpose, speculative softmax; promoted past 2048 keys or not, bf16 or e4m3 q); other plans
@@ -414,82 +443,71 @@ CaseSpec fp8_q(CaseSpec c) {
 // bidirectional mask, the half diagonal block, the knobs that change the loop, a forced tail split
 // (dropped for these layers).
 TEST(Fa3VariantTest, Fp8PoolWindowAndSinks) {
-  const CaseSpec probe = fp8(prefill("probe", {0}, {1}, 16, 1, 1, 128));
-  const bool fp8_kernel = expects_fp8_kernel(probe) && expects_wgmma(probe);
-  auto with = [](CaseSpec c, int window, float cap, bool sinks) {
-    c.sliding_window = window;
-    c.logit_cap = cap;
-    c.sinks = sinks;
-    return c;
-  };
-  // On the FP8 kernel when it exists: the stats say so (a wgmma FP8 call per layer, 192 rows).
-  auto on_fp8 = [&](const CaseSpec& c, bool save_kv, float logit_mult = 1.f) {
-    Fa3Stats stats;
-    run_and_compare(c, save_kv, logit_mult, std::nullopt, {}, &stats);
-    if (fp8_kernel) {
-      EXPECT_GT(stats.wgmma_fp8_calls, 0) << c.name << ": not on the FP8 kernel";
-      EXPECT_EQ(stats.flashinfer_calls, 0) << c.name;
-      EXPECT_EQ(stats.last_block_m, 192) << c.name << ": not the three-warpgroup kernel";
-    }
-  };
   for (const bool e4m3_q : {false, true}) {
-    auto f = [&](CaseSpec c) {
-      c = e4m3_q ? fp8_q(c) : fp8(c);
-      c.name += e4m3_q ? "_q8" : "_qbf16";
-      return c;
-    };
-    on_fp8(f(with(prefill("fp8_window100", {300, 0}, {200, 150}, 16, 8, 2, 128), 100, 0.f, false)),
-           true);
-    on_fp8(f(with(prefill("fp8_sinks", {150, 0}, {333, 260}, 16, 8, 2, 128), -1, 0.f, true)),
-           false);
-    on_fp8(f(with(prefill("fp8_window_sinks", {0, 64}, {1000, 450}, 16, 8, 2, 128), 70, 0.f, true)),
-           true);
+    auto f = [&](const CaseSpec& c) { return fp8_pool_q(c, e4m3_q); };
+    run_on_fp8_wg3(f(with_variant(prefill("fp8_window100", {300, 0}, {200, 150}, 16, 8, 2, 128),
+                                  100, 0.f, false)),
+                   true);
+    run_on_fp8_wg3(
+        f(with_variant(prefill("fp8_sinks", {150, 0}, {333, 260}, 16, 8, 2, 128), -1, 0.f, true)),
+        false);
+    run_on_fp8_wg3(f(with_variant(prefill("fp8_window_sinks", {0, 64}, {1000, 450}, 16, 8, 2, 128),
+                                  70, 0.f, true)),
+                   true);
     // 2400 keys: the promoted kernel.
-    on_fp8(f(with(prefill("fp8_promoted_window", {2100}, {300}, 16, 4, 2, 128), 333, 0.f, true)),
-           true);
+    run_on_fp8_wg3(f(with_variant(prefill("fp8_promoted_window", {2100}, {300}, 16, 4, 2, 128), 333,
+                                  0.f, true)),
+                   true);
     // The half diagonal block (prefix 37: warpgroups end in both halves) under a window.
-    on_fp8(f(with(prefill("fp8_half_diag_window", {37, 0}, {700, 450}, 16, 4, 2, 128), 150, 0.f,
-                  false)),
-           true);
-    CaseSpec enc =
-        f(with(prefill("fp8_encoder_window", {0, 0}, {700, 177}, 16, 4, 2, 128), 100, 0.f, true));
+    run_on_fp8_wg3(
+        f(with_variant(prefill("fp8_half_diag_window", {37, 0}, {700, 450}, 16, 4, 2, 128), 150,
+                       0.f, false)),
+        true);
+    CaseSpec enc = f(with_variant(prefill("fp8_encoder_window", {0, 0}, {700, 177}, 16, 4, 2, 128),
+                                  100, 0.f, true));
     enc.type = AttentionType::kEncoderOnly;
-    on_fp8(enc, true);
+    run_on_fp8_wg3(enc, true);
     enc.sliding_window = 0;
-    on_fp8(enc, false);
+    run_on_fp8_wg3(enc, false);
   }
   // Window 0 (a row sees its own key only), page 1, one-row requests.
-  on_fp8(
-      fp8(with(prefill("fp8_window0_page1", {10, 0, 3}, {300, 1, 2}, 1, 4, 2, 128), 0, 0.f, false)),
+  run_on_fp8_wg3(
+      fp8(with_variant(prefill("fp8_window0_page1", {10, 0, 3}, {300, 1, 2}, 1, 4, 2, 128), 0, 0.f,
+                       false)),
       true);
   // 192-row tiles of 300 tokens after 256 start at rows 172 and 364 (the first tile's warpgroups
   // at 172, 236, 300): w 43 / 44 / 45 put a warpgroup's window start a key before, on and after
   // the 128-key block boundary at 128 (and 256 for the row at 300).
   for (int w : {43, 44, 45}) {
-    on_fp8(fp8(with(prefill("fp8_window_at_block" + std::to_string(w), {256}, {300}, 16, 8, 2, 128),
-                    w, 0.f, false)),
-           true);
+    run_on_fp8_wg3(fp8(with_variant(prefill("fp8_window_at_block" + std::to_string(w), {256}, {300},
+                                            16, 8, 2, 128),
+                                    w, 0.f, false)),
+                   true);
   }
   // Larger logits (the exact step's rescales; sinks above and below the rows' maxima), e4m3 q.
-  on_fp8(fp8_q(with(prefill("fp8_window_sinks_x4", {200, 0}, {333, 64}, 16, 8, 2, 128), 150, 0.f,
-                    true)),
-         true, 4.f);
+  run_on_fp8_wg3(
+      fp8_q(with_variant(prefill("fp8_window_sinks_x4", {200, 0}, {333, 64}, 16, 8, 2, 128), 150,
+                         0.f, true)),
+      true, 4.f);
   for (const char* knob : {"ATTNKIT_FA3_LAZY_RESCALE", "ATTNKIT_FA3_UNIT_SMEM"}) {
     ScopedEnv off(knob, "0");
-    on_fp8(fp8(with(prefill(std::string("fp8_knob_") + knob, {300, 0}, {437, 700}, 16, 8, 2, 128),
-                    200, 0.f, true)),
-           true);
+    run_on_fp8_wg3(fp8(with_variant(prefill(std::string("fp8_knob_") + knob, {300, 0}, {437, 700},
+                                            16, 8, 2, 128),
+                                    200, 0.f, true)),
+                   true);
   }
   {
     ScopedEnv split("ATTNKIT_FA3_SPLIT", "4");
-    on_fp8(fp8(with(prefill("fp8_split_window", {0}, {600}, 16, 8, 2, 128), 128, 0.f, true)), true);
+    run_on_fp8_wg3(
+        fp8(with_variant(prefill("fp8_split_window", {0}, {600}, 16, 8, 2, 128), 128, 0.f, true)),
+        true);
   }
   // Not the three-warpgroup plan (a few queries over a long prefix: V transposed in the kernel):
   // flashinfer's mma.sync kernels (run_and_compare asserts no wgmma call).
   Fa3Stats stats;
-  run_and_compare(
-      fp8(with(prefill("fp8_window_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128), 100, 0.f, true)),
-      true, 1.f, std::nullopt, {}, &stats);
+  run_and_compare(fp8(with_variant(prefill("fp8_window_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128),
+                                   100, 0.f, true)),
+                  true, 1.f, std::nullopt, {}, &stats);
   EXPECT_EQ(stats.wgmma_fp8_calls, 0);
 }
 
@@ -501,57 +519,43 @@ TEST(Fa3VariantTest, Fp8PoolWindowAndSinks) {
 // and lazy rescale off (every rise of a row maximum takes the speculation's recompute, whose S is
 // capped again). Against the fp64 reference with the FP8 tolerance.
 TEST(Fa3VariantTest, Fp8PoolSoftcap) {
-  const CaseSpec probe = fp8(prefill("probe", {0}, {1}, 16, 1, 1, 128));
-  const bool fp8_kernel = expects_fp8_kernel(probe) && expects_wgmma(probe);
-  auto with = [](CaseSpec c, float cap, int window = -1, bool sinks = false) {
-    c.logit_cap = cap;
-    c.sliding_window = window;
-    c.sinks = sinks;
-    return c;
-  };
-  auto on_fp8 = [&](const CaseSpec& c, bool save_kv, float logit_mult = 1.f) {
-    Fa3Stats stats;
-    run_and_compare(c, save_kv, logit_mult, std::nullopt, {}, &stats);
-    if (fp8_kernel) {
-      EXPECT_GT(stats.wgmma_fp8_calls, 0) << c.name << ": not on the FP8 kernel";
-      EXPECT_EQ(stats.flashinfer_calls, 0) << c.name;
-      EXPECT_EQ(stats.last_block_m, 192) << c.name << ": not the three-warpgroup kernel";
-    }
+  auto with = [](const CaseSpec& c, float cap, int window = -1, bool sinks = false) {
+    return with_variant(c, window, cap, sinks);
   };
   for (const bool e4m3_q : {false, true}) {
-    auto f = [&](CaseSpec c) {
-      c = e4m3_q ? fp8_q(c) : fp8(c);
-      c.name += e4m3_q ? "_q8" : "_qbf16";
-      return c;
-    };
-    on_fp8(f(with(prefill("fp8_cap10", {300, 0}, {200, 150}, 16, 8, 2, 128), 10.f)), true);
-    on_fp8(f(with(prefill("fp8_cap2", {0, 64}, {333, 260}, 16, 8, 2, 128), 2.f)), true);
-    on_fp8(f(with(prefill("fp8_cap50_window_sinks", {0, 64}, {1000, 450}, 16, 8, 2, 128), 50.f, 70,
-                  true)),
-           true);
+    auto f = [&](const CaseSpec& c) { return fp8_pool_q(c, e4m3_q); };
+    run_on_fp8_wg3(f(with(prefill("fp8_cap10", {300, 0}, {200, 150}, 16, 8, 2, 128), 10.f)), true);
+    run_on_fp8_wg3(f(with(prefill("fp8_cap2", {0, 64}, {333, 260}, 16, 8, 2, 128), 2.f)), true);
+    run_on_fp8_wg3(f(with(prefill("fp8_cap50_window_sinks", {0, 64}, {1000, 450}, 16, 8, 2, 128),
+                          50.f, 70, true)),
+                   true);
     // 2400 keys: the promoted kernel.
-    on_fp8(f(with(prefill("fp8_cap_promoted", {2100}, {300}, 16, 4, 2, 128), 30.f, -1, true)),
-           true);
+    run_on_fp8_wg3(
+        f(with(prefill("fp8_cap_promoted", {2100}, {300}, 16, 4, 2, 128), 30.f, -1, true)), true);
     // The half diagonal block (prefix 37: warpgroups end in both halves).
-    on_fp8(f(with(prefill("fp8_cap_half_diag", {37, 0}, {700, 450}, 16, 4, 2, 128), 20.f)), true);
+    run_on_fp8_wg3(f(with(prefill("fp8_cap_half_diag", {37, 0}, {700, 450}, 16, 4, 2, 128), 20.f)),
+                   true);
     CaseSpec enc = f(with(prefill("fp8_cap_encoder", {0, 0}, {700, 177}, 16, 4, 2, 128), 5.f));
     enc.type = AttentionType::kEncoderOnly;
-    on_fp8(enc, true);
+    run_on_fp8_wg3(enc, true);
   }
   // Larger logits: the cap bounds them (e4m3 q: bf16 q's per-row e4m3 rounding grows the LSE
   // error with the logits, Fa3Fp8Test.HalfDiagonalBlockMatchesReference).
-  on_fp8(fp8_q(with(prefill("fp8_cap10_x4", {200, 0}, {333, 640}, 16, 8, 2, 128), 10.f, 150, true)),
-         true, 4.f);
+  run_on_fp8_wg3(
+      fp8_q(with(prefill("fp8_cap10_x4", {200, 0}, {333, 640}, 16, 8, 2, 128), 10.f, 150, true)),
+      true, 4.f);
   {
     ScopedEnv off("ATTNKIT_FA3_LAZY_RESCALE", "0");
-    on_fp8(fp8(with(prefill("fp8_cap_eager_rescale", {300, 0}, {437, 700}, 16, 8, 2, 128), 15.f)),
-           true);
-    on_fp8(fp8_q(with(prefill("fp8_cap_eager_rescale_x4", {0}, {900}, 16, 8, 2, 128), 25.f)), true,
-           4.f);
+    run_on_fp8_wg3(
+        fp8(with(prefill("fp8_cap_eager_rescale", {300, 0}, {437, 700}, 16, 8, 2, 128), 15.f)),
+        true);
+    run_on_fp8_wg3(
+        fp8_q(with(prefill("fp8_cap_eager_rescale_x4", {0}, {900}, 16, 8, 2, 128), 25.f)), true,
+        4.f);
   }
   {
     ScopedEnv split("ATTNKIT_FA3_SPLIT", "4");
-    on_fp8(fp8(with(prefill("fp8_split_cap", {0}, {600}, 16, 8, 2, 128), 12.f)), true);
+    run_on_fp8_wg3(fp8(with(prefill("fp8_split_cap", {0}, {600}, 16, 8, 2, 128), 12.f)), true);
   }
   // Not the three-warpgroup plan: flashinfer's mma.sync kernels.
   Fa3Stats stats;
