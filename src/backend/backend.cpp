@@ -463,14 +463,15 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
   }
   // A soft-cap: the kernels take cap x log2(e) (x 2 in some tanh forms) and the scale / cap; a
   // cap near FLT_MAX made the first inf (every row NaN), one past ~1e37 the second subnormal (the
-  // CPU kernels flush it: uniform rows). Such a cap changes no logit (0 turns the cap off).
-  if (layer.logit_cap > 0.f &&
-      (!std::isfinite(2.f * kLog2e * layer.logit_cap) ||
-       !(folded / (2.f * layer.logit_cap) >= std::numeric_limits<float>::min()))) {
+  // CPU kernels flush it: uniform rows). Such a cap changes no logit (0 turns the cap off). A
+  // subnormal cap made scale / cap inf, and a zero logit times it NaN (the wgmma kernels' tanh
+  // argument) where the reference's tanh(0 / cap) is 0.
+  if (layer.logit_cap > 0.f && (!std::isfinite(2.f * kLog2e * layer.logit_cap) ||
+                                !std::isnormal(folded / (2.f * layer.logit_cap)))) {
     return Status::invalid_argument(
         cat("layer.logit_cap ", layer.logit_cap, " with the softmax scale ", layer.scaling,
             ": cap x 2 log2(e) must be finite and scale / cap a normal float (a cap this large "
-            "changes no logit; 0 turns it off)"));
+            "changes no logit, one this small saturates every logit; 0 turns it off)"));
   }
   const std::pair<const TensorView*, const char*> batch_tensors[] = {
       {&batch.req_pool_indices, "batch.req_pool_indices"},

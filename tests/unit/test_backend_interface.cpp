@@ -656,6 +656,11 @@ TEST(ValidateFoldedScale, KernelRangesAndLayerType) {
     expect_error(validate(), "layer.logit_cap 3e+38 with the softmax scale");
     layer.logit_cap = 1e37f;
     expect_error(validate(), "scale / cap a normal float");
+    // A subnormal cap under which scale / cap overflows (the scale as validate folds it).
+    const float folded = good.scaling * 1.4426950f * (quantized ? good.k_scale : 1.f);
+    layer.logit_cap = folded / 3e38f / 4.f;
+    ASSERT_GT(layer.logit_cap, 0.f);
+    expect_error(validate(), "scale / cap a normal float");
     for (float cap : {1e30f, 50.f, 1e-3f}) {
       layer.logit_cap = cap;
       EXPECT_TRUE(validate().is_ok()) << cap;
