@@ -465,9 +465,11 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
   // cap near FLT_MAX made the first inf (every row NaN), one past ~1e37 the second subnormal (the
   // CPU kernels flush it: uniform rows). Such a cap changes no logit (0 turns the cap off). A
   // subnormal cap made scale / cap inf, and a zero logit times it NaN (the wgmma kernels' tanh
-  // argument) where the reference's tanh(0 / cap) is 0.
-  if (layer.logit_cap > 0.f && (!std::isfinite(2.f * kLog2e * layer.logit_cap) ||
-                                !std::isnormal(folded / (2.f * layer.logit_cap)))) {
+  // argument, scale x (ln 2 / cap) in the FP8 kernel, (scale x ln 2) / cap in the bf16 one) where
+  // the reference's tanh(0 / cap) is 0.
+  const float cap = layer.logit_cap;
+  if (cap > 0.f && (!std::isfinite(2.f * kLog2e * cap) || !std::isnormal(folded / (2.f * cap)) ||
+                    !std::isfinite(kLn2 / cap) || !std::isfinite(folded * kLn2 / cap))) {
     return Status::invalid_argument(
         cat("layer.logit_cap ", layer.logit_cap, " with the softmax scale ", layer.scaling,
             ": cap x 2 log2(e) must be finite and scale / cap a normal float (a cap this large "

@@ -540,7 +540,11 @@ TEST(Fa3VariantTest, Fp8PoolSoftcap) {
     run_on_fp8_wg3(enc, true);
   }
   // Larger logits: the cap bounds them (e4m3 q: bf16 q's per-row e4m3 rounding grows the LSE
-  // error with the logits, Fa3Fp8Test.HalfDiagonalBlockMatchesReference).
+  // error with the logits, Fa3Fp8Test.HalfDiagonalBlockMatchesReference). The promoted kernel (its
+  // speculation checked on the packed P) at cap 3: most logits saturate, so an uncapped S would
+  // miss the reference.
+  run_on_fp8_wg3(fp8_q(with(prefill("fp8_cap3_promoted_x4", {2100}, {300}, 16, 4, 2, 128), 3.f)),
+                 true, 4.f);
   run_on_fp8_wg3(
       fp8_q(with(prefill("fp8_cap10_x4", {200, 0}, {333, 640}, 16, 8, 2, 128), 10.f, 150, true)),
       true, 4.f);

@@ -61,8 +61,8 @@ std::vector<NanCase> nan_cases() {
       {"extend_window", ext, {295, 64}, {37, 20}, bf16, 16, 20, 0.f, true, -1},
       {"extend_new_key", ext, {0, 64}, {330, 20}, bf16, 16, -1, 0.f, true, -1},
       {"extend_softcap", ext, {295, 64}, {37, 20}, bf16, 16, -1, 1.5f, true, -1},
-      // fa3: the FP8 kernel's kSoftcap (tanh of a NaN score stays NaN; the speculation's byte
-      // check fails on a NaN P and the exact step reruns).
+      // fa3: the FP8 kernel's kSoftcap, unpromoted here (tanh of a NaN score stays NaN, and so does
+      // its P, speculated or exact; the block maximum's fmaxf passes over it).
       {"extend_fp8_softcap", ext, {295, 64}, {200, 20}, fp8, 16, -1, 1.5f, true, -1},
       {"mla_decode_rope", dec, {300, 41}, {1, 1}, bf16, 64, -1, 0.f, true, kRope},
       {"mla_decode_latent", dec, {300, 41}, {1, 1}, bf16, 64, -1, 0.f, true, kLora},

@@ -661,6 +661,8 @@ TEST(ValidateFoldedScale, KernelRangesAndLayerType) {
     layer.logit_cap = folded / 3e38f / 4.f;
     ASSERT_GT(layer.logit_cap, 0.f);
     expect_error(validate(), "scale / cap a normal float");
+    layer.logit_cap = 1e-39f;  // ln 2 / cap overflows (the FP8 kernel's factor) for any scale
+    expect_error(validate(), "scale / cap a normal float");
     for (float cap : {1e30f, 50.f, 1e-3f}) {
       layer.logit_cap = cap;
       EXPECT_TRUE(validate().is_ok()) << cap;

@@ -11,8 +11,8 @@
 //    d 128 when created with allow_fp8_kv: the FP8 kernel), any page size;
 //  * layer: not MLA / cross-attention, the context's shape, q / out / K / V rows 16-byte aligned.
 //    Causal, or bidirectional for encoder-only layers. A sliding window, soft-cap or sinks run the
-//    bf16 / f16 kernel's variant instantiations (PrefillTraits::kVariant), without the tail split;
-//    the FP8 kernel takes none of them.
+//    kernels' variant instantiations (PrefillTraits::kVariant; the FP8 kernel's on its
+//    three-warpgroup plan only, fp8_plan_takes_variants), without the tail split.
 //
 // Protocol: plan() once per forward (host tile plan, sorted longest-first, uploaded into a
 // grow-only device workspace); run() per layer after the caller has written the layer's new K/V

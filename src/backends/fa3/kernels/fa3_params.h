@@ -320,8 +320,9 @@ struct Fa3Params {
   float* split_lse = nullptr;
   uint8_t* vt_ws = nullptr;    // [kv_heads][plan V^T units][128 d][128 key bytes]
   int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T units x kVtBlockKeys x 128)
-  // The bf16 / f16 kernel's variant instantiations only (PrefillTraits::kVariant; the engine runs
-  // them for layers that set any of these, without a tail split; the FP8 kernel takes none):
+  // The variant instantiations only (PrefillTraits::kVariant, and the FP8 kernel's on its
+  // three-warpgroup plan, PrefillFp8Traits::kVariant; the engine runs them for layers that set any
+  // of these, without a tail split):
   // sliding window (AttentionLayer::sliding_window: key k is visible from the row at position q
   // when q - k <= sliding_window, and without the causal mask also k - q <= sliding_window; -1 off;
   // decode_tile skips the key blocks outside every row's window), soft-cap (logit_cap: cap * tanh(x

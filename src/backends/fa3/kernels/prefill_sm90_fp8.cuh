@@ -756,8 +756,8 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
 #pragma unroll
       for (int h = 0; h < 2; ++h) rsc[h] *= cuda::kLn2 / p.logit_cap;
     }
-    const float kUnitScale[2] = {1.f, 1.f};
-    const float(&ssc)[2] = *(kCap ? &kUnitScale : &rsc);
+    const float unit_scale[2] = {1.f, 1.f};
+    const float(&ssc)[2] = *(kCap ? &unit_scale : &rsc);
     // One block's softmax (P in place in s; kGemmSum: without the row sum), packed after the wait.
     auto softmax = [&](int nbx) {
       sm.template step_scaled<!kGemmSum, kN, kWindow>(s, ssc, p, t, nbx, g, lane, qpos0, corr);
@@ -812,10 +812,10 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
         issue_qk_n.template operator()<kN / 2>(stage, s_lo);
         wgmma_commit();
         wgmma_wait<0>();
-        if constexpr (kCap) softcap_s_fp8<kN / 4>(s, rsc, p.logit_cap * cuda::kLog2e);
 #pragma unroll
         for (int i = kN / 4; i < kN / 2; ++i) s[i] = kNegInf;
-        fence_regs(s);
+        fence_regs(s);  // before the soft-cap reads the accumulators (as in compute_s)
+        if constexpr (kCap) softcap_s_fp8<kN / 4>(s, rsc, p.logit_cap * cuda::kLog2e);
       }
     };
     auto vt_stage = [&](int stage) { return base + Tr::kVtOffset + stage * Tr::kVtBytes; };
