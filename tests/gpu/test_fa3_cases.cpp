@@ -289,18 +289,21 @@ TEST(Fa3LongTest, BidirectionalAndF16) {
   run_and_compare(c, false);
 }
 
+// c with a sliding window (-1: none), a soft-cap (0: none) and sinks.
+CaseSpec with_variant(CaseSpec c, int window, float cap, bool sinks) {
+  c.sliding_window = window;
+  c.logit_cap = cap;
+  c.sinks = sinks;
+  return c;
+}
+
 // Sliding window, soft-cap and sinks on the bf16 / f16 kernel's variant instantiations
 // (PrefillTraits::kVariant): windows that start inside a key block and several blocks past the
 // first (decode_tile's nb_begin), every head dim, two and three consumer warpgroups, the
 // bidirectional mask, f16, page 1 and large logits (the sinks' max above or below the rows').
 // run_and_compare asserts every layer ran on the wgmma kernel.
 TEST(Fa3VariantTest, WindowSoftcapSinksMatchReference) {
-  auto with = [](CaseSpec c, int window, float cap, bool sinks) {
-    c.sliding_window = window;
-    c.logit_cap = cap;
-    c.sinks = sinks;
-    return c;
-  };
+  const auto with = &with_variant;
   for (int d : {64, 128, 256}) {
     const std::string sd = "_d" + std::to_string(d);
     run_and_compare(with(prefill("window200" + sd, {300, 0, 77}, {437, 700, 129}, 16, 8, 2, d), 200,
@@ -400,14 +403,6 @@ CaseSpec fp8(CaseSpec c) {
 CaseSpec fp8_q(CaseSpec c) {
   c.kv_dtype = DType::kFP8E4M3;
   c.fp8_q = true;
-  return c;
-}
-
-// c with a sliding window (-1: none), a soft-cap (0: none) and sinks.
-CaseSpec with_variant(CaseSpec c, int window, float cap, bool sinks) {
-  c.sliding_window = window;
-  c.logit_cap = cap;
-  c.sinks = sinks;
   return c;
 }
 
