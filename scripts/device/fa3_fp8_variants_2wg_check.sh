@@ -1,18 +1,14 @@
 #!/usr/bin/env bash
-# The session-65 patch scripts/device/patches/fa3_s65_fp8_variants_2wg.patch (not applied on main:
-# written after the session's device time was spent): a window / sinks / soft-cap over an fp8_e4m3
-# pool on the FP8 kernel's two-warpgroup plan of forwards with few queries per key (V^T in the
-# kernel, GEMM row sums, unpromoted or promoted late), which now sends such layers to the mma.sync
-# kernels. On the device machine's copy of the tree:
-#  1. git apply the patch (skipped when APPLY=0, e.g. once it is on main);
-#  2. build the CLI, test_fa3_cases and test_nan_key_cases (check.sh, build/device) and run
+# Window / sinks / soft-cap over an fp8_e4m3 pool on the FP8 kernel's two-warpgroup plan of
+# forwards with few queries per key (V^T in the kernel, GEMM row sums, unpromoted or promoted
+# late). Written in session 65 as a patch, landed in session 66 after this script passed on an
+# H200 (docs/perf/s66). On the device machine's copy of the tree:
+#  1. build the CLI, test_fa3_cases and test_nan_key_cases (check.sh, build/device) and run
 #     test_fa3_cases whole (Fa3VariantTest.Fp8PoolVariantsFewQueries among them) and the
 #     NaN-key cases;
-#  3. `attnkit run --verify` of few-query variant layers;
-#  4. ROUNDS alternated bench rounds of scripts/device/fa3_s65_fp8_few_variants.json: the patched
-#     tree, and ATTNKIT_FA3_FP8=0 (the mma.sync path those layers take without the patch).
-# Locally before landing: scripts/gen_docs.sh (the patch changes the fa3 descriptor's text) and
-# tests/unit/test_fa3_plan (Fa3Fp8VariantTest.VariantPlans).
+#  2. `attnkit run --verify` of few-query variant layers;
+#  3. ROUNDS alternated bench rounds of scripts/device/fa3_s65_fp8_few_variants.json: this tree,
+#     and ATTNKIT_FA3_FP8=0 (the mma.sync path such layers took before).
 #   run(carry=[".deps", ".peers"], command="bash scripts/device/fa3_fp8_variants_2wg_check.sh")
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -20,10 +16,6 @@ cd "$root"
 . scripts/device/lib.sh
 attnkit_script_start  # OUT, summary, note, has_stage, elapsed
 note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)  date: $(date -u +%Y-%m-%dT%H:%MZ)"
-if [ "${APPLY:-1}" = 1 ]; then
-  git apply scripts/device/patches/fa3_s65_fp8_variants_2wg.patch || { note "patch: FAILED"; exit 1; }
-  note "patch applied"
-fi
 ak=build/device/tools/attnkit/attnkit
 OUT="$OUT/check" STAGES=build TARGETS="attnkit_cli test_fa3_cases test_nan_key_cases" \
   bash scripts/device/check.sh > /dev/null 2>&1
@@ -41,7 +33,7 @@ done > "$OUT/verify.txt"
 cat "$OUT/verify.txt" >> "$summary"
 cases=scripts/device/fa3_s65_fp8_few_variants.json
 for r in $(seq 1 "${ROUNDS:-2}"); do
-  echo "== round $r (patched)"
+  echo "== round $r (this tree)"
   timeout 150 "$ak" bench --backend fa3 --device cuda --cases "$cases" 2>/dev/null | grep -E "^fa3 "
   echo "== round $r (ATTNKIT_FA3_FP8=0: mma.sync)"
   ATTNKIT_FA3_FP8=0 timeout 150 "$ak" bench --backend fa3 --device cuda --cases "$cases" \

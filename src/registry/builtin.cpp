@@ -205,9 +205,9 @@ BackendDescriptor fa3() {
       "in turn; forwards whose "
       "longest request has > 2048 keys promote each key block's P.V to fp32 registers, as the "
       "e4m3 wgmma's short accumulator loses long sums; fp8 accuracy, about 3-4% rel L2; "
-      "sliding window / sinks / soft-cap in that three-warpgroup plan's variant "
-      "instantiations); decode, target verify, a window / sinks / soft-cap over fp8 KV outside "
-      "that plan, other fp8 KV, d 80/96, "
+      "sliding window / sinks / soft-cap in the variant instantiations of that plan and of the "
+      "two-warpgroup plan of forwards with few queries per key); decode, target verify, a "
+      "window / sinks / soft-cap over fp8 KV on other (knob-forced) plans, other fp8 KV, d 80/96, "
       "cross-attention, SM80 and CUDA graphs run the flashinfer mma.sync kernels; MLA runs the "
       "portable triton kernels and flashinfer's MLA chunked prefix cache",
       kMinCc, kMaxCc);

@@ -413,9 +413,10 @@ CaseSpec fp8_pool_q(CaseSpec c, bool e4m3_q) {
   return c;
 }
 
-// run_and_compare, and on a device with the FP8 kernel the stats say c ran there on the
-// three-warpgroup plan (a wgmma FP8 call per layer, 192 rows): the FP8 variants' cases.
-void run_on_fp8_wg3(const CaseSpec& c, bool save_kv, float logit_mult = 1.f) {
+// run_and_compare, and on a device with the FP8 kernel the stats say c ran there on the plan of
+// block_m rows per tile (a wgmma FP8 call per layer; 192: three warpgroups, 128: two): the FP8
+// variants' cases.
+void run_on_fp8_plan(const CaseSpec& c, bool save_kv, float logit_mult = 1.f, int block_m = 192) {
   const CaseSpec probe = fp8(prefill("probe", {0}, {1}, 16, 1, 1, 128));
   const bool fp8_kernel = expects_fp8_kernel(probe) && expects_wgmma(probe);
   Fa3Stats stats;
@@ -423,7 +424,7 @@ void run_on_fp8_wg3(const CaseSpec& c, bool save_kv, float logit_mult = 1.f) {
   if (fp8_kernel) {
     EXPECT_GT(stats.wgmma_fp8_calls, 0) << c.name << ": not on the FP8 kernel";
     EXPECT_EQ(stats.flashinfer_calls, 0) << c.name;
-    EXPECT_EQ(stats.last_block_m, 192) << c.name << ": not the three-warpgroup kernel";
+    EXPECT_EQ(stats.last_block_m, block_m) << c.name << ": not the plan of " << block_m << " rows";
   }
 }
 
@@ -440,33 +441,33 @@ void run_on_fp8_wg3(const CaseSpec& c, bool save_kv, float logit_mult = 1.f) {
 TEST(Fa3VariantTest, Fp8PoolWindowAndSinks) {
   for (const bool e4m3_q : {false, true}) {
     auto f = [&](const CaseSpec& c) { return fp8_pool_q(c, e4m3_q); };
-    run_on_fp8_wg3(f(with_variant(prefill("fp8_window100", {300, 0}, {200, 150}, 16, 8, 2, 128),
-                                  100, 0.f, false)),
-                   true);
-    run_on_fp8_wg3(
+    run_on_fp8_plan(f(with_variant(prefill("fp8_window100", {300, 0}, {200, 150}, 16, 8, 2, 128),
+                                   100, 0.f, false)),
+                    true);
+    run_on_fp8_plan(
         f(with_variant(prefill("fp8_sinks", {150, 0}, {333, 260}, 16, 8, 2, 128), -1, 0.f, true)),
         false);
-    run_on_fp8_wg3(f(with_variant(prefill("fp8_window_sinks", {0, 64}, {1000, 450}, 16, 8, 2, 128),
-                                  70, 0.f, true)),
-                   true);
+    run_on_fp8_plan(f(with_variant(prefill("fp8_window_sinks", {0, 64}, {1000, 450}, 16, 8, 2, 128),
+                                   70, 0.f, true)),
+                    true);
     // 2400 keys: the promoted kernel.
-    run_on_fp8_wg3(f(with_variant(prefill("fp8_promoted_window", {2100}, {300}, 16, 4, 2, 128), 333,
-                                  0.f, true)),
-                   true);
+    run_on_fp8_plan(f(with_variant(prefill("fp8_promoted_window", {2100}, {300}, 16, 4, 2, 128),
+                                   333, 0.f, true)),
+                    true);
     // The half diagonal block (prefix 37: warpgroups end in both halves) under a window.
-    run_on_fp8_wg3(
+    run_on_fp8_plan(
         f(with_variant(prefill("fp8_half_diag_window", {37, 0}, {700, 450}, 16, 4, 2, 128), 150,
                        0.f, false)),
         true);
     CaseSpec enc = f(with_variant(prefill("fp8_encoder_window", {0, 0}, {700, 177}, 16, 4, 2, 128),
                                   100, 0.f, true));
     enc.type = AttentionType::kEncoderOnly;
-    run_on_fp8_wg3(enc, true);
+    run_on_fp8_plan(enc, true);
     enc.sliding_window = 0;
-    run_on_fp8_wg3(enc, false);
+    run_on_fp8_plan(enc, false);
   }
   // Window 0 (a row sees its own key only), page 1, one-row requests.
-  run_on_fp8_wg3(
+  run_on_fp8_plan(
       fp8(with_variant(prefill("fp8_window0_page1", {10, 0, 3}, {300, 1, 2}, 1, 4, 2, 128), 0, 0.f,
                        false)),
       true);
@@ -474,36 +475,34 @@ TEST(Fa3VariantTest, Fp8PoolWindowAndSinks) {
   // at 172, 236, 300): w 43 / 44 / 45 put a warpgroup's window start a key before, on and after
   // the 128-key block boundary at 128 (and 256 for the row at 300).
   for (int w : {43, 44, 45}) {
-    run_on_fp8_wg3(fp8(with_variant(prefill("fp8_window_at_block" + std::to_string(w), {256}, {300},
-                                            16, 8, 2, 128),
-                                    w, 0.f, false)),
-                   true);
+    run_on_fp8_plan(fp8(with_variant(prefill("fp8_window_at_block" + std::to_string(w), {256},
+                                             {300}, 16, 8, 2, 128),
+                                     w, 0.f, false)),
+                    true);
   }
   // Larger logits (the exact step's rescales; sinks above and below the rows' maxima), e4m3 q.
-  run_on_fp8_wg3(
+  run_on_fp8_plan(
       fp8_q(with_variant(prefill("fp8_window_sinks_x4", {200, 0}, {333, 64}, 16, 8, 2, 128), 150,
                          0.f, true)),
       true, 4.f);
   for (const char* knob : {"ATTNKIT_FA3_LAZY_RESCALE", "ATTNKIT_FA3_UNIT_SMEM"}) {
     ScopedEnv off(knob, "0");
-    run_on_fp8_wg3(fp8(with_variant(prefill(std::string("fp8_knob_") + knob, {300, 0}, {437, 700},
-                                            16, 8, 2, 128),
-                                    200, 0.f, true)),
-                   true);
+    run_on_fp8_plan(fp8(with_variant(prefill(std::string("fp8_knob_") + knob, {300, 0}, {437, 700},
+                                             16, 8, 2, 128),
+                                     200, 0.f, true)),
+                    true);
   }
   {
     ScopedEnv split("ATTNKIT_FA3_SPLIT", "4");
-    run_on_fp8_wg3(
+    run_on_fp8_plan(
         fp8(with_variant(prefill("fp8_split_window", {0}, {600}, 16, 8, 2, 128), 128, 0.f, true)),
         true);
   }
-  // Not the three-warpgroup plan (a few queries over a long prefix: V transposed in the kernel):
-  // flashinfer's mma.sync kernels (run_and_compare asserts no wgmma call).
-  Fa3Stats stats;
-  run_and_compare(fp8(with_variant(prefill("fp8_window_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128),
+  // A few queries over a long prefix (V transposed in the kernel): the two-warpgroup plan's
+  // variants (Fp8PoolVariantsFewQueries).
+  run_on_fp8_plan(fp8(with_variant(prefill("fp8_window_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128),
                                    100, 0.f, true)),
-                  true, 1.f, std::nullopt, {}, &stats);
-  EXPECT_EQ(stats.wgmma_fp8_calls, 0);
+                  true, 1.f, 128);
 }
 
 // A soft-cap over an fp8_e4m3 pool runs on the FP8 kernel's kSoftcap instantiations (the logits
@@ -519,48 +518,84 @@ TEST(Fa3VariantTest, Fp8PoolSoftcap) {
   };
   for (const bool e4m3_q : {false, true}) {
     auto f = [&](const CaseSpec& c) { return fp8_pool_q(c, e4m3_q); };
-    run_on_fp8_wg3(f(with(prefill("fp8_cap10", {300, 0}, {200, 150}, 16, 8, 2, 128), 10.f)), true);
-    run_on_fp8_wg3(f(with(prefill("fp8_cap2", {0, 64}, {333, 260}, 16, 8, 2, 128), 2.f)), true);
-    run_on_fp8_wg3(f(with(prefill("fp8_cap50_window_sinks", {0, 64}, {1000, 450}, 16, 8, 2, 128),
-                          50.f, 70, true)),
-                   true);
+    run_on_fp8_plan(f(with(prefill("fp8_cap10", {300, 0}, {200, 150}, 16, 8, 2, 128), 10.f)), true);
+    run_on_fp8_plan(f(with(prefill("fp8_cap2", {0, 64}, {333, 260}, 16, 8, 2, 128), 2.f)), true);
+    run_on_fp8_plan(f(with(prefill("fp8_cap50_window_sinks", {0, 64}, {1000, 450}, 16, 8, 2, 128),
+                           50.f, 70, true)),
+                    true);
     // 2400 keys: the promoted kernel.
-    run_on_fp8_wg3(
+    run_on_fp8_plan(
         f(with(prefill("fp8_cap_promoted", {2100}, {300}, 16, 4, 2, 128), 30.f, -1, true)), true);
     // The half diagonal block (prefix 37: warpgroups end in both halves).
-    run_on_fp8_wg3(f(with(prefill("fp8_cap_half_diag", {37, 0}, {700, 450}, 16, 4, 2, 128), 20.f)),
-                   true);
+    run_on_fp8_plan(f(with(prefill("fp8_cap_half_diag", {37, 0}, {700, 450}, 16, 4, 2, 128), 20.f)),
+                    true);
     CaseSpec enc = f(with(prefill("fp8_cap_encoder", {0, 0}, {700, 177}, 16, 4, 2, 128), 5.f));
     enc.type = AttentionType::kEncoderOnly;
-    run_on_fp8_wg3(enc, true);
+    run_on_fp8_plan(enc, true);
   }
   // Larger logits: the cap bounds them (e4m3 q: bf16 q's per-row e4m3 rounding grows the LSE
   // error with the logits, Fa3Fp8Test.HalfDiagonalBlockMatchesReference). The promoted kernel (its
   // speculation checked on the packed P) at cap 3: most logits saturate, so an uncapped S would
   // miss the reference.
-  run_on_fp8_wg3(fp8_q(with(prefill("fp8_cap3_promoted_x4", {2100}, {300}, 16, 4, 2, 128), 3.f)),
-                 true, 4.f);
-  run_on_fp8_wg3(
+  run_on_fp8_plan(fp8_q(with(prefill("fp8_cap3_promoted_x4", {2100}, {300}, 16, 4, 2, 128), 3.f)),
+                  true, 4.f);
+  run_on_fp8_plan(
       fp8_q(with(prefill("fp8_cap10_x4", {200, 0}, {333, 640}, 16, 8, 2, 128), 10.f, 150, true)),
       true, 4.f);
   {
     ScopedEnv off("ATTNKIT_FA3_LAZY_RESCALE", "0");
-    run_on_fp8_wg3(
+    run_on_fp8_plan(
         fp8(with(prefill("fp8_cap_eager_rescale", {300, 0}, {437, 700}, 16, 8, 2, 128), 15.f)),
         true);
-    run_on_fp8_wg3(
+    run_on_fp8_plan(
         fp8_q(with(prefill("fp8_cap_eager_rescale_x4", {0}, {900}, 16, 8, 2, 128), 25.f)), true,
         4.f);
   }
   {
     ScopedEnv split("ATTNKIT_FA3_SPLIT", "4");
-    run_on_fp8_wg3(fp8(with(prefill("fp8_split_cap", {0}, {600}, 16, 8, 2, 128), 12.f)), true);
+    run_on_fp8_plan(fp8(with(prefill("fp8_split_cap", {0}, {600}, 16, 8, 2, 128), 12.f)), true);
   }
-  // Not the three-warpgroup plan: flashinfer's mma.sync kernels.
-  Fa3Stats stats;
-  run_and_compare(fp8(with(prefill("fp8_cap_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128), 10.f)),
-                  true, 1.f, std::nullopt, {}, &stats);
-  EXPECT_EQ(stats.wgmma_fp8_calls, 0);
+  // A plan without the variants (the promoted chunks in the early order, a knob): flashinfer's
+  // mma.sync kernels.
+  {
+    ScopedEnv early("ATTNKIT_FA3_FP8_PROMOTE", "1");
+    Fa3Stats stats;
+    run_and_compare(fp8(with(prefill("fp8_cap_promote_early", {2000}, {100}, 16, 4, 2, 128), 10.f)),
+                    true, 1.f, std::nullopt, {}, &stats);
+    EXPECT_EQ(stats.wgmma_fp8_calls, 0);
+  }
+}
+
+// Forwards with few queries per key (chunked prefill over a long prefix: fewer than one query per
+// 8 keys) run the two-warpgroup FP8 plan with V^T transposed in the kernel, unpromoted up to 2048
+// keys, promoted (late chunk order) past them; its kWindowSinks / kSoftcap instantiations take a
+// window, sinks and a soft-cap there. bf16 and e4m3 q, two requests of different lengths, a window
+// inside and across key blocks, logits x 4, lazy rescale off.
+TEST(Fa3VariantTest, Fp8PoolVariantsFewQueries) {
+  for (const bool e4m3_q : {false, true}) {
+    auto f = [&](const CaseSpec& c) { return fp8_pool_q(c, e4m3_q); };
+    run_on_fp8_plan(
+        f(with_variant(prefill("fp8_few_cap", {1500}, {100}, 16, 8, 2, 128), -1, 20.f, false)),
+        true, 1.f, 128);
+    run_on_fp8_plan(f(with_variant(prefill("fp8_few_window_sinks", {3000}, {200}, 16, 8, 2, 128),
+                                   1000, 0.f, true)),
+                    true, 1.f, 128);
+    run_on_fp8_plan(f(with_variant(prefill("fp8_few_all", {5000, 2500}, {300, 100}, 16, 8, 2, 128),
+                                   2048, 30.f, true)),
+                    false, 1.f, 128);
+    run_on_fp8_plan(
+        f(with_variant(prefill("fp8_few_window100", {1800}, {64}, 16, 4, 2, 128), 100, 0.f, false)),
+        true, 1.f, 128);
+  }
+  run_on_fp8_plan(
+      fp8_q(with_variant(prefill("fp8_few_cap_x4", {2500}, {150}, 16, 8, 2, 128), 700, 10.f, true)),
+      true, 4.f, 128);
+  {
+    ScopedEnv off("ATTNKIT_FA3_LAZY_RESCALE", "0");
+    run_on_fp8_plan(
+        fp8(with_variant(prefill("fp8_few_eager", {1900}, {120}, 16, 8, 2, 128), 333, 15.f, true)),
+        true, 1.f, 128);
+  }
 }
 
 TEST(Fa3LongTest, TilesAnchoredAtEitherEnd) {
@@ -1229,13 +1264,14 @@ TEST(Fa3Fp8Test, E4m3QEqualsTheBf16QItQuantisesTo) {
 
 // Outside the FP8 kernel an e4m3 q is refused by name, before anything is written: a bf16 pool,
 // head dim 64, a soft-capped layer on a plan without the soft-cap (a few queries over a long
-// prefix: V^T in the kernel, not the three-warpgroup plan, which has it: Fp8PoolSoftcap), a
-// decode batch. The pool and out stay as they were (the harness's checks: no pool writes at all,
-// out and the LSE still the NaN poison).
+// prefix with the promoted chunks forced into the early order: fp8_plan_takes_variants has
+// neither that plan nor, so, the cap; the default plans take it: Fp8PoolSoftcap,
+// Fp8PoolVariantsFewQueries), a decode batch. The pool and out stay as they were (the harness's
+// checks: no pool writes at all, out and the LSE still the NaN poison).
 TEST(Fa3Fp8Test, E4m3QRefusedOffTheFp8Kernel) {
   CaseSpec bf16_pool = fp8_q(prefill("fp8q_bf16_pool", {40}, {60}, 16, 4, 2, 128));
   bf16_pool.kv_dtype = DType::kBF16;
-  CaseSpec capped = fp8_q(prefill("fp8q_softcap_vt_in_kernel", {2000}, {100}, 16, 4, 2, 128));
+  CaseSpec capped = fp8_q(prefill("fp8q_softcap_promote_early", {2000}, {100}, 16, 4, 2, 128));
   capped.logit_cap = 30.f;
   CaseSpec decode = fp8_q(prefill("fp8q_decode", {100, 37}, {1, 1}, 16, 4, 2, 128));
   decode.mode = ForwardMode::kDecode;
@@ -1243,6 +1279,8 @@ TEST(Fa3Fp8Test, E4m3QRefusedOffTheFp8Kernel) {
                             decode};
   for (const CaseSpec& spec : specs) {
     SCOPED_TRACE(spec.name);
+    std::optional<ScopedEnv> early;
+    if (spec.name == capped.name) early.emplace("ATTNKIT_FA3_FP8_PROMOTE", "1");
     Result<PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
     ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
     Result<std::unique_ptr<AttentionBackend>> backend = create_fa3_backend(pc->context());

@@ -517,6 +517,39 @@ TEST(Fa3Fp8VariantTest, PromotionKnobsThatCannotBeFollowed) {
       << v.not_honoured;
 }
 
+// The plans that take a window / sinks / soft-cap on the FP8 kernel (fp8_plan_takes_variants;
+// run_prefill_sm90_fp8 instantiates kWindowSinks / kSoftcap kernels for exactly these): under the
+// default knobs, the three-warpgroup plan and the two-warpgroup plan of few queries per key
+// (chunked prefill over a long prefix), unpromoted up to gemm_sum_max_keys keys and promoted past
+// them; not with the promoted chunks forced into the early order, nor with FADD row sums.
+TEST(Fa3Fp8VariantTest, VariantPlans) {
+  const Fp8Knobs defaults;
+  const std::vector<TileRequest> many = {{0, 1036, 4236}};  // >= 1 query per 8 keys
+  const std::vector<TileRequest> few = {{0, 100, 1600}};    // < 1 per 8, <= 2048 keys
+  const std::vector<TileRequest> few_long = {{0, 100, 2100}, {0, 30, 900}};
+  Fp8Variant v = choose_fp8_variant(many, 2, defaults);
+  EXPECT_EQ(v.block_m, 192);
+  EXPECT_TRUE(fp8_plan_takes_variants(v));
+  v = choose_fp8_variant(few, 2, defaults);
+  EXPECT_EQ(v.block_m, 128);
+  EXPECT_FALSE(v.vt_pre);
+  EXPECT_FALSE(v.promote);
+  EXPECT_TRUE(fp8_plan_takes_variants(v));
+  v = choose_fp8_variant(few_long, 2, defaults);
+  EXPECT_TRUE(v.promote && v.promote_late);
+  EXPECT_TRUE(fp8_plan_takes_variants(v));
+  Fp8Knobs early = defaults;
+  early.promote = true;
+  early.promote_late = false;
+  EXPECT_FALSE(fp8_plan_takes_variants(choose_fp8_variant(few_long, 2, early)));
+  Fp8Knobs fadd = defaults;
+  fadd.gemm_sum = false;
+  EXPECT_FALSE(fp8_plan_takes_variants(choose_fp8_variant(few, 2, fadd)));
+  Fp8Knobs old_kernel = defaults;
+  old_kernel.uniform_wg = false;
+  EXPECT_FALSE(fp8_plan_takes_variants(choose_fp8_variant(few, 2, old_kernel)));
+}
+
 // Every variant choose_fp8_variant gives, over the knob combinations and request shapes, has a
 // kernel in run_prefill_sm90_fp8 (fp8_kernel_missing is the dispatcher's own check, which fails
 // the forward rather than run another kernel): in particular never 192-key blocks with promotion.

@@ -115,8 +115,8 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
       return Status::invalid_argument(
           "fa3: q dtype fp8_e4m3 (layer " + std::to_string(layer.layer_id) +
           ") runs only on the SM90 FP8 prefill (extend / mixed / draft-extend, an fp8_e4m3 KV "
-          "pool, bf16 out, head dim 128; a window / sinks / soft-cap on its three-warpgroup "
-          "plan), which declined it: " +
+          "pool, bf16 out, head dim 128; a window / sinks / soft-cap on the plans that have "
+          "them), which declined it: " +
           why_not);
     }
     ++stats_.flashinfer_calls;

@@ -15,12 +15,12 @@
 // the page table (any page size) or, for forwards with few queries per key, in shared memory by the
 // producer; speculative softmax and row sums through the P.V GEMM only while the longest request
 // has <= 2048 keys, fp32 row sums beyond (kernels/tile_plan.h choose_fp8_variant);
-// ATTNKIT_FA3_FP8=0: off; a window / sinks / soft-cap on the three-warpgroup plan only).
-// Everything else -- decode, target verify, a window / sinks / soft-cap over an fp8_e4m3 pool
-// outside that plan, fp8_e5m2 KV (and e4m3 KV at other head
-// dims / f16 q), head dims 80 / 96, encoder batches, MLA, SM80, CUDA graphs -- runs on an owned
-// `flashinfer` backend (mma.sync tensor-core kernels, which themselves hand MLA, f32 and encoder
-// batches to the portable triton kernels). fa3_stats() says which path ran.
+// ATTNKIT_FA3_FP8=0: off; a window / sinks / soft-cap on the three-warpgroup plan and the
+// two-warpgroup one with V^T in the kernel). Everything else -- decode, target verify, a window /
+// sinks / soft-cap over an fp8_e4m3 pool on other (knob-forced) plans, fp8_e5m2 KV (and e4m3 KV at
+// other head dims / f16 q), head dims 80 / 96, encoder batches, MLA, SM80, CUDA graphs -- runs on
+// an owned `flashinfer` backend (mma.sync tensor-core kernels, which themselves hand MLA, f32 and
+// encoder batches to the portable triton kernels). fa3_stats() says which path ran.
 #pragma once
 
 #include <cstdint>

@@ -284,8 +284,9 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
   if (planned_fp8_) {  // the FP8 kernel's variants take window / sinks / soft-cap on one plan
     if ((layer.sliding_window >= 0 || layer.sinks.defined() || layer.logit_cap != 0.f) &&
         !fp8_plan_takes_variants(fp8_variant_)) {
-      return "sliding window / sinks / soft-cap with an fp8_e4m3 pool outside the three-warpgroup "
-             "FP8 plan (192-row tiles, V^T pre-transpose, speculative softmax)";
+      return "sliding window / sinks / soft-cap with an fp8_e4m3 pool on an FP8 plan without them "
+             "(they run on the three-warpgroup plan and the two-warpgroup one with V^T in the "
+             "kernel: fp8_plan_takes_variants)";
     }
   }
   if (layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.qk_head_dim ||

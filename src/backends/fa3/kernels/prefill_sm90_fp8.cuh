@@ -72,12 +72,13 @@ namespace attnkit::fa3 {
 // kVariant_ (PrefillVariant): kWindowSinks for layers with a sliding window or attention sinks
 // (decode_tile's first key block, the window mask in the exact step and the speculation test, the
 // sink in the epilogue); kSoftcap for soft-capped layers (softcap_s_fp8 after every Q K^T, and
-// the window / sinks as kWindowSinks has them); three consumer warpgroups only.
+// the window / sinks as kWindowSinks has them); 128-key blocks only (the launcher instantiates
+// them for the three-warpgroup plan and for the two-warpgroup one of few queries per key).
 template <int kN = 128, int kWG = 2, int kVariant_ = kPlain>
 struct PrefillFp8Traits {
   static constexpr int kVariant = kVariant_;
-  static_assert(kVariant_ == kPlain || (kWG == 3 && kN == 128),
-                "FP8 variants: window / sinks / soft-cap on the three-warpgroup kernel");
+  static_assert(kVariant_ == kPlain || kN == 128,
+                "FP8 variants: window / sinks / soft-cap with 128-key blocks");
   static constexpr int kHeadDim = 128;
   static constexpr int kBlockM = 64 * kWG;
   static constexpr int kBlockN = kN;
@@ -1025,6 +1026,7 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
       turn_pass();
       wgmma_wait<0>();
       fence_regs(s);
+      if constexpr (kCap) softcap_s_fp8<kN / 2>(s, rsc, p.logit_cap * cuda::kLog2e);
       softmax(nb);
       pack();
       for (--nb; nb >= t.nb_begin; --nb) {
@@ -1061,10 +1063,11 @@ __device__ __forceinline__ void consumer_fp8(const Fa3Params& p, uint8_t* smem, 
           wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
           fence_regs(s);
         }
+        if constexpr (kCap) softcap_s_fp8<kN / 2>(s, rsc, p.logit_cap * cuda::kLog2e);
         if constexpr (kSpec) {
           const int n0 = nb * kN;
-          const bool masked =
-              n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+          bool masked = n0 + kN > t.kv_len || (p.causal && n0 + kN - 1 > t.causal_limit + g * 64);
+          if constexpr (kWindow) masked = masked || window_masks_block<kN>(p, t, n0, g);
           bool exact = true, bad = false;
           if (__all_sync(0xffffffffu, !masked && sm.m[0] != kNegInf && sm.m[1] != kNegInf)) {
             bad = spec_softmax_fp8<kN>(s, ssc, sm.m, p.lazy_rescale != 0 ? kLazyRescaleLog2 : 0.f);

@@ -70,14 +70,36 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
       !why.empty()) {
     return Status::internal("fa3 fp8: no kernel: " + why);
   }
-  // A sliding window, sinks or a soft-cap: the three-warpgroup kernel's kWindowSinks / kSoftcap
-  // instantiations (whole units). The engine's why_not_layer sends such layers on other plans
+  // A sliding window, sinks or a soft-cap: the kWindowSinks / kSoftcap instantiations (whole
+  // units) of the three-warpgroup kernel and of the two-warpgroup plan of few queries per key (V^T
+  // in the kernel, GEMM row sums, 128-key blocks, unpromoted or promoted late): the plans of
+  // fp8_plan_takes_variants. The engine's why_not_layer sends such layers on other plans
   // elsewhere; a launch of one here would silently ignore the feature.
-  if (uses_variant_features(p) && (p.block_m != 3 * 64 || p.split_units > 0)) {
-    return Status::internal(
-        "fa3 fp8: a window / sinks / soft-cap layer needs the three-warpgroup plan without a tail "
-        "split (block_m " +
-        std::to_string(p.block_m) + ", split units " + std::to_string(p.split_units) + ")");
+  if (uses_variant_features(p)) {
+    const bool wg3 = p.block_m == 3 * 64;
+    const bool wg2 = p.block_m == 2 * 64 && p.uniform_wg != 0 && p.vt_pre == 0 && p.fp8_spec == 0 &&
+                     p.fp8_gemm_sum != 0 && p.fp8_block_n == 128 &&
+                     (p.fp8_promote == 0 || p.fp8_promote == 2);
+    if ((!wg3 && !wg2) || p.split_units > 0) {
+      return Status::internal(
+          "fa3 fp8: a window / sinks / soft-cap layer needs the three-warpgroup plan, or the "
+          "two-warpgroup one with V^T in the kernel, without a tail split (block_m " +
+          std::to_string(p.block_m) + ", vt_pre " + std::to_string(p.vt_pre) + ", spec " +
+          std::to_string(p.fp8_spec) + ", promote " + std::to_string(p.fp8_promote) +
+          ", split units " + std::to_string(p.split_units) + ")");
+    }
+    if (wg2) {
+      const auto two = [&]<int kVariant>() {
+        if (p.fp8_promote == 2) {
+          return a.template operator()<
+              prefill_sm90_fp8_kernel<true, true, false, false, 128, 2, 2, kQInEither, kVariant>>();
+        }
+        return a.template operator()<
+            prefill_sm90_fp8_kernel<true, true, false, false, 128, 0, 2, kQInEither, kVariant>>();
+      };
+      return p.logit_cap > 0.f ? two.template operator()<kSoftcap>()
+                               : two.template operator()<kWindowSinks>();
+    }
   }
   if (p.block_m == 3 * 64) {  // three consumer warpgroups (vt_pre, spec, 128-key blocks)
     // One kernel per q dtype and variant; promoted: one for either chunk order (one chunk at a

@@ -216,10 +216,15 @@ Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_head
 
 // Whether the FP8 plan v runs layers with a sliding window, attention sinks or a soft-cap on the
 // wgmma kernel: its three-warpgroup plan (192-row tiles, V^T pre-transpose, speculative softmax,
-// 128-key blocks) has kWindowSinks / kSoftcap instantiations; other plans leave such layers to the
-// mma.sync kernels (the engine's why_not_layer).
+// 128-key blocks) and the two-warpgroup plan of forwards with few queries per key (V^T in the
+// kernel, GEMM row sums, 128-key blocks, unpromoted or promoted in the late chunk order) have
+// kWindowSinks / kSoftcap instantiations; other plans (knobs) leave such layers to the mma.sync
+// kernels (the engine's why_not_layer).
 constexpr bool fp8_plan_takes_variants(const Fp8Variant& v) {
-  return v.block_m == 3 * 64 && v.vt_pre && v.spec && v.block_n == 128;
+  const bool wg3 = v.block_m == 3 * 64 && v.vt_pre && v.spec && v.block_n == 128;
+  const bool wg2 = v.block_m == 2 * 64 && !v.vt_pre && !v.spec && v.gemm_sum && v.block_n == 128 &&
+                   (!v.promote || v.promote_late);
+  return wg3 || wg2;
 }
 
 // Whether run_prefill_sm90_fp8 (prefill_sm90_hd128.cu) has a kernel for this combination of
