@@ -123,6 +123,8 @@ Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
       spec.logit_cap = *cap;
     } else if (key == "sinks") {
       s = get_bool(key, v, &spec.sinks);
+    } else if (key == "fp8_q") {  // q handed over in fp8_e4m3 (fa3's SM90 FP8 prefill only)
+      s = get_bool(key, v, &spec.fp8_q);
     } else if (key == "type") {
       if (v == "decoder") {
         spec.type = AttentionType::kDecoder;
@@ -156,7 +158,7 @@ Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
       return Status::invalid_argument(
           "case spec: unknown key \"" + key +
           "\" (accepted: name, mode, page_size, prefix_lens, new_lens, num_q_heads, num_kv_heads, "
-          "head_dim, v_head_dim, q_dtype, kv_dtype, sliding_window, logit_cap, sinks, type, "
+          "head_dim, v_head_dim, q_dtype, kv_dtype, sliding_window, logit_cap, sinks, fp8_q, type, "
           "cross_attention, encoder_lens, spec_draft_tokens, spec_topk, mla, kv_lora_rank, "
           "qk_rope_head_dim, shuffle_pages, seed)");
     }

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "backends/fa3/fa3_backend.h"
+#include "backends/fa3/kernels/tile_plan.h"
 #include "backends/torch_native/torch_native_backend.h"
 #include "core/device_scope.h"
 #include "core/str_cat.h"
@@ -1562,15 +1563,36 @@ std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
   }
   // An e4m3 q (fp8_q): only fa3's SM90 FP8 prefill takes one (the other backends and paths refuse
   // it by name), so the bench and the tests skip such cases elsewhere instead of failing them.
-  if (spec.fp8_q &&
-      (d.name != "fa3" || device.platform != Platform::kCUDA ||
-       device.compute_capability / 10 != 9 || spec.kv_dtype != DType::kFP8E4M3 ||
-       spec.q_dtype != DType::kBF16 || spec.head_dim != 128 || spec.v_head_dim != 128 || spec.mla ||
-       spec.mode == ForwardMode::kDecode || spec.mode == ForwardMode::kTargetVerify ||
-       spec.sliding_window >= 0 || spec.logit_cap != 0.f || spec.sinks || spec.cross_attention)) {
+  if (spec.fp8_q && (d.name != "fa3" || device.platform != Platform::kCUDA ||
+                     device.compute_capability / 10 != 9 || spec.kv_dtype != DType::kFP8E4M3 ||
+                     spec.q_dtype != DType::kBF16 || spec.head_dim != 128 ||
+                     spec.v_head_dim != 128 || spec.mla || spec.mode == ForwardMode::kDecode ||
+                     spec.mode == ForwardMode::kTargetVerify || spec.cross_attention)) {
     return "fp8_q (q in fp8_e4m3) runs only on fa3's SM90 FP8 prefill (an extend with an fp8_e4m3 "
-           "pool, bf16 activations, head dim 128, no cross-attention; a window / sinks / soft-cap "
-           "only on its three-warpgroup plan, which this check does not predict, so not here)";
+           "pool, bf16 activations, head dim 128, no cross-attention)";
+  }
+  // A window / sinks / soft-cap with an e4m3 q: only on the FP8 plans with those instantiations
+  // (fa3::fp8_plan_takes_variants; no other kernel takes an e4m3 q, so another plan refuses the
+  // layer). The plan is the engine's: choose_fp8_variant over the case's requests with the
+  // process's ATTNKIT_FA3_FP8_* knobs.
+  if (spec.fp8_q && (spec.sliding_window >= 0 || spec.logit_cap != 0.f || spec.sinks)) {
+    std::vector<fa3::TileRequest> reqs;
+    int32_t start = 0;
+    for (int r = 0; r < spec.batch_size(); ++r) {
+      const auto i = static_cast<size_t>(r);
+      const int32_t fresh = i < spec.new_lens.size() ? spec.new_lens[i] : 0;
+      reqs.push_back({start, fresh, spec.prefix_lens[i] + fresh});
+      start += fresh;
+    }
+    const fa3::Fp8Variant plan =
+        fa3::choose_fp8_variant(reqs, spec.num_kv_heads, fa3::fp8_knobs_from_env());
+    if (!fa3::fp8_plan_takes_variants(plan)) {
+      return cat(
+          "fp8_q with a sliding window / sinks / soft-cap runs only on fa3's FP8 plans with "
+          "those variants (fp8_plan_takes_variants); this forward's plan (block_m ",
+          plan.block_m, ", block_n ", plan.block_n, ", vt_pre ", plan.vt_pre, ", spec ", plan.spec,
+          ", promote ", plan.promote, ") has none (ATTNKIT_FA3_FP8_* knobs?)");
+    }
   }
   if (spec.mode == ForwardMode::kDecode && !d.decode_role) {
     return d.name + " cannot serve decode";

@@ -907,6 +907,21 @@ TEST(BenchCli, RunJsonVHeadDimFollowsHeadDim) {
   EXPECT_EQ(mla.err.find("v_head_dim = kv_lora_rank"), std::string::npos) << mla.err;
 }
 
+// run's JSON CaseSpec takes fp8_q (q handed over in fp8_e4m3): the case says so, and a backend
+// without an e4m3-q path skips it by name instead of running it with a bf16 q.
+TEST(BenchCli, RunJsonTakesFp8Q) {
+  const CliRun r = run_cli(
+      "run --backend torch_native --device cpu --case '{\"mode\": \"extend\", "
+      "\"prefix_lens\": [20], \"new_lens\": [8], \"kv_dtype\": \"fp8_e4m3\", \"fp8_q\": true}'");
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("q in fp8_e4m3"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("fp8_q (q in fp8_e4m3) runs only on fa3"), std::string::npos) << r.err;
+  const CliRun bad = run_cli(
+      "run --backend torch_native --device cpu --case '{\"mode\": \"extend\", "
+      "\"prefix_lens\": [20], \"new_lens\": [8], \"fp8_q\": 1}'");
+  EXPECT_NE(bad.err.find("\"fp8_q\" = 1 (accepted: true or false)"), std::string::npos) << bad.err;
+}
+
 TEST(BenchCli, RunVerifiesOneJsonCase) {
   const CliRun r = run_cli(
       "run --backend torch_native --device cpu --verify --case '{\"mode\": \"decode\", "

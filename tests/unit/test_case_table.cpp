@@ -12,6 +12,7 @@
 #include "attnkit/registry.h"
 #include "backends/torch_native/torch_native_backend.h"
 #include "harness/case_runner.h"
+#include "support/scoped_env.h"
 
 namespace attnkit {
 namespace {
@@ -453,6 +454,47 @@ TEST(SkipReason, ComputeCapabilityBounds) {
   EXPECT_NE(harness::skip_reason(d, c, *sm80).find("needs compute capability >= 90"),
             std::string::npos);
   EXPECT_EQ(harness::skip_reason(d, c, *sm90), "");
+}
+
+// An e4m3 q (CaseSpec::fp8_q) with a window / sinks / soft-cap runs where fa3's FP8 plan for the
+// case's requests has those variants (fa3::fp8_plan_takes_variants), and is skipped elsewhere:
+// the default plans of a prefill-like forward (three warpgroups) and of a few queries over a long
+// prefix (two warpgroups, V^T in the kernel) take them; the early promote order forced by
+// ATTNKIT_FA3_FP8_PROMOTE=1 on the latter does not.
+TEST(SkipReason, Fp8QVariantsFollowTheFp8Plan) {
+  BackendDescriptor d = runnable();
+  d.name = "fa3";
+  d.platforms = {Platform::kCUDA};
+  d.mha->fp8_kv = true;
+  d.mha->sliding_window = true;
+  Result<DeviceInfo> sm90 = device_by_name("sm90");
+  Result<DeviceInfo> sm80 = device_by_name("sm80");
+  ASSERT_TRUE(sm90.is_ok() && sm80.is_ok());
+  auto fp8q = [](int prefix, int fresh) {
+    CaseSpec c = harness::make_uniform_case("fp8q", ForwardMode::kExtend, 2, prefix, fresh, 16, 4,
+                                            128, 16, DType::kBF16, DType::kFP8E4M3);
+    c.fp8_q = true;
+    return c;
+  };
+  const CaseSpec wide = fp8q(200, 1000);  // >= 1 query per 8 keys: three warpgroups
+  const CaseSpec few = fp8q(2000, 100);   // < 1 query per 8 keys: two warpgroups
+  EXPECT_EQ(harness::skip_reason(d, wide, *sm90), "");
+  EXPECT_NE(harness::skip_reason(d, wide, *sm80).find("fp8_q"), std::string::npos);
+  for (const CaseSpec& base : {wide, few}) {
+    CaseSpec cap = base, window = base, sinks = base;
+    cap.logit_cap = 30.f;
+    window.sliding_window = 500;
+    sinks.sinks = true;
+    for (const CaseSpec* c : {&cap, &window, &sinks}) {
+      EXPECT_EQ(harness::skip_reason(d, *c, *sm90), "") << c->prefix_lens[0];
+    }
+  }
+  const test_support::ScopedEnv early("ATTNKIT_FA3_FP8_PROMOTE", "1");
+  CaseSpec few_cap = few;
+  few_cap.logit_cap = 30.f;
+  EXPECT_NE(harness::skip_reason(d, few_cap, *sm90).find("fp8_plan_takes_variants"),
+            std::string::npos);
+  EXPECT_EQ(harness::skip_reason(d, few, *sm90), "");  // no variant: any FP8 plan takes it
 }
 
 // ---- bench helpers ----

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Session 66, first full-suite call: the GPU tests on this session's code (the FP8 two-warpgroup
+# variants, the e4m3-q variant cases the bench and `run` no longer skip), then those cases.
+#  1. check.sh: build everything (build/device) and `ctest -L gpu` less the long MLA / emulated /
+#     decode-balance suites (call 1 of the standard split, docs/gpu_tests.md "Session 61");
+#  2. `attnkit run --verify` of e4m3-q layers with a window / sinks / soft-cap on both FP8 plans
+#     (fa3; the case JSON's new "fp8_q");
+#  3. one bench round of scripts/device/fa3_s66_fp8q_variants.json (e4m3 q beside bf16 q).
+#   run(carry=[".deps", ".peers"], command="bash scripts/device/s66_check.sh")
+# Call 2 of the split: STAGES=test CTEST_REGEX="$S66_CALL2" with the same check.sh.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+. scripts/device/lib.sh
+attnkit_script_start  # OUT, summary, note, has_stage, elapsed
+note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)  date: $(date -u +%Y-%m-%dT%H:%MZ)"
+call2='FlashMla\|CutlassMla\|Mla/\|VerifyGraphs\|TritonCudaGraphSplits\|FlashInferDecode(Balance\|DefaultPlan\|SplitLong)\|Sm(80\|86)Emulated\|FlashInferVerifyMemcheck'
+ak=build/device/tools/attnkit/attnkit
+OUT="$OUT/check" STAGES="build test" CTEST_JOBS="${CTEST_JOBS:-12}" CTEST_EXCLUDE="$call2" \
+  bash scripts/device/check.sh > /dev/null 2>&1
+note "check.sh: $(tr '\n' ' ' < "$OUT/check/summary.txt" | cut -c1-600) at $(elapsed) s"
+base='"mode":"extend","num_q_heads":32,"num_kv_heads":8,"head_dim":128,"page_size":16,"kv_dtype":"fp8_e4m3","fp8_q":true'
+for c in "{$base,\"prefix_lens\":[300,0],\"new_lens\":[700,1024],\"logit_cap\":20}" \
+         "{$base,\"prefix_lens\":[0,100],\"new_lens\":[900,500],\"sliding_window\":127,\"sinks\":true,\"logit_cap\":10}" \
+         "{$base,\"prefix_lens\":[3000],\"new_lens\":[200],\"sliding_window\":1000,\"sinks\":true,\"logit_cap\":30}" \
+         "{$base,\"prefix_lens\":[1500,700],\"new_lens\":[100,40],\"logit_cap\":5}"; do
+  echo "$c" | cut -c150-260
+  echo "  fa3: $(timeout 60 "$ak" run --backend fa3 --device cuda --case "$c" --verify 2>&1 | grep -E '^verify|error|cannot')"
+done > "$OUT/verify.txt"
+cat "$OUT/verify.txt" >> "$summary"
+note "verify at $(elapsed) s"
+if [ "$(elapsed)" -lt 545 ]; then
+  timeout 50 "$ak" bench --backend fa3 --device cuda --cases scripts/device/fa3_s66_fp8q_variants.json \
+    --json "$OUT/fa3_fp8q_variants.json" 2>"$OUT/bench.err" | grep -E "^fa3 " > "$OUT/bench.txt"
+  sed -E 's/ +/ /g' "$OUT/bench.txt" >> "$summary"
+fi
+note "done at $(elapsed) s"
