@@ -15,7 +15,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . scripts/device/lib.sh
 attnkit_script_start  # OUT, summary, note, has_stage, elapsed
-note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)  date: $(date -u +%Y-%m-%dT%H:%MZ)"
+note_device
 ak=build/device/tools/attnkit/attnkit
 OUT="$OUT/check" STAGES=build TARGETS="attnkit_cli test_fa3_cases test_nan_key_cases" \
   bash scripts/device/check.sh > /dev/null 2>&1

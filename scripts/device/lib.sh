@@ -83,3 +83,7 @@ attnkit_script_start() {
 note() { echo "$*" | tee -a "$summary"; }
 has_stage() { [[ " ${STAGES:-} " == *" $1 "* ]]; }
 elapsed() { echo $(($(date +%s) - t_start)); }
+# The summary's first line: GPU, driver, UTC time.
+note_device() {
+  note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)  date: $(date -u +%Y-%m-%dT%H:%MZ)"
+}

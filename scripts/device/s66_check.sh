@@ -15,7 +15,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . scripts/device/lib.sh
 attnkit_script_start  # OUT, summary, note, has_stage, elapsed
-note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)  date: $(date -u +%Y-%m-%dT%H:%MZ)"
+note_device
 # ctest -R / -E take a CMake regex: '|' alternates ('\|' in docs/gpu_tests.md is the markdown
 # table's escape; the 21:52Z call passed it as written and so excluded nothing).
 call2='FlashMla|CutlassMla|Mla/|VerifyGraphs|TritonCudaGraphSplits|FlashInferDecode(Balance|DefaultPlan|SplitLong)|Sm(80|86)Emulated|FlashInferVerifyMemcheck'
