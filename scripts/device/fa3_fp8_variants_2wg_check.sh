@@ -19,7 +19,7 @@ note_device
 ak=build/device/tools/attnkit/attnkit
 OUT="$OUT/check" STAGES=build TARGETS="attnkit_cli test_fa3_cases test_nan_key_cases" \
   bash scripts/device/check.sh > /dev/null 2>&1
-note "build: $(grep build "$OUT/check/summary.txt" | tail -1) at $(elapsed) s"
+note "$(grep build "$OUT/check/summary.txt" | tail -1) at $(elapsed) s"
 timeout 330 build/device/tests/test_fa3_cases > "$OUT/test_fa3.log" 2>&1
 note "test_fa3_cases: rc=$? at $(elapsed) s: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/test_fa3.log" | tr '\n' ' ')"
 grep -E "^\[  FAILED  \]" "$OUT/test_fa3.log" | head -20 >> "$summary"

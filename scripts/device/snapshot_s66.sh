@@ -13,7 +13,7 @@ attnkit_script_start  # OUT, summary, note, has_stage, elapsed
 note_device
 ak=build/device/tools/attnkit/attnkit
 OUT="$OUT/check" STAGES=build TARGETS=attnkit_cli bash scripts/device/check.sh > /dev/null 2>&1
-note "build: $(grep build "$OUT/check/summary.txt" | tail -1) at $(elapsed) s"
+note "$(grep build "$OUT/check/summary.txt" | tail -1) at $(elapsed) s"
 OUT="$OUT/fa3" STAGES="bench peers" DIAG_VARIANTS=" " BENCH_OTHERS="" BENCH_VARIANTS="default" \
   BENCH_TIMEOUT=90 bash scripts/device/fa3_check.sh > "$OUT/fa3.log" 2>&1
 note "fa3 bench + peers at $(elapsed) s"

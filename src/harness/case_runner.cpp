@@ -23,6 +23,7 @@
 #include "backends/fa3/kernels/tile_plan.h"
 #include "backends/torch_native/torch_native_backend.h"
 #include "core/device_scope.h"
+#include "core/env_knob.h"
 #include "core/str_cat.h"
 #include "harness/mla_prefix_expander.h"
 
@@ -1563,13 +1564,14 @@ std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
   }
   // An e4m3 q (fp8_q): only fa3's SM90 FP8 prefill takes one (the other backends and paths refuse
   // it by name), so the bench and the tests skip such cases elsewhere instead of failing them.
-  if (spec.fp8_q && (d.name != "fa3" || device.platform != Platform::kCUDA ||
-                     device.compute_capability / 10 != 9 || spec.kv_dtype != DType::kFP8E4M3 ||
-                     spec.q_dtype != DType::kBF16 || spec.head_dim != 128 ||
-                     spec.v_head_dim != 128 || spec.mla || spec.mode == ForwardMode::kDecode ||
-                     spec.mode == ForwardMode::kTargetVerify || spec.cross_attention)) {
+  if (spec.fp8_q &&
+      (d.name != "fa3" || device.platform != Platform::kCUDA ||
+       device.compute_capability / 10 != 9 || spec.kv_dtype != DType::kFP8E4M3 ||
+       spec.q_dtype != DType::kBF16 || spec.head_dim != 128 || spec.v_head_dim != 128 || spec.mla ||
+       spec.mode == ForwardMode::kDecode || spec.mode == ForwardMode::kTargetVerify ||
+       spec.cross_attention || !env_flag("ATTNKIT_FA3_FP8", true))) {
     return "fp8_q (q in fp8_e4m3) runs only on fa3's SM90 FP8 prefill (an extend with an fp8_e4m3 "
-           "pool, bf16 activations, head dim 128, no cross-attention)";
+           "pool, bf16 activations, head dim 128, no cross-attention; not with ATTNKIT_FA3_FP8=0)";
   }
   // A window / sinks / soft-cap with an e4m3 q: only on the FP8 plans with those instantiations
   // (fa3::fp8_plan_takes_variants; no other kernel takes an e4m3 q, so another plan refuses the

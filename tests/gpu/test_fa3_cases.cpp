@@ -507,7 +507,8 @@ TEST(Fa3VariantTest, Fp8PoolWindowAndSinks) {
 
 // A soft-cap over an fp8_e4m3 pool runs on the FP8 kernel's kSoftcap instantiations (the logits
 // cap tanh(x scale / cap) after each Q K^T, before the masks and the speculation; window / sinks
-// beside it) where the plan is the three-warpgroup one, else on flashinfer's mma.sync kernels:
+// beside it) where the plan has them (fp8_plan_takes_variants: the default plans), else on
+// flashinfer's mma.sync kernels:
 // caps 2 to 50 (small caps saturate most logits: tanh's flat end), with a window and sinks, the
 // promoted kernel, the half diagonal block, the bidirectional mask, bf16 and e4m3 q, logits x 4,
 // and lazy rescale off (every rise of a row maximum takes the speculation's recompute, whose S is

@@ -489,12 +489,42 @@ TEST(SkipReason, Fp8QVariantsFollowTheFp8Plan) {
       EXPECT_EQ(harness::skip_reason(d, *c, *sm90), "") << c->prefix_lens[0];
     }
   }
-  const test_support::ScopedEnv early("ATTNKIT_FA3_FP8_PROMOTE", "1");
-  CaseSpec few_cap = few;
-  few_cap.logit_cap = 30.f;
-  EXPECT_NE(harness::skip_reason(d, few_cap, *sm90).find("fp8_plan_takes_variants"),
-            std::string::npos);
-  EXPECT_EQ(harness::skip_reason(d, few, *sm90), "");  // no variant: any FP8 plan takes it
+  // Knob-forced plans without the variants, each with the plan that still has them: the request
+  // list must carry the new tokens (2100 keys past 2048: promoted by default, FADD row sums
+  // without promotion) and the query / key ratio (which plan a knob reaches).
+  CaseSpec few_cap = few, wide_cap = wide;
+  few_cap.logit_cap = wide_cap.logit_cap = 30.f;
+  const auto skipped = [&](const CaseSpec& c) {
+    return harness::skip_reason(d, c, *sm90).find("fp8_plan_takes_variants") != std::string::npos;
+  };
+  {
+    const test_support::ScopedEnv early("ATTNKIT_FA3_FP8_PROMOTE", "1");
+    EXPECT_TRUE(skipped(few_cap));
+    EXPECT_FALSE(skipped(wide_cap));
+    EXPECT_EQ(harness::skip_reason(d, few, *sm90), "");  // no variant: any FP8 plan takes it
+  }
+  {
+    const test_support::ScopedEnv never("ATTNKIT_FA3_FP8_PROMOTE", "0");
+    EXPECT_TRUE(skipped(few_cap));
+    EXPECT_FALSE(skipped(wide_cap));  // 1200 keys: not past 2048, promotion or not
+  }
+  {
+    const test_support::ScopedEnv two_wg("ATTNKIT_FA3_FP8_WG3", "0");
+    EXPECT_TRUE(skipped(wide_cap));
+    EXPECT_FALSE(skipped(few_cap));
+  }
+  {
+    const test_support::ScopedEnv no_spec("ATTNKIT_FA3_FP8_SPEC", "0");
+    EXPECT_TRUE(skipped(wide_cap));
+  }
+  {
+    const test_support::ScopedEnv off("ATTNKIT_FA3_FP8", "0");
+    EXPECT_NE(harness::skip_reason(d, wide, *sm90).find("ATTNKIT_FA3_FP8=0"), std::string::npos);
+  }
+  // Another forward mode with new tokens (mixed: the same request list).
+  CaseSpec mixed_cap = few_cap;
+  mixed_cap.mode = ForwardMode::kMixed;
+  EXPECT_EQ(harness::skip_reason(d, mixed_cap, *sm90), "");
 }
 
 // ---- bench helpers ----

@@ -379,8 +379,8 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
                 : 0;
   p.unit_smem = unit_smem_ ? 1 : 0;
   p.section_heads = section_heads_;
-  // Window / soft-cap / sinks (the kernels' variant instantiations; FP8: on the three-warpgroup
-  // plan, why_not_layer). A window moves
+  // Window / soft-cap / sinks (the kernels' variant instantiations; FP8: on the plans
+  // fp8_plan_takes_variants names, why_not_layer). A window moves
   // each unit's first key block (decode_tile) and the sinks join each whole row's denominator, so
   // these layers run without the tail split (planned for the forward's plain layers).
   p.sliding_window = detail::kernel_sliding_window(layer.sliding_window, batch);

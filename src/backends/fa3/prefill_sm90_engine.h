@@ -12,7 +12,8 @@
 //  * layer: not MLA / cross-attention, the context's shape, q / out / K / V rows 16-byte aligned.
 //    Causal, or bidirectional for encoder-only layers. A sliding window, soft-cap or sinks run the
 //    kernels' variant instantiations (PrefillTraits::kVariant; the FP8 kernel's on its
-//    three-warpgroup plan only, fp8_plan_takes_variants), without the tail split.
+//    three-warpgroup plan and the two-warpgroup one of few queries per key,
+//    fp8_plan_takes_variants), without the tail split.
 //
 // Protocol: plan() once per forward (host tile plan, sorted longest-first, uploaded into a
 // grow-only device workspace); run() per layer after the caller has written the layer's new K/V

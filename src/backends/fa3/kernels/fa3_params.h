@@ -320,9 +320,9 @@ struct Fa3Params {
   float* split_lse = nullptr;
   uint8_t* vt_ws = nullptr;    // [kv_heads][plan V^T units][128 d][128 key bytes]
   int64_t vt_head_stride = 0;  // bytes per kv head of vt_ws (V^T units x kVtBlockKeys x 128)
-  // The variant instantiations only (PrefillTraits::kVariant, and the FP8 kernel's on its
-  // three-warpgroup plan, PrefillFp8Traits::kVariant; the engine runs them for layers that set any
-  // of these, without a tail split):
+  // The variant instantiations only (PrefillTraits::kVariant, and the FP8 kernel's on the plans
+  // fp8_plan_takes_variants names, PrefillFp8Traits::kVariant; the engine runs them for layers that
+  // set any of these, without a tail split):
   // sliding window (AttentionLayer::sliding_window: key k is visible from the row at position q
   // when q - k <= sliding_window, and without the causal mask also k - q <= sliding_window; -1 off;
   // decode_tile skips the key blocks outside every row's window), soft-cap (logit_cap: cap * tanh(x
@@ -335,8 +335,8 @@ struct Fa3Params {
 
 // Whether p's layer needs the kernels' variant instantiations (a sliding window, a soft-cap or
 // sinks): the engine then runs it without a tail split and the launcher picks the variant (the
-// FP8 kernel has them on its three-warpgroup plan only: it refuses the other plans' such layers,
-// which why_not_layer sends to the mma.sync kernels).
+// FP8 kernel has them on the plans fp8_plan_takes_variants names: it refuses the other plans' such
+// layers, which why_not_layer sends to the mma.sync kernels).
 constexpr bool uses_variant_features(const Fa3Params& p) {
   return p.sliding_window >= 0 || p.logit_cap > 0.f || p.sinks != nullptr;
 }
