@@ -17,8 +17,11 @@
 // (default head_dim); decode and mla_decode: kv_len, or kv_lens (one length per request, for
 // uneven batches: batch = its size, kv_len = its longest; "batch" may be given only if equal,
 // "kv_len" not with it; in a sweep each value is a list, e.g. "kv_lens": [[4096, 128, 128]]);
-// extend: prefix_len (default 0), new_tokens, causal (default true), fp8_q (default false: q in
-// fp8_e4m3 with a per-layer scale, the case named with "_qfp8"), sliding_window (default -1: off;
+// extend: prefix_len (default 0), new_tokens, causal (default true), mla (default false: a
+// non-absorbed MLA prefill layer, "_mla": head_dim / v_head_dim 192 / 128 as given, kv_heads =
+// q_heads, no prefix, kv_lora_rank / qk_rope_head_dim of its pool default 512 / 64), fp8_q (default
+// false: q in fp8_e4m3 with a per-layer scale, the case named with "_qfp8"), sliding_window
+// (default -1: off;
 // "_win<w>"), logit_cap (default 0: off; "_cap<c>"), sinks (default false; "_sinks"); decode and
 // extend: shared_prefix (default 0: leading tokens shared by every request, a multiple of
 // page_size); decode and mla_decode: s_q (default 1; > 1: a speculative verify step, TARGET_VERIFY,
@@ -87,7 +90,8 @@ inline bool key_allowed(BenchKind kind, const std::string& key) {
       return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
              key == "prefix_len" || key == "new_tokens" || key == "causal" ||
              key == "shared_prefix" || key == "fp8_q" || key == "sliding_window" ||
-             key == "logit_cap" || key == "sinks";
+             key == "logit_cap" || key == "sinks" || key == "mla" || key == "kv_lora_rank" ||
+             key == "qk_rope_head_dim";
     case BenchKind::kMlaDecode:
       return key == "kv_len" || key == "kv_lens" || key == "kv_lora_rank" ||
              key == "qk_rope_head_dim" || key == "s_q" || key == "topk";
@@ -103,7 +107,7 @@ inline const char* allowed_keys(BenchKind kind) {
     case BenchKind::kExtend:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
              "prefix_len, new_tokens, causal, shared_prefix, fp8_q, sliding_window, logit_cap, "
-             "sinks, shuffle_pages";
+             "sinks, mla, kv_lora_rank, qk_rope_head_dim, shuffle_pages";
     case BenchKind::kMlaDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lens, kv_lora_rank, "
              "qk_rope_head_dim, s_q, topk, shuffle_pages";
@@ -195,6 +199,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
     return get_int(v[1], where + "[1] (kv_heads)", 1, &c->kv_heads);
   }
   if (key == "causal") return get_bool(v, where, &c->causal);
+  if (key == "mla") return get_bool(v, where, &c->mla_prefill);
   if (key == "fp8_q") return get_bool(v, where, &c->fp8_q);
   if (key == "sliding_window") return get_int(v, where, -1, &c->sliding_window);
   if (key == "sinks") return get_bool(v, where, &c->sinks);
@@ -265,6 +270,7 @@ inline std::string case_name(const BenchCase& c) {
   if (c.kind != BenchKind::kMlaDecode) s << "x" << c.kv_heads;
   s << "_d" << c.head_dim;
   if (c.v_head_dim != c.head_dim) s << "v" << c.v_head_dim;
+  if (c.mla_prefill) s << "_mla";
   s << "_kv" << dtype_name(c.kv_dtype);
   if (c.dtype != DType::kBF16) s << "_act" << dtype_name(c.dtype);
   if (c.kind == BenchKind::kExtend && !c.causal) s << "_bidir";
@@ -291,6 +297,29 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
     c->v_head_dim = c->kv_lora_rank;
   } else if (!state.v_head_dim_set) {
     c->v_head_dim = c->head_dim;
+  }
+  if (c->kind == BenchKind::kExtend && c->mla_prefill) {
+    // The non-absorbed layer: one K / V head per q head, no cached prefix, k / v in the
+    // activation dtype; the latent row only sizes the pool.
+    if (c->kv_heads != 0 && c->kv_heads != c->q_heads) {
+      return Status::invalid_argument(where + ": mla: kv_heads " + std::to_string(c->kv_heads) +
+                                      " must equal q_heads " + std::to_string(c->q_heads) +
+                                      " (or be left out)");
+    }
+    c->kv_heads = c->q_heads;
+    if (c->prefix_len != 0 || c->shared_prefix != 0 || c->fp8_q) {
+      return Status::invalid_argument(
+          where +
+          ": mla: prefix_len / shared_prefix must be 0 and fp8_q false (the new tokens "
+          "attend each other only)");
+    }
+    if (c->kv_dtype != c->dtype && !state.kv_dtype_auto) {
+      return Status::invalid_argument(where + ": mla: kv_dtype must be the activation dtype");
+    }
+    if (c->kv_lora_rank == 0) c->kv_lora_rank = 512;
+    if (c->qk_rope_head_dim == 0) c->qk_rope_head_dim = 64;
+  } else if (c->kind == BenchKind::kExtend && (c->kv_lora_rank != 0 || c->qk_rope_head_dim != 0)) {
+    return Status::invalid_argument(where + ": kv_lora_rank / qk_rope_head_dim need \"mla\": true");
   }
   auto missing = [&](const char* key) {
     return Status::invalid_argument(where + ": \"" + key + "\" is required for kind " +

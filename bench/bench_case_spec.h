@@ -37,6 +37,12 @@ inline harness::CaseSpec to_case_spec(const BenchCase& c) {
     spec.spec_draft_tokens = c.s_q;
     spec.spec_topk = c.topk;
   }
+  if (extend && c.mla_prefill) {  // the non-absorbed layer over its new tokens' k / v
+    spec.mla = true;
+    spec.num_kv_heads = c.q_heads;
+    spec.kv_lora_rank = c.kv_lora_rank;
+    spec.qk_rope_head_dim = c.qk_rope_head_dim;
+  }
   if (c.kind == BenchKind::kMlaDecode) {
     spec.mla = true;
     spec.num_kv_heads = 1;

@@ -54,6 +54,12 @@ struct BenchCase {
   int v_head_dim = 0;
   int kv_lora_rank = 0;      // MLA only
   int qk_rope_head_dim = 0;  // MLA only
+  // Extend: a non-absorbed MLA prefill layer (case files: "mla": true): q / k head_dim (192 =
+  // nope 128 + rope 64), v_head_dim (128), kv_heads = q_heads, no prefix (the new tokens attend
+  // each other; the pool holds latent rows of kv_lora_rank + qk_rope_head_dim, default 512 + 64,
+  // which the layer does not read). Its k / v are the layer's inputs, counted below as K / V
+  // of kv_heads x (head_dim + v_head_dim) per token at kv_dtype (= the activation dtype).
+  bool mla_prefill = false;
   int page_size = 1;
   // Decode / extend: leading tokens every request shares with request 0 (the same pages, as a
   // radix cache hands out a common prompt); a multiple of page_size. Bytes and FLOPs below count

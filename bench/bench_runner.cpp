@@ -110,8 +110,11 @@ Result<std::vector<double>> time_event_samples(cudaStream_t stream, int iters, i
 // every token), as harness::run_backend does.
 Status forward_copy(AttentionBackend& backend, harness::PreparedCase& prepared, int index) {
   harness::LayerData& l = prepared.layers[static_cast<size_t>(index) % prepared.layers.size()];
-  return backend.forward(l.q, TensorView(), TensorView(), l.out, l.layer, prepared.batch,
-                         /*save_kv=*/false, TensorView());
+  // A non-absorbed MLA layer reads its new tokens' k / v (never the pool).
+  const bool mla_prefill =
+      l.layer.is_mla && l.layer.qk_head_dim != l.layer.kv_lora_rank + l.layer.qk_rope_head_dim;
+  return backend.forward(l.q, mla_prefill ? l.k : TensorView(), mla_prefill ? l.v : TensorView(),
+                         l.out, l.layer, prepared.batch, /*save_kv=*/false, TensorView());
 }
 
 // Writes the new tokens' k/v into every copy's pool layer (what run_backend does before calling a

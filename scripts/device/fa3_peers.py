@@ -1,6 +1,7 @@
 """Peers for the fa3 targets (issue 6), a trimmed .peers/torch_peers.py: the bf16 GEMM ceiling and
 PyTorch SDPA (cuDNN, FA2) prefill at the shapes of bench/cases/fa3_prefill.json (GQA 32/8, B x S =
-16k tokens), causal and bidirectional, timed the same way (median of 20 CUDA-event-timed calls
+16k tokens), causal and bidirectional, and the MLA prefill shapes of bench/cases/mla_prefill.json
+(q / k 192, v 128), timed the same way (median of 20 CUDA-event-timed calls
 after 5 warm-ups). No FlexAttention / decode (their torch.compile time does not fit one device
 call next to the build). Writes $OUT/fa3_peers.json; one line per case.
 """
@@ -68,6 +69,28 @@ for B, S, d, causal in cases:
         except Exception as ex:  # noqa: BLE001
             print(f"{name:12s} {shape:44s} unsupported: {str(ex)[:80]}", flush=True)
     del q, k, v, kr, vr
+    torch.cuda.empty_cache()
+
+# MLA prefill (bench/cases/mla_prefill.json): q / k 192, v 128, kv heads = q heads, causal.
+# FA3_PEERS_MLA="B,S,H;..." replaces the default list ("" or "0": none).
+mla_env = os.environ.get("FA3_PEERS_MLA", "4,4096,16;2,8192,16;1,16384,16;1,4096,128")
+mla_cases = [] if mla_env in ("", "0") else [
+    tuple(int(x) for x in item.split(",")) for item in filter(None, mla_env.split(";"))]
+for B, S, H in mla_cases:
+    q = torch.randn(B, H, S, 192, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(B, H, S, 192, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(B, H, S, 128, device=dev, dtype=torch.bfloat16)
+    flops = 2 * (192 + 128) * B * H * (S * (S + 1) // 2)
+    shape = f"MLA B={B} S={S} H={H} d=192/128 causal"
+    for name, be in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+                     ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel([be]):
+                ms = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+            rec(name, shape, ms, flops / ms / 1e9)
+        except Exception as ex:  # noqa: BLE001
+            print(f"{name:12s} {shape:44s} unsupported: {str(ex)[:80]}", flush=True)
+    del q, k, v
     torch.cuda.empty_cache()
 
 with open(os.path.join(os.environ.get("OUT", "."), "fa3_peers.json"), "w") as f:

@@ -18,6 +18,7 @@
 #include "attnkit/device.h"
 #include "attnkit/registry.h"
 #include "backends/fa3/fa3_backend.h"
+#include "backends/fa3/kernels/fa3_kernels.h"
 #include "backends/fa3/kernels/fa3_params.h"
 #include "backends/fa3/kernels/tile_plan.h"
 #include "harness/case_runner.h"
@@ -66,6 +67,19 @@ bool expects_wgmma(const CaseSpec& s, const std::vector<fa3::TileRequest>* reque
   CaseSpec same_dtype = s;
   same_dtype.kv_dtype = s.q_dtype;
   return test_support::expects_sm90_wgmma_prefill(same_dtype);
+}
+
+// Whether the case's layers are non-absorbed MLA prefill layers the wgmma MLA kernel must run
+// (PrefillSm90Engine::create_mla_prefill: SM90, extend / draft-extend, bf16 / f16, 192 / 128, no
+// window / soft-cap / sinks, no chunked prefix cache; the pool's dtype does not matter).
+bool expects_mla_wgmma(const CaseSpec& s) {
+  const Result<DeviceInfo> dev = detect_cuda(0);
+  return dev.is_ok() && dev->compute_capability == 90 && s.mla && !s.mla_absorbed() &&
+         s.head_dim == fa3::kMlaPrefillDimQK && s.v_head_dim == fa3::kMlaPrefillDimV &&
+         s.mla_prefix_chunk == 0 &&
+         (s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kDraftExtend) &&
+         (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.sliding_window < 0 &&
+         s.logit_cap == 0.f && !s.sinks && !s.cross_attention;
 }
 
 // Whether the knobs leave the bf16 / f16 kernels their three-warpgroup (192-row) variants:
@@ -171,7 +185,14 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
   } else {
     EXPECT_TRUE(cmp->passed()) << cmp->summary();
   }
-  if (expects_wgmma(spec, &r.requests)) {
+  if (expects_mla_wgmma(spec)) {
+    EXPECT_EQ(stats->flashinfer_calls, 0) << "an MLA prefill case ran on the flashinfer path";
+    EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(r.layers));
+    EXPECT_EQ(stats->wgmma_mla_calls, stats->wgmma_calls);
+    EXPECT_EQ(stats->wgmma_fp8_calls, 0);
+    EXPECT_EQ(stats->last_block_n, fa3::kMlaPrefillBlockN);
+    EXPECT_EQ(stats->last_block_m, fa3::kBlockM);
+  } else if (expects_wgmma(spec, &r.requests)) {
     EXPECT_EQ(stats->flashinfer_calls, 0) << "a wgmma case ran on the flashinfer path";
     EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(r.layers));
     EXPECT_EQ(stats->wgmma_fp8_calls, expects_fp8_kernel(spec) ? stats->wgmma_calls : 0);
@@ -206,6 +227,7 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
   } else {
     EXPECT_EQ(stats->wgmma_calls, 0) << "a case outside the wgmma kernel's scope ran on it";
   }
+  if (!expects_mla_wgmma(spec)) EXPECT_EQ(stats->wgmma_mla_calls, 0);
 }
 
 class Fa3CaseTest : public ::testing::TestWithParam<CaseSpec> {};
@@ -287,6 +309,92 @@ TEST(Fa3LongTest, BidirectionalAndF16) {
   run_and_compare(c, true);
   c.head_dim = c.v_head_dim = 256;
   run_and_compare(c, false);
+}
+
+// ---- MLA prefill (non-absorbed 192 / 128 layers, K / V from the new tokens' k / v) ----
+
+CaseSpec mla_prefill(std::string name, std::vector<int> fresh, int heads, int page = 64) {
+  std::vector<int> none(fresh.size(), 0);  // no prefix (before fresh is moved)
+  CaseSpec c = prefill(std::move(name), std::move(none), std::move(fresh), page, heads, heads,
+                       fa3::kMlaPrefillDimQK);
+  c.v_head_dim = fa3::kMlaPrefillDimV;
+  c.mla = true;
+  c.kv_lora_rank = 512;
+  c.qk_rope_head_dim = 64;
+  return c;
+}
+
+TEST(Fa3MlaPrefillTest, AcrossTilesAndBlocks) {
+  // 437: 4 query tiles, 4 key blocks (the last partial: the 24-chunk cp.async gather of K); 1
+  // and 129: one-row tiles; 256: whole blocks only (TMA boxes of 128 rows of k / v); 1000 with
+  // 16 heads: many units per CTA.
+  run_and_compare(mla_prefill("mla_tiles", {437, 1, 129, 256}, 8), true);
+  run_and_compare(mla_prefill("mla_long", {1000, 300}, 16), false);
+  CaseSpec f16 = mla_prefill("mla_f16", {333, 64}, 8);
+  f16.q_dtype = f16.kv_dtype = DType::kF16;
+  run_and_compare(f16, true);
+  // 128 heads: fewer than two tiles of each head per round of the tile-major order, so the units
+  // go head by head (sections of one head) on a GPU of fewer than 256 SMs.
+  {
+    int sms = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    Fa3Stats st;
+    run_and_compare(mla_prefill("mla_128_heads", {300, 45}, 128), false, 1.f, std::nullopt, {},
+                    &st);
+    EXPECT_EQ(st.last_section_heads, sms < 2 * 128 ? 1 : 128);
+  }
+  // Large logits: the running maximum jumps between key blocks (O rescale, lazy and exact).
+  run_and_compare(mla_prefill("mla_large_logits", {700}, 4), true, 12.f);
+  // (Draft-extend forwards take the kernel as well; the harness builds non-absorbed MLA cases in
+  // extend mode only.)
+}
+
+TEST(Fa3MlaPrefillTest, KnobsGatherSplitAndSchedule) {
+  // Every key block by the cp.async gather (24 chunks per K row, 16 per V row), Q by the gather.
+  {
+    ScopedEnv tma("ATTNKIT_FA3_TMA", "0");
+    ScopedEnv qtma("ATTNKIT_FA3_Q_TMA", "0");
+    run_and_compare(mla_prefill("mla_gather", {437, 129}, 8), true);
+  }
+  // (No tail split: causal over the new tokens only, a forward's last round always holds a
+  // request's one-block first tiles, so choose_tail_split never splits, forced or not.)
+  {
+    ScopedEnv split("ATTNKIT_FA3_SPLIT", "3");
+    Fa3Stats st;
+    run_and_compare(mla_prefill("mla_split_knob", {1000}, 2), true, 1.f, std::nullopt, {}, &st);
+    EXPECT_EQ(st.last_split_units, 0);
+  }
+  // L2 sections of 1 and 2 heads (the unit order of ATTNKIT_FA3_L2_SECTION).
+  for (const char* heads : {"1", "2"}) {
+    ScopedEnv section("ATTNKIT_FA3_L2_SECTION", heads);
+    run_and_compare(mla_prefill(std::string("mla_section") + heads, {437, 300}, 4), true);
+  }
+  // One release per stage after its P V (ATTNKIT_FA3_SPLIT_EMPTY=0), in both schedules.
+  for (const char* overlap : {"1", "0"}) {
+    ScopedEnv split_empty("ATTNKIT_FA3_SPLIT_EMPTY", "0");
+    ScopedEnv schedule("ATTNKIT_FA3_OVERLAP", overlap);
+    run_and_compare(mla_prefill(std::string("mla_one_release_overlap") + overlap, {437, 129}, 8),
+                    true);
+  }
+  // The serial schedule, no ping-pong, the plain stride, 4-byte O stores.
+  {
+    ScopedEnv overlap("ATTNKIT_FA3_OVERLAP", "0");
+    ScopedEnv pingpong("ATTNKIT_FA3_PINGPONG", "0");
+    ScopedEnv sched("ATTNKIT_FA3_SCHED", "0");
+    ScopedEnv wide("ATTNKIT_FA3_EPI_WIDE", "0");
+    run_and_compare(mla_prefill("mla_serial", {437, 5}, 8), true);
+  }
+}
+
+TEST(Fa3MlaPrefillTest, OtherLayersStayOnTheFlashinferPath) {
+  // A soft-cap, and the chunked prefix cache: the portable kernels (the counters say so).
+  CaseSpec cap = mla_prefill("mla_softcap", {200}, 4);
+  cap.logit_cap = 20.f;
+  run_and_compare(cap, true);
+  CaseSpec prefix = mla_prefill("mla_prefix_chunks", {64, 31}, 4);
+  prefix.prefix_lens = {300, 0};
+  prefix.mla_prefix_chunk = 128;
+  run_and_compare(prefix, true);
 }
 
 // c with a sliding window (-1: none), a soft-cap (0: none) and sinks.
@@ -587,6 +695,12 @@ TEST(Fa3VariantTest, Fp8PoolVariantsFewQueries) {
     run_on_fp8_plan(
         f(with_variant(prefill("fp8_few_window100", {1800}, {64}, 16, 4, 2, 128), 100, 0.f, false)),
         true, 1.f, 128);
+    // Bidirectional (encoder-only) over a long prefix: the window trims key blocks on both sides
+    // of each tile (decode_tile's non-causal n_blocks), with sinks.
+    CaseSpec enc = f(with_variant(prefill("fp8_few_encoder_window", {3000}, {200}, 16, 8, 2, 128),
+                                  500, 0.f, true));
+    enc.type = AttentionType::kEncoderOnly;
+    run_on_fp8_plan(enc, true, 1.f, 128);
   }
   run_on_fp8_plan(
       fp8_q(with_variant(prefill("fp8_few_cap_x4", {2500}, {150}, 16, 8, 2, 128), 700, 10.f, true)),

@@ -346,6 +346,52 @@ TEST(BenchCaseFile, MlaDerivesHeadDims) {
   EXPECT_EQ(f->cases[0].v_head_dim, 512);
 }
 
+// An extend point with "mla": the non-absorbed prefill layer (kv heads = q heads, its latent
+// pool 512 + 64 by default), named "_mla", counted as K / V of 192 + 128 per head and token, and
+// passed to the harness as an MLA case of those dims.
+TEST(BenchCaseFile, MlaPrefillExtendParsedNamedAndCounted) {
+  Result<CaseFile> f = parse_case_file_text(R"({"kind": "extend",
+    "fixed": {"mla": true, "head_dim": 192, "v_head_dim": 128, "page_size": 64},
+    "cases": [{"batch": 2, "new_tokens": 4, "q_heads": 16}]})",
+                                            "m.json");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  ASSERT_EQ(f->cases.size(), 1u);
+  const BenchCase& c = f->cases[0];
+  EXPECT_TRUE(c.mla_prefill);
+  EXPECT_EQ(c.kv_heads, 16);
+  EXPECT_EQ(c.kv_lora_rank, 512);
+  EXPECT_EQ(c.qk_rope_head_dim, 64);
+  EXPECT_NE(c.name.find("_d192v128_mla"), std::string::npos) << c.name;
+  // Causal over 4 new tokens: 10 pairs per request; FLOPs 2 x (192 + 128) x 16 heads x 20.
+  EXPECT_DOUBLE_EQ(attention_flops(c), 2.0 * 320 * 16 * 20);
+  // K / V: 8 tokens x 16 heads x (192 + 128) x 2 bytes; q 8 x 16 x 192 x 2, out 8 x 16 x 128 x 2.
+  EXPECT_DOUBLE_EQ(attention_bytes(c),
+                   8.0 * 16 * 320 * 2 + 8.0 * 16 * 192 * 2 + 8.0 * 16 * 128 * 2);
+  const harness::CaseSpec spec = to_case_spec(c);
+  EXPECT_TRUE(spec.mla);
+  EXPECT_FALSE(spec.mla_absorbed());
+  EXPECT_EQ(spec.num_kv_heads, 16);
+  EXPECT_EQ(spec.head_dim, 192);
+  EXPECT_EQ(spec.v_head_dim, 128);
+  EXPECT_TRUE(harness::validate_case(spec).is_ok()) << harness::validate_case(spec).to_string();
+  for (const char* bad_case :
+       {R"({"kv_heads": 1})", R"({"prefix_len": 8})", R"({"kv_dtype": "fp8_e4m3"})"}) {
+    Result<CaseFile> bad = parse_case_file_text(
+        std::string(R"({"kind": "extend", "fixed": {"mla": true, "head_dim": 192,
+          "v_head_dim": 128, "q_heads": 16, "new_tokens": 4}, "cases": [)") +
+            bad_case + "]}",
+        "b.json");
+    ASSERT_FALSE(bad.is_ok()) << bad_case;
+    EXPECT_NE(bad.status().message().find("mla"), std::string::npos) << bad.status().message();
+  }
+  Result<CaseFile> rank_alone = parse_case_file_text(R"({"kind": "extend",
+    "cases": [{"q_heads": 2, "kv_heads": 1, "head_dim": 8, "new_tokens": 4, "kv_lora_rank": 8}]})",
+                                                     "r.json");
+  ASSERT_FALSE(rank_alone.is_ok());
+  EXPECT_NE(rank_alone.status().message().find("\"mla\""), std::string::npos)
+      << rank_alone.status().message();
+}
+
 TEST(BenchCaseFile, UnevenBatchFromKvLens) {
   Result<CaseFile> f = parse_case_file_text(R"({"kind": "decode",
     "fixed": {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 16},
@@ -489,8 +535,9 @@ TEST(BenchCaseFile, MissingFileIsNotFound) {
 
 TEST(BenchCaseFile, ShippedCaseFilesParse) {
   const std::string dir = std::string(ATTNKIT_SOURCE_DIR) + "/bench/cases/";
-  for (const char* name : {"decode.json", "extend.json", "mla_decode.json", "cpu_decode.json",
-                           "cpu_prefill.json", "cascade.json", "verify.json"}) {
+  for (const char* name :
+       {"decode.json", "extend.json", "mla_decode.json", "cpu_decode.json", "cpu_prefill.json",
+        "cascade.json", "verify.json", "fa3_prefill.json", "mla_prefill.json"}) {
     Result<CaseFile> f = load_case_file(dir + name);
     ASSERT_TRUE(f.is_ok()) << f.status().to_string();
     EXPECT_FALSE(f->cases.empty()) << name;

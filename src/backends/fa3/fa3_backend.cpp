@@ -6,6 +6,9 @@
 // Host protocol: init_forward_metadata plans the flashinfer path and, for wgmma-eligible
 // forwards, the engine's query tiles; forward_extend writes the layer's K/V (save_kv) and runs
 // the engine or delegates. CUDA graphs (decode, verify) are the flashinfer backend's.
+// MLA contexts: a second engine (PrefillSm90Engine::create_mla_prefill) runs the non-absorbed
+// 192 / 128 prefill layers without a chunked prefix cache; absorbed layers, decode and the
+// prefix-cache layers are the flashinfer backend's (its MLA paths).
 #include "backends/fa3/fa3_backend.h"
 
 #ifdef ATTNKIT_WITH_CUDA
@@ -28,8 +31,12 @@ namespace {
 class Fa3Backend final : public AttentionBackend {
  public:
   Fa3Backend(const BackendContext& ctx, std::unique_ptr<AttentionBackend> inner,
-             std::unique_ptr<fa3::PrefillSm90Engine> wgmma)
-      : ctx_(ctx), inner_(std::move(inner)), wgmma_(std::move(wgmma)) {}
+             std::unique_ptr<fa3::PrefillSm90Engine> wgmma,
+             std::unique_ptr<fa3::PrefillSm90Engine> mla_prefill)
+      : ctx_(ctx),
+        inner_(std::move(inner)),
+        wgmma_(std::move(wgmma)),
+        mla_prefill_(std::move(mla_prefill)) {}
 
   std::optional<Device> device() const override { return ctx_.device; }
   const BackendDescriptor& descriptor() const override { return *builtin_registry().find("fa3"); }
@@ -40,10 +47,14 @@ class Fa3Backend final : public AttentionBackend {
     // The previous forward's wgmma plan goes first: a failed init below left it live, and a
     // forward of the same shape then ran on it past the inner backend's stale-plan guard.
     if (wgmma_ != nullptr) wgmma_->drop_plan();
+    if (mla_prefill_ != nullptr) mla_prefill_->drop_plan();
     stamp_ = PlanStamp{};
     ATTNKIT_RETURN_IF_ERROR(inner_->init_forward_metadata(batch));
-    if (wgmma_ == nullptr) return Status::ok();
-    ATTNKIT_RETURN_IF_ERROR(wgmma_->plan(batch, stream_for(batch)));
+    if (wgmma_ == nullptr && mla_prefill_ == nullptr) return Status::ok();
+    if (wgmma_ != nullptr) ATTNKIT_RETURN_IF_ERROR(wgmma_->plan(batch, stream_for(batch)));
+    if (mla_prefill_ != nullptr) {
+      ATTNKIT_RETURN_IF_ERROR(mla_prefill_->plan(batch, stream_for(batch)));
+    }
     stamp_ = PlanStamp{true, batch.mode, batch.batch_size, batch.num_tokens,
                        plan_key(batch, stream_for(batch))};
     return Status::ok();
@@ -68,6 +79,7 @@ class Fa3Backend final : public AttentionBackend {
                                                   const TensorView& encoder_lens, ForwardMode mode,
                                                   const SpecInfo* spec) override {
     if (wgmma_ != nullptr) wgmma_->drop_plan();  // captured graphs run the flashinfer kernels
+    if (mla_prefill_ != nullptr) mla_prefill_->drop_plan();
     stamp_ = PlanStamp{};
     return inner_->init_forward_metadata_capture_cuda_graph(bs, num_tokens, req_pool_indices,
                                                             seq_lens, encoder_lens, mode, spec);
@@ -91,6 +103,11 @@ class Fa3Backend final : public AttentionBackend {
   BackendContext ctx_;
   std::unique_ptr<AttentionBackend> inner_;        // flashinfer, its own SM90 routing off
   std::unique_ptr<fa3::PrefillSm90Engine> wgmma_;  // nullptr: no forward of this context uses it
+  // MLA contexts on SM90: the non-absorbed prefill layers' kernel (else nullptr).
+  std::unique_ptr<fa3::PrefillSm90Engine> mla_prefill_;
+  Status run_mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const AttentionLayer& layer,
+                         const ForwardBatch& batch, bool save_kv, const TensorView& lse);
   // The batch the engine's tiles were planned for (the flashinfer path checks its own plan).
   PlanStamp stamp_;
   Fa3Stats stats_;
@@ -102,6 +119,14 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
   ATTNKIT_RETURN_IF_ERROR(check_entry_point("fa3", /*decode_entry=*/false, batch));
   const DeviceScope scope(ctx_.device);
   ATTNKIT_RETURN_IF_ERROR(scope.status());
+  if (layer.is_mla) {
+    if (mla_prefill_ != nullptr &&
+        mla_prefill_->why_not_mla_layer(q, k, v, out, layer, batch).empty()) {
+      return run_mla_prefill(q, k, v, out, layer, batch, save_kv, lse);
+    }
+    ++stats_.flashinfer_calls;
+    return inner_->forward_extend(q, k, v, out, layer, batch, save_kv, lse);
+  }
   const std::string why_not = wgmma_ == nullptr
                                   ? std::string(
                                         "this context has no SM90 wgmma prefill (it needs an SM90 "
@@ -150,6 +175,27 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
   return wgmma_->run(q, out, lse, layer, batch, stream);
 }
 
+Status Fa3Backend::run_mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const AttentionLayer& layer,
+                                   const ForwardBatch& batch, bool save_kv, const TensorView& lse) {
+  // The checks every path makes; a non-absorbed layer writes nothing to the pool (save_kv is
+  // ignored, as on the portable kernels: the absorbed layers store the latent rows).
+  ATTNKIT_RETURN_IF_ERROR(
+      validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
+  ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan("fa3", stamp_, batch, stream_for(batch)));
+  ++stats_.wgmma_calls;
+  ++stats_.wgmma_mla_calls;
+  stats_.last_block_n = mla_prefill_->block_n();
+  stats_.last_block_m = mla_prefill_->planned_block_m();
+  stats_.last_fp8_vt_pre = stats_.last_fp8_spec = stats_.last_fp8_gemm_sum = false;
+  stats_.last_fp8_promote = 0;
+  const fa3::TailSplit split = mla_prefill_->planned_tail_split(true);
+  stats_.last_split_units = split.split_units;
+  stats_.last_num_splits = split.num_splits;
+  stats_.last_section_heads = mla_prefill_->planned_section_heads();
+  return mla_prefill_->run_mla(q, k, v, out, lse, layer, batch, stream_for(batch));
+}
+
 }  // namespace
 
 const Fa3Stats* fa3_stats(const AttentionBackend& backend) {
@@ -175,8 +221,12 @@ Result<std::unique_ptr<AttentionBackend>> create_fa3_backend(const BackendContex
   std::unique_ptr<fa3::PrefillSm90Engine> wgmma =
       fa3::PrefillSm90Engine::create(ctx, attrs.sm_count, attrs.compute_capability, nullptr,
                                      /*allow_fp8_kv=*/true);
+  std::unique_ptr<fa3::PrefillSm90Engine> mla_prefill =
+      ctx.is_mla ? fa3::PrefillSm90Engine::create_mla_prefill(ctx, attrs.sm_count,
+                                                              attrs.compute_capability, nullptr)
+                 : nullptr;
   return std::unique_ptr<AttentionBackend>(
-      new Fa3Backend(ctx, std::move(inner).value(), std::move(wgmma)));
+      new Fa3Backend(ctx, std::move(inner).value(), std::move(wgmma), std::move(mla_prefill)));
 }
 
 }  // namespace attnkit

@@ -36,6 +36,7 @@ Result<std::unique_ptr<AttentionBackend>> create_fa3_backend(const BackendContex
 struct Fa3Stats {
   int64_t wgmma_calls = 0;       // the SM90 wgmma prefill kernels (bf16 / f16 and FP8)
   int64_t wgmma_fp8_calls = 0;   // of which the FP8 kernel (fp8_e4m3 pool, bf16 q, d 128)
+  int64_t wgmma_mla_calls = 0;   // of which the MLA prefill kernel (non-absorbed 192 / 128 layers)
   int64_t flashinfer_calls = 0;  // delegated to the owned flashinfer backend
   int last_block_n = 0;          // key block of the last wgmma call (fa3::default_block_n)
   int last_block_m = 0;          // query rows per tile of the last wgmma call (128; 192: three

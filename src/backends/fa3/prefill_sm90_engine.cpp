@@ -44,6 +44,9 @@ bool vec_aligned_fp8(const TensorView& t) {
          t.stride(1) % kBytes == 0;
 }
 constexpr int kFp8HeadDim = 128;
+// MLA prefill: the fewest tiles of each head a round of the tile-major unit order must hold
+// (else sections of one head; plan()).
+constexpr int kMlaTilesPerHeadRound = 2;
 
 // Unset: on; "0": off; "1": on (core/env_knob.h reports other values).
 bool env_on(const char* name) { return env_flag(name, true); }
@@ -112,6 +115,42 @@ struct Timeline {
 
 }  // namespace
 
+void PrefillSm90Engine::read_kernel_knobs(int d) {
+  dqk_ = dv_ = d;
+  pingpong_ = env_flag("ATTNKIT_FA3_PINGPONG", default_pingpong(d));
+  tma_ = env_on("ATTNKIT_FA3_TMA");
+  fence_tma_ = env_on("ATTNKIT_FA3_FENCE_TMA");
+  overlap_ = env_flag("ATTNKIT_FA3_OVERLAP", default_overlap(d));
+  zigzag_ = env_on("ATTNKIT_FA3_SCHED");
+  lazy_rescale_ = env_on("ATTNKIT_FA3_LAZY_RESCALE");  // on unless "0"
+  epi_wide_ = env_on("ATTNKIT_FA3_EPI_WIDE");
+  uniform_wg_ = env_on("ATTNKIT_FA3_UNIFORM_WG");
+  q_tma_ = env_on("ATTNKIT_FA3_Q_TMA");
+  o_tma_ = env_on("ATTNKIT_FA3_O_TMA");
+  unit_smem_ = env_on("ATTNKIT_FA3_UNIT_SMEM");
+  fp8_half_diag_ = env_on("ATTNKIT_FA3_FP8_HALF_DIAG");
+  tile_anchor_ = tile_anchor_from_env();
+  diag_ = env_int_if(
+      "ATTNKIT_FA3_DIAG", 0,
+      [](int bits) { return bits >= 0 && (bits & ~(1 | 2 | 4 | 8 | 16 | 32)) == 0; },
+      "a sum of the Fa3Params::diag bits 1, 2, 4, 8, 16, 32");
+  // 0: never split the tail; n >= 2: split it into up to n pieces whenever possible (tests).
+  split_forced_ = env_int_if(
+      "ATTNKIT_FA3_SPLIT", -1, [](int n) { return n == 0 || (n >= 2 && n <= 1024); },
+      "0 (no tail split) or a piece count 2..1024");
+  // L2 sections: off by default (one section; H200 2026-11-24 04:38Z: the 32 MiB rule cost causal
+  // 16k d 128 / d 256 3-7% and gained 0.5-1.2% at 32k; docs/perf/fa3_notes.md session 17);
+  // "auto": choose_section_heads' rule; n: n kv heads per section.
+  const char* section = std::getenv("ATTNKIT_FA3_L2_SECTION");
+  section_set_ = section != nullptr;
+  section_forced_ =
+      section != nullptr && std::string_view(section) == "auto"
+          ? -1
+          : env_int_if(
+                "ATTNKIT_FA3_L2_SECTION", 0, [](int n) { return n >= 0 && n <= 1024; },
+                "0 (one section, the default), auto, or kv heads per L2 section");
+}
+
 std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContext& ctx,
                                                              int sm_count, int cc,
                                                              std::string* why_not,
@@ -141,18 +180,8 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
     return nullptr;
   }
   std::unique_ptr<PrefillSm90Engine> e(new PrefillSm90Engine(ctx, sm_count));
-  e->pingpong_ = env_flag("ATTNKIT_FA3_PINGPONG", default_pingpong(ctx.qk_head_dim));
-  e->tma_ = env_on("ATTNKIT_FA3_TMA");
-  e->fence_tma_ = env_on("ATTNKIT_FA3_FENCE_TMA");
-  e->overlap_ = env_flag("ATTNKIT_FA3_OVERLAP", default_overlap(ctx.qk_head_dim));
-  e->zigzag_ = env_on("ATTNKIT_FA3_SCHED");
-  e->lazy_rescale_ = env_on("ATTNKIT_FA3_LAZY_RESCALE");  // on unless "0"
-  e->epi_wide_ = env_on("ATTNKIT_FA3_EPI_WIDE");
-  e->uniform_wg_ = env_on("ATTNKIT_FA3_UNIFORM_WG");
-  e->q_tma_ = env_on("ATTNKIT_FA3_Q_TMA");
-  e->o_tma_ = env_on("ATTNKIT_FA3_O_TMA");
-  e->unit_smem_ = env_on("ATTNKIT_FA3_UNIT_SMEM");
-  e->fp8_half_diag_ = env_on("ATTNKIT_FA3_FP8_HALF_DIAG");
+  e->read_kernel_knobs(ctx.qk_head_dim);
+  e->kv_heads_ = ctx.num_kv_heads;
   const int d = ctx.qk_head_dim;
   std::string block_ns;  // the key blocks instantiated for d
   for (int n : {64, 80, 128, 192}) {
@@ -175,29 +204,38 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   if (ctx.qk_head_dim == 128 && e->block_n_ == 128 && e->uniform_wg_) {
     e->block_m_ = wg3 == "1" ? 192 : wg3 == "0" ? 128 : 0;  // 0: choose_block_m_d128
   }
-  e->tile_anchor_ = tile_anchor_from_env();
-  e->diag_ = env_int_if(
-      "ATTNKIT_FA3_DIAG", 0,
-      [](int bits) { return bits >= 0 && (bits & ~(1 | 2 | 4 | 8 | 16 | 32)) == 0; },
-      "a sum of the Fa3Params::diag bits 1, 2, 4, 8, 16, 32");
-  // 0: never split the tail; n >= 2: split it into up to n pieces whenever possible (tests).
-  e->split_forced_ = env_int_if(
-      "ATTNKIT_FA3_SPLIT", -1, [](int n) { return n == 0 || (n >= 2 && n <= 1024); },
-      "0 (no tail split) or a piece count 2..1024");
-  // L2 sections: off by default (one section; H200 2026-11-24 04:38Z: the 32 MiB rule cost causal
-  // 16k d 128 / d 256 3-7% and gained 0.5-1.2% at 32k; docs/perf/fa3_notes.md session 17);
-  // "auto": choose_section_heads' rule; n: n kv heads per section.
-  const char* section = std::getenv("ATTNKIT_FA3_L2_SECTION");
-  e->section_forced_ =
-      section != nullptr && std::string_view(section) == "auto"
-          ? -1
-          : env_int_if(
-                "ATTNKIT_FA3_L2_SECTION", 0, [](int n) { return n >= 0 && n <= 1024; },
-                "0 (one section, the default), auto, or kv heads per L2 section");
   e->fp8_kv_ = allow_fp8_kv && env_on("ATTNKIT_FA3_FP8") && ctx.q_dtype == DType::kBF16 &&
                ctx.qk_head_dim == kFp8HeadDim && ctx.v_head_dim == kFp8HeadDim &&
                wgmma_head_dim_compiled(kFp8HeadDim) && prefill_sm90_fp8_available();
   if (e->fp8_kv_) e->fp8_knobs_ = fp8_knobs_from_env();
+  return e;
+}
+
+std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create_mla_prefill(const BackendContext& ctx,
+                                                                         int sm_count, int cc,
+                                                                         std::string* why_not) {
+  std::string off;
+  if (cc != kWgmmaComputeCapability) {
+    off = "compute capability " + str(cc) + " (wgmma needs 90)";
+  } else if (!ctx.is_mla) {
+    off = "not an MLA context";
+  } else if (ctx.q_dtype != DType::kBF16 && ctx.q_dtype != DType::kF16) {
+    off = std::string("q dtype ") + dtype_name(ctx.q_dtype);
+  } else if (!prefill_sm90_mla_available()) {
+    off = "no sm_90a code for the MLA prefill kernel in this binary";
+  }
+  if (!off.empty()) {
+    if (why_not != nullptr) *why_not = off;
+    return nullptr;
+  }
+  std::unique_ptr<PrefillSm90Engine> e(new PrefillSm90Engine(ctx, sm_count));
+  e->read_kernel_knobs(kMlaPrefillDimQK);
+  e->mla_ = true;
+  e->dv_ = kMlaPrefillDimV;
+  e->kv_heads_ = ctx.num_q_heads;  // the non-absorbed layer: one K / V head per q head
+  e->block_n_ = kMlaPrefillBlockN;
+  e->block_m_ = kBlockM;
+  e->split_empty_ = env_on("ATTNKIT_FA3_SPLIT_EMPTY");
   return e;
 }
 
@@ -207,6 +245,9 @@ std::string PrefillSm90Engine::why_not(const ForwardBatch& batch) const {
            " (wgmma prefill: extend / mixed / draft_extend)";
   }
   if (!batch.encoder_lens_host.empty()) return "encoder / cross-attention batch";
+  if (mla_) {  // the pool is not read: any dtype
+    return batch.kv_pool == nullptr || !batch.kv_pool->is_mla() ? "no MLA pool" : "";
+  }
   if (batch.kv_pool == nullptr || batch.kv_pool->is_mla()) return "no MHA pool";
   if (batch.kv_pool->dtype() != ctx_.q_dtype &&
       !(fp8_kv_ && batch.kv_pool->dtype() == DType::kFP8E4M3)) {
@@ -220,8 +261,11 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   planned_ = false;
   if (!why_not(batch).empty()) return Status::ok();
   const int bs = batch.batch_size;
-  const std::vector<TileRequest> reqs = tile_requests(batch);
-  const bool fp8 = batch.kv_pool->dtype() == DType::kFP8E4M3;
+  std::vector<TileRequest> reqs = tile_requests(batch);
+  if (mla_) {
+    for (TileRequest& r : reqs) r.kv_len = r.q_len;  // the new tokens attend each other only
+  }
+  const bool fp8 = !mla_ && batch.kv_pool->dtype() == DType::kFP8E4M3;
   // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
   // producer for prefill-like forwards (a few queries over a long prefix keep the in-kernel
   // transpose), speculative softmax, 192-key blocks for long requests: choose_fp8_variant.
@@ -262,14 +306,22 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   for (const TileRequest& r : reqs) {
     if (r.q_len > 0) max_kv_len = std::max<int64_t>(max_kv_len, r.kv_len);
   }
-  section_heads_ = choose_section_heads(ctx_.num_q_heads, ctx_.num_kv_heads, max_kv_len,
-                                        ctx_.qk_head_dim, fp8 ? 1 : 2, section_forced_);
+  section_heads_ = choose_section_heads(ctx_.num_q_heads, kv_heads_, max_kv_len, dqk_, fp8 ? 1 : 2,
+                                        section_forced_);
+  if (mla_ && !section_set_ && sm_count_ < kMlaTilesPerHeadRound * ctx_.num_q_heads) {
+    // MLA prefill (one K / V head per q head): with so many heads that a round of the tile-major
+    // order holds fewer than two tiles of each head, every CTA streams its own head's K / V and L2
+    // reuses nothing; take the units head by head (sections of one head) instead. H200
+    // 2026-11-30 01:34Z, 128 heads x 4k: 1.09-1.15 ms against 1.51 (sections of 2 / 4 / 8 / 16
+    // heads: 1.18-1.22 / 1.18-1.19 / 1.74 / 1.41-1.49); 16 heads x 16k keeps one section (2.21-2.33
+    // ms; one-head sections 2.91). docs/perf/fa3_notes.md "Session 67".
+    section_heads_ = 1;
+  }
   for (const bool causal : {true, false}) {
     TailSplit& ts = causal ? split_causal_ : split_bidir_;
     ts = choose_tail_split(words_, bs, ctx_.num_q_heads, rows, keys, causal, sm_count_, zigzag_,
                            split_forced_, section_heads_);
-    const int64_t floats =
-        static_cast<int64_t>(ts.split_units) * ts.num_splits * rows * (ctx_.qk_head_dim + 1);
+    const int64_t floats = static_cast<int64_t>(ts.split_units) * ts.num_splits * rows * (dv_ + 1);
     if (floats > 0) ATTNKIT_RETURN_IF_ERROR(split_ws_.reserve(ctx_.device, floats));
   }
   planned_ = true;
@@ -280,6 +332,7 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
                                              const AttentionLayer& layer,
                                              const ForwardBatch& batch) const {
   if (!planned_) return "forward not planned for wgmma";
+  if (mla_) return "the MLA prefill engine runs non-absorbed MLA layers only (run_mla)";
   if (layer.is_mla || layer.is_cross_attention) return "MLA / cross-attention layer";
   if (planned_fp8_) {  // the FP8 kernel's variants take window / sinks / soft-cap on one plan
     if ((layer.sliding_window >= 0 || layer.sinks.defined() || layer.logit_cap != 0.f) &&
@@ -318,37 +371,16 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
   return "";
 }
 
-Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const TensorView& lse,
-                              const AttentionLayer& layer, const ForwardBatch& batch,
-                              StreamHandle stream) {
-  if (const std::string why = why_not_layer(q, out, layer, batch); !why.empty()) {
-    return Status::invalid_argument("wgmma prefill: layer " + str(layer.layer_id) +
-                                    " cannot run on it: " + why);
-  }
-  const auto& pool = static_cast<const MHAKVPool&>(*batch.kv_pool);
-  const TensorView kbuf = pool.k_buffer(layer.layer_id);
-  const TensorView vbuf = pool.v_buffer(layer.layer_id);
-
+Fa3Params PrefillSm90Engine::base_params(const TensorView& q, const TensorView& out,
+                                         const TensorView& lse, const AttentionLayer& layer,
+                                         const ForwardBatch& batch) {
   Fa3Params p;
   detail::set_io_params(p, q, out, lse);
-  detail::set_kv_pool_params(p, kbuf, vbuf);
-  detail::set_page_table_params(p, batch);
-  p.page_size = pool.page_size();
   p.plan = plan_words_.data();
   p.bs = batch.batch_size;
   p.num_tiles = num_tiles_;
   p.num_q_heads = layer.num_q_heads;
-  p.group = layer.num_q_heads / layer.num_kv_heads;
   p.scale_log2 = layer.scaling * kLog2e;
-  if (planned_fp8_) {
-    p.scale_log2 *= layer.k_scale;
-    p.v_scale = layer.v_scale;
-    if (q.dtype == DType::kFP8E4M3) {
-      p.q_fp8 = 1;
-      p.scale_log2 *= layer.q_scale;
-    }
-  }
-  const int block_n = planned_fp8_ ? planned_fp8_block_n() : block_n_;
   p.block_m = planned_block_m_;
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
   p.pingpong = pingpong_ ? 1 : 0;
@@ -357,26 +389,13 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   p.sched = zigzag_ ? 1 : 0;
   p.lazy_rescale = lazy_rescale_ ? 1 : 0;
   p.uniform_wg = uniform_wg_ ? 1 : 0;
-  p.fp8_gemm_sum = fp8_variant_.gemm_sum ? 1 : 0;
   p.epi_wide = epi_wide_ && reinterpret_cast<std::uintptr_t>(p.out) % 16 == 0 &&
                        p.o_stride_token % 8 == 0 && p.o_stride_head % 8 == 0
                    ? 1
                    : 0;
-  p.tma_rows = tma_ ? tma_rows_for(p.page_size, block_n) : 0;
-  const DType kv_dtype = pool.dtype();
-  if (p.tma_rows > 0 && (kbuf.stride(2) != 1 || vbuf.stride(2) != 1 ||
-                         !encode_pool_map(kbuf, kv_dtype, p.tma_rows, &p.tma_k) ||
-                         !encode_pool_map(vbuf, kv_dtype, p.tma_rows, &p.tma_v))) {
-    p.tma_rows = 0;  // the cp.async gather serves every block
-  }
   p.overlap = overlap_ ? 1 : 0;
   // Q by TMA (both kernels): the map covers every token of q; box rows = the tile's rows.
   p.q_tma = q_tma_ && q.stride(2) == 1 && encode_pool_map(q, q.dtype, p.block_m, &p.tma_q) ? 1 : 0;
-  // O by TMA stores: the FP8 kernel on three consumer warpgroups (192-row tiles) only.
-  p.o_tma = o_tma_ && planned_fp8_ && p.block_m == 192 && out.dtype == DType::kBF16 &&
-                    out.stride(2) == 1 && encode_pool_map(out, out.dtype, 64, &p.tma_o)
-                ? 1
-                : 0;
   p.unit_smem = unit_smem_ ? 1 : 0;
   p.section_heads = section_heads_;
   // Window / soft-cap / sinks (the kernels' variant instantiations; FP8: on the plans
@@ -388,13 +407,53 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   if (layer.sinks.defined()) p.sinks = layer.sinks.data_as<const float>();
   const TailSplit ts = uses_variant_features(p) ? TailSplit{} : planned_tail_split(p.causal != 0);
   if (ts.split_units > 0) {
-    const int64_t o_floats =
-        static_cast<int64_t>(ts.split_units) * ts.num_splits * p.block_m * ctx_.qk_head_dim;
+    const int64_t o_floats = static_cast<int64_t>(ts.split_units) * ts.num_splits * p.block_m * dv_;
     p.split_units = ts.split_units;
     p.num_splits = ts.num_splits;
     p.split_o = split_ws_.data();
-    p.split_lse = split_ws_.data() + o_floats;
+    p.split_lse = p.split_o + o_floats;
   }
+  return p;
+}
+
+Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const TensorView& lse,
+                              const AttentionLayer& layer, const ForwardBatch& batch,
+                              StreamHandle stream) {
+  if (const std::string why = why_not_layer(q, out, layer, batch); !why.empty()) {
+    return Status::invalid_argument("wgmma prefill: layer " + str(layer.layer_id) +
+                                    " cannot run on it: " + why);
+  }
+  const auto& pool = static_cast<const MHAKVPool&>(*batch.kv_pool);
+  const TensorView kbuf = pool.k_buffer(layer.layer_id);
+  const TensorView vbuf = pool.v_buffer(layer.layer_id);
+
+  const int block_n = planned_fp8_ ? planned_fp8_block_n() : block_n_;
+  Fa3Params p = base_params(q, out, lse, layer, batch);
+  detail::set_kv_pool_params(p, kbuf, vbuf);
+  detail::set_page_table_params(p, batch);
+  p.page_size = pool.page_size();
+  p.group = layer.num_q_heads / layer.num_kv_heads;
+  if (planned_fp8_) {
+    p.scale_log2 *= layer.k_scale;
+    p.v_scale = layer.v_scale;
+    if (q.dtype == DType::kFP8E4M3) {
+      p.q_fp8 = 1;
+      p.scale_log2 *= layer.q_scale;
+    }
+  }
+  p.fp8_gemm_sum = fp8_variant_.gemm_sum ? 1 : 0;
+  p.tma_rows = tma_ ? tma_rows_for(p.page_size, block_n) : 0;
+  const DType kv_dtype = pool.dtype();
+  if (p.tma_rows > 0 && (kbuf.stride(2) != 1 || vbuf.stride(2) != 1 ||
+                         !encode_pool_map(kbuf, kv_dtype, p.tma_rows, &p.tma_k) ||
+                         !encode_pool_map(vbuf, kv_dtype, p.tma_rows, &p.tma_v))) {
+    p.tma_rows = 0;  // the cp.async gather serves every block
+  }
+  // O by TMA stores: the FP8 kernel on three consumer warpgroups (192-row tiles) only.
+  p.o_tma = o_tma_ && planned_fp8_ && p.block_m == 192 && out.dtype == DType::kBF16 &&
+                    out.stride(2) == 1 && encode_pool_map(out, out.dtype, 64, &p.tma_o)
+                ? 1
+                : 0;
   // Timeline builds: the bf16 / f16 kernel's unit-boundary stamps, or the FP8 three-warpgroup
   // loop's per-block ones (kFp8Tl*, fa3_params.h).
   Timeline timeline;
@@ -425,6 +484,64 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   }
   if (!launched) return launched;
   return timeline.end(p, sm_count_, stream);
+}
+
+std::string PrefillSm90Engine::why_not_mla_layer(const TensorView& q, const TensorView& k,
+                                                 const TensorView& v, const TensorView& out,
+                                                 const AttentionLayer& layer,
+                                                 const ForwardBatch& batch) const {
+  if (!mla_) return "not the MLA prefill engine";
+  if (!planned_) return "forward not planned for wgmma";
+  if (!layer.is_mla || layer.is_cross_attention) return "not an MLA layer";
+  if (layer.qk_head_dim != dqk_ || layer.v_head_dim != dv_) {
+    return "head dims " + str(layer.qk_head_dim) + "/" + str(layer.v_head_dim) +
+           " (the wgmma MLA prefill runs " + str(dqk_) + "/" + str(dv_) + ")";
+  }
+  if (layer.mla_prefix != nullptr) return "chunked prefix cache layer (layer.mla_prefix)";
+  if (layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != layer.num_q_heads) {
+    return "heads " + str(layer.num_q_heads) + "/" + str(layer.num_kv_heads) +
+           " (needs the context's q heads " + str(ctx_.num_q_heads) + ", one kv head per q head)";
+  }
+  if (layer.sliding_window >= 0 || layer.logit_cap != 0.f || layer.sinks.defined()) {
+    return "sliding window / soft-cap / sinks";
+  }
+  if (q.dtype != ctx_.q_dtype || out.dtype != ctx_.q_dtype || k.dtype != ctx_.q_dtype ||
+      v.dtype != ctx_.q_dtype) {
+    return "q / k / v / out dtype";
+  }
+  if (batch.batch_size != plan_bs_) return "batch size differs from the plan";
+  if (batch.num_tokens != plan_tokens_) return "num_tokens differs from the plan";
+  const auto shaped = [&](const TensorView& t, int d) {
+    return t.defined() && t.ndim == 3 && t.size(0) == batch.num_tokens &&
+           t.size(1) == layer.num_q_heads && t.size(2) == d && t.stride(2) == 1 && vec_aligned(t);
+  };
+  if (!shaped(k, dqk_) || !shaped(v, dv_)) {
+    return "k / v not [num_tokens, heads, " + str(dqk_) + " / " + str(dv_) +
+           "] with unit innermost stride and 16-byte rows";
+  }
+  if (!vec_aligned(q) || !vec_aligned(out)) return "q / out rows not 16-byte aligned";
+  return "";
+}
+
+Status PrefillSm90Engine::run_mla(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const TensorView& out, const TensorView& lse,
+                                  const AttentionLayer& layer, const ForwardBatch& batch,
+                                  StreamHandle stream) {
+  if (const std::string why = why_not_mla_layer(q, k, v, out, layer, batch); !why.empty()) {
+    return Status::invalid_argument("wgmma MLA prefill: layer " + str(layer.layer_id) +
+                                    " cannot run on it: " + why);
+  }
+  Fa3Params p = base_params(q, out, lse, layer, batch);
+  // K / V: the layer's inputs, row q_start + key of each request (PrefillTraits::kContigKV); one
+  // 128-row TMA box per full key block and 64 columns.
+  detail::set_kv_pool_params(p, k, v);
+  p.group = 1;
+  p.split_empty = split_empty_ ? 1 : 0;
+  p.tma_rows = tma_ && encode_pool_map(k, k.dtype, kMlaPrefillBlockN, &p.tma_k) &&
+                       encode_pool_map(v, v.dtype, kMlaPrefillBlockN, &p.tma_v)
+                   ? kMlaPrefillBlockN
+                   : 0;
+  return run_prefill_sm90_mla(p, q.dtype, sm_count_, stream);
 }
 
 }  // namespace attnkit::fa3

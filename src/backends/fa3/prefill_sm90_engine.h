@@ -32,6 +32,7 @@
 
 #include "attnkit/backend.h"
 #include "backend/device_array.h"
+#include "backends/fa3/kernels/fa3_params.h"
 #include "backends/fa3/kernels/tile_plan.h"
 
 namespace attnkit::fa3 {
@@ -45,6 +46,16 @@ class PrefillSm90Engine {
   // backend; ATTNKIT_FA3_FP8=0 turns it off); false: such forwards are declined.
   static std::unique_ptr<PrefillSm90Engine> create(const BackendContext& ctx, int sm_count, int cc,
                                                    std::string* why_not, bool allow_fp8_kv = false);
+  // The engine of an MLA context's non-absorbed prefill layers (qk 192 = nope 128 + rope 64, v 128,
+  // kv heads = q heads, bf16 / f16; the kernel of fa3_kernels.h's run_prefill_sm90_mla): the new
+  // tokens attend each other, causal, K / V read from the layer's k / v inputs (the pool is
+  // neither read nor written), as the portable kernels run such a layer without
+  // AttentionLayer::mla_prefix. Forwards: extend / mixed / draft-extend over an MLA pool of any
+  // dtype, no encoder tokens. Layers: run_mla (why_not_mla_layer); the other entry points decline
+  // every layer. nullptr with *why_not when the context can never use it.
+  static std::unique_ptr<PrefillSm90Engine> create_mla_prefill(const BackendContext& ctx,
+                                                               int sm_count, int cc,
+                                                               std::string* why_not);
 
   // "" when the forward qualifies (mode, pool, encoder tokens).
   std::string why_not(const ForwardBatch& batch) const;
@@ -59,6 +70,17 @@ class PrefillSm90Engine {
   // Runs one layer (why_not_layer must be ""): the pool already holds every key.
   Status run(const TensorView& q, const TensorView& out, const TensorView& lse,
              const AttentionLayer& layer, const ForwardBatch& batch, StreamHandle stream);
+  // create_mla_prefill engines: "" when this non-absorbed MLA layer of the planned forward runs
+  // on the kernel (192 / 128 dims, the context's q heads, q / out in the q dtype, k / v
+  // [T, H, 192 / 128] with unit innermost stride and 16-byte rows, no window / soft-cap / sinks,
+  // no AttentionLayer::mla_prefix), and the run.
+  std::string why_not_mla_layer(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const AttentionLayer& layer,
+                                const ForwardBatch& batch) const;
+  Status run_mla(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& out, const TensorView& lse, const AttentionLayer& layer,
+                 const ForwardBatch& batch, StreamHandle stream);
+  bool mla_prefill() const { return mla_; }
   // Keys per block of the kernel this engine launches (default_block_n of the head dim, or
   // ATTNKIT_FA3_BLOCK_N where block_n_supported).
   int block_n() const { return block_n_; }
@@ -79,6 +101,13 @@ class PrefillSm90Engine {
 
  private:
   PrefillSm90Engine(const BackendContext& ctx, int sm_count) : ctx_(ctx), sm_count_(sm_count) {}
+  // The ATTNKIT_FA3_* knobs every kernel of head dim d takes (the defaults of d), and dqk_ = dv_ =
+  // d.
+  void read_kernel_knobs(int d);
+  // The launch parameters both run paths share (q / out / lse, plan, schedule knobs, Q by TMA,
+  // tail split of the layer's mask).
+  Fa3Params base_params(const TensorView& q, const TensorView& out, const TensorView& lse,
+                        const AttentionLayer& layer, const ForwardBatch& batch);
 
   BackendContext ctx_;
   int sm_count_ = 0;
@@ -125,10 +154,19 @@ class PrefillSm90Engine {
   // Where a request's tiles sit (tile_plan.h; ATTNKIT_FA3_TILE_ANCHOR, default kEnd).
   TileAnchor tile_anchor_ = TileAnchor::kEnd;
   int diag_ = 0;
-  int split_forced_ = -1;   // ATTNKIT_FA3_SPLIT (-1: unset, the model decides)
-  int section_forced_ = 0;  // ATTNKIT_FA3_L2_SECTION (0: unset, one section; -1: "auto")
+  int split_forced_ = -1;     // ATTNKIT_FA3_SPLIT (-1: unset, the model decides)
+  int section_forced_ = 0;    // ATTNKIT_FA3_L2_SECTION (0: unset, one section; -1: "auto")
+  bool section_set_ = false;  // ATTNKIT_FA3_L2_SECTION is set (the MLA rule applies when not)
 
   bool fp8_kv_ = false;  // allow_fp8_kv and the context fits the FP8 kernel
+  // create_mla_prefill: the MLA prefill engine (dims 192 / 128, kv heads = q heads, K / V from
+  // the layer's inputs); dqk_ / dv_ / kv_heads_: the kernel's dims and kv heads (the context's
+  // for the other engines).
+  bool mla_ = false;
+  bool split_empty_ = true;  // ATTNKIT_FA3_SPLIT_EMPTY=0: Fa3Params::split_empty off (MLA)
+  int dqk_ = 0;
+  int dv_ = 0;
+  int kv_heads_ = 0;
   bool planned_ = false;
   bool planned_fp8_ = false;
   int plan_bs_ = 0;

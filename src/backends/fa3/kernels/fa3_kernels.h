@@ -39,6 +39,17 @@ template <int kD>
 Status run_prefill_sm90(const Fa3Params& p, DType q_dtype, int block_n, int sm_count,
                         StreamHandle stream);
 
+// The MLA prefill kernel (prefill_sm90_mla.cu): non-absorbed MLA layers, q / k head dim
+// kMlaPrefillDimQK, v / out kMlaPrefillDimV, bf16 / f16, kv heads = q heads (p.group 1), causal
+// over the new tokens only: key k of a request is row q_start + k of p.k_pool / p.v_pool (the
+// layer's k / v inputs [T, H, d]; the plan's kv_len = q_len), 128-row tiles, 128-key blocks
+// (p.tma_rows 128 or 0), no window / soft-cap / sinks (kInternal). Always compiled (sm_90a).
+inline constexpr int kMlaPrefillDimQK = 192;
+inline constexpr int kMlaPrefillDimV = 128;
+inline constexpr int kMlaPrefillBlockN = 128;
+bool prefill_sm90_mla_available();
+Status run_prefill_sm90_mla(const Fa3Params& p, DType q_dtype, int sm_count, StreamHandle stream);
+
 // The FP8 kernel (prefill_sm90_fp8.cuh): e4m3 pool (k_scale folded into p.scale_log2, p.v_scale),
 // bf16 q / out, head dim 128, key blocks of 128, or 192 with p.vt_pre and p.fp8_spec
 // (p.fp8_block_n). Instantiated in the head-dim-128 unit.

@@ -331,6 +331,11 @@ struct Fa3Params {
   int sliding_window = -1;
   float logit_cap = 0.f;
   const float* sinks = nullptr;  // [num_q_heads]
+  // MLA prefill kernel only (run_prefill_sm90_mla; its K / V stages are two): 1 (the engine's
+  // default; ATTNKIT_FA3_SPLIT_EMPTY=0: off): a stage's K is released after its block's S and V
+  // after its P V (PrefillTraits::kSplitEmpty), so that the overlapped loop's next K loads while
+  // the current P V runs; 0: one release after the P V, as every other kernel.
+  int split_empty = 0;
 };
 
 // Whether p's layer needs the kernels' variant instantiations (a sliding window, a soft-cap or

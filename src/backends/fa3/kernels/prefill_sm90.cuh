@@ -44,13 +44,29 @@ namespace attnkit::fa3 {
 // instantiation because its pass over S costs registers: ptxas sm_90a spills 8 bytes in the
 // two-warpgroup d 128 kernel with it (tanh.approx; 40 with session 55's exp2 + reciprocal), none
 // without; the three-warpgroup kernels spill 20 bytes with or without it, as the plain one.
+// kDV_: the V / O head dim, kD (Q / K) unless the MLA prefill kernel (kD 192, kDV_ 128: the
+// non-absorbed MLA layer, qk = nope 128 + rope 64, v 128): its K / V rows are the layer's
+// contiguous new-token k / v (kContigKV, Fa3Params "MLA prefill"), 128-row tiles, 128-key blocks,
+// two stages (Q 48 KB + 2 x (K 48 + V 32 KB)), S from Q in shared memory (12 k-steps), O as d 128.
+// kSplitEmpty_ (MLA prefill only; Fa3Params::split_empty picks it): a stage's K and V are released
+// by their own barriers (k_empty after the block's S, empty after its P V), so that with two
+// stages the producer loads the next block's K while the P V of the current one still reads V.
 enum PrefillVariant : int { kPlain = 0, kWindowSinks = 1, kSoftcap = 2 };
-template <int kD, int kN, bool kBf16, int kWG = 2, int kVariant_ = kPlain>
+template <int kD, int kN, bool kBf16, int kWG = 2, int kVariant_ = kPlain, int kDV_ = kD,
+          bool kSplitEmpty_ = false>
 struct PrefillTraits {
-  static_assert(kD == 64 || kD == 128 || kD == 256, "fa3 wgmma head dims: 64, 128, 256");
+  static constexpr bool kContigKV = kD != kDV_;
+  static_assert(kContigKV ? kD == 192 && kDV_ == 128 && kN == 128 && kWG == 2 && kVariant_ == kPlain
+                          : kD == 64 || kD == 128 || kD == 256,
+                "fa3 wgmma head dims: 64, 128, 256; MLA prefill 192 / 128 (plain, 2 warpgroups, "
+                "128-key blocks)");
   static constexpr int kVariant = kVariant_;
-  static_assert(block_n_supported(kD, kN), "fa3 wgmma key block not instantiated for this d");
-  static constexpr int kHeadDim = kD;
+  static constexpr bool kSplitEmpty = kSplitEmpty_;
+  static_assert(!kSplitEmpty || kContigKV, "split K / V release: the MLA prefill kernel");
+  static_assert(kContigKV || block_n_supported(kD, kN),
+                "fa3 wgmma key block not instantiated for this d");
+  static constexpr int kHeadDim = kD;     // Q, K
+  static constexpr int kHeadDimV = kDV_;  // V, O
   static_assert(kWG == 2 || (kWG == 3 && (kD == 64 || kD == 128) && kN == 128),
                 "3 consumer warpgroups: d 64 / 128, N 128");
   static constexpr int kBlockM = 64 * kWG;
@@ -62,35 +78,36 @@ struct PrefillTraits {
   static constexpr int kConsumerRegs = kWG == 2 ? 232 : 160;
   static_assert(128 * kProducerRegs + 128 * kConsumerWarpgroups * kConsumerRegs <= 65536,
                 "register budget of one CTA per SM");
-  static constexpr int kChunksPerRow = kD / 8;  // 16-byte chunks
+  static constexpr int kChunksPerRow = kD / 8;     // 16-byte chunks of a Q / K row
+  static constexpr int kChunksPerRowV = kDV_ / 8;  // of a V row
   static constexpr int kQBytes = kBlockM * kD * 2;
-  static constexpr int kKVBytes = kBlockN * kD * 2;
+  static constexpr int kKBytes = kBlockN * kD * 2;  // one K stage
+  static constexpr int kVBytes = kBlockN * kDV_ * 2;
   static constexpr int kAlign = 1024;
   // As many stages as fit in the 227 KB a block may opt into (at most 3): d 128 / N 128: Q 32 KB
-  // + 3 x 64 KB; d 256 / N 80: Q 64 KB + 2 x 80 KB.
+  // + 3 x 64 KB; d 256 / N 80: Q 64 KB + 2 x 80 KB; MLA 192 / 128: Q 48 KB + 2 x 80 KB.
   static constexpr int kSmemLimit = 227 * 1024;
-  static constexpr int kStagesFit = (kSmemLimit - kAlign - 256 - kQBytes) / (2 * kKVBytes);
+  static constexpr int kStagesFit = (kSmemLimit - kAlign - 256 - kQBytes) / (kKBytes + kVBytes);
   static constexpr int kStages = kStagesFit > 3 ? 3 : kStagesFit;
   static_assert(kStages >= 2, "two K/V stages must fit");
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQBytes;
-  static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
-  static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
-  // q_full, q_empty, then per stage k_full, v_full, empty.
-  static constexpr int kNumBarriers = 2 + 3 * kStages;
+  static constexpr int kVOffset = kKOffset + kStages * kKBytes;
+  static constexpr int kBarOffset = kVOffset + kStages * kVBytes;
+  // q_full, q_empty, then per stage k_full, v_full, empty; kSplitEmpty: then per stage k_empty.
+  static constexpr int kNumBarriers = 2 + 3 * kStages + (kSplitEmpty ? kStages : 0);
+  static constexpr int kKEmptyOffset = 16 + 24 * kStages;  // from the first barrier
   // The unit's TileInfo as the producer decoded it (Fa3Params::unit_smem), after the barriers.
   static constexpr int kInfoOffset = kBarOffset + kNumBarriers * 8;
   static constexpr int kInfoBytes = 48;
   static constexpr int kSmemBytes = kInfoOffset + kInfoBytes + kAlign;
   static_assert(kSmemBytes <= kSmemLimit, "shared memory");
-  static_assert(kQBytes % kAlign == 0 && kKVBytes % kAlign == 0 && kBlockN % 16 == 0,
+  static_assert(kQBytes % kAlign == 0 && kKBytes % kAlign == 0 && kVBytes % kAlign == 0 &&
+                    kBlockN % 16 == 0,
                 "1024-byte swizzle atoms, 16-key wgmma k-steps");
   // Producer rows: thread t of the producer warpgroup owns rows t, t + 128 (< kBlockN) of a key
-  // block (kSlots page-table slots); a warp copies its own rows, kRowsPerPass per pass.
+  // block (kSlots page-table slots); a warp copies its own rows (gather_rows).
   static constexpr int kSlots = (kBlockN + 127) / 128;
-  static constexpr int kRowsPerPass = 32 / kChunksPerRow;
-  static_assert(kChunksPerRow <= 32 && 32 % kChunksPerRow == 0, "gather");
-  static constexpr int kPassesPerWarp = 32 / kRowsPerPass;
 };
 
 // Traits Tr's PrefillVariant (kPlain for traits without the member).
@@ -325,6 +342,47 @@ __device__ __forceinline__ void cp_async_row_chunk(uint32_t tile, const char* po
   sm90::cp_async_16(tile + sm90::swizzle_offset(Tr::kBlockN, row, chunk), src, slot >= 0 ? 16 : 0);
 }
 
+// Producer warp `warp`: the key block's rows 128 s + 32 warp + r (r < 32, below kBlockN), C
+// 16-byte chunks each, from the pool slots that lane r holds in my_slot[s] (-1: zero-filled)
+// into the swizzled tile. C dividing 32: 32 / C rows per pass, a row's chunks on consecutive
+// lanes; otherwise (the MLA prefill's 192-column K rows: 24 chunks) copy i of a lane is chunk
+// (32 i + lane) % C of row (32 i + lane) / C.
+template <typename Tr, int C>
+__device__ __forceinline__ void gather_rows(uint32_t tile, const char* pool,
+                                            const int (&my_slot)[Tr::kSlots], int64_t stride_row,
+                                            int64_t head_off, int warp, int lane) {
+#pragma unroll
+  for (int s = 0; s < Tr::kSlots; ++s) {
+    const int warp_row0 = 128 * s + 32 * warp;  // warp-uniform
+    if (warp_row0 >= Tr::kBlockN) continue;
+    if constexpr (32 % C == 0) {
+      constexpr int kRowsPerPass = 32 / C;
+      constexpr int kPassesPerWarp = 32 / kRowsPerPass;
+#pragma unroll 4
+      for (int pass = 0; pass < kPassesPerWarp; ++pass) {
+        const int r_in_warp = pass * kRowsPerPass + lane / C;
+        const int chunk = lane % C;
+        const int slot = __shfl_sync(0xffffffffu, my_slot[s], r_in_warp);
+        const int row = warp_row0 + r_in_warp;
+        if (row < Tr::kBlockN) {
+          cp_async_row_chunk<Tr, 2>(tile, pool, slot, row, chunk, stride_row, head_off);
+        }
+      }
+    } else {
+#pragma unroll 4
+      for (int i = 0; i < C; ++i) {
+        const int c = 32 * i + lane;
+        const int r_in_warp = c / C, chunk = c % C;
+        const int slot = __shfl_sync(0xffffffffu, my_slot[s], r_in_warp);
+        const int row = warp_row0 + r_in_warp;
+        if (row < Tr::kBlockN) {
+          cp_async_row_chunk<Tr, 2>(tile, pool, slot, row, chunk, stride_row, head_off);
+        }
+      }
+    }
+  }
+}
+
 template <typename Tr>
 __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
@@ -339,6 +397,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   auto k_full = [&](int s) { return bars + 16 + 24 * s; };
   auto v_full = [&](int s) { return bars + 16 + 24 * s + 8; };
   auto empty = [&](int s) { return bars + 16 + 24 * s + 16; };
+  auto k_empty = [&](int s) { return bars + Tr::kKEmptyOffset + 8 * s; };  // kSplitEmpty
   const char* k_base = static_cast<const char*>(p.k_pool);
   const char* v_base = static_cast<const char*>(p.v_pool);
 
@@ -368,6 +427,8 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
         const int key = nb * Tr::kBlockN + row;
         if (nb < 0 || row >= Tr::kBlockN || key >= t.kv_len) {
           my_slot[s] = -1;
+        } else if constexpr (Tr::kContigKV) {
+          my_slot[s] = t.q_start + key;  // MLA prefill: the new tokens' own k / v rows
         } else {
           const int in_page = key % p.page_size;
           my_slot[s] = pt[key - in_page] + in_page;
@@ -393,12 +454,14 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
     for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it) {
       const int stage = it % Tr::kStages;
       const uint32_t phase = (it / Tr::kStages) & 1;
-      mbar_wait(empty(stage), phase ^ 1);
+      // kSplitEmpty: K waits for the stage's k_empty here, V for its empty below.
+      mbar_wait(Tr::kSplitEmpty ? k_empty(stage) : empty(stage), phase ^ 1);
       stamp(p, round, nb == t.n_blocks - 1 ? 19 : 20,
             tid == 0 && (nb == t.n_blocks - 1 || nb == t.nb_begin));
-      const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKVBytes;
-      const uint32_t sV = base + Tr::kVOffset + stage * Tr::kKVBytes;
+      const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKBytes;
+      const uint32_t sV = base + Tr::kVOffset + stage * Tr::kVBytes;
       if (p.diag & 1) {
+        if (Tr::kSplitEmpty) mbar_wait(empty(stage), phase ^ 1);
         mbar_arrive(k_full(stage));
         mbar_arrive(v_full(stage));
       } else if (block_uses_tma<Tr>(p, t, nb)) {
@@ -407,43 +470,37 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
         // arrives once.
 #pragma unroll
         for (int kv = 0; kv < 2; ++kv) {
+          if (Tr::kSplitEmpty && kv == 1) mbar_wait(empty(stage), phase ^ 1);
           const uint32_t tile = kv == 0 ? sK : sV;
           const uint32_t bar = kv == 0 ? k_full(stage) : v_full(stage);
+          constexpr int kCols[2] = {kD, Tr::kHeadDimV};
 #pragma unroll
           for (int s = 0; s < Tr::kSlots; ++s) {
             const int row = 128 * s + tid;
             if (row < Tr::kBlockN && row % p.tma_rows == 0) {
 #pragma unroll
-              for (int cb = 0; cb < kD / 64; ++cb) {
+              for (int cb = 0; cb < kCols[kv] / 64; ++cb) {
                 tma_load_3d(tile + cb * Tr::kBlockN * 128 + row * 128,
                             kv == 0 ? &p.tma_k : &p.tma_v, cb * 64, kvh, my_slot[s], bar);
               }
             }
           }
-          arrive_tma_tile(bar, Tr::kKVBytes, tid);
+          arrive_tma_tile(bar, kv == 0 ? Tr::kKBytes : Tr::kVBytes, tid);
         }
       } else {
 #pragma unroll
         for (int kv = 0; kv < 2; ++kv) {
+          if (Tr::kSplitEmpty && kv == 1) mbar_wait(empty(stage), phase ^ 1);
           const char* pool = kv == 0 ? k_base : v_base;
           const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
           const int64_t head_off =
               static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
           const uint32_t tile = kv == 0 ? sK : sV;
-#pragma unroll
-          for (int s = 0; s < Tr::kSlots; ++s) {
-            const int warp_row0 = 128 * s + 32 * warp;  // warp-uniform
-            if (warp_row0 >= Tr::kBlockN) continue;
-#pragma unroll 4
-            for (int pass = 0; pass < Tr::kPassesPerWarp; ++pass) {
-              const int r_in_warp = pass * Tr::kRowsPerPass + lane / C;
-              const int chunk = lane % C;
-              const int slot = __shfl_sync(0xffffffffu, my_slot[s], r_in_warp);
-              const int row = warp_row0 + r_in_warp;
-              if (row < Tr::kBlockN) {
-                cp_async_row_chunk<Tr, 2>(tile, pool, slot, row, chunk, stride_row, head_off);
-              }
-            }
+          if (kv == 0) {
+            gather_rows<Tr, C>(tile, pool, my_slot, stride_row, head_off, warp, lane);
+          } else {
+            gather_rows<Tr, Tr::kChunksPerRowV>(tile, pool, my_slot, stride_row, head_off, warp,
+                                                lane);
           }
           cp_async_arrive_noinc(kv == 0 ? k_full(stage) : v_full(stage));
         }
@@ -463,7 +520,8 @@ struct ConsumerCtx {
   static constexpr int kD = Tr::kHeadDim;
   static constexpr int kN = Tr::kBlockN;
   static constexpr int kS = kN / 2;  // S accumulators per thread
-  static constexpr int kO = kD / 2;  // O accumulators per thread
+  static constexpr int kDV = Tr::kHeadDimV;
+  static constexpr int kO = kDV / 2;  // O accumulators per thread
   // d 128: the warpgroup's 64 Q rows are loaded once per tile into registers (the wgmma A
   // fragments, 32 registers) and S = Q K^T is issued from them (wgmma RS), so the Q buffer is
   // released at the start of a tile (q_empty) and the producer loads the next tile's Q during this
@@ -511,11 +569,15 @@ struct ConsumerCtx {
   __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 16 + 24 * s; }
   __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 16 + 24 * s + 8; }
   __device__ __forceinline__ uint32_t empty(int s) const { return bars + 16 + 24 * s + 16; }
+  // kSplitEmpty: the stage's K is released after its S (release_k), V after its P V (empty).
+  __device__ __forceinline__ void release_k(int s) const {
+    if constexpr (Tr::kSplitEmpty) sm90::mbar_arrive(bars + Tr::kKEmptyOffset + 8 * s);
+  }
   __device__ __forceinline__ uint32_t sK(int s) const {
-    return base + Tr::kKOffset + s * Tr::kKVBytes;
+    return base + Tr::kKOffset + s * Tr::kKBytes;
   }
   __device__ __forceinline__ uint32_t sV(int s) const {
-    return base + Tr::kVOffset + s * Tr::kKVBytes;
+    return base + Tr::kVOffset + s * Tr::kVBytes;
   }
   // Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barriers 1 and 2,
   // 256 threads: 128 arrive from the other warpgroup, 128 sync here), so one's softmax runs while
@@ -563,7 +625,7 @@ struct ConsumerCtx {
     const uint64_t v_desc = sm90::make_desc(sV(stage), kN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
-      sm90::wgmma_rs<kD, kBf16, 1>(o, pa[kk], sm90::desc_advance(v_desc, kk * 16 * 128), 1);
+      sm90::wgmma_rs<kDV, kBf16, 1>(o, pa[kk], sm90::desc_advance(v_desc, kk * 16 * 128), 1);
     }
   }
 };
@@ -890,7 +952,7 @@ template <typename Tr, bool kBf16>
 __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
   using Ctx = ConsumerCtx<Tr, kBf16>;
-  constexpr int kD = Tr::kHeadDim;
+  constexpr int kDV = Tr::kHeadDimV;
   constexpr int kN = Tr::kBlockN;
   const int tid = threadIdx.x - 128 * (g + 1);
   Ctx c;
@@ -949,6 +1011,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         const int last_row = t.causal_limit + g * 64 + 63;
         for (; nb > t.nb_begin && nb * kN > last_row; --nb, ++it) {
           c.wait_full(c.k_full(it % Tr::kStages), it, false);
+          c.release_k(it % Tr::kStages);
           mbar_arrive(c.empty(it % Tr::kStages));
         }
       }
@@ -963,6 +1026,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
       wgmma_wait<0>();
       fence_regs(s);
       stamp(p, round, 8 * g + 3, who);
+      c.release_k(it_c % Tr::kStages);
       c.release_q_after_s(nb, t.nb_begin);
       sm.step(s, p, t, nb, g, lane, qpos0, corr);
       pack_p<kN, kBf16>(s, pa);
@@ -982,13 +1046,14 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         c.turn_pass();
         wgmma_wait<1>();  // S(next) ready; P(cur) V still in flight
         fence_regs(s);
+        c.release_k(stage_n);
         c.release_q_after_s(nb, t.nb_begin);
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         wgmma_wait<0>();
         fence_regs(o);
         mbar_arrive(c.empty(stage_c));
         pack_p<kN, kBf16>(s, pa);
-        rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
+        rescale_o_if_needed<kDV>(o, corr, p.lazy_rescale);
         it_c = it_n;
       }
       stamp(p, round, 8 * g + 5, who);
@@ -1020,6 +1085,7 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         const int last_row = t.causal_limit + g * 64 + 63;
         for (; nb_top >= t.nb_begin && nb_top * kN > last_row; --nb_top, ++it) {
           c.wait_full(c.k_full(it % Tr::kStages), it, false);
+          c.release_k(it % Tr::kStages);
           c.release_q_after_s(nb_top, t.nb_begin);
           mbar_arrive(c.empty(it % Tr::kStages));
         }
@@ -1034,10 +1100,11 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
         c.turn_pass();
         wgmma_wait<0>();
         fence_regs(s);
+        c.release_k(stage);
         c.release_q_after_s(nb, t.nb_begin);
         sm.step(s, p, t, nb, g, lane, qpos0, corr);
         pack_p<kN, kBf16>(s, pa);
-        rescale_o_if_needed<kD>(o, corr, p.lazy_rescale);
+        rescale_o_if_needed<kDV>(o, corr, p.lazy_rescale);
         c.wait_full(c.v_full(stage), it, fence_for(nb));
         fence_regs(o);
         c.turn_wait();
@@ -1053,12 +1120,12 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
 
     const int piece = split_piece(p, unit, units);
     if constexpr (Tr::kVariant != kPlain) {  // run without a tail split (the engine's rule)
-      if (p.sinks != nullptr) add_sink<kD>(o, sm.m, sm.l, p.sinks[t.head] * cuda::kLog2e);
+      if (p.sinks != nullptr) add_sink<kDV>(o, sm.m, sm.l, p.sinks[t.head] * cuda::kLog2e);
     }
     if (piece < 0) {
-      store_o_tile<kD, kBf16>(p, t, o, sm.m, sm.l, 1.f, row0, lane);
+      store_o_tile<kDV, kBf16>(p, t, o, sm.m, sm.l, 1.f, row0, lane);
     } else {
-      store_o_piece<kD>(p, t, piece, o, sm.m, sm.l, 1.f, row0, lane);
+      store_o_piece<kDV>(p, t, piece, o, sm.m, sm.l, 1.f, row0, lane);
     }
     stamp(p, round, 8 * g + 7, who);
   }
@@ -1153,11 +1220,14 @@ __device__ __forceinline__ int warpgroup_index() {
 // grid: (min(work units, SMs)) persistent; block: producer warpgroup + kWG consumers (384 / 512
 // threads). kUniformWg: see warpgroup_index. kWG: consumer warpgroups (PrefillTraits; 3 with
 // p.block_m 192: d 64, and d 128 on the serial loop).
-template <int kD, int kN, bool kBf16, bool kUniformWg = true, int kWG = 2, int kVariant = kPlain>
-__global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16, kWG>::kThreads, 1)
+// kDV, kSplitEmpty: the MLA prefill kernel's V / O head dim and K / V release (PrefillTraits).
+template <int kD, int kN, bool kBf16, bool kUniformWg = true, int kWG = 2, int kVariant = kPlain,
+          int kDV = kD, bool kSplitEmpty = false>
+__global__ void __launch_bounds__(
+    PrefillTraits<kD, kN, kBf16, kWG, kVariant, kDV, kSplitEmpty>::kThreads, 1)
     prefill_sm90_kernel(const __grid_constant__ Fa3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = PrefillTraits<kD, kN, kBf16, kWG, kVariant>;
+  using Tr = PrefillTraits<kD, kN, kBf16, kWG, kVariant, kDV, kSplitEmpty>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + smem_align_pad<Tr>(smem_raw);
   const uint32_t bars = sm90::smem_addr(smem) + Tr::kBarOffset;
@@ -1168,6 +1238,10 @@ __global__ void __launch_bounds__(PrefillTraits<kD, kN, kBf16, kWG>::kThreads, 1
       sm90::mbar_init(bars + 16 + 24 * s, 128);                                 // k_full
       sm90::mbar_init(bars + 16 + 24 * s + 8, 128);                             // v_full
       sm90::mbar_init(bars + 16 + 24 * s + 16, 128 * Tr::kConsumerWarpgroups);  // empty
+      if (Tr::kSplitEmpty) {
+        sm90::mbar_init(bars + Tr::kKEmptyOffset + 8 * s,
+                        128 * Tr::kConsumerWarpgroups);  // k_empty
+      }
     }
     sm90::mbar_init_fence();
   }

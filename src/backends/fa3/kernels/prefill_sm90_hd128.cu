@@ -76,11 +76,11 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
   // fp8_plan_takes_variants. The engine's why_not_layer sends such layers on other plans
   // elsewhere; a launch of one here would silently ignore the feature.
   if (uses_variant_features(p)) {
-    const bool wg3 = p.block_m == 3 * 64;
-    const bool wg2 = p.block_m == 2 * 64 && p.uniform_wg != 0 && p.vt_pre == 0 && p.fp8_spec == 0 &&
-                     p.fp8_gemm_sum != 0 && p.fp8_block_n == 128 &&
-                     (p.fp8_promote == 0 || p.fp8_promote == 2);
-    if ((!wg3 && !wg2) || p.split_units > 0) {
+    // (uniform_wg 0 with GEMM row sums has no kernel: fp8_kernel_missing above.)
+    const bool takes =
+        fp8_fields_take_variants(p.block_m, p.fp8_block_n, p.vt_pre != 0, p.fp8_spec != 0,
+                                 p.fp8_gemm_sum != 0, p.fp8_promote);
+    if (!takes || p.split_units > 0) {
       return Status::internal(
           "fa3 fp8: a window / sinks / soft-cap layer needs the three-warpgroup plan, or the "
           "two-warpgroup one with V^T in the kernel, without a tail split (block_m " +
@@ -88,7 +88,7 @@ Status run_prefill_sm90_fp8(const Fa3Params& p, int sm_count, StreamHandle strea
           std::to_string(p.fp8_spec) + ", promote " + std::to_string(p.fp8_promote) +
           ", split units " + std::to_string(p.split_units) + ")");
     }
-    if (wg2) {
+    if (p.block_m == 2 * 64) {
       const auto two = [&]<int kVariant>() {
         if (p.fp8_promote == 2) {
           return a.template operator()<

@@ -220,11 +220,18 @@ Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_head
 // kernel, GEMM row sums, 128-key blocks, unpromoted or promoted in the late chunk order) have
 // kWindowSinks / kSoftcap instantiations; other plans (knobs) leave such layers to the mma.sync
 // kernels (the engine's why_not_layer).
-constexpr bool fp8_plan_takes_variants(const Fp8Variant& v) {
-  const bool wg3 = v.block_m == 3 * 64 && v.vt_pre && v.spec && v.block_n == 128;
-  const bool wg2 = v.block_m == 2 * 64 && !v.vt_pre && !v.spec && v.gemm_sum && v.block_n == 128 &&
-                   (!v.promote || v.promote_late);
+// The same rule over the Fa3Params fields the launcher reads (promote: Fa3Params::fp8_promote, 0
+// none, 1 early, 2 late), so that the plan and run_prefill_sm90_fp8 cannot drift apart.
+constexpr bool fp8_fields_take_variants(int block_m, int block_n, bool vt_pre, bool spec,
+                                        bool gemm_sum, int promote) {
+  const bool wg3 = block_m == 3 * 64 && vt_pre && spec && block_n == 128;
+  const bool wg2 = block_m == 2 * 64 && !vt_pre && !spec && gemm_sum && block_n == 128 &&
+                   (promote == 0 || promote == 2);
   return wg3 || wg2;
+}
+constexpr bool fp8_plan_takes_variants(const Fp8Variant& v) {
+  return fp8_fields_take_variants(v.block_m, v.block_n, v.vt_pre, v.spec, v.gemm_sum,
+                                  v.promote ? (v.promote_late ? 2 : 1) : 0);
 }
 
 // Whether run_prefill_sm90_fp8 (prefill_sm90_hd128.cu) has a kernel for this combination of
