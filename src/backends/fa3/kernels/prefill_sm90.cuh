@@ -388,6 +388,10 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
   constexpr int kD = Tr::kHeadDim;
   constexpr int C = Tr::kChunksPerRow;
+  // The paged gather (a row's C chunks on consecutive lanes, 32 / C rows per pass; the MLA kernel
+  // gathers in issue_block_kv_mla).
+  constexpr int kRowsPerPass = Tr::kContigKV ? 1 : 32 / C;
+  constexpr int kPassesPerWarp = 32 / kRowsPerPass;
   const int tid = threadIdx.x;  // 0..127
   const int warp = tid / 32, lane = tid % 32;
   const uint32_t base = smem_addr(smem);
@@ -397,7 +401,6 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   auto k_full = [&](int s) { return bars + 16 + 24 * s; };
   auto v_full = [&](int s) { return bars + 16 + 24 * s + 8; };
   auto empty = [&](int s) { return bars + 16 + 24 * s + 16; };
-  auto k_empty = [&](int s) { return bars + Tr::kKEmptyOffset + 8 * s; };  // kSplitEmpty
   const char* k_base = static_cast<const char*>(p.k_pool);
   const char* v_base = static_cast<const char*>(p.v_pool);
 
@@ -454,55 +457,116 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
     for (int nb = t.n_blocks - 1; nb >= t.nb_begin; --nb, ++it) {
       const int stage = it % Tr::kStages;
       const uint32_t phase = (it / Tr::kStages) & 1;
-      // kSplitEmpty: K waits for the stage's k_empty here, V for its empty below.
-      mbar_wait(Tr::kSplitEmpty ? k_empty(stage) : empty(stage), phase ^ 1);
-      stamp(p, round, nb == t.n_blocks - 1 ? 19 : 20,
-            tid == 0 && (nb == t.n_blocks - 1 || nb == t.nb_begin));
-      const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKBytes;
-      const uint32_t sV = base + Tr::kVOffset + stage * Tr::kVBytes;
-      if (p.diag & 1) {
-        if (Tr::kSplitEmpty) mbar_wait(empty(stage), phase ^ 1);
-        mbar_arrive(k_full(stage));
-        mbar_arrive(v_full(stage));
-      } else if (block_uses_tma<Tr>(p, t, nb)) {
-        // Full block, boxes of tma_rows rows (contiguous in one page): the thread owning the first
-        // row of each box issues its TMA copies; thread 0 arms the transaction count, every thread
-        // arrives once.
+      if constexpr (Tr::kContigKV) {
+        // The MLA prefill kernel: K after the stage's k_empty (kSplitEmpty; else its empty), V
+        // after its empty; full blocks by one 128-row TMA box per 64 columns, the last partial
+        // block by the cp.async gather (24 chunks per K row, 16 per V row; rows past kv_len
+        // zero-filled). (Its own branch: folding it into the paged code below changed the
+        // register allocation of the d 128 / d 256 kernels, which then ran 6-15% slower.)
+        const uint32_t k_empty =
+            Tr::kSplitEmpty ? bars + Tr::kKEmptyOffset + 8 * stage : empty(stage);
+        mbar_wait(k_empty, phase ^ 1);
+        stamp(p, round, nb == t.n_blocks - 1 ? 19 : 20,
+              tid == 0 && (nb == t.n_blocks - 1 || nb == t.nb_begin));
+        const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKBytes;
+        const uint32_t sV = base + Tr::kVOffset + stage * Tr::kVBytes;
+        if (p.diag & 1) {
+          if (Tr::kSplitEmpty) mbar_wait(empty(stage), phase ^ 1);
+          mbar_arrive(k_full(stage));
+          mbar_arrive(v_full(stage));
+        } else if (block_uses_tma<Tr>(p, t, nb)) {
 #pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {
-          if (Tr::kSplitEmpty && kv == 1) mbar_wait(empty(stage), phase ^ 1);
-          const uint32_t tile = kv == 0 ? sK : sV;
-          const uint32_t bar = kv == 0 ? k_full(stage) : v_full(stage);
-          constexpr int kCols[2] = {kD, Tr::kHeadDimV};
+          for (int kv = 0; kv < 2; ++kv) {
+            if (Tr::kSplitEmpty && kv == 1) mbar_wait(empty(stage), phase ^ 1);
+            const uint32_t tile = kv == 0 ? sK : sV;
+            const uint32_t bar = kv == 0 ? k_full(stage) : v_full(stage);
+            constexpr int kCols[2] = {kD, Tr::kHeadDimV};
 #pragma unroll
-          for (int s = 0; s < Tr::kSlots; ++s) {
-            const int row = 128 * s + tid;
-            if (row < Tr::kBlockN && row % p.tma_rows == 0) {
+            for (int s = 0; s < Tr::kSlots; ++s) {
+              const int row = 128 * s + tid;
+              if (row < Tr::kBlockN && row % p.tma_rows == 0) {
 #pragma unroll
-              for (int cb = 0; cb < kCols[kv] / 64; ++cb) {
-                tma_load_3d(tile + cb * Tr::kBlockN * 128 + row * 128,
-                            kv == 0 ? &p.tma_k : &p.tma_v, cb * 64, kvh, my_slot[s], bar);
+                for (int cb = 0; cb < kCols[kv] / 64; ++cb) {
+                  tma_load_3d(tile + cb * Tr::kBlockN * 128 + row * 128,
+                              kv == 0 ? &p.tma_k : &p.tma_v, cb * 64, kvh, my_slot[s], bar);
+                }
               }
             }
+            arrive_tma_tile(bar, kv == 0 ? Tr::kKBytes : Tr::kVBytes, tid);
           }
-          arrive_tma_tile(bar, kv == 0 ? Tr::kKBytes : Tr::kVBytes, tid);
+        } else {
+#pragma unroll
+          for (int kv = 0; kv < 2; ++kv) {
+            if (Tr::kSplitEmpty && kv == 1) mbar_wait(empty(stage), phase ^ 1);
+            const char* pool = kv == 0 ? k_base : v_base;
+            const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
+            const int64_t head_off =
+                static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
+            const uint32_t tile = kv == 0 ? sK : sV;
+            if (kv == 0) {
+              gather_rows<Tr, C>(tile, pool, my_slot, stride_row, head_off, warp, lane);
+            } else {
+              gather_rows<Tr, Tr::kChunksPerRowV>(tile, pool, my_slot, stride_row, head_off, warp,
+                                                  lane);
+            }
+            cp_async_arrive_noinc(kv == 0 ? k_full(stage) : v_full(stage));
+          }
         }
       } else {
+        mbar_wait(empty(stage), phase ^ 1);
+        stamp(p, round, nb == t.n_blocks - 1 ? 19 : 20,
+              tid == 0 && (nb == t.n_blocks - 1 || nb == t.nb_begin));
+        const uint32_t sK = base + Tr::kKOffset + stage * Tr::kKBytes;
+        const uint32_t sV = base + Tr::kVOffset + stage * Tr::kVBytes;
+        if (p.diag & 1) {
+          mbar_arrive(k_full(stage));
+          mbar_arrive(v_full(stage));
+        } else if (block_uses_tma<Tr>(p, t, nb)) {
+          // Full block, boxes of tma_rows rows (contiguous in one page): the thread owning the
+          // first row of each box issues its TMA copies; thread 0 arms the transaction count,
+          // every thread arrives once.
 #pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {
-          if (Tr::kSplitEmpty && kv == 1) mbar_wait(empty(stage), phase ^ 1);
-          const char* pool = kv == 0 ? k_base : v_base;
-          const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
-          const int64_t head_off =
-              static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
-          const uint32_t tile = kv == 0 ? sK : sV;
-          if (kv == 0) {
-            gather_rows<Tr, C>(tile, pool, my_slot, stride_row, head_off, warp, lane);
-          } else {
-            gather_rows<Tr, Tr::kChunksPerRowV>(tile, pool, my_slot, stride_row, head_off, warp,
-                                                lane);
+          for (int kv = 0; kv < 2; ++kv) {
+            const uint32_t tile = kv == 0 ? sK : sV;
+            const uint32_t bar = kv == 0 ? k_full(stage) : v_full(stage);
+#pragma unroll
+            for (int s = 0; s < Tr::kSlots; ++s) {
+              const int row = 128 * s + tid;
+              if (row < Tr::kBlockN && row % p.tma_rows == 0) {
+#pragma unroll
+                for (int cb = 0; cb < kD / 64; ++cb) {
+                  tma_load_3d(tile + cb * Tr::kBlockN * 128 + row * 128,
+                              kv == 0 ? &p.tma_k : &p.tma_v, cb * 64, kvh, my_slot[s], bar);
+                }
+              }
+            }
+            arrive_tma_tile(bar, Tr::kKBytes, tid);
           }
-          cp_async_arrive_noinc(kv == 0 ? k_full(stage) : v_full(stage));
+        } else {
+#pragma unroll
+          for (int kv = 0; kv < 2; ++kv) {
+            const char* pool = kv == 0 ? k_base : v_base;
+            const int64_t stride_row = kv == 0 ? p.k_stride_row : p.v_stride_row;
+            const int64_t head_off =
+                static_cast<int64_t>(kvh) * (kv == 0 ? p.k_stride_head : p.v_stride_head);
+            const uint32_t tile = kv == 0 ? sK : sV;
+#pragma unroll
+            for (int s = 0; s < Tr::kSlots; ++s) {
+              const int warp_row0 = 128 * s + 32 * warp;  // warp-uniform
+              if (warp_row0 >= Tr::kBlockN) continue;
+#pragma unroll 4
+              for (int pass = 0; pass < kPassesPerWarp; ++pass) {
+                const int r_in_warp = pass * kRowsPerPass + lane / C;
+                const int chunk = lane % C;
+                const int slot = __shfl_sync(0xffffffffu, my_slot[s], r_in_warp);
+                const int row = warp_row0 + r_in_warp;
+                if (row < Tr::kBlockN) {
+                  cp_async_row_chunk<Tr, 2>(tile, pool, slot, row, chunk, stride_row, head_off);
+                }
+              }
+            }
+            cp_async_arrive_noinc(kv == 0 ? k_full(stage) : v_full(stage));
+          }
         }
       }
       load_slots(nb - 1);
@@ -1238,7 +1302,7 @@ __global__ void __launch_bounds__(
       sm90::mbar_init(bars + 16 + 24 * s, 128);                                 // k_full
       sm90::mbar_init(bars + 16 + 24 * s + 8, 128);                             // v_full
       sm90::mbar_init(bars + 16 + 24 * s + 16, 128 * Tr::kConsumerWarpgroups);  // empty
-      if (Tr::kSplitEmpty) {
+      if constexpr (Tr::kSplitEmpty) {
         sm90::mbar_init(bars + Tr::kKEmptyOffset + 8 * s,
                         128 * Tr::kConsumerWarpgroups);  // k_empty
       }

@@ -47,8 +47,8 @@ bool prefill_sm90_mla_available() {
 Status run_prefill_sm90_mla(const Fa3Params& p, DType q_dtype, int sm_count, StreamHandle stream) {
   if (q_dtype == DType::kBF16) return launch_prefill_sm90_mla<true>(p, sm_count, stream);
   if (q_dtype == DType::kF16) return launch_prefill_sm90_mla<false>(p, sm_count, stream);
-  return Status::unsupported(std::string("fa3: MLA wgmma prefill q dtype ") +
-                             dtype_name(q_dtype) + " (needs bf16 or f16)");
+  return Status::unsupported(std::string("fa3: MLA wgmma prefill q dtype ") + dtype_name(q_dtype) +
+                             " (needs bf16 or f16)");
 }
 
 }  // namespace attnkit::fa3
