@@ -47,6 +47,20 @@ Status launch_tail_merge(const Fa3Params& p, StreamHandle stream) {
   return Status::ok();
 }
 
+// The launch of a bf16 / f16 prefill kernel with traits Tr on the persistent grid (its shared
+// memory opted into), then the tail split's merge at the V head dim.
+template <typename Tr, bool kBf16>
+Status launch_persistent(void (*kernel)(Fa3Params), const Fa3Params& p, int sm_count,
+                         StreamHandle stream) {
+  ATTNKIT_CUDA_TRY(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  if (static_cast<int64_t>(p.num_tiles) * p.num_q_heads == 0) return Status::ok();
+  ATTNKIT_ASSIGN_OR_RETURN(const int grid, persistent_grid(p, sm_count));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
+  ATTNKIT_CUDA_TRY(cudaGetLastError());
+  return launch_tail_merge<Tr::kHeadDimV, kBf16>(p, stream);
+}
+
 template <int kD, int kN, bool kBf16, int kWG = 2, int kVariant = kPlain>
 Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream) {
   using Tr = PrefillTraits<kD, kN, kBf16, kWG, kVariant>;
@@ -71,13 +85,7 @@ Status launch_prefill_sm90(const Fa3Params& p, int sm_count, StreamHandle stream
   if constexpr (kWG == 2 && kVariant == kPlain) {
     if (p.uniform_wg == 0) kernel = prefill_sm90_kernel<kD, kN, kBf16, false>;
   }
-  ATTNKIT_CUDA_TRY(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  if (static_cast<int64_t>(p.num_tiles) * p.num_q_heads == 0) return Status::ok();
-  ATTNKIT_ASSIGN_OR_RETURN(const int grid, persistent_grid(p, sm_count));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
-  ATTNKIT_CUDA_TRY(cudaGetLastError());
-  return launch_tail_merge<kD, kBf16>(p, stream);
+  return launch_persistent<Tr, kBf16>(kernel, p, sm_count, stream);
 }
 
 // Key blocks instantiated per head dim (block_n_supported in fa3_params.h says the same).

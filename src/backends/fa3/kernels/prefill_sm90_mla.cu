@@ -18,14 +18,8 @@ Status launch_prefill_sm90_mla(const Fa3Params& p, int sm_count, StreamHandle st
                             ", group " + std::to_string(p.group) + ", TMA rows " +
                             std::to_string(p.tma_rows) + " (needs 128, 1, 0 or 128)");
   }
-  auto kernel = prefill_sm90_kernel<kDQK, kN, kBf16, true, 2, kPlain, kDV, kSplitEmpty>;
-  ATTNKIT_CUDA_TRY(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  if (static_cast<int64_t>(p.num_tiles) * p.num_q_heads == 0) return Status::ok();
-  ATTNKIT_ASSIGN_OR_RETURN(const int grid, persistent_grid(p, sm_count));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, cuda::to_stream(stream)>>>(p);
-  ATTNKIT_CUDA_TRY(cudaGetLastError());
-  return launch_tail_merge<kDV, kBf16>(p, stream);
+  return launch_persistent<Tr, kBf16>(
+      prefill_sm90_kernel<kDQK, kN, kBf16, true, 2, kPlain, kDV, kSplitEmpty>, p, sm_count, stream);
 }
 
 template <bool kBf16>
