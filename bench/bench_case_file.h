@@ -146,6 +146,7 @@ inline Status get_bool(const Json& v, const std::string& where, bool* out) {
 struct ParseState {
   bool v_head_dim_set = false;  // else v_head_dim = head_dim
   bool kv_dtype_auto = false;   // kv_dtype "auto": the activation dtype, resolved at the end
+  bool kv_dtype_set = false;    // kv_dtype given (mla cases default it to the activation dtype)
   bool batch_set = false;       // "batch" given (checked against kv_lens)
   bool kv_len_set = false;      // "kv_len" given (exclusive with kv_lens)
 };
@@ -224,6 +225,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
     }
     const std::string name = v.get<std::string>();
     if (key == "kv_dtype") state->kv_dtype_auto = name == "auto";
+    if (key == "kv_dtype") state->kv_dtype_set = true;
     if (key == "kv_dtype" && name == "auto") return Status::ok();
     Result<DType> d = parse_dtype(name);
     const bool ok_act = d.is_ok() && (*d == DType::kF32 || *d == DType::kF16 || *d == DType::kBF16);
@@ -313,8 +315,15 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
           ": mla: prefix_len / shared_prefix must be 0 and fp8_q false (the new tokens "
           "attend each other only)");
     }
-    if (c->kv_dtype != c->dtype && !state.kv_dtype_auto) {
+    if (!state.kv_dtype_set) c->kv_dtype = c->dtype;  // k / v are activations
+    if (c->kv_dtype != c->dtype) {
       return Status::invalid_argument(where + ": mla: kv_dtype must be the activation dtype");
+    }
+    if (c->sliding_window >= 0 || c->logit_cap > 0.f || c->sinks) {
+      return Status::invalid_argument(
+          where +
+          ": mla: no sliding_window / logit_cap / sinks (the MLA prefill cases time the "
+          "plain layer)");
     }
     if (c->kv_lora_rank == 0) c->kv_lora_rank = 512;
     if (c->qk_rope_head_dim == 0) c->qk_rope_head_dim = 64;

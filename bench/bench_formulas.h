@@ -189,7 +189,8 @@ inline double attention_flops(const BenchCase& c) {
 
 // Bytes of one call (the minimum traffic a kernel must move). The benchmark runs the way the shared
 // harness does: the pool already holds every token (history and new), k/v are passed empty with
-// save_kv = false, so every key and value is read from the pool:
+// save_kv = false, so every key and value is read from the pool (a non-absorbed MLA layer,
+// mla_prefill: k / v are its inputs, read once, at the same count):
 //   bytes = K+V of all seq_len tokens of every request (kv_bytes_per_token each, at the pool dtype;
 //           with kv_lens, each request's own length; an extend with a sliding window: the tokens
 //           its queries see, kv_tokens_read)

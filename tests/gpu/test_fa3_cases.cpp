@@ -70,8 +70,9 @@ bool expects_wgmma(const CaseSpec& s, const std::vector<fa3::TileRequest>* reque
 }
 
 // Whether the case's layers are non-absorbed MLA prefill layers the wgmma MLA kernel must run
-// (PrefillSm90Engine::create_mla_prefill: SM90, extend / draft-extend, bf16 / f16, 192 / 128, no
-// window / soft-cap / sinks, no chunked prefix cache; the pool's dtype does not matter).
+// (PrefillSm90Engine::create_mla_prefill: SM90, extend / draft-extend, bf16 / f16, 192 / 128,
+// decoder (causal) layers, no window / soft-cap / sinks, no chunked prefix cache; the pool's dtype
+// does not matter).
 bool expects_mla_wgmma(const CaseSpec& s) {
   const Result<DeviceInfo> dev = detect_cuda(0);
   return dev.is_ok() && dev->compute_capability == 90 && s.mla && !s.mla_absorbed() &&
@@ -79,7 +80,7 @@ bool expects_mla_wgmma(const CaseSpec& s) {
          s.mla_prefix_chunk == 0 &&
          (s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kDraftExtend) &&
          (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.sliding_window < 0 &&
-         s.logit_cap == 0.f && !s.sinks && !s.cross_attention;
+         s.logit_cap == 0.f && !s.sinks && !s.cross_attention && s.type == AttentionType::kDecoder;
 }
 
 // Whether the knobs leave the bf16 / f16 kernels their three-warpgroup (192-row) variants:
@@ -324,6 +325,8 @@ CaseSpec mla_prefill(std::string name, std::vector<int> fresh, int heads, int pa
   return c;
 }
 
+// (save_kv true / false below run alike: a non-absorbed layer never writes the pool, and the
+// harness passes it its k / v either way.)
 TEST(Fa3MlaPrefillTest, AcrossTilesAndBlocks) {
   // 437: 4 query tiles, 4 key blocks (the last partial: the 24-chunk cp.async gather of K); 1
   // and 129: one-row tiles; 256: whole blocks only (TMA boxes of 128 rows of k / v); 1000 with
@@ -341,7 +344,9 @@ TEST(Fa3MlaPrefillTest, AcrossTilesAndBlocks) {
     Fa3Stats st;
     run_and_compare(mla_prefill("mla_128_heads", {300, 45}, 128), false, 1.f, std::nullopt, {},
                     &st);
-    EXPECT_EQ(st.last_section_heads, sms < 2 * 128 ? 1 : 128);
+    if (std::getenv("ATTNKIT_FA3_L2_SECTION") == nullptr) {  // the knob overrides the rule
+      EXPECT_EQ(st.last_section_heads, sms < 2 * 128 ? 1 : 128);
+    }
   }
   // Large logits: the running maximum jumps between key blocks (O rescale, lazy and exact).
   run_and_compare(mla_prefill("mla_large_logits", {700}, 4), true, 12.f);
@@ -376,6 +381,11 @@ TEST(Fa3MlaPrefillTest, KnobsGatherSplitAndSchedule) {
     run_and_compare(mla_prefill(std::string("mla_one_release_overlap") + overlap, {437, 129}, 8),
                     true);
   }
+  // The consumers decode the plan themselves (no TileInfo in shared memory).
+  {
+    ScopedEnv unit_smem("ATTNKIT_FA3_UNIT_SMEM", "0");
+    run_and_compare(mla_prefill("mla_no_unit_smem", {437, 5}, 8), true);
+  }
   // The serial schedule, no ping-pong, the plain stride, 4-byte O stores.
   {
     ScopedEnv overlap("ATTNKIT_FA3_OVERLAP", "0");
@@ -391,6 +401,10 @@ TEST(Fa3MlaPrefillTest, OtherLayersStayOnTheFlashinferPath) {
   CaseSpec cap = mla_prefill("mla_softcap", {200}, 4);
   cap.logit_cap = 20.f;
   run_and_compare(cap, true);
+  // An encoder-only (bidirectional) MLA layer: the kernel's plan is causal, so it declines it.
+  CaseSpec encoder = mla_prefill("mla_encoder_only", {200, 31}, 4);
+  encoder.type = AttentionType::kEncoderOnly;
+  run_and_compare(encoder, true);
   CaseSpec prefix = mla_prefill("mla_prefix_chunks", {64, 31}, 4);
   prefix.prefix_lens = {300, 0};
   prefix.mla_prefix_chunk = 128;

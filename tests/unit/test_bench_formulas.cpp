@@ -375,7 +375,8 @@ TEST(BenchCaseFile, MlaPrefillExtendParsedNamedAndCounted) {
   EXPECT_EQ(spec.v_head_dim, 128);
   EXPECT_TRUE(harness::validate_case(spec).is_ok()) << harness::validate_case(spec).to_string();
   for (const char* bad_case :
-       {R"({"kv_heads": 1})", R"({"prefix_len": 8})", R"({"kv_dtype": "fp8_e4m3"})"}) {
+       {R"({"kv_heads": 1})", R"({"prefix_len": 8})", R"({"kv_dtype": "fp8_e4m3"})",
+        R"({"sliding_window": 4})", R"({"logit_cap": 30})", R"({"sinks": true})"}) {
     Result<CaseFile> bad = parse_case_file_text(
         std::string(R"({"kind": "extend", "fixed": {"mla": true, "head_dim": 192,
           "v_head_dim": 128, "q_heads": 16, "new_tokens": 4}, "cases": [)") +
@@ -384,6 +385,13 @@ TEST(BenchCaseFile, MlaPrefillExtendParsedNamedAndCounted) {
     ASSERT_FALSE(bad.is_ok()) << bad_case;
     EXPECT_NE(bad.status().message().find("mla"), std::string::npos) << bad.status().message();
   }
+  // An f16 layer needs no kv_dtype: k / v are activations of its dtype.
+  Result<CaseFile> f16 = parse_case_file_text(R"({"kind": "extend",
+    "fixed": {"mla": true, "head_dim": 192, "v_head_dim": 128, "q_heads": 16, "new_tokens": 4,
+              "dtype": "f16"}, "cases": [{}]})",
+                                              "f.json");
+  ASSERT_TRUE(f16.is_ok()) << f16.status().to_string();
+  EXPECT_EQ(f16->cases[0].kv_dtype, DType::kF16);
   Result<CaseFile> rank_alone = parse_case_file_text(R"({"kind": "extend",
     "cases": [{"q_heads": 2, "kv_heads": 1, "head_dim": 8, "new_tokens": 4, "kv_lora_rank": 8}]})",
                                                      "r.json");

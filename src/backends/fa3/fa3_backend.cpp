@@ -178,8 +178,8 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
 Status Fa3Backend::run_mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& out, const AttentionLayer& layer,
                                    const ForwardBatch& batch, bool save_kv, const TensorView& lse) {
-  // The checks every path makes; a non-absorbed layer writes nothing to the pool (save_kv is
-  // ignored, as on the portable kernels: the absorbed layers store the latent rows).
+  // The checks every path makes; a non-absorbed layer writes nothing to the pool
+  // (validate_forward_inputs refuses save_kv for it: the absorbed layers store the latent rows).
   ATTNKIT_RETURN_IF_ERROR(
       validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
   ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan("fa3", stamp_, batch, stream_for(batch)));

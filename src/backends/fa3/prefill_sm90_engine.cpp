@@ -245,7 +245,8 @@ std::string PrefillSm90Engine::why_not(const ForwardBatch& batch) const {
            " (wgmma prefill: extend / mixed / draft_extend)";
   }
   if (!batch.encoder_lens_host.empty()) return "encoder / cross-attention batch";
-  if (mla_) {  // the pool is not read: any dtype
+  if (mla_) {  // the pool is not read: any dtype; mixed batches refuse non-absorbed layers
+    if (batch.mode == ForwardMode::kMixed) return "mixed batch (no non-absorbed MLA layer runs)";
     return batch.kv_pool == nullptr || !batch.kv_pool->is_mla() ? "no MLA pool" : "";
   }
   if (batch.kv_pool == nullptr || batch.kv_pool->is_mla()) return "no MHA pool";
@@ -493,6 +494,12 @@ std::string PrefillSm90Engine::why_not_mla_layer(const TensorView& q, const Tens
   if (!mla_) return "not the MLA prefill engine";
   if (!planned_) return "forward not planned for wgmma";
   if (!layer.is_mla || layer.is_cross_attention) return "not an MLA layer";
+  if (layer.qk_head_dim == layer.kv_lora_rank + layer.qk_rope_head_dim) {
+    return "absorbed MLA layer (qk_head_dim = kv_lora_rank + qk_rope_head_dim)";
+  }
+  if (layer.type != AttentionType::kDecoder) {
+    return "not a decoder (causal) layer";  // the kernel's causal plan; nothing runs it otherwise
+  }
   if (layer.qk_head_dim != dqk_ || layer.v_head_dim != dv_) {
     return "head dims " + str(layer.qk_head_dim) + "/" + str(layer.v_head_dim) +
            " (the wgmma MLA prefill runs " + str(dqk_) + "/" + str(dv_) + ")";

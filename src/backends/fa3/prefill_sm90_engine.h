@@ -4,6 +4,8 @@
 // instance; the owning backend keeps its own kernels for everything the engine declines.
 //
 // What it covers (anything else: why_not / why_not_layer return the reason, non-empty):
+// (create; create_mla_prefill makes the engine of an MLA context's non-absorbed prefill layers,
+// described at it)
 //  * context: SM90 with sm_90a code in the binary, MHA, q bf16 / f16, qk_head_dim == v_head_dim in
 //    {64, 128, 256} (and in ATTNKIT_HEAD_DIMS);
 //  * forward: extend / mixed / draft-extend (queries = the last q_len keys of each request), no
@@ -20,7 +22,8 @@
 // into the pool (save_kv). drop_plan() forgets the plan (CUDA-graph capture: graphs never run it).
 //
 // The ATTNKIT_FA3_* experiment variables (PINGPONG, TMA, FENCE_TMA, OVERLAP, SCHED, LAZY_RESCALE,
-// BLOCK_N, WG3, SPLIT, L2_SECTION, DIAG; read by create, docs/perf/fa3_notes.md) steer this one
+// BLOCK_N, WG3, SPLIT, L2_SECTION, DIAG, and for the MLA engine SPLIT_EMPTY; read by create /
+// create_mla_prefill (read_kernel_knobs), docs/perf/fa3_notes.md) steer this one
 // kernel, so they apply to `flashinfer`'s SM90 prefill as well as to `fa3`. They are not API; DIAG
 // gives wrong results on purpose (timing diagnostics) and must never be set outside a measurement.
 #pragma once
@@ -48,11 +51,12 @@ class PrefillSm90Engine {
                                                    std::string* why_not, bool allow_fp8_kv = false);
   // The engine of an MLA context's non-absorbed prefill layers (qk 192 = nope 128 + rope 64, v 128,
   // kv heads = q heads, bf16 / f16; the kernel of fa3_kernels.h's run_prefill_sm90_mla): the new
-  // tokens attend each other, causal, K / V read from the layer's k / v inputs (the pool is
-  // neither read nor written), as the portable kernels run such a layer without
-  // AttentionLayer::mla_prefix. Forwards: extend / mixed / draft-extend over an MLA pool of any
-  // dtype, no encoder tokens. Layers: run_mla (why_not_mla_layer); the other entry points decline
-  // every layer. nullptr with *why_not when the context can never use it.
+  // tokens attend each other, causal (decoder layers only), K / V read from the layer's k / v
+  // inputs (the pool is neither read nor written), as the portable kernels run such a layer without
+  // AttentionLayer::mla_prefix. Forwards: extend / draft-extend over an MLA pool of any
+  // dtype, no encoder tokens (mixed batches refuse such layers: validate_forward_inputs). Layers:
+  // run_mla (why_not_mla_layer); the other entry points decline every layer. nullptr with *why_not
+  // when the context can never use it.
   static std::unique_ptr<PrefillSm90Engine> create_mla_prefill(const BackendContext& ctx,
                                                                int sm_count, int cc,
                                                                std::string* why_not);

@@ -218,8 +218,10 @@ struct Fa3Params {
   float* lse = nullptr;  // [T, Hq] f32 natural-log LSE; nullptr = not requested
   int64_t lse_stride_token = 0, lse_stride_head = 0;
 
-  const void* k_pool = nullptr;  // [rows, Hkv, D] q dtype (FP8 kernel: e4m3)
-  const void* v_pool = nullptr;  // [rows, Hkv, D] q dtype (FP8 kernel: e4m3)
+  // [rows, Hkv, D] q dtype (FP8 kernel: e4m3); the MLA prefill kernel: the layer's k [T, H, 192]
+  // and v [T, H, 128] (row q_start + key of each request; no page table).
+  const void* k_pool = nullptr;
+  const void* v_pool = nullptr;
   int64_t k_stride_row = 0, k_stride_head = 0;
   int64_t v_stride_row = 0, v_stride_head = 0;
 

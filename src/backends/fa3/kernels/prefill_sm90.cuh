@@ -46,11 +46,12 @@ namespace attnkit::fa3 {
 // without; the three-warpgroup kernels spill 20 bytes with or without it, as the plain one.
 // kDV_: the V / O head dim, kD (Q / K) unless the MLA prefill kernel (kD 192, kDV_ 128: the
 // non-absorbed MLA layer, qk = nope 128 + rope 64, v 128): its K / V rows are the layer's
-// contiguous new-token k / v (kContigKV, Fa3Params "MLA prefill"), 128-row tiles, 128-key blocks,
-// two stages (Q 48 KB + 2 x (K 48 + V 32 KB)), S from Q in shared memory (12 k-steps), O as d 128.
-// kSplitEmpty_ (MLA prefill only; Fa3Params::split_empty picks it): a stage's K and V are released
-// by their own barriers (k_empty after the block's S, empty after its P V), so that with two
-// stages the producer loads the next block's K while the P V of the current one still reads V.
+// contiguous new-token k / v (kContigKV; fa3_kernels.h run_prefill_sm90_mla), 128-row tiles,
+// 128-key blocks, two stages (Q 48 KB + 2 x (K 48 + V 32 KB)), S from Q in shared memory (12
+// k-steps), O as d 128. kSplitEmpty_ (MLA prefill only; Fa3Params::split_empty picks it): a stage's
+// K and V are released by their own barriers (k_empty after the block's S, empty after its P V), so
+// that with two stages the producer loads the next block's K while the P V of the current one still
+// reads V.
 enum PrefillVariant : int { kPlain = 0, kWindowSinks = 1, kSoftcap = 2 };
 template <int kD, int kN, bool kBf16, int kWG = 2, int kVariant_ = kPlain, int kDV_ = kD,
           bool kSplitEmpty_ = false>
@@ -106,7 +107,7 @@ struct PrefillTraits {
                     kBlockN % 16 == 0,
                 "1024-byte swizzle atoms, 16-key wgmma k-steps");
   // Producer rows: thread t of the producer warpgroup owns rows t, t + 128 (< kBlockN) of a key
-  // block (kSlots page-table slots); a warp copies its own rows (gather_rows).
+  // block (kSlots page-table slots); a warp copies its own rows.
   static constexpr int kSlots = (kBlockN + 127) / 128;
 };
 
@@ -388,8 +389,8 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   using namespace sm90;
   constexpr int kD = Tr::kHeadDim;
   constexpr int C = Tr::kChunksPerRow;
-  // The paged gather (a row's C chunks on consecutive lanes, 32 / C rows per pass; the MLA kernel
-  // gathers in issue_block_kv_mla).
+  // The paged gather (a row's C chunks on consecutive lanes, 32 / C rows per pass; the MLA kernel's
+  // branch gathers with gather_rows).
   constexpr int kRowsPerPass = Tr::kContigKV ? 1 : 32 / C;
   constexpr int kPassesPerWarp = 32 / kRowsPerPass;
   const int tid = threadIdx.x;  // 0..127
@@ -418,7 +419,8 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
     stamp(p, round, 22, tid == 0, t.n_blocks - t.nb_begin);
     stamp(p, round, 23, tid == 0, unit);
     const int kvh = t.head / p.group;
-    const int32_t* pt = page_table_row(p, t.request);
+    // (The MLA kernel reads no page table: Fa3Params::req_pool_indices is not set for it.)
+    const int32_t* pt = Tr::kContigKV ? nullptr : page_table_row(p, t.request);
     // The pool slot of row 128 s + tid of key block nb (-1: past kv_len or past the block; the row
     // is zero-filled). Loaded one block ahead so the page-table latency hides behind the empty
     // wait.
