@@ -806,6 +806,39 @@ TEST(Fa3TailSplitTest, FewUnitsOverALongPrefixSplitEveryUnit) {
   EXPECT_EQ(t2.num_splits, 2);
 }
 
+// The MLA prefill engine's plans (causal, keys = the new tokens: kv_len = q_len) never split,
+// forced or not: a request's tile holding its first token sees at most 128 keys (one block), and
+// the longest-first order puts such one-block units in the last round. Ragged batches, any head
+// count, both anchors, SM counts of an H100 / H200 and smaller.
+TEST(Fa3TailSplitTest, NewTokenOnlyCausalPlansNeverSplit) {
+  const std::vector<std::vector<int>> batches = {
+      {437, 1, 129, 256}, {1000, 300}, {16384}, {4096, 4096, 4096, 4096}, {77, 5000, 128}};
+  for (const std::vector<int>& lens : batches) {
+    std::vector<TileRequest> reqs;
+    int32_t start = 0;
+    for (int n : lens) {
+      reqs.push_back({start, n, n});
+      start += n;
+    }
+    for (const TileAnchor anchor : {TileAnchor::kEnd, TileAnchor::kStart}) {
+      Result<TilePlan> plan = build_tile_plan(reqs, 128, anchor);
+      ASSERT_TRUE(plan.is_ok());
+      for (int heads : {1, 16, 128}) {
+        for (int sms : {16, 132}) {
+          for (int forced : {-1, 3, 1024}) {
+            EXPECT_EQ(choose_tail_split(plan->words, static_cast<int>(lens.size()), heads, 128, 128,
+                                        /*causal=*/true, sms, true, forced)
+                          .split_units,
+                      0)
+                << lens.size() << " requests, " << heads << " heads, " << sms << " SMs, forced "
+                << forced;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Fa3TailSplitTest, NoSplitWhereTheModelGainsLittle) {
   // Exactly full rounds: no tail.
   EXPECT_EQ(choose_tail_split(equal_requests(1, 128 * 33).words, 1, 4, 128, 128, false, 132, true)
