@@ -43,6 +43,18 @@ except Exception as ex:  # noqa: BLE001
     print(f"gemm_e4m3    unsupported: {str(ex)[:80]}", flush=True)
 del a, b
 
+def time_sdpa(q, k, v, causal, flops, shape):
+    """Records SDPA's cuDNN and FA2 backends on (q, k, v), or says a backend has no kernel."""
+    for name, be in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+                     ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel([be]):
+                ms = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+            rec(name, shape, ms, flops / ms / 1e9)
+        except Exception as ex:  # noqa: BLE001
+            print(f"{name:12s} {shape:44s} unsupported: {str(ex)[:80]}", flush=True)
+
+
 cases = [(4, 4096, 128, True), (2, 8192, 128, True), (1, 16384, 128, True),
          (4, 4096, 128, False), (2, 8192, 128, False), (1, 16384, 128, False),
          (2, 8192, 64, True), (2, 8192, 256, True)]
@@ -59,15 +71,7 @@ for B, S, d, causal in cases:
     vr = v.repeat_interleave(Hq // Hk, dim=1)
     # Visible (query, key) pairs, as attnkit bench counts them: S (S + 1) / 2 causal, S^2 bidirectional.
     flops = 4 * B * Hq * d * (S * (S + 1) // 2 if causal else S * S)
-    shape = f"B={B} S={S} d={d} {'causal' if causal else 'bidir'}"
-    for name, be in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
-                     ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
-        try:
-            with sdpa_kernel([be]):
-                ms = bench(lambda: F.scaled_dot_product_attention(q, kr, vr, is_causal=causal))
-            rec(name, shape, ms, flops / ms / 1e9)
-        except Exception as ex:  # noqa: BLE001
-            print(f"{name:12s} {shape:44s} unsupported: {str(ex)[:80]}", flush=True)
+    time_sdpa(q, kr, vr, causal, flops, f"B={B} S={S} d={d} {'causal' if causal else 'bidir'}")
     del q, k, v, kr, vr
     torch.cuda.empty_cache()
 
@@ -81,15 +85,7 @@ for B, S, H in mla_cases:
     k = torch.randn(B, H, S, 192, device=dev, dtype=torch.bfloat16)
     v = torch.randn(B, H, S, 128, device=dev, dtype=torch.bfloat16)
     flops = 2 * (192 + 128) * B * H * (S * (S + 1) // 2)
-    shape = f"MLA B={B} S={S} H={H} d=192/128 causal"
-    for name, be in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
-                     ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
-        try:
-            with sdpa_kernel([be]):
-                ms = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-            rec(name, shape, ms, flops / ms / 1e9)
-        except Exception as ex:  # noqa: BLE001
-            print(f"{name:12s} {shape:44s} unsupported: {str(ex)[:80]}", flush=True)
+    time_sdpa(q, k, v, True, flops, f"MLA B={B} S={S} H={H} d=192/128 causal")
     del q, k, v
     torch.cuda.empty_cache()
 

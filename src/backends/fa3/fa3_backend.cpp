@@ -105,6 +105,9 @@ class Fa3Backend final : public AttentionBackend {
   std::unique_ptr<fa3::PrefillSm90Engine> wgmma_;  // nullptr: no forward of this context uses it
   // MLA contexts on SM90: the non-absorbed prefill layers' kernel (else nullptr).
   std::unique_ptr<fa3::PrefillSm90Engine> mla_prefill_;
+  // Fa3Stats of one layer run by engine e (the MHA or the MLA one; the tail split of the layer's
+  // mask).
+  void record_wgmma_call(const fa3::PrefillSm90Engine& e, const AttentionLayer& layer);
   Status run_mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const AttentionLayer& layer,
                          const ForwardBatch& batch, bool save_kv, const TensorView& lse);
@@ -156,23 +159,27 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
     ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
                                         layer.v_scale, stream));
   }
+  record_wgmma_call(*wgmma_, layer);
+  return wgmma_->run(q, out, lse, layer, batch, stream);
+}
+
+void Fa3Backend::record_wgmma_call(const fa3::PrefillSm90Engine& e, const AttentionLayer& layer) {
   ++stats_.wgmma_calls;
-  if (wgmma_->planned_fp8()) ++stats_.wgmma_fp8_calls;
-  stats_.last_block_n = wgmma_->planned_fp8() ? wgmma_->planned_fp8_block_n() : wgmma_->block_n();
-  stats_.last_block_m = wgmma_->planned_block_m();
-  stats_.last_fp8_vt_pre = wgmma_->planned_fp8() && wgmma_->planned_fp8_variant().vt_pre;
-  stats_.last_fp8_spec = wgmma_->planned_fp8() && wgmma_->planned_fp8_variant().spec;
-  stats_.last_fp8_gemm_sum = wgmma_->planned_fp8() && wgmma_->planned_fp8_variant().gemm_sum;
+  if (e.planned_fp8()) ++stats_.wgmma_fp8_calls;
+  if (e.mla_prefill()) ++stats_.wgmma_mla_calls;
+  stats_.last_block_n = e.planned_fp8() ? e.planned_fp8_block_n() : e.block_n();
+  stats_.last_block_m = e.planned_block_m();
+  stats_.last_fp8_vt_pre = e.planned_fp8() && e.planned_fp8_variant().vt_pre;
+  stats_.last_fp8_spec = e.planned_fp8() && e.planned_fp8_variant().spec;
+  stats_.last_fp8_gemm_sum = e.planned_fp8() && e.planned_fp8_variant().gemm_sum;
   stats_.last_fp8_promote = 0;
-  if (wgmma_->planned_fp8() && wgmma_->planned_fp8_variant().promote) {
-    stats_.last_fp8_promote = wgmma_->planned_fp8_variant().promote_late ? 2 : 1;
+  if (e.planned_fp8() && e.planned_fp8_variant().promote) {
+    stats_.last_fp8_promote = e.planned_fp8_variant().promote_late ? 2 : 1;
   }
-  const fa3::TailSplit split =
-      wgmma_->planned_tail_split(layer.type != AttentionType::kEncoderOnly);
+  const fa3::TailSplit split = e.planned_tail_split(layer.type != AttentionType::kEncoderOnly);
   stats_.last_split_units = split.split_units;
   stats_.last_num_splits = split.num_splits;
-  stats_.last_section_heads = wgmma_->planned_section_heads();
-  return wgmma_->run(q, out, lse, layer, batch, stream);
+  stats_.last_section_heads = e.planned_section_heads();
 }
 
 Status Fa3Backend::run_mla_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -183,16 +190,7 @@ Status Fa3Backend::run_mla_prefill(const TensorView& q, const TensorView& k, con
   ATTNKIT_RETURN_IF_ERROR(
       validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse, ctx_.device));
   ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan("fa3", stamp_, batch, stream_for(batch)));
-  ++stats_.wgmma_calls;
-  ++stats_.wgmma_mla_calls;
-  stats_.last_block_n = mla_prefill_->block_n();
-  stats_.last_block_m = mla_prefill_->planned_block_m();
-  stats_.last_fp8_vt_pre = stats_.last_fp8_spec = stats_.last_fp8_gemm_sum = false;
-  stats_.last_fp8_promote = 0;
-  const fa3::TailSplit split = mla_prefill_->planned_tail_split(true);
-  stats_.last_split_units = split.split_units;
-  stats_.last_num_splits = split.num_splits;
-  stats_.last_section_heads = mla_prefill_->planned_section_heads();
+  record_wgmma_call(*mla_prefill_, layer);
   return mla_prefill_->run_mla(q, k, v, out, lse, layer, batch, stream_for(batch));
 }
 

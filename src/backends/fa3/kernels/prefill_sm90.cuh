@@ -347,7 +347,8 @@ __device__ __forceinline__ void cp_async_row_chunk(uint32_t tile, const char* po
 // 16-byte chunks each, from the pool slots that lane r holds in my_slot[s] (-1: zero-filled)
 // into the swizzled tile. C dividing 32: 32 / C rows per pass, a row's chunks on consecutive
 // lanes; otherwise (the MLA prefill's 192-column K rows: 24 chunks) copy i of a lane is chunk
-// (32 i + lane) % C of row (32 i + lane) / C.
+// (32 i + lane) % C of row (32 i + lane) / C. (The second form covers both, but for the V rows
+// ptxas then scheduled the MLA kernel differently from the one the H200 tested: kept as is.)
 template <typename Tr, int C>
 __device__ __forceinline__ void gather_rows(uint32_t tile, const char* pool,
                                             const int (&my_slot)[Tr::kSlots], int64_t stride_row,
@@ -391,7 +392,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
   constexpr int C = Tr::kChunksPerRow;
   // The paged gather (a row's C chunks on consecutive lanes, 32 / C rows per pass; the MLA kernel's
   // branch gathers with gather_rows).
-  constexpr int kRowsPerPass = Tr::kContigKV ? 1 : 32 / C;
+  constexpr int kRowsPerPass = 32 / C;
   constexpr int kPassesPerWarp = 32 / kRowsPerPass;
   const int tid = threadIdx.x;  // 0..127
   const int warp = tid / 32, lane = tid % 32;
@@ -463,8 +464,8 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
         // The MLA prefill kernel: K after the stage's k_empty (kSplitEmpty; else its empty), V
         // after its empty; full blocks by one 128-row TMA box per 64 columns, the last partial
         // block by the cp.async gather (24 chunks per K row, 16 per V row; rows past kv_len
-        // zero-filled). (Its own branch: folding it into the paged code below changed the
-        // register allocation of the d 128 / d 256 kernels, which then ran 6-15% slower.)
+        // zero-filled). (Its own branch: folding it into the paged code below changed ptxas's
+        // register allocation of the d 128 / d 256 kernels; docs/PERF.md "Session 67".)
         const uint32_t k_empty =
             Tr::kSplitEmpty ? bars + Tr::kKEmptyOffset + 8 * stage : empty(stage);
         mbar_wait(k_empty, phase ^ 1);
