@@ -409,6 +409,10 @@ TEST(Fa3MlaPrefillTest, OtherLayersStayOnTheFlashinferPath) {
   prefix.prefix_lens = {300, 0};
   prefix.mla_prefix_chunk = 128;
   run_and_compare(prefix, true);
+  // The same encoder-only: the prefix cache's new-token pass bidirectional as well.
+  prefix.name = "mla_prefix_chunks_encoder_only";
+  prefix.type = AttentionType::kEncoderOnly;
+  run_and_compare(prefix, true);
 }
 
 // c with a sliding window (-1: none), a soft-cap (0: none) and sinks.

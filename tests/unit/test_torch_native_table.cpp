@@ -114,6 +114,50 @@ INSTANTIATE_TEST_SUITE_P(Cases, TorchNativeTable, ::testing::ValuesIn(harness::s
 // The shared fixture as other backends use it: skips come from the registry's descriptor.
 ATTNKIT_BACKEND_CASE_TESTS(TorchNativeRegistryCases, "torch_native", Device::cpu());
 
+// A non-absorbed MLA prefill layer (192/128 over the new tokens' own k / v) attends causally
+// within each request, and bidirectionally when the layer is encoder-only: the reference every
+// backend is compared with against a dense varlen computation of each mask (the reference once
+// ran such layers causal whatever their type, which failed the backends that honour it).
+TEST(TorchNativeMlaPrefill, FollowsTheLayerType) {
+  for (const AttentionType type : {AttentionType::kDecoder, AttentionType::kEncoderOnly}) {
+    CaseSpec c;
+    c.name = "mla_prefill_type";
+    c.mode = ForwardMode::kExtend;
+    c.page_size = 64;
+    c.prefix_lens = {0, 0};
+    c.new_lens = {37, 11};
+    c.num_q_heads = c.num_kv_heads = 2;
+    c.head_dim = 192;
+    c.v_head_dim = 128;
+    c.mla = true;
+    c.kv_lora_rank = 512;
+    c.qk_rope_head_dim = 64;
+    c.type = type;
+    PreparedCase pc = prepare_or_die(c);
+    ASSERT_TRUE(harness::run_backend(*torch_native(pc), pc, true).is_ok());
+    const std::vector<int32_t> cu = {0, 37, 48};
+    for (size_t l = 0; l < pc.layers.size(); ++l) {
+      const harness::LayerData& ld = pc.layers[l];
+      std::vector<double> want[2], lse;  // [0]: bidirectional, [1]: causal
+      for (int causal = 0; causal < 2; ++causal) {
+        ASSERT_TRUE(reference::mha_varlen_fp64(ld.q, ld.k, ld.v, cu, cu, causal == 1,
+                                               ld.layer.scaling, 0.0, &want[causal], &lse)
+                        .is_ok());
+      }
+      const std::vector<float> got = read_all(ld.out);
+      ASSERT_EQ(got.size(), want[0].size());
+      double err[2] = {0.0, 0.0}, norm = 0.0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        for (int m = 0; m < 2; ++m) err[m] += (got[i] - want[m][i]) * (got[i] - want[m][i]);
+        norm += want[0][i] * want[0][i];
+      }
+      const int match = type == AttentionType::kDecoder ? 1 : 0;
+      EXPECT_LT(std::sqrt(err[match] / norm), 1e-2) << c.describe() << " layer " << l;
+      EXPECT_GT(std::sqrt(err[1 - match] / norm), 1e-1) << c.describe() << " layer " << l;
+    }
+  }
+}
+
 // GQA with 4 q heads per KV head equals MHA whose KV heads are copies of the shared head.
 TEST(TorchNativeGqa, EqualsMhaWithReplicatedHeads) {
   CaseSpec gqa = *harness::find_case("extend_page16_ragged");

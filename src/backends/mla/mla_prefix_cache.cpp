@@ -214,14 +214,14 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
   base.max_splits = 1;
   base.partial_single = 1;
 
-  // 1. New tokens over new tokens (causal) -> slot 0.
+  // 1. New tokens over new tokens (causal; encoder-only layers: bidirectional) -> slot 0.
   {
     triton::AttentionParams p = base;
     p.k_pool = k.data;
     p.v_pool = v.data;
     p.kv_indptr = zeros;
     p.kv_indices = nullptr;
-    p.causal = 1;
+    p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
     p.has_new_keys = 1;
     detail::set_new_key_params(p, k, v);
     // k_new is set: the new keys come from the inputs, not from the pool (new_slots unused).

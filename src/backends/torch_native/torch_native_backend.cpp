@@ -121,6 +121,14 @@ GatheredKV gather_from_pool(const KVPool& pool, const AttentionLayer& layer,
   return g;
 }
 
+// Whether a query sees a key dist = q_pos - k_pos positions before it: causal (dist >= 0) unless
+// bidirectional; a sliding window bounds dist on the sides the mask leaves open (|dist| <= window
+// when bidirectional).
+bool visible(int64_t dist, bool bidirectional, int64_t window) {
+  if (!bidirectional && dist < 0) return false;
+  return window < 0 || (dist <= window && -dist <= window);
+}
+
 // The new tokens' k/v rows [begin, begin + n) of host tensors as fp64.
 GatheredKV gather_from_tensors(const TensorView& k, const TensorView& v, int64_t begin, int64_t n) {
   GatheredKV g;
@@ -338,7 +346,7 @@ Result<ReferenceOutput> compute_attention_fp64(const TensorView& q, const Tensor
 
   if (mla_prefill && layer.mla_prefix != nullptr) {
     // Chunked prefix cache: the whole prefix decompressed at once (the reference may), then the
-    // new tokens: prefix keys all visible, new keys causal.
+    // new tokens: prefix keys all visible, new keys causal (encoder-only: all visible).
     for (const RequestPlan& plan : plans) {
       ATTNKIT_ASSIGN_OR_RETURN(GatheredKV pre, expand_prefix_host(q.dtype, layer, batch, plan));
       const GatheredKV fresh = gather_from_tensors(k, v, plan.q_begin, plan.num_q);
@@ -348,20 +356,19 @@ Result<ReferenceOutput> compute_attention_fp64(const TensorView& q, const Tensor
       const int64_t prefix = plan.prefix;
       attend(
           q, plan.q_begin, plan.num_q, pre, p,
-          [&](int64_t i, int64_t j) {
-            return j <= prefix + i && (window < 0 || prefix + i - j <= window);
-          },
+          [&](int64_t i, int64_t j) { return visible(prefix + i - j, encoder_only, window); },
           &result);
     }
     return result;
   }
   if (mla_prefill) {
-    // New tokens over new tokens, causal within the request; no pool read.
+    // New tokens over new tokens, causal within the request (encoder-only: bidirectional); no
+    // pool read.
     for (const RequestPlan& plan : plans) {
       const GatheredKV kv = gather_from_tensors(k, v, plan.q_begin, plan.num_q);
       attend(
           q, plan.q_begin, plan.num_q, kv, p,
-          [&](int64_t i, int64_t j) { return j <= i && (window < 0 || i - j <= window); }, &result);
+          [&](int64_t i, int64_t j) { return visible(i - j, encoder_only, window); }, &result);
     }
     return result;
   }
@@ -394,21 +401,10 @@ Result<ReferenceOutput> compute_attention_fp64(const TensorView& q, const Tensor
             return block[i * cols + j] != 0 && (window < 0 || prefix + i - j <= window);
           },
           &result);
-    } else if (encoder_only) {
-      attend(
-          q, plan.q_begin, plan.num_q, kv, p,
-          [&](int64_t i, int64_t j) {
-            const int64_t dist = prefix + i - j;
-            return window < 0 || (dist <= window && -dist <= window);
-          },
-          &result);
     } else {
       attend(
           q, plan.q_begin, plan.num_q, kv, p,
-          [&](int64_t i, int64_t j) {
-            const int64_t dist = prefix + i - j;
-            return dist >= 0 && (window < 0 || dist <= window);
-          },
+          [&](int64_t i, int64_t j) { return visible(prefix + i - j, encoder_only, window); },
           &result);
     }
   }
