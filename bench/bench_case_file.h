@@ -19,7 +19,9 @@
 // "kv_len" not with it; in a sweep each value is a list, e.g. "kv_lens": [[4096, 128, 128]]);
 // extend: prefix_len (default 0), new_tokens, causal (default true), mla (default false: a
 // non-absorbed MLA prefill layer, "_mla": head_dim / v_head_dim 192 / 128 as given, kv_heads =
-// q_heads, no prefix, kv_lora_rank / qk_rope_head_dim of its pool default 512 / 64), fp8_q (default
+// q_heads, no prefix unless mla_prefix_chunk, kv_lora_rank / qk_rope_head_dim of its pool default
+// 512 / 64), mla_prefix_chunk (mla only, default 0: the chunked prefix cache's token budget per
+// chunk, required with a prefix_len, "_pc<n>"), fp8_q (default
 // false: q in fp8_e4m3 with a per-layer scale, the case named with "_qfp8"), sliding_window
 // (default -1: off;
 // "_win<w>"), logit_cap (default 0: off; "_cap<c>"), sinks (default false; "_sinks"); decode and
@@ -91,7 +93,7 @@ inline bool key_allowed(BenchKind kind, const std::string& key) {
              key == "prefix_len" || key == "new_tokens" || key == "causal" ||
              key == "shared_prefix" || key == "fp8_q" || key == "sliding_window" ||
              key == "logit_cap" || key == "sinks" || key == "mla" || key == "kv_lora_rank" ||
-             key == "qk_rope_head_dim";
+             key == "qk_rope_head_dim" || key == "mla_prefix_chunk";
     case BenchKind::kMlaDecode:
       return key == "kv_len" || key == "kv_lens" || key == "kv_lora_rank" ||
              key == "qk_rope_head_dim" || key == "s_q" || key == "topk";
@@ -107,7 +109,7 @@ inline const char* allowed_keys(BenchKind kind) {
     case BenchKind::kExtend:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
              "prefix_len, new_tokens, causal, shared_prefix, fp8_q, sliding_window, logit_cap, "
-             "sinks, mla, kv_lora_rank, qk_rope_head_dim, shuffle_pages";
+             "sinks, mla, kv_lora_rank, qk_rope_head_dim, mla_prefix_chunk, shuffle_pages";
     case BenchKind::kMlaDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lens, kv_lora_rank, "
              "qk_rope_head_dim, s_q, topk, shuffle_pages";
@@ -201,6 +203,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   }
   if (key == "causal") return get_bool(v, where, &c->causal);
   if (key == "mla") return get_bool(v, where, &c->mla_prefill);
+  if (key == "mla_prefix_chunk") return get_int(v, where, 1, &c->mla_prefix_chunk);
   if (key == "fp8_q") return get_bool(v, where, &c->fp8_q);
   if (key == "sliding_window") return get_int(v, where, -1, &c->sliding_window);
   if (key == "sinks") return get_bool(v, where, &c->sinks);
@@ -273,6 +276,7 @@ inline std::string case_name(const BenchCase& c) {
   s << "_d" << c.head_dim;
   if (c.v_head_dim != c.head_dim) s << "v" << c.v_head_dim;
   if (c.mla_prefill) s << "_mla";
+  if (c.mla_prefix_chunk > 0) s << "_pc" << c.mla_prefix_chunk;
   s << "_kv" << dtype_name(c.kv_dtype);
   if (c.dtype != DType::kBF16) s << "_act" << dtype_name(c.dtype);
   if (c.kind == BenchKind::kExtend && !c.causal) s << "_bidir";
@@ -309,11 +313,11 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
                                       " (or be left out)");
     }
     c->kv_heads = c->q_heads;
-    if (c->prefix_len != 0 || c->shared_prefix != 0 || c->fp8_q) {
+    if ((c->prefix_len != 0) != (c->mla_prefix_chunk > 0) || c->shared_prefix != 0 || c->fp8_q) {
       return Status::invalid_argument(
           where +
-          ": mla: prefix_len / shared_prefix must be 0 and fp8_q false (the new tokens "
-          "attend each other only)");
+          ": mla: a prefix_len needs mla_prefix_chunk (the chunked prefix cache) and "
+          "mla_prefix_chunk a prefix_len; shared_prefix must be 0 and fp8_q false");
     }
     if (!state.kv_dtype_set) c->kv_dtype = c->dtype;  // k / v are activations
     if (c->kv_dtype != c->dtype) {
@@ -327,8 +331,11 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
     }
     if (c->kv_lora_rank == 0) c->kv_lora_rank = 512;
     if (c->qk_rope_head_dim == 0) c->qk_rope_head_dim = 64;
-  } else if (c->kind == BenchKind::kExtend && (c->kv_lora_rank != 0 || c->qk_rope_head_dim != 0)) {
-    return Status::invalid_argument(where + ": kv_lora_rank / qk_rope_head_dim need \"mla\": true");
+  } else if (c->kind == BenchKind::kExtend &&
+             (c->kv_lora_rank != 0 || c->qk_rope_head_dim != 0 || c->mla_prefix_chunk != 0)) {
+    return Status::invalid_argument(where +
+                                    ": kv_lora_rank / qk_rope_head_dim / mla_prefix_chunk need "
+                                    "\"mla\": true");
   }
   auto missing = [&](const char* key) {
     return Status::invalid_argument(where + ": \"" + key + "\" is required for kind " +

@@ -42,6 +42,7 @@ inline harness::CaseSpec to_case_spec(const BenchCase& c) {
     spec.num_kv_heads = c.q_heads;
     spec.kv_lora_rank = c.kv_lora_rank;
     spec.qk_rope_head_dim = c.qk_rope_head_dim;
+    spec.mla_prefix_chunk = c.mla_prefix_chunk;
   }
   if (c.kind == BenchKind::kMlaDecode) {
     spec.mla = true;

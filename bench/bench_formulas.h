@@ -60,6 +60,11 @@ struct BenchCase {
   // which the layer does not read). Its k / v are the layer's inputs, counted below as K / V
   // of kv_heads x (head_dim + v_head_dim) per token at kv_dtype (= the activation dtype).
   bool mla_prefill = false;
+  // Extend, mla_prefill only (case files: "mla_prefix_chunk"): the chunked prefix cache's token
+  // budget per chunk (AttentionLayer::mla_prefix, BackendContext::mla_prefix_chunk_tokens): the
+  // layer then attends prefix_len cached tokens per request as well, decompressed from the latent
+  // pool chunk by chunk (the decompression's time counts, its FLOPs do not); 0: no prefix.
+  int mla_prefix_chunk = 0;
   int page_size = 1;
   // Decode / extend: leading tokens every request shares with request 0 (the same pages, as a
   // radix cache hands out a common prompt); a multiple of page_size. Bytes and FLOPs below count

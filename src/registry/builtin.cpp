@@ -210,10 +210,11 @@ BackendDescriptor fa3() {
       "window / sinks / soft-cap over fp8 KV on other (knob-forced) plans, other fp8 KV, d 80/96, "
       "cross-attention, SM80 and CUDA graphs run the flashinfer mma.sync kernels; MLA: the "
       "non-absorbed 192/128 prefill layers (causal over the new tokens, bf16/f16, no window / "
-      "soft-cap / sinks, no chunked prefix cache) run an SM90 wgmma kernel of their own (K / V "
-      "read from the layer's k / v, 128-row tiles, S from Q in shared memory over 12 k-steps), "
-      "the rest of MLA flashinfer's MLA paths (its chunked prefix cache on the portable "
-      "kernels)",
+      "soft-cap / sinks) run an SM90 wgmma kernel of their own (K / V read from the layer's k / "
+      "v, 128-row tiles, S from Q in shared memory over 12 k-steps), and so do the attention "
+      "passes of their chunked prefix cache (the new tokens over themselves, then over each "
+      "decompressed prefix chunk, bidirectional, f32 partials merged by LSE; encoder-only layers "
+      "too); the rest of MLA runs flashinfer's MLA paths",
       kMinCc, kMaxCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, true);
   d.mha->head_dims = cuda_head_dims();

@@ -21,6 +21,7 @@
 #include "backends/fa3/kernels/fa3_kernels.h"
 #include "backends/fa3/kernels/fa3_params.h"
 #include "backends/fa3/kernels/tile_plan.h"
+#include "backends/mla/mla_prefix_cache.h"
 #include "harness/case_runner.h"
 #include "support/gpu_test_helpers.h"
 #include "support/scoped_env.h"
@@ -81,6 +82,26 @@ bool expects_mla_wgmma(const CaseSpec& s) {
          (s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kDraftExtend) &&
          (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.sliding_window < 0 &&
          s.logit_cap == 0.f && !s.sinks && !s.cross_attention && s.type == AttentionType::kDecoder;
+}
+
+// The passes of the MLA chunked prefix cache the wgmma MLA kernel must run for the case's layers
+// (PrefillSm90Engine::why_not_prefix_passes: SM90, non-absorbed 192 / 128 layers with a prefix
+// chunk budget, extend / draft-extend, bf16 / f16, no window / soft-cap / sinks, decoder or
+// encoder-only, ATTNKIT_FA3_MLA_PREFIX not 0): per layer the new-token pass and one per chunk.
+int64_t expected_mla_prefix_passes(const CaseSpec& s, int layers) {
+  const Result<DeviceInfo> dev = detect_cuda(0);
+  const char* knob = std::getenv("ATTNKIT_FA3_MLA_PREFIX");
+  const bool takes = dev.is_ok() && dev->compute_capability == 90 && s.mla && !s.mla_absorbed() &&
+                     s.head_dim == fa3::kMlaPrefillDimQK && s.v_head_dim == fa3::kMlaPrefillDimV &&
+                     s.mla_prefix_chunk > 0 &&
+                     (s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kDraftExtend) &&
+                     (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) &&
+                     s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks && !s.cross_attention &&
+                     !(knob != nullptr && std::string(knob) == "0");
+  if (!takes) return 0;
+  std::vector<int32_t> prefix(s.prefix_lens.begin(), s.prefix_lens.end());
+  return static_cast<int64_t>(layers) *
+         (1 + mla::plan_prefix_chunks(prefix, s.mla_prefix_chunk).chunks);
 }
 
 // Whether the knobs leave the bf16 / f16 kernels their three-warpgroup (192-row) variants:
@@ -229,6 +250,8 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
     EXPECT_EQ(stats->wgmma_calls, 0) << "a case outside the wgmma kernel's scope ran on it";
   }
   if (!expects_mla_wgmma(spec)) EXPECT_EQ(stats->wgmma_mla_calls, 0);
+  EXPECT_EQ(stats->wgmma_mla_prefix_passes, expected_mla_prefix_passes(spec, r.layers))
+      << "the MLA chunked prefix cache's passes on the wgmma MLA kernel";
 }
 
 class Fa3CaseTest : public ::testing::TestWithParam<CaseSpec> {};
@@ -397,22 +420,75 @@ TEST(Fa3MlaPrefillTest, KnobsGatherSplitAndSchedule) {
 }
 
 TEST(Fa3MlaPrefillTest, OtherLayersStayOnTheFlashinferPath) {
-  // A soft-cap, and the chunked prefix cache: the portable kernels (the counters say so).
+  // A soft-cap: the portable kernels (the counters say so), with and without a prefix cache.
   CaseSpec cap = mla_prefill("mla_softcap", {200}, 4);
   cap.logit_cap = 20.f;
   run_and_compare(cap, true);
-  // An encoder-only (bidirectional) MLA layer: the kernel's plan is causal, so it declines it.
+  cap.name = "mla_softcap_prefix";
+  cap.prefix_lens = {300};
+  cap.mla_prefix_chunk = 128;
+  run_and_compare(cap, true);
+  // An encoder-only (bidirectional) MLA layer without a prefix cache: the kernel's plan may take a
+  // tail split there, untested at v 128, so it declines it.
   CaseSpec encoder = mla_prefill("mla_encoder_only", {200, 31}, 4);
   encoder.type = AttentionType::kEncoderOnly;
   run_and_compare(encoder, true);
-  CaseSpec prefix = mla_prefill("mla_prefix_chunks", {64, 31}, 4);
-  prefix.prefix_lens = {300, 0};
-  prefix.mla_prefix_chunk = 128;
-  run_and_compare(prefix, true);
-  // The same encoder-only: the prefix cache's new-token pass bidirectional as well.
-  prefix.name = "mla_prefix_chunks_encoder_only";
-  prefix.type = AttentionType::kEncoderOnly;
-  run_and_compare(prefix, true);
+}
+
+// c with cached prefixes read through the MLA chunked prefix cache (a chunk budget of `chunk`
+// tokens: chunk / bs keys of each request per chunk).
+CaseSpec with_prefix_cache(CaseSpec c, std::vector<int> prefix, int chunk) {
+  c.prefix_lens = std::move(prefix);
+  c.mla_prefix_chunk = chunk;
+  return c;
+}
+
+// The chunked prefix cache's passes on the wgmma MLA kernel (PrefillSm90Engine::run_prefix_pass,
+// f32 rows into the runner's slots, merged by LSE): the new-token pass causal, the chunk passes
+// bidirectional over each chunk's rows (request word kv_row); run_and_compare checks the pass
+// count. Requests without prefix (every chunk empty: one all-masked block, O 0, LSE -inf), chunks
+// shorter than the new tokens, partial and whole 128-key blocks, many tiles per request.
+TEST(Fa3MlaPrefillTest, PrefixCachePassesOnWgmma) {
+  // bs 2, 64 keys per request per chunk: request 1 has none in any of the 5 chunks.
+  run_and_compare(
+      with_prefix_cache(mla_prefill("mla_prefix_empty_req", {64, 31}, 4), {300, 0}, 128), true);
+  // 3 requests, 512-token budget (170 keys each per chunk): chunk rows shorter than q_len, the
+  // short request's prefix ends in the first chunk, 8 heads, many tiles.
+  run_and_compare(
+      with_prefix_cache(mla_prefill("mla_prefix_ragged", {200, 129, 1}, 8), {1000, 513, 7}, 512),
+      true);
+  // One request, 4096-token budget: whole 128-key blocks by TMA, 3 chunks (4096, 4096, 1808).
+  run_and_compare(with_prefix_cache(mla_prefill("mla_prefix_long", {700}, 4), {10000}, 4096), true);
+  // f16, large logits.
+  {
+    CaseSpec f16 = with_prefix_cache(mla_prefill("mla_prefix_f16", {333, 64}, 4), {500, 129}, 256);
+    f16.q_dtype = f16.kv_dtype = DType::kF16;
+    run_and_compare(f16, true, 8.f);
+  }
+  // Encoder-only: the new-token pass bidirectional as well.
+  {
+    CaseSpec enc =
+        with_prefix_cache(mla_prefill("mla_prefix_encoder", {200, 31}, 4), {300, 0}, 128);
+    enc.type = AttentionType::kEncoderOnly;
+    run_and_compare(enc, true);
+  }
+  // The gather for every block, the serial schedule, the single release, and the passes off.
+  {
+    ScopedEnv tma("ATTNKIT_FA3_TMA", "0");
+    run_and_compare(
+        with_prefix_cache(mla_prefill("mla_prefix_gather", {437, 5}, 4), {700, 300}, 512), true);
+  }
+  {
+    ScopedEnv overlap("ATTNKIT_FA3_OVERLAP", "0");
+    ScopedEnv split_empty("ATTNKIT_FA3_SPLIT_EMPTY", "0");
+    run_and_compare(
+        with_prefix_cache(mla_prefill("mla_prefix_serial", {437, 5}, 4), {700, 300}, 512), true);
+  }
+  {
+    ScopedEnv off("ATTNKIT_FA3_MLA_PREFIX", "0");  // the SIMT kernel runs them (0 passes expected)
+    run_and_compare(with_prefix_cache(mla_prefill("mla_prefix_off", {64, 31}, 4), {300, 0}, 128),
+                    true);
+  }
 }
 
 // c with a sliding window (-1: none), a soft-cap (0: none) and sinks.

@@ -400,6 +400,41 @@ TEST(BenchCaseFile, MlaPrefillExtendParsedNamedAndCounted) {
       << rank_alone.status().message();
 }
 
+// An MLA extend point with a cached prefix through the chunked prefix cache: "mla_prefix_chunk"
+// (named "_pc<n>") goes to the harness as the case's chunk budget; a prefix needs it and it needs
+// both "mla" and a prefix.
+TEST(BenchCaseFile, MlaPrefillPrefixCacheParsedNamedAndCounted) {
+  Result<CaseFile> f = parse_case_file_text(R"({"kind": "extend",
+    "fixed": {"mla": true, "head_dim": 192, "v_head_dim": 128, "page_size": 64},
+    "cases": [{"batch": 2, "prefix_len": 6, "new_tokens": 4, "q_heads": 16,
+               "mla_prefix_chunk": 8}]})",
+                                            "m.json");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  const BenchCase& c = f->cases[0];
+  EXPECT_EQ(c.mla_prefix_chunk, 8);
+  EXPECT_NE(c.name.find("_pre6_new4"), std::string::npos) << c.name;
+  EXPECT_NE(c.name.find("_mla_pc8"), std::string::npos) << c.name;
+  // Per request 4 x 6 prefix pairs + 10 causal pairs of the new tokens.
+  EXPECT_DOUBLE_EQ(attention_flops(c), 2.0 * 320 * 16 * 2 * (24 + 10));
+  const harness::CaseSpec spec = to_case_spec(c);
+  EXPECT_EQ(spec.mla_prefix_chunk, 8);
+  EXPECT_EQ(spec.prefix_lens, (std::vector<int>{6, 6}));
+  EXPECT_TRUE(harness::validate_case(spec).is_ok()) << harness::validate_case(spec).to_string();
+  for (const char* bad_case :
+       {R"({"mla": true, "prefix_len": 8})", R"({"mla": true, "mla_prefix_chunk": 8})",
+        R"({"head_dim": 128, "v_head_dim": 128, "prefix_len": 8,
+                                   "mla_prefix_chunk": 8})"}) {
+    Result<CaseFile> bad = parse_case_file_text(
+        std::string(R"({"kind": "extend", "fixed": {"head_dim": 192, "v_head_dim": 128,
+          "q_heads": 16, "new_tokens": 4}, "cases": [)") +
+            bad_case + "]}",
+        "b.json");
+    ASSERT_FALSE(bad.is_ok()) << bad_case;
+    EXPECT_NE(bad.status().message().find("mla_prefix_chunk"), std::string::npos)
+        << bad.status().message();
+  }
+}
+
 TEST(BenchCaseFile, UnevenBatchFromKvLens) {
   Result<CaseFile> f = parse_case_file_text(R"({"kind": "decode",
     "fixed": {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 16},

@@ -33,6 +33,42 @@ std::vector<TileWords> tiles_of(const TilePlan& plan, int bs) {
   return t;
 }
 
+// The MLA prefill kernel's plans (the chunked prefix cache's passes): kv_rows in the request
+// words' fourth slot, and bidirectional passes whose chunks hold fewer keys than new tokens (none
+// at all included), their tiles sorted by kv_len.
+TEST(Fa3PlanTest, MlaPassPlansTakeKvRowsAndShortChunks) {
+  const std::vector<TileRequest> reqs = {{0, 300, 64}, {300, 31, 0}, {331, 1, 500}};
+  const std::vector<int32_t> rows = {0, 64, 64};
+  Result<TilePlan> plan = build_tile_plan(reqs, 128, TileAnchor::kEnd, rows, /*causal=*/false);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->num_tiles, 5);
+  for (int r = 0; r < 3; ++r) {
+    const int32_t* w = plan->words.data() + kPlanHeaderWords + r * kRequestWords;
+    EXPECT_EQ(w[0], reqs[static_cast<size_t>(r)].q_start);
+    EXPECT_EQ(w[1], reqs[static_cast<size_t>(r)].q_len);
+    EXPECT_EQ(w[2], reqs[static_cast<size_t>(r)].kv_len);
+    EXPECT_EQ(w[3], rows[static_cast<size_t>(r)]) << "request " << r;
+  }
+  // Longest first: request 2 (500 keys), request 0's three tiles (64 each, request order kept),
+  // request 1 (no key: still a tile, whose rows the kernel writes as O 0, LSE -inf).
+  const std::vector<TileWords> expected = {{2, -127}, {0, -84}, {0, 44}, {0, 172}, {1, -97}};
+  EXPECT_EQ(tiles_of(*plan, 3), expected);
+  // The same requests under the causal mask are refused (kv_len < q_len), as is a negative
+  // kv_len when bidirectional and a kv_rows list of another length.
+  EXPECT_EQ(build_tile_plan(reqs, 128, TileAnchor::kEnd, rows).status().code(),
+            StatusCode::kInvalidArgument);
+  const std::vector<TileRequest> negative = {{0, 4, -1}};
+  const std::vector<int32_t> one = {0};
+  EXPECT_EQ(build_tile_plan(negative, 128, TileAnchor::kEnd, one, false).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(build_tile_plan(reqs, 128, TileAnchor::kEnd, one, false).status().code(),
+            StatusCode::kInvalidArgument);
+  // Without kv_rows the fourth word stays the V^T block (the MHA / FP8 kernels).
+  Result<TilePlan> vt = build_tile_plan(reqs, 128, TileAnchor::kEnd, {}, false);
+  ASSERT_TRUE(vt.is_ok());
+  EXPECT_EQ(vt->words[kPlanHeaderWords + kRequestWords + 3], vt_units(64));
+}
+
 TEST(Fa3PlanTest, WorkedExampleOfTheHeader) {
   const std::vector<TileRequest> reqs = {{0, 300, 300}, {300, 1, 77}};
   Result<TilePlan> plan = build_tile_plan(reqs);

@@ -30,13 +30,12 @@ namespace {
 
 class Fa3Backend final : public AttentionBackend {
  public:
-  Fa3Backend(const BackendContext& ctx, std::unique_ptr<AttentionBackend> inner,
-             std::unique_ptr<fa3::PrefillSm90Engine> wgmma,
-             std::unique_ptr<fa3::PrefillSm90Engine> mla_prefill)
+  Fa3Backend(const BackendContext& ctx, std::unique_ptr<fa3::PrefillSm90Engine> mla_prefill,
+             std::unique_ptr<AttentionBackend> inner, std::unique_ptr<fa3::PrefillSm90Engine> wgmma)
       : ctx_(ctx),
+        mla_prefill_(std::move(mla_prefill)),
         inner_(std::move(inner)),
-        wgmma_(std::move(wgmma)),
-        mla_prefill_(std::move(mla_prefill)) {}
+        wgmma_(std::move(wgmma)) {}
 
   std::optional<Device> device() const override { return ctx_.device; }
   const BackendDescriptor& descriptor() const override { return *builtin_registry().find("fa3"); }
@@ -101,10 +100,11 @@ class Fa3Backend final : public AttentionBackend {
   }
 
   BackendContext ctx_;
+  // MLA contexts on SM90: the non-absorbed prefill layers' kernel, also the chunked prefix cache's
+  // passes of inner_ (else nullptr). Declared first: inner_ holds a pointer to it.
+  std::unique_ptr<fa3::PrefillSm90Engine> mla_prefill_;
   std::unique_ptr<AttentionBackend> inner_;        // flashinfer, its own SM90 routing off
   std::unique_ptr<fa3::PrefillSm90Engine> wgmma_;  // nullptr: no forward of this context uses it
-  // MLA contexts on SM90: the non-absorbed prefill layers' kernel (else nullptr).
-  std::unique_ptr<fa3::PrefillSm90Engine> mla_prefill_;
   // Fa3Stats of one layer run by engine e (the MHA or the MLA one; the tail split of the layer's
   // mask).
   void record_wgmma_call(const fa3::PrefillSm90Engine& e, const AttentionLayer& layer);
@@ -128,7 +128,14 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
       return run_mla_prefill(q, k, v, out, layer, batch, save_kv, lse);
     }
     ++stats_.flashinfer_calls;
-    return inner_->forward_extend(q, k, v, out, layer, batch, save_kv, lse);
+    // A chunked prefix cache layer: the flashinfer backend's runner hands its passes to
+    // mla_prefill_ where it takes them (FlashInferOptions::mla_prefix_passes).
+    const int64_t passes = mla_prefill_ != nullptr ? mla_prefill_->prefix_passes_run() : 0;
+    const Status s = inner_->forward_extend(q, k, v, out, layer, batch, save_kv, lse);
+    if (mla_prefill_ != nullptr) {
+      stats_.wgmma_mla_prefix_passes += mla_prefill_->prefix_passes_run() - passes;
+    }
+    return s;
   }
   const std::string why_not = wgmma_ == nullptr
                                   ? std::string(
@@ -211,20 +218,21 @@ Result<std::unique_ptr<AttentionBackend>> create_fa3_backend(const BackendContex
   // The flashinfer backend serves every forward the wgmma kernel does not (and checks the
   // context: heads, dims, dtypes). Its own SM90 routing to the same kernel is off: this backend
   // routes, so that Fa3Stats counts every wgmma call.
+  std::unique_ptr<fa3::PrefillSm90Engine> mla_prefill =
+      ctx.is_mla ? fa3::PrefillSm90Engine::create_mla_prefill(ctx, attrs.sm_count,
+                                                              attrs.compute_capability, nullptr)
+                 : nullptr;
   FlashInferOptions fi_options;
   fi_options.sm90_prefill = false;
   fi_options.name = "fa3";  // the paths it runs say fa3 in their errors
+  fi_options.mla_prefix_passes = mla_prefill.get();
   Result<std::unique_ptr<AttentionBackend>> inner = create_flashinfer_backend_with(ctx, fi_options);
   if (!inner.is_ok()) return inner.status();
   std::unique_ptr<fa3::PrefillSm90Engine> wgmma =
       fa3::PrefillSm90Engine::create(ctx, attrs.sm_count, attrs.compute_capability, nullptr,
                                      /*allow_fp8_kv=*/true);
-  std::unique_ptr<fa3::PrefillSm90Engine> mla_prefill =
-      ctx.is_mla ? fa3::PrefillSm90Engine::create_mla_prefill(ctx, attrs.sm_count,
-                                                              attrs.compute_capability, nullptr)
-                 : nullptr;
   return std::unique_ptr<AttentionBackend>(
-      new Fa3Backend(ctx, std::move(inner).value(), std::move(wgmma), std::move(mla_prefill)));
+      new Fa3Backend(ctx, std::move(mla_prefill), std::move(inner).value(), std::move(wgmma)));
 }
 
 }  // namespace attnkit

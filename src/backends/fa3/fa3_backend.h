@@ -36,9 +36,12 @@ Result<std::unique_ptr<AttentionBackend>> create_fa3_backend(const BackendContex
 
 // Per-layer call counters of an fa3 backend.
 struct Fa3Stats {
-  int64_t wgmma_calls = 0;       // the SM90 wgmma prefill kernels (bf16 / f16 and FP8)
-  int64_t wgmma_fp8_calls = 0;   // of which the FP8 kernel (fp8_e4m3 pool, bf16 q, d 128)
-  int64_t wgmma_mla_calls = 0;   // of which the MLA prefill kernel (non-absorbed 192 / 128 layers)
+  int64_t wgmma_calls = 0;      // the SM90 wgmma prefill kernels (bf16 / f16 and FP8)
+  int64_t wgmma_fp8_calls = 0;  // of which the FP8 kernel (fp8_e4m3 pool, bf16 q, d 128)
+  int64_t wgmma_mla_calls = 0;  // of which the MLA prefill kernel (non-absorbed 192 / 128 layers)
+  // Passes of the MLA chunked prefix cache (layers with AttentionLayer::mla_prefix, counted in
+  // flashinfer_calls) that ran on the MLA prefill kernel: per such layer 1 + its prefix chunks.
+  int64_t wgmma_mla_prefix_passes = 0;
   int64_t flashinfer_calls = 0;  // delegated to the owned flashinfer backend
   int last_block_n = 0;          // key block of the last wgmma call (fa3::default_block_n)
   int last_block_m = 0;          // query rows per tile of the last wgmma call (128; 192: three

@@ -236,6 +236,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create_mla_prefill(const B
   e->block_n_ = kMlaPrefillBlockN;
   e->block_m_ = kBlockM;
   e->split_empty_ = env_on("ATTNKIT_FA3_SPLIT_EMPTY");
+  e->prefix_passes_on_ = env_on("ATTNKIT_FA3_MLA_PREFIX");
   return e;
 }
 
@@ -263,8 +264,12 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   if (!why_not(batch).empty()) return Status::ok();
   const int bs = batch.batch_size;
   std::vector<TileRequest> reqs = tile_requests(batch);
+  std::vector<int32_t> kv_rows;  // MLA: key k of a request is row q_start + k of the layer's k / v
   if (mla_) {
-    for (TileRequest& r : reqs) r.kv_len = r.q_len;  // the new tokens attend each other only
+    for (TileRequest& r : reqs) {
+      r.kv_len = r.q_len;  // the new tokens attend each other only
+      kv_rows.push_back(r.q_start);
+    }
   }
   const bool fp8 = !mla_ && batch.kv_pool->dtype() == DType::kFP8E4M3;
   // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
@@ -276,7 +281,7 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
                    : block_m_ != 0 ? block_m_
                                    : choose_block_m_d128(reqs, tile_anchor_);
   planned_block_m_ = rows;
-  ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(reqs, rows, tile_anchor_));
+  ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(reqs, rows, tile_anchor_, kv_rows));
   words_ = std::move(plan.words);
   ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, static_cast<int64_t>(words_.size())));
   // Pageable source: the copy is staged before cudaMemcpyAsync returns, so words_ may be reused.
@@ -307,17 +312,7 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   for (const TileRequest& r : reqs) {
     if (r.q_len > 0) max_kv_len = std::max<int64_t>(max_kv_len, r.kv_len);
   }
-  section_heads_ = choose_section_heads(ctx_.num_q_heads, kv_heads_, max_kv_len, dqk_, fp8 ? 1 : 2,
-                                        section_forced_);
-  if (mla_ && !section_set_ && sm_count_ < kMlaTilesPerHeadRound * ctx_.num_q_heads) {
-    // MLA prefill (one K / V head per q head): with so many heads that a round of the tile-major
-    // order holds fewer than two tiles of each head, every CTA streams its own head's K / V and L2
-    // reuses nothing; take the units head by head (sections of one head) instead. H200
-    // 2026-11-30 01:34Z, 128 heads x 4k: 1.09-1.15 ms against 1.51 (sections of 2 / 4 / 8 / 16
-    // heads: 1.18-1.22 / 1.18-1.19 / 1.74 / 1.41-1.49); 16 heads x 16k keeps one section (2.21-2.33
-    // ms; one-head sections 2.91). docs/perf/fa3_notes.md "Session 67".
-    section_heads_ = 1;
-  }
+  section_heads_ = section_heads_for(max_kv_len, fp8 ? 1 : 2);
   for (const bool causal : {true, false}) {
     TailSplit& ts = causal ? split_causal_ : split_bidir_;
     ts = choose_tail_split(words_, bs, ctx_.num_q_heads, rows, keys, causal, sm_count_, zigzag_,
@@ -327,6 +322,130 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   }
   planned_ = true;
   return Status::ok();
+}
+
+int PrefillSm90Engine::section_heads_for(int64_t max_kv_len, int elem_bytes) const {
+  if (mla_ && !section_set_ && sm_count_ < kMlaTilesPerHeadRound * ctx_.num_q_heads) {
+    // MLA prefill (one K / V head per q head): with so many heads that a round of the tile-major
+    // order holds fewer than two tiles of each head, every CTA streams its own head's K / V and L2
+    // reuses nothing; take the units head by head (sections of one head) instead. H200
+    // 2026-11-30 01:34Z, 128 heads x 4k: 1.09-1.15 ms against 1.51 (sections of 2 / 4 / 8 / 16
+    // heads: 1.18-1.22 / 1.18-1.19 / 1.74 / 1.41-1.49); 16 heads x 16k keeps one section (2.21-2.33
+    // ms; one-head sections 2.91). docs/perf/fa3_notes.md "Session 67".
+    return 1;
+  }
+  return choose_section_heads(ctx_.num_q_heads, kv_heads_, max_kv_len, dqk_, elem_bytes,
+                              section_forced_);
+}
+
+// ---- the MLA chunked prefix cache's passes (mla::MlaPrefixPassKernel) ----
+
+Status PrefillSm90Engine::plan_prefix_passes(const ForwardBatch& batch,
+                                             const mla::PrefixChunkLayout& layout,
+                                             StreamHandle stream) {
+  passes_.planned = false;
+  if (!mla_ || !prefix_passes_on_ || !why_not(batch).empty()) return Status::ok();
+  const int bs = batch.batch_size;
+  std::vector<TileRequest> reqs = tile_requests(batch);
+  std::vector<int32_t> kv_rows(static_cast<size_t>(bs));
+  passes_.words.clear();
+  passes_.offset.clear();
+  passes_.tiles.clear();
+  passes_.sections.clear();
+  // Pass 0: the new tokens over their own rows (the plan of plan() above); pass c + 1: chunk c,
+  // request r's keys rows [indptr[r], indptr[r + 1]) of the chunk's k / v, bidirectional.
+  for (int pass = 0; pass <= layout.chunks; ++pass) {
+    const int32_t* indptr =
+        pass > 0 ? layout.indptr.data() + static_cast<size_t>(pass - 1) * (bs + 1) : nullptr;
+    int64_t max_kv_len = 0;
+    for (int r = 0; r < bs; ++r) {
+      TileRequest& q = reqs[static_cast<size_t>(r)];
+      q.kv_len = pass == 0 ? q.q_len : indptr[r + 1] - indptr[r];
+      kv_rows[static_cast<size_t>(r)] = pass == 0 ? q.q_start : indptr[r];
+      if (q.q_len > 0) max_kv_len = std::max<int64_t>(max_kv_len, q.kv_len);
+    }
+    ATTNKIT_ASSIGN_OR_RETURN(
+        TilePlan plan, build_tile_plan(reqs, kBlockM, tile_anchor_, kv_rows, /*causal=*/pass == 0));
+    passes_.offset.push_back(static_cast<int64_t>(passes_.words.size()));
+    passes_.tiles.push_back(plan.num_tiles);
+    passes_.sections.push_back(section_heads_for(max_kv_len, 2));
+    passes_.words.insert(passes_.words.end(), plan.words.begin(), plan.words.end());
+  }
+  ATTNKIT_RETURN_IF_ERROR(
+      passes_.device.reserve(ctx_.device, static_cast<int64_t>(passes_.words.size())));
+  ATTNKIT_CUDA_TRY(cudaMemcpyAsync(passes_.device.data(), passes_.words.data(),
+                                   passes_.words.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                   cuda::to_stream(stream)));
+  passes_.bs = bs;
+  passes_.tokens = batch.num_tokens;
+  passes_.planned = true;
+  return Status::ok();
+}
+
+std::string PrefillSm90Engine::why_not_prefix_passes(const TensorView& q, const TensorView& k,
+                                                     const TensorView& v,
+                                                     const AttentionLayer& layer,
+                                                     const ForwardBatch& batch) const {
+  if (!mla_) return "not the MLA prefill engine";
+  if (!prefix_passes_on_) return "ATTNKIT_FA3_MLA_PREFIX=0";
+  if (!passes_.planned) return "forward not planned for the wgmma prefix passes";
+  if (batch.batch_size != passes_.bs || batch.num_tokens != passes_.tokens) {
+    return "batch differs from the planned passes";
+  }
+  if (!layer.is_mla || layer.is_cross_attention ||
+      layer.qk_head_dim == layer.kv_lora_rank + layer.qk_rope_head_dim) {
+    return "not a non-absorbed MLA layer";
+  }
+  if (layer.qk_head_dim != dqk_ || layer.v_head_dim != dv_) {
+    return "head dims " + str(layer.qk_head_dim) + "/" + str(layer.v_head_dim);
+  }
+  if (layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != layer.num_q_heads) {
+    return "heads " + str(layer.num_q_heads) + "/" + str(layer.num_kv_heads);
+  }
+  if (layer.sliding_window >= 0 || layer.logit_cap != 0.f || layer.sinks.defined()) {
+    return "sliding window / soft-cap / sinks";
+  }
+  if (q.dtype != ctx_.q_dtype || k.dtype != ctx_.q_dtype || v.dtype != ctx_.q_dtype) {
+    return "q / k / v dtype";
+  }
+  const auto shaped = [&](const TensorView& t, int d) {
+    return t.defined() && t.ndim == 3 && t.size(0) == batch.num_tokens &&
+           t.size(1) == layer.num_q_heads && t.size(2) == d && t.stride(2) == 1 && vec_aligned(t);
+  };
+  if (!shaped(k, dqk_) || !shaped(v, dv_)) return "k / v shape or alignment";
+  if (!vec_aligned(q)) return "q rows not 16-byte aligned";
+  return "";
+}
+
+Status PrefillSm90Engine::run_prefix_pass(int pass, const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const TensorView& out,
+                                          const AttentionLayer& layer, const ForwardBatch& batch,
+                                          float* part_o, float* part_lse, StreamHandle stream) {
+  if (!passes_.planned || pass < 0 || pass >= static_cast<int>(passes_.tiles.size())) {
+    return Status::internal("wgmma MLA prefix pass " + str(pass) + " is not planned");
+  }
+  const size_t i = static_cast<size_t>(pass);
+  Fa3Params p = base_params(q, out, TensorView{}, layer, batch);
+  p.plan = passes_.device.data() + passes_.offset[i];
+  p.num_tiles = passes_.tiles[i];
+  p.section_heads = passes_.sections[i];
+  p.block_m = kBlockM;
+  p.causal = pass == 0 && layer.type != AttentionType::kEncoderOnly ? 1 : 0;
+  p.split_units = 0;  // no tail split: every unit writes its rows to part_o
+  p.num_splits = 1;
+  p.split_o = p.split_lse = nullptr;
+  p.part_o = part_o;
+  p.part_lse = part_lse;
+  detail::set_kv_pool_params(p, k, v);
+  p.group = 1;
+  p.split_empty = split_empty_ ? 1 : 0;
+  p.tma_rows = tma_ && encode_pool_map(k, k.dtype, kMlaPrefillBlockN, &p.tma_k) &&
+                       encode_pool_map(v, v.dtype, kMlaPrefillBlockN, &p.tma_v)
+                   ? kMlaPrefillBlockN
+                   : 0;
+  ++prefix_passes_run_;
+  if (p.num_tiles == 0) return Status::ok();
+  return run_prefill_sm90_mla(p, q.dtype, sm_count_, stream);
 }
 
 std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorView& out,

@@ -37,10 +37,11 @@
 #include "backend/device_array.h"
 #include "backends/fa3/kernels/fa3_params.h"
 #include "backends/fa3/kernels/tile_plan.h"
+#include "backends/mla/mla_prefix_cache.h"
 
 namespace attnkit::fa3 {
 
-class PrefillSm90Engine {
+class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
  public:
   // The engine for ctx on a device of compute capability cc with sm_count SMs, or nullptr with the
   // reason in *why_not when the context can never use it.
@@ -85,6 +86,24 @@ class PrefillSm90Engine {
                  const TensorView& out, const TensorView& lse, const AttentionLayer& layer,
                  const ForwardBatch& batch, StreamHandle stream);
   bool mla_prefill() const { return mla_; }
+  // create_mla_prefill engines: the MLA chunked prefix cache's passes (mla_prefix_cache.h; the
+  // fa3 backend hands the engine to the flashinfer backend it owns). Pass 0 is the plan above with
+  // the layer's mask; chunk passes are bidirectional over the chunk's rows (request word kv_row),
+  // every row written to the runner's f32 slot (Fa3Params::part_o), no tail split. Layers as
+  // why_not_mla_layer takes them, encoder-only included (no tail split to test at v 128);
+  // ATTNKIT_FA3_MLA_PREFIX=0 leaves the passes to the SIMT kernel.
+  Status plan_prefix_passes(const ForwardBatch& batch, const mla::PrefixChunkLayout& layout,
+                            StreamHandle stream) override;
+  void drop_prefix_passes() override { passes_.planned = false; }
+  std::string why_not_prefix_passes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const AttentionLayer& layer,
+                                    const ForwardBatch& batch) const override;
+  Status run_prefix_pass(int pass, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const AttentionLayer& layer,
+                         const ForwardBatch& batch, float* part_o, float* part_lse,
+                         StreamHandle stream) override;
+  // Prefix passes run on the kernel since the engine was made (the fa3 backend's counters).
+  int64_t prefix_passes_run() const { return prefix_passes_run_; }
   // Keys per block of the kernel this engine launches (default_block_n of the head dim, or
   // ATTNKIT_FA3_BLOCK_N where block_n_supported).
   int block_n() const { return block_n_; }
@@ -112,6 +131,9 @@ class PrefillSm90Engine {
   // tail split of the layer's mask).
   Fa3Params base_params(const TensorView& q, const TensorView& out, const TensorView& lse,
                         const AttentionLayer& layer, const ForwardBatch& batch);
+  // Fa3Params::section_heads of a forward whose longest request with new tokens has max_kv_len
+  // keys of elem_bytes (choose_section_heads; the MLA engine's one-head rule).
+  int section_heads_for(int64_t max_kv_len, int elem_bytes) const;
 
   BackendContext ctx_;
   int sm_count_ = 0;
@@ -187,6 +209,19 @@ class PrefillSm90Engine {
   TailSplit split_causal_, split_bidir_;
   int section_heads_ = 0;  // Fa3Params::section_heads of the planned forward
   DeviceArray<float> split_ws_;
+  // The MLA chunked prefix cache's passes of the planned forward: plan words of every pass back to
+  // back (host and device), each pass's first word, tiles and L2 section.
+  struct PrefixPasses {
+    bool planned = false;
+    int bs = 0;
+    int tokens = 0;
+    std::vector<int32_t> words;
+    std::vector<int64_t> offset;
+    std::vector<int> tiles, sections;
+    DeviceArray<int32_t> device;
+  } passes_;
+  bool prefix_passes_on_ = true;  // ATTNKIT_FA3_MLA_PREFIX=0: off
+  int64_t prefix_passes_run_ = 0;
 };
 
 }  // namespace attnkit::fa3

@@ -168,7 +168,8 @@ class FlashInferBackend final : public AttentionBackend {
   FlashInferBackend(const BackendContext& ctx, std::string name, int sm_count, int cc,
                     std::unique_ptr<AttentionBackend> portable, std::string portable_reason,
                     std::unique_ptr<mla::MlaDecodeEngine> mla_engine,
-                    std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill)
+                    std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill,
+                    mla::MlaPrefixPassKernel* mla_prefix_passes)
       : ctx_(ctx),
         name_(std::move(name)),
         head_dim_what_(name_ + ": head_dim"),
@@ -177,7 +178,7 @@ class FlashInferBackend final : public AttentionBackend {
         portable_(std::move(portable)),
         ctx_portable_reason_(std::move(portable_reason)),
         mla_engine_(std::move(mla_engine)),
-        prefix_cache_(ctx),
+        prefix_cache_(ctx, mla_prefix_passes),
         sm90_prefill_(std::move(sm90_prefill)),
         pdl_split_(env_flag("ATTNKIT_FLASHINFER_PDL_SPLIT", true)),
         pdl_graph_(env_flag("ATTNKIT_FLASHINFER_PDL_GRAPH", true)),
@@ -1611,9 +1612,9 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
   if (reason.empty() && options.sm90_prefill && env_flag("ATTNKIT_FLASHINFER_SM90_PREFILL", true)) {
     sm90_prefill = fa3::PrefillSm90Engine::create(ctx, sm_count, cc, nullptr);
   }
-  auto* fi =
-      new FlashInferBackend(ctx, options.name, sm_count, cc, std::move(portable), std::move(reason),
-                            std::move(mla_engine), std::move(sm90_prefill));
+  auto* fi = new FlashInferBackend(ctx, options.name, sm_count, cc, std::move(portable),
+                                   std::move(reason), std::move(mla_engine),
+                                   std::move(sm90_prefill), options.mla_prefix_passes);
   // ATTNKIT_FLASHINFER_CASCADE (for processes that cannot call set_flashinfer_cascade: the bench's
   // cascade A/B): 0 = off; 1 = on for fp8 KV and every forward mode too (the size thresholds of
   // FlashInferCascadeOptions stay); unset = FlashInferCascadeOptions{}.

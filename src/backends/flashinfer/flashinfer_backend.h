@@ -28,6 +28,10 @@
 
 #include "attnkit/backend.h"
 
+namespace attnkit::mla {
+class MlaPrefixPassKernel;
+}  // namespace attnkit::mla
+
 namespace attnkit {
 
 Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend(const BackendContext& ctx);
@@ -40,6 +44,10 @@ struct FlashInferOptions {
   // The backend name its errors start with: the owning backend's (fa3, flashmla, cutlass_mla run
   // some paths on a flashinfer backend they hold), so that a user of those sees their own name.
   std::string name = "flashinfer";
+  // The MLA chunked prefix cache's attention passes on another kernel where it takes the layer
+  // (mla_prefix_cache.h: the fa3 backend hands its SM90 wgmma MLA prefill engine); not owned, it
+  // must outlive the backend. nullptr: the portable triton kernel runs them.
+  mla::MlaPrefixPassKernel* mla_prefix_passes = nullptr;
 };
 Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
     const BackendContext& ctx, const FlashInferOptions& options);

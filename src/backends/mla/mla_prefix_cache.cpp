@@ -140,6 +140,8 @@ Status MlaPrefixCacheRunner::plan(const ForwardBatch& batch, StreamHandle stream
       iota_filled_ = iota_.capacity;
     }
   }
+  if (passes_ != nullptr)
+    ATTNKIT_RETURN_IF_ERROR(passes_->plan_prefix_passes(batch, layout_, stream));
   planned_ = true;
   planned_bs_ = bs;
   planned_tokens_ = t;
@@ -214,8 +216,15 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
   base.max_splits = 1;
   base.partial_single = 1;
 
+  // The passes on the pass kernel where it takes the layer, else the SIMT kernel.
+  MlaPrefixPassKernel* const fast =
+      passes_ != nullptr && passes_->why_not_prefix_passes(q, k, v, layer, batch).empty() ? passes_
+                                                                                          : nullptr;
   // 1. New tokens over new tokens (causal; encoder-only layers: bidirectional) -> slot 0.
-  {
+  if (fast != nullptr) {
+    ATTNKIT_RETURN_IF_ERROR(
+        fast->run_prefix_pass(0, q, k, v, out, layer, batch, slot_out(0), slot_lse(0), stream));
+  } else {
     triton::AttentionParams p = base;
     p.k_pool = k.data;
     p.v_pool = v.data;
@@ -281,22 +290,27 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
     const TensorView vt(vc_.data(), act, dev, {n, h, dv});
     ATTNKIT_RETURN_IF_ERROR(layer.mla_prefix->expand(lat, kt, vt, stream));
 
-    triton::AttentionParams p = base;
-    p.k_pool = kc_.data();
-    p.v_pool = vc_.data();
-    p.k_stride_row = static_cast<int64_t>(h) * dqk;
-    p.k_stride_head = dqk;
-    p.v_stride_row = static_cast<int64_t>(h) * dv;
-    p.v_stride_head = dv;
-    p.kv_indptr = indptr;
-    p.kv_indices = iota_.data();
-    p.causal = 0;
-    p.has_new_keys = 0;
-    p.partial_out = slot_out(1);
-    p.partial_lse = slot_lse(1);
-    ATTNKIT_RETURN_IF_ERROR(
-        (triton::run_simt<triton::kMlaPrefillHeadDimQK, triton::kMlaPrefillHeadDimV>(
-            p, act, act, /*extend=*/true, 1, stream)));
+    if (fast != nullptr) {
+      ATTNKIT_RETURN_IF_ERROR(fast->run_prefix_pass(c + 1, q, kt, vt, out, layer, batch,
+                                                    slot_out(1), slot_lse(1), stream));
+    } else {
+      triton::AttentionParams p = base;
+      p.k_pool = kc_.data();
+      p.v_pool = vc_.data();
+      p.k_stride_row = static_cast<int64_t>(h) * dqk;
+      p.k_stride_head = dqk;
+      p.v_stride_row = static_cast<int64_t>(h) * dv;
+      p.v_stride_head = dv;
+      p.kv_indptr = indptr;
+      p.kv_indices = iota_.data();
+      p.causal = 0;
+      p.has_new_keys = 0;
+      p.partial_out = slot_out(1);
+      p.partial_lse = slot_lse(1);
+      ATTNKIT_RETURN_IF_ERROR(
+          (triton::run_simt<triton::kMlaPrefillHeadDimQK, triton::kMlaPrefillHeadDimV>(
+              p, act, act, /*extend=*/true, 1, stream)));
+    }
 
     const MergeStep step = merge_step(acc, c + 1 == chunks);
     if (step.dst < 0) return merge_to_out(step.first, 2);

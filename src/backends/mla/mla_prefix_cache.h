@@ -6,7 +6,8 @@
 // Once per forward (plan, from init_forward_metadata): the chunk layout of the batch's prefixes
 // for BackendContext::mla_prefix_chunk_tokens, uploaded with the new tokens' layout, and the
 // workspace reserved. Per layer (run; no allocation, no host->device copy, no synchronisation):
-//   1. new tokens over new tokens, causal (the triton SIMT 192/128 kernel) -> f32 partial A
+//   1. new tokens over new tokens, causal (the triton SIMT 192/128 kernel, or the passes'
+//      kernel: MlaPrefixPassKernel) -> f32 partial A
 //   2. for each prefix chunk c (request r's prefix positions [c L, min((c + 1) L, prefix_r)),
 //      L = max(1, chunk_tokens / bs)): gather the chunk's latent rows (mla_prefix_gather.cu),
 //      decompress them with layer.mla_prefix->expand, attend the new tokens to them without a mask
@@ -51,9 +52,39 @@ struct MergeStep {
 };
 MergeStep merge_step(int acc, bool last);
 
+// The runner's attention passes on another kernel: the fa3 backend's SM90 wgmma MLA prefill
+// (fa3::PrefillSm90Engine, create_mla_prefill), handed to the flashinfer backend it owns
+// (FlashInferOptions::mla_prefix_passes). Pass 0: the new tokens over their own k / v (causal;
+// bidirectional for encoder-only layers); pass c + 1: the new tokens over chunk c's decompressed
+// k / v (bidirectional; request r's keys are rows [indptr[c][r], indptr[c][r + 1]) of the chunk's
+// tensors, PrefixChunkLayout). Each pass writes every new token's row normalised in f32 to part_o
+// [T, H, 128] and its log2-domain LSE (-inf: no key in the pass) to part_lse [T, H].
+class MlaPrefixPassKernel {
+ public:
+  virtual ~MlaPrefixPassKernel() = default;
+  // Once per forward, after the runner planned `layout` for `batch` (a forward the kernel does not
+  // take plans nothing: why_not_prefix_passes then says so).
+  virtual Status plan_prefix_passes(const ForwardBatch& batch, const PrefixChunkLayout& layout,
+                                    StreamHandle stream) = 0;
+  virtual void drop_prefix_passes() = 0;
+  // "" when this layer's passes of the planned forward run here (k / v: the new tokens').
+  virtual std::string why_not_prefix_passes(const TensorView& q, const TensorView& k,
+                                            const TensorView& v, const AttentionLayer& layer,
+                                            const ForwardBatch& batch) const = 0;
+  // One pass (why_not_prefix_passes was ""): k / v the new tokens' (pass 0) or chunk pass - 1's
+  // [chunk tokens, H, 192 / 128]; out: the layer's output (its shape; not written).
+  virtual Status run_prefix_pass(int pass, const TensorView& q, const TensorView& k,
+                                 const TensorView& v, const TensorView& out,
+                                 const AttentionLayer& layer, const ForwardBatch& batch,
+                                 float* part_o, float* part_lse, StreamHandle stream) = 0;
+};
+
 class MlaPrefixCacheRunner {
  public:
-  explicit MlaPrefixCacheRunner(const BackendContext& ctx) : ctx_(ctx) {}
+  // passes: runs the attention passes where it takes the layer (not owned; may be null: the
+  // triton SIMT kernel runs them).
+  explicit MlaPrefixCacheRunner(const BackendContext& ctx, MlaPrefixPassKernel* passes = nullptr)
+      : ctx_(ctx), passes_(passes) {}
 
   // Why this layer call cannot run here ("" = it can): head dims, dtypes, features.
   static std::string why_not(const TensorView& q, const AttentionLayer& layer,
@@ -67,7 +98,10 @@ class MlaPrefixCacheRunner {
   // the device metadata and the workspace. The batch was validated by the caller.
   Status plan(const ForwardBatch& batch, StreamHandle stream);
   // Forgets the plan (the next forward did not ask for one, or a CUDA graph is captured).
-  void drop_plan() { planned_ = false; }
+  void drop_plan() {
+    planned_ = false;
+    if (passes_ != nullptr) passes_->drop_prefix_passes();
+  }
 
   // Inputs validated by the caller (validate_forward_inputs); layer.mla_prefix != nullptr.
   // Needs the plan of this forward.
@@ -77,6 +111,7 @@ class MlaPrefixCacheRunner {
 
  private:
   BackendContext ctx_;
+  MlaPrefixPassKernel* passes_ = nullptr;
   bool planned_ = false;
   int planned_bs_ = 0;
   int64_t planned_tokens_ = 0;

@@ -127,11 +127,12 @@ using TmaDesc = cuda::TmaDesc;
 // Header: tile count, V^T units (the sum of vt_units(kv_len) over the requests with new tokens),
 // 0, 0.
 // Request: q_start, q_len, kv_len, vt_block (its first 16 KB unit in the FP8 kernel's V^T
-// workspace: the V^T units of the requests before it). Tile: request, m0 (its first new token;
-// negative for a request's first tile when the tiles end at its last token (tile_plan.h,
-// TileAnchor::kEnd): rows before token 0 are computed and never stored). Tiles are sorted by
-// descending key count, so a persistent CTA's static stride over the list takes the longest work
-// first.
+// workspace: the V^T units of the requests before it; the MLA prefill kernel: kv_row, the row of
+// p.k_pool / p.v_pool that holds the request's key 0, build_tile_plan's kv_rows). Tile: request, m0
+// (its first new token; negative for a request's first tile when the tiles end at its last token
+// (tile_plan.h, TileAnchor::kEnd): rows before token 0 are computed and never stored). Tiles are
+// sorted by descending key count, so a persistent CTA's static stride over the list takes the
+// longest work first.
 inline constexpr int kPlanHeaderWords = 4;
 // Keys per unit of the FP8 kernel's pre-transposed V^T workspace (one 128 d x 128 keys image).
 inline constexpr int kVtBlockKeys = 128;
@@ -338,6 +339,14 @@ struct Fa3Params {
   // after its P V (PrefillTraits::kSplitEmpty), so that the overlapped loop's next K loads while
   // the current P V runs; 0: one release after the P V, as every other kernel.
   int split_empty = 0;
+  // MLA prefill kernel only: the passes of the MLA chunked prefix cache
+  // (mla::MlaPrefixCacheRunner; PrefillSm90Engine::run_prefix_pass). Non-null: every row of the
+  // plan's tiles is written normalised in f32 to part_o [(q_start + token) x num_q_heads + head]
+  // [128] and its log2-domain LSE (-inf: no visible key) to part_lse [same row], the runner's
+  // partial slot layout (flashinfer::CascadeMergeParams), instead of out / lse; a request without
+  // keys in the pass (kv_len 0) gets one all-masked key block: O 0, LSE -inf. No tail split.
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
 };
 
 // Whether p's layer needs the kernels' variant instantiations (a sliding window, a soft-cap or

@@ -120,6 +120,16 @@ inline constexpr int kVariantOf = [] {
     return static_cast<int>(kPlain);
   }
 }();
+// Whether traits Tr read K / V from contiguous rows (the MLA prefill kernel; false for traits
+// without the member: the FP8 kernel's).
+template <typename Tr>
+inline constexpr bool kContigKVOf = [] {
+  if constexpr (requires { Tr::kContigKV; }) {
+    return Tr::kContigKV;
+  } else {
+    return false;
+  }
+}();
 
 // Timeline builds (-DATTNKIT_FA3_TIMELINE): the SM clock (or `value`) as event e of round
 // `round` of this CTA, written by the calling thread when `who`; nothing in other builds.
@@ -187,6 +197,11 @@ __device__ __forceinline__ TileInfo decode_tile(const Fa3Params& p, int unit) {
   const int n_end = tile_key_end(t.kv_len, t.q_len, t.m0, Tr::kBlockM, p.causal != 0);
   t.n_blocks = (n_end + Tr::kBlockN - 1) / Tr::kBlockN;
   t.nb_begin = 0;
+  if constexpr (kContigKVOf<Tr>) {
+    // A prefix-cache pass's request without keys in its chunk (kv_len 0): one all-masked block
+    // (zero-filled rows), so that its rows are written as O 0, LSE -inf (Fa3Params::part_o).
+    t.n_blocks = max(t.n_blocks, 1);
+  }
   if constexpr (kVariantOf<Tr> != kPlain) {
     // Sliding window: the blocks wholly before the first row's window are no row's, and without
     // the causal mask (where the window bounds both sides, |q - k| <= window) those wholly after
@@ -422,6 +437,8 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
     const int kvh = t.head / p.group;
     // (The MLA kernel reads no page table: Fa3Params::req_pool_indices is not set for it.)
     const int32_t* pt = Tr::kContigKV ? nullptr : page_table_row(p, t.request);
+    // The MLA kernel's row of key 0 in p.k_pool / p.v_pool (request word 3: kv_row).
+    const int kv_row = Tr::kContigKV ? p.plan[kPlanHeaderWords + t.request * kRequestWords + 3] : 0;
     // The pool slot of row 128 s + tid of key block nb (-1: past kv_len or past the block; the row
     // is zero-filled). Loaded one block ahead so the page-table latency hides behind the empty
     // wait.
@@ -434,7 +451,7 @@ __device__ __forceinline__ void producer(const Fa3Params& p, uint8_t* smem) {
         if (nb < 0 || row >= Tr::kBlockN || key >= t.kv_len) {
           my_slot[s] = -1;
         } else if constexpr (Tr::kContigKV) {
-          my_slot[s] = t.q_start + key;  // MLA prefill: the new tokens' own k / v rows
+          my_slot[s] = kv_row + key;  // MLA prefill: rows of the layer's k / v (or a chunk's)
         } else {
           const int in_page = key % p.page_size;
           my_slot[s] = pt[key - in_page] + in_page;
@@ -1015,6 +1032,35 @@ __device__ __forceinline__ void store_o_piece(const Fa3Params& p, const TileInfo
   }
 }
 
+// Epilogue of the MLA kernel's prefix-cache passes (Fa3Params::part_o): this thread's two rows
+// normalised in f32 to part_o and their log2-domain LSE (-inf: no visible key) to part_lse, at
+// row (q_start + token) x num_q_heads + head. Rows outside [0, q_len) are not written.
+template <int kD>
+__device__ __forceinline__ void store_o_part(const Fa3Params& p, const TileInfo& t,
+                                             const float (&o)[kD / 2], const float (&m)[2],
+                                             const float (&l)[2], int row0, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sum = quad_row_sum(l[h]);
+    const float inv = cuda::row_inv(sum);
+    const int token = t.m0 + row0 + 8 * h;
+    if (token < 0 || token >= t.q_len) continue;
+    const int64_t prow =
+        (static_cast<int64_t>(t.q_start) + token) * p.num_q_heads + static_cast<int64_t>(t.head);
+    float* rowp = p.part_o + prow * kD + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      *reinterpret_cast<float2*>(rowp + 8 * j) =
+          make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+    }
+    if (lane % 4 == 0) {
+      const float m_use = m[h] == -__int_as_float(0x7f800000) ? 0.f : m[h];
+      p.part_lse[prow] =
+          cuda::row_has_keys(sum) ? m_use + __log2f(sum) : -__int_as_float(0x7f800000);
+    }
+  }
+}
+
 template <typename Tr, bool kBf16>
 __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int g) {
   using namespace sm90;
@@ -1189,7 +1235,15 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, uint8_t* smem, int 
     if constexpr (Tr::kVariant != kPlain) {  // run without a tail split (the engine's rule)
       if (p.sinks != nullptr) add_sink<kDV>(o, sm.m, sm.l, p.sinks[t.head] * cuda::kLog2e);
     }
-    if (piece < 0) {
+    if constexpr (Tr::kContigKV) {  // (pieces never: no tail split with part_o)
+      if (p.part_o != nullptr) {
+        store_o_part<kDV>(p, t, o, sm.m, sm.l, row0, lane);
+      } else if (piece < 0) {
+        store_o_tile<kDV, kBf16>(p, t, o, sm.m, sm.l, 1.f, row0, lane);
+      } else {
+        store_o_piece<kDV>(p, t, piece, o, sm.m, sm.l, 1.f, row0, lane);
+      }
+    } else if (piece < 0) {
       store_o_tile<kDV, kBf16>(p, t, o, sm.m, sm.l, 1.f, row0, lane);
     } else {
       store_o_piece<kDV>(p, t, piece, o, sm.m, sm.l, 1.f, row0, lane);

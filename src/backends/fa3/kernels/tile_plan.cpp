@@ -11,29 +11,34 @@
 namespace attnkit::fa3 {
 
 Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int block_m,
-                                 TileAnchor anchor) {
+                                 TileAnchor anchor, std::span<const int32_t> kv_rows, bool causal) {
   struct Tile {
     int32_t request, m0, work;
   };
   std::vector<Tile> tiles;
   TilePlan plan;
   plan.words.assign(kPlanHeaderWords, 0);
+  if (!kv_rows.empty() && kv_rows.size() != requests.size()) {
+    return Status::invalid_argument("fa3: " + std::to_string(kv_rows.size()) + " kv_rows for " +
+                                    std::to_string(requests.size()) + " requests");
+  }
   int32_t vt_blocks = 0;
   for (size_t r = 0; r < requests.size(); ++r) {
     const TileRequest& q = requests[r];
-    if (q.q_len < 0 || q.kv_len < q.q_len) {
-      return Status::invalid_argument("fa3: request " + std::to_string(r) + " has " +
-                                      std::to_string(q.q_len) + " new tokens but kv_len " +
-                                      std::to_string(q.kv_len) +
-                                      " (needs 0 <= new tokens <= kv_len)");
+    if (q.q_len < 0 || q.kv_len < (causal ? q.q_len : 0)) {
+      return Status::invalid_argument(
+          "fa3: request " + std::to_string(r) + " has " + std::to_string(q.q_len) +
+          " new tokens but kv_len " + std::to_string(q.kv_len) +
+          (causal ? " (needs 0 <= new tokens <= kv_len)" : " (needs new tokens, kv_len >= 0)"));
     }
-    plan.words.insert(plan.words.end(), {q.q_start, q.q_len, q.kv_len, vt_blocks});
+    plan.words.insert(plan.words.end(),
+                      {q.q_start, q.q_len, q.kv_len, kv_rows.empty() ? vt_blocks : kv_rows[r]});
     if (q.q_len > 0) vt_blocks += vt_units(q.kv_len);
     for (int32_t m = 0; m * block_m < q.q_len; ++m) {
       const int32_t m0 = tile_first_row(q.q_len, m, block_m, anchor);
-      // The keys the tile sees under the causal mask (its sort key).
-      tiles.push_back({static_cast<int32_t>(r), m0,
-                       tile_key_end(q.kv_len, q.q_len, m0, block_m, /*causal=*/true)});
+      // The keys the tile sees under the layers' mask (its sort key).
+      tiles.push_back(
+          {static_cast<int32_t>(r), m0, tile_key_end(q.kv_len, q.q_len, m0, block_m, causal)});
     }
   }
   std::stable_sort(tiles.begin(), tiles.end(),

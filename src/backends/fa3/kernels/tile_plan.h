@@ -61,8 +61,13 @@ constexpr int tile_first_row(int q_len, int m, int block_m, TileAnchor anchor) {
 // kInvalidArgument names the first request with q_len < 0 or kv_len < q_len. block_m: query rows
 // per tile (Fa3Params::block_m; 192 on three consumer warpgroups). Requests without new tokens get
 // no tiles and no V^T units.
+// The MLA prefill kernel's plans: kv_rows (one per request, else empty) replace the request words'
+// vt_block with the row of the request's key 0 in the kernel's K / V (fa3_params.h); causal false
+// (the chunked prefix cache's chunk passes, bidirectional) allows 0 <= kv_len < q_len and sorts the
+// tiles by kv_len (every row sees every key).
 Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int block_m = 128,
-                                 TileAnchor anchor = TileAnchor::kEnd);
+                                 TileAnchor anchor = TileAnchor::kEnd,
+                                 std::span<const int32_t> kv_rows = {}, bool causal = true);
 
 // Query rows per tile of a bf16 / f16 forward at d 128 when three consumer warpgroups are allowed:
 // 192 unless the rows that pad the requests' 192-row tiles cost more than kWg3MaxPaddingShare (5%)
