@@ -70,19 +70,8 @@ bool expects_wgmma(const CaseSpec& s, const std::vector<fa3::TileRequest>* reque
   return test_support::expects_sm90_wgmma_prefill(same_dtype);
 }
 
-// Whether the case's layers are non-absorbed MLA prefill layers the wgmma MLA kernel must run
-// (PrefillSm90Engine::create_mla_prefill: SM90, extend / draft-extend, bf16 / f16, 192 / 128,
-// decoder (causal) layers, no window / soft-cap / sinks, no chunked prefix cache; the pool's dtype
-// does not matter).
-bool expects_mla_wgmma(const CaseSpec& s) {
-  const Result<DeviceInfo> dev = detect_cuda(0);
-  return dev.is_ok() && dev->compute_capability == 90 && s.mla && !s.mla_absorbed() &&
-         s.head_dim == fa3::kMlaPrefillDimQK && s.v_head_dim == fa3::kMlaPrefillDimV &&
-         s.mla_prefix_chunk == 0 &&
-         (s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kDraftExtend) &&
-         (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.sliding_window < 0 &&
-         s.logit_cap == 0.f && !s.sinks && !s.cross_attention && s.type == AttentionType::kDecoder;
-}
+// Whether the case's layers are non-absorbed MLA prefill layers the wgmma MLA kernel must run.
+bool expects_mla_wgmma(const CaseSpec& s) { return test_support::expects_sm90_mla_prefill(s); }
 
 // The passes of the MLA chunked prefix cache the wgmma MLA kernel must run for the case's layers
 // (PrefillSm90Engine::why_not_prefix_passes: SM90, non-absorbed 192 / 128 layers with a prefix

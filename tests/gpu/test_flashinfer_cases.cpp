@@ -96,6 +96,10 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_
   } else {
     EXPECT_EQ(stats->wgmma_calls, 0) << "a case outside the wgmma kernel's scope ran on it";
   }
+  // Non-absorbed MLA prefill layers: the SM90 wgmma MLA kernel (FlashInferStats::wgmma_mla_calls).
+  EXPECT_EQ(stats->wgmma_mla_calls, sm90_prefill && test_support::expects_sm90_mla_prefill(spec)
+                                        ? static_cast<int64_t>(pc->layers.size())
+                                        : 0);
   // The PDL mode: 2 (early page-table reads) only where allowed: the context says so or the
   // backend's own set_kv ran just before.
   if (prepare.early_page_table_reads || save_kv) {

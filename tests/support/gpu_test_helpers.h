@@ -44,6 +44,11 @@ bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s, int compute_capabili
 // The same for this process's CUDA device 0 (detect_cuda, so ATTNKIT_EMULATE_CC counts, as it
 // does for the backends); false without a CUDA device.
 bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s);
+// Whether the case's layers are non-absorbed MLA prefill layers the SM90 wgmma MLA kernel runs
+// (PrefillSm90Engine::create_mla_prefill / why_not_mla_layer: device 0 of compute capability 90,
+// extend / draft-extend, bf16 / f16, 192 / 128, decoder (causal) layers, no window / soft-cap /
+// sinks, no chunked prefix cache; any pool dtype).
+bool expects_sm90_mla_prefill(const harness::CaseSpec& s);
 
 // Expects layer `layer`'s out (after its forward) to be finite everywhere and within
 // harness::tolerance_for(q dtype) in relative L2 of the fp64 reference over the pool as it is now

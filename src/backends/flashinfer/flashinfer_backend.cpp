@@ -169,8 +169,10 @@ class FlashInferBackend final : public AttentionBackend {
                     std::unique_ptr<AttentionBackend> portable, std::string portable_reason,
                     std::unique_ptr<mla::MlaDecodeEngine> mla_engine,
                     std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill,
+                    std::unique_ptr<fa3::PrefillSm90Engine> sm90_mla_prefill,
                     mla::MlaPrefixPassKernel* mla_prefix_passes)
       : ctx_(ctx),
+        sm90_mla_prefill_(std::move(sm90_mla_prefill)),
         name_(std::move(name)),
         head_dim_what_(name_ + ": head_dim"),
         sm_count_(sm_count),
@@ -178,7 +180,8 @@ class FlashInferBackend final : public AttentionBackend {
         portable_(std::move(portable)),
         ctx_portable_reason_(std::move(portable_reason)),
         mla_engine_(std::move(mla_engine)),
-        prefix_cache_(ctx, mla_prefix_passes),
+        prefix_cache_(ctx,
+                      mla_prefix_passes != nullptr ? mla_prefix_passes : sm90_mla_prefill_.get()),
         sm90_prefill_(std::move(sm90_prefill)),
         pdl_split_(env_flag("ATTNKIT_FLASHINFER_PDL_SPLIT", true)),
         pdl_graph_(env_flag("ATTNKIT_FLASHINFER_PDL_GRAPH", true)),
@@ -444,6 +447,11 @@ class FlashInferBackend final : public AttentionBackend {
   }
 
   BackendContext ctx_;
+  // MLA contexts on SM90 (sm90_prefill): the non-absorbed 192 / 128 prefill layers' wgmma kernel
+  // (fa3::PrefillSm90Engine::create_mla_prefill), which also runs prefix_cache_'s passes unless
+  // the owner hands its own (FlashInferOptions::mla_prefix_passes); nullptr elsewhere. Declared
+  // before prefix_cache_, which holds a pointer to it.
+  std::unique_ptr<fa3::PrefillSm90Engine> sm90_mla_prefill_;
   // The name its errors carry: "flashinfer", or the backend that owns this one (fa3, flashmla,
   // cutlass_mla: FlashInferOptions::name).
   std::string name_;
@@ -613,6 +621,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   prefix_cache_.drop_plan();
   cascade_.reset();
   if (sm90_prefill_ != nullptr) sm90_prefill_->drop_plan();
+  if (sm90_mla_prefill_ != nullptr) sm90_mla_prefill_->drop_plan();
   stats_.cascade_shared_prefix = 0;
   plan_.mode = batch.mode;
   if (batch.mode == ForwardMode::kIdle) {
@@ -630,6 +639,10 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   // The MLA chunked prefix cache of this forward's non-absorbed layers (layer.mla_prefix).
   if (mla::MlaPrefixCacheRunner::takes(ctx_, batch)) {
     ATTNKIT_RETURN_IF_ERROR(prefix_cache_.plan(batch, stream_for(batch)));
+  }
+  // The non-absorbed MLA prefill layers' wgmma plan (no-op for forwards it does not take).
+  if (sm90_mla_prefill_ != nullptr) {
+    ATTNKIT_RETURN_IF_ERROR(sm90_mla_prefill_->plan(batch, stream_for(batch)));
   }
   if (mla_engine_ != nullptr && mla_engine_->why_not(batch).empty()) {
     ATTNKIT_RETURN_IF_ERROR(mla_engine_->plan(batch, stream_for(batch)));
@@ -758,8 +771,14 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
     }
   }
   if (layer.mla_prefix != nullptr) {
-    ++stats_.portable_calls;
+    ++stats_.portable_calls;  // (its passes may run on sm90_mla_prefill_: the runner decides)
     return prefix_cache_.run(q, k, v, out, layer, batch, lse, stream_for(batch));
+  }
+  if (sm90_mla_prefill_ != nullptr && layer.is_mla &&
+      sm90_mla_prefill_->why_not_mla_layer(q, k, v, out, layer, batch).empty()) {
+    ++stats_.native_calls;
+    ++stats_.wgmma_mla_calls;
+    return sm90_mla_prefill_->run_mla(q, k, v, out, lse, layer, batch, stream_for(batch));
   }
   if (plan_.mla_native) {
     ++stats_.native_calls;
@@ -1206,6 +1225,7 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   }
   cascade_.reset();  // graphs run the plain plan
   if (sm90_prefill_ != nullptr) sm90_prefill_->drop_plan();
+  if (sm90_mla_prefill_ != nullptr) sm90_mla_prefill_->drop_plan();
   // Nothing is copied here (this may run inside the capture): the kernels read the plan from
   // the fixed workspace, which every replay rewrites before the graph launches.
   plan_ = Plan{};
@@ -1612,9 +1632,16 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
   if (reason.empty() && options.sm90_prefill && env_flag("ATTNKIT_FLASHINFER_SM90_PREFILL", true)) {
     sm90_prefill = fa3::PrefillSm90Engine::create(ctx, sm_count, cc, nullptr);
   }
-  auto* fi = new FlashInferBackend(ctx, options.name, sm_count, cc, std::move(portable),
-                                   std::move(reason), std::move(mla_engine),
-                                   std::move(sm90_prefill), options.mla_prefix_passes);
+  // MLA on SM90: the non-absorbed prefill layers (and the prefix cache's passes) on the wgmma
+  // MLA kernel (same switches).
+  std::unique_ptr<fa3::PrefillSm90Engine> sm90_mla_prefill;
+  if (ctx.is_mla && options.sm90_prefill && env_flag("ATTNKIT_FLASHINFER_SM90_PREFILL", true)) {
+    sm90_mla_prefill = fa3::PrefillSm90Engine::create_mla_prefill(ctx, sm_count, cc, nullptr);
+  }
+  auto* fi =
+      new FlashInferBackend(ctx, options.name, sm_count, cc, std::move(portable), std::move(reason),
+                            std::move(mla_engine), std::move(sm90_prefill),
+                            std::move(sm90_mla_prefill), options.mla_prefix_passes);
   // ATTNKIT_FLASHINFER_CASCADE (for processes that cannot call set_flashinfer_cascade: the bench's
   // cascade A/B): 0 = off; 1 = on for fp8 KV and every forward mode too (the size thresholds of
   // FlashInferCascadeOptions stay); unset = FlashInferCascadeOptions{}.

@@ -17,9 +17,14 @@
 //    head dims 80 / 96, layers of a shape other than the context's): the mma.sync prefill kernel
 //    (kernels/paged_prefill_sm80.cuh). A shared-prefix cascade, when active, serves the layers
 //    the wgmma kernel does not take. Decode always runs the mma.sync decode kernel.
-// Combinations outside the tensor-core kernels (MLA, f32 activations, encoder / cross-attention
-// batches, head dims not compiled in, SM < 80) run on the portable SIMT kernels of the triton
-// backend; flashinfer_stats() says which path ran.
+//  * MLA on SM90: non-absorbed 192 / 128 prefill layers (causal, bf16 / f16, no window / soft-cap
+//    / sinks) -> the fa3 backend's wgmma MLA prefill kernel
+//    (PrefillSm90Engine::create_mla_prefill), and so do the attention passes of the chunked prefix
+//    cache (encoder-only layers too); the same switches (sm90_prefill,
+//    ATTNKIT_FLASHINFER_SM90_PREFILL=0).
+// Combinations outside the tensor-core kernels (other MLA prefill layers, f32 activations,
+// encoder / cross-attention batches, head dims not compiled in, SM < 80) run on the portable SIMT
+// kernels of the triton backend; flashinfer_stats() says which path ran.
 #pragma once
 
 #include <cstdint>
@@ -76,8 +81,12 @@ struct FlashInferCascadeOptions {
 
 // Per-layer call counters of a flashinfer backend.
 struct FlashInferStats {
-  int64_t native_calls = 0;    // tensor-core kernels (mma.sync, or wgmma on SM90)
-  int64_t wgmma_calls = 0;     // native calls that ran the SM90 wgmma prefill kernel
+  int64_t native_calls = 0;  // tensor-core kernels (mma.sync, or wgmma on SM90)
+  int64_t wgmma_calls = 0;   // native calls that ran the SM90 wgmma prefill kernel (MHA)
+  // Native calls of non-absorbed MLA prefill layers on the SM90 wgmma MLA kernel (MLA contexts
+  // on SM90 with sm90_prefill; the layers with a chunked prefix cache count as portable_calls,
+  // their passes may run on that kernel too).
+  int64_t wgmma_mla_calls = 0;
   int64_t portable_calls = 0;  // delegated to the portable SIMT path
   int64_t split_calls = 0;     // native decode calls whose plan split some request (merge ran)
   int64_t cascade_calls = 0;   // native calls that ran the shared-prefix cascade
