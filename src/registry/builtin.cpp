@@ -160,11 +160,11 @@ BackendDescriptor flashinfer() {
       "prefill kernel; sm_86 / sm_89 (99 KiB shared memory per block): "
       "compact decode / prefill tiles, MHA d 256 on the portable kernels; page-1 MLA: "
       "decode and verify (topk 1) on the shared tensor-core MLA kernels "
-      "(bf16 KV, needs 227 KiB shared memory per block: SM90; wgmma for 64-row tiles), extend / "
-      "192-128 prefill / fp4 KV "
-      "on the portable SIMT kernels; MLA chunked prefix cache (prefix chunks gathered, "
-      "decompressed by the caller's expander, attended on the SIMT kernel, LSE-merged by the "
-      "cascade merge kernel)",
+      "(bf16 KV, needs 227 KiB shared memory per block: SM90; wgmma for 64-row tiles); 192-128 "
+      "prefill (causal, bf16/f16, no window / soft-cap / sinks) on SM90 on the fa3 wgmma MLA "
+      "kernel, elsewhere (and extend / fp4 KV) on the portable SIMT kernels; MLA chunked prefix "
+      "cache (prefix chunks gathered, decompressed by the caller's expander, attended on the "
+      "same wgmma kernel on SM90, else the SIMT kernel, LSE-merged by the cascade merge kernel)",
       kMinCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, false);
   d.mha->head_dims = cuda_head_dims();
@@ -291,8 +291,9 @@ BackendDescriptor flashmla() {
       "mma.sync for up to 32 rows; ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; page-64 loader: "
       "whole bf16 tiles of the wgmma kernel by TMA, the rest by cp.async), split-KV with a "
       "device-side tile-scheduler plan + LSE combine, "
-      "bf16 and fp8_e4m3 latent cache, s_q 1 and verify topk 1; extend, 192/128 prefill (with "
-      "the chunked prefix cache) and fp4 KV via the portable SIMT kernels",
+      "bf16 and fp8_e4m3 latent cache, s_q 1 and verify topk 1; 192/128 prefill (with the "
+      "chunked prefix cache) via flashinfer's path (SM90: the fa3 wgmma MLA kernel), extend and "
+      "fp4 KV via the portable SIMT kernels",
       kMinCc);
   d.mla = mla_row(fixed_pages({64}), true, true, true, true, false);
   d.mla->fp8_e4m3_only = true;
@@ -319,8 +320,9 @@ BackendDescriptor cutlass_mla() {
       "up to 32 rows; "
       "ATTNKIT_MLA_WGMMA=0 keeps all on mma.sync; page-128 loader (whole bf16 tiles of the "
       "wgmma kernel by TMA, the rest by cp.async), "
-      "split-KV plan + LSE combine, bf16 and fp8_e4m3 cache); extend, 192/128 prefill (with the "
-      "chunked prefix cache) and fp4 KV via the portable SIMT kernels",
+      "split-KV plan + LSE combine, bf16 and fp8_e4m3 cache); 192/128 prefill (with the chunked "
+      "prefix cache) via flashinfer's path (SM90: the fa3 wgmma MLA kernel), extend and fp4 KV "
+      "via the portable SIMT kernels",
       kMinCc, kMaxCc);
   d.mla = mla_row(fixed_pages({128}), true, true, true, true, false);
   d.mla->fp8_e4m3_only = true;
