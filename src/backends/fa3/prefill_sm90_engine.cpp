@@ -425,11 +425,11 @@ Status PrefillSm90Engine::run_prefix_pass(int pass, const TensorView& q, const T
     return Status::internal("wgmma MLA prefix pass " + str(pass) + " is not planned");
   }
   const size_t i = static_cast<size_t>(pass);
-  Fa3Params p = base_params(q, out, TensorView{}, layer, batch);
+  // (Rows per tile given: the Q TMA box follows them whether or not plan() ran.)
+  Fa3Params p = base_params(q, out, TensorView{}, layer, batch, kBlockM);
   p.plan = passes_.device.data() + passes_.offset[i];
   p.num_tiles = passes_.tiles[i];
   p.section_heads = passes_.sections[i];
-  p.block_m = kBlockM;
   p.causal = pass == 0 && layer.type != AttentionType::kEncoderOnly ? 1 : 0;
   p.split_units = 0;  // no tail split: every unit writes its rows to part_o
   p.num_splits = 1;
@@ -493,7 +493,7 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
 
 Fa3Params PrefillSm90Engine::base_params(const TensorView& q, const TensorView& out,
                                          const TensorView& lse, const AttentionLayer& layer,
-                                         const ForwardBatch& batch) {
+                                         const ForwardBatch& batch, int block_m) {
   Fa3Params p;
   detail::set_io_params(p, q, out, lse);
   p.plan = plan_words_.data();
@@ -501,7 +501,7 @@ Fa3Params PrefillSm90Engine::base_params(const TensorView& q, const TensorView& 
   p.num_tiles = num_tiles_;
   p.num_q_heads = layer.num_q_heads;
   p.scale_log2 = layer.scaling * kLog2e;
-  p.block_m = planned_block_m_;
+  p.block_m = block_m > 0 ? block_m : planned_block_m_;
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
   p.pingpong = pingpong_ ? 1 : 0;
   p.diag = diag_;
@@ -612,6 +612,9 @@ std::string PrefillSm90Engine::why_not_mla_layer(const TensorView& q, const Tens
                                                  const ForwardBatch& batch) const {
   if (!mla_) return "not the MLA prefill engine";
   if (!planned_) return "forward not planned for wgmma";
+  if (!wgmma_mode(batch.mode)) {  // (a plan of an earlier forward is never this one's)
+    return std::string("forward mode ") + forward_mode_name(batch.mode);
+  }
   if (!layer.is_mla || layer.is_cross_attention) return "not an MLA layer";
   if (layer.qk_head_dim == layer.kv_lora_rank + layer.qk_rope_head_dim) {
     return "absorbed MLA layer (qk_head_dim = kv_lora_rank + qk_rope_head_dim)";

@@ -128,9 +128,9 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   // d.
   void read_kernel_knobs(int d);
   // The launch parameters both run paths share (q / out / lse, plan, schedule knobs, Q by TMA,
-  // tail split of the layer's mask).
+  // tail split of the layer's mask); block_m: rows per tile (0: the planned forward's).
   Fa3Params base_params(const TensorView& q, const TensorView& out, const TensorView& lse,
-                        const AttentionLayer& layer, const ForwardBatch& batch);
+                        const AttentionLayer& layer, const ForwardBatch& batch, int block_m = 0);
   // Fa3Params::section_heads of a forward whose longest request with new tokens has max_kv_len
   // keys of elem_bytes (choose_section_heads; the MLA engine's one-head rule).
   int section_heads_for(int64_t max_kv_len, int elem_bytes) const;

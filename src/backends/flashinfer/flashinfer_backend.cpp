@@ -1194,6 +1194,8 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   ATTNKIT_RETURN_IF_ERROR(
       check_graph_inputs(name_, bs, req_pool_indices, seq_lens, encoder_lens, ctx_.device));
   prefix_cache_.drop_plan();  // graphs capture no prefix mode (mla_prefix_cache.h)
+  // Nor a non-absorbed MLA prefill layer (before the early returns: MLA contexts take them).
+  if (sm90_mla_prefill_ != nullptr) sm90_mla_prefill_->drop_plan();
   if (graph_mla_native(encoder_lens, mode, spec)) {
     plan_ = Plan{};
     plan_.valid = true;
@@ -1225,7 +1227,6 @@ Status FlashInferBackend::init_forward_metadata_capture_cuda_graph(
   }
   cascade_.reset();  // graphs run the plain plan
   if (sm90_prefill_ != nullptr) sm90_prefill_->drop_plan();
-  if (sm90_mla_prefill_ != nullptr) sm90_mla_prefill_->drop_plan();
   // Nothing is copied here (this may run inside the capture): the kernels read the plan from
   // the fixed workspace, which every replay rewrites before the graph launches.
   plan_ = Plan{};
@@ -1434,6 +1435,7 @@ Status FlashInferBackend::init_forward_metadata_replay_cuda_graph(
                                                   req_pool_indices, seq_lens_host, replay_drafts,
                                                   ctx_.stream));
   prefix_cache_.drop_plan();
+  if (sm90_mla_prefill_ != nullptr) sm90_mla_prefill_->drop_plan();
   plan_.replay = true;  // from here the plan's buffers are the replayed batch's
   if (graph_mla_native(encoder_lens, mode, spec)) {
     ATTNKIT_RETURN_IF_ERROR(check_graph_lengths(
