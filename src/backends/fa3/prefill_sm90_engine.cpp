@@ -420,7 +420,8 @@ std::string PrefillSm90Engine::why_not_prefix_passes(const TensorView& q, const 
 Status PrefillSm90Engine::run_prefix_pass(int pass, const TensorView& q, const TensorView& k,
                                           const TensorView& v, const TensorView& out,
                                           const AttentionLayer& layer, const ForwardBatch& batch,
-                                          float* part_o, float* part_lse, StreamHandle stream) {
+                                          float* part_o, float* part_lse, bool merge,
+                                          StreamHandle stream) {
   if (!passes_.planned || pass < 0 || pass >= static_cast<int>(passes_.tiles.size())) {
     return Status::internal("wgmma MLA prefix pass " + str(pass) + " is not planned");
   }
@@ -436,6 +437,7 @@ Status PrefillSm90Engine::run_prefix_pass(int pass, const TensorView& q, const T
   p.split_o = p.split_lse = nullptr;
   p.part_o = part_o;
   p.part_lse = part_lse;
+  p.part_merge = merge ? 1 : 0;
   detail::set_kv_pool_params(p, k, v);
   p.group = 1;
   p.split_empty = split_empty_ ? 1 : 0;

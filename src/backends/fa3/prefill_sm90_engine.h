@@ -100,7 +100,7 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
                                     const ForwardBatch& batch) const override;
   Status run_prefix_pass(int pass, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const AttentionLayer& layer,
-                         const ForwardBatch& batch, float* part_o, float* part_lse,
+                         const ForwardBatch& batch, float* part_o, float* part_lse, bool merge,
                          StreamHandle stream) override;
   // Prefix passes run on the kernel since the engine was made (the fa3 backend's counters).
   int64_t prefix_passes_run() const { return prefix_passes_run_; }

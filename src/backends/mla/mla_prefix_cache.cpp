@@ -222,8 +222,8 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
                                                                                           : nullptr;
   // 1. New tokens over new tokens (causal; encoder-only layers: bidirectional) -> slot 0.
   if (fast != nullptr) {
-    ATTNKIT_RETURN_IF_ERROR(
-        fast->run_prefix_pass(0, q, k, v, out, layer, batch, slot_out(0), slot_lse(0), stream));
+    ATTNKIT_RETURN_IF_ERROR(fast->run_prefix_pass(0, q, k, v, out, layer, batch, slot_out(0),
+                                                  slot_lse(0), /*merge=*/false, stream));
   } else {
     triton::AttentionParams p = base;
     p.k_pool = k.data;
@@ -291,26 +291,28 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
     ATTNKIT_RETURN_IF_ERROR(layer.mla_prefix->expand(lat, kt, vt, stream));
 
     if (fast != nullptr) {
-      ATTNKIT_RETURN_IF_ERROR(fast->run_prefix_pass(c + 1, q, kt, vt, out, layer, batch,
-                                                    slot_out(1), slot_lse(1), stream));
-    } else {
-      triton::AttentionParams p = base;
-      p.k_pool = kc_.data();
-      p.v_pool = vc_.data();
-      p.k_stride_row = static_cast<int64_t>(h) * dqk;
-      p.k_stride_head = dqk;
-      p.v_stride_row = static_cast<int64_t>(h) * dv;
-      p.v_stride_head = dv;
-      p.kv_indptr = indptr;
-      p.kv_indices = iota_.data();
-      p.causal = 0;
-      p.has_new_keys = 0;
-      p.partial_out = slot_out(1);
-      p.partial_lse = slot_lse(1);
-      ATTNKIT_RETURN_IF_ERROR(
-          (triton::run_simt<triton::kMlaPrefillHeadDimQK, triton::kMlaPrefillHeadDimV>(
-              p, act, act, /*extend=*/true, 1, stream)));
+      // The pass merges itself into the running partial (slot 0); out / lse after the last.
+      ATTNKIT_RETURN_IF_ERROR(fast->run_prefix_pass(
+          c + 1, q, kt, vt, out, layer, batch, slot_out(0), slot_lse(0), /*merge=*/true, stream));
+      if (c + 1 == chunks) return merge_to_out(0, 1);
+      continue;
     }
+    triton::AttentionParams p = base;
+    p.k_pool = kc_.data();
+    p.v_pool = vc_.data();
+    p.k_stride_row = static_cast<int64_t>(h) * dqk;
+    p.k_stride_head = dqk;
+    p.v_stride_row = static_cast<int64_t>(h) * dv;
+    p.v_stride_head = dv;
+    p.kv_indptr = indptr;
+    p.kv_indices = iota_.data();
+    p.causal = 0;
+    p.has_new_keys = 0;
+    p.partial_out = slot_out(1);
+    p.partial_lse = slot_lse(1);
+    ATTNKIT_RETURN_IF_ERROR(
+        (triton::run_simt<triton::kMlaPrefillHeadDimQK, triton::kMlaPrefillHeadDimV>(
+            p, act, act, /*extend=*/true, 1, stream)));
 
     const MergeStep step = merge_step(acc, c + 1 == chunks);
     if (step.dst < 0) return merge_to_out(step.first, 2);

@@ -13,6 +13,8 @@
 //      decompress them with layer.mla_prefix->expand, attend the new tokens to them without a mask
 //      (the same SIMT kernel, chunk rows as its key pool) -> f32 partial B; merge A and B by LSE
 //      (the flashinfer cascade merge kernel, f32 result) -> A; the last merge writes out / lse.
+//      On the pass kernel the chunk pass merges itself into A (its epilogue), and one cascade
+//      merge of A alone writes out / lse after the last chunk.
 // Workspace: L * bs latent rows and decompressed k/v, three f32 partial row sets of the new
 // tokens; nothing grows with the prefix beyond the per-chunk offsets.
 // The prefix modes (extend, mixed, draft extend) are not CUDA-graph captured; capture and replay
@@ -72,11 +74,14 @@ class MlaPrefixPassKernel {
                                             const TensorView& v, const AttentionLayer& layer,
                                             const ForwardBatch& batch) const = 0;
   // One pass (why_not_prefix_passes was ""): k / v the new tokens' (pass 0) or chunk pass - 1's
-  // [chunk tokens, H, 192 / 128]; out: the layer's output (its shape; not written).
+  // [chunk tokens, H, 192 / 128]; out: the layer's output (its shape; not written). merge: part_o
+  // / part_lse hold the running partial of the earlier passes (every row), into which the pass
+  // merges its rows by LSE in place; else it overwrites them.
   virtual Status run_prefix_pass(int pass, const TensorView& q, const TensorView& k,
                                  const TensorView& v, const TensorView& out,
                                  const AttentionLayer& layer, const ForwardBatch& batch,
-                                 float* part_o, float* part_lse, StreamHandle stream) = 0;
+                                 float* part_o, float* part_lse, bool merge,
+                                 StreamHandle stream) = 0;
 };
 
 class MlaPrefixCacheRunner {

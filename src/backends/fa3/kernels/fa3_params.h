@@ -347,6 +347,10 @@ struct Fa3Params {
   // keys in the pass (kv_len 0) gets one all-masked key block: O 0, LSE -inf. No tail split.
   float* part_o = nullptr;
   float* part_lse = nullptr;
+  // With part_o: 1: part_o / part_lse hold the running partial of the earlier passes (every row
+  // written), which each row merges this pass into by LSE, in place (the runner's merge folded
+  // into the epilogue); 0: the rows are overwritten.
+  int part_merge = 0;
 };
 
 // Whether p's layer needs the kernels' variant instantiations (a sliding window, a soft-cap or

@@ -1034,30 +1034,50 @@ __device__ __forceinline__ void store_o_piece(const Fa3Params& p, const TileInfo
 
 // Epilogue of the MLA kernel's prefix-cache passes (Fa3Params::part_o): this thread's two rows
 // normalised in f32 to part_o and their log2-domain LSE (-inf: no visible key) to part_lse, at
-// row (q_start + token) x num_q_heads + head. Rows outside [0, q_len) are not written.
+// row (q_start + token) x num_q_heads + head; with p.part_merge, merged by LSE into the running
+// partial those rows hold (in place: each lane rewrites the columns it read; the quad's lanes read
+// the old LSE before its lane 0 rewrites it). Rows outside [0, q_len) are not written.
 template <int kD>
 __device__ __forceinline__ void store_o_part(const Fa3Params& p, const TileInfo& t,
                                              const float (&o)[kD / 2], const float (&m)[2],
                                              const float (&l)[2], int row0, int lane) {
+  const float kNegInf = -__int_as_float(0x7f800000);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sum = quad_row_sum(l[h]);
-    const float inv = cuda::row_inv(sum);
     const int token = t.m0 + row0 + 8 * h;
-    if (token < 0 || token >= t.q_len) continue;
+    const bool store = token >= 0 && token < t.q_len;
     const int64_t prow =
         (static_cast<int64_t>(t.q_start) + token) * p.num_q_heads + static_cast<int64_t>(t.head);
+    const float m_use = m[h] == kNegInf ? 0.f : m[h];
+    float lse = cuda::row_has_keys(sum) ? m_use + __log2f(sum) : kNegInf;
+    float a = 0.f;                 // weight of the running partial
+    float b = cuda::row_inv(sum);  // of this pass's unnormalised O
+    if (p.part_merge) {
+      const float lse_old = store ? p.part_lse[prow] : kNegInf;
+      __syncwarp();
+      const float mx = fmaxf(lse_old, lse);
+      if (mx != kNegInf) {
+        const float w_old = exp2f(lse_old - mx), w_new = exp2f(lse - mx);
+        const float den = w_old + w_new;
+        a = w_old / den;
+        b *= w_new / den;
+        lse = mx + __log2f(den);
+      }
+    }
+    if (!store) continue;
     float* rowp = p.part_o + prow * kD + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
-      *reinterpret_cast<float2*>(rowp + 8 * j) =
-          make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+      float2 v = make_float2(o[4 * j + 2 * h] * b, o[4 * j + 2 * h + 1] * b);
+      if (p.part_merge) {
+        const float2 old = *reinterpret_cast<const float2*>(rowp + 8 * j);
+        v.x = fmaf(a, old.x, v.x);
+        v.y = fmaf(a, old.y, v.y);
+      }
+      *reinterpret_cast<float2*>(rowp + 8 * j) = v;
     }
-    if (lane % 4 == 0) {
-      const float m_use = m[h] == -__int_as_float(0x7f800000) ? 0.f : m[h];
-      p.part_lse[prow] =
-          cuda::row_has_keys(sum) ? m_use + __log2f(sum) : -__int_as_float(0x7f800000);
-    }
+    if (lane % 4 == 0) p.part_lse[prow] = lse;
   }
 }
 
