@@ -392,29 +392,7 @@ std::string PrefillSm90Engine::why_not_prefix_passes(const TensorView& q, const 
   if (batch.batch_size != passes_.bs || batch.num_tokens != passes_.tokens) {
     return "batch differs from the planned passes";
   }
-  if (!layer.is_mla || layer.is_cross_attention ||
-      layer.qk_head_dim == layer.kv_lora_rank + layer.qk_rope_head_dim) {
-    return "not a non-absorbed MLA layer";
-  }
-  if (layer.qk_head_dim != dqk_ || layer.v_head_dim != dv_) {
-    return "head dims " + str(layer.qk_head_dim) + "/" + str(layer.v_head_dim);
-  }
-  if (layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != layer.num_q_heads) {
-    return "heads " + str(layer.num_q_heads) + "/" + str(layer.num_kv_heads);
-  }
-  if (layer.sliding_window >= 0 || layer.logit_cap != 0.f || layer.sinks.defined()) {
-    return "sliding window / soft-cap / sinks";
-  }
-  if (q.dtype != ctx_.q_dtype || k.dtype != ctx_.q_dtype || v.dtype != ctx_.q_dtype) {
-    return "q / k / v dtype";
-  }
-  const auto shaped = [&](const TensorView& t, int d) {
-    return t.defined() && t.ndim == 3 && t.size(0) == batch.num_tokens &&
-           t.size(1) == layer.num_q_heads && t.size(2) == d && t.stride(2) == 1 && vec_aligned(t);
-  };
-  if (!shaped(k, dqk_) || !shaped(v, dv_)) return "k / v shape or alignment";
-  if (!vec_aligned(q)) return "q rows not 16-byte aligned";
-  return "";
+  return why_not_mla_shape(q, k, v, layer, batch);  // (encoder-only layers too: no tail split)
 }
 
 Status PrefillSm90Engine::run_prefix_pass(int pass, const TensorView& q, const TensorView& k,
@@ -438,13 +416,7 @@ Status PrefillSm90Engine::run_prefix_pass(int pass, const TensorView& q, const T
   p.part_o = part_o;
   p.part_lse = part_lse;
   p.part_merge = merge ? 1 : 0;
-  detail::set_kv_pool_params(p, k, v);
-  p.group = 1;
-  p.split_empty = split_empty_ ? 1 : 0;
-  p.tma_rows = tma_ && encode_pool_map(k, k.dtype, kMlaPrefillBlockN, &p.tma_k) &&
-                       encode_pool_map(v, v.dtype, kMlaPrefillBlockN, &p.tma_v)
-                   ? kMlaPrefillBlockN
-                   : 0;
+  set_mla_kv(p, k, v);
   ++prefix_passes_run_;
   if (p.num_tiles == 0) return Status::ok();
   return run_prefill_sm90_mla(p, q.dtype, sm_count_, stream);
@@ -608,6 +580,39 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   return timeline.end(p, sm_count_, stream);
 }
 
+std::string PrefillSm90Engine::why_not_mla_shape(const TensorView& q, const TensorView& k,
+                                                 const TensorView& v, const AttentionLayer& layer,
+                                                 const ForwardBatch& batch) const {
+  if (!layer.is_mla || layer.is_cross_attention) return "not an MLA layer";
+  if (layer.qk_head_dim == layer.kv_lora_rank + layer.qk_rope_head_dim) {
+    return "absorbed MLA layer (qk_head_dim = kv_lora_rank + qk_rope_head_dim)";
+  }
+  if (layer.qk_head_dim != dqk_ || layer.v_head_dim != dv_) {
+    return "head dims " + str(layer.qk_head_dim) + "/" + str(layer.v_head_dim) +
+           " (the wgmma MLA prefill runs " + str(dqk_) + "/" + str(dv_) + ")";
+  }
+  if (layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != layer.num_q_heads) {
+    return "heads " + str(layer.num_q_heads) + "/" + str(layer.num_kv_heads) +
+           " (needs the context's q heads " + str(ctx_.num_q_heads) + ", one kv head per q head)";
+  }
+  if (layer.sliding_window >= 0 || layer.logit_cap != 0.f || layer.sinks.defined()) {
+    return "sliding window / soft-cap / sinks";
+  }
+  if (q.dtype != ctx_.q_dtype || k.dtype != ctx_.q_dtype || v.dtype != ctx_.q_dtype) {
+    return "q / k / v dtype";
+  }
+  const auto shaped = [&](const TensorView& t, int d) {
+    return t.defined() && t.ndim == 3 && t.size(0) == batch.num_tokens &&
+           t.size(1) == layer.num_q_heads && t.size(2) == d && t.stride(2) == 1 && vec_aligned(t);
+  };
+  if (!shaped(k, dqk_) || !shaped(v, dv_)) {
+    return "k / v not [num_tokens, heads, " + str(dqk_) + " / " + str(dv_) +
+           "] with unit innermost stride and 16-byte rows";
+  }
+  if (!vec_aligned(q)) return "q rows not 16-byte aligned";
+  return "";
+}
+
 std::string PrefillSm90Engine::why_not_mla_layer(const TensorView& q, const TensorView& k,
                                                  const TensorView& v, const TensorView& out,
                                                  const AttentionLayer& layer,
@@ -617,40 +622,15 @@ std::string PrefillSm90Engine::why_not_mla_layer(const TensorView& q, const Tens
   if (!wgmma_mode(batch.mode)) {  // (a plan of an earlier forward is never this one's)
     return std::string("forward mode ") + forward_mode_name(batch.mode);
   }
-  if (!layer.is_mla || layer.is_cross_attention) return "not an MLA layer";
-  if (layer.qk_head_dim == layer.kv_lora_rank + layer.qk_rope_head_dim) {
-    return "absorbed MLA layer (qk_head_dim = kv_lora_rank + qk_rope_head_dim)";
-  }
+  if (const std::string why = why_not_mla_shape(q, k, v, layer, batch); !why.empty()) return why;
   if (layer.type != AttentionType::kDecoder) {
     return "not a decoder (causal) layer";  // the kernel's causal plan; nothing runs it otherwise
   }
-  if (layer.qk_head_dim != dqk_ || layer.v_head_dim != dv_) {
-    return "head dims " + str(layer.qk_head_dim) + "/" + str(layer.v_head_dim) +
-           " (the wgmma MLA prefill runs " + str(dqk_) + "/" + str(dv_) + ")";
-  }
   if (layer.mla_prefix != nullptr) return "chunked prefix cache layer (layer.mla_prefix)";
-  if (layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != layer.num_q_heads) {
-    return "heads " + str(layer.num_q_heads) + "/" + str(layer.num_kv_heads) +
-           " (needs the context's q heads " + str(ctx_.num_q_heads) + ", one kv head per q head)";
-  }
-  if (layer.sliding_window >= 0 || layer.logit_cap != 0.f || layer.sinks.defined()) {
-    return "sliding window / soft-cap / sinks";
-  }
-  if (q.dtype != ctx_.q_dtype || out.dtype != ctx_.q_dtype || k.dtype != ctx_.q_dtype ||
-      v.dtype != ctx_.q_dtype) {
-    return "q / k / v / out dtype";
-  }
+  if (out.dtype != ctx_.q_dtype) return "out dtype";
   if (batch.batch_size != plan_bs_) return "batch size differs from the plan";
   if (batch.num_tokens != plan_tokens_) return "num_tokens differs from the plan";
-  const auto shaped = [&](const TensorView& t, int d) {
-    return t.defined() && t.ndim == 3 && t.size(0) == batch.num_tokens &&
-           t.size(1) == layer.num_q_heads && t.size(2) == d && t.stride(2) == 1 && vec_aligned(t);
-  };
-  if (!shaped(k, dqk_) || !shaped(v, dv_)) {
-    return "k / v not [num_tokens, heads, " + str(dqk_) + " / " + str(dv_) +
-           "] with unit innermost stride and 16-byte rows";
-  }
-  if (!vec_aligned(q) || !vec_aligned(out)) return "q / out rows not 16-byte aligned";
+  if (!vec_aligned(out)) return "out rows not 16-byte aligned";
   return "";
 }
 
@@ -663,8 +643,13 @@ Status PrefillSm90Engine::run_mla(const TensorView& q, const TensorView& k, cons
                                     " cannot run on it: " + why);
   }
   Fa3Params p = base_params(q, out, lse, layer, batch);
-  // K / V: the layer's inputs, row q_start + key of each request (PrefillTraits::kContigKV); one
-  // 128-row TMA box per full key block and 64 columns.
+  set_mla_kv(p, k, v);
+  return run_prefill_sm90_mla(p, q.dtype, sm_count_, stream);
+}
+
+void PrefillSm90Engine::set_mla_kv(Fa3Params& p, const TensorView& k, const TensorView& v) const {
+  // K / V: rows of the tensors (PrefillTraits::kContigKV; a request's key 0 at its plan word
+  // kv_row); one 128-row TMA box per full key block and 64 columns.
   detail::set_kv_pool_params(p, k, v);
   p.group = 1;
   p.split_empty = split_empty_ ? 1 : 0;
@@ -672,7 +657,6 @@ Status PrefillSm90Engine::run_mla(const TensorView& q, const TensorView& k, cons
                        encode_pool_map(v, v.dtype, kMlaPrefillBlockN, &p.tma_v)
                    ? kMlaPrefillBlockN
                    : 0;
-  return run_prefill_sm90_mla(p, q.dtype, sm_count_, stream);
 }
 
 }  // namespace attnkit::fa3

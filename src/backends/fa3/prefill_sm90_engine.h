@@ -131,6 +131,15 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   // tail split of the layer's mask); block_m: rows per tile (0: the planned forward's).
   Fa3Params base_params(const TensorView& q, const TensorView& out, const TensorView& lse,
                         const AttentionLayer& layer, const ForwardBatch& batch, int block_m = 0);
+  // Why a non-absorbed MLA layer cannot run on the MLA kernel whatever the plan ("" = it can):
+  // dims, heads, window / soft-cap / sinks, q / k / v dtype, k / v [num_tokens, heads, d] with
+  // unit innermost stride and 16-byte rows, q rows aligned. why_not_mla_layer and
+  // why_not_prefix_passes add their plans' conditions.
+  std::string why_not_mla_shape(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const AttentionLayer& layer, const ForwardBatch& batch) const;
+  // The MLA kernel's K / V parameters from the tensors k / v (their rows; TMA maps where they
+  // encode).
+  void set_mla_kv(Fa3Params& p, const TensorView& k, const TensorView& v) const;
   // Fa3Params::section_heads of a forward whose longest request with new tokens has max_kv_len
   // keys of elem_bytes (choose_section_heads; the MLA engine's one-head rule).
   int section_heads_for(int64_t max_kv_len, int elem_bytes) const;
