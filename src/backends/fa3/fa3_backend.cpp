@@ -7,8 +7,10 @@
 // forwards, the engine's query tiles; forward_extend writes the layer's K/V (save_kv) and runs
 // the engine or delegates. CUDA graphs (decode, verify) are the flashinfer backend's.
 // MLA contexts: a second engine (PrefillSm90Engine::create_mla_prefill) runs the non-absorbed
-// 192 / 128 prefill layers without a chunked prefix cache; absorbed layers, decode and the
-// prefix-cache layers are the flashinfer backend's (its MLA paths).
+// 192 / 128 prefill layers without a chunked prefix cache, and the attention passes of those with
+// one (the flashinfer backend's MlaPrefixCacheRunner hands them to it:
+// FlashInferOptions::mla_prefix_passes); absorbed layers and decode are the flashinfer backend's
+// (its MLA paths).
 #include "backends/fa3/fa3_backend.h"
 
 #ifdef ATTNKIT_WITH_CUDA

@@ -19,7 +19,8 @@
 // two-warpgroup one with V^T in the kernel). Everything else -- decode, target verify, a window /
 // sinks / soft-cap over an fp8_e4m3 pool on other (knob-forced) plans, fp8_e5m2 KV (and e4m3 KV at
 // other head dims / f16 q), head dims 80 / 96, encoder batches, MLA other than the non-absorbed
-// 192 / 128 prefill layers (their own SM90 kernel: PrefillSm90Engine::create_mla_prefill), SM80,
+// 192 / 128 prefill layers (their own SM90 kernel: PrefillSm90Engine::create_mla_prefill, which
+// also runs the attention passes of their chunked prefix cache), SM80,
 // CUDA graphs -- runs on
 // an owned `flashinfer` backend (mma.sync tensor-core kernels, which themselves hand MLA, f32 and
 // encoder batches to the portable triton kernels). fa3_stats() says which path ran.
