@@ -67,6 +67,24 @@ bool encode_pool_map(const TensorView& buf, DType dtype, int box_rows, TmaDesc* 
                                 3, buf.data, dims, strides, box, out);
 }
 
+// The requests of an MLA kernel plan (their kv_len, and kv_rows: the row of each request's key 0
+// in the plan's k / v): with indptr null the new tokens over their own rows (kv_len q_len, row
+// q_start: the no-prefix layers and the prefix cache's pass 0), else over a prefix chunk's rows
+// (request r's keys rows [indptr[r], indptr[r + 1]) of the chunk's k / v). Returns the longest
+// kv_len of a request with new tokens.
+int64_t set_mla_pass_requests(std::vector<TileRequest>& reqs, const int32_t* indptr,
+                              std::vector<int32_t>& kv_rows) {
+  kv_rows.resize(reqs.size());
+  int64_t max_kv_len = 0;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    TileRequest& q = reqs[r];
+    q.kv_len = indptr == nullptr ? q.q_len : indptr[r + 1] - indptr[r];
+    kv_rows[r] = indptr == nullptr ? q.q_start : indptr[r];
+    if (q.q_len > 0) max_kv_len = std::max<int64_t>(max_kv_len, q.kv_len);
+  }
+  return max_kv_len;
+}
+
 // Whether the forward mode's queries are "the last q_len keys of each request" (the kernel's
 // causal convention). Target verify (tree positions) and decode are not.
 bool wgmma_mode(ForwardMode m) {
@@ -265,12 +283,7 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   const int bs = batch.batch_size;
   std::vector<TileRequest> reqs = tile_requests(batch);
   std::vector<int32_t> kv_rows;  // MLA: key k of a request is row q_start + k of the layer's k / v
-  if (mla_) {
-    for (TileRequest& r : reqs) {
-      r.kv_len = r.q_len;  // the new tokens attend each other only
-      kv_rows.push_back(r.q_start);
-    }
-  }
+  if (mla_) set_mla_pass_requests(reqs, nullptr, kv_rows);  // the new tokens attend each other
   const bool fp8 = !mla_ && batch.kv_pool->dtype() == DType::kFP8E4M3;
   // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
   // producer for prefill-like forwards (a few queries over a long prefix keep the in-kernel
@@ -347,7 +360,7 @@ Status PrefillSm90Engine::plan_prefix_passes(const ForwardBatch& batch,
   if (!mla_ || !prefix_passes_on_ || !why_not(batch).empty()) return Status::ok();
   const int bs = batch.batch_size;
   std::vector<TileRequest> reqs = tile_requests(batch);
-  std::vector<int32_t> kv_rows(static_cast<size_t>(bs));
+  std::vector<int32_t> kv_rows;
   passes_.words.clear();
   passes_.offset.clear();
   passes_.tiles.clear();
@@ -357,13 +370,7 @@ Status PrefillSm90Engine::plan_prefix_passes(const ForwardBatch& batch,
   for (int pass = 0; pass <= layout.chunks; ++pass) {
     const int32_t* indptr =
         pass > 0 ? layout.indptr.data() + static_cast<size_t>(pass - 1) * (bs + 1) : nullptr;
-    int64_t max_kv_len = 0;
-    for (int r = 0; r < bs; ++r) {
-      TileRequest& q = reqs[static_cast<size_t>(r)];
-      q.kv_len = pass == 0 ? q.q_len : indptr[r + 1] - indptr[r];
-      kv_rows[static_cast<size_t>(r)] = pass == 0 ? q.q_start : indptr[r];
-      if (q.q_len > 0) max_kv_len = std::max<int64_t>(max_kv_len, q.kv_len);
-    }
+    const int64_t max_kv_len = set_mla_pass_requests(reqs, indptr, kv_rows);
     ATTNKIT_ASSIGN_OR_RETURN(
         TilePlan plan, build_tile_plan(reqs, kBlockM, tile_anchor_, kv_rows, /*causal=*/pass == 0));
     passes_.offset.push_back(static_cast<int64_t>(passes_.words.size()));
