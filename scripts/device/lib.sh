@@ -20,6 +20,14 @@
 #   OUT (default ./out) created, summary=$OUT/summary.txt emptied, t_start now. With it come
 #   note TEXT (echo, appended to the summary), has_stage NAME (whether STAGES lists it) and elapsed
 #   (seconds since attnkit_script_start).
+# attnkit_build_targets "TARGETS"
+#   After attnkit_script_start: builds the space-separated TARGETS in build/device through check.sh's
+#   build stage (HEAD_DIMS from the environment, empty = every head dim; logs in $OUT/check) and
+#   notes check.sh's build line and the build log's error / FAILED lines in the summary.
+# attnkit_run_gtest NAME LIMIT BINARY [FILTER]
+#   After attnkit_script_start: runs build/device/tests/BINARY with --gtest_filter=FILTER (default
+#   *) under a LIMIT-second timeout into $OUT/NAME.log and notes its exit status, the time and the
+#   PASSED / FAILED lines, then its failure lines, in the summary.
 # attnkit_ncu_bin
 #   Prints the path of Nsight Compute's ncu (PATH first, else the newest under
 #   /opt/nvidia/nsight-compute, else the CUDA toolkit's); nothing when there is none.
@@ -86,4 +94,16 @@ elapsed() { echo $(($(date +%s) - t_start)); }
 # The summary's first line: GPU, driver, UTC time.
 note_device() {
   note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)  date: $(date -u +%Y-%m-%dT%H:%MZ)"
+}
+attnkit_build_targets() {
+  OUT="$OUT/check" STAGES=build HEAD_DIMS="${HEAD_DIMS:-}" TARGETS="$1" \
+    bash scripts/device/check.sh > /dev/null 2>&1
+  note "$(grep build "$OUT/check/summary.txt" | tail -1) at $(elapsed) s"
+  grep -E "error|FAILED" "$OUT/check/build.log" 2>/dev/null | head -20 >> "$summary"
+}
+attnkit_run_gtest() {
+  local name=$1 limit=$2 bin=$3 filter=${4:-*}
+  timeout "$limit" "build/device/tests/$bin" --gtest_filter="$filter" > "$OUT/$name.log" 2>&1
+  note "$name ($bin $filter): rc=$? at $(elapsed) s: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$name.log" | tr '\n' ' ' | cut -c1-300)"
+  grep -E "^\[  FAILED  \]|Failure$|rel_l2 .*tol" "$OUT/$name.log" | head -12 >> "$summary"
 }

@@ -12,9 +12,7 @@ cd "$root"
 attnkit_script_start  # OUT, summary, note, has_stage, elapsed
 note_device
 ak=build/device/tools/attnkit/attnkit
-OUT="$OUT/check" STAGES=build HEAD_DIMS="${HEAD_DIMS:-64}" TARGETS="attnkit_cli" \
-  bash scripts/device/check.sh > /dev/null 2>&1
-note "$(grep build "$OUT/check/summary.txt" | tail -1) at $(elapsed) s"
+HEAD_DIMS="${HEAD_DIMS:-64}" attnkit_build_targets attnkit_cli
 for r in $(seq 1 "${ROUNDS:-2}"); do
   echo "== round $r"
   timeout 90 "$ak" bench --backend fa3 --device cuda --cases scripts/device/s68_mla_chunks.json \

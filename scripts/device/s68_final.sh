@@ -14,27 +14,16 @@ attnkit_script_start  # OUT, summary, note, has_stage, elapsed
 note_device
 STAGES="${STAGES:-build test bench}"
 ak=build/device/tools/attnkit/attnkit
-t=build/device/tests
 if has_stage build; then
-  OUT="$OUT/check" STAGES=build HEAD_DIMS="${HEAD_DIMS:-}" \
-    TARGETS="attnkit_cli test_fa3_cases test_flashinfer_cases test_mla_prefix_cache test_nan_key_cases test_flashmla_cases test_cutlass_mla_cases" \
-    bash scripts/device/check.sh > /dev/null 2>&1
-  note "$(grep build "$OUT/check/summary.txt" | tail -1) at $(elapsed) s"
-  grep -E "error|FAILED" "$OUT/check/build.log" 2>/dev/null | head -20 >> "$summary"
+  attnkit_build_targets "attnkit_cli test_fa3_cases test_flashinfer_cases test_mla_prefix_cache test_nan_key_cases test_flashmla_cases test_cutlass_mla_cases"
 fi
-run_test() {  # name timeout binary [filter]
-  local name=$1 limit=$2 bin=$3 filter=${4:-*}
-  timeout "$limit" "$t/$bin" --gtest_filter="$filter" > "$OUT/$name.log" 2>&1
-  note "$name ($bin $filter): rc=$? at $(elapsed) s: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$name.log" | tr '\n' ' ' | cut -c1-300)"
-  grep -E "^\[  FAILED  \]|Failure$|rel_l2 .*tol" "$OUT/$name.log" | head -12 >> "$summary"
-}
 if has_stage test; then
-  run_test fa3 200 test_fa3_cases
-  run_test fi_mla 90 test_flashinfer_cases '*mla*:*Mla*'
-  run_test prefix 120 test_mla_prefix_cache
-  run_test flashmla 60 test_flashmla_cases '*mla_prefill*'
-  run_test cutlass 60 test_cutlass_mla_cases '*mla_prefill*'
-  run_test nan 90 test_nan_key_cases '*fa3*:*flashinfer*'
+  attnkit_run_gtest fa3 200 test_fa3_cases
+  attnkit_run_gtest fi_mla 90 test_flashinfer_cases '*mla*:*Mla*'
+  attnkit_run_gtest prefix 120 test_mla_prefix_cache
+  attnkit_run_gtest flashmla 60 test_flashmla_cases '*mla_prefill*'
+  attnkit_run_gtest cutlass 60 test_cutlass_mla_cases '*mla_prefill*'
+  attnkit_run_gtest nan 90 test_nan_key_cases '*fa3*:*flashinfer*'
 fi
 if has_stage bench; then
   {

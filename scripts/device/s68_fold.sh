@@ -12,22 +12,13 @@ cd "$root"
 attnkit_script_start  # OUT, summary, note, has_stage, elapsed
 note_device
 ak=build/device/tools/attnkit/attnkit
-t=build/device/tests
-OUT="$OUT/check" STAGES=build HEAD_DIMS="${HEAD_DIMS:-64}" \
-  TARGETS="attnkit_cli test_fa3_cases test_mla_prefix_cache test_flashinfer_cases test_verify_graphs test_graph_replay_guards" \
-  bash scripts/device/check.sh > /dev/null 2>&1
-note "$(grep build "$OUT/check/summary.txt" | tail -1) at $(elapsed) s"
-grep -E "error|FAILED" "$OUT/check/build.log" 2>/dev/null | head -20 >> "$summary"
-run_test() {  # name timeout binary filter
-  timeout "$2" "$t/$3" --gtest_filter="$4" > "$OUT/$1.log" 2>&1
-  note "$1 ($3 $4): rc=$? at $(elapsed) s: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$1.log" | tr '\n' ' ' | cut -c1-250)"
-  grep -E "^\[  FAILED  \]|Failure$|rel_l2 .*tol" "$OUT/$1.log" | head -12 >> "$summary"
-}
-run_test fa3 90 test_fa3_cases 'Fa3MlaPrefillTest.*:SharedTable/Fa3CaseTest.MatchesReference/mla*'
-run_test prefix 90 test_mla_prefix_cache '*'
-run_test fi_mla 60 test_flashinfer_cases '*mla*:*Mla*'
-run_test vgraphs 40 test_verify_graphs '*Mla*:*mla*:*MLA*'
-run_test guards 30 test_graph_replay_guards '*'
+HEAD_DIMS="${HEAD_DIMS:-64}" attnkit_build_targets \
+  "attnkit_cli test_fa3_cases test_mla_prefix_cache test_flashinfer_cases test_verify_graphs test_graph_replay_guards"
+attnkit_run_gtest fa3 90 test_fa3_cases 'Fa3MlaPrefillTest.*:SharedTable/Fa3CaseTest.MatchesReference/mla*'
+attnkit_run_gtest prefix 90 test_mla_prefix_cache '*'
+attnkit_run_gtest fi_mla 60 test_flashinfer_cases '*mla*:*Mla*'
+attnkit_run_gtest vgraphs 40 test_verify_graphs '*Mla*:*mla*:*MLA*'
+attnkit_run_gtest guards 30 test_graph_replay_guards '*'
 {
   timeout 60 "$ak" bench --backend fa3 --device cuda --cases bench/cases/mla_prefill_prefix.json \
     --verify --json "$OUT/mla_prefix_fa3.json" 2>>"$OUT/bench.err" | grep -E "^fa3 |ceiling"

@@ -17,21 +17,13 @@ note_device
 STAGES="${STAGES:-build test bench}"
 ak=build/device/tools/attnkit/attnkit
 if has_stage build; then
-  OUT="$OUT/check" STAGES=build HEAD_DIMS="${HEAD_DIMS:-}" \
-    TARGETS="attnkit_cli test_fa3_cases test_mla_prefix_cache test_nan_key_cases" \
-    bash scripts/device/check.sh > /dev/null 2>&1
-  note "$(grep build "$OUT/check/summary.txt" | tail -1) at $(elapsed) s"
-  grep -E "error|FAILED" "$OUT/check/build.log" 2>/dev/null | head -20 >> "$summary"
+  attnkit_build_targets "attnkit_cli test_fa3_cases test_mla_prefix_cache test_nan_key_cases"
 fi
 if has_stage test; then
   filter="${TEST_FILTER:-Fa3MlaPrefillTest.*:SharedTable/Fa3CaseTest.MatchesReference/mla*}"
-  timeout 200 build/device/tests/test_fa3_cases --gtest_filter="$filter" > "$OUT/test_fa3.log" 2>&1
-  note "test_fa3_cases ($filter): rc=$? at $(elapsed) s: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/test_fa3.log" | tr '\n' ' ' | cut -c1-300)"
-  grep -E "^\[  FAILED  \]|Failure|rel_l2|Expected|Which|actual" "$OUT/test_fa3.log" | head -30 >> "$summary"
-  timeout 120 build/device/tests/test_mla_prefix_cache > "$OUT/test_mla_prefix_cache.log" 2>&1
-  note "test_mla_prefix_cache: rc=$? at $(elapsed) s: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/test_mla_prefix_cache.log" | tr '\n' ' ' | cut -c1-300)"
-  timeout 100 build/device/tests/test_nan_key_cases --gtest_filter='*fa3*' > "$OUT/nan.log" 2>&1
-  note "NanKeyCases (fa3): rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/nan.log" | tr '\n' ' ')"
+  attnkit_run_gtest test_fa3 200 test_fa3_cases "$filter"
+  attnkit_run_gtest test_mla_prefix_cache 120 test_mla_prefix_cache
+  attnkit_run_gtest nan 100 test_nan_key_cases '*fa3*'
 fi
 if has_stage bench; then
   for r in $(seq 1 "${ROUNDS:-2}"); do

@@ -9,16 +9,11 @@ cd "$root"
 . scripts/device/lib.sh
 attnkit_script_start  # OUT, summary, note, has_stage, elapsed
 note_device
-t=build/device/tests
 bins="test_stale_plan test_graph_replay_guards test_input_checks test_kv_guard test_table_slots test_flashmla_cases test_cutlass_mla_cases test_verify_graphs"
-OUT="$OUT/check" STAGES=build HEAD_DIMS="${HEAD_DIMS:-}" TARGETS="$bins" \
-  bash scripts/device/check.sh > /dev/null 2>&1
-note "$(grep build "$OUT/check/summary.txt" | tail -1) at $(elapsed) s"
+attnkit_build_targets "$bins"
 for b in $bins; do
   filter='*'
   [ "$b" = test_verify_graphs ] && filter='*Mla*:*mla*:*MLA*'
-  timeout "${LIMIT:-60}" "$t/$b" --gtest_filter="$filter" > "$OUT/$b.log" 2>&1
-  note "$b ($filter): rc=$? at $(elapsed) s: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$b.log" | tr '\n' ' ' | cut -c1-250)"
-  grep -E "^\[  FAILED  \]" "$OUT/$b.log" | head -8 >> "$summary"
+  attnkit_run_gtest "$b" "${LIMIT:-60}" "$b" "$filter"
 done
 note "done at $(elapsed) s"

@@ -14,10 +14,7 @@ note_device
 STAGES="${STAGES:-build snapshot test mla}"
 ak=build/device/tools/attnkit/attnkit
 if has_stage build; then
-  OUT="$OUT/check" STAGES=build TARGETS="attnkit_cli test_fa3_cases test_nan_key_cases" \
-    bash scripts/device/check.sh > /dev/null 2>&1
-  note "$(grep build "$OUT/check/summary.txt" | tail -1) at $(elapsed) s"
-  grep -E "error|FAILED" "$OUT/check/build.log" 2>/dev/null | head -20 >> "$summary"
+  attnkit_build_targets "attnkit_cli test_fa3_cases test_nan_key_cases"
 fi
 if has_stage snapshot; then
   # snapshot_s66.sh's stages after its build (the CLI is built above).
@@ -32,11 +29,8 @@ if has_stage snapshot; then
   note "decode at $(elapsed) s"
 fi
 if has_stage test; then
-  timeout 200 build/device/tests/test_fa3_cases > "$OUT/test_fa3_cases.log" 2>&1
-  note "test_fa3_cases: rc=$? at $(elapsed) s: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/test_fa3_cases.log" | tr '\n' ' ' | cut -c1-400)"
-  grep -E "^\[  FAILED  \]" "$OUT/test_fa3_cases.log" | head -10 >> "$summary"
-  timeout 120 build/device/tests/test_nan_key_cases --gtest_filter='*fa3*:*flashinfer*' > "$OUT/nan.log" 2>&1
-  note "NanKeyCases (fa3, flashinfer): rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/nan.log" | tr '\n' ' ')"
+  attnkit_run_gtest test_fa3_cases 200 test_fa3_cases
+  attnkit_run_gtest nan 120 test_nan_key_cases '*fa3*:*flashinfer*'
 fi
 if has_stage mla; then
   timeout 60 "$ak" bench --backend fa3 --device cuda --cases bench/cases/mla_prefill.json --verify \
