@@ -120,22 +120,12 @@ ATTNKIT_BACKEND_CASE_TESTS(TorchNativeRegistryCases, "torch_native", Device::cpu
 // ran such layers causal whatever their type, which failed the backends that honour it).
 TEST(TorchNativeMlaPrefill, FollowsTheLayerType) {
   for (const AttentionType type : {AttentionType::kDecoder, AttentionType::kEncoderOnly}) {
-    CaseSpec c;
-    c.name = "mla_prefill_type";
-    c.mode = ForwardMode::kExtend;
-    c.page_size = 64;
-    c.prefix_lens = {0, 0};
-    c.new_lens = {37, 11};
-    c.num_q_heads = c.num_kv_heads = 2;
-    c.head_dim = 192;
-    c.v_head_dim = 128;
-    c.mla = true;
-    c.kv_lora_rank = 512;
-    c.qk_rope_head_dim = 64;
+    CaseSpec c = *harness::find_case("mla_prefill_192_128");  // no prefix: the new tokens only
     c.type = type;
     PreparedCase pc = prepare_or_die(c);
     ASSERT_TRUE(harness::run_backend(*torch_native(pc), pc, true).is_ok());
-    const std::vector<int32_t> cu = {0, 37, 48};
+    std::vector<int32_t> cu = {0};
+    for (const int n : c.new_lens) cu.push_back(cu.back() + n);
     for (size_t l = 0; l < pc.layers.size(); ++l) {
       const harness::LayerData& ld = pc.layers[l];
       std::vector<double> want[2], lse;  // [0]: bidirectional, [1]: causal
