@@ -74,18 +74,15 @@ bool expects_wgmma(const CaseSpec& s, const std::vector<fa3::TileRequest>* reque
 bool expects_mla_wgmma(const CaseSpec& s) { return test_support::expects_sm90_mla_prefill(s); }
 
 // The passes of the MLA chunked prefix cache the wgmma MLA kernel must run for the case's layers
-// (PrefillSm90Engine::why_not_prefix_passes: SM90, non-absorbed 192 / 128 layers with a prefix
-// chunk budget, extend / draft-extend, bf16 / f16, no window / soft-cap / sinks, decoder or
-// encoder-only, ATTNKIT_FA3_MLA_PREFIX not 0): per layer the new-token pass and one per chunk.
+// (PrefillSm90Engine::why_not_prefix_passes: a layer the kernel would take without the prefix
+// cache, expects_mla_wgmma, encoder-only too, with a prefix chunk budget, ATTNKIT_FA3_MLA_PREFIX
+// not 0): per layer the new-token pass and one per chunk.
 int64_t expected_mla_prefix_passes(const CaseSpec& s, int layers) {
-  const Result<DeviceInfo> dev = detect_cuda(0);
+  CaseSpec plain = s;
+  plain.mla_prefix_chunk = 0;
+  plain.type = AttentionType::kDecoder;
   const char* knob = std::getenv("ATTNKIT_FA3_MLA_PREFIX");
-  const bool takes = dev.is_ok() && dev->compute_capability == 90 && s.mla && !s.mla_absorbed() &&
-                     s.head_dim == fa3::kMlaPrefillDimQK && s.v_head_dim == fa3::kMlaPrefillDimV &&
-                     s.mla_prefix_chunk > 0 &&
-                     (s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kDraftExtend) &&
-                     (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) &&
-                     s.sliding_window < 0 && s.logit_cap == 0.f && !s.sinks && !s.cross_attention &&
+  const bool takes = s.mla_prefix_chunk > 0 && expects_mla_wgmma(plain) &&
                      !(knob != nullptr && std::string(knob) == "0");
   if (!takes) return 0;
   std::vector<int32_t> prefix(s.prefix_lens.begin(), s.prefix_lens.end());
