@@ -17,7 +17,9 @@
 // (default head_dim); decode and mla_decode: kv_len, or kv_lens (one length per request, for
 // uneven batches: batch = its size, kv_len = its longest; "batch" may be given only if equal,
 // "kv_len" not with it; in a sweep each value is a list, e.g. "kv_lens": [[4096, 128, 128]]);
-// extend: prefix_len (default 0), new_tokens, causal (default true), mla (default false: a
+// extend: prefix_len (default 0), or prefix_lens (one cached length per request, for uneven
+// batches, as kv_lens: batch = its size, prefix_len = its longest; named "_pre<lo>-<hi>_sum<sum>_
+// <hash>"), new_tokens, causal (default true), mla (default false: a
 // non-absorbed MLA prefill layer, "_mla": head_dim / v_head_dim 192 / 128 as given, kv_heads =
 // q_heads, no prefix unless mla_prefix_chunk, kv_lora_rank / qk_rope_head_dim of its pool default
 // 512 / 64), mla_prefix_chunk (mla only, default 0: the chunked prefix cache's token budget per
@@ -90,10 +92,10 @@ inline bool key_allowed(BenchKind kind, const std::string& key) {
              key == "topk";
     case BenchKind::kExtend:
       return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
-             key == "prefix_len" || key == "new_tokens" || key == "causal" ||
-             key == "shared_prefix" || key == "fp8_q" || key == "sliding_window" ||
-             key == "logit_cap" || key == "sinks" || key == "mla" || key == "kv_lora_rank" ||
-             key == "qk_rope_head_dim" || key == "mla_prefix_chunk";
+             key == "prefix_len" || key == "prefix_lens" || key == "new_tokens" ||
+             key == "causal" || key == "shared_prefix" || key == "fp8_q" ||
+             key == "sliding_window" || key == "logit_cap" || key == "sinks" || key == "mla" ||
+             key == "kv_lora_rank" || key == "qk_rope_head_dim" || key == "mla_prefix_chunk";
     case BenchKind::kMlaDecode:
       return key == "kv_len" || key == "kv_lens" || key == "kv_lora_rank" ||
              key == "qk_rope_head_dim" || key == "s_q" || key == "topk";
@@ -108,7 +110,8 @@ inline const char* allowed_keys(BenchKind kind) {
              "kv_len, kv_lens, shared_prefix, s_q, topk, shuffle_pages";
     case BenchKind::kExtend:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
-             "prefix_len, new_tokens, causal, shared_prefix, fp8_q, sliding_window, logit_cap, "
+             "prefix_len, prefix_lens, new_tokens, causal, shared_prefix, fp8_q, sliding_window, "
+             "logit_cap, "
              "sinks, mla, kv_lora_rank, qk_rope_head_dim, mla_prefix_chunk, shuffle_pages";
     case BenchKind::kMlaDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lens, kv_lora_rank, "
@@ -151,6 +154,7 @@ struct ParseState {
   bool kv_dtype_set = false;    // kv_dtype given (mla cases default it to the activation dtype)
   bool batch_set = false;       // "batch" given (checked against kv_lens)
   bool kv_len_set = false;      // "kv_len" given (exclusive with kv_lens)
+  bool prefix_len_set = false;  // "prefix_len" given (exclusive with prefix_lens)
 };
 
 // Sets one parameter of `c` from a JSON value; `where` names it for messages ("sweep.batch[2]").
@@ -168,20 +172,25 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
     state->kv_len_set = true;
     return get_int(v, where, 1, &c->kv_len);
   }
-  if (key == "kv_lens") {
+  if (key == "kv_lens" || key == "prefix_lens") {
+    const bool kv = key == "kv_lens";
     if (!v.is_array() || v.empty()) {
-      return Status::invalid_argument(
-          where + ": expected a non-empty list of sequence lengths (one per request), got " +
-          json_excerpt(v));
+      return Status::invalid_argument(where + ": expected a non-empty list of " +
+                                      (kv ? "sequence" : "cached prefix") +
+                                      " lengths (one per request), got " + json_excerpt(v));
     }
-    c->kv_lens.assign(v.size(), 0);
+    std::vector<int>& lens = kv ? c->kv_lens : c->prefix_lens;
+    lens.assign(v.size(), 0);
     for (size_t i = 0; i < v.size(); ++i) {
       ATTNKIT_RETURN_IF_ERROR(
-          get_int(v[i], where + "[" + std::to_string(i) + "]", 1, &c->kv_lens[i]));
+          get_int(v[i], where + "[" + std::to_string(i) + "]", kv ? 1 : 0, &lens[i]));
     }
     return Status::ok();
   }
-  if (key == "prefix_len") return get_int(v, where, 0, &c->prefix_len);
+  if (key == "prefix_len") {
+    state->prefix_len_set = true;
+    return get_int(v, where, 0, &c->prefix_len);
+  }
   if (key == "shared_prefix") return get_int(v, where, 0, &c->shared_prefix);
   if (key == "shuffle_pages") return get_bool(v, where, &c->shuffle_pages);
   if (key == "new_tokens") return get_int(v, where, 1, &c->new_tokens);
@@ -251,21 +260,31 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
 inline std::string case_name(const BenchCase& c) {
   std::ostringstream s;
   s << bench_kind_name(c.kind) << "_b" << c.batch;
-  if (c.kind == BenchKind::kExtend) {
-    s << "_pre" << c.prefix_len << "_new" << c.new_tokens;
-  } else if (!c.kv_lens.empty()) {
-    // Uneven batch: the length range, the total and an FNV-1a hash of the list (two lists with
-    // the same range and total still get different names).
-    int lo = c.kv_lens[0];
+  // Uneven batch: the length range, the total and an FNV-1a hash of the list (two lists with the
+  // same range and total still get different names).
+  const auto uneven = [&s](const std::vector<int>& lens) {
+    int lo = lens[0], hi = lens[0];
     int64_t sum = 0;
     uint32_t h = 2166136261u;
-    for (int len : c.kv_lens) {
+    for (int len : lens) {
       lo = std::min(lo, len);
+      hi = std::max(hi, len);
       sum += len;
       h = (h ^ static_cast<uint32_t>(len)) * 16777619u;
     }
-    s << "_kv" << lo << "-" << c.kv_len << "_sum" << sum << "_" << std::hex << (h & 0xFFFFu)
-      << std::dec;
+    s << lo << "-" << hi << "_sum" << sum << "_" << std::hex << (h & 0xFFFFu) << std::dec;
+  };
+  if (c.kind == BenchKind::kExtend) {
+    s << "_pre";
+    if (c.prefix_lens.empty()) {
+      s << c.prefix_len;
+    } else {
+      uneven(c.prefix_lens);
+    }
+    s << "_new" << c.new_tokens;
+  } else if (!c.kv_lens.empty()) {
+    s << "_kv";
+    uneven(c.kv_lens);
   } else {
     s << "_kv" << c.kv_len;
   }
@@ -292,6 +311,22 @@ inline std::string case_name(const BenchCase& c) {
 // Checks a fully assigned point and fills derived fields.
 inline Status finish_case(BenchCase* c, const ParseState& state, const std::string& where) {
   if (state.kv_dtype_auto) c->kv_dtype = c->dtype;
+  if (!c->prefix_lens.empty()) {
+    const int n = static_cast<int>(c->prefix_lens.size());
+    if (state.prefix_len_set) {
+      return Status::invalid_argument(
+          where +
+          ": \"prefix_len\" and \"prefix_lens\" are exclusive (prefix_lens gives every request's "
+          "cached length; its longest becomes prefix_len)");
+    }
+    if (state.batch_set && c->batch != n) {
+      return Status::invalid_argument(where + ": batch " + std::to_string(c->batch) +
+                                      " does not match the " + std::to_string(n) +
+                                      " lengths of prefix_lens (batch may be left out)");
+    }
+    c->batch = n;
+    c->prefix_len = *std::max_element(c->prefix_lens.begin(), c->prefix_lens.end());
+  }
   if (c->kind == BenchKind::kMlaDecode) {
     if (int64_t{c->kv_lora_rank} + c->qk_rope_head_dim > INT32_MAX) {
       return Status::invalid_argument(where + ": kv_lora_rank " + std::to_string(c->kv_lora_rank) +

@@ -9,9 +9,9 @@
 
 namespace attnkit::bench {
 
-// Uniform lengths (or kv_lens), shuffled pages unless the point says otherwise, seed 0; an extend
-// point's window, soft-cap and sinks; a decode point's verify drafts (s_q > 1, topk); MLA decode's
-// absorbed shape.
+// Uniform lengths (or kv_lens / prefix_lens), shuffled pages unless the point says otherwise, seed
+// 0; an extend point's window, soft-cap and sinks; a decode point's verify drafts (s_q > 1, topk);
+// MLA decode's absorbed shape.
 inline harness::CaseSpec to_case_spec(const BenchCase& c) {
   const bool extend = c.kind == BenchKind::kExtend;
   // Decode: kv_len - 1 cached tokens plus the new one.
@@ -51,6 +51,10 @@ inline harness::CaseSpec to_case_spec(const BenchCase& c) {
     spec.qk_rope_head_dim = c.qk_rope_head_dim;
     spec.head_dim = c.kv_lora_rank + c.qk_rope_head_dim;
     spec.v_head_dim = c.kv_lora_rank;
+  }
+  if (extend && !c.prefix_lens.empty()) {  // uneven batch: each request's own cached prefix
+    spec.prefix_lens.assign(c.prefix_lens.begin(), c.prefix_lens.end());
+    spec.new_lens.assign(c.prefix_lens.size(), c.new_tokens);
   }
   if (!c.kv_lens.empty()) {  // uneven batch: each request's own length, same new-token rule
     const int fresh = c.s_q;

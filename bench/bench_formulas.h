@@ -46,6 +46,9 @@ struct BenchCase {
   // then batch = kv_lens.size() and kv_len = the longest. Empty: every request has kv_len.
   std::vector<int> kv_lens;
   int prefix_len = 0;  // extend: cached tokens per request
+  // Extend, uneven batches: one cached length per request (case files: "prefix_lens"); then batch
+  // = prefix_lens.size() and prefix_len = the longest. Empty: every request has prefix_len.
+  std::vector<int> prefix_lens;
   int new_tokens = 0;  // extend: new tokens per request
   bool causal = true;  // extend: causal over the new tokens; false = bidirectional (encoder)
   int q_heads = 0;
@@ -129,12 +132,13 @@ inline int64_t kv_bytes_per_token(const BenchCase& c) {
 //     pairs. A tree (topk > 1) shows each draft only its ancestors among the drafts, fewer than
 //     the chain's at most by s_q * (s_q - 1) / 2 (36 of the 32 K pairs of 8 drafts over 4 K keys):
 //     the count is an upper bound there, the rates derived from it as well.
+//   For an extend, len is the request's cached prefix.
 inline int64_t attended_pairs_at(const BenchCase& c, int64_t len) {
   if (c.kind != BenchKind::kExtend) {
     const int64_t s = c.s_q;
     return s * len - s * (s - 1) / 2;
   }
-  const int64_t p = c.prefix_len;
+  const int64_t p = len;
   const int64_t n = c.new_tokens;
   if (c.sliding_window < 0) return c.causal ? n * p + n * (n + 1) / 2 : n * (p + n);
   // Sum over q in [p, p + n) of (the last key seen + 1) - max(0, q - w), in closed form: the
@@ -153,22 +157,31 @@ inline int64_t attended_pairs_at(const BenchCase& c, int64_t len) {
   return ends - starts;
 }
 inline int64_t attended_pairs_per_request(const BenchCase& c) {
-  return attended_pairs_at(c, c.kind == BenchKind::kExtend ? 0 : c.kv_len);
+  return attended_pairs_at(c, c.kind == BenchKind::kExtend ? c.prefix_len : c.kv_len);
 }
 
-// Pairs of the whole batch: batch x the per-request count, or the sum over kv_lens.
+// The per-request lengths of an uneven batch (decode: kv_lens; extend: prefix_lens), else empty.
+inline const std::vector<int>& uneven_lens(const BenchCase& c) {
+  return c.kind == BenchKind::kExtend ? c.prefix_lens : c.kv_lens;
+}
+
+// Pairs of the whole batch: batch x the per-request count, or the sum over kv_lens / prefix_lens.
 inline int64_t attended_pairs_total(const BenchCase& c) {
-  if (c.kv_lens.empty()) return static_cast<int64_t>(c.batch) * attended_pairs_per_request(c);
+  const std::vector<int>& lens = uneven_lens(c);
+  if (lens.empty()) return static_cast<int64_t>(c.batch) * attended_pairs_per_request(c);
   int64_t sum = 0;
-  for (int len : c.kv_lens) sum += attended_pairs_at(c, len);
+  for (int len : lens) sum += attended_pairs_at(c, len);
   return sum;
 }
 
-// Tokens held in the KV pool over the batch: batch x seq_len, or the sum of kv_lens.
+// Tokens held in the KV pool over the batch: batch x seq_len, or the sum of kv_lens (decode) /
+// of prefix_lens + new_tokens (extend).
 inline int64_t kv_tokens_total(const BenchCase& c) {
-  if (c.kv_lens.empty()) return static_cast<int64_t>(c.batch) * c.seq_len();
+  const std::vector<int>& lens = uneven_lens(c);
+  if (lens.empty()) return static_cast<int64_t>(c.batch) * c.seq_len();
+  const int64_t fresh = c.kind == BenchKind::kExtend ? c.new_tokens : 0;
   int64_t sum = 0;
-  for (int len : c.kv_lens) sum += len;
+  for (int len : lens) sum += len + fresh;
   return sum;
 }
 
@@ -176,8 +189,13 @@ inline int64_t kv_tokens_total(const BenchCase& c) {
 // the keys from max(0, prefix - w) on (the first query's window start) in every request.
 inline int64_t kv_tokens_read(const BenchCase& c) {
   if (c.kind == BenchKind::kExtend && c.sliding_window >= 0) {
-    const int64_t first = std::max<int64_t>(0, int64_t{c.prefix_len} - c.sliding_window);
-    return static_cast<int64_t>(c.batch) * (c.seq_len() - first);
+    const auto read = [&](int64_t prefix) {
+      return prefix + c.new_tokens - std::max<int64_t>(0, prefix - c.sliding_window);
+    };
+    if (c.prefix_lens.empty()) return static_cast<int64_t>(c.batch) * read(c.prefix_len);
+    int64_t sum = 0;
+    for (int p : c.prefix_lens) sum += read(p);
+    return sum;
   }
   return kv_tokens_total(c);
 }

@@ -432,14 +432,16 @@ CaseSpec with_prefix_cache(CaseSpec c, std::vector<int> prefix, int chunk) {
 // The chunked prefix cache's passes on the wgmma MLA kernel (PrefillSm90Engine::run_prefix_pass,
 // f32 rows into the runner's slots, merged by LSE): the new-token pass causal, the chunk passes
 // bidirectional over each chunk's rows (request word kv_row); run_and_compare checks the pass
-// count. Requests without prefix (every chunk empty: one all-masked block, O 0, LSE -inf), chunks
-// shorter than the new tokens, partial and whole 128-key blocks, many tiles per request.
+// count. Requests without prefix (every chunk empty: no tile in the chunk passes, their rows keep
+// pass 0's partial), a prefix that ends before the last chunk, chunks shorter than the new
+// tokens, partial and whole 128-key blocks, many tiles per request.
 TEST(Fa3MlaPrefillTest, PrefixCachePassesOnWgmma) {
-  // bs 2, 64 keys per request per chunk: request 1 has none in any of the 5 chunks.
+  // bs 2, 128-token budget: request 0 fills the 3 chunks (128, 128, 44), request 1 has no prefix.
   run_and_compare(
       with_prefix_cache(mla_prefill("mla_prefix_empty_req", {64, 31}, 4), {300, 0}, 128), true);
-  // 3 requests, 512-token budget (170 keys each per chunk): chunk rows shorter than q_len, the
-  // short request's prefix ends in the first chunk, 8 heads, many tiles.
+  // 3 requests, 512-token budget, 3 chunks (requests 0 / 1 / 2 take 253 / 252 / 7, 256 / 256 / 0
+  // and 491 / 5 / 0 keys): chunk rows shorter than q_len, the short request's prefix ends in the
+  // first chunk, 8 heads, many tiles.
   run_and_compare(
       with_prefix_cache(mla_prefill("mla_prefix_ragged", {200, 129, 1}, 8), {1000, 513, 7}, 512),
       true);
@@ -469,6 +471,14 @@ TEST(Fa3MlaPrefillTest, PrefixCachePassesOnWgmma) {
     ScopedEnv split_empty("ATTNKIT_FA3_SPLIT_EMPTY", "0");
     run_and_compare(
         with_prefix_cache(mla_prefill("mla_prefix_serial", {437, 5}, 4), {700, 300}, 512), true);
+  }
+  {
+    // The chunk passes also plan the requests without keys in their chunk: the kernel's
+    // all-masked tiles (O 0, LSE -inf), merged as no-ops.
+    ScopedEnv all("ATTNKIT_FA3_MLA_PREFIX_SKIP", "0");
+    run_and_compare(
+        with_prefix_cache(mla_prefill("mla_prefix_noskip", {200, 129, 1}, 8), {1000, 513, 7}, 512),
+        true);
   }
   {
     ScopedEnv off("ATTNKIT_FA3_MLA_PREFIX", "0");  // the SIMT kernel runs them (0 passes expected)

@@ -435,6 +435,59 @@ TEST(BenchCaseFile, MlaPrefillPrefixCacheParsedNamedAndCounted) {
   }
 }
 
+// Uneven extends (prefix_lens): each request's own cached prefix, counted per request and named by
+// the range, total and hash of the list; exclusive with prefix_len, checked against batch; with a
+// window each request reads its own keys.
+TEST(BenchCaseFile, UnevenExtendFromPrefixLens) {
+  Result<CaseFile> f = parse_case_file_text(R"({"kind": "extend",
+    "fixed": {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 16, "new_tokens": 4},
+    "cases": [{"prefix_lens": [100, 0, 6]}, {"prefix_lens": [6, 100, 0], "batch": 3},
+              {"prefix_lens": [100, 0], "sliding_window": 10}]})",
+                                            "e.json");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  const BenchCase& a = f->cases[0];
+  EXPECT_EQ(a.batch, 3);
+  EXPECT_EQ(a.prefix_len, 100);
+  EXPECT_EQ(a.name.rfind("extend_b3_pre0-100_sum106_", 0), 0u) << a.name;
+  EXPECT_NE(a.name.find("_new4_"), std::string::npos) << a.name;
+  EXPECT_NE(f->cases[1].name, a.name);  // same lengths in another order
+  // Causal: 4 x prefix + 10 pairs per request; KV: every prefix + 4 new tokens per request.
+  EXPECT_EQ(attended_pairs_total(a), 4 * 106 + 3 * 10);
+  EXPECT_EQ(kv_tokens_total(a), 106 + 3 * 4);
+  EXPECT_DOUBLE_EQ(attention_flops(a), 2.0 * 256 * 32 * (4 * 106 + 3 * 10));
+  // KV 118 tokens x 8 heads x 128 x 2 (K, V) x 2 bytes; q / out 12 tokens x 32 x 128 x 2 each.
+  EXPECT_DOUBLE_EQ(attention_bytes(a), 118.0 * 4096 + 2 * 12 * 32 * 128 * 2);
+  const harness::CaseSpec spec = to_case_spec(a);
+  EXPECT_EQ(spec.prefix_lens, (std::vector<int>{100, 0, 6}));
+  EXPECT_EQ(spec.new_lens, (std::vector<int>{4, 4, 4}));
+  EXPECT_TRUE(harness::validate_case(spec).is_ok()) << harness::validate_case(spec).to_string();
+  // Window 10: request 0 reads keys 90..103 and its rows see 11 keys each; request 1 keys 0..3
+  // (1 + 2 + 3 + 4 pairs).
+  EXPECT_EQ(kv_tokens_read(f->cases[2]), 14 + 4);
+  EXPECT_EQ(attended_pairs_total(f->cases[2]), 44 + 10);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"prefix_lens": [4, 5], "prefix_len": 5})", "exclusive"},
+      {R"({"prefix_lens": [4, 5], "batch": 3})", "does not match"},
+      {R"({"prefix_lens": []})", "non-empty"},
+      {R"({"prefix_lens": [4, -1]})", "prefix_lens[1]"}};
+  for (const auto& [point, message] : bad) {
+    Result<CaseFile> r = parse_case_file_text(
+        std::string(R"({"kind": "extend", "fixed": {"q_heads": 32, "kv_heads": 8,
+          "head_dim": 128, "new_tokens": 4}, "cases": [)") +
+            point + "]}",
+        "b.json");
+    ASSERT_FALSE(r.is_ok()) << point;
+    EXPECT_NE(r.status().message().find(message), std::string::npos) << r.status().message();
+  }
+  Result<CaseFile> decode = parse_case_file_text(
+      R"({"kind": "decode", "fixed": {"q_heads": 32, "kv_heads": 8, "head_dim": 128},
+          "cases": [{"prefix_lens": [4, 5]}]})",
+      "d.json");
+  ASSERT_FALSE(decode.is_ok());
+  EXPECT_NE(decode.status().message().find("prefix_lens"), std::string::npos)
+      << decode.status().message();
+}
+
 TEST(BenchCaseFile, UnevenBatchFromKvLens) {
   Result<CaseFile> f = parse_case_file_text(R"({"kind": "decode",
     "fixed": {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 16},

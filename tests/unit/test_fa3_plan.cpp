@@ -50,7 +50,8 @@ TEST(Fa3PlanTest, MlaPassPlansTakeKvRowsAndShortChunks) {
     EXPECT_EQ(w[3], rows[static_cast<size_t>(r)]) << "request " << r;
   }
   // Longest first: request 2 (500 keys), request 0's three tiles (64 each, request order kept),
-  // request 1 (no key: still a tile, whose rows the kernel writes as O 0, LSE -inf).
+  // request 1 (no key: still a tile here, whose rows the kernel writes as O 0, LSE -inf; the
+  // chunk passes' requests leave such a request out, mla_pass_requests below).
   const std::vector<TileWords> expected = {{2, -127}, {0, -84}, {0, 44}, {0, 172}, {1, -97}};
   EXPECT_EQ(tiles_of(*plan, 3), expected);
   // The same requests under the causal mask are refused (kv_len < q_len), as is a negative
@@ -67,6 +68,43 @@ TEST(Fa3PlanTest, MlaPassPlansTakeKvRowsAndShortChunks) {
   Result<TilePlan> vt = build_tile_plan(reqs, 128, TileAnchor::kEnd, {}, false);
   ASSERT_TRUE(vt.is_ok());
   EXPECT_EQ(vt->words[kPlanHeaderWords + kRequestWords + 3], vt_units(64));
+}
+
+// The requests of the MLA plans (mla_pass_requests): the new tokens over their own rows (pass 0,
+// the no-prefix layers), and a chunk pass over its chunk's rows without the requests that have no
+// keys in the chunk (they add nothing to the running partial the pass merges into).
+TEST(Fa3PlanTest, MlaPassRequestsLeaveRequestsWithoutChunkKeysOut) {
+  const std::vector<TileRequest> base = {{0, 300, 0}, {300, 31, 0}, {331, 0, 0}, {331, 5, 0}};
+  const MlaPassRequests own = mla_pass_requests(base, nullptr);
+  ASSERT_EQ(own.reqs.size(), base.size());
+  for (size_t r = 0; r < base.size(); ++r) {
+    EXPECT_EQ(own.reqs[r].q_start, base[r].q_start) << "request " << r;
+    EXPECT_EQ(own.reqs[r].q_len, base[r].q_len) << "request " << r;
+    EXPECT_EQ(own.reqs[r].kv_len, base[r].q_len) << "request " << r;
+    EXPECT_EQ(own.kv_rows[r], base[r].q_start) << "request " << r;
+  }
+  EXPECT_EQ(own.max_kv_len, 300);
+
+  // The chunk: request 0 has 64 keys (rows 0..63), request 1 none, request 2 (no new tokens) 10,
+  // request 3 seven.
+  const std::vector<int32_t> indptr = {0, 64, 64, 74, 81};
+  const MlaPassRequests chunk = mla_pass_requests(base, indptr.data());
+  const std::vector<std::vector<int32_t>> expected_reqs = {
+      {0, 300, 64}, {300, 0, 0}, {331, 0, 10}, {331, 5, 7}};
+  ASSERT_EQ(chunk.reqs.size(), base.size());
+  for (size_t r = 0; r < base.size(); ++r) {
+    const std::vector<int32_t> got = {chunk.reqs[r].q_start, chunk.reqs[r].q_len,
+                                      chunk.reqs[r].kv_len};
+    EXPECT_EQ(got, expected_reqs[r]) << "request " << r;
+  }
+  EXPECT_EQ(chunk.kv_rows, (std::vector<int32_t>{0, 64, 64, 74}));
+  EXPECT_EQ(chunk.max_kv_len, 64);  // request 2's 10 keys have no query
+  Result<TilePlan> plan =
+      build_tile_plan(chunk.reqs, 128, TileAnchor::kEnd, chunk.kv_rows, /*causal=*/false);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  // Request 0's three tiles, then request 3's; request 1 has none.
+  const std::vector<TileWords> expected = {{0, -84}, {0, 44}, {0, 172}, {3, -123}};
+  EXPECT_EQ(tiles_of(*plan, 4), expected);
 }
 
 TEST(Fa3PlanTest, WorkedExampleOfTheHeader) {

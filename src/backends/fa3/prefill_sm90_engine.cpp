@@ -67,24 +67,6 @@ bool encode_pool_map(const TensorView& buf, DType dtype, int box_rows, TmaDesc* 
                                 3, buf.data, dims, strides, box, out);
 }
 
-// The requests of an MLA kernel plan (their kv_len, and kv_rows: the row of each request's key 0
-// in the plan's k / v): with indptr null the new tokens over their own rows (kv_len q_len, row
-// q_start: the no-prefix layers and the prefix cache's pass 0), else over a prefix chunk's rows
-// (request r's keys rows [indptr[r], indptr[r + 1]) of the chunk's k / v). Returns the longest
-// kv_len of a request with new tokens.
-int64_t set_mla_pass_requests(std::vector<TileRequest>& reqs, const int32_t* indptr,
-                              std::vector<int32_t>& kv_rows) {
-  kv_rows.resize(reqs.size());
-  int64_t max_kv_len = 0;
-  for (size_t r = 0; r < reqs.size(); ++r) {
-    TileRequest& q = reqs[r];
-    q.kv_len = indptr == nullptr ? q.q_len : indptr[r + 1] - indptr[r];
-    kv_rows[r] = indptr == nullptr ? q.q_start : indptr[r];
-    if (q.q_len > 0) max_kv_len = std::max<int64_t>(max_kv_len, q.kv_len);
-  }
-  return max_kv_len;
-}
-
 // Whether the forward mode's queries are "the last q_len keys of each request" (the kernel's
 // causal convention). Target verify (tree positions) and decode are not.
 bool wgmma_mode(ForwardMode m) {
@@ -255,6 +237,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create_mla_prefill(const B
   e->block_m_ = kBlockM;
   e->split_empty_ = env_on("ATTNKIT_FA3_SPLIT_EMPTY");
   e->prefix_passes_on_ = env_on("ATTNKIT_FA3_MLA_PREFIX");
+  e->prefix_skip_empty_ = env_on("ATTNKIT_FA3_MLA_PREFIX_SKIP");
   return e;
 }
 
@@ -283,7 +266,11 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   const int bs = batch.batch_size;
   std::vector<TileRequest> reqs = tile_requests(batch);
   std::vector<int32_t> kv_rows;  // MLA: key k of a request is row q_start + k of the layer's k / v
-  if (mla_) set_mla_pass_requests(reqs, nullptr, kv_rows);  // the new tokens attend each other
+  if (mla_) {                    // the new tokens attend each other
+    MlaPassRequests m = mla_pass_requests(reqs, nullptr);
+    reqs = std::move(m.reqs);
+    kv_rows = std::move(m.kv_rows);
+  }
   const bool fp8 = !mla_ && batch.kv_pool->dtype() == DType::kFP8E4M3;
   // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
   // producer for prefill-like forwards (a few queries over a long prefix keep the in-kernel
@@ -359,23 +346,23 @@ Status PrefillSm90Engine::plan_prefix_passes(const ForwardBatch& batch,
   passes_.planned = false;
   if (!mla_ || !prefix_passes_on_ || !why_not(batch).empty()) return Status::ok();
   const int bs = batch.batch_size;
-  std::vector<TileRequest> reqs = tile_requests(batch);
-  std::vector<int32_t> kv_rows;
+  const std::vector<TileRequest> reqs = tile_requests(batch);
   passes_.words.clear();
   passes_.offset.clear();
   passes_.tiles.clear();
   passes_.sections.clear();
   // Pass 0: the new tokens over their own rows (the plan of plan() above); pass c + 1: chunk c,
-  // request r's keys rows [indptr[r], indptr[r + 1]) of the chunk's k / v, bidirectional.
+  // request r's keys rows [indptr[r], indptr[r + 1]) of the chunk's k / v, bidirectional, without
+  // the requests that have no keys in the chunk (mla_pass_requests).
   for (int pass = 0; pass <= layout.chunks; ++pass) {
     const int32_t* indptr =
         pass > 0 ? layout.indptr.data() + static_cast<size_t>(pass - 1) * (bs + 1) : nullptr;
-    const int64_t max_kv_len = set_mla_pass_requests(reqs, indptr, kv_rows);
-    ATTNKIT_ASSIGN_OR_RETURN(
-        TilePlan plan, build_tile_plan(reqs, kBlockM, tile_anchor_, kv_rows, /*causal=*/pass == 0));
+    const MlaPassRequests m = mla_pass_requests(reqs, indptr, prefix_skip_empty_);
+    ATTNKIT_ASSIGN_OR_RETURN(TilePlan plan, build_tile_plan(m.reqs, kBlockM, tile_anchor_,
+                                                            m.kv_rows, /*causal=*/pass == 0));
     passes_.offset.push_back(static_cast<int64_t>(passes_.words.size()));
     passes_.tiles.push_back(plan.num_tiles);
-    passes_.sections.push_back(section_heads_for(max_kv_len, 2));
+    passes_.sections.push_back(section_heads_for(m.max_kv_len, 2));
     passes_.words.insert(passes_.words.end(), plan.words.begin(), plan.words.end());
   }
   ATTNKIT_RETURN_IF_ERROR(
@@ -409,6 +396,13 @@ Status PrefillSm90Engine::run_prefix_pass(int pass, const TensorView& q, const T
                                           StreamHandle stream) {
   if (!passes_.planned || pass < 0 || pass >= static_cast<int>(passes_.tiles.size())) {
     return Status::internal("wgmma MLA prefix pass " + str(pass) + " is not planned");
+  }
+  if (pass > 0 && !merge && prefix_skip_empty_) {
+    // The chunk passes leave the rows of requests without keys in their chunk to the running
+    // partial (mla_pass_requests): without one to merge into, those rows would not be written.
+    return Status::internal("wgmma MLA prefix pass " + str(pass) +
+                            " (a chunk pass) needs merge: it writes only requests with keys in "
+                            "its chunk");
   }
   const size_t i = static_cast<size_t>(pass);
   // (Rows per tile given: the Q TMA box follows them whether or not plan() ran.)

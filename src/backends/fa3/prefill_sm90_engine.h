@@ -230,6 +230,9 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
     DeviceArray<int32_t> device;
   } passes_;
   bool prefix_passes_on_ = true;  // ATTNKIT_FA3_MLA_PREFIX=0: off
+  // ATTNKIT_FA3_MLA_PREFIX_SKIP=0: the chunk passes also plan the requests without keys in their
+  // chunk (mla_pass_requests' skip_empty; an all-masked tile per 128 rows, merged as a no-op).
+  bool prefix_skip_empty_ = true;
   int64_t prefix_passes_run_ = 0;
 };
 

@@ -343,8 +343,10 @@ struct Fa3Params {
   // (mla::MlaPrefixCacheRunner; PrefillSm90Engine::run_prefix_pass). Non-null: every row of the
   // plan's tiles is written normalised in f32 to part_o [(q_start + token) x num_q_heads + head]
   // [128] and its log2-domain LSE (-inf: no visible key) to part_lse [same row], the runner's
-  // partial slot layout (flashinfer::CascadeMergeParams), instead of out / lse; a request without
-  // keys in the pass (kv_len 0) gets one all-masked key block: O 0, LSE -inf. No tail split.
+  // partial slot layout (flashinfer::CascadeMergeParams), instead of out / lse. A chunk pass's
+  // plan leaves out the requests without keys in its chunk (mla_pass_requests: their rows keep
+  // the running partial); a tile with kv_len 0 would get one all-masked key block: O 0, LSE
+  // -inf. No tail split.
   float* part_o = nullptr;
   float* part_lse = nullptr;
   // With part_o: 1: part_o / part_lse hold the running partial of the earlier passes (every row

@@ -198,8 +198,9 @@ __device__ __forceinline__ TileInfo decode_tile(const Fa3Params& p, int unit) {
   t.n_blocks = (n_end + Tr::kBlockN - 1) / Tr::kBlockN;
   t.nb_begin = 0;
   if constexpr (kContigKVOf<Tr>) {
-    // A prefix-cache pass's request without keys in its chunk (kv_len 0): one all-masked block
-    // (zero-filled rows), so that its rows are written as O 0, LSE -inf (Fa3Params::part_o).
+    // A tile of a request without keys (kv_len 0): one all-masked block (zero-filled rows), so
+    // that its rows are written as O 0, LSE -inf (Fa3Params::part_o). The host plans none (a
+    // chunk pass leaves such a request out: mla_pass_requests); this keeps the tile defined.
     t.n_blocks = max(t.n_blocks, 1);
   }
   if constexpr (kVariantOf<Tr> != kPlain) {

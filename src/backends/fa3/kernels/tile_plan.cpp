@@ -10,6 +10,21 @@
 
 namespace attnkit::fa3 {
 
+MlaPassRequests mla_pass_requests(std::span<const TileRequest> base, const int32_t* indptr,
+                                  bool skip_empty) {
+  MlaPassRequests m;
+  m.reqs.assign(base.begin(), base.end());
+  m.kv_rows.resize(base.size());
+  for (size_t r = 0; r < base.size(); ++r) {
+    TileRequest& q = m.reqs[r];
+    q.kv_len = indptr == nullptr ? q.q_len : indptr[r + 1] - indptr[r];
+    m.kv_rows[r] = indptr == nullptr ? q.q_start : indptr[r];
+    if (skip_empty && indptr != nullptr && q.kv_len == 0) q.q_len = 0;  // nothing to merge
+    if (q.q_len > 0) m.max_kv_len = std::max<int64_t>(m.max_kv_len, q.kv_len);
+  }
+  return m;
+}
+
 Result<TilePlan> build_tile_plan(std::span<const TileRequest> requests, int block_m,
                                  TileAnchor anchor, std::span<const int32_t> kv_rows, bool causal) {
   struct Tile {

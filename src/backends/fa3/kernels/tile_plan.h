@@ -58,6 +58,22 @@ constexpr int tile_first_row(int q_len, int m, int block_m, TileAnchor anchor) {
   return anchor == TileAnchor::kStart ? m * block_m : q_len - (tiles - m) * block_m;
 }
 
+// The requests of an MLA kernel plan. `base`: the forward's requests (q_start, q_len). With indptr
+// null the new tokens over their own rows (kv_len q_len; kv_rows, the row of each request's key 0
+// in the plan's k / v: q_start): the no-prefix layers and the chunked prefix cache's pass 0. Else
+// a chunk pass over a prefix chunk's rows: request r's keys are rows [indptr[r], indptr[r + 1])
+// of the chunk's k / v, and (skip_empty) a request without keys in the chunk takes no tile (q_len
+// 0): the chunk passes merge into the running partial, to which such a request adds nothing, so its
+// rows stay as the earlier passes left them (skip_empty false: one all-masked tile per 128 rows,
+// as before session 69). max_kv_len: the longest kv_len of a request with tiles.
+struct MlaPassRequests {
+  std::vector<TileRequest> reqs;
+  std::vector<int32_t> kv_rows;
+  int64_t max_kv_len = 0;
+};
+MlaPassRequests mla_pass_requests(std::span<const TileRequest> base, const int32_t* indptr,
+                                  bool skip_empty = true);
+
 // kInvalidArgument names the first request with q_len < 0 or kv_len < q_len. block_m: query rows
 // per tile (Fa3Params::block_m; 192 on three consumer warpgroups). Requests without new tokens get
 // no tiles and no V^T units.
