@@ -876,7 +876,7 @@ const std::vector<CaseSpec>& shared_case_table() {
       c.kv_dtype = DType::kFP8E4M3;
     }
     // MLA chunked prefix cache (192/128 prefill over a cached prefix): long prefixes over many
-    // chunks (24 at page 1), fp8 latent rows (7), one chunk (page 128); fp4 latent rows below.
+    // chunks (9 at page 1), fp8 latent rows (4), one chunk (page 128); fp4 latent rows below.
     {
       CaseSpec& c = add("mla_prefill_prefix_chunks_page1", M::kExtend, 1, {700, 0, 1500, 63},
                         {40, 17, 64, 5});
@@ -901,7 +901,7 @@ const std::vector<CaseSpec>& shared_case_table() {
       mla(c, 16, false);
       c.kv_dtype = DType::kFP8E4M3;
     }
-    // (appended: earlier seeds keep) MLA chunked prefix cache over fp4 latent rows (4 chunks).
+    // (appended: earlier seeds keep) MLA chunked prefix cache over fp4 latent rows (3 chunks).
     {
       CaseSpec& c =
           add("mla_prefill_prefix_chunks_page64_fp4", M::kExtend, 64, {700, 129}, {24, 50});

@@ -1,6 +1,6 @@
 // The MLA chunked prefix cache (AttentionLayer::mla_prefix, src/backends/mla/mla_prefix_cache.h)
-// on the CUDA device against the fp64 reference: every chunk size from one token per request
-// (dozens of chunks, odd and even counts through the three-slot merge ring) to one chunk, each
+// on the CUDA device against the fp64 reference: every chunk size from one token per chunk
+// (hundreds of chunks, odd and even counts through the three-slot merge ring) to one chunk, each
 // backend whose MLA row claims it, fp8 latent rows, f16 activations; and the clear errors of the
 // backends, layers and contexts that cannot run it. The shared case table adds mla_prefill_prefix_*
 // cases.
@@ -39,8 +39,9 @@ harness::CaseSpec prefix_case(std::string name, int page, std::vector<int> prefi
 }
 
 TEST(MlaPrefixCache, EveryChunkSizeMatchesTheReference) {
-  // bs 3: chunk 1 and 2 -> one key per request per chunk (130 chunks), 7 -> 2 per request (65),
-  // 100 -> 33 (4), 4096 -> one chunk.
+  // bs 3, 207 prefix tokens (plan_prefix_chunks fills every chunk but the last): chunk 1 -> 207
+  // chunks of one key, 2 -> 104, 7 -> 30 (the 77-token prefix ends in chunk 22), 100 -> 3, 4096 ->
+  // one chunk.
   for (int chunk : {1, 2, 7, 100, 4096}) {
     for (const char* backend : {"flashinfer", "fa3"}) {
       SCOPED_TRACE(std::string(backend) + " chunk " + std::to_string(chunk));

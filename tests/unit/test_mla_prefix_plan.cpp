@@ -1,9 +1,9 @@
 // Host logic of the MLA chunked prefix cache runner (src/backends/mla/mla_prefix_cache.h): the
-// chunk layout covers every prefix position exactly once within the chunk budget, and the
-// three-slot merge ring always merges the running partial with the newest chunk, never writes a
-// slot it reads, and ends with every part merged into the output. CUDA builds: the runner accepts
-// every latent KV dtype that a descriptor claiming the chunked prefix cache claims, and plans only
-// the forwards that can carry it.
+// chunk layout covers every prefix position exactly once, filling every chunk but the last to the
+// budget, and the three-slot merge ring always merges the running partial with the newest chunk,
+// never writes a slot it reads, and ends with every part merged into the output. CUDA builds: the
+// runner accepts every latent KV dtype that a descriptor claiming the chunked prefix cache claims,
+// and plans only the forwards that can carry it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,19 +22,27 @@ void expect_covers(const std::vector<int32_t>& prefix, int chunk_tokens, int wan
   const PrefixChunkLayout l = plan_prefix_chunks(prefix, chunk_tokens);
   const int bs = static_cast<int>(prefix.size());
   EXPECT_EQ(l.chunks, want_chunks);
-  EXPECT_EQ(l.chunk_len, std::max(1, chunk_tokens / bs));
+  EXPECT_EQ(l.capacity, std::max(1, chunk_tokens));
   ASSERT_EQ(l.indptr.size(), static_cast<size_t>(l.chunks) * (bs + 1));
+  ASSERT_EQ(l.starts.size(), static_cast<size_t>(l.chunks) * bs);
+  ASSERT_EQ(l.tokens.size(), static_cast<size_t>(l.chunks));
   std::vector<std::vector<int>> seen(static_cast<size_t>(bs));
   for (int c = 0; c < l.chunks; ++c) {
     const int32_t* ip = &l.indptr[static_cast<size_t>(c) * (bs + 1)];
+    const int32_t* start = &l.starts[static_cast<size_t>(c) * bs];
     EXPECT_EQ(ip[0], 0);
     EXPECT_EQ(ip[bs], l.tokens[static_cast<size_t>(c)]);
-    EXPECT_LE(l.tokens[static_cast<size_t>(c)], std::max(chunk_tokens, bs));
     EXPECT_GT(l.tokens[static_cast<size_t>(c)], 0) << "empty chunk " << c;
+    // Every chunk but the last is full.
+    if (c + 1 < l.chunks) {
+      EXPECT_EQ(l.tokens[static_cast<size_t>(c)], l.capacity) << "chunk " << c;
+    } else {
+      EXPECT_LE(l.tokens[static_cast<size_t>(c)], l.capacity);
+    }
     for (int r = 0; r < bs; ++r) {
       ASSERT_LE(ip[r], ip[r + 1]);
       for (int j = 0; j < ip[r + 1] - ip[r]; ++j) {
-        seen[static_cast<size_t>(r)].push_back(c * l.chunk_len + j);  // the gather's position
+        seen[static_cast<size_t>(r)].push_back(start[r] + j);  // the gather's position
       }
     }
   }
@@ -45,13 +53,37 @@ void expect_covers(const std::vector<int32_t>& prefix, int chunk_tokens, int wan
   }
 }
 
+// Chunks = ceil(total prefix / budget): a request whose prefix has ended leaves its share to the
+// others.
 TEST(MlaPrefixPlan, ChunksCoverEveryPrefixPositionOnce) {
-  expect_covers({700, 0, 1500, 63}, 256, 24);  // the case table's page-1 case
-  expect_covers({1000, 130}, 300, 7);
+  expect_covers({700, 0, 1500, 63}, 256, 9);  // the case table's page-1 case: 2263 tokens
+  expect_covers({1000, 130}, 300, 4);
   expect_covers({900, 257, 0}, 4096, 1);
-  expect_covers({130, 0, 77}, 1, 130);  // budget below bs: one key per request per chunk
-  expect_covers({130, 0, 77}, 7, 65);
+  expect_covers({130, 0, 77}, 1, 207);  // one token per chunk
+  expect_covers({130, 0, 77}, 7, 30);
   expect_covers({0, 0}, 64, 0);  // no prefix: the new-token pass only
+  // The bench's uneven case: 16k + 7 x 1k in chunks of 8k (SGLang's equal shares: 16 chunks).
+  expect_covers({16384, 1024, 1024, 1024, 1024, 1024, 1024, 1024}, 8192, 3);
+}
+
+// The shares: the requests with less left take all of it, the rest split what is left equally
+// (the remainder of the division to the requests with most left).
+TEST(MlaPrefixPlan, SharesFillTheChunkFromTheShortestRemainder) {
+  const PrefixChunkLayout l = plan_prefix_chunks({100, 10, 0, 40}, 64);
+  ASSERT_EQ(l.chunks, 3);
+  // Chunk 0: shares of 64 / 3 = 21: request 1 takes its 10, then 54 / 2 = 27 each.
+  EXPECT_EQ(l.indptr[0 * 5 + 1] - l.indptr[0 * 5 + 0], 27);
+  EXPECT_EQ(l.indptr[0 * 5 + 2] - l.indptr[0 * 5 + 1], 10);
+  EXPECT_EQ(l.indptr[0 * 5 + 3] - l.indptr[0 * 5 + 2], 0);
+  EXPECT_EQ(l.indptr[0 * 5 + 4] - l.indptr[0 * 5 + 3], 27);
+  // Chunk 1: request 3 takes its 13 (under 64 / 2), request 0 the other 51 from position 27.
+  EXPECT_EQ(l.indptr[1 * 5 + 1] - l.indptr[1 * 5 + 0], 51);
+  EXPECT_EQ(l.starts[1 * 4 + 0], 27);
+  EXPECT_EQ(l.indptr[1 * 5 + 4] - l.indptr[1 * 5 + 3], 13);
+  EXPECT_EQ(l.starts[1 * 4 + 3], 27);
+  // Chunk 2: request 0's last 22 tokens, from position 78.
+  EXPECT_EQ(l.tokens[2], 22);
+  EXPECT_EQ(l.starts[2 * 4 + 0], 78);
 }
 
 TEST(MlaPrefixPlan, MergeRingMergesEveryPartOnce) {

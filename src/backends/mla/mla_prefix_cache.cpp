@@ -2,26 +2,40 @@
 #include "backends/mla/mla_prefix_cache.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace attnkit::mla {
 
 PrefixChunkLayout plan_prefix_chunks(const std::vector<int32_t>& prefix_lens, int chunk_tokens) {
   PrefixChunkLayout l;
-  const int bs = static_cast<int>(prefix_lens.size());
-  l.chunk_len = std::max(1, chunk_tokens / std::max(1, bs));
-  int max_prefix = 0;
-  for (int32_t n : prefix_lens) max_prefix = std::max(max_prefix, static_cast<int>(n));
-  l.chunks = (max_prefix + l.chunk_len - 1) / l.chunk_len;
-  l.indptr.assign(static_cast<size_t>(l.chunks) * (bs + 1), 0);
-  l.tokens.assign(static_cast<size_t>(l.chunks), 0);
-  for (int c = 0; c < l.chunks; ++c) {
-    int32_t* indptr = &l.indptr[static_cast<size_t>(c) * (bs + 1)];
-    for (int r = 0; r < bs; ++r) {
-      const int32_t len =
-          std::clamp(prefix_lens[static_cast<size_t>(r)] - c * l.chunk_len, 0, l.chunk_len);
-      indptr[r + 1] = indptr[r] + len;
+  const size_t bs = prefix_lens.size();
+  l.capacity = std::max(1, chunk_tokens);
+  std::vector<int32_t> done(bs, 0);  // prefix positions already in a chunk
+  std::vector<int32_t> take(bs, 0);
+  std::vector<size_t> left;  // requests with prefix left, by remainder (ascending)
+  for (size_t r = 0; r < bs; ++r) {
+    if (prefix_lens[r] > 0) left.push_back(r);
+  }
+  const auto remainder = [&](size_t r) { return prefix_lens[r] - done[r]; };
+  while (!left.empty()) {
+    std::stable_sort(left.begin(), left.end(),
+                     [&](size_t a, size_t b) { return remainder(a) < remainder(b); });
+    int64_t room = l.capacity;
+    std::fill(take.begin(), take.end(), 0);
+    for (size_t i = 0; i < left.size(); ++i) {
+      const int64_t share = room / static_cast<int64_t>(left.size() - i);
+      take[left[i]] = static_cast<int32_t>(std::min<int64_t>(remainder(left[i]), share));
+      room -= take[left[i]];
     }
-    l.tokens[static_cast<size_t>(c)] = indptr[bs];
+    l.indptr.push_back(0);
+    for (size_t r = 0; r < bs; ++r) {
+      l.indptr.push_back(l.indptr.back() + take[r]);
+      l.starts.push_back(done[r]);
+      done[r] += take[r];
+    }
+    l.tokens.push_back(l.indptr.back());
+    ++l.chunks;
+    std::erase_if(left, [&](size_t r) { return remainder(r) == 0; });
   }
   return l;
 }
@@ -102,9 +116,10 @@ Status MlaPrefixCacheRunner::plan(const ForwardBatch& batch, StreamHandle stream
   const cudaStream_t s = cuda::to_stream(stream);
 
   // Chunk layout (plan_prefix_chunks) and the meta buffer:
-  // [bs] q_start, [bs] q_len, [bs + 1] zeros, then [chunks][bs + 1] chunk offsets.
+  // [bs] q_start, [bs] q_len, [bs + 1] zeros, then [chunks][bs + 1] chunk offsets, then
+  // [chunks][bs] the prefix position of each request's first chunk token.
   layout_ = plan_prefix_chunks(batch.extend_prefix_lens_host, ctx_.mla_prefix_chunk_tokens);
-  const int64_t cap = static_cast<int64_t>(layout_.chunk_len) * bs;
+  const int64_t cap = layout_.capacity;
   meta_host_.assign(static_cast<size_t>(3 * bs + 1), 0);
   int32_t start = 0;
   for (int r = 0; r < bs; ++r) {
@@ -117,6 +132,8 @@ Status MlaPrefixCacheRunner::plan(const ForwardBatch& batch, StreamHandle stream
   }
   chunk_base_ = meta_host_.size();
   meta_host_.insert(meta_host_.end(), layout_.indptr.begin(), layout_.indptr.end());
+  starts_base_ = meta_host_.size();
+  meta_host_.insert(meta_host_.end(), layout_.starts.begin(), layout_.starts.end());
   ATTNKIT_RETURN_IF_ERROR(meta_.reserve(ctx_.device, static_cast<int64_t>(meta_host_.size())));
   ATTNKIT_CUDA_TRY(cudaMemcpyAsync(meta_.data(), meta_host_.data(),
                                    meta_host_.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
@@ -188,7 +205,6 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
   const int dv = layer.v_head_dim;
   const int width = layer.kv_lora_rank + layer.qk_rope_head_dim;
   const DType act = q.dtype;
-  const int chunk_len = layout_.chunk_len;
   const int chunks = layout_.chunks;
   const int32_t* q_start = meta_.data();
   const int32_t* q_len = meta_.data() + bs;
@@ -281,7 +297,7 @@ Status MlaPrefixCacheRunner::run(const TensorView& q, const TensorView& k, const
     const int32_t* indptr = meta_.data() + chunk_base_ + static_cast<size_t>(c) * (bs + 1);
     const int n = layout_.tokens[static_cast<size_t>(c)];
     g.chunk_indptr = indptr;
-    g.chunk_start = c * chunk_len;
+    g.chunk_starts = meta_.data() + starts_base_ + static_cast<size_t>(c) * bs;
     g.tokens = n;
     g.latent = latent_.data();
     ATTNKIT_RETURN_IF_ERROR(gather_prefix_latent(g, kv_dtype, act, stream));

@@ -34,14 +34,19 @@
 
 namespace attnkit::mla {
 
-// Host plan of the prefix chunks (SGLang's layout): per-request chunk length
-// chunk_len = max(1, chunk_tokens / bs); chunk c holds request r's prefix positions
-// [c chunk_len, min((c + 1) chunk_len, prefix_r)); chunks = ceil(max prefix / chunk_len).
+// Host plan of the prefix chunks. A chunk holds at most capacity = max(1, chunk_tokens) prefix
+// tokens of the whole batch, shared by the requests with prefix left, each taking its prefix in
+// order: the requests sorted by what they have left, each takes min(its remainder, an equal share
+// of what the requests before it left over). So every chunk but the last is full, and chunks =
+// ceil(total prefix / capacity). (SGLang's layout gives each request capacity / bs positions per
+// chunk, whether or not its prefix has ended: prefixes of 16k + 7 x 1k in chunks of 8k take 16
+// chunks there, 3 here.)
 struct PrefixChunkLayout {
-  int chunk_len = 1;
+  int capacity = 1;
   int chunks = 0;
   std::vector<int32_t> indptr;  // [chunks][bs + 1] chunk-local token offsets per request
-  std::vector<int32_t> tokens;  // [chunks] tokens of each chunk (<= chunk_len * bs)
+  std::vector<int32_t> starts;  // [chunks][bs] prefix position of request r's first chunk token
+  std::vector<int32_t> tokens;  // [chunks] tokens of each chunk (<= capacity)
 };
 PrefixChunkLayout plan_prefix_chunks(const std::vector<int32_t>& prefix_lens, int chunk_tokens);
 
@@ -59,8 +64,8 @@ MergeStep merge_step(int acc, bool last);
 // (FlashInferOptions::mla_prefix_passes). Pass 0: the new tokens over their own k / v (causal;
 // bidirectional for encoder-only layers); pass c + 1: the new tokens over chunk c's decompressed
 // k / v (bidirectional; request r's keys are rows [indptr[c][r], indptr[c][r + 1]) of the chunk's
-// tensors, PrefixChunkLayout). Each pass writes every new token's row normalised in f32 to part_o
-// [T, H, 128] and its log2-domain LSE (-inf: no key in the pass) to part_lse [T, H].
+// tensors, PrefixChunkLayout). Pass 0 writes every new token's row normalised in f32 to part_o
+// [T, H, 128] and its log2-domain LSE to part_lse [T, H]; the chunk passes merge into them.
 class MlaPrefixPassKernel {
  public:
   virtual ~MlaPrefixPassKernel() = default;
@@ -76,7 +81,8 @@ class MlaPrefixPassKernel {
   // One pass (why_not_prefix_passes was ""): k / v the new tokens' (pass 0) or chunk pass - 1's
   // [chunk tokens, H, 192 / 128]; out: the layer's output (its shape; not written). merge: part_o
   // / part_lse hold the running partial of the earlier passes (every row), into which the pass
-  // merges its rows by LSE in place; else it overwrites them.
+  // merges its rows by LSE in place; else (pass 0 only) it overwrites them. A chunk pass needs
+  // merge: the rows of a request without keys in its chunk are left as they are.
   virtual Status run_prefix_pass(int pass, const TensorView& q, const TensorView& k,
                                  const TensorView& v, const TensorView& out,
                                  const AttentionLayer& layer, const ForwardBatch& batch,
@@ -121,7 +127,8 @@ class MlaPrefixCacheRunner {
   int planned_bs_ = 0;
   int64_t planned_tokens_ = 0;
   PrefixChunkLayout layout_;
-  size_t chunk_base_ = 0;  // meta_: offset of the chunk offsets
+  size_t chunk_base_ = 0;   // meta_: offset of the chunk offsets
+  size_t starts_base_ = 0;  // meta_: offset of the chunks' first prefix positions
   DeviceArray<unsigned char> latent_, kc_, vc_;
   DeviceArray<int32_t> iota_, meta_;
   DeviceArray<float> partial_out_, partial_lse_;

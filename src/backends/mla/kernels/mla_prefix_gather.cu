@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(32 * kWarps) gather_kernel(const PrefixGatherP
     else
       hi = mid - 1;
   }
-  const int pos = p.chunk_start + (t - p.chunk_indptr[lo]);
+  const int pos = p.chunk_starts[lo] + (t - p.chunk_indptr[lo]);
   const int64_t slot =
       p.req_to_token[static_cast<int64_t>(p.req_pool_indices[lo]) * p.req_to_token_stride + pos];
   Out* dst = static_cast<Out*>(p.latent) + static_cast<int64_t>(t) * p.width;

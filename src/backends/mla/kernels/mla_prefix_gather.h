@@ -17,9 +17,9 @@ struct PrefixGatherParams {
   int64_t req_to_token_stride = 0;
   const int32_t* req_pool_indices = nullptr;  // [bs]
   // Chunk-local token offsets [bs + 1]: request r's chunk tokens are [indptr[r], indptr[r + 1]),
-  // its prefix positions chunk_start + (t - indptr[r]).
+  // its prefix positions chunk_starts[r] + (t - indptr[r]) (PrefixChunkLayout).
   const int32_t* chunk_indptr = nullptr;
-  int chunk_start = 0;
+  const int32_t* chunk_starts = nullptr;  // [bs]
   int bs = 0;
   int tokens = 0;       // chunk tokens (indptr[bs])
   int width = 0;        // kv_lora_rank + qk_rope_head_dim
