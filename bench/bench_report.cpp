@@ -64,10 +64,10 @@ Json case_params(const BenchCase& c) {
     p["prefix_len"] = c.prefix_len;
     p["new_tokens"] = c.new_tokens;
     p["causal"] = c.causal;
+    if (!c.prefix_lens.empty()) p["prefix_lens"] = c.prefix_lens;
   } else {
     p["kv_len"] = c.kv_len;
     if (!c.kv_lens.empty()) p["kv_lens"] = c.kv_lens;
-    if (!c.prefix_lens.empty()) p["prefix_lens"] = c.prefix_lens;
   }
   // What the FLOPs / bytes depend on beyond the shape (the case name carried them alone): the
   // verify step's query tokens and its tree, the tokens every request shares.

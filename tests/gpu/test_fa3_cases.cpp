@@ -422,7 +422,7 @@ TEST(Fa3MlaPrefillTest, OtherLayersStayOnTheFlashinferPath) {
 }
 
 // c with cached prefixes read through the MLA chunked prefix cache (a chunk budget of `chunk`
-// tokens: chunk / bs keys of each request per chunk).
+// tokens, filled from the requests' prefixes: mla::plan_prefix_chunks).
 CaseSpec with_prefix_cache(CaseSpec c, std::vector<int> prefix, int chunk) {
   c.prefix_lens = std::move(prefix);
   c.mla_prefix_chunk = chunk;

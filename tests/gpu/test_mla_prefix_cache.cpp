@@ -40,7 +40,7 @@ harness::CaseSpec prefix_case(std::string name, int page, std::vector<int> prefi
 
 TEST(MlaPrefixCache, EveryChunkSizeMatchesTheReference) {
   // bs 3, 207 prefix tokens (plan_prefix_chunks fills every chunk but the last): chunk 1 -> 207
-  // chunks of one key, 2 -> 104, 7 -> 30 (the 77-token prefix ends in chunk 22), 100 -> 3, 4096 ->
+  // chunks of one key, 2 -> 104, 7 -> 30 (the 77-token prefix ends in chunk 25), 100 -> 3, 4096 ->
   // one chunk.
   for (int chunk : {1, 2, 7, 100, 4096}) {
     for (const char* backend : {"flashinfer", "fa3"}) {

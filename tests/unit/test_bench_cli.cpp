@@ -181,6 +181,35 @@ TEST(BenchCli, UnevenDecodeBatchIsVerified) {
   }
 }
 
+// An uneven extend (prefix_lens): every request its own cached prefix, verified against the
+// reference; the JSON carries the lengths, and its bytes / flops are the per-request sums.
+TEST(BenchCli, UnevenExtendBatchIsVerified) {
+  constexpr const char* kFile = R"({
+    "kind": "extend",
+    "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
+    "cases": [{"prefix_lens": [40, 0, 17], "new_tokens": 9}]
+  })";
+  const BenchRun r = run_bench(
+      "bench_cli_uneven_extend", kFile,
+      "--backend torch_native,intel_amx --device cpu --verify --rotate-mib 1 --warmup 0 --iters 1");
+  ASSERT_EQ(r.cli.exit_code, 0) << r.cli.out << r.cli.err;
+  Result<CaseFile> file = parse_case_file_text(kFile, "inline");
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  const BenchCase& c = file->cases[0];
+  ASSERT_EQ(r.doc["results"].size(), 2u);
+  for (const nlohmann::json& x : r.doc["results"]) {
+    EXPECT_EQ(x["case"], c.name);
+    EXPECT_EQ(x["status"], "ok") << x["message"];
+    EXPECT_TRUE(x["verify"]["passed"].get<bool>());
+    EXPECT_EQ(x["params"]["prefix_lens"], nlohmann::json::array({40, 0, 17}));
+    EXPECT_EQ(x["params"]["batch"], 3);
+    // 57 + 27 = 84 tokens x 2 kv heads x 64 x 2 (K, V) x 2 bytes + q / out 27 x 4 x 64 x 2 each.
+    EXPECT_DOUBLE_EQ(x["bytes"].get<double>(), 84.0 * 512 + 2 * 27 * 4 * 64 * 2);
+    // Causal pairs: 9 x (40 + 0 + 17) + 3 x 45, x 2 (q.k, p.V) x 64 x 4 heads x 2.
+    EXPECT_DOUBLE_EQ(x["flops"].get<double>(), 2.0 * 128 * 4 * (9 * 57 + 3 * 45));
+  }
+}
+
 // An extend with a sliding window, soft-cap and sinks: the CaseSpec the bench prepares carries them
 // (to_case_spec; --verify alone could not tell, as the reference reads the same spec), the forward
 // matches the reference, and the JSON carries them with the window's pair count.

@@ -105,6 +105,18 @@ TEST(Fa3PlanTest, MlaPassRequestsLeaveRequestsWithoutChunkKeysOut) {
   // Request 0's three tiles, then request 3's; request 1 has none.
   const std::vector<TileWords> expected = {{0, -84}, {0, 44}, {0, 172}, {3, -123}};
   EXPECT_EQ(tiles_of(*plan, 4), expected);
+
+  // skip_empty false (ATTNKIT_FA3_MLA_PREFIX_SKIP=0): request 1 keeps its 31 rows over no key,
+  // one all-masked tile, last by work.
+  const MlaPassRequests all = mla_pass_requests(base, indptr.data(), /*skip_empty=*/false);
+  EXPECT_EQ(all.reqs[1].q_len, 31);
+  EXPECT_EQ(all.reqs[1].kv_len, 0);
+  EXPECT_EQ(all.max_kv_len, 64);
+  Result<TilePlan> with_empty =
+      build_tile_plan(all.reqs, 128, TileAnchor::kEnd, all.kv_rows, /*causal=*/false);
+  ASSERT_TRUE(with_empty.is_ok()) << with_empty.status().to_string();
+  const std::vector<TileWords> expected_all = {{0, -84}, {0, 44}, {0, 172}, {3, -123}, {1, -97}};
+  EXPECT_EQ(tiles_of(*with_empty, 4), expected_all);
 }
 
 TEST(Fa3PlanTest, WorkedExampleOfTheHeader) {

@@ -17,9 +17,15 @@ PrefixChunkLayout plan_prefix_chunks(const std::vector<int32_t>& prefix_lens, in
     if (prefix_lens[r] > 0) left.push_back(r);
   }
   const auto remainder = [&](size_t r) { return prefix_lens[r] - done[r]; };
+  const auto before = [&](size_t a, size_t b) { return remainder(a) < remainder(b); };
+  std::stable_sort(left.begin(), left.end(), before);
   while (!left.empty()) {
-    std::stable_sort(left.begin(), left.end(),
-                     [&](size_t a, size_t b) { return remainder(a) < remainder(b); });
+    // Shares differ by at most one token, so the order of the remainders changes only between
+    // near-equal ones: an insertion pass keeps it sorted in about one step per request.
+    for (size_t i = 1; i < left.size(); ++i) {
+      for (size_t j = i; j > 0 && before(left[j], left[j - 1]); --j)
+        std::swap(left[j], left[j - 1]);
+    }
     int64_t room = l.capacity;
     std::fill(take.begin(), take.end(), 0);
     for (size_t i = 0; i < left.size(); ++i) {
@@ -119,7 +125,10 @@ Status MlaPrefixCacheRunner::plan(const ForwardBatch& batch, StreamHandle stream
   // [bs] q_start, [bs] q_len, [bs + 1] zeros, then [chunks][bs + 1] chunk offsets, then
   // [chunks][bs] the prefix position of each request's first chunk token.
   layout_ = plan_prefix_chunks(batch.extend_prefix_lens_host, ctx_.mla_prefix_chunk_tokens);
-  const int64_t cap = layout_.capacity;
+  // The largest chunk (every chunk but the last is full): at most the budget, less for a batch
+  // with less prefix.
+  const int64_t cap =
+      layout_.chunks > 0 ? *std::max_element(layout_.tokens.begin(), layout_.tokens.end()) : 0;
   meta_host_.assign(static_cast<size_t>(3 * bs + 1), 0);
   int32_t start = 0;
   for (int r = 0; r < bs; ++r) {

@@ -8,15 +8,16 @@
 // workspace reserved. Per layer (run; no allocation, no host->device copy, no synchronisation):
 //   1. new tokens over new tokens, causal (the triton SIMT 192/128 kernel, or the passes'
 //      kernel: MlaPrefixPassKernel) -> f32 partial A
-//   2. for each prefix chunk c (request r's prefix positions [c L, min((c + 1) L, prefix_r)),
-//      L = max(1, chunk_tokens / bs)): gather the chunk's latent rows (mla_prefix_gather.cu),
+//   2. for each prefix chunk c (PrefixChunkLayout: at most chunk_tokens prefix positions of the
+//      batch, each request's next ones): gather the chunk's latent rows (mla_prefix_gather.cu),
 //      decompress them with layer.mla_prefix->expand, attend the new tokens to them without a mask
 //      (the same SIMT kernel, chunk rows as its key pool) -> f32 partial B; merge A and B by LSE
 //      (the flashinfer cascade merge kernel, f32 result) -> A; the last merge writes out / lse.
 //      On the pass kernel the chunk pass merges itself into A (its epilogue), and one cascade
 //      merge of A alone writes out / lse after the last chunk.
-// Workspace: L * bs latent rows and decompressed k/v, three f32 partial row sets of the new
-// tokens; nothing grows with the prefix beyond the per-chunk offsets.
+// Workspace: the largest chunk's latent rows and decompressed k/v (at most chunk_tokens rows),
+// three f32 partial row sets of the new tokens; nothing grows with the prefix beyond the
+// per-chunk offsets.
 // The prefix modes (extend, mixed, draft extend) are not CUDA-graph captured; capture and replay
 // drop the plan, so a layer with mla_prefix there fails with a clear error.
 #pragma once
