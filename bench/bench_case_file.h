@@ -308,24 +308,35 @@ inline std::string case_name(const BenchCase& c) {
   return s.str();
 }
 
+// An uneven batch's list (kv_lens, or prefix_lens; `single` the one-length key it replaces):
+// exclusive with that key (single_set), batch its size (a given batch must match), *longest its
+// longest length.
+inline Status take_uneven_lens(BenchCase* c, const std::vector<int>& lens, bool single_set,
+                               const std::string& single, const std::string& what,
+                               const ParseState& state, const std::string& where, int* longest) {
+  const std::string list = single + "s";
+  const int n = static_cast<int>(lens.size());
+  if (single_set) {
+    return Status::invalid_argument(where + ": \"" + single + "\" and \"" + list +
+                                    "\" are exclusive (" + list + " gives every request's " + what +
+                                    "; its longest becomes " + single + ")");
+  }
+  if (state.batch_set && c->batch != n) {
+    return Status::invalid_argument(where + ": batch " + std::to_string(c->batch) +
+                                    " does not match the " + std::to_string(n) + " lengths of " +
+                                    list + " (batch may be left out)");
+  }
+  c->batch = n;
+  *longest = *std::max_element(lens.begin(), lens.end());
+  return Status::ok();
+}
+
 // Checks a fully assigned point and fills derived fields.
 inline Status finish_case(BenchCase* c, const ParseState& state, const std::string& where) {
   if (state.kv_dtype_auto) c->kv_dtype = c->dtype;
   if (!c->prefix_lens.empty()) {
-    const int n = static_cast<int>(c->prefix_lens.size());
-    if (state.prefix_len_set) {
-      return Status::invalid_argument(
-          where +
-          ": \"prefix_len\" and \"prefix_lens\" are exclusive (prefix_lens gives every request's "
-          "cached length; its longest becomes prefix_len)");
-    }
-    if (state.batch_set && c->batch != n) {
-      return Status::invalid_argument(where + ": batch " + std::to_string(c->batch) +
-                                      " does not match the " + std::to_string(n) +
-                                      " lengths of prefix_lens (batch may be left out)");
-    }
-    c->batch = n;
-    c->prefix_len = *std::max_element(c->prefix_lens.begin(), c->prefix_lens.end());
+    ATTNKIT_RETURN_IF_ERROR(take_uneven_lens(c, c->prefix_lens, state.prefix_len_set, "prefix_len",
+                                             "cached length", state, where, &c->prefix_len));
   }
   if (c->kind == BenchKind::kMlaDecode) {
     if (int64_t{c->kv_lora_rank} + c->qk_rope_head_dim > INT32_MAX) {
@@ -388,19 +399,8 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
     }
   }
   if (!c->kv_lens.empty()) {
-    const int n = static_cast<int>(c->kv_lens.size());
-    if (state.kv_len_set) {
-      return Status::invalid_argument(where +
-                                      ": \"kv_len\" and \"kv_lens\" are exclusive (kv_lens gives "
-                                      "every request's length; its longest becomes kv_len)");
-    }
-    if (state.batch_set && c->batch != n) {
-      return Status::invalid_argument(where + ": batch " + std::to_string(c->batch) +
-                                      " does not match the " + std::to_string(n) +
-                                      " lengths of kv_lens (batch may be left out)");
-    }
-    c->batch = n;
-    c->kv_len = *std::max_element(c->kv_lens.begin(), c->kv_lens.end());
+    ATTNKIT_RETURN_IF_ERROR(take_uneven_lens(c, c->kv_lens, state.kv_len_set, "kv_len", "length",
+                                             state, where, &c->kv_len));
     if (c->kind != BenchKind::kExtend) {
       const int shortest = *std::min_element(c->kv_lens.begin(), c->kv_lens.end());
       if (c->s_q > shortest) {
