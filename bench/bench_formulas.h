@@ -165,37 +165,39 @@ inline const std::vector<int>& uneven_lens(const BenchCase& c) {
   return c.kind == BenchKind::kExtend ? c.prefix_lens : c.kv_lens;
 }
 
+// The sum of f(len) over the batch's requests, len each request's own length (uneven_lens), or
+// batch x f(the uniform one: prefix_len for extend, kv_len otherwise).
+template <class F>
+int64_t sum_over_requests(const BenchCase& c, F f) {
+  const std::vector<int>& lens = uneven_lens(c);
+  if (lens.empty()) {
+    return static_cast<int64_t>(c.batch) *
+           f(c.kind == BenchKind::kExtend ? c.prefix_len : c.kv_len);
+  }
+  int64_t sum = 0;
+  for (int len : lens) sum += f(len);
+  return sum;
+}
+
 // Pairs of the whole batch: batch x the per-request count, or the sum over kv_lens / prefix_lens.
 inline int64_t attended_pairs_total(const BenchCase& c) {
-  const std::vector<int>& lens = uneven_lens(c);
-  if (lens.empty()) return static_cast<int64_t>(c.batch) * attended_pairs_per_request(c);
-  int64_t sum = 0;
-  for (int len : lens) sum += attended_pairs_at(c, len);
-  return sum;
+  return sum_over_requests(c, [&](int64_t len) { return attended_pairs_at(c, len); });
 }
 
 // Tokens held in the KV pool over the batch: batch x seq_len, or the sum of kv_lens (decode) /
 // of prefix_lens + new_tokens (extend).
 inline int64_t kv_tokens_total(const BenchCase& c) {
-  const std::vector<int>& lens = uneven_lens(c);
-  if (lens.empty()) return static_cast<int64_t>(c.batch) * c.seq_len();
   const int64_t fresh = c.kind == BenchKind::kExtend ? c.new_tokens : 0;
-  int64_t sum = 0;
-  for (int len : lens) sum += len + fresh;
-  return sum;
+  return sum_over_requests(c, [&](int64_t len) { return len + fresh; });
 }
 
 // Tokens whose K / V some query reads: kv_tokens_total, or for an extend with a sliding window w
 // the keys from max(0, prefix - w) on (the first query's window start) in every request.
 inline int64_t kv_tokens_read(const BenchCase& c) {
   if (c.kind == BenchKind::kExtend && c.sliding_window >= 0) {
-    const auto read = [&](int64_t prefix) {
+    return sum_over_requests(c, [&](int64_t prefix) {
       return prefix + c.new_tokens - std::max<int64_t>(0, prefix - c.sliding_window);
-    };
-    if (c.prefix_lens.empty()) return static_cast<int64_t>(c.batch) * read(c.prefix_len);
-    int64_t sum = 0;
-    for (int p : c.prefix_lens) sum += read(p);
-    return sum;
+    });
   }
   return kv_tokens_total(c);
 }
