@@ -260,8 +260,9 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
 inline std::string case_name(const BenchCase& c) {
   std::ostringstream s;
   s << bench_kind_name(c.kind) << "_b" << c.batch;
-  // Uneven batch: the length range, the total and an FNV-1a hash of the list (two lists with the
-  // same range and total still get different names).
+  // Uneven batch: the length range, the total and the 32-bit FNV-1a hash of the list (two lists
+  // with the same range and total still get different names; load_case_file refuses the rare
+  // two whose hashes match as well).
   const auto uneven = [&s](const std::vector<int>& lens) {
     int lo = lens[0], hi = lens[0];
     int64_t sum = 0;
@@ -272,7 +273,7 @@ inline std::string case_name(const BenchCase& c) {
       sum += len;
       h = (h ^ static_cast<uint32_t>(len)) * 16777619u;
     }
-    s << lo << "-" << hi << "_sum" << sum << "_" << std::hex << (h & 0xFFFFu) << std::dec;
+    s << lo << "-" << hi << "_sum" << sum << "_" << std::hex << h << std::dec;
   };
   if (c.kind == BenchKind::kExtend) {
     s << "_pre";
@@ -489,6 +490,15 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
             " (accepted: " + case_file_detail::allowed_keys(file.kind) + ")");
       }
     }
+    // Within one object the last of them would win silently (a later object may override an
+    // earlier one's, as a case does "fixed").
+    for (const char* one : {"q_heads", "kv_heads"}) {
+      if (obj.contains("heads") && obj.contains(one)) {
+        return Status::invalid_argument(source + ": " + where + ": \"heads\" and \"" + one +
+                                        "\" are exclusive in one object (heads gives the "
+                                        "[q_heads, kv_heads] pair)");
+      }
+    }
     return Status::ok();
   };
   if (root.contains("fixed")) {
@@ -573,16 +583,22 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
   if (file.cases.empty()) {
     return Status::invalid_argument(source + ": the file describes no cases");
   }
-  // The name is every parameter of a point: two equal names would run the same point twice and
-  // collide in the JSON / CSV rows.
+  // The name is every parameter of a point (an uneven batch's list by its hash): two equal names
+  // would run the same point twice and collide in the JSON / CSV rows.
   std::map<std::string, size_t> first;
   for (size_t i = 0; i < file.cases.size(); ++i) {
     const auto [at, fresh] = first.emplace(file.cases[i].name, i);
-    if (!fresh) {
-      return Status::invalid_argument(source + ": " + origins[i] + " repeats case " +
-                                      file.cases[i].name + " of " + origins[at->second] +
-                                      " (each point once)");
+    if (fresh) continue;
+    const BenchCase& a = file.cases[at->second];
+    const BenchCase& b = file.cases[i];
+    if (a.kv_lens != b.kv_lens || a.prefix_lens != b.prefix_lens) {
+      return Status::invalid_argument(source + ": " + origins[i] + " and " + origins[at->second] +
+                                      " are different uneven batches whose names match (" + b.name +
+                                      ": the same range, total and list hash); change " +
+                                      "one length of either");
     }
+    return Status::invalid_argument(source + ": " + origins[i] + " repeats case " + b.name +
+                                    " of " + origins[at->second] + " (each point once)");
   }
   return file;
 }

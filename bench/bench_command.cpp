@@ -42,6 +42,13 @@ constexpr int kCpuWarmup = 2;
 constexpr int kCpuIters = 7;
 constexpr int kCudaWarmup = 10;
 constexpr int kCudaIters = 50;
+// The most --warmup / --iters take: a million calls of the smallest case already run for minutes,
+// and the timing samples are held in memory.
+constexpr int kMaxCalls = 1000000;
+// --gemm-tflops: a compute ceiling between a slow CPU core's and past any GPU's (a subnormal value
+// printed as 0 and divided the ratios to inf).
+constexpr double kMinGemmTflops = 1e-3;
+constexpr double kMaxGemmTflops = 1e5;
 constexpr int kCpuCopyReps = 5;
 // CPU memory-bound cases: rounds of (one copy pass, then forwards) after the timed calls.
 constexpr int kCpuPairedRounds = 9;
@@ -234,7 +241,12 @@ std::vector<const BackendDescriptor*> select_backends(const std::string& flag_va
       any_runnable = true;
     }
   }
-  if (backends.empty()) cli_fail("--backend " + flag_value + " names no backend runnable here");
+  if (backends.empty()) {
+    std::string names;
+    for (const BackendDescriptor& d : registry.all()) names += (names.empty() ? "" : ", ") + d.name;
+    cli_fail("--backend \"" + flag_value +
+             "\" names no backend (accepted: a comma-separated list of " + names + ", or all)");
+  }
   if (!any_runnable) {
     std::string reasons;
     for (const std::string& w : why_not) reasons += (reasons.empty() ? "" : "; ") + w;
@@ -279,6 +291,14 @@ void bench_main(const CLI::App& cmd, const BenchArgs& args) {
   };
   if (Result<Device> named = Device::parse(args.device); !args.device.empty() && named) {
     check_device_options(*named);
+  }
+  if (cmd.count("--paired-rounds") > 0 && args.paired_rounds == 0) {
+    for (const char* option : {"--paired-calls", "--paired-max-seconds"}) {
+      if (cmd.count(option) > 0) {
+        cli_fail(std::string(option) + " has nothing to act on: --paired-rounds 0 turns the " +
+                 "paired rounds off");
+      }
+    }
   }
   const BackendRegistry& registry = builtin_registry();
   bench::BenchRun run;
@@ -510,10 +530,26 @@ void bench_main(const CLI::App& cmd, const BenchArgs& args) {
     std::cerr << "attnkit bench: " << failures << " case(s) failed or mismatched\n";
     throw CLI::RuntimeError(1);
   }
+  // A run that timed nothing is not a benchmark (select_backends refuses the same per backend).
+  const bool any_ran = std::any_of(run.results.begin(), run.results.end(), [](const auto& r) {
+    return r.status == bench::CaseStatus::kOk;
+  });
+  if (!any_ran) {
+    std::cerr << "attnkit bench: no case ran: all " << run.results.size()
+              << " were skipped (each row says why)\n";
+    throw CLI::RuntimeError(1);
+  }
 }
 
-void run_main(const RunArgs& args) {
+void run_main(const CLI::App& cmd, const RunArgs& args) {
   if (args.list_cases) {
+    for (const char* option :
+         {"--backend", "--case", "--device", "--verify", "--save-kv", "--layers"}) {
+      if (cmd.count(option) > 0) {
+        cli_fail(std::string(option) +
+                 " excludes --list-cases (--list-cases prints the case table and runs nothing)");
+      }
+    }
     for (const harness::CaseSpec& c : harness::shared_case_table()) {
       std::cout << c.describe() << "\n";
     }
@@ -602,13 +638,13 @@ void register_bench_commands(CLI::App& app) {
       ->add_option("--warmup", bench_args->warmup,
                    "Untimed calls before timing (default: CPU " + std::to_string(kCpuWarmup) +
                        ", CUDA " + std::to_string(kCudaWarmup) + ")")
-      ->check(cli::non_negative_int());
+      ->check(cli::integer_in_range(0, kMaxCalls));
   bench
       ->add_option("--iters", bench_args->iters,
                    "Timed calls; the median is reported "
                    "(default: CPU " +
                        std::to_string(kCpuIters) + ", CUDA " + std::to_string(kCudaIters) + ")")
-      ->check(cli::positive_int());
+      ->check(cli::integer_in_range(1, kMaxCalls));
   bench
       ->add_option("--launches", bench_args->launches,
                    "CUDA: forwards enqueued back to back per timed sample, time divided by it "
@@ -654,7 +690,7 @@ void register_bench_commands(CLI::App& app) {
                    "Compute ceiling for extend ratios, in TFLOP/s (default: CPU measures its "
                    "AMX tile peak, else its vector peak; CUDA has none unless given, e.g. "
                    "torch_peers.py's gemm_bf16)")
-      ->check(cli::positive_number());
+      ->check(cli::number_in_range(kMinGemmTflops, kMaxGemmTflops));
   // --list runs nothing, so options that only act on a run (kRunOnlyOptions) are refused beside a
   // true --list in bench_main (they were silently ignored).
   bench->add_flag("--list", bench_args->list, "Print the (filtered) case names and exit");
@@ -676,13 +712,10 @@ void register_bench_commands(CLI::App& app) {
                 "Let the backend write the new k/v (default: the runner writes them)");
   run->add_option("--layers", run_args->layers, "Layers with independent data")
       ->check(cli::positive_int());
-  CLI::Option* list_cases =
-      run->add_flag("--list-cases", run_args->list_cases, "List the shared case table and exit");
-  for (const char* name :
-       {"--backend", "--case", "--device", "--verify", "--save-kv", "--layers"}) {
-    list_cases->excludes(run->get_option(name));
-  }
-  run->callback([run_args] { run_main(*run_args); });
+  // A true --list-cases runs nothing, so the run's options are refused beside it in run_main
+  // (CLI11's excludes() also refused them beside --list-cases=false).
+  run->add_flag("--list-cases", run_args->list_cases, "List the shared case table and exit");
+  run->callback([run, run_args] { run_main(*run, *run_args); });
 }
 
 }  // namespace attnkit

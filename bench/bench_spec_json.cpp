@@ -49,10 +49,16 @@ Status get_bool(const std::string& key, const Json& v, bool* out) {
   return Status::ok();
 }
 
-Status get_dtype(const std::string& key, const Json& v, DType* out) {
-  if (!v.is_string()) return bad(key, v, "a dtype name such as bf16, f16, f32, fp8_e4m3");
+// q_dtype: an activation dtype (f32, f16, bf16); kv_dtype: a KV cache dtype (those and the fp8 /
+// fp4 ones; int32 is a dtype of the library but not of a cache).
+Status get_dtype(const std::string& key, const Json& v, bool kv, DType* out) {
+  const char* accepted = kv ? "a KV cache dtype: bf16, f16, f32, fp8_e4m3, fp8_e5m2, fp4_e2m1"
+                            : "an activation dtype: bf16, f16, f32";
+  if (!v.is_string()) return bad(key, v, accepted);
   Result<DType> d = parse_dtype(v.get<std::string>());
-  if (!d) return bad(key, v, "a dtype name such as bf16, f16, f32, fp8_e4m3");
+  const bool ok = d.is_ok() && (kv ? dtype_is_float(*d)
+                                   : *d == DType::kF32 || *d == DType::kF16 || *d == DType::kBF16);
+  if (!ok) return bad(key, v, accepted);
   *out = *d;
   return Status::ok();
 }
@@ -112,14 +118,17 @@ Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
       v_head_dim_given = true;
       s = get_int(key, v, &spec.v_head_dim);
     } else if (key == "q_dtype") {
-      s = get_dtype(key, v, &spec.q_dtype);
+      s = get_dtype(key, v, /*kv=*/false, &spec.q_dtype);
     } else if (key == "kv_dtype") {
-      s = get_dtype(key, v, &spec.kv_dtype);
+      s = get_dtype(key, v, /*kv=*/true, &spec.kv_dtype);
     } else if (key == "sliding_window") {
       s = get_int(key, v, &spec.sliding_window);
     } else if (key == "logit_cap") {
       const std::optional<float> cap = logit_cap_from_json(v);
       if (!cap) return bad(key, v, "a finite number >= 0 (0 = off)");
+      if (*cap == 0.f && v.get<double>() != 0.0) {  // 1e-50: no f32 cap, not "off"
+        return bad(key, v, "0 (off) or a cap of at least the smallest f32; this one rounds to 0");
+      }
       spec.logit_cap = *cap;
     } else if (key == "sinks") {
       s = get_bool(key, v, &spec.sinks);
@@ -171,6 +180,12 @@ Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
   if (!v_head_dim_given && spec.mla_absorbed()) spec.v_head_dim = spec.kv_lora_rank;
   if (spec.prefix_lens.empty()) {
     return Status::invalid_argument("case spec: \"prefix_lens\" must list one length per request");
+  }
+  // A verify forward's new tokens are its drafts: new_lens would be dropped without a word.
+  if (spec.mode == ForwardMode::kTargetVerify && root.contains("new_lens")) {
+    return Status::invalid_argument(
+        "case spec: \"new_lens\" does not apply to mode target_verify (each request verifies "
+        "\"spec_draft_tokens\" tokens); leave it out");
   }
   // Decode: one new token per request unless given.
   if (spec.new_lens.empty() && spec.mode == ForwardMode::kDecode) {

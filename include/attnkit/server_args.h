@@ -9,6 +9,11 @@
 
 namespace attnkit {
 
+// The largest --speculative-num-steps / --speculative-eagle-topk / --speculative-num-draft-tokens
+// taken (resolve refuses more): far past any draft tree a server verifies, and small enough that
+// the counts built on them (num_steps + 1 draft tokens at topk 1) cannot overflow.
+inline constexpr int kMaxSpeculativeValue = 1024;
+
 struct ServerArgs {
   // --attention-backend / --prefill-attention-backend / --decode-attention-backend
   std::optional<std::string> attention_backend;
@@ -24,6 +29,7 @@ struct ServerArgs {
   std::optional<int> chunked_prefill_size;
   // --speculative-algorithm (EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM) and its knobs
   std::optional<std::string> speculative_algorithm;
+  // Each from 1 to kMaxSpeculativeValue.
   std::optional<int> speculative_num_steps;
   std::optional<int> speculative_eagle_topk;
   std::optional<int> speculative_num_draft_tokens;

@@ -456,7 +456,16 @@ Status check_host_footprint(const CaseSpec& spec, Device device, const PrepareOp
   const HostFootprint f = host_footprint(spec, device, options);
   if (available <= 0 || f.total() <= static_cast<double>(available)) return Status::ok();
   constexpr double kMiB = 1024.0 * 1024.0;
-  const auto mib = [&](double bytes) { return std::llround(bytes / kMiB); };
+  // In whole MiB; past what an int64 holds (a case of 2^31 heads of 2^31 dims) in %g form, where
+  // llround would answer LLONG_MIN.
+  const auto mib = [&](double bytes) -> std::string {
+    const double m = bytes / kMiB;
+    if (m < 1e15) return std::to_string(std::llround(m));
+    std::ostringstream s;
+    s.precision(3);
+    s << m;
+    return s.str();
+  };
   std::vector<std::string> parts;
   if (f.tables > 0) parts.push_back(cat("page and request tables ", mib(f.tables), " MiB"));
   if (f.pool > 0) {

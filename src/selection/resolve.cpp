@@ -6,7 +6,9 @@
 // backends' descriptors; the rules here only decide which descriptor applies.
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -304,15 +306,27 @@ Status Resolver::validate_flag_values() {
       {"--speculative-num-draft-tokens", &args_.speculative_num_draft_tokens},
   };
   for (const auto& [flag, value] : spec_knobs) {
-    if (value->has_value() && **value < 1) {
+    if (value->has_value() && (**value < 1 || **value > kMaxSpeculativeValue)) {
       return Status::invalid_argument(std::string(flag) + " " + std::to_string(**value) +
-                                      " is invalid; it must be a positive integer");
+                                      " is invalid; it must be an integer from 1 to " +
+                                      std::to_string(kMaxSpeculativeValue));
     }
     if (value->has_value() && !args_.speculative_enabled()) {
       warn(std::string(flag) +
            " is ignored: speculative decoding is off (no "
            "--speculative-algorithm)");
     }
+  }
+  if (spec_mode_ == SpeculativeAttentionMode::kDecode && !args_.speculative_enabled()) {
+    warn(
+        "--speculative-attention-mode decode is ignored: speculative decoding is off (no "
+        "--speculative-algorithm)");
+  }
+  if (args_.attention_backend && args_.prefill_attention_backend &&
+      args_.decode_attention_backend) {
+    warn("--attention-backend " + *args_.attention_backend +
+         " is ignored: --prefill-attention-backend and --decode-attention-backend name both "
+         "phases' backends");
   }
   spec_topk_ = args_.speculative_eagle_topk;
   const std::string valid_linear = join(reg_.linear_names());
@@ -939,10 +953,15 @@ Status Resolver::page_size() {
   }
   if (args_.chunked_prefill_size && *args_.chunked_prefill_size > 0 &&
       *args_.chunked_prefill_size % s_.page_size != 0) {
+    // The next multiple up, or the one below where that passes INT_MAX (the flag's range).
+    const int64_t page = s_.page_size;
+    int64_t use = (*args_.chunked_prefill_size / page + 1) * page;
+    if (use > std::numeric_limits<int>::max()) use -= page;
+    const std::string hint =
+        use > 0 ? " (use " + std::to_string(use) + ")" : " (the page size is larger than it)";
     return Status::invalid_argument(
         "--chunked-prefill-size " + std::to_string(*args_.chunked_prefill_size) +
-        " must be a multiple of the page size " + std::to_string(s_.page_size) + " (use " +
-        std::to_string((*args_.chunked_prefill_size / s_.page_size + 1) * s_.page_size) + ")");
+        " must be a multiple of the page size " + std::to_string(s_.page_size) + hint);
   }
   s_.chunked_prefill_size = args_.chunked_prefill_size;
   return Status::ok();

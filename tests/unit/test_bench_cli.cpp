@@ -70,9 +70,11 @@ BenchRun run_bench(const std::string& stem, const std::string& file_text, const 
   const std::string cases = ::testing::TempDir() + stem + ".json";
   const std::string json = ::testing::TempDir() + stem + "_out.json";
   write_text_file(cases, file_text);
+  std::filesystem::remove(json);  // a file left by an earlier run is not this run's
   BenchRun r;
   r.cli = run_cli("bench --cases '" + cases + "' --json '" + json + "' " + args);
-  if (r.cli.exit_code == 0) r.doc = nlohmann::json::parse(read_text(json));
+  // Also when every case was skipped (exit 1, "no case ran"): the JSON rows say why.
+  if (std::filesystem::exists(json)) r.doc = nlohmann::json::parse(read_text(json));
   return r;
 }
 
@@ -255,7 +257,11 @@ TEST(BenchCli, ParamsCarrySqAndSharedPrefix) {
     "fixed": {"q_heads": 4, "kv_lora_rank": 64, "qk_rope_head_dim": 16, "page_size": 16},
     "cases": [{"batch": 1, "kv_len": 40, "s_q": 2}]})",
                                      args);
-  ASSERT_EQ(mla_run.cli.exit_code, 0) << mla_run.cli.out << mla_run.cli.err;
+  // No CPU backend serves MLA: the row is skipped, so the run fails ("no case ran"), its JSON
+  // written all the same.
+  ASSERT_NE(mla_run.cli.exit_code, 0) << mla_run.cli.out << mla_run.cli.err;
+  EXPECT_NE(mla_run.cli.err.find("no case ran"), std::string::npos) << mla_run.cli.err;
+  ASSERT_TRUE(mla_run.doc.contains("results")) << mla_run.cli.err;
   const BenchRun dec_run = run_bench("bench_cli_params_dec", R"({"kind": "decode",
     "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
     "cases": [{"batch": 2, "kv_len": 64, "shared_prefix": 32}]})",
@@ -424,7 +430,8 @@ TEST(BenchCli, BadValuesSayWhatIsAllowed) {
           {bench + "--graph",
            "--graph times CUDA-graph replays: it needs --device cuda (got "
            "--device cpu)"},
-          {bench + "--gemm-tflops 0", "--gemm-tflops: 0 is not allowed: must be a number > 0"},
+          {bench + "--gemm-tflops 0",
+           "--gemm-tflops: 0 is not allowed: must be a decimal number in [0.001, 100000]"},
           {bench + "--gemm-tflops fast", "--gemm-tflops: \"fast\" is not a number"},
           {run + "extend_page1_gqa4 --layers 0", "--layers: 0 is not allowed: must be an integer"},
           {"run --backend torch_native --case extend_page1_gqa4 --device cuda:x",
@@ -949,6 +956,72 @@ TEST(BenchCli, RunJsonTakesFp8Q) {
       "run --backend torch_native --device cpu --case '{\"mode\": \"extend\", "
       "\"prefix_lens\": [20], \"new_lens\": [8], \"fp8_q\": 1}'");
   EXPECT_NE(bad.err.find("\"fp8_q\" = 1 (accepted: true or false)"), std::string::npos) << bad.err;
+}
+
+// Helper 61's findings (2026-11-30): values that were accepted and then dropped, ignored or
+// turned into nonsense, each now refused by name; and a run that timed nothing exits non-zero.
+TEST(BenchCli, DroppedOrNonsenseValuesAreRefusedByName) {
+  const std::string dir = ::testing::TempDir();
+  const std::string small = dir + "bench_cli_h61_small.json";
+  write_text_file(small, kSmallFile);
+  const std::string heads = dir + "bench_cli_h61_heads.json";
+  write_text_file(heads, R"({"kind": "decode", "fixed": {"kv_heads": 2, "head_dim": 16},
+    "cases": [{"heads": [8, 2], "q_heads": 4, "kv_len": 64}]})");
+  const std::string skipped = dir + "bench_cli_h61_skipped.json";
+  write_text_file(skipped, R"({"kind": "extend", "fixed": {"q_heads": 4, "kv_heads": 2,
+    "head_dim": 16}, "cases": [{"new_tokens": 8, "sliding_window": 4}]})");
+  const std::string bench = "bench --backend torch_native --device cpu --iters 1 --warmup 0 ";
+  const std::string run = "run --backend torch_native --device cpu --case ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {run + R"('{"mode": "decode", "prefix_lens": [10], "logit_cap": 1e-50}')",
+           "\"logit_cap\" = 1e-50 (accepted: 0 (off) or a cap of at least the smallest f32; "
+           "this one rounds to 0)"},
+          {run + R"('{"mode": "target_verify", "prefix_lens": [10], "spec_draft_tokens": 2,
+                      "spec_topk": 1, "new_lens": [5]}')",
+           "\"new_lens\" does not apply to mode target_verify"},
+          {run + R"('{"mode": "decode", "prefix_lens": [10], "kv_dtype": "int32"}')",
+           "\"kv_dtype\" = \"int32\" (accepted: a KV cache dtype: bf16, f16, f32, fp8_e4m3"},
+          {run + R"('{"mode": "decode", "prefix_lens": [10], "q_dtype": "fp8_e4m3"}')",
+           "(accepted: an activation dtype: bf16, f16, f32)"},
+          {bench + "--cases '" + heads + "'",
+           "cases[0]: \"heads\" and \"q_heads\" are exclusive in one object"},
+          {bench + "--cases '" + small + "' --gemm-tflops 1e-320",
+           "--gemm-tflops: 1e-320 is not allowed: must be a decimal number in [0.001, 100000]"},
+          {bench + "--cases '" + small + "' --gemm-tflops 1e30", "--gemm-tflops: 1e30 is not"},
+          {bench + "--cases '" + small + "' --iters 2147483647",
+           "--iters: 2147483647 is not allowed: must be an integer from 1 to 1000000"},
+          {bench + "--cases '" + small + "' --paired-rounds 0 --paired-calls 7",
+           "--paired-calls has nothing to act on: --paired-rounds 0 turns the paired rounds off"},
+          {bench + "--cases '" + small + "' --paired-rounds 0 --paired-max-seconds 5",
+           "--paired-max-seconds has nothing to act on"},
+          {"bench --device cpu --cases '" + small + "' --backend ','",
+           "--backend \",\" names no backend (accepted: a comma-separated list of torch_native"},
+          {run + R"('{"mode": "decode", "prefix_lens": [2147483000], "num_q_heads": 2147483647,
+                      "num_kv_heads": 2147483647, "head_dim": 2147483647}')",
+           "MiB of host memory"},
+      },
+      {"json.exception", "escaped", "bad_alloc", "-9223372036854775808"});
+  // Every case skipped: the table says why, and the run fails.
+  const CliRun none_ran = run_cli(bench + "--cases '" + skipped + "'");
+  EXPECT_NE(none_ran.exit_code, 0) << none_ran.out;
+  EXPECT_NE(none_ran.out.find("skipped"), std::string::npos) << none_ran.out;
+  EXPECT_NE(none_ran.err.find("attnkit bench: no case ran: all 1 were skipped"), std::string::npos)
+      << none_ran.err;
+  // Two different uneven batches that a 16-bit list hash named alike are two cases now.
+  const std::string uneven = dir + "bench_cli_h61_uneven.json";
+  write_text_file(uneven, R"({"kind": "decode", "fixed": {"q_heads": 4, "kv_heads": 2,
+    "head_dim": 16}, "cases": [{"kv_lens": [1, 2, 236, 362, 400]},
+    {"kv_lens": [1, 2, 387, 211, 400]}]})");
+  const CliRun listed =
+      run_cli("bench --backend torch_native --device cpu --list --cases '" + uneven + "'");
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_EQ(std::count(listed.out.begin(), listed.out.end(), '\n'), 2) << listed.out;
+  // --list-cases=false is no listing: the run's options are taken.
+  const CliRun not_listed =
+      run_cli("run --list-cases=false --backend torch_native --device cpu --case decode_page1");
+  EXPECT_EQ(not_listed.exit_code, 0) << not_listed.err;
 }
 
 TEST(BenchCli, RunVerifiesOneJsonCase) {

@@ -260,6 +260,32 @@ TEST(Cli, NumericFlagsSayWhatIsAllowed) {
   EXPECT_EQ(run_cli(select + "--page-size 64 --tp-size 2").exit_code, 0);
 }
 
+// Helper 61's findings (2026-11-30): a draft count whose + 1 overflowed, a suggested chunk size
+// that overflowed, and flags dropped without a word.
+TEST(Cli, SelectOverflowsAndIgnoredFlagsAreSaid) {
+  const std::string select = "select " + config("llama-3.1-8b-instruct") + " --device sm90 ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {select + "--speculative-algorithm EAGLE --speculative-eagle-topk 1 "
+                    "--speculative-num-steps 2147483647",
+           "--speculative-num-steps: 2147483647 is not allowed: must be an integer from 1 to "
+           "1024"},
+          {select + "--speculative-num-draft-tokens 1025", "must be an integer from 1 to 1024"},
+          {select + "--chunked-prefill-size 2147483647 --page-size 64",
+           "must be a multiple of the page size 64 (use 2147483584)"},
+      },
+      {"-2147483648", "(use -"});
+  const CliRun ignored = run_cli("select " + config("llama-3.1-8b-instruct") +
+                                 " --device cpu --prefill-attention-backend torch_native "
+                                 "--decode-attention-backend intel_amx --attention-backend triton "
+                                 "--speculative-attention-mode decode");
+  EXPECT_EQ(ignored.exit_code, 0) << ignored.err;
+  const std::string both = ignored.out + ignored.err;
+  EXPECT_NE(both.find("--attention-backend triton is ignored"), std::string::npos) << both;
+  EXPECT_NE(both.find("--speculative-attention-mode decode is ignored"), std::string::npos) << both;
+}
+
 TEST(Cli, HelpEverywhere) {
   for (const char* args : {"--help", "matrix --help", "select --help", "backends --help",
                            "bench --help", "run --help", "demo --help"}) {

@@ -12,12 +12,18 @@ namespace attnkit::cli {
 // A whole number in [lo, INT_MAX] (help: INT>=lo); the option's own rules (e.g. -1 = off) are
 // checked where it is used.
 CLI::Validator integer_at_least(int lo);
+// A whole number in [lo, hi] (help: INT in [lo, hi]), for options whose larger values overflow
+// the arithmetic built on them or could never finish (e.g. --speculative-num-steps, --iters).
+CLI::Validator integer_in_range(int lo, int hi);
 // A whole number in [1, INT_MAX] (help: POSITIVE).
 CLI::Validator positive_int();
 // A whole number in [0, INT_MAX] (help: NONNEGATIVE).
 CLI::Validator non_negative_int();
 // A finite decimal number > 0 (help: POSITIVE).
 CLI::Validator positive_number();
+// A decimal number in [lo, hi] (help: FLOAT in [lo, hi]), lo > 0: a rate or a ceiling that must be
+// plausible (a subnormal one prints as 0 and divides to inf).
+CLI::Validator number_in_range(double lo, double hi);
 // Any string but the empty one (`--device ""` is not "no --device"); `accepted` lists the values.
 CLI::Validator non_empty(const std::string& accepted);
 

@@ -130,13 +130,13 @@ void register_select_command(CLI::App& app) {
                   "Speculative decoding algorithm")
       ->check(CLI::IsMember({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"}));
   cmd->add_option("--speculative-num-steps", a->speculative_num_steps, "Draft steps")
-      ->check(cli::positive_int());
+      ->check(cli::integer_in_range(1, kMaxSpeculativeValue));
   cmd->add_option("--speculative-eagle-topk", a->speculative_eagle_topk,
                   "Draft branches per step (1 = chain, > 1 = tree)")
-      ->check(cli::positive_int());
+      ->check(cli::integer_in_range(1, kMaxSpeculativeValue));
   cmd->add_option("--speculative-num-draft-tokens", a->speculative_num_draft_tokens,
                   "Draft tokens verified per request")
-      ->check(cli::positive_int());
+      ->check(cli::integer_in_range(1, kMaxSpeculativeValue));
   cmd->add_option("--speculative-attention-mode", a->speculative_attention_mode,
                   "Which phase's backend runs verify/draft-extend")
       ->check(CLI::IsMember({"prefill", "decode"}))
