@@ -2,7 +2,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -14,22 +13,19 @@ namespace attnkit::harness {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kVec = 8;  // outputs per 16-byte store
 // The latent row is staged in shared memory as f32 (the default 48 KB of dynamic shared memory).
 constexpr int kMaxRowWidth = 48 * 1024 / static_cast<int>(sizeof(float));
 
-// a = (a + step) mod r for a < r (step <= 5 here; a loop, as r may be smaller than step).
-__device__ __forceinline__ int advance(int a, int step, int r) {
-  a += step;
-  while (a >= r) a -= r;
-  return a;
-}
+// c mod r for c >= 0: a mask where r is a power of two (every case file's kv_lora_rank), else a
+// division.
+__device__ __forceinline__ int mod_r(int c, int r, bool pow2) { return pow2 ? c & (r - 1) : c % r; }
 
 // grid: (n) block: (kThreads), dynamic shared memory: w floats. One token per CTA: its latent row
-// is staged once, then every head's k and v rows are written in runs of kVec outputs (16-byte
-// stores where the rows allow), the mixed columns advanced per output instead of a division per
-// output (the first form, a CTA per (token, head) with two `%` per output, was bound by the
-// divisions: ~1 ms per 8192 tokens at 128 heads, 40% of a forward of the MLA prefix benchmarks).
+// is staged once, then its k row of every head ([H, dqk], contiguous) and its v row ([H, dv]) are
+// written with consecutive threads on consecutive outputs (coalesced stores, and the mixed
+// columns d + c, 3 d + c, 5 d + c of neighbouring threads fall in different shared-memory banks).
+// The first form, a CTA of 128 threads per (token, head) with two `%` per output, took ~1 ms per
+// 8192 tokens at 128 heads, 37-42% of a forward of the MLA prefix benchmarks.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     expand_kernel(const T* latent, T* k, T* v, int w, int r, int dqk, int dv, int h_count) {
@@ -37,43 +33,32 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t = blockIdx.x;
   for (int c = threadIdx.x; c < w; c += blockDim.x) xs[c] = cuda::to_float(latent[t * w + c]);
   __syncthreads();
+  const bool pow2 = (r & (r - 1)) == 0;
   const int nope = dqk - (w - r);
-  const int k_runs = (dqk + kVec - 1) / kVec, v_runs = (dv + kVec - 1) / kVec;
-  const int per_head = k_runs + v_runs;
-  // 16-byte stores where every run of a row starts 16-byte aligned.
-  const bool k_vec = dqk % kVec == 0 && (reinterpret_cast<uintptr_t>(k) & 15) == 0;
-  const bool v_vec = dv % kVec == 0 && (reinterpret_cast<uintptr_t>(v) & 15) == 0;
-  for (int i = threadIdx.x; i < h_count * per_head; i += blockDim.x) {
-    const int h = i / per_head;
-    const int run = i - h * per_head;
-    const bool is_k = run < k_runs;
-    const int d0 = (is_k ? run : run - k_runs) * kVec;
-    const int len = min(kVec, (is_k ? dqk : dv) - d0);
-    T out[kVec];
-    if (is_k) {
-      int a = (d0 + 37 * h) % r, b = (3 * d0 + 11 * h + 5) % r;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const int d = d0 + e;
-        out[e] =
-            cuda::from_float<T>(d < nope ? 0.5f * (xs[a] - xs[b]) : xs[r + min(d, dqk - 1) - nope]);
-        a = advance(a, 1, r);
-        b = advance(b, 3, r);
-      }
-    } else {
-      int a = (5 * d0 + 7 * h + 1) % r, b = (d0 + 101 * h + 64) % r;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        out[e] = cuda::from_float<T>(0.5f * (xs[a] + xs[b]));
-        a = advance(a, 5, r);
-        b = advance(b, 1, r);
-      }
+  // Output f of the token's k row is (head f / dqk, column f % dqk); both advance by the stride
+  // without a division.
+  int h = threadIdx.x / dqk, d = threadIdx.x % dqk;
+  T* kt = k + t * h_count * dqk;
+  for (int f = threadIdx.x; f < h_count * dqk; f += blockDim.x) {
+    kt[f] = cuda::from_float<T>(
+        d < nope ? 0.5f * (xs[mod_r(d + 37 * h, r, pow2)] - xs[mod_r(3 * d + 11 * h + 5, r, pow2)])
+                 : xs[r + d - nope]);
+    d += blockDim.x;
+    while (d >= dqk) {
+      d -= dqk;
+      ++h;
     }
-    T* dst = is_k ? k + (t * h_count + h) * dqk + d0 : v + (t * h_count + h) * dv + d0;
-    if (len == kVec && (is_k ? k_vec : v_vec)) {
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
-    } else {
-      for (int e = 0; e < len; ++e) dst[e] = out[e];
+  }
+  h = threadIdx.x / dv;
+  d = threadIdx.x % dv;
+  T* vt = v + t * h_count * dv;
+  for (int f = threadIdx.x; f < h_count * dv; f += blockDim.x) {
+    vt[f] = cuda::from_float<T>(
+        0.5f * (xs[mod_r(5 * d + 7 * h + 1, r, pow2)] + xs[mod_r(d + 101 * h + 64, r, pow2)]));
+    d += blockDim.x;
+    while (d >= dv) {
+      d -= dv;
+      ++h;
     }
   }
 }
