@@ -957,11 +957,10 @@ Status Resolver::page_size() {
     const int64_t page = s_.page_size;
     int64_t use = (*args_.chunked_prefill_size / page + 1) * page;
     if (use > std::numeric_limits<int>::max()) use -= page;
-    const std::string hint =
-        use > 0 ? " (use " + std::to_string(use) + ")" : " (the page size is larger than it)";
     return Status::invalid_argument(
         "--chunked-prefill-size " + std::to_string(*args_.chunked_prefill_size) +
-        " must be a multiple of the page size " + std::to_string(s_.page_size) + hint);
+        " must be a multiple of the page size " + std::to_string(s_.page_size) + " (use " +
+        std::to_string(use) + ")");
   }
   s_.chunked_prefill_size = args_.chunked_prefill_size;
   return Status::ok();
