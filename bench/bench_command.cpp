@@ -207,7 +207,8 @@ constexpr const char* kRunOnlyOptions[] = {
 
 // The backends named by --backend, each once in first-named order: `all` adds every built backend
 // that runs on `platform` and was not named before. Refused when none of them can run here, with
-// each one's reason (a run of skipped rows would exit 0 having timed nothing).
+// each one's reason, before any case is prepared (bench_main also fails a run whose every case
+// was skipped).
 std::vector<const BackendDescriptor*> select_backends(const std::string& flag_value,
                                                       const BackendRegistry& registry,
                                                       Platform platform) {
@@ -240,6 +241,10 @@ std::vector<const BackendDescriptor*> select_backends(const std::string& flag_va
     } else {
       any_runnable = true;
     }
+  }
+  if (backends.empty() && flag_value.find("all") != std::string::npos) {
+    cli_fail("--backend " + flag_value + ": no built backend runs on " +
+             std::string(platform_name(platform)));
   }
   if (backends.empty()) {
     std::string names;

@@ -325,8 +325,8 @@ Status Resolver::validate_flag_values() {
   if (args_.attention_backend && args_.prefill_attention_backend &&
       args_.decode_attention_backend) {
     warn("--attention-backend " + *args_.attention_backend +
-         " is ignored: --prefill-attention-backend and --decode-attention-backend name both "
-         "phases' backends");
+         " serves neither phase: --prefill-attention-backend and --decode-attention-backend name "
+         "both phases' backends");
   }
   spec_topk_ = args_.speculative_eagle_topk;
   const std::string valid_linear = join(reg_.linear_names());

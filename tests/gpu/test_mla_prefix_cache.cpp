@@ -4,16 +4,22 @@
 // backend whose MLA row claims it, fp8 latent rows, f16 activations; and the clear errors of the
 // backends, layers and contexts that cannot run it. The shared case table adds mla_prefill_prefix_*
 // cases.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "attnkit/registry.h"
 #include "backends/triton/triton_backend.h"
 #include "harness/case_runner.h"
+#include "harness/mla_prefix_expander.h"
 #include "support/backend_case_test.h"
+#include "support/gpu_test_helpers.h"
 
 namespace attnkit {
 namespace {
@@ -129,6 +135,70 @@ TEST(MlaPrefixCache, UnsupportedBackendsAndLayersSayWhy) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
   EXPECT_NE(s.message().find("BackendContext.mla_prefix_chunk_tokens is 0"), std::string::npos)
       << s.to_string();
+}
+
+// The CUDA form of the case table's prefix expander writes the host form's bits (the reference
+// replays the host form), also at shapes the MLA cases never reach: rank 1 and 3 (the division
+// instead of the mask), no rope columns, k / v rows that do not divide the CTA's 256 threads, the
+// widest row staged in shared memory (12288 values) and a wider one read from global memory.
+// Outputs poisoned first.
+TEST(MlaPrefixExpander, CudaWritesTheHostFormsBits) {
+  struct Shape {
+    int r, rope, dqk, dv, heads, tokens;
+  };
+  const Shape shapes[] = {{512, 64, 192, 128, 3, 5}, {1, 0, 3, 1, 1, 2},
+                          {3, 1, 5, 7, 2, 3},        {100, 3, 257, 300, 3, 2},
+                          {12288, 0, 40, 33, 1, 2},  {12300, 16, 80, 24, 2, 2}};
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> value(-2.f, 2.f);
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " r " + std::to_string(sh.r) + " rope " +
+                   std::to_string(sh.rope) + " dqk " + std::to_string(sh.dqk) + " dv " +
+                   std::to_string(sh.dv) + " heads " + std::to_string(sh.heads));
+      const int64_t w = sh.r + sh.rope;
+      const int64_t n_lat = sh.tokens * w;
+      const int64_t n_k = int64_t{sh.tokens} * sh.heads * sh.dqk;
+      const int64_t n_v = int64_t{sh.tokens} * sh.heads * sh.dv;
+      std::vector<uint16_t> lat(static_cast<size_t>(n_lat));
+      for (int64_t i = 0; i < n_lat; ++i) store_from_float(lat.data(), dt, i, value(rng));
+      std::vector<uint16_t> want_k(static_cast<size_t>(n_k)), want_v(static_cast<size_t>(n_v));
+      STATUS_OK(harness::expand_mla_prefix_for_tests(
+          TensorView(lat.data(), dt, Device::cpu(), {sh.tokens, w}),
+          TensorView(want_k.data(), dt, Device::cpu(), {sh.tokens, sh.heads, sh.dqk}),
+          TensorView(want_v.data(), dt, Device::cpu(), {sh.tokens, sh.heads, sh.dv}), sh.r,
+          nullptr));
+      void* d_lat = nullptr;
+      void* d_k = nullptr;
+      void* d_v = nullptr;
+      CUDA_OK(cudaMalloc(&d_lat, static_cast<size_t>(n_lat) * 2));
+      CUDA_OK(cudaMalloc(&d_k, static_cast<size_t>(n_k) * 2));
+      CUDA_OK(cudaMalloc(&d_v, static_cast<size_t>(n_v) * 2));
+      CUDA_OK(
+          cudaMemcpy(d_lat, lat.data(), static_cast<size_t>(n_lat) * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemset(d_k, 0xff, static_cast<size_t>(n_k) * 2));  // NaN in bf16 and f16
+      CUDA_OK(cudaMemset(d_v, 0xff, static_cast<size_t>(n_v) * 2));
+      const Status s = harness::expand_mla_prefix_for_tests(
+          TensorView(d_lat, dt, Device::cuda(0), {sh.tokens, w}),
+          TensorView(d_k, dt, Device::cuda(0), {sh.tokens, sh.heads, sh.dqk}),
+          TensorView(d_v, dt, Device::cuda(0), {sh.tokens, sh.heads, sh.dv}), sh.r, nullptr);
+      std::vector<uint16_t> got_k(static_cast<size_t>(n_k)), got_v(static_cast<size_t>(n_v));
+      const cudaError_t sync = cudaDeviceSynchronize();
+      const cudaError_t copy_k =
+          cudaMemcpy(got_k.data(), d_k, static_cast<size_t>(n_k) * 2, cudaMemcpyDeviceToHost);
+      const cudaError_t copy_v =
+          cudaMemcpy(got_v.data(), d_v, static_cast<size_t>(n_v) * 2, cudaMemcpyDeviceToHost);
+      cudaFree(d_lat);
+      cudaFree(d_k);
+      cudaFree(d_v);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+      CUDA_OK(sync);
+      CUDA_OK(copy_k);
+      CUDA_OK(copy_v);
+      EXPECT_EQ(std::memcmp(got_k.data(), want_k.data(), got_k.size() * 2), 0);
+      EXPECT_EQ(std::memcmp(got_v.data(), want_v.data(), got_v.size() * 2), 0);
+    }
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -870,6 +871,32 @@ TEST(Selection, TopkOneForcesDraftTokensToStepsPlusOne) {
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   EXPECT_EQ(s->speculative->num_draft_tokens, 4);
   EXPECT_FALSE(s->warnings.empty());
+}
+
+// The API's bound on the speculative counts (the CLI refuses them first): 2^31 - 1 steps made
+// num_steps + 1 = -2^31 draft tokens (helper 61, session 70).
+TEST(Selection, SpeculativeCountsAreBoundedThroughTheApi) {
+  Result<ModelAttentionConfig> model = load(kLlama);
+  ASSERT_TRUE(model.is_ok());
+  for (int value : {kMaxSpeculativeValue + 1, std::numeric_limits<int>::max()}) {
+    ServerArgs a;
+    a.speculative_algorithm = "EAGLE";
+    a.speculative_eagle_topk = 1;
+    a.speculative_num_steps = value;
+    Result<Selection> s = resolve(a, *model, *device_by_name("sm90"));
+    ASSERT_FALSE(s.is_ok()) << value;
+    EXPECT_NE(s.status().message().find("--speculative-num-steps " + std::to_string(value) +
+                                        " is invalid; it must be an integer from 1 to 1024"),
+              std::string::npos)
+        << s.status().to_string();
+  }
+  ServerArgs a;
+  a.speculative_algorithm = "EAGLE";
+  a.speculative_eagle_topk = 1;
+  a.speculative_num_steps = kMaxSpeculativeValue;
+  Result<Selection> s = resolve(a, *model, *device_by_name("sm90"));
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->speculative->num_draft_tokens, kMaxSpeculativeValue + 1);
 }
 
 TEST(Selection, AutoSpecParamsForLlamaAreATree) {
