@@ -217,16 +217,16 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   if (key == "sliding_window") return get_int(v, where, -1, &c->sliding_window);
   if (key == "sinks") return get_bool(v, where, &c->sinks);
   if (key == "logit_cap") {
-    const std::optional<float> cap = logit_cap_from_json(v);
-    if (!cap) {
-      return Status::invalid_argument(where + ": expected a finite number >= 0 (0 = off), got " +
-                                      json_excerpt(v));
-    }
-    c->logit_cap = *cap;
-    if (c->logit_cap == 0.f && v.get<double>() != 0.0) {  // 1e-50: no f32 cap, not "off"
-      return Status::invalid_argument(where + ": " + json_excerpt(v) +
-                                      " rounds to 0 in f32 (a soft-cap needs a cap of at least " +
-                                      "the smallest f32; 0 = off)");
+    switch (logit_cap_from_json(v, &c->logit_cap)) {
+      case LogitCapJson::kNotACap:
+        return Status::invalid_argument(where + ": expected a finite number >= 0 (0 = off), got " +
+                                        json_excerpt(v));
+      case LogitCapJson::kRoundsToZero:
+        return Status::invalid_argument(where + ": " + json_excerpt(v) +
+                                        " rounds to 0 in f32 (a soft-cap needs a cap of at least " +
+                                        "the smallest f32; 0 = off)");
+      case LogitCapJson::kOk:
+        break;
     }
     return Status::ok();
   }
@@ -240,7 +240,7 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
     if (key == "kv_dtype") state->kv_dtype_set = true;
     if (key == "kv_dtype" && name == "auto") return Status::ok();
     Result<DType> d = parse_dtype(name);
-    const bool ok_act = d.is_ok() && (*d == DType::kF32 || *d == DType::kF16 || *d == DType::kBF16);
+    const bool ok_act = d.is_ok() && dtype_is_activation(*d);
     const bool ok_kv = d.is_ok() && dtype_is_float(*d);
     if (key == "dtype" && !ok_act) {
       return Status::invalid_argument(where + ": \"" + name +

@@ -205,6 +205,17 @@ constexpr const char* kRunOnlyOptions[] = {
     "--launches",   "--graph",      "--paired-rounds", "--paired-calls", "--paired-max-seconds",
     "--rotate-mib", "--max-copies", "--gemm-tflops"};
 
+// Refuses each of `options` given beside the true listing flag `flag` (which runs nothing; `what`
+// says what it does instead).
+template <class Options>
+void refuse_beside(const CLI::App& cmd, const Options& options, const std::string& flag,
+                   const std::string& what) {
+  for (const char* option : options) {
+    if (cmd.count(option) > 0)
+      cli_fail(std::string(option) + " excludes " + flag + " (" + what + ")");
+  }
+}
+
 // The backends named by --backend, each once in first-named order: `all` adds every built backend
 // that runs on `platform` and was not named before. Refused when none of them can run here, with
 // each one's reason, before any case is prepared (bench_main also fails a run whose every case
@@ -262,12 +273,7 @@ std::vector<const BackendDescriptor*> select_backends(const std::string& flag_va
 
 void bench_main(const CLI::App& cmd, const BenchArgs& args) {
   if (args.list) {  // only a true --list: --list=false runs as usual
-    for (const char* option : kRunOnlyOptions) {
-      if (cmd.count(option) > 0) {
-        cli_fail(std::string(option) +
-                 " excludes --list (--list prints the case names and runs nothing)");
-      }
-    }
+    refuse_beside(cmd, kRunOnlyOptions, "--list", "--list prints the case names and runs nothing");
   }
   // Options that need one kind of device, checked against a device named by --device before it
   // is looked for (so that --device cuda on a machine without one still names the option), and
@@ -548,13 +554,10 @@ void bench_main(const CLI::App& cmd, const BenchArgs& args) {
 
 void run_main(const CLI::App& cmd, const RunArgs& args) {
   if (args.list_cases) {
-    for (const char* option :
-         {"--backend", "--case", "--device", "--verify", "--save-kv", "--layers"}) {
-      if (cmd.count(option) > 0) {
-        cli_fail(std::string(option) +
-                 " excludes --list-cases (--list-cases prints the case table and runs nothing)");
-      }
-    }
+    constexpr const char* kRunOptions[] = {"--backend", "--case",    "--device",
+                                           "--verify",  "--save-kv", "--layers"};
+    refuse_beside(cmd, kRunOptions, "--list-cases",
+                  "--list-cases prints the case table and runs nothing");
     for (const harness::CaseSpec& c : harness::shared_case_table()) {
       std::cout << c.describe() << "\n";
     }

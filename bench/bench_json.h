@@ -10,7 +10,6 @@
 
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -25,16 +24,20 @@ inline std::string json_error_text(const nlohmann::json::exception& e) {
   return without_json_exception_tag(e.what());
 }
 
-// A soft-cap value (logit_cap) of the case files and of `run --case` specs: a finite number >= 0
-// (0 = off) that f32 holds, or nothing. A double past FLT_MAX would become an infinite cap (no
-// soft-cap at all), silently.
+// A soft-cap value (logit_cap) of the case files and of `run --case` specs as f32, into *cap: a
+// finite number >= 0 (0 = off) that f32 holds. kNotACap: not such a number (a double past FLT_MAX
+// would become an infinite cap, no soft-cap at all, silently); kRoundsToZero: a positive value
+// below the smallest f32 (1e-50), which would turn into "off".
+enum class LogitCapJson { kOk, kNotACap, kRoundsToZero };
 template <typename Json>
-std::optional<float> logit_cap_from_json(const Json& v) {
+LogitCapJson logit_cap_from_json(const Json& v, float* cap) {
   if (!v.is_number() || !(v.template get<double>() >= 0.0) ||
       v.template get<double>() > static_cast<double>(std::numeric_limits<float>::max())) {
-    return std::nullopt;
+    return LogitCapJson::kNotACap;
   }
-  return v.template get<float>();
+  *cap = v.template get<float>();
+  return *cap == 0.f && v.template get<double>() != 0.0 ? LogitCapJson::kRoundsToZero
+                                                        : LogitCapJson::kOk;
 }
 
 template <typename Json>

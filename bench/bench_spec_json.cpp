@@ -4,7 +4,6 @@
 #include <cctype>
 #include <cstdint>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,8 +55,7 @@ Status get_dtype(const std::string& key, const Json& v, bool kv, DType* out) {
                             : "an activation dtype: bf16, f16, f32";
   if (!v.is_string()) return bad(key, v, accepted);
   Result<DType> d = parse_dtype(v.get<std::string>());
-  const bool ok = d.is_ok() && (kv ? dtype_is_float(*d)
-                                   : *d == DType::kF32 || *d == DType::kF16 || *d == DType::kBF16);
+  const bool ok = d.is_ok() && (kv ? dtype_is_float(*d) : dtype_is_activation(*d));
   if (!ok) return bad(key, v, accepted);
   *out = *d;
   return Status::ok();
@@ -124,12 +122,14 @@ Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
     } else if (key == "sliding_window") {
       s = get_int(key, v, &spec.sliding_window);
     } else if (key == "logit_cap") {
-      const std::optional<float> cap = logit_cap_from_json(v);
-      if (!cap) return bad(key, v, "a finite number >= 0 (0 = off)");
-      if (*cap == 0.f && v.get<double>() != 0.0) {  // 1e-50: no f32 cap, not "off"
-        return bad(key, v, "0 (off) or a cap of at least the smallest f32; this one rounds to 0");
+      switch (logit_cap_from_json(v, &spec.logit_cap)) {
+        case LogitCapJson::kNotACap:
+          return bad(key, v, "a finite number >= 0 (0 = off)");
+        case LogitCapJson::kRoundsToZero:
+          return bad(key, v, "0 (off) or a cap of at least the smallest f32; this one rounds to 0");
+        case LogitCapJson::kOk:
+          break;
       }
-      spec.logit_cap = *cap;
     } else if (key == "sinks") {
       s = get_bool(key, v, &spec.sinks);
     } else if (key == "fp8_q") {  // q handed over in fp8_e4m3 (fa3's SM90 FP8 prefill only)

@@ -33,6 +33,8 @@ int dtype_bits(DType dtype);
 // Bytes needed for n elements (fp4: ceil(n / 2)).
 int64_t dtype_storage_bytes(DType dtype, int64_t n);
 bool dtype_is_float(DType dtype);
+// The dtypes of activations (q / k / v / out): f32, f16, bf16.
+bool dtype_is_activation(DType dtype);
 bool dtype_is_fp8(DType dtype);
 // A KV storage dtype stored as x / scale (fp8, fp4): k_scale folds into the softmax scale.
 bool dtype_is_quantized(DType dtype);

@@ -67,10 +67,6 @@ Status check_on(const TensorView& t, const char* name, Device device) {
   return Status::ok();
 }
 
-bool is_activation_dtype(DType d) {
-  return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16;
-}
-
 Status check_layer(const AttentionLayer& layer) {
   if (layer.num_q_heads <= 0 || layer.num_kv_heads <= 0) {
     return Status::invalid_argument(cat("layer.num_q_heads ", layer.num_q_heads,
@@ -302,12 +298,12 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
                     : out != nullptr ? out->dtype
                     : k.defined()    ? k.dtype
                                      : DType::kBF16;
-  if (!is_activation_dtype(q.dtype) && !fp8_q) {
+  if (!dtype_is_activation(q.dtype) && !fp8_q) {
     return Status::invalid_argument(cat("q: dtype ", dtype_name(q.dtype),
                                         " is not supported (expected f32, f16 or bf16",
                                         allow_fp8_q ? ", or fp8_e4m3 with layer.q_scale)" : ")"));
   }
-  if (fp8_q && !is_activation_dtype(act)) {
+  if (fp8_q && !dtype_is_activation(act)) {
     return Status::invalid_argument(
         cat("q: dtype fp8_e4m3 needs out / k / v in f32, f16 or bf16, "
             "not ",

@@ -233,6 +233,10 @@ bool dtype_is_float(DType dtype) {
   return false;
 }
 
+bool dtype_is_activation(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+}
+
 bool dtype_is_fp8(DType dtype) { return dtype == DType::kFP8E4M3 || dtype == DType::kFP8E5M2; }
 
 bool dtype_is_quantized(DType dtype) { return dtype_is_fp8(dtype) || dtype == DType::kFP4E2M1; }

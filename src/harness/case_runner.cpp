@@ -268,7 +268,7 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
   if (s.head_dim < 1 || s.v_head_dim < 1) {
     return bad(cat("head dims ", s.head_dim, "/", s.v_head_dim, " must be >= 1"));
   }
-  if (s.q_dtype != DType::kF32 && s.q_dtype != DType::kF16 && s.q_dtype != DType::kBF16) {
+  if (!dtype_is_activation(s.q_dtype)) {
     return bad(cat("q_dtype ", dtype_name(s.q_dtype), " must be f32, f16 or bf16"));
   }
   if (s.cross_attention && static_cast<int>(s.encoder_lens.size()) != bs) {
@@ -1678,7 +1678,7 @@ Result<ContiguousKV> make_contiguous_kv(const PreparedCase& pc, int layer, DType
     return Status::invalid_argument(
         cat("layer ", layer, " is outside [0, ", pc.layers.size(), ")"));
   }
-  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
+  if (!dtype_is_activation(dtype)) {
     return Status::invalid_argument(cat("dtype ", dtype_name(dtype), " must be f32, f16 or bf16"));
   }
   ATTNKIT_ASSIGN_OR_RETURN(HostMirror m, make_host_mirror(pc));
