@@ -288,6 +288,15 @@ Status Resolver::validate_flag_values() {
                                     std::to_string(*args_.chunked_prefill_size) +
                                     " is invalid; use -1 (off) or a positive token count");
   }
+  // SGLang mixes decode rows into prefill batches only with chunked prefill on (its scheduler's
+  // is_mixed_chunk = chunked_prefill_size set and enable_mixed_chunk); with it off the flag does
+  // nothing, and the selection says so instead of reporting mixed batches.
+  if (args_.enable_mixed_chunk && args_.chunked_prefill_size == -1) {
+    s_.enable_mixed_chunk = false;
+    warn(
+        "--enable-mixed-chunk is ignored: chunked prefill is off (--chunked-prefill-size -1), and "
+        "prefill and decode rows mix only in chunked-prefill batches");
+  }
   if (args_.tp_size < 1) {
     return Status::invalid_argument("--tp-size " + std::to_string(args_.tp_size) +
                                     " is invalid; it must be a positive integer");

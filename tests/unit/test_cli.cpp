@@ -285,6 +285,21 @@ TEST(Cli, SelectOverflowsAndIgnoredFlagsAreSaid) {
   EXPECT_NE(both.find("--attention-backend triton serves neither phase"), std::string::npos)
       << both;
   EXPECT_NE(both.find("--speculative-attention-mode decode is ignored"), std::string::npos) << both;
+  // --enable-mixed-chunk without chunked prefill: said, and not reported as on.
+  const std::string mixed = "select " + config("llama-3.1-8b-instruct") +
+                            " --device cpu --format json --enable-mixed-chunk";
+  const CliRun off = run_cli(mixed + " --chunked-prefill-size -1");
+  EXPECT_EQ(off.exit_code, 0) << off.err;
+  EXPECT_NE(off.out.find("\"enable_mixed_chunk\": false"), std::string::npos) << off.out;
+  EXPECT_NE(off.out.find("--enable-mixed-chunk is ignored: chunked prefill is off"),
+            std::string::npos)
+      << off.out;
+  for (const char* chunk : {"", " --chunked-prefill-size 4096"}) {
+    const CliRun on = run_cli(mixed + chunk);
+    EXPECT_EQ(on.exit_code, 0) << chunk << ": " << on.err;
+    EXPECT_NE(on.out.find("\"enable_mixed_chunk\": true"), std::string::npos) << chunk << on.out;
+    EXPECT_EQ(on.out.find("--enable-mixed-chunk is ignored"), std::string::npos) << chunk << on.out;
+  }
 }
 
 TEST(Cli, HelpEverywhere) {
