@@ -615,7 +615,7 @@ CaseSpec fp8_pool_q(CaseSpec c, bool e4m3_q) {
 // block_m rows per tile (a wgmma FP8 call per layer; 192: three warpgroups, 128: two): the FP8
 // variants' cases.
 void run_on_fp8_plan(const CaseSpec& c, bool save_kv, float logit_mult = 1.f, int block_m = 192) {
-  const CaseSpec probe = fp8(prefill("probe", {0}, {1}, 16, 1, 1, 128));
+  const CaseSpec probe = fp8(prefill("probe", {0}, {64}, 16, 1, 1, 128));
   const bool fp8_kernel = expects_fp8_kernel(probe) && expects_wgmma(probe);
   Fa3Stats stats;
   run_and_compare(c, save_kv, logit_mult, std::nullopt, {}, &stats);
@@ -1050,7 +1050,7 @@ CaseSpec biased_v(CaseSpec c) {
 // Every variant of the FP8 kernel with promotion forced on, each held to kFp8PromotedTolerance, and
 // the variant that ran checked (vt_pre / spec / GEMM row sums / 128-key blocks / promoted).
 TEST(Fa3Fp8Test, PromotionAtLongRowsWithBiasedV) {
-  if (!expects_wgmma(fp8(prefill("probe", {0}, {1}, 16, 1, 1, 128)))) {
+  if (!expects_wgmma(fp8(prefill("probe", {0}, {64}, 16, 1, 1, 128)))) {
     GTEST_SKIP() << "no FP8 wgmma kernel here (ATTNKIT_FA3_FP8=0 or not SM90)";
   }
   if (const char* u = std::getenv("ATTNKIT_FA3_UNIFORM_WG");
@@ -1150,7 +1150,7 @@ TEST(Fa3Fp8Test, PromotionAtLongRowsWithBiasedV) {
 // The test above can fail: the unpromoted kernel (today's default at 8236 keys: FADD row sums) is
 // outside kFp8PromotedTolerance on the same case, and so is the unpromoted GEMM-sum kernel.
 TEST(Fa3Fp8Test, PromotedToleranceRejectsTheUnpromotedKernel) {
-  if (!expects_wgmma(fp8(prefill("probe", {0}, {1}, 16, 1, 1, 128)))) {
+  if (!expects_wgmma(fp8(prefill("probe", {0}, {64}, 16, 1, 1, 128)))) {
     GTEST_SKIP() << "no FP8 wgmma kernel here (ATTNKIT_FA3_FP8=0 or not SM90)";
   }
   ScopedEnv promote("ATTNKIT_FA3_FP8_PROMOTE", "0");
@@ -1304,8 +1304,8 @@ TEST(Fa3Fp8Test, StridedOutMatchesContiguous) {
 // dequantised q: TMA Q boxes and the cp.async gather, the 192-row kernel, promoted and
 // unpromoted, the two-warpgroup kernel with the in-kernel V transpose, bidirectional.
 TEST(Fa3Fp8Test, E4m3QInputMatchesReference) {
-  if (!expects_wgmma(fp8_q(prefill("probe", {0}, {1}, 16, 1, 1, 128))) ||
-      !expects_fp8_kernel(fp8_q(prefill("probe", {0}, {1}, 16, 1, 1, 128)))) {
+  if (!expects_wgmma(fp8_q(prefill("probe", {0}, {64}, 16, 1, 1, 128))) ||
+      !expects_fp8_kernel(fp8_q(prefill("probe", {0}, {64}, 16, 1, 1, 128)))) {
     GTEST_SKIP() << "no SM90 FP8 kernel (ATTNKIT_FA3_FP8=0 or not SM90): e4m3 q is refused there";
   }
   run_and_compare(fp8_q(prefill("fp8q_page16", {300, 0, 0, 77}, {437, 1, 129, 256}, 16, 8, 2, 128)),
@@ -1334,7 +1334,7 @@ TEST(Fa3Fp8Test, E4m3QInputMatchesReference) {
 // e4m3 rounding of q (the reference keeps the bf16 q) scales with the logits, and at x 4 the LSE
 // error is ~0.4 with the knob on or off (H200, 2026-11-28 07:49Z), past the FP8 tolerance.
 TEST(Fa3Fp8Test, HalfDiagonalBlockMatchesReference) {
-  const CaseSpec probe = fp8_q(prefill("probe", {0}, {1}, 16, 1, 1, 128));
+  const CaseSpec probe = fp8_q(prefill("probe", {0}, {64}, 16, 1, 1, 128));
   if (!expects_wgmma(probe) || !expects_fp8_kernel(probe)) {
     GTEST_SKIP() << "no SM90 FP8 kernel (ATTNKIT_FA3_FP8=0 or not SM90)";
   }
@@ -1465,6 +1465,24 @@ TEST(Fa3Fp8Test, E4m3QEqualsTheBf16QItQuantisesTo) {
     EXPECT_EQ(st->wgmma_fp8_calls, st->wgmma_calls);
     EXPECT_EQ(st->flashinfer_calls, 0);
   }
+}
+
+// Extends with few new tokens per request (backend/small_extend.h) leave the wgmma kernel for the
+// inner flashinfer's decode tiles (<= 32 packed rows per request) or prefill tiles (<= 16 new
+// tokens); run_and_compare checks that no wgmma call ran (expects_wgmma) and the output. An e4m3 q,
+// which only the FP8 kernel takes, stays there.
+TEST(Fa3SmallExtendTest, FewNewTokensLeaveTheWgmmaKernel) {
+  Fa3Stats stats;
+  const CaseSpec tiles = prefill("small_ext", {700, 1500, 33}, {1, 8, 3}, 16, 8, 2, 128);
+  run_and_compare(tiles, true, 1.f, std::nullopt, {}, &stats);
+  if (test_support::expects_small_extend(tiles)) {
+    EXPECT_EQ(stats.flashinfer_calls, 2) << "both layers on the inner flashinfer";
+  }
+  run_and_compare(prefill("small_ext_q16", {1500, 200}, {16, 9}, 16, 8, 2, 128), true);
+  CaseSpec fp8_pool = fp8(prefill("small_ext_fp8", {900, 64}, {2, 5}, 16, 8, 2, 128));
+  run_and_compare(fp8_pool, false);
+  const CaseSpec q8 = fp8_q(prefill("small_ext_fp8q", {900, 64}, {2, 5}, 16, 8, 2, 128));
+  if (expects_wgmma(q8) && expects_fp8_kernel(q8)) run_and_compare(q8, true);
 }
 
 // Outside the FP8 kernel an e4m3 q is refused by name, before anything is written: a bf16 pool,

@@ -160,6 +160,15 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_
   } else {
     EXPECT_EQ(stats->verify_decode_calls, 0) << "a non-verify forward ran the verify kernel";
   }
+  // Extends with few new tokens per request on the decode tiles (backend/small_extend.h; ctest's
+  // FlashInferExtendPrefillTiles sets ATTNKIT_EXTEND_DECODE_ROWS=0): every native layer outside
+  // a cascade; no other forward.
+  if (test_support::expects_extend_decode_tiles(spec) && expects_native(spec) &&
+      stats->cascade_calls == 0) {
+    EXPECT_EQ(stats->extend_decode_calls, layers) << "a small extend did not run on decode tiles";
+  } else if (stats->cascade_calls == 0) {
+    EXPECT_EQ(stats->extend_decode_calls, 0) << "a forward ran the extend decode tiles";
+  }
   if (stats_out != nullptr) *stats_out = *stats;
 }
 
@@ -231,6 +240,69 @@ TEST(FlashInferSplitTest, WideGroupUsesSeveralQueryTiles) {
   c.prefix_lens = {300, 0};
   c.new_lens = {40, 77};
   run_and_compare(c, true);
+}
+
+// Extends with few new tokens per request (backend/small_extend.h) on the decode tiles: the
+// causal mask over the new tokens with per-request new-token counts (uneven), 16- and 32-row
+// tiles, a long prefix split across SMs and merged in the kernel (partials per (split, token)),
+// draft-extend and mixed forwards, a window, sinks, a soft-cap, fp8 pools, a bidirectional
+// (encoder-only) layer, d 64 / 256, group 6 (tokens straddling a 16-row tile); run_and_compare
+// checks the tiles each ran (ATTNKIT_EXTEND_DECODE_ROWS). Past the bound, requests of at most
+// ATTNKIT_FA3_MIN_Q_LEN new tokens run flashinfer's mma.sync prefill tiles, not the wgmma kernel.
+TEST(FlashInferExtendDecodeTilesTest, FewNewTokensPerRequest) {
+  auto extend = [](std::string name, std::vector<int> prefix, std::vector<int> fresh) {
+    CaseSpec c = long_decode(std::move(name), std::move(prefix), 16, DType::kBF16);
+    c.mode = ForwardMode::kExtend;
+    c.new_lens = std::move(fresh);
+    return c;
+  };
+  FlashInferStats stats;
+  // Group 4: 1 / 3 / 8 new tokens = 4 / 12 / 32 packed rows (32-row tiles over bf16).
+  run_and_compare(extend("ext_uneven", {700, 1500, 2000, 33}, {1, 3, 8, 2}), true, &stats);
+  CaseSpec split = extend("ext_split", {5000}, {4});
+  run_and_compare(split, true, &stats);
+  if (test_support::expects_extend_decode_tiles(split)) {
+    EXPECT_GT(stats.split_calls, 0) << "a 5000-key prefix was not split";
+  }
+  split.mode = ForwardMode::kDraftExtend;  // (the harness asks a draft extend for its spec info)
+  split.spec_draft_tokens = 4;
+  split.spec_topk = 1;
+  run_and_compare(split, false);
+  CaseSpec mixed = extend("ext_mixed", {900, 0, 400}, {1, 5, 1});
+  mixed.mode = ForwardMode::kMixed;
+  run_and_compare(mixed, true);
+  CaseSpec v = extend("ext_window_sinks", {3000, 64}, {6, 1});
+  v.sliding_window = 500;
+  v.sinks = true;
+  run_and_compare(v, true);
+  v.sliding_window = -1;
+  v.sinks = false;
+  v.logit_cap = 3.f;
+  v.page_size = 1;
+  run_and_compare(v, false);
+  CaseSpec fp8 = extend("ext_fp8", {2500, 100}, {8, 3});
+  fp8.kv_dtype = DType::kFP8E4M3;
+  run_and_compare(fp8, true);
+  fp8.kv_dtype = DType::kFP8E5M2;
+  fp8.page_size = 64;
+  run_and_compare(fp8, false);
+  CaseSpec enc = extend("ext_encoder", {0, 0}, {7, 5});
+  enc.type = AttentionType::kEncoderOnly;
+  run_and_compare(enc, true);
+  enc.sliding_window = 2;
+  run_and_compare(enc, true);
+  for (int d : {64, 256}) {
+    CaseSpec c = extend("ext_d" + std::to_string(d), {1200, 77}, {5, 8});
+    c.head_dim = c.v_head_dim = d;
+    run_and_compare(c, true);
+  }
+  CaseSpec g6 = extend("ext_group6", {800, 45}, {5, 3});
+  g6.num_q_heads = 12;
+  g6.num_kv_heads = 2;
+  run_and_compare(g6, true);
+  // 9-16 new tokens at group 4 (36-64 rows): the prefill tiles, not the decode tiles or wgmma.
+  // (run_and_compare: no decode tiles, and wgmma only with ATTNKIT_FA3_MIN_Q_LEN below 16.)
+  run_and_compare(extend("ext_prefill_tiles", {1500, 200}, {16, 9}), true);
 }
 
 // Target verify over long cached prefixes: the eager plan splits the prefixes into key chunks

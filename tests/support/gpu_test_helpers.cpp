@@ -12,6 +12,7 @@
 #include "attnkit/device.h"
 #include "attnkit/dtype.h"
 #include "attnkit/tensor.h"
+#include "backend/small_extend.h"
 #include "core/env_knob.h"
 
 #ifdef ATTNKIT_WITH_CUDA
@@ -27,7 +28,28 @@ bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s, int compute_capabili
       (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.kv_dtype == s.q_dtype;
   const bool dim_ok =
       (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) && s.head_dim == s.v_head_dim;
-  return compute_capability == 90 && mode_ok && dtype_ok && dim_ok && !s.mla && !s.cross_attention;
+  return compute_capability == 90 && mode_ok && dtype_ok && dim_ok && !s.mla &&
+         !s.cross_attention && (s.fp8_q || !expects_small_extend(s));
+}
+
+bool expects_extend_decode_tiles(const harness::CaseSpec& s) {
+  const bool mode_ok = detail::small_extend_mode(s.mode);
+  if (!mode_ok || s.mla || s.cross_attention || s.new_lens.empty()) return false;
+  const int rows = detail::extend_decode_rows_from_env();
+  const int group = s.num_q_heads / std::max(1, s.num_kv_heads);
+  const int longest = *std::max_element(s.new_lens.begin(), s.new_lens.end());
+  const bool all_new =
+      std::all_of(s.new_lens.begin(), s.new_lens.end(), [](int n) { return n >= 1; });
+  return all_new && rows > 0 && static_cast<int64_t>(longest) * group <= rows;
+}
+
+bool expects_small_extend(const harness::CaseSpec& s) {
+  if (expects_extend_decode_tiles(s)) return true;
+  if (!detail::small_extend_mode(s.mode) || s.mla || s.cross_attention || s.new_lens.empty()) {
+    return false;
+  }
+  const int min_q_len = detail::wgmma_min_q_len_from_env();
+  return min_q_len > 0 && *std::max_element(s.new_lens.begin(), s.new_lens.end()) <= min_q_len;
 }
 
 bool has_cuda() {

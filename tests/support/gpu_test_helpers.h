@@ -39,11 +39,20 @@ Buffer upload_bytes(const void* src, int64_t bytes);
 // flashinfer backends share (prefill_sm90_engine.h): a device of compute capability 90; an extend,
 // mixed or draft-extend forward; bf16/f16 MHA with KV of the q dtype; d 64/128/256 with
 // qk dim = v dim; no cross-attention (a sliding window, soft-cap or sinks run the kernel's variant
-// instantiations).
+// instantiations), unless the forward has few new tokens per request (backend/small_extend.h:
+// expects_small_extend; the kernel still takes those of an e4m3 q: s.fp8_q).
 bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s, int compute_capability);
 // The same for this process's CUDA device 0 (detect_cuda, so ATTNKIT_EMULATE_CC counts, as it
 // does for the backends); false without a CUDA device.
 bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s);
+// backend/small_extend.h's rules for the case's forward, with the bounds this process's
+// environment sets (ATTNKIT_EXTEND_DECODE_ROWS, ATTNKIT_FA3_MIN_Q_LEN):
+// expects_extend_decode_tiles: an extend / mixed / draft-extend forward of MHA without
+// cross-attention whose requests all have >= 1 new token and at most the decode-tile bound of
+// packed rows (new tokens x group); expects_small_extend: that, or at most the wgmma kernel's
+// minimum of new tokens in the longest request (the SM90 kernel declines both).
+bool expects_extend_decode_tiles(const harness::CaseSpec& s);
+bool expects_small_extend(const harness::CaseSpec& s);
 // Whether the case's layers are non-absorbed MLA prefill layers the SM90 wgmma MLA kernel runs
 // (PrefillSm90Engine::create_mla_prefill / why_not_mla_layer: device 0 of compute capability 90,
 // extend / draft-extend, bf16 / f16, 192 / 128, decoder (causal) layers, no window / soft-cap /

@@ -17,6 +17,7 @@
 
 #include "attnkit/kv_cache.h"
 #include "backend/kernel_params.h"
+#include "backend/small_extend.h"
 #include "backends/fa3/kernels/fa3_kernels.h"
 #include "backends/fa3/kernels/tile_plan.h"
 #include "core/env_knob.h"
@@ -182,6 +183,8 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   std::unique_ptr<PrefillSm90Engine> e(new PrefillSm90Engine(ctx, sm_count));
   e->read_kernel_knobs(ctx.qk_head_dim);
   e->kv_heads_ = ctx.num_kv_heads;
+  e->extend_decode_rows_ = detail::extend_decode_rows_from_env();
+  e->min_q_len_ = detail::wgmma_min_q_len_from_env();
   const int d = ctx.qk_head_dim;
   std::string block_ns;  // the key blocks instantiated for d
   for (int n : {64, 80, 128, 192}) {
@@ -264,6 +267,10 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   planned_ = false;
   if (!why_not(batch).empty()) return Status::ok();
   const int bs = batch.batch_size;
+  const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
+  planned_small_extend_ =
+      !mla_ && (detail::extend_decode_q_len(batch, group, extend_decode_rows_) > 0 ||
+                detail::below_wgmma_q_len(batch, min_q_len_));
   std::vector<TileRequest> reqs = tile_requests(batch);
   std::vector<int32_t> kv_rows;  // MLA: key k of a request is row q_start + k of the layer's k / v
   if (mla_) {                    // the new tokens attend each other
@@ -428,6 +435,11 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
                                              const ForwardBatch& batch) const {
   if (!planned_) return "forward not planned for wgmma";
   if (mla_) return "the MLA prefill engine runs non-absorbed MLA layers only (run_mla)";
+  if (planned_small_extend_ && q.dtype != DType::kFP8E4M3) {
+    return "few new tokens per request (at most " + str(min_q_len_) + ", or " +
+           str(extend_decode_rows_) +
+           " packed rows): flashinfer's decode / prefill tiles (backend/small_extend.h)";
+  }
   if (layer.is_mla || layer.is_cross_attention) return "MLA / cross-attention layer";
   if (planned_fp8_) {  // the FP8 kernel's variants take window / sinks / soft-cap on one plan
     if ((layer.sliding_window >= 0 || layer.sinks.defined() || layer.logit_cap != 0.f) &&

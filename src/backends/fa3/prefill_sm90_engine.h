@@ -204,6 +204,13 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   int kv_heads_ = 0;
   bool planned_ = false;
   bool planned_fp8_ = false;
+  // The planned forward has few new tokens per request (backend/small_extend.h): why_not_layer
+  // leaves its layers to flashinfer's decode / prefill tiles, but for an e4m3 q, which only the
+  // FP8 kernel takes. The bounds: ATTNKIT_EXTEND_DECODE_ROWS and ATTNKIT_FA3_MIN_Q_LEN (read when
+  // the engine is created).
+  bool planned_small_extend_ = false;
+  int extend_decode_rows_ = 0;
+  int min_q_len_ = 0;
   int plan_bs_ = 0;
   int plan_tokens_ = 0;  // batch.num_tokens: the tiles' query rows index q / out by the plan
   int num_tiles_ = 0;

@@ -26,6 +26,7 @@
 #include "backend/graph_captures.h"
 #include "backend/kernel_params.h"
 #include "backend/plan_stamp.h"
+#include "backend/small_extend.h"
 #include "backends/fa3/prefill_sm90_engine.h"
 #include "backends/flashinfer/cascade.h"
 #include "backends/flashinfer/kernels/balanced_plan.h"
@@ -139,8 +140,10 @@ struct Plan {
   bool balance_cut = false;
   bool split = false;       // some request is split (stats)
   bool split_long = false;  // the split-long rule cut some request (stats)
-  // Target verify on decode tiles (PagedParams::decode_verify / decode_q_tiles).
+  // Target verify on decode tiles (PagedParams::decode_verify / decode_q_tiles), or an extend
+  // with few new tokens per request on them (extend_decode; backend/small_extend.h).
   bool verify_decode = false;
+  bool extend_decode = false;
   int decode_q_tiles = 0;
   int decode_tile_rows = flashinfer::kDecodeTileRows;
   // Captured for CUDA-graph replay: the launch (PDL attribute included) is fixed at capture while
@@ -191,6 +194,7 @@ class FlashInferBackend final : public AttentionBackend {
         split_long_(env_flag("ATTNKIT_FLASHINFER_SPLIT_LONG", false)),
         verify_decode_rows_(
             env_int_range("ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS", kVerifyDecodeRows, 0, 1 << 20)),
+        extend_decode_rows_(detail::extend_decode_rows_from_env()),
         verify_ctas_per_sm_(env_int_range("ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM", 0, 0, 2)),
         verify_tile_rows_(env_int("ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS", 32, {16, 32})),
         device_plan_(env_int_range("ATTNKIT_FLASHINFER_DEVICE_PLAN", 1, 0, 2)) {}
@@ -502,6 +506,9 @@ class FlashInferBackend final : public AttentionBackend {
   // ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS (read when the backend is created): 0 = prefill tiles
   // always (sessions 58-59).
   int verify_decode_rows_ = kVerifyDecodeRows;
+  // Extends on decode tiles up to this many packed rows per request (backend/small_extend.h;
+  // ATTNKIT_EXTEND_DECODE_ROWS, read when the backend is created; 0 = never).
+  int extend_decode_rows_ = detail::kExtendDecodeRows;
   // ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM (read when the backend is created): 0 (unset) = the rule
   // of verify_ctas_per_sm, 1 or 2 = that many for every decode-tile verify plan.
   int verify_ctas_per_sm_ = 0;
@@ -696,7 +703,21 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   bool uniform_drafts = true;
   for (const PlanRequest& q : reqs) uniform_drafts = uniform_drafts && q.q_len == verify_n;
   const bool verify_decode = verify && uniform_drafts && verify_decode_tiles(verify_n);
-  const TileShape shape = decode || verify_decode ? TileShape::kDecode : TileShape::kPrefill;
+  // An extend whose requests have few new tokens each (backend/small_extend.h): the same decode
+  // tiles with the causal mask over the new tokens, tiles and split counters for the longest
+  // request (extend_decode_n new tokens).
+  const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
+  int extend_decode_n =
+      decode || verify ? 0 : detail::extend_decode_q_len(batch, group, extend_decode_rows_);
+  // (A batch whose decode-tile grid could pass a launch's 65535 items per kv head stays on the
+  // prefill tiles: the planner's splits only add items where there are few.)
+  constexpr int64_t kDecodeTileItemsBound = 32768;
+  if (extend_decode_n > 0 && bs * verify_q_tiles(extend_decode_n) > kDecodeTileItemsBound) {
+    extend_decode_n = 0;
+  }
+  const bool tiles_decode = verify_decode || extend_decode_n > 0;
+  const int tile_n = verify ? verify_n : extend_decode_n;
+  const TileShape shape = decode || tiles_decode ? TileShape::kDecode : TileShape::kPrefill;
   // The cascade keeps planning verify on prefill tiles (its passes run their own plans).
   const TileShape cascade_shape = decode ? TileShape::kDecode : TileShape::kPrefill;
   const StreamHandle stream = stream_for(batch);
@@ -721,7 +742,9 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     }
   } else {
     ATTNKIT_RETURN_IF_ERROR(flashinfer::build_work_plan(
-        reqs, verify ? verify_plan_config(verify_n, verify_decode) : plan_config(shape, decode),
+        reqs,
+        verify || tiles_decode ? verify_plan_config(tile_n, tiles_decode)
+                               : plan_config(shape, decode),
         &work_plan_));
     const WorkPlan& wp = work_plan_;
     ATTNKIT_RETURN_IF_ERROR(plan_words_.reserve(ctx_.device, wp.serialized_words()));
@@ -734,10 +757,11 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     ATTNKIT_RETURN_IF_ERROR(partial_out_.reserve(ctx_.device, partial_entries * ctx_.v_head_dim));
     ATTNKIT_RETURN_IF_ERROR(partial_lse_.reserve(ctx_.device, partial_entries));
     ATTNKIT_RETURN_IF_ERROR(cuda::reserve_zeroed_counters(
-        split_counters_, ctx_.device, bs * decode_counters_per_request(verify_decode, verify_n),
+        split_counters_, ctx_.device, bs * decode_counters_per_request(tiles_decode, tile_n),
         stream));
   }
-  if (verify_decode) plan_verify_on_decode_tiles(verify_n);  // (plan_ was reset above)
+  if (tiles_decode) plan_verify_on_decode_tiles(tile_n);  // (plan_ was reset above)
+  plan_.extend_decode = extend_decode_n > 0;
   plan_.shape = shape;
   plan_.split = partial_entries > 0;
   plan_.words = plan_words_.data();
@@ -838,10 +862,16 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
           cuda::check_ring_decode_row_stride(name_.c_str(), kv_dtype, kbuf, vbuf));
       if (plan_.balance_slots == 0) {  // a balanced plan's grid is 1-D
         ATTNKIT_RETURN_IF_ERROR(flashinfer::check_decode_grid(
-            plan_.grid_items, plan_.verify_decode ? "target_verify" : "decode",
+            plan_.grid_items,
+            plan_.extend_decode   ? "extend"
+            : plan_.verify_decode ? "target_verify"
+                                  : "decode",
             plan_.verify_decode
-                ? " (fewer requests, or ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS below " +
-                      str(plan_.decode_q_tiles * plan_.decode_tile_rows) + " for the prefill tiles)"
+                ? std::string(" (fewer requests, or ") +
+                      (plan_.extend_decode ? "ATTNKIT_EXTEND_DECODE_ROWS"
+                                           : "ATTNKIT_FLASHINFER_VERIFY_DECODE_ROWS") +
+                      " below " + str(plan_.decode_q_tiles * plan_.decode_tile_rows) +
+                      " for the prefill tiles)"
                 : std::string()));
       }
     } else {
@@ -921,7 +951,9 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   p.decode_verify = plan_.verify_decode ? 1 : 0;
   p.decode_q_tiles = plan_.decode_q_tiles;
   p.decode_tile_rows = plan_.decode_tile_rows;
-  if (plan_.verify_decode) {
+  if (plan_.extend_decode) {
+    ++stats_.extend_decode_calls;
+  } else if (plan_.verify_decode) {
     ++stats_.verify_decode_calls;
     if (plan_.decode_tile_rows == 2 * flashinfer::kDecodeTileRows) {
       ++stats_.verify_decode_rows32_calls;

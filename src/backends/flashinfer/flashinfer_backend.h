@@ -113,6 +113,10 @@ struct FlashInferStats {
   // Target-verify calls on decode tiles (paged_decode_ring_kernel's kVerify; its split plans merge
   // in the kernel, counted in split_calls).
   int64_t verify_decode_calls = 0;
+  // Extend / mixed / draft-extend calls on decode tiles (the same kernel with the causal mask over
+  // the new tokens: every request with few new tokens, backend/small_extend.h); not counted in
+  // verify_decode_calls.
+  int64_t extend_decode_calls = 0;
   // Of those, the calls on 32-row tiles (two M tiles per CTA; verify_tile_rows), and the CTAs per
   // SM the last one's plan targeted (verify_ctas_per_sm: 2 on 32-row tiles on SM90, else 1, or
   // ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM), 0 before one.

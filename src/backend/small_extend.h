@@ -1,0 +1,79 @@
+// Extend forwards with few new tokens per request (an EAGLE draft extend, a short turn or chunk over
+// a long history): where the flashinfer and fa3 backends run them.
+//
+// The SM90 wgmma prefill's tiles hold 128 / 192 rows of one request and one q head, so a request
+// with q_len new tokens fills q_len of them and its keys are read once per q head; flashinfer's
+// mma.sync tiles pack the (new token, q head) rows of a kv-head group. H200 2026-11-30 14:41Z
+// (scripts/device/small_q_extend.sh, GQA 32 / 8, d 128, page 16, 4096-token prefixes), ms:
+//   b64 new 1 / 4 / 16:  wgmma 0.93 / 0.94 / 0.95,  mma.sync prefill tiles 0.85 / 0.80 / 0.58
+//   b16 new 64 / 256:    wgmma 0.25 / 0.48,         mma.sync prefill tiles 0.31 / 1.18
+// and the decode of b64 kv 4k streams its 1.07 GB in ~0.27 ms. So:
+//  * up to extend_decode_rows packed rows per request (default 32: new tokens x group), the
+//    forward runs on flashinfer's decode tiles: the target-verify kernel on the decode's
+//    warps-along-keys ring, with the causal mask over the new tokens (a chain of drafts is the
+//    same mask), per-request q_len, split-KV merged in the kernel;
+//  * past that, up to kWgmmaMinQLen new tokens in the longest request, the mma.sync prefill tiles;
+//  * longer requests, the wgmma kernel.
+// The flashinfer backend decides its plan and the SM90 engine declines the forward by these
+// functions, so fa3 (the engine + an inner flashinfer) and flashinfer agree.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "attnkit/forward_batch.h"
+#include "core/env_knob.h"
+
+namespace attnkit::detail {
+
+// Default packed rows per request for the decode tiles (their widest CTA: two 16-row M tiles).
+inline constexpr int kExtendDecodeRows = 32;
+// New tokens in the longest request up to which the SM90 wgmma prefill leaves the forward to the
+// mma.sync prefill tiles (measured 1.6x at 16 new tokens x group 4 above).
+inline constexpr int kWgmmaMinQLen = 16;
+
+// ATTNKIT_EXTEND_DECODE_ROWS (0: never; read on each call, backends read it when created).
+inline int extend_decode_rows_from_env() {
+  return env_int_range("ATTNKIT_EXTEND_DECODE_ROWS", kExtendDecodeRows, 0, 1 << 20);
+}
+// ATTNKIT_FA3_MIN_Q_LEN (0: the wgmma kernel takes every extend it can).
+inline int wgmma_min_q_len_from_env() {
+  return env_int_range("ATTNKIT_FA3_MIN_Q_LEN", kWgmmaMinQLen, 0, 1 << 20);
+}
+
+// Whether the forward mode is one of the extends this rule covers (target verify has its own).
+inline bool small_extend_mode(ForwardMode m) {
+  return m == ForwardMode::kExtend || m == ForwardMode::kMixed || m == ForwardMode::kDraftExtend;
+}
+
+// The new tokens of each request of an extend-like forward (empty when the batch gives none).
+inline const std::vector<int32_t>& extend_q_lens(const ForwardBatch& batch) {
+  return batch.extend_seq_lens_host;
+}
+
+// The longest request's new tokens when every request has at least one and the longest packs at
+// most max_rows (new tokens x group) rows; else 0 (also for other modes, encoder batches and
+// max_rows 0).
+inline int extend_decode_q_len(const ForwardBatch& batch, int group, int max_rows) {
+  if (!small_extend_mode(batch.mode) || !batch.encoder_lens_host.empty() || max_rows <= 0) return 0;
+  const std::vector<int32_t>& lens = extend_q_lens(batch);
+  if (lens.empty()) return 0;
+  int longest = 0;
+  for (int32_t n : lens) {
+    if (n < 1) return 0;
+    longest = std::max<int>(longest, n);
+  }
+  return static_cast<int64_t>(longest) * std::max(1, group) <= max_rows ? longest : 0;
+}
+
+// Whether the longest request of an extend-like forward has at most min_q_len new tokens (the
+// wgmma kernel then declines it; 0 = never).
+inline bool below_wgmma_q_len(const ForwardBatch& batch, int min_q_len) {
+  if (!small_extend_mode(batch.mode) || min_q_len <= 0) return false;
+  const std::vector<int32_t>& lens = extend_q_lens(batch);
+  if (lens.empty()) return false;
+  return *std::max_element(lens.begin(), lens.end()) <= min_q_len;
+}
+
+}  // namespace attnkit::detail
