@@ -1,5 +1,5 @@
-// Extend forwards with few new tokens per request (an EAGLE draft extend, a short turn or chunk over
-// a long history): where the flashinfer and fa3 backends run them.
+// Extend forwards with few new tokens per request (an EAGLE draft extend, a short turn or chunk
+// over a long history): where the flashinfer and fa3 backends run them.
 //
 // The SM90 wgmma prefill's tiles hold 128 / 192 rows of one request and one q head, so a request
 // with q_len new tokens fills q_len of them and its keys are read once per q head; flashinfer's
