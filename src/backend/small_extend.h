@@ -15,7 +15,10 @@
 //  * past that, up to kWgmmaMinQLen new tokens in the longest request, the mma.sync prefill tiles;
 //  * longer requests, the wgmma kernel.
 // The flashinfer backend decides its plan and the SM90 engine declines the forward by these
-// functions, so fa3 (the engine + an inner flashinfer) and flashinfer agree.
+// functions, so fa3 (the engine + an inner flashinfer) and flashinfer agree. The decode-tile plan
+// is target verify's: its tile rows and CTAs per SM follow the longest request
+// (ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS / _VERIFY_CTAS_PER_SM shape these extends too), and the
+// mask is the layer's (causal over the new tokens, or none for a bidirectional layer; a window).
 #pragma once
 
 #include <algorithm>

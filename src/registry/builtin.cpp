@@ -158,7 +158,7 @@ BackendDescriptor flashinfer() {
       "request on the decode kernel (16 rows per CTA, 32 in two M tiles per warp at d <= 128, "
       "the drafts' chain / tree mask per row, split-KV merged in the kernel), more rows on the "
       "prefill kernel; extends whose requests have few new tokens each: up to 32 (token, q head) "
-      "rows per request on the same decode tiles (causal mask over the new tokens), up to 16 "
+      "rows per request on the same decode tiles (the layer's mask over the new tokens), up to 16 "
       "new tokens on the mma.sync prefill tiles, not on wgmma; sm_86 / sm_89 (99 KiB shared memory "
       "per block): "
       "compact decode / prefill tiles, MHA d 256 on the portable kernels; page-1 MLA: "

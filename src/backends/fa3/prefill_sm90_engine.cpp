@@ -265,12 +265,19 @@ std::string PrefillSm90Engine::why_not(const ForwardBatch& batch) const {
 
 Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   planned_ = false;
+  planned_small_extend_ = false;
   if (!why_not(batch).empty()) return Status::ok();
   const int bs = batch.batch_size;
   const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
   planned_small_extend_ =
       !mla_ && (detail::extend_decode_q_len(batch, group, extend_decode_rows_) > 0 ||
                 detail::below_wgmma_q_len(batch, min_q_len_));
+  // Few new tokens per request: every layer goes to flashinfer's tiles (why_not_layer) but one
+  // with an e4m3 q, which needs the FP8 kernel and so an fp8_e4m3 pool; without such a pool no
+  // layer of the forward runs here, and nothing is planned (no plan copy, no workspace).
+  if (planned_small_extend_ && !(fp8_kv_ && batch.kv_pool->dtype() == DType::kFP8E4M3)) {
+    return Status::ok();
+  }
   std::vector<TileRequest> reqs = tile_requests(batch);
   std::vector<int32_t> kv_rows;  // MLA: key k of a request is row q_start + k of the layer's k / v
   if (mla_) {                    // the new tokens attend each other
@@ -433,13 +440,14 @@ Status PrefillSm90Engine::run_prefix_pass(int pass, const TensorView& q, const T
 std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorView& out,
                                              const AttentionLayer& layer,
                                              const ForwardBatch& batch) const {
-  if (!planned_) return "forward not planned for wgmma";
-  if (mla_) return "the MLA prefill engine runs non-absorbed MLA layers only (run_mla)";
-  if (planned_small_extend_ && q.dtype != DType::kFP8E4M3) {
+  const auto small_extend = [&] {
     return "few new tokens per request (at most " + str(min_q_len_) + ", or " +
            str(extend_decode_rows_) +
            " packed rows): flashinfer's decode / prefill tiles (backend/small_extend.h)";
-  }
+  };
+  if (!planned_) return planned_small_extend_ ? small_extend() : "forward not planned for wgmma";
+  if (mla_) return "the MLA prefill engine runs non-absorbed MLA layers only (run_mla)";
+  if (planned_small_extend_ && q.dtype != DType::kFP8E4M3) return small_extend();
   if (layer.is_mla || layer.is_cross_attention) return "MLA / cross-attention layer";
   if (planned_fp8_) {  // the FP8 kernel's variants take window / sinks / soft-cap on one plan
     if ((layer.sliding_window >= 0 || layer.sinks.defined() || layer.logit_cap != 0.f) &&

@@ -66,7 +66,10 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   std::string why_not(const ForwardBatch& batch) const;
   // Plans the forward when it qualifies, else drops any previous plan; planned() says which.
   Status plan(const ForwardBatch& batch, StreamHandle stream);
-  void drop_plan() { planned_ = false; }
+  void drop_plan() {
+    planned_ = false;
+    planned_small_extend_ = false;
+  }
   bool planned() const { return planned_; }
 
   // "" when this layer of the planned forward can run on the kernel.
@@ -206,8 +209,9 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   bool planned_fp8_ = false;
   // The planned forward has few new tokens per request (backend/small_extend.h): why_not_layer
   // leaves its layers to flashinfer's decode / prefill tiles, but for an e4m3 q, which only the
-  // FP8 kernel takes. The bounds: ATTNKIT_EXTEND_DECODE_ROWS and ATTNKIT_FA3_MIN_Q_LEN (read when
-  // the engine is created).
+  // FP8 kernel takes (so such forwards are planned only over an fp8_e4m3 pool the FP8 kernel
+  // serves; planned_ stays false otherwise). The bounds: ATTNKIT_EXTEND_DECODE_ROWS and
+  // ATTNKIT_FA3_MIN_Q_LEN (read when the engine is created).
   bool planned_small_extend_ = false;
   int extend_decode_rows_ = 0;
   int min_q_len_ = 0;

@@ -142,9 +142,10 @@ struct PagedParams {
   // paged_decode_balanced_kernel with one CTA per slot; 0 = a WorkItem plan.
   int balance_slots = 0;
   // Target verify on decode tiles (WorkItem plans of TileShape::kDecode with q_len = N drafts;
-  // paged_decode_ring_kernel's kVerify): 1 launches that kernel; decode_q_tiles = its split
-  // counters' q tiles per request (ceil(N x group / decode_tile_rows), the same N for every
-  // request of the forward).
+  // paged_decode_ring_kernel's kVerify), or an extend with few new tokens per request on them
+  // (each item carries its request's q_len; backend/small_extend.h): 1 launches that kernel;
+  // decode_q_tiles = its split counters' q tiles per request (ceil(N x group /
+  // decode_tile_rows), N the drafts of every request, or an extend's longest request).
   int decode_verify = 0;
   int decode_q_tiles = 0;
   // Rows of a decode-tile verify item (WorkItem::q_row_begin steps by it): 16, or 32 (head dims
