@@ -1,0 +1,82 @@
+// backend/small_extend.h: which extend forwards the flashinfer / fa3 backends run on the decode
+// tiles (every request 1 .. max_rows / group new tokens) or leave off the wgmma kernel (the longest
+// request at most min_q_len new tokens), and the knobs that bound them (cpu label: host logic).
+#include "backend/small_extend.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "attnkit/forward_batch.h"
+#include "support/scoped_env.h"
+
+namespace attnkit {
+namespace {
+
+ForwardBatch extend_batch(ForwardMode mode, std::vector<int32_t> new_tokens) {
+  ForwardBatch b;
+  b.mode = mode;
+  b.batch_size = static_cast<int>(new_tokens.size());
+  b.extend_seq_lens_host = std::move(new_tokens);
+  return b;
+}
+
+TEST(SmallExtend, DecodeTilesTakeEveryRequestWithinTheRowBound) {
+  using detail::extend_decode_q_len;
+  // Group 4, 32 rows: up to 8 new tokens per request; the longest one is returned.
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kExtend, {1, 3, 8, 2}), 4, 32), 8);
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kExtend, {1}), 4, 32), 1);
+  // One request past the bound, or one without new tokens: none.
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kExtend, {1, 9}), 4, 32), 0);
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kExtend, {1, 0, 2}), 4, 32), 0);
+  // Group 1 (MHA) fits 32 new tokens, group 32 (MQA-like) one.
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kExtend, {32, 5}), 1, 32), 32);
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kExtend, {2}), 32, 32), 0);
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kExtend, {1}), 32, 32), 1);
+  // Mixed and draft-extend forwards too; decode and target verify have their own rules.
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kMixed, {1, 4}), 4, 32), 4);
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kDraftExtend, {3, 3}), 4, 32), 3);
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kDecode, {1, 1}), 4, 32), 0);
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kTargetVerify, {4}), 4, 32), 0);
+  // Bound 0 (the knob's off), no host lengths, an encoder batch: none.
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kExtend, {1}), 4, 0), 0);
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kExtend, {}), 4, 32), 0);
+  ForwardBatch enc = extend_batch(ForwardMode::kExtend, {1, 2});
+  enc.encoder_lens_host = {5, 5};
+  EXPECT_EQ(extend_decode_q_len(enc, 4, 32), 0);
+  // No overflow at large counts: rows are counted in 64 bits.
+  EXPECT_EQ(extend_decode_q_len(extend_batch(ForwardMode::kExtend, {1 << 30}), 1 << 20, 1 << 20),
+            0);
+}
+
+TEST(SmallExtend, WgmmaMinimumLooksAtTheLongestRequest) {
+  using detail::below_wgmma_q_len;
+  EXPECT_TRUE(below_wgmma_q_len(extend_batch(ForwardMode::kExtend, {16, 9, 1}), 16));
+  EXPECT_FALSE(below_wgmma_q_len(extend_batch(ForwardMode::kExtend, {17, 1}), 16));
+  EXPECT_TRUE(below_wgmma_q_len(extend_batch(ForwardMode::kMixed, {0, 4}), 16));
+  EXPECT_FALSE(below_wgmma_q_len(extend_batch(ForwardMode::kExtend, {4}), 0));  // knob off
+  EXPECT_FALSE(below_wgmma_q_len(extend_batch(ForwardMode::kDecode, {1}), 16));
+  EXPECT_FALSE(below_wgmma_q_len(extend_batch(ForwardMode::kExtend, {}), 16));
+}
+
+TEST(SmallExtend, KnobsAndTheirDefaults) {
+  if (std::getenv("ATTNKIT_EXTEND_DECODE_ROWS") == nullptr &&
+      std::getenv("ATTNKIT_FA3_MIN_Q_LEN") == nullptr) {
+    EXPECT_EQ(detail::extend_decode_rows_from_env(), detail::kExtendDecodeRows);
+    EXPECT_EQ(detail::wgmma_min_q_len_from_env(), detail::kWgmmaMinQLen);
+  }
+  {
+    test_support::ScopedEnv rows("ATTNKIT_EXTEND_DECODE_ROWS", "0");
+    test_support::ScopedEnv min("ATTNKIT_FA3_MIN_Q_LEN", "64");
+    EXPECT_EQ(detail::extend_decode_rows_from_env(), 0);
+    EXPECT_EQ(detail::wgmma_min_q_len_from_env(), 64);
+  }
+  // Out of range: the default (env_int_range warns and keeps it).
+  test_support::ScopedEnv rows("ATTNKIT_EXTEND_DECODE_ROWS", "-3");
+  EXPECT_EQ(detail::extend_decode_rows_from_env(), detail::kExtendDecodeRows);
+}
+
+}  // namespace
+}  // namespace attnkit
