@@ -4,7 +4,7 @@
 // The SM90 wgmma prefill's tiles hold 128 / 192 rows of one request and one q head, so a request
 // with q_len new tokens fills q_len of them and its keys are read once per q head; flashinfer's
 // mma.sync tiles pack the (new token, q head) rows of a kv-head group. H200 2026-11-30 14:41Z
-// (scripts/device/small_q_extend.sh, GQA 32 / 8, d 128, page 16, 4096-token prefixes), ms:
+// (scripts/device/small_q_extend_check.sh, GQA 32 / 8, d 128, page 16, 4096-token prefixes), ms:
 //   b64 new 1 / 4 / 16:  wgmma 0.93 / 0.94 / 0.95,  mma.sync prefill tiles 0.85 / 0.80 / 0.58
 //   b16 new 64 / 256:    wgmma 0.25 / 0.48,         mma.sync prefill tiles 0.31 / 1.18
 // and the decode of b64 kv 4k streams its 1.07 GB in ~0.27 ms. So:

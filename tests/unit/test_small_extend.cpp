@@ -1,8 +1,6 @@
 // backend/small_extend.h: which extend forwards the flashinfer / fa3 backends run on the decode
 // tiles (every request 1 .. max_rows / group new tokens) or leave off the wgmma kernel (the longest
 // request at most min_q_len new tokens), and the knobs that bound them (cpu label: host logic).
-#include "backend/small_extend.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,6 +8,7 @@
 #include <vector>
 
 #include "attnkit/forward_batch.h"
+#include "backend/small_extend.h"
 #include "support/scoped_env.h"
 
 namespace attnkit {
