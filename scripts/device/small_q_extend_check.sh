@@ -2,7 +2,8 @@
 # Small extends (backend/small_extend.h) on the device: builds the CLI and the two case binaries,
 # runs their small-extend tests and shared tables (with the rule on, and off:
 # ATTNKIT_EXTEND_DECODE_ROWS=0 ATTNKIT_FA3_MIN_Q_LEN=0), then times
-# scripts/device/small_q_extend.json on each of VARIANTS (default: fa3 with the rule on, verified against the reference, and off).
+# scripts/device/small_q_extend.json on each of VARIANTS (default: fa3 with the rule on, verified
+# against the reference, and off).
 #   STAGES="build test bench" VARIANTS CASES
 #   run(carry=[".deps"], command="bash scripts/device/small_q_extend_check.sh")
 set -uo pipefail
