@@ -445,7 +445,13 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
            str(extend_decode_rows_) +
            " packed rows): flashinfer's decode / prefill tiles (backend/small_extend.h)";
   };
-  if (!planned_) return planned_small_extend_ ? small_extend() : "forward not planned for wgmma";
+  if (!planned_) {
+    if (!planned_small_extend_) return "forward not planned for wgmma";
+    // (Declined at plan: no fp8_e4m3 pool for the FP8 kernel, which an e4m3 q needs.)
+    return q.dtype == DType::kFP8E4M3 ? "q dtype fp8_e4m3 (needs the FP8 kernel: an fp8_e4m3 KV "
+                                        "pool, bf16 activations, head dim 128)"
+                                      : small_extend();
+  }
   if (mla_) return "the MLA prefill engine runs non-absorbed MLA layers only (run_mla)";
   if (planned_small_extend_ && q.dtype != DType::kFP8E4M3) return small_extend();
   if (layer.is_mla || layer.is_cross_attention) return "MLA / cross-attention layer";
