@@ -2,7 +2,7 @@
 # Small extends (backend/small_extend.h) on the device: builds the CLI and the two case binaries,
 # runs their small-extend tests and shared tables (with the rule on, and off:
 # ATTNKIT_EXTEND_DECODE_ROWS=0 ATTNKIT_FA3_MIN_Q_LEN=0), then times
-# scripts/device/small_q_extend.json on each of VARIANTS (default: fa3 with the rule on, verified
+# bench/cases/small_extend.json on each of VARIANTS (default: fa3 with the rule on, verified
 # against the reference, and off).
 #   STAGES="build test bench" VARIANTS CASES
 #   run(carry=[".deps"], command="bash scripts/device/small_q_extend_check.sh")
@@ -41,7 +41,7 @@ if has_stage bench; then
     [ "$i" = 1 ] && verify="--verify"
     echo "== $v"
     env ${e//,/ } timeout 150 "$ak" bench --backend "$b" --device cuda \
-      --cases "${CASES:-scripts/device/small_q_extend.json}" $verify --json "$OUT/bench_v$i.json" \
+      --cases "${CASES:-bench/cases/small_extend.json}" $verify --json "$OUT/bench_v$i.json" \
       2>>"$OUT/bench.err" | grep -E "^$b |ceiling"
   done > "$OUT/bench.txt"
   sed -E 's/ +/ /g' "$OUT/bench.txt" >> "$summary"
