@@ -23,7 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
+#include <span>
 
 #include "attnkit/forward_batch.h"
 #include "core/env_knob.h"
@@ -50,33 +50,33 @@ inline bool small_extend_mode(ForwardMode m) {
   return m == ForwardMode::kExtend || m == ForwardMode::kMixed || m == ForwardMode::kDraftExtend;
 }
 
-// The new tokens of each request of an extend-like forward (empty when the batch gives none).
-inline const std::vector<int32_t>& extend_q_lens(const ForwardBatch& batch) {
-  return batch.extend_seq_lens_host;
-}
-
 // The longest request's new tokens when every request has at least one and the longest packs at
-// most max_rows (new tokens x group) rows; else 0 (also for other modes, encoder batches and
-// max_rows 0).
-inline int extend_decode_q_len(const ForwardBatch& batch, int group, int max_rows) {
-  if (!small_extend_mode(batch.mode) || !batch.encoder_lens_host.empty() || max_rows <= 0) return 0;
-  const std::vector<int32_t>& lens = extend_q_lens(batch);
-  if (lens.empty()) return 0;
+// most max_rows (new tokens x group) rows; else 0 (also for other modes, encoder batches, no
+// lengths and max_rows 0). q_lens: each request's new tokens (ForwardBatch::extend_seq_lens_host;
+// the tests' CaseSpec::new_lens).
+inline int extend_decode_q_len(ForwardMode mode, std::span<const int32_t> q_lens, bool encoder,
+                               int group, int max_rows) {
+  if (!small_extend_mode(mode) || encoder || max_rows <= 0 || q_lens.empty()) return 0;
   int longest = 0;
-  for (int32_t n : lens) {
+  for (int32_t n : q_lens) {
     if (n < 1) return 0;
     longest = std::max<int>(longest, n);
   }
   return static_cast<int64_t>(longest) * std::max(1, group) <= max_rows ? longest : 0;
 }
+inline int extend_decode_q_len(const ForwardBatch& batch, int group, int max_rows) {
+  return extend_decode_q_len(batch.mode, batch.extend_seq_lens_host,
+                             !batch.encoder_lens_host.empty(), group, max_rows);
+}
 
 // Whether the longest request of an extend-like forward has at most min_q_len new tokens (the
 // wgmma kernel then declines it; 0 = never).
+inline bool below_wgmma_q_len(ForwardMode mode, std::span<const int32_t> q_lens, int min_q_len) {
+  if (!small_extend_mode(mode) || min_q_len <= 0 || q_lens.empty()) return false;
+  return *std::max_element(q_lens.begin(), q_lens.end()) <= min_q_len;
+}
 inline bool below_wgmma_q_len(const ForwardBatch& batch, int min_q_len) {
-  if (!small_extend_mode(batch.mode) || min_q_len <= 0) return false;
-  const std::vector<int32_t>& lens = extend_q_lens(batch);
-  if (lens.empty()) return false;
-  return *std::max_element(lens.begin(), lens.end()) <= min_q_len;
+  return below_wgmma_q_len(batch.mode, batch.extend_seq_lens_host, min_q_len);
 }
 
 }  // namespace attnkit::detail

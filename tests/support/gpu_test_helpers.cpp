@@ -33,23 +33,16 @@ bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s, int compute_capabili
 }
 
 bool expects_extend_decode_tiles(const harness::CaseSpec& s) {
-  const bool mode_ok = detail::small_extend_mode(s.mode);
-  if (!mode_ok || s.mla || s.cross_attention || s.new_lens.empty()) return false;
-  const int rows = detail::extend_decode_rows_from_env();
+  if (s.mla) return false;
   const int group = s.num_q_heads / std::max(1, s.num_kv_heads);
-  const int longest = *std::max_element(s.new_lens.begin(), s.new_lens.end());
-  const bool all_new =
-      std::all_of(s.new_lens.begin(), s.new_lens.end(), [](int n) { return n >= 1; });
-  return all_new && rows > 0 && static_cast<int64_t>(longest) * group <= rows;
+  return detail::extend_decode_q_len(s.mode, s.new_lens, s.cross_attention, group,
+                                     detail::extend_decode_rows_from_env()) > 0;
 }
 
 bool expects_small_extend(const harness::CaseSpec& s) {
-  if (expects_extend_decode_tiles(s)) return true;
-  if (!detail::small_extend_mode(s.mode) || s.mla || s.cross_attention || s.new_lens.empty()) {
-    return false;
-  }
-  const int min_q_len = detail::wgmma_min_q_len_from_env();
-  return min_q_len > 0 && *std::max_element(s.new_lens.begin(), s.new_lens.end()) <= min_q_len;
+  if (s.mla || s.cross_attention) return false;
+  return expects_extend_decode_tiles(s) ||
+         detail::below_wgmma_q_len(s.mode, s.new_lens, detail::wgmma_min_q_len_from_env());
 }
 
 bool has_cuda() {

@@ -437,6 +437,10 @@ Status PrefillSm90Engine::run_prefix_pass(int pass, const TensorView& q, const T
   return run_prefill_sm90_mla(p, q.dtype, sm_count_, stream);
 }
 
+// Why an e4m3 q cannot run here: only the FP8 kernel takes it.
+constexpr const char* kE4m3QNeedsFp8 =
+    "q dtype fp8_e4m3 (needs the FP8 kernel: an fp8_e4m3 KV pool, bf16 activations, head dim 128)";
+
 std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorView& out,
                                              const AttentionLayer& layer,
                                              const ForwardBatch& batch) const {
@@ -448,9 +452,7 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
   if (!planned_) {
     if (!planned_small_extend_) return "forward not planned for wgmma";
     // (Declined at plan: no fp8_e4m3 pool for the FP8 kernel, which an e4m3 q needs.)
-    return q.dtype == DType::kFP8E4M3 ? "q dtype fp8_e4m3 (needs the FP8 kernel: an fp8_e4m3 KV "
-                                        "pool, bf16 activations, head dim 128)"
-                                      : small_extend();
+    return q.dtype == DType::kFP8E4M3 ? std::string(kE4m3QNeedsFp8) : small_extend();
   }
   if (mla_) return "the MLA prefill engine runs non-absorbed MLA layers only (run_mla)";
   if (planned_small_extend_ && q.dtype != DType::kFP8E4M3) return small_extend();
@@ -469,8 +471,7 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
   }
   if (q.dtype == DType::kFP8E4M3) {  // e4m3 q (AttentionLayer::q_scale): the FP8 kernel only
     if (!planned_fp8_) {
-      return "q dtype fp8_e4m3 (needs the FP8 kernel: an fp8_e4m3 KV pool, bf16 activations, head "
-             "dim 128)";
+      return kE4m3QNeedsFp8;
     }
     if (out.dtype != ctx_.q_dtype) return "out dtype (must be the context's q_dtype)";
     if (!vec_aligned_fp8(q)) return "fp8 q rows not 16-byte aligned";
