@@ -19,7 +19,11 @@
 // "kv_len" not with it; in a sweep each value is a list, e.g. "kv_lens": [[4096, 128, 128]]);
 // extend: prefix_len (default 0), or prefix_lens (one cached length per request, for uneven
 // batches, as kv_lens: batch = its size, prefix_len = its longest; named "_pre<lo>-<hi>_sum<sum>_
-// <hash>"), new_tokens, causal (default true), mla (default false: a
+// <hash>"), new_tokens, or new_lens (one new-token count per request, as prefix_lens: batch = its
+// size, new_tokens = its largest, prefix_lens of the same size when both are given; named
+// "_new<lo>-<hi>_sum<sum>_<hash>"), mixed (default false: true runs the batch as
+// ForwardMode::kMixed, a chunked prefill with decode requests, "_mixed"), causal (default true),
+// mla (default false: a
 // non-absorbed MLA prefill layer, "_mla": head_dim / v_head_dim 192 / 128 as given, kv_heads =
 // q_heads, no prefix unless mla_prefix_chunk, kv_lora_rank / qk_rope_head_dim of its pool default
 // 512 / 64), mla_prefix_chunk (mla only, default 0: the chunked prefix cache's token budget per
@@ -93,9 +97,10 @@ inline bool key_allowed(BenchKind kind, const std::string& key) {
     case BenchKind::kExtend:
       return key == "kv_heads" || key == "heads" || key == "head_dim" || key == "v_head_dim" ||
              key == "prefix_len" || key == "prefix_lens" || key == "new_tokens" ||
-             key == "causal" || key == "shared_prefix" || key == "fp8_q" ||
-             key == "sliding_window" || key == "logit_cap" || key == "sinks" || key == "mla" ||
-             key == "kv_lora_rank" || key == "qk_rope_head_dim" || key == "mla_prefix_chunk";
+             key == "new_lens" || key == "mixed" || key == "causal" || key == "shared_prefix" ||
+             key == "fp8_q" || key == "sliding_window" || key == "logit_cap" || key == "sinks" ||
+             key == "mla" || key == "kv_lora_rank" || key == "qk_rope_head_dim" ||
+             key == "mla_prefix_chunk";
     case BenchKind::kMlaDecode:
       return key == "kv_len" || key == "kv_lens" || key == "kv_lora_rank" ||
              key == "qk_rope_head_dim" || key == "s_q" || key == "topk";
@@ -110,9 +115,9 @@ inline const char* allowed_keys(BenchKind kind) {
              "kv_len, kv_lens, shared_prefix, s_q, topk, shuffle_pages";
     case BenchKind::kExtend:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_heads, heads, head_dim, v_head_dim, "
-             "prefix_len, prefix_lens, new_tokens, causal, shared_prefix, fp8_q, sliding_window, "
-             "logit_cap, "
-             "sinks, mla, kv_lora_rank, qk_rope_head_dim, mla_prefix_chunk, shuffle_pages";
+             "prefix_len, prefix_lens, new_tokens, new_lens, mixed, causal, shared_prefix, fp8_q, "
+             "sliding_window, logit_cap, sinks, mla, kv_lora_rank, qk_rope_head_dim, "
+             "mla_prefix_chunk, shuffle_pages";
     case BenchKind::kMlaDecode:
       return "batch, page_size, dtype, kv_dtype, q_heads, kv_len, kv_lens, kv_lora_rank, "
              "qk_rope_head_dim, s_q, topk, shuffle_pages";
@@ -155,6 +160,7 @@ struct ParseState {
   bool batch_set = false;       // "batch" given (checked against kv_lens)
   bool kv_len_set = false;      // "kv_len" given (exclusive with kv_lens)
   bool prefix_len_set = false;  // "prefix_len" given (exclusive with prefix_lens)
+  bool new_tokens_set = false;  // "new_tokens" given (exclusive with new_lens)
 };
 
 // Sets one parameter of `c` from a JSON value; `where` names it for messages ("sweep.batch[2]").
@@ -172,18 +178,20 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
     state->kv_len_set = true;
     return get_int(v, where, 1, &c->kv_len);
   }
-  if (key == "kv_lens" || key == "prefix_lens") {
-    const bool kv = key == "kv_lens";
+  if (key == "kv_lens" || key == "prefix_lens" || key == "new_lens") {
+    const bool prefix = key == "prefix_lens";
+    const char* what = key == "kv_lens" ? "sequence lengths"
+                       : prefix         ? "cached prefix lengths"
+                                        : "new-token counts";
     if (!v.is_array() || v.empty()) {
-      return Status::invalid_argument(where + ": expected a non-empty list of " +
-                                      (kv ? "sequence" : "cached prefix") +
-                                      " lengths (one per request), got " + json_excerpt(v));
+      return Status::invalid_argument(where + ": expected a non-empty list of " + what +
+                                      " (one per request), got " + json_excerpt(v));
     }
-    std::vector<int>& lens = kv ? c->kv_lens : c->prefix_lens;
+    std::vector<int>& lens = key == "kv_lens" ? c->kv_lens : prefix ? c->prefix_lens : c->new_lens;
     lens.assign(v.size(), 0);
     for (size_t i = 0; i < v.size(); ++i) {
       ATTNKIT_RETURN_IF_ERROR(
-          get_int(v[i], where + "[" + std::to_string(i) + "]", kv ? 1 : 0, &lens[i]));
+          get_int(v[i], where + "[" + std::to_string(i) + "]", prefix ? 0 : 1, &lens[i]));
     }
     return Status::ok();
   }
@@ -193,7 +201,11 @@ inline Status apply_param(BenchCase* c, ParseState* state, const std::string& ke
   }
   if (key == "shared_prefix") return get_int(v, where, 0, &c->shared_prefix);
   if (key == "shuffle_pages") return get_bool(v, where, &c->shuffle_pages);
-  if (key == "new_tokens") return get_int(v, where, 1, &c->new_tokens);
+  if (key == "new_tokens") {
+    state->new_tokens_set = true;
+    return get_int(v, where, 1, &c->new_tokens);
+  }
+  if (key == "mixed") return get_bool(v, where, &c->mixed);
   if (key == "kv_lora_rank") return get_int(v, where, 1, &c->kv_lora_rank);
   if (key == "qk_rope_head_dim") return get_int(v, where, 1, &c->qk_rope_head_dim);
   if (key == "s_q") return get_int(v, where, 1, &c->s_q);
@@ -282,7 +294,12 @@ inline std::string case_name(const BenchCase& c) {
     } else {
       uneven(c.prefix_lens);
     }
-    s << "_new" << c.new_tokens;
+    s << "_new";
+    if (c.new_lens.empty()) {
+      s << c.new_tokens;
+    } else {
+      uneven(c.new_lens);
+    }
   } else if (!c.kv_lens.empty()) {
     s << "_kv";
     uneven(c.kv_lens);
@@ -300,6 +317,7 @@ inline std::string case_name(const BenchCase& c) {
   s << "_kv" << dtype_name(c.kv_dtype);
   if (c.dtype != DType::kBF16) s << "_act" << dtype_name(c.dtype);
   if (c.kind == BenchKind::kExtend && !c.causal) s << "_bidir";
+  if (c.mixed) s << "_mixed";
   if (c.fp8_q) s << "_qfp8";
   if (c.sliding_window >= 0) s << "_win" << c.sliding_window;
   if (c.logit_cap > 0.f) s << "_cap" << c.logit_cap;
@@ -309,13 +327,13 @@ inline std::string case_name(const BenchCase& c) {
   return s.str();
 }
 
-// An uneven batch's list (kv_lens, or prefix_lens; `single` the one-length key it replaces):
-// exclusive with that key (single_set), batch its size (a given batch must match), *longest its
-// longest length.
+// An uneven batch's list (`list`: kv_lens, prefix_lens or new_lens; `single` the one-value key it
+// replaces): exclusive with that key (single_set), batch its size (a given batch must match),
+// *longest its largest value.
 inline Status take_uneven_lens(BenchCase* c, const std::vector<int>& lens, bool single_set,
-                               const std::string& single, const std::string& what,
-                               const ParseState& state, const std::string& where, int* longest) {
-  const std::string list = single + "s";
+                               const std::string& single, const std::string& list,
+                               const std::string& what, const ParseState& state,
+                               const std::string& where, int* longest) {
   const int n = static_cast<int>(lens.size());
   if (single_set) {
     return Status::invalid_argument(where + ": \"" + single + "\" and \"" + list +
@@ -337,7 +355,18 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
   if (state.kv_dtype_auto) c->kv_dtype = c->dtype;
   if (!c->prefix_lens.empty()) {
     ATTNKIT_RETURN_IF_ERROR(take_uneven_lens(c, c->prefix_lens, state.prefix_len_set, "prefix_len",
-                                             "cached length", state, where, &c->prefix_len));
+                                             "prefix_lens", "cached length", state, where,
+                                             &c->prefix_len));
+  }
+  if (!c->new_lens.empty()) {
+    if (!c->prefix_lens.empty() && c->prefix_lens.size() != c->new_lens.size()) {
+      return Status::invalid_argument(
+          where + ": new_lens has " + std::to_string(c->new_lens.size()) + " counts, prefix_lens " +
+          std::to_string(c->prefix_lens.size()) + " lengths (one of each per request)");
+    }
+    ATTNKIT_RETURN_IF_ERROR(take_uneven_lens(c, c->new_lens, state.new_tokens_set, "new_tokens",
+                                             "new_lens", "new-token count", state, where,
+                                             &c->new_tokens));
   }
   if (c->kind == BenchKind::kMlaDecode) {
     if (int64_t{c->kv_lora_rank} + c->qk_rope_head_dim > INT32_MAX) {
@@ -360,11 +389,12 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
                                       " (or be left out)");
     }
     c->kv_heads = c->q_heads;
-    if ((c->prefix_len != 0) != (c->mla_prefix_chunk > 0) || c->shared_prefix != 0 || c->fp8_q) {
+    if ((c->prefix_len != 0) != (c->mla_prefix_chunk > 0) || c->shared_prefix != 0 || c->fp8_q ||
+        c->mixed) {
       return Status::invalid_argument(
           where +
           ": mla: a prefix_len needs mla_prefix_chunk (the chunked prefix cache) and "
-          "mla_prefix_chunk a prefix_len; shared_prefix must be 0 and fp8_q false");
+          "mla_prefix_chunk a prefix_len; shared_prefix must be 0, fp8_q and mixed false");
     }
     if (!state.kv_dtype_set) c->kv_dtype = c->dtype;  // k / v are activations
     if (c->kv_dtype != c->dtype) {
@@ -400,8 +430,8 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
     }
   }
   if (!c->kv_lens.empty()) {
-    ATTNKIT_RETURN_IF_ERROR(take_uneven_lens(c, c->kv_lens, state.kv_len_set, "kv_len", "length",
-                                             state, where, &c->kv_len));
+    ATTNKIT_RETURN_IF_ERROR(take_uneven_lens(c, c->kv_lens, state.kv_len_set, "kv_len", "kv_lens",
+                                             "length", state, where, &c->kv_len));
     if (c->kind != BenchKind::kExtend) {
       const int shortest = *std::min_element(c->kv_lens.begin(), c->kv_lens.end());
       if (c->s_q > shortest) {

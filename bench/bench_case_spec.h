@@ -9,9 +9,9 @@
 
 namespace attnkit::bench {
 
-// Uniform lengths (or kv_lens / prefix_lens), shuffled pages unless the point says otherwise, seed
-// 0; an extend point's window, soft-cap and sinks; a decode point's verify drafts (s_q > 1, topk);
-// MLA decode's absorbed shape.
+// Uniform lengths (or kv_lens / prefix_lens / new_lens), an extend's mode (kMixed), shuffled pages
+// unless the point says otherwise, seed 0; an extend point's window, soft-cap and sinks; a decode
+// point's verify drafts (s_q > 1, topk); MLA decode's absorbed shape.
 inline harness::CaseSpec to_case_spec(const BenchCase& c) {
   const bool extend = c.kind == BenchKind::kExtend;
   // Decode: kv_len - 1 cached tokens plus the new one.
@@ -56,6 +56,11 @@ inline harness::CaseSpec to_case_spec(const BenchCase& c) {
     spec.prefix_lens.assign(c.prefix_lens.begin(), c.prefix_lens.end());
     spec.new_lens.assign(c.prefix_lens.size(), c.new_tokens);
   }
+  if (extend && !c.new_lens.empty()) {  // uneven batch: each request's own new tokens
+    spec.prefix_lens.resize(c.new_lens.size(), c.prefix_len);
+    spec.new_lens.assign(c.new_lens.begin(), c.new_lens.end());
+  }
+  if (extend && c.mixed) spec.mode = ForwardMode::kMixed;
   if (!c.kv_lens.empty()) {  // uneven batch: each request's own length, same new-token rule
     const int fresh = c.s_q;
     spec.prefix_lens.resize(c.kv_lens.size());

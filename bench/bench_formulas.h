@@ -50,6 +50,14 @@ struct BenchCase {
   // = prefix_lens.size() and prefix_len = the longest. Empty: every request has prefix_len.
   std::vector<int> prefix_lens;
   int new_tokens = 0;  // extend: new tokens per request
+  // Extend, uneven batches: one new-token count per request (case files: "new_lens"); then batch =
+  // new_lens.size() (prefix_lens, when given as well, has the same size) and new_tokens = the
+  // largest. Empty: every request has new_tokens.
+  std::vector<int> new_lens;
+  // Extend: the forward runs as ForwardMode::kMixed (a chunked prefill with decode requests, the
+  // batches of SGLang's --enable-mixed-chunk; case files: "mixed": true) instead of kExtend. The
+  // formulas count the same either way.
+  bool mixed = false;
   bool causal = true;  // extend: causal over the new tokens; false = bidirectional (encoder)
   int q_heads = 0;
   int kv_heads = 0;  // MLA: 1
@@ -94,9 +102,15 @@ struct BenchCase {
   int s_q = 1;
   int topk = 1;
 
-  int num_tokens() const { return kind == BenchKind::kExtend ? batch * new_tokens : batch * s_q; }
-  // Tokens per request held in the KV pool.
-  int seq_len() const { return kind == BenchKind::kExtend ? prefix_len + new_tokens : kv_len; }
+  // Query tokens of the batch: batch x s_q (decode), batch x new_tokens or the sum of new_lens
+  // (extend).
+  int64_t num_tokens() const {
+    if (kind != BenchKind::kExtend) return int64_t{batch} * s_q;
+    if (new_lens.empty()) return int64_t{batch} * new_tokens;
+    int64_t sum = 0;
+    for (int n : new_lens) sum += n;
+    return sum;
+  }
 };
 
 // Bytes of n stored values of `dtype`, including the fp4 block scales: fp4_e2m1 packs two values
@@ -132,14 +146,13 @@ inline int64_t kv_bytes_per_token(const BenchCase& c) {
 //     pairs. A tree (topk > 1) shows each draft only its ancestors among the drafts, fewer than
 //     the chain's at most by s_q * (s_q - 1) / 2 (36 of the 32 K pairs of 8 drafts over 4 K keys):
 //     the count is an upper bound there, the rates derived from it as well.
-//   For an extend, len is the request's cached prefix.
-inline int64_t attended_pairs_at(const BenchCase& c, int64_t len) {
+//   For an extend, len is the request's cached prefix and n its new tokens (decode: n unused).
+inline int64_t attended_pairs_at(const BenchCase& c, int64_t len, int64_t n) {
   if (c.kind != BenchKind::kExtend) {
     const int64_t s = c.s_q;
     return s * len - s * (s - 1) / 2;
   }
   const int64_t p = len;
-  const int64_t n = c.new_tokens;
   if (c.sliding_window < 0) return c.causal ? n * p + n * (n + 1) / 2 : n * (p + n);
   // Sum over q in [p, p + n) of (the last key seen + 1) - max(0, q - w), in closed form: the
   // rows before q = w start at key 0, the rest at q - w; bidirectional rows from q = L - w on end
@@ -156,8 +169,10 @@ inline int64_t attended_pairs_at(const BenchCase& c, int64_t len) {
   const int64_t starts = sum_range(split - w, L - w);  // sum of q - w, q >= split
   return ends - starts;
 }
+// The per-request count of a uniform batch (prefix_len / new_tokens, or kv_len).
 inline int64_t attended_pairs_per_request(const BenchCase& c) {
-  return attended_pairs_at(c, c.kind == BenchKind::kExtend ? c.prefix_len : c.kv_len);
+  return c.kind == BenchKind::kExtend ? attended_pairs_at(c, c.prefix_len, c.new_tokens)
+                                      : attended_pairs_at(c, c.kv_len, 0);
 }
 
 // The per-request lengths of an uneven batch (decode: kv_lens; extend: prefix_lens), else empty.
@@ -165,38 +180,46 @@ inline const std::vector<int>& uneven_lens(const BenchCase& c) {
   return c.kind == BenchKind::kExtend ? c.prefix_lens : c.kv_lens;
 }
 
-// The sum of f(len) over the batch's requests, len each request's own length (uneven_lens), or
-// batch x f(the uniform one: prefix_len for extend, kv_len otherwise).
+// The sum of f(len, fresh) over the batch's requests: len each request's own length (uneven_lens)
+// or the uniform one (prefix_len for extend, kv_len otherwise); fresh its new tokens (extend:
+// new_lens or new_tokens; 0 otherwise).
 template <class F>
 int64_t sum_over_requests(const BenchCase& c, F f) {
+  const bool extend = c.kind == BenchKind::kExtend;
   const std::vector<int>& lens = uneven_lens(c);
-  if (lens.empty()) {
-    return static_cast<int64_t>(c.batch) *
-           f(c.kind == BenchKind::kExtend ? c.prefix_len : c.kv_len);
+  const int64_t uniform_len = extend ? c.prefix_len : c.kv_len;
+  const int64_t uniform_new = extend ? c.new_tokens : 0;
+  if (lens.empty() && (!extend || c.new_lens.empty())) {
+    return static_cast<int64_t>(c.batch) * f(uniform_len, uniform_new);
   }
   int64_t sum = 0;
-  for (int len : lens) sum += f(len);
+  for (size_t r = 0; r < static_cast<size_t>(c.batch); ++r) {
+    const int64_t len = r < lens.size() ? lens[r] : uniform_len;
+    const int64_t fresh = extend && r < c.new_lens.size() ? c.new_lens[r] : uniform_new;
+    sum += f(len, fresh);
+  }
   return sum;
 }
 
-// Pairs of the whole batch: batch x the per-request count, or the sum over kv_lens / prefix_lens.
+// Pairs of the whole batch: batch x the per-request count, or the sum over the requests' own
+// lengths (kv_lens / prefix_lens, new_lens).
 inline int64_t attended_pairs_total(const BenchCase& c) {
-  return sum_over_requests(c, [&](int64_t len) { return attended_pairs_at(c, len); });
+  return sum_over_requests(
+      c, [&](int64_t len, int64_t fresh) { return attended_pairs_at(c, len, fresh); });
 }
 
 // Tokens held in the KV pool over the batch: batch x seq_len, or the sum of kv_lens (decode) /
-// of prefix_lens + new_tokens (extend).
+// of prefix + new tokens per request (extend).
 inline int64_t kv_tokens_total(const BenchCase& c) {
-  const int64_t fresh = c.kind == BenchKind::kExtend ? c.new_tokens : 0;
-  return sum_over_requests(c, [&](int64_t len) { return len + fresh; });
+  return sum_over_requests(c, [](int64_t len, int64_t fresh) { return len + fresh; });
 }
 
 // Tokens whose K / V some query reads: kv_tokens_total, or for an extend with a sliding window w
 // the keys from max(0, prefix - w) on (the first query's window start) in every request.
 inline int64_t kv_tokens_read(const BenchCase& c) {
   if (c.kind == BenchKind::kExtend && c.sliding_window >= 0) {
-    return sum_over_requests(c, [&](int64_t prefix) {
-      return prefix + c.new_tokens - std::max<int64_t>(0, prefix - c.sliding_window);
+    return sum_over_requests(c, [&](int64_t prefix, int64_t fresh) {
+      return prefix + fresh - std::max<int64_t>(0, prefix - c.sliding_window);
     });
   }
   return kv_tokens_total(c);
@@ -220,9 +243,9 @@ inline double attention_flops(const BenchCase& c) {
 //           with kv_lens, each request's own length; an extend with a sliding window: the tokens
 //           its queries see, kv_tokens_read)
 //         + q [T, q_heads, head_dim] read + out [T, q_heads, v_head_dim] written (activation dtype)
-// with T = batch x s_q for decode and batch x new_tokens for extend; seq_len = kv_len for decode
-// and prefix_len + new_tokens for extend. Page-table and index reads are not counted (4 bytes per
-// page or token against >= 64 bytes of KV per token per head).
+// with T = num_tokens() (batch x s_q for decode, the new tokens of every request for extend);
+// seq_len = kv_len for decode and prefix + new tokens for extend. Page-table and index reads are
+// not counted (4 bytes per page or token against >= 64 bytes of KV per token per head).
 inline double attention_bytes(const BenchCase& c) {
   const int64_t act = dtype_bits(c.dtype) / 8;
   const int64_t t = c.num_tokens();
@@ -232,16 +255,18 @@ inline double attention_bytes(const BenchCase& c) {
   return static_cast<double>(kv_bytes + q_bytes + out_bytes);
 }
 
-// Which rate a case is judged by: extend is compute-bound (TFLOP/s against the compute ceiling).
-// Decode and MLA decode are memory-bound (GB/s against the copy ceiling) unless both ceilings of
-// the run are known and the case's arithmetic intensity (attention_flops / attention_bytes)
-// reaches the machine's ridge point, compute FLOP/s over copy bytes/s: absorbed MLA decode at 128
-// heads does at s_q 2 (about 480 FLOP/B against an H100's ~250 from 760 TFLOP/s over 3000 GB/s)
-// and sits just under it at s_q 1 (about 242). Without a ceiling: the kind alone decides.
+// Which rate a case is judged by: GB/s against the copy ceiling (memory-bound) or TFLOP/s against
+// the compute ceiling. With both ceilings of the run known, the case's arithmetic intensity
+// (attention_flops / attention_bytes) against the machine's ridge point (compute FLOP/s over copy
+// bytes/s) decides, for every kind: absorbed MLA decode at 128 heads is compute-bound at s_q 2
+// (about 480 FLOP/B against an H100's ~250 from 760 TFLOP/s over 3000 GB/s) and sits just under
+// it at s_q 1 (about 242); an extend of a few new tokens per request over a long prefix (GQA 32/8
+// d 128: about 4 FLOP/B per new token) is memory-bound like the decode it nearly is, a prefill
+// of thousands of tokens compute-bound. Without a ceiling the kind alone decides: extend
+// compute-bound, decode and MLA decode memory-bound.
 inline bool is_memory_bound(const BenchCase& c, double copy_gbs = 0, double compute_tflops = 0) {
-  if (c.kind == BenchKind::kExtend) return false;
   const double bytes = attention_bytes(c);
-  if (copy_gbs <= 0 || compute_tflops <= 0 || bytes <= 0) return true;
+  if (copy_gbs <= 0 || compute_tflops <= 0 || bytes <= 0) return c.kind != BenchKind::kExtend;
   const double ridge = compute_tflops * 1e3 / copy_gbs;  // FLOP per byte
   return attention_flops(c) / bytes < ridge;
 }

@@ -65,6 +65,8 @@ Json case_params(const BenchCase& c) {
     p["new_tokens"] = c.new_tokens;
     p["causal"] = c.causal;
     if (!c.prefix_lens.empty()) p["prefix_lens"] = c.prefix_lens;
+    if (!c.new_lens.empty()) p["new_lens"] = c.new_lens;
+    if (c.mixed) p["mixed"] = true;
   } else {
     p["kv_len"] = c.kv_len;
     if (!c.kv_lens.empty()) p["kv_lens"] = c.kv_lens;

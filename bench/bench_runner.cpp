@@ -472,7 +472,8 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   };
   // Copy rounds for the memory-bound kinds (decode: their targets are stated against the copy,
   // even where a slow vector peak makes the table judge one compute-bound), peak rounds for the
-  // compute-bound one (extend, which the table always judges compute-bound), never both.
+  // compute-bound one (extend, whose targets are stated against the compute peak, even where a
+  // few new tokens per request make the table judge one memory-bound), never both.
   const bool memory_kind = is_memory_bound(c);
   const bool copy_rounds = settings.device.is_cpu() && memory_kind && settings.paired_rounds > 0 &&
                            settings.copy_probe != nullptr;

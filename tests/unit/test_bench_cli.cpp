@@ -304,20 +304,42 @@ TEST(BenchCli, DecodeVerifyStepIsVerified) {
   EXPECT_NE(tree["message"].get<std::string>().find("topk"), std::string::npos) << tree.dump();
 }
 
-TEST(BenchCli, ExtendIsJudgedAgainstTheComputeCeiling) {
-  const BenchRun r =
-      run_bench("bench_cli_extend", kExtendFile,
+// An extend is judged by its arithmetic intensity against the run's ridge point (the compute
+// ceiling over the copy ceiling): 512 new tokens at 4 q / 1 kv heads, d 64 (~200 FLOP/B) against a
+// given 0.5 TFLOP/s (a ridge of 100 FLOP/B at 5 GB/s of copy, less on any faster host) is
+// compute-bound; 9 new tokens over a 5-token prefix (~4 FLOP/B) against 2 TFLOP/s memory-bound.
+TEST(BenchCli, ExtendIsJudgedByTheRidgePoint) {
+  const BenchRun prefill =
+      run_bench("bench_cli_extend_prefill", R"({"kind": "extend",
+        "fixed": {"q_heads": 4, "kv_heads": 1, "head_dim": 64, "page_size": 16},
+        "cases": [{"batch": 1, "prefix_len": 0, "new_tokens": 512}]})",
                 "--backend torch_native --device cpu --rotate-mib 1 --warmup 0 --iters 1 "
-                "--gemm-tflops 2");
-  ASSERT_EQ(r.cli.exit_code, 0) << r.cli.out << r.cli.err;
-  const nlohmann::json& doc = r.doc;
-  ASSERT_EQ(doc["results"].size(), 1u);
-  const nlohmann::json& x = doc["results"][0];
+                "--gemm-tflops 0.5");
+  ASSERT_EQ(prefill.cli.exit_code, 0) << prefill.cli.out << prefill.cli.err;
+  ASSERT_EQ(prefill.doc["results"].size(), 1u);
+  const nlohmann::json& x = prefill.doc["results"][0];
   EXPECT_EQ(x["bound"], "compute");
   EXPECT_EQ(x["ceiling"], "gemm_given");
   EXPECT_FALSE(x.contains("paired_copy")) << "paired copy rounds are for memory-bound cases";
   EXPECT_FALSE(x.contains("paired_peak")) << "no pass can measure a --gemm-tflops ceiling";
-  EXPECT_NEAR(x["ceiling_ratio"].get<double>(), x["tflops"].get<double>() / 2.0, 1e-12);
+  EXPECT_NEAR(x["ceiling_ratio"].get<double>(), x["tflops"].get<double>() / 0.5, 1e-12);
+
+  const BenchRun small =
+      run_bench("bench_cli_extend_small", kExtendFile,
+                "--backend torch_native --device cpu --rotate-mib 1 --warmup 0 --iters 1 "
+                "--gemm-tflops 2");
+  ASSERT_EQ(small.cli.exit_code, 0) << small.cli.out << small.cli.err;
+  ASSERT_EQ(small.doc["results"].size(), 1u);
+  const nlohmann::json& y = small.doc["results"][0];
+  EXPECT_EQ(y["bound"], "memory") << y.dump();
+  EXPECT_EQ(y["ceiling"], "cpu_copy") << y.dump();
+  double copy_gbs = 0;
+  for (const nlohmann::json& c : small.doc["ceilings"]) {
+    if (c["name"] == "cpu_copy") copy_gbs = c["gbs"].get<double>();
+  }
+  ASSERT_GT(copy_gbs, 0) << small.doc["ceilings"].dump();
+  EXPECT_NEAR(y["ceiling_ratio"].get<double>(), y["gbs"].get<double>() / copy_gbs, 1e-9)
+      << y.dump();
 }
 
 // A compute-bound case on the CPU is paired with readings of the compute ceiling it is judged by

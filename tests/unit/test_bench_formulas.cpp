@@ -194,11 +194,25 @@ TEST(BenchFormulas, MemoryBoundByTheRidgePoint) {
   c.s_q = 1;
   EXPECT_LT(attention_flops(c) / attention_bytes(c), 253.0);
   EXPECT_TRUE(is_memory_bound(c, 3000.0, 760.0));
-  // GQA decode stays memory-bound on any machine; extend is compute-bound on any.
+  // GQA decode stays memory-bound on any machine.
   const BenchCase d = decode_case(16, 4096, 32, 8, 128, DType::kBF16);
   EXPECT_TRUE(is_memory_bound(d, 3000.0, 760.0));
   EXPECT_TRUE(is_memory_bound(d, 3000.0, 1e9));
-  EXPECT_FALSE(is_memory_bound(extend_case(1, 0, 16, 2, 1, 8, true), 3000.0, 760.0));
+  // Extend: a 4k prefill is compute-bound; one or four new tokens over a 4k prefix (GQA 32/8 d 128,
+  // ~4 FLOP/B per new token) are memory-bound like the decode they nearly are; 64 new tokens
+  // (~240 FLOP/B) stay just under the ridge of 760 TFLOP/s over 3000 GB/s (~253), 128 (~470) are
+  // over it. Without ceilings an extend is compute-bound.
+  const BenchCase prefill = extend_case(1, 0, 4096, 32, 8, 128, true);
+  EXPECT_GT(attention_flops(prefill) / attention_bytes(prefill), 1000.0);
+  EXPECT_FALSE(is_memory_bound(prefill, 3000.0, 760.0));
+  for (int n : {1, 4}) {
+    const BenchCase small = extend_case(64, 4096, n, 32, 8, 128, true);
+    EXPECT_LT(attention_flops(small) / attention_bytes(small), 4.0 * n + 1) << n;
+    EXPECT_TRUE(is_memory_bound(small, 3000.0, 760.0)) << n;
+    EXPECT_FALSE(is_memory_bound(small)) << n;
+  }
+  EXPECT_TRUE(is_memory_bound(extend_case(16, 4096, 64, 32, 8, 128, true), 3000.0, 760.0));
+  EXPECT_FALSE(is_memory_bound(extend_case(16, 4096, 128, 32, 8, 128, true), 3000.0, 760.0));
 }
 
 TEST(BenchFormulas, RatesRotationAndMedian) {
@@ -488,6 +502,79 @@ TEST(BenchCaseFile, UnevenExtendFromPrefixLens) {
       << decode.status().message();
 }
 
+// new_lens: one new-token count per request (a chunked prefill beside decode rows), with
+// prefix_lens or a uniform prefix_len; "mixed" runs the batch as ForwardMode::kMixed.
+TEST(BenchCaseFile, UnevenNewLensAndMixed) {
+  Result<CaseFile> f = parse_case_file_text(R"({"kind": "extend",
+    "fixed": {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 16},
+    "cases": [{"prefix_lens": [0, 4095, 100], "new_lens": [2048, 1, 1], "mixed": true},
+              {"prefix_len": 10, "new_lens": [1, 3]},
+              {"prefix_len": 10, "new_lens": [3, 1]},
+              {"prefix_len": 10, "new_tokens": 3, "batch": 2}]})",
+                                            "m.json");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  const BenchCase& a = f->cases[0];
+  EXPECT_EQ(a.batch, 3);
+  EXPECT_EQ(a.new_tokens, 2048);
+  EXPECT_EQ(a.prefix_len, 4095);
+  EXPECT_TRUE(a.mixed);
+  EXPECT_NE(a.name.find("_new1-2048_sum2050_"), std::string::npos) << a.name;
+  EXPECT_NE(a.name.find("_mixed"), std::string::npos) << a.name;
+  // Causal: the chunk's rows see 1 .. 2048 keys, the two decode rows 4096 and 101.
+  EXPECT_EQ(attended_pairs_total(a), int64_t{2048} * 2049 / 2 + 4096 + 101);
+  EXPECT_EQ(kv_tokens_total(a), 2048 + 4096 + 101);
+  EXPECT_EQ(a.num_tokens(), 2050);
+  // KV (2048 + 4096 + 101) tokens x 4096 bytes; q / out 2050 tokens x 32 x 128 x 2 each.
+  EXPECT_DOUBLE_EQ(attention_bytes(a), (2048.0 + 4096 + 101) * 4096 + 2 * 2050.0 * 32 * 128 * 2);
+  const harness::CaseSpec spec = to_case_spec(a);
+  EXPECT_EQ(spec.mode, ForwardMode::kMixed);
+  EXPECT_EQ(spec.prefix_lens, (std::vector<int>{0, 4095, 100}));
+  EXPECT_EQ(spec.new_lens, (std::vector<int>{2048, 1, 1}));
+  EXPECT_TRUE(harness::validate_case(spec).is_ok()) << harness::validate_case(spec).to_string();
+  const BenchCase& b = f->cases[1];
+  EXPECT_FALSE(b.mixed);
+  EXPECT_EQ(b.name.find("_mixed"), std::string::npos) << b.name;
+  EXPECT_NE(f->cases[2].name, b.name);  // the same counts in another order
+  EXPECT_EQ(attended_pairs_total(b), 11 + (3 * 10 + 6));
+  const harness::CaseSpec b_spec = to_case_spec(b);
+  EXPECT_EQ(b_spec.mode, ForwardMode::kExtend);
+  EXPECT_EQ(b_spec.prefix_lens, (std::vector<int>{10, 10}));
+  EXPECT_EQ(b_spec.new_lens, (std::vector<int>{1, 3}));
+  // new_lens all equal count as new_tokens does.
+  const BenchCase& u = f->cases[3];
+  BenchCase same = u;
+  same.new_lens = {3, 3};
+  EXPECT_EQ(attended_pairs_total(same), attended_pairs_total(u));
+  EXPECT_DOUBLE_EQ(attention_bytes(same), attention_bytes(u));
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"new_lens": [4, 5], "new_tokens": 5})", "exclusive"},
+      {R"({"new_lens": [4, 5], "batch": 3})", "does not match"},
+      {R"({"new_lens": [4, 5], "prefix_lens": [1, 2, 3]})", "one of each per request"},
+      {R"({"new_lens": []})", "non-empty"},
+      {R"({"new_lens": [4, 0]})", "new_lens[1]"},
+      {R"({"new_tokens": 4, "mixed": 1})", "mixed"},
+      {R"({"new_tokens": 4, "mla": true, "mixed": true})", "mixed false"}};
+  for (const auto& [point, message] : bad) {
+    Result<CaseFile> r = parse_case_file_text(
+        std::string(R"({"kind": "extend", "fixed": {"q_heads": 32, "kv_heads": 32,
+          "head_dim": 128}, "cases": [)") +
+            point + "]}",
+        "b.json");
+    ASSERT_FALSE(r.is_ok()) << point;
+    EXPECT_NE(r.status().message().find(message), std::string::npos) << r.status().message();
+  }
+  for (const char* key : {R"("new_lens": [1, 2])", R"("mixed": true)"}) {
+    Result<CaseFile> decode = parse_case_file_text(
+        std::string(R"({"kind": "decode", "fixed": {"q_heads": 32, "kv_heads": 8,
+          "head_dim": 128, "kv_len": 64}, "cases": [{)") +
+            key + "}]}",
+        "d.json");
+    ASSERT_FALSE(decode.is_ok()) << key;
+    EXPECT_NE(decode.status().message().find(std::string(key).substr(1, 5)), std::string::npos)
+        << decode.status().message();
+  }
+}
+
 TEST(BenchCaseFile, UnevenBatchFromKvLens) {
   Result<CaseFile> f = parse_case_file_text(R"({"kind": "decode",
     "fixed": {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 16},
@@ -631,9 +718,10 @@ TEST(BenchCaseFile, MissingFileIsNotFound) {
 
 TEST(BenchCaseFile, ShippedCaseFilesParse) {
   const std::string dir = std::string(ATTNKIT_SOURCE_DIR) + "/bench/cases/";
-  for (const char* name : {"decode.json", "extend.json", "mla_decode.json", "cpu_decode.json",
-                           "cpu_prefill.json", "cascade.json", "verify.json", "fa3_prefill.json",
-                           "mla_prefill.json", "mla_prefill_prefix.json", "small_extend.json"}) {
+  for (const char* name :
+       {"decode.json", "extend.json", "mla_decode.json", "cpu_decode.json", "cpu_prefill.json",
+        "cascade.json", "verify.json", "fa3_prefill.json", "mla_prefill.json",
+        "mla_prefill_prefix.json", "small_extend.json", "mixed_extend.json"}) {
     Result<CaseFile> f = load_case_file(dir + name);
     ASSERT_TRUE(f.is_ok()) << f.status().to_string();
     EXPECT_FALSE(f->cases.empty()) << name;
