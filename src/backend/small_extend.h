@@ -15,8 +15,9 @@
 //  * past that, up to kWgmmaMinQLen new tokens in the longest request, the mma.sync prefill tiles;
 //  * longer requests, the wgmma kernel.
 // The flashinfer backend decides its plan and the SM90 engine declines the forward by these
-// functions, so fa3 (the engine + an inner flashinfer) and flashinfer agree. The decode-tile plan
-// is target verify's: its tile rows and CTAs per SM follow the longest request
+// functions, so fa3 (the engine + an inner flashinfer) and flashinfer agree. A forward that mixes
+// such requests with longer ones is split between the two kernels (extend_partition, below). The
+// decode-tile plan is target verify's: its tile rows and CTAs per SM follow the longest request
 // (ATTNKIT_FLASHINFER_VERIFY_TILE_ROWS / _VERIFY_CTAS_PER_SM shape these extends too), and the
 // mask is the layer's (causal over the new tokens, or none for a bidirectional layer; a window).
 #pragma once
@@ -24,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "attnkit/forward_batch.h"
 #include "core/env_knob.h"
@@ -77,6 +79,58 @@ inline bool below_wgmma_q_len(ForwardMode mode, std::span<const int32_t> q_lens,
 }
 inline bool below_wgmma_q_len(const ForwardBatch& batch, int min_q_len) {
   return below_wgmma_q_len(batch.mode, batch.extend_seq_lens_host, min_q_len);
+}
+
+// ATTNKIT_EXTEND_PARTITION (default 1; 0: a mixed forward runs whole on one kernel, as before).
+inline bool extend_partition_from_env() {
+  return env_int_range("ATTNKIT_EXTEND_PARTITION", 1, 0, 1) != 0;
+}
+
+// Decode-tile work items a partition's small requests may take at most: 16-row tiles bound the
+// flashinfer planner's count (its 32-row tiles halve it), and it keeps a forward on its prefill
+// tiles past kDecodeTileItemsBound items (flashinfer_backend.cpp).
+inline constexpr int64_t kPartitionDecodeItemsBound = 32768;
+
+// The partition of an extend-like forward that is not small as a whole (extend_decode_q_len is 0
+// and below_wgmma_q_len false): a mixed batch of SGLang's --enable-mixed-chunk (a chunked prefill
+// beside decode rows), or a prefill batch with a few short turns. Its requests with 1 .. max_rows /
+// group new tokens run on flashinfer's decode tiles, the others on the SM90 wgmma kernel, each
+// kernel writing only its own requests' rows (the other's get q_len 0 in its plan). On the wgmma
+// tiles a decode row fills 1 of 128 rows of a (request, q head) tile and reads its keys once per q
+// head; on the decode tiles its group's heads share one read (H200 2026-11-30: b64 kv 4k with one
+// new token each 0.93 ms on wgmma, 0.27 on the decode tiles). Returns one flag per request (1:
+// decode tiles) when both sets are non-empty, else an empty vector. q_lens: each request's new
+// tokens (a request with none is in neither kernel's rows).
+inline std::vector<uint8_t> extend_partition(ForwardMode mode, std::span<const int32_t> q_lens,
+                                             bool encoder, int group, int max_rows, int min_q_len) {
+  if (!small_extend_mode(mode) || encoder || max_rows <= 0 || q_lens.empty()) return {};
+  if (extend_decode_q_len(mode, q_lens, encoder, group, max_rows) > 0 ||
+      below_wgmma_q_len(mode, q_lens, min_q_len)) {
+    return {};  // small as a whole: every request on flashinfer's tiles
+  }
+  const int64_t g = std::max(1, group);
+  constexpr int64_t kTileRows = 16;
+  std::vector<uint8_t> flags(q_lens.size(), 0);
+  bool any_small = false;
+  bool any_large = false;
+  int64_t items = 0;
+  for (size_t r = 0; r < q_lens.size(); ++r) {
+    const int64_t n = q_lens[r];
+    if (n >= 1 && n * g <= max_rows) {
+      flags[r] = 1;
+      any_small = true;
+      items += (n * g + kTileRows - 1) / kTileRows;
+    } else if (n >= 1) {
+      any_large = true;
+    }
+  }
+  if (!any_small || !any_large || items > kPartitionDecodeItemsBound) return {};
+  return flags;
+}
+inline std::vector<uint8_t> extend_partition(const ForwardBatch& batch, int group, int max_rows,
+                                             int min_q_len) {
+  return extend_partition(batch.mode, batch.extend_seq_lens_host, !batch.encoder_lens_host.empty(),
+                          group, max_rows, min_q_len);
 }
 
 }  // namespace attnkit::detail

@@ -171,7 +171,8 @@ void run_fa3(const CaseSpec& spec, bool save_kv, float logit_mult, Fa3Run* out) 
   out->cmp = *c;
   out->stats = *st;
   out->layers = static_cast<int>(pc->layers.size());
-  out->requests = fa3::tile_requests(pc->batch);
+  // As the engine plans them: a partitioned mixed forward's few-token requests have q_len 0.
+  out->requests = fa3::tile_requests(pc->batch, test_support::expected_extend_partition(spec));
 }
 
 // logit_mult scales every layer's softmax scaling (kernel and reference alike): large logits make
@@ -201,7 +202,12 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
     EXPECT_EQ(stats->last_block_n, fa3::kMlaPrefillBlockN);
     EXPECT_EQ(stats->last_block_m, fa3::kBlockM);
   } else if (expects_wgmma(spec, &r.requests)) {
-    EXPECT_EQ(stats->flashinfer_calls, 0) << "a wgmma case ran on the flashinfer path";
+    // A partitioned mixed forward (backend/small_extend.h extend_partition) also runs its
+    // few-token requests on the inner flashinfer's decode tiles, once per layer.
+    const int64_t partitioned =
+        test_support::expected_extend_partition(spec).empty() ? 0 : r.layers;
+    EXPECT_EQ(stats->flashinfer_calls, partitioned) << "a wgmma case ran on the flashinfer path";
+    EXPECT_EQ(stats->partition_calls, partitioned);
     EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(r.layers));
     EXPECT_EQ(stats->wgmma_fp8_calls, expects_fp8_kernel(spec) ? stats->wgmma_calls : 0);
     if (expects_fp8_kernel(spec)) {
@@ -1483,6 +1489,52 @@ TEST(Fa3SmallExtendTest, FewNewTokensLeaveTheWgmmaKernel) {
   run_and_compare(fp8_pool, false);
   const CaseSpec q8 = fp8_q(prefill("small_ext_fp8q", {900, 64}, {2, 5}, 16, 8, 2, 128));
   if (expects_wgmma(q8) && expects_fp8_kernel(q8)) run_and_compare(q8, true);
+}
+
+// A mixed forward of few-token requests beside longer ones (backend/small_extend.h
+// extend_partition): the wgmma kernel runs the longer requests, the inner flashinfer's decode
+// tiles the others, each writing only its own rows (run_and_compare: every row and the LSE against
+// the reference, outputs NaN-poisoned first; wgmma, flashinfer and partition calls one per layer).
+// Decode rows around and between the chunks, a window with sinks, a soft-cap on page 1, a
+// bidirectional layer, d 64 / 256; ATTNKIT_EXTEND_PARTITION=0 and an fp8 pool run the forward
+// whole on the wgmma kernel.
+TEST(Fa3PartitionTest, MixedForwardSplitsBetweenTheKernels) {
+  CaseSpec base =
+      prefill("part_mixed", {300, 0, 5000, 64, 0, 2000}, {1, 200, 1, 7, 1, 65}, 16, 8, 2, 128);
+  base.mode = ForwardMode::kMixed;
+  if (!test_support::expects_sm90_wgmma_prefill(base)) {
+    GTEST_SKIP() << "no SM90 wgmma kernel here: mixed forwards run on flashinfer";
+  }
+  EXPECT_EQ(test_support::expected_extend_partition(base),
+            (std::vector<uint8_t>{1, 0, 1, 1, 1, 0}));
+  Fa3Stats stats;
+  run_and_compare(base, true, 1.f, std::nullopt, {}, &stats);
+  EXPECT_EQ(stats.partition_calls, stats.wgmma_calls);
+  EXPECT_GT(stats.partition_calls, 0);
+  CaseSpec v = base;
+  v.name = "part_window_sinks";
+  v.sliding_window = 300;
+  v.sinks = true;
+  run_and_compare(v, false);
+  v.name = "part_softcap_page1";
+  v.sliding_window = -1;
+  v.sinks = false;
+  v.logit_cap = 5.f;
+  v.page_size = 1;
+  run_and_compare(v, true);
+  CaseSpec enc = prefill("part_encoder", {0, 0, 0}, {3, 40, 1}, 16, 8, 2, 128);
+  enc.type = AttentionType::kEncoderOnly;
+  run_and_compare(enc, true);
+  for (int d : {64, 256}) {
+    run_and_compare(prefill("part_d" + std::to_string(d), {1200, 0, 77}, {1, 90, 8}, 16, 8, 2, d),
+                    true);
+  }
+  run_and_compare(fp8(base), true, 1.f, std::nullopt, {}, &stats);
+  EXPECT_EQ(stats.partition_calls, 0) << "an fp8 pool's mixed forward was partitioned";
+  ScopedEnv off("ATTNKIT_EXTEND_PARTITION", "0");
+  run_and_compare(base, true, 1.f, std::nullopt, {}, &stats);
+  EXPECT_EQ(stats.partition_calls, 0) << "partitioned with ATTNKIT_EXTEND_PARTITION=0";
+  EXPECT_EQ(stats.flashinfer_calls, 0);
 }
 
 // Outside the FP8 kernel an e4m3 q is refused by name, before anything is written: a bf16 pool,

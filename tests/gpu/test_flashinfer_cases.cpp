@@ -162,8 +162,13 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, FlashInferStats* stats_
   }
   // Extends with few new tokens per request on the decode tiles (backend/small_extend.h; ctest's
   // FlashInferExtendPrefillTiles sets ATTNKIT_EXTEND_DECODE_ROWS=0): every native layer outside
-  // a cascade; no other forward.
-  if (test_support::expects_extend_decode_tiles(spec) && expects_native(spec) &&
+  // a cascade; no other forward. A mixed forward of such requests beside longer ones, where the
+  // SM90 wgmma kernel takes it: those requests on the decode tiles after each wgmma layer
+  // (extend_partition; ATTNKIT_EXTEND_PARTITION=0: none).
+  const bool partition = sm90_prefill && !test_support::expected_extend_partition(spec).empty();
+  EXPECT_EQ(stats->extend_partition_calls, partition ? layers : 0)
+      << "partitioned forward expected: " << partition;
+  if ((test_support::expects_extend_decode_tiles(spec) || partition) && expects_native(spec) &&
       stats->cascade_calls == 0) {
     EXPECT_EQ(stats->extend_decode_calls, layers) << "a small extend did not run on decode tiles";
   } else if (stats->cascade_calls == 0) {
@@ -303,6 +308,62 @@ TEST(FlashInferExtendDecodeTilesTest, FewNewTokensPerRequest) {
   // 9-16 new tokens at group 4 (36-64 rows): the prefill tiles, not the decode tiles or wgmma.
   // (run_and_compare: no decode tiles, and wgmma only with ATTNKIT_FA3_MIN_Q_LEN below 16.)
   run_and_compare(extend("ext_prefill_tiles", {1500, 200}, {16, 9}), true);
+}
+
+// A mixed forward of few-token requests beside longer ones (backend/small_extend.h
+// extend_partition): on SM90 the wgmma kernel runs the longer requests and the decode tiles the
+// others, each kernel writing only its own rows; run_and_compare checks every row and the LSE
+// against the reference (outputs NaN-poisoned first) and the call counts (extend_partition_calls,
+// extend_decode_calls, wgmma_calls). Decode rows before, between and after the chunks (one with a
+// single key), a long prefix that splits, a window with sinks, a soft-cap on page 1, a
+// bidirectional layer, d 64 / 256; with ATTNKIT_EXTEND_PARTITION=0 and over an fp8 pool the
+// forward runs whole.
+TEST(FlashInferPartitionTest, MixedForwardSplitsBetweenTheKernels) {
+  auto mixed = [](std::string name, std::vector<int> prefix, std::vector<int> fresh) {
+    CaseSpec c = long_decode(std::move(name), std::move(prefix), 16, DType::kBF16);
+    c.mode = ForwardMode::kMixed;
+    c.new_lens = std::move(fresh);
+    return c;
+  };
+  const CaseSpec base = mixed("part_mixed", {300, 0, 5000, 64, 0, 2000}, {1, 200, 1, 7, 1, 65});
+  if (!test_support::expects_sm90_wgmma_prefill(base)) {
+    GTEST_SKIP() << "no SM90 wgmma kernel here: mixed forwards run whole";
+  }
+  EXPECT_EQ(test_support::expected_extend_partition(base),
+            (std::vector<uint8_t>{1, 0, 1, 1, 1, 0}));
+  FlashInferStats stats;
+  run_and_compare(base, true, &stats);
+  EXPECT_GT(stats.extend_partition_calls, 0);
+  EXPECT_GT(stats.split_calls, 0) << "the 5000-key decode row was not split";
+  CaseSpec v = base;
+  v.name = "part_window_sinks";
+  v.sliding_window = 300;
+  v.sinks = true;
+  run_and_compare(v, false);
+  v.name = "part_softcap_page1";
+  v.sliding_window = -1;
+  v.sinks = false;
+  v.logit_cap = 5.f;
+  v.page_size = 1;
+  run_and_compare(v, true);
+  CaseSpec enc = mixed("part_encoder", {0, 0, 0}, {3, 40, 1});
+  enc.mode = ForwardMode::kExtend;
+  enc.type = AttentionType::kEncoderOnly;
+  run_and_compare(enc, true);
+  for (int d : {64, 256}) {
+    CaseSpec c = mixed("part_d" + std::to_string(d), {1200, 0, 77}, {1, 90, 8});
+    c.head_dim = c.v_head_dim = d;
+    run_and_compare(c, true);
+  }
+  CaseSpec fp8 = base;
+  fp8.name = "part_fp8_pool";
+  fp8.kv_dtype = DType::kFP8E4M3;
+  run_and_compare(fp8, true, &stats);
+  EXPECT_EQ(stats.extend_partition_calls, 0) << "an fp8 pool's mixed forward was partitioned";
+  test_support::ScopedEnv off("ATTNKIT_EXTEND_PARTITION", "0");
+  run_and_compare(base, true, &stats);
+  EXPECT_EQ(stats.extend_partition_calls, 0) << "partitioned with ATTNKIT_EXTEND_PARTITION=0";
+  EXPECT_GT(stats.wgmma_calls, 0);
 }
 
 // Target verify over long cached prefixes: the eager plan splits the prefixes into key chunks

@@ -45,6 +45,23 @@ bool expects_small_extend(const harness::CaseSpec& s) {
          detail::below_wgmma_q_len(s.mode, s.new_lens, detail::wgmma_min_q_len_from_env());
 }
 
+std::vector<uint8_t> expected_extend_partition(const harness::CaseSpec& s, int compute_capability) {
+  if (s.fp8_q || !expects_sm90_wgmma_prefill(s, compute_capability) ||
+      !detail::extend_partition_from_env()) {
+    return {};
+  }
+  const int group = s.num_q_heads / std::max(1, s.num_kv_heads);
+  return detail::extend_partition(s.mode, s.new_lens, s.cross_attention, group,
+                                  detail::extend_decode_rows_from_env(),
+                                  detail::wgmma_min_q_len_from_env());
+}
+
+std::vector<uint8_t> expected_extend_partition(const harness::CaseSpec& s) {
+  const Result<DeviceInfo> dev = detect_cuda(0);
+  return dev.is_ok() ? expected_extend_partition(s, dev->compute_capability)
+                     : std::vector<uint8_t>{};
+}
+
 bool has_cuda() {
 #ifdef ATTNKIT_WITH_CUDA
   int count = 0;

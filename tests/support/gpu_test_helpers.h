@@ -53,6 +53,12 @@ bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s);
 // minimum of new tokens in the longest request (the SM90 kernel declines both).
 bool expects_extend_decode_tiles(const harness::CaseSpec& s);
 bool expects_small_extend(const harness::CaseSpec& s);
+// The partition of the case's forward between flashinfer's decode tiles and the SM90 wgmma kernel
+// (backend/small_extend.h extend_partition, with this environment's bounds and
+// ATTNKIT_EXTEND_PARTITION) where that kernel takes the forward (expects_sm90_wgmma_prefill, not
+// an e4m3 q): one flag per request, 1 for the decode tiles; empty when the forward runs whole.
+std::vector<uint8_t> expected_extend_partition(const harness::CaseSpec& s, int compute_capability);
+std::vector<uint8_t> expected_extend_partition(const harness::CaseSpec& s);
 // Whether the case's layers are non-absorbed MLA prefill layers the SM90 wgmma MLA kernel runs
 // (PrefillSm90Engine::create_mla_prefill / why_not_mla_layer: device 0 of compute capability 90,
 // extend / draft-extend, bf16 / f16, 192 / 128, decoder (causal) layers, no window / soft-cap /

@@ -60,6 +60,48 @@ TEST(SmallExtend, WgmmaMinimumLooksAtTheLongestRequest) {
   EXPECT_FALSE(below_wgmma_q_len(extend_batch(ForwardMode::kExtend, {}), 16));
 }
 
+// A forward mixing few-token requests (1 .. max_rows / group new tokens) with longer ones splits
+// between the decode tiles (flag 1) and the wgmma kernel; a forward small as a whole, or one with
+// only one kind, does not.
+TEST(SmallExtend, PartitionSplitsMixedForwards) {
+  using detail::extend_partition;
+  const auto flags = [](ForwardMode mode, std::vector<int32_t> n, int group = 4, int rows = 32,
+                        int min_q = 16) {
+    return extend_partition(extend_batch(mode, std::move(n)), group, rows, min_q);
+  };
+  using F = std::vector<uint8_t>;
+  // A 2048-token chunk with decode rows (SGLang's mixed chunk); 8 new tokens at group 4 is 32
+  // rows, 9 is 36.
+  EXPECT_EQ(flags(ForwardMode::kMixed, {2048, 1, 1, 8}), (F{0, 1, 1, 1}));
+  EXPECT_EQ(flags(ForwardMode::kMixed, {1, 9, 17, 1}), (F{1, 0, 0, 1}));
+  EXPECT_EQ(flags(ForwardMode::kExtend, {300, 2}), (F{0, 1}));
+  EXPECT_EQ(flags(ForwardMode::kDraftExtend, {40, 3}), (F{0, 1}));
+  // A request without new tokens is in neither set.
+  EXPECT_EQ(flags(ForwardMode::kMixed, {0, 100, 1}), (F{0, 0, 1}));
+  // Small as a whole (every request on the decode tiles, or the longest <= min_q_len), one kind
+  // only, other modes, an encoder batch, the bounds off: none.
+  EXPECT_TRUE(flags(ForwardMode::kMixed, {1, 8, 2}).empty());
+  EXPECT_TRUE(flags(ForwardMode::kMixed, {16, 1}).empty());
+  EXPECT_TRUE(flags(ForwardMode::kMixed, {100, 17}).empty());
+  EXPECT_TRUE(flags(ForwardMode::kDecode, {100, 1}).empty());
+  EXPECT_TRUE(flags(ForwardMode::kTargetVerify, {100, 1}).empty());
+  EXPECT_TRUE(flags(ForwardMode::kMixed, {100, 1}, 4, 0).empty());
+  EXPECT_TRUE(flags(ForwardMode::kMixed, {}).empty());
+  ForwardBatch enc = extend_batch(ForwardMode::kExtend, {100, 1});
+  enc.encoder_lens_host = {5, 5};
+  EXPECT_TRUE(extend_partition(enc, 4, 32, 16).empty());
+  // min_q_len 0 (the wgmma kernel takes every extend): a mixed forward still splits.
+  EXPECT_EQ(flags(ForwardMode::kMixed, {10, 1}, 4, 32, 0), (F{0, 1}));
+  // Group 1 (MHA): up to 32 new tokens are small.
+  EXPECT_EQ(flags(ForwardMode::kMixed, {32, 33}, 1), (F{1, 0}));
+  // Past kPartitionDecodeItemsBound 16-row decode tiles: whole.
+  std::vector<int32_t> many(static_cast<size_t>(detail::kPartitionDecodeItemsBound) + 1, 1);
+  many.push_back(100);
+  EXPECT_TRUE(flags(ForwardMode::kMixed, many).empty());
+  many.erase(many.begin());
+  EXPECT_EQ(flags(ForwardMode::kMixed, many).size(), many.size());
+}
+
 TEST(SmallExtend, KnobsAndTheirDefaults) {
   if (std::getenv("ATTNKIT_EXTEND_DECODE_ROWS") == nullptr &&
       std::getenv("ATTNKIT_FA3_MIN_Q_LEN") == nullptr) {
@@ -75,6 +117,12 @@ TEST(SmallExtend, KnobsAndTheirDefaults) {
   // Out of range: the default (env_int_range warns and keeps it).
   test_support::ScopedEnv rows("ATTNKIT_EXTEND_DECODE_ROWS", "-3");
   EXPECT_EQ(detail::extend_decode_rows_from_env(), detail::kExtendDecodeRows);
+  // ATTNKIT_EXTEND_PARTITION: on unless 0.
+  if (std::getenv("ATTNKIT_EXTEND_PARTITION") == nullptr) {
+    EXPECT_TRUE(detail::extend_partition_from_env());
+  }
+  test_support::ScopedEnv off("ATTNKIT_EXTEND_PARTITION", "0");
+  EXPECT_FALSE(detail::extend_partition_from_env());
 }
 
 }  // namespace

@@ -36,8 +36,8 @@ class Fa3Backend final : public AttentionBackend {
              std::unique_ptr<AttentionBackend> inner, std::unique_ptr<fa3::PrefillSm90Engine> wgmma)
       : ctx_(ctx),
         mla_prefill_(std::move(mla_prefill)),
-        inner_(std::move(inner)),
-        wgmma_(std::move(wgmma)) {}
+        wgmma_(std::move(wgmma)),
+        inner_(std::move(inner)) {}
 
   std::optional<Device> device() const override { return ctx_.device; }
   const BackendDescriptor& descriptor() const override { return *builtin_registry().find("fa3"); }
@@ -50,9 +50,11 @@ class Fa3Backend final : public AttentionBackend {
     if (wgmma_ != nullptr) wgmma_->drop_plan();
     if (mla_prefill_ != nullptr) mla_prefill_->drop_plan();
     stamp_ = PlanStamp{};
+    // The engine first: a mixed forward it partitions leaves its few-token requests to inner_'s
+    // decode tiles, which inner_ plans from the engine's partition().
+    if (wgmma_ != nullptr) ATTNKIT_RETURN_IF_ERROR(wgmma_->plan(batch, stream_for(batch)));
     ATTNKIT_RETURN_IF_ERROR(inner_->init_forward_metadata(batch));
     if (wgmma_ == nullptr && mla_prefill_ == nullptr) return Status::ok();
-    if (wgmma_ != nullptr) ATTNKIT_RETURN_IF_ERROR(wgmma_->plan(batch, stream_for(batch)));
     if (mla_prefill_ != nullptr) {
       ATTNKIT_RETURN_IF_ERROR(mla_prefill_->plan(batch, stream_for(batch)));
     }
@@ -105,8 +107,10 @@ class Fa3Backend final : public AttentionBackend {
   // MLA contexts on SM90: the non-absorbed prefill layers' kernel, also the chunked prefix cache's
   // passes of inner_ (else nullptr). Declared first: inner_ holds a pointer to it.
   std::unique_ptr<fa3::PrefillSm90Engine> mla_prefill_;
-  std::unique_ptr<AttentionBackend> inner_;        // flashinfer, its own SM90 routing off
-  std::unique_ptr<fa3::PrefillSm90Engine> wgmma_;  // nullptr: no forward of this context uses it
+  // nullptr: no forward of this context uses it. Declared before inner_, which reads its
+  // partition (FlashInferOptions::wgmma_partner).
+  std::unique_ptr<fa3::PrefillSm90Engine> wgmma_;
+  std::unique_ptr<AttentionBackend> inner_;  // flashinfer, its own SM90 routing off
   // Fa3Stats of one layer run by engine e (the MHA or the MLA one; the tail split of the layer's
   // mask).
   void record_wgmma_call(const fa3::PrefillSm90Engine& e, const AttentionLayer& layer);
@@ -145,6 +149,16 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
                                         "device with sm_90a code, MHA, bf16 / f16 q, head dim "
                                         "64 / 128 / 256)")
                                   : wgmma_->why_not_layer(q, out, layer, batch);
+  if (!why_not.empty() && wgmma_ != nullptr && wgmma_->partitioned()) {
+    // inner_ planned only the few-token requests of this forward (bf16 / f16 pools: a layer the
+    // kernel declines is one inner_'s kernels refuse as well).
+    return Status::invalid_argument(
+        "fa3: layer " + std::to_string(layer.layer_id) +
+        " of a mixed forward split between the SM90 wgmma kernel and flashinfer's decode tiles "
+        "(backend/small_extend.h; ATTNKIT_EXTEND_PARTITION=0 plans it whole): the wgmma kernel "
+        "declined it: " +
+        why_not);
+  }
   if (!why_not.empty()) {
     // An e4m3 q runs on the FP8 wgmma kernel only; the flashinfer path would refuse it by its
     // dtype alone, so the reason the kernel declined is the one to give.
@@ -169,7 +183,13 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
                                         layer.v_scale, stream));
   }
   record_wgmma_call(*wgmma_, layer);
-  return wgmma_->run(q, out, lse, layer, batch, stream);
+  ATTNKIT_RETURN_IF_ERROR(wgmma_->run(q, out, lse, layer, batch, stream));
+  if (!wgmma_->partitioned()) return Status::ok();
+  // The few-token requests of a partitioned mixed forward: inner_'s decode tiles (its plan gives
+  // the others no rows; the keys are in the pool already).
+  ++stats_.flashinfer_calls;
+  ++stats_.partition_calls;
+  return inner_->forward_extend(q, k, v, out, layer, batch, /*save_kv=*/false, lse);
 }
 
 void Fa3Backend::record_wgmma_call(const fa3::PrefillSm90Engine& e, const AttentionLayer& layer) {
@@ -224,15 +244,16 @@ Result<std::unique_ptr<AttentionBackend>> create_fa3_backend(const BackendContex
       ctx.is_mla ? fa3::PrefillSm90Engine::create_mla_prefill(ctx, attrs.sm_count,
                                                               attrs.compute_capability, nullptr)
                  : nullptr;
+  std::unique_ptr<fa3::PrefillSm90Engine> wgmma =
+      fa3::PrefillSm90Engine::create(ctx, attrs.sm_count, attrs.compute_capability, nullptr,
+                                     /*allow_fp8_kv=*/true);
   FlashInferOptions fi_options;
   fi_options.sm90_prefill = false;
   fi_options.name = "fa3";  // the paths it runs say fa3 in their errors
   fi_options.mla_prefix_passes = mla_prefill.get();
+  fi_options.wgmma_partner = wgmma.get();
   Result<std::unique_ptr<AttentionBackend>> inner = create_flashinfer_backend_with(ctx, fi_options);
   if (!inner.is_ok()) return inner.status();
-  std::unique_ptr<fa3::PrefillSm90Engine> wgmma =
-      fa3::PrefillSm90Engine::create(ctx, attrs.sm_count, attrs.compute_capability, nullptr,
-                                     /*allow_fp8_kv=*/true);
   return std::unique_ptr<AttentionBackend>(
       new Fa3Backend(ctx, std::move(mla_prefill), std::move(inner).value(), std::move(wgmma)));
 }

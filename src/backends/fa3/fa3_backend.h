@@ -44,9 +44,13 @@ struct Fa3Stats {
   // flashinfer_calls) that ran on the MLA prefill kernel: per such layer 1 + its prefix chunks.
   int64_t wgmma_mla_prefix_passes = 0;
   int64_t flashinfer_calls = 0;  // delegated to the owned flashinfer backend
-  int last_block_n = 0;          // key block of the last wgmma call (fa3::default_block_n)
-  int last_block_m = 0;          // query rows per tile of the last wgmma call (128; 192: three
-                                 // consumer warpgroups)
+  // Layers of partitioned mixed forwards (backend/small_extend.h extend_partition): the wgmma
+  // kernel ran the longer requests, then the owned flashinfer backend's decode tiles the
+  // few-token ones (counted in wgmma_calls and flashinfer_calls as well).
+  int64_t partition_calls = 0;
+  int last_block_n = 0;  // key block of the last wgmma call (fa3::default_block_n)
+  int last_block_m = 0;  // query rows per tile of the last wgmma call (128; 192: three
+                         // consumer warpgroups)
   // FP8 variant of the last wgmma call (fa3::choose_fp8_variant; false for bf16 / f16 calls):
   // V^T pre-transposed (else transposed in the kernel), speculative softmax, row sums through the
   // P V GEMM (else fp32 FADDs), per-block promotion of P V to f32 (Fa3Params::fp8_promote: 0 off,

@@ -185,6 +185,7 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->kv_heads_ = ctx.num_kv_heads;
   e->extend_decode_rows_ = detail::extend_decode_rows_from_env();
   e->min_q_len_ = detail::wgmma_min_q_len_from_env();
+  e->partition_on_ = detail::extend_partition_from_env();
   const int d = ctx.qk_head_dim;
   std::string block_ns;  // the key blocks instantiated for d
   for (int n : {64, 80, 128, 192}) {
@@ -266,6 +267,7 @@ std::string PrefillSm90Engine::why_not(const ForwardBatch& batch) const {
 Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   planned_ = false;
   planned_small_extend_ = false;
+  partition_.clear();
   if (!why_not(batch).empty()) return Status::ok();
   const int bs = batch.batch_size;
   const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
@@ -278,7 +280,12 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   if (planned_small_extend_ && !(fp8_kv_ && batch.kv_pool->dtype() == DType::kFP8E4M3)) {
     return Status::ok();
   }
-  std::vector<TileRequest> reqs = tile_requests(batch);
+  // A mixed forward of few-token requests beside longer ones: the former on flashinfer's decode
+  // tiles (q_len 0 here), the latter here.
+  if (!mla_ && partition_on_ && batch.kv_pool->dtype() == ctx_.q_dtype) {
+    partition_ = detail::extend_partition(batch, group, extend_decode_rows_, min_q_len_);
+  }
+  std::vector<TileRequest> reqs = tile_requests(batch, partition_);
   std::vector<int32_t> kv_rows;  // MLA: key k of a request is row q_start + k of the layer's k / v
   if (mla_) {                    // the new tokens attend each other
     MlaPassRequests m = mla_pass_requests(reqs, nullptr);

@@ -69,8 +69,15 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   void drop_plan() {
     planned_ = false;
     planned_small_extend_ = false;
+    partition_.clear();
   }
   bool planned() const { return planned_; }
+  // The planned forward's partition (backend/small_extend.h extend_partition): one flag per
+  // request, 1 for those left to flashinfer's decode tiles (this plan gives them no rows); empty
+  // when the plan holds every request. A flashinfer backend that runs the flagged requests reads it
+  // after plan() (FlashInferOptions::wgmma_partner for fa3's inner one).
+  const std::vector<uint8_t>& partition() const { return partition_; }
+  bool partitioned() const { return planned_ && !partition_.empty(); }
 
   // "" when this layer of the planned forward can run on the kernel.
   std::string why_not_layer(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
@@ -215,6 +222,13 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   bool planned_small_extend_ = false;
   int extend_decode_rows_ = 0;
   int min_q_len_ = 0;
+  // ATTNKIT_EXTEND_PARTITION (read when the engine is created) and the planned forward's
+  // partition (partition()): bf16 / f16 pools of the q dtype only, so that every layer the
+  // kernel declines would be refused by the flashinfer kernels as well (an fp8_e4m3 pool's
+  // window / sinks / soft-cap layers can fall back to flashinfer per layer: those forwards stay
+  // whole).
+  bool partition_on_ = true;
+  std::vector<uint8_t> partition_;
   int plan_bs_ = 0;
   int plan_tokens_ = 0;  // batch.num_tokens: the tiles' query rows index q / out by the plan
   int num_tiles_ = 0;

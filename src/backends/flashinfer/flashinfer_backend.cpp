@@ -144,6 +144,9 @@ struct Plan {
   // with few new tokens per request on them (extend_decode; backend/small_extend.h).
   bool verify_decode = false;
   bool extend_decode = false;
+  // extend_decode for the few-token requests of a partitioned mixed forward only (the SM90 wgmma
+  // kernel runs the others; backend/small_extend.h extend_partition): the plan gives them q_len 0.
+  bool partition = false;
   int decode_q_tiles = 0;
   int decode_tile_rows = flashinfer::kDecodeTileRows;
   // Captured for CUDA-graph replay: the launch (PDL attribute included) is fixed at capture while
@@ -236,6 +239,7 @@ class FlashInferBackend final : public AttentionBackend {
 
   const FlashInferStats& stats() const { return stats_; }
   FlashInferCascadeOptions cascade_options;
+  void set_wgmma_partner(const fa3::PrefillSm90Engine* partner) { wgmma_partner_ = partner; }
 
   // MLA absorbed over an fp4_e2m1 or fp8_e4m3 pool that the tensor-core MLA engine does not take
   // (fp4; fp8 extend / prefill for `flashmla` and `cutlass_mla`, whose engines decode fp8
@@ -472,6 +476,9 @@ class FlashInferBackend final : public AttentionBackend {
   // SM90: the wgmma prefill kernel for eligible extend layers (shared with the fa3 backend);
   // nullptr on other devices, when the build lacks sm_90a code or when turned off.
   std::unique_ptr<fa3::PrefillSm90Engine> sm90_prefill_;
+  // An owning backend's engine for partitioned mixed forwards (FlashInferOptions::wgmma_partner);
+  // nullptr: sm90_prefill_ (if any) plays that part.
+  const fa3::PrefillSm90Engine* wgmma_partner_ = nullptr;
   // A/B knobs of the decode's programmatic dependent launch, read when the backend is created (run:
   // decode_pdl): ATTNKIT_FLASHINFER_PDL_SPLIT=0 launches eager split plans without PDL,
   // ATTNKIT_FLASHINFER_PDL_GRAPH=0 captured decode graphs,
@@ -676,6 +683,18 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
 
   const bool decode = batch.mode == ForwardMode::kDecode;
   const bool verify = batch.mode == ForwardMode::kTargetVerify;
+  // SM90 wgmma tiles for the extend layers it takes (the plan below serves the others); planned
+  // first: a partitioned forward's plan below takes the requests the engine left (partition()).
+  if (sm90_prefill_ != nullptr) {
+    ATTNKIT_RETURN_IF_ERROR(sm90_prefill_->plan(batch, stream_for(batch)));
+  }
+  const fa3::PrefillSm90Engine* partner =
+      sm90_prefill_ != nullptr ? sm90_prefill_.get() : wgmma_partner_;
+  const std::vector<uint8_t>* partition =
+      !decode && !verify && partner != nullptr && partner->partitioned() &&
+              partner->partition().size() == static_cast<size_t>(bs)
+          ? &partner->partition()
+          : nullptr;
   std::vector<PlanRequest>& reqs = plan_requests_;
   reqs.assign(static_cast<size_t>(bs), PlanRequest{});
   int32_t start = 0;
@@ -698,6 +717,19 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
     }
     start += q.q_len;
   }
+  // A partitioned mixed forward: the requests the wgmma engine runs get no rows here, and the
+  // decode tiles take the others (extend_partition flags them: 1 .. extend_decode_rows / group new
+  // tokens each).
+  int partition_n = 0;
+  if (partition != nullptr) {
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      if ((*partition)[r] != 0) {
+        partition_n = std::max(partition_n, reqs[r].q_len);
+      } else {
+        reqs[r].q_len = 0;
+      }
+    }
+  }
   // Target verify's N: the same for every request (draft_token_num), the first one's here.
   const int verify_n = verify && bs > 0 ? reqs[0].q_len : 0;
   bool uniform_drafts = true;
@@ -707,13 +739,25 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   // tiles with the causal mask over the new tokens, tiles and split counters for the longest
   // request (extend_decode_n new tokens).
   const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
-  int extend_decode_n =
-      decode || verify ? 0 : detail::extend_decode_q_len(batch, group, extend_decode_rows_);
+  int extend_decode_n = decode || verify ? 0
+                        : partition != nullptr
+                            ? partition_n
+                            : detail::extend_decode_q_len(batch, group, extend_decode_rows_);
   // (A batch whose decode-tile grid could pass a launch's 65535 items per kv head stays on the
-  // prefill tiles: the planner's splits only add items where there are few.)
-  constexpr int64_t kDecodeTileItemsBound = 32768;
+  // prefill tiles: the planner's splits only add items where there are few. extend_partition
+  // bounds a partition's tiles under the same count.)
+  constexpr int64_t kDecodeTileItemsBound = detail::kPartitionDecodeItemsBound;
   if (extend_decode_n > 0 && bs * verify_q_tiles(extend_decode_n) > kDecodeTileItemsBound) {
-    extend_decode_n = 0;
+    if (partition != nullptr) {
+      int64_t items = 0;
+      for (const PlanRequest& q : reqs) items += q.q_len > 0 ? verify_q_tiles(q.q_len) : 0;
+      if (items > kDecodeTileItemsBound) {
+        return Status::internal(name_ + ": a partitioned mixed forward's " + str(items) +
+                                " decode-tile items pass " + str(kDecodeTileItemsBound));
+      }
+    } else {
+      extend_decode_n = 0;
+    }
   }
   const bool tiles_decode = verify_decode || extend_decode_n > 0;
   const int tile_n = verify ? verify_n : extend_decode_n;
@@ -762,17 +806,19 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   }
   if (tiles_decode) plan_verify_on_decode_tiles(tile_n);  // (plan_ was reset above)
   plan_.extend_decode = extend_decode_n > 0;
+  plan_.partition = partition != nullptr;
   plan_.shape = shape;
   plan_.split = partial_entries > 0;
   plan_.words = plan_words_.data();
   plan_.partial_out = partial_out_.data();
   plan_.partial_lse = partial_lse_.data();
   plan_.split_counters = split_counters_.data();
-  // SM90 wgmma tiles for the extend layers it takes (the plan above serves the others).
-  if (sm90_prefill_ != nullptr) ATTNKIT_RETURN_IF_ERROR(sm90_prefill_->plan(batch, stream));
-  ATTNKIT_RETURN_IF_ERROR(cascade_.plan(batch, reqs, cascade_shape,
-                                        plan_config(cascade_shape, decode), ctx_.num_q_heads,
-                                        ctx_.qk_head_dim, ctx_.device, cascade_options, stream));
+  // (A partitioned forward has no cascade: its plan holds the few-token requests only.)
+  if (!plan_.partition) {
+    ATTNKIT_RETURN_IF_ERROR(cascade_.plan(batch, reqs, cascade_shape,
+                                          plan_config(cascade_shape, decode), ctx_.num_q_heads,
+                                          ctx_.qk_head_dim, ctx_.device, cascade_options, stream));
+  }
   stats_.cascade_shared_prefix = cascade_.active() ? cascade_.shared_prefix() : 0;
   plan_.valid = true;
   return Status::ok();
@@ -853,10 +899,23 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   const bool quant = dtype_is_fp8(kv_dtype);
   // Which kernel runs and its launch limits, before the cache write (a refusal after it would
   // leave the new k / v stored for a forward that did not run).
-  const bool wgmma = !decode && sm90_prefill_ != nullptr &&
-                     sm90_prefill_->why_not_layer(q, out, layer, batch).empty();
+  const std::string wgmma_why_not = decode || sm90_prefill_ == nullptr
+                                        ? std::string("no wgmma engine for this call")
+                                        : sm90_prefill_->why_not_layer(q, out, layer, batch);
+  const bool wgmma = wgmma_why_not.empty();
+  // A partitioned forward's plan holds only its few-token requests: the engine must run the rest
+  // (for the bf16 / f16 pools it partitions, a layer it declines is one the kernels below refuse
+  // too: head dims, dtypes, row alignment).
+  if (plan_.partition && sm90_prefill_ != nullptr && !wgmma) {
+    return Status::invalid_argument(
+        name_ + ": layer " + str(layer.layer_id) +
+        " of a mixed forward split between the SM90 wgmma kernel and the decode tiles "
+        "(backend/small_extend.h; ATTNKIT_EXTEND_PARTITION=0 plans it whole): the wgmma kernel "
+        "declined it: " +
+        wgmma_why_not);
+  }
   const bool cascade = cascade_.active() && layer.sliding_window < 0;  // windows: plain plan
-  if (!wgmma && !cascade) {
+  if ((!wgmma || plan_.partition) && !cascade) {
     if (plan_.shape == TileShape::kDecode) {
       ATTNKIT_RETURN_IF_ERROR(
           cuda::check_ring_decode_row_stride(name_.c_str(), kv_dtype, kbuf, vbuf));
@@ -885,7 +944,8 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   if (wgmma) {
     ++stats_.native_calls;
     ++stats_.wgmma_calls;
-    return sm90_prefill_->run(q, out, lse, layer, batch, stream);
+    ATTNKIT_RETURN_IF_ERROR(sm90_prefill_->run(q, out, lse, layer, batch, stream));
+    if (!plan_.partition) return Status::ok();  // else the few-token requests, below
   }
 
   PagedParams p;
@@ -940,7 +1000,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   p.sliding_window = detail::kernel_sliding_window(layer.sliding_window, batch);
   p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
 
-  ++stats_.native_calls;
+  if (!wgmma) ++stats_.native_calls;  // (a partition's second kernel counts with its wgmma call)
   if (cascade) {
     ++stats_.cascade_calls;
     return cascade_.run(p, q.dtype, kv_dtype, ctx_.qk_head_dim, stream);
@@ -953,6 +1013,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   p.decode_tile_rows = plan_.decode_tile_rows;
   if (plan_.extend_decode) {
     ++stats_.extend_decode_calls;
+    if (plan_.partition) ++stats_.extend_partition_calls;
   } else if (plan_.verify_decode) {
     ++stats_.verify_decode_calls;
     if (plan_.decode_tile_rows == 2 * flashinfer::kDecodeTileRows) {
@@ -1676,6 +1737,7 @@ Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
       new FlashInferBackend(ctx, options.name, sm_count, cc, std::move(portable), std::move(reason),
                             std::move(mla_engine), std::move(sm90_prefill),
                             std::move(sm90_mla_prefill), options.mla_prefix_passes);
+  fi->set_wgmma_partner(options.wgmma_partner);
   // ATTNKIT_FLASHINFER_CASCADE (for processes that cannot call set_flashinfer_cascade: the bench's
   // cascade A/B): 0 = off; 1 = on for fp8 KV and every forward mode too (the size thresholds of
   // FlashInferCascadeOptions stay); unset = FlashInferCascadeOptions{}.

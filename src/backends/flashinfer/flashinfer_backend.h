@@ -36,6 +36,9 @@
 namespace attnkit::mla {
 class MlaPrefixPassKernel;
 }  // namespace attnkit::mla
+namespace attnkit::fa3 {
+class PrefillSm90Engine;
+}  // namespace attnkit::fa3
 
 namespace attnkit {
 
@@ -53,6 +56,12 @@ struct FlashInferOptions {
   // (mla_prefix_cache.h: the fa3 backend hands its SM90 wgmma MLA prefill engine); not owned, it
   // must outlive the backend. nullptr: the portable triton kernel runs them.
   mla::MlaPrefixPassKernel* mla_prefix_passes = nullptr;
+  // The SM90 wgmma engine of an owning backend (fa3) that runs the other requests of a
+  // partitioned mixed forward (backend/small_extend.h extend_partition): the owner plans it before
+  // this backend and reads it to plan the flagged requests only, which the owner then runs here
+  // after the engine's layer. Not owned. With sm90_prefill the backend's own engine plays this
+  // part.
+  const fa3::PrefillSm90Engine* wgmma_partner = nullptr;
 };
 Result<std::unique_ptr<AttentionBackend>> create_flashinfer_backend_with(
     const BackendContext& ctx, const FlashInferOptions& options);
@@ -117,6 +126,9 @@ struct FlashInferStats {
   // the new tokens: every request with few new tokens, backend/small_extend.h); not counted in
   // verify_decode_calls.
   int64_t extend_decode_calls = 0;
+  // Of those, the calls that ran the few-token requests of a partitioned mixed forward
+  // (backend/small_extend.h extend_partition) while the SM90 wgmma kernel ran its others.
+  int64_t extend_partition_calls = 0;
   // Of those, the calls on 32-row tiles (two M tiles per CTA; verify_tile_rows), and the CTAs per
   // SM the last one's plan targeted (verify_ctas_per_sm: 2 on 32-row tiles on SM90, else 1, or
   // ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM), 0 before one.

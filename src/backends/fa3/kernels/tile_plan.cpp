@@ -135,7 +135,8 @@ TailSplit choose_tail_split(std::span<const int32_t> plan_words, int bs, int num
   return pieces + kMergeCost <= (1.0 - kMinGain) * whole ? split : none;
 }
 
-std::vector<TileRequest> tile_requests(const ForwardBatch& batch) {
+std::vector<TileRequest> tile_requests(const ForwardBatch& batch,
+                                       std::span<const uint8_t> elsewhere) {
   std::vector<TileRequest> reqs(static_cast<size_t>(batch.batch_size));
   int32_t start = 0;
   const bool have_extend = !batch.extend_seq_lens_host.empty();
@@ -146,6 +147,7 @@ std::vector<TileRequest> tile_requests(const ForwardBatch& batch) {
                                                                     : start;
     q.kv_len = batch.seq_lens_host[r];
     start += q.q_len;
+    if (r < elsewhere.size() && elsewhere[r] != 0) q.q_len = 0;
   }
   return reqs;
 }

@@ -106,8 +106,11 @@ int choose_block_m_d128(std::span<const TileRequest> requests,
                         TileAnchor anchor = TileAnchor::kEnd);
 
 // The requests of a forward from its host lengths (seq_lens counts the new tokens; without
-// extend lengths, spec.draft_token_num new tokens per request).
-std::vector<TileRequest> tile_requests(const ForwardBatch& batch);
+// extend lengths, spec.draft_token_num new tokens per request). elsewhere: the partition of a
+// mixed forward (backend/small_extend.h extend_partition; empty: none): the flagged requests run
+// on another kernel and get q_len 0 here (no tiles, no rows written).
+std::vector<TileRequest> tile_requests(const ForwardBatch& batch,
+                                       std::span<const uint8_t> elsewhere = {});
 
 // ---- L2 sections (Fa3Params::section_heads, unit_tile_head in fa3_params.h) ----
 

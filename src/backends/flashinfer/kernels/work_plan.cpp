@@ -179,7 +179,10 @@ Status build_work_plan(std::span<const PlanRequest> requests, const PlanConfig& 
     const int64_t rows = static_cast<int64_t>(in.q_len) * config.group;
     const int64_t q_tiles = ceil_div(rows, rows_per_tile);
     const int64_t req_chunk = chunk_of.empty() ? chunk : chunk_of[r];
-    const int64_t splits = req_chunk > 0 ? std::max<int64_t>(1, ceil_div(in.kv_len, req_chunk)) : 1;
+    // (A request without rows, q_len 0, has no items and so no splits or partial rows: the
+    // requests a partitioned mixed forward leaves to the wgmma kernel, flashinfer_backend.cpp.)
+    const int64_t splits =
+        req_chunk > 0 && q_tiles > 0 ? std::max<int64_t>(1, ceil_div(in.kv_len, req_chunk)) : 1;
     out.num_splits = static_cast<int32_t>(splits);
     if (splits > 1) {
       // Partial rows: one per (split, token), row partial_base + split * q_len + token offset

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Partitioned mixed forwards (backend/small_extend.h extend_partition) on the device: builds the
+# CLI and the fa3 / flashinfer case binaries, runs the partition tests, times
+# bench/cases/mixed_extend.json with the partition on and off (ATTNKIT_EXTEND_PARTITION=0) for fa3
+# and flashinfer, then the shared tables and the small-extend tests that route by the same rules.
+# Every stage writes under $OUT as it goes (a command cut by its time limit still returns them).
+#   STAGES="build test bench table" VARIANTS CASES
+#   run(carry=[".deps"], command="bash scripts/device/partition_check.sh")
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+. scripts/device/lib.sh
+attnkit_script_start
+note_device
+STAGES="${STAGES:-build test bench table}"
+if has_stage build; then
+  attnkit_build_targets "attnkit_cli test_fa3_cases test_flashinfer_cases"
+fi
+if has_stage test; then
+  attnkit_run_gtest fa3_partition 90 test_fa3_cases 'Fa3PartitionTest.*'
+  attnkit_run_gtest fi_partition 90 test_flashinfer_cases 'FlashInferPartitionTest.*'
+fi
+if has_stage bench; then
+  # VARIANTS: space-separated BACKEND[:ENV=V,ENV=V], each timed over CASES in turn.
+  ak=build/device/tools/attnkit/attnkit
+  i=0
+  for v in ${VARIANTS:-fa3 fa3:ATTNKIT_EXTEND_PARTITION=0 flashinfer \
+    flashinfer:ATTNKIT_EXTEND_PARTITION=0}; do
+    b=${v%%:*}
+    e=""
+    [[ "$v" == *:* ]] && e=${v#*:}
+    i=$((i + 1))
+    echo "== $v" >> "$OUT/bench.txt"
+    env ${e//,/ } timeout 100 "$ak" bench --backend "$b" --device cuda \
+      --cases "${CASES:-bench/cases/mixed_extend.json}" --json "$OUT/bench_v$i.json" \
+      2>>"$OUT/bench.err" | grep -E "^$b |ceiling" >> "$OUT/bench.txt"
+  done
+  note "bench done at $(elapsed) s"
+  sed -E 's/ +/ /g' "$OUT/bench.txt" >> "$summary"
+fi
+if has_stage table; then
+  attnkit_run_gtest fa3_table 150 test_fa3_cases 'SharedTable/*:Fa3SmallExtendTest.*'
+  attnkit_run_gtest fi_table 120 test_flashinfer_cases \
+    'SharedTable/*:FlashInferExtendDecodeTilesTest.*'
+fi
+note "done at $(elapsed) s"
