@@ -159,8 +159,10 @@ BackendDescriptor flashinfer() {
       "the drafts' chain / tree mask per row, split-KV merged in the kernel), more rows on the "
       "prefill kernel; extends whose requests have few new tokens each: up to 32 (token, q head) "
       "rows per request on the same decode tiles (the layer's mask over the new tokens), up to 16 "
-      "new tokens on the mma.sync prefill tiles, not on wgmma; sm_86 / sm_89 (99 KiB shared memory "
-      "per block): "
+      "new tokens on the mma.sync prefill tiles, not on wgmma; on SM90 a mixed forward of such "
+      "requests beside longer ones (a chunked prefill with decode rows) is split: the longer ones "
+      "on wgmma, the others on the decode tiles (bf16/f16 KV); sm_86 / sm_89 (99 KiB shared "
+      "memory per block): "
       "compact decode / prefill tiles, MHA d 256 on the portable kernels; page-1 MLA: "
       "decode and verify (topk 1) on the shared tensor-core MLA kernels "
       "(bf16 KV, needs 227 KiB shared memory per block: SM90; wgmma for 64-row tiles); 192-128 "
@@ -182,7 +184,7 @@ BackendDescriptor flashinfer() {
   return d;
 }
 
-BackendDescriptor fa3() {
+BackendDescriptor fa3_descriptor() {
   constexpr int kMinCc = 80;
   constexpr int kMaxCc = 90;
   BackendDescriptor d = cuda_descriptor(
@@ -211,7 +213,8 @@ BackendDescriptor fa3() {
       "sliding window / sinks / soft-cap in the variant instantiations of that plan and of the "
       "two-warpgroup plan of forwards with few queries per key); decode, target verify, extends "
       "with few new tokens per request (the flashinfer row's decode / prefill tiles; an e4m3 q "
-      "stays on the FP8 kernel), a "
+      "stays on the FP8 kernel; beside longer requests of a mixed forward over bf16/f16 KV, those "
+      "requests alone, after the wgmma kernel ran the others), a "
       "window / sinks / soft-cap over fp8 KV on other (knob-forced) plans, other fp8 KV, d 80/96, "
       "cross-attention, SM80 and CUDA graphs run the flashinfer mma.sync kernels; MLA: the "
       "non-absorbed 192/128 prefill layers (causal over the new tokens, bf16/f16, no window / "
@@ -456,7 +459,7 @@ Status register_builtin_backends(BackendRegistry& registry) {
       intel_amx(),
       triton(),
       flashinfer(),
-      fa3(),
+      fa3_descriptor(),
       fa4(),
       flex_attention(),
       trtllm_mha(),

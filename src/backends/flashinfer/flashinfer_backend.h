@@ -13,6 +13,9 @@
 //    of the fa3 backend through the shared engine (backends/fa3/prefill_sm90_engine.h), as upstream
 //    FlashInfer runs its FA3-based templates on SM90. ATTNKIT_FLASHINFER_SM90_PREFILL=0 turns this
 //    off (A/B).
+//    Extends whose requests have few new tokens each run on the decode tiles instead, and a
+//    mixed forward of such requests beside longer ones is split: the longer ones on the wgmma
+//    kernel, the others on the decode tiles (backend/small_extend.h).
 //  * everything else (SM80/SM89, fp8 KV, target verify tree masks,
 //    head dims 80 / 96, layers of a shape other than the context's): the mma.sync prefill kernel
 //    (kernels/paged_prefill_sm80.cuh). A shared-prefix cascade, when active, serves the layers
