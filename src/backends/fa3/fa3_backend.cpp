@@ -51,8 +51,13 @@ class Fa3Backend final : public AttentionBackend {
     if (mla_prefill_ != nullptr) mla_prefill_->drop_plan();
     stamp_ = PlanStamp{};
     // The engine first: a mixed forward it partitions leaves its few-token requests to inner_'s
-    // decode tiles, which inner_ plans from the engine's partition().
-    if (wgmma_ != nullptr) ATTNKIT_RETURN_IF_ERROR(wgmma_->plan(batch, stream_for(batch)));
+    // decode tiles, which inner_ plans from the engine's partition(). The batch is checked before
+    // the engine reads its host lengths (inner_ checks it again).
+    if (wgmma_ != nullptr) {
+      ATTNKIT_RETURN_IF_ERROR(check_batch_devices(batch, stream_for(batch), ctx_.device));
+      if (batch.mode != ForwardMode::kIdle) ATTNKIT_RETURN_IF_ERROR(batch.validate());
+      ATTNKIT_RETURN_IF_ERROR(wgmma_->plan(batch, stream_for(batch)));
+    }
     ATTNKIT_RETURN_IF_ERROR(inner_->init_forward_metadata(batch));
     if (wgmma_ == nullptr && mla_prefill_ == nullptr) return Status::ok();
     if (mla_prefill_ != nullptr) {
@@ -149,14 +154,22 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
                                         "device with sm_90a code, MHA, bf16 / f16 q, head dim "
                                         "64 / 128 / 256)")
                                   : wgmma_->why_not_layer(q, out, layer, batch);
-  if (!why_not.empty() && wgmma_ != nullptr && wgmma_->partitioned()) {
-    // inner_ planned only the few-token requests of this forward (bf16 / f16 pools: a layer the
-    // kernel declines is one inner_'s kernels refuse as well).
+  if (!why_not.empty() && wgmma_ != nullptr) {
+    // Whatever runs, the forward must be the one planned: after a failed plan inner_ may still
+    // hold the previous forward's (a partitioned one serves only its few-token requests).
+    ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan("fa3", stamp_, batch, stream_for(batch)));
+  }
+  if (!why_not.empty() && wgmma_ != nullptr && wgmma_->partitioned() &&
+      q.dtype != DType::kFP8E4M3) {
+    // inner_ planned only the few-token requests of this forward. For the bf16 / f16 pools that
+    // are split, a layer the kernel declines (shape, dtypes, row alignment) is one inner_'s
+    // kernels refuse as well; the inputs' own errors come first.
+    ATTNKIT_RETURN_IF_ERROR(validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse,
+                                                    ctx_.device, /*allow_fp8_q=*/true));
     return Status::invalid_argument(
         "fa3: layer " + std::to_string(layer.layer_id) +
         " of a mixed forward split between the SM90 wgmma kernel and flashinfer's decode tiles "
-        "(backend/small_extend.h; ATTNKIT_EXTEND_PARTITION=0 plans it whole): the wgmma kernel "
-        "declined it: " +
+        "(backend/small_extend.h): the wgmma kernel declined it: " +
         why_not);
   }
   if (!why_not.empty()) {

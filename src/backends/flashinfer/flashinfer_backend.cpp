@@ -905,13 +905,17 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   const bool wgmma = wgmma_why_not.empty();
   // A partitioned forward's plan holds only its few-token requests: the engine must run the rest
   // (for the bf16 / f16 pools it partitions, a layer it declines is one the kernels below refuse
-  // too: head dims, dtypes, row alignment).
+  // too: head dims, dtypes, row alignment), with the plan this one was made beside.
+  const fa3::PrefillSm90Engine* partner =
+      sm90_prefill_ != nullptr ? sm90_prefill_.get() : wgmma_partner_;
+  if (plan_.partition && (partner == nullptr || !partner->partitioned())) {
+    return Status::internal(name_ + ": a partitioned plan without its wgmma engine's plan");
+  }
   if (plan_.partition && sm90_prefill_ != nullptr && !wgmma) {
     return Status::invalid_argument(
         name_ + ": layer " + str(layer.layer_id) +
         " of a mixed forward split between the SM90 wgmma kernel and the decode tiles "
-        "(backend/small_extend.h; ATTNKIT_EXTEND_PARTITION=0 plans it whole): the wgmma kernel "
-        "declined it: " +
+        "(backend/small_extend.h): the wgmma kernel declined it: " +
         wgmma_why_not);
   }
   const bool cascade = cascade_.active() && layer.sliding_window < 0;  // windows: plain plan
