@@ -326,17 +326,9 @@ TEST(FlashInferPartitionTest, MixedForwardSplitsBetweenTheKernels) {
     return c;
   };
   const CaseSpec base = mixed("part_mixed", {300, 0, 5000, 64, 0, 2000}, {1, 200, 1, 7, 1, 65});
-  if (!test_support::expects_sm90_wgmma_prefill(base)) {
-    GTEST_SKIP() << "no SM90 wgmma kernel here: mixed forwards run whole";
-  }
-  const std::vector<uint8_t> flags = test_support::expected_extend_partition(base);
-  if (flags.empty()) {
-    GTEST_SKIP() << "this environment's bounds (ATTNKIT_EXTEND_DECODE_ROWS, ATTNKIT_FA3_MIN_Q_LEN, "
-                    "ATTNKIT_EXTEND_PARTITION) split no forward";
-  }
-  if (std::getenv("ATTNKIT_EXTEND_DECODE_ROWS") == nullptr &&
-      std::getenv("ATTNKIT_FA3_MIN_Q_LEN") == nullptr) {
-    EXPECT_EQ(flags, (std::vector<uint8_t>{1, 0, 1, 1, 1, 0}));
+  if (const std::string why = test_support::partition_test_skip(base, {1, 0, 1, 1, 1, 0});
+      !why.empty()) {
+    GTEST_SKIP() << why;
   }
   FlashInferStats stats;
   run_and_compare(base, true, &stats);

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -60,6 +62,22 @@ std::vector<uint8_t> expected_extend_partition(const harness::CaseSpec& s) {
   const Result<DeviceInfo> dev = detect_cuda(0);
   return dev.is_ok() ? expected_extend_partition(s, dev->compute_capability)
                      : std::vector<uint8_t>{};
+}
+
+std::string partition_test_skip(const harness::CaseSpec& base, const std::vector<uint8_t>& want) {
+  if (!expects_sm90_wgmma_prefill(base)) {
+    return "no SM90 wgmma kernel here: mixed forwards run whole on one kernel";
+  }
+  const std::vector<uint8_t> flags = expected_extend_partition(base);
+  if (flags.empty()) {
+    return "this environment's bounds (ATTNKIT_EXTEND_DECODE_ROWS, ATTNKIT_FA3_MIN_Q_LEN, "
+           "ATTNKIT_EXTEND_PARTITION) split no forward";
+  }
+  if (std::getenv("ATTNKIT_EXTEND_DECODE_ROWS") == nullptr &&
+      std::getenv("ATTNKIT_FA3_MIN_Q_LEN") == nullptr) {
+    EXPECT_EQ(flags, want) << base.name;
+  }
+  return "";
 }
 
 bool has_cuda() {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "attnkit/backend.h"
@@ -59,6 +60,10 @@ bool expects_small_extend(const harness::CaseSpec& s);
 // an e4m3 q): one flag per request, 1 for the decode tiles; empty when the forward runs whole.
 std::vector<uint8_t> expected_extend_partition(const harness::CaseSpec& s, int compute_capability);
 std::vector<uint8_t> expected_extend_partition(const harness::CaseSpec& s);
+// Why a partition test over the mixed forward `base` cannot run here ("" when it can): no SM90
+// wgmma kernel on device 0, or this environment's bounds split no forward. Where the bounds are
+// the defaults it also expects `base` to split as `want` says (1: decode tiles).
+std::string partition_test_skip(const harness::CaseSpec& base, const std::vector<uint8_t>& want);
 // Whether the case's layers are non-absorbed MLA prefill layers the SM90 wgmma MLA kernel runs
 // (PrefillSm90Engine::create_mla_prefill / why_not_mla_layer: device 0 of compute capability 90,
 // extend / draft-extend, bf16 / f16, 192 / 128, decoder (causal) layers, no window / soft-cap /
