@@ -479,6 +479,10 @@ class FlashInferBackend final : public AttentionBackend {
   // An owning backend's engine for partitioned mixed forwards (FlashInferOptions::wgmma_partner);
   // nullptr: sm90_prefill_ (if any) plays that part.
   const fa3::PrefillSm90Engine* wgmma_partner_ = nullptr;
+  // The engine that runs the long requests of a partitioned forward: the own one, else the owner's.
+  const fa3::PrefillSm90Engine* partition_engine() const {
+    return sm90_prefill_ != nullptr ? sm90_prefill_.get() : wgmma_partner_;
+  }
   // A/B knobs of the decode's programmatic dependent launch, read when the backend is created (run:
   // decode_pdl): ATTNKIT_FLASHINFER_PDL_SPLIT=0 launches eager split plans without PDL,
   // ATTNKIT_FLASHINFER_PDL_GRAPH=0 captured decode graphs,
@@ -688,8 +692,7 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
   if (sm90_prefill_ != nullptr) {
     ATTNKIT_RETURN_IF_ERROR(sm90_prefill_->plan(batch, stream_for(batch)));
   }
-  const fa3::PrefillSm90Engine* partner =
-      sm90_prefill_ != nullptr ? sm90_prefill_.get() : wgmma_partner_;
+  const fa3::PrefillSm90Engine* partner = partition_engine();
   const std::vector<uint8_t>* partition =
       !decode && !verify && partner != nullptr && partner->partitioned() &&
               partner->partition().size() == static_cast<size_t>(bs)
@@ -745,19 +748,11 @@ Status FlashInferBackend::init_forward_metadata(const ForwardBatch& batch) {
                             : detail::extend_decode_q_len(batch, group, extend_decode_rows_);
   // (A batch whose decode-tile grid could pass a launch's 65535 items per kv head stays on the
   // prefill tiles: the planner's splits only add items where there are few. extend_partition
-  // bounds a partition's tiles under the same count.)
+  // only splits a forward whose few-token requests stay under the same count in 16-row tiles.)
   constexpr int64_t kDecodeTileItemsBound = detail::kPartitionDecodeItemsBound;
-  if (extend_decode_n > 0 && bs * verify_q_tiles(extend_decode_n) > kDecodeTileItemsBound) {
-    if (partition != nullptr) {
-      int64_t items = 0;
-      for (const PlanRequest& q : reqs) items += q.q_len > 0 ? verify_q_tiles(q.q_len) : 0;
-      if (items > kDecodeTileItemsBound) {
-        return Status::internal(name_ + ": a partitioned mixed forward's " + str(items) +
-                                " decode-tile items pass " + str(kDecodeTileItemsBound));
-      }
-    } else {
-      extend_decode_n = 0;
-    }
+  if (partition == nullptr && extend_decode_n > 0 &&
+      bs * verify_q_tiles(extend_decode_n) > kDecodeTileItemsBound) {
+    extend_decode_n = 0;
   }
   const bool tiles_decode = verify_decode || extend_decode_n > 0;
   const int tile_n = verify ? verify_n : extend_decode_n;
@@ -906,8 +901,7 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   // A partitioned forward's plan holds only its few-token requests: the engine must run the rest
   // (for the bf16 / f16 pools it partitions, a layer it declines is one the kernels below refuse
   // too: head dims, dtypes, row alignment), with the plan this one was made beside.
-  const fa3::PrefillSm90Engine* partner =
-      sm90_prefill_ != nullptr ? sm90_prefill_.get() : wgmma_partner_;
+  const fa3::PrefillSm90Engine* partner = partition_engine();
   if (plan_.partition && (partner == nullptr || !partner->partitioned())) {
     return Status::internal(name_ + ": a partitioned plan without its wgmma engine's plan");
   }
