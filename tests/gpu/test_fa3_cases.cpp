@@ -1510,23 +1510,8 @@ TEST(Fa3PartitionTest, MixedForwardSplitsBetweenTheKernels) {
   run_and_compare(base, true, 1.f, std::nullopt, {}, &stats);
   EXPECT_EQ(stats.partition_calls, stats.wgmma_calls);
   EXPECT_GT(stats.partition_calls, 0);
-  CaseSpec v = base;
-  v.name = "part_window_sinks";
-  v.sliding_window = 300;
-  v.sinks = true;
-  run_and_compare(v, false);
-  v.name = "part_softcap_page1";
-  v.sliding_window = -1;
-  v.sinks = false;
-  v.logit_cap = 5.f;
-  v.page_size = 1;
-  run_and_compare(v, true);
-  CaseSpec enc = prefill("part_encoder", {0, 0, 0}, {3, 40, 1}, 16, 8, 2, 128);
-  enc.type = AttentionType::kEncoderOnly;
-  run_and_compare(enc, true);
-  for (int d : {64, 256}) {
-    run_and_compare(prefill("part_d" + std::to_string(d), {1200, 0, 77}, {1, 90, 8}, 16, 8, 2, d),
-                    true);
+  for (const test_support::PartitionVariant& v : test_support::partition_variants(base)) {
+    run_and_compare(v.spec, v.save_kv);
   }
   run_and_compare(fp8(base), true, 1.f, std::nullopt, {}, &stats);
   EXPECT_EQ(stats.partition_calls, 0) << "an fp8 pool's mixed forward was partitioned";

@@ -319,13 +319,9 @@ TEST(FlashInferExtendDecodeTilesTest, FewNewTokensPerRequest) {
 // bidirectional layer, d 64 / 256; with ATTNKIT_EXTEND_PARTITION=0 and over an fp8 pool the
 // forward runs whole.
 TEST(FlashInferPartitionTest, MixedForwardSplitsBetweenTheKernels) {
-  auto mixed = [](std::string name, std::vector<int> prefix, std::vector<int> fresh) {
-    CaseSpec c = long_decode(std::move(name), std::move(prefix), 16, DType::kBF16);
-    c.mode = ForwardMode::kMixed;
-    c.new_lens = std::move(fresh);
-    return c;
-  };
-  const CaseSpec base = mixed("part_mixed", {300, 0, 5000, 64, 0, 2000}, {1, 200, 1, 7, 1, 65});
+  CaseSpec base = long_decode("part_mixed", {300, 0, 5000, 64, 0, 2000}, 16, DType::kBF16);
+  base.mode = ForwardMode::kMixed;
+  base.new_lens = {1, 200, 1, 7, 1, 65};
   if (const std::string why = test_support::partition_test_skip(base, {1, 0, 1, 1, 1, 0});
       !why.empty()) {
     GTEST_SKIP() << why;
@@ -334,25 +330,8 @@ TEST(FlashInferPartitionTest, MixedForwardSplitsBetweenTheKernels) {
   run_and_compare(base, true, &stats);
   EXPECT_GT(stats.extend_partition_calls, 0);
   EXPECT_GT(stats.split_calls, 0) << "the 5000-key decode row was not split";
-  CaseSpec v = base;
-  v.name = "part_window_sinks";
-  v.sliding_window = 300;
-  v.sinks = true;
-  run_and_compare(v, false);
-  v.name = "part_softcap_page1";
-  v.sliding_window = -1;
-  v.sinks = false;
-  v.logit_cap = 5.f;
-  v.page_size = 1;
-  run_and_compare(v, true);
-  CaseSpec enc = mixed("part_encoder", {0, 0, 0}, {3, 40, 1});
-  enc.mode = ForwardMode::kExtend;
-  enc.type = AttentionType::kEncoderOnly;
-  run_and_compare(enc, true);
-  for (int d : {64, 256}) {
-    CaseSpec c = mixed("part_d" + std::to_string(d), {1200, 0, 77}, {1, 90, 8});
-    c.head_dim = c.v_head_dim = d;
-    run_and_compare(c, true);
+  for (const test_support::PartitionVariant& v : test_support::partition_variants(base)) {
+    run_and_compare(v.spec, v.save_kv);
   }
   CaseSpec fp8 = base;
   fp8.name = "part_fp8_pool";

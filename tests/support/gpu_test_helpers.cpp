@@ -80,6 +80,38 @@ std::string partition_test_skip(const harness::CaseSpec& base, const std::vector
   return "";
 }
 
+std::vector<PartitionVariant> partition_variants(const harness::CaseSpec& base) {
+  std::vector<PartitionVariant> out;
+  harness::CaseSpec v = base;
+  v.name = "part_window_sinks";
+  v.sliding_window = 300;
+  v.sinks = true;
+  out.push_back({v, false});
+  v.name = "part_softcap_page1";
+  v.sliding_window = -1;
+  v.sinks = false;
+  v.logit_cap = 5.f;
+  v.page_size = 1;
+  out.push_back({v, true});
+  const auto lengths = [&base](std::string name, std::vector<int> prefix, std::vector<int> fresh) {
+    harness::CaseSpec c = base;
+    c.name = std::move(name);
+    c.prefix_lens = std::move(prefix);
+    c.new_lens = std::move(fresh);
+    return c;
+  };
+  harness::CaseSpec enc = lengths("part_encoder", {0, 0, 0}, {3, 40, 1});
+  enc.mode = ForwardMode::kExtend;
+  enc.type = AttentionType::kEncoderOnly;
+  out.push_back({enc, true});
+  for (int d : {64, 256}) {
+    harness::CaseSpec c = lengths("part_d" + std::to_string(d), {1200, 0, 77}, {1, 90, 8});
+    c.head_dim = c.v_head_dim = d;
+    out.push_back({c, true});
+  }
+  return out;
+}
+
 bool has_cuda() {
 #ifdef ATTNKIT_WITH_CUDA
   int count = 0;

@@ -64,6 +64,15 @@ std::vector<uint8_t> expected_extend_partition(const harness::CaseSpec& s);
 // wgmma kernel on device 0, or this environment's bounds split no forward. Where the bounds are
 // the defaults it also expects `base` to split as `want` says (1: decode tiles).
 std::string partition_test_skip(const harness::CaseSpec& base, const std::vector<uint8_t>& want);
+// The cases both partition tests run beside `base` (a mixed forward that splits), each with the
+// save_kv its run uses: base with a window and sinks (the runner writes k / v); with a soft-cap on
+// page 1; a bidirectional (encoder-only) extend of 3 / 40 / 1 new tokens; d 64 and d 256 with
+// 1 / 90 / 8 new tokens over 1200 / 0 / 77 cached ones. base's heads, page and seed throughout.
+struct PartitionVariant {
+  harness::CaseSpec spec;
+  bool save_kv = true;
+};
+std::vector<PartitionVariant> partition_variants(const harness::CaseSpec& base);
 // Whether the case's layers are non-absorbed MLA prefill layers the SM90 wgmma MLA kernel runs
 // (PrefillSm90Engine::create_mla_prefill / why_not_mla_layer: device 0 of compute capability 90,
 // extend / draft-extend, bf16 / f16, 192 / 128, decoder (causal) layers, no window / soft-cap /
