@@ -463,6 +463,23 @@ inline Status finish_case(BenchCase* c, const ParseState& state, const std::stri
 
 // The most points one file's sweep may expand to (bench/cases' largest has a few dozen).
 inline constexpr uint64_t kMaxSweepPoints = 100000;
+// The most per-request list entries (kv_lens, prefix_lens, new_lens) all of a file's points may
+// hold together: every point copies the lists of "fixed", so a long list swept over many points
+// would otherwise exhaust memory (4 bytes an entry) before any point ran.
+inline constexpr uint64_t kMaxListEntries = uint64_t{1} << 24;
+
+namespace case_file_detail {
+// Adds c's list entries to *total; an error naming `where` past kMaxListEntries.
+inline Status count_list_entries(const BenchCase& c, const std::string& source,
+                                 const std::string& where, uint64_t* total) {
+  *total += c.kv_lens.size() + c.prefix_lens.size() + c.new_lens.size();
+  if (*total <= kMaxListEntries) return Status::ok();
+  return Status::invalid_argument(
+      source + ": the points hold more than " + std::to_string(kMaxListEntries) +
+      " per-request list entries (kv_lens / prefix_lens / new_lens) together, reached at " + where +
+      "; use fewer points or shorter lists (a point's batch is its list's length)");
+}
+}  // namespace case_file_detail
 
 // Parses a case file's text; `source` names it in messages.
 inline Result<CaseFile> parse_case_file_text(const std::string& text, const std::string& source) {
@@ -539,6 +556,7 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
     }
   }
 
+  uint64_t entries = 0;  // count_list_entries over every point
   if (root.contains("sweep")) {
     const Json& sweep = root["sweep"];
     ATTNKIT_RETURN_IF_ERROR(check_object(sweep, "sweep"));
@@ -578,6 +596,8 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
             source + ": sweep." + keys[k] + "[" + std::to_string(index[k]) + "]"));
       }
       ATTNKIT_RETURN_IF_ERROR(case_file_detail::finish_case(&c, state, where));
+      ATTNKIT_RETURN_IF_ERROR(case_file_detail::count_list_entries(
+          c, source, where.substr(source.size() + 2), &entries));
       file.cases.push_back(std::move(c));
       origins.push_back(where.substr(source.size() + 2));
       done = true;
@@ -606,6 +626,7 @@ inline Result<CaseFile> parse_case_file_text(const std::string& text, const std:
                                                               source + ": " + where + "." + key));
       }
       ATTNKIT_RETURN_IF_ERROR(case_file_detail::finish_case(&c, state, source + ": " + where));
+      ATTNKIT_RETURN_IF_ERROR(case_file_detail::count_list_entries(c, source, where, &entries));
       file.cases.push_back(std::move(c));
       origins.push_back(where);
     }
@@ -639,6 +660,10 @@ inline constexpr int64_t kMaxCaseFileBytes = int64_t{16} << 20;
 // Reads and parses a case file from disk: a regular file (a device such as /dev/zero or a FIFO
 // would be read forever) of at most kMaxCaseFileBytes.
 inline Result<CaseFile> load_case_file(const std::string& path) {
+  if (path.empty()) {
+    return Status::invalid_argument(
+        "the case file path is empty (expected a JSON file such as bench/cases/decode.json)");
+  }
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return Status::invalid_argument("case file " + path +

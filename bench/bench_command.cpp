@@ -16,9 +16,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnkit/device.h"
+#include "attnkit/kv_cache.h"
 #include "attnkit/registry.h"
 #include "bench/bench_case_file.h"
 #include "bench/bench_ceilings.h"
@@ -52,6 +54,9 @@ constexpr double kMaxGemmTflops = 1e5;
 constexpr int kCpuCopyReps = 5;
 // CPU memory-bound cases: rounds of (one copy pass, then forwards) after the timed calls.
 constexpr int kCpuPairedRounds = 9;
+// Each paired round also runs a copy or compute-peak pass, which --paired-max-seconds does not
+// count: the bound keeps a run's rounds to minutes.
+constexpr int kMaxPairedRounds = 100;
 constexpr int kCudaCopyReps = 10;
 constexpr int kCpuPeakReps = 5;
 // Short AMX peak passes before and again after the cases (bench_ceilings.cpp: kAmxPeakIters).
@@ -89,13 +94,14 @@ struct RunArgs {
   bool list_cases = false;
 };
 
+// The comma-separated items of s, empty ones included ("a,,b" -> a, "", b).
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
   size_t start = 0;
   while (start <= s.size()) {
     size_t end = s.find(',', start);
     if (end == std::string::npos) end = s.size();
-    if (end > start) out.push_back(s.substr(start, end - start));
+    out.push_back(s.substr(start, end - start));
     start = end + 1;
   }
   return out;
@@ -229,6 +235,10 @@ std::vector<const BackendDescriptor*> select_backends(const std::string& flag_va
     if (std::find(backends.begin(), backends.end(), d) == backends.end()) backends.push_back(d);
   };
   for (const std::string& name : split_commas(flag_value)) {
+    if (name.empty()) {
+      cli_fail("--backend \"" + flag_value +
+               "\" has an empty name (expected a comma-separated list of backend names, or all)");
+    }
     if (name == "all") {
       for (const BackendDescriptor& d : registry.all()) {
         if (d.built && d.runs_on(platform)) add(&d);
@@ -341,6 +351,12 @@ void bench_main(const CLI::App& cmd, const BenchArgs& args) {
   for (const bench::BenchCase& c : cases) {
     if (const Status s = harness::validate_case(bench::to_case_spec(c)); !s.is_ok()) {
       cli_fail("--cases " + args.cases + ": " + s.message());
+    }
+  }
+  for (const auto& [flag, path] :
+       {std::pair{"--json", &args.json_path}, {"--csv", &args.csv_path}}) {
+    if (cmd.count(flag) > 0 && path->empty()) {
+      cli_fail(std::string(flag) + " is empty (expected a file name)");
     }
   }
   check_output_path("--json", args.json_path, args.cases);
@@ -528,7 +544,11 @@ void bench_main(const CLI::App& cmd, const BenchArgs& args) {
               << run.load_end << " on " << run.device_info.cpu_threads << " hardware threads\n";
   }
   if (!args.json_path.empty()) {
-    const Status s = bench::write_text_file(args.json_path, bench::to_json(run).dump(1) + "\n");
+    // Bytes that are not UTF-8 (a path or command line in another encoding) are written as U+FFFD
+    // instead of failing the dump after the whole run.
+    const Status s = bench::write_text_file(
+        args.json_path,
+        bench::to_json(run).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     if (!s.is_ok()) cli_fail("--json: " + s.to_string());
     std::cerr << "wrote " << args.json_path << "\n";
   }
@@ -646,19 +666,19 @@ void register_bench_commands(CLI::App& app) {
       ->add_option("--warmup", bench_args->warmup,
                    "Untimed calls before timing (default: CPU " + std::to_string(kCpuWarmup) +
                        ", CUDA " + std::to_string(kCudaWarmup) + ")")
-      ->check(cli::integer_in_range(0, kMaxCalls));
+      ->transform(cli::integer_in_range(0, kMaxCalls));
   bench
       ->add_option("--iters", bench_args->iters,
                    "Timed calls; the median is reported "
                    "(default: CPU " +
                        std::to_string(kCpuIters) + ", CUDA " + std::to_string(kCudaIters) + ")")
-      ->check(cli::integer_in_range(1, kMaxCalls));
+      ->transform(cli::integer_in_range(1, kMaxCalls));
   bench
       ->add_option("--launches", bench_args->launches,
                    "CUDA: forwards enqueued back to back per timed sample, time divided by it "
                    "(default 1: one forward, host launch latency included; refused with --device "
                    "cpu, which times one forward per sample)")
-      ->check(cli::positive_int());
+      ->transform(cli::positive_int());
   bench->add_flag(
       "--graph", bench_args->graph,
       "CUDA, decode and verify cases: time replays of one CUDA graph captured through the "
@@ -670,15 +690,16 @@ void register_bench_commands(CLI::App& app) {
                    "--paired-calls forwards (memory-bound cases: a copy pass; compute-bound "
                    "ones: passes of the compute peak, unless --gemm-tflops gives it); the ratio "
                    "to it is reported per round and as the median (default " +
-                       std::to_string(kCpuPairedRounds) + ", 0 = off)")
-      ->check(cli::non_negative_int());
+                       std::to_string(kCpuPairedRounds) + ", 0 = off, at most " +
+                       std::to_string(kMaxPairedRounds) + ")")
+      ->transform(cli::integer_in_range(0, kMaxPairedRounds));
   bench
       ->add_option("--paired-calls", bench_args->paired_calls,
                    "CPU: forwards per paired round (their median is compared with the round's "
                    "ceiling reading); fewer where a case's rounds would take more than "
                    "--paired-max-seconds at its timed median, and no rounds where one call per "
                    "round would (the row and the JSON's paired_note say so)")
-      ->check(cli::positive_int());
+      ->transform(cli::positive_int());
   bench
       ->add_option("--paired-max-seconds", bench_args->paired_max_seconds,
                    "CPU: the most one case's paired forwards may take, estimated from its timed "
@@ -690,9 +711,10 @@ void register_bench_commands(CLI::App& app) {
       ->add_option("--rotate-mib", bench_args->rotate_mib,
                    "Bytes the rotating input copies must exceed, in MiB (default: CPU max(2 x "
                    "LLC, 256 MiB), CUDA 2 x L2)")
-      ->check(cli::positive_int());
+      ->transform(cli::positive_int());
+  // Each rotating copy is a layer of the case's KV pool.
   bench->add_option("--max-copies", bench_args->max_copies, "Cap on rotating copies per case")
-      ->check(cli::positive_int());
+      ->transform(cli::integer_in_range(1, kMaxPoolLayers));
   bench
       ->add_option("--gemm-tflops", bench_args->gemm_tflops,
                    "Compute ceiling for extend ratios, in TFLOP/s (default: CPU measures its "
@@ -719,7 +741,7 @@ void register_bench_commands(CLI::App& app) {
   run->add_flag("--save-kv", run_args->save_kv,
                 "Let the backend write the new k/v (default: the runner writes them)");
   run->add_option("--layers", run_args->layers, "Layers with independent data")
-      ->check(cli::positive_int());
+      ->transform(cli::integer_in_range(1, kMaxPoolLayers));
   // A true --list-cases runs nothing, so the run's options are refused beside it in run_main
   // (CLI11's excludes() also refused them beside --list-cases=false).
   run->add_flag("--list-cases", run_args->list_cases, "List the shared case table and exit");

@@ -1,6 +1,8 @@
 #include "bench/bench_report.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -298,11 +300,19 @@ std::string to_csv(const BenchRun& run) {
 }
 
 Status write_text_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return Status::not_found("cannot open " + path + " for writing");
-  out << text;
-  out.close();
-  if (!out) return Status::internal("writing " + path + " failed");
+  // stdio rather than a stream, so that a failure keeps its errno for the message ("No space left
+  // on device" for /dev/full).
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    return Status::not_found("cannot open " + path + " for writing (" + std::strerror(errno) + ")");
+  }
+  const bool written =
+      std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+  const int err = errno;
+  if (std::fclose(f) != 0 || !written) {
+    return Status::internal("writing " + path + " failed (" + std::strerror(written ? errno : err) +
+                            ")");
+  }
   return Status::ok();
 }
 

@@ -136,6 +136,10 @@ class PageAllocator {
   std::vector<uint8_t> allocated_;   // [num_pages + 1] PageState
 };
 
+// The most layers a KV pool holds (KVPoolConfig::num_layers): far above any model's layer count, so
+// that a garbage value fails by name instead of in the per-layer buffer vectors.
+inline constexpr int kMaxPoolLayers = 65536;
+
 struct KVPoolConfig {
   int num_layers = 0;
   int64_t size = 0;  // usable token slots (a multiple of page_size); buffers hold size + page_size

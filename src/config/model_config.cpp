@@ -176,6 +176,11 @@ class Reader {
       expected << "a number >= " << min_value << " within float range";
       return owner->type_error(key, *value, expected.str());
     }
+    // A value the float cast turns into 0 would read as "off" (a soft-cap) or as unset.
+    if (value->get<double>() != 0.0 && static_cast<float>(value->get<double>()) == 0.0f) {
+      return owner->type_error(key, *value,
+                               "0 or a number of at least the smallest float (it rounds to 0)");
+    }
     *out = value->get<double>();
     return Status::ok();
   }
@@ -257,7 +262,22 @@ Status parse_dtype(const Reader& root, const Reader& text, ModelAttentionConfig*
     for (const Reader* reader : {&root, &text}) {
       std::optional<std::string> name;
       ATTNKIT_RETURN_IF_ERROR(reader->get_string(key, &name));
-      if (name) return parse_dtype_name(*reader->find(key).second, key, *name, &cfg->dtype);
+      if (!name) continue;
+      const Reader& owner = *reader->find(key).second;
+      ATTNKIT_RETURN_IF_ERROR(parse_dtype_name(owner, key, *name, &cfg->dtype));
+      // Both keys beside each other (a file converted between transformers versions) must agree.
+      std::optional<std::string> other_name;
+      const char* other = std::string_view(key) == "torch_dtype" ? "dtype" : "torch_dtype";
+      ATTNKIT_RETURN_IF_ERROR(owner.get_string(other, &other_name));
+      DType other_dtype = cfg->dtype;
+      if (other_name && owner.find(other).second == &owner) {
+        ATTNKIT_RETURN_IF_ERROR(parse_dtype_name(owner, other, *other_name, &other_dtype));
+        if (other_dtype != cfg->dtype) {
+          return owner.error(key, "\"" + *name + "\" and " + owner.key_name(other) + " \"" +
+                                      *other_name + "\" disagree (one dtype is expected)");
+        }
+      }
+      return Status::ok();
     }
   }
   return Status::ok();
@@ -610,6 +630,12 @@ Status parse_cross_attention_layers(const Reader& text, ModelAttentionConfig* cf
     cfg->cross_attention_layers.push_back(index.get<int>());
   }
   std::sort(cfg->cross_attention_layers.begin(), cfg->cross_attention_layers.end());
+  const auto repeated =
+      std::adjacent_find(cfg->cross_attention_layers.begin(), cfg->cross_attention_layers.end());
+  if (repeated != cfg->cross_attention_layers.end()) {
+    return owner->error("cross_attention_layers",
+                        "lists layer " + std::to_string(*repeated) + " more than once");
+  }
   return Status::ok();
 }
 
@@ -655,7 +681,11 @@ Result<ModelAttentionConfig> parse_with_source(std::string_view json_text,
   cfg.text_model_type = cfg.model_type;
   if (nested != nullptr) {
     auto it = nested->find("model_type");
-    if (it != nested->end() && it->is_string()) {
+    if (it != nested->end() && !it->is_string()) {
+      return Status::invalid_argument(source + ": text_config.model_type must be a string, got " +
+                                      json_excerpt(*it));
+    }
+    if (it != nested->end()) {
       cfg.text_model_type = it->get<std::string>();
     } else if (cfg.model_type == "gemma3") {
       cfg.text_model_type = "gemma3_text";

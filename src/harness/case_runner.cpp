@@ -304,6 +304,15 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
                    " are for target_verify and draft_extend only (leave them 0 in mode ",
                    forward_mode_name(s.mode), ")"));
   }
+  // The backends refuse a cap whose products with the layer's scale leave the float range (0 turns
+  // it off); the case's bound is stricter and independent of the scale, so a case file fails
+  // when it is read, not per backend after the ceilings. Real soft-caps are 5-50.
+  if (s.logit_cap != 0.f && !(s.logit_cap >= kMinCaseLogitCap && s.logit_cap <= kMaxCaseLogitCap)) {
+    return bad(cat("logit_cap ", s.logit_cap, " must be 0 (off) or in [", kMinCaseLogitCap, ", ",
+                   kMaxCaseLogitCap,
+                   "] (a larger cap changes no logit, a smaller one saturates "
+                   "every logit)"));
+  }
   if (s.sliding_window < -1) {
     return bad(cat("sliding_window ", s.sliding_window, " must be -1 (off) or >= 0"));
   }

@@ -52,6 +52,10 @@
 
 namespace attnkit::harness {
 
+// The soft-cap range a case takes (CaseSpec::logit_cap; 0 = off).
+inline constexpr float kMinCaseLogitCap = 1e-20f;
+inline constexpr float kMaxCaseLogitCap = 1e20f;
+
 // One declarative attention case. Lengths are per request.
 struct CaseSpec {
   std::string name;  // [A-Za-z0-9_]: doubles as the gtest parameter name

@@ -42,12 +42,11 @@ bool is_kv_dtype(DType dtype) {
 }
 
 Status validate_common(const KVPoolConfig& c) {
-  // A bound far above any model's layer count: a garbage value fails here, not in the per-layer
-  // buffer vectors (an uncaught std::bad_alloc) or by exhausting host memory.
-  constexpr int kMaxLayers = 65536;
-  if (c.num_layers < 1 || c.num_layers > kMaxLayers) {
+  // kMaxPoolLayers: a garbage value fails here, not in the per-layer buffer vectors (an uncaught
+  // std::bad_alloc) or by exhausting host memory.
+  if (c.num_layers < 1 || c.num_layers > kMaxPoolLayers) {
     return Status::invalid_argument(cfg_error(
-        "num_layers", c.num_layers, "must be in [1, " + std::to_string(kMaxLayers) + "]"));
+        "num_layers", c.num_layers, "must be in [1, " + std::to_string(kMaxPoolLayers) + "]"));
   }
   if (c.page_size < 1) {
     return Status::invalid_argument(cfg_error("page_size", c.page_size, "must be >= 1"));

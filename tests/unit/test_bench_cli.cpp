@@ -537,8 +537,14 @@ TEST(BenchCli, BadPointsAndOutputPathsFailBeforeTiming) {
           {"bench --backend no_such_backend --cases '" + good + "' --list", "no_such_backend"},
           // More memory than the host has: one error line, not the kernel's OOM kill.
           {bench + "--cases '" + good + "' --rotate-mib 2000000000", "MiB this host has available"},
+          // Past the KV pool's layer bound: refused by the flag before the memory guard.
           {"run --backend torch_native --device cpu --layers 2147483647 --case "
            "'{\"mode\": \"decode\", \"prefix_lens\": [5]}'",
+           "--layers: 2147483647 is not allowed: must be an integer from 1 to 65536"},
+          // Within it, more memory than the host has: one error line, not the kernel's OOM kill.
+          {"run --backend torch_native --device cpu --layers 65536 --case '{\"mode\": "
+           "\"decode\", \"prefix_lens\": [100000], \"num_q_heads\": 8, \"num_kv_heads\": 8, "
+           "\"head_dim\": 128}'",
            "MiB this host has available"},
           {"run --backend torch_native --device cpu --case '{\"mode\": \"decode\", "
            "\"prefix_lens\": [10], \"sliding_window\": 18446744073709551615}'",
@@ -1019,7 +1025,7 @@ TEST(BenchCli, DroppedOrNonsenseValuesAreRefusedByName) {
           {bench + "--cases '" + small + "' --paired-rounds 0 --paired-max-seconds 5",
            "--paired-max-seconds has nothing to act on"},
           {"bench --device cpu --cases '" + small + "' --backend ','",
-           "--backend \",\" names no backend (accepted: a comma-separated list of torch_native"},
+           "--backend \",\" has an empty name (expected a comma-separated list of backend names"},
           {run + R"('{"mode": "decode", "prefix_lens": [2147483000], "num_q_heads": 2147483647,
                       "num_kv_heads": 2147483647, "head_dim": 2147483647}')",
            "MiB of host memory"},
@@ -1044,6 +1050,82 @@ TEST(BenchCli, DroppedOrNonsenseValuesAreRefusedByName) {
   const CliRun not_listed =
       run_cli("run --list-cases=false --backend torch_native --device cpu --case decode_page1");
   EXPECT_EQ(not_listed.exit_code, 0) << not_listed.err;
+}
+
+// A review helper's CLI findings (2026-11-30): empty items and paths that were dropped silently,
+// counts without a bound that ran for hours or past the pool's layer limit, a soft-cap that failed
+// only per backend after the ceilings, a demo page size that took minutes to allocate.
+TEST(BenchCli, EmptyItemsAndUnboundedCountsAreRefusedByName) {
+  const std::string dir = ::testing::TempDir();
+  const std::string small = dir + "bench_cli_s73_small.json";
+  write_text_file(small, kSmallFile);
+  const std::string bench =
+      "bench --backend torch_native --device cpu --iters 1 --warmup 0 --cases '" + small + "' ";
+  const std::string run = "run --backend torch_native --device cpu --case ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {"bench --device cpu --cases '" + small + "' --backend ',,torch_native'",
+           "--backend \",,torch_native\" has an empty name"},
+          {"bench --device cpu --cases '" + small + "' --backend 'torch_native,'",
+           "has an empty name"},
+          {bench + "--json ''", "--json is empty (expected a file name)"},
+          {bench + "--csv ''", "--csv is empty (expected a file name)"},
+          {"bench --backend torch_native --device cpu --cases ''", "the case file path is empty"},
+          {bench + "--paired-rounds 101",
+           "--paired-rounds: 101 is not allowed: must be an integer from 0 to 100"},
+          {bench + "--max-copies 65537",
+           "--max-copies: 65537 is not allowed: must be an integer from 1 to 65536"},
+          {run + "decode_page1 --layers 65537",
+           "--layers: 65537 is not allowed: must be an integer from 1 to 65536"},
+          {run + R"('{"mode": "decode", "prefix_lens": [10], "logit_cap": 3e38}')",
+           "logit_cap 3e+38 must be 0 (off) or in [1e-20, 1e+20]"},
+          {"demo --device cpu --page-size 4097",
+           "--page-size: 4097 is not allowed: must be an integer from 1 to 4096"},
+      },
+      {"json.exception", "escaped", "bad_alloc", "KVPoolConfig"});
+}
+
+// A 2.5 MB case file whose "fixed" list of a million kv_lens was swept over 100000 points tried to
+// copy that list into every point (~400 GB; std::bad_alloc escaped): the points' lists together are
+// bounded, and the error names the point where the bound was passed.
+TEST(BenchCli, PointsCopyingALongListAreBounded) {
+  std::string lens;
+  for (int i = 0; i < (1 << 20); ++i) lens += i ? ",1" : "1";
+  std::string pages;
+  for (int p = 1; p <= 17; ++p) pages += (p > 1 ? "," : "") + std::to_string(p);
+  const std::string text =
+      R"({"kind": "decode", "fixed": {"q_heads": 1, "kv_heads": 1, "head_dim": 16, "kv_lens": [)" +
+      lens + R"(]}, "sweep": {"page_size": [)" + pages + "]}}";
+  const Result<CaseFile> file = parse_case_file_text(text, "long.json");
+  ASSERT_FALSE(file.is_ok());
+  EXPECT_NE(file.status().message().find(
+                "long.json: the points hold more than 16777216 per-request list entries "
+                "(kv_lens / prefix_lens / new_lens) together, reached at sweep point "
+                "{page_size=17}"),
+            std::string::npos)
+      << file.status().to_string();
+  // Sixteen such points are within the bound.
+  const std::string sixteen = text.substr(0, text.rfind(",17")) + "]}}";
+  const Result<CaseFile> ok = parse_case_file_text(sixteen, "long16.json");
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->cases.size(), 16u);
+}
+
+// Integer options are decimal: CLI11's own conversion read "010" as octal 8 after the range check
+// had read 10. A case-file path that is not UTF-8 is written into the JSON with U+FFFD (the strict
+// dump threw after the whole run, and neither output file was written).
+TEST(BenchCli, LeadingZerosAreDecimalAndNonUtf8PathsAreWritten) {
+  const BenchRun r = run_bench("bench_cli_s73_\xff_path", kDecodeFile,
+                               "--backend torch_native --device cpu --rotate-mib 1 --warmup 0 "
+                               "--iters 010 --paired-rounds 02 --paired-calls 1");
+  ASSERT_EQ(r.cli.exit_code, 0) << r.cli.out << r.cli.err;
+  ASSERT_TRUE(r.doc.is_object()) << r.cli.err;
+  EXPECT_EQ(r.doc["settings"]["iters"], 10) << r.doc["settings"];
+  ASSERT_EQ(r.doc["results"].size(), 2u);
+  EXPECT_EQ(r.doc["results"][0]["paired_copy"]["ratios"].size(), 2u) << r.doc["results"][0];
+  const std::string cases = r.doc["settings"]["cases_file"].get<std::string>();
+  EXPECT_NE(cases.find("bench_cli_s73_\xEF\xBF\xBD_path"), std::string::npos) << cases;
 }
 
 TEST(BenchCli, RunVerifiesOneJsonCase) {

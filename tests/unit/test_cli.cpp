@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "support/cli_runner.h"
 namespace {
@@ -129,6 +130,19 @@ TEST(Cli, SelectSpeculativeAndPageFlags) {
   EXPECT_EQ(j["kv_cache_dtype"], "fp8_e4m3");
   EXPECT_EQ(j["speculative"]["topk"], 4);
   EXPECT_EQ(j["chunked_prefill_size"], 4096);
+}
+
+// Integers with leading zeros are decimal: CLI11's strtoll(base 0) had read "010" as 8 and
+// refused "08" as "Could not convert" after the range check had taken them as 10 and 8.
+TEST(Cli, SelectLeadingZerosAreDecimal) {
+  for (const auto& [flag, value] : {std::pair{"010", 10}, {"08", 8}, {"016", 16}}) {
+    const CliRun r = run_cli("select " + config("llama-3.1-8b-instruct") +
+                             " --device cpu --page-size " + flag + " --format json");
+    ASSERT_EQ(r.exit_code, 0) << flag << ": " << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    EXPECT_EQ(j["page_size"], value) << flag;
+  }
 }
 
 TEST(Cli, SelectRuleErrorIsOneLine) {
@@ -254,7 +268,7 @@ TEST(Cli, NumericFlagsSayWhatIsAllowed) {
            "--chunked-prefill-size 0 is invalid; use -1 (off)"},
           {"demo --device cpu --page-size 0", "--page-size: 0 is not allowed: must be an integer"},
           {"demo --device cpu --page-size 2147483647",
-           "--page-size 2147483647 does not fit the demo's requests"},
+           "--page-size: 2147483647 is not allowed: must be an integer from 1 to 4096"},
       });
   // In range: accepted.
   EXPECT_EQ(run_cli(select + "--page-size 64 --tp-size 2").exit_code, 0);

@@ -592,6 +592,34 @@ TEST(ModelConfigErrors, WrongTypeNamesKeyAndValue) {
               HasSubstr("architectures must be a list of strings, got \"x\""));
 }
 
+// A review helper's findings (2026-11-30): values that were read silently as something else.
+TEST(ModelConfigErrors, ValuesThatWereReadAsSomethingElseAreRefused) {
+  // A positive soft-cap / scalar the float cast turns into 0 read as "off" / the default scale.
+  EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32,
+                                        "attn_logit_softcapping": 1e-50)")),
+              HasSubstr("attn_logit_softcapping must be 0 or a number of at least the smallest "
+                        "float (it rounds to 0), got 1e-50"));
+  EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32,
+                                        "query_pre_attn_scalar": 1e-50)")),
+              HasSubstr("query_pre_attn_scalar must be 0 or a number of at least the smallest"));
+  // A nested model_type of the wrong type was ignored (the top-level type was used).
+  EXPECT_THAT(parse_error(R"({"model_type": "llava", "text_config": {"model_type": 5,
+      "hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32}})"),
+              HasSubstr("config.json: text_config.model_type must be a string, got 5"));
+  // A repeated cross-attention layer was counted once per entry.
+  EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32,
+                                        "cross_attention_layers": [3, 1, 3])")),
+              HasSubstr("cross_attention_layers lists layer 3 more than once"));
+  // Both dtype keys, disagreeing: torch_dtype had won without a word.
+  EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32, "torch_dtype": "float32",
+                                        "dtype": "bfloat16")")),
+              HasSubstr("torch_dtype \"float32\" and dtype \"bfloat16\" disagree"));
+  auto agree = parse_model_config(llama_json(R"(, "num_attention_heads": 32,
+                                                "torch_dtype": "float16", "dtype": "half")"));
+  ASSERT_TRUE(agree.is_ok()) << agree.status().to_string();
+  EXPECT_EQ(agree->dtype, DType::kF16);
+}
+
 TEST(ModelConfigErrors, WrongTypeInsideTextConfigNamesNestedKey) {
   const std::string msg = parse_error(
       R"({"model_type": "llava", "text_config": {"hidden_size": 4096, "num_hidden_layers": 2,

@@ -24,6 +24,9 @@ CLI::Validator int_in_range(int lo, int hi, const std::string& help_name) {
         if (ec == std::errc::result_out_of_range || v < lo || v > hi) {
           return value + " is not allowed: " + allowed;
         }
+        // CLI11 converts the value again with strtoll(base 0), which reads "010" as octal 8: hand
+        // it the decimal number that was checked.
+        value = std::to_string(v);
         return std::string();
       },
       help_name);

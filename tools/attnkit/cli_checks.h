@@ -3,6 +3,9 @@
 // names neither the rule nor the type; these say what is allowed:
 //   attnkit select: --page-size: 0 is not allowed: must be an integer >= 1
 // The help text keeps CLI11's names (INT:POSITIVE, INT:NONNEGATIVE, FLOAT:POSITIVE).
+// The integer validators hand CLI11 the decimal number they checked ("010" -> "10"; CLI11's own
+// conversion would read it as octal 8): attach them with ->transform(), as ->check() discards a
+// validator's change to the value.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -117,7 +117,7 @@ void register_select_command(CLI::App& app) {
   cmd->add_option("--page-size", a->page_size,
                   "Tokens per KV page (default 1; some backends "
                   "force their own)")
-      ->check(cli::positive_int());
+      ->transform(cli::positive_int());
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype, "KV-cache dtype")
       ->check(CLI::IsMember(
           {"auto", "bf16", "bfloat16", "fp16", "float16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"}))
@@ -125,18 +125,18 @@ void register_select_command(CLI::App& app) {
   cmd->add_flag("--disable-cuda-graph", a->disable_cuda_graph, "Run decode eagerly");
   cmd->add_option("--chunked-prefill-size", a->chunked_prefill_size,
                   "Max tokens per prefill chunk (-1 = off); must be a multiple of the page size")
-      ->check(cli::integer_at_least(-1));
+      ->transform(cli::integer_at_least(-1));
   cmd->add_option("--speculative-algorithm", a->speculative_algorithm,
                   "Speculative decoding algorithm")
       ->check(CLI::IsMember({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"}));
   cmd->add_option("--speculative-num-steps", a->speculative_num_steps, "Draft steps")
-      ->check(cli::integer_in_range(1, kMaxSpeculativeValue));
+      ->transform(cli::integer_in_range(1, kMaxSpeculativeValue));
   cmd->add_option("--speculative-eagle-topk", a->speculative_eagle_topk,
                   "Draft branches per step (1 = chain, > 1 = tree)")
-      ->check(cli::integer_in_range(1, kMaxSpeculativeValue));
+      ->transform(cli::integer_in_range(1, kMaxSpeculativeValue));
   cmd->add_option("--speculative-num-draft-tokens", a->speculative_num_draft_tokens,
                   "Draft tokens verified per request")
-      ->check(cli::integer_in_range(1, kMaxSpeculativeValue));
+      ->transform(cli::integer_in_range(1, kMaxSpeculativeValue));
   cmd->add_option("--speculative-attention-mode", a->speculative_attention_mode,
                   "Which phase's backend runs verify/draft-extend")
       ->check(CLI::IsMember({"prefill", "decode"}))
@@ -155,7 +155,7 @@ void register_select_command(CLI::App& app) {
                 "Mix chunked prefill and decode in one batch");
   cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "Disable the prefix cache");
   cmd->add_option("--tp-size", a->tp_size, "Tensor-parallel ranks (heads per rank)")
-      ->check(cli::positive_int())
+      ->transform(cli::positive_int())
       ->capture_default_str();
   cmd->callback([cmd, a] { run_select(*cmd, *a); });
 }
