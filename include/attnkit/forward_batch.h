@@ -57,7 +57,8 @@ struct ForwardBatch {
   // init_forward_metadata (and before a graph replay's refresh) each request's row must already
   // hold these slots after its prefix (columns [encoder + prefix, + new); verify: the drafts at
   // [seq_len, seq_len + N)), as SGLang's scheduler writes them. req_to_token is checked against
-  // the KV pool there; out_cache_loc is only checked by set_kv, which skips a bad write.
+  // the KV pool there; out_cache_loc is checked against those columns by validate() where it is in
+  // host memory (CPU pools), and by set_kv against the pool (a bad slot is not written).
   TensorView out_cache_loc;
   TensorView positions;  // int64 [T]
   // Extend only.

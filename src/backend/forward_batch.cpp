@@ -244,7 +244,7 @@ Status ForwardBatch::validate() const {
                   " must equal spec.draft_token_num ", draft, " and extend_prefix_len ", prefix,
                   " must equal seq_len ", seq_lens_host[r], " (the committed prefix)"));
         }
-      } else if (seq_lens_host[r] != prefix + n) {
+      } else if (seq_lens_host[r] != int64_t{prefix} + n) {
         return Status::invalid_argument(cat("ForwardBatch request ", r, ": seq_len ",
                                             seq_lens_host[r], " must equal extend_prefix_len ",
                                             prefix, " + extend_seq_len ", n));
@@ -332,6 +332,54 @@ Status ForwardBatch::validate() const {
     for (int64_t r = 0; r < bs; ++r) lens[static_cast<size_t>(r)] = row_len_of(r);
     ATTNKIT_RETURN_IF_ERROR(detail::check_table_slots(
         "ForwardBatch", *req_to_token_pool, kv_pool->rows(), req_pool_indices_host, lens));
+  }
+  // One row per request: a row listed twice would have the second request attend the first's keys
+  // and save its new k / v to slots no row holds.
+  if (bs > 1) {
+    std::vector<uint8_t> seen(static_cast<size_t>(max_reqs) + 1, 0);
+    for (int64_t r = 0; r < bs; ++r) {
+      uint8_t& s = seen[static_cast<size_t>(req_pool_indices_host[r])];
+      if (s != 0) {
+        return Status::invalid_argument(cat("ForwardBatch.req_pool_indices_host[", r,
+                                            "] = ", req_pool_indices_host[r],
+                                            " is an earlier request's row (one row per request)"));
+      }
+      s = 1;
+    }
+  }
+  // The new tokens' slots: save_kv writes their k / v at out_cache_loc, and the kernels read every
+  // key through req_to_token, so each must be the slot the request's row holds after its prefix
+  // (as SGLang's scheduler writes both from one allocation). Another slot would overwrite a cached
+  // token of some request and leave the row's own slot stale. Checked where out_cache_loc is in
+  // host memory (CPU pools); a CUDA out_cache_loc has no host copy to compare.
+  if (out_cache_loc.defined() && out_cache_loc.device.is_cpu() && num_tokens > 0) {
+    const int64_t* loc = out_cache_loc.data_as<int64_t>();
+    const int64_t step = out_cache_loc.strides[0];
+    int64_t t = 0;
+    for (int64_t r = 0; r < bs; ++r) {
+      const int32_t* row = req_to_token_pool->host_row(req_pool_indices_host[r]);
+      // The row's columns of the request's new tokens: [first, first + n).
+      int64_t first = encoder_of(r);
+      int64_t n = 1;
+      if (verify) {
+        first += seq_lens_host[r];
+        n = draft;
+      } else if (mode == ForwardMode::kDecode) {
+        first += seq_lens_host[r] - 1;
+      } else {
+        first += extend_prefix_lens_host[r];
+        n = extend_seq_lens_host[r];
+      }
+      for (int64_t i = 0; i < n; ++i, ++t) {
+        const int64_t slot = loc[t * step];
+        if (row != nullptr && slot != row[first + i]) {
+          return Status::invalid_argument(
+              cat("ForwardBatch.out_cache_loc[", t, "] = ", slot, " (request ", r, ", new token ",
+                  i, ") is not req_to_token[", req_pool_indices_host[r], ", ", first + i, "] = ",
+                  row[first + i], ": the row must hold the new tokens' slots after its prefix"));
+        }
+      }
+    }
   }
   if (check_indices_enabled()) {
     if (kv_pool == nullptr) return Status::ok();

@@ -28,14 +28,20 @@ constexpr int64_t kHostAlignment = 64;
 constexpr int64_t kHostHugePageBytes = int64_t{2} << 20;  // x86-64 / arm64 transparent huge page
 constexpr int64_t kBitsPerByte = 8;
 
+// ndim is a public field: a hand-built view may hold any value. Every loop over a view's dims runs
+// over [0, valid_ndim(ndim)), so a value past kMaxDims reads no memory beyond shape / strides (the
+// checks then refuse the view by its ndim).
+int valid_ndim(int ndim) { return std::clamp(ndim, 0, kMaxDims); }
+
 std::string join_dims(const int64_t* dims, int n) {
   std::ostringstream out;
   out << '[';
-  for (int d = 0; d < n; ++d) {
+  for (int d = 0; d < valid_ndim(n); ++d) {
     if (d > 0) out << ", ";
     out << dims[d];
   }
   out << ']';
+  if (n != valid_ndim(n)) out << " (ndim " << n << ", outside [0, " << kMaxDims << "])";
   return out.str();
 }
 
@@ -101,14 +107,14 @@ TensorView::TensorView(void* data_in, DType dtype_in, Device device_in,
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[static_cast<size_t>(d)];
+  for (int d = 0; d < valid_ndim(ndim); ++d) n *= shape[static_cast<size_t>(d)];
   return n;
 }
 
 bool TensorView::is_contiguous() const {
   if (numel() == 0) return true;
   int64_t expected = 1;
-  for (int d = ndim - 1; d >= 0; --d) {
+  for (int d = valid_ndim(ndim) - 1; d >= 0; --d) {
     const auto i = static_cast<size_t>(d);
     if (shape[i] != 1 && strides[i] != expected) return false;
     expected *= shape[i];
@@ -121,7 +127,7 @@ int64_t TensorView::storage_bytes() const {
   if (n <= 0) return 0;
   // Elements spanned from the first to the last element (equals numel when contiguous).
   int64_t span = 1;
-  for (int d = 0; d < ndim; ++d) {
+  for (int d = 0; d < valid_ndim(ndim); ++d) {
     const auto i = static_cast<size_t>(d);
     span += (shape[i] - 1) * (strides[i] < 0 ? -strides[i] : strides[i]);
   }
@@ -134,7 +140,7 @@ bool TensorView::byte_extent(int64_t* first, int64_t* end) const {
   if (!defined() || numel() <= 0) return false;
   int64_t lo = 0;  // lowest and highest element offsets from data
   int64_t hi = 0;
-  for (int d = 0; d < ndim; ++d) {
+  for (int d = 0; d < valid_ndim(ndim); ++d) {
     const auto i = static_cast<size_t>(d);
     int64_t step = 0;
     if (__builtin_mul_overflow(shape[i] - 1, strides[i], &step)) return false;
@@ -176,7 +182,7 @@ bool TensorView::may_self_overlap() const {
   // every forward's out).
   std::array<std::pair<int64_t, int64_t>, kMaxDims> dims{};
   size_t n = 0;
-  for (int d = 0; d < ndim; ++d) {
+  for (int d = 0; d < valid_ndim(ndim); ++d) {
     const auto i = static_cast<size_t>(d);
     if (shape[i] <= 1) continue;
     if (strides[i] == std::numeric_limits<int64_t>::min()) return true;  // |stride| past int64
@@ -467,7 +473,7 @@ Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_devi
 }
 
 Status copy_tensor(const TensorView& dst, const TensorView& src) {
-  if (dst.dtype != src.dtype || dst.ndim != src.ndim ||
+  if (dst.dtype != src.dtype || dst.ndim != src.ndim || dst.ndim != valid_ndim(dst.ndim) ||
       !std::equal(dst.shape.begin(), dst.shape.begin() + dst.ndim, src.shape.begin())) {
     return Status::invalid_argument("copy_tensor: dst " + dst.describe() + " and src " +
                                     src.describe() + " must have the same dtype and shape");
@@ -493,10 +499,10 @@ Status fill_float(const TensorView& t, float value) {
     std::array<int64_t, kMaxDims> index{};
     for (int64_t k = 0; k < n; ++k) {
       int64_t offset = 0;
-      for (int d = 0; d < t.ndim; ++d)
+      for (int d = 0; d < valid_ndim(t.ndim); ++d)
         offset += index[static_cast<size_t>(d)] * t.strides[static_cast<size_t>(d)];
       store_from_float(t.data, t.dtype, offset, value);
-      for (int d = t.ndim - 1; d >= 0; --d) {
+      for (int d = valid_ndim(t.ndim) - 1; d >= 0; --d) {
         const auto i = static_cast<size_t>(d);
         if (++index[i] < t.shape[i]) break;
         index[i] = 0;

@@ -361,9 +361,11 @@ def _threaded_decode_setup(seed):
     rng = np.random.default_rng(seed)
     np.from_dlpack(pool.k_buffer(0))[:] = rng.standard_normal((4112, 2, 64)).astype(np.float32)
     np.from_dlpack(pool.v_buffer(0))[:] = rng.standard_normal((4112, 2, 64)).astype(np.float32)
+    # The new tokens' slots are the rows' last entries (ForwardBatch checks out_cache_loc against
+    # req_to_token on CPU pools).
+    last = np.array([((seq - 1) * 7 + r) % 4064 + 16 for r in range(4)], dtype=np.int64)
     batch = ak.ForwardBatch("decode", np.array(rows, dtype=np.int32),
-                            np.full(4, seq, dtype=np.int32),
-                            np.arange(4, dtype=np.int64) + 20, table, pool)
+                            np.full(4, seq, dtype=np.int32), last, table, pool)
     backend.init_forward_metadata(batch)
     layer = ak.AttentionLayer(8, 2, 64)
     q = rng.standard_normal((4, 8, 64)).astype(np.float32)

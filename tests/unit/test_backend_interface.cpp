@@ -246,6 +246,14 @@ TEST_F(ValidateInputs, OutOverTheRequestTableIsRefused) {
   Result<std::unique_ptr<ReqToTokenPool>> big = ReqToTokenPool::create(256, 1 << 14, Device::cpu());
   ASSERT_TRUE(big.is_ok()) << big.status().to_string();
   ASSERT_GT((*big)->table().storage_bytes(), pc_->layers[0].out.storage_bytes() + 4);
+  // The batch's rows, copied (big hands rows out in order 1, 2, ...).
+  const ReqToTokenPool& table = *pc_->req_to_token;
+  for (const int32_t row : pc_->batch.req_pool_indices_host) {
+    while (!(*big)->is_allocated(row)) ASSERT_TRUE((*big)->alloc().is_ok());
+    const int32_t* src = table.host_row(row);
+    const std::vector<int64_t> slots(src, src + table.max_context_len());
+    ASSERT_TRUE((*big)->write(row, 0, slots).is_ok());
+  }
   pc_->batch.req_to_token_pool = big->get();
   TensorView over = pc_->layers[0].out;
   over.data = static_cast<char*>((*big)->table().data) + 4;
@@ -345,6 +353,41 @@ TEST_F(ValidateInputs, TokenCountMustMatchBatch) {
 TEST_F(ValidateInputs, RequestRowOutOfRange) {
   pc_->batch.req_pool_indices_host[0] = 99;
   expect_error(validate(), "req_pool_indices_host[0] = 99 is outside the request table rows [1, ");
+}
+
+// A review helper's findings (2026-11-30): an out_cache_loc entry that is not the slot the
+// request's row holds for that new token was accepted, and save_kv overwrote another request's
+// cached token while the attention read the row's stale slot; a request row listed twice had the
+// second request attend the first's keys. Every mode's layout of the new tokens' columns (decode,
+// extend, mixed, draft extend, verify drafts, the encoder tokens before a cross-attention row).
+TEST(ForwardBatchSlots, NewTokenSlotsMustBeTheRowsOwnAndRowsUnique) {
+  for (const char* name : {"extend_page16_ragged", "mixed_page16", "draft_extend_page16",
+                           "decode_page16", "decode_cross_attention", "extend_cross_attention",
+                           "verify_topk4_page16", "mla_prefill_192_128"}) {
+    SCOPED_TRACE(name);
+    Result<PreparedCase> pc = harness::prepare_case(*harness::find_case(name), Device::cpu());
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    ForwardBatch& b = pc->batch;
+    ASSERT_TRUE(b.validate().is_ok()) << b.validate().to_string();
+    ASSERT_GE(b.num_tokens, 2);
+    int64_t* loc = b.out_cache_loc.data_as<int64_t>();
+    const int64_t last = loc[b.num_tokens - 1];
+    loc[b.num_tokens - 1] = loc[0];  // another request's (or token's) slot
+    expect_error(b.validate(), "ForwardBatch.out_cache_loc[" + std::to_string(b.num_tokens - 1) +
+                                   "] = " + std::to_string(loc[0]) + " (request " +
+                                   std::to_string(b.batch_size - 1) + ", new token ");
+    expect_error(b.validate(), "the row must hold the new tokens' slots after its prefix");
+    loc[b.num_tokens - 1] = last;
+    ASSERT_TRUE(b.validate().is_ok());
+    if (b.batch_size >= 2) {
+      const int32_t row = b.req_pool_indices_host[1];
+      b.req_pool_indices_host[1] = b.req_pool_indices_host[0];
+      expect_error(b.validate(), "ForwardBatch.req_pool_indices_host[1] = " +
+                                     std::to_string(b.req_pool_indices_host[0]) +
+                                     " is an earlier request's row (one row per request)");
+      b.req_pool_indices_host[1] = row;
+    }
+  }
 }
 
 TEST_F(ValidateInputs, SequencePastContextCapacity) {
@@ -456,10 +499,18 @@ TEST(TorchNativeBadInput, OutOfRangeSlotViaSetKv) {
       harness::prepare_case(*harness::find_case("decode_page16"), Device::cpu());
   ASSERT_TRUE(pc.is_ok());
   const int64_t bad = pc->kv_pool->rows() + 3;
+  // set_kv itself refuses the slot past the pool ...
+  std::vector<int64_t> one = {bad};
+  const TensorView loc(one.data(), DType::kI64, Device::cpu(), {1});
+  const harness::LayerData& ld = pc->layers[0];
+  expect_error(pc->kv_pool->set_kv(0, loc, ld.k.slice0(0, 1), ld.v.slice0(0, 1), 1.f, 1.f, nullptr),
+               "loc[0] = " + std::to_string(bad) + " is outside the usable slots");
+  // ... and a batch whose out_cache_loc says so is refused before it: the slot is not the one
+  // the request's row holds for its new token.
   pc->batch.out_cache_loc.data_as<int64_t>()[0] = bad;
   auto b = std::move(create_torch_native_backend(pc->context())).value();
   const Status s = harness::run_backend(*b, *pc, /*save_kv=*/true);
-  expect_error(s, "loc[0] = " + std::to_string(bad) + " is outside the usable slots");
+  expect_error(s, "ForwardBatch.out_cache_loc[0] = " + std::to_string(bad) + " (request 0");
 }
 
 TEST(TorchNativeBadInput, PageTablePastThePool) {

@@ -877,6 +877,13 @@ TEST(IntelAmxRejects, ForwardWithAnotherBatchsPlan) {
   ForwardBatch other = pc.batch;
   other.seq_lens_host[1] -= 1;
   other.seq_lens_sum -= 1;
+  // Its new token's slot is the row's entry at the shorter length (ForwardBatch::validate checks
+  // that out_cache_loc follows the rows before the plan is compared).
+  std::vector<int64_t> loc(pc.batch.out_cache_loc.data_as<int64_t>(),
+                           pc.batch.out_cache_loc.data_as<int64_t>() + 2);
+  loc[1] = pc.batch.req_to_token_pool->host_row(
+      other.req_pool_indices_host[1])[other.seq_lens_host[1] - 1];
+  other.out_cache_loc = TensorView(loc.data(), DType::kI64, Device::cpu(), {2});
   const harness::LayerData& ld = pc.layers[0];
   const Status st = (*backend)->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, other,
                                         /*save_kv=*/false, ld.lse);
@@ -900,6 +907,14 @@ TEST(IntelAmxRejects, VerifyForwardWithAnotherDraftCount) {
   ASSERT_TRUE((*backend)->init_forward_metadata(planned).is_ok());
   ForwardBatch fewer = planned;
   fewer.spec.draft_token_num = 2;
+  // The two drafts of each request at the slots its row holds after its prefix (as
+  // ForwardBatch::validate checks before the plan is compared).
+  std::vector<int64_t> loc;
+  for (int r = 0; r < fewer.batch_size; ++r) {
+    const int32_t* row = fewer.req_to_token_pool->host_row(fewer.req_pool_indices_host[r]);
+    for (int i = 0; i < 2; ++i) loc.push_back(row[fewer.seq_lens_host[r] + i]);
+  }
+  fewer.out_cache_loc = TensorView(loc.data(), DType::kI64, Device::cpu(), {4});
   const harness::LayerData& ld = pc.layers[0];
   const auto* bytes = static_cast<const unsigned char*>(ld.out.data);
   const std::vector<unsigned char> before(bytes, bytes + ld.out.storage_bytes());
@@ -950,10 +965,18 @@ TEST(IntelAmxRejects, TableRowsChangedAfterPlanningAreRefused) {
                   ->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
                             /*save_kv=*/false, ld.lse)
                   .is_ok());
-  ASSERT_TRUE(table->free(row).is_ok());
+  // A prefix entry zeroed (the reserved page) ...
+  entries[3] = 0;
   st = (*backend)->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
                            /*save_kv=*/false, ld.lse);
   expect_error_mentions(st, StatusCode::kInvalidArgument, "] = 0 (request 1) is outside");
+  entries[3] = kept;
+  // ... or the whole row freed: its new token's column no longer holds out_cache_loc's slot.
+  ASSERT_TRUE(table->free(row).is_ok());
+  st = (*backend)->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
+                           /*save_kv=*/false, ld.lse);
+  expect_error_mentions(st, StatusCode::kInvalidArgument,
+                        "is not req_to_token[" + std::to_string(row) + ", 20] = 0");
 }
 
 TEST(IntelAmxIsa, ParsesNamesAndRejectsUnknown) {

@@ -83,6 +83,26 @@ TEST(TensorViewTest, DescribeAndEmpty) {
   EXPECT_EQ(TensorView().describe(), "f32[] cpu");
 }
 
+// ndim is a public field: a hand-built view with ndim past kMaxDims (or negative) read the memory
+// after shape / strides in describe(), numel() and the checks (a heap over-read, with neighbouring
+// pointers printed in the message). The loops stop at kMaxDims and the message names the ndim.
+TEST(TensorViewTest, NdimOutsideTheDimsIsDescribedAndRefused) {
+  std::vector<float> data(16, 1.f);
+  for (const int ndim : {40, -3}) {
+    TensorView t(data.data(), DType::kF32, Device::cpu(), {4, 4});
+    t.ndim = ndim;
+    const std::string d = t.describe();
+    EXPECT_NE(d.find("(ndim " + std::to_string(ndim) + ", outside [0, 6])"), std::string::npos)
+        << d;
+    const Status st = check_ndim(t, "x", 2, "[a, b]");
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("ndim " + std::to_string(ndim)), std::string::npos)
+        << st.to_string();
+    (void)t.numel();
+    (void)t.is_contiguous();
+  }
+}
+
 // The bytes a view's elements occupy, negative strides and fp4 nibbles included; overlaps() and
 // may_self_overlap() on them (the KV-pool / request-table / set_kv checks use these).
 TEST(TensorViewTest, ByteExtentOverlapsAndSelfOverlap) {

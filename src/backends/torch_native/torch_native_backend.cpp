@@ -620,7 +620,7 @@ class TorchNativeBackend final : public AttentionBackend {
                                          layer.sinks.device, layer.sinks.storage_bytes()));
       ATTNKIT_RETURN_IF_ERROR(check_sink_values(host));
     }
-    if (save_kv) {
+    if (save_kv && batch.num_tokens > 0) {  // no new token: nothing to write (no out_cache_loc)
       // The rows the reference will read are checked before the write (a refused call must leave
       // the pool as it was; compute_attention_fp64 checks them only after it).
       ATTNKIT_RETURN_IF_ERROR(ctx_.device.is_cuda() ? check_mirrored_rows(layer, batch)
