@@ -155,7 +155,7 @@ Status AttentionBackend::forward(const TensorView& q, const TensorView& k, const
                                  const ForwardBatch& batch, bool save_kv, const TensorView& lse) {
   switch (batch.mode) {
     case ForwardMode::kIdle:
-      return Status::ok();
+      return batch.validate();  // nothing to run; an idle batch holds no tokens
     case ForwardMode::kDecode:
       return forward_decode(q, k, v, out, layer, batch, save_kv, lse);
     case ForwardMode::kExtend:
@@ -536,6 +536,22 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
           cat(name, " ", t->describe(),
               " has elements that share memory (a stride of 0, or strides that interleave): each "
               "result would overwrite another; pass a view whose elements are distinct"));
+    }
+  }
+  // q read from the KV pool's storage: save_kv writes the new k / v first, so a q over those rows
+  // would be replaced before the attention reads it (a silent wrong answer).
+  if (save_kv && q.defined()) {
+    int64_t first = 0;
+    int64_t end = 0;
+    if (q.byte_extent(&first, &end)) {
+      const std::string hit =
+          pool->storage_overlapping(static_cast<const char*>(q.data) + first, end - first);
+      if (!hit.empty()) {
+        return Status::invalid_argument(
+            cat("q ", q.describe(), " overlaps the KV pool's ", hit,
+                " buffer: save_kv writes the new k / v there before the attention reads q; pass a "
+                "separate buffer"));
+      }
     }
   }
   if (batch.req_to_token_pool != nullptr && batch.req_to_token_pool->device() != device) {

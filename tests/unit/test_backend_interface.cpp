@@ -360,6 +360,26 @@ TEST_F(ValidateInputs, RequestRowOutOfRange) {
 // cached token while the attention read the row's stale slot; a request row listed twice had the
 // second request attend the first's keys. Every mode's layout of the new tokens' columns (decode,
 // extend, mixed, draft extend, verify drafts, the encoder tokens before a cross-attention row).
+// q inside the pool's k buffer: save_kv would write the new k / v there before the attention read
+// q (a review helper's finding, 2026-11-30); without save_kv it is only read.
+TEST(ValidateQ, QOverThePoolIsRefusedWithSaveKv) {
+  Result<PreparedCase> pc =
+      harness::prepare_case(*harness::find_case("decode_page16"), Device::cpu());
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  const harness::LayerData& l = pc->layers[0];
+  const auto& pool = static_cast<const MHAKVPool&>(*pc->kv_pool);
+  TensorView q = l.q;
+  ASSERT_LT(q.storage_bytes(), pool.k_buffer(0).storage_bytes());
+  q.data = pool.k_buffer(0).data;
+  expect_error(validate_forward_inputs(q, l.k, l.v, l.out, l.layer, pc->batch, /*save_kv=*/true,
+                                       l.lse, Device::cpu()),
+               "q bf16[4, 8, 128] cpu overlaps the KV pool's k[0] buffer: save_kv writes the new "
+               "k / v there");
+  const Status read_only = validate_forward_inputs(q, l.k, l.v, l.out, l.layer, pc->batch,
+                                                   /*save_kv=*/false, l.lse, Device::cpu());
+  EXPECT_TRUE(read_only.is_ok()) << read_only.to_string();
+}
+
 TEST(ForwardBatchSlots, NewTokenSlotsMustBeTheRowsOwnAndRowsUnique) {
   for (const char* name : {"extend_page16_ragged", "mixed_page16", "draft_extend_page16",
                            "decode_page16", "decode_cross_attention", "extend_cross_attention",

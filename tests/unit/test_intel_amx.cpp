@@ -867,6 +867,29 @@ TEST(IntelAmxRejects, PageTablePastThePoolOrInPageZero) {
   }
 }
 
+// An idle batch (a rank with no work) holds no tokens: one that claims some is refused by plan and
+// forward, as torch_native's plan refused it (both had returned ok; a review helper's finding).
+TEST(IntelAmxRejects, IdleBatchWithTokens) {
+  PreparedCase pc = prepare_or_die(make_case("idle", ForwardMode::kDecode, 16, {40, 20}, {1, 1}));
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  ForwardBatch idle;
+  idle.mode = ForwardMode::kIdle;
+  idle.num_tokens = 12;
+  const harness::LayerData& ld = pc.layers[0];
+  expect_error_mentions((*backend)->init_forward_metadata(idle), StatusCode::kInvalidArgument,
+                        "ForwardBatch.num_tokens 12 must be 0 in mode idle");
+  expect_error_mentions((*backend)->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer,
+                                            idle, /*save_kv=*/false, ld.lse),
+                        StatusCode::kInvalidArgument, "must be 0 in mode idle");
+  idle.num_tokens = 0;
+  EXPECT_TRUE((*backend)->init_forward_metadata(idle).is_ok());
+  EXPECT_TRUE((*backend)
+                  ->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, idle,
+                            /*save_kv=*/false, ld.lse)
+                  .is_ok());
+}
+
 // A plan is for one batch: a batch of the same mode and size with other rows or lengths is refused
 // (it ran on the stale plan, reading the old requests' keys).
 TEST(IntelAmxRejects, ForwardWithAnotherBatchsPlan) {

@@ -223,8 +223,8 @@ class IntelAmxBackend final : public AttentionBackend {
 
   Status init_forward_metadata(const ForwardBatch& batch) override {
     planned_ = false;
+    ATTNKIT_RETURN_IF_ERROR(batch.validate());  // an idle batch too: it must hold no tokens
     if (batch.mode == ForwardMode::kIdle) return Status::ok();
-    ATTNKIT_RETURN_IF_ERROR(batch.validate());
     ATTNKIT_RETURN_IF_ERROR(check_spec(batch));
     build_requests(batch, /*cross=*/false, &self_);
     has_cross_ = !batch.encoder_lens_host.empty();
