@@ -16,7 +16,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "attnkit/device.h"
@@ -172,11 +171,16 @@ int probe_writable(const std::filesystem::path& path) {
   return ELOOP;
 }
 
-// An output file named by `flag`: not a directory, not the --cases input, in an existing directory
-// and writable now (probe_writable: nothing is truncated, and no file or link of the user's is
-// created or removed), so that a bad path fails before the sweep instead of after it.
-void check_output_path(const char* flag, const std::string& path, const std::string& cases) {
-  if (path.empty()) return;
+// An output file named by `flag`: given with a name (an empty value is refused, no value means no
+// file), not a directory, not the --cases input, in an existing directory and writable now
+// (probe_writable: nothing is truncated, and no file or link of the user's is created or removed),
+// so that a bad path fails before the sweep instead of after it.
+void check_output_path(const CLI::App& cmd, const char* flag, const std::string& path,
+                       const std::string& cases) {
+  if (path.empty()) {
+    if (cmd.count(flag) > 0) cli_fail(std::string(flag) + " is empty (expected a file name)");
+    return;
+  }
   std::error_code ec;
   const std::filesystem::path p(path);
   if (std::filesystem::is_directory(p, ec)) {
@@ -353,14 +357,8 @@ void bench_main(const CLI::App& cmd, const BenchArgs& args) {
       cli_fail("--cases " + args.cases + ": " + s.message());
     }
   }
-  for (const auto& [flag, path] :
-       {std::pair{"--json", &args.json_path}, {"--csv", &args.csv_path}}) {
-    if (cmd.count(flag) > 0 && path->empty()) {
-      cli_fail(std::string(flag) + " is empty (expected a file name)");
-    }
-  }
-  check_output_path("--json", args.json_path, args.cases);
-  check_output_path("--csv", args.csv_path, args.cases);
+  check_output_path(cmd, "--json", args.json_path, args.cases);
+  check_output_path(cmd, "--csv", args.csv_path, args.cases);
   if (!args.json_path.empty() && !args.csv_path.empty() &&
       same_file(args.json_path, args.csv_path)) {
     cli_fail("--json and --csv name the same file " + args.csv_path +

@@ -334,17 +334,21 @@ Status ForwardBatch::validate() const {
         "ForwardBatch", *req_to_token_pool, kv_pool->rows(), req_pool_indices_host, lens));
   }
   // One row per request: a row listed twice would have the second request attend the first's keys
-  // and save its new k / v to slots no row holds.
+  // and save its new k / v to slots no row holds. validate() runs per layer, so the marks live in a
+  // per-thread scratch that allocates only when a larger table first comes by; the marks set here
+  // are cleared again before returning.
   if (bs > 1) {
-    std::vector<uint8_t> seen(static_cast<size_t>(max_reqs) + 1, 0);
-    for (int64_t r = 0; r < bs; ++r) {
-      uint8_t& s = seen[static_cast<size_t>(req_pool_indices_host[r])];
-      if (s != 0) {
-        return Status::invalid_argument(cat("ForwardBatch.req_pool_indices_host[", r,
-                                            "] = ", req_pool_indices_host[r],
-                                            " is an earlier request's row (one row per request)"));
-      }
-      s = 1;
+    thread_local std::vector<uint8_t> seen;
+    if (seen.size() <= static_cast<size_t>(max_reqs))
+      seen.resize(static_cast<size_t>(max_reqs) + 1);
+    const auto row_of = [&](int64_t r) { return static_cast<size_t>(req_pool_indices_host[r]); };
+    int64_t marked = 0;
+    while (marked < bs && seen[row_of(marked)] == 0) seen[row_of(marked++)] = 1;
+    for (int64_t r = 0; r < marked; ++r) seen[row_of(r)] = 0;
+    if (marked < bs) {
+      return Status::invalid_argument(cat("ForwardBatch.req_pool_indices_host[", marked,
+                                          "] = ", req_pool_indices_host[marked],
+                                          " is an earlier request's row (one row per request)"));
     }
   }
   // The new tokens' slots: save_kv writes their k / v at out_cache_loc, and the kernels read every
