@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Partitioned mixed forwards (backend/small_extend.h extend_partition) on the device: builds the
 # CLI and the fa3 / flashinfer case binaries, runs the partition tests, times
-# bench/cases/mixed_extend.json with the partition on and off (ATTNKIT_EXTEND_PARTITION=0) for fa3
-# and flashinfer, then the shared tables and the small-extend tests that route by the same rules.
+# bench/cases/mixed_extend.json with the partition on (its two kernels overlapped by default), on
+# with the kernels one after the other (ATTNKIT_PARTITION_OVERLAP=0), and off
+# (ATTNKIT_EXTEND_PARTITION=0) for fa3 and flashinfer, then the shared tables and the small-extend
+# tests that route by the same rules.
 # Every stage writes under $OUT as it goes (a command cut by its time limit still returns them).
 #   STAGES="build test bench table" VARIANTS CASES
 #   run(carry=[".deps"], command="bash scripts/device/partition_check.sh")
@@ -24,8 +26,8 @@ if has_stage bench; then
   # VARIANTS: space-separated BACKEND[:ENV=V,ENV=V], each timed over CASES in turn.
   ak=build/device/tools/attnkit/attnkit
   i=0
-  for v in ${VARIANTS:-fa3 fa3:ATTNKIT_EXTEND_PARTITION=0 flashinfer \
-    flashinfer:ATTNKIT_EXTEND_PARTITION=0}; do
+  for v in ${VARIANTS:-fa3 fa3:ATTNKIT_PARTITION_OVERLAP=0 fa3:ATTNKIT_EXTEND_PARTITION=0 \
+    flashinfer flashinfer:ATTNKIT_PARTITION_OVERLAP=0 flashinfer:ATTNKIT_EXTEND_PARTITION=0}; do
     b=${v%%:*}
     e=""
     [[ "$v" == *:* ]] && e=${v#*:}

@@ -133,4 +133,84 @@ inline std::vector<uint8_t> extend_partition(const ForwardBatch& batch, int grou
                           group, max_rows, min_q_len);
 }
 
+// ---- Overlapping the two kernels of a partitioned forward ----
+// The wgmma kernel (compute-bound) runs on a persistent grid of sm_count - reserve CTAs, one per
+// SM, and lets the next grid launch as soon as its CTAs have started
+// (griddepcontrol.launch_dependents); the decode tiles (memory-bound) follow it as a programmatic
+// dependent launch and start on the `reserve` SMs it leaves free, then on the SMs its CTAs free as
+// they finish. They write disjoint rows; one decode CTA waits for the wgmma grid
+// (griddepcontrol.wait) before it exits, so whatever follows in the stream runs after both.
+// The wgmma kernel's tail split is off in such forwards (its merge would sit between the two).
+
+// ATTNKIT_PARTITION_OVERLAP (default 1; 0: the two kernels run one after the other, as before).
+inline bool partition_overlap_from_env() {
+  return env_int_range("ATTNKIT_PARTITION_OVERLAP", 1, 0, 1) != 0;
+}
+// ATTNKIT_PARTITION_RESERVE: the SMs left to the decode tiles (an experiment knob; -1, the
+// default: partition_overlap_reserve's model; 0: no overlap). Clamped below sm_count by the engine.
+inline int partition_reserve_from_env() {
+  return env_int_range("ATTNKIT_PARTITION_RESERVE", -1, -1, 1 << 16);
+}
+
+// The model's machine balance: the wgmma kernel's FLOP per byte the decode tiles stream in the
+// same time on the whole GPU (H200: ~600 TFLOP/s on causal d 128 bf16 tiles, ~4.2 TB/s copy).
+inline constexpr double kOverlapFlopPerByte = 140.0;
+// The fraction of the SMs whose decode CTAs reach the copy rate (more add nothing).
+inline constexpr int kOverlapSaturatingSmsDivisor = 3;
+
+// SMs to reserve for the decode tiles of a partitioned forward whose decode requests stream
+// `decode_bytes` of K / V and whose wgmma requests cost `wgmma_flops`: the reserve r (0: none)
+// that minimises the modelled time, in units of the decode's full-rate time per byte:
+//   the wgmma kernel on S - r SMs:  Tw = t_wg * S / (S - r),   t_wg = flops / kOverlapFlopPerByte;
+//   the decode meanwhile at rate f = min(1, r / (S / 3)) of the copy rate; if it is done by then,
+//   T = Tw, else the rest at the full rate: T = Tw + t_dec - f * Tw.
+// r = 0 is the serial time t_wg + t_dec; a reserve is chosen only if it saves >= 3% of that.
+inline int partition_overlap_reserve(double decode_bytes, double wgmma_flops, int sm_count) {
+  if (sm_count < 8 || !(decode_bytes > 0) || !(wgmma_flops > 0)) return 0;
+  const double t_dec = decode_bytes;
+  const double t_wg = wgmma_flops / kOverlapFlopPerByte;
+  const double serial = t_dec + t_wg;
+  const double sat = std::max(1, sm_count / kOverlapSaturatingSmsDivisor);
+  const int max_reserve = sm_count - std::max(1, sm_count / 8);
+  double best = serial;
+  int best_r = 0;
+  for (int r = 1; r <= max_reserve; ++r) {
+    const double tw = t_wg * sm_count / (sm_count - r);
+    const double f = std::min(1.0, r / sat);
+    const double t = f * tw >= t_dec ? tw : tw + t_dec - f * tw;
+    if (t < best) {
+      best = t;
+      best_r = r;
+    }
+  }
+  return best <= 0.97 * serial ? best_r : 0;
+}
+
+// The model's inputs for a partition (flags as extend_partition returns them; q_lens / kv_lens per
+// request: new tokens, and keys = cached prefix + new tokens): K / V bytes the decode requests
+// stream once per kv head, and the wgmma requests' QK^T + PV FLOPs over their causal keys.
+struct PartitionWork {
+  double decode_bytes = 0;
+  double wgmma_flops = 0;
+};
+inline PartitionWork partition_work(std::span<const uint8_t> flags, std::span<const int32_t> q_lens,
+                                    std::span<const int32_t> kv_lens, int num_q_heads,
+                                    int num_kv_heads, int qk_head_dim, int v_head_dim,
+                                    int kv_elem_bytes) {
+  PartitionWork w;
+  const size_t n = std::min({flags.size(), q_lens.size(), kv_lens.size()});
+  for (size_t r = 0; r < n; ++r) {
+    const double q = std::max(0, q_lens[r]);
+    const double kv = std::max(0, kv_lens[r]);
+    if (flags[r] != 0) {
+      w.decode_bytes += kv * num_kv_heads * (qk_head_dim + v_head_dim) * kv_elem_bytes;
+    } else {
+      const double prefix = std::max(0.0, kv - q);
+      const double pairs = q * prefix + q * (q + 1) / 2;  // causal (window / bidirectional: same)
+      w.wgmma_flops += 2.0 * num_q_heads * (qk_head_dim + v_head_dim) * pairs;
+    }
+  }
+  return w;
+}
+
 }  // namespace attnkit::detail

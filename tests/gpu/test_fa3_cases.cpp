@@ -1513,6 +1513,27 @@ TEST(Fa3PartitionTest, MixedForwardSplitsBetweenTheKernels) {
   for (const test_support::PartitionVariant& v : test_support::partition_variants(base)) {
     run_and_compare(v.spec, v.save_kv);
   }
+  // The two kernels overlapped (backend/small_extend.h): the wgmma grid leaves 1 / 40 / all but
+  // one SM to the decode tiles (ATTNKIT_PARTITION_RESERVE, clamped below the SM count), releases
+  // them at its start, and the decode tiles' last CTA waits for it before exiting.
+  // ATTNKIT_PARTITION_OVERLAP=0: one after the other.
+  for (const char* reserve : {"1", "40", "100000"}) {
+    SCOPED_TRACE(std::string("ATTNKIT_PARTITION_RESERVE=") + reserve);
+    ScopedEnv forced("ATTNKIT_PARTITION_RESERVE", reserve);
+    run_and_compare(base, true, 1.f, std::nullopt, {}, &stats);
+    EXPECT_GT(stats.partition_overlap_calls, 0);
+    EXPECT_EQ(stats.partition_overlap_calls, stats.partition_calls);
+    for (const test_support::PartitionVariant& v : test_support::partition_variants(base)) {
+      run_and_compare(v.spec, v.save_kv);
+    }
+  }
+  {
+    ScopedEnv forced("ATTNKIT_PARTITION_RESERVE", "40");
+    ScopedEnv serial("ATTNKIT_PARTITION_OVERLAP", "0");
+    run_and_compare(base, true, 1.f, std::nullopt, {}, &stats);
+    EXPECT_GT(stats.partition_calls, 0);
+    EXPECT_EQ(stats.partition_overlap_calls, 0) << "overlapped with ATTNKIT_PARTITION_OVERLAP=0";
+  }
   run_and_compare(fp8(base), true, 1.f, std::nullopt, {}, &stats);
   EXPECT_EQ(stats.partition_calls, 0) << "an fp8 pool's mixed forward was partitioned";
   ScopedEnv off("ATTNKIT_EXTEND_PARTITION", "0");

@@ -333,6 +333,27 @@ TEST(FlashInferPartitionTest, MixedForwardSplitsBetweenTheKernels) {
   for (const test_support::PartitionVariant& v : test_support::partition_variants(base)) {
     run_and_compare(v.spec, v.save_kv);
   }
+  // The two kernels overlapped (backend/small_extend.h): the wgmma grid leaves 1 / 40 / all but
+  // one SM to the decode tiles (ATTNKIT_PARTITION_RESERVE; the engine clamps it below the SM
+  // count), releases them at its start, and the decode tiles' last CTA waits for it before exiting.
+  // ATTNKIT_PARTITION_OVERLAP=0: one after the other.
+  for (const char* reserve : {"1", "40", "100000"}) {
+    SCOPED_TRACE(std::string("ATTNKIT_PARTITION_RESERVE=") + reserve);
+    test_support::ScopedEnv forced("ATTNKIT_PARTITION_RESERVE", reserve);
+    run_and_compare(base, true, &stats);
+    EXPECT_GT(stats.partition_overlap_calls, 0);
+    EXPECT_EQ(stats.partition_overlap_calls, stats.extend_partition_calls);
+    for (const test_support::PartitionVariant& v : test_support::partition_variants(base)) {
+      run_and_compare(v.spec, v.save_kv);
+    }
+  }
+  {
+    test_support::ScopedEnv forced("ATTNKIT_PARTITION_RESERVE", "40");
+    test_support::ScopedEnv serial("ATTNKIT_PARTITION_OVERLAP", "0");
+    run_and_compare(base, true, &stats);
+    EXPECT_GT(stats.extend_partition_calls, 0);
+    EXPECT_EQ(stats.partition_overlap_calls, 0) << "overlapped with ATTNKIT_PARTITION_OVERLAP=0";
+  }
   CaseSpec fp8 = base;
   fp8.name = "part_fp8_pool";
   fp8.kv_dtype = DType::kFP8E4M3;

@@ -3,8 +3,10 @@
 // request at most min_q_len new tokens), and the knobs that bound them (cpu label: host logic).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <span>
 #include <vector>
 
 #include "attnkit/forward_batch.h"
@@ -102,6 +104,63 @@ TEST(SmallExtend, PartitionSplitsMixedForwards) {
   EXPECT_EQ(flags(ForwardMode::kMixed, many).size(), many.size());
 }
 
+// The overlap model's inputs: K / V bytes of the flagged requests (once per kv head), the QK^T +
+// PV FLOPs of the others over their causal keys.
+TEST(SmallExtend, PartitionWorkCountsBytesAndFlops) {
+  const std::vector<uint8_t> flags = {0, 1, 1, 0};
+  const std::vector<int32_t> q_lens = {100, 1, 3, 0};
+  const std::vector<int32_t> kv_lens = {150, 4096, 10, 7};
+  // GQA 32 / 8, d 128 / 128, bf16 KV.
+  const detail::PartitionWork w =
+      detail::partition_work(flags, q_lens, kv_lens, 32, 8, 128, 128, 2);
+  EXPECT_DOUBLE_EQ(w.decode_bytes, (4096.0 + 10.0) * 8 * 256 * 2);
+  // Request 0: 100 new tokens over a 50-token prefix: 100 x 50 + 100 x 101 / 2 pairs; request 3
+  // has no new tokens.
+  EXPECT_DOUBLE_EQ(w.wgmma_flops, 2.0 * 32 * 256 * (100.0 * 50 + 100.0 * 101 / 2));
+  // Shorter flag / length lists: only the common prefix counts.
+  const detail::PartitionWork head = detail::partition_work(
+      std::span<const uint8_t>(flags).first(2), q_lens, kv_lens, 32, 8, 128, 128, 2);
+  EXPECT_DOUBLE_EQ(head.decode_bytes, 4096.0 * 8 * 256 * 2);
+}
+
+// The reserve: the SMs the decode tiles get beside the wgmma kernel, from the modelled time.
+TEST(SmallExtend, OverlapReserveFollowsTheModel) {
+  using detail::partition_overlap_reserve;
+  const auto modelled = [](double bytes, double flops, int sms, int r) {
+    const double t_dec = bytes;
+    const double t_wg = flops / detail::kOverlapFlopPerByte;
+    if (r == 0) return t_dec + t_wg;
+    const double tw = t_wg * sms / (sms - r);
+    const double f = std::min(1.0, r / static_cast<double>(sms / 3));
+    return f * tw >= t_dec ? tw : tw + t_dec - f * tw;
+  };
+  // Session 72's first mixed forward on an H200 (132 SMs): a 2048-token chunk (no prefix) beside
+  // 63 decode rows over 4k. The decode dominates: it gets the SMs that reach the copy rate (a
+  // third), the chunk runs beside it on the rest, and the modelled time is the decode's alone
+  // (19% under the serial sum). Of equal times the smallest reserve is taken.
+  const double bytes = 63.0 * 4096 * 8 * 256 * 2;
+  const double flops = 2.0 * 32 * 256 * (2048.0 * 2049 / 2);
+  const int r = partition_overlap_reserve(bytes, flops, 132);
+  EXPECT_EQ(r, 132 / 3);
+  EXPECT_DOUBLE_EQ(modelled(bytes, flops, 132, r), bytes);
+  EXPECT_LT(modelled(bytes, flops, 132, r), 0.85 * modelled(bytes, flops, 132, 0));
+  // No reserve is better by the model than the chosen one.
+  for (int other = 0; other <= 132 - 132 / 8; ++other) {
+    EXPECT_GE(modelled(bytes, flops, 132, other), modelled(bytes, flops, 132, r)) << other;
+  }
+  // A compute-heavy chunk (2048 over an 8k prefix) beside 31 rows: a few SMs.
+  const double bytes2 = 31.0 * 4096 * 8 * 256 * 2;
+  const double flops2 = 2.0 * 32 * 256 * (2048.0 * 8192 + 2048.0 * 2049 / 2);
+  const int r2 = partition_overlap_reserve(bytes2, flops2, 132);
+  EXPECT_GT(r2, 0);
+  EXPECT_LT(r2, r);
+  // Nothing to overlap, a tiny GPU, or a gain under 3%: none.
+  EXPECT_EQ(partition_overlap_reserve(0, flops, 132), 0);
+  EXPECT_EQ(partition_overlap_reserve(bytes, 0, 132), 0);
+  EXPECT_EQ(partition_overlap_reserve(bytes, flops, 4), 0);
+  EXPECT_EQ(partition_overlap_reserve(bytes * 1e-4, flops, 132), 0);
+}
+
 TEST(SmallExtend, KnobsAndTheirDefaults) {
   if (std::getenv("ATTNKIT_EXTEND_DECODE_ROWS") == nullptr &&
       std::getenv("ATTNKIT_FA3_MIN_Q_LEN") == nullptr) {
@@ -123,6 +182,17 @@ TEST(SmallExtend, KnobsAndTheirDefaults) {
   }
   test_support::ScopedEnv off("ATTNKIT_EXTEND_PARTITION", "0");
   EXPECT_FALSE(detail::extend_partition_from_env());
+  // ATTNKIT_PARTITION_OVERLAP: on unless 0; ATTNKIT_PARTITION_RESERVE: -1 (the model) unless set.
+  if (std::getenv("ATTNKIT_PARTITION_OVERLAP") == nullptr) {
+    EXPECT_TRUE(detail::partition_overlap_from_env());
+  }
+  if (std::getenv("ATTNKIT_PARTITION_RESERVE") == nullptr) {
+    EXPECT_EQ(detail::partition_reserve_from_env(), -1);
+  }
+  test_support::ScopedEnv overlap_off("ATTNKIT_PARTITION_OVERLAP", "0");
+  EXPECT_FALSE(detail::partition_overlap_from_env());
+  test_support::ScopedEnv reserve("ATTNKIT_PARTITION_RESERVE", "40");
+  EXPECT_EQ(detail::partition_reserve_from_env(), 40);
 }
 
 }  // namespace

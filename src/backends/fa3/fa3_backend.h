@@ -48,6 +48,9 @@ struct Fa3Stats {
   // kernel ran the longer requests, then the owned flashinfer backend's decode tiles the
   // few-token ones (counted in wgmma_calls and flashinfer_calls as well).
   int64_t partition_calls = 0;
+  // Of those, the layers whose wgmma kernel left PrefillSm90Engine::planned_overlap_reserve SMs to
+  // the decode tiles and released them at its start (backend/small_extend.h: the two overlap).
+  int64_t partition_overlap_calls = 0;
   int last_block_n = 0;  // key block of the last wgmma call (fa3::default_block_n)
   int last_block_m = 0;  // query rows per tile of the last wgmma call (128; 192: three
                          // consumer warpgroups)

@@ -186,6 +186,8 @@ std::unique_ptr<PrefillSm90Engine> PrefillSm90Engine::create(const BackendContex
   e->extend_decode_rows_ = detail::extend_decode_rows_from_env();
   e->min_q_len_ = detail::wgmma_min_q_len_from_env();
   e->partition_on_ = detail::extend_partition_from_env();
+  e->overlap_on_ = detail::partition_overlap_from_env();
+  e->reserve_forced_ = detail::partition_reserve_from_env();
   const int d = ctx.qk_head_dim;
   std::string block_ns;  // the key blocks instantiated for d
   for (int n : {64, 80, 128, 192}) {
@@ -268,6 +270,8 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   planned_ = false;
   planned_small_extend_ = false;
   partition_.clear();
+  overlap_reserve_ = 0;
+  last_run_overlapped_ = false;
   if (!why_not(batch).empty()) return Status::ok();
   const int bs = batch.batch_size;
   const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
@@ -286,6 +290,7 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
     partition_ = detail::extend_partition(batch, group, extend_decode_rows_, min_q_len_);
   }
   std::vector<TileRequest> reqs = tile_requests(batch, partition_);
+  if (!partition_.empty() && overlap_on_) overlap_reserve_ = choose_overlap_reserve(batch);
   std::vector<int32_t> kv_rows;  // MLA: key k of a request is row q_start + k of the layer's k / v
   if (mla_) {                    // the new tokens attend each other
     MlaPassRequests m = mla_pass_requests(reqs, nullptr);
@@ -336,6 +341,10 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   section_heads_ = section_heads_for(max_kv_len, fp8 ? 1 : 2);
   for (const bool causal : {true, false}) {
     TailSplit& ts = causal ? split_causal_ : split_bidir_;
+    if (overlap_reserve_ > 0) {  // the split's merge would sit between the two kernels
+      ts = TailSplit{};
+      continue;
+    }
     ts = choose_tail_split(words_, bs, ctx_.num_q_heads, rows, keys, causal, sm_count_, zigzag_,
                            split_forced_, section_heads_);
     const int64_t floats = static_cast<int64_t>(ts.split_units) * ts.num_splits * rows * (dv_ + 1);
@@ -343,6 +352,14 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   }
   planned_ = true;
   return Status::ok();
+}
+
+int PrefillSm90Engine::choose_overlap_reserve(const ForwardBatch& batch) const {
+  if (reserve_forced_ >= 0) return std::min(reserve_forced_, sm_count_ - 1);
+  const detail::PartitionWork w = detail::partition_work(
+      partition_, batch.extend_seq_lens_host, batch.seq_lens_host, ctx_.num_q_heads,
+      ctx_.num_kv_heads, dqk_, dv_, dtype_bits(batch.kv_pool->dtype()) / 8);
+  return detail::partition_overlap_reserve(w.decode_bytes, w.wgmma_flops, sm_count_);
 }
 
 int PrefillSm90Engine::section_heads_for(int64_t max_kv_len, int elem_bytes) const {
@@ -548,6 +565,7 @@ Fa3Params PrefillSm90Engine::base_params(const TensorView& q, const TensorView& 
 Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const TensorView& lse,
                               const AttentionLayer& layer, const ForwardBatch& batch,
                               StreamHandle stream) {
+  last_run_overlapped_ = false;
   if (const std::string why = why_not_layer(q, out, layer, batch); !why.empty()) {
     return Status::invalid_argument("wgmma prefill: layer " + str(layer.layer_id) +
                                     " cannot run on it: " + why);
@@ -587,6 +605,11 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   // loop's per-block ones (kFp8Tl*, fa3_params.h).
   Timeline timeline;
   ATTNKIT_RETURN_IF_ERROR(timeline.begin(p, sm_count_, stream));
+  // A partitioned forward with a reserve (planned_overlap_reserve; bf16 / f16 pools only): the
+  // grid leaves those SMs free and releases the decode tiles' launch at its start.
+  const int reserve = planned_fp8_ ? 0 : planned_overlap_reserve();
+  const int grid_sms = sm_count_ - reserve;
+  p.trigger_dependents = reserve > 0 ? 1 : 0;
   Status launched;
   if (planned_fp8_) {
     const Fp8Variant& v = fp8_variant_;
@@ -604,7 +627,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     launched = dispatch_value<WgmmaHeadDims>(
         ctx_.qk_head_dim, "wgmma prefill: head_dim", [&]<int kD>() -> Status {
           if constexpr (wgmma_head_dim_compiled(kD)) {
-            return run_prefill_sm90<kD>(p, q.dtype, block_n_, sm_count_, stream);
+            return run_prefill_sm90<kD>(p, q.dtype, block_n_, grid_sms, stream);
           } else {
             return Status::unsupported("wgmma prefill: head_dim " + str(kD) +
                                        " is not compiled in");
@@ -612,6 +635,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
         });
   }
   if (!launched) return launched;
+  last_run_overlapped_ = reserve > 0 && num_tiles_ > 0;
   return timeline.end(p, sm_count_, stream);
 }
 

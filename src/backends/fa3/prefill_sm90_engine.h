@@ -70,6 +70,8 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
     planned_ = false;
     planned_small_extend_ = false;
     partition_.clear();
+    overlap_reserve_ = 0;
+    last_run_overlapped_ = false;
   }
   bool planned() const { return planned_; }
   // The planned forward's partition (backend/small_extend.h extend_partition): one flag per
@@ -78,6 +80,14 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   // after plan() (FlashInferOptions::wgmma_partner for fa3's inner one).
   const std::vector<uint8_t>& partition() const { return partition_; }
   bool partitioned() const { return planned_ && !partition_.empty(); }
+  // The SMs the planned partitioned forward leaves to the decode tiles while its wgmma kernel
+  // runs (backend/small_extend.h partition_overlap_reserve; 0: the two kernels run one after the
+  // other). The kernel's grid is then sm_count - reserve, without the tail split.
+  int planned_overlap_reserve() const { return partitioned() ? overlap_reserve_ : 0; }
+  // Whether the last run() launched the wgmma kernel with its dependents released at its start
+  // (Fa3Params::trigger_dependents): the decode tiles that follow it in the stream may then start
+  // beside it (PagedParams::decode_overlap), and must wait for it before they complete.
+  bool last_run_overlapped() const { return last_run_overlapped_; }
 
   // "" when this layer of the planned forward can run on the kernel.
   std::string why_not_layer(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
@@ -153,6 +163,9 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   // Fa3Params::section_heads of a forward whose longest request with new tokens has max_kv_len
   // keys of elem_bytes (choose_section_heads; the MLA engine's one-head rule).
   int section_heads_for(int64_t max_kv_len, int elem_bytes) const;
+  // The reserve of a partitioned forward (partition_ set): ATTNKIT_PARTITION_RESERVE, else
+  // small_extend.h's model over the batch's lengths.
+  int choose_overlap_reserve(const ForwardBatch& batch) const;
 
   BackendContext ctx_;
   int sm_count_ = 0;
@@ -229,6 +242,13 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   // whole).
   bool partition_on_ = true;
   std::vector<uint8_t> partition_;
+  // ATTNKIT_PARTITION_OVERLAP / _RESERVE (read when the engine is created; small_extend.h) and
+  // the planned forward's reserve (planned_overlap_reserve), the last run's launch
+  // (last_run_overlapped).
+  bool overlap_on_ = true;
+  int reserve_forced_ = -1;
+  int overlap_reserve_ = 0;
+  bool last_run_overlapped_ = false;
   int plan_bs_ = 0;
   int plan_tokens_ = 0;  // batch.num_tokens: the tiles' query rows index q / out by the plan
   int num_tiles_ = 0;

@@ -976,6 +976,15 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
   const bool no_pdl = (plan_.split && !pdl_split_) || (plan_.graph && !pdl_graph_);
   p.decode_pdl = no_pdl ? 0 : (early_reads ? 2 : 1);
   p.decode_pdl_early = pdl_early_ ? 1 : 0;  // paged_params.h decode_pdl_early
+  // A partitioned forward whose wgmma kernel (the launch just before this one: the own engine's
+  // above, or the owner's) released its dependents at its start: the decode tiles start beside it
+  // (paged_params.h decode_overlap; the ring kernel only).
+  p.decode_overlap = plan_.partition && partner != nullptr && partner->last_run_overlapped() &&
+                             plan_.shape == TileShape::kDecode && plan_.verify_decode &&
+                             plan_.balance_slots == 0 && !cascade
+                         ? 1
+                         : 0;
+  if (p.decode_overlap != 0) ++stats_.partition_overlap_calls;
   p.plan = plan_.words;
   p.bs = batch.batch_size;
   if (batch.mode == ForwardMode::kTargetVerify && batch.spec.custom_mask.defined()) {

@@ -132,6 +132,9 @@ struct FlashInferStats {
   // Of those, the calls that ran the few-token requests of a partitioned mixed forward
   // (backend/small_extend.h extend_partition) while the SM90 wgmma kernel ran its others.
   int64_t extend_partition_calls = 0;
+  // Of those, the launches that ran beside the wgmma kernel (backend/small_extend.h: its grid left
+  // PrefillSm90Engine::planned_overlap_reserve SMs free; PagedParams::decode_overlap).
+  int64_t partition_overlap_calls = 0;
   // Of those, the calls on 32-row tiles (two M tiles per CTA; verify_tile_rows), and the CTAs per
   // SM the last one's plan targeted (verify_ctas_per_sm: 2 on 32-row tiles on SM90, else 1, or
   // ATTNKIT_FLASHINFER_VERIFY_CTAS_PER_SM), 0 before one.

@@ -153,6 +153,9 @@ struct Work {
   // Tr::kGridDepWait: griddepcontrol.launch_dependents right after the wait (the next PDL-launched
   // grid may then start while this one streams).
   bool dependents_after_wait = false;
+  // Tr::kGridDepWait: false skips the wait (a launch whose previous grid writes nothing this CTA
+  // reads, e.g. PagedParams::decode_overlap).
+  bool grid_dep_wait = true;
   float scale_log2 = 0.f;  // logit scale (k_scale folded in) * log2(e)
   float scale = 0.f;       // soft-cap path
   float logit_cap = 0.f;   // 0 = off
@@ -322,8 +325,10 @@ __device__ __forceinline__ void attend(const Work& w, uint8_t* smem, QRowFn q_ro
   cp_async_wait<0>();
   __syncwarp();
   if constexpr (Tr::kGridDepWait) {
-    grid_dep_wait();
-    if (w.dependents_after_wait) grid_dep_launch_dependents();
+    if (w.grid_dep_wait) {
+      grid_dep_wait();
+      if (w.dependents_after_wait) grid_dep_launch_dependents();
+    }
   }
 #pragma unroll
   for (int i = 0; i < kS - kSub; ++i) {

@@ -1388,6 +1388,7 @@ __global__ void __launch_bounds__(
     sm90::mbar_init_fence();
   }
   __syncthreads();
+  if (p.trigger_dependents != 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int wg = warpgroup_index<kUniformWg>();
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();

@@ -124,7 +124,8 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   cfg.attrs = attrs;
   PagedParams launch = p;
   launch.decode_pdl = decode_pdl(p.decode_pdl);
-  cfg.numAttrs = launch.decode_pdl != 0 ? 1 : 0;
+  if (launch.decode_overlap != 0) launch.decode_pdl = 0;
+  cfg.numAttrs = launch.decode_pdl != 0 || launch.decode_overlap != 0 ? 1 : 0;
   ATTNKIT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, launch));
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();

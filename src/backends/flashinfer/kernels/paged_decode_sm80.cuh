@@ -325,7 +325,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const int num_items = p.plan[0];
   const WorkItem item = *reinterpret_cast<const WorkItem*>(
       p.plan + kPlanHeaderWords + p.bs * kRequestWords + blockIdx.y * kItemWords);
-  if (static_cast<int>(blockIdx.y) >= num_items || item.request < 0) return;
+  // decode_overlap: the grid's last CTA waits for the previous grid (the wgmma kernel running
+  // beside this one) before it exits, so this grid completes after it (paged_params.h).
+  const bool overlap_waiter =
+      p.decode_overlap != 0 && blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1;
+  if (static_cast<int>(blockIdx.y) >= num_items || item.request < 0) {
+    if (overlap_waiter) cuda::ring::grid_dep_wait();
+    return;
+  }
   // The page-table row: the only load between the item and the first slot words (the item
   // carries the request's lengths; the RequestPlan is read for the split fields only).
   const int32_t* table = p.req_to_token + static_cast<int64_t>(p.req_pool_indices[item.request]) *
@@ -371,6 +378,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   w.k_row_bytes = static_cast<uint32_t>(p.k_stride_row * Tr::kKvElemBytes);  // < 2^32: host check
   w.v_row_bytes = static_cast<uint32_t>(p.v_stride_row * Tr::kKvElemBytes);
   w.dependents_after_wait = p.decode_pdl == 2 && p.decode_pdl_early != 0;
+  w.grid_dep_wait = p.decode_overlap == 0;
   w.scale_log2 = p.scale_log2;
   w.scale = p.scale;
   w.logit_cap = p.logit_cap;
@@ -416,6 +424,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   } else {
     attend_item<Tr>(p, w, smem, q, table, token_of, head_of, split, partial_entry);
   }
+  if (overlap_waiter) cuda::ring::grid_dep_wait();
   // This CTA's streaming is done: the next PDL-launched kernel may start its prologue (it waits
   // for this whole grid before touching anything this grid writes). The fallback trigger: by
   // default (decode_pdl 1 or 2 with decode_pdl_early) each CTA triggered right after its wait

@@ -137,6 +137,13 @@ struct PagedParams {
   // wait for this whole grid before reading anything it writes. (Released before the wait, every
   // queued forward started at once: b16 kv 4k --launches 10 86.6 us instead of 70.3.)
   int decode_pdl_early = 0;
+  // 1: the decode tiles of a partitioned forward launched right after the SM90 wgmma kernel that
+  // released them at its start (backend/small_extend.h; Fa3Params::trigger_dependents), with
+  // decode_pdl 0. The ring kernel's CTAs then start beside that kernel and read nothing it writes
+  // (disjoint rows; the keys were stored before it), so they skip the wait; the grid's last CTA
+  // waits for it (griddepcontrol.wait) before exiting, so this grid completes after it and the
+  // stream's next work sees both. Set only for paged_decode_ring_kernel's launches.
+  int decode_overlap = 0;
   // Balanced decode (the default, ATTNKIT_FLASHINFER_DECODE_BALANCE=auto or =1;
   // balanced_plan.h): > 0 = the plan is a balanced-kernel plan of this many slots, launched as
   // paged_decode_balanced_kernel with one CTA per slot; 0 = a WorkItem plan.
