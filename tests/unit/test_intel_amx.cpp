@@ -832,6 +832,29 @@ TEST(IntelAmxRejects, ForwardWithoutMetadata) {
   expect_error_mentions(st, StatusCode::kInvalidArgument, "init_forward_metadata");
 }
 
+// A forward after a refused init_forward_metadata names the refusal, not a missing call; a
+// later successful plan clears it.
+TEST(IntelAmxRejects, ForwardAfterARefusedPlanNamesTheRefusal) {
+  PreparedCase pc = prepare_or_die(make_case("refused", ForwardMode::kDecode, 16, {40}, {1}));
+  Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  const harness::LayerData& ld = pc.layers[0];
+  const int32_t seq = pc.batch.seq_lens_host[0];
+  pc.batch.seq_lens_host[0] = -5;
+  const Status refused = (*backend)->init_forward_metadata(pc.batch);
+  ASSERT_FALSE(refused.is_ok());
+  pc.batch.seq_lens_host[0] = seq;
+  const Status st = (*backend)->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer,
+                                        pc.batch, /*save_kv=*/false, ld.lse);
+  expect_error_mentions(st, StatusCode::kInvalidArgument, "was refused");
+  EXPECT_NE(st.message().find(refused.message()), std::string::npos) << st.to_string();
+  ASSERT_TRUE((*backend)->init_forward_metadata(pc.batch).is_ok());
+  EXPECT_TRUE((*backend)
+                  ->forward(ld.q, TensorView(), TensorView(), ld.out, ld.layer, pc.batch,
+                            /*save_kv=*/false, ld.lse)
+                  .is_ok());
+}
+
 TEST(IntelAmxRejects, BadShapesAreNamed) {
   PreparedCase pc = prepare_or_die(make_case("shape", ForwardMode::kDecode, 16, {40}, {1}));
   Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());

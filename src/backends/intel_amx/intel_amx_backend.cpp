@@ -223,6 +223,15 @@ class IntelAmxBackend final : public AttentionBackend {
 
   Status init_forward_metadata(const ForwardBatch& batch) override {
     planned_ = false;
+    plan_refused_.clear();
+    Status s = build_plan(batch);
+    // A forward after a refused plan names that refusal (its first cause), not a missing call.
+    if (!s.is_ok()) plan_refused_ = s.to_string();
+    return s;
+  }
+
+  // init_forward_metadata's work (planned_ is false until it succeeds).
+  Status build_plan(const ForwardBatch& batch) {
     ATTNKIT_RETURN_IF_ERROR(batch.validate());  // an idle batch too: it must hold no tokens
     if (batch.mode == ForwardMode::kIdle) return Status::ok();
     ATTNKIT_RETURN_IF_ERROR(check_spec(batch));
@@ -625,6 +634,11 @@ class IntelAmxBackend final : public AttentionBackend {
         (batch.mode == ForwardMode::kTargetVerify &&
          (planned_draft_tokens_ != batch.spec.draft_token_num || planned_topk_ != batch.spec.topk ||
           planned_custom_mask_ != batch.spec.custom_mask.data))) {
+      if (!planned_ && !plan_refused_.empty()) {
+        return Status::invalid_argument(
+            cat("intel_amx: no plan for this forward: the last init_forward_metadata was refused (",
+                plan_refused_, ")"));
+      }
       return Status::invalid_argument(
           cat("intel_amx: init_forward_metadata was not called for this batch (mode ",
               forward_mode_name(batch.mode), ", batch_size ", batch.batch_size, ", num_tokens ",
@@ -723,6 +737,7 @@ class IntelAmxBackend final : public AttentionBackend {
   int64_t scratch_stride_ = 0;
 
   bool planned_ = false;
+  std::string plan_refused_;  // the last init_forward_metadata's refusal ("" after a success)
   ForwardMode planned_mode_ = ForwardMode::kIdle;
   int planned_batch_size_ = 0;
   // What the plan was made from: a forward with another batch of the same mode and size is refused.
