@@ -337,7 +337,7 @@ TEST(FlashInferPartitionTest, MixedForwardSplitsBetweenTheKernels) {
   // one SM to the decode tiles (ATTNKIT_PARTITION_RESERVE; the engine clamps it below the SM
   // count), releases them at its start, and the decode tiles' last CTA waits for it before exiting.
   // ATTNKIT_PARTITION_OVERLAP=0: one after the other.
-  for (const char* reserve : {"1", "40", "100000"}) {
+  for (const char* reserve : {"1", "40", "65536"}) {
     SCOPED_TRACE(std::string("ATTNKIT_PARTITION_RESERVE=") + reserve);
     test_support::ScopedEnv forced("ATTNKIT_PARTITION_RESERVE", reserve);
     run_and_compare(base, true, &stats);
@@ -363,6 +363,28 @@ TEST(FlashInferPartitionTest, MixedForwardSplitsBetweenTheKernels) {
   run_and_compare(base, true, &stats);
   EXPECT_EQ(stats.extend_partition_calls, 0) << "partitioned with ATTNKIT_EXTEND_PARTITION=0";
   EXPECT_GT(stats.wgmma_calls, 0);
+}
+
+// The decode tiles of an overlapped split forward complete after the wgmma kernel: copies of out
+// and the LSE enqueued right after each layer (no synchronisation) equal the tensors, with a
+// 4096-token chunk on 32 SMs of an H200-class part (reserve 100) running far past two short
+// decode rows.
+TEST(FlashInferPartitionTest, OverlappedKernelsKeepStreamOrder) {
+  CaseSpec spec = long_decode("part_order", {0, 300, 300}, 16, DType::kBF16);
+  spec.mode = ForwardMode::kMixed;
+  spec.new_lens = {4096, 1, 1};
+  if (const std::string why = test_support::partition_test_skip(spec, {0, 1, 1}); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  test_support::expect_partition_stream_order(
+      spec, [](const BackendContext& ctx) { return create_flashinfer_backend_with(ctx, {}); },
+      "100",
+      [](AttentionBackend& b) {
+        const FlashInferStats* st = flashinfer_stats(b);
+        ASSERT_NE(st, nullptr);
+        EXPECT_GT(st->partition_overlap_calls, 0);
+        EXPECT_EQ(st->partition_overlap_calls, st->extend_partition_calls);
+      });
 }
 
 // Target verify over long cached prefixes: the eager plan splits the prefixes into key chunks

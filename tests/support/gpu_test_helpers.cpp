@@ -16,6 +16,7 @@
 #include "attnkit/tensor.h"
 #include "backend/small_extend.h"
 #include "core/env_knob.h"
+#include "support/scoped_env.h"
 
 #ifdef ATTNKIT_WITH_CUDA
 #include <cuda_runtime.h>
@@ -79,6 +80,73 @@ std::string partition_test_skip(const harness::CaseSpec& base, const std::vector
   }
   return "";
 }
+
+#ifdef ATTNKIT_WITH_CUDA
+void expect_partition_stream_order(const harness::CaseSpec& spec, const BackendFactory& make,
+                                   const char* reserve,
+                                   const std::function<void(AttentionBackend&)>& overlapped) {
+  ScopedEnv forced("ATTNKIT_PARTITION_RESERVE", reserve);
+  Result<harness::PreparedCase> pc = harness::prepare_case(spec, Device::cuda(0));
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  Result<std::unique_ptr<AttentionBackend>> backend = make(pc->context());
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  const auto stream = static_cast<cudaStream_t>(pc->batch.stream);
+  std::vector<std::pair<Buffer, Buffer>> copies;  // (out, lse) per layer
+  ASSERT_TRUE((*backend)->init_forward_metadata(pc->batch).is_ok());
+  for (harness::LayerData& ld : pc->layers) {
+    const size_t out_bytes = static_cast<size_t>(ld.out.numel()) * dtype_bits(ld.out.dtype) / 8;
+    const size_t lse_bytes = ld.lse.defined() ? static_cast<size_t>(ld.lse.numel()) * 4 : 0;
+    ASSERT_EQ(cudaMemsetAsync(ld.out.data, 0xff, out_bytes, stream), cudaSuccess);
+    if (lse_bytes > 0)
+      ASSERT_EQ(cudaMemsetAsync(ld.lse.data, 0xff, lse_bytes, stream), cudaSuccess);
+    const Status s = (*backend)->forward(ld.q, ld.save_kv_allowed ? ld.k : TensorView(),
+                                         ld.save_kv_allowed ? ld.v : TensorView(), ld.out, ld.layer,
+                                         pc->batch, ld.save_kv_allowed, ld.lse);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    Result<Buffer> out_copy = Buffer::allocate(Device::cuda(0), static_cast<int64_t>(out_bytes));
+    Result<Buffer> lse_copy =
+        Buffer::allocate(Device::cuda(0), static_cast<int64_t>(std::max<size_t>(lse_bytes, 4)));
+    ASSERT_TRUE(out_copy.is_ok() && lse_copy.is_ok());
+    copies.emplace_back(std::move(*out_copy), std::move(*lse_copy));
+    ASSERT_EQ(cudaMemcpyAsync(copies.back().first.data(), ld.out.data, out_bytes,
+                              cudaMemcpyDeviceToDevice, stream),
+              cudaSuccess);
+    if (lse_bytes > 0) {
+      ASSERT_EQ(cudaMemcpyAsync(copies.back().second.data(), ld.lse.data, lse_bytes,
+                                cudaMemcpyDeviceToDevice, stream),
+                cudaSuccess);
+    }
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (size_t i = 0; i < pc->layers.size(); ++i) {
+    const harness::LayerData& ld = pc->layers[i];
+    const size_t out_bytes = static_cast<size_t>(ld.out.numel()) * dtype_bits(ld.out.dtype) / 8;
+    std::vector<uint8_t> now(out_bytes), copied(out_bytes);
+    ASSERT_EQ(cudaMemcpy(now.data(), ld.out.data, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(copied.data(), copies[i].first.data(), out_bytes, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_TRUE(now == copied) << "layer " << i
+                               << ": out copied right after the forward differs from out";
+    if (ld.lse.defined()) {
+      const size_t lse_bytes = static_cast<size_t>(ld.lse.numel()) * 4;
+      std::vector<uint8_t> lse_now(lse_bytes), lse_copied(lse_bytes);
+      ASSERT_EQ(cudaMemcpy(lse_now.data(), ld.lse.data, lse_bytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(
+          cudaMemcpy(lse_copied.data(), copies[i].second.data(), lse_bytes, cudaMemcpyDeviceToHost),
+          cudaSuccess);
+      EXPECT_TRUE(lse_now == lse_copied) << "layer " << i << ": the LSE copy differs";
+    }
+  }
+  overlapped(**backend);
+}
+#else
+void expect_partition_stream_order(const harness::CaseSpec&, const BackendFactory&, const char*,
+                                   const std::function<void(AttentionBackend&)>&) {
+  GTEST_SKIP() << "built without CUDA";
+}
+#endif  // ATTNKIT_WITH_CUDA
 
 std::vector<PartitionVariant> partition_variants(const harness::CaseSpec& base) {
   std::vector<PartitionVariant> out;

@@ -101,6 +101,17 @@ int flashinfer_verify_ctas_per_sm(bool rows32, int compute_capability);
 using BackendFactory =
     std::function<Result<std::unique_ptr<AttentionBackend>>(const BackendContext&)>;
 
+// Stream order after an overlapped partitioned forward (backend/small_extend.h): prepares `spec`
+// (a mixed forward that splits, with a long chunk), runs it on a backend made by `make` with the
+// wgmma kernel on few SMs (ATTNKIT_PARTITION_RESERVE=`reserve`), its out / lse NaN-poisoned
+// first, and enqueues a copy of every layer's out and lse on the batch's stream right after the
+// layer, before any synchronisation: each copy must equal its tensor once the stream is done (the
+// decode grid completed after the wgmma grid). `overlapped` is called on the backend afterwards
+// (the caller's stats checks). Call from a TEST body (uses ASSERT).
+void expect_partition_stream_order(const harness::CaseSpec& spec, const BackendFactory& make,
+                                   const char* reserve,
+                                   const std::function<void(AttentionBackend&)>& overlapped);
+
 // CUDA graphs: runs the prepared case eagerly on a backend made by `make` (on a fresh stream) and
 // checks it against the fp64 reference; poisons out / lse with NaN; sets up the graph state
 // (max_bs = the batch size or `graph_max_bs` if larger, as an engine that captures several batch

@@ -131,13 +131,13 @@ TEST(SmallExtend, OverlapReserveFollowsTheModel) {
     const double t_wg = flops / detail::kOverlapFlopPerByte;
     if (r == 0) return t_dec + t_wg;
     const double tw = t_wg * sms / (sms - r);
-    const double f = std::min(1.0, r / static_cast<double>(sms / 3));
-    return f * tw >= t_dec ? tw : tw + t_dec - f * tw;
+    const double f = std::min(1.0, r / static_cast<double>(std::max(1, sms / 3)));
+    return f * tw >= t_dec ? tw : t_dec + (1.0 - f) * tw;
   };
   // Session 72's first mixed forward on an H200 (132 SMs): a 2048-token chunk (no prefix) beside
   // 63 decode rows over 4k. The decode dominates: it gets the SMs that reach the copy rate (a
   // third), the chunk runs beside it on the rest, and the modelled time is the decode's alone
-  // (19% under the serial sum). Of equal times the smallest reserve is taken.
+  // (19% under the serial sum). Of equal times the smallest reserve is taken (the sweep below).
   const double bytes = 63.0 * 4096 * 8 * 256 * 2;
   const double flops = 2.0 * 32 * 256 * (2048.0 * 2049 / 2);
   const int r = partition_overlap_reserve(bytes, flops, 132);
@@ -154,6 +154,27 @@ TEST(SmallExtend, OverlapReserveFollowsTheModel) {
   const int r2 = partition_overlap_reserve(bytes2, flops2, 132);
   EXPECT_GT(r2, 0);
   EXPECT_LT(r2, r);
+  // Whatever the balance, the reserve is the smallest of the least modelled time (no larger one
+  // taken on rounding noise: the decode-bound ratios all tie at the decode's time from S / 3 on).
+  for (double ratio = 0.05; ratio < 40; ratio *= 1.07) {
+    const double b = 1e9;
+    const double f = b / ratio * detail::kOverlapFlopPerByte;
+    for (int sms : {8, 9, 66, 78, 114, 132, 144}) {
+      const int got = partition_overlap_reserve(b, f, sms);
+      double least = modelled(b, f, sms, 0);
+      for (int other = 1; other <= sms - std::max(1, sms / 8); ++other) {
+        least = std::min(least, modelled(b, f, sms, other));
+      }
+      if (got == 0) {
+        EXPECT_GT(least, 0.97 * modelled(b, f, sms, 0) * (1 - 1e-9)) << ratio << " " << sms;
+        continue;
+      }
+      EXPECT_NEAR(modelled(b, f, sms, got), least, least * 1e-12) << ratio << " " << sms;
+      for (int other = 1; other < got; ++other) {
+        EXPECT_GT(modelled(b, f, sms, other), least * (1 + 1e-12)) << ratio << " " << sms;
+      }
+    }
+  }
   // Nothing to overlap, a tiny GPU, or a gain under 3%: none.
   EXPECT_EQ(partition_overlap_reserve(0, flops, 132), 0);
   EXPECT_EQ(partition_overlap_reserve(bytes, 0, 132), 0);

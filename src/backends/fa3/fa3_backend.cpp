@@ -197,8 +197,10 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
   // the others no rows; the keys are in the pool already).
   ++stats_.flashinfer_calls;
   ++stats_.partition_calls;
-  if (wgmma_->last_run_overlapped()) ++stats_.partition_overlap_calls;
-  return inner_->forward_extend(q, k, v, out, layer, batch, /*save_kv=*/false, lse);
+  const bool overlapped = wgmma_->last_run_overlapped();
+  const Status s = inner_->forward_extend(q, k, v, out, layer, batch, /*save_kv=*/false, lse);
+  if (s.is_ok() && overlapped) ++stats_.partition_overlap_calls;
+  return s;
 }
 
 void Fa3Backend::record_wgmma_call(const fa3::PrefillSm90Engine& e, const AttentionLayer& layer) {

@@ -82,7 +82,7 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   bool partitioned() const { return planned_ && !partition_.empty(); }
   // The SMs the planned partitioned forward leaves to the decode tiles while its wgmma kernel
   // runs (backend/small_extend.h partition_overlap_reserve; 0: the two kernels run one after the
-  // other). The kernel's grid is then sm_count - reserve, without the tail split.
+  // other). The kernel's grid is then min(units, sm_count - reserve), without the tail split.
   int planned_overlap_reserve() const { return partitioned() ? overlap_reserve_ : 0; }
   // Whether the last run() launched the wgmma kernel with its dependents released at its start
   // (Fa3Params::trigger_dependents): the decode tiles that follow it in the stream may then start

@@ -984,7 +984,10 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
                              plan_.balance_slots == 0 && !cascade
                          ? 1
                          : 0;
-  if (p.decode_overlap != 0) ++stats_.partition_overlap_calls;
+  if (p.decode_overlap != 0) {
+    p.decode_pdl = 0;  // no wait at the CTAs' start (launch_paged keeps the programmatic launch)
+    ++stats_.partition_overlap_calls;
+  }
   p.plan = plan_.words;
   p.bs = batch.batch_size;
   if (batch.mode == ForwardMode::kTargetVerify && batch.spec.custom_mask.defined()) {

@@ -153,8 +153,8 @@ struct Work {
   // Tr::kGridDepWait: griddepcontrol.launch_dependents right after the wait (the next PDL-launched
   // grid may then start while this one streams).
   bool dependents_after_wait = false;
-  // Tr::kGridDepWait: false skips the wait (a launch whose previous grid writes nothing this CTA
-  // reads, e.g. PagedParams::decode_overlap).
+  // Where Tr::kGridDepWait: false skips attend's wait for the previous grid (a launch whose
+  // previous grid writes nothing this CTA reads, e.g. PagedParams::decode_overlap).
   bool grid_dep_wait = true;
   float scale_log2 = 0.f;  // logit scale (k_scale folded in) * log2(e)
   float scale = 0.f;       // soft-cap path

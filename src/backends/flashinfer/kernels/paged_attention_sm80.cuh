@@ -92,6 +92,9 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
     }
   }();
   ATTNKIT_RETURN_IF_ERROR(cuda::check_smem_fits(Tr::kSmemBytes, "flashinfer: the decode CTA"));
+  if (kBalanced && p.decode_overlap != 0) {  // only the ring kernel has the overlap's end wait
+    return Status::internal("flashinfer: decode_overlap on the balanced decode kernel");
+  }
   // Per-function attributes, set once per instantiation and device (not stream operations;
   // per_device_once.h): the dynamic shared memory and all of the unified L1/shared storage as
   // shared memory (two decode CTAs per SM need 2 x 107 KB).
@@ -124,8 +127,12 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   cfg.attrs = attrs;
   PagedParams launch = p;
   launch.decode_pdl = decode_pdl(p.decode_pdl);
+  // decode_overlap: a programmatic launch after the wgmma kernel unless ATTNKIT_FLASHINFER_PDL=0
+  // (then a plain one, after it; the kernel's skipped waits and its last CTA's wait hold either
+  // way), with no wait at the CTAs' start (decode_pdl 0).
+  const bool overlap_pdl = p.decode_overlap != 0 && decode_pdl(2) != 0;
   if (launch.decode_overlap != 0) launch.decode_pdl = 0;
-  cfg.numAttrs = launch.decode_pdl != 0 || launch.decode_overlap != 0 ? 1 : 0;
+  cfg.numAttrs = launch.decode_pdl != 0 || overlap_pdl ? 1 : 0;
   ATTNKIT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, launch));
   ATTNKIT_CUDA_TRY(cudaGetLastError());
   return Status::ok();
