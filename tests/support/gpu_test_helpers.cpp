@@ -91,53 +91,44 @@ void expect_partition_stream_order(const harness::CaseSpec& spec, const BackendF
   Result<std::unique_ptr<AttentionBackend>> backend = make(pc->context());
   ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
   const auto stream = static_cast<cudaStream_t>(pc->batch.stream);
-  std::vector<std::pair<Buffer, Buffer>> copies;  // (out, lse) per layer
+  // Each layer's out and LSE: NaN-poisoned before its forward, copied right after it.
+  struct Copy {
+    std::string what;
+    const TensorView* result;
+    Buffer copy;
+  };
+  std::vector<Copy> copies;
   ASSERT_TRUE((*backend)->init_forward_metadata(pc->batch).is_ok());
-  for (harness::LayerData& ld : pc->layers) {
-    const size_t out_bytes = static_cast<size_t>(ld.out.numel()) * dtype_bits(ld.out.dtype) / 8;
-    const size_t lse_bytes = ld.lse.defined() ? static_cast<size_t>(ld.lse.numel()) * 4 : 0;
-    ASSERT_EQ(cudaMemsetAsync(ld.out.data, 0xff, out_bytes, stream), cudaSuccess);
-    if (lse_bytes > 0)
-      ASSERT_EQ(cudaMemsetAsync(ld.lse.data, 0xff, lse_bytes, stream), cudaSuccess);
+  for (size_t i = 0; i < pc->layers.size(); ++i) {
+    harness::LayerData& ld = pc->layers[i];
+    std::vector<std::pair<const TensorView*, const char*>> results = {{&ld.out, "out"}};
+    if (ld.lse.defined()) results.emplace_back(&ld.lse, "the LSE");
+    for (const auto& [t, name] : results) {
+      ASSERT_EQ(cudaMemsetAsync(t->data, 0xff, static_cast<size_t>(t->storage_bytes()), stream),
+                cudaSuccess);
+    }
     const Status s = (*backend)->forward(ld.q, ld.save_kv_allowed ? ld.k : TensorView(),
                                          ld.save_kv_allowed ? ld.v : TensorView(), ld.out, ld.layer,
                                          pc->batch, ld.save_kv_allowed, ld.lse);
     ASSERT_TRUE(s.is_ok()) << s.to_string();
-    Result<Buffer> out_copy = Buffer::allocate(Device::cuda(0), static_cast<int64_t>(out_bytes));
-    Result<Buffer> lse_copy =
-        Buffer::allocate(Device::cuda(0), static_cast<int64_t>(std::max<size_t>(lse_bytes, 4)));
-    ASSERT_TRUE(out_copy.is_ok() && lse_copy.is_ok());
-    copies.emplace_back(std::move(*out_copy), std::move(*lse_copy));
-    ASSERT_EQ(cudaMemcpyAsync(copies.back().first.data(), ld.out.data, out_bytes,
-                              cudaMemcpyDeviceToDevice, stream),
-              cudaSuccess);
-    if (lse_bytes > 0) {
-      ASSERT_EQ(cudaMemcpyAsync(copies.back().second.data(), ld.lse.data, lse_bytes,
+    for (const auto& [t, name] : results) {
+      Result<Buffer> copy = Buffer::allocate(Device::cuda(0), t->storage_bytes());
+      ASSERT_TRUE(copy.is_ok()) << copy.status().to_string();
+      ASSERT_EQ(cudaMemcpyAsync(copy->data(), t->data, static_cast<size_t>(t->storage_bytes()),
                                 cudaMemcpyDeviceToDevice, stream),
                 cudaSuccess);
+      copies.push_back({"layer " + std::to_string(i) + ": " + name, t, std::move(copy).value()});
     }
   }
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (size_t i = 0; i < pc->layers.size(); ++i) {
-    const harness::LayerData& ld = pc->layers[i];
-    const size_t out_bytes = static_cast<size_t>(ld.out.numel()) * dtype_bits(ld.out.dtype) / 8;
-    std::vector<uint8_t> now(out_bytes), copied(out_bytes);
-    ASSERT_EQ(cudaMemcpy(now.data(), ld.out.data, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(copied.data(), copies[i].first.data(), out_bytes, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    EXPECT_TRUE(now == copied) << "layer " << i
-                               << ": out copied right after the forward differs from out";
-    if (ld.lse.defined()) {
-      const size_t lse_bytes = static_cast<size_t>(ld.lse.numel()) * 4;
-      std::vector<uint8_t> lse_now(lse_bytes), lse_copied(lse_bytes);
-      ASSERT_EQ(cudaMemcpy(lse_now.data(), ld.lse.data, lse_bytes, cudaMemcpyDeviceToHost),
-                cudaSuccess);
-      ASSERT_EQ(
-          cudaMemcpy(lse_copied.data(), copies[i].second.data(), lse_bytes, cudaMemcpyDeviceToHost),
-          cudaSuccess);
-      EXPECT_TRUE(lse_now == lse_copied) << "layer " << i << ": the LSE copy differs";
-    }
+  for (const Copy& c : copies) {
+    std::vector<uint8_t> copied(static_cast<size_t>(c.result->storage_bytes()));
+    ASSERT_TRUE(copy_bytes(copied.data(), Device::cpu(), c.copy.data(), Device::cuda(0),
+                           c.result->storage_bytes())
+                    .is_ok());
+    EXPECT_TRUE(to_host_bytes(*c.result) == copied)
+        << c.what << " copied right after the forward differs from its final value";
   }
   overlapped(**backend);
 }

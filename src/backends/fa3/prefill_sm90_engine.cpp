@@ -339,14 +339,12 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
     if (r.q_len > 0) max_kv_len = std::max<int64_t>(max_kv_len, r.kv_len);
   }
   section_heads_ = section_heads_for(max_kv_len, fp8 ? 1 : 2);
+  // An overlapped partition runs without it (forced 0): its merge would sit between the kernels.
+  const int split_forced = overlap_reserve_ > 0 ? 0 : split_forced_;
   for (const bool causal : {true, false}) {
     TailSplit& ts = causal ? split_causal_ : split_bidir_;
-    if (overlap_reserve_ > 0) {  // the split's merge would sit between the two kernels
-      ts = TailSplit{};
-      continue;
-    }
     ts = choose_tail_split(words_, bs, ctx_.num_q_heads, rows, keys, causal, sm_count_, zigzag_,
-                           split_forced_, section_heads_);
+                           split_forced, section_heads_);
     const int64_t floats = static_cast<int64_t>(ts.split_units) * ts.num_splits * rows * (dv_ + 1);
     if (floats > 0) ATTNKIT_RETURN_IF_ERROR(split_ws_.reserve(ctx_.device, floats));
   }

@@ -127,11 +127,10 @@ Status launch_paged(const PagedParams& p, int grid_items, StreamHandle stream) {
   cfg.attrs = attrs;
   PagedParams launch = p;
   launch.decode_pdl = decode_pdl(p.decode_pdl);
-  // decode_overlap: a programmatic launch after the wgmma kernel unless ATTNKIT_FLASHINFER_PDL=0
-  // (then a plain one, after it; the kernel's skipped waits and its last CTA's wait hold either
-  // way), with no wait at the CTAs' start (decode_pdl 0).
+  // decode_overlap (the backend sets decode_pdl 0 with it: no wait at the CTAs' start): a
+  // programmatic launch after the wgmma kernel unless ATTNKIT_FLASHINFER_PDL=0 (then a plain one,
+  // after it; the kernel's skipped waits and its last CTA's wait hold either way).
   const bool overlap_pdl = p.decode_overlap != 0 && decode_pdl(2) != 0;
-  if (launch.decode_overlap != 0) launch.decode_pdl = 0;
   cfg.numAttrs = launch.decode_pdl != 0 || overlap_pdl ? 1 : 0;
   ATTNKIT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, launch));
   ATTNKIT_CUDA_TRY(cudaGetLastError());
