@@ -142,7 +142,11 @@ struct PagedParams {
   // decode_pdl 0. The ring kernel's CTAs then start beside that kernel and read nothing it writes
   // (disjoint rows; the keys were stored before it), so they skip the wait; the grid's last CTA
   // waits for it (griddepcontrol.wait) before exiting, so this grid completes after it and the
-  // stream's next work sees both. Set only for paged_decode_ring_kernel's launches.
+  // stream's next work sees both. (That wait is the PTX rule for a dependent of a grid that
+  // triggers early; on the H200 / driver 580 the stream already ordered the next work after both
+  // grids without it: session 75's mutant run of the OverlappedKernelsKeepStreamOrder tests
+  // passed 5 / 5. It costs one resident CTA until the wgmma grid ends.) Set only for
+  // paged_decode_ring_kernel's launches.
   int decode_overlap = 0;
   // Balanced decode (the default, ATTNKIT_FLASHINFER_DECODE_BALANCE=auto or =1;
   // balanced_plan.h): > 0 = the plan is a balanced-kernel plan of this many slots, launched as
