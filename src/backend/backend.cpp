@@ -493,16 +493,22 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
   // data.
   const TensorView table =
       batch.req_to_token_pool != nullptr ? batch.req_to_token_pool->table() : TensorView();
-  for (const auto& [t, name] : {std::pair{out, "out"}, std::pair{&lse, "lse"}}) {
-    if (t == nullptr || !t->defined()) continue;
+  // The KV pool buffer under those bytes of t ("" if none); false when t's strides span more
+  // bytes than an address holds.
+  const auto pool_buffer_under = [pool](const TensorView& t, std::string* hit) {
     int64_t first = 0;
     int64_t end = 0;
-    if (!t->byte_extent(&first, &end) && t->numel() > 0) {
+    if (!t.byte_extent(&first, &end)) return false;
+    *hit = pool->storage_overlapping(static_cast<const char*>(t.data) + first, end - first);
+    return true;
+  };
+  for (const auto& [t, name] : {std::pair{out, "out"}, std::pair{&lse, "lse"}}) {
+    if (t == nullptr || !t->defined()) continue;
+    std::string hit;
+    if (!pool_buffer_under(*t, &hit) && t->numel() > 0) {
       return Status::invalid_argument(
           cat(name, " ", t->describe(), ": its strides span more bytes than an address holds"));
     }
-    const std::string hit =
-        pool->storage_overlapping(static_cast<const char*>(t->data) + first, end - first);
     if (!hit.empty()) {
       return Status::invalid_argument(cat(name, " ", t->describe(), " overlaps the KV pool's ", hit,
                                           " buffer: the forward would overwrite cached k / v"));
@@ -540,19 +546,11 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
   }
   // q read from the KV pool's storage: save_kv writes the new k / v first, so a q over those rows
   // would be replaced before the attention reads it (a silent wrong answer).
-  if (save_kv && q.defined()) {
-    int64_t first = 0;
-    int64_t end = 0;
-    if (q.byte_extent(&first, &end)) {
-      const std::string hit =
-          pool->storage_overlapping(static_cast<const char*>(q.data) + first, end - first);
-      if (!hit.empty()) {
-        return Status::invalid_argument(
-            cat("q ", q.describe(), " overlaps the KV pool's ", hit,
-                " buffer: save_kv writes the new k / v there before the attention reads q; pass a "
-                "separate buffer"));
-      }
-    }
+  if (std::string hit; save_kv && q.defined() && pool_buffer_under(q, &hit) && !hit.empty()) {
+    return Status::invalid_argument(
+        cat("q ", q.describe(), " overlaps the KV pool's ", hit,
+            " buffer: save_kv writes the new k / v there before the attention reads q; pass a "
+            "separate buffer"));
   }
   if (batch.req_to_token_pool != nullptr && batch.req_to_token_pool->device() != device) {
     return Status::invalid_argument(cat("batch.req_to_token_pool is on ",
