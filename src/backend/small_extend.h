@@ -98,7 +98,10 @@ inline constexpr int64_t kPartitionDecodeItemsBound = 32768;
 // kernel writing only its own requests' rows (the other's get q_len 0 in its plan). On the wgmma
 // tiles a decode row fills 1 of 128 rows of a (request, q head) tile and reads its keys once per q
 // head; on the decode tiles its group's heads share one read (H200 2026-11-30: b64 kv 4k with one
-// new token each 0.93 ms on wgmma, 0.27 on the decode tiles). Returns one flag per request (1:
+// new token each 0.93 ms on wgmma, 0.27 on the decode tiles). Over an fp8_e4m3 pool fa3's FP8
+// wgmma kernel is the wgmma side (its plan must take a window / sinks / soft-cap, else the forward
+// stays whole: fa3::choose_fp8_variant_partitioned) and an e4m3 q's few-token rows reach the
+// decode tiles widened to bf16 (fa3/kernels/q_widen.h). Returns one flag per request (1:
 // decode tiles) when both sets are non-empty, else an empty vector. q_lens: each request's new
 // tokens (a request with none is in neither kernel's rows).
 inline std::vector<uint8_t> extend_partition(ForwardMode mode, std::span<const int32_t> q_lens,
@@ -155,6 +158,9 @@ inline int partition_reserve_from_env() {
 // The model's machine balance: the wgmma kernel's FLOP per byte the decode tiles stream in the
 // same time on the whole GPU (H200: ~600 TFLOP/s on causal d 128 bf16 tiles, ~4.2 TB/s copy).
 inline constexpr double kOverlapFlopPerByte = 140.0;
+// The FP8 kernel's speed over the bf16 one on the same tiles (causal d 128, H200: 1.40-1.48x,
+// docs/PERF.md): its FLOPs count 1 / this in the model.
+inline constexpr double kOverlapFp8Speedup = 1.45;
 // The fraction of the SMs whose decode CTAs reach the copy rate (more add nothing).
 inline constexpr int kOverlapSaturatingSmsDivisor = 3;
 

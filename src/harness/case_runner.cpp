@@ -19,6 +19,7 @@
 #include <thread>
 #include <utility>
 
+#include "backend/small_extend.h"
 #include "backends/fa3/fa3_backend.h"
 #include "backends/fa3/kernels/tile_plan.h"
 #include "backends/torch_native/torch_native_backend.h"
@@ -1593,9 +1594,10 @@ std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
   }
   // A window / sinks / soft-cap with an e4m3 q: only on the FP8 plans with those instantiations
   // (fa3::fp8_plan_takes_variants; no other kernel takes an e4m3 q, so another plan refuses the
-  // layer). The plan is the engine's: choose_fp8_variant over the case's requests with the
-  // process's ATTNKIT_FA3_FP8_* knobs.
+  // layer). The plan is the engine's: choose_fp8_variant_partitioned over the case's requests and
+  // their partition (backend/small_extend.h) with the process's knobs.
   if (spec.fp8_q && (spec.sliding_window >= 0 || spec.logit_cap != 0.f || spec.sinks)) {
+    const int group = spec.num_q_heads / std::max(1, spec.num_kv_heads);
     std::vector<fa3::TileRequest> reqs;
     int32_t start = 0;
     for (int r = 0; r < spec.batch_size(); ++r) {
@@ -1604,8 +1606,14 @@ std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
       reqs.push_back({start, fresh, spec.prefix_lens[i] + fresh});
       start += fresh;
     }
-    const fa3::Fp8Variant plan =
-        fa3::choose_fp8_variant(reqs, spec.num_kv_heads, fa3::fp8_knobs_from_env());
+    std::vector<uint8_t> partition;
+    if (detail::extend_partition_from_env()) {
+      partition = detail::extend_partition(spec.mode, spec.new_lens, spec.cross_attention, group,
+                                           detail::extend_decode_rows_from_env(),
+                                           detail::wgmma_min_q_len_from_env());
+    }
+    const fa3::Fp8Variant plan = fa3::choose_fp8_variant_partitioned(
+        reqs, &partition, spec.num_kv_heads, fa3::fp8_knobs_from_env());
     if (!fa3::fp8_plan_takes_variants(plan)) {
       return cat(
           "fp8_q with a sliding window / sinks / soft-cap runs only on fa3's FP8 plans with "

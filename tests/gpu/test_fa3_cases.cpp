@@ -147,12 +147,28 @@ bool default_fp8_knobs() {
 
 using test_support::ScopedEnv;
 
+// The partition fa3's engine gives the case's forward (backend/small_extend.h extend_partition):
+// the shared rule for a pool of the q dtype; over an fp8_e4m3 pool on the FP8 kernel, the same
+// flags while the partitioned FP8 plan takes a window / sinks / soft-cap
+// (fa3::choose_fp8_variant_partitioned), else none. An e4m3 q partitions as a bf16 one does.
+std::vector<uint8_t> expected_fa3_partition(const CaseSpec& spec, const ForwardBatch& batch) {
+  if (!expects_fp8_kernel(spec)) return test_support::expected_extend_partition(spec);
+  CaseSpec same_dtype = spec;
+  same_dtype.kv_dtype = spec.q_dtype;
+  same_dtype.fp8_q = false;
+  std::vector<uint8_t> flags = test_support::expected_extend_partition(same_dtype);
+  fa3::choose_fp8_variant_partitioned(fa3::tile_requests(batch), &flags, spec.num_kv_heads,
+                                      fa3::fp8_knobs_from_env());
+  return flags;
+}
+
 // What one run of a case on a fresh fa3 backend gave.
 struct Fa3Run {
   harness::Comparison cmp;
   Fa3Stats stats;                          // the backend's counters
   int layers = 0;                          // layers run
   std::vector<fa3::TileRequest> requests;  // the forward's tile requests (choose_fp8_variant)
+  std::vector<uint8_t> partition;          // expected_fa3_partition
 };
 
 void run_fa3(const CaseSpec& spec, bool save_kv, float logit_mult, Fa3Run* out) {
@@ -172,7 +188,8 @@ void run_fa3(const CaseSpec& spec, bool save_kv, float logit_mult, Fa3Run* out) 
   out->stats = *st;
   out->layers = static_cast<int>(pc->layers.size());
   // As the engine plans them: a partitioned mixed forward's few-token requests have q_len 0.
-  out->requests = fa3::tile_requests(pc->batch, test_support::expected_extend_partition(spec));
+  out->partition = expected_fa3_partition(spec, pc->batch);
+  out->requests = fa3::tile_requests(pc->batch, out->partition);
 }
 
 // logit_mult scales every layer's softmax scaling (kernel and reference alike): large logits make
@@ -204,10 +221,11 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
   } else if (expects_wgmma(spec, &r.requests)) {
     // A partitioned mixed forward (backend/small_extend.h extend_partition) also runs its
     // few-token requests on the inner flashinfer's decode tiles, once per layer.
-    const int64_t partitioned =
-        test_support::expected_extend_partition(spec).empty() ? 0 : r.layers;
+    const int64_t partitioned = r.partition.empty() ? 0 : r.layers;
     EXPECT_EQ(stats->flashinfer_calls, partitioned) << "a wgmma case ran on the flashinfer path";
     EXPECT_EQ(stats->partition_calls, partitioned);
+    // An e4m3 q's partitioned layers widen the few-token requests' q rows (kernels/q_widen.h).
+    EXPECT_EQ(stats->q_widened_calls, spec.fp8_q ? partitioned : 0);
     EXPECT_EQ(stats->wgmma_calls, static_cast<int64_t>(r.layers));
     EXPECT_EQ(stats->wgmma_fp8_calls, expects_fp8_kernel(spec) ? stats->wgmma_calls : 0);
     if (expects_fp8_kernel(spec)) {
@@ -627,7 +645,8 @@ void run_on_fp8_plan(const CaseSpec& c, bool save_kv, float logit_mult = 1.f, in
   run_and_compare(c, save_kv, logit_mult, std::nullopt, {}, &stats);
   if (fp8_kernel) {
     EXPECT_GT(stats.wgmma_fp8_calls, 0) << c.name << ": not on the FP8 kernel";
-    EXPECT_EQ(stats.flashinfer_calls, 0) << c.name;
+    // (A mixed forward's few-token requests: the decode tiles, once per layer.)
+    EXPECT_EQ(stats.flashinfer_calls, stats.partition_calls) << c.name;
     EXPECT_EQ(stats.last_block_m, block_m) << c.name << ": not the plan of " << block_m << " rows";
   }
 }
@@ -1534,12 +1553,64 @@ TEST(Fa3PartitionTest, MixedForwardSplitsBetweenTheKernels) {
     EXPECT_GT(stats.partition_calls, 0);
     EXPECT_EQ(stats.partition_overlap_calls, 0) << "overlapped with ATTNKIT_PARTITION_OVERLAP=0";
   }
-  run_and_compare(fp8(base), true, 1.f, std::nullopt, {}, &stats);
-  EXPECT_EQ(stats.partition_calls, 0) << "an fp8 pool's mixed forward was partitioned";
   ScopedEnv off("ATTNKIT_EXTEND_PARTITION", "0");
   run_and_compare(base, true, 1.f, std::nullopt, {}, &stats);
   EXPECT_EQ(stats.partition_calls, 0) << "partitioned with ATTNKIT_EXTEND_PARTITION=0";
   EXPECT_EQ(stats.flashinfer_calls, 0);
+}
+
+// The same mixed forward over an fp8_e4m3 pool: the FP8 wgmma kernel runs the longer requests,
+// the decode tiles (over the fp8 pool) the few-token ones, overlapped as in the bf16 test; with
+// bf16 q and with an e4m3 q, whose few-token rows are widened to bf16 for the decode tiles
+// (q_scale folded into the scaling); a window with sinks and a soft-cap on the partitioned plan;
+// a bidirectional forward; a knob-forced plan without those variants (FADD row sums) keeps the
+// forward whole.
+// run_and_compare checks every row and the LSE against the reference (FP8 tolerance) and the
+// counters (expected_fa3_partition).
+TEST(Fa3PartitionTest, Fp8PoolMixedForwardSplits) {
+  CaseSpec base =
+      prefill("part_fp8", {300, 0, 5000, 64, 0, 2000}, {1, 200, 1, 7, 1, 65}, 16, 8, 2, 128);
+  base.mode = ForwardMode::kMixed;
+  if (const std::string why = test_support::partition_test_skip(base, {1, 0, 1, 1, 1, 0});
+      !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  if (!expects_fp8_kernel(fp8(base))) GTEST_SKIP() << "no FP8 kernel (ATTNKIT_FA3_FP8=0)";
+  for (const bool e4m3_q : {false, true}) {
+    Fa3Stats stats;
+    const CaseSpec c = fp8_pool_q(base, e4m3_q);
+    run_and_compare(c, true, 1.f, std::nullopt, {}, &stats);
+    run_and_compare(c, false);
+    // A knob-forced FP8 plan may keep it whole (expected_fa3_partition says, run_and_compare
+    // checks); the rest is the default plans'.
+    if (!default_fp8_knobs()) continue;
+    EXPECT_GT(stats.partition_calls, 0) << "the default plan kept the forward whole";
+    EXPECT_EQ(stats.partition_calls, stats.wgmma_fp8_calls);
+    for (const test_support::PartitionVariant& v : test_support::partition_variants(base)) {
+      if (v.spec.head_dim != 128) continue;  // the FP8 kernel is d 128 only
+      run_and_compare(fp8_pool_q(v.spec, e4m3_q), v.save_kv);
+    }
+    // Overlapped (forced reserves: the FP8 grid leaves 1 / 40 SMs to the decode tiles) and not.
+    for (const char* reserve : {"1", "40"}) {
+      SCOPED_TRACE(std::string("ATTNKIT_PARTITION_RESERVE=") + reserve);
+      ScopedEnv forced("ATTNKIT_PARTITION_RESERVE", reserve);
+      run_and_compare(c, true, 1.f, std::nullopt, {}, &stats);
+      EXPECT_GT(stats.partition_overlap_calls, 0);
+      EXPECT_EQ(stats.partition_overlap_calls, stats.partition_calls);
+      run_and_compare(fp8_pool_q(test_support::partition_variants(base)[0].spec, e4m3_q), false);
+      ScopedEnv serial("ATTNKIT_PARTITION_OVERLAP", "0");
+      run_and_compare(c, true, 1.f, std::nullopt, {}, &stats);
+      EXPECT_GT(stats.partition_calls, 0);
+      EXPECT_EQ(stats.partition_overlap_calls, 0) << "overlapped with ATTNKIT_PARTITION_OVERLAP=0";
+    }
+    ScopedEnv fadd("ATTNKIT_FA3_FP8_GEMM_SUM", "0");
+    run_and_compare(c, true, 1.f, std::nullopt, {}, &stats);
+    EXPECT_EQ(stats.partition_calls, 0) << "partitioned on a plan without the variants";
+    CaseSpec window = c;
+    window.sliding_window = 300;
+    window.sinks = true;
+    if (!e4m3_q) run_and_compare(window, true);  // whole, on flashinfer's tiles
+  }
 }
 
 // The decode tiles of an overlapped split forward complete after the wgmma kernel: copies of out
@@ -1561,6 +1632,20 @@ TEST(Fa3PartitionTest, OverlappedKernelsKeepStreamOrder) {
         EXPECT_GT(st->partition_overlap_calls, 0);
         EXPECT_EQ(st->partition_overlap_calls, st->partition_calls);
       });
+  // Over an fp8_e4m3 pool on the FP8 kernel, with an e4m3 q (its few-token rows widened before
+  // the FP8 kernel, which releases the decode tiles at its start).
+  if (!expects_fp8_kernel(fp8(spec)) || !default_fp8_knobs()) return;
+  for (const bool e4m3_q : {false, true}) {
+    test_support::expect_partition_stream_order(
+        fp8_pool_q(spec, e4m3_q), create_fa3_backend, "100", [e4m3_q](AttentionBackend& b) {
+          const Fa3Stats* st = fa3_stats(b);
+          ASSERT_NE(st, nullptr);
+          EXPECT_GT(st->partition_overlap_calls, 0);
+          EXPECT_EQ(st->partition_overlap_calls, st->partition_calls);
+          EXPECT_EQ(st->wgmma_fp8_calls, st->wgmma_calls);
+          EXPECT_EQ(st->q_widened_calls, e4m3_q ? st->partition_calls : 0);
+        });
+  }
 }
 
 // Outside the FP8 kernel an e4m3 q is refused by name, before anything is written: a bf16 pool,

@@ -718,10 +718,10 @@ TEST(BenchCaseFile, MissingFileIsNotFound) {
 
 TEST(BenchCaseFile, ShippedCaseFilesParse) {
   const std::string dir = std::string(ATTNKIT_SOURCE_DIR) + "/bench/cases/";
-  for (const char* name :
-       {"decode.json", "extend.json", "mla_decode.json", "cpu_decode.json", "cpu_prefill.json",
-        "cascade.json", "verify.json", "fa3_prefill.json", "mla_prefill.json",
-        "mla_prefill_prefix.json", "small_extend.json", "mixed_extend.json"}) {
+  for (const char* name : {"decode.json", "extend.json", "mla_decode.json", "cpu_decode.json",
+                           "cpu_prefill.json", "cascade.json", "verify.json", "fa3_prefill.json",
+                           "mla_prefill.json", "mla_prefill_prefix.json", "small_extend.json",
+                           "mixed_extend.json", "mixed_extend_fp8.json"}) {
     Result<CaseFile> f = load_case_file(dir + name);
     ASSERT_TRUE(f.is_ok()) << f.status().to_string();
     EXPECT_FALSE(f->cases.empty()) << name;

@@ -636,6 +636,48 @@ TEST(Fa3Fp8VariantTest, VariantPlans) {
   EXPECT_FALSE(fp8_plan_takes_variants(choose_fp8_variant(few, 2, old_kernel)));
 }
 
+// A partitioned forward over an fp8_e4m3 pool (choose_fp8_variant_partitioned, the engine's
+// rule): the FP8 plan is the long requests' alone where it takes a window / sinks / soft-cap (its
+// layers cannot leave for flashinfer one by one); else the partition is dropped and the plan is
+// the whole forward's.
+TEST(Fa3Fp8VariantTest, PartitionedPlansKeepTheVariants) {
+  const Fp8Knobs defaults;
+  // Two decode rows over 4000 keys beside a 256-token chunk over 1800: the chunk alone has >= 1
+  // query per 8 keys (the three-warpgroup plan); with the decode rows it would not.
+  const std::vector<TileRequest> mixed = {{0, 1, 4001}, {1, 256, 1800}, {257, 1, 4001}};
+  std::vector<uint8_t> flags = {1, 0, 1};
+  const Fp8Variant v = choose_fp8_variant_partitioned(mixed, &flags, 2, defaults);
+  EXPECT_EQ(flags, (std::vector<uint8_t>{1, 0, 1}));
+  const std::vector<TileRequest> chunk_only = {{0, 0, 4001}, {1, 256, 1800}, {257, 0, 4001}};
+  const Fp8Variant want = choose_fp8_variant(chunk_only, 2, defaults);
+  EXPECT_EQ(v.block_m, want.block_m);
+  EXPECT_EQ(v.block_m, 192);
+  EXPECT_TRUE(v.vt_pre);
+  EXPECT_EQ(v.vt_units, want.vt_units);  // the decode rows' keys get no V^T units
+  EXPECT_LT(v.vt_units, choose_fp8_variant(mixed, 2, defaults).vt_units);
+  EXPECT_EQ(v.max_kv_len, 1800);
+  EXPECT_TRUE(fp8_plan_takes_variants(v));
+  // No partition: the whole forward's plan.
+  std::vector<uint8_t> none;
+  const Fp8Variant whole = choose_fp8_variant_partitioned(mixed, &none, 2, defaults);
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(whole.max_kv_len, 4001);
+  EXPECT_EQ(whole.vt_pre, choose_fp8_variant(mixed, 2, defaults).vt_pre);
+  // FADD row sums forced (ATTNKIT_FA3_FP8_GEMM_SUM=0): a chunk with few queries per key gets the
+  // two-warpgroup plan without the variants, so the forward stays whole.
+  Fp8Knobs fadd = defaults;
+  fadd.gemm_sum = false;
+  const std::vector<TileRequest> few = {{0, 1, 4001}, {1, 100, 1600}};
+  std::vector<uint8_t> few_flags = {1, 0};
+  const Fp8Variant f = choose_fp8_variant_partitioned(few, &few_flags, 2, fadd);
+  EXPECT_TRUE(few_flags.empty()) << "a partition kept on a plan without the variants";
+  const Fp8Variant f_whole = choose_fp8_variant(few, 2, fadd);
+  EXPECT_EQ(f.max_kv_len, f_whole.max_kv_len);
+  EXPECT_EQ(f.block_m, f_whole.block_m);
+  EXPECT_EQ(f.vt_pre, f_whole.vt_pre);
+  EXPECT_EQ(f.gemm_sum, f_whole.gemm_sum);
+}
+
 // Every variant choose_fp8_variant gives, over the knob combinations and request shapes, has a
 // kernel in run_prefill_sm90_fp8 (fp8_kernel_missing is the dispatcher's own check, which fails
 // the forward rather than run another kernel): in particular never 192-key blocks with promotion.

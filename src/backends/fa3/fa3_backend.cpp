@@ -18,13 +18,18 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "attnkit/kv_cache.h"
 #include "attnkit/registry.h"
+#include "backend/device_array.h"
 #include "backend/plan_stamp.h"
+#include "backends/fa3/kernels/q_widen.h"
+#include "backends/fa3/kernels/tile_plan.h"
 #include "backends/fa3/prefill_sm90_engine.h"
 #include "backends/flashinfer/flashinfer_backend.h"
 #include "core/device_scope.h"
+#include "cuda/common/cuda_check.cuh"
 #include "cuda/common/device_attributes.h"
 
 namespace attnkit {
@@ -53,10 +58,12 @@ class Fa3Backend final : public AttentionBackend {
     // The engine first: a mixed forward it partitions leaves its few-token requests to inner_'s
     // decode tiles, which inner_ plans from the engine's partition(). The batch is checked before
     // the engine reads its host lengths (inner_ checks it again).
+    small_ranges_n_ = 0;
     if (wgmma_ != nullptr) {
       ATTNKIT_RETURN_IF_ERROR(check_batch_devices(batch, stream_for(batch), ctx_.device));
       if (batch.mode != ForwardMode::kIdle) ATTNKIT_RETURN_IF_ERROR(batch.validate());
       ATTNKIT_RETURN_IF_ERROR(wgmma_->plan(batch, stream_for(batch)));
+      ATTNKIT_RETURN_IF_ERROR(plan_small_ranges(batch));
     }
     ATTNKIT_RETURN_IF_ERROR(inner_->init_forward_metadata(batch));
     if (wgmma_ == nullptr && mla_prefill_ == nullptr) return Status::ok();
@@ -107,6 +114,29 @@ class Fa3Backend final : public AttentionBackend {
   StreamHandle stream_for(const ForwardBatch& batch) const {
     return batch.stream != nullptr ? batch.stream : ctx_.stream;
   }
+  // A partitioned forward over an fp8_e4m3 pool: the (first token, tokens) ranges of its few-token
+  // requests, which an e4m3-q layer widens for inner_'s decode tiles (forward_extend).
+  Status plan_small_ranges(const ForwardBatch& batch) {
+    std::vector<int32_t> ranges;
+    if (wgmma_->partitioned() && wgmma_->planned_fp8()) {
+      const std::vector<fa3::TileRequest> all = fa3::tile_requests(batch);
+      for (size_t r = 0; r < all.size() && r < wgmma_->partition().size(); ++r) {
+        if (wgmma_->partition()[r] != 0 && all[r].q_len > 0) {
+          ranges.push_back(all[r].q_start);
+          ranges.push_back(all[r].q_len);
+        }
+      }
+    }
+    if (ranges.empty()) return Status::ok();
+    ATTNKIT_RETURN_IF_ERROR(
+        small_ranges_.reserve(ctx_.device, static_cast<int64_t>(ranges.size())));
+    // Pageable source: staged before cudaMemcpyAsync returns.
+    ATTNKIT_CUDA_TRY(cudaMemcpyAsync(small_ranges_.data(), ranges.data(),
+                                     ranges.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     cuda::to_stream(stream_for(batch))));
+    small_ranges_n_ = static_cast<int>(ranges.size() / 2);
+    return Status::ok();
+  }
 
   BackendContext ctx_;
   // MLA contexts on SM90: the non-absorbed prefill layers' kernel, also the chunked prefix cache's
@@ -124,6 +154,26 @@ class Fa3Backend final : public AttentionBackend {
                          const ForwardBatch& batch, bool save_kv, const TensorView& lse);
   // The batch the engine's tiles were planned for (the flashinfer path checks its own plan).
   PlanStamp stamp_;
+  // plan_small_ranges' ranges (small_ranges_n_ of them) and the widened q rows of an e4m3-q
+  // layer ([num_tokens, q heads, d] in the context's q dtype, reserved at the first such layer).
+  DeviceArray<int32_t> small_ranges_;
+  int small_ranges_n_ = 0;
+  DeviceArray<uint16_t> q_wide_;
+  // The rows of plan_small_ranges widened from the e4m3 q into q_wide_ (exact: every e4m3 value
+  // is a bf16 value), and the layer with q_scale folded into its scaling, for inner_'s decode
+  // tiles.
+  Status widen_q(const TensorView& q, const AttentionLayer& layer, StreamHandle stream,
+                 TensorView* wide, AttentionLayer* wide_layer) {
+    // Reserved at the first such layer (a bf16-q forward never needs it); grow-only.
+    ATTNKIT_RETURN_IF_ERROR(q_wide_.reserve(ctx_.device, q.size(0) * q.size(1) * q.size(2)));
+    ATTNKIT_RETURN_IF_ERROR(
+        fa3::widen_e4m3_q_rows(q, small_ranges_.data(), small_ranges_n_, q_wide_.data(), stream));
+    *wide = TensorView(q_wide_.data(), ctx_.q_dtype, q.device, {q.size(0), q.size(1), q.size(2)});
+    *wide_layer = layer;
+    wide_layer->scaling = layer.scaling * layer.q_scale;
+    wide_layer->q_scale = 1.f;
+    return Status::ok();
+  }
   Fa3Stats stats_;
 };
 
@@ -156,9 +206,10 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
                                   : wgmma_->why_not_layer(q, out, layer, batch);
   if (!why_not.empty() && wgmma_ != nullptr && wgmma_->partitioned() &&
       q.dtype != DType::kFP8E4M3) {
-    // inner_ planned only the few-token requests of this forward. For the bf16 / f16 pools that
-    // are split, a layer the kernel declines (shape, dtypes, row alignment) is one inner_'s
-    // kernels refuse as well; the inputs' own errors come first.
+    // inner_ planned only the few-token requests of this forward. For the pools that are split
+    // (the q dtype's; fp8_e4m3 on an FP8 plan with the variants), a layer the kernel declines
+    // (shape, dtypes, row alignment) is one inner_'s kernels refuse as well; the inputs' own
+    // errors come first.
     ATTNKIT_RETURN_IF_ERROR(validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse,
                                                     ctx_.device, /*allow_fp8_q=*/true));
     return Status::invalid_argument(
@@ -190,16 +241,27 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
     ATTNKIT_RETURN_IF_ERROR(pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v, layer.k_scale,
                                         layer.v_scale, stream));
   }
+  // A partitioned forward's few-token requests run on inner_'s decode tiles after the wgmma kernel
+  // (its plan gives the others no rows; the keys are in the pool already). An e4m3 q (an
+  // fp8_e4m3 pool's partition) reaches them widened to the q dtype, exactly, with q_scale folded
+  // into the scaling; widened before the wgmma kernel, so that the decode tiles it releases early
+  // (the overlap: they skip the grid-dependency wait) read rows written by a finished kernel.
+  const bool partitioned = wgmma_->partitioned();
+  TensorView q_small = q;
+  AttentionLayer small_layer = layer;
+  if (partitioned && q.dtype == DType::kFP8E4M3) {
+    ATTNKIT_RETURN_IF_ERROR(widen_q(q, layer, stream, &q_small, &small_layer));
+  }
   record_wgmma_call(*wgmma_, layer);
   ATTNKIT_RETURN_IF_ERROR(wgmma_->run(q, out, lse, layer, batch, stream));
-  if (!wgmma_->partitioned()) return Status::ok();
-  // The few-token requests of a partitioned mixed forward: inner_'s decode tiles (its plan gives
-  // the others no rows; the keys are in the pool already).
+  if (!partitioned) return Status::ok();
   ++stats_.flashinfer_calls;
   ++stats_.partition_calls;
   const bool overlapped = wgmma_->last_run_overlapped();
-  const Status s = inner_->forward_extend(q, k, v, out, layer, batch, /*save_kv=*/false, lse);
+  const Status s =
+      inner_->forward_extend(q_small, k, v, out, small_layer, batch, /*save_kv=*/false, lse);
   if (s.is_ok() && overlapped) ++stats_.partition_overlap_calls;
+  if (s.is_ok() && q.dtype == DType::kFP8E4M3) ++stats_.q_widened_calls;
   return s;
 }
 

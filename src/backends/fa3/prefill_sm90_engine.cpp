@@ -284,25 +284,33 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   if (planned_small_extend_ && !(fp8_kv_ && batch.kv_pool->dtype() == DType::kFP8E4M3)) {
     return Status::ok();
   }
+  const bool fp8 = !mla_ && batch.kv_pool->dtype() == DType::kFP8E4M3;
   // A mixed forward of few-token requests beside longer ones: the former on flashinfer's decode
-  // tiles (q_len 0 here), the latter here.
-  if (!mla_ && partition_on_ && batch.kv_pool->dtype() == ctx_.q_dtype) {
+  // tiles (q_len 0 here), the latter here; over the q dtype's pool, or an fp8_e4m3 one on the FP8
+  // kernel (fp8 is then true: why_not passed it only with fp8_kv_).
+  if (!mla_ && partition_on_ && (batch.kv_pool->dtype() == ctx_.q_dtype || fp8)) {
     partition_ = detail::extend_partition(batch, group, extend_decode_rows_, min_q_len_);
   }
   std::vector<TileRequest> reqs = tile_requests(batch, partition_);
-  if (!partition_.empty() && overlap_on_) overlap_reserve_ = choose_overlap_reserve(batch);
+  // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
+  // producer for prefill-like forwards (a few queries over a long prefix keep the in-kernel
+  // transpose), speculative softmax, 192-key blocks for long requests: choose_fp8_variant.
+  // A partitioned forward's FP8 plan must take a window / sinks / soft-cap (its layers cannot
+  // leave for flashinfer's tiles one by one, why_not_layer): else it stays whole
+  // (choose_fp8_variant_partitioned).
+  fp8_variant_ = Fp8Variant{};
+  if (fp8) {
+    fp8_variant_ = choose_fp8_variant_partitioned(tile_requests(batch), &partition_,
+                                                  ctx_.num_kv_heads, fp8_knobs_);
+    reqs = tile_requests(batch, partition_);
+  }
+  if (!partition_.empty() && overlap_on_) overlap_reserve_ = choose_overlap_reserve(batch, fp8);
   std::vector<int32_t> kv_rows;  // MLA: key k of a request is row q_start + k of the layer's k / v
   if (mla_) {                    // the new tokens attend each other
     MlaPassRequests m = mla_pass_requests(reqs, nullptr);
     reqs = std::move(m.reqs);
     kv_rows = std::move(m.kv_rows);
   }
-  const bool fp8 = !mla_ && batch.kv_pool->dtype() == DType::kFP8E4M3;
-  // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
-  // producer for prefill-like forwards (a few queries over a long prefix keep the in-kernel
-  // transpose), speculative softmax, 192-key blocks for long requests: choose_fp8_variant.
-  fp8_variant_ = Fp8Variant{};
-  if (fp8) fp8_variant_ = choose_fp8_variant(reqs, ctx_.num_kv_heads, fp8_knobs_);
   const int rows = fp8             ? fp8_variant_.block_m
                    : block_m_ != 0 ? block_m_
                                    : choose_block_m_d128(reqs, tile_anchor_);
@@ -352,12 +360,14 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   return Status::ok();
 }
 
-int PrefillSm90Engine::choose_overlap_reserve(const ForwardBatch& batch) const {
+int PrefillSm90Engine::choose_overlap_reserve(const ForwardBatch& batch, bool fp8) const {
   if (reserve_forced_ >= 0) return std::min(reserve_forced_, sm_count_ - 1);
   const detail::PartitionWork w = detail::partition_work(
       partition_, batch.extend_seq_lens_host, batch.seq_lens_host, ctx_.num_q_heads,
       ctx_.num_kv_heads, dqk_, dv_, dtype_bits(batch.kv_pool->dtype()) / 8);
-  return detail::partition_overlap_reserve(w.decode_bytes, w.wgmma_flops, sm_count_);
+  // The FP8 kernel's FLOPs take ~1 / kOverlapFp8Speedup of the bf16 kernel's time.
+  const double flops = fp8 ? w.wgmma_flops / detail::kOverlapFp8Speedup : w.wgmma_flops;
+  return detail::partition_overlap_reserve(w.decode_bytes, flops, sm_count_);
 }
 
 int PrefillSm90Engine::section_heads_for(int64_t max_kv_len, int elem_bytes) const {
@@ -603,9 +613,9 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
   // loop's per-block ones (kFp8Tl*, fa3_params.h).
   Timeline timeline;
   ATTNKIT_RETURN_IF_ERROR(timeline.begin(p, sm_count_, stream));
-  // A partitioned forward with a reserve (planned_overlap_reserve; bf16 / f16 pools only): the
-  // grid leaves those SMs free and releases the decode tiles' launch at its start.
-  const int reserve = planned_fp8_ ? 0 : planned_overlap_reserve();
+  // A partitioned forward with a reserve (planned_overlap_reserve): the grid leaves those SMs free
+  // and releases the decode tiles' launch at its start.
+  const int reserve = planned_overlap_reserve();
   const int grid_sms = sm_count_ - reserve;
   p.trigger_dependents = reserve > 0 ? 1 : 0;
   Status launched;
@@ -620,7 +630,7 @@ Status PrefillSm90Engine::run(const TensorView& q, const TensorView& out, const 
     p.fp8_block_n = v.block_n;
     p.fp8_promote = v.promote ? (v.promote_late ? 2 : 1) : 0;
     p.fp8_half_diag = fp8_half_diag_ ? 1 : 0;
-    launched = run_prefill_sm90_fp8(p, sm_count_, stream, v.vt_pre ? v.max_kv_len : 0);
+    launched = run_prefill_sm90_fp8(p, grid_sms, stream, v.vt_pre ? v.max_kv_len : 0);
   } else {
     launched = dispatch_value<WgmmaHeadDims>(
         ctx_.qk_head_dim, "wgmma prefill: head_dim", [&]<int kD>() -> Status {

@@ -164,8 +164,8 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   // keys of elem_bytes (choose_section_heads; the MLA engine's one-head rule).
   int section_heads_for(int64_t max_kv_len, int elem_bytes) const;
   // The reserve of a partitioned forward (partition_ set): ATTNKIT_PARTITION_RESERVE, else
-  // small_extend.h's model over the batch's lengths.
-  int choose_overlap_reserve(const ForwardBatch& batch) const;
+  // small_extend.h's model over the batch's lengths (fp8: the FP8 kernel's faster tiles).
+  int choose_overlap_reserve(const ForwardBatch& batch, bool fp8) const;
 
   BackendContext ctx_;
   int sm_count_ = 0;
@@ -236,10 +236,10 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   int extend_decode_rows_ = 0;
   int min_q_len_ = 0;
   // ATTNKIT_EXTEND_PARTITION (read when the engine is created) and the planned forward's
-  // partition (partition()): bf16 / f16 pools of the q dtype only, so that every layer the
-  // kernel declines would be refused by the flashinfer kernels as well (an fp8_e4m3 pool's
-  // window / sinks / soft-cap layers can fall back to flashinfer per layer: those forwards stay
-  // whole).
+  // partition (partition()): pools of the q dtype, and fp8_e4m3 pools on the FP8 kernel whose
+  // plan takes a window / sinks / soft-cap (fp8_plan_takes_variants; else the forward stays
+  // whole), so that every layer the kernel declines would be refused by the flashinfer kernels
+  // as well.
   bool partition_on_ = true;
   std::vector<uint8_t> partition_;
   // ATTNKIT_PARTITION_OVERLAP / _RESERVE (read when the engine is created; small_extend.h) and

@@ -899,8 +899,9 @@ Status FlashInferBackend::run(const TensorView& q, const TensorView& k, const Te
                                         : sm90_prefill_->why_not_layer(q, out, layer, batch);
   const bool wgmma = wgmma_why_not.empty();
   // A partitioned forward's plan holds only its few-token requests: the engine must run the rest
-  // (for the bf16 / f16 pools it partitions, a layer it declines is one the kernels below refuse
-  // too: head dims, dtypes, row alignment), with the plan this one was made beside.
+  // (for the pools it partitions -- the q dtype's, and fp8_e4m3 ones on fa3's FP8 plans with the
+  // variants -- a layer it declines is one the kernels below refuse too: head dims, dtypes, row
+  // alignment), with the plan this one was made beside.
   const fa3::PrefillSm90Engine* partner = partition_engine();
   if (plan_.partition && (partner == nullptr || !partner->partitioned())) {
     return Status::internal(name_ + ": a partitioned plan without its wgmma engine's plan");

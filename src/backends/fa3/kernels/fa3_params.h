@@ -197,10 +197,10 @@ struct Fa3Params {
   // Persistent schedule (see unit_at in prefill_sm90.cuh): 1 zigzag (default), 0 plain stride
   // (ATTNKIT_FA3_SCHED=0).
   int sched = 1;
-  // bf16 / f16 kernel: 1 = every CTA releases the next programmatic dependent launch of the
-  // stream at its start (griddepcontrol.launch_dependents): a partitioned forward's decode tiles
-  // (backend/small_extend.h, PrefillSm90Engine::planned_overlap_reserve) then start on the SMs
-  // this grid leaves free. 0: released as the CTAs exit (the default launch).
+  // bf16 / f16 and FP8 kernels: 1 = every CTA releases the next programmatic dependent launch of
+  // the stream at its start (griddepcontrol.launch_dependents): a partitioned forward's decode
+  // tiles (backend/small_extend.h, PrefillSm90Engine::planned_overlap_reserve) then start on the
+  // SMs this grid leaves free. 0: released as the CTAs exit (the default launch).
   int trigger_dependents = 0;
   // Diagnostics only (wrong results; timing decomposition): bit 1 = the producer loads nothing,
   // 2 = no softmax (P = raw S), 4 = (FP8 kernel) no V transpose, 8 = (bf16 / f16 kernel) no Q

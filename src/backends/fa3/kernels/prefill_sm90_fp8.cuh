@@ -1171,6 +1171,9 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG, kVariant>::kThreads,
   }
   sm90::fence_proxy_async();
   __syncthreads();
+  // A partitioned forward's overlap (Fa3Params::trigger_dependents): the decode tiles' grid may
+  // launch once every CTA of this one is resident (backend/small_extend.h).
+  if (p.trigger_dependents != 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int wg = warpgroup_index<kUniformWg>();
   using Regs = Fp8RegSplit<kN, kVtPre, kPromote != 0, kWG>;
   if (wg == 0) {

@@ -310,4 +310,19 @@ Fp8Variant choose_fp8_variant(std::span<const TileRequest> requests, int kv_head
   return v;
 }
 
+Fp8Variant choose_fp8_variant_partitioned(std::span<const TileRequest> requests,
+                                          std::vector<uint8_t>* partition, int kv_heads,
+                                          const Fp8Knobs& knobs) {
+  if (!partition->empty()) {
+    std::vector<TileRequest> mine(requests.begin(), requests.end());
+    for (size_t r = 0; r < mine.size() && r < partition->size(); ++r) {
+      if ((*partition)[r] != 0) mine[r].q_len = 0;
+    }
+    const Fp8Variant v = choose_fp8_variant(mine, kv_heads, knobs);
+    if (fp8_plan_takes_variants(v)) return v;
+    partition->clear();
+  }
+  return choose_fp8_variant(requests, kv_heads, knobs);
+}
+
 }  // namespace attnkit::fa3

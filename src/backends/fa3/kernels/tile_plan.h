@@ -258,6 +258,18 @@ constexpr bool fp8_plan_takes_variants(const Fp8Variant& v) {
                                   v.promote ? (v.promote_late ? 2 : 1) : 0);
 }
 
+// The FP8 plan of a forward over an fp8_e4m3 pool that may be partitioned (backend/small_extend.h
+// extend_partition; *partition: one flag per request, 1 for those left to flashinfer's decode
+// tiles, empty for none). requests: every request's tiles (tile_requests without `elsewhere`).
+// A partitioned forward's layers must all run on the FP8 kernel (the decode tiles' plan holds only
+// the flagged requests), so its plan must take a window / sinks / soft-cap
+// (fp8_plan_takes_variants); when the flagged requests' q_len 0 gives a plan without them (a
+// knob-forced one: the default knobs' plans all take them), *partition is cleared and the plan is
+// the whole forward's. PrefillSm90Engine::plan's rule, shared with the case runner and the tests.
+Fp8Variant choose_fp8_variant_partitioned(std::span<const TileRequest> requests,
+                                          std::vector<uint8_t>* partition, int kv_heads,
+                                          const Fp8Knobs& knobs);
+
 // Whether run_prefill_sm90_fp8 (prefill_sm90_hd128.cu) has a kernel for this combination of
 // Fa3Params fields: empty if so, else which rule it breaks. The instantiated kernels:
 // uniform_wg 0: one (in-kernel V transpose, FADD row sums, 128-key blocks, no promotion);
