@@ -291,19 +291,18 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   if (!mla_ && partition_on_ && (batch.kv_pool->dtype() == ctx_.q_dtype || fp8)) {
     partition_ = detail::extend_partition(batch, group, extend_decode_rows_, min_q_len_);
   }
-  std::vector<TileRequest> reqs = tile_requests(batch, partition_);
   // FP8: pre-transpose V once per layer (one read + write of V) instead of in every tile's
   // producer for prefill-like forwards (a few queries over a long prefix keep the in-kernel
   // transpose), speculative softmax, 192-key blocks for long requests: choose_fp8_variant.
   // A partitioned forward's FP8 plan must take a window / sinks / soft-cap (its layers cannot
   // leave for flashinfer's tiles one by one, why_not_layer): else it stays whole
-  // (choose_fp8_variant_partitioned).
+  // (choose_fp8_variant_partitioned, which may clear partition_).
   fp8_variant_ = Fp8Variant{};
   if (fp8) {
     fp8_variant_ = choose_fp8_variant_partitioned(tile_requests(batch), &partition_,
                                                   ctx_.num_kv_heads, fp8_knobs_);
-    reqs = tile_requests(batch, partition_);
   }
+  std::vector<TileRequest> reqs = tile_requests(batch, partition_);
   if (!partition_.empty() && overlap_on_) overlap_reserve_ = choose_overlap_reserve(batch, fp8);
   std::vector<int32_t> kv_rows;  // MLA: key k of a request is row q_start + k of the layer's k / v
   if (mla_) {                    // the new tokens attend each other
