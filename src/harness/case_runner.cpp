@@ -1596,8 +1596,15 @@ std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
   // (fa3::fp8_plan_takes_variants; no other kernel takes an e4m3 q, so another plan refuses the
   // layer). The plan is the engine's: choose_fp8_variant_partitioned over the case's requests and
   // their partition (backend/small_extend.h) with the process's knobs.
-  if (spec.fp8_q && (spec.sliding_window >= 0 || spec.logit_cap != 0.f || spec.sinks)) {
-    const int group = spec.num_q_heads / std::max(1, spec.num_kv_heads);
+  // (A forward with few new tokens per request runs on flashinfer's tiles, an e4m3 q widened to
+  // bf16: those take every variant.)
+  const int group = spec.num_q_heads / std::max(1, spec.num_kv_heads);
+  const bool small_extend =
+      detail::extend_decode_q_len(spec.mode, spec.new_lens, spec.cross_attention, group,
+                                  detail::extend_decode_rows_from_env()) > 0 ||
+      detail::below_wgmma_q_len(spec.mode, spec.new_lens, detail::wgmma_min_q_len_from_env());
+  if (spec.fp8_q && !small_extend &&
+      (spec.sliding_window >= 0 || spec.logit_cap != 0.f || spec.sinks)) {
     std::vector<fa3::TileRequest> reqs;
     int32_t start = 0;
     for (int r = 0; r < spec.batch_size(); ++r) {

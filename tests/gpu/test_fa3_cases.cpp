@@ -258,6 +258,8 @@ void run_and_compare(const CaseSpec& spec, bool save_kv, float logit_mult = 1.f,
     }
   } else {
     EXPECT_EQ(stats->wgmma_calls, 0) << "a case outside the wgmma kernel's scope ran on it";
+    // An e4m3 q of a forward with few new tokens per request: widened for flashinfer's tiles.
+    EXPECT_EQ(stats->q_widened_calls, spec.fp8_q ? r.layers : 0);
   }
   if (!expects_mla_wgmma(spec)) EXPECT_EQ(stats->wgmma_mla_calls, 0);
   EXPECT_EQ(stats->wgmma_mla_prefix_passes, expected_mla_prefix_passes(spec, r.layers))
@@ -1506,8 +1508,23 @@ TEST(Fa3SmallExtendTest, FewNewTokensLeaveTheWgmmaKernel) {
   run_and_compare(prefill("small_ext_q16", {1500, 200}, {16, 9}, 16, 8, 2, 128), true);
   CaseSpec fp8_pool = fp8(prefill("small_ext_fp8", {900, 64}, {2, 5}, 16, 8, 2, 128));
   run_and_compare(fp8_pool, false);
+  // An e4m3 q: widened to bf16 for the same tiles (run_and_compare counts q_widened_calls), on the
+  // decode tiles, the mma.sync prefill tiles, with a window + sinks and a soft-cap.
   const CaseSpec q8 = fp8_q(prefill("small_ext_fp8q", {900, 64}, {2, 5}, 16, 8, 2, 128));
-  if (expects_wgmma(q8) && expects_fp8_kernel(q8)) run_and_compare(q8, true);
+  if (expects_fp8_kernel(q8)) {
+    run_and_compare(q8, true, 1.f, std::nullopt, {}, &stats);
+    if (test_support::expects_small_extend(q8)) EXPECT_EQ(stats.q_widened_calls, 2);
+    run_and_compare(fp8_q(prefill("small_ext_fp8q_q16", {1500, 200}, {16, 9}, 16, 8, 2, 128)),
+                    false);
+    run_and_compare(
+        fp8_q(with_variant(prefill("small_ext_fp8q_ws", {700, 33}, {3, 1}, 16, 8, 2, 128), 100, 0.f,
+                           true)),
+        true);
+    run_and_compare(
+        fp8_q(with_variant(prefill("small_ext_fp8q_cap", {700, 33}, {3, 1}, 1, 8, 2, 128), -1, 20.f,
+                           false)),
+        true);
+  }
 }
 
 // A mixed forward of few-token requests beside longer ones (backend/small_extend.h

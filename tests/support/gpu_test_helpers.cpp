@@ -32,7 +32,7 @@ bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s, int compute_capabili
   const bool dim_ok =
       (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) && s.head_dim == s.v_head_dim;
   return compute_capability == 90 && mode_ok && dtype_ok && dim_ok && !s.mla &&
-         !s.cross_attention && (s.fp8_q || !expects_small_extend(s));
+         !s.cross_attention && !expects_small_extend(s);
 }
 
 bool expects_extend_decode_tiles(const harness::CaseSpec& s) {

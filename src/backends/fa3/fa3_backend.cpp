@@ -116,6 +116,7 @@ class Fa3Backend final : public AttentionBackend {
   }
   // A partitioned forward over an fp8_e4m3 pool: the (first token, tokens) ranges of its few-token
   // requests, which an e4m3-q layer widens for inner_'s decode tiles (forward_extend).
+  // A forward of few new tokens per request over an fp8_e4m3 pool: one range, every token.
   Status plan_small_ranges(const ForwardBatch& batch) {
     std::vector<int32_t> ranges;
     if (wgmma_->partitioned() && wgmma_->planned_fp8()) {
@@ -126,6 +127,9 @@ class Fa3Backend final : public AttentionBackend {
           ranges.push_back(all[r].q_len);
         }
       }
+    } else if (wgmma_->planned_small_extend() && batch.kv_pool != nullptr &&
+               batch.kv_pool->dtype() == DType::kFP8E4M3 && batch.num_tokens > 0) {
+      ranges = {0, batch.num_tokens};
     }
     if (ranges.empty()) return Status::ok();
     ATTNKIT_RETURN_IF_ERROR(
@@ -160,8 +164,7 @@ class Fa3Backend final : public AttentionBackend {
   int small_ranges_n_ = 0;
   DeviceArray<uint16_t> q_wide_;
   // The rows of plan_small_ranges widened from the e4m3 q into q_wide_ (exact: every e4m3 value
-  // is a bf16 value), and the layer with q_scale folded into its scaling, for inner_'s decode
-  // tiles.
+  // is a bf16 value), and the layer with q_scale folded into its scaling, for inner_'s tiles.
   Status widen_q(const TensorView& q, const AttentionLayer& layer, StreamHandle stream,
                  TensorView* wide, AttentionLayer* wide_layer) {
     // Reserved at the first such layer (a bf16-q forward never needs it); grow-only.
@@ -196,6 +199,31 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
     if (mla_prefill_ != nullptr) {
       stats_.wgmma_mla_prefix_passes += mla_prefill_->prefix_passes_run() - passes;
     }
+    return s;
+  }
+  if (q.dtype == DType::kFP8E4M3 && wgmma_ != nullptr && wgmma_->planned_small_extend()) {
+    // Few new tokens per request (backend/small_extend.h): inner_'s decode / prefill tiles, the
+    // e4m3 q widened to bf16 for them (H200 2026-12-01: b63 kv 4k, one new token each, 5.2x the
+    // FP8 wgmma tiles that ran it).
+    const std::string why = wgmma_->why_not_small_extend_e4m3_q(q, out, layer, batch);
+    if (!why.empty()) {
+      return Status::invalid_argument(
+          "fa3: q dtype fp8_e4m3 (layer " + std::to_string(layer.layer_id) +
+          ") of a forward with few new tokens per request runs on flashinfer's tiles widened to "
+          "bf16, with the inputs the SM90 FP8 prefill takes (an fp8_e4m3 KV pool, bf16 out, head "
+          "dim 128, 16-byte q rows): " +
+          why);
+    }
+    ATTNKIT_RETURN_IF_ERROR(validate_forward_inputs(q, k, v, out, layer, batch, save_kv, lse,
+                                                    ctx_.device, /*allow_fp8_q=*/true));
+    const StreamHandle stream = stream_for(batch);
+    ATTNKIT_RETURN_IF_ERROR(check_forward_matches_plan("fa3", stamp_, batch, stream));
+    TensorView wide;
+    AttentionLayer wide_layer;
+    ATTNKIT_RETURN_IF_ERROR(widen_q(q, layer, stream, &wide, &wide_layer));
+    ++stats_.flashinfer_calls;
+    const Status s = inner_->forward_extend(wide, k, v, out, wide_layer, batch, save_kv, lse);
+    if (s.is_ok()) ++stats_.q_widened_calls;
     return s;
   }
   const std::string why_not = wgmma_ == nullptr

@@ -51,9 +51,9 @@ struct Fa3Stats {
   // Of those, the layers whose wgmma kernel left PrefillSm90Engine::planned_overlap_reserve SMs to
   // the decode tiles and released them at its start (backend/small_extend.h: the two overlap).
   int64_t partition_overlap_calls = 0;
-  // Layers with an e4m3 q whose rows for flashinfer's decode tiles were widened to bf16
-  // (kernels/q_widen.h): the few-token requests of a partitioned forward over an fp8_e4m3 pool
-  // (counted in partition_calls).
+  // Layers with an e4m3 q whose rows for flashinfer's tiles were widened to bf16
+  // (kernels/q_widen.h): the few-token requests of a partitioned forward over an fp8_e4m3 pool,
+  // or every token of a forward with few new tokens per request (counted in flashinfer_calls).
   int64_t q_widened_calls = 0;
   int last_block_n = 0;  // key block of the last wgmma call (fa3::default_block_n)
   int last_block_m = 0;  // query rows per tile of the last wgmma call (128; 192: three

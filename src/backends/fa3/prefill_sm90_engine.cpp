@@ -278,12 +278,10 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   planned_small_extend_ =
       !mla_ && (detail::extend_decode_q_len(batch, group, extend_decode_rows_) > 0 ||
                 detail::below_wgmma_q_len(batch, min_q_len_));
-  // Few new tokens per request: every layer goes to flashinfer's tiles (why_not_layer) but one
-  // with an e4m3 q, which needs the FP8 kernel and so an fp8_e4m3 pool; without such a pool no
-  // layer of the forward runs here, and nothing is planned (no plan copy, no workspace).
-  if (planned_small_extend_ && !(fp8_kv_ && batch.kv_pool->dtype() == DType::kFP8E4M3)) {
-    return Status::ok();
-  }
+  // Few new tokens per request: every layer goes to flashinfer's tiles (why_not_layer), an e4m3
+  // q widened to bf16 for them (why_not_small_extend_e4m3_q); nothing is planned here (no plan
+  // copy, no workspace).
+  if (planned_small_extend_) return Status::ok();
   const bool fp8 = !mla_ && batch.kv_pool->dtype() == DType::kFP8E4M3;
   // A mixed forward of few-token requests beside longer ones: the former on flashinfer's decode
   // tiles (q_len 0 here), the latter here; over the q dtype's pool, or an fp8_e4m3 one on the FP8
@@ -472,6 +470,27 @@ Status PrefillSm90Engine::run_prefix_pass(int pass, const TensorView& q, const T
 constexpr const char* kE4m3QNeedsFp8 =
     "q dtype fp8_e4m3 (needs the FP8 kernel: an fp8_e4m3 KV pool, bf16 activations, head dim 128)";
 
+std::string PrefillSm90Engine::why_not_small_extend_e4m3_q(const TensorView& q,
+                                                           const TensorView& out,
+                                                           const AttentionLayer& layer,
+                                                           const ForwardBatch& batch) const {
+  if (!planned_small_extend_) return "not a forward of few new tokens per request";
+  if (q.dtype != DType::kFP8E4M3) return "q is not fp8_e4m3";
+  // The conditions under which the FP8 kernel took an e4m3 q (the accepted inputs stay the same).
+  if (!fp8_kv_ || batch.kv_pool == nullptr || batch.kv_pool->dtype() != DType::kFP8E4M3) {
+    return kE4m3QNeedsFp8;
+  }
+  if (layer.is_mla || layer.is_cross_attention) return "MLA / cross-attention layer";
+  if (layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.qk_head_dim ||
+      layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads) {
+    return "layer shape differs from the context";
+  }
+  if (out.dtype != ctx_.q_dtype) return "out dtype (must be the context's q_dtype)";
+  if (q.ndim != 3 || q.stride(2) != 1) return "fp8 q's innermost stride is not 1";
+  if (!vec_aligned_fp8(q)) return "fp8 q rows not 16-byte aligned";
+  return "";
+}
+
 std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorView& out,
                                              const AttentionLayer& layer,
                                              const ForwardBatch& batch) const {
@@ -482,11 +501,10 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
   };
   if (!planned_) {
     if (!planned_small_extend_) return "forward not planned for wgmma";
-    // (Declined at plan: no fp8_e4m3 pool for the FP8 kernel, which an e4m3 q needs.)
+    // (An e4m3 q that why_not_small_extend_e4m3_q does not let through: no FP8 kernel for it.)
     return q.dtype == DType::kFP8E4M3 ? std::string(kE4m3QNeedsFp8) : small_extend();
   }
   if (mla_) return "the MLA prefill engine runs non-absorbed MLA layers only (run_mla)";
-  if (planned_small_extend_ && q.dtype != DType::kFP8E4M3) return small_extend();
   if (layer.is_mla || layer.is_cross_attention) return "MLA / cross-attention layer";
   if (planned_fp8_) {  // the FP8 kernel's variants take window / sinks / soft-cap on one plan
     if ((layer.sliding_window >= 0 || layer.sinks.defined() || layer.logit_cap != 0.f) &&

@@ -92,6 +92,15 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   // "" when this layer of the planned forward can run on the kernel.
   std::string why_not_layer(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
                             const ForwardBatch& batch) const;
+  // "" when this layer of a forward with few new tokens per request (backend/small_extend.h: the
+  // engine planned nothing, flashinfer's tiles run it) has an e4m3 q that the caller may widen to
+  // bf16 for those tiles (kernels/q_widen.h): the inputs the FP8 kernel took (an fp8_e4m3 pool,
+  // allow_fp8_kv, the context's shape, bf16 out, 16-byte q rows).
+  std::string why_not_small_extend_e4m3_q(const TensorView& q, const TensorView& out,
+                                          const AttentionLayer& layer,
+                                          const ForwardBatch& batch) const;
+  // Whether the planned forward has few new tokens per request (small_extend.h; planned() false).
+  bool planned_small_extend() const { return planned_small_extend_; }
   // Runs one layer (why_not_layer must be ""): the pool already holds every key.
   Status run(const TensorView& q, const TensorView& out, const TensorView& lse,
              const AttentionLayer& layer, const ForwardBatch& batch, StreamHandle stream);
@@ -228,10 +237,9 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   bool planned_ = false;
   bool planned_fp8_ = false;
   // The planned forward has few new tokens per request (backend/small_extend.h): why_not_layer
-  // leaves its layers to flashinfer's decode / prefill tiles, but for an e4m3 q, which only the
-  // FP8 kernel takes (so such forwards are planned only over an fp8_e4m3 pool the FP8 kernel
-  // serves; planned_ stays false otherwise). The bounds: ATTNKIT_EXTEND_DECODE_ROWS and
-  // ATTNKIT_FA3_MIN_Q_LEN (read when the engine is created).
+  // leaves its layers to flashinfer's decode / prefill tiles, an e4m3 q widened for them by the
+  // caller (why_not_small_extend_e4m3_q); planned_ stays false. The bounds:
+  // ATTNKIT_EXTEND_DECODE_ROWS and ATTNKIT_FA3_MIN_Q_LEN (read when the engine is created).
   bool planned_small_extend_ = false;
   int extend_decode_rows_ = 0;
   int min_q_len_ = 0;
