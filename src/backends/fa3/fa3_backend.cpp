@@ -114,22 +114,27 @@ class Fa3Backend final : public AttentionBackend {
   StreamHandle stream_for(const ForwardBatch& batch) const {
     return batch.stream != nullptr ? batch.stream : ctx_.stream;
   }
-  // A partitioned forward over an fp8_e4m3 pool: the (first token, tokens) ranges of its few-token
-  // requests, which an e4m3-q layer widens for inner_'s decode tiles (forward_extend).
-  // A forward of few new tokens per request over an fp8_e4m3 pool: one range, every token.
+  // The (first token, tokens) ranges an e4m3-q layer widens for inner_'s tiles (forward_extend):
+  // a partitioned forward over an fp8_e4m3 pool, the tokens of its few-token requests; a forward of
+  // few new tokens per request over one, every token. One range per token, so one CTA of
+  // widen_e4m3_q_rows each (H200 2026-12-01: b64 with one new token each as one range, one CTA,
+  // cost ~40 us; the partition's one range per one-token request did not).
+  static void push_token_ranges(int32_t first, int32_t tokens, std::vector<int32_t>* ranges) {
+    for (int32_t t = first; t < first + tokens; ++t) {
+      ranges->push_back(t);
+      ranges->push_back(1);
+    }
+  }
   Status plan_small_ranges(const ForwardBatch& batch) {
     std::vector<int32_t> ranges;
     if (wgmma_->partitioned() && wgmma_->planned_fp8()) {
       const std::vector<fa3::TileRequest> all = fa3::tile_requests(batch);
       for (size_t r = 0; r < all.size() && r < wgmma_->partition().size(); ++r) {
-        if (wgmma_->partition()[r] != 0 && all[r].q_len > 0) {
-          ranges.push_back(all[r].q_start);
-          ranges.push_back(all[r].q_len);
-        }
+        if (wgmma_->partition()[r] != 0) push_token_ranges(all[r].q_start, all[r].q_len, &ranges);
       }
     } else if (wgmma_->planned_small_extend() && batch.kv_pool != nullptr &&
-               batch.kv_pool->dtype() == DType::kFP8E4M3 && batch.num_tokens > 0) {
-      ranges = {0, batch.num_tokens};
+               batch.kv_pool->dtype() == DType::kFP8E4M3) {
+      push_token_ranges(0, batch.num_tokens, &ranges);
     }
     if (ranges.empty()) return Status::ok();
     ATTNKIT_RETURN_IF_ERROR(

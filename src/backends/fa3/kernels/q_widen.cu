@@ -1,5 +1,5 @@
-// widen_e4m3_q_rows (q_widen.h): one CTA per row range, 16 e4m3 bytes in and 16 bf16 out per
-// thread step.
+// widen_e4m3_q_rows (q_widen.h): one CTA per row range (fa3_backend.cpp passes one token each),
+// 16 e4m3 bytes in and 16 bf16 out per thread step.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

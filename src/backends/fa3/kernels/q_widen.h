@@ -14,7 +14,8 @@ namespace attnkit::fa3 {
 
 // q: fp8_e4m3 [tokens, heads, d] on a CUDA device, innermost stride 1, d a multiple of 16, data
 // and the token / head strides multiples of 16 bytes. ranges: device [num_ranges][2] (first
-// token, tokens) of the rows to widen. out: bf16 [tokens, heads, d], contiguous; rows outside the
+// token, tokens) of the rows to widen, one CTA each (its threads stride over the range's rows:
+// short ranges keep the grid wide). out: bf16 [tokens, heads, d], contiguous; rows outside the
 // ranges are not written. Asynchronous on stream.
 Status widen_e4m3_q_rows(const TensorView& q, const int32_t* ranges, int num_ranges, void* out,
                          StreamHandle stream);
