@@ -1496,8 +1496,8 @@ TEST(Fa3Fp8Test, E4m3QEqualsTheBf16QItQuantisesTo) {
 
 // Extends with few new tokens per request (backend/small_extend.h) leave the wgmma kernel for the
 // inner flashinfer's decode tiles (<= 32 packed rows per request) or prefill tiles (<= 16 new
-// tokens); run_and_compare checks that no wgmma call ran (expects_wgmma) and the output. An e4m3 q,
-// which only the FP8 kernel takes, stays there.
+// tokens); run_and_compare checks that no wgmma call ran (expects_wgmma) and the output. An e4m3 q
+// over an fp8_e4m3 pool goes there too, widened to bf16 (q_widened_calls).
 TEST(Fa3SmallExtendTest, FewNewTokensLeaveTheWgmmaKernel) {
   Fa3Stats stats;
   const CaseSpec tiles = prefill("small_ext", {700, 1500, 33}, {1, 8, 3}, 16, 8, 2, 128);

@@ -15,6 +15,7 @@
 
 #ifdef ATTNKIT_WITH_CUDA
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -172,8 +173,10 @@ class Fa3Backend final : public AttentionBackend {
   // is a bf16 value), and the layer with q_scale folded into its scaling, for inner_'s tiles.
   Status widen_q(const TensorView& q, const AttentionLayer& layer, StreamHandle stream,
                  TensorView* wide, AttentionLayer* wide_layer) {
-    // Reserved at the first such layer (a bf16-q forward never needs it); grow-only.
-    ATTNKIT_RETURN_IF_ERROR(q_wide_.reserve(ctx_.device, q.size(0) * q.size(1) * q.size(2)));
+    // Reserved at the first such layer (a bf16-q forward never needs it); grow-only; never empty
+    // (a forward of no tokens still hands inner_ a defined q).
+    ATTNKIT_RETURN_IF_ERROR(
+        q_wide_.reserve(ctx_.device, std::max<int64_t>(1, q.size(0) * q.size(1) * q.size(2))));
     ATTNKIT_RETURN_IF_ERROR(
         fa3::widen_e4m3_q_rows(q, small_ranges_.data(), small_ranges_n_, q_wide_.data(), stream));
     *wide = TensorView(q_wide_.data(), ctx_.q_dtype, q.device, {q.size(0), q.size(1), q.size(2)});
@@ -208,7 +211,7 @@ Status Fa3Backend::forward_extend(const TensorView& q, const TensorView& k, cons
   }
   if (q.dtype == DType::kFP8E4M3 && wgmma_ != nullptr && wgmma_->planned_small_extend()) {
     // Few new tokens per request (backend/small_extend.h): inner_'s decode / prefill tiles, the
-    // e4m3 q widened to bf16 for them (H200 2026-12-01: b63 kv 4k, one new token each, 5.2x the
+    // e4m3 q widened to bf16 for them (H200 2026-12-01: b63 kv 4k, one new token each, 4.06x the
     // FP8 wgmma tiles that ran it).
     const std::string why = wgmma_->why_not_small_extend_e4m3_q(q, out, layer, batch);
     if (!why.empty()) {

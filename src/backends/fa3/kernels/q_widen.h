@@ -1,8 +1,9 @@
-// The e4m3 q of a partitioned FP8 forward's few-token requests, widened for flashinfer's decode
-// tiles (fa3_backend.cpp): the FP8 wgmma kernel takes an e4m3 q (AttentionLayer::q_scale), the
-// decode tiles a bf16 one, so the rows they read are widened first. Every e4m3 value is a bf16
-// value, so the widening is exact; q_scale is not applied (the caller folds it into the layer's
-// scaling, as the FP8 kernel does).
+// The e4m3 q of the few-token requests of a partitioned FP8 forward, or of a forward whose requests
+// all have few new tokens over an fp8_e4m3 pool, widened for flashinfer's decode / prefill tiles
+// (fa3_backend.cpp): the FP8 wgmma kernel takes an e4m3 q (AttentionLayer::q_scale), those tiles a
+// bf16 one, so the rows they read are widened first. Every e4m3 value is a bf16 value, so the
+// widening is exact; q_scale is not applied (the caller folds it into the layer's scaling, as the
+// FP8 kernel does).
 #pragma once
 
 #include <cstdint>
