@@ -81,6 +81,20 @@ inline bool below_wgmma_q_len(const ForwardBatch& batch, int min_q_len) {
   return below_wgmma_q_len(batch.mode, batch.extend_seq_lens_host, min_q_len);
 }
 
+// Whether an extend-like forward has few new tokens per request: flashinfer's decode tiles
+// (extend_decode_q_len) or prefill tiles (below_wgmma_q_len) take it whole, the wgmma kernels
+// none of it. The fa3 engine's plan, the case runner and the GPU tests' expectations.
+inline bool few_new_tokens_per_request(ForwardMode mode, std::span<const int32_t> q_lens,
+                                       bool encoder, int group, int max_rows, int min_q_len) {
+  return extend_decode_q_len(mode, q_lens, encoder, group, max_rows) > 0 ||
+         below_wgmma_q_len(mode, q_lens, min_q_len);
+}
+inline bool few_new_tokens_per_request(const ForwardBatch& batch, int group, int max_rows,
+                                       int min_q_len) {
+  return few_new_tokens_per_request(batch.mode, batch.extend_seq_lens_host,
+                                    !batch.encoder_lens_host.empty(), group, max_rows, min_q_len);
+}
+
 // ATTNKIT_EXTEND_PARTITION (default 1; 0: a mixed forward runs whole on one kernel, as before).
 inline bool extend_partition_from_env() {
   return env_int_range("ATTNKIT_EXTEND_PARTITION", 1, 0, 1) != 0;

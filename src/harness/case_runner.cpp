@@ -1599,10 +1599,9 @@ std::string skip_reason(const BackendDescriptor& d, const CaseSpec& spec,
   // (A forward with few new tokens per request runs on flashinfer's tiles, an e4m3 q widened to
   // bf16: those take every variant.)
   const int group = spec.num_q_heads / std::max(1, spec.num_kv_heads);
-  const bool small_extend =
-      detail::extend_decode_q_len(spec.mode, spec.new_lens, spec.cross_attention, group,
-                                  detail::extend_decode_rows_from_env()) > 0 ||
-      detail::below_wgmma_q_len(spec.mode, spec.new_lens, detail::wgmma_min_q_len_from_env());
+  const bool small_extend = detail::few_new_tokens_per_request(
+      spec.mode, spec.new_lens, spec.cross_attention, group, detail::extend_decode_rows_from_env(),
+      detail::wgmma_min_q_len_from_env());
   if (spec.fp8_q && !small_extend &&
       (spec.sliding_window >= 0 || spec.logit_cap != 0.f || spec.sinks)) {
     std::vector<fa3::TileRequest> reqs;

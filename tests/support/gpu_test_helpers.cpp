@@ -44,8 +44,10 @@ bool expects_extend_decode_tiles(const harness::CaseSpec& s) {
 
 bool expects_small_extend(const harness::CaseSpec& s) {
   if (s.mla || s.cross_attention) return false;
-  return expects_extend_decode_tiles(s) ||
-         detail::below_wgmma_q_len(s.mode, s.new_lens, detail::wgmma_min_q_len_from_env());
+  const int group = s.num_q_heads / std::max(1, s.num_kv_heads);
+  return detail::few_new_tokens_per_request(s.mode, s.new_lens, s.cross_attention, group,
+                                            detail::extend_decode_rows_from_env(),
+                                            detail::wgmma_min_q_len_from_env());
 }
 
 std::vector<uint8_t> expected_extend_partition(const harness::CaseSpec& s, int compute_capability) {

@@ -62,6 +62,27 @@ TEST(SmallExtend, WgmmaMinimumLooksAtTheLongestRequest) {
   EXPECT_FALSE(below_wgmma_q_len(extend_batch(ForwardMode::kExtend, {}), 16));
 }
 
+// Either rule makes a forward one of few new tokens per request: the decode tiles' packed rows
+// (9 x 4 = 36 > 32, but 9 <= 16 new tokens: the prefill tiles') or the wgmma minimum alone (one
+// request without new tokens keeps it off the decode tiles); neither past both bounds, nor with
+// both knobs off.
+TEST(SmallExtend, FewNewTokensPerRequestIsEitherRule) {
+  using detail::few_new_tokens_per_request;
+  EXPECT_TRUE(few_new_tokens_per_request(extend_batch(ForwardMode::kExtend, {1, 8}), 4, 32, 16));
+  EXPECT_TRUE(few_new_tokens_per_request(extend_batch(ForwardMode::kExtend, {1, 8}), 4, 32, 0));
+  EXPECT_TRUE(few_new_tokens_per_request(extend_batch(ForwardMode::kExtend, {9, 2}), 4, 32, 16));
+  EXPECT_FALSE(few_new_tokens_per_request(extend_batch(ForwardMode::kExtend, {9, 2}), 4, 32, 8));
+  EXPECT_TRUE(few_new_tokens_per_request(extend_batch(ForwardMode::kMixed, {0, 4}), 4, 32, 16));
+  EXPECT_FALSE(few_new_tokens_per_request(extend_batch(ForwardMode::kMixed, {0, 4}), 4, 32, 0));
+  EXPECT_FALSE(few_new_tokens_per_request(extend_batch(ForwardMode::kExtend, {17, 1}), 4, 32, 16));
+  EXPECT_FALSE(few_new_tokens_per_request(extend_batch(ForwardMode::kExtend, {1}), 4, 0, 0));
+  EXPECT_FALSE(few_new_tokens_per_request(extend_batch(ForwardMode::kDecode, {1}), 4, 32, 16));
+  // The span form, as the case runner and the GPU tests call it, says the same.
+  const std::vector<int32_t> lens = {1, 8};
+  EXPECT_TRUE(few_new_tokens_per_request(ForwardMode::kExtend, lens, false, 4, 32, 0));
+  EXPECT_FALSE(few_new_tokens_per_request(ForwardMode::kExtend, lens, true, 4, 32, 0));
+}
+
 // A forward mixing few-token requests (1 .. max_rows / group new tokens) with longer ones splits
 // between the decode tiles (flag 1) and the wgmma kernel; a forward small as a whole, or one with
 // only one kind, does not.

@@ -276,8 +276,7 @@ Status PrefillSm90Engine::plan(const ForwardBatch& batch, StreamHandle stream) {
   const int bs = batch.batch_size;
   const int group = ctx_.num_q_heads / std::max(1, ctx_.num_kv_heads);
   planned_small_extend_ =
-      !mla_ && (detail::extend_decode_q_len(batch, group, extend_decode_rows_) > 0 ||
-                detail::below_wgmma_q_len(batch, min_q_len_));
+      !mla_ && detail::few_new_tokens_per_request(batch, group, extend_decode_rows_, min_q_len_);
   // Few new tokens per request: every layer goes to flashinfer's tiles (why_not_layer), an e4m3
   // q widened to bf16 for them (why_not_small_extend_e4m3_q); nothing is planned here (no plan
   // copy, no workspace).
@@ -470,6 +469,23 @@ Status PrefillSm90Engine::run_prefix_pass(int pass, const TensorView& q, const T
 constexpr const char* kE4m3QNeedsFp8 =
     "q dtype fp8_e4m3 (needs the FP8 kernel: an fp8_e4m3 KV pool, bf16 activations, head dim 128)";
 
+std::string PrefillSm90Engine::why_not_layer_shape(const AttentionLayer& layer) const {
+  if (layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.qk_head_dim ||
+      layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads) {
+    return "layer shape differs from the context";
+  }
+  return "";
+}
+
+std::string PrefillSm90Engine::why_not_e4m3_q_rows(const TensorView& q,
+                                                   const TensorView& out) const {
+  if (out.dtype != ctx_.q_dtype) return "out dtype (must be the context's q_dtype)";
+  if (q.ndim != 3) return "fp8 q's innermost stride is not 1";
+  if (!vec_aligned_fp8(q)) return "fp8 q rows not 16-byte aligned";
+  if (q.stride(2) != 1) return "fp8 q's innermost stride is not 1";
+  return "";
+}
+
 std::string PrefillSm90Engine::why_not_small_extend_e4m3_q(const TensorView& q,
                                                            const TensorView& out,
                                                            const AttentionLayer& layer,
@@ -481,14 +497,8 @@ std::string PrefillSm90Engine::why_not_small_extend_e4m3_q(const TensorView& q,
     return kE4m3QNeedsFp8;
   }
   if (layer.is_mla || layer.is_cross_attention) return "MLA / cross-attention layer";
-  if (layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.qk_head_dim ||
-      layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads) {
-    return "layer shape differs from the context";
-  }
-  if (out.dtype != ctx_.q_dtype) return "out dtype (must be the context's q_dtype)";
-  if (q.ndim != 3 || q.stride(2) != 1) return "fp8 q's innermost stride is not 1";
-  if (!vec_aligned_fp8(q)) return "fp8 q rows not 16-byte aligned";
-  return "";
+  if (std::string why = why_not_layer_shape(layer); !why.empty()) return why;
+  return why_not_e4m3_q_rows(q, out);
 }
 
 std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorView& out,
@@ -514,17 +524,12 @@ std::string PrefillSm90Engine::why_not_layer(const TensorView& q, const TensorVi
              "kernel: fp8_plan_takes_variants)";
     }
   }
-  if (layer.qk_head_dim != ctx_.qk_head_dim || layer.v_head_dim != ctx_.qk_head_dim ||
-      layer.num_q_heads != ctx_.num_q_heads || layer.num_kv_heads != ctx_.num_kv_heads) {
-    return "layer shape differs from the context";
-  }
+  if (std::string why = why_not_layer_shape(layer); !why.empty()) return why;
   if (q.dtype == DType::kFP8E4M3) {  // e4m3 q (AttentionLayer::q_scale): the FP8 kernel only
     if (!planned_fp8_) {
       return kE4m3QNeedsFp8;
     }
-    if (out.dtype != ctx_.q_dtype) return "out dtype (must be the context's q_dtype)";
-    if (!vec_aligned_fp8(q)) return "fp8 q rows not 16-byte aligned";
-    if (q.stride(2) != 1) return "fp8 q's innermost stride is not 1";
+    if (std::string why = why_not_e4m3_q_rows(q, out); !why.empty()) return why;
   } else if (q.dtype != ctx_.q_dtype || out.dtype != ctx_.q_dtype) {
     return "q / out dtype";
   } else if (!vec_aligned(q)) {

@@ -234,6 +234,12 @@ class PrefillSm90Engine final : public mla::MlaPrefixPassKernel {
   int dqk_ = 0;
   int dv_ = 0;
   int kv_heads_ = 0;
+  // why_not_layer's and why_not_small_extend_e4m3_q's shared checks ("" when they pass): the
+  // layer's heads and head dims are the context's; an e4m3 q's rows are what the FP8 kernel reads
+  // (3-dim, innermost stride 1, 16-byte rows) and out is in the context's q dtype.
+  std::string why_not_layer_shape(const AttentionLayer& layer) const;
+  std::string why_not_e4m3_q_rows(const TensorView& q, const TensorView& out) const;
+
   bool planned_ = false;
   bool planned_fp8_ = false;
   // The planned forward has few new tokens per request (backend/small_extend.h): why_not_layer
