@@ -210,6 +210,20 @@ inline int partition_overlap_reserve(double decode_bytes, double wgmma_flops, in
   return best <= 0.97 * serial ? best_r : 0;
 }
 
+// Over an fp8_e4m3 pool: the model's reserve (the FP8 kernel's FLOPs at 1 / kOverlapFp8Speedup),
+// at most sm_count / kOverlapFp8ReserveDivisor. The decode tiles over fp8 do not reach the copy
+// rate from a third of the SMs (over the whole GPU they stream at 73-83% of it, docs/PERF.md
+// "Session 76"), so SMs taken from the FP8 kernel buy little decode rate; a few SMs that start
+// the decode early and take the kernel's tail as its CTAs finish are what pays. H200 2026-12-02
+// (docs/PERF.md "Session 78"), the three fp8 mixed forwards of bench/cases/mixed_extend_fp8.json
+// with bf16 / e4m3 q under forced reserves 8 / 22 / 44 / 66 / 88: 8 was the fastest or within
+// 1% of it in each, the model's 44 for two of them 1-5% slower than 8.
+inline constexpr int kOverlapFp8ReserveDivisor = 16;
+inline int partition_overlap_reserve_fp8(double decode_bytes, double fp8_flops, int sm_count) {
+  const int r = partition_overlap_reserve(decode_bytes, fp8_flops / kOverlapFp8Speedup, sm_count);
+  return std::min(r, sm_count / kOverlapFp8ReserveDivisor);
+}
+
 // The model's inputs for a partition (flags as extend_partition returns them; q_lens / kv_lens per
 // request: new tokens, and keys = cached prefix + new tokens): K / V bytes the decode requests
 // stream once per kv head, and the wgmma requests' QK^T + PV FLOPs over their causal keys.

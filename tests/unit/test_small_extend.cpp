@@ -203,6 +203,41 @@ TEST(SmallExtend, OverlapReserveFollowsTheModel) {
   EXPECT_EQ(partition_overlap_reserve(bytes * 1e-4, flops, 132), 0);
 }
 
+// Over an fp8_e4m3 pool: the model's reserve (FP8 FLOPs at 1 / kOverlapFp8Speedup), capped at
+// sm_count / 16 (H200: a few SMs beat the model's third, docs/PERF.md "Session 78").
+TEST(SmallExtend, Fp8OverlapReserveIsCapped) {
+  using detail::partition_overlap_reserve;
+  using detail::partition_overlap_reserve_fp8;
+  // The three fp8 forwards of bench/cases/mixed_extend_fp8.json (1-byte K / V): the model gives
+  // 44 / 7 / 44 SMs of 132; capped, 8 / 7 / 8.
+  const double bytes1 = 63.0 * 4096 * 8 * 256;
+  const double flops1 = 2.0 * 32 * 256 * (2048.0 * 2049 / 2);
+  const double bytes2 = 31.0 * 4096 * 8 * 256;
+  const double flops2 = 2.0 * 32 * 256 * (2048.0 * 8192 + 2048.0 * 2049 / 2);
+  const double bytes3 = 56.0 * 4096 * 8 * 256;
+  const double flops3 = 8 * 2.0 * 32 * 256 * (64.0 * 4096 + 64.0 * 65 / 2);
+  const double s = detail::kOverlapFp8Speedup;
+  EXPECT_EQ(partition_overlap_reserve(bytes1, flops1 / s, 132), 44);
+  EXPECT_EQ(partition_overlap_reserve(bytes2, flops2 / s, 132), 7);
+  EXPECT_EQ(partition_overlap_reserve(bytes3, flops3 / s, 132), 44);
+  EXPECT_EQ(partition_overlap_reserve_fp8(bytes1, flops1, 132), 8);
+  EXPECT_EQ(partition_overlap_reserve_fp8(bytes2, flops2, 132), 7);
+  EXPECT_EQ(partition_overlap_reserve_fp8(bytes3, flops3, 132), 8);
+  // Never more than the model's, never past the cap, none where the model gives none.
+  for (double ratio = 0.05; ratio < 40; ratio *= 1.07) {
+    const double b = 1e9;
+    const double f = b / ratio * detail::kOverlapFlopPerByte;
+    for (int sms : {8, 9, 66, 78, 114, 132, 144}) {
+      const int model = partition_overlap_reserve(b, f / s, sms);
+      const int got = partition_overlap_reserve_fp8(b, f, sms);
+      EXPECT_EQ(got, std::min(model, sms / detail::kOverlapFp8ReserveDivisor))
+          << ratio << " " << sms;
+    }
+  }
+  EXPECT_EQ(partition_overlap_reserve_fp8(0, flops1, 132), 0);
+  EXPECT_EQ(partition_overlap_reserve_fp8(bytes1, 0, 132), 0);
+}
+
 TEST(SmallExtend, KnobsAndTheirDefaults) {
   if (std::getenv("ATTNKIT_EXTEND_DECODE_ROWS") == nullptr &&
       std::getenv("ATTNKIT_FA3_MIN_Q_LEN") == nullptr) {

@@ -361,9 +361,8 @@ int PrefillSm90Engine::choose_overlap_reserve(const ForwardBatch& batch, bool fp
   const detail::PartitionWork w = detail::partition_work(
       partition_, batch.extend_seq_lens_host, batch.seq_lens_host, ctx_.num_q_heads,
       ctx_.num_kv_heads, dqk_, dv_, dtype_bits(batch.kv_pool->dtype()) / 8);
-  // The FP8 kernel's FLOPs take ~1 / kOverlapFp8Speedup of the bf16 kernel's time.
-  const double flops = fp8 ? w.wgmma_flops / detail::kOverlapFp8Speedup : w.wgmma_flops;
-  return detail::partition_overlap_reserve(w.decode_bytes, flops, sm_count_);
+  return fp8 ? detail::partition_overlap_reserve_fp8(w.decode_bytes, w.wgmma_flops, sm_count_)
+             : detail::partition_overlap_reserve(w.decode_bytes, w.wgmma_flops, sm_count_);
 }
 
 int PrefillSm90Engine::section_heads_for(int64_t max_kv_len, int elem_bytes) const {
