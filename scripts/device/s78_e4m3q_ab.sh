@@ -7,14 +7,15 @@
 # cases. Then the fp8 split mixed forwards (mixed_extend_fp8.json, the three whole forwards with
 # bf16 / e4m3 q) with head's capped reserve against the model's uncapped 44.
 #   run(carry=[".wt/ab"], command="bash scripts/device/s78_e4m3q_ab.sh")
+#   ROUNDS / VARIANTS / MIXED_ROUNDS: the two parts' rounds and the first part's variants.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 for b in head base; do xz -dc ".wt/ab/ak_$b.xz" > "/tmp/ak_$b" && chmod +x "/tmp/ak_$b"; done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$OUT/ab.txt"
-for r in 1 2; do
-  for v in head:X=1 base:X=1 head:ATTNKIT_FA3_Q_TMA=0; do
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for v in ${VARIANTS:-head:X=1 base:X=1 head:ATTNKIT_FA3_Q_TMA=0}; do
     b=${v%%:*}
     e=${v#*:}
     echo "== round $r $b $e" >> "$OUT/ab.txt"
@@ -23,7 +24,7 @@ for r in 1 2; do
       awk '{print $2, $3, $6}' >> "$OUT/ab.txt"
   done
 done
-for r in 1 2; do
+for r in $(seq 1 "${MIXED_ROUNDS:-2}"); do
   for v in head:X=1 head:ATTNKIT_PARTITION_RESERVE=44; do
     b=${v%%:*}
     e=${v#*:}
