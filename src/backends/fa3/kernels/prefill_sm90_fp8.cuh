@@ -1171,13 +1171,17 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG, kVariant>::kThreads,
   }
   sm90::fence_proxy_async();
   __syncthreads();
-  // A partitioned forward's overlap (Fa3Params::trigger_dependents): the decode tiles' grid may
-  // launch once every CTA of this one is resident (backend/small_extend.h).
-  if (p.trigger_dependents != 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int wg = warpgroup_index<kUniformWg>();
   using Regs = Fp8RegSplit<kN, kVtPre, kPromote != 0, kWG>;
   if (wg == 0) {
     sm90::setmaxnreg_dec<Regs::kProducer>();
+    // A partitioned forward's overlap (Fa3Params::trigger_dependents): the decode tiles' grid may
+    // launch once every CTA of this one is resident (backend/small_extend.h). The first
+    // launch_dependents of any thread counts for the CTA (PTX ISA), so the producer's is enough.
+    // Here, not before the warpgroup split: there it made ptxas serialise the consumers' wgmma in
+    // the promoted e4m3-q kernel and two soft-cap ones (C7511; causal 4k-16k e4m3 q +11-12%,
+    // H200 2026-12-02, docs/PERF.md "Session 78").
+    if (p.trigger_dependents != 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     producer_fp8<kVtPre, kN, kWG, kQIn, kVariant>(p, smem);
   } else {
     sm90::setmaxnreg_inc<Regs::kConsumer>();
