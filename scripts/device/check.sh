@@ -64,6 +64,11 @@ if has_stage build; then
   # -k 0 keeps going: a target that fails to build (another backend mid-edit) is reported and the
   # rest still run.
   if [ $rc -ne 0 ]; then grep -E "error|FAILED" "$OUT/build.log" | head -30 | tee -a "$summary"; fi
+  # ptxas serialised a kernel's wgmma (C7511): a silent slowdown (scripts/test.sh fails on it).
+  if grep -q "C7511" "$OUT/build.log"; then
+    note "WARNING: ptxas serialised wgmma (C7511) in $(grep "C7511" "$OUT/build.log" |
+      sed -E "s/.*function '([^']+)'.*/\1/" | sort -u | tr '\n' ' ')"
+  fi
 fi
 
 if has_stage test; then
