@@ -217,11 +217,12 @@ inline int partition_overlap_reserve(double decode_bytes, double wgmma_flops, in
 // the decode early and take the kernel's tail as its CTAs finish are what pays. H200 2026-12-02
 // (docs/PERF.md "Session 78"), the three fp8 mixed forwards of bench/cases/mixed_extend_fp8.json
 // with bf16 / e4m3 q under forced reserves 8 / 22 / 44 / 66 / 88: 8 was the fastest or within
-// 1% of it in each, the model's 44 for two of them 1-5% slower than 8.
+// 1% of it in each, the model's 44 for two of them 1-5% slower than 8. At least 1 SM where the
+// model reserves any (GPUs of 8-15 SMs).
 inline constexpr int kOverlapFp8ReserveDivisor = 16;
 inline int partition_overlap_reserve_fp8(double decode_bytes, double fp8_flops, int sm_count) {
   const int r = partition_overlap_reserve(decode_bytes, fp8_flops / kOverlapFp8Speedup, sm_count);
-  return std::min(r, sm_count / kOverlapFp8ReserveDivisor);
+  return std::min(r, std::max(1, sm_count / kOverlapFp8ReserveDivisor));
 }
 
 // The model's inputs for a partition (flags as extend_partition returns them; q_lens / kv_lens per

@@ -223,17 +223,27 @@ TEST(SmallExtend, Fp8OverlapReserveIsCapped) {
   EXPECT_EQ(partition_overlap_reserve_fp8(bytes1, flops1, 132), 8);
   EXPECT_EQ(partition_overlap_reserve_fp8(bytes2, flops2, 132), 7);
   EXPECT_EQ(partition_overlap_reserve_fp8(bytes3, flops3, 132), 8);
-  // Never more than the model's, never past the cap, none where the model gives none.
+  // Never more than the model's, never past 1 / 16 of the SMs (at least 1), none exactly where
+  // the model gives none, and the model's own where it is under the cap.
+  int capped = 0;
+  int uncapped = 0;
   for (double ratio = 0.05; ratio < 40; ratio *= 1.07) {
     const double b = 1e9;
     const double f = b / ratio * detail::kOverlapFlopPerByte;
-    for (int sms : {8, 9, 66, 78, 114, 132, 144}) {
+    for (int sms : {8, 9, 15, 16, 66, 78, 114, 132, 144}) {
       const int model = partition_overlap_reserve(b, f / s, sms);
       const int got = partition_overlap_reserve_fp8(b, f, sms);
-      EXPECT_EQ(got, std::min(model, sms / detail::kOverlapFp8ReserveDivisor))
-          << ratio << " " << sms;
+      const int cap = std::max(1, sms / 16);
+      EXPECT_LE(got, model) << ratio << " " << sms;
+      EXPECT_LE(got, cap) << ratio << " " << sms;
+      EXPECT_EQ(got == 0, model == 0) << ratio << " " << sms;
+      if (model > 0 && model <= cap) EXPECT_EQ(got, model) << ratio << " " << sms;
+      capped += model > cap ? 1 : 0;
+      uncapped += model > 0 && model <= cap ? 1 : 0;
     }
   }
+  EXPECT_GT(capped, 0);  // the sweep reaches both sides of the cap
+  EXPECT_GT(uncapped, 0);
   EXPECT_EQ(partition_overlap_reserve_fp8(0, flops1, 132), 0);
   EXPECT_EQ(partition_overlap_reserve_fp8(bytes1, 0, 132), 0);
 }

@@ -1179,7 +1179,7 @@ __global__ void __launch_bounds__(PrefillFp8Traits<kN, kWG, kVariant>::kThreads,
     // launch once every CTA of this one is resident (backend/small_extend.h). The first
     // launch_dependents of any thread counts for the CTA (PTX ISA), so the producer's is enough.
     // Here, not before the warpgroup split: there it made ptxas serialise the consumers' wgmma in
-    // the promoted e4m3-q kernel and two soft-cap ones (C7511; causal 4k-16k e4m3 q +11-12%,
+    // the promoted e4m3-q kernel and two soft-cap ones (C7511; causal 4k-16k e4m3 q 8-13% slower,
     // H200 2026-12-02, docs/PERF.md "Session 78").
     if (p.trigger_dependents != 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     producer_fp8<kVtPre, kN, kWG, kQIn, kVariant>(p, smem);
