@@ -1,0 +1,71 @@
+// Malformed batches through every CUDA backend, by random mutation of valid ones: the contract of
+// tests/support/batch_mutations.h on cuda:0 (a batch validate() refuses is refused before any
+// kernel reads it, a refused call leaves the KV pool alone, an accepted mutation matches the fp64
+// reference, a backend that refused still serves the valid batch). One test per backend the
+// registry builds for CUDA; backends whose rows take none of the cases (the MLA-only ones) skip.
+// The seeds are fixed.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "attnkit/device.h"
+#include "attnkit/registry.h"
+#include "harness/case_runner.h"
+#include "support/backend_case_test.h"
+#include "support/batch_mutations.h"
+#include "support/gpu_test_helpers.h"
+
+namespace attnkit {
+namespace {
+
+constexpr int kTrialsPerCase = 24;
+
+std::vector<std::string> cuda_backends() {
+  std::vector<std::string> names;
+  for (const BackendDescriptor& d : builtin_registry().all()) {
+    if (d.built && d.runs_on(Platform::kCUDA)) names.push_back(d.name);
+  }
+  return names;
+}
+
+class BatchMutationsCuda : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BatchMutationsCuda, RefusesWhatValidateRefusesAndKeepsThePool) {
+  if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
+  const BackendDescriptor* desc = builtin_registry().find(GetParam());
+  ASSERT_NE(desc, nullptr);
+  const Device device = Device::cuda(0);
+  const DeviceInfo info = test_support::device_info_for(device);
+  test_support::MutationOutcome outcome;
+  uint32_t seed = 20261402;
+  int cases = 0;
+  for (const char* name : test_support::batch_mutation_cases()) {
+    const harness::CaseSpec* spec = harness::find_case(name);
+    ASSERT_NE(spec, nullptr) << name;
+    ++seed;
+    if (!harness::skip_reason(*desc, *spec, info).empty()) continue;
+    ++cases;
+    SCOPED_TRACE(desc->name + " on " + name);
+    test_support::fuzz_batch_mutations(*desc, *spec, device, seed, kTrialsPerCase, &outcome);
+    if (HasFatalFailure()) return;
+  }
+  if (cases == 0) GTEST_SKIP() << desc->name << " takes none of the mutation cases";
+  std::printf(
+      "%s: %d cases, %d refused by validate, %d accepted and matched the reference, %d accepted "
+      "but refused by the backend\n",
+      desc->name.c_str(), cases, outcome.refused_by_validate, outcome.accepted_and_ran,
+      outcome.accepted_but_refused);
+  EXPECT_GT(outcome.refused_by_validate, 2 * cases) << desc->name;
+  EXPECT_GT(outcome.accepted_and_ran, 0) << desc->name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BatchMutationsCuda, ::testing::ValuesIn(cuda_backends()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+}  // namespace
+}  // namespace attnkit

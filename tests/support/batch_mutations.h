@@ -1,0 +1,47 @@
+// Malformed batches through a backend, by random mutation of valid ones (tests/unit and tests/gpu
+// test_batch_mutations*).
+//
+// Each trial takes a prepared case of the shared table, changes one thing the way a buggy engine
+// could (in the ForwardBatch: a length, a count, a request row, a new token's slot, a
+// req_to_token entry written through the table's API, the verify mask's offsets, the mode; in
+// the layers: a scale, the cap, the window, a head count or dim, the layer id, the mask type; or
+// one of layer 0's q / k / v / out / lse views: a row or head more or less, another dtype), and
+// runs the backend on it (init_forward_metadata, then every layer). The contract checked:
+//   - a batch ForwardBatch::validate() refuses, or a view that does not fit its memory, is
+//     refused by the run, with a message;
+//   - a refused call leaves every byte of the KV pool as it was before that call;
+//   - a mutation the backend accepts runs and matches the fp64 reference over the same (mutated)
+//     batch and layers, with no stray pool write, damaged canary or non-finite output;
+//   - after any refusal the same backend object still runs the unmutated batch (and, every fourth
+//     time, matches the reference): a refused call leaves no half-made plan behind.
+// On a CUDA pool, out_cache_loc entries inside the pool but not the row's are not tried: validate()
+// cannot see them there (no host copy; ForwardBatch::out_cache_loc), and the row's slot 0 neither.
+// A failure names the trial, its seed and the mutation (the caller adds the backend and case).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "attnkit/device.h"
+#include "attnkit/registry.h"
+#include "harness/case_runner.h"
+
+namespace attnkit::test_support {
+
+struct MutationOutcome {
+  int refused_by_validate = 0;   // validate() refused the batch (and so did the backend)
+  int accepted_and_ran = 0;      // ran and matched the reference
+  int accepted_but_refused = 0;  // the backend refused what validate() accepted (a layer, a view)
+};
+
+// Prepares `spec` on `device`, makes the backend `desc` for it, runs the unmutated case (must
+// match the reference), then `trials` mutations (seeded by `seed`), counting into *outcome.
+// GoogleTest EXPECT / ASSERT inside: call from a TEST body.
+void fuzz_batch_mutations(const BackendDescriptor& desc, const harness::CaseSpec& spec,
+                          Device device, uint32_t seed, int trials, MutationOutcome* outcome);
+
+// The shared table's cases the mutation tests take (MHA over bf16 and fp8_e4m3 pools: extend,
+// mixed, draft extend, decode, verify with a tree, cross-attention, a window; pages 1 and 16).
+std::span<const char* const> batch_mutation_cases();
+
+}  // namespace attnkit::test_support
