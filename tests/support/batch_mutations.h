@@ -14,8 +14,11 @@
 //     batch and layers, with no stray pool write, damaged canary or non-finite output;
 //   - after any refusal the same backend object still runs the unmutated batch (and, every fourth
 //     time, matches the reference): a refused call leaves no half-made plan behind.
-// On a CUDA pool, out_cache_loc entries inside the pool but not the row's are not tried: validate()
-// cannot see them there (no host copy; ForwardBatch::out_cache_loc), and the row's slot 0 neither.
+// On a CUDA pool, what only the CPU's validate() can see is not tried (out_cache_loc has no host
+// copy there; ForwardBatch::out_cache_loc): out_cache_loc entries inside the pool, or any in a
+// forward that does not save k / v; a decode length moved with seq_lens_sum kept consistent; a
+// spare request row; a new token's req_to_token column rewritten; slot 0. A refused call must also
+// leave no skipped write in the pool's device slot guard record.
 // A failure names the trial, its seed and the mutation (the caller adds the backend and case).
 #pragma once
 

@@ -599,9 +599,9 @@ class TorchNativeBackend final : public AttentionBackend {
   }
 
  private:
-  // One code path for both devices: validate, write the cache, (CUDA: stage the inputs and the
-  // layer's pool through the host), compute in fp64 on the host, store in q's dtype, (CUDA: copy
-  // out and lse back).
+  // One code path for both devices: validate, (CUDA: stage the inputs and the layer's pool through
+  // the host), write the cache (CUDA: the device pool and its staged mirror), compute in fp64 on
+  // the host, store in q's dtype, (CUDA: copy out and lse back).
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse) {
@@ -620,18 +620,28 @@ class TorchNativeBackend final : public AttentionBackend {
                                          layer.sinks.device, layer.sinks.storage_bytes()));
       ATTNKIT_RETURN_IF_ERROR(check_sink_values(host));
     }
+    const bool staged = ctx_.device.is_cuda();
+    HostCall call{q, k, v, out, lse, &layer, &batch};
+    if (staged) ATTNKIT_RETURN_IF_ERROR(stage_inputs(q, k, v, out, layer, batch, lse, &call));
     if (save_kv && batch.num_tokens > 0) {  // no new token: nothing to write (no out_cache_loc)
-      // The rows the reference will read are checked before the write (a refused call must leave
-      // the pool as it was; compute_attention_fp64 checks them only after it).
-      ATTNKIT_RETURN_IF_ERROR(ctx_.device.is_cuda() ? check_mirrored_rows(layer, batch)
-                                                    : reference::check_pool_rows(layer, batch));
+      // A refused call must leave the pool as it was, so everything compute_attention_fp64 checks
+      // is checked before the write: the rows the reference will read and, on CUDA, the staged
+      // batch as the host sees it (out_cache_loc has a host copy there, so each new token's slot
+      // is compared with its row: a CUDA pool's validate() cannot). The staged pool mirror was
+      // copied before the write; the same set_kv on it gives it the new rows (a CPU pool stores
+      // bit for bit what the CUDA scatter stores), and it runs first, so that a slot the host pool
+      // refuses (page 0, a repeat) is refused before the device is written.
+      ATTNKIT_RETURN_IF_ERROR(call.batch->validate());
+      ATTNKIT_RETURN_IF_ERROR(reference::check_pool_rows(*call.layer, *call.batch));
+      if (staged) {
+        ATTNKIT_RETURN_IF_ERROR(
+            call.batch->kv_pool->set_kv(layer.layer_id, call.batch->out_cache_loc, call.k, call.v,
+                                        layer.k_scale, layer.v_scale, nullptr));
+      }
       const StreamHandle stream = batch.stream != nullptr ? batch.stream : ctx_.stream;
       ATTNKIT_RETURN_IF_ERROR(batch.kv_pool->set_kv(layer.layer_id, batch.out_cache_loc, k, v,
                                                     layer.k_scale, layer.v_scale, stream));
     }
-    const bool staged = ctx_.device.is_cuda();
-    HostCall call{q, k, v, out, lse, &layer, &batch};
-    if (staged) ATTNKIT_RETURN_IF_ERROR(stage_inputs(q, k, v, out, layer, batch, lse, &call));
     ATTNKIT_ASSIGN_OR_RETURN(
         reference::ReferenceOutput ref,
         reference::compute_attention_fp64(call.q, call.k, call.v, *call.layer, *call.batch));
@@ -732,20 +742,10 @@ class TorchNativeBackend final : public AttentionBackend {
     return Status::ok();
   }
 
-  // check_pool_rows over the device table's rows, mirrored to the host (after the caller's
-  // writes to the table have finished).
-  Status check_mirrored_rows(const AttentionLayer& layer, const ForwardBatch& batch) {
-    ATTNKIT_RETURN_IF_ERROR(synchronize_device(ctx_.device));
-    ATTNKIT_RETURN_IF_ERROR(mirror_table_rows(batch));
-    ForwardBatch host = batch;
-    host.req_to_token_pool = host_table_.get();
-    return reference::check_pool_rows(layer, host);
-  }
-
   Status stage_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
                       const TensorView& lse, HostCall* call) {
-    // The caller's producers of q/k/v and the cache write above may still be running.
+    // The caller's producers of q/k/v (and of the pool's earlier rows) may still be running.
     ATTNKIT_RETURN_IF_ERROR(synchronize_device(ctx_.device));
     ATTNKIT_RETURN_IF_ERROR(ensure_pool_mirror(*batch.kv_pool));
 
