@@ -600,8 +600,8 @@ class TorchNativeBackend final : public AttentionBackend {
 
  private:
   // One code path for both devices: validate, (CUDA: stage the inputs and the layer's pool through
-  // the host), write the cache (CUDA: the device pool and its staged mirror), compute in fp64 on
-  // the host, store in q's dtype, (CUDA: copy out and lse back).
+  // the host, and validate the staged batch), write the cache (CUDA: then stage the layer's pool
+  // again), compute in fp64 on the host, store in q's dtype, (CUDA: copy out and lse back).
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse) {
@@ -624,23 +624,19 @@ class TorchNativeBackend final : public AttentionBackend {
     HostCall call{q, k, v, out, lse, &layer, &batch};
     if (staged) ATTNKIT_RETURN_IF_ERROR(stage_inputs(q, k, v, out, layer, batch, lse, &call));
     if (save_kv && batch.num_tokens > 0) {  // no new token: nothing to write (no out_cache_loc)
-      // A refused call must leave the pool as it was, so everything compute_attention_fp64 checks
-      // is checked before the write: the rows the reference will read and, on CUDA, the staged
-      // batch as the host sees it (out_cache_loc has a host copy there, so each new token's slot
-      // is compared with its row: a CUDA pool's validate() cannot). The staged pool mirror was
-      // copied before the write; the same set_kv on it gives it the new rows (a CPU pool stores
-      // bit for bit what the CUDA scatter stores), and it runs first, so that a slot the host pool
-      // refuses (page 0, a repeat) is refused before the device is written.
-      ATTNKIT_RETURN_IF_ERROR(call.batch->validate());
+      // A refused call must leave the pool as it was, so what compute_attention_fp64 checks is
+      // checked before the write: the rows the reference will read and, on CUDA, the staged batch
+      // as the host sees it (out_cache_loc has a host copy there, so each new token's slot is
+      // compared with its row, which a CUDA pool's validate() cannot do). Then every slot written
+      // is a pool row: the device's slot guard has nothing to skip.
+      if (staged) ATTNKIT_RETURN_IF_ERROR(call.batch->validate());
       ATTNKIT_RETURN_IF_ERROR(reference::check_pool_rows(*call.layer, *call.batch));
-      if (staged) {
-        ATTNKIT_RETURN_IF_ERROR(
-            call.batch->kv_pool->set_kv(layer.layer_id, call.batch->out_cache_loc, call.k, call.v,
-                                        layer.k_scale, layer.v_scale, nullptr));
-      }
       const StreamHandle stream = batch.stream != nullptr ? batch.stream : ctx_.stream;
       ATTNKIT_RETURN_IF_ERROR(batch.kv_pool->set_kv(layer.layer_id, batch.out_cache_loc, k, v,
                                                     layer.k_scale, layer.v_scale, stream));
+      // The mirror was staged before the write: stage the layer's buffers again, as the device
+      // stored them (the reference computes from the rows the CUDA scatter wrote).
+      if (staged) ATTNKIT_RETURN_IF_ERROR(stage_pool_layer(*batch.kv_pool, layer.layer_id));
     }
     ATTNKIT_ASSIGN_OR_RETURN(
         reference::ReferenceOutput ref,
@@ -742,22 +738,26 @@ class TorchNativeBackend final : public AttentionBackend {
     return Status::ok();
   }
 
-  Status stage_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
-                      const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
-                      const TensorView& lse, HostCall* call) {
-    // The caller's producers of q/k/v (and of the pool's earlier rows) may still be running.
+  // Synchronises the device (the caller's producers of q / k / v and of the pool's rows, or the
+  // cache write, may still be running), then copies layer `layer_id`'s pool buffers, byte for
+  // byte, into the host mirror (MLA prefill never reads the pool).
+  Status stage_pool_layer(const KVPool& pool, int layer_id) {
     ATTNKIT_RETURN_IF_ERROR(synchronize_device(ctx_.device));
-    ATTNKIT_RETURN_IF_ERROR(ensure_pool_mirror(*batch.kv_pool));
-
-    // The layer's pool buffers, byte for byte (MLA prefill never reads the pool).
-    const std::vector<TensorView> src = layer_buffers(*batch.kv_pool, layer.layer_id);
-    const std::vector<TensorView> dst = layer_buffers(*host_pool_, layer.layer_id);
+    ATTNKIT_RETURN_IF_ERROR(ensure_pool_mirror(pool));
+    const std::vector<TensorView> src = layer_buffers(pool, layer_id);
+    const std::vector<TensorView> dst = layer_buffers(*host_pool_, layer_id);
     for (size_t i = 0; i < src.size(); ++i) {
       if (!src[i].defined()) continue;
       ATTNKIT_RETURN_IF_ERROR(copy_bytes(dst[i].data, Device::cpu(), src[i].data, src[i].device,
                                          src[i].storage_bytes()));
     }
+    return Status::ok();
+  }
 
+  Status stage_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
+                      const TensorView& lse, HostCall* call) {
+    ATTNKIT_RETURN_IF_ERROR(stage_pool_layer(*batch.kv_pool, layer.layer_id));
     ATTNKIT_RETURN_IF_ERROR(mirror_table_rows(batch));
 
     staging_used_ = 0;
