@@ -13,8 +13,6 @@
 
 #include "attnkit/device.h"
 #include "attnkit/registry.h"
-#include "harness/case_runner.h"
-#include "support/backend_case_test.h"
 #include "support/batch_mutations.h"
 #include "support/gpu_test_helpers.h"
 
@@ -37,21 +35,10 @@ TEST_P(BatchMutationsCuda, RefusesWhatValidateRefusesAndKeepsThePool) {
   if (!test_support::has_cuda()) GTEST_SKIP() << "no CUDA device";
   const BackendDescriptor* desc = builtin_registry().find(GetParam());
   ASSERT_NE(desc, nullptr);
-  const Device device = Device::cuda(0);
-  const DeviceInfo info = test_support::device_info_for(device);
   test_support::MutationOutcome outcome;
-  uint32_t seed = 20261402;
-  int cases = 0;
-  for (const char* name : test_support::batch_mutation_cases()) {
-    const harness::CaseSpec* spec = harness::find_case(name);
-    ASSERT_NE(spec, nullptr) << name;
-    ++seed;
-    if (!harness::skip_reason(*desc, *spec, info).empty()) continue;
-    ++cases;
-    SCOPED_TRACE(desc->name + " on " + name);
-    test_support::fuzz_batch_mutations(*desc, *spec, device, seed, kTrialsPerCase, &outcome);
-    if (HasFatalFailure()) return;
-  }
+  const int cases = test_support::fuzz_batch_mutation_cases(*desc, Device::cuda(0), 20261402,
+                                                            kTrialsPerCase, desc->name, &outcome);
+  if (cases < 0) return;
   if (cases == 0) GTEST_SKIP() << desc->name << " takes none of the mutation cases";
   std::printf(
       "%s: %d cases, %d refused by validate, %d accepted and matched the reference, %d accepted "

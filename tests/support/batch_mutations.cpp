@@ -15,6 +15,7 @@
 #include "attnkit/backend.h"
 #include "attnkit/kv_cache.h"
 #include "attnkit/tensor.h"
+#include "support/backend_case_test.h"
 
 namespace attnkit::test_support {
 namespace {
@@ -204,12 +205,12 @@ class Mutator {
     return bump(b.seq_lens_host, r, 1, "seq_lens_host", false);
   }
 
-  // Undoes every mutation made since the last restore.
   // The last mutation made a view the backend must refuse whatever the batch.
   bool must_refuse() const { return must_refuse_; }
   // The last mutation changed the layers' k_scale or v_scale.
   bool scales_changed() const { return scales_changed_; }
 
+  // Undoes every mutation made since the last restore.
   void restore() {
     must_refuse_ = false;
     scales_changed_ = false;
@@ -249,64 +250,47 @@ class Mutator {
     const float f = floats[pick(0, 7)];
     const int i = ints[pick(0, 6)];
     const int d = i == 0 ? 1 : i;  // the deltas of the counts and the layer id
-    const int field = pick(0, 11);
-    std::string what;
+    // The fields in the order the draw numbers them: set to the drawn float, set to the drawn int,
+    // moved by the drawn delta, or (none of them) the mask type flipped.
+    struct Field {
+      const char* name;
+      float AttentionLayer::*set_float;
+      int AttentionLayer::*set_int;
+      int AttentionLayer::*add_int;
+    };
+    using L = AttentionLayer;
+    static constexpr Field kFields[] = {{"scaling", &L::scaling, nullptr, nullptr},
+                                        {"logit_cap", &L::logit_cap, nullptr, nullptr},
+                                        {"sliding_window", nullptr, &L::sliding_window, nullptr},
+                                        {"num_q_heads", nullptr, nullptr, &L::num_q_heads},
+                                        {"num_kv_heads", nullptr, nullptr, &L::num_kv_heads},
+                                        {"qk_head_dim", nullptr, nullptr, &L::qk_head_dim},
+                                        {"v_head_dim", nullptr, nullptr, &L::v_head_dim},
+                                        {"layer_id", nullptr, nullptr, &L::layer_id},
+                                        {"k_scale", &L::k_scale, nullptr, nullptr},
+                                        {"v_scale", &L::v_scale, nullptr, nullptr},
+                                        {"q_scale", &L::q_scale, nullptr, nullptr},
+                                        {"type", nullptr, nullptr, nullptr}};
+    const Field& fd = kFields[pick(0, 11)];
+    scales_changed_ = fd.set_float == &L::k_scale || fd.set_float == &L::v_scale;
     for (harness::LayerData& ld : pc_.layers) {
       AttentionLayer& l = ld.layer;
-      switch (field) {
-        case 0:
-          l.scaling = f;
-          what = "scaling = " + std::to_string(f);
-          break;
-        case 1:
-          l.logit_cap = f;
-          what = "logit_cap = " + std::to_string(f);
-          break;
-        case 2:
-          l.sliding_window = i;
-          what = "sliding_window = " + std::to_string(i);
-          break;
-        case 3:
-          l.num_q_heads = wrap_add(l.num_q_heads, d);
-          what = "num_q_heads += " + std::to_string(d);
-          break;
-        case 4:
-          l.num_kv_heads = wrap_add(l.num_kv_heads, d);
-          what = "num_kv_heads += " + std::to_string(d);
-          break;
-        case 5:
-          l.qk_head_dim = wrap_add(l.qk_head_dim, d);
-          what = "qk_head_dim += " + std::to_string(d);
-          break;
-        case 6:
-          l.v_head_dim = wrap_add(l.v_head_dim, d);
-          what = "v_head_dim += " + std::to_string(d);
-          break;
-        case 7:
-          l.layer_id = wrap_add(l.layer_id, d);
-          what = "layer_id += " + std::to_string(d);
-          break;
-        case 8:
-          l.k_scale = f;
-          scales_changed_ = true;
-          what = "k_scale = " + std::to_string(f);
-          break;
-        case 9:
-          l.v_scale = f;
-          scales_changed_ = true;
-          what = "v_scale = " + std::to_string(f);
-          break;
-        case 10:
-          l.q_scale = f;
-          what = "q_scale = " + std::to_string(f);
-          break;
-        default:
-          l.type = l.type == AttentionType::kDecoder ? AttentionType::kEncoderOnly
-                                                     : AttentionType::kDecoder;
-          what = "type flipped";
-          break;
+      if (fd.set_float != nullptr) {
+        l.*fd.set_float = f;
+      } else if (fd.set_int != nullptr) {
+        l.*fd.set_int = i;
+      } else if (fd.add_int != nullptr) {
+        l.*fd.add_int = wrap_add(l.*fd.add_int, d);
+      } else {
+        l.type = l.type == AttentionType::kDecoder ? AttentionType::kEncoderOnly
+                                                   : AttentionType::kDecoder;
       }
     }
+    const std::string what =
+        fd.set_float != nullptr ? std::string(fd.name) + " = " + std::to_string(f)
+        : fd.set_int != nullptr ? std::string(fd.name) + " = " + std::to_string(i)
+        : fd.add_int != nullptr ? std::string(fd.name) + " += " + std::to_string(d)
+                                : std::string("type flipped");
     return "every layer's " + what;
   }
 
@@ -419,12 +403,14 @@ Status run(AttentionBackend& backend, PreparedCase& pc, bool save_kv, bool* pool
     return st;
   };
   if (Status st = backend.init_forward_metadata(pc.batch); !st.is_ok()) return refused(st);
-  for (harness::LayerData& ld : pc.layers) {
+  for (size_t l = 0; l < pc.layers.size(); ++l) {
+    harness::LayerData& ld = pc.layers[l];
     const bool save = save_kv && ld.save_kv_allowed;
-    before = pool_bytes(pc);
     const Status st = backend.forward(ld.q, save ? ld.k : TensorView(), save ? ld.v : TensorView(),
                                       ld.out, ld.layer, pc.batch, save, ld.lse);
     if (!st.is_ok()) return refused(st);
+    if (save && l + 1 < pc.layers.size())
+      before = pool_bytes(pc);  // what the next call starts from
   }
   // CUDA pools: a save_kv write the device's slot guard skipped (an out_cache_loc entry outside
   // the pool) is reported here, as harness::run_backend does.
@@ -507,12 +493,33 @@ void fuzz_batch_mutations(const BackendDescriptor& desc, const harness::CaseSpec
   }
 }
 
+namespace {
+
 constexpr const char* kCases[] = {
     "extend_page16_ragged",   "extend_page1_gqa4",      "mixed_page16",
     "draft_extend_page16",    "decode_page16",          "decode_page1",
     "decode_cross_attention", "extend_cross_attention", "extend_window8_page16",
     "decode_fp8_e4m3_kv",     "verify_topk4_page16"};
 
-std::span<const char* const> batch_mutation_cases() { return kCases; }
+}  // namespace
+
+int fuzz_batch_mutation_cases(const BackendDescriptor& desc, Device device, uint32_t first_seed,
+                              int trials, const std::string& trace, MutationOutcome* outcome) {
+  const DeviceInfo info = device_info_for(device);
+  uint32_t seed = first_seed;
+  int cases = 0;
+  for (const char* name : kCases) {
+    const harness::CaseSpec* spec = harness::find_case(name);
+    EXPECT_NE(spec, nullptr) << name;
+    if (spec == nullptr) return -1;
+    ++seed;
+    if (!harness::skip_reason(desc, *spec, info).empty()) continue;
+    ++cases;
+    SCOPED_TRACE(trace + " on " + name);
+    fuzz_batch_mutations(desc, *spec, device, seed, trials, outcome);
+    if (::testing::Test::HasFatalFailure()) return -1;
+  }
+  return cases;
+}
 
 }  // namespace attnkit::test_support

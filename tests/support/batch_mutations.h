@@ -23,7 +23,7 @@
 #pragma once
 
 #include <cstdint>
-#include <span>
+#include <string>
 
 #include "attnkit/device.h"
 #include "attnkit/registry.h"
@@ -43,8 +43,12 @@ struct MutationOutcome {
 void fuzz_batch_mutations(const BackendDescriptor& desc, const harness::CaseSpec& spec,
                           Device device, uint32_t seed, int trials, MutationOutcome* outcome);
 
-// The shared table's cases the mutation tests take (MHA over bf16 and fp8_e4m3 pools: extend,
-// mixed, draft extend, decode, verify with a tree, cross-attention, a window; pages 1 and 16).
-std::span<const char* const> batch_mutation_cases();
+// fuzz_batch_mutations over each case of the shared table the mutation tests take (MHA over bf16
+// and fp8_e4m3 pools: extend, mixed, draft extend, decode, verify with a tree, cross-attention, a
+// window; pages 1 and 16) that skip_reason lets `desc` run on `device`; case i is seeded
+// first_seed + 1 + i, and its failures are traced "<trace> on <case>". Returns how many cases
+// ran, or -1 after a fatal failure (the caller returns).
+int fuzz_batch_mutation_cases(const BackendDescriptor& desc, Device device, uint32_t first_seed,
+                              int trials, const std::string& trace, MutationOutcome* outcome);
 
 }  // namespace attnkit::test_support

@@ -12,7 +12,6 @@
 #include "attnkit/device.h"
 #include "attnkit/registry.h"
 #include "backends/intel_amx/intel_amx_backend.h"
-#include "harness/case_runner.h"
 #include "support/batch_mutations.h"
 #include "support/scoped_env.h"
 
@@ -22,23 +21,14 @@ namespace {
 constexpr int kTrialsPerCase = 48;
 
 TEST(BatchMutations, EveryCpuBackendRefusesWhatValidateRefusesAndKeepsThePool) {
-  const DeviceInfo cpu = detect_cpu();
   int backends = 0;
   for (const BackendDescriptor& desc : builtin_registry().all()) {
     if (!desc.built || !desc.runs_on(Platform::kCPU)) continue;
     ++backends;
     test_support::MutationOutcome outcome;
-    uint32_t seed = 20261202;
-    for (const char* name : test_support::batch_mutation_cases()) {
-      const harness::CaseSpec* spec = harness::find_case(name);
-      ASSERT_NE(spec, nullptr) << name;
-      ++seed;
-      if (!harness::skip_reason(desc, *spec, cpu).empty()) continue;
-      SCOPED_TRACE(desc.name + " on " + name);
-      test_support::fuzz_batch_mutations(desc, *spec, Device::cpu(), seed, kTrialsPerCase,
-                                         &outcome);
-      if (HasFatalFailure()) return;
-    }
+    if (test_support::fuzz_batch_mutation_cases(desc, Device::cpu(), 20261202, kTrialsPerCase,
+                                                desc.name, &outcome) < 0)
+      return;
     // The mutations reach both sides of validate(): a run that only ever saw refusals would not
     // test the backend's own checks.
     EXPECT_GT(outcome.refused_by_validate, 50) << desc.name;
@@ -67,17 +57,10 @@ TEST(BatchMutations, IntelAmxAtEveryLowerIsaLevel) {
     ++levels;
     test_support::ScopedEnv env("ATTNKIT_CPU_ISA", cpu_isa_name(isa));
     test_support::MutationOutcome outcome;
-    uint32_t seed = 20261302 + 100 * static_cast<uint32_t>(isa);
-    for (const char* name : test_support::batch_mutation_cases()) {
-      const harness::CaseSpec* spec = harness::find_case(name);
-      ASSERT_NE(spec, nullptr) << name;
-      ++seed;
-      if (!harness::skip_reason(*desc, *spec, cpu).empty()) continue;
-      SCOPED_TRACE(std::string("intel_amx at ") + cpu_isa_name(isa) + " on " + name);
-      test_support::fuzz_batch_mutations(*desc, *spec, Device::cpu(), seed, kTrialsPerCase / 2,
-                                         &outcome);
-      if (HasFatalFailure()) return;
-    }
+    if (test_support::fuzz_batch_mutation_cases(
+            *desc, Device::cpu(), 20261302 + 100 * static_cast<uint32_t>(isa), kTrialsPerCase / 2,
+            std::string("intel_amx at ") + cpu_isa_name(isa), &outcome) < 0)
+      return;
     EXPECT_GT(outcome.refused_by_validate, 25) << cpu_isa_name(isa);
     EXPECT_GT(outcome.accepted_and_ran, 2) << cpu_isa_name(isa);
   }
