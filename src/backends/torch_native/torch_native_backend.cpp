@@ -599,9 +599,9 @@ class TorchNativeBackend final : public AttentionBackend {
   }
 
  private:
-  // One code path for both devices: validate, (CUDA: stage the inputs and the layer's pool through
-  // the host, and validate the staged batch), write the cache (CUDA: then stage the layer's pool
-  // again), compute in fp64 on the host, store in q's dtype, (CUDA: copy out and lse back).
+  // One code path for both devices: validate, (CUDA: stage the inputs through the host and
+  // validate the staged batch), write the cache, (CUDA: stage the layer's pool), compute in fp64 on
+  // the host, store in q's dtype, (CUDA: copy out and lse back).
   Status run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const AttentionLayer& layer, const ForwardBatch& batch, bool save_kv,
              const TensorView& lse) {
@@ -634,10 +634,9 @@ class TorchNativeBackend final : public AttentionBackend {
       const StreamHandle stream = batch.stream != nullptr ? batch.stream : ctx_.stream;
       ATTNKIT_RETURN_IF_ERROR(batch.kv_pool->set_kv(layer.layer_id, batch.out_cache_loc, k, v,
                                                     layer.k_scale, layer.v_scale, stream));
-      // The mirror was staged before the write: stage the layer's buffers again, as the device
-      // stored them (the reference computes from the rows the CUDA scatter wrote).
-      if (staged) ATTNKIT_RETURN_IF_ERROR(stage_pool_layer(*batch.kv_pool, layer.layer_id));
     }
+    // After the write: the reference computes from the rows as the CUDA scatter stored them.
+    if (staged) ATTNKIT_RETURN_IF_ERROR(stage_pool_layer(*batch.kv_pool, layer.layer_id));
     ATTNKIT_ASSIGN_OR_RETURN(
         reference::ReferenceOutput ref,
         reference::compute_attention_fp64(call.q, call.k, call.v, *call.layer, *call.batch));
@@ -738,12 +737,12 @@ class TorchNativeBackend final : public AttentionBackend {
     return Status::ok();
   }
 
-  // Synchronises the device (the caller's producers of q / k / v and of the pool's rows, or the
-  // cache write, may still be running), then copies layer `layer_id`'s pool buffers, byte for
-  // byte, into the host mirror (MLA prefill never reads the pool).
+  // After stage_inputs (which made the host mirror) and the cache write: synchronises the device
+  // (the write, or the caller's producers of the pool's rows, may still be running), then copies
+  // layer `layer_id`'s pool buffers, byte for byte, into the host mirror (MLA prefill never reads
+  // the pool).
   Status stage_pool_layer(const KVPool& pool, int layer_id) {
     ATTNKIT_RETURN_IF_ERROR(synchronize_device(ctx_.device));
-    ATTNKIT_RETURN_IF_ERROR(ensure_pool_mirror(pool));
     const std::vector<TensorView> src = layer_buffers(pool, layer_id);
     const std::vector<TensorView> dst = layer_buffers(*host_pool_, layer_id);
     for (size_t i = 0; i < src.size(); ++i) {
@@ -757,7 +756,10 @@ class TorchNativeBackend final : public AttentionBackend {
   Status stage_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
                       const TensorView& lse, HostCall* call) {
-    ATTNKIT_RETURN_IF_ERROR(stage_pool_layer(*batch.kv_pool, layer.layer_id));
+    // The caller's producers of q / k / v and of the table may still be running. The layer's pool
+    // buffers are copied later, after the cache write (stage_pool_layer).
+    ATTNKIT_RETURN_IF_ERROR(synchronize_device(ctx_.device));
+    ATTNKIT_RETURN_IF_ERROR(ensure_pool_mirror(*batch.kv_pool));
     ATTNKIT_RETURN_IF_ERROR(mirror_table_rows(batch));
 
     staging_used_ = 0;

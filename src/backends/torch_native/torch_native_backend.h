@@ -2,12 +2,12 @@
 //
 // torch_native is the correctness oracle: a plain CPU implementation that computes every logit,
 // softmax and output in fp64 and writes the result in q's dtype. On a CUDA context it runs the
-// same host code through staging: it synchronises, copies the layer's pool buffers into a host
-// mirror of the pool (built at creation from ctx.kv_pool, which is therefore required), the inputs,
-// the batch's arrays and the request rows (from ReqToTokenPool::host_row) to the host, validates
-// the staged batch as a CPU pool's would be (each out_cache_loc slot against its row) before the
-// cache write to the device pool (kv_pool->set_kv), copies the layer's buffers again after it, and
-// the outputs back. It synchronises and may allocate
+// same host code through staging: it synchronises, copies the inputs, the batch's arrays and the
+// request rows (from ReqToTokenPool::host_row) to the host, validates the staged batch as a CPU
+// pool's would be (each out_cache_loc slot against its row) before the cache write to the device
+// pool (kv_pool->set_kv), then copies the layer's pool buffers into a host mirror of the pool
+// (built at creation from ctx.kv_pool, which is therefore required), and the outputs back. It
+// synchronises and may allocate
 // inside forward (an eager reference, never CUDA-graph captured). It supports every feature of the
 // interface: extend (cached prefix read from the pool through req_to_token + new tokens; causal,
 // bidirectional for AttentionType::kEncoderOnly, the TARGET_VERIFY tree mask), decode, MIXED and
