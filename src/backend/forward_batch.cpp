@@ -387,7 +387,8 @@ Status ForwardBatch::validate() const {
   }
   if (check_indices_enabled()) {
     if (kv_pool == nullptr) return Status::ok();
-    const int64_t lo = kv_pool->page_size();
+    const int64_t ps = kv_pool->page_size();
+    const int64_t lo = ps;
     const int64_t hi = kv_pool->rows();
     for (int64_t r = 0; r < bs; ++r) {
       const int32_t* row = req_to_token_pool->host_row(req_pool_indices_host[r]);
@@ -397,6 +398,19 @@ Status ForwardBatch::validate() const {
           return Status::invalid_argument(
               cat("req_to_token[", req_pool_indices_host[r], ", ", i, "] = ", row[i], " (request ",
                   r, ") is outside the KV pool slots [", lo, ", ", hi, ")"));
+        }
+        // Whole pages (DESIGN.md: slot t at offset t % page_size, a request never shares a page
+        // mid-page): natively paged backends read only each page's first entry, so an entry
+        // that breaks its page would be read as the page's slot instead of its own.
+        const int64_t offset = i % ps;
+        const int64_t expected = offset == 0 ? row[i] - row[i] % ps : row[i - offset] + offset;
+        if (row[i] != expected) {
+          return Status::invalid_argument(cat(
+              "req_to_token[", req_pool_indices_host[r], ", ", i, "] = ", row[i], " (request ", r,
+              ") breaks its page: with page_size ", ps, " column ", i, " must hold slot ", expected,
+              offset == 0 ? " (a page's first slot is a multiple of page_size)"
+                          : cat(" (req_to_token[", req_pool_indices_host[r], ", ", i - offset,
+                                "] + ", offset, ")")));
         }
       }
     }

@@ -161,20 +161,12 @@ class Mutator {
         if (!pc_.device.is_cpu() && committed <= 0) break;
         const int col = pick(0, pc_.device.is_cpu() ? len - 1 : committed - 1);
         const int64_t rows = pc_.kv_pool->rows();
-        // Another slot that holds a token (the pool's unused slots are NaN-poisoned).
-        const int r2 = pick(0, bs - 1);
-        const int32_t* row2 = pc_.req_to_token->host_row(pc_.rows[static_cast<size_t>(r2)]);
-        const int64_t held = row2[pick(0, std::max(1, pc_.kv_lens[static_cast<size_t>(r2)]) - 1)];
-        const int64_t choices[] = {rows, rows + 100000, std::numeric_limits<int32_t>::max(), held,
-                                   0};
+        const int64_t choices[] = {rows, rows + 100000, std::numeric_limits<int32_t>::max(), -1, 0};
         // Slot 0 (the reserved page) only on the CPU, whose backends refuse or read it like the
-        // reference.
+        // reference. -1: a slot another token holds (below).
         const int64_t v = choices[pick(0, pc_.device.is_cpu() ? 4 : 3)];
-        const int32_t old = pc_.req_to_token->host_row(row)[col];
-        if (!pc_.req_to_token->write(row, col, std::span<const int64_t>(&v, 1)).is_ok()) break;
-        table_edits_.push_back({row, col, old});
-        return "req_to_token[" + std::to_string(row) + ", " + std::to_string(col) +
-               "] = " + std::to_string(v) + " (was " + std::to_string(old) + ")";
+        if (v == -1) return move_to_held_slots(r, len, committed, col);
+        return write_table(row, col, std::vector<int64_t>{v});
       }
       case 10: {
         if (b.spec.mask_indptr_host.empty()) break;
@@ -320,6 +312,48 @@ class Mutator {
         t.shape[1] += 1;
         return std::string(names[which]) + " heads " + std::to_string(t.shape[1]);
     }
+  }
+
+  // Rewrites req_to_token[row, col..] with `slots` through the table's API, remembering the old
+  // entries for restore(); returns the mutation's description ("" if the table refused it).
+  std::string write_table(int row, int col, const std::vector<int64_t>& slots) {
+    const int32_t* host = pc_.req_to_token->host_row(row);
+    std::vector<int32_t> old(host + col, host + col + slots.size());
+    if (!pc_.req_to_token->write(row, col, slots).is_ok()) return "req_to_token write refused";
+    for (size_t i = 0; i < slots.size(); ++i)
+      table_edits_.push_back({row, col + static_cast<int>(i), old[i]});
+    std::string what = "req_to_token[" + std::to_string(row) + ", " + std::to_string(col) + "]";
+    if (slots.size() > 1) what += " .. [" + std::to_string(col + slots.size() - 1) + "]";
+    what += " = " + std::to_string(slots[0]) + (slots.size() > 1 ? ".." : "") + " (was " +
+            std::to_string(old[0]) + (slots.size() > 1 ? ".." : "") + ")";
+    return what;
+  }
+
+  // Request r reads slots that other tokens hold. Page 1: column col of its row takes another
+  // token's slot. Larger pages: the page holding col takes another page that is full of tokens
+  // (all page_size columns, in order), since the engine's table keeps every page whole (slot t
+  // at offset t % page_size, DESIGN.md) and natively paged backends read only the page's first
+  // entry (req_to_token[r, ::page_size] / page_size); a page with a stray entry in it is a table
+  // no engine writes, seen only with ATTNKIT_CHECK_INDICES=1. On CUDA only pages wholly before
+  // the new tokens (committed columns), as for single entries.
+  std::string move_to_held_slots(int r, int len, int committed, int col) {
+    const int bs = pc_.batch.batch_size;
+    const int row = pc_.rows[static_cast<size_t>(r)];
+    const int ps = pc_.kv_pool->page_size();
+    const auto kv_len = [&](int i) { return std::max(1, pc_.kv_lens[static_cast<size_t>(i)]); };
+    const int r2 = pick(0, bs - 1);
+    const int32_t* row2 = pc_.req_to_token->host_row(pc_.rows[static_cast<size_t>(r2)]);
+    if (ps == 1) return write_table(row, col, std::vector<int64_t>{row2[pick(0, kv_len(r2) - 1)]});
+    // The donor: a full page of request r2 (none: a shorter request, the mutation falls through).
+    const int full2 = kv_len(r2) / ps;
+    const int last = pc_.device.is_cpu() ? (len - 1) / ps : committed / ps - 1;
+    if (full2 <= 0 || last < 0) return "a held page (none here)";
+    const int64_t donor = row2[pick(0, full2 - 1) * ps];
+    const int first_col = pick(0, last) * ps;
+    const int n = std::min(ps, len - first_col);
+    std::vector<int64_t> slots(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = donor + i;
+    return write_table(row, first_col, slots);
   }
 
   // The columns of request r's row before its new tokens (encoder tokens + cached prefix), from

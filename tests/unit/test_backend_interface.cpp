@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "backend/validate.h"
 #include "backends/torch_native/torch_native_backend.h"
 #include "harness/case_runner.h"
+#include "support/scoped_env.h"
 
 namespace attnkit {
 namespace {
@@ -408,6 +410,65 @@ TEST(ForwardBatchSlots, NewTokenSlotsMustBeTheRowsOwnAndRowsUnique) {
       b.req_pool_indices_host[1] = row;
     }
   }
+}
+
+// ATTNKIT_CHECK_INDICES=1: every entry the batch reads is a pool slot outside page 0 and keeps
+// its page whole (slot t at offset t % page_size; natively paged backends read only a page's first
+// entry). Every table the harness builds passes; a stray entry in a page and a page starting
+// mid-page are refused naming the entry. Off (the default) neither is looked at.
+TEST(ForwardBatchCheckIndices, PagesMustStayWhole) {
+  int checked = 0;
+  for (const char* name :
+       {"extend_page16_ragged", "draft_extend_page16", "decode_page16", "decode_cross_attention",
+        "extend_cross_attention", "verify_topk4_page16", "extend_window8_page16", "decode_page1"}) {
+    SCOPED_TRACE(name);
+    test_support::ScopedEnv knob("ATTNKIT_CHECK_INDICES", "1");
+    Result<PreparedCase> pc = harness::prepare_case(*harness::find_case(name), Device::cpu());
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    ForwardBatch& b = pc->batch;
+    ASSERT_TRUE(b.validate().is_ok()) << b.validate().to_string();
+    const int ps = pc->kv_pool->page_size();
+    if (ps == 1) continue;
+    // A request whose second page is cached (columns before its new tokens: on the CPU a new
+    // token's column is also checked against out_cache_loc, which would answer first).
+    const auto committed = [&](size_t i) {
+      const int32_t enc = b.encoder_lens_host.empty() ? 0 : b.encoder_lens_host[i];
+      if (b.mode == ForwardMode::kDecode) return enc + b.seq_lens_host[i] - 1;
+      if (b.mode == ForwardMode::kTargetVerify) return enc + b.seq_lens_host[i];
+      return enc + b.extend_prefix_lens_host[i];
+    };
+    int r = -1;
+    for (size_t i = 0; i < pc->rows.size(); ++i)
+      if (committed(i) >= ps + 2) r = static_cast<int>(i);
+    if (r < 0) continue;
+    ++checked;
+    const int row = pc->rows[static_cast<size_t>(r)];
+    const int32_t* host = pc->req_to_token->host_row(row);
+    const int32_t first = host[ps];
+    const int32_t mid = host[ps + 1];
+    const auto put = [&](int col, int64_t v) {
+      ASSERT_TRUE(pc->req_to_token->write(row, col, std::span<const int64_t>(&v, 1)).is_ok());
+    };
+    // Column ps + 1 moved to the next slot of its page: its own offset is broken.
+    put(ps + 1, mid + 1);
+    expect_error(b.validate(),
+                 "req_to_token[" + std::to_string(row) + ", " + std::to_string(ps + 1) +
+                     "] = " + std::to_string(mid + 1) + " (request " + std::to_string(r) +
+                     ") breaks its page: with page_size " + std::to_string(ps) + " column " +
+                     std::to_string(ps + 1) + " must hold slot " + std::to_string(mid));
+    {
+      test_support::ScopedEnv off("ATTNKIT_CHECK_INDICES", "0");
+      EXPECT_TRUE(b.validate().is_ok()) << "the page check is behind ATTNKIT_CHECK_INDICES";
+    }
+    put(ps + 1, mid);
+    ASSERT_TRUE(b.validate().is_ok());
+    // The page's first entry one slot on: not a page start.
+    put(ps, first + 1);
+    expect_error(b.validate(), "(a page's first slot is a multiple of page_size)");
+    put(ps, first);
+    ASSERT_TRUE(b.validate().is_ok());
+  }
+  EXPECT_GE(checked, 3) << "cases with a cached second page";
 }
 
 TEST_F(ValidateInputs, SequencePastContextCapacity) {
