@@ -3,7 +3,7 @@
 // kernel reads it, a refused call leaves the KV pool alone, an accepted mutation matches the fp64
 // reference, a backend that refused still serves the valid batch). One test per backend the
 // registry builds for CUDA; backends whose rows take none of the cases (the MLA-only ones) skip.
-// The seeds are fixed.
+// The seeds are fixed (ATTNKIT_TEST_MUTATION_TRIALS / _SEED for a longer run elsewhere).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -36,8 +36,9 @@ TEST_P(BatchMutationsCuda, RefusesWhatValidateRefusesAndKeepsThePool) {
   const BackendDescriptor* desc = builtin_registry().find(GetParam());
   ASSERT_NE(desc, nullptr);
   test_support::MutationOutcome outcome;
-  const int cases = test_support::fuzz_batch_mutation_cases(*desc, Device::cuda(0), 20261402,
-                                                            kTrialsPerCase, desc->name, &outcome);
+  const int cases = test_support::fuzz_batch_mutation_cases(
+      *desc, Device::cuda(0), test_support::mutation_seed(20261402),
+      test_support::mutation_trials(kTrialsPerCase), desc->name, &outcome);
   if (cases < 0) return;
   if (cases == 0) GTEST_SKIP() << desc->name << " takes none of the mutation cases";
   std::printf(

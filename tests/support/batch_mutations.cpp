@@ -15,6 +15,7 @@
 #include "attnkit/backend.h"
 #include "attnkit/kv_cache.h"
 #include "attnkit/tensor.h"
+#include "core/env_knob.h"
 #include "support/backend_case_test.h"
 
 namespace attnkit::test_support {
@@ -554,6 +555,16 @@ int fuzz_batch_mutation_cases(const BackendDescriptor& desc, Device device, uint
     if (::testing::Test::HasFatalFailure()) return -1;
   }
   return cases;
+}
+
+int mutation_trials(int trials) {
+  return env_int_range("ATTNKIT_TEST_MUTATION_TRIALS", trials, 1, 100000);
+}
+
+uint32_t mutation_seed(uint32_t first_seed) {
+  return static_cast<uint32_t>(env_int_range("ATTNKIT_TEST_MUTATION_SEED",
+                                             static_cast<int>(first_seed), 0,
+                                             std::numeric_limits<int>::max()));
 }
 
 }  // namespace attnkit::test_support

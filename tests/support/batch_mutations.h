@@ -18,7 +18,9 @@
 // copy there; ForwardBatch::out_cache_loc): out_cache_loc entries inside the pool, or any in a
 // forward that does not save k / v; a decode length moved with seq_lens_sum kept consistent; a
 // spare request row; a new token's req_to_token column rewritten; slot 0. A refused call must also
-// leave no skipped write in the pool's device slot guard record.
+// leave no skipped write in the pool's device slot guard record. On pages larger than 1 a table
+// mutation to slots other tokens hold moves a whole page (ForwardBatch::validate's page check
+// under ATTNKIT_CHECK_INDICES=1 says why).
 // A failure names the trial, its seed and the mutation (the caller adds the backend and case).
 #pragma once
 
@@ -50,5 +52,11 @@ void fuzz_batch_mutations(const BackendDescriptor& desc, const harness::CaseSpec
 // ran, or -1 after a fatal failure (the caller returns).
 int fuzz_batch_mutation_cases(const BackendDescriptor& desc, Device device, uint32_t first_seed,
                               int trials, const std::string& trace, MutationOutcome* outcome);
+
+// For a longer, differently seeded run than the tests' fixed one (a device session with time to
+// spare): ATTNKIT_TEST_MUTATION_TRIALS (1..100000) replaces `trials`, ATTNKIT_TEST_MUTATION_SEED
+// (0..2^31-1) replaces `first_seed`; unset, the test's own values.
+int mutation_trials(int trials);
+uint32_t mutation_seed(uint32_t first_seed);
 
 }  // namespace attnkit::test_support

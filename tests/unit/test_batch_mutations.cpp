@@ -21,18 +21,20 @@ namespace {
 constexpr int kTrialsPerCase = 48;
 
 TEST(BatchMutations, EveryCpuBackendRefusesWhatValidateRefusesAndKeepsThePool) {
+  const int trials = test_support::mutation_trials(kTrialsPerCase);
   int backends = 0;
   for (const BackendDescriptor& desc : builtin_registry().all()) {
     if (!desc.built || !desc.runs_on(Platform::kCPU)) continue;
     ++backends;
     test_support::MutationOutcome outcome;
-    if (test_support::fuzz_batch_mutation_cases(desc, Device::cpu(), 20261202, kTrialsPerCase,
+    if (test_support::fuzz_batch_mutation_cases(desc, Device::cpu(),
+                                                test_support::mutation_seed(20261202), trials,
                                                 desc.name, &outcome) < 0)
       return;
     // The mutations reach both sides of validate(): a run that only ever saw refusals would not
     // test the backend's own checks.
-    EXPECT_GT(outcome.refused_by_validate, 50) << desc.name;
-    EXPECT_GT(outcome.accepted_and_ran, 5) << desc.name;
+    EXPECT_GT(outcome.refused_by_validate, trials) << desc.name;
+    EXPECT_GT(outcome.accepted_and_ran, trials / 10) << desc.name;
     std::printf(
         "%s: %d refused by validate, %d accepted and matched the reference, %d accepted "
         "but refused by the backend\n",
@@ -51,6 +53,7 @@ TEST(BatchMutations, IntelAmxAtEveryLowerIsaLevel) {
   ASSERT_NE(desc, nullptr);
   if (!desc->built) GTEST_SKIP() << "intel_amx is not built";
   const CpuIsa best = best_cpu_isa(cpu);
+  const int trials = test_support::mutation_trials(kTrialsPerCase / 2);
   int levels = 0;
   for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (isa >= best || !cpu_isa_supported(isa, cpu)) continue;
@@ -58,11 +61,12 @@ TEST(BatchMutations, IntelAmxAtEveryLowerIsaLevel) {
     test_support::ScopedEnv env("ATTNKIT_CPU_ISA", cpu_isa_name(isa));
     test_support::MutationOutcome outcome;
     if (test_support::fuzz_batch_mutation_cases(
-            *desc, Device::cpu(), 20261302 + 100 * static_cast<uint32_t>(isa), kTrialsPerCase / 2,
+            *desc, Device::cpu(),
+            test_support::mutation_seed(20261302) + 100 * static_cast<uint32_t>(isa), trials,
             std::string("intel_amx at ") + cpu_isa_name(isa), &outcome) < 0)
       return;
-    EXPECT_GT(outcome.refused_by_validate, 25) << cpu_isa_name(isa);
-    EXPECT_GT(outcome.accepted_and_ran, 2) << cpu_isa_name(isa);
+    EXPECT_GT(outcome.refused_by_validate, trials) << cpu_isa_name(isa);
+    EXPECT_GT(outcome.accepted_and_ran, trials / 12) << cpu_isa_name(isa);
   }
   if (levels == 0) GTEST_SKIP() << "this CPU's best level is the lowest (scalar)";
 }
