@@ -2,7 +2,7 @@
 // tests/support/batch_mutations.h on cuda:0 (a batch validate() refuses is refused before any
 // kernel reads it, a refused call leaves the KV pool alone, an accepted mutation matches the fp64
 // reference, a backend that refused still serves the valid batch). One test per backend the
-// registry builds for CUDA; backends whose rows take none of the cases (the MLA-only ones) skip.
+// registry builds for CUDA (MHA and MLA cases; tests/support/batch_mutations.h lists them).
 // The seeds are fixed (ATTNKIT_TEST_MUTATION_TRIALS / _SEED for a longer run elsewhere).
 #include <gtest/gtest.h>
 

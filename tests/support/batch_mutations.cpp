@@ -23,33 +23,44 @@ namespace {
 
 using harness::PreparedCase;
 
-// Every byte of the pool's k / v buffers, all layers.
+// The pool's buffers, all layers: k / v of an MHA pool, the latent rows of an MLA pool (and their
+// fp4 block scales).
+std::vector<TensorView> pool_buffers(const PreparedCase& pc) {
+  std::vector<TensorView> buffers;
+  for (int l = 0; l < static_cast<int>(pc.layers.size()); ++l) {
+    if (const auto* mha = dynamic_cast<const MHAKVPool*>(pc.kv_pool.get())) {
+      for (const TensorView& b :
+           {mha->k_buffer(l), mha->v_buffer(l), mha->k_scale_buffer(l), mha->v_scale_buffer(l)})
+        if (b.defined()) buffers.push_back(b);
+    } else if (const auto* mla = dynamic_cast<const MLAKVPool*>(pc.kv_pool.get())) {
+      buffers.push_back(mla->kv_buffer(l));
+      if (const TensorView scales = mla->scale_buffer(l); scales.defined())
+        buffers.push_back(scales);
+    }
+  }
+  EXPECT_FALSE(buffers.empty()) << "a pool the mutation test cannot snapshot";
+  return buffers;
+}
+
+// Every byte of the pool's buffers.
 std::vector<uint8_t> pool_bytes(const PreparedCase& pc) {
   std::vector<uint8_t> bytes;
-  const auto* pool = dynamic_cast<const MHAKVPool*>(pc.kv_pool.get());
-  if (pool == nullptr) return bytes;
-  for (int l = 0; l < static_cast<int>(pc.layers.size()); ++l) {
-    for (const TensorView& b : {pool->k_buffer(l), pool->v_buffer(l)}) {
-      const size_t at = bytes.size();
-      bytes.resize(at + static_cast<size_t>(b.storage_bytes()));
-      EXPECT_TRUE(copy_bytes(bytes.data() + at, Device::cpu(), b.data, b.device, b.storage_bytes())
-                      .is_ok());
-    }
+  for (const TensorView& b : pool_buffers(pc)) {
+    const size_t at = bytes.size();
+    bytes.resize(at + static_cast<size_t>(b.storage_bytes()));
+    EXPECT_TRUE(
+        copy_bytes(bytes.data() + at, Device::cpu(), b.data, b.device, b.storage_bytes()).is_ok());
   }
   return bytes;
 }
 
 // Writes pool_bytes' output back into the pool.
 void set_pool_bytes(PreparedCase& pc, const std::vector<uint8_t>& bytes) {
-  auto* pool = dynamic_cast<MHAKVPool*>(pc.kv_pool.get());
-  if (pool == nullptr) return;
   size_t at = 0;
-  for (int l = 0; l < static_cast<int>(pc.layers.size()); ++l) {
-    for (const TensorView& b : {pool->k_buffer(l), pool->v_buffer(l)}) {
-      EXPECT_TRUE(copy_bytes(b.data, b.device, bytes.data() + at, Device::cpu(), b.storage_bytes())
-                      .is_ok());
-      at += static_cast<size_t>(b.storage_bytes());
-    }
+  for (const TensorView& b : pool_buffers(pc)) {
+    EXPECT_TRUE(
+        copy_bytes(b.data, b.device, bytes.data() + at, Device::cpu(), b.storage_bytes()).is_ok());
+    at += static_cast<size_t>(b.storage_bytes());
   }
 }
 
@@ -531,10 +542,12 @@ void fuzz_batch_mutations(const BackendDescriptor& desc, const harness::CaseSpec
 namespace {
 
 constexpr const char* kCases[] = {
-    "extend_page16_ragged",   "extend_page1_gqa4",      "mixed_page16",
-    "draft_extend_page16",    "decode_page16",          "decode_page1",
-    "decode_cross_attention", "extend_cross_attention", "extend_window8_page16",
-    "decode_fp8_e4m3_kv",     "verify_topk4_page16"};
+    "extend_page16_ragged", "extend_page1_gqa4", "mixed_page16", "draft_extend_page16",
+    "decode_page16", "decode_page1", "decode_cross_attention", "extend_cross_attention",
+    "extend_window8_page16", "decode_fp8_e4m3_kv", "verify_topk4_page16",
+    // MLA (latent pools; appended, so the MHA cases keep their seeds).
+    "mla_decode_page1", "mla_decode_page64", "mla_decode_page128", "mla_extend_fp8_e4m3_page64",
+    "mla_verify_topk1_page64", "mla_draft_extend_page64", "mla_prefill_192_128"};
 
 }  // namespace
 

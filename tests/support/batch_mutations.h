@@ -47,9 +47,10 @@ void fuzz_batch_mutations(const BackendDescriptor& desc, const harness::CaseSpec
 
 // fuzz_batch_mutations over each case of the shared table the mutation tests take (MHA over bf16
 // and fp8_e4m3 pools: extend, mixed, draft extend, decode, verify with a tree, cross-attention, a
-// window; pages 1 and 16) that skip_reason lets `desc` run on `device`; case i is seeded
-// first_seed + 1 + i, and its failures are traced "<trace> on <case>". Returns how many cases
-// ran, or -1 after a fatal failure (the caller returns).
+// window, pages 1 and 16; MLA over bf16 and fp8_e4m3 latent pools: decode at pages 1 / 64 / 128,
+// extend, verify, draft extend, the non-absorbed 192 / 128 prefill) that skip_reason lets `desc`
+// run on `device`; case i is seeded first_seed + 1 + i, and its failures are traced "<trace> on
+// <case>". Returns how many cases ran, or -1 after a fatal failure (the caller returns).
 int fuzz_batch_mutation_cases(const BackendDescriptor& desc, Device device, uint32_t first_seed,
                               int trials, const std::string& trace, MutationOutcome* outcome);
 
