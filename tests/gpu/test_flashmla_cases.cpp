@@ -142,6 +142,19 @@ TEST(FlashMlaKernels, LongUnevenBatchSplitsAndMatches) {
                   true);
 }
 
+// An encoder-only (bidirectional) layer over a quantised latent pool: flashmla sends the extend to
+// flashinfer's quantised-MLA path, which ran it causal whatever the layer's type until session 80
+// (the batch mutation test found it: rel L2 1.3 against the reference).
+TEST(FlashMlaKernels, BidirectionalExtendOverQuantisedPool) {
+  for (DType kv : {DType::kFP8E4M3, DType::kFP4E2M1}) {
+    CaseSpec c = mla_case("extend_bidirectional", ForwardMode::kExtend, 64, {70, 0, 130}, 16, kv);
+    c.new_lens = {9, 33, 5};
+    c.type = AttentionType::kEncoderOnly;
+    run_and_compare(c, true);
+    run_and_compare(c, false);
+  }
+}
+
 TEST(FlashMlaKernels, VerifyChainsMultiTokenQueries) {
   for (int n : {2, 3}) {
     for (int heads : {16, 128}) {

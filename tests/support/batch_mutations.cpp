@@ -92,6 +92,10 @@ void mirror_host_arrays(ForwardBatch& b) {
   }
 }
 
+// The MLA non-absorbed prefill reads the new tokens' k / v from its arguments and never the pool
+// (harness::run_backend passes them with save_kv off).
+bool takes_kv_unsaved(const PreparedCase& pc) { return pc.spec.mla && !pc.spec.mla_absorbed(); }
+
 // One mutation of a prepared batch and how to take it back.
 class Mutator {
  public:
@@ -306,8 +310,8 @@ class Mutator {
     TensorView* views[] = {&ld.q, &ld.k, &ld.v, &ld.out, &ld.lse};
     const char* names[] = {"q", "k", "v", "out", "lse"};
     const int which = pick(0, 4);
-    // k / v reach the backend only where it saves them.
-    if ((which == 1 || which == 2) && !(save_kv_ && ld.save_kv_allowed))
+    // k / v reach the backend only where it saves them (or reads them unsaved).
+    if ((which == 1 || which == 2) && !(save_kv_ && ld.save_kv_allowed) && !takes_kv_unsaved(pc_))
       return std::string(names[which]) + " (not passed)";
     TensorView& t = *views[which];
     if (!t.defined()) return std::string(names[which]) + " (absent)";
@@ -452,8 +456,10 @@ Status run(AttentionBackend& backend, PreparedCase& pc, bool save_kv, bool* pool
   for (size_t l = 0; l < pc.layers.size(); ++l) {
     harness::LayerData& ld = pc.layers[l];
     const bool save = save_kv && ld.save_kv_allowed;
-    const Status st = backend.forward(ld.q, save ? ld.k : TensorView(), save ? ld.v : TensorView(),
-                                      ld.out, ld.layer, pc.batch, save, ld.lse);
+    const bool pass_kv = save || takes_kv_unsaved(pc);
+    const Status st =
+        backend.forward(ld.q, pass_kv ? ld.k : TensorView(), pass_kv ? ld.v : TensorView(), ld.out,
+                        ld.layer, pc.batch, save, ld.lse);
     if (!st.is_ok()) return refused(st);
     if (save && l + 1 < pc.layers.size())
       before = pool_bytes(pc);  // what the next call starts from
@@ -547,7 +553,8 @@ constexpr const char* kCases[] = {
     "extend_window8_page16", "decode_fp8_e4m3_kv", "verify_topk4_page16",
     // MLA (latent pools; appended, so the MHA cases keep their seeds).
     "mla_decode_page1", "mla_decode_page64", "mla_decode_page128", "mla_extend_fp8_e4m3_page64",
-    "mla_verify_topk1_page64", "mla_draft_extend_page64", "mla_prefill_192_128"};
+    "mla_verify_topk1_page64", "mla_draft_extend_page64", "mla_prefill_192_128",
+    "mla_decode_fp8_e4m3_h128_page128"};
 
 }  // namespace
 

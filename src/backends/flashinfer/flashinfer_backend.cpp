@@ -1188,7 +1188,7 @@ Status FlashInferBackend::run_mla_quantized(const TensorView& q, const TensorVie
   p.num_q_heads = layer.num_q_heads;
   p.num_kv_heads = layer.num_kv_heads;
   p.group_size = layer.num_q_heads / layer.num_kv_heads;
-  p.causal = 1;
+  p.causal = layer.type == AttentionType::kEncoderOnly ? 0 : 1;
   p.is_decode = decode ? 1 : 0;
   p.sliding_window = detail::kernel_sliding_window(layer.sliding_window, batch);
   p.logit_cap = layer.logit_cap;
