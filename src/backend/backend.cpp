@@ -289,6 +289,18 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
             "(qk_head_dim = kv_lora_rank + qk_rope_head_dim, v_head_dim = kv_lora_rank)"));
   }
 
+  // Speculative batches are causal by definition (a draft sees the drafts before it, or the verify
+  // tree's mask): an encoder-only layer there has no meaning, and the kernels that run them (the
+  // decode tiles, the MLA decode engine) order keys causally whatever the layer's type, so it is
+  // refused instead of answered by some backends causally and by others bidirectionally.
+  if (layer.type == AttentionType::kEncoderOnly &&
+      (batch.mode == ForwardMode::kTargetVerify || batch.mode == ForwardMode::kDraftExtend)) {
+    return Status::invalid_argument(
+        cat("layer.type encoder-only (bidirectional) in a ", forward_mode_name(batch.mode),
+            " batch: speculative batches are causal; encoder-only layers run extend, mixed or "
+            "decode batches"));
+  }
+
   // Activations.
   if (!q.defined()) return Status::invalid_argument("q is missing (null data)");
   // The activations' dtype (out, k, v): q's, or with an e4m3 q (allow_fp8_q) out's (the

@@ -471,6 +471,30 @@ TEST(ForwardBatchCheckIndices, PagesMustStayWhole) {
   EXPECT_GE(checked, 3) << "cases with a cached second page";
 }
 
+// An encoder-only layer in a speculative batch is refused by every backend and the reference
+// alike (some kernels order the drafts causally whatever the type); extend and decode take it.
+TEST(ValidateEncoderOnly, RefusedInSpeculativeBatches) {
+  for (const char* name :
+       {"verify_topk4_page16", "draft_extend_page16", "extend_page16_ragged", "decode_page16"}) {
+    SCOPED_TRACE(name);
+    Result<PreparedCase> pc = harness::prepare_case(*harness::find_case(name), Device::cpu());
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    harness::LayerData& l = pc->layers[0];
+    l.layer.type = AttentionType::kEncoderOnly;
+    const Status st = validate_forward_inputs(l.q, l.k, l.v, l.out, l.layer, pc->batch, true, l.lse,
+                                              Device::cpu());
+    const bool speculative =
+        pc->batch.mode == ForwardMode::kTargetVerify || pc->batch.mode == ForwardMode::kDraftExtend;
+    if (speculative) {
+      expect_error(st, std::string("layer.type encoder-only (bidirectional) in a ") +
+                           forward_mode_name(pc->batch.mode) +
+                           " batch: speculative batches are causal");
+    } else {
+      EXPECT_TRUE(st.is_ok()) << st.to_string();
+    }
+  }
+}
+
 TEST_F(ValidateInputs, SequencePastContextCapacity) {
   ForwardBatch& b = pc_->batch;
   const int grow = pc_->req_to_token->max_context_len();
