@@ -10,7 +10,8 @@ namespace attnkit {
 
 enum class AttentionType {
   kDecoder,      // causal over the sequence
-  kEncoderOnly,  // bidirectional (encoders, vision towers: the "multimodal" column)
+  kEncoderOnly,  // bidirectional (encoders, vision towers: the "multimodal" column); extend,
+                 // mixed and decode batches only (target_verify / draft_extend refuse it)
 };
 
 // MLA chunked prefix cache (DESIGN.md section 4): how a non-absorbed MLA prefill layer (e.g. qk
