@@ -261,6 +261,10 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
                      "] = ", s.new_lens[static_cast<size_t>(r)]));
     }
   }
+  if (s.type == AttentionType::kEncoderOnly && (verify || s.mode == ForwardMode::kDraftExtend)) {
+    return bad(cat("type encoder_only in a ", forward_mode_name(s.mode),
+                   " case: speculative batches are causal (validate_forward_inputs refuses it)"));
+  }
   if (s.page_size < 1) return bad(cat("page_size ", s.page_size, " must be >= 1"));
   if (s.num_q_heads < 1 || s.num_kv_heads < 1 || s.num_q_heads % s.num_kv_heads != 0) {
     return bad(cat("heads ", s.num_q_heads, "/", s.num_kv_heads,

@@ -144,10 +144,11 @@ class Mutator {
         b.seq_lens_sum += delta;
         return "seq_lens_sum += " + std::to_string(delta);
       case 8: {
-        // On CUDA only where the forward saves k / v: otherwise the backends never read
-        // out_cache_loc and only the reference (which validates its host copy) would refuse it.
+        // On CUDA only where the forward saves k / v (some layer may: not the MLA 192 / 128
+        // prefill, nor cross-attention layers): otherwise the backends never read out_cache_loc
+        // and only the reference (which validates its host copy) would refuse it.
         if (b.num_tokens <= 0 || !b.out_cache_loc.defined()) break;
-        if (!pc_.device.is_cpu() && !save_kv_) break;
+        if (!pc_.device.is_cpu() && !(save_kv_ && some_layer_saves())) break;
         const int t = pick(0, b.num_tokens - 1);
         const int64_t rows = pc_.kv_pool->rows();
         const int64_t other = pc_.out_cache_loc[static_cast<size_t>(pick(0, b.num_tokens - 1))];
@@ -169,7 +170,7 @@ class Mutator {
         // max_slot() current): out of the pool, the reserved page 0, or a slot another token holds.
         if (bs <= 0 || pc_.kv_lens.empty()) break;
         const int row = pc_.rows[static_cast<size_t>(r)];
-        const int len = std::max(1, pc_.kv_lens[static_cast<size_t>(r)]);
+        const int len = row_len(r);
         // On CUDA only the committed columns (encoder tokens and the cached prefix): a new
         // token's column that no longer holds its out_cache_loc slot is seen by the CPU's
         // validate() alone.
@@ -331,17 +332,20 @@ class Mutator {
   }
 
   // Rewrites req_to_token[row, col..] with `slots` through the table's API, remembering the old
-  // entries for restore(); returns the mutation's description ("" if the table refused it).
+  // entries for restore(); returns the mutation's description (no change: says why).
   std::string write_table(int row, int col, const std::vector<int64_t>& slots) {
+    const int n = static_cast<int>(slots.size());
+    if (n == 0 || col < 0 || col + n > pc_.req_to_token->max_context_len())
+      return "req_to_token columns [" + std::to_string(col) + ", +" + std::to_string(n) +
+             ") (none to write)";
     const int32_t* host = pc_.req_to_token->host_row(row);
-    std::vector<int32_t> old(host + col, host + col + slots.size());
+    std::vector<int32_t> old(host + col, host + col + n);
     if (!pc_.req_to_token->write(row, col, slots).is_ok()) return "req_to_token write refused";
-    for (size_t i = 0; i < slots.size(); ++i)
-      table_edits_.push_back({row, col + static_cast<int>(i), old[i]});
+    for (int i = 0; i < n; ++i) table_edits_.push_back({row, col + i, old[static_cast<size_t>(i)]});
     std::string what = "req_to_token[" + std::to_string(row) + ", " + std::to_string(col) + "]";
-    if (slots.size() > 1) what += " .. [" + std::to_string(col + slots.size() - 1) + "]";
-    what += " = " + std::to_string(slots[0]) + (slots.size() > 1 ? ".." : "") + " (was " +
-            std::to_string(old[0]) + (slots.size() > 1 ? ".." : "") + ")";
+    if (n > 1) what += " .. [" + std::to_string(col + n - 1) + "]";
+    what += " = " + std::to_string(slots[0]) + (n > 1 ? ".." : "") + " (was " +
+            std::to_string(old[0]) + (n > 1 ? ".." : "") + ")";
     return what;
   }
 
@@ -356,20 +360,35 @@ class Mutator {
     const int bs = pc_.batch.batch_size;
     const int row = pc_.rows[static_cast<size_t>(r)];
     const int ps = pc_.kv_pool->page_size();
-    const auto kv_len = [&](int i) { return std::max(1, pc_.kv_lens[static_cast<size_t>(i)]); };
     const int r2 = pick(0, bs - 1);
     const int32_t* row2 = pc_.req_to_token->host_row(pc_.rows[static_cast<size_t>(r2)]);
-    if (ps == 1) return write_table(row, col, std::vector<int64_t>{row2[pick(0, kv_len(r2) - 1)]});
+    if (ps == 1) return write_table(row, col, std::vector<int64_t>{row2[pick(0, row_len(r2) - 1)]});
     // The donor: a full page of request r2 (none: a shorter request, the mutation falls through).
-    const int full2 = kv_len(r2) / ps;
+    const int full2 = row_len(r2) / ps;
     const int last = pc_.device.is_cpu() ? (len - 1) / ps : committed / ps - 1;
     if (full2 <= 0 || last < 0) return "a held page (none here)";
     const int64_t donor = row2[pick(0, full2 - 1) * ps];
     const int first_col = pick(0, last) * ps;
-    const int n = std::min(ps, len - first_col);
+    const int n = std::min(ps, len - first_col);  // >= 1 (first_col < len); on CUDA ps
+    EXPECT_GE(n, 1);
     std::vector<int64_t> slots(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = donor + i;
     return write_table(row, first_col, slots);
+  }
+
+  // The columns of request r's row that hold keys: its encoder tokens, then kv_lens[r] (its
+  // sequence; verify: with the drafts); at least 1.
+  int row_len(int r) const {
+    const ForwardBatch& b = original_;
+    const size_t i = static_cast<size_t>(r);
+    const int encoder = i < b.encoder_lens_host.size() ? b.encoder_lens_host[i] : 0;
+    return std::max(1, encoder + pc_.kv_lens[i]);
+  }
+
+  // Whether some layer of the case saves k / v when the forward does (save_kv_allowed).
+  bool some_layer_saves() const {
+    return std::any_of(pc_.layers.begin(), pc_.layers.end(),
+                       [](const harness::LayerData& ld) { return ld.save_kv_allowed; });
   }
 
   // The columns of request r's row before its new tokens (encoder tokens + cached prefix), from

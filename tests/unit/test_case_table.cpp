@@ -77,6 +77,12 @@ TEST(CaseTable, ValidateCaseAcceptsTheTableAndNamesBadFields) {
             std::string::npos);
   EXPECT_NE(message([](CaseSpec& c) { c.page_size = 2000000000; }).find("page_size 2000000000"),
             std::string::npos);
+  // Encoder-only layers run no speculative batch (validate_forward_inputs refuses them there).
+  EXPECT_NE(message([](CaseSpec& c) {
+              c.mode = ForwardMode::kDraftExtend;
+              c.type = AttentionType::kEncoderOnly;
+            }).find("type encoder_only in a draft_extend case: speculative batches are causal"),
+            std::string::npos);
   EXPECT_NE(message([](CaseSpec& c) {
               c.new_lens = {INT32_MAX / 2, INT32_MAX / 2, 100};
               c.prefix_lens = {0, 0, 0};
