@@ -355,22 +355,38 @@ class Mutator {
   // at offset t % page_size, DESIGN.md) and natively paged backends read only the page's first
   // entry (req_to_token[r, ::page_size] / page_size); a page with a stray entry in it is a table
   // no engine writes, seen only with ATTNKIT_CHECK_INDICES=1. On CUDA only pages wholly before
-  // the new tokens (committed columns), as for single entries.
+  // the new tokens (committed columns), as for single entries. Encoder columns take encoder
+  // tokens' slots and decoder columns decoder tokens' (a cross-attention layer's buffer holds
+  // only the encoder tokens, a self-attention layer's only the decoder tokens: the others are
+  // NaN-poisoned); a page holding both is left alone.
   std::string move_to_held_slots(int r, int len, int committed, int col) {
     const int bs = pc_.batch.batch_size;
     const int row = pc_.rows[static_cast<size_t>(r)];
     const int ps = pc_.kv_pool->page_size();
     const int r2 = pick(0, bs - 1);
     const int32_t* row2 = pc_.req_to_token->host_row(pc_.rows[static_cast<size_t>(r2)]);
-    if (ps == 1) return write_table(row, col, std::vector<int64_t>{row2[pick(0, row_len(r2) - 1)]});
-    // The donor: a full page of request r2 (none: a shorter request, the mutation falls through).
-    const int full2 = row_len(r2) / ps;
+    const int enc = encoder_len(r);
+    const int enc2 = encoder_len(r2);
+    const int len2 = row_len(r2);
+    if (ps == 1) {
+      // The donor column in the same part of r2's row (none: the mutation falls through).
+      const int lo = col < enc ? 0 : enc2;
+      const int hi = col < enc ? enc2 : len2;
+      if (hi <= lo) return "a held slot (none here)";
+      return write_table(row, col, std::vector<int64_t>{row2[pick(lo, hi - 1)]});
+    }
     const int last = pc_.device.is_cpu() ? (len - 1) / ps : committed / ps - 1;
-    if (full2 <= 0 || last < 0) return "a held page (none here)";
-    const int64_t donor = row2[pick(0, full2 - 1) * ps];
+    if (last < 0) return "a held page (none here)";
     const int first_col = pick(0, last) * ps;
     const int n = std::min(ps, len - first_col);  // >= 1 (first_col < len); on CUDA ps
     EXPECT_GE(n, 1);
+    const bool encoder_page = first_col + n <= enc;
+    if (!encoder_page && first_col < enc) return "a page of encoder and decoder tokens (left)";
+    // The donor: a full page of r2 in the same part of its row, pages [lo, hi).
+    const int lo = encoder_page ? 0 : (enc2 + ps - 1) / ps;
+    const int hi = encoder_page ? enc2 / ps : len2 / ps;
+    if (hi <= lo) return "a held page (none here)";
+    const int64_t donor = row2[pick(lo, hi - 1) * ps];
     std::vector<int64_t> slots(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = donor + i;
     return write_table(row, first_col, slots);
@@ -379,10 +395,11 @@ class Mutator {
   // The columns of request r's row that hold keys: its encoder tokens, then kv_lens[r] (its
   // sequence; verify: with the drafts); at least 1.
   int row_len(int r) const {
-    const ForwardBatch& b = original_;
-    const size_t i = static_cast<size_t>(r);
-    const int encoder = i < b.encoder_lens_host.size() ? b.encoder_lens_host[i] : 0;
-    return std::max(1, encoder + pc_.kv_lens[i]);
+    return std::max(1, encoder_len(r) + pc_.kv_lens[static_cast<size_t>(r)]);
+  }
+  int encoder_len(int r) const {
+    const std::vector<int32_t>& e = original_.encoder_lens_host;
+    return static_cast<size_t>(r) < e.size() ? e[static_cast<size_t>(r)] : 0;
   }
 
   // Whether some layer of the case saves k / v when the forward does (save_kv_allowed).
