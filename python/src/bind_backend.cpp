@@ -170,7 +170,8 @@ void bind_backend(nb::module_& m) {
           "is_mla"_a = false, "kv_lora_rank"_a = 0, "qk_rope_head_dim"_a = 0,
           "scaling defaults to 1/sqrt(qk_head_dim). sliding_window: a key is visible when "
           "q_pos - k_pos <= sliding_window (-1 = off). type: \"decoder\" (causal) or "
-          "\"encoder_only\" (bidirectional). sinks: optional f32 [num_q_heads] logits. q_scale: "
+          "\"encoder_only\" (bidirectional; refused in target_verify / draft_extend batches). "
+          "sinks: optional f32 [num_q_heads] logits. q_scale: "
           "the scale of an e4m3 q (stored x / q_scale; fa3's SM90 FP8 prefill), ignored "
           "otherwise.")
       .def_prop_rw(
