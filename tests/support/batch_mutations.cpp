@@ -174,7 +174,7 @@ class Mutator {
         // On CUDA only the committed columns (encoder tokens and the cached prefix): a new
         // token's column that no longer holds its out_cache_loc slot is seen by the CPU's
         // validate() alone.
-        const int committed = committed_columns(r);
+        const int committed = test_support::committed_columns(original_, r);
         if (!pc_.device.is_cpu() && committed <= 0) break;
         const int col = pick(0, pc_.device.is_cpu() ? len - 1 : committed - 1);
         const int64_t rows = pc_.kv_pool->rows();
@@ -408,24 +408,6 @@ class Mutator {
                        [](const harness::LayerData& ld) { return ld.save_kv_allowed; });
   }
 
-  // The columns of request r's row before its new tokens (encoder tokens + cached prefix), from
-  // the unmutated batch.
-  int committed_columns(int r) const {
-    const ForwardBatch& b = original_;
-    const auto at = [r](const std::vector<int32_t>& v) {
-      return static_cast<size_t>(r) < v.size() ? v[static_cast<size_t>(r)] : 0;
-    };
-    const int encoder = at(b.encoder_lens_host);
-    switch (b.mode) {
-      case ForwardMode::kDecode:
-        return encoder + at(b.seq_lens_host) - 1;
-      case ForwardMode::kTargetVerify:
-        return encoder + at(b.seq_lens_host);
-      default:
-        return encoder + at(b.extend_prefix_lens_host);
-    }
-  }
-
   // a + b in two's complement, as an engine's int32 arithmetic would wrap (no UB here).
   static int wrap_add(int a, int b) {
     return static_cast<int>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
@@ -611,6 +593,21 @@ int fuzz_batch_mutation_cases(const BackendDescriptor& desc, Device device, uint
     if (::testing::Test::HasFatalFailure()) return -1;
   }
   return cases;
+}
+
+int committed_columns(const ForwardBatch& b, int r) {
+  const auto at = [r](const std::vector<int32_t>& v) {
+    return static_cast<size_t>(r) < v.size() ? v[static_cast<size_t>(r)] : 0;
+  };
+  const int encoder = at(b.encoder_lens_host);
+  switch (b.mode) {
+    case ForwardMode::kDecode:
+      return encoder + at(b.seq_lens_host) - 1;
+    case ForwardMode::kTargetVerify:
+      return encoder + at(b.seq_lens_host);
+    default:
+      return encoder + at(b.extend_prefix_lens_host);
+  }
 }
 
 int mutation_trials(int trials) {

@@ -28,6 +28,7 @@
 #include <string>
 
 #include "attnkit/device.h"
+#include "attnkit/forward_batch.h"
 #include "attnkit/registry.h"
 #include "harness/case_runner.h"
 
@@ -53,6 +54,10 @@ void fuzz_batch_mutations(const BackendDescriptor& desc, const harness::CaseSpec
 // <case>". Returns how many cases ran, or -1 after a fatal failure (the caller returns).
 int fuzz_batch_mutation_cases(const BackendDescriptor& desc, Device device, uint32_t first_seed,
                               int trials, const std::string& trace, MutationOutcome* outcome);
+
+// The columns of request r's req_to_token row before its new tokens (encoder tokens + cached
+// prefix; decode: all but the last; verify: the committed sequence before the drafts).
+int committed_columns(const ForwardBatch& b, int r);
 
 // For a longer, differently seeded run than the tests' fixed one (a device session with time to
 // spare): ATTNKIT_TEST_MUTATION_TRIALS (1..100000) replaces `trials`, ATTNKIT_TEST_MUTATION_SEED

@@ -16,6 +16,7 @@
 #include "backend/validate.h"
 #include "backends/torch_native/torch_native_backend.h"
 #include "harness/case_runner.h"
+#include "support/batch_mutations.h"
 #include "support/scoped_env.h"
 
 namespace attnkit {
@@ -431,15 +432,9 @@ TEST(ForwardBatchCheckIndices, PagesMustStayWhole) {
     if (ps == 1) continue;
     // A request whose second page is cached (columns before its new tokens: on the CPU a new
     // token's column is also checked against out_cache_loc, which would answer first).
-    const auto committed = [&](size_t i) {
-      const int32_t enc = b.encoder_lens_host.empty() ? 0 : b.encoder_lens_host[i];
-      if (b.mode == ForwardMode::kDecode) return enc + b.seq_lens_host[i] - 1;
-      if (b.mode == ForwardMode::kTargetVerify) return enc + b.seq_lens_host[i];
-      return enc + b.extend_prefix_lens_host[i];
-    };
     int r = -1;
-    for (size_t i = 0; i < pc->rows.size(); ++i)
-      if (committed(i) >= ps + 2) r = static_cast<int>(i);
+    for (int i = 0; i < static_cast<int>(pc->rows.size()); ++i)
+      if (test_support::committed_columns(b, i) >= ps + 2) r = i;
     if (r < 0) continue;
     ++checked;
     const int row = pc->rows[static_cast<size_t>(r)];
