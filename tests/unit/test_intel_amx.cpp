@@ -537,6 +537,19 @@ TEST_P(IntelAmxTargeted, ExtendKernelChoice) {
   EXPECT_EQ(used, amx ? blocked : per_token);
 }
 
+// An extend whose bf16 output reaches 8 MiB (256 tokens x 128 q heads x d 128): the blocked
+// kernels write it with streaming stores (kStreamOutputBytes), fenced before the threads join;
+// a causal prefill over 2 requests (the second starting mid-block) and a windowed one, so the
+// masked units also compute only the 32-key groups their rows see.
+TEST_P(IntelAmxTargeted, LargeOutputByStreamingStores) {
+  expect_matches_reference(
+      make_case("stream_out", ForwardMode::kExtend, 16, {0, 37}, {200, 56}, 128, 8), GetParam(),
+      true);
+  CaseSpec windowed = make_case("stream_out_window", ForwardMode::kExtend, 16, {60}, {256}, 128, 8);
+  windowed.sliding_window = 75;
+  expect_matches_reference(windowed, GetParam(), true);
+}
+
 TEST_P(IntelAmxTargeted, OneThreadAndManyThreads) {
   const CaseSpec c = make_case("threads", ForwardMode::kExtend, 16, {100, 3}, {64, 120});
   expect_matches_reference(c, GetParam(), true, 1);

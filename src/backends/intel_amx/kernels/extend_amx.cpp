@@ -72,6 +72,14 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // log2 units: the running max is only raised (and O rescaled) when a block's max exceeds it by
 // more.
 constexpr float kRescaleThreshold = 8.f;
+// Query rows staged ahead of the one being converted: their lines are prefetched (the rows of one
+// item come from tokens a whole q row apart, which the hardware prefetchers follow poorly; the
+// staging took ~2 ms of a 26 ms 2k prefill on 2 cores, session 81).
+constexpr int kQPrefetchRows = 32;
+// Forwards whose bf16 output is at least this large write it with streaming stores (no read for
+// ownership of lines that are only written; the output of a 2k prefill is 16 MiB). Smaller ones
+// keep it in the cache for the caller.
+constexpr int64_t kStreamOutputBytes = int64_t{8} << 20;
 static_assert(kKeyTiles % 2 == 0, "Q . K^T fills tmm0-3 with 2 x 2 S tiles per pass");
 static_assert(kAmxKeyBlock % kTileDepth == 0 && kAmxRowsPerItem % kPairRows == 0);
 static_assert(kAmxMinRowsPerItem % kPairRows == 0);
@@ -368,8 +376,10 @@ class BlockedExtend {
   static constexpr int kBlockKeyChunks = KB / kTileDepth;  // P . V dot depths across it
 
   // fast_softmax: ExtendWork::fast_softmax (the lean rows' one-pass softmax_row_fast);
-  // masked_rows: ExtendWork::masked_rows (the masked units' rows between the tile micro-steps).
-  BlockedExtend(const CpuAttentionParams& p, bool fast_softmax, bool masked_rows)
+  // masked_rows: ExtendWork::masked_rows (the masked units' rows between the tile micro-steps);
+  // stream_output: bf16 output rows by streaming stores where 32-byte aligned (the caller fences).
+  BlockedExtend(const CpuAttentionParams& p, bool fast_softmax, bool masked_rows,
+                bool stream_output)
       : p_(p),
         dp_(round_up(p.head_dim, kTileDepth)),
         dvp_(round_up(p.v_head_dim, kTileDepth)),
@@ -382,7 +392,9 @@ class BlockedExtend {
         k_elems_(static_cast<int64_t>(kAmxKeyBlock) * dp_),
         block_elems_(amx_packed_block_elems(p.head_dim, p.v_head_dim)),
         fast_softmax_(fast_softmax),
-        masked_rows_(masked_rows) {}
+        masked_rows_(masked_rows),
+        stream_output_(stream_output),
+        q_elem_bytes_(dtype_storage_bytes(p.act_dtype, 1)) {}
 
   // packed: this item's (request, kv head) blocks packed by pack_block (block b at
   // packed + b * block_elems_), or nullptr to pack each visited block into the scratch.
@@ -395,6 +407,7 @@ class BlockedExtend {
     RowInfo rows[kAmxRowsPerItem];
     TileKeys tiles[kMaxRowTiles];
     for (int r = 0; r < rows_padded; ++r) {
+      if (r + kQPrefetchRows < nr) prefetch_q_row(rq, it, r + kQPrefetchRows);
       uint16_t* q_row = sc.q + static_cast<int64_t>(r) * dp_;
       if (r >= nr) {
         std::fill(q_row, q_row + dp_, uint16_t{0});
@@ -404,7 +417,7 @@ class BlockedExtend {
       const int flat = it.row_begin + r;
       RowInfo& ri = rows[r];
       ri.token = flat / group;
-      ri.head = it.kv_head * group + flat % group;
+      ri.head = it.kv_head * group + flat % group;  // as prefetch_q_row
       visible_keys(p_, rq.first_q_pos + ri.token, rq.seq_len, &ri.lo, &ri.hi);
       TileKeys& tk = tiles[r / kTileRows];
       tk.all_lo = std::max(tk.all_lo, ri.lo);
@@ -457,9 +470,11 @@ class BlockedExtend {
         stage_and_pack(slots + k0, n, it.kv_head, sc, sc.k_packed, sc.v_packed);
       }
       const uint16_t* vp = packed != nullptr ? kp + k_elems_ : sc.v_packed;
-      scores_pair(sc, active[0], s_buf[0], kp);
+      Groups g[kMaxRowTiles / 2];
+      for (int a = 0; a < num_active; ++a) g[a] = live_groups(tiles, active[a], k0, n);
+      scores_pair(sc, active[0], s_buf[0], kp, g[0]);
       for (int a = 0; a < num_active; ++a) {
-        if (a + 1 < num_active) scores_pair(sc, active[a + 1], s_buf[(a + 1) & 1], kp);
+        if (a + 1 < num_active) scores_pair(sc, active[a + 1], s_buf[(a + 1) & 1], kp, g[a + 1]);
         const int t = active[a];
         float* s = s_buf[a & 1];
         for (int half = 0; half < 2; ++half) {
@@ -467,10 +482,10 @@ class BlockedExtend {
           if (lean_ok_ && n == KB && tiles[t + half].covers(k0, n)) {
             softmax_tile_full(sc, t + half, s_tile);
           } else {
-            softmax_tile(sc, t + half, k0, n, rows, nr, s_tile);
+            softmax_tile(sc, t + half, k0, n, rows, nr, s_tile, g[a]);
           }
         }
-        pv_pair(sc, t, vp);
+        pv_pair(sc, t, vp, g[a]);
       }
     }
     for (int r = 0; r < nr; ++r) {
@@ -485,6 +500,19 @@ class BlockedExtend {
   }
 
  private:
+  // Prefetches the q elements of item row r (its token and head as run_item stages them).
+  void prefetch_q_row(const CpuRequest& rq, const ExtendItem& it, int r) const {
+    const int group = p_.group();
+    const int flat = it.row_begin + r;
+    const int64_t off = (rq.q_start + flat / group) * p_.q_token_stride +
+                        (it.kv_head * group + flat % group) * p_.q_head_stride;
+    const char* row = static_cast<const char*>(p_.q) + off * q_elem_bytes_;
+    constexpr int kLine = 64;
+    for (int64_t b = 0; b < p_.head_dim * q_elem_bytes_; b += kLine) {
+      _mm_prefetch(row + b, _MM_HINT_T0);
+    }
+  }
+
   // Visible-key facts of one 16-row tile: the union [any_lo, any_hi) of its rows' ranges and the
   // intersection [all_lo, all_hi) (every row sees those keys; padding rows see none).
   struct TileKeys {
@@ -496,12 +524,31 @@ class BlockedExtend {
     bool covers(int k0, int n) const { return all_lo <= k0 && all_hi >= k0 + n; }
   };
 
+  // The 32-key groups [lo, hi) of a compute block (one S pass: key tiles 2 lo .. 2 hi; one P . V
+  // depth chunk each) that some row of a pair sees. A masked unit (a causal diagonal block, a
+  // window edge) computes S, its softmax and P . V over these groups only: the other keys are
+  // masked for every row of the pair, so their P would be zero.
+  struct Groups {
+    int lo = 0;
+    int hi = 0;
+  };
+  static constexpr Groups kAllGroups{0, KB / kTileDepth};
+
+  // live groups of pair (t, t + 1) in the compute block at k0 (n keys).
+  static Groups live_groups(const TileKeys* tiles, int t, int k0, int n) {
+    const int lo = std::max(std::min(tiles[t].any_lo, tiles[t + 1].any_lo), k0) - k0;
+    const int hi = std::min(std::max(tiles[t].any_hi, tiles[t + 1].any_hi), k0 + n) - k0;
+    if (hi <= lo) return Groups{};
+    return Groups{lo / kTileDepth, (hi + kTileDepth - 1) / kTileDepth};
+  }
+
   // One (key block, row-tile pair) unit of the pipelined loop.
   struct Unit {
     int k0 = 0;
     int n = 0;
     int t = -1;         // first row tile of the pair; -1: none
     bool lean = false;  // both tiles see the whole block (softmax_row_full applies)
+    Groups g;           // the 32-key groups some row of the pair sees (all of them when lean)
     bool valid() const { return t >= 0; }
   };
 
@@ -516,6 +563,7 @@ class BlockedExtend {
           r.n = n;
           r.t = u;
           r.lean = lean_ok_ && n == KB && tiles[u].covers(k0, n) && tiles[u + 1].covers(k0, n);
+          r.g = live_groups(tiles, u, k0, n);
           return r;
         }
       }
@@ -547,68 +595,72 @@ class BlockedExtend {
     if (packed == nullptr)
       stage_and_pack(slots + cur.k0, cur.n, kv_head, sc, sc.k_packed, sc.v_packed);
     int cur_buf = 0;
-    scores_pair(sc, cur.t, s_buf[cur_buf], unit_k(packed, sc, cur));
+    scores_pair(sc, cur.t, s_buf[cur_buf], unit_k(packed, sc, cur), cur.g);
     Unit prev;
     while (cur.valid()) {
       const Unit next = next_unit(cur.k0, cur.t, tiles, row_tiles, k_hi);
       const bool repack = packed == nullptr && next.valid() && next.k0 != cur.k0;
       if (prev.valid() && prev.t == cur.t) {
-        pv_pair(sc, prev.t, unit_v(packed, sc, prev));
+        pv_pair(sc, prev.t, unit_v(packed, sc, prev), prev.g);
         prev = Unit{};
       }
       const Unit* s_next = next.valid() && !repack ? &next : nullptr;
       float* s_cur = s_buf[cur_buf];
       float* s_nxt = s_buf[cur_buf ^ 1];
       const uint16_t* kp_next = s_next ? unit_k(packed, sc, next) : nullptr;
-      const int pv_t = prev.valid() ? prev.t : -1;
+      const Unit* pv_unit = prev.valid() ? &prev : nullptr;
       const uint16_t* vp_prev = prev.valid() ? unit_v(packed, sc, prev) : nullptr;
       if (cur.lean) {
         const float scale = pre_cap_ * post_cap_;
-        step_interleaved(sc, s_next, s_nxt, kp_next, pv_t, vp_prev, [&](int i) {
+        step_interleaved(sc, s_next, s_nxt, kp_next, pv_unit, vp_prev, [&](int i) {
           softmax_row(sc, cur.t * kTileRows + i, s_cur + i * KB, scale);
         });
       } else if (masked_rows_) {
-        step_interleaved(sc, s_next, s_nxt, kp_next, pv_t, vp_prev, [&](int i) {
-          softmax_row_masked(sc, cur.t * kTileRows + i, cur.k0, cur.n, rows, nr, s_cur + i * KB);
+        step_interleaved(sc, s_next, s_nxt, kp_next, pv_unit, vp_prev, [&](int i) {
+          softmax_row_masked(sc, cur.t * kTileRows + i, cur.k0, cur.n, rows, nr, s_cur + i * KB,
+                             cur.g);
         });
       } else {
-        if (s_next != nullptr) scores_pair(sc, next.t, s_nxt, kp_next);
-        if (prev.valid()) pv_pair(sc, prev.t, vp_prev);
+        if (s_next != nullptr) scores_pair(sc, next.t, s_nxt, kp_next, next.g);
+        if (prev.valid()) pv_pair(sc, prev.t, vp_prev, prev.g);
         for (int half = 0; half < 2; ++half) {
-          softmax_tile(sc, cur.t + half, cur.k0, cur.n, rows, nr, s_cur + half * kTileRows * KB);
+          softmax_tile(sc, cur.t + half, cur.k0, cur.n, rows, nr, s_cur + half * kTileRows * KB,
+                       cur.g);
         }
       }
       if (repack) {
-        pv_pair(sc, cur.t, unit_v(packed, sc, cur));
+        pv_pair(sc, cur.t, unit_v(packed, sc, cur), cur.g);
         prev = Unit{};
         stage_and_pack(slots + next.k0, next.n, kv_head, sc, sc.k_packed, sc.v_packed);
-        scores_pair(sc, next.t, s_nxt, sc.k_packed);
+        scores_pair(sc, next.t, s_nxt, sc.k_packed, next.g);
       } else {
         prev = cur;
       }
       cur = next;
       cur_buf ^= 1;
     }
-    if (prev.valid()) pv_pair(sc, prev.t, unit_v(packed, sc, prev));
+    if (prev.valid()) pv_pair(sc, prev.t, unit_v(packed, sc, prev), prev.g);
   }
 
-  // One pipeline step: S of pair s_t (s_t < 0: none) into s_dst from K at kp, P . V of pair pv_t
-  // (pv_t < 0: none) from V at vp, and the softmax of the 32 rows of the current pair, row(i) for
-  // its row i, the rows spread evenly between the 4-dot micro-steps.
+  // One pipeline step: S of unit s_unit (nullptr: none) into s_dst from K at kp, P . V of unit
+  // pv_unit (nullptr: none) from V at vp, each over its live groups, and the softmax of the 32
+  // rows of the current pair, row(i) for its row i, the rows spread evenly between the 4-dot
+  // micro-steps.
   template <class RowFn>
   void step_interleaved(const AmxScratch& sc, const Unit* s_unit, float* s_dst, const uint16_t* kp,
-                        int pv_t, const uint16_t* vp, RowFn&& row) {
+                        const Unit* pv_unit, const uint16_t* vp, RowFn&& row) {
     const int dc = dp_ / kTileDepth;
-    const int s_steps = s_unit != nullptr ? (kBlockKeyTiles / 2) * dc : 0;
-    const int pv_steps = pv_t >= 0 ? (dvp_ / kTileDepth) * kBlockKeyChunks : 0;
+    const int s_steps = s_unit != nullptr ? (s_unit->g.hi - s_unit->g.lo) * dc : 0;
+    const int pv_chunks = pv_unit != nullptr ? pv_unit->g.hi - pv_unit->g.lo : 0;
+    const int pv_steps = (dvp_ / kTileDepth) * pv_chunks;
     const int total = s_steps + pv_steps;
     int done = 0;
     for (int i = 0; i < total; ++i) {
       if (i < s_steps) {
-        scores_micro(sc, s_unit->t, s_dst, kp, i / dc, i % dc, dc);
+        scores_micro(sc, s_unit->t, s_dst, kp, s_unit->g.lo + i / dc, i % dc, dc);
       } else {
         const int j = i - s_steps;
-        pv_micro(sc, pv_t, vp, j / kBlockKeyChunks, j % kBlockKeyChunks);
+        pv_micro(sc, pv_unit->t, vp, j / pv_chunks, pv_unit->g.lo + j % pv_chunks, pv_unit->g);
       }
       const int target = (i + 1) * kPairRows / total;
       for (; done < target; ++done) row(done);
@@ -650,9 +702,9 @@ class BlockedExtend {
     }
   }
 
-  // Key chunk kc of P . V pass `pass` (O column tiles 2 pass, 2 pass + 1) of pair t: loads the O
-  // tiles at kc == 0, stores them after the last chunk.
-  void pv_micro(const AmxScratch& sc, int t, const uint16_t* vp, int pass, int kc) {
+  // Key chunk kc of P . V pass `pass` (O column tiles 2 pass, 2 pass + 1) of pair t over the
+  // chunks of g: loads the O tiles at its first chunk, stores them after its last.
+  void pv_micro(const AmxScratch& sc, int t, const uint16_t* vp, int pass, int kc, Groups g) {
     const int o_stride = dvp_ * static_cast<int>(sizeof(float));
     constexpr int kPStride = KB * sizeof(uint16_t);
     const int j = 2 * pass;
@@ -660,7 +712,7 @@ class BlockedExtend {
     float* o1j = o0j + static_cast<int64_t>(kTileRows) * dvp_;
     const uint16_t* p0 = sc.p + static_cast<int64_t>(t) * kTileRows * KB;
     const uint16_t* p1 = p0 + kTileRows * KB;
-    if (kc == 0) {
+    if (kc == g.lo) {
       tile_load<0>(o0j, o_stride);
       tile_load<1>(o0j + kTileCols, o_stride);
       tile_load<2>(o1j, o_stride);
@@ -676,7 +728,7 @@ class BlockedExtend {
     tile_load<5>(p1 + kc * kTileDepth, kPStride);
     tile_dpbf16ps<2, 5, 6>();
     tile_dpbf16ps<3, 5, 7>();
-    if (kc == kBlockKeyChunks - 1) {
+    if (kc == g.hi - 1) {
       tile_store<0>(o0j, o_stride);
       tile_store<1>(o0j + kTileCols, o_stride);
       tile_store<2>(o1j, o_stride);
@@ -752,9 +804,17 @@ class BlockedExtend {
     uint16_t* dst = static_cast<uint16_t*>(p_.out) + token * p_.out_token_stride +
                     static_cast<int64_t>(hq) * p_.out_head_stride;
     const V::F f = V::set1(factor);
-    for (int d = 0; d < p_.v_head_dim; d += V::kWidth) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d),
-                          bf16x16<kNativeBf16>(V::mul(V::load(o_row + d), f)));
+    constexpr uintptr_t kStreamAlign = 32;
+    if (stream_output_ && reinterpret_cast<uintptr_t>(dst) % kStreamAlign == 0) {
+      for (int d = 0; d < p_.v_head_dim; d += V::kWidth) {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + d),
+                            bf16x16<kNativeBf16>(V::mul(V::load(o_row + d), f)));
+      }
+    } else {
+      for (int d = 0; d < p_.v_head_dim; d += V::kWidth) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d),
+                            bf16x16<kNativeBf16>(V::mul(V::load(o_row + d), f)));
+      }
     }
     if (p_.lse != nullptr) p_.lse[token * p_.lse_token_stride + hq * p_.lse_head_stride] = lse;
   }
@@ -858,22 +918,24 @@ class BlockedExtend {
   }
 
   // s[32, KB] = Q rows of tiles t, t + 1 . K^T of the block: 2 x 2 S tiles per pass.
-  void scores_pair(const AmxScratch& sc, int t, float* s, const uint16_t* kp) {
+  // S of pair t over the live groups g of the compute block (the other columns of s are left as
+  // they were: the softmax reads none of them).
+  void scores_pair(const AmxScratch& sc, int t, float* s, const uint16_t* kp, Groups g) {
     if constexpr (kTiles) {
-      scores_pair_tiles(sc, t, s, kp);
+      scores_pair_tiles(sc, t, s, kp, g);
     } else {
-      scores_pair_blocks(sc, t, s, kp);
+      scores_pair_blocks(sc, t, s, kp, g);
     }
   }
 
   // scores_pair on tiles (instantiated for kTiles only, like the rest of the tile code).
-  void scores_pair_tiles(const AmxScratch& sc, int t, float* s, const uint16_t* kp) {
+  void scores_pair_tiles(const AmxScratch& sc, int t, float* s, const uint16_t* kp, Groups g) {
     const int q_stride = dp_ * static_cast<int>(sizeof(uint16_t));
     const uint16_t* q0 = sc.q + static_cast<int64_t>(t) * kTileRows * dp_;
     const uint16_t* q1 = q0 + static_cast<int64_t>(kTileRows) * dp_;
     constexpr int kSStride = KB * sizeof(float);
     float* s1 = s + kTileRows * KB;
-    for (int kt = 0; kt < kBlockKeyTiles; kt += 2) {
+    for (int kt = 2 * g.lo; kt < 2 * g.hi; kt += 2) {
       // Key tiles kt, kt + 1 lie in packed block kt / kKeyTiles (kKeyTiles is even).
       const uint16_t* kb = kp + static_cast<int64_t>(kt / kKeyTiles) * block_elems_;
       const int ktl = kt % kKeyTiles;
@@ -919,18 +981,20 @@ class BlockedExtend {
   }
 
   // Online softmax of score row r (keys k0 .. k0 + n; scores at s_row, overwritten with the capped
-  // and masked log2-domain values): the row's visible keys (RowInfo) are kept, the rest set to
-  // -inf; P row in bf16, m / l updated (the max raised only past kRescaleThreshold, as
-  // update_max does), the O row rescaled when it was. softmax_tile runs it on the 16 rows of a
-  // tile; the pipelined loop's masked units spread it between their tile micro-steps
-  // (ExtendWork::masked_rows).
+  // and masked log2-domain values), over the pair's live groups g only (P . V reads no other
+  // column of P): the row's visible keys (RowInfo) are kept, the rest set to -inf; P row in bf16, m
+  // / l updated (the max raised only past kRescaleThreshold, as update_max does), the O row
+  // rescaled when it was. softmax_tile runs it on the 16 rows of a tile; the pipelined loop's
+  // masked units spread it between their tile micro-steps (ExtendWork::masked_rows).
   void softmax_row_masked(const AmxScratch& sc, int r, int k0, int n, const RowInfo* rows, int nr,
-                          float* s_row) {
-    constexpr int kVecs = KB / V::kWidth;
+                          float* s_row, Groups g) {
+    constexpr int kVecsPerGroup = kTileDepth / V::kWidth;
+    const int v_lo = g.lo * kVecsPerGroup;
+    const int v_hi = g.hi * kVecsPerGroup;
     const int j_lo = r < nr ? std::max(rows[r].lo - k0, 0) : 0;
     const int j_hi = std::max(r < nr ? std::min(rows[r].hi - k0, n) : 0, j_lo);
     V::F mx = V::set1(kNegInf);
-    for (int v = 0; v < kVecs; ++v) {
+    for (int v = v_lo; v < v_hi; ++v) {
       V::F y = V::mul(V::load(s_row + v * V::kWidth), V::set1(pre_cap_));
       if (capped_) y = V::tanh(y);
       const __mmask16 lanes = lane_range(j_lo - v * V::kWidth, j_hi - v * V::kWidth);
@@ -948,12 +1012,12 @@ class BlockedExtend {
     }
     uint16_t* p_row = sc.p + static_cast<int64_t>(r) * KB;
     if (j_hi == j_lo) {
-      std::fill(p_row, p_row + KB, uint16_t{0});
+      std::fill(p_row + v_lo * V::kWidth, p_row + v_hi * V::kWidth, uint16_t{0});
       return;
     }
     const V::F m_vec = V::set1(sc.m[r]);
     V::F sum = V::zero();
-    for (int v = 0; v < kVecs; ++v) {
+    for (int v = v_lo; v < v_hi; ++v) {
       const V::F e = exp2_probability(V::sub(V::load(s_row + v * V::kWidth), m_vec));
       sum = V::add(sum, e);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_row + v * V::kWidth),
@@ -963,11 +1027,11 @@ class BlockedExtend {
     if (alpha != 1.f) rescale_o_row(sc, r, alpha);
   }
 
-  // Online softmax of the 16 score rows of tile t (keys k0 .. k0 + n), row by row.
+  // Online softmax of the 16 score rows of tile t (keys k0 .. k0 + n, the groups g), row by row.
   void softmax_tile(const AmxScratch& sc, int t, int k0, int n, const RowInfo* rows, int nr,
-                    float* s) {
+                    float* s, Groups g) {
     for (int i = 0; i < kTileRows; ++i) {
-      softmax_row_masked(sc, t * kTileRows + i, k0, n, rows, nr, s + i * KB);
+      softmax_row_masked(sc, t * kTileRows + i, k0, n, rows, nr, s + i * KB, g);
     }
   }
 
@@ -1009,16 +1073,16 @@ class BlockedExtend {
   }
 
   // O rows of tiles t, t + 1 += P . V over the key block: 2 x 2 O tiles per pass.
-  void pv_pair(const AmxScratch& sc, int t, const uint16_t* vp) {
+  void pv_pair(const AmxScratch& sc, int t, const uint16_t* vp, Groups g) {
     if constexpr (kTiles) {
-      pv_pair_tiles(sc, t, vp);
+      pv_pair_tiles(sc, t, vp, g);
     } else {
-      pv_pair_blocks(sc, t, vp);
+      pv_pair_blocks(sc, t, vp, g);
     }
   }
 
   // pv_pair on tiles.
-  void pv_pair_tiles(const AmxScratch& sc, int t, const uint16_t* vp) {
+  void pv_pair_tiles(const AmxScratch& sc, int t, const uint16_t* vp, Groups g) {
     const int col_tiles = dvp_ / kTileCols;
     const int o_stride = dvp_ * static_cast<int>(sizeof(float));
     constexpr int kPStride = KB * sizeof(uint16_t);
@@ -1033,7 +1097,7 @@ class BlockedExtend {
       tile_load<1>(o0j + kTileCols, o_stride);
       tile_load<2>(o1j, o_stride);
       tile_load<3>(o1j + kTileCols, o_stride);
-      for (int kc = 0; kc < kBlockKeyChunks; ++kc) {
+      for (int kc = g.lo; kc < g.hi; ++kc) {
         const uint16_t* vb = vp + static_cast<int64_t>(kc / kKeyChunks) * block_elems_;
         const int kcl = kc % kKeyChunks;
         tile_load<4>(p0 + kc * kTileDepth, kPStride);
@@ -1061,14 +1125,15 @@ class BlockedExtend {
   }
 
   // scores_pair by register blocks: 4 rows x 4 key vectors (64 keys) each.
-  void scores_pair_blocks(const AmxScratch& sc, int t, float* s, const uint16_t* kp) {
+  void scores_pair_blocks(const AmxScratch& sc, int t, float* s, const uint16_t* kp, Groups g) {
     constexpr int kR = 4;
     constexpr int kJ = 4;
     static_assert(kBlockKeyTiles % kJ == 0 && kPairRows % kR == 0);
     const uint16_t* q = sc.q + static_cast<int64_t>(t) * kTileRows * dp_;
     // Consecutive depth chunks of one key tile are kKeyTiles tiles apart.
     constexpr int64_t kChunkStride = static_cast<int64_t>(kKeyTiles) * kTileRows * kTileDepth;
-    for (int kv0 = 0; kv0 < kBlockKeyTiles; kv0 += kJ) {
+    // Whole register blocks of 64 keys around the live groups (2 key tiles per group).
+    for (int kv0 = 2 * g.lo / kJ * kJ; kv0 < round_up(2 * g.hi, kJ); kv0 += kJ) {
       const uint16_t* b[kJ];
       for (int j = 0; j < kJ; ++j) {
         const int kt = kv0 + j;
@@ -1092,17 +1157,17 @@ class BlockedExtend {
 
   // pv_pair by register blocks: O column vectors four at a time (two for the last ones when dvp /
   // 16 is not a multiple of four).
-  void pv_pair_blocks(const AmxScratch& sc, int t, const uint16_t* vp) {
+  void pv_pair_blocks(const AmxScratch& sc, int t, const uint16_t* vp, Groups g) {
     const int col_vecs = dvp_ / kTileCols;  // even: dvp is a multiple of 32
     int j0 = 0;
-    for (; j0 + 4 <= col_vecs; j0 += 4) pv_cols<4, 4>(sc, t, vp, j0);
-    for (; j0 < col_vecs; j0 += 2) pv_cols<8, 2>(sc, t, vp, j0);
+    for (; j0 + 4 <= col_vecs; j0 += 4) pv_cols<4, 4>(sc, t, vp, j0, g);
+    for (; j0 < col_vecs; j0 += 2) pv_cols<8, 2>(sc, t, vp, j0, g);
   }
 
-  // O rows of pair t, column vectors j0 .. j0 + kJ: loaded, += P . V over the compute block's
-  // packed blocks, stored.
+  // O rows of pair t, column vectors j0 .. j0 + kJ: loaded, += P . V over the live groups (key
+  // chunks) g of the compute block's packed blocks, stored.
   template <int kR, int kJ>
-  void pv_cols(const AmxScratch& sc, int t, const uint16_t* vp, int j0) {
+  void pv_cols(const AmxScratch& sc, int t, const uint16_t* vp, int j0, Groups g) {
     static_assert(kPairRows % kR == 0);
     float* o = sc.o + static_cast<int64_t>(t) * kTileRows * dvp_;
     const uint16_t* pr = sc.p + static_cast<int64_t>(t) * kTileRows * KB;
@@ -1117,10 +1182,15 @@ class BlockedExtend {
         }
       }
       for (int blk = 0; blk < KB / kAmxKeyBlock; ++blk) {
+        // This packed block's chunks [c0, c1) among the live ones.
+        const int c0 = std::max(g.lo - blk * kKeyChunks, 0);
+        const int c1 = std::min(g.hi - blk * kKeyChunks, kKeyChunks);
+        if (c1 <= c0) continue;
         const uint16_t* vb = vp + static_cast<int64_t>(blk) * block_elems_;
         const uint16_t* b[kJ];
-        for (int j = 0; j < kJ; ++j) b[j] = v_tile(vb, 0, j0 + j);
-        products<kR, kJ>(pr + r0 * KB + blk * kAmxKeyBlock, KB, b, chunk_stride, kKeyChunks, acc);
+        for (int j = 0; j < kJ; ++j) b[j] = v_tile(vb, c0, j0 + j);
+        products<kR, kJ>(pr + r0 * KB + blk * kAmxKeyBlock + c0 * kTileDepth, KB, b, chunk_stride,
+                         c1 - c0, acc);
       }
       for (int r = 0; r < kR; ++r) {
         for (int j = 0; j < kJ; ++j) {
@@ -1139,11 +1209,13 @@ class BlockedExtend {
   const bool capped_;
   const float pre_cap_;
   const float post_cap_;
-  const bool lean_ok_;         // softmax_tile_full applies to full blocks
-  const int64_t k_elems_;      // bf16 elements of a block's packed K (its V follows)
-  const int64_t block_elems_;  // bf16 elements of one packed block (K and V)
-  const bool fast_softmax_;    // lean rows by softmax_row_fast
-  const bool masked_rows_;     // masked units' softmax rows interleaved (ExtendWork::masked_rows)
+  const bool lean_ok_;          // softmax_tile_full applies to full blocks
+  const int64_t k_elems_;       // bf16 elements of a block's packed K (its V follows)
+  const int64_t block_elems_;   // bf16 elements of one packed block (K and V)
+  const bool fast_softmax_;     // lean rows by softmax_row_fast
+  const bool masked_rows_;      // masked units' softmax rows interleaved (ExtendWork::masked_rows)
+  const bool stream_output_;    // bf16 output rows by streaming stores (kStreamOutputBytes)
+  const int64_t q_elem_bytes_;  // bytes of one q element (act_dtype)
 };
 
 template <class S, int KB, Products kProducts>
@@ -1153,6 +1225,12 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
   const int64_t block_elems = amx_packed_block_elems(p.head_dim, p.v_head_dim);
   const std::vector<ExtendItem>& items = *w.items;
   const int num_items = static_cast<int>(items.size());
+  int64_t out_bytes = 0;
+  for (const CpuRequest& rq : *w.requests) {
+    out_bytes += static_cast<int64_t>(rq.num_queries) * p.num_q_heads * p.v_head_dim *
+                 static_cast<int64_t>(sizeof(uint16_t));
+  }
+  const bool stream_output = p.act_dtype == DType::kBF16 && out_bytes >= kStreamOutputBytes;
 #pragma omp parallel num_threads(ts.num_threads)
   {
 #ifdef ATTNKIT_WITH_OPENMP
@@ -1161,7 +1239,7 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
     const int tid = 0;
 #endif
     const AmxScratch sc = carve(ts, tid, lay);
-    BlockedExtend<S, KB, kProducts> kernel(p, w.fast_softmax, w.masked_rows);
+    BlockedExtend<S, KB, kProducts> kernel(p, w.fast_softmax, w.masked_rows, stream_output);
     const unsigned mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | kMxcsrFtzDaz);
     if constexpr (kTiles) load_tile_config();
@@ -1193,6 +1271,8 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
       kernel.run_item(rq, it, sc, packed, w.pipelined);
     }
     if constexpr (kTiles) tile_release();
+    // Streaming stores are weakly ordered: drain them before the threads join.
+    if (stream_output) _mm_sfence();
     _mm_setcsr(mxcsr);
   }
 }
