@@ -400,7 +400,6 @@ class BlockedExtend {
   // packed + b * block_elems_), or nullptr to pack each visited block into the scratch.
   void run_item(const CpuRequest& rq, const ExtendItem& it, const AmxScratch& sc,
                 const uint16_t* packed, bool pipelined) {
-    const int group = p_.group();
     const int nr = it.row_end - it.row_begin;
     const int row_tiles = (nr + kPairRows - 1) / kPairRows * 2;
     const int rows_padded = row_tiles * kTileRows;
@@ -414,10 +413,8 @@ class BlockedExtend {
         rows[r] = {0, 0, 0, 0};
         continue;
       }
-      const int flat = it.row_begin + r;
       RowInfo& ri = rows[r];
-      ri.token = flat / group;
-      ri.head = it.kv_head * group + flat % group;  // as prefetch_q_row
+      item_row(it, r, &ri.token, &ri.head);
       visible_keys(p_, rq.first_q_pos + ri.token, rq.seq_len, &ri.lo, &ri.hi);
       TileKeys& tk = tiles[r / kTileRows];
       tk.all_lo = std::max(tk.all_lo, ri.lo);
@@ -426,9 +423,8 @@ class BlockedExtend {
         tk.any_lo = std::min(tk.any_lo, ri.lo);
         tk.any_hi = std::max(tk.any_hi, ri.hi);
       }
-      const int64_t q_off =
-          (rq.q_start + ri.token) * p_.q_token_stride + ri.head * p_.q_head_stride;
-      convert_act_row_bf16<kNativeBf16>(p_.q, p_.act_dtype, q_off, p_.head_dim, dp_, q_row);
+      convert_act_row_bf16<kNativeBf16>(p_.q, p_.act_dtype, q_offset(rq, ri.token, ri.head),
+                                        p_.head_dim, dp_, q_row);
     }
     int k_lo = std::numeric_limits<int>::max();
     int k_hi = 0;
@@ -500,13 +496,25 @@ class BlockedExtend {
   }
 
  private:
-  // Prefetches the q elements of item row r (its token and head as run_item stages them).
-  void prefetch_q_row(const CpuRequest& rq, const ExtendItem& it, int r) const {
+  // Item row r's query index within its request and its q head.
+  void item_row(const ExtendItem& it, int r, int* token, int* head) const {
     const int group = p_.group();
     const int flat = it.row_begin + r;
-    const int64_t off = (rq.q_start + flat / group) * p_.q_token_stride +
-                        (it.kv_head * group + flat % group) * p_.q_head_stride;
-    const char* row = static_cast<const char*>(p_.q) + off * q_elem_bytes_;
+    *token = flat / group;
+    *head = it.kv_head * group + flat % group;
+  }
+
+  // Element offset in q of (query index token of rq, q head).
+  int64_t q_offset(const CpuRequest& rq, int token, int head) const {
+    return (rq.q_start + token) * p_.q_token_stride + head * p_.q_head_stride;
+  }
+
+  // Prefetches the q elements of item row r.
+  void prefetch_q_row(const CpuRequest& rq, const ExtendItem& it, int r) const {
+    int token = 0;
+    int head = 0;
+    item_row(it, r, &token, &head);
+    const char* row = static_cast<const char*>(p_.q) + q_offset(rq, token, head) * q_elem_bytes_;
     constexpr int kLine = 64;
     for (int64_t b = 0; b < p_.head_dim * q_elem_bytes_; b += kLine) {
       _mm_prefetch(row + b, _MM_HINT_T0);
@@ -532,7 +540,6 @@ class BlockedExtend {
     int lo = 0;
     int hi = 0;
   };
-  static constexpr Groups kAllGroups{0, KB / kTileDepth};
 
   // live groups of pair (t, t + 1) in the compute block at k0 (n keys).
   static Groups live_groups(const TileKeys* tiles, int t, int k0, int n) {
@@ -805,15 +812,14 @@ class BlockedExtend {
                     static_cast<int64_t>(hq) * p_.out_head_stride;
     const V::F f = V::set1(factor);
     constexpr uintptr_t kStreamAlign = 32;
-    if (stream_output_ && reinterpret_cast<uintptr_t>(dst) % kStreamAlign == 0) {
-      for (int d = 0; d < p_.v_head_dim; d += V::kWidth) {
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + d),
-                            bf16x16<kNativeBf16>(V::mul(V::load(o_row + d), f)));
-      }
-    } else {
-      for (int d = 0; d < p_.v_head_dim; d += V::kWidth) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d),
-                            bf16x16<kNativeBf16>(V::mul(V::load(o_row + d), f)));
+    const bool stream = stream_output_ && reinterpret_cast<uintptr_t>(dst) % kStreamAlign == 0;
+    for (int d = 0; d < p_.v_head_dim; d += V::kWidth) {
+      auto* out = reinterpret_cast<__m256i*>(dst + d);
+      const __m256i bits = bf16x16<kNativeBf16>(V::mul(V::load(o_row + d), f));
+      if (stream) {
+        _mm256_stream_si256(out, bits);
+      } else {
+        _mm256_storeu_si256(out, bits);
       }
     }
     if (p_.lse != nullptr) p_.lse[token * p_.lse_token_stride + hq * p_.lse_head_stride] = lse;
@@ -917,9 +923,8 @@ class BlockedExtend {
     return v_packed + static_cast<int64_t>(kc * (dvp_ / kTileCols) + j) * kTileRows * kTileDepth;
   }
 
-  // s[32, KB] = Q rows of tiles t, t + 1 . K^T of the block: 2 x 2 S tiles per pass.
-  // S of pair t over the live groups g of the compute block (the other columns of s are left as
-  // they were: the softmax reads none of them).
+  // s[32, KB] = Q rows of tiles t, t + 1 . K^T of the block, 2 x 2 S tiles per pass, over the
+  // live groups g only (the other columns of s are left as they were: the softmax reads none).
   void scores_pair(const AmxScratch& sc, int t, float* s, const uint16_t* kp, Groups g) {
     if constexpr (kTiles) {
       scores_pair_tiles(sc, t, s, kp, g);
