@@ -567,7 +567,8 @@ using test_support::ScopedEnv;
 // third request of pack_multi, one row pair over two blocks, takes the pipeline's same-pair path);
 // on avx512_bf16 / avx512 also the per-token kernel (ATTNKIT_CPU_BLOCKED_EXTEND=0; f16 KV takes it
 // anyway); the masked units' softmax rows between the tile micro-steps (ATTNKIT_AMX_MASKED_ROWS=1,
-// with every packing mode; pack_softcap makes every unit a masked one).
+// with every packing mode; pack_softcap makes every unit a masked one); on AMX, P . V per key block
+// and deferred over 2 (ATTNKIT_AMX_PV_BLOCKS=1, 2; the default defers over 4) with those modes.
 // Other paths ignore the switches.
 TEST_P(IntelAmxTargeted, AmxPackingModes) {
   std::vector<CaseSpec> cases;
@@ -625,9 +626,49 @@ TEST_P(IntelAmxTargeted, AmxPackingModes) {
       ScopedEnv per_item("ATTNKIT_AMX_PREPACK", "0");
       expect_matches_reference(c, GetParam(), true);
     }
+    for (const char* pv : {"1", "2"}) {       // the default is 4
+      if (GetParam() != CpuIsa::kAmx) break;  // the tile kernel's switch only
+      SCOPED_TRACE(std::string("ATTNKIT_AMX_PV_BLOCKS=") + pv);
+      ScopedEnv blocks("ATTNKIT_AMX_PV_BLOCKS", pv);
+      expect_matches_reference(c, GetParam(), true);
+      {
+        ScopedEnv rows("ATTNKIT_AMX_ROWS_PER_ITEM", "512");
+        expect_matches_reference(c, GetParam(), true, 3);
+      }
+      {
+        ScopedEnv masked("ATTNKIT_AMX_MASKED_ROWS", "1");
+        expect_matches_reference(c, GetParam(), true);
+      }
+      {
+        ScopedEnv keys("ATTNKIT_AMX_KEY_BLOCK", "256");  // 256-key blocks: 2 per segment at most
+        expect_matches_reference(c, GetParam(), true);
+      }
+      ScopedEnv per_item("ATTNKIT_AMX_PREPACK", "0");  // packing per item: no deferral
+      expect_matches_reference(c, GetParam(), true);
+    }
     {
       ScopedEnv per_token("ATTNKIT_CPU_BLOCKED_EXTEND", "0");
       expect_matches_reference(c, GetParam(), true);
+    }
+  }
+}
+
+// The AMX extend's P . V deferred over 2 or 4 key blocks (ATTNKIT_AMX_PV_BLOCKS; 4 by default, 1 =
+// per block) while a row's max keeps rising past the rescale threshold inside a segment: with
+// scores scaled by 4 (bf16 KV read in place, the lean and the masked units, 1 and 2 threads), the
+// rows' running max grows by more than 2^8 after their first block, so the P of the segment's
+// earlier blocks, still waiting for P . V, must be rescaled with O (rescale_row; without it this
+// test's rel_l2 is 8-16). The tile kernel's switch only.
+TEST_P(IntelAmxTargeted, DeferredPvRescalesPendingProbabilities) {
+  if (GetParam() != CpuIsa::kAmx) GTEST_SKIP() << "ATTNKIT_AMX_PV_BLOCKS is the AMX kernel's";
+  CaseSpec c = make_case("sharp_deferred", ForwardMode::kExtend, 16, {520, 0}, {90, 700});
+  for (const char* pv : {"1", "2", "4"}) {
+    SCOPED_TRACE(std::string("ATTNKIT_AMX_PV_BLOCKS=") + pv);
+    ScopedEnv blocks("ATTNKIT_AMX_PV_BLOCKS", pv);
+    for (int threads : {1, 2}) {
+      expect_matches_reference(c, GetParam(), true, threads, nullptr, [](PreparedCase& pc) {
+        for (harness::LayerData& ld : pc.layers) ld.layer.scaling = 4.f;
+      });
     }
   }
 }
@@ -714,6 +755,7 @@ TEST(IntelAmxKnobs, BadValuesAreReportedAndIgnored) {
   ScopedEnv pipeline("ATTNKIT_AMX_PIPELINE", "l");
   ScopedEnv pf("ATTNKIT_AMX_DECODE_PF", "4");
   ScopedEnv softmax("ATTNKIT_AMX_SOFTMAX", "off");
+  ScopedEnv pv_blocks("ATTNKIT_AMX_PV_BLOCKS", "3");
   ScopedEnv blocked("ATTNKIT_CPU_BLOCKED_EXTEND", "no");
   testing::internal::CaptureStderr();
   Result<std::unique_ptr<AttentionBackend>> backend = create_intel_amx_backend(pc.context());
@@ -726,6 +768,7 @@ TEST(IntelAmxKnobs, BadValuesAreReportedAndIgnored) {
         "attnkit: ignoring ATTNKIT_AMX_PIPELINE=l (accepted: 0, 1); using 1\n",
         "attnkit: ignoring ATTNKIT_AMX_DECODE_PF=4 (accepted: integers 0..3); using 0\n",
         "attnkit: ignoring ATTNKIT_AMX_SOFTMAX=off (accepted: an integer, 0 = off); using 1\n",
+        "attnkit: ignoring ATTNKIT_AMX_PV_BLOCKS=3 (accepted: 1, 2, 4); using 4\n",
         "attnkit: ignoring ATTNKIT_CPU_BLOCKED_EXTEND=no (accepted: 0, 1); using 1\n"}) {
     EXPECT_NE(err.find(line), std::string::npos) << "missing: " << line << "stderr:\n" << err;
   }
@@ -735,6 +778,7 @@ TEST(IntelAmxKnobs, BadValuesAreReportedAndIgnored) {
     ScopedEnv good_pipeline("ATTNKIT_AMX_PIPELINE", "0");
     ScopedEnv good_pf("ATTNKIT_AMX_DECODE_PF", "3");
     ScopedEnv good_softmax("ATTNKIT_AMX_SOFTMAX", "2");  // any integer: 0 = off, else on
+    ScopedEnv good_pv_blocks("ATTNKIT_AMX_PV_BLOCKS", "1");
     ScopedEnv good_blocked("ATTNKIT_CPU_BLOCKED_EXTEND", "0");
     testing::internal::CaptureStderr();
     ASSERT_TRUE(create_intel_amx_backend(pc.context()).is_ok());

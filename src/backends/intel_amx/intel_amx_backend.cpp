@@ -75,6 +75,12 @@ constexpr const char* kFastSoftmaxEnvVar = "ATTNKIT_AMX_SOFTMAX";
 // ATTNKIT_AMX_MASKED_ROWS=1: the AMX extend's masked units run their softmax rows between the tile
 // micro-steps (ExtendWork::masked_rows); off by default: level on an AMX Xeon (session 35).
 constexpr const char* kMaskedRowsEnvVar = "ATTNKIT_AMX_MASKED_ROWS";
+// ATTNKIT_AMX_PV_BLOCKS=1|2|4: compute blocks per P . V segment of the pipelined AMX extend
+// (ExtendWork::pv_blocks). 4 by default since session 82 (AMX development VM, 2 threads, 2k causal,
+// four alternated rounds: 23.2-24.1% of the paired AMX peak against 22.2-23.2% per block; the
+// tile work alone 33.7-34.9% against 31.4-32.2%, docs/perf/amx_notes.md).
+constexpr const char* kPvBlocksEnvVar = "ATTNKIT_AMX_PV_BLOCKS";
+constexpr int kDefaultPvBlocks = 4;
 
 // On avx512_bf16 and avx512 (no AMX), extend with bf16 q and bf16 / fp8 KV runs the AMX kernel's
 // algorithm with register blocks of vdpbf16ps (extend_blocked_avx512_bf16; session 29, AMD Zen 5
@@ -111,6 +117,8 @@ int env_key_block() {
   return env_int(kKeyBlockEnvVar, cpu_attention::kAmxKeyBlock,
                  {cpu_attention::kAmxKeyBlock, cpu_attention::kAmxMaxKeyBlock});
 }
+
+int env_pv_blocks() { return env_int(kPvBlocksEnvVar, kDefaultPvBlocks, {1, 2, 4}); }
 
 int env_rows_per_item() {
   const auto ok = [](int rows) {
@@ -183,6 +191,7 @@ class IntelAmxBackend final : public AttentionBackend {
         amx_decode_(env_on_unless_zero(kAmxDecodeEnvVar)),
         amx_fast_softmax_(env_on_unless_zero(kFastSoftmaxEnvVar)),
         amx_masked_rows_(env_flag(kMaskedRowsEnvVar, false)),
+        amx_pv_blocks_(env_pv_blocks()),
         amx_decode_prefetch_(env_amx_decode_prefetch()),
         amx_decode_sub_keys_(env_amx_decode_sub_keys()),
         blocked_extend_(env_flag(kBlockedExtendEnvVar, true)) {}
@@ -291,6 +300,7 @@ class IntelAmxBackend final : public AttentionBackend {
     work.pipelined = amx_pipeline_;
     work.fast_softmax = amx_fast_softmax_;
     work.masked_rows = amx_masked_rows_;
+    work.pv_blocks = amx_pv_blocks_;
     if (!plan.pack_begin.empty()) {
       work.packed = static_cast<uint16_t*>(packed_.data());
       work.pack_begin = &plan.pack_begin;
@@ -727,6 +737,7 @@ class IntelAmxBackend final : public AttentionBackend {
   bool amx_decode_;          // ATTNKIT_AMX_DECODE (default on)
   bool amx_fast_softmax_;    // ATTNKIT_AMX_SOFTMAX (default on; 0 = two-pass rows)
   bool amx_masked_rows_;     // ATTNKIT_AMX_MASKED_ROWS (default off)
+  int amx_pv_blocks_;        // ATTNKIT_AMX_PV_BLOCKS (default kDefaultPvBlocks)
   int amx_decode_prefetch_;  // ATTNKIT_AMX_DECODE_PF (default 0)
   int amx_decode_sub_keys_;  // ATTNKIT_AMX_DECODE_SUBKEYS (default 0: per item)
   bool blocked_extend_;      // ATTNKIT_CPU_BLOCKED_EXTEND (default on; 0: avx512(_bf16) per-token)

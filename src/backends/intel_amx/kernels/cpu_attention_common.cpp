@@ -103,7 +103,7 @@ AmxScratchLayout amx_scratch_layout(int head_dim, int v_head_dim) {
   lay.v_stage = take(&cursor, kAmxKeyBlock * dvp / 2);
   lay.v_packed = take(&cursor, kAmxKeyBlock * dvp / 2);
   lay.s = take(&cursor, 2 * kPairRows * kAmxMaxKeyBlock);  // double-buffered
-  lay.p = take(&cursor, kAmxRowsPerItem * kAmxMaxKeyBlock / 2);
+  lay.p = take(&cursor, kAmxRowsPerItem * kAmxPvKeys / 2);
   lay.o = take(&cursor, kAmxRowsPerItem * dvp);
   lay.m = take(&cursor, kAmxRowsPerItem);
   lay.l = take(&cursor, kAmxRowsPerItem);

@@ -148,7 +148,7 @@ struct AmxScratchLayout {
   int64_t v_stage = 0;   // [kAmxKeyBlock, Dvp] bf16 value rows, Dvp = Dv rounded up to 32
   int64_t v_packed = 0;  // [kAmxKeyBlock / 32, Dvp / 16, 16, 32] bf16 VNNI tiles of V
   int64_t s = 0;         // [2, 32, kAmxKeyBlock] f32 scores of a row-tile pair (double buffer)
-  int64_t p = 0;         // [kAmxRowsPerItem, kAmxKeyBlock] bf16 probabilities
+  int64_t p = 0;         // [kAmxRowsPerItem, kAmxPvKeys] bf16 probabilities
   int64_t o = 0;         // [kAmxRowsPerItem, Dvp] f32 unnormalised output
   int64_t m = 0;         // [kAmxRowsPerItem] running max (log2 domain)
   int64_t l = 0;         // [kAmxRowsPerItem] running sum
@@ -165,6 +165,9 @@ inline constexpr int kAmxDefaultRowsPerItem = 256;
 inline constexpr int kAmxMinRowsPerItem = 64;
 inline constexpr int kAmxKeyBlock = 128;
 inline constexpr int kAmxMaxKeyBlock = 2 * kAmxKeyBlock;
+// Most keys of one deferred P . V segment of the AMX extend (ExtendWork::pv_blocks compute blocks):
+// the width of the P scratch rows.
+inline constexpr int kAmxPvKeys = 4 * kAmxKeyBlock;
 // Packed blocks of one (request, kv head) when the kernel computes key_block keys at a time: the
 // request's keys rounded up to whole compute blocks (the padding blocks are zeros).
 inline int64_t amx_blocks_per_head(int seq_len, int key_block) {
@@ -217,6 +220,11 @@ struct ExtendWork {
   // false: after the step's tile work (ATTNKIT_AMX_MASKED_ROWS=1 turns it on; off: level with it
   // on the Xeon host in session 35's five alternated rounds, docs/perf/amx_notes.md).
   bool masked_rows = false;
+  // Compute blocks per P . V of the pipelined AMX loop (1, 2 or 4; at most kAmxPvKeys keys): a row
+  // pair's probabilities of that many consecutive blocks are kept and multiplied by V at once, so
+  // its O tiles are loaded and stored once per segment instead of once per block
+  // (ATTNKIT_AMX_PV_BLOCKS; the plain loop and the register-block kernels use 1).
+  int pv_blocks = 1;
 };
 
 // Thread scratch: thread t uses scratch + t * scratch_stride floats.

@@ -17,7 +17,10 @@
 //       blocks that every row of a tile sees in full (no mask, no soft-cap) take a lean path
 //       O[32, Dvp] += P . V                 (tmm0-3 = O tiles, tmm4-5 = P tiles, tmm6-7 = V tiles)
 //     S of the next pair is issued before the softmax of the current one (two S buffers), so
-//     the tile unit works while the vector units run the softmax.
+//     the tile unit works while the vector units run the softmax. The pipelined loop defers a
+//     pair's P . V over ExtendWork::pv_blocks blocks (their P side by side in its P rows), so its
+//     O tiles are loaded and stored once per segment; a row whose max is raised meanwhile has its
+//     O row and its pending P rescaled.
 //   O / l -> out, lse.
 // The same kernel without tiles computes both products by register blocks over the same packed
 // blocks: vdpbf16ps for AVX512-BF16 CPUs without AMX (extend_blocked_avx512_bf16; e.g. AMD Zen 4 /
@@ -68,6 +71,8 @@ constexpr int kPairRows = 2 * kTileRows;               // rows of a row-tile pai
 constexpr int kKeyTiles = kAmxKeyBlock / kTileCols;    // result tiles of S across the key block
 constexpr int kKeyChunks = kAmxKeyBlock / kTileDepth;  // dot depths of P . V across the block
 constexpr int kMaxRowTiles = kAmxRowsPerItem / kTileRows;
+constexpr int kMaxPvBlocks = kAmxPvKeys / kAmxKeyBlock;  // compute blocks of one P . V segment
+constexpr int kMaxPvChunks = kAmxPvKeys / kTileDepth;    // its 32-key depth chunks
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // log2 units: the running max is only raised (and O rescaled) when a block's max exceeds it by
 // more.
@@ -378,8 +383,9 @@ class BlockedExtend {
   // fast_softmax: ExtendWork::fast_softmax (the lean rows' one-pass softmax_row_fast);
   // masked_rows: ExtendWork::masked_rows (the masked units' rows between the tile micro-steps);
   // stream_output: bf16 output rows by streaming stores where 32-byte aligned (the caller fences).
+  // pv_blocks: ExtendWork::pv_blocks (the tile kernel's P . V segment; 1 for the register blocks).
   BlockedExtend(const CpuAttentionParams& p, bool fast_softmax, bool masked_rows,
-                bool stream_output)
+                bool stream_output, int pv_blocks)
       : p_(p),
         dp_(round_up(p.head_dim, kTileDepth)),
         dvp_(round_up(p.v_head_dim, kTileDepth)),
@@ -394,7 +400,9 @@ class BlockedExtend {
         fast_softmax_(fast_softmax),
         masked_rows_(masked_rows),
         stream_output_(stream_output),
-        q_elem_bytes_(dtype_storage_bytes(p.act_dtype, 1)) {}
+        q_elem_bytes_(dtype_storage_bytes(p.act_dtype, 1)),
+        pv_blocks_(kTiles ? std::clamp(pv_blocks, 1, kAmxPvKeys / KB) : 1),
+        p_stride_(pv_blocks_ * KB) {}
 
   // packed: this item's (request, kv head) blocks packed by pack_block (block b at
   // packed + b * block_elems_), or nullptr to pack each visited block into the scratch.
@@ -476,9 +484,9 @@ class BlockedExtend {
         for (int half = 0; half < 2; ++half) {
           float* s_tile = s + half * kTileRows * KB;
           if (lean_ok_ && n == KB && tiles[t + half].covers(k0, n)) {
-            softmax_tile_full(sc, t + half, s_tile);
+            softmax_tile_full(sc, t + half, s_tile, 0);
           } else {
-            softmax_tile(sc, t + half, k0, n, rows, nr, s_tile, g[a]);
+            softmax_tile(sc, t + half, k0, n, rows, nr, s_tile, g[a], 0);
           }
         }
         pv_pair(sc, t, vp, g[a]);
@@ -549,6 +557,30 @@ class BlockedExtend {
     return Groups{lo / kTileDepth, (hi + kTileDepth - 1) / kTileDepth};
   }
 
+  // One 32-key depth chunk of a P . V segment: its packed V block, its chunk there and its P
+  // column (slot * KB + chunk within the compute block * 32).
+  struct PvChunk {
+    const uint16_t* vb = nullptr;
+    int kcl = 0;
+    int p_col = 0;
+  };
+  // The P . V of a row pair over the live chunks of up to pv_blocks_ compute blocks (its segment):
+  // their P lies side by side in the pair's P rows, one slot per block.
+  struct PvSegment {
+    int t = -1;  // first row tile of the pair; -1: none
+    int n = 0;
+    PvChunk c[kMaxPvChunks];
+    bool valid() const { return t >= 0; }
+  };
+
+  // Appends the live chunks g of the compute block whose V starts at vp (P at slot `slot`).
+  void add_chunks(PvSegment* sg, const uint16_t* vp, Groups g, int slot) const {
+    for (int kc = g.lo; kc < g.hi; ++kc) {
+      sg->c[sg->n++] = {vp + static_cast<int64_t>(kc / kKeyChunks) * block_elems_, kc % kKeyChunks,
+                        slot * KB + kc * kTileDepth};
+    }
+  }
+
   // One (key block, row-tile pair) unit of the pipelined loop.
   struct Unit {
     int k0 = 0;
@@ -586,14 +618,23 @@ class BlockedExtend {
     return packed != nullptr ? unit_k(packed, sc, u) + k_elems_ : sc.v_packed;
   }
 
+  // A pair's units whose softmax has run and whose P . V waits for its segment to fill.
+  struct Pending {
+    int count = 0;
+    Unit u[kMaxPvBlocks];
+  };
+
   // The item's (block, pair) units as a software pipeline: step u issues the tile work of S(u + 1)
-  // and P . V(u - 1) in 4-dot micro-steps with the softmax rows of unit u between them, so that
-  // the vector units run the softmax while the tile unit works (a whole S pass issued before the
-  // softmax, as the plain loop does, leaves the out-of-order window full of waiting tile work).
-  // Units whose softmax needs masks (diagonal or partial blocks) run their softmax after the
-  // tile work of the step. P . V(u - 1) runs first, alone, when unit u is the same pair (its
-  // softmax rescales O rows P . V(u - 1) adds into); with per-item packing the pipeline drains at
-  // each block (the next block is packed into the same scratch).
+  // and of a ready P . V segment in 4-dot micro-steps with the softmax rows of unit u between them,
+  // so that the vector units run the softmax while the tile unit works (a whole S pass issued
+  // before the softmax, as the plain loop does, leaves the out-of-order window full of waiting
+  // tile work). A pair's P . V is deferred over pv_blocks_ of its units (their P side by side in
+  // its P rows; the O tiles loaded and stored once per segment) and becomes ready after the
+  // segment's last softmax or the pair's last unit. Units whose softmax needs masks (diagonal or
+  // partial blocks) run their softmax after the tile work of the step. A ready segment runs first,
+  // alone, when unit u is the same pair (its softmax rescales O rows the segment adds into); with
+  // per-item packing every unit is its own segment and the pipeline drains at each block (the next
+  // block is packed into the same scratch).
   void run_pipelined(const AmxScratch& sc, const int32_t* slots, int kv_head,
                      const uint16_t* packed, const TileKeys* tiles, int row_tiles,
                      const RowInfo* rows, int nr, int k_lo, int k_hi, float* const s_buf[2]) {
@@ -603,62 +644,71 @@ class BlockedExtend {
       stage_and_pack(slots + cur.k0, cur.n, kv_head, sc, sc.k_packed, sc.v_packed);
     int cur_buf = 0;
     scores_pair(sc, cur.t, s_buf[cur_buf], unit_k(packed, sc, cur), cur.g);
-    Unit prev;
+    Pending pending[kMaxRowTiles / 2];
+    PvSegment ready;
     while (cur.valid()) {
       const Unit next = next_unit(cur.k0, cur.t, tiles, row_tiles, k_hi);
       const bool repack = packed == nullptr && next.valid() && next.k0 != cur.k0;
-      if (prev.valid() && prev.t == cur.t) {
-        pv_pair(sc, prev.t, unit_v(packed, sc, prev), prev.g);
-        prev = Unit{};
+      if (ready.valid() && ready.t == cur.t) {
+        pv_segment(sc, ready);
+        ready = PvSegment{};
       }
       const Unit* s_next = next.valid() && !repack ? &next : nullptr;
       float* s_cur = s_buf[cur_buf];
       float* s_nxt = s_buf[cur_buf ^ 1];
       const uint16_t* kp_next = s_next ? unit_k(packed, sc, next) : nullptr;
-      const Unit* pv_unit = prev.valid() ? &prev : nullptr;
-      const uint16_t* vp_prev = prev.valid() ? unit_v(packed, sc, prev) : nullptr;
+      const PvSegment* pv = ready.valid() ? &ready : nullptr;
+      Pending& pend = pending[cur.t / 2];
+      const int slot = pend.count;
       if (cur.lean) {
         const float scale = pre_cap_ * post_cap_;
-        step_interleaved(sc, s_next, s_nxt, kp_next, pv_unit, vp_prev, [&](int i) {
-          softmax_row(sc, cur.t * kTileRows + i, s_cur + i * KB, scale);
+        step_interleaved(sc, s_next, s_nxt, kp_next, pv, [&](int i) {
+          softmax_row(sc, cur.t * kTileRows + i, s_cur + i * KB, scale, slot);
         });
       } else if (masked_rows_) {
-        step_interleaved(sc, s_next, s_nxt, kp_next, pv_unit, vp_prev, [&](int i) {
+        step_interleaved(sc, s_next, s_nxt, kp_next, pv, [&](int i) {
           softmax_row_masked(sc, cur.t * kTileRows + i, cur.k0, cur.n, rows, nr, s_cur + i * KB,
-                             cur.g);
+                             cur.g, slot);
         });
       } else {
         if (s_next != nullptr) scores_pair(sc, next.t, s_nxt, kp_next, next.g);
-        if (prev.valid()) pv_pair(sc, prev.t, vp_prev, prev.g);
+        if (pv != nullptr) pv_segment(sc, *pv);
         for (int half = 0; half < 2; ++half) {
           softmax_tile(sc, cur.t + half, cur.k0, cur.n, rows, nr, s_cur + half * kTileRows * KB,
-                       cur.g);
+                       cur.g, slot);
         }
       }
+      ready = PvSegment{};
+      pend.u[pend.count++] = cur;
+      const bool pair_done = std::max(tiles[cur.t].any_hi, tiles[cur.t + 1].any_hi) <= cur.k0 + KB;
+      if (pend.count == pv_blocks_ || pair_done || packed == nullptr) {
+        ready.t = cur.t;
+        for (int e = 0; e < pend.count; ++e) {
+          add_chunks(&ready, unit_v(packed, sc, pend.u[e]), pend.u[e].g, e);
+        }
+        pend.count = 0;
+      }
       if (repack) {
-        pv_pair(sc, cur.t, unit_v(packed, sc, cur), cur.g);
-        prev = Unit{};
+        pv_segment(sc, ready);
+        ready = PvSegment{};
         stage_and_pack(slots + next.k0, next.n, kv_head, sc, sc.k_packed, sc.v_packed);
         scores_pair(sc, next.t, s_nxt, sc.k_packed, next.g);
-      } else {
-        prev = cur;
       }
       cur = next;
       cur_buf ^= 1;
     }
-    if (prev.valid()) pv_pair(sc, prev.t, unit_v(packed, sc, prev), prev.g);
+    if (ready.valid()) pv_segment(sc, ready);
   }
 
-  // One pipeline step: S of unit s_unit (nullptr: none) into s_dst from K at kp, P . V of unit
-  // pv_unit (nullptr: none) from V at vp, each over its live groups, and the softmax of the 32
-  // rows of the current pair, row(i) for its row i, the rows spread evenly between the 4-dot
-  // micro-steps.
+  // One pipeline step: S of unit s_unit (nullptr: none) into s_dst from K at kp, P . V of segment
+  // pv (nullptr: none), each over its live groups, and the softmax of the 32 rows of the current
+  // pair, row(i) for its row i, the rows spread evenly between the 4-dot micro-steps.
   template <class RowFn>
   void step_interleaved(const AmxScratch& sc, const Unit* s_unit, float* s_dst, const uint16_t* kp,
-                        const Unit* pv_unit, const uint16_t* vp, RowFn&& row) {
+                        const PvSegment* pv, RowFn&& row) {
     const int dc = dp_ / kTileDepth;
     const int s_steps = s_unit != nullptr ? (s_unit->g.hi - s_unit->g.lo) * dc : 0;
-    const int pv_chunks = pv_unit != nullptr ? pv_unit->g.hi - pv_unit->g.lo : 0;
+    const int pv_chunks = pv != nullptr ? pv->n : 0;
     const int pv_steps = (dvp_ / kTileDepth) * pv_chunks;
     const int total = s_steps + pv_steps;
     int done = 0;
@@ -667,7 +717,7 @@ class BlockedExtend {
         scores_micro(sc, s_unit->t, s_dst, kp, s_unit->g.lo + i / dc, i % dc, dc);
       } else {
         const int j = i - s_steps;
-        pv_micro(sc, pv_unit->t, vp, j / pv_chunks, pv_unit->g.lo + j % pv_chunks, pv_unit->g);
+        pv_micro(sc, *pv, j / pv_chunks, j % pv_chunks);
       }
       const int target = (i + 1) * kPairRows / total;
       for (; done < target; ++done) row(done);
@@ -709,33 +759,32 @@ class BlockedExtend {
     }
   }
 
-  // Key chunk kc of P . V pass `pass` (O column tiles 2 pass, 2 pass + 1) of pair t over the
-  // chunks of g: loads the O tiles at its first chunk, stores them after its last.
-  void pv_micro(const AmxScratch& sc, int t, const uint16_t* vp, int pass, int kc, Groups g) {
+  // Chunk i of P . V pass `pass` (O column tiles 2 pass, 2 pass + 1) of segment sg: loads the
+  // O tiles at its first chunk, stores them after its last.
+  void pv_micro(const AmxScratch& sc, const PvSegment& sg, int pass, int i) {
     const int o_stride = dvp_ * static_cast<int>(sizeof(float));
-    constexpr int kPStride = KB * sizeof(uint16_t);
+    const int p_bytes = p_stride_ * static_cast<int>(sizeof(uint16_t));
     const int j = 2 * pass;
-    float* o0j = sc.o + static_cast<int64_t>(t) * kTileRows * dvp_ + j * kTileCols;
+    float* o0j = sc.o + static_cast<int64_t>(sg.t) * kTileRows * dvp_ + j * kTileCols;
     float* o1j = o0j + static_cast<int64_t>(kTileRows) * dvp_;
-    const uint16_t* p0 = sc.p + static_cast<int64_t>(t) * kTileRows * KB;
-    const uint16_t* p1 = p0 + kTileRows * KB;
-    if (kc == g.lo) {
+    const PvChunk& ch = sg.c[i];
+    const uint16_t* p0 = p_at(sc, sg.t * kTileRows, 0) + ch.p_col;
+    const uint16_t* p1 = p0 + static_cast<int64_t>(kTileRows) * p_stride_;
+    if (i == 0) {
       tile_load<0>(o0j, o_stride);
       tile_load<1>(o0j + kTileCols, o_stride);
       tile_load<2>(o1j, o_stride);
       tile_load<3>(o1j + kTileCols, o_stride);
     }
-    const uint16_t* vb = vp + static_cast<int64_t>(kc / kKeyChunks) * block_elems_;
-    const int kcl = kc % kKeyChunks;
-    tile_load<4>(p0 + kc * kTileDepth, kPStride);
-    tile_load<6>(v_tile(vb, kcl, j), kTileRowBytes);
+    tile_load<4>(p0, p_bytes);
+    tile_load<6>(v_tile(ch.vb, ch.kcl, j), kTileRowBytes);
     tile_dpbf16ps<0, 4, 6>();
-    tile_load<7>(v_tile(vb, kcl, j + 1), kTileRowBytes);
+    tile_load<7>(v_tile(ch.vb, ch.kcl, j + 1), kTileRowBytes);
     tile_dpbf16ps<1, 4, 7>();
-    tile_load<5>(p1 + kc * kTileDepth, kPStride);
+    tile_load<5>(p1, p_bytes);
     tile_dpbf16ps<2, 5, 6>();
     tile_dpbf16ps<3, 5, 7>();
-    if (kc == g.hi - 1) {
+    if (i == sg.n - 1) {
       tile_store<0>(o0j, o_stride);
       tile_store<1>(o0j + kTileCols, o_stride);
       tile_store<2>(o1j, o_stride);
@@ -745,7 +794,7 @@ class BlockedExtend {
 
   // softmax_tile_full for one row r (scores at s_row, raw): the same arithmetic, with the row's
   // max update done in scalar (raised only past kRescaleThreshold, as update_max does).
-  void softmax_row_full(const AmxScratch& sc, int r, const float* s_row, float scale) {
+  void softmax_row_full(const AmxScratch& sc, int r, const float* s_row, float scale, int slot) {
     constexpr int kVecs = KB / V::kWidth;
     V::F mx = V::load(s_row);
     for (int v = 1; v < kVecs; ++v) mx = V::max(mx, V::load(s_row + v * V::kWidth));
@@ -759,7 +808,7 @@ class BlockedExtend {
     }
     const V::F scale_vec = V::set1(scale);
     const V::F neg_m = V::set1(-sc.m[r]);
-    uint16_t* p_row = sc.p + static_cast<int64_t>(r) * KB;
+    uint16_t* p_row = p_at(sc, r, slot);
     V::F sum = V::zero();
     for (int v = 0; v < kVecs; v += 2) {
       const V::F e0 = exp2_finite(V::fma(V::load(s_row + v * V::kWidth), scale_vec, neg_m));
@@ -768,20 +817,20 @@ class BlockedExtend {
       _mm512_storeu_si512(p_row + v * V::kWidth, bf16x32<kNativeBf16>(e0, e1));
     }
     sc.l[r] = sc.l[r] * alpha + V::reduce_add(sum);
-    if (alpha != 1.f) rescale_o_row(sc, r, alpha);
+    if (alpha != 1.f) rescale_row(sc, r, slot, alpha);
   }
 
   // softmax_row_full with the max pass folded into the exp pass (default; ATTNKIT_AMX_SOFTMAX=0
   // keeps softmax_row_full): P is computed against the row's current running max while the block
   // max is tracked; only when the block max exceeds it by more than kRescaleThreshold (a row's
   // first block, or a rare jump) is the row redone by softmax_row_full. Degree-3 exp2.
-  void softmax_row_fast(const AmxScratch& sc, int r, const float* s_row, float scale) {
+  void softmax_row_fast(const AmxScratch& sc, int r, const float* s_row, float scale, int slot) {
     constexpr int kVecs = KB / V::kWidth;
     const float m_old = sc.m[r];
-    if (m_old == kNegInf) return softmax_row_full(sc, r, s_row, scale);
+    if (m_old == kNegInf) return softmax_row_full(sc, r, s_row, scale, slot);
     const V::F scale_vec = V::set1(scale);
     const V::F neg_m = V::set1(-m_old);
-    uint16_t* p_row = sc.p + static_cast<int64_t>(r) * KB;
+    uint16_t* p_row = p_at(sc, r, slot);
     V::F sum = V::zero();
     V::F mx = V::set1(kNegInf);
     for (int v = 0; v < kVecs; v += 2) {
@@ -794,13 +843,13 @@ class BlockedExtend {
       _mm512_storeu_si512(p_row + v * V::kWidth, bf16x32<kNativeBf16>(e0, e1));
     }
     // mx is the block max minus the running max (log2 units).
-    if (V::reduce_max(mx) > kRescaleThreshold) return softmax_row_full(sc, r, s_row, scale);
+    if (V::reduce_max(mx) > kRescaleThreshold) return softmax_row_full(sc, r, s_row, scale, slot);
     sc.l[r] += V::reduce_add(sum);
   }
 
-  void softmax_row(const AmxScratch& sc, int r, const float* s_row, float scale) {
-    if (fast_softmax_) return softmax_row_fast(sc, r, s_row, scale);
-    softmax_row_full(sc, r, s_row, scale);
+  void softmax_row(const AmxScratch& sc, int r, const float* s_row, float scale, int slot) {
+    if (fast_softmax_) return softmax_row_fast(sc, r, s_row, scale, slot);
+    softmax_row_full(sc, r, s_row, scale, slot);
   }
 
   // finalize_rows for one bf16 output row, 16 columns per conversion (v_head_dim % 16 == 0).
@@ -979,10 +1028,26 @@ class BlockedExtend {
     V::store(m_tile, m_new);
   }
 
-  void rescale_o_row(const AmxScratch& sc, int r, float alpha) {
-    float* o_row = sc.o + static_cast<int64_t>(r) * dvp_;
+  // Row r of P at slot `slot` of its pair's P . V segment (the slot's compute block of keys).
+  uint16_t* p_at(const AmxScratch& sc, int r, int slot) const {
+    return sc.p + static_cast<int64_t>(r) * p_stride_ + slot * KB;
+  }
+
+  // Row r's max was raised (alpha = 2^(old - new)) while its softmax filled `slot` of its pair's
+  // segment: its O row and the P of the segment's earlier slots, whose P . V is still to come, are
+  // relative to the old max. Both are scaled (the P in bf16: one more rounding of those entries).
+  void rescale_row(const AmxScratch& sc, int r, int slot, float alpha) {
     const V::F a = V::set1(alpha);
+    float* o_row = sc.o + static_cast<int64_t>(r) * dvp_;
     for (int d = 0; d < dvp_; d += V::kWidth) V::store(o_row + d, V::mul(V::load(o_row + d), a));
+    uint16_t* p_row = p_at(sc, r, 0);
+    for (int j = 0; j < slot * KB; j += V::kWidth) {
+      auto* bits = reinterpret_cast<__m256i*>(p_row + j);
+      constexpr int kBf16Shift = 16;
+      const V::F x = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(bits)), kBf16Shift));
+      _mm256_storeu_si256(bits, bf16x16<kNativeBf16>(V::mul(x, a)));
+    }
   }
 
   // Online softmax of score row r (keys k0 .. k0 + n; scores at s_row, overwritten with the capped
@@ -992,7 +1057,7 @@ class BlockedExtend {
   // rescaled when it was. softmax_tile runs it on the 16 rows of a tile; the pipelined loop's
   // masked units spread it between their tile micro-steps (ExtendWork::masked_rows).
   void softmax_row_masked(const AmxScratch& sc, int r, int k0, int n, const RowInfo* rows, int nr,
-                          float* s_row, Groups g) {
+                          float* s_row, Groups g, int slot) {
     constexpr int kVecsPerGroup = kTileDepth / V::kWidth;
     const int v_lo = g.lo * kVecsPerGroup;
     const int v_hi = g.hi * kVecsPerGroup;
@@ -1015,7 +1080,7 @@ class BlockedExtend {
       alpha = _mm512_cvtss_f32(V::exp2(V::set1(m_old - b_max)));
       sc.m[r] = b_max;
     }
-    uint16_t* p_row = sc.p + static_cast<int64_t>(r) * KB;
+    uint16_t* p_row = p_at(sc, r, slot);
     if (j_hi == j_lo) {
       std::fill(p_row + v_lo * V::kWidth, p_row + v_hi * V::kWidth, uint16_t{0});
       return;
@@ -1029,21 +1094,21 @@ class BlockedExtend {
                           bf16x16<kNativeBf16>(e));
     }
     sc.l[r] = sc.l[r] * alpha + V::reduce_add(sum);
-    if (alpha != 1.f) rescale_o_row(sc, r, alpha);
+    if (alpha != 1.f) rescale_row(sc, r, slot, alpha);
   }
 
   // Online softmax of the 16 score rows of tile t (keys k0 .. k0 + n, the groups g), row by row.
   void softmax_tile(const AmxScratch& sc, int t, int k0, int n, const RowInfo* rows, int nr,
-                    float* s, Groups g) {
+                    float* s, Groups g, int slot) {
     for (int i = 0; i < kTileRows; ++i) {
-      softmax_row_masked(sc, t * kTileRows + i, k0, n, rows, nr, s + i * KB, g);
+      softmax_row_masked(sc, t * kTileRows + i, k0, n, rows, nr, s + i * KB, g, slot);
     }
   }
 
   // softmax_tile for a block every row of tile t sees in full, without soft-cap: the raw scores
   // are only scanned for their max (score_scale > 0 keeps the order), and each probability is one
   // FMA (scale, subtract the max) and one exp2 from the raw score; no masks.
-  void softmax_tile_full(const AmxScratch& sc, int t, const float* s) {
+  void softmax_tile_full(const AmxScratch& sc, int t, const float* s, int slot) {
     constexpr int kVecs = KB / V::kWidth;
     static_assert(kVecs % 2 == 0, "probabilities are converted to bf16 32 at a time");
     const float scale = pre_cap_ * post_cap_;  // score_scale * log2(e)
@@ -1062,7 +1127,7 @@ class BlockedExtend {
     float* l_tile = sc.l + t * kTileRows;
     for (int i = 0; i < kTileRows; ++i) {
       const int r = t * kTileRows + i;
-      uint16_t* p_row = sc.p + static_cast<int64_t>(r) * KB;
+      uint16_t* p_row = p_at(sc, r, slot);
       const float* s_row = s + i * KB;
       const V::F neg_m = V::set1(-m_tile[i]);
       V::F sum = V::zero();
@@ -1073,51 +1138,27 @@ class BlockedExtend {
         _mm512_storeu_si512(p_row + v * V::kWidth, bf16x32<kNativeBf16>(e0, e1));
       }
       l_tile[i] = l_tile[i] * alpha[i] + V::reduce_add(sum);
-      if (alpha[i] != 1.f) rescale_o_row(sc, r, alpha[i]);
+      if (alpha[i] != 1.f) rescale_row(sc, r, slot, alpha[i]);
     }
   }
 
-  // O rows of tiles t, t + 1 += P . V over the key block: 2 x 2 O tiles per pass.
+  // O rows of tiles t, t + 1 += P . V over the key block (P at slot 0): 2 x 2 O tiles per pass.
   void pv_pair(const AmxScratch& sc, int t, const uint16_t* vp, Groups g) {
     if constexpr (kTiles) {
-      pv_pair_tiles(sc, t, vp, g);
+      PvSegment sg;
+      sg.t = t;
+      add_chunks(&sg, vp, g, 0);
+      pv_segment(sc, sg);
     } else {
       pv_pair_blocks(sc, t, vp, g);
     }
   }
 
-  // pv_pair on tiles.
-  void pv_pair_tiles(const AmxScratch& sc, int t, const uint16_t* vp, Groups g) {
-    const int col_tiles = dvp_ / kTileCols;
-    const int o_stride = dvp_ * static_cast<int>(sizeof(float));
-    constexpr int kPStride = KB * sizeof(uint16_t);
-    float* o0 = sc.o + static_cast<int64_t>(t) * kTileRows * dvp_;
-    float* o1 = o0 + static_cast<int64_t>(kTileRows) * dvp_;
-    const uint16_t* p0 = sc.p + static_cast<int64_t>(t) * kTileRows * KB;
-    const uint16_t* p1 = p0 + kTileRows * KB;
-    for (int j = 0; j < col_tiles; j += 2) {
-      float* o0j = o0 + j * kTileCols;
-      float* o1j = o1 + j * kTileCols;
-      tile_load<0>(o0j, o_stride);
-      tile_load<1>(o0j + kTileCols, o_stride);
-      tile_load<2>(o1j, o_stride);
-      tile_load<3>(o1j + kTileCols, o_stride);
-      for (int kc = g.lo; kc < g.hi; ++kc) {
-        const uint16_t* vb = vp + static_cast<int64_t>(kc / kKeyChunks) * block_elems_;
-        const int kcl = kc % kKeyChunks;
-        tile_load<4>(p0 + kc * kTileDepth, kPStride);
-        tile_load<6>(v_tile(vb, kcl, j), kTileRowBytes);
-        tile_dpbf16ps<0, 4, 6>();
-        tile_load<7>(v_tile(vb, kcl, j + 1), kTileRowBytes);
-        tile_dpbf16ps<1, 4, 7>();
-        tile_load<5>(p1 + kc * kTileDepth, kPStride);
-        tile_dpbf16ps<2, 5, 6>();
-        tile_dpbf16ps<3, 5, 7>();
-      }
-      tile_store<0>(o0j, o_stride);
-      tile_store<1>(o0j + kTileCols, o_stride);
-      tile_store<2>(o1j, o_stride);
-      tile_store<3>(o1j + kTileCols, o_stride);
+  // O rows of pair sg.t += P . V over the segment's chunks on tiles: per pass of 2 x 2 O tiles,
+  // one O load and store for the whole segment.
+  void pv_segment(const AmxScratch& sc, const PvSegment& sg) {
+    for (int pass = 0; pass < dvp_ / kTileDepth; ++pass) {
+      for (int i = 0; i < sg.n; ++i) pv_micro(sc, sg, pass, i);
     }
   }
 
@@ -1175,7 +1216,7 @@ class BlockedExtend {
   void pv_cols(const AmxScratch& sc, int t, const uint16_t* vp, int j0, Groups g) {
     static_assert(kPairRows % kR == 0);
     float* o = sc.o + static_cast<int64_t>(t) * kTileRows * dvp_;
-    const uint16_t* pr = sc.p + static_cast<int64_t>(t) * kTileRows * KB;
+    const uint16_t* pr = p_at(sc, t * kTileRows, 0);
     // Consecutive key chunks of one column tile are dvp / 16 tiles apart.
     const int64_t chunk_stride = static_cast<int64_t>(dvp_ / kTileCols) * kTileRows * kTileDepth;
     for (int r0 = 0; r0 < kPairRows; r0 += kR) {
@@ -1194,8 +1235,8 @@ class BlockedExtend {
         const uint16_t* vb = vp + static_cast<int64_t>(blk) * block_elems_;
         const uint16_t* b[kJ];
         for (int j = 0; j < kJ; ++j) b[j] = v_tile(vb, c0, j0 + j);
-        products<kR, kJ>(pr + r0 * KB + blk * kAmxKeyBlock + c0 * kTileDepth, KB, b, chunk_stride,
-                         c1 - c0, acc);
+        products<kR, kJ>(pr + r0 * p_stride_ + blk * kAmxKeyBlock + c0 * kTileDepth, p_stride_, b,
+                         chunk_stride, c1 - c0, acc);
       }
       for (int r = 0; r < kR; ++r) {
         for (int j = 0; j < kJ; ++j) {
@@ -1221,6 +1262,8 @@ class BlockedExtend {
   const bool masked_rows_;      // masked units' softmax rows interleaved (ExtendWork::masked_rows)
   const bool stream_output_;    // bf16 output rows by streaming stores (kStreamOutputBytes)
   const int64_t q_elem_bytes_;  // bytes of one q element (act_dtype)
+  const int pv_blocks_;         // compute blocks per P . V segment of the pipelined loop
+  const int p_stride_;          // elements per P row: pv_blocks_ compute blocks
 };
 
 template <class S, int KB, Products kProducts>
@@ -1244,7 +1287,8 @@ void run(const CpuAttentionParams& p, const ExtendWork& w, const ThreadScratch& 
     const int tid = 0;
 #endif
     const AmxScratch sc = carve(ts, tid, lay);
-    BlockedExtend<S, KB, kProducts> kernel(p, w.fast_softmax, w.masked_rows, stream_output);
+    BlockedExtend<S, KB, kProducts> kernel(p, w.fast_softmax, w.masked_rows, stream_output,
+                                           w.pv_blocks);
     const unsigned mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | kMxcsrFtzDaz);
     if constexpr (kTiles) load_tile_config();
