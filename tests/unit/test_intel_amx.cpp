@@ -658,17 +658,25 @@ TEST_P(IntelAmxTargeted, AmxPackingModes) {
 // scores scaled by 4 (bf16 KV read in place, the lean and the masked units, 1 and 2 threads), the
 // rows' running max grows by more than 2^8 after their first block, so the P of the segment's
 // earlier blocks, still waiting for P . V, must be rescaled with O (rescale_row; without it this
-// test's rel_l2 is 8-16). The tile kernel's switch only.
+// test's rel_l2 is 8-16). single_pair: items of one row pair (3 tokens, one q head per kv head)
+// over 903 keys, so a pair's next unit follows its ready segment at once and the segment must run
+// first, alone (run_pipelined's same-pair flush), at 2 and 4 blocks per segment. The tile
+// kernel's switch only.
 TEST_P(IntelAmxTargeted, DeferredPvRescalesPendingProbabilities) {
   if (GetParam() != CpuIsa::kAmx) GTEST_SKIP() << "ATTNKIT_AMX_PV_BLOCKS is the AMX kernel's";
-  CaseSpec c = make_case("sharp_deferred", ForwardMode::kExtend, 16, {520, 0}, {90, 700});
-  for (const char* pv : {"1", "2", "4"}) {
-    SCOPED_TRACE(std::string("ATTNKIT_AMX_PV_BLOCKS=") + pv);
-    ScopedEnv blocks("ATTNKIT_AMX_PV_BLOCKS", pv);
-    for (int threads : {1, 2}) {
-      expect_matches_reference(c, GetParam(), true, threads, nullptr, [](PreparedCase& pc) {
-        for (harness::LayerData& ld : pc.layers) ld.layer.scaling = 4.f;
-      });
+  const CaseSpec cases[] = {
+      make_case("sharp_deferred", ForwardMode::kExtend, 16, {520, 0}, {90, 700}),
+      make_case("single_pair", ForwardMode::kExtend, 16, {900, 5}, {3, 600}, 8, 8)};
+  for (const CaseSpec& c : cases) {
+    SCOPED_TRACE(c.name);
+    for (const char* pv : {"1", "2", "4"}) {
+      SCOPED_TRACE(std::string("ATTNKIT_AMX_PV_BLOCKS=") + pv);
+      ScopedEnv blocks("ATTNKIT_AMX_PV_BLOCKS", pv);
+      for (int threads : {1, 2}) {
+        expect_matches_reference(c, GetParam(), true, threads, nullptr, [](PreparedCase& pc) {
+          for (harness::LayerData& ld : pc.layers) ld.layer.scaling = 4.f;
+        });
+      }
     }
   }
 }

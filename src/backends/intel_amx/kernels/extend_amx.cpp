@@ -254,8 +254,8 @@ struct AmxScratch {
   uint16_t* k_packed;  // [dp / 32][kKeyTiles] tiles of [16 dword rows][16 keys]
   uint16_t* v_stage;   // [kAmxKeyBlock, dvp], dvp = Dv rounded up to 32
   uint16_t* v_packed;  // [kKeyChunks][dvp / 16] tiles of [16 key pairs][16 columns x 2]
-  float* s;            // [2][32, kAmxKeyBlock]
-  uint16_t* p;         // [kAmxRowsPerItem, kAmxKeyBlock]
+  float* s;            // [2][32, KB] (KB <= kAmxMaxKeyBlock)
+  uint16_t* p;         // [kAmxRowsPerItem, p_stride_] (p_stride_ <= kAmxPvKeys)
   float* o;            // [kAmxRowsPerItem, dvp]
   float* m;            // [kAmxRowsPerItem]
   float* l;            // [kAmxRowsPerItem]
