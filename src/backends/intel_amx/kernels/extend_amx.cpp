@@ -1042,11 +1042,9 @@ class BlockedExtend {
     for (int d = 0; d < dvp_; d += V::kWidth) V::store(o_row + d, V::mul(V::load(o_row + d), a));
     uint16_t* p_row = p_at(sc, r, 0);
     for (int j = 0; j < slot * KB; j += V::kWidth) {
-      auto* bits = reinterpret_cast<__m256i*>(p_row + j);
-      constexpr int kBf16Shift = 16;
-      const V::F x = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(bits)), kBf16Shift));
-      _mm256_storeu_si256(bits, bf16x16<kNativeBf16>(V::mul(x, a)));
+      const V::F x = V::template load_as<StoreBf16>(p_row + j);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_row + j),
+                          bf16x16<kNativeBf16>(V::mul(x, a)));
     }
   }
 
