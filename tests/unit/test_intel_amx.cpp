@@ -681,6 +681,18 @@ TEST_P(IntelAmxTargeted, DeferredPvRescalesPendingProbabilities) {
   }
 }
 
+// Sharp scores (x 4) on every path: the rows of masked units (causal diagonal blocks, a pair's last
+// unit) often see a block max past their running max by more than the rescale threshold, so their
+// O rows and sums are rescaled there (softmax_row_masked) on the tiles and the register blocks.
+TEST_P(IntelAmxTargeted, SharpScoresOnMaskedUnits) {
+  const CaseSpec c = make_case("sharp_masked", ForwardMode::kExtend, 16, {520, 0}, {90, 700});
+  for (int threads : {1, 2}) {
+    expect_matches_reference(c, GetParam(), true, threads, nullptr, [](PreparedCase& pc) {
+      for (harness::LayerData& ld : pc.layers) ld.layer.scaling = 4.f;
+    });
+  }
+}
+
 // The AMX decode (default on the amx path) on what it takes in place and what it stages: page 16
 // (16-key tiles straight from the pool), page 1 and 24 (tiles across pages: staged), a window
 // whose first key is not on a tile boundary, soft-cap, GQA 8 at d 64 and d 256, a split long
