@@ -9,8 +9,14 @@
 //   mode 0 (block S, rows beside S and P . V micro-steps)   tiles 1.38-1.57, softmax 0.67-0.76,
 //                                                           together 2.18-2.46 (the sum)
 //   ALU=1 (an exp2 without FMA-unit operations, below)      softmax 0.89-1.01, together 2.22-2.63
-//   SMALL=1 (every tile operand from one L1-hot 4 KiB)      tiles 1.07-1.47, together 1.47-1.71,
-//                                                           ALU=1 1.66-1.96: partly hidden
+//   SMALL=1 (every tile operand from one L1-hot 4 KiB)      tiles 1.07-1.47, together 1.47-1.82,
+//                                                           ALU=1 1.66-1.96: still 0.45-0.65 of
+//                                                           the softmax's 0.73 added
+//   HQ / HK / HP / HV / HO=1 (that operand stream L1-hot)   one at a time 2.04-2.34, the S side
+//                                                           (HQ HK) 2.29-2.32, the P . V side
+//                                                           (HP HV HO) 1.99-2.03 with tiles
+//                                                           1.26-1.31, all five 1.77-1.82 with
+//                                                           tiles 1.15-1.17: the sum throughout
 //   NOSST=1 (no S tile stores) / NOPST=1 (no P stores)      tiles 1.38-1.41, together 1.97-1.99 /
 //                                                           together 2.30: still the sum
 //   mode 1 (32-key S ring, rows per chunk beside the pass)  2.10-2.32, 4-5% under mode 0 in the
@@ -19,8 +25,8 @@
 //                                                           same runs (tiles 1.51-1.53)
 //   CHECK=1: the FMA-free exp2's error over [LO, 8]         max rel 1.2e-3, rms 6e-4 (LO=-100)
 //
-// So with the tile operands streaming from L2 the softmax does not hide behind the tiles, whatever
-// vector units its exp2 uses; with them in L1 it partly does (docs/perf/amx_notes.md "Session 84").
+// So the lean softmax rows add nearly their whole time to the tile work whatever its exp2 is made
+// of and wherever the tile operands come from (docs/perf/amx_notes.md "Session 84").
 // Build: g++ -O2 -mamx-tile -mamx-bf16 -mavx512f -mavx512bf16 -mavx512dq -o um <this file>
 // Run: ./um MODE, with the switches above in the environment (NOSM / NOTILE: one side alone).
 #include <immintrin.h>
@@ -53,7 +59,7 @@ alignas(4096) static float sring[2][32 * 32];      // 32-key S ring (mode 1)
 alignas(4096) static uint16_t pbuf[8][32 * 128];   // P per pair
 alignas(4096) static float obuf[8][32 * 128];      // O per pair
 static float mrow[8][32], lrow[8][32];
-static bool g_alu, g_nopst, g_nosst, g_small, g_nosm, g_notile;
+static bool g_alu, g_nopst, g_nosst, g_small, g_nosm, g_notile, g_hq, g_hk, g_hp, g_hv, g_ho;
 static int g_redo;
 static __m512i g_sink;
 
@@ -162,10 +168,12 @@ static inline void s_step(const uint16_t* q0, int kt, int c) {
     kt = 0;
     c = 0;
   }
+  if (g_hq) q0 = qall + (c & 1) * 64;
+  const int kk = g_hk ? (c & 1) * 2 : c * 8 + kt;
   _tile_loadd(4, q0 + c * 32, 256);
-  _tile_loadd(6, kblk + (c * 8 + kt) * 512, 64);
+  _tile_loadd(6, kblk + kk * 512, 64);
   _tile_dpbf16ps(0, 4, 6);
-  _tile_loadd(7, kblk + (c * 8 + kt + 1) * 512, 64);
+  _tile_loadd(7, kblk + (kk + 1) * 512, 64);
   _tile_dpbf16ps(1, 4, 7);
   _tile_loadd(5, q0 + 16 * 128 + c * 32, 256);
   _tile_dpbf16ps(2, 5, 6);
@@ -185,7 +193,7 @@ static inline void pv_step(int pr, int i, int j) {
     j = 0;
     if (i != 0 && i != 3) i = 1;
   }
-  float* o0 = obuf[pr] + j * 32;
+  float* o0 = obuf[g_ho ? 0 : pr] + (g_ho ? 0 : j * 32);
   float* o1 = o0 + 16 * 128;
   if (i == 0) {
     _tile_loadd(0, o0, 512);
@@ -193,12 +201,14 @@ static inline void pv_step(int pr, int i, int j) {
     _tile_loadd(2, o1, 512);
     _tile_loadd(3, o1 + 16, 512);
   }
-  _tile_loadd(4, pbuf[pr] + i * 32, 256);
-  _tile_loadd(6, vblk + (i * 8 + 2 * j) * 512, 64);
+  const uint16_t* pp = g_hp ? pbuf[0] + (i & 1) * 32 : pbuf[pr] + i * 32;
+  const int vv = g_hv ? (i & 1) * 2 : i * 8 + 2 * j;
+  _tile_loadd(4, pp, 256);
+  _tile_loadd(6, vblk + vv * 512, 64);
   _tile_dpbf16ps(0, 4, 6);
-  _tile_loadd(7, vblk + (i * 8 + 2 * j + 1) * 512, 64);
+  _tile_loadd(7, vblk + (vv + 1) * 512, 64);
   _tile_dpbf16ps(1, 4, 7);
-  _tile_loadd(5, pbuf[pr] + 16 * 128 + i * 32, 256);
+  _tile_loadd(5, pp + 16 * 128, 256);
   _tile_dpbf16ps(2, 5, 6);
   _tile_dpbf16ps(3, 5, 7);
   if (i == 3) {
@@ -290,6 +300,11 @@ int main(int argc, char** argv) {
   g_small = getenv("SMALL") != nullptr;
   g_nosm = getenv("NOSM") != nullptr;
   g_notile = getenv("NOTILE") != nullptr;
+  g_hq = getenv("HQ") != nullptr;
+  g_hk = getenv("HK") != nullptr;
+  g_hp = getenv("HP") != nullptr;
+  g_hv = getenv("HV") != nullptr;
+  g_ho = getenv("HO") != nullptr;
   if (getenv("CHECK") != nullptr) {
     const double lo = getenv("LO") != nullptr ? atof(getenv("LO")) : -100.0;
     double worst = 0, sq = 0;

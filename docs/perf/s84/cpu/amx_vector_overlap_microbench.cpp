@@ -21,10 +21,9 @@
 //
 // So while the tile unit computes, the 512-bit FMA-unit operations (FMA, MUL, MAX, conversions
 // to float, SCALEF, ROUNDSCALE) wait for it, and the FADD, integer ALU and shuffle operations do
-// not. The extend kernel's lean softmax row is made of the first kind, but a model of the
-// kernel's unit (docs/perf/amx_notes.md "Session 84") shows a softmax without them hides no
-// better: with the tile operands coming from L2 the two add up either way, with them in L1 both
-// kinds hide partly.
+// not. The extend kernel's lean softmax row is made of the first kind; a model of the kernel's
+// unit (amx_unit_overlap_model.cpp) shows it adding nearly its whole time to the tile work, and a
+// row free of FMA-unit operations (more operations) doing the same.
 // Build: g++ -O2 -mamx-tile -mamx-bf16 -mavx512f -mavx512bf16 -o ov <this file>
 // Run: ./ov OP TILES (TILES 0: the vector work alone, 1: with 4 dots, 2: with 4 loads + 4 dots)
 #include <immintrin.h>
