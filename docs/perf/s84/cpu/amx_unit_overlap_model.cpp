@@ -27,8 +27,22 @@
 //
 // So the lean softmax rows add nearly their whole time to the tile work whatever its exp2 is made
 // of and wherever the tile operands come from (docs/perf/amx_notes.md "Session 84").
+//
+// Session 85 switches (same VM type; one core, taskset -c 0; docs/perf/amx_notes.md "Session 85"):
+//   NOFMA=1 (x = s - m by vaddps, the scale folded into q)  with ALU=1: softmax 0.94-0.96, together
+//                                                           2.69-2.73 (tiles 1.57)
+//   TAB=1 (with ALU NOFMA: 2^x from the 32-entry table     softmax 0.62-0.66, together 2.31-2.46
+//   alone, no residual: 6 operations, none on the FMA     (tiles 1.53-1.55): the sum or more;
+//   unit; max rel error 1.09%)                             CHECK=1 TAB=1: max rel 1.09e-2
+//   SRO=1 (rows read S from a separate read-only buffer)   together 2.49 (tiles 1.54, rows 0.65)
+//   + NOSST NOPST NOOST (no S, P or O stores at all)       tiles 1.10, rows 0.63, together 1.63;
+//                                                           the deg-3 rows 0.78, together 1.81
+//   + SMALL                                                tiles 0.91, rows 0.63, together 1.26
+// So a row without any FMA-unit operation still adds its time to the tile work; only with no
+// store anywhere and every operand L1-hot does a third of it overlap.
 // Build: g++ -O2 -mamx-tile -mamx-bf16 -mavx512f -mavx512bf16 -mavx512dq -o um <this file>
 // Run: ./um MODE, with the switches above in the environment (NOSM / NOTILE: one side alone).
+// Session 85 added NOFMA, TAB, SRO and NOOST.
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -59,6 +73,8 @@ alignas(4096) static float sring[2][32 * 32];      // 32-key S ring (mode 1)
 alignas(4096) static uint16_t pbuf[8][32 * 128];   // P per pair
 alignas(4096) static float obuf[8][32 * 128];      // O per pair
 static float mrow[8][32], lrow[8][32];
+static bool g_nofma, g_tab, g_noost, g_sro, g_noload;
+alignas(4096) static float sro[32 * 128];
 static bool g_alu, g_nopst, g_nosst, g_small, g_nosm, g_notile, g_hq, g_hk, g_hp, g_hv, g_ho;
 static int g_redo;
 static __m512i g_sink;
@@ -102,6 +118,13 @@ struct AluExp2 {
     absmask = _mm512_set1_epi32(0x7fffffff);
     signmask = _mm512_set1_epi32(INT32_MIN);
   }
+  // table only: 2^(n/32) with n = round(32 x); max rel error 1.09%.
+  __m512 tab_only(__m512 x) const {
+    const __m512 t = _mm512_add_ps(x, c5);
+    const __m512i k = _mm512_max_epi32(_mm512_castps_si512(t), kmin);
+    return _mm512_castsi512_ps(
+        _mm512_add_epi32(_mm512_permutex2var_epi32(tlo, k, thi), _mm512_slli_epi32(k, 18)));
+  }
   __m512 operator()(__m512 x) const {
     const __m512 t = _mm512_add_ps(x, c5);
     const __m512i k = _mm512_max_epi32(_mm512_castps_si512(t), kmin);
@@ -132,14 +155,25 @@ static inline void softmax_row(const float* s, int n, uint16_t* p, float m, floa
   __m512 mx = _mm512_set1_ps(-1e30f), sum = _mm512_setzero_ps();
   __m512i mxi = _mm512_set1_epi32(INT32_MIN);
   for (int v = 0; v < n; v += 32) {
-    const __m512 x0 = _mm512_fmadd_ps(_mm512_load_ps(s + v), sc, nm);
-    const __m512 x1 = _mm512_fmadd_ps(_mm512_load_ps(s + v + 16), sc, nm);
+    __m512 x0, x1;
+    if (g_nofma) {
+      x0 = _mm512_add_ps(_mm512_load_ps(s + v), nm);
+      x1 = _mm512_add_ps(_mm512_load_ps(s + v + 16), nm);
+    } else {
+      x0 = _mm512_fmadd_ps(_mm512_load_ps(s + v), sc, nm);
+      x1 = _mm512_fmadd_ps(_mm512_load_ps(s + v + 16), sc, nm);
+    }
     __m512 e0, e1;
     if (g_alu) {
       mxi =
           _mm512_max_epi32(mxi, _mm512_max_epi32(_mm512_castps_si512(x0), _mm512_castps_si512(x1)));
-      e0 = (*g_ex)(x0);
-      e1 = (*g_ex)(x1);
+      if (g_tab) {
+        e0 = g_ex->tab_only(x0);
+        e1 = g_ex->tab_only(x1);
+      } else {
+        e0 = (*g_ex)(x0);
+        e1 = (*g_ex)(x1);
+      }
     } else {
       mx = _mm512_max_ps(mx, _mm512_max_ps(x0, x1));
       e0 = exp2_deg3(x0);
@@ -211,7 +245,7 @@ static inline void pv_step(int pr, int i, int j) {
   _tile_loadd(5, pp + 16 * 128, 256);
   _tile_dpbf16ps(2, 5, 6);
   _tile_dpbf16ps(3, 5, 7);
-  if (i == 3) {
+  if (i == 3 && !g_noost) {
     _tile_stored(0, o0, 512);
     _tile_stored(1, o0 + 16, 512);
     _tile_stored(2, o1, 512);
@@ -228,7 +262,8 @@ static int s_with_rows(int pr, float* s, int prev, const float* sp, int row, int
     for (int c = 0; c < 4; ++c) {
       if (!g_notile) s_step(q0, kt, c);
       for (int k = 0; k < per_step && !g_nosm && row < 32; ++k, ++row) {
-        softmax_row(sp + row * 128, 128, pbuf[prev] + row * 128, mrow[prev][row], &lrow[prev][row]);
+        softmax_row(g_sro ? sro + row * 128 : sp + row * 128, 128, pbuf[prev] + row * 128,
+                    mrow[prev][row], &lrow[prev][row]);
       }
     }
     if (!g_notile) s_store(s, 128, kt * 16);
@@ -244,7 +279,8 @@ static void unit_block(int pr) {  // mode 0
     for (int i = 0; i < 4; ++i) {
       if (!g_notile) pv_step(prev, i, j);
       if (!g_nosm && row < 32) {
-        softmax_row(sp + row * 128, 128, pbuf[prev] + row * 128, mrow[prev][row], &lrow[prev][row]);
+        softmax_row(g_sro ? sro + row * 128 : sp + row * 128, 128, pbuf[prev] + row * 128,
+                    mrow[prev][row], &lrow[prev][row]);
         ++row;
       }
     }
@@ -295,6 +331,11 @@ int main(int argc, char** argv) {
   const AluExp2 ex;
   g_ex = &ex;
   g_alu = getenv("ALU") != nullptr;
+  g_nofma = getenv("NOFMA") != nullptr;
+  g_tab = getenv("TAB") != nullptr;
+  g_noost = getenv("NOOST") != nullptr;
+  g_sro = getenv("SRO") != nullptr;
+  for (int i = 0; i < 32 * 128; ++i) sro[i] = -0.001f * (i % 97);
   g_nopst = getenv("NOPST") != nullptr;
   g_nosst = getenv("NOSST") != nullptr;
   g_small = getenv("SMALL") != nullptr;
@@ -310,7 +351,8 @@ int main(int argc, char** argv) {
     double worst = 0, sq = 0;
     long n = 0;
     for (double xd = lo; xd <= 8.0; xd += 0.000731, ++n) {
-      const float got = _mm512_cvtss_f32(ex(_mm512_set1_ps(static_cast<float>(xd))));
+      const __m512 xv = _mm512_set1_ps(static_cast<float>(xd));
+      const float got = _mm512_cvtss_f32(getenv("TAB") ? ex.tab_only(xv) : ex(xv));
       const double want = exp2(static_cast<double>(static_cast<float>(xd)));
       const double rel = fabs(got - want) / want;
       sq += rel * rel;
