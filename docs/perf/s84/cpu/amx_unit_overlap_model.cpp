@@ -38,6 +38,10 @@
 //   + NOSST NOPST NOOST (no S, P or O stores at all)       tiles 1.10, rows 0.63, together 1.63;
 //                                                           the deg-3 rows 0.78, together 1.81
 //   + SMALL                                                tiles 0.91, rows 0.63, together 1.26
+//   NOSST / NOOST / NOPST / NOSST NOOST (degree-3 rows)    tiles 1.44-1.46 / 1.23-1.35 /
+//                                                           1.49-1.59 / 1.08 (every store:
+//                                                           1.46-1.58); together 2.08-2.14 /
+//                                                           2.15-2.16 / 2.34-2.38 / 1.75-1.77
 // So a row without any FMA-unit operation still adds its time to the tile work; only with no
 // store anywhere and every operand L1-hot does a third of it overlap.
 // Build: g++ -O2 -mamx-tile -mamx-bf16 -mavx512f -mavx512bf16 -mavx512dq -o um <this file>
