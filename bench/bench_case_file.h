@@ -61,6 +61,7 @@
 #include "attnkit/status.h"
 #include "bench_formulas.h"
 #include "bench_json.h"
+#include "harness/case_runner.h"
 
 namespace attnkit::bench {
 
@@ -126,7 +127,8 @@ inline const char* allowed_keys(BenchKind kind) {
 }
 
 // Integer parameter >= min_value.
-inline Status get_int(const Json& v, const std::string& where, int min_value, int* out) {
+inline Status get_int(const Json& v, const std::string& where, int min_value, int* out,
+                      int max_value = INT32_MAX) {
   if (!v.is_number_integer()) {
     return Status::invalid_argument(where + ": expected an integer >= " +
                                     std::to_string(min_value) + ", got " + json_excerpt(v));
@@ -134,10 +136,10 @@ inline Status get_int(const Json& v, const std::string& where, int min_value, in
   // Unsigned values past INT64_MAX would wrap negative as int64 (2^64 - 1 -> -1).
   const bool huge = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX);
   const int64_t x = huge ? int64_t{INT32_MAX} + 1 : v.get<int64_t>();
-  if (x < min_value || x > INT32_MAX) {
+  if (x < min_value || x > max_value) {
     return Status::invalid_argument(where + ": " + json_excerpt(v) +
                                     " is out of range (accepted: " + std::to_string(min_value) +
-                                    " to " + std::to_string(INT32_MAX) + ")");
+                                    " to " + std::to_string(max_value) + ")");
   }
   *out = static_cast<int>(x);
   return Status::ok();
@@ -163,14 +165,19 @@ struct ParseState {
   bool new_tokens_set = false;  // "new_tokens" given (exclusive with new_lens)
 };
 
+// The most requests a case-file point may hold: far above any serving batch, and small enough that
+// its per-request lengths are built before the harness's memory guard sees the point.
+inline constexpr int kMaxCaseFileBatch = 1 << 20;
+
 // Sets one parameter of `c` from a JSON value; `where` names it for messages ("sweep.batch[2]").
 inline Status apply_param(BenchCase* c, ParseState* state, const std::string& key, const Json& v,
                           const std::string& where) {
   if (key == "batch") {
     state->batch_set = true;
-    return get_int(v, where, 1, &c->batch);
+    // Bounded before the point's per-request vectors are built (2^31 requests took 16 GiB).
+    return get_int(v, where, 1, &c->batch, kMaxCaseFileBatch);
   }
-  if (key == "page_size") return get_int(v, where, 1, &c->page_size);
+  if (key == "page_size") return get_int(v, where, 1, &c->page_size, harness::kMaxCasePageSize);
   if (key == "q_heads") return get_int(v, where, 1, &c->q_heads);
   if (key == "kv_heads") return get_int(v, where, 1, &c->kv_heads);
   if (key == "head_dim") return get_int(v, where, 1, &c->head_dim);

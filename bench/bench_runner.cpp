@@ -394,6 +394,15 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
     r.message = std::string(stage) + ": " + s.to_string();
     return r;
   };
+  // A backend that refuses the case when it is created (a v_head_dim its kernels lack: rules the
+  // descriptor does not list, which skip_reason cannot see) is skipped like one whose descriptor
+  // says so, with its own message.
+  auto refused_or_failed = [&](const Status& s, const char* stage) {
+    if (s.code() != StatusCode::kUnsupported) return fail(s, stage);
+    r.status = CaseStatus::kSkipped;
+    r.message = s.message();
+    return r;
+  };
 
   if (settings.verify) {
     harness::PrepareOptions options;
@@ -401,7 +410,7 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
     Result<harness::PreparedCase> prepared = harness::prepare_case(spec, settings.device, options);
     if (!prepared) return fail(prepared.status(), "verify prepare_case");
     auto backend = harness::create_backend_for_case(descriptor, *prepared);
-    if (!backend) return fail(backend.status(), "verify create backend");
+    if (!backend) return refused_or_failed(backend.status(), "verify create backend");
     const Status run = harness::run_backend(**backend, *prepared, /*save_kv=*/false);
     if (!run.is_ok()) return fail(run, "verify run");
     Result<harness::Comparison> cmp = harness::compare_with_reference(*prepared);
@@ -449,7 +458,7 @@ CaseResult run_case(const BackendDescriptor& descriptor, const BenchCase& c,
   r.forwards_per_sample = settings.launches;
   r.timing = settings.launches > 1 ? "eager back-to-back" : "eager";
   auto backend = harness::create_backend_for_case(descriptor, *prepared);
-  if (!backend) return fail(backend.status(), "create backend");
+  if (!backend) return refused_or_failed(backend.status(), "create backend");
   Result<Timing> timing =
       time_forward(**backend, *prepared, settings.warmup, settings.iters, settings.launches);
   if (!timing) return fail(timing.status(), "timing");

@@ -93,11 +93,12 @@ Result<harness::CaseSpec> parse_case_spec_json(const std::string& text) {
       const auto ident = [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
       };
-      if (!v.is_string() || v.get<std::string>().empty() ||
-          !std::all_of(v.get<std::string>().begin(), v.get<std::string>().end(), ident)) {
+      // One copy of the string: begin() and end() of two temporaries would walk between them.
+      const std::string name = v.is_string() ? v.get<std::string>() : std::string();
+      if (name.empty() || !std::all_of(name.begin(), name.end(), ident)) {
         return bad(key, v, "a non-empty string of [A-Za-z0-9_]");
       }
-      spec.name = v.get<std::string>();
+      spec.name = name;
     } else if (key == "mode") {
       s = get_mode(key, v, &spec.mode);
     } else if (key == "page_size") {

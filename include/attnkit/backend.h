@@ -70,7 +70,10 @@ class AttentionBackend {
   // two parts that name different devices.
   virtual std::optional<Device> device() const { return std::nullopt; }
 
-  // Once per forward, before the layers run.
+  // Once per forward, before the layers run. The plan is made from the batch as it is now: its
+  // lengths, its request rows and the contents of its host arrays (spec.custom_mask included: a
+  // backend may plan a verify batch's tree from the mask bytes) stay as they are until the
+  // forward's layers have run; a batch changed in between needs a new init_forward_metadata.
   virtual Status init_forward_metadata(const ForwardBatch& batch) = 0;
   // q [T, Hq, Dqk], k [T, Hkv, Dqk], v [T, Hkv, Dv], out [T, Hq, Dv] (caller-allocated).
   // save_kv: write k/v at out_cache_loc first. k/v may be empty: everything is read from the pool.

@@ -92,7 +92,11 @@ class PageAllocator {
   // slots of the new tokens (concatenated in request order). last_loc[r] is the slot of the last
   // cached token (-1 when prefix_lens[r] == 0). The partial last page is filled first, then whole
   // new pages, then a new partial page. Running out is kOutOfMemory naming the counts; on error
-  // nothing is allocated.
+  // nothing is allocated. The allocator keeps no fill mark inside a page: the slots after
+  // last_loc in its page are handed out again on every call (what a caller rolling back rejected
+  // draft tokens relies on), so last_loc must be the request's current last token: a stale one
+  // from before an earlier call gives two requests, or two tokens, one slot (ForwardBatch::validate
+  // refuses that inside one batch on CPU pools).
   Result<std::vector<int64_t>> alloc_extend(std::span<const int32_t> prefix_lens,
                                             std::span<const int32_t> seq_lens,
                                             std::span<const int64_t> last_loc);

@@ -49,7 +49,11 @@ struct FeatureRow {
   bool multimodal = false;            // non-causal encoder attention
   bool chunked_prefix_cache = false;  // MLA
   std::vector<int> head_dims;         // qk head dims compiled in (empty = any)
-  bool fp8_e4m3_only = false;         // fp8 KV only as fp8_e4m3 (fa3, trtllm_mla, nsa)
+  // The qk head dims some build of the backend can compile (CMake ATTNKIT_HEAD_DIMS picks from
+  // them); empty: every build has head_dims. `attnkit select` for a device other than this one
+  // plans a head dim of this list that the binary lacks, and refuses one outside it.
+  std::vector<int> buildable_head_dims;
+  bool fp8_e4m3_only = false;  // fp8 KV only as fp8_e4m3 (fa3, trtllm_mla, nsa)
 };
 
 struct BackendDescriptor {

@@ -110,7 +110,7 @@ class Buffer {
   int64_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   // Contiguous view of the buffer; undefined (data == nullptr) when the shape needs more bytes than
-  // the buffer holds.
+  // the buffer holds or has a negative extent.
   TensorView view(DType dtype, std::initializer_list<int64_t> shape) const;
 
  private:

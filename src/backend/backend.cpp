@@ -498,11 +498,10 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
   // out and lse must not be views of the cache (the forward would overwrite cached k / v, any
   // layer's) or of the request table (its slots; a CPU kernel then read the pool at garbage
   // rows), nor of each other, the batch's index arrays (read as indices by later layers) or the
-  // forward's q / k / v (the GPU kernels read q tiles while other CTAs store results, and set_kv
-  // reads k / v), and no two of their elements may share an address (a stride-0 out kept only the
-  // last head's result).
-  // The bytes are those of the view's lowest to highest element: a negative stride walks below
-  // data.
+  // forward's q / k / v and the layer's sinks (the GPU kernels read q tiles while other CTAs store
+  // results, set_kv reads k / v, and a CPU kernel read sinks it had overwritten), and no two of
+  // their elements may share an address (a stride-0 out kept only the last head's result). The
+  // bytes are those of the view's lowest to highest element: a negative stride walks below data.
   const TensorView table =
       batch.req_to_token_pool != nullptr ? batch.req_to_token_pool->table() : TensorView();
   // The KV pool buffer under those bytes of t ("" if none); false when t's strides span more
@@ -541,7 +540,8 @@ Status validate_inputs(const TensorView& q, const TensorView& k, const TensorVie
                                             ": the forward would overwrite the batch's indices"));
       }
     }
-    for (const auto& [input, input_name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+    for (const auto& [input, input_name] :
+         {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&layer.sinks, "layer.sinks"}}) {
       if (t->overlaps(*input)) {
         return Status::invalid_argument(cat(
             name, " ", t->describe(), " overlaps ", input_name, " ", input->describe(),

@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/env_knob.h"
@@ -356,24 +357,28 @@ Status ForwardBatch::validate() const {
   // (as SGLang's scheduler writes both from one allocation). Another slot would overwrite a cached
   // token of some request and leave the row's own slot stale. Checked where out_cache_loc is in
   // host memory (CPU pools); a CUDA out_cache_loc has no host copy to compare.
+  // The row's columns of request r's new tokens: [first, first + n).
+  const auto new_columns = [&](int64_t r) {
+    int64_t first = encoder_of(r);
+    int64_t n = 1;
+    if (verify) {
+      first += seq_lens_host[r];
+      n = draft;
+    } else if (mode == ForwardMode::kDecode) {
+      first += seq_lens_host[r] - 1;
+    } else {
+      first += extend_prefix_lens_host[r];
+      n = extend_seq_lens_host[r];
+    }
+    return std::pair{first, n};
+  };
   if (out_cache_loc.defined() && out_cache_loc.device.is_cpu() && num_tokens > 0) {
     const int64_t* loc = out_cache_loc.data_as<int64_t>();
     const int64_t step = out_cache_loc.strides[0];
     int64_t t = 0;
     for (int64_t r = 0; r < bs; ++r) {
       const int32_t* row = req_to_token_pool->host_row(req_pool_indices_host[r]);
-      // The row's columns of the request's new tokens: [first, first + n).
-      int64_t first = encoder_of(r);
-      int64_t n = 1;
-      if (verify) {
-        first += seq_lens_host[r];
-        n = draft;
-      } else if (mode == ForwardMode::kDecode) {
-        first += seq_lens_host[r] - 1;
-      } else {
-        first += extend_prefix_lens_host[r];
-        n = extend_seq_lens_host[r];
-      }
+      const auto [first, n] = new_columns(r);
       for (int64_t i = 0; i < n; ++i, ++t) {
         const int64_t slot = loc[t * step];
         if (row != nullptr && slot != row[first + i]) {
@@ -384,6 +389,48 @@ Status ForwardBatch::validate() const {
         }
       }
     }
+  }
+  // No new token may take a slot that a request of the batch reads as a cached key: save_kv
+  // would overwrite that key (a row listing another request's cached slot as its new token's, the
+  // allocator given a stale last_loc) and the forward would read the new k / v in its place. One
+  // mark per pool row over the batch's keys: on CPU pools always (a pass over the keys is small
+  // beside the attention's work on them), on CUDA pools with ATTNKIT_CHECK_INDICES=1 (the host
+  // would scan every key of every layer). A slot cached by a request outside the batch cannot be
+  // seen here; the allocator's caller keeps those apart.
+  if (kv_pool != nullptr && num_tokens > 0 &&
+      (kv_pool->device().is_cpu() || check_indices_enabled())) {
+    const int64_t rows = kv_pool->rows();
+    thread_local std::vector<int32_t> taker;  // per pool row: 1 + the request whose new token
+    if (taker.size() < static_cast<size_t>(rows)) taker.resize(static_cast<size_t>(rows));
+    const auto in_pool = [rows](int64_t slot) { return slot >= 0 && slot < rows; };
+    const auto set_marks = [&](bool on) {
+      for (int64_t r = 0; r < bs; ++r) {
+        const int32_t* row = req_to_token_pool->host_row(req_pool_indices_host[r]);
+        const auto [first, n] = new_columns(r);
+        for (int64_t i = 0; row != nullptr && i < n; ++i) {
+          if (in_pool(row[first + i])) taker[static_cast<size_t>(row[first + i])] = on ? r + 1 : 0;
+        }
+      }
+    };
+    set_marks(true);
+    Status found = Status::ok();
+    for (int64_t r = 0; r < bs && found.is_ok(); ++r) {
+      const int32_t* row = req_to_token_pool->host_row(req_pool_indices_host[r]);
+      const int64_t cached = new_columns(r).first;
+      for (int64_t c = 0; row != nullptr && c < cached; ++c) {
+        if (!in_pool(row[c]) || taker[static_cast<size_t>(row[c])] == 0) continue;
+        const int32_t by = taker[static_cast<size_t>(row[c])] - 1;
+        found = Status::invalid_argument(
+            cat("ForwardBatch: slot ", row[c], " is a cached key of request ", r, " (req_to_token[",
+                req_pool_indices_host[r], ", ", c, "]) and also a new token's slot of request ", by,
+                " (req_to_token[", req_pool_indices_host[by], ", ", new_columns(by).first,
+                " + i]): "
+                "save_kv would overwrite the cached key; give each new token a free slot"));
+        break;
+      }
+    }
+    set_marks(false);
+    ATTNKIT_RETURN_IF_ERROR(found);
   }
   if (check_indices_enabled()) {
     if (kv_pool == nullptr) return Status::ok();

@@ -1,6 +1,8 @@
 // HybridAttnBackend: per-phase dispatch between a prefill and a decode backend.
 #include "attnkit/hybrid_backend.h"
 
+#include <algorithm>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -80,6 +82,15 @@ Result<std::unique_ptr<HybridAttnBackend>> HybridAttnBackend::create(
   if (options.page_size < 1) {
     return Status::invalid_argument("HybridAttnBackend::create: page_size " +
                                     std::to_string(options.page_size) + " must be >= 1");
+  }
+  // The KV pool's storage dtypes (KVPoolConfig::dtype).
+  constexpr DType kKvDtypes[] = {DType::kBF16,    DType::kF16,     DType::kF32,
+                                 DType::kFP8E4M3, DType::kFP8E5M2, DType::kFP4E2M1};
+  if (std::find(std::begin(kKvDtypes), std::end(kKvDtypes), options.kv_dtype) ==
+      std::end(kKvDtypes)) {
+    return Status::invalid_argument(
+        std::string("HybridAttnBackend::create: kv_dtype ") + dtype_name(options.kv_dtype) +
+        " is not a KV storage dtype (bf16, f16, f32, fp8_e4m3, fp8_e5m2, fp4_e2m1)");
   }
   ATTNKIT_RETURN_IF_ERROR(check_shared_constraints(*prefill, "prefill", options));
   ATTNKIT_RETURN_IF_ERROR(check_shared_constraints(*decode, "decode", options));

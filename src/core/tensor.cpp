@@ -276,9 +276,21 @@ std::string TensorView::describe() const {
 // ---- checks ----
 
 Status check_ndim(const TensorView& t, const char* name, int ndim, const char* layout) {
-  if (t.ndim == ndim) return Status::ok();
-  return Status::invalid_argument(std::string(name) + ": expected " + std::to_string(ndim) +
-                                  " dims " + layout + ", got " + t.describe());
+  if (t.ndim != ndim) {
+    return Status::invalid_argument(std::string(name) + ": expected " + std::to_string(ndim) +
+                                    " dims " + layout + ", got " + t.describe());
+  }
+  // Every validation starts here, so a negative extent (which numel() and the byte spans would
+  // turn into nonsense sizes) is refused once for all of them.
+  for (int d = 0; d < ndim; ++d) {
+    if (t.shape[static_cast<size_t>(d)] < 0) {
+      return Status::invalid_argument(std::string(name) + ": extent " +
+                                      std::to_string(t.shape[static_cast<size_t>(d)]) + " of dim " +
+                                      std::to_string(d) + " is negative (" + t.describe() +
+                                      "); extents must be >= 0");
+    }
+  }
+  return Status::ok();
 }
 
 Status check_dtype(const TensorView& t, const char* name, std::initializer_list<DType> allowed) {
@@ -436,7 +448,8 @@ void Buffer::release() {
 
 TensorView Buffer::view(DType dtype, std::initializer_list<int64_t> shape) const {
   TensorView out(data_, dtype, device_, shape);
-  if (out.storage_bytes() > bytes_) out.data = nullptr;
+  const bool negative = std::any_of(shape.begin(), shape.end(), [](int64_t e) { return e < 0; });
+  if (negative || out.storage_bytes() > bytes_) out.data = nullptr;
   return out;
 }
 

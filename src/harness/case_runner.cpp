@@ -265,7 +265,10 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
     return bad(cat("type encoder_only in a ", forward_mode_name(s.mode),
                    " case: speculative batches are causal (validate_forward_inputs refuses it)"));
   }
-  if (s.page_size < 1) return bad(cat("page_size ", s.page_size, " must be >= 1"));
+  if (s.page_size < 1 || s.page_size > kMaxCasePageSize) {
+    return bad(cat("page_size ", s.page_size, " must be in [1, ", kMaxCasePageSize,
+                   "] (a larger page only pads every request's last page)"));
+  }
   if (s.num_q_heads < 1 || s.num_kv_heads < 1 || s.num_q_heads % s.num_kv_heads != 0) {
     return bad(cat("heads ", s.num_q_heads, "/", s.num_kv_heads,
                    " must be positive with num_q_heads divisible by num_kv_heads"));
@@ -296,7 +299,9 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
     return bad(cat("shared_prefix ", s.shared_prefix,
                    " must be at most every request's cached prefix (prefix_lens[",
                    shortest - s.prefix_lens.begin(), "] = ", *shortest,
-                   "; a decode request of kv_len n caches n - 1 tokens)"));
+                   s.mode == ForwardMode::kDecode
+                       ? "; a decode request of kv_len n caches n - 1 tokens)"
+                       : ")"));
   }
   const bool spec_mode = verify || s.mode == ForwardMode::kDraftExtend;
   if (spec_mode && (s.spec_draft_tokens < 1 || s.spec_topk < 1)) {
@@ -361,13 +366,20 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
   }
   if (s.mla) {
     if (s.kv_lora_rank < 1 || s.qk_rope_head_dim < 1) {
-      return bad("mla needs kv_lora_rank and qk_rope_head_dim >= 1");
+      return bad(cat("mla needs kv_lora_rank and qk_rope_head_dim >= 1 (got ", s.kv_lora_rank,
+                     " and ", s.qk_rope_head_dim, ")"));
     }
     if (s.mla_absorbed() && (s.num_kv_heads != 1 || s.v_head_dim != s.kv_lora_rank)) {
-      return bad("MLA absorbed needs num_kv_heads 1 and v_head_dim = kv_lora_rank");
+      return bad(cat("MLA absorbed (head_dim = kv_lora_rank + qk_rope_head_dim = ", s.head_dim,
+                     ") needs num_kv_heads 1 and v_head_dim = kv_lora_rank ", s.kv_lora_rank,
+                     " (got num_kv_heads ", s.num_kv_heads, ", v_head_dim ", s.v_head_dim, ")"));
     }
     if (!s.mla_absorbed() && s.mode != ForwardMode::kExtend) {
-      return bad("MLA non-absorbed (prefill) cases must use mode extend");
+      return bad(cat("MLA head_dim ", s.head_dim, " is not kv_lora_rank + qk_rope_head_dim = ",
+                     int64_t{s.kv_lora_rank} + s.qk_rope_head_dim,
+                     ", which makes it a non-absorbed (prefill) case, and those must use mode "
+                     "extend (got ",
+                     forward_mode_name(s.mode), ")"));
     }
   }
   if (s.mla_prefix_chunk < 0 ||
@@ -434,7 +446,7 @@ HostFootprint host_footprint(const CaseSpec& spec, Device device, const PrepareO
   const double kv_heads = spec.mla ? 1 : spec.num_kv_heads;
   const double row_values = spec.mla
                                 ? static_cast<double>(spec.kv_lora_rank) + spec.qk_rope_head_dim
-                                : kv_heads * (spec.head_dim + spec.v_head_dim);
+                                : kv_heads * (static_cast<double>(spec.head_dim) + spec.v_head_dim);
   const double value_bytes =
       dtype_bits(spec.kv_dtype) / 8.0 + (spec.kv_dtype == DType::kFP4E2M1 ? 1.0 / 16 : 0.0);
   const double layer_pool = (pages * ps + ps) * row_values * value_bytes;
@@ -450,15 +462,17 @@ HostFootprint host_footprint(const CaseSpec& spec, Device device, const PrepareO
   const double hq = spec.num_q_heads;
   const double hkv = spec.num_kv_heads;
   const double history_values = history * kv_heads * (dk + dv);
-  const double new_values = fresh * (hq * spec.head_dim + hkv * (spec.head_dim + spec.v_head_dim));
+  // (The dims summed as doubles: two int dims near INT32_MAX would wrap negative and pass the
+  // guard.)
+  const double dkv = static_cast<double>(spec.head_dim) + spec.v_head_dim;
+  const double new_values = fresh * (hq * spec.head_dim + hkv * dkv);
   const double outputs = fresh * hq * (spec.v_head_dim * qb + (options.request_lse ? kF32 : 0));
   if (device.is_cpu()) f.inputs = layers * (history_values * kF32 + new_values * qb + outputs);
   // The largest transient host vector set of one layer: the random history K or V, or the new
   // q / k / v with their converted bytes; on CUDA also the staging of the NaN poison (one pool
   // buffer of a layer, or an output).
-  double staging = std::max(
-      history * kv_heads * std::max(dk, dv) * kF32,
-      fresh * std::max(hq * spec.head_dim, hkv * (spec.head_dim + spec.v_head_dim)) * (kF32 + qb));
+  double staging = std::max(history * kv_heads * std::max(dk, dv) * kF32,
+                            fresh * std::max(hq * spec.head_dim, hkv * dkv) * (kF32 + qb));
   const double pool_buffer = (pages * ps + ps) * kv_heads * std::max(dk, dv) * value_bytes;
   if (!device.is_cpu() && options.poison) staging = std::max({staging, pool_buffer, outputs});
   f.inputs += staging;

@@ -52,6 +52,11 @@
 
 namespace attnkit::harness {
 
+// The largest page_size a case may ask for (the demo's --page-size bound as well): a page larger
+// than every request only pads its last page, and a page of a million rows had the harness
+// allocate ~20 GB for a 6-token decode.
+inline constexpr int kMaxCasePageSize = 4096;
+
 // The soft-cap range a case takes (CaseSpec::logit_cap; 0 = off).
 inline constexpr float kMinCaseLogitCap = 1e-20f;
 inline constexpr float kMaxCaseLogitCap = 1e20f;

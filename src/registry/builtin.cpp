@@ -16,6 +16,10 @@
 namespace attnkit {
 namespace {
 
+// The head dims the CUDA MHA kernels are written for (CMake's default ATTNKIT_HEAD_DIMS, which a
+// build may prune).
+const std::vector<int> kCudaKernelHeadDims = {64, 80, 96, 128, 256};
+
 // Head dims compiled into the CUDA MHA kernels (CMake ATTNKIT_HEAD_DIMS); empty = any.
 std::vector<int> cuda_head_dims() {
 #ifdef ATTNKIT_HEAD_DIMS_LIST
@@ -132,6 +136,7 @@ BackendDescriptor triton() {
       kMinCc);
   d.mha = mha_row(token_pages(), true, true, true, true, true, true);
   d.mha->head_dims = cuda_head_dims();
+  d.mha->buildable_head_dims = kCudaKernelHeadDims;
   d.mla = mla_row(any_pages(), false, false, false, true, true);
   d.mla->topk_gt1_needs_page1 = true;
   // SGLang's Triton kernels also run on ROCm (its MLA fallback there); a HIP build is planned.
@@ -173,6 +178,7 @@ BackendDescriptor flashinfer() {
       kMinCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, false);
   d.mha->head_dims = cuda_head_dims();
+  d.mha->buildable_head_dims = kCudaKernelHeadDims;
   d.mla = mla_row(token_pages(), false, true, true, true, false);
 #ifdef ATTNKIT_WITH_CUDA
   d.built = true;
@@ -227,6 +233,7 @@ BackendDescriptor fa3_descriptor() {
       kMinCc, kMaxCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, true);
   d.mha->head_dims = cuda_head_dims();
+  d.mha->buildable_head_dims = kCudaKernelHeadDims;
   d.mha->fp8_e4m3_only = true;
   d.mla = mla_row(any_pages(), false, false, true, true, true);
   d.mla->topk_gt1_needs_page1 = true;
@@ -250,6 +257,7 @@ BackendDescriptor fa4() {
       kMinCc);
   d.mha = mha_row(fixed_pages({kPage}), false, true, true, true, false, true);
   d.mha->head_dims = cuda_head_dims();
+  d.mha->buildable_head_dims = kCudaKernelHeadDims;
   d.mha->topk_gt1_needs_page1 = true;
   d.mla = mla_row(token_pages(), false, true, true, false, false);
   return d;
@@ -261,6 +269,7 @@ BackendDescriptor flex_attention() {
       "flex_attention", "one templated kernel taking C++ score_mod/mask_mod functors", kMinCc);
   d.mha = mha_row(token_pages(), false, true, false, false, false, false);
   d.mha->head_dims = cuda_head_dims();
+  d.mha->buildable_head_dims = kCudaKernelHeadDims;
   d.cuda_graph = false;
   return d;
 }
@@ -274,6 +283,7 @@ BackendDescriptor trtllm_mha() {
       kMinCc);
   d.mha = mha_row(fixed_pages({16, 32, 64}), true, true, true, false, true, false);
   d.mha->head_dims = cuda_head_dims();
+  d.mha->buildable_head_dims = kCudaKernelHeadDims;
   d.prefill_min_compute_capability = kPrefillMinCc;
   d.prefill_max_compute_capability = kPrefillMaxCc;
   return d;
@@ -287,6 +297,7 @@ BackendDescriptor dual_chunk_flash_attn() {
       kMinCc);
   d.mha = mha_row(any_pages(), false, false, false, false, false, false);
   d.mha->head_dims = cuda_head_dims();
+  d.mha->buildable_head_dims = kCudaKernelHeadDims;
   return d;
 }
 

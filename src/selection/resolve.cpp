@@ -258,6 +258,25 @@ std::string Resolver::who(const RoleChoice& c, BackendRole role) const {
 
 // ---- step 0: every flag value is valid on its own ----
 Status Resolver::validate_flag_values() {
+  // A hand-built ModelAttentionConfig (parse_model_config checks the config.json ones): 0 means
+  // "not given" in these fields, a negative value is a caller's error.
+  for (const auto& [field, value] : {std::pair{"num_layers", model_.num_layers},
+                                     {"num_attention_heads", model_.num_attention_heads},
+                                     {"num_key_value_heads", model_.num_key_value_heads},
+                                     {"head_dim", model_.head_dim},
+                                     {"v_head_dim", model_.v_head_dim}}) {
+    if (value < 0) {
+      return Status::invalid_argument(
+          cat("the model's ", field, " ", value, " is negative; it must be >= 0 (0: not given)"));
+    }
+  }
+  if (!model_.is_mla && model_.num_attention_heads > 0 && model_.num_key_value_heads > 0 &&
+      model_.num_attention_heads % model_.num_key_value_heads != 0) {
+    return Status::invalid_argument(
+        cat("the model's num_key_value_heads ", model_.num_key_value_heads,
+            " does not divide its num_attention_heads ", model_.num_attention_heads,
+            " (each kv head serves a whole group of query heads)"));
+  }
   const std::string valid_backends = join(reg_.names());
   const std::pair<const char*, const std::optional<std::string>*> backend_flags[] = {
       {"--attention-backend", &args_.attention_backend},
@@ -273,6 +292,10 @@ Status Resolver::validate_flag_values() {
   }
   if (args_.page_size && *args_.page_size < 1) {
     return Status::invalid_argument("--page-size " + std::to_string(*args_.page_size) +
+                                    " is invalid; it must be a positive integer");
+  }
+  if (args_.tp_size < 1) {
+    return Status::invalid_argument("--tp-size " + std::to_string(args_.tp_size) +
                                     " is invalid; it must be a positive integer");
   }
   // Each rank holds num_attention_heads / tp_size query heads (KV heads are replicated when fewer).
@@ -296,10 +319,6 @@ Status Resolver::validate_flag_values() {
     warn(
         "--enable-mixed-chunk is ignored: chunked prefill is off (--chunked-prefill-size -1), and "
         "prefill and decode rows mix only in chunked-prefill batches");
-  }
-  if (args_.tp_size < 1) {
-    return Status::invalid_argument("--tp-size " + std::to_string(args_.tp_size) +
-                                    " is invalid; it must be a positive integer");
   }
   ATTNKIT_ASSIGN_OR_RETURN(spec_mode_,
                            parse_speculative_attention_mode(args_.speculative_attention_mode));
@@ -630,13 +649,24 @@ Status Resolver::check_head_dim() {
        {std::pair{BackendRole::kPrefill, &prefill_}, std::pair{BackendRole::kDecode, &decode_}}) {
     const FeatureRow* r = row(c->backend);
     if (r == nullptr || has_dim(*r)) continue;
-    const std::string missing = who_once(*c, role, shared) + " has no kernels for head_dim " +
-                                std::to_string(dim) +
-                                " in this binary (compiled: " + join(r->head_dims, ",") +
-                                "; ATTNKIT_HEAD_DIMS at build time)";
+    const std::vector<int>& buildable = r->buildable_head_dims;
+    const bool some_build_has_it =
+        std::find(buildable.begin(), buildable.end(), dim) != buildable.end();
+    std::string missing = who_once(*c, role, shared) + " has no kernels for head_dim " +
+                          std::to_string(dim) +
+                          " in this binary (compiled: " + join(r->head_dims, ",") +
+                          "; ATTNKIT_HEAD_DIMS at build time)";
     if (device_.is_virtual) {
-      warn(missing + "; the plan is valid for a build that has it");
-      continue;
+      if (some_build_has_it) {
+        warn(missing + "; the plan is valid for a build that has it");
+        continue;
+      }
+      // A head dim no build of the backend has: refused (or fallen back from) as on this device.
+      missing = who_once(*c, role, shared) + " has no kernels for head_dim " + std::to_string(dim) +
+                " in any build (" +
+                (buildable.empty() ? "its head dims: " + join(r->head_dims, ",")
+                                   : "ATTNKIT_HEAD_DIMS takes " + join(buildable, ",")) +
+                ")";
     }
     if (!c->from_flag) {
       if (const char* fallback = universal_fallback(role, has_dim)) {

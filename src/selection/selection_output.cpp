@@ -2,7 +2,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "attnkit/kv_cache.h"
 #include "attnkit/selection.h"
+#include "core/str_cat.h"
 
 namespace attnkit {
 namespace {
@@ -112,6 +114,16 @@ Result<std::unique_ptr<AttentionBackend>> create_selected_backend(const Selectio
     return Status::invalid_argument(std::string("create_selected_backend: ctx.is_mla is ") +
                                     (ctx.is_mla ? "true" : "false") + " but the selection is " +
                                     attention_kind_name(selection.kind));
+  }
+  // A quantised pool under a selection made for another dtype (or the other way round): the
+  // selection's backends were checked for the dtype it names, not for the pool's. Full-precision
+  // pools (bf16 / f16 / f32) stand in for one another, as every backend row treats them alike.
+  if (ctx.kv_pool != nullptr && ctx.kv_pool->dtype() != selection.kv_dtype &&
+      (dtype_is_quantized(ctx.kv_pool->dtype()) || dtype_is_quantized(selection.kv_dtype))) {
+    return Status::invalid_argument(
+        cat("create_selected_backend: ctx.kv_pool stores ", dtype_name(ctx.kv_pool->dtype()),
+            " but the selection's KV cache dtype is ", dtype_name(selection.kv_dtype),
+            " (--kv-cache-dtype): create the pool with that dtype"));
   }
   ATTNKIT_ASSIGN_OR_RETURN(std::unique_ptr<AttentionBackend> decode,
                            registry.create(selection.decode_backend, ctx));

@@ -348,22 +348,25 @@ def test_empty_arrays_pass_the_layout_checks():
 
 
 def _threaded_decode_setup(seed):
-    """An intel_amx decode of 4 requests x 2000 keys (f32, pool slots 16..4079 shuffled), planned:
-    long enough for threads to overlap. Returns (pool, backend, batch, layer, q, rng)."""
-    pool = ak.MHAKVPool(1, 4096, 16, 2, 64, dtype="f32")
+    """An intel_amx decode of 4 requests x 2000 keys (f32; request r on pool slots
+    16 + 2000 r .. 16 + 2000 r + 1999, shuffled), planned: long enough for threads to overlap.
+    Returns (pool, backend, batch, layer, q, rng)."""
+    pool = ak.MHAKVPool(1, 8192, 16, 2, 64, dtype="f32")
     table = ak.ReqToTokenPool(8, 4096)
     backend = ak.create_backend("intel_amx", kv_pool=pool, req_to_token_pool=table,
                                 num_q_heads=8, q_dtype="f32")
     seq = 2000
     rows = [table.alloc() for _ in range(4)]
+    # Each request's slots its own (a new token's slot read as another request's cached key is
+    # refused on CPU pools); 7 is coprime with 2000, so i * 7 % 2000 shuffles them.
     for r, row in enumerate(rows):
-        table.write(row, 0, (np.arange(seq, dtype=np.int64) * 7 + r) % 4064 + 16)
+        table.write(row, 0, np.arange(seq, dtype=np.int64) * 7 % seq + 16 + seq * r)
     rng = np.random.default_rng(seed)
-    np.from_dlpack(pool.k_buffer(0))[:] = rng.standard_normal((4112, 2, 64)).astype(np.float32)
-    np.from_dlpack(pool.v_buffer(0))[:] = rng.standard_normal((4112, 2, 64)).astype(np.float32)
+    np.from_dlpack(pool.k_buffer(0))[:] = rng.standard_normal((8208, 2, 64)).astype(np.float32)
+    np.from_dlpack(pool.v_buffer(0))[:] = rng.standard_normal((8208, 2, 64)).astype(np.float32)
     # The new tokens' slots are the rows' last entries (ForwardBatch checks out_cache_loc against
     # req_to_token on CPU pools).
-    last = np.array([((seq - 1) * 7 + r) % 4064 + 16 for r in range(4)], dtype=np.int64)
+    last = np.array([(seq - 1) * 7 % seq + 16 + seq * r for r in range(4)], dtype=np.int64)
     batch = ak.ForwardBatch("decode", np.array(rows, dtype=np.int32),
                             np.full(4, seq, dtype=np.int32), last, table, pool)
     backend.init_forward_metadata(batch)
@@ -432,7 +435,7 @@ def test_set_kv_and_forwards_of_one_pool_do_not_overlap():
     import time
 
     pool, backend, batch, layer, q, rng = _threaded_decode_setup(9)
-    # Two states of 1024 rows every request reads (slots 16..1039): set_kv alternates them.
+    # Two states of 1024 rows request 0 reads (slots 16..1039): set_kv alternates them.
     loc = np.arange(16, 1040, dtype=np.int64)
     states = [(rng.standard_normal((1024, 2, 64)).astype(np.float32),
                rng.standard_normal((1024, 2, 64)).astype(np.float32)) for _ in range(2)]

@@ -413,6 +413,46 @@ TEST(ForwardBatchSlots, NewTokenSlotsMustBeTheRowsOwnAndRowsUnique) {
   }
 }
 
+// A new token given a slot that a request of the batch reads as a cached key (its row and
+// out_cache_loc agreeing, so the check above passes): save_kv would overwrite that key and the
+// forward read the new k / v in its place. Refused on CPU pools, naming both requests.
+TEST(ForwardBatchSlots, NewTokenSlotMustNotBeACachedKeyOfTheBatch) {
+  int checked = 0;
+  for (const char* name : {"extend_page16_ragged", "mixed_page16", "decode_page16",
+                           "verify_topk4_page16", "decode_cross_attention"}) {
+    SCOPED_TRACE(name);
+    Result<PreparedCase> pc = harness::prepare_case(*harness::find_case(name), Device::cpu());
+    ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+    ForwardBatch& b = pc->batch;
+    ASSERT_TRUE(b.validate().is_ok()) << b.validate().to_string();
+    int p = -1;  // a request with a cached column
+    for (int i = 0; i < static_cast<int>(pc->rows.size()); ++i)
+      if (test_support::committed_columns(b, i) >= 1) p = i;
+    if (p < 0) continue;
+    ++checked;
+    const int32_t cached = pc->req_to_token->host_row(pc->rows[static_cast<size_t>(p)])[0];
+    // The batch's last new token (the last request's): its row column and out_cache_loc entry.
+    const int r = static_cast<int>(pc->rows.size()) - 1;
+    const int row = pc->rows[static_cast<size_t>(r)];
+    int64_t* loc = b.out_cache_loc.data_as<int64_t>();
+    const int64_t own = loc[b.num_tokens - 1];
+    const int32_t* host = pc->req_to_token->host_row(row);
+    int col = 0;
+    while (host[col] != own) ++col;
+    const auto put = [&](int64_t v) {
+      ASSERT_TRUE(pc->req_to_token->write(row, col, std::span<const int64_t>(&v, 1)).is_ok());
+      loc[b.num_tokens - 1] = v;
+    };
+    put(cached);
+    expect_error(b.validate(), "ForwardBatch: slot " + std::to_string(cached) +
+                                   " is a cached key of request " + std::to_string(p));
+    expect_error(b.validate(), "also a new token's slot of request " + std::to_string(r));
+    put(own);
+    EXPECT_TRUE(b.validate().is_ok()) << b.validate().to_string();
+  }
+  EXPECT_GE(checked, 4);
+}
+
 // ATTNKIT_CHECK_INDICES=1: every entry the batch reads is a pool slot outside page 0 and keeps
 // its page whole (slot t at offset t % page_size; natively paged backends read only a page's first
 // entry). Every table the harness builds passes; a stray entry in a page and a page starting
@@ -537,6 +577,24 @@ TEST_F(ValidateInputs, BatchArraysMustBeContiguousOnThePoolDevice) {
 
 // Host sinks are read: +inf and NaN are refused naming the head and the value (they made every
 // row of the head NaN); finite values and -inf (no sink) pass.
+// Sinks inside out's or lse's bytes: a kernel read sinks it had already overwritten (a wrong
+// answer with no error), so the overlap is refused by name.
+TEST_F(ValidateInputs, SinksApartFromOutAndLse) {
+  const harness::LayerData& l = pc_->layers[0];
+  const int heads = layer().num_q_heads;
+  for (const TensorView* t : {&l.out, &l.lse}) {
+    ASSERT_GE(t->storage_bytes(), static_cast<int64_t>(heads * sizeof(float)));
+    auto* values = static_cast<float*>(t->data);
+    for (int h = 0; h < heads; ++h) values[h] = 0.5f;
+    layer().sinks = TensorView(t->data, DType::kF32, Device::cpu(), {heads});
+    expect_error(validate(), std::string(t == &l.out ? "out " : "lse ") + t->describe() +
+                                 " overlaps layer.sinks f32[");
+  }
+  std::vector<float> apart(static_cast<size_t>(heads), 0.5f);
+  layer().sinks = TensorView(apart.data(), DType::kF32, Device::cpu(), {heads});
+  EXPECT_TRUE(validate().is_ok()) << validate().to_string();
+}
+
 TEST_F(ValidateInputs, SinksMustBeFiniteOrMinusInf) {
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> sinks(static_cast<size_t>(layer().num_q_heads), 0.5f);

@@ -469,9 +469,9 @@ TEST(BenchCli, BadValuesSayWhatIsAllowed) {
           {"run --backend torch_native --case extend_page1_gqa4 --device cuda1",
            "--device cuda1 is not a device"},
           {run + R"('{"mode": "decode", "prefix_lens": [100], "page_size": 0}')",
-           "--case: invalid_argument: case custom: page_size 0 must be >= 1"},
+           "--case: invalid_argument: case custom: page_size 0 must be in [1, 4096]"},
           {run + R"('{"mode": "decode", "prefix_lens": [100], "page_size": -3}')",
-           "page_size -3 must be >= 1"},
+           "page_size -3 must be in [1, 4096]"},
           {run + R"('{"mode": "decode", "prefix_lens": [-5]}')",
            "prefix_lens[0] = -5 must be >= 0"},
           {run + R"('{"mode": "extend", "prefix_lens": [5], "new_lens": [-2]}')",
@@ -483,7 +483,16 @@ TEST(BenchCli, BadValuesSayWhatIsAllowed) {
           {run + R"('{"prefix_lens": [2000000000], "new_lens": [2000000000]}')",
            "request 0: encoder 0 + prefix 2000000000 + new 2000000000 = 4000000000 tokens"},
           {run + R"('{"prefix_lens": [5], "new_lens": [1], "page_size": 2000000000}')",
-           "whole pages of page_size 2000000000 plus one"},
+           "page_size 2000000000 must be in [1, 4096]"},
+          // A page far past every request (a million rows for a 6-token decode once had the
+          // harness allocate ~20 GB) is refused before anything is allocated.
+          {run + R"('{"mode": "decode", "prefix_lens": [5], "page_size": 1000000}')",
+           "page_size 1000000 must be in [1, 4096] (a larger page only pads"},
+          // A name is checked as one string: it was compared through two temporaries, which
+          // refused short valid names and let long invalid ones through.
+          {run + R"('{"name": "bad name with spaces, long", "prefix_lens": [5], "new_lens": [1]}')",
+           "\"name\" = \"bad name with spaces, long\" (accepted: a non-empty string of "
+           "[A-Za-z0-9_])"},
           {run + R"('{"name": "a b", "prefix_lens": [5], "new_lens": [1]}')",
            "\"name\" = \"a b\" (accepted: a non-empty string of [A-Za-z0-9_])"},
           // Listing runs nothing: options that act on a run are refused beside it.
@@ -522,6 +531,10 @@ TEST(BenchCli, BadPointsAndOutputPathsFailBeforeTiming) {
   write_text_file(shared, R"({"kind": "decode",
     "fixed": {"q_heads": 4, "kv_heads": 2, "head_dim": 64, "page_size": 16},
     "sweep": {"batch": [2], "kv_len": [16], "shared_prefix": [32]}})");
+  const std::string huge_batch = dir + "bench_cli_early_huge_batch.json";
+  write_text_file(huge_batch, R"({"kind": "decode",
+    "fixed": {"q_heads": 2, "kv_heads": 1, "head_dim": 64},
+    "cases": [{"batch": 2147483647, "kv_len": 8}]})");
   const std::string bench = "bench --backend torch_native --device cpu --iters 1 --warmup 0 ";
   attnkit::test_support::expect_cli_errors(
       ATTNKIT_CLI_PATH,
@@ -558,10 +571,45 @@ TEST(BenchCli, BadPointsAndOutputPathsFailBeforeTiming) {
            "\"prefix_lens\": [10], \"sliding_window\": 18446744073709551615}'",
            "\"sliding_window\" = 18446744073709551615 (accepted: an integer in [-2147483648, "
            "2147483647])"},
+          // head_dim + v_head_dim past INT32_MAX: the memory guard sums them as doubles (the int
+          // sum wrapped negative and let a 21 GB allocation through).
+          {"run --backend torch_native --device cpu --case '{\"mode\": \"decode\", "
+           "\"prefix_lens\": [0], \"num_q_heads\": 1, \"num_kv_heads\": 1, \"head_dim\": 64, "
+           "\"v_head_dim\": 2147483584}'",
+           "MiB this host has available"},
+          // A case-file batch is bounded before its per-request lengths are built.
+          {"bench --backend torch_native --device cpu --cases '" + huge_batch + "' --list",
+           "cases[0].batch: 2147483647 is out of range (accepted: 1 to 1048576)"},
+          // MLA shapes name the values that break them.
+          {"run --backend torch_native --device cpu --case '{\"mode\": \"decode\", "
+           "\"prefix_lens\": [5, 9], \"mla\": true, \"num_q_heads\": 4, \"kv_lora_rank\": 64, "
+           "\"qk_rope_head_dim\": 16, \"head_dim\": 80}'",
+           "needs num_kv_heads 1 and v_head_dim = kv_lora_rank 64 (got num_kv_heads 2, v_head_dim "
+           "64)"},
+          {"run --backend torch_native --device cpu --case '{\"mode\": \"decode\", "
+           "\"prefix_lens\": [5], \"mla\": true, \"num_kv_heads\": 1, \"kv_lora_rank\": 64, "
+           "\"qk_rope_head_dim\": 16, \"head_dim\": 48}'",
+           "MLA head_dim 48 is not kv_lora_rank + qk_rope_head_dim = 80"},
       },
       {"not valid JSON", "ceiling"});
   EXPECT_TRUE(std::filesystem::exists(good));
   EXPECT_FALSE(std::filesystem::exists(dir + "o.x"));
+}
+
+// A backend that refuses a point when it is created (intel_amx has no kernels for v_head_dim 7,
+// which its descriptor row does not list) is a skipped row with its reason, as one that the
+// descriptor rules out, not a failed bench.
+TEST(BenchCli, PointRefusedAtCreationIsSkipped) {
+  const std::string cases = ::testing::TempDir() + "bench_cli_v7.json";
+  write_text_file(cases, R"({"kind": "decode",
+    "fixed": {"q_heads": 2, "kv_heads": 1, "head_dim": 64, "v_head_dim": 7, "page_size": 16},
+    "cases": [{"batch": 1, "kv_len": 16}]})");
+  const CliRun r = run_cli("bench --backend all --device cpu --cases '" + cases +
+                           "' --iters 1 --warmup 0 --paired-rounds 0 --verify");
+  EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("skipped"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("v_head_dim 7 is not supported by intel_amx"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("failed"), std::string::npos) << r.out;
 }
 
 // The case of the reviewer's notes: one decode point of 64 tokens.
@@ -784,6 +832,10 @@ TEST(BenchCli, DeepHugeAndEmptyInputsAreRefusedByName) {
   // verify (one value rounding to 0 was a 100% relative error on the reference itself).
   CliRun r = run_cli(run + R"('  {"mode": "decode", "prefix_lens": [10]}')");
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  // A short valid name runs under that name (the check through two temporaries refused it).
+  r = run_cli(run + R"('{"name": "short_ok", "mode": "decode", "prefix_lens": [10]}')");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("short_ok"), std::string::npos) << r.out;
   r = run_cli(run + R"('{"mode": "extend", "prefix_lens": [5, 33], "new_lens": [20, 3],
       "head_dim": 1, "kv_dtype": "fp8_e4m3", "page_size": 16}' --verify)");
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -61,7 +61,7 @@ TEST(CaseTable, ValidateCaseAcceptsTheTableAndNamesBadFields) {
     edit(c);
     return harness::validate_case(c).message();
   };
-  EXPECT_NE(message([](CaseSpec& c) { c.page_size = 0; }).find("page_size 0 must be >= 1"),
+  EXPECT_NE(message([](CaseSpec& c) { c.page_size = 0; }).find("page_size 0 must be in [1, 4096]"),
             std::string::npos);
   EXPECT_NE(
       message([](CaseSpec& c) { c.prefix_lens[1] = -3; }).find("prefix_lens[1] = -3 must be >= 0"),

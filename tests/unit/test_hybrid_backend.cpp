@@ -301,6 +301,17 @@ TEST(HybridAttnBackend, SharedKvDtypeMustFitBoth) {
   EXPECT_NE(err.find("fp8_e4m3 is not supported by prefill backend P"), std::string::npos) << err;
 }
 
+// A dtype no KV pool stores (an index dtype) is refused by name.
+TEST(HybridAttnBackend, KvDtypeMustBeAStorageDtype) {
+  HybridOptions o;
+  o.kv_dtype = DType::kI32;
+  const std::string err = create_error(fake_descriptor("P", any(), true, true, false),
+                                       fake_descriptor("D", any(), true, true, false), o);
+  EXPECT_NE(err.find("kv_dtype int32 is not a KV storage dtype (bf16, f16, f32, fp8_e4m3"),
+            std::string::npos)
+      << err;
+}
+
 TEST(HybridAttnBackend, AttentionKindMustBeSupported) {
   HybridOptions o;
   o.is_mla = true;

@@ -458,6 +458,19 @@ TEST_F(KVPoolErrors, SourcesInsideTheWrittenBuffersAreRefused) {
                   .is_ok());
 }
 
+// A view with a negative extent (numel and the slot check's vector size would be nonsense: a
+// loc of [-1] aborted in std::vector's length check) is refused by name before anything is read.
+TEST_F(KVPoolErrors, NegativeExtentsAreRefused) {
+  TensorView neg_loc(slots_.data(), DType::kI64, Device::cpu(), {-1});
+  TensorView neg_k(k_.data(), DType::kF32, Device::cpu(), {-1, 2, 64});
+  TensorView neg_v(v_.data(), DType::kF32, Device::cpu(), {-1, 2, 32});
+  expect_error(pool_->set_kv(0, neg_loc, neg_k, neg_v, 1.0f, 1.0f, nullptr),
+               "loc: extent -1 of dim 0 is negative");
+  TensorView neg_dim(k_.data(), DType::kF32, Device::cpu(), {3, 2, -64});
+  expect_error(pool_->set_kv(0, loc(), neg_dim, v(), 1.0f, 1.0f, nullptr),
+               "k: extent -64 of dim 2 is negative");
+}
+
 TEST_F(KVPoolErrors, ShapesDTypesDevicesLayersAndScales) {
   TensorView bad_heads(k_.data(), DType::kF32, Device::cpu(), {3, 1, 128});
   expect_error(pool_->set_kv(0, loc(), bad_heads, v(), 1.0f, 1.0f, nullptr), "k");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attnkit/device.h"
+#include "attnkit/kv_cache.h"
 #include "attnkit/model_config.h"
 #include "attnkit/selection.h"
 
@@ -687,6 +688,9 @@ std::vector<Case> cases() {
       err("tp_size_not_dividing_heads", kLlama, "sm90", [](ServerArgs& a) { a.tp_size = 3; },
           kInvalid,
           {"--tp-size 3 does not divide the model's 32 attention heads (num_attention_heads)"}),
+      // 0 is refused before it divides anything (the modulo by it was a SIGFPE).
+      err("tp_size_zero", kLlama, "sm90", [](ServerArgs& a) { a.tp_size = 0; }, kInvalid,
+          {"--tp-size 0 is invalid; it must be a positive integer"}),
       err("bad_spec_mode", kLlama, "sm90",
           [](ServerArgs& a) { a.speculative_attention_mode = "verify"; }, kInvalid,
           {"--speculative-attention-mode \"verify\" is not valid; valid values: prefill, decode"}),
@@ -981,6 +985,79 @@ TEST(Selection, RealCpuDefaultIsBuiltAndHasNoBuildWarning) {
 // A model head dim without kernels in this binary: intel_amx runs head dims 16..256 in steps of
 // 16, so head_dim 72 (hidden 576 over 8 heads) is refused by name when named, and the CPU default
 // falls back to torch_native with a warning (it failed at backend creation before).
+// A ModelAttentionConfig built by hand (parse_model_config checks the config.json ones) gets its
+// head counts and dims checked by name.
+TEST(Selection, HandBuiltModelValuesAreChecked) {
+  Result<ModelAttentionConfig> parsed = parse_model_config(
+      R"({"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 2,
+          "num_attention_heads": 8, "num_key_value_heads": 2})");
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  const DeviceInfo cpu = *device_by_name("cpu");
+  ModelAttentionConfig m = *parsed;
+  m.num_attention_heads = 3;
+  m.num_key_value_heads = 2;
+  Result<Selection> s = resolve(ServerArgs{}, m, cpu);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("num_key_value_heads 2 does not divide its "
+                                      "num_attention_heads 3"),
+            std::string::npos)
+      << s.status().message();
+  m = *parsed;
+  m.head_dim = -64;
+  s = resolve(ServerArgs{}, m, cpu);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.status().message().find("the model's head_dim -64 is negative"), std::string::npos)
+      << s.status().message();
+  EXPECT_TRUE(resolve(ServerArgs{}, *parsed, cpu).is_ok());
+}
+
+// create_selected_backend refuses a quantised pool under a selection made for another dtype (an
+// fp8 pool under a bf16 selection was accepted, its backends never checked for fp8); full-precision
+// pools stand in for one another (an f32 pool for exact checks under the bf16 default).
+TEST(Selection, CreateSelectedBackendChecksThePoolDtype) {
+  Result<ModelAttentionConfig> model = parse_model_config(
+      R"({"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 2,
+          "num_attention_heads": 8, "num_key_value_heads": 2})");
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  ServerArgs args;
+  args.attention_backend = "torch_native";
+  Result<Selection> sel = resolve(args, *model, *device_by_name("cpu"));
+  ASSERT_TRUE(sel.is_ok()) << sel.status().to_string();
+  ASSERT_EQ(sel->kv_dtype, DType::kBF16);
+  KVPoolConfig c;
+  c.num_layers = 2;
+  c.page_size = sel->page_size;
+  c.size = 4 * sel->page_size;
+  c.device = Device::cpu();
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.v_head_dim = 64;
+  std::unique_ptr<ReqToTokenPool> table = ReqToTokenPool::create(2, 64, Device::cpu()).value();
+  BackendContext ctx;
+  ctx.device = Device::cpu();
+  ctx.num_q_heads = 8;
+  ctx.num_kv_heads = 2;
+  ctx.qk_head_dim = 64;
+  ctx.v_head_dim = 64;
+  ctx.page_size = sel->page_size;
+  ctx.req_to_token_pool = table.get();
+  c.dtype = DType::kFP8E4M3;
+  std::unique_ptr<MHAKVPool> fp8 = MHAKVPool::create(c).value();
+  ctx.kv_pool = fp8.get();
+  Result<std::unique_ptr<AttentionBackend>> made = create_selected_backend(*sel, ctx);
+  ASSERT_FALSE(made.is_ok());
+  EXPECT_NE(made.status().message().find("ctx.kv_pool stores fp8_e4m3 but the selection's KV "
+                                         "cache dtype is bf16"),
+            std::string::npos)
+      << made.status().message();
+  c.dtype = DType::kF32;
+  std::unique_ptr<MHAKVPool> f32 = MHAKVPool::create(c).value();
+  ctx.kv_pool = f32.get();
+  made = create_selected_backend(*sel, ctx);
+  EXPECT_TRUE(made.is_ok()) << made.status().to_string();
+}
+
 TEST(Selection, HeadDimWithoutKernelsIsRefusedOrFallsBack) {
   Result<ModelAttentionConfig> model = parse_model_config(
       R"({"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 2,
@@ -1013,10 +1090,25 @@ TEST(Selection, HeadDimWithoutKernelsIsRefusedOrFallsBack) {
   for (const std::string& w : fallback->warnings) {
     EXPECT_EQ(w.find("decode backend"), std::string::npos) << w;
   }
-  // Planning for another machine: a warning only.
+  // Planning for another machine: no build of intel_amx has head_dim 72 (its kernels' dims do not
+  // depend on the build), so the named backend is refused there too, naming its dims.
   Result<Selection> planned = resolve(named, *model, *device_by_name("cpu"));
-  ASSERT_TRUE(planned.is_ok()) << planned.status().to_string();
-  EXPECT_EQ(planned->decode_backend, "intel_amx");
+  ASSERT_FALSE(planned.is_ok());
+  EXPECT_EQ(planned.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(planned.status().message().find("intel_amx has no kernels for head_dim 72 in any "
+                                            "build (its head dims: 16,32,48,64"),
+            std::string::npos)
+      << planned.status().message();
+  // A CUDA backend for another machine: a head dim outside what ATTNKIT_HEAD_DIMS can take is
+  // refused by name (a pruned build's missing dim of that list would be a warning).
+  ServerArgs fa3;
+  fa3.attention_backend = "fa3";
+  Result<Selection> cuda = resolve(fa3, *model, *device_by_name("sm90"));
+  ASSERT_FALSE(cuda.is_ok());
+  EXPECT_NE(cuda.status().message().find("fa3 has no kernels for head_dim 72 in any build "
+                                         "(ATTNKIT_HEAD_DIMS takes 64,80,96,128,256)"),
+            std::string::npos)
+      << cuda.status().message();
 }
 
 TEST(Selection, VirtualDeviceWarnsAboutUnbuiltBackend) {

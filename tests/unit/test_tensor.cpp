@@ -245,6 +245,12 @@ TEST(ChecksTest, Messages) {
   Status s = check_ndim(q, "q", 3, "[tokens, q_heads, head_dim]");
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "q: expected 3 dims [tokens, q_heads, head_dim], got bf16[4, 8] cpu");
+  // Every validation starts with check_ndim, which refuses a negative extent by dim.
+  const TensorView negative(storage.data(), DType::kBF16, Device::cpu(), {4, -8});
+  s = check_ndim(negative, "q", 2, "[tokens, hidden]");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("q: extent -8 of dim 1 is negative"), std::string::npos)
+      << s.message();
 
   EXPECT_TRUE(check_dtype(q, "q", {DType::kF16, DType::kBF16}).is_ok());
   s = check_dtype(q, "q", {DType::kF16, DType::kF32});
@@ -339,6 +345,9 @@ TEST(BufferTest, View) {
   EXPECT_FALSE(r->view(DType::kF32, {4, 8}).defined());
   EXPECT_TRUE(r->view(DType::kFP4E2M1, {128}).defined());
   EXPECT_FALSE(r->view(DType::kFP4E2M1, {129}).defined());
+  // A negative extent is no view (its numel of 16 once passed the size check).
+  EXPECT_FALSE(r->view(DType::kF32, {-4, -4}).defined());
+  EXPECT_FALSE(r->view(DType::kF32, {-1}).defined());
 }
 
 // ---- copies and fills ----
