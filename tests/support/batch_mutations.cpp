@@ -367,7 +367,11 @@ class Mutator {
     const int32_t* row2 = pc_.req_to_token->host_row(pc_.rows[static_cast<size_t>(r2)]);
     const int enc = encoder_len(r);
     const int enc2 = encoder_len(r2);
-    const int len2 = row_len(r2);
+    // On CUDA the donor holds only r2's cached keys: a slot of r2's new tokens read as r's key is
+    // refused by the CPU's validate() alone (CUDA pools check it with ATTNKIT_CHECK_INDICES=1), so
+    // only the reference, validating its host copy, would see it.
+    const int len2 =
+        pc_.device.is_cpu() ? row_len(r2) : test_support::committed_columns(original_, r2);
     if (ps == 1) {
       // The donor column in the same part of r2's row (none: the mutation falls through).
       const int lo = col < enc ? 0 : enc2;
