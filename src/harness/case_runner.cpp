@@ -444,9 +444,11 @@ HostFootprint host_footprint(const CaseSpec& spec, Device device, const PrepareO
 
   // The pool: rows x values per row per layer (fp4: its fp8 block scale per 16 values too).
   const double kv_heads = spec.mla ? 1 : spec.num_kv_heads;
-  const double row_values = spec.mla
-                                ? static_cast<double>(spec.kv_lora_rank) + spec.qk_rope_head_dim
-                                : kv_heads * (static_cast<double>(spec.head_dim) + spec.v_head_dim);
+  // (The dims summed as doubles: two int dims near INT32_MAX would wrap negative and pass the
+  // guard.)
+  const double dkv = static_cast<double>(spec.head_dim) + spec.v_head_dim;
+  const double row_values =
+      spec.mla ? static_cast<double>(spec.kv_lora_rank) + spec.qk_rope_head_dim : kv_heads * dkv;
   const double value_bytes =
       dtype_bits(spec.kv_dtype) / 8.0 + (spec.kv_dtype == DType::kFP4E2M1 ? 1.0 / 16 : 0.0);
   const double layer_pool = (pages * ps + ps) * row_values * value_bytes;
@@ -462,9 +464,6 @@ HostFootprint host_footprint(const CaseSpec& spec, Device device, const PrepareO
   const double hq = spec.num_q_heads;
   const double hkv = spec.num_kv_heads;
   const double history_values = history * kv_heads * (dk + dv);
-  // (The dims summed as doubles: two int dims near INT32_MAX would wrap negative and pass the
-  // guard.)
-  const double dkv = static_cast<double>(spec.head_dim) + spec.v_head_dim;
   const double new_values = fresh * (hq * spec.head_dim + hkv * dkv);
   const double outputs = fresh * hq * (spec.v_head_dim * qb + (options.request_lse ? kF32 : 0));
   if (device.is_cpu()) f.inputs = layers * (history_values * kF32 + new_values * qb + outputs);

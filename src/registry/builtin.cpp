@@ -29,6 +29,12 @@ std::vector<int> cuda_head_dims() {
 #endif
 }
 
+// A CUDA MHA row's head dims: those of this build, and those any build can have.
+void set_cuda_head_dims(FeatureRow* row) {
+  row->head_dims = cuda_head_dims();
+  row->buildable_head_dims = kCudaKernelHeadDims;
+}
+
 // Why a backend is missing from this binary.
 constexpr const char* kNotImplemented = "not implemented yet";
 constexpr const char* kNeedsRocm = "needs ROCm";
@@ -135,8 +141,7 @@ BackendDescriptor triton() {
       "fallback",
       kMinCc);
   d.mha = mha_row(token_pages(), true, true, true, true, true, true);
-  d.mha->head_dims = cuda_head_dims();
-  d.mha->buildable_head_dims = kCudaKernelHeadDims;
+  set_cuda_head_dims(&*d.mha);
   d.mla = mla_row(any_pages(), false, false, false, true, true);
   d.mla->topk_gt1_needs_page1 = true;
   // SGLang's Triton kernels also run on ROCm (its MLA fallback there); a HIP build is planned.
@@ -177,8 +182,7 @@ BackendDescriptor flashinfer() {
       "same wgmma kernel on SM90, else the SIMT kernel, LSE-merged by the cascade merge kernel)",
       kMinCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, false);
-  d.mha->head_dims = cuda_head_dims();
-  d.mha->buildable_head_dims = kCudaKernelHeadDims;
+  set_cuda_head_dims(&*d.mha);
   d.mla = mla_row(token_pages(), false, true, true, true, false);
 #ifdef ATTNKIT_WITH_CUDA
   d.built = true;
@@ -232,8 +236,7 @@ BackendDescriptor fa3_descriptor() {
       "too); the rest of MLA runs flashinfer's MLA paths",
       kMinCc, kMaxCc);
   d.mha = mha_row(any_pages(), true, false, true, true, true, true);
-  d.mha->head_dims = cuda_head_dims();
-  d.mha->buildable_head_dims = kCudaKernelHeadDims;
+  set_cuda_head_dims(&*d.mha);
   d.mha->fp8_e4m3_only = true;
   d.mla = mla_row(any_pages(), false, false, true, true, true);
   d.mla->topk_gt1_needs_page1 = true;
@@ -256,8 +259,7 @@ BackendDescriptor fa4() {
       "MHA page_size must be 128",
       kMinCc);
   d.mha = mha_row(fixed_pages({kPage}), false, true, true, true, false, true);
-  d.mha->head_dims = cuda_head_dims();
-  d.mha->buildable_head_dims = kCudaKernelHeadDims;
+  set_cuda_head_dims(&*d.mha);
   d.mha->topk_gt1_needs_page1 = true;
   d.mla = mla_row(token_pages(), false, true, true, false, false);
   return d;
@@ -268,8 +270,7 @@ BackendDescriptor flex_attention() {
   BackendDescriptor d = cuda_descriptor(
       "flex_attention", "one templated kernel taking C++ score_mod/mask_mod functors", kMinCc);
   d.mha = mha_row(token_pages(), false, true, false, false, false, false);
-  d.mha->head_dims = cuda_head_dims();
-  d.mha->buildable_head_dims = kCudaKernelHeadDims;
+  set_cuda_head_dims(&*d.mha);
   d.cuda_graph = false;
   return d;
 }
@@ -282,8 +283,7 @@ BackendDescriptor trtllm_mha() {
       "trtllm_mha", "XQA-style GQA decode for SM90 (decode role only on SM90; prefill needs SM100)",
       kMinCc);
   d.mha = mha_row(fixed_pages({16, 32, 64}), true, true, true, false, true, false);
-  d.mha->head_dims = cuda_head_dims();
-  d.mha->buildable_head_dims = kCudaKernelHeadDims;
+  set_cuda_head_dims(&*d.mha);
   d.prefill_min_compute_capability = kPrefillMinCc;
   d.prefill_max_compute_capability = kPrefillMaxCc;
   return d;
@@ -296,8 +296,7 @@ BackendDescriptor dual_chunk_flash_attn() {
       "dual-chunk attention (intra/succ/inter chunks merged by LSE) for long-context models",
       kMinCc);
   d.mha = mha_row(any_pages(), false, false, false, false, false, false);
-  d.mha->head_dims = cuda_head_dims();
-  d.mha->buildable_head_dims = kCudaKernelHeadDims;
+  set_cuda_head_dims(&*d.mha);
   return d;
 }
 

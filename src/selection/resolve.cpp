@@ -652,9 +652,9 @@ Status Resolver::check_head_dim() {
     const std::vector<int>& buildable = r->buildable_head_dims;
     const bool some_build_has_it =
         std::find(buildable.begin(), buildable.end(), dim) != buildable.end();
-    std::string missing = who_once(*c, role, shared) + " has no kernels for head_dim " +
-                          std::to_string(dim) +
-                          " in this binary (compiled: " + join(r->head_dims, ",") +
+    const std::string lacks =
+        who_once(*c, role, shared) + " has no kernels for head_dim " + std::to_string(dim);
+    std::string missing = lacks + " in this binary (compiled: " + join(r->head_dims, ",") +
                           "; ATTNKIT_HEAD_DIMS at build time)";
     if (device_.is_virtual) {
       if (some_build_has_it) {
@@ -662,8 +662,7 @@ Status Resolver::check_head_dim() {
         continue;
       }
       // A head dim no build of the backend has: refused (or fallen back from) as on this device.
-      missing = who_once(*c, role, shared) + " has no kernels for head_dim " + std::to_string(dim) +
-                " in any build (" +
+      missing = lacks + " in any build (" +
                 (buildable.empty() ? "its head dims: " + join(r->head_dims, ",")
                                    : "ATTNKIT_HEAD_DIMS takes " + join(buildable, ",")) +
                 ")";

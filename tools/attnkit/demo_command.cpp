@@ -149,8 +149,9 @@ void register_demo_command(CLI::App& app) {
                   "Backend to use instead of the automatic choice");
   // The demo's longest request holds 4096 tokens: a larger page only pads (a page of 100000 rows
   // took minutes and gigabytes to allocate and fill).
-  cmd->add_option("--page-size", opt->page_size, "KV-cache page size (default 16, at most 4096)")
-      ->transform(cli::integer_in_range(1, 4096));
+  cmd->add_option("--page-size", opt->page_size,
+                  cat("KV-cache page size (default 16, at most ", harness::kMaxCasePageSize, ")"))
+      ->transform(cli::integer_in_range(1, harness::kMaxCasePageSize));
   cmd->add_option("--kv-cache-dtype", opt->kv_cache_dtype,
                   "auto, bf16, fp16, fp8_e4m3, fp8_e5m2, fp4_e2m1");
   cmd->callback([opt] {
