@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -188,7 +189,11 @@ bool TensorView::may_self_overlap() const {
     if (strides[i] == std::numeric_limits<int64_t>::min()) return true;  // |stride| past int64
     dims[n++] = {strides[i] < 0 ? -strides[i] : strides[i], shape[i]};
   }
-  std::sort(dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(n));
+  // Insertion sort of at most kMaxDims pairs (std::sort's unguarded insertion step made g++ 12
+  // warn -Warray-bounds past the array, which it cannot reach).
+  for (size_t i = 1; i < n; ++i) {
+    for (size_t j = i; j > 0 && dims[j] < dims[j - 1]; --j) std::swap(dims[j], dims[j - 1]);
+  }
   int64_t reach = 1;  // elements spanned by the smaller dims, plus one
   for (size_t i = 0; i < n; ++i) {
     if (dims[i].first < reach) return true;

@@ -1045,6 +1045,25 @@ Status Resolver::speculative_rules() {
     }
     sp.num_draft_tokens = sp.num_steps + 1;
   }
+  // A tree drafts topk tokens at its first step and keeps topk of topk^2 children at each later
+  // one; the verified draft tokens are the root and the best of those candidates (SGLang's
+  // organize_draft_results takes its top-k of the candidates' scores, which fails past them).
+  if (sp.topk > 1) {
+    const int64_t topk = sp.topk;
+    const int64_t capacity = 1 + topk + (sp.num_steps - int64_t{1}) * topk * topk;
+    if (sp.num_draft_tokens > capacity) {
+      const std::string tree = cat(
+          "the draft tree of --speculative-eagle-topk ", sp.topk, " over --speculative-num-steps ",
+          sp.num_steps, " holds at most 1 + topk + (steps - 1) * topk^2 = ", capacity, " tokens");
+      if (args_.speculative_num_draft_tokens) {
+        return Status::invalid_argument(cat("--speculative-num-draft-tokens ", sp.num_draft_tokens,
+                                            " is invalid: ", tree,
+                                            " (the root and its candidates)"));
+      }
+      warn(cat("speculative draft tokens ", sp.num_draft_tokens, " -> ", capacity, ": ", tree));
+      sp.num_draft_tokens = static_cast<int>(capacity);
+    }
+  }
   sp.attention_mode = spec_mode_;
   sp.verify_backend =
       spec_mode_ == SpeculativeAttentionMode::kDecode ? decode_.backend : prefill_.backend;

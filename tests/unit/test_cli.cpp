@@ -274,6 +274,30 @@ TEST(Cli, NumericFlagsSayWhatIsAllowed) {
   EXPECT_EQ(run_cli(select + "--page-size 64 --tp-size 2").exit_code, 0);
 }
 
+// A flag given a value other than a boolean: the message says it is a flag and what it takes
+// (CLI11 said only "Could not convert: --verify = maybe"); a tree's draft count past its tree.
+TEST(Cli, FlagValuesAndDraftTreesSayWhatIsAllowed) {
+  const std::string select = "select " + config("llama-3.1-8b-instruct") + " --device sm90 ";
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {
+          {"run --backend torch_native --case decode_small --verify=maybe",
+           "attnkit run: --verify=maybe is not allowed: --verify is a flag; give it alone, or "
+           "--verify=true|false"},
+          {select + "--disable-cuda-graph=sometimes",
+           "--disable-cuda-graph=sometimes is not allowed: --disable-cuda-graph is a flag"},
+          {select + "--speculative-algorithm EAGLE --speculative-eagle-topk 8 "
+                    "--speculative-num-steps 1 --speculative-num-draft-tokens 1024",
+           "--speculative-num-draft-tokens 1024 is invalid: the draft tree of "
+           "--speculative-eagle-topk 8 over --speculative-num-steps 1 holds at most 1 + topk + "
+           "(steps - 1) * topk^2 = 9 tokens"},
+      });
+  // A value option's own check still speaks for it.
+  const CliRun page = run_cli(select + "--page-size=abc");
+  EXPECT_NE(page.err.find("--page-size: \"abc\" is not an integer"), std::string::npos) << page.err;
+  EXPECT_EQ(run_cli(select + "--disable-cuda-graph=false").exit_code, 0);
+}
+
 // Helper 61's findings (2026-11-30): a draft count whose + 1 overflowed, a suggested chunk size
 // that overflowed, and flags dropped without a word.
 TEST(Cli, SelectOverflowsAndIgnoredFlagsAreSaid) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -901,6 +902,52 @@ TEST(Selection, SpeculativeCountsAreBoundedThroughTheApi) {
   Result<Selection> s = resolve(a, *model, *device_by_name("sm90"));
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   EXPECT_EQ(s->speculative->num_draft_tokens, kMaxSpeculativeValue + 1);
+}
+
+// A tree's draft tokens are its root and at most topk + (steps - 1) * topk^2 candidates: more
+// given is refused naming the flags, an automatic count past them is cut with a warning.
+TEST(Selection, TreeDraftTokensFitTheTree) {
+  Result<ModelAttentionConfig> model = load(kLlama);
+  ASSERT_TRUE(model.is_ok());
+  auto spec = [&](int steps, int topk, std::optional<int> draft) {
+    ServerArgs a;
+    a.speculative_algorithm = "EAGLE";
+    a.speculative_num_steps = steps;
+    a.speculative_eagle_topk = topk;
+    a.speculative_num_draft_tokens = draft;
+    return resolve(a, *model, *device_by_name("sm90"));
+  };
+  Result<Selection> s = spec(1, 8, 1024);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find(
+                "--speculative-num-draft-tokens 1024 is invalid: the draft tree of "
+                "--speculative-eagle-topk 8 over --speculative-num-steps 1 holds at most 1 + topk "
+                "+ (steps - 1) * topk^2 = 9 tokens"),
+            std::string::npos)
+      << s.status().to_string();
+  EXPECT_FALSE(spec(2, 2, 8).is_ok());  // 1 + 2 + 4 = 7
+  for (auto [steps, topk, draft] : {std::array{1, 8, 9}, {2, 2, 7}, {5, 4, 69}}) {
+    s = spec(steps, topk, draft);
+    ASSERT_TRUE(s.is_ok()) << steps << " " << topk << " " << draft << ": "
+                           << s.status().to_string();
+    EXPECT_EQ(s->speculative->num_draft_tokens, draft);
+    for (const std::string& w : s->warnings)
+      EXPECT_EQ(w.find("draft tokens"), std::string::npos) << w;
+  }
+  // The automatic 8 draft tokens do not fit topk 2 over one step: cut to 3, with a warning.
+  s = spec(1, 2, std::nullopt);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->speculative->num_draft_tokens, 3);
+  EXPECT_TRUE(std::any_of(s->warnings.begin(), s->warnings.end(), [](const std::string& w) {
+    return w.find(
+               "speculative draft tokens 8 -> 3: the draft tree of --speculative-eagle-topk 2 "
+               "over --speculative-num-steps 1") != std::string::npos;
+  }));
+  // The largest counts do not overflow the bound.
+  s = spec(kMaxSpeculativeValue, kMaxSpeculativeValue, kMaxSpeculativeValue);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->speculative->num_draft_tokens, kMaxSpeculativeValue);
 }
 
 TEST(Selection, AutoSpecParamsForLlamaAreATree) {

@@ -4,7 +4,10 @@
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tools/attnkit/commands.h"
@@ -37,6 +40,19 @@ std::string valid_subcommands(const CLI::App& app) {
     out += sub->get_name();
   }
   return out;
+}
+
+// "Could not convert: --verify = maybe" about a flag: the flag's name and the value given, or
+// nothing when the option takes a value (its own check names what it allows).
+std::optional<std::pair<std::string, std::string>> bad_flag_value(const CLI::App& app,
+                                                                  const std::string& what) {
+  constexpr std::string_view kPrefix = "Could not convert: ";
+  const size_t eq = what.find(" = ");
+  if (what.rfind(kPrefix, 0) != 0 || eq == std::string::npos) return std::nullopt;
+  const std::string name = what.substr(kPrefix.size(), eq - kPrefix.size());
+  const CLI::Option* o = app.get_option_no_throw(name);
+  if (o == nullptr || o->get_expected_max() != 0) return std::nullopt;
+  return std::make_pair(name, what.substr(eq + 3));
 }
 
 }  // namespace
@@ -88,6 +104,13 @@ int main(int argc, char** argv) {
                                : "; valid options: " + valid_options(*where);
     } else if (no_subcommand) {
       message += "; valid subcommands: " + valid_subcommands(app);
+    } else if (dynamic_cast<const CLI::ConversionError*>(&e) != nullptr) {
+      // CLI11 says "Could not convert: --verify = maybe" without what a flag takes.
+      if (const auto flag = bad_flag_value(*where, e.what())) {
+        message = cmd + ": " + flag->first + "=" + flag->second +
+                  " is not allowed: " + flag->first + " is a flag; give it alone, or " +
+                  flag->first + "=true|false (also 1/0, on/off, yes/no)";
+      }
     }
     std::cerr << message << " (see " << cmd << " --help)\n";
     return e.get_exit_code() == 0 ? 1 : e.get_exit_code();
