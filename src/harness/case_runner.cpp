@@ -622,7 +622,7 @@ Result<HostMirror> make_host_mirror(const PreparedCase& pc) {
 
 Result<reference::ReferenceOutput> reference_of(const HostMirror& m, const PreparedCase& pc,
                                                 int l) {
-  const bool mla_prefill = pc.spec.mla && !pc.spec.mla_absorbed();
+  const bool mla_prefill = pc.spec.mla_prefill();
   const TensorView k = mla_prefill ? m.k[static_cast<size_t>(l)] : TensorView();
   const TensorView v = mla_prefill ? m.v[static_cast<size_t>(l)] : TensorView();
   return reference::compute_attention_fp64(m.q[static_cast<size_t>(l)], k, v,
@@ -1071,7 +1071,7 @@ Result<PreparedCase> prepare_case_unguarded(const CaseSpec& spec, Device device,
   const int bs = spec.batch_size();
   const int ps = spec.page_size;
   const bool verify = spec.mode == ForwardMode::kTargetVerify;
-  const bool mla_prefill = spec.mla && !spec.mla_absorbed();
+  const bool mla_prefill = spec.mla_prefill();
 
   // Per-request lengths.
   std::vector<int32_t> enc(bs), prefix(bs), fresh(bs), seq(bs);
@@ -1398,7 +1398,7 @@ Result<PreparedCase> prepare_case(const CaseSpec& spec, Device device,
 
 Status run_backend(AttentionBackend& backend, PreparedCase& pc, bool save_kv) {
   ATTNKIT_RETURN_IF_ERROR(backend.init_forward_metadata(pc.batch));
-  const bool mla_prefill = pc.spec.mla && !pc.spec.mla_absorbed();
+  const bool mla_prefill = pc.spec.mla_prefill();
   for (LayerData& ld : pc.layers) {
     const bool save = save_kv && ld.save_kv_allowed;
     if (!save && ld.save_kv_allowed) {

@@ -109,6 +109,9 @@ struct CaseSpec {
   bool mla_absorbed() const {
     return mla && int64_t{head_dim} == int64_t{kv_lora_rank} + qk_rope_head_dim;
   }
+  // MLA with separate k / v rows (the non-absorbed 192 / 128 prefill): its forward reads the new
+  // tokens' k / v from its arguments, not from the pool.
+  bool mla_prefill() const { return mla && !mla_absorbed(); }
   AttentionKind kind() const { return mla ? AttentionKind::kMLA : AttentionKind::kMHA; }
   // One line: "extend_p16_gqa4: extend bs 3 page 16 heads 8/2 d 128/128 q bf16 kv bf16 ...".
   std::string describe() const;

@@ -1048,7 +1048,9 @@ Status Resolver::speculative_rules() {
   // A tree drafts topk tokens at its first step and keeps topk of topk^2 children at each later
   // one; the verified draft tokens are the root and the best of those candidates (SGLang's
   // organize_draft_results takes its top-k of the candidates' scores, which fails past them).
-  if (sp.topk > 1) {
+  // NGRAM builds no such tree: its topk is the match trie's breadth and its draft tokens the
+  // match window, so the bound does not apply to it.
+  if (sp.topk > 1 && sp.algorithm != "NGRAM") {
     const int64_t topk = sp.topk;
     const int64_t capacity = 1 + topk + (sp.num_steps - int64_t{1}) * topk * topk;
     if (sp.num_draft_tokens > capacity) {

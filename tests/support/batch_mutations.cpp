@@ -92,10 +92,6 @@ void mirror_host_arrays(ForwardBatch& b) {
   }
 }
 
-// The MLA non-absorbed prefill reads the new tokens' k / v from its arguments and never the pool
-// (harness::run_backend passes them with save_kv off).
-bool takes_kv_unsaved(const PreparedCase& pc) { return pc.spec.mla && !pc.spec.mla_absorbed(); }
-
 // One mutation of a prepared batch and how to take it back.
 class Mutator {
  public:
@@ -312,7 +308,7 @@ class Mutator {
     const char* names[] = {"q", "k", "v", "out", "lse"};
     const int which = pick(0, 4);
     // k / v reach the backend only where it saves them (or reads them unsaved).
-    if ((which == 1 || which == 2) && !(save_kv_ && ld.save_kv_allowed) && !takes_kv_unsaved(pc_))
+    if ((which == 1 || which == 2) && !(save_kv_ && ld.save_kv_allowed) && !pc_.spec.mla_prefill())
       return std::string(names[which]) + " (not passed)";
     TensorView& t = *views[which];
     if (!t.defined()) return std::string(names[which]) + " (absent)";
@@ -478,7 +474,7 @@ Status run(AttentionBackend& backend, PreparedCase& pc, bool save_kv, bool* pool
   for (size_t l = 0; l < pc.layers.size(); ++l) {
     harness::LayerData& ld = pc.layers[l];
     const bool save = save_kv && ld.save_kv_allowed;
-    const bool pass_kv = save || takes_kv_unsaved(pc);
+    const bool pass_kv = save || pc.spec.mla_prefill();
     const Status st =
         backend.forward(ld.q, pass_kv ? ld.k : TensorView(), pass_kv ? ld.v : TensorView(), ld.out,
                         ld.layer, pc.batch, save, ld.lse);

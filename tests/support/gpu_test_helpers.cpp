@@ -202,8 +202,8 @@ bool expects_sm90_wgmma_prefill(const harness::CaseSpec& s) {
 
 bool expects_sm90_mla_prefill(const harness::CaseSpec& s) {
   const Result<DeviceInfo> dev = detect_cuda(0);
-  return dev.is_ok() && dev->compute_capability == 90 && s.mla && !s.mla_absorbed() &&
-         s.head_dim == 192 && s.v_head_dim == 128 && s.mla_prefix_chunk == 0 &&
+  return dev.is_ok() && dev->compute_capability == 90 && s.mla_prefill() && s.head_dim == 192 &&
+         s.v_head_dim == 128 && s.mla_prefix_chunk == 0 &&
          (s.mode == ForwardMode::kExtend || s.mode == ForwardMode::kDraftExtend) &&
          (s.q_dtype == DType::kBF16 || s.q_dtype == DType::kF16) && s.sliding_window < 0 &&
          s.logit_cap == 0.f && !s.sinks && !s.cross_attention && s.type == AttentionType::kDecoder;

@@ -129,7 +129,7 @@ TEST(CaseTable, CoversDesignSection8) {
            c.mode == ForwardMode::kDecode;
   }));
   EXPECT_TRUE(any([](const CaseSpec& c) {
-    return c.mla && !c.mla_absorbed() && c.head_dim == 192 && c.v_head_dim == 128;
+    return c.mla_prefill() && c.head_dim == 192 && c.v_head_dim == 128;
   }));
   EXPECT_TRUE(any([](const CaseSpec& c) { return c.sliding_window >= 0; }));
   EXPECT_TRUE(any([](const CaseSpec& c) { return c.logit_cap > 0.f; }));

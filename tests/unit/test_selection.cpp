@@ -944,6 +944,17 @@ TEST(Selection, TreeDraftTokensFitTheTree) {
                "speculative draft tokens 8 -> 3: the draft tree of --speculative-eagle-topk 2 "
                "over --speculative-num-steps 1") != std::string::npos;
   }));
+  // NGRAM's topk is its match trie's breadth, not a tree's: its draft tokens are not bounded so.
+  ServerArgs ngram;
+  ngram.speculative_algorithm = "NGRAM";
+  ngram.speculative_num_steps = 1;
+  ngram.speculative_eagle_topk = 2;
+  ngram.speculative_num_draft_tokens = 12;
+  s = resolve(ngram, *model, *device_by_name("sm90"));
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->speculative->num_draft_tokens, 12);
+  for (const std::string& w : s->warnings)
+    EXPECT_EQ(w.find("draft tokens"), std::string::npos) << w;
   // The largest counts do not overflow the bound.
   s = spec(kMaxSpeculativeValue, kMaxSpeculativeValue, kMaxSpeculativeValue);
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
