@@ -1054,9 +1054,15 @@ Status Resolver::speculative_rules() {
     const int64_t topk = sp.topk;
     const int64_t capacity = 1 + topk + (sp.num_steps - int64_t{1}) * topk * topk;
     if (sp.num_draft_tokens > capacity) {
-      const std::string tree = cat(
-          "the draft tree of --speculative-eagle-topk ", sp.topk, " over --speculative-num-steps ",
-          sp.num_steps, " holds at most 1 + topk + (steps - 1) * topk^2 = ", capacity, " tokens");
+      // A value the user did not give is the model's automatic one: say so.
+      auto given = [](const std::optional<int>& flag) {
+        return flag ? std::string() : std::string(" (automatic)");
+      };
+      const std::string tree =
+          cat("the draft tree of --speculative-eagle-topk ", sp.topk,
+              given(args_.speculative_eagle_topk), " over --speculative-num-steps ", sp.num_steps,
+              given(args_.speculative_num_steps),
+              " holds at most 1 + topk + (steps - 1) * topk^2 = ", capacity, " tokens");
       if (args_.speculative_num_draft_tokens) {
         return Status::invalid_argument(cat("--speculative-num-draft-tokens ", sp.num_draft_tokens,
                                             " is invalid: ", tree,

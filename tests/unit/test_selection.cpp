@@ -927,6 +927,18 @@ TEST(Selection, TreeDraftTokensFitTheTree) {
             std::string::npos)
       << s.status().to_string();
   EXPECT_FALSE(spec(2, 2, 8).is_ok());  // 1 + 2 + 4 = 7
+  // A value the user left to the model is named as automatic (Llama: 5 steps).
+  ServerArgs auto_steps;
+  auto_steps.speculative_algorithm = "EAGLE";
+  auto_steps.speculative_eagle_topk = 8;
+  auto_steps.speculative_num_draft_tokens = 1024;
+  s = resolve(auto_steps, *model, *device_by_name("sm90"));
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.status().message().find("--speculative-eagle-topk 8 over --speculative-num-steps 5 "
+                                      "(automatic) holds at most 1 + topk + (steps - 1) * topk^2 "
+                                      "= 265 tokens"),
+            std::string::npos)
+      << s.status().to_string();
   for (auto [steps, topk, draft] : {std::array{1, 8, 9}, {2, 2, 7}, {5, 4, 69}}) {
     s = spec(steps, topk, draft);
     ASSERT_TRUE(s.is_ok()) << steps << " " << topk << " " << draft << ": "
