@@ -122,10 +122,12 @@ class Reader {
     if (value == nullptr) return Status::ok();
     int64_t parsed = 0;
     bool ok = false;
+    bool too_large = false;  // an integer past int's range: say where the range ends
     if (value->is_number_integer()) {
       if (value->is_number_unsigned()) {
         const uint64_t u = value->get<uint64_t>();
         ok = u <= static_cast<uint64_t>(INT_MAX);
+        too_large = !ok;
         parsed = static_cast<int64_t>(u);
       } else {
         parsed = value->get<int64_t>();
@@ -135,9 +137,14 @@ class Reader {
       // 4096.0 is an integer written by a float-happy tool; 4096.5 is not.
       const double d = value->get<double>();
       ok = std::isfinite(d) && std::floor(d) == d && std::fabs(d) <= INT_MAX;
+      too_large = std::isfinite(d) && std::floor(d) == d && d > INT_MAX;
       parsed = ok ? static_cast<int64_t>(d) : 0;
     }
-    ok = ok && parsed <= INT_MAX && parsed >= (rule == IntRule::kPositive ? 1 : 0);
+    too_large = too_large || parsed > INT_MAX;
+    ok = ok && !too_large && parsed >= (rule == IntRule::kPositive ? 1 : 0);
+    if (too_large) {
+      return owner->type_error(key, *value, std::string(describe(rule)) + " of at most 2147483647");
+    }
     if (!ok) return owner->type_error(key, *value, describe(rule));
     *out = static_cast<int>(parsed);
     return Status::ok();

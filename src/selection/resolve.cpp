@@ -47,6 +47,10 @@ struct SpecParams {
 };
 constexpr SpecParams kSpecParamsChain = {3, 1, 4};  // DeepSeek, gpt-oss, STANDALONE
 constexpr SpecParams kSpecParamsTree = {5, 4, 8};   // Llama and every other model
+// NGRAM drafts from a match trie, not a draft model (no steps): topk is the trie's breadth
+// (SGLang's --speculative-ngram-max-bfs-breadth, 10) and the draft tokens its match window
+// (--speculative-ngram-max-match-window-size, 12).
+constexpr SpecParams kSpecParamsNgram = {1, 10, 12};
 constexpr int kSglangDefaultPageSize = 1;
 constexpr int kCcMajorScale = 10;
 
@@ -106,7 +110,17 @@ struct RoleChoice {
   std::string backend;
   std::string origin;      // "--attention-backend", "generic default", ...
   bool from_flag = false;  // the user named it
+  // A backend put in place of another (origin "fix-up of ..." / "fallback for ...", naming the one
+  // it replaced): messages name it as "torch_native (fix-up of --attention-backend intel_amx)".
+  bool replaced = false;
 };
+
+// "--attention-backend fa3", "the device default intel_amx",
+// "torch_native (fix-up of --attention-backend intel_amx)".
+std::string named(const RoleChoice& c) {
+  if (c.replaced) return c.backend + " (" + c.origin + ")";
+  return c.from_flag ? c.origin + " " + c.backend : "the " + c.origin + " " + c.backend;
+}
 
 // A candidate list in a message: "none" when it is empty (a message ended in ": ").
 std::string or_none(const std::vector<std::string>& names) {
@@ -137,6 +151,9 @@ class Resolver {
   // The first feature the model needs that backend `name` (row `r`) lacks (sliding window,
   // encoder attention, attention sinks); nullptr: none.
   const char* lacks_for_model(const FeatureRow& r, std::string_view name) const;
+  // On a CPU without AMX-BF16 SGLang's fix-up runs torch_native for intel_amx, unless torch_native
+  // lacks what the model needs and intel_amx has it (then intel_amx runs its AVX paths).
+  bool amx_fixed_up() const;
   Status linear_attention();
   Status kv_cache_dtype();
   Status page_size();
@@ -199,6 +216,8 @@ std::vector<std::string> Resolver::candidates(
   std::vector<std::string> out;
   for (const BackendDescriptor& d : reg_.all()) {
     const FeatureRow* r = d.row(kind_);
+    // intel_amx on a CPU without AMX is torch_native after the fix-up: not a choice to offer.
+    if (d.name == "intel_amx" && amx_fixed_up()) continue;
     if (r != nullptr && pred(*r) && check_backend_on_device(d, device_, role).is_ok()) {
       out.push_back(d.name);
     }
@@ -233,8 +252,9 @@ const char* Resolver::universal_fallback(BackendRole role,
 
 void Resolver::fall_back(RoleChoice* c, const char* fallback, const std::string& why) {
   warn(why + "; using " + fallback);
+  c->origin = "fallback for " + named(*c);
   c->backend = fallback;
-  c->origin = "fallback for the " + c->origin;
+  c->replaced = true;
 }
 
 std::vector<std::pair<BackendRole, const RoleChoice*>> Resolver::roles() const {
@@ -244,16 +264,14 @@ std::vector<std::pair<BackendRole, const RoleChoice*>> Resolver::roles() const {
 }
 
 std::string Resolver::who_once(const RoleChoice& c, BackendRole role, bool shared) const {
-  if (!shared) return who(c, role);
-  return c.from_flag ? c.origin + " " + c.backend : "the " + c.origin + " " + c.backend;
+  return shared ? named(c) : who(c, role);
 }
 
 std::string Resolver::who(const RoleChoice& c, BackendRole role) const {
   const std::string role_name = prefill_.backend != decode_.backend
                                     ? std::string(" (") + backend_role_name(role) + " backend)"
                                     : "";
-  if (c.from_flag) return c.origin + " " + c.backend + role_name;
-  return "the " + c.origin + " " + c.backend + role_name;
+  return named(c) + role_name;
 }
 
 // ---- step 0: every flag value is valid on its own ----
@@ -533,8 +551,9 @@ Status Resolver::per_backend_fixups() {
          {std::pair{BackendRole::kPrefill, &prefill_}, std::pair{BackendRole::kDecode, &decode_}}) {
       if (c->backend != from) continue;
       warn(who_once(*c, role, shared) + " -> " + to + ": " + why);
+      c->origin = "fix-up of " + named(*c);
       c->backend = to;
-      c->origin = "fix-up of " + c->origin;
+      c->replaced = true;
     }
   };
   if (device_.platform == Platform::kCPU && !device_.has_amx_bf16) {
@@ -542,10 +561,8 @@ Status Resolver::per_backend_fixups() {
     // intel_amx stays and runs its AVX-512 / AVX2 paths (DESIGN.md section 4), rather than the
     // fix-up turning a model intel_amx serves into an error (gpt-oss's window on a CPU without
     // AMX was refused).
-    const FeatureRow* fallback = row("torch_native");
-    const FeatureRow* amx = row("intel_amx");
-    const char* lacks = fallback != nullptr ? lacks_for_model(*fallback, "torch_native") : nullptr;
-    if (lacks != nullptr && amx != nullptr && lacks_for_model(*amx, "intel_amx") == nullptr) {
+    if (!amx_fixed_up()) {
+      const char* lacks = lacks_for_model(*row("torch_native"), "torch_native");
       const bool shared = prefill_.backend == decode_.backend;
       for (auto [role, c] : roles()) {
         if (c->backend != "intel_amx") continue;
@@ -686,6 +703,14 @@ bool Resolver::model_uses_window() const {
   if (model_.layer_kinds.empty()) return true;
   return std::any_of(model_.layer_kinds.begin(), model_.layer_kinds.end(),
                      [](LayerKind k) { return k == LayerKind::kSlidingAttention; });
+}
+
+bool Resolver::amx_fixed_up() const {
+  if (device_.platform != Platform::kCPU || device_.has_amx_bf16) return false;
+  const FeatureRow* fallback = row("torch_native");
+  const FeatureRow* amx = row("intel_amx");
+  const char* lacks = fallback != nullptr ? lacks_for_model(*fallback, "torch_native") : nullptr;
+  return lacks == nullptr || amx == nullptr || lacks_for_model(*amx, "intel_amx") != nullptr;
 }
 
 const char* Resolver::lacks_for_model(const FeatureRow& r, std::string_view name) const {
@@ -1009,16 +1034,44 @@ Status Resolver::speculative_rules() {
   s_.speculative_attention_mode = spec_mode_;
   if (!args_.speculative_enabled()) return Status::ok();
   SpeculativeSelection sp;
-  sp.algorithm = *args_.speculative_algorithm;
+  const std::string& given_algorithm = *args_.speculative_algorithm;  // as the user typed it
+  sp.algorithm = given_algorithm;
   if (sp.algorithm == "NEXTN") {
     sp.algorithm = "EAGLE";
     reason("speculative algorithm: NEXTN is EAGLE with the model's own MTP layers");
   }
+  const bool ngram = sp.algorithm == "NGRAM";
+  // SGLang's NGRAM worker runs on CUDA devices only (ROCm's torch device is "cuda" too).
+  if (ngram && device_.platform != Platform::kCUDA && device_.platform != Platform::kROCm) {
+    return Status::unsupported(
+        "--speculative-algorithm NGRAM runs on CUDA / ROCm GPUs only (SGLang's NGRAM worker); this "
+        "device is " +
+        device_label(device_) + "; on it use EAGLE, EAGLE3, NEXTN or STANDALONE");
+  }
+  // Every algorithm turns mixed chunked prefill off (SGLang: the draft and verify passes do not
+  // run in mixed prefill / decode batches).
+  if (s_.enable_mixed_chunk) {
+    s_.enable_mixed_chunk = false;
+    warn("--enable-mixed-chunk is ignored: speculative decoding (--speculative-algorithm " +
+         given_algorithm + ") runs no mixed chunked-prefill batches (as in SGLang)");
+  }
+  // A model whose config needs dual_chunk_flash_attn has no other backend to offer.
+  if (model_.has_dual_chunk_attention) {
+    for (auto [role, c] : roles()) {
+      if (!row(c->backend)->spec_topk1) {
+        return Status::unsupported(
+            "--speculative-algorithm " + given_algorithm +
+            " is not supported for this model: its config has dual_chunk_attention_config, which "
+            "needs " +
+            who(*c, role) + ", and " + c->backend + " has no speculative decoding");
+      }
+    }
+  }
   for (auto [role, c] : roles()) {
     if (c->backend == "flex_attention") {
       return Status::unsupported(
-          "--speculative-algorithm " + *args_.speculative_algorithm + " is not supported with " +
-          who(*c, role) + ": flex_attention rejects speculative decoding; spec-capable " +
+          "--speculative-algorithm " + given_algorithm + " is not supported with " + who(*c, role) +
+          ": flex_attention rejects speculative decoding; spec-capable " +
           attention_kind_name(kind_) + " backends: " +
           or_none(candidates(role, [](const FeatureRow& x) { return x.spec_topk1; })));
     }
@@ -1027,7 +1080,9 @@ Status Resolver::speculative_rules() {
   const bool chain_model = sp.algorithm == "STANDALONE" || arch == "DeepseekV3ForCausalLM" ||
                            arch == "DeepseekV2ForCausalLM" || arch == "DeepseekV32ForCausalLM" ||
                            arch == "GptOssForCausalLM";
-  const SpecParams auto_params = chain_model ? kSpecParamsChain : kSpecParamsTree;
+  const SpecParams auto_params = ngram         ? kSpecParamsNgram
+                                 : chain_model ? kSpecParamsChain
+                                               : kSpecParamsTree;
   const bool any_given = args_.speculative_num_steps || args_.speculative_eagle_topk ||
                          args_.speculative_num_draft_tokens;
   sp.num_steps = args_.speculative_num_steps.value_or(auto_params.num_steps);
@@ -1038,7 +1093,13 @@ Status Resolver::speculative_rules() {
            std::to_string(sp.topk) + ", draft tokens " + std::to_string(sp.num_draft_tokens) +
            " (auto for " + (arch.empty() ? std::string("this model") : arch) + ")");
   }
-  if (sp.topk == 1 && sp.num_draft_tokens != sp.num_steps + 1) {
+  // A value the user did not give is the model's automatic one: messages say so.
+  auto given = [](const std::optional<int>& flag) {
+    return flag ? std::string() : std::string(" (automatic)");
+  };
+  // A topk-1 chain of num_steps draft steps verifies the root and its num_steps tokens; NGRAM's
+  // draft tokens are its match window, whatever the breadth.
+  if (!ngram && sp.topk == 1 && sp.num_draft_tokens != sp.num_steps + 1) {
     if (args_.speculative_num_draft_tokens) {
       warn("--speculative-num-draft-tokens " + std::to_string(sp.num_draft_tokens) + " -> " +
            std::to_string(sp.num_steps + 1) + ": with topk 1 it must be num_steps + 1");
@@ -1050,14 +1111,10 @@ Status Resolver::speculative_rules() {
   // organize_draft_results takes its top-k of the candidates' scores, which fails past them).
   // NGRAM builds no such tree: its topk is the match trie's breadth and its draft tokens the
   // match window, so the bound does not apply to it.
-  if (sp.topk > 1 && sp.algorithm != "NGRAM") {
+  if (sp.topk > 1 && !ngram) {
     const int64_t topk = sp.topk;
     const int64_t capacity = 1 + topk + (sp.num_steps - int64_t{1}) * topk * topk;
     if (sp.num_draft_tokens > capacity) {
-      // A value the user did not give is the model's automatic one: say so.
-      auto given = [](const std::optional<int>& flag) {
-        return flag ? std::string() : std::string(" (automatic)");
-      };
       const std::string tree =
           cat("the draft tree of --speculative-eagle-topk ", sp.topk,
               given(args_.speculative_eagle_topk), " over --speculative-num-steps ", sp.num_steps,
@@ -1077,7 +1134,8 @@ Status Resolver::speculative_rules() {
       spec_mode_ == SpeculativeAttentionMode::kDecode ? decode_.backend : prefill_.backend;
   // The decode backend runs draft decode; the verify backend runs TARGET_VERIFY/DRAFT_EXTEND.
   const bool tree = sp.topk > 1;
-  const std::string topk_flag = "--speculative-eagle-topk " + std::to_string(sp.topk);
+  const std::string topk_flag =
+      "--speculative-eagle-topk " + std::to_string(sp.topk) + given(args_.speculative_eagle_topk);
   std::vector<std::pair<BackendRole, const RoleChoice*>> spec_roles = {
       {BackendRole::kDecode, &decode_}};
   if (spec_mode_ == SpeculativeAttentionMode::kPrefill && prefill_.backend != decode_.backend) {
@@ -1087,13 +1145,17 @@ Status Resolver::speculative_rules() {
     const FeatureRow* r = row(c->backend);
     const bool ok = tree ? r->spec_topk_gt1 : r->spec_topk1;
     if (!ok) {
-      return Status::unsupported("--speculative-algorithm " + sp.algorithm + " with " + topk_flag +
-                                 " is not supported by " + who(*c, role) + "; " +
+      const std::string chain_ok =
+          tree && r->spec_topk1 ? "; " + c->backend + " runs --speculative-eagle-topk 1" : "";
+      return Status::unsupported("--speculative-algorithm " + given_algorithm + " with " +
+                                 topk_flag + " is not supported by " + who(*c, role) + "; " +
                                  attention_kind_name(kind_) + " backends with spec topk" +
                                  (tree ? ">1" : "=1") + ": " +
-                                 or_none(candidates(role, [tree](const FeatureRow& x) {
-                                   return tree ? x.spec_topk_gt1 : x.spec_topk1;
-                                 })));
+                                 or_none(candidates(role,
+                                                    [tree](const FeatureRow& x) {
+                                                      return tree ? x.spec_topk_gt1 : x.spec_topk1;
+                                                    })) +
+                                 chain_ok);
     }
     if (tree && s_.page_size > 1 && r->topk_gt1_needs_page1) {
       const std::vector<std::string> paged = candidates(role, [](const FeatureRow& x) {
@@ -1104,6 +1166,13 @@ Status Resolver::speculative_rules() {
           topk_flag + " with page size " + std::to_string(s_.page_size) + " is not supported by " +
           who(*c, role) + " (topk > 1 only with page_size 1); with page_size > 1 use " +
           (paged.empty() ? std::string("none") : join(paged)) + ", or --page-size 1");
+    }
+    if (ngram && tree && s_.page_size > 1 && c->backend != "flashinfer") {
+      return Status::unsupported(
+          "--speculative-algorithm NGRAM with " + topk_flag + " and page size " +
+          std::to_string(s_.page_size) + " is not supported by " + who(*c, role) +
+          ": NGRAM's trees (topk > 1) with page_size > 1 run on flashinfer only (as in SGLang); "
+          "use --attention-backend flashinfer, --page-size 1 or --speculative-eagle-topk 1");
     }
   }
   reason("speculative: " + sp.algorithm + " steps " + std::to_string(sp.num_steps) + ", topk " +

@@ -20,6 +20,7 @@ void PrintTo(LayerKind kind, std::ostream* os) { *os << layer_kind_name(kind); }
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 constexpr LayerKind kFull = LayerKind::kFullAttention;
@@ -637,6 +638,21 @@ TEST(ModelConfigErrors, NonPositiveHeadCounts) {
               HasSubstr("num_key_value_heads must be a positive integer, got -8"));
   EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 32, "head_dim": 0)")),
               HasSubstr("head_dim must be a positive integer, got 0"));
+}
+
+TEST(ModelConfigErrors, CountsPastIntSayWhereTheRangeEnds) {
+  for (auto [big, shown] : {std::pair{"1099511627776", "1099511627776"},
+                            {"2147483648", "2147483648"},
+                            {"4.0e12", "4000000000000.0"}}) {
+    EXPECT_THAT(parse_error(llama_json(std::string(R"(, "num_attention_heads": )") + big)),
+                HasSubstr(std::string("num_attention_heads must be a positive integer of at most "
+                                      "2147483647, got ") +
+                          shown))
+        << big;
+  }
+  // INT_MAX itself parses (the head checks after it refuse it for other reasons, not the range).
+  EXPECT_THAT(parse_error(llama_json(R"(, "num_attention_heads": 2147483647)")),
+              Not(HasSubstr("at most 2147483647")));
 }
 
 TEST(ModelConfigErrors, KvHeadsMustDivideQueryHeads) {

@@ -133,11 +133,62 @@ std::vector<Case> cases() {
       // topk 1 (nsa, a descriptor here, has no speculative row), not the tree's 4.
       err("mla_sm90_dsv32_spec_chain_params", kDsV32, "sm90",
           [](ServerArgs& a) { a.speculative_algorithm = "EAGLE"; }, kUnsupported,
-          {"--speculative-eagle-topk 1 is not supported by the model rule nsa"}),
-      // An empty candidate list says "none" (the message ended in ": ").
+          {"--speculative-eagle-topk 1 (automatic) is not supported by the model rule nsa"}),
+      // An empty candidate list says "none" (the message ended in ": "); the automatic topk is
+      // named so, the algorithm as typed, and the chain the backend does run is offered.
       err("cpu_spec_tree_has_no_backend", kLlama, "cpu",
+          [](ServerArgs& a) { a.speculative_algorithm = "NEXTN"; }, kUnsupported,
+          {"--speculative-algorithm NEXTN with --speculative-eagle-topk 4 (automatic) is not "
+           "supported by the device default intel_amx",
+           "MHA backends with spec topk>1: none; intel_amx runs --speculative-eagle-topk 1"}),
+      // Without AMX, intel_amx is torch_native after the fix-up: never offered as the way out.
+      err("cpu_noamx_spec_names_the_fixup", kLlama, "cpu-noamx",
+          [](ServerArgs& a) {
+            a.attention_backend = "intel_amx";
+            a.speculative_algorithm = "EAGLE";
+            a.speculative_eagle_topk = 1;
+          },
+          kUnsupported,
+          {"--speculative-algorithm EAGLE with --speculative-eagle-topk 1 is not supported by "
+           "torch_native (fix-up of --attention-backend intel_amx); MHA backends with spec "
+           "topk=1: none"}),
+      // ---- NGRAM (SGLang: CUDA only; topk = trie breadth 10, draft tokens = match window 12) ----
+      err("cpu_ngram_is_cuda_only", kLlama, "cpu",
           [](ServerArgs& a) { a.speculative_algorithm = "NGRAM"; }, kUnsupported,
-          {"MHA backends with spec topk>1: none"}),
+          {"--speculative-algorithm NGRAM runs on CUDA / ROCm GPUs only", "virtual cpu"}),
+      ok("ngram_sm90_auto_breadth", kLlama, "sm90",
+         [](ServerArgs& a) { a.speculative_algorithm = "NGRAM"; },
+         {"fa3", "fa3", 1, "auto", true, {}, 10, "fa3"}),
+      err("ngram_tree_paged_needs_flashinfer", kLlama, "sm90",
+          [](ServerArgs& a) {
+            a.speculative_algorithm = "NGRAM";
+            a.page_size = 16;
+          },
+          kUnsupported,
+          {"--speculative-algorithm NGRAM with --speculative-eagle-topk 10 (automatic) and page "
+           "size 16 is not supported by the generic default fa3",
+           "use --attention-backend flashinfer, --page-size 1 or --speculative-eagle-topk 1"}),
+      ok("ngram_tree_paged_flashinfer", kLlama, "sm90",
+         [](ServerArgs& a) {
+           a.speculative_algorithm = "NGRAM";
+           a.page_size = 16;
+           a.attention_backend = "flashinfer";
+         },
+         {"flashinfer", "flashinfer", 16, "auto", true, {}, 10, "flashinfer"}),
+      // Speculative decoding runs no mixed chunked-prefill batches (SGLang turns the flag off).
+      ok("spec_turns_mixed_chunk_off", kLlama, "sm90",
+         [](ServerArgs& a) {
+           a.speculative_algorithm = "EAGLE";
+           a.enable_mixed_chunk = true;
+         },
+         {"fa3",
+          "fa3",
+          1,
+          "auto",
+          true,
+          {"--enable-mixed-chunk is ignored: speculative decoding (--speculative-algorithm EAGLE)"},
+          4,
+          "fa3"}),
       ok("mha_sm100_spec_topk4_flashinfer", kLlama, "sm100",
          [](ServerArgs& a) {
            a.speculative_algorithm = "EAGLE";
@@ -233,6 +284,15 @@ std::vector<Case> cases() {
           {"radix cache disabled"}}),
       ok("dual_chunk_explicit", kQwen1M, "sm80", backend("dual_chunk_flash_attn"),
          {"dual_chunk_flash_attn", "dual_chunk_flash_attn", 1, "auto", true}),
+      err("dual_chunk_has_no_speculative_decoding", kQwen1M, "sm90",
+          [](ServerArgs& a) {
+            a.speculative_algorithm = "EAGLE";
+            a.speculative_eagle_topk = 1;
+          },
+          kUnsupported,
+          {"--speculative-algorithm EAGLE is not supported for this model: its config has "
+           "dual_chunk_attention_config, which needs the model rule dual_chunk_flash_attn, and "
+           "dual_chunk_flash_attn has no speculative decoding"}),
       err("dual_chunk_other_backend_is_error", kQwen1M, "sm90", backend("fa3"), kInvalid,
           {"--attention-backend fa3", "dual_chunk_attention_config",
            "allowed: dual_chunk_flash_attn"}),
@@ -906,6 +966,41 @@ TEST(Selection, SpeculativeCountsAreBoundedThroughTheApi) {
 
 // A tree's draft tokens are its root and at most topk + (steps - 1) * topk^2 candidates: more
 // given is refused naming the flags, an automatic count past them is cut with a warning.
+TEST(Selection, NgramAndMixedChunkFollowSglang) {
+  Result<ModelAttentionConfig> model = load(kLlama);
+  ASSERT_TRUE(model.is_ok());
+  auto run = [&](const Flags& flags) {
+    ServerArgs a;
+    flags(a);
+    return resolve(a, *model, *device_by_name("sm90"));
+  };
+  Result<Selection> s = run([](ServerArgs& a) {
+    a.speculative_algorithm = "STANDALONE";
+    a.enable_mixed_chunk = true;
+  });
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_FALSE(s->enable_mixed_chunk);
+  s = run([](ServerArgs& a) { a.enable_mixed_chunk = true; });  // no speculative decoding: kept
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_TRUE(s->enable_mixed_chunk);
+  // NGRAM's automatic breadth and match window.
+  s = run([](ServerArgs& a) { a.speculative_algorithm = "NGRAM"; });
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->speculative->topk, 10);
+  EXPECT_EQ(s->speculative->num_draft_tokens, 12);
+  // A breadth-1 NGRAM keeps its match window (EAGLE's chain would cut it to steps + 1).
+  s = run([](ServerArgs& a) {
+    a.speculative_algorithm = "NGRAM";
+    a.speculative_eagle_topk = 1;
+    a.speculative_num_steps = 3;
+    a.speculative_num_draft_tokens = 12;
+  });
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->speculative->num_draft_tokens, 12);
+  for (const std::string& w : s->warnings)
+    EXPECT_EQ(w.find("draft-tokens"), std::string::npos) << w;
+}
+
 TEST(Selection, TreeDraftTokensFitTheTree) {
   Result<ModelAttentionConfig> model = load(kLlama);
   ASSERT_TRUE(model.is_ok());

@@ -132,7 +132,8 @@ void register_select_command(CLI::App& app) {
   cmd->add_option("--speculative-num-steps", a->speculative_num_steps, "Draft steps")
       ->transform(cli::integer_in_range(1, kMaxSpeculativeValue));
   cmd->add_option("--speculative-eagle-topk", a->speculative_eagle_topk,
-                  "Draft branches per step (1 = chain, > 1 = tree)")
+                  "Draft branches per step (1 = chain, > 1 = tree); for NGRAM the match "
+                  "trie's breadth (SGLang's --speculative-ngram-max-bfs-breadth, default 10)")
       ->transform(cli::integer_in_range(1, kMaxSpeculativeValue));
   cmd->add_option("--speculative-num-draft-tokens", a->speculative_num_draft_tokens,
                   "Draft tokens verified per request")
