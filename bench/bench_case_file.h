@@ -347,6 +347,12 @@ inline Status take_uneven_lens(BenchCase* c, const std::vector<int>& lens, bool 
                                     "\" are exclusive (" + list + " gives every request's " + what +
                                     "; its longest becomes " + single + ")");
   }
+  // The list names the batch: it has batch's bound (a list of 2 million lengths ran unchecked).
+  if (lens.size() > static_cast<size_t>(kMaxCaseFileBatch)) {
+    return Status::invalid_argument(where + ": " + list + " has " + std::to_string(lens.size()) +
+                                    " lengths, one per request: out of range (accepted: 1 to " +
+                                    std::to_string(kMaxCaseFileBatch) + " requests, as batch)");
+  }
   if (state.batch_set && c->batch != n) {
     return Status::invalid_argument(where + ": batch " + std::to_string(c->batch) +
                                     " does not match the " + std::to_string(n) + " lengths of " +

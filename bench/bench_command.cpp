@@ -56,6 +56,9 @@ constexpr int kCpuPairedRounds = 9;
 // Each paired round also runs a copy or compute-peak pass, which --paired-max-seconds does not
 // count: the bound keeps a run's rounds to minutes.
 constexpr int kMaxPairedRounds = 100;
+// --paired-max-seconds: at most an hour of one case's paired forwards (with --paired-calls at most
+// kMaxCalls, the rounds stay bounded; 1e300 with INT_MAX calls ran for good).
+constexpr double kMaxPairedSeconds = 3600;
 constexpr int kCudaCopyReps = 10;
 constexpr int kCpuPeakReps = 5;
 // Short AMX peak passes before and again after the cases (bench_ceilings.cpp: kAmxPeakIters).
@@ -132,11 +135,18 @@ int64_t cpu_copy_bytes() {
 }
 
 // Whether two paths name one file: equal after normalisation, or the same existing file.
+// `path` with the symlinks of its existing part resolved (a new file in a linked directory and
+// the same name through the directory itself compare equal); lexically normal where that fails.
+std::filesystem::path resolved_path(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+  if (ec) p = std::filesystem::absolute(path, ec).lexically_normal();
+  return p;
+}
+
 bool same_file(const std::string& a, const std::string& b) {
   std::error_code ec;
-  const std::filesystem::path pa = std::filesystem::absolute(a, ec).lexically_normal();
-  const std::filesystem::path pb = std::filesystem::absolute(b, ec).lexically_normal();
-  return pa == pb || std::filesystem::equivalent(a, b, ec);
+  return resolved_path(a) == resolved_path(b) || std::filesystem::equivalent(a, b, ec);
 }
 
 // Where `path` stands for writing, without changing anything the user did not ask for: 0 when an
@@ -612,6 +622,11 @@ void run_main(const CLI::App& cmd, const RunArgs& args) {
   const std::string reason = harness::skip_reason(**d, spec, info);
   if (!reason.empty()) cli_fail((*d)->name + " cannot run " + spec.name + ": " + reason);
 
+  if (spec.cross_attention && args.layers < 2) {
+    cli_fail("--layers " + std::to_string(args.layers) + " is too few for " + spec.name +
+             ": a cross-attention case runs self-attention on even layers and cross-attention on "
+             "odd ones; give --layers 2 or more");
+  }
   harness::PrepareOptions options;
   options.num_layers = args.layers;
   Result<harness::PreparedCase> prepared = harness::prepare_case(spec, device, options);
@@ -697,13 +712,14 @@ void register_bench_commands(CLI::App& app) {
                    "ceiling reading); fewer where a case's rounds would take more than "
                    "--paired-max-seconds at its timed median, and no rounds where one call per "
                    "round would (the row and the JSON's paired_note say so)")
-      ->transform(cli::positive_int());
+      ->transform(cli::integer_in_range(1, kMaxCalls));
   bench
       ->add_option("--paired-max-seconds", bench_args->paired_max_seconds,
                    "CPU: the most one case's paired forwards may take, estimated from its timed "
                    "median (default " +
                        std::to_string(static_cast<int>(bench::kPairedMaxSeconds)) + ")")
-      ->check(cli::positive_number());
+      ->check(cli::positive_number())
+      ->check(cli::number_in_range(0, kMaxPairedSeconds));
   bench->add_option("--filter", bench_args->filter, "Only cases whose name contains this");
   bench
       ->add_option("--rotate-mib", bench_args->rotate_mib,

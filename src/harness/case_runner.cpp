@@ -397,6 +397,12 @@ Status check_spec(const CaseSpec& s, const PrepareOptions& o) {
     return bad("fp8_q needs an MHA case (got MLA)");
   }
   if (o.num_layers < 1) return bad(cat("num_layers ", o.num_layers, " must be >= 1"));
+  // Layer l is cross-attention when l is odd: one layer would run (and verify) self-attention only.
+  if (s.cross_attention && o.num_layers < 2) {
+    return bad(cat("num_layers ", o.num_layers,
+                   " is too few for a cross-attention case: its even layers run self-attention "
+                   "and its odd ones cross-attention, so it needs num_layers >= 2"));
+  }
   if (o.spare_pages < 0) return bad(cat("spare_pages ", o.spare_pages, " must be >= 0"));
   return Status::ok();
 }

@@ -464,6 +464,15 @@ TEST(BenchCli, BadValuesSayWhatIsAllowed) {
            "--gemm-tflops: 0 is not allowed: must be a decimal number in [0.001, 100000]"},
           {bench + "--gemm-tflops fast", "--gemm-tflops: \"fast\" is not a number"},
           {run + "extend_page1_gqa4 --layers 0", "--layers: 0 is not allowed: must be an integer"},
+          // Layer 0 is self-attention: one layer of a cross-attention case verified no cross.
+          {run + "decode_cross_attention --layers 1",
+           "--layers 1 is too few for decode_cross_attention: a cross-attention case runs "
+           "self-attention on even layers and cross-attention on odd ones; give --layers 2 or "
+           "more"},
+          {bench + "--paired-calls 1000001",
+           "--paired-calls: 1000001 is not allowed: must be an integer from 1 to 1000000"},
+          {bench + "--paired-max-seconds 1e300",
+           "--paired-max-seconds: 1e300 is not allowed: must be a decimal number in [0, 3600]"},
           {"run --backend torch_native --case extend_page1_gqa4 --device cuda:x",
            "--device cuda:x is not a device (accepted: cpu, cuda, cuda:N)"},
           {"run --backend torch_native --case extend_page1_gqa4 --device cuda1",
@@ -909,6 +918,41 @@ TEST(BenchCli, OutputProbeLeavesSymlinksAndTargetsAlone) {
                 .exit_code,
             0);
   EXPECT_EQ(read_text(kept), "old bytes\n");
+}
+
+// --json and --csv naming one new file, once through a symlinked directory: the CSV overwrote the
+// JSON (the paths differ as text and the file did not exist yet for equivalent()).
+TEST(BenchCli, JsonAndCsvThroughALinkedDirectoryAreOneFile) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "bench_cli_linked_dir";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "d");
+  std::filesystem::create_directory_symlink("d", dir / "l");
+  const std::string cases = (dir / "cases.json").string();
+  write_text_file(cases, kSmallFile);
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {{"bench --backend torch_native --device cpu --iters 1 --warmup 0 --cases '" + cases +
+            "' --json '" + (dir / "d" / "x").string() + "' --csv '" + (dir / "l" / "x").string() +
+            "'",
+        "--json and --csv name the same file"}});
+  EXPECT_FALSE(std::filesystem::exists(dir / "d" / "x"));
+}
+
+// A per-request list names the batch, so it has batch's bound (2 million kv_lens were taken).
+TEST(BenchCli, PerRequestListsHaveTheBatchBound) {
+  const std::string path = ::testing::TempDir() + "bench_cli_long_kv_lens.json";
+  std::string lens;
+  lens.reserve(2 * 1048577);
+  for (int i = 0; i < 1048577; ++i) lens += i == 0 ? "1" : ",1";
+  write_text_file(path, R"({"kind": "decode", "fixed": {"q_heads": 4, "kv_heads": 2,
+    "head_dim": 64, "page_size": 16}, "cases": [{"kv_lens": [)" +
+                            lens + "]}]}");
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH,
+      {{"bench --backend torch_native --device cpu --list --cases '" + path + "'",
+        "kv_lens has 1048577 lengths, one per request: out of range (accepted: 1 to 1048576 "
+        "requests, as batch)"}});
 }
 
 // One point twice (an explicit case equal to a sweep point) is refused by name; a backend named

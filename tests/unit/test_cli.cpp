@@ -352,6 +352,25 @@ TEST(Cli, HelpEverywhere) {
   EXPECT_NE(r.out.find("--linear-attn-prefill-backend"), std::string::npos);
 }
 
+// Output that could not be written is a failure: `> /dev/full` exited 0 with the output lost.
+TEST(Cli, LostStandardOutputFails) {
+  attnkit::test_support::expect_cli_errors(
+      ATTNKIT_CLI_PATH, {{"matrix > /dev/full", "attnkit: writing to standard output failed"},
+                         {"backends > /dev/full", "writing to standard output failed"},
+                         {"run --list-cases > /dev/full", "writing to standard output failed"}});
+}
+
+// The demo's page size 16 is its own default, not the flag's.
+TEST(Cli, DemoCreditsItsOwnPageSize) {
+  CliRun r = run_cli("demo --device cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("page size: 16 (the demo's default"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("(--page-size"), std::string::npos) << r.out;
+  r = run_cli("demo --device cpu --page-size 32");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("page size: 32 (--page-size"), std::string::npos) << r.out;
+}
+
 // README.md's CLI block lists every flag of every subcommand's --help, under that subcommand's
 // `attnkit <name>` lines (so a flag added to the code without the README fails here).
 TEST(Cli, ReadmeCliSectionListsEveryFlag) {

@@ -2,6 +2,9 @@
 // tools/attnkit/commands.h. Every error ends as one line on stderr ("attnkit: ...") and a non-zero
 // exit status.
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <optional>
@@ -119,6 +122,16 @@ int main(int argc, char** argv) {
     // or the standard library (std::bad_alloc for a case too large for this machine), which would
     // otherwise abort with std::terminate's two lines.
     std::cerr << "attnkit: " << e.what() << " (an exception escaped the subcommand)\n";
+    return 1;
+  }
+  // Output lost to a full disk or a closed descriptor is a failure, not a silent success
+  // (`attnkit matrix > /dev/full` exited 0).
+  errno = 0;
+  std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    const int err = errno;
+    std::cerr << "attnkit: writing to standard output failed"
+              << (err != 0 ? std::string(" (") + std::strerror(err) + ")" : std::string()) << "\n";
     return 1;
   }
   return 0;
