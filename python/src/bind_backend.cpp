@@ -81,8 +81,10 @@ void run_forward(PyBackend& b, ForwardFn fn, const char* method, const Array& q,
   {
     OneCallAtATime one(b, method);
     PoolUse use(nb::cast<PyKVPool&>(batch.kv_pool), PoolUse::Kind::kForward, "Backend", method);
+    TableUse table(batch.req_to_token_pool);
     nb::gil_scoped_release release;
     status = (b.backend.get()->*fn)(qv, kv, vv, ov, layer.layer, batch.batch, save_kv, lv);
+    table.done();
     use.done();  // before the GIL is taken back (OneCallAtATime)
     one.done();
   }
@@ -118,7 +120,9 @@ ForwardMode parse_mode_arg(nb::handle obj) {
                   "draft_extend)");
   }
   ForwardMode mode;
-  if (!nb::try_cast<ForwardMode>(obj, mode)) {
+  // Not an int: True / 0 / 5 were taken as DECODE / EXTEND / DRAFT_EXTEND (the enum's cast
+  // converts integers).
+  if (!nb::isinstance<ForwardMode>(obj) || !nb::try_cast<ForwardMode>(obj, mode)) {
     raise_invalid("mode must be a string or attnkit.ForwardMode, got " +
                   nb::cast<std::string>(nb::str(obj.type())));
   }
@@ -325,8 +329,10 @@ void bind_backend(nb::module_& m) {
             Status status;
             {
               OneCallAtATime one(b, "init_forward_metadata");
+              TableUse table(batch.req_to_token_pool);
               nb::gil_scoped_release release;
               status = b.backend->init_forward_metadata(batch.batch);
+              table.done();
               one.done();
             }
             check(status);
@@ -391,10 +397,12 @@ void bind_backend(nb::module_& m) {
             Status status;
             {
               OneCallAtATime one(b, "init_forward_metadata_replay_cuda_graph");
+              TableUse table(b.req_to_token_pool);
               nb::gil_scoped_release release;
               status = b.backend->init_forward_metadata_replay_cuda_graph(
                   bs, rv, sv, seq_lens_sum, ev, fm, spec != nullptr ? &spec->spec : nullptr,
                   host.empty() ? nullptr : host.data());
+              table.done();
               one.done();
             }
             check(status);

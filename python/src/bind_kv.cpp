@@ -31,9 +31,34 @@ void PoolUse::done() {
   done_ = true;
 }
 
+TableUse::TableUse(nb::handle pool) {
+  PyReqToTokenPool* p = nullptr;
+  if (!pool.is_valid() || pool.is_none() || !nb::try_cast<PyReqToTokenPool*>(pool, p) ||
+      p == nullptr) {
+    return;
+  }
+  readers_ = &p->readers;
+  readers_->fetch_add(1, std::memory_order_acquire);
+}
+
+void TableUse::done() {
+  if (readers_ != nullptr) readers_->fetch_sub(1, std::memory_order_release);
+  readers_ = nullptr;
+}
+
 namespace {
 
 using namespace nb::literals;
+
+// A row changed under a forward on another thread was read half old, half new (or past the pool).
+void refuse_while_read(const PyReqToTokenPool& p, const char* method) {
+  if (p.readers.load(std::memory_order_acquire) != 0) {
+    raise_invalid(std::string("ReqToTokenPool.") + method +
+                  ": another thread is inside a backend call that reads this table "
+                  "(init_forward_metadata or a forward); rows do not change under it (order them, "
+                  "e.g. with a lock)");
+  }
+}
 
 // Per-layer views from a list/tuple of arrays, or one array with a leading layer dimension.
 std::vector<TensorView> layer_views(nb::handle obj, const char* name, std::optional<DType> as,
@@ -183,7 +208,12 @@ void bind_kv(nb::module_& m) {
           "alloc", [](PyReqToTokenPool& p) { return check(p.pool->alloc()); },
           "A free request row in [1, max_reqs].")
       .def(
-          "free", [](PyReqToTokenPool& p, int row) { check(p.pool->free(row)); }, "row"_a,
+          "free",
+          [](PyReqToTokenPool& p, int row) {
+            refuse_while_read(p, "free");
+            check(p.pool->free(row));
+          },
+          "row"_a,
           "Return row `row` to the pool; its entries are reset to 0 (the reserved page 0).")
       .def_prop_ro("available", [](const PyReqToTokenPool& p) { return p.pool->available(); })
       .def_prop_ro("max_reqs", [](const PyReqToTokenPool& p) { return p.pool->max_reqs(); })
@@ -199,6 +229,7 @@ void bind_kv(nb::module_& m) {
       .def(
           "write",
           [](PyReqToTokenPool& p, int row, int start, nb::handle slots) {
+            refuse_while_read(p, "write");
             const std::vector<int64_t> values = host_ints(slots, "slots");
             check(p.pool->write(row, start, values));
           },

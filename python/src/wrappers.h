@@ -20,6 +20,24 @@ namespace attnkit::python {
 
 struct PyReqToTokenPool {
   std::unique_ptr<ReqToTokenPool> pool;
+  // Backend calls reading the table with the GIL released (TableUse); write() and free() refuse
+  // to change rows while any runs (they hold the GIL throughout, so a count is enough).
+  std::atomic<int> readers{0};
+};
+
+// One backend call's read of a ReqToTokenPool while the GIL is released (planning reads its host
+// mirror, the forward its rows): construct it with the GIL held, call done() before taking the GIL
+// back. `pool` may be None (nothing to mark). Like PoolUse it guards the host side only.
+class TableUse {
+ public:
+  explicit TableUse(nb::handle pool);
+  void done();
+  ~TableUse() { done(); }
+  TableUse(const TableUse&) = delete;
+  TableUse& operator=(const TableUse&) = delete;
+
+ private:
+  std::atomic<int>* readers_ = nullptr;
 };
 
 struct PyKVPool {

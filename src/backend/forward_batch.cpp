@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -79,6 +80,26 @@ Status check_host_size(size_t size, const char* name, int64_t n) {
 }
 
 bool check_indices_enabled() { return env_flag("ATTNKIT_CHECK_INDICES", false); }
+
+// `host` against `array` where the array is in host memory and both hold one value per request
+// (validate() checked the array's dtype and size where the mode uses it; anything else is left).
+Status check_host_copy(const TensorView& array, const std::vector<int32_t>& host,
+                       const char* name) {
+  if (!array.defined() || !array.device.is_cpu() || array.dtype != DType::kI32 || array.ndim != 1 ||
+      array.shape[0] != static_cast<int64_t>(host.size())) {
+    return Status::ok();
+  }
+  const auto* values = array.data_as<const int32_t>();
+  for (size_t i = 0; i < host.size(); ++i) {
+    const int32_t value = values[static_cast<int64_t>(i) * array.stride(0)];
+    if (value != host[i]) {
+      return Status::invalid_argument(cat("ForwardBatch.", name, "_host[", i, "] = ", host[i],
+                                          " but ", name, "[", i, "] = ", value,
+                                          ": a host copy must hold its array's values"));
+    }
+  }
+  return Status::ok();
+}
 
 }  // namespace
 
@@ -389,6 +410,18 @@ Status ForwardBatch::validate() const {
         }
       }
     }
+  }
+  // An array in host memory and its host copy are both readable here: they must agree (CPU
+  // backends plan and run from the host copies, so a copy that contradicted its array ran another
+  // batch than the arrays describe, silently).
+  for (const auto& [array, host, name] :
+       {std::tuple{&req_pool_indices, &req_pool_indices_host, "req_pool_indices"},
+        {&seq_lens, &seq_lens_host, "seq_lens"},
+        {&extend_prefix_lens, &extend_prefix_lens_host, "extend_prefix_lens"},
+        {&extend_seq_lens, &extend_seq_lens_host, "extend_seq_lens"},
+        {&extend_start_loc, &extend_start_loc_host, "extend_start_loc"},
+        {&encoder_lens, &encoder_lens_host, "encoder_lens"}}) {
+    ATTNKIT_RETURN_IF_ERROR(check_host_copy(*array, *host, name));
   }
   // No new token may take a slot that a request of the batch reads as a cached key: save_kv
   // would overwrite that key (a row listing another request's cached slot as its new token's, the

@@ -207,10 +207,16 @@ void scatter_host(const TensorView& dst, const TensorView& dst_scales, const Ten
   const int64_t* slots = loc.data_as<const int64_t>();
   const DType dtype = dst.dtype;
   const bool fp8 = dtype_is_fp8(dtype);
+  const int64_t rows = dst.size(0);
   for (int64_t t = 0; t < tokens; ++t) {
+    // Each slot is read once and bounded where it is used: check_slots read the caller's array
+    // before, and a caller thread that changed it since (a zero-copy Python array) must not make
+    // this write outside the pool. Such a token is skipped, as the CUDA scatter skips it.
+    const int64_t slot = *static_cast<const volatile int64_t*>(&slots[t]);
+    if (slot < 0 || slot >= rows) continue;
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t src_row = t * src.stride(0) + h * src.stride(1);
-      const int64_t dst_row = slots[t] * dst.stride(0) + h * dst.stride(1);
+      const int64_t dst_row = slot * dst.stride(0) + h * dst.stride(1);
       if (dtype != DType::kFP4E2M1) {
         for (int64_t d = 0; d < dim; ++d) {
           const float x = load_as_float(src.data, src.dtype, src_row + d);
@@ -220,8 +226,8 @@ void scatter_host(const TensorView& dst, const TensorView& dst_scales, const Ten
       }
       // fp4: one e4m3 block scale per group of kFp4GroupSize values of this [t, h] row.
       auto* packed = static_cast<uint8_t*>(dst.data) + dst_row / 2;
-      auto* block_scales = static_cast<uint8_t*>(dst_scales.data) +
-                           slots[t] * dst_scales.stride(0) + h * dst_scales.stride(1);
+      auto* block_scales = static_cast<uint8_t*>(dst_scales.data) + slot * dst_scales.stride(0) +
+                           h * dst_scales.stride(1);
       for (int64_t g = 0; g < dim / kFp4GroupSize; ++g) {
         float values[kFp4GroupSize];
         float amax = 0.0f;

@@ -479,6 +479,125 @@ def test_set_kv_and_forwards_of_one_pool_do_not_overlap():
                 "Backend.forward_decode: another thread is inside KVPool.set_kv" in e), e
 
 
+@pytest.mark.parametrize("backend_name", ["torch_native", "intel_amx"])
+def test_request_table_does_not_change_under_a_forward(backend_name):
+    # ReqToTokenPool.write / free from another thread changed rows under a running forward (which
+    # releases the GIL): a row written past the pool segfaulted, two valid states gave mixed
+    # outputs. Now write / free raise while a backend call reads the table (free shares write's
+    # check); every forward that runs sees one state or the other.
+    import threading
+    import time
+
+    pool = ak.MHAKVPool(1, 8192, 16, 2, 64, dtype="f32")
+    table = ak.ReqToTokenPool(2, 4096)
+    backend = ak.create_backend(backend_name, kv_pool=pool, req_to_token_pool=table,
+                                num_q_heads=8, q_dtype="f32")
+    rng = np.random.default_rng(12)
+    np.from_dlpack(pool.k_buffer(0))[:] = rng.standard_normal((8208, 2, 64)).astype(np.float32)
+    np.from_dlpack(pool.v_buffer(0))[:] = rng.standard_normal((8208, 2, 64)).astype(np.float32)
+    row = table.alloc()
+    states = [np.arange(16, 4016, dtype=np.int64)]
+    states.append(states[0].copy())
+    states[1][:-1] += 4000  # the same new-token slot, other cached slots
+    table.write(row, 0, states[0])
+    batch = ak.ForwardBatch("decode", np.array([row], np.int32), np.array([4000], np.int32),
+                            states[0][-1:], table, pool)
+    layer = ak.AttentionLayer(8, 2, 64)
+    q = rng.standard_normal((1, 8, 64)).astype(np.float32)
+    expected = []
+    for s in states:
+        table.write(row, 0, s)
+        backend.init_forward_metadata(batch)
+        out = np.empty((1, 8, 64), np.float32)
+        backend.forward_decode(q, None, None, out, layer, batch, save_kv=False)
+        expected.append(out)
+    assert not np.array_equal(expected[0], expected[1])
+    table.write(row, 0, states[0])
+    backend.init_forward_metadata(batch)
+    refused, written, wrong, seen = [], [], [], []
+    stop = threading.Event()
+
+    def forwards():
+        out = np.empty((1, 8, 64), np.float32)
+        deadline = time.monotonic() + 20
+        while len(refused) < 20 and time.monotonic() < deadline:
+            backend.forward_decode(q, None, None, out, layer, batch, save_kv=False)
+            match = [i for i, x in enumerate(expected) if np.array_equal(out, x)]
+            (seen if match else wrong).append(1)
+        stop.set()
+
+    def writes():
+        i = 0
+        while not stop.is_set():
+            try:
+                table.write(row, 0, states[i % 2])
+            except ak.InvalidArgumentError as e:
+                refused.append(str(e))
+            else:
+                written.append(i)
+            i += 1
+
+    _run_threads([forwards, writes])
+    assert not wrong, f"{len(wrong)} of {len(wrong) + len(seen)} forwards saw a changed row"
+    assert len(refused) >= 20, f"{len(refused)} writes refused, {len(written)} ran"
+    for e in refused:
+        assert ("ReqToTokenPool.write: another thread is inside a backend call that reads this "
+                "table" in e), e
+
+
+def test_host_copies_must_hold_their_arrays_values():
+    # A ForwardBatch's *_host lists contradicting its host-memory arrays ran another batch than
+    # the arrays describe (CPU backends compute from the host lists), silently.
+    pool = ak.MHAKVPool(1, 64, 1, 2, 64, dtype="f32")
+    table = ak.ReqToTokenPool(4, 64)
+    r1, r2 = table.alloc(), table.alloc()
+    table.write(r1, 0, np.array([8, 9, 10, 4, 5, 6], np.int64))
+    table.write(r2, 0, np.array([4, 5, 6], np.int64))
+    with pytest.raises(ak.InvalidArgumentError,
+                       match=r"ForwardBatch.req_pool_indices_host\[0\] = 1 but "
+                             r"req_pool_indices\[0\] = 2: a host copy must hold"):
+        batch = ak.ForwardBatch(
+            "extend", np.array([r2], np.int32), np.array([3], np.int32),
+            np.array([4, 5, 6], np.int64), table, pool,
+            extend_prefix_lens=np.zeros(1, np.int32), extend_seq_lens=np.array([3], np.int32),
+            req_pool_indices_host=[r1], seq_lens_host=[6], extend_prefix_lens_host=[3],
+            extend_seq_lens_host=[3])
+        backend = ak.create_backend("torch_native", kv_pool=pool, req_to_token_pool=table,
+                                    num_q_heads=4, q_dtype="f32")
+        backend.init_forward_metadata(batch)
+
+
+def test_mode_is_a_name_or_a_forward_mode_not_an_int():
+    # True / 0 / 5 were taken as DECODE / EXTEND / DRAFT_EXTEND.
+    table = ak.ReqToTokenPool(2, 64)
+    pool = ak.MHAKVPool(1, 64, 1, 2, 64, dtype="f32")
+    row = table.alloc()
+    table.write(row, 0, np.array([4], np.int64))
+    for mode in (True, 0, 5):
+        with pytest.raises(ak.InvalidArgumentError,
+                           match="mode must be a string or attnkit.ForwardMode, got"):
+            ak.ForwardBatch(mode, np.array([row], np.int32), np.array([1], np.int32),
+                            np.array([4], np.int64), table, pool)
+    for mode in ("decode", ak.ForwardMode.DECODE):
+        ak.ForwardBatch(mode, np.array([row], np.int32), np.array([1], np.int32),
+                        np.array([4], np.int64), table, pool)
+
+
+def test_torch_native_context_heads_and_topk_are_checked():
+    # torch_native took num_q_heads -4 (and 3 over 2 kv heads, speculative_topk -3) at creation.
+    table = ak.ReqToTokenPool(2, 64)
+    pool = ak.MHAKVPool(1, 64, 1, 2, 64, dtype="f32")
+    for kwargs, needle in (({"num_q_heads": -4}, r"ctx heads -4/2"),
+                           ({"num_q_heads": 3}, r"ctx heads 3/2: need num_q_heads a multiple"),
+                           ({"num_q_heads": 4, "speculative_topk": -3},
+                            r"ctx.speculative_topk -3 must be >= 0")):
+        with pytest.raises(ak.InvalidArgumentError, match=needle):
+            ak.create_backend("torch_native", kv_pool=pool, req_to_token_pool=table,
+                              q_dtype="f32", **kwargs)
+    ak.create_backend("torch_native", kv_pool=pool, req_to_token_pool=table, num_q_heads=4,
+                      q_dtype="f32")
+
+
 def test_batch_stream_accepts_none_like_the_constructor():
     # ForwardBatch(stream=None) meant the backend's stream, but `batch.stream = None` raised a bare
     # "incompatible function arguments" TypeError.

@@ -15,6 +15,7 @@
 #include "attnkit/registry.h"
 #include "backend/validate.h"
 #include "backends/torch_native/torch_native_backend.h"
+#include "core/str_cat.h"
 #include "harness/case_runner.h"
 #include "support/batch_mutations.h"
 #include "support/scoped_env.h"
@@ -548,6 +549,23 @@ TEST_F(ValidateInputs, InconsistentExtendArrays) {
   expect_error(validate(), "must equal extend_prefix_len");
   pc_->batch.seq_lens_sum += 5;
   expect_error(validate(), "ForwardBatch.seq_lens_sum");
+}
+
+// On CPU the arrays and their host copies are both readable: a copy that contradicts its array
+// (the backends compute from the copies) is refused, naming both values.
+TEST_F(ValidateInputs, HostCopiesMustHoldTheirArraysValues) {
+  for (auto [array, name] : {std::pair{&pc_->batch.seq_lens, "seq_lens"},
+                             {&pc_->batch.req_pool_indices, "req_pool_indices"},
+                             {&pc_->batch.extend_seq_lens, "extend_seq_lens"},
+                             {&pc_->batch.extend_prefix_lens, "extend_prefix_lens"}}) {
+    int32_t* values = array->data_as<int32_t>();
+    values[1] += 1;
+    expect_error(validate(),
+                 cat("ForwardBatch.", name, "_host[1] = ", values[1] - 1, " but ", name,
+                     "[1] = ", values[1], ": a host copy must hold its array's values"));
+    values[1] -= 1;
+    EXPECT_TRUE(validate().is_ok()) << name;
+  }
 }
 
 // The batch's index arrays are read as plain contiguous arrays on the pool's device: a strided

@@ -1000,6 +1000,11 @@ TEST(IntelAmxRejects, ForwardWithAnotherBatchsPlan) {
   ForwardBatch other = pc.batch;
   other.seq_lens_host[1] -= 1;
   other.seq_lens_sum -= 1;
+  // The array and its host copy agree (a contradicting copy is refused before the plan is).
+  std::vector<int32_t> lens(pc.batch.seq_lens.data_as<int32_t>(),
+                            pc.batch.seq_lens.data_as<int32_t>() + 2);
+  lens[1] -= 1;
+  other.seq_lens = TensorView(lens.data(), DType::kI32, Device::cpu(), {2});
   // Its new token's slot is the row's entry at the shorter length (ForwardBatch::validate checks
   // that out_cache_loc follows the rows before the plan is compared).
   std::vector<int64_t> loc(pc.batch.out_cache_loc.data_as<int64_t>(),

@@ -825,6 +825,18 @@ class TorchNativeBackend final : public AttentionBackend {
 }  // namespace
 
 Result<std::unique_ptr<AttentionBackend>> create_torch_native_backend(const BackendContext& ctx) {
+  // The forwards take their head counts from each layer; the context's, where given (0: not
+  // given), must still be ones a layer could have (-4 and 3 over 2 were accepted).
+  if (ctx.num_q_heads < 0 || ctx.num_kv_heads < 0 ||
+      (ctx.num_q_heads > 0 && ctx.num_kv_heads > 0 && ctx.num_q_heads % ctx.num_kv_heads != 0)) {
+    return Status::invalid_argument(cat("ctx heads ", ctx.num_q_heads, "/", ctx.num_kv_heads,
+                                        ": need num_q_heads a multiple of num_kv_heads, both > 0 "
+                                        "(or 0: not given)"));
+  }
+  if (ctx.speculative_topk < 0) {
+    return Status::invalid_argument(
+        cat("ctx.speculative_topk ", ctx.speculative_topk, " must be >= 0 (0: no speculation)"));
+  }
   if (ctx.device.is_cuda()) {
 #ifdef ATTNKIT_WITH_CUDA
     if (ctx.kv_pool == nullptr) {
