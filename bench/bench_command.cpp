@@ -59,6 +59,7 @@ constexpr int kMaxPairedRounds = 100;
 // --paired-max-seconds: at most an hour of one case's paired forwards (with --paired-calls at most
 // kMaxCalls, the rounds stay bounded; 1e300 with INT_MAX calls ran for good).
 constexpr double kMaxPairedSeconds = 3600;
+constexpr double kMinPairedSeconds = 1e-9;  // "no paired calls" in effect, yet a positive bound
 constexpr int kCudaCopyReps = 10;
 constexpr int kCpuPeakReps = 5;
 // Short AMX peak passes before and again after the cases (bench_ceilings.cpp: kAmxPeakIters).
@@ -718,8 +719,7 @@ void register_bench_commands(CLI::App& app) {
                    "CPU: the most one case's paired forwards may take, estimated from its timed "
                    "median (default " +
                        std::to_string(static_cast<int>(bench::kPairedMaxSeconds)) + ")")
-      ->check(cli::positive_number())
-      ->check(cli::number_in_range(0, kMaxPairedSeconds));
+      ->check(cli::number_in_range(kMinPairedSeconds, kMaxPairedSeconds));
   bench->add_option("--filter", bench_args->filter, "Only cases whose name contains this");
   bench
       ->add_option("--rotate-mib", bench_args->rotate_mib,

@@ -229,8 +229,10 @@ void bind_kv(nb::module_& m) {
       .def(
           "write",
           [](PyReqToTokenPool& p, int row, int start, nb::handle slots) {
-            refuse_while_read(p, "write");
+            // After the conversion, which may run Python code (a generator, __index__,
+            // __dlpack__) and so let a forward on another thread start.
             const std::vector<int64_t> values = host_ints(slots, "slots");
+            refuse_while_read(p, "write");
             check(p.pool->write(row, start, values));
           },
           "row"_a, "start"_a, "slots"_a,

@@ -21,7 +21,8 @@ namespace attnkit::python {
 struct PyReqToTokenPool {
   std::unique_ptr<ReqToTokenPool> pool;
   // Backend calls reading the table with the GIL released (TableUse); write() and free() refuse
-  // to change rows while any runs (they hold the GIL throughout, so a count is enough).
+  // to change rows while any runs (they check it with the GIL held, after anything that could run
+  // Python code, and keep the GIL until the rows are written, so a count is enough).
   std::atomic<int> readers{0};
 };
 

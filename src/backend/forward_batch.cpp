@@ -279,6 +279,18 @@ Status ForwardBatch::validate() const {
     }
   }
 
+  // An array in host memory and its host copy are both readable here: they must agree (CPU
+  // backends plan and run from the host copies, so a copy that contradicted its array ran another
+  // batch than the arrays describe, silently).
+  for (const auto& [array, host, name] :
+       {std::tuple{&req_pool_indices, &req_pool_indices_host, "req_pool_indices"},
+        {&seq_lens, &seq_lens_host, "seq_lens"},
+        {&extend_prefix_lens, &extend_prefix_lens_host, "extend_prefix_lens"},
+        {&extend_seq_lens, &extend_seq_lens_host, "extend_seq_lens"},
+        {&extend_start_loc, &extend_start_loc_host, "extend_start_loc"},
+        {&encoder_lens, &encoder_lens_host, "encoder_lens"}}) {
+    ATTNKIT_RETURN_IF_ERROR(check_host_copy(*array, *host, name));
+  }
   // Speculative tree mask.
   if (has_spec && spec.custom_mask.defined()) {
     if (spec.custom_mask.dtype != DType::kU8) {
@@ -410,18 +422,6 @@ Status ForwardBatch::validate() const {
         }
       }
     }
-  }
-  // An array in host memory and its host copy are both readable here: they must agree (CPU
-  // backends plan and run from the host copies, so a copy that contradicted its array ran another
-  // batch than the arrays describe, silently).
-  for (const auto& [array, host, name] :
-       {std::tuple{&req_pool_indices, &req_pool_indices_host, "req_pool_indices"},
-        {&seq_lens, &seq_lens_host, "seq_lens"},
-        {&extend_prefix_lens, &extend_prefix_lens_host, "extend_prefix_lens"},
-        {&extend_seq_lens, &extend_seq_lens_host, "extend_seq_lens"},
-        {&extend_start_loc, &extend_start_loc_host, "extend_start_loc"},
-        {&encoder_lens, &encoder_lens_host, "encoder_lens"}}) {
-    ATTNKIT_RETURN_IF_ERROR(check_host_copy(*array, *host, name));
   }
   // No new token may take a slot that a request of the batch reads as a cached key: save_kv
   // would overwrite that key (a row listing another request's cached slot as its new token's, the

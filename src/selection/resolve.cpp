@@ -1091,7 +1091,11 @@ Status Resolver::speculative_rules() {
   if (!any_given) {
     reason("speculative params: steps " + std::to_string(sp.num_steps) + ", topk " +
            std::to_string(sp.topk) + ", draft tokens " + std::to_string(sp.num_draft_tokens) +
-           " (auto for " + (arch.empty() ? std::string("this model") : arch) + ")");
+           " (auto for " +
+           (ngram          ? std::string("NGRAM")
+            : arch.empty() ? std::string("this model")
+                           : arch) +
+           ")");
   }
   // A value the user did not give is the model's automatic one: messages say so.
   auto given = [](const std::optional<int>& flag) {
@@ -1157,6 +1161,15 @@ Status Resolver::speculative_rules() {
                                                     })) +
                                  chain_ok);
     }
+    // Before the general page rule, whose list of paged backends NGRAM would then refuse.
+    if (ngram && tree && s_.page_size > 1 && c->backend != "flashinfer") {
+      return Status::unsupported(
+          "--speculative-algorithm NGRAM with " + topk_flag + " and page size " +
+          std::to_string(s_.page_size) + " is not supported by " + who(*c, role) +
+          ": NGRAM's trees (topk > 1) with page_size > 1 run on flashinfer only (as in SGLang); "
+          "use --attention-backend flashinfer, --page-size 1 or --speculative-eagle-topk 1 "
+          "(NGRAM's breadth)");
+    }
     if (tree && s_.page_size > 1 && r->topk_gt1_needs_page1) {
       const std::vector<std::string> paged = candidates(role, [](const FeatureRow& x) {
         return x.spec_topk_gt1 && !x.topk_gt1_needs_page1 &&
@@ -1166,13 +1179,6 @@ Status Resolver::speculative_rules() {
           topk_flag + " with page size " + std::to_string(s_.page_size) + " is not supported by " +
           who(*c, role) + " (topk > 1 only with page_size 1); with page_size > 1 use " +
           (paged.empty() ? std::string("none") : join(paged)) + ", or --page-size 1");
-    }
-    if (ngram && tree && s_.page_size > 1 && c->backend != "flashinfer") {
-      return Status::unsupported(
-          "--speculative-algorithm NGRAM with " + topk_flag + " and page size " +
-          std::to_string(s_.page_size) + " is not supported by " + who(*c, role) +
-          ": NGRAM's trees (topk > 1) with page_size > 1 run on flashinfer only (as in SGLang); "
-          "use --attention-backend flashinfer, --page-size 1 or --speculative-eagle-topk 1");
     }
   }
   reason("speculative: " + sp.algorithm + " steps " + std::to_string(sp.num_steps) + ", topk " +

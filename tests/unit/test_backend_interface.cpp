@@ -356,6 +356,7 @@ TEST_F(ValidateInputs, TokenCountMustMatchBatch) {
 
 TEST_F(ValidateInputs, RequestRowOutOfRange) {
   pc_->batch.req_pool_indices_host[0] = 99;
+  pc_->batch.req_pool_indices.data_as<int32_t>()[0] = 99;  // the array agrees with its copy
   expect_error(validate(), "req_pool_indices_host[0] = 99 is outside the request table rows [1, ");
 }
 
@@ -405,11 +406,12 @@ TEST(ForwardBatchSlots, NewTokenSlotsMustBeTheRowsOwnAndRowsUnique) {
     ASSERT_TRUE(b.validate().is_ok());
     if (b.batch_size >= 2) {
       const int32_t row = b.req_pool_indices_host[1];
-      b.req_pool_indices_host[1] = b.req_pool_indices_host[0];
+      int32_t* rows = b.req_pool_indices.data_as<int32_t>();  // the array agrees with its copy
+      b.req_pool_indices_host[1] = rows[1] = b.req_pool_indices_host[0];
       expect_error(b.validate(), "ForwardBatch.req_pool_indices_host[1] = " +
                                      std::to_string(b.req_pool_indices_host[0]) +
                                      " is an earlier request's row (one row per request)");
-      b.req_pool_indices_host[1] = row;
+      b.req_pool_indices_host[1] = rows[1] = row;
     }
   }
 }
@@ -536,6 +538,8 @@ TEST_F(ValidateInputs, SequencePastContextCapacity) {
   const int grow = pc_->req_to_token->max_context_len();
   b.seq_lens_host[1] += grow;
   b.extend_prefix_lens_host[1] += grow;
+  b.seq_lens.data_as<int32_t>()[1] += grow;  // the arrays agree with their copies
+  b.extend_prefix_lens.data_as<int32_t>()[1] += grow;
   b.seq_lens_sum += grow;
   expect_error(validate(), "exceeds max_context_len");
 }

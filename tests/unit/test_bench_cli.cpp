@@ -472,7 +472,7 @@ TEST(BenchCli, BadValuesSayWhatIsAllowed) {
           {bench + "--paired-calls 1000001",
            "--paired-calls: 1000001 is not allowed: must be an integer from 1 to 1000000"},
           {bench + "--paired-max-seconds 1e300",
-           "--paired-max-seconds: 1e300 is not allowed: must be a decimal number in [0, 3600]"},
+           "--paired-max-seconds: 1e300 is not allowed: must be a decimal number in [1e-09, 3600]"},
           {"run --backend torch_native --case extend_page1_gqa4 --device cuda:x",
            "--device cuda:x is not a device (accepted: cpu, cuda, cuda:N)"},
           {"run --backend torch_native --case extend_page1_gqa4 --device cuda1",
