@@ -135,7 +135,6 @@ int64_t cpu_copy_bytes() {
   return std::max(2 * bench::host_llc_bytes(nullptr), bench::kMinCpuRotateBytes);
 }
 
-// Whether two paths name one file: equal after normalisation, or the same existing file.
 // `path` with the symlinks of its existing part resolved (a new file in a linked directory and
 // the same name through the directory itself compare equal); lexically normal where that fails.
 std::filesystem::path resolved_path(const std::string& path) {
@@ -145,6 +144,7 @@ std::filesystem::path resolved_path(const std::string& path) {
   return p;
 }
 
+// Whether two paths name one file: equal once resolved, or the same existing file.
 bool same_file(const std::string& a, const std::string& b) {
   std::error_code ec;
   return resolved_path(a) == resolved_path(b) || std::filesystem::equivalent(a, b, ec);
